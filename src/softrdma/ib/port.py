@@ -1,0 +1,243 @@
+"""The sans-I/O IB transport engine of one device port.
+
+A :class:`Port` owns the QP table, the MR table (lkey/rkey -> MemoryRegion), the
+P_Key/GID tables and the counters. It never touches a socket or a clock:
+
+* ``port.receive(ib, meta, now)`` takes one transport packet (BTH .. payload + pad, the
+  ICRC already checked and stripped by the driver) with the addressing of the network
+  header around it;
+* ``qp.post_send(wqe, now)`` / ``qp.post_recv(rwqe)`` take work requests;
+* ``port.on_timer(now)`` runs when ``now >= port.next_deadline()``;
+* packets to send accumulate in ``port.tx`` (a list of :class:`TxPacket`), which the
+  driver drains; completions are pushed into the CQs' sinks; asynchronous events go to
+  ``port.on_async_event``.
+
+Malformed or unexpected packets are dropped silently and counted (IBA 9.6: header
+validation; C9-...): see ``port.counters``.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..errors import DecodeError, InvalidArgument, ResourceError
+from ..wire import ib as wib
+from ..wire.opcodes import Transport
+from .types import MemoryRegion
+
+if TYPE_CHECKING:
+    from .qp import EngineQP
+
+IB_QP1_QKEY = 0x80010000  # IBA 13.5.1.1 / linux IB_QP1_QKEY
+DEFAULT_PKEY = 0xFFFF
+MULTICAST_QPN = 0xFFFFFF
+
+
+class RxMeta:
+    """Network-header facts about a received packet that the transport needs.
+
+    ``sgid``/``dgid`` are 16-byte GIDs (IPv4 addresses as ``::ffff:a.b.c.d``),
+    ``grh`` is the 40-byte area a UD receive places at the front of its buffer (for
+    IPv4, 20 zero bytes then the IPv4 header, as rxe does; for IPv6, the IPv6 header).
+    """
+
+    __slots__ = ("sgid", "dgid", "sport", "tclass", "hop_limit", "flow_label", "grh", "ipv4")
+
+    def __init__(self, sgid: bytes, dgid: bytes, sport: int = 0, tclass: int = 0,
+                 hop_limit: int = 64, flow_label: int = 0, grh: bytes = b"",
+                 ipv4: bool = True) -> None:
+        self.sgid = sgid
+        self.dgid = dgid
+        self.sport = sport
+        self.tclass = tclass
+        self.hop_limit = hop_limit
+        self.flow_label = flow_label
+        self.grh = grh
+        self.ipv4 = ipv4
+
+
+class TxPacket:
+    """One packet for the driver: addressing plus the buffers of BTH .. pad (no ICRC).
+
+    ``parts`` is a list of bytes-like objects (headers, a memoryview slice of the MR for
+    the payload, pad) so payload bytes are not copied before ``sendmsg``.
+    """
+
+    __slots__ = ("sgid", "dgid", "sport", "tclass", "hop_limit", "flow_label", "parts", "length")
+
+    def __init__(self, sgid: bytes, dgid: bytes, sport: int, parts: list[Any], length: int,
+                 tclass: int = 0, hop_limit: int = 64, flow_label: int = 0) -> None:
+        self.sgid = sgid
+        self.dgid = dgid
+        self.sport = sport
+        self.parts = parts
+        self.length = length
+        self.tclass = tclass
+        self.hop_limit = hop_limit
+        self.flow_label = flow_label
+
+
+class Counters:
+    """Port counters, named after the rxe/rdma-core hw counters where one exists."""
+
+    __slots__ = ("sent_pkts", "rcvd_pkts", "rcvd_icrc_err", "rcvd_malformed", "rcvd_unknown_qp",
+                 "rcvd_bad_pkey", "rcvd_bad_qkey", "rcvd_bad_state", "rcvd_bad_opcode",
+                 "rcvd_seq_err", "duplicate_request", "out_of_seq_request", "retry_exceeded_err",
+                 "rnr_nak_retry_err", "send_rnr_nak", "rcvd_rnr_nak", "rcvd_nak", "sent_nak",
+                 "completer_retry", "link_downed", "rcvd_cnp", "dropped_uc")
+
+    def __init__(self) -> None:
+        for name in self.__slots__:
+            setattr(self, name, 0)
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+class Port:
+    """One port of a softrdma RoCE device: the engine every QP of the device runs in.
+
+    ``gids`` is the GID table (16-byte values, index = GID index). ``qpn_alloc`` returns
+    a fresh QP number (a shared device gets them from its demultiplexer so they are
+    unique across processes); by default QPNs are allocated locally from 0x11 up, as rxe
+    does.
+    """
+
+    def __init__(self, gids: list[bytes], *, max_mtu: int = 4096,
+                 pkeys: tuple[int, ...] = (DEFAULT_PKEY,),
+                 qpn_alloc: Callable[[], int] | None = None,
+                 qpn_free: Callable[[int], None] | None = None,
+                 key_alloc: Callable[[], int] | None = None) -> None:
+        self.gids = list(gids)
+        self.max_mtu = max_mtu
+        self.pkeys = pkeys
+        self.qps: dict[int, EngineQP] = {}
+        self.mrs: dict[int, MemoryRegion] = {}  # by lkey; rkey == lkey for softrdma MRs
+        self.tx: list[TxPacket] = []
+        self.counters = Counters()
+        self.on_async_event: Callable[[str, object], None] = lambda kind, obj: None
+        self._next_qpn = 0x11
+        self._qpn_alloc = qpn_alloc
+        self._qpn_free = qpn_free
+        self._key_alloc = key_alloc
+        self._timers: set[EngineQP] = set()
+        self.mcast: dict[bytes, set[EngineQP]] = {}
+
+    # ---- QPs -------------------------------------------------------------------------
+    def alloc_qpn(self) -> int:
+        if self._qpn_alloc is not None:
+            return self._qpn_alloc()
+        for _ in range(0xFFFFFF):
+            qpn = self._next_qpn
+            self._next_qpn = 0x11 if qpn >= 0xFFFFFE else qpn + 1
+            if qpn not in self.qps:
+                return qpn
+        raise ResourceError("no free QP number")
+
+    def add_qp(self, qp: EngineQP) -> None:
+        self.qps[qp.qpn] = qp
+
+    def remove_qp(self, qp: EngineQP) -> None:
+        if self.qps.get(qp.qpn) is qp:
+            del self.qps[qp.qpn]
+            self._timers.discard(qp)
+            for members in self.mcast.values():
+                members.discard(qp)
+            if self._qpn_free is not None and qp.qpn > 1:
+                self._qpn_free(qp.qpn)
+
+    # ---- MRs -------------------------------------------------------------------------
+    def new_key(self) -> int:
+        """A fresh, hard-to-guess 32-bit key not in use (the low byte is the variant key)."""
+        if self._key_alloc is not None:
+            return self._key_alloc()
+        while True:
+            k = secrets.randbits(32)
+            if k not in self.mrs and k != 0:
+                return k
+
+    def register_mr(self, buf: memoryview, addr: int, access: int, pd: object,
+                    zero_based: bool = False) -> MemoryRegion:
+        if buf.ndim != 1 or buf.format != "B" or not buf.contiguous:
+            raise InvalidArgument("buffer", "must be a contiguous 1-D byte buffer")
+        key = self.new_key()
+        mr = MemoryRegion(key, key, addr, buf, access, pd, zero_based)
+        self.mrs[key] = mr
+        return mr
+
+    def deregister_mr(self, mr: MemoryRegion) -> None:
+        mr.valid = False
+        if self.mrs.get(mr.lkey) is mr:
+            del self.mrs[mr.lkey]
+
+    def lookup_mr(self, key: int) -> MemoryRegion | None:
+        return self.mrs.get(key)
+
+    # ---- timers ------------------------------------------------------------------------
+    def arm(self, qp: EngineQP) -> None:
+        """Called by a QP whose ``deadline`` changed to a finite value."""
+        self._timers.add(qp)
+
+    def next_deadline(self) -> float | None:
+        best: float | None = None
+        dead = []
+        for qp in self._timers:
+            d = qp.deadline
+            if d is None:
+                dead.append(qp)
+            elif best is None or d < best:
+                best = d
+        for qp in dead:
+            self._timers.discard(qp)
+        return best
+
+    def on_timer(self, now: float) -> None:
+        for qp in list(self._timers):
+            d = qp.deadline
+            if d is None:
+                self._timers.discard(qp)
+            elif d <= now:
+                qp.on_timer(now)
+
+    # ---- receive -----------------------------------------------------------------------
+    def receive(self, data: memoryview, meta: RxMeta, now: float) -> None:
+        """Demultiplex one transport packet to its QP (IBA 9.6 header checks)."""
+        c = self.counters
+        c.rcvd_pkts += 1
+        try:
+            pkt = wib.decode(data)
+        except DecodeError:
+            c.rcvd_malformed += 1
+            return
+        if pkt.tver != 0:  # C9-...: TVer must be 0 (rxe drops)
+            c.rcvd_malformed += 1
+            return
+        if pkt.opcode == 0x81:  # RoCEv2 CNP: accepted, no completion, no effect here
+            c.rcvd_cnp += 1
+            return
+        if pkt.dqpn == MULTICAST_QPN:
+            members = self.mcast.get(meta.dgid)
+            if not members or pkt.info.transport != Transport.UD:
+                c.rcvd_unknown_qp += 1
+                return
+            for qp in list(members):
+                qp.receive(pkt, meta, now)
+            return
+        qp = self.qps.get(pkt.dqpn)
+        if qp is None:
+            c.rcvd_unknown_qp += 1
+            return
+        qp.receive(pkt, meta, now)
+
+    def pkey_ok(self, pkey: int, qp_pkey: int, gsi: bool) -> bool:
+        """P_Key check (IBA 10.9.3; rdmavt ``pkey_match``); QP1 accepts any table entry."""
+        if gsi:
+            return any(_pkey_match(pkey, k) for k in self.pkeys)
+        return _pkey_match(pkey, qp_pkey)
+
+
+def _pkey_match(a: int, b: int) -> bool:
+    ka = a & 0x7FFF
+    return ka != 0 and ka == (b & 0x7FFF) and bool((a | b) & 0x8000)
