@@ -8,8 +8,8 @@ P_Key/GID tables and the counters. It never touches a socket or a clock:
   header around it;
 * ``qp.post_send(wqe, now)`` / ``qp.post_recv(rwqe)`` take work requests;
 * ``port.on_timer(now)`` runs when ``now >= port.next_deadline()``;
-* packets to send accumulate in ``port.tx`` (a list of :class:`TxPacket`), which the
-  driver drains; completions are pushed into the CQs' sinks; asynchronous events go to
+* packets to send are taken with ``port.take_tx()`` (a list of :class:`TxPacket`; this
+  also emits the ACKs coalesced since the last call); completions are pushed into the CQs' sinks; asynchronous events go to
   ``port.on_async_event``.
 
 Malformed or unexpected packets are dropped silently and counted (IBA 9.6: header
@@ -82,15 +82,56 @@ class TxPacket:
 class Counters:
     """Port counters, named after the rxe/rdma-core hw counters where one exists."""
 
-    __slots__ = ("sent_pkts", "rcvd_pkts", "rcvd_icrc_err", "rcvd_malformed", "rcvd_unknown_qp",
-                 "rcvd_bad_pkey", "rcvd_bad_qkey", "rcvd_bad_state", "rcvd_bad_opcode",
-                 "rcvd_seq_err", "duplicate_request", "out_of_seq_request", "retry_exceeded_err",
-                 "rnr_nak_retry_err", "send_rnr_nak", "rcvd_rnr_nak", "rcvd_nak", "sent_nak",
-                 "completer_retry", "link_downed", "rcvd_cnp", "dropped_uc")
+    __slots__ = (
+        "sent_pkts",
+        "rcvd_pkts",
+        "rcvd_icrc_err",
+        "rcvd_malformed",
+        "rcvd_unknown_qp",
+        "rcvd_bad_pkey",
+        "rcvd_bad_qkey",
+        "rcvd_bad_state",
+        "rcvd_bad_opcode",
+        "rcvd_seq_err",
+        "duplicate_request",
+        "out_of_seq_request",
+        "retry_exceeded_err",
+        "rnr_nak_retry_err",
+        "send_rnr_nak",
+        "rcvd_rnr_nak",
+        "rcvd_nak",
+        "sent_nak",
+        "completer_retry",
+        "link_downed",
+        "rcvd_cnp",
+        "dropped_uc",
+        "ud_no_wqe",
+    )
 
     def __init__(self) -> None:
-        for name in self.__slots__:
-            setattr(self, name, 0)
+        self.sent_pkts = 0
+        self.rcvd_pkts = 0
+        self.rcvd_icrc_err = 0
+        self.rcvd_malformed = 0
+        self.rcvd_unknown_qp = 0
+        self.rcvd_bad_pkey = 0
+        self.rcvd_bad_qkey = 0
+        self.rcvd_bad_state = 0
+        self.rcvd_bad_opcode = 0
+        self.rcvd_seq_err = 0
+        self.duplicate_request = 0
+        self.out_of_seq_request = 0
+        self.retry_exceeded_err = 0
+        self.rnr_nak_retry_err = 0
+        self.send_rnr_nak = 0
+        self.rcvd_rnr_nak = 0
+        self.rcvd_nak = 0
+        self.sent_nak = 0
+        self.completer_retry = 0
+        self.link_downed = 0
+        self.rcvd_cnp = 0
+        self.dropped_uc = 0
+        self.ud_no_wqe = 0
 
     def as_dict(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -124,6 +165,18 @@ class Port:
         self._key_alloc = key_alloc
         self._timers: set[EngineQP] = set()
         self.mcast: dict[bytes, set[EngineQP]] = {}
+        self.ack_pending: list[EngineQP] = []
+
+    def take_tx(self) -> list[TxPacket]:
+        """Packets to send, oldest first, after emitting coalesced ACKs (IBA 9.7.5.1.1)."""
+        if self.ack_pending:
+            pending = self.ack_pending
+            self.ack_pending = []
+            for qp in pending:
+                qp.flush_ack()
+        tx = self.tx
+        self.tx = []
+        return tx
 
     # ---- QPs -------------------------------------------------------------------------
     def alloc_qpn(self) -> int:
@@ -222,8 +275,8 @@ class Port:
             if not members or pkt.info.transport != Transport.UD:
                 c.rcvd_unknown_qp += 1
                 return
-            for qp in list(members):
-                qp.receive(pkt, meta, now)
+            for member in list(members):
+                member.receive(pkt, meta, now)
             return
         qp = self.qps.get(pkt.dqpn)
         if qp is None:

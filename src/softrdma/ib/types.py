@@ -87,7 +87,7 @@ class SendWQE:
         "remote_qkey",
         # engine state
         "first_psn", "last_psn", "npkts", "sent_bytes", "state", "read_received",
-        "atomic_result", "ssn", "completed", "error",
+        "atomic_result", "ssn", "completed", "error", "segs", "kind", "rd_atomic", "signaled",
     )
 
     def __init__(
@@ -136,17 +136,22 @@ class SendWQE:
         self.ssn = 0
         self.completed = False
         self.error = 0
+        self.segs: list[memoryview] | None = None
+        self.kind = 0
+        self.rd_atomic = False
+        self.signaled = False
 
 
 class RecvWQE:
     """A receive work request (posted to a QP's RQ or to an SRQ)."""
 
-    __slots__ = ("wr_id", "sg_list", "length")
+    __slots__ = ("wr_id", "sg_list", "length", "segs")
 
     def __init__(self, wr_id: int, sg_list: list[SGE] | None = None) -> None:
         self.wr_id = wr_id
         self.sg_list = sg_list if sg_list is not None else []
         self.length = sum(s.length for s in self.sg_list)
+        self.segs: list[memoryview] | None = None
 
 
 class WorkCompletion:
@@ -159,7 +164,7 @@ class WorkCompletion:
 
     __slots__ = (
         "wr_id", "status", "opcode", "vendor_err", "byte_len", "imm_data", "qp_num", "src_qp",
-        "wc_flags", "pkey_index", "slid", "sl", "dlid_path_bits", "invalidated_rkey",
+        "wc_flags", "pkey_index", "slid", "sl", "dlid_path_bits", "invalidated_rkey", "solicited",
     )
 
     def __init__(
@@ -190,6 +195,7 @@ class WorkCompletion:
         self.sl = 0
         self.dlid_path_bits = 0
         self.invalidated_rkey = invalidated_rkey
+        self.solicited = False  # the message carried SE (for req_notify(solicited_only))
 
     def __repr__(self) -> str:
         try:

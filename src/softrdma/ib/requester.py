@@ -1,0 +1,566 @@
+"""The send side of a QP: requester and completer (IBA 9.7.1-9.7.6, 9.9.2; rxe_req.c, rxe_comp.c).
+
+Send WQEs stay in ``sq`` until they complete, in order. ``tx_idx``/``tx_pkt`` point at
+the next packet to (re)transmit; PSNs are given to a WQE when it is first started and
+kept for retransmissions (go-back-N from the oldest unacknowledged PSN, IBA 9.7.6.1).
+
+* RC: the WQE completes when an ACK covers its last PSN (SEND, WRITE), when the last
+  read response arrives (READ) or when the atomic acknowledge arrives.
+* UC and UD: the WQE completes once its last packet has been handed to the driver.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import deque
+from typing import TYPE_CHECKING
+
+from ..enums import ibv_send_flags as SF
+from ..enums import ibv_wc_opcode as WCO
+from ..enums import ibv_wc_status as WCS
+from ..enums import ibv_wr_opcode as WRO
+from ..wire import ib as wib
+from ..wire import opcodes as op
+from .memory import gather, resolve_sges, scatter
+from .port import IB_QP1_QKEY
+from .types import PSN_MASK, SendWQE, WorkCompletion, psn_diff
+
+if TYPE_CHECKING:
+    from .qp import EngineQP
+
+UNSENT, SENDING, SENT, DONE = 0, 1, 2, 3
+
+MAX_INFLIGHT = 256  # unacknowledged PSNs (rxe: RXE_MAX_UNACKED_PSNS = 128)
+ACKREQ_EVERY = 32  # AckReq every N packets of a long message (rxe: RXE_MAX_PKT_PER_ACK)
+
+_W_WRITE = int(WRO.IBV_WR_RDMA_WRITE)
+_W_WRITE_IMM = int(WRO.IBV_WR_RDMA_WRITE_WITH_IMM)
+_W_SEND = int(WRO.IBV_WR_SEND)
+_W_SEND_IMM = int(WRO.IBV_WR_SEND_WITH_IMM)
+_W_READ = int(WRO.IBV_WR_RDMA_READ)
+_W_CAS = int(WRO.IBV_WR_ATOMIC_CMP_AND_SWP)
+_W_FAA = int(WRO.IBV_WR_ATOMIC_FETCH_AND_ADD)
+_W_LOCAL_INV = int(WRO.IBV_WR_LOCAL_INV)
+_W_SEND_INV = int(WRO.IBV_WR_SEND_WITH_INV)
+
+_ACCESS_LOCAL_WRITE = 1
+
+WC_OPCODE = {
+    _W_WRITE: WCO.IBV_WC_RDMA_WRITE, _W_WRITE_IMM: WCO.IBV_WC_RDMA_WRITE,
+    _W_SEND: WCO.IBV_WC_SEND, _W_SEND_IMM: WCO.IBV_WC_SEND, _W_SEND_INV: WCO.IBV_WC_SEND,
+    _W_READ: WCO.IBV_WC_RDMA_READ, _W_CAS: WCO.IBV_WC_COMP_SWAP, _W_FAA: WCO.IBV_WC_FETCH_ADD,
+    _W_LOCAL_INV: WCO.IBV_WC_LOCAL_INV,
+}
+
+# NAK code -> requester completion status (IBA 9.7.5.2.3, rxe_comp.c check_ack).
+NAK_STATUS = {
+    wib.NAK_INVALID_REQUEST: WCS.IBV_WC_REM_INV_REQ_ERR,
+    wib.NAK_REMOTE_ACCESS: WCS.IBV_WC_REM_ACCESS_ERR,
+    wib.NAK_REMOTE_OP_ERR: WCS.IBV_WC_REM_OP_ERR,
+    wib.NAK_INVALID_RD_REQUEST: WCS.IBV_WC_REM_INV_RD_REQ_ERR,
+}
+
+# Opcodes for (first, middle, last, only) x (plain, imm, inv) of SEND, and WRITE.
+_SEND_OPS = {
+    (True, True, 0): op.RC_SEND_ONLY, (True, True, 1): op.RC_SEND_ONLY_IMM,
+    (True, True, 2): op.RC_SEND_ONLY_INV, (True, False, 0): op.RC_SEND_FIRST,
+    (True, False, 1): op.RC_SEND_FIRST, (True, False, 2): op.RC_SEND_FIRST,
+    (False, False, 0): op.RC_SEND_MIDDLE, (False, False, 1): op.RC_SEND_MIDDLE,
+    (False, False, 2): op.RC_SEND_MIDDLE, (False, True, 0): op.RC_SEND_LAST,
+    (False, True, 1): op.RC_SEND_LAST_IMM, (False, True, 2): op.RC_SEND_LAST_INV,
+}
+_WRITE_OPS = {
+    (True, True, 0): op.RC_WRITE_ONLY, (True, True, 1): op.RC_WRITE_ONLY_IMM,
+    (True, False, 0): op.RC_WRITE_FIRST, (True, False, 1): op.RC_WRITE_FIRST,
+    (False, False, 0): op.RC_WRITE_MIDDLE, (False, False, 1): op.RC_WRITE_MIDDLE,
+    (False, True, 0): op.RC_WRITE_LAST, (False, True, 1): op.RC_WRITE_LAST_IMM,
+}
+
+_BTH = wib.BTH
+_RETH = wib.RETH
+_ATMETH = wib.ATMETH
+_U32 = wib.U32
+_DETH = struct.Struct("!II")
+_HOST_U64 = struct.Struct("=Q")
+_PAD = (b"", b"\0", b"\0\0", b"\0\0\0")
+
+
+class Requester:
+    """Requester + completer of one QP."""
+
+    def __init__(self, qp: EngineQP) -> None:
+        self.qp = qp
+        self.sq: deque[SendWQE] = deque()
+        self.tx_idx = 0
+        self.tx_pkt = 0
+        self.next_psn = 0
+        self.retry_left = 7
+        self.rnr_left = 7
+        self.rnr_wait = False
+        self.rnr_psn = 0
+        self.rd_atomic_out = 0
+        self.gap_psn = -1
+
+    # ---- queue management ---------------------------------------------------------------
+    def depth(self) -> int:
+        return len(self.sq)
+
+    def outstanding(self) -> int:
+        return sum(1 for w in self.sq if w.state in (SENDING, SENT))
+
+    def set_psn(self, psn: int) -> None:
+        self.next_psn = psn & PSN_MASK
+
+    def reset(self) -> None:
+        self.sq.clear()
+        self.tx_idx = self.tx_pkt = 0
+        self.rnr_wait = False
+        self.rd_atomic_out = 0
+        self.gap_psn = -1
+
+    def post(self, wqe: SendWQE, now: float) -> None:
+        qp = self.qp
+        wqe.signaled = qp.sq_sig_all or bool(wqe.send_flags & SF.IBV_SEND_SIGNALED)
+        o = wqe.opcode
+        wqe.rd_atomic = o == _W_READ or o == _W_CAS or o == _W_FAA
+        if o == _W_CAS or o == _W_FAA:
+            wqe.length = 8
+        self.sq.append(wqe)
+        if len(self.sq) == 1 or self.tx_idx == len(self.sq) - 1:
+            self.pump(now)
+
+    # ---- transmission -----------------------------------------------------------------------
+    def pump(self, now: float) -> None:
+        """Send as many packets as the window, rd_atomic limit and fences allow."""
+        qp = self.qp
+        st = qp.state
+        if st != 3 and st != 4:  # RTS, SQD
+            return
+        sq = self.sq
+        rc = qp.qp_type == 2
+        sent = False
+        while self.tx_idx < len(sq) and not self.rnr_wait:
+            wqe = sq[self.tx_idx]
+            s = wqe.state
+            if s == DONE:
+                self.tx_idx += 1
+                continue
+            if s == UNSENT:
+                if qp.state != 3:
+                    break
+                if wqe.opcode == _W_LOCAL_INV:
+                    if not self._local_inv(wqe):
+                        return
+                    self.tx_idx += 1
+                    continue
+                if rc:
+                    if wqe.send_flags & SF.IBV_SEND_FENCE and self.rd_atomic_out > 0:
+                        break
+                    if wqe.rd_atomic and self.rd_atomic_out >= max(1, qp.max_rd_atomic):
+                        break
+                if not self._start(wqe):
+                    return
+            if rc and sq[0].state != UNSENT:
+                head = self._una()
+                if head is not None and psn_diff((wqe.first_psn + self.tx_pkt) & PSN_MASK,
+                                                 head) >= MAX_INFLIGHT:
+                    break
+            self._send_pkt(wqe)
+            sent = True
+        if rc and sent and qp.deadline is None and qp.timeout:
+            qp.set_deadline(now + wib.ack_timeout_s(qp.timeout))
+        if not rc:
+            self._complete_head()
+
+    def _una(self) -> int | None:
+        """Oldest unacknowledged PSN, or None when nothing is outstanding."""
+        for w in self.sq:
+            if w.state == SENDING or w.state == SENT:
+                if w.opcode == _W_READ:
+                    return (w.first_psn + w.read_received // self.qp.mtu) & PSN_MASK
+                return w.first_psn
+            if w.state == UNSENT:
+                return None
+        return None
+
+    def _start(self, wqe: SendWQE) -> bool:
+        """Resolve local keys and assign PSNs (IBA 9.7.1); False on a local error."""
+        qp = self.qp
+        if wqe.inline_data is not None:
+            wqe.segs = [memoryview(wqe.inline_data)]
+        else:
+            need = _ACCESS_LOCAL_WRITE if wqe.rd_atomic else 0
+            segs = resolve_sges(qp.port.mrs, qp.pd, wqe.sg_list, need)
+            if segs is None:
+                self._fail(wqe, WCS.IBV_WC_LOC_PROT_ERR)
+                return False
+            wqe.segs = segs
+        mtu = qp.mtu
+        length = wqe.length
+        if qp.qp_type == 4 and length > mtu:  # UD: one packet per message (IBA 9.8.2)
+            self._fail(wqe, WCS.IBV_WC_LOC_LEN_ERR)
+            return False
+        if wqe.rd_atomic and wqe.opcode != _W_READ:
+            npkts = 1
+        else:
+            npkts = (length + mtu - 1) // mtu if length else 1
+        wqe.npkts = npkts
+        wqe.first_psn = self.next_psn
+        wqe.last_psn = (self.next_psn + npkts - 1) & PSN_MASK
+        self.next_psn = (self.next_psn + npkts) & PSN_MASK
+        wqe.state = SENDING
+        if wqe.rd_atomic:
+            self.rd_atomic_out += 1
+        self.tx_pkt = 0
+        return True
+
+    def _send_pkt(self, wqe: SendWQE) -> None:
+        qp = self.qp
+        qtype = qp.qp_type
+        o = wqe.opcode
+        pkey = qp.pkey
+        if o == _W_READ:
+            mtu = qp.mtu
+            got = wqe.read_received
+            psn = (wqe.first_psn + got // mtu) & PSN_MASK
+            hdr = _BTH.pack(op.RC_READ_REQUEST, 0, pkey, qp.dest_qpn, 0x80000000 | psn) + \
+                _RETH.pack(wqe.remote_addr + got, wqe.rkey, wqe.length - got)
+            qp.tx([hdr], 28)
+            self._advance(wqe)
+            return
+        if o == _W_CAS or o == _W_FAA:
+            opcode = op.RC_CMP_SWAP if o == _W_CAS else op.RC_FETCH_ADD
+            if o == _W_CAS:
+                swap_add, compare = wqe.swap, wqe.compare_add
+            else:
+                swap_add, compare = wqe.compare_add, 0
+            hdr = _BTH.pack(opcode, 0, pkey, qp.dest_qpn, 0x80000000 | wqe.first_psn) + \
+                _ATMETH.pack(wqe.remote_addr, wqe.rkey, swap_add & 0xFFFFFFFFFFFFFFFF,
+                             compare & 0xFFFFFFFFFFFFFFFF)
+            qp.tx([hdr], 40)
+            self._advance(wqe)
+            return
+        mtu = qp.mtu
+        k = self.tx_pkt
+        n = wqe.npkts
+        off = k * mtu
+        length = wqe.length
+        plen = length - off if length - off < mtu else mtu
+        first = k == 0
+        last = k == n - 1
+        is_write = o == _W_WRITE or o == _W_WRITE_IMM
+        variant = 1 if (o == _W_SEND_IMM or o == _W_WRITE_IMM) else (2 if o == _W_SEND_INV else 0)
+        ext = b""
+        av = None
+        if qtype == 4:  # UD: SEND_ONLY(_IMM) + DETH (IBA 9.8.3)
+            opcode = op.UD_SEND_ONLY_IMM if variant == 1 else op.UD_SEND_ONLY
+            if qp.qpn == 1:
+                qkey = IB_QP1_QKEY
+            else:
+                qkey = qp.qkey if wqe.remote_qkey & 0x80000000 else wqe.remote_qkey
+            ext = _DETH.pack(qkey, qp.qpn)
+            dqpn = wqe.remote_qpn
+            av = wqe.ah
+        else:
+            table = _WRITE_OPS if is_write else _SEND_OPS
+            opcode = table[(first, last, variant)]
+            if qtype == 3:
+                opcode |= 0x20
+            if first and is_write:
+                ext = _RETH.pack(wqe.remote_addr, wqe.rkey, length)
+            dqpn = qp.dest_qpn
+        if last:
+            if variant == 1:
+                ext += _U32.pack(wqe.imm_data & 0xFFFFFFFF)
+            elif variant == 2:
+                ext += _U32.pack(wqe.invalidate_rkey & 0xFFFFFFFF)
+        pad = (-plen) & 3
+        b1 = pad << 4
+        if last and wqe.send_flags & SF.IBV_SEND_SOLICITED and (not is_write or variant == 1):
+            b1 |= 0x80
+        w2 = (wqe.first_psn + k) & PSN_MASK
+        if qtype == 2 and (last or (k % ACKREQ_EVERY) == ACKREQ_EVERY - 1):
+            w2 |= 0x80000000
+        hdr = _BTH.pack(opcode, b1, pkey, dqpn, w2) + ext
+        segs = wqe.segs
+        if plen and segs:
+            parts: list[object] = [hdr, *gather(segs, off, plen)]
+        else:
+            parts = [hdr]
+        if pad:
+            parts.append(_PAD[pad])
+        qp.tx(parts, len(hdr) + plen + pad, av)
+        if last:
+            self._advance(wqe)
+            if qtype != 2:
+                wqe.state = DONE
+        else:
+            self.tx_pkt = k + 1
+
+    def _advance(self, wqe: SendWQE) -> None:
+        wqe.state = SENT
+        self.tx_idx += 1
+        self.tx_pkt = 0
+
+    def _local_inv(self, wqe: SendWQE) -> bool:
+        """IBV_WR_LOCAL_INV: invalidate an MR of this PD (IBA 10.6.5)."""
+        qp = self.qp
+        mr = qp.port.lookup_mr(wqe.invalidate_rkey)
+        if mr is None or mr.pd is not qp.pd:
+            self._fail(wqe, WCS.IBV_WC_MW_BIND_ERR)
+            return False
+        mr.valid = False
+        wqe.state = DONE
+        return True
+
+    # ---- completer --------------------------------------------------------------------------
+    def on_response(self, pkt: wib.IBPacket, now: float) -> None:
+        """Process an ACK, NAK, read response or atomic acknowledge (IBA 9.7.5.1, C9-...)."""
+        qp = self.qp
+        psn = pkt.psn
+        if psn_diff(psn, self.next_psn) >= 0:
+            qp.port.counters.rcvd_malformed += 1  # acknowledges a PSN never sent: ghost
+            return
+        kind = pkt.info.kind
+        if kind == op.Kind.ACK:
+            syn = pkt.syndrome
+            t = syn & wib.AETH_TYPE_MASK
+            if t == wib.AETH_ACK:
+                self._ack_upto(psn, now)
+            elif t == wib.AETH_RNR_NAK:
+                qp.port.counters.rcvd_rnr_nak += 1
+                self._ack_upto((psn - 1) & PSN_MASK, now)
+                self._rnr(psn, syn & 0x1F, now)
+            elif t == wib.AETH_NAK:
+                qp.port.counters.rcvd_nak += 1
+                self._ack_upto((psn - 1) & PSN_MASK, now)
+                if syn == wib.NAK_PSN_SEQ_ERR:
+                    self._retry(psn, now)
+                else:
+                    w = self._wqe_at(psn)
+                    if w is not None:
+                        self._fail(w, NAK_STATUS.get(syn, WCS.IBV_WC_REM_OP_ERR))
+            return
+        if kind == op.Kind.READ_RESP:
+            self._read_response(pkt, now)
+            return
+        if kind == op.Kind.ATOMIC_ACK:
+            self._ack_upto((psn - 1) & PSN_MASK, now)
+            w = self._oldest()
+            if w is None or w.state == UNSENT or w.first_psn != psn or not w.rd_atomic \
+                    or w.opcode == _W_READ:
+                qp.port.counters.rcvd_malformed += 1
+                return
+            if w.state != DONE:
+                segs = w.segs
+                if segs:
+                    scatter(segs, 0, memoryview(_HOST_U64.pack(pkt.orig)))
+                w.state = DONE
+                self.rd_atomic_out -= 1
+            self._progress(now)
+
+    def _oldest(self) -> SendWQE | None:
+        for w in self.sq:
+            if w.state != DONE:
+                return w
+        return None
+
+    def _wqe_at(self, psn: int) -> SendWQE | None:
+        for w in self.sq:
+            if w.state == SENDING or w.state == SENT:
+                if psn_diff(psn, w.first_psn) >= 0 and psn_diff(psn, w.last_psn) <= 0:
+                    return w
+        return None
+
+    def _ack_upto(self, psn: int, now: float) -> None:
+        """Complete SEND/WRITE WQEs whose last PSN <= psn (ACK coalescing, IBA 9.7.5.1.2)."""
+        progressed = False
+        for i, w in enumerate(self.sq):
+            s = w.state
+            if s == DONE:
+                continue
+            if s == UNSENT:
+                break
+            if psn_diff(w.last_psn, psn) > 0:
+                break
+            if w.rd_atomic:
+                # An ACK beyond an unanswered read/atomic: its responses were lost
+                # (IBA 9.7.5.1.5): re-request it.
+                self._go_back_to(i)
+                self.qp.port.counters.completer_retry += 1
+                self.pump(now)
+                break
+            w.state = DONE
+            progressed = True
+        if progressed:
+            self._progress(now)
+
+    def _progress(self, now: float) -> None:
+        qp = self.qp
+        self.retry_left = qp.retry_cnt
+        self.rnr_left = qp.rnr_retry
+        self._complete_head()
+        if qp.state == 6:  # the QP went to ERR while completing
+            return
+        if self.outstanding():
+            if qp.timeout and not self.rnr_wait:
+                qp.set_deadline(now + wib.ack_timeout_s(qp.timeout))
+        elif not self.rnr_wait:
+            qp.set_deadline(None)
+        self.pump(now)
+        self.check_drained()
+
+    def _complete_head(self) -> None:
+        sq = self.sq
+        qp = self.qp
+        while sq and sq[0].state == DONE:
+            w = sq.popleft()
+            if self.tx_idx:
+                self.tx_idx -= 1
+            if w.signaled:
+                qp.complete_send(WorkCompletion(w.wr_id, WCS.IBV_WC_SUCCESS, WC_OPCODE[w.opcode],
+                                                qp.qpn, byte_len=w.length))
+
+    def _read_response(self, pkt: wib.IBPacket, now: float) -> None:
+        qp = self.qp
+        psn = pkt.psn
+        self._ack_upto((psn - 1) & PSN_MASK, now)
+        w = self._oldest()
+        if w is None or w.opcode != _W_READ or w.state == UNSENT:
+            qp.port.counters.rcvd_malformed += 1
+            return
+        mtu = qp.mtu
+        got = w.read_received
+        expected = (w.first_psn + got // mtu) & PSN_MASK
+        d = psn_diff(psn, expected)
+        if d < 0:
+            qp.port.counters.duplicate_request += 1
+            return
+        if d > 0:
+            # a response packet was lost: re-request from the first missing one (go-back-N)
+            if self.gap_psn != expected:
+                self.gap_psn = expected
+                self._go_back_to(self.sq.index(w))
+                self.pump(now)
+            return
+        plen = len(pkt.payload)
+        remaining = w.length - got
+        last = bool(pkt.info.pos & op.Pos.LAST)
+        if (last and plen != remaining) or (not last and (plen != mtu or plen >= remaining)):
+            self._fail(w, WCS.IBV_WC_BAD_RESP_ERR)
+            return
+        segs = w.segs
+        if plen and segs is not None:
+            scatter(segs, got, pkt.payload)
+        w.read_received = got + plen
+        if last:
+            w.state = DONE
+            self.rd_atomic_out -= 1
+            self.gap_psn = -1
+        self._progress(now)
+
+    def _rnr(self, psn: int, timer: int, now: float) -> None:
+        """RNR NAK: wait the responder's RNR timer, then resend from ``psn`` (IBA 9.7.5.2.8)."""
+        qp = self.qp
+        w = self._wqe_at(psn)
+        if w is None:
+            return
+        if qp.rnr_retry != 7:
+            if self.rnr_left <= 0:
+                qp.port.counters.rnr_nak_retry_err += 1
+                self._fail(w, WCS.IBV_WC_RNR_RETRY_EXC_ERR)
+                return
+            self.rnr_left -= 1
+        self.rnr_wait = True
+        self.rnr_psn = psn
+        qp.set_deadline(now + wib.RNR_TIMER_S[timer])
+
+    def _retry(self, psn: int, now: float) -> None:
+        """Go back to ``psn`` after a PSN sequence NAK or a timeout (IBA 9.7.6.1.3)."""
+        qp = self.qp
+        w = self._wqe_at(psn)
+        if w is None:
+            return
+        if self.retry_left <= 0:
+            qp.port.counters.retry_exceeded_err += 1
+            self._fail(w, WCS.IBV_WC_RETRY_EXC_ERR)
+            return
+        self.retry_left -= 1
+        qp.port.counters.completer_retry += 1
+        self._go_back(psn)
+        if qp.timeout:
+            qp.set_deadline(now + wib.ack_timeout_s(qp.timeout))
+        self.pump(now)
+
+    def _go_back(self, psn: int) -> None:
+        for i, w in enumerate(self.sq):
+            if w.state == SENDING or w.state == SENT:
+                if psn_diff(psn, w.last_psn) <= 0:
+                    self._go_back_to(i)
+                    if not w.rd_atomic:
+                        k = psn_diff(psn, w.first_psn)
+                        self.tx_pkt = k if k > 0 else 0
+                    return
+            elif w.state == UNSENT:
+                return
+
+    def _go_back_to(self, i: int) -> None:
+        self.tx_idx = i
+        self.tx_pkt = 0
+        for j in range(i, len(self.sq)):
+            w = self.sq[j]
+            if w.state == SENT:
+                w.state = SENDING
+            elif w.state == UNSENT:
+                break
+
+    def on_timer(self, now: float) -> None:
+        qp = self.qp
+        qp.deadline = None
+        if self.rnr_wait:
+            self.rnr_wait = False
+            self._go_back(self.rnr_psn)
+            if qp.timeout:
+                qp.set_deadline(now + wib.ack_timeout_s(qp.timeout))
+            self.pump(now)
+            return
+        una = self._una()
+        if una is None:
+            return
+        self._retry(una, now)
+
+    # ---- errors -----------------------------------------------------------------------------
+    def _fail(self, wqe: SendWQE, status: int) -> None:
+        """Complete ``wqe`` in error (always, even unsignaled: IBA 10.7.3.1) and go to ERR."""
+        qp = self.qp
+        self._complete_head()
+        try:
+            self.sq.remove(wqe)
+        except ValueError:
+            pass
+        qp.complete_send(WorkCompletion(wqe.wr_id, status, WC_OPCODE.get(wqe.opcode, 0), qp.qpn))
+        qp.to_error()
+
+    def flush(self) -> None:
+        """Flush every WQE not yet completed with IBV_WC_WR_FLUSH_ERR."""
+        self._complete_head()
+        sq = self.sq
+        self.sq = deque()
+        self.tx_idx = self.tx_pkt = 0
+        self.rd_atomic_out = 0
+        self.rnr_wait = False
+        for w in sq:
+            self.flush_one(w)
+
+    def flush_one(self, wqe: SendWQE) -> None:
+        qp = self.qp
+        qp.complete_send(WorkCompletion(wqe.wr_id, WCS.IBV_WC_WR_FLUSH_ERR,
+                                        WC_OPCODE.get(wqe.opcode, 0), qp.qpn))
+
+    def check_drained(self) -> None:
+        """SQD: raise SQ_DRAINED once no WQE is in flight (IBA 10.3.1.5)."""
+        qp = self.qp
+        if qp.state == 4 and not qp.sqd_notified and self.outstanding() == 0:
+            qp.sqd_notified = True
+            if qp.en_sqd_async_notify:
+                qp.port.on_async_event("SQ_DRAINED", qp)

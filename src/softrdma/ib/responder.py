@@ -1,0 +1,490 @@
+"""The receive side of a QP: the responder (IBA 9.7.4-9.7.5, 9.8, 9.9.3; rxe_resp.c).
+
+RC: requests are executed in PSN order. A PSN ahead of the expected one draws one
+PSN-sequence NAK; a PSN behind it is a duplicate: SEND/WRITE are re-acknowledged,
+READ is re-executed from the responder resource that covers it and an atomic's saved
+result is sent again (never re-executed, IBA 9.7.5.1.4 / C9-...). Errors are NAKed with
+the code of IBA Table 44 and, for class B/C/D errors, the QP moves to ERR.
+
+UC: no ACKs; a missing packet drops the rest of the message (IBA 9.7.4.1.x).
+UD: one-packet messages, Q_Key check (IBA 10.2.5), 40-byte GRH area at the front of the
+receive buffer (IBA 11.4.1.1), silently dropped when no receive WQE is posted.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import deque
+from typing import TYPE_CHECKING
+
+from ..enums import ibv_access_flags as ACC
+from ..enums import ibv_wc_flags as WCF
+from ..enums import ibv_wc_opcode as WCO
+from ..enums import ibv_wc_status as WCS
+from ..wire import ib as wib
+from ..wire import opcodes as op
+from .memory import resolve_sges, scatter
+from .port import IB_QP1_QKEY, RxMeta
+from .types import PSN_MASK, RecvWQE, WorkCompletion, psn_diff
+
+if TYPE_CHECKING:
+    from .qp import EngineQP
+
+_BTH = wib.BTH
+_AETH = wib.U32
+_U64 = wib.U64
+_HOST_U64 = struct.Struct("=Q")
+_PAD = (b"", b"\0", b"\0\0", b"\0\0\0")
+_ACK_SYN = wib.AETH_ACK | wib.AETH_CREDIT_INVALID  # rxe: AETH_ACK_UNLIMITED
+MAX_MSG = 1 << 31  # IBA: maximum message size 2^31 (rxe check_rkey)
+
+K_SEND = op.Kind.SEND
+K_WRITE = op.Kind.WRITE
+K_READ = op.Kind.READ_REQ
+K_CAS = op.Kind.CMP_SWAP
+K_FAA = op.Kind.FETCH_ADD
+
+
+class Resource:
+    """A responder resource kept for duplicate READ/atomic requests (IBA 9.7.5.1.4)."""
+
+    __slots__ = ("kind", "first_psn", "last_psn", "orig", "va", "rkey", "length")
+
+    def __init__(self, kind: int, first_psn: int, last_psn: int, orig: int = 0, va: int = 0,
+                 rkey: int = 0, length: int = 0) -> None:
+        self.kind = kind
+        self.first_psn = first_psn
+        self.last_psn = last_psn
+        self.orig = orig
+        self.va = va
+        self.rkey = rkey
+        self.length = length
+
+
+class _NAK(Exception):
+    """Internal: abort processing of a request with a NAK (and maybe a responder error)."""
+
+    def __init__(self, code: int, wc_status: int = 0) -> None:
+        super().__init__(code)
+        self.code = code
+        self.wc_status = wc_status
+
+
+class Responder:
+    """Responder of one QP."""
+
+    def __init__(self, qp: EngineQP) -> None:
+        self.qp = qp
+        self.epsn = 0
+        self.msn = 0
+        self.nak_sent = False
+        self.resources: deque[Resource] = deque(maxlen=16)
+        self._clear_msg()
+
+    def _clear_msg(self) -> None:
+        self.cur: int = 0  # kind of the message in progress (0 = none)
+        self.rwqe: RecvWQE | None = None
+        self.segs: list[memoryview] | None = None
+        self.offset = 0
+        self.wbuf: memoryview | None = None
+        self.wlen = 0
+
+    def set_epsn(self, psn: int) -> None:
+        self.epsn = psn & PSN_MASK
+
+    def reset(self) -> None:
+        self.msn = 0
+        self.nak_sent = False
+        self.resources.clear()
+        self._clear_msg()
+
+    def abort(self) -> None:
+        """QP to ERR: a receive WQE in use is flushed with the rest (IBA 10.3.1.7)."""
+        rwqe = self.rwqe
+        self._clear_msg()
+        if rwqe is not None:
+            qp = self.qp
+            qp.complete_recv(WorkCompletion(rwqe.wr_id, WCS.IBV_WC_WR_FLUSH_ERR, WCO.IBV_WC_RECV,
+                                            qp.qpn))
+
+    # ---- outgoing responses -------------------------------------------------------------------
+    def send_ack(self, psn: int, syndrome: int = _ACK_SYN) -> None:
+        qp = self.qp
+        hdr = _BTH.pack(op.RC_ACK, 0, qp.pkey, qp.dest_qpn, psn & PSN_MASK) + \
+            _AETH.pack((syndrome << 24) | (self.msn & PSN_MASK))
+        qp.tx([hdr], 16)
+
+    def _schedule_ack(self, psn: int) -> None:
+        qp = self.qp
+        if qp.ack_psn < 0:
+            qp.port.ack_pending.append(qp)
+        qp.ack_psn = psn
+
+    def _flush_pending_ack(self) -> None:
+        qp = self.qp
+        if qp.ack_psn >= 0:
+            self.send_ack(qp.ack_psn)
+            qp.ack_psn = -1
+            try:
+                qp.port.ack_pending.remove(qp)
+            except ValueError:
+                pass
+
+    def _nak(self, psn: int, code: int) -> None:
+        self._flush_pending_ack()
+        self.qp.port.counters.sent_nak += 1
+        self.send_ack(psn, code)
+
+    # ---- dispatch ---------------------------------------------------------------------------------
+    def on_request(self, pkt: wib.IBPacket, meta: RxMeta, now: float) -> None:
+        t = self.qp.qp_type
+        if t == 2:
+            self._rc(pkt)
+        elif t == 4:
+            self._ud(pkt, meta)
+        else:
+            self._uc(pkt)
+
+    # ---- RC -----------------------------------------------------------------------------------
+    def _rc(self, pkt: wib.IBPacket) -> None:
+        qp = self.qp
+        d = psn_diff(pkt.psn, self.epsn)
+        if d > 0:
+            qp.port.counters.out_of_seq_request += 1
+            if not self.nak_sent:  # one NAK per sequence error (IBA 9.7.5.1.3; rxe sent_psn_nak)
+                self.nak_sent = True
+                self._nak(self.epsn, wib.NAK_PSN_SEQ_ERR)
+            return
+        if d < 0:
+            qp.port.counters.duplicate_request += 1
+            self._duplicate(pkt)
+            return
+        self.nak_sent = False
+        try:
+            self._execute(pkt)
+        except _NAK as e:
+            self._error(pkt, e)
+        except _RNR:
+            # Receiver not ready (IBA 9.7.5.2.8): RNR NAK with our min_rnr_timer; the
+            # requester resends this PSN after the timer.
+            qp.port.counters.send_rnr_nak += 1
+            self._flush_pending_ack()
+            self.send_ack(pkt.psn, wib.AETH_RNR_NAK | (qp.min_rnr_timer & 0x1F))
+
+    def _error(self, pkt: wib.IBPacket, e: _NAK) -> None:
+        """NAK the request; class B/C/D errors complete the receive WQE in use and move to ERR."""
+        qp = self.qp
+        self._nak(pkt.psn, e.code)
+        rwqe = self.rwqe
+        self._clear_msg()
+        if rwqe is not None and e.wc_status:
+            qp.complete_recv(WorkCompletion(rwqe.wr_id, e.wc_status, WCO.IBV_WC_RECV, qp.qpn))
+        elif rwqe is not None:
+            qp.return_rwqe(rwqe)
+        event = "QP_ACCESS_ERR" if e.code == wib.NAK_REMOTE_ACCESS else "QP_REQ_ERR"
+        qp.to_error(event)
+
+    def _check_seq(self, info: op.OpInfo, kind: int) -> None:
+        """Opcode sequence check (IBA 9.7.4.1.5; rxe check_op_seq)."""
+        if self.cur == 0:
+            if not info.pos & op.Pos.FIRST:
+                raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
+        elif info.pos & op.Pos.FIRST or kind != self.cur:
+            raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
+
+    def _check_len(self, info: op.OpInfo, plen: int) -> None:
+        """Payload length rules (IBA 9.7.4.1.5; rxe check_length)."""
+        mtu = self.qp.mtu
+        pos = info.pos
+        if pos == op.Pos.ONLY:
+            ok = plen <= mtu
+        elif pos & op.Pos.LAST:
+            ok = 0 < plen <= mtu
+        else:
+            ok = plen == mtu
+        if not ok:
+            raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
+
+    def _rkey_view(self, rkey: int, va: int, length: int, need: int) -> memoryview:
+        """R_Key, PD, access and bounds checks (IBA 10.6.3.1; C9-...); NAK 0x62 on failure."""
+        qp = self.qp
+        if not qp.access_flags & need:
+            raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
+        if length == 0:
+            return memoryview(b"")
+        mr = qp.port.mrs.get(rkey)
+        if mr is None or not mr.valid or mr.pd is not qp.pd or not mr.access & need:
+            raise _NAK(wib.NAK_REMOTE_ACCESS, WCS.IBV_WC_REM_ACCESS_ERR)
+        off = mr.offset_of(va, length)
+        if off < 0:
+            raise _NAK(wib.NAK_REMOTE_ACCESS, WCS.IBV_WC_REM_ACCESS_ERR)
+        return mr.buf[off:off + length]
+
+    def _execute(self, pkt: wib.IBPacket) -> None:
+        info = pkt.info
+        kind = info.kind
+        qp = self.qp
+        if kind == K_SEND or kind == K_WRITE:
+            self._check_seq(info, kind)
+            plen = len(pkt.payload)
+            self._check_len(info, plen)
+            if kind == K_SEND:
+                self._send_data(pkt, plen)
+            else:
+                self._write_data(pkt, plen)
+            self.epsn = (self.epsn + 1) & PSN_MASK
+            if pkt.ackreq:
+                self._schedule_ack(pkt.psn)
+            return
+        if self.cur != 0:  # a new request in the middle of a message
+            raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
+        if kind == K_READ:
+            if pkt.dma_len > MAX_MSG:
+                raise _NAK(wib.NAK_INVALID_REQUEST)
+            view = self._rkey_view(pkt.rkey, pkt.va, pkt.dma_len, ACC.IBV_ACCESS_REMOTE_READ)
+            mtu = qp.mtu
+            npkts = (pkt.dma_len + mtu - 1) // mtu if pkt.dma_len else 1
+            self.msn = (self.msn + 1) & PSN_MASK
+            self.resources.append(Resource(K_READ, pkt.psn, (pkt.psn + npkts - 1) & PSN_MASK,
+                                           va=pkt.va, rkey=pkt.rkey, length=pkt.dma_len))
+            self.epsn = (self.epsn + npkts) & PSN_MASK
+            self._read_responses(pkt.psn, view)
+            return
+        if kind == K_CAS or kind == K_FAA:
+            if pkt.va & 7:
+                raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
+            view = self._rkey_view(pkt.rkey, pkt.va, 8, ACC.IBV_ACCESS_REMOTE_ATOMIC)
+            orig = _HOST_U64.unpack_from(view)[0]
+            if kind == K_CAS:
+                if orig == pkt.compare:
+                    _HOST_U64.pack_into(view, 0, pkt.swap_add)
+            else:
+                _HOST_U64.pack_into(view, 0, (orig + pkt.swap_add) & 0xFFFFFFFFFFFFFFFF)
+            self.msn = (self.msn + 1) & PSN_MASK
+            self.resources.append(Resource(kind, pkt.psn, pkt.psn, orig=orig))
+            self.epsn = (self.epsn + 1) & PSN_MASK
+            self._atomic_ack(pkt.psn, orig)
+            return
+        raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
+
+    def _send_data(self, pkt: wib.IBPacket, plen: int) -> None:
+        qp = self.qp
+        if self.cur == 0:
+            rwqe = qp.take_rwqe()
+            if rwqe is None:
+                raise _RNR()
+            segs = resolve_sges(qp.port.mrs, qp.pd, rwqe.sg_list, ACC.IBV_ACCESS_LOCAL_WRITE)
+            if segs is None:
+                self.rwqe = rwqe
+                raise _NAK(wib.NAK_REMOTE_OP_ERR, WCS.IBV_WC_LOC_PROT_ERR)
+            self.rwqe = rwqe
+            self.segs = segs
+            self.offset = 0
+            self.cur = K_SEND
+        segs = self.segs
+        assert segs is not None
+        if plen and not scatter(segs, self.offset, pkt.payload):
+            raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_LOC_LEN_ERR)
+        self.offset += plen
+        if pkt.info.pos & op.Pos.LAST:
+            rwqe = self.rwqe
+            assert rwqe is not None
+            flags = 0
+            imm = 0
+            inv = 0
+            if pkt.info.imm:
+                flags = WCF.IBV_WC_WITH_IMM
+                imm = pkt.imm
+            elif pkt.info.inv:
+                mr = qp.port.lookup_mr(pkt.inv_rkey)
+                if mr is None or mr.pd is not qp.pd:
+                    raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
+                mr.valid = False
+                flags = WCF.IBV_WC_WITH_INV
+                inv = pkt.inv_rkey
+            wc = WorkCompletion(rwqe.wr_id, WCS.IBV_WC_SUCCESS, WCO.IBV_WC_RECV, qp.qpn,
+                                byte_len=self.offset, imm_data=imm, src_qp=qp.dest_qpn,
+                                wc_flags=int(flags), invalidated_rkey=inv)
+            wc.solicited = pkt.se
+            self.msn = (self.msn + 1) & PSN_MASK
+            self._clear_msg()
+            qp.complete_recv(wc)
+
+    def _write_data(self, pkt: wib.IBPacket, plen: int) -> None:
+        qp = self.qp
+        info = pkt.info
+        if self.cur == 0:
+            if pkt.dma_len > MAX_MSG:
+                raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
+            self.wbuf = self._rkey_view(pkt.rkey, pkt.va, pkt.dma_len,
+                                        ACC.IBV_ACCESS_REMOTE_WRITE)
+            self.wlen = pkt.dma_len
+            self.offset = 0
+            self.cur = K_WRITE
+        wbuf = self.wbuf
+        assert wbuf is not None
+        off = self.offset
+        if off + plen > self.wlen:
+            raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
+        last = bool(info.pos & op.Pos.LAST)
+        if last and off + plen != self.wlen:
+            raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
+        if last and info.imm:
+            # Write with immediate consumes a receive WQE (IBA 9.4.1.2): RNR if none.
+            rwqe = qp.take_rwqe()
+            if rwqe is None:
+                raise _RNR()
+            self.rwqe = rwqe
+        if plen:
+            wbuf[off:off + plen] = pkt.payload
+        self.offset = off + plen
+        if last:
+            rwqe = self.rwqe
+            length = self.wlen
+            self.msn = (self.msn + 1) & PSN_MASK
+            self._clear_msg()
+            if rwqe is not None:
+                wc = WorkCompletion(rwqe.wr_id, WCS.IBV_WC_SUCCESS, WCO.IBV_WC_RECV_RDMA_WITH_IMM,
+                                    qp.qpn, byte_len=length, imm_data=pkt.imm, src_qp=qp.dest_qpn,
+                                    wc_flags=int(WCF.IBV_WC_WITH_IMM))
+                wc.solicited = pkt.se
+                qp.complete_recv(wc)
+
+    def _read_responses(self, psn: int, view: memoryview) -> None:
+        """Emit the RDMA READ response packets for ``view`` starting at ``psn`` (IBA 9.7.4.1.4)."""
+        self._flush_pending_ack()
+        qp = self.qp
+        mtu = qp.mtu
+        n = len(view)
+        npkts = (n + mtu - 1) // mtu if n else 1
+        pkey = qp.pkey
+        dqpn = qp.dest_qpn
+        aeth = _AETH.pack((_ACK_SYN << 24) | (self.msn & PSN_MASK))
+        for k in range(npkts):
+            off = k * mtu
+            plen = n - off if n - off < mtu else mtu
+            if npkts == 1:
+                opcode = op.RC_READ_RESPONSE_ONLY
+            elif k == 0:
+                opcode = op.RC_READ_RESPONSE_FIRST
+            elif k == npkts - 1:
+                opcode = op.RC_READ_RESPONSE_LAST
+            else:
+                opcode = op.RC_READ_RESPONSE_MIDDLE
+            pad = (-plen) & 3
+            hdr = _BTH.pack(opcode, pad << 4, pkey, dqpn, (psn + k) & PSN_MASK)
+            if opcode != op.RC_READ_RESPONSE_MIDDLE:
+                hdr += aeth
+            parts: list[object] = [hdr]
+            if plen:
+                parts.append(view[off:off + plen])
+            if pad:
+                parts.append(_PAD[pad])
+            qp.tx(parts, len(hdr) + plen + pad)
+
+    def _atomic_ack(self, psn: int, orig: int) -> None:
+        self._flush_pending_ack()
+        qp = self.qp
+        hdr = _BTH.pack(op.RC_ATOMIC_ACK, 0, qp.pkey, qp.dest_qpn, psn & PSN_MASK) + \
+            _AETH.pack((_ACK_SYN << 24) | (self.msn & PSN_MASK)) + _U64.pack(orig)
+        qp.tx([hdr], 24)
+
+    def _duplicate(self, pkt: wib.IBPacket) -> None:
+        """Duplicate request (IBA 9.7.5.1.4 / C9-105 ...)."""
+        kind = pkt.info.kind
+        if kind == K_SEND or kind == K_WRITE:
+            self._schedule_ack((self.epsn - 1) & PSN_MASK)
+            return
+        for r in reversed(self.resources):
+            if psn_diff(pkt.psn, r.first_psn) >= 0 and psn_diff(pkt.psn, r.last_psn) <= 0:
+                if r.kind != kind:
+                    return
+                if kind == K_READ:
+                    try:
+                        view = self._rkey_view(pkt.rkey, pkt.va, pkt.dma_len,
+                                               ACC.IBV_ACCESS_REMOTE_READ)
+                    except _NAK:
+                        return
+                    saved = self.msn
+                    self._read_responses(pkt.psn, view)
+                    self.msn = saved
+                else:
+                    self._atomic_ack(pkt.psn, r.orig)
+                return
+        # Too old to be in the resources: nothing to replay; drop silently.
+
+    # ---- UC -----------------------------------------------------------------------------------------
+    def _uc(self, pkt: wib.IBPacket) -> None:
+        """UC responder (IBA 9.7.4.1.x): a PSN gap drops the current message."""
+        qp = self.qp
+        info = pkt.info
+        if pkt.psn != self.epsn:
+            qp.port.counters.out_of_seq_request += 1
+            if self.cur != 0:
+                qp.port.counters.dropped_uc += 1
+                rwqe = self.rwqe
+                self._clear_msg()
+                if rwqe is not None:
+                    qp.return_rwqe(rwqe)
+        self.epsn = (pkt.psn + 1) & PSN_MASK
+        if self.cur == 0 and not info.pos & op.Pos.FIRST:
+            qp.port.counters.dropped_uc += 1
+            return
+        try:
+            kind = info.kind
+            self._check_seq(info, kind)
+            plen = len(pkt.payload)
+            self._check_len(info, plen)
+            if kind == K_SEND:
+                self._send_data(pkt, plen)
+            else:
+                self._write_data(pkt, plen)
+        except (_NAK, _RNR):
+            # UC errors are silent: drop the message (IBA 9.9.4); the WQE is reused.
+            qp.port.counters.dropped_uc += 1
+            rwqe = self.rwqe
+            self._clear_msg()
+            if rwqe is not None:
+                qp.return_rwqe(rwqe)
+
+    # ---- UD -----------------------------------------------------------------------------------------
+    def _ud(self, pkt: wib.IBPacket, meta: RxMeta) -> None:
+        qp = self.qp
+        c = qp.port.counters
+        expected = IB_QP1_QKEY if qp.qpn == 1 else qp.qkey
+        if pkt.qkey != expected:  # IBA 10.2.5: Q_Key violation, silently dropped
+            c.rcvd_bad_qkey += 1
+            return
+        plen = len(pkt.payload)
+        if plen > qp.port.max_mtu:
+            c.rcvd_malformed += 1
+            return
+        rwqe = qp.take_rwqe()
+        if rwqe is None:
+            c.ud_no_wqe += 1
+            return
+        segs = resolve_sges(qp.port.mrs, qp.pd, rwqe.sg_list, ACC.IBV_ACCESS_LOCAL_WRITE)
+        if segs is None:
+            qp.complete_recv(WorkCompletion(rwqe.wr_id, WCS.IBV_WC_LOC_PROT_ERR, WCO.IBV_WC_RECV,
+                                            qp.qpn))
+            return
+        grh = meta.grh if len(meta.grh) == 40 else bytes(40)
+        if not scatter(segs, 0, memoryview(grh)) or not scatter(segs, 40, pkt.payload):
+            qp.complete_recv(WorkCompletion(rwqe.wr_id, WCS.IBV_WC_LOC_LEN_ERR, WCO.IBV_WC_RECV,
+                                            qp.qpn))
+            return
+        flags = WCF.IBV_WC_GRH
+        if pkt.info.imm:
+            flags |= WCF.IBV_WC_WITH_IMM
+        wc = WorkCompletion(rwqe.wr_id, WCS.IBV_WC_SUCCESS, WCO.IBV_WC_RECV, qp.qpn,
+                            byte_len=plen + 40, imm_data=pkt.imm, src_qp=pkt.src_qp,
+                            wc_flags=int(flags))
+        wc.solicited = pkt.se
+        qp.complete_recv(wc)
+
+
+class _RNR(Exception):
+    """Internal: no receive WQE for a SEND (or WRITE with immediate)."""
+
+
+__all__ = ["Responder", "Resource"]
