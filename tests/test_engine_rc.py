@@ -5,12 +5,11 @@ from __future__ import annotations
 import struct
 
 import pytest
+from engine_harness import Endpoint, Net, connect
 
 from softrdma import enums as e
 from softrdma.ib.types import SGE, RecvWQE, SendWQE
 from softrdma.wire import ib as wib
-
-from engine_harness import Endpoint, Net, connect
 
 SIG = int(e.IBV_SEND_SIGNALED)
 

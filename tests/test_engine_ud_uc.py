@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+from engine_harness import Endpoint, Net, Sink, connect
+
 from softrdma import enums as e
 from softrdma.errors import ResourceError, StateError
 from softrdma.ib.port import RxMeta
 from softrdma.ib.qp import AddressVector, EngineSRQ
 from softrdma.ib.types import SGE, RecvWQE, SendWQE
 from softrdma.wire import ib as wib
-
-from engine_harness import Endpoint, Net, Sink, connect
 
 SIG = int(e.IBV_SEND_SIGNALED)
 

@@ -6,6 +6,7 @@ against the installed header when libibverbs-dev is present.
 
 from enum import IntEnum, IntFlag
 
+
 class ibv_node_type(IntEnum):
     IBV_NODE_UNKNOWN = -1
     IBV_NODE_CA = 1

@@ -100,6 +100,7 @@ class Requester:
         self.rnr_psn = 0
         self.rd_atomic_out = 0
         self.gap_psn = -1
+        self.acked_psn = PSN_MASK  # last PSN covered by an ACK
 
     # ---- queue management ---------------------------------------------------------------
     def depth(self) -> int:
@@ -110,6 +111,7 @@ class Requester:
 
     def set_psn(self, psn: int) -> None:
         self.next_psn = psn & PSN_MASK
+        self.acked_psn = (psn - 1) & PSN_MASK
 
     def reset(self) -> None:
         self.sq.clear()
@@ -178,6 +180,9 @@ class Requester:
             if w.state == SENDING or w.state == SENT:
                 if w.opcode == _W_READ:
                     return (w.first_psn + w.read_received // self.qp.mtu) & PSN_MASK
+                nxt = (self.acked_psn + 1) & PSN_MASK
+                if psn_diff(nxt, w.first_psn) > 0 and psn_diff(nxt, w.last_psn) <= 0:
+                    return nxt
                 return w.first_psn
             if w.state == UNSENT:
                 return None
@@ -375,6 +380,9 @@ class Requester:
     def _ack_upto(self, psn: int, now: float) -> None:
         """Complete SEND/WRITE WQEs whose last PSN <= psn (ACK coalescing, IBA 9.7.5.1.2)."""
         progressed = False
+        if psn_diff(psn, self.acked_psn) > 0:
+            self.acked_psn = psn
+            progressed = True
         for i, w in enumerate(self.sq):
             s = w.state
             if s == DONE:

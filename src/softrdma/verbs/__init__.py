@@ -1,1 +1,30 @@
-"""softrdma.verbs."""
+"""softrdma.verbs: the pyverbs-shaped application API (docs/verbs-api.md).
+
+``from softrdma import verbs as v`` then ``v.Context``, ``v.PD``, ``v.MR``, ``v.CQ``,
+``v.CompChannel``, ``v.QP`` and the attribute and work-request classes.
+"""
+
+from ..ib.types import WorkCompletion as WC
+from .ah import AH, AHAttr, GlobalRoute
+from .cq import CQ, CompChannel, wc_status_str
+from .device import (
+    GID,
+    AsyncEvent,
+    Context,
+    DeviceAttr,
+    DeviceInfo,
+    PortAttr,
+    get_device_list,
+)
+from .mr import MR
+from .pd import PD
+from .qp import QP, QPAttr, QPCap, QPInitAttr
+from .srq import SRQ, SrqAttr, SrqInitAttr
+from .wr import SGE, RecvWR, SendWR
+
+__all__ = [
+    "AH", "AHAttr", "AsyncEvent", "CQ", "CompChannel", "Context", "DeviceAttr", "DeviceInfo",
+    "GID", "GlobalRoute", "MR", "PD", "PortAttr", "QP", "QPAttr", "QPCap", "QPInitAttr",
+    "RecvWR", "SGE", "SRQ", "SendWR", "SrqAttr", "SrqInitAttr", "WC", "get_device_list",
+    "wc_status_str",
+]

@@ -1,0 +1,8 @@
+"""softrdma: a software RDMA stack in Python.
+
+Verbs (PD, MR, CQ, QP, SRQ, AH) over the InfiniBand transport carried by RoCEv2, and
+iWARP (RDMAP/DDP/MPA over TCP), wire-compatible with Linux rxe and siw.
+See docs/design.md for the architecture.
+"""
+
+__version__ = "0.1.0"

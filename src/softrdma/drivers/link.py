@@ -1,0 +1,127 @@
+"""The datagram link interface every packet driver implements (roce.md §1).
+
+A link moves RoCEv2 *UDP payloads* (BTH .. ICRC) between IP addresses. It neither
+builds nor checks the ICRC: the runtime does that, over exactly the IPv4/IPv6 and UDP
+headers the link will put on the wire (roce.md §2). Because the ICRC covers the UDP
+source port, a sender first asks :meth:`Link.effective_sport` which source port will
+really be used, computes the ICRC with it, then calls :meth:`Link.send` with that port.
+
+Implementations: :class:`softrdma.drivers.fabric.FabricLink` (in memory, virtual time)
+and :class:`softrdma.drivers.udp.UdpLink` (Linux UDP sockets).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from ..errors import InvalidArgument
+from ..wire.roce import ROCE_V2_UDP_PORT
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
+
+__all__ = ["ROCE_V2_UDP_PORT", "Datagram", "Link", "ip_bytes", "ip_text", "check_port",
+           "check_u8"]
+
+V4_MAPPED_PREFIX = b"\x00" * 10 + b"\xff\xff"  # roce.md §4: ::ffff:a.b.c.d
+
+
+@dataclass(slots=True)
+class Datagram:
+    """One received (or in-flight) UDP datagram and the IP header facts around it.
+
+    ``data`` is the UDP payload (BTH .. ICRC). For :class:`UdpLink` it is a view into a
+    receive ring that stays valid only until the next ``recv_batch`` call; copy what
+    must outlive that. ``src_ip``/``dst_ip`` are 4 bytes (IPv4) or 16 bytes (IPv6).
+    ``tos`` is the IPv4 TOS / IPv6 Traffic Class byte (DSCP + ECN, roce.md §5), ``ttl``
+    the IPv4 TTL / IPv6 hop limit.
+    """
+
+    data: memoryview
+    src_ip: bytes
+    dst_ip: bytes
+    sport: int
+    dport: int
+    tos: int = 0
+    ttl: int = 64
+
+
+@runtime_checkable
+class Link(Protocol):
+    """A datagram link: the only thing the runtime needs from a packet driver."""
+
+    @property
+    def local_ips(self) -> tuple[bytes, ...]:
+        """The link's own addresses (4 or 16 bytes each); sends use the first."""
+        ...
+
+    def effective_sport(self, requested: int) -> int:
+        """The UDP source port a send asking for ``requested`` will carry on the wire."""
+        ...
+
+    def send(self, dst_ip: bytes, dport: int, sport: int, parts: Sequence[ReadableBuffer],
+             tos: int = 0, ttl: int = 64) -> None:
+        """Send one datagram whose payload is the concatenation of ``parts``.
+
+        ``sport`` must be a value returned by :meth:`effective_sport`. Network-level
+        failures (unreachable, buffer full) lose the datagram like a network would;
+        they are counted, not raised.
+        """
+        ...
+
+    def recv_batch(self, max_n: int = 64) -> list[Datagram]:
+        """Up to ``max_n`` received datagrams, without blocking (maybe none)."""
+        ...
+
+    def fileno(self) -> int | None:
+        """A file descriptor that polls readable when ``recv_batch`` has work, or None."""
+        ...
+
+    def close(self) -> None:
+        """Release the link; later sends raise :class:`~softrdma.errors.ClosedError`."""
+        ...
+
+
+def ip_bytes(ip: str | bytes, argument: str = "ip") -> bytes:
+    """An IPv4/IPv6 address (text, 4 or 16 bytes) as 4 or 16 bytes.
+
+    An IPv4-mapped IPv6 address (``::ffff:a.b.c.d``, the form of an IPv4 GID) becomes
+    its 4 IPv4 bytes.
+    """
+    if isinstance(ip, str):
+        text = ip.split("%", 1)[0]
+        try:
+            raw = ipaddress.ip_address(text).packed
+        except ValueError:
+            raise InvalidArgument(argument, f"not an IP address: {ip!r}") from None
+    elif isinstance(ip, (bytes, bytearray, memoryview)):
+        raw = bytes(ip)
+        if len(raw) not in (4, 16):
+            raise InvalidArgument(argument, f"an IP address has 4 or 16 bytes, not {len(raw)}")
+    else:
+        raise InvalidArgument(argument, f"expected str or bytes, got {type(ip).__name__}")
+    if len(raw) == 16 and raw[:12] == V4_MAPPED_PREFIX:
+        return raw[12:]
+    return raw
+
+
+def ip_text(ip: bytes) -> str:
+    """Text form of a 4- or 16-byte address."""
+    return str(ipaddress.ip_address(ip))
+
+
+def check_port(value: int, argument: str) -> int:
+    """A UDP port number (0..65535) or :class:`InvalidArgument`."""
+    if not isinstance(value, int) or not 0 <= value <= 0xFFFF:
+        raise InvalidArgument(argument, f"UDP port must be 0..65535, got {value!r}")
+    return value
+
+
+def check_u8(value: int, argument: str) -> int:
+    """An 8-bit header field (TOS, TTL) or :class:`InvalidArgument`."""
+    if not isinstance(value, int) or not 0 <= value <= 0xFF:
+        raise InvalidArgument(argument, f"must be 0..255, got {value!r}")
+    return value

@@ -1,0 +1,324 @@
+"""The device registry: ``softrdma link add/delete`` records, shared by all processes.
+
+design.md "Devices shared by processes": a device is a record ``(name, netdev, type,
+udp_port)`` kept as JSON in a state directory:
+
+1. ``$SOFTRDMA_STATE_DIR`` if set;
+2. ``/run/softrdma`` when running as root;
+3. ``$XDG_RUNTIME_DIR/softrdma`` if that variable is set;
+4. ``/tmp/softrdma-<uid>``.
+
+The file is ``<state_dir>/devices.json``::
+
+    {"version": 1,
+     "devices": [{"name": "rxe0", "netdev": "eth0", "type": "roce", "udp_port": 4791}],
+     "deleted_builtin": ["softrdma_lo"]}
+
+Writers hold an ``fcntl.flock`` on ``<state_dir>/devices.lock`` for the whole
+read-modify-write and replace the file atomically (write a temporary file, ``fsync``,
+``rename``), so concurrent ``link add`` calls neither lose records nor leave a torn file;
+readers need no lock.
+
+Names follow ``rdma link add``: non-empty, at most 64 characters, ``[A-Za-z0-9_.-]``.
+The built-in device ``softrdma_lo`` (roce on ``lo``) is always listed first unless it was
+explicitly deleted.
+
+The active MTU is computed as rxe does (``rxe_set_mtu`` / ``eth_mtu_int_to_enum`` in
+``rxe_param.h``): subtract ``RXE_MAX_HDR_LENGTH`` (80 bytes, room for IPv4/IPv6 + UDP +
+BTH + the largest extension header + ICRC) from the netdev MTU and take the largest IB
+MTU (256, 512, 1024, 2048, 4096; IBA 7.7.8) that fits: Ethernet 1500 -> 1024, lo's
+65536 -> 4096.
+"""
+
+from __future__ import annotations
+
+import builtins
+import errno
+import fcntl
+import json
+import os
+import re
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from softrdma.drivers import netdev as _netdev
+from softrdma.errors import DeviceError, InvalidArgument
+
+__all__ = [
+    "BUILTIN_DEVICE",
+    "DEFAULT_UDP_PORT",
+    "DeviceRecord",
+    "IB_MTUS",
+    "RXE_MAX_HDR_LENGTH",
+    "Registry",
+    "add",
+    "delete",
+    "get",
+    "ib_mtu_for",
+    "list_devices",
+    "state_dir",
+    "validate_name",
+]
+
+DEFAULT_UDP_PORT = 4791  # roce.md §1
+RXE_MAX_HDR_LENGTH = 80  # rxe_hdr.h
+IB_MTUS = (4096, 2048, 1024, 512, 256)
+NAME_MAX = 64
+_NAME_RE = re.compile(r"[A-Za-z0-9_.\-]+")
+_FILE_VERSION = 1
+DeviceType = Literal["roce", "iwarp"]
+_TYPES: tuple[str, ...] = ("roce", "iwarp")
+
+
+def ib_mtu_for(netdev_mtu: int) -> int:
+    """The active IB MTU in bytes for a netdev MTU, as rxe's ``eth_mtu_int_to_enum``.
+
+    Returns 0 when not even 256 bytes of payload fit (rxe: no valid ``ib_mtu``).
+    """
+    room = netdev_mtu - RXE_MAX_HDR_LENGTH
+    for mtu in IB_MTUS:
+        if room >= mtu:
+            return mtu
+    return 0
+
+
+def validate_name(name: str) -> None:
+    """Raise :class:`InvalidArgument` unless ``name`` is a valid device name."""
+    if not isinstance(name, str) or not name:
+        raise InvalidArgument("name", "device name must not be empty")
+    if len(name) > NAME_MAX:
+        raise InvalidArgument("name", f"device name longer than {NAME_MAX} characters")
+    if not _NAME_RE.fullmatch(name) or name in (".", ".."):
+        raise InvalidArgument(
+            "name", f"device name {name!r} may only hold letters, digits, '_', '.' and '-'"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceRecord:
+    """One device: its name, the netdev it sits on, its transport and UDP port."""
+
+    name: str
+    netdev: str
+    type: DeviceType = "roce"
+    udp_port: int = DEFAULT_UDP_PORT
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, obj: Any) -> DeviceRecord:
+        """Decode one record; :class:`DeviceError` on a malformed entry."""
+        try:
+            name, nd, typ, port = obj["name"], obj["netdev"], obj["type"], obj["udp_port"]
+        except (KeyError, TypeError) as exc:
+            raise DeviceError(f"device registry: malformed record {obj!r}") from exc
+        if (
+            not isinstance(name, str)
+            or not isinstance(nd, str)
+            or typ not in _TYPES
+            or not isinstance(port, int)
+            or not 0 <= port <= 0xFFFF
+        ):
+            raise DeviceError(f"device registry: malformed record {obj!r}")
+        return cls(name, nd, typ, port)
+
+    def netdev_info(self) -> _netdev.NetDev:
+        """The netdev snapshot (:class:`DeviceError` if the interface is gone)."""
+        return _netdev.get(self.netdev)
+
+    def active_mtu(self) -> int:
+        """The port's active MTU in bytes (rxe_set_mtu), from the netdev's current MTU."""
+        return ib_mtu_for(_netdev.get(self.netdev).mtu)
+
+
+BUILTIN_DEVICE = DeviceRecord("softrdma_lo", "lo", "roce", DEFAULT_UDP_PORT)
+
+
+def state_dir() -> Path:
+    """The state directory by the rules in the module docstring (not created here)."""
+    env = os.environ.get("SOFTRDMA_STATE_DIR")
+    if env:
+        return Path(env)
+    if os.geteuid() == 0:
+        return Path("/run/softrdma")
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg:
+        return Path(xdg) / "softrdma"
+    return Path(f"/tmp/softrdma-{os.getuid()}")
+
+
+def ensure_state_dir(path: Path) -> Path:
+    """Create ``path`` (mode 0700 when we create it); :class:`DeviceError` on failure."""
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DeviceError(f"cannot create state directory {path}: {exc}") from exc
+    if not path.is_dir():
+        raise DeviceError(f"state directory {path} is not a directory")
+    return path
+
+
+class Registry:
+    """The device records of one state directory."""
+
+    FILE = "devices.json"
+    LOCK = "devices.lock"
+
+    def __init__(self, directory: Path | str | None = None) -> None:
+        self.directory = Path(directory) if directory is not None else state_dir()
+
+    @property
+    def path(self) -> Path:
+        return self.directory / self.FILE
+
+    # -- file access -------------------------------------------------------------------
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        ensure_state_dir(self.directory)
+        try:
+            fd = os.open(self.directory / self.LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise DeviceError(f"cannot open registry lock in {self.directory}: {exc}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def _load(self) -> tuple[builtins.list[DeviceRecord], builtins.list[str]]:
+        try:
+            text = self.path.read_text()
+        except FileNotFoundError:
+            return [], []
+        except OSError as exc:
+            raise DeviceError(f"cannot read device registry {self.path}: {exc}") from exc
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise DeviceError(f"device registry {self.path} is corrupt: {exc}") from exc
+        if not isinstance(data, dict) or not isinstance(data.get("devices", []), builtins.list):
+            raise DeviceError(f"device registry {self.path} is corrupt: not a registry object")
+        records = [DeviceRecord.from_json(o) for o in data.get("devices", [])]
+        deleted = data.get("deleted_builtin", [])
+        if not isinstance(deleted, builtins.list) or not all(isinstance(d, str) for d in deleted):
+            raise DeviceError(f"device registry {self.path} is corrupt: bad deleted_builtin")
+        return records, deleted
+
+    def _store(self, records: builtins.list[DeviceRecord], deleted: builtins.list[str]) -> None:
+        data = {
+            "version": _FILE_VERSION,
+            "devices": [r.to_json() for r in records],
+            "deleted_builtin": deleted,
+        }
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=".devices.", suffix=".tmp", dir=self.directory)
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump(data, f, indent=1)
+                    f.write("\n")
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, self.path)
+            except BaseException:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+                raise
+        except OSError as exc:
+            raise DeviceError(f"cannot write device registry {self.path}: {exc}") from exc
+
+    # -- API ---------------------------------------------------------------------------
+
+    def list(self) -> builtins.list[DeviceRecord]:
+        """Every device: the built-in one first (unless deleted), then in order of addition."""
+        records, deleted = self._load()
+        out: builtins.list[DeviceRecord] = []
+        if BUILTIN_DEVICE.name not in deleted and all(
+            r.name != BUILTIN_DEVICE.name for r in records
+        ):
+            out.append(BUILTIN_DEVICE)
+        out.extend(records)
+        return out
+
+    def get(self, name: str) -> DeviceRecord:
+        """The record called ``name``; :class:`DeviceError` (ENODEV) if there is none."""
+        for rec in self.list():
+            if rec.name == name:
+                return rec
+        raise DeviceError(f"device {name!r}: no such device")
+
+    def add(
+        self,
+        name: str,
+        netdev: str,
+        type: str = "roce",
+        udp_port: int = DEFAULT_UDP_PORT,
+    ) -> DeviceRecord:
+        """Add a device; :class:`InvalidArgument` for a bad name/type/port,
+        :class:`DeviceError` for an unknown netdev or a name already in use (EEXIST)."""
+        validate_name(name)
+        if type not in _TYPES:
+            raise InvalidArgument("type", f"device type must be 'roce' or 'iwarp', not {type!r}")
+        if isinstance(udp_port, bool) or not isinstance(udp_port, int):
+            raise InvalidArgument("udp_port", "UDP port must be an integer")
+        if not 1 <= udp_port <= 0xFFFF:
+            raise InvalidArgument("udp_port", f"UDP port {udp_port} not in 1..65535")
+        if not _netdev.exists(netdev):
+            raise DeviceError(f"netdev {netdev!r}: no such network interface")
+        record = DeviceRecord(name, netdev, "roce" if type == "roce" else "iwarp", udp_port)
+        with self._locked():
+            records, deleted = self._load()
+            builtin_live = BUILTIN_DEVICE.name not in deleted
+            if any(r.name == name for r in records) or (
+                builtin_live and name == BUILTIN_DEVICE.name
+            ):
+                raise DeviceError(f"device {name!r}: already exists", errno=errno.EEXIST)
+            if name == BUILTIN_DEVICE.name:
+                deleted = [d for d in deleted if d != name]  # re-added as an ordinary record
+            records.append(record)
+            self._store(records, deleted)
+        return record
+
+    def delete(self, name: str) -> DeviceRecord:
+        """Remove a device (the built-in one too); :class:`DeviceError` if there is none."""
+        with self._locked():
+            records, deleted = self._load()
+            for i, rec in enumerate(records):
+                if rec.name == name:
+                    del records[i]
+                    self._store(records, deleted)
+                    return rec
+            if name == BUILTIN_DEVICE.name and name not in deleted:
+                deleted.append(name)
+                self._store(records, deleted)
+                return BUILTIN_DEVICE
+        raise DeviceError(f"device {name!r}: no such device")
+
+
+def add(
+    name: str, netdev: str, type: str = "roce", udp_port: int = DEFAULT_UDP_PORT
+) -> DeviceRecord:
+    """:meth:`Registry.add` on the default state directory."""
+    return Registry().add(name, netdev, type, udp_port)
+
+
+def delete(name: str) -> DeviceRecord:
+    """:meth:`Registry.delete` on the default state directory."""
+    return Registry().delete(name)
+
+
+def get(name: str) -> DeviceRecord:
+    """:meth:`Registry.get` on the default state directory."""
+    return Registry().get(name)
+
+
+def list_devices() -> list[DeviceRecord]:
+    """:meth:`Registry.list` on the default state directory."""
+    return Registry().list()

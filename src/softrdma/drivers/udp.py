@@ -1,0 +1,463 @@
+"""RoCEv2 over Linux UDP sockets (roce.md §1-2; captures README).
+
+:class:`UdpLink` receives on one unconnected, non-blocking socket bound to
+``(local_ip, port)`` (4791 for RoCEv2) and sends from unconnected sockets too:
+
+* every sending socket has ``IP_MTU_DISCOVER = IP_PMTUDISC_DO`` (IPv6:
+  ``IPV6_MTU_DISCOVER``), so Linux sends IPv4 Identification 0 with DF set, and never
+  fragments. The ICRC covers the Identification and Flags (roce.md §2), so the runtime
+  can compute it before the kernel builds the header; a connected socket would get a
+  per-socket ID counter instead (captures README);
+* the RoCEv2 UDP source port carries flow entropy (0xC000-0xFFFF, roce.md §1). A send
+  leaves from a socket bound to the requested source port, taken from a bounded LRU
+  pool. When that port cannot be bound (in use, privileged) or the pool is full of
+  recently used sockets, the send leaves from the link's main socket instead. Because
+  the ICRC covers the source port, the caller asks :meth:`UdpLink.effective_sport`
+  first and computes the ICRC with the port it returns;
+* received datagrams are read with ``recvmsg_into`` into a preallocated ring;
+  ``IP_PKTINFO``/``IPV6_RECVPKTINFO`` give the destination address, ``IP_RECVTOS``/
+  ``IP_RECVTTL`` (``IPV6_RECVTCLASS``/``IPV6_RECVHOPLIMIT``) the TOS and TTL.
+
+ICMP errors: Linux queues them only on connected sockets or with ``IP_RECVERR``, neither
+of which is used; if one still surfaces (``ECONNREFUSED`` ...), it is counted and the
+link carries on. Network-level send failures lose the datagram (counted in
+:attr:`UdpLink.stats`), as the network would.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+import struct
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ClosedError, DeviceError, InvalidArgument, StateError
+from .link import ROCE_V2_UDP_PORT, Datagram, check_port, check_u8, ip_bytes, ip_text
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
+
+# Linux <netinet/in.h> / <linux/in.h> / <linux/in6.h> values (Python 3.11's socket
+# module lacks several of them).
+IP_TOS = 1
+IP_TTL = 2
+IP_PKTINFO = getattr(socket, "IP_PKTINFO", 8)
+IP_MTU_DISCOVER = getattr(socket, "IP_MTU_DISCOVER", 10)
+IP_RECVTTL = getattr(socket, "IP_RECVTTL", 12)
+IP_RECVTOS = getattr(socket, "IP_RECVTOS", 13)
+IP_PMTUDISC_DO = getattr(socket, "IP_PMTUDISC_DO", 2)
+IPV6_UNICAST_HOPS = getattr(socket, "IPV6_UNICAST_HOPS", 16)
+IPV6_MTU_DISCOVER = getattr(socket, "IPV6_MTU_DISCOVER", 23)
+IPV6_PMTUDISC_DO = getattr(socket, "IPV6_PMTUDISC_DO", 2)
+IPV6_V6ONLY = getattr(socket, "IPV6_V6ONLY", 26)
+IPV6_RECVPKTINFO = getattr(socket, "IPV6_RECVPKTINFO", 49)
+IPV6_PKTINFO = getattr(socket, "IPV6_PKTINFO", 50)
+IPV6_RECVHOPLIMIT = getattr(socket, "IPV6_RECVHOPLIMIT", 51)
+IPV6_HOPLIMIT = getattr(socket, "IPV6_HOPLIMIT", 52)
+IPV6_RECVTCLASS = getattr(socket, "IPV6_RECVTCLASS", 66)
+IPV6_TCLASS = getattr(socket, "IPV6_TCLASS", 67)
+SO_SNDBUFFORCE = getattr(socket, "SO_SNDBUFFORCE", 32)
+SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
+
+DEFAULT_TTL = 64
+
+# Send failures that lose the datagram, as the network would (the transport retries).
+_LOSSY_SEND = frozenset({
+    errno.EAGAIN, errno.ENOBUFS, errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH,
+    errno.EHOSTDOWN, errno.ENETDOWN, errno.EMSGSIZE, errno.EPERM, errno.ENOMEM,
+    errno.ECONNRESET,
+})
+# Errors a receive can report for an earlier send (ICMP) or a transient condition.
+_TRANSIENT_RECV = frozenset({
+    errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN,
+    errno.ENETDOWN, errno.EMSGSIZE, errno.ECONNRESET, errno.ENOMEM, errno.ENOBUFS,
+    errno.EPROTO, errno.ETIMEDOUT,
+})
+# A source port that cannot be bound: fall back to the main socket.
+_SPORT_UNAVAILABLE = frozenset({errno.EADDRINUSE, errno.EACCES, errno.EPERM})
+
+_INT = struct.Struct("=i")
+_MSG_TRUNC = socket.MSG_TRUNC
+_ANC_SIZE = (socket.CMSG_SPACE(20) + 2 * socket.CMSG_SPACE(4))
+_UNAVAILABLE_RETRY = 1.0  # seconds before binding a refused source port is tried again
+
+
+class UdpLinkStats:
+    """Counters of a :class:`UdpLink`.
+
+    ``sent``/``received``: datagrams; ``send_dropped``: sends lost to a network error
+    (``last_send_errno`` tells which); ``recv_errors``: transient receive errors (ICMP);
+    ``truncated``: datagrams larger than ``max_datagram``, dropped; ``sport_binds``:
+    source-port sockets created; ``sport_evictions``: idle ones closed to make room;
+    ``sport_fallbacks``: requests served from the main socket instead.
+    """
+
+    __slots__ = ("sent", "received", "send_dropped", "last_send_errno", "recv_errors",
+                 "truncated", "sport_binds", "sport_evictions", "sport_fallbacks")
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self.received = 0
+        self.send_dropped = 0
+        self.last_send_errno = 0
+        self.recv_errors = 0
+        self.truncated = 0
+        self.sport_binds = 0
+        self.sport_evictions = 0
+        self.sport_fallbacks = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    def __repr__(self) -> str:
+        return "UdpLinkStats(" + ", ".join(f"{k}={v}" for k, v in self.as_dict().items()) + ")"
+
+
+def _set_buf(sock: socket.socket, force_opt: int, opt: int, size: int) -> None:
+    """Set a socket buffer size, beyond ``rmem_max``/``wmem_max`` when privileged."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, force_opt, size)
+    except PermissionError:
+        sock.setsockopt(socket.SOL_SOCKET, opt, size)
+
+
+class UdpLink:
+    """A RoCEv2 datagram link over UDP sockets (implements :class:`~.link.Link`).
+
+    ``local_ip``: the link's IPv4 or IPv6 address (text, 4 or 16 bytes; an IPv4-mapped
+    GID means IPv4; text may carry ``%iface`` for an IPv6 scope). It must be a specific
+    address: the ICRC covers the source address. ``port``: the receive port (4791; 0
+    picks a free one, see :attr:`port`). ``bind_port=False`` makes a send-only link
+    (no receive socket), as used by processes behind the device demultiplexer.
+    ``sport_pool``: how many source-port sockets are kept; a pooled socket unused for
+    ``pool_idle`` seconds may be replaced when a new port is requested. ``ring``
+    receive buffers of ``max_datagram`` bytes each back :meth:`recv_batch`.
+    """
+
+    def __init__(self, local_ip: str | bytes, port: int = ROCE_V2_UDP_PORT, *,
+                 rcvbuf: int = 8 << 20, sndbuf: int = 4 << 20, bind_port: bool = True,
+                 sport_pool: int = 64, pool_idle: float = 1.0, ring: int = 64,
+                 max_datagram: int = 16384, scope_id: int = 0) -> None:
+        raw = ip_bytes(local_ip, "local_ip")
+        if raw == bytes(len(raw)):
+            raise InvalidArgument("local_ip", "must be a specific address, not the wildcard "
+                                  "(the ICRC covers the source address)")
+        check_port(port, "port")
+        if sport_pool < 0:
+            raise InvalidArgument("sport_pool", "must be >= 0")
+        if ring < 1:
+            raise InvalidArgument("ring", "must be >= 1")
+        if not 64 <= max_datagram <= 65535:
+            raise InvalidArgument("max_datagram", "must be 64..65535")
+        if rcvbuf < 0 or sndbuf < 0:
+            raise InvalidArgument("rcvbuf" if rcvbuf < 0 else "sndbuf", "must be >= 0")
+        if isinstance(local_ip, str) and "%" in local_ip:
+            name = local_ip.split("%", 1)[1]
+            try:
+                scope_id = int(name) if name.isdigit() else socket.if_nametoindex(name)
+            except OSError:
+                raise InvalidArgument("local_ip", f"unknown interface {name!r}") from None
+        self.ip = raw
+        self.family = socket.AF_INET if len(raw) == 4 else socket.AF_INET6
+        self.scope_id = scope_id
+        self.stats = UdpLinkStats()
+        self._ips = (raw,)
+        self._text = ip_text(raw)
+        self._rcvbuf = rcvbuf
+        self._sndbuf = sndbuf
+        self._pool_size = sport_pool
+        self._pool_idle = pool_idle
+        self._closed = False
+        self._lru: OrderedDict[int, float] = OrderedDict()  # pooled sport -> last use
+        self._socks: dict[int, socket.socket] = {}  # sport -> socket (main included)
+        self._unavailable: dict[int, float] = {}  # sport -> retry time
+        self._addr_cache: dict[tuple[bytes, int], tuple[Any, ...]] = {}
+        self._ip_cache: dict[str, bytes] = {}
+        if bind_port:
+            self._rx: socket.socket | None = self._open_main(port, True)
+            main = self._rx
+        else:
+            self._rx = None
+            main = self._open_main(0, False)
+        self._main = main
+        bound = main.getsockname()[1]
+        self.port: int | None = bound if bind_port else None
+        self.fallback_sport: int = bound
+        self._socks[bound] = main
+        self._ring_n = ring
+        self._ring = bytearray(ring * max_datagram)
+        view = memoryview(self._ring)
+        self._slots = [view[i * max_datagram:(i + 1) * max_datagram] for i in range(ring)]
+        self._v4 = self.family == socket.AF_INET
+
+    # ---- sockets ---------------------------------------------------------------------
+    def _sockaddr(self, port: int) -> tuple[Any, ...]:
+        if self.family == socket.AF_INET:
+            return (self._text, port)
+        return (self._text, port, 0, self.scope_id)
+
+    def _open(self, port: int, *, receive: bool) -> socket.socket:
+        """A non-blocking unconnected UDP socket bound to (local_ip, port)."""
+        sock = socket.socket(self.family, socket.SOCK_DGRAM)
+        try:
+            if self.family == socket.AF_INET:
+                sock.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO)
+                sock.setsockopt(socket.IPPROTO_IP, IP_TTL, DEFAULT_TTL)
+            else:
+                sock.setsockopt(socket.IPPROTO_IPV6, IPV6_V6ONLY, 1)
+                sock.setsockopt(socket.IPPROTO_IPV6, IPV6_MTU_DISCOVER, IPV6_PMTUDISC_DO)
+                sock.setsockopt(socket.IPPROTO_IPV6, IPV6_UNICAST_HOPS, DEFAULT_TTL)
+            if self._sndbuf:
+                _set_buf(sock, SO_SNDBUFFORCE, socket.SO_SNDBUF, self._sndbuf)
+            if receive:
+                if self._rcvbuf:
+                    _set_buf(sock, SO_RCVBUFFORCE, socket.SO_RCVBUF, self._rcvbuf)
+                if self.family == socket.AF_INET:
+                    sock.setsockopt(socket.IPPROTO_IP, IP_PKTINFO, 1)
+                    sock.setsockopt(socket.IPPROTO_IP, IP_RECVTOS, 1)
+                    sock.setsockopt(socket.IPPROTO_IP, IP_RECVTTL, 1)
+                else:
+                    sock.setsockopt(socket.IPPROTO_IPV6, IPV6_RECVPKTINFO, 1)
+                    sock.setsockopt(socket.IPPROTO_IPV6, IPV6_RECVTCLASS, 1)
+                    sock.setsockopt(socket.IPPROTO_IPV6, IPV6_RECVHOPLIMIT, 1)
+            else:
+                # Source-port sockets are not read: keep what strays into them small.
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1)
+            sock.setblocking(False)
+            sock.bind(self._sockaddr(port))
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    def _open_main(self, port: int, receive: bool) -> socket.socket:
+        try:
+            return self._open(port, receive=receive)
+        except OSError as e:
+            raise DeviceError(f"cannot bind UDP {self._text} port {port}: {e.strerror}",
+                              errno=e.errno) from e
+
+    # ---- Link interface ----------------------------------------------------------------
+    @property
+    def local_ips(self) -> tuple[bytes, ...]:
+        return self._ips
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def fileno(self) -> int | None:
+        """The receive socket's descriptor (None for a send-only or closed link)."""
+        return self._rx.fileno() if self._rx is not None and not self._closed else None
+
+    def effective_sport(self, requested: int) -> int:
+        """Bind (or reuse) a socket on source port ``requested``; the port sends will use.
+
+        Returns ``requested`` when a socket on it is (or could be made) available, else
+        :attr:`fallback_sport` (the main socket's port). 0 means "any": the fallback.
+        """
+        if self._closed:
+            raise ClosedError("UdpLink is closed")
+        if requested in self._socks:
+            lru = self._lru
+            if requested in lru:
+                lru.move_to_end(requested)
+                lru[requested] = time.monotonic()
+            return requested
+        check_port(requested, "requested")
+        if requested == 0 or self._pool_size == 0:
+            self.stats.sport_fallbacks += 1
+            return self.fallback_sport
+        now = time.monotonic()
+        retry = self._unavailable.get(requested)
+        if retry is not None:
+            if now < retry:
+                self.stats.sport_fallbacks += 1
+                return self.fallback_sport
+            del self._unavailable[requested]
+        lru = self._lru
+        if len(lru) >= self._pool_size:
+            oldest, last = next(iter(lru.items()))
+            if now - last < self._pool_idle:  # the pool would thrash
+                self.stats.sport_fallbacks += 1
+                return self.fallback_sport
+            del lru[oldest]
+            self._socks.pop(oldest).close()
+            self.stats.sport_evictions += 1
+        try:
+            sock = self._open(requested, receive=False)
+        except OSError as e:
+            if e.errno not in _SPORT_UNAVAILABLE:
+                raise DeviceError(f"cannot open a UDP socket on {self._text} port "
+                                  f"{requested}: {e.strerror}", errno=e.errno) from e
+            if len(self._unavailable) >= 4096:
+                self._unavailable.clear()
+            self._unavailable[requested] = now + _UNAVAILABLE_RETRY
+            self.stats.sport_fallbacks += 1
+            return self.fallback_sport
+        self._socks[requested] = sock
+        lru[requested] = now
+        self.stats.sport_binds += 1
+        return requested
+
+    def _dst_addr(self, dst_ip: bytes, dport: int) -> tuple[Any, ...]:
+        if type(dst_ip) is not bytes:
+            dst_ip = ip_bytes(dst_ip, "dst_ip")
+        key = (dst_ip, dport)
+        addr = self._addr_cache.get(key)
+        if addr is not None:
+            return addr
+        raw = ip_bytes(dst_ip, "dst_ip")
+        if len(raw) != len(self.ip):
+            raise InvalidArgument("dst_ip", "address family differs from the link's")
+        check_port(dport, "dport")
+        if self._v4:
+            addr = (ip_text(raw), dport)
+        else:
+            scope = self.scope_id if raw[0] == 0xFE and raw[1] & 0xC0 == 0x80 else 0
+            addr = (ip_text(raw), dport, 0, scope)
+        if len(self._addr_cache) >= 4096:
+            self._addr_cache.clear()
+        self._addr_cache[key] = addr
+        return addr
+
+    def send(self, dst_ip: bytes, dport: int, sport: int, parts: Sequence[ReadableBuffer],
+             tos: int = 0, ttl: int = 64) -> None:
+        """Send ``parts`` (gathered by ``sendmsg``, not copied) from UDP port ``sport``.
+
+        ``sport`` must come from :meth:`effective_sport` (it was used in the ICRC);
+        asking for a port that cannot be used raises :class:`InvalidArgument`.
+        """
+        sock = self._socks.get(sport)
+        if sock is None:
+            if self._closed:
+                raise ClosedError("UdpLink is closed")
+            if self.effective_sport(sport) != sport:
+                raise InvalidArgument("sport", f"UDP source port {sport} is not available; "
+                                      "use the port effective_sport() returns")
+            sock = self._socks[sport]
+        elif sport in self._lru:
+            self._lru.move_to_end(sport)
+            self._lru[sport] = time.monotonic()
+        addr = self._dst_addr(dst_ip, dport)
+        if tos == 0 and ttl == DEFAULT_TTL:
+            anc: list[tuple[int, int, bytes]] = []
+        else:
+            check_u8(tos, "tos")
+            check_u8(ttl, "ttl")
+            if self._v4:
+                anc = [(socket.IPPROTO_IP, IP_TOS, _INT.pack(tos)),
+                       (socket.IPPROTO_IP, IP_TTL, _INT.pack(ttl))]
+            else:
+                anc = [(socket.IPPROTO_IPV6, IPV6_TCLASS, _INT.pack(tos)),
+                       (socket.IPPROTO_IPV6, IPV6_HOPLIMIT, _INT.pack(ttl))]
+        try:
+            sock.sendmsg(parts, anc, 0, addr)
+        except OSError as e:
+            if self._closed:
+                raise ClosedError("UdpLink is closed") from e
+            if e.errno in _LOSSY_SEND:
+                self.stats.send_dropped += 1
+                self.stats.last_send_errno = e.errno or 0
+                return
+            raise DeviceError(f"UDP send to {addr[0]} port {dport} failed: {e.strerror}",
+                              errno=e.errno) from e
+        self.stats.sent += 1
+
+    def recv_batch(self, max_n: int = 64) -> list[Datagram]:
+        """Up to ``min(max_n, ring)`` datagrams, without blocking.
+
+        Each ``data`` is a view into the receive ring, valid until the next call.
+        """
+        rx = self._rx
+        if rx is None:
+            if self._closed:
+                raise ClosedError("UdpLink is closed")
+            raise StateError("a send-only UdpLink (bind_port=False) cannot receive")
+        if max_n < 0:
+            raise InvalidArgument("max_n", "must be >= 0")
+        n = min(max_n, self._ring_n)
+        slots = self._slots
+        recv = rx.recvmsg_into
+        out: list[Datagram] = []
+        st = self.stats
+        v4 = self._v4
+        local = self.ip
+        port = self.port if self.port is not None else 0
+        ip_cache = self._ip_cache
+        i = 0
+        errors_left = 64  # transient errors are consumed by reading them; stay bounded
+        while i < n:
+            slot = slots[i]
+            try:
+                nbytes, anc, flags, addr = recv([slot], _ANC_SIZE)
+            except BlockingIOError:
+                break
+            except OSError as e:
+                if self._closed:
+                    raise ClosedError("UdpLink is closed") from e
+                if e.errno in _TRANSIENT_RECV:
+                    st.recv_errors += 1
+                    errors_left -= 1
+                    if errors_left == 0:
+                        break
+                    continue
+                raise DeviceError(f"UDP receive failed: {e.strerror}", errno=e.errno) from e
+            if flags & _MSG_TRUNC:
+                st.truncated += 1
+                continue
+            dst = local
+            tos = 0
+            ttl = DEFAULT_TTL
+            for _level, typ, d in anc:
+                if v4:
+                    if typ == IP_PKTINFO:
+                        dst = d[8:12]
+                    elif typ == IP_TOS:
+                        tos = d[0]
+                    elif typ == IP_TTL:
+                        ttl = _INT.unpack_from(d)[0]
+                else:
+                    if typ == IPV6_PKTINFO:
+                        dst = d[:16]
+                    elif typ == IPV6_TCLASS:
+                        tos = _INT.unpack_from(d)[0]
+                    elif typ == IPV6_HOPLIMIT:
+                        ttl = _INT.unpack_from(d)[0]
+            host = addr[0]
+            src = ip_cache.get(host)
+            if src is None:
+                src = socket.inet_pton(self.family, host.split("%", 1)[0])
+                if len(ip_cache) >= 4096:
+                    ip_cache.clear()
+                ip_cache[host] = src
+            out.append(Datagram(slot[:nbytes], src, dst, addr[1], port, tos, ttl))
+            i += 1
+        st.received += len(out)
+        return out
+
+    def close(self) -> None:
+        """Close every socket (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        for sock in self._socks.values():
+            sock.close()
+        self._socks.clear()
+        self._lru.clear()
+        self._rx = None
+
+    def __enter__(self) -> UdpLink:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = " closed" if self._closed else ""
+        return f"<UdpLink {self._text} port {self.port} sport-fallback {self.fallback_sport}{state}>"

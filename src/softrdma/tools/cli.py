@@ -1,0 +1,195 @@
+"""The ``softrdma`` command line: one argparse dispatcher for every tool (design.md, tools).
+
+Subcommands and where they live:
+
+=================  =====================================================================
+``devinfo``        :mod:`softrdma.tools.devinfo` (``ibv_devinfo``)
+``rc-pingpong``    :mod:`softrdma.tools.pingpong` (``ibv_rc_pingpong``)
+``uc-pingpong``    :mod:`softrdma.tools.pingpong` (``ibv_uc_pingpong``)
+``ud-pingpong``    :mod:`softrdma.tools.pingpong` (``ibv_ud_pingpong``)
+``demo``           :mod:`softrdma.tools.demo` (loopback tour of the RC operations)
+``pcap-check``     ``softrdma.tools.pcap_check.run(paths) -> int``
+``link``           ``softrdma.tools.link.cmd_link(args) -> int``
+=================  =====================================================================
+
+Tool modules are imported inside the handlers, so a module that is missing or broken
+gives a one-line error for that subcommand only. Exit status: 0 success, 1 failure (one
+line on stderr: ``softrdma <cmd>: error: ...``), 2 bad arguments (argparse), 130 on
+Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import Any
+
+from ..errors import SoftRdmaError
+
+PROG = "softrdma"
+
+
+class ToolUnavailable(SoftRdmaError):
+    """A subcommand's module cannot be imported."""
+
+
+def version() -> str:
+    """The installed distribution's version (or the source tree's, from pyproject)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("softrdma")
+    except metadata.PackageNotFoundError:
+        pass
+    import tomllib
+    from pathlib import Path
+
+    pyproject = Path(__file__).resolve().parents[3] / "pyproject.toml"
+    try:
+        with pyproject.open("rb") as fh:
+            return str(tomllib.load(fh)["project"]["version"])
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        return "unknown"
+
+
+def _load(module: str, command: str) -> ModuleType:
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ToolUnavailable(f"'{command}' is not available: cannot import {module} "
+                              f"({exc})") from exc
+
+
+def _tool(module: str, command: str, attr: str) -> Callable[..., Any]:
+    fn = getattr(_load(module, command), attr, None)
+    if not callable(fn):
+        raise ToolUnavailable(f"'{command}' is not available: {module} has no {attr}()")
+    return fn  # type: ignore[no-any-return]
+
+
+# -- handlers --------------------------------------------------------------------------
+
+def _cmd_devinfo(args: argparse.Namespace) -> int:
+    return int(_tool("softrdma.tools.devinfo", "devinfo", "run")(args))
+
+
+def _pingpong(kind: str) -> Callable[[argparse.Namespace], int]:
+    def handler(args: argparse.Namespace) -> int:
+        return int(_tool("softrdma.tools.pingpong", f"{kind}-pingpong", "run")(kind, args))
+    return handler
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    return int(_tool("softrdma.tools.demo", "demo", "run")(args))
+
+
+def _cmd_pcap_check(args: argparse.Namespace) -> int:
+    return int(_tool("softrdma.tools.pcap_check", "pcap-check", "run")(list(args.files)))
+
+
+def _cmd_link(args: argparse.Namespace) -> int:
+    return int(_tool("softrdma.tools.link", "link", "cmd_link")(list(args.rest)))
+
+
+# -- parser ----------------------------------------------------------------------------
+
+def _add_tool_args(module: str, sub: argparse.ArgumentParser, *extra: Any) -> None:
+    """Let the tool module declare its options (tool modules import no verbs at top).
+
+    If the module cannot be imported the subcommand still parses (any arguments) and its
+    handler reports why, instead of the whole CLI failing to start.
+    """
+    try:
+        mod = importlib.import_module(module)
+        mod.add_arguments(sub, *extra)
+    except ImportError as exc:
+        err = ToolUnavailable(f"'{sub.prog}' is not available: cannot import {module} ({exc})")
+
+        def unavailable(_args: argparse.Namespace) -> int:
+            raise err
+        sub.set_defaults(unavailable=unavailable, passthrough=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full ``softrdma`` parser (every subcommand with its options)."""
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="softrdma: a software RDMA stack (RoCEv2 / iWARP) in Python, "
+        "wire-compatible with Linux rxe and siw.")
+    parser.add_argument("--version", action="version", version=f"{PROG} {version()}")
+    subs = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _orig_add = subs.add_parser
+
+    def add_parser(name: str, **kw: Any) -> argparse.ArgumentParser:
+        sub = _orig_add(name, **kw)
+        sub.set_defaults(subparser=sub)
+        return sub
+
+    p = add_parser("devinfo", help="print device and port attributes (ibv_devinfo)",
+                        description="Print the attributes of softrdma devices, like "
+                        "ibv_devinfo.")
+    _add_tool_args("softrdma.tools.devinfo", p)
+    p.set_defaults(handler=_cmd_devinfo)
+
+    for kind in ("rc", "uc", "ud"):
+        p = add_parser(
+            f"{kind}-pingpong", help=f"ping-pong over {'an' if kind == 'rc' else 'a'} "
+            f"{kind.upper()} QP "
+            f"(ibv_{kind}_pingpong)",
+            description=f"ibv_{kind}_pingpong: without SERVERNAME start a server and wait; "
+            f"with it, connect to that server. Interoperates with the real ibv_{kind}_pingpong.")
+        _add_tool_args("softrdma.tools.pingpong", p, kind)
+        p.set_defaults(handler=_pingpong(kind))
+
+    p = add_parser("demo", help="show SEND/RECV, RDMA WRITE/READ and atomics on a "
+                        "loopback RC QP pair",
+                        description="Two endpoints in this process on one device, an RC "
+                        "connection between them, every RC operation checked.")
+    _add_tool_args("softrdma.tools.demo", p)
+    p.set_defaults(handler=_cmd_demo)
+
+    p = add_parser("pcap-check", help="check the ICRC/CRC of every RoCE/iWARP packet "
+                        "in pcap files", description="Check pcap/pcapng files packet by packet.")
+    p.add_argument("files", nargs="+", metavar="FILE", help="pcap or pcapng file")
+    p.set_defaults(handler=_cmd_pcap_check)
+
+    p = add_parser("link", add_help=False, help="add, delete or show softrdma devices "
+                        "(softrdma link --help)",
+                        description="softrdma link [show [NAME]] | link add NAME netdev IFACE "
+                        "| link delete NAME; arguments go to softrdma.tools.link as they are.")
+    p.set_defaults(handler=_cmd_link, passthrough=True)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``softrdma`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
+    parser = build_parser()
+    args, rest = parser.parse_known_args(list(argv) if argv is not None else None)
+    if getattr(args, "passthrough", False):
+        args.rest = rest  # e.g. ``link``: its own parser gets every argument, in order
+    elif rest:
+        getattr(args, "subparser", parser).error(f"unrecognized arguments: {' '.join(rest)}")
+    handler: Callable[[argparse.Namespace], int] | None = getattr(
+        args, "unavailable", None) or getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return handler(args)
+    except SoftRdmaError as exc:
+        print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{PROG} {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

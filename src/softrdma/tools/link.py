@@ -1,0 +1,147 @@
+"""``softrdma link``: list, add and delete devices, like iproute2's ``rdma link``.
+
+Usage::
+
+    softrdma link [show [NAME]] [-d]
+    softrdma link add NAME netdev IFACE [type roce|iwarp] [port N]
+    softrdma link delete NAME
+
+The listing has ``rdma link``'s shape (one line per device, port 1)::
+
+    link softrdma_lo/1 state ACTIVE physical_state LINK_UP netdev lo
+
+``-d`` appends ``type``, ``mtu`` (the active IB MTU, rxe_set_mtu) and ``udp_port``.
+``type rxe`` and ``type siw`` (the kernel driver names ``rdma link add`` takes) are
+accepted as ``roce`` and ``iwarp``. Exit status: 0 success, 1 the operation failed (unknown
+device, duplicate name, unknown netdev ...), 2 usage error; errors are one line on stderr.
+The records live in the registry (:mod:`softrdma.drivers.registry`).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TextIO
+
+from softrdma.drivers import netdev as _netdev
+from softrdma.drivers.registry import DEFAULT_UDP_PORT, DeviceRecord, Registry, ib_mtu_for
+from softrdma.errors import SoftRdmaError
+
+__all__ = ["cmd_link", "format_record", "main"]
+
+USAGE = """\
+usage: softrdma link [show [NAME]] [-d]
+       softrdma link add NAME netdev IFACE [type roce|iwarp] [port N]
+       softrdma link delete NAME"""
+
+_TYPE_ALIASES = {"roce": "roce", "rxe": "roce", "iwarp": "iwarp", "siw": "iwarp"}
+
+
+class _Usage(Exception):
+    pass
+
+
+def format_record(record: DeviceRecord, details: bool = False) -> str:
+    """One ``rdma link`` style line for ``record``."""
+    try:
+        nd = _netdev.get(record.netdev)
+    except SoftRdmaError:
+        nd = None
+    up = nd is not None and nd.up
+    state = "ACTIVE" if up else "DOWN"
+    phys = "LINK_UP" if up else "DISABLED"
+    line = f"link {record.name}/1 state {state} physical_state {phys} netdev {record.netdev}"
+    if details:
+        mtu = ib_mtu_for(nd.mtu) if nd is not None else 0
+        line += f" type {record.type} mtu {mtu} udp_port {record.udp_port}"
+    return line
+
+
+def _show(reg: Registry, args: list[str], out: TextIO) -> int:
+    details = False
+    names: list[str] = []
+    for a in args:
+        if a in ("-d", "--details"):
+            details = True
+        elif a.startswith("-"):
+            raise _Usage(f"unknown option {a!r}")
+        else:
+            names.append(a)
+    if len(names) > 1:
+        raise _Usage("show takes at most one device name")
+    records = [reg.get(names[0])] if names else reg.list()
+    for rec in records:
+        print(format_record(rec, details), file=out)
+    return 0
+
+
+def _add(reg: Registry, args: list[str], out: TextIO) -> int:
+    if not args:
+        raise _Usage("add needs a device NAME")
+    name, rest = args[0], args[1:]
+    if len(rest) % 2:
+        raise _Usage(f"missing value after {rest[-1]!r}")
+    opts: dict[str, str] = {}
+    for key, value in zip(rest[::2], rest[1::2], strict=True):
+        if key not in ("netdev", "type", "port"):
+            raise _Usage(f"unknown keyword {key!r} (expected netdev, type or port)")
+        if key in opts:
+            raise _Usage(f"{key} given twice")
+        opts[key] = value
+    if "netdev" not in opts:
+        raise _Usage("add needs 'netdev IFACE'")
+    typ = _TYPE_ALIASES.get(opts.get("type", "roce"))
+    if typ is None:
+        raise _Usage(f"unknown type {opts['type']!r} (expected roce or iwarp)")
+    port = DEFAULT_UDP_PORT
+    if "port" in opts:
+        try:
+            port = int(opts["port"], 10)
+        except ValueError:
+            raise _Usage(f"port {opts['port']!r} is not a number") from None
+    reg.add(name, opts["netdev"], typ, port)
+    return 0
+
+
+def _delete(reg: Registry, args: list[str], out: TextIO) -> int:
+    if len(args) != 1:
+        raise _Usage("delete takes exactly one device NAME")
+    reg.delete(args[0])
+    return 0
+
+
+def cmd_link(
+    args: list[str], *, stdout: TextIO | None = None, stderr: TextIO | None = None
+) -> int:
+    """Run ``softrdma link ARGS``; returns the exit status."""
+    out = stdout if stdout is not None else sys.stdout
+    err = stderr if stderr is not None else sys.stderr
+    if args and args[0] in ("-h", "--help", "help"):
+        print(USAGE, file=out)
+        return 0
+    verb, rest = (args[0], args[1:]) if args else ("show", [])
+    if verb.startswith("-"):
+        verb, rest = "show", args
+    reg = Registry()
+    try:
+        if verb in ("show", "list", "ls"):
+            return _show(reg, rest, out)
+        if verb == "add":
+            return _add(reg, rest, out)
+        if verb in ("delete", "del"):
+            return _delete(reg, rest, out)
+        raise _Usage(f"unknown command {verb!r}")
+    except _Usage as exc:
+        print(f"softrdma link: {exc} (see 'softrdma link --help')", file=err)
+        return 2
+    except SoftRdmaError as exc:
+        print(f"softrdma link: {exc}", file=err)
+        return 1
+
+
+def main() -> None:
+    """Entry point for ``python -m softrdma.tools.link``."""
+    sys.exit(cmd_link(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()

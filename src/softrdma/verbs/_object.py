@@ -1,0 +1,75 @@
+"""The lifetime rules every verbs object follows (pyverbs ``PyverbsCM``).
+
+* Every object is a context manager; ``close()`` is idempotent.
+* A parent tracks its dependents in a weak set and closes them before itself
+  (pyverbs ``close_weakrefs``): Context -> PDs, CQs, completion channels; PD -> QPs,
+  AHs, MRs, SRQs; CQ/SRQ -> the QPs that use them; CompChannel -> its CQs.
+* A dependent keeps its parents alive (strong references), so an object is never
+  collected while something built on it is usable.
+* Using a closed object raises :class:`~softrdma.errors.ClosedError`.
+"""
+
+from __future__ import annotations
+
+import weakref
+from types import TracebackType
+from typing import Self
+
+from ..errors import ClosedError
+
+__all__ = ["VerbsObject"]
+
+
+class VerbsObject:
+    """Base of Context, PD, MR, CQ, CompChannel, QP, SRQ, AH."""
+
+    #: dependents close in rank order: QPs, then AHs, MRs, SRQs, CQs, PDs, channels
+    #: (pyverbs PD.close: qps, ahs, mws, mrs, srqs).
+    _close_rank = 9
+
+    def __init__(self) -> None:
+        self._closed = False
+        self._dependents: weakref.WeakSet[VerbsObject] = weakref.WeakSet()
+        self._parents: list[VerbsObject] = []
+
+    def _depend_on(self, *parents: VerbsObject) -> None:
+        """Register ``self`` as a dependent of each parent (closed when they close)."""
+        for p in parents:
+            p._check()
+            p._dependents.add(self)
+            self._parents.append(p)
+
+    def _check(self) -> None:
+        if self._closed:
+            raise ClosedError(f"{type(self).__name__} is closed")
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Close the dependents, then release this object. Idempotent."""
+        if self._closed:
+            return
+        for dep in sorted(self._dependents, key=_rank):
+            dep.close()
+        try:
+            self._release()
+        finally:
+            self._closed = True
+            for p in self._parents:
+                p._dependents.discard(self)
+
+    def _release(self) -> None:
+        """Free this object's own resources (subclasses)."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+def _rank(obj: VerbsObject) -> int:
+    return obj._close_rank

@@ -1,0 +1,569 @@
+"""Devices, the device context, GIDs and the device/port attributes (IBA 11.2.1).
+
+A :class:`Context` is one opened softrdma device: an engine
+:class:`~softrdma.ib.port.Port` bound to a packet link by a
+:class:`~softrdma.drivers.runtime.Runtime`. The limits reported by
+:meth:`Context.query_device` are rxe's (``rxe_param.h``) so that tools sized for rxe
+behave the same; the GID table holds one RoCE v2 GID per IP address of the netdev
+(roce.md §4): the IPv6 link-local address first (as rxe's index 0), then the IPv4
+addresses as ``::ffff:a.b.c.d``, then the other IPv6 addresses.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import select
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import enums as e
+from ..drivers.link import Link
+from ..drivers.runtime import Runtime, ip_to_gid
+from ..errors import DeviceError, InvalidArgument
+from ..ib.port import Port
+from ._object import VerbsObject
+
+__all__ = [
+    "GID", "DeviceInfo", "DeviceAttr", "PortAttr", "AsyncEvent", "Context",
+    "get_device_list", "gid_table", "mtu_enum_for_netdev_mtu",
+]
+
+# rxe_param.h (device limits softrdma reports and enforces where they matter)
+MAX_QP = 0x10000
+MAX_QP_WR = 0x4000
+MAX_SGE = 32
+MAX_INLINE_DATA = 400
+MAX_CQ = 16384
+MAX_CQE = (1 << 15) - 1
+MAX_MR = 256 * 1024
+MAX_PD = 0x7FFC
+MAX_QP_RD_ATOM = 128
+MAX_QP_INIT_RD_ATOM = 128
+MAX_RES_RD_ATOM = 0x3F000
+MAX_MCAST_GRP = 8192
+MAX_MCAST_QP_ATTACH = 56
+MAX_TOTAL_MCAST_QP_ATTACH = 0x70000
+MAX_AH = 0x7FFF
+MAX_SRQ = 960
+MAX_SRQ_WR = 0x4000
+MAX_SRQ_SGE = 27
+MAX_MSG_SZ = 1 << 31  # ib-transport.md §11
+RXE_MAX_HDR_LENGTH = 80  # rxe: Ethernet MTU minus this is the largest IB MTU that fits
+LOCAL_CA_ACK_DELAY = 15
+VENDOR_ID = 0xFFFFFF  # rxe's vendor id
+
+DEVICE_CAP_FLAGS = (
+    e.IBV_DEVICE_BAD_PKEY_CNTR | e.IBV_DEVICE_BAD_QKEY_CNTR | e.IBV_DEVICE_CHANGE_PHY_PORT
+    | e.IBV_DEVICE_UD_AV_PORT_ENFORCE | e.IBV_DEVICE_PORT_ACTIVE_EVENT
+    | e.IBV_DEVICE_SYS_IMAGE_GUID | e.IBV_DEVICE_RC_RNR_NAK_GEN | e.IBV_DEVICE_SRQ_RESIZE
+)
+PORT_CAP_FLAGS = e.IBV_PORT_CM_SUP | e.IBV_PORT_IP_BASED_GIDS
+
+_ENGINE_EVENTS = {
+    "QP_FATAL": e.IBV_EVENT_QP_FATAL,
+    "QP_REQ_ERR": e.IBV_EVENT_QP_REQ_ERR,
+    "QP_ACCESS_ERR": e.IBV_EVENT_QP_ACCESS_ERR,
+    "COMM_EST": e.IBV_EVENT_COMM_EST,
+    "SQ_DRAINED": e.IBV_EVENT_SQ_DRAINED,
+    "SRQ_LIMIT_REACHED": e.IBV_EVENT_SRQ_LIMIT_REACHED,
+    "QP_LAST_WQE_REACHED": e.IBV_EVENT_QP_LAST_WQE_REACHED,
+    "CQ_ERR": e.IBV_EVENT_CQ_ERR,
+    "SRQ_ERR": e.IBV_EVENT_SRQ_ERR,
+    "DEVICE_FATAL": e.IBV_EVENT_DEVICE_FATAL,
+}
+
+
+class GID:
+    """A 16-byte GID; ``GID("::ffff:10.0.0.1")``, ``GID(raw16)`` or ``GID(other_gid)``."""
+
+    __slots__ = ("raw",)
+
+    def __init__(self, value: str | bytes | bytearray | memoryview | GID) -> None:
+        if isinstance(value, GID):
+            raw = value.raw
+        elif isinstance(value, str):
+            try:
+                raw = ipaddress.IPv6Address(value.split("%", 1)[0]).packed
+            except ValueError:
+                try:
+                    raw = ip_to_gid(ipaddress.IPv4Address(value).packed)
+                except ValueError:
+                    raise InvalidArgument("gid", f"not a GID: {value!r}") from None
+        elif isinstance(value, (bytes, bytearray, memoryview)):
+            raw = bytes(value)
+            if len(raw) == 4:
+                raw = ip_to_gid(raw)
+            if len(raw) != 16:
+                raise InvalidArgument("gid", f"a GID has 16 bytes, not {len(raw)}")
+        else:
+            raise InvalidArgument("gid", f"expected str or bytes, got {type(value).__name__}")
+        self.raw: bytes = raw
+
+    @property
+    def gid(self) -> str:
+        """Text form, IPv4-mapped GIDs as ``::ffff:a.b.c.d``."""
+        return str(ipaddress.IPv6Address(self.raw))
+
+    def __str__(self) -> str:
+        return self.gid
+
+    def __repr__(self) -> str:
+        return f"GID({self.gid!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, GID):
+            return self.raw == other.raw
+        if isinstance(other, (bytes, bytearray)):
+            return self.raw == bytes(other)
+        if isinstance(other, str):
+            try:
+                return self.raw == GID(other).raw
+            except InvalidArgument:
+                return False
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.raw)
+
+
+def _is_link_local(ip: bytes) -> bool:
+    return len(ip) == 16 and ip[0] == 0xFE and ip[1] & 0xC0 == 0x80
+
+
+def gid_table(ips: Sequence[bytes]) -> list[bytes]:
+    """The RoCE v2 GID table for a netdev's addresses (roce.md §4; rxe's order).
+
+    IPv6 link-local first (rxe's index 0 in the captures), then IPv4 as
+    ``::ffff:a.b.c.d``, then the other IPv6 addresses; duplicates removed.
+    """
+    ll = [ip for ip in ips if _is_link_local(ip)]
+    v4 = [ip for ip in ips if len(ip) == 4]
+    v6 = [ip for ip in ips if len(ip) == 16 and not _is_link_local(ip)]
+    out: list[bytes] = []
+    for ip in (*ll, *v4, *v6):
+        gid = ip_to_gid(bytes(ip))
+        if gid not in out:
+            out.append(gid)
+    return out
+
+
+def mtu_enum_for_netdev_mtu(mtu: int) -> int:
+    """The IB MTU enum that fits a netdev MTU (rxe ``eth_mtu_int_to_enum``)."""
+    payload = mtu - RXE_MAX_HDR_LENGTH
+    for enum, size in ((5, 4096), (4, 2048), (3, 1024), (2, 512), (1, 256)):
+        if payload >= size:
+            return enum
+    raise DeviceError(f"netdev MTU {mtu} is too small for RoCE (needs >= {256 + RXE_MAX_HDR_LENGTH})")
+
+
+def _guid_from_mac(mac: bytes) -> int:
+    """EUI-64 from a MAC (rxe ``rxe_node_guid``: addrconf_addr_eui48)."""
+    if len(mac) != 6:
+        mac = bytes(6)
+    eui = bytes([mac[0] ^ 2, mac[1], mac[2], 0xFF, 0xFE, mac[3], mac[4], mac[5]])
+    return int.from_bytes(eui, "big")
+
+
+def format_guid(guid: int) -> str:
+    """``0123:4567:89ab:cdef`` (ibv_devinfo's GUID format)."""
+    h = f"{guid:016x}"
+    return ":".join(h[i:i + 4] for i in range(0, 16, 4))
+
+
+@dataclass(slots=True)
+class DeviceInfo:
+    """One entry of :func:`get_device_list`."""
+
+    name: str
+    netdev: str | None = None
+    type: str = "roce"
+    node_guid: int = 0
+    udp_port: int = 4791
+    ips: tuple[bytes, ...] = ()
+    record: Any = None  # the registry's own record
+
+
+@dataclass(slots=True)
+class DeviceAttr:
+    """``struct ibv_device_attr`` (values as rxe reports them, ``rxe_param.h``)."""
+
+    fw_ver: str = "0.0.0"
+    node_guid: int = 0
+    sys_image_guid: int = 0
+    max_mr_size: int = (1 << 64) - 1
+    page_size_cap: int = 0xFFFFF000
+    vendor_id: int = VENDOR_ID
+    vendor_part_id: int = 0
+    hw_ver: int = 0
+    max_qp: int = MAX_QP
+    max_qp_wr: int = MAX_QP_WR
+    device_cap_flags: int = int(DEVICE_CAP_FLAGS)
+    max_sge: int = MAX_SGE
+    max_sge_rd: int = MAX_SGE
+    max_cq: int = MAX_CQ
+    max_cqe: int = MAX_CQE
+    max_mr: int = MAX_MR
+    max_pd: int = MAX_PD
+    max_qp_rd_atom: int = MAX_QP_RD_ATOM
+    max_ee_rd_atom: int = 0
+    max_res_rd_atom: int = MAX_RES_RD_ATOM
+    max_qp_init_rd_atom: int = MAX_QP_INIT_RD_ATOM
+    max_ee_init_rd_atom: int = 0
+    atomic_caps: int = int(e.IBV_ATOMIC_HCA)
+    max_ee: int = 0
+    max_rdd: int = 0
+    max_mw: int = 0
+    max_raw_ipv6_qp: int = 0
+    max_raw_ethy_qp: int = 0
+    max_mcast_grp: int = MAX_MCAST_GRP
+    max_mcast_qp_attach: int = MAX_MCAST_QP_ATTACH
+    max_total_mcast_qp_attach: int = MAX_TOTAL_MCAST_QP_ATTACH
+    max_ah: int = MAX_AH
+    max_fmr: int = 0
+    max_map_per_fmr: int = 0
+    max_srq: int = MAX_SRQ
+    max_srq_wr: int = MAX_SRQ_WR
+    max_srq_sge: int = MAX_SRQ_SGE
+    max_pkeys: int = 1
+    local_ca_ack_delay: int = LOCAL_CA_ACK_DELAY
+    phys_port_cnt: int = 1
+    max_inline_data: int = MAX_INLINE_DATA
+
+
+@dataclass(slots=True)
+class PortAttr:
+    """``struct ibv_port_attr`` of port 1."""
+
+    state: int = int(e.IBV_PORT_ACTIVE)
+    max_mtu: int = int(e.IBV_MTU_4096)
+    active_mtu: int = int(e.IBV_MTU_1024)
+    gid_tbl_len: int = 0
+    port_cap_flags: int = int(PORT_CAP_FLAGS)
+    max_msg_sz: int = MAX_MSG_SZ
+    bad_pkey_cntr: int = 0
+    qkey_viol_cntr: int = 0
+    pkey_tbl_len: int = 1
+    lid: int = 0
+    sm_lid: int = 0
+    lmc: int = 0
+    max_vl_num: int = 1
+    sm_sl: int = 0
+    subnet_timeout: int = 0
+    init_type_reply: int = 0
+    active_width: int = 1   # IB_WIDTH_1X
+    active_speed: int = 1   # SDR (ib_get_eth_speed for an unknown/slow netdev)
+    phys_state: int = 5     # LINK_UP
+    link_layer: int = 2     # IBV_LINK_LAYER_ETHERNET
+    flags: int = 0
+    port_cap_flags2: int = 0
+
+
+@dataclass(slots=True)
+class AsyncEvent:
+    """An asynchronous event (``struct ibv_async_event``): ``element`` is the QP, CQ or
+    SRQ it is about (None for device events)."""
+
+    event_type: int
+    element: Any = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# ---- the device registry -------------------------------------------------------------------
+def _netdev_snapshot(netdev: str) -> Any:
+    from ..drivers import netdev as _netdev  # noqa: PLC0415
+
+    try:
+        return _netdev.get(netdev)
+    except Exception:  # noqa: BLE001 - a vanished interface: the device is listed without IPs
+        return None
+
+
+def _netdev_of_ips(ips: tuple[bytes, ...]) -> Any:
+    """The interface that holds one of ``ips`` (for a Context built on an explicit link)."""
+    from ..drivers import netdev as _netdev  # noqa: PLC0415
+
+    try:
+        names = _netdev.list_names()
+    except Exception:  # noqa: BLE001 - no /sys: unknown netdev
+        return None
+    for n in names:
+        nd = _netdev_snapshot(n)
+        if nd is not None and any(ip in nd.ips for ip in ips):
+            return nd
+    if any((len(ip) == 4 and ip[0] == 127) or ip == bytes(15) + b"\x01" for ip in ips):
+        return _netdev_snapshot("lo")  # all of 127.0.0.0/8 is on the loopback interface
+    return None
+
+
+def get_device_list() -> list[DeviceInfo]:
+    """The registered softrdma devices (``softrdma link add``), registry order."""
+    from ..drivers import registry  # noqa: PLC0415
+
+    out = []
+    for rec in registry.list_devices():
+        nd = _netdev_snapshot(rec.netdev)
+        out.append(DeviceInfo(
+            name=rec.name,
+            netdev=rec.netdev,
+            type=rec.type,
+            node_guid=_guid_from_mac(nd.mac if nd is not None else b""),
+            udp_port=rec.udp_port,
+            ips=tuple(nd.ips) if nd is not None else (),
+            record=rec,
+        ))
+    return out
+
+
+def _shared_default() -> bool:
+    return os.environ.get("SOFTRDMA_SHARED", "1").strip().lower() not in ("0", "no", "false", "off")
+
+
+def _open_registry_device(name: str | None, shared: bool | None) -> tuple[DeviceInfo, Link]:
+    """Resolve ``name`` in the registry and open its link (devd client or own UDP socket)."""
+    devices = get_device_list()
+    if name is None:
+        if not devices:
+            raise DeviceError("no softrdma device (add one with `softrdma link add NAME netdev IFACE`)")
+        info = devices[0]
+    else:
+        found = [d for d in devices if d.name == name]
+        if not found:
+            raise DeviceError(f"no softrdma device named {name!r}")
+        info = found[0]
+    if info.type != "roce":
+        raise DeviceError(f"device {info.name!r} is {info.type}; verbs.Context drives RoCE devices")
+    if shared is None:
+        shared = _shared_default()
+    if shared:
+        from ..drivers.devd import DevdLink  # noqa: PLC0415
+
+        return info, DevdLink(info.record)
+    from ..drivers.udp import UdpLink  # noqa: PLC0415
+
+    if not info.ips:
+        raise DeviceError(f"device {info.name!r}: netdev {info.netdev!r} has no IP address")
+    # One receive socket per link: the in-process device serves its netdev's first IPv4
+    # address (else its first IPv6 one); the GID table then holds that address.
+    v4 = [ip for ip in info.ips if len(ip) == 4]
+    ip = v4[0] if v4 else info.ips[0]
+    target: str | bytes = ip
+    if _is_link_local(ip) and info.netdev:
+        target = f"{ipaddress.IPv6Address(ip)}%{info.netdev}"
+    return info, UdpLink(target, port=info.udp_port)
+
+
+class Context(VerbsObject):
+    """An opened device (``ibv_open_device``; pyverbs ``Context``).
+
+    ``fabric`` is a link of the in-memory fabric (progress is then manual and time is the
+    fabric's virtual clock). ``link`` is any :class:`~softrdma.drivers.link.Link`
+    (an addition to pyverbs, for tests and tools that build their own link).
+    """
+
+    def __init__(self, name: str | None = None, *, shared: bool | None = None,
+                 fabric: Any = None, progress: str = "thread", link: Link | None = None,
+                 clock: Callable[[], float] | None = None) -> None:
+        super().__init__()
+        if progress not in ("thread", "manual"):
+            raise InvalidArgument("progress", f"must be 'thread' or 'manual', got {progress!r}")
+        if fabric is not None and link is not None:
+            raise InvalidArgument("fabric", "give either fabric or link, not both")
+        netdev: str | None = None
+        mtu: int | None = None
+        mac = b""
+        udp_port = int(getattr(link if link is not None else fabric, "port", None) or 4791)
+        if fabric is not None:
+            link = fabric
+            progress = "manual"
+            dev_name = name or str(getattr(fabric, "name", None) or "softrdma_fabric")
+        elif link is not None:
+            dev_name = name or str(getattr(link, "name", None) or "softrdma0")
+            nd = _netdev_of_ips(tuple(link.local_ips))
+            if nd is not None:
+                netdev, mtu, mac = nd.name, nd.mtu, nd.mac
+        else:
+            info, link = _open_registry_device(name, shared)
+            dev_name = info.name
+            netdev = info.netdev
+            nd = _netdev_snapshot(info.netdev) if info.netdev else None
+            mtu = nd.mtu if nd is not None else None
+            mac = nd.mac if nd is not None else b""
+            udp_port = info.udp_port
+        assert link is not None
+        link_mtu = getattr(link, "mtu", None)
+        if isinstance(link_mtu, int):
+            mtu = link_mtu
+        if mtu is None:
+            mtu = 4096 + RXE_MAX_HDR_LENGTH if fabric is not None else 1500
+        try:
+            gids = gid_table(tuple(link.local_ips))
+            if not gids:
+                raise DeviceError(f"device {dev_name!r} has no IP address, so no GID")
+            self.active_mtu = mtu_enum_for_netdev_mtu(mtu)
+        except BaseException:
+            link.close()
+            raise
+        self.name = dev_name
+        self.netdev = netdev
+        self.node_guid = _guid_from_mac(mac)
+        alloc = getattr(link, "alloc_qpn", None)
+        free = getattr(link, "free_qpn", None)
+        self.port = Port(gids, max_mtu=128 << self.active_mtu, qpn_alloc=alloc, qpn_free=free)
+        self.runtime = Runtime(self.port, link, mode=progress, clock=clock, udp_port=udp_port)
+        self.progress_mode = progress
+        self._owners: dict[int, weakref.ref[Any]] = {}
+        self._events: deque[AsyncEvent] = deque()
+        self._ev_lock = threading.Lock()
+        self._ev_r, self._ev_w = os.pipe()
+        os.set_blocking(self._ev_r, False)
+        os.set_blocking(self._ev_w, False)
+        wself = weakref.ref(self)
+
+        def on_async(kind: str, obj: object) -> None:
+            ctx = wself()
+            if ctx is not None:
+                ctx._engine_event(kind, obj)
+
+        self.port.on_async_event = on_async
+        self._finalizer = weakref.finalize(self, _close_context_resources, self.runtime,
+                                           self._ev_r, self._ev_w)
+
+    # ---- attributes -------------------------------------------------------------------------
+    def query_device(self) -> DeviceAttr:
+        self._check()
+        return DeviceAttr(node_guid=self.node_guid, sys_image_guid=self.node_guid,
+                          max_pkeys=len(self.port.pkeys))
+
+    def query_port(self, port_num: int = 1) -> PortAttr:
+        self._check()
+        _check_port(port_num)
+        return PortAttr(active_mtu=self.active_mtu, gid_tbl_len=len(self.port.gids),
+                        pkey_tbl_len=len(self.port.pkeys),
+                        bad_pkey_cntr=self.port.counters.rcvd_bad_pkey & 0xFFFF,
+                        qkey_viol_cntr=self.port.counters.rcvd_bad_qkey & 0xFFFF)
+
+    def query_gid(self, port_num: int = 1, index: int = 0) -> GID:
+        self._check()
+        _check_port(port_num)
+        gids = self.port.gids
+        if not isinstance(index, int) or not 0 <= index < len(gids):
+            raise InvalidArgument("index", f"GID index {index!r} not in 0..{len(gids) - 1}")
+        return GID(gids[index])
+
+    def query_gid_type(self, port_num: int = 1, index: int = 0) -> int:
+        self.query_gid(port_num, index)
+        return int(e.IBV_GID_TYPE_ROCE_V2)
+
+    def query_pkey(self, port_num: int = 1, index: int = 0) -> int:
+        self._check()
+        _check_port(port_num)
+        pkeys = self.port.pkeys
+        if not isinstance(index, int) or not 0 <= index < len(pkeys):
+            raise InvalidArgument("index", f"P_Key index {index!r} not in 0..{len(pkeys) - 1}")
+        return pkeys[index]
+
+    @property
+    def gids(self) -> list[GID]:
+        return [GID(g) for g in self.port.gids]
+
+    def gid_index(self, gid: GID | str | bytes) -> int:
+        """Index of ``gid`` in the GID table (InvalidArgument if absent)."""
+        raw = GID(gid).raw
+        try:
+            return self.port.gids.index(raw)
+        except ValueError:
+            raise InvalidArgument("gid", f"{GID(raw)} is not a GID of {self.name}") from None
+
+    def progress(self, timeout: float = 0.0) -> int:
+        """Run the engine once (receive, timers, transmit); wait up to ``timeout`` s."""
+        self._check()
+        return self.runtime.progress(timeout)
+
+    def counters(self) -> dict[str, int]:
+        self._check()
+        return self.port.counters.as_dict()
+
+    # ---- asynchronous events -----------------------------------------------------------------
+    def _register_owner(self, engine_obj: object, verbs_obj: object) -> None:
+        self._owners[id(engine_obj)] = weakref.ref(verbs_obj)
+
+    def _unregister_owner(self, engine_obj: object) -> None:
+        self._owners.pop(id(engine_obj), None)
+
+    def _engine_event(self, kind: str, obj: object) -> None:
+        etype = _ENGINE_EVENTS.get(kind)
+        if etype is None:
+            return
+        ref = self._owners.get(id(obj))
+        element = ref() if ref is not None else obj
+        self._post_event(AsyncEvent(int(etype), element))
+
+    def _post_event(self, ev: AsyncEvent) -> None:
+        with self._ev_lock:
+            self._events.append(ev)
+        try:
+            os.write(self._ev_w, b"\0")
+        except OSError:
+            pass
+
+    def async_fileno(self) -> int:
+        """A descriptor that polls readable while async events are pending."""
+        self._check()
+        return self._ev_r
+
+    def get_async_event(self, timeout: float | None = None) -> AsyncEvent:
+        """The next asynchronous event (``ibv_get_async_event``); TimeoutError after
+        ``timeout`` seconds (None: wait forever)."""
+        self._check()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        manual = not self.runtime.threaded
+        while True:
+            with self._ev_lock:
+                if self._events:
+                    ev = self._events.popleft()
+                    try:
+                        os.read(self._ev_r, 1)
+                    except BlockingIOError:
+                        pass
+                    return ev
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError("no asynchronous event")
+            if manual:
+                self.runtime.progress()
+                wait = 0.001 if left is None else min(left, 0.001)
+            else:
+                wait = 0.1 if left is None else min(left, 0.1)
+            select.select([self._ev_r], [], [], wait)
+
+    def ack_async_event(self, event: AsyncEvent) -> None:
+        """``ibv_ack_async_event`` (nothing to release in softrdma)."""
+
+    # ---- lifetime --------------------------------------------------------------------------------
+    def _release(self) -> None:
+        self._finalizer.detach()
+        _close_context_resources(self.runtime, self._ev_r, self._ev_w)
+
+    def __repr__(self) -> str:
+        state = " closed" if self._closed else ""
+        return f"<Context {self.name}{state}>"
+
+
+def _close_context_resources(runtime: Runtime, r: int, w: int) -> None:
+    runtime.close()
+    for fd in (r, w):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def _check_port(port_num: int) -> None:
+    if port_num != 1:
+        raise InvalidArgument("port_num", f"softrdma devices have one port (1), not {port_num!r}")

@@ -1,0 +1,31 @@
+"""Protection domains (IBA 10.2.3; ``ibv_alloc_pd``).
+
+A PD groups the MRs, QPs, AHs and SRQs that may be used together; the engine compares
+``mr.pd is qp.pd`` on every access (IBA 10.6.3.2). Closing a PD closes everything
+created on it (pyverbs ``PD.close``).
+"""
+
+from __future__ import annotations
+
+from ..errors import InvalidArgument
+from ._object import VerbsObject
+from .device import Context
+
+__all__ = ["PD"]
+
+
+class PD(VerbsObject):
+    """A protection domain of ``ctx``."""
+
+    _close_rank = 5
+
+    def __init__(self, ctx: Context) -> None:
+        super().__init__()
+        if not isinstance(ctx, Context):
+            raise InvalidArgument("ctx", f"PD needs a Context, got {type(ctx).__name__}")
+        self._depend_on(ctx)
+        self.ctx = ctx
+
+    def __repr__(self) -> str:
+        state = " closed" if self._closed else ""
+        return f"<PD of {self.ctx.name}{state}>"

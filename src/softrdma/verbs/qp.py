@@ -1,0 +1,545 @@
+"""Queue pairs (IBA 10.2.4, 11.2.4; ``ibv_create_qp``/``ibv_modify_qp``/``ibv_post_*``).
+
+Creation checks (rxe ``rxe_qp_chk_init``/``rxe_qp_chk_cap``): RC, UC and UD only
+(others EOPNOTSUPP); both CQs present and of the same context; capacities within the
+device limits (EINVAL).
+
+Modify checks, in rxe's order (``rxe_modify_qp``, ``rxe_qp_chk_attr``):
+
+1. mask bits outside IB_QP_ATTR_STANDARD_BITS -> EOPNOTSUPP;
+2. ``IBV_QP_CUR_STATE`` must name the QP's real state (IBA 11.2.4.2);
+3. the transition and mask must pass ``ib_modify_qp_is_ok`` (:mod:`.qp_rules`) -> EINVAL;
+4. each given attribute must be in range: port 1; P_Key index inside the table; the
+   address vector valid (see :func:`.ah.address_vector`); no alternate path on RoCE;
+   ``path_mtu`` a valid enum not above the port's active MTU; ``max_rd_atomic`` and
+   ``max_dest_rd_atomic`` <= 128 (rxe_param.h); ``timeout`` and ``min_rnr_timer`` <= 31;
+   ``retry_cnt`` and ``rnr_retry`` <= 7; PSNs are masked to 24 bits (the kernel masks
+   with a warning); Q_Keys with bit 31 set are allowed (softrdma is the privileged
+   HCA driver, ib-transport.md §10).
+
+Then the validated attributes go to the engine (``EngineQP.modify``).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from .. import enums as e
+from ..drivers.runtime import Runtime
+from ..errors import InvalidArgument, NotSupported
+from . import qp_rules
+from ._object import VerbsObject
+from .ah import AHAttr, GlobalRoute, address_vector
+from .cq import CQ
+from .device import GID, MAX_INLINE_DATA, MAX_QP_RD_ATOM, MAX_QP_WR, MAX_SGE, Context
+from .mr import ACCESS_SUPPORTED
+from .pd import PD
+from .srq import SRQ
+from .wr import RecvWR, SendWR, build_recv_wqe, build_send_wqe, chain
+
+__all__ = ["QPCap", "QPInitAttr", "QPAttr", "QP"]
+
+M = e.ibv_qp_attr_mask
+RC, UC, UD = int(e.IBV_QPT_RC), int(e.IBV_QPT_UC), int(e.IBV_QPT_UD)
+_QP_TYPES = frozenset({RC, UC, UD})
+_QP_ACCESS = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
+                 | e.IBV_ACCESS_REMOTE_ATOMIC)
+
+
+class QPCap:
+    """``struct ibv_qp_cap``."""
+
+    __slots__ = ("max_send_wr", "max_recv_wr", "max_send_sge", "max_recv_sge", "max_inline_data")
+
+    def __init__(self, max_send_wr: int = 1, max_recv_wr: int = 10, max_send_sge: int = 1,
+                 max_recv_sge: int = 1, max_inline_data: int = 0) -> None:
+        self.max_send_wr = max_send_wr
+        self.max_recv_wr = max_recv_wr
+        self.max_send_sge = max_send_sge
+        self.max_recv_sge = max_recv_sge
+        self.max_inline_data = max_inline_data
+
+    def __repr__(self) -> str:
+        return (f"QPCap(max_send_wr={self.max_send_wr}, max_recv_wr={self.max_recv_wr}, "
+                f"max_send_sge={self.max_send_sge}, max_recv_sge={self.max_recv_sge}, "
+                f"max_inline_data={self.max_inline_data})")
+
+
+class QPInitAttr:
+    """``struct ibv_qp_init_attr`` (pyverbs names ``scq``/``rcq``)."""
+
+    __slots__ = ("qp_type", "qp_context", "scq", "rcq", "srq", "cap", "sq_sig_all")
+
+    def __init__(self, qp_type: int = UD, qp_context: Any = None, scq: CQ | None = None,
+                 rcq: CQ | None = None, srq: SRQ | None = None, cap: QPCap | None = None,
+                 sq_sig_all: int = 0) -> None:
+        self.qp_type = qp_type
+        self.qp_context = qp_context
+        self.scq = scq
+        self.rcq = rcq
+        self.srq = srq
+        self.cap = cap if cap is not None else QPCap()
+        self.sq_sig_all = sq_sig_all
+
+    @property
+    def send_cq(self) -> CQ | None:
+        return self.scq
+
+    @property
+    def recv_cq(self) -> CQ | None:
+        return self.rcq
+
+
+_QPATTR_FIELDS = (
+    "qp_state", "cur_qp_state", "path_mtu", "path_mig_state", "qkey", "rq_psn", "sq_psn",
+    "dest_qp_num", "qp_access_flags", "cap", "ah_attr", "alt_ah_attr", "pkey_index",
+    "alt_pkey_index", "en_sqd_async_notify", "sq_draining", "max_rd_atomic",
+    "max_dest_rd_atomic", "min_rnr_timer", "port_num", "timeout", "retry_cnt", "rnr_retry",
+    "alt_port_num", "alt_timeout", "rate_limit",
+)
+
+
+class QPAttr:
+    """``struct ibv_qp_attr``: every field by name, pyverbs defaults (INIT from RESET,
+    port 1, path MTU 1024), the rest 0."""
+
+    __slots__ = _QPATTR_FIELDS
+
+    def __init__(self, qp_state: int = int(e.IBV_QPS_INIT),
+                 cur_qp_state: int = int(e.IBV_QPS_RESET), port_num: int = 1,
+                 path_mtu: int = int(e.IBV_MTU_1024), **fields: Any) -> None:
+        self.qp_state = qp_state
+        self.cur_qp_state = cur_qp_state
+        self.path_mtu = path_mtu
+        self.path_mig_state = 0
+        self.qkey = 0
+        self.rq_psn = 0
+        self.sq_psn = 0
+        self.dest_qp_num = 0
+        self.qp_access_flags = 0
+        self.cap = QPCap(0, 0, 0, 0, 0)
+        self.ah_attr: AHAttr | None = None
+        self.alt_ah_attr: AHAttr | None = None
+        self.pkey_index = 0
+        self.alt_pkey_index = 0
+        self.en_sqd_async_notify = 0
+        self.sq_draining = 0
+        self.max_rd_atomic = 0
+        self.max_dest_rd_atomic = 0
+        self.min_rnr_timer = 0
+        self.port_num = port_num
+        self.timeout = 0
+        self.retry_cnt = 0
+        self.rnr_retry = 0
+        self.alt_port_num = 0
+        self.alt_timeout = 0
+        self.rate_limit = 0
+        for name, value in fields.items():
+            if name not in _QPATTR_FIELDS:
+                raise InvalidArgument(f"qp_attr.{name}", "no such QP attribute")
+            setattr(self, name, value)
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{n}={getattr(self, n)!r}" for n in _QPATTR_FIELDS
+                          if getattr(self, n) not in (0, None))
+        return f"QPAttr({inner})"
+
+
+def _uint(value: Any, hi: int, argument: str) -> int:
+    if not isinstance(value, int) or not 0 <= value <= hi:
+        raise InvalidArgument(argument, f"must be 0..{hi}, got {value!r}")
+    return value
+
+
+def _mask_names(mask: int) -> str:
+    names = [m.name for m in M if m.value & mask and m.name is not None]
+    return "|".join(n.replace("IBV_QP_", "") for n in names) or "0"
+
+
+def _state_name(state: int) -> str:
+    try:
+        return e.ibv_qp_state(state).name.replace("IBV_QPS_", "")
+    except ValueError:
+        return str(state)
+
+
+class QP(VerbsObject):
+    """A queue pair on ``pd`` (pyverbs ``QP``).
+
+    With ``qp_attr``, the QP is moved towards RTS as pyverbs does: UD to RTS, RC/UC to
+    INIT (they need the remote QPN for RTR).
+    """
+
+    _close_rank = 0
+
+    def __init__(self, pd: PD, init_attr: QPInitAttr, qp_attr: QPAttr | None = None) -> None:
+        super().__init__()
+        from ..ib.qp import EngineQP  # noqa: PLC0415 - the engine module
+
+        if not isinstance(pd, PD):
+            raise InvalidArgument("pd", f"expected a PD, got {type(pd).__name__}")
+        pd._check()
+        if not isinstance(init_attr, QPInitAttr):
+            raise InvalidArgument("init_attr", f"expected QPInitAttr, got {type(init_attr).__name__}")
+        ctx: Context = pd.ctx
+        qpt = init_attr.qp_type
+        if qpt not in _QP_TYPES:
+            if qpt in {int(t) for t in e.ibv_qp_type}:
+                raise NotSupported(f"QP type {e.ibv_qp_type(qpt).name} is not supported")
+            raise InvalidArgument("init_attr.qp_type", f"unknown QP type {qpt!r}")
+        scq, rcq, srq = init_attr.scq, init_attr.rcq, init_attr.srq
+        for name, cq in (("scq", scq), ("rcq", rcq)):
+            if not isinstance(cq, CQ):
+                raise InvalidArgument(f"init_attr.{name}", "a QP needs a send and a receive CQ")
+            cq._check()
+            if cq.ctx is not ctx:
+                raise InvalidArgument(f"init_attr.{name}", "the CQ belongs to another context")
+        assert isinstance(scq, CQ) and isinstance(rcq, CQ)
+        if srq is not None:
+            if not isinstance(srq, SRQ):
+                raise InvalidArgument("init_attr.srq", f"expected an SRQ, got {type(srq).__name__}")
+            srq._check()
+            if srq.ctx is not ctx:
+                raise InvalidArgument("init_attr.srq", "the SRQ belongs to another context")
+        cap = init_attr.cap
+        if not isinstance(cap, QPCap):
+            raise InvalidArgument("init_attr.cap", f"expected QPCap, got {type(cap).__name__}")
+        _uint(cap.max_send_wr, MAX_QP_WR, "init_attr.cap.max_send_wr")
+        _uint(cap.max_send_sge, MAX_SGE, "init_attr.cap.max_send_sge")
+        _uint(cap.max_inline_data, MAX_INLINE_DATA, "init_attr.cap.max_inline_data")
+        if srq is None:
+            _uint(cap.max_recv_wr, MAX_QP_WR, "init_attr.cap.max_recv_wr")
+            _uint(cap.max_recv_sge, MAX_SGE, "init_attr.cap.max_recv_sge")
+            max_recv_wr, max_recv_sge = cap.max_recv_wr, cap.max_recv_sge
+        else:
+            max_recv_wr = max_recv_sge = 0
+        runtime: Runtime = ctx.runtime
+        self.engine: Any = runtime.call(
+            EngineQP, ctx.port, qpt, pd, scq.push, rcq.push,
+            srq.engine if srq is not None else None,
+            cap.max_send_wr, max_recv_wr, cap.max_send_sge, max_recv_sge,
+            cap.max_inline_data, bool(init_attr.sq_sig_all))
+        parents: list[VerbsObject] = [pd, scq]
+        if rcq is not scq:
+            parents.append(rcq)
+        if srq is not None:
+            parents.append(srq)
+        self._depend_on(*parents)
+        self.pd = pd
+        self.ctx = ctx
+        self.scq = scq
+        self.rcq = rcq
+        self.srq = srq
+        self.qp_type = qpt
+        self.qp_context = init_attr.qp_context
+        self.sq_sig_all = int(bool(init_attr.sq_sig_all))
+        self.cap = QPCap(cap.max_send_wr, max_recv_wr, cap.max_send_sge, max_recv_sge,
+                         cap.max_inline_data)
+        self._runtime = runtime
+        self._port = ctx.port
+        self._max_send_sge = cap.max_send_sge
+        self._max_recv_sge = max_recv_sge
+        self._max_inline = cap.max_inline_data
+        ctx._register_owner(self.engine, self)
+        self._finalizer = weakref.finalize(self, _defer_destroy, runtime, self.engine)
+        if qp_attr is not None:
+            if qpt == UD:
+                self.to_rts(qp_attr)
+            else:
+                self.to_init(qp_attr)
+
+    # ---- attributes ---------------------------------------------------------------------------
+    @property
+    def qp_num(self) -> int:
+        return int(self.engine.qpn)
+
+    @property
+    def qp_state(self) -> int:
+        return int(self.engine.state)
+
+    # ---- modify --------------------------------------------------------------------------------
+    def modify(self, attr: QPAttr, attr_mask: int) -> None:
+        """``ibv_modify_qp``: change the attributes named by ``attr_mask``."""
+        self._check()
+        if not isinstance(attr, QPAttr):
+            raise InvalidArgument("qp_attr", f"expected QPAttr, got {type(attr).__name__}")
+        if not isinstance(attr_mask, int) or attr_mask < 0:
+            raise InvalidArgument("attr_mask", f"must be a non-negative int, got {attr_mask!r}")
+        if attr_mask & ~qp_rules.STANDARD_MASK:
+            raise NotSupported(f"attr_mask bits {attr_mask & ~qp_rules.STANDARD_MASK:#x} "
+                               "are not supported")
+        engine = self.engine
+
+        def _apply(now: float) -> None:
+            # under the engine lock: the state cannot change between check and apply
+            cur = int(engine.state)
+            if attr_mask & M.IBV_QP_CUR_STATE and attr.cur_qp_state != cur:
+                raise InvalidArgument("qp_attr.cur_qp_state",
+                                      f"{_state_name(attr.cur_qp_state)} but the QP is in "
+                                      f"{_state_name(cur)}")
+            new = attr.qp_state if attr_mask & M.IBV_QP_STATE else cur
+            if not isinstance(new, int) or not 0 <= new <= int(e.IBV_QPS_ERR):
+                raise InvalidArgument("qp_attr.qp_state", f"not a QP state: {new!r}")
+            if not qp_rules.modify_is_ok(cur, new, self.qp_type, attr_mask):
+                raise InvalidArgument("attr_mask", self._explain(cur, new, attr_mask))
+            attrs = self._check_attrs(attr, attr_mask)
+            attrs["qp_state"] = new
+            if attr_mask & M.IBV_QP_CUR_STATE:
+                attrs["cur_qp_state"] = cur
+            engine.modify(attrs, now)
+
+        self._runtime.call_now(_apply)
+
+    def _explain(self, cur: int, new: int, mask: int) -> str:
+        t = e.ibv_qp_type(self.qp_type).name.replace("IBV_QPT_", "")
+        tr = f"{_state_name(cur)}->{_state_name(new)}"
+        if mask & M.IBV_QP_CUR_STATE and cur not in (qp_rules.RTR, qp_rules.RTS, qp_rules.SQD,
+                                                       qp_rules.SQE):
+            return f"IBV_QP_CUR_STATE is not allowed from {_state_name(cur)}"
+        if qp_rules.rule_for(cur, new) is None:
+            return f"illegal transition {tr}"
+        req = qp_rules.required_mask(cur, new, self.qp_type)
+        opt = qp_rules.optional_mask(cur, new, self.qp_type)
+        missing = req & ~mask
+        if missing:
+            return f"{t} {tr} requires {_mask_names(missing)}"
+        extra = mask & ~(req | opt | int(M.IBV_QP_STATE))
+        return f"{t} {tr} does not allow {_mask_names(extra)}"
+
+    def _check_attrs(self, a: QPAttr, mask: int) -> dict[str, object]:
+        out: dict[str, object] = {}
+        if mask & M.IBV_QP_PORT:
+            if a.port_num != 1:
+                raise InvalidArgument("qp_attr.port_num", f"must be 1, got {a.port_num!r}")
+            out["port_num"] = 1
+        if mask & M.IBV_QP_PKEY_INDEX:
+            n = len(self._port.pkeys)
+            out["pkey_index"] = _uint(a.pkey_index, n - 1, "qp_attr.pkey_index")
+        if mask & M.IBV_QP_QKEY:
+            out["qkey"] = _uint(a.qkey, 0xFFFFFFFF, "qp_attr.qkey")
+        if mask & M.IBV_QP_AV:
+            if a.ah_attr is None:
+                raise InvalidArgument("qp_attr.ah_attr", "IBV_QP_AV given without ah_attr")
+            out["ah"] = address_vector(self.ctx, a.ah_attr, "qp_attr.ah_attr")
+        if mask & M.IBV_QP_ALT_PATH:
+            raise InvalidArgument("qp_attr.alt_ah_attr", "RoCE has no alternate path (APM is IB only)")
+        if mask & M.IBV_QP_PATH_MTU:
+            mtu = a.path_mtu
+            if mtu not in (1, 2, 3, 4, 5):
+                raise InvalidArgument("qp_attr.path_mtu", f"not an ibv_mtu value: {mtu!r}")
+            active = self.ctx.active_mtu
+            if mtu > active:
+                raise InvalidArgument("qp_attr.path_mtu", f"{128 << mtu} is above the port's "
+                                      f"active MTU {128 << active}")
+            out["path_mtu"] = mtu
+        if mask & M.IBV_QP_TIMEOUT:
+            out["timeout"] = _uint(a.timeout, 31, "qp_attr.timeout")
+        if mask & M.IBV_QP_RETRY_CNT:
+            out["retry_cnt"] = _uint(a.retry_cnt, 7, "qp_attr.retry_cnt")
+        if mask & M.IBV_QP_RNR_RETRY:
+            out["rnr_retry"] = _uint(a.rnr_retry, 7, "qp_attr.rnr_retry")
+        if mask & M.IBV_QP_MIN_RNR_TIMER:
+            out["min_rnr_timer"] = _uint(a.min_rnr_timer, 31, "qp_attr.min_rnr_timer")
+        if mask & M.IBV_QP_MAX_QP_RD_ATOMIC:
+            out["max_rd_atomic"] = _uint(a.max_rd_atomic, MAX_QP_RD_ATOM, "qp_attr.max_rd_atomic")
+        if mask & M.IBV_QP_MAX_DEST_RD_ATOMIC:
+            out["max_dest_rd_atomic"] = _uint(a.max_dest_rd_atomic, MAX_QP_RD_ATOM,
+                                              "qp_attr.max_dest_rd_atomic")
+        if mask & M.IBV_QP_RQ_PSN:
+            out["rq_psn"] = _uint(a.rq_psn, 0xFFFFFFFF, "qp_attr.rq_psn") & 0xFFFFFF
+        if mask & M.IBV_QP_SQ_PSN:
+            out["sq_psn"] = _uint(a.sq_psn, 0xFFFFFFFF, "qp_attr.sq_psn") & 0xFFFFFF
+        if mask & M.IBV_QP_DEST_QPN:
+            out["dest_qp_num"] = _uint(a.dest_qp_num, 0xFFFFFF, "qp_attr.dest_qp_num")
+        if mask & M.IBV_QP_ACCESS_FLAGS:
+            acc = a.qp_access_flags
+            if not isinstance(acc, int) or acc < 0 or acc & ~ACCESS_SUPPORTED:
+                raise InvalidArgument("qp_attr.qp_access_flags", f"unknown access flags {acc!r}")
+            out["access_flags"] = acc & _QP_ACCESS
+        if mask & M.IBV_QP_EN_SQD_ASYNC_NOTIFY:
+            out["en_sqd_async_notify"] = bool(a.en_sqd_async_notify)
+        if mask & M.IBV_QP_PATH_MIG_STATE:
+            _uint(a.path_mig_state, int(e.IBV_MIG_ARMED), "qp_attr.path_mig_state")
+        return out
+
+    def to_init(self, attr: QPAttr) -> None:
+        """RESET -> INIT with the attributes the QP type requires (pyverbs)."""
+        attr.qp_state = int(e.IBV_QPS_INIT)
+        self.modify(attr, qp_rules.required_mask(qp_rules.RESET, qp_rules.INIT, self.qp_type)
+                    | M.IBV_QP_STATE)
+
+    def to_rtr(self, attr: QPAttr) -> None:
+        """-> RTR (through INIT unless already there), required attributes only (pyverbs)."""
+        if self.qp_state != e.IBV_QPS_INIT:
+            self.to_init(attr)
+        attr.qp_state = int(e.IBV_QPS_RTR)
+        self.modify(attr, qp_rules.required_mask(qp_rules.INIT, qp_rules.RTR, self.qp_type)
+                    | M.IBV_QP_STATE)
+
+    def to_rts(self, attr: QPAttr) -> None:
+        """-> RTS (through INIT and RTR unless already in RTR), required attributes only."""
+        if self.qp_state != e.IBV_QPS_RTR:
+            self.to_rtr(attr)
+        attr.qp_state = int(e.IBV_QPS_RTS)
+        self.modify(attr, qp_rules.required_mask(qp_rules.RTR, qp_rules.RTS, self.qp_type)
+                    | M.IBV_QP_STATE)
+
+    def query(self, attr_mask: int = 0) -> tuple[QPAttr, QPInitAttr]:
+        """``ibv_query_qp``: the current attributes (all of them, as rxe) and init attrs."""
+        self._check()
+        with self._runtime.lock:
+            q = dict(self.engine.query())
+            state = int(self.engine.state)
+        attr = QPAttr(qp_state=state, cur_qp_state=state, port_num=int(q.get("port_num", 1) or 1),
+                      path_mtu=int(q.get("path_mtu", 1) or 1))
+        for key, field in (("qkey", "qkey"), ("rq_psn", "rq_psn"), ("sq_psn", "sq_psn"),
+                           ("dest_qp_num", "dest_qp_num"), ("access_flags", "qp_access_flags"),
+                           ("pkey_index", "pkey_index"), ("max_rd_atomic", "max_rd_atomic"),
+                           ("max_dest_rd_atomic", "max_dest_rd_atomic"),
+                           ("min_rnr_timer", "min_rnr_timer"), ("timeout", "timeout"),
+                           ("retry_cnt", "retry_cnt"), ("rnr_retry", "rnr_retry"),
+                           ("en_sqd_async_notify", "en_sqd_async_notify")):
+            v = q.get(key)
+            if v is not None:
+                setattr(attr, field, int(v))
+        av = q.get("ah")
+        if av is not None:
+            attr.ah_attr = AHAttr(port_num=1, is_global=1, sl=int(getattr(av, "sl", 0)),
+                                  gr=GlobalRoute(GID(av.dgid), flow_label=av.flow_label,
+                                                 sgid_index=av.sgid_index, hop_limit=av.hop_limit,
+                                                 traffic_class=av.traffic_class))
+        cap = self.cap
+        c = q.get("cap")
+        if isinstance(c, tuple) and len(c) == 5:
+            cap = QPCap(*(int(x) for x in c))
+        attr.cap = QPCap(cap.max_send_wr, cap.max_recv_wr, cap.max_send_sge, cap.max_recv_sge,
+                         cap.max_inline_data)
+        init = QPInitAttr(self.qp_type, self.qp_context, self.scq, self.rcq, self.srq,
+                          QPCap(cap.max_send_wr, cap.max_recv_wr, cap.max_send_sge,
+                                cap.max_recv_sge, cap.max_inline_data), self.sq_sig_all)
+        return attr, init
+
+    # ---- work requests ----------------------------------------------------------------------------
+    def post_send(self, wr: SendWR | list[SendWR]) -> None:
+        """``ibv_post_send``: validate and post; the WRs before a bad one stay posted."""
+        if self._closed:
+            self._check()
+        if type(wr) is SendWR and wr.wr_next is None:
+            wqes = [build_send_wqe(wr, self.qp_type, self._max_send_sge, self._max_inline,
+                                   self._port, self.pd)]
+            self._runtime.post_send(self.engine, wqes)
+            return
+        wqes = []
+        err: Exception | None = None
+        for w in chain(wr):
+            try:
+                wqes.append(build_send_wqe(w, self.qp_type, self._max_send_sge,
+                                           self._max_inline, self._port, self.pd))
+            except (InvalidArgument, NotSupported) as exc:
+                err = exc
+                break
+        if wqes:
+            self._runtime.post_send(self.engine, wqes)
+        if err is not None:
+            raise err
+
+    def post_recv(self, wr: RecvWR | list[RecvWR]) -> None:
+        """``ibv_post_recv``; EINVAL on a QP that uses an SRQ (rxe)."""
+        self._check()
+        if self.srq is not None:
+            raise InvalidArgument("qp", "this QP takes receives from its SRQ (post to the SRQ)")
+        wqes = []
+        err: Exception | None = None
+        for w in chain(wr):
+            try:
+                wqes.append(build_recv_wqe(w, self._max_recv_sge))
+            except InvalidArgument as exc:
+                err = exc
+                break
+        if wqes:
+            post = self.engine.post_recv
+
+            def _post() -> None:
+                for q in wqes:
+                    post(q)
+
+            self._runtime.call(_post)
+        if err is not None:
+            raise err
+
+    # ---- multicast -----------------------------------------------------------------------------------
+    def _mgid(self, gid: GID | str | bytes) -> bytes:
+        if self.qp_type != UD:
+            raise InvalidArgument("qp", "only UD QPs attach to multicast groups (IBA 10.5.2)")
+        raw = GID(gid).raw
+        v4 = raw[:12] == b"\0" * 10 + b"\xff\xff"
+        if not ((v4 and 224 <= raw[12] <= 239) or (not v4 and raw[0] == 0xFF)):
+            raise InvalidArgument("gid", f"{GID(raw)} is not a multicast GID")
+        return raw
+
+    def attach_mcast(self, gid: GID | str | bytes, lid: int = 0) -> None:
+        """``ibv_attach_mcast``; a shared device also asks its devd for the group."""
+        self._check()
+        mgid = self._mgid(gid)
+        port = self._port
+        join = getattr(self._runtime.link, "attach_mcast", None)
+
+        def _attach() -> None:
+            first = mgid not in port.mcast
+            if first and join is not None:
+                join(mgid)
+            self.engine.attach_mcast(mgid)
+
+        self._runtime.call(_attach)
+
+    def detach_mcast(self, gid: GID | str | bytes, lid: int = 0) -> None:
+        """``ibv_detach_mcast``; the devd group is left with the process's last member."""
+        self._check()
+        mgid = self._mgid(gid)
+        port = self._port
+        leave = getattr(self._runtime.link, "detach_mcast", None)
+
+        def _detach() -> None:
+            members = port.mcast.get(mgid)
+            if members is None or self.engine not in members:
+                raise InvalidArgument("gid", f"QP {self.qp_num:#x} is not attached to {GID(mgid)}")
+            self.engine.detach_mcast(mgid)
+            if mgid not in port.mcast and leave is not None:
+                leave(mgid)
+
+        self._runtime.call(_detach)
+
+    # ---- lifetime --------------------------------------------------------------------------------------
+    def _release(self) -> None:
+        self._finalizer.detach()
+        self.ctx._unregister_owner(self.engine)
+        rt = self._runtime
+        if rt.closed:
+            self.engine.destroy()
+            return
+        port = self._port
+        engine = self.engine
+        leave = getattr(rt.link, "detach_mcast", None)
+
+        def _destroy() -> None:
+            groups = [g for g, members in port.mcast.items() if engine in members]
+            engine.destroy()
+            for g in groups:
+                if not port.mcast.get(g):
+                    port.mcast.pop(g, None)
+                    if leave is not None:
+                        leave(g)
+
+        rt.call(_destroy)
+
+    def __repr__(self) -> str:
+        t = e.ibv_qp_type(self.qp_type).name.replace("IBV_QPT_", "")
+        return f"<QP {t} qpn={self.engine.qpn:#x} state={_state_name(self.engine.state)}>"
+
+
+def _defer_destroy(runtime: Runtime, engine: Any) -> None:
+    if runtime.closed:
+        engine.destroy()
+    else:
+        runtime.defer(engine.destroy)

@@ -1,0 +1,126 @@
+"""Shared receive queues (IBA 10.2.9; ``ibv_create_srq``).
+
+Checks as rxe ``rxe_srq_chk_attr``: ``max_wr`` 1..max_srq_wr, ``max_sge`` 1..max_srq_sge,
+``srq_limit`` <= ``max_wr``; a resize may not shrink below the WQEs queued (EINVAL).
+When the queue drops below a non-zero limit the engine raises
+``IBV_EVENT_SRQ_LIMIT_REACHED`` once and disarms the limit (IBA 10.2.9.6).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import enums as e
+from ..errors import InvalidArgument
+from ._object import VerbsObject
+from .device import MAX_SRQ_SGE, MAX_SRQ_WR
+from .pd import PD
+from .wr import RecvWR, build_recv_wqe, chain
+
+__all__ = ["SrqAttr", "SrqInitAttr", "SRQ"]
+
+
+class SrqAttr:
+    """``struct ibv_srq_attr``."""
+
+    __slots__ = ("max_wr", "max_sge", "srq_limit")
+
+    def __init__(self, max_wr: int = 100, max_sge: int = 1, srq_limit: int = 0) -> None:
+        self.max_wr = max_wr
+        self.max_sge = max_sge
+        self.srq_limit = srq_limit
+
+    def __repr__(self) -> str:
+        return f"SrqAttr(max_wr={self.max_wr}, max_sge={self.max_sge}, srq_limit={self.srq_limit})"
+
+
+class SrqInitAttr:
+    """``struct ibv_srq_init_attr``."""
+
+    __slots__ = ("attr", "srq_context")
+
+    def __init__(self, attr: SrqAttr | None = None, srq_context: Any = None) -> None:
+        self.attr = attr if attr is not None else SrqAttr()
+        self.srq_context = srq_context
+
+
+def _check_count(value: Any, lo: int, hi: int, argument: str) -> int:
+    if not isinstance(value, int) or not lo <= value <= hi:
+        raise InvalidArgument(argument, f"must be {lo}..{hi}, got {value!r}")
+    return value
+
+
+class SRQ(VerbsObject):
+    """A shared receive queue of ``pd``; QPs created with it close when it closes."""
+
+    _close_rank = 3
+
+    def __init__(self, pd: PD, init_attr: SrqInitAttr) -> None:
+        super().__init__()
+        from ..ib.qp import EngineSRQ  # noqa: PLC0415 - the engine module
+
+        if not isinstance(pd, PD):
+            raise InvalidArgument("pd", f"expected a PD, got {type(pd).__name__}")
+        pd._check()
+        if not isinstance(init_attr, SrqInitAttr):
+            raise InvalidArgument("init_attr", f"expected SrqInitAttr, got {type(init_attr).__name__}")
+        a = init_attr.attr
+        max_wr = _check_count(a.max_wr, 1, MAX_SRQ_WR, "attr.max_wr")
+        max_sge = _check_count(a.max_sge, 1, MAX_SRQ_SGE, "attr.max_sge")
+        limit = _check_count(a.srq_limit, 0, max_wr, "attr.srq_limit")
+        ctx = pd.ctx
+        self._runtime = ctx.runtime
+        self.engine = ctx.runtime.call(EngineSRQ, ctx.port, pd, max_wr, max_sge, limit)
+        self._depend_on(pd)
+        self.pd = pd
+        self.ctx = ctx
+        self.srq_context = init_attr.srq_context
+        ctx._register_owner(self.engine, self)
+
+    def post_recv(self, wr: RecvWR | list[RecvWR]) -> None:
+        """Post receive WRs (``ibv_post_srq_recv``); ResourceError when full."""
+        self._check()
+        wrs = chain(wr)
+        max_sge = self.engine.max_sge
+        wqes = []
+        err: Exception | None = None
+        for w in wrs:
+            try:
+                wqes.append(build_recv_wqe(w, max_sge))
+            except InvalidArgument as exc:
+                err = exc
+                break
+        post = self.engine.post_recv
+
+        def _post() -> None:
+            for q in wqes:
+                post(q)
+
+        self._runtime.call(_post)
+        if err is not None:
+            raise err
+
+    def modify(self, attr: SrqAttr, attr_mask: int) -> None:
+        """Resize (IBV_SRQ_MAX_WR) and/or arm the limit (IBV_SRQ_LIMIT)."""
+        self._check()
+        if not isinstance(attr_mask, int) or attr_mask & ~int(e.IBV_SRQ_MAX_WR | e.IBV_SRQ_LIMIT):
+            raise InvalidArgument("attr_mask", f"unknown SRQ attribute bits {attr_mask!r}")
+        max_wr: int | None = None
+        limit: int | None = None
+        cur_max = self.engine.max_wr
+        if attr_mask & e.IBV_SRQ_MAX_WR:
+            max_wr = _check_count(attr.max_wr, 1, MAX_SRQ_WR, "attr.max_wr")
+            if max_wr < len(self.engine):
+                raise InvalidArgument("attr.max_wr", f"{max_wr} < {len(self.engine)} queued WQEs")
+            cur_max = max_wr
+        if attr_mask & e.IBV_SRQ_LIMIT:
+            limit = _check_count(attr.srq_limit, 0, cur_max, "attr.srq_limit")
+        self._runtime.call(self.engine.modify, max_wr, limit)
+
+    def query(self) -> SrqAttr:
+        self._check()
+        s = self.engine
+        return SrqAttr(s.max_wr, s.max_sge, s.srq_limit)
+
+    def _release(self) -> None:
+        self.ctx._unregister_owner(self.engine)

@@ -1,0 +1,304 @@
+"""Work requests: SGE, SendWR, RecvWR and their validation into engine WQEs (IBA 10.8, 11.4.1).
+
+Post-time checks are rxe's (``rxe_verbs.c`` ``rxe_post_send_kernel``/``validate_send_wr``,
+``post_one_recv``; ``rxe_opcode.c`` ``rxe_wr_opcode_info``), all EINVAL:
+
+* the opcode must be valid for the QP type (UD: SEND and SEND_WITH_IMM; UC: no READ and
+  no atomics; RC: all that softrdma implements); MW binding and ATOMIC_WRITE are
+  valid verbs softrdma does not implement (EOPNOTSUPP);
+* IBV_SEND_INLINE only with SEND*/RDMA_WRITE*, and at most ``max_inline_data`` bytes;
+* at most ``max_send_sge`` / ``max_recv_sge`` SGEs;
+* atomics need >= 8 bytes of local buffer and an 8-byte aligned remote address;
+* UD needs an address handle of the QP's PD.
+
+An unknown or out-of-range *lkey* is not checked here: as in rxe it completes the WR with
+``IBV_WC_LOC_PROT_ERR`` when the engine reaches it (IBA 10.6.3.1, C10-...: a local
+protection violation is a completion error, not a posting error).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .. import enums as e
+from ..errors import InvalidArgument, NotSupported
+from ..ib.types import SGE as _EngineSGE
+from ..ib.types import RecvWQE, SendWQE
+
+if TYPE_CHECKING:
+    from ..ib.port import Port
+
+__all__ = ["SGE", "SendWR", "RecvWR", "build_send_wqe", "build_recv_wqe", "chain",
+           "QPT_OPCODES", "INLINE_OPCODES"]
+
+_U32 = 0xFFFFFFFF
+_U64 = 0xFFFFFFFFFFFFFFFF
+
+RC, UC, UD = int(e.IBV_QPT_RC), int(e.IBV_QPT_UC), int(e.IBV_QPT_UD)
+_W = e.ibv_wr_opcode
+
+#: Opcodes each QP type accepts (rxe_wr_opcode_info restricted to what the engine runs).
+QPT_OPCODES: dict[int, frozenset[int]] = {
+    RC: frozenset(int(o) for o in (
+        _W.IBV_WR_RDMA_WRITE, _W.IBV_WR_RDMA_WRITE_WITH_IMM, _W.IBV_WR_SEND,
+        _W.IBV_WR_SEND_WITH_IMM, _W.IBV_WR_RDMA_READ, _W.IBV_WR_ATOMIC_CMP_AND_SWP,
+        _W.IBV_WR_ATOMIC_FETCH_AND_ADD, _W.IBV_WR_SEND_WITH_INV, _W.IBV_WR_LOCAL_INV)),
+    UC: frozenset(int(o) for o in (
+        _W.IBV_WR_RDMA_WRITE, _W.IBV_WR_RDMA_WRITE_WITH_IMM, _W.IBV_WR_SEND,
+        _W.IBV_WR_SEND_WITH_IMM, _W.IBV_WR_SEND_WITH_INV)),
+    UD: frozenset(int(o) for o in (_W.IBV_WR_SEND, _W.IBV_WR_SEND_WITH_IMM)),
+}
+#: Opcodes that may carry IBV_SEND_INLINE (WR_INLINE_MASK).
+INLINE_OPCODES = frozenset(int(o) for o in (
+    _W.IBV_WR_RDMA_WRITE, _W.IBV_WR_RDMA_WRITE_WITH_IMM, _W.IBV_WR_SEND,
+    _W.IBV_WR_SEND_WITH_IMM, _W.IBV_WR_SEND_WITH_INV))
+_NOT_IMPLEMENTED = frozenset(int(o) for o in (_W.IBV_WR_BIND_MW, _W.IBV_WR_ATOMIC_WRITE))
+_ATOMICS = frozenset(int(o) for o in (_W.IBV_WR_ATOMIC_CMP_AND_SWP, _W.IBV_WR_ATOMIC_FETCH_AND_ADD))
+_RDMA = frozenset(int(o) for o in (_W.IBV_WR_RDMA_WRITE, _W.IBV_WR_RDMA_WRITE_WITH_IMM,
+                                   _W.IBV_WR_RDMA_READ))
+_IMM = frozenset(int(o) for o in (_W.IBV_WR_RDMA_WRITE_WITH_IMM, _W.IBV_WR_SEND_WITH_IMM))
+_INV = frozenset(int(o) for o in (_W.IBV_WR_SEND_WITH_INV, _W.IBV_WR_LOCAL_INV))
+_INLINE_FLAG = int(e.IBV_SEND_INLINE)
+_SEND_FLAGS = int(e.IBV_SEND_FENCE | e.IBV_SEND_SIGNALED | e.IBV_SEND_SOLICITED
+                  | e.IBV_SEND_INLINE | e.IBV_SEND_IP_CSUM)
+
+
+class SGE(_EngineSGE):
+    """A scatter/gather element ``(addr, length, lkey)`` (``struct ibv_sge``)."""
+
+    __slots__ = ()
+
+    def __init__(self, addr: int = 0, length: int = 0, lkey: int = 0) -> None:
+        if not isinstance(addr, int) or not 0 <= addr <= _U64:
+            raise InvalidArgument("sge.addr", f"must be a 64-bit address, got {addr!r}")
+        if not isinstance(length, int) or not 0 <= length <= _U32:
+            raise InvalidArgument("sge.length", f"must be a 32-bit length, got {length!r}")
+        if not isinstance(lkey, int) or not 0 <= lkey <= _U32:
+            raise InvalidArgument("sge.lkey", f"must be a 32-bit key, got {lkey!r}")
+        super().__init__(addr, length, lkey)
+
+
+def _take_sges(sg: list[Any] | None, num_sge: int, argument: str) -> list[Any]:
+    sg = list(sg) if sg is not None else []
+    if not isinstance(num_sge, int) or num_sge < 0:
+        raise InvalidArgument(f"{argument}.num_sge", f"must be >= 0, got {num_sge!r}")
+    if num_sge == 0:
+        num_sge = len(sg)  # convenience: sg given without num_sge uses all of it
+    if num_sge > len(sg):
+        raise InvalidArgument(f"{argument}.num_sge", f"{num_sge} > len(sg) = {len(sg)}")
+    for s in sg[:num_sge]:
+        if not isinstance(s, _EngineSGE):
+            raise InvalidArgument(f"{argument}.sg", f"expected SGE, got {type(s).__name__}")
+    return sg[:num_sge]
+
+
+class SendWR:
+    """A send work request (``struct ibv_send_wr``; pyverbs ``SendWR``)."""
+
+    __slots__ = ("wr_id", "wr_next", "sg", "opcode", "send_flags", "imm_data",
+                 "invalidate_rkey", "remote_addr", "rkey", "compare_add", "swap", "ah",
+                 "remote_qpn", "remote_qkey", "inline_data")
+
+    def __init__(self, wr_id: int = 0, wr_next: SendWR | None = None, num_sge: int = 0,
+                 sg: list[Any] | None = None, opcode: int = int(e.IBV_WR_SEND),
+                 send_flags: int = int(e.IBV_SEND_SIGNALED)) -> None:
+        self.wr_id = wr_id
+        self.wr_next = wr_next
+        self.sg: list[Any] = _take_sges(sg, num_sge, "wr")
+        self.opcode = opcode
+        self.send_flags = send_flags
+        self.imm_data = 0
+        self.invalidate_rkey = 0
+        self.remote_addr = 0
+        self.rkey = 0
+        self.compare_add = 0
+        self.swap = 0
+        self.ah: Any = None
+        self.remote_qpn = 0
+        self.remote_qkey = 0
+        self.inline_data: bytes | None = None
+
+    @property
+    def num_sge(self) -> int:
+        return len(self.sg)
+
+    @property
+    def sg_list(self) -> list[Any]:
+        return self.sg
+
+    def set_wr_rdma(self, rkey: int, addr: int) -> None:
+        """Remote key and address of an RDMA READ/WRITE."""
+        self.rkey = rkey
+        self.remote_addr = addr
+
+    def set_wr_atomic(self, rkey: int, addr: int, compare_add: int, swap: int = 0) -> None:
+        """Remote key and address, compare/add and swap operands of an atomic."""
+        self.rkey = rkey
+        self.remote_addr = addr
+        self.compare_add = compare_add
+        self.swap = swap
+
+    def set_wr_ud(self, ah: Any, rqpn: int, rqkey: int) -> None:
+        """Address handle, remote QPN and Q_Key of a UD send."""
+        self.ah = ah
+        self.remote_qpn = rqpn
+        self.remote_qkey = rqkey
+
+    def set_inline_data(self, data: bytes | bytearray | memoryview) -> None:
+        """Send ``data`` inline (copied now; sets IBV_SEND_INLINE). Not in pyverbs."""
+        self.inline_data = bytes(data)
+        self.send_flags |= _INLINE_FLAG
+
+    def __repr__(self) -> str:
+        return (f"SendWR(wr_id={self.wr_id}, opcode={self.opcode}, send_flags={self.send_flags:#x}, "
+                f"sg={self.sg!r})")
+
+
+class RecvWR:
+    """A receive work request (``struct ibv_recv_wr``; pyverbs ``RecvWR``)."""
+
+    __slots__ = ("wr_id", "sg", "wr_next")
+
+    def __init__(self, wr_id: int = 0, num_sge: int = 0, sg: list[Any] | None = None,
+                 wr_next: RecvWR | None = None) -> None:
+        self.wr_id = wr_id
+        self.sg: list[Any] = _take_sges(sg, num_sge, "wr")
+        self.wr_next = wr_next
+
+    @property
+    def num_sge(self) -> int:
+        return len(self.sg)
+
+    @property
+    def sg_list(self) -> list[Any]:
+        return self.sg
+
+    def __repr__(self) -> str:
+        return f"RecvWR(wr_id={self.wr_id}, sg={self.sg!r})"
+
+
+def chain(wrs: Any) -> list[Any]:
+    """A WR, a list of WRs, or a ``wr_next`` chain as a flat list (posting order)."""
+    out: list[Any] = []
+    items = wrs if isinstance(wrs, (list, tuple)) else (wrs,)
+    for w in items:
+        seen = 0
+        while w is not None:
+            out.append(w)
+            w = w.wr_next
+            seen += 1
+            if seen > 1 << 20:
+                raise InvalidArgument("wr.wr_next", "the wr_next chain loops")
+    return out
+
+
+def _gather_inline(port: Port, sg: list[Any]) -> bytes:
+    """The bytes an inline send copies from its SGEs (looked up by lkey, else by address)."""
+    out = bytearray()
+    for s in sg:
+        mr = port.lookup_mr(s.lkey)
+        off = mr.offset_of(s.addr, s.length) if mr is not None and mr.valid else -1
+        if off < 0:
+            mr = None
+            for cand in port.mrs.values():
+                if cand.valid and not cand.zero_based:
+                    o = cand.offset_of(s.addr, s.length)
+                    if o >= 0:
+                        mr, off = cand, o
+                        break
+        if mr is None:
+            raise InvalidArgument("wr.sg", f"inline data at {s.addr:#x}+{s.length} is not "
+                                  "inside a registered buffer")
+        out += mr.buf[off:off + s.length]
+    return bytes(out)
+
+
+def build_send_wqe(wr: SendWR, qp_type: int, max_send_sge: int, max_inline: int, port: Port,
+                   pd: Any) -> SendWQE:
+    """Validate ``wr`` for a QP and turn it into the engine's :class:`SendWQE`."""
+    if not isinstance(wr, SendWR):
+        raise InvalidArgument("wr", f"expected SendWR, got {type(wr).__name__}")
+    opcode = wr.opcode
+    flags = wr.send_flags
+    if opcode not in QPT_OPCODES[qp_type]:
+        if opcode in _NOT_IMPLEMENTED:
+            raise NotSupported(f"wr.opcode {opcode}: not implemented by softrdma")
+        raise InvalidArgument("wr.opcode", f"opcode {opcode!r} is not valid on a "
+                              f"{e.ibv_qp_type(qp_type).name} QP")
+    if not isinstance(flags, int) or flags & ~_SEND_FLAGS or flags < 0:
+        raise InvalidArgument("wr.send_flags", f"unknown send flags {flags!r}")
+    sg = wr.sg
+    if len(sg) > max_send_sge:
+        raise InvalidArgument("wr.num_sge", f"{len(sg)} SGEs > max_send_sge {max_send_sge}")
+    length = 0
+    for s in sg:
+        length += s.length
+    inline: bytes | None = None
+    if flags & _INLINE_FLAG:
+        if opcode not in INLINE_OPCODES:
+            raise InvalidArgument("wr.send_flags", "IBV_SEND_INLINE is only valid with SEND "
+                                  "and RDMA_WRITE opcodes")
+        inline = wr.inline_data if wr.inline_data is not None else _gather_inline(port, sg)
+        if len(inline) > max_inline:
+            raise InvalidArgument("wr.sg", f"{len(inline)} inline bytes > max_inline_data {max_inline}")
+        sg_copy: list[_EngineSGE] = []
+    else:
+        sg_copy = [_EngineSGE(s.addr, s.length, s.lkey) for s in sg]
+    wqe = SendWQE(wr.wr_id, opcode, flags, sg_copy, inline_data=inline)
+    if opcode in _IMM:
+        imm = wr.imm_data
+        if not isinstance(imm, int) or not 0 <= imm <= _U32:
+            raise InvalidArgument("wr.imm_data", f"must be a 32-bit value, got {imm!r}")
+        wqe.imm_data = imm
+    if opcode in _RDMA or opcode in _ATOMICS:
+        addr, rkey = wr.remote_addr, wr.rkey
+        if not isinstance(addr, int) or not 0 <= addr <= _U64:
+            raise InvalidArgument("wr.remote_addr", f"must be a 64-bit address, got {addr!r}")
+        if not isinstance(rkey, int) or not 0 <= rkey <= _U32:
+            raise InvalidArgument("wr.rkey", f"must be a 32-bit key, got {rkey!r}")
+        wqe.remote_addr = addr
+        wqe.rkey = rkey
+        if opcode in _ATOMICS:
+            if length < 8:
+                raise InvalidArgument("wr.sg", f"an atomic needs 8 bytes of local buffer, got {length}")
+            if addr & 7:
+                raise InvalidArgument("wr.remote_addr", f"atomic address {addr:#x} is not 8-byte aligned")
+            for name in ("compare_add", "swap"):
+                v = getattr(wr, name)
+                if not isinstance(v, int) or not 0 <= v <= _U64:
+                    raise InvalidArgument(f"wr.{name}", f"must be a 64-bit value, got {v!r}")
+            wqe.compare_add = wr.compare_add
+            wqe.swap = wr.swap
+    elif opcode in _INV:
+        inv = wr.invalidate_rkey
+        if not isinstance(inv, int) or not 0 <= inv <= _U32:
+            raise InvalidArgument("wr.invalidate_rkey", f"must be a 32-bit key, got {inv!r}")
+        wqe.invalidate_rkey = inv
+    if qp_type == UD:
+        ah = wr.ah
+        av = getattr(ah, "av", None)
+        if ah is None or av is None:
+            raise InvalidArgument("wr.ah", "a UD send needs an address handle (set_wr_ud)")
+        if getattr(ah, "closed", False):
+            raise InvalidArgument("wr.ah", "the address handle is closed")
+        if getattr(ah, "pd", pd) is not pd:
+            raise InvalidArgument("wr.ah", "the address handle belongs to another PD")
+        rqpn, rqkey = wr.remote_qpn, wr.remote_qkey
+        if not isinstance(rqpn, int) or not 0 <= rqpn <= 0xFFFFFF:
+            raise InvalidArgument("wr.remote_qpn", f"must be a 24-bit QPN, got {rqpn!r}")
+        if not isinstance(rqkey, int) or not 0 <= rqkey <= _U32:
+            raise InvalidArgument("wr.remote_qkey", f"must be a 32-bit Q_Key, got {rqkey!r}")
+        wqe.ah = av
+        wqe.remote_qpn = rqpn
+        wqe.remote_qkey = rqkey
+    return wqe
+
+
+def build_recv_wqe(wr: RecvWR, max_recv_sge: int) -> RecvWQE:
+    """Validate ``wr`` against ``max_recv_sge`` and build the engine's :class:`RecvWQE`."""
+    if not isinstance(wr, RecvWR):
+        raise InvalidArgument("wr", f"expected RecvWR, got {type(wr).__name__}")
+    sg = wr.sg
+    if len(sg) > max_recv_sge:
+        raise InvalidArgument("wr.num_sge", f"{len(sg)} SGEs > max_recv_sge {max_recv_sge}")
+    return RecvWQE(wr.wr_id, [_EngineSGE(s.addr, s.length, s.lkey) for s in sg])

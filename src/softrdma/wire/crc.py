@@ -1,0 +1,80 @@
+"""CRC-32 (the RoCE ICRC, roce.md §2) and CRC-32C (the MPA FPDU CRC, RFC 5044 §8).
+
+* :func:`crc32` is the ISO-HDLC CRC-32 (reflected polynomial 0xEDB88320, init and final
+  XOR 0xFFFFFFFF), bit-identical to :func:`zlib.crc32`; it uses ISA-L
+  (``isal.isal_zlib.crc32``) when available and :mod:`zlib` otherwise.
+* :func:`crc32c` is CRC-32C (Castagnoli, reflected polynomial 0x82F63B78, RFC 3385,
+  RFC 5044 §8.2 / Appendix); it uses the ``crc32c`` package (hardware accelerated) and
+  falls back to a pure-Python table-driven implementation.
+
+Both take any bytes-like object (bytes, bytearray, memoryview) and a running ``value``
+from a previous call, so a CRC over several buffers needs no concatenation:
+``crc32(b, crc32(a)) == crc32(a + b)``.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+
+Buffer = bytes | bytearray | memoryview
+
+__all__ = ["Buffer", "crc32", "crc32c", "crc32c_py", "CRC32_IMPL", "CRC32C_IMPL"]
+
+_Crc = Callable[[Buffer, int], int]
+
+_crc32_impl: _Crc
+try:
+    from isal import isal_zlib as _isal_zlib
+
+    _crc32_impl = _isal_zlib.crc32
+    CRC32_IMPL = "isal"
+except ImportError:  # pragma: no cover - isal is a declared dependency
+    _crc32_impl = zlib.crc32
+    CRC32_IMPL = "zlib"
+
+
+def crc32(data: Buffer, value: int = 0) -> int:
+    """CRC-32 of ``data`` continuing from ``value`` (as :func:`zlib.crc32`)."""
+    return _crc32_impl(data, value) & 0xFFFFFFFF
+
+
+def _make_table(poly: int) -> tuple[int, ...]:
+    table = []
+    for n in range(256):
+        c = n
+        for _ in range(8):
+            c = (c >> 1) ^ poly if c & 1 else c >> 1
+        table.append(c)
+    return tuple(table)
+
+
+_CRC32C_TABLE = _make_table(0x82F63B78)
+
+
+def crc32c_py(data: Buffer, value: int = 0) -> int:
+    """Pure-Python CRC-32C (table driven, a byte at a time): the fallback and test oracle."""
+    table = _CRC32C_TABLE
+    c = (value & 0xFFFFFFFF) ^ 0xFFFFFFFF
+    for b in memoryview(data).cast("B"):
+        c = table[(c ^ b) & 0xFF] ^ (c >> 8)
+    return c ^ 0xFFFFFFFF
+
+
+_crc32c_impl: _Crc
+try:
+    import crc32c as _crc32c_mod
+
+    def _crc32c_pkg(data: Buffer, value: int) -> int:
+        return int(_crc32c_mod.crc32c(data, value))
+
+    _crc32c_impl = _crc32c_pkg
+    CRC32C_IMPL = "crc32c"
+except ImportError:  # pragma: no cover - crc32c is a declared dependency
+    _crc32c_impl = crc32c_py
+    CRC32C_IMPL = "python"
+
+
+def crc32c(data: Buffer, value: int = 0) -> int:
+    """CRC-32C of ``data`` continuing from ``value`` (RFC 3385 / RFC 5044 §8)."""
+    return _crc32c_impl(data, value) & 0xFFFFFFFF
