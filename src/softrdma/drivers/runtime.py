@@ -53,6 +53,7 @@ _IP6_HDR = struct.Struct("!IHBB16s16s")
 _ICRC = struct.Struct("<I")
 _ZERO20 = bytes(20)
 _MAX_IDLE_WAIT = 0.01  # the progress thread re-checks timers at least this often (s)
+_POLL_GRACE = 0.005  # the progress thread stands back this long after an application poll (s)
 
 
 def gid_to_ip(gid: bytes) -> bytes:
@@ -147,6 +148,8 @@ class Runtime:
         self.batch = batch
         self.udp_port = udp_port  # the destination port of every packet (the device's)
         self.lock = threading.Lock()
+        self.last_poll = 0.0
+        self._kick = threading.Event()
         self._vclock: Any = None
         if clock is None:
             vclock = getattr(link, "clock", None)
@@ -186,7 +189,7 @@ class Runtime:
             try:
                 return fn(*args)
             finally:
-                self._after_locked()
+                self._after_locked(acks=False)
 
     def call_now(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Like :meth:`call` with the current time appended to the arguments."""
@@ -251,7 +254,13 @@ class Runtime:
                 return n
 
     def progress_nonblocking(self) -> int:
-        """One progress step if the lock is free (busy-polling ``cq.poll`` calls this)."""
+        """One progress step if the lock is free (busy-polling ``cq.poll`` calls this).
+
+        While an application busy-polls, the progress thread stands back (it stops
+        watching the socket for ``_POLL_GRACE`` seconds after the last poll), so the two
+        threads do not fight over the GIL on every packet.
+        """
+        self.last_poll = time.monotonic()
         lock = self.lock
         if not lock.acquire(False):
             # The progress thread holds the lock: give it the GIL now rather than spin
@@ -260,10 +269,20 @@ class Runtime:
             return 0
         try:
             n = self._poll_rx_locked()
-            self._after_locked()
+            # New packets: let the application see their completions before the ACKs
+            # go out (they leave at the next idle poll, after the application's next
+            # post_send, or from the progress thread): the ACK is off the critical path
+            # of a request/response exchange (IBA 9.7.5.1.1 lets a responder coalesce).
+            self._after_locked(acks=not n)
             return n
         finally:
             lock.release()
+
+    def kick(self) -> None:
+        """The application stops busy-polling (it is about to block): the progress thread
+        resumes watching the link at once."""
+        self.last_poll = 0.0
+        self._kick.set()
 
     def _progress_locked(self) -> int:
         with self.lock:
@@ -286,9 +305,11 @@ class Runtime:
             self.lock.release()
         self._rx_event.set()
 
-    def _after_locked(self) -> None:
+    def _after_locked(self, acks: bool = True) -> None:
         """Housekeeping at the end of every locked operation: deferred work, late
-        receives, due timers, transmit, virtual-clock timer scheduling."""
+        receives, due timers, transmit, virtual-clock timer scheduling.
+
+        ``acks=False`` transmits everything but the coalesced ACKs, which stay pending."""
         port = self.port
         for _ in range(64):
             while self._deferred:
@@ -299,9 +320,9 @@ class Runtime:
             d = port.next_deadline()
             if d is not None and d <= self.now():
                 port.on_timer(self.now())
-            if port.tx or port.ack_pending:
-                self._flush_tx_locked()
-            if not (self._pending or self._deferred or port.tx or port.ack_pending):
+            if port.tx or (acks and port.ack_pending):
+                self._flush_tx_locked(acks)
+            if not (self._pending or self._deferred or port.tx or (acks and port.ack_pending)):
                 break
         if self._vclock is not None:
             self._schedule_vtimer(port.next_deadline())
@@ -341,11 +362,11 @@ class Runtime:
             self._gid_ip[bytes(gid)] = ip
         return ip
 
-    def _flush_tx_locked(self) -> int:
+    def _flush_tx_locked(self, acks: bool = True) -> int:
         port = self.port
-        if not (port.tx or port.ack_pending):
+        if not (port.tx or (acks and port.ack_pending)):
             return 0
-        pkts: list[TxPacket] = port.take_tx()
+        pkts: list[TxPacket] = port.take_tx(acks)
         link = self.link
         send = link.send
         eff = link.effective_sport
@@ -419,7 +440,13 @@ class Runtime:
         wake = self._wake_r
         rlist = [wake] if fd is None else [fd, wake]
         stop = self._stop
+        kick = self._kick
         while not stop.is_set():
+            if time.monotonic() - self.last_poll < _POLL_GRACE:
+                # an application thread is busy-polling and makes progress itself
+                kick.wait(_POLL_GRACE)
+                kick.clear()
+                continue
             try:
                 with self.lock:
                     self._poll_rx_locked()
@@ -453,8 +480,17 @@ class Runtime:
         """Stop the progress thread (joined) and close the link. Idempotent."""
         if self._closed:
             return
+        # ACKs coalesced but not yet sent go out now: a peer may be waiting for them.
+        if self.lock.acquire(timeout=1.0):
+            try:
+                self._flush_tx_locked(True)
+            except Exception:  # noqa: BLE001 - best effort at shutdown (link may be gone)
+                pass
+            finally:
+                self.lock.release()
         self._closed = True
         self._stop.set()
+        self._kick.set()
         self._rx_event.set()
         if self._wake_w >= 0:
             try:

@@ -167,9 +167,10 @@ class Port:
         self.mcast: dict[bytes, set[EngineQP]] = {}
         self.ack_pending: list[EngineQP] = []
 
-    def take_tx(self) -> list[TxPacket]:
-        """Packets to send, oldest first, after emitting coalesced ACKs (IBA 9.7.5.1.1)."""
-        if self.ack_pending:
+    def take_tx(self, acks: bool = True) -> list[TxPacket]:
+        """Packets to send, oldest first; with ``acks`` the coalesced ACKs pending since the
+        last call are emitted after them (IBA 9.7.5.1.1)."""
+        if acks and self.ack_pending:
             pending = self.ack_pending
             self.ack_pending = []
             for qp in pending:

@@ -25,6 +25,10 @@ from .memory import gather, resolve_sges, scatter
 from .port import IB_QP1_QKEY
 from .types import PSN_MASK, SendWQE, WorkCompletion, psn_diff
 
+_POS_FIRST = int(op.Pos.FIRST)
+_POS_LAST = int(op.Pos.LAST)
+_POS_ONLY = int(op.Pos.ONLY)
+
 if TYPE_CHECKING:
     from .qp import EngineQP
 
@@ -453,7 +457,7 @@ class Requester:
             return
         plen = len(pkt.payload)
         remaining = w.length - got
-        last = bool(pkt.info.pos & op.Pos.LAST)
+        last = bool(pkt.info.pos_int & _POS_LAST)
         if (last and plen != remaining) or (not last and (plen != mtu or plen >= remaining)):
             self._fail(w, WCS.IBV_WC_BAD_RESP_ERR)
             return

@@ -27,6 +27,10 @@ from .memory import resolve_sges, scatter
 from .port import IB_QP1_QKEY, RxMeta
 from .types import PSN_MASK, RecvWQE, WorkCompletion, psn_diff
 
+_POS_FIRST = int(op.Pos.FIRST)
+_POS_LAST = int(op.Pos.LAST)
+_POS_ONLY = int(op.Pos.ONLY)
+
 if TYPE_CHECKING:
     from .qp import EngineQP
 
@@ -187,18 +191,18 @@ class Responder:
     def _check_seq(self, info: op.OpInfo, kind: int) -> None:
         """Opcode sequence check (IBA 9.7.4.1.5; rxe check_op_seq)."""
         if self.cur == 0:
-            if not info.pos & op.Pos.FIRST:
+            if not info.pos_int & _POS_FIRST:
                 raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
-        elif info.pos & op.Pos.FIRST or kind != self.cur:
+        elif info.pos_int & _POS_FIRST or kind != self.cur:
             raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
 
     def _check_len(self, info: op.OpInfo, plen: int) -> None:
         """Payload length rules (IBA 9.7.4.1.5; rxe check_length)."""
         mtu = self.qp.mtu
-        pos = info.pos
-        if pos == op.Pos.ONLY:
+        pos = info.pos_int
+        if pos == _POS_ONLY:
             ok = plen <= mtu
-        elif pos & op.Pos.LAST:
+        elif pos & _POS_LAST:
             ok = 0 < plen <= mtu
         else:
             ok = plen == mtu
@@ -286,7 +290,7 @@ class Responder:
         if plen and not scatter(segs, self.offset, pkt.payload):
             raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_LOC_LEN_ERR)
         self.offset += plen
-        if pkt.info.pos & op.Pos.LAST:
+        if pkt.info.pos_int & _POS_LAST:
             rwqe = self.rwqe
             assert rwqe is not None
             flags = 0
@@ -326,7 +330,7 @@ class Responder:
         off = self.offset
         if off + plen > self.wlen:
             raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
-        last = bool(info.pos & op.Pos.LAST)
+        last = bool(info.pos_int & _POS_LAST)
         if last and off + plen != self.wlen:
             raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
         if last and info.imm:
@@ -427,7 +431,7 @@ class Responder:
                 if rwqe is not None:
                     qp.return_rwqe(rwqe)
         self.epsn = (pkt.psn + 1) & PSN_MASK
-        if self.cur == 0 and not info.pos & op.Pos.FIRST:
+        if self.cur == 0 and not info.pos_int & _POS_FIRST:
             qp.port.counters.dropped_uc += 1
             return
         try:

@@ -115,6 +115,7 @@ class CompChannel(VerbsObject):
                 runtime.progress()
                 wait = 0.001 if left is None else min(left, 0.001)
             else:
+                runtime.kick()  # about to block: the progress thread takes over at once
                 wait = 0.1 if left is None else min(left, 0.1)
             self._check()
             select.select([self._r], [], [], wait)
@@ -257,6 +258,7 @@ class CQ(VerbsObject):
                 continue
             fut: asyncio.Future[None] = loop.create_future()
             self._waiters.append((loop, fut))
+            self._runtime.kick()  # about to await: the progress thread takes over at once
             if self._q:  # raced with a push
                 continue
             try:

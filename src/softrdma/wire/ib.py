@@ -30,6 +30,18 @@ ATMETH = struct.Struct("!QIQQ")
 U32 = struct.Struct("!I")
 U64 = struct.Struct("!Q")
 
+# Extension-header bits as plain ints: IntFlag arithmetic is slow on the hot path.
+_RDETH = int(Hdr.RDETH)
+_DETH = int(Hdr.DETH)
+_XRCETH = int(Hdr.XRCETH)
+_FETH = int(Hdr.FETH)
+_RETH = int(Hdr.RETH)
+_ATMETH = int(Hdr.ATMETH)
+_AETH = int(Hdr.AETH)
+_ATMACK = int(Hdr.ATMACK)
+_IMMDT = int(Hdr.IMMDT)
+_IETH = int(Hdr.IETH)
+
 BTH_SE = 0x80
 BTH_MIG = 0x40
 
@@ -172,40 +184,40 @@ def decode(buf: memoryview) -> IBPacket:
     p.syndrome = p.msn = p.orig = p.qkey = p.deth_resv = p.src_qp = 0
     p.imm = p.inv_rkey = p.rdeth = p.xrceth = p.feth = 0
     off = BTH_SIZE
-    hdrs = info.hdrs
+    hdrs = info.hdrs_int
     if hdrs:
-        if hdrs & Hdr.RDETH:
+        if hdrs & _RDETH:
             p.rdeth = U32.unpack_from(buf, off)[0]
             off += 4
-        if hdrs & Hdr.DETH:
+        if hdrs & _DETH:
             p.qkey, w = struct.unpack_from("!II", buf, off)
             p.deth_resv = w >> 24
             p.src_qp = w & 0xFFFFFF
             off += 8
-        if hdrs & Hdr.XRCETH:
+        if hdrs & _XRCETH:
             p.xrceth = U32.unpack_from(buf, off)[0]
             off += 4
-        if hdrs & Hdr.FETH:
+        if hdrs & _FETH:
             p.feth = U32.unpack_from(buf, off)[0]
             off += 4
-        if hdrs & Hdr.RETH:
+        if hdrs & _RETH:
             p.va, p.rkey, p.dma_len = RETH.unpack_from(buf, off)
             off += 16
-        elif hdrs & Hdr.ATMETH:
+        elif hdrs & _ATMETH:
             p.va, p.rkey, p.swap_add, p.compare = ATMETH.unpack_from(buf, off)
             off += 28
-        if hdrs & Hdr.AETH:
+        if hdrs & _AETH:
             w = U32.unpack_from(buf, off)[0]
             p.syndrome = w >> 24
             p.msn = w & 0xFFFFFF
             off += 4
-        if hdrs & Hdr.ATMACK:
+        if hdrs & _ATMACK:
             p.orig = U64.unpack_from(buf, off)[0]
             off += 8
-        if hdrs & Hdr.IMMDT:
+        if hdrs & _IMMDT:
             p.imm = U32.unpack_from(buf, off)[0]
             off += 4
-        elif hdrs & Hdr.IETH:
+        elif hdrs & _IETH:
             p.inv_rkey = U32.unpack_from(buf, off)[0]
             off += 4
     plen = n - off - pad

@@ -91,8 +91,8 @@ ICRC_SIZE = 4
 class OpInfo:
     """One row of the opcode table."""
 
-    __slots__ = ("opcode", "name", "transport", "hdrs", "payload", "pos", "kind", "hdr_len",
-                 "is_request", "is_response", "imm", "inv")
+    __slots__ = ("opcode", "name", "transport", "hdrs", "hdrs_int", "payload", "pos", "pos_int",
+                 "kind", "hdr_len", "is_request", "is_response", "imm", "inv")
 
     def __init__(self, opcode: int, name: str, hdrs: Hdr, payload: bool, pos: Pos,
                  kind: Kind) -> None:
@@ -100,8 +100,10 @@ class OpInfo:
         self.name = name
         self.transport = Transport(opcode & 0xE0)
         self.hdrs = hdrs
+        self.hdrs_int = int(hdrs)  # plain int for the decoder's hot path
         self.payload = payload
         self.pos = pos
+        self.pos_int = int(pos)
         self.kind = kind
         self.hdr_len = BTH_SIZE + sum(HDR_SIZE[h] for h in HDR_ORDER if h in hdrs)
         self.is_response = kind in (Kind.READ_RESP, Kind.ACK, Kind.ATOMIC_ACK)

@@ -1,0 +1,272 @@
+"""RoCEv2 benchmarks on the loopback, each with its baseline measured in the same run.
+
+1. RC RDMA WRITE throughput, 1 MiB messages, path MTU 4096, between two processes,
+   vs a plain Python UDP sender/receiver pair moving the same bytes in 4096 B datagrams.
+2. 64 B RC SEND ping-pong half round trip between two processes, vs a plain Python UDP
+   ping-pong of 64 B datagrams.
+
+Each side is its own process with its own in-process softrdma device (127.0.0.1 and
+127.0.0.2, the same UDP port), like two hosts. Run: ``python bench/roce_bench.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import socket
+import sys
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+
+from softrdma import enums as e  # noqa: E402
+from softrdma import verbs as v  # noqa: E402
+from softrdma.drivers.udp import UdpLink  # noqa: E402
+
+ACCESS = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ)
+MASK_INIT = int(e.IBV_QP_STATE | e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT | e.IBV_QP_ACCESS_FLAGS)
+MASK_RTR = int(e.IBV_QP_STATE | e.IBV_QP_AV | e.IBV_QP_PATH_MTU | e.IBV_QP_DEST_QPN
+               | e.IBV_QP_RQ_PSN | e.IBV_QP_MAX_DEST_RD_ATOMIC | e.IBV_QP_MIN_RNR_TIMER)
+MASK_RTS = int(e.IBV_QP_STATE | e.IBV_QP_TIMEOUT | e.IBV_QP_RETRY_CNT | e.IBV_QP_RNR_RETRY
+               | e.IBV_QP_SQ_PSN | e.IBV_QP_MAX_QP_RD_ATOMIC)
+
+
+class Side:
+    def __init__(self, ip: str, port: int, size: int, depth: int) -> None:
+        self.ctx = v.Context("bench", link=UdpLink(ip, port), progress=os.environ.get("SR_PROGRESS", "thread"))
+        self.pd = v.PD(self.ctx)
+        self.buf = bytearray(size)
+        self.mr = v.MR(self.pd, size, ACCESS, buffer=self.buf)
+        self.cq = v.CQ(self.ctx, 4 * depth)
+        cap = v.QPCap(max_send_wr=depth, max_recv_wr=depth, max_send_sge=1, max_recv_sge=1)
+        self.qp = v.QP(self.pd, v.QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq,
+                                             cap=cap))
+        self.gid = self.ctx.query_gid(1, 0)
+
+    def info(self) -> dict[str, Any]:
+        return {"qpn": self.qp.qp_num, "gid": self.gid.raw, "addr": int(self.mr.addr),
+                "rkey": self.mr.rkey}
+
+    def connect(self, peer: dict[str, Any], mtu: int = 5) -> None:
+        qp = self.qp
+        qp.modify(v.QPAttr(qp_state=e.IBV_QPS_INIT, pkey_index=0, port_num=1,
+                           qp_access_flags=ACCESS & ~int(e.IBV_ACCESS_LOCAL_WRITE)), MASK_INIT)
+        ah = v.AHAttr(port_num=1, is_global=1,
+                      gr=v.GlobalRoute(dgid=v.GID(peer["gid"]), sgid_index=0, hop_limit=64))
+        qp.modify(v.QPAttr(qp_state=e.IBV_QPS_RTR, path_mtu=mtu, dest_qp_num=peer["qpn"],
+                           rq_psn=0, max_dest_rd_atomic=1, min_rnr_timer=1, ah_attr=ah),
+                  MASK_RTR)
+        qp.modify(v.QPAttr(qp_state=e.IBV_QPS_RTS, timeout=14, retry_cnt=7, rnr_retry=7,
+                           sq_psn=0, max_rd_atomic=1), MASK_RTS)
+
+    def poll(self, n: int = 16) -> list[Any]:
+        while True:
+            got, wcs = self.cq.poll(n)
+            if got:
+                for wc in wcs:
+                    if wc.status:
+                        raise RuntimeError(f"completion error {wc}")
+                return list(wcs)
+
+    def close(self) -> None:
+        self.ctx.close()
+
+
+def _peer(conn: Connection, ip: str, port: int, size: int, mode: str, iters: int) -> None:
+    side = Side(ip, port, size, 64)
+    conn.send(side.info())
+    side.connect(conn.recv())
+    if mode == "lat":
+        for _ in range(4):
+            side.qp.post_recv(v.RecvWR(wr_id=1, num_sge=1,
+                                       sg=[v.SGE(side.mr.addr, 64, side.mr.lkey)]))
+        conn.send("ready")
+        wr = v.SendWR(wr_id=2, opcode=e.IBV_WR_SEND, num_sge=1,
+                      sg=[v.SGE(side.mr.addr + 64, 64, side.mr.lkey)],
+                      send_flags=e.IBV_SEND_SIGNALED)
+        done = 0
+        while done < iters:
+            for wc in side.poll():
+                if wc.opcode & e.IBV_WC_RECV:
+                    side.qp.post_recv(v.RecvWR(wr_id=1, num_sge=1,
+                                               sg=[v.SGE(side.mr.addr, 64, side.mr.lkey)]))
+                    side.qp.post_send(wr)
+                    done += 1
+        # drain the last send completions
+        time.sleep(0.05)
+    else:
+        conn.send("ready")
+    conn.recv()  # "bye"
+    side.close()
+
+
+def rdma_write_bw(total: int, msg: int, port: int) -> float:
+    a_conn, b_conn = mp.Pipe()
+    p = mp.Process(target=_peer, args=(b_conn, "127.0.0.2", port, msg, "bw", 0))
+    p.start()
+    side = Side("127.0.0.1", port, msg, 64)
+    try:
+        peer = a_conn.recv()
+        a_conn.send(side.info())
+        side.connect(peer)
+        a_conn.recv()
+        n = total // msg
+        depth = 4
+        wr = v.SendWR(wr_id=1, opcode=e.IBV_WR_RDMA_WRITE, num_sge=1,
+                      sg=[v.SGE(side.mr.addr, msg, side.mr.lkey)],
+                      send_flags=e.IBV_SEND_SIGNALED)
+        wr.set_wr_rdma(peer["rkey"], peer["addr"])
+        t0 = time.perf_counter()
+        posted = done = 0
+        while done < n:
+            while posted < n and posted - done < depth:
+                side.qp.post_send(wr)
+                posted += 1
+            done += len(side.poll())
+        dt = time.perf_counter() - t0
+        a_conn.send("bye")
+        p.join(10)
+        return n * msg / dt
+    finally:
+        side.close()
+        if p.is_alive():
+            p.kill()
+
+
+def _udp_sink(conn: Connection, port: int, total: int) -> None:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+    s.bind(("127.0.0.2", port))
+    s.settimeout(0.5)
+    buf = bytearray(65536)
+    conn.send("ready")
+    got = 0
+    t0 = None
+    t1 = time.perf_counter()
+    try:
+        while got < total:
+            n = s.recv_into(buf)
+            if t0 is None:
+                t0 = time.perf_counter()
+            got += n
+            t1 = time.perf_counter()
+    except TimeoutError:
+        pass
+    conn.send((got, (t1 - (t0 or t1))))
+
+
+def udp_bw(total: int, dgram: int, port: int) -> tuple[float, float]:
+    a_conn, b_conn = mp.Pipe()
+    p = mp.Process(target=_udp_sink, args=(b_conn, port, total))
+    p.start()
+    a_conn.recv()
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+    s.bind(("127.0.0.1", 0))
+    data = memoryview(bytearray(dgram))
+    dst = ("127.0.0.2", port)
+    for _ in range(total // dgram):
+        s.sendto(data, dst)
+    got, dt = a_conn.recv()
+    p.join(5)
+    s.close()
+    return got / dt if dt > 0 else 0.0, got / total
+
+
+def rc_send_lat(iters: int, port: int) -> float:
+    a_conn, b_conn = mp.Pipe()
+    p = mp.Process(target=_peer, args=(b_conn, "127.0.0.2", port, 4096, "lat", iters))
+    p.start()
+    side = Side("127.0.0.1", port, 4096, 64)
+    try:
+        peer = a_conn.recv()
+        a_conn.send(side.info())
+        side.connect(peer)
+        for _ in range(4):
+            side.qp.post_recv(v.RecvWR(wr_id=1, num_sge=1,
+                                       sg=[v.SGE(side.mr.addr, 64, side.mr.lkey)]))
+        a_conn.recv()
+        wr = v.SendWR(wr_id=2, opcode=e.IBV_WR_SEND, num_sge=1,
+                      sg=[v.SGE(side.mr.addr + 64, 64, side.mr.lkey)],
+                      send_flags=e.IBV_SEND_SIGNALED)
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            side.qp.post_send(wr)
+            got_recv = False
+            while not got_recv:
+                for wc in side.poll():
+                    if wc.opcode & e.IBV_WC_RECV:
+                        side.qp.post_recv(v.RecvWR(wr_id=1, num_sge=1,
+                                                   sg=[v.SGE(side.mr.addr, 64, side.mr.lkey)]))
+                        got_recv = True
+        dt = time.perf_counter() - t0
+        a_conn.send("bye")
+        p.join(10)
+        return dt / iters / 2
+    finally:
+        side.close()
+        if p.is_alive():
+            p.kill()
+
+
+def _udp_echo(conn: Connection, port: int, iters: int) -> None:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("127.0.0.2", port))
+    conn.send("ready")
+    buf = bytearray(2048)
+    for _ in range(iters):
+        n, addr = s.recvfrom_into(buf)
+        s.sendto(memoryview(buf)[:n], addr)
+    s.close()
+
+
+def udp_lat(iters: int, port: int) -> float:
+    a_conn, b_conn = mp.Pipe()
+    p = mp.Process(target=_udp_echo, args=(b_conn, port, iters))
+    p.start()
+    a_conn.recv()
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("127.0.0.1", 0))
+    data = bytes(64)
+    buf = bytearray(2048)
+    dst = ("127.0.0.2", port)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        s.sendto(data, dst)
+        s.recv_into(buf)
+    dt = time.perf_counter() - t0
+    p.join(5)
+    s.close()
+    return dt / iters / 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--total", type=int, default=256 << 20, help="bytes to move (default 256 MiB)")
+    ap.add_argument("--iters", type=int, default=5000, help="ping-pong iterations")
+    ap.add_argument("--port", type=int, default=47911, help="UDP port for both devices")
+    ap.add_argument("--only", choices=("bw", "lat"))
+    args = ap.parse_args(argv)
+    mp.set_start_method("fork")
+    if args.only in (None, "bw"):
+        base, frac = udp_bw(args.total, 4096, args.port + 1)
+        ours = rdma_write_bw(args.total, 1 << 20, args.port)
+        print(f"RC RDMA WRITE 1 MiB x {args.total >> 20}: {ours * 8 / 1e9:.3f} Gb/s "
+              f"({ours / 2**20:.1f} MiB/s)")
+        print(f"plain UDP 4096 B datagrams:      {base * 8 / 1e9:.3f} Gb/s "
+              f"({base / 2**20:.1f} MiB/s, {frac * 100:.1f}% of bytes arrived)")
+        print(f"ratio RDMA WRITE / UDP: {ours / base:.2f}  (goal >= 0.8)")
+    if args.only in (None, "lat"):
+        base_l = udp_lat(args.iters, args.port + 2)
+        ours_l = rc_send_lat(args.iters, args.port + 3)
+        print(f"RC SEND 64 B ping-pong half round trip: {ours_l * 1e6:.1f} us")
+        print(f"plain UDP 64 B ping-pong half round trip: {base_l * 1e6:.1f} us")
+        print(f"ratio RC SEND / UDP: {ours_l / base_l:.2f}  (goal <= 1.5)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
