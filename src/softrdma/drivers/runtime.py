@@ -87,6 +87,40 @@ def _crc_parts(crc: int, parts: Sequence[Any]) -> int:
     return crc
 
 
+# CRC of the masked pseudo-header (8 x 0xFF + IP + UDP, roce.md §2) per flow and length:
+# it is the same for every packet of a flow, so the hot paths hash only the IB part.
+_PREFIX_CRC: dict[tuple[bytes, bytes, int, int, int], int] = {}
+_FF = b"\xff"
+
+
+def _prefix_crc(src_ip: bytes, dst_ip: bytes, sport: int, dport: int, length: int) -> int:
+    key = (src_ip, dst_ip, sport, dport, length)
+    c = _PREFIX_CRC.get(key)
+    if c is None:
+        udp_len = 8 + length + 4
+        if len(src_ip) == 4:
+            head = _IP4_MASKED.pack(_FF8, 0x45, 0xFF, 20 + udp_len, 0, 0x4000, 0xFF, 17,
+                                    0xFFFF, src_ip, dst_ip, sport, dport, udp_len, 0xFFFF)
+        else:
+            head = _IP6_MASKED.pack(_FF8, 0x6FFFFFFF, udp_len, 17, 0xFF, src_ip, dst_ip,
+                                    sport, dport, udp_len, 0xFFFF)
+        c = crc32(head)
+        if len(_PREFIX_CRC) >= 8192:
+            _PREFIX_CRC.clear()
+        _PREFIX_CRC[key] = c
+    return c
+
+
+def icrc_fast_ok(src_ip: bytes, dst_ip: bytes, sport: int, dport: int,
+                 data: memoryview) -> bool:
+    """ICRC check assuming the sender's IPv4 ID 0 + DF (what softrdma and an unconnected
+    Linux UDP socket with IP_PMTUDISC_DO send); False means "try the full check"."""
+    n = len(data)
+    c = _prefix_crc(src_ip, dst_ip, sport, dport, n - 4)
+    c = crc32(data[5:n - 4], crc32(_FF, crc32(data[:4], c)))
+    return c == int.from_bytes(data[n - 4:], "little")
+
+
 def icrc_v2(src_ip: bytes, dst_ip: bytes, sport: int, dport: int, parts: Sequence[Any],
             length: int) -> bytes:
     """The 4 ICRC bytes of a RoCEv2 packet (roce.md §2) whose BTH..pad are ``parts``.
@@ -94,14 +128,7 @@ def icrc_v2(src_ip: bytes, dst_ip: bytes, sport: int, dport: int, parts: Sequenc
     ``length`` is the byte length of BTH..pad. The IP header is the one Linux sends
     from an unconnected UDP socket with ``IP_PMTUDISC_DO``: IPv4 ID 0 and DF.
     """
-    udp_len = 8 + length + 4
-    if len(src_ip) == 4:
-        head = _IP4_MASKED.pack(_FF8, 0x45, 0xFF, 20 + udp_len, 0, 0x4000, 0xFF, 17, 0xFFFF,
-                                src_ip, dst_ip, sport, dport, udp_len, 0xFFFF)
-    else:
-        head = _IP6_MASKED.pack(_FF8, 0x6FFFFFFF, udp_len, 17, 0xFF, src_ip, dst_ip,
-                                sport, dport, udp_len, 0xFFFF)
-    return _ICRC.pack(_crc_parts(crc32(head), parts))
+    return _ICRC.pack(_crc_parts(_prefix_crc(src_ip, dst_ip, sport, dport, length), parts))
 
 
 def icrc_ok(src_ip: bytes, dst_ip: bytes, sport: int, dport: int, datagram: memoryview) -> bool:
@@ -163,6 +190,7 @@ class Runtime:
         self._deferred: deque[Callable[[], None]] = deque()
         self._gid_ip: dict[bytes, bytes] = {}
         self._ip_gid: dict[bytes, bytes] = {}
+        self._metas: dict[tuple[bytes, bytes, int, int, int], RxMeta] = {}
         self._pending = False
         self._closed = False
         self._timer_at: float | None = None  # virtual-clock timer already scheduled
@@ -403,6 +431,7 @@ class Runtime:
         counters = port.counters
         receive = port.receive
         gid_of = self._gid_of
+        metas = self._metas
         now = self.now()
         for d in dgrams:
             data = d.data
@@ -425,12 +454,24 @@ class Runtime:
                         continue
                     grh = build_grh(d)
             else:
-                if not icrc_ok_udp(src, dst, d.sport, d.dport, data):
+                if not icrc_fast_ok(src, dst, d.sport, d.dport, data) and \
+                        not icrc_ok_udp(src, dst, d.sport, d.dport, data):
                     counters.rcvd_icrc_err += 1
                     continue
                 grh = b""
             body = data[:-4]
-            meta = RxMeta(gid_of(src), gid_of(dst), d.sport, d.tos, d.ttl, 0, grh, len(src) == 4)
+            if grh:
+                meta = RxMeta(gid_of(src), gid_of(dst), d.sport, d.tos, d.ttl, 0, grh,
+                              len(src) == 4)
+            else:  # RC/UC: the engine reads only the addresses; reuse one per flow
+                key = (src, dst, d.sport, d.tos, d.ttl)
+                meta = metas.get(key)  # type: ignore[assignment]
+                if meta is None:
+                    meta = RxMeta(gid_of(src), gid_of(dst), d.sport, d.tos, d.ttl, 0, b"",
+                                  len(src) == 4)
+                    if len(metas) >= 4096:
+                        metas.clear()
+                    metas[key] = meta
             receive(body, meta, now)
         return len(dgrams)
 

@@ -81,7 +81,7 @@ _TRANSIENT_RECV = frozenset({
 _SPORT_UNAVAILABLE = frozenset({errno.EADDRINUSE, errno.EACCES, errno.EPERM})
 
 _INT = struct.Struct("=i")
-_MSG_TRUNC = socket.MSG_TRUNC
+_MSG_TRUNC = int(socket.MSG_TRUNC)  # a plain int: IntFlag '&' is slow per packet
 _ANC_SIZE = (socket.CMSG_SPACE(20) + 2 * socket.CMSG_SPACE(4))
 _UNAVAILABLE_RETRY = 1.0  # seconds before binding a refused source port is tried again
 

@@ -260,6 +260,11 @@ class Port:
         """Demultiplex one transport packet to its QP (IBA 9.6 header checks)."""
         c = self.counters
         c.rcvd_pkts += 1
+        op = data[0]
+        if op == 0x07 or op == 0x01:  # RC WRITE/SEND MIDDLE: the bulk of large messages
+            fqp = self.qps.get(int.from_bytes(data[5:8], "big"))
+            if fqp is not None and fqp.resp.fast_middle(data, op):
+                return
         try:
             pkt = wib.decode(data)
         except DecodeError:

@@ -168,6 +168,9 @@ class EngineQP:
         self.dest_qpn = 0
         self.en_sqd_async_notify = False
         self.sport = rxe_udp_sport(self.qpn)
+        self.mtu = 0
+        self.pkey = 0
+        self._derive()
         self.rq: deque[RecvWQE] = deque()
         self.deadline: float | None = None
         self.ack_psn = -1
@@ -178,16 +181,11 @@ class EngineQP:
         port.add_qp(self)
 
     # ---- helpers used by the engines -------------------------------------------------------
-    @property
-    def mtu(self) -> int:
-        if self.qp_type == QPT_UD:
-            return self.port.max_mtu
-        return mtu_bytes(self.path_mtu)
-
-    @property
-    def pkey(self) -> int:
+    def _derive(self) -> None:
+        """Recompute the per-packet constants: payload MTU and P_Key (hot-path attributes)."""
+        self.mtu = self.port.max_mtu if self.qp_type == QPT_UD else mtu_bytes(self.path_mtu)
         pk = self.port.pkeys
-        return pk[self.pkey_index] if self.pkey_index < len(pk) else pk[0]
+        self.pkey = pk[self.pkey_index] if self.pkey_index < len(pk) else pk[0]
 
     def tx(self, parts: list[Any], length: int, av: AddressVector | None = None) -> None:
         """Queue one packet (BTH .. pad) for the driver."""
@@ -244,6 +242,7 @@ class EngineQP:
         if "sq_psn" in attrs:
             self.sq_psn = int(attrs["sq_psn"]) & 0xFFFFFF
             self.req.set_psn(self.sq_psn)
+        self._derive()
         if "qp_state" not in attrs:
             return
         new = int(attrs["qp_state"])

@@ -150,6 +150,46 @@ class Responder:
             self._uc(pkt)
 
     # ---- RC -----------------------------------------------------------------------------------
+    def fast_middle(self, data: memoryview, opcode: int) -> bool:
+        """Fast path for an in-sequence RC SEND_MIDDLE / RDMA_WRITE_MIDDLE (most packets of
+        a large message): the checks of the full path, without building an IBPacket.
+
+        Returns False whenever anything is unusual; the caller then runs the full path,
+        which handles (and NAKs or drops) it.
+        """
+        qp = self.qp
+        st = qp.state
+        if qp.qp_type != 2 or st < 2 or st > 5 or data[1] & 0x3F:
+            return False
+        if (data[2] << 8 | data[3]) != qp.pkey:
+            return False
+        w2 = int.from_bytes(data[8:12], "big")
+        psn = w2 & PSN_MASK
+        if psn != self.epsn:
+            return False
+        kind = K_WRITE if opcode == 0x07 else K_SEND
+        if self.cur != kind:
+            return False
+        plen = len(data) - 12
+        if plen != qp.mtu:
+            return False
+        off = self.offset
+        if kind == K_WRITE:
+            wbuf = self.wbuf
+            if wbuf is None or off + plen > self.wlen:
+                return False
+            wbuf[off:off + plen] = data[12:]
+        else:
+            segs = self.segs
+            if segs is None or not scatter(segs, off, data[12:]):
+                return False
+        self.offset = off + plen
+        self.nak_sent = False
+        self.epsn = (psn + 1) & PSN_MASK
+        if w2 & 0x80000000:
+            self._schedule_ack(psn)
+        return True
+
     def _rc(self, pkt: wib.IBPacket) -> None:
         qp = self.qp
         d = psn_diff(pkt.psn, self.epsn)
