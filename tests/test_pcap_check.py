@@ -34,7 +34,7 @@ def _run(paths: list[str]) -> tuple[int, list[str]]:
 @pytest.fixture(autouse=True)
 def _no_iwarp_checker(monkeypatch: pytest.MonkeyPatch) -> None:
     """Count RoCE only, whether or not the iWARP checker exists yet (tested separately)."""
-    monkeypatch.setattr(pcap_check, "_checkers", lambda: [pcap_check.RoceChecker()])
+    monkeypatch.setattr(pcap_check, "_checkers", lambda ports=frozenset((4791,)): [pcap_check.RoceChecker(ports)])
 
 
 def _tshark_roce_count(path: Path) -> int:

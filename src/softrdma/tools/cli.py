@@ -87,7 +87,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_pcap_check(args: argparse.Namespace) -> int:
-    return int(_tool("softrdma.tools.pcap_check", "pcap-check", "run")(list(args.files)))
+    run = _tool("softrdma.tools.pcap_check", "pcap-check", "run")
+    if args.udp_port:
+        return int(run(list(args.files), udp_ports=tuple(args.udp_port)))
+    return int(run(list(args.files)))
 
 
 def _cmd_link(args: argparse.Namespace) -> int:
@@ -153,6 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = add_parser("pcap-check", help="check the ICRC/CRC of every RoCE/iWARP packet "
                         "in pcap files", description="Check pcap/pcapng files packet by packet.")
     p.add_argument("files", nargs="+", metavar="FILE", help="pcap or pcapng file")
+    p.add_argument("--udp-port", type=int, action="append", default=[], metavar="N",
+                   help="also treat UDP port N as RoCEv2 (a device configured off 4791)")
     p.set_defaults(handler=_cmd_pcap_check)
 
     p = add_parser("link", add_help=False, help="add, delete or show softrdma devices "

@@ -19,7 +19,7 @@ import sys
 from typing import Protocol, TextIO, cast
 
 from ..errors import SoftRdmaError
-from ..wire import roce
+from ..wire import cm, roce
 from ..wire.pcap import PcapRecord, read_pcap
 
 __all__ = ["Checker", "RoceChecker", "run", "MAX_FAILURE_LINES"]
@@ -44,16 +44,17 @@ class Checker(Protocol):
 class RoceChecker:
     """Checks RoCE frames: decode, ICRC, byte-exact re-encode."""
 
-    def __init__(self) -> None:
+    def __init__(self, ports: frozenset[int] = frozenset((roce.ROCE_V2_UDP_PORT,))) -> None:
         self.packets = 0
         self.ok = 0
         self.failures: list[str] = []
+        self.ports = ports
 
     def feed(self, record: PcapRecord) -> None:
         """Check one captured frame; frames that are not RoCE are ignored."""
         data = record.data
         try:
-            f = roce.parse_frame(data, record.linktype)
+            f = roce.parse_frame(data, record.linktype, self.ports)
         except SoftRdmaError as e:
             self._fail(record, f"{e}{self._cut(record)}")
             return
@@ -70,6 +71,12 @@ class RoceChecker:
             self._fail(record, f"re-encoded frame differs from the capture at byte {at} "
                                f"({len(rebuilt)} vs {len(data)} bytes)")
             return
+        p = f.packet
+        if p.dqpn == 1 and p.opcode == 0x64:  # a MAD to the GSI (IBA 13.4): check it too
+            err = cm.check_mad(p.payload)
+            if err is not None:
+                self._fail(record, f"MAD: {err}")
+                return
         self.packets += 1
         self.ok += 1
 
@@ -87,8 +94,8 @@ class RoceChecker:
         return self.packets, self.ok, self.failures
 
 
-def _checkers() -> list[Checker]:
-    checkers: list[Checker] = [RoceChecker()]
+def _checkers(ports: frozenset[int] = frozenset((roce.ROCE_V2_UDP_PORT,))) -> list[Checker]:
+    checkers: list[Checker] = [RoceChecker(ports)]
     name = f"{__package__}.pcap_check_iwarp"
     try:
         mod = importlib.import_module(name)
@@ -106,9 +113,10 @@ def _reason(e: BaseException) -> str:
     return str(e) or type(e).__name__
 
 
-def check_file(path: str, out: TextIO) -> int:
+def check_file(path: str, out: TextIO,
+               ports: frozenset[int] = frozenset((roce.ROCE_V2_UDP_PORT,))) -> int:
     """Check one capture file, print its lines, return its exit status."""
-    checkers = _checkers()
+    checkers = _checkers(ports)
     try:
         for record in read_pcap(path):
             for c in checkers:
@@ -130,12 +138,15 @@ def check_file(path: str, out: TextIO) -> int:
     return EXIT_FAILED if failed else EXIT_OK
 
 
-def run(paths: list[str], out: TextIO = sys.stdout) -> int:
-    """Check every file in ``paths``; return 0, 1 or 2 (the worst over all files)."""
+def run(paths: list[str], out: TextIO = sys.stdout, udp_ports: tuple[int, ...] = ()) -> int:
+    """Check every file in ``paths``; return 0, 1 or 2 (the worst over all files).
+
+    ``udp_ports`` adds UDP ports to treat as RoCEv2 besides 4791."""
     if not paths:
         print("pcap-check: no capture files given", file=out)
         return EXIT_UNREADABLE
+    ports = frozenset((roce.ROCE_V2_UDP_PORT, *udp_ports))
     status = EXIT_OK
     for path in paths:
-        status = max(status, check_file(path, out))
+        status = max(status, check_file(path, out, ports))
     return status

@@ -540,10 +540,12 @@ def _ib_split(linktype: int, data: memoryview, l2_end: int, ip: bytes, udp: byte
                      bytes(body[n - ICRC_SIZE:]), bytes(trailer), pkt, version)
 
 
-def parse_frame(data: Buffer, linktype: int) -> RoceFrame | None:
+def parse_frame(data: Buffer, linktype: int,
+                ports: frozenset[int] = frozenset((ROCE_V2_UDP_PORT,))) -> RoceFrame | None:
     """Split a captured frame into a :class:`RoceFrame`; None if it is not RoCE.
 
-    RoCE means UDP destination port 4791 over IPv4 or IPv6 (RoCEv2), or EtherType 0x8915
+    RoCE means UDP destination port 4791 (or one of ``ports``, for devices configured on
+    another port) over IPv4 or IPv6 (RoCEv2), or EtherType 0x8915
     (RoCEv1). Link types: 1 (Ethernet, any number of 802.1Q/802.1ad tags), 113 (SLL),
     276 (SLL2), 101/228/229 (raw IP). Raises :class:`DecodeError` for a RoCE frame (or a
     frame too short to tell) that is truncated or whose lengths disagree. Bytes after the
@@ -571,7 +573,7 @@ def parse_frame(data: Buffer, linktype: int) -> RoceFrame | None:
         if n < off + ihl + 8:
             raise DecodeError(f"truncated IPv4/UDP headers: {n - off} bytes")
         dport = _U16.unpack_from(mv, off + ihl + 2)[0]
-        if dport != ROCE_V2_UDP_PORT:
+        if dport not in ports:
             return None
         if frag & 0x2000:
             raise DecodeError("fragmented IPv4 packet (MF set) to UDP port 4791")
@@ -592,7 +594,7 @@ def parse_frame(data: Buffer, linktype: int) -> RoceFrame | None:
             return None  # extension headers are not used by RoCEv2 senders
         if n < off + 48:
             raise DecodeError(f"truncated IPv6/UDP headers: {n - off} bytes")
-        if _U16.unpack_from(mv, off + 42)[0] != ROCE_V2_UDP_PORT:
+        if _U16.unpack_from(mv, off + 42)[0] not in ports:
             return None
         if plen < 8:
             raise DecodeError(f"IPv6 payload length {plen} too small for a UDP header")
