@@ -1,1 +1,36 @@
-"""softrdma.cm."""
+"""softrdma.cm: the InfiniBand Communication Manager on the RoCE device (IBA Vol 1 ch. 12).
+
+Modules:
+
+* :mod:`.state` -- the IBA 12.9 state machine as a table ``(state, event) -> (action,
+  next state)``;
+* :mod:`.ibcm` -- :class:`~.ibcm.CmAgent`, the sans-I/O CM of one port (MADs in, MADs
+  out, timers); :mod:`.cmid` -- :class:`~.cmid.CmId`, one connection;
+  :mod:`.params` -- what consumers pass and the RoCE guards (A16.5.2);
+* :mod:`.events` -- :class:`~.events.CmEvent` (librdmacm event names) and readable
+  rejections;
+* :mod:`.ipcm` -- the RDMA IP CM Service (Annex A11), server checks and client;
+* :mod:`.hello` -- the iWARP-over-IB Hello/HelloReply dialect and the FlowC 0 stream;
+* :mod:`.sidr` -- Service ID Resolution for UD services (IBA 12.11);
+* :mod:`.qpctl` -- the QP transitions the CM makes;
+* :mod:`.gsi` -- :class:`~.gsi.CmBinding`, the agent on QP1 of a device (verbs
+  ``Context``), driven by the device runtime.
+
+Use (the rdma_cm-style layer sits on exactly this)::
+
+    cm = CmBinding.attach(ctx)                       # one per device
+    lst = cm.agent.create_id(handler)                # handler(ev: CmEvent), device lock held
+    ip_listen(lst, 7471)                             # A11 Service ID 0x0000000001061d2f
+    cid = cm.agent.create_id(handler)
+    IpCmClient(cid).connect(qp, "10.0.0.1", "10.0.0.2", 7471, private_data=b"...")
+    # server handler: CONNECT_REQUEST (ev.cm_id, ev.private_data, ev.remote_ip/port)
+    #   -> ev.cm_id.accept(qp, AcceptParams(...)) or ev.cm_id.reject(b"...")
+    # client handler: ESTABLISHED | REJECTED (ev.reject.reason/.ip_cm/.text) | UNREACHABLE
+    cid.disconnect()                                 # -> DISCONNECTED, then TIMEWAIT_EXIT
+
+Events are delivered while the device lock is held (from the progress thread or the
+virtual clock): a handler may call CM methods (``accept``, ``reject``, ``disconnect``
+...) but must not create or destroy verbs objects (they take the same lock); queue the
+event and act from the application thread instead. Without a handler, events go to
+``agent.events`` and :meth:`~.gsi.CmBinding.get_event` returns them.
+"""

@@ -327,7 +327,10 @@ class Runtime:
             self._rx_event.set()
             return
         try:
-            self._poll_rx_locked()
+            # drain the link: the fabric calls back once per delivery batch, which may
+            # hold more datagrams than one receive batch
+            while self._poll_rx_locked() >= self.batch:
+                pass
             self._after_locked()
         finally:
             self.lock.release()

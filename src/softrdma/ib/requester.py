@@ -46,6 +46,8 @@ _W_CAS = int(WRO.IBV_WR_ATOMIC_CMP_AND_SWP)
 _W_FAA = int(WRO.IBV_WR_ATOMIC_FETCH_AND_ADD)
 _W_LOCAL_INV = int(WRO.IBV_WR_LOCAL_INV)
 _W_SEND_INV = int(WRO.IBV_WR_SEND_WITH_INV)
+_W_BIND_MW = int(WRO.IBV_WR_BIND_MW)
+_W_ATOMIC_WRITE = int(WRO.IBV_WR_ATOMIC_WRITE)
 
 _ACCESS_LOCAL_WRITE = 1
 
@@ -53,7 +55,8 @@ WC_OPCODE = {
     _W_WRITE: WCO.IBV_WC_RDMA_WRITE, _W_WRITE_IMM: WCO.IBV_WC_RDMA_WRITE,
     _W_SEND: WCO.IBV_WC_SEND, _W_SEND_IMM: WCO.IBV_WC_SEND, _W_SEND_INV: WCO.IBV_WC_SEND,
     _W_READ: WCO.IBV_WC_RDMA_READ, _W_CAS: WCO.IBV_WC_COMP_SWAP, _W_FAA: WCO.IBV_WC_FETCH_ADD,
-    _W_LOCAL_INV: WCO.IBV_WC_LOCAL_INV,
+    _W_LOCAL_INV: WCO.IBV_WC_LOCAL_INV, _W_BIND_MW: WCO.IBV_WC_BIND_MW,
+    _W_ATOMIC_WRITE: WCO.IBV_WC_ATOMIC_WRITE,
 }
 
 # NAK code -> requester completion status (IBA 9.7.5.2.3, rxe_comp.c check_ack).
@@ -159,6 +162,11 @@ class Requester:
                         return
                     self.tx_idx += 1
                     continue
+                if wqe.opcode == _W_BIND_MW:
+                    if not self._bind_mw(wqe):
+                        return
+                    self.tx_idx += 1
+                    continue
                 if rc:
                     if wqe.send_flags & SF.IBV_SEND_FENCE and self.rd_atomic_out > 0:
                         break
@@ -175,7 +183,7 @@ class Requester:
             sent = True
         if rc and sent and qp.deadline is None and qp.timeout:
             qp.set_deadline(now + wib.ack_timeout_s(qp.timeout))
-        if not rc:
+        if not rc or (sq and sq[0].state == DONE):  # local operations (LOCAL_INV, BIND_MW)
             self._complete_head()
 
     def _una(self) -> int | None:
@@ -249,6 +257,12 @@ class Requester:
             qp.tx([hdr], 40)
             self._advance(wqe)
             return
+        if o == _W_ATOMIC_WRITE:  # RC RDMA Atomic Write: RETH + the 8 bytes (opcode 0x1D)
+            hdr = _BTH.pack(op.RC_ATOMIC_WRITE, 0, pkey, qp.dest_qpn,
+                            0x80000000 | wqe.first_psn) + _RETH.pack(wqe.remote_addr, wqe.rkey, 8)
+            qp.tx([hdr, *gather(wqe.segs or [], 0, 8)], len(hdr) + 8)
+            self._advance(wqe)
+            return
         mtu = qp.mtu
         k = self.tx_pkt
         n = wqe.npkts
@@ -319,6 +333,17 @@ class Requester:
             self._fail(wqe, WCS.IBV_WC_MW_BIND_ERR)
             return False
         mr.valid = False
+        wqe.state = DONE
+        return True
+
+    def _bind_mw(self, wqe: SendWQE) -> bool:
+        """IBV_WR_BIND_MW: bind a memory window in send-queue order (IBA 10.6.7.2)."""
+        qp = self.qp
+        bind = wqe.bind
+        status = bind.execute(qp.port, qp, qp.pd) if bind is not None else int(WCS.IBV_WC_MW_BIND_ERR)
+        if status:
+            self._fail(wqe, status)
+            return False
         wqe.state = DONE
         return True
 

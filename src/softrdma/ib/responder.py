@@ -47,6 +47,7 @@ K_WRITE = op.Kind.WRITE
 K_READ = op.Kind.READ_REQ
 K_CAS = op.Kind.CMP_SWAP
 K_FAA = op.Kind.FETCH_ADD
+K_ATOMIC_WRITE = op.Kind.ATOMIC_WRITE
 
 
 class Resource:
@@ -308,6 +309,18 @@ class Responder:
             self.resources.append(Resource(kind, pkt.psn, pkt.psn, orig=orig))
             self.epsn = (self.epsn + 1) & PSN_MASK
             self._atomic_ack(pkt.psn, orig)
+            return
+        if kind == K_ATOMIC_WRITE:
+            # RDMA Atomic Write (opcode 0x1D, IBA 1.5 9.4.6.x): 8 bytes to an aligned VA
+            # in one store, needs REMOTE_WRITE; acknowledged like a write (rxe).
+            if pkt.va & 7 or pkt.dma_len != 8 or len(pkt.payload) != 8:
+                raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
+            view = self._rkey_view(pkt.rkey, pkt.va, 8, ACC.IBV_ACCESS_REMOTE_WRITE)
+            view[0:8] = pkt.payload
+            self.msn = (self.msn + 1) & PSN_MASK
+            self.epsn = (self.epsn + 1) & PSN_MASK
+            if pkt.ackreq:
+                self._schedule_ack(pkt.psn)
             return
         raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
 

@@ -1,1 +1,22 @@
-"""softrdma.iwarp."""
+"""softrdma.iwarp: the iWARP stack (RFC 5044 MPA, RFC 6581, RFC 5041 DDP, RFC 5040 RDMAP).
+
+* :mod:`.engine` - the sans-I/O per-connection engine (:class:`IwarpConn`);
+* :mod:`.qp` - the device (:class:`IwarpDevice`, STag-keyed memory) and QP
+  (:class:`IwarpQP`) the verbs layer drives;
+* :mod:`.stag`, :mod:`.terminate`, :mod:`.mpa_setup` - STags, Terminate construction,
+  MPA negotiation;
+* :mod:`.runtime` - the TCP driver; :mod:`.cm` - :func:`connect` / :func:`listen`.
+
+Open a device with ``softrdma.verbs.Context(transport="iwarp")`` (or a registry device of
+type ``iwarp``); then ``connect(qp, host, port, private_data)`` on one side and
+``listen(ctx, port).accept(qp, private_data)`` on the other.
+"""
+
+from .cm import ConnectError, Connection, ConnRequest, Listener, connect, listen
+from .engine import ConnState, IwarpConn
+from .mpa_setup import ConnectionRejected, MpaConfig, Negotiated
+from .qp import IwarpDevice, IwarpQP
+
+__all__ = ["ConnectError", "Connection", "ConnRequest", "Listener", "connect", "listen",
+           "ConnState", "IwarpConn", "ConnectionRejected", "MpaConfig", "Negotiated",
+           "IwarpDevice", "IwarpQP"]

@@ -10,6 +10,8 @@ Subcommands and where they live:
 ``demo``           :mod:`softrdma.tools.demo` (loopback tour of the RC operations)
 ``pcap-check``     ``softrdma.tools.pcap_check.run(paths) -> int``
 ``link``           ``softrdma.tools.link.cmd_link(args) -> int``
+``pyverbs``        :mod:`softrdma.tools.pyverbs_run` (run a pyverbs program on softrdma)
+``rdma-core-tests`` :mod:`softrdma.tools.rdma_core_tests` (rdma-core's pyverbs test suite)
 =================  =====================================================================
 
 Tool modules are imported inside the handlers, so a module that is missing or broken
@@ -97,6 +99,14 @@ def _cmd_link(args: argparse.Namespace) -> int:
     return int(_tool("softrdma.tools.link", "link", "cmd_link")(list(args.rest)))
 
 
+def _cmd_pyverbs(args: argparse.Namespace) -> int:
+    return int(_tool("softrdma.tools.pyverbs_run", "pyverbs", "run")(args))
+
+
+def _cmd_rdma_core_tests(args: argparse.Namespace) -> int:
+    return int(_tool("softrdma.tools.rdma_core_tests", "rdma-core-tests", "run")(args))
+
+
 # -- parser ----------------------------------------------------------------------------
 
 def _add_tool_args(module: str, sub: argparse.ArgumentParser, *extra: Any) -> None:
@@ -165,6 +175,19 @@ def build_parser() -> argparse.ArgumentParser:
                         description="softrdma link [show [NAME]] | link add NAME netdev IFACE "
                         "| link delete NAME; arguments go to softrdma.tools.link as they are.")
     p.set_defaults(handler=_cmd_link, passthrough=True)
+
+    p = add_parser("pyverbs", help="run a pyverbs program on softrdma "
+                   "(softrdma pyverbs -- python3 program.py)",
+                   description="Run COMMAND with softrdma's pyverbs compatibility layer first "
+                   "on PYTHONPATH; a real pyverbs is not shadowed outside this command.")
+    _add_tool_args("softrdma.tools.pyverbs_run", p)
+    p.set_defaults(handler=_cmd_pyverbs)
+
+    p = add_parser("rdma-core-tests", help="run rdma-core's pyverbs test suite on a "
+                   "softrdma device", description="Install python3-pyverbs if needed, run "
+                   "rdma-core's tests through softrdma's pyverbs and print a table per file.")
+    _add_tool_args("softrdma.tools.rdma_core_tests", p)
+    p.set_defaults(handler=_cmd_rdma_core_tests)
     return parser
 
 

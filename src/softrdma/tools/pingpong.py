@@ -17,6 +17,14 @@ Same flags, defaults, output and wire behaviour as rdma-core's
   client sends first; each side sends its next message once both its previous send and
   the peer's message have completed; ``iters`` round trips.
 
+``rc-pingpong --transport iwarp`` runs the same data phase over an iWARP device
+(:mod:`softrdma.iwarp`; by default the built-in loopback one). iWARP QPs are connected by
+TCP + MPA, as siw's rdma_cm-based tools do, so the out-of-band exchange is replaced by
+the MPA connection on the same TCP port (18515): the client's MPA Request and the
+server's MPA Reply carry the same 52-byte address strings as private data (after the
+RFC 6581 IRD/ORD block), so the address lines print as with RoCE; the QPs enter RTS
+when MPA completes (no RTR/RTS attributes).
+
 Unlike the C tools nothing here can block forever: every socket operation and the data
 phase run under ``--timeout`` (a peer that vanishes gives a one-line error, exit 1).
 """
@@ -24,6 +32,7 @@ phase run under ``--timeout`` (a peer that vanishes gives a one-line error, exit
 from __future__ import annotations
 
 import argparse
+import errno
 import io
 import os
 import random
@@ -352,6 +361,10 @@ def add_arguments(p: argparse.ArgumentParser, kind: str) -> None:
                        help="use on demand paging (not supported: rejected)")
         p.add_argument("-t", "--ts", action="store_true",
                        help="get CQE with timestamp (not supported: rejected)")
+    if kind == "rc":
+        p.add_argument("--transport", choices=("roce", "iwarp"), default="roce",
+                       help="roce (default: the RoCE device and the OOB exchange) or iwarp "
+                       "(an iWARP device, connected by TCP + MPA on the same port)")
     p.add_argument("--loopback", action="store_true",
                    help="run server and client in this process, on one device "
                    "(no other process needed)")
@@ -380,6 +393,7 @@ class Options:
     gid_idx: int | None = None
     chk: bool = False
     loopback: bool = False
+    transport: str = "roce"
     bind: str | None = None
     timeout: float = DEFAULT_TIMEOUT
 
@@ -391,6 +405,7 @@ class Options:
                    mtu=getattr(args, "mtu", 1024), rx_depth=args.rx_depth,
                    iters=args.iters, sl=args.sl, events=args.events, gid_idx=args.gid_idx,
                    chk=args.chk, loopback=args.loopback, bind=args.bind,
+                   transport=getattr(args, "transport", "roce"),
                    timeout=args.timeout)
 
 
@@ -665,6 +680,10 @@ class Endpoint:
                 if scnt < iters and not pending:
                     self.post_send()
                     pending = RECV_WRID | SEND_WRID
+                if rcnt >= iters and scnt >= iters:
+                    # done: later completions (an iWARP peer's close flushes the receives
+                    # still posted) are not part of the exchange
+                    break
         return (time.perf_counter() - start) * 1e6
 
     def close(self) -> None:
@@ -730,10 +749,80 @@ def run_client(ep: Endpoint, host: str, port: int, out: TextIO,
     return usec
 
 
+def iwarp_listen(ctx: v.Context, opts: Options, port: int) -> Any:
+    """The iWARP server's listener (TCP port ``port``, all addresses unless ``--bind``)."""
+    from .. import iwarp
+
+    try:
+        return iwarp.listen(ctx, port, opts.bind or "")
+    except SoftRdmaError as exc:
+        raise PingPongError(f"Couldn't listen to port {port}: {exc}") from exc
+
+
+def run_server_iwarp(ep: Endpoint, listener: Any, out: TextIO,
+                     abort: threading.Event | None = None) -> float:
+    """iWARP server: the client's address comes in its MPA Request, ours goes back in
+    the MPA Reply (accepting moves the QP to RTS); then the same data phase."""
+    _emit(out, address_line("local", ep.local, ep.opts.kind))
+    try:
+        req = listener.get_request(ep.opts.timeout)
+        rem = decode_dest(req.private_data)
+        ep.remote = rem
+        req.accept(ep.qp, encode_dest(ep.local), timeout=ep.opts.timeout)
+    except SoftRdmaError as exc:
+        raise PingPongError(f"iWARP accept failed: {exc}") from exc
+    finally:
+        listener.close()
+    _emit(out, address_line("remote", rem, ep.opts.kind))
+    usec = ep.run(False, abort)
+    for line in result_lines(ep.opts.size, ep.opts.iters, usec):
+        _emit(out, line)
+    return usec
+
+
+def run_client_iwarp(ep: Endpoint, host: str, port: int, out: TextIO,
+                     abort: threading.Event | None = None) -> float:
+    """iWARP client: TCP + MPA connect carrying our address (retried while refused, the
+    server may still be starting); the Reply carries the server's."""
+    from .. import iwarp
+
+    _emit(out, address_line("local", ep.local, ep.opts.kind))
+    deadline = time.monotonic() + ep.opts.timeout
+    while True:
+        try:
+            conn = iwarp.connect(ep.qp, host, port, encode_dest(ep.local),
+                                 timeout=max(deadline - time.monotonic(), 0.05))
+            break
+        except iwarp.ConnectError as exc:
+            refused = exc.errno == errno.ECONNREFUSED
+            if not refused or time.monotonic() + 0.1 >= deadline or \
+                    (abort is not None and abort.is_set()):
+                raise PingPongError(f"Couldn't connect to {host}:{port}: {exc}") from exc
+            time.sleep(0.1)
+        except SoftRdmaError as exc:
+            raise PingPongError(f"Couldn't connect to {host}:{port}: {exc}") from exc
+    rem = decode_dest(conn.private_data)
+    ep.remote = rem
+    _emit(out, address_line("remote", rem, ep.opts.kind))
+    try:
+        usec = ep.run(True, abort)
+    finally:
+        conn.disconnect()
+    for line in result_lines(ep.opts.size, ep.opts.iters, usec):
+        _emit(out, line)
+    return usec
+
+
 def open_context(opts: Options) -> v.Context:
     """Open ``-d DEV`` (default: the first device) as the verbs layer is configured."""
     from .. import verbs as v
 
+    if opts.transport == "iwarp":
+        try:  # -d names a registry iwarp device; default: the built-in loopback one
+            return v.Context(opts.ib_dev, transport="iwarp")
+        except SoftRdmaError as exc:
+            raise PingPongError(f"Couldn't get context for {opts.ib_dev or 'iWARP loopback'}: "
+                                f"{exc}") from exc
     try:
         devices = v.get_device_list()
     except SoftRdmaError as exc:
@@ -765,11 +854,16 @@ def run_loopback(opts: Options, out: TextIO) -> int:
         cli = Endpoint(ctx, opts, "client")
         eps.append(cli)
         host = opts.bind or "127.0.0.1"
-        listener = OOBListener(opts.port or 0, host, opts.timeout)
+        iw = opts.transport == "iwarp"
+        listener: Any = iwarp_listen(ctx, opts, opts.port or 0) if iw else \
+            OOBListener(opts.port or 0, host, opts.timeout)
 
         def serve() -> None:
             try:
-                run_server(srv, listener, server_out, abort)
+                if iw:
+                    run_server_iwarp(srv, listener, server_out, abort)
+                else:
+                    run_server(srv, listener, server_out, abort)
             except BaseException as exc:  # reported by the main thread
                 errors.append(exc)
                 abort.set()
@@ -777,7 +871,10 @@ def run_loopback(opts: Options, out: TextIO) -> int:
         thread = threading.Thread(target=serve, name="pingpong-server", daemon=True)
         thread.start()
         try:
-            run_client(cli, host, listener.port, client_out, abort)
+            if iw:
+                run_client_iwarp(cli, host, listener.port, client_out, abort)
+            else:
+                run_client(cli, host, listener.port, client_out, abort)
         except BaseException as exc:
             errors.append(exc)
             abort.set()
@@ -812,6 +909,8 @@ def run(kind: str, args: argparse.Namespace, out: TextIO | None = None) -> int:
             raise InvalidArgument("servername", "--loopback runs both sides; give no server")
         return run_loopback(opts, out)
     port = opts.port if opts.port is not None else DEFAULT_TCP_PORT
+    if opts.transport == "iwarp":
+        return _run_iwarp(opts, port, out)
     listener = None
     if opts.servername is None:
         listener = OOBListener(port, opts.bind, opts.timeout)
@@ -829,6 +928,31 @@ def run(kind: str, args: argparse.Namespace, out: TextIO | None = None) -> int:
         else:
             assert opts.servername is not None
             run_client(ep, opts.servername, port, out)
+    finally:
+        if listener is not None:
+            listener.close()
+        if ep is not None:
+            ep.close()
+        ctx.close()
+    return 0
+
+
+def _run_iwarp(opts: Options, port: int, out: TextIO) -> int:
+    """One side of ``rc-pingpong --transport iwarp`` (server without SERVERNAME)."""
+    if opts.kind != "rc":
+        raise InvalidArgument("transport", "iWARP carries RC only")
+    ctx = open_context(opts)
+    ep: Endpoint | None = None
+    listener: Any = None
+    try:
+        if opts.servername is None:
+            listener = iwarp_listen(ctx, opts, port)
+        ep = Endpoint(ctx, opts)
+        if listener is not None:
+            run_server_iwarp(ep, listener, out)
+        else:
+            assert opts.servername is not None
+            run_client_iwarp(ep, opts.servername, port, out)
     finally:
         if listener is not None:
             listener.close()

@@ -30,7 +30,7 @@ from ..ib.port import Port
 from ._object import VerbsObject
 
 __all__ = [
-    "GID", "DeviceInfo", "DeviceAttr", "PortAttr", "AsyncEvent", "Context",
+    "GID", "DeviceInfo", "DeviceAttr", "PortAttr", "AsyncEvent", "Context", "IWARP_LOOPBACK",
     "get_device_list", "gid_table", "mtu_enum_for_netdev_mtu",
 ]
 
@@ -320,6 +320,26 @@ def get_device_list() -> list[DeviceInfo]:
     return out
 
 
+IWARP_LOOPBACK = "softrdma_iw_lo"  # the built-in iWARP device on the loopback interface
+
+
+def _transport_of(name: str | None, transport: str | None, fabric: Any, link: Any) -> str:
+    """"iwarp" or "roce": the ``transport`` argument, else the registry device's type."""
+    if transport is not None:
+        if transport not in ("roce", "iwarp"):
+            raise InvalidArgument("transport", f"must be 'roce' or 'iwarp', got {transport!r}")
+        if transport == "iwarp" and (fabric is not None or link is not None):
+            raise InvalidArgument("transport", "an iWARP device runs over TCP: no fabric or link")
+        return transport
+    if fabric is not None or link is not None:
+        return "roce"
+    if name == IWARP_LOOPBACK:
+        return "iwarp"
+    devices = get_device_list()
+    found = [d for d in devices if d.name == name] if name is not None else devices[:1]
+    return "iwarp" if found and found[0].type == "iwarp" else "roce"
+
+
 def _shared_default() -> bool:
     return os.environ.get("SOFTRDMA_SHARED", "1").strip().lower() not in ("0", "no", "false", "off")
 
@@ -368,12 +388,18 @@ class Context(VerbsObject):
 
     def __init__(self, name: str | None = None, *, shared: bool | None = None,
                  fabric: Any = None, progress: str = "thread", link: Link | None = None,
-                 clock: Callable[[], float] | None = None) -> None:
+                 clock: Callable[[], float] | None = None, transport: str | None = None) -> None:
         super().__init__()
         if progress not in ("thread", "manual"):
             raise InvalidArgument("progress", f"must be 'thread' or 'manual', got {progress!r}")
         if fabric is not None and link is not None:
             raise InvalidArgument("fabric", "give either fabric or link, not both")
+        self.transport = _transport_of(name, transport, fabric, link)
+        if self.transport == "iwarp":
+            self._open_iwarp(name, progress, clock)
+            self.progress_mode = progress
+            self._init_events()
+            return
         netdev: str | None = None
         mtu: int | None = None
         mac = b""
@@ -417,6 +443,46 @@ class Context(VerbsObject):
         self.port = Port(gids, max_mtu=128 << self.active_mtu, qpn_alloc=alloc, qpn_free=free)
         self.runtime = Runtime(self.port, link, mode=progress, clock=clock, udp_port=udp_port)
         self.progress_mode = progress
+        self._init_events()
+
+    def _open_iwarp(self, name: str | None, progress: str,
+                    clock: Callable[[], float] | None) -> None:
+        """The iWARP branch: an :class:`~softrdma.iwarp.qp.IwarpDevice` driven over TCP
+        sockets by an :class:`~softrdma.iwarp.runtime.IwarpRuntime` (always in-process:
+        a TCP connection belongs to the process that owns the QP). ``name`` None or
+        :data:`IWARP_LOOPBACK` is the built-in loopback device (127.0.0.1 and ::1)."""
+        from ..iwarp.qp import IwarpDevice  # noqa: PLC0415
+        from ..iwarp.runtime import IwarpRuntime  # noqa: PLC0415
+
+        netdev: str | None = "lo"
+        mac = b""
+        if name is None or name == IWARP_LOOPBACK:
+            dev_name = IWARP_LOOPBACK
+            ips: tuple[bytes, ...] = (bytes([127, 0, 0, 1]), bytes(15) + b"\x01")
+            nd = _netdev_snapshot("lo")
+        else:
+            found = [d for d in get_device_list() if d.name == name]
+            if not found:
+                raise DeviceError(f"no softrdma device named {name!r}")
+            info = found[0]
+            if info.type != "iwarp":
+                raise DeviceError(f"device {name!r} is {info.type}, not iwarp")
+            dev_name, netdev, ips = info.name, info.netdev, info.ips
+            nd = _netdev_snapshot(info.netdev) if info.netdev else None
+        if nd is not None:
+            mac = nd.mac
+        mtu = nd.mtu if nd is not None and nd.mtu else 65536
+        gids = gid_table(ips)
+        if not gids:
+            raise DeviceError(f"device {dev_name!r} has no IP address, so no GID")
+        self.active_mtu = mtu_enum_for_netdev_mtu(mtu)
+        self.name = dev_name
+        self.netdev = netdev
+        self.node_guid = _guid_from_mac(mac)
+        self.port = IwarpDevice(gids, max_mtu=128 << self.active_mtu)
+        self.runtime = IwarpRuntime(self.port, mode=progress, clock=clock)
+
+    def _init_events(self) -> None:
         self._owners: dict[int, weakref.ref[Any]] = {}
         self._events: deque[AsyncEvent] = deque()
         self._ev_lock = threading.Lock()
@@ -437,6 +503,10 @@ class Context(VerbsObject):
     # ---- attributes -------------------------------------------------------------------------
     def query_device(self) -> DeviceAttr:
         self._check()
+        if self.transport == "iwarp":  # siw: no atomics, no multicast
+            return DeviceAttr(node_guid=self.node_guid, sys_image_guid=self.node_guid,
+                              max_pkeys=len(self.port.pkeys), atomic_caps=0, max_mcast_grp=0,
+                              max_mcast_qp_attach=0, max_total_mcast_qp_attach=0)
         return DeviceAttr(node_guid=self.node_guid, sys_image_guid=self.node_guid,
                           max_pkeys=len(self.port.pkeys))
 

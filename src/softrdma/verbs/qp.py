@@ -215,8 +215,17 @@ class QP(VerbsObject):
         else:
             max_recv_wr = max_recv_sge = 0
         runtime: Runtime = ctx.runtime
+        engine_cls: Any = EngineQP
+        self._iwarp = getattr(ctx, "transport", "roce") == "iwarp"
+        if self._iwarp:  # iWARP: RC only (siw), the engine of softrdma.iwarp
+            from ..iwarp.qp import IwarpQP  # noqa: PLC0415
+
+            if qpt != RC:
+                raise NotSupported(f"QP type {e.ibv_qp_type(qpt).name}: iWARP devices "
+                                   "support RC QPs only")
+            engine_cls = IwarpQP
         self.engine: Any = runtime.call(
-            EngineQP, ctx.port, qpt, pd, scq.push, rcq.push,
+            engine_cls, ctx.port, qpt, pd, scq.push, rcq.push,
             srq.engine if srq is not None else None,
             cap.max_send_wr, max_recv_wr, cap.max_send_sge, max_recv_sge,
             cap.max_inline_data, bool(init_attr.sq_sig_all))
@@ -425,6 +434,8 @@ class QP(VerbsObject):
         """``ibv_post_send``: validate and post; the WRs before a bad one stay posted."""
         if self._closed:
             self._check()
+        if self._iwarp:
+            _check_iwarp_wrs(wr)
         if type(wr) is SendWR and wr.wr_next is None:
             wqes = [build_send_wqe(wr, self.qp_type, self._max_send_sge, self._max_inline,
                                    self._port, self.pd)]
@@ -536,6 +547,20 @@ class QP(VerbsObject):
     def __repr__(self) -> str:
         t = e.ibv_qp_type(self.qp_type).name.replace("IBV_QPT_", "")
         return f"<QP {t} qpn={self.engine.qpn:#x} state={_state_name(self.engine.state)}>"
+
+
+def _check_iwarp_wrs(wr: SendWR | list[SendWR]) -> None:
+    """The send opcodes RDMAP has a message for (siw ``siw_post_send``: EINVAL otherwise);
+    an RDMA Read has one sink buffer (one SGE), as in siw."""
+    from ..iwarp.qp import SEND_OPCODES  # noqa: PLC0415
+
+    for w in chain(wr):
+        if isinstance(w, SendWR):
+            if w.opcode not in SEND_OPCODES:
+                raise InvalidArgument("wr.opcode", f"opcode {w.opcode!r} has no iWARP (RDMAP) "
+                                      "message")
+            if w.opcode == e.IBV_WR_RDMA_READ and len(w.sg) > 1:
+                raise InvalidArgument("wr.num_sge", "an iWARP RDMA Read takes one SGE")
 
 
 def _defer_destroy(runtime: Runtime, engine: Any) -> None:

@@ -1,0 +1,241 @@
+"""The CM's driver: QP1 (the GSI) of an engine Port carrying CM MADs (ib-cm.md §7).
+
+:class:`CmBinding` attaches a :class:`~softrdma.cm.ibcm.CmAgent` to a
+:class:`softrdma.ib.port.Port`:
+
+* QP1 is a UD engine QP (Q_Key 0x80010000, IBA 13.5.1) with ``n_recv`` receive
+  buffers of 40 + 256 bytes (GRH area + MAD) in one registered region, re-posted as they
+  complete; each completion hands the MAD, the source GID (from the GRH area: IPv4
+  header bytes 12-15 after 20 zero bytes, or the IPv6 source) and our destination GID to
+  ``agent.on_mad``;
+* the agent's MADs are posted as inline UD SENDs to QP1 of the peer (DETH Q_Key
+  0x80010000, source QP 1, as Linux sends them);
+* timers: a small object registered with ``port.arm`` so that the runtime (thread or
+  virtual clock) runs ``agent.on_timer`` like any engine timer;
+* locking: consumer calls on the agent's ids go through ``runtime.call_now`` (the
+  device lock), MAD and timer processing already runs under it;
+* COMM_EST from the engine (``port.on_async_event``) is passed to the agent.
+
+With a device shared through ``devd`` the link registers for QP1 (``alloc_qpn(1)``)
+and the agent is not ``exclusive`` (every process receives every QP1 MAD).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, cast
+
+from ..enums import ibv_access_flags as Access
+from ..enums import ibv_qp_state as Qps
+from ..enums import ibv_wc_status as Wcs
+from ..enums import ibv_wr_opcode as Wro
+from ..errors import ClosedError
+from ..ib.port import Port
+from ..ib.qp import AddressVector, EngineQP
+from ..ib.types import SGE, RecvWQE, SendWQE, WorkCompletion
+from ..wire.mad import GSI_QKEY, MAD_SIZE
+from .events import CmEvent
+from .ibcm import CmAgent, CmConfig, mtu_enum
+from .qpctl import QPT_UD
+
+__all__ = ["CmBinding", "GRH_SIZE", "SLOT"]
+
+GRH_SIZE = 40
+SLOT = GRH_SIZE + MAD_SIZE
+_MR_ADDR = 0x10000
+
+
+class _CmTimer:
+    """Registered with ``Port.arm``: the Port runs ``on_timer`` when ``deadline`` passes."""
+
+    __slots__ = ("binding", "deadline")
+
+    def __init__(self, binding: CmBinding) -> None:
+        self.binding = binding
+        self.deadline: float | None = None
+
+    def on_timer(self, now: float) -> None:
+        self.deadline = None
+        self.binding.agent.on_timer(now)
+
+
+class CmBinding:
+    """A CM agent on QP1 of ``port`` (see the module docstring).
+
+    ``runtime`` is the :class:`~softrdma.drivers.runtime.Runtime` driving the port
+    (None: the caller drives the port itself and passes ``now``; ``clock`` then gives
+    the time for MAD receipt). Use :meth:`attach` for a verbs ``Context``.
+    """
+
+    def __init__(self, port: Port, guid: int, *, runtime: Any = None,
+                 config: CmConfig | None = None, seed: int | None = None,
+                 n_recv: int = 256, exclusive: bool = True,
+                 clock: Callable[[], float] | None = None, shared_link: Any = None) -> None:
+        self.port = port
+        self._shared_link = shared_link
+        self.runtime = runtime
+        self._clock = clock if clock is not None else (
+            runtime.now if runtime is not None else time.monotonic)
+        self.agent = CmAgent(port.gids, guid, mtu=mtu_enum(port.max_mtu), config=config,
+                             seed=seed, exclusive=exclusive)
+        self.agent.on_output = self._pump
+        if runtime is not None:
+            self.agent.runner = self._run_locked
+        self._pd = object()
+        self._buf = bytearray(n_recv * SLOT)
+        self._mr = port.register_mr(memoryview(self._buf), _MR_ADDR,
+                                    int(Access.IBV_ACCESS_LOCAL_WRITE), self._pd)
+        self.qp1 = EngineQP(port, QPT_UD, self._pd, self._on_send_wc, self._on_recv_wc, None,
+                            max_send_wr=1 << 16, max_recv_wr=n_recv, max_send_sge=1,
+                            max_recv_sge=1, max_inline_data=MAD_SIZE, sq_sig_all=False, qpn=1)
+        now = self._clock()
+        self.qp1.modify({"qp_state": int(Qps.IBV_QPS_INIT), "qkey": GSI_QKEY,
+                         "pkey_index": 0, "port_num": 1}, now)
+        self.qp1.modify({"qp_state": int(Qps.IBV_QPS_RTR)}, now)
+        self.qp1.modify({"qp_state": int(Qps.IBV_QPS_RTS), "sq_psn": 0}, now)
+        for i in range(n_recv):
+            self._post(i)
+        self._timer = _CmTimer(self)
+        self._avs: dict[tuple[bytes, bytes, int, int, int], AddressVector] = {}
+        self._wr = 0
+        self._closed = False
+        self._event_cv = threading.Condition()
+        self._prev_async = port.on_async_event
+        port.on_async_event = self._on_async
+        self.agent.on_event = self._queue_event
+
+    # ---- construction from a verbs Context ------------------------------------------
+    @classmethod
+    def attach(cls, ctx: Any, *, config: CmConfig | None = None, seed: int | None = None,
+               n_recv: int = 256) -> CmBinding:
+        """A CM on the QP1 of a verbs ``Context`` (its port, runtime and node GUID)."""
+        from ..drivers.devd import DevdLink  # noqa: PLC0415 - only for the isinstance
+
+        runtime = ctx.runtime
+        link = runtime.link
+        shared = isinstance(link, DevdLink)
+        if shared:
+            link.alloc_qpn(1)  # devd: deliver QP1 MADs to this process too
+
+        def make() -> CmBinding:
+            return cls(ctx.port, int(ctx.node_guid) or _guid_of(ctx.port.gids[0]),
+                       runtime=runtime, config=config, seed=seed, n_recv=n_recv,
+                       exclusive=not shared, shared_link=link if shared else None)
+        binding: CmBinding = runtime.call(make)
+        return binding
+
+    # ---- locking ----------------------------------------------------------------------
+    def _run_locked(self, fn: Callable[[float], Any]) -> Any:
+        if self._closed:
+            raise ClosedError("the CM binding is closed")
+        return self.runtime.call_now(fn)
+
+    def now(self) -> float:
+        return float(self._clock())
+
+    # ---- receive ----------------------------------------------------------------------
+    def _post(self, slot: int) -> None:
+        sge = SGE(_MR_ADDR + slot * SLOT, SLOT, self._mr.lkey)
+        self.qp1.post_recv(RecvWQE(slot, [sge]))
+
+    def _on_recv_wc(self, wc: WorkCompletion) -> None:
+        slot = int(wc.wr_id)
+        if wc.status != Wcs.IBV_WC_SUCCESS:
+            return  # flushed (QP1 is being destroyed)
+        off = slot * SLOT
+        mv = memoryview(self._buf)
+        grh = bytes(mv[off:off + GRH_SIZE])
+        mad = bytes(mv[off + GRH_SIZE:off + GRH_SIZE + MAD_SIZE]) \
+            if wc.byte_len >= SLOT else b""
+        if not self._closed:
+            self._post(slot)
+        if grh[0] >> 4 == 6:  # IPv6 header
+            src, dst = grh[8:24], grh[24:40]
+        else:  # 20 zero bytes, then the IPv4 header (rxe)
+            v4 = bytes(10) + b"\xff\xff"
+            src, dst = v4 + grh[32:36], v4 + grh[36:40]
+        self.agent.on_mad(mad, src, wc.src_qp, self.now(), dst_gid=dst)
+
+    def _on_send_wc(self, wc: WorkCompletion) -> None:
+        return None
+
+    # ---- transmit and timers ---------------------------------------------------------------
+    def _pump(self, now: float) -> None:
+        port = self.port
+        for m in self.agent.take_output():
+            key = (m.dgid, m.sgid, m.hop_limit, m.traffic_class, m.flow_label)
+            av = self._avs.get(key)
+            if av is None:
+                av = AddressVector(m.dgid, self.agent.sgid_index(m.sgid), m.flow_label,
+                                   m.hop_limit, m.traffic_class)
+                if len(self._avs) > 4096:
+                    self._avs.clear()
+                self._avs[key] = av
+            self._wr += 1
+            wqe = SendWQE(self._wr, int(Wro.IBV_WR_SEND), 0, inline_data=m.mad, ah=av,
+                          remote_qpn=m.dqpn, remote_qkey=GSI_QKEY)
+            self.qp1.post_send(wqe, now)
+        d = self.agent.next_deadline()
+        self._timer.deadline = d
+        if d is not None:
+            port.arm(cast(EngineQP, self._timer))
+
+    # ---- async events ----------------------------------------------------------------------
+    def _on_async(self, kind: str, obj: object) -> None:
+        if kind == "COMM_EST" and not self._closed:
+            self.agent.on_comm_est(obj, self.now())
+        self._prev_async(kind, obj)
+
+    # ---- events for consumers without handlers ----------------------------------------------
+    def _queue_event(self, ev: CmEvent) -> None:
+        with self._event_cv:
+            self.agent.events.append(ev)
+            self._event_cv.notify_all()
+
+    def get_event(self, timeout: float | None = None) -> CmEvent:
+        """The next event of an id without its own handler; TimeoutError after
+        ``timeout`` s. In manual progress mode the runtime is driven while waiting."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        manual = self.runtime is not None and not self.runtime.threaded
+        while True:
+            with self._event_cv:
+                if self.agent.events:
+                    return self.agent.events.popleft()
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError("no CM event")
+                if not manual:
+                    self._event_cv.wait(0.05 if left is None else min(left, 0.05))
+                    continue
+            self.runtime.progress(0.001 if left is None else min(left, 0.001))
+
+    # ---- teardown -----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Destroy QP1 and stop the timers (idempotent). Connections are not released."""
+        if self._closed:
+            return
+
+        def run() -> None:
+            self._closed = True
+            self._timer.deadline = None
+            self.qp1.destroy()
+            self.port.deregister_mr(self._mr)
+            if self.port.on_async_event == self._on_async:
+                self.port.on_async_event = self._prev_async
+        if self.runtime is not None and not self.runtime.closed:
+            self.runtime.call(run)
+        else:
+            run()
+        link = self._shared_link
+        if link is not None:
+            try:
+                link.free_qpn(1)
+            except Exception:  # noqa: BLE001 - the daemon may be gone already
+                pass
+
+
+def _guid_of(gid: bytes) -> int:
+    """A node GUID for a device without a MAC: EUI-64 style from the GID's last bytes."""
+    return int.from_bytes(b"\x02\x00" + bytes(gid[-4:]) + b"\xfe\x01", "big")

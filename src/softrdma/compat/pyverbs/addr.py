@@ -1,0 +1,206 @@
+"""``pyverbs.addr``: GIDs, global routes, address-handle attributes and address handles
+(IBA 10.5, 11.2.2; rdma-core ``pyverbs/addr.pyx`` API).
+
+A :class:`GID` prints as pyverbs does, eight groups of four hex digits
+(``0000:0000:0000:0000:0000:ffff:7f00:0001``). :class:`AH` is a
+:class:`softrdma.verbs.AH`: on RoCE an address without a GRH fails with EINVAL
+("Failed to create AH"), as the kernel's ``rdma_check_ah_attr`` makes it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+from softrdma import verbs as _v
+from softrdma.errors import SoftRdmaError
+
+from .base import PyverbsCM, PyverbsObject, rdma_error
+from .pyverbs_error import PyverbsUserError
+
+__all__ = ["GID", "GRH", "GlobalRoute", "AHAttr", "AH"]
+
+
+def _raw_gid(val: Any) -> bytes:
+    if isinstance(val, GID):
+        return val.raw
+    if isinstance(val, _v.GID):
+        return val.raw
+    if isinstance(val, (bytes, bytearray, memoryview)):
+        raw = bytes(val)
+        if len(raw) != 16:
+            raise PyverbsUserError(f"Invalid GID value ({raw!r})")
+        return raw
+    if isinstance(val, str):
+        groups = val.split(":")
+        if len(groups) == 8 and all(len(g) == 4 for g in groups):
+            try:
+                return bytes.fromhex("".join(groups))
+            except ValueError:
+                raise PyverbsUserError(f"Invalid GID value ({val})") from None
+        try:
+            return ipaddress.IPv6Address(val.split("%", 1)[0]).packed
+        except ValueError:
+            try:
+                return bytes(10) + b"\xff\xff" + ipaddress.IPv4Address(val).packed
+            except ValueError:
+                raise PyverbsUserError(f"Invalid GID value ({val})") from None
+    raise PyverbsUserError(f"Invalid GID value ({val!r})")
+
+
+class GID(PyverbsObject):
+    """A 16-byte GID (``union ibv_gid``)."""
+
+    def __init__(self, val: Any = None) -> None:
+        super().__init__()
+        self.raw: bytes = bytes(16) if val is None else _raw_gid(val)
+
+    @property
+    def gid(self) -> str:
+        h = self.raw.hex()
+        return ":".join(h[i:i + 4] for i in range(0, 32, 4))
+
+    @gid.setter
+    def gid(self, val: Any) -> None:
+        self.raw = _raw_gid(val)
+
+    def __str__(self) -> str:
+        return self.gid
+
+    def __repr__(self) -> str:
+        return f"GID({self.gid!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (GID, _v.GID)):
+            return self.raw == other.raw
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.raw)
+
+
+class GRH(PyverbsObject):
+    """A global route header as received in front of UD data (``struct ibv_grh``)."""
+
+    def __init__(self, sgid: GID | None = None, dgid: GID | None = None,
+                 version_tclass_flow: int = 0, paylen: int = 0, next_hdr: int = 0,
+                 hop_limit: int = 1) -> None:
+        super().__init__()
+        self.sgid = sgid if sgid is not None else GID()
+        self.dgid = dgid if dgid is not None else GID()
+        self.version_tclass_flow = version_tclass_flow
+        self.paylen = paylen
+        self.next_hdr = next_hdr
+        self.hop_limit = hop_limit
+
+
+class GlobalRoute(PyverbsObject):
+    """``struct ibv_global_route``."""
+
+    def __init__(self, dgid: Any = None, flow_label: int = 0, sgid_index: int = 0,
+                 hop_limit: int = 1, traffic_class: int = 0) -> None:
+        super().__init__()
+        self.dgid = GID(dgid) if dgid is not None else GID()
+        self.flow_label = flow_label
+        self.sgid_index = sgid_index
+        self.hop_limit = hop_limit
+        self.traffic_class = traffic_class
+
+    def __str__(self) -> str:
+        return (f"dgid {self.dgid}, flow label {self.flow_label}, sgid index "
+                f"{self.sgid_index}, hop limit {self.hop_limit}, traffic class "
+                f"{self.traffic_class}")
+
+
+class AHAttr(PyverbsObject):
+    """``struct ibv_ah_attr``; the GRH fields are also reachable flat (``dgid`` ...)."""
+
+    def __init__(self, dlid: int = 0, sl: int = 0, src_path_bits: int = 0,
+                 static_rate: int = 0, is_global: int = 0, port_num: int = 1,
+                 gr: GlobalRoute | None = None) -> None:
+        super().__init__()
+        self.dlid = dlid
+        self.sl = sl
+        self.src_path_bits = src_path_bits
+        self.static_rate = static_rate
+        self.is_global = is_global
+        self.port_num = port_num
+        self.gr = GlobalRoute()
+        if gr is not None:
+            self.gr = GlobalRoute(gr.dgid, gr.flow_label, gr.sgid_index, gr.hop_limit,
+                                  gr.traffic_class)
+
+    # flat views of the GRH, as pyverbs offers them
+    @property
+    def dgid(self) -> str:
+        return self.gr.dgid.gid
+
+    @dgid.setter
+    def dgid(self, val: Any) -> None:
+        self.gr.dgid = GID(val)
+
+    @property
+    def flow_label(self) -> int:
+        return self.gr.flow_label
+
+    @flow_label.setter
+    def flow_label(self, val: int) -> None:
+        self.gr.flow_label = val
+
+    @property
+    def sgid_index(self) -> int:
+        return self.gr.sgid_index
+
+    @sgid_index.setter
+    def sgid_index(self, val: int) -> None:
+        self.gr.sgid_index = val
+
+    @property
+    def hop_limit(self) -> int:
+        return self.gr.hop_limit
+
+    @hop_limit.setter
+    def hop_limit(self, val: int) -> None:
+        self.gr.hop_limit = val
+
+    @property
+    def traffic_class(self) -> int:
+        return self.gr.traffic_class
+
+    @traffic_class.setter
+    def traffic_class(self, val: int) -> None:
+        self.gr.traffic_class = val
+
+    def to_verbs(self) -> _v.AHAttr:
+        """The softrdma :class:`~softrdma.verbs.AHAttr` with the same content."""
+        gr = self.gr
+        vgr = _v.GlobalRoute(_v.GID(gr.dgid.raw), gr.flow_label, gr.sgid_index, gr.hop_limit,
+                             gr.traffic_class) if self.is_global else None
+        return _v.AHAttr(port_num=self.port_num, is_global=int(bool(self.is_global)), gr=vgr,
+                         dlid=self.dlid, sl=self.sl, src_path_bits=self.src_path_bits,
+                         static_rate=self.static_rate)
+
+    def __str__(self) -> str:
+        return (f"dlid {self.dlid}, sl {self.sl}, port {self.port_num}, global "
+                f"{self.is_global}" + (f", {self.gr}" if self.is_global else ""))
+
+
+class AH(_v.AH, PyverbsCM):
+    """An address handle of ``pd`` (``ibv_create_ah``)."""
+
+    def __init__(self, pd: Any, wc: Any = None, port_num: int = 1, grh: Any = None,
+                 attr: AHAttr | None = None) -> None:
+        PyverbsObject.__init__(self)
+        if attr is None:
+            raise PyverbsUserError("AH: creating an AH from a work completion is not "
+                                   "supported; pass attr=AHAttr(...)")
+        if not isinstance(attr, AHAttr):
+            raise PyverbsUserError(f"AH: attr must be an AHAttr, got {type(attr).__name__}")
+        try:
+            super().__init__(pd, attr.to_verbs())
+        except SoftRdmaError as exc:
+            raise rdma_error("Failed to create AH", exc) from exc
+        self.ah_attr = attr
+
+    def close(self) -> None:
+        _v.AH.close(self)

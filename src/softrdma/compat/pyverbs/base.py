@@ -1,0 +1,84 @@
+"""pyverbs base classes and helpers (rdma-core ``pyverbs/base.pyx`` API).
+
+* :class:`PyverbsObject`: every pyverbs object; has a logger and ``set_log_level``.
+* :class:`PyverbsCM`: objects with a ``close()`` (context managers).
+* :func:`PyverbsRDMAErrno`: a :class:`PyverbsRDMAError` carrying the C ``errno``.
+* :func:`inc_rkey`: ``ibv_inc_rkey`` (IBA 10.6.7.2: the low 8 bits of an R_Key are the
+  consumer-owned key, incremented on each bind).
+* :func:`translate`: turns a :class:`softrdma.errors.SoftRdmaError` raised inside its
+  block into the :class:`PyverbsRDMAError` libibverbs's return code would give, keeping
+  the errno (EINVAL, EOPNOTSUPP, ENOMEM ...).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno as _errno
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import TracebackType
+from typing import Any
+
+from softrdma.errors import SoftRdmaError
+
+from .pyverbs_error import PyverbsRDMAError
+
+__all__ = ["PyverbsObject", "PyverbsCM", "PyverbsRDMAErrno", "PyverbsRDMAError", "inc_rkey",
+           "translate", "rdma_error", "LOG_LEVEL", "LOG_FORMAT"]
+
+LOG_LEVEL = logging.INFO
+LOG_FORMAT = "[%(levelname)s] %(asctime)s %(filename)s:%(lineno)s: %(message)s"
+
+
+def PyverbsRDMAErrno(msg: str) -> PyverbsRDMAError:  # noqa: N802 - pyverbs's name
+    """A :class:`PyverbsRDMAError` with the current C ``errno`` (pyverbs ``PyverbsRDMAErrno``)."""
+    return PyverbsRDMAError(msg, ctypes.get_errno() or _errno.EINVAL)
+
+
+def inc_rkey(rkey: int) -> int:
+    """``ibv_inc_rkey``: the key with its low byte incremented (modulo 256)."""
+    return (rkey & 0xFFFFFF00) | ((rkey + 1) & 0xFF)
+
+
+def rdma_error(msg: str, exc: BaseException) -> PyverbsRDMAError:
+    """The :class:`PyverbsRDMAError` for a softrdma exception (its errno)."""
+    code = getattr(exc, "errno", None)
+    if not isinstance(code, int) or code <= 0:
+        code = _errno.EINVAL
+    err = PyverbsRDMAError(f"{msg} ({exc})" if str(exc) else msg, code)
+    return err
+
+
+@contextmanager
+def translate(msg: str) -> Iterator[None]:
+    """Re-raise softrdma errors inside the block as :class:`PyverbsRDMAError` (same errno)."""
+    try:
+        yield
+    except SoftRdmaError as exc:
+        raise rdma_error(msg, exc) from exc
+
+
+class PyverbsObject:
+    """Base of all pyverbs objects: a logger whose level ``set_log_level`` changes."""
+
+    @property
+    def logger(self) -> logging.Logger:
+        return logging.getLogger(type(self).__name__)
+
+    def set_log_level(self, val: int) -> None:
+        self.logger.setLevel(val)
+
+
+class PyverbsCM(PyverbsObject):
+    """A pyverbs object with resources: ``close()`` and the context-manager protocol."""
+
+    def close(self) -> None:
+        """Release the object (idempotent)."""
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()

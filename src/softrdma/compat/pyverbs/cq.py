@@ -1,0 +1,359 @@
+"""``pyverbs.cq``: completion queues, extended CQs and completion channels (IBA 11.4.2;
+rdma-core ``pyverbs/cq.pyx`` API).
+
+:class:`CQ` is a :class:`softrdma.verbs.CQ`; :meth:`CQ.poll` returns pyverbs
+:class:`WC` objects. ``WC.imm_data`` is, as in libibverbs, the immediate's big-endian wire
+bytes read as a host integer (``socket.ntohl(wc.imm_data)`` is the value sent).
+
+:class:`CQEX` (``ibv_create_cq_ex``) offers the iterator API ``start_poll`` /
+``poll_next`` / ``end_poll`` and the ``read_*`` accessors for the fields chosen by
+``wc_flags``. Supported: the standard fields (``IBV_WC_STANDARD_FLAGS``); completion
+timestamps, CVLAN, flow tags and tag-matching info fail with EOPNOTSUPP, as on rxe.
+``IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN`` is not supported (EOPNOTSUPP).
+
+Resize (``ibv_resize_cq``, rxe ``rxe_cq_chk_attr``): the new size must be 1..max_cqe and
+not below the number of completions queued (EINVAL).
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+from collections import deque
+from typing import Any
+
+from softrdma import verbs as _v
+from softrdma.errors import SoftRdmaError
+from softrdma.ib.types import WorkCompletion
+from softrdma.verbs.device import MAX_CQE
+
+from . import libibverbs_enums as e
+from .base import PyverbsCM, PyverbsObject, rdma_error
+from .pyverbs_error import PyverbsRDMAError, PyverbsUserError
+
+__all__ = ["CompChannel", "CQ", "CQEX", "CqInitAttrEx", "PollCqAttr", "WC", "WcTmInfo",
+           "cqe_status_to_str", "cqe_opcode_to_str", "cqe_flags_to_str",
+           "create_wc_flags_to_str", "flags_to_str"]
+
+_SUPPORTED_WC_FLAGS = int(e.IBV_WC_STANDARD_FLAGS)
+_KNOWN_WC_FLAGS = sum(int(f) for f in e.ibv_create_cq_wc_flags)
+_SUPPORTED_CQ_FLAGS = int(e.IBV_CREATE_CQ_ATTR_SINGLE_THREADED)
+_KNOWN_CQ_FLAGS = sum(int(f) for f in e.ibv_create_cq_attr_flags)
+_KNOWN_COMP_MASK = int(e.IBV_CQ_INIT_ATTR_MASK_FLAGS | e.IBV_CQ_INIT_ATTR_MASK_PD)
+
+
+class WC(PyverbsObject):
+    """A work completion (``struct ibv_wc``)."""
+
+    def __init__(self, wr_id: int = 0, status: int = 0, opcode: int = 0, vendor_err: int = 0,
+                 byte_len: int = 0, qp_num: int = 0, src_qp: int = 0, imm_data: int = 0,
+                 wc_flags: int = 0, pkey_index: int = 0, slid: int = 0, sl: int = 0,
+                 dlid_path_bits: int = 0) -> None:
+        super().__init__()
+        self.wr_id = wr_id
+        self.status = status
+        self.opcode = opcode
+        self.vendor_err = vendor_err
+        self.byte_len = byte_len
+        self.qp_num = qp_num
+        self.src_qp = src_qp
+        self.imm_data = imm_data
+        self.wc_flags = wc_flags
+        self.pkey_index = pkey_index
+        self.slid = slid
+        self.sl = sl
+        self.dlid_path_bits = dlid_path_bits
+        self.invalidated_rkey = 0
+
+    @classmethod
+    def from_engine(cls, w: WorkCompletion) -> WC:
+        wc = cls(w.wr_id, int(w.status), int(w.opcode), w.vendor_err, w.byte_len, w.qp_num,
+                 w.src_qp, socket.htonl(w.imm_data & 0xFFFFFFFF), int(w.wc_flags),
+                 w.pkey_index, w.slid, w.sl, w.dlid_path_bits)
+        if w.wc_flags & e.IBV_WC_WITH_INV:
+            wc.imm_data = w.invalidated_rkey
+            wc.invalidated_rkey = w.invalidated_rkey
+        return wc
+
+    def __str__(self) -> str:
+        return (f"WC: wr_id {self.wr_id}, status {cqe_status_to_str(self.status)}, opcode "
+                f"{cqe_opcode_to_str(self.opcode)}, byte_len {self.byte_len}, qp_num "
+                f"{self.qp_num}, src_qp {self.src_qp}, wc_flags {self.wc_flags:#x}")
+
+    __repr__ = __str__
+
+
+class WcTmInfo(PyverbsObject):
+    """``struct ibv_wc_tm_info``."""
+
+    def __init__(self, tag: int = 0, priv: int = 0) -> None:
+        super().__init__()
+        self.tag = tag
+        self.priv = priv
+
+
+class CompChannel(_v.CompChannel, PyverbsCM):
+    """A completion event channel (``ibv_create_comp_channel``)."""
+
+    def __init__(self, context: Any) -> None:
+        PyverbsObject.__init__(self)
+        try:
+            super().__init__(context)
+        except SoftRdmaError as exc:
+            raise rdma_error("Failed to create a completion channel", exc) from exc
+
+    def get_cq_event(self, expected_cq: Any = None) -> Any:
+        """Wait for the next CQ event (``ibv_get_cq_event``); it must be ``expected_cq``'s
+        when one is given."""
+        try:
+            cq = super().get_cq_event(None)
+        except SoftRdmaError as exc:
+            raise rdma_error("Failed to get CQ event", exc) from exc
+        if expected_cq is not None and cq is not expected_cq:
+            raise PyverbsRDMAError("Received event on an unexpected CQ")
+        return cq
+
+    def close(self) -> None:
+        _v.CompChannel.close(self)
+
+
+def _cqe(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise PyverbsUserError(f"cqe must be a number, got {value!r}") from None
+
+
+class CQ(_v.CQ, PyverbsCM):
+    """A completion queue (``ibv_create_cq``)."""
+
+    def __init__(self, creator: Any, cqe: Any, cq_context: Any = None,
+                 channel: CompChannel | None = None, comp_vector: int = 0) -> None:
+        PyverbsObject.__init__(self)
+        try:
+            super().__init__(creator, _cqe(cqe), cq_context, channel, int(comp_vector))
+        except SoftRdmaError as exc:
+            raise rdma_error("Failed to create a CQ", exc) from exc
+        self.num_events = 0
+
+    @property
+    def comp_channel(self) -> CompChannel | None:
+        return self.channel  # type: ignore[return-value]
+
+    def poll(self, num_entries: int = 1) -> tuple[int, list[WC]]:  # type: ignore[override]
+        """Up to ``num_entries`` completions (``ibv_poll_cq``)."""
+        try:
+            n, wcs = super().poll(num_entries)
+        except SoftRdmaError as exc:
+            raise rdma_error("Failed to poll CQ", exc) from exc
+        return n, [WC.from_engine(w) for w in wcs]
+
+    def req_notify(self, solicited_only: bool = False) -> None:
+        """Arm the CQ (``ibv_req_notify_cq``)."""
+        try:
+            super().req_notify(bool(solicited_only))
+        except SoftRdmaError as exc:
+            raise rdma_error("Request notify CQ returned", exc) from exc
+
+    def ack_events(self, num_events: int) -> None:
+        try:
+            super().ack_events(num_events)
+        except SoftRdmaError as exc:
+            raise rdma_error("Failed to ack CQ events", exc) from exc
+
+    def resize(self, cqe: int) -> None:
+        """``ibv_resize_cq``: EINVAL below the queued completions or above max_cqe."""
+        self._check()
+        cqe = _cqe(cqe)
+        with self._runtime.lock:
+            if not 1 <= cqe <= MAX_CQE or cqe < len(self._q):
+                raise PyverbsRDMAError("Failed to resize CQ", errno.EINVAL)
+            self.cqe = cqe
+
+    def close(self) -> None:
+        _v.CQ.close(self)
+
+
+class CqInitAttrEx(PyverbsObject):
+    """``struct ibv_cq_init_attr_ex``."""
+
+    def __init__(self, cqe: int = 100, cq_context: Any = None,
+                 channel: CompChannel | None = None, comp_vector: int = 0, wc_flags: int = 0,
+                 comp_mask: int = 0, flags: int = 0, parent_domain: Any = None) -> None:
+        super().__init__()
+        self.cqe = cqe
+        self.cq_context = cq_context
+        self.comp_channel = channel
+        self.comp_vector = comp_vector
+        self.wc_flags = wc_flags
+        self.comp_mask = comp_mask
+        self.flags = flags
+        self.parent_domain = parent_domain
+
+
+class PollCqAttr(PyverbsObject):
+    """``struct ibv_poll_cq_attr``."""
+
+    def __init__(self, comp_mask: int = 0) -> None:
+        super().__init__()
+        self.comp_mask = comp_mask
+
+
+class CQEX(CQ):
+    """An extended CQ (``ibv_create_cq_ex``) with the ``start_poll``/``poll_next`` API."""
+
+    def __init__(self, context: Any, init_attr: CqInitAttrEx) -> None:
+        if not isinstance(init_attr, CqInitAttrEx):
+            raise PyverbsUserError("CQEX needs a CqInitAttrEx")
+        a = init_attr
+        if a.comp_mask & ~_KNOWN_COMP_MASK:
+            raise PyverbsRDMAError("Failed to create extended CQ", errno.EINVAL)
+        if a.wc_flags & ~_KNOWN_WC_FLAGS:
+            raise PyverbsRDMAError("Failed to create extended CQ", errno.EINVAL)
+        if a.wc_flags & ~_SUPPORTED_WC_FLAGS:
+            raise PyverbsRDMAError("Failed to create extended CQ", errno.EOPNOTSUPP)
+        if a.comp_mask & e.IBV_CQ_INIT_ATTR_MASK_FLAGS:
+            if a.flags & ~_KNOWN_CQ_FLAGS:
+                raise PyverbsRDMAError("Failed to create extended CQ", errno.EINVAL)
+            if a.flags & ~_SUPPORTED_CQ_FLAGS:
+                raise PyverbsRDMAError("Failed to create extended CQ", errno.EOPNOTSUPP)
+        if a.comp_mask & e.IBV_CQ_INIT_ATTR_MASK_PD:
+            pd = a.parent_domain
+            if pd is None or getattr(pd, "protection_domain", pd) is pd:
+                raise PyverbsRDMAError("Failed to create extended CQ", errno.EINVAL)
+        try:
+            super().__init__(context, a.cqe, a.cq_context, a.comp_channel, a.comp_vector)
+        except PyverbsRDMAError as exc:
+            raise PyverbsRDMAError("Failed to create extended CQ", exc.error_code) from exc
+        self.wc_flags = int(a.wc_flags)
+        self._cur: WC | None = None
+        self._batch: deque[WC] = deque()
+        self._polling = False
+
+    def _next(self) -> int:
+        if not self._batch:
+            _, wcs = CQ.poll(self, 32)
+            self._batch.extend(wcs)
+        if not self._batch:
+            self._cur = None
+            return errno.ENOENT
+        self._cur = self._batch.popleft()
+        return 0
+
+    def start_poll(self, attr: PollCqAttr) -> int:
+        """Begin a polling pass (``ibv_start_poll``): 0 with a completion ready, ENOENT
+        when the CQ is empty."""
+        if self._polling:
+            raise PyverbsRDMAError("Failed to poll CQ: a poll is in progress", errno.EINVAL)
+        rc = self._next()
+        self._polling = rc == 0
+        return rc
+
+    def poll_next(self) -> int:
+        """The next completion of the pass (``ibv_next_poll``): 0 or ENOENT."""
+        if not self._polling:
+            raise PyverbsRDMAError("Failed to poll CQ: no poll in progress", errno.EINVAL)
+        return self._next()
+
+    def end_poll(self) -> None:
+        """End the pass (``ibv_end_poll``); completions not yet read stay queued."""
+        if self._batch:
+            with self._runtime.lock:
+                self._q.extendleft(reversed([self._engine_wc(w) for w in self._batch]))
+            self._batch.clear()
+        self._polling = False
+        self._cur = None
+
+    @staticmethod
+    def _engine_wc(w: WC) -> WorkCompletion:
+        wc = WorkCompletion(w.wr_id, w.status, w.opcode, w.qp_num, w.byte_len,
+                            socket.ntohl(w.imm_data), w.src_qp, w.wc_flags, w.vendor_err,
+                            w.pkey_index, w.invalidated_rkey)
+        return wc
+
+    def _wc(self) -> WC:
+        if self._cur is None:
+            raise PyverbsRDMAError("No completion is being polled", errno.EINVAL)
+        return self._cur
+
+    def _field(self, flag: int) -> WC:
+        if not self.wc_flags & flag:
+            raise PyverbsUserError("The CQ was not created with this field in wc_flags")
+        return self._wc()
+
+    @property
+    def status(self) -> int:
+        return self._wc().status
+
+    @property
+    def wr_id(self) -> int:
+        return self._wc().wr_id
+
+    def read_opcode(self) -> int:
+        return self._wc().opcode
+
+    def read_vendor_err(self) -> int:
+        return self._wc().vendor_err
+
+    def read_byte_len(self) -> int:
+        return self._field(int(e.IBV_WC_EX_WITH_BYTE_LEN)).byte_len
+
+    def read_imm_data(self) -> int:
+        return self._field(int(e.IBV_WC_EX_WITH_IMM)).imm_data
+
+    def read_qp_num(self) -> int:
+        return self._field(int(e.IBV_WC_EX_WITH_QP_NUM)).qp_num
+
+    def read_src_qp(self) -> int:
+        return self._field(int(e.IBV_WC_EX_WITH_SRC_QP)).src_qp
+
+    def read_wc_flags(self) -> int:
+        return self._wc().wc_flags
+
+    def read_slid(self) -> int:
+        return self._field(int(e.IBV_WC_EX_WITH_SLID)).slid
+
+    def read_sl(self) -> int:
+        return self._field(int(e.IBV_WC_EX_WITH_SL)).sl
+
+    def read_dlid_path_bits(self) -> int:
+        return self._field(int(e.IBV_WC_EX_WITH_DLID_PATH_BITS)).dlid_path_bits
+
+    def read_timestamp(self) -> int:
+        raise PyverbsUserError("The CQ was not created with completion timestamps")
+
+    def read_completion_wallclock_ns(self) -> int:
+        raise PyverbsUserError("The CQ was not created with wall-clock timestamps")
+
+    def read_cvlan(self) -> int:
+        raise PyverbsUserError("The CQ was not created with CVLAN")
+
+    def read_flow_tag(self) -> int:
+        raise PyverbsUserError("The CQ was not created with flow tags")
+
+    def read_tm_info(self) -> WcTmInfo:
+        raise PyverbsUserError("The CQ was not created with tag-matching info")
+
+
+# ---- string helpers ------------------------------------------------------------------------
+def cqe_status_to_str(status: int) -> str:
+    return _v.wc_status_str(status)
+
+
+def cqe_opcode_to_str(opcode: int) -> str:
+    try:
+        return e.ibv_wc_opcode(opcode).name
+    except ValueError:
+        return f"Unknown opcode ({opcode})"
+
+
+def flags_to_str(flags: int, values: dict[int, str]) -> str:
+    return "".join(f"{name} " for bit, name in values.items() if flags & bit)
+
+
+def cqe_flags_to_str(flags: int) -> str:
+    return flags_to_str(flags, {int(f): f.name for f in e.ibv_wc_flags})
+
+
+def create_wc_flags_to_str(flags: int) -> str:
+    return flags_to_str(flags, {int(f): f.name for f in e.ibv_create_cq_wc_flags})

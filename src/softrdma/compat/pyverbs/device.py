@@ -1,0 +1,587 @@
+"""``pyverbs.device``: devices, contexts and their attributes (IBA 11.2.1; rdma-core
+``pyverbs/device.pyx`` API).
+
+:func:`get_device_list` lists the softrdma devices of the registry (``softrdma link
+add``); the one named by ``$SOFTRDMA_PYVERBS_DEVICE`` (``softrdma pyverbs --dev``) comes
+first. :class:`Context` opens one (a :class:`softrdma.verbs.Context`).
+
+Query results have the shape libibverbs gives for a software RoCE device (rxe): node type
+CA, transport IB, port ACTIVE, link layer Ethernet, a GID table of
+:data:`GID_TABLE_LEN` entries (rxe's ``RXE_PORT_GID_TBL_LEN``) in which the populated
+entries are the RoCE v2 GIDs of the netdev's IP addresses and the others read as zero
+(``ibv_query_gid``) or ENODATA (``ibv_query_gid_ex``). Device memory (:class:`DM`) is
+memory the device owns, up to :data:`MAX_DM_SIZE` per context.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import weakref
+from typing import Any
+
+from softrdma import enums as se
+from softrdma import verbs as _v
+from softrdma.compat import DEVICE_ENV
+from softrdma.errors import DeviceError, SoftRdmaError
+from softrdma.verbs._object import VerbsObject
+
+from . import libibverbs_enums as e
+from .base import PyverbsCM, PyverbsObject, rdma_error, translate
+from .pyverbs_error import PyverbsRDMAError, PyverbsUserError
+
+__all__ = [
+    "Device", "get_device_list", "Context", "DeviceAttr", "DeviceAttrEx", "ODPCaps",
+    "TSOCaps", "RSSCaps", "TMCaps", "CQModerationCaps", "PCIAtomicCaps", "PacketPacingCaps",
+    "PortAttr", "GIDEntry", "AsyncEvent", "AllocDmAttr", "DM", "QueryDeviceExInput",
+    "GID_TABLE_LEN", "translate_mtu", "translate_link_layer", "translate_node_type",
+    "translate_transport_type", "translate_gid_type", "translate_event_type",
+    "translate_device_caps", "translate_port_cap_flags", "translate_port_cap_flags2",
+    "port_state_to_str", "phys_state_to_str", "width_to_str", "speed_to_str",
+    "guid_format", "guid_to_hex", "str_from_flags", "rdma_get_devices",
+]
+
+_O = e.ibv_odp_transport_cap_bits
+#: ODP capabilities (``struct ibv_odp_caps``): every transport operation softrdma runs.
+ODP_GENERAL_CAPS = int(e.IBV_ODP_SUPPORT | e.IBV_ODP_SUPPORT_IMPLICIT)
+ODP_RC_CAPS = int(_O.IBV_ODP_SUPPORT_SEND | _O.IBV_ODP_SUPPORT_RECV | _O.IBV_ODP_SUPPORT_WRITE
+                  | _O.IBV_ODP_SUPPORT_READ | _O.IBV_ODP_SUPPORT_ATOMIC
+                  | _O.IBV_ODP_SUPPORT_SRQ_RECV)
+ODP_UC_CAPS = int(_O.IBV_ODP_SUPPORT_SEND | _O.IBV_ODP_SUPPORT_RECV | _O.IBV_ODP_SUPPORT_WRITE
+                  | _O.IBV_ODP_SUPPORT_SRQ_RECV)
+ODP_UD_CAPS = int(_O.IBV_ODP_SUPPORT_SEND | _O.IBV_ODP_SUPPORT_RECV
+                  | _O.IBV_ODP_SUPPORT_SRQ_RECV)
+
+#: GID table length a software RoCE port reports (rxe ``RXE_PORT_GID_TBL_LEN``).
+GID_TABLE_LEN = 1024
+_IB_GID_TYPE_ROCE_V2 = 2  # enum ibv_gid_type (verbs.h): IB 0, RoCE v1 1, RoCE v2 2
+
+
+def guid_format(num: int) -> str:
+    """A GUID as pyverbs prints it: the 8 bytes in memory order, 4 groups of 4 hex digits."""
+    h = int.from_bytes(num.to_bytes(8, "big"), "little")
+    s = f"{h:016x}"
+    return ":".join(s[i:i + 4] for i in range(0, 16, 4))
+
+
+def guid_to_hex(node_guid: int) -> str:
+    return f"{node_guid:x}"
+
+
+class Device(PyverbsObject):
+    """An entry of :func:`get_device_list` (``struct ibv_device``)."""
+
+    def __init__(self, name: bytes, guid: int, node_type: int, transport_type: int,
+                 index: int = 0) -> None:
+        super().__init__()
+        self.name = name
+        self.guid = guid
+        self.node_type = node_type
+        self.transport_type = transport_type
+        self.index = index
+
+    def __str__(self) -> str:
+        return (f"Device {self.name.decode()}, node type {translate_node_type(self.node_type)}, "
+                f"transport type {translate_transport_type(self.transport_type)}, "
+                f"guid {guid_format(self.guid)}")
+
+
+def _ordered_devices() -> list[_v.DeviceInfo]:
+    devs = _v.get_device_list()
+    want = os.environ.get(DEVICE_ENV)
+    if want:
+        devs.sort(key=lambda d: d.name != want)
+    return devs
+
+
+def get_device_list() -> list[Device]:
+    """The softrdma devices (``ibv_get_device_list``)."""
+    try:
+        devs = _ordered_devices()
+    except SoftRdmaError as exc:
+        raise rdma_error("Failed to get devices list", exc) from exc
+    out = []
+    for i, d in enumerate(devs):
+        iwarp = d.type == "iwarp"
+        out.append(Device(d.name.encode(), int.from_bytes(d.node_guid.to_bytes(8, "big"), "little"),
+                          int(e.IBV_NODE_RNIC if iwarp else e.IBV_NODE_CA),
+                          int(e.IBV_TRANSPORT_IWARP if iwarp else e.IBV_TRANSPORT_IB), i))
+    return out
+
+
+def rdma_get_devices() -> list[Device]:
+    """``rdma_get_devices``: the same list (every softrdma device is RDMA-CM capable)."""
+    return get_device_list()
+
+
+# ---- attribute objects --------------------------------------------------------------------
+class _Attrs(PyverbsObject):
+    """A plain attribute holder (pyverbs' struct wrappers)."""
+
+    _fields: tuple[str, ...] = ()
+
+    def __init__(self, **values: Any) -> None:
+        super().__init__()
+        for f in self._fields:
+            setattr(self, f, values.pop(f, 0))
+        if values:
+            raise PyverbsUserError(f"{type(self).__name__}: unknown fields {sorted(values)}")
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+
+    def __str__(self) -> str:
+        return "".join(f"{f:28}: {getattr(self, f)}\n" for f in self._fields)
+
+
+class DeviceAttr(_Attrs):
+    """``struct ibv_device_attr``."""
+
+    _fields = (
+        "fw_version", "node_guid", "sys_image_guid", "max_mr_size", "page_size_cap",
+        "vendor_id", "vendor_part_id", "hw_ver", "max_qp", "max_qp_wr", "device_cap_flags",
+        "max_sge", "max_sge_rd", "max_cq", "max_cqe", "max_mr", "max_pd", "max_qp_rd_atom",
+        "max_ee_rd_atom", "max_res_rd_atom", "max_qp_init_rd_atom", "max_ee_init_rd_atom",
+        "atomic_caps", "max_ee", "max_rdd", "max_mw", "max_raw_ipv6_qps", "max_raw_ethy_qp",
+        "max_mcast_grp", "max_mcast_qp_attach", "max_total_mcast_qp_attach", "max_ah",
+        "max_fmr", "max_map_per_fmr", "max_srq", "max_srq_wr", "max_srq_sge", "max_pkeys",
+        "local_ca_ack_delay", "phys_port_cnt",
+    )
+
+
+class ODPCaps(_Attrs):
+    """``struct ibv_odp_caps``."""
+
+    _fields = ("general_caps", "rc_odp_caps", "uc_odp_caps", "ud_odp_caps", "xrc_odp_caps")
+
+
+class TSOCaps(_Attrs):
+    _fields = ("max_tso", "supported_qpts")
+
+
+class RSSCaps(_Attrs):
+    _fields = ("supported_qpts", "max_rwq_indirection_tables",
+               "max_rwq_indirection_table_size", "rx_hash_function", "rx_hash_fields_mask")
+
+
+class TMCaps(_Attrs):
+    _fields = ("max_rndv_hdr_size", "max_num_tags", "flags", "max_ops", "max_sge")
+
+
+class CQModerationCaps(_Attrs):
+    _fields = ("max_cq_count", "max_cq_period")
+
+
+class PCIAtomicCaps(_Attrs):
+    _fields = ("fetch_add", "swap", "compare_swap")
+
+
+class PacketPacingCaps(_Attrs):
+    _fields = ("qp_rate_limit_min", "qp_rate_limit_max", "supported_qpts")
+
+
+class DeviceAttrEx(_Attrs):
+    """``struct ibv_device_attr_ex``."""
+
+    _fields = (
+        "orig_attr", "comp_mask", "odp_caps", "completion_timestamp_mask", "hca_core_clock",
+        "device_cap_flags_ex", "tso_caps", "rss_caps", "max_wq_type_rq", "packet_pacing_caps",
+        "raw_packet_caps", "tm_caps", "cq_mod_caps", "max_dm_size", "pci_atomic_caps",
+        "phys_port_cnt_ex",
+    )
+
+
+class QueryDeviceExInput(PyverbsObject):
+    """``struct ibv_query_device_ex_input`` (comp_mask only)."""
+
+    def __init__(self, comp_mask: int = 0) -> None:
+        super().__init__()
+        self.comp_mask = comp_mask
+
+
+class PortAttr(_Attrs):
+    """``struct ibv_port_attr``."""
+
+    _fields = (
+        "state", "max_mtu", "active_mtu", "gid_tbl_len", "port_cap_flags", "max_msg_sz",
+        "bad_pkey_cntr", "qkey_viol_cntr", "pkey_tbl_len", "lid", "sm_lid", "lmc",
+        "max_vl_num", "sm_sl", "subnet_timeout", "init_type_reply", "active_width",
+        "active_speed", "phys_state", "link_layer", "flags", "port_cap_flags2",
+    )
+
+
+class GIDEntry(PyverbsObject):
+    """``struct ibv_gid_entry`` (``ibv_query_gid_ex`` / ``ibv_query_gid_table``)."""
+
+    def __init__(self, raw: bytes, gid_index: int, port_num: int, gid_type: int,
+                 ndev_ifindex: int) -> None:
+        super().__init__()
+        self.gid_subnet_prefix = int.from_bytes(raw[:8], "little")
+        self.gid_interface_id = int.from_bytes(raw[8:], "little")
+        self.gid_index = gid_index
+        self.port_num = port_num
+        self.gid_type = gid_type
+        self.ndev_ifindex = ndev_ifindex
+        self._raw = raw
+
+    def gid_str(self) -> str:
+        h = self._raw.hex()
+        return ":".join(h[i:i + 4] for i in range(0, 32, 4))
+
+    def __str__(self) -> str:
+        return (f"GID {self.gid_str()}, index {self.gid_index}, port {self.port_num}, "
+                f"type {translate_gid_type(self.gid_type)}, ifindex {self.ndev_ifindex}")
+
+
+class AsyncEvent(PyverbsObject):
+    """An asynchronous event (``struct ibv_async_event``); :meth:`ack` acknowledges it."""
+
+    def __init__(self, ctx: Context, event: Any) -> None:
+        super().__init__()
+        self._ctx = ctx
+        self._event = event
+        self.event_type = int(event.event_type)
+        self.element = event.element
+
+    def ack(self) -> None:
+        self._ctx.ack_async_event(self._event)
+
+
+class AllocDmAttr(PyverbsObject):
+    """``struct ibv_alloc_dm_attr``."""
+
+    def __init__(self, length: int = 0, log_align_req: int = 0, comp_mask: int = 0) -> None:
+        super().__init__()
+        self.length = length
+        self.log_align_req = log_align_req
+        self.comp_mask = comp_mask
+
+
+#: Device memory a softrdma device offers per context (``max_dm_size``; mlx5's MEMIC size).
+MAX_DM_SIZE = 256 * 1024
+
+
+class DM(VerbsObject, PyverbsCM):
+    """Device memory (``ibv_alloc_dm``): memory owned by the device, reached by the host
+    only through :meth:`copy_to_dm` / :meth:`copy_from_dm` (4-byte aligned offsets and
+    lengths, as libibverbs requires) and by the engine through a DMMR
+    (``ibv_reg_dm_mr``, zero-based). A softrdma device's memory is a buffer of the
+    process that opened it; each context may hold up to :data:`MAX_DM_SIZE` bytes."""
+
+    _close_rank = 5
+
+    def __init__(self, context: Context, dm_attr: AllocDmAttr | None = None,
+                 **kwargs: Any) -> None:
+        VerbsObject.__init__(self)
+        if kwargs.get("handle") is not None:
+            raise PyverbsRDMAError("Failed to import DM: softrdma objects cannot be imported",
+                                   errno.EOPNOTSUPP)
+        if not isinstance(context, Context) or not isinstance(dm_attr, AllocDmAttr):
+            raise PyverbsUserError("DM needs a Context and an AllocDmAttr")
+        length = int(dm_attr.length)
+        used = sum(int(dm.length) for dm in context._dms if not dm.closed)
+        if (dm_attr.comp_mask or length <= 0 or length > MAX_DM_SIZE - used
+                or not 0 <= int(dm_attr.log_align_req) < 64):
+            code = errno.EINVAL if dm_attr.comp_mask or length <= 0 else errno.ENOMEM
+            raise PyverbsRDMAError(f"Failed to allocate device memory of size {length}. "
+                                   f"Max available size {MAX_DM_SIZE - used}.", code)
+        try:
+            self._depend_on(context)
+        except SoftRdmaError as exc:
+            raise rdma_error("Failed to allocate device memory", exc) from exc
+        self.context = context
+        self.length: int = length
+        self.memory = bytearray(length)
+        context._dms.add(self)
+
+    @property
+    def handle(self) -> int:
+        return id(self) & 0xFFFFFFFF
+
+    def _range(self, offset: int, length: int, what: str) -> None:
+        self._check()
+        if offset < 0 or length < 0 or offset & 3 or length & 3 or offset + length > self.length:
+            raise PyverbsRDMAError(f"Failed to copy {what} dm", errno.EINVAL)
+
+    def copy_to_dm(self, dm_offset: int, data: bytes | str, length: int) -> None:
+        """``ibv_memcpy_to_dm``."""
+        if isinstance(data, str):
+            data = data.encode()
+        dm_offset, length = int(dm_offset), int(length)
+        self._range(dm_offset, length, "to")
+        self.memory[dm_offset:dm_offset + length] = bytes(data[:length]).ljust(length, b"\0")
+
+    def copy_from_dm(self, dm_offset: int, length: int) -> bytes:
+        """``ibv_memcpy_from_dm``."""
+        dm_offset, length = int(dm_offset), int(length)
+        self._range(dm_offset, length, "from")
+        return bytes(self.memory[dm_offset:dm_offset + length])
+
+    def unimport(self) -> None:
+        raise PyverbsRDMAError("Failed to unimport DM", errno.EOPNOTSUPP)
+
+    def close(self) -> None:
+        """Free the device memory (``ibv_free_dm``) and the MRs on it; idempotent."""
+        VerbsObject.close(self)
+
+
+# ---- the context -------------------------------------------------------------------------------
+class Context(_v.Context, PyverbsObject):
+    """An opened softrdma device (``ibv_open_device``; pyverbs ``Context``).
+
+    ``Context(name="softrdma_lo")``. ``attr`` (provider attributes) and ``cmid`` are not
+    supported (EOPNOTSUPP); ``cmd_fd`` imports a context opened in this process
+    (``ibv_import_device``), see :meth:`cmd_fd`.
+    """
+
+    _imports: dict[tuple[int, int], Context] = {}
+
+    def __init__(self, name: str | bytes | None = None, attr: Any = None, cmid: Any = None,
+                 cmd_fd: int | None = None, **kwargs: Any) -> None:
+        PyverbsObject.__init__(self)
+        name = kwargs.pop("name", name)
+        if kwargs:
+            raise PyverbsUserError(f"Context: unexpected arguments {sorted(kwargs)}")
+        if isinstance(name, bytes):
+            name = name.decode()
+        if attr is not None or cmid is not None:
+            raise PyverbsRDMAError("Opening a device with provider attributes or a CMID is "
+                                   "not supported by softrdma", errno.EOPNOTSUPP)
+        if cmd_fd is not None:
+            raise PyverbsRDMAError("Failed to import device: softrdma contexts cannot be "
+                                   "imported from a command FD", errno.EOPNOTSUPP)
+        if name is None:
+            raise PyverbsUserError("Device name must be provided")
+        try:
+            super().__init__(name)
+        except DeviceError as exc:
+            raise PyverbsRDMAError(f"Failed to open device {name}", exc.errno) from exc
+        except SoftRdmaError as exc:
+            raise rdma_error(f"Failed to open device {name}", exc) from exc
+        self.num_comp_vectors = 1
+        self._dms: weakref.WeakSet[DM] = weakref.WeakSet()
+        try:
+            self._ifindex = socket.if_nametoindex(self.netdev) if self.netdev else 0
+        except OSError:
+            self._ifindex = 0
+
+    @property
+    def cmd_fd(self) -> int:
+        """The descriptor that stands for the opened device (its async-event fd)."""
+        self._check()
+        return self.async_fileno()
+
+    @property
+    def context(self) -> Context:
+        return self
+
+    # ---- device -------------------------------------------------------------------------------
+    def query_device(self) -> DeviceAttr:  # type: ignore[override]
+        """``ibv_query_device``."""
+        with translate("Failed to query device"):
+            a = super().query_device()
+        return _device_attr(a)
+
+    def query_device_ex(self, ex_input: QueryDeviceExInput | None = None) -> DeviceAttrEx:
+        """``ibv_query_device_ex``. On-demand paging is supported, implicit ODP
+        included, for RC, UC and UD (softrdma never pins memory; see
+        :mod:`softrdma.compat.pyverbs.mr`); device memory up to :data:`MAX_DM_SIZE`; no
+        TSO, RSS or tag matching (rxe's answers)."""
+        orig = self.query_device()
+        return DeviceAttrEx(
+            orig_attr=orig, comp_mask=0,
+            odp_caps=ODPCaps(general_caps=ODP_GENERAL_CAPS, rc_odp_caps=ODP_RC_CAPS,
+                             uc_odp_caps=ODP_UC_CAPS, ud_odp_caps=ODP_UD_CAPS,
+                             xrc_odp_caps=0),
+            completion_timestamp_mask=0, hca_core_clock=0,
+            device_cap_flags_ex=orig.device_cap_flags,
+            tso_caps=TSOCaps(), rss_caps=RSSCaps(), max_wq_type_rq=0,
+            packet_pacing_caps=PacketPacingCaps(), raw_packet_caps=0, tm_caps=TMCaps(),
+            cq_mod_caps=CQModerationCaps(), max_dm_size=MAX_DM_SIZE, pci_atomic_caps=PCIAtomicCaps(),
+            phys_port_cnt_ex=orig.phys_port_cnt)
+
+    def query_rt_values_ex(self, comp_mask: int = 0) -> tuple[int, int]:
+        """``ibv_query_rt_values_ex``: not supported by software RoCE (EOPNOTSUPP)."""
+        raise PyverbsRDMAError("Failed to query RT values", errno.EOPNOTSUPP)
+
+    # ---- port ----------------------------------------------------------------------------------
+    def query_port(self, port_num: int = 1) -> PortAttr:  # type: ignore[override]
+        """``ibv_query_port``; a port other than 1 fails with EINVAL."""
+        with translate("Failed to query port"):
+            p = super().query_port(port_num)
+        return PortAttr(
+            state=p.state, max_mtu=p.max_mtu, active_mtu=p.active_mtu, gid_tbl_len=GID_TABLE_LEN,
+            port_cap_flags=p.port_cap_flags, max_msg_sz=p.max_msg_sz,
+            bad_pkey_cntr=p.bad_pkey_cntr, qkey_viol_cntr=p.qkey_viol_cntr,
+            pkey_tbl_len=p.pkey_tbl_len, lid=p.lid, sm_lid=p.sm_lid, lmc=p.lmc,
+            max_vl_num=p.max_vl_num, sm_sl=p.sm_sl, subnet_timeout=p.subnet_timeout,
+            init_type_reply=p.init_type_reply, active_width=p.active_width,
+            active_speed=p.active_speed, phys_state=p.phys_state, link_layer=p.link_layer,
+            flags=p.flags, port_cap_flags2=p.port_cap_flags2)
+
+    def query_pkey(self, port_num: int = 1, index: int = 0) -> int:
+        """``ibv_query_pkey``."""
+        with translate("Failed to query pkey"):
+            return int(super().query_pkey(port_num, index))
+
+    def _gid_raw(self, port_num: int, index: int) -> bytes | None:
+        """The GID at ``index`` (None for an empty entry); EINVAL outside the table."""
+        if port_num != 1:
+            raise PyverbsRDMAError("Failed to query gid", errno.EINVAL)
+        if not isinstance(index, int) or not 0 <= index < GID_TABLE_LEN:
+            raise PyverbsRDMAError(f"Failed to query gid {index}", errno.EINVAL)
+        self._check()
+        gids = self.port.gids
+        return bytes(gids[index]) if index < len(gids) else None
+
+    def query_gid(self, port_num: int = 1, index: int = 0) -> Any:
+        """``ibv_query_gid``: an empty entry reads as the zero GID."""
+        from .addr import GID  # noqa: PLC0415 - addr imports this module
+
+        raw = self._gid_raw(port_num, index)
+        return GID(raw if raw is not None else bytes(16))
+
+    def query_gid_type(self, port_num: int = 1, index: int = 0) -> int:
+        """``ibv_query_gid_type`` (``enum ibv_gid_type_sysfs``): RoCE v2."""
+        if self._gid_raw(port_num, index) is None:
+            raise PyverbsRDMAError("Failed to query gid type", errno.ENODATA)
+        return int(e.IBV_GID_TYPE_SYSFS_ROCE_V2)
+
+    def query_gid_ex(self, port_num: int = 1, gid_index: int = 0, flags: int = 0) -> GIDEntry:
+        """``ibv_query_gid_ex``: ENODATA for an empty entry, EINVAL outside the table."""
+        if flags:
+            raise PyverbsRDMAError("Failed to query gid ex", errno.EINVAL)
+        raw = self._gid_raw(port_num, gid_index)
+        if raw is None:
+            raise PyverbsRDMAError(f"Failed to query gid {gid_index} of port {port_num}",
+                                   errno.ENODATA)
+        return GIDEntry(raw, gid_index, port_num, _IB_GID_TYPE_ROCE_V2, self._ifindex)
+
+    def query_gid_table(self, max_entries: int, flags: int = 0) -> list[GIDEntry]:
+        """``ibv_query_gid_table``: the populated entries; a buffer smaller than them
+        (or flags) gives ``-EINVAL`` (the function's negative return, as pyverbs reports)."""
+        self._check()
+        gids = self.port.gids
+        if flags or not isinstance(max_entries, int) or max_entries < len(gids):
+            raise PyverbsRDMAError("Failed to query gid tables of the device", -errno.EINVAL)
+        return [GIDEntry(bytes(g), i, 1, _IB_GID_TYPE_ROCE_V2, self._ifindex)
+                for i, g in enumerate(gids)]
+
+    # ---- events -----------------------------------------------------------------------------
+    def get_async_event(self, timeout: float | None = None) -> AsyncEvent:  # type: ignore[override]
+        """``ibv_get_async_event`` (blocks until an event arrives; ``timeout`` is a
+        softrdma addition)."""
+        with translate("Failed to get async event"):
+            ev = super().get_async_event(timeout)
+        return AsyncEvent(self, ev)
+
+    def close(self) -> None:
+        """Close the context and every object created on it (``ibv_close_device``)."""
+        super().close()
+
+
+#: Capabilities the compatibility layer adds to the verbs layer's: memory windows of type
+#: 1 and 2B (:mod:`softrdma.ib.mw`), as rxe reports them.
+EXTRA_DEVICE_CAPS = int(e.IBV_DEVICE_MEM_WINDOW | e.IBV_DEVICE_MEM_WINDOW_TYPE_2B)
+MAX_MW = 0x1000  # rxe_param.h RXE_MAX_MW
+
+
+def _device_attr(a: _v.DeviceAttr) -> DeviceAttr:
+    caps = a.device_cap_flags | EXTRA_DEVICE_CAPS
+    return DeviceAttr(
+        fw_version=a.fw_ver, node_guid=a.node_guid, sys_image_guid=a.sys_image_guid,
+        max_mr_size=a.max_mr_size, page_size_cap=a.page_size_cap, vendor_id=a.vendor_id,
+        vendor_part_id=a.vendor_part_id, hw_ver=a.hw_ver, max_qp=a.max_qp,
+        max_qp_wr=a.max_qp_wr, device_cap_flags=caps, max_sge=a.max_sge,
+        max_sge_rd=a.max_sge_rd, max_cq=a.max_cq, max_cqe=a.max_cqe, max_mr=a.max_mr,
+        max_pd=a.max_pd, max_qp_rd_atom=a.max_qp_rd_atom, max_ee_rd_atom=a.max_ee_rd_atom,
+        max_res_rd_atom=a.max_res_rd_atom, max_qp_init_rd_atom=a.max_qp_init_rd_atom,
+        max_ee_init_rd_atom=a.max_ee_init_rd_atom, atomic_caps=a.atomic_caps, max_ee=a.max_ee,
+        max_rdd=a.max_rdd, max_mw=max(a.max_mw, MAX_MW), max_raw_ipv6_qps=a.max_raw_ipv6_qp,
+        max_raw_ethy_qp=a.max_raw_ethy_qp, max_mcast_grp=a.max_mcast_grp,
+        max_mcast_qp_attach=a.max_mcast_qp_attach,
+        max_total_mcast_qp_attach=a.max_total_mcast_qp_attach, max_ah=a.max_ah,
+        max_fmr=a.max_fmr, max_map_per_fmr=a.max_map_per_fmr, max_srq=a.max_srq,
+        max_srq_wr=a.max_srq_wr, max_srq_sge=a.max_srq_sge, max_pkeys=a.max_pkeys,
+        local_ca_ack_delay=a.local_ca_ack_delay, phys_port_cnt=a.phys_port_cnt)
+
+
+# ---- string helpers (pyverbs's exact texts) ---------------------------------------------------
+def translate_mtu(mtu: int) -> str:
+    sizes = {1: 256, 2: 512, 3: 1024, 4: 2048, 5: 4096}
+    return f"{sizes[mtu]} ({mtu})" if mtu in sizes else f"Invalid MTU ({mtu})"
+
+
+def translate_link_layer(ll: int) -> str:
+    names = {0: "Unspecified", 1: "InfiniBand", 2: "Ethernet"}
+    return names.get(ll, f"Invalid link layer ({ll})")
+
+
+def translate_node_type(node_type: int) -> str:
+    names = {-1: "Unknown", 1: "CA", 2: "Switch", 3: "Router", 4: "RNIC", 5: "usNIC",
+             6: "usNIC UDP", 7: "Unspecified"}
+    return names.get(node_type, f"Invalid node type ({node_type})")
+
+
+def translate_transport_type(transport: int) -> str:
+    names = {-1: "Unknown", 0: "IB", 1: "IWARP", 2: "usNIC", 3: "usNIC UDP", 4: "Unspecified"}
+    return names.get(transport, f"Invalid transport type ({transport})")
+
+
+def translate_gid_type(gid_type: int) -> str:
+    names = {0: "IB", 1: "RoCEv1", 2: "RoCEv2"}
+    return names.get(gid_type, f"Invalid GID type ({gid_type})")
+
+
+def translate_event_type(event_type: int) -> str:
+    try:
+        return se.ibv_event_type(event_type).name
+    except ValueError:
+        return f"Unknown event ({event_type})"
+
+
+def port_state_to_str(state: int) -> str:
+    names = {0: "NOP", 1: "Down", 2: "Init", 3: "Armed", 4: "Active", 5: "Active deferred"}
+    return f"{names[state]} ({state})" if state in names else f"Invalid state ({state})"
+
+
+def phys_state_to_str(phys: int) -> str:
+    names = {1: "Sleep", 2: "Polling", 3: "Disabled", 4: "Port configuration training",
+             5: "Link up", 6: "Link error recovery", 7: "Phy test"}
+    return f"{names[phys]} ({phys})" if phys in names else "Invalid physical state"
+
+
+def width_to_str(width: int) -> str:
+    names = {1: "1X", 2: "4X", 4: "8X", 8: "12X", 16: "2X"}
+    return f"{names[width]} ({width})" if width in names else "Invalid width"
+
+
+def speed_to_str(speed: int) -> str:
+    names = {0: "0.0 Gbps", 1: "2.5 Gbps", 2: "5.0 Gbps", 4: "5.0 Gbps", 8: "10.0 Gbps",
+             16: "14.0 Gbps", 32: "25.0 Gbps", 64: "50.0 Gbps", 128: "100.0 Gbps"}
+    return f"{names[speed]} ({speed})" if speed in names else "Invalid speed"
+
+
+def str_from_flags(flags: int, dictionary: dict[int, str]) -> str:
+    out = "\n  "
+    for bit, name in dictionary.items():
+        if flags & bit:
+            out += name + "\n  "
+    return out
+
+
+def _flag_names(enum_cls: Any) -> dict[int, str]:
+    return {int(m): str(m.name) for m in enum_cls}
+
+
+def translate_device_caps(flags: int) -> str:
+    return str_from_flags(flags, _flag_names(e.ibv_device_cap_flags))
+
+
+def translate_port_cap_flags(flags: int) -> str:
+    return str_from_flags(flags, _flag_names(e.ibv_port_cap_flags))
+
+
+def translate_port_cap_flags2(flags: int) -> str:
+    return str_from_flags(flags, _flag_names(e.ibv_port_cap_flags2))

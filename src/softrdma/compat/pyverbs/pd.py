@@ -1,0 +1,137 @@
+"""``pyverbs.pd``: protection domains and parent domains (IBA 10.2.3; rdma-core
+``pyverbs/pd.pyx`` API).
+
+:class:`PD` is a :class:`softrdma.verbs.PD`; closing it closes the QPs, AHs, MWs, MRs and
+SRQs created on it (pyverbs ``PD.close``).
+
+:class:`ParentDomain` (``ibv_alloc_parent_domain``) is a PD that stands for its
+protection domain: objects created on it are checked against the protection domain, so
+an MR of the protection domain serves a QP of the parent domain. The custom allocators
+of a :class:`ParentDomainContext` are what libibverbs providers call for queue buffers
+they place in user memory; softrdma's queues live in the engine, so it never calls them.
+
+:meth:`PD.advise_mr` (``ibv_advise_mr``) prefetches on-demand-paging MRs: in softrdma
+every MR is accessed in place, on demand, so a prefetch only validates its arguments.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from softrdma import verbs as _v
+from softrdma.errors import SoftRdmaError
+
+from . import libibverbs_enums as e
+from .base import PyverbsCM, PyverbsObject, rdma_error
+from .pyverbs_error import PyverbsRDMAError, PyverbsUserError
+
+__all__ = ["PD", "ParentDomain", "ParentDomainInitAttr", "ParentDomainContext"]
+
+_ADVICES = frozenset({int(e._IBV_ADVISE_MR_ADVICE_PREFETCH),
+                      int(e._IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE),
+                      int(e._IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT)})
+
+
+class PD(_v.PD, PyverbsCM):
+    """A protection domain (``ibv_alloc_pd``)."""
+
+    def __init__(self, creator: Any, **kwargs: Any) -> None:
+        PyverbsObject.__init__(self)
+        if kwargs.get("handle") is not None:
+            raise PyverbsRDMAError("Failed to import PD: softrdma objects cannot be imported",
+                                   errno.EOPNOTSUPP)
+        from .device import Context  # noqa: PLC0415
+
+        if not isinstance(creator, Context):
+            raise PyverbsUserError(f"PD: expected a Context, got {type(creator).__name__}")
+        try:
+            super().__init__(creator)
+        except SoftRdmaError as exc:
+            raise rdma_error("Failed to allocate PD", exc) from exc
+
+    @property
+    def protection_domain(self) -> PD:
+        """The PD access checks use (itself; a parent domain's protection domain)."""
+        return self
+
+    @property
+    def handle(self) -> int:
+        return id(self) & 0xFFFFFFFF
+
+    def unimport(self) -> None:
+        raise PyverbsRDMAError("Failed to unimport PD", errno.EOPNOTSUPP)
+
+    def advise_mr(self, advise: int, flags: int, sg_list: Sequence[Any]) -> None:
+        """``ibv_advise_mr``: EINVAL for an unknown advice or flag, an SGE outside an
+        on-demand-paging MR of this PD, or PREFETCH_WRITE on a region without
+        LOCAL_WRITE."""
+        self._check()
+        if advise not in _ADVICES or flags & ~int(e._IBV_ADVISE_MR_FLAG_FLUSH) or not sg_list:
+            raise PyverbsRDMAError("Failed to advise MR", errno.EINVAL)
+        port = self.ctx.port
+        with self.ctx.runtime.lock:
+            for sge in sg_list:
+                mr = port.lookup_mr(int(sge.lkey))
+                if (mr is None or not mr.valid or mr.pd is not self.protection_domain
+                        or mr.offset_of(int(sge.addr), int(sge.length)) < 0
+                        or not getattr(mr.owner, "on_demand", False)):
+                    raise PyverbsRDMAError("Failed to advise MR", errno.EINVAL)
+                if (advise == e._IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE
+                        and not mr.access & e.IBV_ACCESS_LOCAL_WRITE):
+                    raise PyverbsRDMAError("Failed to advise MR", errno.EINVAL)
+
+    def close(self) -> None:
+        """Close the PD and everything created on it (``ibv_dealloc_pd``)."""
+        _v.PD.close(self)
+
+
+AllocFunc = Callable[[Any, Any, int, int, int], int]
+FreeFunc = Callable[[Any, Any, int, int], Any]
+
+
+class ParentDomainContext(PyverbsObject):
+    """Custom allocators and user data of a parent domain (``ibv_parent_domain_init_attr``
+    ``alloc``/``free``/``pd_context``)."""
+
+    def __init__(self, pd: PD, alloc_func: AllocFunc, free_func: FreeFunc,
+                 user_data: Any = None) -> None:
+        super().__init__()
+        self.pd = pd
+        self.alloc_func = alloc_func
+        self.free_func = free_func
+        self.user_data = user_data
+
+
+class ParentDomainInitAttr(PyverbsObject):
+    """``struct ibv_parent_domain_init_attr``."""
+
+    def __init__(self, pd: PD, pd_context: ParentDomainContext | None = None) -> None:
+        super().__init__()
+        self.pd = pd
+        self.pd_context = pd_context
+        self.comp_mask = 0
+        if pd_context is not None:
+            self.comp_mask |= int(e.IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS
+                                  | e.IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT)
+
+
+class ParentDomain(PD):
+    """A parent domain over ``attr.pd`` (``ibv_alloc_parent_domain``)."""
+
+    def __init__(self, context: Any, attr: ParentDomainInitAttr) -> None:
+        if not isinstance(attr, ParentDomainInitAttr) or not isinstance(attr.pd, PD):
+            raise PyverbsUserError("ParentDomain needs a ParentDomainInitAttr with a PD")
+        if attr.pd.ctx is not context:
+            raise PyverbsRDMAError("Failed to allocate Parent Domain", errno.EINVAL)
+        if isinstance(attr.pd, ParentDomain):
+            raise PyverbsRDMAError("Failed to allocate Parent Domain", errno.EINVAL)
+        super().__init__(context)
+        self._protection_domain = attr.pd
+        self._depend_on(attr.pd)
+        self.pd_context = attr.pd_context
+
+    @property
+    def protection_domain(self) -> PD:
+        return self._protection_domain

@@ -1,0 +1,1 @@
+"""``pyverbs.providers``: vendor direct-verbs providers (none apply to softrdma devices)."""

@@ -1,0 +1,1 @@
+"""``pyverbs.providers.efa``: efa direct verbs (not offered by softrdma devices)."""

@@ -1,0 +1,1 @@
+"""``pyverbs.providers.mlx5``: mlx5 direct verbs (not offered by softrdma devices)."""

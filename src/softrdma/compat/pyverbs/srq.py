@@ -1,0 +1,142 @@
+"""``pyverbs.srq``: shared receive queues (IBA 10.2.9; rdma-core ``pyverbs/srq.pyx`` API).
+
+:class:`SRQ` is a :class:`softrdma.verbs.SRQ`. ``SRQ(pd, SrqInitAttr)`` is
+``ibv_create_srq``; ``SRQ(ctx, SrqInitAttrEx)`` is ``ibv_create_srq_ex`` for basic SRQs
+(XRC and tag-matching SRQs fail with EOPNOTSUPP, as on rxe). Limits and checks are rxe's
+(``rxe_srq_chk_attr``, EINVAL).
+"""
+
+from __future__ import annotations
+
+import errno
+from typing import Any
+
+from softrdma import verbs as _v
+from softrdma.errors import SoftRdmaError
+
+from . import libibverbs_enums as e
+from .base import PyverbsCM, PyverbsObject, rdma_error
+from .pyverbs_error import PyverbsRDMAError, PyverbsUserError
+from .wr import RecvWR
+
+__all__ = ["SrqAttr", "SrqInitAttr", "SrqInitAttrEx", "SRQ", "OpsWr"]
+
+
+class SrqAttr(PyverbsObject):
+    """``struct ibv_srq_attr``."""
+
+    def __init__(self, max_wr: int = 100, max_sge: int = 1, srq_limit: int = 0) -> None:
+        self.max_wr = max_wr
+        self.max_sge = max_sge
+        self.srq_limit = srq_limit
+
+
+class SrqInitAttr(PyverbsObject):
+    """``struct ibv_srq_init_attr``."""
+
+    def __init__(self, attr: SrqAttr | None = None) -> None:
+        a = attr if attr is not None else SrqAttr()
+        self.max_wr = a.max_wr
+        self.max_sge = a.max_sge
+        self.srq_limit = a.srq_limit
+
+
+class SrqInitAttrEx(PyverbsObject):
+    """``struct ibv_srq_init_attr_ex``."""
+
+    def __init__(self, max_wr: int = 100, max_sge: int = 1, srq_limit: int = 0) -> None:
+        self.max_wr = max_wr
+        self.max_sge = max_sge
+        self.srq_limit = srq_limit
+        self.srq_type = int(e.IBV_SRQT_BASIC)
+        self.pd: Any = None
+        self.xrcd: Any = None
+        self.cq: Any = None
+        self.comp_mask = 0
+        self.max_num_tags = 0
+        self.max_ops = 0
+
+
+class OpsWr(PyverbsCM):
+    """``struct ibv_ops_wr`` (tag-matching SRQ operations)."""
+
+    def __init__(self, wr_id: int = 0, opcode: int = 0, flags: int = 0, ops_handle: int = 0,
+                 unexpected_cnt: int = 0, recv_wr_id: int = 0, tag: int = 0,
+                 mask: int = 0, sg: Any = None, next_wr: Any = None) -> None:
+        self.wr_id = wr_id
+        self.opcode = opcode
+        self.flags = flags
+        self.handle = ops_handle
+        self.unexpected_cnt = unexpected_cnt
+        self.recv_wr_id = recv_wr_id
+        self.tag = tag
+        self.mask = mask
+        self.sg = sg
+        self.next_wr = next_wr
+
+
+class SRQ(_v.SRQ, PyverbsCM):
+    """A shared receive queue."""
+
+    def __init__(self, creator: Any, attr: Any) -> None:
+        from .device import Context  # noqa: PLC0415
+        from .pd import PD  # noqa: PLC0415
+
+        if isinstance(creator, Context):
+            if not isinstance(attr, SrqInitAttrEx):
+                raise PyverbsUserError("An SRQ created on a Context needs a SrqInitAttrEx")
+            if attr.srq_type != e.IBV_SRQT_BASIC:
+                raise PyverbsRDMAError("Failed to create SRQ", errno.EOPNOTSUPP)
+            if not attr.comp_mask & e.IBV_SRQ_INIT_ATTR_PD or not isinstance(attr.pd, PD):
+                raise PyverbsRDMAError("Failed to create SRQ", errno.EINVAL)
+            pd = attr.pd
+        elif isinstance(creator, PD):
+            if not isinstance(attr, SrqInitAttr):
+                raise PyverbsUserError("An SRQ created on a PD needs a SrqInitAttr")
+            pd = creator
+        else:
+            raise PyverbsUserError(f"SRQ creator must be a PD or a Context, not {type(creator)}")
+        init = _v.SrqInitAttr(_v.SrqAttr(attr.max_wr, attr.max_sge, attr.srq_limit))
+        try:
+            super().__init__(pd, init)
+        except SoftRdmaError as exc:
+            raise rdma_error("Failed to create SRQ", exc) from exc
+        with self._runtime.lock:
+            self.engine.pd = pd.protection_domain
+
+    def get_srq_num(self) -> int:
+        """``ibv_get_srq_num``: only XRC SRQs have a number (EOPNOTSUPP here)."""
+        raise PyverbsRDMAError("Failed to retrieve SRQ number", errno.EOPNOTSUPP)
+
+    def post_recv(self, wr: RecvWR, bad_wr: RecvWR | None = None) -> None:  # type: ignore[override]
+        """``ibv_post_srq_recv`` (the ``next_wr`` chain)."""
+        wrs = []
+        w: RecvWR | None = wr
+        while w is not None:
+            wrs.append(w.to_verbs())
+            w = w.next_wr
+        try:
+            super().post_recv(wrs)
+        except SoftRdmaError as exc:
+            raise rdma_error("Failed to post receive to SRQ", exc) from exc
+
+    def post_srq_ops(self, wr: OpsWr, bad_wr: OpsWr | None = None) -> None:
+        raise PyverbsRDMAError("Failed to post SRQ ops", errno.EOPNOTSUPP)
+
+    def modify(self, attr: SrqAttr, comp_mask: int) -> None:  # type: ignore[override]
+        """``ibv_modify_srq``."""
+        try:
+            super().modify(_v.SrqAttr(attr.max_wr, attr.max_sge, attr.srq_limit), comp_mask)
+        except SoftRdmaError as exc:
+            raise rdma_error("Failed to modify SRQ", exc) from exc
+
+    def query(self) -> SrqAttr:  # type: ignore[override]
+        """``ibv_query_srq``."""
+        try:
+            a = super().query()
+        except SoftRdmaError as exc:
+            raise rdma_error("Failed to query SRQ", exc) from exc
+        return SrqAttr(a.max_wr, a.max_sge, a.srq_limit)
+
+    def close(self) -> None:
+        _v.SRQ.close(self)

@@ -1,0 +1,297 @@
+"""Connecting iWARP QPs: TCP connect/accept, the MPA exchange, then RDMA mode.
+
+The plain iWARP connection setup (RFC 5044 §7.1, RFC 6581; what siw's iWARP CM does
+under rdma_cm, without the IP-addressed CM API, which is a separate layer):
+
+* :func:`connect` (active side): TCP connect, MPA Request carrying ``private_data``,
+  wait for the Reply; the QP is in RTS when it returns. A reject raises
+  :class:`~.mpa_setup.ConnectionRejected` (with the responder's private data).
+* :func:`listen` (passive side) returns a :class:`Listener`;
+  :meth:`Listener.get_request` accepts a TCP connection and parses its MPA Request
+  (a peer that sends garbage gets its Terminate and is dropped; the listener waits for
+  the next one), giving a :class:`ConnRequest` to :meth:`~ConnRequest.accept` on a QP
+  (MPA Reply, QP to RTS) or :meth:`~ConnRequest.reject`. :meth:`Listener.accept` does
+  both steps.
+
+``private_data`` is the user part: with MPA revision 2 the RFC 6581 IRD/ORD block goes in
+front of it on the wire and is removed on receipt (as siw does for rdma_cm users).
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+import threading
+import time
+from typing import Any
+
+from ..errors import InvalidArgument, SoftRdmaError, StateError
+from ..wire.mpa import MpaRequest
+from .engine import ConnState, IwarpConn
+from .mpa_setup import ConnectionRejected, MpaConfig, Negotiated
+from .qp import INIT, RESET, IwarpQP
+from .runtime import IwarpRuntime, tcp_mss
+
+__all__ = ["connect", "listen", "Listener", "ConnRequest", "Connection", "ConnectError",
+           "ConnectionRejected", "MpaConfig"]
+
+DEFAULT_TIMEOUT = 10.0
+
+
+class ConnectError(SoftRdmaError):
+    """The connection could not be set up (TCP failure, MPA error, timeout)."""
+
+    errno = errno.ECONNABORTED
+
+
+def _parts(qp: Any) -> tuple[IwarpQP, IwarpRuntime, Any]:
+    engine = getattr(qp, "engine", qp)
+    if not isinstance(engine, IwarpQP):
+        raise InvalidArgument("qp", "not a QP of an iWARP device")
+    ctx = getattr(qp, "ctx", None)
+    runtime = getattr(ctx, "runtime", None)
+    if not isinstance(runtime, IwarpRuntime):
+        raise InvalidArgument("qp", "the QP's context has no iWARP runtime")
+    return engine, runtime, ctx
+
+
+def _wait(runtime: IwarpRuntime, conn: IwarpConn, until: set[str], deadline: float) -> bool:
+    """Wait until ``conn.state`` leaves the set ``until``; False on timeout."""
+    while True:
+        with runtime.lock:
+            st = conn.state
+        if st not in until:
+            return True
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        if runtime.threaded:
+            time.sleep(min(left, 0.002))
+        else:
+            runtime.progress(min(left, 0.01))
+
+
+class Connection:
+    """An established iWARP connection of ``qp``: the peer's private data, the agreed
+    options, addresses; :meth:`disconnect` closes it (QP to ERR, flushing)."""
+
+    def __init__(self, qp: Any, conn: IwarpConn, runtime: IwarpRuntime,
+                 local: Any = None, peer: Any = None) -> None:
+        self.qp = qp
+        self.conn = conn
+        self.runtime = runtime
+        self.local_addr = local
+        self.peer_addr = peer
+
+    @property
+    def private_data(self) -> bytes:
+        """The peer's user private data."""
+        return self.conn.peer_private_data
+
+    @property
+    def negotiated(self) -> Negotiated:
+        neg = self.conn.negotiated
+        assert neg is not None
+        return neg
+
+    @property
+    def connected(self) -> bool:
+        return self.conn.state == ConnState.RTS
+
+    def disconnect(self) -> None:
+        """Close the stream (FIN); the QP goes to ERR and its work requests are flushed."""
+        engine = getattr(self.qp, "engine", self.qp)
+
+        def _close() -> None:
+            if isinstance(engine, IwarpQP):
+                engine.to_error()
+            self.conn.close()
+
+        if not self.runtime.closed:
+            self.runtime.call(_close)
+
+
+def connect(qp: Any, host: str, port: int, private_data: bytes = b"", *,
+            cfg: MpaConfig | None = None, timeout: float = DEFAULT_TIMEOUT) -> Connection:
+    """Connect ``qp`` (a verbs QP of an iWARP context, in RESET or INIT) to a listener."""
+    engine, runtime, _ctx = _parts(qp)
+    cfg = cfg if cfg is not None else MpaConfig()
+    with runtime.lock:
+        if engine.state not in (RESET, INIT) or engine.conn is not None:
+            raise StateError("connect needs a QP in RESET or INIT that is not connected")
+    deadline = time.monotonic() + timeout
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except OSError as exc:
+        raise ConnectError(f"TCP connect to {host}:{port} failed: {exc.strerror or exc}",
+                           errno=exc.errno or errno.ECONNREFUSED) from exc
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        local, peer = sock.getsockname(), sock.getpeername()
+        mss = tcp_mss(sock)
+
+        def _start() -> IwarpConn:
+            if engine.state == RESET:
+                engine.state = INIT
+            c = IwarpConn(runtime.dev, initiator=True, cfg=cfg, mss=mss, qp=engine,
+                          private_data=private_data)
+            engine.conn = c
+            runtime.attach(c, sock)
+            return c
+
+        conn: IwarpConn = runtime.call(_start)
+    except BaseException:
+        sock.close()
+        raise
+    if not _wait(runtime, conn, {ConnState.AWAIT_REPLY}, deadline):
+        runtime.call(conn.close)
+        raise ConnectError(f"no MPA Reply from {host}:{port} within {timeout:g} s",
+                           errno=errno.ETIMEDOUT)
+    if conn.rejected is not None:
+        raise conn.rejected
+    if conn.state != ConnState.RTS:
+        raise ConnectError(f"connection to {host}:{port} failed: {conn.reason}")
+    return Connection(qp, conn, runtime, local, peer)
+
+
+class ConnRequest:
+    """A parsed MPA Request waiting for :meth:`accept` or :meth:`reject`."""
+
+    def __init__(self, listener: Listener, conn: IwarpConn, peer: Any, local: Any) -> None:
+        self.listener = listener
+        self.conn = conn
+        self.peer_addr = peer
+        self.local_addr = local
+
+    @property
+    def request(self) -> MpaRequest:
+        assert self.conn.request is not None
+        return self.conn.request
+
+    @property
+    def private_data(self) -> bytes:
+        """The initiator's user private data."""
+        return self.request.user_data
+
+    def accept(self, qp: Any, private_data: bytes = b"", *, cfg: MpaConfig | None = None,
+               timeout: float = DEFAULT_TIMEOUT) -> Connection:
+        """Bind ``qp`` (RESET or INIT), send the MPA Reply, enter RDMA mode."""
+        engine, runtime, _ctx = _parts(qp)
+        if runtime is not self.listener.runtime:
+            raise InvalidArgument("qp", "the QP belongs to another device context")
+        conn = self.conn
+        use = cfg if cfg is not None else self.listener.cfg
+
+        def _accept() -> None:
+            if engine.state not in (RESET, INIT) or engine.conn is not None:
+                raise StateError("accept needs a QP in RESET or INIT that is not connected")
+            if conn.state != ConnState.ACCEPT_WAIT:
+                raise ConnectError(f"the connection is gone: {conn.reason or conn.state}")
+            if engine.state == RESET:
+                engine.state = INIT
+            engine.conn = conn
+            conn.accept(engine, private_data, use)
+
+        runtime.call(_accept)
+        if conn.state != ConnState.RTS:
+            raise ConnectError(f"accept failed: {conn.reason}")
+        return Connection(qp, conn, runtime, self.local_addr, self.peer_addr)
+
+    def reject(self, private_data: bytes = b"") -> None:
+        """Refuse: MPA Reply with R set carrying ``private_data``, then close."""
+        self.listener.runtime.call(self.conn.reject, private_data)
+
+
+class Listener:
+    """A TCP listening socket of an iWARP context (see the module docstring)."""
+
+    def __init__(self, ctx: Any, port: int = 0, host: str = "127.0.0.1", *,
+                 cfg: MpaConfig | None = None, backlog: int = 16) -> None:
+        runtime = getattr(ctx, "runtime", None)
+        if not isinstance(runtime, IwarpRuntime):
+            raise InvalidArgument("ctx", "not an iWARP device context")
+        self.ctx = ctx
+        self.runtime = runtime
+        self.cfg = cfg if cfg is not None else MpaConfig()
+        infos = socket.getaddrinfo(host or None, port, socket.AF_UNSPEC, socket.SOCK_STREAM,
+                                   0, socket.AI_PASSIVE)
+        last: OSError | None = None
+        self._sock: socket.socket | None = None
+        for family, stype, proto, _n, addr in infos:
+            s = socket.socket(family, stype, proto)
+            try:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                s.bind(addr)
+                s.listen(backlog)
+            except OSError as exc:
+                last = exc
+                s.close()
+                continue
+            self._sock = s
+            break
+        if self._sock is None:
+            raise ConnectError(f"cannot listen on {host}:{port}: "
+                               f"{(last.strerror or last) if last else 'no address'}")
+        self._lock = threading.Lock()
+
+    @property
+    def port(self) -> int:
+        assert self._sock is not None
+        return int(self._sock.getsockname()[1])
+
+    def close(self) -> None:
+        s = self._sock
+        self._sock = None
+        if s is not None:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+    def __enter__(self) -> Listener:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def get_request(self, timeout: float | None = DEFAULT_TIMEOUT) -> ConnRequest:
+        """The next connection's parsed MPA Request (TimeoutError-like ConnectError)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            s = self._sock
+            if s is None:
+                raise ConnectError("the listener is closed", errno=errno.EBADF)
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise ConnectError("no connection request", errno=errno.ETIMEDOUT)
+            s.settimeout(left)
+            try:
+                sock, peer = s.accept()
+            except TimeoutError:
+                raise ConnectError("no connection request", errno=errno.ETIMEDOUT) from None
+            except OSError as exc:
+                raise ConnectError(f"accept failed: {exc.strerror or exc}") from exc
+            local = sock.getsockname()
+            mss = tcp_mss(sock)
+            conn = IwarpConn(self.runtime.dev, initiator=False, cfg=self.cfg, mss=mss)
+            self.runtime.call(self.runtime.attach, conn, sock)
+            end = deadline if deadline is not None else time.monotonic() + DEFAULT_TIMEOUT
+            if not _wait(self.runtime, conn, {ConnState.AWAIT_REQUEST}, end):
+                self.runtime.call(conn.close)
+                continue
+            if conn.state == ConnState.ACCEPT_WAIT:
+                return ConnRequest(self, conn, peer, local)
+            # a bad request: the engine answered with a Terminate and closes; next one
+
+    def accept(self, qp: Any, private_data: bytes = b"", *, timeout: float | None = DEFAULT_TIMEOUT,
+               cfg: MpaConfig | None = None) -> Connection:
+        """:meth:`get_request` then :meth:`ConnRequest.accept` on ``qp``."""
+        req = self.get_request(timeout)
+        return req.accept(qp, private_data, cfg=cfg)
+
+
+def listen(ctx: Any, port: int = 0, host: str = "127.0.0.1", *,
+           cfg: MpaConfig | None = None) -> Listener:
+    """Listen for iWARP connections on ``host:port`` of context ``ctx`` (port 0: any)."""
+    return Listener(ctx, port, host, cfg=cfg)

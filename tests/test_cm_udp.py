@@ -1,0 +1,87 @@
+"""The CM over real UDP on the loopback (127.0.0.1 <-> 127.0.0.2), progress threads and
+the device lock: consumers call from their own thread and wait with ``get_event``."""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+import pytest
+
+from softrdma import enums as e
+from softrdma import verbs as v
+from softrdma.cm.events import CmEventType as T
+from softrdma.cm.gsi import CmBinding
+from softrdma.cm.ipcm import IpCmClient, ip_listen
+from softrdma.drivers.udp import UdpLink
+from softrdma.errors import SoftRdmaError
+
+
+def contexts() -> tuple[Any, Any]:
+    last: Exception | None = None
+    for _ in range(20):
+        port = random.randrange(20000, 60000)
+        try:
+            la = UdpLink("127.0.0.1", port=port)
+        except (OSError, SoftRdmaError) as exc:
+            last = exc
+            continue
+        try:
+            lb = UdpLink("127.0.0.2", port=port)
+        except (OSError, SoftRdmaError) as exc:
+            la.close()
+            last = exc
+            continue
+        return v.Context(link=la), v.Context(link=lb)
+    pytest.skip(f"no free UDP port pair on the loopback: {last}")
+
+
+def rc_qp(ctx: Any, pd: Any) -> Any:
+    cq = v.CQ(ctx, 8)
+    return v.QP(pd, v.QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=v.QPCap(4, 4)))
+
+
+def test_connect_send_disconnect_over_udp_loopback() -> None:
+    ca, cb = contexts()
+    try:
+        a, b = CmBinding.attach(ca), CmBinding.attach(cb)
+        pa, pb = v.PD(ca), v.PD(cb)
+        lst = b.agent.create_id()
+        ip_listen(lst, 7000)
+        n = 20
+        qas = [rc_qp(ca, pa) for _ in range(n)]
+        qbs = [rc_qp(cb, pb) for _ in range(n)]
+        t0 = time.perf_counter()
+        for i in range(n):
+            cid = a.agent.create_id()
+            IpCmClient(cid).connect(qas[i], "127.0.0.1", "127.0.0.2", 7000, src_port=1000 + i,
+                                    private_data=f"conn {i}".encode())
+            req = b.get_event(5)
+            assert req.type == T.CONNECT_REQUEST and req.remote_port == 1000 + i
+            assert req.private_data.rstrip(b"\0") == f"conn {i}".encode()
+            req.cm_id.accept(qbs[i])
+            assert a.get_event(5).type == T.ESTABLISHED
+            assert b.get_event(5).type == T.ESTABLISHED
+            assert qas[i].qp_state == qbs[i].qp_state == e.IBV_QPS_RTS
+            if i == 0:  # one SEND over the connection the CM set up
+                rx = v.MR(pb, 32, int(e.IBV_ACCESS_LOCAL_WRITE))
+                qbs[0].post_recv(v.RecvWR(1, 1, [v.SGE(rx.addr, 32, rx.lkey)]))
+                tx = v.MR(pa, 32, 0)
+                tx.write(b"udp!", 4)
+                qas[0].post_send(v.SendWR(1, None, 1, [v.SGE(tx.addr, 4, tx.lkey)]))
+                deadline = time.monotonic() + 5
+                while rx.read(4, 0) != b"udp!" and time.monotonic() < deadline:
+                    time.sleep(0.001)
+                assert rx.read(4, 0) == b"udp!"
+            cid.disconnect()
+            assert a.get_event(5).type == T.DISCONNECTED
+            assert b.get_event(5).type == T.DISCONNECTED
+        rate = n / (time.perf_counter() - t0)
+        assert qas[-1].qp_state == e.IBV_QPS_ERR
+        print(f"\n{rate:.0f} connections/s (connect + accept + disconnect), UDP loopback")
+        a.close()
+        b.close()
+    finally:
+        ca.close()
+        cb.close()
