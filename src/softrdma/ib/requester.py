@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 UNSENT, SENDING, SENT, DONE = 0, 1, 2, 3
 
 MAX_INFLIGHT = 256  # unacknowledged PSNs (rxe: RXE_MAX_UNACKED_PSNS = 128)
+MIN_CWND = 8  # the send window never shrinks below this many PSNs
 ACKREQ_EVERY = 32  # AckReq every N packets of a long message (rxe: RXE_MAX_PKT_PER_ACK)
 
 _W_WRITE = int(WRO.IBV_WR_RDMA_WRITE)
@@ -108,6 +109,11 @@ class Requester:
         self.rd_atomic_out = 0
         self.gap_psn = -1
         self.acked_psn = PSN_MASK  # last PSN covered by an ACK
+        # Send window in PSNs: halved on every retry, grown by what each ACK covers. Not
+        # a wire rule (IBA leaves the window to the requester, rxe uses a fixed 128); it
+        # keeps go-back-N from resending a whole window per lost packet on a lossy path.
+        self.cwnd = MAX_INFLIGHT
+        self.ack_edge = False
 
     # ---- queue management ---------------------------------------------------------------
     def depth(self) -> int:
@@ -176,9 +182,11 @@ class Requester:
                     return
             if rc and sq[0].state != UNSENT:
                 head = self._una()
-                if head is not None and psn_diff((wqe.first_psn + self.tx_pkt) & PSN_MASK,
-                                                 head) >= MAX_INFLIGHT:
-                    break
+                if head is not None:
+                    d = psn_diff((wqe.first_psn + self.tx_pkt) & PSN_MASK, head)
+                    if d >= self.cwnd:
+                        break
+                    self.ack_edge = d + 1 >= self.cwnd
             self._send_pkt(wqe)
             sent = True
         if rc and sent and qp.deadline is None and qp.timeout:
@@ -302,8 +310,8 @@ class Requester:
         if last and wqe.send_flags & SF.IBV_SEND_SOLICITED and (not is_write or variant == 1):
             b1 |= 0x80
         w2 = (wqe.first_psn + k) & PSN_MASK
-        if qtype == 2 and (last or (k % ACKREQ_EVERY) == ACKREQ_EVERY - 1):
-            w2 |= 0x80000000
+        if qtype == 2 and (last or (k % ACKREQ_EVERY) == ACKREQ_EVERY - 1 or self.ack_edge):
+            w2 |= 0x80000000  # AckReq: end of message, every 32 packets, or a full window
         hdr = _BTH.pack(opcode, b1, pkey, dqpn, w2) + ext
         segs = wqe.segs
         if plen and segs:
@@ -409,9 +417,12 @@ class Requester:
     def _ack_upto(self, psn: int, now: float) -> None:
         """Complete SEND/WRITE WQEs whose last PSN <= psn (ACK coalescing, IBA 9.7.5.1.2)."""
         progressed = False
-        if psn_diff(psn, self.acked_psn) > 0:
+        d = psn_diff(psn, self.acked_psn)
+        if d > 0:
             self.acked_psn = psn
             progressed = True
+            cw = self.cwnd + d
+            self.cwnd = cw if cw < MAX_INFLIGHT else MAX_INFLIGHT
         for i, w in enumerate(self.sq):
             s = w.state
             if s == DONE:
@@ -524,6 +535,7 @@ class Requester:
             return
         self.retry_left -= 1
         qp.port.counters.completer_retry += 1
+        self.cwnd = max(MIN_CWND, self.cwnd // 2)
         self._go_back(psn)
         if qp.timeout:
             qp.set_deadline(now + wib.ack_timeout_s(qp.timeout))
