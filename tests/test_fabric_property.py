@@ -9,13 +9,12 @@ import struct
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_verbs_data import ACC, RC, Side, connect
 
 from softrdma import enums as e
 from softrdma import verbs as v
 from softrdma.drivers.clock import VirtualClock
 from softrdma.drivers.fabric import Fabric
-
-from test_verbs_data import ACC, RC, Side, connect
 
 W = e.ibv_wr_opcode
 MiB = 1 << 20

@@ -123,6 +123,8 @@ class CmId:
                 from .ipcm import IpCmDialect  # noqa: PLC0415
 
                 d = IpCmDialect()
+            if self.agent.on_listen is not None:  # devd: REQs for it come here
+                self.agent.on_listen(service_id, mask, True)
             self.dialect = d
             self.state = CmState.LISTEN
             self.agent.listeners.append(self)

@@ -16,22 +16,30 @@
   device lock), MAD and timer processing already runs under it;
 * COMM_EST from the engine (``port.on_async_event``) is passed to the agent.
 
-With a device shared through ``devd`` the link registers for QP1 (``alloc_qpn(1)``)
-and the agent is not ``exclusive`` (every process receives every QP1 MAD).
+With a device shared through ``devd`` the link becomes a routed CM client
+(``cm_slot()``): devd gives the process a slot byte that the agent puts in the top byte
+of its comm IDs and SIDR request IDs, the agent tells devd the Service IDs it listens
+on (``cm_listen``), and devd delivers each CM MAD to the one process it is for (REQs to
+the listener, answers to the owner of the comm ID) and answers REJ 8 itself when nobody
+listens. So the agent is ``exclusive`` again: what reaches it is its own to answer.
+A devd without routing (``alloc_qpn(1)`` only) broadcasts QP1 MADs; the agent is then
+not exclusive.
 """
 
 from __future__ import annotations
 
+import errno
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from functools import partial
+from typing import Any
 
 from ..enums import ibv_access_flags as Access
 from ..enums import ibv_qp_state as Qps
 from ..enums import ibv_wc_status as Wcs
 from ..enums import ibv_wr_opcode as Wro
-from ..errors import ClosedError
+from ..errors import ClosedError, DeviceError, StateError
 from ..ib.port import Port
 from ..ib.qp import AddressVector, EngineQP
 from ..ib.types import SGE, RecvWQE, SendWQE, WorkCompletion
@@ -116,13 +124,22 @@ class CmBinding:
         runtime = ctx.runtime
         link = runtime.link
         shared = isinstance(link, DevdLink)
+        slot = 0
         if shared:
-            link.alloc_qpn(1)  # devd: deliver QP1 MADs to this process too
+            try:
+                slot = link.cm_slot()  # devd routes this process's CM MADs to it
+            except DeviceError:
+                link.alloc_qpn(1)  # an older devd: every QP1 MAD, not exclusive
 
         def make() -> CmBinding:
-            return cls(ctx.port, int(ctx.node_guid) or _guid_of(ctx.port.gids[0]),
-                       runtime=runtime, config=config, seed=seed, n_recv=n_recv,
-                       exclusive=not shared, shared_link=link if shared else None)
+            b = cls(ctx.port, int(ctx.node_guid) or _guid_of(ctx.port.gids[0]),
+                    runtime=runtime, config=config, seed=seed, n_recv=n_recv,
+                    exclusive=not shared or bool(slot),
+                    shared_link=link if shared else None)
+            if slot:
+                b.agent.id_prefix = slot
+                b.agent.on_listen = partial(_devd_listen, link)
+            return b
         binding: CmBinding = runtime.call(make)
         return binding
 
@@ -180,7 +197,7 @@ class CmBinding:
         d = self.agent.next_deadline()
         self._timer.deadline = d
         if d is not None:
-            port.arm(cast(EngineQP, self._timer))
+            port.arm(self._timer)
 
     # ---- async events ----------------------------------------------------------------------
     def _on_async(self, kind: str, obj: object) -> None:
@@ -234,6 +251,19 @@ class CmBinding:
                 link.free_qpn(1)
             except Exception:  # noqa: BLE001 - the daemon may be gone already
                 pass
+
+
+def _devd_listen(link: Any, service_id: int, mask: int, listen: bool) -> None:
+    """Tell devd where REQs for ``service_id`` go; another process's listen on the
+    same Service ID is a :class:`StateError` (EADDRINUSE), like a second listener here."""
+    try:
+        link.cm_listen(service_id, mask, listen)
+    except DeviceError as exc:
+        if listen and exc.errno == errno.EADDRINUSE:
+            raise StateError(f"Service ID {service_id:#018x} already has a listener in "
+                             "another process", errno=errno.EADDRINUSE) from None
+        if listen:
+            raise
 
 
 def _guid_of(gid: bytes) -> int:

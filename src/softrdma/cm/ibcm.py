@@ -108,6 +108,10 @@ class CmAgent:
         self.on_event: Callable[[CmEvent], None] | None = None
         self.on_output: Callable[[float], None] | None = None
         self.runner: Callable[[Callable[[float], Any]], Any] | None = None
+        # devd routing (a device shared by processes): the slot byte put in the top byte
+        # of our comm IDs and SIDR request IDs, and the hook telling devd our listens.
+        self.id_prefix = 0
+        self.on_listen: Callable[[int, int, bool], None] | None = None
         self._heap: list[tuple[float, int, CmId]] = []
         self._tseq = 0
         self._tid = self.rng.getrandbits(32)
@@ -320,12 +324,19 @@ class CmAgent:
         return best
 
     # ---- plumbing used by CmId -------------------------------------------------------
-    def _new_comm_id(self, cid: CmId) -> int:
+    def random_id(self) -> int:
+        """A random non-zero 32-bit ID; with ``id_prefix`` (devd slot) its top byte."""
         while True:
             v = self.rng.getrandbits(32)
+            if self.id_prefix:
+                v = self.id_prefix << 24 | v & 0xFFFFFF
             if v and v not in self.ids and v not in self.sidr_pending:
-                self.ids[v] = cid
                 return v
+
+    def _new_comm_id(self, cid: CmId) -> int:
+        v = self.random_id()
+        self.ids[v] = cid
+        return v
 
     def new_tid(self) -> int:
         """A fresh 64-bit transaction ID (high half fixed per agent, as Linux)."""
@@ -394,6 +405,11 @@ class CmAgent:
             del self.by_local_qpn[cid.local_qpn]
         if cid in self.listeners:
             self.listeners.remove(cid)
+            if self.on_listen is not None:
+                try:
+                    self.on_listen(cid.service_id, cid.mask, False)
+                except SoftRdmaError as exc:  # the daemon may be gone
+                    self.errors.append(exc)
         if self.sidr_pending.get(cid.local_id) is cid:
             del self.sidr_pending[cid.local_id]
         for k, v in list(self.sidr_server.items()):

@@ -111,10 +111,7 @@ def send_sidr_req(cid: CmId, p: SidrParams, dialect: Dialect | None, now: float)
         raise InvalidArgument("private_data", f"at most 216 bytes fit in a SIDR_REQ, "
                                               f"got {len(pd)}")
     sgid = agent.sgid_for(p.dgid, p.sgid)
-    while True:
-        rid = agent.rng.getrandbits(32)
-        if rid and rid not in agent.sidr_pending and rid not in agent.ids:
-            break
+    rid = agent.random_id()
     cid.local_id = rid
     agent.sidr_pending[rid] = cid
     cid.params = p

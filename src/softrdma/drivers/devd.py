@@ -50,6 +50,13 @@ Requests (client -> daemon, control), one fixed-size record::
       ATTACH_MCAST 3  mgid = the 16-byte MGID (roce.md §4: IPv4 group as ::ffff:a.b.c.d)
       DETACH_MCAST 4  mgid
       STATS        5  (no argument)
+      CM_SLOT      6  make this client a routed CM client (implies a QP1 registration) and
+                      give it a slot byte 1..255, unique on the device, as the value: its
+                      CM puts it in the top byte of its communication and SIDR request IDs
+      CM_LISTEN    7  mgid = Service ID (8 bytes) + mask (8 bytes): REQs and SIDR_REQs
+                      matching it go to this client (EADDRINUSE if another client has
+                      the same Service ID and mask)
+      CM_UNLISTEN  8  mgid as for CM_LISTEN
 
 Replies (daemon -> client, control)::
 
@@ -63,13 +70,24 @@ received (BTH .. ICRC)::
     _DHDR "!BBBxHH16s16s": ip version (4 or 6), tos, ttl, sport, dport, src, dst
     (addresses as 16 bytes, IPv4 as ::ffff:a.b.c.d)
 
-Delivery rules: DestQP 1 -> every client registered for QP1; DestQP 0xFFFFFF (multicast,
+Delivery rules: DestQP 1 -> CM MADs are routed (below), other QP1 MADs go to every client
+registered for QP1; DestQP 0xFFFFFF (multicast,
 IBA 10.5) -> every client that attached the MGID equal to the datagram's destination GID
 (roce.md §4; as rxe_rcv_mcast_pkt); any other DestQP -> its owner. Datagrams shorter
 than a BTH are counted ``malformed``; unknown DestQPs ``unknown_qpn``; a client whose
 data channel is full loses the datagram (``client_full``), like a NIC that is out of
 receive buffers. When a client disconnects (either channel), its QPNs, QP1
 registrations and multicast attachments are freed.
+
+CM MAD routing (QP1, management class 0x07; ib-cm.md §7, IBA 12.6): a REQ or SIDR_REQ goes
+to the client listening on its Service ID (most specific mask), a SIDR_REP to the client
+whose slot is the top byte of its Request ID, any other CM message to the client whose
+slot is the top byte of its Remote Communication ID. QP1 clients registered without a
+slot (``ALLOC_QPN 1``) still receive every CM MAD nobody else claims. A REQ no one can
+take (no listener, no unrouted client) is answered by the daemon itself: REJ reason 8,
+Invalid Service ID (a SIDR_REQ: SIDR_REP status 1), as a CM without a listener would
+(IBA 12.6.7, A11 CA11-8). A REJ whose slot is unknown (a Timeout REJ naming its target
+by GUID) goes to every QP1 client.
 """
 
 from __future__ import annotations
@@ -121,6 +139,9 @@ OP_FREE_QPN = 2
 OP_ATTACH_MCAST = 3
 OP_DETACH_MCAST = 4
 OP_STATS = 5
+OP_CM_SLOT = 6
+OP_CM_LISTEN = 7
+OP_CM_UNLISTEN = 8
 
 _HELLO = struct.Struct("!4sHHIH")
 _REQ = struct.Struct("!BxxxI16s")
@@ -134,7 +155,17 @@ QPN_FIRST = 0x11
 QPN_LAST = 0xFFFFFE
 BTH_SIZE = 12
 
-STAT_NAMES = ("rx", "forwarded", "unknown_qpn", "malformed", "client_full", "clients")
+STAT_NAMES = ("rx", "forwarded", "unknown_qpn", "malformed", "client_full", "clients",
+              "cm_routed", "cm_rejected")
+
+# CM MADs on QP1: BTH (12) + DETH (8), then the 256-byte MAD (ib-cm.md §7)
+_MAD_OFF = BTH_SIZE + 8
+_MAD_SIZE = 256
+_CM_CLASS = 0x07
+_ATTR_REQ, _ATTR_REJ, _ATTR_SIDR_REQ, _ATTR_SIDR_REP = 0x0010, 0x0012, 0x0017, 0x0018
+_UD_SEND_ONLY = 0x64
+_GSI_QKEY = 0x80010000
+_BTH_DETH = struct.Struct("!BBHIIII")
 
 MAX_DATAGRAM = 16384  # the largest UDP payload the daemon receives and forwards
 _DATA_SNDBUF = 4 << 20
@@ -202,6 +233,8 @@ class _Client:
     qp1_refs: int = 0
     mcast: dict[bytes, int] = field(default_factory=dict)
     dead: bool = False
+    cm_slot: int = 0
+    cm_listens: set[tuple[int, int]] = field(default_factory=set)
 
 
 class Devd:
@@ -252,6 +285,9 @@ class Devd:
         self._owners: dict[int, _Client] = {}
         self._qp1: list[_Client] = []
         self._groups: dict[bytes, list[_Client]] = {}
+        self._slots: dict[int, _Client] = {}
+        self._next_slot = 1
+        self._cm_listeners: dict[tuple[int, int], _Client] = {}
         self._next_qpn = QPN_FIRST
         self._stop = False
         self._started = False
@@ -466,6 +502,7 @@ class Devd:
         c.qpns.clear()
         if c in self._qp1:
             self._qp1.remove(c)
+        self._cm_release(c)
         for mgid in c.mcast:
             members = self._groups.get(mgid)
             if members is not None and c in members:
@@ -518,6 +555,10 @@ class Devd:
             err, value = 0, 0
         elif op == OP_DETACH_MCAST:
             err, value = self._detach(c, mgid), 0
+        elif op == OP_CM_SLOT:
+            err, value = self._cm_slot(c)
+        elif op in (OP_CM_LISTEN, OP_CM_UNLISTEN):
+            err, value = self._cm_listen(c, mgid, op == OP_CM_LISTEN), 0
         elif op == OP_STATS:
             return _REP.pack(op, 0, len(STAT_NAMES)) + b"".join(
                 _U64.pack(self.counters[n]) for n in STAT_NAMES
@@ -558,12 +599,120 @@ class Devd:
             c.qp1_refs -= 1
             if c.qp1_refs == 0:
                 self._qp1.remove(c)
+                self._cm_release(c)
             return 0
         if self._owners.get(qpn) is not c:
             return errno.ENOENT
         del self._owners[qpn]
         c.qpns.discard(qpn)
         return 0
+
+    # -- CM routing ------------------------------------------------------------------
+
+    def _cm_slot(self, c: _Client) -> tuple[int, int]:
+        if not c.cm_slot:
+            for _ in range(255):
+                slot = self._next_slot
+                self._next_slot = slot % 255 + 1
+                if slot not in self._slots:
+                    break
+            else:
+                return errno.ENOSPC, 0
+            c.cm_slot = slot
+            self._slots[slot] = c
+            c.qp1_refs += 1
+            if c not in self._qp1:
+                self._qp1.append(c)
+        return 0, c.cm_slot
+
+    def _cm_listen(self, c: _Client, raw: bytes, add: bool) -> int:
+        sid, mask = int.from_bytes(raw[:8], "big"), int.from_bytes(raw[8:], "big")
+        key = (sid & mask, mask)
+        if not c.cm_slot:
+            return errno.EINVAL
+        cur = self._cm_listeners.get(key)
+        if add:
+            if cur is not None and cur is not c:
+                return errno.EADDRINUSE
+            self._cm_listeners[key] = c
+            c.cm_listens.add(key)
+            return 0
+        if cur is not c:
+            return errno.ENOENT
+        del self._cm_listeners[key]
+        c.cm_listens.discard(key)
+        return 0
+
+    def _cm_release(self, c: _Client) -> None:
+        if c.cm_slot and self._slots.get(c.cm_slot) is c:
+            del self._slots[c.cm_slot]
+        c.cm_slot = 0
+        for key in c.cm_listens:
+            if self._cm_listeners.get(key) is c:
+                del self._cm_listeners[key]
+        c.cm_listens.clear()
+
+    def _cm_listener(self, sid: int) -> _Client | None:
+        best: tuple[int, _Client] | None = None
+        for (value, mask), c in self._cm_listeners.items():
+            if sid & mask == value and (best is None or mask > best[0]):
+                best = (mask, c)
+        return None if best is None else best[1]
+
+    def _route_qp1(self, link: UdpLink, dg: Datagram) -> Sequence[_Client]:
+        """The clients a QP1 datagram goes to (see "CM MAD routing" above)."""
+        d = dg.data
+        mad = _MAD_OFF
+        if len(d) < mad + _MAD_SIZE or d[mad + 1] != _CM_CLASS or not self._slots:
+            return self._qp1
+        legacy = [c for c in self._qp1 if not c.cm_slot]
+        attr = int.from_bytes(d[mad + 16 : mad + 18], "big")
+        if attr in (_ATTR_REQ, _ATTR_SIDR_REQ):
+            owner = self._cm_listener(int.from_bytes(d[mad + 32 : mad + 40], "big"))
+            if owner is not None:
+                self.counters["cm_routed"] += 1
+                return (owner,)
+            if not legacy:
+                self._reject_unlistened(link, dg, attr)
+            return legacy
+        slot = d[mad + 24] if attr == _ATTR_SIDR_REP else d[mad + 28]
+        owner = self._slots.get(slot)
+        if owner is not None:
+            self.counters["cm_routed"] += 1
+            return (owner,)
+        return self._qp1 if attr == _ATTR_REJ else legacy
+
+    def _reject_unlistened(self, link: UdpLink, dg: Datagram, attr: int) -> None:
+        """REJ 8 (SIDR_REP status 1) for a REQ (SIDR_REQ) nobody listens for."""
+        from softrdma.wire import cm as wcm  # noqa: PLC0415 - only the daemon needs it
+        from softrdma.wire.roce import udp_send_icrc  # noqa: PLC0415
+
+        try:
+            got = wcm.decode(bytes(dg.data[_MAD_OFF : _MAD_OFF + _MAD_SIZE]))
+        except SoftRdmaError:
+            self.counters["malformed"] += 1
+            return
+        msg = got.msg
+        if isinstance(msg, wcm.Req):
+            ans: wcm.CmMessage = wcm.Rej(
+                local_comm_id=0, remote_comm_id=msg.local_comm_id,
+                message_rejected=wcm.MsgType.REQ, reason=wcm.RejReason.INVALID_SERVICE_ID)
+        elif isinstance(msg, wcm.SidrReq):
+            ans = wcm.SidrRep(request_id=msg.request_id, status=wcm.SidrStatus.UNSUPPORTED,
+                              service_id=msg.service_id)
+        else:  # pragma: no cover - only called for these two attributes
+            return
+        mad = wcm.encode(ans, tid=got.hdr.tid)
+        src_qp = int.from_bytes(dg.data[BTH_SIZE + 5 : BTH_SIZE + 8], "big")  # DETH SrcQP
+        hdr = _BTH_DETH.pack(_UD_SEND_ONLY, 0, 0xFFFF, src_qp & 0xFFFFFF, 0, _GSI_QKEY,
+                             QPN_GSI)
+        sport = link.effective_sport(0)
+        try:
+            icrc = udp_send_icrc(dg.dst_ip, dg.src_ip, sport, self.udp_port, [hdr, mad])
+            link.send(dg.src_ip, self.udp_port, sport, [hdr, mad, icrc])
+        except (OSError, SoftRdmaError):
+            return
+        self.counters["cm_rejected"] += 1
 
     def _detach(self, c: _Client, mgid: bytes) -> int:
         refs = c.mcast.get(mgid, 0)
@@ -592,7 +741,7 @@ class Devd:
                 continue
             qpn = int.from_bytes(d[5:8], "big")
             if qpn == QPN_GSI:
-                targets: Sequence[_Client] = self._qp1
+                targets: Sequence[_Client] = self._route_qp1(link, dg)
             elif qpn == QPN_MULTICAST:
                 targets = self._groups.get(_gid16(dg.dst_ip), ())
             else:
@@ -918,6 +1067,20 @@ class DevdLink:
     def detach_mcast(self, mgid: bytes) -> None:
         """Undo one :meth:`attach_mcast`."""
         self._request(OP_DETACH_MCAST, 0, _check_mgid(mgid))
+
+    def cm_slot(self) -> int:
+        """Become a routed CM client of the device (a QP1 registration, undone by
+        ``free_qpn(1)``); the slot byte for the top of this client's comm IDs."""
+        return self._request(OP_CM_SLOT)[0]
+
+    def cm_listen(self, service_id: int, mask: int, listen: bool = True) -> None:
+        """Route REQs/SIDR_REQs for ``service_id`` under ``mask`` here (``listen``
+        False: stop). DeviceError EADDRINUSE if another process listens on it."""
+        for name, val in (("service_id", service_id), ("mask", mask)):
+            if not 0 <= val < 1 << 64:
+                raise InvalidArgument(name, "must be a 64-bit value")
+        raw = service_id.to_bytes(8, "big") + mask.to_bytes(8, "big")
+        self._request(OP_CM_LISTEN if listen else OP_CM_UNLISTEN, 0, raw)
 
     def stats(self) -> dict[str, int]:
         """The daemon's counters (:data:`STAT_NAMES`)."""

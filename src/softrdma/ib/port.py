@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import DecodeError, InvalidArgument, ResourceError
 from ..wire import ib as wib
@@ -29,6 +29,15 @@ from .types import MemoryRegion
 
 if TYPE_CHECKING:
     from .qp import EngineQP
+
+
+class Timed(Protocol):
+    """Anything ``Port.arm`` can run: an engine QP, or another timer owner (the CM on
+    QP1, ``softrdma.cm.gsi``). ``on_timer(now)`` runs once ``now >= deadline``."""
+
+    deadline: float | None
+
+    def on_timer(self, now: float) -> None: ...
 
 IB_QP1_QKEY = 0x80010000  # IBA 13.5.1.1 / linux IB_QP1_QKEY
 DEFAULT_PKEY = 0xFFFF
@@ -163,7 +172,7 @@ class Port:
         self._qpn_alloc = qpn_alloc
         self._qpn_free = qpn_free
         self._key_alloc = key_alloc
-        self._timers: set[EngineQP] = set()
+        self._timers: set[Timed] = set()
         self.mcast: dict[bytes, set[EngineQP]] = {}
         self.ack_pending: list[EngineQP] = []
 
@@ -230,8 +239,9 @@ class Port:
         return self.mrs.get(key)
 
     # ---- timers ------------------------------------------------------------------------
-    def arm(self, qp: EngineQP) -> None:
-        """Called by a QP whose ``deadline`` changed to a finite value."""
+    def arm(self, qp: Timed) -> None:
+        """Called by a QP (or any :class:`Timed`) whose ``deadline`` changed to a finite
+        value."""
         self._timers.add(qp)
 
     def next_deadline(self) -> float | None:

@@ -83,6 +83,7 @@ class Responder:
         self.epsn = 0
         self.msn = 0
         self.nak_sent = False
+        self.comm_est = False  # COMM_EST raised for this connection (IBA 11.6.3)
         self.resources: deque[Resource] = deque(maxlen=16)
         self._clear_msg()
 
@@ -100,6 +101,7 @@ class Responder:
     def reset(self) -> None:
         self.msn = 0
         self.nak_sent = False
+        self.comm_est = False
         self.resources.clear()
         self._clear_msg()
 
@@ -139,6 +141,15 @@ class Responder:
         self._flush_pending_ack()
         self.qp.port.counters.sent_nak += 1
         self.send_ack(psn, code)
+
+    def _check_comm_est(self) -> None:
+        """IBA 11.6.3: the first valid request received while the QP is in RTR raises
+        the Communication Established event, once (the CM then treats the connection
+        as established even if the RTU was lost, IBA 12.9.7.3)."""
+        qp = self.qp
+        if qp.state == 2 and not self.comm_est:  # IBV_QPS_RTR
+            self.comm_est = True
+            qp.port.on_async_event("COMM_EST", qp)
 
     # ---- dispatch ---------------------------------------------------------------------------------
     def on_request(self, pkt: wib.IBPacket, meta: RxMeta, now: float) -> None:
@@ -207,6 +218,7 @@ class Responder:
         self.nak_sent = False
         try:
             self._execute(pkt)
+            self._check_comm_est()
         except _NAK as e:
             self._error(pkt, e)
         except _RNR:
@@ -496,6 +508,7 @@ class Responder:
                 self._send_data(pkt, plen)
             else:
                 self._write_data(pkt, plen)
+            self._check_comm_est()
         except (_NAK, _RNR):
             # UC errors are silent: drop the message (IBA 9.9.4); the WQE is reused.
             qp.port.counters.dropped_uc += 1

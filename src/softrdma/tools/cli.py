@@ -8,6 +8,7 @@ Subcommands and where they live:
 ``uc-pingpong``    :mod:`softrdma.tools.pingpong` (``ibv_uc_pingpong``)
 ``ud-pingpong``    :mod:`softrdma.tools.pingpong` (``ibv_ud_pingpong``)
 ``demo``           :mod:`softrdma.tools.demo` (loopback tour of the RC operations)
+``rping``          :mod:`softrdma.tools.rping` (librdmacm's ``rping``, RoCE or iWARP)
 ``pcap-check``     ``softrdma.tools.pcap_check.run(paths) -> int``
 ``link``           ``softrdma.tools.link.cmd_link(args) -> int``
 ``pyverbs``        :mod:`softrdma.tools.pyverbs_run` (run a pyverbs program on softrdma)
@@ -88,6 +89,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return int(_tool("softrdma.tools.demo", "demo", "run")(args))
 
 
+def _cmd_rping(args: argparse.Namespace) -> int:
+    return int(_tool("softrdma.tools.rping", "rping", "run")(args))
+
+
 def _cmd_pcap_check(args: argparse.Namespace) -> int:
     run = _tool("softrdma.tools.pcap_check", "pcap-check", "run")
     if args.udp_port:
@@ -162,6 +167,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "connection between them, every RC operation checked.")
     _add_tool_args("softrdma.tools.demo", p)
     p.set_defaults(handler=_cmd_demo)
+
+    p = add_parser("rping", help="RDMA ping over an rdma_cm connection (librdmacm rping)",
+                   description="rping: -s serves, -c -a ADDR connects; the server RDMA READs "
+                   "the client's ping data and RDMA WRITEs it back. RoCE (IB CM + A11) by "
+                   "default, --transport iwarp for TCP + MPA.")
+    _add_tool_args("softrdma.tools.rping", p)
+    p.set_defaults(handler=_cmd_rping)
 
     p = add_parser("pcap-check", help="check the ICRC/CRC of every RoCE/iWARP packet "
                         "in pcap files", description="Check pcap/pcapng files packet by packet.")

@@ -1,0 +1,681 @@
+"""One rdma_cm-style connection API over RoCE and iWARP (librdmacm ``rdma_cma.h``).
+
+Applications connect by IP address and port; the same code runs over both transports::
+
+    ch = EventChannel()
+    cid = CmId(ch, RDMA_PS_TCP)
+    cid.resolve_addr(None, ("127.0.0.1", 7471), 2000)     # -> ADDR_RESOLVED
+    cid.resolve_route(2000)                               # -> ROUTE_RESOLVED
+    qp = cid.create_qp(pd, init_attr)                     # pd on cid.verbs
+    cid.connect(ConnParam(private_data=b"hi"))            # -> ESTABLISHED | REJECTED | ...
+    ...
+    cid.disconnect()                                      # -> DISCONNECTED
+
+    lst = CmId(ch); lst.bind_addr(("127.0.0.1", 7471)); lst.listen(8)
+    ev = ch.get_cm_event()                                # CONNECT_REQUEST, ev.id is new
+    ev.id.create_qp(pd, init_attr); ev.id.accept(ConnParam())  # -> ESTABLISHED
+
+Transports (the device found by :mod:`.rdma_devices` decides):
+
+* **RoCE**: the IB CM on QP1 (:mod:`.gsi`, IBA ch. 12) with the RDMA IP CM Service
+  (Annex A11): the REQ private data is the Table 1 IP CM header followed by the
+  consumer's data, the Service ID ``0x0000000001 <protocol> <port>`` (Table 2, TCP 6 /
+  UDP 17). The CM moves the QP RESET -> INIT -> RTR -> RTS (the active side on the REP,
+  the passive side before its REP, as Linux ``rdma_accept``). ``RDMA_PS_UDP`` ids
+  resolve UD services through SIDR (IBA 12.11): the ESTABLISHED event carries the
+  remote QPN, Q_Key and address handle attributes (``event.ud``). A rejection is
+  REJECTED with ``status`` the REJ reason (28 for ``reject``, 8 when nobody listens)
+  and ``reject`` its readable text (A11 ARI included); no answer after the CM's
+  retries is UNREACHABLE (``-ETIMEDOUT``). TIMEWAIT_EXIT follows DISCONNECTED.
+* **iWARP**: TCP and the MPA Request/Reply (RFC 5044 §7.1, RFC 6581), the private
+  data in the MPA frame without an IP CM header (as Linux iw_cm/siw).
+  ``responder_resources``/``initiator_depth`` become the MPA v2 IRD/ORD. A refusal
+  (MPA Reply with R set, or nobody listening: TCP RST) is REJECTED with status
+  ``-ECONNREFUSED``; no reply within the connect timeout is UNREACHABLE; the peer
+  closing the stream is DISCONNECTED.
+
+Every event goes to the id's :class:`~.rdma_events.EventChannel`; the connection
+managers only queue them (RoCE events arrive under the device lock, see
+:mod:`softrdma.cm`), the application acts from its own thread or coroutine.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import random
+import threading
+import time
+from functools import partial
+from typing import Any
+
+from ..errors import InvalidArgument, SoftRdmaError, StateError
+from ..wire.ipcm import IPPROTO_TCP, IPPROTO_UDP, RDMA_UDP_QKEY, IpAddress
+from .events import CmEvent, CmEventType, RejectInfo
+from .ibcm import AcceptParams
+from .ibcm import CmId as IbCmId
+from .ipcm import IpCmClient, ip_listen
+from .qpctl import DEFAULT_ACCESS
+from .rdma_devices import (
+    OpenDevice,
+    configure,
+    devices_for_wildcard,
+    find_device,
+    open_device,
+    options,
+    release_devices,
+)
+from .rdma_events import (  # noqa: F401 - the RDMA_CM_EVENT_* names are re-exported
+    RDMA_CM_EVENT_ADDR_CHANGE,
+    RDMA_CM_EVENT_ADDR_ERROR,
+    RDMA_CM_EVENT_ADDR_RESOLVED,
+    RDMA_CM_EVENT_CONNECT_ERROR,
+    RDMA_CM_EVENT_CONNECT_REQUEST,
+    RDMA_CM_EVENT_CONNECT_RESPONSE,
+    RDMA_CM_EVENT_DEVICE_REMOVAL,
+    RDMA_CM_EVENT_DISCONNECTED,
+    RDMA_CM_EVENT_ESTABLISHED,
+    RDMA_CM_EVENT_MULTICAST_ERROR,
+    RDMA_CM_EVENT_MULTICAST_JOIN,
+    RDMA_CM_EVENT_REJECTED,
+    RDMA_CM_EVENT_ROUTE_ERROR,
+    RDMA_CM_EVENT_ROUTE_RESOLVED,
+    RDMA_CM_EVENT_TIMEWAIT_EXIT,
+    RDMA_CM_EVENT_UNREACHABLE,
+    ConnParam,
+    EventChannel,
+    RdmaCmEvent,
+    RdmaCmEventType,
+    UdParam,
+    event_str,
+)
+
+__all__ = [
+    "CmId", "EventChannel", "ConnParam", "UdParam", "RdmaCmEvent", "RdmaCmEventType",
+    "RDMA_PS_TCP", "RDMA_PS_UDP", "event_str", "configure", "release_devices", "Address",
+    *(n for n in dir() if n.startswith("RDMA_CM_EVENT_")),
+]
+
+RDMA_PS_IPOIB = 0x0002
+RDMA_PS_TCP = 0x0106
+RDMA_PS_UDP = 0x0111
+_PROTO = {RDMA_PS_TCP: IPPROTO_TCP, RDMA_PS_UDP: IPPROTO_UDP}
+
+Address = tuple[str, int]
+T = RdmaCmEventType
+
+
+def _parse(addr: Any, what: str) -> tuple[IpAddress, int]:
+    """``(host, port)``, ``(host, port, flow, scope)``, ``"host"`` or an ip_address."""
+    port = 0
+    host = addr
+    if isinstance(addr, tuple):
+        if len(addr) < 2:
+            raise InvalidArgument(what, "expected (host, port)")
+        host, port = addr[0], addr[1]
+    if isinstance(host, (ipaddress.IPv4Address, ipaddress.IPv6Address)):
+        ip: IpAddress = host
+    else:
+        try:
+            ip = ipaddress.ip_address(str(host or "0.0.0.0").split("%", 1)[0])
+        except ValueError:
+            raise InvalidArgument(what, f"not an IP address: {host!r}") from None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if not isinstance(port, int) or not 0 <= port <= 0xFFFF:
+        raise InvalidArgument(what, f"port must be 0..65535, got {port!r}")
+    return ip, port
+
+
+def _ephemeral() -> int:
+    return random.randrange(32768, 61000)
+
+
+class CmId:
+    """``struct rdma_cm_id`` (see the module docstring). ``context`` is the caller's;
+    ``verbs`` the device Context after address resolution or for a CONNECT_REQUEST's
+    new id; ``qp`` the QP of :meth:`create_qp`."""
+
+    def __init__(self, channel: EventChannel, ps: int = RDMA_PS_TCP,
+                 context: Any = None) -> None:
+        if not isinstance(channel, EventChannel):
+            raise InvalidArgument("channel", "expected an EventChannel")
+        if ps not in _PROTO:
+            raise InvalidArgument("ps", "RDMA_PS_TCP or RDMA_PS_UDP")
+        self.channel = channel
+        self.ps = ps
+        self.context = context
+        self.device: OpenDevice | None = None
+        self.verbs: Any = None
+        self.pd: Any = None
+        self.qp: Any = None
+        self.transport: str | None = None
+        self.local_addr: Address | None = None
+        self.peer_addr: Address | None = None
+        self.event_info: dict[str, Any] = {}
+        self._prefer: str | None = None
+        self._src: IpAddress | None = None
+        self._src_port = 0
+        self._dst: IpAddress | None = None
+        self._dst_port = 0
+        self._bound = False
+        self._addr_ok = False
+        self._ib: IbCmId | None = None
+        self._listens: list[tuple[OpenDevice, Any]] = []
+        self._iw_req: Any = None
+        self._iw_conn: Any = None
+        self._sidr = False
+        self._disconnected = False
+        self._destroyed = False
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return (f"<rdma_cm CmId {self.transport or '-'} {self.local_addr} -> {self.peer_addr}"
+                f"{' destroyed' if self._destroyed else ''}>")
+
+    # ---- plumbing ----------------------------------------------------------------------
+    def _post(self, kind: RdmaCmEventType, **kw: Any) -> None:
+        if not self._destroyed:
+            self.channel._post(RdmaCmEvent(kind, self, **kw))
+
+    def _check(self) -> None:
+        if self._destroyed:
+            raise StateError("the rdma_cm id is destroyed")
+
+    def _attach(self, dev: OpenDevice) -> None:
+        if self.device is not None and self.device is not dev:
+            self.device.ids.discard(self)
+        self.device = dev
+        self.verbs = dev.ctx
+        self.transport = dev.entry.transport
+        dev.ids.add(self)
+        if self.transport == "iwarp" and self.ps == RDMA_PS_UDP:
+            raise InvalidArgument("ps", "iWARP has no UD service: RDMA_PS_UDP needs RoCE")
+
+    @property
+    def port_num(self) -> int:
+        return 1
+
+    def get_local_addr(self) -> Address | None:
+        """``rdma_get_local_addr``."""
+        return self.local_addr
+
+    def get_peer_addr(self) -> Address | None:
+        """``rdma_get_peer_addr``."""
+        return self.peer_addr
+
+    # ---- addresses ---------------------------------------------------------------------
+    def bind_addr(self, addr: Any, *, device: str | None = None) -> None:
+        """``rdma_bind_addr``: the local address (and port; 0 picks one at listen). The
+        wildcard address listens on every device of the preferred transport
+        (``device``: a device name, ``"roce"`` or ``"iwarp"``; default RoCE)."""
+        self._check()
+        ip, port = _parse(addr, "addr")
+        self._prefer = device
+        self._src, self._src_port = ip, port
+        if not ip.is_unspecified:
+            entry, _ = find_device(ip, None, device)
+            self._attach(open_device(entry))
+        self._bound = True
+        self.local_addr = (str(ip), port)
+
+    def resolve_addr(self, src: Any, dst: Any, timeout_ms: int = 2000, *,
+                     device: str | None = None) -> None:
+        """``rdma_resolve_addr``: find the local device for ``src`` (None: the one that
+        routes to ``dst``) and queue ADDR_RESOLVED (or ADDR_ERROR for an unroutable
+        address). ``dst`` carries the port to connect to."""
+        self._check()
+        dip, dport = _parse(dst, "dst")
+        if dip.is_unspecified:
+            raise InvalidArgument("dst", "the destination must be a unicast address")
+        prefer = device if device is not None else self._prefer
+        sip: IpAddress | None = None
+        sport = self._src_port
+        if src is not None:
+            sip, sport = _parse(src, "src")
+        elif self._bound and self._src is not None and not self._src.is_unspecified:
+            sip = self._src
+        try:
+            entry, sip = find_device(sip, dip, prefer)
+            if sip.version != dip.version:
+                raise InvalidArgument("src", f"IPv{sip.version} source, IPv{dip.version} "
+                                             "destination")
+            self._attach(open_device(entry))
+        except SoftRdmaError as exc:
+            self._post(T.ADDR_ERROR, status=-(exc.errno or errno.EADDRNOTAVAIL),
+                       reject=RejectInfo(None, str(exc)))
+            return
+        self._src, self._dst, self._dst_port = sip, dip, dport
+        if self.transport == "roce" and not sport:
+            sport = _ephemeral()
+        self._src_port = sport
+        self.local_addr = (str(sip), sport)
+        self.peer_addr = (str(dip), dport)
+        self._addr_ok = True
+        self._post(T.ADDR_RESOLVED)
+
+    def resolve_route(self, timeout_ms: int = 2000) -> None:
+        """``rdma_resolve_route``: RoCE v2 and TCP need no path query; ROUTE_RESOLVED."""
+        self._check()
+        if not self._addr_ok:
+            raise StateError("resolve_route before the address is resolved")
+        self._post(T.ROUTE_RESOLVED)
+
+    # ---- QPs ---------------------------------------------------------------------------
+    def create_qp(self, pd: Any = None, init_attr: Any = None) -> Any:
+        """``rdma_create_qp``: a QP on ``pd`` (None: a PD of the id's device) left to the
+        CM to connect; a UD QP (``RDMA_PS_UDP``) goes to RTS at once with the rdma_cm
+        Q_Key 0x01234567, as librdmacm does."""
+        from .. import verbs as v  # noqa: PLC0415
+
+        self._check()
+        if self.verbs is None:
+            raise StateError("create_qp needs a resolved address or a CONNECT_REQUEST id")
+        if self.qp is not None:
+            raise StateError("the id already has a QP")
+        if init_attr is None:
+            raise InvalidArgument("init_attr", "rdma_create_qp needs the QP init attributes")
+        if pd is None:
+            pd = self.pd if self.pd is not None else v.PD(self.verbs)
+        if pd.ctx is not self.verbs:
+            raise InvalidArgument("pd", "the PD belongs to another device than the id")
+        want_ud = self.ps == RDMA_PS_UDP
+        if (init_attr.qp_type == v.qp.UD) != want_ud:
+            raise InvalidArgument("init_attr.qp_type", "RDMA_PS_UDP ids take UD QPs, "
+                                                       "RDMA_PS_TCP ids RC or UC QPs")
+        if want_ud:
+            qp = v.QP(pd, init_attr, v.QPAttr(qkey=RDMA_UDP_QKEY))
+        else:
+            qp = v.QP(pd, init_attr)
+            try:  # librdmacm ucma_init_conn_qp: INIT with the rdma_cm access rights
+                qp.to_init(v.QPAttr(qp_access_flags=DEFAULT_ACCESS))
+            except BaseException:
+                qp.close()
+                raise
+        self.pd = pd
+        self.qp = qp
+        return qp
+
+    def destroy_qp(self) -> None:
+        """``rdma_destroy_qp``."""
+        qp, self.qp = self.qp, None
+        if qp is not None:
+            qp.close()
+
+    # ---- active side -------------------------------------------------------------------
+    def connect(self, param: ConnParam | None = None) -> None:
+        """``rdma_connect``: ESTABLISHED, REJECTED, UNREACHABLE or CONNECT_ERROR follow
+        (UD: ESTABLISHED with ``event.ud``)."""
+        self._check()
+        p = param if param is not None else ConnParam()
+        if not self._addr_ok or self.device is None:
+            raise StateError("connect before resolve_addr/resolve_route")
+        if self.qp is None and self.ps == RDMA_PS_TCP:
+            raise StateError("connect needs the QP of create_qp")
+        if self._ib is not None or self._iw_conn is not None:
+            raise StateError("the id is already connecting or connected")
+        assert self._src is not None and self._dst is not None
+        if self.transport == "iwarp":
+            self._iw_connect(p)
+            return
+        binding = self.device.binding
+        assert binding is not None
+        ib = binding.agent.create_id(self._on_ib)
+        self._ib = ib
+        client = IpCmClient(ib, handler=self._on_ib)
+        if self.ps == RDMA_PS_UDP:
+            self._sidr = True
+            client.resolve(self._src, self._dst, self._dst_port, src_port=self._src_port,
+                           private_data=bytes(p.private_data))
+            return
+        client.connect(self.qp, self._src, self._dst, self._dst_port, src_port=self._src_port,
+                       proto=IPPROTO_TCP, private_data=bytes(p.private_data),
+                       responder_resources=p.responder_resources,
+                       initiator_depth=p.initiator_depth, retry_count=p.retry_count,
+                       rnr_retry_count=p.rnr_retry_count, flow_control=bool(p.flow_control))
+
+    def _iw_connect(self, p: ConnParam) -> None:
+        from ..iwarp import cm as iw  # noqa: PLC0415
+        from ..iwarp.mpa_setup import MpaConfig  # noqa: PLC0415
+
+        cfg = MpaConfig(ird=p.responder_resources, ord=p.initiator_depth)
+        host, port, qp, pd = str(self._dst), self._dst_port, self.qp, bytes(p.private_data)
+        self._iw_conn = _CONNECTING
+
+        def run() -> None:
+            try:
+                conn = iw.connect(qp, host, port, pd, cfg=cfg, timeout=options.iwarp_timeout)
+            except iw.ConnectionRejected as exc:
+                self._iw_conn = None
+                self._post(T.REJECTED, status=-errno.ECONNREFUSED,
+                           private_data=exc.private_data,
+                           reject=RejectInfo(None, "rejected by the remote consumer "
+                                                   "(MPA Reply with R set, ECONNREFUSED)"))
+                return
+            except SoftRdmaError as exc:
+                self._iw_conn = None
+                code = exc.errno or errno.ECONNABORTED
+                info = RejectInfo(None, str(exc))
+                if code == errno.ECONNREFUSED:
+                    self._post(T.REJECTED, status=-code, reject=info)
+                elif code == errno.ETIMEDOUT:
+                    self._post(T.UNREACHABLE, status=-code, reject=info)
+                else:
+                    self._post(T.CONNECT_ERROR, status=-code, reject=info)
+                return
+            self._iw_conn = conn
+            if conn.local_addr:
+                self.local_addr = (str(conn.local_addr[0]), int(conn.local_addr[1]))
+            self._post(T.ESTABLISHED, private_data=conn.private_data,
+                       param=ConnParam(conn.private_data, conn.negotiated.ird,
+                                       conn.negotiated.ord))
+            _watch(self)
+
+        threading.Thread(target=run, name="rdma_cm-iw-connect", daemon=True).start()
+
+    # ---- passive side ------------------------------------------------------------------
+    def listen(self, backlog: int = 1024) -> None:
+        """``rdma_listen`` on the bound address (CONNECT_REQUEST events follow)."""
+        self._check()
+        if not self._bound or self._src is None:
+            raise StateError("listen before bind_addr")
+        if self._listens:
+            raise StateError("the id already listens")
+        if backlog <= 0:
+            backlog = 1024
+        ip = self._src
+        if ip.is_unspecified:
+            devs = [open_device(e) for e in devices_for_wildcard(ip.version, self._prefer)]
+            if not devs:
+                raise StateError(f"no softrdma device to listen on for IPv{ip.version}")
+        else:
+            assert self.device is not None
+            devs = [self.device]
+        if self.ps == RDMA_PS_UDP and any(d.entry.transport == "iwarp" for d in devs):
+            raise InvalidArgument("ps", "iWARP has no UD service: RDMA_PS_UDP needs RoCE")
+        port = self._src_port
+        devs.sort(key=lambda d: d.entry.transport != "iwarp")  # TCP picks port 0 first
+        try:
+            for dev in devs:
+                port = self._listen_on(dev, ip, port, backlog)
+        except BaseException:
+            self._stop_listening()
+            raise
+        self._src_port = port
+        self.local_addr = (str(ip), port)
+
+    def _listen_on(self, dev: OpenDevice, ip: IpAddress, port: int, backlog: int) -> int:
+        if dev.entry.transport == "iwarp":
+            from ..iwarp.cm import Listener  # noqa: PLC0415
+
+            host = str(ip) if not ip.is_unspecified else ("::" if ip.version == 6 else "0.0.0.0")
+            tcp = Listener(dev.ctx, port, host, backlog=min(backlog, 4096))
+            self._listens.append((dev, tcp))
+            dev.ids.add(self)
+            threading.Thread(target=self._iw_accept_loop, args=(dev, tcp),
+                             name="rdma_cm-iw-listen", daemon=True).start()
+            return tcp.port
+        binding = dev.binding
+        assert binding is not None
+        bind = None if ip.is_unspecified else ip
+        tries = 1 if port else 32
+        for _ in range(tries):
+            p = port or _ephemeral()
+            lst = binding.agent.create_id(partial(self._on_ib_listen, dev))
+            try:
+                ip_listen(lst, p, proto=_PROTO[self.ps], bind=bind, backlog=backlog)
+            except StateError:
+                if port:
+                    raise StateError(f"port {port} is in use on {dev.entry.name}",
+                                     errno=errno.EADDRINUSE) from None
+                continue
+            self._listens.append((dev, lst))
+            dev.ids.add(self)
+            return p
+        raise StateError(f"no free port on {dev.entry.name}", errno=errno.EADDRINUSE)
+
+    def _iw_accept_loop(self, dev: OpenDevice, lst: Any) -> None:
+        from ..iwarp.cm import ConnectError  # noqa: PLC0415
+
+        while not self._destroyed:
+            try:
+                req = lst.get_request(timeout=0.25)
+            except ConnectError as exc:
+                if exc.errno == errno.ETIMEDOUT:
+                    continue
+                return  # the listener is closed
+            if self._destroyed:
+                req.reject(b"")
+                return
+            child = self._child(dev)
+            child._iw_req = req
+            peer, local = req.peer_addr, req.local_addr
+            child.peer_addr = (str(peer[0]), int(peer[1]))
+            child.local_addr = (str(local[0]), int(local[1]))
+            v2 = getattr(req.request, "v2", None)
+            ird = int(getattr(v2, "ird", 1)) if v2 is not None else 1
+            ord_ = int(getattr(v2, "ord", 1)) if v2 is not None else 1
+            if not self._destroyed:
+                self.channel._post(RdmaCmEvent(T.CONNECT_REQUEST, child, self, 0,
+                                               req.private_data,
+                                               ConnParam(req.private_data, ird, ord_)))
+
+    def _child(self, dev: OpenDevice) -> CmId:
+        child = CmId(self.channel, self.ps, self.context)
+        child._attach(dev)
+        child._prefer = self._prefer
+        child._addr_ok = True
+        return child
+
+    def accept(self, param: ConnParam | None = None) -> None:
+        """``rdma_accept`` on a CONNECT_REQUEST's id: REP (RoCE; the QP goes to RTS
+        first), SIDR_REP (UD), or the MPA Reply (iWARP). ESTABLISHED follows (not for
+        UD, as librdmacm)."""
+        self._check()
+        p = param if param is not None else ConnParam()
+        if self.qp is None:
+            raise StateError("accept needs the QP of create_qp")
+        if self._iw_req is not None:
+            from ..iwarp.mpa_setup import MpaConfig  # noqa: PLC0415
+
+            req, self._iw_req = self._iw_req, None
+            cfg = MpaConfig(ird=p.responder_resources, ord=p.initiator_depth)
+            conn = req.accept(self.qp, bytes(p.private_data), cfg=cfg)
+            self._iw_conn = conn
+            self._post(T.ESTABLISHED, param=ConnParam(b"", conn.negotiated.ird,
+                                                      conn.negotiated.ord))
+            _watch(self)
+            return
+        if self._ib is None:
+            raise StateError("accept on an id without a connection request")
+        qkey = p.qkey if p.qkey is not None else (RDMA_UDP_QKEY if self._sidr else None)
+        self._ib.accept(self.qp, AcceptParams(
+            private_data=bytes(p.private_data), responder_resources=p.responder_resources,
+            initiator_depth=p.initiator_depth, rnr_retry_count=p.rnr_retry_count,
+            flow_control=bool(p.flow_control), qkey=qkey))
+
+    def reject(self, private_data: bytes = b"") -> None:
+        """``rdma_reject``: REJ reason 28 (RoCE; SIDR_REP status 2 for UD) or an MPA Reply
+        with R set (iWARP), carrying ``private_data``."""
+        self._check()
+        if self._iw_req is not None:
+            req, self._iw_req = self._iw_req, None
+            req.reject(bytes(private_data))
+            return
+        if self._ib is None:
+            raise StateError("reject on an id without a connection request")
+        self._ib.reject(bytes(private_data))
+
+    # ---- release -----------------------------------------------------------------------
+    def disconnect(self) -> None:
+        """``rdma_disconnect``: DREQ (RoCE) or FIN (iWARP); the QP goes to ERR and both
+        sides get DISCONNECTED."""
+        self._check()
+        conn = self._iw_conn
+        if conn is not None and conn is not _CONNECTING:
+            conn.disconnect()
+            self._disconnected_event()
+            return
+        if self._ib is None:
+            raise StateError("disconnect on an id that is not connected")
+        self._ib.disconnect()
+
+    def _disconnected_event(self) -> None:
+        with self._lock:
+            if self._disconnected:
+                return
+            self._disconnected = True
+        self._post(T.DISCONNECTED)
+
+    def destroy(self) -> None:
+        """``rdma_destroy_id``: stop listening, release what the id holds (a connection
+        still up is disconnected), no more events. The QP is the caller's
+        (:meth:`destroy_qp`)."""
+        if self._destroyed:
+            return
+        self._destroyed = True
+        self._stop_listening()
+        ib, self._ib = self._ib, None
+        if ib is not None:
+            try:
+                ib.destroy()
+            except SoftRdmaError:
+                pass
+        req, self._iw_req = self._iw_req, None
+        if req is not None:
+            try:
+                req.reject(b"")
+            except SoftRdmaError:
+                pass
+        conn = self._iw_conn
+        if conn is not None and conn is not _CONNECTING:
+            try:
+                conn.disconnect()
+            except SoftRdmaError:
+                pass
+        _unwatch(self)
+        if self.device is not None:
+            self.device.ids.discard(self)
+
+    def _stop_listening(self) -> None:
+        listens, self._listens = self._listens, []
+        for dev, lst in listens:
+            try:
+                if isinstance(lst, IbCmId):
+                    lst.destroy()
+                else:
+                    lst.close()
+            except SoftRdmaError:
+                pass
+            if dev is not self.device:
+                dev.ids.discard(self)
+
+    def _device_removed(self) -> None:
+        self._post(T.DEVICE_REMOVAL)
+
+    # ---- RoCE: IB CM events (device lock held: only queue) -----------------------------
+    def _on_ib_listen(self, dev: OpenDevice, ev: CmEvent) -> None:
+        if ev.type != CmEventType.CONNECT_REQUEST:
+            self._on_ib(ev)
+            return
+        child = self._child(dev)
+        child._ib = ev.cm_id
+        ev.cm_id.handler = child._on_ib
+        child._sidr = bool(ev.info.get("sidr"))
+        if ev.local_ip is not None:
+            child.local_addr = (str(ev.local_ip), int(ev.local_port or 0))
+        if ev.remote_ip is not None:
+            child.peer_addr = (str(ev.remote_ip), int(ev.remote_port or 0))
+        req = ev.info.get("req")
+        param = ConnParam(ev.private_data)
+        if req is not None:
+            param = ConnParam(ev.private_data, req.responder_resources, req.initiator_depth,
+                              req.end_to_end_flow_control, req.retry_count,
+                              req.rnr_retry_count, req.srq, req.local_qpn)
+        child.event_info = dict(ev.info)
+        self.channel._post(RdmaCmEvent(T.CONNECT_REQUEST, child, self, 0, ev.private_data,
+                                       param, info=dict(ev.info)))
+
+    def _on_ib(self, ev: CmEvent) -> None:
+        k = ev.type
+        if k == CmEventType.ESTABLISHED:
+            ud = None
+            if self._sidr and ev.ud_qpn is not None:
+                ud = UdParam(ev.ud_qpn, ev.ud_qkey or RDMA_UDP_QKEY, self._ah_attr(),
+                             ev.private_data)
+            self._post(T.ESTABLISHED, private_data=ev.private_data, ud=ud, info=dict(ev.info))
+        elif k == CmEventType.CONNECT_RESPONSE:
+            self._post(T.CONNECT_RESPONSE, private_data=ev.private_data, info=dict(ev.info))
+        elif k == CmEventType.REJECTED:
+            rej = ev.reject
+            status = 0
+            if rej is not None:
+                status = rej.reason if rej.reason is not None else int(rej.sidr_status or 0)
+            self._post(T.REJECTED, status=status, private_data=ev.private_data, reject=rej,
+                       info=dict(ev.info))
+        elif k == CmEventType.UNREACHABLE:
+            self._post(T.UNREACHABLE, status=-errno.ETIMEDOUT, reject=ev.reject)
+        elif k == CmEventType.CONNECT_ERROR:
+            self._post(T.CONNECT_ERROR, status=-errno.ECONNABORTED, reject=ev.reject)
+        elif k == CmEventType.DISCONNECTED:
+            self._disconnected_event()
+        elif k == CmEventType.TIMEWAIT_EXIT:
+            self._post(T.TIMEWAIT_EXIT)
+
+    def _ah_attr(self) -> Any:
+        from ..drivers.runtime import ip_to_gid  # noqa: PLC0415
+        from ..verbs.ah import AHAttr, GlobalRoute  # noqa: PLC0415
+
+        assert self._dst is not None and self._src is not None
+        gids = list(self.verbs.port.gids) if self.verbs is not None else []
+        sgid = ip_to_gid(self._src.packed)
+        idx = gids.index(sgid) if sgid in gids else 0
+        return AHAttr(gr=GlobalRoute(dgid=ip_to_gid(self._dst.packed), sgid_index=idx,
+                                     hop_limit=64), is_global=1, port_num=1)
+
+
+# ---- iWARP: the peer closing the stream ------------------------------------------------
+class _Connecting:
+    """Marks an iWARP id whose connect thread runs."""
+
+
+_CONNECTING = _Connecting()
+_watched: set[CmId] = set()
+_watch_lock = threading.Lock()
+_watch_thread: threading.Thread | None = None
+
+
+def _watch(cid: CmId) -> None:
+    """Report DISCONNECTED when the peer closes the iWARP stream (FIN, Terminate)."""
+    global _watch_thread
+    with _watch_lock:
+        _watched.add(cid)
+        if _watch_thread is None or not _watch_thread.is_alive():
+            _watch_thread = threading.Thread(target=_watch_loop, name="rdma_cm-iw-watch",
+                                             daemon=True)
+            _watch_thread.start()
+
+
+def _unwatch(cid: CmId) -> None:
+    with _watch_lock:
+        _watched.discard(cid)
+
+
+def _watch_loop() -> None:
+    from ..iwarp.engine import ConnState  # noqa: PLC0415
+
+    global _watch_thread
+    gone = (ConnState.FAILED, ConnState.CLOSED)
+    while True:
+        with _watch_lock:
+            ids = list(_watched)
+            if not ids:
+                _watch_thread = None
+                return
+        for cid in ids:
+            conn = cid._iw_conn
+            if conn is None or conn is _CONNECTING or conn.conn.state in gone:
+                _unwatch(cid)
+                if conn is not None and conn is not _CONNECTING:
+                    cid._disconnected_event()
+        time.sleep(0.005)

@@ -1,0 +1,186 @@
+"""Which softrdma device an IP address belongs to, and the devices the rdma_cm layer opened.
+
+Address resolution (librdmacm ``rdma_resolve_addr`` / ``rdma_bind_addr``): the candidate
+devices are the registry's (``softrdma link``; each owns its netdev's addresses) plus the
+built-in iWARP loopback device ``softrdma_iw_lo`` (127.0.0.1 and ::1). A source address
+picks the devices owning it; without one, a loopback destination (127.0.0.0/8, ::1)
+picks the devices on ``lo``, any other destination the devices with an address of its
+family. ``prefer`` narrows the choice: a device name, or a transport ``"roce"`` /
+``"iwarp"`` (default: the first candidate, registry order, so RoCE before the built-in
+iWARP device). The transport then comes from the device type.
+
+Like librdmacm, a device is opened once per process (one verbs ``Context``, and for RoCE
+one :class:`~softrdma.cm.gsi.CmBinding` on its QP1) and stays open until
+:func:`release_devices`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import DeviceError, InvalidArgument
+from ..wire.ipcm import IpAddress
+from .gsi import CmBinding
+from .params import CmConfig
+
+__all__ = ["DeviceEntry", "OpenDevice", "candidates", "find_device", "open_device",
+           "release_devices", "configure", "Options", "options", "is_loopback"]
+
+
+@dataclass(slots=True)
+class DeviceEntry:
+    """A device the rdma_cm layer may use."""
+
+    name: str
+    transport: str  # "roce" | "iwarp"
+    netdev: str | None
+    ips: tuple[bytes, ...]
+
+
+@dataclass(slots=True)
+class Options:
+    """Process-wide settings of the rdma_cm layer (:func:`configure`)."""
+
+    cm_config: CmConfig | None = None
+    iwarp_timeout: float = 10.0
+    shared: bool | None = None
+
+
+options = Options()
+
+
+@dataclass(slots=True, eq=False)
+class OpenDevice:
+    """An opened device: its verbs Context, the CM on QP1 (RoCE), the ids using it."""
+
+    entry: DeviceEntry
+    ctx: Any
+    binding: CmBinding | None
+    ids: set[Any] = field(default_factory=set)
+
+
+_lock = threading.Lock()
+_open: dict[str, OpenDevice] = {}
+
+
+def configure(*, cm_config: CmConfig | None = None, iwarp_timeout: float | None = None,
+              shared: bool | None = None) -> None:
+    """Set the IB CM timers/retries (applied to open and future RoCE devices), the iWARP
+    connect timeout (seconds) and whether RoCE devices are opened through devd."""
+    if iwarp_timeout is not None:
+        if not iwarp_timeout > 0:
+            raise InvalidArgument("iwarp_timeout", "must be > 0")
+        options.iwarp_timeout = iwarp_timeout
+    if shared is not None:
+        options.shared = shared
+    if cm_config is not None:
+        options.cm_config = cm_config
+        with _lock:
+            for dev in _open.values():
+                if dev.binding is not None:
+                    dev.binding.agent.config = cm_config
+
+
+def is_loopback(ip: IpAddress) -> bool:
+    return ip.is_loopback
+
+
+def candidates() -> list[DeviceEntry]:
+    """Every device: the registry's, then the built-in iWARP loopback device."""
+    from ..verbs.device import IWARP_LOOPBACK, get_device_list  # noqa: PLC0415
+
+    out = [DeviceEntry(d.name, d.type, d.netdev, tuple(d.ips)) for d in get_device_list()]
+    if all(d.name != IWARP_LOOPBACK for d in out):
+        out.append(DeviceEntry(IWARP_LOOPBACK, "iwarp", "lo",
+                               (bytes([127, 0, 0, 1]), bytes(15) + b"\x01")))
+    return out
+
+
+def _matches(prefer: str | None, d: DeviceEntry) -> bool:
+    return prefer is None or prefer in (d.name, d.transport)
+
+
+def find_device(src: IpAddress | None, dst: IpAddress | None,
+                prefer: str | None = None) -> tuple[DeviceEntry, IpAddress]:
+    """The device for a connection from ``src`` (None: chosen) to ``dst``, and the
+    source address to use (see the module docstring); :class:`DeviceError` if none."""
+    if prefer is not None and not isinstance(prefer, str):
+        raise InvalidArgument("device", "a device name, 'roce' or 'iwarp'")
+    devs = [d for d in candidates() if _matches(prefer, d)]
+    if src is not None and not src.is_unspecified:
+        for d in devs:
+            if src.packed in d.ips:
+                return d, src
+        raise DeviceError(f"no softrdma device{'' if prefer is None else ' ' + repr(prefer)} "
+                          f"owns {src}", errno=99)  # EADDRNOTAVAIL
+    if dst is None:
+        raise InvalidArgument("dst", "a destination address is needed without a source")
+    fam = 4 if dst.version == 4 else 16
+    for d in devs:
+        if dst.is_loopback and d.netdev != "lo":
+            continue
+        if dst.packed in d.ips:
+            return d, dst
+        own = [ip for ip in d.ips if len(ip) == fam]
+        if dst.is_loopback:
+            own = [ip for ip in own if ipaddress.ip_address(ip).is_loopback]
+        if own:
+            return d, ipaddress.ip_address(own[0])
+    raise DeviceError(f"no softrdma device{'' if prefer is None else ' ' + repr(prefer)} "
+                      f"routes to {dst}", errno=101)  # ENETUNREACH
+
+
+def devices_for_wildcard(version: int, prefer: str | None) -> list[DeviceEntry]:
+    """The devices a listener bound to the wildcard address listens on: those of the
+    preferred transport (default RoCE) with an address of the IP version."""
+    want = prefer if prefer is not None else "roce"
+    fam = 4 if version == 4 else 16
+    return [d for d in candidates() if _matches(want, d) and any(len(ip) == fam for ip in d.ips)]
+
+
+def open_device(entry: DeviceEntry) -> OpenDevice:
+    """The process's open instance of ``entry`` (opened on first use)."""
+    from ..verbs.device import Context  # noqa: PLC0415
+
+    with _lock:
+        dev = _open.get(entry.name)
+        if dev is not None:
+            return dev
+        if entry.transport == "iwarp":
+            ctx = Context(entry.name, transport="iwarp")
+            binding = None
+        else:
+            ctx = Context(entry.name, shared=options.shared)
+            try:
+                binding = CmBinding.attach(ctx, config=options.cm_config)
+            except BaseException:
+                ctx.close()
+                raise
+        dev = OpenDevice(entry, ctx, binding)
+        _open[entry.name] = dev
+        return dev
+
+
+def open_devices() -> list[OpenDevice]:
+    with _lock:
+        return list(_open.values())
+
+
+def release_devices(name: str | None = None) -> None:
+    """Close the devices (all, or ``name``): every id still using one gets
+    ``RDMA_CM_EVENT_DEVICE_REMOVAL`` first (its QP and the device are then unusable)."""
+    with _lock:
+        names = [n for n in _open if name is None or n == name]
+        devs = [_open.pop(n) for n in names]
+    for dev in devs:
+        for cid in list(dev.ids):
+            cid._device_removed()
+        if dev.binding is not None:
+            dev.binding.close()
+        try:
+            dev.ctx.close()
+        except Exception:  # noqa: BLE001 - already closed by its owner
+            pass

@@ -1,0 +1,263 @@
+"""Events and the event channel of the rdma_cm-style API (librdmacm ``rdma_cma.h``).
+
+:class:`RdmaCmEventType` has the numbering of ``enum rdma_cm_event_type`` (ADDR_RESOLVED
+0 ... TIMEWAIT_EXIT 15), :class:`ConnParam` is ``struct rdma_conn_param``,
+:class:`UdParam` ``struct rdma_ud_param``. :class:`EventChannel` is
+``struct rdma_event_channel``: events of every id created on it, in arrival order,
+through a blocking :meth:`~EventChannel.get_cm_event`, a descriptor that polls readable
+while events are pending (:meth:`~EventChannel.fileno`, ``rdma_event_channel.fd``) or
+``await channel.next_event()``. Events are queued by the connection managers (under
+their device lock, or from iWARP connection threads) and never run application code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import select
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ClosedError
+from .events import RejectInfo
+
+if TYPE_CHECKING:
+    from .rdma_cm import CmId
+
+__all__ = [
+    "RdmaCmEventType", "ConnParam", "UdParam", "RdmaCmEvent", "EventChannel", "event_str",
+    "RDMA_CM_EVENT_ADDR_RESOLVED", "RDMA_CM_EVENT_ADDR_ERROR", "RDMA_CM_EVENT_ROUTE_RESOLVED",
+    "RDMA_CM_EVENT_ROUTE_ERROR", "RDMA_CM_EVENT_CONNECT_REQUEST",
+    "RDMA_CM_EVENT_CONNECT_RESPONSE", "RDMA_CM_EVENT_CONNECT_ERROR",
+    "RDMA_CM_EVENT_UNREACHABLE", "RDMA_CM_EVENT_REJECTED", "RDMA_CM_EVENT_ESTABLISHED",
+    "RDMA_CM_EVENT_DISCONNECTED", "RDMA_CM_EVENT_DEVICE_REMOVAL",
+    "RDMA_CM_EVENT_MULTICAST_JOIN", "RDMA_CM_EVENT_MULTICAST_ERROR",
+    "RDMA_CM_EVENT_ADDR_CHANGE", "RDMA_CM_EVENT_TIMEWAIT_EXIT",
+]
+
+
+class RdmaCmEventType(IntEnum):
+    """``enum rdma_cm_event_type`` (librdmacm ``rdma_cma.h``), same values."""
+
+    ADDR_RESOLVED = 0
+    ADDR_ERROR = 1
+    ROUTE_RESOLVED = 2
+    ROUTE_ERROR = 3
+    CONNECT_REQUEST = 4
+    CONNECT_RESPONSE = 5
+    CONNECT_ERROR = 6
+    UNREACHABLE = 7
+    REJECTED = 8
+    ESTABLISHED = 9
+    DISCONNECTED = 10
+    DEVICE_REMOVAL = 11
+    MULTICAST_JOIN = 12
+    MULTICAST_ERROR = 13
+    ADDR_CHANGE = 14
+    TIMEWAIT_EXIT = 15
+
+
+RDMA_CM_EVENT_ADDR_RESOLVED = RdmaCmEventType.ADDR_RESOLVED
+RDMA_CM_EVENT_ADDR_ERROR = RdmaCmEventType.ADDR_ERROR
+RDMA_CM_EVENT_ROUTE_RESOLVED = RdmaCmEventType.ROUTE_RESOLVED
+RDMA_CM_EVENT_ROUTE_ERROR = RdmaCmEventType.ROUTE_ERROR
+RDMA_CM_EVENT_CONNECT_REQUEST = RdmaCmEventType.CONNECT_REQUEST
+RDMA_CM_EVENT_CONNECT_RESPONSE = RdmaCmEventType.CONNECT_RESPONSE
+RDMA_CM_EVENT_CONNECT_ERROR = RdmaCmEventType.CONNECT_ERROR
+RDMA_CM_EVENT_UNREACHABLE = RdmaCmEventType.UNREACHABLE
+RDMA_CM_EVENT_REJECTED = RdmaCmEventType.REJECTED
+RDMA_CM_EVENT_ESTABLISHED = RdmaCmEventType.ESTABLISHED
+RDMA_CM_EVENT_DISCONNECTED = RdmaCmEventType.DISCONNECTED
+RDMA_CM_EVENT_DEVICE_REMOVAL = RdmaCmEventType.DEVICE_REMOVAL
+RDMA_CM_EVENT_MULTICAST_JOIN = RdmaCmEventType.MULTICAST_JOIN
+RDMA_CM_EVENT_MULTICAST_ERROR = RdmaCmEventType.MULTICAST_ERROR
+RDMA_CM_EVENT_ADDR_CHANGE = RdmaCmEventType.ADDR_CHANGE
+RDMA_CM_EVENT_TIMEWAIT_EXIT = RdmaCmEventType.TIMEWAIT_EXIT
+
+
+def event_str(event: int) -> str:
+    """``rdma_event_str``: ``RDMA_CM_EVENT_ESTABLISHED`` etc."""
+    try:
+        return "RDMA_CM_EVENT_" + RdmaCmEventType(event).name
+    except ValueError:
+        return "UNKNOWN EVENT"
+
+
+@dataclass(slots=True)
+class ConnParam:
+    """``struct rdma_conn_param``. On RoCE the REQ carries the A11 IP CM header before
+    ``private_data`` (at most 56 bytes then); on iWARP it travels in the MPA frame.
+    ``responder_resources``/``initiator_depth`` become the REQ fields (RoCE) or the MPA
+    IRD/ORD (iWARP). ``qkey`` is for a UD (``RDMA_PS_UDP``) accept."""
+
+    private_data: bytes = b""
+    responder_resources: int = 1
+    initiator_depth: int = 1
+    flow_control: int = 0
+    retry_count: int = 7
+    rnr_retry_count: int = 7
+    srq: int = 0
+    qp_num: int = 0
+    qkey: int | None = None
+
+
+@dataclass(slots=True)
+class UdParam:
+    """``struct rdma_ud_param``: where a resolved UD service is (SIDR answer)."""
+
+    qp_num: int
+    qkey: int
+    ah_attr: Any
+    private_data: bytes = b""
+
+
+@dataclass(slots=True, eq=False)
+class RdmaCmEvent:
+    """``struct rdma_cm_event``. ``status``: 0, the IB REJ reason (RoCE REJECTED, the
+    SIDR status for UD), or a negative errno (``-ECONNREFUSED`` for an iWARP refusal,
+    ``-ETIMEDOUT`` for UNREACHABLE), as librdmacm reports them. ``reject`` holds the
+    readable cause (IB reason, A11 ARI, MPA refusal)."""
+
+    event: RdmaCmEventType
+    id: CmId
+    listen_id: CmId | None = None
+    status: int = 0
+    private_data: bytes = b""
+    param: ConnParam | None = None
+    ud: UdParam | None = None
+    reject: RejectInfo | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def text(self) -> str:
+        """``RDMA_CM_EVENT_REJECTED: <why>`` style line."""
+        name = event_str(self.event)
+        if self.reject is not None:
+            return f"{name}: {self.reject.text}"
+        if self.status:
+            return f"{name} (status {self.status})"
+        return name
+
+    def __repr__(self) -> str:
+        return f"<RdmaCmEvent {self.text}>"
+
+
+class EventChannel:
+    """``rdma_create_event_channel``: the queue the events of its ids go to."""
+
+    def __init__(self) -> None:
+        self._q: deque[RdmaCmEvent] = deque()
+        self._cv = threading.Condition()
+        self._r, self._w = os.pipe()
+        os.set_blocking(self._r, False)
+        os.set_blocking(self._w, False)
+        self.closed = False
+        self.unacked = 0
+
+    def _post(self, ev: RdmaCmEvent) -> None:
+        with self._cv:
+            if self.closed:
+                return
+            self._q.append(ev)
+            try:
+                os.write(self._w, b"\0")
+            except BlockingIOError:
+                pass
+            self._cv.notify_all()
+
+    def _pop(self) -> RdmaCmEvent | None:
+        with self._cv:
+            if not self._q:
+                return None
+            ev = self._q.popleft()
+            try:
+                os.read(self._r, 1)
+            except BlockingIOError:
+                pass
+            self.unacked += 1
+            return ev
+
+    def pending(self) -> int:
+        """Events waiting to be taken."""
+        return len(self._q)
+
+    def get_cm_event(self, timeout: float | None = None) -> RdmaCmEvent:
+        """``rdma_get_cm_event``: the next event; :class:`TimeoutError` after ``timeout``
+        seconds (None: wait for ever)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if self.closed:
+                raise ClosedError("the event channel is destroyed")
+            ev = self._pop()
+            if ev is not None:
+                return ev
+            with self._cv:
+                if self._q:
+                    continue
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError("no rdma_cm event")
+                self._cv.wait(0.5 if left is None else min(left, 0.5))
+
+    def ack(self, event: RdmaCmEvent) -> None:
+        """``rdma_ack_cm_event`` (nothing to release; counts unacked events)."""
+        if self.unacked > 0:
+            self.unacked -= 1
+
+    ack_cm_event = ack
+
+    def fileno(self) -> int:
+        """A descriptor readable while events are pending (``channel->fd``)."""
+        return self._r
+
+    def poll(self, timeout: float) -> bool:
+        """True if an event is pending within ``timeout`` seconds."""
+        if self._q:
+            return True
+        select.select([self._r], [], [], timeout)
+        return bool(self._q)
+
+    async def next_event(self) -> RdmaCmEvent:
+        """The asyncio form of :meth:`get_cm_event`."""
+        loop = asyncio.get_running_loop()
+        while True:
+            if self.closed:
+                raise ClosedError("the event channel is destroyed")
+            ev = self._pop()
+            if ev is not None:
+                return ev
+            fut: asyncio.Future[None] = loop.create_future()
+
+            def ready(f: asyncio.Future[None] = fut) -> None:
+                if not f.done():
+                    f.set_result(None)
+            loop.add_reader(self._r, ready)
+            try:
+                if not self._q:
+                    await fut
+            finally:
+                loop.remove_reader(self._r)
+
+    def close(self) -> None:
+        """``rdma_destroy_event_channel``."""
+        with self._cv:
+            if self.closed:
+                return
+            self.closed = True
+            self._q.clear()
+            self._cv.notify_all()
+        for fd in (self._r, self._w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def __enter__(self) -> EventChannel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
