@@ -35,6 +35,9 @@ if TYPE_CHECKING:
 UNSENT, SENDING, SENT, DONE = 0, 1, 2, 3
 
 MAX_INFLIGHT = 256  # unacknowledged PSNs (rxe: RXE_MAX_UNACKED_PSNS = 128)
+_SIGNALED = int(SF.IBV_SEND_SIGNALED)  # plain ints: IntFlag '&' is slow per WR
+_FENCE = int(SF.IBV_SEND_FENCE)
+_SOLICITED = int(SF.IBV_SEND_SOLICITED)
 MIN_CWND = 8  # the send window never shrinks below this many PSNs
 ACKREQ_EVERY = 32  # AckReq every N packets of a long message (rxe: RXE_MAX_PKT_PER_ACK)
 
@@ -135,7 +138,7 @@ class Requester:
 
     def post(self, wqe: SendWQE, now: float) -> None:
         qp = self.qp
-        wqe.signaled = qp.sq_sig_all or bool(wqe.send_flags & SF.IBV_SEND_SIGNALED)
+        wqe.signaled = qp.sq_sig_all or bool(wqe.send_flags & _SIGNALED)
         o = wqe.opcode
         wqe.rd_atomic = o == _W_READ or o == _W_CAS or o == _W_FAA
         if o == _W_CAS or o == _W_FAA:
@@ -174,7 +177,7 @@ class Requester:
                     self.tx_idx += 1
                     continue
                 if rc:
-                    if wqe.send_flags & SF.IBV_SEND_FENCE and self.rd_atomic_out > 0:
+                    if wqe.send_flags & _FENCE and self.rd_atomic_out > 0:
                         break
                     if wqe.rd_atomic and self.rd_atomic_out >= max(1, qp.max_rd_atomic):
                         break
@@ -307,7 +310,7 @@ class Requester:
                 ext += _U32.pack(wqe.invalidate_rkey & 0xFFFFFFFF)
         pad = (-plen) & 3
         b1 = pad << 4
-        if last and wqe.send_flags & SF.IBV_SEND_SOLICITED and (not is_write or variant == 1):
+        if last and wqe.send_flags & _SOLICITED and (not is_write or variant == 1):
             b1 |= 0x80
         w2 = (wqe.first_psn + k) & PSN_MASK
         if qtype == 2 and (last or (k % ACKREQ_EVERY) == ACKREQ_EVERY - 1 or self.ack_edge):

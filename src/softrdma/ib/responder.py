@@ -41,6 +41,13 @@ _HOST_U64 = struct.Struct("=Q")
 _PAD = (b"", b"\0", b"\0\0", b"\0\0\0")
 _ACK_SYN = wib.AETH_ACK | wib.AETH_CREDIT_INVALID  # rxe: AETH_ACK_UNLIMITED
 MAX_MSG = 1 << 31  # IBA: maximum message size 2^31 (rxe check_rkey)
+_ACCESS_REMOTE_READ = int(ACC.IBV_ACCESS_REMOTE_READ)  # plain ints on the hot path
+_ACCESS_REMOTE_ATOMIC = int(ACC.IBV_ACCESS_REMOTE_ATOMIC)
+_ACCESS_REMOTE_WRITE = int(ACC.IBV_ACCESS_REMOTE_WRITE)
+_ACCESS_LOCAL_WRITE = int(ACC.IBV_ACCESS_LOCAL_WRITE)
+_WC_WITH_IMM = int(WCF.IBV_WC_WITH_IMM)
+_WC_WITH_INV = int(WCF.IBV_WC_WITH_INV)
+_WC_GRH = int(WCF.IBV_WC_GRH)
 
 K_SEND = op.Kind.SEND
 K_WRITE = op.Kind.WRITE
@@ -298,7 +305,7 @@ class Responder:
         if kind == K_READ:
             if pkt.dma_len > MAX_MSG:
                 raise _NAK(wib.NAK_INVALID_REQUEST)
-            view = self._rkey_view(pkt.rkey, pkt.va, pkt.dma_len, ACC.IBV_ACCESS_REMOTE_READ)
+            view = self._rkey_view(pkt.rkey, pkt.va, pkt.dma_len, _ACCESS_REMOTE_READ)
             mtu = qp.mtu
             npkts = (pkt.dma_len + mtu - 1) // mtu if pkt.dma_len else 1
             self.msn = (self.msn + 1) & PSN_MASK
@@ -310,7 +317,7 @@ class Responder:
         if kind == K_CAS or kind == K_FAA:
             if pkt.va & 7:
                 raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
-            view = self._rkey_view(pkt.rkey, pkt.va, 8, ACC.IBV_ACCESS_REMOTE_ATOMIC)
+            view = self._rkey_view(pkt.rkey, pkt.va, 8, _ACCESS_REMOTE_ATOMIC)
             orig = _HOST_U64.unpack_from(view)[0]
             if kind == K_CAS:
                 if orig == pkt.compare:
@@ -327,7 +334,7 @@ class Responder:
             # in one store, needs REMOTE_WRITE; acknowledged like a write (rxe).
             if pkt.va & 7 or pkt.dma_len != 8 or len(pkt.payload) != 8:
                 raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
-            view = self._rkey_view(pkt.rkey, pkt.va, 8, ACC.IBV_ACCESS_REMOTE_WRITE)
+            view = self._rkey_view(pkt.rkey, pkt.va, 8, _ACCESS_REMOTE_WRITE)
             view[0:8] = pkt.payload
             self.msn = (self.msn + 1) & PSN_MASK
             self.epsn = (self.epsn + 1) & PSN_MASK
@@ -342,7 +349,7 @@ class Responder:
             rwqe = qp.take_rwqe()
             if rwqe is None:
                 raise _RNR()
-            segs = resolve_sges(qp.port.mrs, qp.pd, rwqe.sg_list, ACC.IBV_ACCESS_LOCAL_WRITE)
+            segs = resolve_sges(qp.port.mrs, qp.pd, rwqe.sg_list, _ACCESS_LOCAL_WRITE)
             if segs is None:
                 self.rwqe = rwqe
                 raise _NAK(wib.NAK_REMOTE_OP_ERR, WCS.IBV_WC_LOC_PROT_ERR)
@@ -362,14 +369,14 @@ class Responder:
             imm = 0
             inv = 0
             if pkt.info.imm:
-                flags = WCF.IBV_WC_WITH_IMM
+                flags = _WC_WITH_IMM
                 imm = pkt.imm
             elif pkt.info.inv:
                 mr = qp.port.lookup_mr(pkt.inv_rkey)
                 if mr is None or mr.pd is not qp.pd:
                     raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
                 mr.valid = False
-                flags = WCF.IBV_WC_WITH_INV
+                flags = _WC_WITH_INV
                 inv = pkt.inv_rkey
             wc = WorkCompletion(rwqe.wr_id, WCS.IBV_WC_SUCCESS, WCO.IBV_WC_RECV, qp.qpn,
                                 byte_len=self.offset, imm_data=imm, src_qp=qp.dest_qpn,
@@ -386,7 +393,7 @@ class Responder:
             if pkt.dma_len > MAX_MSG:
                 raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
             self.wbuf = self._rkey_view(pkt.rkey, pkt.va, pkt.dma_len,
-                                        ACC.IBV_ACCESS_REMOTE_WRITE)
+                                        _ACCESS_REMOTE_WRITE)
             self.wlen = pkt.dma_len
             self.offset = 0
             self.cur = K_WRITE
@@ -471,7 +478,7 @@ class Responder:
                 if kind == K_READ:
                     try:
                         view = self._rkey_view(pkt.rkey, pkt.va, pkt.dma_len,
-                                               ACC.IBV_ACCESS_REMOTE_READ)
+                                               _ACCESS_REMOTE_READ)
                     except _NAK:
                         return
                     saved = self.msn
@@ -533,7 +540,7 @@ class Responder:
         if rwqe is None:
             c.ud_no_wqe += 1
             return
-        segs = resolve_sges(qp.port.mrs, qp.pd, rwqe.sg_list, ACC.IBV_ACCESS_LOCAL_WRITE)
+        segs = resolve_sges(qp.port.mrs, qp.pd, rwqe.sg_list, _ACCESS_LOCAL_WRITE)
         if segs is None:
             qp.complete_recv(WorkCompletion(rwqe.wr_id, WCS.IBV_WC_LOC_PROT_ERR, WCO.IBV_WC_RECV,
                                             qp.qpn))
@@ -543,9 +550,9 @@ class Responder:
             qp.complete_recv(WorkCompletion(rwqe.wr_id, WCS.IBV_WC_LOC_LEN_ERR, WCO.IBV_WC_RECV,
                                             qp.qpn))
             return
-        flags = WCF.IBV_WC_GRH
+        flags = _WC_GRH
         if pkt.info.imm:
-            flags |= WCF.IBV_WC_WITH_IMM
+            flags |= _WC_WITH_IMM
         wc = WorkCompletion(rwqe.wr_id, WCS.IBV_WC_SUCCESS, WCO.IBV_WC_RECV, qp.qpn,
                             byte_len=plen + 40, imm_data=pkt.imm, src_qp=pkt.src_qp,
                             wc_flags=int(flags))

@@ -225,7 +225,10 @@ def build_send_wqe(wr: SendWR, qp_type: int, max_send_sge: int, max_inline: int,
             raise NotSupported(f"wr.opcode {opcode}: not implemented by softrdma")
         raise InvalidArgument("wr.opcode", f"opcode {opcode!r} is not valid on a "
                               f"{e.ibv_qp_type(qp_type).name} QP")
-    if not isinstance(flags, int) or flags & ~_SEND_FLAGS or flags < 0:
+    if not isinstance(flags, int):
+        raise InvalidArgument("wr.send_flags", f"unknown send flags {flags!r}")
+    flags = int(flags)  # a plain int: IntFlag arithmetic is slow per WR
+    if flags & ~_SEND_FLAGS or flags < 0:
         raise InvalidArgument("wr.send_flags", f"unknown send flags {flags!r}")
     sg = wr.sg
     if len(sg) > max_send_sge:
