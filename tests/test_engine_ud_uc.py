@@ -58,12 +58,28 @@ def test_ud_bad_qkey_and_no_wqe_dropped_silently() -> None:
     assert b.rcq and b.rcq[0].status == 0
 
 
-def test_ud_message_larger_than_mtu_fails_locally() -> None:
+def test_ud_message_larger_than_mtu_fails_locally_and_qp_goes_to_sqe() -> None:
     net = Net()
     a, b = ud_pair(net)
     ud_send(a, b, 1, 5000)
+    ud_send(a, b, 2, 10)
     net.run()
-    assert a.scq[0].status == e.IBV_WC_LOC_LEN_ERR
+    assert [(w.wr_id, w.status) for w in a.scq] == [(1, e.IBV_WC_LOC_LEN_ERR),
+                                                   (2, e.IBV_WC_WR_FLUSH_ERR)]
+    # UD send error: Send Queue Error state, the receive side still works (IBA 10.3.1.6)
+    assert a.qp.state == e.IBV_QPS_SQE
+    a.qp.post_recv(RecvWQE(9, [SGE(a.mr.addr, 1000, a.mr.lkey)]))
+    b.qp.post_send(SendWQE(3, int(e.IBV_WR_SEND), SIG, [SGE(b.mr.addr, 10, b.mr.lkey)],
+                           ah=AddressVector(a.port.gids[0]), remote_qpn=a.qp.qpn,
+                           remote_qkey=0x11111111), 0.0)
+    net.run()
+    assert a.rcq and a.rcq[0].wr_id == 9 and a.rcq[0].status == 0
+    # SQE -> RTS resumes sending
+    a.qp.modify({"qp_state": int(e.IBV_QPS_RTS)}, 0.0)
+    b.qp.post_recv(RecvWQE(8, [SGE(b.mr.addr, 1000, b.mr.lkey)]))
+    ud_send(a, b, 4, 10)
+    net.run()
+    assert a.scq[-1].wr_id == 4 and a.scq[-1].status == 0 and b.rcq[-1].wr_id == 8
 
 
 def test_uc_write_and_send_loss_drops_message() -> None:

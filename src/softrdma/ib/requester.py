@@ -591,6 +591,12 @@ class Requester:
         except ValueError:
             pass
         qp.complete_send(WorkCompletion(wqe.wr_id, status, WC_OPCODE.get(wqe.opcode, 0), qp.qpn))
+        if qp.qp_type != 2 and qp.state in (3, 4):
+            # UC/UD: a send error stops the send queue only (SQE, IBA 10.3.1.6); the
+            # receive queue keeps working and SQE -> RTS resumes sending.
+            self.flush()
+            qp.state = 5
+            return
         qp.to_error()
 
     def flush(self) -> None:
