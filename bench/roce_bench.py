@@ -34,6 +34,10 @@ MASK_RTS = int(e.IBV_QP_STATE | e.IBV_QP_TIMEOUT | e.IBV_QP_RETRY_CNT | e.IBV_QP
                | e.IBV_QP_SQ_PSN | e.IBV_QP_MAX_QP_RD_ATOMIC)
 
 
+RX_DEPTH = 256  # receives kept posted in the ping-pong (ibv_rc_pingpong: -r 500)
+RECV = int(e.IBV_WC_RECV)
+
+
 class Side:
     def __init__(self, ip: str, port: int, size: int, depth: int) -> None:
         self.ctx = v.Context("bench", link=UdpLink(ip, port), progress=os.environ.get("SR_PROGRESS", "thread"))
@@ -71,18 +75,23 @@ class Side:
                         raise RuntimeError(f"completion error {wc}")
                 return list(wcs)
 
+    def refill(self, n: int) -> int:
+        """Post ``n`` 64-byte receives in one call (a WR chain); returns ``n``."""
+        wrs = [v.RecvWR(wr_id=1, num_sge=1, sg=[v.SGE(self.mr.addr, 64, self.mr.lkey)])
+               for _ in range(n)]
+        self.qp.post_recv(wrs)
+        return n
+
     def close(self) -> None:
         self.ctx.close()
 
 
 def _peer(conn: Connection, ip: str, port: int, size: int, mode: str, iters: int) -> None:
-    side = Side(ip, port, size, 64)
+    side = Side(ip, port, size, RX_DEPTH)
     conn.send(side.info())
     side.connect(conn.recv())
     if mode == "lat":
-        for _ in range(4):
-            side.qp.post_recv(v.RecvWR(wr_id=1, num_sge=1,
-                                       sg=[v.SGE(side.mr.addr, 64, side.mr.lkey)]))
+        routs = side.refill(RX_DEPTH)
         conn.send("ready")
         wr = v.SendWR(wr_id=2, opcode=e.IBV_WR_SEND, num_sge=1,
                       sg=[v.SGE(side.mr.addr + 64, 64, side.mr.lkey)],
@@ -90,9 +99,10 @@ def _peer(conn: Connection, ip: str, port: int, size: int, mode: str, iters: int
         done = 0
         while done < iters:
             for wc in side.poll():
-                if wc.opcode & e.IBV_WC_RECV:
-                    side.qp.post_recv(v.RecvWR(wr_id=1, num_sge=1,
-                                               sg=[v.SGE(side.mr.addr, 64, side.mr.lkey)]))
+                if wc.opcode == RECV:
+                    routs -= 1
+                    if routs < 16:  # refill in batches, as ibv_rc_pingpong does
+                        routs += side.refill(RX_DEPTH - routs)
                     side.qp.post_send(wr)
                     done += 1
         # drain the last send completions
@@ -180,14 +190,12 @@ def rc_send_lat(iters: int, port: int) -> float:
     a_conn, b_conn = mp.Pipe()
     p = mp.Process(target=_peer, args=(b_conn, "127.0.0.2", port, 4096, "lat", iters))
     p.start()
-    side = Side("127.0.0.1", port, 4096, 64)
+    side = Side("127.0.0.1", port, 4096, RX_DEPTH)
     try:
         peer = a_conn.recv()
         a_conn.send(side.info())
         side.connect(peer)
-        for _ in range(4):
-            side.qp.post_recv(v.RecvWR(wr_id=1, num_sge=1,
-                                       sg=[v.SGE(side.mr.addr, 64, side.mr.lkey)]))
+        routs = side.refill(RX_DEPTH)
         a_conn.recv()
         wr = v.SendWR(wr_id=2, opcode=e.IBV_WR_SEND, num_sge=1,
                       sg=[v.SGE(side.mr.addr + 64, 64, side.mr.lkey)],
@@ -198,9 +206,10 @@ def rc_send_lat(iters: int, port: int) -> float:
             got_recv = False
             while not got_recv:
                 for wc in side.poll():
-                    if wc.opcode & e.IBV_WC_RECV:
-                        side.qp.post_recv(v.RecvWR(wr_id=1, num_sge=1,
-                                                   sg=[v.SGE(side.mr.addr, 64, side.mr.lkey)]))
+                    if wc.opcode == RECV:
+                        routs -= 1
+                        if routs < 16:
+                            routs += side.refill(RX_DEPTH - routs)
                         got_recv = True
         dt = time.perf_counter() - t0
         a_conn.send("bye")

@@ -191,6 +191,7 @@ class Runtime:
         self._gid_ip: dict[bytes, bytes] = {}
         self._ip_gid: dict[bytes, bytes] = {}
         self._metas: dict[tuple[bytes, bytes, int, int, int], RxMeta] = {}
+        self._backlog: list[Datagram] = []
         self._pending = False
         self._closed = False
         self._timer_at: float | None = None  # virtual-clock timer already scheduled
@@ -281,7 +282,7 @@ class Runtime:
             if n:
                 return n
 
-    def progress_nonblocking(self) -> int:
+    def progress_nonblocking(self, stop_on: Any = None) -> int:
         """One progress step if the lock is free (busy-polling ``cq.poll`` calls this).
 
         While an application busy-polls, the progress thread stands back (it stops
@@ -296,7 +297,7 @@ class Runtime:
             time.sleep(0)
             return 0
         try:
-            n = self._poll_rx_locked()
+            n = self._poll_rx_locked(stop_on)
             # New packets: let the application see their completions before the ACKs
             # go out (they leave at the next idle poll, after the application's next
             # post_send, or from the progress thread): the ACK is off the critical path
@@ -426,17 +427,30 @@ class Runtime:
             self._ip_gid[bytes(ip)] = gid
         return gid
 
-    def _poll_rx_locked(self) -> int:
-        dgrams = self.link.recv_batch(self.batch)
-        if not dgrams:
-            return 0
+    def _poll_rx_locked(self, stop_on: Any = None) -> int:
+        """Feed received datagrams to the engine; returns how many were taken.
+
+        With ``stop_on`` (a polling CQ's queue), processing stops as soon as that CQ has a
+        completion: the application sees it before the datagrams behind it (typically
+        the ACK that followed a response) are processed. Those wait in ``_backlog``,
+        still in the link's receive ring, which is not reused until they are done.
+        """
+        dgrams = self._backlog
+        if dgrams:
+            self._backlog = []
+        else:
+            dgrams = self.link.recv_batch(self.batch)
+            if not dgrams:
+                return 0
         port = self.port
         counters = port.counters
         receive = port.receive
         gid_of = self._gid_of
         metas = self._metas
         now = self.now()
+        taken = 0
         for d in dgrams:
+            taken += 1
             data = d.data
             if len(data) < 16:
                 counters.rcvd_malformed += 1
@@ -476,7 +490,10 @@ class Runtime:
                         metas.clear()
                     metas[key] = meta
             receive(body, meta, now)
-        return len(dgrams)
+            if stop_on and taken < len(dgrams):
+                self._backlog = dgrams[taken:]
+                break
+        return taken
 
     # ---- the progress thread ------------------------------------------------------------------
     def _thread_main(self) -> None:

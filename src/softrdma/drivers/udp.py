@@ -413,6 +413,12 @@ class UdpLink:
             dst = local
             tos = 0
             ttl = DEFAULT_TTL
+            # The receive socket is bound to one unicast address, so the destination is
+            # ours unless the datagram is multicast, and TOS/TTL only matter for the GRH
+            # area of a UD receive: RC/UC packets (BTH opcode < 0x40) skip the ancillary
+            # data (a per-packet saving on the bulk path).
+            if nbytes and slot[0] < 0x40:
+                anc = ()
             for _level, typ, d in anc:
                 if v4:
                     if typ == IP_PKTINFO:

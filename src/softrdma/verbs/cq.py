@@ -195,7 +195,7 @@ class CQ(VerbsObject):
             self._check()
         q = self._q
         if not q and self._busy_poll:
-            self._runtime.progress_nonblocking()
+            self._runtime.progress_nonblocking(q)
         if num_entries == 1:
             if q:
                 return 1, [q.popleft()]
