@@ -418,7 +418,7 @@ class UdpLink:
             # area of a UD receive: RC/UC packets (BTH opcode < 0x40) skip the ancillary
             # data (a per-packet saving on the bulk path).
             if nbytes and slot[0] < 0x40:
-                anc = ()
+                anc = []
             for _level, typ, d in anc:
                 if v4:
                     if typ == IP_PKTINFO:
