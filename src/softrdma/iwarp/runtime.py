@@ -231,7 +231,7 @@ class IwarpRuntime(Runtime):
             if n or left <= 0:
                 return n
 
-    def progress_nonblocking(self) -> int:
+    def progress_nonblocking(self, stop_on: Any = None) -> int:
         """One non-blocking step from an application thread that busy-polls a CQ; while
         it does, the progress thread stands back (as the RoCE runtime does), so the two
         do not fight over the lock and the GIL on the latency path."""
