@@ -201,6 +201,8 @@ class Runtime:
         self._rx_event = threading.Event()
         if hasattr(link, "on_readable"):
             link.on_readable = self._on_readable
+        if hasattr(link, "fast_rc_meta"):
+            link.fast_rc_meta = True  # the engine needs ancillary data for UD only
         if self.threaded:
             self._wake_r, self._wake_w = os.pipe()
             os.set_blocking(self._wake_r, False)

@@ -177,6 +177,9 @@ class UdpLink:
         self._unavailable: dict[int, float] = {}  # sport -> retry time
         self._addr_cache: dict[tuple[bytes, int], tuple[Any, ...]] = {}
         self._ip_cache: dict[str, bytes] = {}
+        # Set by the engine runtime: RC/UC datagrams need no TOS/TTL/destination ancillary
+        # data (only a UD receive's GRH area does), so recv_batch skips parsing it.
+        self.fast_rc_meta = False
         if bind_port:
             self._rx: socket.socket | None = self._open_main(port, True)
             main = self._rx
@@ -389,6 +392,7 @@ class UdpLink:
         local = self.ip
         port = self.port if self.port is not None else 0
         ip_cache = self._ip_cache
+        fast_rc = self.fast_rc_meta
         i = 0
         errors_left = 64  # transient errors are consumed by reading them; stay bounded
         while i < n:
@@ -416,8 +420,9 @@ class UdpLink:
             # The receive socket is bound to one unicast address, so the destination is
             # ours unless the datagram is multicast, and TOS/TTL only matter for the GRH
             # area of a UD receive: RC/UC packets (BTH opcode < 0x40) skip the ancillary
-            # data (a per-packet saving on the bulk path).
-            if nbytes and slot[0] < 0x40:
+            # data (a per-packet saving on the bulk path) when the owner says it only needs
+            # them for UD (the engine runtime does; devd forwards everything).
+            if fast_rc and nbytes and slot[0] < 0x40:
                 anc = []
             for _level, typ, d in anc:
                 if v4:
