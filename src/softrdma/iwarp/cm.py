@@ -265,15 +265,21 @@ class Listener:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise ConnectError("no connection request", errno=errno.ETIMEDOUT)
-            s.settimeout(left)
             try:
+                s.settimeout(left)
                 sock, peer = s.accept()
             except TimeoutError:
                 raise ConnectError("no connection request", errno=errno.ETIMEDOUT) from None
             except OSError as exc:
+                if self._sock is None:  # closed by another thread while we waited
+                    raise ConnectError("the listener is closed", errno=errno.EBADF) from None
                 raise ConnectError(f"accept failed: {exc.strerror or exc}") from exc
-            local = sock.getsockname()
-            mss = tcp_mss(sock)
+            try:
+                local = sock.getsockname()
+                mss = tcp_mss(sock)
+            except OSError:  # the peer reset the connection before we looked at it
+                sock.close()
+                continue
             conn = IwarpConn(self.runtime.dev, initiator=False, cfg=self.cfg, mss=mss)
             self.runtime.call(self.runtime.attach, conn, sock)
             end = deadline if deadline is not None else time.monotonic() + DEFAULT_TIMEOUT
