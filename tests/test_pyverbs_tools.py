@@ -158,3 +158,23 @@ def test_rdma_core_suite_through_the_command(state: str) -> None:
     assert passed >= 60, proc.stdout  # rxe passes 61 of these, softrdma 70
     assert skipped >= 20  # DM, dma-buf, raw packet, and the mlx5/EFA files skip cleanly
     assert any(ln.startswith("test_mlx5_cq") for ln in lines)
+
+
+def test_whole_rdma_core_suite_in_ci(state: str) -> None:
+    """The whole generic + vendor suite through the command, as CI runs it (issue 5): a
+    summary line, a per-file table, and at least the 110 passes the issue asks for.
+    No list of expected failures is pinned."""
+    if not (rct.TESTS_DIR / "run_tests.py").is_file() and shutil.which("apt-get") is None:
+        pytest.skip("rdma-core's tests are not installed and apt-get is unavailable")
+    proc = _softrdma("rdma-core-tests", "--dev", state, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    m = re.fullmatch(r"rdma-core tests: (\d+) passed, (\d+) failed, (\d+) errors, (\d+) skipped",
+                     lines[-1])
+    assert m is not None, lines[-5:]
+    passed, failed, errors, skipped = map(int, m.groups())
+    print("\n" + "\n".join(lines[-25:]))
+    assert passed >= 110, proc.stdout
+    assert passed + failed + errors + skipped >= 250  # the whole suite ran
+    for name in ("test_device", "test_qp", "test_odp", "test_mlx5_cq"):
+        assert any(ln.startswith(name) for ln in lines), name
