@@ -37,20 +37,13 @@ from typing import Any
 
 from ..errors import ClosedError, InvalidArgument
 from ..ib.port import Port, RxMeta, TxPacket
-from ..wire.crc import crc32
-from ..wire.roce import icrc_ok_udp, inet_checksum, recover_ipv4_id
+from ..wire.roce import icrc_ok_udp, inet_checksum, recover_ipv4_id, udp_send_icrc
 from .link import ROCE_V2_UDP_PORT, V4_MAPPED_PREFIX, Datagram, Link
 
 __all__ = ["Runtime", "icrc_v2", "icrc_ok", "build_grh", "gid_to_ip", "ip_to_gid"]
 
-_FF8 = b"\xff" * 8
-# Masked IPv4 header (roce.md §2): TOS, TTL and checksum all ones; ID 0, DF set.
-_IP4_MASKED = struct.Struct("!8sBBHHHBBH4s4sHHHH")  # FF*8 | IPv4(20) | UDP(8)
-# Masked IPv6 header: version 6, traffic class and flow label all ones, hop limit 0xFF.
-_IP6_MASKED = struct.Struct("!8sIHBB16s16sHHHH")   # FF*8 | IPv6(40) | UDP(8)
 _IP4_HDR = struct.Struct("!BBHHHBBH4s4s")
 _IP6_HDR = struct.Struct("!IHBB16s16s")
-_ICRC = struct.Struct("<I")
 _ZERO20 = bytes(20)
 _MAX_IDLE_WAIT = 0.01  # the progress thread re-checks timers at least this often (s)
 _POLL_GRACE = 0.005  # the progress thread stands back this long after an application poll (s)
@@ -70,65 +63,15 @@ def ip_to_gid(ip: bytes) -> bytes:
     return bytes(ip)
 
 
-def _crc_parts(crc: int, parts: Sequence[Any]) -> int:
-    """Continue ``crc`` over BTH.. ``parts``, BTH byte 4 (FECN/BECN/resv6) as 0xFF."""
-    first = parts[0]
-    if len(first) >= 5:
-        mv = memoryview(first)
-        crc = crc32(mv[:4], crc)
-        crc = crc32(b"\xff", crc)
-        crc = crc32(mv[5:], crc)
-        rest = parts[1:]
-    else:  # BTH split across buffers: join the head (never on the engine's hot path)
-        joined = b"".join(bytes(p) for p in parts)
-        return crc32(joined[5:], crc32(b"\xff", crc32(joined[:4], crc)))
-    for p in rest:
-        crc = crc32(p, crc)
-    return crc
-
-
-# CRC of the masked pseudo-header (8 x 0xFF + IP + UDP, roce.md §2) per flow and length:
-# it is the same for every packet of a flow, so the hot paths hash only the IB part.
-_PREFIX_CRC: dict[tuple[bytes, bytes, int, int, int], int] = {}
-_FF = b"\xff"
-
-
-def _prefix_crc(src_ip: bytes, dst_ip: bytes, sport: int, dport: int, length: int) -> int:
-    key = (src_ip, dst_ip, sport, dport, length)
-    c = _PREFIX_CRC.get(key)
-    if c is None:
-        udp_len = 8 + length + 4
-        if len(src_ip) == 4:
-            head = _IP4_MASKED.pack(_FF8, 0x45, 0xFF, 20 + udp_len, 0, 0x4000, 0xFF, 17,
-                                    0xFFFF, src_ip, dst_ip, sport, dport, udp_len, 0xFFFF)
-        else:
-            head = _IP6_MASKED.pack(_FF8, 0x6FFFFFFF, udp_len, 17, 0xFF, src_ip, dst_ip,
-                                    sport, dport, udp_len, 0xFFFF)
-        c = crc32(head)
-        if len(_PREFIX_CRC) >= 8192:
-            _PREFIX_CRC.clear()
-        _PREFIX_CRC[key] = c
-    return c
-
-
-def icrc_fast_ok(src_ip: bytes, dst_ip: bytes, sport: int, dport: int,
-                 data: memoryview) -> bool:
-    """ICRC check assuming the sender's IPv4 ID 0 + DF (what softrdma and an unconnected
-    Linux UDP socket with IP_PMTUDISC_DO send); False means "try the full check"."""
-    n = len(data)
-    c = _prefix_crc(src_ip, dst_ip, sport, dport, n - 4)
-    c = crc32(data[5:n - 4], crc32(_FF, crc32(data[:4], c)))
-    return c == int.from_bytes(data[n - 4:], "little")
-
-
 def icrc_v2(src_ip: bytes, dst_ip: bytes, sport: int, dport: int, parts: Sequence[Any],
             length: int) -> bytes:
     """The 4 ICRC bytes of a RoCEv2 packet (roce.md §2) whose BTH..pad are ``parts``.
 
     ``length`` is the byte length of BTH..pad. The IP header is the one Linux sends
-    from an unconnected UDP socket with ``IP_PMTUDISC_DO``: IPv4 ID 0 and DF.
+    from an unconnected UDP socket with ``IP_PMTUDISC_DO``: IPv4 ID 0 and DF
+    (:func:`softrdma.wire.roce.udp_send_icrc`, whose pseudo-header CRC is cached per flow).
     """
-    return _ICRC.pack(_crc_parts(_prefix_crc(src_ip, dst_ip, sport, dport, length), parts))
+    return udp_send_icrc(src_ip, dst_ip, sport, dport, parts, length)
 
 
 def icrc_ok(src_ip: bytes, dst_ip: bytes, sport: int, dport: int, datagram: memoryview) -> bool:
@@ -473,8 +416,7 @@ class Runtime:
                         continue
                     grh = build_grh(d)
             else:
-                if not icrc_fast_ok(src, dst, d.sport, d.dport, data) and \
-                        not icrc_ok_udp(src, dst, d.sport, d.dport, data):
+                if not icrc_ok_udp(src, dst, d.sport, d.dport, data):
                     counters.rcvd_icrc_err += 1
                     continue
                 grh = b""

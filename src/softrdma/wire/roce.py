@@ -207,6 +207,7 @@ def unmap_ipv4(addr: bytes) -> bytes:
 
 
 # --------------------------------------------------------------------------- ICRC
+_FF = b"\xff"  # BTH byte 4 (FECN, BECN, resv6) as the ICRC sees it
 _FF8_STATE = crc32(b"\xff" * 8)  # CRC after the masked LRH: rxe's seed 0xDEBB20E3, inverted
 
 
@@ -239,6 +240,15 @@ def _mask_udp(udp_hdr: Buffer) -> bytes:
 
 def _crc_ib(state: int, parts: Iterable[Buffer]) -> int:
     """Continue ``state`` over BTH .. pad given as buffers, BTH byte 4 set to ones."""
+    if not isinstance(parts, (list, tuple)):
+        parts = list(parts)
+    first = parts[0] if parts else b""
+    if isinstance(first, (bytes, bytearray)) and len(first) >= BTH_SIZE:
+        # the usual case: the engine's header buffer holds the whole BTH
+        state = crc32(first[5:], crc32(_FF, crc32(first[:4], state)))
+        for p in parts[1:]:
+            state = crc32(p, state)
+        return state
     need = BTH_SIZE
     head = bytearray()
     for p in parts:
@@ -290,6 +300,8 @@ _DF = 0x4000
 
 
 def _socket_addrs(src_ip: bytes, dst_ip: bytes) -> tuple[bytes, bytes]:
+    if len(src_ip) == 4 and len(dst_ip) == 4:  # the per-packet case: already IPv4
+        return src_ip, dst_ip
     s = unmap_ipv4(src_ip)
     d = unmap_ipv4(dst_ip)
     if len(s) != len(d):
@@ -309,24 +321,40 @@ def _pseudo(s: bytes, d: bytes, sport: int, dport: int, udp_len: int, ident: int
                            udp_len, 0xFFFF)
 
 
-def _crc_datagram(prefix: bytes, dg: memoryview) -> int:
-    """CRC of ``prefix`` + BTH (byte 4 masked) + the rest of ``dg`` minus its ICRC."""
-    bth = bytearray(dg[:BTH_SIZE])
-    bth[4] = 0xFF
-    return crc32(dg[BTH_SIZE:len(dg) - ICRC_SIZE], crc32(bth, crc32(prefix)))
+# CRC of the masked pseudo-header with IPv4 ID 0 + DF, per flow and length: it is the
+# same for every packet of a flow, so the per-packet work is the IB part only.
+_PSEUDO_CRC: dict[tuple[bytes, bytes, int, int, int], int] = {}
+
+
+def _pseudo_crc(s: bytes, d: bytes, sport: int, dport: int, udp_len: int) -> int:
+    """``crc32(_pseudo(s, d, sport, dport, udp_len))``, cached (bounded)."""
+    key = (s, d, sport, dport, udp_len)
+    c = _PSEUDO_CRC.get(key)
+    if c is None:
+        c = crc32(_pseudo(s, d, sport, dport, udp_len))
+        if len(_PSEUDO_CRC) >= 8192:
+            _PSEUDO_CRC.clear()
+        _PSEUDO_CRC[key] = c
+    return c
+
+
+def _crc_datagram(state: int, dg: memoryview) -> int:
+    """Continue the pseudo-header CRC ``state`` over BTH (byte 4 masked) and the rest of
+    ``dg`` minus its ICRC."""
+    return crc32(dg[5:len(dg) - ICRC_SIZE], crc32(_FF, crc32(dg[:4], state)))
 
 
 def udp_send_icrc(src_ip: bytes, dst_ip: bytes, sport: int, dport: int,
-                  parts: Sequence[Buffer]) -> bytes:
+                  parts: Sequence[Buffer], length: int | None = None) -> bytes:
     """The 4-byte ICRC to append to ``parts`` (BTH .. pad) sent from a UDP socket.
 
     Assumes what Linux sends from an unconnected socket with ``IP_PMTUDISC_DO``: IPv4 ID 0
     with DF; TOS/TTL/flow label do not matter (masked). IPv4-mapped addresses are IPv4.
+    ``length`` (bytes of BTH .. pad) saves summing the parts when the caller knows it.
     """
     s, d = _socket_addrs(src_ip, dst_ip)
-    n = sum(memoryview(p).nbytes for p in parts)
-    udp_len = 8 + n + ICRC_SIZE
-    return _ICRC.pack(_crc_ib(crc32(_pseudo(s, d, sport, dport, udp_len)), parts))
+    n = sum(memoryview(p).nbytes for p in parts) if length is None else length
+    return _ICRC.pack(_crc_ib(_pseudo_crc(s, d, sport, dport, 8 + n + ICRC_SIZE), parts))
 
 
 def udp_payload_with_icrc(src_ip: bytes, dst_ip: bytes, sport: int, dport: int,
@@ -386,7 +414,7 @@ def _udp_check(src_ip: bytes, dst_ip: bytes, sport: int, dport: int,
     s, d = _socket_addrs(src_ip, dst_ip)
     got = _ICRC.unpack_from(dg, n - ICRC_SIZE)[0]
     udp_len = 8 + n
-    want = _crc_datagram(_pseudo(s, d, sport, dport, udp_len), dg)
+    want = _crc_datagram(_pseudo_crc(s, d, sport, dport, udp_len), dg)
     if want == got:
         return True, (0 if len(s) == 4 else None), True
     if len(s) != 4:
@@ -394,7 +422,7 @@ def _udp_check(src_ip: bytes, dst_ip: bytes, sport: int, dport: int,
     rows, df_vec = _id_solver(8 + 20 + udp_len - ICRC_SIZE)
     diff = want ^ got
     if diff == df_vec:  # ID 0 without DF
-        ok = _crc_datagram(_pseudo(s, d, sport, dport, udp_len, 0, 0), dg) == got
+        ok = _crc_datagram(crc32(_pseudo(s, d, sport, dport, udp_len, 0, 0)), dg) == got
         return ok, (0 if ok else None), False
     ident = 0
     for pivot, vec, comb in rows:
@@ -404,7 +432,7 @@ def _udp_check(src_ip: bytes, dst_ip: bytes, sport: int, dport: int,
     if diff:
         return False, None, True
     # Recompute with the recovered ID: accept only on an exact match.
-    ok = _crc_datagram(_pseudo(s, d, sport, dport, udp_len, ident), dg) == got
+    ok = _crc_datagram(crc32(_pseudo(s, d, sport, dport, udp_len, ident)), dg) == got
     return ok, (ident if ok else None), True
 
 
