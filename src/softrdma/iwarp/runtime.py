@@ -152,23 +152,10 @@ class IwarpRuntime(Runtime):
             self._thread.start()
 
     # ---- engine access -------------------------------------------------------------------
-    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        if self._closed:
-            raise ClosedError("the device runtime is closed")
-        with self.lock:
-            try:
-                return fn(*args)
-            finally:
-                self._housekeep()
-
-    def call_now(self, fn: Callable[..., Any], *args: Any) -> Any:
-        if self._closed:
-            raise ClosedError("the device runtime is closed")
-        with self.lock:
-            try:
-                return fn(*args, self.now())
-            finally:
-                self._housekeep()
+    # call / call_now / defer are Runtime's; what they run after an engine call is this
+    # runtime's housekeeping (there are no coalesced ACKs on TCP).
+    def _after_locked(self, acks: bool = True) -> None:
+        self._housekeep()
 
     def post_send(self, qp: Any, wqes: Sequence[Any]) -> None:
         """Post and transmit from the caller's thread (the latency path)."""
@@ -184,9 +171,6 @@ class IwarpRuntime(Runtime):
                     self._tx(s)
                 if self._deferred:
                     self._housekeep()
-
-    def defer(self, fn: Callable[[], None]) -> None:
-        self._deferred.append(fn)
 
     def attach(self, conn: IwarpConn, sock: socket.socket) -> None:
         """Drive ``conn`` over ``sock`` (connected; made non-blocking here). Call under
