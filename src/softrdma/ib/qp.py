@@ -124,18 +124,14 @@ class EngineSRQ:
         self.q.appendleft(rwqe)
 
 
-class EngineQP:
-    """One queue pair in the engine (see the module docstring)."""
+class QPBase:
+    """What every engine QP holds (IB and iWARP alike): the creation attributes the verbs
+    layer passes (``ibv_qp_init_attr``), the QP number and the state."""
 
     def __init__(self, port: Port, qp_type: int, pd: object, send_cq: CompletionSink,
                  recv_cq: CompletionSink, srq: EngineSRQ | None, max_send_wr: int,
                  max_recv_wr: int, max_send_sge: int, max_recv_sge: int, max_inline_data: int,
                  sq_sig_all: bool, qpn: int | None = None) -> None:
-        from .requester import Requester
-        from .responder import Responder
-
-        if qp_type not in (QPT_RC, QPT_UC, QPT_UD):
-            raise ValueError(f"unsupported QP type {qp_type}")
         self.port = port
         self.qp_type = qp_type
         self.pd = pd
@@ -150,6 +146,22 @@ class EngineQP:
         self.sq_sig_all = sq_sig_all
         self.qpn = port.alloc_qpn() if qpn is None else qpn
         self.state = RESET
+
+
+class EngineQP(QPBase):
+    """One queue pair in the engine (see the module docstring)."""
+
+    def __init__(self, port: Port, qp_type: int, pd: object, send_cq: CompletionSink,
+                 recv_cq: CompletionSink, srq: EngineSRQ | None, max_send_wr: int,
+                 max_recv_wr: int, max_send_sge: int, max_recv_sge: int, max_inline_data: int,
+                 sq_sig_all: bool, qpn: int | None = None) -> None:
+        from .requester import Requester
+        from .responder import Responder
+
+        if qp_type not in (QPT_RC, QPT_UC, QPT_UD):
+            raise ValueError(f"unsupported QP type {qp_type}")
+        super().__init__(port, qp_type, pd, send_cq, recv_cq, srq, max_send_wr, max_recv_wr,
+                         max_send_sge, max_recv_sge, max_inline_data, sq_sig_all, qpn)
         # attributes (IBA 11.2.5; ibv_qp_attr)
         self.path_mtu = 5 if qp_type == QPT_UD else 1
         self.qkey = 0
@@ -378,4 +390,4 @@ class EngineQP:
 
 _TRANSPORT_OF = {QPT_RC: 0x00, QPT_UC: 0x20, QPT_UD: 0x60}
 
-__all__ = ["AddressVector", "EngineQP", "EngineSRQ", "IB_QP1_QKEY", "mtu_bytes", "rxe_udp_sport"]
+__all__ = ["AddressVector", "EngineQP", "QPBase", "EngineSRQ", "IB_QP1_QKEY", "mtu_bytes", "rxe_udp_sport"]

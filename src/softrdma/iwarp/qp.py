@@ -43,7 +43,7 @@ from ..errors import (
     StateError,
 )
 from ..ib.port import Port, RxMeta
-from ..ib.qp import EngineSRQ
+from ..ib.qp import EngineSRQ, QPBase
 from ..ib.types import CompletionSink, MemoryRegion, RecvWQE, SendWQE, WorkCompletion
 from ..wire.ddp import Terminate
 from .stag import StagAllocator
@@ -109,8 +109,10 @@ class IwarpDevice(Port):
         raise DecodeError("an iWARP device receives TCP byte streams, not IB packets")
 
 
-class IwarpQP:
+class IwarpQP(QPBase):
     """An iWARP queue pair (see the module docstring); same constructor as EngineQP."""
+
+    port: IwarpDevice
 
     def __init__(self, port: IwarpDevice, qp_type: int, pd: object, send_cq: CompletionSink,
                  recv_cq: CompletionSink, srq: EngineSRQ | None, max_send_wr: int,
@@ -118,20 +120,8 @@ class IwarpQP:
                  sq_sig_all: bool, qpn: int | None = None) -> None:
         if qp_type != int(QPT.IBV_QPT_RC):
             raise NotSupported("iWARP devices support RC QPs only")
-        self.port = port
-        self.qp_type = qp_type
-        self.pd = pd
-        self.send_cq = send_cq
-        self.recv_cq = recv_cq
-        self.srq = srq
-        self.max_send_wr = max_send_wr
-        self.max_recv_wr = max_recv_wr
-        self.max_send_sge = max_send_sge
-        self.max_recv_sge = max_recv_sge
-        self.max_inline_data = max_inline_data
-        self.sq_sig_all = sq_sig_all
-        self.qpn = port.alloc_qpn() if qpn is None else qpn
-        self.state = RESET
+        super().__init__(port, qp_type, pd, send_cq, recv_cq, srq, max_send_wr, max_recv_wr,
+                         max_send_sge, max_recv_sge, max_inline_data, sq_sig_all, qpn)
         self.access_flags = 0
         self.port_num = 1
         self.pkey_index = 0
