@@ -44,11 +44,12 @@ class Side:
         return v.SGE(self.mr.addr + off, n, self.mr.lkey)
 
 
-def connect(x: Side, y: Side, mtu: int = int(e.IBV_MTU_1024)) -> None:
+def connect(x: Side, y: Side, mtu: int = int(e.IBV_MTU_1024), retry_cnt: int = 5,
+            rnr_retry: int = 5) -> None:
     for me, peer in ((x, y), (y, x)):
         a = v.QPAttr(qkey=0x11223344, path_mtu=mtu, dest_qp_num=peer.qp.qp_num, rq_psn=7,
                      sq_psn=7, max_dest_rd_atomic=4, max_rd_atomic=4, min_rnr_timer=1,
-                     timeout=8, retry_cnt=5, rnr_retry=5)
+                     timeout=8, retry_cnt=retry_cnt, rnr_retry=rnr_retry)
         a.qp_access_flags = ACC
         a.ah_attr = v.AHAttr(gr=v.GlobalRoute(dgid=peer.ctx.query_gid(1, 0), hop_limit=64))
         me.qp.to_rts(a)
