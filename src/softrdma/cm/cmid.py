@@ -364,15 +364,21 @@ class CmId:
         return None
 
     def _connect_qp(self, now: float) -> None:
-        """Active side, after the REP: the QP to RTR and RTS (linux cm_init_qp_*_attr)."""
+        """Active side, after the REP: the QP to RTR and RTS (linux cm_init_qp_*_attr).
+
+        Starting PSN convention (Linux ``drivers/infiniband/core/cm.c``, followed by rxe and
+        every RoCE NIC driver; ``../shared/specs/ib-cm.md`` REQ offset 44, REP offset 20):
+        each side announces the PSN it will *receive* at. The active side's ``rq_psn`` is
+        the REQ's Starting PSN (its own) and its ``sq_psn`` is the REP's Starting PSN.
+        """
         rep, req, p = self.rep, self.req, self.params
         assert rep is not None and req is not None and isinstance(p, ConnParams)
         eq = qpctl.engine_of(self.qp)
-        qpctl.to_rtr(eq, now, dest_qpn=rep.local_qpn, rq_psn=rep.starting_psn,
+        qpctl.to_rtr(eq, now, dest_qpn=rep.local_qpn, rq_psn=self.local_psn,
                      path_mtu=req.path_mtu,
                      max_dest_rd_atomic=min(rep.initiator_depth, p.responder_resources),
                      min_rnr_timer=p.min_rnr_timer, av=self._av())
-        qpctl.to_rts(eq, now, sq_psn=self.local_psn, timeout=self.ack_timeout,
+        qpctl.to_rts(eq, now, sq_psn=rep.starting_psn, timeout=self.ack_timeout,
                      retry_cnt=req.retry_count, rnr_retry=rep.rnr_retry_count,
                      max_rd_atomic=min(rep.responder_resources, p.initiator_depth))
 
@@ -482,9 +488,11 @@ class CmId:
         mtu = min(req.path_mtu, agent.mtu) if req.path_mtu else agent.mtu
         try:
             qpctl.to_init(eq, now)
-            qpctl.to_rtr(eq, now, dest_qpn=req.local_qpn, rq_psn=req.starting_psn, path_mtu=mtu,
+            # Linux's Starting PSN convention (cm.c; see _connect_qp): the passive side
+            # receives at the PSN its REP announces and sends from the REQ's Starting PSN.
+            qpctl.to_rtr(eq, now, dest_qpn=req.local_qpn, rq_psn=self.local_psn, path_mtu=mtu,
                          max_dest_rd_atomic=resp, min_rnr_timer=a.min_rnr_timer, av=self._av())
-            qpctl.to_rts(eq, now, sq_psn=self.local_psn, timeout=req.primary_local_ack_timeout,
+            qpctl.to_rts(eq, now, sq_psn=req.starting_psn, timeout=req.primary_local_ack_timeout,
                          retry_cnt=req.retry_count, rnr_retry=req.rnr_retry_count,
                          max_rd_atomic=depth)
         except BaseException:
