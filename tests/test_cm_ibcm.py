@@ -72,9 +72,10 @@ def test_establish_data_and_teardown() -> None:
     assert qa.qp_state == qb.qp_state == RTS
     ea, eb = qa.engine, qb.engine
     assert (ea.dest_qpn, eb.dest_qpn) == (qb.qp_num, qa.qp_num)
-    # each side's send PSN is what the other expects (REQ/REP Starting PSN)
-    assert ea.req.next_psn == eb.resp.epsn == cid.local_psn
-    assert eb.req.next_psn == ea.resp.epsn == srv.local_psn
+    # Linux's convention: each side's Starting PSN is the PSN it receives at, so the
+    # passive side sends from the REQ's and the active side from the REP's
+    assert eb.req.next_psn == ea.resp.epsn == cid.local_psn == cid.req.starting_psn
+    assert ea.req.next_psn == eb.resp.epsn == srv.local_psn == srv.rep.starting_psn
     # a SEND over the connection
     rx = v.MR(p.b.pd, 64, int(e.IBV_ACCESS_LOCAL_WRITE))
     qb.post_recv(v.RecvWR(1, 1, [v.SGE(rx.addr, 64, rx.lkey)]))
