@@ -13,6 +13,8 @@ Subcommands and where they live:
 ``link``           ``softrdma.tools.link.cmd_link(args) -> int``
 ``pyverbs``        :mod:`softrdma.tools.pyverbs_run` (run a pyverbs program on softrdma)
 ``rdma-core-tests`` :mod:`softrdma.tools.rdma_core_tests` (rdma-core's pyverbs test suite)
+``write-bw`` ...   :mod:`softrdma.tools.perftest` (perftest's ``ib_write_bw``, ``ib_read_bw``,
+                   ``ib_send_bw``, ``ib_atomic_bw`` and the ``*_lat`` tools)
 =================  =====================================================================
 
 Tool modules are imported inside the handlers, so a module that is missing or broken
@@ -33,6 +35,8 @@ from typing import Any
 from ..errors import SoftRdmaError
 
 PROG = "softrdma"
+PERFTEST_TOOLS = ("write-bw", "read-bw", "send-bw", "atomic-bw",
+                  "write-lat", "read-lat", "send-lat", "atomic-lat")
 
 
 class ToolUnavailable(SoftRdmaError):
@@ -110,6 +114,12 @@ def _cmd_pyverbs(args: argparse.Namespace) -> int:
 
 def _cmd_rdma_core_tests(args: argparse.Namespace) -> int:
     return int(_tool("softrdma.tools.rdma_core_tests", "rdma-core-tests", "run")(args))
+
+
+def _perftest(name: str) -> Callable[[argparse.Namespace], int]:
+    def handler(args: argparse.Namespace) -> int:
+        return int(_tool("softrdma.tools.perftest.runner", name, "run")(name, args))
+    return handler
 
 
 # -- parser ----------------------------------------------------------------------------
@@ -200,6 +210,17 @@ def build_parser() -> argparse.ArgumentParser:
                    "rdma-core's tests through softrdma's pyverbs and print a table per file.")
     _add_tool_args("softrdma.tools.rdma_core_tests", p)
     p.set_defaults(handler=_cmd_rdma_core_tests)
+
+    for name in PERFTEST_TOOLS:
+        verb, tst = name.split("-")
+        p = add_parser(name, help=f"perftest's ib_{verb}_{tst}: "
+                       f"{'bandwidth' if tst == 'bw' else 'latency'} of "
+                       f"{verb.upper()} over RC QPs",
+                       description=f"ib_{verb}_{tst}: without SERVERNAME be the server and "
+                       "wait; with it, connect to that server. Interoperates with perftest "
+                       "4.5 (the TCP 18515 exchange, or rdma_cm with -R).")
+        _add_tool_args("softrdma.tools.perftest.options", p, name)
+        p.set_defaults(handler=_perftest(name))
     return parser
 
 
