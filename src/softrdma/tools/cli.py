@@ -190,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
                    description="udaddy: without -s serve, with -s ADDR connect; the client's "
                    "SIDR_REQ resolves the server's UD QP (RDMA_PS_UDP, Q_Key 0x01234567), "
                    "then messages go both ways. Interoperates with rdma-core's udaddy.")
-    _add_tool_args("softrdma.tools.udaddy", p)
+    _add_tool_args("softrdma.tools.cmargs", p, "udaddy")
     p.set_defaults(handler=_cmd_udaddy)
 
     p = add_parser("ucmatose", help="RC connections and SENDs through rdma_cm "
@@ -198,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
                    description="ucmatose: without -s serve, with -s ADDR connect; the server "
                    "sends -C messages on each connection, the client answers, the server "
                    "disconnects. Interoperates with rdma-core's ucmatose.")
-    _add_tool_args("softrdma.tools.ucmatose", p)
+    _add_tool_args("softrdma.tools.cmargs", p, "ucmatose")
     p.set_defaults(handler=_cmd_ucmatose)
 
     p = add_parser("pcap-check", help="check the ICRC/CRC of every RoCE/iWARP packet "

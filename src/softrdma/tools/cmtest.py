@@ -25,35 +25,11 @@ from .. import verbs as v
 from ..cm import rdma_cm as rc
 from ..errors import SoftRdmaError
 
-__all__ = ["Node", "CmTest", "add_common_arguments", "get_addr", "DEFAULT_TIMEOUT"]
+__all__ = ["Node", "CmTest", "get_addr", "finish"]
 
-DEFAULT_TIMEOUT = 60.0
 POLL_BATCH = 8  # the C tools poll 8 completions at a time
 IDLE_SLEEP_S = 0.0005
 WAIT_STEP_S = 0.5  # a wait for ever still wakes up now and then (Ctrl-C)
-
-
-def add_common_arguments(p: argparse.ArgumentParser) -> None:
-    """The flags udaddy and cmatose share (their getopt strings), plus softrdma's own."""
-    p.add_argument("-s", dest="dst_addr", default=None, metavar="server_address",
-                   help="connect to this server (without -s: be the server)")
-    p.add_argument("-b", dest="src_addr", default=None, metavar="bind_address",
-                   help="bind to this local address")
-    p.add_argument("-f", dest="addr_format", default=None, metavar="address_format",
-                   help="name, ip, ipv6 (gid is not supported: no AF_IB on softrdma)")
-    p.add_argument("-c", dest="connections", type=int, default=1, metavar="connections",
-                   help="number of connections (1)")
-    p.add_argument("-C", dest="message_count", type=int, default=10,
-                   metavar="message_count", help="messages per connection (10)")
-    p.add_argument("-S", dest="message_size", type=int, default=100, metavar="message_size",
-                   help="message size in bytes (100)")
-    p.add_argument("-t", dest="tos", default=None, metavar="type_of_service",
-                   help="type of service (rdma_set_option TOS; not supported here: a "
-                   "warning, as when the C tool's option call fails)")
-    p.add_argument("--device", default=None,
-                   help="the softrdma device (name, or roce/iwarp) serving the addresses")
-    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
-                   help="give up when a peer stays silent this many seconds (default 60)")
 
 
 def get_addr(host: str | None) -> tuple[str | None, str | None]:

@@ -28,28 +28,13 @@ from .. import enums as e
 from .. import verbs as v
 from ..cm import rdma_cm as rc
 from ..errors import InvalidArgument, SoftRdmaError
-from .cmtest import CmTest, Node, add_common_arguments, finish, get_addr
+from .cmargs import CMATOSE_PORT
+from .cmtest import CmTest, Node, finish, get_addr
 
-__all__ = ["add_arguments", "run", "CMATOSE_PORT"]
+__all__ = ["run", "CMATOSE_PORT"]
 
-CMATOSE_PORT = 7471
 SEND_CQ, RECV_CQ = 0, 1
 CMATOSE_RETRY_COUNT = 5
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_common_arguments(p)
-    p.add_argument("-p", dest="port", type=int, default=CMATOSE_PORT, metavar="port_number",
-                   help=f"port ({CMATOSE_PORT})")
-    p.add_argument("-P", dest="port_space_name", default=None, metavar="port_space",
-                   help="tcp (default) or ib (not supported: RDMA_PS_IB needs AF_IB)")
-    p.add_argument("-m", dest="migrate", action="store_true",
-                   help="migrate the ids to a new event channel after the transfers")
-    p.add_argument("-a", dest="ack_timeout", default=None, metavar="ack_timeout",
-                   help="ACK timeout (rdma_set_option ACK_TIMEOUT; not supported here: a "
-                   "warning, as when the C tool's option call fails)")
-    p.add_argument("--transport", choices=("roce", "iwarp"), default="roce",
-                   help="which kind of softrdma device serves the address (default roce)")
 
 
 class Cmatose(CmTest):

@@ -31,11 +31,11 @@ from .. import verbs as v
 from ..cm import rdma_cm as rc
 from ..drivers.runtime import ip_to_gid
 from ..errors import InvalidArgument
-from .cmtest import CmTest, Node, add_common_arguments, finish, get_addr
+from .cmargs import UDADDY_PORT
+from .cmtest import CmTest, Node, finish, get_addr
 
-__all__ = ["add_arguments", "run", "UDADDY_PORT", "ah_attr_from_grh"]
+__all__ = ["run", "UDADDY_PORT", "ah_attr_from_grh"]
 
-UDADDY_PORT = 7174
 GRH_LEN = 40  # sizeof(struct ibv_grh), in front of every UD receive (IBA 11.4.1.1)
 IPV4_IN_GRH = 20  # RoCEv2 over IPv4: the IPv4 header fills the last 20 bytes of the GRH
 IPV4_SRC = slice(IPV4_IN_GRH + 12, IPV4_IN_GRH + 16)
@@ -43,17 +43,6 @@ IPV4_DST = slice(IPV4_IN_GRH + 16, IPV4_IN_GRH + 20)
 IPV6_SGID = slice(8, 24)
 IPV6_DGID = slice(24, 40)
 REPLY_HOP_LIMIT = 64
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_common_arguments(p)
-    p.add_argument("-P", dest="port_space_name", default=None, metavar="port_space",
-                   help="udp (default) or ipoib")
-    p.add_argument("-p", dest="port_space", default=None, metavar="port_space",
-                   help=f"port space number: {rc.RDMA_PS_UDP:#x} for UDP (default), "
-                   f"{rc.RDMA_PS_IPOIB:#x} for IPOIB")
-    p.add_argument("--port", type=int, default=UDADDY_PORT,
-                   help=f"the service port (udaddy's is {UDADDY_PORT})")
 
 
 def ah_attr_from_grh(grh: bytes, gids: list[bytes]) -> v.AHAttr:
