@@ -8,7 +8,7 @@ Subcommands and where they live:
 ``uc-pingpong``    :mod:`softrdma.tools.pingpong` (``ibv_uc_pingpong``)
 ``ud-pingpong``    :mod:`softrdma.tools.pingpong` (``ibv_ud_pingpong``)
 ``demo``           :mod:`softrdma.tools.demo` (loopback tour of the RC operations)
-``rping``          :mod:`softrdma.tools.rping` (librdmacm's ``rping``, RoCE or iWARP)
+``rping``          :mod:`softrdma.tools.rping` (flags), :mod:`~softrdma.tools.rping_run` (librdmacm's ``rping``, RoCE or iWARP)
 ``udaddy``         :mod:`softrdma.tools.udaddy` (librdmacm's ``udaddy``: UD over SIDR)
 ``ucmatose``       :mod:`softrdma.tools.ucmatose` (librdmacm's ``ucmatose``)
 ``pcap-check``     ``softrdma.tools.pcap_check.run(paths) -> int``
@@ -92,7 +92,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_rping(args: argparse.Namespace) -> int:
-    return int(_tool("softrdma.tools.rping", "rping", "run")(args))
+    return int(_tool("softrdma.tools.rping_run", "rping", "run")(args))
 
 
 def _cmd_udaddy(args: argparse.Namespace) -> int:
