@@ -13,6 +13,7 @@ Subcommands and where they live:
 ``link``           ``softrdma.tools.link.cmd_link(args) -> int``
 ``pyverbs``        :mod:`softrdma.tools.pyverbs_run` (run a pyverbs program on softrdma)
 ``rdma-core-tests`` :mod:`softrdma.tools.rdma_core_tests` (rdma-core's pyverbs test suite)
+``ipoib``          :mod:`softrdma.tools.ipoib` (IP over InfiniBand on a TUN interface)
 =================  =====================================================================
 
 Tool modules are imported inside the handlers, so a module that is missing or broken
@@ -112,6 +113,10 @@ def _cmd_rdma_core_tests(args: argparse.Namespace) -> int:
     return int(_tool("softrdma.tools.rdma_core_tests", "rdma-core-tests", "run")(args))
 
 
+def _cmd_ipoib(args: argparse.Namespace) -> int:
+    return int(_tool("softrdma.tools.ipoib", "ipoib", "run")(args))
+
+
 # -- parser ----------------------------------------------------------------------------
 
 def _add_tool_args(module: str, sub: argparse.ArgumentParser, *extra: Any) -> None:
@@ -200,6 +205,14 @@ def build_parser() -> argparse.ArgumentParser:
                    "rdma-core's tests through softrdma's pyverbs and print a table per file.")
     _add_tool_args("softrdma.tools.rdma_core_tests", p)
     p.set_defaults(handler=_cmd_rdma_core_tests)
+
+    p = add_parser("ipoib", help="IP over InfiniBand (RFC 4391/4755) on a TUN interface "
+                   "(up/down/show)", description="softrdma ipoib up NAME --device DEV "
+                   "[--mode connected|datagram] [--pkey P] [--mtu M] ADDR/PREFIX... runs an "
+                   "IPoIB interface until stopped; down NAME stops it; show [NAME] [--json] "
+                   "prints neighbours, connections and counters.")
+    _add_tool_args("softrdma.tools.ipoib", p)
+    p.set_defaults(handler=_cmd_ipoib)
     return parser
 
 
