@@ -17,6 +17,7 @@ Subcommands and where they live:
 ``rdma-core-tests`` :mod:`softrdma.tools.rdma_core_tests` (rdma-core's pyverbs test suite)
 ``write-bw`` ...   :mod:`softrdma.tools.perftest` (perftest's ``ib_write_bw``, ``ib_read_bw``,
                    ``ib_send_bw``, ``ib_atomic_bw`` and the ``*_lat`` tools)
+``ipoib``          :mod:`softrdma.tools.ipoib` (IP over InfiniBand on a TUN interface)
 =================  =====================================================================
 
 Tool modules are imported inside the handlers, so a module that is missing or broken
@@ -130,6 +131,10 @@ def _perftest(name: str) -> Callable[[argparse.Namespace], int]:
     def handler(args: argparse.Namespace) -> int:
         return int(_tool("softrdma.tools.perftest.runner", name, "run")(name, args))
     return handler
+
+
+def _cmd_ipoib(args: argparse.Namespace) -> int:
+    return int(_tool("softrdma.tools.ipoib", "ipoib", "run")(args))
 
 
 # -- parser ----------------------------------------------------------------------------
@@ -247,6 +252,13 @@ def build_parser() -> argparse.ArgumentParser:
                        "4.5 (the TCP 18515 exchange, or rdma_cm with -R).")
         _add_tool_args("softrdma.tools.perftest.options", p, name)
         p.set_defaults(handler=_perftest(name))
+    p = add_parser("ipoib", help="IP over InfiniBand (RFC 4391/4755) on a TUN interface "
+                   "(up/down/show)", description="softrdma ipoib up NAME --device DEV "
+                   "[--mode connected|datagram] [--pkey P] [--mtu M] ADDR/PREFIX... runs an "
+                   "IPoIB interface until stopped; down NAME stops it; show [NAME] [--json] "
+                   "prints neighbours, connections and counters.")
+    _add_tool_args("softrdma.tools.ipoib", p)
+    p.set_defaults(handler=_cmd_ipoib)
     return parser
 
 
