@@ -9,6 +9,7 @@ import struct
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from property_budget import examples
 from test_verbs_data import RC, Side, connect
 
 from softrdma import enums as e
@@ -21,7 +22,7 @@ MiB = 1 << 20
 OPS = ["send", "send_imm", "send_inv", "write", "write_imm", "read", "cas", "faa"]
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(12), deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     ops=st.lists(st.tuples(st.sampled_from(OPS),
                            st.one_of(st.integers(0, 5000), st.sampled_from([0, 4096, MiB])),
