@@ -112,7 +112,7 @@ from typing import TYPE_CHECKING
 
 from softrdma.drivers import netdev as _netdev
 from softrdma.drivers.link import V4_MAPPED_PREFIX, Datagram, ip_bytes, ip_text
-from softrdma.drivers.registry import DeviceRecord, Registry, ensure_state_dir
+from softrdma.drivers.registry import DeviceRecord, Registry, ensure_state_dir, open_state_file
 from softrdma.drivers.registry import state_dir as default_state_dir
 from softrdma.drivers.udp import UdpLink
 from softrdma.errors import ClosedError, DeviceError, InvalidArgument, SoftRdmaError
@@ -204,7 +204,7 @@ def _ip_from16(raw: bytes) -> bytes:
 @contextlib.contextmanager
 def _flock(path: Path, timeout: float, what: str) -> Iterator[int]:
     """Hold an exclusive ``flock`` on ``path``, waiting at most ``timeout`` seconds."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = open_state_file(path, os.O_RDWR | os.O_CREAT)
     try:
         deadline = time.monotonic() + timeout
         while True:
@@ -314,7 +314,7 @@ class Devd:
             return
         name = self.record.name
         try:
-            self._lock_fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            self._lock_fd = open_state_file(self.lock_path, os.O_RDWR | os.O_CREAT)
         except OSError as exc:
             raise DeviceError(f"devd {name}: cannot open {self.lock_path}: {exc}") from exc
         try:
@@ -331,7 +331,11 @@ class Devd:
                     time.sleep(0.01)
             self._bind_udp()
             self._bind_unix()
-            self.pid_path.write_text(f"{os.getpid()}\n")
+            pid_fd = open_state_file(self.pid_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.write(pid_fd, f"{os.getpid()}\n".encode())
+            finally:
+                os.close(pid_fd)
         except OSError as exc:
             self._cleanup()
             raise DeviceError(f"devd {name}: {exc}") from exc
@@ -1120,12 +1124,11 @@ def _daemonize(devd: Devd) -> int:
             null = os.open(os.devnull, os.O_RDWR)
             os.dup2(null, 0)
             os.dup2(null, 1)
-            log = os.open(
-                devd.directory / f"{devd.record.name}.log",
-                os.O_WRONLY | os.O_CREAT | os.O_APPEND,
-                0o600,
-            )
             try:
+                log = open_state_file(
+                    devd.directory / f"{devd.record.name}.log",
+                    os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                )
                 devd.start()
             except (SoftRdmaError, OSError) as exc:
                 os.write(w, f"E{exc}".encode())
