@@ -111,6 +111,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from softrdma.drivers import netdev as _netdev
+from softrdma.drivers.admission import (
+    MAX_CLIENTS_PER_UID,
+    DevdRefused,
+    Spare,
+    out_of_descriptors,
+    peer_uid,
+    per_uid_cap,
+    raise_nofile,
+    refusal_reason,
+    refuse,
+)
 from softrdma.drivers.link import V4_MAPPED_PREFIX, Datagram, ip_bytes, ip_text
 from softrdma.drivers.registry import DeviceRecord, Registry, ensure_state_dir, open_state_file
 from softrdma.drivers.registry import state_dir as default_state_dir
@@ -156,7 +167,7 @@ QPN_LAST = 0xFFFFFE
 BTH_SIZE = 12
 
 STAT_NAMES = ("rx", "forwarded", "unknown_qpn", "malformed", "client_full", "clients",
-              "cm_routed", "cm_rejected")
+              "cm_routed", "cm_rejected", "clients_refused")
 
 # CM MADs on QP1: BTH (12) + DETH (8), then the 256-byte MAD (ib-cm.md §7)
 _MAD_OFF = BTH_SIZE + 8
@@ -235,6 +246,7 @@ class _Client:
     dead: bool = False
     cm_slot: int = 0
     cm_listens: set[tuple[int, int]] = field(default_factory=set)
+    uid: int = -1
 
 
 class Devd:
@@ -256,6 +268,7 @@ class Devd:
         idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
         ips: Sequence[str | bytes] | None = None,
         lock_wait: float = 2.0,
+        max_clients_per_uid: int = MAX_CLIENTS_PER_UID,
     ) -> None:
         if record.type != "roce":
             raise DeviceError(f"device {record.name!r}: devd serves roce devices only")
@@ -289,6 +302,10 @@ class Devd:
         self._next_slot = 1
         self._cm_listeners: dict[tuple[int, int], _Client] = {}
         self._next_qpn = QPN_FIRST
+        self.max_clients_per_uid = max_clients_per_uid
+        self._uid_cap = max_clients_per_uid
+        self._per_uid: dict[int, int] = {}
+        self._spare: Spare | None = None
         self._stop = False
         self._started = False
         self._closed = False
@@ -329,6 +346,8 @@ class Devd:
                             f"devd {name}: another devd already serves this device"
                         ) from None
                     time.sleep(0.01)
+            self._uid_cap = per_uid_cap(raise_nofile(), self.max_clients_per_uid)
+            self._spare = Spare()
             self._bind_udp()
             self._bind_unix()
             pid_fd = open_state_file(self.pid_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -414,6 +433,8 @@ class Devd:
             self._sel.close()
         self._wake_r.close()
         self._wake_w.close()
+        if self._spare is not None:
+            self._spare.close()
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1
@@ -458,16 +479,32 @@ class Devd:
             self._cleanup()
 
     def _on_accept(self) -> None:
+        """Accept clients; refuse (never fail on) one over its uid's cap or when the
+        descriptors run out (``softrdma.drivers.admission``)."""
         assert self._listener is not None
         while True:
             try:
                 ctrl, _ = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError:
+            except OSError as exc:
+                if out_of_descriptors(exc) and self._spare is not None:
+                    if self._spare.shed(self._listener, f"devd out of descriptors: {exc.strerror}"):
+                        self.counters["clients_refused"] += 1
+                        continue
                 return
+            uid = peer_uid(ctrl)
+            if self._per_uid.get(uid, 0) >= self._uid_cap:
+                self.counters["clients_refused"] += 1
+                refuse(ctrl, f"too many clients of uid {uid} (at most {self._uid_cap})")
+                continue
+            try:
+                mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            except OSError as exc:
+                self.counters["clients_refused"] += 1
+                refuse(ctrl, f"devd cannot create a data channel: {exc.strerror}")
+                continue
             ctrl.setblocking(False)
-            mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             with contextlib.suppress(OSError):
                 mine.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _DATA_SNDBUF)
             mine.setblocking(False)
@@ -481,7 +518,8 @@ class Devd:
                 continue
             finally:
                 theirs.close()
-            client = _Client(ctrl, mine)
+            client = _Client(ctrl, mine, uid=uid)
+            self._per_uid[uid] = self._per_uid.get(uid, 0) + 1
             self._clients.append(client)
             self.counters["clients"] += 1
             assert self._sel is not None
@@ -521,6 +559,11 @@ class Devd:
             s.close()
         if c in self._clients:
             self._clients.remove(c)
+            left = self._per_uid.get(c.uid, 1) - 1
+            if left > 0:
+                self._per_uid[c.uid] = left
+            else:
+                self._per_uid.pop(c.uid, None)
 
     # -- control -----------------------------------------------------------------------
 
@@ -907,7 +950,7 @@ class DevdLink:
                 break
             except OSError as exc:
                 last_err = exc.strerror or str(exc)
-                if not spawn:
+                if not spawn or isinstance(exc, DevdRefused):
                     break
         else:
             hello = b""
@@ -943,6 +986,9 @@ class DevdLink:
             ctrl.settimeout(timeout)
             ctrl.connect(str(path))
             msg, fds, _, _ = socket.recv_fds(ctrl, 4096, 1)
+            reason = refusal_reason(msg)
+            if reason is not None:
+                raise DevdRefused(errno.ECONNREFUSED, f"devd refused this client: {reason}")
             if not msg or not fds:
                 for fd in fds:
                     os.close(fd)
