@@ -69,7 +69,7 @@ def test_foreign_owned_directory_refused_with_a_clear_cli_error(
     monkeypatch.setenv("SOFTRDMA_STATE_DIR", str(d))
     out, err = io.StringIO(), io.StringIO()
     assert cmd_link(["add", "r1", "netdev", "lo"], stdout=out, stderr=err) == 1
-    assert err.getvalue().startswith("softrdma link: ") and err.getvalue().count("\n") == 1
+    assert err.getvalue().startswith("softrdma link: error: ") and err.getvalue().count("\n") == 1
     assert "owned by uid" in err.getvalue() and list(d.iterdir()) == []
 
 
