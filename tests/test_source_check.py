@@ -1,14 +1,17 @@
-"""A connected RC/UC QP accepts packets only from its peer (IBA 9.6 header validation;
+"""Item 1: a connected RC/UC QP accepts packets only from its peer (IBA 9.6 header validation;
 rxe ``check_addr``): a well-formed WRITE with a valid ICRC from another address is dropped
-and counted under ``rcvd_bad_addr``, and the real peer's traffic is unaffected."""
+and counted under ``rcvd_bad_addr``, and the real peer's traffic is unaffected. Item 8: a
+RoCE SEND_WITH_INVALIDATE may revoke only a type-2 memory window (rxe)."""
 
 from __future__ import annotations
 
 import socket
 import time
 
+from mw_helper import type2_window
 from test_verbs_data import _wait, udp_pair  # noqa: F401  (the fixture)
 
+from softrdma import enums as e
 from softrdma import verbs as v
 from softrdma.wire import ib as wib
 from softrdma.wire import opcodes as op
@@ -47,3 +50,28 @@ def test_write_from_a_stranger_is_dropped_and_the_peer_is_unaffected(udp_pair) -
     assert _wait(a.cq)[0].status == 0
     r = _wait(b.cq)[0]
     assert r.status == 0 and r.byte_len == 5 and bytes(b.buf[:5]) == b"hello"
+
+
+# ---- SEND_WITH_INVALIDATE on RoCE (issue 13 item 8) -------------------------------------------
+def _send_inv(a, b, rkey: int) -> tuple[int, int]:  # type: ignore[no-untyped-def]
+    b.qp.post_recv(v.RecvWR(7, 1, [b.sge(0, 64)]))
+    w = v.SendWR(8, opcode=int(e.IBV_WR_SEND_WITH_INV), sg=[a.sge(0, 8)])
+    w.invalidate_rkey = rkey
+    a.qp.post_send(w)
+    return _wait(a.cq)[0].status, _wait(b.cq)[0].status
+
+
+def test_send_with_invalidate_cannot_revoke_an_ordinary_mr(udp_pair) -> None:  # noqa: F811
+    """rxe: a peer may invalidate only type-2 windows (and fast-registration MRs)."""
+    a, b = udp_pair
+    sa, sb = _send_inv(a, b, b.mr.rkey)
+    assert sa == e.IBV_WC_REM_INV_REQ_ERR and sb == e.IBV_WC_REM_INV_REQ_ERR
+    assert b.mr.engine_mr.valid  # the MR still works
+
+
+def test_send_with_invalidate_revokes_a_type2_window(udp_pair) -> None:  # noqa: F811
+    a, b = udp_pair
+    spare = v.MR(b.pd, 64, int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_MW_BIND))
+    rkey = type2_window(b.ctx, b.pd, b.qp, spare)
+    assert _send_inv(a, b, rkey) == (0, 0)
+    assert not b.ctx.port.lookup_mr(rkey).valid
