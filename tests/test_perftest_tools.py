@@ -340,3 +340,24 @@ def test_peer_that_stops_answering_fails(state: Path) -> None:
     assert err.startswith("softrdma write-bw: error: ") and err.count("\n") == 1, err
     assert "Completion with error" in err or "no completion" in err or "peer" in err
 
+
+
+def test_data_mismatch_fails_both_sides(state: Path) -> None:
+    """A send-bw server expecting 4096-byte messages gets 2048-byte ones: it reports the
+    mismatch and exits 1; the client then loses its peer and exits 1 too."""
+    env = env_for(state)
+    port = str(free_port(socket.SOCK_STREAM))
+    common = ["send-bw", "-d", "pttest", "-p", port, "-n", "20", "--timeout", "10"]
+    srv = spawn([*common, "-s", "4096"], env)
+    try:
+        time.sleep(0.3)
+        cli = spawn([*common, "-s", "2048", "127.0.0.1"], env)
+        _o, cerr = cli.communicate(timeout=60)
+        _o, serr = srv.communicate(timeout=60)
+    finally:
+        for p in (srv,):
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    assert srv.returncode == 1 and "data mismatch: received 2048 bytes, expected 4096" in serr
+    assert cli.returncode == 1 and cerr.startswith("softrdma send-bw: error: "), cerr
