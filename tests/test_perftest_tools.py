@@ -234,6 +234,9 @@ def test_rdma_cm_mode(state: Path, tool: str, transport: str, extra: list[str]) 
     assert srv.returncode == 0, srv.stderr
     assert cli.returncode == 0, cli.stderr
     assert " Data ex. method : rdma_cm" in cli.stdout
+    # with -R perftest prints no OUT/RKey/VAddr (roce_write_bw_rdmacm.client.log)
+    assert re.search(r"^ local address: LID 0000 QPN 0x[0-9a-f]{4,6} PSN 0x[0-9a-f]+$",
+                     cli.stdout, re.M), cli.stdout
     assert f"\t\tTransport type : {'IW' if transport == 'iwarp' else 'IB'}" in cli.stdout
     assert " Waiting for client rdma_cm QP to connect" in srv.stdout
     nq = 2 if "-q" in extra else 1

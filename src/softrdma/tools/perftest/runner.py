@@ -154,9 +154,16 @@ def print_header(s: Side) -> None:
                          s.gid_index, s.out_reads))
 
 
+def addr_verb(o: Options) -> str:
+    """The verb the address lines are printed for: with ``-R`` perftest prints them
+    through the control connection's parameters, whose verb is SEND
+    (``create_comm_struct``), so no OUT/RKey/VAddr (roce_write_bw_rdmacm.client.log)."""
+    return "send" if o.rdma_cm else o.spec.verb
+
+
 def print_addresses(s: Side, which: str) -> None:
     for d in s.my if which == "local" else s.rem:
-        s.emit(report.address_lines(which, d, s.o.spec.verb))
+        s.emit(report.address_lines(which, d, addr_verb(s.o)))
 
 
 def prelude(s: Side) -> None:
@@ -249,7 +256,7 @@ def pre_run(s: Side) -> None:
     print_addresses(s, "local")
     for i in nq:
         s.hs(i)
-        s.emit(report.address_lines("remote", s.rem[i], o.spec.verb))
+        s.emit(report.address_lines("remote", s.rem[i], addr_verb(o)))
     if o.spec.verb != "send":
         s.hs(0)
 
