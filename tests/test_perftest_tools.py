@@ -364,3 +364,88 @@ def test_data_mismatch_fails_both_sides(state: Path) -> None:
                 p.communicate()
     assert srv.returncode == 1 and "data mismatch: received 2048 bytes, expected 4096" in serr
     assert cli.returncode == 1 and cerr.startswith("softrdma send-bw: error: "), cerr
+
+
+# -- divergences found against siw (regression tests) ---------------------------------------
+
+def test_iwarp_send_bw_grants_credits(state: Path) -> None:
+    """ib_send_bw over iWARP (no RNR NAK) only sends while the receiver grants credits:
+    an RDMA WRITE of its receive count into the sender's credit slot every rx_depth/3
+    messages. With 6 receives and 60 messages the sender stalls at 5 without them
+    (against siw: 99/100 received, then both sides hung)."""
+    srv, cli = run_pair("send-bw", state, ["--transport", "iwarp", "-s", "512", "-n", "60",
+                                           "-r", "6", "-t", "16", "--timeout", "15"])
+    assert srv.returncode == 0, srv.stderr
+    assert cli.returncode == 0, cli.stderr
+    assert _rows(cli.stdout, BW_ROW)[0][:2] == ("512", "60")
+    assert _rows(srv.stdout, BW_ROW)[0][:2] == ("512", "60")
+
+
+def test_credit_slot_is_the_advertised_address(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over iWARP a send-bw QP advertises its credit slot (ctx_alloc_credit), and a
+    credit is a host-order uint32 there."""
+    from softrdma import verbs as v
+    from softrdma.tools.perftest import engine
+
+    monkeypatch.setenv("SOFTRDMA_STATE_DIR", str(tmp_path))
+    ctx = v.Context(None, transport="iwarp")
+    try:
+        for transport, credits in (("iwarp", True), ("roce", False)):
+            o = _opts("send-bw", "-q", "2", "-n", "30", "--transport", transport)
+            res = engine.Resources(ctx, o, 4096)
+            try:
+                res.add_qp()
+                res.add_qp()
+                assert res.credits is credits
+                d = res.my_dest(1, 0, 1, 1, bytes(16), 0)
+                if credits:
+                    off = d.vaddr - (int(res.mr.addr))
+                    res.buf[off:off + 4] = (77).to_bytes(4, "little")
+                    assert res.credit(1) == 77 and res.credit(0) == 0
+                    res.reset_credits()
+                    assert res.credit(1) == 0
+                else:
+                    assert d.vaddr == res.target(1)
+            finally:
+                res.close()
+    finally:
+        ctx.close()
+
+
+def test_rdma_cm_server_lets_the_client_close_first(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """After the closing handshake a -R server keeps the control connection until the
+    client closes it (up to 3 s): siw completes the client's last SEND with an error when
+    the server tears down at once (ib_read_bw -R against softrdma: Bad wc status 2)."""
+    from softrdma.cm import rdma_cm as rc
+    from softrdma.tools.perftest import cmconn, runner
+
+    monkeypatch.setenv("SOFTRDMA_STATE_DIR", str(tmp_path))
+    port = free_port(socket.SOCK_STREAM)
+    srv = spawn(["read-lat", "-R", "--transport", "iwarp", "-p", str(port), "-n", "10",
+                 "--timeout", "20"], env_for(tmp_path))
+    try:
+        time.sleep(0.5)
+        o = _opts("read-lat", "-R", "--transport", "iwarp", "-p", str(port), "-n", "10",
+                  "--timeout", "20", "127.0.0.1")
+        s = runner.Side(o, io.StringIO(), transport="iwarp")
+        try:
+            runner.setup_cm(s)
+            runner.pre_run(s)
+            runner.run_lat(s)  # ends with the closing handshake
+            closed_at = time.monotonic()
+            assert s.sess is not None and isinstance(s.ch, cmconn.CmChannel)
+            ev = s.sess.wait(cmconn.for_id(s.ch.cid, rc.RdmaCmEventType.DISCONNECTED),
+                             time.monotonic() + 10, "waiting for the server")
+            assert ev is not None
+            assert time.monotonic() - closed_at >= cmconn.LINGER_SERVER_S - 0.5
+        finally:
+            runner.teardown(s)
+            rc.release_devices()
+        _out, err = srv.communicate(timeout=30)
+        assert srv.returncode == 0, err
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.communicate()

@@ -302,6 +302,8 @@ def run_send_bw(s: Side) -> None:
             for i in range(o.num_qps):
                 s.r.post_recvs(i, o.rx_depth, size)
         s.hs(0)
+        if s.r.credits:
+            s.r.reset_credits()
         prog = progress(s, o.iters * o.num_qps, f"{o.name} {size} B")
         if o.is_client:
             tp, tc = engine.run_bw(s.r, s.rem, size, prog)
@@ -310,7 +312,7 @@ def run_send_bw(s: Side) -> None:
                 raise PerftestError("no message completed")
             rep = report.bw_report(size, tp, tc, o.cq_mod, gb)
         else:
-            tp, tc = engine.run_bw_server(s.r, size, prog)
+            tp, tc = engine.run_bw_server(s.r, s.rem, size, prog)
             prog.finish()
             if not tc:
                 raise PerftestError("no message arrived")
@@ -391,6 +393,9 @@ def run(name: str, args: argparse.Namespace, out: TextIO | None = None) -> int:
             run_send_bw(s)
         else:
             run_one_sided_bw(s)
+        if isinstance(s.ch, cmconn.CmChannel) and s.sess is not None:
+            cmconn.linger(s.sess, s.ch.cid, cmconn.LINGER_CLIENT_S if o.is_client
+                          else cmconn.LINGER_SERVER_S)
     finally:
         try:
             teardown(s)
