@@ -113,6 +113,22 @@ def test_header_and_addresses_match_perftest_log() -> None:
         == " remote address: LID 0000 QPN 0x0015 PSN 0x860e4e"
 
 
+def test_depth_lines_follow_the_role() -> None:
+    """ctx_print_test_info: TX depth on the client only (no tool here is duplex), RX
+    depth on a SEND test's server only (bench_rxe.log's send_lat client has none)."""
+    for name in ("send-lat", "send-bw", "write-lat", "read-bw"):
+        cli = report.header(_opts(name, "10.0.0.1"), "d", "roce", 1024, 1, 1)
+        srv = report.header(_opts(name), "d", "roce", 1024, 1, 1)
+        assert any(x.startswith(" TX depth") for x in cli)
+        assert not any(x.startswith(" TX depth") for x in srv)
+        assert not any(x.startswith(" RX depth") for x in cli)
+        assert any(x.startswith(" RX depth") for x in srv) == name.startswith("send")
+    log = (CAPTURES / "bench_rxe.log").read_text().splitlines()
+    start = log.index("                    Send Latency Test")
+    o = _opts("send-lat", "-s", "64", "-n", "2000", "-x", "1", "10.50.0.11")
+    assert report.header(o, "rxe0", "roce", 1024, 1, 1)[1:] == log[start:start + 14]
+
+
 def test_small_gbits_use_the_extended_format() -> None:
     """roce_write_bw_rdmacm.client.log: below 0.1 Gb/sec perftest prints 6 decimals."""
     log = (CAPTURES / "roce_write_bw_rdmacm.client.log").read_text().splitlines()
