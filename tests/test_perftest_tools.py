@@ -465,3 +465,39 @@ def test_rdma_cm_server_lets_the_client_close_first(tmp_path: Path,
         if srv.poll() is None:
             srv.kill()
             srv.communicate()
+
+
+def test_rdma_cm_server_listens_before_answering(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """perftest's client connects its rdma_cm QPs as soon as it has the server's answer
+    to the handshake before them, giving up after 10 refusals 100 ms apart (seen once
+    against siw: "Connection refused"): the -R server listens before it answers."""
+    from softrdma.cm import rdma_cm as rc
+    from softrdma.tools.perftest import cmconn, oob, runner
+
+    monkeypatch.setenv("SOFTRDMA_STATE_DIR", str(tmp_path))
+    port = free_port(socket.SOCK_STREAM)
+    srv = spawn(["read-lat", "-R", "--transport", "iwarp", "-p", str(port), "-n", "10",
+                 "--timeout", "20"], env_for(tmp_path))
+    try:
+        time.sleep(0.5)
+        o = _opts("read-lat", "-R", "--transport", "iwarp", "-p", str(port), "-n", "10",
+                  "--timeout", "20", "127.0.0.1")
+        s = runner.Side(o, io.StringIO(), transport="iwarp")
+        try:
+            sess = s.sess = cmconn.CmSession(o)
+            s.ch = cmconn.CmChannel.connect(sess, "127.0.0.1", port)
+            runner.device_facts(s, s.ch.cid.verbs)
+            runner.prelude(s)
+            s.ch.write(oob.encode_dest_struct(oob.ZERO_DEST))
+            s.ch.read(oob.DEST_STRUCT.size)
+            with socket.create_connection(("127.0.0.1", port), timeout=5):
+                pass  # not refused: the data listener is already up
+        finally:
+            runner.teardown(s)
+            rc.release_devices()
+        srv.communicate(timeout=60)
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.communicate()

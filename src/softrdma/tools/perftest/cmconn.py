@@ -261,12 +261,12 @@ def conn_param(o: Options, out_reads: int) -> rc.ConnParam:
     return rc.ConnParam()
 
 
-def server_data(sess: CmSession, port: int, on_request: Callable[[Any], Any],
+def server_data(sess: CmSession, lst: Any, on_request: Callable[[Any], Any],
                 out_reads: int) -> list[Any]:
-    """Accept ``-q`` data connections; ``on_request(id)`` makes each id's QP."""
+    """Accept ``-q`` data connections on the listening id ``lst`` (destroyed here);
+    ``on_request(id)`` makes each id's QP."""
     o = sess.o
     deadline = time.monotonic() + o.timeout
-    lst = listen(sess, port)
     ids: list[Any] = []
     try:
         while len(ids) < o.num_qps:

@@ -209,7 +209,16 @@ def setup_cm(s: Side) -> None:
     prelude(s)
     s.my = [oob.Dest(0, 0, 0, 0, 0, 0, bytes(16), 0, 0)] * o.num_qps
     s.rem = [oob.ZERO_DEST] * o.num_qps
-    s.hs(0)
+    lst = None
+    if o.is_client:
+        s.hs(0)
+    else:
+        # the handshake before the data connections, with our listener up before we
+        # answer: a perftest client connects as soon as it has the answer and gives up
+        # after 10 refusals 100 ms apart
+        s.rem[0] = oob.decode_dest_struct(s.chan.read(oob.DEST_STRUCT.size))
+        lst = cmconn.listen(sess, o.port)
+        s.chan.write(oob.encode_dest_struct(s.my[0]))
 
     def add(cid: Any) -> None:
         if cid is None:
@@ -223,7 +232,7 @@ def setup_cm(s: Side) -> None:
         assert o.servername is not None
         s.data_ids = cmconn.client_data(sess, o.servername, o.port, add, s.out_reads)
     else:
-        s.data_ids = cmconn.server_data(sess, o.port, add, s.out_reads)
+        s.data_ids = cmconn.server_data(sess, lst, add, s.out_reads)
     s.hs(0)
     make_dests(s)
 
