@@ -123,7 +123,7 @@ class CmChannel:
         try:
             self.pd = v.PD(ctx)
             self._closers.append(self.pd)
-            self.buf = bytearray(2 * CTRL_BUF)
+            self.buf = bytearray((CTRL_RECVS + 1) * CTRL_BUF)
             self.mr = v.MR(self.pd, len(self.buf), int(e.IBV_ACCESS_LOCAL_WRITE),
                            buffer=self.buf)
             self._closers.append(self.mr)
@@ -133,13 +133,14 @@ class CmChannel:
                 qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq,
                 cap=v.QPCap(max_send_wr=2, max_recv_wr=CTRL_RECVS, max_send_sge=1,
                             max_recv_sge=1)))
-            for _ in range(CTRL_RECVS):
-                self._post_recv()
+            for slot in range(CTRL_RECVS):
+                self._post_recv(slot)
         except SoftRdmaError as exc:
             self.close()
             raise PerftestError(f"Unable to create the resources of the rdma_cm control "
                                 f"connection: {exc}") from exc
         self._rx: list[bytes] = []
+        self._sent = 0
 
     @classmethod
     def connect(cls, sess: CmSession, host: str, port: int) -> CmChannel:
@@ -183,30 +184,35 @@ class CmChannel:
         finally:
             lst.destroy()
 
-    def _post_recv(self) -> None:
+    def _post_recv(self, slot: int) -> None:
+        """A receive into its own slot (wr_id = slot), so no message overwrites another
+        that is not read yet."""
         from ... import verbs as v
 
-        self.qp.post_recv(v.RecvWR(CTRL_SEND_WRID, 1, [v.SGE(int(self.mr.addr), CTRL_BUF,
-                                                              self.mr.lkey)]))
+        self.qp.post_recv(v.RecvWR(slot, 1, [v.SGE(int(self.mr.addr) + slot * CTRL_BUF,
+                                                    CTRL_BUF, self.mr.lkey)]))
 
-    def _poll(self, want_send: bool) -> None:
+    def _pump(self, done: Callable[[], bool]) -> None:
+        """Take every completion (SEND completions counted, messages queued in order)
+        until ``done()``; a batch may hold both kinds, none is dropped."""
         from ... import enums as e
 
         deadline = time.monotonic() + self.timeout
-        while True:
-            n, wcs = self.cq.poll(4)
+        while not done():
+            n, wcs = self.cq.poll(2 * CTRL_RECVS)
             for wc in wcs[:n]:
                 if wc.status != e.IBV_WC_SUCCESS:
                     raise PerftestError(f"Bad wc status {int(wc.status)} on the rdma_cm "
                                         "control connection (the peer went away?)")
                 if wc.opcode == e.IBV_WC_SEND:
-                    if want_send:
-                        return
+                    self._sent += 1
                     continue
-                self._rx.append(bytes(self.buf[:int(wc.byte_len)]))
-                self._post_recv()
-                if not want_send:
-                    return
+                slot = int(wc.wr_id)
+                off = slot * CTRL_BUF
+                self._rx.append(bytes(self.buf[off:off + int(wc.byte_len)]))
+                self._post_recv(slot)
+            if n:
+                continue
             if time.monotonic() >= deadline:
                 raise PerftestError(f"the peer did not answer for {self.timeout:g} s")
             time.sleep(0)
@@ -215,18 +221,19 @@ class CmChannel:
         from ... import enums as e
         from ... import verbs as v
 
-        self.buf[CTRL_BUF:CTRL_BUF + len(data)] = data
-        sge = v.SGE(int(self.mr.addr) + CTRL_BUF, len(data), self.mr.lkey)
+        off = CTRL_RECVS * CTRL_BUF
+        self.buf[off:off + len(data)] = data
+        sge = v.SGE(int(self.mr.addr) + off, len(data), self.mr.lkey)
         try:
             self.qp.post_send(v.SendWR(CTRL_SEND_WRID, None, 1, [sge], e.IBV_WR_SEND,
                                        e.IBV_SEND_SIGNALED))
         except SoftRdmaError as exc:
             raise PerftestError(f"Function ibv_post_send failed: {exc}") from exc
-        self._poll(True)
+        self._pump(lambda: self._sent > 0)
+        self._sent -= 1
 
     def read(self, size: int) -> bytes:
-        if not self._rx:
-            self._poll(False)
+        self._pump(lambda: bool(self._rx))
         msg = self._rx.pop(0)
         return msg[:size].ljust(size, b"\x00")
 
