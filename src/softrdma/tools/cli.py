@@ -73,6 +73,25 @@ def _tool(module: str, command: str, attr: str) -> Callable[..., Any]:
     return fn  # type: ignore[no-any-return]
 
 
+def _nonneg_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid integer: {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {n}")
+    return n
+
+
+def _udp_port(text: str) -> int:
+    """argparse type: a UDP port number, 1..65535."""
+    n = _nonneg_int(text)
+    if not 1 <= n <= 0xFFFF:
+        raise argparse.ArgumentTypeError(f"not a UDP port (1..65535): {n}")
+    return n
+
+
 # -- handlers --------------------------------------------------------------------------
 
 def _cmd_devinfo(args: argparse.Namespace) -> int:
@@ -95,9 +114,8 @@ def _cmd_rping(args: argparse.Namespace) -> int:
 
 def _cmd_pcap_check(args: argparse.Namespace) -> int:
     run = _tool("softrdma.tools.pcap_check", "pcap-check", "run")
-    if args.udp_port:
-        return int(run(list(args.files), udp_ports=tuple(args.udp_port)))
-    return int(run(list(args.files)))
+    return int(run(list(args.files), udp_ports=tuple(args.udp_port),
+                   max_errors=args.max_errors, verbose=args.verbose))
 
 
 def _cmd_link(args: argparse.Namespace) -> int:
@@ -175,10 +193,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tool_args("softrdma.tools.rping", p)
     p.set_defaults(handler=_cmd_rping)
 
-    p = add_parser("pcap-check", help="check the ICRC/CRC of every RoCE/iWARP packet "
-                        "in pcap files", description="Check pcap/pcapng files packet by packet.")
+    p = add_parser("pcap-check", help="check every RoCE/iWARP packet of pcap files "
+                        "(ICRC/CRC, byte-exact decoding) and follow each RC/UC connection",
+                        description="Check pcap/pcapng files packet by packet, then each "
+                        "RC/UC connection from its CM REQ/REP or TCP 18515 exchange (first "
+                        "PSNs, PSN gaps, ACKs/NAKs, RDMA READ responses, DREQ/DREP). "
+                        "Failures go to stderr, summaries to stdout.")
     p.add_argument("files", nargs="+", metavar="FILE", help="pcap or pcapng file")
-    p.add_argument("--udp-port", type=int, action="append", default=[], metavar="N",
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="print one decoded line per RoCE packet and the connections' notes")
+    p.add_argument("--max-errors", type=_nonneg_int, default=20, metavar="N",
+                   help="print at most N failure lines per file (0: all; default 20)")
+    p.add_argument("--udp-port", type=_udp_port, action="append", default=[], metavar="N",
                    help="also treat UDP port N as RoCEv2 (a device configured off 4791)")
     p.set_defaults(handler=_cmd_pcap_check)
 
