@@ -28,8 +28,9 @@ that flow is no longer checked (later faults would be consequences):
    covers the gap (its PSN, less one for a NAK, is at or beyond the gap's end), **and**
    whose MSN (the responder's count of completed request messages, IBA 9.7.5.1.1) exceeds
    the count of completed messages seen up to that PSN by no less than the number of gaps
-   that must hold a message end (a gap followed by a FIRST/ONLY packet, or opening the
-   flow) and no more than the number of PSNs missing. A gap still unexplained at the end of
+   that must hold a message end (a gap followed by a FIRST/ONLY packet) and no more than
+   the number of PSNs missing. (Past 65536 unacknowledged messages in a flow the MSN part
+   is dropped and PSN coverage alone explains a gap.) A gap still unexplained at the end of
    the capture, or contradicted by an MSN, is reported at the frame after it; so is a first
    request that is not at the announced PSN. UC has no responses: a UC gap counts as
    explained only when the packet after it continues a message (MIDDLE/LAST) whose start
@@ -121,7 +122,6 @@ class _Flow:
     conn: _Conn
     started: bool = False
     failed: bool = False
-    in_msg: bool = False  # the last new request was FIRST/MIDDLE
     first_frame: int = 0
     done: deque[int] = field(default_factory=deque)  # completion PSNs, not yet acked
     acked_x: int = 0  # the PSN of the last MSN-checked response
@@ -315,6 +315,8 @@ class ConversationChecker:
             elif psn_delta(p.psn, f.first) < 0:
                 self._fail(f, index, f"PSN {p.psn:#08x} precedes the first PSN {f.first:#08x} "
                                      f"({f.source})")
+            elif info.kind == Kind.READ_REQ and p.psn not in f.reads:
+                f.reads[p.psn] = _Read(p.psn, p.dma_len, index)  # answered again (9.7.5.1.2)
             return  # a retransmission (IBA 9.7.7)
         if d > 0:
             cont = bool(info.pos & Pos.MIDDLE or info.pos == Pos.LAST)
@@ -348,7 +350,6 @@ class ConversationChecker:
                 del f.reads[next(iter(f.reads))]
             f.reads[p.psn] = r
         f.next = (p.psn + span) % PSN_MOD
-        f.in_msg = not info.pos & _LAST
         if f.conn.transport == Transport.RC and info.pos & _LAST:
             if len(f.done) >= MAX_TRACKED:
                 f.msn_ok = False
@@ -416,6 +417,11 @@ class ConversationChecker:
                                          f"READ at {r.psn:#08x} (frame {r.frame}) of {r.length} "
                                          f"bytes leaves {size} for it")
                     return
+        if info.pos & _LAST:  # the responder answers in order: older READs are done
+            for k in list(f.reads):
+                del f.reads[k]
+                if k == r.psn:
+                    break
         if info.hdrs & Hdr.AETH:
             self._msn(f, index, r.psn, p.msn, info.name)
 
@@ -479,17 +485,20 @@ class ConversationChecker:
         if isinstance(m, wcm.Req):
             if m.transport_service_type in (wcm.TransportServiceType.RC,
                                             wcm.TransportServiceType.UC):
+                if len(self._reqs) >= MAX_TRACKED:  # unanswered REQs: forget the oldest
+                    del self._reqs[next(iter(self._reqs))]
                 self._reqs.setdefault((src, dst, m.local_comm_id), (m, index))
         elif isinstance(m, wcm.Rep):
             self._rep(index, src, dst, m)
         elif isinstance(m, wcm.Rej):
             self._reqs.pop((dst, src, m.remote_comm_id), None)
         elif isinstance(m, wcm.Rtu):
-            conn = self._conns.get((src, dst, m.local_comm_id, m.remote_comm_id))
-            if conn is None:
+            key = (src, dst, m.local_comm_id, m.remote_comm_id)
+            conn = self._conns.get(key)
+            if conn is None and key not in self._closed:
                 self._cm_fail(index, f"RTU (comm IDs {m.local_comm_id:#x}/{m.remote_comm_id:#x}) "
                                      f"answers no REP")
-            else:
+            elif conn is not None:
                 conn.rtu = True
         elif isinstance(m, wcm.Dreq):
             self._dreq(index, src, dst, m)
