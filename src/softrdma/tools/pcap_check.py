@@ -217,10 +217,12 @@ def _reason(e: BaseException) -> str:
 
 
 class _Lines:
-    """Streams failure lines to ``err``, at most ``limit`` (0: all), counting the rest."""
+    """Streams failure lines to ``err``, at most ``limit`` (0: all), counting the rest.
+    ``out`` is flushed first, so that the two keep their order on one terminal or file."""
 
-    def __init__(self, path: str, err: TextIO, limit: int) -> None:
+    def __init__(self, path: str, out: TextIO, err: TextIO, limit: int) -> None:
         self.path = path
+        self.out = out
         self.err = err
         self.limit = limit
         self.shown = 0
@@ -232,6 +234,8 @@ class _Lines:
                 self.held += 1
                 continue
             self.shown += 1
+            if self.out is not self.err:
+                self.out.flush()
             print(line if line.startswith(f"{self.path}: ") else f"{self.path}: {line}",
                   file=self.err)
 
@@ -243,7 +247,7 @@ def check_file(path: str, out: TextIO,
     """Check one capture file, print its lines, return its exit status."""
     err = sys.stderr if err is None else err
     checkers = _checkers(ports, out if verbose else None, f"{path}: ")
-    lines = _Lines(path, err, max_errors)
+    lines = _Lines(path, out, err, max_errors)
     try:
         for record in read_pcap(path):
             for c in checkers:

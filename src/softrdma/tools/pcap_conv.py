@@ -26,10 +26,11 @@ that flow is no longer checked (later faults would be consequences):
    opens a gap, which counts as *explained* only when a later response proves the missing
    requests existed and were received: an ACK, NAK, READ response or atomic ACK whose PSN
    covers the gap (its PSN, less one for a NAK, is at or beyond the gap's end), **and**
-   whose MSN (the responder's count of completed request messages, IBA 9.7.5.1.1) exceeds
-   the count of completed messages seen up to that PSN by no less than the number of gaps
-   that must hold a message end (a gap followed by a FIRST/ONLY packet) and no more than
-   the number of PSNs missing. (Past 65536 unacknowledged messages in a flow the MSN part
+   whose MSN (the responder's count of completed request messages when it sent the
+   response, IBA 9.7.5.1.1) exceeds the count of completed messages seen up to that PSN
+   by no less than the number of gaps that must hold a message end (a gap followed by a
+   FIRST/ONLY packet). Every MSN must also lie between the messages completed up to its
+   PSN and all the messages sent (those seen plus one per missing PSN). (Past 65536 unacknowledged messages in a flow the MSN part
    is dropped and PSN coverage alone explains a gap.) A gap still unexplained at the end of
    the capture, or contradicted by an MSN, is reported at the frame after it; so is a first
    request that is not at the announced PSN. UC has no responses: a UC gap counts as
@@ -64,7 +65,8 @@ PSN_MOD = 1 << 24
 PSN_HALF = 1 << 23
 MTUS = (256, 512, 1024, 2048, 4096)  # IBA 9.7.5.1.? PMTU values (path MTU codes 1..5)
 GSI_QPN = 1
-MAX_TRACKED = 1 << 16  # per flow: unacknowledged messages, outstanding READs, gaps
+MAX_TRACKED = 1 << 16  # per flow: unacknowledged messages, gaps
+MAX_READS = 1024  # per flow: the READ requests remembered (retries and duplicates answered)
 MAX_CLOSED = 4096  # closed connections remembered (for retransmitted DREQ/DREP)
 _LAST = Pos.LAST
 _FIRST = Pos.FIRST
@@ -126,7 +128,8 @@ class _Flow:
     done: deque[int] = field(default_factory=deque)  # completion PSNs, not yet acked
     acked_x: int = 0  # the PSN of the last MSN-checked response
     acked_msgs: int = 0  # messages seen completed through acked_x
-    hidden: int = 0  # messages in gaps through acked_x
+    hidden_lo: int = 0  # messages in the explained gaps: at least
+    hidden_hi: int = 0  # at most (their PSNs)
     msn_ok: bool = True
     reads: dict[int, _Read] = field(default_factory=dict)
     gaps: deque[_Gap] = field(default_factory=deque)
@@ -315,8 +318,8 @@ class ConversationChecker:
             elif psn_delta(p.psn, f.first) < 0:
                 self._fail(f, index, f"PSN {p.psn:#08x} precedes the first PSN {f.first:#08x} "
                                      f"({f.source})")
-            elif info.kind == Kind.READ_REQ and p.psn not in f.reads:
-                f.reads[p.psn] = _Read(p.psn, p.dma_len, index)  # answered again (9.7.5.1.2)
+            elif info.kind == Kind.READ_REQ:  # answered again (IBA 9.7.5.1.2)
+                self._add_read(f, _Read(p.psn, p.dma_len, index))
             return  # a retransmission (IBA 9.7.7)
         if d > 0:
             cont = bool(info.pos & Pos.MIDDLE or info.pos == Pos.LAST)
@@ -337,6 +340,13 @@ class ConversationChecker:
                 f.gaps.append(_Gap(f.next, p.psn, index, bool(info.pos & _FIRST)))
         self._advance(f, index, p)
 
+    @staticmethod
+    def _add_read(f: _Flow, r: _Read) -> None:
+        f.reads.pop(r.psn, None)
+        if len(f.reads) >= MAX_READS:  # far more than any responder keeps outstanding
+            del f.reads[next(iter(f.reads))]
+        f.reads[r.psn] = r
+
     def _advance(self, f: _Flow, index: int, p: ib.IBPacket) -> None:
         info = p.info
         span = 1
@@ -346,9 +356,7 @@ class ConversationChecker:
             span = spans[0]
             if len(spans) > 1:
                 f.read_after = r
-            if len(f.reads) >= MAX_TRACKED:
-                del f.reads[next(iter(f.reads))]
-            f.reads[p.psn] = r
+            self._add_read(f, r)
         f.next = (p.psn + span) % PSN_MOD
         if f.conn.transport == Transport.RC and info.pos & _LAST:
             if len(f.done) >= MAX_TRACKED:
@@ -387,10 +395,13 @@ class ConversationChecker:
         self._msn(f, index, through, p.msn, info.name)
 
     def _read_response(self, f: _Flow, index: int, p: ib.IBPacket) -> None:
+        """Match an RDMA READ response with a READ request (the newest first: a retried
+        READ asks again from its first missing packet, IBA 9.7.5.1.2 / o9-20, and the
+        network may still deliver the first answer or duplicates of it)."""
         info = p.info
-        r = next((r for r in f.reads.values()
-                  if 0 <= psn_delta(p.psn, r.psn) < self._spans(f, r.length)[-1]), None)
-        if r is None:
+        found = [r for r in reversed(f.reads.values())
+                 if 0 <= psn_delta(p.psn, r.psn) < self._spans(f, r.length)[-1]]
+        if not found:
             if any(self._in_gap(g, p.psn) for g in f.gaps):
                 if info.hdrs & Hdr.AETH:
                     self._msn(f, index, p.psn, p.msn, info.name)
@@ -399,38 +410,48 @@ class ConversationChecker:
             return
         if not p.info.pos & _LAST and not self._learn_mtu(f, index, len(p.payload), info.name):
             return
-        spans = self._spans(f, r.length)
-        off = psn_delta(p.psn, r.psn)
-        if len(spans) == 1:
-            span = spans[0]
-            want = (Pos.ONLY if span == 1 else Pos.FIRST if off == 0
-                    else Pos.LAST if off == span - 1 else Pos.MIDDLE)
-            if info.pos != want:
-                self._fail(f, index, f"{info.name} at offset {off} of the RDMA READ at "
-                                     f"{r.psn:#08x} (frame {r.frame}) of {span} packets")
-                return
-            if info.pos & _LAST:
-                m = min(f.conn.mtus)
-                size = r.length - (span - 1) * m
-                if len(p.payload) != size:
-                    self._fail(f, index, f"{info.name} carries {len(p.payload)} bytes; the RDMA "
-                                         f"READ at {r.psn:#08x} (frame {r.frame}) of {r.length} "
-                                         f"bytes leaves {size} for it")
-                    return
-        if info.pos & _LAST:  # the responder answers in order: older READs are done
-            for k in list(f.reads):
-                del f.reads[k]
-                if k == r.psn:
-                    break
+        why = ""
+        for r in found:
+            why = self._read_fit(f, r, p)
+            if not why:
+                break
+        if why:
+            self._fail(f, index, why)
+            return
         if info.hdrs & Hdr.AETH:
             self._msn(f, index, r.psn, p.msn, info.name)
+
+    def _read_fit(self, f: _Flow, r: _Read, p: ib.IBPacket) -> str:
+        """Why response ``p`` cannot belong to READ ``r`` ("" if it can)."""
+        spans = self._spans(f, r.length)
+        if len(spans) > 1:
+            return ""  # the PMTU is not known yet: any position may fit
+        span = spans[0]
+        off = psn_delta(p.psn, r.psn)
+        info = p.info
+        want = (Pos.ONLY if span == 1 else Pos.FIRST if off == 0
+                else Pos.LAST if off == span - 1 else Pos.MIDDLE)
+        if info.pos != want:
+            return (f"{info.name} at offset {off} of the RDMA READ at {r.psn:#08x} (frame "
+                    f"{r.frame}) of {span} packets")
+        if info.pos & _LAST:
+            size = r.length - (span - 1) * min(f.conn.mtus)
+            if len(p.payload) != size:
+                return (f"{info.name} carries {len(p.payload)} bytes; the RDMA READ at "
+                        f"{r.psn:#08x} (frame {r.frame}) of {r.length} bytes leaves {size} "
+                        f"for it")
+        return ""
 
     @staticmethod
     def _in_gap(g: _Gap, psn: int) -> bool:
         return 0 <= psn_delta(psn, g.start) < psn_delta(g.end, g.start)
 
     def _msn(self, f: _Flow, index: int, through: int, msn: int, what: str) -> None:
-        """Check the responder's MSN for requests up to PSN ``through``; explain gaps."""
+        """Check the responder's MSN for requests up to PSN ``through``; explain gaps.
+
+        The AETH carries the responder's MSN when it sends (``../shared/specs/
+        ib-transport.md`` §6): at least the messages completed up to ``through``, at most
+        all the messages sent so far."""
         if f.failed or psn_delta(through, f.acked_x) <= 0:
             return  # a duplicate or older response: nothing new to account for
         seen = 0
@@ -443,24 +464,30 @@ class ConversationChecker:
             if psn_delta(g.start, through) > 0:
                 break
             covered.append(g)
-            whole = psn_delta(g.end, through) <= 1
-            if whole and g.must_end:
+            if g.must_end and psn_delta(g.end, through) <= 1:
                 lo += 1
             hi += min(psn_delta(g.end, g.start), psn_delta(through, g.start) + 1)
         if f.msn_ok:
-            hidden = psn_delta(msn, (f.acked_msgs + seen + f.hidden) % PSN_MOD)
-            if not lo <= hidden <= hi:
+            least = f.acked_msgs + seen + f.hidden_lo  # completed up to ``through``, at least
+            most = (f.acked_msgs + seen + len(f.done) + f.hidden_hi
+                    + sum(psn_delta(g.end, g.start) for g in f.gaps))  # all sent, at most
+            extra = psn_delta(msn, least % PSN_MOD)  # MSN is 24 bits (IBA 9.3.5)
+            if extra < lo:
                 if covered:
                     g = covered[0]
                     self._fail(f, g.frame, f"{self._gap_text(f, g)}; {what} (frame {index}, "
-                                           f"MSN {msn}) shows {hidden} messages in them, "
-                                           f"not {lo}..{hi}")
+                                           f"MSN {msn}) counts {extra} messages in them, at "
+                                           f"least {lo} needed")
                 else:
-                    want = (f.acked_msgs + seen + f.hidden) % PSN_MOD
-                    self._fail(f, index, f"{what} MSN {msn} for PSN {through:#08x}: {want} "
-                                         f"messages were sent up to it")
+                    self._fail(f, index, f"{what} MSN {msn} for PSN {through:#08x}: {least} "
+                                         f"messages were completed up to it")
                 return
-            f.hidden += hidden
+            if extra > most - least:
+                self._fail(f, index, f"{what} MSN {msn} for PSN {through:#08x}: only {most} "
+                                     f"messages were sent")
+                return
+            f.hidden_lo += lo
+            f.hidden_hi += hi
         f.acked_msgs += seen
         f.acked_x = through
         if covered:
