@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import struct
 import subprocess
 import sys
 import tracemalloc
@@ -18,9 +19,14 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pytest
+from cm_harness import Pair
 
+from softrdma import enums as e
+from softrdma import verbs as v
+from softrdma.cm.ibcm import ConnParams
 from softrdma.tools import pcap_check
 from softrdma.tools.pcap_conv import psn_delta
+from softrdma.tools.perftest.oob import Dest, encode_key
 from softrdma.wire import cm as wcm
 from softrdma.wire import ib, roce
 from softrdma.wire.pcap import PcapRecord, PcapWriter, read_pcap
@@ -38,8 +44,8 @@ def _records(name: str) -> list[PcapRecord]:
 def rebuild(f: roce.RoceFrame, **changes: object) -> bytes:
     """The frame with its transport fields changed and its ICRC recomputed (roce.md §2)."""
     p = f.packet
-    for k, v in changes.items():
-        setattr(p, k, v)
+    for k, val in changes.items():
+        setattr(p, k, val)
     body = ib.encode(p)
     return f.l2 + f.ip + f.udp + body + roce.icrc(f.ip, f.udp, (body,)) + f.trailer
 
@@ -365,12 +371,6 @@ def test_memory_stays_flat_on_huge_bad_input(tmp_path: Path) -> None:
 def test_softrdma_cm_traffic_over_a_lossy_fabric_passes(tmp_path: Path, seed: int) -> None:
     """What the fabric delivers under loss, duplication and reordering (a capture with
     holes, retransmissions and duplicate ACKs, like a real one) is consistent."""
-    from cm_harness import Pair
-
-    from softrdma import enums as e
-    from softrdma import verbs as v
-    from softrdma.cm.ibcm import ConnParams
-
     acc = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_READ | e.IBV_ACCESS_REMOTE_WRITE)
     p = Pair(seed=seed, drop=0.05, duplicate=0.05, reorder=0.05)
     path = tmp_path / "own.pcap"
@@ -406,3 +406,57 @@ def test_softrdma_cm_traffic_over_a_lossy_fabric_passes(tmp_path: Path, seed: in
     assert rc == 0, err
     assert out[-1] == "1 connection followed, 0 inconsistent"
     assert p.fab.stats.dropped > 0
+
+
+# ---- a synthetic perftest exchange (KEY_PRINT_FMT, no GID) split across segments -----
+def _eth(ip_packet: bytes) -> bytes:
+    return bytes(6) + bytes(5) + b"\x01" + b"\x08\x00" + ip_packet
+
+
+def _tcp(src: bytes, dst: bytes, sport: int, dport: int, seq: int, data: bytes,
+         flags: int = 0x18) -> bytes:
+    hdr = struct.pack("!HHIIBBHHH", sport, dport, seq, 0, 5 << 4, flags, 65535, 0, 0)
+    return _eth(roce.ipv4_header(src, dst, len(hdr) + len(data), proto=6) + hdr + data)
+
+
+def _roce(src: bytes, dst: bytes, p: ib.IBPacket) -> bytes:
+    body = ib.encode(p)
+    ulen = 8 + len(body) + 4
+    icrc = roce.udp_send_icrc(src, dst, 0xC000, 4791, [body])
+    return _eth(roce.ipv4_header(src, dst, ulen) + roce.udp_header(0xC000, 4791, ulen)
+                + body + icrc)
+
+
+def _perftest_capture(path: Path, first_psn: int) -> Path:
+    a, b = bytes([10, 1, 0, 1]), bytes([10, 1, 0, 2])
+    ka = encode_key(Dest(0, 1, 0x21, 0x1000, 0x99, 0x5000), with_gid=False)
+    kb = encode_key(Dest(0, 1, 0x22, 0x2000, 0x98, 0x6000), with_gid=False)
+    assert len(ka) == 59
+    frames = [
+        _tcp(a, b, 40000, 18515, 1, ka[:30]),          # the client's message, in two pieces
+        _tcp(a, b, 40000, 18515, 31, ka[30:] + ka),    # ... and again (perftest repeats it)
+        _tcp(b, a, 18515, 40000, 1, kb),
+    ]
+    w = ib.IBPacket(0x0A, psn=first_psn, dqpn=0x22, payload=b"x" * 64)
+    w.dma_len, w.ackreq = 64, True
+    ack = ib.IBPacket(0x11, psn=first_psn, dqpn=0x21)
+    ack.syndrome, ack.msn = ib.AETH_CREDIT_INVALID, 1
+    frames += [_roce(a, b, w), _roce(b, a, ack)]
+    with PcapWriter(path) as wr:
+        for i, fr in enumerate(frames):
+            wr.write(fr, ts=float(i))
+    return path
+
+
+def test_perftest_exchange_without_gid(tmp_path: Path) -> None:
+    rc, out, err = check(_perftest_capture(tmp_path / "ok.pcap", 0x1000), verbose=True)
+    assert rc == 0 and err == []
+    assert ("frame 3: note: 10.1.0.1 QP 0x21 <-> 10.1.0.2 QP 0x22: opened; requests from "
+            "10.1.0.1 start at PSN 0x001000 (its perftest message (frame 2)), from 10.1.0.2 at "
+            "0x002000 (its perftest message (frame 3))") in out
+    assert out[-1] == "1 connection followed, 0 inconsistent"
+    rc, _, err = check(_perftest_capture(tmp_path / "bad.pcap", 0x2000))
+    assert rc == 1
+    assert err == ["frame 4: 10.1.0.1 QP 0x21 -> 10.1.0.2 QP 0x22: first request PSN 0x002000 "
+                   "is not the Starting PSN 0x001000 announced in its perftest message (frame 2); "
+                   "RC_ACKNOWLEDGE (frame 5, MSN 1) counts 0 messages in them, at least 1 needed"]

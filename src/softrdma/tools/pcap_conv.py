@@ -171,7 +171,7 @@ class ConversationChecker:
         name = (f"{_ip(c.ip)} QP {c.qpn:#x} <-> {_ip(s.ip)} QP {s.qpn:#x}")
         conn = _Conn(name, None, set(MTUS), ips=(c.ip, s.ip), qpns=(c.qpn, s.qpn), rtu=True)
         self._open_conn(conn, c.psn, f"its {c.tool} message (frame {c.frame})",
-                        s.psn, f"its {s.tool} message (frame {s.frame})", c.frame)
+                        s.psn, f"its {s.tool} message (frame {s.frame})", max(c.frame, s.frame))
 
     def _open_conn(self, conn: _Conn, psn0: int, src0: str, psn1: int, src1: str,
                    frame: int) -> None:

@@ -10,7 +10,11 @@ message per QP (seen in ``../shared/captures/roce_rc_pingpong.pcap`` and
 - perftest (``src/perftest_communication.c``, ``KEY_PRINT_FMT_GID``):
   ``LID:OUT_READS:QPN:PSN:RKEY:VADDR:GID:SRQN:`` as
   ``%04x:%04x:%06x:%06x:%08x:%016Lx:`` then the 16 GID octets as ``%02x:`` each, then
-  ``%08x:``. perftest sends the same message more than once (its handshake repeats).
+  ``%08x:``; or ``KEY_PRINT_FMT`` without the GID. perftest sends the same message more
+  than once (its handshake repeats).
+
+The messages are found in a stream by their shape and decoded by the tools' own codecs
+(:func:`softrdma.tools.pingpong.decode_dest`, :func:`softrdma.tools.perftest.oob.decode_key`).
 
 In both, the PSN is the one the *sender* sends from (``attr.sq_psn = my_dest.psn``) and
 its peer receives at (``attr.rq_psn = dest->psn``). :class:`OobScanner` finds these
@@ -24,14 +28,19 @@ import ipaddress
 import re
 from dataclasses import dataclass
 
+from ..errors import DecodeError
 from ..wire.tcpstream import StreamData, StreamEvent, TcpReassembler, TcpSegment, TcpStream
+from .perftest.oob import decode_key
+from .pingpong import decode_dest
 
 __all__ = ["OOB_PORT", "OobMessage", "OobPair", "OobScanner", "gid_to_ip"]
 
 OOB_PORT = 18515  # rdma-core examples and perftest: the default TCP port
-_PINGPONG = re.compile(rb"([0-9a-f]{4}):([0-9a-f]{6}):([0-9a-f]{6}):([0-9a-f]{32})\0")
-_PERFTEST = re.compile(rb"([0-9a-f]{4}):[0-9a-f]{4}:([0-9a-f]{6}):([0-9a-f]{6}):[0-9a-f]{8}:"
-                       rb"[0-9a-f]{16}:((?:[0-9a-f]{2}:){16})[0-9a-f]{8}:\0")
+# Where a message is in a stream (its shape); its fields come from the tool's codec.
+_PINGPONG = re.compile(rb"[0-9a-f]{4}:[0-9a-f]{6}:[0-9a-f]{6}:[0-9a-f]{32}\0")
+_PERFTEST_HEAD = rb"[0-9a-f]{4}:[0-9a-f]{4}:[0-9a-f]{6}:[0-9a-f]{6}:[0-9a-f]{8}:[0-9a-f]{16}:"
+_PERFTEST_GID = re.compile(_PERFTEST_HEAD + rb"(?:[0-9a-f]{2}:){16}[0-9a-f]{8}:\0")
+_PERFTEST = re.compile(_PERFTEST_HEAD + rb"[0-9a-f]{8}\0")
 _MAX_MESSAGE = 160  # longer than either format: how much of a stream tail to keep
 _MAX_QPS = 4096  # per direction: perftest -q is far below
 _V4_MAPPED = bytes(10) + b"\xff\xff"
@@ -101,18 +110,27 @@ class OobScanner:
             return
         buf = d.tail + ev.data
         end = 0
-        for rx, tool in ((_PINGPONG, "pingpong"), (_PERFTEST, "perftest")):
+        for rx, tool in ((_PINGPONG, "pingpong"), (_PERFTEST_GID, "perftest"),
+                         (_PERFTEST, "perftest")):
             for m in rx.finditer(buf):
-                self._message(d, m, tool, ev.frame)
+                self._message(d, m.group(0), rx, tool, ev.frame)
                 end = max(end, m.end())
         rest = buf[end:]
         d.tail = rest[-_MAX_MESSAGE:]
         if d.qps:
             self._pair(d, out)
 
-    def _message(self, d: _Dir, m: re.Match[bytes], tool: str, frame: int) -> None:
-        lid, qpn, psn = (int(g, 16) for g in m.groups()[:3])
-        gid = bytes.fromhex(m.group(4).replace(b":", b"").decode())
+    def _message(self, d: _Dir, msg: bytes, rx: re.Pattern[bytes], tool: str,
+                 frame: int) -> None:
+        try:
+            if rx is _PINGPONG:
+                pp = decode_dest(msg)
+                lid, qpn, psn, gid = pp.lid, pp.qpn, pp.psn, pp.gid
+            else:
+                pt = decode_key(msg, rx is _PERFTEST_GID)
+                lid, qpn, psn, gid = pt.lid, pt.qpn, pt.psn, pt.gid
+        except DecodeError:
+            return  # the right shape, not a message after all
         ip = gid_to_ip(gid)
         if ip is None:
             ip = ipaddress.ip_address(d.stream.src[0]).packed
