@@ -23,6 +23,7 @@ from cm_harness import Pair
 
 from softrdma import enums as e
 from softrdma import verbs as v
+from softrdma.cm import qpctl
 from softrdma.cm.ibcm import ConnParams
 from softrdma.tools import pcap_check
 from softrdma.tools.pcap_conv import psn_delta
@@ -460,3 +461,73 @@ def test_perftest_exchange_without_gid(tmp_path: Path) -> None:
     assert err == ["frame 4: 10.1.0.1 QP 0x21 -> 10.1.0.2 QP 0x22: first request PSN 0x002000 "
                    "is not the Starting PSN 0x001000 announced in its perftest message (frame 2); "
                    "RC_ACKNOWLEDGE (frame 5, MSN 1) counts 0 messages in them, at least 1 needed"]
+
+
+# ---- softrdma with the old Starting PSN convention, on both sides -----------------------
+def _softrdma_pair_capture(path: Path) -> tuple[int, int]:
+    """A CM connection between two softrdma nodes and one SEND each way, captured; returns
+    (REQ Starting PSN, REP Starting PSN)."""
+    p = Pair(seed=11)
+    p.fab.capture(path)
+    qb, _ = p.b.qp()
+    p.listen_accepting(0x4242, qb)
+    qa, cqa = p.a.qp()
+    cid = p.a.new_id()
+    cid.connect(qa, ConnParams(0x4242, p.b.gid))
+    p.run(1)
+    ma, mb = (v.MR(n.pd, 4096, int(e.IBV_ACCESS_LOCAL_WRITE)) for n in (p.a, p.b))
+    qb.post_recv(v.RecvWR(1, 1, [v.SGE(mb.addr, 4096, mb.lkey)]))
+    qa.post_recv(v.RecvWR(2, 1, [v.SGE(ma.addr, 4096, ma.lkey)]))
+    qa.post_send(v.SendWR(3, None, 1, [v.SGE(ma.addr, 16, ma.lkey)]))
+    p.run(0.1)
+    qb.post_send(v.SendWR(4, None, 1, [v.SGE(mb.addr, 16, mb.lkey)]))
+    p.run(0.1)
+    n, wcs = cqa.poll(4)
+    assert n == 2 and all(w.status == e.IBV_WC_SUCCESS for w in wcs)  # the data went through
+    cid.disconnect()
+    p.run(1)
+    p.fab.stop_capture()
+    (req,), (rep,) = p.sent(wcm.CmAttr.REQ), p.sent(wcm.CmAttr.REP)
+    return req.starting_psn, rep.starting_psn
+
+
+def test_softrdma_pair_passes(tmp_path: Path) -> None:
+    path = tmp_path / "pair.pcap"
+    _softrdma_pair_capture(path)
+    rc, out, err = check(path)
+    assert rc == 0 and err == [] and out[-1] == "1 connection followed, 0 inconsistent"
+
+
+def test_softrdma_pair_with_the_old_convention_is_caught(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 9: softrdma-to-softrdma runs worked with the old convention because both
+    sides shared the mistake (each received at the peer's Starting PSN and sent from its
+    own). Swap rq_psn and sq_psn in the CM's QP transitions back to that: the session
+    still works, and pcap-check flags the active side's first SEND."""
+    stash: dict[int, tuple[float, dict[str, object]]] = {}
+    to_rtr, to_rts = qpctl.to_rtr, qpctl.to_rts
+
+    def old_rtr(qp: object, now: float, **kw: object) -> None:
+        stash[id(qp)] = (now, kw)  # done in old_rts, once the other PSN is known
+
+    def old_rts(qp: object, now: float, **kw: object) -> None:
+        rnow, rkw = stash.pop(id(qp))
+        sq, rq = kw["sq_psn"], rkw["rq_psn"]
+        to_rtr(qp, rnow, **{**rkw, "rq_psn": sq})  # type: ignore[arg-type]
+        to_rts(qp, now, **{**kw, "sq_psn": rq})  # type: ignore[arg-type]
+
+    monkeypatch.setattr(qpctl, "to_rtr", old_rtr)
+    monkeypatch.setattr(qpctl, "to_rts", old_rts)
+    path = tmp_path / "old.pcap"
+    req_psn, rep_psn = _softrdma_pair_capture(path)
+    rc, out, err = check(path)
+    assert rc == 1
+    first_send = next(r.index for r in read_pcap(path)
+                      if (f := roce.parse_frame(r.data, r.linktype)) is not None
+                      and f.packet.info.name == "RC_SEND_ONLY")
+    assert len(err) == 2  # both directions
+    assert err[0].startswith(f"frame {first_send}: 10.9.0.1 QP ") and (
+        f"first request PSN {req_psn:#08x} is not the Starting PSN {rep_psn:#08x} announced "
+        f"in the REP (frame 2)") in err[0]
+    assert f"first request PSN {rep_psn:#08x} is not the Starting PSN {req_psn:#08x} " \
+           f"announced in the REQ (frame 1)" in err[1]
