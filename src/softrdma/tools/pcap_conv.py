@@ -19,9 +19,9 @@ that flow is no longer checked (later faults would be consequences):
 2. **Sequence** (IBA 9.7.1, 9.7.2): each new request carries the next PSN; an RDMA READ
    request takes ``ceil(length / PMTU)`` PSNs (at least 1; IBA 9.7.4.1.3). A PSN behind
    the next one is a retransmission and must not precede the first PSN (UC never
-   retransmits). The PMTU is what packets show (FIRST/MIDDLE payloads are one PMTU,
-   IBA 9.7.2.1.1), bounded by the REQ's path MTU; until then, every MTU the READ spans
-   allow.
+   retransmits). The PMTU is what packets show (FIRST/MIDDLE payloads are exactly one
+   PMTU, ``../shared/specs/ib-transport.md`` opcode table), bounded by the REQ's path MTU;
+   until packets show it, every PMTU the READ spans allow.
 3. **Gaps**: a capture may miss packets that tcpdump dropped. A PSN ahead of the next one
    opens a gap, which counts as *explained* only when a later response proves the missing
    requests existed and were received: an ACK, NAK, READ response or atomic ACK whose PSN
@@ -30,10 +30,11 @@ that flow is no longer checked (later faults would be consequences):
    response, IBA 9.7.5.1.1) exceeds the count of completed messages seen up to that PSN
    by no less than the number of gaps that must hold a message end (a gap followed by a
    FIRST/ONLY packet). Every MSN must also lie between the messages completed up to its
-   PSN and all the messages sent (those seen plus one per missing PSN). (Past 65536 unacknowledged messages in a flow the MSN part
-   is dropped and PSN coverage alone explains a gap.) A gap still unexplained at the end of
-   the capture, or contradicted by an MSN, is reported at the frame after it; so is a first
-   request that is not at the announced PSN. UC has no responses: a UC gap counts as
+   PSN and all the messages sent (those seen plus one per missing PSN). (Past 65536
+   unacknowledged messages in a flow the MSN part is dropped and PSN coverage alone
+   explains a gap.) A gap still unexplained at the end of the capture, or contradicted by
+   an MSN, is reported at the frame after it; so is a first request that is not at the
+   announced PSN (a first PSN *behind* the announced one is reported at once). UC has no responses: a UC gap counts as
    explained only when the packet after it continues a message (MIDDLE/LAST) whose start
    is missing from the capture with it; otherwise it is reported at once.
 4. **Responses**: an ACK/NAK/atomic ACK refers to a PSN the requester sent (first PSN ..
@@ -63,7 +64,7 @@ __all__ = ["Finding", "ConversationChecker", "MTUS", "psn_delta"]
 
 PSN_MOD = 1 << 24
 PSN_HALF = 1 << 23
-MTUS = (256, 512, 1024, 2048, 4096)  # IBA 9.7.5.1.? PMTU values (path MTU codes 1..5)
+MTUS = (256, 512, 1024, 2048, 4096)  # the PMTUs (REQ path MTU codes 1..5, ib-cm.md REQ 50)
 GSI_QPN = 1
 MAX_TRACKED = 1 << 16  # per flow: unacknowledged messages, gaps
 MAX_READS = 1024  # per flow: the READ requests remembered (retries and duplicates answered)
@@ -157,7 +158,6 @@ class ConversationChecker:
     def __init__(self) -> None:
         self.findings: list[Finding] = []
         self.followed = 0
-        self.failed_flows = 0
         self._keys: dict[tuple[bytes, bytes, int], tuple[_Conn, int]] = {}
         self._reqs: dict[tuple[bytes, bytes, int], tuple[wcm.Req, int]] = {}
         self._conns: dict[tuple[bytes, bytes, int, int], _Conn] = {}  # by comm IDs
@@ -229,11 +229,9 @@ class ConversationChecker:
         if f.failed:
             return
         f.failed = True
-        self.failed_flows += 1
         self.findings.append(Finding(frame, f"{f.name}: {text}"))
 
     def _cm_fail(self, frame: int, text: str) -> None:
-        self.failed_flows += 1
         self.findings.append(Finding(frame, f"CM: {text}"))
 
     # ---- packets ----------------------------------------------------------------------
@@ -318,7 +316,7 @@ class ConversationChecker:
             elif psn_delta(p.psn, f.first) < 0:
                 self._fail(f, index, f"PSN {p.psn:#08x} precedes the first PSN {f.first:#08x} "
                                      f"({f.source})")
-            elif info.kind == Kind.READ_REQ:  # answered again (IBA 9.7.5.1.2)
+            elif info.kind == Kind.READ_REQ:  # answered again (IBA 9.7.5.1.4)
                 self._add_read(f, _Read(p.psn, p.dma_len, index))
             return  # a retransmission (IBA 9.7.7)
         if d > 0:
@@ -396,8 +394,8 @@ class ConversationChecker:
 
     def _read_response(self, f: _Flow, index: int, p: ib.IBPacket) -> None:
         """Match an RDMA READ response with a READ request (the newest first: a retried
-        READ asks again from its first missing packet, IBA 9.7.5.1.2 / o9-20, and the
-        network may still deliver the first answer or duplicates of it)."""
+        READ asks again from its first missing packet, IBA 9.7.5.1.5, and the network may
+        still deliver the first answer or duplicates of it)."""
         info = p.info
         found = [r for r in reversed(f.reads.values())
                  if 0 <= psn_delta(p.psn, r.psn) < self._spans(f, r.length)[-1]]
