@@ -273,8 +273,14 @@ class ConversationChecker:
                              f"must be one PMTU ({'/'.join(map(str, sorted(mtus)))})")
         return False
 
-    def _spans(self, f: _Flow, length: int) -> list[int]:
-        return sorted({max(1, -(-length // m)) for m in f.conn.mtus})
+    @staticmethod
+    def _spans(f: _Flow, length: int) -> list[int]:
+        """The PSNs an RDMA READ of ``length`` bytes may take, for each PMTU still possible."""
+        mtus = f.conn.mtus
+        if len(mtus) == 1:
+            for m in mtus:
+                return [max(1, -(-length // m))]
+        return sorted({max(1, -(-length // m)) for m in mtus})
 
     def _request(self, f: _Flow, index: int, p: ib.IBPacket) -> None:
         if f.failed:
@@ -397,35 +403,39 @@ class ConversationChecker:
         READ asks again from its first missing packet, IBA 9.7.5.1.5, and the network may
         still deliver the first answer or duplicates of it)."""
         info = p.info
-        found = [r for r in reversed(f.reads.values())
-                 if 0 <= psn_delta(p.psn, r.psn) < self._spans(f, r.length)[-1]]
-        if not found:
-            if any(self._in_gap(g, p.psn) for g in f.gaps):
-                if info.hdrs & Hdr.AETH:
-                    self._msn(f, index, p.psn, p.msn, info.name)
-                return
-            self._fail(f, index, f"{info.name} PSN {p.psn:#08x} answers no RDMA READ request")
-            return
-        if not p.info.pos & _LAST and not self._learn_mtu(f, index, len(p.payload), info.name):
+        if not info.pos & _LAST and not self._learn_mtu(f, index, len(p.payload), info.name):
             return
         why = ""
-        for r in found:
-            why = self._read_fit(f, r, p)
-            if not why:
+        match: _Read | None = None
+        for r in reversed(f.reads.values()):
+            off = psn_delta(p.psn, r.psn)
+            if off < 0:
+                continue
+            spans = self._spans(f, r.length)
+            if off >= spans[-1]:
+                continue
+            w = self._read_fit(f, r, p, spans, off)
+            if not w:
+                match = r
                 break
-        if why:
+            why = why or w
+        if match is not None:
+            if info.hdrs & Hdr.AETH:
+                self._msn(f, index, match.psn, p.msn, info.name)
+        elif why:
             self._fail(f, index, why)
-            return
-        if info.hdrs & Hdr.AETH:
-            self._msn(f, index, r.psn, p.msn, info.name)
+        elif any(self._in_gap(g, p.psn) for g in f.gaps):  # its READ is missing too
+            if info.hdrs & Hdr.AETH:
+                self._msn(f, index, p.psn, p.msn, info.name)
+        else:
+            self._fail(f, index, f"{info.name} PSN {p.psn:#08x} answers no RDMA READ request")
 
-    def _read_fit(self, f: _Flow, r: _Read, p: ib.IBPacket) -> str:
-        """Why response ``p`` cannot belong to READ ``r`` ("" if it can)."""
-        spans = self._spans(f, r.length)
+    @staticmethod
+    def _read_fit(f: _Flow, r: _Read, p: ib.IBPacket, spans: list[int], off: int) -> str:
+        """Why response ``p`` at offset ``off`` cannot belong to READ ``r`` ("" if it can)."""
         if len(spans) > 1:
             return ""  # the PMTU is not known yet: any position may fit
         span = spans[0]
-        off = psn_delta(p.psn, r.psn)
         info = p.info
         want = (Pos.ONLY if span == 1 else Pos.FIRST if off == 0
                 else Pos.LAST if off == span - 1 else Pos.MIDDLE)
