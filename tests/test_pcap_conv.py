@@ -531,3 +531,19 @@ def test_softrdma_pair_with_the_old_convention_is_caught(tmp_path: Path,
         f"in the REP (frame 2)") in err[0]
     assert f"first request PSN {rep_psn:#08x} is not the Starting PSN {req_psn:#08x} " \
            f"announced in the REQ (frame 1)" in err[1]
+
+
+@pytest.mark.parametrize("name", ["roce_read_bw.pcap", "roce_ud_pingpong.pcap",
+                                  "roce_write_bw_rdmacm.pcap", "host_peer_roce.pcap"])
+def test_verbose_prints_one_line_per_roce_packet(name: str) -> None:
+    _, out, _ = check(CAPTURES / name, verbose=True)
+    lines = [x for x in out if re.match(r"frame \d+ \d+\.\d{6} ", x)]
+    want = [r.index for r in _records(name) if roce.parse_frame(r.data, r.linktype) is not None]
+    assert [int(x.split()[1]) for x in lines] == want
+    if name == "host_peer_roce.pcap":  # a PerfMgmt ClassPortInfo Get and its GetResp
+        assert lines[0].endswith("UD_SEND_ONLY QPN 0x000001 PSN 0x000000 len 256 MAD class "
+                                 "0x04 method 0x01 attr 0x0001")
+        assert lines[-1].endswith("MAD class 0x04 method 0x81 attr 0x0001")
+    if name == "roce_read_bw.pcap":
+        assert any(x.endswith("RC_RDMA_READ_RESPONSE_FIRST QPN 0x000014 PSN 0xbe0d36 len 1024 "
+                              "AETH ACK MSN 1") for x in lines)

@@ -36,6 +36,7 @@ from typing import Protocol, TextIO, cast
 
 from ..errors import SoftRdmaError
 from ..wire import cm, ib, roce
+from ..wire.mad import CommonAttr, MadHeader, MgmtClass
 from ..wire.opcodes import Hdr
 from ..wire.pcap import PcapRecord, read_pcap
 from ..wire.tcpstream import parse_tcp
@@ -87,6 +88,10 @@ def describe(index: int, t: float, f: roce.RoceFrame) -> str:
             s += f" AETH NAK {ib.NAK_NAMES.get(p.syndrome, hex(p.syndrome))} MSN {p.msn}"
     if p.dqpn == GSI_QPN and len(p.payload) == _CM_MAD_SIZE:
         try:
+            hdr = MadHeader.decode(p.payload)
+            if hdr.mgmt_class != MgmtClass.CM or hdr.attr_id == CommonAttr.CLASS_PORT_INFO:
+                return (s + f" MAD class {hdr.mgmt_class:#04x} method {hdr.method:#04x} "
+                            f"attr {hdr.attr_id:#06x}")
             m = cm.decode(p.payload).msg
         except SoftRdmaError:
             return s
