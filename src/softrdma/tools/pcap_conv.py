@@ -44,7 +44,9 @@ that flow is no longer checked (later faults would be consequences):
    passes (the request was lost from the capture).
 5. **CM**: a REP answers a REQ, an RTU a REP; a DREQ names an established connection (comm
    IDs and the receiver's QPN, IBA 12.6.9); a DREP answers a DREQ. A DREP closes the
-   connection; a repeated DREQ/DREP of a closed one is a retransmission.
+   connection; a repeated DREQ/DREP of a closed one is a retransmission. The gap rule
+   does not apply to the CM: a capture must hold the REQ and REP of each connection whose
+   later messages it holds (a REP, RTU, DREQ or DREP for no REQ/REP is reported).
 """
 
 from __future__ import annotations
