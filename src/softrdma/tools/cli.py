@@ -15,6 +15,9 @@ Subcommands and where they live:
 ``link``           ``softrdma.tools.link.cmd_link(args) -> int``
 ``pyverbs``        :mod:`softrdma.tools.pyverbs_run` (run a pyverbs program on softrdma)
 ``rdma-core-tests`` :mod:`softrdma.tools.rdma_core_tests` (rdma-core's pyverbs test suite)
+``write-bw`` ...   :mod:`softrdma.tools.perftest` (perftest's ``ib_write_bw``, ``ib_read_bw``,
+                   ``ib_send_bw``, ``ib_atomic_bw`` and the ``*_lat`` tools)
+``ipoib``          :mod:`softrdma.tools.ipoib` (IP over InfiniBand on a TUN interface)
 =================  =====================================================================
 
 Tool modules are imported inside the handlers, so a module that is missing or broken
@@ -35,6 +38,8 @@ from typing import Any
 from ..errors import SoftRdmaError
 
 PROG = "softrdma"
+PERFTEST_TOOLS = ("write-bw", "read-bw", "send-bw", "atomic-bw",
+                  "write-lat", "read-lat", "send-lat", "atomic-lat")
 
 
 class ToolUnavailable(SoftRdmaError):
@@ -120,6 +125,16 @@ def _cmd_pyverbs(args: argparse.Namespace) -> int:
 
 def _cmd_rdma_core_tests(args: argparse.Namespace) -> int:
     return int(_tool("softrdma.tools.rdma_core_tests", "rdma-core-tests", "run")(args))
+
+
+def _perftest(name: str) -> Callable[[argparse.Namespace], int]:
+    def handler(args: argparse.Namespace) -> int:
+        return int(_tool("softrdma.tools.perftest.runner", name, "run")(name, args))
+    return handler
+
+
+def _cmd_ipoib(args: argparse.Namespace) -> int:
+    return int(_tool("softrdma.tools.ipoib", "ipoib", "run")(args))
 
 
 # -- parser ----------------------------------------------------------------------------
@@ -226,6 +241,24 @@ def build_parser() -> argparse.ArgumentParser:
                    "rdma-core's tests through softrdma's pyverbs and print a table per file.")
     _add_tool_args("softrdma.tools.rdma_core_tests", p)
     p.set_defaults(handler=_cmd_rdma_core_tests)
+
+    for name in PERFTEST_TOOLS:
+        verb, tst = name.split("-")
+        p = add_parser(name, help=f"perftest's ib_{verb}_{tst}: "
+                       f"{'bandwidth' if tst == 'bw' else 'latency'} of "
+                       f"{verb.upper()} over RC QPs",
+                       description=f"ib_{verb}_{tst}: without SERVERNAME be the server and "
+                       "wait; with it, connect to that server. Interoperates with perftest "
+                       "4.5 (the TCP 18515 exchange, or rdma_cm with -R).")
+        _add_tool_args("softrdma.tools.perftest.options", p, name)
+        p.set_defaults(handler=_perftest(name))
+    p = add_parser("ipoib", help="IP over InfiniBand (RFC 4391/4755) on a TUN interface "
+                   "(up/down/show)", description="softrdma ipoib up NAME --device DEV "
+                   "[--mode connected|datagram] [--pkey P] [--mtu M] ADDR/PREFIX... runs an "
+                   "IPoIB interface until stopped; down NAME stops it; show [NAME] [--json] "
+                   "prints neighbours, connections and counters.")
+    _add_tool_args("softrdma.tools.ipoib", p)
+    p.set_defaults(handler=_cmd_ipoib)
     return parser
 
 
