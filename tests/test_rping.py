@@ -30,21 +30,22 @@ def _rping(*args: str) -> list[str]:
     return [sys.executable, "-m", "softrdma", "rping", *args]
 
 
-def _run_pair(tmp_path: Path, transport: str, addr: str, count: int, size: int) -> tuple[
+def _run_pair(tmp_path: Path, transport: str, addr: str, count: int, size: int,
+              sflags: tuple[str, ...] = (), cflags: tuple[str, ...] = ()) -> tuple[
         subprocess.CompletedProcess[str], str, str, int]:
     state, _ = make_state_dir(tmp_path)
     env = child_env(state)
     port = random.randrange(20000, 60000)
     server = subprocess.Popen(
         _rping("-s", "-a", addr, "-p", str(port), "-v", "--transport", transport,
-               "--timeout", "20"),
+               "--timeout", "20", *sflags),
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         client = None
         for _ in range(40):  # until the server listens
             client = subprocess.run(
                 _rping("-c", "-a", addr, "-p", str(port), "-v", "-V", "-C", str(count),
-                       "-S", str(size), "--transport", transport, "--timeout", "20"),
+                       "-S", str(size), "--transport", transport, "--timeout", "20", *cflags),
                 env=env, capture_output=True, text=True, timeout=60)
             if client.returncode == 0 or "REJECTED" not in client.stderr:
                 break
@@ -58,11 +59,15 @@ def _run_pair(tmp_path: Path, transport: str, addr: str, count: int, size: int) 
             server.communicate()
 
 
-@pytest.mark.parametrize(("transport", "addr"), [("roce", "127.0.0.1"), ("iwarp", "127.0.0.1"),
-                                                  ("roce", "::1")])
-def test_two_process_rping(tmp_path: Path, transport: str, addr: str) -> None:
+@pytest.mark.parametrize(("transport", "addr", "sflags", "cflags"), [
+    ("roce", "127.0.0.1", (), ()), ("iwarp", "127.0.0.1", (), ()), ("roce", "::1", (), ()),
+    # -q: rping's self-created QPs moved with rdma_init_qp_attr, on one side or both
+    ("roce", "127.0.0.1", ("-q",), ("-q",)), ("roce", "127.0.0.1", ("-q",), ()),
+    ("roce", "127.0.0.1", (), ("-q",))])
+def test_two_process_rping(tmp_path: Path, transport: str, addr: str,
+                           sflags: tuple[str, ...], cflags: tuple[str, ...]) -> None:
     count, size = 5, 64
-    client, sout, serr, src = _run_pair(tmp_path, transport, addr, count, size)
+    client, sout, serr, src = _run_pair(tmp_path, transport, addr, count, size, sflags, cflags)
     assert client.returncode == 0, client.stderr
     want = []
     start = 65
@@ -93,6 +98,7 @@ def test_ping_pattern_is_rpings() -> None:
     (["-c", "-a", "127.0.0.1", "--timeout", "-1"], "--timeout: must be a positive number"),
     (["-s", "--timeout", "0"], "--timeout: must be a positive number"),
     (["-c", "-a", "127.0.0.1", "-P"], "-P: persistent mode is for the server"),
+    (["-s", "-q", "--transport", "iwarp"], "-q: a self-modified QP needs the IB CM"),
 ])
 def test_bad_arguments(tmp_path: Path, args: list[str], msg: str) -> None:
     state, _ = make_state_dir(tmp_path)
