@@ -130,3 +130,23 @@ def test_init_qp_attr_and_establish_misuse(env: Path) -> None:
         cli.connect(rc.ConnParam(qp_num=0x1000000))
     cli.destroy()
     ch.close()
+
+
+def test_migrate_moves_pending_and_later_events(env: Path) -> None:
+    """``rdma_migrate_id`` (ucmatose -m): events not yet taken and every later one go to
+    the new channel."""
+    old, new = EventChannel(), EventChannel()
+    cid = rc.CmId(old, rc.RDMA_PS_TCP)
+    cid.resolve_addr(None, ("127.0.0.1", 9), 2000, device="roce")
+    assert old.poll(5)
+    cid.migrate(new)
+    assert old.pending() == 0
+    expect(new, T.ADDR_RESOLVED)
+    cid.resolve_route(2000)
+    expect(new, T.ROUTE_RESOLVED)
+    assert old.pending() == 0
+    with pytest.raises(InvalidArgument):
+        cid.migrate("not a channel")  # type: ignore[arg-type]
+    cid.destroy()
+    old.close()
+    new.close()

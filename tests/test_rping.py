@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rdma_cm_harness import child_env, fake_server, make_state_dir, setup_env
+from rdma_cm_harness import Ep, child_env, expect, fake_server, make_state_dir, setup_env
 
 from softrdma import enums as e
 from softrdma.cm import rdma_cm as rc
@@ -239,3 +239,62 @@ def test_validate_detects_corrupted_data(env: Path, monkeypatch: pytest.MonkeyPa
     assert r is not None and r.returncode == 1, r
     assert "data mismatch!" in r.stderr and "ping data" not in r.stdout
     assert result.get("rc") == 0  # the server saw the client disconnect: its run ended well
+
+
+def _silent_client(port: int, connected: threading.Event, stop: threading.Event) -> None:
+    """Connects to the rping server, posts a receive, then never sends anything."""
+    ch = rc.EventChannel()
+    cid = rc.CmId(ch, rc.RDMA_PS_TCP)
+    ep = None
+    try:
+        cid.resolve_addr(None, ("127.0.0.1", port), 2000, device="roce")
+        expect(ch, rc.RdmaCmEventType.ADDR_RESOLVED)
+        cid.resolve_route(2000)
+        expect(ch, rc.RdmaCmEventType.ROUTE_RESOLVED)
+        ep = Ep(cid)
+        ep.recv(64)
+        cid.connect(rc.ConnParam())
+        expect(ch, rc.RdmaCmEventType.ESTABLISHED, timeout=30)
+        connected.set()
+        stop.wait(60)
+    finally:
+        if ep is not None:
+            ep.qp.close()
+        cid.destroy()
+        ch.close()
+
+
+def test_persistent_server_outlives_a_silent_client(env: Path) -> None:
+    """-P: a client that connects and goes silent fails its own connection after
+    --timeout; the clients beside and after it are served and the server keeps going."""
+    port = random.randrange(20000, 60000)
+    server = subprocess.Popen(_rping("-s", "-P", "-a", "127.0.0.1", "-p", str(port),
+                                     "--timeout", "3"),
+                              env=child_env(env), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    connected, stop = threading.Event(), threading.Event()
+    th = threading.Thread(target=_silent_client, args=(port, connected, stop), daemon=True)
+    try:
+        time.sleep(1.5)
+        th.start()
+        assert connected.wait(30)
+        good = subprocess.run(_rping("-c", "-a", "127.0.0.1", "-p", str(port), "-C", "3",
+                                     "-V", "--timeout", "20"),
+                              env=child_env(env), capture_output=True, text=True, timeout=60)
+        assert good.returncode == 0, good.stderr  # served while the other one is silent
+        time.sleep(4)  # the silent client's connection times out on the server
+        later = subprocess.run(_rping("-c", "-a", "127.0.0.1", "-p", str(port), "-C", "2",
+                                      "-V", "--timeout", "20"),
+                               env=child_env(env), capture_output=True, text=True, timeout=60)
+        assert later.returncode == 0, later.stderr
+        assert server.poll() is None
+        server.send_signal(signal.SIGINT)
+        _out, serr = server.communicate(timeout=30)
+    finally:
+        stop.set()
+        th.join(30)
+        if server.poll() is None:
+            server.kill()
+            server.communicate()
+    assert "no answer from the peer for 3 s" in serr and "rping server failed: -1" in serr
+    assert serr.count("server DISCONNECT EVENT...") == 2
