@@ -208,7 +208,9 @@ class EngineQP(QPBase):
         sgid = gids[a.sgid_index] if a.sgid_index < len(gids) else gids[0]
         self.port.tx.append(TxPacket(sgid, a.dgid, self.sport, parts, length, a.traffic_class,
                                      a.hop_limit, a.flow_label))
-        self.port.counters.sent_pkts += 1
+        c = self.port.counters
+        c.sent_pkts += 1
+        c.sent_bytes += length + 4  # BTH .. ICRC
 
     def set_deadline(self, t: float | None) -> None:
         self.deadline = t
