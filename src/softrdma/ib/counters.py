@@ -33,6 +33,7 @@ class DropReason(StrEnum):
     BAD_PKEY = "rcvd_bad_pkey"
     BAD_QKEY = "rcvd_bad_qkey"
     BAD_STATE = "rcvd_bad_state"
+    BAD_ADDR = "rcvd_bad_addr"
     OUT_OF_SEQ = "out_of_seq_request"
     BAD_RESP_PSN = "rcvd_seq_err"
     BAD_LENGTH = "rcvd_bad_length"
@@ -55,6 +56,8 @@ DROP_REASONS: dict[DropReason, tuple[str, str, str]] = {
     DropReason.BAD_PKEY: ("transport", "P_Key mismatch", "IBA 9.6.1.3, 10.9.3"),
     DropReason.BAD_QKEY: ("transport", "Q_Key mismatch", "IBA 10.2.5"),
     DropReason.BAD_STATE: ("transport", "QP state cannot receive", "IBA 10.3.1"),
+    DropReason.BAD_ADDR: ("network", "connected QP: source address is not its peer's",
+                          "IBA 9.6.1.5; rxe check_addr"),
     DropReason.OUT_OF_SEQ: ("transport", "request PSN ahead of the expected PSN",
                             "IBA 9.7.5.1.3"),
     DropReason.BAD_RESP_PSN: ("transport", "response PSN never requested",
@@ -125,6 +128,7 @@ class Counters:
     rcvd_bad_pkey: int
     rcvd_bad_qkey: int
     rcvd_bad_state: int
+    rcvd_bad_addr: int
     out_of_seq_request: int
     rcvd_seq_err: int
     rcvd_bad_length: int

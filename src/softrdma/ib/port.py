@@ -235,7 +235,7 @@ class Port:
         op = data[0]
         if op == 0x07 or op == 0x01:  # RC WRITE/SEND MIDDLE: the bulk of large messages
             fqp = self.qps.get(int.from_bytes(data[5:8], "big"))
-            if fqp is not None and fqp.resp.fast_middle(data, op):
+            if fqp is not None and fqp.from_peer(meta) and fqp.resp.fast_middle(data, op):
                 return
         try:
             pkt = wib.decode(data)
