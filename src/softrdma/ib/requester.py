@@ -22,6 +22,7 @@ from ..enums import ibv_wr_opcode as WRO
 from ..wire import ib as wib
 from ..wire import opcodes as op
 from .memory import gather, resolve_sges, scatter
+from .pacing import ICRC_BYTES, Pacer
 from .port import IB_QP1_QKEY
 from .types import PSN_MASK, SendWQE, WorkCompletion, psn_diff
 
@@ -120,6 +121,7 @@ class Requester:
         # After a go-back: packets sent before the PSN in here are retransmissions
         # (counted in ``retransmitted_pkts``); None while sending new packets.
         self.resend_until: int | None = None
+        self.pacer = Pacer(self.pump)
 
     # ---- queue management ---------------------------------------------------------------
     def depth(self) -> int:
@@ -197,6 +199,24 @@ class Requester:
                     self.ack_edge = d + 1 >= self.cwnd
             if self.resend_until is not None:
                 self._count_resend(wqe)
+            av = wqe.ah if wqe.ah is not None else qp.av
+            bps = av.rate_bps if av is not None else 0.0
+            lim = qp.rate_limit_bps
+            if lim and (not bps or lim < bps):
+                bps = lim
+            if bps:  # static rate control (IBA 9.11, CA16-15.1.1)
+                pacer = self.pacer
+                if pacer.must_wait(now):
+                    pacer.deadline = pacer.next_at
+                    qp.port.arm(pacer)
+                    break
+                tx = qp.port.tx
+                n_before = len(tx)
+                self._send_pkt(wqe)
+                if len(tx) > n_before:
+                    pacer.sent(tx[-1].length + ICRC_BYTES, bps, now)
+                sent = True
+                continue
             self._send_pkt(wqe)
             sent = True
         if rc and sent and qp.deadline is None and qp.timeout:
