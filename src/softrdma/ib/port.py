@@ -233,6 +233,9 @@ class Port:
             c.rcvd_loopback_gid += 1
             return
         op = data[0]
+        if len(data) > 4 and data[4] & 0xC0:  # CA16-16: FECN/BECN unused, ignored (counted)
+            c.rcvd_fecn += data[4] >> 7
+            c.rcvd_becn += (data[4] >> 6) & 1
         if op == 0x07 or op == 0x01:  # RC WRITE/SEND MIDDLE: the bulk of large messages
             fqp = self.qps.get(int.from_bytes(data[5:8], "big"))
             if fqp is not None and fqp.from_peer(meta) and fqp.resp.fast_middle(data, op):
@@ -245,9 +248,6 @@ class Port:
         if pkt.tver != 0:  # C9-...: TVer must be 0 (rxe drops)
             c.rcvd_bad_tver += 1
             return
-        if pkt.fecn or pkt.becn:  # CA16-16: unused on RoCE, ignored (counted only)
-            c.rcvd_fecn += pkt.fecn
-            c.rcvd_becn += pkt.becn
         if pkt.opcode == 0x81:  # RoCEv2 CNP: accepted, no completion, no effect here
             c.rcvd_cnp += 1
             return

@@ -185,6 +185,11 @@ class QP(VerbsObject):
         ctx: Context = pd.ctx
         qpt = init_attr.qp_type
         if qpt not in _QP_TYPES:
+            if qpt == e.IBV_QPT_RAW_PACKET:
+                # A16.6: RoCE has no Raw service (CA16-14); no Raw operations on a RoCE
+                # port's QPs (CA16-19).
+                raise NotSupported("QP type IBV_QPT_RAW_PACKET is not supported: a RoCE port "
+                                   "has no Raw service (Annex A16 CA16-14, CA16-19)")
             if qpt in {int(t) for t in e.ibv_qp_type}:
                 raise NotSupported(f"QP type {e.ibv_qp_type(qpt).name} is not supported")
             raise InvalidArgument("init_attr.qp_type", f"unknown QP type {qpt!r}")
