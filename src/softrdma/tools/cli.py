@@ -15,6 +15,7 @@ Subcommands and where they live:
 ``link``           ``softrdma.tools.link.cmd_link(args) -> int``
 ``pyverbs``        :mod:`softrdma.tools.pyverbs_run` (run a pyverbs program on softrdma)
 ``rdma-core-tests`` :mod:`softrdma.tools.rdma_core_tests` (rdma-core's pyverbs test suite)
+``stats``          :mod:`softrdma.tools.stats` (``rdma statistic``: port counters)
 ``write-bw`` ...   :mod:`softrdma.tools.perftest` (perftest's ``ib_write_bw``, ``ib_read_bw``,
                    ``ib_send_bw``, ``ib_atomic_bw`` and the ``*_lat`` tools)
 ``ipoib``          :mod:`softrdma.tools.ipoib` (IP over InfiniBand on a TUN interface)
@@ -139,6 +140,10 @@ def _cmd_link(args: argparse.Namespace) -> int:
 
 def _cmd_pyverbs(args: argparse.Namespace) -> int:
     return int(_tool("softrdma.tools.pyverbs_run", "pyverbs", "run")(args))
+
+
+def _cmd_stats(args: argparse.Namespace) -> int:
+    return int(_tool("softrdma.tools.stats", "stats", "run")(args))
 
 
 def _cmd_rdma_core_tests(args: argparse.Namespace) -> int:
@@ -268,6 +273,21 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tool_args("softrdma.tools.rdma_core_tests", p)
     p.set_defaults(handler=_cmd_rdma_core_tests)
 
+    p = add_parser("stats", help="port counters: packets, bytes, retransmissions, RNR NAKs, "
+                   "drops by reason (rdma statistic)",
+                   description="softrdma stats [show [link DEV[/PORT]]]: the counters of "
+                   "every RoCE device's port, one line each as `rdma statistic show link` "
+                   "prints them; a shared device's are the whole device's.")
+    p.add_argument("words", nargs="*", metavar="show [link DEV[/PORT]]",
+                   help="rdma statistic's object syntax: 'show', 'show link DEV/PORT'")
+    p.add_argument("-d", "--dev", metavar="DEV", default=None, help="only device DEV")
+    p.add_argument("-j", "--json", action="store_true", help="JSON output")
+    p.add_argument("-p", "--pretty", action="store_true", help="pretty JSON")
+    p.add_argument("-w", "--watch", type=float, default=None, metavar="SECONDS",
+                   help="print the counters again every SECONDS")
+    p.add_argument("-n", "--count", type=int, default=None, metavar="COUNT",
+                   help="with -w: stop after COUNT rounds")
+    p.set_defaults(handler=_cmd_stats)
     for name in PERFTEST_TOOLS:
         verb, tst = name.split("-")
         p = add_parser(name, help=f"perftest's ib_{verb}_{tst}: "
