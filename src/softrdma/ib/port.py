@@ -116,6 +116,7 @@ class Counters:
         "rcvd_cnp",
         "dropped_uc",
         "ud_no_wqe",
+        "rcvd_mpa_req_reject",
     )
 
     def __init__(self) -> None:
@@ -144,6 +145,7 @@ class Counters:
         self.rcvd_cnp = 0
         self.dropped_uc = 0
         self.ud_no_wqe = 0
+        self.rcvd_mpa_req_reject = 0  # iWARP: MPA Requests with R set, refused in MPA
 
     def as_dict(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in self.__slots__}
