@@ -47,8 +47,11 @@ Requests (client -> daemon, control), one fixed-size record::
                          QPNs in use; arg 1: register for QP1 (several clients may; QP1 MADs
                          go to all of them); other arg: that QPN if it is free
       FREE_QPN     2  arg = QPN (for QP1: drop one QP1 registration)
-      ATTACH_MCAST 3  mgid = the 16-byte MGID (roce.md §4: IPv4 group as ::ffff:a.b.c.d)
-      DETACH_MCAST 4  mgid
+      ATTACH_MCAST 3  mgid = the 16-byte MGID (roce.md §4: IPv4 group as ::ffff:a.b.c.d);
+                      the first attachment makes the daemon join the IP group on its
+                      socket of that family (EINVAL: not a multicast GID; EAFNOSUPPORT: no
+                      address of that family; EADDRNOTAVAIL: the kernel refused the join)
+      DETACH_MCAST 4  mgid (the last detachment leaves the IP group)
       STATS        5  (no argument)
       CM_SLOT      6  make this client a routed CM client (implies a QP1 registration) and
                       give it a slot byte 1..255, unique on the device, as the value: its
@@ -123,6 +126,7 @@ from softrdma.drivers.admission import (
     refuse,
 )
 from softrdma.drivers.link import V4_MAPPED_PREFIX, Datagram, ip_bytes, ip_text
+from softrdma.drivers.mcast import is_mgid, mgid_to_group
 from softrdma.drivers.registry import DeviceRecord, Registry, ensure_state_dir, open_state_file
 from softrdma.drivers.registry import state_dir as default_state_dir
 from softrdma.drivers.udp import UdpLink
@@ -551,6 +555,7 @@ class Devd:
                 members.remove(c)
                 if not members:
                     del self._groups[mgid]
+                    self._leave_group(mgid)
         c.mcast.clear()
         for s in (c.ctrl, c.data):
             if self._sel is not None:
@@ -595,11 +600,7 @@ class Devd:
         elif op == OP_FREE_QPN:
             err, value = self._free(c, arg), 0
         elif op == OP_ATTACH_MCAST:
-            c.mcast[mgid] = c.mcast.get(mgid, 0) + 1
-            members = self._groups.setdefault(mgid, [])
-            if c not in members:
-                members.append(c)
-            err, value = 0, 0
+            err, value = self._attach(c, mgid), 0
         elif op == OP_DETACH_MCAST:
             err, value = self._detach(c, mgid), 0
         elif op == OP_CM_SLOT:
@@ -761,6 +762,36 @@ class Devd:
             return
         self.counters["cm_rejected"] += 1
 
+    def _attach(self, c: _Client, mgid: bytes) -> int:
+        """A client attaches ``mgid``; the first one makes the daemon join the group on
+        its socket of that address family (roce.md §4, :mod:`.mcast`)."""
+        if mgid not in self._groups:
+            link = self._group_link(mgid)
+            if link is None:
+                return errno.EAFNOSUPPORT if is_mgid(mgid) else errno.EINVAL
+            try:
+                link.attach_mcast(mgid)
+            except (OSError, SoftRdmaError):
+                return errno.EADDRNOTAVAIL
+            self._groups[mgid] = []
+        c.mcast[mgid] = c.mcast.get(mgid, 0) + 1
+        members = self._groups[mgid]
+        if c not in members:
+            members.append(c)
+        return 0
+
+    def _group_link(self, mgid: bytes) -> UdpLink | None:
+        """The receive link that joins ``mgid``'s IP group (its family's first address)."""
+        if not is_mgid(mgid):
+            return None
+        size = len(mgid_to_group(mgid))
+        return next((link for link in self._links if len(link.ip) == size), None)
+
+    def _leave_group(self, mgid: bytes) -> None:
+        link = self._group_link(mgid)
+        if link is not None and mgid in link.mcast_groups:
+            link.detach_mcast(mgid)
+
     def _detach(self, c: _Client, mgid: bytes) -> int:
         refs = c.mcast.get(mgid, 0)
         if refs == 0:
@@ -773,6 +804,7 @@ class Devd:
         members.remove(c)
         if not members:
             del self._groups[mgid]
+            self._leave_group(mgid)
         return 0
 
     # -- data --------------------------------------------------------------------------
