@@ -114,7 +114,7 @@ def _cmd_rdma_core_tests(args: argparse.Namespace) -> int:
 
 
 def _cmd_ipoib(args: argparse.Namespace) -> int:
-    return int(_tool("softrdma.tools.ipoib", "ipoib", "run")(args))
+    return int(_tool("softrdma.tools.ipoib", "ipoib", "main")(list(args.rest)))
 
 
 # -- parser ----------------------------------------------------------------------------
@@ -206,13 +206,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tool_args("softrdma.tools.rdma_core_tests", p)
     p.set_defaults(handler=_cmd_rdma_core_tests)
 
-    p = add_parser("ipoib", help="IP over InfiniBand (RFC 4391/4755) on a TUN interface "
+    p = add_parser("ipoib", add_help=False, help="IP over InfiniBand (RFC 4391/4755) on a TUN interface "
                    "(up/down/show)", description="softrdma ipoib up NAME --device DEV "
                    "[--mode connected|datagram] [--pkey P] [--mtu M] ADDR/PREFIX... runs an "
                    "IPoIB interface until stopped; down NAME stops it; show [NAME] [--json] "
                    "prints neighbours, connections and counters.")
-    _add_tool_args("softrdma.tools.ipoib", p)
-    p.set_defaults(handler=_cmd_ipoib)
+    p.set_defaults(handler=_cmd_ipoib, passthrough=True)
     return parser
 
 
