@@ -153,6 +153,23 @@ class IpoibInterface:
                     groups.append(g)
         self.groups = groups
         self.out.extend(McastJoin(g) for g in groups)
+        self.announce()
+
+    def announce(self) -> None:
+        """Gratuitous ARP and unsolicited NA for our addresses (RFC 5227 §2.4, RFC 4861
+        §7.2.6), as Linux sends when an interface comes up: peers that knew an older
+        link-layer address of ours (a restart gives a new UD QPN) update their entry."""
+        pk = self.config.pkey
+        for a in self.addresses:
+            ip = a.ip.packed
+            if a.version == 4:
+                arp = ArpPacket(ArpOp.REQUEST, self.hwaddr, ip, ZERO_HW, ip)
+                self.out.append(UdSend(self.broadcast, EtherType.ARP, arp.encode()))
+            else:
+                na = nd.build(nd.NdMessage(nd.NdType.NEIGHBOR_ADVERTISEMENT, ip, ALL_NODES,
+                                           ip, self.hwaddr, nd.NA_OVERRIDE))
+                self.out.append(UdSend(HwAddr(MULTICAST_QPN, ipv6_mcast_mgid(ALL_NODES, pk)),
+                                       EtherType.IPV6, na))
 
     def stop(self, now: float) -> None:
         """Tear every connection down (§3.4) and leave the groups."""
@@ -356,6 +373,8 @@ class IpoibInterface:
     def receive_ud(self, msg: bytes | memoryview, src_gid: bytes, src_qpn: int,
                    now: float) -> None:
         """An IPoIB message received on the UD QP (GRH already stripped)."""
+        if src_qpn == self.hwaddr.qpn and src_gid == self.hwaddr.gid:
+            return  # our own multicast, looped back by the underlay
         try:
             etype = decode_encap(msg)
         except DecodeError:
