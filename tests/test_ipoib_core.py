@@ -568,3 +568,12 @@ def test_restart_announces_new_address() -> None:
     assert a.neigh.entries[bytes((10, 9, 0, 2))].hw.qpn == 0x99  # type: ignore[union-attr]
     assert a.neigh.entries[ipaddress.IPv6Address("fd09::2").packed].hw.qpn == 0x99  # type: ignore[union-attr]
     assert not a.conns.conns
+
+
+def test_ipv6_needs_1280() -> None:
+    with pytest.raises(InvalidArgument, match="IPv6 needs"):
+        IfaceConfig(gid=gid(1), ud_qpn=5, ud_mtu=1020, mode="datagram",
+                    addresses=(ipaddress.IPv6Interface("fd01::1/64"),))
+    f = IpoibInterface(IfaceConfig(gid=gid(1), ud_qpn=5, ud_mtu=1020, mode="datagram",
+                                   addresses=(ipaddress.IPv4Interface("10.1.0.1/24"),)))
+    assert all(a.version == 4 for a in f.addresses)  # no link-local below 1280

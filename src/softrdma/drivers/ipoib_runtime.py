@@ -177,6 +177,9 @@ class IpoibRuntime:
             # the device's table is per process: this interface's partition joins it
             ctx.port.pkeys = (*ctx.port.pkeys, o.pkey)
         pkey_index = list(ctx.port.pkeys).index(o.pkey)
+        # check the configuration before any QP exists (the UD QPN is filled in below)
+        IfaceConfig(gid=self.gid, ud_qpn=0, ud_mtu=ib_mtu - ENCAP_LEN, addresses=o.addresses,
+                    mode=o.mode, pkey=o.pkey, mtu=o.mtu, transport=o.transport)
         self.pd = v.PD(ctx)
         access = int(e.IBV_ACCESS_LOCAL_WRITE)
         self._send_buf = bytearray(SEND_SLOTS * SLOT)

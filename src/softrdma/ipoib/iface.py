@@ -53,7 +53,7 @@ from .hwaddr import (
     service_id,
     solicited_node,
 )
-from .ip import IpInfo, fragment_ipv4, icmp4_frag_needed, icmp6_too_big, parse
+from .ip import IPV6_MIN_MTU, IpInfo, fragment_ipv4, icmp4_frag_needed, icmp6_too_big, parse
 from .neigh import Expired, NeighbourTable, NeighConfig, NudState, Probe, Resolved, Unresolved
 
 __all__ = ["IfaceConfig", "IpoibInterface", "Counters", "ALL_NODES", "ALL_HOSTS"]
@@ -111,6 +111,10 @@ class IfaceConfig:
         if not 68 <= self.mtu <= limit:
             raise InvalidArgument("mtu", f"must be 68..{limit} in {self.mode} mode, "
                                          f"got {self.mtu}")
+        if self.mtu < IPV6_MIN_MTU and any(a.version == 6 for a in self.addresses):
+            raise InvalidArgument("mtu", f"IPv6 needs an MTU of at least {IPV6_MIN_MTU}, "
+                                         f"the interface has {self.mtu} (raise the underlay "
+                                         "MTU or give IPv4 addresses only)")
 
 
 class IpoibInterface:
@@ -124,7 +128,7 @@ class IpoibInterface:
         self.hwaddr = HwAddr(config.ud_qpn, bytes(config.gid), flags)
         addrs = list(config.addresses)
         ll = ipaddress.IPv6Interface(f"{link_local(config.gid)}/64")
-        if ll not in addrs:
+        if ll not in addrs and config.mtu is not None and config.mtu >= IPV6_MIN_MTU:
             addrs.append(ll)
         self.addresses: tuple[Address, ...] = tuple(addrs)
         self._local_ips = {a.ip.packed for a in self.addresses}
