@@ -14,12 +14,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from ipoib_netns import IFACE, ipoib_up, veth_pair
 from netns_harness import IFNAME, Host, Network, skip_reason
 
 pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
 
 TCP = str(Path(__file__).resolve().parent / "ipoib_tcp.py")
-IFACE = "sr-ib0"
 
 
 def v4(i: int) -> str:
@@ -28,19 +28,6 @@ def v4(i: int) -> str:
 
 def v6(i: int) -> str:
     return f"fd88::{i}"
-
-
-def ipoib_up(h: Host, *extra: str) -> subprocess.Popen[str]:
-    p = h.popen([sys.executable, "-m", "softrdma", "ipoib", "up", IFACE, "--device", "rxe0",
-                 f"{v4(h.index)}/24", f"{v6(h.index)}/64", *extra])
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if p.poll() is not None:
-            raise AssertionError(f"ipoib up exited {p.returncode}: {p.communicate()[1]}")
-        if h.softrdma("ipoib", "show", IFACE, "--json", check=False).returncode == 0:
-            return p
-        time.sleep(0.2)
-    raise AssertionError("ipoib up did not come up")
 
 
 def show(h: Host) -> dict[str, object]:
@@ -62,20 +49,18 @@ def ping(h: Host, addr: str, *extra: str) -> None:
     h.run(["ping", "-c", "2", "-i", "0.2", "-W", "5", *extra, addr], timeout=60)
 
 
-def set_mtu(net: Network, mtu: int) -> None:
-    for h in net.hosts:
-        h.run(["ip", "link", "set", IFNAME, "mtu", str(mtu)])
-    for i in range(1, len(net.hosts) + 1):
-        subprocess.run(["ip", "-n", net.switch, "link", "set", f"p{i}", "mtu", str(mtu)],
-                       check=True, capture_output=True)
+class Pair:
+    """Two hosts joined directly by a veth pair (MTU 9000: IB MTU 4096)."""
+
+    def __init__(self, hosts: list[Host]) -> None:
+        self.hosts = hosts
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Network, list[subprocess.Popen[str]]]]:
-    with Network(2, tmp_path_factory.mktemp("ipoib2")) as net:
-        set_mtu(net, 9000)
-        procs = [ipoib_up(h) for h in net.hosts]
-        yield net, procs
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Pair, list[subprocess.Popen[str]]]]:
+    with veth_pair(tmp_path_factory.mktemp("ipoib2")) as hosts:
+        procs = [ipoib_up(h) for h in hosts]
+        yield Pair(hosts), procs
 
 
 def conns(h: Host) -> list[dict[str, object]]:
@@ -84,7 +69,7 @@ def conns(h: Host) -> list[dict[str, object]]:
     return c
 
 
-def test_ping_both_ways_ipv4_ipv6(pair: tuple[Network, list[subprocess.Popen[str]]]) -> None:
+def test_ping_both_ways_ipv4_ipv6(pair: tuple[Pair, list[subprocess.Popen[str]]]) -> None:
     net, _ = pair
     a, b = net.hosts
     ping(a, v4(2))
@@ -98,7 +83,7 @@ def test_ping_both_ways_ipv4_ipv6(pair: tuple[Network, list[subprocess.Popen[str
     assert s["counters"]["arp_requests"] >= 1  # type: ignore[index]
 
 
-def test_tcp_bulk_64mib_over_rc(pair: tuple[Network, list[subprocess.Popen[str]]]) -> None:
+def test_tcp_bulk_64mib_over_rc(pair: tuple[Pair, list[subprocess.Popen[str]]]) -> None:
     net, _ = pair
     a, b = net.hosts
     srv = b.spawn([sys.executable, TCP, "serve", "5301"])
@@ -113,7 +98,7 @@ def test_tcp_bulk_64mib_over_rc(pair: tuple[Network, list[subprocess.Popen[str]]
     assert show(a)["counters"]["tx_conn"] > 900  # type: ignore[index]
 
 
-def test_tshark_decodes_ipoib(pair: tuple[Network, list[subprocess.Popen[str]]],
+def test_tshark_decodes_ipoib(pair: tuple[Pair, list[subprocess.Popen[str]]],
                               tmp_path: Path) -> None:
     if shutil.which("tshark") is None:
         pytest.skip("tshark is not installed")
@@ -144,7 +129,7 @@ def test_tshark_decodes_ipoib(pair: tuple[Network, list[subprocess.Popen[str]]],
 
 
 def test_simultaneous_connects_leave_one_connection(
-        pair: tuple[Network, list[subprocess.Popen[str]]]) -> None:
+        pair: tuple[Pair, list[subprocess.Popen[str]]]) -> None:
     net, procs = pair
     a, b = net.hosts
     for h, p in zip(net.hosts, procs, strict=True):  # fresh interfaces: no connection yet
@@ -160,7 +145,7 @@ def test_simultaneous_connects_leave_one_connection(
     assert ca[0]["state"] == cb[0]["state"] == "ESTABLISHED"
 
 
-def test_restart_mid_transfer_recovers(pair: tuple[Network, list[subprocess.Popen[str]]]) -> None:
+def test_restart_mid_transfer_recovers(pair: tuple[Pair, list[subprocess.Popen[str]]]) -> None:
     net, procs = pair
     a, b = net.hosts
     srv = b.spawn([sys.executable, TCP, "serve", "5302"])
@@ -199,17 +184,16 @@ def test_three_hosts_on_a_bridge(tmp_path: Path) -> None:
 
 
 def test_datagram_mode(tmp_path: Path) -> None:
-    with Network(2, tmp_path) as net:
-        a, b = net.hosts
-        set_mtu(net, 9000)
-        procs = [ipoib_up(h, "--mode", "datagram") for h in net.hosts]
+    with veth_pair(tmp_path) as hosts:
+        a, b = hosts
+        procs = [ipoib_up(h, "--mode", "datagram") for h in hosts]
         ping(a, v4(2))
         ping(b, v6(1))
         ping(a, v4(2), "-s", "6000")  # fragmented by the kernel to the UD MTU
         s = show(a)
         assert s["mtu"] == s["ud_mtu"] == 4092 and s["connections"] == []
         assert s["lladdr"].startswith("00:")  # type: ignore[attr-defined]
-        for h, p in zip(net.hosts, procs, strict=True):
+        for h, p in zip(hosts, procs, strict=True):
             ipoib_down(h, p)
 
 
