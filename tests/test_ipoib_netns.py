@@ -20,6 +20,7 @@ from netns_harness import IFNAME, Host, Network, skip_reason
 pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
 
 TCP = str(Path(__file__).resolve().parent / "ipoib_tcp.py")
+PEER = str(Path(__file__).resolve().parent / "ipoib_peer.py")
 
 
 def v4(i: int) -> str:
@@ -208,3 +209,38 @@ def test_cli_errors(tmp_path: Path) -> None:
             assert text in r.stderr and "Traceback" not in r.stderr
         r = h.softrdma("ipoib", "up", "x", "10.1.1.1", check=False)
         assert r.returncode == 2 and "ADDR/PREFIX" in r.stderr
+
+
+def test_bad_input_and_linux_style_peer(pair: tuple[Pair, list[subprocess.Popen[str]]]) -> None:
+    """A REQ with missing/malformed private data gets a Consumer Reject carrying our UD
+    QPN (RFC 4755 §3.2, §6); a peer opening its own connection alongside ours (Linux) is
+    accepted; malformed encapsulation headers and ARP packets are counted and dropped;
+    none of it disturbs the connection in use."""
+    net, _ = pair
+    a, b = net.hosts
+    ping(a, v4(2), "-s", "20000")
+    sa, sb = show(a), show(b)
+    before = [c for c in conns(a) if c["state"] == "ESTABLISHED"]
+    assert before
+    peer = [sys.executable, PEER, "rxe0", str(sa["gid"]), str(sa["ud_qpn"])]
+
+    def run_peer(*args: str) -> dict[str, object]:
+        got: dict[str, object] = json.loads(b.run([*peer, *args], timeout=60).stdout)
+        return got
+
+    for pd in ("", "000000", "0000004200000000"):
+        got = run_peer("req-pd", pd)
+        assert got == {"event": "REJECTED", "reason": 28, "rej_ud_qpn": sa["ud_qpn"]}, got
+    linux = b.spawn([*peer, "linux-conn", str(sb["ud_qpn"])])
+    assert linux.json(timeout=30) == {"event": "ESTABLISHED", "rep": 65524}
+    assert len([c for c in conns(a) if c["state"] == "ESTABLISHED"]) == len(before) + 1
+    ping(a, v4(2), "-s", "20000")
+    linux.proc.wait(timeout=30)
+    assert run_peer("ud-garbage") == {"sent": 4}
+    c = show(a)["counters"]
+    assert isinstance(c, dict)
+    assert c["conn_bad_req"] >= 3 and c["rx_bad_encap"] >= 2 and c["rx_bad_arp"] >= 2, c
+    ping(a, v4(2), "-s", "20000")
+    ping(b, v6(1), "-s", "20000")
+    after = [x for x in conns(a) if x["state"] == "ESTABLISHED"]
+    assert [x["id"] for x in after] == [x["id"] for x in before]
