@@ -244,3 +244,20 @@ def test_bad_input_and_linux_style_peer(pair: tuple[Pair, list[subprocess.Popen[
     ping(b, v6(1), "-s", "20000")
     after = [x for x in conns(a) if x["state"] == "ESTABLISHED"]
     assert [x["id"] for x in after] == [x["id"] for x in before]
+
+
+def test_uc_connections_and_pkey(tmp_path: Path) -> None:
+    """``--uc``: connected mode over UC (RFC 4755 applies to both connected modes);
+    ``--pkey``: the partition's groups and the BTH P_Key."""
+    with veth_pair(tmp_path) as hosts:
+        a, b = hosts
+        procs = [ipoib_up(h, "--uc", "--pkey", "0x8001") for h in hosts]
+        ping(a, v4(2), "-s", "30000")
+        ping(b, v6(1), "-s", "30000")
+        s = show(a)
+        assert s["pkey"] == "0x8001" and str(s["lladdr"]).startswith("40:")  # UC flag
+        c = conns(a)
+        assert [(x["mode"], x["state"], x["mtu"]) for x in c] == [("UC", "ESTABLISHED", 65520)]
+        assert int(c[0]["tx_packets"]) >= 2  # type: ignore[call-overload]
+        for h, p in zip(hosts, procs, strict=True):
+            ipoib_down(h, p)
