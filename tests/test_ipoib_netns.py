@@ -169,6 +169,11 @@ def test_restart_mid_transfer_recovers(pair: tuple[Pair, list[subprocess.Popen[s
     sent = json.loads(a.run([sys.executable, TCP, "send", v4(2), "5303", "8"],
                             timeout=120).stdout)
     assert srv2.json(timeout=60) == sent
+    procs[1].kill()  # no clean teardown at all this time (no DREQ, stale control socket)
+    procs[1].wait(timeout=10)
+    procs[1] = ipoib_up(b)
+    ping(a, v4(2), "-s", "20000")
+    ping(b, v6(1), "-s", "20000")
 
 
 def test_three_hosts_on_a_bridge(tmp_path: Path) -> None:
