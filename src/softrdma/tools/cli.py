@@ -157,7 +157,7 @@ def _perftest(name: str) -> Callable[[argparse.Namespace], int]:
 
 
 def _cmd_ipoib(args: argparse.Namespace) -> int:
-    return int(_tool("softrdma.tools.ipoib", "ipoib", "run")(args))
+    return int(_tool("softrdma.tools.ipoib", "ipoib", "main")(list(args.rest)))
 
 
 # -- parser ----------------------------------------------------------------------------
@@ -298,13 +298,13 @@ def build_parser() -> argparse.ArgumentParser:
                        "4.5 (the TCP 18515 exchange, or rdma_cm with -R).")
         _add_tool_args("softrdma.tools.perftest.options", p, name)
         p.set_defaults(handler=_perftest(name))
-    p = add_parser("ipoib", help="IP over InfiniBand (RFC 4391/4755) on a TUN interface "
+    p = add_parser("ipoib", add_help=False, help="IP over InfiniBand (RFC 4391/4755) on a "
+                   "TUN interface "
                    "(up/down/show)", description="softrdma ipoib up NAME --device DEV "
                    "[--mode connected|datagram] [--pkey P] [--mtu M] ADDR/PREFIX... runs an "
                    "IPoIB interface until stopped; down NAME stops it; show [NAME] [--json] "
                    "prints neighbours, connections and counters.")
-    _add_tool_args("softrdma.tools.ipoib", p)
-    p.set_defaults(handler=_cmd_ipoib)
+    p.set_defaults(handler=_cmd_ipoib, passthrough=True)
     return parser
 
 
