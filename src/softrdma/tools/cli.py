@@ -13,6 +13,7 @@ Subcommands and where they live:
 ``link``           ``softrdma.tools.link.cmd_link(args) -> int``
 ``pyverbs``        :mod:`softrdma.tools.pyverbs_run` (run a pyverbs program on softrdma)
 ``rdma-core-tests`` :mod:`softrdma.tools.rdma_core_tests` (rdma-core's pyverbs test suite)
+``interop``        :mod:`softrdma.interop.cli` (the live suite against Linux rxe/siw)
 =================  =====================================================================
 
 Tool modules are imported inside the handlers, so a module that is missing or broken
@@ -112,6 +113,10 @@ def _cmd_rdma_core_tests(args: argparse.Namespace) -> int:
     return int(_tool("softrdma.tools.rdma_core_tests", "rdma-core-tests", "run")(args))
 
 
+def _cmd_interop(args: argparse.Namespace) -> int:
+    return int(_tool("softrdma.interop.cli", "interop", "run")(args))
+
+
 # -- parser ----------------------------------------------------------------------------
 
 def _add_tool_args(module: str, sub: argparse.ArgumentParser, *extra: Any) -> None:
@@ -200,6 +205,13 @@ def build_parser() -> argparse.ArgumentParser:
                    "rdma-core's tests through softrdma's pyverbs and print a table per file.")
     _add_tool_args("softrdma.tools.rdma_core_tests", p)
     p.set_defaults(handler=_cmd_rdma_core_tests)
+
+    p = add_parser("interop", help="run the live interop suite against Linux rxe/siw in "
+                   "the lab (root)", description="Build or reuse the lab (../shared/lab), "
+                   "boot a guest, run every case in both directions with captures and "
+                   "checks, print the table.")
+    _add_tool_args("softrdma.interop.cli", p)
+    p.set_defaults(handler=_cmd_interop)
     return parser
 
 
