@@ -1,7 +1,8 @@
 """Control of the Linux RDMA lab (``../shared/lab``) for the interop suite.
 
 The suite drives the lab's own scripts: ``build.sh`` builds (or reuses) the guest image,
-``run.sh boot/stop/ssh/rdma-up/rdma-down/gid`` boots guests and runs commands in them.
+``run.sh boot/stop`` boots and stops guests; commands run in them as ``run.sh ssh`` does
+(:meth:`Lab.ssh_argv`: the same key and options over one shared connection).
 softrdma runs in a network namespace of its own (:class:`HostSide`), joined to the lab's
 data bridge ``br0`` by a veth pair, at ``10.50.0.2N`` for guest ``gN`` (the lab numbers
 guests ``10.50.0.1N``, ``N`` = 1..9; the lab's host address 10.50.0.1 may be in use by a
@@ -38,11 +39,17 @@ DEFAULT_CACHE = Path("/var/cache/softrdma-lab")
 BUILD_TIMEOUT = 1800.0
 BOOT_TIMEOUT = 420.0
 SSH_TIMEOUT = 60.0
+SSH_CONNECT_TIMEOUT = 30
 KILL_GRACE = 3.0
 
 
 class LabError(SoftRdmaError):
     """The lab cannot be built, booted or reached."""
+
+
+def ctl_ip(n: int) -> str:
+    """The control address of guest ``gN`` (run.sh ``ctl_ip``: ssh only)."""
+    return f"192.168.77.1{n}"
 
 
 def guest_ip(n: int) -> str:
@@ -169,13 +176,45 @@ class Lab:
 
     def ssh(self, n: int, command: str, timeout: float = SSH_TIMEOUT,
             check: bool = False) -> subprocess.CompletedProcess[str]:
-        return self._run(["bash", str(self.run_sh), "ssh", str(n), command], timeout, check)
+        return self._run(self.ssh_argv(n, command), timeout, check)
+
+    def ssh_argv(self, n: int, command: str) -> list[str]:
+        """``run.sh ssh N COMMAND``, done here with two changes for an emulated guest on a
+        loaded machine: a generous connect timeout (run.sh's 3 s loses the banner
+        exchange under load) and one shared ssh connection per guest (ControlMaster), so
+        a case costs the guest no new key exchanges (:meth:`open_ssh`; without it each
+        call connects by itself)."""
+        return [*self._ssh_base(n), "-o", "ControlMaster=no", f"root@{ctl_ip(n)}",
+                f"ulimit -l unlimited 2>/dev/null; {command}"]
+
+    def _control_path(self, n: int) -> Path:
+        return self.cache / "run" / f"interop-ssh-g{n}.sock"
+
+    def _ssh_base(self, n: int) -> list[str]:
+        return ["ip", "netns", "exec", LAB_NETNS, "ssh", "-i",
+                str(self.cache / "ssh" / "id_ed25519"),
+                "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+                "-o", "LogLevel=ERROR", "-o", f"ConnectTimeout={SSH_CONNECT_TIMEOUT}",
+                "-o", "BatchMode=yes", "-o", "ServerAliveInterval=5",
+                "-o", "ServerAliveCountMax=12", "-o", f"ControlPath={self._control_path(n)}"]
+
+    def open_ssh(self, n: int) -> None:
+        """Start the shared connection to ``gN`` (a backgrounded ssh master)."""
+        self.close_ssh(n)
+        self._run([*self._ssh_base(n), "-o", "ControlMaster=yes", "-o", "ControlPersist=1800",
+                   "-f", "-N", f"root@{ctl_ip(n)}"], SSH_TIMEOUT)
+
+    def close_ssh(self, n: int) -> None:
+        """End the shared connection to ``gN`` if there is one."""
+        if self._control_path(n).exists():
+            self._run([*self._ssh_base(n), "-O", "exit", f"root@{ctl_ip(n)}"], SSH_TIMEOUT,
+                      check=False)
 
     def spawn_guest(self, n: int, tag: str, command: str) -> GuestProcess:
         """Run ``command`` in ``gN`` in the background (its pid kept in the guest)."""
         pidfile = f"/tmp/interop-{tag}.pid"
         remote = f"echo $$ > {pidfile}; exec {command}"
-        proc = subprocess.Popen(["bash", str(self.run_sh), "ssh", str(n), remote],
+        proc = subprocess.Popen(self.ssh_argv(n, remote),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=self.env(),
                                 start_new_session=True)
@@ -186,9 +225,13 @@ class Lab:
 
         ``siw-crc`` is the CRC-forcing build ``/opt/lab/siw-crc.ko`` (captures.sh
         ``siw_crc_up``): the module is swapped, so whichever siw is loaded is unloaded."""
-        self._run(["bash", str(self.run_sh), "rdma-down", str(n)], SSH_TIMEOUT)
+        # the commands of run.sh rdma-down and rdma-up, over the shared connection
+        self.ssh(n, 'for l in rxe0 siw0; do rdma link show | grep -q "link $l/" && '
+                    'rdma link delete $l; done; true', check=True)
         if kind == "rxe":
-            self._run(["bash", str(self.run_sh), "rdma-up", str(n), "rxe"], SSH_TIMEOUT)
+            self.ssh(n, 'modprobe rdma_rxe && (rdma link show | grep -q "link rxe0/" || '
+                        'rdma link add rxe0 type rxe netdev eth0) && rdma link show rxe0/1',
+                     check=True)
             return
         if kind not in ("siw", "siw-crc"):
             raise LabError(f"unknown RDMA kind {kind!r} (rxe, siw, siw-crc)")
@@ -201,7 +244,12 @@ class Lab:
                  check=True)
 
     def gid_index(self, n: int) -> int:
-        cp = self._run(["bash", str(self.run_sh), "gid", str(n)], SSH_TIMEOUT)
+        # run.sh gid: the index of the RoCE v2 GID ::ffff:<eth0 IPv4>
+        cp = self.ssh(n, 'd=/sys/class/infiniband/rxe0/ports/1; for i in $(seq 0 15); do '
+                         'g=$(cat $d/gids/$i 2>/dev/null) || continue; '
+                         't=$(cat $d/gid_attrs/types/$i 2>/dev/null); case "$g" in '
+                         '0000:0000:0000:0000:0000:ffff:*) [ "$t" = "RoCE v2" ] && '
+                         '{ echo $i; exit 0; };; esac; done; exit 1')
         try:
             return int(cp.stdout.strip())
         except ValueError as e:

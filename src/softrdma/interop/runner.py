@@ -70,6 +70,7 @@ class Suite:
         self.host = HostSide(lab, self.n, Path(f"/tmp/softrdma-interop-g{self.n}-state"))
         self.tools = softrdma_tools()
         self.devd_started = False
+        self.devd_last: dict[str, int] = {}
         self.gid = 1
 
     # -- setup and teardown ---------------------------------------------------------------
@@ -79,6 +80,7 @@ class Suite:
         self.progress(f"booting g{self.n} (reused if it runs)")
         if not self.lab.boot(self.n):
             self.progress(f"g{self.n} was running: it is used and left running")
+        self.lab.open_ssh(self.n)
         self.host.up(self.opts.python)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         cp = self.host.run([self.opts.python, "-m", "softrdma.drivers.devd", "ilab",
@@ -98,6 +100,7 @@ class Suite:
             if pid > 0:
                 subprocess.run(["kill", str(pid)], check=False, capture_output=True)
             self.devd_started = False
+        self.lab.close_ssh(self.n)
         if not self.opts.keep:
             self.host.down()
             self.lab.stop_booted()
@@ -142,7 +145,7 @@ class Suite:
         try:
             cap.start(self.n, f"host {self.host.ip}")
             before = self._guest_counters(case)
-            devd_before = self._devd_stats()
+            devd_before = self.devd_last if self.devd_last else self._devd_stats()
             srv_out, cli_out = self._exchange(case, cmds, tag, r)
         finally:
             cap.stop()
@@ -154,7 +157,8 @@ class Suite:
         self._check_outputs(case, r, soft_out, linux_out)
         after, qps = self._guest_after(case)
         delta = parse.counter_delta(before, after)
-        devd_delta = parse.counter_delta(devd_before, self._devd_stats())
+        self.devd_last = self._devd_stats()  # the devd lives for the whole run
+        devd_delta = parse.counter_delta(devd_before, self.devd_last)
         r.counters = {"guest": delta, "softrdma_devd": devd_delta}
         for finding in checks.guest_findings(delta, qps) + checks.softrdma_findings(devd_delta):
             r.fail(finding)
