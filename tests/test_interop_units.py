@@ -187,12 +187,17 @@ def test_rping_and_perftest_commands() -> None:
     assert "--transport iwarp --device iwlab" in c.client and "-c -a 10.50.0.14" in c.client
     bw = C.Case("ib_write_bw", "write-bw", "rxe", "bw", 4096, True, 18515)
     c = C.commands(bw, "softrdma-server", EP)
-    assert c.server == "python3 -m softrdma write-bw -d ilab -x 0 -R -F -n 100 -s 4096"
+    assert c.server == ("python3 -m softrdma write-bw -d ilab -x 0 -R -F -n 100 -s 4096 "
+                        "--timeout 60")
     assert c.client == "ib_write_bw -d rxe0 -x 1 -R -F -n 100 -s 4096 10.50.0.24"
     siw = C.Case("ib_send_lat", "send-lat", "siw", "lat", 64, True, 18515)
     c = C.commands(siw, "softrdma-client", EP)
     assert c.server == "ib_send_lat -d siw0 -R -F -n 100 -s 64"
-    assert c.client.endswith("--transport iwarp 10.50.0.14")
+    assert c.client.endswith("--transport iwarp --timeout 60 10.50.0.14")
+    cm = C.Case("ucmatose", "ucmatose", "rxe", "cm", port=7471)
+    c = C.commands(cm, "softrdma-server", EP)
+    assert c.server == "python3 -m softrdma ucmatose -b 10.50.0.24 -C 5 --device ilab --timeout 60"
+    assert c.client == "ucmatose -s 10.50.0.24 -C 5"
     at = C.Case("ib_atomic_bw", "atomic-bw", "rxe", "bw", 0, False, 18515)
     assert "-s" not in C.commands(at, "softrdma-client", EP).client.split()
     with pytest.raises(InvalidArgument, match="direction"):

@@ -192,6 +192,16 @@ class CmId:
         if self.transport == "iwarp" and self.ps == RDMA_PS_UDP:
             raise InvalidArgument("ps", "iWARP has no UD service: RDMA_PS_UDP needs RoCE")
 
+    def migrate(self, channel: EventChannel) -> None:
+        """``rdma_migrate_id``: later events (and those not yet taken) go to ``channel``."""
+        self._check()
+        if not isinstance(channel, EventChannel):
+            raise InvalidArgument("channel", "expected an EventChannel")
+        old, self.channel = self.channel, channel
+        if old is not channel:
+            for ev in old._take_events_of(self):
+                channel._post(ev)
+
     @property
     def port_num(self) -> int:
         return 1

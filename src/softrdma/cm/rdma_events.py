@@ -242,6 +242,20 @@ class EventChannel:
             finally:
                 loop.remove_reader(self._r)
 
+    def _take_events_of(self, cm_id: object) -> list[RdmaCmEvent]:
+        """Remove and return the pending events of ``cm_id`` (``rdma_migrate_id``)."""
+        with self._cv:
+            mine = [ev for ev in self._q if ev.id is cm_id or ev.listen_id is cm_id]
+            if mine:
+                self._q = deque(ev for ev in self._q if not (ev.id is cm_id
+                                                              or ev.listen_id is cm_id))
+                for _ in mine:
+                    try:
+                        os.read(self._r, 1)
+                    except BlockingIOError:
+                        break
+            return mine
+
     def close(self) -> None:
         """``rdma_destroy_event_channel``."""
         with self._cv:

@@ -47,8 +47,11 @@ Requests (client -> daemon, control), one fixed-size record::
                          QPNs in use; arg 1: register for QP1 (several clients may; QP1 MADs
                          go to all of them); other arg: that QPN if it is free
       FREE_QPN     2  arg = QPN (for QP1: drop one QP1 registration)
-      ATTACH_MCAST 3  mgid = the 16-byte MGID (roce.md §4: IPv4 group as ::ffff:a.b.c.d)
-      DETACH_MCAST 4  mgid
+      ATTACH_MCAST 3  mgid = the 16-byte MGID (roce.md §4: IPv4 group as ::ffff:a.b.c.d);
+                      the first attachment makes the daemon join the IP group on its
+                      socket of that family (EINVAL: not a multicast GID; EAFNOSUPPORT: no
+                      address of that family; EADDRNOTAVAIL: the kernel refused the join)
+      DETACH_MCAST 4  mgid (the last detachment leaves the IP group)
       STATS        5  (no argument)
       CM_SLOT      6  make this client a routed CM client (implies a QP1 registration) and
                       give it a slot byte 1..255, unique on the device, as the value: its
@@ -111,8 +114,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from softrdma.drivers import netdev as _netdev
+from softrdma.drivers.admission import (
+    MAX_CLIENTS_PER_UID,
+    DevdRefused,
+    Spare,
+    out_of_descriptors,
+    peer_uid,
+    per_uid_cap,
+    raise_nofile,
+    refusal_reason,
+    refuse,
+)
 from softrdma.drivers.link import V4_MAPPED_PREFIX, Datagram, ip_bytes, ip_text
-from softrdma.drivers.registry import DeviceRecord, Registry, ensure_state_dir
+from softrdma.drivers.mcast import is_mgid, mgid_to_group
+from softrdma.drivers.registry import DeviceRecord, Registry, ensure_state_dir, open_state_file
 from softrdma.drivers.registry import state_dir as default_state_dir
 from softrdma.drivers.udp import UdpLink
 from softrdma.errors import ClosedError, DeviceError, InvalidArgument, SoftRdmaError
@@ -156,7 +171,7 @@ QPN_LAST = 0xFFFFFE
 BTH_SIZE = 12
 
 STAT_NAMES = ("rx", "forwarded", "unknown_qpn", "malformed", "client_full", "clients",
-              "cm_routed", "cm_rejected")
+              "cm_routed", "cm_rejected", "clients_refused")
 
 # CM MADs on QP1: BTH (12) + DETH (8), then the 256-byte MAD (ib-cm.md §7)
 _MAD_OFF = BTH_SIZE + 8
@@ -204,7 +219,7 @@ def _ip_from16(raw: bytes) -> bytes:
 @contextlib.contextmanager
 def _flock(path: Path, timeout: float, what: str) -> Iterator[int]:
     """Hold an exclusive ``flock`` on ``path``, waiting at most ``timeout`` seconds."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = open_state_file(path, os.O_RDWR | os.O_CREAT)
     try:
         deadline = time.monotonic() + timeout
         while True:
@@ -235,6 +250,7 @@ class _Client:
     dead: bool = False
     cm_slot: int = 0
     cm_listens: set[tuple[int, int]] = field(default_factory=set)
+    uid: int = -1
 
 
 class Devd:
@@ -256,6 +272,7 @@ class Devd:
         idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
         ips: Sequence[str | bytes] | None = None,
         lock_wait: float = 2.0,
+        max_clients_per_uid: int = MAX_CLIENTS_PER_UID,
     ) -> None:
         if record.type != "roce":
             raise DeviceError(f"device {record.name!r}: devd serves roce devices only")
@@ -289,6 +306,10 @@ class Devd:
         self._next_slot = 1
         self._cm_listeners: dict[tuple[int, int], _Client] = {}
         self._next_qpn = QPN_FIRST
+        self.max_clients_per_uid = max_clients_per_uid
+        self._uid_cap = max_clients_per_uid
+        self._per_uid: dict[int, int] = {}
+        self._spare: Spare | None = None
         self._stop = False
         self._started = False
         self._closed = False
@@ -314,7 +335,7 @@ class Devd:
             return
         name = self.record.name
         try:
-            self._lock_fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            self._lock_fd = open_state_file(self.lock_path, os.O_RDWR | os.O_CREAT)
         except OSError as exc:
             raise DeviceError(f"devd {name}: cannot open {self.lock_path}: {exc}") from exc
         try:
@@ -329,9 +350,15 @@ class Devd:
                             f"devd {name}: another devd already serves this device"
                         ) from None
                     time.sleep(0.01)
+            self._uid_cap = per_uid_cap(raise_nofile(), self.max_clients_per_uid)
+            self._spare = Spare()
             self._bind_udp()
             self._bind_unix()
-            self.pid_path.write_text(f"{os.getpid()}\n")
+            pid_fd = open_state_file(self.pid_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.write(pid_fd, f"{os.getpid()}\n".encode())
+            finally:
+                os.close(pid_fd)
         except OSError as exc:
             self._cleanup()
             raise DeviceError(f"devd {name}: {exc}") from exc
@@ -410,6 +437,8 @@ class Devd:
             self._sel.close()
         self._wake_r.close()
         self._wake_w.close()
+        if self._spare is not None:
+            self._spare.close()
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1
@@ -454,16 +483,32 @@ class Devd:
             self._cleanup()
 
     def _on_accept(self) -> None:
+        """Accept clients; refuse (never fail on) one over its uid's cap or when the
+        descriptors run out (``softrdma.drivers.admission``)."""
         assert self._listener is not None
         while True:
             try:
                 ctrl, _ = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError:
+            except OSError as exc:
+                if out_of_descriptors(exc) and self._spare is not None:
+                    if self._spare.shed(self._listener, f"devd out of descriptors: {exc.strerror}"):
+                        self.counters["clients_refused"] += 1
+                        continue
                 return
+            uid = peer_uid(ctrl)
+            if self._per_uid.get(uid, 0) >= self._uid_cap:
+                self.counters["clients_refused"] += 1
+                refuse(ctrl, f"too many clients of uid {uid} (at most {self._uid_cap})")
+                continue
+            try:
+                mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            except OSError as exc:
+                self.counters["clients_refused"] += 1
+                refuse(ctrl, f"devd cannot create a data channel: {exc.strerror}")
+                continue
             ctrl.setblocking(False)
-            mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             with contextlib.suppress(OSError):
                 mine.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _DATA_SNDBUF)
             mine.setblocking(False)
@@ -477,7 +522,8 @@ class Devd:
                 continue
             finally:
                 theirs.close()
-            client = _Client(ctrl, mine)
+            client = _Client(ctrl, mine, uid=uid)
+            self._per_uid[uid] = self._per_uid.get(uid, 0) + 1
             self._clients.append(client)
             self.counters["clients"] += 1
             assert self._sel is not None
@@ -509,6 +555,7 @@ class Devd:
                 members.remove(c)
                 if not members:
                     del self._groups[mgid]
+                    self._leave_group(mgid)
         c.mcast.clear()
         for s in (c.ctrl, c.data):
             if self._sel is not None:
@@ -517,6 +564,11 @@ class Devd:
             s.close()
         if c in self._clients:
             self._clients.remove(c)
+            left = self._per_uid.get(c.uid, 1) - 1
+            if left > 0:
+                self._per_uid[c.uid] = left
+            else:
+                self._per_uid.pop(c.uid, None)
 
     # -- control -----------------------------------------------------------------------
 
@@ -548,11 +600,7 @@ class Devd:
         elif op == OP_FREE_QPN:
             err, value = self._free(c, arg), 0
         elif op == OP_ATTACH_MCAST:
-            c.mcast[mgid] = c.mcast.get(mgid, 0) + 1
-            members = self._groups.setdefault(mgid, [])
-            if c not in members:
-                members.append(c)
-            err, value = 0, 0
+            err, value = self._attach(c, mgid), 0
         elif op == OP_DETACH_MCAST:
             err, value = self._detach(c, mgid), 0
         elif op == OP_CM_SLOT:
@@ -714,6 +762,36 @@ class Devd:
             return
         self.counters["cm_rejected"] += 1
 
+    def _attach(self, c: _Client, mgid: bytes) -> int:
+        """A client attaches ``mgid``; the first one makes the daemon join the group on
+        its socket of that address family (roce.md §4, :mod:`.mcast`)."""
+        if mgid not in self._groups:
+            link = self._group_link(mgid)
+            if link is None:
+                return errno.EAFNOSUPPORT if is_mgid(mgid) else errno.EINVAL
+            try:
+                link.attach_mcast(mgid)
+            except (OSError, SoftRdmaError):
+                return errno.EADDRNOTAVAIL
+            self._groups[mgid] = []
+        c.mcast[mgid] = c.mcast.get(mgid, 0) + 1
+        members = self._groups[mgid]
+        if c not in members:
+            members.append(c)
+        return 0
+
+    def _group_link(self, mgid: bytes) -> UdpLink | None:
+        """The receive link that joins ``mgid``'s IP group (its family's first address)."""
+        if not is_mgid(mgid):
+            return None
+        size = len(mgid_to_group(mgid))
+        return next((link for link in self._links if len(link.ip) == size), None)
+
+    def _leave_group(self, mgid: bytes) -> None:
+        link = self._group_link(mgid)
+        if link is not None and mgid in link.mcast_groups:
+            link.detach_mcast(mgid)
+
     def _detach(self, c: _Client, mgid: bytes) -> int:
         refs = c.mcast.get(mgid, 0)
         if refs == 0:
@@ -726,6 +804,7 @@ class Devd:
         members.remove(c)
         if not members:
             del self._groups[mgid]
+            self._leave_group(mgid)
         return 0
 
     # -- data --------------------------------------------------------------------------
@@ -903,7 +982,7 @@ class DevdLink:
                 break
             except OSError as exc:
                 last_err = exc.strerror or str(exc)
-                if not spawn:
+                if not spawn or isinstance(exc, DevdRefused):
                     break
         else:
             hello = b""
@@ -939,6 +1018,9 @@ class DevdLink:
             ctrl.settimeout(timeout)
             ctrl.connect(str(path))
             msg, fds, _, _ = socket.recv_fds(ctrl, 4096, 1)
+            reason = refusal_reason(msg)
+            if reason is not None:
+                raise DevdRefused(errno.ECONNREFUSED, f"devd refused this client: {reason}")
             if not msg or not fds:
                 for fd in fds:
                     os.close(fd)
@@ -1120,12 +1202,11 @@ def _daemonize(devd: Devd) -> int:
             null = os.open(os.devnull, os.O_RDWR)
             os.dup2(null, 0)
             os.dup2(null, 1)
-            log = os.open(
-                devd.directory / f"{devd.record.name}.log",
-                os.O_WRONLY | os.O_CREAT | os.O_APPEND,
-                0o600,
-            )
             try:
+                log = open_state_file(
+                    devd.directory / f"{devd.record.name}.log",
+                    os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                )
                 devd.start()
             except (SoftRdmaError, OSError) as exc:
                 os.write(w, f"E{exc}".encode())

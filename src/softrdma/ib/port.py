@@ -100,6 +100,7 @@ class Counters:
         "rcvd_bad_pkey",
         "rcvd_bad_qkey",
         "rcvd_bad_state",
+        "rcvd_bad_addr",
         "rcvd_bad_opcode",
         "rcvd_seq_err",
         "duplicate_request",
@@ -126,6 +127,8 @@ class Counters:
         self.rcvd_bad_pkey = 0
         self.rcvd_bad_qkey = 0
         self.rcvd_bad_state = 0
+        # connected QP, packet not from its peer's address (rxe check_addr drops these)
+        self.rcvd_bad_addr = 0
         self.rcvd_bad_opcode = 0
         self.rcvd_seq_err = 0
         self.duplicate_request = 0
@@ -273,7 +276,7 @@ class Port:
         op = data[0]
         if op == 0x07 or op == 0x01:  # RC WRITE/SEND MIDDLE: the bulk of large messages
             fqp = self.qps.get(int.from_bytes(data[5:8], "big"))
-            if fqp is not None and fqp.resp.fast_middle(data, op):
+            if fqp is not None and fqp.from_peer(meta) and fqp.resp.fast_middle(data, op):
                 return
         try:
             pkt = wib.decode(data)

@@ -182,6 +182,8 @@ class EngineQP(QPBase):
         self.sport = rxe_udp_sport(self.qpn)
         self.mtu = 0
         self.pkey = 0
+        # (source GID, destination GID) a connected QP accepts packets with; None: any
+        self.peer_gids: tuple[bytes, bytes] | None = None
         self._derive()
         self.rq: deque[RecvWQE] = deque()
         self.deadline: float | None = None
@@ -198,7 +200,21 @@ class EngineQP(QPBase):
         self.mtu = self.port.max_mtu if self.qp_type == QPT_UD else mtu_bytes(self.path_mtu)
         pk = self.port.pkeys
         self.pkey = pk[self.pkey_index] if self.pkey_index < len(pk) else pk[0]
+        av = self.av
+        if av is not None and self.qp_type != QPT_UD:
+            gids = self.port.gids
+            sgid = gids[av.sgid_index] if av.sgid_index < len(gids) else gids[0]
+            self.peer_gids = (av.dgid, sgid)
+        else:
+            self.peer_gids = None
 
+    def from_peer(self, meta: Any) -> bool:
+        """Whether a packet comes from this connected QP's peer: its source GID is the
+        address vector's DGID and its destination GID the QP's SGID (IBA 9.6: a connected
+        QP's packets must carry its path's addresses; rxe ``check_addr`` drops the rest).
+        UD QPs accept any source."""
+        peer = self.peer_gids
+        return peer is None or (meta.sgid == peer[0] and meta.dgid == peer[1])
     def tx(self, parts: list[Any], length: int, av: AddressVector | None = None) -> None:
         """Queue one packet (BTH .. pad) for the driver."""
         a = av if av is not None else self.av
@@ -368,6 +384,9 @@ class EngineQP(QPBase):
         info = pkt.info
         if info.transport != _TRANSPORT_OF[self.qp_type]:
             self.port.counters.rcvd_bad_opcode += 1
+            return
+        if not self.from_peer(meta):
+            self.port.counters.rcvd_bad_addr += 1
             return
         if not self.port.pkey_ok(pkt.pkey, self.pkey, self.qpn == 1):
             self.port.counters.rcvd_bad_pkey += 1

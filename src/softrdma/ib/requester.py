@@ -160,8 +160,9 @@ class Requester:
         while self.tx_idx < len(sq) and not self.rnr_wait:
             wqe = sq[self.tx_idx]
             s = wqe.state
-            if s == DONE:
+            if s == DONE:  # completed under the cursor (an ACK overtook a retransmission)
                 self.tx_idx += 1
+                self.tx_pkt = 0  # the packet cursor belonged to that WQE
                 continue
             if s == UNSENT:
                 if qp.state != 3:
@@ -468,6 +469,11 @@ class Requester:
             w = sq.popleft()
             if self.tx_idx:
                 self.tx_idx -= 1
+            else:
+                # The cursor was on the WQE just completed (an ACK covered it while it was
+                # being retransmitted): the next WQE starts at its first packet, not at the
+                # old WQE's packet index (which would send past the end of its message).
+                self.tx_pkt = 0
             if w.signaled:
                 qp.complete_send(WorkCompletion(w.wr_id, WCS.IBV_WC_SUCCESS, WC_OPCODE[w.opcode],
                                                 qp.qpn, byte_len=w.length))

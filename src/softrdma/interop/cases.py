@@ -203,11 +203,12 @@ def _softrdma_words(case: Case, ep: Endpoint, server: bool) -> list[str]:
                        "--timeout", str(SOFTRDMA_TOOL_TIMEOUT)]
     if case.kind == "cm":
         side = ["-b", ep.host_ip] if server else ["-s", ep.guest_ip]
-        return base + [case.softrdma_tool, *side, "-C", str(CM_COUNT)]
+        return base + [case.softrdma_tool, *side, "-C", str(CM_COUNT), "--device", dev,
+                       "--timeout", str(SOFTRDMA_TOOL_TIMEOUT)]
     w = _perftest_words(case, case.softrdma_tool, dev, ep.host_gid, PERFTEST_ITERS)
     if iwarp:
         w += ["--transport", "iwarp"]
-    return base + w + peer
+    return base + w + ["--timeout", str(SOFTRDMA_TOOL_TIMEOUT)] + peer
 
 
 def commands(case: Case, direction: str, ep: Endpoint) -> Commands:

@@ -1178,6 +1178,9 @@ class IwarpConn:
         self.rx_msn[QN_SEND] = (self.rx_msn[QN_SEND] + 1) & 0xFFFFFFFF
         invalidated = 0
         if op in _INV_OPS:
+            # siw's rule, not rxe's: any valid STag of the QP's PD the peer was given may be
+            # invalidated remotely (RFC 5040 §6.9; siw_invalidate_stag). RoCE allows only
+            # type-2 windows (softrdma.ib.mw.remotely_invalidatable).
             mr = self.dev.mrs.get(inv)
             if mr is None or not mr.valid or mr.pd is not qp.pd:
                 qp.complete_recv(rwqe, int(WCS.IBV_WC_REM_INV_REQ_ERR), 0, 0, False)

@@ -8,11 +8,16 @@ Subcommands and where they live:
 ``uc-pingpong``    :mod:`softrdma.tools.pingpong` (``ibv_uc_pingpong``)
 ``ud-pingpong``    :mod:`softrdma.tools.pingpong` (``ibv_ud_pingpong``)
 ``demo``           :mod:`softrdma.tools.demo` (loopback tour of the RC operations)
-``rping``          :mod:`softrdma.tools.rping` (librdmacm's ``rping``, RoCE or iWARP)
+``rping``          :mod:`softrdma.tools.rping` (flags), :mod:`~softrdma.tools.rping_run` (librdmacm's ``rping``, RoCE or iWARP)
+``udaddy``         :mod:`softrdma.tools.udaddy` (librdmacm's ``udaddy``: UD over SIDR)
+``ucmatose``       :mod:`softrdma.tools.ucmatose` (librdmacm's ``ucmatose``)
 ``pcap-check``     ``softrdma.tools.pcap_check.run(paths) -> int``
 ``link``           ``softrdma.tools.link.cmd_link(args) -> int``
 ``pyverbs``        :mod:`softrdma.tools.pyverbs_run` (run a pyverbs program on softrdma)
 ``rdma-core-tests`` :mod:`softrdma.tools.rdma_core_tests` (rdma-core's pyverbs test suite)
+``write-bw`` ...   :mod:`softrdma.tools.perftest` (perftest's ``ib_write_bw``, ``ib_read_bw``,
+                   ``ib_send_bw``, ``ib_atomic_bw`` and the ``*_lat`` tools)
+``ipoib``          :mod:`softrdma.tools.ipoib` (IP over InfiniBand on a TUN interface)
 ``interop``        :mod:`softrdma.interop.cli` (the live suite against Linux rxe/siw)
 =================  =====================================================================
 
@@ -34,6 +39,8 @@ from typing import Any
 from ..errors import SoftRdmaError
 
 PROG = "softrdma"
+PERFTEST_TOOLS = ("write-bw", "read-bw", "send-bw", "atomic-bw",
+                  "write-lat", "read-lat", "send-lat", "atomic-lat")
 
 
 class ToolUnavailable(SoftRdmaError):
@@ -91,7 +98,15 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_rping(args: argparse.Namespace) -> int:
-    return int(_tool("softrdma.tools.rping", "rping", "run")(args))
+    return int(_tool("softrdma.tools.rping_run", "rping", "run")(args))
+
+
+def _cmd_udaddy(args: argparse.Namespace) -> int:
+    return int(_tool("softrdma.tools.udaddy", "udaddy", "run")(args))
+
+
+def _cmd_ucmatose(args: argparse.Namespace) -> int:
+    return int(_tool("softrdma.tools.ucmatose", "ucmatose", "run")(args))
 
 
 def _cmd_pcap_check(args: argparse.Namespace) -> int:
@@ -111,6 +126,16 @@ def _cmd_pyverbs(args: argparse.Namespace) -> int:
 
 def _cmd_rdma_core_tests(args: argparse.Namespace) -> int:
     return int(_tool("softrdma.tools.rdma_core_tests", "rdma-core-tests", "run")(args))
+
+
+def _perftest(name: str) -> Callable[[argparse.Namespace], int]:
+    def handler(args: argparse.Namespace) -> int:
+        return int(_tool("softrdma.tools.perftest.runner", name, "run")(name, args))
+    return handler
+
+
+def _cmd_ipoib(args: argparse.Namespace) -> int:
+    return int(_tool("softrdma.tools.ipoib", "ipoib", "run")(args))
 
 
 def _cmd_interop(args: argparse.Namespace) -> int:
@@ -180,6 +205,22 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tool_args("softrdma.tools.rping", p)
     p.set_defaults(handler=_cmd_rping)
 
+    p = add_parser("udaddy", help="UD messages to a service resolved by rdma_cm "
+                   "(SIDR; librdmacm udaddy)",
+                   description="udaddy: without -s serve, with -s ADDR connect; the client's "
+                   "SIDR_REQ resolves the server's UD QP (RDMA_PS_UDP, Q_Key 0x01234567), "
+                   "then messages go both ways. Interoperates with rdma-core's udaddy.")
+    _add_tool_args("softrdma.tools.cmargs", p, "udaddy")
+    p.set_defaults(handler=_cmd_udaddy)
+
+    p = add_parser("ucmatose", help="RC connections and SENDs through rdma_cm "
+                   "(librdmacm ucmatose)",
+                   description="ucmatose: without -s serve, with -s ADDR connect; the server "
+                   "sends -C messages on each connection, the client answers, the server "
+                   "disconnects. Interoperates with rdma-core's ucmatose.")
+    _add_tool_args("softrdma.tools.cmargs", p, "ucmatose")
+    p.set_defaults(handler=_cmd_ucmatose)
+
     p = add_parser("pcap-check", help="check the ICRC/CRC of every RoCE/iWARP packet "
                         "in pcap files", description="Check pcap/pcapng files packet by packet.")
     p.add_argument("files", nargs="+", metavar="FILE", help="pcap or pcapng file")
@@ -206,6 +247,23 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tool_args("softrdma.tools.rdma_core_tests", p)
     p.set_defaults(handler=_cmd_rdma_core_tests)
 
+    for name in PERFTEST_TOOLS:
+        verb, tst = name.split("-")
+        p = add_parser(name, help=f"perftest's ib_{verb}_{tst}: "
+                       f"{'bandwidth' if tst == 'bw' else 'latency'} of "
+                       f"{verb.upper()} over RC QPs",
+                       description=f"ib_{verb}_{tst}: without SERVERNAME be the server and "
+                       "wait; with it, connect to that server. Interoperates with perftest "
+                       "4.5 (the TCP 18515 exchange, or rdma_cm with -R).")
+        _add_tool_args("softrdma.tools.perftest.options", p, name)
+        p.set_defaults(handler=_perftest(name))
+    p = add_parser("ipoib", help="IP over InfiniBand (RFC 4391/4755) on a TUN interface "
+                   "(up/down/show)", description="softrdma ipoib up NAME --device DEV "
+                   "[--mode connected|datagram] [--pkey P] [--mtu M] ADDR/PREFIX... runs an "
+                   "IPoIB interface until stopped; down NAME stops it; show [NAME] [--json] "
+                   "prints neighbours, connections and counters.")
+    _add_tool_args("softrdma.tools.ipoib", p)
+    p.set_defaults(handler=_cmd_ipoib)
     p = add_parser("interop", help="run the live interop suite against Linux rxe/siw in "
                    "the lab (root)", description="Build or reuse the lab (../shared/lab), "
                    "boot a guest, run every case in both directions with captures and "
