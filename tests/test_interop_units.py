@@ -108,6 +108,17 @@ def test_successful_real_outputs_have_no_error_lines() -> None:
         assert parse.error_lines((CAPTURES / name).read_text()) == [], name
 
 
+def test_pcap_check_output() -> None:
+    out = ("/x/a.pcap: frame 12: RC 0x11: first request PSN 0x0 is not the announced 0x5\n"
+           "/x/a.pcap: 40 packets, 39 ok, 1 failed\n")
+    summary, first = parse.pcap_check_lines(out)
+    assert summary == "/x/a.pcap: 40 packets, 39 ok, 1 failed"
+    assert first.startswith("/x/a.pcap: frame 12:")
+    assert parse.pcap_check_packets(summary) == 40
+    assert parse.pcap_check_packets("x") == -1
+    assert parse.pcap_check_lines("") == ("", "")
+
+
 # -- checks --------------------------------------------------------------------------------
 
 def test_clean_counters_give_no_finding() -> None:

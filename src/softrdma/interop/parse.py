@@ -21,7 +21,8 @@ from collections.abc import Mapping
 
 __all__ = [
     "Figures", "parse_perftest", "parse_pingpong", "parse_rdma_statistic",
-    "parse_hw_counters", "user_qps", "counter_delta", "error_lines",
+    "parse_hw_counters", "user_qps", "counter_delta", "error_lines", "pcap_check_lines",
+    "pcap_check_packets",
 ]
 
 Figures = dict[str, float]
@@ -33,6 +34,7 @@ _LAT_KEYS = ("bytes", "iterations", "t_min", "t_max", "t_typical", "t_avg", "t_s
 _PP_BYTES = re.compile(rf"(\d+) bytes in ({_NUM}) seconds = ({_NUM}) Mbit/sec")
 _PP_ITERS = re.compile(rf"(\d+) iters in ({_NUM}) seconds = ({_NUM}) usec/iter")
 _STAT = re.compile(r"^link (\S+)/(\d+)\s+(.*)$")
+_PCAP_SUMMARY = re.compile(r": (\d+) packets, (\d+) ok, (\d+) failed")
 _QP = re.compile(r"^link \S+ lqpn (\d+) .*?type (\S+).*?state (\S+)(?:.*comm (.*))?$")
 
 # Lines that mean a failed completion or run in rdma-core's and perftest's tools (and
@@ -139,3 +141,24 @@ def counter_delta(before: Mapping[str, int], after: Mapping[str, int]) -> dict[s
 def error_lines(text: str) -> list[str]:
     """The lines of a tool's output that report a failure."""
     return [line.strip() for line in text.splitlines() if _ERROR.search(line)]
+
+
+def pcap_check_lines(text: str) -> tuple[str, str]:
+    """``softrdma pcap-check FILE``'s output: (its summary line ``FILE: N packets, N ok,
+    N failed``, its first other line: the first inconsistency), '' where absent."""
+    summary = first = ""
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        if _PCAP_SUMMARY.search(line):
+            summary = summary or line
+        elif not first:
+            first = line
+    return summary, first
+
+
+def pcap_check_packets(summary: str) -> int:
+    """The packet count of a pcap-check summary line (-1 if it is not one)."""
+    m = _PCAP_SUMMARY.search(summary)
+    return int(m.group(1)) if m else -1

@@ -10,7 +10,6 @@ namespace and state directory, and (unless ``keep``) the guest if this run boote
 
 from __future__ import annotations
 
-import io
 import json
 import shlex
 import subprocess
@@ -21,7 +20,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from ..tools import cli, pcap_check
+from ..tools import cli
 from . import checks, parse
 from .cases import DIRECTIONS, RPING_COUNT, Case, Commands, Endpoint, commands
 from .lab import Capture, GuestProcess, HostProcess, HostSide, Lab, LabError, guest_ip
@@ -36,6 +35,7 @@ SERVER_EXIT_TIMEOUT = 45.0
 POLL_INTERVAL = 1.0
 DEVD_IDLE = 36000.0
 QP_SETTLE = 3.0
+PCAP_CHECK_TIMEOUT = 300.0
 
 
 def softrdma_tools() -> set[str]:
@@ -278,14 +278,18 @@ class Suite:
                 r.fail("neither side printed a perftest result table")
 
     def _pcap_check(self, r: Result) -> None:
-        out = io.StringIO()
-        status = pcap_check.check_file(r.pcap, out)
-        lines = out.getvalue().splitlines()
-        last = lines[-1] if lines else ""
-        if status != 0:
-            r.fail("pcap-check failed")
-            r.pcap_check = lines[0] if lines else "no output"
+        """``softrdma pcap-check`` on the case's capture, as a user runs it (whatever checks
+        it has: packets, and conversations where it follows them)."""
+        try:
+            cp = subprocess.run([self.opts.python, "-m", "softrdma", "pcap-check", r.pcap],
+                                capture_output=True, text=True, timeout=PCAP_CHECK_TIMEOUT,
+                                check=False, stdin=subprocess.DEVNULL, errors="replace")
+        except subprocess.TimeoutExpired:
+            r.fail(f"pcap-check did not finish within {PCAP_CHECK_TIMEOUT:.0f}s")
             return
-        r.pcap_check = last
-        if " 0 packets" in last:
+        summary, first = parse.pcap_check_lines(cp.stderr + cp.stdout)
+        r.pcap_check = summary if cp.returncode == 0 else (first or summary or "no output")
+        if cp.returncode != 0:
+            r.fail(f"pcap-check failed (exit {cp.returncode})")
+        elif parse.pcap_check_packets(summary) == 0:
             r.fail("the capture holds no RDMA packet")
