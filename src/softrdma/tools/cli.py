@@ -19,6 +19,7 @@ Subcommands and where they live:
 ``write-bw`` ...   :mod:`softrdma.tools.perftest` (perftest's ``ib_write_bw``, ``ib_read_bw``,
                    ``ib_send_bw``, ``ib_atomic_bw`` and the ``*_lat`` tools)
 ``ipoib``          :mod:`softrdma.tools.ipoib` (IP over InfiniBand on a TUN interface)
+``interop``        :mod:`softrdma.interop.cli` (the live suite against Linux rxe/siw)
 =================  =====================================================================
 
 Tool modules are imported inside the handlers, so a module that is missing or broken
@@ -158,6 +159,10 @@ def _perftest(name: str) -> Callable[[argparse.Namespace], int]:
 
 def _cmd_ipoib(args: argparse.Namespace) -> int:
     return int(_tool("softrdma.tools.ipoib", "ipoib", "main")(list(args.rest)))
+
+
+def _cmd_interop(args: argparse.Namespace) -> int:
+    return int(_tool("softrdma.interop.cli", "interop", "run")(args))
 
 
 # -- parser ----------------------------------------------------------------------------
@@ -305,6 +310,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "IPoIB interface until stopped; down NAME stops it; show [NAME] [--json] "
                    "prints neighbours, connections and counters.")
     p.set_defaults(handler=_cmd_ipoib, passthrough=True)
+    p = add_parser("interop", help="run the live interop suite against Linux rxe/siw in "
+                   "the lab (root)", description="Build or reuse the lab (../shared/lab), "
+                   "boot a guest, run every case in both directions with captures and "
+                   "checks, print the table.")
+    _add_tool_args("softrdma.interop.cli", p)
+    p.set_defaults(handler=_cmd_interop)
     return parser
 
 
