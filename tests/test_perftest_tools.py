@@ -287,7 +287,10 @@ def test_json_output(state: Path) -> None:
 
 
 def test_all_sizes(state: Path) -> None:
-    srv, cli = run_pair("send-lat", state, ["-d", "pttest", "-a", "-n", "5"], timeout=180)
+    # -u 20: a 4 s ACK timeout, so 8 MiB messages on a loaded 2-core machine do not
+    # exhaust the retries
+    srv, cli = run_pair("send-lat", state, ["-d", "pttest", "-a", "-n", "5", "-u", "20"],
+                        timeout=240)
     assert srv.returncode == 0 and cli.returncode == 0, (srv.stderr, cli.stderr)
     sizes = [int(r[0]) for r in _rows(cli.stdout, LAT_ROW)]
     assert sizes == [1 << i for i in range(1, 24)]
