@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ... import enums as e
+from ... import verbs as v
 from ...cm import rdma_cm as rc
 from ...errors import SoftRdmaError
 from .options import Options, PerftestError
@@ -111,7 +113,6 @@ class CmChannel:
     key_binary = True
 
     def __init__(self, sess: CmSession, cid: Any, is_client: bool) -> None:
-        from ... import enums as e
         from ... import verbs as v
 
         self.sess = sess
@@ -187,16 +188,12 @@ class CmChannel:
     def _post_recv(self, slot: int) -> None:
         """A receive into its own slot (wr_id = slot), so no message overwrites another
         that is not read yet."""
-        from ... import verbs as v
-
         self.qp.post_recv(v.RecvWR(slot, 1, [v.SGE(int(self.mr.addr) + slot * CTRL_BUF,
                                                     CTRL_BUF, self.mr.lkey)]))
 
     def _pump(self, done: Callable[[], bool]) -> None:
         """Take every completion (SEND completions counted, messages queued in order)
         until ``done()``; a batch may hold both kinds, none is dropped."""
-        from ... import enums as e
-
         deadline = time.monotonic() + self.timeout
         while not done():
             n, wcs = self.cq.poll(2 * CTRL_RECVS)
@@ -218,7 +215,6 @@ class CmChannel:
             time.sleep(0)
 
     def write(self, data: bytes) -> None:
-        from ... import enums as e
         from ... import verbs as v
 
         off = CTRL_RECVS * CTRL_BUF

@@ -22,6 +22,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from ... import verbs as v
 from ...cm.rdma_cm import release_devices
 from ...errors import SoftRdmaError
 from . import cmconn, engine, oob, report
@@ -82,8 +83,6 @@ class Side:
 
 def open_context(o: Options) -> Any:
     """``-d`` (default: the first RoCE device), as ``ctx_open_device``."""
-    from ... import verbs as v
-
     try:
         devices = v.get_device_list()
     except SoftRdmaError as exc:
