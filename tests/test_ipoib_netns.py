@@ -17,7 +17,11 @@ import pytest
 from ipoib_netns import IFACE, ipoib_up, veth_pair
 from netns_harness import IFNAME, Host, Network, skip_reason
 
-pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
+pytestmark = [
+    pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or ""),
+    pytest.mark.skipif(shutil.which("ping") is None, reason="the IPoIB tests need ping "
+                       "(iputils-ping; .ci/run installs it)"),
+]
 
 TCP = str(Path(__file__).resolve().parent / "ipoib_tcp.py")
 PEER = str(Path(__file__).resolve().parent / "ipoib_peer.py")
@@ -107,11 +111,14 @@ def test_tshark_decodes_ipoib(pair: tuple[Pair, list[subprocess.Popen[str]]],
     a, b = net.hosts
     cap = tmp_path / "ipoib.pcap"
     tcpdump = a.popen(["tshark", "-q", "-i", IFNAME, "-w", str(cap), "-f", "udp port 4791"])
-    time.sleep(2)
+    deadline = time.monotonic() + 30  # tshark writes the file header once it captures
+    while not (cap.exists() and cap.stat().st_size > 0) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1)
     ping(a, v4(2))
     ping(a, v4(2), "-s", "20000")
     ping(a, v6(2))
-    time.sleep(1)
+    time.sleep(2)
     tcpdump.send_signal(signal.SIGINT)
     tcpdump.wait(timeout=20)
     out = subprocess.run(["tshark", "-r", str(cap), "-T", "fields", "-E", "separator=|",

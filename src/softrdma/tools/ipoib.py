@@ -20,6 +20,8 @@ import json
 import sys
 from typing import Any
 
+from ..drivers.ipoib_control import control_request
+from ..drivers.ipoib_runtime import IpoibRuntime, RuntimeOptions
 from ..drivers.registry import state_dir
 from ..errors import InvalidArgument
 
@@ -104,16 +106,12 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "up":
         return _up(args)
     if args.action == "down":
-        from ..drivers.ipoib_runtime import control_request  # noqa: PLC0415 - keeps the parser light
-
         control_request(args.name, "down")
         return 0
     return _show(args)
 
 
 def _up(args: argparse.Namespace) -> int:
-    from ..drivers.ipoib_runtime import IpoibRuntime, RuntimeOptions  # noqa: PLC0415 - keeps the parser light
-
     if args.mtu is not None and args.mtu < 68:
         raise InvalidArgument("mtu", f"must be at least 68, got {args.mtu}")
     opts = RuntimeOptions(name=args.name, device=args.device, addresses=tuple(args.addresses),
@@ -133,8 +131,6 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from ..drivers.ipoib_runtime import control_request  # noqa: PLC0415 - keeps the parser light
-
     if args.name is not None:
         names = [args.name]
     else:
