@@ -353,6 +353,7 @@ def test_too_big_gets_icmp_or_fragments() -> None:
     err = net.tun[0][-1]
     info = parse(err)
     assert info.dst == bytes((10, 9, 0, 1)) and err[20:22] == b"\x03\x04"
+    assert info.src == bytes((10, 9, 0, 2))  # not a local address: no martian source
     assert struct.unpack(">H", err[26:28])[0] == 2044
     a.send_ip(v4(1, 2, 5000, df=False), 0.0)
     net.pump()

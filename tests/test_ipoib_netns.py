@@ -273,3 +273,26 @@ def test_uc_connections_and_pkey(tmp_path: Path) -> None:
         assert int(c[0]["tx_packets"]) >= 2  # type: ignore[call-overload]
         for h, p in zip(hosts, procs, strict=True):
             ipoib_down(h, p)
+
+
+def test_mixed_modes_per_destination_mtu(tmp_path: Path) -> None:
+    """A connected-mode host (MTU 65520) and a datagram-mode peer (no CM flag, UD MTU
+    4092): a packet too big for the path gets ICMP "fragmentation needed" back through
+    the TUN device (RFC 4755 §7.2); the kernel learns the path MTU and traffic flows."""
+    with veth_pair(tmp_path) as hosts:
+        a, b = hosts
+        procs = [ipoib_up(a), ipoib_up(b, "--mode", "datagram")]
+        ping(a, v4(2))
+        r = a.run(["ping", "-c", "4", "-i", "0.3", "-W", "3", "-s", "8000", v4(2)], check=False,
+                  timeout=60)
+        assert " 0 received" not in r.stdout, r.stdout
+        s = show(a)
+        assert s["counters"]["tx_icmp_too_big"] >= 1 and s["connections"] == []  # type: ignore[index]
+        assert "mtu 4092" in a.run(["ip", "route", "get", v4(2)]).stdout
+        srv = b.spawn([sys.executable, TCP, "serve", "5304"])
+        assert srv.json()["listening"] == 5304
+        sent = json.loads(a.run([sys.executable, TCP, "send", v4(2), "5304", "4"],
+                                timeout=120).stdout)
+        assert srv.json(timeout=60) == sent
+        for h, p in zip(hosts, procs, strict=True):
+            ipoib_down(h, p)
