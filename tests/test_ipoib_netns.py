@@ -86,6 +86,9 @@ def test_ping_both_ways_ipv4_ipv6(pair: tuple[Pair, list[subprocess.Popen[str]]]
     assert neigh[v4(2)]["lladdr"].startswith("80:")  # RC flag (RFC 4755 §3.1)
     assert len(neigh[v4(2)]["lladdr"].split(":")) == 20
     assert s["counters"]["arp_requests"] >= 1  # type: ignore[index]
+    text = a.softrdma("ipoib", "show").stdout  # every interface of this namespace
+    assert text.startswith(f"{IFACE}: device rxe0 mode connected mtu 65520")
+    assert "neighbours:" in text and v4(2) in text and "counters:" in text
 
 
 def test_tcp_bulk_64mib_over_rc(pair: tuple[Pair, list[subprocess.Popen[str]]]) -> None:

@@ -1,6 +1,7 @@
 """The control channel of a running ``softrdma ipoib up`` process (``show``, ``down``).
 
-A Unix stream socket ``<state dir>/ipoib/<NAME>.sock``: a client sends one JSON line
+A Unix stream socket ``<state dir>/ipoib/<netns inode>/<NAME>.sock`` (interface names are
+per network namespace): a client sends one JSON line
 (``{"cmd": "show"}`` or ``{"cmd": "down"}``) and reads one JSON line back. A socket left
 by a process that died is replaced; a live one means the interface is already running.
 """
@@ -8,6 +9,7 @@ by a process that died is replaced; a live one means the interface is already ru
 from __future__ import annotations
 
 import json
+import os
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -16,15 +18,36 @@ from typing import Any
 from ..errors import DeviceError
 from .registry import ensure_state_dir, state_dir
 
-__all__ = ["ControlServer", "control_path", "control_request", "CONTROL_TIMEOUT_S"]
+__all__ = ["ControlServer", "control_dir", "control_path", "control_request", "running",
+           "CONTROL_TIMEOUT_S"]
 
 CONTROL_TIMEOUT_S = 5.0
+NETNS_PATH = "/proc/self/ns/net"
 MAX_REQUEST = 4096
 
 
+def _netns_id() -> str:
+    """The current network namespace's inode: interface names are per namespace."""
+    try:
+        return str(os.stat(NETNS_PATH).st_ino)
+    except OSError:
+        return "0"
+
+
+def control_dir(directory: Path | None = None) -> Path:
+    """Where the control sockets of this network namespace's interfaces are."""
+    return (directory or state_dir()) / "ipoib" / _netns_id()
+
+
 def control_path(name: str, directory: Path | None = None) -> Path:
-    """Where the ``up`` process of interface ``name`` listens."""
-    return (directory or state_dir()) / "ipoib" / f"{name}.sock"
+    """Where the ``up`` process of interface ``name`` (in this namespace) listens."""
+    return control_dir(directory) / f"{name}.sock"
+
+
+def running(directory: Path | None = None) -> list[str]:
+    """The names of the interfaces with a control socket in this namespace."""
+    d = control_dir(directory)
+    return sorted(p.stem for p in d.glob("*.sock")) if d.is_dir() else []
 
 
 def control_request(name: str, cmd: str, *, directory: Path | None = None,

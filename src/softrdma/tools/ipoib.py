@@ -20,9 +20,8 @@ import json
 import sys
 from typing import Any
 
-from ..drivers.ipoib_control import control_request
+from ..drivers.ipoib_control import control_request, running
 from ..drivers.ipoib_runtime import IpoibRuntime, RuntimeOptions
-from ..drivers.registry import state_dir
 from ..errors import InvalidArgument
 
 __all__ = ["parse", "main", "run"]
@@ -134,8 +133,7 @@ def _show(args: argparse.Namespace) -> int:
     if args.name is not None:
         names = [args.name]
     else:
-        d = state_dir() / "ipoib"
-        names = sorted(p.stem for p in d.glob("*.sock")) if d.is_dir() else []
+        names = running()
     snaps = [control_request(n, "show") for n in names]
     if args.json:
         json.dump(snaps[0] if args.name is not None else snaps, sys.stdout, indent=2)
