@@ -578,3 +578,19 @@ def test_ipv6_needs_1280() -> None:
     f = IpoibInterface(IfaceConfig(gid=gid(1), ud_qpn=5, ud_mtu=1020, mode="datagram",
                                    addresses=(ipaddress.IPv4Interface("10.1.0.1/24"),)))
     assert all(a.version == 4 for a in f.addresses)  # no link-local below 1280
+
+
+@given(st.binary(max_size=200), st.sampled_from([b"", b"\x08\x00\x00\x00", b"\x08\x06\x00\x00",
+                                                 b"\x86\xdd\x00\x00"]))
+def test_any_input_is_counted_never_raises(data: bytes, head: bytes) -> None:
+    """Fuzz: whatever arrives on UD, on a connection or from the host, the engine counts
+    and drops what it cannot use and never raises."""
+    net = make_net()
+    a, b = net.ifs
+    a.receive_ud(head + data, gid(7), 0x77, 0.0)
+    b.receive_conn(99, head + data, 0.0)
+    a.send_ip(data, 0.0)
+    net.pump()
+    a.send_ip(v4(1, 2, 100), 0.0)
+    net.pump()
+    assert net.tun[1][-1] == v4(1, 2, 100)
