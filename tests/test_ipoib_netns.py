@@ -4,6 +4,7 @@ devd (issue 12 checks; RFC 4391 / RFC 4755)."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import shutil
 import signal
@@ -299,3 +300,33 @@ def test_mixed_modes_per_destination_mtu(tmp_path: Path) -> None:
         assert srv.json(timeout=60) == sent
         for h, p in zip(hosts, procs, strict=True):
             ipoib_down(h, p)
+
+
+def test_req_crossing_on_the_wire(pair: tuple[Pair, list[subprocess.Popen[str]]]) -> None:
+    """RFC 4755 §3.3 made certain: a hand-made peer holds our REQ and sends its own; the
+    interface accepts it only if its own address (flags zeroed, MSB first) is the smaller,
+    else rejects it with Consumer Reject, and one connection is left either way."""
+    net, _ = pair
+    a, b = net.hosts
+    sa = show(a)
+    before = {c["id"] for c in conns(a)}
+    peer = b.spawn([sys.executable, PEER, "rxe0", str(sa["gid"]), str(sa["ud_qpn"]), "cross",
+                    "10.88.0.9", v4(1)])
+    ready = peer.json(timeout=30)
+    pinger = a.popen(["ping", "-c", "3", "-i", "0.5", "-s", "20000", "-W", "2", "10.88.0.9"])
+    got = peer.json(timeout=60)
+    pinger.wait(timeout=30)
+    key_a = int(str(sa["ud_qpn"])).to_bytes(4, "big") + ipaddress.IPv6Address(str(sa["gid"])).packed
+    key_p = int(str(ready["ud_qpn"])).to_bytes(4, "big") + ipaddress.IPv6Address(
+        str(ready["gid"])).packed
+    if key_a < key_p:   # we accept the peer's REQ; the peer rejects ours
+        assert got == {"own": "ESTABLISHED", "answered": "reject"}, got
+    else:               # we reject the peer's REQ (Consumer Reject); the peer accepts ours
+        assert got == {"own": "REJECTED", "own_reason": 28, "answered": "accept"}, got
+    s = show(a)
+    new = [c for c in s["connections"] if c["id"] not in before]  # type: ignore[attr-defined]
+    assert len(new) == 1 and new[0]["state"] == "ESTABLISHED", new
+    assert new[0]["direction"] == ("passive" if key_a < key_p else "active")
+    assert s["counters"]["conn_crossing_rejects"] == sa["counters"][  # type: ignore[index]
+        "conn_crossing_rejects"] + (0 if key_a < key_p else 1)
+    peer.proc.wait(timeout=30)
