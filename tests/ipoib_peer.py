@@ -9,6 +9,9 @@
   data naming ``UD_QPN``), report whether it was accepted, keep it up 3 s, then close;
 * ``ud-garbage``: send malformed IPoIB messages (short encapsulation header, unknown
   Type, truncated ARP, ARP with a wrong hardware type) to the peer's UD QPN;
+* ``announce MY_IP PEER_IP``: wrong flags (RFC 4755 §8): an ARP request to the peer
+  naming ``MY_IP`` at an address whose flags octet is 0xFF (RC, UC and reserved bits),
+  with nobody listening on the Service ID, then 8 s of silence;
 * ``cross MY_IP PEER_IP``: a REQ crossing (RFC 4755 §3.3) made certain: announce itself
   as ``MY_IP`` (an ARP request to the peer, RC flag set), listen on its own IPoIB Service
   ID, and when the peer's REQ comes, hold it and send its own REQ; once that one is
@@ -76,6 +79,15 @@ def main() -> None:
             cid.disconnect()
             time.sleep(0.5)
         cm.close()
+    elif action == "announce":
+        ud = v.QP(pd, v.QPInitAttr(qp_type=e.IBV_QPT_UD, scq=cq, rcq=cq,
+                                   cap=v.QPCap(4, 1, 1, 1)), v.QPAttr(qkey=IPOIB_QKEY))
+        arp = bytearray(ArpPacket(ArpOp.REQUEST, HwAddr(ud.qp_num, sgid), ipaddress.IPv4Address(
+            arg).packed, HwAddr(0, bytes(16)), ipaddress.IPv4Address(sys.argv[6]).packed).encode())
+        arp[8] = 0xFF  # the sender's flags octet
+        _ud_send(ctx, pd, cq, ud, sgid, peer_gid, peer_qpn, encap_header(EtherType.ARP) + arp)
+        print(json.dumps({"announced": arg}), flush=True)
+        time.sleep(8)
     elif action == "cross":
         cross(ctx, pd, cq, sgid, peer_gid, peer_qpn, arg, sys.argv[6])
     elif action == "ud-garbage":

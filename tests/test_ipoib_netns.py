@@ -330,3 +330,25 @@ def test_req_crossing_on_the_wire(pair: tuple[Pair, list[subprocess.Popen[str]]]
     assert s["counters"]["conn_crossing_rejects"] == sa["counters"][  # type: ignore[index]
         "conn_crossing_rejects"] + (0 if key_a < key_p else 1)
     peer.proc.wait(timeout=30)
+
+
+def test_wrong_flags_tolerated(pair: tuple[Pair, list[subprocess.Popen[str]]]) -> None:
+    """RFC 4755 §8: a neighbour whose flags claim RC (and reserved bits) but which takes no
+    connection costs one refused REQ and ICMP errors for the big packets; the reserved bits
+    are ignored, and the other neighbours' traffic is not disturbed."""
+    net, _ = pair
+    a, b = net.hosts
+    sa = show(a)
+    peer = b.spawn([sys.executable, PEER, "rxe0", str(sa["gid"]), str(sa["ud_qpn"]),
+                    "announce", "10.88.0.8", v4(1)])
+    assert peer.json(timeout=30) == {"announced": "10.88.0.8"}
+    a.run(["ping", "-c", "2", "-i", "0.5", "-W", "2", "-s", "20000", "10.88.0.8"], check=False,
+          timeout=60)
+    s = show(a)
+    neigh = {n["ip"]: n for n in s["neighbours"]}  # type: ignore[attr-defined]
+    assert neigh["10.88.0.8"]["lladdr"].startswith("c0:")  # RC|UC kept, reserved ignored
+    c, c0 = s["counters"], sa["counters"]
+    assert c["conn_refused"] == c0["conn_refused"] + 1  # type: ignore[index]
+    assert c["tx_icmp_too_big"] > c0["tx_icmp_too_big"]  # type: ignore[index]
+    ping(a, v4(2), "-s", "20000")
+    peer.proc.wait(timeout=30)
