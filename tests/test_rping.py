@@ -15,7 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rdma_cm_harness import Ep, child_env, expect, fake_server, make_state_dir, setup_env
+from rdma_cm_harness import (
+    Ep,
+    child_env,
+    expect,
+    fake_server,
+    make_state_dir,
+    next_non_timewait,
+    setup_env,
+)
 
 from softrdma import enums as e
 from softrdma.cm import rdma_cm as rc
@@ -242,25 +250,34 @@ def test_validate_detects_corrupted_data(env: Path, monkeypatch: pytest.MonkeyPa
 
 
 def _silent_client(port: int, connected: threading.Event, stop: threading.Event) -> None:
-    """Connects to the rping server, posts a receive, then never sends anything."""
+    """Connects to the rping server (retrying until it listens), posts a receive, then
+    never sends anything."""
     ch = rc.EventChannel()
-    cid = rc.CmId(ch, rc.RDMA_PS_TCP)
-    ep = None
+    ids: list[rc.CmId] = []
+    eps: list[Ep] = []
     try:
-        cid.resolve_addr(None, ("127.0.0.1", port), 2000, device="roce")
-        expect(ch, rc.RdmaCmEventType.ADDR_RESOLVED)
-        cid.resolve_route(2000)
-        expect(ch, rc.RdmaCmEventType.ROUTE_RESOLVED)
-        ep = Ep(cid)
-        ep.recv(64)
-        cid.connect(rc.ConnParam())
-        expect(ch, rc.RdmaCmEventType.ESTABLISHED, timeout=30)
-        connected.set()
-        stop.wait(60)
+        for _ in range(80):
+            cid = rc.CmId(ch, rc.RDMA_PS_TCP)
+            ids.append(cid)
+            cid.resolve_addr(None, ("127.0.0.1", port), 2000, device="roce")
+            expect(ch, rc.RdmaCmEventType.ADDR_RESOLVED)
+            cid.resolve_route(2000)
+            expect(ch, rc.RdmaCmEventType.ROUTE_RESOLVED)
+            ep = Ep(cid)
+            eps.append(ep)
+            ep.recv(64)
+            cid.connect(rc.ConnParam())
+            ev = next_non_timewait(ch, 30)
+            if ev.event == rc.RdmaCmEventType.ESTABLISHED:
+                connected.set()
+                stop.wait(60)
+                return
+            time.sleep(0.25)  # not listening yet (REJ 8)
     finally:
-        if ep is not None:
+        for ep in eps:
             ep.qp.close()
-        cid.destroy()
+        for cid in ids:
+            cid.destroy()
         ch.close()
 
 
