@@ -116,14 +116,26 @@ def test_pcap_check_dispatch(monkeypatch: pytest.MonkeyPatch,
     calls: list[list[str]] = []
     fake = types.ModuleType("softrdma.tools.pcap_check")
 
-    def fake_run(paths: list[str]) -> int:
+    kwargs: list[dict[str, object]] = []
+
+    def fake_run(paths: list[str], **kw: object) -> int:
         calls.append(paths)
+        kwargs.append(kw)
         return 3
 
     fake.run = fake_run  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "softrdma.tools.pcap_check", fake)
     rc, _, _ = _run(["pcap-check", "a.pcap", "b.pcapng"], capsys)
     assert rc == 3 and calls == [["a.pcap", "b.pcapng"]]
+    assert kwargs[-1] == {"udp_ports": (), "max_errors": 20, "verbose": False}
+    rc, _, _ = _run(["pcap-check", "-v", "--max-errors", "0", "--udp-port", "4792", "c.pcap"],
+                    capsys)
+    assert rc == 3 and kwargs[-1] == {"udp_ports": (4792,), "max_errors": 0, "verbose": True}
+    for bad in (["--max-errors", "-1"], ["--udp-port", "70000"], ["--max-errors", "x"]):
+        with pytest.raises(SystemExit) as exc:
+            main(["pcap-check", *bad, "c.pcap"])
+        assert exc.value.code == 2
+    assert len(calls) == 2
 
 
 def test_link_dispatch_passes_arguments_in_order(monkeypatch: pytest.MonkeyPatch,

@@ -603,6 +603,8 @@ class CmId:
         _unwatch(self)
         if self.device is not None:
             self.device.ids.discard(self)
+        for child in self.channel._drop_for(self):  # unread requests of a listener: refused
+            child.destroy()
 
     def _stop_listening(self) -> None:
         listens, self._listens = self._listens, []

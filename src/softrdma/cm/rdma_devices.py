@@ -18,6 +18,7 @@ one :class:`~softrdma.cm.gsi.CmBinding` on its QP1) and stays open until
 from __future__ import annotations
 
 import ipaddress
+import socket
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -137,9 +138,34 @@ def find_device(src: IpAddress | None, dst: IpAddress | None,
         if dst.is_loopback:
             own = [ip for ip in own if ipaddress.ip_address(ip).is_loopback]
         if own:
-            return d, ipaddress.ip_address(own[0])
+            return d, ipaddress.ip_address(_pick_source(dst, own))
     raise DeviceError(f"no softrdma device{'' if prefer is None else ' ' + repr(prefer)} "
                       f"routes to {dst}", errno=101)  # ENETUNREACH
+
+
+def _route_source(dst: IpAddress) -> bytes | None:
+    """The source address the kernel's routing picks for ``dst`` (a UDP ``connect``
+    sends nothing), as rdma_resolve_addr does; None if there is no route."""
+    fam = socket.AF_INET if dst.version == 4 else socket.AF_INET6
+    try:
+        with socket.socket(fam, socket.SOCK_DGRAM) as s:
+            s.connect((str(dst), 9))
+            return ipaddress.ip_address(s.getsockname()[0].split("%", 1)[0]).packed
+    except OSError:
+        return None
+
+
+def _pick_source(dst: IpAddress, own: list[bytes]) -> bytes:
+    """The device address to use towards ``dst``: the kernel's route source if the device
+    owns it, else one of the same IPv6 scope (a global destination is not reached from
+    a link-local source: its ICRC and replies would use the wrong address), else the
+    first."""
+    routed = _route_source(dst)
+    if routed is not None and routed in own:
+        return routed
+    link_local = dst.version == 6 and dst.is_link_local
+    same = [ip for ip in own if len(ip) == 4 or ipaddress.ip_address(ip).is_link_local == link_local]
+    return (same or own)[0]
 
 
 def devices_for_wildcard(version: int, prefer: str | None) -> list[DeviceEntry]:

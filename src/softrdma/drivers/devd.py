@@ -60,12 +60,26 @@ Requests (client -> daemon, control), one fixed-size record::
                       matching it go to this client (EADDRINUSE if another client has
                       the same Service ID and mask)
       CM_UNLISTEN  8  mgid as for CM_LISTEN
+      REPORT       9  followed by JSON {name: value}: this client's port counters
+                      (cumulative, :class:`softrdma.ib.counters.Counters`); the daemon keeps
+                      the last report of each client and adds it to the device's retired
+                      total when the client leaves
+      COUNTERS    10  (no argument): the device's port counters, aggregated
 
 Replies (daemon -> client, control)::
 
     _REP "!BxHI": op (echoed), errno (0 = success), value (the QPN for ALLOC_QPN,
     else 0; for STATS the number of counters, followed by that many "!Q" in the order
-    of STAT_NAMES)
+    of STAT_NAMES; for COUNTERS followed by JSON {"port": {...}, "devd": {...},
+    "clients": N})
+
+Port counters of a shared device (``softrdma stats``, ``Context.query_port_counters``):
+each process counts its own packets in its engine and reports them to the daemon at
+most every :data:`~softrdma.drivers.runtime.REPORT_INTERVAL` seconds and when it closes;
+the daemon's COUNTERS answer is the sum of the retired clients' totals, the live
+clients' last reports, and the daemon's own drops (``unknown_qpn`` ->
+``rcvd_unknown_qp``, ``malformed`` -> ``rcvd_malformed``, ``client_full`` ->
+``rcvd_no_buffer``, each also a received packet).
 
 Data (daemon -> client, data channel): ``_DHDR`` followed by the UDP payload as
 received (BTH .. ICRC)::
@@ -99,6 +113,7 @@ import argparse
 import contextlib
 import errno
 import fcntl
+import json
 import os
 import selectors
 import signal
@@ -125,12 +140,15 @@ from softrdma.drivers.admission import (
     refusal_reason,
     refuse,
 )
+from softrdma.drivers.cm_reject import RejLimiter, answer_for, sane_request
 from softrdma.drivers.link import V4_MAPPED_PREFIX, Datagram, ip_bytes, ip_text
 from softrdma.drivers.mcast import is_mgid, mgid_to_group
 from softrdma.drivers.registry import DeviceRecord, Registry, ensure_state_dir, open_state_file
 from softrdma.drivers.registry import state_dir as default_state_dir
 from softrdma.drivers.udp import UdpLink
 from softrdma.errors import ClosedError, DeviceError, InvalidArgument, SoftRdmaError
+from softrdma.ib.counters import Counters
+from softrdma.wire.roce import udp_send_icrc
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
@@ -157,6 +175,8 @@ OP_STATS = 5
 OP_CM_SLOT = 6
 OP_CM_LISTEN = 7
 OP_CM_UNLISTEN = 8
+OP_REPORT = 9
+OP_COUNTERS = 10
 
 _HELLO = struct.Struct("!4sHHIH")
 _REQ = struct.Struct("!BxxxI16s")
@@ -171,7 +191,7 @@ QPN_LAST = 0xFFFFFE
 BTH_SIZE = 12
 
 STAT_NAMES = ("rx", "forwarded", "unknown_qpn", "malformed", "client_full", "clients",
-              "cm_routed", "cm_rejected", "clients_refused")
+              "cm_routed", "cm_rejected", "clients_refused", "cm_bad_req", "cm_rej_limited")
 
 # CM MADs on QP1: BTH (12) + DETH (8), then the 256-byte MAD (ib-cm.md §7)
 _MAD_OFF = BTH_SIZE + 8
@@ -183,6 +203,7 @@ _GSI_QKEY = 0x80010000
 _BTH_DETH = struct.Struct("!BBHIIII")
 
 MAX_DATAGRAM = 16384  # the largest UDP payload the daemon receives and forwards
+_MAX_CTRL = 65536  # the largest control record (a REPORT carries JSON)
 _DATA_SNDBUF = 4 << 20
 _RECV_BATCH = 64
 
@@ -250,6 +271,7 @@ class _Client:
     dead: bool = False
     cm_slot: int = 0
     cm_listens: set[tuple[int, int]] = field(default_factory=set)
+    port_counters: dict[str, int] = field(default_factory=dict)
     uid: int = -1
 
 
@@ -306,10 +328,12 @@ class Devd:
         self._next_slot = 1
         self._cm_listeners: dict[tuple[int, int], _Client] = {}
         self._next_qpn = QPN_FIRST
+        self._retired = Counters()  # port counters of clients that left
         self.max_clients_per_uid = max_clients_per_uid
         self._uid_cap = max_clients_per_uid
         self._per_uid: dict[int, int] = {}
         self._spare: Spare | None = None
+        self._rej_limiter = RejLimiter()
         self._stop = False
         self._started = False
         self._closed = False
@@ -557,6 +581,8 @@ class Devd:
                     del self._groups[mgid]
                     self._leave_group(mgid)
         c.mcast.clear()
+        self._retired.add(c.port_counters)
+        c.port_counters = {}
         for s in (c.ctrl, c.data):
             if self._sel is not None:
                 with contextlib.suppress(KeyError, ValueError):
@@ -575,7 +601,7 @@ class Devd:
     def _on_ctrl(self, c: _Client) -> None:
         while True:
             try:
-                msg = c.ctrl.recv(256)
+                msg = c.ctrl.recv(_MAX_CTRL)
             except BlockingIOError:
                 return
             except OSError:
@@ -592,6 +618,8 @@ class Devd:
                 return
 
     def _handle(self, c: _Client, msg: bytes) -> bytes:
+        if len(msg) > _REQ.size and msg[0] == OP_REPORT:
+            return _REP.pack(OP_REPORT, self._report(c, msg[_REQ.size :]), 0)
         if len(msg) != _REQ.size:
             return _REP.pack(msg[0] if msg else 0, errno.EINVAL, 0)
         op, arg, mgid = _REQ.unpack(msg)
@@ -607,6 +635,10 @@ class Devd:
             err, value = self._cm_slot(c)
         elif op in (OP_CM_LISTEN, OP_CM_UNLISTEN):
             err, value = self._cm_listen(c, mgid, op == OP_CM_LISTEN), 0
+        elif op == OP_COUNTERS:
+            body = json.dumps({"port": self.port_counters(), "devd": self.counters,
+                               "clients": len(self._clients)}).encode()
+            return _REP.pack(op, 0, len(body)) + body
         elif op == OP_STATS:
             return _REP.pack(op, 0, len(STAT_NAMES)) + b"".join(
                 _U64.pack(self.counters[n]) for n in STAT_NAMES
@@ -614,6 +646,31 @@ class Devd:
         else:
             err, value = errno.EOPNOTSUPP, 0
         return _REP.pack(op, err, value)
+
+    def _report(self, c: _Client, raw: bytes) -> int:
+        try:
+            values = json.loads(raw)
+        except ValueError:
+            return errno.EINVAL
+        if not isinstance(values, dict) or not all(
+            isinstance(k, str) and isinstance(v, int) and v >= 0 for k, v in values.items()
+        ):
+            return errno.EINVAL
+        c.port_counters = values
+        return 0
+
+    def port_counters(self) -> dict[str, int]:
+        """The device's port counters: retired + live clients' reports + devd's drops."""
+        total = Counters()
+        total.add(self._retired.as_dict())
+        for c in self._clients:
+            total.add(c.port_counters)
+        own = self.counters
+        total.rcvd_unknown_qp += own["unknown_qpn"]
+        total.rcvd_malformed += own["malformed"]
+        total.rcvd_no_buffer += own["client_full"]
+        total.rcvd_pkts += own["unknown_qpn"] + own["malformed"] + own["client_full"]
+        return total.as_dict()
 
     def _alloc(self, c: _Client, want: int) -> tuple[int, int]:
         if want == QPN_GSI:
@@ -731,29 +788,20 @@ class Devd:
         return self._qp1 if attr == _ATTR_REJ else legacy
 
     def _reject_unlistened(self, link: UdpLink, dg: Datagram, attr: int) -> None:
-        """REJ 8 (SIDR_REP status 1) for a REQ (SIDR_REQ) nobody listens for."""
-        from softrdma.wire import cm as wcm  # noqa: PLC0415 - only the daemon needs it
-        from softrdma.wire.roce import udp_send_icrc  # noqa: PLC0415
-
-        try:
-            got = wcm.decode(bytes(dg.data[_MAD_OFF : _MAD_OFF + _MAD_SIZE]))
-        except SoftRdmaError:
-            self.counters["malformed"] += 1
+        """REJ 8 (SIDR_REP status 1) for a REQ (SIDR_REQ) nobody listens for, only for a
+        REQ with a correct ICRC from a plausible source, and rate-limited per source
+        (:mod:`softrdma.drivers.cm_reject`)."""
+        if not sane_request(dg, self.udp_port):
+            self.counters["cm_bad_req"] += 1
             return
-        msg = got.msg
-        if isinstance(msg, wcm.Req):
-            ans: wcm.CmMessage = wcm.Rej(
-                local_comm_id=0, remote_comm_id=msg.local_comm_id,
-                message_rejected=wcm.MsgType.REQ, reason=wcm.RejReason.INVALID_SERVICE_ID)
-        elif isinstance(msg, wcm.SidrReq):
-            ans = wcm.SidrRep(request_id=msg.request_id, status=wcm.SidrStatus.UNSUPPORTED,
-                              service_id=msg.service_id)
-        else:  # pragma: no cover - only called for these two attributes
+        answer = answer_for(dg)
+        if answer is None:
+            self.counters["cm_bad_req"] += 1
             return
-        mad = wcm.encode(ans, tid=got.hdr.tid)
-        src_qp = int.from_bytes(dg.data[BTH_SIZE + 5 : BTH_SIZE + 8], "big")  # DETH SrcQP
-        hdr = _BTH_DETH.pack(_UD_SEND_ONLY, 0, 0xFFFF, src_qp & 0xFFFFFF, 0, _GSI_QKEY,
-                             QPN_GSI)
+        if not self._rej_limiter.allow(dg.src_ip):
+            self.counters["cm_rej_limited"] += 1
+            return
+        hdr, mad = answer
         sport = link.effective_sport(0)
         try:
             icrc = udp_send_icrc(dg.dst_ip, dg.src_ip, sport, self.udp_port, [hdr, mad])
@@ -1010,6 +1058,7 @@ class DevdLink:
         ring_view = memoryview(bytearray(slot * ring))
         self._slots = [ring_view[i * slot : (i + 1) * slot] for i in range(ring)]
         self.counters: dict[str, int] = {"rx": 0, "bad_header": 0}
+        self.last_report: dict[str, int] = {}
 
     @staticmethod
     def _connect(path: Path, timeout: float) -> tuple[socket.socket, socket.socket, bytes]:
@@ -1116,7 +1165,7 @@ class DevdLink:
         with self._ctrl_lock:
             try:
                 self._ctrl.send(_REQ.pack(op, arg, mgid))
-                rep = self._ctrl.recv(4096)
+                rep = self._ctrl.recv(_MAX_CTRL)
             except OSError as exc:
                 raise DeviceError(f"device {self.record.name!r}: devd: {exc}") from exc
         if len(rep) < _REP.size:
@@ -1163,6 +1212,33 @@ class DevdLink:
                 raise InvalidArgument(name, "must be a 64-bit value")
         raw = service_id.to_bytes(8, "big") + mask.to_bytes(8, "big")
         self._request(OP_CM_LISTEN if listen else OP_CM_UNLISTEN, 0, raw)
+
+    def report_counters(self, values: dict[str, int]) -> None:
+        """Tell the daemon this process's port counters (cumulative; see the module
+        docstring, "Port counters of a shared device")."""
+        body = json.dumps(values, separators=(",", ":")).encode()
+        if self._closed:
+            raise ClosedError(f"device {self.record.name!r}: link closed")
+        with self._ctrl_lock:
+            try:
+                self._ctrl.send(_REQ.pack(OP_REPORT, 0, bytes(16)) + body)
+                rep = self._ctrl.recv(4096)
+            except OSError as exc:
+                raise DeviceError(f"device {self.record.name!r}: devd: {exc}") from exc
+        if len(rep) < _REP.size or _REP.unpack_from(rep)[1]:
+            raise DeviceError(f"device {self.record.name!r}: devd refused the counter report")
+        self.last_report = dict(values)
+
+    def device_counters(self) -> dict[str, int]:
+        """The device's port counters as the daemon aggregates them (every process's last
+        report, the processes that left, the daemon's own drops)."""
+        _, rest = self._request(OP_COUNTERS)
+        try:
+            got = json.loads(rest)
+            port = got["port"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DeviceError(f"device {self.record.name!r}: bad COUNTERS answer") from exc
+        return {str(k): int(v) for k, v in port.items()}
 
     def stats(self) -> dict[str, int]:
         """The daemon's counters (:data:`STAT_NAMES`)."""
