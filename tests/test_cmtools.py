@@ -6,6 +6,7 @@ timeout; argument checks."""
 from __future__ import annotations
 
 import random
+import re
 import subprocess
 import sys
 import threading
@@ -219,3 +220,17 @@ def test_peer_that_never_answers_fails_within_timeout(tmp_path: Path, argv: list
     assert r.returncode == 1, r.stdout + r.stderr
     assert line in r.stdout + r.stderr
     assert time.monotonic() - t0 < 30
+
+
+@pytest.mark.parametrize("tool", ["udaddy", "ucmatose"])
+def test_unresolvable_server_name(tmp_path: Path, tool: str) -> None:
+    """A name getaddrinfo cannot resolve: the C tools' line and its (negative) EAI code
+    as the return status; exit 1."""
+    state, _ = make_state_dir(tmp_path)
+    r = subprocess.run(_tool(tool, "-s", "no-such-host.invalid", "--timeout", "5"),
+                       env=child_env(state), capture_output=True, text=True, timeout=60)
+    name = "udaddy" if tool == "udaddy" else "cmatose"
+    lines = r.stdout.splitlines()
+    assert r.returncode == 1 and lines[:1] == [f"{name}: starting client"]
+    assert lines[1].startswith(f"{name}: getaddrinfo error: ")
+    assert lines[2] == "test complete" and re.fullmatch(r"return status -\d+", lines[3])
