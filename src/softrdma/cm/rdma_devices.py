@@ -3,9 +3,10 @@
 Address resolution (librdmacm ``rdma_resolve_addr`` / ``rdma_bind_addr``): the candidate
 devices are the registry's (``softrdma link``; each owns its netdev's addresses) plus the
 built-in iWARP loopback device ``softrdma_iw_lo`` (127.0.0.1 and ::1). A source address
-picks the devices owning it; without one, a loopback destination (127.0.0.0/8, ::1)
-picks the devices on ``lo``, any other destination the devices with an address of its
-family. ``prefer`` narrows the choice: a device name, or a transport ``"roce"`` /
+picks the devices owning it; without one, the kernel's route to the destination gives the
+source address (``drivers.route``, as Linux's address resolution) and the device owning
+it; failing that, a loopback destination (127.0.0.0/8, ::1) picks the devices on ``lo``,
+any other destination the devices with an address of its family. ``prefer`` narrows the choice: a device name, or a transport ``"roce"`` /
 ``"iwarp"`` (default: the first candidate, registry order, so RoCE before the built-in
 iWARP device). The transport then comes from the device type.
 
@@ -22,6 +23,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..drivers.route import route_source
 from ..errors import DeviceError, InvalidArgument
 from ..wire.ipcm import IpAddress
 from .gsi import CmBinding
@@ -119,6 +121,13 @@ def find_device(src: IpAddress | None, dst: IpAddress | None,
                           f"owns {src}", errno=99)  # EADDRNOTAVAIL
     if dst is None:
         raise InvalidArgument("dst", "a destination address is needed without a source")
+    # The kernel's route to dst names the source address, and so the device, as Linux
+    # rdma_resolve_addr does; the rules below are the fallback when no device owns it.
+    kern = route_source(dst.packed)
+    if kern is not None:
+        for d in devs:
+            if kern in d.ips and (d.netdev == "lo" or not dst.is_loopback):
+                return d, ipaddress.ip_address(kern)
     fam = 4 if dst.version == 4 else 16
     for d in devs:
         if dst.is_loopback and d.netdev != "lo":

@@ -140,6 +140,7 @@ from softrdma.drivers.admission import (
     refusal_reason,
     refuse,
 )
+from softrdma.drivers.cm_reject import RejLimiter, answer_for, sane_request
 from softrdma.drivers.link import V4_MAPPED_PREFIX, Datagram, ip_bytes, ip_text
 from softrdma.drivers.mcast import is_mgid, mgid_to_group
 from softrdma.drivers.registry import DeviceRecord, Registry, ensure_state_dir, open_state_file
@@ -147,6 +148,7 @@ from softrdma.drivers.registry import state_dir as default_state_dir
 from softrdma.drivers.udp import UdpLink
 from softrdma.errors import ClosedError, DeviceError, InvalidArgument, SoftRdmaError
 from softrdma.ib.counters import Counters
+from softrdma.wire.roce import udp_send_icrc
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
@@ -189,7 +191,7 @@ QPN_LAST = 0xFFFFFE
 BTH_SIZE = 12
 
 STAT_NAMES = ("rx", "forwarded", "unknown_qpn", "malformed", "client_full", "clients",
-              "cm_routed", "cm_rejected", "clients_refused")
+              "cm_routed", "cm_rejected", "clients_refused", "cm_bad_req", "cm_rej_limited")
 
 # CM MADs on QP1: BTH (12) + DETH (8), then the 256-byte MAD (ib-cm.md §7)
 _MAD_OFF = BTH_SIZE + 8
@@ -331,6 +333,7 @@ class Devd:
         self._uid_cap = max_clients_per_uid
         self._per_uid: dict[int, int] = {}
         self._spare: Spare | None = None
+        self._rej_limiter = RejLimiter()
         self._stop = False
         self._started = False
         self._closed = False
@@ -785,29 +788,20 @@ class Devd:
         return self._qp1 if attr == _ATTR_REJ else legacy
 
     def _reject_unlistened(self, link: UdpLink, dg: Datagram, attr: int) -> None:
-        """REJ 8 (SIDR_REP status 1) for a REQ (SIDR_REQ) nobody listens for."""
-        from softrdma.wire import cm as wcm  # noqa: PLC0415 - only the daemon needs it
-        from softrdma.wire.roce import udp_send_icrc  # noqa: PLC0415
-
-        try:
-            got = wcm.decode(bytes(dg.data[_MAD_OFF : _MAD_OFF + _MAD_SIZE]))
-        except SoftRdmaError:
-            self.counters["malformed"] += 1
+        """REJ 8 (SIDR_REP status 1) for a REQ (SIDR_REQ) nobody listens for, only for a
+        REQ with a correct ICRC from a plausible source, and rate-limited per source
+        (:mod:`softrdma.drivers.cm_reject`)."""
+        if not sane_request(dg, self.udp_port):
+            self.counters["cm_bad_req"] += 1
             return
-        msg = got.msg
-        if isinstance(msg, wcm.Req):
-            ans: wcm.CmMessage = wcm.Rej(
-                local_comm_id=0, remote_comm_id=msg.local_comm_id,
-                message_rejected=wcm.MsgType.REQ, reason=wcm.RejReason.INVALID_SERVICE_ID)
-        elif isinstance(msg, wcm.SidrReq):
-            ans = wcm.SidrRep(request_id=msg.request_id, status=wcm.SidrStatus.UNSUPPORTED,
-                              service_id=msg.service_id)
-        else:  # pragma: no cover - only called for these two attributes
+        answer = answer_for(dg)
+        if answer is None:
+            self.counters["cm_bad_req"] += 1
             return
-        mad = wcm.encode(ans, tid=got.hdr.tid)
-        src_qp = int.from_bytes(dg.data[BTH_SIZE + 5 : BTH_SIZE + 8], "big")  # DETH SrcQP
-        hdr = _BTH_DETH.pack(_UD_SEND_ONLY, 0, 0xFFFF, src_qp & 0xFFFFFF, 0, _GSI_QKEY,
-                             QPN_GSI)
+        if not self._rej_limiter.allow(dg.src_ip):
+            self.counters["cm_rej_limited"] += 1
+            return
+        hdr, mad = answer
         sport = link.effective_sport(0)
         try:
             icrc = udp_send_icrc(dg.dst_ip, dg.src_ip, sport, self.udp_port, [hdr, mad])

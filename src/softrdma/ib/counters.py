@@ -89,6 +89,7 @@ TRAFFIC_COUNTERS: tuple[str, ...] = (
     "rcvd_cnp",
     "rcvd_fecn",
     "rcvd_becn",
+    "rcvd_mpa_req_reject",
 )
 
 
@@ -118,6 +119,7 @@ class Counters:
     rcvd_cnp: int
     rcvd_fecn: int
     rcvd_becn: int
+    rcvd_mpa_req_reject: int  # iWARP: MPA Requests with R set, refused in MPA (RFC 5044 §7.1)
     rcvd_icrc_err: int
     rcvd_malformed: int
     rcvd_bad_tver: int

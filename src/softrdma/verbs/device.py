@@ -578,7 +578,23 @@ class Context(VerbsObject):
         self._owners[id(engine_obj)] = weakref.ref(verbs_obj)
 
     def _unregister_owner(self, engine_obj: object) -> None:
-        self._owners.pop(id(engine_obj), None)
+        """The verbs object of ``engine_obj`` is destroyed: forget it, and drop the async
+        events still pending about it (Linux ``ib_uverbs_release_uevent``), so that an
+        application that never reads async events does not keep destroyed QPs alive."""
+        ref = self._owners.pop(id(engine_obj), None)
+        owner = ref() if ref is not None else None
+        with self._ev_lock:
+            if not self._events:
+                return
+            keep = deque(ev for ev in self._events
+                         if ev.element is not engine_obj and (owner is None or ev.element is not owner))
+            dropped = len(self._events) - len(keep)
+            self._events = keep
+        if dropped:
+            try:
+                os.read(self._ev_r, dropped)  # one pipe byte per pending event
+            except OSError:
+                pass
 
     def _engine_event(self, kind: str, obj: object) -> None:
         etype = _ENGINE_EVENTS.get(kind)
