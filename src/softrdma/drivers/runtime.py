@@ -106,6 +106,10 @@ class Runtime:
     destination port (4791, roce.md §1; a registry device may use another).
     """
 
+    #: why the device failed (its devd died), else None (a class default: subclasses
+    #: such as the iWARP runtime that do not run this __init__ have it too)
+    fatal: str | None = None
+
     def __init__(self, port: Port, link: Link, *, mode: str = "thread",
                  clock: Callable[[], float] | None = None, batch: int = 64,
                  udp_port: int = ROCE_V2_UDP_PORT) -> None:
