@@ -277,6 +277,7 @@ def make_net(n: int = 2, mode: str = "connected", crossing_rule: bool = True,
     for f in ifs:
         f.start(0.0)
     net.pump()
+    net.ud.clear()  # the announcements (gratuitous ARP, unsolicited NA)
     return net
 
 
@@ -546,3 +547,33 @@ def test_config_validation() -> None:
         IfaceConfig(gid=gid(1), ud_qpn=5, ud_mtu=2044, addresses=(), mode="x")  # type: ignore[arg-type]
     assert IfaceConfig(gid=gid(1), ud_qpn=5, ud_mtu=2044, addresses=()).mtu == 65520
     assert conn_mtu(65524, 2048) == 2044
+
+
+def test_restart_announces_new_address() -> None:
+    """A restarted peer (new UD QPN) is learnt from its gratuitous ARP / unsolicited NA,
+    and the connection to its old address goes."""
+    net = make_net()
+    a, b = net.ifs
+    a.send_ip(v4(1, 2, 100), 0.0)
+    a.send_ip(v6(1, 2, 100), 0.0)
+    net.pump()
+    a.send_ip(v4(1, 2, 9000), 0.0)
+    net.pump()
+    assert len(a.conns.conns) == 1
+    b2 = IpoibInterface(IfaceConfig(gid=b.hwaddr.gid, ud_qpn=0x99, ud_mtu=2044,
+                                    addresses=b.config.addresses))
+    net.ifs[1] = b2
+    b2.start(1.0)
+    net.pump()
+    assert a.neigh.entries[bytes((10, 9, 0, 2))].hw.qpn == 0x99  # type: ignore[union-attr]
+    assert a.neigh.entries[ipaddress.IPv6Address("fd09::2").packed].hw.qpn == 0x99  # type: ignore[union-attr]
+    assert not a.conns.conns
+
+
+def test_ipv6_needs_1280() -> None:
+    with pytest.raises(InvalidArgument, match="IPv6 needs"):
+        IfaceConfig(gid=gid(1), ud_qpn=5, ud_mtu=1020, mode="datagram",
+                    addresses=(ipaddress.IPv6Interface("fd01::1/64"),))
+    f = IpoibInterface(IfaceConfig(gid=gid(1), ud_qpn=5, ud_mtu=1020, mode="datagram",
+                                   addresses=(ipaddress.IPv4Interface("10.1.0.1/24"),)))
+    assert all(a.version == 4 for a in f.addresses)  # no link-local below 1280

@@ -60,12 +60,26 @@ Requests (client -> daemon, control), one fixed-size record::
                       matching it go to this client (EADDRINUSE if another client has
                       the same Service ID and mask)
       CM_UNLISTEN  8  mgid as for CM_LISTEN
+      REPORT       9  followed by JSON {name: value}: this client's port counters
+                      (cumulative, :class:`softrdma.ib.counters.Counters`); the daemon keeps
+                      the last report of each client and adds it to the device's retired
+                      total when the client leaves
+      COUNTERS    10  (no argument): the device's port counters, aggregated
 
 Replies (daemon -> client, control)::
 
     _REP "!BxHI": op (echoed), errno (0 = success), value (the QPN for ALLOC_QPN,
     else 0; for STATS the number of counters, followed by that many "!Q" in the order
-    of STAT_NAMES)
+    of STAT_NAMES; for COUNTERS followed by JSON {"port": {...}, "devd": {...},
+    "clients": N})
+
+Port counters of a shared device (``softrdma stats``, ``Context.query_port_counters``):
+each process counts its own packets in its engine and reports them to the daemon at
+most every :data:`~softrdma.drivers.runtime.REPORT_INTERVAL` seconds and when it closes;
+the daemon's COUNTERS answer is the sum of the retired clients' totals, the live
+clients' last reports, and the daemon's own drops (``unknown_qpn`` ->
+``rcvd_unknown_qp``, ``malformed`` -> ``rcvd_malformed``, ``client_full`` ->
+``rcvd_no_buffer``, each also a received packet).
 
 Data (daemon -> client, data channel): ``_DHDR`` followed by the UDP payload as
 received (BTH .. ICRC)::
@@ -99,6 +113,7 @@ import argparse
 import contextlib
 import errno
 import fcntl
+import json
 import os
 import selectors
 import signal
@@ -132,6 +147,7 @@ from softrdma.drivers.registry import DeviceRecord, Registry, ensure_state_dir, 
 from softrdma.drivers.registry import state_dir as default_state_dir
 from softrdma.drivers.udp import UdpLink
 from softrdma.errors import ClosedError, DeviceError, InvalidArgument, SoftRdmaError
+from softrdma.ib.counters import Counters
 from softrdma.wire.roce import udp_send_icrc
 
 if TYPE_CHECKING:
@@ -159,6 +175,8 @@ OP_STATS = 5
 OP_CM_SLOT = 6
 OP_CM_LISTEN = 7
 OP_CM_UNLISTEN = 8
+OP_REPORT = 9
+OP_COUNTERS = 10
 
 _HELLO = struct.Struct("!4sHHIH")
 _REQ = struct.Struct("!BxxxI16s")
@@ -185,6 +203,7 @@ _GSI_QKEY = 0x80010000
 _BTH_DETH = struct.Struct("!BBHIIII")
 
 MAX_DATAGRAM = 16384  # the largest UDP payload the daemon receives and forwards
+_MAX_CTRL = 65536  # the largest control record (a REPORT carries JSON)
 _DATA_SNDBUF = 4 << 20
 _RECV_BATCH = 64
 
@@ -252,6 +271,7 @@ class _Client:
     dead: bool = False
     cm_slot: int = 0
     cm_listens: set[tuple[int, int]] = field(default_factory=set)
+    port_counters: dict[str, int] = field(default_factory=dict)
     uid: int = -1
 
 
@@ -308,6 +328,7 @@ class Devd:
         self._next_slot = 1
         self._cm_listeners: dict[tuple[int, int], _Client] = {}
         self._next_qpn = QPN_FIRST
+        self._retired = Counters()  # port counters of clients that left
         self.max_clients_per_uid = max_clients_per_uid
         self._uid_cap = max_clients_per_uid
         self._per_uid: dict[int, int] = {}
@@ -560,6 +581,8 @@ class Devd:
                     del self._groups[mgid]
                     self._leave_group(mgid)
         c.mcast.clear()
+        self._retired.add(c.port_counters)
+        c.port_counters = {}
         for s in (c.ctrl, c.data):
             if self._sel is not None:
                 with contextlib.suppress(KeyError, ValueError):
@@ -578,7 +601,7 @@ class Devd:
     def _on_ctrl(self, c: _Client) -> None:
         while True:
             try:
-                msg = c.ctrl.recv(256)
+                msg = c.ctrl.recv(_MAX_CTRL)
             except BlockingIOError:
                 return
             except OSError:
@@ -595,6 +618,8 @@ class Devd:
                 return
 
     def _handle(self, c: _Client, msg: bytes) -> bytes:
+        if len(msg) > _REQ.size and msg[0] == OP_REPORT:
+            return _REP.pack(OP_REPORT, self._report(c, msg[_REQ.size :]), 0)
         if len(msg) != _REQ.size:
             return _REP.pack(msg[0] if msg else 0, errno.EINVAL, 0)
         op, arg, mgid = _REQ.unpack(msg)
@@ -610,6 +635,10 @@ class Devd:
             err, value = self._cm_slot(c)
         elif op in (OP_CM_LISTEN, OP_CM_UNLISTEN):
             err, value = self._cm_listen(c, mgid, op == OP_CM_LISTEN), 0
+        elif op == OP_COUNTERS:
+            body = json.dumps({"port": self.port_counters(), "devd": self.counters,
+                               "clients": len(self._clients)}).encode()
+            return _REP.pack(op, 0, len(body)) + body
         elif op == OP_STATS:
             return _REP.pack(op, 0, len(STAT_NAMES)) + b"".join(
                 _U64.pack(self.counters[n]) for n in STAT_NAMES
@@ -617,6 +646,31 @@ class Devd:
         else:
             err, value = errno.EOPNOTSUPP, 0
         return _REP.pack(op, err, value)
+
+    def _report(self, c: _Client, raw: bytes) -> int:
+        try:
+            values = json.loads(raw)
+        except ValueError:
+            return errno.EINVAL
+        if not isinstance(values, dict) or not all(
+            isinstance(k, str) and isinstance(v, int) and v >= 0 for k, v in values.items()
+        ):
+            return errno.EINVAL
+        c.port_counters = values
+        return 0
+
+    def port_counters(self) -> dict[str, int]:
+        """The device's port counters: retired + live clients' reports + devd's drops."""
+        total = Counters()
+        total.add(self._retired.as_dict())
+        for c in self._clients:
+            total.add(c.port_counters)
+        own = self.counters
+        total.rcvd_unknown_qp += own["unknown_qpn"]
+        total.rcvd_malformed += own["malformed"]
+        total.rcvd_no_buffer += own["client_full"]
+        total.rcvd_pkts += own["unknown_qpn"] + own["malformed"] + own["client_full"]
+        return total.as_dict()
 
     def _alloc(self, c: _Client, want: int) -> tuple[int, int]:
         if want == QPN_GSI:
@@ -1005,6 +1059,7 @@ class DevdLink:
         ring_view = memoryview(bytearray(slot * ring))
         self._slots = [ring_view[i * slot : (i + 1) * slot] for i in range(ring)]
         self.counters: dict[str, int] = {"rx": 0, "bad_header": 0}
+        self.last_report: dict[str, int] = {}
 
     @staticmethod
     def _connect(path: Path, timeout: float) -> tuple[socket.socket, socket.socket, bytes]:
@@ -1117,7 +1172,7 @@ class DevdLink:
         with self._ctrl_lock:
             try:
                 self._ctrl.send(_REQ.pack(op, arg, mgid))
-                rep = self._ctrl.recv(4096)
+                rep = self._ctrl.recv(_MAX_CTRL)
             except OSError as exc:
                 self.daemon_gone = True
                 raise DeviceError(f"device {self.record.name!r}: devd: {exc}") from exc
@@ -1173,6 +1228,33 @@ class DevdLink:
                 raise InvalidArgument(name, "must be a 64-bit value")
         raw = service_id.to_bytes(8, "big") + mask.to_bytes(8, "big")
         self._request(OP_CM_LISTEN if listen else OP_CM_UNLISTEN, 0, raw)
+
+    def report_counters(self, values: dict[str, int]) -> None:
+        """Tell the daemon this process's port counters (cumulative; see the module
+        docstring, "Port counters of a shared device")."""
+        body = json.dumps(values, separators=(",", ":")).encode()
+        if self._closed:
+            raise ClosedError(f"device {self.record.name!r}: link closed")
+        with self._ctrl_lock:
+            try:
+                self._ctrl.send(_REQ.pack(OP_REPORT, 0, bytes(16)) + body)
+                rep = self._ctrl.recv(4096)
+            except OSError as exc:
+                raise DeviceError(f"device {self.record.name!r}: devd: {exc}") from exc
+        if len(rep) < _REP.size or _REP.unpack_from(rep)[1]:
+            raise DeviceError(f"device {self.record.name!r}: devd refused the counter report")
+        self.last_report = dict(values)
+
+    def device_counters(self) -> dict[str, int]:
+        """The device's port counters as the daemon aggregates them (every process's last
+        report, the processes that left, the daemon's own drops)."""
+        _, rest = self._request(OP_COUNTERS)
+        try:
+            got = json.loads(rest)
+            port = got["port"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DeviceError(f"device {self.record.name!r}: bad COUNTERS answer") from exc
+        return {str(k): int(v) for k, v in port.items()}
 
     def stats(self) -> dict[str, int]:
         """The daemon's counters (:data:`STAT_NAMES`)."""

@@ -68,7 +68,7 @@ SLOT = 1 << 16               # >= IPOIB_CM_BUF_SIZE
 SEND_SLOTS = 256
 UD_RECVS = 256
 SRQ_RECVS = 128
-CONN_SEND_WR = 128
+CONN_SEND_WR = SEND_SLOTS  # one connection may hold every send slot
 CQ_SIZE = 2048
 POLL_BATCH = 64
 TUN_BATCH = 32
@@ -177,6 +177,9 @@ class IpoibRuntime:
             # the device's table is per process: this interface's partition joins it
             ctx.port.pkeys = (*ctx.port.pkeys, o.pkey)
         pkey_index = list(ctx.port.pkeys).index(o.pkey)
+        # check the configuration before any QP exists (the UD QPN is filled in below)
+        IfaceConfig(gid=self.gid, ud_qpn=0, ud_mtu=ib_mtu - ENCAP_LEN, addresses=o.addresses,
+                    mode=o.mode, pkey=o.pkey, mtu=o.mtu, transport=o.transport)
         self.pd = v.PD(ctx)
         access = int(e.IBV_ACCESS_LOCAL_WRITE)
         self._send_buf = bytearray(SEND_SLOTS * SLOT)
@@ -457,7 +460,7 @@ class IpoibRuntime:
                 if wc.wr_id < _WR_RECV_BASE:  # a send slot is free again
                     self._free_slots.append(int(wc.wr_id))
                     if wc.status != ok:
-                        self.driver_counters["send_errors"] += 1
+                        self._send_failed(wc.qp_num, now)
                     continue
                 i = int(wc.wr_id) - _WR_RECV_BASE
                 if wc.status == ok:
@@ -491,6 +494,16 @@ class IpoibRuntime:
                 if not self._closing:
                     self._post_srq_recv(i)
         return n
+
+    def _send_failed(self, qp_num: int, now: float) -> None:
+        """A send completed in error: on a connection (retries exhausted, the peer is
+        gone) the connection is closed, and the next packet sets up a new one."""
+        self.driver_counters["send_errors"] += 1
+        conn_id = self._by_qpn.get(qp_num)
+        if conn_id is not None:
+            self._drop_conn(conn_id, disconnect=True)
+            self.engine.conn_closed(conn_id, now)
+            self._execute(self.engine.take_output())
 
     # ---- the loop ------------------------------------------------------------------
     _read_slot = -1

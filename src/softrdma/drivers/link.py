@@ -23,7 +23,7 @@ from ..wire.roce import ROCE_V2_UDP_PORT
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
 
-__all__ = ["ROCE_V2_UDP_PORT", "Datagram", "Link", "ip_bytes", "ip_text", "check_port",
+__all__ = ["ROCE_V2_UDP_PORT", "CounterReporter", "Datagram", "Link", "ip_bytes", "ip_text", "check_port",
            "check_u8"]
 
 V4_MAPPED_PREFIX = b"\x00" * 10 + b"\xff\xff"  # roce.md §4: ::ffff:a.b.c.d
@@ -82,6 +82,22 @@ class Link(Protocol):
 
     def close(self) -> None:
         """Release the link; later sends raise :class:`~softrdma.errors.ClosedError`."""
+        ...
+
+
+@runtime_checkable
+class CounterReporter(Protocol):
+    """A link whose device is shared by processes (devd): each process reports its port
+    counters, and the device's aggregate can be asked for (``softrdma stats``)."""
+
+    last_report: dict[str, int]
+
+    def report_counters(self, values: dict[str, int]) -> None:
+        """Publish this process's cumulative port counters."""
+        ...
+
+    def device_counters(self) -> dict[str, int]:
+        """The device's port counters, every process's included."""
         ...
 
 

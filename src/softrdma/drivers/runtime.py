@@ -35,10 +35,10 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..errors import ClosedError, DeviceError, InvalidArgument
+from ..errors import ClosedError, DeviceError, InvalidArgument, SoftRdmaError
 from ..ib.port import Port, RxMeta, TxPacket
 from ..wire.roce import icrc_ok_udp, inet_checksum, recover_ipv4_id, udp_send_icrc
-from .link import ROCE_V2_UDP_PORT, V4_MAPPED_PREFIX, Datagram, Link
+from .link import ROCE_V2_UDP_PORT, V4_MAPPED_PREFIX, CounterReporter, Datagram, Link
 
 __all__ = ["Runtime", "icrc_v2", "icrc_ok", "build_grh", "gid_to_ip", "ip_to_gid"]
 
@@ -47,6 +47,7 @@ _IP6_HDR = struct.Struct("!IHBB16s16s")
 _ZERO20 = bytes(20)
 _MAX_IDLE_WAIT = 0.01  # the progress thread re-checks timers at least this often (s)
 _POLL_GRACE = 0.005  # the progress thread stands back this long after an application poll (s)
+REPORT_INTERVAL = 0.5  # a shared device's process reports its counters to devd this often (s)
 
 
 def gid_to_ip(gid: bytes) -> bytes:
@@ -149,6 +150,8 @@ class Runtime:
         self._thread: threading.Thread | None = None
         self._wake_r = self._wake_w = -1
         self._rx_event = threading.Event()
+        self._reporter = link if isinstance(link, CounterReporter) else None
+        self._next_report = 0.0
         if hasattr(link, "on_readable"):
             link.on_readable = self._on_readable
         if hasattr(link, "fast_rc_meta"):
@@ -471,6 +474,32 @@ class Runtime:
         self._stop.set()
         self.port.device_fatal()
 
+    # ---- counters of a shared device ------------------------------------------------------------
+    def report_counters(self) -> None:
+        """Publish the port counters to a shared device's devd if they changed (design.md;
+        the devd module docstring, "Port counters of a shared device"). Best effort: a
+        daemon that went away loses the report, not the counters."""
+        rep = self._reporter
+        if rep is None:
+            return
+        self._next_report = time.monotonic() + REPORT_INTERVAL
+        values = self.port.counters.as_dict()
+        if values == rep.last_report:
+            return
+        try:
+            rep.report_counters(values)
+        except (SoftRdmaError, OSError):
+            pass
+
+    def device_counters(self) -> dict[str, int]:
+        """The device's port counters: on a shared device every process's (this one's
+        reported first, so they are current), else this port's own."""
+        rep = self._reporter
+        if rep is None or self._closed:
+            return self.port.counters.as_dict()
+        self.report_counters()
+        return rep.device_counters()
+
     # ---- the progress thread ------------------------------------------------------------------
     def _thread_main(self) -> None:
         fd = self.link.fileno()
@@ -507,6 +536,8 @@ class Runtime:
                     os.read(wake, 4096)
                 except BlockingIOError:
                     pass
+            if self._reporter is not None and time.monotonic() >= self._next_report:
+                self.report_counters()
 
     # ---- shutdown -------------------------------------------------------------------------------
     @property
@@ -526,6 +557,7 @@ class Runtime:
                 pass
             finally:
                 self.lock.release()
+        self.report_counters()  # the device keeps this process's totals after it leaves
         self._closed = True
         self._stop.set()
         self._kick.set()

@@ -23,11 +23,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import enums as e
-from ..drivers.link import Link
+from ..drivers.link import CounterReporter, Link
 from ..drivers.runtime import Runtime, ip_to_gid
 from ..errors import DeviceError, InvalidArgument
 from ..ib.port import Port
 from ._object import VerbsObject
+from .counters import PortCounters
 
 __all__ = [
     "GID", "DeviceInfo", "DeviceAttr", "PortAttr", "AsyncEvent", "Context", "IWARP_LOOPBACK",
@@ -563,8 +564,21 @@ class Context(VerbsObject):
         return self.runtime.progress(timeout)
 
     def counters(self) -> dict[str, int]:
+        """This process's port counters by name (see :meth:`query_port_counters`)."""
         self._check()
         return self.port.counters.as_dict()
+
+    def query_port_counters(self, port_num: int = 1) -> PortCounters:
+        """The port's counters (``rdma statistic show link DEV/PORT``): packets, bytes,
+        retransmissions, RNR NAKs, ICRC errors and drops by reason (CA16-23). On a
+        shared device they are the device's, every process's included."""
+        self._check()
+        _check_port(port_num)
+        if self.transport == "iwarp":
+            return PortCounters.from_values(self.name, port_num, self.port.counters.as_dict())
+        rt = self.runtime
+        shared = isinstance(rt.link, CounterReporter)
+        return PortCounters.from_values(self.name, port_num, rt.device_counters(), shared)
 
     # ---- asynchronous events -----------------------------------------------------------------
     def _register_owner(self, engine_obj: object, verbs_obj: object) -> None:

@@ -13,7 +13,8 @@ Two kinds of rdma_cm RC connections go to the same port (18515 by default):
   may not be listening yet), until ``--timeout``.
 
 For READ and atomic tests ``responder_resources``/``initiator_depth`` are the out reads
-(RoCE: the REQ/REP fields, IBA 12.7.29; iWARP: the MPA v2 IRD/ORD, RFC 6581 §5).
+(RoCE: the REQ/REP Responder Resources and Initiator Depth fields, IBA 12.6.5 and
+12.6.8, ``../shared/specs/ib-cm.md`` §3.1/§3.4; iWARP: the MPA v2 IRD/ORD, RFC 6581 §5).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ CTRL_BUF = 4096
 CTRL_RECVS = 4
 CTRL_SEND_WRID = 5  # SYNC_SPEC_ID
 RETRY_DELAY_S = 0.1
+LINGER_CLIENT_S = 1.5
+LINGER_SERVER_S = 3.0
 T = rc.RdmaCmEventType
 FAIL_EVENTS = (T.ADDR_ERROR, T.ROUTE_ERROR, T.CONNECT_ERROR, T.UNREACHABLE, T.REJECTED,
                T.DEVICE_REMOVAL)
@@ -309,6 +312,20 @@ def client_data(sess: CmSession, host: str, port: int, on_route: Callable[[Any],
             on_route(None)  # the failed id's QP is gone: forget it
             time.sleep(RETRY_DELAY_S)
     return ids
+
+
+def linger(sess: CmSession, cid: Any, seconds: float) -> None:
+    """The last step of both sides: let the peer close the control connection first (up
+    to ``seconds``; the client waits less, so two softrdma sides do not both wait it
+    out). The peer's last SEND may not have completed on its side yet although we have
+    its message: siw completes it with an error if the connection goes down now (``Bad
+    wc status 2``, seen from ib_write_bw -R as the server and ib_read_bw -R as the
+    client against siw)."""
+    try:
+        sess.wait(for_id(cid, T.DISCONNECTED), time.monotonic() + seconds,
+                  "waiting for the server to close")
+    except PerftestError:
+        pass
 
 
 def disconnect(sess: CmSession, ids: list[Any]) -> None:

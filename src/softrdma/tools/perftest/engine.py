@@ -26,8 +26,8 @@ latency counter that never arrives is a :class:`PerftestError`):
 from __future__ import annotations
 
 import collections
+import struct
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ... import enums as e
@@ -46,6 +46,10 @@ HOP_LIMIT = 0xFF
 ATOMIC_SIZE = 8
 DURATION_GRACE_S = 1.0
 PAGE_ALIGN = 4096
+# send-bw over iWARP: iWARP has no RNR NAK, so perftest's receiver grants credits, its
+# count of received messages, by RDMA WRITE of a host-order (x86: little-endian) uint32
+# into the sender's credit slot every rx_depth/3 messages (perftest send_rcredit)
+CREDIT = struct.Struct("<I")
 MTU_ENUM_TO_BYTES = {1: 256, 2: 512, 3: 1024, 4: 2048, 5: 4096}
 MTU_BYTES_TO_ENUM = {b: m for m, b in MTU_ENUM_TO_BYTES.items()}
 ACCESS = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
@@ -70,7 +74,8 @@ class Resources:
         self.ctx = ctx
         self.o = o
         self.buff = max(max_size, DEFAULT_CYCLE_BUFFER)
-        self.buf = bytearray(2 * o.num_qps * self.buff + PAGE_ALIGN)
+        self.buf = bytearray(2 * o.num_qps * self.buff + PAGE_ALIGN
+                             + 2 * o.num_qps * CREDIT.size)
         self._closers: list[Any] = []
         self.qps: list[Any] = []
         try:
@@ -92,6 +97,11 @@ class Resources:
         # perftest's buffers are page aligned (memalign): atomics need 8-byte targets
         self.base = -int(self.mr.addr) % PAGE_ALIGN
         self.addr = int(self.mr.addr) + self.base
+        # ctrl_buf[QPs] then credit_buf[QPs] (ctx_alloc_credit), after the data slots
+        self.ctrl_off = self.base + 2 * o.num_qps * self.buff
+        self.credit_off = self.ctrl_off + o.num_qps * CREDIT.size
+        self.credits = o.spec.verb == "send" and o.spec.tst == "bw" and \
+            o.transport == "iwarp"
 
     def init_attr(self) -> v.QPInitAttr:
         from ... import verbs as v
@@ -130,8 +140,35 @@ class Resources:
 
     def my_dest(self, i: int, lid: int, psn: int, out_reads: int, gid: bytes,
                 gid_index: int) -> Dest:
+        """QP ``i``'s address; with send credits its RKey/VAddr are those of its credit
+        slot (``ctx_alloc_credit``), which the receiver RDMA WRITEs."""
+        vaddr = self.addr - self.base + self.credit_off + i * CREDIT.size if self.credits \
+            else self.target(i)
         return Dest(lid, out_reads, int(self.qps[i].qp_num), psn, int(self.mr.rkey),
-                    self.target(i), gid, 0, gid_index)
+                    vaddr, gid, 0, gid_index)
+
+    def credit(self, i: int) -> int:
+        """The receiver's count of messages received on QP ``i`` (its last credit)."""
+        return int(CREDIT.unpack_from(self.buf, self.credit_off + i * CREDIT.size)[0])
+
+    def reset_credits(self) -> None:
+        n = self.o.num_qps * CREDIT.size
+        self.buf[self.credit_off:self.credit_off + n] = bytes(n)
+
+    def post_credit(self, i: int, rem: Dest, rcnt: int) -> None:
+        """RDMA WRITE ``rcnt`` into the sender's credit slot (``ctx_set_credit_wqes``)."""
+        from ... import verbs as v
+
+        off = self.ctrl_off + i * CREDIT.size
+        CREDIT.pack_into(self.buf, off, rcnt & 0xFFFFFFFF)
+        sge = v.SGE(self.addr - self.base + off, CREDIT.size, self.mr.lkey)
+        wr = v.SendWR(wr_id=i, num_sge=1, sg=[sge], opcode=e.IBV_WR_RDMA_WRITE,
+                      send_flags=e.IBV_SEND_SIGNALED)
+        wr.set_wr_rdma(rem.rkey, rem.vaddr)
+        try:
+            self.qps[i].post_send(wr)
+        except SoftRdmaError as exc:
+            raise PerftestError(f"Couldn't post send qp {i} credit = {rcnt}: {exc}") from exc
 
     def connect(self, i: int, my: Dest, rem: Dest, mtu_enum: int, gid_index: int) -> None:
         """``ctx_connect``: INIT -> RTR -> RTS towards ``rem``."""
@@ -247,6 +284,7 @@ def run_bw(res: Resources, rem: list[Dest], size: int, progress: Progress) -> tu
     clock = time.perf_counter
     deadline = time.monotonic() + o.timeout
     stop = False
+    granted = 0
     while True:
         if end is not None and not stop and time.monotonic() >= end:
             stop = True
@@ -254,6 +292,8 @@ def run_bw(res: Resources, rem: list[Dest], size: int, progress: Progress) -> tu
         for i in range(nq):
             target = scnt[i] if stop else (iters if end is None else scnt[i] + o.tx_depth)
             while scnt[i] < target and scnt[i] - ccnt[i] < o.tx_depth:
+                if res.credits and scnt[i] + 1 - res.credit(i) >= o.rx_depth:
+                    break  # the receiver has no receive posted for more
                 scnt[i] += 1
                 sig = scnt[i] % o.cq_mod == 0 or scnt[i] == iters or end is not None
                 tposted.append(clock())
@@ -264,8 +304,22 @@ def run_bw(res: Resources, rem: list[Dest], size: int, progress: Progress) -> tu
                 stop or (end is None and all(c >= iters for c in ccnt))):
             break
         try:
-            wcs = res.poll(res.send_cq, deadline, f"sending ({sum(ccnt)}/"
-                           f"{iters * nq if end is None else sum(scnt)} completed)")
+            if res.credits:  # credits arrive by RDMA WRITE, without a completion here
+                wcs = list(res.send_cq.poll(16)[1])
+                if not wcs:
+                    if time.monotonic() >= deadline:
+                        raise PerftestError(f"no completion and no credit for {o.timeout:g} s "
+                                            f"({sum(ccnt)} completed): is the peer still "
+                                            "running?")
+                    grant = sum(res.credit(i) for i in range(nq))
+                    if grant != granted:
+                        granted = grant
+                        deadline = time.monotonic() + o.timeout
+                    time.sleep(0)
+                    continue
+            else:
+                wcs = res.poll(res.send_cq, deadline, f"sending ({sum(ccnt)}/"
+                               f"{iters * nq if end is None else sum(scnt)} completed)")
         except PerftestError:
             if stop:
                 break  # duration mode: the tail that did not complete is not counted
@@ -284,10 +338,13 @@ def run_bw(res: Resources, rem: list[Dest], size: int, progress: Progress) -> tu
     return tposted[:n], tcompleted
 
 
-def run_bw_server(res: Resources, size: int, progress: Progress,
-                  abort: Callable[[], bool] | None = None) -> tuple[list[float], list[float]]:
-    """The send-bw server: receive ``iters`` messages per QP (or for ``-D`` seconds)."""
+def run_bw_server(res: Resources, rem: list[Dest], size: int, progress: Progress
+                  ) -> tuple[list[float], list[float]]:
+    """The send-bw server: receive ``iters`` messages per QP (or for ``-D`` seconds),
+    granting credits over iWARP (see :data:`CREDIT`)."""
     o = res.o
+    credit_cnt = max(o.rx_depth // 3, 1)
+    writes = 0
     nq = o.num_qps
     iters = o.iters
     rcnt = [0] * nq
@@ -321,9 +378,27 @@ def run_bw_server(res: Resources, size: int, progress: Progress,
             tcompleted.append(now)
             if o.duration or rcnt[i] + o.rx_depth <= iters:
                 res.post_recvs(i, 1, size)
+            if res.credits and (rcnt[i] % o.rx_depth) % credit_cnt == 0:
+                while writes >= o.tx_depth:
+                    writes -= _reap(res, res.poll(res.send_cq, time.monotonic() + o.timeout,
+                                                  "granting credits"))
+                res.post_credit(i, rem[i], rcnt[i])
+                writes += 1
+        if writes:
+            writes -= _reap(res, list(res.send_cq.poll(16)[1]))
         deadline = time.monotonic() + o.timeout
         progress.update(sum(rcnt))
+    while writes > 0:
+        writes -= _reap(res, res.poll(res.send_cq, time.monotonic() + o.timeout,
+                                      "granting credits"))
     return [first] * len(tcompleted), tcompleted
+
+
+def _reap(res: Resources, wcs: list[Any]) -> int:
+    for wc in wcs:
+        if wc.status != e.IBV_WC_SUCCESS:
+            raise _wc_fail(wc, "a credit RDMA WRITE")
+    return len(wcs)
 
 
 # ---- latency -----------------------------------------------------------------------------
