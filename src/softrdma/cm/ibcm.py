@@ -272,7 +272,14 @@ class CmAgent:
                 self.counters.unclaimed += 1
             return
         if listener.pending >= listener.backlog:
-            self.counters.backlog_drops += 1  # like a full accept queue: the REQ is retried
+            # The backlog (half-open connections: not yet accepted, or waiting for the
+            # RTU) is full: REJ "No resources available" (IBA Table 109 reason 3,
+            # ../shared/specs/ib-cm.md §4) frees the peer at once instead of holding it
+            # for its full REQ timeout. Linux drops such a REQ silently (ucma backlog
+            # exhausted: ENOMEM, cm_destroy_id does not reject) so that it is retried;
+            # we reject so that a flood of REQs cannot hold a listener for that long.
+            self.counters.backlog_drops += 1
+            self._reject_req(req, tid, src, dst, RejReason.NO_RESOURCES)
             return
         verdict: ReqVerdict | DialectReject
         if listener.dialect is not None:

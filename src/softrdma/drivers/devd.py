@@ -1013,6 +1013,7 @@ class DevdLink:
         self._ctrl_lock = threading.Lock()
         self._closed = False
         self.daemon_pid = 0
+        self.daemon_gone = False  # the control or data channel found the daemon dead
         ctrl: socket.socket | None = None
         data: socket.socket | None = None
         last_err = "no answer"
@@ -1133,8 +1134,14 @@ class DevdLink:
                 n = recv_into(buf, slot, socket.MSG_DONTWAIT)
             except (BlockingIOError, InterruptedError):
                 break
+            except OSError as exc:  # ECONNRESET: the daemon died
+                self.daemon_gone = True
+                raise DeviceError(f"device {self.record.name!r}: its devd (pid "
+                                  f"{self.daemon_pid}) is gone: {exc.strerror}") from exc
             if n == 0:
-                raise DeviceError(f"device {self.record.name!r}: devd closed the data channel")
+                self.daemon_gone = True
+                raise DeviceError(f"device {self.record.name!r}: its devd (pid "
+                                  f"{self.daemon_pid}) is gone")
             if n < hsize:
                 self.counters["bad_header"] += 1
                 continue
@@ -1167,8 +1174,10 @@ class DevdLink:
                 self._ctrl.send(_REQ.pack(op, arg, mgid))
                 rep = self._ctrl.recv(_MAX_CTRL)
             except OSError as exc:
+                self.daemon_gone = True
                 raise DeviceError(f"device {self.record.name!r}: devd: {exc}") from exc
         if len(rep) < _REP.size:
+            self.daemon_gone = True
             raise DeviceError(f"device {self.record.name!r}: devd closed the connection")
         rop, err, value = _REP.unpack_from(rep)
         if rop != op:
@@ -1186,10 +1195,17 @@ class DevdLink:
         return self._request(OP_ALLOC_QPN, want)[0]
 
     def free_qpn(self, qpn: int) -> None:
-        """Give ``qpn`` back (DeviceError ENOENT if this client does not own it)."""
+        """Give ``qpn`` back (DeviceError ENOENT if this client does not own it). Once the
+        daemon is gone there is nothing to give back: a no-op (QPs can be destroyed)."""
         if not 0 <= qpn <= QPN_LAST:
             raise InvalidArgument("qpn", f"QPN {qpn:#x} out of range")
-        self._request(OP_FREE_QPN, qpn)
+        if self.daemon_gone:
+            return
+        try:
+            self._request(OP_FREE_QPN, qpn)
+        except DeviceError:
+            if not self.daemon_gone:
+                raise
 
     def attach_mcast(self, mgid: bytes) -> None:
         """Receive datagrams to DestQP 0xFFFFFF whose destination GID is ``mgid``."""

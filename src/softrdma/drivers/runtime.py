@@ -35,7 +35,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..errors import ClosedError, InvalidArgument, SoftRdmaError
+from ..errors import ClosedError, DeviceError, InvalidArgument, SoftRdmaError
 from ..ib.port import Port, RxMeta, TxPacket
 from ..wire.roce import icrc_ok_udp, inet_checksum, recover_ipv4_id, udp_send_icrc
 from .link import ROCE_V2_UDP_PORT, V4_MAPPED_PREFIX, CounterReporter, Datagram, Link
@@ -107,6 +107,10 @@ class Runtime:
     destination port (4791, roce.md §1; a registry device may use another).
     """
 
+    #: why the device failed (its devd died), else None (a class default: subclasses
+    #: such as the iWARP runtime that do not run this __init__ have it too)
+    fatal: str | None = None
+
     def __init__(self, port: Port, link: Link, *, mode: str = "thread",
                  clock: Callable[[], float] | None = None, batch: int = 64,
                  udp_port: int = ROCE_V2_UDP_PORT) -> None:
@@ -138,6 +142,9 @@ class Runtime:
         self._backlog: list[Datagram] = []
         self._pending = False
         self._closed = False
+        # Why the device failed (its devd died): then every QP went to ERR with flush
+        # completions, IBV_EVENT_DEVICE_FATAL was raised, and calls raise DeviceError.
+        self.fatal: str | None = None
         self._timer_at: float | None = None  # virtual-clock timer already scheduled
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -158,10 +165,16 @@ class Runtime:
             self._thread.start()
 
     # ---- engine access ------------------------------------------------------------------
+    def _gone(self) -> ClosedError | DeviceError:
+        """The error a call on a closed runtime raises: the device's failure if it failed."""
+        if self.fatal is not None:
+            return DeviceError(self.fatal)
+        return ClosedError("the device runtime is closed")
+
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(*args)`` under the engine lock, then transmit what it queued."""
-        if self._closed:
-            raise ClosedError("the device runtime is closed")
+        if self._closed or self.fatal is not None:
+            raise self._gone()
         with self.lock:
             try:
                 return fn(*args)
@@ -170,8 +183,8 @@ class Runtime:
 
     def call_now(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Like :meth:`call` with the current time appended to the arguments."""
-        if self._closed:
-            raise ClosedError("the device runtime is closed")
+        if self._closed or self.fatal is not None:
+            raise self._gone()
         with self.lock:
             try:
                 return fn(*args, self.now())
@@ -183,6 +196,8 @@ class Runtime:
 
         This is the latency path: one lock, one clock read, the engine, the socket.
         """
+        if self.fatal is not None:
+            raise self._gone()
         lock = self.lock
         lock.acquire()
         try:
@@ -210,8 +225,8 @@ class Runtime:
 
         Returns the number of datagrams received.
         """
-        if self._closed:
-            raise ClosedError("the device runtime is closed")
+        if self._closed or self.fatal is not None:
+            raise self._gone()
         n = self._progress_locked()
         if n or timeout <= 0:
             return n
@@ -387,7 +402,13 @@ class Runtime:
         if dgrams:
             self._backlog = []
         else:
-            dgrams = self.link.recv_batch(self.batch)
+            if self.fatal is not None:
+                return 0
+            try:
+                dgrams = self.link.recv_batch(self.batch)
+            except DeviceError as exc:  # the link's daemon is gone (DevdLink)
+                self._device_fatal_locked(str(exc))
+                return 0
             if not dgrams:
                 return 0
         port = self.port
@@ -442,6 +463,17 @@ class Runtime:
                 break
         return taken
 
+    def _device_fatal_locked(self, why: str) -> None:
+        """The device is gone (IBA 11.6.3 "Unaffiliated asynchronous events": Local
+        Catastrophic Error; ``IBV_EVENT_DEVICE_FATAL``): every QP to ERR, flushing its work
+        requests, the async event raised, the progress thread stopped. Later verbs calls
+        raise :class:`DeviceError` with ``why``; destroying objects still works."""
+        if self.fatal is not None:
+            return
+        self.fatal = f"{why}: the device is no longer usable (IBV_EVENT_DEVICE_FATAL)"
+        self._stop.set()
+        self.port.device_fatal()
+
     # ---- counters of a shared device ------------------------------------------------------------
     def report_counters(self) -> None:
         """Publish the port counters to a shared device's devd if they changed (design.md;
@@ -475,7 +507,7 @@ class Runtime:
         rlist = [wake] if fd is None else [fd, wake]
         stop = self._stop
         kick = self._kick
-        while not stop.is_set():
+        while not stop.is_set() and self.fatal is None:
             if time.monotonic() - self.last_poll < _POLL_GRACE:
                 # an application thread is busy-polling and makes progress itself
                 kick.wait(_POLL_GRACE)
@@ -510,7 +542,8 @@ class Runtime:
     # ---- shutdown -------------------------------------------------------------------------------
     @property
     def closed(self) -> bool:
-        return self._closed
+        """Closed, or its device failed (objects are then released without the engine)."""
+        return self._closed or self.fatal is not None
 
     def close(self, close_link: bool = True) -> None:
         """Stop the progress thread (joined) and close the link. Idempotent."""

@@ -163,6 +163,15 @@ class Port:
             if self._qpn_free is not None and qp.qpn > 1:
                 self._qpn_free(qp.qpn)
 
+    def device_fatal(self) -> None:
+        """The device failed: every QP to ERR, flushing its work requests with
+        IBV_WC_WR_FLUSH_ERR (IBA 10.3.1.7), then the unaffiliated DEVICE_FATAL event
+        (IBA 11.6.3 Local Catastrophic Error)."""
+        for qp in list(self.qps.values()):
+            qp.to_error()
+        self._timers.clear()
+        self.on_async_event("DEVICE_FATAL", None)
+
     # ---- MRs -------------------------------------------------------------------------
     def new_key(self) -> int:
         """A fresh, hard-to-guess 32-bit key not in use (the low byte is the variant key)."""

@@ -502,6 +502,13 @@ class Context(VerbsObject):
                                            self._ev_r, self._ev_w)
 
     # ---- attributes -------------------------------------------------------------------------
+    def _check(self) -> None:
+        """Closed, or the device failed (its devd died): :class:`DeviceError` then."""
+        super()._check()
+        fatal = getattr(self.runtime, "fatal", None)
+        if fatal is not None:
+            raise DeviceError(fatal)
+
     def query_device(self) -> DeviceAttr:
         self._check()
         if self.transport == "iwarp":  # siw: no atomics, no multicast
@@ -614,13 +621,13 @@ class Context(VerbsObject):
 
     def async_fileno(self) -> int:
         """A descriptor that polls readable while async events are pending."""
-        self._check()
+        VerbsObject._check(self)  # events stay readable after a device failure
         return self._ev_r
 
     def get_async_event(self, timeout: float | None = None) -> AsyncEvent:
         """The next asynchronous event (``ibv_get_async_event``); TimeoutError after
         ``timeout`` seconds (None: wait forever)."""
-        self._check()
+        VerbsObject._check(self)  # events stay readable after a device failure
         deadline = None if timeout is None else time.monotonic() + timeout
         manual = not self.runtime.threaded
         while True:
