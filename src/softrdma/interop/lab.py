@@ -317,8 +317,9 @@ class HostProcess:
 
 @dataclass
 class HostSide:
-    """softrdma's side: netns ``srinterop-gN`` with ``eth0`` = ``10.50.0.2N/24``, joined to
-    the lab's ``br0`` by the veth ``sri-gNp``, and a state directory of its own."""
+    """softrdma's side: netns ``srinterop-gN`` with ``eth0`` = ``10.50.0.2N/24`` (MAC
+    :attr:`mac`), joined to the lab's ``br0`` by the veth ``sri-gNp``, and a state
+    directory of its own."""
 
     lab: Lab
     n: int
@@ -333,6 +334,11 @@ class HostSide:
     @property
     def ip(self) -> str:
         return host_ip(self.n)
+
+    @property
+    def mac(self) -> str:
+        """``52:54:00:02:00:0N`` (run.sh: data 52:54:00:00:00:0N, control ...:01:00:0N)."""
+        return f"52:54:00:02:00:0{self.n}"
 
     @property
     def veth_lab(self) -> str:
@@ -352,7 +358,11 @@ class HostSide:
         ns, tmp = self.netns, f"sri-g{self.n}h"
         self.lab.netns_run(["ip", "link", "show", "br0"])  # the lab network must be up
         self._ip("netns", "add", ns)
-        self._ip("link", "add", tmp, "type", "veth", "peer", "name", self.veth_lab)
+        # a fixed MAC per guest number: a guest keeps its ARP entry for 10.50.0.2N across
+        # runs, and a new random MAC would leave it sending to the old one until its
+        # neighbour entry fails (seconds: long enough to lose a CM REQ's retries)
+        self._ip("link", "add", tmp, "address", self.mac, "type", "veth", "peer", "name",
+                 self.veth_lab)
         self._ip("link", "set", tmp, "netns", ns)
         self._ip("link", "set", self.veth_lab, "netns", LAB_NETNS)
         self.lab.netns_run(["ip", "link", "set", self.veth_lab, "master", "br0", "up"])
