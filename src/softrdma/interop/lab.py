@@ -17,6 +17,7 @@ other users of the lab is never mixed in.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
@@ -109,7 +110,7 @@ class Lab:
     shared: Path
     cache: Path = DEFAULT_CACHE
     booted: list[int] = field(default_factory=list)
-    log: list[str] = field(default_factory=list)
+    locks: dict[int, int] = field(default_factory=dict)
 
     @property
     def run_sh(self) -> Path:
@@ -137,6 +138,32 @@ class Lab:
             raise LabError(f"{' '.join(str(a) for a in args[:4])} failed "
                            f"(exit {cp.returncode}): {' | '.join(tail)}")
         return cp
+
+    # -- one suite per guest ------------------------------------------------------------
+    def lock_guest(self, n: int) -> None:
+        """Hold ``$LAB_CACHE/run/interop-gN.lock`` (flock) until :meth:`unlock_guest`:
+        two suites on one guest would tear down each other's namespace."""
+        path = self.cache / "run" / f"interop-g{n}.lock"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            os.close(fd)
+            raise LabError(f"guest g{n} is in use by another interop run (pid {holder or '?'});"
+                           " use another --guest") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self.locks[n] = fd
+
+    def locked(self, n: int) -> bool:
+        return n in self.locks
+
+    def unlock_guest(self, n: int) -> None:
+        fd = self.locks.pop(n, None)
+        if fd is not None:
+            os.close(fd)  # closing drops the flock
 
     # -- image and guests ---------------------------------------------------------------
     def image_ready(self) -> bool:
