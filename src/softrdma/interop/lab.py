@@ -400,6 +400,14 @@ class HostSide:
                     ["ip", "addr", "add", f"{self.ip}/24", "dev", "eth0"],
                     ["ip", "link", "set", "eth0", "up"]):
             self._ip("netns", "exec", ns, *cmd)
+        # one ping: the guest learns (or corrects) our MAC from our ARP request before any
+        # case, and the data path is proven
+        cp = subprocess.run(["ip", "netns", "exec", ns, "ping", "-c", "1", "-W", "20",
+                             guest_ip(self.n)], capture_output=True, text=True, check=False,
+                            stdin=subprocess.DEVNULL, timeout=60)
+        if cp.returncode != 0:
+            raise LabError(f"g{self.n} ({guest_ip(self.n)}) does not answer a ping from "
+                           f"{self.ip}: {(cp.stdout + cp.stderr).strip().splitlines()[-1:]}")
         self.state_dir.mkdir(parents=True, exist_ok=True)
         for name, typ in (("ilab", "roce"), ("iwlab", "iwarp")):
             cp = self.run([python, "-m", "softrdma", "link", "add", name, "netdev", "eth0",
