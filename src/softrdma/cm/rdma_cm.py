@@ -170,6 +170,7 @@ class CmId:
         self._iw_conn: Any = None
         self._sidr = False
         self._established_by_app = False
+        self._ack_timeout: int | None = None
         self._disconnected = False
         self._destroyed = False
         self._lock = threading.Lock()
@@ -218,6 +219,16 @@ class CmId:
     def get_peer_addr(self) -> Address | None:
         """``rdma_get_peer_addr``."""
         return self.peer_addr
+
+    def set_ack_timeout(self, timeout: int) -> None:
+        """``rdma_set_option(RDMA_OPTION_ID_ACK_TIMEOUT)``: the Local ACK Timeout
+        (4.096 us * 2^timeout, IBA 9.7.6.1.3) the CM gives this id's QP at RTS."""
+        self._check()
+        if not isinstance(timeout, int) or not 0 <= timeout <= 31:
+            raise InvalidArgument("timeout", f"must be 0..31, got {timeout!r}")
+        self._ack_timeout = timeout
+        if self._ib is not None:
+            self._ib.local_ack_timeout = timeout
 
     # ---- addresses ---------------------------------------------------------------------
     def bind_addr(self, addr: Any, *, device: str | None = None) -> None:
@@ -335,6 +346,7 @@ class CmId:
         binding = self.device.binding
         assert binding is not None
         ib = binding.agent.create_id(self._on_ib)
+        ib.local_ack_timeout = self._ack_timeout
         self._ib = ib
         client = IpCmClient(ib, handler=self._on_ib)
         if self.ps == RDMA_PS_UDP:
@@ -536,6 +548,8 @@ class CmId:
         if self._ib is None:
             raise StateError("accept on an id without a connection request")
         qkey = p.qkey if p.qkey is not None else (RDMA_UDP_QKEY if self._sidr else None)
+        if self._ack_timeout is not None:
+            self._ib.local_ack_timeout = self._ack_timeout
         self._ib.accept(qp, AcceptParams(
             private_data=bytes(p.private_data), responder_resources=p.responder_resources,
             initiator_depth=p.initiator_depth, rnr_retry_count=p.rnr_retry_count,
