@@ -72,6 +72,7 @@ SO_ATTACH_FILTER = 26
 TP_STATUS_VLAN_VALID = 1 << 4
 _AUXDATA = struct.Struct("=IIIHHHH")  # struct tpacket_auxdata
 _ANC_SIZE = socket.CMSG_SPACE(_AUXDATA.size)
+_SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
 PROC_VLAN_CONFIG = Path("/proc/net/vlan/config")
 _VID_MASK = 0x0FFF
 _LOSSY_SEND = frozenset({errno.EAGAIN, errno.ENOBUFS, errno.ENETDOWN, errno.ENXIO,
@@ -150,10 +151,13 @@ class RawEtherLink:
     ``vlan``: an 802.1Q VLAN ID to use on a plain netdev (None: none, or the VLAN of a
     VLAN netdev). ``resolve_wait``: how long a send may wait for the kernel's ARP/ND on a
     neighbour-table miss. ``ring`` receive slots back :meth:`recv_batch`.
+    ``receive=False`` opens no receive socket (a process behind devd, which receives for
+    the device): only sends and self-addressed packets.
     """
 
     def __init__(self, netdev: str, *, vlan: int | None = None, ring: int = 64,
-                 rcvbuf: int = 8 << 20, resolve_wait: float = 0.5) -> None:
+                 rcvbuf: int = 8 << 20, resolve_wait: float = 0.5,
+                 receive: bool = True) -> None:
         nd = _netdev.get(netdev)  # DeviceError if unknown
         if len(nd.mac) != 6 or nd.mac == bytes(6):
             raise DeviceError(f"netdev {netdev!r} has no Ethernet MAC address: RoCEv1 needs one")
@@ -180,25 +184,29 @@ class RawEtherLink:
         self._closed = False
         self._hdr_cache: dict[tuple[bytes, int], bytes] = {}
         self._loop: deque[Datagram] = deque()
-        self._rx = self._tx = None
+        self._rx: socket.socket | None = None
+        self._tx: socket.socket | None = None
         self._epoll: select.epoll | None = None
         self._event = -1
         try:
-            self._rx = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
-            _attach_filter(self._rx)
-            self._rx.setsockopt(SOL_PACKET, PACKET_AUXDATA, 1)
-            try:
-                self._rx.setsockopt(socket.SOL_SOCKET, 33, rcvbuf)  # SO_RCVBUFFORCE
-            except OSError:
-                self._rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-            self._rx.bind((netdev, ETH_P_ALL))
-            self._rx.setblocking(False)
+            if receive:
+                rx = self._rx = socket.socket(socket.AF_PACKET, socket.SOCK_RAW,
+                                              socket.htons(ETH_P_ALL))
+                _attach_filter(rx)
+                rx.setsockopt(SOL_PACKET, PACKET_AUXDATA, 1)
+                try:
+                    rx.setsockopt(socket.SOL_SOCKET, _SO_RCVBUFFORCE, rcvbuf)
+                except OSError:
+                    rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+                rx.bind((netdev, ETH_P_ALL))
+                rx.setblocking(False)
             self._tx = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
             self._tx.bind((self.tx_netdev, 0))
             self._tx.setblocking(False)
             self._event = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
             self._epoll = select.epoll()
-            self._epoll.register(self._rx.fileno(), select.EPOLLIN)
+            if self._rx is not None:
+                self._epoll.register(self._rx.fileno(), select.EPOLLIN)
             self._epoll.register(self._event, select.EPOLLIN)
         except OSError as exc:
             self._close_fds()
@@ -278,6 +286,10 @@ class RawEtherLink:
                               errno=exc.errno) from exc
         self.stats.sent += 1
 
+    def is_own(self, gid: bytes) -> bool:
+        """True if ``gid`` is one of this port's RoCEv1 GIDs."""
+        return gid in self._own
+
     def _loopback(self, dgid: bytes, parts: Sequence[ReadableBuffer]) -> None:
         data = b"".join(bytes(p) for p in parts)
         if len(data) < GRH_SIZE:
@@ -293,7 +305,7 @@ class RawEtherLink:
     def recv_batch(self, max_n: int = 64) -> list[Datagram]:
         """Up to ``max_n`` RoCEv1 packets, without blocking. ``data`` views the receive
         ring and stays valid until the next call."""
-        if self._closed or self._rx is None:
+        if self._closed:
             raise ClosedError("RawEtherLink is closed")
         if max_n < 0:
             raise InvalidArgument("max_n", "must be >= 0")
@@ -308,6 +320,8 @@ class RawEtherLink:
                 out.append(loop.popleft())
             if loop:
                 os.eventfd_write(self._event, 1)
+        if self._rx is None:  # send-only (behind devd)
+            return out
         n = min(max_n, len(self._slots))
         recv = self._rx.recvmsg_into
         st = self.stats
