@@ -14,9 +14,9 @@ from typing import Any
 
 from softrdma import enums as e
 from softrdma.ib.port import GID_TYPE_ROCE_V1, GID_TYPE_ROCE_V2, Port, RxMeta
-from softrdma.wire import rocev1
 from softrdma.ib.qp import AddressVector, EngineQP
 from softrdma.ib.types import MemoryRegion, WorkCompletion
+from softrdma.wire import rocev1
 
 
 def gid4(last: int) -> bytes:

@@ -1,0 +1,293 @@
+"""RoCEv1 (IBA Annex A16) between two hosts: two network namespaces joined by a veth pair,
+each with a softrdma device ``roce_ver 1`` on its end (root only; the namespaces, names
+unique per run, are created and removed by a fixture, even on failure).
+
+* RC (SEND, RDMA WRITE/READ, atomics) and UD from ``rocev1_peer.py``; ``rc-pingpong``,
+  ``uc-pingpong``, ``ud-pingpong`` and ``rping`` (IB CM + Annex A11) as over RoCEv2;
+  through devd (shared device) and in-process;
+* with and without an 802.1Q VLAN, the SL in the priority bits (A16.8.1), checked on a
+  capture that tshark decodes without malformed or expert-error marks and that
+  ``softrdma pcap-check`` verifies (ICRC and byte-exact re-encoding);
+* address resolution (A16.5.1): the kernel's own ARP and ND, triggered on demand;
+* ``devinfo -v`` and the pyverbs ``query_gid_type`` report "RoCE v1" GIDs.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import itertools
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None,
+    reason="RoCEv1 between network namespaces needs root (netns, veth, AF_PACKET) and iproute2")
+
+HERE = Path(__file__).resolve().parent
+TSHARK = shutil.which("tshark")
+_COUNTER = itertools.count()
+
+
+@dataclass
+class Host:
+    ns: str
+    ifname: str
+    ip4: str
+    ip6: str
+    state: Path
+    mac: str = ""
+    procs: list[subprocess.Popen[str]] = field(default_factory=list)
+
+    def env(self, shared: bool = True) -> dict[str, str]:
+        env = dict(os.environ, SOFTRDMA_STATE_DIR=str(self.state))
+        env["SOFTRDMA_SHARED"] = "1" if shared else "0"
+        return env
+
+    def cmd(self, *args: str) -> list[str]:
+        return ["ip", "netns", "exec", self.ns, *args]
+
+    def run(self, *args: str, shared: bool = True, timeout: float = 60) -> str:
+        r = subprocess.run(self.cmd(sys.executable, *args), env=self.env(shared),
+                           capture_output=True, text=True, timeout=timeout)
+        assert r.returncode == 0, f"{args}: {r.stdout[-2000:]}{r.stderr[-2000:]}"
+        return r.stdout
+
+    def start(self, *args: str, shared: bool = True) -> subprocess.Popen[str]:
+        p = subprocess.Popen(self.cmd(sys.executable, *args), env=self.env(shared),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.procs.append(p)
+        return p
+
+    def softrdma(self, *args: str, shared: bool = True, timeout: float = 60) -> str:
+        return self.run("-m", "softrdma", *args, shared=shared, timeout=timeout)
+
+
+def _sh(*args: str) -> None:
+    subprocess.run(args, check=True, capture_output=True, text=True, timeout=30)
+
+
+@pytest.fixture(params=[None, 7], ids=["untagged", "vlan7"])
+def hosts(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Host, Host]]:
+    """Two namespaces joined by a veth pair, IPv4 + IPv6 (no DAD), device ``r1`` with
+    ``roce_ver 1`` (``vlan 7``: softrdma tags its frames with VLAN 7) on each end."""
+    vlan: int | None = request.param
+    n = next(_COUNTER)
+    tag = f"{os.getpid() % 100000}x{n}"
+    subnet = 100 + (os.getpid() + n) % 150
+    a = Host(f"srv1a{tag}", f"v1a{tag}"[:15], f"10.231.{subnet}.1", f"fd31:{subnet:x}::1",
+             tmp_path / "a")
+    b = Host(f"srv1b{tag}", f"v1b{tag}"[:15], f"10.231.{subnet}.2", f"fd31:{subnet:x}::2",
+             tmp_path / "b")
+    made: list[str] = []
+    try:
+        for h in (a, b):
+            _sh("ip", "netns", "add", h.ns)
+            made.append(h.ns)
+        _sh("ip", "link", "add", a.ifname, "netns", a.ns, "type", "veth", "peer", "name",
+            b.ifname, "netns", b.ns)
+        for h in (a, b):
+            _sh("ip", "-n", h.ns, "link", "set", "lo", "up")
+            _sh("ip", "-n", h.ns, "addr", "add", f"{h.ip4}/24", "dev", h.ifname)
+            _sh("ip", "-n", h.ns, "addr", "add", f"{h.ip6}/64", "dev", h.ifname, "nodad")
+            _sh("ip", "-n", h.ns, "link", "set", h.ifname, "up")
+            h.mac = _mac_in(h)
+            extra = ["vlan", str(vlan)] if vlan is not None else []
+            h.softrdma("link", "add", "r1", "netdev", h.ifname, "roce_ver", "1", *extra)
+        yield a, b
+    finally:
+        for h in (a, b):
+            for p in h.procs:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
+                    try:
+                        p.wait(5)
+                    except subprocess.TimeoutExpired:
+                        p.kill()
+                        p.wait(5)
+        for ns in made:  # removes the veth pair and any devd left inside
+            pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True,
+                                  text=True).stdout.split()
+            for pid in pids:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def _mac_in(h: Host) -> str:
+    out = subprocess.run(h.cmd("cat", f"/sys/class/net/{h.ifname}/address"),
+                         capture_output=True, text=True, check=True).stdout
+    return out.strip()
+
+
+def _finish(p: subprocess.Popen[str], timeout: float = 60) -> str:
+    try:
+        out, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, _ = p.communicate()
+        raise AssertionError(f"timed out: {out}") from None
+    assert p.returncode == 0, out[-3000:]
+    return out
+
+
+# ---------------------------------------------------------------------------- verbs
+@pytest.mark.parametrize("gid_index", [0, 1], ids=["gid-link-local", "gid-ipv4"])
+def test_rc_ud_atomics_over_rocev1(hosts: tuple[Host, Host], gid_index: int) -> None:
+    """CA16-15: RC SEND/WRITE/READ, CMP_AND_SWP, FETCH_AND_ADD and UD over RoCEv1, with
+    the EUI-64 link-local GID (MAC read from the GID) and the IPv4 GID (kernel ARP)."""
+    a, b = hosts
+    port = "18600"
+    srv = b.start(str(HERE / "rocev1_peer.py"), "server", "r1", str(gid_index), port)
+    cli = a.start(str(HERE / "rocev1_peer.py"), "client", "r1", str(gid_index), port, b.ip4)
+    assert "OK client" in _finish(cli)
+    assert "OK server 112" in _finish(srv)
+
+
+@pytest.mark.parametrize("tool,shared", [("rc-pingpong", True), ("uc-pingpong", False),
+                                         ("ud-pingpong", True)])
+def test_pingpong_tools_over_rocev1(hosts: tuple[Host, Host], tool: str, shared: bool) -> None:
+    """The ibv_*_pingpong tools between the hosts, GID index 1 (IPv4, RoCE v1)."""
+    a, b = hosts
+    args = ("-m", "softrdma", tool, "-d", "r1", "-g", "1", "-n", "50", "-l", "3", "-c", "-s", "1000")
+    srv = b.start(*args, shared=shared)
+    time.sleep(1.0)
+    out = a.softrdma(*args[2:], b.ip4, shared=shared)
+    assert "50 iters" in out and f"GID ::ffff:{b.ip4}" in out
+    assert "50 iters" in _finish(srv)
+
+
+def test_rping_over_rocev1(hosts: tuple[Host, Host]) -> None:
+    """rdma_cm (IB CM + Annex A11 IP CM) over RoCEv1, through devd on both sides."""
+    a, b = hosts
+    srv = b.start("-m", "softrdma", "rping", "-s", "-a", b.ip4, "-C", "3", "-v")
+    time.sleep(1.5)
+    out = a.softrdma("rping", "-c", "-a", b.ip4, "-I", a.ip4, "-C", "3", "-v")
+    assert out.count("ping data: rdma-ping-") == 3
+    assert _finish(srv).count("server ping data") == 3
+
+
+# ---------------------------------------------------------------------------- the wire
+@pytest.mark.skipif(TSHARK is None, reason="tshark is not installed")
+def test_capture_tags_decodes_and_checks(hosts: tuple[Host, Host], tmp_path: Path) -> None:
+    """The frames on the wire: EtherType 0x8915 with a GRH (A16.3.1); with a VLAN, an
+    802.1Q tag with VID 7 and the SL (3) as priority (A16.8.1). tshark marks nothing
+    malformed and ``softrdma pcap-check`` verifies every frame."""
+    a, b = hosts
+    assert TSHARK is not None
+    vlan = "vlan 7" in a.softrdma("link", "-d")
+    pcap = tmp_path / "v1.pcap"
+    cap = subprocess.Popen(b.cmd(TSHARK, "-i", b.ifname, "-w", str(pcap), "-q"),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    b.procs.append(cap)  # type: ignore[arg-type]
+    try:
+        deadline = time.monotonic() + 20
+        while not pcap.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)
+        args = ("-m", "softrdma", "rc-pingpong", "-d", "r1", "-g", "1", "-n", "20", "-l", "3")
+        srv = b.start(*args)
+        time.sleep(1.0)
+        a.softrdma(*args[2:], b.ip4)
+        _finish(srv)
+        time.sleep(0.5)
+    finally:
+        cap.send_signal(signal.SIGINT)
+        cap.wait(10)
+    fields = subprocess.run(
+        [TSHARK, "-r", str(pcap), "-Y", "eth.type == 0x8915 || vlan.etype == 0x8915", "-T",
+         "fields", "-e", "vlan.id", "-e", "vlan.priority", "-e", "ipv6.nxt",
+         "-e", "infiniband.bth.opcode"],
+        capture_output=True, text=True, timeout=60, check=True).stdout.splitlines()
+    assert len(fields) >= 40, fields[:5]
+    for line in fields:
+        vid, prio, *_ = (line.split("\t") + ["", ""])[:2]
+        assert (vid, prio) == (("7", "3") if vlan else ("", "")), line
+    problems = subprocess.run(
+        [TSHARK, "-r", str(pcap), "-Y", "_ws.malformed || _ws.expert.severity >= 8388608",
+         "-T", "fields", "-e", "frame.number"], capture_output=True, text=True, timeout=60,
+        check=True).stdout.split()
+    assert problems == []
+    out = subprocess.run([sys.executable, "-m", "softrdma", "pcap-check", str(pcap)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and " 0 failed" in out.stdout, out.stdout + out.stderr
+
+
+def test_address_resolution_triggers_kernel_arp_and_nd(hosts: tuple[Host, Host]) -> None:
+    """A16.5.1: a GID resolves through the kernel's neighbour table; a miss makes the
+    kernel ARP (IPv4 GID) or send a Neighbor Solicitation (IPv6 GID); a dead address
+    gives no MAC (and is not retried at once)."""
+    a, b = hosts
+    _sh("ip", "-n", a.ns, "neigh", "flush", "dev", a.ifname)
+    code = f"""
+import ipaddress, socket
+from softrdma.drivers.neigh import NeighbourResolver
+r = NeighbourResolver({a.ifname!r}, socket.if_nametoindex({a.ifname!r}), wait=2.0)
+g4 = bytes(10) + b"\\xff\\xff" + ipaddress.ip_address({b.ip4!r}).packed
+g6 = ipaddress.ip_address({b.ip6!r}).packed
+dead = bytes(10) + b"\\xff\\xff" + ipaddress.ip_address({b.ip4!r}).packed[:3] + b"\\x63"
+print(r.resolve(g4).hex(":"), r.resolve(g6).hex(":"), r.triggers)
+print(r.resolve(dead), r.triggers, r.resolve(dead), r.triggers)
+"""
+    out = a.run("-c", code).split()
+    assert out[:3] == [b.mac, b.mac, "2"], out
+    assert out[3:] == ["None", "3", "None", "3"], out
+    neigh = subprocess.run(["ip", "-n", a.ns, "neigh", "show", "dev", a.ifname],
+                           capture_output=True, text=True, check=True).stdout
+    assert f"{b.ip4} lladdr {b.mac}" in neigh and f"{b.ip6} lladdr {b.mac}" in neigh
+
+
+def test_devinfo_and_pyverbs_show_rocev1_gids(hosts: tuple[Host, Host]) -> None:
+    a, _ = hosts
+    out = a.softrdma("devinfo", "-v", "-d", "r1", shared=False)
+    ll = _eui64_gid(a.mac)
+    assert f"GID[  0]:\t\t{ll}, RoCE v1" in out
+    assert f"GID[  1]:\t\t::ffff:{a.ip4}, RoCE v1" in out
+    assert f"GID[  2]:\t\t{a.ip6}, RoCE v1" in out
+    code = ("from softrdma.compat.pyverbs import device as d, libibverbs_enums as e\n"
+            "c = d.Context(name='r1')\n"
+            "print(c.query_gid_type(1, 0) == e.IBV_GID_TYPE_SYSFS_IB_ROCE_V1,"
+            " c.query_gid_ex(1, 1).gid_type, str(c.query_gid(1, 0)))\n"
+            "c.close()\n")
+    same, gid_type, gid0 = a.run("-c", code, shared=False).split()
+    assert (same, gid_type, str(ipaddress.IPv6Address(gid0))) == ("True", "1", ll)
+
+
+def _eui64_gid(mac: str) -> str:
+    m = bytes.fromhex(mac.replace(":", ""))
+    raw = b"\xfe\x80" + bytes(6) + bytes([m[0] ^ 2]) + m[1:3] + b"\xff\xfe" + m[3:]
+    return str(ipaddress.IPv6Address(raw))
+
+
+def test_device_on_a_vlan_netdev(hosts: tuple[Host, Host]) -> None:
+    """A device on an 802.1Q VLAN netdev (``ip link add ... type vlan id 9``): receives on
+    it, sends on the lower device with its own tag (priority = SL, A16.8.1)."""
+    a, b = hosts
+    if "vlan" in a.softrdma("link", "-d").split("r1/1", 1)[1]:
+        pytest.skip("runs once, on the untagged pair")
+    for h in (a, b):
+        r = subprocess.run(["ip", "-n", h.ns, "link", "add", "link", h.ifname, "name",
+                            f"{h.ifname[:10]}.9", "type", "vlan", "id", "9"],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"802.1Q VLAN netdevs are not available here (8021q): {r.stderr.strip()}")
+        vdev = f"{h.ifname[:10]}.9"
+        last = h.ip4.rsplit(".", 1)[1]
+        _sh("ip", "-n", h.ns, "addr", "add", f"10.232.9.{last}/24", "dev", vdev)
+        _sh("ip", "-n", h.ns, "link", "set", vdev, "up")
+        h.softrdma("link", "add", "rv", "netdev", vdev, "roce_ver", "1")
+    args = ("-m", "softrdma", "rc-pingpong", "-d", "rv", "-g", "1", "-n", "20", "-l", "6")
+    srv = b.start(*args)
+    time.sleep(1.0)
+    assert "20 iters" in a.softrdma(*args[2:], "10.232.9.2")
+    assert "20 iters" in _finish(srv)
