@@ -1,6 +1,10 @@
 """Test configuration: under CI (``CI`` set), hypothesis runs derandomized, so every CI
 run explores the same examples (deterministic, as the engines' tests are meant to be);
-locally it explores new examples each run."""
+locally it explores new examples each run.
+
+``HYPOTHESIS_PROFILE=slow`` (the slow job, ``.ci/slow``) selects the ``slow`` profile: never
+derandomized, even under CI, with every property test's budget scaled up
+(``tests/property_budget.py``)."""
 
 from __future__ import annotations
 
@@ -9,5 +13,8 @@ import os
 from hypothesis import settings
 
 settings.register_profile("ci", derandomize=True, print_blob=True)
-if os.environ.get("CI"):
+settings.register_profile("slow", derandomize=False, print_blob=True, deadline=None)
+if os.environ.get("HYPOTHESIS_PROFILE") == "slow":
+    settings.load_profile("slow")
+elif os.environ.get("CI"):
     settings.load_profile("ci")

@@ -217,34 +217,53 @@ def test_qp1_delivered_to_every_registered_client(
             a.free_qpn(1)
 
 
+def _group(n: int) -> bytes:
+    """A 239/8 group private to this test run (roce.md §4: MGID ::ffff:a.b.c.d)."""
+    return bytes((239, 77 + n, (os.getpid() >> 8) & 0xFF, os.getpid() & 0xFF))
+
+
 def test_multicast_to_attached_clients(running: Running, sender: socket.socket) -> None:
     port = running.devd.udp_port
-    # roce.md §4: the MGID of an IPv4 group is ::ffff:a.b.c.d; devd matches the datagram's
-    # destination GID (here the unicast loopback address stands in for the group)
-    mgid = V4_MAPPED + LOCAL_B
-    other = V4_MAPPED + socket.inet_aton("239.1.2.3")
+    # roce.md §4: the MGID of an IPv4 group is ::ffff:a.b.c.d; the first attachment makes
+    # devd join the IP group on its socket, and devd matches the datagram's destination
+    group, other_group = _group(0), _group(1)
+    mgid, other = V4_MAPPED + group, V4_MAPPED + other_group
+    link = running.devd._links[0]
+    sender.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, LOCAL_B)
     with running.client() as a, running.client() as b:
         qb = b.alloc_qpn()
         a.attach_mcast(mgid)
         a.attach_mcast(mgid)  # a second QP of the same process
         b.attach_mcast(other)
+        assert set(link.mcast_groups) == {mgid, other}
         mc = packet(0xFFFFFF, b"group")
-        sender.sendto(mc, (LOCAL, port))
+        sender.sendto(mc, (socket.inet_ntoa(group), port))
         sender.sendto(packet(qb), (LOCAL, port))
-        assert bytes(recv_one(a).data) == mc
+        got = recv_one(a)
+        assert bytes(got.data) == mc and got.dst_ip == group
         assert bytes(recv_one(b).data) == packet(qb)
         a.detach_mcast(mgid)  # one attachment left
-        sender.sendto(mc, (LOCAL, port))
+        sender.sendto(mc, (socket.inet_ntoa(group), port))
         assert bytes(recv_one(a).data) == mc
         a.detach_mcast(mgid)
+        assert link.mcast_groups == (other,)  # the last detachment left the IP group
         with pytest.raises(DeviceError) as ei:
             a.detach_mcast(mgid)
         assert ei.value.errno == errno.ENOENT
-        before = a.stats()["unknown_qpn"]
-        sender.sendto(mc, (LOCAL, port))
-        wait_for(lambda: running.devd.counters["unknown_qpn"] == before + 1)
+        before = running.devd.counters["rx"]
+        sender.sendto(mc, (socket.inet_ntoa(group), port))
+        sender.sendto(packet(qb), (LOCAL, port))  # a marker behind it
+        assert bytes(recv_one(b).data) == packet(qb)
+        assert running.devd.counters["rx"] == before + 1  # the group datagram never came
+        assert a.recv_batch() == []
         with pytest.raises(InvalidArgument):
             a.attach_mcast(b"short")
+        with pytest.raises(DeviceError) as ei:
+            a.attach_mcast(V4_MAPPED + LOCAL_B)  # a unicast GID is no group
+        assert ei.value.errno == errno.EINVAL
+        with pytest.raises(DeviceError) as ei:
+            a.attach_mcast(bytes.fromhex("ff0e" + "00" * 13 + "01"))  # no IPv6 address
+        assert ei.value.errno == errno.EAFNOSUPPORT
 
 
 def test_disconnect_frees_qpns(running: Running, sender: socket.socket) -> None:
@@ -252,11 +271,13 @@ def test_disconnect_frees_qpns(running: Running, sender: socket.socket) -> None:
     a = running.client()
     qa = a.alloc_qpn()
     a.alloc_qpn(1)
-    a.attach_mcast(V4_MAPPED + LOCAL_B)
+    a.attach_mcast(V4_MAPPED + _group(2))
+    assert running.devd._links[0].mcast_groups == (V4_MAPPED + _group(2),)
     a.close()
     wait_for(lambda: len(running.devd._clients) == 1)
     assert qa not in running.devd._owners
     assert running.devd._qp1 == [] and running.devd._groups == {}
+    assert running.devd._links[0].mcast_groups == ()  # the group was left
     assert b.alloc_qpn(qa) == qa  # free again
     b.close()
 

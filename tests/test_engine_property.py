@@ -7,8 +7,9 @@ import struct
 
 import pytest
 from engine_harness import Endpoint, Net, connect
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from property_budget import examples
 
 from softrdma import enums as e
 from softrdma.ib.types import SGE, RecvWQE, SendWQE
@@ -23,7 +24,7 @@ def sizes() -> st.SearchStrategy[int]:
 
 
 @pytest.mark.parametrize("v1", [False, True], ids=["rocev2", "rocev1"])  # A16 CA16-15
-@settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(15), deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     ops=st.lists(st.tuples(st.sampled_from(OPS), sizes(), st.booleans()), min_size=1,
                  max_size=12),
@@ -33,6 +34,14 @@ def sizes() -> st.SearchStrategy[int]:
     reorder=st.floats(0.0, 0.2),
     mtu=st.integers(1, 5),
 )
+# Issue 13 item 2: an ACK completed the head WQE while the requester was retransmitting it;
+# the completer popped it with the transmit index at 0 and kept its packet cursor, so the
+# next WQE was sent from that packet index, past its end (a SEND_MIDDLE of length -2548).
+@example(ops=[("send", 0, False), ("send", 0, False), ("send", 257, False), ("read", 0, False),
+              ("write", 65536, False), ("send", 0, False), ("send", 65536, False),
+              ("read", 3073, False), ("send", 3073, False), ("send", 0, False)],
+         seed=1141, loss=0.07678970864000434, dup=0.17905052179683112,
+         reorder=0.10508477591927748, mtu=1)
 def test_random_mix_exactly_once(v1: bool, ops: list[tuple[str, int, bool]], seed: int,
                                  loss: float, dup: float, reorder: float, mtu: int) -> None:
     """All WRs are posted at once, so they are in flight together under faults.

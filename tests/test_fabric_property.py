@@ -8,22 +8,42 @@ from __future__ import annotations
 import struct
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from mw_helper import type2_window
+from property_budget import examples
 from test_verbs_data import RC, Side, connect
 
 from softrdma import enums as e
 from softrdma import verbs as v
 from softrdma.drivers.clock import VirtualClock
 from softrdma.drivers.fabric import Fabric
+from softrdma.drivers.link import Datagram
 
 W = e.ibv_wr_opcode
 MiB = 1 << 20
+_BTH_RESV8A = 4  # the BTH byte the ICRC does not cover
+
+
+def _record_flips(fab: Fabric) -> list[int]:
+    """Offsets of the bytes the fabric's ``corrupt`` fault flips, in order."""
+    flips: list[int] = []
+    flip = fab._flip_bit
+
+    def recording(dg: Datagram) -> None:
+        before = bytes(dg.data)
+        flip(dg)
+        flips.extend(i for i, (x, y) in enumerate(zip(before, bytes(dg.data), strict=True)) if x != y)
+
+    fab._flip_bit = recording  # type: ignore[method-assign]
+    return flips
+
+
 OPS = ["send", "send_imm", "send_inv", "write", "write_imm", "read", "cas", "faa"]
 
 
 @pytest.mark.parametrize("roce_ver", ["2", "1"], ids=["rocev2", "rocev1"])  # CA16-15
-@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(12), deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     ops=st.lists(st.tuples(st.sampled_from(OPS),
                            st.one_of(st.integers(0, 5000), st.sampled_from([0, 4096, MiB])),
@@ -32,11 +52,14 @@ OPS = ["send", "send_imm", "send_inv", "write", "write_imm", "read", "cas", "faa
     drop=st.floats(0, 0.1), dup=st.floats(0, 0.2), reorder=st.floats(0, 0.2),
     corrupt=st.floats(0, 0.1),  # with drop: 0-20% of packets lost
 )
+# a random-seed run found it: the one corrupted bit was in BTH resv8a, which the ICRC masks
+@example(ops=[("send", 0, False)], seed=78, drop=0.0625, dup=0.125, reorder=0.125, corrupt=0.0625)
 def test_random_ops_over_faulty_fabric(roce_ver: str, ops: list[tuple[str, int, bool]], seed: int,
                                        drop: float, dup: float, reorder: float,
                                        corrupt: float) -> None:
     clock = VirtualClock()
     fab = Fabric(clock, seed=seed, drop=drop, duplicate=dup, reorder=reorder, corrupt=corrupt)
+    flips = _record_flips(fab)
     a = Side(v.Context(fabric=fab.link("10.8.0.1", roce_ver=roce_ver)), RC,
              bytearray((3 + len(ops)) * MiB))
     b = Side(v.Context(fabric=fab.link("10.8.0.2", roce_ver=roce_ver)), RC, bytearray(4 * MiB))
@@ -65,10 +88,10 @@ def test_random_ops_over_faulty_fabric(roce_ver: str, ops: list[tuple[str, int, 
                 w = v.SendWR(i, opcode=int(op), sg=[a.sge(0, size)] if size else [],
                              send_flags=flags)
                 w.imm_data = i
-                if kind == "send_inv":
-                    spare = v.MR(b.pd, 64, int(e.IBV_ACCESS_LOCAL_WRITE))
+                if kind == "send_inv":  # RoCE: only a type-2 window may be invalidated
+                    spare = v.MR(b.pd, 64, int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_MW_BIND))
                     spares.append(spare)  # keep it registered until it is invalidated
-                    w.invalidate_rkey = spare.rkey
+                    w.invalidate_rkey = type2_window(b.ctx, b.pd, b.qp, spare)
             elif kind in ("write", "write_imm"):
                 op = W.IBV_WR_RDMA_WRITE if kind == "write" else W.IBV_WR_RDMA_WRITE_WITH_IMM
                 w = v.SendWR(i, opcode=int(op), sg=[a.sge(0, size)] if size else [],
@@ -110,7 +133,9 @@ def test_random_ops_over_faulty_fabric(roce_ver: str, ops: list[tuple[str, int, 
             assert struct.unpack_from("=Q", a.buf, off)[0] == value
         assert struct.unpack_from("=Q", b.buf, 3 * MiB)[0] == counter
         if corrupt:
-            assert fab.stats.corrupted == 0 or a.ctx.counters()["rcvd_icrc_err"] + \
+            # a flipped bit is caught by the ICRC unless it hit BTH byte 4 (resv8a: FECN,
+            # BECN and reserved bits, which the ICRC masks, IBA A17.8 / roce.md)
+            assert all(off == _BTH_RESV8A for off in flips) or a.ctx.counters()["rcvd_icrc_err"] + \
                 b.ctx.counters()["rcvd_icrc_err"] > 0
     finally:
         a.ctx.close()

@@ -304,7 +304,7 @@ def test_link_errors(args: tuple[str, ...], rc: int, msg: str) -> None:
     code, out, err = run_link(*args)
     assert code == rc
     assert out == ""
-    assert err.count("\n") == 1 and msg in err and err.startswith("softrdma link: ")
+    assert err.count("\n") == 1 and msg in err and err.startswith("softrdma link: error: ")
     assert Registry().list() == before
 
 
@@ -315,7 +315,27 @@ def test_link_module_entry_point(state: Path) -> None:
         capture_output=True, text=True, env=env, timeout=20,
     )  # fmt: skip
     assert p.returncode == 1
-    assert p.stderr == "softrdma link: netdev 'nosuchif0': no such network interface\n"
+    assert p.stderr == "softrdma link: error: netdev 'nosuchif0': no such network interface\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "rc", "msg"),
+    [
+        (("type", "foo"), 2, "unknown type 'foo'"),
+        (("port", "70000"), 1, "UDP port 70000 not in 1..65535"),
+        (("--udp-port", "70000"), 2, "unknown keyword '--udp-port'"),
+    ],
+)
+def test_link_add_bad_type_or_port_exits_nonzero(state: Path, args: tuple[str, ...], rc: int,
+                                                 msg: str) -> None:
+    """Issue 13 item 12: through the ``softrdma`` command, one line, no record made."""
+    env = dict(os.environ, PYTHONPATH=SRC, SOFTRDMA_STATE_DIR=str(state))
+    p = subprocess.run([sys.executable, "-m", "softrdma", "link", "add", "x1", "netdev", "lo",
+                        *args], capture_output=True, text=True, env=env, timeout=30)
+    assert p.returncode == rc and p.stdout == ""
+    assert p.stderr.startswith("softrdma link: error: ") and p.stderr.count("\n") == 1
+    assert msg in p.stderr
+    assert [r.name for r in Registry(state).list()] == ["softrdma_lo"]
 
 
 def test_link_add_roce_ver_and_vlan(state: Path) -> None:

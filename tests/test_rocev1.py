@@ -263,7 +263,7 @@ def test_loopback_gid_is_dropped() -> None:
             clock.run(max_events=1000)
         (wc,) = b.cq.poll(4)[1]  # only the second one
         assert wc.status == 0 and wc.src_qp == a.qp.qp_num
-        assert b.ctx.counters()["rcvd_malformed"] == 1
+        assert b.ctx.counters()["rcvd_loopback_gid"] == 1
     finally:
         a.ctx.close()
         b.ctx.close()
@@ -298,7 +298,8 @@ def test_devd_reversible_reply_and_self_addressed_record() -> None:
 
 # ---------------------------------------------------------------------------- pcap-check
 @pytest.mark.parametrize("vlan", [None, 0, 7], ids=["untagged", "priority-tagged", "vlan7"])
-def test_pcap_check_handles_rocev1_frames(tmp_path: Path, vlan: int | None) -> None:
+def test_pcap_check_handles_rocev1_frames(tmp_path: Path, vlan: int | None,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
     """``softrdma pcap-check`` decodes RoCEv1 frames, 802.1Q-tagged too, checks their
     ICRC, re-encodes them byte for byte, and reports a corrupted one."""
     body = ib.encode(ib.IBPacket(0x0A, psn=5, dqpn=0x12, payload=b"w" * 64))
@@ -314,8 +315,8 @@ def test_pcap_check_handles_rocev1_frames(tmp_path: Path, vlan: int | None) -> N
         w.write(bytes(bad), 0.001)
     out = io.StringIO()
     assert pcap_check.run([str(path)], out) == 1
-    text = out.getvalue()
-    assert "2 packets, 1 ok, 1 failed" in text and "ICRC" in text
+    text = out.getvalue() + capsys.readouterr().err
+    assert "2 packets, 1 ok, 1 failed" in text and "frame 2: bad ICRC" in text
     f = roce.parse_frame(good, 1)
     assert f is not None and f.version == 1 and roce.frame_icrc_ok(f)
     assert roce.build_frame(f) == good

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from mw_helper import type2_window
 from test_verbs_data import ACC, RC, UD, Side, connect
 
 from softrdma import enums as e
@@ -62,9 +63,9 @@ def every_opcode_capture(path: Path, roce_ver: str = "2") -> None:
                   (W.IBV_WR_SEND, 100), (W.IBV_WR_RDMA_WRITE_WITH_IMM, 2100)):
         b.qp.post_recv(v.RecvWR(2, 1, [b.sge(0, 8000)]))
         w = v.SendWR(2, opcode=int(op), sg=[a.sge(0, n)])
-        if op == W.IBV_WR_SEND_WITH_INV:
-            spare = v.MR(b.pd, 64, ACC)
-            w.invalidate_rkey = spare.rkey
+        if op == W.IBV_WR_SEND_WITH_INV:  # RoCE: only a type-2 window may be invalidated
+            spare = v.MR(b.pd, 64, ACC | int(e.IBV_ACCESS_MW_BIND))
+            w.invalidate_rkey = type2_window(b.ctx, b.pd, b.qp, spare)
         elif op == W.IBV_WR_RDMA_WRITE_WITH_IMM:
             w.set_wr_rdma(b.mr.rkey, b.mr.addr + 100)
         w.imm_data = 0x1234

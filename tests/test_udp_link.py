@@ -261,9 +261,8 @@ def test_errors_and_close() -> None:
 
 def test_buffers_are_large() -> None:
     with UdpLink("127.0.0.1", 0, rcvbuf=4 << 20, sndbuf=2 << 20) as a:
-        fd = a.fileno()
-        assert fd is not None
-        s = socket.socket(fileno=os.dup(fd))
+        assert a._rx is not None  # fileno() is an epoll over the receive sockets
+        s = socket.socket(fileno=os.dup(a._rx.fileno()))
         try:
             # Linux reports twice the requested size; beyond rmem_max only with the FORCE
             # options (root), else capped at rmem_max.

@@ -89,6 +89,8 @@ from .rdma_events import (  # noqa: F401 - the RDMA_CM_EVENT_* names are re-expo
     UdParam,
     event_str,
 )
+from .rdma_qpattr import qp_attr_of
+from .userqp import UserQp, cm_qp_attr
 
 __all__ = [
     "CmId", "EventChannel", "ConnParam", "UdParam", "RdmaCmEvent", "RdmaCmEventType",
@@ -165,6 +167,7 @@ class CmId:
         self._iw_req: Any = None
         self._iw_conn: Any = None
         self._sidr = False
+        self._established_by_app = False
         self._disconnected = False
         self._destroyed = False
         self._lock = threading.Lock()
@@ -191,6 +194,16 @@ class CmId:
         dev.ids.add(self)
         if self.transport == "iwarp" and self.ps == RDMA_PS_UDP:
             raise InvalidArgument("ps", "iWARP has no UD service: RDMA_PS_UDP needs RoCE")
+
+    def migrate(self, channel: EventChannel) -> None:
+        """``rdma_migrate_id``: later events (and those not yet taken) go to ``channel``."""
+        self._check()
+        if not isinstance(channel, EventChannel):
+            raise InvalidArgument("channel", "expected an EventChannel")
+        old, self.channel = self.channel, channel
+        if old is not channel:
+            for ev in old._take_events_of(self):
+                channel._post(ev)
 
     @property
     def port_num(self) -> int:
@@ -310,8 +323,7 @@ class CmId:
         p = param if param is not None else ConnParam()
         if not self._addr_ok or self.device is None:
             raise StateError("connect before resolve_addr/resolve_route")
-        if self.qp is None and self.ps == RDMA_PS_TCP:
-            raise StateError("connect needs the QP of create_qp")
+        qp = self._conn_qp(p, "connect")
         if self._ib is not None or self._iw_conn is not None:
             raise StateError("the id is already connecting or connected")
         assert self._src is not None and self._dst is not None
@@ -328,11 +340,45 @@ class CmId:
             client.resolve(self._src, self._dst, self._dst_port, src_port=self._src_port,
                            private_data=bytes(p.private_data))
             return
-        client.connect(self.qp, self._src, self._dst, self._dst_port, src_port=self._src_port,
+        client.connect(qp, self._src, self._dst, self._dst_port, src_port=self._src_port,
                        proto=IPPROTO_TCP, private_data=bytes(p.private_data),
                        responder_resources=p.responder_resources,
                        initiator_depth=p.initiator_depth, retry_count=p.retry_count,
-                       rnr_retry_count=p.rnr_retry_count, flow_control=bool(p.flow_control))
+                       rnr_retry_count=p.rnr_retry_count, flow_control=bool(p.flow_control),
+                       auto_rtu=not isinstance(qp, UserQp))
+
+    def _conn_qp(self, p: ConnParam, what: str) -> Any:
+        """The id's QP, or (no QP, ``p.qp_num`` set) the application's own QP of that
+        number (librdmacm: ``conn_param.qp_num``; see :mod:`.userqp`)."""
+        if self.qp is not None or self.ps == RDMA_PS_UDP:
+            return self.qp
+        if not p.qp_num:
+            raise StateError(f"{what} needs the QP of create_qp or ConnParam.qp_num")
+        if self.transport == "iwarp":
+            raise InvalidArgument("qp_num", "an application-moved QP needs the IB CM "
+                                            "(RoCE); on iWARP use create_qp")
+        return UserQp(p.qp_num, srq=bool(p.srq))
+
+    def establish(self) -> None:
+        """``rdma_establish``: after CONNECT_RESPONSE on a connection whose QP the
+        application moves itself, send the RTU (no ESTABLISHED event follows, as in
+        librdmacm)."""
+        self._check()
+        if self._ib is None or self.qp is not None:
+            raise StateError("establish is for an application-moved QP after "
+                             "CONNECT_RESPONSE")
+        self._established_by_app = True
+        self._ib.establish()
+
+    def init_qp_attr(self, qp_state: int) -> tuple[Any, int]:
+        """``rdma_init_qp_attr``: ``(QPAttr, attr_mask)`` moving an application-created
+        QP of this connection to ``qp_state`` (INIT, RTR, RTS; RoCE)."""
+        self._check()
+        ib = self._ib
+        if ib is None:
+            raise StateError("init_qp_attr needs a connection request or response")
+        got = ib.agent.api(lambda t: cm_qp_attr(ib, qp_state), None)
+        return qp_attr_of(self.verbs, got)
 
     def _iw_connect(self, p: ConnParam) -> None:
         from ..iwarp import cm as iw  # noqa: PLC0415
@@ -473,8 +519,7 @@ class CmId:
         UD, as librdmacm)."""
         self._check()
         p = param if param is not None else ConnParam()
-        if self.qp is None:
-            raise StateError("accept needs the QP of create_qp")
+        qp = self._conn_qp(p, "accept")
         if self._iw_req is not None:
             from ..iwarp.mpa_setup import MpaConfig  # noqa: PLC0415
 
@@ -489,7 +534,7 @@ class CmId:
         if self._ib is None:
             raise StateError("accept on an id without a connection request")
         qkey = p.qkey if p.qkey is not None else (RDMA_UDP_QKEY if self._sidr else None)
-        self._ib.accept(self.qp, AcceptParams(
+        self._ib.accept(qp, AcceptParams(
             private_data=bytes(p.private_data), responder_resources=p.responder_resources,
             initiator_depth=p.initiator_depth, rnr_retry_count=p.rnr_retry_count,
             flow_control=bool(p.flow_control), qkey=qkey))
@@ -556,6 +601,8 @@ class CmId:
         _unwatch(self)
         if self.device is not None:
             self.device.ids.discard(self)
+        for child in self.channel._drop_for(self):  # unread requests of a listener: refused
+            child.destroy()
 
     def _stop_listening(self) -> None:
         listens, self._listens = self._listens, []
@@ -599,6 +646,8 @@ class CmId:
     def _on_ib(self, ev: CmEvent) -> None:
         k = ev.type
         if k == CmEventType.ESTABLISHED:
+            if self._established_by_app:
+                return  # rdma_establish reports nothing (librdmacm)
             ud = None
             if self._sidr and ev.ud_qpn is not None:
                 ud = UdParam(ev.ud_qpn, ev.ud_qkey or RDMA_UDP_QKEY, self._ah_attr(),

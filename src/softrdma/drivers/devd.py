@@ -47,8 +47,11 @@ Requests (client -> daemon, control), one fixed-size record::
                          QPNs in use; arg 1: register for QP1 (several clients may; QP1 MADs
                          go to all of them); other arg: that QPN if it is free
       FREE_QPN     2  arg = QPN (for QP1: drop one QP1 registration)
-      ATTACH_MCAST 3  mgid = the 16-byte MGID (roce.md §4: IPv4 group as ::ffff:a.b.c.d)
-      DETACH_MCAST 4  mgid
+      ATTACH_MCAST 3  mgid = the 16-byte MGID (roce.md §4: IPv4 group as ::ffff:a.b.c.d);
+                      the first attachment makes the daemon join the IP group on its
+                      socket of that family (EINVAL: not a multicast GID; EAFNOSUPPORT: no
+                      address of that family; EADDRNOTAVAIL: the kernel refused the join)
+      DETACH_MCAST 4  mgid (the last detachment leaves the IP group)
       STATS        5  (no argument)
       CM_SLOT      6  make this client a routed CM client (implies a QP1 registration) and
                       give it a slot byte 1..255, unique on the device, as the value: its
@@ -57,12 +60,26 @@ Requests (client -> daemon, control), one fixed-size record::
                       matching it go to this client (EADDRINUSE if another client has
                       the same Service ID and mask)
       CM_UNLISTEN  8  mgid as for CM_LISTEN
+      REPORT       9  followed by JSON {name: value}: this client's port counters
+                      (cumulative, :class:`softrdma.ib.counters.Counters`); the daemon keeps
+                      the last report of each client and adds it to the device's retired
+                      total when the client leaves
+      COUNTERS    10  (no argument): the device's port counters, aggregated
 
 Replies (daemon -> client, control)::
 
     _REP "!BxHI": op (echoed), errno (0 = success), value (the QPN for ALLOC_QPN,
     else 0; for STATS the number of counters, followed by that many "!Q" in the order
-    of STAT_NAMES)
+    of STAT_NAMES; for COUNTERS followed by JSON {"port": {...}, "devd": {...},
+    "clients": N})
+
+Port counters of a shared device (``softrdma stats``, ``Context.query_port_counters``):
+each process counts its own packets in its engine and reports them to the daemon at
+most every :data:`~softrdma.drivers.runtime.REPORT_INTERVAL` seconds and when it closes;
+the daemon's COUNTERS answer is the sum of the retired clients' totals, the live
+clients' last reports, and the daemon's own drops (``unknown_qpn`` ->
+``rcvd_unknown_qp``, ``malformed`` -> ``rcvd_malformed``, ``client_full`` ->
+``rcvd_no_buffer``, each also a received packet).
 
 Data (daemon -> client, data channel): ``_DHDR`` followed by the UDP payload as
 received (BTH .. ICRC)::
@@ -97,6 +114,7 @@ import contextlib
 import dataclasses
 import errno
 import fcntl
+import json
 import os
 import selectors
 import signal
@@ -112,6 +130,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from softrdma.drivers import netdev as _netdev
+from softrdma.drivers.admission import (
+    MAX_CLIENTS_PER_UID,
+    DevdRefused,
+    Spare,
+    out_of_descriptors,
+    peer_uid,
+    per_uid_cap,
+    raise_nofile,
+    refusal_reason,
+    refuse,
+)
+from softrdma.drivers.cm_reject import RejLimiter, answer_for, sane_request
 from softrdma.drivers.devd_v1 import V1_VERSION, send_reversible_v1, v1_datagram
 from softrdma.drivers.link import (
     V4_MAPPED_PREFIX,
@@ -122,11 +152,14 @@ from softrdma.drivers.link import (
     ip_bytes,
     ip_text,
 )
+from softrdma.drivers.mcast import is_mgid, mgid_to_group
 from softrdma.drivers.rawether import RawEtherLink
-from softrdma.drivers.registry import DeviceRecord, Registry, ensure_state_dir
+from softrdma.drivers.registry import DeviceRecord, Registry, ensure_state_dir, open_state_file
 from softrdma.drivers.registry import state_dir as default_state_dir
 from softrdma.drivers.udp import UdpLink
 from softrdma.errors import ClosedError, DeviceError, InvalidArgument, SoftRdmaError
+from softrdma.ib.counters import Counters
+from softrdma.wire.roce import udp_send_icrc
 from softrdma.wire.rocev1 import GRH_SIZE
 
 if TYPE_CHECKING:
@@ -154,6 +187,8 @@ OP_STATS = 5
 OP_CM_SLOT = 6
 OP_CM_LISTEN = 7
 OP_CM_UNLISTEN = 8
+OP_REPORT = 9
+OP_COUNTERS = 10
 
 _HELLO = struct.Struct("!4sHHIH")
 _REQ = struct.Struct("!BxxxI16s")
@@ -168,7 +203,7 @@ QPN_LAST = 0xFFFFFE
 BTH_SIZE = 12
 
 STAT_NAMES = ("rx", "forwarded", "unknown_qpn", "malformed", "client_full", "clients",
-              "cm_routed", "cm_rejected")
+              "cm_routed", "cm_rejected", "clients_refused", "cm_bad_req", "cm_rej_limited")
 
 # CM MADs on QP1: BTH (12) + DETH (8), then the 256-byte MAD (ib-cm.md §7)
 _MAD_OFF = BTH_SIZE + 8
@@ -180,6 +215,7 @@ _GSI_QKEY = 0x80010000
 _BTH_DETH = struct.Struct("!BBHIIII")
 
 MAX_DATAGRAM = 16384  # the largest UDP payload the daemon receives and forwards
+_MAX_CTRL = 65536  # the largest control record (a REPORT carries JSON)
 _DATA_SNDBUF = 4 << 20
 _RECV_BATCH = 64
 
@@ -216,7 +252,7 @@ def _ip_from16(raw: bytes) -> bytes:
 @contextlib.contextmanager
 def _flock(path: Path, timeout: float, what: str) -> Iterator[int]:
     """Hold an exclusive ``flock`` on ``path``, waiting at most ``timeout`` seconds."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = open_state_file(path, os.O_RDWR | os.O_CREAT)
     try:
         deadline = time.monotonic() + timeout
         while True:
@@ -247,6 +283,8 @@ class _Client:
     dead: bool = False
     cm_slot: int = 0
     cm_listens: set[tuple[int, int]] = field(default_factory=set)
+    port_counters: dict[str, int] = field(default_factory=dict)
+    uid: int = -1
 
 
 class Devd:
@@ -268,6 +306,7 @@ class Devd:
         idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
         ips: Sequence[str | bytes] | None = None,
         lock_wait: float = 2.0,
+        max_clients_per_uid: int = MAX_CLIENTS_PER_UID,
     ) -> None:
         if record.type != "roce":
             raise DeviceError(f"device {record.name!r}: devd serves roce devices only")
@@ -302,6 +341,12 @@ class Devd:
         self._next_slot = 1
         self._cm_listeners: dict[tuple[int, int], _Client] = {}
         self._next_qpn = QPN_FIRST
+        self._retired = Counters()  # port counters of clients that left
+        self.max_clients_per_uid = max_clients_per_uid
+        self._uid_cap = max_clients_per_uid
+        self._per_uid: dict[int, int] = {}
+        self._spare: Spare | None = None
+        self._rej_limiter = RejLimiter()
         self._stop = False
         self._started = False
         self._closed = False
@@ -327,7 +372,7 @@ class Devd:
             return
         name = self.record.name
         try:
-            self._lock_fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            self._lock_fd = open_state_file(self.lock_path, os.O_RDWR | os.O_CREAT)
         except OSError as exc:
             raise DeviceError(f"devd {name}: cannot open {self.lock_path}: {exc}") from exc
         try:
@@ -342,6 +387,8 @@ class Devd:
                             f"devd {name}: another devd already serves this device"
                         ) from None
                     time.sleep(0.01)
+            self._uid_cap = per_uid_cap(raise_nofile(), self.max_clients_per_uid)
+            self._spare = Spare()
             if self.record.roce_v2:
                 self._bind_udp()
             else:  # RoCEv1 only: no UDP port; the addresses are still GIDs (roce.md §4)
@@ -349,7 +396,11 @@ class Devd:
             if self.record.roce_v1:
                 self._raw = RawEtherLink(self.record.netdev, vlan=self.record.vlan)
             self._bind_unix()
-            self.pid_path.write_text(f"{os.getpid()}\n")
+            pid_fd = open_state_file(self.pid_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.write(pid_fd, f"{os.getpid()}\n".encode())
+            finally:
+                os.close(pid_fd)
         except OSError as exc:
             self._cleanup()
             raise DeviceError(f"devd {name}: {exc}") from exc
@@ -434,6 +485,8 @@ class Devd:
             self._sel.close()
         self._wake_r.close()
         self._wake_w.close()
+        if self._spare is not None:
+            self._spare.close()
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1
@@ -478,16 +531,32 @@ class Devd:
             self._cleanup()
 
     def _on_accept(self) -> None:
+        """Accept clients; refuse (never fail on) one over its uid's cap or when the
+        descriptors run out (``softrdma.drivers.admission``)."""
         assert self._listener is not None
         while True:
             try:
                 ctrl, _ = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError:
+            except OSError as exc:
+                if out_of_descriptors(exc) and self._spare is not None:
+                    if self._spare.shed(self._listener, f"devd out of descriptors: {exc.strerror}"):
+                        self.counters["clients_refused"] += 1
+                        continue
                 return
+            uid = peer_uid(ctrl)
+            if self._per_uid.get(uid, 0) >= self._uid_cap:
+                self.counters["clients_refused"] += 1
+                refuse(ctrl, f"too many clients of uid {uid} (at most {self._uid_cap})")
+                continue
+            try:
+                mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            except OSError as exc:
+                self.counters["clients_refused"] += 1
+                refuse(ctrl, f"devd cannot create a data channel: {exc.strerror}")
+                continue
             ctrl.setblocking(False)
-            mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             with contextlib.suppress(OSError):
                 mine.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _DATA_SNDBUF)
             mine.setblocking(False)
@@ -501,7 +570,8 @@ class Devd:
                 continue
             finally:
                 theirs.close()
-            client = _Client(ctrl, mine)
+            client = _Client(ctrl, mine, uid=uid)
+            self._per_uid[uid] = self._per_uid.get(uid, 0) + 1
             self._clients.append(client)
             self.counters["clients"] += 1
             assert self._sel is not None
@@ -542,7 +612,10 @@ class Devd:
                 members.remove(c)
                 if not members:
                     del self._groups[mgid]
+                    self._leave_group(mgid)
         c.mcast.clear()
+        self._retired.add(c.port_counters)
+        c.port_counters = {}
         for s in (c.ctrl, c.data):
             if self._sel is not None:
                 with contextlib.suppress(KeyError, ValueError):
@@ -550,13 +623,18 @@ class Devd:
             s.close()
         if c in self._clients:
             self._clients.remove(c)
+            left = self._per_uid.get(c.uid, 1) - 1
+            if left > 0:
+                self._per_uid[c.uid] = left
+            else:
+                self._per_uid.pop(c.uid, None)
 
     # -- control -----------------------------------------------------------------------
 
     def _on_ctrl(self, c: _Client) -> None:
         while True:
             try:
-                msg = c.ctrl.recv(256)
+                msg = c.ctrl.recv(_MAX_CTRL)
             except BlockingIOError:
                 return
             except OSError:
@@ -573,6 +651,8 @@ class Devd:
                 return
 
     def _handle(self, c: _Client, msg: bytes) -> bytes:
+        if len(msg) > _REQ.size and msg[0] == OP_REPORT:
+            return _REP.pack(OP_REPORT, self._report(c, msg[_REQ.size :]), 0)
         if len(msg) != _REQ.size:
             return _REP.pack(msg[0] if msg else 0, errno.EINVAL, 0)
         op, arg, mgid = _REQ.unpack(msg)
@@ -581,17 +661,17 @@ class Devd:
         elif op == OP_FREE_QPN:
             err, value = self._free(c, arg), 0
         elif op == OP_ATTACH_MCAST:
-            c.mcast[mgid] = c.mcast.get(mgid, 0) + 1
-            members = self._groups.setdefault(mgid, [])
-            if c not in members:
-                members.append(c)
-            err, value = 0, 0
+            err, value = self._attach(c, mgid), 0
         elif op == OP_DETACH_MCAST:
             err, value = self._detach(c, mgid), 0
         elif op == OP_CM_SLOT:
             err, value = self._cm_slot(c)
         elif op in (OP_CM_LISTEN, OP_CM_UNLISTEN):
             err, value = self._cm_listen(c, mgid, op == OP_CM_LISTEN), 0
+        elif op == OP_COUNTERS:
+            body = json.dumps({"port": self.port_counters(), "devd": self.counters,
+                               "clients": len(self._clients)}).encode()
+            return _REP.pack(op, 0, len(body)) + body
         elif op == OP_STATS:
             return _REP.pack(op, 0, len(STAT_NAMES)) + b"".join(
                 _U64.pack(self.counters[n]) for n in STAT_NAMES
@@ -599,6 +679,31 @@ class Devd:
         else:
             err, value = errno.EOPNOTSUPP, 0
         return _REP.pack(op, err, value)
+
+    def _report(self, c: _Client, raw: bytes) -> int:
+        try:
+            values = json.loads(raw)
+        except ValueError:
+            return errno.EINVAL
+        if not isinstance(values, dict) or not all(
+            isinstance(k, str) and isinstance(v, int) and v >= 0 for k, v in values.items()
+        ):
+            return errno.EINVAL
+        c.port_counters = values
+        return 0
+
+    def port_counters(self) -> dict[str, int]:
+        """The device's port counters: retired + live clients' reports + devd's drops."""
+        total = Counters()
+        total.add(self._retired.as_dict())
+        for c in self._clients:
+            total.add(c.port_counters)
+        own = self.counters
+        total.rcvd_unknown_qp += own["unknown_qpn"]
+        total.rcvd_malformed += own["malformed"]
+        total.rcvd_no_buffer += own["client_full"]
+        total.rcvd_pkts += own["unknown_qpn"] + own["malformed"] + own["client_full"]
+        return total.as_dict()
 
     def _alloc(self, c: _Client, want: int) -> tuple[int, int]:
         if want == QPN_GSI:
@@ -716,29 +821,21 @@ class Devd:
         return self._qp1 if attr == _ATTR_REJ else legacy
 
     def _reject_unlistened(self, link: UdpLink | RawEtherLink, dg: Datagram, attr: int) -> None:
-        """REJ 8 (SIDR_REP status 1) for a REQ (SIDR_REQ) nobody listens for."""
-        from softrdma.wire import cm as wcm  # noqa: PLC0415 - only the daemon needs it
-        from softrdma.wire.roce import udp_send_icrc  # noqa: PLC0415
-
-        try:
-            got = wcm.decode(bytes(dg.data[_MAD_OFF : _MAD_OFF + _MAD_SIZE]))
-        except SoftRdmaError:
-            self.counters["malformed"] += 1
+        """REJ 8 (SIDR_REP status 1) for a REQ (SIDR_REQ) nobody listens for, only for a
+        REQ with a correct ICRC from a plausible source, and rate-limited per source
+        (:mod:`softrdma.drivers.cm_reject`). On RoCEv1 the REJ takes the reversible path
+        of A16.4.4."""
+        if not sane_request(dg, self.udp_port):
+            self.counters["cm_bad_req"] += 1
             return
-        msg = got.msg
-        if isinstance(msg, wcm.Req):
-            ans: wcm.CmMessage = wcm.Rej(
-                local_comm_id=0, remote_comm_id=msg.local_comm_id,
-                message_rejected=wcm.MsgType.REQ, reason=wcm.RejReason.INVALID_SERVICE_ID)
-        elif isinstance(msg, wcm.SidrReq):
-            ans = wcm.SidrRep(request_id=msg.request_id, status=wcm.SidrStatus.UNSUPPORTED,
-                              service_id=msg.service_id)
-        else:  # pragma: no cover - only called for these two attributes
+        answer = answer_for(dg)
+        if answer is None:
+            self.counters["cm_bad_req"] += 1
             return
-        mad = wcm.encode(ans, tid=got.hdr.tid)
-        src_qp = int.from_bytes(dg.data[BTH_SIZE + 5 : BTH_SIZE + 8], "big")  # DETH SrcQP
-        hdr = _BTH_DETH.pack(_UD_SEND_ONLY, 0, 0xFFFF, src_qp & 0xFFFFFF, 0, _GSI_QKEY,
-                             QPN_GSI)
+        if not self._rej_limiter.allow(dg.src_ip):
+            self.counters["cm_rej_limited"] += 1
+            return
+        hdr, mad = answer
         if isinstance(link, RawEtherLink):  # RoCEv1: the reversible path of A16.4.4
             try:
                 send_reversible_v1(link, dg, [hdr, mad])
@@ -754,6 +851,36 @@ class Devd:
             return
         self.counters["cm_rejected"] += 1
 
+    def _attach(self, c: _Client, mgid: bytes) -> int:
+        """A client attaches ``mgid``; the first one makes the daemon join the group on
+        its socket of that address family (roce.md §4, :mod:`.mcast`)."""
+        if mgid not in self._groups:
+            link = self._group_link(mgid)
+            if link is None:
+                return errno.EAFNOSUPPORT if is_mgid(mgid) else errno.EINVAL
+            try:
+                link.attach_mcast(mgid)
+            except (OSError, SoftRdmaError):
+                return errno.EADDRNOTAVAIL
+            self._groups[mgid] = []
+        c.mcast[mgid] = c.mcast.get(mgid, 0) + 1
+        members = self._groups[mgid]
+        if c not in members:
+            members.append(c)
+        return 0
+
+    def _group_link(self, mgid: bytes) -> UdpLink | None:
+        """The receive link that joins ``mgid``'s IP group (its family's first address)."""
+        if not is_mgid(mgid):
+            return None
+        size = len(mgid_to_group(mgid))
+        return next((link for link in self._links if len(link.ip) == size), None)
+
+    def _leave_group(self, mgid: bytes) -> None:
+        link = self._group_link(mgid)
+        if link is not None and mgid in link.mcast_groups:
+            link.detach_mcast(mgid)
+
     def _detach(self, c: _Client, mgid: bytes) -> int:
         refs = c.mcast.get(mgid, 0)
         if refs == 0:
@@ -766,6 +893,7 @@ class Devd:
         members.remove(c)
         if not members:
             del self._groups[mgid]
+            self._leave_group(mgid)
         return 0
 
     # -- data --------------------------------------------------------------------------
@@ -950,7 +1078,7 @@ class DevdLink:
                 break
             except OSError as exc:
                 last_err = exc.strerror or str(exc)
-                if not spawn:
+                if not spawn or isinstance(exc, DevdRefused):
                     break
         else:
             hello = b""
@@ -987,6 +1115,7 @@ class DevdLink:
         ring_view = memoryview(bytearray(slot * ring))
         self._slots = [ring_view[i * slot : (i + 1) * slot] for i in range(ring)]
         self.counters: dict[str, int] = {"rx": 0, "bad_header": 0}
+        self.last_report: dict[str, int] = {}
 
     @staticmethod
     def _connect(path: Path, timeout: float) -> tuple[socket.socket, socket.socket, bytes]:
@@ -995,6 +1124,9 @@ class DevdLink:
             ctrl.settimeout(timeout)
             ctrl.connect(str(path))
             msg, fds, _, _ = socket.recv_fds(ctrl, 4096, 1)
+            reason = refusal_reason(msg)
+            if reason is not None:
+                raise DevdRefused(errno.ECONNREFUSED, f"devd refused this client: {reason}")
             if not msg or not fds:
                 for fd in fds:
                     os.close(fd)
@@ -1117,7 +1249,7 @@ class DevdLink:
         with self._ctrl_lock:
             try:
                 self._ctrl.send(_REQ.pack(op, arg, mgid))
-                rep = self._ctrl.recv(4096)
+                rep = self._ctrl.recv(_MAX_CTRL)
             except OSError as exc:
                 raise DeviceError(f"device {self.record.name!r}: devd: {exc}") from exc
         if len(rep) < _REP.size:
@@ -1165,6 +1297,33 @@ class DevdLink:
         raw = service_id.to_bytes(8, "big") + mask.to_bytes(8, "big")
         self._request(OP_CM_LISTEN if listen else OP_CM_UNLISTEN, 0, raw)
 
+    def report_counters(self, values: dict[str, int]) -> None:
+        """Tell the daemon this process's port counters (cumulative; see the module
+        docstring, "Port counters of a shared device")."""
+        body = json.dumps(values, separators=(",", ":")).encode()
+        if self._closed:
+            raise ClosedError(f"device {self.record.name!r}: link closed")
+        with self._ctrl_lock:
+            try:
+                self._ctrl.send(_REQ.pack(OP_REPORT, 0, bytes(16)) + body)
+                rep = self._ctrl.recv(4096)
+            except OSError as exc:
+                raise DeviceError(f"device {self.record.name!r}: devd: {exc}") from exc
+        if len(rep) < _REP.size or _REP.unpack_from(rep)[1]:
+            raise DeviceError(f"device {self.record.name!r}: devd refused the counter report")
+        self.last_report = dict(values)
+
+    def device_counters(self) -> dict[str, int]:
+        """The device's port counters as the daemon aggregates them (every process's last
+        report, the processes that left, the daemon's own drops)."""
+        _, rest = self._request(OP_COUNTERS)
+        try:
+            got = json.loads(rest)
+            port = got["port"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DeviceError(f"device {self.record.name!r}: bad COUNTERS answer") from exc
+        return {str(k): int(v) for k, v in port.items()}
+
     def stats(self) -> dict[str, int]:
         """The daemon's counters (:data:`STAT_NAMES`)."""
         n, rest = self._request(OP_STATS)
@@ -1203,12 +1362,11 @@ def _daemonize(devd: Devd) -> int:
             null = os.open(os.devnull, os.O_RDWR)
             os.dup2(null, 0)
             os.dup2(null, 1)
-            log = os.open(
-                devd.directory / f"{devd.record.name}.log",
-                os.O_WRONLY | os.O_CREAT | os.O_APPEND,
-                0o600,
-            )
             try:
+                log = open_state_file(
+                    devd.directory / f"{devd.record.name}.log",
+                    os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                )
                 devd.start()
             except (SoftRdmaError, OSError) as exc:
                 os.write(w, f"E{exc}".encode())

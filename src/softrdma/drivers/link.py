@@ -24,9 +24,9 @@ from ..wire.rocev1 import link_local_gid
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
 
-__all__ = ["ROCE_V2_UDP_PORT", "Datagram", "Link", "V1Link", "GidEntry", "ROCE_VERSIONS",
-           "GID_TYPE_ROCE_V1", "GID_TYPE_ROCE_V2", "check_roce_ver", "gid_of_ip", "v1_gids", "gid_entries",
-           "ip_bytes", "ip_text", "check_port",
+__all__ = ["ROCE_V2_UDP_PORT", "CounterReporter", "Datagram", "Link", "V1Link", "GidEntry",
+           "ROCE_VERSIONS", "GID_TYPE_ROCE_V1", "GID_TYPE_ROCE_V2", "check_roce_ver",
+           "gid_of_ip", "v1_gids", "gid_entries", "ip_bytes", "ip_text", "check_port",
            "check_u8"]
 
 V4_MAPPED_PREFIX = b"\x00" * 10 + b"\xff\xff"  # roce.md §4: ::ffff:a.b.c.d
@@ -167,6 +167,22 @@ def gid_entries(roce_ver: str, mac: bytes, v1_ips: Sequence[bytes],
             out.append((g, GID_TYPE_ROCE_V2))
     out.extend((g, GID_TYPE_ROCE_V2) for g in v2_gids if g not in v1)
     return tuple(out)
+
+
+@runtime_checkable
+class CounterReporter(Protocol):
+    """A link whose device is shared by processes (devd): each process reports its port
+    counters, and the device's aggregate can be asked for (``softrdma stats``)."""
+
+    last_report: dict[str, int]
+
+    def report_counters(self, values: dict[str, int]) -> None:
+        """Publish this process's cumulative port counters."""
+        ...
+
+    def device_counters(self) -> dict[str, int]:
+        """The device's port counters, every process's included."""
+        ...
 
 
 def ip_bytes(ip: str | bytes, argument: str = "ip") -> bytes:

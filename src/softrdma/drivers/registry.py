@@ -41,6 +41,7 @@ import fcntl
 import json
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -75,6 +76,7 @@ NAME_MAX = 64
 _NAME_RE = re.compile(r"[A-Za-z0-9_.\-]+")
 _FILE_VERSION = 1
 MAX_VLAN_ID = 4095  # IEEE 802.1Q: VIDs 1..4094 (0 and 4095 reserved)
+_UNSAFE_DIR_MODE = stat.S_IWGRP | stat.S_IWOTH  # others may create or replace files
 DeviceType = Literal["roce", "iwarp"]
 _TYPES: tuple[str, ...] = ("roce", "iwarp")
 
@@ -181,14 +183,45 @@ def state_dir() -> Path:
 
 
 def ensure_state_dir(path: Path) -> Path:
-    """Create ``path`` (mode 0700 when we create it); :class:`DeviceError` on failure."""
+    """Create ``path`` with mode 0700 and check that it is safe to write files in.
+
+    Another local user could create a shared-``/tmp`` path such as ``/tmp/softrdma-<uid>``
+    first, or plant a symbolic link there, and so have us write through it. The directory
+    must therefore be a plain directory (not a symbolic link), owned by our effective uid,
+    and writable by no one else; :class:`DeviceError` names what is wrong otherwise. Files
+    in it are opened with :func:`open_state_file` (``O_NOFOLLOW``)."""
     try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except FileExistsError:
+        pass  # a symbolic link or a file: refused below with a clearer message
     except OSError as exc:
         raise DeviceError(f"cannot create state directory {path}: {exc}") from exc
-    if not path.is_dir():
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        raise DeviceError(f"cannot use state directory {path}: {exc}") from exc
+    if stat.S_ISLNK(st.st_mode):
+        raise DeviceError(f"state directory {path} is a symbolic link: refusing to use it")
+    if not stat.S_ISDIR(st.st_mode):
         raise DeviceError(f"state directory {path} is not a directory")
+    if st.st_uid != os.geteuid():
+        raise DeviceError(
+            f"state directory {path} is owned by uid {st.st_uid}, not by this user "
+            f"(uid {os.geteuid()}): refusing to use it"
+        )
+    if st.st_mode & _UNSAFE_DIR_MODE:
+        raise DeviceError(
+            f"state directory {path} is writable by other users (mode "
+            f"{stat.S_IMODE(st.st_mode):04o}): refusing to use it"
+        )
     return path
+
+
+def open_state_file(path: Path, flags: int, mode: int = 0o600) -> int:
+    """``os.open`` a file of the state directory without following a symbolic link
+    (``O_NOFOLLOW``) and close-on-exec; OSError as ``os.open`` raises it (ELOOP for a
+    planted link)."""
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
 
 
 class Registry:
@@ -210,7 +243,7 @@ class Registry:
     def _locked(self) -> Iterator[None]:
         ensure_state_dir(self.directory)
         try:
-            fd = os.open(self.directory / self.LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = open_state_file(self.directory / self.LOCK, os.O_RDWR | os.O_CREAT)
         except OSError as exc:
             raise DeviceError(f"cannot open registry lock in {self.directory}: {exc}") from exc
         try:

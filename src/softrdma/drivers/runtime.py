@@ -35,11 +35,11 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..errors import ClosedError, InvalidArgument
+from ..errors import ClosedError, InvalidArgument, SoftRdmaError
 from ..ib.port import Port, RxMeta, TxPacket
 from ..wire.roce import icrc_ok_udp, icrc_v1, inet_checksum, recover_ipv4_id, udp_send_icrc
-from ..wire.rocev1 import GRH_SIZE, LOOPBACK_GID, build_grh_v1
-from .link import ROCE_V2_UDP_PORT, V4_MAPPED_PREFIX, Datagram, Link
+from ..wire.rocev1 import GRH_SIZE, build_grh_v1
+from .link import ROCE_V2_UDP_PORT, V4_MAPPED_PREFIX, CounterReporter, Datagram, Link
 
 __all__ = ["Runtime", "icrc_v2", "icrc_ok", "build_grh", "gid_to_ip", "ip_to_gid"]
 
@@ -48,6 +48,7 @@ _IP6_HDR = struct.Struct("!IHBB16s16s")
 _ZERO20 = bytes(20)
 _MAX_IDLE_WAIT = 0.01  # the progress thread re-checks timers at least this often (s)
 _POLL_GRACE = 0.005  # the progress thread stands back this long after an application poll (s)
+REPORT_INTERVAL = 0.5  # a shared device's process reports its counters to devd this often (s)
 
 
 def gid_to_ip(gid: bytes) -> bytes:
@@ -143,6 +144,8 @@ class Runtime:
         self._thread: threading.Thread | None = None
         self._wake_r = self._wake_w = -1
         self._rx_event = threading.Event()
+        self._reporter = link if isinstance(link, CounterReporter) else None
+        self._next_report = 0.0
         if hasattr(link, "on_readable"):
             link.on_readable = self._on_readable
         if hasattr(link, "fast_rc_meta"):
@@ -373,10 +376,8 @@ class Runtime:
         send_v1(p.dgid, [grh, *p.parts, icrc_v1(grh, p.parts)], p.sl)
 
     def _rx_v1(self, d: Datagram, now: float) -> None:
-        """One RoCEv1 packet: GRH checks, ICRC, then the engine (A16.7.1: no LRH checks).
-
-        A16.7.2: a packet whose SGID or DGID is the loopback GID ::1 is dropped silently.
-        """
+        """One RoCEv1 packet: GRH checks, ICRC, then the engine (A16.7.1: no LRH checks;
+        the engine drops a packet from or to the loopback GID ::1, A16.7.2)."""
         port = self.port
         counters = port.counters
         grh = d.grh
@@ -385,9 +386,6 @@ class Runtime:
             counters.rcvd_malformed += 1
             return
         sgid, dgid = d.src_ip, d.dst_ip
-        if sgid == LOOPBACK_GID or dgid == LOOPBACK_GID:
-            counters.rcvd_malformed += 1
-            return
         body = data[:-4]
         if icrc_v1(grh, (body,)) != data[-4:]:
             counters.rcvd_icrc_err += 1
@@ -484,6 +482,32 @@ class Runtime:
                 break
         return taken
 
+    # ---- counters of a shared device ------------------------------------------------------------
+    def report_counters(self) -> None:
+        """Publish the port counters to a shared device's devd if they changed (design.md;
+        the devd module docstring, "Port counters of a shared device"). Best effort: a
+        daemon that went away loses the report, not the counters."""
+        rep = self._reporter
+        if rep is None:
+            return
+        self._next_report = time.monotonic() + REPORT_INTERVAL
+        values = self.port.counters.as_dict()
+        if values == rep.last_report:
+            return
+        try:
+            rep.report_counters(values)
+        except (SoftRdmaError, OSError):
+            pass
+
+    def device_counters(self) -> dict[str, int]:
+        """The device's port counters: on a shared device every process's (this one's
+        reported first, so they are current), else this port's own."""
+        rep = self._reporter
+        if rep is None or self._closed:
+            return self.port.counters.as_dict()
+        self.report_counters()
+        return rep.device_counters()
+
     # ---- the progress thread ------------------------------------------------------------------
     def _thread_main(self) -> None:
         fd = self.link.fileno()
@@ -520,6 +544,8 @@ class Runtime:
                     os.read(wake, 4096)
                 except BlockingIOError:
                     pass
+            if self._reporter is not None and time.monotonic() >= self._next_report:
+                self.report_counters()
 
     # ---- shutdown -------------------------------------------------------------------------------
     @property
@@ -538,6 +564,7 @@ class Runtime:
                 pass
             finally:
                 self.lock.release()
+        self.report_counters()  # the device keeps this process's totals after it leaves
         self._closed = True
         self._stop.set()
         self._kick.set()

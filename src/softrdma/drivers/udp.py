@@ -18,6 +18,12 @@
   ``IP_PKTINFO``/``IPV6_RECVPKTINFO`` give the destination address, ``IP_RECVTOS``/
   ``IP_RECVTTL`` (``IPV6_RECVTCLASS``/``IPV6_RECVHOPLIMIT``) the TOS and TTL.
 
+Multicast (roce.md §4, :mod:`.mcast`): :meth:`UdpLink.attach_mcast` joins the IP group
+of an MGID on the link's interface with its own socket bound to ``(group, port)``;
+:meth:`UdpLink.fileno` is an epoll descriptor over the main receive socket and the group
+sockets, so one ``select`` serves them all. Every sending socket sends multicast out of
+the link's interface with the unicast TTL.
+
 ICMP errors: Linux queues them only on connected sockets or with ``IP_RECVERR``, neither
 of which is used; if one still surfaces (``ECONNREFUSED`` ...), it is counted and the
 link carries on. Network-level send failures lose the datagram (counted in
@@ -27,6 +33,7 @@ link carries on. Network-level send failures lose the datagram (counted in
 from __future__ import annotations
 
 import errno
+import select
 import socket
 import struct
 import time
@@ -36,6 +43,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ClosedError, DeviceError, InvalidArgument, StateError
+from . import mcast
 from .link import ROCE_V2_UDP_PORT, Datagram, check_port, check_u8, ip_bytes, ip_text
 
 if TYPE_CHECKING:
@@ -177,12 +185,19 @@ class UdpLink:
         self._unavailable: dict[int, float] = {}  # sport -> retry time
         self._addr_cache: dict[tuple[bytes, int], tuple[Any, ...]] = {}
         self._ip_cache: dict[str, bytes] = {}
+        self._ifindex = mcast.ifindex_of(raw, scope_id)
+        self._groups: dict[bytes, tuple[socket.socket, int]] = {}  # MGID -> (socket, refs)
+        self._rx_socks: tuple[socket.socket, ...] = ()
+        self._ep: select.epoll | None = None
         # Set by the engine runtime: RC/UC datagrams need no TOS/TTL/destination ancillary
         # data (only a UD receive's GRH area does), so recv_batch skips parsing it.
         self.fast_rc_meta = False
         if bind_port:
             self._rx: socket.socket | None = self._open_main(port, True)
             main = self._rx
+            self._rx_socks = (main,)
+            self._ep = select.epoll()
+            self._ep.register(main.fileno(), select.EPOLLIN)
         else:
             self._rx = None
             main = self._open_main(0, False)
@@ -198,15 +213,20 @@ class UdpLink:
         self._v4 = self.family == socket.AF_INET
 
     # ---- sockets ---------------------------------------------------------------------
-    def _sockaddr(self, port: int) -> tuple[Any, ...]:
+    def _sockaddr(self, port: int, group: bytes | None = None) -> tuple[Any, ...]:
+        text = self._text if group is None else ip_text(group)
         if self.family == socket.AF_INET:
-            return (self._text, port)
-        return (self._text, port, 0, self.scope_id)
+            return (text, port)
+        return (text, port, 0, self.scope_id if group is None else self._ifindex)
 
-    def _open(self, port: int, *, receive: bool) -> socket.socket:
-        """A non-blocking unconnected UDP socket bound to (local_ip, port)."""
+    def _open(self, port: int, *, receive: bool, group: bytes | None = None) -> socket.socket:
+        """A non-blocking unconnected UDP socket bound to (local_ip, port), or to
+        (group, port) for a multicast group's receive socket (then joined)."""
         sock = socket.socket(self.family, socket.SOCK_DGRAM)
         try:
+            if group is not None:  # several devices/processes of a host may join a group
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            mcast.configure_sender(sock, self.ip, self._ifindex)
             if self.family == socket.AF_INET:
                 sock.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO)
                 sock.setsockopt(socket.IPPROTO_IP, IP_TTL, DEFAULT_TTL)
@@ -231,7 +251,9 @@ class UdpLink:
                 # Source-port sockets are not read: keep what strays into them small.
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1)
             sock.setblocking(False)
-            sock.bind(self._sockaddr(port))
+            sock.bind(self._sockaddr(port, group))
+            if group is not None:
+                mcast.join(sock, group, self.ip, self._ifindex)
         except BaseException:
             sock.close()
             raise
@@ -254,8 +276,63 @@ class UdpLink:
         return self._closed
 
     def fileno(self) -> int | None:
-        """The receive socket's descriptor (None for a send-only or closed link)."""
-        return self._rx.fileno() if self._rx is not None and not self._closed else None
+        """A descriptor that polls readable when a receive socket (the main one or a
+        multicast group's) has data: an epoll over them (None for a send-only or closed
+        link)."""
+        return self._ep.fileno() if self._ep is not None and not self._closed else None
+
+    # ---- multicast (roce.md §4) --------------------------------------------------------
+    @property
+    def mcast_groups(self) -> tuple[bytes, ...]:
+        """The MGIDs this link has joined."""
+        return tuple(self._groups)
+
+    def attach_mcast(self, mgid: bytes) -> None:
+        """Join the IP group of ``mgid`` on the link's interface (reference counted).
+
+        Datagrams to the group's ``port`` then come out of :meth:`recv_batch` with the
+        group as ``dst_ip``. :class:`InvalidArgument` for a non-multicast GID or one of
+        the other address family; :class:`DeviceError` if the kernel refuses the join.
+        """
+        if self._closed:
+            raise ClosedError("UdpLink is closed")
+        group = mcast.mgid_to_group(mgid)
+        if len(group) != len(self.ip):
+            raise InvalidArgument("mgid", f"an IPv{4 if len(group) == 4 else 6} group cannot "
+                                  f"be joined on the IPv{4 if self._v4 else 6} link {self._text}")
+        if self._rx is None or self._ep is None:
+            raise StateError("a send-only UdpLink (bind_port=False) cannot join a group")
+        key = bytes(mgid)
+        got = self._groups.get(key)
+        if got is not None:
+            self._groups[key] = (got[0], got[1] + 1)
+            return
+        try:
+            sock = self._open(self._rx.getsockname()[1], receive=True, group=group)
+        except OSError as e:
+            raise DeviceError(f"cannot join multicast group {ip_text(group)} on {self._text}: "
+                              f"{e.strerror}", errno=e.errno) from e
+        self._groups[key] = (sock, 1)
+        self._ep.register(sock.fileno(), select.EPOLLIN)
+        self._rx_socks = (self._rx, *(s for s, _ in self._groups.values()))
+
+    def detach_mcast(self, mgid: bytes) -> None:
+        """Undo one :meth:`attach_mcast`; the last one leaves the group (IGMP/MLD leave)."""
+        key = bytes(mgid)
+        got = self._groups.get(key)
+        if got is None:
+            raise InvalidArgument("mgid", "this link has not joined that group")
+        sock, refs = got
+        if refs > 1:
+            self._groups[key] = (sock, refs - 1)
+            return
+        del self._groups[key]
+        if self._ep is not None:
+            self._ep.unregister(sock.fileno())
+        mcast.leave(sock, mcast.mgid_to_group(key), self.ip, self._ifindex)
+        sock.close()
+        assert self._rx is not None
+        self._rx_socks = (self._rx, *(s for s, _ in self._groups.values()))
 
     def effective_sport(self, requested: int) -> int:
         """Bind (or reuse) a socket on source port ``requested``; the port sends will use.
@@ -385,7 +462,9 @@ class UdpLink:
             raise InvalidArgument("max_n", "must be >= 0")
         n = min(max_n, self._ring_n)
         slots = self._slots
+        socks = self._rx_socks
         recv = rx.recvmsg_into
+        si = 0
         out: list[Datagram] = []
         st = self.stats
         v4 = self._v4
@@ -400,7 +479,11 @@ class UdpLink:
             try:
                 nbytes, anc, flags, addr = recv([slot], _ANC_SIZE)
             except BlockingIOError:
-                break
+                si += 1  # this socket is drained: the next group socket, if any
+                if si >= len(socks):
+                    break
+                recv = socks[si].recvmsg_into
+                continue
             except OSError as e:
                 if self._closed:
                     raise ClosedError("UdpLink is closed") from e
@@ -459,6 +542,13 @@ class UdpLink:
         for sock in self._socks.values():
             sock.close()
         self._socks.clear()
+        for gsock, _ in self._groups.values():
+            gsock.close()
+        self._groups.clear()
+        self._rx_socks = ()
+        if self._ep is not None:
+            self._ep.close()
+            self._ep = None
         self._lru.clear()
         self._rx = None
 

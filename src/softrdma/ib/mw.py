@@ -27,7 +27,7 @@ from .types import MemoryRegion
 if TYPE_CHECKING:
     from .port import Port
 
-__all__ = ["EngineMW", "BindRequest", "MW_TYPE_1", "MW_TYPE_2"]
+__all__ = ["EngineMW", "BindRequest", "MW_TYPE_1", "MW_TYPE_2", "remotely_invalidatable"]
 
 MW_TYPE_1 = 1
 MW_TYPE_2 = 2
@@ -122,3 +122,16 @@ class BindRequest:
         if mw.mw_type == MW_TYPE_2:
             mw.qp = qp
         return 0
+
+
+def remotely_invalidatable(region: MemoryRegion) -> bool:
+    """Whether a RoCE SEND_WITH_INVALIDATE may invalidate the key of ``region``.
+
+    We follow rxe (``rxe_invalidate_mr``/``rxe_invalidate_mw``): only a type-2 memory
+    window may be invalidated by the peer (a type-1 window cannot, IBA o10-37.2.26, and an
+    MR only when it is a fast-registration MR, ``IB_MR_TYPE_MEM_REG``, which softrdma does
+    not have), so an ordinary registered MR cannot be revoked by a remote peer. iWARP keeps
+    siw's rule instead (RFC 5040 §6.9 lets a peer invalidate any STag it was given; see
+    ``softrdma.iwarp.engine``)."""
+    owner = region.owner
+    return isinstance(owner, EngineMW) and owner.mw_type == MW_TYPE_2

@@ -26,7 +26,10 @@ from ..enums import ibv_gid_type
 from ..errors import DecodeError, InvalidArgument, ResourceError
 from ..wire import ib as wib
 from ..wire.opcodes import Transport
+from .counters import Counters, DropReason
 from .types import MemoryRegion
+
+__all__ = ["Counters", "DropReason", "Port", "RxMeta", "TxPacket", "Timed"]
 
 if TYPE_CHECKING:
     from .qp import EngineQP
@@ -45,6 +48,9 @@ DEFAULT_PKEY = 0xFFFF
 GID_TYPE_ROCE_V1 = int(ibv_gid_type.IBV_GID_TYPE_ROCE_V1)  # "IB/RoCE v1" (Annex A16)
 GID_TYPE_ROCE_V2 = int(ibv_gid_type.IBV_GID_TYPE_ROCE_V2)  # "RoCE v2" (Annex A17)
 MULTICAST_QPN = 0xFFFFFF
+QP0 = 0  # the SMI's QP, undefined on RoCE (A16.4.3)
+ICRC_SIZE = 4
+LOOPBACK_GID = bytes(15) + b"\x01"  # ::1, reserved for Raw services (A16.7.2)
 
 
 class RxMeta:
@@ -101,64 +107,6 @@ class TxPacket:
         self.sl = sl
 
 
-class Counters:
-    """Port counters, named after the rxe/rdma-core hw counters where one exists."""
-
-    __slots__ = (
-        "sent_pkts",
-        "rcvd_pkts",
-        "rcvd_icrc_err",
-        "rcvd_malformed",
-        "rcvd_unknown_qp",
-        "rcvd_bad_pkey",
-        "rcvd_bad_qkey",
-        "rcvd_bad_state",
-        "rcvd_bad_opcode",
-        "rcvd_seq_err",
-        "duplicate_request",
-        "out_of_seq_request",
-        "retry_exceeded_err",
-        "rnr_nak_retry_err",
-        "send_rnr_nak",
-        "rcvd_rnr_nak",
-        "rcvd_nak",
-        "sent_nak",
-        "completer_retry",
-        "link_downed",
-        "rcvd_cnp",
-        "dropped_uc",
-        "ud_no_wqe",
-    )
-
-    def __init__(self) -> None:
-        self.sent_pkts = 0
-        self.rcvd_pkts = 0
-        self.rcvd_icrc_err = 0
-        self.rcvd_malformed = 0
-        self.rcvd_unknown_qp = 0
-        self.rcvd_bad_pkey = 0
-        self.rcvd_bad_qkey = 0
-        self.rcvd_bad_state = 0
-        self.rcvd_bad_opcode = 0
-        self.rcvd_seq_err = 0
-        self.duplicate_request = 0
-        self.out_of_seq_request = 0
-        self.retry_exceeded_err = 0
-        self.rnr_nak_retry_err = 0
-        self.send_rnr_nak = 0
-        self.rcvd_rnr_nak = 0
-        self.rcvd_nak = 0
-        self.sent_nak = 0
-        self.completer_retry = 0
-        self.link_downed = 0
-        self.rcvd_cnp = 0
-        self.dropped_uc = 0
-        self.ud_no_wqe = 0
-
-    def as_dict(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in self.__slots__}
-
-
 class Port:
     """One port of a softrdma RoCE device: the engine every QP of the device runs in.
 
@@ -193,6 +141,10 @@ class Port:
         self._key_alloc = key_alloc
         self._timers: set[Timed] = set()
         self.mcast: dict[bytes, set[EngineQP]] = {}
+        # A16.7.2 drops packets from/to the loopback GID ::1. On RoCEv2 over the loopback
+        # netdev ::1 is the port's own IPv6 address (a self-addressed packet), so a port
+        # that holds ::1 as a GID accepts it.
+        self.loopback_gid_ok = LOOPBACK_GID in self.gids
         self.ack_pending: list[EngineQP] = []
 
     def set_gid_types(self, gid_types: list[int] | None) -> None:
@@ -305,13 +257,26 @@ class Port:
 
     # ---- receive -----------------------------------------------------------------------
     def receive(self, data: memoryview, meta: RxMeta, now: float) -> None:
-        """Demultiplex one transport packet to its QP (IBA 9.6 header checks)."""
+        """Demultiplex one transport packet to its QP (IBA 9.6 header checks).
+
+        The network checks come first (A16.7.2: SGID or DGID ::1 -> dropped), then the
+        transport ones; each failure is counted under its own
+        :class:`~softrdma.ib.counters.DropReason` (CA16-23). FECN/BECN are counted and
+        otherwise ignored (CA16-16). A packet for QP0 is dropped (CA16-8).
+        """
         c = self.counters
         c.rcvd_pkts += 1
+        c.rcvd_bytes += len(data) + ICRC_SIZE
+        if (meta.sgid == LOOPBACK_GID or meta.dgid == LOOPBACK_GID) and not self.loopback_gid_ok:
+            c.rcvd_loopback_gid += 1
+            return
         op = data[0]
+        if len(data) > 4 and data[4] & 0xC0:  # CA16-16: FECN/BECN unused, ignored (counted)
+            c.rcvd_fecn += data[4] >> 7
+            c.rcvd_becn += (data[4] >> 6) & 1
         if op == 0x07 or op == 0x01:  # RC WRITE/SEND MIDDLE: the bulk of large messages
             fqp = self.qps.get(int.from_bytes(data[5:8], "big"))
-            if fqp is not None and fqp.resp.fast_middle(data, op):
+            if fqp is not None and fqp.from_peer(meta) and fqp.resp.fast_middle(data, op):
                 return
         try:
             pkt = wib.decode(data)
@@ -319,7 +284,7 @@ class Port:
             c.rcvd_malformed += 1
             return
         if pkt.tver != 0:  # C9-...: TVer must be 0 (rxe drops)
-            c.rcvd_malformed += 1
+            c.rcvd_bad_tver += 1
             return
         if pkt.opcode == 0x81:  # RoCEv2 CNP: accepted, no completion, no effect here
             c.rcvd_cnp += 1
@@ -331,6 +296,9 @@ class Port:
                 return
             for member in list(members):
                 member.receive(pkt, meta, now)
+            return
+        if pkt.dqpn == QP0:  # CA16-8: no QP0 (SMI) on a RoCE port: silently dropped
+            c.rcvd_qp0 += 1
             return
         qp = self.qps.get(pkt.dqpn)
         if qp is None:

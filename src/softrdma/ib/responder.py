@@ -24,6 +24,7 @@ from ..enums import ibv_wc_status as WCS
 from ..wire import ib as wib
 from ..wire import opcodes as op
 from .memory import resolve_sges, scatter
+from .mw import remotely_invalidatable
 from .port import IB_QP1_QKEY, RxMeta
 from .types import PSN_MASK, RecvWQE, WorkCompletion, psn_diff
 
@@ -267,6 +268,7 @@ class Responder:
         else:
             ok = plen == mtu
         if not ok:
+            self.qp.port.counters.rcvd_bad_length += 1  # CA16-23: its own reason
             raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
 
     def _rkey_view(self, rkey: int, va: int, length: int, need: int) -> memoryview:
@@ -373,7 +375,7 @@ class Responder:
                 imm = pkt.imm
             elif pkt.info.inv:
                 mr = qp.port.lookup_mr(pkt.inv_rkey)
-                if mr is None or mr.pd is not qp.pd:
+                if mr is None or mr.pd is not qp.pd or not remotely_invalidatable(mr):
                     raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
                 mr.valid = False
                 flags = _WC_WITH_INV
@@ -534,7 +536,7 @@ class Responder:
             return
         plen = len(pkt.payload)
         if plen > qp.port.max_mtu:
-            c.rcvd_malformed += 1
+            c.rcvd_bad_length += 1
             return
         rwqe = qp.take_rwqe()
         if rwqe is None:

@@ -631,6 +631,13 @@ class IwarpConn:
         self._parser = None
         rest = parser.remainder
         if isinstance(frame, MpaRequest):
+            if frame.reject:
+                # RFC 5044 §7.1.1: R is meaningful only in a Reply; a Request with R set is an
+                # invalid frame (siw ``siw_proc_mpareq``): refused here in MPA with a
+                # Terminate, never shown to the application as a connection request.
+                self.dev.counters.rcvd_mpa_req_reject += 1
+                raise IwarpFault.llp(MpaErrorCode.INVALID_REQ_REP,
+                                     "an MPA Request must not set R (reject)")
             self.request = frame
             self.state = ConnState.ACCEPT_WAIT
             self.on_event("request")
@@ -1178,6 +1185,9 @@ class IwarpConn:
         self.rx_msn[QN_SEND] = (self.rx_msn[QN_SEND] + 1) & 0xFFFFFFFF
         invalidated = 0
         if op in _INV_OPS:
+            # siw's rule, not rxe's: any valid STag of the QP's PD the peer was given may be
+            # invalidated remotely (RFC 5040 §6.9; siw_invalidate_stag). RoCE allows only
+            # type-2 windows (softrdma.ib.mw.remotely_invalidatable).
             mr = self.dev.mrs.get(inv)
             if mr is None or not mr.valid or mr.pd is not qp.pd:
                 qp.complete_recv(rwqe, int(WCS.IBV_WC_REM_INV_REQ_ERR), 0, 0, False)

@@ -8,11 +8,18 @@ Subcommands and where they live:
 ``uc-pingpong``    :mod:`softrdma.tools.pingpong` (``ibv_uc_pingpong``)
 ``ud-pingpong``    :mod:`softrdma.tools.pingpong` (``ibv_ud_pingpong``)
 ``demo``           :mod:`softrdma.tools.demo` (loopback tour of the RC operations)
-``rping``          :mod:`softrdma.tools.rping` (librdmacm's ``rping``, RoCE or iWARP)
+``rping``          :mod:`softrdma.tools.rping` (flags), :mod:`~softrdma.tools.rping_run` (librdmacm's ``rping``, RoCE or iWARP)
+``udaddy``         :mod:`softrdma.tools.udaddy` (librdmacm's ``udaddy``: UD over SIDR)
+``ucmatose``       :mod:`softrdma.tools.ucmatose` (librdmacm's ``ucmatose``)
 ``pcap-check``     ``softrdma.tools.pcap_check.run(paths) -> int``
 ``link``           ``softrdma.tools.link.cmd_link(args) -> int``
 ``pyverbs``        :mod:`softrdma.tools.pyverbs_run` (run a pyverbs program on softrdma)
 ``rdma-core-tests`` :mod:`softrdma.tools.rdma_core_tests` (rdma-core's pyverbs test suite)
+``stats``          :mod:`softrdma.tools.stats` (``rdma statistic``: port counters)
+``write-bw`` ...   :mod:`softrdma.tools.perftest` (perftest's ``ib_write_bw``, ``ib_read_bw``,
+                   ``ib_send_bw``, ``ib_atomic_bw`` and the ``*_lat`` tools)
+``ipoib``          :mod:`softrdma.tools.ipoib` (IP over InfiniBand on a TUN interface)
+``interop``        :mod:`softrdma.interop.cli` (the live suite against Linux rxe/siw)
 =================  =====================================================================
 
 Tool modules are imported inside the handlers, so a module that is missing or broken
@@ -33,6 +40,8 @@ from typing import Any
 from ..errors import SoftRdmaError
 
 PROG = "softrdma"
+PERFTEST_TOOLS = ("write-bw", "read-bw", "send-bw", "atomic-bw",
+                  "write-lat", "read-lat", "send-lat", "atomic-lat")
 
 
 class ToolUnavailable(SoftRdmaError):
@@ -73,6 +82,25 @@ def _tool(module: str, command: str, attr: str) -> Callable[..., Any]:
     return fn  # type: ignore[no-any-return]
 
 
+def _nonneg_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid integer: {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {n}")
+    return n
+
+
+def _udp_port(text: str) -> int:
+    """argparse type: a UDP port number, 1..65535."""
+    n = _nonneg_int(text)
+    if not 1 <= n <= 0xFFFF:
+        raise argparse.ArgumentTypeError(f"not a UDP port (1..65535): {n}")
+    return n
+
+
 # -- handlers --------------------------------------------------------------------------
 
 def _cmd_devinfo(args: argparse.Namespace) -> int:
@@ -90,14 +118,21 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_rping(args: argparse.Namespace) -> int:
-    return int(_tool("softrdma.tools.rping", "rping", "run")(args))
+    return int(_tool("softrdma.tools.rping_run", "rping", "run")(args))
+
+
+def _cmd_udaddy(args: argparse.Namespace) -> int:
+    return int(_tool("softrdma.tools.udaddy", "udaddy", "run")(args))
+
+
+def _cmd_ucmatose(args: argparse.Namespace) -> int:
+    return int(_tool("softrdma.tools.ucmatose", "ucmatose", "run")(args))
 
 
 def _cmd_pcap_check(args: argparse.Namespace) -> int:
     run = _tool("softrdma.tools.pcap_check", "pcap-check", "run")
-    if args.udp_port:
-        return int(run(list(args.files), udp_ports=tuple(args.udp_port)))
-    return int(run(list(args.files)))
+    return int(run(list(args.files), udp_ports=tuple(args.udp_port),
+                   max_errors=args.max_errors, verbose=args.verbose))
 
 
 def _cmd_link(args: argparse.Namespace) -> int:
@@ -108,8 +143,26 @@ def _cmd_pyverbs(args: argparse.Namespace) -> int:
     return int(_tool("softrdma.tools.pyverbs_run", "pyverbs", "run")(args))
 
 
+def _cmd_stats(args: argparse.Namespace) -> int:
+    return int(_tool("softrdma.tools.stats", "stats", "run")(args))
+
+
 def _cmd_rdma_core_tests(args: argparse.Namespace) -> int:
     return int(_tool("softrdma.tools.rdma_core_tests", "rdma-core-tests", "run")(args))
+
+
+def _perftest(name: str) -> Callable[[argparse.Namespace], int]:
+    def handler(args: argparse.Namespace) -> int:
+        return int(_tool("softrdma.tools.perftest.runner", name, "run")(name, args))
+    return handler
+
+
+def _cmd_ipoib(args: argparse.Namespace) -> int:
+    return int(_tool("softrdma.tools.ipoib", "ipoib", "main")(list(args.rest)))
+
+
+def _cmd_interop(args: argparse.Namespace) -> int:
+    return int(_tool("softrdma.interop.cli", "interop", "run")(args))
 
 
 # -- parser ----------------------------------------------------------------------------
@@ -175,10 +228,34 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tool_args("softrdma.tools.rping", p)
     p.set_defaults(handler=_cmd_rping)
 
-    p = add_parser("pcap-check", help="check the ICRC/CRC of every RoCE/iWARP packet "
-                        "in pcap files", description="Check pcap/pcapng files packet by packet.")
+    p = add_parser("udaddy", help="UD messages to a service resolved by rdma_cm "
+                   "(SIDR; librdmacm udaddy)",
+                   description="udaddy: without -s serve, with -s ADDR connect; the client's "
+                   "SIDR_REQ resolves the server's UD QP (RDMA_PS_UDP, Q_Key 0x01234567), "
+                   "then messages go both ways. Interoperates with rdma-core's udaddy.")
+    _add_tool_args("softrdma.tools.cmargs", p, "udaddy")
+    p.set_defaults(handler=_cmd_udaddy)
+
+    p = add_parser("ucmatose", help="RC connections and SENDs through rdma_cm "
+                   "(librdmacm ucmatose)",
+                   description="ucmatose: without -s serve, with -s ADDR connect; the server "
+                   "sends -C messages on each connection, the client answers, the server "
+                   "disconnects. Interoperates with rdma-core's ucmatose.")
+    _add_tool_args("softrdma.tools.cmargs", p, "ucmatose")
+    p.set_defaults(handler=_cmd_ucmatose)
+
+    p = add_parser("pcap-check", help="check every RoCE/iWARP packet of pcap files "
+                        "(ICRC/CRC, byte-exact decoding) and follow each RC/UC connection",
+                        description="Check pcap/pcapng files packet by packet, then each "
+                        "RC/UC connection from its CM REQ/REP or TCP 18515 exchange (first "
+                        "PSNs, PSN gaps, ACKs/NAKs, RDMA READ responses, DREQ/DREP). "
+                        "Failures go to stderr, summaries to stdout.")
     p.add_argument("files", nargs="+", metavar="FILE", help="pcap or pcapng file")
-    p.add_argument("--udp-port", type=int, action="append", default=[], metavar="N",
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="print one decoded line per RoCE packet and the connections' notes")
+    p.add_argument("--max-errors", type=_nonneg_int, default=20, metavar="N",
+                   help="print at most N failure lines per file (0: all; default 20)")
+    p.add_argument("--udp-port", type=_udp_port, action="append", default=[], metavar="N",
                    help="also treat UDP port N as RoCEv2 (a device configured off 4791)")
     p.set_defaults(handler=_cmd_pcap_check)
 
@@ -200,6 +277,45 @@ def build_parser() -> argparse.ArgumentParser:
                    "rdma-core's tests through softrdma's pyverbs and print a table per file.")
     _add_tool_args("softrdma.tools.rdma_core_tests", p)
     p.set_defaults(handler=_cmd_rdma_core_tests)
+
+    p = add_parser("stats", help="port counters: packets, bytes, retransmissions, RNR NAKs, "
+                   "drops by reason (rdma statistic)",
+                   description="softrdma stats [show [link DEV[/PORT]]]: the counters of "
+                   "every RoCE device's port, one line each as `rdma statistic show link` "
+                   "prints them; a shared device's are the whole device's.")
+    p.add_argument("words", nargs="*", metavar="show [link DEV[/PORT]]",
+                   help="rdma statistic's object syntax: 'show', 'show link DEV/PORT'")
+    p.add_argument("-d", "--dev", metavar="DEV", default=None, help="only device DEV")
+    p.add_argument("-j", "--json", action="store_true", help="JSON output")
+    p.add_argument("-p", "--pretty", action="store_true", help="pretty JSON")
+    p.add_argument("-w", "--watch", type=float, default=None, metavar="SECONDS",
+                   help="print the counters again every SECONDS")
+    p.add_argument("-n", "--count", type=int, default=None, metavar="COUNT",
+                   help="with -w: stop after COUNT rounds")
+    p.set_defaults(handler=_cmd_stats)
+    for name in PERFTEST_TOOLS:
+        verb, tst = name.split("-")
+        p = add_parser(name, help=f"perftest's ib_{verb}_{tst}: "
+                       f"{'bandwidth' if tst == 'bw' else 'latency'} of "
+                       f"{verb.upper()} over RC QPs",
+                       description=f"ib_{verb}_{tst}: without SERVERNAME be the server and "
+                       "wait; with it, connect to that server. Interoperates with perftest "
+                       "4.5 (the TCP 18515 exchange, or rdma_cm with -R).")
+        _add_tool_args("softrdma.tools.perftest.options", p, name)
+        p.set_defaults(handler=_perftest(name))
+    p = add_parser("ipoib", add_help=False, help="IP over InfiniBand (RFC 4391/4755) on a "
+                   "TUN interface "
+                   "(up/down/show)", description="softrdma ipoib up NAME --device DEV "
+                   "[--mode connected|datagram] [--pkey P] [--mtu M] ADDR/PREFIX... runs an "
+                   "IPoIB interface until stopped; down NAME stops it; show [NAME] [--json] "
+                   "prints neighbours, connections and counters.")
+    p.set_defaults(handler=_cmd_ipoib, passthrough=True)
+    p = add_parser("interop", help="run the live interop suite against Linux rxe/siw in "
+                   "the lab (root)", description="Build or reuse the lab (../shared/lab), "
+                   "boot a guest, run every case in both directions with captures and "
+                   "checks, print the table.")
+    _add_tool_args("softrdma.interop.cli", p)
+    p.set_defaults(handler=_cmd_interop)
     return parser
 
 

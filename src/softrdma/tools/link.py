@@ -18,7 +18,8 @@ Linux lists them. ``vlan VID`` makes the RoCEv1 link tag its frames with 802.1Q 
 ``VID`` on a plain netdev (on a VLAN netdev such as ``eth0.7`` it is implied).
 ``type rxe`` and ``type siw`` (the kernel driver names ``rdma link add`` takes) are
 accepted as ``roce`` and ``iwarp``. Exit status: 0 success, 1 the operation failed (unknown
-device, duplicate name, unknown netdev ...), 2 usage error; errors are one line on stderr.
+device, duplicate name, unknown netdev ...), 2 usage error; errors are one line on stderr,
+``softrdma link: error: ...``.
 The records live in the registry (:mod:`softrdma.drivers.registry`).
 """
 
@@ -152,10 +153,10 @@ def cmd_link(
             return _delete(reg, rest, out)
         raise _Usage(f"unknown command {verb!r}")
     except _Usage as exc:
-        print(f"softrdma link: {exc} (see 'softrdma link --help')", file=err)
+        print(f"softrdma link: error: {exc} (see 'softrdma link --help')", file=err)
         return 2
     except SoftRdmaError as exc:
-        print(f"softrdma link: {exc}", file=err)
+        print(f"softrdma link: error: {exc}", file=err)
         return 1
 
 

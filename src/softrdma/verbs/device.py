@@ -24,12 +24,13 @@ from typing import Any
 
 from .. import enums as e
 from ..drivers.dual import DualLink
-from ..drivers.link import Link
+from ..drivers.link import CounterReporter, Link
 from ..drivers.rawether import RawEtherLink
 from ..drivers.runtime import Runtime, ip_to_gid
 from ..errors import DeviceError, InvalidArgument
 from ..ib.port import Port
 from ._object import VerbsObject
+from .counters import PortCounters
 
 __all__ = [
     "GID", "DeviceInfo", "DeviceAttr", "PortAttr", "AsyncEvent", "Context", "IWARP_LOOPBACK",
@@ -589,15 +590,44 @@ class Context(VerbsObject):
         return self.runtime.progress(timeout)
 
     def counters(self) -> dict[str, int]:
+        """This process's port counters by name (see :meth:`query_port_counters`)."""
         self._check()
         return self.port.counters.as_dict()
+
+    def query_port_counters(self, port_num: int = 1) -> PortCounters:
+        """The port's counters (``rdma statistic show link DEV/PORT``): packets, bytes,
+        retransmissions, RNR NAKs, ICRC errors and drops by reason (CA16-23). On a
+        shared device they are the device's, every process's included."""
+        self._check()
+        _check_port(port_num)
+        if self.transport == "iwarp":
+            return PortCounters.from_values(self.name, port_num, self.port.counters.as_dict())
+        rt = self.runtime
+        shared = isinstance(rt.link, CounterReporter)
+        return PortCounters.from_values(self.name, port_num, rt.device_counters(), shared)
 
     # ---- asynchronous events -----------------------------------------------------------------
     def _register_owner(self, engine_obj: object, verbs_obj: object) -> None:
         self._owners[id(engine_obj)] = weakref.ref(verbs_obj)
 
     def _unregister_owner(self, engine_obj: object) -> None:
-        self._owners.pop(id(engine_obj), None)
+        """The verbs object of ``engine_obj`` is destroyed: forget it, and drop the async
+        events still pending about it (Linux ``ib_uverbs_release_uevent``), so that an
+        application that never reads async events does not keep destroyed QPs alive."""
+        ref = self._owners.pop(id(engine_obj), None)
+        owner = ref() if ref is not None else None
+        with self._ev_lock:
+            if not self._events:
+                return
+            keep = deque(ev for ev in self._events
+                         if ev.element is not engine_obj and (owner is None or ev.element is not owner))
+            dropped = len(self._events) - len(keep)
+            self._events = keep
+        if dropped:
+            try:
+                os.read(self._ev_r, dropped)  # one pipe byte per pending event
+            except OSError:
+                pass
 
     def _engine_event(self, kind: str, obj: object) -> None:
         etype = _ENGINE_EVENTS.get(kind)

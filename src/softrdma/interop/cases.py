@@ -1,0 +1,222 @@
+"""The interop case matrix and each case's two command lines (pure data and strings).
+
+A :class:`Case` names a Linux tool, the guest's RDMA link (``rxe``, upstream ``siw`` or
+the CRC-forcing ``siw-crc``) and its parameters. It runs in both directions:
+``softrdma-server`` (softrdma serves, the guest's tool connects) and ``softrdma-client``.
+:func:`commands` gives the server and client command lines for one direction: the guest
+side is rdma-core's / perftest's tool, the host side the softrdma tool with the same
+flags (rdma-core conventions), plus the softrdma device and, where the tool has one,
+``--timeout``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import shlex
+from dataclasses import dataclass
+
+from ..errors import InvalidArgument
+
+__all__ = [
+    "Case", "Endpoint", "Commands", "DIRECTIONS", "all_cases", "smoke_cases", "select",
+    "commands", "PERFTEST_ITERS", "PINGPONG_ITERS", "RPING_COUNT", "CM_COUNT",
+]
+
+DIRECTIONS = ("softrdma-server", "softrdma-client")
+PINGPONG_ITERS = 20
+RPING_COUNT = 5
+CM_COUNT = 5
+PERFTEST_ITERS = 100
+MTU = 1024  # rxe's active MTU: multi-packet messages above it
+PINGPONG_SIZES = {"rc": (64, 4096, 8000), "uc": (64, 4096, 8000), "ud": (64, 512, 1024)}
+RPING_SIZES = (64, 3000)
+PERFTEST_PORT = 18515
+PINGPONG_PORT = 18515
+RPING_PORT = 7174
+UCMATOSE_PORT = 7471
+UDADDY_PORT = 7174
+SOFTRDMA_TOOL_TIMEOUT = 60  # softrdma's own give-up time (its --timeout) for a case
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    """One interop case (run in each of :data:`DIRECTIONS`).
+
+    ``tool``: the Linux program (``ibv_rc_pingpong``, ``rping``, ``ib_write_bw`` ...);
+    ``softrdma_tool``: the ``softrdma`` subcommand with the same role; ``fabric``: the
+    guest's RDMA link; ``kind``: ``pingpong``, ``rping``, ``cm`` (ucmatose/udaddy), ``bw``
+    or ``lat`` (perftest); ``rdma_cm``: perftest's ``-R``; ``port``: the server's port."""
+
+    tool: str
+    softrdma_tool: str
+    fabric: str
+    kind: str
+    size: int = 0
+    rdma_cm: bool = False
+    port: int = 0
+
+    @property
+    def name(self) -> str:
+        base = self.tool.removeprefix("ibv_").removeprefix("ib_")
+        if self.rdma_cm and self.kind in ("bw", "lat"):
+            base += "-R"
+        parts = [base, self.fabric]
+        if self.size and self.kind in ("pingpong", "rping", "bw", "lat"):
+            parts.append(f"s{self.size}")
+        return "/".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """Where the two sides are: addresses, devices, the guest's RoCEv2 GID index."""
+
+    guest_ip: str
+    host_ip: str
+    guest_gid: int = 1
+    host_gid: int = 0
+    roce_dev: str = "ilab"
+    iwarp_dev: str = "iwlab"
+    softrdma: str = "softrdma"  # the command that runs softrdma (e.g. "python -m softrdma")
+
+
+@dataclass(frozen=True, slots=True)
+class Commands:
+    """One direction of a case: which side serves, and the two command lines."""
+
+    server_on_guest: bool
+    server: str
+    client: str
+
+
+def _pingpong(kind: str) -> list[Case]:
+    tool = f"ibv_{kind}_pingpong"
+    return [Case(tool, f"{kind}-pingpong", "rxe", "pingpong", size, port=PINGPONG_PORT)
+            for size in PINGPONG_SIZES[kind]]
+
+
+_BW = ("write", "read", "send", "atomic")
+_LAT = ("write", "send")
+
+
+def _perftest(fabric: str, rdma_cm: bool) -> list[Case]:
+    out: list[Case] = []
+    for op in _BW:
+        if fabric != "rxe" and op == "atomic":
+            continue  # siw has no atomics (IWARP has none: RFC 5040 defines none)
+        out.append(Case(f"ib_{op}_bw", f"{op}-bw", fabric, "bw",
+                        0 if op == "atomic" else 4096, rdma_cm, PERFTEST_PORT))
+    out.extend(Case(f"ib_{op}_lat", f"{op}-lat", fabric, "lat", 64, rdma_cm, PERFTEST_PORT)
+               for op in _LAT)
+    return out
+
+
+def all_cases() -> list[Case]:
+    """Every case, grouped by the guest link they need (rxe first, then siw, siw-crc)."""
+    cases: list[Case] = []
+    for kind in ("rc", "uc", "ud"):
+        cases.extend(_pingpong(kind))
+    cases.extend(Case("rping", "rping", "rxe", "rping", s, port=RPING_PORT)
+                 for s in RPING_SIZES)
+    cases.append(Case("ucmatose", "ucmatose", "rxe", "cm", port=UCMATOSE_PORT))
+    cases.append(Case("udaddy", "udaddy", "rxe", "cm", port=UDADDY_PORT))
+    cases.extend(_perftest("rxe", False))
+    cases.extend(_perftest("rxe", True))
+    cases.extend(Case("rping", "rping", "siw", "rping", s, port=RPING_PORT)
+                 for s in RPING_SIZES)
+    cases.extend(_perftest("siw", True))
+    cases.extend(Case("rping", "rping", "siw-crc", "rping", s, port=RPING_PORT)
+                 for s in RPING_SIZES)
+    return cases
+
+
+def smoke_cases() -> list[Case]:
+    """The CI subset: rc_pingpong (multi-packet), rping over rxe, siw and siw-crc."""
+    return [Case("ibv_rc_pingpong", "rc-pingpong", "rxe", "pingpong", 4096,
+                 port=PINGPONG_PORT),
+            Case("rping", "rping", "rxe", "rping", 64, port=RPING_PORT),
+            Case("rping", "rping", "siw", "rping", 64, port=RPING_PORT),
+            Case("rping", "rping", "siw-crc", "rping", 64, port=RPING_PORT)]
+
+
+def select(cases: list[Case], pattern: str | None) -> list[Case]:
+    """The cases whose name matches any comma-separated shell pattern (a bare word
+    matches as ``*word*``)."""
+    if not pattern:
+        return list(cases)
+    pats = [p.strip() for p in pattern.split(",") if p.strip()]
+    pats = [p if any(ch in p for ch in "*?[") else f"*{p}*" for p in pats]
+    return [c for c in cases if any(fnmatch.fnmatchcase(c.name, p) for p in pats)]
+
+
+def _join(words: list[str]) -> str:
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def _guest_words(case: Case, ep: Endpoint, server: bool) -> list[str]:
+    peer = [] if server else [ep.host_ip]
+    dev = "rxe0" if case.fabric == "rxe" else "siw0"
+    if case.kind == "pingpong":
+        w = [case.tool, "-d", dev, "-g", str(ep.guest_gid), "-n", str(PINGPONG_ITERS),
+             "-s", str(case.size), "-c"]
+        if case.tool != "ibv_ud_pingpong":
+            w += ["-m", str(MTU)]
+        return w + peer
+    if case.kind == "rping":
+        return ["rping", "-s" if server else "-c", "-a", ep.guest_ip if server else ep.host_ip,
+                "-v", "-V", "-C", str(RPING_COUNT), "-S", str(case.size)]
+    if case.kind == "cm":
+        side = ["-b", ep.guest_ip] if server else ["-s", ep.host_ip]
+        return [case.tool, *side, "-C", str(CM_COUNT)]
+    return _perftest_words(case, case.tool, dev, ep.guest_gid, PERFTEST_ITERS) + peer
+
+
+def _perftest_words(case: Case, prog: str, dev: str, gid: int, iters: int) -> list[str]:
+    w = [prog, "-d", dev]
+    if case.fabric == "rxe":
+        w += ["-x", str(gid)]
+    if case.rdma_cm:
+        w.append("-R")
+    w += ["-F", "-n", str(iters)]
+    if case.size and case.kind == "bw":
+        w += ["-s", str(case.size)]
+    elif case.kind == "lat":
+        w += ["-s", str(case.size)]
+    return w
+
+
+def _softrdma_words(case: Case, ep: Endpoint, server: bool) -> list[str]:
+    base = shlex.split(ep.softrdma)
+    iwarp = case.fabric != "rxe"
+    dev = ep.iwarp_dev if iwarp else ep.roce_dev
+    peer = [] if server else [ep.guest_ip]
+    if case.kind == "pingpong":
+        w = [case.softrdma_tool, "-d", dev, "-g", str(ep.host_gid), "-n", str(PINGPONG_ITERS),
+             "-s", str(case.size), "-c", "--timeout", str(SOFTRDMA_TOOL_TIMEOUT)]
+        if case.softrdma_tool != "ud-pingpong":
+            w += ["-m", str(MTU)]
+        return base + w + peer
+    if case.kind == "rping":
+        return base + ["rping", "-s" if server else "-c",
+                       "-a", ep.host_ip if server else ep.guest_ip,
+                       "-v", "-V", "-C", str(RPING_COUNT), "-S", str(case.size),
+                       "--transport", "iwarp" if iwarp else "roce", "--device", dev,
+                       "--timeout", str(SOFTRDMA_TOOL_TIMEOUT)]
+    if case.kind == "cm":
+        side = ["-b", ep.host_ip] if server else ["-s", ep.guest_ip]
+        return base + [case.softrdma_tool, *side, "-C", str(CM_COUNT), "--device", dev,
+                       "--timeout", str(SOFTRDMA_TOOL_TIMEOUT)]
+    w = _perftest_words(case, case.softrdma_tool, dev, ep.host_gid, PERFTEST_ITERS)
+    if iwarp:
+        w += ["--transport", "iwarp"]
+    return base + w + ["--timeout", str(SOFTRDMA_TOOL_TIMEOUT)] + peer
+
+
+def commands(case: Case, direction: str, ep: Endpoint) -> Commands:
+    """The server and client command lines of ``case`` in ``direction``."""
+    if direction not in DIRECTIONS:
+        raise InvalidArgument("direction", f"must be one of {DIRECTIONS}, not {direction!r}")
+    if direction == "softrdma-client":
+        return Commands(True, _join(_guest_words(case, ep, True)),
+                        _join(_softrdma_words(case, ep, False)))
+    return Commands(False, _join(_softrdma_words(case, ep, True)),
+                    _join(_guest_words(case, ep, False)))

@@ -1,0 +1,61 @@
+"""What the suite checks on both sides after each case (pure: the runner feeds it text).
+
+Guest: rxe's hardware counters (``rdma statistic show link rxe0/1``, the same values as
+``/sys/class/infiniband/rxe0/ports/1/hw_counters``) before and after the case, and
+``rdma res show qp`` after it. softrdma: the tool's exit status and output, and its
+device daemon's counters (``softrdma.drivers.devd.STAT_NAMES``) before and after.
+
+Rules, each a named finding:
+
+* ``error completion``: rxe counted ``retry_exceeded_err`` / ``retry_rnr_exceeded_err`` /
+  ``send_err`` (the QP went to the error state); a tool printed a failed completion;
+* ``retransmission storm``: rxe's ``completer_retry_err`` (its retransmit timer fired),
+  ``rcvd_seq_err`` (NAK-sequence received), ``duplicate_request`` and
+  ``out_of_seq_request`` (it received a PSN it had seen / was not expecting) together
+  exceed :data:`STORM_MIN` and :data:`STORM_FRACTION` of the packets it received, or
+  softrdma's devd dropped datagrams (``unknown_qpn``, ``malformed``, ``client_full``)
+  beyond :data:`STORM_MIN`;
+* ``stuck QP``: a user QP is still listed in the guest once the tools have exited.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+__all__ = ["guest_findings", "softrdma_findings", "STORM_MIN", "STORM_FRACTION",
+           "ERROR_COUNTERS", "RETRY_COUNTERS", "DEVD_DROP_COUNTERS"]
+
+ERROR_COUNTERS = ("retry_exceeded_err", "retry_rnr_exceeded_err", "send_err")
+RETRY_COUNTERS = ("completer_retry_err", "rcvd_seq_err", "duplicate_request",
+                  "out_of_seq_request")
+DEVD_DROP_COUNTERS = ("unknown_qpn", "malformed", "client_full")
+STORM_MIN = 8  # a few retransmissions happen on a loaded emulated guest; more is a storm
+STORM_FRACTION = 0.05
+
+
+def guest_findings(delta: Mapping[str, int], leftover_qps: list[str]) -> list[str]:
+    """Findings from rxe's counter changes over a case and the QPs left afterwards."""
+    out: list[str] = []
+    errs = {k: delta[k] for k in ERROR_COUNTERS if delta.get(k)}
+    if errs:
+        out.append("error completion in the guest: "
+                   + ", ".join(f"{k} +{v}" for k, v in errs.items()))
+    retries = {k: delta[k] for k in RETRY_COUNTERS if delta.get(k)}
+    total = sum(retries.values())
+    rcvd = delta.get("rcvd_pkts", 0)
+    if total > STORM_MIN and total > STORM_FRACTION * max(rcvd, 1):
+        out.append(f"retransmission storm in the guest ({total} of {rcvd} packets: "
+                   + ", ".join(f"{k} +{v}" for k, v in retries.items()) + ")")
+    if leftover_qps:
+        out.append(f"stuck QP in the guest after the case: {leftover_qps[0]}"
+                   + (f" (+{len(leftover_qps) - 1} more)" if len(leftover_qps) > 1 else ""))
+    return out
+
+
+def softrdma_findings(delta: Mapping[str, int]) -> list[str]:
+    """Findings from softrdma's devd counter changes over a case."""
+    drops = {k: delta[k] for k in DEVD_DROP_COUNTERS if delta.get(k)}
+    if sum(drops.values()) > STORM_MIN:
+        return ["softrdma's devd dropped datagrams: "
+                + ", ".join(f"{k} +{v}" for k, v in drops.items())]
+    return []

@@ -1,0 +1,295 @@
+"""Running the suite: lab setup, each case in each direction, checks, teardown.
+
+One run: build (or reuse) the lab image, boot guest ``gN`` unless it is running (a
+guest someone else booted is used but never stopped), create the suite's namespace and
+softrdma devices (:class:`~softrdma.interop.lab.HostSide`), start softrdma's RoCE devd
+for the whole run (so its counters span the cases), then for each guest link (rxe, siw,
+siw-crc) set the guest up and run its cases. Teardown, in a ``finally``: the devd, the
+namespace and state directory, and (unless ``keep``) the guest if this run booted it.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from ..tools import cli
+from . import checks, parse
+from .cases import DIRECTIONS, RPING_COUNT, Case, Commands, Endpoint, commands
+from .lab import Capture, GuestProcess, HostProcess, HostSide, Lab, LabError, guest_ip
+from .report import Result
+
+__all__ = ["Options", "Suite", "softrdma_tools"]
+
+SERVER_READY_TIMEOUT = 60.0
+HOST_SERVER_SETTLE = 4.0  # a softrdma rdma_cm server on RoCE shows no TCP listener
+CLIENT_TIMEOUT = 120
+SERVER_EXIT_TIMEOUT = 45.0
+POLL_INTERVAL = 1.0
+DEVD_IDLE = 36000.0
+QP_SETTLE = 3.0
+PCAP_CHECK_TIMEOUT = 300.0
+
+
+def softrdma_tools() -> set[str]:
+    """The ``softrdma`` subcommands this checkout has (the CLI imports tools lazily)."""
+    parser = cli.build_parser()
+    for action in parser._actions:  # argparse keeps subcommands on the subparsers action
+        choices = getattr(action, "choices", None)
+        if isinstance(choices, dict):
+            return set(choices)
+    return set()
+
+
+@dataclass
+class Options:
+    guest: int = 1
+    keep: bool = False
+    python: str = sys.executable
+    out_dir: Path | None = None
+
+
+class Suite:
+    """One run of the suite over ``cases`` (see the module docstring)."""
+
+    def __init__(self, lab: Lab, opts: Options,
+                 progress: Callable[[str], None] = lambda _m: None) -> None:
+        self.lab = lab
+        self.opts = opts
+        self.progress = progress
+        self.n = opts.guest
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+        self.out_dir = opts.out_dir or lab.cache / "interop" / f"{stamp}-g{self.n}"
+        self.host = HostSide(lab, self.n, Path(f"/tmp/softrdma-interop-g{self.n}-state"))
+        self.tools = softrdma_tools()
+        self.devd_started = False
+        self.devd_last: dict[str, int] = {}
+        self.gid = 1
+
+    # -- setup and teardown ---------------------------------------------------------------
+    def setup(self) -> None:
+        self.progress("building or reusing the lab image (build.sh)")
+        self.lab.build()
+        self.progress(f"booting g{self.n} (reused if it runs)")
+        if not self.lab.boot(self.n):
+            self.progress(f"g{self.n} was running: it is used and left running")
+        self.lab.open_ssh(self.n)
+        self.host.up(self.opts.python)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        cp = self.host.run([self.opts.python, "-m", "softrdma.drivers.devd", "ilab",
+                            "--state-dir", str(self.host.state_dir), "--idle-timeout",
+                            str(DEVD_IDLE), "--daemonize"], timeout=60.0)
+        if cp.returncode != 0:
+            raise LabError(f"cannot start softrdma's devd: {cp.stdout.strip()}")
+        self.devd_started = True
+
+    def teardown(self) -> None:
+        if self.devd_started:
+            pidfile = self.host.state_dir / "ilab.pid"
+            try:
+                pid = int(pidfile.read_text().strip())
+            except (OSError, ValueError):
+                pid = 0
+            if pid > 0:
+                subprocess.run(["kill", str(pid)], check=False, capture_output=True)
+            self.devd_started = False
+        self.lab.close_ssh(self.n)
+        if not self.opts.keep:
+            self.host.down()
+            self.lab.stop_booted()
+
+    # -- the run --------------------------------------------------------------------------
+    def run(self, cases: list[Case], on_result: Callable[[Result], None]) -> list[Result]:
+        results: list[Result] = []
+        try:
+            self.setup()
+            fabric = ""
+            for case in cases:
+                if case.fabric != fabric:
+                    fabric = case.fabric
+                    self.progress(f"g{self.n}: RDMA link {fabric}")
+                    self.lab.rdma_setup(self.n, fabric)
+                    if fabric == "rxe":
+                        self.gid = self.lab.gid_index(self.n)
+                for direction in DIRECTIONS:
+                    self.progress(f"{case.name} {direction}")
+                    r = self.run_one(case, direction)
+                    results.append(r)
+                    on_result(r)
+        finally:
+            self.teardown()
+        return results
+
+    def endpoint(self) -> Endpoint:
+        return Endpoint(guest_ip(self.n), self.host.ip, guest_gid=self.gid,
+                        softrdma=f"{shlex.quote(self.opts.python)} -m softrdma")
+
+    def run_one(self, case: Case, direction: str) -> Result:
+        r = Result(case.name, direction)
+        if case.softrdma_tool not in self.tools:
+            r.result = f"skipped: softrdma lacks {case.softrdma_tool}"
+            return r
+        cmds = commands(case, direction, self.endpoint())
+        r.commands = {"server": cmds.server, "client": cmds.client}
+        tag = f"{case.name.replace('/', '-')}-{direction}"
+        cap = Capture(self.out_dir / f"{tag}.pcap")
+        r.pcap = str(cap.pcap)
+        t0 = time.monotonic()
+        try:
+            cap.start(self.n, f"host {self.host.ip}")
+            before = self._guest_counters(case)
+            devd_before = self.devd_last if self.devd_last else self._devd_stats()
+            srv_out, cli_out = self._exchange(case, cmds, tag, r)
+        finally:
+            cap.stop()
+        r.seconds = round(time.monotonic() - t0, 1)
+        (self.out_dir / f"{tag}.server.log").write_text(srv_out)
+        (self.out_dir / f"{tag}.client.log").write_text(cli_out)
+        soft_out, linux_out = (cli_out, srv_out) if cmds.server_on_guest else (srv_out, cli_out)
+        self._figures(case, r, soft_out, linux_out)
+        self._check_outputs(case, r, soft_out, linux_out)
+        after, qps = self._guest_after(case)
+        delta = parse.counter_delta(before, after)
+        self.devd_last = self._devd_stats()  # the devd lives for the whole run
+        devd_delta = parse.counter_delta(devd_before, self.devd_last)
+        r.counters = {"guest": delta, "softrdma_devd": devd_delta}
+        for finding in checks.guest_findings(delta, qps) + checks.softrdma_findings(devd_delta):
+            r.fail(finding)
+        self._pcap_check(r)
+        return r
+
+    # -- pieces of a case -------------------------------------------------------------------
+    def _exchange(self, case: Case, cmds: Commands, tag: str, r: Result) -> tuple[str, str]:
+        server: GuestProcess | HostProcess
+        client: GuestProcess | HostProcess
+        if cmds.server_on_guest:
+            server = self.lab.spawn_guest(self.n, f"{tag}-srv",
+                                          f"timeout {CLIENT_TIMEOUT + 60} {cmds.server}")
+        else:
+            server = self.host.spawn(shlex.split(cmds.server))
+        try:
+            why = self._wait_ready(case, cmds.server_on_guest, server)
+            if why:
+                r.fail(why)
+                server.kill()
+                server.wait(10.0)
+                return server.output, ""
+            if cmds.server_on_guest:
+                client = self.host.spawn(shlex.split(cmds.client))
+            else:
+                client = self.lab.spawn_guest(self.n, f"{tag}-cli",
+                                              f"timeout {CLIENT_TIMEOUT} {cmds.client}")
+            crc = client.wait(CLIENT_TIMEOUT + 30)
+            src = server.wait(SERVER_EXIT_TIMEOUT)
+        finally:
+            server.kill()
+        soft_rc, linux_rc = (crc, src) if cmds.server_on_guest else (src, crc)
+        for who, rc in (("softrdma", soft_rc), ("linux", linux_rc)):
+            if rc is None:
+                r.fail(f"{who} {'client' if (who == 'softrdma') == cmds.server_on_guest else 'server'}"
+                       " did not finish (killed)")
+            elif rc == 124:
+                r.fail(f"{who} side timed out in the guest (timeout 124)")
+            elif rc:
+                r.fail(f"{who} side exited {rc}")
+        return server.output, client.output
+
+    def _wait_ready(self, case: Case, on_guest: bool,
+                    server: GuestProcess | HostProcess) -> str:
+        """'' once the server listens, else why not."""
+        tcp = case.kind in ("pingpong",) or (case.kind in ("bw", "lat") and not case.rdma_cm)
+        iwarp = case.fabric != "rxe"
+        deadline = time.monotonic() + SERVER_READY_TIMEOUT
+        if not on_guest and not (tcp or iwarp):
+            time.sleep(HOST_SERVER_SETTLE)
+            return "" if server.proc.poll() is None else "softrdma server exited early"
+        while time.monotonic() < deadline:
+            if server.proc.poll() is not None:
+                return f"{'linux' if on_guest else 'softrdma'} server exited before listening"
+            if on_guest:
+                if tcp:
+                    probe = f"ss -Hltn 'sport = :{case.port}'"
+                else:
+                    probe = f"rdma res show cm_id | grep LISTEN | grep ':{case.port} '"
+                if self.lab.ssh(self.n, probe, timeout=30.0).stdout.strip():
+                    return ""
+            elif self.host.tcp_listening(case.port):
+                return ""
+            time.sleep(POLL_INTERVAL)
+        return f"server not listening on port {case.port} after {SERVER_READY_TIMEOUT:.0f}s"
+
+    def _guest_counters(self, case: Case) -> dict[str, int]:
+        if case.fabric != "rxe":
+            return {}
+        cp = self.lab.ssh(self.n, "rdma statistic show link rxe0/1", timeout=30.0)
+        return parse.parse_rdma_statistic(cp.stdout)
+
+    def _guest_after(self, case: Case) -> tuple[dict[str, int], list[str]]:
+        time.sleep(0.2)
+        deadline = time.monotonic() + QP_SETTLE
+        while True:
+            cp = self.lab.ssh(self.n, ("rdma statistic show link rxe0/1; " if case.fabric
+                                       == "rxe" else "") + "echo @@; rdma res show qp",
+                              timeout=30.0)
+            stats, _, qps = cp.stdout.partition("@@")
+            left = parse.user_qps(qps)
+            if not left or time.monotonic() > deadline:
+                return parse.parse_rdma_statistic(stats), left
+            time.sleep(POLL_INTERVAL)
+
+    def _devd_stats(self) -> dict[str, int]:
+        cp = self.host.run([self.opts.python, "-m", "softrdma.interop.devstats", "ilab"],
+                           timeout=30.0)
+        try:
+            data = json.loads(cp.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return {}
+        return {str(k): int(v) for k, v in data.items()}
+
+    def _figures(self, case: Case, r: Result, soft: str, linux: str) -> None:
+        if case.kind in ("bw", "lat"):
+            r.softrdma, r.linux = parse.parse_perftest(soft), parse.parse_perftest(linux)
+        elif case.kind == "pingpong":
+            r.softrdma, r.linux = parse.parse_pingpong(soft), parse.parse_pingpong(linux)
+
+    def _check_outputs(self, case: Case, r: Result, soft: str, linux: str) -> None:
+        for who, text in (("softrdma", soft), ("linux", linux)):
+            errs = parse.error_lines(text)
+            if errs:
+                r.fail(f"{who} reported: {errs[0]}")
+        if case.kind == "rping":
+            for who, text in (("softrdma", soft), ("linux", linux)):
+                n = sum("ping data" in line for line in text.splitlines())
+                if n < RPING_COUNT:
+                    r.fail(f"{who} rping showed {n} of {RPING_COUNT} verified pings")
+        if case.kind == "pingpong" and r.result == "pass":
+            for who, f in (("softrdma", r.softrdma), ("linux", r.linux)):
+                if "usec_iter" not in f:
+                    r.fail(f"{who} pingpong printed no result")
+        if case.kind in ("bw", "lat") and r.result == "pass":
+            if not r.softrdma and not r.linux:
+                r.fail("neither side printed a perftest result table")
+
+    def _pcap_check(self, r: Result) -> None:
+        """``softrdma pcap-check`` on the case's capture, as a user runs it (whatever checks
+        it has: packets, and conversations where it follows them)."""
+        try:
+            cp = subprocess.run([self.opts.python, "-m", "softrdma", "pcap-check", r.pcap],
+                                capture_output=True, text=True, timeout=PCAP_CHECK_TIMEOUT,
+                                check=False, stdin=subprocess.DEVNULL, errors="replace")
+        except subprocess.TimeoutExpired:
+            r.fail(f"pcap-check did not finish within {PCAP_CHECK_TIMEOUT:.0f}s")
+            return
+        summary, first = parse.pcap_check_lines(cp.stderr + cp.stdout)
+        r.pcap_check = summary if cp.returncode == 0 else (first or summary or "no output")
+        if cp.returncode != 0:
+            r.fail(f"pcap-check failed (exit {cp.returncode})")
+        elif parse.pcap_check_packets(summary) == 0:
+            r.fail("the capture holds no RDMA packet")

@@ -1,0 +1,191 @@
+"""What ``softrdma udaddy`` and ``softrdma ucmatose`` share: rdma-core's
+``librdmacm/examples/{udaddy,cmatose}.c`` keep a table of "nodes" (one rdma_cm id, PD,
+CQs, MR and QP per connection), run the connection events to completion on one event
+channel, then count work completions. This module has that skeleton.
+
+Unlike the C tools nothing waits for ever once a peer is involved: every wait after the
+first connection request runs under ``--timeout`` (a peer that stops answering is a
+one-line error and a non-zero exit), and work completions are checked (an error
+completion fails the run, where the C tools only count completions). A server still
+waits for its first client until it is stopped, as the C tools do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import ipaddress
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .. import enums as e
+from .. import verbs as v
+from ..cm import rdma_cm as rc
+from ..errors import SoftRdmaError
+
+__all__ = ["Node", "CmTest", "get_addr", "finish"]
+
+POLL_BATCH = 8  # the C tools poll 8 completions at a time
+IDLE_SLEEP_S = 0.0005
+WAIT_STEP_S = 0.5  # a wait for ever still wakes up now and then (Ctrl-C)
+
+
+def get_addr(host: str | None) -> tuple[str | None, str | None]:
+    """``getaddrinfo`` of ``host`` (an address or a name): ``(address, None)`` or
+    ``(None, gai error text)``; None stays None."""
+    if host is None:
+        return None, None
+    try:
+        return str(ipaddress.ip_address(host)), None
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None, 0, socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        return None, exc.strerror or str(exc)
+    for fam, _t, _p, _c, sa in infos:
+        if fam in (socket.AF_INET, socket.AF_INET6):
+            return str(sa[0]), None
+    return None, "Address family for hostname not supported"
+
+
+class Node:
+    """``struct cmatest_node``: one connection's id and verbs objects."""
+
+    def __init__(self, index: int, cid: rc.CmId | None = None) -> None:
+        self.id = index
+        self.cma_id = cid
+        self.connected = False
+        self.pd: Any = None
+        self.cqs: list[Any] = []
+        self.mr: Any = None
+        self.ah: Any = None
+        self.remote_qpn = 0
+        self.remote_qkey = 0
+
+    def close(self) -> None:
+        """``destroy_node``: AH, QP, CQs, MR, PD, then the id."""
+        cid = self.cma_id
+        if cid is None:
+            return
+        objs: list[Any] = [self.ah]
+        for obj in objs:
+            if obj is not None:
+                obj.close()
+        cid.destroy_qp()
+        for obj in [*self.cqs, self.mr, self.pd]:
+            if obj is not None:
+                obj.close()
+        cid.destroy()
+        self.cma_id = None
+
+
+class CmTest:
+    """``struct cmatest`` and the loops of the C tools (see the module docstring).
+
+    ``name`` prefixes the messages (``udaddy``, ``cmatose``); ``handler`` is the tool's
+    ``cma_handler`` (returns 0 or an error status, as in C).
+    """
+
+    def __init__(self, name: str, args: argparse.Namespace, ps: int) -> None:
+        self.name = name
+        self.args = args
+        self.ps = ps
+        self.timeout: float = args.timeout
+        self.channel = rc.EventChannel()
+        self.nodes: list[Node] = [Node(i) for i in range(args.connections)]
+        self.conn_index = 0
+        self.connects_left: int = int(args.connections)
+        self.disconnects_left = 0
+        self.message_count: int = args.message_count
+        self.message_size: int = args.message_size
+        if not self.message_size:
+            self.message_count = 0
+        self.handler: Callable[[rc.RdmaCmEvent], int] = lambda ev: 0
+        self.patient = False  # a server waiting for its first client waits for ever
+
+    def say(self, text: str) -> None:
+        print(text, flush=True)
+
+    # ---- events -----------------------------------------------------------------------
+    def _get_event(self) -> rc.RdmaCmEvent | None:
+        deadline = None if self.patient else time.monotonic() + self.timeout
+        while True:
+            step = WAIT_STEP_S if deadline is None else min(
+                WAIT_STEP_S, max(0.0, deadline - time.monotonic()))
+            try:
+                return self.channel.get_cm_event(step)
+            except TimeoutError:
+                if deadline is not None and time.monotonic() >= deadline:
+                    return None
+
+    def run_events(self, more: Callable[[], bool], what: str) -> int:
+        """``connect_events`` / ``disconnect_events``: handle events while ``more()``;
+        the first non-zero handler status ends the loop. No event for ``--timeout``
+        seconds is ``-ETIMEDOUT``."""
+        ret = 0
+        while more() and not ret:
+            ev = self._get_event()
+            if ev is None:
+                self.say(f"{self.name}: no rdma_cm event for {self.timeout:g} s while "
+                         f"waiting for {what}")
+                return -errno.ETIMEDOUT
+            self.channel.ack(ev)
+            ret = self.handler(ev)
+        return ret
+
+    # ---- completions ------------------------------------------------------------------
+    def poll_cq(self, node: Node, cq: Any, count: int,
+                on_first: Callable[[Node, Any], None] | None = None) -> int:
+        """``poll_cqs`` for one node's ``cq``: ``count`` successful completions within
+        ``--timeout`` of the last one; an error completion or silence is an error."""
+        done = 0
+        deadline = time.monotonic() + self.timeout
+        while done < count:
+            _n, wcs = cq.poll(POLL_BATCH)
+            if not wcs:
+                if time.monotonic() > deadline:
+                    self.say(f"{self.name}: no completion for {self.timeout:g} s "
+                             f"({done} of {count} on connection {node.id})")
+                    return -errno.ETIMEDOUT
+                time.sleep(IDLE_SLEEP_S)
+                continue
+            deadline = time.monotonic() + self.timeout
+            for wc in wcs:
+                if wc.status != e.IBV_WC_SUCCESS:
+                    self.say(f"{self.name}: completion error on connection {node.id}: "
+                             f"{v.wc_status_str(wc.status)} (status {int(wc.status)})")
+                    return -errno.EIO
+            if on_first is not None:
+                on_first(node, wcs[0])
+            done += len(wcs)
+        return 0
+
+    def connect_error(self) -> None:
+        self.connects_left -= 1
+
+    def event_error(self, ev: rc.RdmaCmEvent) -> int:
+        """The C tools' line for ADDR/ROUTE/CONNECT_ERROR, UNREACHABLE and REJECTED."""
+        self.say(f"{self.name}: event: {rc.event_str(ev.event)}, error: {ev.status}")
+        self.connect_error()
+        return ev.status or -errno.ECONNABORTED
+
+    def close(self) -> None:
+        for node in self.nodes:
+            try:
+                node.close()
+            except SoftRdmaError:
+                pass
+        self.channel.close()
+        rc.release_devices()
+
+
+def finish(test: CmTest, ret: int) -> int:
+    """``main``'s tail: ``test complete``, clean up, ``return status N``; the exit
+    status is 0 or 1."""
+    test.say("test complete")
+    test.close()
+    test.say(f"return status {ret}")
+    return 0 if ret == 0 else 1

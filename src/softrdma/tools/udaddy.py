@@ -1,0 +1,316 @@
+"""``softrdma udaddy``: rdma-core's ``udaddy`` (librdmacm/examples/udaddy.c) on the
+rdma_cm API, UD QPs resolved through SIDR.
+
+The client resolves the server's address, creates a UD QP (the rdma_cm moves it to RTS
+with Q_Key 0x01234567, as librdmacm does for ``RDMA_PS_UDP``) and "connects": a SIDR_REQ
+(IBA 12.11) to the A11 Service ID ``0x0000000001 11 <port>`` (IBA Annex A11 Table 2,
+UDP) carrying the A11 IP CM header; the server's SIDR_REP gives the UD QPN and Q_Key,
+and the ESTABLISHED event the address handle attributes. The client then sends
+``message_count`` SEND-with-immediate messages of ``message_size`` bytes (the immediate
+is its own QPN, big-endian, as udaddy's ``htobe32(qp_num)``); the server, which posted
+its receives before answering, builds its reply address handle from the first
+completion's GRH area (``ibv_create_ah_from_wc``; RoCEv2 IPv4: the IPv4 header in the
+last 20 of its 40 bytes) and the immediate, and sends as many replies back.
+
+Flags as udaddy: ``-s`` server address (client mode), ``-b`` bind address, ``-c``
+connections, ``-C`` message count, ``-S`` message size, ``-t`` TOS, ``-f`` address
+format, ``-P udp|ipoib`` / ``-p 0x111`` the port space. udaddy's service port is 7174
+(fixed in the C tool; ``--port`` changes it here). Output lines as udaddy's, on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import ipaddress
+import sys
+from typing import Any
+
+from .. import enums as e
+from .. import verbs as v
+from ..cm import rdma_cm as rc
+from ..drivers.runtime import ip_to_gid
+from ..errors import InvalidArgument
+from .cmargs import UDADDY_PORT
+from .cmtest import CmTest, Node, finish, get_addr
+
+__all__ = ["run", "UDADDY_PORT", "ah_attr_from_grh"]
+
+GRH_LEN = 40  # sizeof(struct ibv_grh), in front of every UD receive (IBA 11.4.1.1)
+IPV4_IN_GRH = 20  # RoCEv2 over IPv4: the IPv4 header fills the last 20 bytes of the GRH
+IPV4_SRC = slice(IPV4_IN_GRH + 12, IPV4_IN_GRH + 16)
+IPV4_DST = slice(IPV4_IN_GRH + 16, IPV4_IN_GRH + 20)
+IPV6_SGID = slice(8, 24)
+IPV6_DGID = slice(24, 40)
+REPLY_HOP_LIMIT = 64
+
+
+def ah_attr_from_grh(grh: bytes, gids: list[bytes]) -> v.AHAttr:
+    """``ibv_init_ah_from_wc`` for a RoCEv2 UD receive: reply to the GRH area's source,
+    from the local GID it was sent to (IBA 11.4.1.1; rxe's ``rxe_init_av_from_wc`` layout:
+    IPv4 header in bytes 20-39, else the IPv6 header)."""
+    if len(grh) < GRH_LEN:
+        raise InvalidArgument("grh", f"need the {GRH_LEN}-byte GRH area, got {len(grh)}")
+    if grh[IPV4_IN_GRH] >> 4 == 4:
+        dgid, sgid = ip_to_gid(grh[IPV4_SRC]), ip_to_gid(grh[IPV4_DST])
+    else:
+        dgid, sgid = bytes(grh[IPV6_SGID]), bytes(grh[IPV6_DGID])
+    idx = gids.index(sgid) if sgid in gids else 0
+    return v.AHAttr(gr=v.GlobalRoute(dgid=dgid, sgid_index=idx, hop_limit=REPLY_HOP_LIMIT),
+                    is_global=1, port_num=1)
+
+
+class Udaddy(CmTest):
+    """The udaddy test (``struct cmatest`` + udaddy.c's handlers)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        super().__init__("udaddy", args, rc.RDMA_PS_UDP)
+        self.handler = self.cma_handler
+        self.bufs: dict[int, Any] = {}
+
+    # ---- node setup (init_node, post_recvs, verify_test_params) -----------------------
+    def verify_test_params(self, node: Node) -> int:
+        assert node.cma_id is not None
+        mtu = 1 << (int(node.cma_id.verbs.active_mtu) + 7)
+        if self.message_count and self.message_size > mtu:
+            self.say(f"udaddy: message_size {self.message_size} is larger than active mtu "
+                     f"{mtu}")
+            return -errno.EINVAL
+        return 0
+
+    def init_node(self, node: Node) -> int:
+        cid = node.cma_id
+        assert cid is not None
+        node.pd = v.PD(cid.verbs)
+        cqe = self.message_count * 2 if self.message_count else 2
+        node.cqs = [v.CQ(cid.verbs, cqe)]
+        depth = self.message_count or 1
+        attr = v.QPInitAttr(qp_type=e.IBV_QPT_UD, scq=node.cqs[0], rcq=node.cqs[0],
+                            cap=v.QPCap(depth, depth, 1, 1))
+        cid.create_qp(node.pd, attr)
+        if self.message_count:
+            node.mr = v.MR(node.pd, self.message_size + GRH_LEN, int(e.IBV_ACCESS_LOCAL_WRITE))
+        return 0
+
+    def post_recvs(self, node: Node) -> None:
+        if not self.message_count:
+            return
+        assert node.cma_id is not None
+        mr = node.mr
+        for _ in range(self.message_count):
+            node.cma_id.qp.post_recv(v.RecvWR(node.id, 1, [
+                v.SGE(mr.addr, self.message_size + GRH_LEN, mr.lkey)]))
+
+    def post_sends(self, node: Node, signal: int) -> None:
+        if not node.connected or not self.message_count:
+            return
+        assert node.cma_id is not None
+        qp = node.cma_id.qp
+        mr = node.mr
+        for _ in range(self.message_count):
+            wr = v.SendWR(node.id, None, 1, [v.SGE(mr.addr, self.message_size, mr.lkey)],
+                          e.IBV_WR_SEND_WITH_IMM, signal)
+            wr.imm_data = qp.qp_num
+            wr.set_wr_ud(node.ah, node.remote_qpn, node.remote_qkey)
+            qp.post_send(wr)
+
+    # ---- rdma_cm events ---------------------------------------------------------------
+    def route_handler(self, node: Node) -> int:
+        ret = self.verify_test_params(node) or self.init_node(node)
+        if ret:
+            self.connect_error()
+            return ret
+        self.post_recvs(node)
+        assert node.cma_id is not None
+        node.cma_id.connect(rc.ConnParam())
+        return 0
+
+    def connect_handler(self, cid: rc.CmId) -> int:
+        if self.conn_index == len(self.nodes):
+            self.say("udaddy: failing connection request")
+            cid.reject()
+            return -errno.ENOMEM
+        node = self.nodes[self.conn_index]
+        self.conn_index += 1
+        node.cma_id = cid
+        cid.context = node
+        ret = self.verify_test_params(node) or self.init_node(node)
+        if ret:
+            node.cma_id = None
+            self.connect_error()
+            self.say("udaddy: failing connection request")
+            cid.reject()
+            return ret
+        self.post_recvs(node)
+        cid.accept(rc.ConnParam(qp_num=cid.qp.qp_num))
+        node.connected = True
+        self.connects_left -= 1
+        return 0
+
+    def resolved_handler(self, node: Node, ev: rc.RdmaCmEvent) -> int:
+        ud = ev.ud
+        if ud is None:
+            self.say("udaddy: failure creating address handle")
+            self.connect_error()
+            return -1
+        node.remote_qpn = ud.qp_num
+        node.remote_qkey = ud.qkey
+        node.ah = v.AH(node.pd, ud.ah_attr)
+        node.connected = True
+        self.connects_left -= 1
+        return 0
+
+    def cma_handler(self, ev: rc.RdmaCmEvent) -> int:
+        T = rc.RdmaCmEventType
+        k = ev.event
+        node = ev.id.context
+        if k == T.ADDR_RESOLVED:
+            if self.args.tos is not None:
+                self.say("udaddy: set TOS option failed: Operation not supported")
+            ev.id.resolve_route(2000)
+            return 0
+        if k == T.ROUTE_RESOLVED:
+            return self.route_handler(node)
+        if k == T.CONNECT_REQUEST:
+            return self.connect_handler(ev.id)
+        if k == T.ESTABLISHED:
+            return self.resolved_handler(node, ev)
+        if k in (T.ADDR_ERROR, T.ROUTE_ERROR, T.CONNECT_ERROR, T.UNREACHABLE, T.REJECTED):
+            return self.event_error(ev)
+        return 0
+
+    # ---- completions ------------------------------------------------------------------
+    def create_reply_ah(self, node: Node, wc: Any) -> None:
+        """``create_reply_ah``: the AH from the first receive's GRH area, the remote QPN
+        from its immediate data, the Q_Key our own."""
+        if node.ah is not None:
+            return
+        assert node.cma_id is not None
+        grh = node.mr.read(GRH_LEN, 0)
+        gids = [bytes(g) for g in node.cma_id.verbs.port.gids]
+        node.ah = v.AH(node.pd, ah_attr_from_grh(grh, gids))
+        node.remote_qpn = int(wc.imm_data)
+        attr, _init = node.cma_id.qp.query(e.IBV_QP_QKEY)
+        node.remote_qkey = int(attr.qkey)
+
+    def poll_cqs(self) -> int:
+        for node in self.nodes:
+            if not node.connected:
+                continue
+            ret = self.poll_cq(node, node.cqs[0], self.message_count, self.create_reply_ah)
+            if ret:
+                return ret
+        return 0
+
+    # ---- the two roles ----------------------------------------------------------------
+    def run_server(self) -> int:
+        self.say("udaddy: starting server")
+        listen_id = rc.CmId(self.channel, self.ps, context=self)
+        try:
+            src, err = get_addr(self.args.src_addr or "0.0.0.0")
+            if src is None:
+                self.say(f"udaddy: getrdmaaddr error: {err}")
+                return -errno.EINVAL
+            listen_id.bind_addr((src, self.args.port), device=self.args.device or "roce")
+            listen_id.listen(0)
+            self.patient = True
+            ret = self.run_events(lambda: self.connects_left > 0, "a client")
+            self.patient = False
+            if ret:
+                return ret
+            if self.message_count:
+                self.say("receiving data transfers")
+                ret = self.poll_cqs()
+                if ret:
+                    return ret
+                self.say("sending replies")
+                for node in self.nodes:
+                    self.post_sends(node, int(e.IBV_SEND_SIGNALED))
+                ret = self.poll_cqs()
+                if ret:
+                    return ret
+                self.say("data transfers complete")
+            return 0
+        finally:
+            listen_id.destroy()
+
+    def run_client(self) -> int:
+        self.say("udaddy: starting client")
+        dst, err = get_addr(self.args.dst_addr)
+        src, err2 = get_addr(self.args.src_addr)
+        if dst is None or (self.args.src_addr is not None and src is None):
+            self.say(f"udaddy: getaddrinfo error: {err or err2}")
+            return -errno.EINVAL
+        self.say("udaddy: connecting")
+        for node in self.nodes:
+            node.cma_id = rc.CmId(self.channel, self.ps, context=node)
+            node.cma_id.resolve_addr((src, 0) if src else None, (dst, self.args.port), 2000,
+                                     device=self.args.device or "roce")
+        ret = self.run_events(lambda: self.connects_left > 0, "the server's SIDR_REP")
+        if ret:
+            return ret
+        if self.message_count:
+            self.say("initiating data transfers")
+            for node in self.nodes:
+                self.post_sends(node, 0)
+            self.say("receiving data transfers")
+            ret = self.poll_cqs()
+            if ret:
+                return ret
+            self.say("data transfers complete")
+        return 0
+
+
+def _check(args: argparse.Namespace) -> None:
+    ps = rc.RDMA_PS_UDP
+    if args.port_space is not None:
+        try:
+            ps = int(args.port_space, 0)
+        except ValueError:
+            raise InvalidArgument("-p", f"not a port space number: {args.port_space!r}") \
+                from None
+    if args.port_space_name is not None:
+        name = args.port_space_name.lower()
+        if name.startswith("ipoib"):
+            ps = rc.RDMA_PS_IPOIB
+        elif not name.startswith("udp"):
+            print("Warning: unknown port space format", file=sys.stderr)
+    if ps == rc.RDMA_PS_IPOIB:
+        raise InvalidArgument("-P", "the IPoIB port space needs an InfiniBand port; "
+                                    "softrdma's UD service is RDMA_PS_UDP")
+    if ps != rc.RDMA_PS_UDP:
+        raise InvalidArgument("-p", f"port space {ps:#x} is not a UD port space "
+                                    f"({rc.RDMA_PS_UDP:#x} for UDP)")
+    fmt = (args.addr_format or "name").lower()
+    if fmt.startswith("gid"):
+        raise InvalidArgument("-f", "gid addresses need AF_IB, which softrdma has not")
+    if not fmt.startswith(("ip", "name")):
+        print("Warning: unknown address format", file=sys.stderr)
+    for flag, val, lo in (("-c", args.connections, 1), ("-C", args.message_count, 0),
+                          ("-S", args.message_size, 0)):
+        if val < lo:
+            raise InvalidArgument(flag, f"must be at least {lo}, got {val}")
+    if not 0 <= args.port <= 0xFFFF:
+        raise InvalidArgument("--port", f"port {args.port} not in 0..65535")
+    if not args.timeout > 0:
+        raise InvalidArgument("--timeout", f"must be a positive number of seconds, got "
+                                           f"{args.timeout:g}")
+    for flag, val in (("-s", args.dst_addr), ("-b", args.src_addr)):
+        if val is not None:
+            try:
+                ipaddress.ip_address(val)
+            except ValueError:
+                if not val or "/" in val:
+                    raise InvalidArgument(flag, f"not an address: {val!r}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    """``softrdma udaddy``: exit status 0 when every message went both ways."""
+    _check(args)
+    test = Udaddy(args)
+    ret = -1
+    try:
+        ret = test.run_client() if args.dst_addr is not None else test.run_server()
+    finally:
+        status = finish(test, ret)
+    return status

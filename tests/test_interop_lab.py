@@ -1,0 +1,84 @@
+"""Root test: the interop smoke against real Linux rxe/siw in the lab (../shared/lab).
+
+Runs ``softrdma interop --smoke --guest 4 --json`` (rc_pingpong, rping over rxe, siw and
+the CRC-forcing siw, both directions each) and checks every run passed with a capture
+that pcap-check accepts, then that the run tore down what it started: the namespace, its
+state directory and guest g4 when the test booted it. Skips when not root, when the lab's
+scripts are not found, or when qemu is not installed (``../shared/lab/build.sh``
+installs it; ``.ci/run`` builds the lab before the tests)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from softrdma.interop.lab import DEFAULT_CACHE, LabError, locate_shared
+
+ROOT = Path(__file__).resolve().parent.parent
+GUEST = 4
+SUITE_TIMEOUT = 1800
+
+
+def _lab_reason() -> str:
+    if os.geteuid() != 0:
+        return "the lab needs root"
+    try:
+        locate_shared(ROOT)
+    except LabError as e:
+        return str(e)
+    if shutil.which("qemu-system-x86_64") is None:
+        return "qemu-system-x86_64 is not installed (../shared/lab/build.sh installs it)"
+    return ""
+
+
+def _guest_running(cache: Path, n: int) -> bool:
+    try:
+        pid = int((cache / "run" / f"g{n}.pid").read_text().strip())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _netns_exists(name: str) -> bool:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
+                         check=False).stdout
+    return any(line.split()[0] == name for line in out.splitlines() if line.strip())
+
+
+@pytest.mark.skipif(bool(_lab_reason()), reason=_lab_reason() or "lab available")
+def test_interop_smoke_against_linux(tmp_path: Path) -> None:
+    cache = Path(os.environ.get("LAB_CACHE", str(DEFAULT_CACHE)))
+    was_running = _guest_running(cache, GUEST)
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    try:
+        cp = subprocess.run([sys.executable, "-m", "softrdma", "interop", "--smoke", "--guest",
+                             str(GUEST), "--json", "--out-dir", str(tmp_path)],
+                            capture_output=True, text=True, env=env, timeout=SUITE_TIMEOUT,
+                            check=False, stdin=subprocess.DEVNULL)
+        assert "Traceback" not in cp.stderr, cp.stderr[-3000:]
+        data = json.loads(cp.stdout)
+        results = data["results"]
+        failed = [f"{r['case']} {r['direction']}: {r['result']} {r['reasons']}"
+                  for r in results if r["result"] != "pass"]
+        assert not failed, "\n".join(failed) + "\n" + cp.stderr[-2000:]
+        assert len(results) == 8 and cp.returncode == 0
+        for r in results:
+            assert Path(r["pcap"]).is_file() and " 0 failed" in r["pcap_check"], r
+        # teardown: the namespace and state directory are gone, the guest too if we booted it
+        assert not _netns_exists(f"srinterop-g{GUEST}")
+        assert not Path(f"/tmp/softrdma-interop-g{GUEST}-state").exists()
+        assert _guest_running(cache, GUEST) == was_running
+    finally:
+        subprocess.run(["ip", "netns", "del", f"srinterop-g{GUEST}"], capture_output=True,
+                       check=False)
+        if not was_running and _guest_running(cache, GUEST):
+            shared = locate_shared(ROOT)
+            subprocess.run(["bash", str(shared / "lab" / "run.sh"), "stop", str(GUEST)],
+                           capture_output=True, check=False, timeout=120)

@@ -1,0 +1,286 @@
+"""The interop suite's pure parts, without the lab: output parsing, counter checks, the
+case matrix and command lines, the table, locating the lab, the CLI's argument errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from softrdma.errors import InvalidArgument
+from softrdma.interop import cases as C
+from softrdma.interop import checks, parse
+from softrdma.interop.lab import LabError, guest_ip, host_ip, locate_shared
+from softrdma.interop.report import Result, exit_status, render_table, to_json
+from softrdma.interop.runner import softrdma_tools
+
+CAPTURES = Path("/work/shared/captures")
+ROOT = Path(__file__).resolve().parent.parent
+
+# perftest 4.5 as the guests print it (from ../shared/captures/bench_rxe.log)
+BW_TABLE = """\
+---------------------------------------------------------------------------------------
+ #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]
+ 4096       100              12.34              10.50   		   0.002688
+---------------------------------------------------------------------------------------
+"""
+LAT_TABLE = """\
+ #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    \
+t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec]
+ 64      2000          200.65         4647.01      268.59   	       451.23      	546.64 \
+		2907.88 		4539.57
+---------------------------------------------------------------------------------------
+"""
+STAT = ("link rxe0/1 sent_pkts 41 rcvd_pkts 40 duplicate_request 0 out_of_seq_request 0 "
+        "rcvd_rnr_err 0 send_rnr_err 0 rcvd_seq_err 0 ack_deferred 0 retry_exceeded_err 0 "
+        "retry_rnr_exceeded_err 0 completer_retry_err 2 send_err 0 link_downed 0 "
+        "rdma_sends 17 rdma_recvs 17 \n")
+
+
+# -- parsing -------------------------------------------------------------------------------
+
+def test_perftest_bw_table() -> None:
+    f = parse.parse_perftest(BW_TABLE)
+    assert f == {"bytes": 4096, "iterations": 100, "bw_peak": 12.34, "bw_avg": 10.5,
+                 "msg_rate": 0.002688, "unit": 1.0}
+
+
+def test_perftest_lat_table() -> None:
+    f = parse.parse_perftest(LAT_TABLE)
+    assert f["t_typical"] == 268.59 and f["p999"] == 4539.57 and f["iterations"] == 2000
+
+
+def test_perftest_without_result_row_is_empty() -> None:
+    head = BW_TABLE.splitlines()[1]
+    assert parse.parse_perftest(head + "\n" + "-" * 20 + "\n") == {}
+    assert parse.parse_perftest("no table here\n") == {}
+
+
+@pytest.mark.skipif(not (CAPTURES / "roce_read_bw.client.log").exists(),
+                    reason="the shared captures are not here")
+def test_perftest_real_gbits_output() -> None:
+    f = parse.parse_perftest((CAPTURES / "roce_read_bw.client.log").read_text())
+    assert f["bytes"] == 4096 and f["iterations"] == 50 and f["unit"] == 0.0
+    assert f["bw_avg"] == pytest.approx(0.12)
+
+
+@pytest.mark.skipif(not (CAPTURES / "roce_rc_pingpong.client.log").exists(),
+                    reason="the shared captures are not here")
+def test_pingpong_real_output() -> None:
+    f = parse.parse_pingpong((CAPTURES / "roce_rc_pingpong.client.log").read_text())
+    assert f == {"bytes": 81920, "mbit": 23.86, "iterations": 10, "usec_iter": 2746.40}
+
+
+def test_rdma_statistic_and_hw_counters() -> None:
+    s = parse.parse_rdma_statistic("garbage\n" + STAT)
+    assert s["sent_pkts"] == 41 and s["completer_retry_err"] == 2 and len(s) == 15
+    hw = parse.parse_hw_counters("/sys/class/infiniband/rxe0/ports/1/hw_counters/sent_pkts:7\n"
+                                 "/sys/x/send_err:0\nbad line\n")
+    assert hw == {"sent_pkts": 7, "send_err": 0}
+
+
+def test_user_qps_ignores_gsi_and_kernel_qps() -> None:
+    text = ("link rxe0/1 lqpn 1 type GSI state RTS sq-psn 5 comm [ib_core]\n"
+            "link rxe0/1 lqpn 17 type RC state RTS sq-psn 9 comm [rdma_cm]\n"
+            "link rxe0/1 lqpn 18 type RC state ERR sq-psn 3 pid 211 comm ibv_rc_pingpong\n")
+    assert parse.user_qps(text) == ["link rxe0/1 lqpn 18 type RC state ERR sq-psn 3 "
+                                    "pid 211 comm ibv_rc_pingpong"]
+
+
+def test_counter_delta_and_error_lines() -> None:
+    assert parse.counter_delta({"a": 1, "b": 5}, {"a": 4, "b": 5, "c": 2}) == {"a": 3, "c": 2}
+    text = ("ping data: rdma-ping-0: ABC\ncq completion failed status 12\n"
+            "Failed status transport retry counter exceeded (12) for wr_id 2\nreturn status 0\n")
+    assert parse.error_lines(text) == ["cq completion failed status 12",
+                                       "Failed status transport retry counter exceeded (12) "
+                                       "for wr_id 2"]
+
+
+@pytest.mark.skipif(not (CAPTURES / "roce_ucmatose.server.log").exists(),
+                    reason="the shared captures are not here")
+def test_successful_real_outputs_have_no_error_lines() -> None:
+    for name in ("roce_ucmatose.server.log", "roce_ucmatose.client.log", "iwarp_rping.client.log",
+                 "roce_read_bw.client.log", "iwarp_write_bw.server.log"):
+        assert parse.error_lines((CAPTURES / name).read_text()) == [], name
+
+
+def test_pcap_check_output() -> None:
+    out = ("/x/a.pcap: frame 12: RC 0x11: first request PSN 0x0 is not the announced 0x5\n"
+           "/x/a.pcap: 40 packets, 39 ok, 1 failed\n")
+    summary, first = parse.pcap_check_lines(out)
+    assert summary == "/x/a.pcap: 40 packets, 39 ok, 1 failed"
+    assert first.startswith("/x/a.pcap: frame 12:")
+    assert parse.pcap_check_packets(summary) == 40
+    assert parse.pcap_check_packets("x") == -1
+    assert parse.pcap_check_lines("") == ("", "")
+
+
+# -- checks --------------------------------------------------------------------------------
+
+def test_clean_counters_give_no_finding() -> None:
+    assert checks.guest_findings({"sent_pkts": 200, "rcvd_pkts": 200,
+                                  "completer_retry_err": 1}, []) == []
+    assert checks.softrdma_findings({"rx": 100, "forwarded": 100}) == []
+
+
+def test_error_completion_storm_and_stuck_qp() -> None:
+    f = checks.guest_findings({"rcvd_pkts": 50, "retry_exceeded_err": 1,
+                               "duplicate_request": 40}, ["link rxe0/1 lqpn 18 ...", "x"])
+    assert f[0].startswith("error completion in the guest: retry_exceeded_err +1")
+    assert f[1].startswith("retransmission storm in the guest (40 of 50 packets")
+    assert f[2] == "stuck QP in the guest after the case: link rxe0/1 lqpn 18 ... (+1 more)"
+    assert checks.softrdma_findings({"unknown_qpn": 20})[0].startswith("softrdma's devd dropped")
+
+
+def test_a_few_retries_among_many_packets_are_not_a_storm() -> None:
+    assert checks.guest_findings({"rcvd_pkts": 10000, "completer_retry_err": 20}, []) == []
+    assert checks.guest_findings({"rcvd_pkts": 100, "completer_retry_err": 20}, []) != []
+
+
+# -- the case matrix -------------------------------------------------------------------------
+
+def test_matrix_covers_the_issue() -> None:
+    names = {c.name for c in C.all_cases()}
+    for tool in ("rc_pingpong", "uc_pingpong", "ud_pingpong"):
+        assert {f"{tool}/rxe/s{s}" for s in C.PINGPONG_SIZES[tool[:2]]} <= names
+    assert {"rping/rxe/s64", "rping/siw/s64", "rping/siw-crc/s64", "ucmatose/rxe",
+            "udaddy/rxe"} <= names
+    for t in ("write_bw", "read_bw", "send_bw", "atomic_bw", "write_lat", "send_lat"):
+        assert any(n.startswith(f"{t}/rxe") for n in names)
+        assert any(n.startswith(f"{t}-R/rxe") for n in names)
+        if t != "atomic_bw":
+            assert any(n.startswith(f"{t}-R/siw") for n in names)
+    assert max(C.PINGPONG_SIZES["rc"]) > C.MTU  # multi-packet messages
+    assert len(names) == len(C.all_cases())  # names are unique
+    # cases needing the same guest link are adjacent, so each link is set up once
+    fabrics = [c.fabric for c in C.all_cases()]
+    assert fabrics == sorted(fabrics, key=fabrics.index)
+
+
+def test_smoke_subset_and_patterns() -> None:
+    smoke = C.smoke_cases()
+    assert {c.name for c in smoke} == {"rc_pingpong/rxe/s4096", "rping/rxe/s64",
+                                        "rping/siw/s64", "rping/siw-crc/s64"}
+    assert all(c in C.all_cases() for c in smoke)
+    assert [c.name for c in C.select(C.all_cases(), "rping/siw*")] == [
+        "rping/siw/s64", "rping/siw/s3000", "rping/siw-crc/s64", "rping/siw-crc/s3000"]
+    assert {c.name for c in C.select(C.all_cases(), "ucmatose,udaddy")} == {
+        "ucmatose/rxe", "udaddy/rxe"}
+    assert C.select(C.all_cases(), "nothing-like-this") == []
+
+
+EP = C.Endpoint("10.50.0.14", "10.50.0.24", guest_gid=1, softrdma="python3 -m softrdma")
+
+
+def test_pingpong_commands_both_directions() -> None:
+    case = C.Case("ibv_rc_pingpong", "rc-pingpong", "rxe", "pingpong", 8000, port=18515)
+    srv = C.commands(case, "softrdma-server", EP)
+    assert not srv.server_on_guest
+    assert srv.server == ("python3 -m softrdma rc-pingpong -d ilab -g 0 -n 20 -s 8000 -c "
+                          "--timeout 60 -m 1024")
+    assert srv.client == "ibv_rc_pingpong -d rxe0 -g 1 -n 20 -s 8000 -c -m 1024 10.50.0.24"
+    cli = C.commands(case, "softrdma-client", EP)
+    assert cli.server_on_guest
+    assert cli.server == "ibv_rc_pingpong -d rxe0 -g 1 -n 20 -s 8000 -c -m 1024"
+    assert cli.client.endswith("-m 1024 10.50.0.14")
+    ud = C.Case("ibv_ud_pingpong", "ud-pingpong", "rxe", "pingpong", 512, port=18515)
+    assert "-m" not in C.commands(ud, "softrdma-server", EP).client.split()
+
+
+def test_rping_and_perftest_commands() -> None:
+    rp = C.Case("rping", "rping", "siw-crc", "rping", 64, port=7174)
+    c = C.commands(rp, "softrdma-client", EP)
+    assert c.server == "rping -s -a 10.50.0.14 -v -V -C 5 -S 64"
+    assert "--transport iwarp --device iwlab" in c.client and "-c -a 10.50.0.14" in c.client
+    bw = C.Case("ib_write_bw", "write-bw", "rxe", "bw", 4096, True, 18515)
+    c = C.commands(bw, "softrdma-server", EP)
+    assert c.server == ("python3 -m softrdma write-bw -d ilab -x 0 -R -F -n 100 -s 4096 "
+                        "--timeout 60")
+    assert c.client == "ib_write_bw -d rxe0 -x 1 -R -F -n 100 -s 4096 10.50.0.24"
+    siw = C.Case("ib_send_lat", "send-lat", "siw", "lat", 64, True, 18515)
+    c = C.commands(siw, "softrdma-client", EP)
+    assert c.server == "ib_send_lat -d siw0 -R -F -n 100 -s 64"
+    assert c.client.endswith("--transport iwarp --timeout 60 10.50.0.14")
+    cm = C.Case("ucmatose", "ucmatose", "rxe", "cm", port=7471)
+    c = C.commands(cm, "softrdma-server", EP)
+    assert c.server == "python3 -m softrdma ucmatose -b 10.50.0.24 -C 5 --device ilab --timeout 60"
+    assert c.client == "ucmatose -s 10.50.0.24 -C 5"
+    at = C.Case("ib_atomic_bw", "atomic-bw", "rxe", "bw", 0, False, 18515)
+    assert "-s" not in C.commands(at, "softrdma-client", EP).client.split()
+    with pytest.raises(InvalidArgument, match="direction"):
+        C.commands(bw, "sideways", EP)
+
+
+def test_addresses_follow_run_sh() -> None:
+    assert guest_ip(4) == "10.50.0.14" and host_ip(4) == "10.50.0.24"
+
+
+# -- report ----------------------------------------------------------------------------------
+
+def test_table_and_json() -> None:
+    ok = Result("write_bw/rxe/s4096", "softrdma-client",
+                softrdma={"bw_avg": 3.5, "unit": 1.0}, linux={"bw_avg": 3.25, "unit": 1.0})
+    bad = Result("rping/rxe/s64", "softrdma-server", pcap="/x/rping.pcap",
+                 pcap_check="/x/rping.pcap: frame 7: bad ICRC")
+    bad.fail("softrdma side exited 1")
+    skip = Result("udaddy/rxe", "softrdma-server", result="skipped: softrdma lacks udaddy")
+    table = render_table([ok, bad, skip])
+    lines = table.splitlines()
+    assert lines[0].split()[:3] == ["case", "direction", "result"]
+    assert "softrdma 3.50 MB/s / linux 3.25 MB/s" in table
+    assert "    softrdma side exited 1" in lines
+    assert "    capture: /x/rping.pcap" in lines
+    assert "    pcap-check: /x/rping.pcap: frame 7: bad ICRC" in lines
+    assert lines[-1] == "3 runs: 1 passed, 1 failed, 1 skipped"
+    data = json.loads(to_json([ok, bad, skip]))
+    assert data["results"][1]["result"] == "fail" and data["results"][2]["result"].startswith(
+        "skipped")
+    assert exit_status([ok, skip]) == 0 and exit_status([ok, bad]) == 1 and exit_status([]) == 1
+
+
+# -- lab location, tools, CLI --------------------------------------------------------------
+
+def test_locate_shared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "pyproject.toml").write_text("")
+    (tmp_path / "shared" / "lab").mkdir(parents=True)
+    (tmp_path / "shared" / "lab" / "run.sh").write_text("")
+    assert locate_shared(repo) == (tmp_path / "shared").resolve()
+    other = tmp_path / "elsewhere"
+    (other / "lab").mkdir(parents=True)
+    (other / "lab" / "run.sh").write_text("")
+    (tmp_path / "shared" / "lab" / "run.sh").unlink()
+    monkeypatch.setenv("SOFTRDMA_SHARED", str(other))
+    assert locate_shared(repo) == other.resolve()
+    monkeypatch.setenv("SOFTRDMA_SHARED", str(tmp_path / "none"))
+    if not Path("/work/shared/lab/run.sh").is_file():
+        with pytest.raises(LabError, match="cannot find the lab"):
+            locate_shared(repo)
+
+
+def test_softrdma_tools_lists_subcommands() -> None:
+    tools = softrdma_tools()
+    assert {"rc-pingpong", "uc-pingpong", "ud-pingpong", "rping", "interop"} <= tools
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    return subprocess.run([sys.executable, "-m", "softrdma", "interop", *args],
+                          capture_output=True, text=True, env=env, timeout=120, check=False)
+
+
+def test_cli_list_and_errors() -> None:
+    cp = _cli("--smoke", "--list")
+    assert cp.returncode == 0 and cp.stdout.split() == [c.name for c in C.smoke_cases()]
+    cp = _cli("--cases", "no-such-case")
+    assert cp.returncode == 1
+    assert cp.stderr.strip() == ("softrdma interop: error: no case matches 'no-such-case' "
+                                 "(see --list)")
+    cp = _cli("--guest", "12")
+    assert cp.returncode == 2 and "guest must be 1..9" in cp.stderr
+    assert "Traceback" not in cp.stderr

@@ -1,0 +1,579 @@
+"""The sans-I/O IPoIB core (softrdma.ipoib): codecs, neighbour table, connection table,
+REQ crossing (RFC 4755 §3.3), per-destination MTU (§7.2), bad input counted and dropped."""
+
+from __future__ import annotations
+
+import ipaddress
+import struct
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from softrdma.errors import DecodeError, InvalidArgument
+from softrdma.ipoib import nd
+from softrdma.ipoib.conn import IPOIB_CM_BUF_SIZE, ConnState, conn_mtu
+from softrdma.ipoib.encap import ARP_LEN, ArpOp, ArpPacket, EtherType, decode_encap, encap_header
+from softrdma.ipoib.events import (
+    ConnAccept,
+    ConnClose,
+    ConnOpen,
+    ConnReject,
+    ConnSend,
+    McastJoin,
+    TunWrite,
+    UdSend,
+)
+from softrdma.ipoib.hwaddr import (
+    FLAG_RC,
+    MULTICAST_QPN,
+    CmData,
+    HwAddr,
+    ipv4_broadcast_mgid,
+    ipv4_mcast_mgid,
+    ipv6_mcast_mgid,
+    link_local,
+    service_id,
+    solicited_node,
+)
+from softrdma.ipoib.iface import IfaceConfig, IpoibInterface
+from softrdma.ipoib.ip import checksum, fragment_ipv4, icmp4_frag_needed, ipv4_header, parse
+from softrdma.ipoib.neigh import NeighbourTable, NeighConfig, NudState, Probe
+from softrdma.wire.cm import RejReason
+
+
+def gid(n: int) -> bytes:
+    return bytes(10) + b"\xff\xff" + bytes((10, 0, 0, n))
+
+
+# ---- codecs -------------------------------------------------------------------------
+def test_hwaddr_layout_and_flags() -> None:
+    hw = HwAddr(0x48, gid(1), FLAG_RC)
+    raw = hw.encode()
+    assert len(raw) == 20 and raw[0] == 0x80 and raw[1:4] == b"\x00\x00\x48"
+    assert raw[4:] == gid(1)
+    # §3.1: reserved flag bits are ignored on receive
+    assert HwAddr.decode(b"\xff" + raw[1:]).flags == 0xC0
+    assert hw.key == b"\0" + raw[1:]
+    with pytest.raises(DecodeError):
+        HwAddr.decode(raw[:19])
+    with pytest.raises(InvalidArgument):
+        HwAddr(1 << 24, gid(1))
+
+
+@given(st.integers(0, 0xFFFFFF), st.binary(min_size=16, max_size=16), st.sampled_from([0, 0x40, 0x80, 0xC0]))
+def test_hwaddr_roundtrip(qpn: int, g: bytes, flags: int) -> None:
+    hw = HwAddr(qpn, g, flags)
+    assert HwAddr.decode(hw.encode()) == hw
+
+
+def test_mgids_match_linux() -> None:
+    # ipoib.md §3: Linux broadcast ff12:401b:ffff::ffff:ffff
+    assert ipv4_broadcast_mgid() == bytes.fromhex("ff12401bffff000000000000ffffffff")
+    assert ipv4_broadcast_mgid(0x8001) == bytes.fromhex("ff12401b8001000000000000ffffffff")
+    # ip_ib_mc_map: low 28 bits of 239.1.2.3 -> 0f 01 02 03
+    assert ipv4_mcast_mgid(bytes((239, 1, 2, 3))) == bytes.fromhex(
+        "ff12401bffff0000000000000f010203")
+    allnodes = ipaddress.IPv6Address("ff02::1").packed
+    assert ipv6_mcast_mgid(allnodes) == bytes.fromhex("ff12601bffff00000000000000000001")
+    sn = solicited_node(ipaddress.IPv6Address("fd00::1:2:3").packed)
+    assert ipaddress.IPv6Address(sn) == ipaddress.IPv6Address("ff02::1:ff02:3")
+
+
+def test_service_id_and_private_data() -> None:
+    assert service_id(0x123456) == 0x1000000000123456
+    d = CmData(0x11, 65524)
+    raw = d.encode()
+    assert raw == bytes.fromhex("00000011") + struct.pack(">I", 65524)
+    # §6: the reserved octet is ignored on receive, trailing padding too
+    assert CmData.decode(b"\xaa" + raw[1:] + bytes(84)) == d
+    with pytest.raises(DecodeError):
+        CmData.decode(raw[:7])
+
+
+def test_link_local_inverts_ul_bit() -> None:
+    g = bytes(8) + bytes.fromhex("0002c90300001234")
+    assert str(link_local(g)) == "fe80::202:c903:0:1234"
+
+
+def test_encap_and_arp() -> None:
+    assert encap_header(EtherType.IPV6) == b"\x86\xdd\x00\x00"
+    assert decode_encap(b"\x08\x00\x12\x34xyz") == EtherType.IPV4  # reserved ignored
+    for bad in (b"\x08", b"\x12\x34\x00\x00"):
+        with pytest.raises(DecodeError):
+            decode_encap(bad)
+    arp = ArpPacket(ArpOp.REQUEST, HwAddr(5, gid(1), FLAG_RC), bytes((10, 1, 0, 1)),
+                    HwAddr(0, bytes(16)), bytes((10, 1, 0, 2)))
+    raw = arp.encode()
+    assert len(raw) == ARP_LEN == 56 and raw[:8] == bytes.fromhex("0020080014040001")
+    assert ArpPacket.decode(raw) == arp
+    for bad in (raw[:40], b"\x00\x01" + raw[2:], raw[:4] + b"\x06" + raw[5:],
+                raw[:6] + b"\x00\x09" + raw[8:]):
+        with pytest.raises(DecodeError):
+            ArpPacket.decode(bad)
+
+
+def test_nd_build_decode() -> None:
+    src = ipaddress.IPv6Address("fd00::1").packed
+    tgt = ipaddress.IPv6Address("fd00::2").packed
+    hw = HwAddr(7, gid(1), FLAG_RC)
+    pkt = nd.build(nd.NdMessage(nd.NdType.NEIGHBOR_SOLICITATION, src, solicited_node(tgt), tgt, hw))
+    assert len(pkt) == 40 + 24 + 24 and pkt[7] == 255
+    assert pkt[40 + 24:40 + 28] == b"\x01\x03\x00\x00"  # option type 1, length 3, 2 pad
+    msg = nd.decode(pkt)
+    assert msg.lladdr == hw and msg.target == tgt
+    bad = bytearray(pkt)
+    bad[-1] ^= 1
+    with pytest.raises(DecodeError):
+        nd.decode(bytes(bad))  # checksum
+    bad = bytearray(pkt)
+    bad[7] = 64
+    with pytest.raises(DecodeError):
+        nd.decode(bytes(bad))  # hop limit
+
+
+def test_icmp_frag_needed_and_fragmentation() -> None:
+    payload = bytes(range(256)) * 12
+    pkt = ipv4_header(bytes((10, 1, 0, 1)), bytes((10, 1, 0, 2)), 17, len(payload),
+                      frag=0x4000) + payload
+    err = icmp4_frag_needed(pkt, bytes((10, 1, 0, 2)), 1500)
+    info = parse(err)
+    assert info.dst == bytes((10, 1, 0, 1)) and info.proto == 1
+    assert checksum(err[:20]) == 0 and checksum(err[20:]) == 0
+    assert err[20:22] == b"\x03\x04" and struct.unpack(">H", err[26:28])[0] == 1500
+    nodf = ipv4_header(bytes((10, 1, 0, 1)), bytes((10, 1, 0, 2)), 17, len(payload)) + payload
+    frags = fragment_ipv4(nodf, 1000)
+    assert all(len(f) <= 1000 and checksum(f[:20]) == 0 for f in frags)
+    assert b"".join(f[20:] for f in frags) == payload
+    assert [struct.unpack(">H", f[6:8])[0] & 0x2000 for f in frags][-1] == 0
+
+
+# ---- neighbour table ------------------------------------------------------------------
+def test_neighbour_state_machine() -> None:
+    t = NeighbourTable(NeighConfig(retrans_s=1, reachable_s=30, delay_s=5, gc_stale_s=60))
+    ip = bytes((10, 1, 0, 2))
+    t.use(ip, 0.0, b"pkt")
+    assert t.take_output() == [Probe(ip, None)]
+    t.on_timer(1.0)
+    t.on_timer(2.0)
+    assert [type(o) for o in t.take_output()] == [Probe, Probe]
+    hw = HwAddr(9, gid(2), FLAG_RC)
+    t.confirm(ip, hw, 2.5)
+    out = t.take_output()
+    assert t.entries[ip].state is NudState.REACHABLE and out[0].entry.queue  # type: ignore[union-attr]
+    t.on_timer(33.0)
+    assert t.entries[ip].state is NudState.STALE
+    t.use(ip, 34.0)
+    assert t.entries[ip].state is NudState.DELAY
+    t.on_timer(39.5)
+    assert t.entries[ip].state is NudState.PROBE and t.take_output() == [Probe(ip, hw)]
+    for now in (40.5, 41.5, 42.5):
+        t.on_timer(now)
+    assert ip not in t.entries  # 3 unicast probes unanswered
+
+
+def test_incomplete_gives_up() -> None:
+    t = NeighbourTable()
+    ip = bytes((10, 1, 0, 9))
+    t.use(ip, 0.0, b"x")
+    for now in (1.0, 2.0, 3.0):
+        t.on_timer(now)
+    assert ip not in t.entries
+    kinds = [type(o).__name__ for o in t.take_output()]
+    assert kinds == ["Probe", "Probe", "Probe", "Unresolved"]
+
+
+# ---- two or more interfaces on an emulated link ---------------------------------------
+@dataclass
+class Net:
+    ifs: list[IpoibInterface]
+    joined: dict[int, set[bytes]] = field(default_factory=dict)
+    tun: dict[int, list[bytes]] = field(default_factory=dict)
+    reqs: list[tuple[int, ConnOpen]] = field(default_factory=list)
+    conn_peer: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
+    pending_accepts: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
+    rejects: list[tuple[int, ConnReject]] = field(default_factory=list)
+    ud: list[tuple[int, UdSend]] = field(default_factory=list)
+    hold_reqs: bool = False
+    now: float = 0.0
+
+    def pump(self) -> None:
+        for _ in range(100):
+            busy = False
+            for i, f in enumerate(self.ifs):
+                for o in f.take_output():
+                    busy = True
+                    self._do(i, o)
+            if not self.hold_reqs and self.reqs:
+                busy = True
+                self.deliver_reqs()
+            if not busy:
+                return
+
+    def deliver_reqs(self) -> None:
+        reqs, self.reqs = self.reqs, []
+        for i, o in reqs:
+            j = self.index(o.peer)
+            token = len(self.pending_accepts) + 1000 * (i + 1) + o.conn_id
+            self.pending_accepts[(j, token)] = (i, o.conn_id)
+            self.ifs[j].conn_request(token, self.ifs[i].hwaddr.gid, o.private_data, "RC",
+                                     self.now)
+
+    def index(self, hw: HwAddr) -> int:
+        return next(k for k, f in enumerate(self.ifs) if f.hwaddr.key == hw.key)
+
+    def _do(self, i: int, o: object) -> None:
+        f = self.ifs[i]
+        if isinstance(o, McastJoin):
+            self.joined.setdefault(i, set()).add(o.mgid)
+        elif isinstance(o, TunWrite):
+            self.tun.setdefault(i, []).append(bytes(o.packet))
+        elif isinstance(o, UdSend):
+            self.ud.append((i, o))
+            msg = encap_header(o.ethertype) + bytes(o.payload)
+            if o.dest.qpn == MULTICAST_QPN:
+                for j in range(len(self.ifs)):
+                    if j != i and o.dest.gid in self.joined.get(j, ()):
+                        self.ifs[j].receive_ud(msg, f.hwaddr.gid, f.hwaddr.qpn, self.now)
+            else:
+                self.ifs[self.index(o.dest)].receive_ud(msg, f.hwaddr.gid, f.hwaddr.qpn,
+                                                        self.now)
+        elif isinstance(o, ConnOpen):
+            assert o.service_id == service_id(o.peer.qpn)
+            self.reqs.append((i, o))
+        elif isinstance(o, ConnAccept):
+            a, aconn = self.pending_accepts.pop((i, o.token))
+            self.conn_peer[(i, o.conn_id)] = (a, aconn)
+            self.conn_peer[(a, aconn)] = (i, o.conn_id)
+            self.ifs[a].conn_established(aconn, self.now, rep_private_data=o.private_data)
+            f.conn_established(o.conn_id, self.now)
+        elif isinstance(o, ConnReject):
+            self.rejects.append((i, o))
+            a, aconn = self.pending_accepts.pop((i, o.token))
+            self.ifs[a].conn_closed(aconn, self.now, refused=True)
+        elif isinstance(o, ConnSend):
+            j, jc = self.conn_peer[(i, o.conn_id)]
+            self.ifs[j].receive_conn(jc, encap_header(o.ethertype) + bytes(o.payload),
+                                     self.now)
+        elif isinstance(o, ConnClose):
+            peer = self.conn_peer.pop((i, o.conn_id), None)
+            if peer is not None:
+                self.conn_peer.pop(peer, None)
+                self.ifs[peer[0]].conn_closed(peer[1], self.now)
+
+
+def make_net(n: int = 2, mode: str = "connected", crossing_rule: bool = True,
+             qpns: list[int] | None = None) -> Net:
+    ifs = []
+    for k in range(n):
+        cfg = IfaceConfig(gid=gid(k + 1), ud_qpn=(qpns or [0x40 + k for k in range(n)])[k],
+                          ud_mtu=2044, mode=mode,  # type: ignore[arg-type]
+                          addresses=(ipaddress.IPv4Interface(f"10.9.0.{k + 1}/24"),
+                                     ipaddress.IPv6Interface(f"fd09::{k + 1}/64")),
+                          crossing_rule=crossing_rule)
+        ifs.append(IpoibInterface(cfg))
+    net = Net(ifs)
+    for f in ifs:
+        f.start(0.0)
+    net.pump()
+    net.ud.clear()  # the announcements (gratuitous ARP, unsolicited NA)
+    return net
+
+
+def v4(src: int, dst: int, size: int, df: bool = True) -> bytes:
+    payload = bytes(size - 20)
+    return ipv4_header(bytes((10, 9, 0, src)), bytes((10, 9, 0, dst)), 17, len(payload),
+                       frag=0x4000 if df else 0) + payload
+
+
+def v6(src: int, dst: int, size: int) -> bytes:
+    s = ipaddress.IPv6Address(f"fd09::{src}").packed
+    d = ipaddress.IPv6Address(f"fd09::{dst}").packed
+    return struct.pack(">IHBB16s16s", 6 << 28, size - 40, 17, 64, s, d) + bytes(size - 40)
+
+
+def test_arp_resolution_then_unicast_over_ud() -> None:
+    net = make_net(mode="datagram")
+    a, b = net.ifs
+    pkt = v4(1, 2, 100)
+    a.send_ip(pkt, 0.0)
+    net.pump()
+    assert net.tun[1] == [pkt]
+    kinds = [(i, o.ethertype, o.dest.qpn == MULTICAST_QPN) for i, o in net.ud]
+    assert kinds[0] == (0, EtherType.ARP, True)           # request to the broadcast group
+    assert kinds[1] == (1, EtherType.ARP, False)          # reply unicast over UD (§7)
+    assert a.neigh.entries[bytes((10, 9, 0, 2))].state is NudState.REACHABLE
+    assert a.neigh.entries[bytes((10, 9, 0, 2))].hw == b.hwaddr
+    assert b.counters["arp_replies"] == 1 and a.counters["rx_ud"] == 0
+
+
+def test_nd_resolution_ipv6() -> None:
+    net = make_net()
+    a, b = net.ifs
+    pkt = v6(1, 2, 200)
+    a.send_ip(pkt, 0.0)
+    net.pump()
+    assert net.tun[1] == [pkt]
+    ns = [o for i, o in net.ud if i == 0 and o.ethertype == EtherType.IPV6][0]
+    assert ns.dest.gid == ipv6_mcast_mgid(solicited_node(ipaddress.IPv6Address("fd09::2").packed))
+    assert b.counters["na_sent"] == 1
+
+
+def test_connected_mode_big_over_rc_small_over_ud() -> None:
+    net = make_net()
+    a, b = net.ifs
+    a.send_ip(v4(1, 2, 100), 0.0)
+    net.pump()
+    big = v4(1, 2, 60000)
+    a.send_ip(big, 0.0)
+    net.pump()
+    assert net.tun[1][-1] == big
+    conn = a.conns.tx_conn(b.hwaddr.key)
+    assert conn is not None and conn.state is ConnState.ESTABLISHED
+    assert conn.mtu == 65520 and conn.tx_packets == 1 and conn.tx_bytes == 60000
+    assert a.counters["tx_conn"] == 1 and a.counters["tx_ud"] == 1
+    a.send_ip(v4(1, 2, 1000), 0.0)  # small: UD (§7.2)
+    net.pump()
+    assert a.counters["tx_ud"] == 2
+    # b answers over the connection a opened (every unicast accepted on any mode, §7)
+    b.send_ip(v4(2, 1, 30000), 0.0)
+    net.pump()
+    assert net.tun[0][-1] == v4(2, 1, 30000)
+    assert len(a.conns.conns) == 1 and len(b.conns.conns) == 1
+
+
+def test_too_big_gets_icmp_or_fragments() -> None:
+    net = make_net(mode="datagram")
+    a, _ = net.ifs
+    a.send_ip(v4(1, 2, 100), 0.0)
+    net.pump()
+    a.send_ip(v4(1, 2, 3000, df=True), 0.0)
+    net.pump()
+    err = net.tun[0][-1]
+    info = parse(err)
+    assert info.dst == bytes((10, 9, 0, 1)) and err[20:22] == b"\x03\x04"
+    assert struct.unpack(">H", err[26:28])[0] == 2044
+    a.send_ip(v4(1, 2, 5000, df=False), 0.0)
+    net.pump()
+    assert a.counters["tx_fragments"] == 3 and all(len(p) <= 2044 for p in net.tun[1])
+    a.send_ip(v6(1, 2, 100), 0.0)
+    net.pump()
+    a.send_ip(v6(1, 2, 4000), 0.0)
+    net.pump()
+    err6 = net.tun[0][-1]
+    assert err6[40] == 2 and struct.unpack(">I", err6[44:48])[0] == 2044
+
+
+def test_req_crossing_leaves_one_connection() -> None:
+    # both sides know each other, then both send a big packet at the same time
+    net = make_net(qpns=[0x50, 0x41])
+    a, b = net.ifs
+    a.send_ip(v4(1, 2, 100), 0.0)
+    net.pump()
+    net.hold_reqs = True
+    a.send_ip(v4(1, 2, 10000), 0.0)
+    b.send_ip(v4(2, 1, 10000), 0.0)
+    net.pump()
+    assert len(net.reqs) == 2  # the REQs cross
+    net.deliver_reqs()
+    net.hold_reqs = False
+    net.pump()
+    # b's address (QPN 0x41) is smaller: b accepts a's REQ, a rejects b's (Consumer Reject)
+    assert [(i, r.reason) for i, r in net.rejects] == [(0, RejReason.CONSUMER_DEFINED)]
+    assert CmData.decode(net.rejects[0][1].private_data).ud_qpn == 0x50
+    assert len(a.conns.conns) == 1 and len(b.conns.conns) == 1
+    assert a.counters["conn_crossing_rejects"] == 1
+    assert net.tun[1][-1] == v4(1, 2, 10000) and net.tun[0][-1] == v4(2, 1, 10000)
+
+
+def test_linux_style_second_connection_is_accepted() -> None:
+    net = make_net()
+    a, b = net.ifs
+    a.send_ip(v4(1, 2, 100), 0.0)
+    net.pump()
+    a.send_ip(v4(1, 2, 9000), 0.0)
+    net.pump()
+    # a Linux peer opens its own connection although ours is up
+    conn = b.conns._new(a.hwaddr, True, "RC", 0.0)
+    b.out.append(ConnOpen(conn.conn_id, a.hwaddr, "RC", service_id(a.hwaddr.qpn),
+                          b.conns.private_data))
+    net.pump()
+    assert len(a.conns.conns) == 2 and len(b.conns.conns) == 2 and not net.rejects
+    b.send_ip(v4(2, 1, 9000), 0.0)
+    net.pump()
+    assert net.tun[0][-1] == v4(2, 1, 9000)
+    assert b.conns.tx_conn(a.hwaddr.key) is conn
+
+
+@pytest.mark.parametrize("pd", [b"", bytes(92), b"\x00\x00\x01", struct.pack(">II", 0x42, 10)])
+def test_bad_req_private_data_rejected_with_ud_qpn(pd: bytes) -> None:
+    net = make_net()
+    a, b = net.ifs
+    a.send_ip(v4(1, 2, 100), 0.0)
+    net.pump()
+    a.send_ip(v4(1, 2, 9000), 0.0)
+    net.pump()
+    b.conn_request(77, gid(9), pd, "RC", 0.0)
+    out = b.take_output()
+    assert len(out) == 1 and isinstance(out[0], ConnReject)
+    assert out[0].reason == RejReason.CONSUMER_DEFINED
+    assert CmData.decode(out[0].private_data) == CmData(b.hwaddr.qpn, IPOIB_CM_BUF_SIZE)
+    assert b.counters["conn_bad_req"] == 1
+    a.send_ip(v4(1, 2, 9000), 0.0)  # the existing connection is undisturbed
+    net.pump()
+    assert net.tun[1][-1] == v4(1, 2, 9000) and len(b.conns.conns) == 1
+
+
+def test_wrong_flags_are_tolerated() -> None:
+    """§8: a peer advertising RC that refuses connections costs a REJ, then UD."""
+    net = make_net()
+    a, b = net.ifs
+    a.send_ip(v4(1, 2, 100), 0.0)
+    net.pump()
+    b.conns.crossing_rule = True
+    real = b.conn_request
+
+    def refuse(token: int, peer_gid: bytes, private_data: bytes, transport: str,
+               now: float) -> None:
+        b.out.append(ConnReject(token, RejReason.INVALID_SERVICE_ID, b"", "not listening"))
+    b.conn_request = refuse  # type: ignore[method-assign]
+    a.send_ip(v4(1, 2, 1500), 0.0)   # fits UD: goes at once
+    a.send_ip(v4(1, 2, 8000), 0.0)   # held for the connection, refused -> ICMP
+    net.pump()
+    assert a.counters["conn_refused"] == 1 and net.tun[1][-1] == v4(1, 2, 1500)
+    assert net.tun[0][-1][20:22] == b"\x03\x04"
+    a.send_ip(v4(1, 2, 8000), 0.0)   # no new REQ during the back-off: ICMP at once
+    net.pump()
+    assert a.counters["conn_opened"] == 1 and a.counters["tx_icmp_too_big"] == 2
+    b.conn_request = real  # type: ignore[method-assign]
+    # reserved flag bits in an ARP reply are ignored (§3.1)
+    arp = ArpPacket(ArpOp.REPLY, HwAddr(b.hwaddr.qpn, b.hwaddr.gid, 0xFF), bytes((10, 9, 0, 2)),
+                    a.hwaddr, bytes((10, 9, 0, 1))).encode()
+    raw = bytearray(arp)
+    raw[8] = 0xFF
+    a.receive_ud(encap_header(EtherType.ARP) + bytes(raw), b.hwaddr.gid, b.hwaddr.qpn, 0.0)
+    assert a.neigh.entries[bytes((10, 9, 0, 2))].hw.flags == 0xC0  # type: ignore[union-attr]
+
+
+def test_malformed_input_counted_and_dropped() -> None:
+    net = make_net()
+    a, b = net.ifs
+    a.send_ip(v4(1, 2, 100), 0.0)
+    net.pump()
+    a.send_ip(v4(1, 2, 9000), 0.0)
+    net.pump()
+    before = len(net.tun[1])
+    b.receive_ud(b"\x08", a.hwaddr.gid, a.hwaddr.qpn, 0.0)
+    b.receive_ud(b"\x12\x34\x00\x00" + v4(1, 2, 100), a.hwaddr.gid, a.hwaddr.qpn, 0.0)
+    b.receive_ud(encap_header(EtherType.IPV6) + v4(1, 2, 100), a.hwaddr.gid, a.hwaddr.qpn, 0.0)
+    b.receive_ud(encap_header(EtherType.ARP) + bytes(30), a.hwaddr.gid, a.hwaddr.qpn, 0.0)
+    b.receive_ud(encap_header(EtherType.ARP) + b"\x00\x01" + bytes(54), a.hwaddr.gid, 5, 0.0)
+    b.receive_ud(encap_header(EtherType.IPV4) + b"\x45" + bytes(10), a.hwaddr.gid, 5, 0.0)
+    cid = next(iter(b.conns.conns))
+    b.receive_conn(cid, b"\x00", 0.0)
+    b.receive_conn(cid, encap_header(EtherType.ARP) + bytes(56), 0.0)
+    c = b.counters
+    assert (c["rx_bad_encap"], c["rx_bad_arp"], c["rx_bad_ip"]) == (5, 2, 1)
+    assert b.take_output() == [] and len(net.tun[1]) == before
+    a.send_ip(v4(1, 2, 9000), 0.0)
+    net.pump()
+    assert net.tun[1][-1] == v4(1, 2, 9000)
+
+
+def test_multicast_over_ud_and_three_hosts() -> None:
+    net = make_net(3)
+    a = net.ifs[0]
+    assert ipv4_broadcast_mgid() in net.joined[1]
+    bcast = ipv4_header(bytes((10, 9, 0, 1)), bytes((10, 9, 0, 255)), 17, 10) + bytes(10)
+    a.send_ip(bcast, 0.0)
+    net.pump()
+    assert net.tun[1] == [bcast] and net.tun[2] == [bcast]
+    for k in (2, 3):
+        a.send_ip(v4(1, k, 20000), 0.0)
+        net.pump()
+        assert net.tun[k - 1][-1] == v4(1, k, 20000)
+    assert len(a.conns.conns) == 2
+
+
+def test_neighbour_expiry_tears_down_and_reconnects() -> None:
+    net = make_net()
+    a, b = net.ifs
+    a.send_ip(v4(1, 2, 100), 0.0)
+    net.pump()
+    a.send_ip(v4(1, 2, 9000), 0.0)
+    net.pump()
+    assert len(a.conns.conns) == 1
+    for t in (31.0, 92.0):  # REACHABLE -> STALE -> gone
+        net.now = t
+        a.on_timer(t)
+        net.pump()
+    assert not a.neigh.entries and not a.conns.conns and not b.conns.conns
+    a.send_ip(v4(1, 2, 9000), 100.0)
+    net.pump()
+    assert net.tun[1][-1] == v4(1, 2, 9000) and a.counters["conn_opened"] == 2
+
+
+def test_idle_passive_connection_reaped() -> None:
+    net = make_net()
+    a, b = net.ifs
+    a.send_ip(v4(1, 2, 100), 0.0)
+    net.pump()
+    a.send_ip(v4(1, 2, 9000), 0.0)
+    net.pump()
+    assert b.next_deadline() is not None
+    b.on_timer(600.0)
+    net.pump()
+    assert not b.conns.conns and not a.conns.conns
+
+
+def test_stop_closes_everything() -> None:
+    net = make_net()
+    a, b = net.ifs
+    a.send_ip(v4(1, 2, 100), 0.0)
+    net.pump()
+    a.send_ip(v4(1, 2, 9000), 0.0)
+    net.pump()
+    a.stop(1.0)
+    net.pump()
+    assert not a.conns.conns and not b.conns.conns
+
+
+def test_config_validation() -> None:
+    with pytest.raises(InvalidArgument, match="mtu"):
+        IfaceConfig(gid=gid(1), ud_qpn=5, ud_mtu=2044, addresses=(), mode="datagram",
+                    mtu=4000)
+    with pytest.raises(InvalidArgument, match="mode"):
+        IfaceConfig(gid=gid(1), ud_qpn=5, ud_mtu=2044, addresses=(), mode="x")  # type: ignore[arg-type]
+    assert IfaceConfig(gid=gid(1), ud_qpn=5, ud_mtu=2044, addresses=()).mtu == 65520
+    assert conn_mtu(65524, 2048) == 2044
+
+
+def test_restart_announces_new_address() -> None:
+    """A restarted peer (new UD QPN) is learnt from its gratuitous ARP / unsolicited NA,
+    and the connection to its old address goes."""
+    net = make_net()
+    a, b = net.ifs
+    a.send_ip(v4(1, 2, 100), 0.0)
+    a.send_ip(v6(1, 2, 100), 0.0)
+    net.pump()
+    a.send_ip(v4(1, 2, 9000), 0.0)
+    net.pump()
+    assert len(a.conns.conns) == 1
+    b2 = IpoibInterface(IfaceConfig(gid=b.hwaddr.gid, ud_qpn=0x99, ud_mtu=2044,
+                                    addresses=b.config.addresses))
+    net.ifs[1] = b2
+    b2.start(1.0)
+    net.pump()
+    assert a.neigh.entries[bytes((10, 9, 0, 2))].hw.qpn == 0x99  # type: ignore[union-attr]
+    assert a.neigh.entries[ipaddress.IPv6Address("fd09::2").packed].hw.qpn == 0x99  # type: ignore[union-attr]
+    assert not a.conns.conns
+
+
+def test_ipv6_needs_1280() -> None:
+    with pytest.raises(InvalidArgument, match="IPv6 needs"):
+        IfaceConfig(gid=gid(1), ud_qpn=5, ud_mtu=1020, mode="datagram",
+                    addresses=(ipaddress.IPv6Interface("fd01::1/64"),))
+    f = IpoibInterface(IfaceConfig(gid=gid(1), ud_qpn=5, ud_mtu=1020, mode="datagram",
+                                   addresses=(ipaddress.IPv4Interface("10.1.0.1/24"),)))
+    assert all(a.version == 4 for a in f.addresses)  # no link-local below 1280
