@@ -160,7 +160,7 @@ from softrdma.drivers.udp import UdpLink
 from softrdma.errors import ClosedError, DeviceError, InvalidArgument, SoftRdmaError
 from softrdma.ib.counters import Counters
 from softrdma.wire.roce import udp_send_icrc
-from softrdma.wire.rocev1 import GRH_SIZE
+from softrdma.wire.rocev1 import GRH_SIZE, is_multicast_gid
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
@@ -856,10 +856,14 @@ class Devd:
         its socket of that address family (roce.md §4, :mod:`.mcast`)."""
         if mgid not in self._groups:
             link = self._group_link(mgid)
-            if link is None:
+            v1 = self._raw if self._raw is not None and is_multicast_gid(mgid) else None
+            if link is None and v1 is None:
                 return errno.EAFNOSUPPORT if is_mgid(mgid) else errno.EINVAL
             try:
-                link.attach_mcast(mgid)
+                if link is not None:
+                    link.attach_mcast(mgid)
+                if v1 is not None:  # RoCEv1: the MGID's Ethernet multicast MAC
+                    v1.attach_mcast(mgid)
             except (OSError, SoftRdmaError):
                 return errno.EADDRNOTAVAIL
             self._groups[mgid] = []
@@ -880,6 +884,9 @@ class Devd:
         link = self._group_link(mgid)
         if link is not None and mgid in link.mcast_groups:
             link.detach_mcast(mgid)
+        if self._raw is not None and is_multicast_gid(mgid):
+            with contextlib.suppress(OSError, SoftRdmaError):
+                self._raw.detach_mcast(mgid)
 
     def _detach(self, c: _Client, mgid: bytes) -> int:
         refs = c.mcast.get(mgid, 0)

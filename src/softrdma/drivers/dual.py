@@ -14,6 +14,7 @@ import select
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from ..errors import InvalidArgument
 from .link import Datagram, GidEntry, Link, gid_entries, gid_of_ip
 from .rawether import RawEtherLink
 
@@ -60,6 +61,24 @@ class DualLink:
 
     def send_v1(self, dgid: bytes, parts: Sequence[ReadableBuffer], sl: int = 0) -> None:
         self.v1.send_v1(dgid, parts, sl)
+
+    def attach_mcast(self, mgid: bytes) -> None:
+        """Join the group on both encapsulations: its IP group (RoCEv2, when the MGID is
+        one) and its Ethernet multicast MAC (RoCEv1)."""
+        self.v1.attach_mcast(mgid)
+        join = getattr(self.v2, "attach_mcast", None)
+        if join is not None:
+            try:
+                join(mgid)
+            except InvalidArgument:
+                pass  # an IPv6 MGID on an IPv4 RoCEv2 link: RoCEv1 only
+
+
+    def detach_mcast(self, mgid: bytes) -> None:
+        self.v1.detach_mcast(mgid)
+        leave = getattr(self.v2, "detach_mcast", None)
+        if leave is not None and mgid in getattr(self.v2, "mcast_groups", (mgid,)):
+            leave(mgid)
 
     def recv_batch(self, max_n: int = 64) -> list[Datagram]:
         """RoCEv1 frames first, then RoCEv2 datagrams, ``max_n`` in all."""

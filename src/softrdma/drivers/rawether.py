@@ -53,6 +53,7 @@ from ..wire.rocev1 import (
     MAX_SL,
     ethernet_header,
     is_multicast_gid,
+    multicast_mac,
     parse_ethernet,
 )
 from . import netdev as _netdev
@@ -68,6 +69,10 @@ ETH_P_ALL = 0x0003
 SOL_PACKET = 263
 PACKET_AUXDATA = 8
 PACKET_OUTGOING = 4
+PACKET_ADD_MEMBERSHIP = 1
+PACKET_DROP_MEMBERSHIP = 2
+PACKET_MR_MULTICAST = 0
+_PACKET_MREQ = struct.Struct("=iHH8s")  # struct packet_mreq
 SO_ATTACH_FILTER = 26
 TP_STATUS_VLAN_VALID = 1 << 4
 _AUXDATA = struct.Struct("=IIIHHHH")  # struct tpacket_auxdata
@@ -285,6 +290,30 @@ class RawEtherLink:
             raise DeviceError(f"RoCEv1 send on {self.tx_netdev} failed: {exc.strerror}",
                               errno=exc.errno) from exc
         self.stats.sent += 1
+
+    def attach_mcast(self, mgid: bytes) -> None:
+        """Receive the MGID's Ethernet multicast MAC (``33:33`` + its last 4 bytes,
+        roce.md §4): ``PACKET_ADD_MEMBERSHIP`` puts it in the interface's filter."""
+        self._membership(mgid, PACKET_ADD_MEMBERSHIP)
+
+    def detach_mcast(self, mgid: bytes) -> None:
+        """Undo :meth:`attach_mcast`."""
+        self._membership(mgid, PACKET_DROP_MEMBERSHIP)
+
+    def _membership(self, mgid: bytes, op: int) -> None:
+        if not is_multicast_gid(bytes(mgid)):
+            raise InvalidArgument("mgid", "not a multicast GID (must start with 0xff)")
+        if self._closed:
+            raise ClosedError("RawEtherLink is closed")
+        if self._rx is None:
+            return  # send-only: devd receives (and joins) for the device
+        mreq = _PACKET_MREQ.pack(self.ifindex, PACKET_MR_MULTICAST, 6,
+                                 multicast_mac(bytes(mgid)) + b"\0\0")
+        try:
+            self._rx.setsockopt(SOL_PACKET, op, mreq)
+        except OSError as exc:
+            raise DeviceError(f"RoCEv1 multicast on {self.netdev}: {exc.strerror}",
+                              errno=exc.errno) from exc
 
     def is_own(self, gid: bytes) -> bool:
         """True if ``gid`` is one of this port's RoCEv1 GIDs."""
