@@ -356,6 +356,9 @@ def test_link_add_roce_ver_and_vlan(state: Path) -> None:
     assert rc == 1 and "VLAN ID must be 1..4094" in err and "\n" == err[-1] and err.count("\n") == 1
     rc, _, err = run_link("add", "x", "netdev", "lo", "vlan", "5")
     assert rc == 1 and "applies to RoCEv1" in err
+    rc, _, err = run_link("add", "x", "netdev", "lo", "roce_ver", "both")  # vb has lo
+    assert rc == 1 and "already carries RoCEv1 for device 'vb'" in err
+    assert run_link("add", "x", "netdev", "lo", "roce_ver", "1", "vlan", "8") == (0, "", "")
     data["devices"][0].pop("roce_ver")
     data["devices"][0].pop("vlan")
     (state / "devices.json").write_text(json.dumps(data))

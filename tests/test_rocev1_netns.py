@@ -351,3 +351,46 @@ def test_ud_multicast_over_rocev1(hosts: tuple[Host, Host]) -> None:
     assert rx.stdout.readline().strip() == "detached"
     a.run("-c", _MCAST_SEND)
     assert "OK" in _finish(rx)
+
+
+@pytest.mark.skipif(TSHARK is None, reason="tshark is not installed")
+def test_dual_device_chooses_encapsulation_per_gid(hosts: tuple[Host, Host],
+                                                   tmp_path: Path) -> None:
+    """``roce_ver both``: the same IPv4 address is GID 1 ("RoCE v1") and GID 2 ("RoCE v2");
+    rc-pingpong with -g 1 goes out as EtherType 0x8915, with -g 2 as UDP 4791 (in-process
+    devices: the RoCEv2 half serves the first IPv4 address)."""
+    a, b = hosts
+    if "vlan" in a.softrdma("link", "-d").split("r1/1", 1)[1]:
+        pytest.skip("runs once, on the untagged pair")
+    assert TSHARK is not None
+    for h in (a, b):
+        h.softrdma("link", "delete", "r1")
+        h.softrdma("link", "add", "rb", "netdev", h.ifname, "roce_ver", "both")
+    out = a.softrdma("devinfo", "-v", "-d", "rb", shared=False)
+    assert f"GID[  1]:\t\t::ffff:{a.ip4}, RoCE v1" in out
+    assert f"GID[  2]:\t\t::ffff:{a.ip4}, RoCE v2" in out
+    counts = {}
+    for gid in ("1", "2"):
+        pcap = tmp_path / f"g{gid}.pcap"
+        cap = subprocess.Popen(b.cmd(TSHARK, "-i", b.ifname, "-w", str(pcap), "-q"),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            deadline = time.monotonic() + 20
+            while not pcap.exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            time.sleep(0.5)
+            args = ("-m", "softrdma", "rc-pingpong", "-d", "rb", "-g", gid, "-n", "10")
+            srv = b.start(*args, shared=False)
+            time.sleep(1.0)
+            a.softrdma(*args[2:], b.ip4, shared=False)
+            _finish(srv)
+            time.sleep(0.5)
+        finally:
+            cap.send_signal(signal.SIGINT)
+            cap.wait(10)
+        kinds = subprocess.run([TSHARK, "-r", str(pcap), "-Y", "infiniband", "-T", "fields",
+                                "-e", "eth.type"], capture_output=True, text=True,
+                               timeout=60, check=True).stdout.split()
+        counts[gid] = (kinds.count("0x8915"), kinds.count("0x0800"))
+    assert counts["1"][0] >= 20 and counts["1"][1] == 0, counts
+    assert counts["2"][0] == 0 and counts["2"][1] >= 20, counts

@@ -355,6 +355,14 @@ class Registry:
                 builtin_live and name == BUILTIN_DEVICE.name
             ):
                 raise DeviceError(f"device {name!r}: already exists", errno=errno.EEXIST)
+            if record.roce_v1:
+                # Every packet socket on an interface sees every RoCEv1 frame: two RoCEv1
+                # devices on one netdev would take each other's packets (rxe likewise
+                # refuses a second device on a netdev: "already configured").
+                for r in records:
+                    if r.netdev == netdev and r.roce_v1 and r.vlan == record.vlan:
+                        raise DeviceError(f"netdev {netdev!r} already carries RoCEv1 for "
+                                          f"device {r.name!r}", errno=errno.EEXIST)
             if name == BUILTIN_DEVICE.name:
                 deleted = [d for d in deleted if d != name]  # re-added as an ordinary record
             records.append(record)
