@@ -45,8 +45,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from ..errors import ClosedError, DeviceError, InvalidArgument, StateError
+from ..errors import ClosedError, DecodeError, DeviceError, InvalidArgument, StateError
 from ..wire.rocev1 import (
+    ETH_HLEN,
     ETH_P_8021Q,
     ETH_P_ROCE_V1,
     GRH_SIZE,
@@ -78,6 +79,7 @@ TP_STATUS_VLAN_VALID = 1 << 4
 _AUXDATA = struct.Struct("=IIIHHHH")  # struct tpacket_auxdata
 _ANC_SIZE = socket.CMSG_SPACE(_AUXDATA.size)
 _SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
+_ROCE_V1_TYPE = ETH_P_ROCE_V1.to_bytes(2, "big")
 PROC_VLAN_CONFIG = Path("/proc/net/vlan/config")
 _VID_MASK = 0x0FFF
 _LOSSY_SEND = frozenset({errno.EAGAIN, errno.ENOBUFS, errno.ENETDOWN, errno.ENXIO,
@@ -87,7 +89,11 @@ _LOSSY_SEND = frozenset({errno.EAGAIN, errno.ENOBUFS, errno.ENETDOWN, errno.ENXI
 _BPF_LDH_ABS = 0x28
 _BPF_JEQ_K = 0x15
 _BPF_RET_K = 0x06
+_BPF_LDW_ABS = 0x20
+_SKF_AD_PKTTYPE = (-0x1000 + 4) & 0xFFFFFFFF  # SKF_AD_OFF + SKF_AD_PKTTYPE
 _BPF_PROG = (
+    (_BPF_LDW_ABS, 0, 0, _SKF_AD_PKTTYPE),  # frames this host sends: not ours to read
+    (_BPF_JEQ_K, 6, 0, PACKET_OUTGOING),
     (_BPF_LDH_ABS, 0, 0, 12),
     (_BPF_JEQ_K, 3, 0, ETH_P_ROCE_V1),
     (_BPF_JEQ_K, 0, 3, ETH_P_8021Q),
@@ -389,19 +395,22 @@ class RawEtherLink:
                 status, _l, _s, _m, _n, tci, _tpid = _AUXDATA.unpack_from(data)
                 if status & TP_STATUS_VLAN_VALID:
                     vid = tci & _VID_MASK
-        try:
-            eth = parse_ethernet(frame)
-        except Exception:  # noqa: BLE001 - DecodeError: a runt frame
-            st.malformed += 1
-            return None
-        if eth.ethertype != ETH_P_ROCE_V1:
-            return None
-        if eth.vlan is not None:
-            vid = eth.vlan
+        if frame[12:14] == _ROCE_V1_TYPE:  # the usual case: no tag left in the frame
+            off = ETH_HLEN
+        else:
+            try:
+                eth = parse_ethernet(frame)
+            except DecodeError:  # a runt frame
+                st.malformed += 1
+                return None
+            if eth.ethertype != ETH_P_ROCE_V1:
+                return None
+            if eth.vlan is not None:
+                vid = eth.vlan
+            off = eth.length
         if (vid or None) != self._rx_vlan:  # VID 0 is a priority tag: untagged
             st.vlan_other += 1
             return None
-        off = eth.length
         if len(frame) < off + GRH_SIZE + 16:
             st.malformed += 1
             return None
