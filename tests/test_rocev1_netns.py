@@ -3,8 +3,10 @@ each with a softrdma device ``roce_ver 1`` on its end (root only; the namespaces
 unique per run, are created and removed by a fixture, even on failure).
 
 * RC (SEND, RDMA WRITE/READ, atomics) and UD from ``rocev1_peer.py``; ``rc-pingpong``,
-  ``uc-pingpong``, ``ud-pingpong`` and ``rping`` (IB CM + Annex A11) as over RoCEv2;
-  through devd (shared device) and in-process;
+  ``uc-pingpong``, ``ud-pingpong``, ``rping`` (IB CM + Annex A11), ``udaddy`` (SIDR) and
+  the perftest tools as over RoCEv2; through devd (shared device) and in-process;
+  UD multicast (the MGID's Ethernet multicast MAC) with a detach;
+* ``roce_ver both``: the source GID's type picks the encapsulation;
 * with and without an 802.1Q VLAN, the SL in the priority bits (A16.8.1), checked on a
   capture that tshark decodes without malformed or expert-error marks and that
   ``softrdma pcap-check`` verifies (ICRC and byte-exact re-encoding);
@@ -394,3 +396,25 @@ def test_dual_device_chooses_encapsulation_per_gid(hosts: tuple[Host, Host],
         counts[gid] = (kinds.count("0x8915"), kinds.count("0x0800"))
     assert counts["1"][0] >= 20 and counts["1"][1] == 0, counts
     assert counts["2"][0] == 0 and counts["2"][1] >= 20, counts
+
+
+@pytest.mark.parametrize("tool,gid", [("write-bw", "1"), ("atomic-bw", "0"), ("read-lat", "1")])
+def test_perftest_tools_over_rocev1(hosts: tuple[Host, Host], tool: str, gid: str) -> None:
+    """perftest's ib_write_bw / ib_atomic_bw / ib_read_lat shapes over RoCEv1."""
+    a, b = hosts
+    args = ("-m", "softrdma", tool, "-d", "r1", "-x", gid, "-n", "100")
+    srv = b.start(*args)
+    time.sleep(1.5)
+    out = a.softrdma(*args[2:], b.ip4)
+    assert " 100 " in out and "#bytes" in out, out
+    _finish(srv)
+
+
+def test_udaddy_over_rocev1(hosts: tuple[Host, Host]) -> None:
+    """rdma_cm UD (SIDR_REQ/SIDR_REP resolve the server's UD QP) over RoCEv1."""
+    a, b = hosts
+    srv = b.start("-m", "softrdma", "udaddy", "-b", b.ip4)
+    time.sleep(1.5)
+    out = a.softrdma("udaddy", "-s", b.ip4, "-b", a.ip4)
+    assert "return status 0" in out
+    assert "return status 0" in _finish(srv)
