@@ -27,6 +27,7 @@ from ..drivers.dual import DualLink
 from ..drivers.link import CounterReporter, Link
 from ..drivers.rawether import RawEtherLink
 from ..drivers.runtime import Runtime, ip_to_gid
+from ..drivers.udp import UdpLink
 from ..errors import DeviceError, InvalidArgument
 from ..ib.port import Port
 from ._object import VerbsObject
@@ -383,8 +384,6 @@ def _open_registry_device(name: str | None, shared: bool | None) -> tuple[Device
 
 def _open_udp(info: DeviceInfo) -> Link:
     """The in-process RoCEv2 link of a registry device (its own UDP socket)."""
-    from ..drivers.udp import UdpLink  # noqa: PLC0415
-
     if not info.ips:
         raise DeviceError(f"device {info.name!r}: netdev {info.netdev!r} has no IP address")
     # One receive socket per link: the in-process device serves its netdev's first IPv4
