@@ -26,11 +26,12 @@ from test_verbs_data import UD, Side, connect
 from softrdma import enums as e
 from softrdma import verbs as v
 from softrdma.cm.ibcm import ConnParams
+from softrdma.drivers import netdev, rawether
 from softrdma.drivers.clock import VirtualClock
 from softrdma.drivers.devd_v1 import V1_VERSION, send_reversible_v1, v1_datagram
 from softrdma.drivers.fabric import Fabric
 from softrdma.drivers.link import Datagram, gid_entries
-from softrdma.errors import DecodeError, InvalidArgument
+from softrdma.errors import DecodeError, DeviceError, InvalidArgument
 from softrdma.tools import pcap_check
 from softrdma.wire import ib, roce, rocev1
 from softrdma.wire.cm import CmAttr, RejReason
@@ -320,3 +321,21 @@ def test_pcap_check_handles_rocev1_frames(tmp_path: Path, vlan: int | None,
     f = roce.parse_frame(good, 1)
     assert f is not None and f.version == 1 and roce.frame_icrc_ok(f)
     assert roce.build_frame(f) == good
+
+
+def test_raw_link_without_privilege_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Opening a RoCEv1 link needs CAP_NET_RAW: without it, one DeviceError that says so
+    (no traceback from the socket layer, nothing left open)."""
+    fake = netdev.NetDev("eth9", 9, 1500, bytes.fromhex("020000000009"), 1, True,
+                         (bytes([10, 0, 0, 9]),), ())
+    monkeypatch.setattr(rawether._netdev, "get", lambda name: fake)
+
+    def refuse(*args: Any, **kw: Any) -> Any:
+        raise PermissionError(1, "Operation not permitted")
+    monkeypatch.setattr(rawether.socket, "socket", refuse)
+    with pytest.raises(DeviceError, match="need CAP_NET_RAW"):
+        rawether.RawEtherLink("eth9")
+    monkeypatch.setattr(rawether._netdev, "get", lambda name: netdev.NetDev(
+        "lo", 1, 65536, bytes(6), 1, True, (), ()))
+    with pytest.raises(DeviceError, match="no Ethernet MAC address"):
+        rawether.RawEtherLink("lo")
