@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import cm_harness
 import pytest
 from cm_harness import UD, Pair, T, is_attr
 
@@ -22,6 +23,14 @@ from softrdma.wire.cm import AprStatus, CmAttr, RejReason, time_code_s
 SID = 0x0000_0000_0000_4242
 RTS = int(e.IBV_QPS_RTS)
 ERR = int(e.IBV_QPS_ERR)
+
+
+@pytest.fixture(autouse=True, params=["2", "1"], ids=["rocev2", "rocev1"])
+def roce_ver(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every CM test runs over RoCEv2 and over RoCEv1 (Annex A16.5.2: the CM on RoCE
+    ports; CA16-10..13 proven on a RoCEv1 port as well)."""
+    monkeypatch.setattr(cm_harness, "ROCE_VER", request.param)
+    return str(request.param)
 
 
 def connect(p: Pair, **conn: Any) -> tuple[CmId, Any, Any, Any]:

@@ -692,8 +692,10 @@ class CmId:
         from ..verbs.ah import AHAttr, GlobalRoute  # noqa: PLC0415
 
         assert self._dst is not None and self._src is not None
-        gids = list(self.verbs.port.gids) if self.verbs is not None else []
         sgid = ip_to_gid(self._src.packed)
-        idx = gids.index(sgid) if sgid in gids else 0
+        idx = 0
+        if self.verbs is not None:  # a RoCE v2 entry first on a dual device (Linux default)
+            port = self.verbs.port
+            idx = max(port.gid_index_of(sgid, False), port.gid_index_of(sgid), 0)
         return AHAttr(gr=GlobalRoute(dgid=ip_to_gid(self._dst.packed), sgid_index=idx,
                                      hop_limit=64), is_global=1, port_num=1)

@@ -37,7 +37,8 @@ from typing import Any
 
 from ..errors import ClosedError, DeviceError, InvalidArgument, SoftRdmaError
 from ..ib.port import Port, RxMeta, TxPacket
-from ..wire.roce import icrc_ok_udp, inet_checksum, recover_ipv4_id, udp_send_icrc
+from ..wire.roce import icrc_ok_udp, icrc_v1, inet_checksum, recover_ipv4_id, udp_send_icrc
+from ..wire.rocev1 import GRH_SIZE, build_grh_v1
 from .link import ROCE_V2_UDP_PORT, V4_MAPPED_PREFIX, CounterReporter, Datagram, Link
 
 __all__ = ["Runtime", "icrc_v2", "icrc_ok", "build_grh", "gid_to_ip", "ip_to_gid"]
@@ -368,12 +369,45 @@ class Runtime:
         ip_of = self._ip_of
         dport = self.udp_port
         for p in pkts:
+            if p.v1:
+                self._send_v1(p)
+                continue
             src = ip_of(p.sgid)
             dst = ip_of(p.dgid)
             sport = eff(p.sport)
             icrc = icrc_v2(src, dst, sport, dport, p.parts, p.length)
             send(dst, dport, sport, [*p.parts, icrc], p.tclass, p.hop_limit)
         return len(pkts)
+
+    def _send_v1(self, p: TxPacket) -> None:
+        """RoCEv1 (Annex A16): the GRH is always present (A16.3.1), its PayLen counts BTH
+        through the ICRC (IBA 8.3.1); the ICRC covers it with TClass, FlowLabel and HopLmt
+        masked (roce.md §2, ``wire.roce.icrc_v1``)."""
+        send_v1 = getattr(self.link, "send_v1", None)
+        if send_v1 is None:  # a GID typed RoCE v1 on a link that cannot carry it
+            self.port.counters.link_downed += 1
+            return
+        grh = build_grh_v1(p.sgid, p.dgid, p.length + 4, p.tclass, p.flow_label, p.hop_limit)
+        send_v1(p.dgid, [grh, *p.parts, icrc_v1(grh, p.parts)], p.sl)
+
+    def _rx_v1(self, d: Datagram, now: float) -> None:
+        """One RoCEv1 packet: GRH checks, ICRC, then the engine (A16.7.1: no LRH checks;
+        the engine drops a packet from or to the loopback GID ::1, A16.7.2)."""
+        port = self.port
+        counters = port.counters
+        grh = d.grh
+        data = d.data
+        if len(grh) != GRH_SIZE or len(data) < 16:
+            counters.rcvd_malformed += 1
+            return
+        sgid, dgid = d.src_ip, d.dst_ip
+        body = data[:-4]
+        if icrc_v1(grh, (body,)) != data[-4:]:
+            counters.rcvd_icrc_err += 1
+            return
+        flow = int.from_bytes(grh[1:4], "big") & 0xFFFFF
+        meta = RxMeta(sgid, dgid, 0, d.tos, d.ttl, flow, bytes(grh), False, True)
+        port.receive(body, meta, now)
 
     # ---- receive ----------------------------------------------------------------------------
     def poll_rx(self) -> int:
@@ -421,6 +455,12 @@ class Runtime:
         for d in dgrams:
             taken += 1
             data = d.data
+            if d.grh:
+                self._rx_v1(d, now)
+                if stop_on and taken < len(dgrams):
+                    self._backlog = dgrams[taken:]
+                    break
+                continue
             if len(data) < 16:
                 counters.rcvd_malformed += 1
                 continue
