@@ -60,7 +60,7 @@ from ..wire import cm as wcm
 from ..wire import ib
 from ..wire.opcodes import Hdr, Kind, Pos, Transport
 from ..wire.roce import RoceFrame
-from .pcap_oob import OobPair
+from .pcap_oob import OobPair, gid_to_ip
 
 __all__ = ["Finding", "ConversationChecker", "MTUS", "psn_delta"]
 
@@ -82,6 +82,11 @@ def psn_delta(a: int, b: int) -> int:
 
 def _ip(b: bytes) -> str:
     return str(ipaddress.ip_address(b))
+
+
+def _canon(addr: bytes) -> bytes:
+    """One key per node: a RoCEv1 GRH's IPv4-mapped GID is its IPv4 address (RoCEv2)."""
+    return gid_to_ip(addr) or addr
 
 
 def _mtu_of(code: int) -> int:
@@ -244,7 +249,7 @@ class ConversationChecker:
             self._mad(index, f)
             return
         t = p.opcode & 0xE0
-        hit = self._keys.get((f.src_ip, f.dst_ip, p.dqpn))
+        hit = self._keys.get((_canon(f.src_ip), _canon(f.dst_ip), p.dqpn))
         if hit is None:
             return
         conn, side = hit
@@ -518,7 +523,7 @@ class ConversationChecker:
         except SoftRdmaError:
             return  # not a CM message, or a bad one the packet checks report
         m = mad.msg
-        src, dst = f.src_ip, f.dst_ip
+        src, dst = _canon(f.src_ip), _canon(f.dst_ip)
         if isinstance(m, wcm.Req):
             if m.transport_service_type in (wcm.TransportServiceType.RC,
                                             wcm.TransportServiceType.UC):
