@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import os
+import random
 import re
 import struct
 import subprocess
@@ -28,6 +29,8 @@ from softrdma.cm.ibcm import ConnParams
 from softrdma.tools import pcap_check
 from softrdma.tools.pcap_conv import psn_delta
 from softrdma.tools.perftest.oob import Dest, encode_key
+from softrdma.tools.pingpong import Dest as PpDest
+from softrdma.tools.pingpong import encode_dest
 from softrdma.wire import cm as wcm
 from softrdma.wire import ib, roce
 from softrdma.wire.pcap import PcapRecord, PcapWriter, read_pcap
@@ -97,7 +100,8 @@ def test_broken_client_consistent_capture_fails_at_its_first_send(tmp_path: Path
         "the Starting PSN 0xdfb32c announced in the REP (frame 2); RC_ACKNOWLEDGE (frame 5, "
         "MSN 1) counts 0 messages in them, at least 1 needed")
     assert len(err) == 1  # the other direction is fine
-    assert out == ["65 packets, 65 ok, 0 failed", "1 connection followed, 1 inconsistent"]
+    assert out == ["65 packets, 65 ok, 0 failed",
+                   "1 connection followed, 1 inconsistent (the first at frame 4)"]
 
 
 def test_broken_client_as_rxe_answers_fails_at_its_first_send(tmp_path: Path) -> None:
@@ -547,3 +551,70 @@ def test_verbose_prints_one_line_per_roce_packet(name: str) -> None:
     if name == "roce_read_bw.pcap":
         assert any(x.endswith("RC_RDMA_READ_RESPONSE_FIRST QPN 0x000014 PSN 0xbe0d36 len 1024 "
                               "AETH ACK MSN 1") for x in lines)
+
+
+def test_mutated_captures_never_crash(tmp_path: Path) -> None:
+    """Dropped frames and random BTH/AETH/RETH/CM changes (ICRCs recomputed): pcap-check
+    answers 0 or 1 with one line per finding, never a traceback."""
+    rng = random.Random(9)
+    names = ["roce_rping.pcap", "roce_read_bw.pcap", "roce_write_bw_rdmacm.pcap",
+             "roce_uc_pingpong.pcap", "roce_ucmatose.pcap"]
+    recs = {n: _records(n) for n in names}
+    failed = 0
+
+    def edit(r: PcapRecord, f: roce.RoceFrame) -> bytes | None:
+        if rng.random() >= 0.05:
+            return None
+        p = f.packet
+        field = rng.choice(["psn", "msn", "syndrome", "dqpn", "dma_len", "payload"])
+        if field == "psn":
+            return rebuild(f, psn=(p.psn + rng.randint(-5, 5)) % (1 << 24))
+        if field == "payload" and p.dqpn == 1:
+            b = bytearray(p.payload)
+            b[rng.randrange(24, len(b))] ^= 1 << rng.randrange(8)
+            return rebuild(f, payload=memoryview(bytes(b)))
+        if field in ("msn", "syndrome", "dqpn", "dma_len"):
+            return rebuild(f, **{field: rng.randrange(1 << (8 if field == "syndrome" else 24))})
+        return None
+
+    for i in range(30):
+        name = names[i % len(names)]
+        path = write(tmp_path / f"m{i}.pcap", [r for r in recs[name] if rng.random() > 0.03],
+                     edit)
+        rc, out, err = check(path, verbose=i % 3 == 0)
+        assert rc in (0, 1) and not any("Traceback" in x for x in out + err)
+        assert all(re.match(r"frame \d+: ", x) for x in err), err
+        failed += rc
+    assert 0 < failed < 30  # the mutations are seen, and not every one breaks a capture
+
+
+def test_rocev1_pingpong_is_followed(tmp_path: Path) -> None:
+    """RoCEv1 (EtherType 0x8915, a GRH with IPv4-mapped GIDs) after a pingpong exchange
+    over TCP/IPv4: one node, one key, whichever header names it."""
+    a, b = bytes([10, 1, 0, 1]), bytes([10, 1, 0, 2])
+    ga, gb = bytes(10) + b"\xff\xff" + a, bytes(10) + b"\xff\xff" + b
+
+    def v1(sgid: bytes, dgid: bytes, p: ib.IBPacket) -> bytes:
+        body = ib.encode(p)
+        grh = struct.pack("!IHBB", 6 << 28, len(body) + 4, 0x1B, 64) + sgid + dgid
+        return bytes(12) + b"\x89\x15" + grh + body + roce.icrc_v1(grh, (body,))
+
+    def capture(path: Path, psn: int) -> Path:
+        s = ib.IBPacket(0x04, psn=psn, dqpn=0x32, payload=b"y" * 32)
+        s.ackreq = True
+        ack = ib.IBPacket(0x11, psn=psn, dqpn=0x31)
+        ack.syndrome, ack.msn = ib.AETH_CREDIT_INVALID, 1
+        frames = [_tcp(a, b, 40001, 18515, 1, encode_dest(PpDest(0, 0x31, 0x500, ga))),
+                  _tcp(b, a, 18515, 40001, 1, encode_dest(PpDest(0, 0x32, 0x600, gb))),
+                  v1(ga, gb, s), v1(gb, ga, ack)]
+        with PcapWriter(path) as wr:
+            for i, fr in enumerate(frames):
+                wr.write(fr, ts=float(i))
+        return path
+
+    rc, out, err = check(capture(tmp_path / "v1.pcap", 0x500))
+    assert rc == 0 and err == [] and out[-1] == "1 connection followed, 0 inconsistent"
+    rc, _, err = check(capture(tmp_path / "v1bad.pcap", 0x501))
+    assert rc == 1 and err[0].startswith("frame 3: 10.1.0.1 QP 0x31 -> 10.1.0.2 QP 0x32: first "
+                                         "request PSN 0x000501 is not the Starting PSN "
+                                         "0x000500 announced in its pingpong message (frame 1)")
