@@ -11,6 +11,7 @@ addresses as ``::ffff:a.b.c.d``, then the other IPv6 addresses.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import os
 import select
@@ -32,7 +33,7 @@ from .counters import PortCounters
 
 __all__ = [
     "GID", "DeviceInfo", "DeviceAttr", "PortAttr", "AsyncEvent", "Context", "IWARP_LOOPBACK",
-    "get_device_list", "gid_table", "mtu_enum_for_netdev_mtu",
+    "get_device_list", "gid_table", "mtu_enum_for_netdev_mtu", "GID_TABLE_LEN", "gid_table_len",
 ]
 
 # rxe_param.h (device limits softrdma reports and enforces where they matter)
@@ -43,6 +44,9 @@ MAX_INLINE_DATA = 400
 MAX_CQ = 16384
 MAX_CQE = (1 << 15) - 1
 MAX_MR = 256 * 1024
+#: GID table entries of a RoCE port (rxe ``RXE_PORT_GID_TBL_LEN``): the netdev's
+#: addresses first, the rest empty; an iWARP port's table is its populated entries (siw)
+GID_TABLE_LEN = 1024
 MAX_PD = 0x7FFC
 MAX_QP_RD_ATOM = 128
 MAX_QP_INIT_RD_ATOM = 128
@@ -379,6 +383,11 @@ def _open_registry_device(name: str | None, shared: bool | None) -> tuple[Device
     return info, UdpLink(target, port=info.udp_port)
 
 
+
+def gid_table_len(ctx: Context) -> int:
+    """The size of ``ctx``'s GID table (see :data:`GID_TABLE_LEN`)."""
+    return GID_TABLE_LEN if ctx.transport != "iwarp" else len(ctx.port.gids)
+
 class Context(VerbsObject):
     """An opened device (``ibv_open_device``; pyverbs ``Context``).
 
@@ -514,7 +523,7 @@ class Context(VerbsObject):
     def query_port(self, port_num: int = 1) -> PortAttr:
         self._check()
         _check_port(port_num)
-        return PortAttr(active_mtu=self.active_mtu, gid_tbl_len=len(self.port.gids),
+        return PortAttr(active_mtu=self.active_mtu, gid_tbl_len=gid_table_len(self),
                         pkey_tbl_len=len(self.port.pkeys),
                         bad_pkey_cntr=self.port.counters.rcvd_bad_pkey & 0xFFFF,
                         qkey_viol_cntr=self.port.counters.rcvd_bad_qkey & 0xFFFF)
@@ -523,12 +532,19 @@ class Context(VerbsObject):
         self._check()
         _check_port(port_num)
         gids = self.port.gids
-        if not isinstance(index, int) or not 0 <= index < len(gids):
-            raise InvalidArgument("index", f"GID index {index!r} not in 0..{len(gids) - 1}")
-        return GID(gids[index])
+        size = gid_table_len(self)
+        if not isinstance(index, int) or not 0 <= index < size:
+            raise InvalidArgument("index", f"GID index {index!r} is outside the GID table "
+                                           f"(0..{size - 1})")
+        # an empty entry reads as the zero GID, as ibv_query_gid reads rxe's sysfs table
+        return GID(gids[index]) if index < len(gids) else GID(bytes(16))
 
     def query_gid_type(self, port_num: int = 1, index: int = 0) -> int:
+        """The type of GID entry ``index``: ENODATA for an empty one (Linux
+        ``rdma_query_gid`` on an invalid entry)."""
         self.query_gid(port_num, index)
+        if index >= len(self.port.gids):
+            raise InvalidArgument("index", f"GID index {index} is empty", errno=errno.ENODATA)
         return int(e.IBV_GID_TYPE_ROCE_V2)
 
     def query_pkey(self, port_num: int = 1, index: int = 0) -> int:
