@@ -69,6 +69,10 @@ DEVICE_CAP_FLAGS = (
     | e.IBV_DEVICE_SYS_IMAGE_GUID | e.IBV_DEVICE_RC_RNR_NAK_GEN | e.IBV_DEVICE_SRQ_RESIZE
 )
 PORT_CAP_FLAGS = e.IBV_PORT_CM_SUP | e.IBV_PORT_IP_BASED_GIDS
+#: memory windows of type 1 and 2B on the IB transport (softrdma.ib.mw; rxe reports them,
+#: siw none)
+MW_CAP_FLAGS = e.IBV_DEVICE_MEM_WINDOW | e.IBV_DEVICE_MEM_WINDOW_TYPE_2B
+MAX_MW = 0x1000  # rxe_param.h RXE_MAX_MW
 
 _ENGINE_EVENTS = {
     "QP_FATAL": e.IBV_EVENT_QP_FATAL,
@@ -518,7 +522,8 @@ class Context(VerbsObject):
                               max_pkeys=len(self.port.pkeys), atomic_caps=0, max_mcast_grp=0,
                               max_mcast_qp_attach=0, max_total_mcast_qp_attach=0)
         return DeviceAttr(node_guid=self.node_guid, sys_image_guid=self.node_guid,
-                          max_pkeys=len(self.port.pkeys))
+                          max_pkeys=len(self.port.pkeys),
+                          device_cap_flags=int(DEVICE_CAP_FLAGS | MW_CAP_FLAGS), max_mw=MAX_MW)
 
     def query_port(self, port_num: int = 1) -> PortAttr:
         self._check()
