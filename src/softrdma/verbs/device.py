@@ -25,6 +25,7 @@ from typing import Any
 
 from .. import enums as e
 from ..drivers.link import CounterReporter, Link
+from ..drivers.portwatch import PortWatch
 from ..drivers.runtime import Runtime, ip_to_gid
 from ..errors import DeviceError, InvalidArgument
 from ..ib.port import Port
@@ -500,6 +501,7 @@ class Context(VerbsObject):
         self._owners: dict[int, weakref.ref[Any]] = {}
         self._events: deque[AsyncEvent] = deque()
         self._ev_lock = threading.Lock()
+        self._portwatch: PortWatch | None = None
         self._ev_r, self._ev_w = os.pipe()
         os.set_blocking(self._ev_r, False)
         os.set_blocking(self._ev_w, False)
@@ -633,6 +635,17 @@ class Context(VerbsObject):
         except OSError:
             pass
 
+    def watch_port(self, interval: float = 0.2) -> None:
+        """Post ``IBV_EVENT_PORT_ERR``/``PORT_ACTIVE``/``GID_CHANGE`` (element: the port
+        number, 1) when the device's interface goes down or up or changes addresses, as
+        rxe does from its netdev notifier (``drivers.portwatch``; polled every
+        ``interval`` seconds until the context closes)."""
+        self._check()
+        if self.netdev is None or self._portwatch is not None:
+            return
+        self._portwatch = PortWatch(self.netdev, lambda et: self._post_event(AsyncEvent(et, 1)),
+                                    interval)
+
     def async_fileno(self) -> int:
         """A descriptor that polls readable while async events are pending."""
         self._check()
@@ -669,6 +682,8 @@ class Context(VerbsObject):
     # ---- lifetime --------------------------------------------------------------------------------
     def _release(self) -> None:
         self._finalizer.detach()
+        if self._portwatch is not None:
+            self._portwatch.stop()
         _close_context_resources(self.runtime, self._ev_r, self._ev_w)
 
     def __repr__(self) -> str:
