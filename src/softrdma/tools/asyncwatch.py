@@ -14,7 +14,7 @@ import sys
 
 from .. import enums as e
 from ..errors import DeviceError
-from ..verbs.device import Context, get_device_list
+from ..verbs.device import Context, all_devices
 
 __all__ = ["add_arguments", "event_name", "run"]
 
@@ -40,7 +40,7 @@ def event_name(event_type: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    devs = get_device_list()
+    devs = all_devices()
     if args.ib_dev is not None:
         devs = [d for d in devs if d.name == args.ib_dev]
     if not devs:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..verbs.device import get_device_list
+from ..verbs.device import all_devices
 
 __all__ = ["add_arguments", "format_devices", "run"]
 
@@ -23,5 +23,5 @@ def format_devices(devices: list[tuple[str, int]]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    print(format_devices([(d.name, d.node_guid) for d in get_device_list()]))
+    print(format_devices([(d.name, d.node_guid) for d in all_devices()]))
     return 0

@@ -34,6 +34,7 @@ from .counters import PortCounters
 
 __all__ = [
     "GID", "DeviceInfo", "DeviceAttr", "PortAttr", "AsyncEvent", "Context", "IWARP_LOOPBACK",
+    "all_devices",
     "get_device_list", "gid_table", "mtu_enum_for_netdev_mtu", "GID_TABLE_LEN", "gid_table_len",
 ]
 
@@ -331,6 +332,20 @@ def get_device_list() -> list[DeviceInfo]:
 
 
 IWARP_LOOPBACK = "softrdma_iw_lo"  # the built-in iWARP device on the loopback interface
+_LOOPBACK_IPS = (bytes([127, 0, 0, 1]), bytes(15) + b"\x01")
+
+
+def all_devices() -> list[DeviceInfo]:
+    """Every device a program can open: the registry's, then the built-in iWARP
+    loopback device :data:`IWARP_LOOPBACK` (unless a registered device has its name),
+    as ``softrdma link``, ``devinfo`` and ``devices`` list them."""
+    out = get_device_list()
+    if all(d.name != IWARP_LOOPBACK for d in out):
+        nd = _netdev_snapshot("lo")
+        out.append(DeviceInfo(name=IWARP_LOOPBACK, netdev="lo", type="iwarp",
+                              node_guid=_guid_from_mac(nd.mac if nd is not None else b""),
+                              udp_port=0, ips=_LOOPBACK_IPS))
+    return out
 
 
 def _transport_of(name: str | None, transport: str | None, fabric: Any, link: Any) -> str:
@@ -473,7 +488,7 @@ class Context(VerbsObject):
         mac = b""
         if name is None or name == IWARP_LOOPBACK:
             dev_name = IWARP_LOOPBACK
-            ips: tuple[bytes, ...] = (bytes([127, 0, 0, 1]), bytes(15) + b"\x01")
+            ips: tuple[bytes, ...] = _LOOPBACK_IPS
             nd = _netdev_snapshot("lo")
         else:
             found = [d for d in get_device_list() if d.name == name]
