@@ -38,7 +38,11 @@ if TYPE_CHECKING:
 
 __all__ = ["CmId", "PENDING_STATES"]
 
-PENDING_STATES = (CmState.REQ_RCVD, CmState.MRA_REQ_SENT, CmState.SIDR_REQ_RCVD)
+# A listener's half-open connections, which its backlog bounds (as listen(backlog) bounds
+# SYN_RECV + the accept queue): REQ received and not yet accepted, or accepted (REP sent)
+# and waiting for the RTU.
+PENDING_STATES = (CmState.REQ_RCVD, CmState.MRA_REQ_SENT, CmState.SIDR_REQ_RCVD,
+                  CmState.REP_SENT, CmState.MRA_REP_RCVD)
 
 
 class CmId:

@@ -45,7 +45,6 @@ import errno
 import ipaddress
 import random
 import threading
-import time
 from functools import partial
 from typing import Any
 
@@ -89,6 +88,9 @@ from .rdma_events import (  # noqa: F401 - the RDMA_CM_EVENT_* names are re-expo
     UdParam,
     event_str,
 )
+from .rdma_iwwatch import CONNECTING as _CONNECTING
+from .rdma_iwwatch import unwatch as _unwatch
+from .rdma_iwwatch import watch as _watch
 from .rdma_qpattr import qp_attr_of
 from .userqp import UserQp, cm_qp_attr
 
@@ -690,55 +692,10 @@ class CmId:
         from ..verbs.ah import AHAttr, GlobalRoute  # noqa: PLC0415
 
         assert self._dst is not None and self._src is not None
-        gids = list(self.verbs.port.gids) if self.verbs is not None else []
         sgid = ip_to_gid(self._src.packed)
-        idx = gids.index(sgid) if sgid in gids else 0
+        idx = 0
+        if self.verbs is not None:  # a RoCE v2 entry first on a dual device (Linux default)
+            port = self.verbs.port
+            idx = max(port.gid_index_of(sgid, False), port.gid_index_of(sgid), 0)
         return AHAttr(gr=GlobalRoute(dgid=ip_to_gid(self._dst.packed), sgid_index=idx,
                                      hop_limit=64), is_global=1, port_num=1)
-
-
-# ---- iWARP: the peer closing the stream ------------------------------------------------
-class _Connecting:
-    """Marks an iWARP id whose connect thread runs."""
-
-
-_CONNECTING = _Connecting()
-_watched: set[CmId] = set()
-_watch_lock = threading.Lock()
-_watch_thread: threading.Thread | None = None
-
-
-def _watch(cid: CmId) -> None:
-    """Report DISCONNECTED when the peer closes the iWARP stream (FIN, Terminate)."""
-    global _watch_thread
-    with _watch_lock:
-        _watched.add(cid)
-        if _watch_thread is None or not _watch_thread.is_alive():
-            _watch_thread = threading.Thread(target=_watch_loop, name="rdma_cm-iw-watch",
-                                             daemon=True)
-            _watch_thread.start()
-
-
-def _unwatch(cid: CmId) -> None:
-    with _watch_lock:
-        _watched.discard(cid)
-
-
-def _watch_loop() -> None:
-    from ..iwarp.engine import ConnState  # noqa: PLC0415
-
-    global _watch_thread
-    gone = (ConnState.FAILED, ConnState.CLOSED)
-    while True:
-        with _watch_lock:
-            ids = list(_watched)
-            if not ids:
-                _watch_thread = None
-                return
-        for cid in ids:
-            conn = cid._iw_conn
-            if conn is None or conn is _CONNECTING or conn.conn.state in gone:
-                _unwatch(cid)
-                if conn is not None and conn is not _CONNECTING:
-                    cid._disconnected_event()
-        time.sleep(0.005)
