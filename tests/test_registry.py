@@ -344,7 +344,8 @@ def test_link_add_roce_ver_and_vlan(state: Path) -> None:
     """``roce_ver 1|2|both`` and ``vlan VID`` (Annex A16 RoCEv1) are recorded and shown;
     bad values are one-line usage errors; older records (no roce_ver) read as v2."""
     assert run_link("add", "v1", "netdev", "lo", "roce_ver", "1", "vlan", "7") == (0, "", "")
-    assert run_link("add", "vb", "netdev", "lo", "roce_ver", "both") == (0, "", "")
+    # "both" also runs RoCEv2 on UDP: a port softrdma_lo (lo, 4791) does not use
+    assert run_link("add", "vb", "netdev", "lo", "roce_ver", "both", "port", "4793") == (0, "", "")
     rc, out, _ = run_link("-d")
     lines = out.splitlines()
     assert lines[1].endswith("roce_ver 1 vlan 7") and lines[2].endswith("roce_ver both")
@@ -358,7 +359,7 @@ def test_link_add_roce_ver_and_vlan(state: Path) -> None:
     assert rc == 1 and "VLAN ID must be 1..4094" in err and "\n" == err[-1] and err.count("\n") == 1
     rc, _, err = run_link("add", "x", "netdev", "lo", "vlan", "5")
     assert rc == 1 and "applies to RoCEv1" in err
-    rc, _, err = run_link("add", "x", "netdev", "lo", "roce_ver", "both")  # vb has lo
+    rc, _, err = run_link("add", "x", "netdev", "lo", "roce_ver", "both", "port", "4794")  # vb has lo
     assert rc == 1 and "already carries RoCEv1 for device 'vb'" in err
     assert run_link("add", "x", "netdev", "lo", "roce_ver", "1", "vlan", "8") == (0, "", "")
     data["devices"][0].pop("roce_ver")
