@@ -380,7 +380,8 @@ class CmId:
                      path_mtu=req.path_mtu,
                      max_dest_rd_atomic=min(rep.initiator_depth, p.responder_resources),
                      min_rnr_timer=p.min_rnr_timer, av=self._av())
-        qpctl.to_rts(eq, now, sq_psn=rep.starting_psn, timeout=self.ack_timeout,
+        timeout = self.ack_timeout if p.qp_timeout is None else p.qp_timeout
+        qpctl.to_rts(eq, now, sq_psn=rep.starting_psn, timeout=timeout,
                      retry_cnt=req.retry_count, rnr_retry=rep.rnr_retry_count,
                      max_rd_atomic=min(rep.responder_resources, p.initiator_depth))
 
@@ -515,7 +516,8 @@ class CmId:
         qpctl.to_init(eq, now)
         qpctl.to_rtr(eq, now, dest_qpn=req.local_qpn, rq_psn=self.local_psn, path_mtu=mtu,
                      max_dest_rd_atomic=resp, min_rnr_timer=a.min_rnr_timer, av=self._av())
-        qpctl.to_rts(eq, now, sq_psn=req.starting_psn, timeout=req.primary_local_ack_timeout,
+        timeout = req.primary_local_ack_timeout if a.qp_timeout is None else a.qp_timeout
+        qpctl.to_rts(eq, now, sq_psn=req.starting_psn, timeout=timeout,
                      retry_cnt=req.retry_count, rnr_retry=req.rnr_retry_count,
                      max_rd_atomic=depth)
 

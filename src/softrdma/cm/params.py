@@ -112,6 +112,7 @@ class ConnParams:
     flow_label: int = 0
     min_rnr_timer: int = 0
     auto_rtu: bool = True
+    qp_timeout: int | None = None  # the QP's local ACK timeout (rdma_set_option ACK_TIMEOUT)
 
 
 @dataclass(slots=True)
@@ -126,6 +127,7 @@ class AcceptParams:
     target_ack_delay: int = 15
     min_rnr_timer: int = 0
     qkey: int | None = None
+    qp_timeout: int | None = None  # the QP's local ACK timeout (rdma_set_option ACK_TIMEOUT)
 
 
 @dataclass(slots=True)
