@@ -112,7 +112,6 @@ class ConnParams:
     flow_label: int = 0
     min_rnr_timer: int = 0
     auto_rtu: bool = True
-    qp_timeout: int | None = None  # the QP's local ACK timeout (rdma_set_option ACK_TIMEOUT)
 
 
 @dataclass(slots=True)
@@ -127,7 +126,6 @@ class AcceptParams:
     target_ack_delay: int = 15
     min_rnr_timer: int = 0
     qkey: int | None = None
-    qp_timeout: int | None = None  # the QP's local ACK timeout (rdma_set_option ACK_TIMEOUT)
 
 
 @dataclass(slots=True)
@@ -152,6 +150,7 @@ class OutMad:
     traffic_class: int = 0
     flow_label: int = 0
     dqpn: int = 1
+    reversible: bool = False  # a response built from a received MAD (IBA 13.5.4, A16.4.4)
 
 
 @dataclass(slots=True)

@@ -105,7 +105,6 @@ RDMA_PS_IPOIB = 0x0002
 RDMA_OPTION_ID = 0  # rdma_set_option levels and names (librdmacm rdma_cma.h)
 RDMA_OPTION_ID_TOS = 0
 RDMA_OPTION_ID_ACK_TIMEOUT = 3
-MAX_TIME_CODE = 31  # IBA time codes: 4.096 us * 2^value
 RDMA_PS_TCP = 0x0106
 RDMA_PS_UDP = 0x0111
 _PROTO = {RDMA_PS_TCP: IPPROTO_TCP, RDMA_PS_UDP: IPPROTO_UDP}
@@ -218,9 +217,7 @@ class CmId:
                 raise InvalidArgument("value", f"a TOS is 0..255, got {value}")
             self._tos = value
         elif optname == RDMA_OPTION_ID_ACK_TIMEOUT:
-            if not 0 <= value <= MAX_TIME_CODE:
-                raise InvalidArgument("value", f"an ACK timeout is 0..31, got {value}")
-            self._ack_timeout = value
+            self.set_ack_timeout(value)
         else:
             raise InvalidArgument("optname", f"option {optname} is not supported (TOS "
                                              f"{RDMA_OPTION_ID_TOS}, ACK_TIMEOUT "
@@ -247,6 +244,16 @@ class CmId:
     def get_peer_addr(self) -> Address | None:
         """``rdma_get_peer_addr``."""
         return self.peer_addr
+
+    def set_ack_timeout(self, timeout: int) -> None:
+        """``rdma_set_option(RDMA_OPTION_ID_ACK_TIMEOUT)``: the Local ACK Timeout
+        (4.096 us * 2^timeout, IBA 9.7.6.1.3) the CM gives this id's QP at RTS."""
+        self._check()
+        if not isinstance(timeout, int) or not 0 <= timeout <= 31:
+            raise InvalidArgument("timeout", f"must be 0..31, got {timeout!r}")
+        self._ack_timeout = timeout
+        if self._ib is not None:
+            self._ib.local_ack_timeout = timeout
 
     # ---- addresses ---------------------------------------------------------------------
     def bind_addr(self, addr: Any, *, device: str | None = None) -> None:
@@ -364,6 +371,7 @@ class CmId:
         binding = self.device.binding
         assert binding is not None
         ib = binding.agent.create_id(self._on_ib)
+        ib.local_ack_timeout = self._ack_timeout
         self._ib = ib
         client = IpCmClient(ib, handler=self._on_ib)
         if self.ps == RDMA_PS_UDP:
@@ -376,8 +384,7 @@ class CmId:
                        responder_resources=p.responder_resources,
                        initiator_depth=p.initiator_depth, retry_count=p.retry_count,
                        rnr_retry_count=p.rnr_retry_count, flow_control=bool(p.flow_control),
-                       auto_rtu=not isinstance(qp, UserQp), traffic_class=self._tos,
-                       qp_timeout=self._ack_timeout)
+                       auto_rtu=not isinstance(qp, UserQp), traffic_class=self._tos)
 
     def _conn_qp(self, p: ConnParam, what: str) -> Any:
         """The id's QP, or (no QP, ``p.qp_num`` set) the application's own QP of that
@@ -568,10 +575,12 @@ class CmId:
         if self._ib is None:
             raise StateError("accept on an id without a connection request")
         qkey = p.qkey if p.qkey is not None else (RDMA_UDP_QKEY if self._sidr else None)
+        if self._ack_timeout is not None:
+            self._ib.local_ack_timeout = self._ack_timeout
         self._ib.accept(qp, AcceptParams(
             private_data=bytes(p.private_data), responder_resources=p.responder_resources,
             initiator_depth=p.initiator_depth, rnr_retry_count=p.rnr_retry_count,
-            flow_control=bool(p.flow_control), qkey=qkey, qp_timeout=self._ack_timeout))
+            flow_control=bool(p.flow_control), qkey=qkey))
 
     def reject(self, private_data: bytes = b"") -> None:
         """``rdma_reject``: REJ reason 28 (RoCE; SIDR_REP status 2 for UD) or an MPA Reply
@@ -710,9 +719,11 @@ class CmId:
         from ..verbs.ah import AHAttr, GlobalRoute  # noqa: PLC0415
 
         assert self._dst is not None and self._src is not None
-        gids = list(self.verbs.port.gids) if self.verbs is not None else []
         sgid = ip_to_gid(self._src.packed)
-        idx = gids.index(sgid) if sgid in gids else 0
+        idx = 0
+        if self.verbs is not None:  # a RoCE v2 entry first on a dual device (Linux default)
+            port = self.verbs.port
+            idx = max(port.gid_index_of(sgid, False), port.gid_index_of(sgid), 0)
         return AHAttr(gr=GlobalRoute(dgid=ip_to_gid(self._dst.packed), sgid_index=idx,
                                      hop_limit=64, traffic_class=self._tos),
                       is_global=1, port_num=1)
