@@ -74,7 +74,11 @@ def main() -> int:
                 finally:
                     for h, p in zip(hosts, procs, strict=True):
                         h.softrdma("ipoib", "down", IFACE, check=False)
-                        p.wait(timeout=15)
+                        try:
+                            p.wait(timeout=15)
+                        except subprocess.TimeoutExpired:
+                            p.kill()
+                            p.wait(timeout=15)
                 ratios[mode].append(bps / base)
                 line.append(f"{mode} {bps / 1e6:.0f} Mbit/s = {bps / base:.4f} x veth")
             print("; ".join(line), flush=True)

@@ -6,6 +6,7 @@ timeout; argument checks."""
 from __future__ import annotations
 
 import random
+import re
 import subprocess
 import sys
 import threading
@@ -199,3 +200,37 @@ def test_bad_arguments(tmp_path: Path, argv: list[str], msg: str) -> None:
     prog = argv[0]
     assert r.stderr.startswith(f"softrdma {prog}: error: ") and msg in r.stderr, r.stderr
     assert r.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize(("argv", "line"), [
+    (["rping", "-c", "-a", "127.0.0.2"], "no answer from the peer for 3 s"),
+    (["udaddy", "-s", "127.0.0.2"],
+     "udaddy: no rdma_cm event for 3 s while waiting for the server's SIDR_REP"),
+    (["ucmatose", "-s", "127.0.0.2"],
+     "cmatose: no rdma_cm event for 3 s while waiting for the connections"),
+])
+def test_peer_that_never_answers_fails_within_timeout(tmp_path: Path, argv: list[str],
+                                                      line: str) -> None:
+    """Nothing listens on 127.0.0.2 (the device's daemon is bound to 127.0.0.1): the CM
+    request goes unanswered and the tool gives up after --timeout, exit 1."""
+    state, _ = make_state_dir(tmp_path)
+    t0 = time.monotonic()
+    r = subprocess.run(_tool(*argv, "--timeout", "3"), env=child_env(state),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert line in r.stdout + r.stderr
+    assert time.monotonic() - t0 < 30
+
+
+@pytest.mark.parametrize("tool", ["udaddy", "ucmatose"])
+def test_unresolvable_server_name(tmp_path: Path, tool: str) -> None:
+    """A name getaddrinfo cannot resolve: the C tools' line and its (negative) EAI code
+    as the return status; exit 1."""
+    state, _ = make_state_dir(tmp_path)
+    r = subprocess.run(_tool(tool, "-s", "no-such-host.invalid", "--timeout", "5"),
+                       env=child_env(state), capture_output=True, text=True, timeout=60)
+    name = "udaddy" if tool == "udaddy" else "cmatose"
+    lines = r.stdout.splitlines()
+    assert r.returncode == 1 and lines[:1] == [f"{name}: starting client"]
+    assert lines[1].startswith(f"{name}: getaddrinfo error: ")
+    assert lines[2] == "test complete" and re.fullmatch(r"return status -\d+", lines[3])

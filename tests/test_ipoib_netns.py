@@ -4,6 +4,7 @@ devd (issue 12 checks; RFC 4391 / RFC 4755)."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import shutil
 import signal
@@ -17,7 +18,11 @@ import pytest
 from ipoib_netns import IFACE, ipoib_up, veth_pair
 from netns_harness import IFNAME, Host, Network, skip_reason
 
-pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
+pytestmark = [
+    pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or ""),
+    pytest.mark.skipif(shutil.which("ping") is None, reason="the IPoIB tests need ping "
+                       "(iputils-ping; .ci/run installs it)"),
+]
 
 TCP = str(Path(__file__).resolve().parent / "ipoib_tcp.py")
 PEER = str(Path(__file__).resolve().parent / "ipoib_peer.py")
@@ -82,6 +87,9 @@ def test_ping_both_ways_ipv4_ipv6(pair: tuple[Pair, list[subprocess.Popen[str]]]
     assert neigh[v4(2)]["lladdr"].startswith("80:")  # RC flag (RFC 4755 §3.1)
     assert len(neigh[v4(2)]["lladdr"].split(":")) == 20
     assert s["counters"]["arp_requests"] >= 1  # type: ignore[index]
+    text = a.softrdma("ipoib", "show").stdout  # every interface of this namespace
+    assert text.startswith(f"{IFACE}: device rxe0 mode connected mtu 65520")
+    assert "neighbours:" in text and v4(2) in text and "counters:" in text
 
 
 def test_tcp_bulk_64mib_over_rc(pair: tuple[Pair, list[subprocess.Popen[str]]]) -> None:
@@ -107,11 +115,14 @@ def test_tshark_decodes_ipoib(pair: tuple[Pair, list[subprocess.Popen[str]]],
     a, b = net.hosts
     cap = tmp_path / "ipoib.pcap"
     tcpdump = a.popen(["tshark", "-q", "-i", IFNAME, "-w", str(cap), "-f", "udp port 4791"])
-    time.sleep(2)
+    deadline = time.monotonic() + 30  # tshark writes the file header once it captures
+    while not (cap.exists() and cap.stat().st_size > 0) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1)
     ping(a, v4(2))
     ping(a, v4(2), "-s", "20000")
     ping(a, v6(2))
-    time.sleep(1)
+    time.sleep(2)
     tcpdump.send_signal(signal.SIGINT)
     tcpdump.wait(timeout=20)
     out = subprocess.run(["tshark", "-r", str(cap), "-T", "fields", "-E", "separator=|",
@@ -266,3 +277,78 @@ def test_uc_connections_and_pkey(tmp_path: Path) -> None:
         assert int(c[0]["tx_packets"]) >= 2  # type: ignore[call-overload]
         for h, p in zip(hosts, procs, strict=True):
             ipoib_down(h, p)
+
+
+def test_mixed_modes_per_destination_mtu(tmp_path: Path) -> None:
+    """A connected-mode host (MTU 65520) and a datagram-mode peer (no CM flag, UD MTU
+    4092): a packet too big for the path gets ICMP "fragmentation needed" back through
+    the TUN device (RFC 4755 §7.2); the kernel learns the path MTU and traffic flows."""
+    with veth_pair(tmp_path) as hosts:
+        a, b = hosts
+        procs = [ipoib_up(a), ipoib_up(b, "--mode", "datagram")]
+        ping(a, v4(2))
+        r = a.run(["ping", "-c", "4", "-i", "0.3", "-W", "3", "-s", "8000", v4(2)], check=False,
+                  timeout=60)
+        assert " 0 received" not in r.stdout, r.stdout
+        s = show(a)
+        assert s["counters"]["tx_icmp_too_big"] >= 1 and s["connections"] == []  # type: ignore[index]
+        assert "mtu 4092" in a.run(["ip", "route", "get", v4(2)]).stdout
+        srv = b.spawn([sys.executable, TCP, "serve", "5304"])
+        assert srv.json()["listening"] == 5304
+        sent = json.loads(a.run([sys.executable, TCP, "send", v4(2), "5304", "4"],
+                                timeout=120).stdout)
+        assert srv.json(timeout=60) == sent
+        for h, p in zip(hosts, procs, strict=True):
+            ipoib_down(h, p)
+
+
+def test_req_crossing_on_the_wire(pair: tuple[Pair, list[subprocess.Popen[str]]]) -> None:
+    """RFC 4755 §3.3 made certain: a hand-made peer holds our REQ and sends its own; the
+    interface accepts it only if its own address (flags zeroed, MSB first) is the smaller,
+    else rejects it with Consumer Reject, and one connection is left either way."""
+    net, _ = pair
+    a, b = net.hosts
+    sa = show(a)
+    before = {c["id"] for c in conns(a)}
+    peer = b.spawn([sys.executable, PEER, "rxe0", str(sa["gid"]), str(sa["ud_qpn"]), "cross",
+                    "10.88.0.9", v4(1)])
+    ready = peer.json(timeout=30)
+    pinger = a.popen(["ping", "-c", "3", "-i", "0.5", "-s", "20000", "-W", "2", "10.88.0.9"])
+    got = peer.json(timeout=60)
+    pinger.wait(timeout=30)
+    key_a = int(str(sa["ud_qpn"])).to_bytes(4, "big") + ipaddress.IPv6Address(str(sa["gid"])).packed
+    key_p = int(str(ready["ud_qpn"])).to_bytes(4, "big") + ipaddress.IPv6Address(
+        str(ready["gid"])).packed
+    if key_a < key_p:   # we accept the peer's REQ; the peer rejects ours
+        assert got == {"own": "ESTABLISHED", "answered": "reject"}, got
+    else:               # we reject the peer's REQ (Consumer Reject); the peer accepts ours
+        assert got == {"own": "REJECTED", "own_reason": 28, "answered": "accept"}, got
+    s = show(a)
+    new = [c for c in s["connections"] if c["id"] not in before]  # type: ignore[attr-defined]
+    assert len(new) == 1 and new[0]["state"] == "ESTABLISHED", new
+    assert new[0]["direction"] == ("passive" if key_a < key_p else "active")
+    assert s["counters"]["conn_crossing_rejects"] == sa["counters"][  # type: ignore[index]
+        "conn_crossing_rejects"] + (0 if key_a < key_p else 1)
+    peer.proc.wait(timeout=30)
+
+
+def test_wrong_flags_tolerated(pair: tuple[Pair, list[subprocess.Popen[str]]]) -> None:
+    """RFC 4755 §8: a neighbour whose flags claim RC (and reserved bits) but which takes no
+    connection costs one refused REQ and ICMP errors for the big packets; the reserved bits
+    are ignored, and the other neighbours' traffic is not disturbed."""
+    net, _ = pair
+    a, b = net.hosts
+    sa = show(a)
+    peer = b.spawn([sys.executable, PEER, "rxe0", str(sa["gid"]), str(sa["ud_qpn"]),
+                    "announce", "10.88.0.8", v4(1)])
+    assert peer.json(timeout=30) == {"announced": "10.88.0.8"}
+    a.run(["ping", "-c", "2", "-i", "0.5", "-W", "2", "-s", "20000", "10.88.0.8"], check=False,
+          timeout=60)
+    s = show(a)
+    neigh = {n["ip"]: n for n in s["neighbours"]}  # type: ignore[attr-defined]
+    assert neigh["10.88.0.8"]["lladdr"].startswith("c0:")  # RC|UC kept, reserved ignored
+    c, c0 = s["counters"], sa["counters"]
+    assert c["conn_refused"] == c0["conn_refused"] + 1  # type: ignore[index]
+    assert c["tx_icmp_too_big"] > c0["tx_icmp_too_big"]  # type: ignore[index]
+    ping(a, v4(2), "-s", "20000")
+    peer.proc.wait(timeout=30)

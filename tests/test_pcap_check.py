@@ -25,7 +25,8 @@ ROCE_PCAPS = sorted(CAPTURES.glob("roce_*.pcap"))
 SUMMARY = re.compile(r"^(?P<file>.+): (?P<n>\d+) packets, (?P<ok>\d+) ok, (?P<failed>\d+) failed$")
 
 
-CONV = re.compile(r"^(?P<file>.+): (?P<n>\d+) connections? followed, (?P<bad>\d+) inconsistent$")
+CONV = re.compile(r"^(?P<file>.+): (?P<n>\d+) connections? followed, (?P<bad>\d+) inconsistent"
+                  r"(?: \(the first at frame \d+\))?$")
 
 
 def _run(paths: list[str]) -> tuple[int, list[str]]:

@@ -240,3 +240,64 @@ def test_our_client_against_captured_server(state: Path, monkeypatch: pytest.Mon
     reports = [m for m in got if len(m) == 8]
     assert [struct.unpack(">Q", m)[0] for m in reports[:2]] == [4096, 50]
     assert " 4096       50 " in cli.stdout
+
+
+class _WC:
+    def __init__(self, opcode: int, wr_id: int, byte_len: int = 0) -> None:
+        self.status = 0
+        self.opcode = opcode
+        self.wr_id = wr_id
+        self.byte_len = byte_len
+
+
+class _FakeCQ:
+    def __init__(self, batches: list[list[_WC]]) -> None:
+        self.batches = batches
+
+    def poll(self, n: int) -> tuple[int, list[_WC]]:
+        batch = self.batches.pop(0) if self.batches else []
+        return len(batch), batch
+
+
+class _FakeQP:
+    def __init__(self) -> None:
+        self.recvs: list[object] = []
+        self.sends: list[object] = []
+
+    def post_recv(self, wr: object) -> None:
+        self.recvs.append(wr)
+
+    def post_send(self, wr: object) -> None:
+        self.sends.append(wr)
+
+
+class _FakeMR:
+    addr = 0x10000
+    lkey = 1
+
+
+def test_control_channel_keeps_a_message_that_shares_a_batch_with_a_send() -> None:
+    """A SEND completion and the peer's next message in one poll batch: the message is
+    kept (found against ib_read_bw -R / ib_atomic_bw -R on rxe: it was dropped with the
+    SEND completion, and both sides then waited for each other)."""
+    from softrdma import enums as e
+    from softrdma.tools.perftest import cmconn
+
+    ch = cmconn.CmChannel.__new__(cmconn.CmChannel)
+    ch.timeout = 2.0
+    ch.buf = bytearray((cmconn.CTRL_RECVS + 1) * cmconn.CTRL_BUF)
+    ch.mr = _FakeMR()
+    ch.qp = _FakeQP()
+    ch._rx = []
+    ch._sent = 0
+    msg = oob.encode_dest_struct(oob.Dest(0, 1, 0x12, 0x345, 6, 7, GID_11))
+    ch.buf[2 * cmconn.CTRL_BUF:2 * cmconn.CTRL_BUF + len(msg)] = msg
+    ch.cq = _FakeCQ([[_WC(int(e.IBV_WC_SEND), 5), _WC(int(e.IBV_WC_RECV), 2, len(msg))]])
+    ch.write(b"x" * 56)
+    assert ch.read(56) == msg
+    # ... and a SEND completion that comes with a message is not lost either
+    ch.cq = _FakeCQ([[_WC(int(e.IBV_WC_RECV), 0, 4), _WC(int(e.IBV_WC_SEND), 5)]])
+    ch.buf[0:4] = b"\x00\x00\x10\x00"
+    assert ch.read(4) == b"\x00\x00\x10\x00"
+    ch.write(b"y" * 4)  # its completion was already taken: no wait
+    assert len(ch.qp.recvs) == 2 and len(ch.qp.sends) == 2

@@ -113,6 +113,22 @@ def test_header_and_addresses_match_perftest_log() -> None:
         == " remote address: LID 0000 QPN 0x0015 PSN 0x860e4e"
 
 
+def test_depth_lines_follow_the_role() -> None:
+    """ctx_print_test_info: TX depth on the client only (no tool here is duplex), RX
+    depth on a SEND test's server only (bench_rxe.log's send_lat client has none)."""
+    for name in ("send-lat", "send-bw", "write-lat", "read-bw"):
+        cli = report.header(_opts(name, "10.0.0.1"), "d", "roce", 1024, 1, 1)
+        srv = report.header(_opts(name), "d", "roce", 1024, 1, 1)
+        assert any(x.startswith(" TX depth") for x in cli)
+        assert not any(x.startswith(" TX depth") for x in srv)
+        assert not any(x.startswith(" RX depth") for x in cli)
+        assert any(x.startswith(" RX depth") for x in srv) == name.startswith("send")
+    log = (CAPTURES / "bench_rxe.log").read_text().splitlines()
+    start = log.index("                    Send Latency Test")
+    o = _opts("send-lat", "-s", "64", "-n", "2000", "-x", "1", "10.50.0.11")
+    assert report.header(o, "rxe0", "roce", 1024, 1, 1)[1:] == log[start:start + 14]
+
+
 def test_small_gbits_use_the_extended_format() -> None:
     """roce_write_bw_rdmacm.client.log: below 0.1 Gb/sec perftest prints 6 decimals."""
     log = (CAPTURES / "roce_write_bw_rdmacm.client.log").read_text().splitlines()
@@ -271,7 +287,10 @@ def test_json_output(state: Path) -> None:
 
 
 def test_all_sizes(state: Path) -> None:
-    srv, cli = run_pair("send-lat", state, ["-d", "pttest", "-a", "-n", "5"], timeout=180)
+    # -u 20: a 4 s ACK timeout, so 8 MiB messages on a loaded 2-core machine do not
+    # exhaust the retries
+    srv, cli = run_pair("send-lat", state, ["-d", "pttest", "-a", "-n", "5", "-u", "20"],
+                        timeout=240)
     assert srv.returncode == 0 and cli.returncode == 0, (srv.stderr, cli.stderr)
     sizes = [int(r[0]) for r in _rows(cli.stdout, LAT_ROW)]
     assert sizes == [1 << i for i in range(1, 24)]
@@ -445,6 +464,42 @@ def test_rdma_cm_server_lets_the_client_close_first(tmp_path: Path,
             rc.release_devices()
         _out, err = srv.communicate(timeout=30)
         assert srv.returncode == 0, err
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.communicate()
+
+
+def test_rdma_cm_server_listens_before_answering(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """perftest's client connects its rdma_cm QPs as soon as it has the server's answer
+    to the handshake before them, giving up after 10 refusals 100 ms apart (seen once
+    against siw: "Connection refused"): the -R server listens before it answers."""
+    from softrdma.cm import rdma_cm as rc
+    from softrdma.tools.perftest import cmconn, oob, runner
+
+    monkeypatch.setenv("SOFTRDMA_STATE_DIR", str(tmp_path))
+    port = free_port(socket.SOCK_STREAM)
+    srv = spawn(["read-lat", "-R", "--transport", "iwarp", "-p", str(port), "-n", "10",
+                 "--timeout", "20"], env_for(tmp_path))
+    try:
+        time.sleep(0.5)
+        o = _opts("read-lat", "-R", "--transport", "iwarp", "-p", str(port), "-n", "10",
+                  "--timeout", "20", "127.0.0.1")
+        s = runner.Side(o, io.StringIO(), transport="iwarp")
+        try:
+            sess = s.sess = cmconn.CmSession(o)
+            s.ch = cmconn.CmChannel.connect(sess, "127.0.0.1", port)
+            runner.device_facts(s, s.ch.cid.verbs)
+            runner.prelude(s)
+            s.ch.write(oob.encode_dest_struct(oob.ZERO_DEST))
+            s.ch.read(oob.DEST_STRUCT.size)
+            with socket.create_connection(("127.0.0.1", port), timeout=5):
+                pass  # not refused: the data listener is already up
+        finally:
+            runner.teardown(s)
+            rc.release_devices()
+        srv.communicate(timeout=60)
     finally:
         if srv.poll() is None:
             srv.kill()

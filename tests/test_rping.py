@@ -15,7 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rdma_cm_harness import Ep, child_env, expect, fake_server, make_state_dir, setup_env
+from rdma_cm_harness import (
+    Ep,
+    child_env,
+    expect,
+    fake_server,
+    make_state_dir,
+    next_non_timewait,
+    setup_env,
+)
 
 from softrdma import enums as e
 from softrdma.cm import rdma_cm as rc
@@ -118,22 +126,25 @@ def test_client_without_server_fails_cleanly(tmp_path: Path) -> None:
     assert "cma event RDMA_CM_EVENT_REJECTED, error 8" in r.stderr  # devd: REJ 8
 
 
-def test_persistent_server_serves_clients_until_stopped(tmp_path: Path) -> None:
+@pytest.mark.parametrize("transport", ["roce", "iwarp"])
+def test_persistent_server_serves_clients_until_stopped(tmp_path: Path, transport: str) -> None:
     """-P: two clients one after the other, then two at once, all served by one server
     that keeps listening until it is interrupted."""
     state, _ = make_state_dir(tmp_path)
     env = child_env(state)
     port = str(random.randrange(20000, 60000))
     server = subprocess.Popen(_rping("-s", "-P", "-a", "127.0.0.1", "-p", port, "-v",
-                                     "--timeout", "20"),
+                                     "--timeout", "20", "--transport", transport),
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        client = ["-c", "-a", "127.0.0.1", "-p", port, "-V", "--timeout", "20"]
+        client = ["-c", "-a", "127.0.0.1", "-p", port, "-V", "--timeout", "20",
+                  "--transport", transport]
         first = None
         for _ in range(40):  # until the server listens
             first = subprocess.run(_rping(*client, "-C", "2"), env=env, capture_output=True,
                                    text=True, timeout=60)
-            if first.returncode == 0 or "REJECTED" not in first.stderr:
+            if first.returncode == 0 or not ("REJECTED" in first.stderr
+                                             or "UNREACHABLE" in first.stderr):
                 break
             time.sleep(0.25)
         assert first is not None and first.returncode == 0, first.stderr
@@ -242,25 +253,34 @@ def test_validate_detects_corrupted_data(env: Path, monkeypatch: pytest.MonkeyPa
 
 
 def _silent_client(port: int, connected: threading.Event, stop: threading.Event) -> None:
-    """Connects to the rping server, posts a receive, then never sends anything."""
+    """Connects to the rping server (retrying until it listens), posts a receive, then
+    never sends anything."""
     ch = rc.EventChannel()
-    cid = rc.CmId(ch, rc.RDMA_PS_TCP)
-    ep = None
+    ids: list[rc.CmId] = []
+    eps: list[Ep] = []
     try:
-        cid.resolve_addr(None, ("127.0.0.1", port), 2000, device="roce")
-        expect(ch, rc.RdmaCmEventType.ADDR_RESOLVED)
-        cid.resolve_route(2000)
-        expect(ch, rc.RdmaCmEventType.ROUTE_RESOLVED)
-        ep = Ep(cid)
-        ep.recv(64)
-        cid.connect(rc.ConnParam())
-        expect(ch, rc.RdmaCmEventType.ESTABLISHED, timeout=30)
-        connected.set()
-        stop.wait(60)
+        for _ in range(80):
+            cid = rc.CmId(ch, rc.RDMA_PS_TCP)
+            ids.append(cid)
+            cid.resolve_addr(None, ("127.0.0.1", port), 2000, device="roce")
+            expect(ch, rc.RdmaCmEventType.ADDR_RESOLVED)
+            cid.resolve_route(2000)
+            expect(ch, rc.RdmaCmEventType.ROUTE_RESOLVED)
+            ep = Ep(cid)
+            eps.append(ep)
+            ep.recv(64)
+            cid.connect(rc.ConnParam())
+            ev = next_non_timewait(ch, 30)
+            if ev.event == rc.RdmaCmEventType.ESTABLISHED:
+                connected.set()
+                stop.wait(60)
+                return
+            time.sleep(0.25)  # not listening yet (REJ 8)
     finally:
-        if ep is not None:
+        for ep in eps:
             ep.qp.close()
-        cid.destroy()
+        for cid in ids:
+            cid.destroy()
         ch.close()
 
 

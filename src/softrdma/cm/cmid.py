@@ -38,7 +38,11 @@ if TYPE_CHECKING:
 
 __all__ = ["CmId", "PENDING_STATES"]
 
-PENDING_STATES = (CmState.REQ_RCVD, CmState.MRA_REQ_SENT, CmState.SIDR_REQ_RCVD)
+# A listener's half-open connections, which its backlog bounds (as listen(backlog) bounds
+# SYN_RECV + the accept queue): REQ received and not yet accepted, or accepted (REP sent)
+# and waiting for the RTU.
+PENDING_STATES = (CmState.REQ_RCVD, CmState.MRA_REQ_SENT, CmState.SIDR_REQ_RCVD,
+                  CmState.REP_SENT, CmState.MRA_REP_RCVD)
 
 
 class CmId:
@@ -55,7 +59,7 @@ class CmId:
         "remote_qpn", "local_qpn", "qp", "path", "service_id", "mask", "tid", "msg",
         "last_reply", "retries", "max_retries", "timeout_s", "deadline", "_tseq",
         "listen_id", "pending", "backlog", "dialect", "params", "req", "rep", "local_psn",
-        "ack_timeout", "destroyed", "_follow", "drep_tid", "auto_rtu", "sidr_key",
+        "ack_timeout", "local_ack_timeout", "destroyed", "_follow", "drep_tid", "auto_rtu", "sidr_key",
         "reject_info", "psn_drawn", "__weakref__",
     )
 
@@ -91,6 +95,9 @@ class CmId:
         self.rep: wcm.Rep | None = None
         self.local_psn = 0
         self.ack_timeout = 0
+        #: the consumer's Local ACK Timeout for its own QP (librdmacm
+        #: RDMA_OPTION_ID_ACK_TIMEOUT); None: the REQ's (IBA 12.7.34)
+        self.local_ack_timeout: int | None = None
         self.destroyed = False
         self._follow: CmEv | None = None
         self.drep_tid = 0
@@ -380,7 +387,8 @@ class CmId:
                      path_mtu=req.path_mtu,
                      max_dest_rd_atomic=min(rep.initiator_depth, p.responder_resources),
                      min_rnr_timer=p.min_rnr_timer, av=self._av())
-        qpctl.to_rts(eq, now, sq_psn=rep.starting_psn, timeout=self.ack_timeout,
+        timeout = self.ack_timeout if self.local_ack_timeout is None else self.local_ack_timeout
+        qpctl.to_rts(eq, now, sq_psn=rep.starting_psn, timeout=timeout,
                      retry_cnt=req.retry_count, rnr_retry=rep.rnr_retry_count,
                      max_rd_atomic=min(rep.responder_resources, p.initiator_depth))
 
@@ -515,7 +523,9 @@ class CmId:
         qpctl.to_init(eq, now)
         qpctl.to_rtr(eq, now, dest_qpn=req.local_qpn, rq_psn=self.local_psn, path_mtu=mtu,
                      max_dest_rd_atomic=resp, min_rnr_timer=a.min_rnr_timer, av=self._av())
-        qpctl.to_rts(eq, now, sq_psn=req.starting_psn, timeout=req.primary_local_ack_timeout,
+        timeout = (req.primary_local_ack_timeout if self.local_ack_timeout is None
+                   else self.local_ack_timeout)
+        qpctl.to_rts(eq, now, sq_psn=req.starting_psn, timeout=timeout,
                      retry_cnt=req.retry_count, rnr_retry=req.rnr_retry_count,
                      max_rd_atomic=depth)
 

@@ -45,7 +45,6 @@ import errno
 import ipaddress
 import random
 import threading
-import time
 from functools import partial
 from typing import Any
 
@@ -89,6 +88,9 @@ from .rdma_events import (  # noqa: F401 - the RDMA_CM_EVENT_* names are re-expo
     UdParam,
     event_str,
 )
+from .rdma_iwwatch import CONNECTING as _CONNECTING
+from .rdma_iwwatch import unwatch as _unwatch
+from .rdma_iwwatch import watch as _watch
 from .rdma_qpattr import qp_attr_of
 from .userqp import UserQp, cm_qp_attr
 
@@ -168,6 +170,7 @@ class CmId:
         self._iw_conn: Any = None
         self._sidr = False
         self._established_by_app = False
+        self._ack_timeout: int | None = None
         self._disconnected = False
         self._destroyed = False
         self._lock = threading.Lock()
@@ -216,6 +219,16 @@ class CmId:
     def get_peer_addr(self) -> Address | None:
         """``rdma_get_peer_addr``."""
         return self.peer_addr
+
+    def set_ack_timeout(self, timeout: int) -> None:
+        """``rdma_set_option(RDMA_OPTION_ID_ACK_TIMEOUT)``: the Local ACK Timeout
+        (4.096 us * 2^timeout, IBA 9.7.6.1.3) the CM gives this id's QP at RTS."""
+        self._check()
+        if not isinstance(timeout, int) or not 0 <= timeout <= 31:
+            raise InvalidArgument("timeout", f"must be 0..31, got {timeout!r}")
+        self._ack_timeout = timeout
+        if self._ib is not None:
+            self._ib.local_ack_timeout = timeout
 
     # ---- addresses ---------------------------------------------------------------------
     def bind_addr(self, addr: Any, *, device: str | None = None) -> None:
@@ -333,6 +346,7 @@ class CmId:
         binding = self.device.binding
         assert binding is not None
         ib = binding.agent.create_id(self._on_ib)
+        ib.local_ack_timeout = self._ack_timeout
         self._ib = ib
         client = IpCmClient(ib, handler=self._on_ib)
         if self.ps == RDMA_PS_UDP:
@@ -534,6 +548,8 @@ class CmId:
         if self._ib is None:
             raise StateError("accept on an id without a connection request")
         qkey = p.qkey if p.qkey is not None else (RDMA_UDP_QKEY if self._sidr else None)
+        if self._ack_timeout is not None:
+            self._ib.local_ack_timeout = self._ack_timeout
         self._ib.accept(qp, AcceptParams(
             private_data=bytes(p.private_data), responder_resources=p.responder_resources,
             initiator_depth=p.initiator_depth, rnr_retry_count=p.rnr_retry_count,
@@ -676,55 +692,10 @@ class CmId:
         from ..verbs.ah import AHAttr, GlobalRoute  # noqa: PLC0415
 
         assert self._dst is not None and self._src is not None
-        gids = list(self.verbs.port.gids) if self.verbs is not None else []
         sgid = ip_to_gid(self._src.packed)
-        idx = gids.index(sgid) if sgid in gids else 0
+        idx = 0
+        if self.verbs is not None:  # a RoCE v2 entry first on a dual device (Linux default)
+            port = self.verbs.port
+            idx = max(port.gid_index_of(sgid, False), port.gid_index_of(sgid), 0)
         return AHAttr(gr=GlobalRoute(dgid=ip_to_gid(self._dst.packed), sgid_index=idx,
                                      hop_limit=64), is_global=1, port_num=1)
-
-
-# ---- iWARP: the peer closing the stream ------------------------------------------------
-class _Connecting:
-    """Marks an iWARP id whose connect thread runs."""
-
-
-_CONNECTING = _Connecting()
-_watched: set[CmId] = set()
-_watch_lock = threading.Lock()
-_watch_thread: threading.Thread | None = None
-
-
-def _watch(cid: CmId) -> None:
-    """Report DISCONNECTED when the peer closes the iWARP stream (FIN, Terminate)."""
-    global _watch_thread
-    with _watch_lock:
-        _watched.add(cid)
-        if _watch_thread is None or not _watch_thread.is_alive():
-            _watch_thread = threading.Thread(target=_watch_loop, name="rdma_cm-iw-watch",
-                                             daemon=True)
-            _watch_thread.start()
-
-
-def _unwatch(cid: CmId) -> None:
-    with _watch_lock:
-        _watched.discard(cid)
-
-
-def _watch_loop() -> None:
-    from ..iwarp.engine import ConnState  # noqa: PLC0415
-
-    global _watch_thread
-    gone = (ConnState.FAILED, ConnState.CLOSED)
-    while True:
-        with _watch_lock:
-            ids = list(_watched)
-            if not ids:
-                _watch_thread = None
-                return
-        for cid in ids:
-            conn = cid._iw_conn
-            if conn is None or conn is _CONNECTING or conn.conn.state in gone:
-                _unwatch(cid)
-                if conn is not None and conn is not _CONNECTING:
-                    cid._disconnected_event()
-        time.sleep(0.005)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +51,9 @@ class Options:
     cm_config: CmConfig | None = None
     iwarp_timeout: float = 10.0
     shared: bool | None = None
+    #: builds the verbs Context of a device the layer opens, from its name and transport
+    #: (the pyverbs compatibility layer gives its own Context class); None: verbs.Context
+    context_factory: Callable[[str, str], Any] | None = None
 
 
 options = Options()
@@ -184,11 +188,15 @@ def open_device(entry: DeviceEntry) -> OpenDevice:
         dev = _open.get(entry.name)
         if dev is not None:
             return dev
-        if entry.transport == "iwarp":
+        factory = options.context_factory
+        binding: CmBinding | None = None
+        if factory is not None:
+            ctx = factory(entry.name, entry.transport)
+        elif entry.transport == "iwarp":
             ctx = Context(entry.name, transport="iwarp")
-            binding = None
         else:
             ctx = Context(entry.name, shared=options.shared)
+        if entry.transport != "iwarp":
             try:
                 binding = CmBinding.attach(ctx, config=options.cm_config)
             except BaseException:

@@ -24,7 +24,8 @@ from collections import OrderedDict
 from softrdma.drivers.link import Datagram
 from softrdma.errors import SoftRdmaError
 from softrdma.wire import cm as wcm
-from softrdma.wire.roce import icrc_ok_udp, recover_ipv4_id
+from softrdma.wire.roce import icrc_ok_udp, icrc_v1, recover_ipv4_id
+from softrdma.wire.rocev1 import LOOPBACK_GID
 
 __all__ = ["REJ_BURST", "REJ_PER_SECOND", "RejLimiter", "answer_for", "sane_request"]
 
@@ -38,6 +39,7 @@ UD_SEND_ONLY = 0x64
 GSI_QKEY = 0x80010000
 QPN_GSI = 1
 _BTH_DETH = struct.Struct("!BBHIIII")
+ICRC_SIZE = 4
 _V4_MAPPED = bytes(10) + b"\xff\xff"
 
 
@@ -51,10 +53,16 @@ def _gid_of(ip: bytes) -> bytes:
 
 
 def sane_request(dg: Datagram, dport: int) -> bool:
-    """Whether ``dg`` (BTH .. ICRC) has a correct ICRC and a unicast source address."""
+    """Whether ``dg`` (BTH .. ICRC) has a correct ICRC and a unicast source address.
+
+    A RoCEv1 frame (``dg.grh``, Annex A16): the RoCEv1 ICRC over its GRH, and a unicast
+    SGID other than the loopback GID (A16.7.2)."""
     if not _unicast(dg.src_ip):
         return False
     data = dg.data
+    if dg.grh:
+        return (len(data) > ICRC_SIZE and dg.src_ip != LOOPBACK_GID
+                and icrc_v1(dg.grh, (data[:-ICRC_SIZE],)) == data[-ICRC_SIZE:])
     if len(dg.src_ip) == 4:
         return recover_ipv4_id(dg.src_ip, dg.dst_ip, dg.sport, dport, data) is not None
     return icrc_ok_udp(dg.src_ip, dg.dst_ip, dg.sport, dport, data)

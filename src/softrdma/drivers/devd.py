@@ -111,6 +111,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import json
@@ -141,14 +142,25 @@ from softrdma.drivers.admission import (
     refuse,
 )
 from softrdma.drivers.cm_reject import RejLimiter, answer_for, sane_request
-from softrdma.drivers.link import V4_MAPPED_PREFIX, Datagram, ip_bytes, ip_text
+from softrdma.drivers.devd_v1 import V1_VERSION, send_reversible_v1, v1_datagram
+from softrdma.drivers.link import (
+    V4_MAPPED_PREFIX,
+    Datagram,
+    GidEntry,
+    gid_entries,
+    gid_of_ip,
+    ip_bytes,
+    ip_text,
+)
 from softrdma.drivers.mcast import is_mgid, mgid_to_group
+from softrdma.drivers.rawether import RawEtherLink
 from softrdma.drivers.registry import DeviceRecord, Registry, ensure_state_dir, open_state_file
 from softrdma.drivers.registry import state_dir as default_state_dir
 from softrdma.drivers.udp import UdpLink
 from softrdma.errors import ClosedError, DeviceError, InvalidArgument, SoftRdmaError
 from softrdma.ib.counters import Counters
 from softrdma.wire.roce import udp_send_icrc
+from softrdma.wire.rocev1 import GRH_SIZE, is_multicast_gid
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
@@ -314,6 +326,7 @@ class Devd:
         self.ips: tuple[bytes, ...] = ()
         self.counters: dict[str, int] = dict.fromkeys(STAT_NAMES, 0)
         self._links: list[UdpLink] = []
+        self._raw: RawEtherLink | None = None  # RoCEv1 (Annex A16), roce_ver 1 or both
         self._listener: socket.socket | None = None
         self._lock_fd = -1
         self._wake_r, self._wake_w = socket.socketpair()
@@ -376,7 +389,12 @@ class Devd:
                     time.sleep(0.01)
             self._uid_cap = per_uid_cap(raise_nofile(), self.max_clients_per_uid)
             self._spare = Spare()
-            self._bind_udp()
+            if self.record.roce_v2:
+                self._bind_udp()
+            else:  # RoCEv1 only: no UDP port; the addresses are still GIDs (roce.md §4)
+                self.ips = tuple(_device_addresses(self.record.netdev))
+            if self.record.roce_v1:
+                self._raw = RawEtherLink(self.record.netdev, vlan=self.record.vlan)
             self._bind_unix()
             pid_fd = open_state_file(self.pid_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
@@ -393,7 +411,10 @@ class Devd:
         sel.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
         assert self._listener is not None
         sel.register(self._listener, selectors.EVENT_READ, ("accept", None))
-        for link in self._links:
+        links: list[UdpLink | RawEtherLink] = [*self._links]
+        if self._raw is not None:
+            links.append(self._raw)
+        for link in links:
             fd = link.fileno()
             assert fd is not None
             sel.register(fd, selectors.EVENT_READ, ("udp", link))
@@ -450,6 +471,9 @@ class Devd:
         for link in self._links:
             link.close()
         self._links.clear()
+        if self._raw is not None:
+            self._raw.close()
+            self._raw = None
         if self._listener is not None:
             self._listener.close()
             self._listener = None
@@ -484,7 +508,7 @@ class Devd:
                 for key, _ in self._sel.select(timeout):
                     kind, obj = key.data
                     if kind == "udp":
-                        assert isinstance(obj, UdpLink)
+                        assert isinstance(obj, (UdpLink, RawEtherLink))
                         self._on_udp(obj)
                     elif kind == "ctrl":
                         assert isinstance(obj, _Client)
@@ -555,15 +579,24 @@ class Devd:
             self._sel.register(mine, selectors.EVENT_READ, ("data", client))
 
     def _on_data_hup(self, c: _Client) -> None:
-        try:
-            msg = c.data.recv(16)
-        except BlockingIOError:
-            return
-        except OSError:
-            c.dead = True
-            return
-        if not msg:
-            c.dead = True
+        """The data channel is readable: the client left, or it sends a self-addressed
+        RoCEv1 packet (CA16-22), which is routed as if it had arrived from the wire."""
+        while True:
+            try:
+                msg = c.data.recv(_DHDR.size + MAX_DATAGRAM)
+            except BlockingIOError:
+                return
+            except OSError:
+                c.dead = True
+                return
+            if not msg:
+                c.dead = True
+                return
+            dg = v1_datagram(msg, _DHDR.size)
+            if dg is None or self._raw is None:
+                self.counters["malformed"] += 1
+                continue
+            self._route(self._raw, [dg])
 
     def _drop_client(self, c: _Client) -> None:
         for qpn in c.qpns:
@@ -764,7 +797,7 @@ class Devd:
                 best = (mask, c)
         return None if best is None else best[1]
 
-    def _route_qp1(self, link: UdpLink, dg: Datagram) -> Sequence[_Client]:
+    def _route_qp1(self, link: UdpLink | RawEtherLink, dg: Datagram) -> Sequence[_Client]:
         """The clients a QP1 datagram goes to (see "CM MAD routing" above)."""
         d = dg.data
         mad = _MAD_OFF
@@ -787,10 +820,11 @@ class Devd:
             return (owner,)
         return self._qp1 if attr == _ATTR_REJ else legacy
 
-    def _reject_unlistened(self, link: UdpLink, dg: Datagram, attr: int) -> None:
+    def _reject_unlistened(self, link: UdpLink | RawEtherLink, dg: Datagram, attr: int) -> None:
         """REJ 8 (SIDR_REP status 1) for a REQ (SIDR_REQ) nobody listens for, only for a
         REQ with a correct ICRC from a plausible source, and rate-limited per source
-        (:mod:`softrdma.drivers.cm_reject`)."""
+        (:mod:`softrdma.drivers.cm_reject`). On RoCEv1 the REJ takes the reversible path
+        of A16.4.4."""
         if not sane_request(dg, self.udp_port):
             self.counters["cm_bad_req"] += 1
             return
@@ -802,6 +836,13 @@ class Devd:
             self.counters["cm_rej_limited"] += 1
             return
         hdr, mad = answer
+        if isinstance(link, RawEtherLink):  # RoCEv1: the reversible path of A16.4.4
+            try:
+                send_reversible_v1(link, dg, [hdr, mad])
+            except (OSError, SoftRdmaError):
+                return
+            self.counters["cm_rejected"] += 1
+            return
         sport = link.effective_sport(0)
         try:
             icrc = udp_send_icrc(dg.dst_ip, dg.src_ip, sport, self.udp_port, [hdr, mad])
@@ -815,10 +856,14 @@ class Devd:
         its socket of that address family (roce.md §4, :mod:`.mcast`)."""
         if mgid not in self._groups:
             link = self._group_link(mgid)
-            if link is None:
+            v1 = self._raw if self._raw is not None and is_multicast_gid(mgid) else None
+            if link is None and v1 is None:
                 return errno.EAFNOSUPPORT if is_mgid(mgid) else errno.EINVAL
             try:
-                link.attach_mcast(mgid)
+                if link is not None:
+                    link.attach_mcast(mgid)
+                if v1 is not None:  # RoCEv1: the MGID's Ethernet multicast MAC
+                    v1.attach_mcast(mgid)
             except (OSError, SoftRdmaError):
                 return errno.EADDRNOTAVAIL
             self._groups[mgid] = []
@@ -839,6 +884,9 @@ class Devd:
         link = self._group_link(mgid)
         if link is not None and mgid in link.mcast_groups:
             link.detach_mcast(mgid)
+        if self._raw is not None and is_multicast_gid(mgid):
+            with contextlib.suppress(OSError, SoftRdmaError):
+                self._raw.detach_mcast(mgid)
 
     def _detach(self, c: _Client, mgid: bytes) -> int:
         refs = c.mcast.get(mgid, 0)
@@ -857,10 +905,14 @@ class Devd:
 
     # -- data --------------------------------------------------------------------------
 
-    def _on_udp(self, link: UdpLink) -> None:
+    def _on_udp(self, link: UdpLink | RawEtherLink) -> None:
+        self._route(link, link.recv_batch(_RECV_BATCH))
+
+    def _route(self, link: UdpLink | RawEtherLink, dgrams: Sequence[Datagram]) -> None:
+        """Forward datagrams (RoCEv2) and RoCEv1 frames (``dg.grh``) to their owners."""
         counters = self.counters
         owners = self._owners
-        for dg in link.recv_batch(_RECV_BATCH):
+        for dg in dgrams:
             counters["rx"] += 1
             d = dg.data
             if len(d) < BTH_SIZE:
@@ -878,7 +930,7 @@ class Devd:
                 counters["unknown_qpn"] += 1
                 continue
             hdr = _DHDR.pack(
-                4 if len(dg.src_ip) == 4 else 6,
+                V1_VERSION if dg.grh else 4 if len(dg.src_ip) == 4 else 6,
                 dg.tos,
                 dg.ttl,
                 dg.sport,
@@ -887,13 +939,14 @@ class Devd:
                 _gid16(dg.dst_ip),
             )
             for c in targets:
-                self._forward(c, hdr, d)
+                self._forward(c, hdr, d, dg.grh)
 
-    def _forward(self, c: _Client, hdr: bytes, payload: memoryview) -> None:
+    def _forward(self, c: _Client, hdr: bytes, payload: memoryview, grh: bytes = b"") -> None:
         if c.dead:
             return
         try:
-            c.data.sendmsg([hdr, payload], [], socket.MSG_DONTWAIT)
+            c.data.sendmsg([hdr, grh, payload] if grh else [hdr, payload], [],
+                           socket.MSG_DONTWAIT)
         except BlockingIOError:
             self.counters["client_full"] += 1
         except OSError:
@@ -949,8 +1002,10 @@ def ensure_devd(
         cmd = [
             sys.executable, "-m", "softrdma.drivers.devd", record.name,
             "--state-dir", str(directory), "--netdev", record.netdev,
-            "--port", str(record.udp_port), "--daemonize",
+            "--port", str(record.udp_port), "--roce-ver", record.roce_ver, "--daemonize",
         ]  # fmt: skip
+        if record.vlan is not None:
+            cmd += ["--vlan", str(record.vlan)]
         if idle_timeout is not None:
             cmd += ["--idle-timeout", repr(float(idle_timeout))]
         env = dict(os.environ)
@@ -1013,6 +1068,7 @@ class DevdLink:
         self._ctrl_lock = threading.Lock()
         self._closed = False
         self.daemon_pid = 0
+        self.daemon_gone = False  # the control or data channel found the daemon dead
         ctrl: socket.socket | None = None
         data: socket.socket | None = None
         last_err = "no answer"
@@ -1044,12 +1100,21 @@ class DevdLink:
         raw = hello[_HELLO.size :]
         self._local_ips = tuple(_ip_from16(raw[i * 16 : i * 16 + 16]) for i in range(n_ips))
         self._senders: dict[int, UdpLink] = {}
+        self._raw: RawEtherLink | None = None
+        self.gid_entries: tuple[GidEntry, ...] = ()  # () : every GID RoCE v2
         try:
-            for ip in self._local_ips:
-                if len(ip) not in self._senders:
-                    self._senders[len(ip)] = UdpLink(
-                        _bind_text(ip, record.netdev), port, bind_port=False
-                    )
+            if record.roce_v2:
+                for ip in self._local_ips:
+                    if len(ip) not in self._senders:
+                        self._senders[len(ip)] = UdpLink(
+                            _bind_text(ip, record.netdev), port, bind_port=False
+                        )
+            if record.roce_v1:  # sends go out of our own raw socket; devd receives
+                v1link = RawEtherLink(record.netdev, vlan=record.vlan, receive=False)
+                self._raw = v1link
+                v2 = tuple(gid_of_ip(ip) for ip in self._local_ips) if record.roce_v2 else ()
+                self.gid_entries = gid_entries(record.roce_ver, v1link.mac, v1link.local_ips, v2)
+                self.mtu = v1link.mtu
         except BaseException:
             self.close()
             raise
@@ -1108,7 +1173,24 @@ class DevdLink:
             ) from None
 
     def effective_sport(self, requested: int) -> int:
+        if not self._senders:
+            return requested  # RoCEv1 only: no UDP
         return self._sender(len(self._local_ips[0])).effective_sport(requested)
+
+    def send_v1(self, dgid: bytes, parts: Sequence[ReadableBuffer], sl: int = 0) -> None:
+        """A RoCEv1 packet (GRH, BTH .. pad, ICRC): out of this process's raw socket, or,
+        self-addressed (CA16-22), up the data channel for devd to route."""
+        raw = self._raw
+        if raw is None or self._closed:
+            raise ClosedError(f"device {self.record.name!r}: no RoCEv1 link")
+        if not raw.is_own(bytes(dgid)):
+            raw.send_v1(dgid, parts, sl)
+            return
+        frame = b"".join(bytes(p) for p in parts)
+        hdr = _DHDR.pack(V1_VERSION, ((frame[0] & 0x0F) << 4) | (frame[1] >> 4), frame[7], 0,
+                         0, frame[8:24], bytes(dgid))
+        with contextlib.suppress(BlockingIOError):  # full: lost, as on a busy wire
+            self._data.sendmsg([hdr, frame], [], socket.MSG_DONTWAIT)
 
     def send(
         self,
@@ -1133,12 +1215,25 @@ class DevdLink:
                 n = recv_into(buf, slot, socket.MSG_DONTWAIT)
             except (BlockingIOError, InterruptedError):
                 break
+            except OSError as exc:  # ECONNRESET: the daemon died
+                self.daemon_gone = True
+                raise DeviceError(f"device {self.record.name!r}: its devd (pid "
+                                  f"{self.daemon_pid}) is gone: {exc.strerror}") from exc
             if n == 0:
-                raise DeviceError(f"device {self.record.name!r}: devd closed the data channel")
+                self.daemon_gone = True
+                raise DeviceError(f"device {self.record.name!r}: its devd (pid "
+                                  f"{self.daemon_pid}) is gone")
             if n < hsize:
                 self.counters["bad_header"] += 1
                 continue
-            _, tos, ttl, sport, dport, src, dst = unpack(buf)
+            ver, tos, ttl, sport, dport, src, dst = unpack(buf)
+            if ver == V1_VERSION:  # RoCEv1: the GRH, then BTH .. ICRC
+                if n < hsize + GRH_SIZE:
+                    self.counters["bad_header"] += 1
+                    continue
+                out.append(Datagram(buf[hsize + GRH_SIZE:n], bytes(src), bytes(dst), 0, 0, tos,
+                                    ttl, bytes(buf[hsize:hsize + GRH_SIZE])))
+                continue
             out.append(
                 Datagram(buf[hsize:n], _ip_from16(src), _ip_from16(dst), sport, dport, tos, ttl)
             )
@@ -1154,6 +1249,9 @@ class DevdLink:
         self._closed = True
         for link in getattr(self, "_senders", {}).values():
             link.close()
+        v1link: RawEtherLink | None = getattr(self, "_raw", None)
+        if v1link is not None:
+            v1link.close()
         self._data.close()
         self._ctrl.close()
 
@@ -1167,8 +1265,10 @@ class DevdLink:
                 self._ctrl.send(_REQ.pack(op, arg, mgid))
                 rep = self._ctrl.recv(_MAX_CTRL)
             except OSError as exc:
+                self.daemon_gone = True
                 raise DeviceError(f"device {self.record.name!r}: devd: {exc}") from exc
         if len(rep) < _REP.size:
+            self.daemon_gone = True
             raise DeviceError(f"device {self.record.name!r}: devd closed the connection")
         rop, err, value = _REP.unpack_from(rep)
         if rop != op:
@@ -1186,10 +1286,17 @@ class DevdLink:
         return self._request(OP_ALLOC_QPN, want)[0]
 
     def free_qpn(self, qpn: int) -> None:
-        """Give ``qpn`` back (DeviceError ENOENT if this client does not own it)."""
+        """Give ``qpn`` back (DeviceError ENOENT if this client does not own it). Once the
+        daemon is gone there is nothing to give back: a no-op (QPs can be destroyed)."""
         if not 0 <= qpn <= QPN_LAST:
             raise InvalidArgument("qpn", f"QPN {qpn:#x} out of range")
-        self._request(OP_FREE_QPN, qpn)
+        if self.daemon_gone:
+            return
+        try:
+            self._request(OP_FREE_QPN, qpn)
+        except DeviceError:
+            if not self.daemon_gone:
+                raise
 
     def attach_mcast(self, mgid: bytes) -> None:
         """Receive datagrams to DestQP 0xFFFFFF whose destination GID is ``mgid``."""
@@ -1330,15 +1437,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--netdev", default=None, help="override the registry record")
     p.add_argument("--port", type=int, default=None, help="override the registry record")
     p.add_argument("--ip", action="append", default=None, help="serve only this address")
+    p.add_argument("--roce-ver", default="2", choices=("1", "2", "both"),
+                   help="with --netdev: the RoCE version(s) (Annex A16 RoCEv1: raw Ethernet)")
+    p.add_argument("--vlan", type=int, default=None, help="with --netdev: RoCEv1 VLAN ID")
     p.add_argument("--daemonize", action="store_true", help="detach; exit 0 once ready")
     a = p.parse_args(argv)
     try:
         if a.netdev is not None:
-            record = DeviceRecord(a.name, a.netdev, "roce", 4791 if a.port is None else a.port)
+            record = DeviceRecord(a.name, a.netdev, "roce", 4791 if a.port is None else a.port,
+                                  a.roce_ver, a.vlan)
         else:
             record = Registry(a.state_dir).get(a.name)
             if a.port is not None:
-                record = DeviceRecord(record.name, record.netdev, record.type, a.port)
+                record = dataclasses.replace(record, udp_port=a.port)
         devd = Devd(record, a.state_dir, idle_timeout=a.idle_timeout, ips=a.ip)
         if a.daemonize:
             return _daemonize(devd)

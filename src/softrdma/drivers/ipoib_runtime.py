@@ -13,25 +13,20 @@ pipe. Resources, as Linux's ipoib driver has them:
 * a ring of 64 KiB send slots: a packet is read from the TUN device straight into a
   slot behind room for the 4-byte encapsulation header, and posted from there.
 
-Control (``softrdma ipoib show/down``): a Unix stream socket
-``<state dir>/ipoib/<NAME>.sock``; a client sends one JSON line (``{"cmd": "show"}`` or
-``{"cmd": "down"}``) and reads one JSON line back.
+Control (``softrdma ipoib show/down``): :mod:`.ipoib_control`.
 """
 
 from __future__ import annotations
 
-import errno
+import functools
 import ipaddress
-import json
 import os
 import select
 import signal
-import socket
 import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from .. import enums as e
@@ -57,10 +52,10 @@ from ..ipoib.events import (
 )
 from ..ipoib.hwaddr import service_id
 from ..ipoib.iface import Address, IfaceConfig, IpoibInterface, Mode
-from .registry import ensure_state_dir, state_dir
+from .ipoib_control import ControlServer, control_path
 from .tun import TunDevice
 
-__all__ = ["IPOIB_QKEY", "IpoibRuntime", "RuntimeOptions", "control_path", "control_request"]
+__all__ = ["IPOIB_QKEY", "IpoibRuntime", "RuntimeOptions"]
 
 IPOIB_QKEY = 0x0000000B      # the usual IPoIB broadcast-group Q_Key (ipoib.md §2)
 GRH = 40                     # UD receive buffers start with the GRH area (IBA 11.4.1.2)
@@ -73,45 +68,7 @@ CQ_SIZE = 2048
 POLL_BATCH = 64
 TUN_BATCH = 32
 MAX_WAIT_S = 0.5
-CONTROL_TIMEOUT_S = 5.0
 _WR_RECV_BASE = 1 << 32
-
-
-def control_path(name: str, directory: Path | None = None) -> Path:
-    """Where the ``up`` process of interface ``name`` listens."""
-    return (directory or state_dir()) / "ipoib" / f"{name}.sock"
-
-
-def control_request(name: str, cmd: str, *, directory: Path | None = None,
-                    timeout: float = CONTROL_TIMEOUT_S) -> dict[str, Any]:
-    """Send ``cmd`` to the running interface ``name`` and return its JSON answer."""
-    path = control_path(name, directory)
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(timeout)
-    try:
-        try:
-            s.connect(str(path))
-        except (FileNotFoundError, ConnectionRefusedError) as exc:
-            raise DeviceError(f"no IPoIB interface {name!r} is running here "
-                              f"({path} is not answering)") from exc
-        s.sendall(json.dumps({"cmd": cmd}).encode() + b"\n")
-        data = b""
-        while not data.endswith(b"\n"):
-            chunk = s.recv(1 << 20)
-            if not chunk:
-                break
-            data += chunk
-    except OSError as exc:
-        raise DeviceError(f"IPoIB interface {name!r}: {exc}") from exc
-    finally:
-        s.close()
-    try:
-        answer = json.loads(data)
-    except ValueError as exc:
-        raise DeviceError(f"IPoIB interface {name!r} gave no answer") from exc
-    if not isinstance(answer, dict):
-        raise DeviceError(f"IPoIB interface {name!r} gave a malformed answer")
-    return answer
 
 
 @dataclass(slots=True)
@@ -142,8 +99,7 @@ class IpoibRuntime:
         self.opts = opts
         self._closers: list[Any] = []
         self.tun: TunDevice | None = None
-        self._ctl: socket.socket | None = None
-        self._ctl_path: Path | None = None
+        self._ctl: ControlServer | None = None
         self._stop = False
         self._cm_events: deque[CmEvent] = deque()
         self._conns: dict[int, _Conn] = {}
@@ -224,7 +180,7 @@ class IpoibRuntime:
         self.tun = TunDevice(o.name)
         assert cfg.mtu is not None
         self.tun.configure(cfg.mtu, self.engine.addresses)
-        self._open_control()
+        self._ctl = ControlServer(control_path(o.name))
         self.engine.start(time.monotonic())
         self._execute(self.engine.take_output())
 
@@ -244,27 +200,6 @@ class IpoibRuntime:
             return (glob or v6)[0]
         raise DeviceError(f"device {ctx.name!r} has no IPv6 GID: IPoIB's multicast groups are "
                           "IPv6 groups on RoCEv2, give its netdev an IPv6 address")
-
-    def _open_control(self) -> None:
-        path = control_path(self.opts.name)
-        ensure_state_dir(path.parent)
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                probe.connect(str(path))
-                raise DeviceError(f"IPoIB interface {self.opts.name!r} is already running")
-            except (FileNotFoundError, ConnectionRefusedError):
-                path.unlink(missing_ok=True)
-            finally:
-                probe.close()
-            s.bind(str(path))
-            s.listen(8)
-            s.setblocking(False)
-        except BaseException:
-            s.close()
-            raise
-        self._ctl, self._ctl_path = s, path
 
     # ---- buffers -------------------------------------------------------------------
     def _post_ud_recv(self, i: int) -> None:
@@ -557,7 +492,7 @@ class IpoibRuntime:
                 eng.on_timer(now)
                 self._execute(eng.take_output())
             if ctl_fd in ready:
-                self._serve_control(now)
+                self._ctl.serve(functools.partial(self._control, now=now))
             if wake_fd in ready:
                 try:
                     os.read(wake_fd, 64)
@@ -592,36 +527,13 @@ class IpoibRuntime:
             self.ctx.progress(0)
 
     # ---- control -------------------------------------------------------------------
-    def _serve_control(self, now: float) -> None:
-        assert self._ctl is not None
-        while True:
-            try:
-                conn, _ = self._ctl.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            with conn:
-                conn.settimeout(CONTROL_TIMEOUT_S)
-                try:
-                    data = b""
-                    while not data.endswith(b"\n") and len(data) < 4096:
-                        chunk = conn.recv(4096)
-                        if not chunk:
-                            break
-                        data += chunk
-                    try:
-                        cmd = json.loads(data).get("cmd")
-                    except (ValueError, AttributeError):
-                        cmd = None
-                    if cmd == "show":
-                        answer: dict[str, Any] = self.show(now)
-                    elif cmd == "down":
-                        self._stop = True
-                        answer = {"down": self.opts.name}
-                    else:
-                        answer = {"error": "unknown command (show, down)"}
-                    conn.sendall(json.dumps(answer).encode() + b"\n")
-                except OSError:
-                    pass
+    def _control(self, cmd: str, now: float) -> dict[str, Any]:
+        if cmd == "show":
+            return self.show(now)
+        if cmd == "down":
+            self._stop = True
+            return {"down": self.opts.name}
+        return {"error": "unknown command (show, down)"}
 
     def show(self, now: float) -> dict[str, Any]:
         snap = self.engine.snapshot(now)
@@ -654,13 +566,6 @@ class IpoibRuntime:
         if self._ctl is not None:
             self._ctl.close()
             self._ctl = None
-        if self._ctl_path is not None:
-            try:
-                self._ctl_path.unlink()
-            except OSError as exc:
-                if exc.errno != errno.ENOENT:
-                    pass
-            self._ctl_path = None
         if self.tun is not None:
             self.tun.close()
             self.tun = None

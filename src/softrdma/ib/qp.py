@@ -227,11 +227,12 @@ class EngineQP(QPBase):
         a = av if av is not None else self.av
         if a is None:
             return
-        gids = self.port.gids
-        sgid = gids[a.sgid_index] if a.sgid_index < len(gids) else gids[0]
-        self.port.tx.append(TxPacket(sgid, a.dgid, self.sport, parts, length, a.traffic_class,
-                                     a.hop_limit, a.flow_label))
-        c = self.port.counters
+        port = self.port
+        gids = port.gids
+        i = a.sgid_index if a.sgid_index < len(gids) else 0
+        port.tx.append(TxPacket(gids[i], a.dgid, self.sport, parts, length, a.traffic_class,
+                                a.hop_limit, a.flow_label, port.gid_v1[i], a.sl))
+        c = port.counters
         c.sent_pkts += 1
         c.sent_bytes += length + 4  # BTH .. ICRC
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -24,6 +25,10 @@ from .runner import Options, Suite
 __all__ = ["add_arguments", "run", "main"]
 
 PROG = "softrdma interop"
+
+
+class Terminated(SoftRdmaError):
+    """The run was stopped by a signal (after tearing down what it started)."""
 
 
 def _guest(text: str) -> int:
@@ -74,6 +79,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"{r.case:28} {r.direction:16} {r.result}"
                   + (f"  ({r.reasons[0]})" if r.reasons else ""), flush=True)
 
+    def terminated(signum: int, _frame: object) -> None:
+        raise Terminated(f"stopped by signal {signal.Signals(signum).name}")
+
+    # SIGTERM/SIGHUP end the run through its teardown, like Ctrl-C
+    signal.signal(signal.SIGTERM, terminated)
+    signal.signal(signal.SIGHUP, terminated)
     suite = Suite(lab, Options(guest=args.guest, keep=args.keep, out_dir=args.out_dir),
                   progress)
     progress(f"{len(cases)} cases x {len(DIRECTIONS)} directions on g{args.guest}; "

@@ -17,6 +17,7 @@ other users of the lab is never mixed in.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
@@ -109,7 +110,7 @@ class Lab:
     shared: Path
     cache: Path = DEFAULT_CACHE
     booted: list[int] = field(default_factory=list)
-    log: list[str] = field(default_factory=list)
+    locks: dict[int, int] = field(default_factory=dict)
 
     @property
     def run_sh(self) -> Path:
@@ -137,6 +138,32 @@ class Lab:
             raise LabError(f"{' '.join(str(a) for a in args[:4])} failed "
                            f"(exit {cp.returncode}): {' | '.join(tail)}")
         return cp
+
+    # -- one suite per guest ------------------------------------------------------------
+    def lock_guest(self, n: int) -> None:
+        """Hold ``$LAB_CACHE/run/interop-gN.lock`` (flock) until :meth:`unlock_guest`:
+        two suites on one guest would tear down each other's namespace."""
+        path = self.cache / "run" / f"interop-g{n}.lock"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            os.close(fd)
+            raise LabError(f"guest g{n} is in use by another interop run (pid {holder or '?'});"
+                           " use another --guest") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self.locks[n] = fd
+
+    def locked(self, n: int) -> bool:
+        return n in self.locks
+
+    def unlock_guest(self, n: int) -> None:
+        fd = self.locks.pop(n, None)
+        if fd is not None:
+            os.close(fd)  # closing drops the flock
 
     # -- image and guests ---------------------------------------------------------------
     def image_ready(self) -> bool:
@@ -317,8 +344,9 @@ class HostProcess:
 
 @dataclass
 class HostSide:
-    """softrdma's side: netns ``srinterop-gN`` with ``eth0`` = ``10.50.0.2N/24``, joined to
-    the lab's ``br0`` by the veth ``sri-gNp``, and a state directory of its own."""
+    """softrdma's side: netns ``srinterop-gN`` with ``eth0`` = ``10.50.0.2N/24`` (MAC
+    :attr:`mac`), joined to the lab's ``br0`` by the veth ``sri-gNp``, and a state
+    directory of its own."""
 
     lab: Lab
     n: int
@@ -333,6 +361,11 @@ class HostSide:
     @property
     def ip(self) -> str:
         return host_ip(self.n)
+
+    @property
+    def mac(self) -> str:
+        """``52:54:00:02:00:0N`` (run.sh: data 52:54:00:00:00:0N, control ...:01:00:0N)."""
+        return f"52:54:00:02:00:0{self.n}"
 
     @property
     def veth_lab(self) -> str:
@@ -352,7 +385,11 @@ class HostSide:
         ns, tmp = self.netns, f"sri-g{self.n}h"
         self.lab.netns_run(["ip", "link", "show", "br0"])  # the lab network must be up
         self._ip("netns", "add", ns)
-        self._ip("link", "add", tmp, "type", "veth", "peer", "name", self.veth_lab)
+        # a fixed MAC per guest number: a guest keeps its ARP entry for 10.50.0.2N across
+        # runs, and a new random MAC would leave it sending to the old one until its
+        # neighbour entry fails (seconds: long enough to lose a CM REQ's retries)
+        self._ip("link", "add", tmp, "address", self.mac, "type", "veth", "peer", "name",
+                 self.veth_lab)
         self._ip("link", "set", tmp, "netns", ns)
         self._ip("link", "set", self.veth_lab, "netns", LAB_NETNS)
         self.lab.netns_run(["ip", "link", "set", self.veth_lab, "master", "br0", "up"])
@@ -363,6 +400,14 @@ class HostSide:
                     ["ip", "addr", "add", f"{self.ip}/24", "dev", "eth0"],
                     ["ip", "link", "set", "eth0", "up"]):
             self._ip("netns", "exec", ns, *cmd)
+        # one ping: the guest learns (or corrects) our MAC from our ARP request before any
+        # case, and the data path is proven
+        cp = subprocess.run(["ip", "netns", "exec", ns, "ping", "-c", "1", "-W", "20",
+                             guest_ip(self.n)], capture_output=True, text=True, check=False,
+                            stdin=subprocess.DEVNULL, timeout=60)
+        if cp.returncode != 0:
+            raise LabError(f"g{self.n} ({guest_ip(self.n)}) does not answer a ping from "
+                           f"{self.ip}: {(cp.stdout + cp.stderr).strip().splitlines()[-1:]}")
         self.state_dir.mkdir(parents=True, exist_ok=True)
         for name, typ in (("ilab", "roce"), ("iwlab", "iwarp")):
             cp = self.run([python, "-m", "softrdma", "link", "add", name, "netdev", "eth0",

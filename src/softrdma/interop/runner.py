@@ -36,6 +36,7 @@ POLL_INTERVAL = 1.0
 DEVD_IDLE = 36000.0
 QP_SETTLE = 3.0
 PCAP_CHECK_TIMEOUT = 300.0
+TIMEOUT_EXIT = 124  # coreutils timeout(1): the command timed out
 
 
 def softrdma_tools() -> set[str]:
@@ -75,6 +76,7 @@ class Suite:
 
     # -- setup and teardown ---------------------------------------------------------------
     def setup(self) -> None:
+        self.lab.lock_guest(self.n)  # one suite per guest: a second run stops here
         self.progress("building or reusing the lab image (build.sh)")
         self.lab.build()
         self.progress(f"booting g{self.n} (reused if it runs)")
@@ -100,10 +102,12 @@ class Suite:
             if pid > 0:
                 subprocess.run(["kill", str(pid)], check=False, capture_output=True)
             self.devd_started = False
-        self.lab.close_ssh(self.n)
-        if not self.opts.keep:
-            self.host.down()
-            self.lab.stop_booted()
+        if self.lab.locked(self.n):
+            self.lab.close_ssh(self.n)
+            if not self.opts.keep:
+                self.host.down()
+                self.lab.stop_booted()
+            self.lab.unlock_guest(self.n)
 
     # -- the run --------------------------------------------------------------------------
     def run(self, cases: list[Case], on_result: Callable[[Result], None]) -> list[Result]:
@@ -168,7 +172,7 @@ class Suite:
     # -- pieces of a case -------------------------------------------------------------------
     def _exchange(self, case: Case, cmds: Commands, tag: str, r: Result) -> tuple[str, str]:
         server: GuestProcess | HostProcess
-        client: GuestProcess | HostProcess
+        client: GuestProcess | HostProcess | None = None
         if cmds.server_on_guest:
             server = self.lab.spawn_guest(self.n, f"{tag}-srv",
                                           f"timeout {CLIENT_TIMEOUT + 60} {cmds.server}")
@@ -190,15 +194,17 @@ class Suite:
             src = server.wait(SERVER_EXIT_TIMEOUT)
         finally:
             server.kill()
-        soft_rc, linux_rc = (crc, src) if cmds.server_on_guest else (src, crc)
-        for who, rc in (("softrdma", soft_rc), ("linux", linux_rc)):
+            if client is not None:
+                client.kill()
+        soft = ("client", crc) if cmds.server_on_guest else ("server", src)
+        linux = ("server", src) if cmds.server_on_guest else ("client", crc)
+        for who, (role, rc) in (("softrdma", soft), ("linux", linux)):
             if rc is None:
-                r.fail(f"{who} {'client' if (who == 'softrdma') == cmds.server_on_guest else 'server'}"
-                       " did not finish (killed)")
-            elif rc == 124:
-                r.fail(f"{who} side timed out in the guest (timeout 124)")
+                r.fail(f"{who} {role} did not finish (killed)")
+            elif rc == TIMEOUT_EXIT and who == "linux":
+                r.fail(f"linux {role} timed out in the guest")
             elif rc:
-                r.fail(f"{who} side exited {rc}")
+                r.fail(f"{who} {role} exited {rc}")
         return server.output, client.output
 
     def _wait_ready(self, case: Case, on_guest: bool,

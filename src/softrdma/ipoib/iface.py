@@ -292,10 +292,11 @@ class IpoibInterface:
                 self.counters["tx_fragments"] += 1
                 self._send_to(hw, frag, parse(frag), etype, now)
             return
-        src = self._source_for(info.src, info.version)
+        # The error comes "from the destination": the host drops packets whose source is
+        # one of its own addresses (a martian source), and the PMTU it learns is that of
+        # the destination quoted in the error anyway (RFC 1191 §4, RFC 8201 §4).
+        src = info.dst
         self.counters["tx_dropped"] += 1
-        if src is None:
-            return
         self.counters["tx_icmp_too_big"] += 1
         err = (icmp4_frag_needed(pkt, src, mtu) if info.version == 4
                else icmp6_too_big(pkt, src, mtu))

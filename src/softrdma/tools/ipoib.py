@@ -20,7 +20,8 @@ import json
 import sys
 from typing import Any
 
-from ..drivers.registry import state_dir
+from ..drivers.ipoib_control import control_request, running
+from ..drivers.ipoib_runtime import IpoibRuntime, RuntimeOptions
 from ..errors import InvalidArgument
 
 __all__ = ["parse", "main", "run"]
@@ -104,16 +105,12 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "up":
         return _up(args)
     if args.action == "down":
-        from ..drivers.ipoib_runtime import control_request  # noqa: PLC0415 - keeps the parser light
-
         control_request(args.name, "down")
         return 0
     return _show(args)
 
 
 def _up(args: argparse.Namespace) -> int:
-    from ..drivers.ipoib_runtime import IpoibRuntime, RuntimeOptions  # noqa: PLC0415 - keeps the parser light
-
     if args.mtu is not None and args.mtu < 68:
         raise InvalidArgument("mtu", f"must be at least 68, got {args.mtu}")
     opts = RuntimeOptions(name=args.name, device=args.device, addresses=tuple(args.addresses),
@@ -133,13 +130,10 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from ..drivers.ipoib_runtime import control_request  # noqa: PLC0415 - keeps the parser light
-
     if args.name is not None:
         names = [args.name]
     else:
-        d = state_dir() / "ipoib"
-        names = sorted(p.stem for p in d.glob("*.sock")) if d.is_dir() else []
+        names = running()
     snaps = [control_request(n, "show") for n in names]
     if args.json:
         json.dump(snaps[0] if args.name is not None else snaps, sys.stdout, indent=2)

@@ -20,8 +20,8 @@ Output, per file:
 - stdout: with ``verbose``, one decoded line per RoCE packet and the conversation
   checks' notes (``FILE: frame N: note: ...``); then the summary
   ``FILE: N packets, N ok, N failed`` and, when a connection was followed or the CM was
-  inconsistent, ``FILE: N connections followed, N inconsistent``; notes of the iWARP
-  checker (``FILE: note: ...``).
+  inconsistent, ``FILE: N connections followed, N inconsistent`` (with ``(the first at
+  frame N)`` when some are); notes of the iWARP checker (``FILE: note: ...``).
 
 Exit status: 0 all packets and connections ok, 1 some failed, 2 some file could not be
 read (or no file given).
@@ -114,6 +114,7 @@ class RoceChecker:
         self.conv = ConversationChecker()
         self.oob = OobScanner()
         self.inconsistent = 0
+        self.first_bad = 0  # the lowest frame number of an inconsistency
         self._failures: list[str] = []
         self._verbose = verbose
         self._prefix = prefix
@@ -178,6 +179,7 @@ class RoceChecker:
                     print(f"{self._prefix}frame {x.frame}: {_NOTE}{x.text}", file=self._verbose)
             else:
                 self.inconsistent += 1
+                self.first_bad = min(self.first_bad or x.frame, x.frame)
                 self._failures.append(x.line())
         found.clear()
 
@@ -280,8 +282,9 @@ def check_file(path: str, out: TextIO,
     bad = rc.inconsistent
     if rc.conv.followed or bad:
         n = rc.conv.followed
-        print(f"{path}: {n} connection{'s' if n != 1 else ''} followed, {bad} inconsistent",
-              file=out)
+        first = f" (the first at frame {rc.first_bad})" if bad else ""
+        print(f"{path}: {n} connection{'s' if n != 1 else ''} followed, {bad} inconsistent"
+              f"{first}", file=out)
     return EXIT_FAILED if failed or bad else EXIT_OK
 
 

@@ -164,7 +164,7 @@ class ConversationChecker:
         self._reqs: dict[tuple[bytes, bytes, int], tuple[wcm.Req, int]] = {}
         self._conns: dict[tuple[bytes, bytes, int, int], _Conn] = {}  # by comm IDs
         self._closed: deque[tuple[bytes, bytes, int, int]] = deque(maxlen=MAX_CLOSED)
-        self._open: set[_Conn] = set()
+        self._open: dict[_Conn, None] = {}  # ordered: findings come in a stable order
 
     # ---- setup -------------------------------------------------------------------------
     def feed_oob(self, pair: OobPair) -> None:
@@ -190,7 +190,7 @@ class ConversationChecker:
                 self._close(old[0])  # the QPN was reused: the old one is over
         for side, k in enumerate(conn.keys):
             self._keys[k] = (conn, side)
-        self._open.add(conn)
+        self._open[conn] = None
         if conn.transport is not None:
             self.followed += 1
         self._note(frame, f"{conn.name}: opened; requests from {_ip(a)} start at PSN "
@@ -202,7 +202,7 @@ class ConversationChecker:
         for k in conn.keys:
             if self._keys.get(k, (None, 0))[0] is conn:
                 del self._keys[k]
-        self._open.discard(conn)
+        self._open.pop(conn, None)
 
     def finish(self) -> None:
         """End of the capture: report the gaps nothing explained."""

@@ -43,6 +43,7 @@ from .rping import (
 __all__ = ["Cb", "Rping", "run"]
 
 IDLE_WAIT_S = 0.0002
+CM_WAIT_S = 0.05  # waits on the event channel (woken at once by an event)
 INIT_MASK = int(e.IBV_QP_STATE | e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT | e.IBV_QP_ACCESS_FLAGS)
 DISCONNECT_WAIT_S = 5.0
 
@@ -100,6 +101,9 @@ class Cb:
             if deadline is not None and time.monotonic() > deadline:
                 raise _Fail(f"no answer from the peer for {self.a.timeout:g} s (state "
                             f"{self.state})")
+            if self.cq is None and self.app.pump_here:
+                self.app.ch.poll(CM_WAIT_S)  # only rdma_cm events can come: sleep on them
+                continue
             with self.cv:
                 if not self.sem:
                     self.cv.wait(IDLE_WAIT_S)
@@ -411,15 +415,18 @@ class Rping:
                              name="rping-persistent-server").start()
 
     def _wait_connect_request(self, listening: Cb) -> None:
+        """Take rdma_cm events (for every connection) until the next CONNECT_REQUEST."""
         while True:
             with listening.cv:
                 if listening.sem:
                     listening.sem -= 1
                     break
-            if not self.pump_cm():
-                with listening.cv:
-                    if not listening.sem:
-                        listening.cv.wait(IDLE_WAIT_S)
+            try:
+                ev = self.ch.get_cm_event(CM_WAIT_S)
+            except TimeoutError:
+                continue
+            self.ch.ack(ev)
+            self._cma_event(ev)
         if listening.state != CONNECT_REQUEST:
             raise _Fail(f"wait for CONNECT_REQUEST state {listening.state}")
 

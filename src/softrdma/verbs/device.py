@@ -23,8 +23,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import enums as e
+from ..drivers.dual import DualLink
 from ..drivers.link import CounterReporter, Link
+from ..drivers.rawether import RawEtherLink
 from ..drivers.runtime import Runtime, ip_to_gid
+from ..drivers.udp import UdpLink
 from ..errors import DeviceError, InvalidArgument
 from ..ib.port import Port
 from ._object import VerbsObject
@@ -365,8 +368,22 @@ def _open_registry_device(name: str | None, shared: bool | None) -> tuple[Device
         from ..drivers.devd import DevdLink  # noqa: PLC0415
 
         return info, DevdLink(info.record)
-    from ..drivers.udp import UdpLink  # noqa: PLC0415
+    rec = info.record
+    if rec is not None and rec.roce_v1:
+        # Annex A16: RoCEv1 on the netdev itself (raw Ethernet, EtherType 0x8915)
+        raw = RawEtherLink(rec.netdev, vlan=rec.vlan)
+        if not rec.roce_v2:
+            return info, raw
+        try:
+            return info, DualLink(_open_udp(info), raw)
+        except BaseException:
+            raw.close()
+            raise
+    return info, _open_udp(info)
 
+
+def _open_udp(info: DeviceInfo) -> Link:
+    """The in-process RoCEv2 link of a registry device (its own UDP socket)."""
     if not info.ips:
         raise DeviceError(f"device {info.name!r}: netdev {info.netdev!r} has no IP address")
     # One receive socket per link: the in-process device serves its netdev's first IPv4
@@ -376,7 +393,7 @@ def _open_registry_device(name: str | None, shared: bool | None) -> tuple[Device
     target: str | bytes = ip
     if _is_link_local(ip) and info.netdev:
         target = f"{ipaddress.IPv6Address(ip)}%{info.netdev}"
-    return info, UdpLink(target, port=info.udp_port)
+    return UdpLink(target, port=info.udp_port)
 
 
 class Context(VerbsObject):
@@ -429,7 +446,16 @@ class Context(VerbsObject):
         if mtu is None:
             mtu = 4096 + RXE_MAX_HDR_LENGTH if fabric is not None else 1500
         try:
-            gids = gid_table(tuple(link.local_ips))
+            # A link that carries RoCEv1 (link.V1Link) gives its own typed GID table
+            # (Annex A16; v1 GIDs from the MAC by modified EUI-64); otherwise every GID
+            # is a RoCE v2 one of the link's addresses.
+            entries = getattr(link, "gid_entries", None)
+            if entries:
+                gids = [bytes(g) for g, _t in entries]
+                gid_types: list[int] | None = [int(t) for _g, t in entries]
+            else:
+                gids = gid_table(tuple(link.local_ips))
+                gid_types = None
             if not gids:
                 raise DeviceError(f"device {dev_name!r} has no IP address, so no GID")
             self.active_mtu = mtu_enum_for_netdev_mtu(mtu)
@@ -441,7 +467,8 @@ class Context(VerbsObject):
         self.node_guid = _guid_from_mac(mac)
         alloc = getattr(link, "alloc_qpn", None)
         free = getattr(link, "free_qpn", None)
-        self.port = Port(gids, max_mtu=128 << self.active_mtu, qpn_alloc=alloc, qpn_free=free)
+        self.port = Port(gids, max_mtu=128 << self.active_mtu, qpn_alloc=alloc, qpn_free=free,
+                         gid_types=gid_types)
         self.runtime = Runtime(self.port, link, mode=progress, clock=clock, udp_port=udp_port)
         self.progress_mode = progress
         self._init_events()
@@ -502,6 +529,13 @@ class Context(VerbsObject):
                                            self._ev_r, self._ev_w)
 
     # ---- attributes -------------------------------------------------------------------------
+    def _check(self) -> None:
+        """Closed, or the device failed (its devd died): :class:`DeviceError` then."""
+        super()._check()
+        fatal = getattr(self.runtime, "fatal", None)
+        if fatal is not None:
+            raise DeviceError(fatal)
+
     def query_device(self) -> DeviceAttr:
         self._check()
         if self.transport == "iwarp":  # siw: no atomics, no multicast
@@ -528,7 +562,12 @@ class Context(VerbsObject):
         return GID(gids[index])
 
     def query_gid_type(self, port_num: int = 1, index: int = 0) -> int:
+        """``ibv_query_gid_type``: ``IBV_GID_TYPE_ROCE_V1`` ("IB/RoCE v1", Annex A16) or
+        ``IBV_GID_TYPE_ROCE_V2`` for a RoCE device, chosen per GID as Linux does."""
         self.query_gid(port_num, index)
+        types = getattr(self.port, "gid_types", None)
+        if types:
+            return int(types[index])
         return int(e.IBV_GID_TYPE_ROCE_V2)
 
     def query_pkey(self, port_num: int = 1, index: int = 0) -> int:
@@ -614,13 +653,13 @@ class Context(VerbsObject):
 
     def async_fileno(self) -> int:
         """A descriptor that polls readable while async events are pending."""
-        self._check()
+        VerbsObject._check(self)  # events stay readable after a device failure
         return self._ev_r
 
     def get_async_event(self, timeout: float | None = None) -> AsyncEvent:
         """The next asynchronous event (``ibv_get_async_event``); TimeoutError after
         ``timeout`` seconds (None: wait forever)."""
-        self._check()
+        VerbsObject._check(self)  # events stay readable after a device failure
         deadline = None if timeout is None else time.monotonic() + timeout
         manual = not self.runtime.threaded
         while True:

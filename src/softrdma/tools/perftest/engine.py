@@ -28,16 +28,14 @@ from __future__ import annotations
 import collections
 import struct
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ... import enums as e
+from ... import verbs as v
 from ...errors import SoftRdmaError
 from .oob import DEFAULT_CYCLE_BUFFER, ZERO_DEST, Dest
 from .options import Options, PerftestError
 from .report import Progress
-
-if TYPE_CHECKING:
-    from ... import verbs as v
 
 MIN_RNR_TIMER = 12
 RETRY_CNT = 7
@@ -58,8 +56,6 @@ OPCODES = {"send": e.IBV_WR_SEND, "write": e.IBV_WR_RDMA_WRITE, "read": e.IBV_WR
 
 
 def _wc_fail(wc: Any, what: str) -> PerftestError:
-    from ... import verbs as v
-
     return PerftestError(f"Completion with error at {what}: status {int(wc.status)} "
                          f"({v.wc_status_str(wc.status)}), wr_id {int(wc.wr_id)}, "
                          f"vendor_err {int(getattr(wc, 'vendor_err', 0))}")
@@ -69,8 +65,6 @@ class Resources:
     """PD, CQs (and a completion channel with ``-e``), the MR and the QPs of one side."""
 
     def __init__(self, ctx: v.Context, o: Options, max_size: int) -> None:
-        from ... import verbs as v
-
         self.ctx = ctx
         self.o = o
         self.buff = max(max_size, DEFAULT_CYCLE_BUFFER)
@@ -104,8 +98,6 @@ class Resources:
             o.transport == "iwarp"
 
     def init_attr(self) -> v.QPInitAttr:
-        from ... import verbs as v
-
         cap = v.QPCap(max_send_wr=self.o.tx_depth, max_recv_wr=max(self.o.rx_depth, 1),
                       max_send_sge=1, max_recv_sge=1)
         return v.QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.send_cq, rcq=self.recv_cq,
@@ -113,8 +105,6 @@ class Resources:
 
     def add_qp(self, cm_id: Any = None) -> Any:
         """A QP (RESET -> INIT here, or left to rdma_cm when ``cm_id`` is given)."""
-        from ... import verbs as v
-
         try:
             if cm_id is not None:
                 qp = cm_id.create_qp(self.pd, self.init_attr())
@@ -157,8 +147,6 @@ class Resources:
 
     def post_credit(self, i: int, rem: Dest, rcnt: int) -> None:
         """RDMA WRITE ``rcnt`` into the sender's credit slot (``ctx_set_credit_wqes``)."""
-        from ... import verbs as v
-
         off = self.ctrl_off + i * CREDIT.size
         CREDIT.pack_into(self.buf, off, rcnt & 0xFFFFFFFF)
         sge = v.SGE(self.addr - self.base + off, CREDIT.size, self.mr.lkey)
@@ -172,8 +160,6 @@ class Resources:
 
     def connect(self, i: int, my: Dest, rem: Dest, mtu_enum: int, gid_index: int) -> None:
         """``ctx_connect``: INIT -> RTR -> RTS towards ``rem``."""
-        from ... import verbs as v
-
         qp = self.qps[i]
         gr = v.GlobalRoute(dgid=v.GID(rem.gid), sgid_index=gid_index, hop_limit=HOP_LIMIT)
         ah = v.AHAttr(port_num=self.o.ib_port, is_global=1, gr=gr, dlid=rem.lid, sl=0)
@@ -221,8 +207,6 @@ class Resources:
                 time.sleep(0)  # let the progress thread place and complete
 
     def post_recvs(self, i: int, count: int, size: int) -> None:
-        from ... import verbs as v
-
         sge = v.SGE(self.target(i), size, self.mr.lkey)
         try:
             for _ in range(count):
@@ -232,8 +216,6 @@ class Resources:
 
     def send_wr(self, i: int, rem: Dest, size: int) -> Any:
         """The WR QP ``i`` posts over and over (``ctx_set_send_wqes``)."""
-        from ... import verbs as v
-
         o = self.o
         verb = o.spec.verb
         length = ATOMIC_SIZE if verb == "atomic" else size

@@ -22,6 +22,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from ... import verbs as v
 from ...cm.rdma_cm import release_devices
 from ...errors import SoftRdmaError
 from . import cmconn, engine, oob, report
@@ -82,8 +83,6 @@ class Side:
 
 def open_context(o: Options) -> Any:
     """``-d`` (default: the first RoCE device), as ``ctx_open_device``."""
-    from ... import verbs as v
-
     try:
         devices = v.get_device_list()
     except SoftRdmaError as exc:
@@ -209,7 +208,16 @@ def setup_cm(s: Side) -> None:
     prelude(s)
     s.my = [oob.Dest(0, 0, 0, 0, 0, 0, bytes(16), 0, 0)] * o.num_qps
     s.rem = [oob.ZERO_DEST] * o.num_qps
-    s.hs(0)
+    lst = None
+    if o.is_client:
+        s.hs(0)
+    else:
+        # the handshake before the data connections, with our listener up before we
+        # answer: a perftest client connects as soon as it has the answer and gives up
+        # after 10 refusals 100 ms apart
+        s.rem[0] = oob.decode_dest_struct(s.chan.read(oob.DEST_STRUCT.size))
+        lst = cmconn.listen(sess, o.port)
+        s.chan.write(oob.encode_dest_struct(s.my[0]))
 
     def add(cid: Any) -> None:
         if cid is None:
@@ -223,7 +231,7 @@ def setup_cm(s: Side) -> None:
         assert o.servername is not None
         s.data_ids = cmconn.client_data(sess, o.servername, o.port, add, s.out_reads)
     else:
-        s.data_ids = cmconn.server_data(sess, o.port, add, s.out_reads)
+        s.data_ids = cmconn.server_data(sess, lst, add, s.out_reads)
     s.hs(0)
     make_dests(s)
 
