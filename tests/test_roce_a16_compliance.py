@@ -53,14 +53,14 @@ from softrdma.cm.ibcm import CmConfig
 from softrdma.drivers.clock import VirtualClock
 from softrdma.drivers.fabric import Fabric
 from softrdma.drivers.runtime import icrc_v2
-from softrdma.wire.roce import icrc_v1
-from softrdma.wire.rocev1 import build_grh_v1
 from softrdma.errors import InvalidArgument, NotSupported
 from softrdma.ib.counters import DropReason
 from softrdma.ib.port import RxMeta
 from softrdma.verbs.ah import ethernet_priority
 from softrdma.verbs.device import _ENGINE_EVENTS, PORT_CAP_FLAGS
 from softrdma.wire.cm import CmAttr
+from softrdma.wire.roce import icrc_v1
+from softrdma.wire.rocev1 import build_grh_v1
 
 RC, UC, UD = int(e.IBV_QPT_RC), int(e.IBV_QPT_UC), int(e.IBV_QPT_UD)
 ALL = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ)
