@@ -7,7 +7,7 @@ machine's own namespace is never touched), a locally administered MAC, an IPv4 a
 address. IPv6 duplicate address detection is off, so the addresses are usable at once.
 Each host has its own softrdma state directory (registry and devd sockets), so every host
 runs its own device (``rxe0`` on ``eth0``, RoCEv2) and its own devd; with ``v1_device``
-also ``rxe1`` on ``eth0`` speaking RoCEv1 (when this tree has the RoCEv1 link).
+also ``rxe1`` on ``eth0`` speaking RoCEv1.
 
 Programs run inside a host with ``ip netns exec``: :meth:`Host.run` (waits) and
 :meth:`Host.popen` (a background process the network kills on teardown). Teardown kills
@@ -22,7 +22,6 @@ Root only: :func:`skip_reason` says why not otherwise.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import ipaddress
 import json
 import os
@@ -41,9 +40,7 @@ from pathlib import Path
 PREFIX = "srmh"
 IFNAME = "eth0"
 DEVICE = "rxe0"  # RoCEv2 (UDP 4791) on eth0
-DEVICE_V1 = "rxe1"  # RoCEv1 (EtherType 0x8915) on eth0, when the RoCEv1 link exists
-V1_AVAILABLE = importlib.util.find_spec("softrdma.drivers.rawether") is not None
-V1_SKIP = "the RoCEv1 link (softrdma.drivers.rawether, branch v1link) is not in this tree"
+DEVICE_V1 = "rxe1"  # RoCEv1 (EtherType 0x8915) on eth0, with v1_device
 GID_IDX_V1_LINK_LOCAL = 0  # a RoCEv1 device's first GID: fe80:: + modified EUI-64 of the MAC
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 TESTS = str(Path(__file__).resolve().parent)
@@ -255,7 +252,7 @@ class Network:
         self.workdir = workdir
         self._n = n
         self._device = device
-        self._v1_device = v1_device and V1_AVAILABLE
+        self._v1_device = v1_device
 
     def __enter__(self) -> Network:
         try:

@@ -4,7 +4,7 @@ and on IPv6, and over RoCEv1 (issue 11, "Many hosts"). Every endpoint is a separ
 process in its host, talking to its own host's devd; traffic crosses veths and a bridge.
 RoCEv1 runs on a second device of each host (``rxe1``, ``roce_ver 1``) from its
 link-local GID (modified EUI-64 of the MAC, A16.5.1) for the pingpong tools and from the
-IPv4 address for rping; those cases skip in a tree without the RoCEv1 link.
+IPv4 address for rping.
 """
 
 from __future__ import annotations
@@ -22,8 +22,6 @@ from netns_harness import (
     GID_IDX_IPV4,
     GID_IDX_IPV6,
     GID_IDX_V1_LINK_LOCAL,
-    V1_AVAILABLE,
-    V1_SKIP,
     Host,
     Network,
     skip_reason,
@@ -44,7 +42,7 @@ def net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Network]:
 
 V1 = 1  # the "family" of the RoCEv1 cases
 FAMILIES = pytest.mark.parametrize(
-    "family", [4, 6, pytest.param(V1, marks=pytest.mark.skipif(not V1_AVAILABLE, reason=V1_SKIP))],
+    "family", [4, 6, V1],
     ids=["roce-v2-ipv4", "roce-v2-ipv6", "roce-v1"])
 
 

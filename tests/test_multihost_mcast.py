@@ -1,9 +1,11 @@
-"""UD multicast across hosts over RoCEv2 (issue 11, roce.md §4): one sender reaches two
+"""UD multicast across hosts over RoCEv2 and RoCEv1 (issue 11, roce.md §4): one sender reaches two
 receivers on two other hosts, each in its own network namespace with its own devd (or an
 in-process device); a detach stops delivery to that receiver only.
 
 The MGID is the IP group (``::ffff:239.x.y.z`` -> 239.x.y.z; an IPv6 MGID is itself the
 group); the receiving host joins it on ``eth0`` (IGMP/MLD) when its first QP attaches.
+On RoCEv1 the MGID maps to the Ethernet multicast MAC 33:33 + its last 4 bytes, which
+the receiving host adds to eth0's filter (``PACKET_ADD_MEMBERSHIP``).
 """
 
 from __future__ import annotations
@@ -21,8 +23,6 @@ from netns_harness import (
     GID_IDX_IPV4,
     GID_IDX_IPV6,
     GID_IDX_V1_LINK_LOCAL,
-    V1_AVAILABLE,
-    V1_SKIP,
     Host,
     Lines,
     Network,
@@ -62,8 +62,7 @@ V1 = 1  # RoCEv1: the MGID's Ethernet multicast MAC (33:33 + its last 4 bytes, r
 
 
 @pytest.mark.parametrize(("family", "shared"), [
-    (4, 1), (6, 1), (4, 0),
-    pytest.param(V1, 1, marks=pytest.mark.skipif(not V1_AVAILABLE, reason=V1_SKIP))],
+    (4, 1), (6, 1), (4, 0), (V1, 1)],
     ids=["ipv4-devd", "ipv6-devd", "ipv4-in-process", "roce-v1-devd"])
 def test_one_sender_two_receivers_then_detach(net: Network, family: int, shared: int) -> None:
     tag = f"{os.getpid() & 0xFF}"

@@ -9,7 +9,7 @@
 | CA16-12      | LAP alternate LIDs "shall not be checked or validated"                  | test_ca16_12_13_lap_lids_ignored (-> test_cm_ibcm.test_lap_gets_apr_unsupported_and_lids_ignored) |
 | CA16-13      | APR code 7 "shall not be sent"                                          | test_ca16_11_13_forbidden_codes, test_ca16_12_13_lap_lids_ignored |
 | CA16-14      | "shall not support the concept of a Raw service on a RoCE port"        | test_ca16_14_19_no_raw_qp_types |
-| CA16-15      | "compliant with the InfiniBand transport as defined in Chapter 9"       | test_ca16_15_transport_property_tests_run (-> test_fabric_property, test_engine_property over RoCEv2; RoCEv1: branch v1link) |
+| CA16-15      | "compliant with the InfiniBand transport as defined in Chapter 9"       | test_ca16_15_transport_property_tests_run (-> test_fabric_property, test_engine_property each over RoCEv2 and RoCEv1) |
 | CA16-15.1.1  | "A RoCE port shall support static rate control."                        | test_ca16_15_1_1_static_rate (-> test_static_rate.py: two rates on the virtual clock, one real-time check) |
 | CA16-16      | "The B (BECN) and F (FECN) bits ... are unused and shall be ignored"    | test_ca16_16_fecn_becn_ignored |
 | CA16-17      | "the address vector shall not contain layer 2 references"               | test_ca16_17_address_vector_is_gid_only |
