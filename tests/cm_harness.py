@@ -47,12 +47,18 @@ def is_attr(attr: wcm.CmAttr) -> Callable[[Datagram], bool]:
     return pred
 
 
+# The RoCE version of the fabric links a Pair builds (a test module may parametrize it:
+# Annex A16 CA16-15, the transport and the CM over RoCEv1 as over v2).
+ROCE_VER = "2"
+
+
 class Node:
     """One device with a CM, a PD and a recorder of events."""
 
-    def __init__(self, fab: Fabric, ip: str, seed: int, config: CmConfig | None = None) -> None:
+    def __init__(self, fab: Fabric, ip: str, seed: int, config: CmConfig | None = None,
+                 roce_ver: str = "2") -> None:
         self.ip = ip
-        self.ctx = v.Context(fabric=fab.link(ip))
+        self.ctx = v.Context(fabric=fab.link(ip, roce_ver=roce_ver))
         self.cm = CmBinding.attach(self.ctx, seed=seed, config=config)
         self.agent = self.cm.agent
         self.pd = v.PD(self.ctx)
@@ -85,11 +91,13 @@ class Pair:
     """Client ``a`` (10.9.0.1) and server ``b`` (10.9.0.2) on one fabric."""
 
     def __init__(self, seed: int = 1, config_a: CmConfig | None = None,
-                 config_b: CmConfig | None = None, **faults: Any) -> None:
+                 config_b: CmConfig | None = None, roce_ver: str | None = None,
+                 **faults: Any) -> None:
+        roce_ver = roce_ver or ROCE_VER
         self.clock = VirtualClock()
         self.fab = Fabric(self.clock, seed=seed, **faults)
-        self.a = Node(self.fab, "10.9.0.1", seed * 2 + 1, config_a)
-        self.b = Node(self.fab, "10.9.0.2", seed * 2 + 2, config_b)
+        self.a = Node(self.fab, "10.9.0.1", seed * 2 + 1, config_a, roce_ver)
+        self.b = Node(self.fab, "10.9.0.2", seed * 2 + 2, config_b, roce_ver)
         self.log: list[wcm.CmMad] = []
         self.fab.add_rule(self._log, "drop")  # never matches: only records
 

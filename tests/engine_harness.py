@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from softrdma import enums as e
-from softrdma.ib.port import Port, RxMeta
+from softrdma.ib.port import GID_TYPE_ROCE_V1, GID_TYPE_ROCE_V2, Port, RxMeta
 from softrdma.ib.qp import AddressVector, EngineQP
 from softrdma.ib.types import MemoryRegion, WorkCompletion
+from softrdma.wire import rocev1
 
 
 def gid4(last: int) -> bytes:
@@ -36,13 +37,14 @@ class Net:
     delivered: int = 0
     dropped: int = 0
     drop_rule: Any = None  # callable(bytes) -> bool: drop this packet
+    v1: bool = False  # ports with RoCEv1 GIDs; packets carry a real GRH (Annex A16)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
 
     def add_port(self, last: int, **kw: Any) -> Port:
         g = gid4(last)
-        p = Port([g], **kw)
+        p = Port([g], gid_types=[GID_TYPE_ROCE_V1 if self.v1 else GID_TYPE_ROCE_V2], **kw)
         self.ports[g] = p
         return p
 
@@ -51,6 +53,7 @@ class Net:
             for tx in port.take_tx():
                 data = b"".join(bytes(x) for x in tx.parts)
                 assert len(data) == tx.length, (len(data), tx.length)
+                assert tx.v1 == self.v1  # the source GID's type picks the encapsulation
                 if self.drop_rule is not None and self.drop_rule(data):
                     self.dropped += 1
                     continue
@@ -79,7 +82,11 @@ class Net:
             port = self.ports.get(dgid)
             if port is not None:
                 self.delivered += 1
-                port.receive(memoryview(data), RxMeta(sgid, dgid), self.now)
+                meta = RxMeta(sgid, dgid)
+                if self.v1:
+                    grh = rocev1.build_grh(sgid, dgid, len(data) + 4)
+                    meta = RxMeta(sgid, dgid, 0, 0, 0xFF, 0, grh, False, True)
+                port.receive(memoryview(data), meta, self.now)
         else:
             assert nd is not None
             self.now = max(self.now, nd)

@@ -171,6 +171,28 @@ class Host:
         """:meth:`popen` with stdin, and its stdout read line by line."""
         return Lines(self.popen(args, env, stdin=True))
 
+    def listening_tcp(self) -> set[int]:
+        """The TCP ports something listens on inside the host (/proc/net/tcp{,6})."""
+        out = self.run(["cat", "/proc/net/tcp", "/proc/net/tcp6"], timeout=30).stdout
+        ports = set()
+        for line in out.splitlines()[1:]:
+            f = line.split()
+            if len(f) > 3 and f[3] == "0A" and ":" in f[1]:  # TCP_LISTEN
+                ports.add(int(f[1].rsplit(":", 1)[1], 16))
+        return ports
+
+    def wait_tcp_listen(self, port: int, proc: subprocess.Popen[str] | None = None,
+                        timeout: float = 30.0) -> None:
+        """Until a TCP listener on ``port`` exists (AssertionError if ``proc`` exits)."""
+        deadline = time.monotonic() + timeout
+        while port not in self.listening_tcp():
+            if proc is not None and proc.poll() is not None:
+                out, err = proc.communicate()
+                raise AssertionError(f"{self.name}: server exited {proc.returncode}: {err}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.name}: nothing listens on TCP {port}")
+            time.sleep(0.05)
+
     def softrdma(self, *args: str, timeout: float = 60.0,
                  check: bool = True) -> subprocess.CompletedProcess[str]:
         """``python -m softrdma ARGS`` inside the host."""

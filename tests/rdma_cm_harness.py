@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import random
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -109,3 +110,29 @@ def child_env(state_dir: Path) -> dict[str, str]:
     src = str(Path(__file__).resolve().parents[1] / "src")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
     return env
+
+
+def fake_server(ps: int, port: int, ready: threading.Event, stop: threading.Event, *,
+                recv_len: int = 256) -> None:
+    """A peer that listens on 127.0.0.1 ``port`` (RoCE), accepts one client (UD: SIDR_REP;
+    RC: REP, with eight receives of ``recv_len`` bytes posted), then says nothing until
+    ``stop``; its CM still answers (DREQ -> DREP)."""
+    ch = EventChannel()
+    lst = rc.CmId(ch, ps)
+    lst.bind_addr(("127.0.0.1", port), device="roce")
+    lst.listen(2)
+    ready.set()
+    eps: list[Ep] = []
+    try:
+        req = expect(ch, rc.RdmaCmEventType.CONNECT_REQUEST, timeout=30)
+        ep = Ep(req.id, ud=ps == rc.RDMA_PS_UDP)
+        eps.append(ep)
+        for i in range(8):
+            ep.recv(recv_len, 256 * i, i)
+        req.id.accept(rc.ConnParam(qp_num=ep.qp.qp_num))
+        stop.wait(60)
+    finally:
+        for ep in eps:
+            ep.qp.close()
+        lst.destroy()
+        ch.close()

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import cm_harness
 import pytest
 from cm_harness import UD, Pair, T, is_attr
 
 from softrdma import enums as e
 from softrdma import verbs as v
 from softrdma.cm import qpctl
+from softrdma.cm.events import CmEvent
 from softrdma.cm.ibcm import CmConfig, CmId, ConnParams, check_roce_message
 from softrdma.cm.state import API_EVENTS, TRANSITIONS, CmEv, CmState
 from softrdma.errors import InvalidArgument, StateError
@@ -21,6 +23,14 @@ from softrdma.wire.cm import AprStatus, CmAttr, RejReason, time_code_s
 SID = 0x0000_0000_0000_4242
 RTS = int(e.IBV_QPS_RTS)
 ERR = int(e.IBV_QPS_ERR)
+
+
+@pytest.fixture(autouse=True, params=["2", "1"], ids=["rocev2", "rocev1"])
+def roce_ver(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every CM test runs over RoCEv2 and over RoCEv1 (Annex A16.5.2: the CM on RoCE
+    ports; CA16-10..13 proven on a RoCEv1 port as well)."""
+    monkeypatch.setattr(cm_harness, "ROCE_VER", request.param)
+    return str(request.param)
 
 
 def connect(p: Pair, **conn: Any) -> tuple[CmId, Any, Any, Any]:
@@ -542,7 +552,8 @@ def test_ud_qp_cannot_connect_and_rc_cannot_sidr_accept() -> None:
         p.a.new_id().connect(qa, ConnParams(SID, p.b.gid, private_data=bytes(93)))
 
 
-def test_backlog_drops_then_retry_succeeds() -> None:
+def test_backlog_full_rejects_with_no_resources() -> None:
+    """Beyond the backlog a REQ gets REJ No resources (reason 3) at once (issue 13)."""
     p = Pair()
     lst = p.b.new_id()
     lst.listen(SID, backlog=1)
@@ -554,12 +565,52 @@ def test_backlog_drops_then_retry_succeeds() -> None:
         ids.append(cid)
     p.run(0.01)
     assert lst.pending == 1 and p.b.agent.counters.backlog_drops == 1
+    rej = [ev for ev in p.a.events if ev.cm_id is ids[1]]
+    assert [ev.type for ev in rej] == [T.REJECTED]
+    assert rej[0].reject is not None and rej[0].reject.reason == RejReason.NO_RESOURCES
     qb, _ = p.b.qp()
     server_id(p).accept(qb)
+    p.run(1)
+    assert ids[0].state == CmState.ESTABLISHED and lst.pending == 0
+    qa, _ = p.a.qp()  # room again: the next REQ gets through
+    again = p.a.new_id()
+    again.connect(qa, ConnParams(SID, p.b.gid))
     qb2, _ = p.b.qp()
     p.b.on = lambda ev: ev.cm_id.accept(qb2) if ev.type == T.CONNECT_REQUEST else None
-    p.run(10)  # the dropped REQ is retransmitted and now fits
-    assert [c.state for c in ids] == [CmState.ESTABLISHED, CmState.ESTABLISHED]
+    p.run(1)
+    assert again.state == CmState.ESTABLISHED
+
+
+def test_req_flood_against_accepting_listener_is_bounded_by_its_backlog() -> None:
+    """Half-open connections (REP sent, no RTU) count against the backlog: a flood of
+    REQs whose senders never send the RTU holds at most ``backlog`` of them; the others
+    get REJ No resources at once instead of being held for the REP timeout."""
+    p = Pair()
+    p.fab.add_rule(is_attr(wcm.CmAttr.RTU), "drop")  # the flooders never complete
+    lst = p.b.new_id()
+    lst.listen(SID, backlog=4)
+    spare = [p.b.qp()[0] for _ in range(20)]  # not made in the callback: the runtime is busy
+    server_qps = []
+
+    def on(ev: CmEvent) -> None:
+        if ev.type == T.CONNECT_REQUEST:
+            qb = spare.pop()
+            server_qps.append(qb)
+            ev.cm_id.accept(qb)
+    p.b.on = on
+    flood = []
+    for _ in range(20):
+        qa, _ = p.a.qp()
+        cid = p.a.new_id()
+        cid.connect(qa, ConnParams(SID, p.b.gid))
+        flood.append(cid)
+    p.run(0.05)
+    assert len(server_qps) == 4 and lst.pending == 4  # half-open, waiting for RTUs
+    rejected = [ev for ev in p.a.events if ev.type == T.REJECTED]
+    assert len(rejected) == 16
+    assert all(ev.reject is not None and ev.reject.reason == RejReason.NO_RESOURCES
+               for ev in rejected)
+    assert p.b.agent.counters.backlog_drops == 16
 
 
 def test_client_qp_broken_before_rep_gives_connect_error() -> None:

@@ -20,11 +20,13 @@ PSN) are scripted to the capture's values, so every rxe packet replays with only
 destination QPN (softrdma's QP) and, for rxe's READ, the remote key and address changed;
 ICRCs are recomputed (IBA 9.8, roce.md §2). Each softrdma packet is compared with the
 capture's: opcode, destination QPN, PSN, payload length, AETH syndrome and MSN, and the
-CM message type and its comm IDs and Starting PSN.
+CM message type and its comm IDs and Starting PSN. What the fabric delivered, captured,
+passes ``softrdma pcap-check`` with its conversation checks.
 """
 
 from __future__ import annotations
 
+import io
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +41,7 @@ from softrdma.cm.events import CmEvent, CmEventType
 from softrdma.cm.ibcm import AcceptParams, CmId, ConnParams
 from softrdma.drivers.clock import VirtualClock
 from softrdma.drivers.fabric import Fabric, FabricLink
+from softrdma.tools import pcap_check
 from softrdma.wire import cm as wcm
 from softrdma.wire import ib, roce
 from softrdma.wire.opcodes import Hdr
@@ -92,10 +95,13 @@ class ScriptedRng(random.Random):
 class Replay:
     """softrdma (one Node) and rxe (a raw fabric link playing the capture's frames)."""
 
-    def __init__(self, softrdma_ip: str) -> None:
+    def __init__(self, softrdma_ip: str, capture: Path | None = None) -> None:
         self.frames = {f.index: f for f in _frames()}
         self.clock = VirtualClock()
         self.fab = Fabric(self.clock, seed=3)
+        self.capture = capture
+        if capture is not None:
+            self.fab.capture(capture)
         self.node = Node(self.fab, softrdma_ip, 5)
         self.rxe_ip = CLIENT_IP if softrdma_ip == SERVER_IP else SERVER_IP
         self.rxe: FabricLink = self.fab.link(self.rxe_ip)
@@ -164,6 +170,14 @@ class Replay:
         self.qp.post_send(v.SendWR(wr_id, None, 1, [v.SGE(self.mr.addr + 1024, len(data),
                                                           self.mr.lkey)]))
 
+    def pcap_check(self) -> None:
+        """The replayed conversation, as the fabric delivered it, passes pcap-check."""
+        assert self.capture is not None
+        self.fab.stop_capture()
+        out = io.StringIO()
+        assert pcap_check.run([str(self.capture)], out, err=out) == 0, out.getvalue()
+        assert out.getvalue().splitlines()[-1].endswith(": 1 connection followed, 0 inconsistent")
+
     def post_recv(self, wr_id: int) -> None:
         self.qp.post_recv(v.RecvWR(wr_id, 1, [v.SGE(self.mr.addr + 2048, 1024, self.mr.lkey)]))
 
@@ -185,8 +199,8 @@ def test_capture_is_the_expected_rping() -> None:
         SERVER_IP, "RC_RDMA_READ_REQUEST", req.starting_psn)
 
 
-def test_softrdma_client_against_rxe_server() -> None:
-    r = Replay(CLIENT_IP)
+def test_softrdma_client_against_rxe_server(tmp_path: Path) -> None:
+    r = Replay(CLIENT_IP, tmp_path / "client.pcap")
     req, rep = _cm(r, 1), _cm(r, 2)
     r.script_cm(req.starting_psn, req.local_comm_id)
     cid: CmId = r.node.agent.create_id(r.events.append)
@@ -216,10 +230,11 @@ def test_softrdma_client_against_rxe_server() -> None:
     assert r.expect(10).psn == rep.starting_psn + 1
     r.inject(11)
     r.completion(2)
+    r.pcap_check()
 
 
-def test_softrdma_server_against_rxe_client() -> None:
-    r = Replay(SERVER_IP)
+def test_softrdma_server_against_rxe_client(tmp_path: Path) -> None:
+    r = Replay(SERVER_IP, tmp_path / "server.pcap")
     req, rep = _cm(r, 1), _cm(r, 2)
     r.script_cm(rep.starting_psn, rep.local_comm_id)
     def on(ev: CmEvent) -> None:
@@ -259,6 +274,7 @@ def test_softrdma_server_against_rxe_client() -> None:
     r.inject(10)                                  # rxe's second SEND
     assert r.expect(11).psn == rep.starting_psn + 1
     r.completion(101)
+    r.pcap_check()
 
 
 @pytest.mark.parametrize("role", [SERVER_IP, CLIENT_IP])

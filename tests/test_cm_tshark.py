@@ -48,8 +48,9 @@ def test_capture_passes_pcap_check(tmp_path: Path) -> None:
     path = tmp_path / "cm.pcap"
     capture(path)
     out = io.StringIO()
-    assert check_file(str(path), out) == 0, out.getvalue()
-    assert out.getvalue().endswith("5 packets, 5 ok, 0 failed\n")
+    assert check_file(str(path), out, err=out) == 0, out.getvalue()
+    assert out.getvalue().endswith("5 packets, 5 ok, 0 failed\n"
+                                   f"{path}: 1 connection followed, 0 inconsistent\n")
 
 
 @pytest.mark.skipif(not HAVE_TSHARK, reason="tshark not installed")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import struct
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from mw_helper import type2_window
@@ -41,6 +42,7 @@ def _record_flips(fab: Fabric) -> list[int]:
 OPS = ["send", "send_imm", "send_inv", "write", "write_imm", "read", "cas", "faa"]
 
 
+@pytest.mark.parametrize("roce_ver", ["2", "1"], ids=["rocev2", "rocev1"])  # CA16-15
 @settings(max_examples=examples(12), deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     ops=st.lists(st.tuples(st.sampled_from(OPS),
@@ -52,13 +54,15 @@ OPS = ["send", "send_imm", "send_inv", "write", "write_imm", "read", "cas", "faa
 )
 # a random-seed run found it: the one corrupted bit was in BTH resv8a, which the ICRC masks
 @example(ops=[("send", 0, False)], seed=78, drop=0.0625, dup=0.125, reorder=0.125, corrupt=0.0625)
-def test_random_ops_over_faulty_fabric(ops: list[tuple[str, int, bool]], seed: int, drop: float,
-                                       dup: float, reorder: float, corrupt: float) -> None:
+def test_random_ops_over_faulty_fabric(roce_ver: str, ops: list[tuple[str, int, bool]], seed: int,
+                                       drop: float, dup: float, reorder: float,
+                                       corrupt: float) -> None:
     clock = VirtualClock()
     fab = Fabric(clock, seed=seed, drop=drop, duplicate=dup, reorder=reorder, corrupt=corrupt)
     flips = _record_flips(fab)
-    a = Side(v.Context(fabric=fab.link("10.8.0.1")), RC, bytearray((3 + len(ops)) * MiB))
-    b = Side(v.Context(fabric=fab.link("10.8.0.2")), RC, bytearray(4 * MiB))
+    a = Side(v.Context(fabric=fab.link("10.8.0.1", roce_ver=roce_ver)), RC,
+             bytearray((3 + len(ops)) * MiB))
+    b = Side(v.Context(fabric=fab.link("10.8.0.2", roce_ver=roce_ver)), RC, bytearray(4 * MiB))
     try:
         # MTU 4096 and the most retries the spec allows (3-bit counters = 7), so that 20%
         # loss on a 256-packet message does not exhaust them

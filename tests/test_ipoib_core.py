@@ -277,6 +277,7 @@ def make_net(n: int = 2, mode: str = "connected", crossing_rule: bool = True,
     for f in ifs:
         f.start(0.0)
     net.pump()
+    net.ud.clear()  # the announcements (gratuitous ARP, unsolicited NA)
     return net
 
 
@@ -352,6 +353,7 @@ def test_too_big_gets_icmp_or_fragments() -> None:
     err = net.tun[0][-1]
     info = parse(err)
     assert info.dst == bytes((10, 9, 0, 1)) and err[20:22] == b"\x03\x04"
+    assert info.src == bytes((10, 9, 0, 2))  # not a local address: no martian source
     assert struct.unpack(">H", err[26:28])[0] == 2044
     a.send_ip(v4(1, 2, 5000, df=False), 0.0)
     net.pump()
@@ -364,9 +366,12 @@ def test_too_big_gets_icmp_or_fragments() -> None:
     assert err6[40] == 2 and struct.unpack(">I", err6[44:48])[0] == 2044
 
 
-def test_req_crossing_leaves_one_connection() -> None:
-    # both sides know each other, then both send a big packet at the same time
-    net = make_net(qpns=[0x50, 0x41])
+@pytest.mark.parametrize(("qpns", "rejecter"), [([0x50, 0x41], 0), ([0x41, 0x50], 1),
+                                                 ([0x41, 0x41], 1)])
+def test_req_crossing_leaves_one_connection(qpns: list[int], rejecter: int) -> None:
+    """§3.3: the side with the larger address (flags zeroed, MSB first: the QPN, then the
+    GID) rejects the crossing REQ with Consumer Reject; one connection is left."""
+    net = make_net(qpns=qpns)
     a, b = net.ifs
     a.send_ip(v4(1, 2, 100), 0.0)
     net.pump()
@@ -378,11 +383,11 @@ def test_req_crossing_leaves_one_connection() -> None:
     net.deliver_reqs()
     net.hold_reqs = False
     net.pump()
-    # b's address (QPN 0x41) is smaller: b accepts a's REQ, a rejects b's (Consumer Reject)
-    assert [(i, r.reason) for i, r in net.rejects] == [(0, RejReason.CONSUMER_DEFINED)]
-    assert CmData.decode(net.rejects[0][1].private_data).ud_qpn == 0x50
+    assert [(i, r.reason) for i, r in net.rejects] == [(rejecter, RejReason.CONSUMER_DEFINED)]
+    assert CmData.decode(net.rejects[0][1].private_data).ud_qpn == qpns[rejecter]
     assert len(a.conns.conns) == 1 and len(b.conns.conns) == 1
-    assert a.counters["conn_crossing_rejects"] == 1
+    assert net.ifs[rejecter].counters["conn_crossing_rejects"] == 1
+    assert net.ifs[1 - rejecter].counters["conn_crossing_rejects"] == 0
     assert net.tun[1][-1] == v4(1, 2, 10000) and net.tun[0][-1] == v4(2, 1, 10000)
 
 
@@ -546,3 +551,49 @@ def test_config_validation() -> None:
         IfaceConfig(gid=gid(1), ud_qpn=5, ud_mtu=2044, addresses=(), mode="x")  # type: ignore[arg-type]
     assert IfaceConfig(gid=gid(1), ud_qpn=5, ud_mtu=2044, addresses=()).mtu == 65520
     assert conn_mtu(65524, 2048) == 2044
+
+
+def test_restart_announces_new_address() -> None:
+    """A restarted peer (new UD QPN) is learnt from its gratuitous ARP / unsolicited NA,
+    and the connection to its old address goes."""
+    net = make_net()
+    a, b = net.ifs
+    a.send_ip(v4(1, 2, 100), 0.0)
+    a.send_ip(v6(1, 2, 100), 0.0)
+    net.pump()
+    a.send_ip(v4(1, 2, 9000), 0.0)
+    net.pump()
+    assert len(a.conns.conns) == 1
+    b2 = IpoibInterface(IfaceConfig(gid=b.hwaddr.gid, ud_qpn=0x99, ud_mtu=2044,
+                                    addresses=b.config.addresses))
+    net.ifs[1] = b2
+    b2.start(1.0)
+    net.pump()
+    assert a.neigh.entries[bytes((10, 9, 0, 2))].hw.qpn == 0x99  # type: ignore[union-attr]
+    assert a.neigh.entries[ipaddress.IPv6Address("fd09::2").packed].hw.qpn == 0x99  # type: ignore[union-attr]
+    assert not a.conns.conns
+
+
+def test_ipv6_needs_1280() -> None:
+    with pytest.raises(InvalidArgument, match="IPv6 needs"):
+        IfaceConfig(gid=gid(1), ud_qpn=5, ud_mtu=1020, mode="datagram",
+                    addresses=(ipaddress.IPv6Interface("fd01::1/64"),))
+    f = IpoibInterface(IfaceConfig(gid=gid(1), ud_qpn=5, ud_mtu=1020, mode="datagram",
+                                   addresses=(ipaddress.IPv4Interface("10.1.0.1/24"),)))
+    assert all(a.version == 4 for a in f.addresses)  # no link-local below 1280
+
+
+@given(st.binary(max_size=200), st.sampled_from([b"", b"\x08\x00\x00\x00", b"\x08\x06\x00\x00",
+                                                 b"\x86\xdd\x00\x00"]))
+def test_any_input_is_counted_never_raises(data: bytes, head: bytes) -> None:
+    """Fuzz: whatever arrives on UD, on a connection or from the host, the engine counts
+    and drops what it cannot use and never raises."""
+    net = make_net()
+    a, b = net.ifs
+    a.receive_ud(head + data, gid(7), 0x77, 0.0)
+    b.receive_conn(99, head + data, 0.0)
+    a.send_ip(data, 0.0)
+    net.pump()
+    a.send_ip(v4(1, 2, 100), 0.0)
+    net.pump()
+    assert net.tun[1][-1] == v4(1, 2, 100)

@@ -25,16 +25,27 @@ ROCE_PCAPS = sorted(CAPTURES.glob("roce_*.pcap"))
 SUMMARY = re.compile(r"^(?P<file>.+): (?P<n>\d+) packets, (?P<ok>\d+) ok, (?P<failed>\d+) failed$")
 
 
+CONV = re.compile(r"^(?P<file>.+): (?P<n>\d+) connections? followed, (?P<bad>\d+) inconsistent"
+                  r"(?: \(the first at frame \d+\))?$")
+
+
 def _run(paths: list[str]) -> tuple[int, list[str]]:
+    """stdout and stderr interleaved, as a terminal shows them."""
     out = io.StringIO()
-    rc = pcap_check.run(paths, out)
+    rc = pcap_check.run(paths, out, err=out)
     return rc, out.getvalue().splitlines()
+
+
+def _packet_lines(lines: list[str]) -> list[str]:
+    """Without the conversation summaries."""
+    return [x for x in lines if not CONV.match(x)]
 
 
 @pytest.fixture(autouse=True)
 def _no_iwarp_checker(monkeypatch: pytest.MonkeyPatch) -> None:
     """Count RoCE only, whether or not the iWARP checker exists yet (tested separately)."""
-    monkeypatch.setattr(pcap_check, "_checkers", lambda ports=frozenset((4791,)): [pcap_check.RoceChecker(ports)])
+    monkeypatch.setattr(pcap_check, "_checkers", lambda ports=frozenset((4791,)), verbose=None, prefix="":
+                        [pcap_check.RoceChecker(ports, verbose, prefix)])
 
 
 def _tshark_roce_count(path: Path) -> int:
@@ -48,7 +59,12 @@ def _tshark_roce_count(path: Path) -> int:
 def test_every_roce_capture_passes(path: Path) -> None:
     rc, lines = _run([str(path)])
     assert rc == 0
-    assert len(lines) == 1
+    if path.name == "roce_ud_pingpong.pcap":  # UD: no connection to follow
+        assert len(lines) == 1
+    else:
+        assert len(lines) == 2
+        c = CONV.match(lines[1])
+        assert c and c["file"] == str(path) and int(c["n"]) >= 1 and c["bad"] == "0"
     m = SUMMARY.match(lines[0])
     assert m and m["file"] == str(path)
     n = int(m["n"])
@@ -59,8 +75,10 @@ def test_every_roce_capture_passes(path: Path) -> None:
 
 def test_all_roce_captures_in_one_run() -> None:
     rc, lines = _run([str(p) for p in ROCE_PCAPS])
-    assert rc == 0 and len(lines) == len(ROCE_PCAPS)
-    assert all(SUMMARY.match(line) for line in lines)
+    assert rc == 0 and len(lines) == 2 * len(ROCE_PCAPS) - 1  # UD pingpong: no connection
+    assert all(SUMMARY.match(line) for line in _packet_lines(lines))
+    assert sum(int(m["n"]) for m in map(CONV.match, lines) if m) == len(ROCE_PCAPS)
+    assert all(m["bad"] == "0" for m in map(CONV.match, lines) if m)
 
 
 def test_host_peer_has_exactly_one_bad_icrc() -> None:
@@ -109,7 +127,7 @@ def test_worst_status_wins(tmp_path: Path) -> None:
     assert _run([good])[0] == 0
     assert _run([good, bad])[0] == 1
     rc, lines = _run([good, str(tmp_path / "missing.pcap"), bad])
-    assert rc == 2 and len(lines) == 1 + 1 + 2
+    assert rc == 2 and len(_packet_lines(lines)) == 1 + 1 + 2
     assert _run([])[0] == 2
 
 
@@ -181,9 +199,10 @@ def test_at_most_20_failure_lines(tmp_path: Path) -> None:
         w.write(good, ts=99.0)
     rc, lines = _run([str(path)])
     assert rc == 1
-    assert len(lines) == 21
+    assert len(lines) == 22
     assert [int(re.search(r"frame (\d+):", x)[1]) for x in lines[:20]] == list(range(1, 21))  # type: ignore[index]
-    assert lines[20] == f"{path}: 31 packets, 1 ok, 30 failed"
+    assert lines[20] == f"{path}: 10 more failure lines not shown (--max-errors 20)"
+    assert lines[21] == f"{path}: 31 packets, 1 ok, 30 failed"
 
 
 def test_iwarp_extension_point(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -195,6 +214,9 @@ def test_iwarp_extension_point(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
         def feed(self, record: PcapRecord) -> None:
             seen.append(record.index)
 
+        def drain(self) -> list[str]:
+            return []
+
         def results(self) -> tuple[int, int, list[str]]:
             return 5, 4, ["frame 3: bad MPA CRC"]
 
@@ -204,7 +226,8 @@ def test_iwarp_extension_point(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     path = CAPTURES / "roce_ucmatose.pcap"
     rc, lines = _run([str(path)])
     assert rc == 1
-    assert lines == [f"{path}: frame 3: bad MPA CRC", f"{path}: 30 packets, 29 ok, 1 failed"]
+    assert lines == [f"{path}: frame 3: bad MPA CRC", f"{path}: 30 packets, 29 ok, 1 failed",
+                     f"{path}: 1 connection followed, 0 inconsistent"]
     assert seen == list(range(1, 26))
 
 

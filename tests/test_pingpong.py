@@ -458,3 +458,25 @@ def test_run_writes_to_given_stream(device: str) -> None:
     assert pp.run("uc", args, buf) == 0
     lines = buf.getvalue().splitlines()
     _check_report(lines[1:5], 64, 5)
+
+
+def test_error_completion_fails_both_sides(device: str) -> None:
+    """The client's 4096-byte messages do not fit the server's 1024-byte receives: the
+    server's receive completes with a local length error, the client's SEND is NAKed
+    (remote invalid request); both print the failed status and exit 1."""
+    tcp = _free_port(socket.SOCK_STREAM)
+    common = ["rc-pingpong", "-d", device, "-p", str(tcp), "-n", "5", "--timeout", "5"]
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        procs.append(_spawn([*common, "--bind", "127.0.0.1", "-s", "1024"], _env()))
+        procs.append(_spawn([*common, "-s", "4096", "127.0.0.1"], _env()))
+        outs = [p.communicate(timeout=40) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert procs[0].returncode == 1 and procs[1].returncode == 1, outs
+    assert "Failed status local length error (1) for wr_id 1" in outs[0][1]
+    assert "Failed status remote invalid request error (9) for wr_id 2" in outs[1][1]
+    assert "Traceback" not in outs[0][1] + outs[1][1]

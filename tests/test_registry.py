@@ -262,8 +262,8 @@ def test_link_add_show_delete() -> None:
     assert rc == 0
     mtu = ib_mtu_for(netdev.get("lo").mtu)
     assert out.splitlines() == [
-        f"link softrdma_lo/1 state ACTIVE physical_state LINK_UP netdev lo type roce mtu {mtu} udp_port 4791",
-        f"link r1/1 state ACTIVE physical_state LINK_UP netdev lo type roce mtu {mtu} udp_port 4791",
+        f"link softrdma_lo/1 state ACTIVE physical_state LINK_UP netdev lo type roce mtu {mtu} udp_port 4791 roce_ver 2",
+        f"link r1/1 state ACTIVE physical_state LINK_UP netdev lo type roce mtu {mtu} udp_port 4791 roce_ver 2",
         f"link s1/1 state ACTIVE physical_state LINK_UP netdev lo type iwarp mtu {mtu} udp_port 5001",
     ]
     rc, out, _ = run_link("show", "s1")
@@ -336,3 +336,30 @@ def test_link_add_bad_type_or_port_exits_nonzero(state: Path, args: tuple[str, .
     assert p.stderr.startswith("softrdma link: error: ") and p.stderr.count("\n") == 1
     assert msg in p.stderr
     assert [r.name for r in Registry(state).list()] == ["softrdma_lo"]
+
+
+def test_link_add_roce_ver_and_vlan(state: Path) -> None:
+    """``roce_ver 1|2|both`` and ``vlan VID`` (Annex A16 RoCEv1) are recorded and shown;
+    bad values are one-line usage errors; older records (no roce_ver) read as v2."""
+    assert run_link("add", "v1", "netdev", "lo", "roce_ver", "1", "vlan", "7") == (0, "", "")
+    assert run_link("add", "vb", "netdev", "lo", "roce_ver", "both") == (0, "", "")
+    rc, out, _ = run_link("-d")
+    lines = out.splitlines()
+    assert lines[1].endswith("roce_ver 1 vlan 7") and lines[2].endswith("roce_ver both")
+    data = json.loads((state / "devices.json").read_text())
+    assert data["devices"][0]["roce_ver"] == "1" and data["devices"][0]["vlan"] == 7
+    rec = Registry(state).get("v1")
+    assert rec.roce_v1 and not rec.roce_v2 and Registry(state).get("vb").roce_v2
+    rc, out, err = run_link("add", "x", "netdev", "lo", "roce_ver", "3")
+    assert rc == 2 and out == "" and "roce_ver '3' is not 1, 2 or both" in err
+    rc, _, err = run_link("add", "x", "netdev", "lo", "roce_ver", "1", "vlan", "4095")
+    assert rc == 1 and "VLAN ID must be 1..4094" in err and "\n" == err[-1] and err.count("\n") == 1
+    rc, _, err = run_link("add", "x", "netdev", "lo", "vlan", "5")
+    assert rc == 1 and "applies to RoCEv1" in err
+    rc, _, err = run_link("add", "x", "netdev", "lo", "roce_ver", "both")  # vb has lo
+    assert rc == 1 and "already carries RoCEv1 for device 'vb'" in err
+    assert run_link("add", "x", "netdev", "lo", "roce_ver", "1", "vlan", "8") == (0, "", "")
+    data["devices"][0].pop("roce_ver")
+    data["devices"][0].pop("vlan")
+    (state / "devices.json").write_text(json.dumps(data))
+    assert Registry(state).get("v1").roce_ver == "2"

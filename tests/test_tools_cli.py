@@ -14,11 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from softrdma.tools import cli
+from softrdma import enums as e
+from softrdma.tools import cli, demo
 from softrdma.tools.cli import main
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
-SUBCOMMANDS = ["devinfo", "rc-pingpong", "uc-pingpong", "ud-pingpong", "demo", "pcap-check"]
+SUBCOMMANDS = ["devinfo", "rc-pingpong", "uc-pingpong", "ud-pingpong", "demo", "pcap-check",
+               "rping", "udaddy", "ucmatose"]
 
 
 def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -59,6 +61,15 @@ def test_no_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None
     ("ud-pingpong", ["--gid-idx", "--loopback", "default 2048"]),
     ("demo", ["--size", "--mtu", "--transport", "--port", "4791"]),
     ("pcap-check", ["FILE"]),
+    ("rping", ["-s", "-c", "-a", "-I", "-p", "-C", "-S", "-v", "-V", "-d", "-P", "--timeout",
+               "persistent server mode"]),
+    ("udaddy", ["-s server_address", "-b bind_address", "-f address_format",
+                "-P port_space", "-c connections", "-C message_count", "-S message_size",
+                "-t type_of_service", "-p port_space", "0x111 for UDP", "--timeout"]),
+    ("ucmatose", ["-s server_address", "-b bind_address", "-f address_format",
+                  "-P port_space", "-c connections", "-C message_count", "-S message_size",
+                  "-t type_of_service", "-p port_number", "-m", "-a ack_timeout", "(7471)",
+                  "--transport"]),
 ])
 def test_subcommand_help(cmd: str, expect: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, _ = _run([cmd, "--help"], capsys)
@@ -105,14 +116,26 @@ def test_pcap_check_dispatch(monkeypatch: pytest.MonkeyPatch,
     calls: list[list[str]] = []
     fake = types.ModuleType("softrdma.tools.pcap_check")
 
-    def fake_run(paths: list[str]) -> int:
+    kwargs: list[dict[str, object]] = []
+
+    def fake_run(paths: list[str], **kw: object) -> int:
         calls.append(paths)
+        kwargs.append(kw)
         return 3
 
     fake.run = fake_run  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "softrdma.tools.pcap_check", fake)
     rc, _, _ = _run(["pcap-check", "a.pcap", "b.pcapng"], capsys)
     assert rc == 3 and calls == [["a.pcap", "b.pcapng"]]
+    assert kwargs[-1] == {"udp_ports": (), "max_errors": 20, "verbose": False}
+    rc, _, _ = _run(["pcap-check", "-v", "--max-errors", "0", "--udp-port", "4792", "c.pcap"],
+                    capsys)
+    assert rc == 3 and kwargs[-1] == {"udp_ports": (4792,), "max_errors": 0, "verbose": True}
+    for bad in (["--max-errors", "-1"], ["--udp-port", "70000"], ["--max-errors", "x"]):
+        with pytest.raises(SystemExit) as exc:
+            main(["pcap-check", *bad, "c.pcap"])
+        assert exc.value.code == 2
+    assert len(calls) == 2
 
 
 def test_link_dispatch_passes_arguments_in_order(monkeypatch: pytest.MonkeyPatch,
@@ -260,3 +283,15 @@ def test_demo_port_in_use(state: Path, capsys: pytest.CaptureFixture[str]) -> No
         rc, _, err = _run(["demo", "--port", str(port)], capsys)
     assert rc == 1 and err.count("\n") == 1
     assert f"UDP port {port}" in err and "already in use" in err and "--port" in err
+
+
+def test_demo_error_completions_fail(state: Path, capsys: pytest.CaptureFixture[str],
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """QPs and memory without remote access: the RDMA WRITE is NAKed (invalid request, as
+    rxe's check_op_valid), the QP goes to the error state and the demo exits 1."""
+    monkeypatch.setattr(demo, "ACCESS", e.IBV_ACCESS_LOCAL_WRITE)
+    rc, out, err = _run(["demo", "--port", str(_free_udp_port()), "--timeout", "5"], capsys)
+    assert rc == 1, out + err
+    line = next(x for x in out.splitlines() if x.strip().startswith("RDMA WRITE"))
+    assert "remote invalid request error (9) verify FAILED" in line, line
+    assert "FAILED" in out or "no completion" in err

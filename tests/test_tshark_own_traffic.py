@@ -44,12 +44,12 @@ def tshark_opcodes(path: Path, extra: tuple[str, ...] = ()) -> list[int]:
     return [int(x, 0) for x in out.stdout.split() if x]
 
 
-def every_opcode_capture(path: Path) -> None:
+def every_opcode_capture(path: Path, roce_ver: str = "2") -> None:
     clock = VirtualClock()
     fab = Fabric(clock, seed=1)
     fab.capture(str(path))
-    a = Side(v.Context(fabric=fab.link("10.9.0.1")), RC, bytearray(1 << 16))
-    b = Side(v.Context(fabric=fab.link("10.9.0.2")), RC, bytearray(1 << 16))
+    a = Side(v.Context(fabric=fab.link("10.9.0.1", roce_ver=roce_ver)), RC, bytearray(1 << 16))
+    b = Side(v.Context(fabric=fab.link("10.9.0.2", roce_ver=roce_ver)), RC, bytearray(1 << 16))
     connect(a, b)
     run = lambda: clock.run(max_events=100000)  # noqa: E731
     # RNR NAK: a SEND before any receive is posted, then the receive
@@ -88,8 +88,8 @@ def every_opcode_capture(path: Path) -> None:
     a.qp.post_send(w)
     run()
     # UD, with and without immediate
-    c = Side(v.Context(fabric=fab.link("10.9.0.3")), UD, bytearray(1 << 14))
-    d = Side(v.Context(fabric=fab.link("10.9.0.4")), UD, bytearray(1 << 14))
+    c = Side(v.Context(fabric=fab.link("10.9.0.3", roce_ver=roce_ver)), UD, bytearray(1 << 14))
+    d = Side(v.Context(fabric=fab.link("10.9.0.4", roce_ver=roce_ver)), UD, bytearray(1 << 14))
     connect(c, d)
     ah = v.AH(c.pd, v.AHAttr(gr=v.GlobalRoute(dgid=d.ctx.query_gid(1, 0), hop_limit=64)))
     for imm in (False, True):
@@ -107,9 +107,11 @@ def every_opcode_capture(path: Path) -> None:
 
 
 @needs_tshark
-def test_every_opcode_family_decodes_cleanly(tmp_path: Path) -> None:
+@pytest.mark.parametrize("roce_ver", ["2", "1"], ids=["rocev2", "rocev1"])
+def test_every_opcode_family_decodes_cleanly(tmp_path: Path, roce_ver: str) -> None:
+    """RoCEv1 (Annex A16): Ethernet 0x8915 + GRH, which tshark dissects as RoCE too."""
     path = tmp_path / "softrdma_ops.pcap"
-    every_opcode_capture(path)
+    every_opcode_capture(path, roce_ver)
     ops = set(tshark_opcodes(path))
     expected = {0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x08, 0x09, 0x0A, 0x0C, 0x0D, 0x0F,
                 0x10, 0x11, 0x12, 0x13, 0x14, 0x16, 0x17, 0x64, 0x65}

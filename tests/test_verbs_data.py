@@ -19,7 +19,7 @@ from softrdma.drivers.fabric import Fabric
 from softrdma.drivers.link import Datagram
 from softrdma.drivers.runtime import build_grh, gid_to_ip, icrc_v2, ip_to_gid
 from softrdma.drivers.udp import UdpLink
-from softrdma.wire import roce
+from softrdma.wire import roce, rocev1
 
 RC, UC, UD = int(e.IBV_QPT_RC), int(e.IBV_QPT_UC), int(e.IBV_QPT_UD)
 W = e.ibv_wr_opcode
@@ -55,12 +55,26 @@ def connect(x: Side, y: Side, mtu: int = int(e.IBV_MTU_1024), retry_cnt: int = 5
         me.qp.to_rts(a)
 
 
+ROCE_VER = {"v": "2"}  # the fabric links' RoCE version (the fixture below sets it)
+
+
+@pytest.fixture(autouse=True, params=["2", "1"], ids=["rocev2", "rocev1"])
+def roce_ver(request: pytest.FixtureRequest):
+    """Every test here runs over RoCEv2 and over RoCEv1 (Annex A16, CA16-15)."""
+    ROCE_VER["v"] = request.param
+    yield request.param
+    ROCE_VER["v"] = "2"
+
+
 class FabricPair:
     def __init__(self, qpt: int = RC, size: int = 1 << 16, **fabric_args: float) -> None:
         self.clock = VirtualClock()
         self.fab = Fabric(self.clock, seed=3, **fabric_args)
-        self.a = Side(v.Context(fabric=self.fab.link("10.4.0.1")), qpt, bytearray(size), True)
-        self.b = Side(v.Context(fabric=self.fab.link("10.4.0.2")), qpt, bytearray(size), True)
+        ver = ROCE_VER["v"]
+        self.a = Side(v.Context(fabric=self.fab.link("10.4.0.1", roce_ver=ver)), qpt,
+                      bytearray(size), True)
+        self.b = Side(v.Context(fabric=self.fab.link("10.4.0.2", roce_ver=ver)), qpt,
+                      bytearray(size), True)
         connect(self.a, self.b)
 
     def run(self) -> None:
@@ -232,11 +246,18 @@ def test_ud_send_grh_area() -> None:
         assert (r.status, r.byte_len, r.src_qp, r.imm_data) == (0, 140, a.qp.qp_num, 0x01020304)
         assert r.wc_flags & e.IBV_WC_GRH
         grh = bytes(b.buf[:40])
-        assert grh[:20] == bytes(20)
-        ip = grh[20:40]
-        assert ip[0] == 0x45 and ip[1] == 0x20 and ip[8] == 33 and ip[9] == 17
-        assert ip[12:16] == bytes([10, 4, 0, 1]) and ip[16:20] == bytes([10, 4, 0, 2])
-        assert roce.inet_checksum(ip) == 0
+        if ROCE_VER["v"] == "1":  # Annex A16: the packet's own GRH, every field as sent
+            g = rocev1.parse_grh(grh)
+            assert (g.ipver, g.tclass, g.flow_label, g.hop_limit, g.next_header) == (
+                6, 0x20, 0, 33, 0x1B)
+            assert g.paylen == 12 + 8 + 4 + 100 + 4  # BTH DETH ImmDt payload ICRC
+            assert g.sgid == a.ctx.query_gid(1, 0).raw and g.dgid == b.ctx.query_gid(1, 0).raw
+        else:
+            assert grh[:20] == bytes(20)
+            ip = grh[20:40]
+            assert ip[0] == 0x45 and ip[1] == 0x20 and ip[8] == 33 and ip[9] == 17
+            assert ip[12:16] == bytes([10, 4, 0, 1]) and ip[16:20] == bytes([10, 4, 0, 2])
+            assert roce.inet_checksum(ip) == 0
         assert bytes(b.buf[40:140]) == b"u" * 100
         # wrong Q_Key: silently dropped and counted (IBA 10.2.5)
         b.qp.post_recv(v.RecvWR(7, 1, [b.sge(0, 600)]))

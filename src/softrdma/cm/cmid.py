@@ -31,13 +31,18 @@ from .params import (
     make_rej,
 )
 from .state import API_EVENTS, CmEv, CmState, transition
+from .userqp import passive_psn, qp_info
 
 if TYPE_CHECKING:
     from .ibcm import CmAgent
 
 __all__ = ["CmId", "PENDING_STATES"]
 
-PENDING_STATES = (CmState.REQ_RCVD, CmState.MRA_REQ_SENT, CmState.SIDR_REQ_RCVD)
+# A listener's half-open connections, which its backlog bounds (as listen(backlog) bounds
+# SYN_RECV + the accept queue): REQ received and not yet accepted, or accepted (REP sent)
+# and waiting for the RTU.
+PENDING_STATES = (CmState.REQ_RCVD, CmState.MRA_REQ_SENT, CmState.SIDR_REQ_RCVD,
+                  CmState.REP_SENT, CmState.MRA_REP_RCVD)
 
 
 class CmId:
@@ -54,8 +59,8 @@ class CmId:
         "remote_qpn", "local_qpn", "qp", "path", "service_id", "mask", "tid", "msg",
         "last_reply", "retries", "max_retries", "timeout_s", "deadline", "_tseq",
         "listen_id", "pending", "backlog", "dialect", "params", "req", "rep", "local_psn",
-        "ack_timeout", "destroyed", "_follow", "drep_tid", "auto_rtu", "sidr_key",
-        "reject_info", "__weakref__",
+        "ack_timeout", "local_ack_timeout", "destroyed", "_follow", "drep_tid", "auto_rtu", "sidr_key",
+        "reject_info", "psn_drawn", "__weakref__",
     )
 
     def __init__(self, agent: CmAgent, handler: Callable[[CmEvent], None] | None = None,
@@ -90,12 +95,16 @@ class CmId:
         self.rep: wcm.Rep | None = None
         self.local_psn = 0
         self.ack_timeout = 0
+        #: the consumer's Local ACK Timeout for its own QP (librdmacm
+        #: RDMA_OPTION_ID_ACK_TIMEOUT); None: the REQ's (IBA 12.7.34)
+        self.local_ack_timeout: int | None = None
         self.destroyed = False
         self._follow: CmEv | None = None
         self.drep_tid = 0
         self.auto_rtu = True
         self.sidr_key: tuple[int, bytes] | None = None
         self.reject_info: RejectInfo | None = None
+        self.psn_drawn = False
 
     def __repr__(self) -> str:
         return f"<CmId {self.local_id:#010x} {self.state.name}>"
@@ -255,10 +264,10 @@ class CmId:
         cfg = agent.config
         if qp is None:
             raise InvalidArgument("qp", "connect needs an RC or UC QP")
-        eq = qpctl.engine_of(qp)
-        if eq.qp_type == qpctl.QPT_RC:
+        qpn, qpt, has_srq, eq = qp_info(qp)  # eq None: the consumer moves its QP
+        if qpt == qpctl.QPT_RC:
             tst = TransportServiceType.RC
-        elif eq.qp_type == qpctl.QPT_UC:
+        elif qpt == qpctl.QPT_UC:
             tst = TransportServiceType.UC
         else:
             raise InvalidArgument("qp", "connect needs an RC or UC QP (UD services use "
@@ -271,14 +280,15 @@ class CmId:
             if not 0 <= getattr(p, name) <= 7:
                 raise InvalidArgument(name, "must be 0..7")
         sgid = agent.sgid_for(p.dgid, p.sgid)
-        agent.claim_qpn(self, eq.qpn)
+        agent.claim_qpn(self, qpn)
         try:
-            qpctl.to_init(eq, now)
+            if eq is not None:
+                qpctl.to_init(eq, now)
         except BaseException:
-            agent.by_local_qpn.pop(eq.qpn, None)
+            agent.by_local_qpn.pop(qpn, None)
             self.local_qpn = None
             raise
-        self.qp = qp
+        self.qp = qp if eq is not None else None
         self.params = p
         self.dialect = dialect
         self.auto_rtu = p.auto_rtu
@@ -295,15 +305,14 @@ class CmId:
         lid = wcm.PERMISSIVE_LID if routed else 0
         req = wcm.Req(
             local_comm_id=self.local_id, service_id=p.service_id, local_ca_guid=agent.guid,
-            local_qpn=eq.qpn, responder_resources=p.responder_resources,
+            local_qpn=qpn, responder_resources=p.responder_resources,
             initiator_depth=p.initiator_depth,
             remote_cm_response_timeout=cfg.remote_cm_response_timeout,
             transport_service_type=tst, end_to_end_flow_control=int(p.flow_control),
             starting_psn=self.local_psn, local_cm_response_timeout=cfg.resp_time_value,
             retry_count=p.retry_count, pkey=0xFFFF, path_mtu=mtu,
             rnr_retry_count=p.rnr_retry_count, max_cm_retries=cfg.max_cm_retries,
-            srq=int(getattr(eq, "srq", None) is not None),
-            primary_local_lid=lid, primary_remote_lid=lid,
+            srq=int(has_srq), primary_local_lid=lid, primary_remote_lid=lid,
             primary_local_gid=sgid, primary_remote_gid=bytes(p.dgid),
             primary_flow_label=p.flow_label, primary_traffic_class=p.traffic_class,
             primary_hop_limit=p.hop_limit, primary_subnet_local=0 if routed else 1,
@@ -378,7 +387,8 @@ class CmId:
                      path_mtu=req.path_mtu,
                      max_dest_rd_atomic=min(rep.initiator_depth, p.responder_resources),
                      min_rnr_timer=p.min_rnr_timer, av=self._av())
-        qpctl.to_rts(eq, now, sq_psn=rep.starting_psn, timeout=self.ack_timeout,
+        timeout = self.ack_timeout if self.local_ack_timeout is None else self.local_ack_timeout
+        qpctl.to_rts(eq, now, sq_psn=rep.starting_psn, timeout=timeout,
                      retry_cnt=req.retry_count, rnr_retry=rep.rnr_retry_count,
                      max_rd_atomic=min(rep.responder_resources, p.initiator_depth))
 
@@ -467,12 +477,12 @@ class CmId:
         assert req is not None and self.path is not None
         if qp is None:
             raise InvalidArgument("qp", "accept needs the QP of the connection")
-        eq = qpctl.engine_of(qp)
+        qpn, qpt, has_srq, eq = qp_info(qp)  # eq None: the consumer moves its QP
         want = qpctl.QPT_RC if req.transport_service_type == TransportServiceType.RC \
             else qpctl.QPT_UC
-        if eq.qp_type != want:
+        if qpt != want:
             raise InvalidArgument("qp", f"the REQ asks for {TransportServiceType(req.transport_service_type).name}"
-                                        f", the QP is of type {eq.qp_type}")
+                                        f", the QP is of type {qpt}")
         resp = min(a.responder_resources, req.initiator_depth)
         depth = min(a.initiator_depth, req.responder_resources)
         pd = a.private_data
@@ -481,35 +491,45 @@ class CmId:
         pd = check_pd(pd, wcm.CmAttr.REP)
         if not 0 <= a.rnr_retry_count <= 7:
             raise InvalidArgument("rnr_retry_count", "must be 0..7")
-        agent.claim_qpn(self, eq.qpn)
-        self.qp = qp
-        self.local_psn = agent.rng.getrandbits(24)
+        agent.claim_qpn(self, qpn)
+        self.qp = qp if eq is not None else None
+        self.local_psn = passive_psn(self)
         self.ack_timeout = req.primary_local_ack_timeout
         mtu = min(req.path_mtu, agent.mtu) if req.path_mtu else agent.mtu
         try:
-            qpctl.to_init(eq, now)
-            # Linux's Starting PSN convention (cm.c; see _connect_qp): the passive side
-            # receives at the PSN its REP announces and sends from the REQ's Starting PSN.
-            qpctl.to_rtr(eq, now, dest_qpn=req.local_qpn, rq_psn=self.local_psn, path_mtu=mtu,
-                         max_dest_rd_atomic=resp, min_rnr_timer=a.min_rnr_timer, av=self._av())
-            qpctl.to_rts(eq, now, sq_psn=req.starting_psn, timeout=req.primary_local_ack_timeout,
-                         retry_cnt=req.retry_count, rnr_retry=req.rnr_retry_count,
-                         max_rd_atomic=depth)
+            if eq is not None:  # else the consumer's own QP (userqp.cm_qp_attr)
+                self._rep_qp(eq, req, now, mtu, resp, depth, a)
         except BaseException:
-            agent.by_local_qpn.pop(eq.qpn, None)
+            agent.by_local_qpn.pop(qpn, None)
             self.local_qpn = None
             self.qp = None
             raise
         has_alt = any(req.alt_local_gid) or req.alt_local_lid
         rep = wcm.Rep(local_comm_id=self.local_id, remote_comm_id=self.remote_id,
-                      local_qpn=eq.qpn, starting_psn=self.local_psn,
+                      local_qpn=qpn, starting_psn=self.local_psn,
                       responder_resources=resp, initiator_depth=depth,
                       target_ack_delay=a.target_ack_delay,
                       failover_accepted=1 if has_alt else 0,
                       end_to_end_flow_control=int(a.flow_control),
-                      rnr_retry_count=a.rnr_retry_count,
-                      srq=int(getattr(eq, "srq", None) is not None),
+                      rnr_retry_count=a.rnr_retry_count, srq=int(has_srq),
                       local_ca_guid=agent.guid, private_data=pd)
+        self._send_rep(rep, req, now)
+
+    def _rep_qp(self, eq: Any, req: wcm.Req, now: float, mtu: int, resp: int, depth: int,
+                a: AcceptParams) -> None:
+        """Passive side: the QP to INIT, RTR and RTS before the REP. Linux's Starting PSN
+        convention (cm.c; see _connect_qp): the passive side receives at the PSN its REP
+        announces and sends from the REQ's Starting PSN."""
+        qpctl.to_init(eq, now)
+        qpctl.to_rtr(eq, now, dest_qpn=req.local_qpn, rq_psn=self.local_psn, path_mtu=mtu,
+                     max_dest_rd_atomic=resp, min_rnr_timer=a.min_rnr_timer, av=self._av())
+        timeout = (req.primary_local_ack_timeout if self.local_ack_timeout is None
+                   else self.local_ack_timeout)
+        qpctl.to_rts(eq, now, sq_psn=req.starting_psn, timeout=timeout,
+                     retry_cnt=req.retry_count, rnr_retry=req.rnr_retry_count,
+                     max_rd_atomic=depth)
+
+    def _send_rep(self, rep: wcm.Rep, req: wcm.Req, now: float) -> None:
         self.rep = rep
         # linux cm_req_handler: wait 2 * PacketLifeTime + the REQ's Local CM Response
         # Timeout for the RTU, retrying Max CM Retries times.

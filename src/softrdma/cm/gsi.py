@@ -44,6 +44,7 @@ from ..ib.port import Port
 from ..ib.qp import AddressVector, EngineQP
 from ..ib.types import SGE, RecvWQE, SendWQE, WorkCompletion
 from ..wire.mad import GSI_QKEY, MAD_SIZE
+from ..wire.rocev1 import GRH_NEXT_HEADER_BTH
 from .events import CmEvent
 from .ibcm import CmAgent, CmConfig, mtu_enum
 from .qpctl import QPT_UD
@@ -52,6 +53,8 @@ __all__ = ["CmBinding", "GRH_SIZE", "SLOT"]
 
 GRH_SIZE = 40
 SLOT = GRH_SIZE + MAD_SIZE
+MAD_RESPONSE_HOP_LIMIT = 0xFF  # A16.4.4: HopLimit of a response on a RoCE port
+_MAX_PEERS = 4096
 _MR_ADDR = 0x10000
 
 
@@ -88,6 +91,7 @@ class CmBinding:
             runtime.now if runtime is not None else time.monotonic)
         self.agent = CmAgent(port.gids, guid, mtu=mtu_enum(port.max_mtu), config=config,
                              seed=seed, exclusive=exclusive)
+        self.agent.gid_v1 = port.gid_v1
         self.agent.on_output = self._pump
         if runtime is not None:
             self.agent.runner = self._run_locked
@@ -106,7 +110,9 @@ class CmBinding:
         for i in range(n_recv):
             self._post(i)
         self._timer = _CmTimer(self)
-        self._avs: dict[tuple[bytes, bytes, int, int, int], AddressVector] = {}
+        self._avs: dict[tuple[bytes, bytes, int, int, int, bool], AddressVector] = {}
+        # (peer GID, our GID) -> (FlowLabel, TClass) of the last MAD received over RoCEv1
+        self._v1_peers: dict[tuple[bytes, bytes], tuple[int, int]] = {}
         self._wr = 0
         self._closed = False
         self._event_cv = threading.Condition()
@@ -168,12 +174,29 @@ class CmBinding:
             if wc.byte_len >= SLOT else b""
         if not self._closed:
             self._post(slot)
-        if grh[0] >> 4 == 6:  # IPv6 header
+        if grh[0] >> 4 == 6:  # IPv6 header, or the GRH of a RoCEv1 packet
             src, dst = grh[8:24], grh[24:40]
+            if grh[6] == GRH_NEXT_HEADER_BTH:  # RoCEv1 (a RoCEv2 IPv6 header says UDP)
+                # A16.4.4: a response takes the reversible path of its request
+                flow = int.from_bytes(grh[1:4], "big") & 0xFFFFF
+                tclass = ((grh[0] & 0x0F) << 4) | (grh[1] >> 4)
+                if len(self._v1_peers) >= _MAX_PEERS:
+                    self._v1_peers.clear()
+                self._v1_peers[(bytes(src), bytes(dst))] = (flow, tclass)
         else:  # 20 zero bytes, then the IPv4 header (rxe)
             v4 = bytes(10) + b"\xff\xff"
             src, dst = v4 + grh[32:36], v4 + grh[36:40]
         self.agent.on_mad(mad, src, wc.src_qp, self.now(), dst_gid=dst)
+
+    def _sgid_index(self, sgid: bytes, v1: bool) -> int:
+        """The GID index of ``sgid`` with the wanted type (RoCEv1 for a reply to a RoCEv1
+        request); else the agent's choice (a RoCE v2 entry first on a dual device, as
+        Linux's default RoCE mode)."""
+        if v1:
+            i = self.port.gid_index_of(sgid, True)
+            if i >= 0:
+                return i
+        return self.agent.sgid_index(sgid)
 
     def _on_send_wc(self, wc: WorkCompletion) -> None:
         return None
@@ -182,11 +205,21 @@ class CmBinding:
     def _pump(self, now: float) -> None:
         port = self.port
         for m in self.agent.take_output():
-            key = (m.dgid, m.sgid, m.hop_limit, m.traffic_class, m.flow_label)
+            v1 = False
+            hop, tclass, flow = m.hop_limit, m.traffic_class, m.flow_label
+            if m.reversible:
+                rx = self._v1_peers.get((m.dgid, m.sgid))
+                if rx is not None:
+                    # A16.4.4: the request came over RoCEv1: swap its GIDs and QPs (the
+                    # agent did), copy FlowLabel and TrafficClass, HopLimit 0xFF; the
+                    # Q_Key is the request's, which QP1's receive check made GSI_QKEY.
+                    v1 = True
+                    flow, tclass = rx
+                    hop = MAD_RESPONSE_HOP_LIMIT
+            key = (m.dgid, m.sgid, hop, tclass, flow, v1)
             av = self._avs.get(key)
             if av is None:
-                av = AddressVector(m.dgid, self.agent.sgid_index(m.sgid), m.flow_label,
-                                   m.hop_limit, m.traffic_class)
+                av = AddressVector(m.dgid, self._sgid_index(m.sgid, v1), flow, hop, tclass)
                 if len(self._avs) > 4096:
                     self._avs.clear()
                 self._avs[key] = av

@@ -88,6 +88,7 @@ class CmAgent:
                  config: CmConfig | None = None, seed: int | None = None,
                  exclusive: bool = True) -> None:
         self.gids = gids
+        self.gid_v1: Sequence[bool] | None = None  # per GID: RoCEv1 type (Annex A16)
         self.guid = guid
         self.mtu = mtu
         self.config = config if config is not None else CmConfig()
@@ -272,7 +273,14 @@ class CmAgent:
                 self.counters.unclaimed += 1
             return
         if listener.pending >= listener.backlog:
-            self.counters.backlog_drops += 1  # like a full accept queue: the REQ is retried
+            # The backlog (half-open connections: not yet accepted, or waiting for the
+            # RTU) is full: REJ "No resources available" (IBA Table 109 reason 3,
+            # ../shared/specs/ib-cm.md §4) frees the peer at once instead of holding it
+            # for its full REQ timeout. Linux drops such a REQ silently (ucma backlog
+            # exhausted: ENOMEM, cm_destroy_id does not reject) so that it is retried;
+            # we reject so that a flood of REQs cannot hold a listener for that long.
+            self.counters.backlog_drops += 1
+            self._reject_req(req, tid, src, dst, RejReason.NO_RESOURCES)
             return
         verdict: ReqVerdict | DialectReject
         if listener.dialect is not None:
@@ -359,8 +367,17 @@ class CmAgent:
         return bytes(self.gids[0])
 
     def sgid_index(self, sgid: bytes) -> int:
+        """The GID index of ``sgid`` (0 if absent). Where a GID appears once per RoCE
+        version (``gid_v1``, set by the binding), the RoCE v2 entry wins, as Linux's
+        default RoCE mode for the CM is v2."""
+        gids = list(self.gids)
+        kinds = self.gid_v1
+        if kinds is not None and len(kinds) == len(gids):
+            for i, g in enumerate(gids):
+                if g == sgid and not kinds[i]:
+                    return i
         try:
-            return list(self.gids).index(sgid)
+            return gids.index(sgid)
         except ValueError:
             return 0
 
@@ -373,8 +390,8 @@ class CmAgent:
 
     def _out(self, sgid: bytes, dgid: bytes, mad: bytes, path: CmPath | None = None) -> None:
         self.counters.mads_out += 1
-        if path is None:
-            self.outq.append(OutMad(sgid, dgid, mad))
+        if path is None:  # answered from the received MAD's addressing alone
+            self.outq.append(OutMad(sgid, dgid, mad, reversible=True))
         else:
             self.outq.append(OutMad(sgid, dgid, mad, path.hop_limit, path.traffic_class,
                                     path.flow_label))

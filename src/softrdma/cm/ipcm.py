@@ -51,6 +51,7 @@ from . import qpctl
 from .events import CmEvent, CmEventType
 from .ibcm import CmId as _CmId
 from .ibcm import ConnParams, DialectReject, ReqVerdict, SidrParams
+from .userqp import UserQp
 
 __all__ = ["IpCmDialect", "IpCmClient", "ip_listen", "gid_addresses"]
 
@@ -151,10 +152,11 @@ class IpCmClient:
                 and rej.ip_cm.suggested[0] < self.minor and self._qp is not None):
             self.minor = rej.ip_cm.suggested[0]
             self.downgrades.append(self.minor)
-            eq = qpctl.engine_of(self._qp)
             now = self.cm_id.agent._now
-            if eq.state != qpctl.RESET:
-                eq.modify({"qp_state": qpctl.RESET}, now)
+            if not isinstance(self._qp, UserQp):  # the application resets its own QP
+                eq = qpctl.engine_of(self._qp)
+                if eq.state != qpctl.RESET:
+                    eq.modify({"qp_state": qpctl.RESET}, now)
             self._send(now)
             return
         self._forward(ev)

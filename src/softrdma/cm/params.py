@@ -150,6 +150,7 @@ class OutMad:
     traffic_class: int = 0
     flow_label: int = 0
     dqpn: int = 1
+    reversible: bool = False  # a response built from a received MAD (IBA 13.5.4, A16.4.4)
 
 
 @dataclass(slots=True)

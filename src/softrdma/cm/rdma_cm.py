@@ -45,7 +45,6 @@ import errno
 import ipaddress
 import random
 import threading
-import time
 from functools import partial
 from typing import Any
 
@@ -89,6 +88,11 @@ from .rdma_events import (  # noqa: F401 - the RDMA_CM_EVENT_* names are re-expo
     UdParam,
     event_str,
 )
+from .rdma_iwwatch import CONNECTING as _CONNECTING
+from .rdma_iwwatch import unwatch as _unwatch
+from .rdma_iwwatch import watch as _watch
+from .rdma_qpattr import qp_attr_of
+from .userqp import UserQp, cm_qp_attr
 
 __all__ = [
     "CmId", "EventChannel", "ConnParam", "UdParam", "RdmaCmEvent", "RdmaCmEventType",
@@ -165,6 +169,8 @@ class CmId:
         self._iw_req: Any = None
         self._iw_conn: Any = None
         self._sidr = False
+        self._established_by_app = False
+        self._ack_timeout: int | None = None
         self._disconnected = False
         self._destroyed = False
         self._lock = threading.Lock()
@@ -213,6 +219,16 @@ class CmId:
     def get_peer_addr(self) -> Address | None:
         """``rdma_get_peer_addr``."""
         return self.peer_addr
+
+    def set_ack_timeout(self, timeout: int) -> None:
+        """``rdma_set_option(RDMA_OPTION_ID_ACK_TIMEOUT)``: the Local ACK Timeout
+        (4.096 us * 2^timeout, IBA 9.7.6.1.3) the CM gives this id's QP at RTS."""
+        self._check()
+        if not isinstance(timeout, int) or not 0 <= timeout <= 31:
+            raise InvalidArgument("timeout", f"must be 0..31, got {timeout!r}")
+        self._ack_timeout = timeout
+        if self._ib is not None:
+            self._ib.local_ack_timeout = timeout
 
     # ---- addresses ---------------------------------------------------------------------
     def bind_addr(self, addr: Any, *, device: str | None = None) -> None:
@@ -320,8 +336,7 @@ class CmId:
         p = param if param is not None else ConnParam()
         if not self._addr_ok or self.device is None:
             raise StateError("connect before resolve_addr/resolve_route")
-        if self.qp is None and self.ps == RDMA_PS_TCP:
-            raise StateError("connect needs the QP of create_qp")
+        qp = self._conn_qp(p, "connect")
         if self._ib is not None or self._iw_conn is not None:
             raise StateError("the id is already connecting or connected")
         assert self._src is not None and self._dst is not None
@@ -331,6 +346,7 @@ class CmId:
         binding = self.device.binding
         assert binding is not None
         ib = binding.agent.create_id(self._on_ib)
+        ib.local_ack_timeout = self._ack_timeout
         self._ib = ib
         client = IpCmClient(ib, handler=self._on_ib)
         if self.ps == RDMA_PS_UDP:
@@ -338,11 +354,45 @@ class CmId:
             client.resolve(self._src, self._dst, self._dst_port, src_port=self._src_port,
                            private_data=bytes(p.private_data))
             return
-        client.connect(self.qp, self._src, self._dst, self._dst_port, src_port=self._src_port,
+        client.connect(qp, self._src, self._dst, self._dst_port, src_port=self._src_port,
                        proto=IPPROTO_TCP, private_data=bytes(p.private_data),
                        responder_resources=p.responder_resources,
                        initiator_depth=p.initiator_depth, retry_count=p.retry_count,
-                       rnr_retry_count=p.rnr_retry_count, flow_control=bool(p.flow_control))
+                       rnr_retry_count=p.rnr_retry_count, flow_control=bool(p.flow_control),
+                       auto_rtu=not isinstance(qp, UserQp))
+
+    def _conn_qp(self, p: ConnParam, what: str) -> Any:
+        """The id's QP, or (no QP, ``p.qp_num`` set) the application's own QP of that
+        number (librdmacm: ``conn_param.qp_num``; see :mod:`.userqp`)."""
+        if self.qp is not None or self.ps == RDMA_PS_UDP:
+            return self.qp
+        if not p.qp_num:
+            raise StateError(f"{what} needs the QP of create_qp or ConnParam.qp_num")
+        if self.transport == "iwarp":
+            raise InvalidArgument("qp_num", "an application-moved QP needs the IB CM "
+                                            "(RoCE); on iWARP use create_qp")
+        return UserQp(p.qp_num, srq=bool(p.srq))
+
+    def establish(self) -> None:
+        """``rdma_establish``: after CONNECT_RESPONSE on a connection whose QP the
+        application moves itself, send the RTU (no ESTABLISHED event follows, as in
+        librdmacm)."""
+        self._check()
+        if self._ib is None or self.qp is not None:
+            raise StateError("establish is for an application-moved QP after "
+                             "CONNECT_RESPONSE")
+        self._established_by_app = True
+        self._ib.establish()
+
+    def init_qp_attr(self, qp_state: int) -> tuple[Any, int]:
+        """``rdma_init_qp_attr``: ``(QPAttr, attr_mask)`` moving an application-created
+        QP of this connection to ``qp_state`` (INIT, RTR, RTS; RoCE)."""
+        self._check()
+        ib = self._ib
+        if ib is None:
+            raise StateError("init_qp_attr needs a connection request or response")
+        got = ib.agent.api(lambda t: cm_qp_attr(ib, qp_state), None)
+        return qp_attr_of(self.verbs, got)
 
     def _iw_connect(self, p: ConnParam) -> None:
         from ..iwarp import cm as iw  # noqa: PLC0415
@@ -483,8 +533,7 @@ class CmId:
         UD, as librdmacm)."""
         self._check()
         p = param if param is not None else ConnParam()
-        if self.qp is None:
-            raise StateError("accept needs the QP of create_qp")
+        qp = self._conn_qp(p, "accept")
         if self._iw_req is not None:
             from ..iwarp.mpa_setup import MpaConfig  # noqa: PLC0415
 
@@ -499,7 +548,9 @@ class CmId:
         if self._ib is None:
             raise StateError("accept on an id without a connection request")
         qkey = p.qkey if p.qkey is not None else (RDMA_UDP_QKEY if self._sidr else None)
-        self._ib.accept(self.qp, AcceptParams(
+        if self._ack_timeout is not None:
+            self._ib.local_ack_timeout = self._ack_timeout
+        self._ib.accept(qp, AcceptParams(
             private_data=bytes(p.private_data), responder_resources=p.responder_resources,
             initiator_depth=p.initiator_depth, rnr_retry_count=p.rnr_retry_count,
             flow_control=bool(p.flow_control), qkey=qkey))
@@ -566,6 +617,8 @@ class CmId:
         _unwatch(self)
         if self.device is not None:
             self.device.ids.discard(self)
+        for child in self.channel._drop_for(self):  # unread requests of a listener: refused
+            child.destroy()
 
     def _stop_listening(self) -> None:
         listens, self._listens = self._listens, []
@@ -609,6 +662,8 @@ class CmId:
     def _on_ib(self, ev: CmEvent) -> None:
         k = ev.type
         if k == CmEventType.ESTABLISHED:
+            if self._established_by_app:
+                return  # rdma_establish reports nothing (librdmacm)
             ud = None
             if self._sidr and ev.ud_qpn is not None:
                 ud = UdParam(ev.ud_qpn, ev.ud_qkey or RDMA_UDP_QKEY, self._ah_attr(),
@@ -637,55 +692,10 @@ class CmId:
         from ..verbs.ah import AHAttr, GlobalRoute  # noqa: PLC0415
 
         assert self._dst is not None and self._src is not None
-        gids = list(self.verbs.port.gids) if self.verbs is not None else []
         sgid = ip_to_gid(self._src.packed)
-        idx = gids.index(sgid) if sgid in gids else 0
+        idx = 0
+        if self.verbs is not None:  # a RoCE v2 entry first on a dual device (Linux default)
+            port = self.verbs.port
+            idx = max(port.gid_index_of(sgid, False), port.gid_index_of(sgid), 0)
         return AHAttr(gr=GlobalRoute(dgid=ip_to_gid(self._dst.packed), sgid_index=idx,
                                      hop_limit=64), is_global=1, port_num=1)
-
-
-# ---- iWARP: the peer closing the stream ------------------------------------------------
-class _Connecting:
-    """Marks an iWARP id whose connect thread runs."""
-
-
-_CONNECTING = _Connecting()
-_watched: set[CmId] = set()
-_watch_lock = threading.Lock()
-_watch_thread: threading.Thread | None = None
-
-
-def _watch(cid: CmId) -> None:
-    """Report DISCONNECTED when the peer closes the iWARP stream (FIN, Terminate)."""
-    global _watch_thread
-    with _watch_lock:
-        _watched.add(cid)
-        if _watch_thread is None or not _watch_thread.is_alive():
-            _watch_thread = threading.Thread(target=_watch_loop, name="rdma_cm-iw-watch",
-                                             daemon=True)
-            _watch_thread.start()
-
-
-def _unwatch(cid: CmId) -> None:
-    with _watch_lock:
-        _watched.discard(cid)
-
-
-def _watch_loop() -> None:
-    from ..iwarp.engine import ConnState  # noqa: PLC0415
-
-    global _watch_thread
-    gone = (ConnState.FAILED, ConnState.CLOSED)
-    while True:
-        with _watch_lock:
-            ids = list(_watched)
-            if not ids:
-                _watch_thread = None
-                return
-        for cid in ids:
-            conn = cid._iw_conn
-            if conn is None or conn is _CONNECTING or conn.conn.state in gone:
-                _unwatch(cid)
-                if conn is not None and conn is not _CONNECTING:
-                    cid._disconnected_event()
-        time.sleep(0.005)

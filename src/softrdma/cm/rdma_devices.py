@@ -3,9 +3,10 @@
 Address resolution (librdmacm ``rdma_resolve_addr`` / ``rdma_bind_addr``): the candidate
 devices are the registry's (``softrdma link``; each owns its netdev's addresses) plus the
 built-in iWARP loopback device ``softrdma_iw_lo`` (127.0.0.1 and ::1). A source address
-picks the devices owning it; without one, a loopback destination (127.0.0.0/8, ::1)
-picks the devices on ``lo``, any other destination the devices with an address of its
-family. ``prefer`` narrows the choice: a device name, or a transport ``"roce"`` /
+picks the devices owning it; without one, the kernel's route to the destination gives the
+source address (``drivers.route``, as Linux's address resolution) and the device owning
+it; failing that, a loopback destination (127.0.0.0/8, ::1) picks the devices on ``lo``,
+any other destination the devices with an address of its family. ``prefer`` narrows the choice: a device name, or a transport ``"roce"`` /
 ``"iwarp"`` (default: the first candidate, registry order, so RoCE before the built-in
 iWARP device). The transport then comes from the device type.
 
@@ -17,10 +18,13 @@ one :class:`~softrdma.cm.gsi.CmBinding` on its QP1) and stays open until
 from __future__ import annotations
 
 import ipaddress
+import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..drivers.route import route_source
 from ..errors import DeviceError, InvalidArgument
 from ..wire.ipcm import IpAddress
 from .gsi import CmBinding
@@ -47,6 +51,9 @@ class Options:
     cm_config: CmConfig | None = None
     iwarp_timeout: float = 10.0
     shared: bool | None = None
+    #: builds the verbs Context of a device the layer opens, from its name and transport
+    #: (the pyverbs compatibility layer gives its own Context class); None: verbs.Context
+    context_factory: Callable[[str, str], Any] | None = None
 
 
 options = Options()
@@ -118,6 +125,13 @@ def find_device(src: IpAddress | None, dst: IpAddress | None,
                           f"owns {src}", errno=99)  # EADDRNOTAVAIL
     if dst is None:
         raise InvalidArgument("dst", "a destination address is needed without a source")
+    # The kernel's route to dst names the source address, and so the device, as Linux
+    # rdma_resolve_addr does; the rules below are the fallback when no device owns it.
+    kern = route_source(dst.packed)
+    if kern is not None:
+        for d in devs:
+            if kern in d.ips and (d.netdev == "lo" or not dst.is_loopback):
+                return d, ipaddress.ip_address(kern)
     fam = 4 if dst.version == 4 else 16
     for d in devs:
         if dst.is_loopback and d.netdev != "lo":
@@ -128,9 +142,34 @@ def find_device(src: IpAddress | None, dst: IpAddress | None,
         if dst.is_loopback:
             own = [ip for ip in own if ipaddress.ip_address(ip).is_loopback]
         if own:
-            return d, ipaddress.ip_address(own[0])
+            return d, ipaddress.ip_address(_pick_source(dst, own))
     raise DeviceError(f"no softrdma device{'' if prefer is None else ' ' + repr(prefer)} "
                       f"routes to {dst}", errno=101)  # ENETUNREACH
+
+
+def _route_source(dst: IpAddress) -> bytes | None:
+    """The source address the kernel's routing picks for ``dst`` (a UDP ``connect``
+    sends nothing), as rdma_resolve_addr does; None if there is no route."""
+    fam = socket.AF_INET if dst.version == 4 else socket.AF_INET6
+    try:
+        with socket.socket(fam, socket.SOCK_DGRAM) as s:
+            s.connect((str(dst), 9))
+            return ipaddress.ip_address(s.getsockname()[0].split("%", 1)[0]).packed
+    except OSError:
+        return None
+
+
+def _pick_source(dst: IpAddress, own: list[bytes]) -> bytes:
+    """The device address to use towards ``dst``: the kernel's route source if the device
+    owns it, else one of the same IPv6 scope (a global destination is not reached from
+    a link-local source: its ICRC and replies would use the wrong address), else the
+    first."""
+    routed = _route_source(dst)
+    if routed is not None and routed in own:
+        return routed
+    link_local = dst.version == 6 and dst.is_link_local
+    same = [ip for ip in own if len(ip) == 4 or ipaddress.ip_address(ip).is_link_local == link_local]
+    return (same or own)[0]
 
 
 def devices_for_wildcard(version: int, prefer: str | None) -> list[DeviceEntry]:
@@ -149,11 +188,15 @@ def open_device(entry: DeviceEntry) -> OpenDevice:
         dev = _open.get(entry.name)
         if dev is not None:
             return dev
-        if entry.transport == "iwarp":
+        factory = options.context_factory
+        binding: CmBinding | None = None
+        if factory is not None:
+            ctx = factory(entry.name, entry.transport)
+        elif entry.transport == "iwarp":
             ctx = Context(entry.name, transport="iwarp")
-            binding = None
         else:
             ctx = Context(entry.name, shared=options.shared)
+        if entry.transport != "iwarp":
             try:
                 binding = CmBinding.attach(ctx, config=options.cm_config)
             except BaseException:

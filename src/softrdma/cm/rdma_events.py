@@ -181,6 +181,30 @@ class EventChannel:
             self.unacked += 1
             return ev
 
+    def _drop_for(self, cid: CmId) -> list[CmId]:
+        """``rdma_destroy_id`` of ``cid``: drop the events still queued about it (Linux
+        ``ucma_cleanup_events``), so a destroyed id and what it holds are not kept alive
+        by events nobody will read. Returns the children of its dropped CONNECT_REQUESTs
+        (the caller destroys them, as ucma does for a listener's pending requests)."""
+        with self._cv:
+            keep: deque[RdmaCmEvent] = deque()
+            children: list[CmId] = []
+            for ev in self._q:
+                if ev.id is cid:
+                    continue
+                if ev.listen_id is cid:
+                    children.append(ev.id)
+                    continue
+                keep.append(ev)
+            dropped = len(self._q) - len(keep)
+            self._q = keep
+            if dropped:
+                try:
+                    os.read(self._r, dropped)  # one pipe byte per queued event
+                except BlockingIOError:
+                    pass
+        return children
+
     def pending(self) -> int:
         """Events waiting to be taken."""
         return len(self._q)

@@ -60,12 +60,26 @@ Requests (client -> daemon, control), one fixed-size record::
                       matching it go to this client (EADDRINUSE if another client has
                       the same Service ID and mask)
       CM_UNLISTEN  8  mgid as for CM_LISTEN
+      REPORT       9  followed by JSON {name: value}: this client's port counters
+                      (cumulative, :class:`softrdma.ib.counters.Counters`); the daemon keeps
+                      the last report of each client and adds it to the device's retired
+                      total when the client leaves
+      COUNTERS    10  (no argument): the device's port counters, aggregated
 
 Replies (daemon -> client, control)::
 
     _REP "!BxHI": op (echoed), errno (0 = success), value (the QPN for ALLOC_QPN,
     else 0; for STATS the number of counters, followed by that many "!Q" in the order
-    of STAT_NAMES)
+    of STAT_NAMES; for COUNTERS followed by JSON {"port": {...}, "devd": {...},
+    "clients": N})
+
+Port counters of a shared device (``softrdma stats``, ``Context.query_port_counters``):
+each process counts its own packets in its engine and reports them to the daemon at
+most every :data:`~softrdma.drivers.runtime.REPORT_INTERVAL` seconds and when it closes;
+the daemon's COUNTERS answer is the sum of the retired clients' totals, the live
+clients' last reports, and the daemon's own drops (``unknown_qpn`` ->
+``rcvd_unknown_qp``, ``malformed`` -> ``rcvd_malformed``, ``client_full`` ->
+``rcvd_no_buffer``, each also a received packet).
 
 Data (daemon -> client, data channel): ``_DHDR`` followed by the UDP payload as
 received (BTH .. ICRC)::
@@ -97,8 +111,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import errno
 import fcntl
+import json
 import os
 import selectors
 import signal
@@ -125,12 +141,26 @@ from softrdma.drivers.admission import (
     refusal_reason,
     refuse,
 )
-from softrdma.drivers.link import V4_MAPPED_PREFIX, Datagram, ip_bytes, ip_text
+from softrdma.drivers.cm_reject import RejLimiter, answer_for, sane_request
+from softrdma.drivers.devd_v1 import V1_VERSION, send_reversible_v1, v1_datagram
+from softrdma.drivers.link import (
+    V4_MAPPED_PREFIX,
+    Datagram,
+    GidEntry,
+    gid_entries,
+    gid_of_ip,
+    ip_bytes,
+    ip_text,
+)
 from softrdma.drivers.mcast import is_mgid, mgid_to_group
+from softrdma.drivers.rawether import RawEtherLink
 from softrdma.drivers.registry import DeviceRecord, Registry, ensure_state_dir, open_state_file
 from softrdma.drivers.registry import state_dir as default_state_dir
 from softrdma.drivers.udp import UdpLink
 from softrdma.errors import ClosedError, DeviceError, InvalidArgument, SoftRdmaError
+from softrdma.ib.counters import Counters
+from softrdma.wire.roce import udp_send_icrc
+from softrdma.wire.rocev1 import GRH_SIZE, is_multicast_gid
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
@@ -157,6 +187,8 @@ OP_STATS = 5
 OP_CM_SLOT = 6
 OP_CM_LISTEN = 7
 OP_CM_UNLISTEN = 8
+OP_REPORT = 9
+OP_COUNTERS = 10
 
 _HELLO = struct.Struct("!4sHHIH")
 _REQ = struct.Struct("!BxxxI16s")
@@ -171,7 +203,7 @@ QPN_LAST = 0xFFFFFE
 BTH_SIZE = 12
 
 STAT_NAMES = ("rx", "forwarded", "unknown_qpn", "malformed", "client_full", "clients",
-              "cm_routed", "cm_rejected", "clients_refused")
+              "cm_routed", "cm_rejected", "clients_refused", "cm_bad_req", "cm_rej_limited")
 
 # CM MADs on QP1: BTH (12) + DETH (8), then the 256-byte MAD (ib-cm.md §7)
 _MAD_OFF = BTH_SIZE + 8
@@ -183,6 +215,7 @@ _GSI_QKEY = 0x80010000
 _BTH_DETH = struct.Struct("!BBHIIII")
 
 MAX_DATAGRAM = 16384  # the largest UDP payload the daemon receives and forwards
+_MAX_CTRL = 65536  # the largest control record (a REPORT carries JSON)
 _DATA_SNDBUF = 4 << 20
 _RECV_BATCH = 64
 
@@ -250,6 +283,7 @@ class _Client:
     dead: bool = False
     cm_slot: int = 0
     cm_listens: set[tuple[int, int]] = field(default_factory=set)
+    port_counters: dict[str, int] = field(default_factory=dict)
     uid: int = -1
 
 
@@ -292,6 +326,7 @@ class Devd:
         self.ips: tuple[bytes, ...] = ()
         self.counters: dict[str, int] = dict.fromkeys(STAT_NAMES, 0)
         self._links: list[UdpLink] = []
+        self._raw: RawEtherLink | None = None  # RoCEv1 (Annex A16), roce_ver 1 or both
         self._listener: socket.socket | None = None
         self._lock_fd = -1
         self._wake_r, self._wake_w = socket.socketpair()
@@ -306,10 +341,12 @@ class Devd:
         self._next_slot = 1
         self._cm_listeners: dict[tuple[int, int], _Client] = {}
         self._next_qpn = QPN_FIRST
+        self._retired = Counters()  # port counters of clients that left
         self.max_clients_per_uid = max_clients_per_uid
         self._uid_cap = max_clients_per_uid
         self._per_uid: dict[int, int] = {}
         self._spare: Spare | None = None
+        self._rej_limiter = RejLimiter()
         self._stop = False
         self._started = False
         self._closed = False
@@ -352,7 +389,12 @@ class Devd:
                     time.sleep(0.01)
             self._uid_cap = per_uid_cap(raise_nofile(), self.max_clients_per_uid)
             self._spare = Spare()
-            self._bind_udp()
+            if self.record.roce_v2:
+                self._bind_udp()
+            else:  # RoCEv1 only: no UDP port; the addresses are still GIDs (roce.md §4)
+                self.ips = tuple(_device_addresses(self.record.netdev))
+            if self.record.roce_v1:
+                self._raw = RawEtherLink(self.record.netdev, vlan=self.record.vlan)
             self._bind_unix()
             pid_fd = open_state_file(self.pid_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
@@ -369,7 +411,10 @@ class Devd:
         sel.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
         assert self._listener is not None
         sel.register(self._listener, selectors.EVENT_READ, ("accept", None))
-        for link in self._links:
+        links: list[UdpLink | RawEtherLink] = [*self._links]
+        if self._raw is not None:
+            links.append(self._raw)
+        for link in links:
             fd = link.fileno()
             assert fd is not None
             sel.register(fd, selectors.EVENT_READ, ("udp", link))
@@ -426,6 +471,9 @@ class Devd:
         for link in self._links:
             link.close()
         self._links.clear()
+        if self._raw is not None:
+            self._raw.close()
+            self._raw = None
         if self._listener is not None:
             self._listener.close()
             self._listener = None
@@ -460,7 +508,7 @@ class Devd:
                 for key, _ in self._sel.select(timeout):
                     kind, obj = key.data
                     if kind == "udp":
-                        assert isinstance(obj, UdpLink)
+                        assert isinstance(obj, (UdpLink, RawEtherLink))
                         self._on_udp(obj)
                     elif kind == "ctrl":
                         assert isinstance(obj, _Client)
@@ -531,15 +579,24 @@ class Devd:
             self._sel.register(mine, selectors.EVENT_READ, ("data", client))
 
     def _on_data_hup(self, c: _Client) -> None:
-        try:
-            msg = c.data.recv(16)
-        except BlockingIOError:
-            return
-        except OSError:
-            c.dead = True
-            return
-        if not msg:
-            c.dead = True
+        """The data channel is readable: the client left, or it sends a self-addressed
+        RoCEv1 packet (CA16-22), which is routed as if it had arrived from the wire."""
+        while True:
+            try:
+                msg = c.data.recv(_DHDR.size + MAX_DATAGRAM)
+            except BlockingIOError:
+                return
+            except OSError:
+                c.dead = True
+                return
+            if not msg:
+                c.dead = True
+                return
+            dg = v1_datagram(msg, _DHDR.size)
+            if dg is None or self._raw is None:
+                self.counters["malformed"] += 1
+                continue
+            self._route(self._raw, [dg])
 
     def _drop_client(self, c: _Client) -> None:
         for qpn in c.qpns:
@@ -557,6 +614,8 @@ class Devd:
                     del self._groups[mgid]
                     self._leave_group(mgid)
         c.mcast.clear()
+        self._retired.add(c.port_counters)
+        c.port_counters = {}
         for s in (c.ctrl, c.data):
             if self._sel is not None:
                 with contextlib.suppress(KeyError, ValueError):
@@ -575,7 +634,7 @@ class Devd:
     def _on_ctrl(self, c: _Client) -> None:
         while True:
             try:
-                msg = c.ctrl.recv(256)
+                msg = c.ctrl.recv(_MAX_CTRL)
             except BlockingIOError:
                 return
             except OSError:
@@ -592,6 +651,8 @@ class Devd:
                 return
 
     def _handle(self, c: _Client, msg: bytes) -> bytes:
+        if len(msg) > _REQ.size and msg[0] == OP_REPORT:
+            return _REP.pack(OP_REPORT, self._report(c, msg[_REQ.size :]), 0)
         if len(msg) != _REQ.size:
             return _REP.pack(msg[0] if msg else 0, errno.EINVAL, 0)
         op, arg, mgid = _REQ.unpack(msg)
@@ -607,6 +668,10 @@ class Devd:
             err, value = self._cm_slot(c)
         elif op in (OP_CM_LISTEN, OP_CM_UNLISTEN):
             err, value = self._cm_listen(c, mgid, op == OP_CM_LISTEN), 0
+        elif op == OP_COUNTERS:
+            body = json.dumps({"port": self.port_counters(), "devd": self.counters,
+                               "clients": len(self._clients)}).encode()
+            return _REP.pack(op, 0, len(body)) + body
         elif op == OP_STATS:
             return _REP.pack(op, 0, len(STAT_NAMES)) + b"".join(
                 _U64.pack(self.counters[n]) for n in STAT_NAMES
@@ -614,6 +679,31 @@ class Devd:
         else:
             err, value = errno.EOPNOTSUPP, 0
         return _REP.pack(op, err, value)
+
+    def _report(self, c: _Client, raw: bytes) -> int:
+        try:
+            values = json.loads(raw)
+        except ValueError:
+            return errno.EINVAL
+        if not isinstance(values, dict) or not all(
+            isinstance(k, str) and isinstance(v, int) and v >= 0 for k, v in values.items()
+        ):
+            return errno.EINVAL
+        c.port_counters = values
+        return 0
+
+    def port_counters(self) -> dict[str, int]:
+        """The device's port counters: retired + live clients' reports + devd's drops."""
+        total = Counters()
+        total.add(self._retired.as_dict())
+        for c in self._clients:
+            total.add(c.port_counters)
+        own = self.counters
+        total.rcvd_unknown_qp += own["unknown_qpn"]
+        total.rcvd_malformed += own["malformed"]
+        total.rcvd_no_buffer += own["client_full"]
+        total.rcvd_pkts += own["unknown_qpn"] + own["malformed"] + own["client_full"]
+        return total.as_dict()
 
     def _alloc(self, c: _Client, want: int) -> tuple[int, int]:
         if want == QPN_GSI:
@@ -707,7 +797,7 @@ class Devd:
                 best = (mask, c)
         return None if best is None else best[1]
 
-    def _route_qp1(self, link: UdpLink, dg: Datagram) -> Sequence[_Client]:
+    def _route_qp1(self, link: UdpLink | RawEtherLink, dg: Datagram) -> Sequence[_Client]:
         """The clients a QP1 datagram goes to (see "CM MAD routing" above)."""
         d = dg.data
         mad = _MAD_OFF
@@ -730,30 +820,29 @@ class Devd:
             return (owner,)
         return self._qp1 if attr == _ATTR_REJ else legacy
 
-    def _reject_unlistened(self, link: UdpLink, dg: Datagram, attr: int) -> None:
-        """REJ 8 (SIDR_REP status 1) for a REQ (SIDR_REQ) nobody listens for."""
-        from softrdma.wire import cm as wcm  # noqa: PLC0415 - only the daemon needs it
-        from softrdma.wire.roce import udp_send_icrc  # noqa: PLC0415
-
-        try:
-            got = wcm.decode(bytes(dg.data[_MAD_OFF : _MAD_OFF + _MAD_SIZE]))
-        except SoftRdmaError:
-            self.counters["malformed"] += 1
+    def _reject_unlistened(self, link: UdpLink | RawEtherLink, dg: Datagram, attr: int) -> None:
+        """REJ 8 (SIDR_REP status 1) for a REQ (SIDR_REQ) nobody listens for, only for a
+        REQ with a correct ICRC from a plausible source, and rate-limited per source
+        (:mod:`softrdma.drivers.cm_reject`). On RoCEv1 the REJ takes the reversible path
+        of A16.4.4."""
+        if not sane_request(dg, self.udp_port):
+            self.counters["cm_bad_req"] += 1
             return
-        msg = got.msg
-        if isinstance(msg, wcm.Req):
-            ans: wcm.CmMessage = wcm.Rej(
-                local_comm_id=0, remote_comm_id=msg.local_comm_id,
-                message_rejected=wcm.MsgType.REQ, reason=wcm.RejReason.INVALID_SERVICE_ID)
-        elif isinstance(msg, wcm.SidrReq):
-            ans = wcm.SidrRep(request_id=msg.request_id, status=wcm.SidrStatus.UNSUPPORTED,
-                              service_id=msg.service_id)
-        else:  # pragma: no cover - only called for these two attributes
+        answer = answer_for(dg)
+        if answer is None:
+            self.counters["cm_bad_req"] += 1
             return
-        mad = wcm.encode(ans, tid=got.hdr.tid)
-        src_qp = int.from_bytes(dg.data[BTH_SIZE + 5 : BTH_SIZE + 8], "big")  # DETH SrcQP
-        hdr = _BTH_DETH.pack(_UD_SEND_ONLY, 0, 0xFFFF, src_qp & 0xFFFFFF, 0, _GSI_QKEY,
-                             QPN_GSI)
+        if not self._rej_limiter.allow(dg.src_ip):
+            self.counters["cm_rej_limited"] += 1
+            return
+        hdr, mad = answer
+        if isinstance(link, RawEtherLink):  # RoCEv1: the reversible path of A16.4.4
+            try:
+                send_reversible_v1(link, dg, [hdr, mad])
+            except (OSError, SoftRdmaError):
+                return
+            self.counters["cm_rejected"] += 1
+            return
         sport = link.effective_sport(0)
         try:
             icrc = udp_send_icrc(dg.dst_ip, dg.src_ip, sport, self.udp_port, [hdr, mad])
@@ -767,10 +856,14 @@ class Devd:
         its socket of that address family (roce.md §4, :mod:`.mcast`)."""
         if mgid not in self._groups:
             link = self._group_link(mgid)
-            if link is None:
+            v1 = self._raw if self._raw is not None and is_multicast_gid(mgid) else None
+            if link is None and v1 is None:
                 return errno.EAFNOSUPPORT if is_mgid(mgid) else errno.EINVAL
             try:
-                link.attach_mcast(mgid)
+                if link is not None:
+                    link.attach_mcast(mgid)
+                if v1 is not None:  # RoCEv1: the MGID's Ethernet multicast MAC
+                    v1.attach_mcast(mgid)
             except (OSError, SoftRdmaError):
                 return errno.EADDRNOTAVAIL
             self._groups[mgid] = []
@@ -791,6 +884,9 @@ class Devd:
         link = self._group_link(mgid)
         if link is not None and mgid in link.mcast_groups:
             link.detach_mcast(mgid)
+        if self._raw is not None and is_multicast_gid(mgid):
+            with contextlib.suppress(OSError, SoftRdmaError):
+                self._raw.detach_mcast(mgid)
 
     def _detach(self, c: _Client, mgid: bytes) -> int:
         refs = c.mcast.get(mgid, 0)
@@ -809,10 +905,14 @@ class Devd:
 
     # -- data --------------------------------------------------------------------------
 
-    def _on_udp(self, link: UdpLink) -> None:
+    def _on_udp(self, link: UdpLink | RawEtherLink) -> None:
+        self._route(link, link.recv_batch(_RECV_BATCH))
+
+    def _route(self, link: UdpLink | RawEtherLink, dgrams: Sequence[Datagram]) -> None:
+        """Forward datagrams (RoCEv2) and RoCEv1 frames (``dg.grh``) to their owners."""
         counters = self.counters
         owners = self._owners
-        for dg in link.recv_batch(_RECV_BATCH):
+        for dg in dgrams:
             counters["rx"] += 1
             d = dg.data
             if len(d) < BTH_SIZE:
@@ -830,7 +930,7 @@ class Devd:
                 counters["unknown_qpn"] += 1
                 continue
             hdr = _DHDR.pack(
-                4 if len(dg.src_ip) == 4 else 6,
+                V1_VERSION if dg.grh else 4 if len(dg.src_ip) == 4 else 6,
                 dg.tos,
                 dg.ttl,
                 dg.sport,
@@ -839,13 +939,14 @@ class Devd:
                 _gid16(dg.dst_ip),
             )
             for c in targets:
-                self._forward(c, hdr, d)
+                self._forward(c, hdr, d, dg.grh)
 
-    def _forward(self, c: _Client, hdr: bytes, payload: memoryview) -> None:
+    def _forward(self, c: _Client, hdr: bytes, payload: memoryview, grh: bytes = b"") -> None:
         if c.dead:
             return
         try:
-            c.data.sendmsg([hdr, payload], [], socket.MSG_DONTWAIT)
+            c.data.sendmsg([hdr, grh, payload] if grh else [hdr, payload], [],
+                           socket.MSG_DONTWAIT)
         except BlockingIOError:
             self.counters["client_full"] += 1
         except OSError:
@@ -901,8 +1002,10 @@ def ensure_devd(
         cmd = [
             sys.executable, "-m", "softrdma.drivers.devd", record.name,
             "--state-dir", str(directory), "--netdev", record.netdev,
-            "--port", str(record.udp_port), "--daemonize",
+            "--port", str(record.udp_port), "--roce-ver", record.roce_ver, "--daemonize",
         ]  # fmt: skip
+        if record.vlan is not None:
+            cmd += ["--vlan", str(record.vlan)]
         if idle_timeout is not None:
             cmd += ["--idle-timeout", repr(float(idle_timeout))]
         env = dict(os.environ)
@@ -965,6 +1068,7 @@ class DevdLink:
         self._ctrl_lock = threading.Lock()
         self._closed = False
         self.daemon_pid = 0
+        self.daemon_gone = False  # the control or data channel found the daemon dead
         ctrl: socket.socket | None = None
         data: socket.socket | None = None
         last_err = "no answer"
@@ -996,12 +1100,21 @@ class DevdLink:
         raw = hello[_HELLO.size :]
         self._local_ips = tuple(_ip_from16(raw[i * 16 : i * 16 + 16]) for i in range(n_ips))
         self._senders: dict[int, UdpLink] = {}
+        self._raw: RawEtherLink | None = None
+        self.gid_entries: tuple[GidEntry, ...] = ()  # () : every GID RoCE v2
         try:
-            for ip in self._local_ips:
-                if len(ip) not in self._senders:
-                    self._senders[len(ip)] = UdpLink(
-                        _bind_text(ip, record.netdev), port, bind_port=False
-                    )
+            if record.roce_v2:
+                for ip in self._local_ips:
+                    if len(ip) not in self._senders:
+                        self._senders[len(ip)] = UdpLink(
+                            _bind_text(ip, record.netdev), port, bind_port=False
+                        )
+            if record.roce_v1:  # sends go out of our own raw socket; devd receives
+                v1link = RawEtherLink(record.netdev, vlan=record.vlan, receive=False)
+                self._raw = v1link
+                v2 = tuple(gid_of_ip(ip) for ip in self._local_ips) if record.roce_v2 else ()
+                self.gid_entries = gid_entries(record.roce_ver, v1link.mac, v1link.local_ips, v2)
+                self.mtu = v1link.mtu
         except BaseException:
             self.close()
             raise
@@ -1010,6 +1123,7 @@ class DevdLink:
         ring_view = memoryview(bytearray(slot * ring))
         self._slots = [ring_view[i * slot : (i + 1) * slot] for i in range(ring)]
         self.counters: dict[str, int] = {"rx": 0, "bad_header": 0}
+        self.last_report: dict[str, int] = {}
 
     @staticmethod
     def _connect(path: Path, timeout: float) -> tuple[socket.socket, socket.socket, bytes]:
@@ -1059,7 +1173,24 @@ class DevdLink:
             ) from None
 
     def effective_sport(self, requested: int) -> int:
+        if not self._senders:
+            return requested  # RoCEv1 only: no UDP
         return self._sender(len(self._local_ips[0])).effective_sport(requested)
+
+    def send_v1(self, dgid: bytes, parts: Sequence[ReadableBuffer], sl: int = 0) -> None:
+        """A RoCEv1 packet (GRH, BTH .. pad, ICRC): out of this process's raw socket, or,
+        self-addressed (CA16-22), up the data channel for devd to route."""
+        raw = self._raw
+        if raw is None or self._closed:
+            raise ClosedError(f"device {self.record.name!r}: no RoCEv1 link")
+        if not raw.is_own(bytes(dgid)):
+            raw.send_v1(dgid, parts, sl)
+            return
+        frame = b"".join(bytes(p) for p in parts)
+        hdr = _DHDR.pack(V1_VERSION, ((frame[0] & 0x0F) << 4) | (frame[1] >> 4), frame[7], 0,
+                         0, frame[8:24], bytes(dgid))
+        with contextlib.suppress(BlockingIOError):  # full: lost, as on a busy wire
+            self._data.sendmsg([hdr, frame], [], socket.MSG_DONTWAIT)
 
     def send(
         self,
@@ -1084,12 +1215,25 @@ class DevdLink:
                 n = recv_into(buf, slot, socket.MSG_DONTWAIT)
             except (BlockingIOError, InterruptedError):
                 break
+            except OSError as exc:  # ECONNRESET: the daemon died
+                self.daemon_gone = True
+                raise DeviceError(f"device {self.record.name!r}: its devd (pid "
+                                  f"{self.daemon_pid}) is gone: {exc.strerror}") from exc
             if n == 0:
-                raise DeviceError(f"device {self.record.name!r}: devd closed the data channel")
+                self.daemon_gone = True
+                raise DeviceError(f"device {self.record.name!r}: its devd (pid "
+                                  f"{self.daemon_pid}) is gone")
             if n < hsize:
                 self.counters["bad_header"] += 1
                 continue
-            _, tos, ttl, sport, dport, src, dst = unpack(buf)
+            ver, tos, ttl, sport, dport, src, dst = unpack(buf)
+            if ver == V1_VERSION:  # RoCEv1: the GRH, then BTH .. ICRC
+                if n < hsize + GRH_SIZE:
+                    self.counters["bad_header"] += 1
+                    continue
+                out.append(Datagram(buf[hsize + GRH_SIZE:n], bytes(src), bytes(dst), 0, 0, tos,
+                                    ttl, bytes(buf[hsize:hsize + GRH_SIZE])))
+                continue
             out.append(
                 Datagram(buf[hsize:n], _ip_from16(src), _ip_from16(dst), sport, dport, tos, ttl)
             )
@@ -1105,6 +1249,9 @@ class DevdLink:
         self._closed = True
         for link in getattr(self, "_senders", {}).values():
             link.close()
+        v1link: RawEtherLink | None = getattr(self, "_raw", None)
+        if v1link is not None:
+            v1link.close()
         self._data.close()
         self._ctrl.close()
 
@@ -1116,10 +1263,12 @@ class DevdLink:
         with self._ctrl_lock:
             try:
                 self._ctrl.send(_REQ.pack(op, arg, mgid))
-                rep = self._ctrl.recv(4096)
+                rep = self._ctrl.recv(_MAX_CTRL)
             except OSError as exc:
+                self.daemon_gone = True
                 raise DeviceError(f"device {self.record.name!r}: devd: {exc}") from exc
         if len(rep) < _REP.size:
+            self.daemon_gone = True
             raise DeviceError(f"device {self.record.name!r}: devd closed the connection")
         rop, err, value = _REP.unpack_from(rep)
         if rop != op:
@@ -1137,10 +1286,17 @@ class DevdLink:
         return self._request(OP_ALLOC_QPN, want)[0]
 
     def free_qpn(self, qpn: int) -> None:
-        """Give ``qpn`` back (DeviceError ENOENT if this client does not own it)."""
+        """Give ``qpn`` back (DeviceError ENOENT if this client does not own it). Once the
+        daemon is gone there is nothing to give back: a no-op (QPs can be destroyed)."""
         if not 0 <= qpn <= QPN_LAST:
             raise InvalidArgument("qpn", f"QPN {qpn:#x} out of range")
-        self._request(OP_FREE_QPN, qpn)
+        if self.daemon_gone:
+            return
+        try:
+            self._request(OP_FREE_QPN, qpn)
+        except DeviceError:
+            if not self.daemon_gone:
+                raise
 
     def attach_mcast(self, mgid: bytes) -> None:
         """Receive datagrams to DestQP 0xFFFFFF whose destination GID is ``mgid``."""
@@ -1163,6 +1319,33 @@ class DevdLink:
                 raise InvalidArgument(name, "must be a 64-bit value")
         raw = service_id.to_bytes(8, "big") + mask.to_bytes(8, "big")
         self._request(OP_CM_LISTEN if listen else OP_CM_UNLISTEN, 0, raw)
+
+    def report_counters(self, values: dict[str, int]) -> None:
+        """Tell the daemon this process's port counters (cumulative; see the module
+        docstring, "Port counters of a shared device")."""
+        body = json.dumps(values, separators=(",", ":")).encode()
+        if self._closed:
+            raise ClosedError(f"device {self.record.name!r}: link closed")
+        with self._ctrl_lock:
+            try:
+                self._ctrl.send(_REQ.pack(OP_REPORT, 0, bytes(16)) + body)
+                rep = self._ctrl.recv(4096)
+            except OSError as exc:
+                raise DeviceError(f"device {self.record.name!r}: devd: {exc}") from exc
+        if len(rep) < _REP.size or _REP.unpack_from(rep)[1]:
+            raise DeviceError(f"device {self.record.name!r}: devd refused the counter report")
+        self.last_report = dict(values)
+
+    def device_counters(self) -> dict[str, int]:
+        """The device's port counters as the daemon aggregates them (every process's last
+        report, the processes that left, the daemon's own drops)."""
+        _, rest = self._request(OP_COUNTERS)
+        try:
+            got = json.loads(rest)
+            port = got["port"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DeviceError(f"device {self.record.name!r}: bad COUNTERS answer") from exc
+        return {str(k): int(v) for k, v in port.items()}
 
     def stats(self) -> dict[str, int]:
         """The daemon's counters (:data:`STAT_NAMES`)."""
@@ -1254,15 +1437,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--netdev", default=None, help="override the registry record")
     p.add_argument("--port", type=int, default=None, help="override the registry record")
     p.add_argument("--ip", action="append", default=None, help="serve only this address")
+    p.add_argument("--roce-ver", default="2", choices=("1", "2", "both"),
+                   help="with --netdev: the RoCE version(s) (Annex A16 RoCEv1: raw Ethernet)")
+    p.add_argument("--vlan", type=int, default=None, help="with --netdev: RoCEv1 VLAN ID")
     p.add_argument("--daemonize", action="store_true", help="detach; exit 0 once ready")
     a = p.parse_args(argv)
     try:
         if a.netdev is not None:
-            record = DeviceRecord(a.name, a.netdev, "roce", 4791 if a.port is None else a.port)
+            record = DeviceRecord(a.name, a.netdev, "roce", 4791 if a.port is None else a.port,
+                                  a.roce_ver, a.vlan)
         else:
             record = Registry(a.state_dir).get(a.name)
             if a.port is not None:
-                record = DeviceRecord(record.name, record.netdev, record.type, a.port)
+                record = dataclasses.replace(record, udp_port=a.port)
         devd = Devd(record, a.state_dir, idle_timeout=a.idle_timeout, ips=a.ip)
         if a.daemonize:
             return _daemonize(devd)

@@ -27,102 +27,30 @@ import random
 import struct
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from ..errors import ClosedError, InvalidArgument, StateError
 from ..wire import roce
+from ..wire.rocev1 import ETH_P_ROCE_V1, GRH_SIZE, mac_of_link_local_gid
 from .clock import TimerHandle, VirtualClock
-from .link import ROCE_V2_UDP_PORT, Datagram, check_port, check_u8, ip_bytes
+from .fabric_rules import ACTIONS, ETH_OVERHEAD, Action, FabricStats, Rule
+from .link import (
+    GID_TYPE_ROCE_V1,
+    ROCE_V2_UDP_PORT,
+    Datagram,
+    GidEntry,
+    check_port,
+    check_roce_ver,
+    check_u8,
+    gid_entries,
+    gid_of_ip,
+    ip_bytes,
+)
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
 
     from ..wire.pcap import PcapWriter
-
-Action = Literal["drop", "duplicate", "delay", "corrupt", "reorder"]
-_ACTIONS = ("drop", "duplicate", "delay", "corrupt", "reorder")
-
-# Ethernet header + FCS, counted in serialisation time (IEEE 802.3 framing).
-_ETH_OVERHEAD = 14 + 4
-
-
-class FabricStats:
-    """What the fabric did, counted per datagram.
-
-    ``sent``: accepted by ``send``; ``delivered``: put in a receive queue (duplicates
-    count once each); ``dropped``: lost to a random or rule drop; ``partitioned``: lost
-    because source or destination was partitioned; ``unroutable``: no link has the
-    destination address/port (or it closed); ``overflow``: the destination queue was
-    full; ``duplicated``/``reordered``/``delayed``/``corrupted``: faults applied;
-    ``rule_hits``: rule actions applied; ``bytes_delivered``: payload bytes delivered.
-    """
-
-    __slots__ = ("sent", "delivered", "dropped", "partitioned", "unroutable", "overflow",
-                 "duplicated", "reordered", "delayed", "corrupted", "rule_hits",
-                 "bytes_delivered")
-
-    def __init__(self) -> None:
-        self.sent = 0
-        self.delivered = 0
-        self.dropped = 0
-        self.partitioned = 0
-        self.unroutable = 0
-        self.overflow = 0
-        self.duplicated = 0
-        self.reordered = 0
-        self.delayed = 0
-        self.corrupted = 0
-        self.rule_hits = 0
-        self.bytes_delivered = 0
-
-    def as_dict(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in self.__slots__}
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, FabricStats) and self.as_dict() == other.as_dict()
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        inner = ", ".join(f"{k}={v}" for k, v in self.as_dict().items() if v)
-        return f"FabricStats({inner})"
-
-
-class Rule:
-    """A targeted fault: ``action`` applies to datagrams for which ``predicate`` is true.
-
-    The first ``skip`` matching datagrams pass untouched; then the action applies to the
-    next ``count`` matches (all of them when ``count`` is None), after which the rule is
-    spent. ``matches`` counts predicate hits, ``hits`` actions applied.
-    """
-
-    __slots__ = ("predicate", "action", "count", "skip", "delay", "matches", "hits", "_fabric")
-
-    def __init__(self, fabric: Fabric, predicate: Callable[[Datagram], bool], action: Action,
-                 count: int | None, skip: int, delay: float) -> None:
-        self._fabric: Fabric | None = fabric
-        self.predicate = predicate
-        self.action: Action = action
-        self.count = count
-        self.skip = skip
-        self.delay = delay
-        self.matches = 0
-        self.hits = 0
-
-    @property
-    def spent(self) -> bool:
-        """True once the action has been applied ``count`` times."""
-        return self.count is not None and self.hits >= self.count
-
-    def remove(self) -> None:
-        """Take the rule off its fabric (idempotent)."""
-        if self._fabric is not None:
-            self._fabric.remove_rule(self)
-
-    def __repr__(self) -> str:
-        return (f"<Rule {self.action} count={self.count} skip={self.skip} "
-                f"matches={self.matches} hits={self.hits}>")
-
 
 class FabricLink:
     """One endpoint of a :class:`Fabric` (implements :class:`~softrdma.drivers.link.Link`).
@@ -134,9 +62,10 @@ class FabricLink:
     """
 
     __slots__ = ("fabric", "ip", "port", "queue_limit", "on_readable", "_rxq", "_mark",
-                 "_tx_free", "_closed", "_ips")
+                 "_tx_free", "_closed", "_ips", "roce_ver", "mac", "gid_entries")
 
-    def __init__(self, fabric: Fabric, ip: bytes, port: int, queue_limit: int) -> None:
+    def __init__(self, fabric: Fabric, ip: bytes, port: int, queue_limit: int,
+                 roce_ver: str = "2") -> None:
         self.fabric = fabric
         self.ip = ip
         self.port = port
@@ -147,6 +76,11 @@ class FabricLink:
         self._tx_free = -math.inf  # when the egress is free again (bandwidth model)
         self._closed = False
         self._ips = (ip,)
+        self.roce_ver = roce_ver
+        self.mac = _mac(ip)
+        # the GID table (link.V1Link): RoCEv1 GIDs from the MAC and the address (Annex A16)
+        self.gid_entries: tuple[GidEntry, ...] = gid_entries(roce_ver, self.mac, (ip,),
+                                                             (gid_of_ip(ip),))
 
     @property
     def local_ips(self) -> tuple[bytes, ...]:
@@ -179,6 +113,18 @@ class FabricLink:
             check_u8(tos, "tos")
             check_u8(ttl, "ttl")
         self.fabric._send(self, bytes(dst_ip), dport, sport, b"".join(parts), tos, ttl)
+
+    def send_v1(self, dgid: bytes, parts: Sequence[ReadableBuffer], sl: int = 0) -> None:
+        """Hand one RoCEv1 packet (GRH, BTH .. pad, ICRC) to the fabric (Annex A16); it is
+        delivered to the link owning RoCEv1 GID ``dgid``. ``sl`` has no effect here."""
+        if self._closed:
+            raise ClosedError("FabricLink is closed")
+        if self.roce_ver == "2":
+            raise StateError("this fabric link runs RoCE v2 only")
+        data = b"".join(parts)
+        if len(data) < GRH_SIZE:
+            raise InvalidArgument("parts", "a RoCEv1 packet starts with a 40-byte GRH")
+        self.fabric._send_v1(self, bytes(dgid), data)
 
     def recv_batch(self, max_n: int = 64) -> list[Datagram]:
         """Up to ``max_n`` queued datagrams, oldest first (never blocks)."""
@@ -265,6 +211,7 @@ class Fabric:
         self.queue_limit = queue_limit
         self.stats = FabricStats()
         self._links: dict[tuple[bytes, int], FabricLink] = {}
+        self._v1: dict[bytes, FabricLink] = {}  # RoCEv1 GID -> link
         self._rules: list[Rule] = []
         self._partitioned: set[bytes] = set()
         self._heap: list[_Entry] = []
@@ -279,8 +226,14 @@ class Fabric:
 
     # ---- topology --------------------------------------------------------------------
     def link(self, ip: str | bytes, port: int = ROCE_V2_UDP_PORT, *,
-             queue_limit: int | None = None) -> FabricLink:
-        """A new endpoint with address ``ip`` (text, 4 or 16 bytes) and UDP ``port``."""
+             queue_limit: int | None = None, roce_ver: str | int = "2") -> FabricLink:
+        """A new endpoint with address ``ip`` (text, 4 or 16 bytes) and UDP ``port``.
+
+        ``roce_ver`` 1, 2 or ``"both"``: which encapsulations its GIDs have. RoCEv1
+        endpoints get a MAC (02:00 + the address's last 4 bytes) and the GIDs of
+        ``link.v1_gids``; RoCEv1 packets are routed by DGID.
+        """
+        ver = check_roce_ver(roce_ver)
         raw = ip_bytes(ip, "ip")
         check_port(port, "port")
         if (raw, port) in self._links:
@@ -290,7 +243,14 @@ class Fabric:
         limit = self.queue_limit if queue_limit is None else queue_limit
         if limit < 1:
             raise InvalidArgument("queue_limit", "must be >= 1")
-        lk = FabricLink(self, raw, port, limit)
+        lk = FabricLink(self, raw, port, limit, ver)
+        if ver != "2":
+            taken = [g for g, t in lk.gid_entries if t == GID_TYPE_ROCE_V1 and g in self._v1]
+            if taken:
+                raise StateError(f"fabric RoCEv1 GID {taken[0].hex()} is already in use")
+            for g, t in lk.gid_entries:
+                if t == GID_TYPE_ROCE_V1:
+                    self._v1[g] = lk
         self._links[(raw, port)] = lk
         return lk
 
@@ -301,6 +261,8 @@ class Fabric:
     def _detach(self, lk: FabricLink) -> None:
         if self._links.get((lk.ip, lk.port)) is lk:
             del self._links[(lk.ip, lk.port)]
+        for g in [g for g, owner in self._v1.items() if owner is lk]:
+            del self._v1[g]
 
     def partition(self, ip: str | bytes) -> None:
         """Drop everything from or to ``ip`` (sent or already in flight) until healed."""
@@ -323,8 +285,8 @@ class Fabric:
         d.data[5:8] == b"\\0\\0\\x12", "drop", count=1, skip=2)``. The predicate sees the
         datagram before any fault is applied; it must not keep ``data``.
         """
-        if action not in _ACTIONS:
-            raise InvalidArgument("action", f"must be one of {', '.join(_ACTIONS)}; got {action!r}")
+        if action not in ACTIONS:
+            raise InvalidArgument("action", f"must be one of {', '.join(ACTIONS)}; got {action!r}")
         if not callable(predicate):
             raise InvalidArgument("predicate", "must be callable")
         if count is not None and count < 0:
@@ -388,13 +350,26 @@ class Fabric:
     # ---- data path -------------------------------------------------------------------
     def _send(self, src: FabricLink, dst_ip: bytes, dport: int, sport: int, data: bytes,
               tos: int, ttl: int) -> None:
-        st = self.stats
-        st.sent += 1
+        self.stats.sent += 1
         dg = Datagram(memoryview(data), src.ip, dst_ip, sport, dport, tos, ttl)
+        self._forward(src, self._links.get((dst_ip, dport)), dst_ip, dg)
+
+    def _send_v1(self, src: FabricLink, dgid: bytes, frame: bytes) -> None:
+        """A RoCEv1 packet (GRH + BTH .. ICRC) to the link owning RoCEv1 GID ``dgid``."""
+        self.stats.sent += 1
+        grh = frame[:GRH_SIZE]
+        dg = Datagram(memoryview(frame)[GRH_SIZE:], grh[8:24], dgid, 0, 0,
+                      ((grh[0] & 0x0F) << 4) | (grh[1] >> 4), grh[7], grh)
+        dst = self._v1.get(dgid)
+        self._forward(src, dst, dst.ip if dst is not None else dgid, dg)
+
+    def _forward(self, src: FabricLink, dst: FabricLink | None, dst_ip: bytes,
+                 dg: Datagram) -> None:
+        st = self.stats
+        data = dg.data
         if self._partitioned and (src.ip in self._partitioned or dst_ip in self._partitioned):
             st.partitioned += 1
             return
-        dst = self._links.get((dst_ip, dport))
         if dst is None:
             st.unroutable += 1
             return
@@ -402,9 +377,9 @@ class Fabric:
         if self.bandwidth is None:
             t = now + self.latency
         else:
-            hdr = 28 if len(dst_ip) == 4 else 48
+            hdr = GRH_SIZE if dg.grh else 28 if len(dst_ip) == 4 else 48
             start = src._tx_free if src._tx_free > now else now
-            src._tx_free = start + (len(data) + hdr + _ETH_OVERHEAD) * 8.0 / self.bandwidth
+            src._tx_free = start + (len(data) + hdr + ETH_OVERHEAD) * 8.0 / self.bandwidth
             t = src._tx_free + self.latency
         copies = 1
         hold = False
@@ -564,7 +539,7 @@ class Fabric:
 
 
 def _copy(dg: Datagram) -> Datagram:
-    return Datagram(dg.data, dg.src_ip, dg.dst_ip, dg.sport, dg.dport, dg.tos, dg.ttl)
+    return Datagram(dg.data, dg.src_ip, dg.dst_ip, dg.sport, dg.dport, dg.tos, dg.ttl, dg.grh)
 
 
 # ---- pcap framing (captures README: Linux unconnected-socket headers) ----------------
@@ -580,8 +555,13 @@ def _frame(dg: Datagram) -> bytes:
     """``dg`` as the Ethernet frame a Linux sender would emit (roce.md §1).
 
     IPv4: ID 0, DF, UDP checksum 0 (what ``UdpLink`` sockets send); IPv6: a real UDP
-    checksum.
+    checksum. RoCEv1 (``dg.grh`` set): Ethernet (EtherType 0x8915) + GRH + BTH .. ICRC,
+    the MACs read back from link-local GIDs (else derived from the GID's last bytes).
     """
+    if dg.grh:
+        src = mac_of_link_local_gid(dg.src_ip) or _mac(dg.src_ip)
+        dst = mac_of_link_local_gid(dg.dst_ip) or _mac(dg.dst_ip)
+        return b"".join((_ETH.pack(dst, src, ETH_P_ROCE_V1), dg.grh, dg.data))
     ulen = 8 + len(dg.data)
     if len(dg.src_ip) == 4:
         ip = roce.ipv4_header(dg.src_ip, dg.dst_ip, ulen, tos=dg.tos, ttl=dg.ttl, ident=0,

@@ -13,25 +13,20 @@ pipe. Resources, as Linux's ipoib driver has them:
 * a ring of 64 KiB send slots: a packet is read from the TUN device straight into a
   slot behind room for the 4-byte encapsulation header, and posted from there.
 
-Control (``softrdma ipoib show/down``): a Unix stream socket
-``<state dir>/ipoib/<NAME>.sock``; a client sends one JSON line (``{"cmd": "show"}`` or
-``{"cmd": "down"}``) and reads one JSON line back.
+Control (``softrdma ipoib show/down``): :mod:`.ipoib_control`.
 """
 
 from __future__ import annotations
 
-import errno
+import functools
 import ipaddress
-import json
 import os
 import select
 import signal
-import socket
 import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from .. import enums as e
@@ -57,10 +52,10 @@ from ..ipoib.events import (
 )
 from ..ipoib.hwaddr import service_id
 from ..ipoib.iface import Address, IfaceConfig, IpoibInterface, Mode
-from .registry import ensure_state_dir, state_dir
+from .ipoib_control import ControlServer, control_path
 from .tun import TunDevice
 
-__all__ = ["IPOIB_QKEY", "IpoibRuntime", "RuntimeOptions", "control_path", "control_request"]
+__all__ = ["IPOIB_QKEY", "IpoibRuntime", "RuntimeOptions"]
 
 IPOIB_QKEY = 0x0000000B      # the usual IPoIB broadcast-group Q_Key (ipoib.md §2)
 GRH = 40                     # UD receive buffers start with the GRH area (IBA 11.4.1.2)
@@ -68,50 +63,12 @@ SLOT = 1 << 16               # >= IPOIB_CM_BUF_SIZE
 SEND_SLOTS = 256
 UD_RECVS = 256
 SRQ_RECVS = 128
-CONN_SEND_WR = 128
+CONN_SEND_WR = SEND_SLOTS  # one connection may hold every send slot
 CQ_SIZE = 2048
 POLL_BATCH = 64
 TUN_BATCH = 32
 MAX_WAIT_S = 0.5
-CONTROL_TIMEOUT_S = 5.0
 _WR_RECV_BASE = 1 << 32
-
-
-def control_path(name: str, directory: Path | None = None) -> Path:
-    """Where the ``up`` process of interface ``name`` listens."""
-    return (directory or state_dir()) / "ipoib" / f"{name}.sock"
-
-
-def control_request(name: str, cmd: str, *, directory: Path | None = None,
-                    timeout: float = CONTROL_TIMEOUT_S) -> dict[str, Any]:
-    """Send ``cmd`` to the running interface ``name`` and return its JSON answer."""
-    path = control_path(name, directory)
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(timeout)
-    try:
-        try:
-            s.connect(str(path))
-        except (FileNotFoundError, ConnectionRefusedError) as exc:
-            raise DeviceError(f"no IPoIB interface {name!r} is running here "
-                              f"({path} is not answering)") from exc
-        s.sendall(json.dumps({"cmd": cmd}).encode() + b"\n")
-        data = b""
-        while not data.endswith(b"\n"):
-            chunk = s.recv(1 << 20)
-            if not chunk:
-                break
-            data += chunk
-    except OSError as exc:
-        raise DeviceError(f"IPoIB interface {name!r}: {exc}") from exc
-    finally:
-        s.close()
-    try:
-        answer = json.loads(data)
-    except ValueError as exc:
-        raise DeviceError(f"IPoIB interface {name!r} gave no answer") from exc
-    if not isinstance(answer, dict):
-        raise DeviceError(f"IPoIB interface {name!r} gave a malformed answer")
-    return answer
 
 
 @dataclass(slots=True)
@@ -142,8 +99,7 @@ class IpoibRuntime:
         self.opts = opts
         self._closers: list[Any] = []
         self.tun: TunDevice | None = None
-        self._ctl: socket.socket | None = None
-        self._ctl_path: Path | None = None
+        self._ctl: ControlServer | None = None
         self._stop = False
         self._cm_events: deque[CmEvent] = deque()
         self._conns: dict[int, _Conn] = {}
@@ -177,6 +133,9 @@ class IpoibRuntime:
             # the device's table is per process: this interface's partition joins it
             ctx.port.pkeys = (*ctx.port.pkeys, o.pkey)
         pkey_index = list(ctx.port.pkeys).index(o.pkey)
+        # check the configuration before any QP exists (the UD QPN is filled in below)
+        IfaceConfig(gid=self.gid, ud_qpn=0, ud_mtu=ib_mtu - ENCAP_LEN, addresses=o.addresses,
+                    mode=o.mode, pkey=o.pkey, mtu=o.mtu, transport=o.transport)
         self.pd = v.PD(ctx)
         access = int(e.IBV_ACCESS_LOCAL_WRITE)
         self._send_buf = bytearray(SEND_SLOTS * SLOT)
@@ -221,7 +180,7 @@ class IpoibRuntime:
         self.tun = TunDevice(o.name)
         assert cfg.mtu is not None
         self.tun.configure(cfg.mtu, self.engine.addresses)
-        self._open_control()
+        self._ctl = ControlServer(control_path(o.name))
         self.engine.start(time.monotonic())
         self._execute(self.engine.take_output())
 
@@ -241,27 +200,6 @@ class IpoibRuntime:
             return (glob or v6)[0]
         raise DeviceError(f"device {ctx.name!r} has no IPv6 GID: IPoIB's multicast groups are "
                           "IPv6 groups on RoCEv2, give its netdev an IPv6 address")
-
-    def _open_control(self) -> None:
-        path = control_path(self.opts.name)
-        ensure_state_dir(path.parent)
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                probe.connect(str(path))
-                raise DeviceError(f"IPoIB interface {self.opts.name!r} is already running")
-            except (FileNotFoundError, ConnectionRefusedError):
-                path.unlink(missing_ok=True)
-            finally:
-                probe.close()
-            s.bind(str(path))
-            s.listen(8)
-            s.setblocking(False)
-        except BaseException:
-            s.close()
-            raise
-        self._ctl, self._ctl_path = s, path
 
     # ---- buffers -------------------------------------------------------------------
     def _post_ud_recv(self, i: int) -> None:
@@ -457,7 +395,7 @@ class IpoibRuntime:
                 if wc.wr_id < _WR_RECV_BASE:  # a send slot is free again
                     self._free_slots.append(int(wc.wr_id))
                     if wc.status != ok:
-                        self.driver_counters["send_errors"] += 1
+                        self._send_failed(wc.qp_num, now)
                     continue
                 i = int(wc.wr_id) - _WR_RECV_BASE
                 if wc.status == ok:
@@ -491,6 +429,16 @@ class IpoibRuntime:
                 if not self._closing:
                     self._post_srq_recv(i)
         return n
+
+    def _send_failed(self, qp_num: int, now: float) -> None:
+        """A send completed in error: on a connection (retries exhausted, the peer is
+        gone) the connection is closed, and the next packet sets up a new one."""
+        self.driver_counters["send_errors"] += 1
+        conn_id = self._by_qpn.get(qp_num)
+        if conn_id is not None:
+            self._drop_conn(conn_id, disconnect=True)
+            self.engine.conn_closed(conn_id, now)
+            self._execute(self.engine.take_output())
 
     # ---- the loop ------------------------------------------------------------------
     _read_slot = -1
@@ -544,7 +492,7 @@ class IpoibRuntime:
                 eng.on_timer(now)
                 self._execute(eng.take_output())
             if ctl_fd in ready:
-                self._serve_control(now)
+                self._ctl.serve(functools.partial(self._control, now=now))
             if wake_fd in ready:
                 try:
                     os.read(wake_fd, 64)
@@ -579,36 +527,13 @@ class IpoibRuntime:
             self.ctx.progress(0)
 
     # ---- control -------------------------------------------------------------------
-    def _serve_control(self, now: float) -> None:
-        assert self._ctl is not None
-        while True:
-            try:
-                conn, _ = self._ctl.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            with conn:
-                conn.settimeout(CONTROL_TIMEOUT_S)
-                try:
-                    data = b""
-                    while not data.endswith(b"\n") and len(data) < 4096:
-                        chunk = conn.recv(4096)
-                        if not chunk:
-                            break
-                        data += chunk
-                    try:
-                        cmd = json.loads(data).get("cmd")
-                    except (ValueError, AttributeError):
-                        cmd = None
-                    if cmd == "show":
-                        answer: dict[str, Any] = self.show(now)
-                    elif cmd == "down":
-                        self._stop = True
-                        answer = {"down": self.opts.name}
-                    else:
-                        answer = {"error": "unknown command (show, down)"}
-                    conn.sendall(json.dumps(answer).encode() + b"\n")
-                except OSError:
-                    pass
+    def _control(self, cmd: str, now: float) -> dict[str, Any]:
+        if cmd == "show":
+            return self.show(now)
+        if cmd == "down":
+            self._stop = True
+            return {"down": self.opts.name}
+        return {"error": "unknown command (show, down)"}
 
     def show(self, now: float) -> dict[str, Any]:
         snap = self.engine.snapshot(now)
@@ -641,13 +566,6 @@ class IpoibRuntime:
         if self._ctl is not None:
             self._ctl.close()
             self._ctl = None
-        if self._ctl_path is not None:
-            try:
-                self._ctl_path.unlink()
-            except OSError as exc:
-                if exc.errno != errno.ENOENT:
-                    pass
-            self._ctl_path = None
         if self.tun is not None:
             self.tun.close()
             self.tun = None

@@ -19,11 +19,14 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from ..errors import InvalidArgument
 from ..wire.roce import ROCE_V2_UDP_PORT
+from ..wire.rocev1 import link_local_gid
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
 
-__all__ = ["ROCE_V2_UDP_PORT", "Datagram", "Link", "ip_bytes", "ip_text", "check_port",
+__all__ = ["ROCE_V2_UDP_PORT", "CounterReporter", "Datagram", "Link", "V1Link", "GidEntry",
+           "ROCE_VERSIONS", "GID_TYPE_ROCE_V1", "GID_TYPE_ROCE_V2", "check_roce_ver",
+           "gid_of_ip", "v1_gids", "gid_entries", "ip_bytes", "ip_text", "check_port",
            "check_u8"]
 
 V4_MAPPED_PREFIX = b"\x00" * 10 + b"\xff\xff"  # roce.md §4: ::ffff:a.b.c.d
@@ -38,6 +41,11 @@ class Datagram:
     must outlive that. ``src_ip``/``dst_ip`` are 4 bytes (IPv4) or 16 bytes (IPv6).
     ``tos`` is the IPv4 TOS / IPv6 Traffic Class byte (DSCP + ECN, roce.md §5), ``ttl``
     the IPv4 TTL / IPv6 hop limit.
+
+    A RoCEv1 frame (Annex A16, EtherType 0x8915) arrives as a Datagram too: ``grh`` holds
+    its 40-byte GRH, ``data`` what follows it (BTH .. ICRC), ``src_ip``/``dst_ip`` the
+    SGID/DGID, ``tos``/``ttl`` the GRH TClass/HopLmt, and the ports are 0. ``grh`` is
+    empty for RoCEv2.
     """
 
     data: memoryview
@@ -47,6 +55,7 @@ class Datagram:
     dport: int
     tos: int = 0
     ttl: int = 64
+    grh: bytes = b""
 
 
 @runtime_checkable
@@ -82,6 +91,97 @@ class Link(Protocol):
 
     def close(self) -> None:
         """Release the link; later sends raise :class:`~softrdma.errors.ClosedError`."""
+        ...
+
+
+GidEntry = tuple[bytes, int]  # (16-byte GID, IBV_GID_TYPE_ROCE_V1 or _V2)
+
+
+@runtime_checkable
+class V1Link(Protocol):
+    """What a link that also carries RoCEv1 (Annex A16) adds to :class:`Link`.
+
+    ``recv_batch`` then also returns RoCEv1 frames (``Datagram.grh`` set). The runtime
+    builds the GRH and the ICRC (``wire.rocev1``, ``wire.roce.icrc_v1``); the link adds
+    the Ethernet header: the destination MAC from the DGID (A16.5.1: the kernel's
+    neighbour tables) and, on a VLAN, an 802.1Q tag whose priority is the SL (A16.8.1).
+    """
+
+    @property
+    def gid_entries(self) -> tuple[GidEntry, ...]:
+        """The port's GID table: (GID, type) pairs in index order."""
+        ...
+
+    def send_v1(self, dgid: bytes, parts: Sequence[ReadableBuffer], sl: int = 0) -> None:
+        """Send one RoCEv1 packet: ``parts`` = GRH, BTH .. pad, ICRC. Failures (no MAC
+        for the DGID yet, a full queue) lose it like the network would, counted."""
+        ...
+
+
+ROCE_VERSIONS = ("1", "2", "both")  # ``softrdma link add ... roce_ver 1|2|both``
+GID_TYPE_ROCE_V1 = 1  # ibv_gid_type IBV_GID_TYPE_ROCE_V1 ("IB/RoCE v1")
+GID_TYPE_ROCE_V2 = 2  # IBV_GID_TYPE_ROCE_V2 ("RoCE v2")
+
+
+def check_roce_ver(value: str | int, argument: str = "roce_ver") -> str:
+    """``"1"``, ``"2"`` or ``"both"`` (ints 1/2 accepted), else :class:`InvalidArgument`."""
+    text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+    if text not in ROCE_VERSIONS:
+        raise InvalidArgument(argument, f"must be 1, 2 or both, got {value!r}")
+    return str(text)
+
+
+def gid_of_ip(ip: bytes) -> bytes:
+    """The GID of an IP address (roce.md §4): IPv4 as ``::ffff:a.b.c.d``."""
+    return V4_MAPPED_PREFIX + bytes(ip) if len(ip) == 4 else bytes(ip)
+
+
+def v1_gids(mac: bytes, ips: Sequence[bytes]) -> list[bytes]:
+    """The RoCEv1 GIDs of a port (roce.md §4): the link-local GID from the MAC by modified
+    EUI-64 first, then each IPv4 address as ``::ffff:a.b.c.d`` and each IPv6 address
+    (Linux puts every netdev address in the GID table, once per GID type)."""
+    out = [link_local_gid(mac)]
+    for ip in [*[a for a in ips if len(a) == 4], *[a for a in ips if len(a) == 16]]:
+        gid = gid_of_ip(ip)
+        if gid not in out:
+            out.append(gid)
+    return out
+
+
+def gid_entries(roce_ver: str, mac: bytes, v1_ips: Sequence[bytes],
+                v2_gids: Sequence[bytes]) -> tuple[GidEntry, ...]:
+    """The GID table of a device running RoCE ``roce_ver`` (``"1"``, ``"2"``, ``"both"``).
+
+    ``v2_gids`` is the RoCEv2 table (the addresses the UDP link serves). With ``"both"``
+    every GID appears once per type, the v1 entry first, as Linux lists them.
+    """
+    if roce_ver == "2":
+        return tuple((g, GID_TYPE_ROCE_V2) for g in v2_gids)
+    v1 = v1_gids(mac, v1_ips)
+    if roce_ver == "1":
+        return tuple((g, GID_TYPE_ROCE_V1) for g in v1)
+    out: list[GidEntry] = []
+    for g in v1:
+        out.append((g, GID_TYPE_ROCE_V1))
+        if g in v2_gids:
+            out.append((g, GID_TYPE_ROCE_V2))
+    out.extend((g, GID_TYPE_ROCE_V2) for g in v2_gids if g not in v1)
+    return tuple(out)
+
+
+@runtime_checkable
+class CounterReporter(Protocol):
+    """A link whose device is shared by processes (devd): each process reports its port
+    counters, and the device's aggregate can be asked for (``softrdma stats``)."""
+
+    last_report: dict[str, int]
+
+    def report_counters(self, values: dict[str, int]) -> None:
+        """Publish this process's cumulative port counters."""
+        ...
+
+    def device_counters(self) -> dict[str, int]:
+        """The device's port counters, every process's included."""
         ...
 
 

@@ -1,7 +1,8 @@
 """The device registry: ``softrdma link add/delete`` records, shared by all processes.
 
 design.md "Devices shared by processes": a device is a record ``(name, netdev, type,
-udp_port)`` kept as JSON in a state directory:
+udp_port, roce_ver, vlan)`` kept as JSON in a state directory (``roce_ver``: which RoCE
+encapsulations its GIDs use, ``"1"``, ``"2"`` or ``"both"``; absent in older files: 2):
 
 1. ``$SOFTRDMA_STATE_DIR`` if set;
 2. ``/run/softrdma`` when running as root;
@@ -11,7 +12,9 @@ udp_port)`` kept as JSON in a state directory:
 The file is ``<state_dir>/devices.json``::
 
     {"version": 1,
-     "devices": [{"name": "rxe0", "netdev": "eth0", "type": "roce", "udp_port": 4791}],
+     "devices": [{"name": "rxe0", "netdev": "eth0", "type": "roce", "udp_port": 4791},
+                 {"name": "roce1", "netdev": "eth1", "type": "roce", "udp_port": 4791,
+                  "roce_ver": "1", "vlan": 7}],
      "deleted_builtin": ["softrdma_lo"]}
 
 Writers hold an ``fcntl.flock`` on ``<state_dir>/devices.lock`` for the whole
@@ -47,6 +50,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from softrdma.drivers import netdev as _netdev
+from softrdma.drivers.link import ROCE_VERSIONS, check_roce_ver
 from softrdma.errors import DeviceError, InvalidArgument
 
 __all__ = [
@@ -71,6 +75,7 @@ IB_MTUS = (4096, 2048, 1024, 512, 256)
 NAME_MAX = 64
 _NAME_RE = re.compile(r"[A-Za-z0-9_.\-]+")
 _FILE_VERSION = 1
+MAX_VLAN_ID = 4095  # IEEE 802.1Q: VIDs 1..4094 (0 and 4095 reserved)
 _UNSAFE_DIR_MODE = stat.S_IWGRP | stat.S_IWOTH  # others may create or replace files
 DeviceType = Literal["roce", "iwarp"]
 _TYPES: tuple[str, ...] = ("roce", "iwarp")
@@ -108,9 +113,26 @@ class DeviceRecord:
     netdev: str
     type: DeviceType = "roce"
     udp_port: int = DEFAULT_UDP_PORT
+    roce_ver: str = "2"  # "1" (Annex A16, raw Ethernet), "2" (UDP) or "both"
+    vlan: int | None = None  # RoCEv1 802.1Q VLAN ID tagged by softrdma on a plain netdev
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if self.vlan is None:
+            del out["vlan"]
+        if self.roce_ver == "2":  # the default: files stay readable by older versions
+            del out["roce_ver"]
+        return out
+
+    @property
+    def roce_v1(self) -> bool:
+        """The device carries RoCEv1 (raw Ethernet, EtherType 0x8915)."""
+        return self.type == "roce" and self.roce_ver in ("1", "both")
+
+    @property
+    def roce_v2(self) -> bool:
+        """The device carries RoCEv2 (UDP port :attr:`udp_port`)."""
+        return self.type != "roce" or self.roce_ver in ("2", "both")
 
     @classmethod
     def from_json(cls, obj: Any) -> DeviceRecord:
@@ -127,7 +149,13 @@ class DeviceRecord:
             or not 0 <= port <= 0xFFFF
         ):
             raise DeviceError(f"device registry: malformed record {obj!r}")
-        return cls(name, nd, typ, port)
+        ver = obj.get("roce_ver", "2")  # files written before RoCEv1 existed: v2
+        vlan = obj.get("vlan")
+        if ver not in ROCE_VERSIONS or not (
+            vlan is None or (isinstance(vlan, int) and 0 < vlan < MAX_VLAN_ID)
+        ):
+            raise DeviceError(f"device registry: malformed record {obj!r}")
+        return cls(name, nd, typ, port, ver, vlan)
 
     def netdev_info(self) -> _netdev.NetDev:
         """The netdev snapshot (:class:`DeviceError` if the interface is gone)."""
@@ -293,19 +321,33 @@ class Registry:
         netdev: str,
         type: str = "roce",
         udp_port: int = DEFAULT_UDP_PORT,
+        roce_ver: str | int = "2",
+        vlan: int | None = None,
     ) -> DeviceRecord:
-        """Add a device; :class:`InvalidArgument` for a bad name/type/port,
-        :class:`DeviceError` for an unknown netdev or a name already in use (EEXIST)."""
+        """Add a device; :class:`InvalidArgument` for a bad name/type/port/roce_ver/vlan,
+        :class:`DeviceError` for an unknown netdev or a name already in use (EEXIST).
+
+        ``roce_ver``: 1 (RoCEv1, Annex A16), 2 (RoCEv2) or ``"both"``; ``vlan``: an
+        802.1Q VLAN ID the RoCEv1 link tags itself on a plain netdev."""
         validate_name(name)
         if type not in _TYPES:
             raise InvalidArgument("type", f"device type must be 'roce' or 'iwarp', not {type!r}")
+        ver = check_roce_ver(roce_ver)
+        if type != "roce" and ver != "2":
+            raise InvalidArgument("roce_ver", "only a roce device has a RoCE version")
+        if vlan is not None:
+            if isinstance(vlan, bool) or not isinstance(vlan, int) or not 0 < vlan < MAX_VLAN_ID:
+                raise InvalidArgument("vlan", f"VLAN ID must be 1..4094, got {vlan!r}")
+            if ver == "2":
+                raise InvalidArgument("vlan", "a VLAN ID applies to RoCEv1 (roce_ver 1 or both)")
         if isinstance(udp_port, bool) or not isinstance(udp_port, int):
             raise InvalidArgument("udp_port", "UDP port must be an integer")
         if not 1 <= udp_port <= 0xFFFF:
             raise InvalidArgument("udp_port", f"UDP port {udp_port} not in 1..65535")
         if not _netdev.exists(netdev):
             raise DeviceError(f"netdev {netdev!r}: no such network interface")
-        record = DeviceRecord(name, netdev, "roce" if type == "roce" else "iwarp", udp_port)
+        record = DeviceRecord(name, netdev, "roce" if type == "roce" else "iwarp", udp_port,
+                              ver, vlan)
         with self._locked():
             records, deleted = self._load()
             builtin_live = BUILTIN_DEVICE.name not in deleted
@@ -313,6 +355,14 @@ class Registry:
                 builtin_live and name == BUILTIN_DEVICE.name
             ):
                 raise DeviceError(f"device {name!r}: already exists", errno=errno.EEXIST)
+            if record.roce_v1:
+                # Every packet socket on an interface sees every RoCEv1 frame: two RoCEv1
+                # devices on one netdev would take each other's packets (rxe likewise
+                # refuses a second device on a netdev: "already configured").
+                for r in records:
+                    if r.netdev == netdev and r.roce_v1 and r.vlan == record.vlan:
+                        raise DeviceError(f"netdev {netdev!r} already carries RoCEv1 for "
+                                          f"device {r.name!r}", errno=errno.EEXIST)
             if name == BUILTIN_DEVICE.name:
                 deleted = [d for d in deleted if d != name]  # re-added as an ordinary record
             records.append(record)
@@ -336,10 +386,11 @@ class Registry:
 
 
 def add(
-    name: str, netdev: str, type: str = "roce", udp_port: int = DEFAULT_UDP_PORT
+    name: str, netdev: str, type: str = "roce", udp_port: int = DEFAULT_UDP_PORT,
+    roce_ver: str | int = "2", vlan: int | None = None,
 ) -> DeviceRecord:
     """:meth:`Registry.add` on the default state directory."""
-    return Registry().add(name, netdev, type, udp_port)
+    return Registry().add(name, netdev, type, udp_port, roce_ver, vlan)
 
 
 def delete(name: str) -> DeviceRecord:

@@ -35,10 +35,11 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..errors import ClosedError, InvalidArgument
+from ..errors import ClosedError, DeviceError, InvalidArgument, SoftRdmaError
 from ..ib.port import Port, RxMeta, TxPacket
-from ..wire.roce import icrc_ok_udp, inet_checksum, recover_ipv4_id, udp_send_icrc
-from .link import ROCE_V2_UDP_PORT, V4_MAPPED_PREFIX, Datagram, Link
+from ..wire.roce import icrc_ok_udp, icrc_v1, inet_checksum, recover_ipv4_id, udp_send_icrc
+from ..wire.rocev1 import GRH_SIZE, build_grh_v1
+from .link import ROCE_V2_UDP_PORT, V4_MAPPED_PREFIX, CounterReporter, Datagram, Link
 
 __all__ = ["Runtime", "icrc_v2", "icrc_ok", "build_grh", "gid_to_ip", "ip_to_gid"]
 
@@ -47,6 +48,7 @@ _IP6_HDR = struct.Struct("!IHBB16s16s")
 _ZERO20 = bytes(20)
 _MAX_IDLE_WAIT = 0.01  # the progress thread re-checks timers at least this often (s)
 _POLL_GRACE = 0.005  # the progress thread stands back this long after an application poll (s)
+REPORT_INTERVAL = 0.5  # a shared device's process reports its counters to devd this often (s)
 
 
 def gid_to_ip(gid: bytes) -> bytes:
@@ -106,6 +108,10 @@ class Runtime:
     destination port (4791, roce.md §1; a registry device may use another).
     """
 
+    #: why the device failed (its devd died), else None (a class default: subclasses
+    #: such as the iWARP runtime that do not run this __init__ have it too)
+    fatal: str | None = None
+
     def __init__(self, port: Port, link: Link, *, mode: str = "thread",
                  clock: Callable[[], float] | None = None, batch: int = 64,
                  udp_port: int = ROCE_V2_UDP_PORT) -> None:
@@ -137,11 +143,16 @@ class Runtime:
         self._backlog: list[Datagram] = []
         self._pending = False
         self._closed = False
+        # Why the device failed (its devd died): then every QP went to ERR with flush
+        # completions, IBV_EVENT_DEVICE_FATAL was raised, and calls raise DeviceError.
+        self.fatal: str | None = None
         self._timer_at: float | None = None  # virtual-clock timer already scheduled
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._wake_r = self._wake_w = -1
         self._rx_event = threading.Event()
+        self._reporter = link if isinstance(link, CounterReporter) else None
+        self._next_report = 0.0
         if hasattr(link, "on_readable"):
             link.on_readable = self._on_readable
         if hasattr(link, "fast_rc_meta"):
@@ -155,10 +166,16 @@ class Runtime:
             self._thread.start()
 
     # ---- engine access ------------------------------------------------------------------
+    def _gone(self) -> ClosedError | DeviceError:
+        """The error a call on a closed runtime raises: the device's failure if it failed."""
+        if self.fatal is not None:
+            return DeviceError(self.fatal)
+        return ClosedError("the device runtime is closed")
+
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(*args)`` under the engine lock, then transmit what it queued."""
-        if self._closed:
-            raise ClosedError("the device runtime is closed")
+        if self._closed or self.fatal is not None:
+            raise self._gone()
         with self.lock:
             try:
                 return fn(*args)
@@ -167,8 +184,8 @@ class Runtime:
 
     def call_now(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Like :meth:`call` with the current time appended to the arguments."""
-        if self._closed:
-            raise ClosedError("the device runtime is closed")
+        if self._closed or self.fatal is not None:
+            raise self._gone()
         with self.lock:
             try:
                 return fn(*args, self.now())
@@ -180,6 +197,8 @@ class Runtime:
 
         This is the latency path: one lock, one clock read, the engine, the socket.
         """
+        if self.fatal is not None:
+            raise self._gone()
         lock = self.lock
         lock.acquire()
         try:
@@ -207,8 +226,8 @@ class Runtime:
 
         Returns the number of datagrams received.
         """
-        if self._closed:
-            raise ClosedError("the device runtime is closed")
+        if self._closed or self.fatal is not None:
+            raise self._gone()
         n = self._progress_locked()
         if n or timeout <= 0:
             return n
@@ -350,12 +369,45 @@ class Runtime:
         ip_of = self._ip_of
         dport = self.udp_port
         for p in pkts:
+            if p.v1:
+                self._send_v1(p)
+                continue
             src = ip_of(p.sgid)
             dst = ip_of(p.dgid)
             sport = eff(p.sport)
             icrc = icrc_v2(src, dst, sport, dport, p.parts, p.length)
             send(dst, dport, sport, [*p.parts, icrc], p.tclass, p.hop_limit)
         return len(pkts)
+
+    def _send_v1(self, p: TxPacket) -> None:
+        """RoCEv1 (Annex A16): the GRH is always present (A16.3.1), its PayLen counts BTH
+        through the ICRC (IBA 8.3.1); the ICRC covers it with TClass, FlowLabel and HopLmt
+        masked (roce.md §2, ``wire.roce.icrc_v1``)."""
+        send_v1 = getattr(self.link, "send_v1", None)
+        if send_v1 is None:  # a GID typed RoCE v1 on a link that cannot carry it
+            self.port.counters.link_downed += 1
+            return
+        grh = build_grh_v1(p.sgid, p.dgid, p.length + 4, p.tclass, p.flow_label, p.hop_limit)
+        send_v1(p.dgid, [grh, *p.parts, icrc_v1(grh, p.parts)], p.sl)
+
+    def _rx_v1(self, d: Datagram, now: float) -> None:
+        """One RoCEv1 packet: GRH checks, ICRC, then the engine (A16.7.1: no LRH checks;
+        the engine drops a packet from or to the loopback GID ::1, A16.7.2)."""
+        port = self.port
+        counters = port.counters
+        grh = d.grh
+        data = d.data
+        if len(grh) != GRH_SIZE or len(data) < 16:
+            counters.rcvd_malformed += 1
+            return
+        sgid, dgid = d.src_ip, d.dst_ip
+        body = data[:-4]
+        if icrc_v1(grh, (body,)) != data[-4:]:
+            counters.rcvd_icrc_err += 1
+            return
+        flow = int.from_bytes(grh[1:4], "big") & 0xFFFFF
+        meta = RxMeta(sgid, dgid, 0, d.tos, d.ttl, flow, bytes(grh), False, True)
+        port.receive(body, meta, now)
 
     # ---- receive ----------------------------------------------------------------------------
     def poll_rx(self) -> int:
@@ -384,7 +436,13 @@ class Runtime:
         if dgrams:
             self._backlog = []
         else:
-            dgrams = self.link.recv_batch(self.batch)
+            if self.fatal is not None:
+                return 0
+            try:
+                dgrams = self.link.recv_batch(self.batch)
+            except DeviceError as exc:  # the link's daemon is gone (DevdLink)
+                self._device_fatal_locked(str(exc))
+                return 0
             if not dgrams:
                 return 0
         port = self.port
@@ -397,6 +455,12 @@ class Runtime:
         for d in dgrams:
             taken += 1
             data = d.data
+            if d.grh:
+                self._rx_v1(d, now)
+                if stop_on and taken < len(dgrams):
+                    self._backlog = dgrams[taken:]
+                    break
+                continue
             if len(data) < 16:
                 counters.rcvd_malformed += 1
                 continue
@@ -439,6 +503,43 @@ class Runtime:
                 break
         return taken
 
+    def _device_fatal_locked(self, why: str) -> None:
+        """The device is gone (IBA 11.6.3 "Unaffiliated asynchronous events": Local
+        Catastrophic Error; ``IBV_EVENT_DEVICE_FATAL``): every QP to ERR, flushing its work
+        requests, the async event raised, the progress thread stopped. Later verbs calls
+        raise :class:`DeviceError` with ``why``; destroying objects still works."""
+        if self.fatal is not None:
+            return
+        self.fatal = f"{why}: the device is no longer usable (IBV_EVENT_DEVICE_FATAL)"
+        self._stop.set()
+        self.port.device_fatal()
+
+    # ---- counters of a shared device ------------------------------------------------------------
+    def report_counters(self) -> None:
+        """Publish the port counters to a shared device's devd if they changed (design.md;
+        the devd module docstring, "Port counters of a shared device"). Best effort: a
+        daemon that went away loses the report, not the counters."""
+        rep = self._reporter
+        if rep is None:
+            return
+        self._next_report = time.monotonic() + REPORT_INTERVAL
+        values = self.port.counters.as_dict()
+        if values == rep.last_report:
+            return
+        try:
+            rep.report_counters(values)
+        except (SoftRdmaError, OSError):
+            pass
+
+    def device_counters(self) -> dict[str, int]:
+        """The device's port counters: on a shared device every process's (this one's
+        reported first, so they are current), else this port's own."""
+        rep = self._reporter
+        if rep is None or self._closed:
+            return self.port.counters.as_dict()
+        self.report_counters()
+        return rep.device_counters()
+
     # ---- the progress thread ------------------------------------------------------------------
     def _thread_main(self) -> None:
         fd = self.link.fileno()
@@ -446,7 +547,7 @@ class Runtime:
         rlist = [wake] if fd is None else [fd, wake]
         stop = self._stop
         kick = self._kick
-        while not stop.is_set():
+        while not stop.is_set() and self.fatal is None:
             if time.monotonic() - self.last_poll < _POLL_GRACE:
                 # an application thread is busy-polling and makes progress itself
                 kick.wait(_POLL_GRACE)
@@ -475,11 +576,14 @@ class Runtime:
                     os.read(wake, 4096)
                 except BlockingIOError:
                     pass
+            if self._reporter is not None and time.monotonic() >= self._next_report:
+                self.report_counters()
 
     # ---- shutdown -------------------------------------------------------------------------------
     @property
     def closed(self) -> bool:
-        return self._closed
+        """Closed, or its device failed (objects are then released without the engine)."""
+        return self._closed or self.fatal is not None
 
     def close(self, close_link: bool = True) -> None:
         """Stop the progress thread (joined) and close the link. Idempotent."""
@@ -493,6 +597,7 @@ class Runtime:
                 pass
             finally:
                 self.lock.release()
+        self.report_counters()  # the device keeps this process's totals after it leaves
         self._closed = True
         self._stop.set()
         self._kick.set()

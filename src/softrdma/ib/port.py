@@ -22,10 +22,14 @@ import secrets
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..enums import ibv_gid_type
 from ..errors import DecodeError, InvalidArgument, ResourceError
 from ..wire import ib as wib
 from ..wire.opcodes import Transport
+from .counters import Counters, DropReason
 from .types import MemoryRegion
+
+__all__ = ["Counters", "DropReason", "Port", "RxMeta", "TxPacket", "Timed"]
 
 if TYPE_CHECKING:
     from .qp import EngineQP
@@ -41,7 +45,12 @@ class Timed(Protocol):
 
 IB_QP1_QKEY = 0x80010000  # IBA 13.5.1.1 / linux IB_QP1_QKEY
 DEFAULT_PKEY = 0xFFFF
+GID_TYPE_ROCE_V1 = int(ibv_gid_type.IBV_GID_TYPE_ROCE_V1)  # "IB/RoCE v1" (Annex A16)
+GID_TYPE_ROCE_V2 = int(ibv_gid_type.IBV_GID_TYPE_ROCE_V2)  # "RoCE v2" (Annex A17)
 MULTICAST_QPN = 0xFFFFFF
+QP0 = 0  # the SMI's QP, undefined on RoCE (A16.4.3)
+ICRC_SIZE = 4
+LOOPBACK_GID = bytes(15) + b"\x01"  # ::1, reserved for Raw services (A16.7.2)
 
 
 class RxMeta:
@@ -50,13 +59,16 @@ class RxMeta:
     ``sgid``/``dgid`` are 16-byte GIDs (IPv4 addresses as ``::ffff:a.b.c.d``),
     ``grh`` is the 40-byte area a UD receive places at the front of its buffer (for
     IPv4, 20 zero bytes then the IPv4 header, as rxe does; for IPv6, the IPv6 header).
+
+    ``v1`` marks a RoCEv1 packet (Annex A16): ``grh`` is then the packet's own GRH.
     """
 
-    __slots__ = ("sgid", "dgid", "sport", "tclass", "hop_limit", "flow_label", "grh", "ipv4")
+    __slots__ = ("sgid", "dgid", "sport", "tclass", "hop_limit", "flow_label", "grh", "ipv4",
+                 "v1")
 
     def __init__(self, sgid: bytes, dgid: bytes, sport: int = 0, tclass: int = 0,
                  hop_limit: int = 64, flow_label: int = 0, grh: bytes = b"",
-                 ipv4: bool = True) -> None:
+                 ipv4: bool = True, v1: bool = False) -> None:
         self.sgid = sgid
         self.dgid = dgid
         self.sport = sport
@@ -65,19 +77,24 @@ class RxMeta:
         self.flow_label = flow_label
         self.grh = grh
         self.ipv4 = ipv4
+        self.v1 = v1
 
 
 class TxPacket:
     """One packet for the driver: addressing plus the buffers of BTH .. pad (no ICRC).
 
     ``parts`` is a list of bytes-like objects (headers, a memoryview slice of the MR for
-    the payload, pad) so payload bytes are not copied before ``sendmsg``.
+    the payload, pad) so payload bytes are not copied before ``sendmsg``. ``v1``: send as
+    RoCEv1 (the source GID has type "IB/RoCE v1", Annex A16); ``sl`` is the service level,
+    which RoCEv1 carries in the 802.1Q priority (A16.8.1).
     """
 
-    __slots__ = ("sgid", "dgid", "sport", "tclass", "hop_limit", "flow_label", "parts", "length")
+    __slots__ = ("sgid", "dgid", "sport", "tclass", "hop_limit", "flow_label", "parts", "length",
+                 "v1", "sl")
 
     def __init__(self, sgid: bytes, dgid: bytes, sport: int, parts: list[Any], length: int,
-                 tclass: int = 0, hop_limit: int = 64, flow_label: int = 0) -> None:
+                 tclass: int = 0, hop_limit: int = 64, flow_label: int = 0, v1: bool = False,
+                 sl: int = 0) -> None:
         self.sgid = sgid
         self.dgid = dgid
         self.sport = sport
@@ -86,73 +103,16 @@ class TxPacket:
         self.tclass = tclass
         self.hop_limit = hop_limit
         self.flow_label = flow_label
-
-
-class Counters:
-    """Port counters, named after the rxe/rdma-core hw counters where one exists."""
-
-    __slots__ = (
-        "sent_pkts",
-        "rcvd_pkts",
-        "rcvd_icrc_err",
-        "rcvd_malformed",
-        "rcvd_unknown_qp",
-        "rcvd_bad_pkey",
-        "rcvd_bad_qkey",
-        "rcvd_bad_state",
-        "rcvd_bad_addr",
-        "rcvd_bad_opcode",
-        "rcvd_seq_err",
-        "duplicate_request",
-        "out_of_seq_request",
-        "retry_exceeded_err",
-        "rnr_nak_retry_err",
-        "send_rnr_nak",
-        "rcvd_rnr_nak",
-        "rcvd_nak",
-        "sent_nak",
-        "completer_retry",
-        "link_downed",
-        "rcvd_cnp",
-        "dropped_uc",
-        "ud_no_wqe",
-    )
-
-    def __init__(self) -> None:
-        self.sent_pkts = 0
-        self.rcvd_pkts = 0
-        self.rcvd_icrc_err = 0
-        self.rcvd_malformed = 0
-        self.rcvd_unknown_qp = 0
-        self.rcvd_bad_pkey = 0
-        self.rcvd_bad_qkey = 0
-        self.rcvd_bad_state = 0
-        # connected QP, packet not from its peer's address (rxe check_addr drops these)
-        self.rcvd_bad_addr = 0
-        self.rcvd_bad_opcode = 0
-        self.rcvd_seq_err = 0
-        self.duplicate_request = 0
-        self.out_of_seq_request = 0
-        self.retry_exceeded_err = 0
-        self.rnr_nak_retry_err = 0
-        self.send_rnr_nak = 0
-        self.rcvd_rnr_nak = 0
-        self.rcvd_nak = 0
-        self.sent_nak = 0
-        self.completer_retry = 0
-        self.link_downed = 0
-        self.rcvd_cnp = 0
-        self.dropped_uc = 0
-        self.ud_no_wqe = 0
-
-    def as_dict(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in self.__slots__}
+        self.v1 = v1
+        self.sl = sl
 
 
 class Port:
     """One port of a softrdma RoCE device: the engine every QP of the device runs in.
 
-    ``gids`` is the GID table (16-byte values, index = GID index). ``qpn_alloc`` returns
+    ``gids`` is the GID table (16-byte values, index = GID index); ``gid_types`` gives
+    each entry's type (``IBV_GID_TYPE_ROCE_V1`` or ``_V2``; default all RoCE v2): packets
+    sent from a GID go out in its encapsulation, as Linux chooses per GID. ``qpn_alloc`` returns
     a fresh QP number (a shared device gets them from its demultiplexer so they are
     unique across processes); by default QPNs are allocated locally from 0x11 up, as rxe
     does.
@@ -162,8 +122,12 @@ class Port:
                  pkeys: tuple[int, ...] = (DEFAULT_PKEY,),
                  qpn_alloc: Callable[[], int] | None = None,
                  qpn_free: Callable[[int], None] | None = None,
-                 key_alloc: Callable[[], int] | None = None) -> None:
+                 key_alloc: Callable[[], int] | None = None,
+                 gid_types: list[int] | None = None) -> None:
         self.gids = list(gids)
+        self.gid_types: list[int] = []
+        self.gid_v1: list[bool] = []
+        self.set_gid_types(gid_types)
         self.max_mtu = max_mtu
         self.pkeys = pkeys
         self.qps: dict[int, EngineQP] = {}
@@ -177,7 +141,30 @@ class Port:
         self._key_alloc = key_alloc
         self._timers: set[Timed] = set()
         self.mcast: dict[bytes, set[EngineQP]] = {}
+        # A16.7.2 drops packets from/to the loopback GID ::1. On RoCEv2 over the loopback
+        # netdev ::1 is the port's own IPv6 address (a self-addressed packet), so a port
+        # that holds ::1 as a GID accepts it.
+        self.loopback_gid_ok = LOOPBACK_GID in self.gids
         self.ack_pending: list[EngineQP] = []
+
+    def set_gid_types(self, gid_types: list[int] | None) -> None:
+        """Set the type of every GID table entry (None: all RoCE v2)."""
+        types = list(gid_types) if gid_types is not None else [GID_TYPE_ROCE_V2] * len(self.gids)
+        if len(types) != len(self.gids):
+            raise InvalidArgument("gid_types", f"{len(types)} types for {len(self.gids)} GIDs")
+        for t in types:
+            if t not in (GID_TYPE_ROCE_V1, GID_TYPE_ROCE_V2):
+                raise InvalidArgument("gid_types", f"unsupported GID type {t!r}")
+        self.gid_types = types
+        self.gid_v1 = [t == GID_TYPE_ROCE_V1 for t in types]
+
+    def gid_index_of(self, gid: bytes, v1: bool | None = None) -> int:
+        """Index of ``gid`` in the table, of the given encapsulation when ``v1`` is not
+        None (a GID may appear once per type, as in Linux); -1 if absent."""
+        for i, g in enumerate(self.gids):
+            if g == gid and (v1 is None or self.gid_v1[i] == v1):
+                return i
+        return -1
 
     def take_tx(self, acks: bool = True) -> list[TxPacket]:
         """Packets to send, oldest first; with ``acks`` the coalesced ACKs pending since the
@@ -213,6 +200,15 @@ class Port:
                 members.discard(qp)
             if self._qpn_free is not None and qp.qpn > 1:
                 self._qpn_free(qp.qpn)
+
+    def device_fatal(self) -> None:
+        """The device failed: every QP to ERR, flushing its work requests with
+        IBV_WC_WR_FLUSH_ERR (IBA 10.3.1.7), then the unaffiliated DEVICE_FATAL event
+        (IBA 11.6.3 Local Catastrophic Error)."""
+        for qp in list(self.qps.values()):
+            qp.to_error()
+        self._timers.clear()
+        self.on_async_event("DEVICE_FATAL", None)
 
     # ---- MRs -------------------------------------------------------------------------
     def new_key(self) -> int:
@@ -270,10 +266,23 @@ class Port:
 
     # ---- receive -----------------------------------------------------------------------
     def receive(self, data: memoryview, meta: RxMeta, now: float) -> None:
-        """Demultiplex one transport packet to its QP (IBA 9.6 header checks)."""
+        """Demultiplex one transport packet to its QP (IBA 9.6 header checks).
+
+        The network checks come first (A16.7.2: SGID or DGID ::1 -> dropped), then the
+        transport ones; each failure is counted under its own
+        :class:`~softrdma.ib.counters.DropReason` (CA16-23). FECN/BECN are counted and
+        otherwise ignored (CA16-16). A packet for QP0 is dropped (CA16-8).
+        """
         c = self.counters
         c.rcvd_pkts += 1
+        c.rcvd_bytes += len(data) + ICRC_SIZE
+        if (meta.sgid == LOOPBACK_GID or meta.dgid == LOOPBACK_GID) and not self.loopback_gid_ok:
+            c.rcvd_loopback_gid += 1
+            return
         op = data[0]
+        if len(data) > 4 and data[4] & 0xC0:  # CA16-16: FECN/BECN unused, ignored (counted)
+            c.rcvd_fecn += data[4] >> 7
+            c.rcvd_becn += (data[4] >> 6) & 1
         if op == 0x07 or op == 0x01:  # RC WRITE/SEND MIDDLE: the bulk of large messages
             fqp = self.qps.get(int.from_bytes(data[5:8], "big"))
             if fqp is not None and fqp.from_peer(meta) and fqp.resp.fast_middle(data, op):
@@ -284,7 +293,7 @@ class Port:
             c.rcvd_malformed += 1
             return
         if pkt.tver != 0:  # C9-...: TVer must be 0 (rxe drops)
-            c.rcvd_malformed += 1
+            c.rcvd_bad_tver += 1
             return
         if pkt.opcode == 0x81:  # RoCEv2 CNP: accepted, no completion, no effect here
             c.rcvd_cnp += 1
@@ -296,6 +305,9 @@ class Port:
                 return
             for member in list(members):
                 member.receive(pkt, meta, now)
+            return
+        if pkt.dqpn == QP0:  # CA16-8: no QP0 (SMI) on a RoCE port: silently dropped
+            c.rcvd_qp0 += 1
             return
         qp = self.qps.get(pkt.dqpn)
         if qp is None:

@@ -25,6 +25,7 @@ from ..enums import ibv_qp_type as QPT
 from ..enums import ibv_wc_opcode as WCO
 from ..enums import ibv_wc_status as WCS
 from ..errors import ClosedError, ResourceError, StateError
+from .pacing import rate_bps
 from .port import IB_QP1_QKEY, Port, TxPacket
 from .types import CompletionSink, RecvWQE, SendWQE, WorkCompletion
 
@@ -60,11 +61,12 @@ class AddressVector:
     """Where a QP's packets go (IBA 11.2.5.3 address vector; ``ibv_ah_attr`` + GRH)."""
 
     __slots__ = ("dgid", "sgid_index", "flow_label", "hop_limit", "traffic_class", "sl", "dlid",
-                 "port_num", "is_global", "dmac")
+                 "port_num", "is_global", "dmac", "static_rate", "rate_bps")
 
     def __init__(self, dgid: bytes, sgid_index: int = 0, flow_label: int = 0,
                  hop_limit: int = 64, traffic_class: int = 0, sl: int = 0, dlid: int = 0,
-                 port_num: int = 1, is_global: bool = True, dmac: bytes = b"") -> None:
+                 port_num: int = 1, is_global: bool = True, dmac: bytes = b"",
+                 static_rate: int = 0) -> None:
         self.dgid = bytes(dgid)
         self.sgid_index = sgid_index
         self.flow_label = flow_label
@@ -75,6 +77,8 @@ class AddressVector:
         self.port_num = port_num
         self.is_global = is_global
         self.dmac = dmac
+        self.static_rate = static_rate  # IBV_RATE_* (IBA 9.11 static rate control)
+        self.rate_bps = rate_bps(static_rate)
 
     def __repr__(self) -> str:
         return f"AddressVector(dgid={self.dgid.hex()}, sgid_index={self.sgid_index})"
@@ -184,6 +188,9 @@ class EngineQP(QPBase):
         self.pkey = 0
         # (source GID, destination GID) a connected QP accepts packets with; None: any
         self.peer_gids: tuple[bytes, bytes] | None = None
+        # softrdma's ibv_modify_qp_rate_limit: a rate cap in bit/s on top of the AV's
+        # static rate (0.0: none), ib/pacing.py
+        self.rate_limit_bps = 0.0
         self._derive()
         self.rq: deque[RecvWQE] = deque()
         self.deadline: float | None = None
@@ -220,11 +227,14 @@ class EngineQP(QPBase):
         a = av if av is not None else self.av
         if a is None:
             return
-        gids = self.port.gids
-        sgid = gids[a.sgid_index] if a.sgid_index < len(gids) else gids[0]
-        self.port.tx.append(TxPacket(sgid, a.dgid, self.sport, parts, length, a.traffic_class,
-                                     a.hop_limit, a.flow_label))
-        self.port.counters.sent_pkts += 1
+        port = self.port
+        gids = port.gids
+        i = a.sgid_index if a.sgid_index < len(gids) else 0
+        port.tx.append(TxPacket(gids[i], a.dgid, self.sport, parts, length, a.traffic_class,
+                                a.hop_limit, a.flow_label, port.gid_v1[i], a.sl))
+        c = port.counters
+        c.sent_pkts += 1
+        c.sent_bytes += length + 4  # BTH .. ICRC
 
     def set_deadline(self, t: float | None) -> None:
         self.deadline = t

@@ -22,6 +22,7 @@ from ..enums import ibv_wr_opcode as WRO
 from ..wire import ib as wib
 from ..wire import opcodes as op
 from .memory import gather, resolve_sges, scatter
+from .pacing import ICRC_BYTES, Pacer
 from .port import IB_QP1_QKEY
 from .types import PSN_MASK, SendWQE, WorkCompletion, psn_diff
 
@@ -117,6 +118,10 @@ class Requester:
         # keeps go-back-N from resending a whole window per lost packet on a lossy path.
         self.cwnd = MAX_INFLIGHT
         self.ack_edge = False
+        # After a go-back: packets sent before the PSN in here are retransmissions
+        # (counted in ``retransmitted_pkts``); None while sending new packets.
+        self.resend_until: int | None = None
+        self.pacer = Pacer(self.pump)
 
     # ---- queue management ---------------------------------------------------------------
     def depth(self) -> int:
@@ -135,6 +140,7 @@ class Requester:
         self.rnr_wait = False
         self.rd_atomic_out = 0
         self.gap_psn = -1
+        self.resend_until = None
 
     def post(self, wqe: SendWQE, now: float) -> None:
         qp = self.qp
@@ -191,6 +197,26 @@ class Requester:
                     if d >= self.cwnd:
                         break
                     self.ack_edge = d + 1 >= self.cwnd
+            if self.resend_until is not None:
+                self._count_resend(wqe)
+            av = wqe.ah if wqe.ah is not None else qp.av
+            bps = av.rate_bps if av is not None else 0.0
+            lim = qp.rate_limit_bps
+            if lim and (not bps or lim < bps):
+                bps = lim
+            if bps:  # static rate control (IBA 9.11, CA16-15.1.1)
+                pacer = self.pacer
+                if pacer.must_wait(now):
+                    pacer.deadline = pacer.next_at
+                    qp.port.arm(pacer)
+                    break
+                tx = qp.port.tx
+                n_before = len(tx)
+                self._send_pkt(wqe)
+                if len(tx) > n_before:
+                    pacer.sent(tx[-1].length + ICRC_BYTES, bps, now)
+                sent = True
+                continue
             self._send_pkt(wqe)
             sent = True
         if rc and sent and qp.deadline is None and qp.timeout:
@@ -365,7 +391,7 @@ class Requester:
         qp = self.qp
         psn = pkt.psn
         if psn_diff(psn, self.next_psn) >= 0:
-            qp.port.counters.rcvd_malformed += 1  # acknowledges a PSN never sent: ghost
+            qp.port.counters.rcvd_seq_err += 1  # acknowledges a PSN never sent: ghost
             return
         kind = pkt.info.kind
         if kind == op.Kind.ACK:
@@ -562,7 +588,25 @@ class Requester:
             elif w.state == UNSENT:
                 return
 
+    def _psn_of_next(self, wqe: SendWQE) -> int:
+        """The PSN of the next packet of a started ``wqe``."""
+        if wqe.opcode == _W_READ:
+            return (wqe.first_psn + wqe.read_received // self.qp.mtu) & PSN_MASK
+        return (wqe.first_psn + self.tx_pkt) & PSN_MASK
+
+    def _count_resend(self, wqe: SendWQE) -> None:
+        assert self.resend_until is not None
+        if psn_diff(self._psn_of_next(wqe), self.resend_until) < 0:
+            self.qp.port.counters.retransmitted_pkts += 1
+        else:
+            self.resend_until = None
+
     def _go_back_to(self, i: int) -> None:
+        if self.resend_until is None:  # the first PSN never sent so far
+            sq = self.sq
+            cur = sq[self.tx_idx] if self.tx_idx < len(sq) else None
+            self.resend_until = (self._psn_of_next(cur) if cur is not None and cur.state == SENDING
+                                 else self.next_psn)
         self.tx_idx = i
         self.tx_pkt = 0
         for j in range(i, len(self.sq)):

@@ -268,6 +268,7 @@ class Responder:
         else:
             ok = plen == mtu
         if not ok:
+            self.qp.port.counters.rcvd_bad_length += 1  # CA16-23: its own reason
             raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
 
     def _rkey_view(self, rkey: int, va: int, length: int, need: int) -> memoryview:
@@ -535,7 +536,7 @@ class Responder:
             return
         plen = len(pkt.payload)
         if plen > qp.port.max_mtu:
-            c.rcvd_malformed += 1
+            c.rcvd_bad_length += 1
             return
         rwqe = qp.take_rwqe()
         if rwqe is None:

@@ -53,7 +53,7 @@ from .hwaddr import (
     service_id,
     solicited_node,
 )
-from .ip import IpInfo, fragment_ipv4, icmp4_frag_needed, icmp6_too_big, parse
+from .ip import IPV6_MIN_MTU, IpInfo, fragment_ipv4, icmp4_frag_needed, icmp6_too_big, parse
 from .neigh import Expired, NeighbourTable, NeighConfig, NudState, Probe, Resolved, Unresolved
 
 __all__ = ["IfaceConfig", "IpoibInterface", "Counters", "ALL_NODES", "ALL_HOSTS"]
@@ -111,6 +111,10 @@ class IfaceConfig:
         if not 68 <= self.mtu <= limit:
             raise InvalidArgument("mtu", f"must be 68..{limit} in {self.mode} mode, "
                                          f"got {self.mtu}")
+        if self.mtu < IPV6_MIN_MTU and any(a.version == 6 for a in self.addresses):
+            raise InvalidArgument("mtu", f"IPv6 needs an MTU of at least {IPV6_MIN_MTU}, "
+                                         f"the interface has {self.mtu} (raise the underlay "
+                                         "MTU or give IPv4 addresses only)")
 
 
 class IpoibInterface:
@@ -124,7 +128,7 @@ class IpoibInterface:
         self.hwaddr = HwAddr(config.ud_qpn, bytes(config.gid), flags)
         addrs = list(config.addresses)
         ll = ipaddress.IPv6Interface(f"{link_local(config.gid)}/64")
-        if ll not in addrs:
+        if ll not in addrs and config.mtu is not None and config.mtu >= IPV6_MIN_MTU:
             addrs.append(ll)
         self.addresses: tuple[Address, ...] = tuple(addrs)
         self._local_ips = {a.ip.packed for a in self.addresses}
@@ -153,6 +157,23 @@ class IpoibInterface:
                     groups.append(g)
         self.groups = groups
         self.out.extend(McastJoin(g) for g in groups)
+        self.announce()
+
+    def announce(self) -> None:
+        """Gratuitous ARP and unsolicited NA for our addresses (RFC 5227 §2.4, RFC 4861
+        §7.2.6), as Linux sends when an interface comes up: peers that knew an older
+        link-layer address of ours (a restart gives a new UD QPN) update their entry."""
+        pk = self.config.pkey
+        for a in self.addresses:
+            ip = a.ip.packed
+            if a.version == 4:
+                arp = ArpPacket(ArpOp.REQUEST, self.hwaddr, ip, ZERO_HW, ip)
+                self.out.append(UdSend(self.broadcast, EtherType.ARP, arp.encode()))
+            else:
+                na = nd.build(nd.NdMessage(nd.NdType.NEIGHBOR_ADVERTISEMENT, ip, ALL_NODES,
+                                           ip, self.hwaddr, nd.NA_OVERRIDE))
+                self.out.append(UdSend(HwAddr(MULTICAST_QPN, ipv6_mcast_mgid(ALL_NODES, pk)),
+                                       EtherType.IPV6, na))
 
     def stop(self, now: float) -> None:
         """Tear every connection down (§3.4) and leave the groups."""
@@ -271,10 +292,11 @@ class IpoibInterface:
                 self.counters["tx_fragments"] += 1
                 self._send_to(hw, frag, parse(frag), etype, now)
             return
-        src = self._source_for(info.src, info.version)
+        # The error comes "from the destination": the host drops packets whose source is
+        # one of its own addresses (a martian source), and the PMTU it learns is that of
+        # the destination quoted in the error anyway (RFC 1191 §4, RFC 8201 §4).
+        src = info.dst
         self.counters["tx_dropped"] += 1
-        if src is None:
-            return
         self.counters["tx_icmp_too_big"] += 1
         err = (icmp4_frag_needed(pkt, src, mtu) if info.version == 4
                else icmp6_too_big(pkt, src, mtu))
@@ -356,6 +378,8 @@ class IpoibInterface:
     def receive_ud(self, msg: bytes | memoryview, src_gid: bytes, src_qpn: int,
                    now: float) -> None:
         """An IPoIB message received on the UD QP (GRH already stripped)."""
+        if src_qpn == self.hwaddr.qpn and src_gid == self.hwaddr.gid:
+            return  # our own multicast, looped back by the underlay
         try:
             etype = decode_encap(msg)
         except DecodeError:

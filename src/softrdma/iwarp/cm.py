@@ -7,9 +7,10 @@ under rdma_cm, without the IP-addressed CM API, which is a separate layer):
   wait for the Reply; the QP is in RTS when it returns. A reject raises
   :class:`~.mpa_setup.ConnectionRejected` (with the responder's private data).
 * :func:`listen` (passive side) returns a :class:`Listener`;
-  :meth:`Listener.get_request` accepts a TCP connection and parses its MPA Request
-  (a peer that sends garbage gets its Terminate and is dropped; the listener waits for
-  the next one), giving a :class:`ConnRequest` to :meth:`~ConnRequest.accept` on a QP
+  :meth:`Listener.get_request` accepts TCP connections, lets each negotiate MPA
+  concurrently with its own timer, and returns the first parsed MPA Request (a peer that
+  sends garbage gets its Terminate and is dropped; one that stays silent is closed when
+  its timer expires), giving a :class:`ConnRequest` to :meth:`~ConnRequest.accept` on a QP
   (MPA Reply, QP to RTS) or :meth:`~ConnRequest.reject`. :meth:`Listener.accept` does
   both steps.
 
@@ -20,6 +21,7 @@ front of it on the wire and is removed on receipt (as siw does for rdma_cm users
 from __future__ import annotations
 
 import errno
+import select
 import socket
 import threading
 import time
@@ -36,6 +38,21 @@ __all__ = ["connect", "listen", "Listener", "ConnRequest", "Connection", "Connec
            "ConnectionRejected", "MpaConfig"]
 
 DEFAULT_TIMEOUT = 10.0
+MPA_REQUEST_TIMEOUT = 10.0  # s a new connection has to send its MPA Request (siw MPAREQ_TIMEOUT)
+MAX_PENDING = 1024  # connections negotiating MPA at once per listener; beyond: oldest closed
+_POLL_S = 0.005  # how often a waiting get_request looks at new connections and parsed Requests
+
+
+class _Pending:
+    """An accepted TCP connection negotiating MPA (waiting for its Request)."""
+
+    __slots__ = ("conn", "peer", "local", "deadline")
+
+    def __init__(self, conn: IwarpConn, peer: Any, local: Any, deadline: float) -> None:
+        self.conn = conn
+        self.peer = peer
+        self.local = local
+        self.deadline = deadline
 
 
 class ConnectError(SoftRdmaError):
@@ -233,6 +250,8 @@ class Listener:
             raise ConnectError(f"cannot listen on {host}:{port}: "
                                f"{(last.strerror or last) if last else 'no address'}")
         self._lock = threading.Lock()
+        self._pending: list[_Pending] = []
+        self.mpa_timeout = MPA_REQUEST_TIMEOUT
 
     @property
     def port(self) -> int:
@@ -242,6 +261,11 @@ class Listener:
     def close(self) -> None:
         s = self._sock
         self._sock = None
+        with self._lock:
+            pending, self._pending = self._pending, []
+        if not self.runtime.closed:
+            for p in pending:
+                self.runtime.call(p.conn.close)
         if s is not None:
             try:
                 s.shutdown(socket.SHUT_RDWR)
@@ -256,23 +280,51 @@ class Listener:
         self.close()
 
     def get_request(self, timeout: float | None = DEFAULT_TIMEOUT) -> ConnRequest:
-        """The next connection's parsed MPA Request (TimeoutError-like ConnectError)."""
+        """The next connection's parsed MPA Request (TimeoutError-like ConnectError).
+
+        Every accepted TCP connection negotiates MPA on its own, concurrently with the
+        others, with its own :data:`MPA_REQUEST_TIMEOUT` (siw's MPA request timer): a silent
+        or slow connection neither blocks nor drops the ones behind it. Requests are
+        returned in the order they complete. At most :data:`MAX_PENDING` connections may
+        wait for their Request; beyond that the oldest is closed."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             s = self._sock
             if s is None:
                 raise ConnectError("the listener is closed", errno=errno.EBADF)
+            self._accept_pending(s)
+            req = self._next_request()
+            if req is not None:
+                return req
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise ConnectError("no connection request", errno=errno.ETIMEDOUT)
+            wait = _POLL_S if left is None else min(left, _POLL_S)
+            if self.runtime.threaded:
+                try:
+                    select.select([s], [], [], wait)
+                except (OSError, ValueError):  # closed by another thread while we waited
+                    if self._sock is None:
+                        raise ConnectError("the listener is closed", errno=errno.EBADF) from None
+                    raise
+            else:
+                self.runtime.progress(wait)
+
+    def _accept_pending(self, s: socket.socket) -> None:
+        """Accept every queued TCP connection and start its MPA negotiation."""
+        while True:
             try:
-                s.settimeout(left)
+                s.setblocking(False)
                 sock, peer = s.accept()
-            except TimeoutError:
-                raise ConnectError("no connection request", errno=errno.ETIMEDOUT) from None
+            except (BlockingIOError, InterruptedError):
+                return
             except OSError as exc:
-                if self._sock is None:  # closed by another thread while we waited
+                if self._sock is None:  # closed by another thread
                     raise ConnectError("the listener is closed", errno=errno.EBADF) from None
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    return  # out of resources: the connection waits in the backlog
+                if exc.errno in (errno.ECONNABORTED, errno.EPROTO):
+                    continue
                 raise ConnectError(f"accept failed: {exc.strerror or exc}") from exc
             try:
                 local = sock.getsockname()
@@ -282,13 +334,40 @@ class Listener:
                 continue
             conn = IwarpConn(self.runtime.dev, initiator=False, cfg=self.cfg, mss=mss)
             self.runtime.call(self.runtime.attach, conn, sock)
-            end = deadline if deadline is not None else time.monotonic() + DEFAULT_TIMEOUT
-            if not _wait(self.runtime, conn, {ConnState.AWAIT_REQUEST}, end):
-                self.runtime.call(conn.close)
-                continue
-            if conn.state == ConnState.ACCEPT_WAIT:
-                return ConnRequest(self, conn, peer, local)
-            # a bad request: the engine answered with a Terminate and closes; next one
+            with self._lock:
+                self._pending.append(_Pending(conn, peer, local,
+                                              time.monotonic() + self.mpa_timeout))
+                over = len(self._pending) - MAX_PENDING
+                oldest = self._pending[:over] if over > 0 else []
+                del self._pending[:len(oldest)]
+            for p in oldest:
+                self.runtime.call(p.conn.close)
+
+    def _next_request(self) -> ConnRequest | None:
+        """The oldest connection whose Request is parsed; drops failed and expired ones."""
+        now = time.monotonic()
+        found: _Pending | None = None
+        expired: list[_Pending] = []
+        with self._lock, self.runtime.lock:
+            keep: list[_Pending] = []
+            for p in self._pending:
+                st = p.conn.state
+                if st == ConnState.ACCEPT_WAIT and found is None:
+                    found = p
+                elif st == ConnState.AWAIT_REQUEST:
+                    if now >= p.deadline:
+                        expired.append(p)
+                    else:
+                        keep.append(p)
+                elif st == ConnState.ACCEPT_WAIT:
+                    keep.append(p)
+                # else: a bad Request; the engine sent its Terminate and closes the stream
+            self._pending = keep
+        for p in expired:  # no Request within the MPA timer: close (siw: MPA timeout)
+            self.runtime.call(p.conn.close)
+        if found is None:
+            return None
+        return ConnRequest(self, found.conn, found.peer, found.local)
 
     def accept(self, qp: Any, private_data: bytes = b"", *, timeout: float | None = DEFAULT_TIMEOUT,
                cfg: MpaConfig | None = None) -> Connection:

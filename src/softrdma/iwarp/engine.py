@@ -631,6 +631,13 @@ class IwarpConn:
         self._parser = None
         rest = parser.remainder
         if isinstance(frame, MpaRequest):
+            if frame.reject:
+                # RFC 5044 §7.1.1: R is meaningful only in a Reply; a Request with R set is an
+                # invalid frame (siw ``siw_proc_mpareq``): refused here in MPA with a
+                # Terminate, never shown to the application as a connection request.
+                self.dev.counters.rcvd_mpa_req_reject += 1
+                raise IwarpFault.llp(MpaErrorCode.INVALID_REQ_REP,
+                                     "an MPA Request must not set R (reject)")
             self.request = frame
             self.state = ConnState.ACCEPT_WAIT
             self.on_event("request")

@@ -15,6 +15,7 @@ Subcommands and where they live:
 ``link``           ``softrdma.tools.link.cmd_link(args) -> int``
 ``pyverbs``        :mod:`softrdma.tools.pyverbs_run` (run a pyverbs program on softrdma)
 ``rdma-core-tests`` :mod:`softrdma.tools.rdma_core_tests` (rdma-core's pyverbs test suite)
+``stats``          :mod:`softrdma.tools.stats` (``rdma statistic``: port counters)
 ``write-bw`` ...   :mod:`softrdma.tools.perftest` (perftest's ``ib_write_bw``, ``ib_read_bw``,
                    ``ib_send_bw``, ``ib_atomic_bw`` and the ``*_lat`` tools)
 ``ipoib``          :mod:`softrdma.tools.ipoib` (IP over InfiniBand on a TUN interface)
@@ -81,6 +82,25 @@ def _tool(module: str, command: str, attr: str) -> Callable[..., Any]:
     return fn  # type: ignore[no-any-return]
 
 
+def _nonneg_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid integer: {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {n}")
+    return n
+
+
+def _udp_port(text: str) -> int:
+    """argparse type: a UDP port number, 1..65535."""
+    n = _nonneg_int(text)
+    if not 1 <= n <= 0xFFFF:
+        raise argparse.ArgumentTypeError(f"not a UDP port (1..65535): {n}")
+    return n
+
+
 # -- handlers --------------------------------------------------------------------------
 
 def _cmd_devinfo(args: argparse.Namespace) -> int:
@@ -111,9 +131,8 @@ def _cmd_ucmatose(args: argparse.Namespace) -> int:
 
 def _cmd_pcap_check(args: argparse.Namespace) -> int:
     run = _tool("softrdma.tools.pcap_check", "pcap-check", "run")
-    if args.udp_port:
-        return int(run(list(args.files), udp_ports=tuple(args.udp_port)))
-    return int(run(list(args.files)))
+    return int(run(list(args.files), udp_ports=tuple(args.udp_port),
+                   max_errors=args.max_errors, verbose=args.verbose))
 
 
 def _cmd_link(args: argparse.Namespace) -> int:
@@ -122,6 +141,10 @@ def _cmd_link(args: argparse.Namespace) -> int:
 
 def _cmd_pyverbs(args: argparse.Namespace) -> int:
     return int(_tool("softrdma.tools.pyverbs_run", "pyverbs", "run")(args))
+
+
+def _cmd_stats(args: argparse.Namespace) -> int:
+    return int(_tool("softrdma.tools.stats", "stats", "run")(args))
 
 
 def _cmd_rdma_core_tests(args: argparse.Namespace) -> int:
@@ -135,7 +158,7 @@ def _perftest(name: str) -> Callable[[argparse.Namespace], int]:
 
 
 def _cmd_ipoib(args: argparse.Namespace) -> int:
-    return int(_tool("softrdma.tools.ipoib", "ipoib", "run")(args))
+    return int(_tool("softrdma.tools.ipoib", "ipoib", "main")(list(args.rest)))
 
 
 def _cmd_interop(args: argparse.Namespace) -> int:
@@ -221,10 +244,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tool_args("softrdma.tools.cmargs", p, "ucmatose")
     p.set_defaults(handler=_cmd_ucmatose)
 
-    p = add_parser("pcap-check", help="check the ICRC/CRC of every RoCE/iWARP packet "
-                        "in pcap files", description="Check pcap/pcapng files packet by packet.")
+    p = add_parser("pcap-check", help="check every RoCE/iWARP packet of pcap files "
+                        "(ICRC/CRC, byte-exact decoding) and follow each RC/UC connection",
+                        description="Check pcap/pcapng files packet by packet, then each "
+                        "RC/UC connection from its CM REQ/REP or TCP 18515 exchange (first "
+                        "PSNs, PSN gaps, ACKs/NAKs, RDMA READ responses, DREQ/DREP). "
+                        "Failures go to stderr, summaries to stdout.")
     p.add_argument("files", nargs="+", metavar="FILE", help="pcap or pcapng file")
-    p.add_argument("--udp-port", type=int, action="append", default=[], metavar="N",
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="print one decoded line per RoCE packet and the connections' notes")
+    p.add_argument("--max-errors", type=_nonneg_int, default=20, metavar="N",
+                   help="print at most N failure lines per file (0: all; default 20)")
+    p.add_argument("--udp-port", type=_udp_port, action="append", default=[], metavar="N",
                    help="also treat UDP port N as RoCEv2 (a device configured off 4791)")
     p.set_defaults(handler=_cmd_pcap_check)
 
@@ -247,6 +278,21 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tool_args("softrdma.tools.rdma_core_tests", p)
     p.set_defaults(handler=_cmd_rdma_core_tests)
 
+    p = add_parser("stats", help="port counters: packets, bytes, retransmissions, RNR NAKs, "
+                   "drops by reason (rdma statistic)",
+                   description="softrdma stats [show [link DEV[/PORT]]]: the counters of "
+                   "every RoCE device's port, one line each as `rdma statistic show link` "
+                   "prints them; a shared device's are the whole device's.")
+    p.add_argument("words", nargs="*", metavar="show [link DEV[/PORT]]",
+                   help="rdma statistic's object syntax: 'show', 'show link DEV/PORT'")
+    p.add_argument("-d", "--dev", metavar="DEV", default=None, help="only device DEV")
+    p.add_argument("-j", "--json", action="store_true", help="JSON output")
+    p.add_argument("-p", "--pretty", action="store_true", help="pretty JSON")
+    p.add_argument("-w", "--watch", type=float, default=None, metavar="SECONDS",
+                   help="print the counters again every SECONDS")
+    p.add_argument("-n", "--count", type=int, default=None, metavar="COUNT",
+                   help="with -w: stop after COUNT rounds")
+    p.set_defaults(handler=_cmd_stats)
     for name in PERFTEST_TOOLS:
         verb, tst = name.split("-")
         p = add_parser(name, help=f"perftest's ib_{verb}_{tst}: "
@@ -257,13 +303,13 @@ def build_parser() -> argparse.ArgumentParser:
                        "4.5 (the TCP 18515 exchange, or rdma_cm with -R).")
         _add_tool_args("softrdma.tools.perftest.options", p, name)
         p.set_defaults(handler=_perftest(name))
-    p = add_parser("ipoib", help="IP over InfiniBand (RFC 4391/4755) on a TUN interface "
+    p = add_parser("ipoib", add_help=False, help="IP over InfiniBand (RFC 4391/4755) on a "
+                   "TUN interface "
                    "(up/down/show)", description="softrdma ipoib up NAME --device DEV "
                    "[--mode connected|datagram] [--pkey P] [--mtu M] ADDR/PREFIX... runs an "
                    "IPoIB interface until stopped; down NAME stops it; show [NAME] [--json] "
                    "prints neighbours, connections and counters.")
-    _add_tool_args("softrdma.tools.ipoib", p)
-    p.set_defaults(handler=_cmd_ipoib)
+    p.set_defaults(handler=_cmd_ipoib, passthrough=True)
     p = add_parser("interop", help="run the live interop suite against Linux rxe/siw in "
                    "the lab (root)", description="Build or reuse the lab (../shared/lab), "
                    "boot a guest, run every case in both directions with captures and "

@@ -25,30 +25,41 @@ from .. import verbs as v
 from ..cm import rdma_cm as rc
 from ..errors import SoftRdmaError
 
-__all__ = ["Node", "CmTest", "get_addr", "finish"]
+__all__ = ["Node", "CmTest", "AddrError", "get_addr", "finish"]
 
 POLL_BATCH = 8  # the C tools poll 8 completions at a time
 IDLE_SLEEP_S = 0.0005
 WAIT_STEP_S = 0.5  # a wait for ever still wakes up now and then (Ctrl-C)
 
 
-def get_addr(host: str | None) -> tuple[str | None, str | None]:
-    """``getaddrinfo`` of ``host`` (an address or a name): ``(address, None)`` or
-    ``(None, gai error text)``; None stays None."""
+class AddrError(Exception):
+    """``getaddrinfo`` failed: ``code`` is its (negative) EAI error, as the C tools
+    return it."""
+
+    def __init__(self, code: int, text: str) -> None:
+        super().__init__(text)
+        self.code = code
+        self.text = text
+
+
+def get_addr(host: str | None) -> str | None:
+    """``getaddrinfo`` of ``host`` (an address or a name); None stays None.
+    :class:`AddrError` when it cannot be resolved."""
     if host is None:
-        return None, None
+        return None
     try:
-        return str(ipaddress.ip_address(host)), None
+        return str(ipaddress.ip_address(host))
     except ValueError:
         pass
     try:
         infos = socket.getaddrinfo(host, None, 0, socket.SOCK_STREAM)
     except socket.gaierror as exc:
-        return None, exc.strerror or str(exc)
+        raise AddrError(int(exc.errno or socket.EAI_NONAME), exc.strerror or str(exc)) \
+            from None
     for fam, _t, _p, _c, sa in infos:
         if fam in (socket.AF_INET, socket.AF_INET6):
-            return str(sa[0]), None
-    return None, "Address family for hostname not supported"
+            return str(sa[0])
+    raise AddrError(int(socket.EAI_FAMILY), "Address family for hostname not supported")
 
 
 class Node:

@@ -217,6 +217,17 @@ def _verbose_port_lines(ctx: v.Context, port: int, pa: Any, transport: int) -> l
         out.append(f"\t\t\tphys_state:\t\t{_name(_PHYS, phys, 'invalid physical state')} "
                    f"({phys})")
     out += gid_lines(ctx, port, field("gid_tbl_len"))
+    out += counter_lines(ctx, port)
+    return out
+
+
+def counter_lines(ctx: v.Context, port: int) -> list[str]:
+    """The port's counters (``Context.query_port_counters``), as ``rdma statistic``
+    names them; drops by reason follow the traffic counters (CA16-23)."""
+    pc = ctx.query_port_counters(port)
+    scope = "device, all processes" if pc.shared else "this process"
+    out = [f"\t\t\tcounters ({scope}):"]
+    out += [f"\t\t\t\t{name}:\t{value}" for name, value in pc.counters.items()]
     return out
 
 

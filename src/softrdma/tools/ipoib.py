@@ -20,10 +20,11 @@ import json
 import sys
 from typing import Any
 
-from ..drivers.registry import state_dir
+from ..drivers.ipoib_control import control_request, running
+from ..drivers.ipoib_runtime import IpoibRuntime, RuntimeOptions
 from ..errors import InvalidArgument
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["parse", "main", "run"]
 
 PROG = "softrdma ipoib"
 
@@ -47,48 +48,69 @@ def _address(text: str) -> ipaddress.IPv4Interface | ipaddress.IPv6Interface:
         raise argparse.ArgumentTypeError(f"invalid address {text!r}") from None
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    subs = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    up = subs.add_parser("up", help="create the interface and run it until stopped")
-    up.add_argument("name", metavar="NAME", help="interface name (e.g. sr-ib0)")
-    up.add_argument("addresses", metavar="ADDR/PREFIX", nargs="*", type=_address,
-                    help="IPv4/IPv6 addresses of the interface")
-    up.add_argument("--device", "-d", default=None, help="softrdma device (default: the first)")
-    up.add_argument("--mode", choices=("connected", "datagram"), default="connected",
-                    help="connected (RFC 4755, default) or datagram (RFC 4391)")
-    up.add_argument("--pkey", type=_pkey, default=0xFFFF, help="P_Key (default 0xffff)")
-    up.add_argument("--mtu", type=int, default=None,
-                    help="interface MTU (default 65520 connected, IB MTU - 4 datagram)")
-    up.add_argument("--uc", action="store_true",
-                    help="connected mode over UC connections instead of RC")
-    up.add_argument("--no-crossing-rule", action="store_true",
-                    help="accept every REQ, even when ours to the same peer is outstanding "
-                    "(Linux's behaviour) instead of RFC 4755 §3.3")
-    up.add_argument("--gid-index", type=int, default=None,
-                    help="GID of the device to use (default: its first IPv6 GID)")
-    up.add_argument("--idle-timeout", type=float, default=2 * 256.0,
-                    help="seconds before an unused passive connection is torn down (512)")
-    down = subs.add_parser("down", help="stop a running interface")
-    down.add_argument("name", metavar="NAME")
-    show = subs.add_parser("show", help="neighbours, connections and counters")
-    show.add_argument("name", metavar="NAME", nargs="?", default=None)
-    show.add_argument("--json", action="store_true", help="JSON output")
+ACTIONS = ("up", "down", "show")
+
+
+def _parser(action: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"{PROG} {action}")
+    if action == "up":
+        p.description = "Create the interface and run it until SIGINT/SIGTERM or `down`."
+        p.add_argument("name", metavar="NAME", help="interface name (e.g. sr-ib0)")
+        p.add_argument("addresses", metavar="ADDR/PREFIX", nargs="*", type=_address,
+                       help="IPv4/IPv6 addresses of the interface")
+        p.add_argument("--device", "-d", default=None,
+                       help="softrdma device (default: the first)")
+        p.add_argument("--mode", choices=("connected", "datagram"), default="connected",
+                       help="connected (RFC 4755, default) or datagram (RFC 4391)")
+        p.add_argument("--pkey", type=_pkey, default=0xFFFF, help="P_Key (default 0xffff)")
+        p.add_argument("--mtu", type=int, default=None,
+                       help="interface MTU (default 65520 connected, IB MTU - 4 datagram)")
+        p.add_argument("--uc", action="store_true",
+                       help="connected mode over UC connections instead of RC")
+        p.add_argument("--no-crossing-rule", action="store_true",
+                       help="accept every REQ, even when ours to the same peer is "
+                       "outstanding (Linux's behaviour) instead of RFC 4755 §3.3")
+        p.add_argument("--gid-index", type=int, default=None,
+                       help="GID of the device to use (default: its first IPv6 GID)")
+        p.add_argument("--idle-timeout", type=float, default=2 * 256.0,
+                       help="seconds before an unused passive connection is torn down (512)")
+    elif action == "down":
+        p.description = "Stop a running interface."
+        p.add_argument("name", metavar="NAME")
+    else:
+        p.description = "Print neighbours, connections and counters."
+        p.add_argument("name", metavar="NAME", nargs="?", default=None)
+        p.add_argument("--json", action="store_true", help="JSON output")
+    return p
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """Parse ``softrdma ipoib ARGS`` (options and addresses may be intermixed)."""
+    if not argv or argv[0] not in ACTIONS:
+        top = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+        top.add_argument("action", choices=ACTIONS)
+        top.parse_args(argv[:1])
+    action = argv[0]
+    args = _parser(action).parse_intermixed_args(argv[1:])
+    args.action = action
+    return args
+
+
+def main(argv: list[str]) -> int:
+    """``softrdma ipoib ARGS`` (the CLI passes every argument through)."""
+    return run(parse(argv))
 
 
 def run(args: argparse.Namespace) -> int:
     if args.action == "up":
         return _up(args)
     if args.action == "down":
-        from ..drivers.ipoib_runtime import control_request  # noqa: PLC0415 - keeps the parser light
-
         control_request(args.name, "down")
         return 0
     return _show(args)
 
 
 def _up(args: argparse.Namespace) -> int:
-    from ..drivers.ipoib_runtime import IpoibRuntime, RuntimeOptions  # noqa: PLC0415 - keeps the parser light
-
     if args.mtu is not None and args.mtu < 68:
         raise InvalidArgument("mtu", f"must be at least 68, got {args.mtu}")
     opts = RuntimeOptions(name=args.name, device=args.device, addresses=tuple(args.addresses),
@@ -108,13 +130,10 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from ..drivers.ipoib_runtime import control_request  # noqa: PLC0415 - keeps the parser light
-
     if args.name is not None:
         names = [args.name]
     else:
-        d = state_dir() / "ipoib"
-        names = sorted(p.stem for p in d.glob("*.sock")) if d.is_dir() else []
+        names = running()
     snaps = [control_request(n, "show") for n in names]
     if args.json:
         json.dump(snaps[0] if args.name is not None else snaps, sys.stdout, indent=2)

@@ -3,14 +3,19 @@
 Usage::
 
     softrdma link [show [NAME]] [-d]
-    softrdma link add NAME netdev IFACE [type roce|iwarp] [port N]
+    softrdma link add NAME netdev IFACE [type roce|iwarp] [port N] [roce_ver 1|2|both] [vlan VID]
     softrdma link delete NAME
 
 The listing has ``rdma link``'s shape (one line per device, port 1)::
 
     link softrdma_lo/1 state ACTIVE physical_state LINK_UP netdev lo
 
-``-d`` appends ``type``, ``mtu`` (the active IB MTU, rxe_set_mtu) and ``udp_port``.
+``-d`` appends ``type``, ``mtu`` (the active IB MTU, rxe_set_mtu), ``udp_port`` and, for a
+RoCE device, ``roce_ver`` (and ``vlan``). ``roce_ver 1`` is RoCEv1 (Annex A16: the IB
+transport with a GRH directly over Ethernet, EtherType 0x8915; needs root for the raw
+socket), ``2`` RoCEv2 over UDP (the default, as rxe), ``both`` each GID once per type, as
+Linux lists them. ``vlan VID`` makes the RoCEv1 link tag its frames with 802.1Q VLAN
+``VID`` on a plain netdev (on a VLAN netdev such as ``eth0.7`` it is implied).
 ``type rxe`` and ``type siw`` (the kernel driver names ``rdma link add`` takes) are
 accepted as ``roce`` and ``iwarp``. Exit status: 0 success, 1 the operation failed (unknown
 device, duplicate name, unknown netdev ...), 2 usage error; errors are one line on stderr,
@@ -24,6 +29,7 @@ import sys
 from typing import TextIO
 
 from softrdma.drivers import netdev as _netdev
+from softrdma.drivers.link import ROCE_VERSIONS
 from softrdma.drivers.registry import DEFAULT_UDP_PORT, DeviceRecord, Registry, ib_mtu_for
 from softrdma.errors import SoftRdmaError
 
@@ -31,7 +37,8 @@ __all__ = ["cmd_link", "format_record", "main"]
 
 USAGE = """\
 usage: softrdma link [show [NAME]] [-d]
-       softrdma link add NAME netdev IFACE [type roce|iwarp] [port N]
+       softrdma link add NAME netdev IFACE [type roce|iwarp] [port N] [roce_ver 1|2|both]
+                         [vlan VID]
        softrdma link delete NAME"""
 
 _TYPE_ALIASES = {"roce": "roce", "rxe": "roce", "iwarp": "iwarp", "siw": "iwarp"}
@@ -54,6 +61,10 @@ def format_record(record: DeviceRecord, details: bool = False) -> str:
     if details:
         mtu = ib_mtu_for(nd.mtu) if nd is not None else 0
         line += f" type {record.type} mtu {mtu} udp_port {record.udp_port}"
+        if record.type == "roce":
+            line += f" roce_ver {record.roce_ver}"
+            if record.vlan is not None:
+                line += f" vlan {record.vlan}"
     return line
 
 
@@ -83,8 +94,9 @@ def _add(reg: Registry, args: list[str], out: TextIO) -> int:
         raise _Usage(f"missing value after {rest[-1]!r}")
     opts: dict[str, str] = {}
     for key, value in zip(rest[::2], rest[1::2], strict=True):
-        if key not in ("netdev", "type", "port"):
-            raise _Usage(f"unknown keyword {key!r} (expected netdev, type or port)")
+        if key not in ("netdev", "type", "port", "roce_ver", "vlan"):
+            raise _Usage(f"unknown keyword {key!r} (expected netdev, type, port, roce_ver "
+                         "or vlan)")
         if key in opts:
             raise _Usage(f"{key} given twice")
         opts[key] = value
@@ -99,7 +111,16 @@ def _add(reg: Registry, args: list[str], out: TextIO) -> int:
             port = int(opts["port"], 10)
         except ValueError:
             raise _Usage(f"port {opts['port']!r} is not a number") from None
-    reg.add(name, opts["netdev"], typ, port)
+    ver = opts.get("roce_ver", "2")
+    if ver not in ROCE_VERSIONS:
+        raise _Usage(f"roce_ver {ver!r} is not 1, 2 or both")
+    vlan: int | None = None
+    if "vlan" in opts:
+        try:
+            vlan = int(opts["vlan"], 10)
+        except ValueError:
+            raise _Usage(f"vlan {opts['vlan']!r} is not a number") from None
+    reg.add(name, opts["netdev"], typ, port, ver, vlan)
     return 0
 
 

@@ -115,10 +115,17 @@ class IwarpChecker:
     def results(self) -> tuple[int, int, list[str]]:
         """``(packets checked, packets ok, lines)``; ends the capture.
 
-        The lines are one per failed packet, then one ``note: ...`` line per capture gap
-        or unverifiable stream (these count as neither ok nor failed)."""
+        The lines are one per failed packet not yet taken by :meth:`drain`, then one
+        ``note: ...`` line per capture gap or unverifiable stream (these count as neither
+        ok nor failed)."""
         self._finish()
         return self.checked, self.ok, self._failures + [f"note: {n}" for n in self._gap_notes]
+
+    def drain(self) -> list[str]:
+        """The failure lines found since the last call (so that a caller can stream them
+        and the checker keeps none)."""
+        out, self._failures = self._failures, []
+        return out
 
     def notes(self) -> list[str]:
         """Everything noticed that is not a failure: capture gaps, resynchronisations,

@@ -413,6 +413,20 @@ class Options:
 # One endpoint: the pingpong_context of the C tools
 # --------------------------------------------------------------------------------------
 
+def _mark_pages(buf: bytearray, off: int, size: int) -> None:
+    """Zero the first byte of every page of ``buf[off:off+size]`` (in place)."""
+    buf[off:off + size:PAGE_SIZE] = bytes(len(range(0, size, PAGE_SIZE)))
+
+
+def _fill(buf: bytearray, off: int, size: int, value: int) -> None:
+    """``memset(buf + off, value, size)`` without a temporary of ``size`` bytes."""
+    block = bytes([value]) * min(size, 1 << 20)
+    mv = memoryview(buf)
+    for start in range(off, off + size, len(block) or 1):
+        n = min(len(block), off + size - start)
+        mv[start:start + n] = block[:n]
+
+
 def check_pattern(size: int) -> bytes:
     """The ``-c`` send pattern: rc_pingpong's 0x7b buffer with ``buf[i] = 0`` at every
     page start (``i / page_size % sizeof(char)``), so a C peer run with ``-c`` matches."""
@@ -450,11 +464,12 @@ class Endpoint:
         self.gid_idx = opts.gid_idx if opts.gid_idx is not None else (0 if self.roce else -1)
         self.grh = GRH_LEN if opts.kind == "ud" else 0
         self.rlen = opts.size + self.grh
-        self.buf = bytearray(b"\x7b" * (self.rlen + opts.size))
-        self.pattern = check_pattern(opts.size) if opts.chk else b""
+        # One buffer and no copy of it (a 2 GiB message must not cost several times its
+        # size): the send area is the --chk pattern itself, written in place.
+        self.buf = bytearray(b"\x7b") * (self.rlen + opts.size)
         if opts.chk:
-            self.buf[self.rlen:] = self.pattern
-        self.poison = bytes([POISON]) * opts.size
+            _mark_pages(self.buf, self.rlen, opts.size)
+        self.pattern = memoryview(self.buf)[self.rlen:] if opts.chk else memoryview(b"")
         try:
             self.pd = v.PD(ctx)
             self._closers.append(self.pd)
@@ -606,18 +621,31 @@ class Endpoint:
             raise PingPongError(
                 f"Invalid data in page {bad // PAGE_SIZE} (byte {bad}: 0x{got[bad]:02x}, "
                 f"expected 0x{self.pattern[bad]:02x})")
-        self.buf[self.grh:self.rlen] = self.poison
+        _fill(self.buf, self.grh, size, POISON)
+
+    def _activity(self) -> int:
+        """Packets the device has sent and received so far (its port counters; read
+        directly, this runs once per wait)."""
+        c = getattr(getattr(self.ctx, "port", None), "counters", None)
+        return int(getattr(c, "sent_pkts", 0)) + int(getattr(c, "rcvd_pkts", 0))
 
     def _next_completions(self, abort: threading.Event | None) -> list[Any]:
-        """Wait (events or polling) for up to two completions, at most ``timeout``."""
+        """Wait (events or polling) for up to two completions; give up only after
+        ``timeout`` seconds without progress: a large message keeps the device busy for
+        longer than the timeout, and as long as its packets move the wait goes on."""
         deadline = time.monotonic() + self.opts.timeout
+        seen = self._activity()
         while True:
+            if time.monotonic() >= deadline:
+                now = self._activity()
+                if now == seen:
+                    return []  # nothing moved for ``timeout`` s
+                seen = now  # packets moved in the last ``timeout`` s: keep waiting
+                deadline = time.monotonic() + self.opts.timeout
             if abort is not None and abort.is_set():
                 raise PingPongError("stopped: the other side failed")
             if self.channel is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return []
+                left = max(deadline - time.monotonic(), 0.001)
                 n, wcs = self.cq.poll(2)
                 if n:
                     return list(wcs)
@@ -635,8 +663,6 @@ class Endpoint:
             n, wcs = self.cq.poll(2)
             if n:
                 return list(wcs)
-            if time.monotonic() >= deadline:
-                return []
             time.sleep(0)  # let the progress thread run
 
     def run(self, is_client: bool, abort: threading.Event | None = None) -> float:
@@ -660,6 +686,9 @@ class Endpoint:
                     f"{rcnt}/{iters} received): is the peer still running?")
             for wc in wcs:
                 if wc.status != e.IBV_WC_SUCCESS:
+                    fatal = getattr(self.ctx.runtime, "fatal", None)
+                    if fatal is not None:  # the device failed (its devd died)
+                        raise PingPongError(str(fatal))
                     raise PingPongError(
                         f"Failed status {v.wc_status_str(wc.status)} ({int(wc.status)}) "
                         f"for wr_id {int(wc.wr_id)}")

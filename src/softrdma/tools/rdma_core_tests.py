@@ -7,7 +7,10 @@ Debian's ``python3-pyverbs`` ships rdma-core's tests in ``/usr/share/doc/rdma-co
    missing and ``--no-install`` is not given;
 2. copies the tests to a temporary directory and gunzips the ``.gz`` files;
 3. runs ``run_tests.py --dev DEV --gid N -v`` with softrdma's pyverbs first on the path
-   (:func:`softrdma.tools.pyverbs_run.shim_env`);
+   (:func:`softrdma.tools.pyverbs_run.shim_env`); as root, in a private mount namespace
+   where softrdma's devices appear under ``/sys/class/infiniband`` with their
+   ``device/net/<iface>`` entry (:mod:`softrdma.tools.sysfs_ns`), so the rdma_cm tests
+   find the address to connect to; otherwise those skip and the report says why;
 4. parses unittest's verbose output and prints, per test file, the passed / failed /
    errored / skipped counts and the skip reasons, then exactly one line
    ``rdma-core tests: N passed, N failed, N errors, N skipped``.
@@ -30,6 +33,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from softrdma.tools import sysfs_ns
 from softrdma.tools.pyverbs_run import shim_env
 
 __all__ = ["TESTS_DIR", "TestResult", "FileSummary", "parse_verbose", "summarize",
@@ -238,6 +242,13 @@ def _default_device() -> str | None:
     return names[0] if names else None
 
 
+def _netdevs() -> dict[str, str]:
+    """softrdma's devices and their network interfaces (for ``sysfs_ns``)."""
+    from softrdma import verbs  # noqa: PLC0415
+
+    return {d.name: d.netdev for d in verbs.get_device_list() if d.netdev}
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the suite and print the report; 0 when it ran, 1 when it could not."""
     tests_dir: Path = args.tests_dir
@@ -260,6 +271,11 @@ def run(args: argparse.Namespace) -> int:
         tdir = prepare_tests(tests_dir, Path(tmp))
         cmd = [sys.executable, "run_tests.py", "--dev", dev, "--gid", str(args.gid), "-v",
                *args.tests]
+        no_ns = sysfs_ns.unavailable_reason()
+        if no_ns is None:
+            stash = Path(tmp) / "sysclass"
+            stash.mkdir()
+            cmd = sysfs_ns.wrap(_netdevs(), cmd, stash)
         timed_out = False
         try:
             proc = subprocess.run(cmd, cwd=tdir, env=shim_env(dev), stdout=subprocess.PIPE,
@@ -273,6 +289,9 @@ def run(args: argparse.Namespace) -> int:
         args.log.write_text(text)
     results = parse_verbose(text)
     print(f"rdma-core's pyverbs tests on softrdma device {dev} (GID index {args.gid})")
+    if no_ns is not None:
+        print(f"note: the rdma_cm tests skip: they find the device's netdev in "
+              f"/sys/class/infiniband, and {no_ns}")
     print(format_report(summarize(results, text)))
     if timed_out:
         print(f"softrdma rdma-core-tests: error: the suite did not finish within "

@@ -15,7 +15,9 @@ The ping/pong loop, as rping.c, over one RC connection set up by
 port 7174 by default; the client disconnects at the end, each side reporting
 ``client DISCONNECT EVENT...`` / ``server DISCONNECT EVENT...`` on stderr. ``-P``: a
 persistent server, serving every client in its own thread until it is stopped (rping's
-``rping_run_persistent_server``). Exit status: 0 on success, 1 on any failure (see
+``rping_run_persistent_server``). ``-q``: the QP is created with ``ibv_create_qp`` and
+moved by rping itself with ``rdma_init_qp_attr``'s attributes, its number given in the
+connection parameters (the client completes with ``rdma_establish``), as rping's ``-q``. Exit status: 0 on success, 1 on any failure (see
 :mod:`softrdma.tools.rping_run`). Options beyond rping: ``--transport roce|iwarp``
 (which kind of device serves the address; default roce), ``--device NAME`` and
 ``--timeout`` (how long a peer may stay silent). This module holds the flags and their
@@ -74,6 +76,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-d", dest="debug", action="count", default=0, help="debug printfs")
     p.add_argument("-P", dest="persistent", action="store_true",
                    help="persistent server mode allowing multiple connections")
+    p.add_argument("-q", dest="self_create_qp", action="store_true",
+                   help="use self-created, self-modified QP (RoCE)")
     p.add_argument("--transport", choices=("roce", "iwarp"), default="roce",
                    help="which kind of softrdma device to use (default roce)")
     p.add_argument("--device", default=None, help="the softrdma device to use by name")
@@ -96,6 +100,9 @@ def check_args(args: argparse.Namespace) -> None:
                                            f"{args.timeout:g}")
     if args.client and args.addr is None:
         raise InvalidArgument("-a", "the client needs -a ADDR (the server's address)")
+    if args.self_create_qp and args.transport == "iwarp":
+        raise InvalidArgument("-q", "a self-modified QP needs the IB CM's QP attributes "
+                                    "(rdma_init_qp_attr): use --transport roce")
     if args.persistent and not args.server:
         raise InvalidArgument("-P", "persistent mode is for the server (-s)")
     for name in ("addr", "source"):

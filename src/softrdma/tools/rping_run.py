@@ -43,6 +43,8 @@ from .rping import (
 __all__ = ["Cb", "Rping", "run"]
 
 IDLE_WAIT_S = 0.0002
+CM_WAIT_S = 0.05  # waits on the event channel (woken at once by an event)
+INIT_MASK = int(e.IBV_QP_STATE | e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT | e.IBV_QP_ACCESS_FLAGS)
 DISCONNECT_WAIT_S = 5.0
 
 
@@ -99,6 +101,9 @@ class Cb:
             if deadline is not None and time.monotonic() > deadline:
                 raise _Fail(f"no answer from the peer for {self.a.timeout:g} s (state "
                             f"{self.state})")
+            if self.cq is None and self.app.pump_here:
+                self.app.ch.poll(CM_WAIT_S)  # only rdma_cm events can come: sleep on them
+                continue
             with self.cv:
                 if not self.sem:
                     self.cv.wait(IDLE_WAIT_S)
@@ -160,7 +165,14 @@ class Cb:
         self.log("created cq")
         attr = v.QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq,
                             cap=v.QPCap(RPING_SQ_DEPTH, 2, 1, 1))
-        self.qp = cid.create_qp(self.pd, attr)
+        if self.a.self_create_qp:
+            # -q (rping_create_qp): ibv_create_qp, then INIT with no remote access; the
+            # CM's attributes come later through rdma_init_qp_attr (self_modify_qp)
+            self.qp = v.QP(self.pd, attr)
+            self.qp.modify(v.QPAttr(qp_state=e.IBV_QPS_INIT, pkey_index=0, port_num=1,
+                                    qp_access_flags=0), INIT_MASK)
+        else:
+            self.qp = cid.create_qp(self.pd, attr)
         self.log(f"created qp (qpn={self.qp.qp_num})")
         rw = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_READ
                  | e.IBV_ACCESS_REMOTE_WRITE)
@@ -171,6 +183,18 @@ class Cb:
             self.mrs["start"] = v.MR(self.pd, self.a.size, rw)
         self.log("allocated & registered buffers...")
         self._post_recv()
+
+    def self_modify_qp(self, cid: Any) -> None:
+        """rping_self_modify_qp: INIT, RTR, RTS with ``rdma_init_qp_attr``'s attributes."""
+        for state in (e.IBV_QPS_INIT, e.IBV_QPS_RTR, e.IBV_QPS_RTS):
+            attr, mask = cid.init_qp_attr(int(state))
+            self.qp.modify(attr, mask)
+
+    def conn_param(self) -> Any:
+        """rping_init_conn_param (with -q: the QP's number)."""
+        return rc.ConnParam(responder_resources=1, initiator_depth=1, retry_count=7,
+                            rnr_retry_count=7,
+                            qp_num=self.qp.qp_num if self.a.self_create_qp else 0)
 
     def _post_recv(self) -> None:
         mr = self.mrs["recv"]
@@ -200,8 +224,9 @@ class Cb:
         while True:
             self.sem_wait()  # the client's source advertisement
             if self.state != RDMA_READ_ADV:
-                if self.state != DISCONNECTED:
-                    print(f"wait for RDMA_READ_ADV state {self.state}", file=sys.stderr)
+                # rping.c prints this at every end, the client's disconnect included
+                # (../shared/captures/roce_rping.server.log: "... state 10")
+                print(f"wait for RDMA_READ_ADV state {self.state}", file=sys.stderr)
                 ret = -1
                 break
             self.log("server received sink adv")
@@ -242,7 +267,11 @@ class Cb:
         self.child = child
         self.setup(child)
         self.log("accepting client connection request")
-        child.accept(self.app.rc.ConnParam(responder_resources=1, initiator_depth=1))
+        if self.a.self_create_qp:
+            self.self_modify_qp(child)
+            child.accept(self.conn_param())
+        else:
+            child.accept(rc.ConnParam(responder_resources=1, initiator_depth=1))
         self.sem_wait()
         if self.state == ERROR:
             print(f"wait for CONNECTED state {self.state}", file=sys.stderr)
@@ -255,6 +284,8 @@ class Cb:
         if self.state == DISCONNECTED:
             return
         try:
+            if self.a.self_create_qp and self.qp is not None:
+                self.qp.modify(v.QPAttr(qp_state=e.IBV_QPS_ERR), int(e.IBV_QP_STATE))
             cid.disconnect()
         except SoftRdmaError:
             return
@@ -285,7 +316,6 @@ class Rping:
     (``struct rping_cb`` per connection)."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        self.rc = rc
         self.a = args
         self.server = bool(args.server)
         self.debug = args.debug
@@ -385,15 +415,18 @@ class Rping:
                              name="rping-persistent-server").start()
 
     def _wait_connect_request(self, listening: Cb) -> None:
+        """Take rdma_cm events (for every connection) until the next CONNECT_REQUEST."""
         while True:
             with listening.cv:
                 if listening.sem:
                     listening.sem -= 1
                     break
-            if not self.pump_cm():
-                with listening.cv:
-                    if not listening.sem:
-                        listening.cv.wait(IDLE_WAIT_S)
+            try:
+                ev = self.ch.get_cm_event(CM_WAIT_S)
+            except TimeoutError:
+                continue
+            self.ch.ack(ev)
+            self._cma_event(ev)
         if listening.state != CONNECT_REQUEST:
             raise _Fail(f"wait for CONNECT_REQUEST state {listening.state}")
 
@@ -423,11 +456,13 @@ class Rping:
             raise _Fail(f"waiting for addr/route resolution state {cb.state}")
         self.log("rdma_resolve_addr - rdma_resolve_route successful")
         cb.setup(self.cm_id)
-        self.cm_id.connect(rc.ConnParam(responder_resources=1, initiator_depth=1,
-                                        retry_count=7, rnr_retry_count=7))
+        self.cm_id.connect(cb.conn_param())
         cb.sem_wait()
         if cb.state != CONNECTED:
             raise _Fail(f"wait for CONNECTED state {cb.state}")
+        if self.a.self_create_qp:  # CONNECT_RESPONSE: move our QP, then the RTU
+            cb.self_modify_qp(self.cm_id)
+            self.cm_id.establish()
         self.log("rdma_connect successful")
         ret = self.test_client(cb)
         if ret:

@@ -29,7 +29,7 @@ from .. import verbs as v
 from ..cm import rdma_cm as rc
 from ..errors import InvalidArgument, SoftRdmaError
 from .cmargs import CMATOSE_PORT
-from .cmtest import CmTest, Node, finish, get_addr
+from .cmtest import AddrError, CmTest, Node, finish, get_addr
 
 __all__ = ["run", "CMATOSE_PORT"]
 
@@ -167,10 +167,12 @@ class Cmatose(CmTest):
         self.say("cmatose: starting server")
         listen_id = rc.CmId(self.channel, self.ps, context=self)
         try:
-            src, err = get_addr(self.args.src_addr or "0.0.0.0")
-            if src is None:
-                self.say(f"cmatose: getrdmaaddr error: {err}")
-                return -errno.EINVAL
+            try:
+                src = get_addr(self.args.src_addr or "0.0.0.0")
+            except AddrError as exc:
+                self.say(f"cmatose: getrdmaaddr error: {exc.text}")
+                return exc.code
+            assert src is not None
             listen_id.bind_addr((src, self.args.port), device=self.prefer)
             listen_id.listen(0)
             self.patient = True
@@ -216,11 +218,12 @@ class Cmatose(CmTest):
 
     def run_client(self) -> int:
         self.say("cmatose: starting client")
-        dst, err = get_addr(self.args.dst_addr)
-        src, err2 = get_addr(self.args.src_addr)
-        if dst is None or (self.args.src_addr is not None and src is None):
-            self.say(f"cmatose: getaddrinfo error: {err or err2}")
-            return -errno.EINVAL
+        try:
+            dst = get_addr(self.args.dst_addr)
+            src = get_addr(self.args.src_addr)
+        except AddrError as exc:
+            self.say(f"cmatose: getaddrinfo error: {exc.text}")
+            return exc.code
         self.say("cmatose: connecting")
         for node in self.nodes:
             node.cma_id = rc.CmId(self.channel, self.ps, context=node)

@@ -32,7 +32,7 @@ from ..cm import rdma_cm as rc
 from ..drivers.runtime import ip_to_gid
 from ..errors import InvalidArgument
 from .cmargs import UDADDY_PORT
-from .cmtest import CmTest, Node, finish, get_addr
+from .cmtest import AddrError, CmTest, Node, finish, get_addr
 
 __all__ = ["run", "UDADDY_PORT", "ah_attr_from_grh"]
 
@@ -207,10 +207,12 @@ class Udaddy(CmTest):
         self.say("udaddy: starting server")
         listen_id = rc.CmId(self.channel, self.ps, context=self)
         try:
-            src, err = get_addr(self.args.src_addr or "0.0.0.0")
-            if src is None:
-                self.say(f"udaddy: getrdmaaddr error: {err}")
-                return -errno.EINVAL
+            try:
+                src = get_addr(self.args.src_addr or "0.0.0.0")
+            except AddrError as exc:
+                self.say(f"udaddy: getrdmaaddr error: {exc.text}")
+                return exc.code
+            assert src is not None
             listen_id.bind_addr((src, self.args.port), device=self.args.device or "roce")
             listen_id.listen(0)
             self.patient = True
@@ -236,11 +238,12 @@ class Udaddy(CmTest):
 
     def run_client(self) -> int:
         self.say("udaddy: starting client")
-        dst, err = get_addr(self.args.dst_addr)
-        src, err2 = get_addr(self.args.src_addr)
-        if dst is None or (self.args.src_addr is not None and src is None):
-            self.say(f"udaddy: getaddrinfo error: {err or err2}")
-            return -errno.EINVAL
+        try:
+            dst = get_addr(self.args.dst_addr)
+            src = get_addr(self.args.src_addr)
+        except AddrError as exc:
+            self.say(f"udaddy: getaddrinfo error: {exc.text}")
+            return exc.code
         self.say("udaddy: connecting")
         for node in self.nodes:
             node.cma_id = rc.CmId(self.channel, self.ps, context=node)

@@ -6,6 +6,7 @@
 
 from ..ib.types import WorkCompletion as WC
 from .ah import AH, AHAttr, GlobalRoute
+from .counters import PortCounters
 from .cq import CQ, CompChannel, wc_status_str
 from .device import (
     GID,
@@ -24,7 +25,7 @@ from .wr import SGE, RecvWR, SendWR
 
 __all__ = [
     "AH", "AHAttr", "AsyncEvent", "CQ", "CompChannel", "Context", "DeviceAttr", "DeviceInfo",
-    "GID", "GlobalRoute", "MR", "PD", "PortAttr", "QP", "QPAttr", "QPCap", "QPInitAttr",
+    "GID", "GlobalRoute", "MR", "PD", "PortAttr", "PortCounters", "QP", "QPAttr", "QPCap", "QPInitAttr",
     "RecvWR", "SGE", "SRQ", "SendWR", "SrqAttr", "SrqInitAttr", "WC", "get_device_list",
     "wc_status_str",
 ]

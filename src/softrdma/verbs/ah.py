@@ -4,7 +4,10 @@ On RoCE every address carries a GRH (``is_global``): the destination GID is the 
 IP address (roce.md §4) and ``sgid_index`` picks the local address. Checks as the kernel
 and rxe do (``rdma_check_ah_attr``, ``rxe_av_chk_attr``): port 1 only, GRH required
 ("RoCE requires GRH", EINVAL), the SGID index must exist, and the destination must be
-of the source GID's IP family.
+of the source GID's IP family. Annex A16: the vector is GID-only, no DLID and no path
+bits (CA16-17); SL 8-15 are reserved and refused as an invalid address vector (CA16-18);
+``static_rate`` is an ``IBV_RATE_*`` value the requester paces to (IBA 9.11,
+CA16-15.1.1, :mod:`softrdma.ib.pacing`).
 """
 
 from __future__ import annotations
@@ -12,11 +15,14 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import InvalidArgument
+from ..ib.pacing import rate_bps
 from ._object import VerbsObject
 from .device import GID, Context
 from .pd import PD
 
-__all__ = ["GlobalRoute", "AHAttr", "AH", "address_vector"]
+__all__ = ["GlobalRoute", "AHAttr", "AH", "address_vector", "ethernet_priority", "MAX_ROCE_SL"]
+
+MAX_ROCE_SL = 7  # A16.8.1: SL 0-7 map to Ethernet priorities 0-7, 8-15 are reserved
 
 
 class GlobalRoute:
@@ -92,17 +98,43 @@ def address_vector(ctx: Context, attr: AHAttr, argument: str = "ah_attr") -> Any
     if src_v4 != dst_v4:
         raise InvalidArgument(f"{argument}.gr.dgid",
                               f"{GID(dgid)} is not of the IP family of source GID {GID(gids[sgid_index])}")
+    sl = _u(attr.sl, 4, f"{argument}.sl")
+    if sl > MAX_ROCE_SL:
+        # CA16-18: "An attempt to use an Address Vector for a RoCE port containing a
+        # reserved SL value shall result in the Invalid Address Vector verb result."
+        raise InvalidArgument(f"{argument}.sl", f"SL {sl} is reserved on RoCE (A16.8.1: "
+                              "SL 0-7 map to Ethernet priorities 0-7, 8-15 are reserved): "
+                              "invalid address vector")
+    # CA16-17: a RoCE address vector holds GIDs only, no LID and no path bits
+    if _u(attr.dlid, 16, f"{argument}.dlid"):
+        raise InvalidArgument(f"{argument}.dlid", "RoCE address vectors carry no LID "
+                              "(CA16-17: GIDs only); use dlid=0")
+    if _u(attr.src_path_bits, 7, f"{argument}.src_path_bits"):
+        raise InvalidArgument(f"{argument}.src_path_bits", "RoCE address vectors carry no "
+                              "path bits (CA16-17); use src_path_bits=0")
+    static_rate = attr.static_rate
+    rate_bps(static_rate, f"{argument}.static_rate")  # an IBV_RATE_* value (IBA 9.11)
     return AddressVector(
         dgid,
         sgid_index=sgid_index,
         flow_label=_u(gr.flow_label, 20, f"{argument}.gr.flow_label"),
         hop_limit=_u(gr.hop_limit, 8, f"{argument}.gr.hop_limit"),
         traffic_class=_u(gr.traffic_class, 8, f"{argument}.gr.traffic_class"),
-        sl=_u(attr.sl, 4, f"{argument}.sl"),
-        dlid=_u(attr.dlid, 16, f"{argument}.dlid"),
+        sl=sl,
+        dlid=0,
         port_num=1,
         is_global=True,
+        static_rate=static_rate,
     )
+
+
+def ethernet_priority(sl: int) -> int:
+    """The Ethernet priority (802.1p PCP) of an SL on a RoCE port: A16.8.1's default
+    mapping, SL 0-7 to priorities 0-7 (8-15 are reserved and refused by
+    :func:`address_vector`)."""
+    if not isinstance(sl, int) or not 0 <= sl <= MAX_ROCE_SL:
+        raise InvalidArgument("sl", f"SL {sl!r} has no Ethernet priority (0-7 only, A16.8.1)")
+    return sl
 
 
 class AH(VerbsObject):

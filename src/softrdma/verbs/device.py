@@ -23,11 +23,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import enums as e
-from ..drivers.link import Link
+from ..drivers.dual import DualLink
+from ..drivers.link import CounterReporter, Link
+from ..drivers.rawether import RawEtherLink
 from ..drivers.runtime import Runtime, ip_to_gid
+from ..drivers.udp import UdpLink
 from ..errors import DeviceError, InvalidArgument
 from ..ib.port import Port
 from ._object import VerbsObject
+from .counters import PortCounters
 
 __all__ = [
     "GID", "DeviceInfo", "DeviceAttr", "PortAttr", "AsyncEvent", "Context", "IWARP_LOOPBACK",
@@ -364,8 +368,22 @@ def _open_registry_device(name: str | None, shared: bool | None) -> tuple[Device
         from ..drivers.devd import DevdLink  # noqa: PLC0415
 
         return info, DevdLink(info.record)
-    from ..drivers.udp import UdpLink  # noqa: PLC0415
+    rec = info.record
+    if rec is not None and rec.roce_v1:
+        # Annex A16: RoCEv1 on the netdev itself (raw Ethernet, EtherType 0x8915)
+        raw = RawEtherLink(rec.netdev, vlan=rec.vlan)
+        if not rec.roce_v2:
+            return info, raw
+        try:
+            return info, DualLink(_open_udp(info), raw)
+        except BaseException:
+            raw.close()
+            raise
+    return info, _open_udp(info)
 
+
+def _open_udp(info: DeviceInfo) -> Link:
+    """The in-process RoCEv2 link of a registry device (its own UDP socket)."""
     if not info.ips:
         raise DeviceError(f"device {info.name!r}: netdev {info.netdev!r} has no IP address")
     # One receive socket per link: the in-process device serves its netdev's first IPv4
@@ -375,7 +393,7 @@ def _open_registry_device(name: str | None, shared: bool | None) -> tuple[Device
     target: str | bytes = ip
     if _is_link_local(ip) and info.netdev:
         target = f"{ipaddress.IPv6Address(ip)}%{info.netdev}"
-    return info, UdpLink(target, port=info.udp_port)
+    return UdpLink(target, port=info.udp_port)
 
 
 class Context(VerbsObject):
@@ -428,7 +446,16 @@ class Context(VerbsObject):
         if mtu is None:
             mtu = 4096 + RXE_MAX_HDR_LENGTH if fabric is not None else 1500
         try:
-            gids = gid_table(tuple(link.local_ips))
+            # A link that carries RoCEv1 (link.V1Link) gives its own typed GID table
+            # (Annex A16; v1 GIDs from the MAC by modified EUI-64); otherwise every GID
+            # is a RoCE v2 one of the link's addresses.
+            entries = getattr(link, "gid_entries", None)
+            if entries:
+                gids = [bytes(g) for g, _t in entries]
+                gid_types: list[int] | None = [int(t) for _g, t in entries]
+            else:
+                gids = gid_table(tuple(link.local_ips))
+                gid_types = None
             if not gids:
                 raise DeviceError(f"device {dev_name!r} has no IP address, so no GID")
             self.active_mtu = mtu_enum_for_netdev_mtu(mtu)
@@ -440,7 +467,8 @@ class Context(VerbsObject):
         self.node_guid = _guid_from_mac(mac)
         alloc = getattr(link, "alloc_qpn", None)
         free = getattr(link, "free_qpn", None)
-        self.port = Port(gids, max_mtu=128 << self.active_mtu, qpn_alloc=alloc, qpn_free=free)
+        self.port = Port(gids, max_mtu=128 << self.active_mtu, qpn_alloc=alloc, qpn_free=free,
+                         gid_types=gid_types)
         self.runtime = Runtime(self.port, link, mode=progress, clock=clock, udp_port=udp_port)
         self.progress_mode = progress
         self._init_events()
@@ -501,6 +529,13 @@ class Context(VerbsObject):
                                            self._ev_r, self._ev_w)
 
     # ---- attributes -------------------------------------------------------------------------
+    def _check(self) -> None:
+        """Closed, or the device failed (its devd died): :class:`DeviceError` then."""
+        super()._check()
+        fatal = getattr(self.runtime, "fatal", None)
+        if fatal is not None:
+            raise DeviceError(fatal)
+
     def query_device(self) -> DeviceAttr:
         self._check()
         if self.transport == "iwarp":  # siw: no atomics, no multicast
@@ -527,7 +562,12 @@ class Context(VerbsObject):
         return GID(gids[index])
 
     def query_gid_type(self, port_num: int = 1, index: int = 0) -> int:
+        """``ibv_query_gid_type``: ``IBV_GID_TYPE_ROCE_V1`` ("IB/RoCE v1", Annex A16) or
+        ``IBV_GID_TYPE_ROCE_V2`` for a RoCE device, chosen per GID as Linux does."""
         self.query_gid(port_num, index)
+        types = getattr(self.port, "gid_types", None)
+        if types:
+            return int(types[index])
         return int(e.IBV_GID_TYPE_ROCE_V2)
 
     def query_pkey(self, port_num: int = 1, index: int = 0) -> int:
@@ -556,15 +596,44 @@ class Context(VerbsObject):
         return self.runtime.progress(timeout)
 
     def counters(self) -> dict[str, int]:
+        """This process's port counters by name (see :meth:`query_port_counters`)."""
         self._check()
         return self.port.counters.as_dict()
+
+    def query_port_counters(self, port_num: int = 1) -> PortCounters:
+        """The port's counters (``rdma statistic show link DEV/PORT``): packets, bytes,
+        retransmissions, RNR NAKs, ICRC errors and drops by reason (CA16-23). On a
+        shared device they are the device's, every process's included."""
+        self._check()
+        _check_port(port_num)
+        if self.transport == "iwarp":
+            return PortCounters.from_values(self.name, port_num, self.port.counters.as_dict())
+        rt = self.runtime
+        shared = isinstance(rt.link, CounterReporter)
+        return PortCounters.from_values(self.name, port_num, rt.device_counters(), shared)
 
     # ---- asynchronous events -----------------------------------------------------------------
     def _register_owner(self, engine_obj: object, verbs_obj: object) -> None:
         self._owners[id(engine_obj)] = weakref.ref(verbs_obj)
 
     def _unregister_owner(self, engine_obj: object) -> None:
-        self._owners.pop(id(engine_obj), None)
+        """The verbs object of ``engine_obj`` is destroyed: forget it, and drop the async
+        events still pending about it (Linux ``ib_uverbs_release_uevent``), so that an
+        application that never reads async events does not keep destroyed QPs alive."""
+        ref = self._owners.pop(id(engine_obj), None)
+        owner = ref() if ref is not None else None
+        with self._ev_lock:
+            if not self._events:
+                return
+            keep = deque(ev for ev in self._events
+                         if ev.element is not engine_obj and (owner is None or ev.element is not owner))
+            dropped = len(self._events) - len(keep)
+            self._events = keep
+        if dropped:
+            try:
+                os.read(self._ev_r, dropped)  # one pipe byte per pending event
+            except OSError:
+                pass
 
     def _engine_event(self, kind: str, obj: object) -> None:
         etype = _ENGINE_EVENTS.get(kind)
@@ -584,13 +653,13 @@ class Context(VerbsObject):
 
     def async_fileno(self) -> int:
         """A descriptor that polls readable while async events are pending."""
-        self._check()
+        VerbsObject._check(self)  # events stay readable after a device failure
         return self._ev_r
 
     def get_async_event(self, timeout: float | None = None) -> AsyncEvent:
         """The next asynchronous event (``ibv_get_async_event``); TimeoutError after
         ``timeout`` seconds (None: wait forever)."""
-        self._check()
+        VerbsObject._check(self)  # events stay readable after a device failure
         deadline = None if timeout is None else time.monotonic() + timeout
         manual = not self.runtime.threaded
         while True:

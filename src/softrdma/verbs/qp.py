@@ -185,6 +185,11 @@ class QP(VerbsObject):
         ctx: Context = pd.ctx
         qpt = init_attr.qp_type
         if qpt not in _QP_TYPES:
+            if qpt == e.IBV_QPT_RAW_PACKET:
+                # A16.6: RoCE has no Raw service (CA16-14); no Raw operations on a RoCE
+                # port's QPs (CA16-19).
+                raise NotSupported("QP type IBV_QPT_RAW_PACKET is not supported: a RoCE port "
+                                   "has no Raw service (Annex A16 CA16-14, CA16-19)")
             if qpt in {int(t) for t in e.ibv_qp_type}:
                 raise NotSupported(f"QP type {e.ibv_qp_type(qpt).name} is not supported")
             raise InvalidArgument("init_attr.qp_type", f"unknown QP type {qpt!r}")
@@ -478,6 +483,25 @@ class QP(VerbsObject):
             self._runtime.call(_post)
         if err is not None:
             raise err
+
+    # ---- rate limit (IBA 9.11) -------------------------------------------------------------------------
+    def modify_rate_limit(self, rate_limit: int, max_burst_sz: int = 0,
+                          typical_pkt_sz: int = 0) -> None:
+        """``ibv_modify_qp_rate_limit``: pace this QP's packets to ``rate_limit`` kbit/s
+        (0: no limit beyond the address vector's static rate), ib/pacing.py. The burst and
+        packet size hints are accepted and unused (the inter-packet delay follows each
+        packet's real length)."""
+        self._check()
+        for name, value in (("rate_limit", rate_limit), ("max_burst_sz", max_burst_sz),
+                            ("typical_pkt_sz", typical_pkt_sz)):
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 1 << 32:
+                raise InvalidArgument(name, f"must be a 32-bit unsigned int, got {value!r}")
+        engine = self.engine
+
+        def _set() -> None:
+            engine.rate_limit_bps = rate_limit * 1000.0
+
+        self._runtime.call(_set)
 
     # ---- multicast -----------------------------------------------------------------------------------
     def _mgid(self, gid: GID | str | bytes) -> bytes:

@@ -282,12 +282,29 @@ def icrc(ip_hdr: Buffer, udp_hdr: Buffer, parts: Iterable[Buffer]) -> bytes:
 
 
 def icrc_v1(grh40: Buffer, parts: Iterable[Buffer]) -> bytes:
-    """The 4 wire bytes of a RoCEv1 ICRC: 8 x 0xFF, the masked GRH, BTH .. pad (roce.md §2)."""
+    """The 4 wire bytes of a RoCEv1 ICRC: 8 x 0xFF, the masked GRH, BTH .. pad (roce.md §2).
+
+    Unverified against an independent RoCEv1 implementation (none was available; rxe has
+    no RoCEv1): this is roce.md's rule, the native IB ICRC with the LRH as ones. The CRC
+    of the masked GRH depends only on IPVer, PayLen, NxtHdr and the GIDs, and is cached.
+    """
     g = memoryview(grh40).cast("B")
     if len(g) != 40:
         raise DecodeError(f"GRH of {len(g)} bytes, expected 40")
-    masked = bytes([(g[0] & 0xF0) | 0x0F]) + b"\xff\xff\xff" + bytes(g[4:7]) + b"\xff" + bytes(g[8:40])
-    return _ICRC.pack(_crc_ib(crc32(masked, _FF8_STATE), parts))
+    key = bytes((g[0] & 0xF0,)) + bytes(g[4:7]) + bytes(g[8:40])
+    state = _GRH_CRC.get(key)
+    if state is None:
+        masked = bytes([(g[0] & 0xF0) | 0x0F]) + b"\xff\xff\xff" + bytes(g[4:7]) + b"\xff" \
+            + bytes(g[8:40])
+        state = crc32(masked, _FF8_STATE)
+        if len(_GRH_CRC) >= 8192:
+            _GRH_CRC.clear()
+        _GRH_CRC[key] = state
+    return _ICRC.pack(_crc_ib(state, parts))
+
+
+# CRC state after 8 x 0xFF and a masked GRH, per (IPVer byte, PayLen, NxtHdr, GIDs)
+_GRH_CRC: dict[bytes, int] = {}
 
 
 # ----------------------------------------------------------- UDP sockets (no IP header)

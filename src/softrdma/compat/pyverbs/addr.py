@@ -9,6 +9,7 @@ A :class:`GID` prints as pyverbs does, eight groups of four hex digits
 
 from __future__ import annotations
 
+import ctypes
 import ipaddress
 from typing import Any
 
@@ -185,6 +186,43 @@ class AHAttr(PyverbsObject):
                 f"{self.is_global}" + (f", {self.gr}" if self.is_global else ""))
 
 
+_GRH_LEN = 40
+_IPV4_AT = 20  # rxe: a RoCEv2 IPv4 packet's IPv4 header fills the GRH area's last 20 bytes
+_V4_MAPPED = bytes(10) + b"\xff\xff"
+_RECV_HOP_LIMIT = 0xFF
+
+
+def ah_attr_from_wc(pd: Any, wc: Any, port_num: int, grh: Any) -> AHAttr:
+    """``ibv_init_ah_from_wc``: the address vector back to the sender of the UD receive
+    ``wc`` whose 40-byte GRH area is ``grh`` (bytes, or the address of the receive
+    buffer, as pyverbs passes ``mr.buf``). The destination GID is the packet's source,
+    the source GID index the one of the packet's destination; RoCEv2 over IPv4 carries
+    the IPv4 header in the area's last 20 bytes (IBA A17.4.5.1, as rxe writes it)."""
+    if isinstance(grh, int):
+        raw = ctypes.string_at(grh, _GRH_LEN)
+    else:
+        raw = bytes(grh)[:_GRH_LEN]
+    if len(raw) != _GRH_LEN:
+        raise PyverbsUserError(f"AH: the GRH must be {_GRH_LEN} bytes")
+    if raw[_IPV4_AT] >> 4 == 4:
+        src = _V4_MAPPED + raw[_IPV4_AT + 12:_IPV4_AT + 16]
+        dst = _V4_MAPPED + raw[_IPV4_AT + 16:_IPV4_AT + 20]
+        tclass = raw[_IPV4_AT + 1]
+        flow = 0
+    else:
+        word = int.from_bytes(raw[0:4], "big")
+        src, dst = raw[8:24], raw[24:40]
+        tclass = (word >> 20) & 0xFF
+        flow = word & 0xFFFFF
+    gids = list(pd.ctx.port.gids)
+    if dst not in gids:
+        raise rdma_error("Failed to create AH", SoftRdmaError(
+            f"the packet's destination {GID(dst)} is not a GID of the device"))
+    gr = GlobalRoute(src, flow, gids.index(dst), _RECV_HOP_LIMIT, tclass)
+    return AHAttr(dlid=int(getattr(wc, "slid", 0)), sl=int(getattr(wc, "sl", 0)),
+                  is_global=1, port_num=port_num, gr=gr)
+
+
 class AH(_v.AH, PyverbsCM):
     """An address handle of ``pd`` (``ibv_create_ah``)."""
 
@@ -192,8 +230,9 @@ class AH(_v.AH, PyverbsCM):
                  attr: AHAttr | None = None) -> None:
         PyverbsObject.__init__(self)
         if attr is None:
-            raise PyverbsUserError("AH: creating an AH from a work completion is not "
-                                   "supported; pass attr=AHAttr(...)")
+            if wc is None or grh is None:
+                raise PyverbsUserError("AH: pass attr=AHAttr(...), or wc and grh")
+            attr = ah_attr_from_wc(pd, wc, port_num, grh)
         if not isinstance(attr, AHAttr):
             raise PyverbsUserError(f"AH: attr must be an AHAttr, got {type(attr).__name__}")
         try:

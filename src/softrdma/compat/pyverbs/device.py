@@ -55,6 +55,7 @@ ODP_UD_CAPS = int(_O.IBV_ODP_SUPPORT_SEND | _O.IBV_ODP_SUPPORT_RECV
 
 #: GID table length a software RoCE port reports (rxe ``RXE_PORT_GID_TBL_LEN``).
 GID_TABLE_LEN = 1024
+_IB_GID_TYPE_ROCE_V1 = 1
 _IB_GID_TYPE_ROCE_V2 = 2  # enum ibv_gid_type (verbs.h): IB 0, RoCE v1 1, RoCE v2 2
 
 
@@ -442,10 +443,17 @@ class Context(_v.Context, PyverbsObject):
         raw = self._gid_raw(port_num, index)
         return GID(raw if raw is not None else bytes(16))
 
+    def _gid_type(self, index: int) -> int:
+        """``enum ibv_gid_type`` of entry ``index`` (RoCE v1 or v2, Annex A16)."""
+        types = self.port.gid_types
+        return int(types[index]) if index < len(types) else _IB_GID_TYPE_ROCE_V2
+
     def query_gid_type(self, port_num: int = 1, index: int = 0) -> int:
-        """``ibv_query_gid_type`` (``enum ibv_gid_type_sysfs``): RoCE v2."""
+        """``ibv_query_gid_type`` (``enum ibv_gid_type_sysfs``): "IB/RoCE v1" or "RoCE v2"."""
         if self._gid_raw(port_num, index) is None:
             raise PyverbsRDMAError("Failed to query gid type", errno.ENODATA)
+        if self._gid_type(index) == _IB_GID_TYPE_ROCE_V1:
+            return int(e.IBV_GID_TYPE_SYSFS_IB_ROCE_V1)
         return int(e.IBV_GID_TYPE_SYSFS_ROCE_V2)
 
     def query_gid_ex(self, port_num: int = 1, gid_index: int = 0, flags: int = 0) -> GIDEntry:
@@ -456,7 +464,7 @@ class Context(_v.Context, PyverbsObject):
         if raw is None:
             raise PyverbsRDMAError(f"Failed to query gid {gid_index} of port {port_num}",
                                    errno.ENODATA)
-        return GIDEntry(raw, gid_index, port_num, _IB_GID_TYPE_ROCE_V2, self._ifindex)
+        return GIDEntry(raw, gid_index, port_num, self._gid_type(gid_index), self._ifindex)
 
     def query_gid_table(self, max_entries: int, flags: int = 0) -> list[GIDEntry]:
         """``ibv_query_gid_table``: the populated entries; a buffer smaller than them
@@ -465,7 +473,7 @@ class Context(_v.Context, PyverbsObject):
         gids = self.port.gids
         if flags or not isinstance(max_entries, int) or max_entries < len(gids):
             raise PyverbsRDMAError("Failed to query gid tables of the device", -errno.EINVAL)
-        return [GIDEntry(bytes(g), i, 1, _IB_GID_TYPE_ROCE_V2, self._ifindex)
+        return [GIDEntry(bytes(g), i, 1, self._gid_type(i), self._ifindex)
                 for i, g in enumerate(gids)]
 
     # ---- events -----------------------------------------------------------------------------

@@ -237,6 +237,28 @@ _QPATTR_INTS = (
 )
 
 
+def ah_attr_from_verbs(vah: Any) -> AHAttr:
+    """The pyverbs :class:`AHAttr` of a softrdma :class:`~softrdma.verbs.AHAttr`."""
+    g = vah.gr
+    gr = GlobalRoute(g.dgid.raw, g.flow_label, g.sgid_index, g.hop_limit,
+                     g.traffic_class) if g is not None else None
+    return AHAttr(vah.dlid, vah.sl, vah.src_path_bits, vah.static_rate, vah.is_global,
+                  vah.port_num, gr)
+
+
+def qp_attr_from_verbs(va: _v.QPAttr) -> QPAttr:
+    """The pyverbs :class:`QPAttr` of a softrdma :class:`~softrdma.verbs.QPAttr`."""
+    a = QPAttr(va.qp_state, va.cur_qp_state, va.port_num, va.path_mtu)
+    for f in _QPATTR_INTS:
+        setattr(a, f, int(getattr(va, f) or 0))
+    vc = va.cap
+    a.cap = QPCap(vc.max_send_wr, vc.max_recv_wr, vc.max_send_sge, vc.max_recv_sge,
+                  vc.max_inline_data)
+    if va.ah_attr is not None:
+        a.ah_attr = ah_attr_from_verbs(va.ah_attr)
+    return a
+
+
 class QPAttr(PyverbsObject):
     """``struct ibv_qp_attr``; ``ah_attr``/``alt_ah_attr``/``cap`` are copied in and out
     (C struct semantics)."""
@@ -446,19 +468,7 @@ class QP(_v.QP, PyverbsCM):
             va, vi = super().query(attr_mask)
         except SoftRdmaError as exc:
             raise rdma_error("Failed to query QP", exc) from exc
-        a = QPAttr(va.qp_state, va.cur_qp_state, va.port_num, va.path_mtu)
-        for f in _QPATTR_INTS:
-            setattr(a, f, int(getattr(va, f) or 0))
-        vc = va.cap
-        a.cap = QPCap(vc.max_send_wr, vc.max_recv_wr, vc.max_send_sge, vc.max_recv_sge,
-                      vc.max_inline_data)
-        if va.ah_attr is not None:
-            vah = va.ah_attr
-            g = vah.gr
-            gr = GlobalRoute(g.dgid.raw, g.flow_label, g.sgid_index, g.hop_limit,
-                             g.traffic_class) if g is not None else None
-            a.ah_attr = AHAttr(vah.dlid, vah.sl, vah.src_path_bits, vah.static_rate,
-                               vah.is_global, vah.port_num, gr)
+        a = qp_attr_from_verbs(va)
         ic = vi.cap
         init = QPInitAttr(vi.qp_type, vi.qp_context, self.scq, self.rcq, self.srq,
                           QPCap(ic.max_send_wr, ic.max_recv_wr, ic.max_send_sge,

@@ -13,7 +13,8 @@ Two kinds of rdma_cm RC connections go to the same port (18515 by default):
   may not be listening yet), until ``--timeout``.
 
 For READ and atomic tests ``responder_resources``/``initiator_depth`` are the out reads
-(RoCE: the REQ/REP fields, IBA 12.7.29; iWARP: the MPA v2 IRD/ORD, RFC 6581 §5).
+(RoCE: the REQ/REP Responder Resources and Initiator Depth fields, IBA 12.6.5 and
+12.6.8, ``../shared/specs/ib-cm.md`` §3.1/§3.4; iWARP: the MPA v2 IRD/ORD, RFC 6581 §5).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ... import enums as e
+from ... import verbs as v
 from ...cm import rdma_cm as rc
 from ...errors import SoftRdmaError
 from .options import Options, PerftestError
@@ -30,9 +33,9 @@ CTRL_BUF = 4096
 CTRL_RECVS = 4
 CTRL_SEND_WRID = 5  # SYNC_SPEC_ID
 RETRY_DELAY_S = 0.1
+LINGER_CLIENT_S = 1.5
+LINGER_SERVER_S = 3.0
 T = rc.RdmaCmEventType
-FAIL_EVENTS = (T.ADDR_ERROR, T.ROUTE_ERROR, T.CONNECT_ERROR, T.UNREACHABLE, T.REJECTED,
-               T.DEVICE_REMOVAL)
 
 
 def for_id(cid: Any, kind: Any = None) -> Callable[[Any], bool]:
@@ -49,6 +52,9 @@ class CmSession:
     def __init__(self, o: Options) -> None:
         self.o = o
         self.prefer = o.ib_dev or o.transport
+        # the MPA Request/Reply wait (iWARP) follows --timeout: an emulated peer can be
+        # slow to accept, and an attempt given up on may still be accepted by it
+        rc.configure(iwarp_timeout=o.timeout)
         self.ch = rc.EventChannel()
         self.backlog: list[Any] = []
         self.ids: list[Any] = []
@@ -108,7 +114,6 @@ class CmChannel:
     key_binary = True
 
     def __init__(self, sess: CmSession, cid: Any, is_client: bool) -> None:
-        from ... import enums as e
         from ... import verbs as v
 
         self.sess = sess
@@ -120,7 +125,7 @@ class CmChannel:
         try:
             self.pd = v.PD(ctx)
             self._closers.append(self.pd)
-            self.buf = bytearray(2 * CTRL_BUF)
+            self.buf = bytearray((CTRL_RECVS + 1) * CTRL_BUF)
             self.mr = v.MR(self.pd, len(self.buf), int(e.IBV_ACCESS_LOCAL_WRITE),
                            buffer=self.buf)
             self._closers.append(self.mr)
@@ -130,13 +135,14 @@ class CmChannel:
                 qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq,
                 cap=v.QPCap(max_send_wr=2, max_recv_wr=CTRL_RECVS, max_send_sge=1,
                             max_recv_sge=1)))
-            for _ in range(CTRL_RECVS):
-                self._post_recv()
+            for slot in range(CTRL_RECVS):
+                self._post_recv(slot)
         except SoftRdmaError as exc:
             self.close()
             raise PerftestError(f"Unable to create the resources of the rdma_cm control "
                                 f"connection: {exc}") from exc
         self._rx: list[bytes] = []
+        self._sent = 0
 
     @classmethod
     def connect(cls, sess: CmSession, host: str, port: int) -> CmChannel:
@@ -156,7 +162,7 @@ class CmChannel:
             if ev.event == T.ESTABLISHED:
                 return chan
             chan.close()
-            if ev.event not in (T.REJECTED, T.UNREACHABLE, T.CONNECT_ERROR) or \
+            if ev.event != T.REJECTED or \
                     time.monotonic() + RETRY_DELAY_S >= deadline:
                 raise PerftestError(f"Couldn't connect to {host}:{port}: "
                                     f"{rc.event_str(ev.event)} (status {ev.status})")
@@ -180,50 +186,51 @@ class CmChannel:
         finally:
             lst.destroy()
 
-    def _post_recv(self) -> None:
-        from ... import verbs as v
+    def _post_recv(self, slot: int) -> None:
+        """A receive into its own slot (wr_id = slot), so no message overwrites another
+        that is not read yet."""
+        self.qp.post_recv(v.RecvWR(slot, 1, [v.SGE(int(self.mr.addr) + slot * CTRL_BUF,
+                                                    CTRL_BUF, self.mr.lkey)]))
 
-        self.qp.post_recv(v.RecvWR(CTRL_SEND_WRID, 1, [v.SGE(int(self.mr.addr), CTRL_BUF,
-                                                              self.mr.lkey)]))
-
-    def _poll(self, want_send: bool) -> None:
-        from ... import enums as e
-
+    def _pump(self, done: Callable[[], bool]) -> None:
+        """Take every completion (SEND completions counted, messages queued in order)
+        until ``done()``; a batch may hold both kinds, none is dropped."""
         deadline = time.monotonic() + self.timeout
-        while True:
-            n, wcs = self.cq.poll(4)
+        while not done():
+            n, wcs = self.cq.poll(2 * CTRL_RECVS)
             for wc in wcs[:n]:
                 if wc.status != e.IBV_WC_SUCCESS:
                     raise PerftestError(f"Bad wc status {int(wc.status)} on the rdma_cm "
                                         "control connection (the peer went away?)")
                 if wc.opcode == e.IBV_WC_SEND:
-                    if want_send:
-                        return
+                    self._sent += 1
                     continue
-                self._rx.append(bytes(self.buf[:int(wc.byte_len)]))
-                self._post_recv()
-                if not want_send:
-                    return
+                slot = int(wc.wr_id)
+                off = slot * CTRL_BUF
+                self._rx.append(bytes(self.buf[off:off + int(wc.byte_len)]))
+                self._post_recv(slot)
+            if n:
+                continue
             if time.monotonic() >= deadline:
                 raise PerftestError(f"the peer did not answer for {self.timeout:g} s")
             time.sleep(0)
 
     def write(self, data: bytes) -> None:
-        from ... import enums as e
         from ... import verbs as v
 
-        self.buf[CTRL_BUF:CTRL_BUF + len(data)] = data
-        sge = v.SGE(int(self.mr.addr) + CTRL_BUF, len(data), self.mr.lkey)
+        off = CTRL_RECVS * CTRL_BUF
+        self.buf[off:off + len(data)] = data
+        sge = v.SGE(int(self.mr.addr) + off, len(data), self.mr.lkey)
         try:
             self.qp.post_send(v.SendWR(CTRL_SEND_WRID, None, 1, [sge], e.IBV_WR_SEND,
                                        e.IBV_SEND_SIGNALED))
         except SoftRdmaError as exc:
             raise PerftestError(f"Function ibv_post_send failed: {exc}") from exc
-        self._poll(True)
+        self._pump(lambda: self._sent > 0)
+        self._sent -= 1
 
     def read(self, size: int) -> bytes:
-        if not self._rx:
-            self._poll(False)
+        self._pump(lambda: bool(self._rx))
         msg = self._rx.pop(0)
         return msg[:size].ljust(size, b"\x00")
 
@@ -258,12 +265,12 @@ def conn_param(o: Options, out_reads: int) -> rc.ConnParam:
     return rc.ConnParam()
 
 
-def server_data(sess: CmSession, port: int, on_request: Callable[[Any], Any],
+def server_data(sess: CmSession, lst: Any, on_request: Callable[[Any], Any],
                 out_reads: int) -> list[Any]:
-    """Accept ``-q`` data connections; ``on_request(id)`` makes each id's QP."""
+    """Accept ``-q`` data connections on the listening id ``lst`` (destroyed here);
+    ``on_request(id)`` makes each id's QP."""
     o = sess.o
     deadline = time.monotonic() + o.timeout
-    lst = listen(sess, port)
     ids: list[Any] = []
     try:
         while len(ids) < o.num_qps:
@@ -301,7 +308,7 @@ def client_data(sess: CmSession, host: str, port: int, on_route: Callable[[Any],
             if ev.event == T.ESTABLISHED:
                 ids.append(cid)
                 break
-            if ev.event not in (T.REJECTED, T.UNREACHABLE, T.CONNECT_ERROR) or \
+            if ev.event != T.REJECTED or \
                     time.monotonic() + RETRY_DELAY_S >= deadline:
                 raise PerftestError(f"Failed to connect RDMA CM client: "
                                     f"{rc.event_str(ev.event)} (status {ev.status})")
@@ -309,6 +316,20 @@ def client_data(sess: CmSession, host: str, port: int, on_route: Callable[[Any],
             on_route(None)  # the failed id's QP is gone: forget it
             time.sleep(RETRY_DELAY_S)
     return ids
+
+
+def linger(sess: CmSession, cid: Any, seconds: float) -> None:
+    """The last step of both sides: let the peer close the control connection first (up
+    to ``seconds``; the client waits less, so two softrdma sides do not both wait it
+    out). The peer's last SEND may not have completed on its side yet although we have
+    its message: siw completes it with an error if the connection goes down now (``Bad
+    wc status 2``, seen from ib_write_bw -R as the server and ib_read_bw -R as the
+    client against siw)."""
+    try:
+        sess.wait(for_id(cid, T.DISCONNECTED), time.monotonic() + seconds,
+                  "waiting for the server to close")
+    except PerftestError:
+        pass
 
 
 def disconnect(sess: CmSession, ids: list[Any]) -> None:

@@ -26,18 +26,16 @@ latency counter that never arrives is a :class:`PerftestError`):
 from __future__ import annotations
 
 import collections
+import struct
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ... import enums as e
+from ... import verbs as v
 from ...errors import SoftRdmaError
 from .oob import DEFAULT_CYCLE_BUFFER, ZERO_DEST, Dest
 from .options import Options, PerftestError
 from .report import Progress
-
-if TYPE_CHECKING:
-    from ... import verbs as v
 
 MIN_RNR_TIMER = 12
 RETRY_CNT = 7
@@ -46,6 +44,10 @@ HOP_LIMIT = 0xFF
 ATOMIC_SIZE = 8
 DURATION_GRACE_S = 1.0
 PAGE_ALIGN = 4096
+# send-bw over iWARP: iWARP has no RNR NAK, so perftest's receiver grants credits, its
+# count of received messages, by RDMA WRITE of a host-order (x86: little-endian) uint32
+# into the sender's credit slot every rx_depth/3 messages (perftest send_rcredit)
+CREDIT = struct.Struct("<I")
 MTU_ENUM_TO_BYTES = {1: 256, 2: 512, 3: 1024, 4: 2048, 5: 4096}
 MTU_BYTES_TO_ENUM = {b: m for m, b in MTU_ENUM_TO_BYTES.items()}
 ACCESS = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
@@ -54,8 +56,6 @@ OPCODES = {"send": e.IBV_WR_SEND, "write": e.IBV_WR_RDMA_WRITE, "read": e.IBV_WR
 
 
 def _wc_fail(wc: Any, what: str) -> PerftestError:
-    from ... import verbs as v
-
     return PerftestError(f"Completion with error at {what}: status {int(wc.status)} "
                          f"({v.wc_status_str(wc.status)}), wr_id {int(wc.wr_id)}, "
                          f"vendor_err {int(getattr(wc, 'vendor_err', 0))}")
@@ -65,12 +65,11 @@ class Resources:
     """PD, CQs (and a completion channel with ``-e``), the MR and the QPs of one side."""
 
     def __init__(self, ctx: v.Context, o: Options, max_size: int) -> None:
-        from ... import verbs as v
-
         self.ctx = ctx
         self.o = o
         self.buff = max(max_size, DEFAULT_CYCLE_BUFFER)
-        self.buf = bytearray(2 * o.num_qps * self.buff + PAGE_ALIGN)
+        self.buf = bytearray(2 * o.num_qps * self.buff + PAGE_ALIGN
+                             + 2 * o.num_qps * CREDIT.size)
         self._closers: list[Any] = []
         self.qps: list[Any] = []
         try:
@@ -92,10 +91,13 @@ class Resources:
         # perftest's buffers are page aligned (memalign): atomics need 8-byte targets
         self.base = -int(self.mr.addr) % PAGE_ALIGN
         self.addr = int(self.mr.addr) + self.base
+        # ctrl_buf[QPs] then credit_buf[QPs] (ctx_alloc_credit), after the data slots
+        self.ctrl_off = self.base + 2 * o.num_qps * self.buff
+        self.credit_off = self.ctrl_off + o.num_qps * CREDIT.size
+        self.credits = o.spec.verb == "send" and o.spec.tst == "bw" and \
+            o.transport == "iwarp"
 
     def init_attr(self) -> v.QPInitAttr:
-        from ... import verbs as v
-
         cap = v.QPCap(max_send_wr=self.o.tx_depth, max_recv_wr=max(self.o.rx_depth, 1),
                       max_send_sge=1, max_recv_sge=1)
         return v.QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.send_cq, rcq=self.recv_cq,
@@ -103,8 +105,6 @@ class Resources:
 
     def add_qp(self, cm_id: Any = None) -> Any:
         """A QP (RESET -> INIT here, or left to rdma_cm when ``cm_id`` is given)."""
-        from ... import verbs as v
-
         try:
             if cm_id is not None:
                 qp = cm_id.create_qp(self.pd, self.init_attr())
@@ -130,13 +130,36 @@ class Resources:
 
     def my_dest(self, i: int, lid: int, psn: int, out_reads: int, gid: bytes,
                 gid_index: int) -> Dest:
+        """QP ``i``'s address; with send credits its RKey/VAddr are those of its credit
+        slot (``ctx_alloc_credit``), which the receiver RDMA WRITEs."""
+        vaddr = self.addr - self.base + self.credit_off + i * CREDIT.size if self.credits \
+            else self.target(i)
         return Dest(lid, out_reads, int(self.qps[i].qp_num), psn, int(self.mr.rkey),
-                    self.target(i), gid, 0, gid_index)
+                    vaddr, gid, 0, gid_index)
+
+    def credit(self, i: int) -> int:
+        """The receiver's count of messages received on QP ``i`` (its last credit)."""
+        return int(CREDIT.unpack_from(self.buf, self.credit_off + i * CREDIT.size)[0])
+
+    def reset_credits(self) -> None:
+        n = self.o.num_qps * CREDIT.size
+        self.buf[self.credit_off:self.credit_off + n] = bytes(n)
+
+    def post_credit(self, i: int, rem: Dest, rcnt: int) -> None:
+        """RDMA WRITE ``rcnt`` into the sender's credit slot (``ctx_set_credit_wqes``)."""
+        off = self.ctrl_off + i * CREDIT.size
+        CREDIT.pack_into(self.buf, off, rcnt & 0xFFFFFFFF)
+        sge = v.SGE(self.addr - self.base + off, CREDIT.size, self.mr.lkey)
+        wr = v.SendWR(wr_id=i, num_sge=1, sg=[sge], opcode=e.IBV_WR_RDMA_WRITE,
+                      send_flags=e.IBV_SEND_SIGNALED)
+        wr.set_wr_rdma(rem.rkey, rem.vaddr)
+        try:
+            self.qps[i].post_send(wr)
+        except SoftRdmaError as exc:
+            raise PerftestError(f"Couldn't post send qp {i} credit = {rcnt}: {exc}") from exc
 
     def connect(self, i: int, my: Dest, rem: Dest, mtu_enum: int, gid_index: int) -> None:
         """``ctx_connect``: INIT -> RTR -> RTS towards ``rem``."""
-        from ... import verbs as v
-
         qp = self.qps[i]
         gr = v.GlobalRoute(dgid=v.GID(rem.gid), sgid_index=gid_index, hop_limit=HOP_LIMIT)
         ah = v.AHAttr(port_num=self.o.ib_port, is_global=1, gr=gr, dlid=rem.lid, sl=0)
@@ -184,8 +207,6 @@ class Resources:
                 time.sleep(0)  # let the progress thread place and complete
 
     def post_recvs(self, i: int, count: int, size: int) -> None:
-        from ... import verbs as v
-
         sge = v.SGE(self.target(i), size, self.mr.lkey)
         try:
             for _ in range(count):
@@ -195,8 +216,6 @@ class Resources:
 
     def send_wr(self, i: int, rem: Dest, size: int) -> Any:
         """The WR QP ``i`` posts over and over (``ctx_set_send_wqes``)."""
-        from ... import verbs as v
-
         o = self.o
         verb = o.spec.verb
         length = ATOMIC_SIZE if verb == "atomic" else size
@@ -247,6 +266,7 @@ def run_bw(res: Resources, rem: list[Dest], size: int, progress: Progress) -> tu
     clock = time.perf_counter
     deadline = time.monotonic() + o.timeout
     stop = False
+    granted = 0
     while True:
         if end is not None and not stop and time.monotonic() >= end:
             stop = True
@@ -254,6 +274,8 @@ def run_bw(res: Resources, rem: list[Dest], size: int, progress: Progress) -> tu
         for i in range(nq):
             target = scnt[i] if stop else (iters if end is None else scnt[i] + o.tx_depth)
             while scnt[i] < target and scnt[i] - ccnt[i] < o.tx_depth:
+                if res.credits and scnt[i] + 1 - res.credit(i) >= o.rx_depth:
+                    break  # the receiver has no receive posted for more
                 scnt[i] += 1
                 sig = scnt[i] % o.cq_mod == 0 or scnt[i] == iters or end is not None
                 tposted.append(clock())
@@ -264,8 +286,22 @@ def run_bw(res: Resources, rem: list[Dest], size: int, progress: Progress) -> tu
                 stop or (end is None and all(c >= iters for c in ccnt))):
             break
         try:
-            wcs = res.poll(res.send_cq, deadline, f"sending ({sum(ccnt)}/"
-                           f"{iters * nq if end is None else sum(scnt)} completed)")
+            if res.credits:  # credits arrive by RDMA WRITE, without a completion here
+                wcs = list(res.send_cq.poll(16)[1])
+                if not wcs:
+                    if time.monotonic() >= deadline:
+                        raise PerftestError(f"no completion and no credit for {o.timeout:g} s "
+                                            f"({sum(ccnt)} completed): is the peer still "
+                                            "running?")
+                    grant = sum(res.credit(i) for i in range(nq))
+                    if grant != granted:
+                        granted = grant
+                        deadline = time.monotonic() + o.timeout
+                    time.sleep(0)
+                    continue
+            else:
+                wcs = res.poll(res.send_cq, deadline, f"sending ({sum(ccnt)}/"
+                               f"{iters * nq if end is None else sum(scnt)} completed)")
         except PerftestError:
             if stop:
                 break  # duration mode: the tail that did not complete is not counted
@@ -284,10 +320,13 @@ def run_bw(res: Resources, rem: list[Dest], size: int, progress: Progress) -> tu
     return tposted[:n], tcompleted
 
 
-def run_bw_server(res: Resources, size: int, progress: Progress,
-                  abort: Callable[[], bool] | None = None) -> tuple[list[float], list[float]]:
-    """The send-bw server: receive ``iters`` messages per QP (or for ``-D`` seconds)."""
+def run_bw_server(res: Resources, rem: list[Dest], size: int, progress: Progress
+                  ) -> tuple[list[float], list[float]]:
+    """The send-bw server: receive ``iters`` messages per QP (or for ``-D`` seconds),
+    granting credits over iWARP (see :data:`CREDIT`)."""
     o = res.o
+    credit_cnt = max(o.rx_depth // 3, 1)
+    writes = 0
     nq = o.num_qps
     iters = o.iters
     rcnt = [0] * nq
@@ -321,9 +360,27 @@ def run_bw_server(res: Resources, size: int, progress: Progress,
             tcompleted.append(now)
             if o.duration or rcnt[i] + o.rx_depth <= iters:
                 res.post_recvs(i, 1, size)
+            if res.credits and (rcnt[i] % o.rx_depth) % credit_cnt == 0:
+                while writes >= o.tx_depth:
+                    writes -= _reap(res, res.poll(res.send_cq, time.monotonic() + o.timeout,
+                                                  "granting credits"))
+                res.post_credit(i, rem[i], rcnt[i])
+                writes += 1
+        if writes:
+            writes -= _reap(res, list(res.send_cq.poll(16)[1]))
         deadline = time.monotonic() + o.timeout
         progress.update(sum(rcnt))
+    while writes > 0:
+        writes -= _reap(res, res.poll(res.send_cq, time.monotonic() + o.timeout,
+                                      "granting credits"))
     return [first] * len(tcompleted), tcompleted
+
+
+def _reap(res: Resources, wcs: list[Any]) -> int:
+    for wc in wcs:
+        if wc.status != e.IBV_WC_SUCCESS:
+            raise _wc_fail(wc, "a credit RDMA WRITE")
+    return len(wcs)
 
 
 # ---- latency -----------------------------------------------------------------------------

@@ -57,9 +57,9 @@ def header(o: Options, device: str, transport: str, mtu_bytes: int, gid_index: i
               " Connection type : RC\t\tUsing SRQ      : OFF",
               f" PCIe relax order: {'OFF' if o.name == 'write-lat' else 'ON'}",
               " ibv_wr* API     : OFF"]
-    if o.is_client or spec.tst == "lat":
+    if o.is_client:  # machine == CLIENT || duplex (no perftest tool here is duplex)
         lines.append(f" TX depth        : {o.tx_depth}")
-    if spec.verb == "send" and (not o.is_client or spec.tst == "lat"):
+    if spec.verb == "send" and not o.is_client:
         lines.append(f" RX depth        : {o.rx_depth}")
     if spec.tst == "bw":
         lines.append(f" CQ Moderation   : {o.cq_mod}")

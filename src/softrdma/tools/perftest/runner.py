@@ -22,6 +22,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from ... import verbs as v
 from ...cm.rdma_cm import release_devices
 from ...errors import SoftRdmaError
 from . import cmconn, engine, oob, report
@@ -82,8 +83,6 @@ class Side:
 
 def open_context(o: Options) -> Any:
     """``-d`` (default: the first RoCE device), as ``ctx_open_device``."""
-    from ... import verbs as v
-
     try:
         devices = v.get_device_list()
     except SoftRdmaError as exc:
@@ -154,9 +153,16 @@ def print_header(s: Side) -> None:
                          s.gid_index, s.out_reads))
 
 
+def addr_verb(o: Options) -> str:
+    """The verb the address lines are printed for: with ``-R`` perftest prints them
+    through the control connection's parameters, whose verb is SEND
+    (``create_comm_struct``), so no OUT/RKey/VAddr (roce_write_bw_rdmacm.client.log)."""
+    return "send" if o.rdma_cm else o.spec.verb
+
+
 def print_addresses(s: Side, which: str) -> None:
     for d in s.my if which == "local" else s.rem:
-        s.emit(report.address_lines(which, d, s.o.spec.verb))
+        s.emit(report.address_lines(which, d, addr_verb(s.o)))
 
 
 def prelude(s: Side) -> None:
@@ -202,7 +208,16 @@ def setup_cm(s: Side) -> None:
     prelude(s)
     s.my = [oob.Dest(0, 0, 0, 0, 0, 0, bytes(16), 0, 0)] * o.num_qps
     s.rem = [oob.ZERO_DEST] * o.num_qps
-    s.hs(0)
+    lst = None
+    if o.is_client:
+        s.hs(0)
+    else:
+        # the handshake before the data connections, with our listener up before we
+        # answer: a perftest client connects as soon as it has the answer and gives up
+        # after 10 refusals 100 ms apart
+        s.rem[0] = oob.decode_dest_struct(s.chan.read(oob.DEST_STRUCT.size))
+        lst = cmconn.listen(sess, o.port)
+        s.chan.write(oob.encode_dest_struct(s.my[0]))
 
     def add(cid: Any) -> None:
         if cid is None:
@@ -216,7 +231,7 @@ def setup_cm(s: Side) -> None:
         assert o.servername is not None
         s.data_ids = cmconn.client_data(sess, o.servername, o.port, add, s.out_reads)
     else:
-        s.data_ids = cmconn.server_data(sess, o.port, add, s.out_reads)
+        s.data_ids = cmconn.server_data(sess, lst, add, s.out_reads)
     s.hs(0)
     make_dests(s)
 
@@ -249,7 +264,7 @@ def pre_run(s: Side) -> None:
     print_addresses(s, "local")
     for i in nq:
         s.hs(i)
-        s.emit(report.address_lines("remote", s.rem[i], o.spec.verb))
+        s.emit(report.address_lines("remote", s.rem[i], addr_verb(o)))
     if o.spec.verb != "send":
         s.hs(0)
 
@@ -295,6 +310,8 @@ def run_send_bw(s: Side) -> None:
             for i in range(o.num_qps):
                 s.r.post_recvs(i, o.rx_depth, size)
         s.hs(0)
+        if s.r.credits:
+            s.r.reset_credits()
         prog = progress(s, o.iters * o.num_qps, f"{o.name} {size} B")
         if o.is_client:
             tp, tc = engine.run_bw(s.r, s.rem, size, prog)
@@ -303,7 +320,7 @@ def run_send_bw(s: Side) -> None:
                 raise PerftestError("no message completed")
             rep = report.bw_report(size, tp, tc, o.cq_mod, gb)
         else:
-            tp, tc = engine.run_bw_server(s.r, size, prog)
+            tp, tc = engine.run_bw_server(s.r, s.rem, size, prog)
             prog.finish()
             if not tc:
                 raise PerftestError("no message arrived")
@@ -384,6 +401,9 @@ def run(name: str, args: argparse.Namespace, out: TextIO | None = None) -> int:
             run_send_bw(s)
         else:
             run_one_sided_bw(s)
+        if isinstance(s.ch, cmconn.CmChannel) and s.sess is not None:
+            cmconn.linger(s.sess, s.ch.cid, cmconn.LINGER_CLIENT_S if o.is_client
+                          else cmconn.LINGER_SERVER_S)
     finally:
         try:
             teardown(s)

@@ -1,0 +1,92 @@
+"""TCP throughput (iperf3) through ``softrdma ipoib`` between two network namespaces,
+connected and datagram mode, as a ratio to the same transfer over the bare veth pair.
+
+Two namespaces joined by one veth pair (MTU 9000, so the RoCE device's IB MTU is 4096
+and the IPoIB-UD MTU 4092); each runs its own devd and ``softrdma ipoib up``. For each
+round: iperf3 over the veth pair (the baseline), then through the IPoIB interface in
+connected mode (RC, MTU 65520) and in datagram mode (UD, MTU 4092). Prints every round
+and, per mode, the best and the median of the ratios. Root only; needs iperf3
+(``apt-get install -y iperf3``).
+
+Run: ``sudo python bench/ipoib_iperf.py [--rounds 3] [--seconds 5]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+
+from ipoib_netns import IFACE, ipoib_up, veth_pair  # noqa: E402
+from netns_harness import Host  # noqa: E402
+
+PORT = 5399
+
+
+def iperf(client: Host, server: Host, addr: str, seconds: float) -> float:
+    """Bits per second received by ``server`` from ``client`` over ``addr``."""
+    srv = server.popen(["iperf3", "-s", "-1", "-p", str(PORT)])
+    try:
+        time.sleep(0.5)
+        out = client.run(["iperf3", "-c", addr, "-p", str(PORT), "-t", str(seconds), "-J"],
+                         timeout=seconds + 60)
+        res = json.loads(out.stdout)
+        return float(res["end"]["sum_received"]["bits_per_second"])
+    finally:
+        try:
+            srv.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            srv.kill()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=5.0)
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        print("ipoib_iperf: needs root (network namespaces, TUN)", file=sys.stderr)
+        return 1
+    if shutil.which("iperf3") is None:
+        print("ipoib_iperf: iperf3 is missing (apt-get install -y iperf3)", file=sys.stderr)
+        return 1
+    ratios: dict[str, list[float]] = {"connected": [], "datagram": []}
+    with tempfile.TemporaryDirectory() as tmp, veth_pair(Path(tmp)) as hosts:
+        a, b = hosts
+        for rnd in range(1, args.rounds + 1):
+            base = iperf(a, b, b.ipv4, args.seconds)
+            line = [f"round {rnd}: veth {base / 1e9:.2f} Gbit/s"]
+            for mode in ("connected", "datagram"):
+                procs = [ipoib_up(h, "--mode", mode) for h in hosts]
+                try:
+                    a.run(["ping", "-c", "1", "-W", "5", "10.88.0.2"], timeout=30)
+                    bps = iperf(a, b, "10.88.0.2", args.seconds)
+                finally:
+                    for h, p in zip(hosts, procs, strict=True):
+                        h.softrdma("ipoib", "down", IFACE, check=False)
+                        try:
+                            p.wait(timeout=15)
+                        except subprocess.TimeoutExpired:
+                            p.kill()
+                            p.wait(timeout=15)
+                ratios[mode].append(bps / base)
+                line.append(f"{mode} {bps / 1e6:.0f} Mbit/s = {bps / base:.4f} x veth")
+            print("; ".join(line), flush=True)
+    for mode, rs in ratios.items():
+        print(f"{mode}: ratio to bare veth best {max(rs):.4f}, median "
+              f"{statistics.median(rs):.4f} ({len(rs)} runs)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

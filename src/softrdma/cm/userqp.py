@@ -1,0 +1,114 @@
+"""QPs the consumer creates and moves itself, and the attributes the CM computes for them.
+
+librdmacm lets an application connect a QP that is not the rdma_cm id's: it creates the
+QP with ``ibv_create_qp``, names it by number in ``rdma_conn_param.qp_num`` and moves it
+through INIT, RTR and RTS with the attributes of ``rdma_init_qp_attr`` (Linux
+``ib_cm_init_qp_attr``: ``cm_init_qp_init_attr``/``cm_init_qp_rtr_attr``/
+``cm_init_qp_rts_attr``); the active side then completes the connection with
+``rdma_establish`` (the RTU) after CONNECT_RESPONSE. rping's ``-q`` does this. The CM
+announces :class:`UserQp` ``qpn`` in its REQ or REP and never modifies that QP (nor
+moves it to ERR on a disconnect: the application does, as rping's ``rping_disconnect``).
+
+PSNs follow Linux's convention (see ``cmid.CmId._connect_qp``): each side receives at
+the Starting PSN it announces and sends from the peer's (``rdma_init_qp_attr`` sets
+``rq_psn`` to the id's ``seq_num``, the PSN its REQ or REP carries). A passive side asked
+for RTR before its REP draws that PSN then and the REP announces it
+(``../shared/specs/ib-cm.md``, REQ offset 44, REP offset 20).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..errors import InvalidArgument, StateError
+from . import qpctl
+from .params import ConnParams
+from .state import CmState
+
+if TYPE_CHECKING:
+    from .cmid import CmId
+
+__all__ = ["UserQp", "qp_info", "cm_qp_attr", "passive_psn"]
+
+_PASSIVE = (CmState.REQ_RCVD, CmState.MRA_REQ_SENT, CmState.REP_SENT, CmState.MRA_REP_RCVD,
+            CmState.ESTABLISHED)
+_ACTIVE = (CmState.REP_RCVD, CmState.MRA_REP_SENT)
+
+
+@dataclass(frozen=True, slots=True)
+class UserQp:
+    """A QP the consumer owns, named by number (``rdma_conn_param.qp_num``)."""
+
+    qpn: int
+    qp_type: int = qpctl.QPT_RC
+    srq: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0 < self.qpn <= 0xFFFFFF:
+            raise InvalidArgument("qp_num", f"a QP number is 24 bits and not 0, got "
+                                            f"{self.qpn:#x}")
+        if self.qp_type not in (qpctl.QPT_RC, qpctl.QPT_UC):
+            raise InvalidArgument("qp_type", "a connection's QP is RC or UC")
+
+
+def qp_info(qp: Any) -> tuple[int, int, bool, Any]:
+    """``(qpn, qp_type, has_srq, engine QP or None)`` of a CM-moved QP or a
+    :class:`UserQp` (engine None: the CM must leave it alone)."""
+    if isinstance(qp, UserQp):
+        return qp.qpn, qp.qp_type, qp.srq, None
+    eq = qpctl.engine_of(qp)
+    return eq.qpn, eq.qp_type, getattr(eq, "srq", None) is not None, eq
+
+
+def passive_psn(cid: CmId) -> int:
+    """The Starting PSN the passive side's REP announces, drawn at the first need."""
+    if not cid.psn_drawn:
+        cid.local_psn = cid.agent.rng.getrandbits(24)
+        cid.psn_drawn = True
+    return cid.local_psn
+
+
+def cm_qp_attr(cid: CmId, qp_state: int) -> dict[str, Any]:
+    """``ib_cm_init_qp_attr``: the attributes for moving this connection's QP to
+    ``qp_state`` (INIT, RTR or RTS), as ``ibv_qp_attr`` field names (``ah_attr`` is the
+    path: ``dgid``, ``sgid_index``, ``hop_limit``, ``traffic_class``, ``flow_label``)."""
+    if qp_state == qpctl.INIT:
+        if cid.state not in (*_PASSIVE, *_ACTIVE, CmState.REQ_SENT, CmState.MRA_REQ_RCVD):
+            raise StateError(f"no QP attributes in CM state {cid.state.name}")
+        return {"qp_state": qpctl.INIT, "pkey_index": 0, "port_num": 1,
+                "qp_access_flags": qpctl.DEFAULT_ACCESS}
+    req, rep, path = cid.req, cid.rep, cid.path
+    if req is None or path is None:
+        raise StateError(f"no QP attributes in CM state {cid.state.name} (no REQ yet)")
+    av = {"dgid": path.dgid, "sgid_index": cid.agent.sgid_index(path.sgid),
+          "hop_limit": path.hop_limit, "traffic_class": path.traffic_class,
+          "flow_label": path.flow_label}
+    if cid.state in _ACTIVE and rep is not None:
+        p = cid.params
+        assert isinstance(p, ConnParams)
+        if qp_state == qpctl.RTR:
+            return {"qp_state": qpctl.RTR, "dest_qp_num": rep.local_qpn,
+                    "rq_psn": cid.local_psn, "path_mtu": req.path_mtu,
+                    "max_dest_rd_atomic": min(rep.initiator_depth, p.responder_resources),
+                    "min_rnr_timer": p.min_rnr_timer, "ah_attr": av}
+        if qp_state == qpctl.RTS:
+            return {"qp_state": qpctl.RTS, "sq_psn": rep.starting_psn,
+                    "timeout": cid.ack_timeout, "retry_cnt": req.retry_count,
+                    "rnr_retry": rep.rnr_retry_count,
+                    "max_rd_atomic": min(rep.responder_resources, p.initiator_depth)}
+    elif cid.state in _PASSIVE:
+        if qp_state == qpctl.RTR:
+            mtu = min(req.path_mtu, cid.agent.mtu) if req.path_mtu else cid.agent.mtu
+            return {"qp_state": qpctl.RTR, "dest_qp_num": req.local_qpn,
+                    "rq_psn": passive_psn(cid), "path_mtu": mtu,
+                    "max_dest_rd_atomic": req.initiator_depth, "min_rnr_timer": 0,
+                    "ah_attr": av}
+        if qp_state == qpctl.RTS:
+            return {"qp_state": qpctl.RTS, "sq_psn": req.starting_psn,
+                    "timeout": req.primary_local_ack_timeout, "retry_cnt": req.retry_count,
+                    "rnr_retry": req.rnr_retry_count,
+                    "max_rd_atomic": req.responder_resources}
+    else:
+        raise StateError(f"no QP attributes in CM state {cid.state.name}")
+    raise InvalidArgument("qp_state", f"INIT, RTR or RTS, got {qp_state}")

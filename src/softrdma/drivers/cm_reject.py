@@ -1,0 +1,117 @@
+"""The REJ devd answers on its own, and when it may (``softrdma.drivers.devd``).
+
+A REQ nobody listens for is answered with REJ reason 8, Invalid Service ID (a SIDR_REQ:
+SIDR_REP status 1), as a CM without a listener would (IBA 12.6.7, A11 CA11-8;
+``../shared/specs/ib-cm.md`` §4). An answer goes to the source address of the REQ, so
+before answering the daemon makes sure the REQ is one a real CM sent, and bounds what it
+sends to any one address (the daemon must not become a reflector):
+
+* the ICRC must be correct (RoCEv2, IBA A17.8; for IPv4 the Identification the socket
+  does not show is recovered, :func:`softrdma.wire.roce.recover_ipv4_id`);
+* the source must be a unicast address (not unspecified, multicast or broadcast), and
+  the REQ's Primary Local Port GID must be that address (A11: the active side's GID);
+* at most :data:`REJ_BURST` answers per source, refilled at :data:`REJ_PER_SECOND`
+  (a token bucket per source address, :class:`RejLimiter`).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import struct
+import time
+from collections import OrderedDict
+
+from softrdma.drivers.link import Datagram
+from softrdma.errors import SoftRdmaError
+from softrdma.wire import cm as wcm
+from softrdma.wire.roce import icrc_ok_udp, icrc_v1, recover_ipv4_id
+from softrdma.wire.rocev1 import LOOPBACK_GID
+
+__all__ = ["REJ_BURST", "REJ_PER_SECOND", "RejLimiter", "answer_for", "sane_request"]
+
+REJ_BURST = 8  # answers to one source before the rate limit applies
+REJ_PER_SECOND = 8.0  # refill rate of a source's answers
+MAX_SOURCES = 4096  # sources remembered; the least recently seen is forgotten
+BTH_SIZE = 12
+MAD_OFF = BTH_SIZE + 8  # BTH + DETH, then the 256-byte MAD
+MAD_SIZE = 256
+UD_SEND_ONLY = 0x64
+GSI_QKEY = 0x80010000
+QPN_GSI = 1
+_BTH_DETH = struct.Struct("!BBHIIII")
+ICRC_SIZE = 4
+_V4_MAPPED = bytes(10) + b"\xff\xff"
+
+
+def _unicast(ip: bytes) -> bool:
+    addr = ipaddress.ip_address(ip)
+    return not (addr.is_unspecified or addr.is_multicast or ip == b"\xff\xff\xff\xff")
+
+
+def _gid_of(ip: bytes) -> bytes:
+    return _V4_MAPPED + ip if len(ip) == 4 else ip
+
+
+def sane_request(dg: Datagram, dport: int) -> bool:
+    """Whether ``dg`` (BTH .. ICRC) has a correct ICRC and a unicast source address.
+
+    A RoCEv1 frame (``dg.grh``, Annex A16): the RoCEv1 ICRC over its GRH, and a unicast
+    SGID other than the loopback GID (A16.7.2)."""
+    if not _unicast(dg.src_ip):
+        return False
+    data = dg.data
+    if dg.grh:
+        return (len(data) > ICRC_SIZE and dg.src_ip != LOOPBACK_GID
+                and icrc_v1(dg.grh, (data[:-ICRC_SIZE],)) == data[-ICRC_SIZE:])
+    if len(dg.src_ip) == 4:
+        return recover_ipv4_id(dg.src_ip, dg.dst_ip, dg.sport, dport, data) is not None
+    return icrc_ok_udp(dg.src_ip, dg.dst_ip, dg.sport, dport, data)
+
+
+def answer_for(dg: Datagram) -> tuple[bytes, bytes] | None:
+    """The (BTH+DETH, MAD) answering an unlistened REQ / SIDR_REQ in ``dg``, or None when
+    it is not one (or names another sender in its Primary Local Port GID)."""
+    try:
+        got = wcm.decode(bytes(dg.data[MAD_OFF:MAD_OFF + MAD_SIZE]))
+    except SoftRdmaError:
+        return None
+    msg = got.msg
+    if isinstance(msg, wcm.Req):
+        if bytes(msg.primary_local_gid) != _gid_of(dg.src_ip):
+            return None
+        ans: wcm.CmMessage = wcm.Rej(
+            local_comm_id=0, remote_comm_id=msg.local_comm_id,
+            message_rejected=wcm.MsgType.REQ, reason=wcm.RejReason.INVALID_SERVICE_ID)
+    elif isinstance(msg, wcm.SidrReq):
+        ans = wcm.SidrRep(request_id=msg.request_id, status=wcm.SidrStatus.UNSUPPORTED,
+                          service_id=msg.service_id)
+    else:
+        return None
+    mad = wcm.encode(ans, tid=got.hdr.tid)
+    src_qp = int.from_bytes(dg.data[BTH_SIZE + 5:BTH_SIZE + 8], "big")  # DETH SrcQP
+    hdr = _BTH_DETH.pack(UD_SEND_ONLY, 0, 0xFFFF, src_qp & 0xFFFFFF, 0, GSI_QKEY, QPN_GSI)
+    return hdr, mad
+
+
+class RejLimiter:
+    """A token bucket per source address: :data:`REJ_BURST` answers, then
+    :data:`REJ_PER_SECOND`."""
+
+    def __init__(self, burst: int = REJ_BURST, rate: float = REJ_PER_SECOND,
+                 max_sources: int = MAX_SOURCES) -> None:
+        self.burst = burst
+        self.rate = rate
+        self.max_sources = max_sources
+        self._buckets: OrderedDict[bytes, tuple[float, float]] = OrderedDict()
+
+    def allow(self, src: bytes, now: float | None = None) -> bool:
+        t = time.monotonic() if now is None else now
+        tokens, last = self._buckets.pop(src, (float(self.burst), t))
+        tokens = min(float(self.burst), tokens + (t - last) * self.rate)
+        ok = tokens >= 1.0
+        if ok:
+            tokens -= 1.0
+        self._buckets[src] = (tokens, t)
+        if len(self._buckets) > self.max_sources:
+            self._buckets.popitem(last=False)
+        return ok

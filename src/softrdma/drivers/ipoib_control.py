@@ -1,0 +1,142 @@
+"""The control channel of a running ``softrdma ipoib up`` process (``show``, ``down``).
+
+A Unix stream socket ``<state dir>/ipoib/<netns inode>/<NAME>.sock`` (interface names are
+per network namespace): a client sends one JSON line
+(``{"cmd": "show"}`` or ``{"cmd": "down"}``) and reads one JSON line back. A socket left
+by a process that died is replaced; a live one means the interface is already running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..errors import DeviceError
+from .registry import ensure_state_dir, state_dir
+
+__all__ = ["ControlServer", "control_dir", "control_path", "control_request", "running",
+           "CONTROL_TIMEOUT_S"]
+
+CONTROL_TIMEOUT_S = 5.0
+NETNS_PATH = "/proc/self/ns/net"
+MAX_REQUEST = 4096
+
+
+def _netns_id() -> str:
+    """The current network namespace's inode: interface names are per namespace."""
+    try:
+        return str(os.stat(NETNS_PATH).st_ino)
+    except OSError:
+        return "0"
+
+
+def control_dir(directory: Path | None = None) -> Path:
+    """Where the control sockets of this network namespace's interfaces are."""
+    return (directory or state_dir()) / "ipoib" / _netns_id()
+
+
+def control_path(name: str, directory: Path | None = None) -> Path:
+    """Where the ``up`` process of interface ``name`` (in this namespace) listens."""
+    return control_dir(directory) / f"{name}.sock"
+
+
+def running(directory: Path | None = None) -> list[str]:
+    """The names of the interfaces with a control socket in this namespace."""
+    d = control_dir(directory)
+    return sorted(p.stem for p in d.glob("*.sock")) if d.is_dir() else []
+
+
+def control_request(name: str, cmd: str, *, directory: Path | None = None,
+                    timeout: float = CONTROL_TIMEOUT_S) -> dict[str, Any]:
+    """Send ``cmd`` to the running interface ``name`` and return its JSON answer."""
+    path = control_path(name, directory)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    try:
+        try:
+            s.connect(str(path))
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            raise DeviceError(f"no IPoIB interface {name!r} is running here "
+                              f"({path} is not answering)") from exc
+        s.sendall(json.dumps({"cmd": cmd}).encode() + b"\n")
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = s.recv(1 << 20)
+            if not chunk:
+                break
+            data += chunk
+    except OSError as exc:
+        raise DeviceError(f"IPoIB interface {name!r}: {exc}") from exc
+    finally:
+        s.close()
+    try:
+        answer = json.loads(data)
+    except ValueError as exc:
+        raise DeviceError(f"IPoIB interface {name!r} gave no answer") from exc
+    if not isinstance(answer, dict):
+        raise DeviceError(f"IPoIB interface {name!r} gave a malformed answer")
+    return answer
+
+
+class ControlServer:
+    """The listening side, polled by the runtime's loop (:meth:`fileno`, :meth:`serve`)."""
+
+    def __init__(self, path: Path) -> None:
+        ensure_state_dir(path.parent)
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.connect(str(path))
+                raise DeviceError(f"IPoIB interface {path.stem!r} is already running")
+            except (FileNotFoundError, ConnectionRefusedError):
+                path.unlink(missing_ok=True)
+            finally:
+                probe.close()
+            s.bind(str(path))
+            s.listen(8)
+            s.setblocking(False)
+        except BaseException:
+            s.close()
+            raise
+        self.sock: socket.socket | None = s
+        self.path = path
+
+    def fileno(self) -> int:
+        return self.sock.fileno() if self.sock is not None else -1
+
+    def serve(self, handler: Callable[[str], dict[str, Any]]) -> None:
+        """Answer every waiting client: ``handler(cmd)`` gives the JSON answer."""
+        if self.sock is None:
+            return
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            with conn:
+                conn.settimeout(CONTROL_TIMEOUT_S)
+                try:
+                    data = b""
+                    while not data.endswith(b"\n") and len(data) < MAX_REQUEST:
+                        chunk = conn.recv(MAX_REQUEST)
+                        if not chunk:
+                            break
+                        data += chunk
+                    try:
+                        cmd = str(json.loads(data).get("cmd"))
+                    except (ValueError, AttributeError):
+                        cmd = ""
+                    conn.sendall(json.dumps(handler(cmd)).encode() + b"\n")
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+            self.path.unlink(missing_ok=True)

@@ -1,0 +1,31 @@
+"""The kernel's choice of source address for a destination (``ip route get DST``).
+
+rdma_cm resolves an address through the routing table (Linux ``rdma_resolve_addr`` ->
+``rdma_translate_ip``/``addr_resolve``: the route's source address names the device).
+Connecting a UDP socket asks the kernel for the same route without sending anything;
+its local address is the route's preferred source.
+"""
+
+from __future__ import annotations
+
+import socket
+
+__all__ = ["route_source"]
+
+_DISCARD_PORT = 9  # any port: a UDP connect sends nothing
+
+
+def route_source(dst: bytes) -> bytes | None:
+    """The source address (4 or 16 bytes) the kernel would use to reach ``dst``, or
+    None when it has no route (``ENETUNREACH``/``EHOSTUNREACH``) or cannot say."""
+    fam = socket.AF_INET if len(dst) == 4 else socket.AF_INET6
+    try:
+        with socket.socket(fam, socket.SOCK_DGRAM) as s:
+            s.connect((socket.inet_ntop(fam, dst), _DISCARD_PORT))
+            host = s.getsockname()[0]
+    except OSError:
+        return None
+    try:
+        return socket.inet_pton(fam, str(host).split("%", 1)[0])
+    except OSError:
+        return None

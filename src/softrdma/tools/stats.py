@@ -1,0 +1,125 @@
+"""``softrdma stats``: port counters of softrdma devices, as ``rdma statistic`` shows them.
+
+::
+
+    softrdma stats [show] [link DEV[/PORT]] [-j [-p]] [-w SECONDS [-n COUNT]]
+
+One line per port, ``link DEV/PORT name value name value ...`` (iproute2's ``rdma
+statistic show link``), or with ``-j`` a JSON array of ``{"ifname": DEV, "port": N,
+name: value, ...}`` objects (``-p``: pretty). ``-w SECONDS`` watches: the counters again
+every SECONDS (``-n`` times, default until interrupted), each round headed by the time.
+
+The counters of a shared device are the device's (every process's, through its devd:
+see :mod:`softrdma.drivers.devd`, "Port counters of a shared device"). A device no
+process has open has no devd: its counters are all zero (in-process contexts, opened
+with ``shared=False``, count in their own process only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any, TextIO
+
+from ..drivers.devd import DevdLink, socket_path
+from ..errors import DeviceError, InvalidArgument
+from ..ib.counters import Counters
+from ..verbs.counters import PortCounters
+from ..verbs.device import DeviceInfo, get_device_list
+
+__all__ = ["run", "device_counters", "format_line"]
+
+PORT = 1  # softrdma devices have one port
+
+
+def _parse_words(words: list[str], dev: str | None) -> tuple[str | None, int | None]:
+    """``show [link DEV[/PORT]]`` -> (device, port)."""
+    rest = list(words)
+    if rest and rest[0] == "show":
+        rest.pop(0)
+    port: int | None = None
+    if rest:
+        if rest[0] != "link" or len(rest) != 2:
+            raise InvalidArgument("object", f"expected 'show [link DEV[/PORT]]', got "
+                                  f"{' '.join(words)!r}")
+        name, _, num = rest[1].partition("/")
+        if dev is not None and dev != name:
+            raise InvalidArgument("link", f"{name!r} differs from -d {dev!r}")
+        dev = name
+        if num:
+            if not num.isdigit():
+                raise InvalidArgument("link", f"port {num!r} is not a number")
+            port = int(num)
+            if port != PORT:
+                raise InvalidArgument("link", f"{dev} has no port {port} (only port {PORT})")
+    return dev, port
+
+
+def device_counters(info: DeviceInfo) -> PortCounters:
+    """The counters of one RoCE device: from its devd if it runs, else zeros."""
+    record = info.record
+    values = Counters().as_dict()
+    shared = False
+    if record is not None and socket_path(record.name).exists():
+        try:
+            with DevdLink(record, spawn=False, timeout=2.0) as link:
+                values = link.device_counters()
+                shared = True
+        except DeviceError:
+            pass  # the daemon just left: nobody uses the device
+    return PortCounters.from_values(info.name, PORT, values, shared)
+
+
+def format_line(pc: PortCounters) -> str:
+    """``link DEV/PORT name value ...`` (rdma statistic show link)."""
+    return f"link {pc.device}/{pc.port_num} " + " ".join(
+        f"{name} {value}" for name, value in pc.counters.items())
+
+
+def _as_json(pc: PortCounters) -> dict[str, Any]:
+    return {"ifname": pc.device, "port": pc.port_num, **pc.counters}
+
+
+def _devices(dev: str | None) -> list[DeviceInfo]:
+    devices = [d for d in get_device_list() if d.type == "roce"]
+    if dev is not None:
+        devices = [d for d in devices if d.name == dev]
+        if not devices:
+            raise DeviceError(f"no softrdma RoCE device named {dev!r}")
+    return devices
+
+
+def _show(devices: list[DeviceInfo], args: argparse.Namespace, out: TextIO) -> None:
+    counters = [device_counters(d) for d in devices]
+    if args.json:
+        out.write(json.dumps([_as_json(pc) for pc in counters],
+                             indent=2 if args.pretty else None) + "\n")
+    else:
+        for pc in counters:
+            out.write(format_line(pc) + "\n")
+    out.flush()
+
+
+def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    """Entry point of ``softrdma stats`` (options: :mod:`softrdma.tools.cli`)."""
+    out = out if out is not None else sys.stdout
+    dev, _port = _parse_words(list(args.words), args.dev)
+    if args.watch is not None and not args.watch > 0:
+        raise InvalidArgument("watch", "must be > 0 seconds")
+    if args.count is not None and args.count < 1:
+        raise InvalidArgument("count", "must be >= 1")
+    devices = _devices(dev)
+    if args.watch is None:
+        _show(devices, args, out)
+        return 0
+    rounds = 0
+    while True:
+        if not args.json:
+            out.write(time.strftime("%H:%M:%S\n"))
+        _show(devices, args, out)
+        rounds += 1
+        if args.count is not None and rounds >= args.count:
+            return 0
+        time.sleep(args.watch)

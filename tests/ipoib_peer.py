@@ -1,0 +1,186 @@
+"""A hand-made IPoIB peer for the namespace tests: it speaks to a running
+``softrdma ipoib`` interface over the wire, as a misbehaving or Linux-style peer would.
+
+``python ipoib_peer.py DEVICE PEER_GID PEER_UD_QPN ACTION [ARG]`` prints one JSON line:
+
+* ``req-pd HEX``: send a REQ to the peer's IPoIB Service ID with private data HEX; report
+  the answer (REJECTED: reason and the UD QPN in the REJ private data; or ESTABLISHED);
+* ``linux-conn UD_QPN``: open a connection as a Linux peer opens its own (valid private
+  data naming ``UD_QPN``), report whether it was accepted, keep it up 3 s, then close;
+* ``ud-garbage``: send malformed IPoIB messages (short encapsulation header, unknown
+  Type, truncated ARP, ARP with a wrong hardware type) to the peer's UD QPN;
+* ``announce MY_IP PEER_IP``: wrong flags (RFC 4755 §8): an ARP request to the peer
+  naming ``MY_IP`` at an address whose flags octet is 0xFF (RC, UC and reserved bits),
+  with nobody listening on the Service ID, then 8 s of silence;
+* ``cross MY_IP PEER_IP``: a REQ crossing (RFC 4755 §3.3) made certain: announce itself
+  as ``MY_IP`` (an ARP request to the peer, RC flag set), listen on its own IPoIB Service
+  ID, and when the peer's REQ comes, hold it and send its own REQ; once that one is
+  answered, answer the held one by the same rule (accept if our address is the smaller).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import sys
+import time
+
+from softrdma import enums as e
+from softrdma import verbs as v
+from softrdma.cm.events import CmEvent, CmEventType
+from softrdma.cm.gsi import CmBinding
+from softrdma.cm.ibcm import AcceptParams, ConnParams
+from softrdma.ipoib.encap import ArpOp, ArpPacket, EtherType, encap_header
+from softrdma.ipoib.hwaddr import FLAG_RC, CmData, HwAddr, service_id
+
+IPOIB_QKEY = 0x0000000B
+
+
+def wait_event(events: list[CmEvent], timeout: float = 20.0) -> CmEvent:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for ev in list(events):
+            if ev.type is not CmEventType.TIMEWAIT_EXIT:
+                events.remove(ev)
+                return ev
+        time.sleep(0.02)
+    raise SystemExit(json.dumps({"error": "no CM event"}))
+
+
+def main() -> None:
+    dev, gid_text, qpn_text, action = sys.argv[1:5]
+    arg = sys.argv[5] if len(sys.argv) > 5 else ""
+    peer_gid = ipaddress.IPv6Address(gid_text).packed
+    peer_qpn = int(qpn_text, 0)
+    ctx = v.Context(dev)
+    pd = v.PD(ctx)
+    cq = v.CQ(ctx, 64)
+    sgid = next(g for g in ctx.port.gids if g[:12] != bytes(10) + b"\xff\xff"
+                and g[:2] != b"\xfe\x80")
+    if action in ("req-pd", "linux-conn"):
+        cm = CmBinding.attach(ctx)
+        events: list[CmEvent] = []
+        qp = v.QP(pd, v.QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=v.QPCap(4, 4, 1, 1)))
+        cid = cm.agent.create_id(events.append)
+        data = (bytes.fromhex(arg) if action == "req-pd"
+                else CmData(int(arg, 0), 65524).encode())
+        cid.connect(qp, ConnParams(service_id=service_id(peer_qpn), dgid=peer_gid, sgid=sgid,
+                                   private_data=data))
+        ev = wait_event(events)
+        out: dict[str, object] = {"event": ev.type.value}
+        if ev.type is CmEventType.REJECTED and ev.reject is not None:
+            out["reason"] = ev.reject.reason
+            out["rej_ud_qpn"] = CmData.decode(ev.private_data).ud_qpn
+        elif ev.type is CmEventType.ESTABLISHED:
+            out["rep"] = CmData.decode(ev.private_data).receive_mtu
+        print(json.dumps(out), flush=True)
+        if ev.type is CmEventType.ESTABLISHED:
+            time.sleep(3)
+            cid.disconnect()
+            time.sleep(0.5)
+        cm.close()
+    elif action == "announce":
+        ud = v.QP(pd, v.QPInitAttr(qp_type=e.IBV_QPT_UD, scq=cq, rcq=cq,
+                                   cap=v.QPCap(4, 1, 1, 1)), v.QPAttr(qkey=IPOIB_QKEY))
+        arp = bytearray(ArpPacket(ArpOp.REQUEST, HwAddr(ud.qp_num, sgid), ipaddress.IPv4Address(
+            arg).packed, HwAddr(0, bytes(16)), ipaddress.IPv4Address(sys.argv[6]).packed).encode())
+        arp[8] = 0xFF  # the sender's flags octet
+        _ud_send(ctx, pd, cq, ud, sgid, peer_gid, peer_qpn, encap_header(EtherType.ARP) + arp)
+        print(json.dumps({"announced": arg}), flush=True)
+        time.sleep(8)
+    elif action == "cross":
+        cross(ctx, pd, cq, sgid, peer_gid, peer_qpn, arg, sys.argv[6])
+    elif action == "ud-garbage":
+        qp = v.QP(pd, v.QPInitAttr(qp_type=e.IBV_QPT_UD, scq=cq, rcq=cq, cap=v.QPCap(16, 1, 1, 1)),
+                  v.QPAttr(qkey=IPOIB_QKEY))
+        buf = bytearray(256)
+        mr = v.MR(pd, len(buf), int(e.IBV_ACCESS_LOCAL_WRITE), buffer=buf)
+        gi = list(ctx.port.gids).index(sgid)
+        ah = v.AH(pd, v.AHAttr(port_num=1, is_global=1,
+                               gr=v.GlobalRoute(dgid=v.GID(peer_gid), sgid_index=gi, hop_limit=64)))
+        arp_bad_htype = b"\x08\x06\x00\x00" + b"\x00\x01\x08\x00\x14\x04\x00\x01" + bytes(48)
+        msgs = [b"\x08", b"\x12\x34\x00\x00" + bytes(40), b"\x08\x06\x00\x00" + bytes(20),
+                arp_bad_htype]
+        for i, m in enumerate(msgs):
+            buf[:len(m)] = m
+            wr = v.SendWR(wr_id=i, sg=[v.SGE(mr.addr, len(m), mr.lkey)], num_sge=1)
+            wr.set_wr_ud(ah, peer_qpn, IPOIB_QKEY)
+            qp.post_send(wr)
+            deadline = time.monotonic() + 5
+            while not cq.poll()[0] and time.monotonic() < deadline:
+                ctx.progress(0.01)
+        print(json.dumps({"sent": len(msgs)}), flush=True)
+    ctx.close()
+
+
+def _ud_send(ctx: v.Context, pd: v.PD, cq: v.CQ, qp: v.QP, sgid: bytes, dgid: bytes,
+             dqpn: int, msg: bytes) -> None:
+    buf = bytearray(msg)
+    mr = v.MR(pd, len(buf), int(e.IBV_ACCESS_LOCAL_WRITE), buffer=buf)
+    gi = list(ctx.port.gids).index(sgid)
+    ah = v.AH(pd, v.AHAttr(port_num=1, is_global=1,
+                           gr=v.GlobalRoute(dgid=v.GID(dgid), sgid_index=gi, hop_limit=64)))
+    wr = v.SendWR(wr_id=1, sg=[v.SGE(mr.addr, len(buf), mr.lkey)], num_sge=1)
+    wr.set_wr_ud(ah, dqpn, IPOIB_QKEY)
+    qp.post_send(wr)
+    deadline = time.monotonic() + 5
+    while not cq.poll()[0] and time.monotonic() < deadline:
+        ctx.progress(0.01)
+
+
+def _rc_qp(pd: v.PD, cq: v.CQ) -> v.QP:
+    return v.QP(pd, v.QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=v.QPCap(4, 8, 1, 1)))
+
+
+def _absorb(pd: v.PD, qp: v.QP) -> v.MR:
+    """Receive buffers (after the CM moved the QP out of RESET) for what the peer sends."""
+    mr = v.MR(pd, 8 * 65536, int(e.IBV_ACCESS_LOCAL_WRITE))
+    for i in range(8):
+        qp.post_recv(v.RecvWR(wr_id=i, sg=[v.SGE(mr.addr + i * 65536, 65536, mr.lkey)],
+                              num_sge=1))
+    return mr
+
+
+def cross(ctx: v.Context, pd: v.PD, cq: v.CQ, sgid: bytes, peer_gid: bytes, peer_qpn: int,
+          my_ip: str, peer_ip: str) -> None:
+    ud = v.QP(pd, v.QPInitAttr(qp_type=e.IBV_QPT_UD, scq=cq, rcq=cq, cap=v.QPCap(4, 1, 1, 1)),
+              v.QPAttr(qkey=IPOIB_QKEY))
+    me = HwAddr(ud.qp_num, sgid, FLAG_RC)
+    cm = CmBinding.attach(ctx)
+    events: list[CmEvent] = []
+    listener = cm.agent.create_id(events.append)
+    listener.listen(service_id(ud.qp_num))
+    arp = ArpPacket(ArpOp.REQUEST, me, ipaddress.IPv4Address(my_ip).packed,
+                    HwAddr(0, bytes(16)), ipaddress.IPv4Address(peer_ip).packed)
+    _ud_send(ctx, pd, cq, ud, sgid, peer_gid, peer_qpn, encap_header(EtherType.ARP) + arp.encode())
+    print(json.dumps({"ready": True, "ud_qpn": ud.qp_num,
+                      "gid": str(ipaddress.IPv6Address(sgid))}), flush=True)
+    held = wait_event(events, 60)
+    assert held.type is CmEventType.CONNECT_REQUEST, held
+    qp = _rc_qp(pd, cq)
+    own = cm.agent.create_id(events.append)
+    own.connect(qp, ConnParams(service_id=service_id(peer_qpn), dgid=peer_gid, sgid=sgid,
+                               private_data=CmData(ud.qp_num, 65524).encode()))
+    mrs = [_absorb(pd, qp)]
+    answer = wait_event(events)
+    out: dict[str, object] = {"own": answer.type.value}
+    if answer.reject is not None:
+        out["own_reason"] = answer.reject.reason
+    peer = HwAddr(peer_qpn, peer_gid)
+    if me.key < peer.key:  # §3.3: the smaller address accepts
+        qp2 = _rc_qp(pd, cq)
+        held.cm_id.accept(qp2, AcceptParams(private_data=CmData(ud.qp_num, 65524).encode()))
+        mrs.append(_absorb(pd, qp2))
+        out["answered"] = "accept"
+    else:
+        held.cm_id.reject(CmData(ud.qp_num, 65524).encode())
+        out["answered"] = "reject"
+    time.sleep(1)
+    print(json.dumps(out), flush=True)
+    time.sleep(3)
+    cm.close()
+    del mrs
+
+
+if __name__ == "__main__":
+    main()

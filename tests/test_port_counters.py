@@ -1,0 +1,243 @@
+"""Port counters (issue 11, "Counters per port"): packets, bytes, retransmissions, RNR
+NAKs, ICRC errors and drops by reason, from the API (``Context.query_port_counters``),
+``softrdma devinfo -v`` and ``softrdma stats``; on a shared device the device's totals
+across processes (devd aggregates each process's reports).
+
+The engine cases run on the in-memory fabric's virtual clock, so every number is exact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from softrdma import enums as e
+from softrdma import verbs as v
+from softrdma.drivers.clock import VirtualClock
+from softrdma.drivers.fabric import Fabric
+from softrdma.drivers.registry import Registry
+from softrdma.errors import InvalidArgument
+from softrdma.ib.counters import DROP_REASONS, DropReason
+from softrdma.tools.cli import main
+
+RC = int(e.IBV_QPT_RC)
+LW = int(e.IBV_ACCESS_LOCAL_WRITE)
+ALL = int(e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ | e.IBV_ACCESS_LOCAL_WRITE)
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+BTH, AETH, ICRC = 12, 4, 4
+MTU = 1024
+
+
+class Pair:
+    """Two fabric contexts with a connected RC QP pair (MTU 1024)."""
+
+    def __init__(self, **fabric_kw: object) -> None:
+        self.clock = VirtualClock()
+        self.fab = Fabric(self.clock, **fabric_kw)  # type: ignore[arg-type]
+        self.a = v.Context(fabric=self.fab.link("10.5.0.1"))
+        self.b = v.Context(fabric=self.fab.link("10.5.0.2"))
+        self.sides = []
+        for c in (self.a, self.b):
+            pd = v.PD(c)
+            cq = v.CQ(c, 64)
+            qp = v.QP(pd, v.QPInitAttr(RC, scq=cq, rcq=cq, cap=v.QPCap(8, 8, 1, 1)))
+            mr = v.MR(pd, 8192, ALL)
+            self.sides.append((cq, qp, mr))
+        for (_, qp, _), (_, peer, _), pc in ((self.sides[0], self.sides[1], self.b),
+                                             (self.sides[1], self.sides[0], self.a)):
+            at = v.QPAttr(path_mtu=e.IBV_MTU_1024, dest_qp_num=peer.qp_num, max_rd_atomic=1,
+                          max_dest_rd_atomic=1, min_rnr_timer=1, timeout=8, retry_cnt=7,
+                          rnr_retry=7)
+            at.qp_access_flags = ALL
+            at.ah_attr = v.AHAttr(gr=v.GlobalRoute(dgid=pc.query_gid(1, 0), hop_limit=64))
+            qp.to_rts(at)
+
+    def send(self, n: int, recv: bool = True) -> None:
+        cqa, qa, ma = self.sides[0]
+        _cqb, qb, mb = self.sides[1]
+        if recv:
+            qb.post_recv(v.RecvWR(1, 1, [v.SGE(mb.addr, 8192, mb.lkey)]))
+        qa.post_send(v.SendWR(2, sg=[v.SGE(ma.addr, n, ma.lkey)]))
+
+    def close(self) -> None:
+        self.a.close()
+        self.b.close()
+
+
+@pytest.fixture()
+def pair() -> Iterator[Pair]:
+    p = Pair()
+    yield p
+    p.close()
+
+
+def _wcs(cq: v.CQ) -> list[v.WC]:
+    return cq.poll(16)[1]
+
+
+def test_packets_and_bytes_are_exact(pair: Pair) -> None:
+    pair.send(3000)  # 3 packets at MTU 1024: 1024 + 1024 + 952 payload bytes
+    pair.clock.run()
+    assert [w.status for w in _wcs(pair.sides[0][0])] == [e.IBV_WC_SUCCESS]
+    a, b = pair.a.query_port_counters(), pair.b.query_port_counters()
+    assert isinstance(a, v.PortCounters) and not a.shared and a.port_num == 1
+    assert a.sent_pkts == 3 and a.sent_bytes == 3000 + 3 * (BTH + ICRC)
+    assert b.rcvd_pkts == 3 and b.rcvd_bytes == a.sent_bytes
+    acks = b.sent_pkts
+    assert acks >= 1 and a.rcvd_pkts == acks
+    assert b.sent_bytes == acks * (BTH + AETH + ICRC) == a.rcvd_bytes
+    assert a.total_drops == b.total_drops == 0
+    assert a.retransmitted_pkts == 0
+
+
+def test_retransmissions_are_counted(pair: Pair) -> None:
+    # lose the SEND_MIDDLE once: the responder NAKs the LAST (PSN sequence error), the
+    # requester goes back and sends MIDDLE and LAST again (IBA 9.7.6.1.3)
+    pair.fab.add_rule(lambda d: d.data[0] == 0x01, "drop", count=1)
+    pair.send(3000)
+    pair.clock.run()
+    assert [w.status for w in _wcs(pair.sides[0][0])] == [e.IBV_WC_SUCCESS]
+    a, b = pair.a.query_port_counters(), pair.b.query_port_counters()
+    assert a.retransmitted_pkts == 2
+    assert a.sent_pkts == 5 and a["completer_retry"] == 1 and a["rcvd_nak"] == 1
+    assert b.drops["out_of_seq_request"] == 1 and b["sent_nak"] == 1
+
+
+def test_rnr_naks_are_counted(pair: Pair) -> None:
+    pair.send(100, recv=False)  # no receive WQE: RNR NAK (IBA 9.7.5.2.8)
+    pair.clock.run(until=pair.clock.now() + 0.0001)
+    _cqb, qb, mb = pair.sides[1]
+    assert pair.b.query_port_counters().send_rnr_nak >= 1
+    qb.post_recv(v.RecvWR(1, 1, [v.SGE(mb.addr, 8192, mb.lkey)]))
+    pair.clock.run()
+    assert [w.status for w in _wcs(pair.sides[0][0])] == [e.IBV_WC_SUCCESS]
+    a, b = pair.a.query_port_counters(), pair.b.query_port_counters()
+    assert a.rcvd_rnr_nak == b.send_rnr_nak >= 1
+    assert a.retransmitted_pkts == a.rcvd_rnr_nak  # the one packet, again after each RNR
+
+
+def test_icrc_errors_are_counted() -> None:
+    p = Pair(seed=3)
+    try:
+        p.fab.add_rule(lambda d: d.data[0] == 0x04, "corrupt", count=1)  # the SEND_ONLY
+        p.send(200)
+        p.clock.run()
+        assert [w.status for w in _wcs(p.sides[0][0])] == [e.IBV_WC_SUCCESS]
+        b = p.b.query_port_counters()
+        assert b.rcvd_icrc_err == 1 and b.drops["rcvd_icrc_err"] == 1 and b.total_drops == 1
+        assert p.a.query_port_counters().retransmitted_pkts == 1  # after the ACK timeout
+    finally:
+        p.close()
+
+
+def test_every_drop_reason_is_described() -> None:
+    assert set(DROP_REASONS) == set(DropReason)
+    for reason in DropReason:
+        layer, what, clause = DROP_REASONS[reason]
+        assert layer in ("link", "network", "transport") and what and clause
+        assert v.PortCounters.describe(reason.value).startswith(layer)
+
+
+def test_query_port_counters_checks_its_port(pair: Pair) -> None:
+    with pytest.raises(InvalidArgument):
+        pair.a.query_port_counters(2)
+
+
+# -- a shared device: several processes, one device -----------------------------------------
+
+def _free_port(kind: int = socket.SOCK_DGRAM) -> int:
+    with socket.socket(socket.AF_INET, kind) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture()
+def shared_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    monkeypatch.setenv("SOFTRDMA_STATE_DIR", str(tmp_path))
+    monkeypatch.delenv("SOFTRDMA_SHARED", raising=False)
+    name = "ctrtest"
+    Registry(tmp_path).add(name, "lo", "roce", _free_port())
+    try:
+        yield name
+    finally:
+        pid_file = tmp_path / f"{name}.pid"
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (tmp_path / f"{name}.sock").exists():
+            try:
+                pid = int(pid_file.read_text().strip())
+                if b"softrdma.drivers.devd" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    os.kill(pid, signal.SIGTERM)
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.1)
+
+
+def _pingpong_pair(device: str, iters: int) -> None:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (SRC, env.get("PYTHONPATH")) if p)
+    tcp = str(_free_port(socket.SOCK_STREAM))
+    common = ["rc-pingpong", "-d", device, "-p", tcp, "-n", str(iters), "-s", "1000",
+              "--timeout", "20"]
+    procs = [subprocess.Popen([sys.executable, "-m", "softrdma", *common, *extra], env=env,
+                              text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for extra in (["--bind", "127.0.0.1"], ["127.0.0.1"])]
+    try:
+        outs = [p.communicate(timeout=60) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for p, (_o, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err
+
+
+def test_shared_device_counts_every_process(shared_device: str,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    iters = 25
+    with v.Context(shared_device) as ctx:  # keeps the device's devd alive
+        before = ctx.query_port_counters()
+        assert before.shared and before.sent_pkts == 0
+        _pingpong_pair(shared_device, iters)  # two other processes, gone by now
+        pc = ctx.query_port_counters()
+        # each side sent `iters` one-packet messages and got them back, plus ACKs
+        assert pc.sent_pkts >= 2 * iters and pc.rcvd_pkts >= 2 * iters
+        assert pc.sent_bytes >= 2 * iters * (1000 + BTH + ICRC)
+        assert pc.rcvd_bytes >= 2 * iters * (1000 + BTH + ICRC)
+        assert pc.total_drops == 0
+        assert main(["stats", "-j", "show", "link", f"{shared_device}/1"]) == 0
+        got = json.loads(capsys.readouterr().out)
+        assert got[0]["ifname"] == shared_device and got[0]["port"] == 1
+        assert got[0]["sent_pkts"] == pc.sent_pkts and got[0]["rcvd_bytes"] == pc.rcvd_bytes
+        assert main(["stats", "-d", shared_device]) == 0
+        line = capsys.readouterr().out.strip()
+        assert line.startswith(f"link {shared_device}/1 sent_pkts {pc.sent_pkts} rcvd_pkts ")
+        assert " rcvd_icrc_err 0 " in line and " rcvd_qp0 0 " in line
+        assert main(["stats", "-d", shared_device, "-w", "0.05", "-n", "2"]) == 0
+        watched = capsys.readouterr().out.splitlines()
+        assert len(watched) == 4 and watched[1].startswith(f"link {shared_device}/1 ")
+        assert main(["devinfo", "-v", "-d", shared_device]) == 0
+        out = capsys.readouterr().out
+        assert "counters (device, all processes):" in out
+        assert f"\t\t\t\tsent_pkts:\t{pc.sent_pkts}\n" in out
+        assert "\t\t\t\trcvd_qp0:\t0\n" in out
+
+
+def test_stats_bad_arguments(shared_device: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["stats", "show", "link", f"{shared_device}/2"]) == 1
+    assert "error: link:" in capsys.readouterr().err
+    assert main(["stats", "-d", "nosuchdev"]) == 1
+    assert "no softrdma RoCE device named 'nosuchdev'" in capsys.readouterr().err
+    assert main(["stats", "-w", "0"]) == 1
+    assert main(["stats", "frob"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("softrdma stats: error:") == 2 and "Traceback" not in err
