@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -120,6 +121,10 @@ def test_pcap_check_output() -> None:
     assert parse.pcap_check_packets(summary) == 40
     assert parse.pcap_check_packets("x") == -1
     assert parse.pcap_check_lines("") == ("", "")
+    ok = ("/x/b.pcap: 65 packets, 65 ok, 0 failed\n"
+          "/x/b.pcap: 1 connection followed, 0 inconsistent\n")
+    assert parse.pcap_check_lines(ok) == (
+        "/x/b.pcap: 65 packets, 65 ok, 0 failed; 1 connection followed, 0 inconsistent", "")
 
 
 # -- checks --------------------------------------------------------------------------------
@@ -306,9 +311,14 @@ def test_one_suite_per_guest(tmp_path: Path) -> None:
     assert not b.locked(4)
 
 
-def test_lab_net_rescue_over_the_serial_console(tmp_path: Path,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_lab_net_rescue_over_the_serial_console(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(labmod, "SERIAL_BYTE_DELAY", 0.0)
+    # a short private directory: a Unix socket path is limited to 108 bytes
+    with tempfile.TemporaryDirectory(prefix="sri-") as d:
+        _rescue(Path(d))
+
+
+def _rescue(tmp_path: Path) -> None:
     run = tmp_path / "run"
     run.mkdir()
     log = run / "g4.console.log"
