@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -14,6 +17,7 @@ import pytest
 from softrdma.errors import InvalidArgument
 from softrdma.interop import cases as C
 from softrdma.interop import checks, parse
+from softrdma.interop import lab as labmod
 from softrdma.interop.lab import Lab, LabError, guest_ip, host_ip, locate_shared
 from softrdma.interop.report import Result, exit_status, render_table, to_json
 from softrdma.interop.runner import softrdma_tools
@@ -117,6 +121,10 @@ def test_pcap_check_output() -> None:
     assert parse.pcap_check_packets(summary) == 40
     assert parse.pcap_check_packets("x") == -1
     assert parse.pcap_check_lines("") == ("", "")
+    ok = ("/x/b.pcap: 65 packets, 65 ok, 0 failed\n"
+          "/x/b.pcap: 1 connection followed, 0 inconsistent\n")
+    assert parse.pcap_check_lines(ok) == (
+        "/x/b.pcap: 65 packets, 65 ok, 0 failed; 1 connection followed, 0 inconsistent", "")
 
 
 # -- checks --------------------------------------------------------------------------------
@@ -301,3 +309,43 @@ def test_one_suite_per_guest(tmp_path: Path) -> None:
     b.lock_guest(4)  # free again once released
     b.unlock_guest(4)
     assert not b.locked(4)
+
+
+def test_lab_net_rescue_over_the_serial_console(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(labmod, "SERIAL_BYTE_DELAY", 0.0)
+    # a short private directory: a Unix socket path is limited to 108 bytes
+    with tempfile.TemporaryDirectory(prefix="sri-") as d:
+        _rescue(Path(d))
+
+
+def _rescue(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    log = run / "g4.console.log"
+    lab = Lab(tmp_path, tmp_path)
+    log.write_bytes(b"[  OK  ] Started ssh.service\n")
+    assert not lab._lab_net_failed(log)
+    log.write_bytes(b"\x1b[0;1;31mFAILED\x1b[0m] Failed to start \x1b[0;1;39mlab-net.service"
+                    b"\x1b[0m - RDMA lab network setup.\nrdmalab login: root (automatic login)\n")
+    assert lab._lab_net_failed(log)
+    assert not lab._rescue_network(4, log)  # no prompt yet: nothing is typed
+    log.write_bytes(log.read_bytes() + b"\x1b[?2004hroot@rdmalab:~# ")
+    got = bytearray()
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(str(run / "g4.serial"))
+    srv.listen(1)
+
+    def serve() -> None:
+        conn, _ = srv.accept()
+        with conn:
+            while chunk := conn.recv(64):
+                got.extend(chunk)
+
+    t = threading.Thread(target=serve)
+    t.start()
+    try:
+        assert lab._rescue_network(4, log)
+    finally:
+        t.join(10)
+        srv.close()
+    assert bytes(got) == b"\n/usr/local/sbin/lab-net\n"

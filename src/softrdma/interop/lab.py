@@ -21,6 +21,7 @@ import fcntl
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Sequence
@@ -38,7 +39,9 @@ LAB_NETNS = "rdmalab"
 MAX_GUEST = 9  # run.sh: N = 1..9 (MAC 52:54:00:00:00:0N)
 DEFAULT_CACHE = Path("/var/cache/softrdma-lab")
 BUILD_TIMEOUT = 1800.0
-BOOT_TIMEOUT = 420.0
+BOOT_TIMEOUT = 600.0
+RESCUE_INTERVAL = 30.0
+SERIAL_BYTE_DELAY = 0.05
 SSH_TIMEOUT = 60.0
 SSH_CONNECT_TIMEOUT = 30
 KILL_GRACE = 3.0
@@ -123,6 +126,7 @@ class Lab:
     def env(self) -> dict[str, str]:
         e = dict(os.environ)
         e["LAB_CACHE"] = str(self.cache)
+        e.setdefault("BOOT_TIMEOUT", str(int(BOOT_TIMEOUT) - 60))  # run.sh's wait for ssh
         return e
 
     def _run(self, args: Sequence[str], timeout: float,
@@ -191,8 +195,66 @@ class Lab:
         """Boot ``gN`` unless it runs; True when this call booted it (we then stop it)."""
         if self.running(n):
             return False
-        self._run(["bash", str(self.run_sh), "boot", str(n)], BOOT_TIMEOUT)
-        self.booted.append(n)
+        self.booted.append(n)  # from here on it is ours to stop, even if the boot fails
+        log = self.cache / "run" / f"g{n}.console.log"
+        proc = subprocess.Popen(["bash", str(self.run_sh), "boot", str(n)],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=self.env(),
+                                start_new_session=True)
+        deadline = time.monotonic() + BOOT_TIMEOUT
+        next_rescue = 0.0
+        try:
+            while proc.poll() is None:
+                now = time.monotonic()
+                if now > deadline:
+                    raise LabError(f"g{n} did not boot within {BOOT_TIMEOUT:.0f}s")
+                if now >= next_rescue and self._lab_net_failed(log) and \
+                        self._rescue_network(n, log):
+                    next_rescue = now + RESCUE_INTERVAL  # again if ssh still does not answer
+                time.sleep(1.0)
+        finally:
+            _kill_group(proc)
+        out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
+        if proc.returncode != 0:
+            raise LabError(f"run.sh boot {n} failed: {out.strip().splitlines()[-1:]}")
+        return True
+
+    @staticmethod
+    def _lab_net_failed(log: Path) -> bool:
+        try:
+            text = log.read_bytes()
+        except OSError:
+            return False
+        return b"Failed to start" in text and b"lab-net.service" in text.split(
+            b"Failed to start", 1)[1][:200]
+
+    def _rescue_network(self, n: int, log: Path) -> bool:
+        """The guest's ``lab-net.service`` runs ``udevadm settle -t 10`` first, which
+        fails when the loaded host starves the emulated guest: the guest then has no
+        network and ssh never answers. Its serial console has a root shell (automatic
+        login): run ``/usr/local/sbin/lab-net`` there once that shell shows its prompt
+        (again every :data:`RESCUE_INTERVAL` while ssh does not answer; the script is
+        idempotent), and let ``run.sh boot`` go on waiting for ssh as usual. False while
+        the shell is not up."""
+        try:
+            text = log.read_bytes()
+        except OSError:
+            return False
+        after = text.split(b"lab-net.service", 1)[-1].split(b"(automatic login)", 1)
+        if len(after) < 2 or b":~# " not in after[1]:
+            return False  # the shell has not printed its prompt yet
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(10.0)
+            sock.connect(str(self.cache / "run" / f"g{n}.serial"))
+            # one byte at a time: the emulated UART drops what overruns its FIFO
+            for byte in b"\n/usr/local/sbin/lab-net\n":
+                sock.sendall(bytes((byte,)))
+                time.sleep(SERIAL_BYTE_DELAY)
+        except OSError:
+            return False
+        finally:
+            sock.close()
         return True
 
     def stop_booted(self) -> None:

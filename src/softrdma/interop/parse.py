@@ -35,6 +35,7 @@ _PP_BYTES = re.compile(rf"(\d+) bytes in ({_NUM}) seconds = ({_NUM}) Mbit/sec")
 _PP_ITERS = re.compile(rf"(\d+) iters in ({_NUM}) seconds = ({_NUM}) usec/iter")
 _STAT = re.compile(r"^link (\S+)/(\d+)\s+(.*)$")
 _PCAP_SUMMARY = re.compile(r": (\d+) packets, (\d+) ok, (\d+) failed")
+_PCAP_CONV = re.compile(r": \d+ connections? followed, \d+ inconsistent")
 _QP = re.compile(r"^link \S+ lqpn (\d+) .*?type (\S+).*?state (\S+)(?:.*comm (.*))?$")
 
 # Lines that mean a failed completion or run in rdma-core's and perftest's tools (and
@@ -153,6 +154,8 @@ def pcap_check_lines(text: str) -> tuple[str, str]:
             continue
         if _PCAP_SUMMARY.search(line):
             summary = summary or line
+        elif _PCAP_CONV.search(line) and summary:
+            summary += "; " + line.split(": ", 1)[-1]  # the conversation checks' summary
         elif not first:
             first = line
     return summary, first

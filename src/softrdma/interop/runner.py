@@ -32,6 +32,7 @@ SERVER_READY_TIMEOUT = 60.0
 HOST_SERVER_SETTLE = 4.0  # a softrdma rdma_cm server on RoCE shows no TCP listener
 CLIENT_TIMEOUT = 120
 SERVER_EXIT_TIMEOUT = 45.0
+SERVER_EXIT_AFTER_FAILURE = 10.0
 POLL_INTERVAL = 1.0
 DEVD_IDLE = 36000.0
 QP_SETTLE = 3.0
@@ -191,7 +192,8 @@ class Suite:
                 client = self.lab.spawn_guest(self.n, f"{tag}-cli",
                                               f"timeout {CLIENT_TIMEOUT} {cmds.client}")
             crc = client.wait(CLIENT_TIMEOUT + 30)
-            src = server.wait(SERVER_EXIT_TIMEOUT)
+            # a server whose client failed is not waited for long: the case failed already
+            src = server.wait(SERVER_EXIT_TIMEOUT if crc == 0 else SERVER_EXIT_AFTER_FAILURE)
         finally:
             server.kill()
             if client is not None:
