@@ -18,6 +18,12 @@ OPS = ["send", "send_imm", "write", "write_imm", "read", "faa", "cas"]
 REGION = 1 << 20  # each side's MR is 4 MiB: [0,1M) source, [1M,2M) target, [2M,..) recv
 
 
+def v1_of(seed: int) -> bool:
+    """Annex A16 CA16-15: examples with an odd seed run between ports whose GIDs are RoCEv1
+    ones (real GRHs in, v1 packets out), the others over RoCEv2, same draws and budget."""
+    return bool(seed & 1)
+
+
 def sizes() -> st.SearchStrategy[int]:
     return st.one_of(st.integers(0, 64), st.integers(0, 9000), st.sampled_from([1 << 20, 65536]))
 
@@ -48,9 +54,7 @@ def test_random_mix_exactly_once(ops: list[tuple[str, int, bool]], seed: int, lo
     2048-4096 packets, so there messages are capped at 128 KiB to bound the test's time."""
     if mtu < 3:
         ops = [(k, min(sz, 128 * 1024), sig) for k, sz, sig in ops]
-    # Annex A16 CA16-15: examples with an odd seed run between ports whose GIDs are RoCEv1
-    # ones (real GRHs in, v1 packets out), the others over RoCEv2, with the same draws.
-    net = Net(seed=seed, drop=loss, dup=dup, reorder=reorder, v1=bool(seed & 1))
+    net = Net(seed=seed, drop=loss, dup=dup, reorder=reorder, v1=v1_of(seed))
     size_mr = (4 + len(ops)) * REGION
     a = Endpoint(net.add_port(1), size=size_mr, max_wr=64)
     b = Endpoint(net.add_port(2), size=4 * REGION, max_wr=64)

@@ -41,6 +41,12 @@ def _record_flips(fab: Fabric) -> list[int]:
 OPS = ["send", "send_imm", "send_inv", "write", "write_imm", "read", "cas", "faa"]
 
 
+def roce_ver_of(seed: int) -> str:
+    """Annex A16 CA16-15: examples with an odd seed run over RoCEv1 fabric links (GRH,
+    RoCEv1 ICRC), the others over RoCEv2, with the same draws and budget."""
+    return "1" if seed & 1 else "2"
+
+
 @settings(max_examples=examples(12), deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     ops=st.lists(st.tuples(st.sampled_from(OPS),
@@ -54,9 +60,7 @@ OPS = ["send", "send_imm", "send_inv", "write", "write_imm", "read", "cas", "faa
 @example(ops=[("send", 0, False)], seed=78, drop=0.0625, dup=0.125, reorder=0.125, corrupt=0.0625)
 def test_random_ops_over_faulty_fabric(ops: list[tuple[str, int, bool]], seed: int, drop: float,
                                        dup: float, reorder: float, corrupt: float) -> None:
-    # Annex A16 CA16-15: examples with an odd seed run over RoCEv1 fabric links (GRH,
-    # RoCEv1 ICRC), the others over RoCEv2, with the same draws.
-    roce_ver = "1" if seed & 1 else "2"
+    roce_ver = roce_ver_of(seed)
     clock = VirtualClock()
     fab = Fabric(clock, seed=seed, drop=drop, duplicate=dup, reorder=reorder, corrupt=corrupt)
     flips = _record_flips(fab)

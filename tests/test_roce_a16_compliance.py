@@ -30,6 +30,7 @@ parametrised over both in test_fabric_property.py and test_engine_property.py.
 
 from __future__ import annotations
 
+import inspect
 import struct
 from collections.abc import Iterator
 from typing import Any
@@ -236,14 +237,12 @@ def test_ca16_15_transport_property_tests_run() -> None:
     names = [n for m in (test_fabric_property, test_engine_property) for n in dir(m)
              if n.startswith("test_")]
     assert len(names) >= 3
-    over_v1 = []  # the tests parametrised over the RoCE version include RoCEv1
-    for m in (test_fabric_property, test_engine_property):
-        for n in names:
-            for mark in getattr(getattr(m, n, None), "pytestmark", []):
-                if mark.name == "parametrize" and mark.args[0] in ("roce_ver", "v1"):
-                    assert set(mark.args[1]) in ({"2", "1"}, {False, True})
-                    over_v1.append(n)
-    assert over_v1
+    # both property tests split their examples between RoCEv2 and RoCEv1 by seed parity
+    assert {test_fabric_property.roce_ver_of(s) for s in range(4)} == {"1", "2"}
+    assert {test_engine_property.v1_of(s) for s in range(4)} == {False, True}
+    assert "roce_ver_of(seed)" in inspect.getsource(
+        test_fabric_property.test_random_ops_over_faulty_fabric)
+    assert "v1_of(seed)" in inspect.getsource(test_engine_property.test_random_mix_exactly_once)
 
 
 def test_ca16_15_1_1_static_rate() -> None:
