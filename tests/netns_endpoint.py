@@ -1,6 +1,7 @@
 """A softrdma UD multicast endpoint run inside a host of :mod:`netns_harness`.
 
-``python netns_endpoint.py recv MGID [--shared 0|1]``: opens the host's ``rxe0``, creates
+``python netns_endpoint.py recv MGID [--shared 0|1] [--device DEV]``: opens the host's
+``DEV`` (default ``rxe0``), creates
 a UD QP, attaches it to MGID (``ibv_attach_mcast``), prints ``{"ready": QPN}`` and then
 one JSON line per received message ``{"msg": TEXT, "sgid": GID, "slid": N}``. Commands
 on stdin, one a line: ``detach`` (prints ``{"detached": true}``), ``attach`` (prints
@@ -48,7 +49,7 @@ def _ud_qp(ctx: v.Context) -> tuple[v.PD, v.CQ, v.QP, v.MR]:
 
 
 def recv(args: argparse.Namespace) -> int:
-    ctx = v.Context("rxe0", shared=bool(args.shared))
+    ctx = v.Context(args.device, shared=bool(args.shared))
     _pd, cq, qp, mr = _ud_qp(ctx)
     for i in range(DEPTH):
         qp.post_recv(v.RecvWR(i, 1, [v.SGE(mr.addr + i * BUF, BUF, mr.lkey)]))
@@ -90,7 +91,7 @@ def recv(args: argparse.Namespace) -> int:
 
 
 def send(args: argparse.Namespace) -> int:
-    ctx = v.Context("rxe0", shared=bool(args.shared))
+    ctx = v.Context(args.device, shared=bool(args.shared))
     pd, cq, qp, mr = _ud_qp(ctx)
     ah = v.AH(pd, v.AHAttr(gr=v.GlobalRoute(dgid=args.mgid, sgid_index=args.sgid_index),
                            is_global=1))
@@ -122,11 +123,13 @@ def main() -> int:
     r = sub.add_parser("recv")
     r.add_argument("mgid")
     r.add_argument("--shared", type=int, default=1)
+    r.add_argument("--device", default="rxe0")
     s = sub.add_parser("send")
     s.add_argument("mgid")
     s.add_argument("sgid_index", type=int)
     s.add_argument("text", nargs="+")
     s.add_argument("--shared", type=int, default=1)
+    s.add_argument("--device", default="rxe0")
     args = p.parse_args()
     return recv(args) if args.role == "recv" else send(args)
 

@@ -6,7 +6,8 @@ machine's own namespace is never touched), a locally administered MAC, an IPv4 a
 (``10.77.0.N/24``), a unique-local IPv6 address (``fd77::N/64``) and its IPv6 link-local
 address. IPv6 duplicate address detection is off, so the addresses are usable at once.
 Each host has its own softrdma state directory (registry and devd sockets), so every host
-runs its own device (``rxe0`` on ``eth0``) and its own devd.
+runs its own device (``rxe0`` on ``eth0``, RoCEv2) and its own devd; with ``v1_device``
+also ``rxe1`` on ``eth0`` speaking RoCEv1.
 
 Programs run inside a host with ``ip netns exec``: :meth:`Host.run` (waits) and
 :meth:`Host.popen` (a background process the network kills on teardown). Teardown kills
@@ -38,7 +39,9 @@ from pathlib import Path
 
 PREFIX = "srmh"
 IFNAME = "eth0"
-DEVICE = "rxe0"
+DEVICE = "rxe0"  # RoCEv2 (UDP 4791) on eth0
+DEVICE_V1 = "rxe1"  # RoCEv1 (EtherType 0x8915) on eth0, with v1_device
+GID_IDX_V1_LINK_LOCAL = 0  # a RoCEv1 device's first GID: fe80:: + modified EUI-64 of the MAC
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 TESTS = str(Path(__file__).resolve().parent)
 # GID table of a host's device (softrdma.verbs.device.gid_table, rxe's order):
@@ -202,6 +205,12 @@ class Host:
         """This host's RoCEv2 GID for IPv4 (4) or IPv6 (6)."""
         return f"::ffff:{self.ipv4}" if family == 4 else self.ipv6
 
+    def link_local_gid(self) -> str:
+        """The RoCEv1 link-local GID: fe80:: + the modified EUI-64 of the MAC (roce.md §4)."""
+        mac = bytes.fromhex(self.mac.replace(":", ""))
+        eui = bytes([mac[0] ^ 0x02]) + mac[1:3] + b"\xff\xfe" + mac[3:]
+        return str(ipaddress.IPv6Address(b"\xfe\x80" + bytes(6) + eui))
+
     def kill_all(self) -> None:
         for p in self.procs:
             if p.poll() is None:
@@ -233,7 +242,8 @@ class Host:
 class Network:
     """``n`` hosts on one bridge (see the module docstring). A context manager."""
 
-    def __init__(self, n: int, workdir: Path, *, device: bool = True) -> None:
+    def __init__(self, n: int, workdir: Path, *, device: bool = True,
+                 v1_device: bool = False) -> None:
         if n < 1:
             raise ValueError("n must be >= 1")
         self.tag = f"{PREFIX}{os.getpid()}x{secrets.token_hex(3)}"
@@ -242,6 +252,7 @@ class Network:
         self.workdir = workdir
         self._n = n
         self._device = device
+        self._v1_device = v1_device
 
     def __enter__(self) -> Network:
         try:
@@ -282,6 +293,9 @@ class Network:
         if self._device:
             for h in self.hosts:
                 h.softrdma("link", "add", DEVICE, "netdev", IFNAME)
+        if self._v1_device:  # a second device on eth0 speaking RoCEv1 (Annex A16)
+            for h in self.hosts:
+                h.softrdma("link", "add", DEVICE_V1, "netdev", IFNAME, "roce_ver", "1")
 
     def _wait_ready(self, timeout: float = 10.0) -> None:
         """Until every host's IPv6 addresses (link-local included) are usable."""

@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from rdma_cm_harness import free_udp_port
+
 from softrdma.wire.pcap import read_pcap
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -33,7 +35,7 @@ def make_device(state: Path, name: str = "pttest") -> str:
 
     reg = Registry(state)
     reg.delete("softrdma_lo")
-    reg.add(name, "lo", "roce", free_port())
+    reg.add(name, "lo", "roce", free_udp_port())  # free on 127.0.0.1 and ::1
     return name
 
 

@@ -76,7 +76,7 @@ def test_udaddy_two_processes(tmp_path: Path, addr: str, extra: list[str]) -> No
     port = str(_port())
     cli, sout, serr, src = _pair(
         tmp_path, ["udaddy", "-b", addr, "--port", port, "--timeout", "20", *extra],
-        ["udaddy", "-s", addr, "--port", port, "--timeout", "20", *extra])
+        ["udaddy", "-s", addr, "--port", port, "--timeout", "20", "-t", "8", *extra])
     assert cli.returncode == 0, cli.stdout + cli.stderr
     assert cli.stdout.splitlines() == UDADDY_CLIENT
     assert src == 0, sout + serr
@@ -85,6 +85,7 @@ def test_udaddy_two_processes(tmp_path: Path, addr: str, extra: list[str]) -> No
 
 @pytest.mark.parametrize(("transport", "extra"), [("roce", ["-C", "5"]),
                                                   ("roce", ["-c", "3", "-C", "3", "-m"]),
+                                                  ("roce", ["-C", "4", "-t", "32", "-a", "16"]),
                                                   ("iwarp", ["-C", "5", "-S", "3000"])])
 def test_ucmatose_two_processes(tmp_path: Path, transport: str, extra: list[str]) -> None:
     port = str(_port())

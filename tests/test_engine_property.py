@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import struct
 
-import pytest
 from engine_harness import Endpoint, Net, connect
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -23,7 +22,6 @@ def sizes() -> st.SearchStrategy[int]:
     return st.one_of(st.integers(0, 64), st.integers(0, 9000), st.sampled_from([1 << 20, 65536]))
 
 
-@pytest.mark.parametrize("v1", [False, True], ids=["rocev2", "rocev1"])  # A16 CA16-15
 @settings(max_examples=examples(15), deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     ops=st.lists(st.tuples(st.sampled_from(OPS), sizes(), st.booleans()), min_size=1,
@@ -42,15 +40,17 @@ def sizes() -> st.SearchStrategy[int]:
               ("read", 3073, False), ("send", 3073, False), ("send", 0, False)],
          seed=1141, loss=0.07678970864000434, dup=0.17905052179683112,
          reorder=0.10508477591927748, mtu=1)
-def test_random_mix_exactly_once(v1: bool, ops: list[tuple[str, int, bool]], seed: int,
-                                 loss: float, dup: float, reorder: float, mtu: int) -> None:
+def test_random_mix_exactly_once(ops: list[tuple[str, int, bool]], seed: int, loss: float,
+                                 dup: float, reorder: float, mtu: int) -> None:
     """All WRs are posted at once, so they are in flight together under faults.
 
     Go-back-N under reordering costs O(packets^2): at path MTU 256/512 a 1 MiB message is
     2048-4096 packets, so there messages are capped at 128 KiB to bound the test's time."""
     if mtu < 3:
         ops = [(k, min(sz, 128 * 1024), sig) for k, sz, sig in ops]
-    net = Net(seed=seed, drop=loss, dup=dup, reorder=reorder, v1=v1)
+    # Annex A16 CA16-15: examples with an odd seed run between ports whose GIDs are RoCEv1
+    # ones (real GRHs in, v1 packets out), the others over RoCEv2, with the same draws.
+    net = Net(seed=seed, drop=loss, dup=dup, reorder=reorder, v1=bool(seed & 1))
     size_mr = (4 + len(ops)) * REGION
     a = Endpoint(net.add_port(1), size=size_mr, max_wr=64)
     b = Endpoint(net.add_port(2), size=4 * REGION, max_wr=64)

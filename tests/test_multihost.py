@@ -1,7 +1,10 @@
 """Three hosts in network namespaces (tests/netns_harness.py): RC, UC and UD (the
 pingpong tools) and rdma_cm (``rping``) between every pair of hosts, over RoCEv2 on IPv4
-and on IPv6 (issue 11, "Many hosts"). Every endpoint is a separate process in its host,
-talking to its own host's devd; traffic crosses veths and a bridge.
+and on IPv6, and over RoCEv1 (issue 11, "Many hosts"). Every endpoint is a separate
+process in its host, talking to its own host's devd; traffic crosses veths and a bridge.
+RoCEv1 runs on a second device of each host (``rxe1``, ``roce_ver 1``) from its
+link-local GID (modified EUI-64 of the MAC, A16.5.1) for the pingpong tools and from the
+IPv4 address for rping.
 """
 
 from __future__ import annotations
@@ -13,7 +16,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from netns_harness import DEVICE, GID_IDX_IPV4, GID_IDX_IPV6, Host, Network, skip_reason
+from netns_harness import (
+    DEVICE,
+    DEVICE_V1,
+    GID_IDX_IPV4,
+    GID_IDX_IPV6,
+    GID_IDX_V1_LINK_LOCAL,
+    Host,
+    Network,
+    skip_reason,
+)
 
 pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
 
@@ -24,12 +36,24 @@ RPING_COUNT = "3"
 
 @pytest.fixture(scope="module")
 def net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Network]:
-    with Network(3, tmp_path_factory.mktemp("hosts")) as n:
+    with Network(3, tmp_path_factory.mktemp("hosts"), v1_device=True) as n:
         yield n
 
 
+V1 = 1  # the "family" of the RoCEv1 cases
+FAMILIES = pytest.mark.parametrize(
+    "family", [4, 6, V1],
+    ids=["roce-v2-ipv4", "roce-v2-ipv6", "roce-v1"])
+
+
 def _addr(h: Host, family: int) -> str:
-    return h.ipv4 if family == 4 else h.ipv6
+    return h.ipv6 if family == 6 else h.ipv4  # RoCEv1: the OOB/rdma_cm address is IPv4
+
+
+def _device_gid(family: int) -> tuple[str, int]:
+    if family == V1:
+        return DEVICE_V1, GID_IDX_V1_LINK_LOCAL
+    return DEVICE, GID_IDX_IPV4 if family == 4 else GID_IDX_IPV6
 
 
 def _finish(srv: subprocess.Popen[str], cli: subprocess.CompletedProcess[str], what: str) -> str:
@@ -43,34 +67,39 @@ def _finish(srv: subprocess.Popen[str], cli: subprocess.CompletedProcess[str], w
     return out
 
 
-@pytest.mark.parametrize("family", [4, 6], ids=["roce-v2-ipv4", "roce-v2-ipv6"])
+@FAMILIES
 @pytest.mark.parametrize(("tool", "extra"), [("rc-pingpong", []), ("uc-pingpong", []),
                                              ("ud-pingpong", ["-s", "512"])],
                          ids=["rc", "uc", "ud"])
 def test_pingpong_every_pair(net: Network, tool: str, extra: list[str], family: int) -> None:
-    gid = str(GID_IDX_IPV4 if family == 4 else GID_IDX_IPV6)
-    common = ["-d", DEVICE, "-g", gid, "-n", ITERS, "-c", "--timeout", "30", *extra]
+    device, gid_idx = _device_gid(family)
+    common = ["-d", device, "-g", str(gid_idx), "-n", ITERS, "-c", "--timeout", "30", *extra]
     for a, b in net.pairs():
         srv = a.popen([sys.executable, "-m", "softrdma", tool, *common])
         a.wait_tcp_listen(OOB_PORT, srv)
         cli = b.softrdma(tool, *common, _addr(a, family), check=False, timeout=90)
         out = _finish(srv, cli, f"{tool} {a.name}<-{b.name}")
         # each side names its peer's GID: the traffic really went between the two hosts
-        assert f"GID {b.gid(family)}" in out
-        assert f"GID {a.gid(family)}" in cli.stdout
+        if family != V1:
+            assert f"GID {b.gid(family)}" in out
+            assert f"GID {a.gid(family)}" in cli.stdout
+        else:
+            assert f"GID {b.link_local_gid()}" in out
+            assert f"GID {a.link_local_gid()}" in cli.stdout
         assert f"{ITERS} iters in" in out and f"{ITERS} iters in" in cli.stdout
 
 
-@pytest.mark.parametrize("family", [4, 6], ids=["roce-v2-ipv4", "roce-v2-ipv6"])
+@FAMILIES
 def test_rdma_cm_rping_every_pair(net: Network, family: int) -> None:
+    device = _device_gid(family)[0]
     for a, b in net.pairs():
         addr = _addr(a, family)
-        srv = a.popen([sys.executable, "-m", "softrdma", "rping", "-s", "--device", DEVICE,
+        srv = a.popen([sys.executable, "-m", "softrdma", "rping", "-s", "--device", device,
                        "-a", addr, "-C", RPING_COUNT, "-v", "--timeout", "30"])
         # the listener is an rdma_cm id (no TCP port to watch): retry while the server
         # is still starting (its devd answers REJ "invalid service ID" until it listens)
         for _ in range(20):
-            cli = b.softrdma("rping", "-c", "--device", DEVICE, "-a", addr, "-C", RPING_COUNT,
+            cli = b.softrdma("rping", "-c", "--device", device, "-a", addr, "-C", RPING_COUNT,
                              "-v", "--timeout", "30", check=False, timeout=90)
             if cli.returncode == 0 or srv.poll() is not None:
                 break

@@ -29,6 +29,8 @@ from softrdma.cm.ibcm import ConnParams
 from softrdma.tools import pcap_check
 from softrdma.tools.pcap_conv import psn_delta
 from softrdma.tools.perftest.oob import Dest, encode_key
+from softrdma.tools.pingpong import Dest as PpDest
+from softrdma.tools.pingpong import encode_dest
 from softrdma.wire import cm as wcm
 from softrdma.wire import ib, roce
 from softrdma.wire.pcap import PcapRecord, PcapWriter, read_pcap
@@ -584,3 +586,35 @@ def test_mutated_captures_never_crash(tmp_path: Path) -> None:
         assert all(re.match(r"frame \d+: ", x) for x in err), err
         failed += rc
     assert 0 < failed < 30  # the mutations are seen, and not every one breaks a capture
+
+
+def test_rocev1_pingpong_is_followed(tmp_path: Path) -> None:
+    """RoCEv1 (EtherType 0x8915, a GRH with IPv4-mapped GIDs) after a pingpong exchange
+    over TCP/IPv4: one node, one key, whichever header names it."""
+    a, b = bytes([10, 1, 0, 1]), bytes([10, 1, 0, 2])
+    ga, gb = bytes(10) + b"\xff\xff" + a, bytes(10) + b"\xff\xff" + b
+
+    def v1(sgid: bytes, dgid: bytes, p: ib.IBPacket) -> bytes:
+        body = ib.encode(p)
+        grh = struct.pack("!IHBB", 6 << 28, len(body) + 4, 0x1B, 64) + sgid + dgid
+        return bytes(12) + b"\x89\x15" + grh + body + roce.icrc_v1(grh, (body,))
+
+    def capture(path: Path, psn: int) -> Path:
+        s = ib.IBPacket(0x04, psn=psn, dqpn=0x32, payload=b"y" * 32)
+        s.ackreq = True
+        ack = ib.IBPacket(0x11, psn=psn, dqpn=0x31)
+        ack.syndrome, ack.msn = ib.AETH_CREDIT_INVALID, 1
+        frames = [_tcp(a, b, 40001, 18515, 1, encode_dest(PpDest(0, 0x31, 0x500, ga))),
+                  _tcp(b, a, 18515, 40001, 1, encode_dest(PpDest(0, 0x32, 0x600, gb))),
+                  v1(ga, gb, s), v1(gb, ga, ack)]
+        with PcapWriter(path) as wr:
+            for i, fr in enumerate(frames):
+                wr.write(fr, ts=float(i))
+        return path
+
+    rc, out, err = check(capture(tmp_path / "v1.pcap", 0x500))
+    assert rc == 0 and err == [] and out[-1] == "1 connection followed, 0 inconsistent"
+    rc, _, err = check(capture(tmp_path / "v1bad.pcap", 0x501))
+    assert rc == 1 and err[0].startswith("frame 3: 10.1.0.1 QP 0x31 -> 10.1.0.2 QP 0x32: first "
+                                         "request PSN 0x000501 is not the Starting PSN "
+                                         "0x000500 announced in its pingpong message (frame 1)")

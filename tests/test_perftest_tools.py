@@ -504,3 +504,34 @@ def test_rdma_cm_server_listens_before_answering(tmp_path: Path,
         if srv.poll() is None:
             srv.kill()
             srv.communicate()
+
+
+def test_iwarp_client_pauses_before_its_first_message(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch
+                                                      ) -> None:
+    """siw leaves an FPDU that arrives before its accepted QP is in RTS unread: a -R
+    client on iWARP waits 1 s after ESTABLISHED before its first SEND, as write_bw.c
+    does (without it, ib_write_bw -R as the server on siw hung)."""
+    from softrdma.cm import rdma_cm as rc
+    from softrdma.tools.perftest import cmconn, oob
+
+    monkeypatch.setenv("SOFTRDMA_STATE_DIR", str(tmp_path))
+    port = free_port(socket.SOCK_STREAM)
+    o = _opts("read-bw", "-R", "--transport", "iwarp", "-p", str(port), "--timeout", "20")
+    sess = cmconn.CmSession(o)
+    cli = spawn(["read-bw", "-R", "--transport", "iwarp", "-p", str(port), "--timeout", "5",
+                 "127.0.0.1"], env_for(tmp_path))
+    try:
+        ch = cmconn.CmChannel.accept(sess, port)
+        sess.wait(cmconn.for_id(ch.cid, rc.RdmaCmEventType.ESTABLISHED),
+                  time.monotonic() + 10, "establishing")
+        t0 = time.monotonic()
+        assert ch.read(oob.MAX_VERSION) == oob.encode_version()
+        assert time.monotonic() - t0 >= 0.8
+        ch.close()
+    finally:
+        sess.close()
+        rc.release_devices()
+        if cli.poll() is None:
+            cli.kill()
+        cli.communicate()

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rdma_cm_harness import ACC, expect, next_non_timewait, setup_env
+from rdma_cm_harness import ACC, Ep, expect, next_non_timewait, setup_env
 
 from softrdma import enums as e
 from softrdma import verbs as v
@@ -150,3 +150,44 @@ def test_migrate_moves_pending_and_later_events(env: Path) -> None:
     cid.destroy()
     old.close()
     new.close()
+
+
+def test_set_option_tos_and_ack_timeout(env: Path) -> None:
+    """``rdma_set_option``: TOS becomes the REQ's traffic class (and so the passive QP's
+    path), ACK_TIMEOUT the active QP's local ACK timeout (ucmatose -t / -a)."""
+    chs, chc = EventChannel(), EventChannel()
+    lst = rc.CmId(chs, rc.RDMA_PS_TCP)
+    lst.bind_addr(("127.0.0.1", 0), device="roce")
+    lst.listen(2)
+    assert lst.local_addr is not None
+    cli = rc.CmId(chc, rc.RDMA_PS_TCP)
+    cli.resolve_addr(None, ("127.0.0.1", lst.local_addr[1]), 2000, device="roce")
+    expect(chc, T.ADDR_RESOLVED)
+    cli.set_option(rc.RDMA_OPTION_ID, rc.RDMA_OPTION_ID_TOS, 0x28)
+    cli.set_option(rc.RDMA_OPTION_ID, rc.RDMA_OPTION_ID_ACK_TIMEOUT, 16)
+    for bad in ((1, rc.RDMA_OPTION_ID_TOS, 0), (rc.RDMA_OPTION_ID, 2, 1),
+                (rc.RDMA_OPTION_ID, rc.RDMA_OPTION_ID_TOS, 256),
+                (rc.RDMA_OPTION_ID, rc.RDMA_OPTION_ID_ACK_TIMEOUT, 32)):
+        with pytest.raises(InvalidArgument):
+            cli.set_option(*bad)
+    cli.resolve_route(2000)
+    expect(chc, T.ROUTE_RESOLVED)
+    ce = Ep(cli)
+    cli.connect(rc.ConnParam())
+    req = expect(chs, T.CONNECT_REQUEST)
+    assert req.info["req"].primary_traffic_class == 0x28
+    se = Ep(req.id)
+    req.id.accept(rc.ConnParam())
+    expect(chc, T.ESTABLISHED)
+    expect(chs, T.ESTABLISHED)
+    attr, _ = ce.qp.query(int(e.IBV_QP_TIMEOUT))
+    assert attr.timeout == 16
+    sattr, _ = se.qp.query(int(e.IBV_QP_TIMEOUT))
+    assert sattr.timeout == req.info["req"].primary_local_ack_timeout  # not set there
+    cli.disconnect()
+    assert next_non_timewait(chc).event == T.DISCONNECTED
+    for cid in (cli, req.id, lst):
+        cid.destroy_qp()
+        cid.destroy()
+    chs.close()
+    chc.close()

@@ -114,8 +114,8 @@ def test_builtin_listed_first(state: Path) -> None:
     assert registry.list_devices() == [BUILTIN_DEVICE]
     assert BUILTIN_DEVICE == DeviceRecord("softrdma_lo", "lo", "roce", 4791)
     assert not state.exists()  # reading creates nothing
-    rec = registry.add("rxe0", "lo", "roce", 4791)
-    assert rec == DeviceRecord("rxe0", "lo", "roce", 4791)
+    rec = registry.add("rxe0", "lo", "roce", 4792)
+    assert rec == DeviceRecord("rxe0", "lo", "roce", 4792)
     assert registry.list_devices() == [BUILTIN_DEVICE, rec]
     assert registry.get("rxe0") == rec
     assert registry.get("softrdma_lo") == BUILTIN_DEVICE
@@ -123,7 +123,7 @@ def test_builtin_listed_first(state: Path) -> None:
 
 def test_add_list_delete_roundtrip(state: Path) -> None:
     reg = Registry()
-    a = reg.add("a", "lo")
+    a = reg.add("a", "lo", "roce", 4792)
     b = reg.add("b.x-1_", "lo", "iwarp", 5000)
     assert reg.list() == [BUILTIN_DEVICE, a, b]
     data = json.loads((state / "devices.json").read_text())
@@ -142,7 +142,7 @@ def test_add_list_delete_roundtrip(state: Path) -> None:
 
 def test_builtin_can_be_deleted_and_readded() -> None:
     reg = Registry()
-    reg.add("x", "lo")
+    reg.add("x", "lo", "roce", 4792)
     assert reg.delete("softrdma_lo") == BUILTIN_DEVICE
     assert [r.name for r in reg.list()] == ["x"]
     with pytest.raises(DeviceError):
@@ -150,13 +150,13 @@ def test_builtin_can_be_deleted_and_readded() -> None:
     with pytest.raises(DeviceError):
         reg.delete("softrdma_lo")
     again = reg.add("softrdma_lo", "lo", "roce", 4800)
-    assert reg.list() == [BUILTIN_DEVICE.__class__("x", "lo"), again]
+    assert reg.list() == [BUILTIN_DEVICE.__class__("x", "lo", "roce", 4792), again]
     assert reg.get("softrdma_lo").udp_port == 4800
 
 
 def test_duplicate_name() -> None:
     reg = Registry()
-    reg.add("dup", "lo")
+    reg.add("dup", "lo", "roce", 4792)
     with pytest.raises(DeviceError, match="already exists") as ei:
         reg.add("dup", "lo", "iwarp")
     assert ei.value.errno == errno.EEXIST
@@ -174,7 +174,7 @@ def test_bad_names(name: str) -> None:
 
 
 def test_longest_name_ok() -> None:
-    assert Registry().add("n" * 64, "lo").name == "n" * 64
+    assert Registry().add("n" * 64, "lo", "roce", 4792).name == "n" * 64
 
 
 def test_unknown_netdev() -> None:
@@ -217,7 +217,7 @@ while time.time() < start:
     time.sleep(0.001)
 reg = Registry()
 for i in range(n):
-    reg.add(f"{{prefix}}{{i}}", "lo")
+    reg.add(f"{{prefix}}{{i}}", "lo", "roce", (10000 if prefix == "p" else 20000) + i)
 """
 
 
@@ -251,20 +251,22 @@ def run_link(*args: str) -> tuple[int, str, str]:
 def test_link_list_default() -> None:
     rc, out, err = run_link()
     assert rc == 0 and err == ""
-    assert out == "link softrdma_lo/1 state ACTIVE physical_state LINK_UP netdev lo\n"
+    assert out == ("link softrdma_lo/1 state ACTIVE physical_state LINK_UP netdev lo\n"
+                   "link softrdma_iw_lo/1 state ACTIVE physical_state LINK_UP netdev lo\n")
     assert run_link("show") == (0, out, "")
 
 
 def test_link_add_show_delete() -> None:
-    assert run_link("add", "r1", "netdev", "lo") == (0, "", "")
+    assert run_link("add", "r1", "netdev", "lo", "port", "4792") == (0, "", "")
     assert run_link("add", "s1", "netdev", "lo", "type", "siw", "port", "5001") == (0, "", "")
     rc, out, _ = run_link("-d")
     assert rc == 0
     mtu = ib_mtu_for(netdev.get("lo").mtu)
     assert out.splitlines() == [
         f"link softrdma_lo/1 state ACTIVE physical_state LINK_UP netdev lo type roce mtu {mtu} udp_port 4791 roce_ver 2",
-        f"link r1/1 state ACTIVE physical_state LINK_UP netdev lo type roce mtu {mtu} udp_port 4791 roce_ver 2",
+        f"link r1/1 state ACTIVE physical_state LINK_UP netdev lo type roce mtu {mtu} udp_port 4792 roce_ver 2",
         f"link s1/1 state ACTIVE physical_state LINK_UP netdev lo type iwarp mtu {mtu} udp_port 5001",
+        f"link softrdma_iw_lo/1 state ACTIVE physical_state LINK_UP netdev lo type iwarp mtu {mtu} udp_port 0",
     ]
     rc, out, _ = run_link("show", "s1")
     assert out == "link s1/1 state ACTIVE physical_state LINK_UP netdev lo\n"
@@ -273,7 +275,7 @@ def test_link_add_show_delete() -> None:
 
 
 def test_link_down_netdev_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    Registry().add("gone", "lo")
+    Registry().add("gone", "lo", "roce", 4792)
     # the netdev disappears after the record was made
     monkeypatch.setattr(netdev, "SYS_CLASS_NET", tmp_path / "nothing")
     rc, out, _ = run_link("show", "gone")
@@ -299,7 +301,7 @@ def test_link_down_netdev_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     ],
 )
 def test_link_errors(args: tuple[str, ...], rc: int, msg: str) -> None:
-    Registry().add("dup", "lo")
+    Registry().add("dup", "lo", "roce", 4792)
     before = Registry().list()
     code, out, err = run_link(*args)
     assert code == rc
@@ -342,7 +344,8 @@ def test_link_add_roce_ver_and_vlan(state: Path) -> None:
     """``roce_ver 1|2|both`` and ``vlan VID`` (Annex A16 RoCEv1) are recorded and shown;
     bad values are one-line usage errors; older records (no roce_ver) read as v2."""
     assert run_link("add", "v1", "netdev", "lo", "roce_ver", "1", "vlan", "7") == (0, "", "")
-    assert run_link("add", "vb", "netdev", "lo", "roce_ver", "both") == (0, "", "")
+    # "both" also runs RoCEv2 on UDP: a port softrdma_lo (lo, 4791) does not use
+    assert run_link("add", "vb", "netdev", "lo", "roce_ver", "both", "port", "4793") == (0, "", "")
     rc, out, _ = run_link("-d")
     lines = out.splitlines()
     assert lines[1].endswith("roce_ver 1 vlan 7") and lines[2].endswith("roce_ver both")
@@ -356,7 +359,7 @@ def test_link_add_roce_ver_and_vlan(state: Path) -> None:
     assert rc == 1 and "VLAN ID must be 1..4094" in err and "\n" == err[-1] and err.count("\n") == 1
     rc, _, err = run_link("add", "x", "netdev", "lo", "vlan", "5")
     assert rc == 1 and "applies to RoCEv1" in err
-    rc, _, err = run_link("add", "x", "netdev", "lo", "roce_ver", "both")  # vb has lo
+    rc, _, err = run_link("add", "x", "netdev", "lo", "roce_ver", "both", "port", "4794")  # vb has lo
     assert rc == 1 and "already carries RoCEv1 for device 'vb'" in err
     assert run_link("add", "x", "netdev", "lo", "roce_ver", "1", "vlan", "8") == (0, "", "")
     data["devices"][0].pop("roce_ver")

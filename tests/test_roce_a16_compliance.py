@@ -9,7 +9,7 @@
 | CA16-12      | LAP alternate LIDs "shall not be checked or validated"                  | test_ca16_12_13_lap_lids_ignored (-> test_cm_ibcm.test_lap_gets_apr_unsupported_and_lids_ignored) |
 | CA16-13      | APR code 7 "shall not be sent"                                          | test_ca16_11_13_forbidden_codes, test_ca16_12_13_lap_lids_ignored |
 | CA16-14      | "shall not support the concept of a Raw service on a RoCE port"        | test_ca16_14_19_no_raw_qp_types |
-| CA16-15      | "compliant with the InfiniBand transport as defined in Chapter 9"       | test_ca16_15_transport_property_tests_run (-> test_fabric_property, test_engine_property over RoCEv2; RoCEv1: branch v1link) |
+| CA16-15      | "compliant with the InfiniBand transport as defined in Chapter 9"       | test_ca16_15_transport_property_tests_run (-> test_fabric_property, test_engine_property each over RoCEv2 and RoCEv1) |
 | CA16-15.1.1  | "A RoCE port shall support static rate control."                        | test_ca16_15_1_1_static_rate (-> test_static_rate.py: two rates on the virtual clock, one real-time check) |
 | CA16-16      | "The B (BECN) and F (FECN) bits ... are unused and shall be ignored"    | test_ca16_16_fecn_becn_ignored |
 | CA16-17      | "the address vector shall not contain layer 2 references"               | test_ca16_17_address_vector_is_gid_only |
@@ -22,9 +22,10 @@
 | CA16-23      | "check for link, network and transport layer errors in all incoming packets" | test_ca16_23_each_check_has_its_own_reason (parametrised over opcode, P_Key, Q_Key, QP state, PSN, length, ICRC, QP0, unknown QP, TVer, malformed) |
 | A16.9.12     | UD completions from a RoCE peer carry no SLID and no path bits          | test_a16_9_12_ud_completion_has_no_slid |
 
-RoCEv1 (EtherType 0x8915) runs of CA16-10..13 and CA16-15 belong to the RoCEv1 link
-(branch ``v1link``), which had not landed on main when this file was written; every test
-here runs over the RoCEv2 fabric.
+Every packet-level test here runs on a RoCEv2 port and on a RoCEv1 port (the fabric's
+``roce_ver``: UDP/IP encapsulation, or a real GRH, Annex A16); the CM ones
+(CA16-9..13) over both too, as test_cm_ibcm.py runs them; CA16-15's property tests are
+parametrised over both in test_fabric_property.py and test_engine_property.py.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import struct
 from collections.abc import Iterator
 from typing import Any
 
+import cm_harness
 import pytest
 import test_engine_property
 import test_fabric_property
@@ -57,6 +59,8 @@ from softrdma.ib.port import RxMeta
 from softrdma.verbs.ah import ethernet_priority
 from softrdma.verbs.device import _ENGINE_EVENTS, PORT_CAP_FLAGS
 from softrdma.wire.cm import CmAttr
+from softrdma.wire.roce import icrc_v1
+from softrdma.wire.rocev1 import build_grh_v1
 
 RC, UC, UD = int(e.IBV_QPT_RC), int(e.IBV_QPT_UC), int(e.IBV_QPT_UD)
 ALL = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ)
@@ -79,13 +83,17 @@ def bth(opcode: int, dqpn: int, psn: int = EPSN, pkey: int = 0xFFFF, tver: int =
 
 
 class Node:
-    """A context on the fabric plus a raw fabric endpoint that injects crafted packets."""
+    """A context on the fabric plus a raw fabric endpoint that injects crafted packets;
+    ``roce_ver`` "2" (UDP/IP) or "1" (GRH, Annex A16)."""
 
-    def __init__(self) -> None:
+    def __init__(self, roce_ver: str = "2") -> None:
+        self.v1 = roce_ver == "1"
         self.clock = VirtualClock()
         self.fab = Fabric(self.clock)
-        self.ctx = v.Context(fabric=self.fab.link(A_IP))
-        self.raw = self.fab.link(RAW_IP)
+        self.ctx = v.Context(fabric=self.fab.link(A_IP, roce_ver=roce_ver))
+        self.raw = self.fab.link(RAW_IP, roce_ver=roce_ver)
+        # the port's IPv4-mapped GID (a RoCEv1 port lists its link-local GID first)
+        self.sgid_index = self.ctx.gid_index("::ffff:" + A_IP)
         self.pd = v.PD(self.ctx)
         self.cq = v.CQ(self.ctx, 64)
         self.mr = v.MR(self.pd, 1 << 16, ALL)
@@ -99,7 +107,8 @@ class Node:
                           max_dest_rd_atomic=1, max_rd_atomic=1, timeout=14, retry_cnt=7,
                           rnr_retry=7)
             at.qp_access_flags = ALL
-            at.ah_attr = v.AHAttr(gr=v.GlobalRoute(dgid=PEER_GID, hop_limit=64))
+            at.ah_attr = v.AHAttr(gr=v.GlobalRoute(dgid=PEER_GID, hop_limit=64,
+                                                   sgid_index=self.sgid_index))
         {"init": qp.to_init, "rts": qp.to_rts}[state](at)
         for i in range(4):
             qp.post_recv(v.RecvWR(i, 1, [v.SGE(self.mr.addr, 4096, self.mr.lkey)]))
@@ -108,13 +117,21 @@ class Node:
     def inject(self, pkt: bytes, *, good_icrc: bool = True) -> None:
         """Send ``pkt`` (BTH ..) from the raw endpoint with its RoCEv2 ICRC (a packet
         shorter than a BTH gets 4 zero bytes: it has no ICRC to compute)."""
-        if len(pkt) < 12:
-            icrc = bytes(4)
+        if self.v1:  # A16.3.1: a GRH, always
+            sgid, dgid = v.GID(PEER_GID).raw, v.GID("::ffff:" + A_IP).raw
+            grh = build_grh_v1(sgid, dgid, len(pkt) + 4, 0, 0, 64)
+            icrc = icrc_v1(grh, [pkt]) if len(pkt) >= 12 else bytes(4)
+            if not good_icrc:
+                icrc = bytes(b ^ 0xFF for b in icrc)
+            self.raw.send_v1(dgid, [grh, pkt, icrc])
         else:
-            icrc = icrc_v2(RAW_RAW, A_RAW, SPORT, 4791, [pkt], len(pkt))
-        if not good_icrc:
-            icrc = bytes(b ^ 0xFF for b in icrc)
-        self.raw.send(A_RAW, 4791, SPORT, [pkt, icrc])
+            if len(pkt) < 12:
+                icrc = bytes(4)
+            else:
+                icrc = icrc_v2(RAW_RAW, A_RAW, SPORT, 4791, [pkt], len(pkt))
+            if not good_icrc:
+                icrc = bytes(b ^ 0xFF for b in icrc)
+            self.raw.send(A_RAW, 4791, SPORT, [pkt, icrc])
         self.clock.run()
 
     def drops(self) -> dict[str, int]:
@@ -124,11 +141,18 @@ class Node:
         self.ctx.close()
 
 
-@pytest.fixture()
-def node() -> Iterator[Node]:
-    n = Node()
+@pytest.fixture(params=["2", "1"], ids=["rocev2", "rocev1"])
+def node(request: pytest.FixtureRequest) -> Iterator[Node]:
+    n = Node(str(request.param))
     yield n
     n.close()
+
+
+@pytest.fixture(params=["2", "1"], ids=["rocev2", "rocev1"])
+def cm_roce_ver(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The CM tests' fabric links speak RoCEv2 or RoCEv1 (cm_harness.ROCE_VER)."""
+    monkeypatch.setattr(cm_harness, "ROCE_VER", request.param)
+    return str(request.param)
 
 
 def _dropped_for(n: Node, pkt: bytes, reason: DropReason, *, fatal: bool = False,
@@ -156,7 +180,7 @@ def test_ca16_8_qp0_dropped_silently_and_counted(node: Node) -> None:
 
 
 # ---------------------------------------------------------------------------- CA16-9
-def test_ca16_9_cm_timer_defaults() -> None:
+def test_ca16_9_cm_timer_defaults(cm_roce_ver: str) -> None:
     cfg = CmConfig()
     assert (cfg.resp_time_value, cfg.subnet_timeout) == (19, 18)
     p = CmPair()
@@ -167,7 +191,7 @@ def test_ca16_9_cm_timer_defaults() -> None:
     assert req.primary_local_ack_timeout == 18 + 1  # SubnetTimeout 18 (+1 as Linux)
 
 
-def test_ca16_9_cm_timers_configurable() -> None:
+def test_ca16_9_cm_timers_configurable(cm_roce_ver: str) -> None:
     cfg = CmConfig(resp_time_value=16, subnet_timeout=14)
     p = CmPair(config_a=cfg)
     connect(p)
@@ -178,15 +202,15 @@ def test_ca16_9_cm_timers_configurable() -> None:
 
 
 # ---------------------------------------------------------------------------- CA16-10..13
-def test_ca16_10_req_lids_not_validated() -> None:
+def test_ca16_10_req_lids_not_validated(cm_roce_ver: str) -> None:
     _req_lids()
 
 
-def test_ca16_11_13_forbidden_codes() -> None:
+def test_ca16_11_13_forbidden_codes(cm_roce_ver: str) -> None:
     _forbidden()
 
 
-def test_ca16_12_13_lap_lids_ignored() -> None:
+def test_ca16_12_13_lap_lids_ignored(cm_roce_ver: str) -> None:
     _lap_lids()
 
 
@@ -212,6 +236,14 @@ def test_ca16_15_transport_property_tests_run() -> None:
     names = [n for m in (test_fabric_property, test_engine_property) for n in dir(m)
              if n.startswith("test_")]
     assert len(names) >= 3
+    over_v1 = []  # the tests parametrised over the RoCE version include RoCEv1
+    for m in (test_fabric_property, test_engine_property):
+        for n in names:
+            for mark in getattr(getattr(m, n, None), "pytestmark", []):
+                if mark.name == "parametrize" and mark.args[0] in ("roce_ver", "v1"):
+                    assert set(mark.args[1]) in ({"2", "1"}, {False, True})
+                    over_v1.append(n)
+    assert over_v1
 
 
 def test_ca16_15_1_1_static_rate() -> None:
@@ -244,11 +276,18 @@ class _MarkFB:
         head[4] |= 0xC0
         self._link.send(dst, dport, sport, [bytes(head), *parts[1:]], *rest)
 
+    def send_v1(self, dgid: bytes, parts: list[Any], *rest: Any) -> None:
+        head = bytearray(bytes(parts[1]))  # parts: GRH, BTH .., ICRC
+        head[4] |= 0xC0
+        self._link.send_v1(dgid, [parts[0], bytes(head), *parts[2:]], *rest)
 
-def _rc_transfer(fecn_becn: bool) -> tuple[bytes, list[int], dict[str, int], dict[str, int]]:
+
+def _rc_transfer(fecn_becn: bool, roce_ver: str
+                 ) -> tuple[bytes, list[int], dict[str, int], dict[str, int]]:
     clock = VirtualClock()
     fab = Fabric(clock)
-    a, b = v.Context(fabric=fab.link("10.8.1.1")), v.Context(fabric=fab.link("10.8.1.2"))
+    a = v.Context(fabric=fab.link("10.8.1.1", roce_ver=roce_ver))
+    b = v.Context(fabric=fab.link("10.8.1.2", roce_ver=roce_ver))
     try:
         if fecn_becn:  # set F and B on every packet a sends (masked in the ICRC, roce.md §2)
             a.runtime.link = _MarkFB(a.runtime.link)
@@ -280,9 +319,10 @@ def _rc_transfer(fecn_becn: bool) -> tuple[bytes, list[int], dict[str, int], dic
         b.close()
 
 
-def test_ca16_16_fecn_becn_ignored() -> None:
-    data0, st0, a0, b0 = _rc_transfer(False)
-    data1, st1, a1, b1 = _rc_transfer(True)
+@pytest.mark.parametrize("roce_ver", ["2", "1"], ids=["rocev2", "rocev1"])
+def test_ca16_16_fecn_becn_ignored(roce_ver: str) -> None:
+    data0, st0, a0, b0 = _rc_transfer(False, roce_ver)
+    data1, st1, a1, b1 = _rc_transfer(True, roce_ver)
     assert data1 == data0 and st1 == st0 == [0, 0, 0]
     assert b1["rcvd_fecn"] == b1["rcvd_becn"] == b1["rcvd_pkts"] > 0  # seen, counted
     assert b0["rcvd_fecn"] == 0
@@ -294,7 +334,7 @@ def test_ca16_16_fecn_becn_ignored() -> None:
 
 # ---------------------------------------------------------------------------- CA16-17/18
 def test_ca16_17_address_vector_is_gid_only(node: Node) -> None:
-    gr = v.GlobalRoute(dgid=PEER_GID)
+    gr = v.GlobalRoute(dgid=PEER_GID, sgid_index=node.sgid_index)
     with pytest.raises(InvalidArgument) as ei:
         v.AH(node.pd, v.AHAttr(gr=gr, dlid=0x12))
     assert ei.value.argument == "attr.dlid" and "CA16-17" in str(ei.value)
@@ -311,11 +351,11 @@ def test_ca16_17_address_vector_is_gid_only(node: Node) -> None:
 @pytest.mark.parametrize("sl", range(8, 16))
 def test_ca16_18_reserved_sl_is_invalid_av(node: Node, sl: int) -> None:
     with pytest.raises(InvalidArgument) as ei:
-        v.AH(node.pd, v.AHAttr(gr=v.GlobalRoute(dgid=PEER_GID), sl=sl))
+        v.AH(node.pd, v.AHAttr(gr=v.GlobalRoute(dgid=PEER_GID, sgid_index=node.sgid_index), sl=sl))
     assert ei.value.argument == "attr.sl" and "invalid address vector" in str(ei.value)
     qp = v.QP(node.pd, v.QPInitAttr(RC, scq=node.cq, rcq=node.cq, cap=v.QPCap(4, 4)))
     at = v.QPAttr(path_mtu=e.IBV_MTU_1024, dest_qp_num=PEER_QPN)
-    at.ah_attr = v.AHAttr(gr=v.GlobalRoute(dgid=PEER_GID), sl=sl)
+    at.ah_attr = v.AHAttr(gr=v.GlobalRoute(dgid=PEER_GID, sgid_index=node.sgid_index), sl=sl)
     with pytest.raises(InvalidArgument) as ei:
         qp.to_rtr(at)  # the QP's address vector (A16.9.6) too
     assert ei.value.argument.endswith(".sl")
@@ -324,7 +364,7 @@ def test_ca16_18_reserved_sl_is_invalid_av(node: Node, sl: int) -> None:
 def test_ca16_18_sl_maps_to_ethernet_priority(node: Node) -> None:
     for sl in range(8):
         assert ethernet_priority(sl) == sl  # A16.8.1 default mapping
-        ah = v.AH(node.pd, v.AHAttr(gr=v.GlobalRoute(dgid=PEER_GID), sl=sl))
+        ah = v.AH(node.pd, v.AHAttr(gr=v.GlobalRoute(dgid=PEER_GID, sgid_index=node.sgid_index), sl=sl))
         assert ah.av.sl == sl
     with pytest.raises(InvalidArgument):
         ethernet_priority(8)
@@ -451,4 +491,7 @@ def test_a16_9_12_ud_completion_has_no_slid(node: Node) -> None:
     assert wc.slid == 0 and wc.dlid_path_bits == 0  # no SLID, no DLID path bits
     assert wc.wc_flags & e.IBV_WC_GRH  # the source is in the GRH instead
     grh = node.mr.read(40, 0)
-    assert grh[20 + 12:20 + 16] == RAW_RAW  # IPv4 source in the GRH area (rxe layout)
+    if node.v1:  # the packet's own GRH: SGID at bytes 8-23 (IBA 8.3.1)
+        assert grh[8:24] == v.GID(PEER_GID).raw and grh[0] >> 4 == 6
+    else:
+        assert grh[20 + 12:20 + 16] == RAW_RAW  # IPv4 source in the GRH area (rxe layout)

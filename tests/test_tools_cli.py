@@ -225,7 +225,7 @@ def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 def test_devinfo_list(state: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, _ = _run(["devinfo", "-l"], capsys)
     assert rc == 0
-    assert out == "2 HCAs found:\n\tsoftrdma_lo\n\tclitest\n\n"
+    assert out == "3 HCAs found:\n\tsoftrdma_lo\n\tclitest\n\tsoftrdma_iw_lo\n\n"
 
 
 def test_devinfo_device(state: Path, capsys: pytest.CaptureFixture[str]) -> None:

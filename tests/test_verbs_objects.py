@@ -71,13 +71,16 @@ def test_query_device_port_gid(ctx: v.Context) -> None:
     assert d.atomic_caps == e.IBV_ATOMIC_HCA and d.phys_port_cnt == 1
     p = ctx.query_port(1)
     assert p.state == e.IBV_PORT_ACTIVE and p.link_layer == 2
-    assert p.gid_tbl_len == 1 and p.max_msg_sz == 1 << 31
+    assert p.gid_tbl_len == 1024 and p.max_msg_sz == 1 << 31  # rxe's table size
     assert ctx.query_gid(1, 0) == v.GID("::ffff:10.2.0.1")
     assert ctx.query_gid_type(1, 0) == e.IBV_GID_TYPE_ROCE_V2
     assert ctx.gids == [v.GID("10.2.0.1")]
     assert ctx.query_pkey(1, 0) == 0xFFFF
+    assert ctx.query_gid(1, 1) == v.GID(bytes(16))  # an empty entry
     with pytest.raises(InvalidArgument):
-        ctx.query_gid(1, 1)
+        ctx.query_gid_type(1, 1)
+    with pytest.raises(InvalidArgument):
+        ctx.query_gid(1, 1024)
     with pytest.raises(InvalidArgument):
         ctx.query_port(2)
     assert ctx.counters()["rcvd_pkts"] == 0

@@ -96,11 +96,15 @@ from .userqp import UserQp, cm_qp_attr
 
 __all__ = [
     "CmId", "EventChannel", "ConnParam", "UdParam", "RdmaCmEvent", "RdmaCmEventType",
-    "RDMA_PS_TCP", "RDMA_PS_UDP", "event_str", "configure", "release_devices", "Address",
+    "RDMA_PS_TCP", "RDMA_PS_UDP", "RDMA_OPTION_ID", "RDMA_OPTION_ID_TOS",
+    "RDMA_OPTION_ID_ACK_TIMEOUT", "event_str", "configure", "release_devices", "Address",
     *(n for n in dir() if n.startswith("RDMA_CM_EVENT_")),
 ]
 
 RDMA_PS_IPOIB = 0x0002
+RDMA_OPTION_ID = 0  # rdma_set_option levels and names (librdmacm rdma_cma.h)
+RDMA_OPTION_ID_TOS = 0
+RDMA_OPTION_ID_ACK_TIMEOUT = 3
 RDMA_PS_TCP = 0x0106
 RDMA_PS_UDP = 0x0111
 _PROTO = {RDMA_PS_TCP: IPPROTO_TCP, RDMA_PS_UDP: IPPROTO_UDP}
@@ -170,6 +174,7 @@ class CmId:
         self._iw_conn: Any = None
         self._sidr = False
         self._established_by_app = False
+        self._tos = 0
         self._ack_timeout: int | None = None
         self._disconnected = False
         self._destroyed = False
@@ -197,6 +202,26 @@ class CmId:
         dev.ids.add(self)
         if self.transport == "iwarp" and self.ps == RDMA_PS_UDP:
             raise InvalidArgument("ps", "iWARP has no UD service: RDMA_PS_UDP needs RoCE")
+
+    def set_option(self, level: int, optname: int, value: int) -> None:
+        """``rdma_set_option`` on ``RDMA_OPTION_ID``: ``RDMA_OPTION_ID_TOS`` (the traffic
+        class of the connection's path: the REQ's GRH fields, the QPs' and a UD address
+        handle's traffic class) and ``RDMA_OPTION_ID_ACK_TIMEOUT`` (the QP's local ACK
+        timeout, 4.096 us * 2^value, as Linux ``rdma_set_ack_timeout``). RoCE only."""
+        self._check()
+        if level != RDMA_OPTION_ID:
+            raise InvalidArgument("level", f"only RDMA_OPTION_ID ({RDMA_OPTION_ID}) options "
+                                           f"are supported, got {level}")
+        if optname == RDMA_OPTION_ID_TOS:
+            if not 0 <= value <= 0xFF:
+                raise InvalidArgument("value", f"a TOS is 0..255, got {value}")
+            self._tos = value
+        elif optname == RDMA_OPTION_ID_ACK_TIMEOUT:
+            self.set_ack_timeout(value)
+        else:
+            raise InvalidArgument("optname", f"option {optname} is not supported (TOS "
+                                             f"{RDMA_OPTION_ID_TOS}, ACK_TIMEOUT "
+                                             f"{RDMA_OPTION_ID_ACK_TIMEOUT})")
 
     def migrate(self, channel: EventChannel) -> None:
         """``rdma_migrate_id``: later events (and those not yet taken) go to ``channel``."""
@@ -359,7 +384,7 @@ class CmId:
                        responder_resources=p.responder_resources,
                        initiator_depth=p.initiator_depth, retry_count=p.retry_count,
                        rnr_retry_count=p.rnr_retry_count, flow_control=bool(p.flow_control),
-                       auto_rtu=not isinstance(qp, UserQp))
+                       auto_rtu=not isinstance(qp, UserQp), traffic_class=self._tos)
 
     def _conn_qp(self, p: ConnParam, what: str) -> Any:
         """The id's QP, or (no QP, ``p.qp_num`` set) the application's own QP of that
@@ -392,6 +417,8 @@ class CmId:
         if ib is None:
             raise StateError("init_qp_attr needs a connection request or response")
         got = ib.agent.api(lambda t: cm_qp_attr(ib, qp_state), None)
+        if "timeout" in got and self._ack_timeout is not None:
+            got["timeout"] = self._ack_timeout
         return qp_attr_of(self.verbs, got)
 
     def _iw_connect(self, p: ConnParam) -> None:
@@ -698,4 +725,5 @@ class CmId:
             port = self.verbs.port
             idx = max(port.gid_index_of(sgid, False), port.gid_index_of(sgid), 0)
         return AHAttr(gr=GlobalRoute(dgid=ip_to_gid(self._dst.packed), sgid_index=idx,
-                                     hop_limit=64), is_global=1, port_num=1)
+                                     hop_limit=64, traffic_class=self._tos),
+                      is_global=1, port_num=1)

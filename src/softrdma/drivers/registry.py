@@ -45,7 +45,7 @@ import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -355,6 +355,9 @@ class Registry:
                 builtin_live and name == BUILTIN_DEVICE.name
             ):
                 raise DeviceError(f"device {name!r}: already exists", errno=errno.EEXIST)
+            shadowed = any(r.name == BUILTIN_DEVICE.name for r in records)
+            live = records + ([BUILTIN_DEVICE] if builtin_live and not shadowed else [])
+            _check_endpoint_free(record, live)
             if record.roce_v1:
                 # Every packet socket on an interface sees every RoCEv1 frame: two RoCEv1
                 # devices on one netdev would take each other's packets (rxe likewise
@@ -368,6 +371,33 @@ class Registry:
             records.append(record)
             self._store(records, deleted)
         return record
+
+    def rename(self, old: str, new: str) -> DeviceRecord:
+        """Give device ``old`` the name ``new`` (``rdma dev set OLD name NEW``; the
+        built-in device too: it becomes an ordinary record). :class:`DeviceError` if
+        ``old`` does not exist or ``new`` does (EEXIST)."""
+        validate_name(new)
+        with self._locked():
+            records, deleted = self._load()
+            builtin_live = BUILTIN_DEVICE.name not in deleted and all(
+                r.name != BUILTIN_DEVICE.name for r in records)
+            names = {r.name for r in records} | ({BUILTIN_DEVICE.name} if builtin_live else set())
+            if old not in names:
+                raise DeviceError(f"device {old!r}: no such device")
+            if new in names:
+                raise DeviceError(f"device {new!r}: already exists", errno=errno.EEXIST)
+            if old == BUILTIN_DEVICE.name and builtin_live:
+                deleted.append(old)
+                renamed = replace(BUILTIN_DEVICE, name=new)
+                records.insert(0, renamed)
+            else:
+                i = next(i for i, r in enumerate(records) if r.name == old)
+                renamed = replace(records[i], name=new)
+                records[i] = renamed
+            if new == BUILTIN_DEVICE.name:
+                deleted = [d for d in deleted if d != new]
+            self._store(records, deleted)
+        return renamed
 
     def delete(self, name: str) -> DeviceRecord:
         """Remove a device (the built-in one too); :class:`DeviceError` if there is none."""
@@ -383,6 +413,21 @@ class Registry:
                 self._store(records, deleted)
                 return BUILTIN_DEVICE
         raise DeviceError(f"device {name!r}: no such device")
+
+
+def _check_endpoint_free(record: DeviceRecord, live: builtins.list[DeviceRecord]) -> None:
+    """Refuse a second device of the same type on the same netdev and port (RoCEv2 or
+    iWARP; RoCEv1 has no port, see ``Registry.add``): both would own the same addresses
+    and port (Linux ``rdma link add`` likewise refuses a
+    second rxe on a netdev, rxe_net_add: EEXIST)."""
+    for r in live:
+        if (r.netdev == record.netdev and r.udp_port == record.udp_port
+                and r.type == record.type and r.roce_v2 and record.roce_v2):
+            raise DeviceError(
+                f"device {r.name!r} already uses netdev {record.netdev} port "
+                f"{record.udp_port} ({record.type}); pick another port (port N) or "
+                f"rename it (softrdma link rename {r.name} {record.name})",
+                errno=errno.EEXIST)
 
 
 def add(

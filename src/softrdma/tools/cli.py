@@ -4,6 +4,9 @@ Subcommands and where they live:
 
 =================  =====================================================================
 ``devinfo``        :mod:`softrdma.tools.devinfo` (``ibv_devinfo``)
+``devices``        :mod:`softrdma.tools.devices` (``ibv_devices``)
+``asyncwatch``     :mod:`softrdma.tools.asyncwatch` (``ibv_asyncwatch``)
+``srq-pingpong``   :mod:`softrdma.tools.srq_pingpong` (``ibv_srq_pingpong``)
 ``rc-pingpong``    :mod:`softrdma.tools.pingpong` (``ibv_rc_pingpong``)
 ``uc-pingpong``    :mod:`softrdma.tools.pingpong` (``ibv_uc_pingpong``)
 ``ud-pingpong``    :mod:`softrdma.tools.pingpong` (``ibv_ud_pingpong``)
@@ -143,6 +146,18 @@ def _cmd_pyverbs(args: argparse.Namespace) -> int:
     return int(_tool("softrdma.tools.pyverbs_run", "pyverbs", "run")(args))
 
 
+def _cmd_devices(args: argparse.Namespace) -> int:
+    return int(_tool("softrdma.tools.devices", "devices", "run")(args))
+
+
+def _cmd_asyncwatch(args: argparse.Namespace) -> int:
+    return int(_tool("softrdma.tools.asyncwatch", "asyncwatch", "run")(args))
+
+
+def _cmd_srq_pingpong(args: argparse.Namespace) -> int:
+    return int(_tool("softrdma.tools.srq_pingpong", "srq-pingpong", "run")(args))
+
+
 def _cmd_stats(args: argparse.Namespace) -> int:
     return int(_tool("softrdma.tools.stats", "stats", "run")(args))
 
@@ -277,6 +292,24 @@ def build_parser() -> argparse.ArgumentParser:
                    "rdma-core's tests through softrdma's pyverbs and print a table per file.")
     _add_tool_args("softrdma.tools.rdma_core_tests", p)
     p.set_defaults(handler=_cmd_rdma_core_tests)
+
+    p = add_parser("devices", help="list the devices and their node GUIDs (ibv_devices)",
+                   description="List softrdma's devices as ibv_devices does.")
+    _add_tool_args("softrdma.tools.devices", p)
+    p.set_defaults(handler=_cmd_devices)
+
+    p = add_parser("asyncwatch", help="print a device's asynchronous events "
+                   "(ibv_asyncwatch)", description="Open a device and print its port "
+                   "events (PORT_ERR, PORT_ACTIVE, GID_CHANGE) as ibv_asyncwatch does.")
+    _add_tool_args("softrdma.tools.asyncwatch", p)
+    p.set_defaults(handler=_cmd_asyncwatch)
+
+    p = add_parser("srq-pingpong", help="RC QPs sharing an SRQ ping-pong SENDs "
+                   "(ibv_srq_pingpong)", description="ibv_srq_pingpong: without SERVERNAME "
+                   "be the server and wait; with it, connect. Same flags, output and TCP "
+                   "exchange as the C tool.")
+    _add_tool_args("softrdma.tools.srq_pingpong", p)
+    p.set_defaults(handler=_cmd_srq_pingpong)
 
     p = add_parser("stats", help="port counters: packets, bytes, retransmissions, RNR NAKs, "
                    "drops by reason (rdma statistic)",

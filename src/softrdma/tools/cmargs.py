@@ -38,8 +38,8 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-S", dest="message_size", type=int, default=100, metavar="message_size",
                    help="message size in bytes (100)")
     p.add_argument("-t", dest="tos", default=None, metavar="type_of_service",
-                   help="type of service (rdma_set_option TOS; not supported here: a "
-                   "warning, as when the C tool's option call fails)")
+                   help="type of service: the traffic class of the connection "
+                   "(rdma_set_option TOS; RoCE)")
     p.add_argument("--device", default=None,
                    help="the softrdma device (name, or roce/iwarp) serving the addresses")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
@@ -65,7 +65,7 @@ def add_ucmatose_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", dest="migrate", action="store_true",
                    help="migrate the ids to a new event channel after the transfers")
     p.add_argument("-a", dest="ack_timeout", default=None, metavar="ack_timeout",
-                   help="ACK timeout (rdma_set_option ACK_TIMEOUT; not supported here: a "
-                   "warning, as when the C tool's option call fails)")
+                   help="the QP's local ACK timeout, 4.096 us * 2^ack_timeout "
+                   "(rdma_set_option ACK_TIMEOUT)")
     p.add_argument("--transport", choices=("roce", "iwarp"), default="roce",
                    help="which kind of softrdma device serves the address (default roce)")

@@ -174,6 +174,20 @@ class CmTest:
             done += len(wcs)
         return 0
 
+    def set_options(self, cid: rc.CmId) -> None:
+        """``addr_handler``: ``-t`` (TOS) and ``-a`` (ACK timeout) through
+        ``rdma_set_option``; a failure is a warning (the C tools' ``perror``)."""
+        opts = [(rc.RDMA_OPTION_ID_TOS, getattr(self.args, "tos", None), "TOS option"),
+                (rc.RDMA_OPTION_ID_ACK_TIMEOUT, getattr(self.args, "ack_timeout", None),
+                 "ack timeout option")]
+        for optname, text, what in opts:
+            if text is None:
+                continue
+            try:
+                cid.set_option(rc.RDMA_OPTION_ID, optname, int(text, 0))
+            except (ValueError, SoftRdmaError) as exc:
+                self.say(f"{self.name}: set {what} failed: {exc}")
+
     def connect_error(self) -> None:
         self.connects_left -= 1
 

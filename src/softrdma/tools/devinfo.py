@@ -256,7 +256,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     from .. import verbs as v
 
     out = out if out is not None else sys.stdout
-    devices = list(v.get_device_list())
+    devices = v.device.all_devices()
     if args.list:
         out.write(f"{len(devices)} HCA{'s' if len(devices) != 1 else ''} found:\n")
         for info in devices:

@@ -5,8 +5,10 @@ Usage::
     softrdma link [show [NAME]] [-d]
     softrdma link add NAME netdev IFACE [type roce|iwarp] [port N] [roce_ver 1|2|both] [vlan VID]
     softrdma link delete NAME
+    softrdma link rename OLD NEW
 
-The listing has ``rdma link``'s shape (one line per device, port 1)::
+The listing has ``rdma link``'s shape (one line per device, port 1; the built-in
+iWARP device ``softrdma_iw_lo`` on ``lo`` included)::
 
     link softrdma_lo/1 state ACTIVE physical_state LINK_UP netdev lo
 
@@ -25,13 +27,17 @@ The records live in the registry (:mod:`softrdma.drivers.registry`).
 
 from __future__ import annotations
 
+import socket
 import sys
+from pathlib import Path
 from typing import TextIO
 
 from softrdma.drivers import netdev as _netdev
+from softrdma.drivers.devd import socket_path
 from softrdma.drivers.link import ROCE_VERSIONS
 from softrdma.drivers.registry import DEFAULT_UDP_PORT, DeviceRecord, Registry, ib_mtu_for
-from softrdma.errors import SoftRdmaError
+from softrdma.errors import DeviceError, SoftRdmaError
+from softrdma.verbs.device import IWARP_LOOPBACK
 
 __all__ = ["cmd_link", "format_record", "main"]
 
@@ -39,7 +45,8 @@ USAGE = """\
 usage: softrdma link [show [NAME]] [-d]
        softrdma link add NAME netdev IFACE [type roce|iwarp] [port N] [roce_ver 1|2|both]
                          [vlan VID]
-       softrdma link delete NAME"""
+       softrdma link delete NAME
+       softrdma link rename OLD NEW"""
 
 _TYPE_ALIASES = {"roce": "roce", "rxe": "roce", "iwarp": "iwarp", "siw": "iwarp"}
 
@@ -80,7 +87,11 @@ def _show(reg: Registry, args: list[str], out: TextIO) -> int:
             names.append(a)
     if len(names) > 1:
         raise _Usage("show takes at most one device name")
-    records = [reg.get(names[0])] if names else reg.list()
+    records = reg.list()
+    if all(r.name != IWARP_LOOPBACK for r in records):  # the built-in iWARP device
+        records.append(DeviceRecord(IWARP_LOOPBACK, "lo", "iwarp", 0))
+    if names:
+        records = [r for r in records if r.name == names[0]] or [reg.get(names[0])]
     for rec in records:
         print(format_record(rec, details), file=out)
     return 0
@@ -131,6 +142,33 @@ def _delete(reg: Registry, args: list[str], out: TextIO) -> int:
     return 0
 
 
+def _rename(reg: Registry, args: list[str], out: TextIO) -> int:
+    """``rename OLD NEW`` (``rdma dev set OLD name NEW``): refused while the device's
+    devd serves processes (they know it by its old name)."""
+    if len(args) != 2:
+        raise _Usage("rename takes the device's OLD and NEW names")
+    old, new = args
+    reg.get(old)
+    if _devd_running(old, reg.directory):
+        raise DeviceError(f"device {old!r} is in use (its devd serves processes); "
+                          "rename it once they have exited")
+    reg.rename(old, new)
+    return 0
+
+
+def _devd_running(name: str, directory: Path) -> bool:
+    path = socket_path(name, directory)
+    if not path.exists():
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(1.0)
+        try:
+            s.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
 def cmd_link(
     args: list[str], *, stdout: TextIO | None = None, stderr: TextIO | None = None
 ) -> int:
@@ -151,6 +189,8 @@ def cmd_link(
             return _add(reg, rest, out)
         if verb in ("delete", "del"):
             return _delete(reg, rest, out)
+        if verb == "rename":
+            return _rename(reg, rest, out)
         raise _Usage(f"unknown command {verb!r}")
     except _Usage as exc:
         print(f"softrdma link: error: {exc} (see 'softrdma link --help')", file=err)

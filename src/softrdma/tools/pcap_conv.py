@@ -60,7 +60,7 @@ from ..wire import cm as wcm
 from ..wire import ib
 from ..wire.opcodes import Hdr, Kind, Pos, Transport
 from ..wire.roce import RoceFrame
-from .pcap_oob import OobPair
+from .pcap_oob import OobPair, gid_to_ip
 
 __all__ = ["Finding", "ConversationChecker", "MTUS", "psn_delta"]
 
@@ -82,6 +82,11 @@ def psn_delta(a: int, b: int) -> int:
 
 def _ip(b: bytes) -> str:
     return str(ipaddress.ip_address(b))
+
+
+def _canon(addr: bytes) -> bytes:
+    """One key per node: a RoCEv1 GRH's IPv4-mapped GID is its IPv4 address (RoCEv2)."""
+    return gid_to_ip(addr) or addr
 
 
 def _mtu_of(code: int) -> int:
@@ -146,10 +151,8 @@ class _Conn:
     mtus: set[int]
     keys: list[tuple[bytes, bytes, int]] = field(default_factory=list)
     flows: dict[int, _Flow] = field(default_factory=dict)  # side 0 / 1
-    comm: tuple[int, int] = (0, 0)  # (active's, passive's) comm IDs; (0, 0) for 18515
     qpns: tuple[int, int] = (0, 0)
     ips: tuple[bytes, bytes] = (b"", b"")
-    rtu: bool = False
     dreq_from: int | None = None
 
 
@@ -171,7 +174,7 @@ class ConversationChecker:
         """A QP pair from the 18515 exchange: each side's PSN is the one it sends from."""
         c, s = pair.client, pair.server
         name = (f"{_ip(c.ip)} QP {c.qpn:#x} <-> {_ip(s.ip)} QP {s.qpn:#x}")
-        conn = _Conn(name, None, set(MTUS), ips=(c.ip, s.ip), qpns=(c.qpn, s.qpn), rtu=True)
+        conn = _Conn(name, None, set(MTUS), ips=(c.ip, s.ip), qpns=(c.qpn, s.qpn))
         self._open_conn(conn, c.psn, f"its {c.tool} message (frame {c.frame})",
                         s.psn, f"its {s.tool} message (frame {s.frame})", max(c.frame, s.frame))
 
@@ -244,7 +247,7 @@ class ConversationChecker:
             self._mad(index, f)
             return
         t = p.opcode & 0xE0
-        hit = self._keys.get((f.src_ip, f.dst_ip, p.dqpn))
+        hit = self._keys.get((_canon(f.src_ip), _canon(f.dst_ip), p.dqpn))
         if hit is None:
             return
         conn, side = hit
@@ -518,7 +521,7 @@ class ConversationChecker:
         except SoftRdmaError:
             return  # not a CM message, or a bad one the packet checks report
         m = mad.msg
-        src, dst = f.src_ip, f.dst_ip
+        src, dst = _canon(f.src_ip), _canon(f.dst_ip)
         if isinstance(m, wcm.Req):
             if m.transport_service_type in (wcm.TransportServiceType.RC,
                                             wcm.TransportServiceType.UC):
@@ -531,12 +534,9 @@ class ConversationChecker:
             self._reqs.pop((dst, src, m.remote_comm_id), None)
         elif isinstance(m, wcm.Rtu):
             key = (src, dst, m.local_comm_id, m.remote_comm_id)
-            conn = self._conns.get(key)
-            if conn is None and key not in self._closed:
+            if key not in self._conns and key not in self._closed:
                 self._cm_fail(index, f"RTU (comm IDs {m.local_comm_id:#x}/{m.remote_comm_id:#x}) "
                                      f"answers no REP")
-            elif conn is not None:
-                conn.rtu = True
         elif isinstance(m, wcm.Dreq):
             self._dreq(index, src, dst, m)
         elif isinstance(m, wcm.Drep):
@@ -557,7 +557,6 @@ class ConversationChecker:
             else Transport.RC
         name = f"{_ip(dst)} QP {req.local_qpn:#x} <-> {_ip(src)} QP {m.local_qpn:#x}"
         conn = _Conn(name, tst, {x for x in MTUS if not mtu or x <= mtu},
-                     comm=(req.local_comm_id, m.local_comm_id),
                      qpns=(req.local_qpn, m.local_qpn), ips=(dst, src))
         self._conns[key] = conn
         # Linux's convention (cm.c): the active side sends from the REP's Starting PSN,

@@ -116,10 +116,7 @@ class Cmatose(CmTest):
         T = rc.RdmaCmEventType
         k = ev.event
         if k == T.ADDR_RESOLVED:
-            if self.args.tos is not None:
-                self.say("cmatose: set TOS option failed: Operation not supported")
-            if self.args.ack_timeout is not None:
-                self.say("cmatose: set ack timeout option failed: Operation not supported")
+            self.set_options(ev.id)
             ev.id.resolve_route(2000)
             return 0
         if k == T.ROUTE_RESOLVED:

@@ -165,8 +165,7 @@ class Udaddy(CmTest):
         k = ev.event
         node = ev.id.context
         if k == T.ADDR_RESOLVED:
-            if self.args.tos is not None:
-                self.say("udaddy: set TOS option failed: Operation not supported")
+            self.set_options(ev.id)
             ev.id.resolve_route(2000)
             return 0
         if k == T.ROUTE_RESOLVED:

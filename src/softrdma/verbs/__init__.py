@@ -1,7 +1,7 @@
 """softrdma.verbs: the pyverbs-shaped application API (docs/verbs-api.md).
 
 ``from softrdma import verbs as v`` then ``v.Context``, ``v.PD``, ``v.MR``, ``v.CQ``,
-``v.CompChannel``, ``v.QP`` and the attribute and work-request classes.
+``v.CompChannel``, ``v.QP``, ``v.MW`` and the attribute and work-request classes.
 """
 
 from ..ib.types import WorkCompletion as WC
@@ -18,6 +18,7 @@ from .device import (
     get_device_list,
 )
 from .mr import MR
+from .mw import MW, MW_TYPE_1, MW_TYPE_2, MWBindInfo, inc_rkey
 from .pd import PD
 from .qp import QP, QPAttr, QPCap, QPInitAttr
 from .srq import SRQ, SrqAttr, SrqInitAttr
@@ -25,7 +26,7 @@ from .wr import SGE, RecvWR, SendWR
 
 __all__ = [
     "AH", "AHAttr", "AsyncEvent", "CQ", "CompChannel", "Context", "DeviceAttr", "DeviceInfo",
-    "GID", "GlobalRoute", "MR", "PD", "PortAttr", "PortCounters", "QP", "QPAttr", "QPCap", "QPInitAttr",
+    "GID", "GlobalRoute", "MR", "MW", "MW_TYPE_1", "MW_TYPE_2", "MWBindInfo", "PD", "PortAttr", "PortCounters", "QP", "QPAttr", "QPCap", "QPInitAttr",
     "RecvWR", "SGE", "SRQ", "SendWR", "SrqAttr", "SrqInitAttr", "WC", "get_device_list",
-    "wc_status_str",
+    "wc_status_str", "inc_rkey",
 ]

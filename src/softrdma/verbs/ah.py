@@ -12,12 +12,13 @@ CA16-15.1.1, :mod:`softrdma.ib.pacing`).
 
 from __future__ import annotations
 
+import errno
 from typing import Any
 
 from ..errors import InvalidArgument
 from ..ib.pacing import rate_bps
 from ._object import VerbsObject
-from .device import GID, Context
+from .device import GID, Context, gid_table_len
 from .pd import PD
 
 __all__ = ["GlobalRoute", "AHAttr", "AH", "address_vector", "ethernet_priority", "MAX_ROCE_SL"]
@@ -88,8 +89,17 @@ def address_vector(ctx: Context, attr: AHAttr, argument: str = "ah_attr") -> Any
     gids = ctx.port.gids
     sgid_index = _u(gr.sgid_index, 8, f"{argument}.gr.sgid_index")
     if sgid_index >= len(gids):
+        # Linux rdma_get_gid_attr: ENODATA for an empty entry of the table (rxe: 1024
+        # entries, the populated ones first), EINVAL past its end
+        size = gid_table_len(ctx)
+        if sgid_index >= size:
+            raise InvalidArgument(f"{argument}.gr.sgid_index",
+                                  f"GID index {sgid_index} is outside the GID table "
+                                  f"({size} entries)")
         raise InvalidArgument(f"{argument}.gr.sgid_index",
-                              f"no GID at index {sgid_index} (table has {len(gids)})")
+                              f"GID index {sgid_index} is empty (the GID table has {size} "
+                              f"entries, {len(gids)} populated: 0..{len(gids) - 1})",
+                              errno=errno.ENODATA)
     dgid = GID(gr.dgid).raw
     if dgid == bytes(16):
         raise InvalidArgument(f"{argument}.gr.dgid", "the destination GID is zero")

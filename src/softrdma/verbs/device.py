@@ -11,6 +11,7 @@ addresses as ``::ffff:a.b.c.d``, then the other IPv6 addresses.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import os
 import select
@@ -25,6 +26,7 @@ from typing import Any
 from .. import enums as e
 from ..drivers.dual import DualLink
 from ..drivers.link import CounterReporter, Link
+from ..drivers.portwatch import PortWatch
 from ..drivers.rawether import RawEtherLink
 from ..drivers.runtime import Runtime, ip_to_gid
 from ..drivers.udp import UdpLink
@@ -35,7 +37,8 @@ from .counters import PortCounters
 
 __all__ = [
     "GID", "DeviceInfo", "DeviceAttr", "PortAttr", "AsyncEvent", "Context", "IWARP_LOOPBACK",
-    "get_device_list", "gid_table", "mtu_enum_for_netdev_mtu",
+    "all_devices",
+    "get_device_list", "gid_table", "mtu_enum_for_netdev_mtu", "GID_TABLE_LEN", "gid_table_len",
 ]
 
 # rxe_param.h (device limits softrdma reports and enforces where they matter)
@@ -46,6 +49,9 @@ MAX_INLINE_DATA = 400
 MAX_CQ = 16384
 MAX_CQE = (1 << 15) - 1
 MAX_MR = 256 * 1024
+#: GID table entries of a RoCE port (rxe ``RXE_PORT_GID_TBL_LEN``): the netdev's
+#: addresses first, the rest empty; an iWARP port's table is its populated entries (siw)
+GID_TABLE_LEN = 1024
 MAX_PD = 0x7FFC
 MAX_QP_RD_ATOM = 128
 MAX_QP_INIT_RD_ATOM = 128
@@ -68,6 +74,10 @@ DEVICE_CAP_FLAGS = (
     | e.IBV_DEVICE_SYS_IMAGE_GUID | e.IBV_DEVICE_RC_RNR_NAK_GEN | e.IBV_DEVICE_SRQ_RESIZE
 )
 PORT_CAP_FLAGS = e.IBV_PORT_CM_SUP | e.IBV_PORT_IP_BASED_GIDS
+#: memory windows of type 1 and 2B on the IB transport (softrdma.ib.mw; rxe reports them,
+#: siw none)
+MW_CAP_FLAGS = e.IBV_DEVICE_MEM_WINDOW | e.IBV_DEVICE_MEM_WINDOW_TYPE_2B
+MAX_MW = 0x1000  # rxe_param.h RXE_MAX_MW
 
 _ENGINE_EVENTS = {
     "QP_FATAL": e.IBV_EVENT_QP_FATAL,
@@ -325,6 +335,20 @@ def get_device_list() -> list[DeviceInfo]:
 
 
 IWARP_LOOPBACK = "softrdma_iw_lo"  # the built-in iWARP device on the loopback interface
+_LOOPBACK_IPS = (bytes([127, 0, 0, 1]), bytes(15) + b"\x01")
+
+
+def all_devices() -> list[DeviceInfo]:
+    """Every device a program can open: the registry's, then the built-in iWARP
+    loopback device :data:`IWARP_LOOPBACK` (unless a registered device has its name),
+    as ``softrdma link``, ``devinfo`` and ``devices`` list them."""
+    out = get_device_list()
+    if all(d.name != IWARP_LOOPBACK for d in out):
+        nd = _netdev_snapshot("lo")
+        out.append(DeviceInfo(name=IWARP_LOOPBACK, netdev="lo", type="iwarp",
+                              node_guid=_guid_from_mac(nd.mac if nd is not None else b""),
+                              udp_port=0, ips=_LOOPBACK_IPS))
+    return out
 
 
 def _transport_of(name: str | None, transport: str | None, fabric: Any, link: Any) -> str:
@@ -395,6 +419,11 @@ def _open_udp(info: DeviceInfo) -> Link:
         target = f"{ipaddress.IPv6Address(ip)}%{info.netdev}"
     return UdpLink(target, port=info.udp_port)
 
+
+
+def gid_table_len(ctx: Context) -> int:
+    """The size of ``ctx``'s GID table (see :data:`GID_TABLE_LEN`)."""
+    return GID_TABLE_LEN if ctx.transport != "iwarp" else len(ctx.port.gids)
 
 class Context(VerbsObject):
     """An opened device (``ibv_open_device``; pyverbs ``Context``).
@@ -486,7 +515,7 @@ class Context(VerbsObject):
         mac = b""
         if name is None or name == IWARP_LOOPBACK:
             dev_name = IWARP_LOOPBACK
-            ips: tuple[bytes, ...] = (bytes([127, 0, 0, 1]), bytes(15) + b"\x01")
+            ips: tuple[bytes, ...] = _LOOPBACK_IPS
             nd = _netdev_snapshot("lo")
         else:
             found = [d for d in get_device_list() if d.name == name]
@@ -514,6 +543,7 @@ class Context(VerbsObject):
         self._owners: dict[int, weakref.ref[Any]] = {}
         self._events: deque[AsyncEvent] = deque()
         self._ev_lock = threading.Lock()
+        self._portwatch: PortWatch | None = None
         self._ev_r, self._ev_w = os.pipe()
         os.set_blocking(self._ev_r, False)
         os.set_blocking(self._ev_w, False)
@@ -543,12 +573,13 @@ class Context(VerbsObject):
                               max_pkeys=len(self.port.pkeys), atomic_caps=0, max_mcast_grp=0,
                               max_mcast_qp_attach=0, max_total_mcast_qp_attach=0)
         return DeviceAttr(node_guid=self.node_guid, sys_image_guid=self.node_guid,
-                          max_pkeys=len(self.port.pkeys))
+                          max_pkeys=len(self.port.pkeys),
+                          device_cap_flags=int(DEVICE_CAP_FLAGS | MW_CAP_FLAGS), max_mw=MAX_MW)
 
     def query_port(self, port_num: int = 1) -> PortAttr:
         self._check()
         _check_port(port_num)
-        return PortAttr(active_mtu=self.active_mtu, gid_tbl_len=len(self.port.gids),
+        return PortAttr(active_mtu=self.active_mtu, gid_tbl_len=gid_table_len(self),
                         pkey_tbl_len=len(self.port.pkeys),
                         bad_pkey_cntr=self.port.counters.rcvd_bad_pkey & 0xFFFF,
                         qkey_viol_cntr=self.port.counters.rcvd_bad_qkey & 0xFFFF)
@@ -557,14 +588,20 @@ class Context(VerbsObject):
         self._check()
         _check_port(port_num)
         gids = self.port.gids
-        if not isinstance(index, int) or not 0 <= index < len(gids):
-            raise InvalidArgument("index", f"GID index {index!r} not in 0..{len(gids) - 1}")
-        return GID(gids[index])
+        size = gid_table_len(self)
+        if not isinstance(index, int) or not 0 <= index < size:
+            raise InvalidArgument("index", f"GID index {index!r} is outside the GID table "
+                                           f"(0..{size - 1})")
+        # an empty entry reads as the zero GID, as ibv_query_gid reads rxe's sysfs table
+        return GID(gids[index]) if index < len(gids) else GID(bytes(16))
 
     def query_gid_type(self, port_num: int = 1, index: int = 0) -> int:
         """``ibv_query_gid_type``: ``IBV_GID_TYPE_ROCE_V1`` ("IB/RoCE v1", Annex A16) or
-        ``IBV_GID_TYPE_ROCE_V2`` for a RoCE device, chosen per GID as Linux does."""
+        ``IBV_GID_TYPE_ROCE_V2`` for a RoCE device, chosen per GID as Linux does;
+        ENODATA for an empty entry (Linux ``rdma_query_gid`` on an invalid entry)."""
         self.query_gid(port_num, index)
+        if index >= len(self.port.gids):
+            raise InvalidArgument("index", f"GID index {index} is empty", errno=errno.ENODATA)
         types = getattr(self.port, "gid_types", None)
         if types:
             return int(types[index])
@@ -651,6 +688,17 @@ class Context(VerbsObject):
         except OSError:
             pass
 
+    def watch_port(self, interval: float = 0.2) -> None:
+        """Post ``IBV_EVENT_PORT_ERR``/``PORT_ACTIVE``/``GID_CHANGE`` (element: the port
+        number, 1) when the device's interface goes down or up or changes addresses, as
+        rxe does from its netdev notifier (``drivers.portwatch``; polled every
+        ``interval`` seconds until the context closes)."""
+        self._check()
+        if self.netdev is None or self._portwatch is not None:
+            return
+        self._portwatch = PortWatch(self.netdev, lambda et: self._post_event(AsyncEvent(et, 1)),
+                                    interval)
+
     def async_fileno(self) -> int:
         """A descriptor that polls readable while async events are pending."""
         VerbsObject._check(self)  # events stay readable after a device failure
@@ -687,6 +735,8 @@ class Context(VerbsObject):
     # ---- lifetime --------------------------------------------------------------------------------
     def _release(self) -> None:
         self._finalizer.detach()
+        if self._portwatch is not None:
+            self._portwatch.stop()
         _close_context_resources(self.runtime, self._ev_r, self._ev_w)
 
     def __repr__(self) -> str:

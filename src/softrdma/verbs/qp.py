@@ -34,6 +34,7 @@ from .ah import AHAttr, GlobalRoute, address_vector
 from .cq import CQ
 from .device import GID, MAX_INLINE_DATA, MAX_QP_RD_ATOM, MAX_QP_WR, MAX_SGE, Context
 from .mr import ACCESS_SUPPORTED
+from .mw import MW, MW_TYPE_1, MWBindInfo, bind_wqe, inc_rkey
 from .pd import PD
 from .srq import SRQ
 from .wr import RecvWR, SendWR, build_recv_wqe, build_send_wqe, chain
@@ -459,6 +460,20 @@ class QP(VerbsObject):
             self._runtime.post_send(self.engine, wqes)
         if err is not None:
             raise err
+
+    def bind_mw(self, mw: MW, bind_info: MWBindInfo, *, wr_id: int = 0,
+                send_flags: int = int(e.IBV_SEND_SIGNALED)) -> int:
+        """``ibv_bind_mw``: bind type 1 window ``mw`` (a BIND_MW on the send queue; RC
+        and UC) and return its new R_Key, the window's ``rkey`` from now on."""
+        self._check()
+        if not isinstance(mw, MW) or mw.type != MW_TYPE_1:
+            raise InvalidArgument("mw", "QP.bind_mw binds a type 1 MW (type 2: a BIND_MW WR)")
+        if self.qp_type not in (RC, UC):
+            raise InvalidArgument("qp", "memory windows are bound on RC and UC QPs")
+        key = inc_rkey(mw.rkey)
+        self._runtime.post_send(self.engine, [bind_wqe(mw, bind_info, key, wr_id, send_flags)])
+        mw._rkey = key
+        return key
 
     def post_recv(self, wr: RecvWR | list[RecvWR]) -> None:
         """``ibv_post_recv``; EINVAL on a QP that uses an SRQ (rxe)."""

@@ -4,8 +4,8 @@ Post-time checks are rxe's (``rxe_verbs.c`` ``rxe_post_send_kernel``/``validate_
 ``post_one_recv``; ``rxe_opcode.c`` ``rxe_wr_opcode_info``), all EINVAL:
 
 * the opcode must be valid for the QP type (UD: SEND and SEND_WITH_IMM; UC: no READ and
-  no atomics; RC: all that softrdma implements); MW binding and ATOMIC_WRITE are
-  valid verbs softrdma does not implement (EOPNOTSUPP);
+  no atomics; RC: all that softrdma implements; BIND_MW of a type 2 window on RC and
+  UC); ATOMIC_WRITE is a valid verb softrdma does not implement (EOPNOTSUPP);
 * IBV_SEND_INLINE only with SEND*/RDMA_WRITE*, and at most ``max_inline_data`` bytes;
 * at most ``max_send_sge`` / ``max_recv_sge`` SGEs;
 * atomics need >= 8 bytes of local buffer and an 8-byte aligned remote address;
@@ -24,6 +24,7 @@ from .. import enums as e
 from ..errors import InvalidArgument, NotSupported
 from ..ib.types import SGE as _EngineSGE
 from ..ib.types import RecvWQE, SendWQE
+from .mw import MW_TYPE_2, bind_wqe
 
 if TYPE_CHECKING:
     from ..ib.port import Port
@@ -42,17 +43,19 @@ QPT_OPCODES: dict[int, frozenset[int]] = {
     RC: frozenset(int(o) for o in (
         _W.IBV_WR_RDMA_WRITE, _W.IBV_WR_RDMA_WRITE_WITH_IMM, _W.IBV_WR_SEND,
         _W.IBV_WR_SEND_WITH_IMM, _W.IBV_WR_RDMA_READ, _W.IBV_WR_ATOMIC_CMP_AND_SWP,
-        _W.IBV_WR_ATOMIC_FETCH_AND_ADD, _W.IBV_WR_SEND_WITH_INV, _W.IBV_WR_LOCAL_INV)),
+        _W.IBV_WR_ATOMIC_FETCH_AND_ADD, _W.IBV_WR_SEND_WITH_INV, _W.IBV_WR_LOCAL_INV,
+        _W.IBV_WR_BIND_MW)),
     UC: frozenset(int(o) for o in (
         _W.IBV_WR_RDMA_WRITE, _W.IBV_WR_RDMA_WRITE_WITH_IMM, _W.IBV_WR_SEND,
-        _W.IBV_WR_SEND_WITH_IMM, _W.IBV_WR_SEND_WITH_INV)),
+        _W.IBV_WR_SEND_WITH_IMM, _W.IBV_WR_SEND_WITH_INV, _W.IBV_WR_BIND_MW)),
     UD: frozenset(int(o) for o in (_W.IBV_WR_SEND, _W.IBV_WR_SEND_WITH_IMM)),
 }
 #: Opcodes that may carry IBV_SEND_INLINE (WR_INLINE_MASK).
 INLINE_OPCODES = frozenset(int(o) for o in (
     _W.IBV_WR_RDMA_WRITE, _W.IBV_WR_RDMA_WRITE_WITH_IMM, _W.IBV_WR_SEND,
     _W.IBV_WR_SEND_WITH_IMM, _W.IBV_WR_SEND_WITH_INV))
-_NOT_IMPLEMENTED = frozenset(int(o) for o in (_W.IBV_WR_BIND_MW, _W.IBV_WR_ATOMIC_WRITE))
+_NOT_IMPLEMENTED = frozenset(int(o) for o in (_W.IBV_WR_ATOMIC_WRITE,))
+_BIND_MW = int(_W.IBV_WR_BIND_MW)
 _ATOMICS = frozenset(int(o) for o in (_W.IBV_WR_ATOMIC_CMP_AND_SWP, _W.IBV_WR_ATOMIC_FETCH_AND_ADD))
 _RDMA = frozenset(int(o) for o in (_W.IBV_WR_RDMA_WRITE, _W.IBV_WR_RDMA_WRITE_WITH_IMM,
                                    _W.IBV_WR_RDMA_READ))
@@ -97,7 +100,7 @@ class SendWR:
 
     __slots__ = ("wr_id", "wr_next", "sg", "opcode", "send_flags", "imm_data",
                  "invalidate_rkey", "remote_addr", "rkey", "compare_add", "swap", "ah",
-                 "remote_qpn", "remote_qkey", "inline_data")
+                 "remote_qpn", "remote_qkey", "inline_data", "mw", "bind_info")
 
     def __init__(self, wr_id: int = 0, wr_next: SendWR | None = None, num_sge: int = 0,
                  sg: list[Any] | None = None, opcode: int = int(e.IBV_WR_SEND),
@@ -117,6 +120,8 @@ class SendWR:
         self.remote_qpn = 0
         self.remote_qkey = 0
         self.inline_data: bytes | None = None
+        self.mw: Any = None
+        self.bind_info: Any = None
 
     @property
     def num_sge(self) -> int:
@@ -143,6 +148,12 @@ class SendWR:
         self.ah = ah
         self.remote_qpn = rqpn
         self.remote_qkey = rqkey
+
+    def set_bind_wr(self, mw: Any, bind_info: Any) -> None:
+        """The type-2 window a BIND_MW request binds and how (:class:`~.mw.MWBindInfo`);
+        ``rkey`` is the window's new key (``inc_rkey(mw.rkey)``)."""
+        self.mw = mw
+        self.bind_info = bind_info
 
     def set_inline_data(self, data: bytes | bytearray | memoryview) -> None:
         """Send ``data`` inline (copied now; sets IBV_SEND_INLINE). Not in pyverbs."""
@@ -230,6 +241,11 @@ def build_send_wqe(wr: SendWR, qp_type: int, max_send_sge: int, max_inline: int,
     flags = int(flags)  # a plain int: IntFlag arithmetic is slow per WR
     if flags & ~_SEND_FLAGS or flags < 0:
         raise InvalidArgument("wr.send_flags", f"unknown send flags {flags!r}")
+    if opcode == _BIND_MW:
+        if wr.mw is None or getattr(wr.mw, "type", None) != MW_TYPE_2:
+            raise InvalidArgument("wr.mw", "a BIND_MW work request binds a type 2 MW "
+                                           "(type 1: QP.bind_mw)")
+        return bind_wqe(wr.mw, wr.bind_info, wr.rkey, wr.wr_id, flags)
     sg = wr.sg
     if len(sg) > max_send_sge:
         raise InvalidArgument("wr.num_sge", f"{len(sg)} SGEs > max_send_sge {max_send_sge}")

@@ -54,7 +54,7 @@ ODP_UD_CAPS = int(_O.IBV_ODP_SUPPORT_SEND | _O.IBV_ODP_SUPPORT_RECV
                   | _O.IBV_ODP_SUPPORT_SRQ_RECV)
 
 #: GID table length a software RoCE port reports (rxe ``RXE_PORT_GID_TBL_LEN``).
-GID_TABLE_LEN = 1024
+GID_TABLE_LEN = _v.device.GID_TABLE_LEN
 _IB_GID_TYPE_ROCE_V1 = 1
 _IB_GID_TYPE_ROCE_V2 = 2  # enum ibv_gid_type (verbs.h): IB 0, RoCE v1 1, RoCE v2 2
 

@@ -553,7 +553,7 @@ class QP(_v.QP, PyverbsCM):
     def query_ece(self) -> ECE:
         raise PyverbsRDMAError("Failed to query ECE", errno.EOPNOTSUPP)
 
-    def bind_mw(self, mw: Any, mw_bind: Any) -> None:
+    def bind_mw(self, mw: Any, mw_bind: Any) -> None:  # type: ignore[override]
         """``ibv_bind_mw``: bind a type-1 window (EINVAL for type 2); the window's
         ``rkey`` is its next key from now on (``ibv_inc_rkey``)."""
         if not isinstance(mw, MW) or mw.type != 1:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import random
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -33,6 +34,7 @@ from .options import Options, PerftestError, from_args
 BANNER = ["", "************************************", "* Waiting for client to connect... *",
           "************************************"]
 PAGE_SIZE = 4096
+FIRST_MESSAGE_DELAY_S = 1.0
 CACHE_LINE = 64
 
 
@@ -166,7 +168,15 @@ def print_addresses(s: Side, which: str) -> None:
 
 
 def prelude(s: Side) -> None:
-    """Versions, system data and the MTU (every tool, in this order)."""
+    """Versions, system data and the MTU (every tool, in this order).
+
+    write_bw.c sleeps 1 s between establishing the exchange channel and the first
+    message; so do we, and so does every iWARP client: siw leaves an FPDU that arrives
+    before its accepted QP reaches RTS unread in the socket (it reads on the next
+    data_ready only), so a client that sends its first SEND at once can hang an
+    ib_*_bw -R server on siw (seen: ib_write_bw -R as the server)."""
+    if s.o.name == "write-bw" or (s.o.is_client and s.transport == "iwarp"):
+        time.sleep(FIRST_MESSAGE_DELAY_S)
     oob.exchange_versions(s.chan)
     oob.check_sys_data(s.chan, PAGE_SIZE, CACHE_LINE)
     s.mtu_enum = oob.check_mtu(s.chan, s.mtu_enum)

@@ -1,0 +1,112 @@
+"""``softrdma devices`` (``ibv_devices``) and ``softrdma asyncwatch``
+(``ibv_asyncwatch``) with the port events behind it (issue 14): the device table, the
+``PortState`` transitions, and (root) a device on a veth interface in a network
+namespace of the test's: PORT_ERR when the interface goes down, PORT_ACTIVE when it
+comes back, GID_CHANGE when an address is added."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from softrdma import enums as e
+from softrdma.drivers import registry
+from softrdma.drivers.portwatch import PortState
+from softrdma.tools import asyncwatch, devices
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_devices_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert devices.format_devices([("rxe0", 0x505400FFFE123456)]).splitlines() == [
+        "    device          \t   node GUID",
+        "    ------          \t----------------",
+        "    rxe0            \t505400fffe123456",
+    ]
+    monkeypatch.setenv("SOFTRDMA_STATE_DIR", str(tmp_path / "state"))
+    registry.add("dv0", "lo", "roce", _free_port())
+    proc = subprocess.run([sys.executable, "-m", "softrdma", "devices"], text=True,
+                          capture_output=True, timeout=60, check=False,
+                          env=dict(os.environ, PYTHONPATH=SRC))
+    assert proc.returncode == 0, proc.stderr
+    rows = proc.stdout.splitlines()[2:]
+    assert any(r.split() == ["dv0", "020000fffe000000"] for r in rows), rows
+
+
+def test_port_state_transitions() -> None:
+    s = PortState()
+    a, b = bytes([10, 0, 0, 1]), bytes([10, 0, 0, 2])
+    assert s.update(True, (a,)) == []  # the first sample only sets the state
+    assert s.update(True, (a,)) == []
+    assert s.update(False, (a,)) == [int(e.IBV_EVENT_PORT_ERR)]
+    assert s.update(True, (a,)) == [int(e.IBV_EVENT_PORT_ACTIVE)]
+    assert s.update(True, (a, b)) == [int(e.IBV_EVENT_GID_CHANGE)]
+    assert s.update(False, ()) == [int(e.IBV_EVENT_PORT_ERR), int(e.IBV_EVENT_GID_CHANGE)]
+    assert asyncwatch.event_name(int(e.IBV_EVENT_PORT_ERR)) == "IBV_EVENT_PORT_ERR"
+    assert asyncwatch.event_name(int(e.IBV_EVENT_QP_FATAL)) == "unexpected"
+
+
+def test_asyncwatch_unknown_device(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "softrdma", "asyncwatch", "-d", "nope"],
+                          text=True, capture_output=True, timeout=60, check=False,
+                          env=dict(os.environ, PYTHONPATH=SRC,
+                                   SOFTRDMA_STATE_DIR=str(tmp_path / "s")))
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == "softrdma asyncwatch: error: IB device nope not found"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root (CI runs as root)")
+def test_asyncwatch_reports_port_events(tmp_path: Path) -> None:
+    ns = f"sraw{os.getpid()}"
+    env = dict(os.environ, PYTHONPATH=SRC, SOFTRDMA_STATE_DIR=str(tmp_path / "state"),
+               SOFTRDMA_SHARED="0")
+
+    def sh(*cmd: str) -> None:
+        subprocess.run(["ip", "netns", "exec", ns, *cmd], check=True, timeout=30, env=env)
+
+    subprocess.run(["ip", "netns", "add", ns], check=True, timeout=30)
+    watch: subprocess.Popen[str] | None = None
+    try:
+        # IPv4 only: IPv6 link-local addresses come and go with the link (GID changes)
+        sh("sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1")
+        sh("ip", "link", "add", "d0", "type", "veth", "peer", "name", "d1")
+        sh("ip", "link", "set", "d1", "up")
+        sh("ip", "link", "set", "d0", "up")
+        sh("ip", "addr", "add", "10.77.0.1/24", "dev", "d0")
+        sh(sys.executable, "-m", "softrdma", "link", "add", "aw0", "netdev", "d0", "port",
+           str(_free_port()))
+        watch = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "softrdma",
+                                  "asyncwatch", "-d", "aw0", "--count", "3"], env=env,
+                                 text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert watch.stdout is not None
+        head = watch.stdout.readline()
+        assert head.startswith("aw0: async event FD "), head
+        sh("ip", "link", "set", "d0", "down")
+        time.sleep(1.0)
+        sh("ip", "link", "set", "d0", "up")
+        time.sleep(1.0)
+        sh("ip", "addr", "add", "10.77.0.2/24", "dev", "d0")
+        out, err = watch.communicate(timeout=30)
+        assert watch.returncode == 0, err
+        assert out.splitlines() == [
+            f"  event_type IBV_EVENT_PORT_ERR ({int(e.IBV_EVENT_PORT_ERR)}), port 1",
+            f"  event_type IBV_EVENT_PORT_ACTIVE ({int(e.IBV_EVENT_PORT_ACTIVE)}), port 1",
+            f"  event_type IBV_EVENT_GID_CHANGE ({int(e.IBV_EVENT_GID_CHANGE)}), port 1",
+        ]
+    finally:
+        if watch is not None and watch.poll() is None:
+            watch.kill()
+            watch.wait()
+        subprocess.run(["ip", "netns", "del", ns], timeout=30, check=False)
