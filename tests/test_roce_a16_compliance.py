@@ -24,8 +24,8 @@
 
 Every packet-level test here runs on a RoCEv2 port and on a RoCEv1 port (the fabric's
 ``roce_ver``: UDP/IP encapsulation, or a real GRH, Annex A16); the CM ones
-(CA16-9..13) over both too, as test_cm_ibcm.py runs them; CA16-15's property tests are
-parametrised over both in test_fabric_property.py and test_engine_property.py.
+(CA16-9..13) over both too, as test_cm_ibcm.py runs them; CA16-15's property tests run
+over both in test_fabric_property.py and test_engine_property.py.
 """
 
 from __future__ import annotations
