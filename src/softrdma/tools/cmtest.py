@@ -16,6 +16,7 @@ import argparse
 import errno
 import ipaddress
 import socket
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -23,9 +24,9 @@ from typing import Any
 from .. import enums as e
 from .. import verbs as v
 from ..cm import rdma_cm as rc
-from ..errors import SoftRdmaError
+from ..errors import InvalidArgument, SoftRdmaError
 
-__all__ = ["Node", "CmTest", "AddrError", "get_addr", "finish"]
+__all__ = ["Node", "CmTest", "AddrError", "get_addr", "finish", "check_common", "run_test"]
 
 POLL_BATCH = 8  # the C tools poll 8 completions at a time
 IDLE_SLEEP_S = 0.0005
@@ -206,6 +207,14 @@ class CmTest:
         self.channel.close()
         rc.release_devices()
 
+    def run_server(self) -> int:
+        """The server side; each tool defines it (ucmatose, udaddy)."""
+        raise NotImplementedError
+
+    def run_client(self) -> int:
+        """The client side; each tool defines it (ucmatose, udaddy)."""
+        raise NotImplementedError
+
 
 def finish(test: CmTest, ret: int) -> int:
     """``main``'s tail: ``test complete``, clean up, ``return status N``; the exit
@@ -214,3 +223,39 @@ def finish(test: CmTest, ret: int) -> int:
     test.close()
     test.say(f"return status {ret}")
     return 0 if ret == 0 else 1
+
+
+def check_common(args: argparse.Namespace, port_flag: str) -> None:
+    """The argument checks ucmatose and udaddy share (address format, counts, port,
+    timeout, addresses); ``port_flag`` names the port option in errors."""
+    fmt = (args.addr_format or "name").lower()
+    if fmt.startswith("gid"):
+        raise InvalidArgument("-f", "gid addresses need AF_IB, which softrdma has not")
+    if not fmt.startswith(("ip", "name")):
+        print("Warning: unknown address format", file=sys.stderr)
+    for flag, val, lo in (("-c", args.connections, 1), ("-C", args.message_count, 0),
+                          ("-S", args.message_size, 0)):
+        if val < lo:
+            raise InvalidArgument(flag, f"must be at least {lo}, got {val}")
+    if not 0 <= args.port <= 0xFFFF:
+        raise InvalidArgument(port_flag, f"port {args.port} not in 0..65535")
+    if not args.timeout > 0:
+        raise InvalidArgument("--timeout", f"must be a positive number of seconds, got "
+                                           f"{args.timeout:g}")
+    for flag, val in (("-s", args.dst_addr), ("-b", args.src_addr)):
+        if val is not None:
+            try:
+                ipaddress.ip_address(val)
+            except ValueError:
+                if not val or "/" in val:
+                    raise InvalidArgument(flag, f"not an address: {val!r}") from None
+
+
+def run_test(test: CmTest) -> int:
+    """Run ``test`` as client (with ``-s``) or server and finish it: the exit status."""
+    ret = -1
+    try:
+        ret = test.run_client() if test.args.dst_addr is not None else test.run_server()
+    finally:
+        status = finish(test, ret)
+    return status

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import ipaddress
 import sys
 from typing import Any
 
@@ -32,7 +31,7 @@ from ..cm import rdma_cm as rc
 from ..drivers.runtime import ip_to_gid
 from ..errors import InvalidArgument
 from .cmargs import UDADDY_PORT
-from .cmtest import AddrError, CmTest, Node, finish, get_addr
+from .cmtest import AddrError, CmTest, Node, check_common, get_addr, run_test
 
 __all__ = ["run", "UDADDY_PORT", "ah_attr_from_grh"]
 
@@ -283,36 +282,10 @@ def _check(args: argparse.Namespace) -> None:
     if ps != rc.RDMA_PS_UDP:
         raise InvalidArgument("-p", f"port space {ps:#x} is not a UD port space "
                                     f"({rc.RDMA_PS_UDP:#x} for UDP)")
-    fmt = (args.addr_format or "name").lower()
-    if fmt.startswith("gid"):
-        raise InvalidArgument("-f", "gid addresses need AF_IB, which softrdma has not")
-    if not fmt.startswith(("ip", "name")):
-        print("Warning: unknown address format", file=sys.stderr)
-    for flag, val, lo in (("-c", args.connections, 1), ("-C", args.message_count, 0),
-                          ("-S", args.message_size, 0)):
-        if val < lo:
-            raise InvalidArgument(flag, f"must be at least {lo}, got {val}")
-    if not 0 <= args.port <= 0xFFFF:
-        raise InvalidArgument("--port", f"port {args.port} not in 0..65535")
-    if not args.timeout > 0:
-        raise InvalidArgument("--timeout", f"must be a positive number of seconds, got "
-                                           f"{args.timeout:g}")
-    for flag, val in (("-s", args.dst_addr), ("-b", args.src_addr)):
-        if val is not None:
-            try:
-                ipaddress.ip_address(val)
-            except ValueError:
-                if not val or "/" in val:
-                    raise InvalidArgument(flag, f"not an address: {val!r}") from None
+    check_common(args, port_flag="--port")
 
 
 def run(args: argparse.Namespace) -> int:
     """``softrdma udaddy``: exit status 0 when every message went both ways."""
     _check(args)
-    test = Udaddy(args)
-    ret = -1
-    try:
-        ret = test.run_client() if args.dst_addr is not None else test.run_server()
-    finally:
-        status = finish(test, ret)
-    return status
+    return run_test(Udaddy(args))
