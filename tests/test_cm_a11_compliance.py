@@ -102,7 +102,7 @@ def rejected(p: Pair) -> CmEvent:
 def last_rej(p: Pair) -> wcm.Rej:
     rejs = p.sent(CmAttr.REJ)
     assert rejs
-    return rejs[-1]  # type: ignore[no-any-return]
+    return rejs[-1]
 
 
 # ---------------------------------------------------------------------------- CA11-1

@@ -15,6 +15,7 @@ from softrdma import verbs as v
 from softrdma.cm.events import CmEvent
 from softrdma.cm.hello import SdpStream, hello_accept, hello_connect, hello_listen
 from softrdma.cm.ibcm import ConnParams
+from softrdma.drivers.link import Datagram
 from softrdma.wire.cm import CmAttr, RejReason
 from softrdma.wire.iwarp_ib import FlowControl, Hello, HelloReply, SdpHeader
 
@@ -147,8 +148,11 @@ def test_header_on_the_wire() -> None:
     p = Pair()
     sa, sb, qa, qb = make_streams(p, nbufs=4, size=128)
     seen: list[bytes] = []
-    p.fab.add_rule(lambda dg: bool(dg.data[0] == 0x04 and seen.append(bytes(dg.data))),
-                   "drop")
+    def record(dg: Datagram) -> bool:  # keeps every datagram, records the SENDs (0x04)
+        if dg.data[0] == 0x04:
+            seen.append(bytes(dg.data))
+        return False
+    p.fab.add_rule(record, "drop")
     sa.send(b"abc")
     p.run(0.01)
     (pkt,) = seen  # RC SEND ONLY: BTH (12) then the 16-byte header

@@ -84,6 +84,7 @@ def test_establish_data_and_teardown() -> None:
     assert (ea.dest_qpn, eb.dest_qpn) == (qb.qp_num, qa.qp_num)
     # Linux's convention: each side's Starting PSN is the PSN it receives at, so the
     # passive side sends from the REQ's and the active side from the REP's
+    assert cid.req is not None and srv.rep is not None
     assert eb.req.next_psn == ea.resp.epsn == cid.local_psn == cid.req.starting_psn
     assert ea.req.next_psn == eb.resp.epsn == srv.local_psn == srv.rep.starting_psn
     # a SEND over the connection

@@ -44,7 +44,7 @@ from softrdma.drivers.fabric import Fabric, FabricLink
 from softrdma.tools import pcap_check
 from softrdma.wire import cm as wcm
 from softrdma.wire import ib, roce
-from softrdma.wire.opcodes import Hdr
+from softrdma.wire.opcodes import ICRC_SIZE, Hdr
 from softrdma.wire.pcap import read_pcap
 
 CAPTURE = Path("/work/shared/captures/roce_rping.pcap")
@@ -137,7 +137,7 @@ class Replay:
         self.run()
         got = self.rxe.recv_batch(1)
         assert got, f"softrdma sent nothing where the capture has frame {index}"
-        p = ib.decode(memoryview(bytes(got[0].data[:-roce.ICRC_SIZE])))
+        p = ib.decode(memoryview(bytes(got[0].data[:-ICRC_SIZE])))
         want = self.frames[index]
         assert want.src == self.node.ip, f"frame {index} is not softrdma's"
         w = want.packet

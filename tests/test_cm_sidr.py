@@ -19,7 +19,7 @@ from softrdma.wire.ipcm import IPPROTO_UDP, RDMA_UDP_QKEY, IpCmAri, IpCmHeader, 
 SID = 0x9999
 
 
-def ud_server(p: Pair, qkey: int | None = None, sid: int = SID) -> tuple[object, object]:
+def ud_server(p: Pair, qkey: int | None = None, sid: int = SID) -> tuple[v.QP, v.CQ]:
     qu, cq = p.b.qp(UD)
     lst = p.b.new_id()
     lst.listen(sid)
@@ -60,7 +60,7 @@ def test_sidr_resolves_and_ud_traffic_flows() -> None:
     wr.set_wr_ud(ah, ev.ud_qpn, ev.ud_qkey)
     qa.post_send(wr)
     p.run(0.01)
-    n, wcs = cqb.poll(4)  # type: ignore[attr-defined]
+    n, wcs = cqb.poll(4)
     assert n == 1 and wcs[0].status == e.IBV_WC_SUCCESS
     assert rx.read(8, 40) == b"datagram"
 

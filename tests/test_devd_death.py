@@ -49,7 +49,7 @@ def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         p.wait(10)
 
 
-def test_devd_death_is_device_fatal(daemon) -> None:  # type: ignore[no-untyped-def]
+def test_devd_death_is_device_fatal(daemon) -> None:
     rec, state, proc = daemon
     crashes: list[threading.ExceptHookArgs] = []
     old_hook = threading.excepthook

@@ -73,7 +73,7 @@ def _connect(s: socket.socket, path: str) -> None:
             time.sleep(0.005)
 
 
-def test_flood_of_idle_clients_leaves_the_data_path_working(daemon) -> None:  # type: ignore[no-untyped-def]
+def test_flood_of_idle_clients_leaves_the_data_path_working(daemon) -> None:
     rec, state, proc = daemon
     path = str(socket_path("fd0", state))
     client = DevdLink(rec, state_dir=state, spawn=False)

@@ -55,7 +55,7 @@ def cm_client(running: Running):  # noqa: F811
 
 
 @pytest.fixture
-def peer(running: Running):  # type: ignore[no-untyped-def]  # noqa: F811
+def peer(running: Running):  # noqa: F811
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.bind((PEER, running.devd.udp_port))
     yield s

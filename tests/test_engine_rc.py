@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import pytest
 from engine_harness import Endpoint, Net, connect
@@ -26,7 +27,7 @@ def post_recv(ep: Endpoint, wr_id: int, off: int, length: int) -> None:
 
 
 def send(ep: Endpoint, wr_id: int, off: int, length: int, opcode: int = e.IBV_WR_SEND,
-         now: float = 0.0, **kw: int) -> SendWQE:
+         now: float = 0.0, **kw: Any) -> SendWQE:
     w = SendWQE(wr_id, int(opcode), SIG, [SGE(ep.mr.addr + off, length, ep.mr.lkey)], **kw)
     ep.qp.post_send(w, now)
     return w
@@ -205,7 +206,7 @@ def test_duplicate_atomic_not_reexecuted() -> None:
     a, b = pair(net)
     struct.pack_into("=Q", b.buf, 0, 1)
     # drop the first ATOMIC_ACKNOWLEDGE so the requester retries the atomic
-    dropped = []
+    dropped: list[int] = []
 
     def rule(data: bytes) -> bool:
         if data[0] == 0x12 and not dropped:
@@ -225,7 +226,7 @@ def test_duplicate_atomic_not_reexecuted() -> None:
 def test_psn_seq_nak_sent_once_and_counters() -> None:
     net = Net()
     a, b = pair(net)
-    first = []
+    first: list[int] = []
 
     def rule(data: bytes) -> bool:
         pkt = wib.decode(memoryview(data))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from engine_harness import Endpoint, Net, Sink, connect
 
 from softrdma import enums as e
@@ -22,7 +24,7 @@ def ud_pair(net: Net) -> tuple[Endpoint, Endpoint]:
 
 
 def ud_send(a: Endpoint, b: Endpoint, wr_id: int, length: int, qkey: int = 0x11111111,
-            **kw: int) -> None:
+            **kw: Any) -> None:
     a.qp.post_send(SendWQE(wr_id, int(kw.pop("opcode", e.IBV_WR_SEND)), SIG,
                            [SGE(a.mr.addr, length, a.mr.lkey)], ah=AddressVector(b.port.gids[0]),
                            remote_qpn=b.qp.qpn, remote_qkey=qkey, **kw), 0.0)
@@ -87,7 +89,7 @@ def test_uc_write_and_send_loss_drops_message() -> None:
     a = Endpoint(net.add_port(1), e.IBV_QPT_UC)
     b = Endpoint(net.add_port(2), e.IBV_QPT_UC)
     connect(a, b)
-    first = []
+    first: list[int] = []
 
     def rule(data: bytes) -> bool:
         p = wib.decode(memoryview(data))

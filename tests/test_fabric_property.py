@@ -64,9 +64,9 @@ def test_random_ops_over_faulty_fabric(ops: list[tuple[str, int, bool]], seed: i
     clock = VirtualClock()
     fab = Fabric(clock, seed=seed, drop=drop, duplicate=dup, reorder=reorder, corrupt=corrupt)
     flips = _record_flips(fab)
-    a = Side(v.Context(fabric=fab.link("10.8.0.1", roce_ver=roce_ver)), RC,
-             bytearray((3 + len(ops)) * MiB))
-    b = Side(v.Context(fabric=fab.link("10.8.0.2", roce_ver=roce_ver)), RC, bytearray(4 * MiB))
+    abuf, bbuf = bytearray((3 + len(ops)) * MiB), bytearray(4 * MiB)
+    a = Side(v.Context(fabric=fab.link("10.8.0.1", roce_ver=roce_ver)), RC, abuf)
+    b = Side(v.Context(fabric=fab.link("10.8.0.2", roce_ver=roce_ver)), RC, bbuf)
     try:
         # MTU 4096 and the most retries the spec allows (3-bit counters = 7), so that 20%
         # loss on a 256-packet message does not exhaust them
@@ -74,7 +74,7 @@ def test_random_ops_over_faulty_fabric(ops: list[tuple[str, int, bool]], seed: i
         src = bytes((i * 13 + seed) & 0xFF for i in range(251)) * (MiB // 251 + 1)
         a.buf[:MiB] = src[:MiB]
         target = bytearray(MiB)  # model of b's [MiB, 2 MiB)
-        struct.pack_into("=Q", b.buf, 3 * MiB, 5)
+        struct.pack_into("=Q", bbuf, 3 * MiB, 5)
         counter = 5
         expect_recv: list[tuple[int, int]] = []
         reads: list[tuple[int, bytes]] = []
@@ -134,8 +134,8 @@ def test_random_ops_over_faulty_fabric(ops: list[tuple[str, int, bool]], seed: i
         for dst, data in reads:
             assert bytes(a.buf[dst:dst + len(data)]) == data
         for off, value in atomics:
-            assert struct.unpack_from("=Q", a.buf, off)[0] == value
-        assert struct.unpack_from("=Q", b.buf, 3 * MiB)[0] == counter
+            assert struct.unpack_from("=Q", abuf, off)[0] == value
+        assert struct.unpack_from("=Q", bbuf, 3 * MiB)[0] == counter
         if corrupt:
             # a flipped bit is caught by the ICRC unless it hit BTH byte 4 (resv8a: FECN,
             # BECN and reserved bits, which the ICRC masks, IBA A17.8 / roce.md)

@@ -33,6 +33,7 @@ from softrdma.tools.pingpong import Dest as PpDest
 from softrdma.tools.pingpong import encode_dest
 from softrdma.wire import cm as wcm
 from softrdma.wire import ib, roce
+from softrdma.wire.opcodes import OPTABLE
 from softrdma.wire.pcap import PcapRecord, PcapWriter, read_pcap
 
 CAPTURES = Path("/work/shared/captures")
@@ -253,7 +254,7 @@ def test_read_response_without_a_read(tmp_path: Path) -> None:
 def test_read_response_in_the_wrong_position(tmp_path: Path) -> None:
     recs = _records("roce_read_bw.pcap")
     def edit(r: PcapRecord, f: roce.RoceFrame) -> bytes | None:
-        return rebuild(f, opcode=0x10, info=ib.OPTABLE[0x10]) if r.index == 24 else None
+        return rebuild(f, opcode=0x10, info=OPTABLE[0x10]) if r.index == 24 else None
     path = write(tmp_path / "pos.pcap", recs, edit)
     rc, _, err = check(path)
     assert rc == 1

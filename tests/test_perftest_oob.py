@@ -286,17 +286,17 @@ def test_control_channel_keeps_a_message_that_shares_a_batch_with_a_send() -> No
     ch = cmconn.CmChannel.__new__(cmconn.CmChannel)
     ch.timeout = 2.0
     ch.buf = bytearray((cmconn.CTRL_RECVS + 1) * cmconn.CTRL_BUF)
-    ch.mr = _FakeMR()
+    ch.mr = _FakeMR()  # type: ignore[assignment]
     ch.qp = _FakeQP()
     ch._rx = []
     ch._sent = 0
     msg = oob.encode_dest_struct(oob.Dest(0, 1, 0x12, 0x345, 6, 7, GID_11))
     ch.buf[2 * cmconn.CTRL_BUF:2 * cmconn.CTRL_BUF + len(msg)] = msg
-    ch.cq = _FakeCQ([[_WC(int(e.IBV_WC_SEND), 5), _WC(int(e.IBV_WC_RECV), 2, len(msg))]])
+    ch.cq = _FakeCQ([[_WC(int(e.IBV_WC_SEND), 5), _WC(int(e.IBV_WC_RECV), 2, len(msg))]])  # type: ignore[assignment]
     ch.write(b"x" * 56)
     assert ch.read(56) == msg
     # ... and a SEND completion that comes with a message is not lost either
-    ch.cq = _FakeCQ([[_WC(int(e.IBV_WC_RECV), 0, 4), _WC(int(e.IBV_WC_SEND), 5)]])
+    ch.cq = _FakeCQ([[_WC(int(e.IBV_WC_RECV), 0, 4), _WC(int(e.IBV_WC_SEND), 5)]])  # type: ignore[assignment]
     ch.buf[0:4] = b"\x00\x00\x10\x00"
     assert ch.read(4) == b"\x00\x00\x10\x00"
     ch.write(b"y" * 4)  # its completion was already taken: no wait

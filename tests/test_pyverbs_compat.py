@@ -175,7 +175,8 @@ def test_device_memory(ctx: d.Context) -> None:
     assert _err(DMMR, pd, 64, e.IBV_ACCESS_LOCAL_WRITE, dm, 0) == errno.EINVAL
     assert _err(DMMR, pd, 200, zb, dm, 64) == errno.EINVAL
     mr = DMMR(pd, 64, zb, dm, 64)
-    assert mr.buf == 0 and ctx.port.lookup_mr(mr.lkey).zero_based
+    region = ctx.port.lookup_mr(mr.lkey)
+    assert mr.buf == 0 and region is not None and region.zero_based
     mr.write(b"wxyz", 4, 4)
     assert dm.copy_from_dm(68, 4) == b"wxyz" and mr.read(4, 4) == b"wxyz"
     dm.close()
@@ -391,7 +392,7 @@ def test_cq_ex_polling(dev: str) -> None:
         wr = SendWR(wr_id=2, num_sge=1, sg=[SGE(a.mr.buf + 64, 16, a.mr.lkey)])
         wr.set_wr_ud(ah, qp.qp_num, 0)
         qp.post_send(wr)
-        seen = {}
+        seen: dict[int, tuple[int, int, int]] = {}
         end = time.monotonic() + 10
         while len(seen) < 2 and time.monotonic() < end:
             if cqx.start_poll(PollCqAttr()) == 0:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import inspect
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import cm_harness
@@ -282,14 +282,14 @@ class _MarkFB:
 
 
 def _rc_transfer(fecn_becn: bool, roce_ver: str
-                 ) -> tuple[bytes, list[int], dict[str, int], dict[str, int]]:
+                 ) -> tuple[bytes, list[int], Mapping[str, int], Mapping[str, int]]:
     clock = VirtualClock()
     fab = Fabric(clock)
     a = v.Context(fabric=fab.link("10.8.1.1", roce_ver=roce_ver))
     b = v.Context(fabric=fab.link("10.8.1.2", roce_ver=roce_ver))
     try:
         if fecn_becn:  # set F and B on every packet a sends (masked in the ICRC, roce.md §2)
-            a.runtime.link = _MarkFB(a.runtime.link)
+            a.runtime.link = _MarkFB(a.runtime.link)  # type: ignore[assignment]
         sides = []
         for c in (a, b):
             pd = v.PD(c)

@@ -12,6 +12,7 @@ rule written out again with ``zlib.crc32``, not another implementation.
 from __future__ import annotations
 
 import io
+import socket
 import struct
 import zlib
 from pathlib import Path
@@ -29,7 +30,7 @@ from softrdma.cm.ibcm import ConnParams
 from softrdma.drivers import netdev, rawether
 from softrdma.drivers.clock import VirtualClock
 from softrdma.drivers.devd_v1 import V1_VERSION, send_reversible_v1, v1_datagram
-from softrdma.drivers.fabric import Fabric
+from softrdma.drivers.fabric import Fabric, FabricLink
 from softrdma.drivers.link import Datagram, gid_entries
 from softrdma.errors import DecodeError, DeviceError, InvalidArgument
 from softrdma.tools import pcap_check
@@ -260,7 +261,9 @@ def test_loopback_gid_is_dropped() -> None:
         bgid = b.ctx.query_gid(1, 0).raw
         for sgid in (rocev1.LOOPBACK_GID, a.ctx.query_gid(1, 0).raw):
             grh = rocev1.build_grh(sgid, bgid, len(body) + 4)
-            a.ctx.runtime.link.send_v1(bgid, [grh, body, roce.icrc_v1(grh, [body])])
+            link = a.ctx.runtime.link
+            assert isinstance(link, FabricLink)
+            link.send_v1(bgid, [grh, body, roce.icrc_v1(grh, [body])])
             clock.run(max_events=1000)
         (wc,) = b.cq.poll(4)[1]  # only the second one
         assert wc.status == 0 and wc.src_qp == a.qp.qp_num
@@ -328,14 +331,14 @@ def test_raw_link_without_privilege_is_a_clear_error(monkeypatch: pytest.MonkeyP
     (no traceback from the socket layer, nothing left open)."""
     fake = netdev.NetDev("eth9", 9, 1500, bytes.fromhex("020000000009"), 1, True,
                          (bytes([10, 0, 0, 9]),), ())
-    monkeypatch.setattr(rawether._netdev, "get", lambda name: fake)
+    monkeypatch.setattr(netdev, "get", lambda name: fake)
 
     def refuse(*args: Any, **kw: Any) -> Any:
         raise PermissionError(1, "Operation not permitted")
-    monkeypatch.setattr(rawether.socket, "socket", refuse)
+    monkeypatch.setattr(socket, "socket", refuse)
     with pytest.raises(DeviceError, match="need CAP_NET_RAW"):
         rawether.RawEtherLink("eth9")
-    monkeypatch.setattr(rawether._netdev, "get", lambda name: netdev.NetDev(
+    monkeypatch.setattr(netdev, "get", lambda name: netdev.NetDev(
         "lo", 1, 65536, bytes(6), 1, True, (), ()))
     with pytest.raises(DeviceError, match="no Ethernet MAC address"):
         rawether.RawEtherLink("lo")

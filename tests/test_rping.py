@@ -147,7 +147,8 @@ def test_persistent_server_serves_clients_until_stopped(tmp_path: Path, transpor
                                              or "UNREACHABLE" in first.stderr):
                 break
             time.sleep(0.25)
-        assert first is not None and first.returncode == 0, first.stderr
+        assert first is not None
+        assert first.returncode == 0, first.stderr
         second = subprocess.run(_rping(*client, "-C", "3"), env=env, capture_output=True,
                                 text=True, timeout=60)
         assert second.returncode == 0, second.stderr

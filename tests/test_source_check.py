@@ -53,7 +53,7 @@ def test_write_from_a_stranger_is_dropped_and_the_peer_is_unaffected(udp_pair) -
 
 
 # ---- SEND_WITH_INVALIDATE on RoCE (issue 13 item 8) -------------------------------------------
-def _send_inv(a, b, rkey: int) -> tuple[int, int]:  # type: ignore[no-untyped-def]
+def _send_inv(a, b, rkey: int) -> tuple[int, int]:
     b.qp.post_recv(v.RecvWR(7, 1, [b.sge(0, 64)]))
     w = v.SendWR(8, opcode=int(e.IBV_WR_SEND_WITH_INV), sg=[a.sge(0, 8)])
     w.invalidate_rkey = rkey

@@ -20,6 +20,7 @@ from softrdma import enums as e
 from softrdma import verbs as v
 from softrdma.drivers.clock import VirtualClock
 from softrdma.drivers.fabric import Fabric
+from softrdma.drivers.link import Datagram
 from softrdma.drivers.udp import UdpLink
 from softrdma.errors import InvalidArgument
 from softrdma.ib.pacing import RATE_MBPS, rate_bps
@@ -37,8 +38,8 @@ class Sent:
         self.clock = fab.clock
         self.log: list[tuple[float, int]] = []
 
-        def watch(d: object) -> bool:
-            if getattr(d, "src_ip", None) == src:
+        def watch(d: Datagram) -> bool:
+            if d.src_ip == src:
                 self.log.append((self.clock.now(), len(d.data)))
             return False
 

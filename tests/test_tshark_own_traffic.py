@@ -129,6 +129,7 @@ def test_live_loopback_capture_of_demo_and_pingpong(tmp_path: Path) -> None:
     """Real RoCEv2 datagrams on lo, from the demo (RC, all operations) and ud-pingpong."""
     port = 40000 + os.getpid() % 20000
     path = tmp_path / "live.pcap"
+    assert TSHARK is not None
     cap = subprocess.Popen([TSHARK, "-i", "lo", "-f", f"udp port {port}", "-w", str(path), "-q"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:

@@ -8,6 +8,7 @@ import asyncio
 import socket
 import struct
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -67,7 +68,7 @@ def roce_ver(request: pytest.FixtureRequest):
 
 
 class FabricPair:
-    def __init__(self, qpt: int = RC, size: int = 1 << 16, **fabric_args: float) -> None:
+    def __init__(self, qpt: int = RC, size: int = 1 << 16, **fabric_args: Any) -> None:
         self.clock = VirtualClock()
         self.fab = Fabric(self.clock, seed=3, **fabric_args)
         ver = ROCE_VER["v"]
@@ -189,8 +190,12 @@ def test_remote_access_error(fp: FabricPair) -> None:
 def test_retransmission_uses_virtual_timers() -> None:
     p = FabricPair()
     try:
-        dropped = []
-        p.fab.add_rule(lambda d: dropped.append(1) is None, "drop", count=1)
+        dropped: list[int] = []
+
+        def drop(d: object) -> bool:
+            dropped.append(1)
+            return True
+        p.fab.add_rule(drop, "drop", count=1)
         p.b.qp.post_recv(v.RecvWR(1, 1, [p.b.sge(0, 64)]))
         p.a.qp.post_send(v.SendWR(2, sg=[p.a.sge(0, 32)]))
         t0 = p.clock.now()

@@ -156,7 +156,8 @@ def test_pyverbs_helpers_reach_rts(ctx, qpt: int) -> None:
     else:
         assert attr.dest_qp_num == 0x11
         assert attr.path_mtu == e.IBV_MTU_1024
-        assert attr.ah_attr is not None and attr.ah_attr.gr.dgid == peer.query_gid(1, 0)
+        assert attr.ah_attr is not None and attr.ah_attr.gr is not None
+        assert attr.ah_attr.gr.dgid == peer.query_gid(1, 0)
     if qpt == RC:
         assert attr.timeout == 14 and attr.max_dest_rd_atomic == 4
     # any state -> ERR -> RESET -> INIT again

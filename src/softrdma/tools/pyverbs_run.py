@@ -17,6 +17,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from softrdma import verbs
 from softrdma.compat import DEVICE_ENV, SHIM_DIR
 
 __all__ = ["add_arguments", "run", "shim_env", "SOFTRDMA_ROOT"]
@@ -59,8 +60,6 @@ def run(args: argparse.Namespace) -> int:
               "program.py ...)", file=sys.stderr)
         return 2
     if args.dev:
-        from softrdma import verbs  # noqa: PLC0415
-
         names = [d.name for d in verbs.get_device_list()]
         if args.dev not in names:
             print(f"softrdma pyverbs: error: no softrdma device named {args.dev!r} "

@@ -33,6 +33,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from softrdma import verbs
+from softrdma.compat import DEVICE_ENV
 from softrdma.tools import sysfs_ns
 from softrdma.tools.pyverbs_run import shim_env
 
@@ -232,9 +234,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _default_device() -> str | None:
-    from softrdma import verbs  # noqa: PLC0415
-    from softrdma.compat import DEVICE_ENV  # noqa: PLC0415
-
     want = os.environ.get(DEVICE_ENV)
     names = [d.name for d in verbs.get_device_list() if d.type == "roce"]
     if want and want in names:
@@ -244,8 +243,6 @@ def _default_device() -> str | None:
 
 def _netdevs() -> dict[str, str]:
     """softrdma's devices and their network interfaces (for ``sysfs_ns``)."""
-    from softrdma import verbs  # noqa: PLC0415
-
     return {d.name: d.netdev for d in verbs.get_device_list() if d.netdev}
 
 

@@ -28,6 +28,7 @@ from softrdma.errors import DeviceError, SoftRdmaError
 from softrdma.verbs._object import VerbsObject
 
 from . import libibverbs_enums as e
+from .addr import GID
 from .base import PyverbsCM, PyverbsObject, rdma_error, translate
 from .pyverbs_error import PyverbsRDMAError, PyverbsUserError
 
@@ -438,8 +439,6 @@ class Context(_v.Context, PyverbsObject):
 
     def query_gid(self, port_num: int = 1, index: int = 0) -> Any:
         """``ibv_query_gid``: an empty entry reads as the zero GID."""
-        from .addr import GID  # noqa: PLC0415 - addr imports this module
-
         raw = self._gid_raw(port_num, index)
         return GID(raw if raw is not None else bytes(16))
 

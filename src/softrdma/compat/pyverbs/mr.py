@@ -29,6 +29,7 @@ from softrdma.verbs._object import VerbsObject
 from . import libibverbs_enums as e
 from ._procmem import ProcessMemoryRegion
 from .base import PyverbsCM, PyverbsObject, rdma_error
+from .device import DM
 from .pd import PD
 from .pyverbs_error import PyverbsRDMAError, PyverbsUserError
 
@@ -293,8 +294,6 @@ class DMMR(MR):
     the DM. ``read``/``write`` copy through the DM (``copy_from_dm``/``copy_to_dm``)."""
 
     def __init__(self, pd: PD, length: int, access: int, dm: Any, offset: int) -> None:
-        from .device import DM  # noqa: PLC0415 - device imports nothing from here
-
         VerbsObject.__init__(self)
         length, access, offset = int(length), int(access), int(offset)
         msg = f"Failed to register a device MR. length: {length}, access flags: {access}"

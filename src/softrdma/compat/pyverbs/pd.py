@@ -25,6 +25,7 @@ from softrdma.errors import SoftRdmaError
 
 from . import libibverbs_enums as e
 from .base import PyverbsCM, PyverbsObject, rdma_error
+from .device import Context
 from .pyverbs_error import PyverbsRDMAError, PyverbsUserError
 
 __all__ = ["PD", "ParentDomain", "ParentDomainInitAttr", "ParentDomainContext"]
@@ -42,8 +43,6 @@ class PD(_v.PD, PyverbsCM):
         if kwargs.get("handle") is not None:
             raise PyverbsRDMAError("Failed to import PD: softrdma objects cannot be imported",
                                    errno.EOPNOTSUPP)
-        from .device import Context  # noqa: PLC0415
-
         if not isinstance(creator, Context):
             raise PyverbsUserError(f"PD: expected a Context, got {type(creator).__name__}")
         try:

@@ -29,8 +29,11 @@ from . import libibverbs_enums as e
 from .addr import AH, AHAttr, GlobalRoute
 from .base import PyverbsCM, PyverbsObject, inc_rkey, rdma_error
 from .cq import CQ
+from .device import Context
 from .mr import MW, bind_wqe
+from .pd import PD
 from .pyverbs_error import PyverbsError, PyverbsRDMAError, PyverbsUserError
+from .utils import qp_state_to_str, qp_type_to_str
 from .wr import SGE, RecvWR, SendWR
 
 __all__ = ["QPCap", "QPInitAttr", "QPInitAttrEx", "QPAttr", "QP", "QPEx", "ECE",
@@ -263,6 +266,27 @@ class QPAttr(PyverbsObject):
     """``struct ibv_qp_attr``; ``ah_attr``/``alt_ah_attr``/``cap`` are copied in and out
     (C struct semantics)."""
 
+    # the integer fields (_QPATTR_INTS), set to 0 in __init__
+    path_mig_state: int
+    qkey: int
+    rq_psn: int
+    sq_psn: int
+    dest_qp_num: int
+    qp_access_flags: int
+    pkey_index: int
+    alt_pkey_index: int
+    en_sqd_async_notify: int
+    sq_draining: int
+    max_rd_atomic: int
+    max_dest_rd_atomic: int
+    min_rnr_timer: int
+    timeout: int
+    retry_cnt: int
+    rnr_retry: int
+    alt_port_num: int
+    alt_timeout: int
+    rate_limit: int
+
     def __init__(self, qp_state: int = int(e.IBV_QPS_INIT),
                  cur_qp_state: int = int(e.IBV_QPS_RESET), port_num: int = 1,
                  path_mtu: int = int(e.IBV_MTU_1024)) -> None:
@@ -349,9 +373,6 @@ class QP(_v.QP, PyverbsCM):
     """A queue pair (``ibv_create_qp`` / ``ibv_create_qp_ex``)."""
 
     def __init__(self, creator: Any, init_attr: Any, qp_attr: QPAttr | None = None) -> None:
-        from .device import Context  # noqa: PLC0415
-        from .pd import PD  # noqa: PLC0415
-
         if creator is None or init_attr is None:
             raise PyverbsUserError("QP needs a creator and init attributes")
         if isinstance(creator, Context):
@@ -391,8 +412,6 @@ class QP(_v.QP, PyverbsCM):
 
     @staticmethod
     def _check_ex(ctx: Any, a: QPInitAttrEx) -> Any:
-        from .pd import PD  # noqa: PLC0415
-
         if a.comp_mask & ~_KNOWN_INIT_MASK:
             raise PyverbsRDMAError("Failed to create QP", errno.EINVAL)
         if a.qp_type in (XRC_SEND, XRC_RECV):
@@ -568,8 +587,6 @@ class QP(_v.QP, PyverbsCM):
         _v.QP.close(self)
 
     def __str__(self) -> str:
-        from .utils import qp_state_to_str, qp_type_to_str  # noqa: PLC0415
-
         return (f"QP type: {qp_type_to_str(self.qp_type)}, number: {self.qp_num}, state: "
                 f"{qp_state_to_str(self.qp_state)}")
 

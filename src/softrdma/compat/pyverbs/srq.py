@@ -16,6 +16,8 @@ from softrdma.errors import SoftRdmaError
 
 from . import libibverbs_enums as e
 from .base import PyverbsCM, PyverbsObject, rdma_error
+from .device import Context
+from .pd import PD
 from .pyverbs_error import PyverbsRDMAError, PyverbsUserError
 from .wr import RecvWR
 
@@ -79,9 +81,6 @@ class SRQ(_v.SRQ, PyverbsCM):
     """A shared receive queue."""
 
     def __init__(self, creator: Any, attr: Any) -> None:
-        from .device import Context  # noqa: PLC0415
-        from .pd import PD  # noqa: PLC0415
-
         if isinstance(creator, Context):
             if not isinstance(attr, SrqInitAttrEx):
                 raise PyverbsUserError("An SRQ created on a Context needs a SrqInitAttrEx")

@@ -17,7 +17,7 @@ from typing import Any
 from softrdma import verbs as _v
 
 from . import libibverbs_enums as e
-from .base import PyverbsCM
+from .base import PyverbsCM, inc_rkey
 from .pyverbs_error import PyverbsUserError
 
 __all__ = ["SGE", "RecvWR", "SendWR", "send_flags_to_str"]
@@ -156,8 +156,6 @@ class SendWR(PyverbsCM):
     def set_bind_wr(self, mw: Any, bind_info: Any) -> None:
         """A type-2 memory-window bind (``bind_mw``): the new R_Key is the window's with
         its key byte incremented (``ibv_inc_rkey``)."""
-        from .base import inc_rkey  # noqa: PLC0415
-
         self.mw = mw
         self.bind_info = bind_info
         self._bind_rkey = inc_rkey(mw.rkey)

@@ -114,8 +114,6 @@ class CmChannel:
     key_binary = True
 
     def __init__(self, sess: CmSession, cid: Any, is_client: bool) -> None:
-        from ... import verbs as v
-
         self.sess = sess
         self.cid = cid
         self.is_client = is_client
@@ -216,8 +214,6 @@ class CmChannel:
             time.sleep(0)
 
     def write(self, data: bytes) -> None:
-        from ... import verbs as v
-
         off = CTRL_RECVS * CTRL_BUF
         self.buf[off:off + len(data)] = data
         sge = v.SGE(int(self.mr.addr) + off, len(data), self.mr.lkey)

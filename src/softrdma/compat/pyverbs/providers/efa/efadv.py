@@ -7,6 +7,7 @@ EOPNOTSUPP (see :mod:`softrdma.compat.pyverbs.providers._unsupported`).
 from __future__ import annotations
 
 from .._unsupported import provider_classes
+from . import efa_enums
 
 _NAMES = ["EfaAH", "EfaCQ", "EfaContext", "EfaDVCQInitAttr", "EfaQPInitAttr", "SRDQP", "SRDQPEx", "EfaDVDeviceAttr", ]
 globals().update(provider_classes("EFA", _NAMES, __name__))
@@ -15,8 +16,6 @@ __all__ = list(_NAMES)
 
 def dev_cap_to_str(flags: int) -> str:
     """Names of the EFA device capability bits set in ``flags``."""
-    from . import efa_enums  # noqa: PLC0415
-
     names = {int(getattr(efa_enums, n)): n for n in dir(efa_enums)
              if n.startswith("EFADV_DEVICE_ATTR_CAPS_")}
     return "".join(f"{n} " for bit, n in names.items() if flags & bit)
