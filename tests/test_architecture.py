@@ -1,0 +1,400 @@
+"""The shape of ``src/softrdma``, read from its source with :mod:`ast` (nothing is imported).
+
+Three rules (docs/design.md, "Layout"):
+
+* the import graph of the package's modules has no cycle, function-local imports counted
+  (an import under ``if TYPE_CHECKING:`` is not run and is not an edge here);
+* the protocol packages hold no I/O: ``ib``, ``iwarp`` and ``seam`` import no ``socket``,
+  ``threading``, ``select``, ``selectors``, ``asyncio``, ``subprocess`` nor ``time`` (engines
+  are given the time); ``wire``, ``cm`` and ``ipoib`` import none of the first six and do
+  not call ``time.sleep``;
+* each package imports only the packages :data:`ALLOWED` gives it (type-only and
+  function-local imports included).
+
+The ``KNOWN_OPEN_*`` tables list what is still open today, each entry with the branch that
+removes it; the lead empties them as those branches land. Anything else fails.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parent.parent / "src" / "softrdma"
+ROOT_PACKAGE = "softrdma"
+
+ANY = frozenset({"*"})
+BASE = frozenset({"errors", "enums"})
+
+# package -> the packages of ours it may import (docs/design.md's layout table). The order
+# from the bottom: errors/enums, wire, seam, the sans-I/O engines (ib, iwarp, ipoib),
+# drivers (I/O: links, runtimes, devd), verbs, cm (IB CM, rdma_cm, iWARP connection setup),
+# then the applications (tools, compat, interop).
+ALLOWED: dict[str, frozenset[str]] = {
+    "errors": frozenset(),
+    "enums": frozenset(),
+    "wire": BASE,
+    "seam": BASE | {"wire"},
+    "ib": BASE | {"wire", "seam"},
+    "iwarp": BASE | {"wire", "seam"},
+    "ipoib": BASE | {"wire"},
+    "drivers": BASE | {"wire", "seam", "ib", "iwarp"},
+    "verbs": BASE | {"wire", "seam", "ib", "iwarp", "drivers"},
+    "cm": BASE | {"wire", "seam", "ib", "iwarp", "drivers", "verbs"},
+    "compat": ANY,
+    "tools": ANY,
+    "interop": ANY,
+    "__main__": ANY,
+}
+
+# Modules that may import more than their package (by design, not open work).
+MODULE_EXTRA: dict[str, frozenset[str]] = {
+    # the IPoIB interface process: it drives the sans-I/O ipoib engine as a verbs + CM
+    # application (UD QP, RC connections through the IB CM), so it sits above cm
+    "softrdma.drivers.ipoib_runtime": frozenset({"ipoib", "verbs", "cm"}),
+}
+
+# (module, package it imports) still open, with the branch that removes the import.
+KNOWN_OPEN_LAYERS: dict[tuple[str, str], str] = {
+    # the iWARP engine shares ib's MR table, WQE types and QP base classes until the seam
+    ("softrdma.iwarp.engine", "ib"): "seam",
+    ("softrdma.iwarp.qp", "ib"): "seam",
+    ("softrdma.iwarp.stag", "ib"): "seam",
+    # the TCP runtime moves to drivers/tcp_runtime.py
+    ("softrdma.iwarp.runtime", "drivers"): "runtime",
+}
+
+IO_MODULES = frozenset({"socket", "threading", "select", "selectors", "asyncio", "subprocess"})
+NO_IO_NO_CLOCK = ("ib", "iwarp", "seam")  # ... and no `time` at all
+NO_IO = ("wire", "cm", "ipoib")  # ... and no time.sleep()
+
+# Modules of the NO_IO packages that may do I/O by design.
+IO_EXTRA: dict[str, frozenset[str]] = {
+    # iWARP connection setup (TCP connect/accept + MPA negotiation) beside rdma_cm
+    "softrdma.cm.iwconnect": frozenset({"socket", "threading", "select", "selectors"}),
+}
+
+# module -> (what it still uses, the branch that removes it)
+KNOWN_OPEN_IO: dict[str, tuple[frozenset[str], str]] = {
+    "softrdma.iwarp.runtime": (frozenset({"selectors", "socket", "threading", "time",
+                                          "time.sleep"}), "runtime"),
+    "softrdma.iwarp.cm": (frozenset({"select", "socket", "threading", "time", "time.sleep"}),
+                          "runtime"),
+    # the rdma_cm API and the CM agent: locks, blocking event waits, route look-ups
+    "softrdma.cm.ibcm": (frozenset({"threading"}), "cmtyped"),
+    "softrdma.cm.gsi": (frozenset({"threading"}), "cmtyped"),
+    "softrdma.cm.rdma_cm": (frozenset({"threading"}), "cmtyped"),
+    "softrdma.cm.rdma_devices": (frozenset({"socket", "threading"}), "cmtyped"),
+    "softrdma.cm.rdma_events": (frozenset({"asyncio", "select", "threading"}), "cmtyped"),
+    "softrdma.cm.rdma_iwwatch": (frozenset({"threading", "time.sleep"}), "cmtyped"),
+}
+
+# (module, module) function-local imports that still close a cycle, with their owner.
+KNOWN_OPEN_CYCLE_EDGES: dict[tuple[str, str], str] = {
+    ("softrdma.cm.cmid", "softrdma.cm.ipcm"): "cmtyped",
+    ("softrdma.cm.cmid", "softrdma.cm.sidr"): "cmtyped",
+    ("softrdma.cm.ibcm", "softrdma.cm.sidr"): "cmtyped",
+    ("softrdma.cm.sidr", "softrdma.cm.ibcm"): "cmtyped",
+}
+
+
+@dataclass(frozen=True)
+class Import:
+    """One import statement's edge: ``source`` imports ``target`` (both module names)."""
+
+    source: str
+    target: str
+    lineno: int
+    local: bool  # inside a function body
+    type_only: bool  # under ``if TYPE_CHECKING:``
+
+
+def module_name(path: Path, src: Path) -> str:
+    parts = list(path.relative_to(src.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def package_of(module: str) -> str:
+    """``softrdma.cm.ibcm`` -> ``cm``; ``softrdma.errors`` -> ``errors``; the root -> ``""``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def modules(src: Path = SRC) -> dict[str, Path]:
+    return {module_name(p, src): p for p in sorted(src.rglob("*.py"))}
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.body:
+                out.update(id(n) for n in ast.walk(child))
+    return out
+
+
+def _function_nodes(tree: ast.AST) -> set[int]:
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            for child in ast.iter_child_nodes(node):
+                out.update(id(n) for n in ast.walk(child))
+    return out
+
+
+def imports_of(name: str, path: Path, known: Iterable[str]) -> list[Import]:
+    """The imports of module ``name`` (file ``path``) that name modules in ``known``: an
+    ``import a.b`` or ``from a import b`` names ``a.b`` when that is a module, else ``a``."""
+    known = set(known)
+    tree = ast.parse(path.read_text(), str(path))
+    type_only, local = _type_checking_nodes(tree), _function_nodes(tree)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        else:
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            targets = [f"{mod}.{a.name}" if f"{mod}.{a.name}" in known else mod
+                       for a in node.names]
+        for t in targets:
+            while t and t not in known and "." in t:  # `import a.b.c` of a package's name
+                t = t.rpartition(".")[0]
+            if t in known and t != name:
+                out.append(Import(name, t, node.lineno, id(node) in local,
+                                  id(node) in type_only))
+    return out
+
+
+@functools.cache
+def import_graph(src: Path = SRC) -> list[Import]:
+    mods = modules(src)
+    return [imp for name, path in mods.items() for imp in imports_of(name, path, mods)]
+
+
+def cycles(edges: Mapping[str, Iterable[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one node (Tarjan), each sorted."""
+    graph = {k: sorted(set(v)) for k, v in edges.items()}
+    for targets in list(graph.values()):
+        for t in targets:
+            graph.setdefault(t, [])
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        # iterative DFS: (node, iterator over its successors)
+        work = [(root, iter(graph[root]))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, it = work[-1]
+            nxt = next(it, None)
+            if nxt is not None:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(graph[nxt])))
+                elif nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                comp = []
+                while True:
+                    m = stack.pop()
+                    on_stack.discard(m)
+                    comp.append(m)
+                    if m == node:
+                        break
+                if len(comp) > 1:
+                    found.append(sorted(comp))
+    return sorted(found)
+
+
+def runtime_edges(imports: Iterable[Import],
+                  ignore: Iterable[tuple[str, str]] = ()) -> dict[str, set[str]]:
+    """The module graph as run: every import but the type-only ones (and ``ignore``)."""
+    skip = set(ignore)
+    out: dict[str, set[str]] = {}
+    for imp in imports:
+        if not imp.type_only and (imp.source, imp.target) not in skip:
+            out.setdefault(imp.source, set()).add(imp.target)
+    return out
+
+
+def layer_violations(imports: Iterable[Import],
+                     allowed: Mapping[str, frozenset[str]] = ALLOWED,
+                     extra: Mapping[str, frozenset[str]] = MODULE_EXTRA) -> set[tuple[str, str]]:
+    """(module, package) pairs where a module imports a package its layer may not."""
+    bad = set()
+    for imp in imports:
+        src_pkg, dst_pkg = package_of(imp.source), package_of(imp.target)
+        if src_pkg == dst_pkg or dst_pkg == "":
+            continue
+        ok = allowed.get(src_pkg, frozenset())
+        if ok is ANY or dst_pkg in ok or dst_pkg in extra.get(imp.source, frozenset()):
+            continue
+        bad.add((imp.source, dst_pkg))
+    return bad
+
+
+def io_uses(path: Path) -> set[str]:
+    """The I/O modules (and ``time``) a file imports, and ``time.sleep`` if it calls it."""
+    tree = ast.parse(path.read_text(), str(path))
+    used = set()
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name.split(".")[0] for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names = [node.module.split(".")[0]]
+            if node.module == "time" and any(a.name == "sleep" for a in node.names):
+                used.add("time.sleep")
+        used.update(n for n in names if n in IO_MODULES or n == "time")
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "time.sleep":
+            used.add("time.sleep")
+    return used
+
+
+def io_violations(src: Path = SRC) -> dict[str, set[str]]:
+    out = {}
+    for name, path in modules(src).items():
+        pkg = package_of(name)
+        if pkg in NO_IO_NO_CLOCK:
+            banned = IO_MODULES | {"time", "time.sleep"}
+        elif pkg in NO_IO:
+            banned = (IO_MODULES | {"time.sleep"}) - IO_EXTRA.get(name, frozenset())
+        else:
+            continue
+        bad = io_uses(path) & banned
+        if bad:
+            out[name] = bad
+    return out
+
+
+# ---------------------------------------------------------------------------- the tree
+
+def test_every_package_has_a_row_in_the_layer_table() -> None:
+    packages = {package_of(m) for m in modules()} - {""}
+    assert packages <= set(ALLOWED), f"add to ALLOWED: {sorted(packages - set(ALLOWED))}"
+
+
+def test_the_layer_table_has_no_cycle() -> None:
+    table = {k: v for k, v in ALLOWED.items() if v is not ANY}
+    assert cycles(table) == []
+
+
+def test_import_graph_has_no_cycles_lazy_imports_included() -> None:
+    graph = runtime_edges(import_graph(), ignore=KNOWN_OPEN_CYCLE_EDGES)
+    found = cycles(graph)
+    assert not found, f"import cycles (function-local imports count): {found}"
+
+
+def test_every_package_imports_only_what_its_layer_allows() -> None:
+    bad = layer_violations(import_graph())
+    assert sorted(bad - set(KNOWN_OPEN_LAYERS)) == []
+
+
+def test_protocol_packages_do_no_io() -> None:
+    found = io_violations()
+    unexpected = {m: sorted(u - KNOWN_OPEN_IO.get(m, (frozenset(), ""))[0])
+                  for m, u in found.items()}
+    assert {m: u for m, u in unexpected.items() if u} == {}
+
+
+# ----------------------------------------------------- the checks catch what they look for
+
+def _write(root: Path, files: Mapping[str, str]) -> Path:
+    for rel, text in files.items():
+        p = root / "softrdma" / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    return root / "softrdma"
+
+
+def test_cycle_finder_on_a_synthetic_graph() -> None:
+    assert cycles({"a": ["b"], "b": ["c"], "c": ["a"], "d": ["a"], "e": []}) == [["a", "b", "c"]]
+    assert cycles({"a": ["b"], "b": ["a"], "c": ["d"], "d": ["c"]}) == [["a", "b"], ["c", "d"]]
+    assert cycles({"a": ["b"], "b": ["c"], "c": []}) == []
+    # a long chain closed at its end (the iterative search has no recursion limit)
+    chain = {f"m{i}": [f"m{i + 1}"] for i in range(5000)}
+    chain["m5000"] = ["m0"]
+    assert len(cycles(chain)[0]) == 5001
+
+
+def test_a_function_local_import_closing_a_cycle_is_caught(tmp_path: Path) -> None:
+    src = _write(tmp_path, {
+        "__init__.py": "",
+        "cm/__init__.py": "",
+        "cm/a.py": "from .b import g\n\ndef f():\n    return g()\n",
+        "cm/b.py": "def g():\n    from .a import f  # noqa: PLC0415\n    return f\n",
+        "cm/c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import f\n",
+    })
+    imports = import_graph(src)
+    assert {(i.source, i.target, i.local, i.type_only) for i in imports} == {
+        ("softrdma.cm.a", "softrdma.cm.b", False, False),
+        ("softrdma.cm.b", "softrdma.cm.a", True, False),
+        ("softrdma.cm.c", "softrdma.cm.a", False, True),
+    }
+    assert cycles(runtime_edges(imports)) == [["softrdma.cm.a", "softrdma.cm.b"]]
+    assert cycles(runtime_edges(imports, ignore=[("softrdma.cm.b", "softrdma.cm.a")])) == []
+
+
+def test_a_layer_violation_is_caught(tmp_path: Path) -> None:
+    src = _write(tmp_path, {
+        "__init__.py": "",
+        "wire/__init__.py": "",
+        "wire/x.py": "from .. import errors\n",
+        "errors.py": "",
+        "verbs/__init__.py": "",
+        "verbs/qp.py": "import softrdma.wire.x\n",
+        "ib/__init__.py": "",
+        "ib/qp.py": "def f():\n    from ..verbs import qp  # noqa: PLC0415\n    return qp\n",
+    })
+    assert layer_violations(import_graph(src)) == {("softrdma.ib.qp", "verbs")}
+
+
+def test_io_in_a_protocol_package_is_caught(tmp_path: Path) -> None:
+    src = _write(tmp_path, {
+        "__init__.py": "",
+        "ib/__init__.py": "",
+        "ib/a.py": "import time\n",
+        "wire/__init__.py": "",
+        "wire/b.py": "import time\n\ndef f():\n    time.sleep(0.002)\n",
+        "wire/c.py": "import time\n\ndef f():\n    return time.time()\n",
+        "cm/__init__.py": "",
+        "cm/d.py": "from threading import Lock\n",
+        "drivers/__init__.py": "",
+        "drivers/e.py": "import socket\nimport time\ntime.sleep(0)\n",
+    })
+    assert io_violations(src) == {"softrdma.ib.a": {"time"}, "softrdma.wire.b": {"time.sleep"},
+                                  "softrdma.cm.d": {"threading"}}
+
+
+@pytest.mark.parametrize("known", [KNOWN_OPEN_LAYERS, KNOWN_OPEN_IO, KNOWN_OPEN_CYCLE_EDGES])
+def test_known_open_entries_name_an_owner(known: Mapping[object, object]) -> None:
+    owners = {"seam", "runtime", "iwconn", "cmtyped", "hygiene"}
+    for entry in known.values():
+        owner = entry[1] if isinstance(entry, tuple) else entry
+        assert owner in owners
