@@ -55,12 +55,6 @@ class NotSupported(SoftRdmaError):
     errno = _errno.EOPNOTSUPP
 
 
-class BusyError(SoftRdmaError):
-    """The object is still in use (a PD with live MRs/QPs, a CQ with QPs ...)."""
-
-    errno = _errno.EBUSY
-
-
 class DecodeError(SoftRdmaError):
     """A packet or frame could not be decoded: truncated, bad length, unknown opcode ..."""
 

@@ -207,11 +207,6 @@ def open_device(entry: DeviceEntry) -> OpenDevice:
         return dev
 
 
-def open_devices() -> list[OpenDevice]:
-    with _lock:
-        return list(_open.values())
-
-
 def release_devices(name: str | None = None) -> None:
     """Close the devices (all, or ``name``): every id still using one gets
     ``RDMA_CM_EVENT_DEVICE_REMOVAL`` first (its QP and the device are then unusable)."""

@@ -221,7 +221,3 @@ class NeighbourResolver:
         self._negative.pop(gid, None)
         return mac
 
-    def forget(self, gid: bytes) -> None:
-        """Drop ``gid`` from the cache (the next send asks the kernel again)."""
-        self._cache.pop(gid, None)
-        self._negative.pop(gid, None)

@@ -157,10 +157,6 @@ class DeviceRecord:
             raise DeviceError(f"device registry: malformed record {obj!r}")
         return cls(name, nd, typ, port, ver, vlan)
 
-    def netdev_info(self) -> _netdev.NetDev:
-        """The netdev snapshot (:class:`DeviceError` if the interface is gone)."""
-        return _netdev.get(self.netdev)
-
     def active_mtu(self) -> int:
         """The port's active MTU in bytes (rxe_set_mtu), from the netdev's current MTU."""
         return ib_mtu_for(_netdev.get(self.netdev).mtu)

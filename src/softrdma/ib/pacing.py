@@ -45,12 +45,6 @@ def rate_bps(static_rate: int, argument: str = "static_rate") -> float:
     return mbps * 1e6
 
 
-def effective_bps(*rates: float) -> float:
-    """The tightest of several limits (0.0 entries are "no limit")."""
-    live = [r for r in rates if r > 0.0]
-    return min(live) if live else 0.0
-
-
 class Pacer:
     """When the next packet of one requester may leave (IBA 9.11 inter-packet delay).
 

@@ -170,9 +170,6 @@ class Lab:
             os.close(fd)  # closing drops the flock
 
     # -- image and guests ---------------------------------------------------------------
-    def image_ready(self) -> bool:
-        return (self.cache / "images" / "base.img").is_file()
-
     def build(self) -> None:
         """``build.sh`` (idempotent: instant when the image is cached)."""
         self._run(["bash", str(self.build_sh)], BUILD_TIMEOUT)

@@ -184,12 +184,6 @@ def _guid_from_mac(mac: bytes) -> int:
     return int.from_bytes(eui, "big")
 
 
-def format_guid(guid: int) -> str:
-    """``0123:4567:89ab:cdef`` (ibv_devinfo's GUID format)."""
-    h = f"{guid:016x}"
-    return ":".join(h[i:i + 4] for i in range(0, 16, 4))
-
-
 @dataclass(slots=True)
 class DeviceInfo:
     """One entry of :func:`get_device_list`."""

@@ -55,12 +55,6 @@ class TestSpec:
         return {"send": "Send", "write": "RDMA_Write", "read": "RDMA_Read",
                 "atomic": "Atomic"}[self.verb]
 
-    @property
-    def one_sided(self) -> bool:
-        """Only the client measures (the server waits): every BW test but send-bw, and
-        read/atomic latency."""
-        return not ((self.verb == "send") or (self.tst == "lat" and self.verb == "write"))
-
 
 SPECS = {f"{verb}-{tst}": TestSpec(verb, tst) for verb in ("write", "read", "send", "atomic")
          for tst in ("bw", "lat")}
