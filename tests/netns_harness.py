@@ -206,7 +206,7 @@ class Host:
         return f"::ffff:{self.ipv4}" if family == 4 else self.ipv6
 
     def link_local_gid(self) -> str:
-        """The RoCEv1 link-local GID: fe80:: + the modified EUI-64 of the MAC (roce.md §4)."""
+        """The RoCEv1 link-local GID: fe80:: + the modified EUI-64 of the MAC (Annex A16; ../shared/specs/roce.md §4)."""
         mac = bytes.fromhex(self.mac.replace(":", ""))
         eui = bytes([mac[0] ^ 0x02]) + mac[1:3] + b"\xff\xfe" + mac[3:]
         return str(ipaddress.IPv6Address(b"\xfe\x80" + bytes(6) + eui))

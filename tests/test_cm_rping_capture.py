@@ -18,7 +18,7 @@ REQ or REP the PSN it *receives* at; the peer sends from it (``../shared/specs/i
 REQ offset 44, REP offset 20). softrdma's own random choices (its comm ID and Starting
 PSN) are scripted to the capture's values, so every rxe packet replays with only its
 destination QPN (softrdma's QP) and, for rxe's READ, the remote key and address changed;
-ICRCs are recomputed (IBA 9.8, roce.md §2). Each softrdma packet is compared with the
+ICRCs are recomputed (IBA 9.8, ../shared/specs/roce.md §2). Each softrdma packet is compared with the
 capture's: opcode, destination QPN, PSN, payload length, AETH syndrome and MSN, and the
 CM message type and its comm IDs and Starting PSN. What the fabric delivered, captured,
 passes ``softrdma pcap-check`` with its conversation checks.

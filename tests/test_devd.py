@@ -218,13 +218,13 @@ def test_qp1_delivered_to_every_registered_client(
 
 
 def _group(n: int) -> bytes:
-    """A 239/8 group private to this test run (roce.md §4: MGID ::ffff:a.b.c.d)."""
+    """A 239/8 group private to this test run (Annex A17; ../shared/specs/roce.md §4: MGID ::ffff:a.b.c.d)."""
     return bytes((239, 77 + n, (os.getpid() >> 8) & 0xFF, os.getpid() & 0xFF))
 
 
 def test_multicast_to_attached_clients(running: Running, sender: socket.socket) -> None:
     port = running.devd.udp_port
-    # roce.md §4: the MGID of an IPv4 group is ::ffff:a.b.c.d; the first attachment makes
+    # Annex A17; ../shared/specs/roce.md §4: the MGID of an IPv4 group is ::ffff:a.b.c.d; the first attachment makes
     # devd join the IP group on its socket, and devd matches the datagram's destination
     group, other_group = _group(0), _group(1)
     mgid, other = V4_MAPPED + group, V4_MAPPED + other_group

@@ -138,7 +138,7 @@ def test_random_ops_over_faulty_fabric(ops: list[tuple[str, int, bool]], seed: i
         assert struct.unpack_from("=Q", bbuf, 3 * MiB)[0] == counter
         if corrupt:
             # a flipped bit is caught by the ICRC unless it hit BTH byte 4 (resv8a: FECN,
-            # BECN and reserved bits, which the ICRC masks, IBA A17.8 / roce.md)
+            # BECN and reserved bits, which the ICRC masks, IBA A17.8 / ../shared/specs/roce.md)
             assert all(off == _BTH_RESV8A for off in flips) or a.ctx.counters()["rcvd_icrc_err"] + \
                 b.ctx.counters()["rcvd_icrc_err"] > 0
     finally:

@@ -69,7 +69,7 @@ def test_hwaddr_roundtrip(qpn: int, g: bytes, flags: int) -> None:
 
 
 def test_mgids_match_linux() -> None:
-    # ipoib.md §3: Linux broadcast ff12:401b:ffff::ffff:ffff
+    # RFC 4391; ../shared/specs/ipoib.md §3: Linux broadcast ff12:401b:ffff::ffff:ffff
     assert ipv4_broadcast_mgid() == bytes.fromhex("ff12401bffff000000000000ffffffff")
     assert ipv4_broadcast_mgid(0x8001) == bytes.fromhex("ff12401b8001000000000000ffffffff")
     # ip_ib_mc_map: low 28 bits of 239.1.2.3 -> 0f 01 02 03

@@ -457,7 +457,7 @@ def test_mpa_exchange_bytes_match_siw(capture: str) -> None:
 
 
 def test_rtr_write_bytes_match_the_worked_example() -> None:
-    """iwarp.md §3: zero-length RDMA Write RTR, STag 1, TO 0, CRC on:
+    """../shared/specs/iwarp.md §3 worked example: zero-length RDMA Write RTR, STag 1, TO 0, CRC on:
     ``000e c1 40 00000001 0000000000000000 eb d3 4c 5f``."""
     a, b = Side("a"), Side("b")
     connect_pair(a, b, MpaConfig(crc=True, p2p=True, rtr_read=False))

@@ -1,4 +1,4 @@
-"""UD multicast across hosts over RoCEv2 and RoCEv1 (issue 11, roce.md §4): one sender reaches two
+"""UD multicast across hosts over RoCEv2 and RoCEv1 (issue 11, Annex A16; ../shared/specs/roce.md §4): one sender reaches two
 receivers on two other hosts, each in its own network namespace with its own devd (or an
 in-process device); a detach stops delivery to that receiver only.
 
@@ -58,7 +58,7 @@ def _command(p: Lines, cmd: str) -> dict[str, object]:
     return p.json()
 
 
-V1 = 1  # RoCEv1: the MGID's Ethernet multicast MAC (33:33 + its last 4 bytes, roce.md §4)
+V1 = 1  # RoCEv1: the MGID's Ethernet multicast MAC (33:33 + its last 4 bytes, Annex A16; ../shared/specs/roce.md §4)
 
 
 @pytest.mark.parametrize(("family", "shared"), [

@@ -47,7 +47,7 @@ def _records(name: str) -> list[PcapRecord]:
 
 
 def rebuild(f: roce.RoceFrame, **changes: object) -> bytes:
-    """The frame with its transport fields changed and its ICRC recomputed (roce.md §2)."""
+    """The frame with its transport fields changed and its ICRC recomputed (IBA 7.8.1, Annex A17; ../shared/specs/roce.md §2)."""
     p = f.packet
     for k, val in changes.items():
         setattr(p, k, val)

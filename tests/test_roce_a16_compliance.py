@@ -262,7 +262,7 @@ def test_ca16_15_1_1_static_rate() -> None:
 # ---------------------------------------------------------------------------- CA16-16
 class _MarkFB:
     """A link that sets BTH F and B on every packet it sends, after the ICRC was computed
-    (the ICRC masks that byte: rxe_icrc.c, roce.md §2)."""
+    (the ICRC masks that byte: rxe_icrc.c, IBA 7.8.1, Annex A17; ../shared/specs/roce.md §2)."""
 
     def __init__(self, link: Any) -> None:
         self._link = link
@@ -288,7 +288,7 @@ def _rc_transfer(fecn_becn: bool, roce_ver: str
     a = v.Context(fabric=fab.link("10.8.1.1", roce_ver=roce_ver))
     b = v.Context(fabric=fab.link("10.8.1.2", roce_ver=roce_ver))
     try:
-        if fecn_becn:  # set F and B on every packet a sends (masked in the ICRC, roce.md §2)
+        if fecn_becn:  # set F and B on every packet a sends (masked in the ICRC, IBA 7.8.1, Annex A17; ../shared/specs/roce.md §2)
             a.runtime.link = _MarkFB(a.runtime.link)  # type: ignore[assignment]
         sides = []
         for c in (a, b):

@@ -44,7 +44,7 @@ DGID = bytes.fromhex("00000000000000000000ffff0a000002")
 
 
 def icrc_reference(grh: bytes, ib_part: bytes) -> bytes:
-    """roce.md §2 for RoCEv1, written out with zlib (the test's own statement of it)."""
+    """The RoCEv1 ICRC (IBA 7.8.1 with Annex A16; ../shared/specs/roce.md §2), written out with zlib (the test's own statement of it)."""
     g = bytearray(grh)
     g[0] |= 0x0F  # TClass high nibble
     g[1:4] = b"\xff\xff\xff"  # TClass low nibble + FlowLabel
@@ -109,7 +109,7 @@ def test_ethernet_rejects_reserved_sl_and_bad_vlan() -> None:
 
 
 def test_link_local_gid_is_modified_eui64() -> None:
-    """roce.md §4 / RFC 4291 appendix A: aa:bb:cc:dd:ee:ff -> fe80::a8bb:ccff:fedd:eeff."""
+    """Annex A16 GIDs (../shared/specs/roce.md §4) / RFC 4291 appendix A: aa:bb:cc:dd:ee:ff -> fe80::a8bb:ccff:fedd:eeff."""
     mac = bytes.fromhex("aabbccddeeff")
     assert rocev1.link_local_gid(mac) == SGID
     assert rocev1.mac_of_link_local_gid(SGID) == mac
@@ -160,7 +160,7 @@ def test_icrc_v1_vector_and_masks() -> None:
     assert roce.icrc_v1(grh, [body[:3], memoryview(body)[3:20], body[20:]]) == ic
 
 
-# The ICRC of the packet above by roce.md §2 (computed once, kept as a literal so that a
+# The ICRC of the packet above by IBA 7.8.1 with Annex A16 (../shared/specs/roce.md §2) (computed once, kept as a literal so that a
 # change of the rule or of the codecs shows up here).
 REGRESSION_ICRC = "6a7bccba"
 

@@ -343,7 +343,7 @@ time.sleep(0.5)
 
 
 def test_ud_multicast_over_rocev1(hosts: tuple[Host, Host]) -> None:
-    """UD multicast on RoCEv1 (IBA 10.5, roce.md §4): the MGID's frames go to 33:33 + its
+    """UD multicast on RoCEv1 (IBA 10.5, ../shared/specs/roce.md §4): the MGID's frames go to 33:33 + its
     last 4 bytes; the receiver's devd joins that MAC; a detach stops delivery."""
     a, b = hosts
     rx = b.start("-c", _MCAST_RECV)

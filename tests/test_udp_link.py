@@ -284,7 +284,7 @@ def test_buffers_are_large() -> None:
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root for a raw socket to see the IPv4 header")
 def test_linux_sends_id0_df_and_the_icrc_checks() -> None:
     """captures README: an unconnected socket with IP_PMTUDISC_DO sends ID 0 + DF, so an
-    ICRC computed before sending (roce.md §2) matches the header Linux really sent."""
+    ICRC computed before sending (IBA 7.8.1, Annex A17; ../shared/specs/roce.md §2) matches the header Linux really sent."""
     raw = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_UDP)
     raw.setblocking(False)
     try:

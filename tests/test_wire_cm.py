@@ -2,7 +2,7 @@
 
 Oracles: the CM MADs of the rxe captures (byte-exact round trips, and a REQ rebuilt from
 values alone), tshark's decode of the same packets (one tshark run per capture), and the
-offsets/bit positions of ib-cm.md §1-3 written out by hand below (independent of the
+offsets/bit positions (IBA 13.4.2 MAD header, 12.6 CM messages) of ../shared/specs/ib-cm.md §1-3 written out by hand below (independent of the
 layout tables in the code).
 """
 
@@ -255,7 +255,7 @@ def test_fields_agree_with_tshark(name: str) -> None:
 
 # ------------------------------------------------------------------------- bit positions
 # (class, field, value, MAD offset of the first byte touched, expected bytes there),
-# written from ib-cm.md §1-3 ("Body off" + 24), every other byte staying zero.
+# written from ../shared/specs/ib-cm.md §1-3 ("Body off" + 24), every other byte staying zero.
 POSITIONS: list[tuple[type[cm.CmMessage], str, int, int, bytes]] = [
     (cm.Req, "local_comm_id", 0x01020304, 24, b"\x01\x02\x03\x04"),
     (cm.Req, "service_id", 0x0000000001061C06, 32, bytes.fromhex("0000000001061c06")),
@@ -501,7 +501,7 @@ def test_encode_header_must_match_message() -> None:
 
 # ------------------------------------------------------------------------- tables
 def test_private_data_sizes_and_enums() -> None:
-    # ib-cm.md §2, column "Private data bytes".
+    # IBA 12.6; ../shared/specs/ib-cm.md §2, column "Private data bytes".
     assert {a.name: n for a, n in cm.PRIVATE_DATA_SIZE.items()} == {
         "REQ": 92, "MRA": 222, "REJ": 148, "REP": 196, "RTU": 224, "DREQ": 220, "DREP": 224,
         "SIDR_REQ": 216, "SIDR_REP": 136, "LAP": 168, "APR": 148}

@@ -1,6 +1,6 @@
 """IB transport header codec (softrdma.wire.ib) and opcode table (softrdma.wire.opcodes).
 
-Oracles: the byte layouts of ib-transport.md §2 and §4, scapy's independent BTH field
+Oracles: the byte layouts (IBA 9.2 BTH, 9.3 extension headers) of ../shared/specs/ib-transport.md §2 and §4, scapy's independent BTH field
 layout, and tshark's decode of the real rxe captures.
 """
 
@@ -108,7 +108,7 @@ def test_decode_random_bytes_is_exact_or_decode_error(buf: bytes) -> None:
 
 
 def test_bth_layout_from_the_spec() -> None:
-    # ib-transport.md §2: CNP, P_Key 0xFFFF, BECN=1, DestQP 0x118, PSN 0 (+ 16 reserved).
+    # IBA 9.2; ../shared/specs/ib-transport.md §2: CNP, P_Key 0xFFFF, BECN=1, DestQP 0x118, PSN 0 (+ 16 reserved).
     raw = bytes.fromhex("8100ffff4000011800000000") + bytes(16)
     p = ib.decode(memoryview(raw))
     assert p.info.name == "CNP" and p.info.kind is Kind.CNP

@@ -179,7 +179,7 @@ def test_service_ids() -> None:
 
 
 def test_rdma_cm_port_spaces() -> None:
-    # ib-cm.md §6.1.
+    # Annex A11; ../shared/specs/ib-cm.md §6.1.
     assert ipcm.rdma_cm_service_id(ipcm.RdmaPortSpace.TCP, 0x1234) == 0x0000000001061234
     assert ipcm.rdma_cm_service_id(ipcm.RdmaPortSpace.UDP, 1) == 0x0000000001110001
     assert ipcm.rdma_cm_service_id(ipcm.RdmaPortSpace.IB, 2) == 0x00000000013F0002

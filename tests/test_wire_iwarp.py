@@ -1,8 +1,8 @@
 """iWARP wire layer: MPA frames, FPDUs, markers, CRC (softrdma.wire.mpa), DDP/RDMAP and
 the Terminate message (softrdma.wire.ddp).
 
-Oracles: the worked examples of iwarp.md §1 and §3 (bytes computed independently of this
-code), the iSCSI CRC32c vectors, the bit layouts of iwarp.md §2/§5/§6 written out by
+Oracles (RFC 5044, RFC 6581, RFC 5041, RFC 5040): the worked examples of ../shared/specs/iwarp.md §1 and §3 (bytes computed independently of this
+code), the iSCSI CRC32c vectors, the bit layouts of ../shared/specs/iwarp.md §2/§5/§6 written out by
 hand, the RFC 5044 MULPDU formula, and round trips / fuzzing with hypothesis.
 """
 
@@ -20,11 +20,11 @@ from softrdma.wire.crc import crc32c
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
-# iwarp.md §3 worked examples (CRC enabled).
+# ../shared/specs/iwarp.md §3 worked examples (CRC enabled).
 HELLO_FPDU = bytes.fromhex(
     "0017" "41" "43" "00000000" "00000000" "00000001" "00000000" "68656c6c6f" "000000" "b990b10c")
 RTR_WRITE_FPDU = bytes.fromhex("000e" "c1" "40" "00000001" "0000000000000000" "ebd34c5f")
-# iwarp.md §1: siw's default MPA v2 Request (Enhanced, IRD = ORD = 16).
+# ../shared/specs/iwarp.md §1 (RFC 5044 §7.1, RFC 6581): siw's default MPA v2 Request (Enhanced, IRD = ORD = 16).
 V2_REQUEST = bytes.fromhex("4d504120494420526571204672616d65" "10" "02" "0004" "0010" "0010")
 
 

@@ -1,6 +1,6 @@
 """RoCE encapsulation and ICRC (softrdma.wire.roce, softrdma.wire.crc).
 
-Oracles: the two worked examples of roce.md §2 (a ConnectX-4 CNP and scapy's UC packet),
+Oracles (ICRC: IBA 7.8.1, Annex A17): the two worked examples of ../shared/specs/roce.md §2 (a ConnectX-4 CNP and scapy's UC packet),
 scapy.contrib.roce's independent ICRC, zlib, the UDP source ports seen in the rxe
 captures, and the captures themselves (every ICRC in them is correct, README).
 """
@@ -22,7 +22,7 @@ from softrdma.wire.pcap import read_pcap
 
 CAPTURES = Path("/work/shared/captures")
 
-# roce.md §2, worked example 1: a CNP captured on a ConnectX-4 Lx.
+# ../shared/specs/roce.md §2, worked example 1: a CNP captured on a ConnectX-4 Lx.
 CNP_FRAME = bytes.fromhex(
     "e41d2dab2bc2" "7cfe90643b32" "0800"
     "45c2003c718c4000401191610a0011010a001201"
@@ -32,7 +32,7 @@ CNP_MASKED = bytes.fromhex(
     "ffffffffffffffff" "45ff003c718c4000ff11ffff0a0011010a001201" "000012b70028ffff"
     "8100ffffff000118" "00000000" + "00" * 16)
 
-# roce.md §2, worked example 2: UC SEND_ONLY from scapy's roce.uts.
+# ../shared/specs/roce.md §2, worked example 2: UC SEND_ONLY from scapy's roce.uts.
 UC_IP = bytes.fromhex("45010040047840004011b4d5c0a80007c0a80007")
 UC_UDP = bytes.fromhex("c00012b7002caca2")
 UC_IB = bytes.fromhex("2460ffff000000d300cf1710" "4630818be28935d90e9a95505401be885e500000")
@@ -60,7 +60,7 @@ def test_crc32c_check_values_and_fallback() -> None:
 
 
 def test_rxe_seed() -> None:
-    # roce.md §2: rxe's seed 0xDEBB20E3 is the register after eight 0xFF bytes.
+    # IBA 7.8.1, Annex A17; ../shared/specs/roce.md §2: rxe's seed 0xDEBB20E3 is the register after eight 0xFF bytes.
     assert crc.crc32(b"\xff" * 8) ^ 0xFFFFFFFF == 0xDEBB20E3
 
 

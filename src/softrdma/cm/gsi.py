@@ -1,4 +1,4 @@
-"""The CM's driver: QP1 (the GSI) of an engine Port carrying CM MADs (ib-cm.md §7).
+"""The CM's driver: QP1 (the GSI) of an engine Port carrying CM MADs (IBA 13.4; ../shared/specs/ib-cm.md §7).
 
 :class:`CmBinding` attaches a :class:`~softrdma.cm.ibcm.CmAgent` to a
 :class:`softrdma.ib.port.Port`:

@@ -8,7 +8,7 @@ message in a later state), timer expiries or the QP's communication-established 
 :data:`TRANSITIONS` is the whole machine: a pair that is not in the table is not a legal
 transition. A consumer request outside the table raises
 :class:`~softrdma.errors.StateError`; a message outside the table is dropped and
-counted (IBA 12.9.x: "messages received in a state that does not expect them are
+counted (IBA 12.9; as Linux ``cm.c``: "messages received in a state that does not expect them are
 discarded"). Each action is a method ``_a_<action>`` of
 :class:`~softrdma.cm.ibcm.CmId`; it may return a different next state when its outcome
 decides it (a timer that still has retries left stays, one that has none moves on).

@@ -1,7 +1,7 @@
 """``devd``: the per-device demultiplexer process, and its client link.
 
 design.md "Devices shared by processes": the transport engine runs in the process that
-owns the QP; one ``devd`` per device owns the device's UDP port (4791, roce.md §1) on
+owns the QP; one ``devd`` per device owns the device's UDP port (4791, Annex A17; ../shared/specs/roce.md §1) on
 every IP address of its netdev and forwards each received datagram, unmodified, to the
 process that owns the BTH DestQP (bytes 5-7 of the UDP payload, IBA 9.2). Processes send
 directly from their own UDP sockets, so only the receive path pays the extra local hop.
@@ -47,7 +47,7 @@ Requests (client -> daemon, control), one fixed-size record::
                          QPNs in use; arg 1: register for QP1 (several clients may; QP1 MADs
                          go to all of them); other arg: that QPN if it is free
       FREE_QPN     2  arg = QPN (for QP1: drop one QP1 registration)
-      ATTACH_MCAST 3  mgid = the 16-byte MGID (roce.md §4: IPv4 group as ::ffff:a.b.c.d);
+      ATTACH_MCAST 3  mgid = the 16-byte MGID (Annex A17; ../shared/specs/roce.md §4: IPv4 group as ::ffff:a.b.c.d);
                       the first attachment makes the daemon join the IP group on its
                       socket of that family (EINVAL: not a multicast GID; EAFNOSUPPORT: no
                       address of that family; EADDRNOTAVAIL: the kernel refused the join)
@@ -90,13 +90,13 @@ received (BTH .. ICRC)::
 Delivery rules: DestQP 1 -> CM MADs are routed (below), other QP1 MADs go to every client
 registered for QP1; DestQP 0xFFFFFF (multicast,
 IBA 10.5) -> every client that attached the MGID equal to the datagram's destination GID
-(roce.md §4; as rxe_rcv_mcast_pkt); any other DestQP -> its owner. Datagrams shorter
+(Annex A17; ../shared/specs/roce.md §4; as rxe_rcv_mcast_pkt); any other DestQP -> its owner. Datagrams shorter
 than a BTH are counted ``malformed``; unknown DestQPs ``unknown_qpn``; a client whose
 data channel is full loses the datagram (``client_full``), like a NIC that is out of
 receive buffers. When a client disconnects (either channel), its QPNs, QP1
 registrations and multicast attachments are freed.
 
-CM MAD routing (QP1, management class 0x07; ib-cm.md §7, IBA 12.6): a REQ or SIDR_REQ goes
+CM MAD routing (QP1, management class 0x07; ../shared/specs/ib-cm.md §7, IBA 12.6): a REQ or SIDR_REQ goes
 to the client listening on its Service ID (most specific mask), a SIDR_REP to the client
 whose slot is the top byte of its Request ID, any other CM message to the client whose
 slot is the top byte of its Remote Communication ID. QP1 clients registered without a
@@ -196,7 +196,7 @@ _REP = struct.Struct("!BxHI")
 _DHDR = struct.Struct("!BBBxHH16s16s")
 _U64 = struct.Struct("!Q")
 
-QPN_GSI = 1  # IBA 3.5.8 / roce.md §6
+QPN_GSI = 1  # IBA 3.5.8 / ../shared/specs/roce.md §6
 QPN_MULTICAST = 0xFFFFFF  # IBA 10.5
 QPN_FIRST = 0x11
 QPN_LAST = 0xFFFFFE
@@ -205,7 +205,7 @@ BTH_SIZE = 12
 STAT_NAMES = ("rx", "forwarded", "unknown_qpn", "malformed", "client_full", "clients",
               "cm_routed", "cm_rejected", "clients_refused", "cm_bad_req", "cm_rej_limited")
 
-# CM MADs on QP1: BTH (12) + DETH (8), then the 256-byte MAD (ib-cm.md §7)
+# CM MADs on QP1: BTH (12) + DETH (8), then the 256-byte MAD (IBA 13.4; ../shared/specs/ib-cm.md §7)
 _MAD_OFF = BTH_SIZE + 8
 _MAD_SIZE = 256
 _CM_CLASS = 0x07
@@ -391,7 +391,7 @@ class Devd:
             self._spare = Spare()
             if self.record.roce_v2:
                 self._bind_udp()
-            else:  # RoCEv1 only: no UDP port; the addresses are still GIDs (roce.md §4)
+            else:  # RoCEv1 only: no UDP port; the addresses are still GIDs (Annex A16; ../shared/specs/roce.md §4)
                 self.ips = tuple(_device_addresses(self.record.netdev))
             if self.record.roce_v1:
                 self._raw = RawEtherLink(self.record.netdev, vlan=self.record.vlan)
@@ -853,7 +853,7 @@ class Devd:
 
     def _attach(self, c: _Client, mgid: bytes) -> int:
         """A client attaches ``mgid``; the first one makes the daemon join the group on
-        its socket of that address family (roce.md §4, :mod:`.mcast`)."""
+        its socket of that address family (Annex A17; ../shared/specs/roce.md §4, :mod:`.mcast`)."""
         if mgid not in self._groups:
             link = self._group_link(mgid)
             v1 = self._raw if self._raw is not None and is_multicast_gid(mgid) else None

@@ -1,7 +1,7 @@
 """An in-memory RoCEv2 network on a virtual clock, with deterministic fault injection.
 
 A :class:`Fabric` connects any number of :class:`FabricLink` s, each owning an IP address
-and a UDP port (default 4791, roce.md §1). ``link.send`` queues the datagram for
+and a UDP port (default 4791, Annex A17; ../shared/specs/roce.md §1). ``link.send`` queues the datagram for
 delivery at ``now + latency`` (plus serialisation time when a ``bandwidth`` is given,
 plus injected delay); delivery happens from :class:`~softrdma.drivers.clock.VirtualClock`
 callbacks, puts the datagram in the destination link's receive queue and calls that
@@ -552,7 +552,7 @@ def _mac(ip: bytes) -> bytes:
 
 
 def _frame(dg: Datagram) -> bytes:
-    """``dg`` as the Ethernet frame a Linux sender would emit (roce.md §1).
+    """``dg`` as the Ethernet frame a Linux sender would emit (Annex A17; ../shared/specs/roce.md §1).
 
     IPv4: ID 0, DF, UDP checksum 0 (what ``UdpLink`` sockets send); IPv6: a real UDP
     checksum. RoCEv1 (``dg.grh`` set): Ethernet (EtherType 0x8915) + GRH + BTH .. ICRC,

@@ -57,7 +57,7 @@ from .tun import TunDevice
 
 __all__ = ["IPOIB_QKEY", "IpoibRuntime", "RuntimeOptions"]
 
-IPOIB_QKEY = 0x0000000B      # the usual IPoIB broadcast-group Q_Key (ipoib.md §2)
+IPOIB_QKEY = 0x0000000B      # the usual IPoIB broadcast-group Q_Key (RFC 4391; ../shared/specs/ipoib.md §2)
 GRH = 40                     # UD receive buffers start with the GRH area (IBA 11.4.1.2)
 SLOT = 1 << 16               # >= IPOIB_CM_BUF_SIZE
 SEND_SLOTS = 256
@@ -187,7 +187,7 @@ class IpoibRuntime:
     @staticmethod
     def _pick_gid(ctx: v.Context, index: int | None) -> int:
         """IPoIB groups are IPv6 multicast addresses on RoCEv2 (an MGID is its IP
-        group, roce.md §4), so the interface uses an IPv6 GID: the first global one,
+        group, Annex A17; ../shared/specs/roce.md §4), so the interface uses an IPv6 GID: the first global one,
         else the link-local one."""
         gids = ctx.port.gids
         if index is not None:

@@ -1,8 +1,8 @@
-"""The datagram link interface every packet driver implements (roce.md §1).
+"""The datagram link interface every packet driver implements (Annex A17; ../shared/specs/roce.md §1).
 
 A link moves RoCEv2 *UDP payloads* (BTH .. ICRC) between IP addresses. It neither
 builds nor checks the ICRC: the runtime does that, over exactly the IPv4/IPv6 and UDP
-headers the link will put on the wire (roce.md §2). Because the ICRC covers the UDP
+headers the link will put on the wire (IBA 7.8.1, Annex A17; ../shared/specs/roce.md §2). Because the ICRC covers the UDP
 source port, a sender first asks :meth:`Link.effective_sport` which source port will
 really be used, computes the ICRC with it, then calls :meth:`Link.send` with that port.
 
@@ -29,7 +29,7 @@ __all__ = ["ROCE_V2_UDP_PORT", "CounterReporter", "Datagram", "Link", "V1Link", 
            "gid_of_ip", "v1_gids", "gid_entries", "ip_bytes", "ip_text", "check_port",
            "check_u8"]
 
-V4_MAPPED_PREFIX = b"\x00" * 10 + b"\xff\xff"  # roce.md §4: ::ffff:a.b.c.d
+V4_MAPPED_PREFIX = b"\x00" * 10 + b"\xff\xff"  # Annex A17; ../shared/specs/roce.md §4: ::ffff:a.b.c.d
 
 
 @dataclass(slots=True)
@@ -39,7 +39,7 @@ class Datagram:
     ``data`` is the UDP payload (BTH .. ICRC). For :class:`UdpLink` it is a view into a
     receive ring that stays valid only until the next ``recv_batch`` call; copy what
     must outlive that. ``src_ip``/``dst_ip`` are 4 bytes (IPv4) or 16 bytes (IPv6).
-    ``tos`` is the IPv4 TOS / IPv6 Traffic Class byte (DSCP + ECN, roce.md §5), ``ttl``
+    ``tos`` is the IPv4 TOS / IPv6 Traffic Class byte (DSCP + ECN, Annex A17; ../shared/specs/roce.md §5), ``ttl``
     the IPv4 TTL / IPv6 hop limit.
 
     A RoCEv1 frame (Annex A16, EtherType 0x8915) arrives as a Datagram too: ``grh`` holds
@@ -132,12 +132,12 @@ def check_roce_ver(value: str | int, argument: str = "roce_ver") -> str:
 
 
 def gid_of_ip(ip: bytes) -> bytes:
-    """The GID of an IP address (roce.md §4): IPv4 as ``::ffff:a.b.c.d``."""
+    """The GID of an IP address (Annex A17; ../shared/specs/roce.md §4): IPv4 as ``::ffff:a.b.c.d``."""
     return V4_MAPPED_PREFIX + bytes(ip) if len(ip) == 4 else bytes(ip)
 
 
 def v1_gids(mac: bytes, ips: Sequence[bytes]) -> list[bytes]:
-    """The RoCEv1 GIDs of a port (roce.md §4): the link-local GID from the MAC by modified
+    """The RoCEv1 GIDs of a port (Annex A16; ../shared/specs/roce.md §4): the link-local GID from the MAC by modified
     EUI-64 first, then each IPv4 address as ``::ffff:a.b.c.d`` and each IPv6 address
     (Linux puts every netdev address in the GID table, once per GID type)."""
     out = [link_local_gid(mac)]

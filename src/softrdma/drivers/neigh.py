@@ -135,7 +135,7 @@ def _parse_ndmsg(msg: bytes) -> NeighbourEntry | None:
 
 
 def gid_to_ip(gid: bytes) -> bytes:
-    """The IP address of a GID (roce.md §4): ``::ffff:a.b.c.d`` -> 4 bytes, else 16."""
+    """The IP address of a GID (Annex A17; ../shared/specs/roce.md §4): ``::ffff:a.b.c.d`` -> 4 bytes, else 16."""
     return bytes(gid[12:16]) if gid[:12] == _V4_MAPPED else bytes(gid)
 
 

@@ -234,7 +234,7 @@ class RawEtherLink:
     # ---- link interface ------------------------------------------------------------------
     @property
     def local_ips(self) -> tuple[bytes, ...]:
-        """The interface's addresses (their GIDs are RoCEv1 GIDs too, roce.md §4)."""
+        """The interface's addresses (their GIDs are RoCEv1 GIDs too, Annex A16; ../shared/specs/roce.md §4)."""
         return self._ips
 
     @property
@@ -299,7 +299,7 @@ class RawEtherLink:
 
     def attach_mcast(self, mgid: bytes) -> None:
         """Receive the MGID's Ethernet multicast MAC (``33:33`` + its last 4 bytes,
-        roce.md §4): ``PACKET_ADD_MEMBERSHIP`` puts it in the interface's filter."""
+        Annex A17; ../shared/specs/roce.md §4): ``PACKET_ADD_MEMBERSHIP`` puts it in the interface's filter."""
         self._membership(mgid, PACKET_ADD_MEMBERSHIP)
 
     def detach_mcast(self, mgid: bytes) -> None:

@@ -1,4 +1,4 @@
-"""Scatter/gather between work requests and registered memory (IBA 10.6, 10.7.2.x).
+"""Scatter/gather between work requests and registered memory (IBA 10.6, 10.7).
 
 Local keys are checked when a WQE is first executed, as rxe does; a bad lkey, a
 protection-domain mismatch, missing LOCAL_WRITE or an out-of-bounds SGE makes the

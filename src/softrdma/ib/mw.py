@@ -5,14 +5,15 @@ request executed in send-queue order, IBA 10.6.7.2) gives it a range of an MR, r
 access rights and a new R_Key whose low byte (the consumer key) differs from the old one.
 A bound window is an entry of the port's key table: a :class:`MemoryRegion` over the
 bound bytes, so the responder checks R_Key, PD, access and bounds exactly as for MRs
-(IBA 10.6.3.1), and invalidation (LOCAL_INV, SEND_WITH_INV, IBA 10.6.7.2.x) clears its
+(IBA 10.6.3.1), and invalidation (LOCAL_INV, SEND_WITH_INV, IBA 10.6.7; o10-37.2.26) clears its
 ``valid`` flag. Deallocation removes the entry.
 
 Bind checks, each a ``IBV_WC_MW_BIND_ERR`` completion (rxe ``rxe_check_bind_mw``): the
 window is allocated and of the QP's PD; a type-2 window is not already bound and the new
 key byte differs from the current one; with a non-zero length the MR is valid, of the
 same PD, registered with ``IBV_ACCESS_MW_BIND``, covers the range, and grants
-LOCAL_WRITE when the window grants REMOTE_WRITE or REMOTE_ATOMIC (IBA 10.6.7.2.x, C10-76).
+LOCAL_WRITE when the window grants REMOTE_WRITE or REMOTE_ATOMIC (IBA C10-72 to C10-75 as rxe
+cites them: PD, MW_BIND, LOCAL_WRITE, range).
 A zero-length bind of a type-1 window leaves it bound to nothing (any access fails).
 """
 

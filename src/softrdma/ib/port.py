@@ -13,7 +13,7 @@ P_Key/GID tables and the counters. It never touches a socket or a clock:
   ``port.on_async_event``.
 
 Malformed or unexpected packets are dropped silently and counted (IBA 9.6: header
-validation; C9-...): see ``port.counters``.
+validation, the clause of each rule in ``counters.DROP_REASONS``): see ``port.counters``.
 """
 
 from __future__ import annotations
@@ -292,7 +292,7 @@ class Port:
         except DecodeError:
             c.rcvd_malformed += 1
             return
-        if pkt.tver != 0:  # C9-...: TVer must be 0 (rxe drops)
+        if pkt.tver != 0:  # IBA 9.6.1.1: TVer must be 0 (rxe ``hdr_check`` drops)
             c.rcvd_bad_tver += 1
             return
         if pkt.opcode == 0x81:  # RoCEv2 CNP: accepted, no completion, no effect here

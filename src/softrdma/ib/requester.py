@@ -387,7 +387,7 @@ class Requester:
 
     # ---- completer --------------------------------------------------------------------------
     def on_response(self, pkt: wib.IBPacket, now: float) -> None:
-        """Process an ACK, NAK, read response or atomic acknowledge (IBA 9.7.5.1, C9-...)."""
+        """Process an ACK, NAK, read response or atomic acknowledge (IBA 9.7.5.1; rxe_comp.c)."""
         qp = self.qp
         psn = pkt.psn
         if psn_diff(psn, self.next_psn) >= 0:

@@ -3,10 +3,10 @@
 RC: requests are executed in PSN order. A PSN ahead of the expected one draws one
 PSN-sequence NAK; a PSN behind it is a duplicate: SEND/WRITE are re-acknowledged,
 READ is re-executed from the responder resource that covers it and an atomic's saved
-result is sent again (never re-executed, IBA 9.7.5.1.4 / C9-...). Errors are NAKed with
+result is sent again (never re-executed, IBA 9.7.5.1.4; C9-105, as rxe ``duplicate_request``). Errors are NAKed with
 the code of IBA Table 44 and, for class B/C/D errors, the QP moves to ERR.
 
-UC: no ACKs; a missing packet drops the rest of the message (IBA 9.7.4.1.x).
+UC: no ACKs; a missing packet drops the rest of the message (IBA 9.9.4; rxe ``check_psn``).
 UD: one-packet messages, Q_Key check (IBA 10.2.5), 40-byte GRH area at the front of the
 receive buffer (IBA 11.4.1.1), silently dropped when no receive WQE is posted.
 """
@@ -272,7 +272,7 @@ class Responder:
             raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
 
     def _rkey_view(self, rkey: int, va: int, length: int, need: int) -> memoryview:
-        """R_Key, PD, access and bounds checks (IBA 10.6.3.1; C9-...); NAK 0x62 on failure."""
+        """R_Key, PD, access and bounds checks (IBA 10.6.3.1; rxe ``check_rkey``); NAK 0x62 on failure."""
         qp = self.qp
         if not qp.access_flags & need:
             raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
@@ -332,7 +332,7 @@ class Responder:
             self._atomic_ack(pkt.psn, orig)
             return
         if kind == K_ATOMIC_WRITE:
-            # RDMA Atomic Write (opcode 0x1D, IBA 1.5 9.4.6.x): 8 bytes to an aligned VA
+            # RDMA Atomic Write (opcode 0x1D, IBA 1.5; rxe ``atomic_write_reply``): 8 bytes to an aligned VA
             # in one store, needs REMOTE_WRITE; acknowledged like a write (rxe).
             if pkt.va & 7 or pkt.dma_len != 8 or len(pkt.payload) != 8:
                 raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
@@ -493,7 +493,7 @@ class Responder:
 
     # ---- UC -----------------------------------------------------------------------------------------
     def _uc(self, pkt: wib.IBPacket) -> None:
-        """UC responder (IBA 9.7.4.1.x): a PSN gap drops the current message."""
+        """UC responder (IBA 9.9.4): a PSN gap drops the current message."""
         qp = self.qp
         info = pkt.info
         if pkt.psn != self.epsn:

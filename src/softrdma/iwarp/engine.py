@@ -12,7 +12,7 @@ An :class:`IwarpConn` is one LLP stream. It never touches a socket or a clock; i
 * reports the peer's FIN with :meth:`IwarpConn.on_eof`, and closes the socket once
   :attr:`IwarpConn.want_close` is set and everything pulled has been sent.
 
-Protocol (iwarp.md; RFC 5044, RFC 6581, RFC 5041, RFC 5040):
+Protocol (../shared/specs/iwarp.md; RFC 5044, RFC 6581, RFC 5041, RFC 5040):
 
 * Setup: the initiator sends the MPA Request and waits for the Reply; the responder
   parses the Request and waits for :meth:`accept` / :meth:`reject` (:mod:`.mpa_setup`).

@@ -66,7 +66,7 @@ __all__ = ["Finding", "ConversationChecker", "MTUS", "psn_delta"]
 
 PSN_MOD = 1 << 24
 PSN_HALF = 1 << 23
-MTUS = (256, 512, 1024, 2048, 4096)  # the PMTUs (REQ path MTU codes 1..5, ib-cm.md REQ 50)
+MTUS = (256, 512, 1024, 2048, 4096)  # the PMTUs (REQ path MTU codes 1..5, IBA 12.6 REQ; ../shared/specs/ib-cm.md §3.1, body offset 50)
 GSI_QPN = 1
 MAX_TRACKED = 1 << 16  # per flow: unacknowledged messages, gaps
 MAX_READS = 1024  # per flow: the READ requests remembered (retries and duplicates answered)
@@ -462,8 +462,8 @@ class ConversationChecker:
     def _msn(self, f: _Flow, index: int, through: int, msn: int, what: str) -> None:
         """Check the responder's MSN for requests up to PSN ``through``; explain gaps.
 
-        The AETH carries the responder's MSN when it sends (``../shared/specs/
-        ib-transport.md`` §6): at least the messages completed up to ``through``, at most
+        The AETH carries the responder's MSN when it sends (IBA 9.7;
+        ``../shared/specs/ib-transport.md`` §6): at least the messages completed up to ``through``, at most
         all the messages sent so far."""
         if f.failed or psn_delta(through, f.acked_x) <= 0:
             return  # a duplicate or older response: nothing new to account for

@@ -13,7 +13,8 @@ and can be moved or revoked without re-registering the MR:
 
 The MR must have ``IBV_ACCESS_MW_BIND``; a bind that breaks a rule (other PD, range
 outside the MR, REMOTE_WRITE without the MR's LOCAL_WRITE, a type-2 window still bound
-...) completes with ``IBV_WC_MW_BIND_ERR`` (IBA C10-...; rxe ``rxe_check_bind_mw``).
+...) completes with ``IBV_WC_MW_BIND_ERR`` (IBA C10-72 to C10-75, o10-37.2.30; rxe
+``rxe_check_bind_mw``).
 The engine side is :mod:`softrdma.ib.mw`; RoCE only (siw has no memory windows).
 """
 

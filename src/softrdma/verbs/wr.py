@@ -12,8 +12,8 @@ Post-time checks are rxe's (``rxe_verbs.c`` ``rxe_post_send_kernel``/``validate_
 * UD needs an address handle of the QP's PD.
 
 An unknown or out-of-range *lkey* is not checked here: as in rxe it completes the WR with
-``IBV_WC_LOC_PROT_ERR`` when the engine reaches it (IBA 10.6.3.1, C10-...: a local
-protection violation is a completion error, not a posting error).
+``IBV_WC_LOC_PROT_ERR`` when the engine reaches it (IBA 10.6.3.1; rxe ``copy_data``: a
+local protection violation is a completion error, not a posting error).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``pyverbs.xrcd``: XRC domains (IBA 11.2.8.x; rdma-core ``pyverbs/xrcd.pyx`` API).
+"""``pyverbs.xrcd``: XRC domains (IBA Annex A14; rdma-core ``pyverbs/xrcd.pyx`` API).
 
 softrdma's engine has no XRC transport, so ``ibv_open_xrcd`` fails with EOPNOTSUPP,
 as it does on rxe.
