@@ -79,14 +79,19 @@ class Ep:
                                                     self.mr.lkey)]))
 
     def wait(self, n: int = 1, timeout: float = 10.0) -> list[Any]:
-        out: list[Any] = []
-        end = time.monotonic() + timeout
-        while len(out) < n and time.monotonic() < end:
-            _k, wcs = self.cq.poll(n - len(out))
-            out += wcs
-            if not wcs:
-                time.sleep(0.0005)
-        return out
+        return poll_wcs(self.cq, n, timeout)
+
+
+def poll_wcs(cq: Any, n: int, timeout: float) -> list[Any]:
+    """Up to ``n`` work completions of ``cq``, polling until ``timeout`` seconds pass."""
+    out: list[Any] = []
+    end = time.monotonic() + timeout
+    while len(out) < n and time.monotonic() < end:
+        _k, wcs = cq.poll(n - len(out))
+        out += wcs
+        if not wcs:
+            time.sleep(0.0005)
+    return out
 
 
 def expect(ch: EventChannel, kind: int, timeout: float = 10.0) -> RdmaCmEvent:

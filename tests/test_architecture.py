@@ -326,11 +326,16 @@ def test_protocol_packages_do_no_io() -> None:
 # ----------------------------------------------------- the checks catch what they look for
 
 def _write(root: Path, files: Mapping[str, str]) -> Path:
+    """A package ``softrdma`` under ``root`` with ``files`` (and an empty ``__init__.py`` in
+    each of its folders)."""
+    pkg = root / "softrdma"
     for rel, text in files.items():
-        p = root / "softrdma" / rel
+        p = pkg / rel
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(text)
-    return root / "softrdma"
+    for folder in {pkg, *(p.parent for p in pkg.rglob("*.py"))}:
+        (folder / "__init__.py").touch()
+    return pkg
 
 
 def test_cycle_finder_on_a_synthetic_graph() -> None:
@@ -345,8 +350,6 @@ def test_cycle_finder_on_a_synthetic_graph() -> None:
 
 def test_a_function_local_import_closing_a_cycle_is_caught(tmp_path: Path) -> None:
     src = _write(tmp_path, {
-        "__init__.py": "",
-        "cm/__init__.py": "",
         "cm/a.py": "from .b import g\n\ndef f():\n    return g()\n",
         "cm/b.py": "def g():\n    from .a import f  # noqa: PLC0415\n    return f\n",
         "cm/c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import f\n",
@@ -363,13 +366,9 @@ def test_a_function_local_import_closing_a_cycle_is_caught(tmp_path: Path) -> No
 
 def test_a_layer_violation_is_caught(tmp_path: Path) -> None:
     src = _write(tmp_path, {
-        "__init__.py": "",
-        "wire/__init__.py": "",
         "wire/x.py": "from .. import errors\n",
         "errors.py": "",
-        "verbs/__init__.py": "",
         "verbs/qp.py": "import softrdma.wire.x\n",
-        "ib/__init__.py": "",
         "ib/qp.py": "def f():\n    from ..verbs import qp  # noqa: PLC0415\n    return qp\n",
     })
     assert layer_violations(import_graph(src)) == {("softrdma.ib.qp", "verbs")}
@@ -377,15 +376,10 @@ def test_a_layer_violation_is_caught(tmp_path: Path) -> None:
 
 def test_io_in_a_protocol_package_is_caught(tmp_path: Path) -> None:
     src = _write(tmp_path, {
-        "__init__.py": "",
-        "ib/__init__.py": "",
         "ib/a.py": "import time\n",
-        "wire/__init__.py": "",
         "wire/b.py": "import time\n\ndef f():\n    time.sleep(0.002)\n",
         "wire/c.py": "import time\n\ndef f():\n    return time.time()\n",
-        "cm/__init__.py": "",
         "cm/d.py": "from threading import Lock\n",
-        "drivers/__init__.py": "",
         "drivers/e.py": "import socket\nimport time\ntime.sleep(0)\n",
     })
     assert io_violations(src) == {"softrdma.ib.a": {"time"}, "softrdma.wire.b": {"time.sleep"},

@@ -7,13 +7,13 @@ comes back, GID_CHANGE when an address is added."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from device_harness import free_port
 
 from softrdma import enums as e
 from softrdma.drivers import registry
@@ -23,12 +23,6 @@ from softrdma.tools import asyncwatch, devices
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_devices_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert devices.format_devices([("rxe0", 0x505400FFFE123456)]).splitlines() == [
         "    device          \t   node GUID",
@@ -36,7 +30,7 @@ def test_devices_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         "    rxe0            \t505400fffe123456",
     ]
     monkeypatch.setenv("SOFTRDMA_STATE_DIR", str(tmp_path / "state"))
-    registry.add("dv0", "lo", "roce", _free_port())
+    registry.add("dv0", "lo", "roce", free_port())
     proc = subprocess.run([sys.executable, "-m", "softrdma", "devices"], text=True,
                           capture_output=True, timeout=60, check=False,
                           env=dict(os.environ, PYTHONPATH=SRC))
@@ -86,7 +80,7 @@ def test_asyncwatch_reports_port_events(tmp_path: Path) -> None:
         sh("ip", "link", "set", "d0", "up")
         sh("ip", "addr", "add", "10.77.0.1/24", "dev", "d0")
         sh(sys.executable, "-m", "softrdma", "link", "add", "aw0", "netdev", "d0", "port",
-           str(_free_port()))
+           str(free_port()))
         watch = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "softrdma",
                                   "asyncwatch", "-d", "aw0", "--count", "3"], env=env,
                                  text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -281,6 +281,18 @@ def make_net(n: int = 2, mode: str = "connected", crossing_rule: bool = True,
     return net
 
 
+def connected_net() -> Net:
+    """Two interfaces, the first one's neighbour resolved (a small packet over UD) and its
+    RC connection up (a packet over the UD MTU)."""
+    net = make_net()
+    a = net.ifs[0]
+    a.send_ip(v4(1, 2, 100), 0.0)
+    net.pump()
+    a.send_ip(v4(1, 2, 9000), 0.0)
+    net.pump()
+    return net
+
+
 def v4(src: int, dst: int, size: int, df: bool = True) -> bytes:
     payload = bytes(size - 20)
     return ipv4_header(bytes((10, 9, 0, src)), bytes((10, 9, 0, dst)), 17, len(payload),
@@ -392,12 +404,8 @@ def test_req_crossing_leaves_one_connection(qpns: list[int], rejecter: int) -> N
 
 
 def test_linux_style_second_connection_is_accepted() -> None:
-    net = make_net()
+    net = connected_net()
     a, b = net.ifs
-    a.send_ip(v4(1, 2, 100), 0.0)
-    net.pump()
-    a.send_ip(v4(1, 2, 9000), 0.0)
-    net.pump()
     # a Linux peer opens its own connection although ours is up
     conn = b.conns._new(a.hwaddr, True, "RC", 0.0)
     b.out.append(ConnOpen(conn.conn_id, a.hwaddr, "RC", service_id(a.hwaddr.qpn),
@@ -412,12 +420,8 @@ def test_linux_style_second_connection_is_accepted() -> None:
 
 @pytest.mark.parametrize("pd", [b"", bytes(92), b"\x00\x00\x01", struct.pack(">II", 0x42, 10)])
 def test_bad_req_private_data_rejected_with_ud_qpn(pd: bytes) -> None:
-    net = make_net()
+    net = connected_net()
     a, b = net.ifs
-    a.send_ip(v4(1, 2, 100), 0.0)
-    net.pump()
-    a.send_ip(v4(1, 2, 9000), 0.0)
-    net.pump()
     b.conn_request(77, gid(9), pd, "RC", 0.0)
     out = b.take_output()
     assert len(out) == 1 and isinstance(out[0], ConnReject)
@@ -461,12 +465,8 @@ def test_wrong_flags_are_tolerated() -> None:
 
 
 def test_malformed_input_counted_and_dropped() -> None:
-    net = make_net()
+    net = connected_net()
     a, b = net.ifs
-    a.send_ip(v4(1, 2, 100), 0.0)
-    net.pump()
-    a.send_ip(v4(1, 2, 9000), 0.0)
-    net.pump()
     before = len(net.tun[1])
     b.receive_ud(b"\x08", a.hwaddr.gid, a.hwaddr.qpn, 0.0)
     b.receive_ud(b"\x12\x34\x00\x00" + v4(1, 2, 100), a.hwaddr.gid, a.hwaddr.qpn, 0.0)
@@ -501,12 +501,8 @@ def test_multicast_over_ud_and_three_hosts() -> None:
 
 
 def test_neighbour_expiry_tears_down_and_reconnects() -> None:
-    net = make_net()
+    net = connected_net()
     a, b = net.ifs
-    a.send_ip(v4(1, 2, 100), 0.0)
-    net.pump()
-    a.send_ip(v4(1, 2, 9000), 0.0)
-    net.pump()
     assert len(a.conns.conns) == 1
     for t in (31.0, 92.0):  # REACHABLE -> STALE -> gone
         net.now = t
@@ -519,12 +515,8 @@ def test_neighbour_expiry_tears_down_and_reconnects() -> None:
 
 
 def test_idle_passive_connection_reaped() -> None:
-    net = make_net()
+    net = connected_net()
     a, b = net.ifs
-    a.send_ip(v4(1, 2, 100), 0.0)
-    net.pump()
-    a.send_ip(v4(1, 2, 9000), 0.0)
-    net.pump()
     assert b.next_deadline() is not None
     b.on_timer(600.0)
     net.pump()
@@ -532,12 +524,8 @@ def test_idle_passive_connection_reaped() -> None:
 
 
 def test_stop_closes_everything() -> None:
-    net = make_net()
+    net = connected_net()
     a, b = net.ifs
-    a.send_ip(v4(1, 2, 100), 0.0)
-    net.pump()
-    a.send_ip(v4(1, 2, 9000), 0.0)
-    net.pump()
     a.stop(1.0)
     net.pump()
     assert not a.conns.conns and not b.conns.conns

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from rdma_cm_harness import poll_wcs
 
 from softrdma import enums as e
 from softrdma import iwarp
@@ -66,14 +67,7 @@ class Ep:
         self.qp.post_send(wr)
 
     def wait(self, n: int, timeout: float = 20.0) -> list[Any]:
-        out: list[Any] = []
-        end = time.monotonic() + timeout
-        while len(out) < n and time.monotonic() < end:
-            _k, wcs = self.cq.poll(n - len(out))
-            out += wcs
-            if not wcs:
-                time.sleep(0.0005)
-        return out
+        return poll_wcs(self.cq, n, timeout)
 
 
 def connect(ca: v.Context, cb: v.Context, a: Ep, b: Ep, cfg_a: MpaConfig | None = None,

@@ -11,10 +11,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from device_harness import free_port
 
 from softrdma.errors import DecodeError, InvalidArgument
 from softrdma.tools import pingpong as pp
@@ -206,35 +207,38 @@ def test_server_accept_times_out() -> None:
         listener.exchange(pp.Dest(0, 1, 1, GID_11), lambda d: None)
 
 
-def test_server_peer_gone_before_done() -> None:
+def _server_against(client: Callable[[socket.socket], None], error: type[Exception],
+                    match: str | None = None) -> None:
+    """The server side of the exchange fails with ``error`` against ``client`` (which is
+    given its connected socket)."""
     listener = pp.OOBListener(0, "127.0.0.1", timeout=5)
 
-    def rude_client() -> None:
+    def run() -> None:
         with socket.create_connection(("127.0.0.1", listener.port), timeout=5) as s:
-            s.sendall(CAPTURE_CLIENT_MSG)
-            _recv_exact(s, pp.MSG_LEN)  # then close without "done"
+            client(s)
 
-    t = threading.Thread(target=rude_client)
+    t = threading.Thread(target=run)
     t.start()
-    with pytest.raises(pp.PingPongError, match="closed the connection"):
+    with pytest.raises(error, match=match):
         listener.exchange(pp.Dest(0, 1, 1, GID_11), lambda d: None)
     t.join(5)
+
+
+def test_server_peer_gone_before_done() -> None:
+    def rude_client(s: socket.socket) -> None:
+        s.sendall(CAPTURE_CLIENT_MSG)
+        _recv_exact(s, pp.MSG_LEN)  # then close without "done"
+
+    _server_against(rude_client, pp.PingPongError, "closed the connection")
 
 
 def test_server_rejects_wrong_handshake() -> None:
-    listener = pp.OOBListener(0, "127.0.0.1", timeout=5)
+    def odd_client(s: socket.socket) -> None:
+        s.sendall(CAPTURE_CLIENT_MSG)
+        _recv_exact(s, pp.MSG_LEN)
+        s.sendall(b"nope\x00")
 
-    def odd_client() -> None:
-        with socket.create_connection(("127.0.0.1", listener.port), timeout=5) as s:
-            s.sendall(CAPTURE_CLIENT_MSG)
-            _recv_exact(s, pp.MSG_LEN)
-            s.sendall(b"nope\x00")
-
-    t = threading.Thread(target=odd_client)
-    t.start()
-    with pytest.raises(pp.PingPongError, match="instead of"):
-        listener.exchange(pp.Dest(0, 1, 1, GID_11), lambda d: None)
-    t.join(5)
+    _server_against(odd_client, pp.PingPongError, "instead of")
 
 
 def test_client_peer_silent_times_out() -> None:
@@ -248,27 +252,14 @@ def test_client_peer_silent_times_out() -> None:
 
 
 def test_server_garbage_from_client() -> None:
-    listener = pp.OOBListener(0, "127.0.0.1", timeout=5)
+    def junk_client(s: socket.socket) -> None:
+        s.sendall(b"x" * pp.MSG_LEN)
+        s.recv(1)
 
-    def junk_client() -> None:
-        with socket.create_connection(("127.0.0.1", listener.port), timeout=5) as s:
-            s.sendall(b"x" * pp.MSG_LEN)
-            s.recv(1)
-
-    t = threading.Thread(target=junk_client)
-    t.start()
-    with pytest.raises(DecodeError):
-        listener.exchange(pp.Dest(0, 1, 1, GID_11), lambda d: None)
-    t.join(5)
+    _server_against(junk_client, DecodeError)
 
 
 # -- real runs over the verbs layer --------------------------------------------------
-
-def _free_port(kind: int = socket.SOCK_DGRAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 @pytest.fixture()
 def device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
@@ -277,7 +268,7 @@ def device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 
     monkeypatch.setenv("SOFTRDMA_STATE_DIR", str(tmp_path))
     name = "pptest"
-    Registry(tmp_path).add(name, "lo", "roce", _free_port())
+    Registry(tmp_path).add(name, "lo", "roce", free_port())
     try:
         yield name
     finally:
@@ -372,7 +363,7 @@ def _env() -> dict[str, str]:
 @pytest.mark.parametrize("kind", ["rc", "ud"])
 def test_two_processes(kind: str, device: str) -> None:
     """Server and client as separate processes on one shared device."""
-    tcp = _free_port(socket.SOCK_STREAM)
+    tcp = free_port(socket.SOCK_STREAM)
     common = [f"{kind}-pingpong", "-d", device, "-p", str(tcp), "-n", "30", "--timeout", "15"]
     env = _env()
     procs: list[subprocess.Popen[str]] = []
@@ -397,7 +388,7 @@ def test_two_processes(kind: str, device: str) -> None:
 def test_chk_detects_wrong_data(device: str) -> None:
     """A -c server paired with a client sending the plain 0x7b buffer (no -c) must fail
     its check on the first message; the client then times out instead of hanging."""
-    tcp = _free_port(socket.SOCK_STREAM)
+    tcp = free_port(socket.SOCK_STREAM)
     common = ["rc-pingpong", "-d", device, "-p", str(tcp), "-n", "5", "--timeout", "2"]
     procs: list[subprocess.Popen[str]] = []
     try:
@@ -415,7 +406,7 @@ def test_chk_detects_wrong_data(device: str) -> None:
 
 
 def test_client_without_server_fails_fast(device: str) -> None:
-    tcp = _free_port(socket.SOCK_STREAM)
+    tcp = free_port(socket.SOCK_STREAM)
     t0 = time.monotonic()
     p = _spawn(["rc-pingpong", "-d", device, "-p", str(tcp), "--timeout", "1", "127.0.0.1"],
                _env())
@@ -432,7 +423,7 @@ def test_client_without_server_fails_fast(device: str) -> None:
 
 def test_server_peer_vanishes_mid_run(device: str) -> None:
     """A server whose client dies after the exchange reports it instead of hanging."""
-    tcp = _free_port(socket.SOCK_STREAM)
+    tcp = free_port(socket.SOCK_STREAM)
     p = _spawn(["rc-pingpong", "-d", device, "-p", str(tcp), "--bind", "127.0.0.1",
                 "--timeout", "1.5", "-n", "5"], _env())
     try:
@@ -464,7 +455,7 @@ def test_error_completion_fails_both_sides(device: str) -> None:
     """The client's 4096-byte messages do not fit the server's 1024-byte receives: the
     server's receive completes with a local length error, the client's SEND is NAKed
     (remote invalid request); both print the failed status and exit 1."""
-    tcp = _free_port(socket.SOCK_STREAM)
+    tcp = free_port(socket.SOCK_STREAM)
     common = ["rc-pingpong", "-d", device, "-p", str(tcp), "-n", "5", "--timeout", "5"]
     procs: list[subprocess.Popen[str]] = []
     try:

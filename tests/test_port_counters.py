@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from device_harness import free_port
 
 from softrdma import enums as e
 from softrdma import verbs as v
@@ -154,18 +155,12 @@ def test_query_port_counters_checks_its_port(pair: Pair) -> None:
 
 # -- a shared device: several processes, one device -----------------------------------------
 
-def _free_port(kind: int = socket.SOCK_DGRAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture()
 def shared_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     monkeypatch.setenv("SOFTRDMA_STATE_DIR", str(tmp_path))
     monkeypatch.delenv("SOFTRDMA_SHARED", raising=False)
     name = "ctrtest"
-    Registry(tmp_path).add(name, "lo", "roce", _free_port())
+    Registry(tmp_path).add(name, "lo", "roce", free_port())
     try:
         yield name
     finally:
@@ -184,7 +179,7 @@ def shared_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[s
 def _pingpong_pair(device: str, iters: int) -> None:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (SRC, env.get("PYTHONPATH")) if p)
-    tcp = str(_free_port(socket.SOCK_STREAM))
+    tcp = str(free_port(socket.SOCK_STREAM))
     common = ["rc-pingpong", "-d", device, "-p", tcp, "-n", str(iters), "-s", "1000",
               "--timeout", "20"]
     procs = [subprocess.Popen([sys.executable, "-m", "softrdma", *common, *extra], env=env,

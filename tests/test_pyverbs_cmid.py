@@ -11,30 +11,21 @@ import sys
 from pathlib import Path
 
 import pytest
+from device_harness import free_port, private_device
 
-from softrdma.drivers import registry
 from softrdma.tools.pyverbs_run import shim_env
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 PROG = str(Path(__file__).resolve().parent / "data" / "pyverbs_cm_pingpong.py")
 
 
-def _free_port(kind: int = socket.SOCK_DGRAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture()
 def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.setenv("SOFTRDMA_STATE_DIR", str(tmp_path / "state"))
-    monkeypatch.setenv("PYTHONPATH", SRC)
-    registry.add("cmt0", "lo", "roce", _free_port())
-    return "cmt0"
+    return private_device("cmt0", tmp_path, monkeypatch)
 
 
 def _pair(device: str) -> tuple[str, str]:
-    port = str(_free_port(socket.SOCK_STREAM))
+    port = str(free_port(socket.SOCK_STREAM))
     env = shim_env(device)
     cmd = [sys.executable, "-m", "softrdma", "pyverbs", "--", sys.executable, PROG]
     server = subprocess.Popen([*cmd, "server", "127.0.0.1", port], env=env, text=True,
@@ -118,7 +109,7 @@ srv.close()
 
 
 def test_pyverbs_sync_cmid_and_options(state: str) -> None:
-    code = SYNC.format(port=_free_port(socket.SOCK_STREAM))
+    code = SYNC.format(port=free_port(socket.SOCK_STREAM))
     proc = subprocess.run([sys.executable, "-c", code], env=shim_env(state), text=True,
                           capture_output=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from device_harness import free_port
 
 from softrdma.compat.pyverbs import device as d
 from softrdma.compat.pyverbs import enums as e
@@ -29,18 +30,12 @@ from softrdma.compat.pyverbs.xrcd import XRCD, XRCDInitAttr
 from softrdma.drivers import registry
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     mp = pytest.MonkeyPatch()
     mp.setenv("SOFTRDMA_STATE_DIR", str(tmp_path_factory.mktemp("state")))
     mp.setenv("SOFTRDMA_PYVERBS_DEVICE", "pv0")
-    registry.add("pv0", "lo", "roce", _free_port())
+    registry.add("pv0", "lo", "roce", free_port())
     yield "pv0"
     mp.undo()
 

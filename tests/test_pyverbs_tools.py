@@ -7,15 +7,14 @@ import gzip
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from device_harness import private_device
 
 from softrdma.compat import DEVICE_ENV, SHIM_DIR
-from softrdma.drivers import registry
 from softrdma.tools import rdma_core_tests as rct
 from softrdma.tools.pyverbs_run import SOFTRDMA_ROOT, shim_env
 
@@ -100,18 +99,9 @@ def test_shim_only_through_the_command(tmp_path: Path) -> None:
     assert _where_is_pyverbs(env) == str(SHIM_DIR / "pyverbs" / "__init__.py")
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture()
 def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.setenv("SOFTRDMA_STATE_DIR", str(tmp_path / "state"))
-    monkeypatch.setenv("PYTHONPATH", SRC)
-    registry.add("pvt0", "lo", "roce", _free_port())
-    return "pvt0"
+    return private_device("pvt0", tmp_path, monkeypatch)
 
 
 def _softrdma(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -9,14 +9,13 @@ import argparse
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from device_harness import private_device
 
-from softrdma.drivers import registry
 from softrdma.tools import rdma_core_tests as rct
 from softrdma.tools import sysfs_ns
 
@@ -27,18 +26,9 @@ needs_root = pytest.mark.skipif(not ROOT or sysfs_ns.unavailable_reason() is not
                                 reason="mount namespaces need root (CI runs as root)")
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture()
 def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.setenv("SOFTRDMA_STATE_DIR", str(tmp_path / "state"))
-    monkeypatch.setenv("PYTHONPATH", SRC)
-    registry.add("rcm0", "lo", "roce", _free_port())
-    return "rcm0"
+    return private_device("rcm0", tmp_path, monkeypatch)
 
 
 @needs_root

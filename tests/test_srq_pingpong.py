@@ -12,24 +12,17 @@ import threading
 from pathlib import Path
 
 import pytest
+from device_harness import free_port, private_device
 
-from softrdma.drivers import registry
 from softrdma.tools import srq_pingpong as sp
 from softrdma.tools.pingpong import MSG_LEN, Dest, decode_dest, encode_dest
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
-def _free_port(kind: int = socket.SOCK_DGRAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture()
 def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    monkeypatch.setenv("SOFTRDMA_STATE_DIR", str(tmp_path / "state"))
-    registry.add("srq0", "lo", "roce", _free_port())
+    private_device("srq0", tmp_path, monkeypatch, subprocesses=False)
     return dict(os.environ, PYTHONPATH=SRC)
 
 
@@ -39,7 +32,7 @@ def _cmd(*args: str) -> list[str]:
 
 @pytest.mark.parametrize("extra", [[], ["-e"]])
 def test_server_and_client(env: dict[str, str], extra: list[str]) -> None:
-    port = str(_free_port(socket.SOCK_STREAM))
+    port = str(free_port(socket.SOCK_STREAM))
     flags = ["-g", "0", "-p", port, "-q", "3", "-n", "60", "-s", "512", *extra]
     server = subprocess.Popen(_cmd(*flags), env=env, text=True, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE)
@@ -105,7 +98,7 @@ def test_errors(env: dict[str, str]) -> None:
     assert bad.stderr.strip() == ("softrdma srq-pingpong: error: rx_depth 4 is too small for "
                                   "8 QPs -- must have at least one receive per QP.")
     # no -g on RoCE: the QPs cannot get an address, as ibv_srq_pingpong on rxe
-    port = str(_free_port(socket.SOCK_STREAM))
+    port = str(free_port(socket.SOCK_STREAM))
     server = subprocess.Popen(_cmd("-p", port, "-q", "2", "-n", "5"), env=env, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:

@@ -4,11 +4,11 @@ private state directory and a free UDP port."""
 
 from __future__ import annotations
 
-import socket
 import time
 from pathlib import Path
 
 import pytest
+from device_harness import private_device
 
 from softrdma import enums as e
 from softrdma import verbs as v
@@ -19,17 +19,9 @@ RC = int(e.IBV_QPT_RC)
 ACC = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture()
 def device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.setenv("SOFTRDMA_STATE_DIR", str(tmp_path / "state"))
-    registry.add("vt0", "lo", "roce", _free_port())
-    return "vt0"
+    return private_device("vt0", tmp_path, monkeypatch, subprocesses=False)
 
 
 def test_device_list_and_unknown_name(device: str) -> None:

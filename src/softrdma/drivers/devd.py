@@ -287,6 +287,22 @@ class _Client:
     uid: int = -1
 
 
+def _client_recv(c: _Client, sock: socket.socket, size: int) -> bytes | None:
+    """The next message on one of ``c``'s sockets; None when none is waiting, or when the
+    client is gone (then ``c`` is marked dead)."""
+    try:
+        msg = sock.recv(size)
+    except BlockingIOError:
+        return None
+    except OSError:
+        c.dead = True
+        return None
+    if not msg:
+        c.dead = True
+        return None
+    return msg
+
+
 class Devd:
     """The demultiplexer of one device (see the module docstring for the protocol).
 
@@ -581,17 +597,7 @@ class Devd:
     def _on_data_hup(self, c: _Client) -> None:
         """The data channel is readable: the client left, or it sends a self-addressed
         RoCEv1 packet (CA16-22), which is routed as if it had arrived from the wire."""
-        while True:
-            try:
-                msg = c.data.recv(_DHDR.size + MAX_DATAGRAM)
-            except BlockingIOError:
-                return
-            except OSError:
-                c.dead = True
-                return
-            if not msg:
-                c.dead = True
-                return
+        while (msg := _client_recv(c, c.data, _DHDR.size + MAX_DATAGRAM)) is not None:
             dg = v1_datagram(msg, _DHDR.size)
             if dg is None or self._raw is None:
                 self.counters["malformed"] += 1
@@ -632,17 +638,7 @@ class Devd:
     # -- control -----------------------------------------------------------------------
 
     def _on_ctrl(self, c: _Client) -> None:
-        while True:
-            try:
-                msg = c.ctrl.recv(_MAX_CTRL)
-            except BlockingIOError:
-                return
-            except OSError:
-                c.dead = True
-                return
-            if not msg:
-                c.dead = True
-                return
+        while (msg := _client_recv(c, c.ctrl, _MAX_CTRL)) is not None:
             reply = self._handle(c, msg)
             try:
                 c.ctrl.send(reply)

@@ -106,30 +106,17 @@ def _udp_port(text: str) -> int:
 
 # -- handlers --------------------------------------------------------------------------
 
-def _cmd_devinfo(args: argparse.Namespace) -> int:
-    return int(_tool("softrdma.tools.devinfo", "devinfo", "run")(args))
+def _runs(module: str, command: str) -> Callable[[argparse.Namespace], int]:
+    """The handler of a subcommand whose module's ``run(args)`` does the work."""
+    def handler(args: argparse.Namespace) -> int:
+        return int(_tool(module, command, "run")(args))
+    return handler
 
 
 def _pingpong(kind: str) -> Callable[[argparse.Namespace], int]:
     def handler(args: argparse.Namespace) -> int:
         return int(_tool("softrdma.tools.pingpong", f"{kind}-pingpong", "run")(kind, args))
     return handler
-
-
-def _cmd_demo(args: argparse.Namespace) -> int:
-    return int(_tool("softrdma.tools.demo", "demo", "run")(args))
-
-
-def _cmd_rping(args: argparse.Namespace) -> int:
-    return int(_tool("softrdma.tools.rping_run", "rping", "run")(args))
-
-
-def _cmd_udaddy(args: argparse.Namespace) -> int:
-    return int(_tool("softrdma.tools.udaddy", "udaddy", "run")(args))
-
-
-def _cmd_ucmatose(args: argparse.Namespace) -> int:
-    return int(_tool("softrdma.tools.ucmatose", "ucmatose", "run")(args))
 
 
 def _cmd_pcap_check(args: argparse.Namespace) -> int:
@@ -142,30 +129,6 @@ def _cmd_link(args: argparse.Namespace) -> int:
     return int(_tool("softrdma.tools.link", "link", "cmd_link")(list(args.rest)))
 
 
-def _cmd_pyverbs(args: argparse.Namespace) -> int:
-    return int(_tool("softrdma.tools.pyverbs_run", "pyverbs", "run")(args))
-
-
-def _cmd_devices(args: argparse.Namespace) -> int:
-    return int(_tool("softrdma.tools.devices", "devices", "run")(args))
-
-
-def _cmd_asyncwatch(args: argparse.Namespace) -> int:
-    return int(_tool("softrdma.tools.asyncwatch", "asyncwatch", "run")(args))
-
-
-def _cmd_srq_pingpong(args: argparse.Namespace) -> int:
-    return int(_tool("softrdma.tools.srq_pingpong", "srq-pingpong", "run")(args))
-
-
-def _cmd_stats(args: argparse.Namespace) -> int:
-    return int(_tool("softrdma.tools.stats", "stats", "run")(args))
-
-
-def _cmd_rdma_core_tests(args: argparse.Namespace) -> int:
-    return int(_tool("softrdma.tools.rdma_core_tests", "rdma-core-tests", "run")(args))
-
-
 def _perftest(name: str) -> Callable[[argparse.Namespace], int]:
     def handler(args: argparse.Namespace) -> int:
         return int(_tool("softrdma.tools.perftest.runner", name, "run")(name, args))
@@ -174,10 +137,6 @@ def _perftest(name: str) -> Callable[[argparse.Namespace], int]:
 
 def _cmd_ipoib(args: argparse.Namespace) -> int:
     return int(_tool("softrdma.tools.ipoib", "ipoib", "main")(list(args.rest)))
-
-
-def _cmd_interop(args: argparse.Namespace) -> int:
-    return int(_tool("softrdma.interop.cli", "interop", "run")(args))
 
 
 # -- parser ----------------------------------------------------------------------------
@@ -213,11 +172,18 @@ def build_parser() -> argparse.ArgumentParser:
         sub.set_defaults(subparser=sub)
         return sub
 
-    p = add_parser("devinfo", help="print device and port attributes (ibv_devinfo)",
-                        description="Print the attributes of softrdma devices, like "
-                        "ibv_devinfo.")
-    _add_tool_args("softrdma.tools.devinfo", p)
-    p.set_defaults(handler=_cmd_devinfo)
+    def tool(name: str, module: str, *, args_module: str | None = None,
+             extra: tuple[str, ...] = (), **kw: Any) -> None:
+        """A subcommand whose options come from ``args_module`` (default ``module``) and
+        whose work is ``module.run(args)``."""
+        sub = add_parser(name, **kw)
+        _add_tool_args(args_module or module, sub, *extra)
+        sub.set_defaults(handler=_runs(module, name))
+
+    tool("devinfo", "softrdma.tools.devinfo",
+         help="print device and port attributes (ibv_devinfo)",
+         description="Print the attributes of softrdma devices, like "
+         "ibv_devinfo.")
 
     for kind in ("rc", "uc", "ud"):
         p = add_parser(
@@ -229,35 +195,32 @@ def build_parser() -> argparse.ArgumentParser:
         _add_tool_args("softrdma.tools.pingpong", p, kind)
         p.set_defaults(handler=_pingpong(kind))
 
-    p = add_parser("demo", help="show SEND/RECV, RDMA WRITE/READ and atomics on a "
-                        "loopback RC QP pair",
-                        description="Two endpoints in this process on one device, an RC "
-                        "connection between them, every RC operation checked.")
-    _add_tool_args("softrdma.tools.demo", p)
-    p.set_defaults(handler=_cmd_demo)
+    tool("demo", "softrdma.tools.demo",
+         help="show SEND/RECV, RDMA WRITE/READ and atomics on a "
+         "loopback RC QP pair",
+         description="Two endpoints in this process on one device, an RC "
+         "connection between them, every RC operation checked.")
 
-    p = add_parser("rping", help="RDMA ping over an rdma_cm connection (librdmacm rping)",
-                   description="rping: -s serves, -c -a ADDR connects; the server RDMA READs "
-                   "the client's ping data and RDMA WRITEs it back. RoCE (IB CM + A11) by "
-                   "default, --transport iwarp for TCP + MPA.")
-    _add_tool_args("softrdma.tools.rping", p)
-    p.set_defaults(handler=_cmd_rping)
+    tool("rping", "softrdma.tools.rping_run", args_module="softrdma.tools.rping",
+         help="RDMA ping over an rdma_cm connection (librdmacm rping)",
+         description="rping: -s serves, -c -a ADDR connects; the server RDMA READs "
+         "the client's ping data and RDMA WRITEs it back. RoCE (IB CM + A11) by "
+         "default, --transport iwarp for TCP + MPA.")
 
-    p = add_parser("udaddy", help="UD messages to a service resolved by rdma_cm "
-                   "(SIDR; librdmacm udaddy)",
-                   description="udaddy: without -s serve, with -s ADDR connect; the client's "
-                   "SIDR_REQ resolves the server's UD QP (RDMA_PS_UDP, Q_Key 0x01234567), "
-                   "then messages go both ways. Interoperates with rdma-core's udaddy.")
-    _add_tool_args("softrdma.tools.cmargs", p, "udaddy")
-    p.set_defaults(handler=_cmd_udaddy)
+    tool("udaddy", "softrdma.tools.udaddy", args_module="softrdma.tools.cmargs", extra=("udaddy",),
+         help="UD messages to a service resolved by rdma_cm "
+         "(SIDR; librdmacm udaddy)",
+         description="udaddy: without -s serve, with -s ADDR connect; the client's "
+         "SIDR_REQ resolves the server's UD QP (RDMA_PS_UDP, Q_Key 0x01234567), "
+         "then messages go both ways. Interoperates with rdma-core's udaddy.")
 
-    p = add_parser("ucmatose", help="RC connections and SENDs through rdma_cm "
-                   "(librdmacm ucmatose)",
-                   description="ucmatose: without -s serve, with -s ADDR connect; the server "
-                   "sends -C messages on each connection, the client answers, the server "
-                   "disconnects. Interoperates with rdma-core's ucmatose.")
-    _add_tool_args("softrdma.tools.cmargs", p, "ucmatose")
-    p.set_defaults(handler=_cmd_ucmatose)
+    tool("ucmatose", "softrdma.tools.ucmatose",
+         args_module="softrdma.tools.cmargs", extra=("ucmatose",),
+         help="RC connections and SENDs through rdma_cm "
+         "(librdmacm ucmatose)",
+         description="ucmatose: without -s serve, with -s ADDR connect; the server "
+         "sends -C messages on each connection, the client answers, the server "
+         "disconnects. Interoperates with rdma-core's ucmatose.")
 
     p = add_parser("pcap-check", help="check every RoCE/iWARP packet of pcap files "
                         "(ICRC/CRC, byte-exact decoding) and follow each RC/UC connection",
@@ -280,36 +243,31 @@ def build_parser() -> argparse.ArgumentParser:
                         "| link delete NAME; arguments go to softrdma.tools.link as they are.")
     p.set_defaults(handler=_cmd_link, passthrough=True)
 
-    p = add_parser("pyverbs", help="run a pyverbs program on softrdma "
-                   "(softrdma pyverbs -- python3 program.py)",
-                   description="Run COMMAND with softrdma's pyverbs compatibility layer first "
-                   "on PYTHONPATH; a real pyverbs is not shadowed outside this command.")
-    _add_tool_args("softrdma.tools.pyverbs_run", p)
-    p.set_defaults(handler=_cmd_pyverbs)
+    tool("pyverbs", "softrdma.tools.pyverbs_run",
+         help="run a pyverbs program on softrdma "
+         "(softrdma pyverbs -- python3 program.py)",
+         description="Run COMMAND with softrdma's pyverbs compatibility layer first "
+         "on PYTHONPATH; a real pyverbs is not shadowed outside this command.")
 
-    p = add_parser("rdma-core-tests", help="run rdma-core's pyverbs test suite on a "
-                   "softrdma device", description="Install python3-pyverbs if needed, run "
-                   "rdma-core's tests through softrdma's pyverbs and print a table per file.")
-    _add_tool_args("softrdma.tools.rdma_core_tests", p)
-    p.set_defaults(handler=_cmd_rdma_core_tests)
+    tool("rdma-core-tests", "softrdma.tools.rdma_core_tests",
+         help="run rdma-core's pyverbs test suite on a "
+         "softrdma device", description="Install python3-pyverbs if needed, run "
+         "rdma-core's tests through softrdma's pyverbs and print a table per file.")
 
-    p = add_parser("devices", help="list the devices and their node GUIDs (ibv_devices)",
-                   description="List softrdma's devices as ibv_devices does.")
-    _add_tool_args("softrdma.tools.devices", p)
-    p.set_defaults(handler=_cmd_devices)
+    tool("devices", "softrdma.tools.devices",
+         help="list the devices and their node GUIDs (ibv_devices)",
+         description="List softrdma's devices as ibv_devices does.")
 
-    p = add_parser("asyncwatch", help="print a device's asynchronous events "
-                   "(ibv_asyncwatch)", description="Open a device and print its port "
-                   "events (PORT_ERR, PORT_ACTIVE, GID_CHANGE) as ibv_asyncwatch does.")
-    _add_tool_args("softrdma.tools.asyncwatch", p)
-    p.set_defaults(handler=_cmd_asyncwatch)
+    tool("asyncwatch", "softrdma.tools.asyncwatch",
+         help="print a device's asynchronous events "
+         "(ibv_asyncwatch)", description="Open a device and print its port "
+         "events (PORT_ERR, PORT_ACTIVE, GID_CHANGE) as ibv_asyncwatch does.")
 
-    p = add_parser("srq-pingpong", help="RC QPs sharing an SRQ ping-pong SENDs "
-                   "(ibv_srq_pingpong)", description="ibv_srq_pingpong: without SERVERNAME "
-                   "be the server and wait; with it, connect. Same flags, output and TCP "
-                   "exchange as the C tool.")
-    _add_tool_args("softrdma.tools.srq_pingpong", p)
-    p.set_defaults(handler=_cmd_srq_pingpong)
+    tool("srq-pingpong", "softrdma.tools.srq_pingpong",
+         help="RC QPs sharing an SRQ ping-pong SENDs "
+         "(ibv_srq_pingpong)", description="ibv_srq_pingpong: without SERVERNAME "
+         "be the server and wait; with it, connect. Same flags, output and TCP "
+         "exchange as the C tool.")
 
     p = add_parser("stats", help="port counters: packets, bytes, retransmissions, RNR NAKs, "
                    "drops by reason (rdma statistic)",
@@ -325,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the counters again every SECONDS")
     p.add_argument("-n", "--count", type=int, default=None, metavar="COUNT",
                    help="with -w: stop after COUNT rounds")
-    p.set_defaults(handler=_cmd_stats)
+    p.set_defaults(handler=_runs("softrdma.tools.stats", "stats"))
     for name in PERFTEST_TOOLS:
         verb, tst = name.split("-")
         p = add_parser(name, help=f"perftest's ib_{verb}_{tst}: "
@@ -343,12 +301,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "IPoIB interface until stopped; down NAME stops it; show [NAME] [--json] "
                    "prints neighbours, connections and counters.")
     p.set_defaults(handler=_cmd_ipoib, passthrough=True)
-    p = add_parser("interop", help="run the live interop suite against Linux rxe/siw in "
-                   "the lab (root)", description="Build or reuse the lab (../shared/lab), "
-                   "boot a guest, run every case in both directions with captures and "
-                   "checks, print the table.")
-    _add_tool_args("softrdma.interop.cli", p)
-    p.set_defaults(handler=_cmd_interop)
+    tool("interop", "softrdma.interop.cli",
+         help="run the live interop suite against Linux rxe/siw in "
+         "the lab (root)", description="Build or reuse the lab (../shared/lab), "
+         "boot a guest, run every case in both directions with captures and "
+         "checks, print the table.")
     return parser
 
 

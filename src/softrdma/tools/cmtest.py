@@ -121,6 +121,20 @@ class CmTest:
     def say(self, text: str) -> None:
         print(text, flush=True)
 
+    def listen(self, listen_id: rc.CmId, device: str | None) -> int:
+        """Bind ``listen_id`` to ``-b`` (default 0.0.0.0) and the port and listen, as the C
+        servers do: 0, or the errno of a name that does not resolve (``getrdmaaddr``)."""
+        try:
+            src = get_addr(self.args.src_addr or "0.0.0.0")
+        except AddrError as exc:
+            self.say(f"{self.name}: getrdmaaddr error: {exc.text}")
+            return exc.code
+        assert src is not None
+        listen_id.bind_addr((src, self.args.port), device=device)
+        listen_id.listen(0)
+        self.patient = True
+        return 0
+
     # ---- events -----------------------------------------------------------------------
     def _get_event(self) -> rc.RdmaCmEvent | None:
         deadline = None if self.patient else time.monotonic() + self.timeout

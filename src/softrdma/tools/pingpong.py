@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from .. import enums as e
 from ..errors import DecodeError, InvalidArgument, SoftRdmaError
+from .oobconnect import connect_retrying
 
 if TYPE_CHECKING:
     from .. import verbs as v
@@ -181,26 +182,7 @@ def client_exchange(host: str, port: int, my: Dest, timeout: float = DEFAULT_TIM
 
 
 def _connect(host: str, port: int, deadline: float) -> socket.socket:
-    try:
-        infos = socket.getaddrinfo(host, port, socket.AF_UNSPEC, socket.SOCK_STREAM)
-    except socket.gaierror as exc:
-        raise PingPongError(f"{exc.strerror} for {host}:{port}") from exc
-    last: OSError | None = None
-    while True:
-        for family, stype, proto, _name, addr in infos:
-            sock = socket.socket(family, stype, proto)
-            try:
-                sock.settimeout(max(0.05, deadline - time.monotonic()))
-                sock.connect(addr)
-                return sock
-            except OSError as exc:
-                last = exc
-                sock.close()
-        if time.monotonic() + 0.1 >= deadline or not isinstance(
-                last, ConnectionRefusedError):
-            reason = (last.strerror or str(last)) if last else "no address"
-            raise PingPongError(f"Couldn't connect to {host}:{port}: {reason}")
-        time.sleep(0.1)
+    return connect_retrying(host, port, deadline, PingPongError)
 
 
 class OOBListener:
@@ -949,21 +931,7 @@ def run(kind: str, args: argparse.Namespace, out: TextIO | None = None) -> int:
         if listener is not None:
             listener.close()
         raise
-    ep: Endpoint | None = None
-    try:
-        ep = Endpoint(ctx, opts)
-        if listener is not None:
-            run_server(ep, listener, out)
-        else:
-            assert opts.servername is not None
-            run_client(ep, opts.servername, port, out)
-    finally:
-        if listener is not None:
-            listener.close()
-        if ep is not None:
-            ep.close()
-        ctx.close()
-    return 0
+    return _session(ctx, opts, listener, port, out, run_server, run_client)
 
 
 def _run_iwarp(opts: Options, port: int, out: TextIO) -> int:
@@ -971,17 +939,27 @@ def _run_iwarp(opts: Options, port: int, out: TextIO) -> int:
     if opts.kind != "rc":
         raise InvalidArgument("transport", "iWARP carries RC only")
     ctx = open_context(opts)
-    ep: Endpoint | None = None
-    listener: Any = None
     try:
-        if opts.servername is None:
-            listener = iwarp_listen(ctx, opts, port)
+        listener = iwarp_listen(ctx, opts, port) if opts.servername is None else None
+    except BaseException:
+        ctx.close()
+        raise
+    return _session(ctx, opts, listener, port, out, run_server_iwarp, run_client_iwarp)
+
+
+def _session(ctx: v.Context, opts: Options, listener: Any, port: int, out: TextIO,
+             serve: Callable[[Endpoint, Any, TextIO], float],
+             connect: Callable[[Endpoint, str, int, TextIO], float]) -> int:
+    """Run the server role on ``listener`` (or, without one, the client role), then close
+    the listener, the endpoint and ``ctx`` whatever happens."""
+    ep: Endpoint | None = None
+    try:
         ep = Endpoint(ctx, opts)
         if listener is not None:
-            run_server_iwarp(ep, listener, out)
+            serve(ep, listener, out)
         else:
             assert opts.servername is not None
-            run_client_iwarp(ep, opts.servername, port, out)
+            connect(ep, opts.servername, port, out)
     finally:
         if listener is not None:
             listener.close()

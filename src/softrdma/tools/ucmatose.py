@@ -163,15 +163,9 @@ class Cmatose(CmTest):
         self.say("cmatose: starting server")
         listen_id = rc.CmId(self.channel, self.ps, context=self)
         try:
-            try:
-                src = get_addr(self.args.src_addr or "0.0.0.0")
-            except AddrError as exc:
-                self.say(f"cmatose: getrdmaaddr error: {exc.text}")
-                return exc.code
-            assert src is not None
-            listen_id.bind_addr((src, self.args.port), device=self.prefer)
-            listen_id.listen(0)
-            self.patient = True
+            ret = self.listen(listen_id, self.prefer)
+            if ret:
+                return ret
             ret = self.run_events(self._first_then_all, "the clients")
             self.patient = False
             if ret:

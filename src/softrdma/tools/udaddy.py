@@ -205,15 +205,9 @@ class Udaddy(CmTest):
         self.say("udaddy: starting server")
         listen_id = rc.CmId(self.channel, self.ps, context=self)
         try:
-            try:
-                src = get_addr(self.args.src_addr or "0.0.0.0")
-            except AddrError as exc:
-                self.say(f"udaddy: getrdmaaddr error: {exc.text}")
-                return exc.code
-            assert src is not None
-            listen_id.bind_addr((src, self.args.port), device=self.args.device or "roce")
-            listen_id.listen(0)
-            self.patient = True
+            ret = self.listen(listen_id, self.args.device or "roce")
+            if ret:
+                return ret
             ret = self.run_events(lambda: self.connects_left > 0, "a client")
             self.patient = False
             if ret:

@@ -62,7 +62,21 @@ def _copy_sges(sg: Any, num_sge: int) -> list[SGE]:
     return out
 
 
-class RecvWR(PyverbsCM):
+class _SgeList(PyverbsCM):
+    """A WR's ``num_sge`` is the length of its SGE list ``sg``; setting it truncates."""
+
+    sg: list[SGE]
+
+    @property
+    def num_sge(self) -> int:
+        return len(self.sg)
+
+    @num_sge.setter
+    def num_sge(self, val: int) -> None:
+        self.sg = self.sg[:val]
+
+
+class RecvWR(_SgeList):
     """A receive work request (``struct ibv_recv_wr``)."""
 
     def __init__(self, wr_id: int = 0, num_sge: int = 0, sg: Any = None,
@@ -74,14 +88,6 @@ class RecvWR(PyverbsCM):
         self.wr_id = wr_id
         self.next_wr = next_wr
 
-    @property
-    def num_sge(self) -> int:
-        return len(self.sg)
-
-    @num_sge.setter
-    def num_sge(self, val: int) -> None:
-        self.sg = self.sg[:val]
-
     def to_verbs(self) -> _v.RecvWR:
         return _v.RecvWR(self.wr_id, len(self.sg), list(self.sg))
 
@@ -89,7 +95,7 @@ class RecvWR(PyverbsCM):
         return f"WR ID: {self.wr_id}, Num SGE: {self.num_sge}"
 
 
-class SendWR(PyverbsCM):
+class SendWR(_SgeList):
     """A send work request (``struct ibv_send_wr``)."""
 
     def __init__(self, wr_id: int = 0, opcode: int = int(e.IBV_WR_SEND), num_sge: int = 0,
@@ -115,14 +121,6 @@ class SendWR(PyverbsCM):
         self.mw: Any = None
         self.bind_info: Any = None
         self._bind_rkey = 0
-
-    @property
-    def num_sge(self) -> int:
-        return len(self.sg)
-
-    @num_sge.setter
-    def num_sge(self, val: int) -> None:
-        self.sg = self.sg[:val]
 
     @property
     def sg_list(self) -> list[SGE]:

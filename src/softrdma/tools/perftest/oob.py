@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ...errors import DecodeError
+from ..oobconnect import connect_retrying
 from .options import PerftestError
 
 VERSION = "6.06"          # perftest 4.5-0.18 (Debian bookworm): configure.ac AC_INIT
@@ -250,27 +251,8 @@ class TcpChannel:
     def connect(cls, host: str, port: int, timeout: float) -> TcpChannel:
         """``ethernet_client_connect`` (retried while refused until ``timeout``)."""
         deadline = time.monotonic() + timeout
-        try:
-            infos = socket.getaddrinfo(host, port, socket.AF_UNSPEC, socket.SOCK_STREAM)
-        except socket.gaierror as exc:
-            raise PerftestError(f"{exc.strerror} for {host}:{port}") from exc
-        while True:
-            last: OSError | None = None
-            for family, stype, proto, _n, addr in infos:
-                sock = socket.socket(family, stype, proto)
-                try:
-                    sock.settimeout(max(0.05, deadline - time.monotonic()))
-                    sock.connect(addr)
-                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    return cls(sock, True, timeout)
-                except OSError as exc:
-                    last = exc
-                    sock.close()
-            if time.monotonic() + 0.1 >= deadline or not isinstance(
-                    last, ConnectionRefusedError):
-                reason = (last.strerror or str(last)) if last else "no address"
-                raise PerftestError(f"Couldn't connect to {host}:{port}: {reason}")
-            time.sleep(0.1)
+        return cls(connect_retrying(host, port, deadline, PerftestError, nodelay=True), True,
+                   timeout)
 
     @classmethod
     def listen(cls, port: int) -> socket.socket:

@@ -1,0 +1,34 @@
+"""A RoCE device of a test's own: a private state directory and a free UDP port on lo.
+
+Tests that run ``softrdma`` subprocesses or share a device between processes use it, so
+that they never touch the built-in device on 4791 nor another test's registry.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from softrdma.drivers import registry
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+def free_port(kind: socket.SocketKind = socket.SOCK_DGRAM) -> int:
+    """A port free on 127.0.0.1 now (UDP by default, ``SOCK_STREAM`` for TCP)."""
+    with socket.socket(socket.AF_INET, kind) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def private_device(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                   *, subprocesses: bool = True) -> str:
+    """Point ``SOFTRDMA_STATE_DIR`` at a fresh directory holding one RoCE device ``name``
+    on lo; with ``subprocesses``, ``PYTHONPATH`` makes child processes run this tree."""
+    monkeypatch.setenv("SOFTRDMA_STATE_DIR", str(tmp_path / "state"))
+    if subprocesses:
+        monkeypatch.setenv("PYTHONPATH", SRC)
+    registry.add(name, "lo", "roce", free_port())
+    return name
