@@ -49,6 +49,7 @@ from functools import partial
 from typing import Any
 
 from ..errors import InvalidArgument, SoftRdmaError, StateError
+from ..wire.gid import ip_to_gid
 from ..wire.ipcm import IPPROTO_TCP, IPPROTO_UDP, RDMA_UDP_QKEY, IpAddress
 from .events import CmEvent, CmEventType, RejectInfo
 from .ibcm import AcceptParams
@@ -715,7 +716,6 @@ class CmId:
             self._post(T.TIMEWAIT_EXIT)
 
     def _ah_attr(self) -> Any:
-        from ..drivers.runtime import ip_to_gid  # noqa: PLC0415
         from ..verbs.ah import AHAttr, GlobalRoute  # noqa: PLC0415
 
         assert self._dst is not None and self._src is not None

@@ -37,11 +37,12 @@ from typing import Any
 
 from ..errors import ClosedError, DeviceError, InvalidArgument, SoftRdmaError
 from ..ib.port import Port, RxMeta, TxPacket
+from ..wire.gid import gid_to_ip, ip_to_gid
 from ..wire.roce import icrc_ok_udp, icrc_v1, inet_checksum, recover_ipv4_id, udp_send_icrc
 from ..wire.rocev1 import GRH_SIZE, build_grh_v1
-from .link import ROCE_V2_UDP_PORT, V4_MAPPED_PREFIX, CounterReporter, Datagram, Link
+from .link import ROCE_V2_UDP_PORT, CounterReporter, Datagram, Link
 
-__all__ = ["Runtime", "icrc_v2", "icrc_ok", "build_grh", "gid_to_ip", "ip_to_gid"]
+__all__ = ["Runtime", "icrc_v2", "icrc_ok", "build_grh"]
 
 _IP4_HDR = struct.Struct("!BBHHHBBH4s4s")
 _IP6_HDR = struct.Struct("!IHBB16s16s")
@@ -49,20 +50,6 @@ _ZERO20 = bytes(20)
 _MAX_IDLE_WAIT = 0.01  # the progress thread re-checks timers at least this often (s)
 _POLL_GRACE = 0.005  # the progress thread stands back this long after an application poll (s)
 REPORT_INTERVAL = 0.5  # a shared device's process reports its counters to devd this often (s)
-
-
-def gid_to_ip(gid: bytes) -> bytes:
-    """The IP address a RoCEv2 GID stands for: 4 bytes for ``::ffff:a.b.c.d``, else 16."""
-    if gid[:12] == V4_MAPPED_PREFIX:
-        return bytes(gid[12:16])
-    return bytes(gid)
-
-
-def ip_to_gid(ip: bytes) -> bytes:
-    """The RoCEv2 GID of an IP address (IPv4 -> ``::ffff:a.b.c.d``), roce.md §4."""
-    if len(ip) == 4:
-        return V4_MAPPED_PREFIX + bytes(ip)
-    return bytes(ip)
 
 
 def icrc_v2(src_ip: bytes, dst_ip: bytes, sport: int, dport: int, parts: Sequence[Any],

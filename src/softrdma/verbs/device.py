@@ -28,10 +28,11 @@ from ..drivers.dual import DualLink
 from ..drivers.link import CounterReporter, Link
 from ..drivers.portwatch import PortWatch
 from ..drivers.rawether import RawEtherLink
-from ..drivers.runtime import Runtime, ip_to_gid
+from ..drivers.runtime import Runtime
 from ..drivers.udp import UdpLink
 from ..errors import DeviceError, InvalidArgument
 from ..ib.port import Port
+from ..wire.gid import ip_to_gid
 from ._object import VerbsObject
 from .counters import PortCounters
 

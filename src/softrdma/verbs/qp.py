@@ -28,6 +28,7 @@ from typing import Any
 from .. import enums as e
 from ..drivers.runtime import Runtime
 from ..errors import InvalidArgument, NotSupported
+from ..wire.gid import is_v4_mapped
 from . import qp_rules
 from ._object import VerbsObject
 from .ah import AHAttr, GlobalRoute, address_vector
@@ -523,7 +524,7 @@ class QP(VerbsObject):
         if self.qp_type != UD:
             raise InvalidArgument("qp", "only UD QPs attach to multicast groups (IBA 10.5.2)")
         raw = GID(gid).raw
-        v4 = raw[:12] == b"\0" * 10 + b"\xff\xff"
+        v4 = is_v4_mapped(raw)
         if not ((v4 and 224 <= raw[12] <= 239) or (not v4 and raw[0] == 0xFF)):
             raise InvalidArgument("gid", f"{GID(raw)} is not a multicast GID")
         return raw
