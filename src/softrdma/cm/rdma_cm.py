@@ -423,8 +423,8 @@ class CmId:
         return qp_attr_of(self.verbs, got)
 
     def _iw_connect(self, p: ConnParam) -> None:
-        from ..iwarp import cm as iw  # noqa: PLC0415
         from ..iwarp.mpa_setup import MpaConfig  # noqa: PLC0415
+        from . import iwconnect as iw  # noqa: PLC0415
 
         cfg = MpaConfig(ird=p.responder_resources, ord=p.initiator_depth)
         host, port, qp, pd = str(self._dst), self._dst_port, self.qp, bytes(p.private_data)
@@ -494,7 +494,7 @@ class CmId:
 
     def _listen_on(self, dev: OpenDevice, ip: IpAddress, port: int, backlog: int) -> int:
         if dev.entry.transport == "iwarp":
-            from ..iwarp.cm import Listener  # noqa: PLC0415
+            from .iwconnect import Listener  # noqa: PLC0415
 
             host = str(ip) if not ip.is_unspecified else ("::" if ip.version == 6 else "0.0.0.0")
             tcp = Listener(dev.ctx, port, host, backlog=min(backlog, 4096))
@@ -523,7 +523,7 @@ class CmId:
         raise StateError(f"no free port on {dev.entry.name}", errno=errno.EADDRINUSE)
 
     def _iw_accept_loop(self, dev: OpenDevice, lst: Any) -> None:
-        from ..iwarp.cm import ConnectError  # noqa: PLC0415
+        from .iwconnect import ConnectError  # noqa: PLC0415
 
         while not self._destroyed:
             try:

@@ -467,7 +467,9 @@ class IpoibRuntime:
 
     def _loop(self, wake_fd: int) -> None:
         assert self.tun is not None and self._ctl is not None
-        link_fd = self.ctx.runtime.link.fileno()
+        link = self.ctx.runtime.link
+        assert link is not None  # IPoIB runs on a RoCE device, whose runtime has a link
+        link_fd = link.fileno()
         tun_fd, ctl_fd = self.tun.fileno(), self._ctl.fileno()
         eng = self.engine
         port = self.ctx.port

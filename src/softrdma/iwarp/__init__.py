@@ -5,18 +5,18 @@
   (:class:`IwarpQP`) the verbs layer drives;
 * :mod:`.stag`, :mod:`.terminate`, :mod:`.mpa_setup` - STags, Terminate construction,
   MPA negotiation;
-* :mod:`.runtime` - the TCP driver; :mod:`.cm` - :func:`connect` / :func:`listen`.
+The package is sans-I/O: the TCP sockets are :mod:`softrdma.drivers.tcp_runtime`'s, and
+connection setup (:func:`~softrdma.cm.iwconnect.connect` /
+:func:`~softrdma.cm.iwconnect.listen`) is :mod:`softrdma.cm.iwconnect`'s.
 
 Open a device with ``softrdma.verbs.Context(transport="iwarp")`` (or a registry device of
-type ``iwarp``); then ``connect(qp, host, port, private_data)`` on one side and
-``listen(ctx, port).accept(qp, private_data)`` on the other.
+type ``iwarp``); then ``iwconnect.connect(qp, host, port, private_data)`` on one side and
+``iwconnect.listen(ctx, port).accept(qp, private_data)`` on the other.
 """
 
-from .cm import ConnectError, Connection, ConnRequest, Listener, connect, listen
 from .engine import ConnState, IwarpConn
 from .mpa_setup import ConnectionRejected, MpaConfig, Negotiated
 from .qp import IwarpDevice, IwarpQP
 
-__all__ = ["ConnectError", "Connection", "ConnRequest", "Listener", "connect", "listen",
-           "ConnState", "IwarpConn", "ConnectionRejected", "MpaConfig", "Negotiated",
+__all__ = ["ConnState", "IwarpConn", "ConnectionRejected", "MpaConfig", "Negotiated",
            "IwarpDevice", "IwarpQP"]

@@ -207,7 +207,7 @@ class IwarpQP(QPBase):
             self.to_error()
         elif new in (RTR, RTS):
             raise InvalidArgument("qp_attr.qp_state", "an iWARP QP enters RTS through its "
-                                  "connection (softrdma.iwarp.connect / Listener.accept)")
+                                  "connection (softrdma.cm.iwconnect.connect / Listener.accept)")
         else:
             raise NotSupported(f"QP state {QPS(new).name} is not supported on iWARP")
 

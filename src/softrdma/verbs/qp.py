@@ -26,7 +26,7 @@ import weakref
 from typing import Any
 
 from .. import enums as e
-from ..drivers.runtime import Runtime
+from ..drivers.progress import DeviceRuntime
 from ..errors import InvalidArgument, NotSupported
 from ..wire.gid import is_v4_mapped
 from . import qp_rules
@@ -221,7 +221,7 @@ class QP(VerbsObject):
             max_recv_wr, max_recv_sge = cap.max_recv_wr, cap.max_recv_sge
         else:
             max_recv_wr = max_recv_sge = 0
-        runtime: Runtime = ctx.runtime
+        runtime: DeviceRuntime = ctx.runtime
         engine_cls: Any = EngineQP
         self._iwarp = getattr(ctx, "transport", "roce") == "iwarp"
         if self._iwarp:  # iWARP: RC only (siw), the engine of softrdma.iwarp
@@ -603,7 +603,7 @@ def _check_iwarp_wrs(wr: SendWR | list[SendWR]) -> None:
                 raise InvalidArgument("wr.num_sge", "an iWARP RDMA Read takes one SGE")
 
 
-def _defer_destroy(runtime: Runtime, engine: Any) -> None:
+def _defer_destroy(runtime: DeviceRuntime, engine: Any) -> None:
     if runtime.closed:
         engine.destroy()
     else:
