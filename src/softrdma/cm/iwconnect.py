@@ -13,7 +13,7 @@ under rdma_cm, without the IP-addressed CM API, which is a separate layer):
 
 * :func:`connect` (active side): TCP connect, MPA Request carrying ``private_data``,
   wait for the Reply; the QP is in RTS when it returns. A reject raises
-  :class:`~.mpa_setup.ConnectionRejected` (with the responder's private data).
+  :class:`~softrdma.iwarp.mpa_setup.ConnectionRejected` (with the responder's private data).
 * :func:`listen` (passive side) returns a :class:`Listener`;
   :meth:`Listener.get_request` accepts TCP connections, lets each negotiate MPA
   concurrently with its own timer, and returns the first parsed MPA Request (a peer that
@@ -46,7 +46,7 @@ __all__ = ["connect", "listen", "Listener", "ConnRequest", "Connection", "Connec
 DEFAULT_TIMEOUT = 10.0
 MPA_REQUEST_TIMEOUT = 10.0  # s a new connection has to send its MPA Request (siw MPAREQ_TIMEOUT)
 MAX_PENDING = 1024  # connections negotiating MPA at once per listener; beyond: oldest closed
-_IDLE_WAIT = 1.0  # s a waiting get_request sleeps at most when nothing is pending
+_IDLE_WAIT = 1.0  # s a get_request waits at most between looks when nothing is pending
 _MIN_WAIT = 0.001  # s: an MPA timer just due is looked at again after this
 
 
