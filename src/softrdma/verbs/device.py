@@ -30,6 +30,7 @@ from ..drivers.portwatch import PortWatch
 from ..drivers.progress import DeviceRuntime
 from ..drivers.rawether import RawEtherLink
 from ..drivers.runtime import Runtime
+from ..drivers.tcp_runtime import TcpRuntime
 from ..drivers.udp import UdpLink
 from ..errors import DeviceError, InvalidArgument
 from ..ib.port import Port
@@ -511,7 +512,6 @@ class Context(VerbsObject):
         sockets by a :class:`~softrdma.drivers.tcp_runtime.TcpRuntime` (always in-process:
         a TCP connection belongs to the process that owns the QP). ``name`` None or
         :data:`IWARP_LOOPBACK` is the built-in loopback device (127.0.0.1 and ::1)."""
-        from ..drivers.tcp_runtime import TcpRuntime  # noqa: PLC0415
         from ..iwarp.qp import IwarpDevice  # noqa: PLC0415
 
         netdev: str | None = "lo"
