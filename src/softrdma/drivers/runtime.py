@@ -105,6 +105,18 @@ def build_grh(d: Datagram, ident: int = 0, df: bool = True) -> bytes:
                          d.src_ip, d.dst_ip)
 
 
+class _Memo(dict[bytes, bytes]):
+    """``fn`` of a key, computed once (the GID <-> IP conversions on the packet path)."""
+
+    def __init__(self, fn: Callable[[bytes], bytes]) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def __missing__(self, key: bytes) -> bytes:
+        value = self[bytes(key)] = self.fn(key)
+        return value
+
+
 class Runtime:
     """Drives one engine :class:`Port` over one :class:`~softrdma.drivers.link.Link`.
 
@@ -133,16 +145,13 @@ class Runtime:
                     vclock = found
         self.now: Callable[[], float] = clock if clock is not None else time.monotonic
         core = ProgressCore(threaded=threaded, now=self.now, after=self._after_locked)
-        self.core = core
-        self.lock = core.lock
-        self.threaded = threaded
-        self.call = core.call
-        self.call_now = core.call_now
-        self.defer = core.defer
-        self.kick = core.kick
+        self.core, self.lock, self.threaded = core, core.lock, threaded
+        # the engine-call surface is the core's (bound here: no wrapper on the call path)
+        self.call, self.call_now, self.defer, self.kick = (core.call, core.call_now,
+                                                           core.defer, core.kick)
         self._deferred = core.deferred
-        self._gid_ip: dict[bytes, bytes] = {}
-        self._ip_gid: dict[bytes, bytes] = {}
+        self._ip_of = _Memo(gid_to_ip).__getitem__  # GID -> IP address, per packet sent
+        self._gid_of = _Memo(ip_to_gid).__getitem__  # IP address -> GID, per packet received
         self._metas: dict[tuple[bytes, bytes, int, int, int], RxMeta] = {}
         self._backlog: list[Datagram] = []
         self._pending = False
@@ -297,13 +306,6 @@ class Runtime:
             self.lock.release()
 
     # ---- transmit --------------------------------------------------------------------------
-    def _ip_of(self, gid: bytes) -> bytes:
-        ip = self._gid_ip.get(gid)
-        if ip is None:
-            ip = gid_to_ip(gid)
-            self._gid_ip[bytes(gid)] = ip
-        return ip
-
     def _flush_tx_locked(self, acks: bool = True) -> int:
         port = self.port
         if not (port.tx or (acks and port.ack_pending)):
@@ -356,13 +358,6 @@ class Runtime:
         port.receive(body, meta, now)
 
     # ---- receive ----------------------------------------------------------------------------
-    def _gid_of(self, ip: bytes) -> bytes:
-        gid = self._ip_gid.get(ip)
-        if gid is None:
-            gid = ip_to_gid(ip)
-            self._ip_gid[bytes(ip)] = gid
-        return gid
-
     def _poll_rx_locked(self, stop_on: Any = None) -> int:
         """Feed received datagrams to the engine; returns how many were taken.
 

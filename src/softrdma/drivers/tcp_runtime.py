@@ -123,12 +123,9 @@ class TcpRuntime:
         self.threaded = threaded
         self.now: Callable[[], float] = clock if clock is not None else time.monotonic
         core = ProgressCore(threaded=threaded, now=self.now, after=self._after_locked)
-        self.core = core
-        self.lock = core.lock
-        self.call = core.call
-        self.call_now = core.call_now
-        self.defer = core.defer
-        self.kick = core.kick
+        self.core, self.lock = core, core.lock
+        self.call, self.call_now, self.defer, self.kick = (core.call, core.call_now,
+                                                           core.defer, core.kick)
         #: notified (under the lock) after every round of socket I/O and engine calls:
         #: connection setup waits on it for a state change
         self.changed = threading.Condition(core.lock)
