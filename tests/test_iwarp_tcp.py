@@ -1,4 +1,4 @@
-"""iWARP through the verbs API over TCP on the loopback (softrdma.iwarp.runtime / .cm).
+"""iWARP through the verbs API over TCP on the loopback (softrdma.drivers.tcp_runtime / softrdma.cm.iwconnect).
 
 Same application code as for RoCE (PD, MR, CQ, QP, post_send, poll) on a Context opened
 with transport="iwarp"; QPs connected with softrdma.iwconnect.connect / listen. Covers every
