@@ -32,10 +32,17 @@ from ..enums import ibv_wc_status as WCS
 from ..ib.memory import gather, resolve_sges, total_len
 from ..ib.types import MemoryRegion, RecvWQE, SendWQE
 from ..wire.ddp import (
+    DDP_L,
+    DDP_T,
+    DDP_VERSION,
     QN_READ_REQUEST,
     QN_SEND,
+    RDMAP_RV_SHIFT,
+    RDMAP_VERSION,
     TAGGED,
+    TAGGED_HDR_LEN,
     UNTAGGED,
+    UNTAGGED_HDR_LEN,
     DdpTaggedErrorCode,
     DdpUntaggedErrorCode,
     RdmapErrorCode,
@@ -49,10 +56,8 @@ __all__ = ["TxMsg", "ReadCtx", "DdpRx", "PlacementQP", "PlacementDevice", "segme
            "TAGGED_HDR_LEN", "UNTAGGED_HDR_LEN", "DDP_T", "DDP_L", "DDP_DV", "MASK64",
            "MASK32", "ACCESS_ERR", "RDMAP_RV"]
 
-TAGGED_HDR_LEN = 14    # DDP tagged header + RDMAP control (RFC 5041 §5.2, RFC 5040 §4.3)
-UNTAGGED_HDR_LEN = 18  # DDP untagged header + RDMAP control (RFC 5041 §5.3)
-DDP_T, DDP_L, DDP_DV = 0x80, 0x40, 0x01  # Tagged, Last, DDP version 1 (RFC 5041 §5.1)
-RDMAP_RV = 0x40        # RDMAP version 1 in the RDMAP control octet (RFC 5040 §4.3)
+DDP_DV = DDP_VERSION  # the DV bits of the DDP control octet (RFC 5041 §5.1)
+RDMAP_RV = RDMAP_VERSION << RDMAP_RV_SHIFT  # RV in the RDMAP control octet (RFC 5040 §4.3)
 MASK64 = (1 << 64) - 1
 MASK32 = 0xFFFFFFFF
 #: The async event of an access violation by the peer (IBV_EVENT_QP_ACCESS_ERR).

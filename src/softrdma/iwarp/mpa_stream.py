@@ -46,6 +46,8 @@ MIN_ULPDU = 14
 LOOKAHEAD_HDR = 20
 _LEN = 2        # ULPDU_Length (RFC 5044 §4.1)
 _CRC_LEN = 4
+_MAX_ULPDU = 0xFFFF  # a 16-bit ULPDU_Length
+_MAX_TRAILER = 8    # PAD (0-3) + CRC
 _MARKER_LEN = 4
 _BIG_READ = 1 << 18  # receive size hint when segments are small
 _U16 = struct.Struct("!H")
@@ -133,7 +135,7 @@ class FpduRx:
         self._mk_buf = bytearray(_MARKER_LEN)
         self._mk_have = 0
         self.phase = P_HDR
-        self.hbuf = bytearray(_LEN + 0xFFFF + 8)
+        self.hbuf = bytearray(_LEN + _MAX_ULPDU + _MAX_TRAILER)
         self.hhave = 0
         self.hneed = FIRST_HDR
         self.ulen = 0

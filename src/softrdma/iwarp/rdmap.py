@@ -27,9 +27,14 @@ from ..enums import ibv_send_flags as SF
 from ..enums import ibv_wc_status as WCS
 from ..errors import SoftRdmaError
 from ..wire.ddp import (
+    DDP_DV_MASK,
+    DDP_VERSION,
     QN_READ_REQUEST,
     QN_SEND,
     QN_TERMINATE,
+    RDMAP_OPCODE_MASK,
+    RDMAP_RV_SHIFT,
+    RDMAP_VERSION,
     READ_REQ,
     READ_REQ_LEN,
     TAGGED,
@@ -72,10 +77,7 @@ _OP_TERM = int(RdmapOpcode.TERMINATE)
 _SEND_OPS = frozenset((_OP_SEND, _OP_SEND_INV, _OP_SEND_SE, _OP_SEND_SE_INV))
 _INV_OPS = frozenset((_OP_SEND_INV, _OP_SEND_SE_INV))
 _SE_OPS = frozenset((_OP_SEND_SE, _OP_SEND_SE_INV))
-_OPCODE = 0x0F         # RDMAP control octet: opcode bits (RFC 5040 §4.3)
-_VERSION_SHIFT = 6     # ... and RV
-_DDP_VERSION = 0x03    # DDP control octet: DV bits (RFC 5041 §5.1)
-_WRITE_CTRL, _WRITE_CTRL_MASK = 0x81, 0xBF  # T=1, DV=1, any L
+_WRITE_CTRL, _WRITE_CTRL_MASK = DDP_T | DDP_VERSION, 0xFF ^ DDP_L  # T=1, DV=1, any L
 _WRITE_RDMAP = RDMAP_RV | _OP_WRITE  # RV=1, RDMA Write
 _RR_ULPDU = UNTAGGED_HDR_LEN + READ_REQ_LEN  # a whole Read Request ULPDU: 46 octets
 _RR_OFF = 2 + UNTAGGED_HDR_LEN               # its Read Request header in the FPDU
@@ -128,28 +130,29 @@ class Rdmap:
         if rx.hneed == FIRST_HDR and not tagged:
             if ulen < UNTAGGED_HDR_LEN:
                 raise IwarpFault.ddp_catastrophic(f"untagged DDP segment of {ulen} bytes")
-            if r & _OPCODE in _SEND_OPS and r >> _VERSION_SHIFT == 1 and c & _DDP_VERSION == 1:
+            if r & RDMAP_OPCODE_MASK in _SEND_OPS and r >> RDMAP_RV_SHIFT == RDMAP_VERSION \
+                    and c & DDP_DV_MASK == DDP_VERSION:
                 rx.need_header(2 + UNTAGGED_HDR_LEN)
             else:  # a Read Request or Terminate is read whole, then acted on after the CRC
                 rx.need_header(2 + ulen)
             return
         self.kind = _K_NONE
         last = bool(c & DDP_L)
-        op = r & _OPCODE
+        op = r & RDMAP_OPCODE_MASK
         hl = TAGGED_HDR_LEN if tagged else UNTAGGED_HDR_LEN
         hdr = bytes(h[2:2 + hl])
         paylen = ulen - hl
         self.seg_hdr = hdr
         self.last = last
-        if c & _DDP_VERSION != 1:
+        if c & DDP_DV_MASK != DDP_VERSION:
             if tagged:
                 raise IwarpFault.ddp_tagged(DdpTaggedErrorCode.INVALID_DDP_VERSION,
-                                            f"DDP version {c & _DDP_VERSION}", None, 0)
+                                            f"DDP version {c & DDP_DV_MASK}", None, 0)
             raise IwarpFault.ddp_untagged(DdpUntaggedErrorCode.INVALID_DDP_VERSION,
-                                          f"DDP version {c & _DDP_VERSION}", None, 0)
-        if r >> _VERSION_SHIFT != 1:
+                                          f"DDP version {c & DDP_DV_MASK}", None, 0)
+        if r >> RDMAP_RV_SHIFT != RDMAP_VERSION:
             raise IwarpFault.remote_operation(RdmapErrorCode.INVALID_RDMAP_VERSION,
-                                              f"RDMAP version {r >> _VERSION_SHIFT}", hdr,
+                                              f"RDMAP version {r >> RDMAP_RV_SHIFT}", hdr,
                                               paylen)
         qp = self.qp
         assert qp is not None
@@ -236,7 +239,7 @@ class Rdmap:
             ok = kind == _K_WRITE and rx.paylen == 0 and self.last
         elif want == RTR_SEND:
             ok = kind == _K_RTR_SEND
-        elif want == RTR_READ and kind == _K_CTRL and h[3] & _OPCODE == _OP_RREQ \
+        elif want == RTR_READ and kind == _K_CTRL and h[3] & RDMAP_OPCODE_MASK == _OP_RREQ \
                 and rx.ulen == _RR_ULPDU:
             ok = int.from_bytes(h[_RR_OFF + _RR_SIZE:_RR_OFF + _RR_SIZE + _U32_BE]) == 0
         if not ok:
@@ -273,7 +276,7 @@ class Rdmap:
         ulen = rx.ulen
         hdr = self.seg_hdr
         _c, r, _ulp, qn, msn, mo = UNTAGGED.unpack_from(h, 2)
-        if r & _OPCODE == _OP_TERM:
+        if r & RDMAP_OPCODE_MASK == _OP_TERM:
             if qn != QN_TERMINATE:
                 raise IwarpFault.ddp_untagged(DdpUntaggedErrorCode.INVALID_QN,
                                               f"Terminate on QN {qn}", hdr,
