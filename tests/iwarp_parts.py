@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from softrdma import enums as e
 from softrdma.ib.types import SGE, MemoryRegion, RecvWQE, SendWQE
+from softrdma.iwarp.rdmap_tx import W_DONE
 from softrdma.iwarp.terminate import IwarpFault
 from softrdma.wire.ddp import Terminate
 
@@ -57,7 +58,7 @@ class QP:
         self.recvs.append((rwqe.wr_id, status, byte_len, invalidated, solicited))
 
     def complete_ready(self) -> None:
-        while self.inflight and self.inflight[0].state == 2:
+        while self.inflight and self.inflight[0].state == W_DONE:
             w = self.inflight.popleft()
             self.sends.append((w.wr_id, w.error))
 

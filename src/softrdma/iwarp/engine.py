@@ -5,7 +5,7 @@ path into, each its own module and testable alone:
 
 ========================  ==================================================================
 :mod:`.mpa_stream`        MPA framing both ways: ULPDU_Length, markers, PAD, CRC32c,
-                          FPDU boundaries (RFC 5044 §4-§6)
+                          FPDU boundaries (RFC 5044 §4-§5)
 :mod:`.ddp_place`         DDP segmentation out, tagged/untagged placement in (RFC 5041)
 :mod:`.rdmap`             RDMAP receive: header checks, opcodes, completions, Read
                           Requests, received Terminates, the RTR check (RFC 5040)
@@ -26,7 +26,8 @@ clock here:
   list of buffers: headers, slices of the registered memory, pad + CRC; nothing copied)
   and :meth:`IwarpConn.tx_sent` takes how many the socket accepted (a Send or RDMA
   Write completes only then, RFC 5040 §5.5 rule 14); :meth:`IwarpConn.update_mss`
-  follows the TCP MSS (RFC 5044 §4.2);
+  follows the TCP MSS (RFC 5044 §4.2); an initiator's first FPDU waits until
+  ``tx_hold_until`` (driver time, see :data:`~.mpa_setup.FIRST_FPDU_HOLD_S`);
 * :meth:`IwarpConn.on_eof` reports the peer's FIN; the driver closes the socket once
   :attr:`IwarpConn.want_close` is set and everything pulled has been sent;
 * :meth:`IwarpConn.pop_events` returns the typed connection events
@@ -302,13 +303,7 @@ class IwarpConn:
             neg = check_reply(self.cfg, self.request, mpa)
         except ConnectionRejected as rej:
             self.rejected = rej
-            self.state = ConnState.FAILED
-            self.reason = "rejected by the peer"
-            self.want_close = True
-            self._rx.dead = True
-            if self.qp is not None:
-                self.qp.on_conn_failed(self, None)
-            self.events.append(Rejected(rej))
+            self._end(ConnState.FAILED, "rejected by the peer", _FLUSH, None, Rejected(rej))
             return None
         self._enter_rts(neg)
         return rest
@@ -415,20 +410,11 @@ class IwarpConn:
         if self.state in (ConnState.FAILED, ConnState.CLOSED):
             self.want_close = True
             return
-        mid = self.state == ConnState.RTS and (self._rx.mid_fpdu
-                                                 or self.rdmap.ddp.mid_message)
-        self.reason = "peer closed the connection" + (" mid-message" if mid else "")
-        prev = self.state
-        self.state = ConnState.CLOSED
-        self._rx.dead = True
-        self.want_close = True
-        self._abort_rx_wqe(_FLUSH)
-        if self.qp is not None:
-            self.qp.on_conn_failed(self, None)
-        if prev == ConnState.RTS:
-            self.events.append(Closed(self.reason))
-        else:
-            self.events.append(Failed(self.reason, None, during_setup=True))
+        rts = self.state == ConnState.RTS
+        mid = rts and (self._rx.mid_fpdu or self.rdmap.ddp.mid_message)
+        reason = "peer closed the connection" + (" mid-message" if mid else "")
+        self._end(ConnState.CLOSED, reason, _FLUSH, None,
+                  Closed(reason) if rts else Failed(reason, None, during_setup=True))
 
     def close(self) -> None:
         """Local close: stop generating messages; the driver closes after the flush."""
@@ -443,35 +429,36 @@ class IwarpConn:
     def peer_terminated(self, term: Terminate | None) -> None:
         """The peer sent a Terminate (RFC 5040 §5.4): deliver it and tear down."""
         self.term_received = term
-        self.reason = ("peer sent Terminate: " + term.describe()) if term is not None \
-            else "peer sent a malformed Terminate"
-        self.state = ConnState.FAILED
-        self._rx.dead = True
         self._tx_stop = True
-        self.want_close = True
-        self._abort_rx_wqe(_FLUSH)
-        if self.qp is not None:
-            self.qp.on_conn_failed(self, term)
-        self.events.append(Terminated(self.reason, term))
+        reason = ("peer sent Terminate: " + term.describe()) if term is not None \
+            else "peer sent a malformed Terminate"
+        self._end(ConnState.FAILED, reason, _FLUSH, term, Terminated(reason, term))
 
     def fail(self, f: IwarpFault) -> None:
         """Terminate (RFC 5040 §6.2.1, §7.1): queue the Terminate, error the QP, close."""
         if self.fault is not None or self.state in (ConnState.FAILED, ConnState.CLOSED):
             return
         self.fault = f
-        self.reason = str(f)
-        self._rx.dead = True
-        prev = self.state
-        self.state = ConnState.FAILED
         if self._enc is None:
             # still in MPA setup: send the Terminate unframed by CRC/markers (as siw)
             self._enc = FpduEncoder(crc=False, markers=False)
         self._term = terminate_ulpdu(f.terminate())
         status = f.wc_status if f.wc_status is not None else int(WCS.IBV_WC_GENERAL_ERR)
+        self._end(ConnState.FAILED, str(f), status, None,
+                  Failed(str(f), f, during_setup=self.state != ConnState.RTS))
+
+    def _end(self, state: str, reason: str, status: int, term: Terminate | None,
+             event: ConnEvent) -> None:
+        """The stream ends: stop receiving, complete the receive WQE of a Send in progress
+        with ``status``, error the QP (RFC 5040 §6.2.1), report ``event``."""
+        self.state = state
+        self.reason = reason
+        self._rx.dead = True
+        self.want_close = True
         self._abort_rx_wqe(status)
         if self.qp is not None:
-            self.qp.on_conn_failed(self, None)
-        self.events.append(Failed(self.reason, f, during_setup=prev != ConnState.RTS))
+            self.qp.on_conn_failed(self, term)
+        self.events.append(event)
 
     def _abort_rx_wqe(self, status: int) -> None:
         rwqe = self.rdmap.ddp.abort_recv()

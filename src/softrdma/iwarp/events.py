@@ -8,7 +8,7 @@ DISCONNECTED). A connection emits at most three in its life: :class:`MpaRequestR
 (responder only), :class:`Established`, then one of the end events.
 
 The phases are those of the MPA connection setup (RFC 5044 §7.1), full operation
-(RFC 5044 §6) and stream teardown (RFC 5040 §5.4 Terminate, §6.2 LLP close), as Linux's
+(FPDUs, RFC 5044 §4) and stream teardown (RFC 5040 §5.4 Terminate, §6.2 LLP close), as Linux's
 iw_cm reports them (``IW_CM_EVENT_CONNECT_REQUEST``, ``_ESTABLISHED``, ``_CONNECT_REPLY``
 with -ECONNREFUSED, ``_CLOSE``).
 """
@@ -28,7 +28,7 @@ __all__ = ["ConnEvent", "MpaRequestReceived", "Established", "Rejected", "Failed
 
 @dataclass(frozen=True, slots=True)
 class MpaRequestReceived:
-    """Responder: the peer's MPA Request parsed (RFC 5044 §7.1.2); the connection now
+    """Responder: the peer's MPA Request parsed (RFC 5044 §7.1); the connection now
     waits for :meth:`~.engine.IwarpConn.accept` or :meth:`~.engine.IwarpConn.reject`."""
 
     request: MpaRequest
@@ -36,7 +36,7 @@ class MpaRequestReceived:
 
 @dataclass(frozen=True, slots=True)
 class Established:
-    """MPA setup done, the stream is in full operation (RFC 5044 §7.1.3)."""
+    """MPA setup done, the stream is in full operation (RFC 5044 §7.1)."""
 
     negotiated: Negotiated
 

@@ -1,4 +1,4 @@
-"""The MPA stream of an iWARP connection: FPDU framing both ways (RFC 5044 §4-§6).
+"""The MPA stream of an iWARP connection: FPDU framing both ways (RFC 5044 §4-§5).
 
 siw splits its receive path into the FPDU framing (``siw_tcp_rx_data``, ``siw_get_hdr``,
 ``siw_get_trailer``, ``siw_check_crc``) and the per-opcode DDP/RDMAP handlers; this module
@@ -7,7 +7,7 @@ is the first part, and the ``frame`` step of its transmit path (``siw_tx_hdt``).
 * :class:`FpduRx` is a streaming receive state machine over the bytes of one direction
   in full operation: ULPDU_Length (RFC 5044 §4.1), header bytes, payload, then PAD and
   CRC. It checks the markers' FPDUPTR and folds the markers into the CRC (RFC 5044 §5),
-  checks the CRC32c (§4.4) and reports a header error only once the FPDU's CRC checked
+  checks the CRC32c (§4.1) and reports a header error only once the FPDU's CRC checked
   out (§8: a bad CRC is the MPA error). What the header bytes mean is the
   :class:`FpduSink`'s business: it is told when the header bytes it asked for are in
   (``on_header``: ask for more with :meth:`FpduRx.need_header`, name the payload's
@@ -388,7 +388,7 @@ class FpduRx:
                                  "FPDU framing lost")
 
     def _fpdu_done(self) -> None:
-        """PAD and CRC are in: check the CRC (RFC 5044 §4.4), then hand the FPDU up."""
+        """PAD and CRC are in: check the CRC (RFC 5044 §4.1), then hand the FPDU up."""
         fault = self.pending
         if self.crc_on:
             pad = self._tneed - _CRC_LEN

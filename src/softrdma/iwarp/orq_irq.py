@@ -5,8 +5,8 @@ As siw's ``qp->orq`` and ``qp->irq`` (``siw_qp.c``, ``siw_qp_tx.c``):
 * the ORQ holds this side's outstanding RDMA Read Requests, oldest first, each with the
   sink buffer its Read Response goes into (:class:`~.ddp_place.ReadCtx`); at most ORD
   of them (RFC 5040 §6.1, negotiated in MPA, RFC 6581 §3); IBV_SEND_FENCE holds a work
-  request back until the ORQ is empty (RFC 5040 §5.5 rule 10, siw
-  ``SIW_WQE_READ_FENCE``);
+  request back until the ORQ is empty (the Fence of RFC 5040 §5.5 rule 12,
+  siw ``SIW_WQE_READ_FENCE``);
 * the IRQ holds the Read Responses this side owes, in Read Request order (RFC 5040
   §5.5 rule 20); more than IRD inbound Requests outstanding is a Remote Operation
   Error (siw: ``RDMAP_ETYPE_REMOTE_OPERATION``, "catastrophic localized").
