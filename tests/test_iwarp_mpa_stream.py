@@ -13,7 +13,7 @@ import random
 
 import pytest
 
-from softrdma.iwarp.mpa_stream import DIRECT_MIN, FpduRx, frame
+from softrdma.iwarp.mpa_stream import DIRECT_MIN, Buf, FpduRx, frame
 from softrdma.iwarp.terminate import IwarpFault
 from softrdma.wire.ddp import LlpEtype, MpaErrorCode, TerminateLayer
 from softrdma.wire.mpa import FpduEncoder
@@ -85,7 +85,7 @@ def test_frame_is_byte_exact_with_the_wire_encoder(crc: bool, markers: bool) -> 
     ours = FpduEncoder(crc=crc, markers=markers)
     ref = FpduEncoder(crc=crc, markers=markers)
     for hdr, pay in segments(rng, 30):
-        parts = [hdr, memoryview(pay)] if pay else [hdr]
+        parts: list[Buf] = [hdr, memoryview(pay)] if pay else [hdr]
         bufs, n = frame(ours, parts, len(pay))
         want = b"".join(bytes(b) for b in ref.encode([hdr, pay]))
         assert b"".join(bytes(b) for b in bufs) == want

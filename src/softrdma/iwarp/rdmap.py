@@ -23,7 +23,6 @@ is :mod:`.rdmap_tx`.
 from __future__ import annotations
 
 from ..enums import ibv_access_flags as ACC
-from ..enums import ibv_send_flags as SF
 from ..enums import ibv_wc_status as WCS
 from ..errors import SoftRdmaError
 from ..wire.ddp import (
@@ -85,8 +84,6 @@ _RR_SIZE = 12                                # RDMARDSZ within that header
 _U32_BE = 4
 
 _REMOTE_READ = int(ACC.IBV_ACCESS_REMOTE_READ)
-_LOCAL_WRITE = int(ACC.IBV_ACCESS_LOCAL_WRITE)
-_SOLICITED = int(SF.IBV_SEND_SOLICITED)
 _SUCCESS = int(WCS.IBV_WC_SUCCESS)
 
 # what the FPDU being received is
@@ -155,8 +152,8 @@ class Rdmap:
                                               f"RDMAP version {r >> RDMAP_RV_SHIFT}", hdr,
                                               paylen)
         qp = self.qp
-        assert qp is not None
         if tagged:
+            assert qp is not None
             if op != _OP_WRITE and op != _OP_RRESP:
                 raise IwarpFault.remote_operation(RdmapErrorCode.UNEXPECTED_OPCODE,
                                                   f"opcode {op:#x} on a tagged buffer",
@@ -179,6 +176,7 @@ class Rdmap:
             self.kind = _K_CTRL
             rx.to_trailer()
             return
+        assert qp is not None
         _c, _r, inv, qn, msn, mo = UNTAGGED.unpack_from(h, 2)
         new = self.ddp.send_check(op, qn, msn, mo, paylen, hdr)
         if new and self.await_rtr == RTR_SEND and paylen == 0 and last:
@@ -214,11 +212,11 @@ class Rdmap:
             if self.last:
                 self._send_delivered()
         elif kind == _K_RRESP:
-            rq = self.rq
-            rd = rq.orq[0]
+            rd = self.rq.oldest()
+            assert rd is not None  # checked when the header came in
             rd.received += self.rx.paylen
             if self.last:
-                rq.retire()
+                self.rq.retire()
                 w = rd.wqe
                 if w is not None:
                     w.state = W_DONE
