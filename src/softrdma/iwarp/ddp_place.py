@@ -54,7 +54,7 @@ from .terminate import TAGGED_CODE, IwarpFault
 
 __all__ = ["TxMsg", "ReadCtx", "DdpRx", "PlacementQP", "PlacementDevice", "segment",
            "TAGGED_HDR_LEN", "UNTAGGED_HDR_LEN", "DDP_T", "DDP_L", "DDP_DV", "MASK64",
-           "MASK32", "ACCESS_ERR", "RDMAP_RV"]
+           "MASK32", "ACCESS_ERR", "RDMAP_RV", "access_error"]
 
 DDP_DV = DDP_VERSION  # the DV bits of the DDP control octet (RFC 5041 §5.1)
 RDMAP_RV = RDMAP_VERSION << RDMAP_RV_SHIFT  # RV in the RDMAP control octet (RFC 5040 §4.3)
@@ -74,6 +74,12 @@ class PlacementDevice(Protocol):
 
     mrs: dict[int, MemoryRegion]
     on_async_event: Callable[[str, object], None]
+
+
+def access_error(dev: PlacementDevice, qp: object) -> None:
+    """The peer violated ``qp``'s protection: the QP_ACCESS_ERR async event (siw
+    ``siw_qp_event(qp, IB_EVENT_QP_ACCESS_ERR)``). The one place it is raised."""
+    dev.on_async_event(ACCESS_ERR, qp)
 
 
 class PlacementQP(Protocol):
@@ -218,7 +224,7 @@ class DdpRx:
             acc, off = check_access(mr, stag, qp.pd, to, paylen, _REMOTE_WRITE)
             if acc != Access.OK:
                 if acc == Access.ACCESS_PERM or acc == Access.PD_MISMATCH:
-                    self.dev.on_async_event(ACCESS_ERR, qp)
+                    access_error(self.dev, qp)
                 raise IwarpFault.ddp_tagged(TAGGED_CODE[acc],
                                             f"RDMA Write to STag {stag:#010x} TO {to:#x} "
                                             f"len {paylen}: {acc.name}", hdr, paylen)
@@ -315,7 +321,7 @@ class DdpRx:
             self.ru_inv = inv
             segs = resolve_sges(self.dev.mrs, qp.rx_pd, rwqe.sg_list, _LOCAL_WRITE)
             if segs is None:
-                self.dev.on_async_event(ACCESS_ERR, qp)
+                access_error(self.dev, qp)
                 raise IwarpFault.ddp_catastrophic("receive WQE with a bad lkey",
                                                   int(WCS.IBV_WC_LOC_PROT_ERR))
             self.ru_segs = segs

@@ -46,7 +46,6 @@ from ..wire.ddp import (
     Terminate,
 )
 from .ddp_place import (
-    ACCESS_ERR,
     DDP_L,
     DDP_T,
     RDMAP_RV,
@@ -55,6 +54,7 @@ from .ddp_place import (
     DdpRx,
     PlacementDevice,
     TxMsg,
+    access_error,
 )
 from .mpa_setup import RTR_READ, RTR_SEND, RTR_WRITE
 from .mpa_stream import FIRST_HDR, FpduRx
@@ -301,7 +301,7 @@ class Rdmap:
             mr = self.dev.mrs.get(src_stag)
             acc, off = check_access(mr, src_stag, qp.pd, src_to, size, _REMOTE_READ)
             if acc != Access.OK:
-                self.dev.on_async_event(ACCESS_ERR, qp)
+                access_error(self.dev, qp)
                 raise IwarpFault.remote_protection(
                     RDMAP_CODE[acc], f"RDMA Read of STag {src_stag:#010x} TO {src_to:#x} "
                     f"len {size}: {acc.name}", hdr, 0, rrhdr)
