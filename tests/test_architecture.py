@@ -61,12 +61,13 @@ MODULE_EXTRA: dict[str, frozenset[str]] = {
 
 # (module, package it imports) still open, with the branch that removes the import.
 KNOWN_OPEN_LAYERS: dict[tuple[str, str], str] = {
-    # the iWARP engine shares ib's MR table, WQE types and QP base classes until the seam
+    # the iWARP engine shares ib's MR table, WQE/WC types and QP base class until the seam
+    ("softrdma.iwarp.ddp_place", "ib"): "seam",
     ("softrdma.iwarp.engine", "ib"): "seam",
+    ("softrdma.iwarp.orq_irq", "ib"): "seam",
     ("softrdma.iwarp.qp", "ib"): "seam",
+    ("softrdma.iwarp.rdmap_tx", "ib"): "seam",
     ("softrdma.iwarp.stag", "ib"): "seam",
-    # the TCP runtime moves to drivers/tcp_runtime.py
-    ("softrdma.iwarp.runtime", "drivers"): "runtime",
 }
 
 IO_MODULES = frozenset({"socket", "threading", "select", "selectors", "asyncio", "subprocess"})
@@ -81,10 +82,6 @@ IO_EXTRA: dict[str, frozenset[str]] = {
 
 # module -> (what it still uses, the branch that removes it)
 KNOWN_OPEN_IO: dict[str, tuple[frozenset[str], str]] = {
-    "softrdma.iwarp.runtime": (frozenset({"selectors", "socket", "threading", "time",
-                                          "time.sleep"}), "runtime"),
-    "softrdma.iwarp.cm": (frozenset({"select", "socket", "threading", "time", "time.sleep"}),
-                          "runtime"),
     # the rdma_cm API and the CM agent: locks, blocking event waits, route look-ups
     "softrdma.cm.ibcm": (frozenset({"threading"}), "cmtyped"),
     "softrdma.cm.gsi": (frozenset({"threading"}), "cmtyped"),

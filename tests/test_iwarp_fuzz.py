@@ -74,7 +74,7 @@ class Sut:
     def drain(self) -> None:
         conn = self.side.conn
         assert conn is not None
-        if conn.state == ConnState.RTS and conn.qp is not None and not conn.qp.sq:
+        if conn.state == ConnState.RTS and conn.qp is not None and conn.qp.peek_send() is None:
             self.side.post(e.IBV_WR_RDMA_WRITE, self.mr, 5, wr_id=900 + self.posted,
                            rkey=0x1234, raddr=0)
             self.posted += 1
