@@ -354,6 +354,23 @@ def _spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
+def _run_pair(server: list[str], client: list[str], env: dict[str, str]
+              ) -> tuple[list[subprocess.Popen[str]], list[tuple[str, str]]]:
+    """Run a server and a client process to their end (40 s at most; killed otherwise):
+    the processes and their (stdout, stderr)."""
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        procs.append(_spawn(server, env))
+        procs.append(_spawn(client, env))
+        outs = [p.communicate(timeout=40) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return procs, outs
+
+
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (SRC, env.get("PYTHONPATH")) if p)
@@ -366,16 +383,7 @@ def test_two_processes(kind: str, device: str) -> None:
     tcp = free_port(socket.SOCK_STREAM)
     common = [f"{kind}-pingpong", "-d", device, "-p", str(tcp), "-n", "30", "--timeout", "15"]
     env = _env()
-    procs: list[subprocess.Popen[str]] = []
-    try:
-        procs.append(_spawn([*common, "--bind", "127.0.0.1"], env))
-        procs.append(_spawn([*common, "127.0.0.1"], env))
-        outs = [p.communicate(timeout=40) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    procs, outs = _run_pair([*common, "--bind", "127.0.0.1"], [*common, "127.0.0.1"], env)
     for p, (_out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err
     size = 2048 if kind == "ud" else 4096
@@ -390,16 +398,7 @@ def test_chk_detects_wrong_data(device: str) -> None:
     its check on the first message; the client then times out instead of hanging."""
     tcp = free_port(socket.SOCK_STREAM)
     common = ["rc-pingpong", "-d", device, "-p", str(tcp), "-n", "5", "--timeout", "2"]
-    procs: list[subprocess.Popen[str]] = []
-    try:
-        procs.append(_spawn([*common, "--bind", "127.0.0.1", "-c"], _env()))
-        procs.append(_spawn([*common, "127.0.0.1"], _env()))
-        outs = [p.communicate(timeout=40) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    procs, outs = _run_pair([*common, "--bind", "127.0.0.1", "-c"], [*common, "127.0.0.1"], _env())
     assert procs[0].returncode == 1
     assert "Invalid data in page 0 (byte 0: 0x7b, expected 0x00)" in outs[0][1]
     assert procs[1].returncode == 1 and outs[1][1].strip().count("\n") == 0
@@ -457,16 +456,7 @@ def test_error_completion_fails_both_sides(device: str) -> None:
     (remote invalid request); both print the failed status and exit 1."""
     tcp = free_port(socket.SOCK_STREAM)
     common = ["rc-pingpong", "-d", device, "-p", str(tcp), "-n", "5", "--timeout", "5"]
-    procs: list[subprocess.Popen[str]] = []
-    try:
-        procs.append(_spawn([*common, "--bind", "127.0.0.1", "-s", "1024"], _env()))
-        procs.append(_spawn([*common, "-s", "4096", "127.0.0.1"], _env()))
-        outs = [p.communicate(timeout=40) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    procs, outs = _run_pair([*common, "--bind", "127.0.0.1", "-s", "1024"], [*common, "-s", "4096", "127.0.0.1"], _env())
     assert procs[0].returncode == 1 and procs[1].returncode == 1, outs
     assert "Failed status local length error (1) for wr_id 1" in outs[0][1]
     assert "Failed status remote invalid request error (9) for wr_id 2" in outs[1][1]

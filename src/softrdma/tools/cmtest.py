@@ -31,6 +31,7 @@ __all__ = ["Node", "CmTest", "AddrError", "get_addr", "finish", "check_common", 
 POLL_BATCH = 8  # the C tools poll 8 completions at a time
 IDLE_SLEEP_S = 0.0005
 WAIT_STEP_S = 0.5  # a wait for ever still wakes up now and then (Ctrl-C)
+RESOLVE_TIMEOUT_MS = 2000  # rdma_resolve_addr's timeout in the C tools
 
 
 class AddrError(Exception):
@@ -120,6 +121,22 @@ class CmTest:
 
     def say(self, text: str) -> None:
         print(text, flush=True)
+
+    def resolve_all(self, device: str | None) -> int:
+        """Resolve one id per node to ``-s`` (from ``-b`` when given), as the C clients do:
+        0, or the errno of a name that does not resolve (``getaddrinfo``)."""
+        try:
+            dst = get_addr(self.args.dst_addr)
+            src = get_addr(self.args.src_addr)
+        except AddrError as exc:
+            self.say(f"{self.name}: getaddrinfo error: {exc.text}")
+            return exc.code
+        self.say(f"{self.name}: connecting")
+        for node in self.nodes:
+            node.cma_id = rc.CmId(self.channel, self.ps, context=node)
+            node.cma_id.resolve_addr((src, 0) if src else None, (dst, self.args.port),
+                                     RESOLVE_TIMEOUT_MS, device=device)
+        return 0
 
     def listen(self, listen_id: rc.CmId, device: str | None) -> int:
         """Bind ``listen_id`` to ``-b`` (default 0.0.0.0) and the port and listen, as the C

@@ -28,7 +28,7 @@ from .. import verbs as v
 from ..cm import rdma_cm as rc
 from ..errors import InvalidArgument, SoftRdmaError
 from .cmargs import CMATOSE_PORT
-from .cmtest import AddrError, CmTest, Node, check_common, get_addr, run_test
+from .cmtest import CmTest, Node, check_common, run_test
 
 __all__ = ["run", "CMATOSE_PORT"]
 
@@ -208,17 +208,9 @@ class Cmatose(CmTest):
 
     def run_client(self) -> int:
         self.say("cmatose: starting client")
-        try:
-            dst = get_addr(self.args.dst_addr)
-            src = get_addr(self.args.src_addr)
-        except AddrError as exc:
-            self.say(f"cmatose: getaddrinfo error: {exc.text}")
-            return exc.code
-        self.say("cmatose: connecting")
-        for node in self.nodes:
-            node.cma_id = rc.CmId(self.channel, self.ps, context=node)
-            node.cma_id.resolve_addr((src, 0) if src else None, (dst, self.args.port), 2000,
-                                     device=self.prefer)
+        ret = self.resolve_all(self.prefer)
+        if ret:
+            return ret
         ret = self.run_events(lambda: self.connects_left > 0, "the connections")
         if not ret and self.message_count:
             self.say("receiving data transfers")

@@ -31,7 +31,7 @@ from ..cm import rdma_cm as rc
 from ..errors import InvalidArgument
 from ..wire.gid import ip_to_gid
 from .cmargs import UDADDY_PORT
-from .cmtest import AddrError, CmTest, Node, check_common, get_addr, run_test
+from .cmtest import CmTest, Node, check_common, run_test
 
 __all__ = ["run", "UDADDY_PORT", "ah_attr_from_grh"]
 
@@ -230,17 +230,9 @@ class Udaddy(CmTest):
 
     def run_client(self) -> int:
         self.say("udaddy: starting client")
-        try:
-            dst = get_addr(self.args.dst_addr)
-            src = get_addr(self.args.src_addr)
-        except AddrError as exc:
-            self.say(f"udaddy: getaddrinfo error: {exc.text}")
-            return exc.code
-        self.say("udaddy: connecting")
-        for node in self.nodes:
-            node.cma_id = rc.CmId(self.channel, self.ps, context=node)
-            node.cma_id.resolve_addr((src, 0) if src else None, (dst, self.args.port), 2000,
-                                     device=self.args.device or "roce")
+        ret = self.resolve_all(self.args.device or "roce")
+        if ret:
+            return ret
         ret = self.run_events(lambda: self.connects_left > 0, "the server's SIDR_REP")
         if ret:
             return ret
