@@ -40,7 +40,9 @@ MAD_DATA_SIZE = MAD_SIZE - MAD_HDR_SIZE  # 232
 BASE_VERSION = 1
 
 GSI_QPN = 1
-GSI_QKEY = 0x80010000  # IBA 13.5.1: the well-known Q_Key of QP1 (umad_types.h IB_QP1_QKEY)
+# IBA 13.5.1: the well-known Q_Key of QP1, the GSI (linux IB_QP1_QKEY). The one
+# definition: the transport's QP1 checks (ib/), the CM (cm/gsi.py) and devd's REJ use it.
+GSI_QKEY = 0x80010000
 
 
 class MgmtClass(IntEnum):
