@@ -20,7 +20,7 @@ from ..wire.cm import Rej, RejReason, SidrStatus
 from ..wire.ipcm import IpAddress, IpCmAri, IpCmReject, UlpReject, decode_consumer_ari
 
 if TYPE_CHECKING:
-    from .ibcm import CmId
+    from .cmid import IbCmId
 
 __all__ = ["CmEventType", "CmEvent", "RejectInfo", "describe_rej", "describe_sidr_status",
            "reason_name"]
@@ -61,15 +61,17 @@ class RejectInfo:
         return self.reason == RejReason.CONSUMER_DEFINED
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class CmEvent:
-    """One event. ``cm_id`` is the connection it is about; for CONNECT_REQUEST it is the
-    new passive id and ``listen_id`` the listener. Address fields are filled by a
-    dialect that carries them (A11, Hello) and from the path otherwise."""
+    """One event, immutable. ``cm_id`` is the connection it is about; for
+    CONNECT_REQUEST it is the new passive id and ``listen_id`` the listener. Address
+    fields are filled by a dialect that carries them (A11, Hello) and from the path
+    otherwise. The agent queues events and delivers them when the lock of its driver is
+    released (:meth:`~softrdma.cm.ibcm.CmAgent.deliver_events`)."""
 
     type: CmEventType
-    cm_id: CmId
-    listen_id: CmId | None = None
+    cm_id: IbCmId
+    listen_id: IbCmId | None = None
     private_data: bytes = b""
     reject: RejectInfo | None = None
     remote_ip: IpAddress | None = None

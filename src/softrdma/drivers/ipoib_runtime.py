@@ -31,7 +31,7 @@ from typing import Any
 
 from .. import enums as e
 from .. import verbs as v
-from ..cm.cmid import CmId
+from ..cm.cmid import IbCmId
 from ..cm.events import CmEvent, CmEventType
 from ..cm.gsi import CmBinding
 from ..cm.ibcm import AcceptParams, ConnParams
@@ -88,7 +88,7 @@ class RuntimeOptions:
 @dataclass(slots=True)
 class _Conn:
     qp: v.QP
-    cm_id: CmId
+    cm_id: IbCmId
     active: bool
 
 
@@ -105,7 +105,7 @@ class IpoibRuntime:
         self._conns: dict[int, _Conn] = {}
         self._by_qpn: dict[int, int] = {}
         self._by_cmid: dict[int, int] = {}
-        self._requests: dict[int, CmId] = {}
+        self._requests: dict[int, IbCmId] = {}
         self._tokens = 0
         self._ahs: dict[bytes, v.AH] = {}
         self._graveyard: list[v.QP] = []
@@ -300,7 +300,7 @@ class IpoibRuntime:
         return v.QP(self.pd, v.QPInitAttr(qp_type=qpt, scq=self.cq, rcq=self.rc_rcq,
                                           srq=self.srq, cap=cap))
 
-    def _register(self, conn_id: int, qp: v.QP, cm_id: CmId, active: bool) -> None:
+    def _register(self, conn_id: int, qp: v.QP, cm_id: IbCmId, active: bool) -> None:
         self._conns[conn_id] = _Conn(qp, cm_id, active)
         self._by_qpn[qp.qp_num] = conn_id
         self._by_cmid[id(cm_id)] = conn_id
@@ -350,7 +350,7 @@ class IpoibRuntime:
 
     # ---- CM events -----------------------------------------------------------------
     def _cm_event(self, ev: CmEvent) -> None:
-        """Called under the device lock: queue, act from the loop."""
+        """Called by the CM binding's event delivery: queue, act from the loop."""
         self._cm_events.append(ev)
 
     def _handle_cm(self, now: float) -> None:
