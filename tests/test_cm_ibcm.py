@@ -673,3 +673,24 @@ def test_failing_handler_does_not_break_the_cm() -> None:
     assert cid.state == server_id(p).state == CmState.ESTABLISHED
     assert p.b.agent.counters.errors == 2  # CONNECT_REQUEST and ESTABLISHED handlers
     assert all(isinstance(x, RuntimeError) for x in p.b.agent.errors)
+
+
+@pytest.mark.parametrize("how", ["disconnect", "destroy"])
+def test_disconnect_or_destroy_before_accept_is_a_consumer_rej(how: str) -> None:
+    # linux cm_destroy_id in REQ_RCVD: REJ "consumer defined" (IBA 12.6.7 reason 28). The
+    # untyped table once handed this row the disconnect's bytes where the REJ's
+    # (private data, reason, ARI) triple was expected, and the call raised ValueError.
+    p = Pair()
+    lst = p.b.new_id()
+    lst.listen(SID)
+    qa, _ = p.a.qp()
+    cid = p.a.new_id()
+    cid.connect(qa, ConnParams(SID, p.b.gid))
+    p.run(0.01)
+    child = server_id(p)
+    assert child.state == CmState.REQ_RCVD
+    getattr(child, how)()
+    p.run(0.01)
+    assert [r.reason for r in p.sent(wcm.CmAttr.REJ)] == [wcm.RejReason.CONSUMER_DEFINED]
+    assert p.a.types(cid) == [T.REJECTED] and cid.state == CmState.IDLE
+    assert lst.pending == 0 and not p.b.agent.errors

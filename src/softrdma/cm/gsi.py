@@ -1,15 +1,16 @@
-"""The CM's driver: QP1 (the GSI) of an engine Port carrying CM MADs (ib-cm.md §7).
+"""The CM's driver: QP1 (the GSI, IBA 13.5.1) of an engine Port carrying CM MADs
+(``../shared/specs/ib-cm.md`` §7).
 
 :class:`CmBinding` attaches a :class:`~softrdma.cm.ibcm.CmAgent` to a
 :class:`softrdma.ib.port.Port`:
 
-* QP1 is a UD engine QP (Q_Key 0x80010000, IBA 13.5.1) with ``n_recv`` receive
+* QP1 is a UD engine QP (Q_Key ``GSI_QKEY``, IBA 13.5.1) with ``n_recv`` receive
   buffers of 40 + 256 bytes (GRH area + MAD) in one registered region, re-posted as they
   complete; each completion hands the MAD, the source GID (from the GRH area: IPv4
   header bytes 12-15 after 20 zero bytes, or the IPv6 source) and our destination GID to
   ``agent.on_mad``;
 * the agent's MADs are posted as inline UD SENDs to QP1 of the peer (DETH Q_Key
-  0x80010000, source QP 1, as Linux sends them);
+  ``GSI_QKEY``, source QP 1, as Linux sends them);
 * timers: a small object registered with ``port.arm`` so that the runtime (thread or
   virtual clock) runs ``agent.on_timer`` like any engine timer;
 * locking: consumer calls on the agent's ids go through ``runtime.call_now`` (the

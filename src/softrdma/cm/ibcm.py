@@ -7,14 +7,15 @@ reads a clock or a socket; its driver (``softrdma.cm.gsi``, or a test) calls:
 * ``agent.on_mad(mad, src_gid, src_qpn, now, dst_gid=...)`` for each MAD received on QP1;
 * ``agent.on_timer(now)`` when ``now >= agent.next_deadline()``;
 * ``agent.take_output()`` for the MADs to send (:class:`OutMad`: addressed to QP1 of the
-  peer with Q_Key 0x80010000, ib-cm.md §7).
+  peer with the QP1 Q_Key ``wire.mad.GSI_QKEY``, IBA 13.5.1;
+  ``../shared/specs/ib-cm.md`` §7).
 
 Each :class:`IbCmId` runs the state machine of :mod:`softrdma.cm.state` (IBA 12.9) and
 reports :class:`~softrdma.cm.events.CmEvent` s. Consumer requests (``connect``,
 ``accept``, ``reject``, ``disconnect`` ...) take ``now`` or, under a driver, get it from
 the driver's runner (which also takes the device lock).
 
-Timers (IBA 12.7.x, A16 CA16-9): a message that expects an answer is retransmitted (the
+Timers (IBA 12.6.5 and 12.6.6, A16 CA16-9): a message that expects an answer is retransmitted (the
 same MAD, same TID) every ``2 * PacketLifeTime + remote CM response time`` seconds, at
 most Max CM Retries times (15, as Linux), PacketLifeTime being ``SubnetTimeout`` (18 by
 default on RoCE) and our own response time ``RespTimeValue`` (19 by default); an MRA

@@ -9,7 +9,8 @@ one typed frozen dataclass per thing that can happen to a connection:
   :class:`SidrResolve`), each carrying exactly what its action needs;
 * a received CM message, :class:`Received` of its ``softrdma.wire.cm`` body (IBA 12.6.5
   REQ ... 12.6.13 APR, 12.11 SIDR_REQ/SIDR_REP) with the MAD's TID and addressing;
-* :class:`Timeout` (a retransmission or TimeWait timer, IBA 12.7.x / A16 CA16-9) and
+* :class:`Timeout` (a retransmission timer, IBA 12.6.5 Max CM Retries and A16 CA16-9,
+  or the end of TimeWait, IBA 12.9.6) and
   :class:`CommEst` (the QP's communication-established event, IBA 12.9.7.3).
 
 The table that maps ``(state, input)`` to a typed action and the next state is
@@ -165,7 +166,7 @@ class Received(CmInput, Generic[MsgT]):
 
 @dataclass(frozen=True, slots=True)
 class Timeout(CmInput):
-    """The id's timer ran out: retransmit or give up (IBA 12.7.x), or TimeWait ends."""
+    """The id's timer ran out: retransmit or give up (IBA 12.6.5), or TimeWait ends."""
 
     name: ClassVar[str] = "timeout"
 

@@ -1,4 +1,4 @@
-"""The retransmission timer's action (IBA 12.7.x timeouts, A16 CA16-9).
+"""The retransmission timer's action (IBA 12.6.5 timeouts and retries, A16 CA16-9).
 
 A message that expects an answer (REQ, REP, DREQ, SIDR_REQ) is sent again, the same MAD
 with the same TID, every ``timeout_s`` until Max CM Retries (IBA 12.6.5) is spent; then

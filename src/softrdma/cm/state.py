@@ -10,8 +10,7 @@ a later state), timer expiries and the QP's communication-established event.
 :data:`TRANSITIONS` is the whole machine: a pair that is not in the table is not a legal
 transition. A consumer request outside the table raises
 :class:`~softrdma.errors.StateError`; a message outside the table is dropped and
-counted (IBA 12.9.x: "messages received in a state that does not expect them are
-discarded"). An action is a plain function ``(id, now, input) -> CmState | None`` of
+counted (IBA 12.9: a message a state does not expect is discarded). An action is a plain function ``(id, now, input) -> CmState | None`` of
 :mod:`.establish`, :mod:`.release`, :mod:`.mra_lap`, :mod:`.retry` or :mod:`.sidr`; it
 may return a different next state when its outcome decides it (a timer that still has
 retries left stays, one that has none moves on). Every row is built by :func:`_on` or
