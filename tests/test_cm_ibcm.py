@@ -694,3 +694,16 @@ def test_disconnect_or_destroy_before_accept_is_a_consumer_rej(how: str) -> None
     assert [r.reason for r in p.sent(wcm.CmAttr.REJ)] == [wcm.RejReason.CONSUMER_DEFINED]
     assert p.a.types(cid) == [T.REJECTED] and cid.state == CmState.IDLE
     assert lst.pending == 0 and not p.b.agent.errors
+
+
+def test_events_are_frozen_and_carry_their_messages_typed() -> None:
+    p = Pair()
+    cid, qa, qb, _ = connect(p, private_data=b"typed")
+    p.run(0.05)
+    req_ev = p.b.of(T.CONNECT_REQUEST)[0]
+    assert isinstance(req_ev.req, wcm.Req) and req_ev.req.local_comm_id == cid.local_id
+    assert req_ev.rep is None and req_ev.rej is None and not req_ev.sidr
+    est = p.a.of(T.ESTABLISHED)[0]
+    assert isinstance(est.rep, wcm.Rep) and est.rep.local_qpn == qb.qp_num
+    with pytest.raises(AttributeError):
+        est.private_data = b"changed"  # type: ignore[misc]

@@ -16,7 +16,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DecodeError
-from ..wire.cm import Rej, RejReason, SidrStatus
+from ..wire.cm import Rej, RejReason, Rep, Req, SidrRep, SidrReq, SidrStatus
 from ..wire.ipcm import IpAddress, IpCmAri, IpCmReject, UlpReject, decode_consumer_ari
 
 if TYPE_CHECKING:
@@ -81,6 +81,42 @@ class CmEvent:
     ud_qpn: int | None = None
     ud_qkey: int | None = None
     info: dict[str, Any] = field(default_factory=dict)
+
+    # ---- typed views of ``info`` (the message that caused the event) --------------------
+    @property
+    def req(self) -> Req | None:
+        """The REQ of a CONNECT_REQUEST (IBA 12.6.5)."""
+        m = self.info.get("req")
+        return m if isinstance(m, Req) else None
+
+    @property
+    def rep(self) -> Rep | None:
+        """The REP of a CONNECT_RESPONSE or an active side's ESTABLISHED (IBA 12.6.8)."""
+        m = self.info.get("rep")
+        return m if isinstance(m, Rep) else None
+
+    @property
+    def rej(self) -> Rej | None:
+        """The REJ of a REJECTED (IBA 12.6.7)."""
+        m = self.info.get("rej")
+        return m if isinstance(m, Rej) else None
+
+    @property
+    def sidr(self) -> bool:
+        """A SIDR CONNECT_REQUEST (IBA 12.11): accept it with a UD QP."""
+        return self.info.get("sidr") is True
+
+    @property
+    def sidr_req(self) -> SidrReq | None:
+        """The SIDR_REQ of a SIDR CONNECT_REQUEST (IBA 12.11.1)."""
+        m = self.info.get("sidr_req")
+        return m if isinstance(m, SidrReq) else None
+
+    @property
+    def sidr_rep(self) -> SidrRep | None:
+        """The SIDR_REP of a SIDR ESTABLISHED or REJECTED (IBA 12.11.2)."""
+        m = self.info.get("sidr_rep")
+        return m if isinstance(m, SidrRep) else None
 
     @property
     def text(self) -> str:

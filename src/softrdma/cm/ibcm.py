@@ -465,8 +465,10 @@ class CmAgent:
         self.outbox.append(ev)
 
     def _enter(self, now: float) -> None:
-        self._busy += 1
+        # the owner first: a thread that sees _busy set must never see its own ident
+        # there unless it is the one inside (api() then runs without the runner)
         self._owner = threading.get_ident()
+        self._busy += 1
         self._now = now
 
     def _leave(self, now: float) -> None:
@@ -477,6 +479,8 @@ class CmAgent:
                 if self.on_output is not None:
                     self.on_output(now)
         finally:
+            if self._busy == 1:
+                self._owner = 0
             self._busy -= 1
 
     def deliver_events(self) -> int:

@@ -671,12 +671,12 @@ class CmId:
         child = self._child(dev)
         child._ib = ev.cm_id
         ev.cm_id.handler = child._on_ib
-        child._sidr = bool(ev.info.get("sidr"))
+        child._sidr = ev.sidr
         if ev.local_ip is not None:
             child.local_addr = (str(ev.local_ip), int(ev.local_port or 0))
         if ev.remote_ip is not None:
             child.peer_addr = (str(ev.remote_ip), int(ev.remote_port or 0))
-        req = ev.info.get("req")
+        req = ev.req
         param = ConnParam(ev.private_data)
         if req is not None:
             param = ConnParam(ev.private_data, req.responder_resources, req.initiator_depth,

@@ -52,6 +52,7 @@ from ..ipoib.events import (
 )
 from ..ipoib.hwaddr import service_id
 from ..ipoib.iface import Address, IfaceConfig, IpoibInterface, Mode
+from ..wire.cm import TransportServiceType
 from .ipoib_control import ControlServer, control_path
 from .tun import TunDevice
 
@@ -360,8 +361,9 @@ class IpoibRuntime:
             if ev.type is CmEventType.CONNECT_REQUEST:
                 self._tokens += 1
                 self._requests[self._tokens] = cid
-                req = ev.info.get("req")
-                transport = "UC" if getattr(req, "transport_service_type", 0) == 1 else "RC"
+                req = ev.req
+                uc = req is not None and req.transport_service_type == TransportServiceType.UC
+                transport = "UC" if uc else "RC"
                 peer = cid.path.dgid if cid.path is not None else bytes(16)
                 self.engine.conn_request(self._tokens, peer, ev.private_data, transport, now)
                 continue
