@@ -86,7 +86,7 @@ class IbCmId:
         self.remote_guid = 0
         self.remote_qpn = 0
         self.local_qpn: int | None = None
-        self.qp: Any = None
+        self.qp: object = None  # the CM-moved QP (verbs or engine), None: the consumer's
         self.path: CmPath | None = None
         self.service_id = 0
         self.mask = ALL_ONES_MASK

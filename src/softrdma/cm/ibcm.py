@@ -188,7 +188,7 @@ class CmAgent:
         finally:
             self._leave(now)
 
-    def on_comm_est(self, qp: Any, now: float) -> None:
+    def on_comm_est(self, qp: object, now: float) -> None:
         """The QP of a connection received its first packet before the RTU (IBA 12.9.7.3:
         the CM then considers the connection established)."""
         eq = qpctl.engine_of(qp)
@@ -202,7 +202,7 @@ class CmAgent:
             self._leave(now)
 
     # ---- receive ----------------------------------------------------------------------
-    def on_mad(self, mad: Any, src_gid: bytes, src_qpn: int, now: float, *,
+    def on_mad(self, mad: bytes | bytearray | memoryview, src_gid: bytes, src_qpn: int, now: float, *,
                dst_gid: bytes | None = None) -> None:
         """One MAD received on QP1 from ``src_gid`` (QP ``src_qpn``), sent to our
         ``dst_gid`` (default: our first GID). Malformed MADs are counted and dropped."""

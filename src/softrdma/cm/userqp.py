@@ -52,7 +52,7 @@ class UserQp:
             raise InvalidArgument("qp_type", "a connection's QP is RC or UC")
 
 
-def qp_info(qp: Any) -> tuple[int, int, bool, Any]:
+def qp_info(qp: object) -> tuple[int, int, bool, qpctl.CmQp | None]:
     """``(qpn, qp_type, has_srq, engine QP or None)`` of a CM-moved QP or a
     :class:`UserQp` (engine None: the CM must leave it alone)."""
     if isinstance(qp, UserQp):
