@@ -174,12 +174,17 @@ class CmBinding:
             self.deliver()  # the lock is released: the call's events, in this thread
 
     # ---- event delivery, outside the device lock ------------------------------------------
-    def deliver(self) -> int:
+    def deliver(self, *, wait: bool = False) -> int:
         """Deliver the agent's queued events now, from this thread (which must not hold
         the device lock). One thread delivers at a time, in order; a call made while
         another thread (or a handler of this one) delivers returns at once, leaving
-        the events to it. Returns how many were delivered."""
+        the events to it, unless ``wait`` (a manual-progress loop that acts on its
+        events next: it waits for that delivery to end; never from a handler).
+        Returns how many were delivered."""
         n = 0
+        if wait:  # let a delivery under way on another thread finish first
+            with self._deliver_lock:
+                n += self.agent.deliver_events()
         while self.agent.outbox:
             if not self._deliver_lock.acquire(blocking=False):
                 return n

@@ -485,6 +485,8 @@ class IpoibRuntime:
                 continue
             now = time.monotonic()
             self.ctx.progress(0)
+            if self.cm is not None:
+                self.cm.deliver(wait=True)  # the CM's events, for _handle_cm below
             self._poll(now)
             self._handle_cm(now)
             if tun_fd in ready:
