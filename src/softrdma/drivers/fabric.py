@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 from ..errors import ClosedError, InvalidArgument, StateError
 from ..wire import roce
 from ..wire.gid import ip_to_gid
+from ..wire.pcap import LINKTYPE_ETHERNET, PcapWriter
 from ..wire.rocev1 import ETH_P_ROCE_V1, GRH_SIZE, mac_of_link_local_gid
 from .clock import TimerHandle, VirtualClock
 from .fabric_rules import ACTIONS, ETH_OVERHEAD, Action, FabricStats, Rule
@@ -45,12 +46,11 @@ from .link import (
     check_u8,
     gid_entries,
     ip_bytes,
+    ip_text,
 )
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
-
-    from ..wire.pcap import PcapWriter
 
 class FabricLink:
     """One endpoint of a :class:`Fabric` (implements :class:`~softrdma.drivers.link.Link`).
@@ -159,8 +159,6 @@ class FabricLink:
             self.fabric._detach(self)
 
     def __repr__(self) -> str:
-        from .link import ip_text
-
         return f"<FabricLink {ip_text(self.ip)}:{self.port}{' closed' if self._closed else ''}>"
 
 
@@ -237,8 +235,6 @@ class Fabric:
         raw = ip_bytes(ip, "ip")
         check_port(port, "port")
         if (raw, port) in self._links:
-            from .link import ip_text
-
             raise StateError(f"fabric address {ip_text(raw)} port {port} is already in use")
         limit = self.queue_limit if queue_limit is None else queue_limit
         if limit < 1:
@@ -319,8 +315,6 @@ class Fabric:
         unconnected socket with ``IP_PMTUDISC_DO`` (ID 0, DF, UDP checksum 0; captures
         README), so the ICRC in the payload checks against them.
         """
-        from ..wire.pcap import LINKTYPE_ETHERNET, PcapWriter
-
         self.stop_capture()
         self._pcap = PcapWriter(path, LINKTYPE_ETHERNET)
 
