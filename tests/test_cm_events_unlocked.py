@@ -8,13 +8,12 @@ fails with a message instead of hanging the suite."""
 
 from __future__ import annotations
 
-import random
 import threading
 from collections.abc import Callable
 from typing import Any
 
-import pytest
 from cm_harness import Pair, T
+from test_cm_udp import contexts
 
 from softrdma import enums as e
 from softrdma import verbs as v
@@ -22,8 +21,6 @@ from softrdma.cm.events import CmEvent
 from softrdma.cm.gsi import CmBinding
 from softrdma.cm.ipcm import IpCmClient, ip_listen
 from softrdma.cm.params import AcceptParams, ConnParams
-from softrdma.drivers.udp import UdpLink
-from softrdma.errors import SoftRdmaError
 
 SID = 0x1000_0000_0000_0042
 
@@ -89,27 +86,8 @@ def test_fabric_handlers_create_and_destroy_verbs_objects() -> None:
     assert not p.a.agent.errors and not p.b.agent.errors, (p.a.agent.errors, p.b.agent.errors)
 
 
-def _udp_contexts() -> tuple[Any, Any]:
-    last: Exception | None = None
-    for _ in range(20):
-        port = random.randrange(20000, 60000)
-        try:
-            la = UdpLink("127.0.0.1", port=port)
-        except (OSError, SoftRdmaError) as exc:
-            last = exc
-            continue
-        try:
-            lb = UdpLink("127.0.0.2", port=port)
-        except (OSError, SoftRdmaError) as exc:
-            la.close()
-            last = exc
-            continue
-        return v.Context(link=la), v.Context(link=lb)
-    pytest.skip(f"no free UDP port pair on the loopback: {last}")
-
-
 def test_threaded_handlers_create_and_destroy_verbs_objects() -> None:
-    ca, cb = _udp_contexts()
+    ca, cb = contexts()
     done = threading.Event()
     made: dict[str, Any] = {}
     locked: list[bool] = []

@@ -122,6 +122,19 @@ class CmTest:
     def say(self, text: str) -> None:
         print(text, flush=True)
 
+    def take_node(self, cid: rc.CmId) -> Node | None:
+        """The next free node for a CONNECT_REQUEST on ``cid``; None, the request rejected,
+        when every node is taken (the C tools then return ENOMEM)."""
+        if self.conn_index == len(self.nodes):
+            self.say(f"{self.name}: failing connection request")
+            cid.reject()
+            return None
+        node = self.nodes[self.conn_index]
+        self.conn_index += 1
+        node.cma_id = cid
+        cid.context = node
+        return node
+
     def resolve_all(self, device: str | None) -> int:
         """Resolve one id per node to ``-s`` (from ``-b`` when given), as the C clients do:
         0, or the errno of a name that does not resolve (``getaddrinfo``)."""

@@ -90,14 +90,9 @@ class Cmatose(CmTest):
         return 0
 
     def connect_handler(self, cid: rc.CmId) -> int:
-        if self.conn_index == len(self.nodes):
-            self.say("cmatose: failing connection request")
-            cid.reject()
+        node = self.take_node(cid)
+        if node is None:
             return -errno.ENOMEM
-        node = self.nodes[self.conn_index]
-        self.conn_index += 1
-        node.cma_id = cid
-        cid.context = node
         try:
             self.init_node(node)
             self.post_recvs(node)

@@ -125,14 +125,9 @@ class Udaddy(CmTest):
         return 0
 
     def connect_handler(self, cid: rc.CmId) -> int:
-        if self.conn_index == len(self.nodes):
-            self.say("udaddy: failing connection request")
-            cid.reject()
+        node = self.take_node(cid)
+        if node is None:
             return -errno.ENOMEM
-        node = self.nodes[self.conn_index]
-        self.conn_index += 1
-        node.cma_id = cid
-        cid.context = node
         ret = self.verify_test_params(node) or self.init_node(node)
         if ret:
             node.cma_id = None
