@@ -118,9 +118,20 @@ class CmTest:
             self.message_count = 0
         self.handler: Callable[[rc.RdmaCmEvent], int] = lambda ev: 0
         self.patient = False  # a server waiting for its first client waits for ever
+        self.recv_extra = 0  # bytes a receive buffer holds beyond the message (UD: the GRH)
 
     def say(self, text: str) -> None:
         print(text, flush=True)
+
+    def post_recvs(self, node: Node) -> None:
+        """One receive of ``message_size + recv_extra`` bytes per message to come."""
+        if not self.message_count:
+            return
+        assert node.cma_id is not None
+        mr = node.mr
+        for _ in range(self.message_count):
+            node.cma_id.qp.post_recv(v.RecvWR(node.id, 1, [
+                v.SGE(mr.addr, self.message_size + self.recv_extra, mr.lkey)]))
 
     def take_node(self, cid: rc.CmId) -> Node | None:
         """The next free node for a CONNECT_REQUEST on ``cid``; None, the request rejected,

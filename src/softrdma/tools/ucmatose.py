@@ -57,15 +57,6 @@ class Cmatose(CmTest):
         if self.message_count:
             node.mr = v.MR(node.pd, self.message_size, int(e.IBV_ACCESS_LOCAL_WRITE))
 
-    def post_recvs(self, node: Node) -> None:
-        if not self.message_count:
-            return
-        assert node.cma_id is not None
-        mr = node.mr
-        for _ in range(self.message_count):
-            node.cma_id.qp.post_recv(v.RecvWR(node.id, 1, [
-                v.SGE(mr.addr, self.message_size, mr.lkey)]))
-
     def post_sends(self, node: Node) -> None:
         if not node.connected or not self.message_count:
             return

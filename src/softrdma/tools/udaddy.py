@@ -65,6 +65,7 @@ class Udaddy(CmTest):
     def __init__(self, args: argparse.Namespace) -> None:
         super().__init__("udaddy", args, rc.RDMA_PS_UDP)
         self.handler = self.cma_handler
+        self.recv_extra = GRH_LEN
         self.bufs: dict[int, Any] = {}
 
     # ---- node setup (init_node, post_recvs, verify_test_params) -----------------------
@@ -90,15 +91,6 @@ class Udaddy(CmTest):
         if self.message_count:
             node.mr = v.MR(node.pd, self.message_size + GRH_LEN, int(e.IBV_ACCESS_LOCAL_WRITE))
         return 0
-
-    def post_recvs(self, node: Node) -> None:
-        if not self.message_count:
-            return
-        assert node.cma_id is not None
-        mr = node.mr
-        for _ in range(self.message_count):
-            node.cma_id.qp.post_recv(v.RecvWR(node.id, 1, [
-                v.SGE(mr.addr, self.message_size + GRH_LEN, mr.lkey)]))
 
     def post_sends(self, node: Node, signal: int) -> None:
         if not node.connected or not self.message_count:
