@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -385,3 +386,22 @@ def test_known_open_entries_name_an_owner(known: Mapping[object, object]) -> Non
     for entry in known.values():
         owner = entry[1] if isinstance(entry, tuple) else entry
         assert owner in owners
+
+
+def test_design_doc_layout_table_matches_the_allowed_table() -> None:
+    """docs/design.md's "Layout" table says what each package may import: it is ALLOWED."""
+    doc = (SRC.parent.parent / "docs" / "design.md").read_text()
+    section = doc.split("## Layout", 1)[1].split("\n## ", 1)[0]
+    documented: dict[str, frozenset[str]] = {}
+    for row in section.splitlines():
+        cells = [c.strip() for c in row.strip().strip("|").split("|")]
+        if len(cells) != 3 or not cells[0].startswith("`softrdma."):
+            continue
+        may = cells[2].split(";")[0]  # a module's own extra imports follow a ";"
+        targets = frozenset({"*"}) if may == "anything" else \
+            frozenset(re.findall(r"`([a-z_]+)`", may)) & set(ALLOWED)
+        for pkg in re.findall(r"`softrdma\.([a-z_]+)`", cells[0]):
+            documented[pkg] = targets
+    expected = {pkg: (ok if ok is ANY else ok - BASE) for pkg, ok in ALLOWED.items()
+                if pkg != "__main__" and (pkg != "seam" or (SRC / "seam").is_dir())}
+    assert {p: documented.get(p) for p in expected} == expected
