@@ -7,6 +7,7 @@ that they never touch the built-in device on 4791 nor another test's registry.
 from __future__ import annotations
 
 import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,14 @@ def free_port(kind: socket.SocketKind = socket.SOCK_DGRAM) -> int:
     with socket.socket(socket.AF_INET, kind) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def reap(*procs: subprocess.Popen[str]) -> None:
+    """Kill, and wait for, those of ``procs`` still running (a test's cleanup)."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
 
 
 def private_device(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

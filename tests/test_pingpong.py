@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from device_harness import free_port
+from device_harness import free_port, reap
 
 from softrdma.errors import DecodeError, InvalidArgument
 from softrdma.tools import pingpong as pp
@@ -364,10 +364,7 @@ def _run_pair(server: list[str], client: list[str], env: dict[str, str]
         procs.append(_spawn(client, env))
         outs = [p.communicate(timeout=40) for p in procs]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        reap(*procs)
     return procs, outs
 
 
@@ -412,9 +409,7 @@ def test_client_without_server_fails_fast(device: str) -> None:
     try:
         out, err = p.communicate(timeout=30)
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        reap(p)
     assert p.returncode == 1
     assert err.strip().count("\n") == 0 and "Couldn't connect to 127.0.0.1" in err
     assert time.monotonic() - t0 < 25
@@ -431,9 +426,7 @@ def test_server_peer_vanishes_mid_run(device: str) -> None:
         assert rem.qpn > 0
         out, err = p.communicate(timeout=30)
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        reap(p)
     assert p.returncode == 1
     assert "no completion for 1.5 s" in err and err.strip().count("\n") == 0
 

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from device_harness import free_port
+from device_harness import free_port, reap
 
 from softrdma import enums as e
 from softrdma import verbs as v
@@ -188,10 +188,7 @@ def _pingpong_pair(device: str, iters: int) -> None:
     try:
         outs = [p.communicate(timeout=60) for p in procs]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        reap(*procs)
     for p, (_o, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err
 
