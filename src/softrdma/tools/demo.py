@@ -248,28 +248,30 @@ class Demo:
 
     def rdma_write(self) -> Result:
         """A writes ``size`` bytes into B's MR (B's CPU not involved)."""
-        a, b, n = self.a, self.b, self.size
-        data = self.rng.randbytes(n)
-        a.buf[a.off_data:a.off_data + n] = data
-        b.buf[b.off_rdma:b.off_rdma + n] = bytes(n)
-        wr = self._send_wr(e.IBV_WR_RDMA_WRITE, a.off_data, n)
-        wr.set_wr_rdma(b.mr.rkey, b.va(b.off_rdma))
-        wc, ms = self._complete(wr, "RDMA WRITE")
-        ok = wc.status == e.IBV_WC_SUCCESS and bytes(b.buf[b.off_rdma:b.off_rdma + n]) == data
-        return Result("RDMA WRITE", "A -> B", n, self._status(wc), ok,
-                      f"rkey 0x{b.mr.rkey:x}, va 0x{b.va(b.off_rdma):x}", ms)
+        a, b = self.a, self.b
+        return self._rdma(e.IBV_WR_RDMA_WRITE, "RDMA WRITE", "A -> B", a.off_data,
+                          (a.buf, a.off_data), (b.buf, b.off_rdma))
 
     def rdma_read(self) -> Result:
         """A reads ``size`` bytes of B's MR into its own."""
-        a, b, n = self.a, self.b, self.size
+        a, b = self.a, self.b
+        return self._rdma(e.IBV_WR_RDMA_READ, "RDMA READ", "A <- B", a.off_rdma,
+                          (b.buf, b.off_rdma), (a.buf, a.off_rdma))
+
+    def _rdma(self, opcode: int, name: str, arrow: str, local_off: int,
+              src: tuple[bytearray, int], dst: tuple[bytearray, int]) -> Result:
+        """One RDMA operation of A on B's MR at ``off_rdma``: random bytes at ``src``,
+        zeros at ``dst``, A's buffer at ``local_off``; ok when ``dst`` holds the bytes."""
+        b, n = self.b, self.size
         data = self.rng.randbytes(n)
-        b.buf[b.off_rdma:b.off_rdma + n] = data
-        a.buf[a.off_rdma:a.off_rdma + n] = bytes(n)
-        wr = self._send_wr(e.IBV_WR_RDMA_READ, a.off_rdma, n)
+        (sbuf, soff), (dbuf, doff) = src, dst
+        sbuf[soff:soff + n] = data
+        dbuf[doff:doff + n] = bytes(n)
+        wr = self._send_wr(opcode, local_off, n)
         wr.set_wr_rdma(b.mr.rkey, b.va(b.off_rdma))
-        wc, ms = self._complete(wr, "RDMA READ")
-        ok = wc.status == e.IBV_WC_SUCCESS and bytes(a.buf[a.off_rdma:a.off_rdma + n]) == data
-        return Result("RDMA READ", "A <- B", n, self._status(wc), ok,
+        wc, ms = self._complete(wr, name)
+        ok = wc.status == e.IBV_WC_SUCCESS and bytes(dbuf[doff:doff + n]) == data
+        return Result(name, arrow, n, self._status(wc), ok,
                       f"rkey 0x{b.mr.rkey:x}, va 0x{b.va(b.off_rdma):x}", ms)
 
     def cmp_and_swp(self) -> Result:
