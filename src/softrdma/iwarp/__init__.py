@@ -1,6 +1,9 @@
 """softrdma.iwarp: the iWARP stack (RFC 5044 MPA, RFC 6581, RFC 5041 DDP, RFC 5040 RDMAP).
 
-* :mod:`.engine` - the sans-I/O per-connection engine (:class:`IwarpConn`);
+* :mod:`.engine` - the sans-I/O per-connection engine (:class:`IwarpConn`), composed of
+  :mod:`.mpa_stream` (MPA framing), :mod:`.ddp_place` (DDP segmentation and placement),
+  :mod:`.rdmap` / :mod:`.rdmap_tx` (RDMAP receive / transmit) and :mod:`.orq_irq` (the
+  ORQ/IRQ); it reports typed connection events (:mod:`.events`);
 * :mod:`.qp` - the device (:class:`IwarpDevice`, STag-keyed memory) and QP
   (:class:`IwarpQP`) the verbs layer drives;
 * :mod:`.stag`, :mod:`.terminate`, :mod:`.mpa_setup` - STags, Terminate construction,
