@@ -8,7 +8,8 @@ one typed frozen dataclass per thing that can happen to a connection:
   :class:`Establish`, :class:`SendMra`, :class:`Disconnect`, :class:`SendDrep`,
   :class:`SidrResolve`), each carrying exactly what its action needs;
 * a received CM message, :class:`Received` of its ``softrdma.wire.cm`` body (IBA 12.6.5
-  REQ ... 12.6.13 APR, 12.11 SIDR_REQ/SIDR_REP) with the MAD's TID and addressing;
+  REQ ... 12.6.11 DREP, 12.8.1 LAP, 12.11 SIDR_REQ/SIDR_REP) with the MAD's TID and
+  addressing;
 * :class:`Timeout` (a retransmission timer, IBA 12.6.5 Max CM Retries and A16 CA16-9,
   or the end of TimeWait, IBA 12.9.6) and
   :class:`CommEst` (the QP's communication-established event, IBA 12.9.7.3).
