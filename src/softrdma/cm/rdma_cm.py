@@ -717,7 +717,6 @@ class CmId:
             self._post(T.TIMEWAIT_EXIT)
 
     def _ah_attr(self) -> Any:
-
         assert self._dst is not None and self._src is not None
         sgid = ip_to_gid(self._src.packed)
         idx = 0
