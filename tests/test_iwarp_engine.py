@@ -22,6 +22,7 @@ from softrdma.ib.types import SGE, RecvWQE
 from softrdma.iwarp.engine import ConnState, IwarpConn
 from softrdma.iwarp.mpa_setup import ConnectionRejected, MpaConfig
 from softrdma.iwarp.stag import stag_index
+from softrdma.seam.events import AsyncEventType, EngineEvent
 from softrdma.wire import ddp, mpa
 
 OK = int(e.IBV_WC_SUCCESS)
@@ -480,11 +481,10 @@ def test_accepts_512_bytes_of_private_data_and_sends_at_most_256() -> None:
 def test_shared_receive_queue() -> None:
     """Receives come from the SRQ (checked against the SRQ's PD); a QP error does not
     flush the SRQ but raises QP_LAST_WQE_REACHED (IBA 10.2.9.5)."""
-    from softrdma.ib.qp import EngineSRQ
     from softrdma.iwarp.qp import IwarpQP
 
     a, b = Side("a"), Side("b")
-    srq = EngineSRQ(b.dev, b.pd, 8, 1)
+    srq = b.dev.create_srq(b.pd, 8, 1, 0)
     b.qp = IwarpQP(b.dev, int(e.IBV_QPT_RC), b.pd, b.scq.append, b.rcq.append, srq, 8, 0, 1,
                    0, 0, False)
     b.qp.modify({"qp_state": int(e.IBV_QPS_INIT)}, 0.0)
@@ -497,4 +497,5 @@ def test_shared_receive_queue() -> None:
     pump(a, b)
     assert [(w.wr_id, w.status, w.byte_len) for w in b.rcq] == [(0, OK, 7)]
     b.qp.modify({"qp_state": int(e.IBV_QPS_ERR)}, 0.0)
-    assert len(srq) == 2 and ("QP_LAST_WQE_REACHED", b.qp) in b.events
+    assert len(srq) == 2
+    assert EngineEvent(AsyncEventType.QP_LAST_WQE_REACHED, b.qp) in b.events

@@ -43,6 +43,7 @@ from ..errors import ClosedError, DeviceError, StateError
 from ..ib.port import Port
 from ..ib.qp import AddressVector, EngineQP
 from ..ib.types import SGE, RecvWQE, SendWQE, WorkCompletion
+from ..seam.events import AsyncEventType, EngineEvent
 from ..wire.mad import GSI_QKEY, MAD_SIZE
 from ..wire.rocev1 import GRH_NEXT_HEADER_BTH
 from .events import CmEvent
@@ -116,8 +117,7 @@ class CmBinding:
         self._wr = 0
         self._closed = False
         self._event_cv = threading.Condition()
-        self._prev_async = port.on_async_event
-        port.on_async_event = self._on_async
+        port.events.subscribe(self._on_async)
         self.agent.on_event = self._queue_event
 
     # ---- construction from a verbs Context ------------------------------------------
@@ -233,10 +233,9 @@ class CmBinding:
             port.arm(self._timer)
 
     # ---- async events ----------------------------------------------------------------------
-    def _on_async(self, kind: str, obj: object) -> None:
-        if kind == "COMM_EST" and not self._closed:
-            self.agent.on_comm_est(obj, self.now())
-        self._prev_async(kind, obj)
+    def _on_async(self, ev: EngineEvent) -> None:
+        if ev.type == AsyncEventType.COMM_EST and not self._closed:
+            self.agent.on_comm_est(ev.element, self.now())
 
     # ---- events for consumers without handlers ----------------------------------------------
     def _queue_event(self, ev: CmEvent) -> None:
@@ -272,8 +271,7 @@ class CmBinding:
             self._timer.deadline = None
             self.qp1.destroy()
             self.port.deregister_mr(self._mr)
-            if self.port.on_async_event == self._on_async:
-                self.port.on_async_event = self._prev_async
+            self.port.events.unsubscribe(self._on_async)
         if self.runtime is not None and not self.runtime.closed:
             self.runtime.call(run)
         else:

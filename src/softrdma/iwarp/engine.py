@@ -55,6 +55,7 @@ from ..enums import ibv_wr_opcode as WR
 from ..errors import SoftRdmaError
 from ..ib.memory import gather, resolve_sges, total_len
 from ..ib.types import SendWQE
+from ..seam.events import AsyncEventType
 from ..wire.crc import crc32c
 from ..wire.ddp import (
     QN_READ_REQUEST,
@@ -1030,7 +1031,7 @@ class IwarpConn:
                 acc, off = check_access(mr, stag, qp.pd, to, paylen, _REMOTE_WRITE)
                 if acc != Access.OK:
                     if acc == Access.ACCESS_PERM or acc == Access.PD_MISMATCH:
-                        self.dev.on_async_event("QP_ACCESS_ERR", qp)
+                        self.dev.events.raise_event(AsyncEventType.QP_ACCESS_ERR, qp)
                     raise IwarpFault.ddp_tagged(TAGGED_CODE[acc],
                                                 f"RDMA Write to STag {stag:#010x} TO {to:#x} "
                                                 f"len {paylen}: {acc.name}", hdr, paylen)
@@ -1099,7 +1100,7 @@ class IwarpConn:
             self._ru_inv = inv
             segs = resolve_sges(self.dev.mrs, qp.rx_pd, rwqe.sg_list, _LOCAL_WRITE)
             if segs is None:
-                self.dev.on_async_event("QP_ACCESS_ERR", qp)
+                self.dev.events.raise_event(AsyncEventType.QP_ACCESS_ERR, qp)
                 raise IwarpFault.ddp_catastrophic("receive WQE with a bad lkey",
                                                   int(WCS.IBV_WC_LOC_PROT_ERR))
             self._ru_segs = segs
@@ -1240,7 +1241,7 @@ class IwarpConn:
             mr = self.dev.mrs.get(src_stag)
             acc, off = check_access(mr, src_stag, qp.pd, src_to, size, _REMOTE_READ)
             if acc != Access.OK:
-                self.dev.on_async_event("QP_ACCESS_ERR", qp)
+                self.dev.events.raise_event(AsyncEventType.QP_ACCESS_ERR, qp)
                 raise IwarpFault.remote_protection(
                     RDMAP_CODE[acc], f"RDMA Read of STag {src_stag:#010x} TO {src_to:#x} "
                     f"len {size}: {acc.name}", hdr, 0, rrhdr)

@@ -124,7 +124,7 @@ class IwarpRuntime(Runtime):
         # Runtime.__init__ binds a datagram link; this runtime owns sockets instead.
         if mode not in ("thread", "manual"):
             raise InvalidArgument("progress", f"must be 'thread' or 'manual', got {mode!r}")
-        self.port = dev
+        self.port = dev  # type: ignore[assignment]  # no Port: a DeviceEngine (seam)
         self.dev = dev
         self.link = _NullLink()
         self.mode = mode

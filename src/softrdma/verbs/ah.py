@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import InvalidArgument
 from ..ib.pacing import rate_bps
+from ..ib.qp import AddressVector
 from ._object import VerbsObject
 from .device import GID, Context, gid_table_len
 from .pd import PD
@@ -75,10 +76,8 @@ def _u(value: Any, bits: int, argument: str) -> int:
     return value
 
 
-def address_vector(ctx: Context, attr: AHAttr, argument: str = "ah_attr") -> Any:
+def address_vector(ctx: Context, attr: AHAttr, argument: str = "ah_attr") -> AddressVector:
     """Validate ``attr`` for ``ctx`` and build the engine's ``AddressVector``."""
-    from ..ib.qp import AddressVector  # noqa: PLC0415 - the engine module
-
     if not isinstance(attr, AHAttr):
         raise InvalidArgument(argument, f"expected an AHAttr, got {type(attr).__name__}")
     if attr.port_num != 1:

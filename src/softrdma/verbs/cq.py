@@ -29,7 +29,7 @@ from typing import Any
 
 from .. import enums as e
 from ..errors import InvalidArgument, StateError
-from ..ib.types import WorkCompletion
+from ..seam.types import WorkCompletion
 from ._object import VerbsObject
 from .device import MAX_CQE, AsyncEvent, Context
 

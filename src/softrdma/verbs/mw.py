@@ -24,7 +24,7 @@ from typing import Any
 from .. import enums as e
 from ..errors import InvalidArgument, NotSupported
 from ..ib.mw import MW_TYPE_1, MW_TYPE_2, BindRequest, EngineMW
-from ..ib.types import SendWQE
+from ..seam.types import SendWQE
 from ._object import VerbsObject
 from .mr import MR
 from .pd import PD

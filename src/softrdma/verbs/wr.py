@@ -18,16 +18,14 @@ protection violation is a completion error, not a posting error).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import enums as e
 from ..errors import InvalidArgument, NotSupported
-from ..ib.types import SGE as _EngineSGE
-from ..ib.types import RecvWQE, SendWQE
+from ..seam.protocols import DeviceEngine
+from ..seam.types import SGE as _EngineSGE
+from ..seam.types import RecvWQE, SendWQE
 from .mw import MW_TYPE_2, bind_wqe
-
-if TYPE_CHECKING:
-    from ..ib.port import Port
 
 __all__ = ["SGE", "SendWR", "RecvWR", "build_send_wqe", "build_recv_wqe", "chain",
            "QPT_OPCODES", "INLINE_OPCODES"]
@@ -203,7 +201,7 @@ def chain(wrs: Any) -> list[Any]:
     return out
 
 
-def _gather_inline(port: Port, sg: list[Any]) -> bytes:
+def _gather_inline(port: DeviceEngine, sg: list[Any]) -> bytes:
     """The bytes an inline send copies from its SGEs (looked up by lkey, else by address)."""
     out = bytearray()
     for s in sg:
@@ -224,7 +222,7 @@ def _gather_inline(port: Port, sg: list[Any]) -> bytes:
     return bytes(out)
 
 
-def build_send_wqe(wr: SendWR, qp_type: int, max_send_sge: int, max_inline: int, port: Port,
+def build_send_wqe(wr: SendWR, qp_type: int, max_send_sge: int, max_inline: int, port: DeviceEngine,
                    pd: Any) -> SendWQE:
     """Validate ``wr`` for a QP and turn it into the engine's :class:`SendWQE`."""
     if not isinstance(wr, SendWR):
