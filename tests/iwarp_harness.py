@@ -18,6 +18,7 @@ from softrdma.iwarp.engine import ConnState, IwarpConn
 from softrdma.iwarp.mpa_setup import MpaConfig
 from softrdma.iwarp.qp import IwarpDevice, IwarpQP
 from softrdma.seam.events import EngineEvent
+from softrdma.seam.queues import QPInit
 
 ACC_ALL = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ)
 
@@ -31,8 +32,9 @@ class Side:
         self.rcq: list[WorkCompletion] = []
         self.events: list[EngineEvent] = []
         self.dev.events.subscribe(self.events.append)
-        self.qp = IwarpQP(self.dev, int(e.IBV_QPT_RC), self.pd, self.scq.append,
-                          self.rcq.append, None, max_send_wr, max_recv_wr, 4, 4, 64, False)
+        self.qp = IwarpQP(self.dev, QPInit(int(e.IBV_QPT_RC), self.pd, self.scq.append,
+                                           self.rcq.append, None, max_send_wr, max_recv_wr, 4,
+                                           4, 64, False))
         self.qp.modify({"qp_state": int(e.IBV_QPS_INIT)}, 0.0)
         self._conn: IwarpConn | None = None
         self.wire = bytearray()  # everything this side sent

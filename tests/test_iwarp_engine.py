@@ -11,6 +11,7 @@ softrdma.wire.mpa / softrdma.wire.ddp.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -23,6 +24,7 @@ from softrdma.iwarp.engine import ConnState, IwarpConn
 from softrdma.iwarp.mpa_setup import ConnectionRejected, MpaConfig
 from softrdma.iwarp.stag import stag_index
 from softrdma.seam.events import AsyncEventType, EngineEvent
+from softrdma.seam.queues import QPInit
 from softrdma.wire import ddp, mpa
 
 OK = int(e.IBV_WC_SUCCESS)
@@ -289,7 +291,7 @@ def test_unsignaled_and_sq_sig_all() -> None:
     a.post(e.IBV_WR_RDMA_WRITE, src, 8, wr_id=2, rkey=dst.rkey, raddr=dst.addr)
     pump(a, b)
     assert [w.wr_id for w in a.scq] == [2]
-    a.qp.sq_sig_all = True
+    a.qp.init = dataclasses.replace(a.qp.init, sq_sig_all=True)
     a.post(e.IBV_WR_RDMA_WRITE, src, 8, wr_id=3, rkey=dst.rkey, raddr=dst.addr, flags=0)
     pump(a, b)
     assert [w.wr_id for w in a.scq] == [2, 3]
@@ -485,8 +487,8 @@ def test_shared_receive_queue() -> None:
 
     a, b = Side("a"), Side("b")
     srq = b.dev.create_srq(b.pd, 8, 1, 0)
-    b.qp = IwarpQP(b.dev, int(e.IBV_QPT_RC), b.pd, b.scq.append, b.rcq.append, srq, 8, 0, 1,
-                   0, 0, False)
+    b.qp = IwarpQP(b.dev, QPInit(int(e.IBV_QPT_RC), b.pd, b.scq.append, b.rcq.append, srq, 8,
+                                 0, 1, 0, 0, False))
     b.qp.modify({"qp_state": int(e.IBV_QPS_INIT)}, 0.0)
     connect_pair(a, b)
     dst = b.mr(64)

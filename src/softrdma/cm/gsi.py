@@ -44,6 +44,7 @@ from ..ib.port import Port
 from ..ib.qp import AddressVector, EngineQP
 from ..ib.types import SGE, RecvWQE, SendWQE, WorkCompletion
 from ..seam.events import AsyncEventType, EngineEvent
+from ..seam.queues import QPInit
 from ..wire.mad import GSI_QKEY, MAD_SIZE
 from ..wire.rocev1 import GRH_NEXT_HEADER_BTH
 from .events import CmEvent
@@ -100,9 +101,10 @@ class CmBinding:
         self._buf = bytearray(n_recv * SLOT)
         self._mr = port.register_mr(memoryview(self._buf), _MR_ADDR,
                                     int(Access.IBV_ACCESS_LOCAL_WRITE), self._pd)
-        self.qp1 = EngineQP(port, QPT_UD, self._pd, self._on_send_wc, self._on_recv_wc, None,
-                            max_send_wr=1 << 16, max_recv_wr=n_recv, max_send_sge=1,
-                            max_recv_sge=1, max_inline_data=MAD_SIZE, sq_sig_all=False, qpn=1)
+        self.qp1 = EngineQP(port, QPInit(QPT_UD, self._pd, self._on_send_wc, self._on_recv_wc,
+                                         None, max_send_wr=1 << 16, max_recv_wr=n_recv,
+                                         max_send_sge=1, max_recv_sge=1,
+                                         max_inline_data=MAD_SIZE, sq_sig_all=False), qpn=1)
         now = self._clock()
         self.qp1.modify({"qp_state": int(Qps.IBV_QPS_INIT), "qkey": GSI_QKEY,
                          "pkey_index": 0, "port_num": 1}, now)

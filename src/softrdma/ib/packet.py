@@ -4,6 +4,7 @@ network-header facts of a received packet (:class:`RxMeta`), a packet to send
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from ..enums import ibv_gid_type
@@ -19,8 +20,10 @@ MULTICAST_QPN = 0xFFFFFF
 QP0 = 0  # the SMI's QP, undefined on RoCE (A16.4.3)
 ICRC_SIZE = 4
 LOOPBACK_GID = bytes(15) + b"\x01"  # ::1, reserved for Raw services (A16.7.2)
+DEFAULT_HOP_LIMIT = 64  # the GRH Hop Limit / IP TTL of a packet without a GRH of its own
 
 
+@dataclass(slots=True, eq=False)
 class RxMeta:
     """Network-header facts about a received packet that the transport needs.
 
@@ -31,23 +34,18 @@ class RxMeta:
     ``v1`` marks a RoCEv1 packet (Annex A16): ``grh`` is then the packet's own GRH.
     """
 
-    __slots__ = ("sgid", "dgid", "sport", "tclass", "hop_limit", "flow_label", "grh", "ipv4",
-                 "v1")
-
-    def __init__(self, sgid: bytes, dgid: bytes, sport: int = 0, tclass: int = 0,
-                 hop_limit: int = 64, flow_label: int = 0, grh: bytes = b"",
-                 ipv4: bool = True, v1: bool = False) -> None:
-        self.sgid = sgid
-        self.dgid = dgid
-        self.sport = sport
-        self.tclass = tclass
-        self.hop_limit = hop_limit
-        self.flow_label = flow_label
-        self.grh = grh
-        self.ipv4 = ipv4
-        self.v1 = v1
+    sgid: bytes
+    dgid: bytes
+    sport: int = 0
+    tclass: int = 0
+    hop_limit: int = DEFAULT_HOP_LIMIT
+    flow_label: int = 0
+    grh: bytes = b""
+    ipv4: bool = True
+    v1: bool = False
 
 
+@dataclass(slots=True, eq=False)
 class TxPacket:
     """One packet for the driver: addressing plus the buffers of BTH .. pad (no ICRC).
 
@@ -57,19 +55,13 @@ class TxPacket:
     which RoCEv1 carries in the 802.1Q priority (A16.8.1).
     """
 
-    __slots__ = ("sgid", "dgid", "sport", "tclass", "hop_limit", "flow_label", "parts", "length",
-                 "v1", "sl")
-
-    def __init__(self, sgid: bytes, dgid: bytes, sport: int, parts: list[Any], length: int,
-                 tclass: int = 0, hop_limit: int = 64, flow_label: int = 0, v1: bool = False,
-                 sl: int = 0) -> None:
-        self.sgid = sgid
-        self.dgid = dgid
-        self.sport = sport
-        self.parts = parts
-        self.length = length
-        self.tclass = tclass
-        self.hop_limit = hop_limit
-        self.flow_label = flow_label
-        self.v1 = v1
-        self.sl = sl
+    sgid: bytes
+    dgid: bytes
+    sport: int
+    parts: list[Any]
+    length: int
+    tclass: int = 0
+    hop_limit: int = DEFAULT_HOP_LIMIT
+    flow_label: int = 0
+    v1: bool = False
+    sl: int = 0

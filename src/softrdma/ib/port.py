@@ -24,11 +24,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..errors import DecodeError, InvalidArgument
-from ..seam.events import AsyncEventType, EventQueue
 from ..seam.protocols import Timed
-from ..seam.queues import EngineSRQ
-from ..seam.tables import MemoryTable, QpnAllocator, TimerSet
-from ..seam.types import CompletionSink, MemoryRegion
+from ..seam.queues import QPInit
+from ..seam.tables import DeviceTables
 from ..wire import ib as wib
 from ..wire.opcodes import Transport
 from .counters import Counters, DropReason
@@ -49,7 +47,7 @@ from .qp import EngineQP
 __all__ = ["Counters", "DropReason", "IB_QP1_QKEY", "Port", "RxMeta", "TxPacket", "Timed"]
 
 
-class Port:
+class Port(DeviceTables[EngineQP]):
     """One port of a softrdma RoCE device: the engine every QP of the device runs in.
 
     ``gids`` is the GID table (16-byte values, index = GID index); ``gid_types`` gives
@@ -66,22 +64,16 @@ class Port:
                  qpn_free: Callable[[int], None] | None = None,
                  key_alloc: Callable[[], int] | None = None,
                  gid_types: list[int] | None = None) -> None:
+        super().__init__(qpn_alloc=qpn_alloc, key_alloc=key_alloc)
         self.gids = list(gids)
         self.gid_types: list[int] = []
         self.gid_v1: list[bool] = []
         self.set_gid_types(gid_types)
         self.max_mtu = max_mtu
         self.pkeys = pkeys
-        self.qps: dict[int, EngineQP] = {}
-        self.memory = MemoryTable(key_alloc)
-        self.mrs = self.memory.mrs  # by lkey; rkey == lkey for softrdma MRs
         self.tx: list[TxPacket] = []
         self.counters = Counters()
-        self.events = EventQueue()
-        self._qpns = QpnAllocator(self.qps)
-        self._qpn_alloc = qpn_alloc
         self._qpn_free = qpn_free
-        self._timers = TimerSet()
         self.mcast: dict[bytes, set[EngineQP]] = {}
         # A16.7.2 drops packets from/to the loopback GID ::1. On RoCEv2 over the loopback
         # netdev ::1 is the port's own IPv6 address (a self-addressed packet), so a port
@@ -121,22 +113,9 @@ class Port:
         return tx
 
     # ---- QPs -------------------------------------------------------------------------
-    def alloc_qpn(self) -> int:
-        if self._qpn_alloc is not None:
-            return self._qpn_alloc()
-        return self._qpns.alloc()
-
-    def create_qp(self, qp_type: int, pd: object, send_cq: CompletionSink,
-                  recv_cq: CompletionSink, srq: EngineSRQ | None, max_send_wr: int,
-                  max_recv_wr: int, max_send_sge: int, max_recv_sge: int,
-                  max_inline_data: int, sq_sig_all: bool) -> EngineQP:
+    def create_qp(self, init: QPInit) -> EngineQP:
         """A new RC, UC or UD QP in RESET (IBA 10.2.4)."""
-        return EngineQP(self, qp_type, pd, send_cq, recv_cq, srq, max_send_wr, max_recv_wr,
-                        max_send_sge, max_recv_sge, max_inline_data, sq_sig_all)
-
-    def create_srq(self, pd: object, max_wr: int, max_sge: int, srq_limit: int) -> EngineSRQ:
-        """A new SRQ (IBA 10.2.9)."""
-        return EngineSRQ(self.events, pd, max_wr, max_sge, srq_limit)
+        return EngineQP(self, init)
 
     def add_qp(self, qp: EngineQP) -> None:
         self.qps[qp.qpn] = qp
@@ -151,42 +130,6 @@ class Port:
                     del self.mcast[mgid]
             if self._qpn_free is not None and qp.qpn > 1:
                 self._qpn_free(qp.qpn)
-
-    def device_fatal(self) -> None:
-        """The device failed: every QP to ERR, flushing its work requests with
-        IBV_WC_WR_FLUSH_ERR (IBA 10.3.1.7), then the unaffiliated DEVICE_FATAL event
-        (IBA 11.6.3 Local Catastrophic Error)."""
-        for qp in list(self.qps.values()):
-            qp.to_error()
-        self._timers.clear()
-        self.events.raise_event(AsyncEventType.DEVICE_FATAL)
-
-    # ---- MRs -------------------------------------------------------------------------
-    def new_key(self) -> int:
-        """A fresh, hard-to-guess 32-bit key not in use (the low byte is the variant key)."""
-        return self.memory.new_key()
-
-    def register_mr(self, buf: memoryview, addr: int, access: int, pd: object,
-                    zero_based: bool = False) -> MemoryRegion:
-        return self.memory.register(buf, addr, access, pd, zero_based)
-
-    def deregister_mr(self, mr: MemoryRegion) -> None:
-        self.memory.deregister(mr)
-
-    def lookup_mr(self, key: int) -> MemoryRegion | None:
-        return self.mrs.get(key)
-
-    # ---- timers ------------------------------------------------------------------------
-    def arm(self, qp: Timed) -> None:
-        """Called by a QP (or any :class:`Timed`) whose ``deadline`` changed to a finite
-        value."""
-        self._timers.arm(qp)
-
-    def next_deadline(self) -> float | None:
-        return self._timers.next_deadline()
-
-    def on_timer(self, now: float) -> None:
-        self._timers.on_timer(now)
 
     # ---- receive -----------------------------------------------------------------------
     def receive(self, data: memoryview, meta: RxMeta, now: float) -> None:

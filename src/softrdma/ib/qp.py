@@ -20,11 +20,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..errors import ClosedError, InvalidArgument
+from ..seam.attrs import ModifyAttrs, QueryAttrs, apply_port_attrs
 from ..seam.events import AsyncEventType
-from ..seam.protocols import ModifyAttrs, QueryAttrs
-from ..seam.queues import EngineSRQ, ReceiveQueue, check_post_send, error_events
+from ..seam.queues import EngineSRQ, QPInit, ReceiveQueue, check_post_send, error_events
 from ..seam.states import ERR, INIT, QPT_RC, QPT_UC, QPT_UD, RESET, RTR, RTS, SQD, SQE
-from ..seam.types import CompletionSink, RecvWQE, SendWQE, WorkCompletion
+from ..seam.types import RecvWQE, SendWQE
 from ..wire import ib as wib
 from .pacing import rate_bps
 from .packet import IB_QP1_QKEY, RxMeta, TxPacket
@@ -97,25 +97,17 @@ class EngineQP:
     #: an RDMA Read scatters into as many SGEs as the QP allows
     max_read_sge = 1 << 30
 
-    def __init__(self, port: Port, qp_type: int, pd: object, send_cq: CompletionSink,
-                 recv_cq: CompletionSink, srq: EngineSRQ | None, max_send_wr: int,
-                 max_recv_wr: int, max_send_sge: int, max_recv_sge: int, max_inline_data: int,
-                 sq_sig_all: bool, qpn: int | None = None) -> None:
+    def __init__(self, port: Port, init: QPInit, qpn: int | None = None) -> None:
+        qp_type = init.qp_type
         if qp_type not in (QPT_RC, QPT_UC, QPT_UD):
             raise ValueError(f"unsupported QP type {qp_type}")
-        # creation attributes (ibv_qp_init_attr)
         self.port = port
+        self.init = init
+        # the creation attributes the data path reads per packet or per completion
         self.qp_type = qp_type
-        self.pd = pd
-        self.send_cq = send_cq
-        self.recv_cq = recv_cq
-        self.srq = srq
-        self.max_send_wr = max_send_wr
-        self.max_recv_wr = max_recv_wr
-        self.max_send_sge = max_send_sge
-        self.max_recv_sge = max_recv_sge
-        self.max_inline_data = max_inline_data
-        self.sq_sig_all = sq_sig_all
+        self.pd = init.pd
+        self.complete_send = init.send_cq
+        self.complete_recv = init.recv_cq
         self.qpn = port.alloc_qpn() if qpn is None else qpn
         self.state = RESET
         # attributes (IBA 11.2.5; ibv_qp_attr)
@@ -125,15 +117,17 @@ class EngineQP:
         self.port_num = 1
         self.access_flags = 0
         self.av: AddressVector | None = None
+        # the peer: its QPN and the first PSN each way (set by RTR/RTS, IBA 11.2.5.3)
+        self.dest_qpn = 0
+        self.rq_psn = 0
+        self.sq_psn = 0
+        # reliability: timers, retries and RDMA READ/atomic depths (IBA 9.7.6, 9.7.5.1.4)
         self.timeout = 0
         self.retry_cnt = _DEFAULT_RETRY
         self.rnr_retry = _DEFAULT_RETRY
-        self.rq_psn = 0
-        self.sq_psn = 0
+        self.min_rnr_timer = 0
         self.max_rd_atomic = 0
         self.max_dest_rd_atomic = 0
-        self.min_rnr_timer = 0
-        self.dest_qpn = 0
         self.en_sqd_async_notify = False
         self.sport = rxe_udp_sport(self.qpn)
         self.mtu = 0
@@ -144,7 +138,7 @@ class EngineQP:
         # static rate (0.0: none), ib/pacing.py
         self.rate_limit_bps = 0.0
         self._derive()
-        self.rq = ReceiveQueue(self.qpn, recv_cq, srq, max_recv_wr)
+        self.rq = ReceiveQueue(self.qpn, init)
         self.take_rwqe = self.rq.take
         self.return_rwqe = self.rq.give_back
         self.deadline: float | None = None
@@ -196,11 +190,9 @@ class EngineQP:
         if t is not None:
             self.port.arm(self)
 
-    def complete_send(self, wc: WorkCompletion) -> None:
-        self.send_cq(wc)
-
-    def complete_recv(self, wc: WorkCompletion) -> None:
-        self.recv_cq(wc)
+    @property
+    def srq(self) -> EngineSRQ | None:
+        return self.init.srq
 
     # ---- verbs entry points -----------------------------------------------------------------
     def modify(self, attrs: ModifyAttrs, now: float) -> None:
@@ -211,10 +203,7 @@ class EngineQP:
             self.path_mtu = attrs["path_mtu"]
         if "qkey" in attrs:
             self.qkey = attrs["qkey"]
-        if "pkey_index" in attrs:
-            self.pkey_index = attrs["pkey_index"]
-        if "port_num" in attrs:
-            self.port_num = attrs["port_num"]
+        apply_port_attrs(self, attrs)
         if "timeout" in attrs:
             self.timeout = attrs["timeout"]
         if "retry_cnt" in attrs:
@@ -229,8 +218,6 @@ class EngineQP:
             self.min_rnr_timer = attrs["min_rnr_timer"]
         if "en_sqd_async_notify" in attrs:
             self.en_sqd_async_notify = attrs["en_sqd_async_notify"]
-        if "access_flags" in attrs:
-            self.access_flags = int(attrs["access_flags"])
         if "ah" in attrs:
             av = attrs["ah"]
             if av is not None and not isinstance(av, AddressVector):
@@ -280,11 +267,11 @@ class EngineQP:
         self.req.flush()
         self.resp.abort()
         self.rq.flush()
-        error_events(self.port.events, self, self.srq, event)
+        error_events(self.port.events, self, self.init.srq, event)
 
     def post_send(self, wqe: SendWQE, now: float) -> None:
         st = self.state
-        check_post_send(st, self.destroyed, self.req.depth(), self.max_send_wr,
+        check_post_send(st, self.destroyed, self.req.depth(), self.init.max_send_wr,
                         "the QP must be in RTS")
         if st == ERR or st == SQE:
             wqe.signaled = True
@@ -306,8 +293,7 @@ class EngineQP:
             "min_rnr_timer": self.min_rnr_timer, "dest_qp_num": self.dest_qpn,
             "en_sqd_async_notify": self.en_sqd_async_notify,
             "sq_draining": self.state == SQD and self.req.outstanding() > 0,
-            "cap": (self.max_send_wr, self.max_recv_wr, self.max_send_sge, self.max_recv_sge,
-                    self.max_inline_data),
+            "cap": self.init.cap,
         }
 
     def destroy(self) -> None:

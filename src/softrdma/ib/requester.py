@@ -146,7 +146,7 @@ class Requester:
 
     def post(self, wqe: SendWQE, now: float) -> None:
         qp = self.qp
-        wqe.signaled = qp.sq_sig_all or bool(wqe.send_flags & _SIGNALED)
+        wqe.signaled = qp.init.sq_sig_all or bool(wqe.send_flags & _SIGNALED)
         o = wqe.opcode
         wqe.rd_atomic = o == _W_READ or o == _W_CAS or o == _W_FAA
         if o == _W_CAS or o == _W_FAA:

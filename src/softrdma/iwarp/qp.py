@@ -36,19 +36,20 @@ from ..enums import ibv_wr_opcode as WR
 from ..errors import ClosedError, InvalidArgument, NotSupported
 from ..ib.counters import Counters
 from ..ib.packet import DEFAULT_PKEY, GID_TYPE_ROCE_V2
-from ..seam.events import AsyncEventType, EventQueue
-from ..seam.protocols import ModifyAttrs, QueryAttrs, Timed
+from ..seam.attrs import ModifyAttrs, QueryAttrs, apply_port_attrs
+from ..seam.events import AsyncEventType
 from ..seam.queues import (
     FLUSH_ERR,
     WC_RECV,
     EngineSRQ,
+    QPInit,
     ReceiveQueue,
     check_post_send,
     error_events,
 )
 from ..seam.states import ERR, INIT, QPT_RC, RESET, RTR, RTS
-from ..seam.tables import MemoryTable, QpnAllocator, TimerSet
-from ..seam.types import CompletionSink, MemoryRegion, RecvWQE, SendWQE, WorkCompletion
+from ..seam.tables import DeviceTables
+from ..seam.types import RecvWQE, SendWQE, WorkCompletion
 from ..wire.ddp import Terminate
 from .stag import StagAllocator
 from .terminate import wc_status_for
@@ -78,79 +79,28 @@ _WITH_INV = int(WCF.IBV_WC_WITH_INV)
 _W_DONE = 2
 
 
-class IwarpDevice:
+class IwarpDevice(DeviceTables["IwarpQP"]):
     """One iWARP device port: QPs, STag-keyed memory regions, counters (sans-I/O); a
     :class:`~softrdma.seam.protocols.DeviceEngine` beside the IB
     :class:`~softrdma.ib.port.Port`. It carries no IB packets: its QPs' data path is
     their TCP connection (:mod:`.engine`)."""
 
     def __init__(self, gids: list[bytes], *, max_mtu: int = 4096) -> None:
+        self.stags = StagAllocator()
+        super().__init__(key_alloc=self.stags.alloc, key_free=self.stags.free)
         self.gids = list(gids)
         # iWARP GIDs are the netdev's addresses (siw); reported with the type of an IP
         # GID (libibverbs has no iWARP GID type)
         self.gid_types: list[int] = [GID_TYPE_ROCE_V2] * len(self.gids)
         self.max_mtu = max_mtu
         self.pkeys: tuple[int, ...] = (DEFAULT_PKEY,)
-        self.stags = StagAllocator()
-        self.memory = MemoryTable(self.stags.alloc)
-        self.mrs = self.memory.mrs  # by STag (lkey == rkey == STag)
         self.counters = Counters()
-        self.events = EventQueue()
-        self.qps: dict[int, IwarpQP] = {}
         #: iWARP has no multicast (RFC 5040 is point-to-point): always empty
         self.mcast: dict[bytes, set[IwarpQP]] = {}
-        self._timers = TimerSet()
-        self._qpns = QpnAllocator(self.qps)
 
-    # ---- QPs ---------------------------------------------------------------------------
-    def alloc_qpn(self) -> int:
-        """A QP number not in use (siw numbers its QPs locally; from 0x11 up as rxe)."""
-        return self._qpns.alloc()
-
-    def create_qp(self, qp_type: int, pd: object, send_cq: CompletionSink,
-                  recv_cq: CompletionSink, srq: EngineSRQ | None, max_send_wr: int,
-                  max_recv_wr: int, max_send_sge: int, max_recv_sge: int,
-                  max_inline_data: int, sq_sig_all: bool) -> IwarpQP:
+    def create_qp(self, init: QPInit) -> IwarpQP:
         """A new RC QP in RESET (iWARP has RC only, siw ``siw_create_qp``)."""
-        return IwarpQP(self, qp_type, pd, send_cq, recv_cq, srq, max_send_wr, max_recv_wr,
-                       max_send_sge, max_recv_sge, max_inline_data, sq_sig_all)
-
-    def create_srq(self, pd: object, max_wr: int, max_sge: int, srq_limit: int) -> EngineSRQ:
-        """A new SRQ (siw ``siw_create_srq``)."""
-        return EngineSRQ(self.events, pd, max_wr, max_sge, srq_limit)
-
-    def device_fatal(self) -> None:
-        """The device failed: every QP to ERR with flush completions, then DEVICE_FATAL."""
-        for qp in list(self.qps.values()):
-            qp.to_error()
-        self._timers.clear()
-        self.events.raise_event(AsyncEventType.DEVICE_FATAL)
-
-    # ---- memory (STags, RFC 5040 §2.1) ---------------------------------------------------
-    def new_key(self) -> int:
-        return self.memory.new_key()
-
-    def register_mr(self, buf: memoryview, addr: int, access: int, pd: object,
-                    zero_based: bool = False) -> MemoryRegion:
-        # a plain int: the access checks of the data path are then plain int operations
-        return self.memory.register(buf, addr, int(access), pd, zero_based)
-
-    def deregister_mr(self, mr: MemoryRegion) -> None:
-        self.memory.deregister(mr)
-        self.stags.free(mr.lkey)
-
-    def lookup_mr(self, key: int) -> MemoryRegion | None:
-        return self.mrs.get(key)
-
-    # ---- timers (none of its own yet: the TCP runtime times the MPA exchange) ------------
-    def arm(self, owner: Timed) -> None:
-        self._timers.arm(owner)
-
-    def next_deadline(self) -> float | None:
-        return self._timers.next_deadline()
-
-    def on_timer(self, now: float) -> None:
-        self._timers.on_timer(now)
+        return IwarpQP(self, init)
 
 
 class IwarpQP:
@@ -161,33 +111,25 @@ class IwarpQP:
     #: an RDMA Read has one sink buffer (siw)
     max_read_sge = 1
 
-    def __init__(self, port: IwarpDevice, qp_type: int, pd: object, send_cq: CompletionSink,
-                 recv_cq: CompletionSink, srq: EngineSRQ | None, max_send_wr: int,
-                 max_recv_wr: int, max_send_sge: int, max_recv_sge: int, max_inline_data: int,
-                 sq_sig_all: bool, qpn: int | None = None) -> None:
-        if qp_type != QPT_RC:
+    #: iWARP has one service type, reliable connected (RFC 5040 §1; siw)
+    qp_type = QPT_RC
+
+    def __init__(self, port: IwarpDevice, init: QPInit, qpn: int | None = None) -> None:
+        if init.qp_type != QPT_RC:
             raise NotSupported("iWARP devices support RC QPs only")
+        self.sq: deque[SendWQE] = deque()  # posted, not yet started by the connection
+        self.inflight: deque[SendWQE] = deque()  # started, completed in posting order
+        self.init = init
         self.port = port
-        self.qp_type = qp_type
-        self.pd = pd
-        self.send_cq = send_cq
-        self.recv_cq = recv_cq
-        self.srq = srq
-        self.max_send_wr = max_send_wr
-        self.max_recv_wr = max_recv_wr
-        self.max_send_sge = max_send_sge
-        self.max_recv_sge = max_recv_sge
-        self.max_inline_data = max_inline_data
-        self.sq_sig_all = sq_sig_all
-        self.qpn = port.alloc_qpn() if qpn is None else qpn
+        self.pd = init.pd
+        self.send_cq = init.send_cq
         self.state = RESET
+        self.qpn = port.alloc_qpn() if qpn is None else qpn
         self.access_flags = 0
         self.port_num = 1
         self.pkey_index = 0
         self.rate_limit_bps = 0.0
-        self.sq: deque[SendWQE] = deque()
-        self.inflight: deque[SendWQE] = deque()
-        self.rq = ReceiveQueue(self.qpn, recv_cq, srq, max_recv_wr)
+        self.rq = ReceiveQueue(self.qpn, init)
         self.take_rwqe = self.rq.take
         self.conn: IwarpConn | None = None
         self.destroyed = False
@@ -198,7 +140,12 @@ class IwarpQP:
     @property
     def rx_pd(self) -> object:
         """The PD receive buffers are checked against (the SRQ's, if any)."""
-        return self.srq.pd if self.srq is not None else self.pd
+        srq = self.init.srq
+        return srq.pd if srq is not None else self.pd
+
+    @property
+    def srq(self) -> EngineSRQ | None:
+        return self.init.srq
 
     def complete_ready(self) -> None:
         """Report the finished send WQEs at the head of the queue (RFC 5040 §5.5 rule 15)."""
@@ -219,7 +166,7 @@ class IwarpQP:
                             wc_flags=_WITH_INV if invalidated else 0,
                             invalidated_rkey=invalidated)
         wc.solicited = solicited
-        self.recv_cq(wc)
+        self.init.recv_cq(wc)
 
     def on_established(self, conn: IwarpConn) -> None:
         """The connection reached full operation: the QP is in RTS (iw_cm)."""
@@ -245,12 +192,7 @@ class IwarpQP:
     def modify(self, attrs: ModifyAttrs, now: float) -> None:
         if self.destroyed:
             raise ClosedError("QP is destroyed")
-        if "port_num" in attrs:
-            self.port_num = attrs["port_num"]
-        if "pkey_index" in attrs:
-            self.pkey_index = attrs["pkey_index"]
-        if "access_flags" in attrs:
-            self.access_flags = int(attrs["access_flags"])
+        apply_port_attrs(self, attrs)
         if "qp_state" not in attrs:
             return
         new = int(attrs["qp_state"])
@@ -292,15 +234,15 @@ class IwarpQP:
         conn = self.conn
         if conn is not None:
             conn.close()
-        error_events(self.port.events, self, self.srq, event)
+        error_events(self.port.events, self, self.init.srq, event)
 
     def post_send(self, wqe: SendWQE, now: float) -> None:
         st = self.state
-        check_post_send(st, self.destroyed, len(self.sq) + len(self.inflight), self.max_send_wr,
+        check_post_send(st, self.destroyed, len(self.sq) + len(self.inflight), self.init.max_send_wr,
                         "the QP must be connected")
         wqe.send_flags = flags = int(wqe.send_flags)  # plain ints on the data path
         wqe.opcode = int(wqe.opcode)
-        wqe.signaled = bool(self.sq_sig_all or flags & _SIGNALED)
+        wqe.signaled = bool(self.init.sq_sig_all or flags & _SIGNALED)
         if st == ERR:
             self.send_cq(WorkCompletion(wqe.wr_id, _FLUSH, _WC_OF.get(wqe.opcode, 0), self.qpn))
             return
@@ -320,8 +262,7 @@ class IwarpQP:
             "rnr_retry": 0, "rq_psn": 0, "sq_psn": 0, "max_rd_atomic": ord_,
             "max_dest_rd_atomic": ird, "min_rnr_timer": 0, "dest_qp_num": 0,
             "en_sqd_async_notify": False, "sq_draining": False,
-            "cap": (self.max_send_wr, self.max_recv_wr, self.max_send_sge, self.max_recv_sge,
-                    self.max_inline_data),
+            "cap": self.init.cap,
         }
 
     def destroy(self) -> None:

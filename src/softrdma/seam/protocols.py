@@ -27,11 +27,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
-from typing import Protocol, TypedDict
+from typing import Protocol
 
+from .attrs import ModifyAttrs, QueryAttrs
 from .events import AsyncEventType, EventQueue
-from .queues import EngineSRQ
-from .types import CompletionSink, MemoryRegion, RecvWQE, SendWQE
+from .queues import EngineSRQ, QPInit
+from .types import MemoryRegion, RecvWQE, SendWQE
 
 __all__ = ["CounterSet", "DeviceEngine", "ModifyAttrs", "QPEngine", "QueryAttrs", "Timed"]
 
@@ -54,63 +55,13 @@ class CounterSet(Protocol):
     def as_dict(self) -> dict[str, int]: ...
 
 
-class ModifyAttrs(TypedDict, total=False):
-    """The validated attributes of one ``modify`` (``ibv_qp_attr`` field names where they
-    are the same; IBA 11.2.5.2). ``ah`` is the IB address vector
-    (``softrdma.ib.qp.AddressVector``) built by ``softrdma.verbs.ah``."""
-
-    qp_state: int
-    cur_qp_state: int
-    path_mtu: int
-    qkey: int
-    pkey_index: int
-    port_num: int
-    access_flags: int
-    ah: object
-    timeout: int
-    retry_cnt: int
-    rnr_retry: int
-    rq_psn: int
-    sq_psn: int
-    max_rd_atomic: int
-    max_dest_rd_atomic: int
-    min_rnr_timer: int
-    dest_qp_num: int
-    en_sqd_async_notify: bool
-
-
-class QueryAttrs(TypedDict):
-    """What ``query`` reports (IBA 11.2.5.3 Query QP): the attributes, the state, whether
-    the send queue drains in SQD, and the capacities ``(max_send_wr, max_recv_wr,
-    max_send_sge, max_recv_sge, max_inline_data)``."""
-
-    qp_state: int
-    cur_qp_state: int
-    path_mtu: int
-    qkey: int
-    pkey_index: int
-    port_num: int
-    access_flags: int
-    ah: object
-    timeout: int
-    retry_cnt: int
-    rnr_retry: int
-    rq_psn: int
-    sq_psn: int
-    max_rd_atomic: int
-    max_dest_rd_atomic: int
-    min_rnr_timer: int
-    dest_qp_num: int
-    en_sqd_async_notify: bool
-    sq_draining: bool
-    cap: tuple[int, int, int, int, int]
-
-
 class QPEngine(Protocol):
     """One queue pair of a device engine (see the module docstring)."""
 
     qpn: int
     qp_type: int
+    #: the creation attributes
+    init: QPInit
     #: the protection domain (the verbs PD object; IBA 10.2.3)
     pd: object
     #: a cap in bit/s on the QP's packets (``ibv_modify_qp_rate_limit``; 0.0: none)
@@ -118,6 +69,9 @@ class QPEngine(Protocol):
 
     @property
     def state(self) -> int: ...
+
+    @property
+    def srq(self) -> EngineSRQ | None: ...
 
     @property
     def send_opcodes(self) -> frozenset[int] | None:
@@ -165,10 +119,7 @@ class DeviceEngine(Protocol):
 
     def alloc_qpn(self) -> int: ...
 
-    def create_qp(self, qp_type: int, pd: object, send_cq: CompletionSink,
-                  recv_cq: CompletionSink, srq: EngineSRQ | None, max_send_wr: int,
-                  max_recv_wr: int, max_send_sge: int, max_recv_sge: int,
-                  max_inline_data: int, sq_sig_all: bool) -> QPEngine: ...
+    def create_qp(self, init: QPInit) -> QPEngine: ...
 
     def create_srq(self, pd: object, max_wr: int, max_sge: int,
                    srq_limit: int) -> EngineSRQ: ...

@@ -11,6 +11,7 @@ their own (the IB requester's go-back-N queue, RDMAP's ordered queue, RFC 5040 Â
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 
 from ..enums import ibv_wc_opcode as _WCO
 from ..enums import ibv_wc_status as _WCS
@@ -19,8 +20,8 @@ from .events import AsyncEventType, EventQueue
 from .states import ERR, INIT, RESET, RTR, state_name
 from .types import CompletionSink, RecvWQE, WorkCompletion
 
-__all__ = ["EngineSRQ", "ReceiveQueue", "check_post_send", "error_events", "FLUSH_ERR",
-           "WC_RECV"]
+__all__ = ["EngineSRQ", "QPInit", "ReceiveQueue", "check_post_send", "error_events",
+           "FLUSH_ERR", "WC_RECV"]
 
 FLUSH_ERR = int(_WCS.IBV_WC_WR_FLUSH_ERR)
 WC_RECV = int(_WCO.IBV_WC_RECV)
@@ -73,18 +74,44 @@ class EngineSRQ:
         self.q.appendleft(rwqe)
 
 
+@dataclass(frozen=True, slots=True)
+class QPInit:
+    """The creation attributes of a QP (IBA 11.2.4.1 Create QP; ``ibv_qp_init_attr``, the
+    capacities already checked against the device limits by the verbs layer): its type,
+    protection domain, the CQs' completion sinks, its SRQ, the queue capacities and
+    whether every send WR is signaled."""
+
+    qp_type: int
+    pd: object
+    send_cq: CompletionSink
+    recv_cq: CompletionSink
+    srq: EngineSRQ | None
+    max_send_wr: int
+    max_recv_wr: int
+    max_send_sge: int
+    max_recv_sge: int
+    max_inline_data: int
+    sq_sig_all: bool
+
+    @property
+    def cap(self) -> tuple[int, int, int, int, int]:
+        """``ibv_qp_cap`` as ``(max_send_wr, max_recv_wr, max_send_sge, max_recv_sge,
+        max_inline_data)``."""
+        return (self.max_send_wr, self.max_recv_wr, self.max_send_sge, self.max_recv_sge,
+                self.max_inline_data)
+
+
 class ReceiveQueue:
     """A QP's receive side: its own queue of ``max_wr`` WQEs, or the SRQ it is attached
     to (IBA 10.2.9: then receives are posted to the SRQ, not to the QP)."""
 
     __slots__ = ("q", "srq", "max_wr", "cq", "qpn")
 
-    def __init__(self, qpn: int, cq: CompletionSink, srq: EngineSRQ | None,
-                 max_wr: int) -> None:
+    def __init__(self, qpn: int, init: QPInit) -> None:
         self.q: deque[RecvWQE] = deque()
-        self.srq = srq
-        self.max_wr = max_wr
-        self.cq = cq
+        self.srq = init.srq
+        self.max_wr = init.max_recv_wr
+        self.cq = init.recv_cq
         self.qpn = qpn
 
     def __len__(self) -> int:

@@ -32,6 +32,7 @@ from ..drivers.runtime import Runtime
 from ..errors import InvalidArgument, NotSupported
 from ..ib.qp import AddressVector
 from ..seam.protocols import ModifyAttrs, QPEngine
+from ..seam.queues import QPInit
 from . import qp_rules
 from ._object import VerbsObject
 from .ah import AHAttr, GlobalRoute, address_vector
@@ -227,11 +228,10 @@ class QP(VerbsObject):
         if ctx.transport == "iwarp" and qpt != RC:  # iWARP: RC only (siw)
             raise NotSupported(f"QP type {e.ibv_qp_type(qpt).name}: iWARP devices "
                                "support RC QPs only")
-        self.engine: QPEngine = runtime.call(
-            ctx.port.create_qp, qpt, pd, scq.push, rcq.push,
-            srq.engine if srq is not None else None,
+        self.engine: QPEngine = runtime.call(ctx.port.create_qp, QPInit(
+            qpt, pd, scq.push, rcq.push, srq.engine if srq is not None else None,
             cap.max_send_wr, max_recv_wr, cap.max_send_sge, max_recv_sge,
-            cap.max_inline_data, bool(init_attr.sq_sig_all))
+            cap.max_inline_data, bool(init_attr.sq_sig_all)))
         # the opcodes the transport carries (None: all of IB's, checked per QP type)
         self._send_opcodes = self.engine.send_opcodes
         self._max_read_sge = self.engine.max_read_sge
