@@ -24,7 +24,7 @@ from ..seam.attrs import ModifyAttrs, QueryAttrs, apply_port_attrs
 from ..seam.events import AsyncEventType
 from ..seam.queues import EngineSRQ, QPInit, ReceiveQueue, check_post_send, error_events
 from ..seam.states import ERR, INIT, QPT_RC, QPT_UC, QPT_UD, RESET, RTR, RTS, SQD, SQE
-from ..seam.types import RecvWQE, SendWQE
+from ..seam.types import AddressHandle, RecvWQE, SendWQE
 from ..wire import ib as wib
 from .pacing import rate_bps
 from .packet import IB_QP1_QKEY, RxMeta, TxPacket
@@ -171,7 +171,7 @@ class EngineQP:
         peer = self.peer_gids
         return peer is None or (meta.sgid == peer[0] and meta.dgid == peer[1])
 
-    def tx(self, parts: list[object], length: int, av: AddressVector | None = None) -> None:
+    def tx(self, parts: list[object], length: int, av: AddressHandle | None = None) -> None:
         """Queue one packet (BTH .. pad) for the driver."""
         a = av if av is not None else self.av
         if a is None:

@@ -25,6 +25,7 @@ from ..seam.types import PSN_MASK, SendWQE, WorkCompletion, psn_diff
 from ..wire import ib as wib
 from ..wire import opcodes as op
 from .memory import gather, resolve_sges, scatter
+from .mw import BindRequest
 from .pacing import ICRC_BYTES, Pacer
 from .packet import IB_QP1_QKEY
 
@@ -380,7 +381,8 @@ class Requester:
         """IBV_WR_BIND_MW: bind a memory window in send-queue order (IBA 10.6.7.2)."""
         qp = self.qp
         bind = wqe.bind
-        status = bind.execute(qp.port, qp, qp.pd) if bind is not None else int(WCS.IBV_WC_MW_BIND_ERR)
+        status = (bind.execute(qp.port, qp, qp.pd) if isinstance(bind, BindRequest)
+                  else int(WCS.IBV_WC_MW_BIND_ERR))
         if status:
             self._fail(wqe, status)
             return False
