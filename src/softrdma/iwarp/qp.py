@@ -1,12 +1,15 @@
 """The iWARP device and queue pair behind the verbs API (sans-I/O).
 
-:class:`IwarpDevice` is the iWARP counterpart of :class:`~softrdma.ib.port.Port`: it
-owns the QP table and the memory table, whose keys are STags (``lkey == rkey == STag``,
-allocated by :class:`~.stag.StagAllocator`: random, sparse, never sequential,
-RFC 5040 §8.1.1 item 8). :class:`IwarpQP` has the :class:`~softrdma.ib.qp.EngineQP`
-interface the verbs layer drives (``modify``, ``post_send``, ``post_recv``, ``query``,
-``destroy``); its data path is the :class:`~.engine.IwarpConn` it is bound to by the
-connection manager (:mod:`.cm`), as siw's QP is bound to its socket by the iWARP CM.
+:class:`IwarpDevice` implements :class:`~softrdma.seam.protocols.DeviceEngine` beside
+the IB :class:`~softrdma.ib.port.Port` (no inheritance between them; the tables they keep
+alike are :class:`~softrdma.seam.tables.DeviceTables`): the QP table and the memory
+table, whose keys are STags (``lkey == rkey == STag``, allocated by
+:class:`~.stag.StagAllocator`: random, sparse, never sequential, RFC 5040 §8.1.1 item 8).
+:class:`IwarpQP` implements :class:`~softrdma.seam.protocols.QPEngine`, the interface the
+verbs layer drives (``modify``, ``post_send``, ``post_recv``, ``query``, ``destroy``);
+its receive queue and flush are :mod:`softrdma.seam.queues`'; its data path is the
+:class:`~.engine.IwarpConn` it is bound to by the connection manager (:mod:`.cm`), as
+siw's QP is bound to its socket by the iWARP CM.
 
 State rules (siw ``siw_qp_modify``; IBA 10.3 where they agree):
 

@@ -281,8 +281,8 @@ class AsyncEvent:
     SRQ it is about (None for device events)."""
 
     event_type: int
-    element: Any = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    element: object = None
+    extra: dict[str, object] = field(default_factory=dict)
 
 
 # ---- the device registry -------------------------------------------------------------------

@@ -223,7 +223,7 @@ def _gather_inline(port: DeviceEngine, sg: list[Any]) -> bytes:
 
 
 def build_send_wqe(wr: SendWR, qp_type: int, max_send_sge: int, max_inline: int, port: DeviceEngine,
-                   pd: Any) -> SendWQE:
+                   pd: object) -> SendWQE:
     """Validate ``wr`` for a QP and turn it into the engine's :class:`SendWQE`."""
     if not isinstance(wr, SendWR):
         raise InvalidArgument("wr", f"expected SendWR, got {type(wr).__name__}")
