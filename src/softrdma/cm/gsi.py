@@ -14,7 +14,7 @@
   virtual clock) runs ``agent.on_timer`` like any engine timer;
 * locking: consumer calls on the agent's ids go through ``runtime.call_now`` (the
   device lock), MAD and timer processing already runs under it;
-* COMM_EST from the engine (``port.on_async_event``) is passed to the agent.
+* COMM_EST from the engine (a typed event on ``port.events``) is passed to the agent.
 
 With a device shared through ``devd`` the link becomes a routed CM client
 (``cm_slot()``): devd gives the process a slot byte that the agent puts in the top byte

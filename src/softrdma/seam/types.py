@@ -61,28 +61,15 @@ def psn_le(a: int, b: int) -> bool:
 
 class AddressHandle(Protocol):
     """Where a UD send goes (IBA 10.2.2.1 address handle; the IB transport's
-    ``softrdma.ib.qp.AddressVector``): the GRH fields and the static rate."""
+    ``softrdma.ib.qp.AddressVector``): the GRH fields and the static rate (IBA 9.11)."""
 
-    @property
-    def dgid(self) -> bytes: ...
-
-    @property
-    def sgid_index(self) -> int: ...
-
-    @property
-    def flow_label(self) -> int: ...
-
-    @property
-    def hop_limit(self) -> int: ...
-
-    @property
-    def traffic_class(self) -> int: ...
-
-    @property
-    def sl(self) -> int: ...
-
-    @property
-    def rate_bps(self) -> float: ...
+    dgid: bytes
+    sgid_index: int
+    flow_label: int
+    hop_limit: int
+    traffic_class: int
+    sl: int
+    rate_bps: float
 
 
 class SGE:
