@@ -33,6 +33,7 @@ from ..errors import InvalidArgument, NotSupported
 from ..ib.qp import AddressVector
 from ..seam.protocols import ModifyAttrs, QPEngine
 from ..seam.queues import QPInit
+from ..seam.states import INIT, QPT_RC, QPT_UC, QPT_UD, RESET, RTR, RTS, SQD, SQE, state_name
 from . import qp_rules
 from ._object import VerbsObject
 from .ah import AHAttr, GlobalRoute, address_vector
@@ -47,7 +48,7 @@ from .wr import RecvWR, SendWR, build_recv_wqe, build_send_wqe, chain
 __all__ = ["QPCap", "QPInitAttr", "QPAttr", "QP"]
 
 M = e.ibv_qp_attr_mask
-RC, UC, UD = int(e.IBV_QPT_RC), int(e.IBV_QPT_UC), int(e.IBV_QPT_UD)
+RC, UC, UD = QPT_RC, QPT_UC, QPT_UD
 _QP_TYPES = frozenset({RC, UC, UD})
 KBIT = 1000.0  # ibv_modify_qp_rate_limit's rate is in kbit/s
 _QP_ACCESS = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
@@ -165,10 +166,7 @@ def _mask_names(mask: int) -> str:
 
 
 def _state_name(state: int) -> str:
-    try:
-        return e.ibv_qp_state(state).name.replace("IBV_QPS_", "")
-    except ValueError:
-        return str(state)
+    return state_name(state).replace("IBV_QPS_", "")
 
 
 class QP(VerbsObject):
@@ -309,8 +307,8 @@ class QP(VerbsObject):
     def _explain(self, cur: int, new: int, mask: int) -> str:
         t = e.ibv_qp_type(self.qp_type).name.replace("IBV_QPT_", "")
         tr = f"{_state_name(cur)}->{_state_name(new)}"
-        if mask & M.IBV_QP_CUR_STATE and cur not in (qp_rules.RTR, qp_rules.RTS, qp_rules.SQD,
-                                                       qp_rules.SQE):
+        if mask & M.IBV_QP_CUR_STATE and cur not in (RTR, RTS, SQD,
+                                                       SQE):
             return f"IBV_QP_CUR_STATE is not allowed from {_state_name(cur)}"
         if qp_rules.rule_for(cur, new) is None:
             return f"illegal transition {tr}"
@@ -381,7 +379,7 @@ class QP(VerbsObject):
     def to_init(self, attr: QPAttr) -> None:
         """RESET -> INIT with the attributes the QP type requires (pyverbs)."""
         attr.qp_state = int(e.IBV_QPS_INIT)
-        self.modify(attr, qp_rules.required_mask(qp_rules.RESET, qp_rules.INIT, self.qp_type)
+        self.modify(attr, qp_rules.required_mask(RESET, INIT, self.qp_type)
                     | M.IBV_QP_STATE)
 
     def to_rtr(self, attr: QPAttr) -> None:
@@ -389,7 +387,7 @@ class QP(VerbsObject):
         if self.qp_state != e.IBV_QPS_INIT:
             self.to_init(attr)
         attr.qp_state = int(e.IBV_QPS_RTR)
-        self.modify(attr, qp_rules.required_mask(qp_rules.INIT, qp_rules.RTR, self.qp_type)
+        self.modify(attr, qp_rules.required_mask(INIT, RTR, self.qp_type)
                     | M.IBV_QP_STATE)
 
     def to_rts(self, attr: QPAttr) -> None:
@@ -397,7 +395,7 @@ class QP(VerbsObject):
         if self.qp_state != e.IBV_QPS_RTR:
             self.to_rtr(attr)
         attr.qp_state = int(e.IBV_QPS_RTS)
-        self.modify(attr, qp_rules.required_mask(qp_rules.RTR, qp_rules.RTS, self.qp_type)
+        self.modify(attr, qp_rules.required_mask(RTR, RTS, self.qp_type)
                     | M.IBV_QP_STATE)
 
     def query(self, attr_mask: int = 0) -> tuple[QPAttr, QPInitAttr]:
