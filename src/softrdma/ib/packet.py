@@ -9,10 +9,9 @@ from typing import Any
 
 from ..enums import ibv_gid_type
 
-__all__ = ["DEFAULT_PKEY", "GID_TYPE_ROCE_V1", "GID_TYPE_ROCE_V2", "IB_QP1_QKEY", "ICRC_SIZE",
+__all__ = ["DEFAULT_PKEY", "GID_TYPE_ROCE_V1", "GID_TYPE_ROCE_V2", "ICRC_SIZE",
            "LOOPBACK_GID", "MULTICAST_QPN", "QP0", "RxMeta", "TxPacket"]
 
-IB_QP1_QKEY = 0x80010000  # IBA 13.5.1.1 / linux IB_QP1_QKEY
 DEFAULT_PKEY = 0xFFFF
 GID_TYPE_ROCE_V1 = int(ibv_gid_type.IBV_GID_TYPE_ROCE_V1)  # "IB/RoCE v1" (Annex A16)
 GID_TYPE_ROCE_V2 = int(ibv_gid_type.IBV_GID_TYPE_ROCE_V2)  # "RoCE v2" (Annex A17)

@@ -34,7 +34,6 @@ from .packet import (
     DEFAULT_PKEY,
     GID_TYPE_ROCE_V1,
     GID_TYPE_ROCE_V2,
-    IB_QP1_QKEY,
     ICRC_SIZE,
     LOOPBACK_GID,
     MULTICAST_QPN,
@@ -44,7 +43,7 @@ from .packet import (
 )
 from .qp import EngineQP
 
-__all__ = ["Counters", "DropReason", "IB_QP1_QKEY", "Port", "RxMeta", "TxPacket", "Timed"]
+__all__ = ["Counters", "DropReason", "Port", "RxMeta", "TxPacket", "Timed"]
 
 
 class Port(DeviceTables[EngineQP]):

@@ -27,7 +27,7 @@ from ..seam.states import ERR, INIT, QPT_RC, QPT_UC, QPT_UD, RESET, RTR, RTS, SQ
 from ..seam.types import AddressHandle, RecvWQE, SendWQE
 from ..wire import ib as wib
 from .pacing import rate_bps
-from .packet import IB_QP1_QKEY, RxMeta, TxPacket
+from .packet import RxMeta, TxPacket
 from .requester import Requester
 from .responder import Responder
 
@@ -347,5 +347,5 @@ class EngineQP:
 
 _TRANSPORT_OF = {QPT_RC: 0x00, QPT_UC: 0x20, QPT_UD: 0x60}
 
-__all__ = ["AddressVector", "EngineQP", "EngineSRQ", "IB_QP1_QKEY", "RESET", "INIT", "RTR", "RTS",
-           "SQD", "SQE", "ERR", "QPT_RC", "QPT_UC", "QPT_UD", "mtu_bytes", "rxe_udp_sport"]
+__all__ = ["AddressVector", "EngineQP", "EngineSRQ", "RESET", "INIT", "RTR", "RTS", "SQD", "SQE",
+           "ERR", "QPT_RC", "QPT_UC", "QPT_UD", "mtu_bytes", "rxe_udp_sport"]

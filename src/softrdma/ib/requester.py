@@ -24,10 +24,10 @@ from ..seam.states import ERR, QPT_RC, QPT_UC, QPT_UD, RTS, SQD, SQE
 from ..seam.types import PSN_MASK, SendWQE, WorkCompletion, psn_diff
 from ..wire import ib as wib
 from ..wire import opcodes as op
+from ..wire.mad import GSI_QKEY
 from .memory import gather, resolve_sges, scatter
 from .mw import BindRequest
 from .pacing import ICRC_BYTES, Pacer
-from .packet import IB_QP1_QKEY
 
 _POS_FIRST = int(op.Pos.FIRST)
 _POS_LAST = int(op.Pos.LAST)
@@ -319,7 +319,7 @@ class Requester:
         if qtype == QPT_UD:  # UD: SEND_ONLY(_IMM) + DETH (IBA 9.8.3)
             opcode = op.UD_SEND_ONLY_IMM if variant == 1 else op.UD_SEND_ONLY
             if qp.qpn == 1:
-                qkey = IB_QP1_QKEY
+                qkey = GSI_QKEY
             else:
                 qkey = qp.qkey if wqe.remote_qkey & 0x80000000 else wqe.remote_qkey
             ext = _DETH.pack(qkey, qp.qpn)

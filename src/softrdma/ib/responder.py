@@ -26,9 +26,10 @@ from ..seam.states import QPT_RC, QPT_UD, RTR, SQE
 from ..seam.types import PSN_MASK, RecvWQE, WorkCompletion, psn_diff
 from ..wire import ib as wib
 from ..wire import opcodes as op
+from ..wire.mad import GSI_QKEY
 from .memory import resolve_sges, scatter
 from .mw import remotely_invalidatable
-from .packet import IB_QP1_QKEY, RxMeta
+from .packet import RxMeta
 
 _POS_FIRST = int(op.Pos.FIRST)
 _POS_LAST = int(op.Pos.LAST)
@@ -533,7 +534,7 @@ class Responder:
     def _ud(self, pkt: wib.IBPacket, meta: RxMeta) -> None:
         qp = self.qp
         c = qp.port.counters
-        expected = IB_QP1_QKEY if qp.qpn == 1 else qp.qkey
+        expected = GSI_QKEY if qp.qpn == 1 else qp.qkey
         if pkt.qkey != expected:  # IBA 10.2.5: Q_Key violation, silently dropped
             c.rcvd_bad_qkey += 1
             return

@@ -28,12 +28,13 @@ import weakref
 from typing import Any
 
 from .. import enums as e
-from ..drivers.runtime import Runtime
+from ..drivers.progress import DeviceRuntime
 from ..errors import InvalidArgument, NotSupported
 from ..ib.qp import AddressVector
 from ..seam.protocols import ModifyAttrs, QPEngine
 from ..seam.queues import QPInit
 from ..seam.states import INIT, QPT_RC, QPT_UC, QPT_UD, RESET, RTR, RTS, SQD, SQE, state_name
+from ..wire.gid import is_v4_mapped
 from . import qp_rules
 from ._object import VerbsObject
 from .ah import AHAttr, GlobalRoute, address_vector
@@ -222,7 +223,7 @@ class QP(VerbsObject):
             max_recv_wr, max_recv_sge = cap.max_recv_wr, cap.max_recv_sge
         else:
             max_recv_wr = max_recv_sge = 0
-        runtime: Runtime = ctx.runtime
+        runtime: DeviceRuntime = ctx.runtime
         if ctx.transport == "iwarp" and qpt != RC:  # iWARP: RC only (siw)
             raise NotSupported(f"QP type {e.ibv_qp_type(qpt).name}: iWARP devices "
                                "support RC QPs only")
@@ -521,7 +522,7 @@ class QP(VerbsObject):
         if self.qp_type != UD:
             raise InvalidArgument("qp", "only UD QPs attach to multicast groups (IBA 10.5.2)")
         raw = GID(gid).raw
-        v4 = raw[:12] == b"\0" * 10 + b"\xff\xff"
+        v4 = is_v4_mapped(raw)
         if not ((v4 and 224 <= raw[12] <= 239) or (not v4 and raw[0] == 0xFF)):
             raise InvalidArgument("gid", f"{GID(raw)} is not a multicast GID")
         return raw
@@ -598,7 +599,7 @@ def _check_transport_wrs(wr: SendWR | list[SendWR], opcodes: frozenset[int],
                 raise InvalidArgument("wr.num_sge", "an iWARP RDMA Read takes one SGE")
 
 
-def _defer_destroy(runtime: Runtime, engine: QPEngine) -> None:
+def _defer_destroy(runtime: DeviceRuntime, engine: QPEngine) -> None:
     if runtime.closed:
         engine.destroy()
     else:
