@@ -20,6 +20,7 @@ from ..enums import ibv_wc_opcode as WCO
 from ..enums import ibv_wc_status as WCS
 from ..enums import ibv_wr_opcode as WRO
 from ..seam.events import AsyncEventType
+from ..seam.queues import take_done
 from ..seam.states import ERR, QPT_RC, QPT_UC, QPT_UD, RTS, SQD, SQE
 from ..seam.types import PSN_MASK, SendWQE, WorkCompletion, psn_diff
 from ..wire import ib as wib
@@ -493,10 +494,8 @@ class Requester:
         self.check_drained()
 
     def _complete_head(self) -> None:
-        sq = self.sq
         qp = self.qp
-        while sq and sq[0].state == DONE:
-            w = sq.popleft()
+        for w in take_done(self.sq, DONE):
             if self.tx_idx:
                 self.tx_idx -= 1
             else:

@@ -49,6 +49,7 @@ from ..seam.queues import (
     ReceiveQueue,
     check_post_send,
     error_events,
+    take_done,
 )
 from ..seam.states import ERR, INIT, QPT_RC, RESET, RTR, RTS
 from ..seam.tables import DeviceTables
@@ -162,10 +163,8 @@ class IwarpQP:
 
     def complete_ready(self) -> None:
         """Report the finished send WQEs at the head of the queue (RFC 5040 §5.5 rule 15)."""
-        inflight = self.inflight
         push = self.send_cq
-        while inflight and inflight[0].state == _W_DONE:
-            w = inflight.popleft()
+        for w in take_done(self.inflight, _W_DONE):
             if w.error:
                 push(WorkCompletion(w.wr_id, w.error, _WC_OF.get(w.opcode, 0), self.qpn))
             elif w.signaled:

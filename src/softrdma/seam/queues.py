@@ -11,6 +11,7 @@ their own (the IB requester's go-back-N queue, RDMAP's ordered queue, RFC 5040 ย
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ..enums import ibv_wc_opcode as _WCO
@@ -18,10 +19,10 @@ from ..enums import ibv_wc_status as _WCS
 from ..errors import ClosedError, ResourceError, StateError
 from .events import AsyncEventType, EventQueue
 from .states import ERR, INIT, RESET, RTR, state_name
-from .types import CompletionSink, RecvWQE, WorkCompletion
+from .types import CompletionSink, RecvWQE, SendWQE, WorkCompletion
 
 __all__ = ["EngineSRQ", "QPInit", "ReceiveQueue", "check_post_send", "error_events",
-           "FLUSH_ERR", "WC_RECV"]
+           "take_done", "FLUSH_ERR", "WC_RECV"]
 
 FLUSH_ERR = int(_WCS.IBV_WC_WR_FLUSH_ERR)
 WC_RECV = int(_WCO.IBV_WC_RECV)
@@ -174,6 +175,14 @@ def check_post_send(state: int, destroyed: bool, depth: int, max_wr: int, needs:
         raise StateError(f"post_send in state {state_name(state)}: {needs}")
     if depth >= max_wr:
         raise ResourceError(f"send queue full ({max_wr} WQEs)")
+
+
+def take_done(queue: deque[SendWQE], done: int) -> Iterator[SendWQE]:
+    """Pop the finished WQEs (``state == done``) at the head of a send queue, oldest
+    first: send completions are reported in posting order (IBA 10.8.3.1 for an RC send
+    queue; RFC 5040 ยง5.5 rule 15), so one that is done waits for those before it."""
+    while queue and queue[0].state == done:
+        yield queue.popleft()
 
 
 def error_events(events: EventQueue, qp: object, srq: EngineSRQ | None,
