@@ -15,8 +15,8 @@ from typing import Any
 from softrdma import enums as e
 from softrdma.ib.port import GID_TYPE_ROCE_V1, GID_TYPE_ROCE_V2, Port, RxMeta
 from softrdma.ib.qp import AddressVector, EngineQP
-from softrdma.ib.types import MemoryRegion, WorkCompletion
 from softrdma.seam.queues import QPInit
+from softrdma.seam.types import MemoryRegion, WorkCompletion
 from softrdma.wire import rocev1
 
 

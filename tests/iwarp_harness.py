@@ -13,12 +13,12 @@ import random
 from typing import Any
 
 from softrdma import enums as e
-from softrdma.ib.types import SGE, MemoryRegion, RecvWQE, SendWQE, WorkCompletion
 from softrdma.iwarp.engine import ConnState, IwarpConn
 from softrdma.iwarp.mpa_setup import MpaConfig
 from softrdma.iwarp.qp import IwarpDevice, IwarpQP
 from softrdma.seam.events import EngineEvent
 from softrdma.seam.queues import QPInit
+from softrdma.seam.types import SGE, MemoryRegion, RecvWQE, SendWQE, WorkCompletion
 
 ACC_ALL = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ)
 

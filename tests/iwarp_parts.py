@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections import deque
 
 from softrdma import enums as e
-from softrdma.ib.types import SGE, MemoryRegion, RecvWQE, SendWQE
 from softrdma.iwarp.rdmap_tx import W_DONE
 from softrdma.iwarp.terminate import IwarpFault
 from softrdma.seam.events import EngineEvent, EventQueue
+from softrdma.seam.types import SGE, MemoryRegion, RecvWQE, SendWQE
 from softrdma.wire.ddp import Terminate
 
 ACC_ALL = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ)

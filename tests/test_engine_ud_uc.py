@@ -8,8 +8,8 @@ from softrdma import enums as e
 from softrdma.errors import ResourceError, StateError
 from softrdma.ib.port import RxMeta
 from softrdma.ib.qp import AddressVector
-from softrdma.ib.types import SGE, RecvWQE, SendWQE
 from softrdma.seam.events import AsyncEventType
+from softrdma.seam.types import SGE, RecvWQE, SendWQE
 from softrdma.wire import ib as wib
 
 SIG = int(e.IBV_SEND_SIGNALED)

@@ -19,12 +19,12 @@ from iwarp_harness import ACC_ALL, Side, connect_pair, pump
 
 from softrdma import enums as e
 from softrdma.errors import InvalidArgument, StateError
-from softrdma.ib.types import SGE, RecvWQE
 from softrdma.iwarp.engine import ConnState, IwarpConn
 from softrdma.iwarp.mpa_setup import ConnectionRejected, MpaConfig
 from softrdma.iwarp.stag import stag_index
 from softrdma.seam.events import AsyncEventType, EngineEvent
 from softrdma.seam.queues import QPInit
+from softrdma.seam.types import SGE, RecvWQE
 from softrdma.wire import ddp, mpa
 
 OK = int(e.IBV_WC_SUCCESS)

@@ -7,8 +7,8 @@ from engine_harness import Endpoint, Net, connect
 
 from softrdma import enums as e
 from softrdma.ib.qp import AddressVector
-from softrdma.ib.types import SGE, RecvWQE, SendWQE
 from softrdma.seam.events import AsyncEventType, EngineEvent
+from softrdma.seam.types import SGE, RecvWQE, SendWQE
 
 
 def post_recv(ep: Endpoint, wr_id: int, off: int, length: int) -> None:

@@ -51,9 +51,9 @@ from ..enums import ibv_wr_opcode as Wro
 from ..errors import ClosedError, DeviceError, StateError
 from ..ib.port import Port
 from ..ib.qp import AddressVector, EngineQP
-from ..ib.types import SGE, RecvWQE, SendWQE, WorkCompletion
 from ..seam.events import AsyncEventType, EngineEvent
 from ..seam.queues import QPInit
+from ..seam.types import SGE, RecvWQE, SendWQE, WorkCompletion
 from ..wire.gid import ip_to_gid
 from ..wire.mad import GSI_QKEY, MAD_SIZE
 from ..wire.rocev1 import GRH_NEXT_HEADER_BTH

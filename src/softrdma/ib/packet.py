@@ -7,15 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..enums import ibv_gid_type
+from ..seam.tables import DEFAULT_PKEY, GID_TYPE_ROCE_V1, GID_TYPE_ROCE_V2, MULTICAST_QPN
 
 __all__ = ["DEFAULT_PKEY", "GID_TYPE_ROCE_V1", "GID_TYPE_ROCE_V2", "ICRC_SIZE",
            "LOOPBACK_GID", "MULTICAST_QPN", "QP0", "RxMeta", "TxPacket"]
 
-DEFAULT_PKEY = 0xFFFF
-GID_TYPE_ROCE_V1 = int(ibv_gid_type.IBV_GID_TYPE_ROCE_V1)  # "IB/RoCE v1" (Annex A16)
-GID_TYPE_ROCE_V2 = int(ibv_gid_type.IBV_GID_TYPE_ROCE_V2)  # "RoCE v2" (Annex A17)
-MULTICAST_QPN = 0xFFFFFF
 QP0 = 0  # the SMI's QP, undefined on RoCE (A16.4.3)
 ICRC_SIZE = 4
 LOOPBACK_GID = bytes(15) + b"\x01"  # ::1, reserved for Raw services (A16.7.2)

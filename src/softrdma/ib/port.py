@@ -24,12 +24,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..errors import DecodeError, InvalidArgument
+from ..seam.counters import Counters, DropReason
 from ..seam.protocols import Timed
 from ..seam.queues import QPInit
 from ..seam.tables import DeviceTables
 from ..wire import ib as wib
 from ..wire.opcodes import Transport
-from .counters import Counters, DropReason
 from .packet import (
     DEFAULT_PKEY,
     GID_TYPE_ROCE_V1,
@@ -136,7 +136,7 @@ class Port(DeviceTables[EngineQP]):
 
         The network checks come first (A16.7.2: SGID or DGID ::1 -> dropped), then the
         transport ones; each failure is counted under its own
-        :class:`~softrdma.ib.counters.DropReason` (CA16-23). FECN/BECN are counted and
+        :class:`~softrdma.seam.counters.DropReason` (CA16-23). FECN/BECN are counted and
         otherwise ignored (CA16-16). A packet for QP0 is dropped (CA16-8).
         """
         c = self.counters

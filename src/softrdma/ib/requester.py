@@ -20,13 +20,13 @@ from ..enums import ibv_wc_opcode as WCO
 from ..enums import ibv_wc_status as WCS
 from ..enums import ibv_wr_opcode as WRO
 from ..seam.events import AsyncEventType
+from ..seam.memory import gather, resolve_sges, scatter
 from ..seam.queues import take_done
 from ..seam.states import ERR, QPT_RC, QPT_UC, QPT_UD, RTS, SQD, SQE
 from ..seam.types import PSN_MASK, SendWQE, WorkCompletion, psn_diff
 from ..wire import ib as wib
 from ..wire import opcodes as op
 from ..wire.mad import GSI_QKEY
-from .memory import gather, resolve_sges, scatter
 from .mw import BindRequest
 from .pacing import ICRC_BYTES, Pacer
 

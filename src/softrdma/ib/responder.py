@@ -22,12 +22,12 @@ from ..enums import ibv_wc_flags as WCF
 from ..enums import ibv_wc_opcode as WCO
 from ..enums import ibv_wc_status as WCS
 from ..seam.events import AsyncEventType
+from ..seam.memory import resolve_sges, scatter
 from ..seam.states import QPT_RC, QPT_UD, RTR, SQE
 from ..seam.types import PSN_MASK, RecvWQE, WorkCompletion, psn_diff
 from ..wire import ib as wib
 from ..wire import opcodes as op
 from ..wire.mad import GSI_QKEY
-from .memory import resolve_sges, scatter
 from .mw import remotely_invalidatable
 from .packet import RxMeta
 

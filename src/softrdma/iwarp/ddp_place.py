@@ -28,9 +28,9 @@ from typing import Protocol
 
 from ..enums import ibv_access_flags as ACC
 from ..enums import ibv_wc_status as WCS
-from ..ib.memory import gather, resolve_sges, total_len
-from ..ib.types import MemoryRegion, RecvWQE, SendWQE
 from ..seam.events import AsyncEventType, EventQueue
+from ..seam.memory import gather, resolve_sges, total_len
+from ..seam.types import MemoryRegion, RecvWQE, SendWQE
 from ..wire.ddp import (
     DDP_L,
     DDP_T,

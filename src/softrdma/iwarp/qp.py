@@ -37,9 +37,8 @@ from ..enums import ibv_wc_opcode as WCO
 from ..enums import ibv_wc_status as WCS
 from ..enums import ibv_wr_opcode as WR
 from ..errors import ClosedError, InvalidArgument, NotSupported
-from ..ib.counters import Counters
-from ..ib.packet import DEFAULT_PKEY, GID_TYPE_ROCE_V2
 from ..seam.attrs import ModifyAttrs, QueryAttrs, apply_port_attrs
+from ..seam.counters import Counters
 from ..seam.events import AsyncEventType
 from ..seam.queues import (
     FLUSH_ERR,
@@ -52,7 +51,7 @@ from ..seam.queues import (
     take_done,
 )
 from ..seam.states import ERR, INIT, QPT_RC, RESET, RTR, RTS
-from ..seam.tables import DeviceTables
+from ..seam.tables import DEFAULT_PKEY, GID_TYPE_ROCE_V2, DeviceTables
 from ..seam.types import RecvWQE, SendWQE, WorkCompletion
 from ..wire.ddp import Terminate
 from .stag import StagAllocator

@@ -47,7 +47,7 @@ class Timed(Protocol):
 
 
 class CounterSet(Protocol):
-    """A port's counters (``softrdma.ib.counters.Counters``; IBA 16.1.3.5 PortCounters)."""
+    """A port's counters (``softrdma.seam.counters.Counters``; IBA 16.1.3.5 PortCounters)."""
 
     rcvd_bad_pkey: int
     rcvd_bad_qkey: int

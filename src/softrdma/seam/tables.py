@@ -9,15 +9,19 @@ import secrets
 from collections.abc import Callable, Container
 from typing import Generic, Protocol, TypeVar
 
+from ..enums import ibv_gid_type
 from ..errors import InvalidArgument, ResourceError
 from .events import AsyncEventType, EventQueue
 from .protocols import Timed
 from .queues import EngineSRQ
 from .types import MemoryRegion
 
-__all__ = ["DeviceTables", "FIRST_QPN", "KEY_BITS", "MULTICAST_QPN", "MemoryTable",
-           "QpnAllocator", "TimerSet"]
+__all__ = ["DEFAULT_PKEY", "DeviceTables", "FIRST_QPN", "GID_TYPE_ROCE_V1", "GID_TYPE_ROCE_V2",
+           "KEY_BITS", "MULTICAST_QPN", "MemoryTable", "QpnAllocator", "TimerSet"]
 
+DEFAULT_PKEY = 0xFFFF  # the default (full membership) partition key (IBA 10.9.1.2)
+GID_TYPE_ROCE_V1 = int(ibv_gid_type.IBV_GID_TYPE_ROCE_V1)  # "IB/RoCE v1" (Annex A16)
+GID_TYPE_ROCE_V2 = int(ibv_gid_type.IBV_GID_TYPE_ROCE_V2)  # "RoCE v2" (Annex A17)
 KEY_BITS = 32  # L_Key/R_Key (IBA 10.6.3.2) and STag (RFC 5040 §2.1) are 32-bit
 FIRST_QPN = 0x11  # the first QPN rxe hands out (rxe_param.h RXE_MIN_QP_INDEX + 1)
 MULTICAST_QPN = 0xFFFFFF  # IBA 9.2 / 10.5.2: the permissive DestQP of multicast packets

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..seam.types import SGE, MemoryRegion
+from .types import SGE, MemoryRegion
 
 
 def resolve_sges(mrs: dict[int, MemoryRegion], pd: object, sg_list: Sequence[SGE],
