@@ -5,7 +5,6 @@ network-header facts of a received packet (:class:`RxMeta`), a packet to send
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from ..seam.tables import DEFAULT_PKEY, GID_TYPE_ROCE_V1, GID_TYPE_ROCE_V2, MULTICAST_QPN
 
@@ -53,7 +52,7 @@ class TxPacket:
     sgid: bytes
     dgid: bytes
     sport: int
-    parts: list[Any]
+    parts: list[bytes | bytearray | memoryview]
     length: int
     tclass: int = 0
     hop_limit: int = DEFAULT_HOP_LIMIT

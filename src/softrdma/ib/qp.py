@@ -171,7 +171,7 @@ class EngineQP:
         peer = self.peer_gids
         return peer is None or (meta.sgid == peer[0] and meta.dgid == peer[1])
 
-    def tx(self, parts: list[object], length: int, av: AddressHandle | None = None) -> None:
+    def tx(self, parts: list[bytes | bytearray | memoryview], length: int, av: AddressHandle | None = None) -> None:
         """Queue one packet (BTH .. pad) for the driver."""
         a = av if av is not None else self.av
         if a is None:

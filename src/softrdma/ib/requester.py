@@ -349,7 +349,7 @@ class Requester:
         hdr = _BTH.pack(opcode, b1, pkey, dqpn, w2) + ext
         segs = wqe.segs
         if plen and segs:
-            parts: list[object] = [hdr, *gather(segs, off, plen)]
+            parts: list[bytes | bytearray | memoryview] = [hdr, *gather(segs, off, plen)]
         else:
             parts = [hdr]
         if pad:

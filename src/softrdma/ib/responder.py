@@ -457,7 +457,7 @@ class Responder:
             hdr = _BTH.pack(opcode, pad << 4, pkey, dqpn, (psn + k) & PSN_MASK)
             if opcode != op.RC_READ_RESPONSE_MIDDLE:
                 hdr += aeth
-            parts: list[object] = [hdr]
+            parts: list[bytes | bytearray | memoryview] = [hdr]
             if plen:
                 parts.append(view[off:off + plen])
             if pad:
