@@ -13,7 +13,6 @@ CA16-15.1.1, :mod:`softrdma.ib.pacing`).
 from __future__ import annotations
 
 import errno
-from typing import Any
 
 from ..errors import InvalidArgument
 from ..ib.pacing import rate_bps
@@ -71,7 +70,7 @@ class AHAttr:
                 f"dlid={self.dlid}, sl={self.sl})")
 
 
-def _u(value: Any, bits: int, argument: str) -> int:
+def _u(value: object, bits: int, argument: str) -> int:
     if not isinstance(value, int) or not 0 <= value < 1 << bits:
         raise InvalidArgument(argument, f"must be a {bits}-bit unsigned int, got {value!r}")
     return value

@@ -21,7 +21,6 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from .. import enums as e
 from ..drivers import netdev as _netdev
@@ -199,7 +198,7 @@ class DeviceInfo:
     node_guid: int = 0
     udp_port: int = 4791
     ips: tuple[bytes, ...] = ()
-    record: Any = None  # the registry's own record
+    record: registry.DeviceRecord | None = None  # the registry's own record
 
 
 @dataclass(slots=True)
@@ -344,7 +343,8 @@ def all_devices() -> list[DeviceInfo]:
     return out
 
 
-def _transport_of(name: str | None, transport: str | None, fabric: Any, link: Any) -> str:
+def _transport_of(name: str | None, transport: str | None, fabric: Link | None,
+                  link: Link | None) -> str:
     """"iwarp" or "roce": the ``transport`` argument, else the registry device's type."""
     if transport is not None:
         if transport not in ("roce", "iwarp"):
@@ -381,9 +381,9 @@ def _open_registry_device(name: str | None, shared: bool | None) -> tuple[Device
         raise DeviceError(f"device {info.name!r} is {info.type}; verbs.Context drives RoCE devices")
     if shared is None:
         shared = _shared_default()
-    if shared:
-        return info, DevdLink(info.record)
-    rec = info.record
+    rec = info.record  # registry devices always have one
+    if shared and rec is not None:
+        return info, DevdLink(rec)
     if rec is not None and rec.roce_v1:
         # Annex A16: RoCEv1 on the netdev itself (raw Ethernet, EtherType 0x8915)
         raw = RawEtherLink(rec.netdev, vlan=rec.vlan)
@@ -425,7 +425,7 @@ class Context(VerbsObject):
     """
 
     def __init__(self, name: str | None = None, *, shared: bool | None = None,
-                 fabric: Any = None, progress: str = "thread", link: Link | None = None,
+                 fabric: Link | None = None, progress: str = "thread", link: Link | None = None,
                  clock: Callable[[], float] | None = None, transport: str | None = None) -> None:
         super().__init__()
         if progress not in ("thread", "manual"):

@@ -80,7 +80,7 @@ class QPInitAttr:
 
     __slots__ = ("qp_type", "qp_context", "scq", "rcq", "srq", "cap", "sq_sig_all")
 
-    def __init__(self, qp_type: int = UD, qp_context: Any = None, scq: CQ | None = None,
+    def __init__(self, qp_type: int = UD, qp_context: object = None, scq: CQ | None = None,
                  rcq: CQ | None = None, srq: SRQ | None = None, cap: QPCap | None = None,
                  sq_sig_all: int = 0) -> None:
         self.qp_type = qp_type
@@ -155,7 +155,7 @@ class QPAttr:
         return f"QPAttr({inner})"
 
 
-def _uint(value: Any, hi: int, argument: str) -> int:
+def _uint(value: object, hi: int, argument: str) -> int:
     if not isinstance(value, int) or not 0 <= value <= hi:
         raise InvalidArgument(argument, f"must be 0..{hi}, got {value!r}")
     return value

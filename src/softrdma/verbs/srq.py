@@ -8,8 +8,6 @@ When the queue drops below a non-zero limit the engine raises
 
 from __future__ import annotations
 
-from typing import Any
-
 from .. import enums as e
 from ..errors import InvalidArgument
 from ..seam.queues import EngineSRQ
@@ -40,12 +38,12 @@ class SrqInitAttr:
 
     __slots__ = ("attr", "srq_context")
 
-    def __init__(self, attr: SrqAttr | None = None, srq_context: Any = None) -> None:
+    def __init__(self, attr: SrqAttr | None = None, srq_context: object = None) -> None:
         self.attr = attr if attr is not None else SrqAttr()
         self.srq_context = srq_context
 
 
-def _check_count(value: Any, lo: int, hi: int, argument: str) -> int:
+def _check_count(value: object, lo: int, hi: int, argument: str) -> int:
     if not isinstance(value, int) or not lo <= value <= hi:
         raise InvalidArgument(argument, f"must be {lo}..{hi}, got {value!r}")
     return value
