@@ -55,8 +55,8 @@ from softrdma.drivers.clock import VirtualClock
 from softrdma.drivers.fabric import Fabric
 from softrdma.drivers.runtime import Runtime, icrc_v2
 from softrdma.errors import InvalidArgument, NotSupported
-from softrdma.ib.counters import DropReason
 from softrdma.ib.port import RxMeta
+from softrdma.seam.counters import DropReason
 from softrdma.verbs.ah import ethernet_priority
 from softrdma.verbs.device import _ENGINE_EVENTS, PORT_CAP_FLAGS
 from softrdma.wire.cm import CmAttr
