@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from softrdma import verbs as v
 from softrdma.drivers import registry
+from softrdma.ib.port import Port
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
@@ -41,3 +43,10 @@ def private_device(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         monkeypatch.setenv("PYTHONPATH", SRC)
     registry.add(name, "lo", "roce", free_port())
     return name
+
+
+def ib_port(ctx: v.Context) -> Port:
+    """The IB engine of a RoCE context (the tests that look inside it)."""
+    port = ctx.port
+    assert isinstance(port, Port)
+    return port

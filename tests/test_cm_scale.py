@@ -10,6 +10,7 @@ import weakref
 from typing import Any
 
 from cm_harness import Pair, T
+from device_harness import ib_port
 
 from softrdma.cm.events import CmEvent
 from softrdma.cm.ibcm import IbCmId
@@ -66,7 +67,7 @@ def test_thousand_connections_no_leaks() -> None:
     ip_listen(lst, 9000)
     ca, cb = Counter(), Counter()
     refs: list[Any] = []
-    base_qps = (len(p.a.ctx.port.qps), len(p.b.ctx.port.qps))
+    base_qps = (len(ib_port(p.a.ctx).qps), len(ib_port(p.b.ctx).qps))
     t0 = time.perf_counter()
     tracemalloc.start()
     for _ in range(WARMUP):  # caches, free lists and container sizes settle
@@ -84,7 +85,7 @@ def test_thousand_connections_no_leaks() -> None:
     assert cb.n == {T.CONNECT_REQUEST: n, T.ESTABLISHED: n, T.DISCONNECTED: n,
                     T.TIMEWAIT_EXIT: n}
     # QPs: only QP1 (and whatever existed before) remain
-    assert (len(p.a.ctx.port.qps), len(p.b.ctx.port.qps)) == base_qps
+    assert (len(ib_port(p.a.ctx).qps), len(ib_port(p.b.ctx).qps)) == base_qps
     for agent in (p.a.agent, p.b.agent):
         assert agent.timers() == 0 and agent.next_deadline() is None
         assert not agent.by_remote and not agent.by_remote_qpn and not agent.by_local_qpn

@@ -40,6 +40,7 @@ import pytest
 import test_engine_property
 import test_fabric_property
 from cm_harness import Pair as CmPair
+from device_harness import ib_port
 from test_cm_ibcm import SID, connect
 from test_cm_ibcm import test_lap_gets_apr_unsupported_and_lids_ignored as _lap_lids
 from test_cm_ibcm import test_req_lids_are_not_validated as _req_lids
@@ -55,8 +56,8 @@ from softrdma.drivers.clock import VirtualClock
 from softrdma.drivers.fabric import Fabric
 from softrdma.drivers.runtime import Runtime, icrc_v2
 from softrdma.errors import InvalidArgument, NotSupported
-from softrdma.ib.counters import DropReason
 from softrdma.ib.port import RxMeta
+from softrdma.seam.counters import DropReason
 from softrdma.verbs.ah import ethernet_priority
 from softrdma.verbs.device import _ENGINE_EVENTS, PORT_CAP_FLAGS
 from softrdma.wire.cm import CmAttr
@@ -432,7 +433,7 @@ def test_ca16_22_loopback_gid_dropped(node: Node) -> None:
     qp = node.qp(UD)
     pkt = bth(0x64, qp.qp_num) + _DETH.pack(QKEY, 0x42) + b"hello"
     loop = bytes(15) + b"\x01"
-    port = node.ctx.port
+    port = ib_port(node.ctx)
     for sgid, dgid in ((loop, port.gids[0]), (v.GID(PEER_GID).raw, loop)):
         before = port.counters.rcvd_loopback_gid
         port.receive(memoryview(pkt), RxMeta(sgid, dgid, grh=bytes(40)), 0.0)

@@ -13,13 +13,14 @@ import threading
 
 import numpy as np
 import pytest
+from device_harness import ib_port
 
 from softrdma import enums as e
 from softrdma import verbs as v
 from softrdma.drivers.clock import VirtualClock
 from softrdma.drivers.fabric import Fabric
 from softrdma.errors import ClosedError, DeviceError, InvalidArgument, NotSupported, StateError
-from softrdma.ib.types import WorkCompletion
+from softrdma.seam.types import WorkCompletion
 from softrdma.verbs.device import gid_table, mtu_enum_for_netdev_mtu
 
 RC, UD = int(e.IBV_QPT_RC), int(e.IBV_QPT_UD)
@@ -107,7 +108,7 @@ def _stack(ctx: v.Context):
 def test_context_close_cascades(ctx: v.Context) -> None:
     objs = _stack(ctx)
     qp, mr = objs[5], objs[3]
-    port = ctx.port
+    port = ib_port(ctx)
     assert port.qps[qp.qp_num] is qp.engine and port.lookup_mr(mr.lkey) is not None
     ctx.close()
     assert all(o.closed for o in objs)
@@ -156,7 +157,7 @@ def test_garbage_collected_objects_release_engine_state(ctx: v.Context) -> None:
     del mr, qp
     gc.collect()
     ctx.progress()  # deferred releases run at the next engine operation
-    assert ctx.port.lookup_mr(key) is None and qpn not in ctx.port.qps
+    assert ctx.port.lookup_mr(key) is None and qpn not in ib_port(ctx).qps
 
 
 def test_wrong_parent_types(ctx: v.Context) -> None:
