@@ -223,7 +223,7 @@ class IbCmId:
             self.handle(follow, now)
 
     def set_state(self, new: CmState, now: float) -> None:
-        """Enter ``new``: TimeWait arms its timer (IBA 12.9.6), IDLE forgets the id."""
+        """Enter ``new``: TimeWait arms its timer (IBA 12.9, Figure 151), IDLE forgets the id."""
         old = self.state
         if old == new:
             return

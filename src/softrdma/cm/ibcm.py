@@ -139,7 +139,7 @@ class CmAgent:
 
     def passive_id(self, listener: IbCmId, service_id: int, tid: int, remote_id: int,
                    path: CmPath, state: CmState) -> IbCmId:
-        """A new id for a REQ or SIDR_REQ that ``listener`` takes (IBA 12.9.5, 12.11.2):
+        """A new id for a REQ or SIDR_REQ that ``listener`` takes (IBA 12.9 Figure 150, 12.11.2):
         the listener's consumer and dialect, counted in its backlog."""
         child = IbCmId(self, listener.handler, listener.context)
         child.listen_id = listener
