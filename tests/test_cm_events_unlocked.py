@@ -24,6 +24,7 @@ from softrdma.cm.ipcm import IpCmClient, ip_listen
 from softrdma.cm.params import AcceptParams, ConnParams
 from softrdma.drivers.udp import UdpLink
 from softrdma.errors import SoftRdmaError
+from softrdma.wire import cm as wcm
 
 SID = 0x1000_0000_0000_0042
 
@@ -165,3 +166,25 @@ def _lock_free(ctx: Any) -> bool:
         lock.release()
         return True
     return False
+
+
+def test_request_for_a_listener_destroyed_before_delivery_is_refused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Events wait for the device lock to be released; a listener destroyed in between
+    # must not strand the new connection in REQ_RCVD (the peer would wait for its REQ
+    # timeouts): its id is destroyed, which sends REJ 28, as linux ucma_cleanup_events.
+    p = Pair(seed=11)
+    monkeypatch.setattr(p.b.cm, "_schedule_delivery", lambda: None)  # hold the events
+    lst = p.b.new_id()
+    lst.listen(SID)
+    qa, _ = p.a.qp()
+    cid = p.a.new_id()
+    cid.connect(qa, ConnParams(SID, p.b.gid))
+    p.run(0.01)
+    assert [ev.type for ev in p.b.agent.outbox] == [T.CONNECT_REQUEST]
+    lst.destroy()  # then the held events are delivered, outside the lock
+    p.run(0.01)
+    assert not p.b.agent.outbox and p.b.types() == []
+    assert [r.reason for r in p.sent(wcm.CmAttr.REJ)] == [wcm.RejReason.CONSUMER_DEFINED]
+    assert p.a.types(cid) == [T.REJECTED]
+    assert p.b.agent.live_ids() == 0 and not p.b.agent.errors
