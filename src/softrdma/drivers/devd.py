@@ -962,6 +962,11 @@ def _probe(path: Path) -> bool:
     return True
 
 
+# how long a client waits for a daemon it starts (or that another client is starting) to
+# answer: a daemon that cannot start says so at once; this bounds a slow start on a busy host
+DEVD_START_TIMEOUT = 20.0
+
+
 def _package_root() -> str:
     return str(Path(__file__).resolve().parents[2])
 
@@ -971,7 +976,7 @@ def ensure_devd(
     *,
     state_dir: Path | str | None = None,
     idle_timeout: float | None = None,
-    timeout: float = 5.0,
+    timeout: float = DEVD_START_TIMEOUT,
 ) -> str:
     """Start the device's daemon as a detached process unless one runs; its socket path.
 
@@ -1048,7 +1053,7 @@ class DevdLink:
         state_dir: Path | str | None = None,
         spawn: bool = True,
         idle_timeout: float | None = None,
-        timeout: float = 5.0,
+        timeout: float = DEVD_START_TIMEOUT,
         ring: int = _RECV_BATCH,
     ) -> None:
         if ring < 1:
