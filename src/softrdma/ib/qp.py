@@ -155,6 +155,9 @@ class QPBase:
 class EngineQP(QPBase):
     """One queue pair in the engine (see the module docstring)."""
 
+    # An XRC TGT QP's domain (softrdma.ib.xrc.XrcTgtQP); None for every other QP.
+    xrcd: object | None = None
+
     def __init__(self, port: Port, qp_type: int, pd: object, send_cq: CompletionSink,
                  recv_cq: CompletionSink, srq: EngineSRQ | None, max_send_wr: int,
                  max_recv_wr: int, max_send_sge: int, max_recv_sge: int, max_inline_data: int,
@@ -409,6 +412,10 @@ class EngineQP(QPBase):
 
     def on_timer(self, now: float) -> None:
         self.req.on_timer(now)
+
+    def bind_srq(self, pkt: Any) -> bool:
+        """XRC TGT QPs bind the SRQ a request's XRCETH names (softrdma.ib.xrc)."""
+        return True
 
     def flush_ack(self) -> None:
         """Send the coalesced ACK, if one is pending (called by Port.take_tx)."""
