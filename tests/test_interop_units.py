@@ -173,7 +173,7 @@ def test_matrix_covers_the_issue() -> None:
 def test_smoke_subset_and_patterns() -> None:
     smoke = C.smoke_cases()
     assert {c.name for c in smoke} == {"rc_pingpong/rxe/s4096", "rping/rxe/s64",
-                                        "rping/siw/s64"}
+                                        "rping/siw/s64", "rping/siw-crc/s64"}
     assert all(c in C.all_cases() for c in smoke)
     assert [c.name for c in C.select(C.all_cases(), "rping/siw*")] == [
         "rping/siw/s64", "rping/siw/s3000", "rping/siw-crc/s64", "rping/siw-crc/s3000"]

@@ -443,6 +443,9 @@ class HostSide:
         """Create the namespace, veth, address and softrdma devices (roce ``ilab``,
         iwarp ``iwlab``); an old one of the same guest number is replaced."""
         self.down()
+        # a run with --keep leaves its state directory (the device registry) behind: the
+        # guest lock makes this run its only user, so it starts from an empty one
+        shutil.rmtree(self.state_dir, ignore_errors=True)
         self.created = True
         ns, tmp = self.netns, f"sri-g{self.n}h"
         self.lab.netns_run(["ip", "link", "show", "br0"])  # the lab network must be up

@@ -242,6 +242,8 @@ class IwarpConn:
         # receive
         self._parser: MpaFrameParser | None = None
         self._early = bytearray()
+        # the initiator's first FPDU waits until this time (0: no hold), see FIRST_FPDU_HOLD_S
+        self.tx_hold_until = 0.0
         self._dead = False
         self.rx_msn = [1, 1, 1]
         self._crc_on = False
@@ -607,6 +609,8 @@ class IwarpConn:
                 return
             if st in (ConnState.AWAIT_REQUEST, ConnState.AWAIT_REPLY):
                 rest = self._rx_mpa(mv)
+                if self.initiator and self.state == ConnState.RTS and self.cfg.first_fpdu_hold:
+                    self.tx_hold_until = now + self.cfg.first_fpdu_hold
                 if rest is None or not len(rest) or self.state != ConnState.RTS:
                     if rest is not None and len(rest) and self.state == ConnState.ACCEPT_WAIT:
                         self._early += rest

@@ -51,11 +51,24 @@ class ConnectionRejected(SoftRdmaError):
         self.private_data = private_data
 
 
+# A Linux siw behaviour we allow for: siw_accept() (drivers/infiniband/sw/siw/siw_cm.c)
+# sends the MPA Reply before it hands the socket to the QP (siw_qp_socket_assoc, or the RTR
+# upcalls in peer-to-peer mode). An FPDU that arrives in between wakes only the CM's
+# data_ready, which ignores it, and stays unread in the socket until the next segment
+# arrives. RFC 5044 §7.1.2 lets the initiator send at once, but then a siw responder can
+# hang (seen live: rping against the lab's siw, about 3 runs in 4 under load). So the
+# initiator holds its first FPDU this long after the Reply; a first post that comes later
+# is not delayed, and the responder side never holds.
+FIRST_FPDU_HOLD_S = 0.05
+
+
 @dataclass(frozen=True, slots=True)
 class MpaConfig:
     """One side's MPA wishes. ``markers``: ask the peer for markers; ``crc``: ask for CRC;
     ``ird``/``ord``: inbound/outbound RDMA Read depth; ``p2p``: request (initiator) an RTR
-    message of one of the ``rtr_*`` types; ``revision`` 1 or 2 (2 sends the Enhanced block)."""
+    message of one of the ``rtr_*`` types; ``revision`` 1 or 2 (2 sends the Enhanced block);
+    ``first_fpdu_hold``: seconds the initiator holds its first FPDU after the Reply (see
+    :data:`FIRST_FPDU_HOLD_S`)."""
 
     revision: int = MPA_REVISION_2
     crc: bool = False
@@ -67,6 +80,7 @@ class MpaConfig:
     rtr_read: bool = True
     rtr_send: bool = False
     strict_ird: bool = False
+    first_fpdu_hold: float = FIRST_FPDU_HOLD_S
 
     def __post_init__(self) -> None:
         if self.revision not in (MPA_REVISION_1, MPA_REVISION_2):
@@ -75,6 +89,9 @@ class MpaConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or not 0 <= v <= MAX_RD_DEPTH:
                 raise InvalidArgument(name, f"must be 0..{MAX_RD_DEPTH}, got {v!r}")
+        if not isinstance(self.first_fpdu_hold, (int, float)) or not 0 <= self.first_fpdu_hold <= 10:
+            raise InvalidArgument("first_fpdu_hold",
+                                  f"must be 0..10 seconds, got {self.first_fpdu_hold!r}")
         if self.p2p and self.revision != MPA_REVISION_2:
             raise InvalidArgument("p2p", "RTR negotiation needs MPA revision 2")
 

@@ -317,6 +317,13 @@ class IwarpRuntime(Runtime):
         while not s.done and not s.closing:
             if s.pending:
                 bufs = s.pending
+            elif conn.tx_hold_until and not conn.want_close:
+                # the initiator's first FPDU waits (FIRST_FPDU_HOLD_S); housekeeping, at
+                # least every _MAX_IDLE_WAIT, sends it once the hold is over
+                if self.now() < conn.tx_hold_until:
+                    break
+                conn.tx_hold_until = 0.0
+                continue
             elif conn.tx_pending():
                 if conn.established:
                     mss = tcp_mss(sock)
