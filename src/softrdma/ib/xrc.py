@@ -25,8 +25,9 @@ naming a bad SRQ is dropped. Packets of the wrong direction (requests to an INI 
 responses to a TGT QP) or of another transport are dropped and counted as
 ``rcvd_bad_opcode`` (IBA 9.6.1.2).
 
-XRC SRQ numbers are allocated per port (the SRQ and every TGT QP that delivers into it
-live in one process: the XRCD is this process's, see ``verbs/xrcd.py``).
+XRC SRQ numbers come from the device's QP number space (unique across the processes of
+a shared device); an SRQ and every TGT QP that delivers into it live in one process
+(the XRCD is this process's, see ``verbs/xrcd.py``).
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ from .types import CompletionSink
 __all__ = ["XrcDomain", "XrcSRQ", "XrcIniQP", "XrcTgtQP", "srq_table", "MAX_SRQN"]
 
 MAX_SRQN = 0xFFFFFF  # XRCSRQ is 24 bits (XRCETH)
-FIRST_SRQN = 0x11  # as QPNs: small numbers stay unused, so 0 is never a valid SRQN
 _XRC = int(Transport.XRC)
 
 
@@ -64,21 +64,29 @@ class XrcDomain:
 
 
 class _SrqTable:
-    """The XRC SRQs of one port by SRQ number."""
+    """The XRC SRQs of one port by SRQ number.
 
-    __slots__ = ("by_srqn", "next_srqn")
+    SRQ numbers come from the port's QP number allocator, so that on a shared device
+    they are unique across processes (devd allocates them): a request that names
+    another process's SRQ is then an invalid XRCETH here, never a delivery into this
+    process's SRQ of the same number."""
 
-    def __init__(self) -> None:
+    __slots__ = ("by_srqn", "port")
+
+    def __init__(self, port: Port) -> None:
         self.by_srqn: dict[int, XrcSRQ] = {}
-        self.next_srqn = FIRST_SRQN
+        self.port = port
 
     def alloc(self) -> int:
         for _ in range(MAX_SRQN):
-            n = self.next_srqn
-            self.next_srqn = FIRST_SRQN if n >= MAX_SRQN else n + 1
+            n = self.port.alloc_qpn()
             if n not in self.by_srqn:
                 return n
         raise ResourceError("no free SRQ number")
+
+    def free(self, srqn: int) -> None:
+        self.by_srqn.pop(srqn, None)
+        self.port.free_qpn(srqn)
 
 
 _TABLES: weakref.WeakKeyDictionary[Port, _SrqTable] = weakref.WeakKeyDictionary()
@@ -88,7 +96,7 @@ def srq_table(port: Port) -> _SrqTable:
     """The XRC SRQ table of ``port`` (created on first use)."""
     t = _TABLES.get(port)
     if t is None:
-        t = _TABLES[port] = _SrqTable()
+        t = _TABLES[port] = _SrqTable(port)
     return t
 
 
@@ -110,7 +118,7 @@ class XrcSRQ(EngineSRQ):
         self.closed = True
         table = srq_table(self.port)
         if table.by_srqn.get(self.srqn) is self:
-            del table.by_srqn[self.srqn]
+            table.free(self.srqn)
         self.xrcd.srqs.discard(self)
 
 
