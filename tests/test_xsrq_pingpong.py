@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from softrdma.drivers import registry
+from softrdma.errors import DecodeError
 from softrdma.tools import xsrq_pingpong as xp
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -79,7 +82,7 @@ def test_exchange_message_is_the_c_tools() -> None:
     assert len(raw) == xp.MSG_SIZE and xp.decode_xdest(raw) == d
     assert xp.address_line("local", d) == ("   local: LID 0000, QPN RECV 000012 SEND 000013, "
                                            "PSN abcdef, SRQN 000011, GID ::ffff:10.0.0.9")
-    with pytest.raises(xp.PingPongError):
+    with pytest.raises(DecodeError):
         xp.decode_xdest(b"0000:12:13:zz:11:" + b"0" * 32 + b"\x00")
 
 
@@ -126,3 +129,44 @@ def test_refusals(env: dict[str, str], args: list[str], msg: str) -> None:
     res = subprocess.run(_cmd("-g", "0", *args), env=env, text=True, capture_output=True,
                          timeout=60, check=False)
     assert res.returncode != 0 and msg in res.stderr and "Traceback" not in res.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("tcpdump") is None,
+                    reason="needs root and tcpdump to capture on lo")
+def test_capture_is_followed_by_pcap_check(env: dict[str, str], tmp_path: Path) -> None:
+    """tcpdump on lo during a run: pcap-check finds the 66-byte exchange, follows both XRC
+    connections (each side's INI QP to the other's TGT QP) PSN by PSN, and passes."""
+    udp = registry.get("xsrq0").udp_port
+    tcp = 18515  # pcap-check finds the exchange on the tools' default port
+    try:
+        socket.create_server(("", tcp), family=socket.AF_INET6, dualstack_ipv6=True).close()
+    except OSError:
+        pytest.skip("TCP port 18515 is in use")
+    cap = tmp_path / "xsrq.pcap"
+    dump = subprocess.Popen(["tcpdump", "-i", "lo", "-U", "-w", str(cap),
+                             f"udp port {udp} or tcp port {tcp}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        assert dump.stderr is not None
+        dump.stderr.readline()  # "listening on lo ..."
+        flags = ["-g", "0", "-p", str(tcp), "-n", "10", "-s", "2000", "-m", "1024"]
+        server = subprocess.Popen(_cmd(*flags), env=env, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, text=True)
+        try:
+            client = subprocess.run(_cmd(*flags, "127.0.0.1"), env=env, text=True,
+                                    capture_output=True, timeout=120, check=False)
+            assert server.wait(timeout=120) == 0 and client.returncode == 0, client.stderr
+        finally:
+            if server.poll() is None:
+                server.kill()
+                server.wait()
+        time.sleep(0.5)
+    finally:
+        dump.terminate()
+        dump.wait(timeout=30)
+    res = subprocess.run([sys.executable, "-m", "softrdma", "pcap-check", "-v", "--udp-port",
+                          str(udp), str(cap)], env=env, text=True, capture_output=True,
+                         timeout=120, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "2 connections followed, 0 inconsistent" in res.stdout, res.stdout
+    assert "XRC_SEND_FIRST" in res.stdout and "XRC_ACKNOWLEDGE" in res.stdout

@@ -26,7 +26,6 @@ import socket
 import stat
 import sys
 import time
-from dataclasses import dataclass
 from typing import TextIO
 
 from .. import enums as e
@@ -59,13 +58,12 @@ from .pingpong import (
     _connect,
     _recv_exact,
     _send_all,
-    gid_text,
 )
+from .xsrq_msg import MSG_SIZE, XDest, address_line, decode_xdest, encode_xdest
 
 __all__ = ["MSG_SIZE", "XDest", "encode_xdest", "decode_xdest", "address_line",
-           "add_arguments", "run"]
+           "add_arguments", "run"]  # the message codec lives in xsrq_msg
 
-MSG_SIZE = 66  # "%04x:%06x:%06x:%06x:%06x:%32s" and its NUL
 TERMINATION_MSG = b"END\x00"
 XRC_DOMAIN_FILE = "/tmp/xrc_domain"
 _PSN_MASK = 0xFFFFFF
@@ -74,54 +72,6 @@ _TIMEOUT = 14
 _RETRY = 7
 _HOP_LIMIT = 5
 M = e.ibv_qp_attr_mask
-
-
-@dataclass(frozen=True, slots=True)
-class XDest:
-    """``struct pingpong_dest`` of xsrq_pingpong.c as exchanged."""
-
-    lid: int
-    recv_qpn: int
-    send_qpn: int
-    psn: int
-    srqn: int
-    gid: bytes  # 16 bytes, network order
-
-
-def encode_xdest(d: XDest) -> bytes:
-    """``sprintf(MSG_FORMAT, lid, recv_qpn, send_qpn, psn, srqn, wire_gid)`` + NUL."""
-    for name, val, hi in (("lid", d.lid, 0xFFFF), ("recv_qpn", d.recv_qpn, 0xFFFFFF),
-                          ("send_qpn", d.send_qpn, 0xFFFFFF), ("psn", d.psn, 0xFFFFFF),
-                          ("srqn", d.srqn, 0xFFFFFF)):
-        if not 0 <= val <= hi:
-            raise PingPongError(f"{name} {val:#x} does not fit the exchange message")
-    if len(d.gid) != 16:
-        raise PingPongError(f"a GID is 16 bytes, not {len(d.gid)}")
-    return (f"{d.lid:04x}:{d.recv_qpn:06x}:{d.send_qpn:06x}:{d.psn:06x}:{d.srqn:06x}:"
-            f"{d.gid.hex()}\x00").encode("ascii")
-
-
-def decode_xdest(msg: bytes) -> XDest:
-    """Parse a peer's message as ``sscanf("%x:%x:%x:%x:%x:%s")`` + ``wire_gid_to_gid``."""
-    text = msg.split(b"\x00", 1)[0].decode("ascii", "replace")
-    parts = text.split(":")
-    try:
-        if len(parts) != 6 or len(parts[5]) != 32:
-            raise ValueError(text)
-        lid, rq, sq, psn, srqn = (int(x, 16) for x in parts[:5])
-        gid = bytes.fromhex(parts[5])
-    except ValueError as exc:
-        raise PingPongError(f"bad remote address message {text!r}") from exc
-    if lid > 0xFFFF or max(rq, sq, psn, srqn) > 0xFFFFFF:
-        raise PingPongError(f"remote address field out of range: {text!r}")
-    return XDest(lid, rq, sq, psn, srqn, gid)
-
-
-def address_line(which: str, d: XDest) -> str:
-    """``ADDR_FORMAT``: ``   local: LID 0000, QPN RECV 000012 SEND 000013, PSN ..., SRQN
-    ..., GID ...``."""
-    return (f"{which:>8}: LID {d.lid:04x}, QPN RECV {d.recv_qpn:06x} SEND {d.send_qpn:06x}, "
-            f"PSN {d.psn:06x}, SRQN {d.srqn:06x}, GID {gid_text(d.gid)}")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
