@@ -35,7 +35,7 @@ Transports (the device found by :mod:`.rdma_devices` decides):
   closing the stream is DISCONNECTED.
 
 Every event goes to the id's :class:`~.rdma_events.EventChannel`; the connection
-managers only queue them (RoCE events arrive under the device lock, see
+managers only queue them (the IB CM's typed events arrive outside the device lock, see
 :mod:`softrdma.cm`), the application acts from its own thread or coroutine.
 """
 
@@ -48,12 +48,17 @@ import threading
 from functools import partial
 from typing import Any
 
+from .. import verbs as v
 from ..errors import InvalidArgument, SoftRdmaError, StateError
+from ..iwarp.mpa_setup import MpaConfig
+from ..verbs.ah import AHAttr, GlobalRoute
+from ..wire.gid import ip_to_gid
 from ..wire.ipcm import IPPROTO_TCP, IPPROTO_UDP, RDMA_UDP_QKEY, IpAddress
+from . import iwconnect as iw
+from .cmid import IbCmId
 from .events import CmEvent, CmEventType, RejectInfo
-from .ibcm import AcceptParams
-from .ibcm import CmId as IbCmId
 from .ipcm import IpCmClient, ip_listen
+from .params import AcceptParams
 from .qpctl import DEFAULT_ACCESS
 from .rdma_devices import (
     OpenDevice,
@@ -317,8 +322,6 @@ class CmId:
         """``rdma_create_qp``: a QP on ``pd`` (None: a PD of the id's device) left to the
         CM to connect; a UD QP (``RDMA_PS_UDP``) goes to RTS at once with the rdma_cm
         Q_Key 0x01234567, as librdmacm does."""
-        from .. import verbs as v  # noqa: PLC0415
-
         self._check()
         if self.verbs is None:
             raise StateError("create_qp needs a resolved address or a CONNECT_REQUEST id")
@@ -422,9 +425,6 @@ class CmId:
         return qp_attr_of(self.verbs, got)
 
     def _iw_connect(self, p: ConnParam) -> None:
-        from ..iwarp import cm as iw  # noqa: PLC0415
-        from ..iwarp.mpa_setup import MpaConfig  # noqa: PLC0415
-
         cfg = MpaConfig(ird=p.responder_resources, ord=p.initiator_depth)
         host, port, qp, pd = str(self._dst), self._dst_port, self.qp, bytes(p.private_data)
         self._iw_conn = _CONNECTING
@@ -493,10 +493,8 @@ class CmId:
 
     def _listen_on(self, dev: OpenDevice, ip: IpAddress, port: int, backlog: int) -> int:
         if dev.entry.transport == "iwarp":
-            from ..iwarp.cm import Listener  # noqa: PLC0415
-
             host = str(ip) if not ip.is_unspecified else ("::" if ip.version == 6 else "0.0.0.0")
-            tcp = Listener(dev.ctx, port, host, backlog=min(backlog, 4096))
+            tcp = iw.Listener(dev.ctx, port, host, backlog=min(backlog, 4096))
             self._listens.append((dev, tcp))
             dev.ids.add(self)
             threading.Thread(target=self._iw_accept_loop, args=(dev, tcp),
@@ -522,12 +520,10 @@ class CmId:
         raise StateError(f"no free port on {dev.entry.name}", errno=errno.EADDRINUSE)
 
     def _iw_accept_loop(self, dev: OpenDevice, lst: Any) -> None:
-        from ..iwarp.cm import ConnectError  # noqa: PLC0415
-
         while not self._destroyed:
             try:
                 req = lst.get_request(timeout=0.25)
-            except ConnectError as exc:
+            except iw.ConnectError as exc:
                 if exc.errno == errno.ETIMEDOUT:
                     continue
                 return  # the listener is closed
@@ -562,8 +558,6 @@ class CmId:
         p = param if param is not None else ConnParam()
         qp = self._conn_qp(p, "accept")
         if self._iw_req is not None:
-            from ..iwarp.mpa_setup import MpaConfig  # noqa: PLC0415
-
             req, self._iw_req = self._iw_req, None
             cfg = MpaConfig(ird=p.responder_resources, ord=p.initiator_depth)
             conn = req.accept(self.qp, bytes(p.private_data), cfg=cfg)
@@ -663,7 +657,7 @@ class CmId:
     def _device_removed(self) -> None:
         self._post(T.DEVICE_REMOVAL)
 
-    # ---- RoCE: IB CM events (device lock held: only queue) -----------------------------
+    # ---- RoCE: IB CM events, mapped to rdma_cm events on the channel ------------------
     def _on_ib_listen(self, dev: OpenDevice, ev: CmEvent) -> None:
         if ev.type != CmEventType.CONNECT_REQUEST:
             self._on_ib(ev)
@@ -671,12 +665,12 @@ class CmId:
         child = self._child(dev)
         child._ib = ev.cm_id
         ev.cm_id.handler = child._on_ib
-        child._sidr = bool(ev.info.get("sidr"))
+        child._sidr = ev.sidr
         if ev.local_ip is not None:
             child.local_addr = (str(ev.local_ip), int(ev.local_port or 0))
         if ev.remote_ip is not None:
             child.peer_addr = (str(ev.remote_ip), int(ev.remote_port or 0))
-        req = ev.info.get("req")
+        req = ev.req
         param = ConnParam(ev.private_data)
         if req is not None:
             param = ConnParam(ev.private_data, req.responder_resources, req.initiator_depth,
@@ -715,9 +709,6 @@ class CmId:
             self._post(T.TIMEWAIT_EXIT)
 
     def _ah_attr(self) -> Any:
-        from ..drivers.runtime import ip_to_gid  # noqa: PLC0415
-        from ..verbs.ah import AHAttr, GlobalRoute  # noqa: PLC0415
-
         assert self._dst is not None and self._src is not None
         sgid = ip_to_gid(self._src.packed)
         idx = 0

@@ -26,9 +26,10 @@ import weakref
 from typing import Any
 
 from .. import enums as e
-from ..drivers.runtime import Runtime
+from ..drivers.progress import DeviceRuntime
 from ..errors import InvalidArgument, NotSupported
 from ..ib.xrc import XrcIniQP, XrcTgtQP
+from ..wire.gid import is_v4_mapped
 from . import qp_rules
 from ._object import VerbsObject
 from .ah import AHAttr, GlobalRoute, address_vector
@@ -233,7 +234,7 @@ class QP(VerbsObject):
             max_recv_wr, max_recv_sge = cap.max_recv_wr, cap.max_recv_sge
         else:
             max_recv_wr = max_recv_sge = 0
-        runtime: Runtime = ctx.runtime
+        runtime: DeviceRuntime = ctx.runtime
         engine_cls: Any = EngineQP
         self._iwarp = getattr(ctx, "transport", "roce") == "iwarp"
         if self._iwarp:  # iWARP: RC only (siw), the engine of softrdma.iwarp
@@ -294,7 +295,7 @@ class QP(VerbsObject):
             raise InvalidArgument("init_attr.qp_type", "a QP of an XRCD is an "
                                   "IBV_QPT_XRC_RECV QP (others need a PD)")
         ctx: Context = xrcd.ctx
-        runtime: Runtime = ctx.runtime
+        runtime: DeviceRuntime = ctx.runtime
         if qpn is None:
             self.engine = runtime.call(XrcTgtQP, ctx.port, xrcd.domain)
         else:
@@ -601,7 +602,7 @@ class QP(VerbsObject):
         if self.qp_type != UD:
             raise InvalidArgument("qp", "only UD QPs attach to multicast groups (IBA 10.5.2)")
         raw = GID(gid).raw
-        v4 = raw[:12] == b"\0" * 10 + b"\xff\xff"
+        v4 = is_v4_mapped(raw)
         if not ((v4 and 224 <= raw[12] <= 239) or (not v4 and raw[0] == 0xFF)):
             raise InvalidArgument("gid", f"{GID(raw)} is not a multicast GID")
         return raw
@@ -682,7 +683,7 @@ def _check_iwarp_wrs(wr: SendWR | list[SendWR]) -> None:
                 raise InvalidArgument("wr.num_sge", "an iWARP RDMA Read takes one SGE")
 
 
-def _defer_destroy(runtime: Runtime, engine: Any) -> None:
+def _defer_destroy(runtime: DeviceRuntime, engine: Any) -> None:
     if runtime.closed:
         engine.destroy()
     else:
