@@ -36,11 +36,12 @@ import weakref
 from typing import Any
 
 from ..errors import ResourceError
+from ..wire.ib import IBPacket
 from ..wire.opcodes import Transport
 from ..wire.xrc import XRCETH_SIZE, xrc_request_header, xrc_response_header, xrceth_srqn
-from .port import Port
-from .qp import ERR, INIT, QPT_RC, RESET, RTS, SQD, SQE, EngineQP, EngineSRQ
-from .types import CompletionSink
+from .port import Port, RxMeta
+from .qp import ERR, INIT, QPT_RC, RESET, RTS, SQD, SQE, AddressVector, EngineQP, EngineSRQ
+from .types import CompletionSink, RecvWQE, WorkCompletion
 
 __all__ = ["XrcDomain", "XrcSRQ", "XrcIniQP", "XrcTgtQP", "srq_table", "MAX_SRQN"]
 
@@ -122,7 +123,7 @@ class XrcSRQ(EngineSRQ):
         self.xrcd.srqs.discard(self)
 
 
-def _ignore_completion(wc: Any) -> None:
+def _ignore_completion(wc: WorkCompletion) -> None:
     """A TGT QP completes into the SRQ's CQ; this stands in until a request binds one."""
 
 
@@ -135,7 +136,7 @@ class XrcIniQP(EngineQP):
         super().__init__(port, QPT_RC, pd, send_cq, _ignore_completion, None, max_send_wr, 0,
                          max_send_sge, 0, max_inline_data, sq_sig_all)
 
-    def tx(self, parts: list[Any], length: int, av: Any = None) -> None:
+    def tx(self, parts: list[Any], length: int, av: AddressVector | None = None) -> None:
         """Queue one request: the RC header becomes the XRC one with the XRCETH of the
         work request being sent (the requester's cursor, ``sq[tx_idx]``)."""
         req = self.req
@@ -143,7 +144,7 @@ class XrcIniQP(EngineQP):
         parts[0] = xrc_request_header(parts[0], wqe.xrc_srqn)
         super().tx(parts, length + XRCETH_SIZE, av)
 
-    def receive(self, pkt: Any, meta: Any, now: float) -> None:
+    def receive(self, pkt: IBPacket, meta: RxMeta, now: float) -> None:
         """Only XRC responses (ACK/NAK, READ responses, atomic ACKs) are for an INI QP."""
         info = pkt.info
         if info.transport != _XRC or not info.is_response:
@@ -151,7 +152,7 @@ class XrcIniQP(EngineQP):
             return
         _receive_rc(self, pkt, meta, now)
 
-    def post_recv(self, rwqe: Any) -> None:
+    def post_recv(self, rwqe: RecvWQE) -> None:
         raise ResourceError("an XRC INI QP has no receive queue")
 
 
@@ -165,12 +166,12 @@ class XrcTgtQP(EngineQP):
         self.xrcd: XrcDomain | None = xrcd
         xrcd.tgt_qps[self.qpn] = self
 
-    def tx(self, parts: list[Any], length: int, av: Any = None) -> None:
+    def tx(self, parts: list[Any], length: int, av: AddressVector | None = None) -> None:
         """Queue one response with its XRC opcode (no XRCETH on responses)."""
         parts[0] = xrc_response_header(parts[0])
         super().tx(parts, length, av)
 
-    def receive(self, pkt: Any, meta: Any, now: float) -> None:
+    def receive(self, pkt: IBPacket, meta: RxMeta, now: float) -> None:
         """Only XRC requests are for a TGT QP; each one first binds the SRQ it names."""
         info = pkt.info
         if info.transport != _XRC or not info.is_request:
@@ -178,7 +179,7 @@ class XrcTgtQP(EngineQP):
             return
         _receive_rc(self, pkt, meta, now)
 
-    def bind_srq(self, pkt: Any) -> bool:
+    def bind_srq(self, pkt: IBPacket) -> bool:
         """Make the SRQ named by ``pkt``'s XRCETH this QP's SRQ for the request (its
         receive WQEs, PD and CQ); False when the XRCETH is invalid for this QP (unknown
         SRQ, an SRQ of another XRC domain, a destroyed SRQ, or another SRQ than the one
@@ -193,7 +194,7 @@ class XrcTgtQP(EngineQP):
         self.recv_cq = srq.cq
         return True
 
-    def post_recv(self, rwqe: Any) -> None:
+    def post_recv(self, rwqe: RecvWQE) -> None:
         raise ResourceError("an XRC TGT QP receives through XRC SRQs")
 
     def destroy(self) -> None:
@@ -203,7 +204,7 @@ class XrcTgtQP(EngineQP):
         super().destroy()
 
 
-def _receive_rc(qp: EngineQP, pkt: Any, meta: Any, now: float) -> None:
+def _receive_rc(qp: EngineQP, pkt: IBPacket, meta: RxMeta, now: float) -> None:
     """The RC receive path of :meth:`EngineQP.receive` after the transport check."""
     st = qp.state
     if st == RESET or st == INIT or st == ERR:
