@@ -158,7 +158,7 @@ class EventChannel:
         self.closed = False
         self.unacked = 0
 
-    def _post(self, ev: RdmaCmEvent) -> None:
+    def post(self, ev: RdmaCmEvent) -> None:
         with self._cv:
             if self.closed:
                 return
@@ -181,7 +181,7 @@ class EventChannel:
             self.unacked += 1
             return ev
 
-    def _drop_for(self, cid: CmId) -> list[CmId]:
+    def drop_for(self, cid: CmId) -> list[CmId]:
         """``rdma_destroy_id`` of ``cid``: drop the events still queued about it (Linux
         ``ucma_cleanup_events``), so a destroyed id and what it holds are not kept alive
         by events nobody will read. Returns the children of its dropped CONNECT_REQUESTs
@@ -266,7 +266,7 @@ class EventChannel:
             finally:
                 loop.remove_reader(self._r)
 
-    def _take_events_of(self, cm_id: object) -> list[RdmaCmEvent]:
+    def take_events_of(self, cm_id: object) -> list[RdmaCmEvent]:
         """Remove and return the pending events of ``cm_id`` (``rdma_migrate_id``)."""
         with self._cv:
             mine = [ev for ev in self._q if ev.id is cm_id or ev.listen_id is cm_id]

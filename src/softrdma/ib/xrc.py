@@ -33,15 +33,17 @@ a shared device); an SRQ and every TGT QP that delivers into it live in one proc
 from __future__ import annotations
 
 import weakref
-from typing import Any
 
 from ..errors import ResourceError
+from ..seam.queues import EngineSRQ, QPInit
+from ..seam.states import ERR, INIT, QPT_RC, RESET, RTS, SQD, SQE
+from ..seam.types import AddressHandle, CompletionSink, RecvWQE, WorkCompletion
 from ..wire.ib import IBPacket
 from ..wire.opcodes import Transport
 from ..wire.xrc import XRCETH_SIZE, xrc_request_header, xrc_response_header, xrceth_srqn
-from .port import Port, RxMeta
-from .qp import ERR, INIT, QPT_RC, RESET, RTS, SQD, SQE, AddressVector, EngineQP, EngineSRQ
-from .types import CompletionSink, RecvWQE, WorkCompletion
+from .packet import RxMeta
+from .port import Port
+from .qp import EngineQP
 
 __all__ = ["XrcDomain", "XrcSRQ", "XrcIniQP", "XrcTgtQP", "srq_table", "MAX_SRQN"]
 
@@ -107,7 +109,8 @@ class XrcSRQ(EngineSRQ):
 
     def __init__(self, port: Port, pd: object, xrcd: XrcDomain, cq: CompletionSink,
                  max_wr: int, max_sge: int, srq_limit: int = 0) -> None:
-        super().__init__(port, pd, max_wr, max_sge, srq_limit)
+        super().__init__(port.events, pd, max_wr, max_sge, srq_limit)
+        self.port = port
         self.xrcd = xrcd
         self.cq = cq
         table = srq_table(port)
@@ -131,17 +134,18 @@ class XrcIniQP(EngineQP):
     """XRC initiator (send) QP: the RC requester, whose requests carry the XRC opcodes and
     the XRCETH naming each work request's remote SRQ (``SendWQE.xrc_srqn``)."""
 
-    def __init__(self, port: Port, pd: object, send_cq: CompletionSink, max_send_wr: int,
-                 max_send_sge: int, max_inline_data: int, sq_sig_all: bool) -> None:
-        super().__init__(port, QPT_RC, pd, send_cq, _ignore_completion, None, max_send_wr, 0,
-                         max_send_sge, 0, max_inline_data, sq_sig_all)
+    def __init__(self, port: Port, init: QPInit) -> None:
+        if init.qp_type != QPT_RC or init.srq is not None or init.max_recv_wr:
+            raise ValueError("an XRC INI QP is created with the RC type and no receive queue")
+        super().__init__(port, init)
 
-    def tx(self, parts: list[Any], length: int, av: AddressVector | None = None) -> None:
+    def tx(self, parts: list[bytes | bytearray | memoryview], length: int,
+           av: AddressHandle | None = None) -> None:
         """Queue one request: the RC header becomes the XRC one with the XRCETH of the
         work request being sent (the requester's cursor, ``sq[tx_idx]``)."""
         req = self.req
         wqe = req.sq[req.tx_idx]
-        parts[0] = xrc_request_header(parts[0], wqe.xrc_srqn)
+        parts[0] = xrc_request_header(bytes(parts[0]), wqe.xrc_srqn)
         super().tx(parts, length + XRCETH_SIZE, av)
 
     def receive(self, pkt: IBPacket, meta: RxMeta, now: float) -> None:
@@ -161,14 +165,16 @@ class XrcTgtQP(EngineQP):
     its XRCETH names (checked against this QP's domain), answering with XRC opcodes."""
 
     def __init__(self, port: Port, xrcd: XrcDomain, qpn: int | None = None) -> None:
-        super().__init__(port, QPT_RC, None, _ignore_completion, _ignore_completion, None,
-                         0, 0, 0, 0, 0, False, qpn)
+        super().__init__(port, QPInit(QPT_RC, None, _ignore_completion, _ignore_completion,
+                                      None, 0, 0, 0, 0, 0, False), qpn)
         self.xrcd: XrcDomain | None = xrcd
+        self.bound: XrcSRQ | None = None  # the SRQ of the request being executed
         xrcd.tgt_qps[self.qpn] = self
 
-    def tx(self, parts: list[Any], length: int, av: AddressVector | None = None) -> None:
+    def tx(self, parts: list[bytes | bytearray | memoryview], length: int,
+           av: AddressHandle | None = None) -> None:
         """Queue one response with its XRC opcode (no XRCETH on responses)."""
-        parts[0] = xrc_response_header(parts[0])
+        parts[0] = xrc_response_header(bytes(parts[0]))
         super().tx(parts, length, av)
 
     def receive(self, pkt: IBPacket, meta: RxMeta, now: float) -> None:
@@ -187,11 +193,14 @@ class XrcTgtQP(EngineQP):
         srq = srq_table(self.port).by_srqn.get(xrceth_srqn(pkt.xrceth))
         if srq is None or srq.closed or srq.xrcd is not self.xrcd:
             return False
-        if self.resp.cur != 0 and srq is not self.srq:
+        if self.resp.cur != 0 and srq is not self.bound:
             return False
-        self.srq = srq
-        self.pd = srq.pd
-        self.recv_cq = srq.cq
+        if srq is not self.bound:
+            self.bound = srq
+            self.take_rwqe = srq.take
+            self.return_rwqe = srq.push_front
+            self.pd = srq.pd
+            self.complete_recv = srq.cq
         return True
 
     def post_recv(self, rwqe: RecvWQE) -> None:

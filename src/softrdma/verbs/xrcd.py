@@ -27,6 +27,7 @@ import weakref
 from typing import Any
 
 from ..errors import InvalidArgument, ResourceError
+from ..ib.port import Port
 from ..ib.xrc import XrcDomain
 from ..ib.xrc import XrcSRQ as EngineXrcSRQ
 from ._object import VerbsObject
@@ -54,7 +55,8 @@ class XRCD(VerbsObject):
         if not isinstance(ctx, Context):
             raise InvalidArgument("ctx", f"XRCD needs a Context, got {type(ctx).__name__}")
         ctx._check()
-        if getattr(ctx, "transport", "roce") == "iwarp":
+        port = ctx.port
+        if not isinstance(port, Port):
             raise InvalidArgument("ctx", "XRC is an InfiniBand transport service; iWARP "
                                   "devices have none")
         if not isinstance(fd, int) or fd < XRCD_FD_NONE:
@@ -64,21 +66,21 @@ class XRCD(VerbsObject):
         self.ctx = ctx
         self.fd = fd
         if fd == XRCD_FD_NONE:
-            self.domain = XrcDomain(ctx.port)
+            self.domain = XrcDomain(port)
         else:
             try:
                 st = os.fstat(fd)
             except OSError as exc:
                 raise InvalidArgument("fd", f"not an open file descriptor: {exc.strerror}") \
                     from exc
-            key = (ctx.port, st.st_dev, st.st_ino)
+            key = (port, st.st_dev, st.st_ino)
             with _FILE_DOMAINS_LOCK:
                 dom = _FILE_DOMAINS.get(key)
                 if dom is None:
                     if not oflags & os.O_CREAT:
                         raise InvalidArgument("oflags", "the file has no XRC domain and "
                                               "O_CREAT is not given")
-                    dom = XrcDomain(ctx.port)
+                    dom = XrcDomain(port)
                     _FILE_DOMAINS[key] = dom
                 elif oflags & os.O_EXCL:
                     raise InvalidArgument("oflags", "O_EXCL: the file already has an XRC "
