@@ -94,6 +94,8 @@ class EngineQP:
 
     #: every IB opcode (the verbs layer checks them against the QP type)
     send_opcodes: frozenset[int] | None = None
+    #: an XRC TGT QP's domain (softrdma.ib.xrc.XrcTgtQP); None for every other QP
+    xrcd: object | None = None
     #: an RDMA Read scatters into as many SGEs as the QP allows
     max_read_sge = 1 << 30
 
@@ -337,6 +339,10 @@ class EngineQP:
 
     def on_timer(self, now: float) -> None:
         self.req.on_timer(now)
+
+    def bind_srq(self, pkt: wib.IBPacket) -> bool:
+        """XRC TGT QPs bind the SRQ a request's XRCETH names (softrdma.ib.xrc)."""
+        return True
 
     def flush_ack(self) -> None:
         """Send the coalesced ACK, if one is pending (called by Port.take_tx)."""

@@ -7,6 +7,7 @@ Subcommands and where they live:
 ``devices``        :mod:`softrdma.tools.devices` (``ibv_devices``)
 ``asyncwatch``     :mod:`softrdma.tools.asyncwatch` (``ibv_asyncwatch``)
 ``srq-pingpong``   :mod:`softrdma.tools.srq_pingpong` (``ibv_srq_pingpong``)
+``xsrq-pingpong``  :mod:`softrdma.tools.xsrq_pingpong` (``ibv_xsrq_pingpong``)
 ``rc-pingpong``    :mod:`softrdma.tools.pingpong` (``ibv_rc_pingpong``)
 ``uc-pingpong``    :mod:`softrdma.tools.pingpong` (``ibv_uc_pingpong``)
 ``ud-pingpong``    :mod:`softrdma.tools.pingpong` (``ibv_ud_pingpong``)
@@ -156,6 +157,10 @@ def _cmd_asyncwatch(args: argparse.Namespace) -> int:
 
 def _cmd_srq_pingpong(args: argparse.Namespace) -> int:
     return int(_tool("softrdma.tools.srq_pingpong", "srq-pingpong", "run")(args))
+
+
+def _cmd_xsrq_pingpong(args: argparse.Namespace) -> int:
+    return int(_tool("softrdma.tools.xsrq_pingpong", "xsrq-pingpong", "run")(args))
 
 
 def _cmd_stats(args: argparse.Namespace) -> int:
@@ -310,6 +315,14 @@ def build_parser() -> argparse.ArgumentParser:
                    "exchange as the C tool.")
     _add_tool_args("softrdma.tools.srq_pingpong", p)
     p.set_defaults(handler=_cmd_srq_pingpong)
+
+    p = add_parser("xsrq-pingpong", help="SENDs over XRC to the peer's XRC SRQ "
+                   "(ibv_xsrq_pingpong)", description="ibv_xsrq_pingpong: without "
+                   "SERVERNAME be the server and wait; with it, connect. XRC INI/TGT QPs "
+                   "and an XRC SRQ per side; same flags, output and TCP exchange as the C "
+                   "tool.")
+    _add_tool_args("softrdma.tools.xsrq_pingpong", p)
+    p.set_defaults(handler=_cmd_xsrq_pingpong)
 
     p = add_parser("stats", help="port counters: packets, bytes, retransmissions, RNR NAKs, "
                    "drops by reason (rdma statistic)",

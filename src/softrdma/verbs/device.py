@@ -86,6 +86,8 @@ PORT_CAP_FLAGS = e.IBV_PORT_CM_SUP | e.IBV_PORT_IP_BASED_GIDS
 #: siw none)
 MW_CAP_FLAGS = e.IBV_DEVICE_MEM_WINDOW | e.IBV_DEVICE_MEM_WINDOW_TYPE_2B
 MAX_MW = 0x1000  # rxe_param.h RXE_MAX_MW
+#: the XRC transport on the IB transport (softrdma.ib.xrc; rxe has none)
+XRC_CAP_FLAGS = e.IBV_DEVICE_XRC
 
 #: the libibverbs event of each engine event type (IBA 11.6.3; equal values)
 _ENGINE_EVENTS = {t: e.ibv_event_type(int(t)) for t in AsyncEventType}
@@ -567,7 +569,8 @@ class Context(VerbsObject):
                               max_mcast_qp_attach=0, max_total_mcast_qp_attach=0)
         return DeviceAttr(node_guid=self.node_guid, sys_image_guid=self.node_guid,
                           max_pkeys=len(self.port.pkeys),
-                          device_cap_flags=int(DEVICE_CAP_FLAGS | MW_CAP_FLAGS), max_mw=MAX_MW)
+                          device_cap_flags=int(DEVICE_CAP_FLAGS | MW_CAP_FLAGS | XRC_CAP_FLAGS),
+                          max_mw=MAX_MW)
 
     def query_port(self, port_num: int = 1) -> PortAttr:
         self._check()
