@@ -311,6 +311,10 @@ class EngineQP(QPBase):
         """Move to ERR and flush every outstanding WQE with IBV_WC_WR_FLUSH_ERR (IBA 10.3.1.7)."""
         if self.state == ERR:
             return
+        # The requests this responder executed are acknowledged before the flush: rxe
+        # ACKs each at once, a coalesced ACK would otherwise be lost (the peer's WQE
+        # then completes with a flush error after a DREQ that overtook it).
+        self.flush_ack()
         self.state = ERR
         self.set_deadline(None)
         self.req.flush()

@@ -14,6 +14,9 @@ Subcommands and where they live:
 ``rping``          :mod:`softrdma.tools.rping` (flags), :mod:`~softrdma.tools.rping_run` (librdmacm's ``rping``, RoCE or iWARP)
 ``udaddy``         :mod:`softrdma.tools.udaddy` (librdmacm's ``udaddy``: UD over SIDR)
 ``ucmatose``       :mod:`softrdma.tools.ucmatose` (librdmacm's ``ucmatose``)
+``mckey``          :mod:`softrdma.tools.mckey` (librdmacm's ``mckey``: rdma_cm multicast)
+``rdma-server``    :mod:`softrdma.tools.rdma_server` (librdmacm's ``rdma_server`` example)
+``rdma-client``    :mod:`softrdma.tools.rdma_server` (librdmacm's ``rdma_client`` example)
 ``pcap-check``     ``softrdma.tools.pcap_check.run(paths) -> int``
 ``link``           ``softrdma.tools.link.cmd_link(args) -> int``
 ``pyverbs``        :mod:`softrdma.tools.pyverbs_run` (run a pyverbs program on softrdma)
@@ -130,6 +133,16 @@ def _cmd_udaddy(args: argparse.Namespace) -> int:
 
 def _cmd_ucmatose(args: argparse.Namespace) -> int:
     return int(_tool("softrdma.tools.ucmatose", "ucmatose", "run")(args))
+
+
+def _cmd_mckey(args: argparse.Namespace) -> int:
+    return int(_tool("softrdma.tools.mckey", "mckey", "run")(args))
+
+
+def _rdma_example(name: str) -> Callable[[argparse.Namespace], int]:
+    def handler(args: argparse.Namespace) -> int:
+        return int(_tool("softrdma.tools.rdma_server", name, "run")(name, args))
+    return handler
 
 
 def _cmd_pcap_check(args: argparse.Namespace) -> int:
@@ -258,6 +271,23 @@ def build_parser() -> argparse.ArgumentParser:
                    "disconnects. Interoperates with rdma-core's ucmatose.")
     _add_tool_args("softrdma.tools.cmargs", p, "ucmatose")
     p.set_defaults(handler=_cmd_ucmatose)
+
+    p = add_parser("mckey", help="rdma_cm multicast over UD QPs: join, send, leave "
+                   "(librdmacm mckey)",
+                   description="mckey: -m GROUP joins the group and receives -C messages; "
+                   "with -s it sends them. Interoperates with rdma-core's mckey.")
+    _add_tool_args("softrdma.tools.cmflags", p, "mckey")
+    p.set_defaults(handler=_cmd_mckey)
+
+    for name, role in (("rdma-server", "listen on -s ADDR -p PORT, accept one connection"),
+                       ("rdma-client", "connect to -s ADDR -p PORT")):
+        p = add_parser(name, help=f"librdmacm's {name.replace('-', '_')} example: {role}, "
+                       "one SEND each way (rdma_getaddrinfo, rdma_create_ep)",
+                       description=f"{name.replace('-', '_')}: {role}; one 16-byte SEND "
+                       "each way over an RC QP made by rdma_create_ep. Interoperates with "
+                       "rdma-core's rdma_server / rdma_client.")
+        _add_tool_args("softrdma.tools.cmflags", p, name)
+        p.set_defaults(handler=_rdma_example(name))
 
     p = add_parser("pcap-check", help="check every RoCE/iWARP packet of pcap files "
                         "(ICRC/CRC, byte-exact decoding) and follow each RC/UC connection",
