@@ -46,6 +46,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from .. import enums as e
 from ..errors import DecodeError, InvalidArgument, SoftRdmaError
+from . import pingpong_ext
+from .pingpong_ext import ExtOptions
 
 if TYPE_CHECKING:
     from .. import verbs as v
@@ -357,11 +359,7 @@ def add_arguments(p: argparse.ArgumentParser, kind: str) -> None:
                    help="validate received buffers (the pattern of rc_pingpong -c: 0x7b "
                    "with a 0 at the start of each page)")
     if kind == "rc":
-        p.add_argument("-o", "--odp", action="store_true",
-                       help="use on demand paging (not supported: rejected)")
-        p.add_argument("-t", "--ts", action="store_true",
-                       help="get CQE with timestamp (not supported: rejected)")
-    if kind == "rc":
+        pingpong_ext.add_arguments(p)
         p.add_argument("--transport", choices=("roce", "iwarp"), default="roce",
                        help="roce (default: the RoCE device and the OOB exchange) or iwarp "
                        "(an iWARP device, connected by TCP + MPA on the same port)")
@@ -396,6 +394,7 @@ class Options:
     transport: str = "roce"
     bind: str | None = None
     timeout: float = DEFAULT_TIMEOUT
+    ext: ExtOptions = ExtOptions()
 
     @classmethod
     def from_args(cls, kind: str, args: argparse.Namespace) -> Options:
@@ -406,7 +405,7 @@ class Options:
                    iters=args.iters, sl=args.sl, events=args.events, gid_idx=args.gid_idx,
                    chk=args.chk, loopback=args.loopback, bind=args.bind,
                    transport=getattr(args, "transport", "roce"),
-                   timeout=args.timeout)
+                   timeout=args.timeout, ext=ExtOptions.from_args(args))
 
 
 # --------------------------------------------------------------------------------------
@@ -473,9 +472,11 @@ class Endpoint:
         try:
             self.pd = v.PD(ctx)
             self._closers.append(self.pd)
-            self.mr = v.MR(self.pd, len(self.buf), e.IBV_ACCESS_LOCAL_WRITE, buffer=self.buf)
+            self.mr = v.MR(self.pd, len(self.buf), pingpong_ext.mr_access(
+                opts.ext, int(e.IBV_ACCESS_LOCAL_WRITE)), buffer=self.buf)
             self._closers.append(self.mr)
-            self.addr = int(self.mr.addr)  # the buffer's real address, as ibv_reg_mr
+            # the buffer's real address, as ibv_reg_mr; device memory is zero-based
+            self.addr = 0 if opts.ext.dm else int(self.mr.addr)
             self.channel = v.CompChannel(ctx) if opts.events else None
             if self.channel is not None:
                 self._closers.append(self.channel)
@@ -600,6 +601,17 @@ class Endpoint:
         """``pp_post_send``: one signaled SEND of ``size`` bytes from the send area."""
         from .. import verbs as v
 
+        if self.opts.ext.new_send:  # -N: ibv_wr_start / wr_send / wr_set_sge / wr_complete
+            batch = pingpong_ext.NewSendBatch(self.qp, v)
+            batch.wr_start()
+            batch.wr_id, batch.wr_flags = SEND_WRID, int(self.send_flags)
+            batch.wr_send()
+            batch.wr_set_sge(self.mr.lkey, self.addr + self.rlen, self.opts.size)
+            try:
+                batch.wr_complete()
+            except SoftRdmaError as exc:
+                raise PingPongError(f"Couldn't post send: {exc}") from exc
+            return
         sge = v.SGE(self.addr + self.rlen, self.opts.size, self.mr.lkey)
         wr = v.SendWR(wr_id=SEND_WRID, num_sge=1, sg=[sge], opcode=e.IBV_WR_SEND,
                       send_flags=self.send_flags)
@@ -928,11 +940,10 @@ def run(kind: str, args: argparse.Namespace, out: TextIO | None = None) -> int:
     """Entry point of the ``{kind}-pingpong`` subcommand; returns the exit status."""
     out = out if out is not None else sys.stdout
     opts = Options.from_args(kind, args)
-    if getattr(args, "odp", False):
-        raise PingPongError("The device isn't ODP capable or does not support RC send and "
-                            "receive with ODP")
-    if getattr(args, "ts", False):
-        raise PingPongError("The device isn't completion timestamp capable")
+    try:
+        pingpong_ext.check(opts.ext, opts.size)
+    except pingpong_ext.FeatureError as exc:
+        raise PingPongError(str(exc)) from None
     if opts.loopback:
         if opts.servername is not None:
             raise InvalidArgument("servername", "--loopback runs both sides; give no server")
