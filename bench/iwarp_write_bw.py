@@ -112,8 +112,8 @@ def _prof_stop(p: Any, title: str) -> None:
 
 def iwarp_receiver(port: int, size: int, profile: bool, ready: Any, cpu_q: Any) -> None:
     from softrdma import enums as e
-    from softrdma import iwarp
     from softrdma import verbs as v
+    from softrdma.cm import iwconnect
 
     prof = _prof_start(profile)
     ctx = v.Context(transport="iwarp")
@@ -125,7 +125,7 @@ def iwarp_receiver(port: int, size: int, profile: bool, ready: Any, cpu_q: Any) 
     ctl = v.MR(pd, 64, e.IBV_ACCESS_LOCAL_WRITE)
     qp.to_init(v.QPAttr())
     qp.post_recv(v.RecvWR(1, 1, [v.SGE(ctl.addr, 64, ctl.lkey)]))
-    lst = iwarp.listen(ctx, port, cfg=iwarp.MpaConfig(crc=True))
+    lst = iwconnect.listen(ctx, port, cfg=iwconnect.MpaConfig(crc=True))
     ready.set()
     conn = lst.accept(qp, struct.pack("!IQ", mr.rkey, mr.addr), timeout=30)
     assert conn.negotiated.crc
@@ -151,8 +151,8 @@ def iwarp_receiver(port: int, size: int, profile: bool, ready: Any, cpu_q: Any) 
 def iwarp_sender(port: int, size: int, count: int, window: int,
                  profile: bool) -> tuple[float, float]:
     from softrdma import enums as e
-    from softrdma import iwarp
     from softrdma import verbs as v
+    from softrdma.cm import iwconnect
 
     ctx = v.Context(transport="iwarp")
     pd = v.PD(ctx)
@@ -164,7 +164,7 @@ def iwarp_sender(port: int, size: int, count: int, window: int,
     ctl = v.MR(pd, 64, e.IBV_ACCESS_LOCAL_WRITE)
     qp.to_init(v.QPAttr())
     qp.post_recv(v.RecvWR(9, 1, [v.SGE(ctl.addr, 64, ctl.lkey)]))
-    conn = iwarp.connect(qp, "127.0.0.1", port, cfg=iwarp.MpaConfig(crc=True), timeout=30)
+    conn = iwconnect.connect(qp, "127.0.0.1", port, cfg=iwconnect.MpaConfig(crc=True), timeout=30)
     rkey, raddr = struct.unpack("!IQ", conn.private_data)
     wr = v.SendWR(1, None, 1, [v.SGE(src.addr, size, src.lkey)], e.IBV_WR_RDMA_WRITE)
     wr.set_wr_rdma(rkey, raddr)

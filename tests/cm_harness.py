@@ -19,9 +19,9 @@ from softrdma.cm.ibcm import CmConfig, CmId
 from softrdma.drivers.clock import VirtualClock
 from softrdma.drivers.fabric import Fabric
 from softrdma.drivers.link import Datagram
-from softrdma.drivers.runtime import ip_to_gid
 from softrdma.errors import DecodeError
 from softrdma.wire import cm as wcm
+from softrdma.wire.gid import ip_to_gid
 
 RC = int(e.IBV_QPT_RC)
 UD = int(e.IBV_QPT_UD)

@@ -18,8 +18,8 @@ import pytest
 from rdma_cm_harness import child_env, fake_server, make_state_dir, setup_env
 
 from softrdma.cm import rdma_cm as rc
-from softrdma.drivers.runtime import ip_to_gid
 from softrdma.tools.udaddy import ah_attr_from_grh
+from softrdma.wire.gid import ip_to_gid
 
 T = rc.RdmaCmEventType
 

@@ -18,9 +18,8 @@ from typing import Any
 import pytest
 from test_iwarp_tcp import Ep
 
-from softrdma import iwarp
 from softrdma import verbs as v
-from softrdma.iwarp.cm import ConnectError
+from softrdma.cm import iwconnect
 from softrdma.wire import ddp, mpa
 
 IDLE = 100
@@ -33,7 +32,7 @@ def ctx() -> Iterator[v.Context]:
     c.close()
 
 
-def _serve(lst: iwarp.Listener, b: Ep, got: dict[str, Any], timeout: float) -> threading.Thread:
+def _serve(lst: iwconnect.Listener, b: Ep, got: dict[str, Any], timeout: float) -> threading.Thread:
     def serve() -> None:
         t0 = time.monotonic()
         try:
@@ -49,7 +48,7 @@ def _serve(lst: iwarp.Listener, b: Ep, got: dict[str, Any], timeout: float) -> t
 
 def test_idle_connections_do_not_delay_a_real_client(ctx: v.Context) -> None:
     a, b = Ep(ctx), Ep(ctx)
-    lst = iwarp.listen(ctx, 0)
+    lst = iwconnect.listen(ctx, 0)
     idle: list[socket.socket] = []
     got: dict[str, Any] = {}
     try:
@@ -58,7 +57,7 @@ def test_idle_connections_do_not_delay_a_real_client(ctx: v.Context) -> None:
             idle.append(socket.create_connection(("127.0.0.1", lst.port), timeout=10))
         time.sleep(0.1)  # the listener has accepted the idle connections
         t0 = time.monotonic()
-        conn = iwarp.connect(a.qp, "127.0.0.1", lst.port, b"real", timeout=20)
+        conn = iwconnect.connect(a.qp, "127.0.0.1", lst.port, b"real", timeout=20)
         connect_s = time.monotonic() - t0
         t.join(20)
         assert "err" not in got, got.get("err")
@@ -73,11 +72,11 @@ def test_idle_connections_do_not_delay_a_real_client(ctx: v.Context) -> None:
 
 
 def test_silent_connection_closed_when_its_mpa_timer_expires(ctx: v.Context) -> None:
-    lst = iwarp.listen(ctx, 0)
+    lst = iwconnect.listen(ctx, 0)
     lst.mpa_timeout = 0.3
     try:
         silent = socket.create_connection(("127.0.0.1", lst.port), timeout=5)
-        with pytest.raises(ConnectError):
+        with pytest.raises(iwconnect.ConnectError):
             lst.get_request(timeout=1.0)  # accepts it, then its timer expires
         silent.settimeout(5)
         assert silent.recv(100) == b""  # closed by the listener, nothing sent
@@ -89,7 +88,7 @@ def test_silent_connection_closed_when_its_mpa_timer_expires(ctx: v.Context) -> 
 def test_slow_client_is_not_dropped(ctx: v.Context) -> None:
     """A client that sends its Request after a second still gets through (was: 0.25 s)."""
     b = Ep(ctx)
-    lst = iwarp.listen(ctx, 0)
+    lst = iwconnect.listen(ctx, 0)
     got: dict[str, Any] = {}
     try:
         t = _serve(lst, b, got, timeout=10)
@@ -109,7 +108,7 @@ def test_slow_client_is_not_dropped(ctx: v.Context) -> None:
 
 def test_mpa_request_with_reject_flag_is_refused_and_counted(ctx: v.Context) -> None:
     a, b = Ep(ctx), Ep(ctx)
-    lst = iwarp.listen(ctx, 0)
+    lst = iwconnect.listen(ctx, 0)
     got: dict[str, Any] = {}
     try:
         t = _serve(lst, b, got, timeout=10)
@@ -125,7 +124,7 @@ def test_mpa_request_with_reject_flag_is_refused_and_counted(ctx: v.Context) -> 
         assert (segs[0].terminate.layer, segs[0].terminate.code) == (2, 0x04)  # LLP (MPA), bad frame
         assert ctx.counters()["rcvd_mpa_req_reject"] == 1
         # the listener did not hand it out: the next real client is the one accepted
-        conn = iwarp.connect(a.qp, "127.0.0.1", lst.port, b"real", timeout=10)
+        conn = iwconnect.connect(a.qp, "127.0.0.1", lst.port, b"real", timeout=10)
         t.join(10)
         assert "err" not in got, got.get("err")
         assert conn.connected and got["conn"].private_data == b"real"

@@ -25,8 +25,8 @@ import pytest
 from iwarp_harness import Side, connect_pair, pump
 
 from softrdma import enums as e
-from softrdma import iwarp
 from softrdma import verbs as v
+from softrdma.cm import iwconnect
 from softrdma.iwarp.mpa_setup import MpaConfig
 from softrdma.tools import pcap_check
 from softrdma.wire.pcap import PcapWriter
@@ -145,10 +145,10 @@ def test_live_loopback_capture(tmp_path: Path) -> None:
             qps = [v.QP(pd, v.QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq,
                                          cap=v.QPCap(8, 8, 1, 1))) for _ in range(2)]
             mr = v.MR(pd, 1 << 20, ACC)
-            lst = iwarp.listen(ctx, port, cfg=MpaConfig(crc=True))
+            lst = iwconnect.listen(ctx, port, cfg=MpaConfig(crc=True))
             t = threading.Thread(target=lambda: lst.accept(qps[1], b"srv"))
             t.start()
-            conn = iwarp.connect(qps[0], "127.0.0.1", port, b"cli", cfg=MpaConfig(crc=True))
+            conn = iwconnect.connect(qps[0], "127.0.0.1", port, b"cli", cfg=MpaConfig(crc=True))
             t.join(10)
             for size in (0, 100, 5000, 300000):
                 qps[1].post_recv(v.RecvWR(1, 1, [v.SGE(mr.addr, 1 << 19, mr.lkey)]))

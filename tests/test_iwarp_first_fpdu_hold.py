@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from softrdma import enums as e
-from softrdma import iwarp
 from softrdma import verbs as v
+from softrdma.cm import iwconnect
 from softrdma.errors import InvalidArgument
 from softrdma.iwarp.mpa_setup import FIRST_FPDU_HOLD_S, MpaConfig
 
@@ -86,7 +86,7 @@ def test_initiator_holds_first_fpdu(ctx: v.Context, hold: float) -> None:
     qp.to_init(v.QPAttr(qp_access_flags=ACC))
     mr = v.MR(pd, 64, ACC)
     peer = RawResponder()
-    conn = iwarp.connect(qp, "127.0.0.1", peer.port, b"", cfg=MpaConfig(first_fpdu_hold=hold))
+    conn = iwconnect.connect(qp, "127.0.0.1", peer.port, b"", cfg=MpaConfig(first_fpdu_hold=hold))
     try:
         qp.post_send(v.SendWR(1, None, 1, [v.SGE(mr.addr, 16, mr.lkey)], e.IBV_WR_SEND,
                               int(e.IBV_SEND_SIGNALED)))

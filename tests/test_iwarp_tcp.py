@@ -1,7 +1,7 @@
-"""iWARP through the verbs API over TCP on the loopback (softrdma.iwarp.runtime / .cm).
+"""iWARP through the verbs API over TCP on the loopback (softrdma.drivers.tcp_runtime / softrdma.cm.iwconnect).
 
 Same application code as for RoCE (PD, MR, CQ, QP, post_send, poll) on a Context opened
-with transport="iwarp"; QPs connected with softrdma.iwarp.connect / listen. Covers every
+with transport="iwarp"; QPs connected with softrdma.iwconnect.connect / listen. Covers every
 RDMAP operation up to 16 MiB with CRC, markers, MPA v1; a raw TCP peer that violates the
 protocol gets its Terminate then a FIN, and the QP errors out with flushes; a peer that
 closes mid-message or sends garbage leaves no hung QP and no open socket; reject;
@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from softrdma import enums as e
-from softrdma import iwarp
 from softrdma import verbs as v
+from softrdma.cm import iwconnect
 from softrdma.errors import InvalidArgument, NotSupported
 from softrdma.iwarp.mpa_setup import MpaConfig
 from softrdma.wire import ddp, mpa
@@ -77,8 +77,8 @@ class Ep:
 
 
 def connect(ca: v.Context, cb: v.Context, a: Ep, b: Ep, cfg_a: MpaConfig | None = None,
-            cfg_b: MpaConfig | None = None) -> tuple[iwarp.Connection, iwarp.Connection]:
-    lst = iwarp.listen(cb, 0, cfg=cfg_b)
+            cfg_b: MpaConfig | None = None) -> tuple[iwconnect.Connection, iwconnect.Connection]:
+    lst = iwconnect.listen(cb, 0, cfg=cfg_b)
     got: dict[str, Any] = {}
 
     def serve() -> None:
@@ -89,7 +89,7 @@ def connect(ca: v.Context, cb: v.Context, a: Ep, b: Ep, cfg_a: MpaConfig | None 
 
     t = threading.Thread(target=serve)
     t.start()
-    conn_a = iwarp.connect(a.qp, "127.0.0.1", lst.port, b"client-pd", cfg=cfg_a)
+    conn_a = iwconnect.connect(a.qp, "127.0.0.1", lst.port, b"client-pd", cfg=cfg_a)
     t.join(10)
     lst.close()
     assert "err" not in got, got.get("err")
@@ -163,7 +163,7 @@ def test_16mib_two_contexts(op: int) -> None:
 
 def test_reject_and_refused(ctx: v.Context) -> None:
     a, b = Ep(ctx), Ep(ctx)
-    lst = iwarp.listen(ctx, 0)
+    lst = iwconnect.listen(ctx, 0)
 
     def serve() -> None:
         req = lst.get_request(10)
@@ -172,15 +172,15 @@ def test_reject_and_refused(ctx: v.Context) -> None:
 
     t = threading.Thread(target=serve)
     t.start()
-    with pytest.raises(iwarp.ConnectionRejected) as ei:
-        iwarp.connect(a.qp, "127.0.0.1", lst.port, b"let me in")
+    with pytest.raises(iwconnect.ConnectionRejected) as ei:
+        iwconnect.connect(a.qp, "127.0.0.1", lst.port, b"let me in")
     t.join(10)
     assert ei.value.private_data == b"go away"
     assert a.qp.qp_state == e.IBV_QPS_ERR
     port = lst.port
     lst.close()
-    with pytest.raises(iwarp.ConnectError):  # nobody listens any more: refused
-        iwarp.connect(b.qp, "127.0.0.1", port, timeout=2)
+    with pytest.raises(iwconnect.ConnectError):  # nobody listens any more: refused
+        iwconnect.connect(b.qp, "127.0.0.1", port, timeout=2)
 
 
 def test_iwarp_qp_rules(ctx: v.Context) -> None:
@@ -229,7 +229,7 @@ class RawClient:
         return bytes(out)
 
 
-def _accept_raw(ctx: v.Context, b: Ep, lst: iwarp.Listener, got: dict[str, Any]) -> threading.Thread:
+def _accept_raw(ctx: v.Context, b: Ep, lst: iwconnect.Listener, got: dict[str, Any]) -> threading.Thread:
     def serve() -> None:
         try:
             got["conn"] = lst.accept(b.qp, timeout=10)
@@ -246,7 +246,7 @@ def test_raw_peer_gets_terminate_then_fin(ctx: v.Context, crc: bool) -> None:
     b = Ep(ctx)
     b.recv(100, 1)
     b.recv(100, 2)
-    lst = iwarp.listen(ctx, 0)
+    lst = iwconnect.listen(ctx, 0)
     got: dict[str, Any] = {}
     t = _accept_raw(ctx, b, lst, got)
     peer = RawClient(lst.port, crc)
@@ -273,7 +273,7 @@ def test_raw_peer_closes_mid_message(ctx: v.Context, cut: int) -> None:
     b = Ep(ctx)
     b.recv(4096, 1)
     b.recv(4096, 2)
-    lst = iwarp.listen(ctx, 0)
+    lst = iwconnect.listen(ctx, 0)
     got: dict[str, Any] = {}
     t = _accept_raw(ctx, b, lst, got)
     peer = RawClient(lst.port)
@@ -290,7 +290,7 @@ def test_raw_peer_closes_mid_message(ctx: v.Context, cut: int) -> None:
 
 def test_listener_skips_garbage_peers(ctx: v.Context) -> None:
     a, b = Ep(ctx), Ep(ctx)
-    lst = iwarp.listen(ctx, 0)
+    lst = iwconnect.listen(ctx, 0)
     got: dict[str, Any] = {}
     t = _accept_raw(ctx, b, lst, got)
     junk = socket.create_connection(("127.0.0.1", lst.port))
@@ -301,7 +301,7 @@ def test_listener_skips_garbage_peers(ctx: v.Context) -> None:
     segs = [ddp.decode_segment(f.ulpdu) for f in mpa.FpduDeframer(crc=False, markers=False).feed(reply)]
     assert segs[0].terminate is not None and segs[0].terminate.code == 0x04  # LLP, bad frame
     junk.close()
-    conn = iwarp.connect(a.qp, "127.0.0.1", lst.port)
+    conn = iwconnect.connect(a.qp, "127.0.0.1", lst.port)
     t.join(10)
     assert conn.connected and got["conn"].connected
     lst.close()

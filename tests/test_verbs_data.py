@@ -17,9 +17,10 @@ from softrdma import verbs as v
 from softrdma.drivers.clock import VirtualClock
 from softrdma.drivers.fabric import Fabric
 from softrdma.drivers.link import Datagram
-from softrdma.drivers.runtime import build_grh, gid_to_ip, icrc_v2, ip_to_gid
+from softrdma.drivers.runtime import build_grh, icrc_v2
 from softrdma.drivers.udp import UdpLink
 from softrdma.wire import roce, rocev1
+from softrdma.wire.gid import gid_to_ip, ip_to_gid
 
 RC, UC, UD = int(e.IBV_QPT_RC), int(e.IBV_QPT_UC), int(e.IBV_QPT_UD)
 W = e.ibv_wr_opcode

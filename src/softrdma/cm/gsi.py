@@ -43,6 +43,7 @@ from ..errors import ClosedError, DeviceError, StateError
 from ..ib.port import Port
 from ..ib.qp import AddressVector, EngineQP
 from ..ib.types import SGE, RecvWQE, SendWQE, WorkCompletion
+from ..wire.gid import ip_to_gid
 from ..wire.mad import GSI_QKEY, MAD_SIZE
 from ..wire.rocev1 import GRH_NEXT_HEADER_BTH
 from .events import CmEvent
@@ -184,8 +185,7 @@ class CmBinding:
                     self._v1_peers.clear()
                 self._v1_peers[(bytes(src), bytes(dst))] = (flow, tclass)
         else:  # 20 zero bytes, then the IPv4 header (rxe)
-            v4 = bytes(10) + b"\xff\xff"
-            src, dst = v4 + grh[32:36], v4 + grh[36:40]
+            src, dst = ip_to_gid(grh[32:36]), ip_to_gid(grh[36:40])
         self.agent.on_mad(mad, src, wc.src_qp, self.now(), dst_gid=dst)
 
     def _sgid_index(self, sgid: bytes, v1: bool) -> int:

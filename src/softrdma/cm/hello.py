@@ -32,9 +32,9 @@ from collections import deque
 from typing import Any
 
 from .. import enums as e
-from ..drivers.runtime import ip_to_gid
 from ..errors import DecodeError, InvalidArgument, StateError
 from ..wire.cm import RejReason
+from ..wire.gid import ip_to_gid
 from ..wire.ipcm import IpAddress
 from ..wire.iwarp_ib import (
     HELLO_REPLY_SIZE,

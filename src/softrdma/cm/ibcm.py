@@ -41,6 +41,7 @@ from typing import Any, TypeVar
 from ..errors import DecodeError, InvalidArgument, SoftRdmaError, StateError
 from ..wire import cm as wcm
 from ..wire.cm import MsgType, Rej, RejReason, TransportServiceType, time_code_s
+from ..wire.gid import is_v4_mapped
 from ..wire.ipcm import is_ip_cm_service_id
 from ..wire.mad import Method
 from . import qpctl
@@ -358,9 +359,9 @@ class CmAgent:
             if bytes(sgid) not in self.gids:
                 raise InvalidArgument("sgid", f"{bytes(sgid).hex()} is not a GID of this port")
             return bytes(sgid)
-        v4 = bytes(dgid[:12]) == bytes(10) + b"\xff\xff"
+        v4 = is_v4_mapped(dgid)
         for g in self.gids:
-            if (bytes(g[:12]) == bytes(10) + b"\xff\xff") == v4:
+            if is_v4_mapped(g) == v4:
                 return bytes(g)
         if not self.gids:
             raise StateError("the port has no GID")

@@ -29,9 +29,9 @@ import ipaddress
 from collections.abc import Callable, Collection
 from typing import Any
 
-from ..drivers.runtime import gid_to_ip, ip_to_gid
 from ..errors import DecodeError, InvalidArgument
 from ..wire.cm import RejReason
+from ..wire.gid import gid_to_ip, ip_to_gid
 from ..wire.ipcm import (
     IPCM_MAJOR_VERSION,
     IPCM_MINOR_VERSION,

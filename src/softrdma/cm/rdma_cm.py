@@ -49,7 +49,10 @@ from functools import partial
 from typing import Any
 
 from ..errors import InvalidArgument, SoftRdmaError, StateError
+from ..iwarp.mpa_setup import MpaConfig
+from ..wire.gid import ip_to_gid
 from ..wire.ipcm import IPPROTO_TCP, IPPROTO_UDP, RDMA_UDP_QKEY, IpAddress
+from . import iwconnect as iw
 from .events import CmEvent, CmEventType, RejectInfo
 from .ibcm import AcceptParams
 from .ibcm import CmId as IbCmId
@@ -422,9 +425,6 @@ class CmId:
         return qp_attr_of(self.verbs, got)
 
     def _iw_connect(self, p: ConnParam) -> None:
-        from ..iwarp import cm as iw  # noqa: PLC0415
-        from ..iwarp.mpa_setup import MpaConfig  # noqa: PLC0415
-
         cfg = MpaConfig(ird=p.responder_resources, ord=p.initiator_depth)
         host, port, qp, pd = str(self._dst), self._dst_port, self.qp, bytes(p.private_data)
         self._iw_conn = _CONNECTING
@@ -493,10 +493,8 @@ class CmId:
 
     def _listen_on(self, dev: OpenDevice, ip: IpAddress, port: int, backlog: int) -> int:
         if dev.entry.transport == "iwarp":
-            from ..iwarp.cm import Listener  # noqa: PLC0415
-
             host = str(ip) if not ip.is_unspecified else ("::" if ip.version == 6 else "0.0.0.0")
-            tcp = Listener(dev.ctx, port, host, backlog=min(backlog, 4096))
+            tcp = iw.Listener(dev.ctx, port, host, backlog=min(backlog, 4096))
             self._listens.append((dev, tcp))
             dev.ids.add(self)
             threading.Thread(target=self._iw_accept_loop, args=(dev, tcp),
@@ -522,12 +520,10 @@ class CmId:
         raise StateError(f"no free port on {dev.entry.name}", errno=errno.EADDRINUSE)
 
     def _iw_accept_loop(self, dev: OpenDevice, lst: Any) -> None:
-        from ..iwarp.cm import ConnectError  # noqa: PLC0415
-
         while not self._destroyed:
             try:
                 req = lst.get_request(timeout=0.25)
-            except ConnectError as exc:
+            except iw.ConnectError as exc:
                 if exc.errno == errno.ETIMEDOUT:
                     continue
                 return  # the listener is closed
@@ -562,8 +558,6 @@ class CmId:
         p = param if param is not None else ConnParam()
         qp = self._conn_qp(p, "accept")
         if self._iw_req is not None:
-            from ..iwarp.mpa_setup import MpaConfig  # noqa: PLC0415
-
             req, self._iw_req = self._iw_req, None
             cfg = MpaConfig(ird=p.responder_resources, ord=p.initiator_depth)
             conn = req.accept(self.qp, bytes(p.private_data), cfg=cfg)
@@ -715,7 +709,6 @@ class CmId:
             self._post(T.TIMEWAIT_EXIT)
 
     def _ah_attr(self) -> Any:
-        from ..drivers.runtime import ip_to_gid  # noqa: PLC0415
         from ..verbs.ah import AHAttr, GlobalRoute  # noqa: PLC0415
 
         assert self._dst is not None and self._src is not None

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..errors import InvalidArgument, StateError
 from ..verbs.ah import AHAttr, GlobalRoute
+from ..wire.gid import ip_to_gid
 from ..wire.ipcm import RDMA_UDP_QKEY
 from .rdma_cm import RDMA_PS_UDP, CmId
 from .rdma_events import RdmaCmEvent, RdmaCmEventType, UdParam
@@ -21,7 +22,6 @@ from .rdma_events import RdmaCmEvent, RdmaCmEventType, UdParam
 __all__ = ["MULTICAST_QPN", "mgid_of", "join", "leave"]
 
 MULTICAST_QPN = 0xFFFFFF
-_V4_MAPPED = bytes(10) + b"\xff\xff"
 _MCAST_HOP_LIMIT = 1  # the group is reached on the local link
 
 
@@ -35,7 +35,7 @@ def mgid_of(addr: Any) -> bytes:
         raise InvalidArgument("addr", f"not an IP address: {host!r}") from None
     if not ip.is_multicast:
         raise InvalidArgument("addr", f"{ip} is not a multicast address")
-    return _V4_MAPPED + ip.packed if ip.version == 4 else ip.packed
+    return ip_to_gid(ip.packed)
 
 
 def _ud_qp(cid: CmId) -> Any:
@@ -62,7 +62,7 @@ def join(cid: CmId, addr: Any, *, send_only: bool = False) -> None:
     sgid = b""
     if src is not None:
         sip = ipaddress.ip_address(src)
-        sgid = _V4_MAPPED + sip.packed if sip.version == 4 else sip.packed
+        sgid = ip_to_gid(sip.packed)
     idx = gids.index(sgid) if sgid in gids else 0
     ah = AHAttr(gr=GlobalRoute(dgid=mgid, sgid_index=idx, hop_limit=_MCAST_HOP_LIMIT),
                 is_global=1, port_num=cid.port_num)

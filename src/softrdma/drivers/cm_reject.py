@@ -24,6 +24,7 @@ from collections import OrderedDict
 from softrdma.drivers.link import Datagram
 from softrdma.errors import SoftRdmaError
 from softrdma.wire import cm as wcm
+from softrdma.wire.gid import ip_to_gid
 from softrdma.wire.roce import icrc_ok_udp, icrc_v1, recover_ipv4_id
 from softrdma.wire.rocev1 import LOOPBACK_GID
 
@@ -40,16 +41,11 @@ GSI_QKEY = 0x80010000
 QPN_GSI = 1
 _BTH_DETH = struct.Struct("!BBHIIII")
 ICRC_SIZE = 4
-_V4_MAPPED = bytes(10) + b"\xff\xff"
 
 
 def _unicast(ip: bytes) -> bool:
     addr = ipaddress.ip_address(ip)
     return not (addr.is_unspecified or addr.is_multicast or ip == b"\xff\xff\xff\xff")
-
-
-def _gid_of(ip: bytes) -> bytes:
-    return _V4_MAPPED + ip if len(ip) == 4 else ip
 
 
 def sane_request(dg: Datagram, dport: int) -> bool:
@@ -77,7 +73,7 @@ def answer_for(dg: Datagram) -> tuple[bytes, bytes] | None:
         return None
     msg = got.msg
     if isinstance(msg, wcm.Req):
-        if bytes(msg.primary_local_gid) != _gid_of(dg.src_ip):
+        if bytes(msg.primary_local_gid) != ip_to_gid(dg.src_ip):
             return None
         ans: wcm.CmMessage = wcm.Rej(
             local_comm_id=0, remote_comm_id=msg.local_comm_id,

@@ -144,11 +144,9 @@ from softrdma.drivers.admission import (
 from softrdma.drivers.cm_reject import RejLimiter, answer_for, sane_request
 from softrdma.drivers.devd_v1 import V1_VERSION, send_reversible_v1, v1_datagram
 from softrdma.drivers.link import (
-    V4_MAPPED_PREFIX,
     Datagram,
     GidEntry,
     gid_entries,
-    gid_of_ip,
     ip_bytes,
     ip_text,
 )
@@ -159,6 +157,7 @@ from softrdma.drivers.registry import state_dir as default_state_dir
 from softrdma.drivers.udp import UdpLink
 from softrdma.errors import ClosedError, DeviceError, InvalidArgument, SoftRdmaError
 from softrdma.ib.counters import Counters
+from softrdma.wire.gid import gid_to_ip, ip_to_gid
 from softrdma.wire.roce import udp_send_icrc
 from softrdma.wire.rocev1 import GRH_SIZE, is_multicast_gid
 
@@ -239,14 +238,6 @@ def _bind_text(ip: bytes, netdev: str) -> str:
     if len(ip) == 16 and ip[0] == 0xFE and ip[1] & 0xC0 == 0x80:
         text += f"%{netdev}"
     return text
-
-
-def _gid16(ip: bytes) -> bytes:
-    return V4_MAPPED_PREFIX + ip if len(ip) == 4 else ip
-
-
-def _ip_from16(raw: bytes) -> bytes:
-    return raw[12:] if raw[:12] == V4_MAPPED_PREFIX else raw
 
 
 @contextlib.contextmanager
@@ -561,7 +552,7 @@ class Devd:
                 mine.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _DATA_SNDBUF)
             mine.setblocking(False)
             hello = _HELLO.pack(MAGIC, PROTOCOL_VERSION, self.udp_port, os.getpid(), len(self.ips))
-            hello += b"".join(_gid16(ip) for ip in self.ips)
+            hello += b"".join(ip_to_gid(ip) for ip in self.ips)
             try:
                 socket.send_fds(ctrl, [hello], [theirs.fileno()])
             except OSError:
@@ -922,7 +913,7 @@ class Devd:
             if qpn == QPN_GSI:
                 targets: Sequence[_Client] = self._route_qp1(link, dg)
             elif qpn == QPN_MULTICAST:
-                targets = self._groups.get(_gid16(dg.dst_ip), ())
+                targets = self._groups.get(ip_to_gid(dg.dst_ip), ())
             else:
                 owner = owners.get(qpn)
                 targets = (owner,) if owner is not None else ()
@@ -935,8 +926,8 @@ class Devd:
                 dg.ttl,
                 dg.sport,
                 dg.dport,
-                _gid16(dg.src_ip),
-                _gid16(dg.dst_ip),
+                ip_to_gid(dg.src_ip),
+                ip_to_gid(dg.dst_ip),
             )
             for c in targets:
                 self._forward(c, hdr, d, dg.grh)
@@ -1098,7 +1089,7 @@ class DevdLink:
         self.udp_port: int = port
         self.daemon_pid = pid
         raw = hello[_HELLO.size :]
-        self._local_ips = tuple(_ip_from16(raw[i * 16 : i * 16 + 16]) for i in range(n_ips))
+        self._local_ips = tuple(gid_to_ip(raw[i * 16 : i * 16 + 16]) for i in range(n_ips))
         self._senders: dict[int, UdpLink] = {}
         self._raw: RawEtherLink | None = None
         self.gid_entries: tuple[GidEntry, ...] = ()  # () : every GID RoCE v2
@@ -1112,7 +1103,7 @@ class DevdLink:
             if record.roce_v1:  # sends go out of our own raw socket; devd receives
                 v1link = RawEtherLink(record.netdev, vlan=record.vlan, receive=False)
                 self._raw = v1link
-                v2 = tuple(gid_of_ip(ip) for ip in self._local_ips) if record.roce_v2 else ()
+                v2 = tuple(ip_to_gid(ip) for ip in self._local_ips) if record.roce_v2 else ()
                 self.gid_entries = gid_entries(record.roce_ver, v1link.mac, v1link.local_ips, v2)
                 self.mtu = v1link.mtu
         except BaseException:
@@ -1235,7 +1226,7 @@ class DevdLink:
                                     ttl, bytes(buf[hsize:hsize + GRH_SIZE])))
                 continue
             out.append(
-                Datagram(buf[hsize:n], _ip_from16(src), _ip_from16(dst), sport, dport, tos, ttl)
+                Datagram(buf[hsize:n], gid_to_ip(src), gid_to_ip(dst), sport, dport, tos, ttl)
             )
         self.counters["rx"] += len(out)
         return out

@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..errors import InvalidArgument
-from .link import Datagram, GidEntry, Link, gid_entries, gid_of_ip
+from ..wire.gid import ip_to_gid
+from .link import Datagram, GidEntry, Link, gid_entries
 from .rawether import RawEtherLink
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ class DualLink:
         self.v1 = v1
         self.mtu = v1.mtu
         self.gid_entries: tuple[GidEntry, ...] = gid_entries(
-            "both", v1.mac, v1.local_ips, tuple(gid_of_ip(ip) for ip in v2.local_ips))
+            "both", v1.mac, v1.local_ips, tuple(ip_to_gid(ip) for ip in v2.local_ips))
         self._epoll = select.epoll()
         for fd in (v2.fileno(), v1.fileno()):
             if fd is not None:

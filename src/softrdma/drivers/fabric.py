@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import ClosedError, InvalidArgument, StateError
 from ..wire import roce
+from ..wire.gid import ip_to_gid
 from ..wire.rocev1 import ETH_P_ROCE_V1, GRH_SIZE, mac_of_link_local_gid
 from .clock import TimerHandle, VirtualClock
 from .fabric_rules import ACTIONS, ETH_OVERHEAD, Action, FabricStats, Rule
@@ -43,7 +44,6 @@ from .link import (
     check_roce_ver,
     check_u8,
     gid_entries,
-    gid_of_ip,
     ip_bytes,
 )
 
@@ -80,7 +80,7 @@ class FabricLink:
         self.mac = _mac(ip)
         # the GID table (link.V1Link): RoCEv1 GIDs from the MAC and the address (Annex A16)
         self.gid_entries: tuple[GidEntry, ...] = gid_entries(roce_ver, self.mac, (ip,),
-                                                             (gid_of_ip(ip),))
+                                                             (ip_to_gid(ip),))
 
     @property
     def local_ips(self) -> tuple[bytes, ...]:

@@ -52,6 +52,7 @@ from ..ipoib.events import (
 )
 from ..ipoib.hwaddr import service_id
 from ..ipoib.iface import Address, IfaceConfig, IpoibInterface, Mode
+from ..wire.gid import ip_to_gid, is_v4_mapped
 from .ipoib_control import ControlServer, control_path
 from .tun import TunDevice
 
@@ -194,7 +195,7 @@ class IpoibRuntime:
             if not 0 <= index < len(gids):
                 raise InvalidArgument("gid_index", f"{index} is not in 0..{len(gids) - 1}")
             return index
-        v6 = [i for i, g in enumerate(gids) if g[:12] != bytes(10) + b"\xff\xff"]
+        v6 = [i for i, g in enumerate(gids) if not is_v4_mapped(g)]
         glob = [i for i in v6 if gids[i][:2] != b"\xfe\x80"]
         if glob or v6:
             return (glob or v6)[0]
@@ -404,7 +405,7 @@ class IpoibRuntime:
                     if grh[0] >> 4 == 6:
                         src = bytes(grh[8:24])
                     else:
-                        src = bytes(10) + b"\xff\xff" + bytes(grh[32:36])
+                        src = ip_to_gid(grh[32:36])
                     eng.receive_ud(self._ud_view[off + GRH:off + wc.byte_len], src,
                                    wc.src_qp, now)
                     self._execute(eng.take_output())
@@ -466,7 +467,9 @@ class IpoibRuntime:
 
     def _loop(self, wake_fd: int) -> None:
         assert self.tun is not None and self._ctl is not None
-        link_fd = self.ctx.runtime.link.fileno()
+        link = self.ctx.runtime.link
+        assert link is not None  # IPoIB runs on a RoCE device, whose runtime has a link
+        link_fd = link.fileno()
         tun_fd, ctl_fd = self.tun.fileno(), self._ctl.fileno()
         eng = self.engine
         port = self.ctx.port

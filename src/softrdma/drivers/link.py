@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from ..errors import InvalidArgument
+from ..wire.gid import ip_to_gid, unmap_ipv4
 from ..wire.roce import ROCE_V2_UDP_PORT
 from ..wire.rocev1 import link_local_gid
 
@@ -26,10 +27,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ROCE_V2_UDP_PORT", "CounterReporter", "Datagram", "Link", "V1Link", "GidEntry",
            "ROCE_VERSIONS", "GID_TYPE_ROCE_V1", "GID_TYPE_ROCE_V2", "check_roce_ver",
-           "gid_of_ip", "v1_gids", "gid_entries", "ip_bytes", "ip_text", "check_port",
+           "v1_gids", "gid_entries", "ip_bytes", "ip_text", "check_port",
            "check_u8"]
-
-V4_MAPPED_PREFIX = b"\x00" * 10 + b"\xff\xff"  # roce.md §4: ::ffff:a.b.c.d
 
 
 @dataclass(slots=True)
@@ -131,18 +130,13 @@ def check_roce_ver(value: str | int, argument: str = "roce_ver") -> str:
     return str(text)
 
 
-def gid_of_ip(ip: bytes) -> bytes:
-    """The GID of an IP address (roce.md §4): IPv4 as ``::ffff:a.b.c.d``."""
-    return V4_MAPPED_PREFIX + bytes(ip) if len(ip) == 4 else bytes(ip)
-
-
 def v1_gids(mac: bytes, ips: Sequence[bytes]) -> list[bytes]:
     """The RoCEv1 GIDs of a port (roce.md §4): the link-local GID from the MAC by modified
     EUI-64 first, then each IPv4 address as ``::ffff:a.b.c.d`` and each IPv6 address
     (Linux puts every netdev address in the GID table, once per GID type)."""
     out = [link_local_gid(mac)]
     for ip in [*[a for a in ips if len(a) == 4], *[a for a in ips if len(a) == 16]]:
-        gid = gid_of_ip(ip)
+        gid = ip_to_gid(ip)
         if gid not in out:
             out.append(gid)
     return out
@@ -203,9 +197,7 @@ def ip_bytes(ip: str | bytes, argument: str = "ip") -> bytes:
             raise InvalidArgument(argument, f"an IP address has 4 or 16 bytes, not {len(raw)}")
     else:
         raise InvalidArgument(argument, f"expected str or bytes, got {type(ip).__name__}")
-    if len(raw) == 16 and raw[:12] == V4_MAPPED_PREFIX:
-        return raw[12:]
-    return raw
+    return unmap_ipv4(raw)
 
 
 def ip_text(ip: bytes) -> str:

@@ -24,8 +24,8 @@ import socket
 import struct
 
 from ..errors import DeviceError, InvalidArgument
+from ..wire.gid import is_v4_mapped, unmap_ipv4
 from . import netdev as _netdev
-from .link import V4_MAPPED_PREFIX
 
 __all__ = ["mgid_to_group", "is_mgid", "ifindex_of", "join", "leave", "configure_sender",
            "MCAST_DEFAULT_TTL"]
@@ -56,7 +56,7 @@ def is_mgid(gid: bytes) -> bool:
     """True for a multicast GID: ``ff00::/8`` or an IPv4-mapped 224.0.0.0/4 address."""
     if len(gid) != 16:
         return False
-    if gid[:12] == V4_MAPPED_PREFIX:
+    if is_v4_mapped(gid):
         return gid[12] & 0xF0 == 0xE0
     return gid[0] == 0xFF
 
@@ -67,7 +67,7 @@ def mgid_to_group(mgid: bytes) -> bytes:
         raise InvalidArgument("mgid", "an MGID is 16 bytes")
     if not is_mgid(bytes(mgid)):
         raise InvalidArgument("mgid", "not a multicast GID (ff00::/8 or ::ffff:224.0.0.0/4)")
-    return bytes(mgid[12:]) if mgid[:12] == V4_MAPPED_PREFIX else bytes(mgid)
+    return unmap_ipv4(mgid)
 
 
 def ifindex_of(ip: bytes, scope_id: int = 0) -> int:

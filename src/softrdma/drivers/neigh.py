@@ -26,10 +26,10 @@ import time
 from dataclasses import dataclass
 
 from ..errors import DeviceError
+from ..wire.gid import gid_to_ip
 from ..wire.rocev1 import is_multicast_gid, mac_of_link_local_gid, multicast_mac
 
-__all__ = ["NeighbourEntry", "NeighbourResolver", "dump_neighbours", "trigger_resolution",
-           "gid_to_ip"]
+__all__ = ["NeighbourEntry", "NeighbourResolver", "dump_neighbours", "trigger_resolution"]
 
 NETLINK_ROUTE = 0
 RTM_NEWNEIGH = 28
@@ -56,7 +56,6 @@ SO_BINDTODEVICE = getattr(socket, "SO_BINDTODEVICE", 25)
 _NLMSGHDR = struct.Struct("=IHHII")
 _NDMSG = struct.Struct("=BBHiHBB")
 _RTATTR = struct.Struct("=HH")
-_V4_MAPPED = bytes(10) + b"\xff\xff"
 
 
 def _align(n: int) -> int:
@@ -132,11 +131,6 @@ def _parse_ndmsg(msg: bytes) -> NeighbourEntry | None:
     if len(dst) not in (4, 16):
         return None
     return NeighbourEntry(dst, lladdr, ifindex, state)
-
-
-def gid_to_ip(gid: bytes) -> bytes:
-    """The IP address of a GID (roce.md §4): ``::ffff:a.b.c.d`` -> 4 bytes, else 16."""
-    return bytes(gid[12:16]) if gid[:12] == _V4_MAPPED else bytes(gid)
 
 
 def trigger_resolution(ifname: str, ifindex: int, ip: bytes) -> None:

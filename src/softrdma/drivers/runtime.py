@@ -4,65 +4,71 @@ Duties (design.md, "Sans-I/O engines"):
 
 * a lock around the engine: every engine call (post, modify, receive, timers) runs
   under :attr:`Runtime.lock`;
-* transmit (:meth:`Runtime.flush_tx`): drain ``port.tx``, map GIDs to IP addresses
+* transmit: drain ``port.tx``, map GIDs to IP addresses
   (``::ffff:a.b.c.d`` -> IPv4, roce.md §4), ask the link for the real UDP source port,
   compute the RoCEv2 ICRC over exactly the IPv4/IPv6 + UDP headers the link will send
   (roce.md §2: IPv4 ID 0 + DF, as Linux sends with ``IP_PMTUDISC_DO``) and send
   ``[headers, payload, pad, icrc]`` without copying the payload;
-* receive (:meth:`Runtime.poll_rx`): check each datagram's ICRC (bad -> dropped and
+* receive: check each datagram's ICRC (bad -> dropped and
   counted in ``port.counters.rcvd_icrc_err``, as rxe_recv.c drops silently), build the
   :class:`~softrdma.ib.port.RxMeta` (GIDs from the IP addresses, the 40-byte GRH area a
   UD receive exposes: 20 zero bytes + the IPv4 header for IPv4, the IPv6 header for
   IPv6, as rxe does, ib-transport.md §11) and hand ``BTH .. pad`` to ``port.receive``;
 * timers: ``port.on_timer(now)`` whenever ``now >= port.next_deadline()``.
 
-Progress modes: ``"thread"`` runs a daemon thread that waits in ``select`` on the link's
-descriptor with the next timer deadline as timeout; ``"manual"`` does nothing on its
-own: :meth:`progress` (``ctx.progress()``) and the link's ``on_readable`` callback (the
-in-memory fabric calls it) drive it. With a link that carries a virtual clock (the
-fabric), ``now`` comes from that clock and engine timers are scheduled on it, so a
-simulation runs by itself under ``clock.run()``.
+The lock, deferred calls, engine calls, the progress thread and shutdown are the
+:class:`~softrdma.drivers.progress.ProgressCore` this runtime composes (the TCP runtime of
+iWARP composes the same core). The four progress modes
+(:class:`~softrdma.drivers.progress.ProgressMode`, in :attr:`Runtime.mode`):
+
+* ``THREAD_SELECT`` (``mode="thread"``, a link with a descriptor: UDP, raw Ethernet,
+  devd): a daemon thread waits in ``select`` on the link's descriptor and a wake pipe,
+  with the next timer deadline as timeout (:class:`~.progress.SelectWaiter`);
+* ``THREAD_EVENT`` (``mode="thread"``, a link without one: the in-memory fabric): the
+  thread waits on an event the link's ``on_readable`` callback sets
+  (:class:`~.progress.EventWaiter`);
+* ``MANUAL`` (``mode="manual"``): nothing runs on its own; :meth:`Runtime.progress`
+  (``ctx.progress()``), CQ polls and the link's ``on_readable`` callback drive it;
+* ``VIRTUAL`` (``mode="manual"`` on a link with a virtual clock, the fabric): ``now``
+  comes from that clock and the engine's timers are scheduled on it
+  (:class:`~.progress.VirtualTimer`), so a simulation runs by itself under
+  ``clock.run()``.
 """
 
 from __future__ import annotations
 
-import os
-import select
 import struct
-import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..errors import ClosedError, DeviceError, InvalidArgument, SoftRdmaError
+from ..errors import DeviceError, SoftRdmaError
 from ..ib.port import Port, RxMeta, TxPacket
+from ..wire.gid import gid_to_ip, ip_to_gid
 from ..wire.roce import icrc_ok_udp, icrc_v1, inet_checksum, recover_ipv4_id, udp_send_icrc
 from ..wire.rocev1 import GRH_SIZE, build_grh_v1
-from .link import ROCE_V2_UDP_PORT, V4_MAPPED_PREFIX, CounterReporter, Datagram, Link
+from .link import ROCE_V2_UDP_PORT, CounterReporter, Datagram, Link
+from .progress import (
+    DRAIN_TIMEOUT,
+    EventWaiter,
+    ProgressCore,
+    ProgressMode,
+    SelectWaiter,
+    VirtualClock,
+    VirtualTimer,
+    Waiter,
+    WakePipe,
+    check_mode,
+    progress_mode,
+)
 
-__all__ = ["Runtime", "icrc_v2", "icrc_ok", "build_grh", "gid_to_ip", "ip_to_gid"]
+__all__ = ["Runtime", "icrc_v2", "icrc_ok", "build_grh"]
 
 _IP4_HDR = struct.Struct("!BBHHHBBH4s4s")
 _IP6_HDR = struct.Struct("!IHBB16s16s")
 _ZERO20 = bytes(20)
 _MAX_IDLE_WAIT = 0.01  # the progress thread re-checks timers at least this often (s)
-_POLL_GRACE = 0.005  # the progress thread stands back this long after an application poll (s)
 REPORT_INTERVAL = 0.5  # a shared device's process reports its counters to devd this often (s)
-
-
-def gid_to_ip(gid: bytes) -> bytes:
-    """The IP address a RoCEv2 GID stands for: 4 bytes for ``::ffff:a.b.c.d``, else 16."""
-    if gid[:12] == V4_MAPPED_PREFIX:
-        return bytes(gid[12:16])
-    return bytes(gid)
-
-
-def ip_to_gid(ip: bytes) -> bytes:
-    """The RoCEv2 GID of an IP address (IPv4 -> ``::ffff:a.b.c.d``), roce.md §4."""
-    if len(ip) == 4:
-        return V4_MAPPED_PREFIX + bytes(ip)
-    return bytes(ip)
 
 
 def icrc_v2(src_ip: bytes, dst_ip: bytes, sport: int, dport: int, parts: Sequence[Any],
@@ -99,6 +105,18 @@ def build_grh(d: Datagram, ident: int = 0, df: bool = True) -> bytes:
                          d.src_ip, d.dst_ip)
 
 
+class _Memo(dict[bytes, bytes]):
+    """``fn`` of a key, computed once (the GID <-> IP conversions on the packet path)."""
+
+    def __init__(self, fn: Callable[[bytes], bytes]) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def __missing__(self, key: bytes) -> bytes:
+        value = self[bytes(key)] = self.fn(key)
+        return value
+
+
 class Runtime:
     """Drives one engine :class:`Port` over one :class:`~softrdma.drivers.link.Link`.
 
@@ -108,97 +126,65 @@ class Runtime:
     destination port (4791, roce.md §1; a registry device may use another).
     """
 
-    #: why the device failed (its devd died), else None (a class default: subclasses
-    #: such as the iWARP runtime that do not run this __init__ have it too)
-    fatal: str | None = None
-
     def __init__(self, port: Port, link: Link, *, mode: str = "thread",
                  clock: Callable[[], float] | None = None, batch: int = 64,
                  udp_port: int = ROCE_V2_UDP_PORT) -> None:
-        if mode not in ("thread", "manual"):
-            raise InvalidArgument("progress", f"must be 'thread' or 'manual', got {mode!r}")
+        threaded = check_mode(mode) == "thread"
         self.port = port
         self.link = link
-        self.mode = mode
-        self.threaded = mode == "thread"
         self.batch = batch
         self.udp_port = udp_port  # the destination port of every packet (the device's)
-        self.lock = threading.Lock()
-        self.last_poll = 0.0
-        self._kick = threading.Event()
-        self._vclock: Any = None
+        vclock: VirtualClock | None = None
         if clock is None:
-            vclock = getattr(link, "clock", None)
-            if vclock is None:
-                vclock = getattr(getattr(link, "fabric", None), "clock", None)
-            if vclock is not None and callable(getattr(vclock, "now", None)):
-                clock = vclock.now
-                if callable(getattr(vclock, "call_at", None)):
-                    self._vclock = vclock
+            found = getattr(link, "clock", None)
+            if found is None:
+                found = getattr(getattr(link, "fabric", None), "clock", None)
+            if found is not None and callable(getattr(found, "now", None)):
+                clock = found.now
+                if callable(getattr(found, "call_at", None)):
+                    vclock = found
         self.now: Callable[[], float] = clock if clock is not None else time.monotonic
-        self._deferred: deque[Callable[[], None]] = deque()
-        self._gid_ip: dict[bytes, bytes] = {}
-        self._ip_gid: dict[bytes, bytes] = {}
+        core = ProgressCore(threaded=threaded, now=self.now, after=self._after_locked)
+        self.core, self.lock, self.threaded = core, core.lock, threaded
+        # the engine-call surface is the core's (bound here: no wrapper on the call path)
+        self.call, self.call_now, self.defer, self.kick = (core.call, core.call_now,
+                                                           core.defer, core.kick)
+        self._deferred = core.deferred
+        self._ip_of = _Memo(gid_to_ip).__getitem__  # GID -> IP address, per packet sent
+        self._gid_of = _Memo(ip_to_gid).__getitem__  # IP address -> GID, per packet received
         self._metas: dict[tuple[bytes, bytes, int, int, int], RxMeta] = {}
         self._backlog: list[Datagram] = []
         self._pending = False
-        self._closed = False
-        # Why the device failed (its devd died): then every QP went to ERR with flush
-        # completions, IBV_EVENT_DEVICE_FATAL was raised, and calls raise DeviceError.
-        self.fatal: str | None = None
-        self._timer_at: float | None = None  # virtual-clock timer already scheduled
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._wake_r = self._wake_w = -1
-        self._rx_event = threading.Event()
         self._reporter = link if isinstance(link, CounterReporter) else None
         self._next_report = 0.0
+        fd = link.fileno()
+        self._waiter: Waiter = (EventWaiter() if fd is None
+                                else SelectWaiter(fd, WakePipe() if threaded else None))
+        core.on_wake(self._waiter.wake)
+        self._vtimer = VirtualTimer(vclock, self._on_vtimer) if vclock is not None else None
+        self.mode: ProgressMode = progress_mode(threaded, fd is not None,
+                                                self._vtimer is not None)
         if hasattr(link, "on_readable"):
             link.on_readable = self._on_readable
         if hasattr(link, "fast_rc_meta"):
             link.fast_rc_meta = True  # the engine needs ancillary data for UD only
-        if self.threaded:
-            self._wake_r, self._wake_w = os.pipe()
-            os.set_blocking(self._wake_r, False)
-            os.set_blocking(self._wake_w, False)
-            self._thread = threading.Thread(target=self._thread_main, name="softrdma-progress",
-                                            daemon=True)
-            self._thread.start()
+        core.start(self._thread_step, "softrdma-progress")
 
     # ---- engine access ------------------------------------------------------------------
-    def _gone(self) -> ClosedError | DeviceError:
-        """The error a call on a closed runtime raises: the device's failure if it failed."""
-        if self.fatal is not None:
-            return DeviceError(self.fatal)
-        return ClosedError("the device runtime is closed")
-
-    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run ``fn(*args)`` under the engine lock, then transmit what it queued."""
-        if self._closed or self.fatal is not None:
-            raise self._gone()
-        with self.lock:
-            try:
-                return fn(*args)
-            finally:
-                self._after_locked(acks=False)
-
-    def call_now(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Like :meth:`call` with the current time appended to the arguments."""
-        if self._closed or self.fatal is not None:
-            raise self._gone()
-        with self.lock:
-            try:
-                return fn(*args, self.now())
-            finally:
-                self._after_locked()
+    @property
+    def fatal(self) -> str | None:
+        """Why the device failed (its devd died), else None: then every QP went to ERR
+        with flush completions, IBV_EVENT_DEVICE_FATAL was raised, and calls raise
+        :class:`DeviceError`."""
+        return self.core.fatal
 
     def post_send(self, qp: Any, wqes: Sequence[Any]) -> None:
         """Post send WQEs to an engine QP and transmit at once from the caller's thread.
 
         This is the latency path: one lock, one clock read, the engine, the socket.
         """
-        if self.fatal is not None:
-            raise self._gone()
+        if self.core.fatal is not None:
+            raise self.core.gone()
         lock = self.lock
         lock.acquire()
         try:
@@ -211,14 +197,10 @@ class Runtime:
                 port = self.port
                 if port.tx or port.ack_pending:
                     self._flush_tx_locked()
-                if self._pending or self._deferred or self._vclock is not None:
+                if self._pending or self._deferred or self._vtimer is not None:
                     self._after_locked()
             finally:
                 lock.release()
-
-    def defer(self, fn: Callable[[], None]) -> None:
-        """Run ``fn`` under the lock at the next engine operation (safe from finalizers)."""
-        self._deferred.append(fn)
 
     # ---- progress -------------------------------------------------------------------------
     def progress(self, timeout: float = 0.0) -> int:
@@ -226,22 +208,19 @@ class Runtime:
 
         Returns the number of datagrams received.
         """
-        if self._closed or self.fatal is not None:
-            raise self._gone()
+        core = self.core
+        if core.closed or core.fatal is not None:
+            raise core.gone()
         n = self._progress_locked()
         if n or timeout <= 0:
             return n
         deadline = time.monotonic() + timeout
-        fd = self.link.fileno()
+        wait = self._waiter.wait
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 return n
-            if fd is not None:
-                select.select([fd], [], [], min(left, _MAX_IDLE_WAIT))
-            else:
-                self._rx_event.wait(min(left, _MAX_IDLE_WAIT))
-                self._rx_event.clear()
+            wait(min(left, _MAX_IDLE_WAIT))
             n = self._progress_locked()
             if n:
                 return n
@@ -250,15 +229,10 @@ class Runtime:
         """One progress step if the lock is free (busy-polling ``cq.poll`` calls this).
 
         While an application busy-polls, the progress thread stands back (it stops
-        watching the socket for ``_POLL_GRACE`` seconds after the last poll), so the two
+        watching the socket for a short grace time after the last poll), so the two
         threads do not fight over the GIL on every packet.
         """
-        self.last_poll = time.monotonic()
-        lock = self.lock
-        if not lock.acquire(False):
-            # The progress thread holds the lock: give it the GIL now rather than spin
-            # for a whole switch interval (5 ms) while it waits for us.
-            time.sleep(0)
+        if not self.core.try_lock():
             return 0
         try:
             n = self._poll_rx_locked(stop_on)
@@ -269,13 +243,7 @@ class Runtime:
             self._after_locked(acks=not n)
             return n
         finally:
-            lock.release()
-
-    def kick(self) -> None:
-        """The application stops busy-polling (it is about to block): the progress thread
-        resumes watching the link at once."""
-        self.last_poll = 0.0
-        self._kick.set()
+            self.lock.release()
 
     def _progress_locked(self) -> int:
         with self.lock:
@@ -285,11 +253,11 @@ class Runtime:
 
     def _on_readable(self) -> None:
         """The link has datagrams (fabric callback). Re-entrant calls are deferred."""
-        if self._closed:
+        if self.core.closed:
             return
         if not self.lock.acquire(False):
             self._pending = True
-            self._rx_event.set()
+            self._waiter.wake()
             return
         try:
             # drain the link: the fabric calls back once per delivery batch, which may
@@ -299,7 +267,7 @@ class Runtime:
             self._after_locked()
         finally:
             self.lock.release()
-        self._rx_event.set()
+        self._waiter.wake()
 
     def _after_locked(self, acks: bool = True) -> None:
         """Housekeeping at the end of every locked operation: deferred work, late
@@ -307,9 +275,10 @@ class Runtime:
 
         ``acks=False`` transmits everything but the coalesced ACKs, which stay pending."""
         port = self.port
+        deferred = self._deferred
         for _ in range(64):
-            while self._deferred:
-                self._deferred.popleft()()
+            while deferred:
+                deferred.popleft()()
             if self._pending:
                 self._pending = False
                 self._poll_rx_locked()
@@ -318,24 +287,15 @@ class Runtime:
                 port.on_timer(self.now())
             if port.tx or (acks and port.ack_pending):
                 self._flush_tx_locked(acks)
-            if not (self._pending or self._deferred or port.tx or (acks and port.ack_pending)):
+            if not (self._pending or deferred or port.tx or (acks and port.ack_pending)):
                 break
-        if self._vclock is not None:
-            self._schedule_vtimer(port.next_deadline())
+        vtimer = self._vtimer
+        if vtimer is not None:
+            vtimer.arm(port.next_deadline())
 
-    def _schedule_vtimer(self, d: float | None) -> None:
-        if d is None:
-            return
-        at = self._timer_at
-        if at is not None and at <= d:
-            return
-        self._timer_at = d
-        self._vclock.call_at(d, self._on_vtimer, d)
-
-    def _on_vtimer(self, when: float) -> None:
-        if self._timer_at == when:
-            self._timer_at = None
-        if self._closed:
+    def _on_vtimer(self) -> None:
+        """A deadline armed on the virtual clock is due (the ``VIRTUAL`` mode)."""
+        if self.core.closed:
             return
         if not self.lock.acquire(False):
             self._pending = True
@@ -346,18 +306,6 @@ class Runtime:
             self.lock.release()
 
     # ---- transmit --------------------------------------------------------------------------
-    def flush_tx(self) -> int:
-        """Send every packet the engine queued; returns how many."""
-        with self.lock:
-            return self._flush_tx_locked()
-
-    def _ip_of(self, gid: bytes) -> bytes:
-        ip = self._gid_ip.get(gid)
-        if ip is None:
-            ip = gid_to_ip(gid)
-            self._gid_ip[bytes(gid)] = ip
-        return ip
-
     def _flush_tx_locked(self, acks: bool = True) -> int:
         port = self.port
         if not (port.tx or (acks and port.ack_pending)):
@@ -410,20 +358,6 @@ class Runtime:
         port.receive(body, meta, now)
 
     # ---- receive ----------------------------------------------------------------------------
-    def poll_rx(self) -> int:
-        """Receive what the link has (without blocking) and feed it to the engine."""
-        with self.lock:
-            n = self._poll_rx_locked()
-            self._after_locked()
-            return n
-
-    def _gid_of(self, ip: bytes) -> bytes:
-        gid = self._ip_gid.get(ip)
-        if gid is None:
-            gid = ip_to_gid(ip)
-            self._ip_gid[bytes(ip)] = gid
-        return gid
-
     def _poll_rx_locked(self, stop_on: Any = None) -> int:
         """Feed received datagrams to the engine; returns how many were taken.
 
@@ -436,7 +370,7 @@ class Runtime:
         if dgrams:
             self._backlog = []
         else:
-            if self.fatal is not None:
+            if self.core.fatal is not None:
                 return 0
             try:
                 dgrams = self.link.recv_batch(self.batch)
@@ -508,10 +442,11 @@ class Runtime:
         Catastrophic Error; ``IBV_EVENT_DEVICE_FATAL``): every QP to ERR, flushing its work
         requests, the async event raised, the progress thread stopped. Later verbs calls
         raise :class:`DeviceError` with ``why``; destroying objects still works."""
-        if self.fatal is not None:
+        core = self.core
+        if core.fatal is not None:
             return
-        self.fatal = f"{why}: the device is no longer usable (IBV_EVENT_DEVICE_FATAL)"
-        self._stop.set()
+        core.fatal = f"{why}: the device is no longer usable (IBV_EVENT_DEVICE_FATAL)"
+        core.stop.set()
         self.port.device_fatal()
 
     # ---- counters of a shared device ------------------------------------------------------------
@@ -535,62 +470,41 @@ class Runtime:
         """The device's port counters: on a shared device every process's (this one's
         reported first, so they are current), else this port's own."""
         rep = self._reporter
-        if rep is None or self._closed:
+        if rep is None or self.core.closed:
             return self.port.counters.as_dict()
         self.report_counters()
         return rep.device_counters()
 
     # ---- the progress thread ------------------------------------------------------------------
-    def _thread_main(self) -> None:
-        fd = self.link.fileno()
-        wake = self._wake_r
-        rlist = [wake] if fd is None else [fd, wake]
-        stop = self._stop
-        kick = self._kick
-        while not stop.is_set() and self.fatal is None:
-            if time.monotonic() - self.last_poll < _POLL_GRACE:
-                # an application thread is busy-polling and makes progress itself
-                kick.wait(_POLL_GRACE)
-                kick.clear()
-                continue
-            try:
-                with self.lock:
-                    self._poll_rx_locked()
-                    self._after_locked()
-                    d = self.port.next_deadline()
-            except ClosedError:
-                return
-            wait = _MAX_IDLE_WAIT
-            if d is not None:
-                wait = min(max(d - self.now(), 0.0), _MAX_IDLE_WAIT)
-            if fd is None:
-                self._rx_event.wait(wait)
-                self._rx_event.clear()
-                continue
-            try:
-                ready, _, _ = select.select(rlist, [], [], wait)
-            except (OSError, ValueError):  # descriptor closed under us: shutting down
-                return
-            if wake in ready:
-                try:
-                    os.read(wake, 4096)
-                except BlockingIOError:
-                    pass
-            if self._reporter is not None and time.monotonic() >= self._next_report:
-                self.report_counters()
+    def _thread_step(self) -> bool:
+        """One round of the progress thread: receive, timers, transmit, then wait for the
+        link (or a wake-up) until the next timer deadline; False once it must end."""
+        with self.lock:
+            self._poll_rx_locked()
+            self._after_locked()
+            d = self.port.next_deadline()
+        wait = _MAX_IDLE_WAIT
+        if d is not None:
+            wait = min(max(d - self.now(), 0.0), _MAX_IDLE_WAIT)
+        if not self._waiter.wait(wait):
+            return False
+        if self._reporter is not None and time.monotonic() >= self._next_report:
+            self.report_counters()
+        return True
 
     # ---- shutdown -------------------------------------------------------------------------------
     @property
     def closed(self) -> bool:
         """Closed, or its device failed (objects are then released without the engine)."""
-        return self._closed or self.fatal is not None
+        return self.core.closed or self.core.fatal is not None
 
     def close(self, close_link: bool = True) -> None:
         """Stop the progress thread (joined) and close the link. Idempotent."""
-        if self._closed:
+        core = self.core
+        if core.closed:
             return
         # ACKs coalesced but not yet sent go out now: a peer may be waiting for them.
-        if self.lock.acquire(timeout=1.0):
+        if self.lock.acquire(timeout=DRAIN_TIMEOUT):
             try:
                 self._flush_tx_locked(True)
             except Exception:  # noqa: BLE001 - best effort at shutdown (link may be gone)
@@ -598,35 +512,9 @@ class Runtime:
             finally:
                 self.lock.release()
         self.report_counters()  # the device keeps this process's totals after it leaves
-        self._closed = True
-        self._stop.set()
-        self._kick.set()
-        self._rx_event.set()
-        if self._wake_w >= 0:
-            try:
-                os.write(self._wake_w, b"\0")
-            except OSError:
-                pass
-        t = self._thread
-        if t is not None and t is not threading.current_thread():
-            t.join(timeout=5.0)
-        self._thread = None
-        # A finalizer may run this from a thread that holds the lock (cyclic GC inside
-        # an engine call): never wait for the lock for long.
-        if self.lock.acquire(timeout=1.0):
-            try:
-                while self._deferred:
-                    try:
-                        self._deferred.popleft()()
-                    except Exception:  # noqa: BLE001 - best effort cleanup at shutdown
-                        pass
-            finally:
-                self.lock.release()
+        core.close()
         if hasattr(self.link, "on_readable"):
             self.link.on_readable = None
         if close_link:
             self.link.close()
-        for fdn in (self._wake_r, self._wake_w):
-            if fdn >= 0:
-                os.close(fdn)
-        self._wake_r = self._wake_w = -1
+        self._waiter.close()

@@ -144,6 +144,16 @@ class IwarpQP(QPBase):
             return self.srq.take()
         return self.rq.popleft() if self.rq else None
 
+    def peek_send(self) -> SendWQE | None:
+        """The oldest posted send WQE not yet started (the connection's next message)."""
+        return self.sq[0] if self.sq else None
+
+    def start_send(self) -> SendWQE:
+        """Move the oldest posted send WQE in flight: it completes in posting order."""
+        w = self.sq.popleft()
+        self.inflight.append(w)
+        return w
+
     def complete_ready(self) -> None:
         """Report the finished send WQEs at the head of the queue (RFC 5040 §5.5 rule 15)."""
         inflight = self.inflight
@@ -207,7 +217,7 @@ class IwarpQP(QPBase):
             self.to_error()
         elif new in (RTR, RTS):
             raise InvalidArgument("qp_attr.qp_state", "an iWARP QP enters RTS through its "
-                                  "connection (softrdma.iwarp.connect / Listener.accept)")
+                                  "connection (softrdma.cm.iwconnect.connect / Listener.accept)")
         else:
             raise NotSupported(f"QP state {QPS(new).name} is not supported on iWARP")
 

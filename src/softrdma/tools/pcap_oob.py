@@ -29,6 +29,7 @@ import re
 from dataclasses import dataclass
 
 from ..errors import DecodeError
+from ..wire.gid import gid_to_ip as _gid_to_ip
 from ..wire.tcpstream import StreamData, StreamEvent, TcpReassembler, TcpSegment, TcpStream
 from .perftest.oob import decode_key
 from .pingpong import decode_dest
@@ -43,14 +44,13 @@ _PERFTEST_GID = re.compile(_PERFTEST_HEAD + rb"(?:[0-9a-f]{2}:){16}[0-9a-f]{8}:\
 _PERFTEST = re.compile(_PERFTEST_HEAD + rb"[0-9a-f]{8}\0")
 _MAX_MESSAGE = 160  # longer than either format: how much of a stream tail to keep
 _MAX_QPS = 4096  # per direction: perftest -q is far below
-_V4_MAPPED = bytes(10) + b"\xff\xff"
 
 
 def gid_to_ip(gid: bytes) -> bytes | None:
     """The IP address RoCEv2 uses for ``gid`` (IPv4-mapped -> 4 bytes); None for GID 0."""
     if not any(gid):
         return None
-    return gid[12:] if gid[:12] == _V4_MAPPED else gid
+    return _gid_to_ip(gid)
 
 
 @dataclass(frozen=True, slots=True)

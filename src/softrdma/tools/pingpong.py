@@ -792,10 +792,10 @@ def run_client(ep: Endpoint, host: str, port: int, out: TextIO,
 
 def iwarp_listen(ctx: v.Context, opts: Options, port: int) -> Any:
     """The iWARP server's listener (TCP port ``port``, all addresses unless ``--bind``)."""
-    from .. import iwarp
+    from ..cm import iwconnect
 
     try:
-        return iwarp.listen(ctx, port, opts.bind or "")
+        return iwconnect.listen(ctx, port, opts.bind or "")
     except SoftRdmaError as exc:
         raise PingPongError(f"Couldn't listen to port {port}: {exc}") from exc
 
@@ -825,16 +825,16 @@ def run_client_iwarp(ep: Endpoint, host: str, port: int, out: TextIO,
                      abort: threading.Event | None = None) -> float:
     """iWARP client: TCP + MPA connect carrying our address (retried while refused, the
     server may still be starting); the Reply carries the server's."""
-    from .. import iwarp
+    from ..cm import iwconnect
 
     _emit(out, address_line("local", ep.local, ep.opts.kind))
     deadline = time.monotonic() + ep.opts.timeout
     while True:
         try:
-            conn = iwarp.connect(ep.qp, host, port, encode_dest(ep.local),
-                                 timeout=max(deadline - time.monotonic(), 0.05))
+            conn = iwconnect.connect(ep.qp, host, port, encode_dest(ep.local),
+                                     timeout=max(deadline - time.monotonic(), 0.05))
             break
-        except iwarp.ConnectError as exc:
+        except iwconnect.ConnectError as exc:
             refused = exc.errno == errno.ECONNREFUSED
             if not refused or time.monotonic() + 0.1 >= deadline or \
                     (abort is not None and abort.is_set()):

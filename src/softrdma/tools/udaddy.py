@@ -28,8 +28,8 @@ from typing import Any
 from .. import enums as e
 from .. import verbs as v
 from ..cm import rdma_cm as rc
-from ..drivers.runtime import ip_to_gid
 from ..errors import InvalidArgument
+from ..wire.gid import ip_to_gid
 from .cmargs import UDADDY_PORT
 from .cmtest import AddrError, CmTest, Node, check_common, get_addr, run_test
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import InvalidArgument
 from ..ib.pacing import rate_bps
+from ..wire.gid import is_v4_mapped
 from ._object import VerbsObject
 from .device import GID, Context, gid_table_len
 from .pd import PD
@@ -103,8 +104,8 @@ def address_vector(ctx: Context, attr: AHAttr, argument: str = "ah_attr") -> Any
     dgid = GID(gr.dgid).raw
     if dgid == bytes(16):
         raise InvalidArgument(f"{argument}.gr.dgid", "the destination GID is zero")
-    src_v4 = gids[sgid_index][:12] == b"\0" * 10 + b"\xff\xff"
-    dst_v4 = dgid[:12] == b"\0" * 10 + b"\xff\xff"
+    src_v4 = is_v4_mapped(gids[sgid_index])
+    dst_v4 = is_v4_mapped(dgid)
     if src_v4 != dst_v4:
         raise InvalidArgument(f"{argument}.gr.dgid",
                               f"{GID(dgid)} is not of the IP family of source GID {GID(gids[sgid_index])}")

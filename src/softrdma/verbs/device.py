@@ -27,11 +27,14 @@ from .. import enums as e
 from ..drivers.dual import DualLink
 from ..drivers.link import CounterReporter, Link
 from ..drivers.portwatch import PortWatch
+from ..drivers.progress import DeviceRuntime
 from ..drivers.rawether import RawEtherLink
-from ..drivers.runtime import Runtime, ip_to_gid
+from ..drivers.runtime import Runtime
+from ..drivers.tcp_runtime import TcpRuntime
 from ..drivers.udp import UdpLink
 from ..errors import DeviceError, InvalidArgument
 from ..ib.port import Port
+from ..wire.gid import ip_to_gid
 from ._object import VerbsObject
 from .counters import PortCounters
 
@@ -498,18 +501,18 @@ class Context(VerbsObject):
         free = getattr(link, "free_qpn", None)
         self.port = Port(gids, max_mtu=128 << self.active_mtu, qpn_alloc=alloc, qpn_free=free,
                          gid_types=gid_types)
-        self.runtime = Runtime(self.port, link, mode=progress, clock=clock, udp_port=udp_port)
+        self.runtime: DeviceRuntime = Runtime(self.port, link, mode=progress, clock=clock,
+                                              udp_port=udp_port)
         self.progress_mode = progress
         self._init_events()
 
     def _open_iwarp(self, name: str | None, progress: str,
                     clock: Callable[[], float] | None) -> None:
         """The iWARP branch: an :class:`~softrdma.iwarp.qp.IwarpDevice` driven over TCP
-        sockets by an :class:`~softrdma.iwarp.runtime.IwarpRuntime` (always in-process:
+        sockets by a :class:`~softrdma.drivers.tcp_runtime.TcpRuntime` (always in-process:
         a TCP connection belongs to the process that owns the QP). ``name`` None or
         :data:`IWARP_LOOPBACK` is the built-in loopback device (127.0.0.1 and ::1)."""
         from ..iwarp.qp import IwarpDevice  # noqa: PLC0415
-        from ..iwarp.runtime import IwarpRuntime  # noqa: PLC0415
 
         netdev: str | None = "lo"
         mac = b""
@@ -537,7 +540,7 @@ class Context(VerbsObject):
         self.netdev = netdev
         self.node_guid = _guid_from_mac(mac)
         self.port = IwarpDevice(gids, max_mtu=128 << self.active_mtu)
-        self.runtime = IwarpRuntime(self.port, mode=progress, clock=clock)
+        self.runtime = TcpRuntime(self.port, mode=progress, clock=clock)
 
     def _init_events(self) -> None:
         self._owners: dict[int, weakref.ref[Any]] = {}
@@ -744,7 +747,7 @@ class Context(VerbsObject):
         return f"<Context {self.name}{state}>"
 
 
-def _close_context_resources(runtime: Runtime, r: int, w: int) -> None:
+def _close_context_resources(runtime: DeviceRuntime, r: int, w: int) -> None:
     runtime.close()
     for fd in (r, w):
         try:

@@ -22,7 +22,7 @@ import weakref
 from typing import Any
 
 from .. import enums as e
-from ..drivers.runtime import Runtime
+from ..drivers.progress import DeviceRuntime
 from ..errors import InvalidArgument, NotSupported
 from ..ib.port import Port
 from ..ib.types import MemoryRegion
@@ -132,7 +132,7 @@ class MR(VerbsObject):
                 raise InvalidArgument("address", f"bad virtual address {address!r}")
             va = address
         ctx = pd.ctx
-        runtime: Runtime = ctx.runtime
+        runtime: DeviceRuntime = ctx.runtime
         port: Port = ctx.port
         self._emr: MemoryRegion = runtime.call(port.register_mr, mv, va, access, pd, zero_based)
         self._depend_on(pd)
@@ -217,7 +217,7 @@ class MR(VerbsObject):
                 f"length={self._emr.length} access={self._emr.access:#x}>")
 
 
-def _defer_dereg(runtime: Runtime, port: Port, emr: MemoryRegion) -> None:
+def _defer_dereg(runtime: DeviceRuntime, port: Port, emr: MemoryRegion) -> None:
     if runtime.closed:
         port.deregister_mr(emr)
     else:

@@ -26,8 +26,9 @@ import weakref
 from typing import Any
 
 from .. import enums as e
-from ..drivers.runtime import Runtime
+from ..drivers.progress import DeviceRuntime
 from ..errors import InvalidArgument, NotSupported
+from ..wire.gid import is_v4_mapped
 from . import qp_rules
 from ._object import VerbsObject
 from .ah import AHAttr, GlobalRoute, address_vector
@@ -220,7 +221,7 @@ class QP(VerbsObject):
             max_recv_wr, max_recv_sge = cap.max_recv_wr, cap.max_recv_sge
         else:
             max_recv_wr = max_recv_sge = 0
-        runtime: Runtime = ctx.runtime
+        runtime: DeviceRuntime = ctx.runtime
         engine_cls: Any = EngineQP
         self._iwarp = getattr(ctx, "transport", "roce") == "iwarp"
         if self._iwarp:  # iWARP: RC only (siw), the engine of softrdma.iwarp
@@ -523,7 +524,7 @@ class QP(VerbsObject):
         if self.qp_type != UD:
             raise InvalidArgument("qp", "only UD QPs attach to multicast groups (IBA 10.5.2)")
         raw = GID(gid).raw
-        v4 = raw[:12] == b"\0" * 10 + b"\xff\xff"
+        v4 = is_v4_mapped(raw)
         if not ((v4 and 224 <= raw[12] <= 239) or (not v4 and raw[0] == 0xFF)):
             raise InvalidArgument("gid", f"{GID(raw)} is not a multicast GID")
         return raw
@@ -602,7 +603,7 @@ def _check_iwarp_wrs(wr: SendWR | list[SendWR]) -> None:
                 raise InvalidArgument("wr.num_sge", "an iWARP RDMA Read takes one SGE")
 
 
-def _defer_destroy(runtime: Runtime, engine: Any) -> None:
+def _defer_destroy(runtime: DeviceRuntime, engine: Any) -> None:
     if runtime.closed:
         engine.destroy()
     else:

@@ -25,6 +25,7 @@ from typing import ClassVar
 
 from ..errors import DecodeError, InvalidArgument
 from .cm import ARI_SIZE, MsgType, Rej, RejReason
+from .gid import V4_MAPPED_PREFIX
 from .mad import Body, Layout, raw, u8, u16
 
 __all__ = [
@@ -54,7 +55,6 @@ IPCM_REQ_CONSUMER_MAX = 92 - IPCM_HEADER_SIZE  # 56 (Table 1, bytes 36-91)
 IPCM_SIDR_CONSUMER_MAX = 216 - IPCM_HEADER_SIZE  # 180 (Linux SIDR_REQ)
 
 _V4_ZERO_PREFIX = bytes(12)
-_V4_MAPPED_PREFIX = bytes(10) + b"\xff\xff"
 
 
 # --------------------------------------------------------------------------- Table 1
@@ -270,7 +270,7 @@ def check_req(hdr: IpCmHeader, *, major: int = IPCM_MAJOR_VERSION,
     if hdr.ipv not in ip_versions:
         return IpCmReject(IpCmAri.IPV, bytes(sorted(ip_versions)))
     if hdr.ipv == 4:
-        ok = (_V4_ZERO_PREFIX, _V4_MAPPED_PREFIX) if accept_v4_mapped else (_V4_ZERO_PREFIX,)
+        ok = (_V4_ZERO_PREFIX, V4_MAPPED_PREFIX) if accept_v4_mapped else (_V4_ZERO_PREFIX,)
         if bytes(hdr.src_ip[:12]) not in ok:
             return IpCmReject(IpCmAri.SOURCE_IP)
         if bytes(hdr.dst_ip[:12]) not in ok:

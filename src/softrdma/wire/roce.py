@@ -31,6 +31,7 @@ from functools import lru_cache
 from ..errors import DecodeError, InvalidArgument
 from . import ib
 from .crc import Buffer, crc32
+from .gid import ipv4_mapped, unmap_ipv4
 from .opcodes import BTH_SIZE, ICRC_SIZE
 
 __all__ = [
@@ -59,7 +60,6 @@ _UDP = struct.Struct("!HHHH")
 _U16 = struct.Struct("!H")
 _ICRC = struct.Struct("<I")
 
-_V4_MAPPED_PREFIX = b"\0" * 10 + b"\xff\xff"
 
 
 # --------------------------------------------------------------------------- ports
@@ -192,18 +192,6 @@ def udp_checksum(src: bytes, dst: bytes, udp_hdr: Buffer, parts: Iterable[Buffer
     s = _sum16(b"".join(bytes(p) for p in parts), s)
     c = (~s) & 0xFFFF
     return c or 0xFFFF
-
-
-def ipv4_mapped(addr4: bytes) -> bytes:
-    """The IPv4-mapped IPv6 address / RoCEv2 GID ``::ffff:a.b.c.d`` (roce.md §4)."""
-    return _V4_MAPPED_PREFIX + _addr(addr4, 4, "addr4")
-
-
-def unmap_ipv4(addr: bytes) -> bytes:
-    """``addr`` with an IPv4-mapped IPv6 address turned into its 4 IPv4 bytes."""
-    if len(addr) == 16 and addr[:12] == _V4_MAPPED_PREFIX:
-        return bytes(addr[12:])
-    return bytes(addr)
 
 
 # --------------------------------------------------------------------------- ICRC

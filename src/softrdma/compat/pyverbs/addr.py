@@ -15,6 +15,7 @@ from typing import Any
 
 from softrdma import verbs as _v
 from softrdma.errors import SoftRdmaError
+from softrdma.wire.gid import ip_to_gid
 
 from .base import PyverbsCM, PyverbsObject, rdma_error
 from .pyverbs_error import PyverbsUserError
@@ -43,7 +44,7 @@ def _raw_gid(val: Any) -> bytes:
             return ipaddress.IPv6Address(val.split("%", 1)[0]).packed
         except ValueError:
             try:
-                return bytes(10) + b"\xff\xff" + ipaddress.IPv4Address(val).packed
+                return ip_to_gid(ipaddress.IPv4Address(val).packed)
             except ValueError:
                 raise PyverbsUserError(f"Invalid GID value ({val})") from None
     raise PyverbsUserError(f"Invalid GID value ({val!r})")
@@ -188,7 +189,6 @@ class AHAttr(PyverbsObject):
 
 _GRH_LEN = 40
 _IPV4_AT = 20  # rxe: a RoCEv2 IPv4 packet's IPv4 header fills the GRH area's last 20 bytes
-_V4_MAPPED = bytes(10) + b"\xff\xff"
 _RECV_HOP_LIMIT = 0xFF
 
 
@@ -205,8 +205,8 @@ def ah_attr_from_wc(pd: Any, wc: Any, port_num: int, grh: Any) -> AHAttr:
     if len(raw) != _GRH_LEN:
         raise PyverbsUserError(f"AH: the GRH must be {_GRH_LEN} bytes")
     if raw[_IPV4_AT] >> 4 == 4:
-        src = _V4_MAPPED + raw[_IPV4_AT + 12:_IPV4_AT + 16]
-        dst = _V4_MAPPED + raw[_IPV4_AT + 16:_IPV4_AT + 20]
+        src = ip_to_gid(raw[_IPV4_AT + 12:_IPV4_AT + 16])
+        dst = ip_to_gid(raw[_IPV4_AT + 16:_IPV4_AT + 20])
         tclass = raw[_IPV4_AT + 1]
         flow = 0
     else:

@@ -26,6 +26,7 @@ from typing import Any, TextIO
 from ... import verbs as v
 from ...cm.rdma_cm import release_devices
 from ...errors import SoftRdmaError
+from ...wire.gid import is_v4_mapped
 from . import cmconn, engine, oob, report
 from .engine import MTU_ENUM_TO_BYTES, Resources
 from .oob import BwReport, Channel, Dest, TcpChannel
@@ -130,7 +131,7 @@ def device_facts(s: Side, ctx: Any) -> None:
                                 f"({len(gids)} entries)")
         s.gid_index = o.gid_index
     else:
-        v4 = [i for i, g in enumerate(gids) if g[:12] == bytes(10) + b"\xff\xff"]
+        v4 = [i for i, g in enumerate(gids) if is_v4_mapped(g)]
         s.gid_index = v4[0] if v4 else 0
     s.gid = gids[s.gid_index] if s.gid_index < len(gids) else bytes(16)
     if o.spec.verb in ("read", "atomic"):
@@ -251,8 +252,7 @@ def setup_cm(s: Side) -> None:
 def connect_qps(s: Side) -> None:
     if s.o.rdma_cm:
         return
-    if (s.my[0].gid[:12] == bytes(10) + b"\xff\xff") != \
-            (s.rem[0].gid[:12] == bytes(10) + b"\xff\xff"):
+    if is_v4_mapped(s.my[0].gid) != is_v4_mapped(s.rem[0].gid):
         raise PerftestError("Found Incompatibility issue with GID types: "
                             "Please Try to use a different IP version (-x)")
     for i in range(s.o.num_qps):

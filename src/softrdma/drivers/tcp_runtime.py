@@ -1,10 +1,11 @@
-"""The TCP driver of an iWARP device: non-blocking sockets around the sans-I/O engines.
+"""The TCP runtime of an iWARP device: non-blocking sockets around the sans-I/O engines.
 
-:class:`IwarpRuntime` plays the part :class:`~softrdma.drivers.runtime.Runtime` plays for
+:class:`TcpRuntime` plays the part :class:`~softrdma.drivers.runtime.Runtime` plays for
 RoCE (same lock / ``call`` / ``post_send`` / ``progress`` surface, so the verbs layer
-needs no iWARP-specific code): one lock around every engine call, a progress thread
-(or manual progress), and the socket I/O of each connection (design.md, "Sans-I/O
-engines"):
+needs no iWARP-specific code). Like it, it composes a
+:class:`~softrdma.drivers.progress.ProgressCore` (the lock around every engine call,
+deferred calls, the progress thread or manual progress, shutdown) and adds the socket
+I/O of each connection (design.md, "Sans-I/O engines"):
 
 * receive: ``recv_into`` one preallocated buffer (:data:`_RX_BUF`, 1 MiB) handed to
   :meth:`~.engine.IwarpConn.receive`, which places each segment's payload with one
@@ -21,6 +22,11 @@ engines"):
   write side (the Terminate reaches the peer before the FIN, RFC 5040 §6.2.1 "graceful
   LLP teardown"), drain the read side until EOF or :data:`LINGER` seconds, close.
 
+Connection setup (:mod:`softrdma.cm.iwconnect`) waits on :attr:`TcpRuntime.changed`, a
+condition on the engine lock notified after every round of socket I/O, and hands a
+listening socket to :meth:`TcpRuntime.watch` so that new connections are accepted by
+whichever thread makes progress: no sleep-polling.
+
 Sockets get ``TCP_NODELAY`` (siw: ``siw_tcp_nagle = false``) and a 4 MiB send buffer
 (``SOFTRDMA_IWARP_SNDBUF``; 0 keeps the kernel's autotuning), so one ``sendmsg`` takes a
 whole megabyte-sized message without partial sends.
@@ -33,16 +39,15 @@ import selectors
 import socket
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..drivers.runtime import Runtime
-from ..errors import ClosedError, InvalidArgument
-from .engine import IwarpConn
-from .qp import IwarpDevice
+from ..errors import ClosedError
+from ..iwarp.engine import IwarpConn
+from ..iwarp.qp import IwarpDevice
+from .progress import ProgressCore, WakePipe, check_mode
 
-__all__ = ["IwarpRuntime", "LINGER", "tcp_mss"]
+__all__ = ["TcpRuntime", "LINGER", "tcp_mss"]
 
 LINGER = 2.0  # seconds a closing socket waits for the peer's FIN
 DIRECT = os.environ.get("SOFTRDMA_IWARP_DIRECT", "0") == "1"
@@ -51,7 +56,6 @@ _RX_BUF = int(os.environ.get("SOFTRDMA_IWARP_RXBUF", str(1 << 20)))
 _TX_CHUNK = 1 << 21
 _RX_BUDGET = 1 << 23
 _MAX_IDLE_WAIT = 0.05
-_POLL_GRACE = 0.005  # the progress thread stands back this long after an application poll
 
 
 def tcp_mss(sock: socket.socket) -> int:
@@ -63,27 +67,15 @@ def tcp_mss(sock: socket.socket) -> int:
     return mss if mss >= 64 else 1460
 
 
-class _NullLink:
-    """The runtime's ``link``: iWARP has no datagram link (only the verbs layer's
-    multicast hooks look at it, and iWARP has no multicast)."""
+class _Watch:
+    """A listening socket handed to :meth:`TcpRuntime.watch`: ``on_ready`` runs under
+    the lock when it is readable."""
 
-    local_ips: tuple[bytes, ...] = ()
+    __slots__ = ("sock", "on_ready")
 
-    def effective_sport(self, requested: int) -> int:
-        return requested
-
-    def send(self, dst_ip: bytes, dport: int, sport: int, parts: Sequence[Any],
-             tos: int = 0, ttl: int = 64) -> None:
-        raise ClosedError("an iWARP device has no datagram link")
-
-    def recv_batch(self, max_n: int = 64) -> list[Any]:
-        return []
-
-    def fileno(self) -> int | None:
-        return None
-
-    def close(self) -> None:
-        pass
+    def __init__(self, sock: socket.socket, on_ready: Callable[[], None]) -> None:
+        self.sock = sock
+        self.on_ready = on_ready
 
 
 class _Sock:
@@ -116,45 +108,48 @@ def _advance(bufs: list[Any], n: int) -> list[Any]:
     return []
 
 
-class IwarpRuntime(Runtime):
-    """Drives an :class:`~.qp.IwarpDevice` and its TCP connections (see the module doc)."""
+class TcpRuntime:
+    """Drives an :class:`~softrdma.iwarp.qp.IwarpDevice` and its TCP connections (see the
+    module docstring)."""
+
+    #: an iWARP device has no datagram link (the verbs layer's multicast hooks look here)
+    link: None = None
 
     def __init__(self, dev: IwarpDevice, *, mode: str = "thread",
                  clock: Callable[[], float] | None = None) -> None:
-        # Runtime.__init__ binds a datagram link; this runtime owns sockets instead.
-        if mode not in ("thread", "manual"):
-            raise InvalidArgument("progress", f"must be 'thread' or 'manual', got {mode!r}")
+        threaded = check_mode(mode) == "thread"
         self.port = dev
         self.dev = dev
-        self.link = _NullLink()
-        self.mode = mode
-        self.threaded = mode == "thread"
-        self.lock = threading.Lock()
+        self.threaded = threaded
         self.now: Callable[[], float] = clock if clock is not None else time.monotonic
-        self._deferred: deque[Callable[[], None]] = deque()
-        self._closed = False
+        core = ProgressCore(threaded=threaded, now=self.now, after=self._after_locked)
+        self.core, self.lock = core, core.lock
+        self.call, self.call_now, self.defer, self.kick = (core.call, core.call_now,
+                                                           core.defer, core.kick)
+        #: notified (under the lock) after every round of socket I/O and engine calls:
+        #: connection setup waits on it for a state change
+        self.changed = threading.Condition(core.lock)
+        self._waiting = 0  # threads waiting on ``changed``
+        self._deferred = core.deferred
         self._socks: dict[int, _Sock] = {}
         self._by_conn: dict[int, _Sock] = {}
         self._sel = selectors.DefaultSelector()
         self._rxbuf = bytearray(_RX_BUF)
         self._rxmv = memoryview(self._rxbuf)
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
-        self._sel.register(self._wake_r, selectors.EVENT_READ, None)
-        self._stop = threading.Event()
-        self.last_poll = 0.0
-        self._kick = threading.Event()
-        self._thread: threading.Thread | None = None
-        if self.threaded:
-            self._thread = threading.Thread(target=self._thread_main, name="softrdma-iwarp",
-                                            daemon=True)
-            self._thread.start()
+        self._pipe = WakePipe()
+        self._sel.register(self._pipe.r, selectors.EVENT_READ, None)
+        if threaded:
+            core.on_wake(self._pipe.wake)
+        core.start(self._thread_step, "softrdma-iwarp")
+
+    @property
+    def fatal(self) -> str | None:
+        """Why the device failed, else None (a TCP device does not fail as a whole)."""
+        return self.core.fatal
 
     # ---- engine access -------------------------------------------------------------------
-    # call / call_now / defer are Runtime's; what they run after an engine call is this
-    # runtime's housekeeping (there are no coalesced ACKs on TCP).
     def _after_locked(self, acks: bool = True) -> None:
+        """The housekeeping after an engine call (there are no coalesced ACKs on TCP)."""
         self._housekeep()
 
     def post_send(self, qp: Any, wqes: Sequence[Any]) -> None:
@@ -172,10 +167,49 @@ class IwarpRuntime(Runtime):
                 if self._deferred:
                     self._housekeep()
 
+    def device_counters(self) -> dict[str, int]:
+        """The device's port counters (an iWARP device is never shared between processes)."""
+        return self.dev.counters.as_dict()
+
+    def wait_changed(self, timeout: float) -> None:
+        """Under the lock: wait up to ``timeout`` s for the next round of I/O (the lock is
+        released meanwhile). In manual mode nothing else makes progress, so this makes
+        it (waiting for the sockets)."""
+        if timeout <= 0:
+            return
+        if not self.threaded:
+            self.lock.release()
+            try:
+                self.progress(min(timeout, _MAX_IDLE_WAIT))
+            finally:
+                self.lock.acquire()
+            return
+        self._waiting += 1
+        try:
+            self.changed.wait(timeout)
+        finally:
+            self._waiting -= 1
+
+    def watch(self, sock: socket.socket, on_ready: Callable[[], None]) -> None:
+        """Call ``on_ready()`` under the lock whenever the listening socket ``sock`` is
+        readable (until :meth:`unwatch`). Call under the lock."""
+        if self.core.closed:
+            raise ClosedError("the device runtime is closed")
+        sock.setblocking(False)
+        self._sel.register(sock.fileno(), selectors.EVENT_READ, _Watch(sock, on_ready))
+        self._pipe.wake()
+
+    def unwatch(self, sock: socket.socket) -> None:
+        """Stop watching ``sock`` (call under the lock, before closing it)."""
+        try:
+            self._sel.unregister(sock.fileno())
+        except (KeyError, ValueError, OSError):
+            pass
+
     def attach(self, conn: IwarpConn, sock: socket.socket) -> None:
         """Drive ``conn`` over ``sock`` (connected; made non-blocking here). Call under
         the lock or before any other thread uses the runtime."""
-        if self._closed:
+        if self.core.closed:
             raise ClosedError("the device runtime is closed")
         sock.setblocking(False)
         try:
@@ -191,22 +225,15 @@ class IwarpRuntime(Runtime):
         self._tx(s)
         self._wake()
 
-    def kick(self) -> None:
-        """The application is about to block: make the progress thread look now."""
-        self.last_poll = 0.0
-        self._kick.set()
-        self._wake()
-
     def _wake(self) -> None:
         if self.threaded:
-            try:
-                os.write(self._wake_w, b"\0")
-            except OSError:
-                pass
+            self._pipe.wake()
 
     # ---- progress --------------------------------------------------------------------------
     def progress(self, timeout: float = 0.0) -> int:
-        if self._closed:
+        """Socket I/O and housekeeping; wait up to ``timeout`` s for a socket to be ready.
+        Returns the number of bytes received."""
+        if self.core.closed:
             raise ClosedError("the device runtime is closed")
         deadline = time.monotonic() + timeout
         while True:
@@ -219,9 +246,7 @@ class IwarpRuntime(Runtime):
         """One non-blocking step from an application thread that busy-polls a CQ; while
         it does, the progress thread stands back (as the RoCE runtime does), so the two
         do not fight over the lock and the GIL on the latency path."""
-        self.last_poll = time.monotonic()
-        if not self.lock.acquire(False):
-            time.sleep(0)
+        if not self.core.try_lock():
             return 0
         try:
             return self._service(self._ready(0.0))
@@ -245,10 +270,10 @@ class IwarpRuntime(Runtime):
         now = self.now()
         for s, ev in ready:
             if s is None:
-                try:
-                    os.read(self._wake_r, 4096)
-                except OSError:
-                    pass
+                self._pipe.drain()
+                continue
+            if isinstance(s, _Watch):
+                s.on_ready()
                 continue
             if s.done:
                 continue
@@ -259,15 +284,22 @@ class IwarpRuntime(Runtime):
         self._housekeep()
         return n
 
+    def housekeep(self) -> None:
+        """Under the lock: deferred calls, transmit, lingering closes, wake the waiters."""
+        self._housekeep()
+
     def _housekeep(self) -> None:
-        while self._deferred:
-            self._deferred.popleft()()
+        deferred = self._deferred
+        while deferred:
+            deferred.popleft()()
         now = time.monotonic()
         for s in list(self._socks.values()):
             if not s.done and not s.pending:  # pending: EVENT_WRITE resumes it
                 self._tx(s)
             if s.closing and not s.done and now >= s.close_at:
                 self._drop(s)
+        if self._waiting:
+            self.changed.notify_all()
 
     # ---- socket I/O ------------------------------------------------------------------------
     def _rx(self, s: _Sock, now: float) -> int:
@@ -390,57 +422,37 @@ class IwarpRuntime(Runtime):
         return len(self._socks)
 
     # ---- the progress thread -------------------------------------------------------------------
-    def _thread_main(self) -> None:
-        stop = self._stop
-        kick = self._kick
-        while not stop.is_set():
-            if time.monotonic() - self.last_poll < _POLL_GRACE:
-                kick.wait(_POLL_GRACE)  # an application thread polls and progresses
-                kick.clear()
-                continue
-            ready = self._ready(_MAX_IDLE_WAIT)
-            if stop.is_set():
-                return
-            try:
-                with self.lock:
-                    self._service(ready)
-            except ClosedError:
-                return
+    def _thread_step(self) -> bool:
+        """One round of the progress thread: wait for the sockets, then serve them."""
+        ready = self._ready(_MAX_IDLE_WAIT)
+        if self.core.stop.is_set():
+            return False
+        with self.lock:
+            self._service(ready)
+        return True
 
     # ---- shutdown ---------------------------------------------------------------------------------
     @property
     def closed(self) -> bool:
-        return self._closed
+        """Closed (objects are then released without the engine)."""
+        return self.core.closed
 
     def close(self, close_link: bool = True) -> None:
-        if self._closed:
+        """Stop the progress thread (joined), close every connection and socket.
+        Idempotent; ``close_link`` is accepted for the RoCE runtime's signature."""
+        core = self.core
+        if core.closed:
             return
-        self._closed = True
-        self._stop.set()
-        self._kick.set()
-        self._wake()
-        t = self._thread
-        if t is not None and t is not threading.current_thread():
-            t.join(timeout=5.0)
-        self._thread = None
-        if self.lock.acquire(timeout=1.0):
-            try:
-                while self._deferred:
-                    try:
-                        self._deferred.popleft()()
-                    except Exception:  # noqa: BLE001 - best effort cleanup at shutdown
-                        pass
-                for s in list(self._socks.values()):
-                    s.conn.close()
-                    self._drop(s)
-            finally:
-                self.lock.release()
+        core.close(self._close_sockets)
         try:
             self._sel.close()
         except OSError:
             pass
-        for fd in (self._wake_r, self._wake_w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        self._pipe.close()
+
+    def _close_sockets(self) -> None:
+        for s in list(self._socks.values()):
+            s.conn.close()
+            self._drop(s)
+        if self._waiting:
+            self.changed.notify_all()

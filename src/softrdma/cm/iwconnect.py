@@ -1,11 +1,19 @@
 """Connecting iWARP QPs: TCP connect/accept, the MPA exchange, then RDMA mode.
 
+This is the iWARP side of connection management, beside rdma_cm (:mod:`.rdma_cm` uses
+it for iWARP devices); the MPA rules themselves are :mod:`softrdma.iwarp.mpa_setup` and
+the byte-level exchange is the engine's. Waiting is event-driven: a caller waits on the
+device's :class:`~softrdma.drivers.tcp_runtime.TcpRuntime` condition
+(:meth:`~softrdma.drivers.tcp_runtime.TcpRuntime.wait_changed`), notified after every
+round of socket I/O, and a listener's socket is watched by the runtime, which accepts new
+connections as they arrive.
+
 The plain iWARP connection setup (RFC 5044 §7.1, RFC 6581; what siw's iWARP CM does
 under rdma_cm, without the IP-addressed CM API, which is a separate layer):
 
 * :func:`connect` (active side): TCP connect, MPA Request carrying ``private_data``,
   wait for the Reply; the QP is in RTS when it returns. A reject raises
-  :class:`~.mpa_setup.ConnectionRejected` (with the responder's private data).
+  :class:`~softrdma.iwarp.mpa_setup.ConnectionRejected` (with the responder's private data).
 * :func:`listen` (passive side) returns a :class:`Listener`;
   :meth:`Listener.get_request` accepts TCP connections, lets each negotiate MPA
   concurrently with its own timer, and returns the first parsed MPA Request (a peer that
@@ -21,18 +29,16 @@ front of it on the wire and is removed on receipt (as siw does for rdma_cm users
 from __future__ import annotations
 
 import errno
-import select
 import socket
-import threading
 import time
 from typing import Any
 
+from ..drivers.tcp_runtime import TcpRuntime, tcp_mss
 from ..errors import InvalidArgument, SoftRdmaError, StateError
+from ..iwarp.engine import ConnState, IwarpConn
+from ..iwarp.mpa_setup import ConnectionRejected, MpaConfig, Negotiated
+from ..iwarp.qp import INIT, RESET, IwarpQP
 from ..wire.mpa import MpaRequest
-from .engine import ConnState, IwarpConn
-from .mpa_setup import ConnectionRejected, MpaConfig, Negotiated
-from .qp import INIT, RESET, IwarpQP
-from .runtime import IwarpRuntime, tcp_mss
 
 __all__ = ["connect", "listen", "Listener", "ConnRequest", "Connection", "ConnectError",
            "ConnectionRejected", "MpaConfig"]
@@ -40,7 +46,8 @@ __all__ = ["connect", "listen", "Listener", "ConnRequest", "Connection", "Connec
 DEFAULT_TIMEOUT = 10.0
 MPA_REQUEST_TIMEOUT = 10.0  # s a new connection has to send its MPA Request (siw MPAREQ_TIMEOUT)
 MAX_PENDING = 1024  # connections negotiating MPA at once per listener; beyond: oldest closed
-_POLL_S = 0.005  # how often a waiting get_request looks at new connections and parsed Requests
+_IDLE_WAIT = 1.0  # s a get_request waits at most between looks when nothing is pending
+_MIN_WAIT = 0.001  # s: an MPA timer just due is looked at again after this
 
 
 class _Pending:
@@ -61,38 +68,34 @@ class ConnectError(SoftRdmaError):
     errno = errno.ECONNABORTED
 
 
-def _parts(qp: Any) -> tuple[IwarpQP, IwarpRuntime, Any]:
+def _parts(qp: Any) -> tuple[IwarpQP, TcpRuntime, Any]:
     engine = getattr(qp, "engine", qp)
     if not isinstance(engine, IwarpQP):
         raise InvalidArgument("qp", "not a QP of an iWARP device")
     ctx = getattr(qp, "ctx", None)
     runtime = getattr(ctx, "runtime", None)
-    if not isinstance(runtime, IwarpRuntime):
+    if not isinstance(runtime, TcpRuntime):
         raise InvalidArgument("qp", "the QP's context has no iWARP runtime")
     return engine, runtime, ctx
 
 
-def _wait(runtime: IwarpRuntime, conn: IwarpConn, until: set[str], deadline: float) -> bool:
-    """Wait until ``conn.state`` leaves the set ``until``; False on timeout."""
-    while True:
-        with runtime.lock:
-            st = conn.state
-        if st not in until:
-            return True
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return False
-        if runtime.threaded:
-            time.sleep(min(left, 0.002))
-        else:
-            runtime.progress(min(left, 0.01))
+def _wait(runtime: TcpRuntime, conn: IwarpConn, until: set[str], deadline: float) -> bool:
+    """Wait until ``conn.state`` leaves the set ``until``; False on timeout. Woken by
+    the runtime after each round of socket I/O (no polling)."""
+    with runtime.lock:
+        while conn.state in until:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            runtime.wait_changed(left)
+        return True
 
 
 class Connection:
     """An established iWARP connection of ``qp``: the peer's private data, the agreed
     options, addresses; :meth:`disconnect` closes it (QP to ERR, flushing)."""
 
-    def __init__(self, qp: Any, conn: IwarpConn, runtime: IwarpRuntime,
+    def __init__(self, qp: Any, conn: IwarpConn, runtime: TcpRuntime,
                  local: Any = None, peer: Any = None) -> None:
         self.qp = qp
         self.conn = conn
@@ -225,7 +228,7 @@ class Listener:
     def __init__(self, ctx: Any, port: int = 0, host: str = "127.0.0.1", *,
                  cfg: MpaConfig | None = None, backlog: int = 16) -> None:
         runtime = getattr(ctx, "runtime", None)
-        if not isinstance(runtime, IwarpRuntime):
+        if not isinstance(runtime, TcpRuntime):
             raise InvalidArgument("ctx", "not an iWARP device context")
         self.ctx = ctx
         self.runtime = runtime
@@ -249,9 +252,15 @@ class Listener:
         if self._sock is None:
             raise ConnectError(f"cannot listen on {host}:{port}: "
                                f"{(last.strerror or last) if last else 'no address'}")
-        self._lock = threading.Lock()
-        self._pending: list[_Pending] = []
+        self._pending: list[_Pending] = []  # guarded by the runtime's lock
+        self._error: ConnectError | None = None  # an accept() failure, raised to the waiter
         self.mpa_timeout = MPA_REQUEST_TIMEOUT
+        sock = self._sock
+        try:
+            runtime.call(runtime.watch, sock, self._on_ready)
+        except BaseException:
+            sock.close()
+            raise
 
     @property
     def port(self) -> int:
@@ -259,13 +268,22 @@ class Listener:
         return int(self._sock.getsockname()[1])
 
     def close(self) -> None:
+        """Stop listening; connections still negotiating MPA are closed."""
         s = self._sock
         self._sock = None
-        with self._lock:
-            pending, self._pending = self._pending, []
-        if not self.runtime.closed:
-            for p in pending:
-                self.runtime.call(p.conn.close)
+        runtime = self.runtime
+        if not runtime.closed:
+            def _close() -> None:
+                if s is not None:
+                    runtime.unwatch(s)
+                pending, self._pending = self._pending, []
+                for p in pending:
+                    p.conn.close()
+                runtime.changed.notify_all()  # a get_request waiting elsewhere sees it
+
+            runtime.call(_close)
+        else:
+            self._pending = []
         if s is not None:
             try:
                 s.shutdown(socket.SHUT_RDWR)
@@ -286,35 +304,46 @@ class Listener:
         others, with its own :data:`MPA_REQUEST_TIMEOUT` (siw's MPA request timer): a silent
         or slow connection neither blocks nor drops the ones behind it. Requests are
         returned in the order they complete. At most :data:`MAX_PENDING` connections may
-        wait for their Request; beyond that the oldest is closed."""
+        wait for their Request; beyond that the oldest is closed. The runtime accepts the
+        connections (it watches the listening socket); this waits on its condition."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            s = self._sock
-            if s is None:
-                raise ConnectError("the listener is closed", errno=errno.EBADF)
+        runtime = self.runtime
+        with runtime.lock:
+            while True:
+                if self._sock is None or runtime.closed:
+                    raise ConnectError("the listener is closed", errno=errno.EBADF)
+                if self._error is not None:
+                    err, self._error = self._error, None
+                    raise err
+                now = time.monotonic()
+                req = self._next_request_locked(now)
+                if req is not None:
+                    return req
+                left = None if deadline is None else deadline - now
+                if left is not None and left <= 0:
+                    raise ConnectError("no connection request", errno=errno.ETIMEDOUT)
+                # wake for the earliest MPA timer of a pending connection too
+                wait = min((p.deadline for p in self._pending), default=now + _IDLE_WAIT) - now
+                if left is not None:
+                    wait = min(wait, left)
+                runtime.wait_changed(max(wait, 0.0) or _MIN_WAIT)
+
+    def _on_ready(self) -> None:
+        """The listening socket is readable (the runtime calls this under its lock)."""
+        s = self._sock
+        if s is None:
+            return
+        try:
             self._accept_pending(s)
-            req = self._next_request()
-            if req is not None:
-                return req
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                raise ConnectError("no connection request", errno=errno.ETIMEDOUT)
-            wait = _POLL_S if left is None else min(left, _POLL_S)
-            if self.runtime.threaded:
-                try:
-                    select.select([s], [], [], wait)
-                except (OSError, ValueError):  # closed by another thread while we waited
-                    if self._sock is None:
-                        raise ConnectError("the listener is closed", errno=errno.EBADF) from None
-                    raise
-            else:
-                self.runtime.progress(wait)
+        except ConnectError as exc:
+            self._error = exc
 
     def _accept_pending(self, s: socket.socket) -> None:
-        """Accept every queued TCP connection and start its MPA negotiation."""
+        """Accept every queued TCP connection and start its MPA negotiation (under the
+        runtime's lock)."""
+        runtime = self.runtime
         while True:
             try:
-                s.setblocking(False)
                 sock, peer = s.accept()
             except (BlockingIOError, InterruptedError):
                 return
@@ -332,39 +361,38 @@ class Listener:
             except OSError:  # the peer reset the connection before we looked at it
                 sock.close()
                 continue
-            conn = IwarpConn(self.runtime.dev, initiator=False, cfg=self.cfg, mss=mss)
-            self.runtime.call(self.runtime.attach, conn, sock)
-            with self._lock:
-                self._pending.append(_Pending(conn, peer, local,
-                                              time.monotonic() + self.mpa_timeout))
-                over = len(self._pending) - MAX_PENDING
-                oldest = self._pending[:over] if over > 0 else []
-                del self._pending[:len(oldest)]
-            for p in oldest:
-                self.runtime.call(p.conn.close)
+            conn = IwarpConn(runtime.dev, initiator=False, cfg=self.cfg, mss=mss)
+            runtime.attach(conn, sock)
+            self._pending.append(_Pending(conn, peer, local, time.monotonic() + self.mpa_timeout))
+            over = len(self._pending) - MAX_PENDING
+            if over > 0:
+                oldest = self._pending[:over]
+                del self._pending[:over]
+                for p in oldest:
+                    p.conn.close()
 
-    def _next_request(self) -> ConnRequest | None:
-        """The oldest connection whose Request is parsed; drops failed and expired ones."""
-        now = time.monotonic()
+    def _next_request_locked(self, now: float) -> ConnRequest | None:
+        """The oldest connection whose Request is parsed; drops failed and expired ones
+        (under the runtime's lock)."""
         found: _Pending | None = None
-        expired: list[_Pending] = []
-        with self._lock, self.runtime.lock:
-            keep: list[_Pending] = []
-            for p in self._pending:
-                st = p.conn.state
-                if st == ConnState.ACCEPT_WAIT and found is None:
-                    found = p
-                elif st == ConnState.AWAIT_REQUEST:
-                    if now >= p.deadline:
-                        expired.append(p)
-                    else:
-                        keep.append(p)
-                elif st == ConnState.ACCEPT_WAIT:
+        keep: list[_Pending] = []
+        expired = False
+        for p in self._pending:
+            st = p.conn.state
+            if st == ConnState.ACCEPT_WAIT and found is None:
+                found = p
+            elif st == ConnState.AWAIT_REQUEST:
+                if now >= p.deadline:  # no Request within the MPA timer (siw: MPA timeout)
+                    p.conn.close()
+                    expired = True
+                else:
                     keep.append(p)
-                # else: a bad Request; the engine sent its Terminate and closes the stream
-            self._pending = keep
-        for p in expired:  # no Request within the MPA timer: close (siw: MPA timeout)
-            self.runtime.call(p.conn.close)
+            elif st == ConnState.ACCEPT_WAIT:
+                keep.append(p)
+            # else: a bad Request; the engine sent its Terminate and closes the stream
+        self._pending = keep
+        if expired:
+            self.runtime.housekeep()  # the closes go out now
         if found is None:
             return None
         return ConnRequest(self, found.conn, found.peer, found.local)

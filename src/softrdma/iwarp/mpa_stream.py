@@ -1,0 +1,408 @@
+"""The MPA stream of an iWARP connection: FPDU framing both ways (RFC 5044 §4-§5).
+
+siw splits its receive path into the FPDU framing (``siw_tcp_rx_data``, ``siw_get_hdr``,
+``siw_get_trailer``, ``siw_check_crc``) and the per-opcode DDP/RDMAP handlers; this module
+is the first part, and the ``frame`` step of its transmit path (``siw_tx_hdt``).
+
+* :class:`FpduRx` is a streaming receive state machine over the bytes of one direction
+  in full operation: ULPDU_Length (RFC 5044 §4.1), header bytes, payload, then PAD and
+  CRC. It checks the markers' FPDUPTR and folds the markers into the CRC (RFC 5044 §5),
+  checks the CRC32c (§4.1) and reports a header error only once the FPDU's CRC checked
+  out (§8: a bad CRC is the MPA error). What the header bytes mean is the
+  :class:`FpduSink`'s business: it is told when the header bytes it asked for are in
+  (``on_header``: ask for more with :meth:`FpduRx.need_header`, name the payload's
+  target buffers with :meth:`FpduRx.start_body`, or raise an
+  :class:`~.terminate.IwarpFault`) and when the FPDU is complete (``on_fpdu``). Payload
+  bytes go straight into the target buffers; a driver can ``recv_into`` them
+  (:meth:`FpduRx.target`, :meth:`FpduRx.placed`).
+* :func:`frame` wraps one DDP segment (header + payload buffers) into an FPDU: length,
+  PAD, CRC32c, and markers through :class:`~softrdma.wire.mpa.FpduEncoder`; payload
+  buffers are never copied.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Protocol
+
+from ..wire.crc import Buffer, crc32c
+from ..wire.ddp import MpaErrorCode
+from ..wire.mpa import MARKER_INTERVAL, FpduEncoder
+from .terminate import IwarpFault
+
+__all__ = ["FpduRx", "FpduSink", "frame", "nbytes", "Buf", "DIRECT_MIN", "FIRST_HDR",
+           "MIN_ULPDU", "LOOKAHEAD_HDR"]
+
+#: A buffer of an outbound FPDU: bytes, or a byte-format memoryview of registered memory.
+Buf = Buffer
+
+#: Payload left in a segment worth a zero-copy ``recv_into`` of its own.
+DIRECT_MIN = 4096
+#: ULPDU_Length + the shorter (tagged, RFC 5041 §5.1) DDP header: what is read first.
+FIRST_HDR = 16
+#: The shortest ULPDU that holds a DDP header (tagged, 14 octets).
+MIN_ULPDU = 14
+#: Header octets of the next FPDU worth reading with a payload (ULPDU_Length + untagged).
+LOOKAHEAD_HDR = 20
+_LEN = 2        # ULPDU_Length (RFC 5044 §4.1)
+_CRC_LEN = 4
+_MAX_ULPDU = 0xFFFF  # a 16-bit ULPDU_Length
+_MAX_TRAILER = 8    # PAD (0-3) + CRC
+_MARKER_LEN = 4
+_BIG_READ = 1 << 18  # receive size hint when segments are small
+_U16 = struct.Struct("!H")
+_MARKER = struct.Struct("!HH")
+_CRC_LE = struct.Struct("<I")
+_PADS = (b"", b"\0", b"\0\0", b"\0\0\0")
+_NO_CRC = b"\0\0\0\0"
+
+# receive phases
+P_HDR, P_BODY, P_SKIP, P_TRAIL = 0, 1, 2, 3
+
+
+def nbytes(bufs: list[Buf]) -> int:
+    """Total octets of a buffer list (bytes, or byte-format memoryviews)."""
+    n = 0
+    for b in bufs:
+        n += len(b)
+    return n
+
+
+def frame(enc: FpduEncoder, parts: list[Buf], paylen: int) -> tuple[list[Buf], int]:
+    """One FPDU around the DDP segment ``parts`` (header first, then ``paylen`` octets of
+    payload views): ``(buffers, octets)``. ``parts`` is reused for the result."""
+    if enc.markers:
+        bufs: list[Buf] = enc.encode(parts)
+        return bufs, nbytes(bufs)
+    # RFC 5044 §4.1 without markers, as wire.mpa.fpdu_encode: one header buffer
+    # (ULPDU_Length + DDP/RDMAP headers), the payload views, PAD + CRC
+    ulen = len(parts[0]) + paylen
+    head = _U16.pack(ulen) + parts[0]
+    trail = _PADS[(-(ulen + _LEN)) & 3]
+    if enc.crc:
+        crc = crc32c(head)
+        for p in parts[1:]:
+            crc = crc32c(p, crc)
+        if trail:
+            crc = crc32c(trail, crc)
+        trail += _CRC_LE.pack(crc)
+    else:
+        trail += _NO_CRC
+    parts[0] = head
+    parts.append(trail)
+    size = ulen + _LEN + len(trail)
+    enc.offset += size
+    return parts, size
+
+
+class FpduSink(Protocol):
+    """The DDP/RDMAP layer above :class:`FpduRx` (:class:`~.rdmap.Rdmap`)."""
+
+    def on_header(self) -> None:
+        """``rx.hneed`` header octets are in ``rx.hbuf``; act, or raise IwarpFault."""
+
+    def on_fpdu(self) -> None:
+        """The FPDU is complete and its CRC good."""
+
+    def fast_target(self, mv: memoryview, start: int, ulen: int) -> memoryview | None:
+        """For a whole FPDU whose ULPDU is ``mv[start:start+ulen]``: the buffer its payload
+        (the last ``len`` octets) goes into if the segment is a valid one the sink can
+        take in one go, else None. Changes nothing."""
+
+    def fast_commit(self) -> None:
+        """The payload named by the last ``fast_target`` was placed."""
+
+
+class FpduRx:
+    """Receive-side MPA framing of one stream (see the module docstring).
+
+    ``crc_on``/``markers`` are what MPA negotiated for this direction; ``pos`` counts
+    the stream octets since the first FPDU (markers sit at multiples of 512, RFC 5044
+    §5.1); ``dead`` stops the state machine (the stream failed or closed).
+    """
+
+    __slots__ = ("sink", "crc_on", "markers", "dead", "pos", "fpdu_start", "_mk_buf",
+                 "_mk_have", "phase", "hbuf", "hhave", "hneed", "ulen", "crc", "rem",
+                 "pending", "_tg", "_tgi", "_tgo", "_tbuf", "_tneed", "_thave", "paylen")
+
+    def __init__(self, sink: FpduSink, *, crc: bool = False, markers: bool = False) -> None:
+        self.sink = sink
+        self.crc_on = crc
+        self.markers = markers
+        self.dead = False
+        self.pos = 0
+        self.fpdu_start = 0
+        self._mk_buf = bytearray(_MARKER_LEN)
+        self._mk_have = 0
+        self.phase = P_HDR
+        self.hbuf = bytearray(_LEN + _MAX_ULPDU + _MAX_TRAILER)
+        self.hhave = 0
+        self.hneed = FIRST_HDR
+        self.ulen = 0
+        self.crc = 0
+        self.rem = 0
+        self.pending: IwarpFault | None = None
+        self._tg: list[memoryview] = []
+        self._tgi = 0
+        self._tgo = 0
+        self._tbuf = bytearray(8)
+        self._tneed = 0
+        self._thave = 0
+        self.paylen = 0
+
+    @property
+    def mid_fpdu(self) -> bool:
+        """Some octets of an FPDU are in, not all."""
+        return self.phase != P_HDR or self.hhave != 0
+
+    # ---- what the sink calls from on_header --------------------------------------------
+    def need_header(self, n: int) -> None:
+        """Read the header up to ``n`` octets of the FPDU (ULPDU_Length included)."""
+        self.hneed = n
+
+    def start_body(self, targets: list[memoryview], paylen: int) -> None:
+        """The segment's ``paylen`` payload octets go into ``targets`` (in order)."""
+        self.paylen = paylen
+        if paylen == 0:
+            self.to_trailer()
+            return
+        self._tg = targets
+        self._tgi = 0
+        self._tgo = 0
+        self.rem = paylen
+        self.phase = P_BODY
+
+    def to_trailer(self) -> None:
+        """The ULPDU is all in: read PAD and CRC next."""
+        self.phase = P_TRAIL
+        self._tneed = ((-(_LEN + self.ulen)) & 3) + _CRC_LEN
+        self._thave = 0
+
+    def defer(self, f: IwarpFault, consumed: int) -> None:
+        """Keep a header error until the FPDU's CRC is known (RFC 5044 §8 first)."""
+        self.pending = f
+        self.rem = _LEN + self.ulen - consumed
+        if self.rem > 0:
+            self.phase = P_SKIP
+        else:
+            self.to_trailer()
+
+    # ---- zero-copy receive --------------------------------------------------------------
+    def target(self) -> memoryview | None:
+        """The rest of the current payload's target buffer, if worth a ``recv_into``:
+        not with markers (they interleave) and not for less than :data:`DIRECT_MIN`."""
+        if self.phase != P_BODY or self.markers or self.dead or self.rem < DIRECT_MIN:
+            return None
+        t = self._tg[self._tgi]
+        o = self._tgo
+        n = len(t) - o
+        if n > self.rem:
+            n = self.rem
+        return t[o:o + n]
+
+    def lookahead(self) -> int:
+        """Octets after :meth:`target`'s buffer worth reading in the same call: PAD, CRC
+        and the next segment's headers (0 if the payload continues in the next SGE)."""
+        if self.phase != P_BODY or self._tgi >= len(self._tg) or \
+                self.rem > len(self._tg[self._tgi]) - self._tgo:
+            return 0
+        return ((-(_LEN + self.ulen)) & 3) + _CRC_LEN + LOOKAHEAD_HDR
+
+    def placed(self, n: int) -> None:
+        """``n`` octets were received straight into :meth:`target`'s buffer."""
+        t = self._tg[self._tgi]
+        o = self._tgo
+        if self.crc_on:
+            self.crc = crc32c(t[o:o + n], self.crc)
+        o += n
+        if o == len(t):
+            self._tgi += 1
+            o = 0
+        self._tgo = o
+        self.rem -= n
+        self.pos += n
+        if self.rem == 0:
+            self.to_trailer()
+
+    def want(self) -> int:
+        """How many octets the framing would like next (a receive-size hint)."""
+        if self.markers or self.paylen < DIRECT_MIN:
+            return _BIG_READ  # small segments: many per system call
+        ph = self.phase
+        if ph == P_HDR:
+            return self.hneed - self.hhave
+        if ph == P_TRAIL:
+            return self._tneed - self._thave + LOOKAHEAD_HDR
+        return self.rem if self.rem < _BIG_READ else _BIG_READ
+
+    # ---- the state machine ---------------------------------------------------------------
+    def feed(self, mv: memoryview) -> None:
+        """Consume stream octets (a byte-format memoryview). Faults propagate."""
+        i = 0
+        n = len(mv)
+        step = self._step
+        if not self.markers:
+            fast = self._whole
+            while i < n and not self.dead:
+                if self.phase == P_HDR and not self.hhave and n - i >= LOOKAHEAD_HDR:
+                    k = fast(mv, i, n)
+                    if k:
+                        i += k
+                        continue
+                i += step(mv[i:] if i else mv)
+            return
+        while i < n and not self.dead:
+            r = self.pos % MARKER_INTERVAL
+            if r == 0 or self._mk_have:
+                take = min(_MARKER_LEN - self._mk_have, n - i)
+                self._mk_buf[self._mk_have:self._mk_have + take] = mv[i:i + take]
+                self._mk_have += take
+                self.pos += take
+                i += take
+                if self._mk_have == _MARKER_LEN:
+                    self._mk_have = 0
+                    self._marker(self.pos - _MARKER_LEN)
+                continue
+            lim = min(n - i, MARKER_INTERVAL - r)
+            i += step(mv[i:i + lim])
+
+    def _whole(self, mv: memoryview, i: int, n: int) -> int:
+        """Fast path: a whole FPDU at ``mv[i:]`` that the sink takes in one go (no markers):
+        CRC checked, payload copied once. Returns the octets consumed, or 0 to let the
+        state machine handle it (a partial FPDU, another message type, any error)."""
+        ulen: int = _U16.unpack_from(mv, i)[0]
+        end = i + _LEN + ulen + ((-(_LEN + ulen)) & 3)
+        if end + _CRC_LEN > n:
+            return 0
+        sink = self.sink
+        t = sink.fast_target(mv, i + _LEN, ulen)
+        if t is None:
+            return 0
+        if self.crc_on and crc32c(mv[i:end]) != _CRC_LE.unpack_from(mv, end)[0]:
+            return 0
+        top = i + _LEN + ulen
+        paylen = len(t)
+        t[:] = mv[top - paylen:top]
+        sink.fast_commit()
+        self.paylen = paylen
+        self.ulen = ulen
+        self.pos += end + _CRC_LEN - i
+        self.fpdu_start = self.pos
+        return end + _CRC_LEN - i
+
+    def _marker(self, mpos: int) -> None:
+        """A marker (RFC 5044 §5): FPDUPTR must point back to the current FPDU's start."""
+        _rsvd, ptr = _MARKER.unpack_from(self._mk_buf, 0)
+        if self.crc_on:
+            self.crc = crc32c(self._mk_buf, self.crc)
+        if ptr != mpos - self.fpdu_start:
+            raise IwarpFault.llp(MpaErrorCode.MARKER_MISMATCH,
+                                 f"marker at stream offset {mpos} has FPDUPTR {ptr}, the FPDU "
+                                 f"starts {mpos - self.fpdu_start} octets back")
+
+    def _step(self, chunk: memoryview) -> int:
+        ph = self.phase
+        if ph == P_BODY:
+            k = self.rem if self.rem < len(chunk) else len(chunk)
+            data = chunk[:k] if k != len(chunk) else chunk
+            t = self._tg[self._tgi]
+            o = self._tgo
+            if o + k < len(t):
+                t[o:o + k] = data
+                self._tgo = o + k
+            elif o + k == len(t):
+                t[o:] = data
+                self._tgi += 1
+                self._tgo = 0
+            else:
+                self._scatter(data)
+            if self.crc_on:
+                self.crc = crc32c(data, self.crc)
+            self.rem -= k
+            self.pos += k
+            if self.rem == 0:
+                self.to_trailer()
+            return k
+        if ph == P_HDR:
+            have = self.hhave
+            k = self.hneed - have
+            if k > len(chunk):
+                k = len(chunk)
+            part = chunk[:k]
+            self.hbuf[have:have + k] = part
+            if self.crc_on:
+                self.crc = crc32c(part, self.crc)
+            self.hhave = have + k
+            self.pos += k
+            if have < _LEN <= self.hhave:
+                self._check_ulen()
+            if self.hhave == self.hneed:
+                try:
+                    self.sink.on_header()
+                except IwarpFault as f:
+                    self.defer(f, self.hneed)
+            return k
+        if ph == P_SKIP:
+            k = self.rem if self.rem < len(chunk) else len(chunk)
+            if self.crc_on:
+                self.crc = crc32c(chunk[:k], self.crc)
+            self.rem -= k
+            self.pos += k
+            if self.rem == 0:
+                self.to_trailer()
+            return k
+        have = self._thave
+        k = min(self._tneed - have, len(chunk))
+        self._tbuf[have:have + k] = chunk[:k]
+        self._thave = have + k
+        self.pos += k
+        if self._thave == self._tneed:
+            self._fpdu_done()
+        return k
+
+    def _scatter(self, data: memoryview) -> None:
+        """Place payload octets that cross target buffers (a scatter list)."""
+        tg = self._tg
+        k = len(data)
+        pos = 0
+        while pos < k:
+            t = tg[self._tgi]
+            o = self._tgo
+            take = min(len(t) - o, k - pos)
+            t[o:o + take] = data[pos:pos + take]
+            pos += take
+            o += take
+            if o == len(t):
+                self._tgi += 1
+                o = 0
+            self._tgo = o
+
+    def _check_ulen(self) -> None:
+        """The ULPDU_Length is in (RFC 5044 §4.1): a value shorter than any DDP header
+        means the FPDU framing is lost."""
+        (ulen,) = _U16.unpack_from(self.hbuf, 0)
+        self.ulen = ulen
+        if ulen < MIN_ULPDU:
+            raise IwarpFault.llp(MpaErrorCode.MARKER_MISMATCH,
+                                 f"ULPDU_Length {ulen} is shorter than a DDP header: "
+                                 "FPDU framing lost")
+
+    def _fpdu_done(self) -> None:
+        """PAD and CRC are in: check the CRC (RFC 5044 §4.1), then hand the FPDU up."""
+        fault = self.pending
+        if self.crc_on:
+            pad = self._tneed - _CRC_LEN
+            crc = crc32c(self._tbuf[:pad], self.crc) if pad else self.crc
+            (field,) = _CRC_LE.unpack_from(self._tbuf, pad)
+            if field != crc:
+                fault = IwarpFault.llp(MpaErrorCode.CRC_MISMATCH,
+                                       f"FPDU CRC32c {field:#010x}, computed {crc:#010x}")
+        self.pending = None
+        self.phase = P_HDR
+        self.hhave = 0
+        self.hneed = FIRST_HDR
+        self.crc = 0
+        self.fpdu_start = self.pos
+        if fault is not None:
+            raise fault
+        self.sink.on_fpdu()

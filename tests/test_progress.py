@@ -1,0 +1,327 @@
+"""The progress core (softrdma.drivers.progress) and the two runtimes that compose it.
+
+* :class:`ProgressCore`: engine calls under the lock with the housekeeping after them,
+  deferred calls, the closed / failed errors, the thread's start, stand-back and join;
+* :class:`VirtualTimer`: only the earliest deadline is armed on the virtual clock;
+* the RoCE :class:`Runtime`'s four progress modes, chosen from the link and ``mode``;
+* the iWARP :class:`TcpRuntime`: composed, not a ``Runtime``; connection setup
+  (:mod:`softrdma.cm.iwconnect`) waits on events: no sleeps, a closed listener wakes its
+  waiter at once, and it works with manual progress on both sides.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from softrdma import enums as e
+from softrdma import verbs as v
+from softrdma.cm import iwconnect
+from softrdma.drivers import progress as pg
+from softrdma.drivers.clock import VirtualClock
+from softrdma.drivers.fabric import Fabric
+from softrdma.drivers.runtime import Runtime
+from softrdma.drivers.tcp_runtime import TcpRuntime
+from softrdma.drivers.udp import UdpLink
+from softrdma.errors import ClosedError, DeviceError, InvalidArgument
+from softrdma.ib.port import Port
+from softrdma.wire.gid import ip_to_gid
+
+ACC = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ)
+
+
+# ---- ProgressCore ------------------------------------------------------------------------
+def _core(threaded: bool = False) -> tuple[pg.ProgressCore, list[bool]]:
+    afters: list[bool] = []
+    core = pg.ProgressCore(threaded=threaded, now=lambda: 42.0, after=afters.append)
+    return core, afters
+
+
+def test_call_runs_under_the_lock_then_the_housekeeping() -> None:
+    core, afters = _core()
+    assert core.call(lambda x: (core.lock.locked(), x), 7) == (True, 7)
+    assert afters == [False]  # call: coalesced ACKs stay pending
+    assert core.call_now(lambda x, now: (x, now), "a") == ("a", 42.0)
+    assert afters == [False, True]
+    with pytest.raises(ZeroDivisionError):
+        core.call(lambda: 1 // 0)
+    assert afters == [False, True, False] and not core.lock.locked()
+
+
+def test_deferred_calls_run_at_the_next_operation_and_at_close() -> None:
+    core, _ = _core()
+    ran: list[str] = []
+    core.defer(lambda: ran.append("one"))
+    assert ran == []
+    with core.lock:
+        core.run_deferred()
+    assert ran == ["one"]
+    core.defer(lambda: ran.append("two"))
+    core.defer(lambda: 1 // 0)  # a failing deferred call does not stop the close
+    core.defer(lambda: ran.append("three"))
+    drained: list[bool] = []
+    core.close(lambda: drained.append(core.lock.locked()))
+    assert ran == ["one", "two", "three"] and drained == [True]
+
+
+def test_closed_and_failed_calls_raise() -> None:
+    core, _ = _core()
+    core.fatal = "devd died"
+    with pytest.raises(DeviceError, match="devd died"):
+        core.call(lambda: None)
+    core.fatal = None
+    core.close()
+    with pytest.raises(ClosedError):
+        core.call_now(lambda now: None)
+
+
+def test_thread_steps_stands_back_while_polled_and_is_joined() -> None:
+    core, _ = _core(threaded=True)
+    steps: list[float] = []
+    woken = threading.Event()
+    core.on_wake(woken.set)
+
+    def step() -> bool:
+        steps.append(time.monotonic())
+        time.sleep(0.001)
+        return True
+
+    core.start(step, "test-progress")
+    deadline = time.monotonic() + 5
+    while not steps and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert steps
+    # an application thread busy-polls: the thread stands back (no steps meanwhile)
+    assert core.try_lock()
+    core.lock.release()
+    assert core.standing_back()
+    core.kick()
+    assert woken.is_set() and not core.standing_back()
+    core.close()
+    n = len(steps)
+    time.sleep(0.02)
+    assert len(steps) == n  # the thread has ended
+
+
+def test_a_step_returning_false_ends_the_thread() -> None:
+    core, _ = _core(threaded=True)
+    calls: list[int] = []
+    core.start(lambda: calls.append(1) is not None and False, "test-progress")
+    deadline = time.monotonic() + 5
+    while not calls and time.monotonic() < deadline:
+        time.sleep(0.001)
+    time.sleep(0.02)
+    assert calls == [1]
+    core.close()
+
+
+def test_modes_are_checked_and_named() -> None:
+    with pytest.raises(InvalidArgument, match="progress"):
+        pg.check_mode("busy")
+    assert pg.progress_mode(True, True, False) is pg.ProgressMode.THREAD_SELECT
+    assert pg.progress_mode(True, False, True) is pg.ProgressMode.THREAD_EVENT
+    assert pg.progress_mode(False, True, False) is pg.ProgressMode.MANUAL
+    assert pg.progress_mode(False, False, True) is pg.ProgressMode.VIRTUAL
+
+
+def test_virtual_timer_arms_only_the_earliest_deadline() -> None:
+    clock = VirtualClock()
+    fired: list[float] = []
+    vt = pg.VirtualTimer(clock, lambda: fired.append(clock.now()))
+    vt.arm(None)
+    vt.arm(2.0)
+    vt.arm(3.0)  # later than the armed one: nothing new
+    vt.arm(1.0)  # earlier: armed too
+    clock.run()
+    assert fired == [1.0, 2.0]
+    vt.arm(5.0)  # after firing, a new deadline is armed again
+    clock.run()
+    assert fired == [1.0, 2.0, 5.0]
+
+
+def test_waiters_wake_up() -> None:
+    ev = pg.EventWaiter()
+    ev.wake()
+    t0 = time.monotonic()
+    assert ev.wait(5.0) and time.monotonic() - t0 < 1.0
+    pipe = pg.WakePipe()
+    link = UdpLink("127.0.0.1", 0)
+    try:
+        fd = link.fileno()
+        assert fd is not None
+        sw = pg.SelectWaiter(fd, pipe)
+        sw.wake()
+        t0 = time.monotonic()
+        assert sw.wait(5.0) and time.monotonic() - t0 < 1.0
+        sw.close()
+    finally:
+        link.close()
+
+
+# ---- the RoCE runtime's four modes ----------------------------------------------------------
+def _port(ip: bytes) -> Port:
+    return Port([ip_to_gid(ip)])
+
+
+@pytest.mark.parametrize(("mode", "fabric", "expected"), [
+    ("thread", False, pg.ProgressMode.THREAD_SELECT),
+    ("manual", False, pg.ProgressMode.MANUAL),
+    ("thread", True, pg.ProgressMode.THREAD_EVENT),
+    ("manual", True, pg.ProgressMode.VIRTUAL),
+])
+def test_runtime_modes(mode: str, fabric: bool, expected: pg.ProgressMode) -> None:
+    link: Any = (Fabric(VirtualClock()).link("10.9.0.1") if fabric
+                 else UdpLink("127.0.0.1", 0))
+    rt = Runtime(_port(bytes([10, 9, 0, 1])), link, mode=mode)
+    try:
+        assert rt.mode is expected
+        assert rt.threaded == (mode == "thread")
+        assert rt.call(lambda: rt.lock.locked())
+        assert rt.progress(0.01) == 0
+    finally:
+        rt.close()
+    assert rt.closed
+    with pytest.raises(ClosedError):
+        rt.progress()
+    rt.close()  # idempotent
+
+
+def test_runtime_has_no_dead_entry_points() -> None:
+    assert not hasattr(Runtime, "flush_tx") and not hasattr(Runtime, "poll_rx")
+
+
+# ---- the TCP runtime and event-driven connection setup --------------------------------------
+def test_tcp_runtime_is_composed_not_a_roce_runtime() -> None:
+    assert not issubclass(TcpRuntime, Runtime)
+    ctx = v.Context(transport="iwarp")
+    try:
+        rt = ctx.runtime
+        assert isinstance(rt, TcpRuntime) and rt.link is None
+        assert rt.call(lambda: rt.lock.locked())
+    finally:
+        ctx.close()
+    assert rt.closed
+
+
+class _Ep:
+    def __init__(self, ctx: v.Context) -> None:
+        self.pd = v.PD(ctx)
+        self.cq = v.CQ(ctx, 16)
+        self.qp = v.QP(self.pd, v.QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq,
+                                             cap=v.QPCap(4, 4, 1, 1)))
+        self.qp.to_init(v.QPAttr(qp_access_flags=ACC))
+
+
+def _connect(progress: str, monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Connect two QPs of two contexts, the server accepting 0.2 s late; returns the
+    sleeps and ``select.select`` timeouts (polls) taken meanwhile."""
+    ca, cb = v.Context(transport="iwarp", progress=progress), \
+        v.Context(transport="iwarp", progress=progress)
+    sleeps: list[float] = []
+    real_sleep = time.sleep
+
+    real_select = select.select
+
+    def spy(s: float) -> None:
+        sleeps.append(s)
+        real_sleep(s)
+
+    def spy_select(r: Any, w: Any, x: Any, timeout: float | None = None) -> Any:
+        sleeps.append(-1.0 if timeout is None else timeout)
+        return real_select(r, w, x, timeout)
+
+    try:
+        a, b = _Ep(ca), _Ep(cb)
+        lst = iwconnect.listen(cb, 0)
+        got: dict[str, Any] = {}
+        late = threading.Event()
+
+        def serve() -> None:
+            try:
+                late.wait(0.2)  # the client waits for the MPA Reply meanwhile
+                got["b"] = lst.accept(b.qp, b"srv", timeout=20)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                got["err"] = exc
+
+        monkeypatch.setattr(time, "sleep", spy)
+        monkeypatch.setattr(select, "select", spy_select)
+        t = threading.Thread(target=serve)
+        t.start()
+        conn = iwconnect.connect(a.qp, "127.0.0.1", lst.port, b"cli", timeout=20)
+        t.join(20)
+        monkeypatch.setattr(time, "sleep", real_sleep)
+        monkeypatch.setattr(select, "select", real_select)
+        lst.close()
+        assert "err" not in got, got.get("err")
+        assert conn.private_data == b"srv" and got["b"].private_data == b"cli"
+        assert a.qp.qp_state == b.qp.qp_state == e.IBV_QPS_RTS
+    finally:
+        monkeypatch.setattr(time, "sleep", real_sleep)
+        monkeypatch.setattr(select, "select", real_select)
+        ca.close()
+        cb.close()
+    return sleeps
+
+
+@pytest.mark.parametrize("progress", ["thread", "manual"])
+def test_connection_setup_waits_on_events_not_sleeps(progress: str,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    sleeps = _connect(progress, monkeypatch)
+    assert [s for s in sleeps if s != 0] == []
+
+
+def test_closing_a_listener_wakes_its_waiter_at_once() -> None:
+    ctx = v.Context(transport="iwarp")
+    try:
+        lst = iwconnect.listen(ctx, 0)
+        got: dict[str, BaseException] = {}
+
+        def wait() -> None:
+            try:
+                lst.get_request(timeout=None)
+            except BaseException as exc:  # noqa: BLE001 - checked below
+                got["err"] = exc
+
+        t = threading.Thread(target=wait)
+        t.start()
+        time.sleep(0.1)
+        t0 = time.monotonic()
+        lst.close()
+        t.join(5)
+        assert not t.is_alive() and time.monotonic() - t0 < 0.5
+        assert isinstance(got.get("err"), iwconnect.ConnectError)
+    finally:
+        ctx.close()
+
+
+def _wait_for(cond: Callable[[], bool], timeout: float = 5.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.005)
+    return cond()
+
+
+def test_listener_accepts_while_nobody_waits() -> None:
+    """The runtime watches the listening socket: a connection is accepted (and starts
+    MPA) by the progress thread before anyone calls get_request."""
+    ctx = v.Context(transport="iwarp")
+    try:
+        lst = iwconnect.listen(ctx, 0)
+        peer = socket.create_connection(("127.0.0.1", lst.port), timeout=5)
+        try:
+            rt = ctx.runtime
+            assert isinstance(rt, TcpRuntime)
+            assert _wait_for(lambda: rt.sockets() == 1)
+        finally:
+            peer.close()
+            lst.close()
+    finally:
+        ctx.close()
