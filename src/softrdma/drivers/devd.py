@@ -1022,7 +1022,9 @@ def ensure_devd(
             lines = proc.stderr.decode("utf-8", "replace").strip().splitlines()
             why = lines[-1] if lines else f"exit status {proc.returncode}"
             why = why.removeprefix(f"devd {record.name}: ")
-            raise DeviceError(f"cannot start devd {record.name}: {why}")
+            # the daemon's own errno is in its last line (cannot bind ...: strerror)
+            code = errno.EADDRINUSE if os.strerror(errno.EADDRINUSE) in why else None
+            raise DeviceError(f"cannot start devd {record.name}: {why}", errno=code)
         if not _probe(path):
             raise DeviceError(f"devd {record.name}: started but {path} accepts no connection")
     return str(path)
