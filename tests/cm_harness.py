@@ -15,7 +15,7 @@ from softrdma import enums as e
 from softrdma import verbs as v
 from softrdma.cm.events import CmEvent, CmEventType
 from softrdma.cm.gsi import CmBinding
-from softrdma.cm.ibcm import CmConfig, CmId
+from softrdma.cm.ibcm import CmConfig, IbCmId
 from softrdma.drivers.clock import VirtualClock
 from softrdma.drivers.fabric import Fabric
 from softrdma.drivers.link import Datagram
@@ -71,7 +71,7 @@ class Node:
         if self.on is not None:
             self.on(ev)
 
-    def new_id(self, context: Any = None) -> CmId:
+    def new_id(self, context: Any = None) -> IbCmId:
         return self.agent.create_id(self.record, context)
 
     def qp(self, qpt: int = RC, depth: int = 16) -> tuple[Any, Any]:
@@ -80,7 +80,7 @@ class Node:
                                         cap=v.QPCap(depth, depth, 1, 1)))
         return qp, cq
 
-    def types(self, cid: CmId | None = None) -> list[CmEventType]:
+    def types(self, cid: IbCmId | None = None) -> list[CmEventType]:
         return [ev.type for ev in self.events if cid is None or ev.cm_id is cid]
 
     def of(self, kind: CmEventType) -> list[CmEvent]:
@@ -114,7 +114,7 @@ class Pair:
     def run(self, dt: float = 1.0) -> None:
         self.clock.run_until(self.clock.now() + dt)
 
-    def listen_accepting(self, service_id: int, qp: Any, **accept: Any) -> CmId:
+    def listen_accepting(self, service_id: int, qp: Any, **accept: Any) -> IbCmId:
         """A listener on ``b`` that accepts the first CONNECT_REQUEST with ``qp``."""
         from softrdma.cm.ibcm import AcceptParams
 

@@ -33,7 +33,7 @@ import pytest
 from cm_harness import Pair, T
 
 from softrdma.cm.events import CmEvent
-from softrdma.cm.ibcm import AcceptParams, CmConfig, CmId, ConnParams
+from softrdma.cm.ibcm import AcceptParams, CmConfig, ConnParams, IbCmId
 from softrdma.cm.ipcm import IpCmClient, ip_listen
 from softrdma.cm.state import CmState
 from softrdma.wire import cm as wcm
@@ -54,11 +54,11 @@ A_IP, B_IP = "10.9.0.1", "10.9.0.2"
 
 
 def server(p: Pair, *, bind: str | None = None, minor: int = 0, port: int = PORT,
-           proto: int = IPPROTO_TCP, accept: bool = True) -> CmId:
+           proto: int = IPPROTO_TCP, accept: bool = True) -> IbCmId:
     lst = p.b.new_id()
     ip_listen(lst, port, proto=proto, bind=bind, minor=minor)
     if accept:
-        # handlers run under the device lock: QPs are made beforehand
+        # QPs made beforehand (a handler could make them too: it runs outside the lock)
         qps = [p.b.qp()[0] for _ in range(2)]
 
         def on(ev: CmEvent) -> None:
@@ -69,7 +69,7 @@ def server(p: Pair, *, bind: str | None = None, minor: int = 0, port: int = PORT
 
 
 def client(p: Pair, *, minor: int = 0, port: int = PORT, proto: int = IPPROTO_TCP,
-           private_data: bytes = b"", src: str = A_IP, dst: str = B_IP) -> tuple[CmId, IpCmClient]:
+           private_data: bytes = b"", src: str = A_IP, dst: str = B_IP) -> tuple[IbCmId, IpCmClient]:
     qa, _ = p.a.qp()
     cid = p.a.new_id()
     cl = IpCmClient(cid, minor=minor)
@@ -77,7 +77,7 @@ def client(p: Pair, *, minor: int = 0, port: int = PORT, proto: int = IPPROTO_TC
     return cid, cl
 
 
-def raw_req(p: Pair, hdr: IpCmHeader | bytes, sid: int = SID) -> CmId:
+def raw_req(p: Pair, hdr: IpCmHeader | bytes, sid: int = SID) -> IbCmId:
     """A REQ whose private data is exactly ``hdr`` (crafted, as a non-conforming peer)."""
     qa, _ = p.a.qp()
     cid = p.a.new_id()

@@ -14,8 +14,23 @@ from softrdma import enums as e
 from softrdma import verbs as v
 from softrdma.cm import qpctl
 from softrdma.cm.events import CmEvent
-from softrdma.cm.ibcm import CmConfig, CmId, ConnParams, check_roce_message
-from softrdma.cm.state import API_EVENTS, TRANSITIONS, CmEv, CmState
+from softrdma.cm.ibcm import CmConfig, ConnParams, IbCmId, check_roce_message
+from softrdma.cm.model import (
+    Accept,
+    CmInput,
+    CmState,
+    CommEst,
+    Connect,
+    Disconnect,
+    Establish,
+    Received,
+    Reject,
+    SendDrep,
+    SendMra,
+    SidrResolve,
+    Timeout,
+)
+from softrdma.cm.state import TRANSITIONS, input_kind, transition
 from softrdma.errors import InvalidArgument, StateError
 from softrdma.wire import cm as wcm
 from softrdma.wire.cm import AprStatus, CmAttr, RejReason, time_code_s
@@ -33,7 +48,7 @@ def roce_ver(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) ->
     return str(request.param)
 
 
-def connect(p: Pair, **conn: Any) -> tuple[CmId, Any, Any, Any]:
+def connect(p: Pair, **conn: Any) -> tuple[IbCmId, Any, Any, Any]:
     """Listener on b accepting with a fresh QP; a connects. Returns (client id, qa, qb, lst)."""
     qb, _ = p.b.qp()
     lst = p.listen_accepting(SID, qb)
@@ -43,7 +58,7 @@ def connect(p: Pair, **conn: Any) -> tuple[CmId, Any, Any, Any]:
     return cid, qa, qb, lst
 
 
-def server_id(p: Pair) -> CmId:
+def server_id(p: Pair) -> IbCmId:
     reqs = p.b.of(T.CONNECT_REQUEST)
     assert reqs, p.b.events
     return reqs[-1].cm_id
@@ -51,13 +66,26 @@ def server_id(p: Pair) -> CmId:
 
 # ---------------------------------------------------------------------------- basics
 def test_table_is_consistent() -> None:
-    for (state, ev), (action, nxt) in TRANSITIONS.items():
-        assert callable(getattr(CmId, "_a_" + action, None)), action
-        assert isinstance(state, CmState) and isinstance(nxt, CmState) and isinstance(ev, CmEv)
+    messages = set(wcm.MESSAGE_TYPES.values())
+    for (state, kind), row in TRANSITIONS.items():
+        assert callable(row.action), row
+        assert isinstance(state, CmState) and isinstance(row.next_state, CmState)
+        assert kind in messages or (isinstance(kind, type) and issubclass(kind, CmInput)), kind
+        # the action is a plain module function, not a method looked up by name
+        assert row.action.__module__.startswith("softrdma.cm."), row.action
     # every state but DREQ_RCVD's transient row is reachable from the table
-    targets = {nxt for _, nxt in TRANSITIONS.values()} | {CmState.IDLE, CmState.LISTEN,
-                                                         CmState.REQ_RCVD, CmState.SIDR_REQ_RCVD}
+    targets = {row.next_state for row in TRANSITIONS.values()} | {
+        CmState.IDLE, CmState.LISTEN, CmState.REQ_RCVD, CmState.SIDR_REQ_RCVD}
     assert targets == set(CmState)
+
+
+def test_table_keys_follow_the_input() -> None:
+    rep = wcm.Rep(local_comm_id=1, remote_comm_id=2)
+    assert input_kind(Received(rep, 1, bytes(16), bytes(16))) is wcm.Rep
+    assert input_kind(Disconnect()) is Disconnect
+    row = transition(CmState.REQ_SENT, Received(rep, 1, bytes(16), bytes(16)))
+    assert row is not None and row.next_state == CmState.REP_RCVD
+    assert transition(CmState.IDLE, Received(rep, 1, bytes(16), bytes(16))) is None
 
 
 def test_api_outside_the_table_raises() -> None:
@@ -67,7 +95,9 @@ def test_api_outside_the_table_raises() -> None:
         cid.accept(None)
     with pytest.raises(StateError):
         cid.establish()
-    assert all(ev.name.startswith("API_") for ev in API_EVENTS)
+    assert all(k.api for k in (Connect, Accept, Reject, Establish, SendMra, Disconnect,
+                               SendDrep, SidrResolve))
+    assert not any(k.api for k in (Received, Timeout, CommEst))
 
 
 def test_establish_data_and_teardown() -> None:
@@ -643,3 +673,37 @@ def test_failing_handler_does_not_break_the_cm() -> None:
     assert cid.state == server_id(p).state == CmState.ESTABLISHED
     assert p.b.agent.counters.errors == 2  # CONNECT_REQUEST and ESTABLISHED handlers
     assert all(isinstance(x, RuntimeError) for x in p.b.agent.errors)
+
+
+@pytest.mark.parametrize("how", ["disconnect", "destroy"])
+def test_disconnect_or_destroy_before_accept_is_a_consumer_rej(how: str) -> None:
+    # linux cm_destroy_id in REQ_RCVD: REJ "consumer defined" (IBA 12.6.7 reason 28). The
+    # untyped table once handed this row the disconnect's bytes where the REJ's
+    # (private data, reason, ARI) triple was expected, and the call raised ValueError.
+    p = Pair()
+    lst = p.b.new_id()
+    lst.listen(SID)
+    qa, _ = p.a.qp()
+    cid = p.a.new_id()
+    cid.connect(qa, ConnParams(SID, p.b.gid))
+    p.run(0.01)
+    child = server_id(p)
+    assert child.state == CmState.REQ_RCVD
+    getattr(child, how)()
+    p.run(0.01)
+    assert [r.reason for r in p.sent(wcm.CmAttr.REJ)] == [wcm.RejReason.CONSUMER_DEFINED]
+    assert p.a.types(cid) == [T.REJECTED] and cid.state == CmState.IDLE
+    assert lst.pending == 0 and not p.b.agent.errors
+
+
+def test_events_are_frozen_and_carry_their_messages_typed() -> None:
+    p = Pair()
+    cid, qa, qb, _ = connect(p, private_data=b"typed")
+    p.run(0.05)
+    req_ev = p.b.of(T.CONNECT_REQUEST)[0]
+    assert isinstance(req_ev.req, wcm.Req) and req_ev.req.local_comm_id == cid.local_id
+    assert req_ev.rep is None and req_ev.rej is None and not req_ev.sidr
+    est = p.a.of(T.ESTABLISHED)[0]
+    assert isinstance(est.rep, wcm.Rep) and est.rep.local_qpn == qb.qp_num
+    with pytest.raises(AttributeError):
+        est.private_data = b"changed"  # type: ignore[misc]

@@ -38,7 +38,7 @@ from cm_harness import Node
 from softrdma import enums as e
 from softrdma import verbs as v
 from softrdma.cm.events import CmEvent, CmEventType
-from softrdma.cm.ibcm import AcceptParams, CmId, ConnParams
+from softrdma.cm.ibcm import AcceptParams, ConnParams, IbCmId
 from softrdma.drivers.clock import VirtualClock
 from softrdma.drivers.fabric import Fabric, FabricLink
 from softrdma.tools import pcap_check
@@ -203,7 +203,7 @@ def test_softrdma_client_against_rxe_server(tmp_path: Path) -> None:
     r = Replay(CLIENT_IP, tmp_path / "client.pcap")
     req, rep = _cm(r, 1), _cm(r, 2)
     r.script_cm(req.starting_psn, req.local_comm_id)
-    cid: CmId = r.node.agent.create_id(r.events.append)
+    cid: IbCmId = r.node.agent.create_id(r.events.append)
     cid.connect(r.qp, ConnParams(req.service_id, req.primary_remote_gid,
                                  private_data=req.private_data, path_mtu=req.path_mtu))
     r.expect(1)                                   # REQ
@@ -242,7 +242,7 @@ def test_softrdma_server_against_rxe_client(tmp_path: Path) -> None:
         if ev.type == CmEventType.CONNECT_REQUEST:
             ev.cm_id.accept(r.qp, AcceptParams(private_data=rep.private_data))
 
-    lst: CmId = r.node.agent.create_id(on)
+    lst: IbCmId = r.node.agent.create_id(on)
     lst.listen(req.service_id)
     r.inject(1)                                   # rxe's REQ
     r.expect(2)                                   # REP: softrdma's comm ID and PSN

@@ -12,7 +12,7 @@ from typing import Any
 from cm_harness import Pair, T
 
 from softrdma.cm.events import CmEvent
-from softrdma.cm.ibcm import CmId
+from softrdma.cm.ibcm import IbCmId
 from softrdma.cm.ipcm import IpCmClient, ip_listen
 
 BATCH = 100
@@ -30,11 +30,11 @@ class Counter:
         self.n[ev.type] = self.n.get(ev.type, 0) + 1
 
 
-def run_batch(p: Pair, lst: CmId, ca: Counter, cb: Counter, refs: list[Any]) -> None:
+def run_batch(p: Pair, lst: IbCmId, ca: Counter, cb: Counter, refs: list[Any]) -> None:
     qas = [p.a.qp()[0] for _ in range(BATCH)]
     qbs = [p.b.qp()[0] for _ in range(BATCH)]
     free = list(qbs)
-    children: list[CmId] = []
+    children: list[IbCmId] = []
 
     def on(ev: CmEvent) -> None:
         cb(ev)
@@ -91,7 +91,7 @@ def test_thousand_connections_no_leaks() -> None:
         assert not agent.ids and not agent.outq
     assert p.a.agent.live_ids() == 0 and p.b.agent.live_ids() == 1  # the listener
     assert lst.pending == 0
-    assert all(r() is None for r in refs)  # every CmId was freed
+    assert all(r() is None for r in refs)  # every IbCmId was freed
     # Not counted: our own weakrefs to the ids, and the verbs layer's WeakSet and
     # weakref.finalize tables, which resize with the peak number of live QPs/CQs
     # (bounded, not per connection).

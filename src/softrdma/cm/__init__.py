@@ -2,10 +2,13 @@
 
 Modules:
 
-* :mod:`.state` -- the IBA 12.9 state machine as a table ``(state, event) -> (action,
-  next state)``;
+* :mod:`.state` -- the IBA 12.9 state machine as a table ``(state, input) -> (typed
+  action, next state)``, over the states and typed inputs of :mod:`.model`; the actions
+  live in :mod:`.establish` (REQ/REP/RTU), :mod:`.release` (REJ, DREQ/DREP, TimeWait),
+  :mod:`.mra_lap` (MRA, duplicates, LAP), :mod:`.retry` (timeouts) and :mod:`.sidr`;
 * :mod:`.ibcm` -- :class:`~.ibcm.CmAgent`, the sans-I/O CM of one port (MADs in, MADs
-  out, timers); :mod:`.cmid` -- :class:`~.cmid.CmId`, one connection;
+  out, timers, queued events); :mod:`.cmid` -- :class:`~.cmid.IbCmId`, one connection
+  (``struct ib_cm_id``; the rdma_cm-style id is :class:`.rdma_cm.CmId`);
   :mod:`.params` -- what consumers pass and the RoCE guards (A16.5.2);
 * :mod:`.events` -- :class:`~.events.CmEvent` (librdmacm event names) and readable
   rejections;
@@ -19,7 +22,7 @@ Modules:
 Use (the rdma_cm-style layer sits on exactly this)::
 
     cm = CmBinding.attach(ctx)                       # one per device
-    lst = cm.agent.create_id(handler)                # handler(ev: CmEvent), device lock held
+    lst = cm.agent.create_id(handler)                # handler(ev: CmEvent), lock not held
     ip_listen(lst, 7471)                             # A11 Service ID 0x0000000001061d2f
     cid = cm.agent.create_id(handler)
     IpCmClient(cid).connect(qp, "10.0.0.1", "10.0.0.2", 7471, private_data=b"...")
@@ -28,9 +31,10 @@ Use (the rdma_cm-style layer sits on exactly this)::
     # client handler: ESTABLISHED | REJECTED (ev.reject.reason/.ip_cm/.text) | UNREACHABLE
     cid.disconnect()                                 # -> DISCONNECTED, then TIMEWAIT_EXIT
 
-Events are delivered while the device lock is held (from the progress thread or the
-virtual clock): a handler may call CM methods (``accept``, ``reject``, ``disconnect``
-...) but must not create or destroy verbs objects (they take the same lock); queue the
-event and act from the application thread instead. Without a handler, events go to
-``agent.events`` and :meth:`~.gsi.CmBinding.get_event` returns them.
+The agent only queues events (typed, frozen :class:`~.events.CmEvent`); the binding
+delivers them after the device lock is released (at the end of a consumer call, or from
+the virtual clock or the binding's event thread after MAD and timer processing), so a
+handler may call CM methods, create or destroy verbs objects, or block. Without a
+handler, events go to ``agent.events`` and :meth:`~.gsi.CmBinding.get_event` returns
+them.
 """

@@ -4,7 +4,7 @@ Event names follow librdmacm (``enum rdma_cm_event_type``) so the connection API
 the CM is a thin mapping: :class:`CmEventType` values are the rdma_cm names.
 
 :func:`describe_rej` turns a received REJ into a :class:`RejectInfo` with one distinct
-text per cause: the IBA reason (IBA Table 109, ib-cm.md §4) and, for reason 28
+text per cause: the IBA reason (IBA 12.6.7 Table 109; ``../shared/specs/ib-cm.md`` §4) and, for reason 28
 (Consumer Reject) whose ARI names the RDMA IP CM Service layer, the Annex A11 Table 5
 code with its suggested value (A11.7, oA11-2).
 """
@@ -16,11 +16,11 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DecodeError
-from ..wire.cm import Rej, RejReason, SidrStatus
+from ..wire.cm import Rej, RejReason, Rep, Req, SidrRep, SidrReq, SidrStatus
 from ..wire.ipcm import IpAddress, IpCmAri, IpCmReject, UlpReject, decode_consumer_ari
 
 if TYPE_CHECKING:
-    from .ibcm import CmId
+    from .cmid import IbCmId
 
 __all__ = ["CmEventType", "CmEvent", "RejectInfo", "describe_rej", "describe_sidr_status",
            "reason_name"]
@@ -61,15 +61,17 @@ class RejectInfo:
         return self.reason == RejReason.CONSUMER_DEFINED
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class CmEvent:
-    """One event. ``cm_id`` is the connection it is about; for CONNECT_REQUEST it is the
-    new passive id and ``listen_id`` the listener. Address fields are filled by a
-    dialect that carries them (A11, Hello) and from the path otherwise."""
+    """One event, immutable. ``cm_id`` is the connection it is about; for
+    CONNECT_REQUEST it is the new passive id and ``listen_id`` the listener. Address
+    fields are filled by a dialect that carries them (A11, Hello) and from the path
+    otherwise. The agent queues events and delivers them when the lock of its driver is
+    released (:meth:`~softrdma.cm.ibcm.CmAgent.deliver_events`)."""
 
     type: CmEventType
-    cm_id: CmId
-    listen_id: CmId | None = None
+    cm_id: IbCmId
+    listen_id: IbCmId | None = None
     private_data: bytes = b""
     reject: RejectInfo | None = None
     remote_ip: IpAddress | None = None
@@ -79,6 +81,42 @@ class CmEvent:
     ud_qpn: int | None = None
     ud_qkey: int | None = None
     info: dict[str, Any] = field(default_factory=dict)
+
+    # ---- typed views of ``info`` (the message that caused the event) --------------------
+    @property
+    def req(self) -> Req | None:
+        """The REQ of a CONNECT_REQUEST (IBA 12.6.5)."""
+        m = self.info.get("req")
+        return m if isinstance(m, Req) else None
+
+    @property
+    def rep(self) -> Rep | None:
+        """The REP of a CONNECT_RESPONSE or an active side's ESTABLISHED (IBA 12.6.8)."""
+        m = self.info.get("rep")
+        return m if isinstance(m, Rep) else None
+
+    @property
+    def rej(self) -> Rej | None:
+        """The REJ of a REJECTED (IBA 12.6.7)."""
+        m = self.info.get("rej")
+        return m if isinstance(m, Rej) else None
+
+    @property
+    def sidr(self) -> bool:
+        """A SIDR CONNECT_REQUEST (IBA 12.11): accept it with a UD QP."""
+        return self.info.get("sidr") is True
+
+    @property
+    def sidr_req(self) -> SidrReq | None:
+        """The SIDR_REQ of a SIDR CONNECT_REQUEST (IBA 12.11.1)."""
+        m = self.info.get("sidr_req")
+        return m if isinstance(m, SidrReq) else None
+
+    @property
+    def sidr_rep(self) -> SidrRep | None:
+        """The SIDR_REP of a SIDR ESTABLISHED or REJECTED (IBA 12.11.2)."""
+        m = self.info.get("sidr_rep")
+        return m if isinstance(m, SidrRep) else None
 
     @property
     def text(self) -> str:

@@ -1,19 +1,26 @@
-"""The CM's driver: QP1 (the GSI) of an engine Port carrying CM MADs (ib-cm.md §7).
+"""The CM's driver: QP1 (the GSI, IBA 13.5.1) of an engine Port carrying CM MADs
+(``../shared/specs/ib-cm.md`` §7).
 
 :class:`CmBinding` attaches a :class:`~softrdma.cm.ibcm.CmAgent` to a
 :class:`softrdma.ib.port.Port`:
 
-* QP1 is a UD engine QP (Q_Key 0x80010000, IBA 13.5.1) with ``n_recv`` receive
+* QP1 is a UD engine QP (Q_Key ``GSI_QKEY``, IBA 13.5.1) with ``n_recv`` receive
   buffers of 40 + 256 bytes (GRH area + MAD) in one registered region, re-posted as they
   complete; each completion hands the MAD, the source GID (from the GRH area: IPv4
   header bytes 12-15 after 20 zero bytes, or the IPv6 source) and our destination GID to
   ``agent.on_mad``;
 * the agent's MADs are posted as inline UD SENDs to QP1 of the peer (DETH Q_Key
-  0x80010000, source QP 1, as Linux sends them);
+  ``GSI_QKEY``, source QP 1, as Linux sends them);
 * timers: a small object registered with ``port.arm`` so that the runtime (thread or
   virtual clock) runs ``agent.on_timer`` like any engine timer;
 * locking: consumer calls on the agent's ids go through ``runtime.call_now`` (the
   device lock), MAD and timer processing already runs under it;
+* events: the agent only queues them (typed, frozen :class:`~.events.CmEvent`); the
+  binding hands them to their consumers once the device lock is released: at the end
+  of a consumer call, in the caller's thread; after MAD or timer processing, from the
+  virtual clock (a test fabric: the next callback at the same instant, so runs stay
+  deterministic) or from the binding's event thread. Handlers may therefore block,
+  call the CM, and create or destroy verbs objects;
 * COMM_EST from the engine (``port.on_async_event``) is passed to the agent.
 
 With a device shared through ``devd`` the link becomes a routed CM client
@@ -35,6 +42,8 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from ..drivers.clock import VirtualClock
+from ..drivers.devd import DevdLink
 from ..enums import ibv_access_flags as Access
 from ..enums import ibv_qp_state as Qps
 from ..enums import ibv_wc_status as Wcs
@@ -57,6 +66,7 @@ SLOT = GRH_SIZE + MAD_SIZE
 MAD_RESPONSE_HOP_LIMIT = 0xFF  # A16.4.4: HopLimit of a response on a RoCE port
 _MAX_PEERS = 4096
 _MR_ADDR = 0x10000
+_EVENT_THREAD_IDLE_S = 5.0  # the event thread ends after this long without events
 
 
 class _CmTimer:
@@ -94,8 +104,15 @@ class CmBinding:
                              seed=seed, exclusive=exclusive)
         self.agent.gid_v1 = port.gid_v1
         self.agent.on_output = self._pump
+        # events are delivered outside the device lock (see the module docstring)
+        self._vclock = _virtual_clock(runtime)
+        self._deliver_lock = threading.Lock()
+        self._deliver_cv = threading.Condition()
+        self._deliver_thread: threading.Thread | None = None
+        self._deliver_scheduled = False
         if runtime is not None:
             self.agent.runner = self._run_locked
+            self.agent.deliver_inline = False
         self._pd = object()
         self._buf = bytearray(n_recv * SLOT)
         self._mr = port.register_mr(memoryview(self._buf), _MR_ADDR,
@@ -126,8 +143,6 @@ class CmBinding:
     def attach(cls, ctx: Any, *, config: CmConfig | None = None, seed: int | None = None,
                n_recv: int = 256) -> CmBinding:
         """A CM on the QP1 of a verbs ``Context`` (its port, runtime and node GUID)."""
-        from ..drivers.devd import DevdLink  # noqa: PLC0415 - only for the isinstance
-
         runtime = ctx.runtime
         link = runtime.link
         shared = isinstance(link, DevdLink)
@@ -154,7 +169,63 @@ class CmBinding:
     def _run_locked(self, fn: Callable[[float], Any]) -> Any:
         if self._closed:
             raise ClosedError("the CM binding is closed")
-        return self.runtime.call_now(fn)
+        try:
+            return self.runtime.call_now(fn)
+        finally:
+            self.deliver()  # the lock is released: the call's events, in this thread
+
+    # ---- event delivery, outside the device lock ------------------------------------------
+    def deliver(self, *, wait: bool = False) -> int:
+        """Deliver the agent's queued events now, from this thread (which must not hold
+        the device lock). One thread delivers at a time, in order; a call made while
+        another thread (or a handler of this one) delivers returns at once, leaving
+        the events to it, unless ``wait`` (a manual-progress loop that acts on its
+        events next: it waits for that delivery to end; never from a handler).
+        Returns how many were delivered."""
+        n = 0
+        if wait:  # let a delivery under way on another thread finish first
+            with self._deliver_lock:
+                n += self.agent.deliver_events()
+        while self.agent.outbox:
+            if not self._deliver_lock.acquire(blocking=False):
+                return n
+            try:
+                n += self.agent.deliver_events()
+            finally:
+                self._deliver_lock.release()
+        return n
+
+    def _schedule_delivery(self) -> None:
+        """Called under the device lock when MAD or timer processing queued events."""
+        if self._deliver_scheduled or self._closed:
+            return
+        self._deliver_scheduled = True
+        if self._vclock is not None:
+            self._vclock.call_at(self._vclock.now(), self._delivery_due)
+            return
+        with self._deliver_cv:
+            if self._deliver_thread is None:
+                self._deliver_thread = threading.Thread(
+                    target=self._delivery_main, name="softrdma-cm-events", daemon=True)
+                self._deliver_thread.start()
+            self._deliver_cv.notify()
+
+    def _delivery_due(self) -> None:
+        self._deliver_scheduled = False
+        self.deliver()
+
+    def _delivery_main(self) -> None:
+        """The event thread: delivers what MAD and timer processing queued; it ends
+        after ``_EVENT_THREAD_IDLE_S`` without work (the next event starts another)."""
+        cv = self._deliver_cv
+        while True:
+            with cv:
+                if not self._deliver_scheduled and not self._closed:
+                    cv.wait(_EVENT_THREAD_IDLE_S)
+                if self._closed or not self._deliver_scheduled:
+                    self._deliver_thread = None
+                    return
+            self._delivery_due()
 
     def now(self) -> float:
         return float(self._clock())
@@ -227,6 +298,8 @@ class CmBinding:
             wqe = SendWQE(self._wr, int(Wro.IBV_WR_SEND), 0, inline_data=m.mad, ah=av,
                           remote_qpn=m.dqpn, remote_qkey=GSI_QKEY)
             self.qp1.post_send(wqe, now)
+        if self.agent.outbox and not self.agent.deliver_inline:
+            self._schedule_delivery()
         d = self.agent.next_deadline()
         self._timer.deadline = d
         if d is not None:
@@ -278,12 +351,28 @@ class CmBinding:
             self.runtime.call(run)
         else:
             run()
+        with self._deliver_cv:
+            self._deliver_cv.notify_all()  # the event thread ends
+            t = self._deliver_thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout=5.0)
         link = self._shared_link
         if link is not None:
             try:
                 link.free_qpn(1)
             except Exception:  # noqa: BLE001 - the daemon may be gone already
                 pass
+
+
+def _virtual_clock(runtime: Any) -> VirtualClock | None:
+    """The virtual clock driving ``runtime``'s link (a test fabric), if any."""
+    if runtime is None:
+        return None
+    link = getattr(runtime, "link", None)
+    clock = getattr(link, "clock", None)
+    if clock is None:
+        clock = getattr(getattr(link, "fabric", None), "clock", None)
+    return clock if isinstance(clock, VirtualClock) else None
 
 
 def _devd_listen(link: Any, service_id: int, mask: int, listen: bool) -> None:

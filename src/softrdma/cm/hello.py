@@ -29,9 +29,10 @@ from __future__ import annotations
 import ipaddress
 import weakref
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import enums as e
+from .. import verbs as v
 from ..errors import DecodeError, InvalidArgument, StateError
 from ..wire.cm import RejReason
 from ..wire.gid import ip_to_gid
@@ -48,7 +49,10 @@ from ..wire.iwarp_ib import (
     iwarp_ib_service_id,
     parse_iwarp_ib_service_id,
 )
-from .ibcm import AcceptParams, CmId, ConnParams, DialectReject, ReqVerdict
+from .params import AcceptParams, ConnParams, DialectReject, ReqVerdict
+
+if TYPE_CHECKING:
+    from .cmid import IbCmId
 
 __all__ = ["HelloDialect", "hello_listen", "hello_connect", "hello_accept", "SdpStream",
            "MID_DATA", "MID_MODE_CHANGE", "HELLO_CONSUMER_MAX", "HELLO_REPLY_CONSUMER_MAX"]
@@ -65,9 +69,9 @@ class HelloDialect:
     name = "hello"
 
     def __init__(self) -> None:
-        self._replies: weakref.WeakKeyDictionary[CmId, HelloReply] = weakref.WeakKeyDictionary()
+        self._replies: weakref.WeakKeyDictionary[IbCmId, HelloReply] = weakref.WeakKeyDictionary()
 
-    def check_req(self, listener: CmId, service_id: int, private_data: bytes,
+    def check_req(self, listener: IbCmId, service_id: int, private_data: bytes,
                   sidr: bool) -> ReqVerdict | DialectReject:
         port = parse_iwarp_ib_service_id(service_id)
         try:
@@ -83,17 +87,17 @@ class HelloDialect:
                           local_port=port if port is not None else service_id & 0xFFFF,
                           info={"hello": hello, "flowc": hello.flowc})
 
-    def set_reply(self, cm_id: CmId, reply: HelloReply) -> None:
+    def set_reply(self, cm_id: IbCmId, reply: HelloReply) -> None:
         self._replies[cm_id] = reply
 
-    def rep_private_data(self, cm_id: CmId, private_data: bytes) -> bytes:
+    def rep_private_data(self, cm_id: IbCmId, private_data: bytes) -> bytes:
         if len(private_data) > HELLO_REPLY_CONSUMER_MAX:
             raise InvalidArgument("private_data", f"at most {HELLO_REPLY_CONSUMER_MAX} bytes "
                                                   f"follow a HelloReply, got {len(private_data)}")
         reply = self._replies.pop(cm_id, None) or HelloReply()
         return reply.encode() + bytes(private_data)
 
-    def parse_rep(self, cm_id: CmId, private_data: bytes) -> tuple[bytes, dict[str, Any]]:
+    def parse_rep(self, cm_id: IbCmId, private_data: bytes) -> tuple[bytes, dict[str, Any]]:
         return private_data[HELLO_REPLY_SIZE:], {}
 
 
@@ -102,14 +106,14 @@ class _ClientDialect:
 
     name = "hello"
 
-    def check_req(self, listener: CmId, service_id: int, private_data: bytes,
+    def check_req(self, listener: IbCmId, service_id: int, private_data: bytes,
                   sidr: bool) -> ReqVerdict | DialectReject:  # pragma: no cover - not a listener
         return ReqVerdict(private_data)
 
-    def rep_private_data(self, cm_id: CmId, private_data: bytes) -> bytes:  # pragma: no cover
+    def rep_private_data(self, cm_id: IbCmId, private_data: bytes) -> bytes:  # pragma: no cover
         return private_data
 
-    def parse_rep(self, cm_id: CmId, private_data: bytes) -> tuple[bytes, dict[str, Any]]:
+    def parse_rep(self, cm_id: IbCmId, private_data: bytes) -> tuple[bytes, dict[str, Any]]:
         try:
             reply = HelloReply.decode(private_data)
         except DecodeError as exc:
@@ -117,7 +121,7 @@ class _ClientDialect:
         return private_data[HELLO_REPLY_SIZE:], {"hello_reply": reply}
 
 
-def hello_listen(cm_id: CmId, port: int, *, backlog: int | None = None,
+def hello_listen(cm_id: IbCmId, port: int, *, backlog: int | None = None,
                  now: float | None = None) -> HelloDialect:
     """Listen on ``0x20000 + port`` with the Hello dialect."""
     d = HelloDialect()
@@ -125,7 +129,7 @@ def hello_listen(cm_id: CmId, port: int, *, backlog: int | None = None,
     return d
 
 
-def hello_connect(cm_id: CmId, qp: Any, src: IpAddress | str, dst: IpAddress | str,
+def hello_connect(cm_id: IbCmId, qp: Any, src: IpAddress | str, dst: IpAddress | str,
                   dst_port: int, *, src_port: int = 0, flowc: int = FlowControl.ULP,
                   bufs: int = 0, des_rem_rcv_sz: int = 0, local_rcv_sz: int = 0,
                   private_data: bytes = b"", now: float | None = None, **conn: Any) -> Hello:
@@ -143,7 +147,7 @@ def hello_connect(cm_id: CmId, qp: Any, src: IpAddress | str, dst: IpAddress | s
     return hello
 
 
-def hello_accept(cm_id: CmId, qp: Any, *, bufs: int = 0, act_rcv_sz: int = 0,
+def hello_accept(cm_id: IbCmId, qp: Any, *, bufs: int = 0, act_rcv_sz: int = 0,
                  private_data: bytes = b"", params: AcceptParams | None = None,
                  now: float | None = None) -> None:
     """Accept with a HelloReply (``bufs`` posted receive buffers of ``act_rcv_sz``)."""
@@ -174,8 +178,6 @@ class SdpStream:
 
     def __init__(self, pd: Any, qp: Any, cq: Any, *, nbufs: int = 16,
                  buf_size: int = 4096) -> None:
-        from .. import verbs as v  # noqa: PLC0415
-
         if buf_size <= SDP_HEADER_SIZE:
             raise InvalidArgument("buf_size", f"must exceed the {SDP_HEADER_SIZE}-byte header")
         if nbufs < 2:

@@ -1,20 +1,21 @@
 """The InfiniBand Communication Manager of one RoCE port, sans-I/O (IBA Vol 1 ch. 12).
 
-A :class:`CmAgent` owns the port's connections (:class:`CmId`) and speaks the CM
+A :class:`CmAgent` owns the port's connections (:class:`IbCmId`) and speaks the CM
 protocol in 256-byte MADs (``softrdma.wire.cm``). Like the transport engine it never
 reads a clock or a socket; its driver (``softrdma.cm.gsi``, or a test) calls:
 
 * ``agent.on_mad(mad, src_gid, src_qpn, now, dst_gid=...)`` for each MAD received on QP1;
 * ``agent.on_timer(now)`` when ``now >= agent.next_deadline()``;
 * ``agent.take_output()`` for the MADs to send (:class:`OutMad`: addressed to QP1 of the
-  peer with Q_Key 0x80010000, ib-cm.md §7).
+  peer with the QP1 Q_Key ``wire.mad.GSI_QKEY``, IBA 13.5.1;
+  ``../shared/specs/ib-cm.md`` §7).
 
-Each :class:`CmId` runs the state machine of :mod:`softrdma.cm.state` (IBA 12.9) and
+Each :class:`IbCmId` runs the state machine of :mod:`softrdma.cm.state` (IBA 12.9) and
 reports :class:`~softrdma.cm.events.CmEvent` s. Consumer requests (``connect``,
 ``accept``, ``reject``, ``disconnect`` ...) take ``now`` or, under a driver, get it from
 the driver's runner (which also takes the device lock).
 
-Timers (IBA 12.7.x, A16 CA16-9): a message that expects an answer is retransmitted (the
+Timers (IBA 12.6.5 and 12.6.6, A16 CA16-9): a message that expects an answer is retransmitted (the
 same MAD, same TID) every ``2 * PacketLifeTime + remote CM response time`` seconds, at
 most Max CM Retries times (15, as Linux), PacketLifeTime being ``SubnetTimeout`` (18 by
 default on RoCE) and our own response time ``RespTimeValue`` (19 by default); an MRA
@@ -44,9 +45,10 @@ from ..wire.cm import MsgType, Rej, RejReason, TransportServiceType, time_code_s
 from ..wire.gid import is_v4_mapped
 from ..wire.ipcm import is_ip_cm_service_id
 from ..wire.mad import Method
-from . import qpctl
-from .cmid import CmId
+from . import qpctl, sidr
+from .cmid import IbCmId
 from .events import CmEvent, CmEventType
+from .model import CmState, CommEst, Disconnect, Received, Timeout
 from .params import (
     ALL_ONES_MASK,
     AcceptParams,
@@ -63,11 +65,10 @@ from .params import (
     make_rej,
     mtu_enum,
 )
-from .state import CmEv, CmState
 
 __all__ = [
     "CmConfig", "CmPath", "ConnParams", "AcceptParams", "SidrParams", "OutMad", "ReqVerdict",
-    "DialectReject", "Dialect", "CmCounters", "CmAgent", "CmId", "mtu_enum",
+    "DialectReject", "Dialect", "CmCounters", "CmAgent", "IbCmId", "mtu_enum",
     "ALL_ONES_MASK", "check_roce_message", "make_rej",
 ]
 
@@ -96,13 +97,13 @@ class CmAgent:
         self.rng = random.Random(seed if seed is not None else secrets.randbits(64))
         self.exclusive = exclusive
         self.counters = CmCounters()
-        self.ids: dict[int, CmId] = {}
-        self.by_remote: dict[tuple[int, int], CmId] = {}
-        self.by_remote_qpn: dict[tuple[int, bytes], CmId] = {}
-        self.by_local_qpn: dict[int, CmId] = {}
-        self.listeners: list[CmId] = []
-        self.sidr_pending: dict[int, CmId] = {}
-        self.sidr_server: dict[tuple[int, bytes], CmId] = {}
+        self.ids: dict[int, IbCmId] = {}
+        self.by_remote: dict[tuple[int, int], IbCmId] = {}
+        self.by_remote_qpn: dict[tuple[int, bytes], IbCmId] = {}
+        self.by_local_qpn: dict[int, IbCmId] = {}
+        self.listeners: list[IbCmId] = []
+        self.sidr_pending: dict[int, IbCmId] = {}
+        self.sidr_server: dict[tuple[int, bytes], IbCmId] = {}
         self.sidr_cache: dict[tuple[int, bytes], bytes] = {}
         self.outq: list[OutMad] = []
         self.events: deque[CmEvent] = deque()
@@ -114,19 +115,39 @@ class CmAgent:
         # of our comm IDs and SIDR request IDs, and the hook telling devd our listens.
         self.id_prefix = 0
         self.on_listen: Callable[[int, int, bool], None] | None = None
-        self._heap: list[tuple[float, int, CmId]] = []
+        self._heap: list[tuple[float, int, IbCmId]] = []
         self._tseq = 0
         self._tid = self.rng.getrandbits(32)
-        self._pending_events: deque[CmEvent] = deque()
+        #: events not yet delivered, oldest first (see :meth:`deliver_events`)
+        self.outbox: deque[CmEvent] = deque()
+        #: True: events are delivered when the agent's operation ends (a test driving
+        #: the agent by hand); a driver that holds a lock sets it False and calls
+        #: :meth:`deliver_events` once the lock is released
+        self.deliver_inline = True
         self._busy = 0
         self._owner = 0
         self._now = 0.0
 
     # ---- consumer side ----------------------------------------------------------------
     def create_id(self, handler: Callable[[CmEvent], None] | None = None,
-                  context: Any = None) -> CmId:
+                  context: Any = None) -> IbCmId:
         """A new connection identifier in IDLE (``ib_create_cm_id``)."""
-        return CmId(self, handler, context)
+        return IbCmId(self, handler, context)
+
+    def passive_id(self, listener: IbCmId, service_id: int, tid: int, remote_id: int,
+                   path: CmPath, state: CmState) -> IbCmId:
+        """A new id for a REQ or SIDR_REQ that ``listener`` takes (IBA 12.9.5, 12.11.2):
+        the listener's consumer and dialect, counted in its backlog."""
+        child = IbCmId(self, listener.handler, listener.context)
+        child.listen_id = listener
+        child.dialect = listener.dialect
+        child.service_id = service_id
+        child.tid = tid
+        child.remote_id = remote_id
+        child.path = path
+        child.state = state
+        listener.pending += 1
+        return child
 
     def take_output(self) -> list[OutMad]:
         """The MADs to send, oldest first."""
@@ -139,14 +160,15 @@ class CmAgent:
         heap = self._heap
         while heap:
             when, seq, cid = heap[0]
-            if cid._tseq == seq and cid.deadline == when:
+            if cid.timer_seq == seq and cid.deadline == when:
                 return when
             heapq.heappop(heap)
         return None
 
     def timers(self) -> int:
         """How many timers are armed (for leak checks)."""
-        return sum(1 for when, seq, cid in self._heap if cid._tseq == seq and cid.deadline == when)
+        return sum(1 for when, seq, cid in self._heap
+                   if cid.timer_seq == seq and cid.deadline == when)
 
     def on_timer(self, now: float) -> None:
         """Run the timers due at ``now`` (retransmissions, give-ups, TimeWait ends)."""
@@ -155,19 +177,19 @@ class CmAgent:
             heap = self._heap
             while heap and heap[0][0] <= now:
                 when, seq, cid = heapq.heappop(heap)
-                if cid._tseq != seq or cid.deadline != when:
+                if cid.timer_seq != seq or cid.deadline != when:
                     continue
                 cid.deadline = None
                 self.counters.timeouts += 1
                 try:
-                    cid._dispatch(CmEv.TIMEOUT, now, None)
+                    cid.handle(Timeout(), now)
                 except SoftRdmaError as exc:
                     self.counters.errors += 1
                     self.errors.append(exc)
         finally:
             self._leave(now)
 
-    def on_comm_est(self, qp: Any, now: float) -> None:
+    def on_comm_est(self, qp: object, now: float) -> None:
         """The QP of a connection received its first packet before the RTU (IBA 12.9.7.3:
         the CM then considers the connection established)."""
         eq = qpctl.engine_of(qp)
@@ -176,12 +198,12 @@ class CmAgent:
             return
         self._enter(now)
         try:
-            cid._dispatch(CmEv.COMM_EST, now, None)
+            cid.handle(CommEst(), now)
         finally:
             self._leave(now)
 
     # ---- receive ----------------------------------------------------------------------
-    def on_mad(self, mad: Any, src_gid: bytes, src_qpn: int, now: float, *,
+    def on_mad(self, mad: bytes | bytearray | memoryview, src_gid: bytes, src_qpn: int, now: float, *,
                dst_gid: bytes | None = None) -> None:
         """One MAD received on QP1 from ``src_gid`` (QP ``src_qpn``), sent to our
         ``dst_gid`` (default: our first GID). Malformed MADs are counted and dropped."""
@@ -209,9 +231,6 @@ class CmAgent:
 
     def _recv(self, tid: int, msg: wcm.CmMessage, src: bytes, dst: bytes, src_qpn: int,
               now: float) -> None:
-        from . import sidr  # noqa: PLC0415 - sidr imports this module
-
-        arg = (msg, tid, src, dst)
         if isinstance(msg, wcm.Req):
             self._recv_req(msg, tid, src, dst, now)
             return
@@ -223,7 +242,7 @@ class CmAgent:
             if cid is None or cid.path is None or cid.path.dgid != src:
                 self.counters.unknown_id += 1
                 return
-            cid._dispatch(CmEv.RECV_SIDR_REP, now, arg)
+            cid.handle(Received(msg, tid, src, dst), now)
             return
         if isinstance(msg, wcm.Apr):
             self.counters.ignored += 1  # we never send a LAP
@@ -241,35 +260,34 @@ class CmAgent:
                 # linux cm_issue_drep: let a peer that lost its state finish.
                 drep = wcm.Drep(local_comm_id=msg.remote_comm_id,
                                 remote_comm_id=msg.local_comm_id)
-                self._send_raw(dst, src, drep, tid)
+                self.send_msg(dst, src, drep, tid)
             return
-        ev = _RECV_EV[type(msg)]
-        cid._dispatch(ev, now, arg)
+        cid.handle(Received(msg, tid, src, dst), now)
 
     def _recv_req(self, req: wcm.Req, tid: int, src: bytes, dst: bytes, now: float) -> None:
         # CA16-10: the four LID fields are reserved on RoCE and never examined here.
         cur = self.by_remote.get((req.local_comm_id, req.local_ca_guid))
         if cur is not None:
             self.counters.duplicates += 1
-            cur._dispatch(CmEv.RECV_REQ, now, (req, tid, src, dst))
+            cur.handle(Received(req, tid, src, dst), now)
             return
         old = self.by_remote_qpn.get((req.local_qpn, src))
         if old is not None:
             # IBA 12.9.8.3.2: a REQ from a QPN we still hold a connection (or TimeWait)
             # for is stale; an established old connection is torn down.
             self.counters.stale += 1
-            self._reject_req(req, tid, src, dst, RejReason.STALE_CONN)
+            self.reject_req(req, tid, src, dst, RejReason.STALE_CONN)
             if old.state == CmState.ESTABLISHED:
-                old._dispatch(CmEv.API_DISCONNECT, now, b"")
+                old.handle(Disconnect(), now)
             return
         if req.transport_service_type not in (TransportServiceType.RC, TransportServiceType.UC):
-            self._reject_req(req, tid, src, dst, RejReason.INVALID_TRANSPORT_TYPE)
+            self.reject_req(req, tid, src, dst, RejReason.INVALID_TRANSPORT_TYPE)
             return
         listener = self.find_listener(req.service_id)
         if listener is None:
             self.counters.no_listener += 1
             if self.exclusive:
-                self._reject_req(req, tid, src, dst, RejReason.INVALID_SERVICE_ID)
+                self.reject_req(req, tid, src, dst, RejReason.INVALID_SERVICE_ID)
             else:
                 self.counters.unclaimed += 1
             return
@@ -281,7 +299,7 @@ class CmAgent:
             # exhausted: ENOMEM, cm_destroy_id does not reject) so that it is retried;
             # we reject so that a flood of REQs cannot hold a listener for that long.
             self.counters.backlog_drops += 1
-            self._reject_req(req, tid, src, dst, RejReason.NO_RESOURCES)
+            self.reject_req(req, tid, src, dst, RejReason.NO_RESOURCES)
             return
         verdict: ReqVerdict | DialectReject
         if listener.dialect is not None:
@@ -290,23 +308,17 @@ class CmAgent:
         else:
             verdict = ReqVerdict(bytes(req.private_data))
         if isinstance(verdict, DialectReject):
-            self._reject_req(req, tid, src, dst, verdict.reason, verdict.ari,
+            self.reject_req(req, tid, src, dst, verdict.reason, verdict.ari,
                              verdict.private_data)
             return
-        child = CmId(self, listener.handler, listener.context)
-        child.listen_id = listener
-        child.dialect = listener.dialect
-        child.service_id = req.service_id
-        child.tid = tid
+        path = CmPath(dst, src, req.primary_hop_limit or 64, req.primary_traffic_class,
+                      req.primary_flow_label)
+        child = self.passive_id(listener, req.service_id, tid, req.local_comm_id, path,
+                                CmState.REQ_RCVD)
         child.req = req
-        child.remote_id = req.local_comm_id
         child.remote_guid = req.local_ca_guid
         child.remote_qpn = req.local_qpn
-        child.path = CmPath(dst, src, req.primary_hop_limit or 64, req.primary_traffic_class,
-                            req.primary_flow_label)
-        child.local_id = self._new_comm_id(child)
-        child.state = CmState.REQ_RCVD
-        listener.pending += 1
+        child.local_id = self.new_comm_id(child)
         self.by_remote[(child.remote_id, child.remote_guid)] = child
         self.by_remote_qpn[(child.remote_qpn, src)] = child
         self.emit(CmEvent(CmEventType.CONNECT_REQUEST, child, listener, verdict.private_data,
@@ -314,25 +326,25 @@ class CmAgent:
                           local_ip=verdict.local_ip, local_port=verdict.local_port,
                           info={"req": req, **verdict.info}))
 
-    def _reject_req(self, req: wcm.Req, tid: int, src: bytes, dst: bytes, reason: int,
+    def reject_req(self, req: wcm.Req, tid: int, src: bytes, dst: bytes, reason: int,
                     ari: bytes = b"", private_data: bytes = b"") -> None:
         """REJ a REQ we keep no state for (IBA 12.6.7: Local Communication ID 0)."""
         rej = make_rej(0, req.local_comm_id, MsgType.REQ, reason, ari, private_data)
-        self._send_raw(dst, src, rej, tid)
+        self.send_msg(dst, src, rej, tid)
 
-    def find_listener(self, service_id: int) -> CmId | None:
+    def find_listener(self, service_id: int) -> IbCmId | None:
         """The listener for ``service_id``, most specific mask first (None: nobody).
         A Service ID of the A11 range has none when IP CM is not supported (CA11-8)."""
         if not self.config.ip_cm_supported and is_ip_cm_service_id(service_id):
             return None
-        best: CmId | None = None
+        best: IbCmId | None = None
         for lst in self.listeners:
             if service_id & lst.mask == lst.service_id & lst.mask and (
                     best is None or lst.mask > best.mask):
                 best = lst
         return best
 
-    # ---- plumbing used by CmId -------------------------------------------------------
+    # ---- plumbing used by IbCmId -------------------------------------------------------
     def random_id(self) -> int:
         """A random non-zero 32-bit ID; with ``id_prefix`` (devd slot) its top byte."""
         while True:
@@ -342,7 +354,8 @@ class CmAgent:
             if v and v not in self.ids and v not in self.sidr_pending:
                 return v
 
-    def _new_comm_id(self, cid: CmId) -> int:
+    def new_comm_id(self, cid: IbCmId) -> int:
+        """A fresh comm ID (IBA 12.6.5 Local Communication ID) bound to ``cid``."""
         v = self.random_id()
         self.ids[v] = cid
         return v
@@ -382,14 +395,14 @@ class CmAgent:
         except ValueError:
             return 0
 
-    def _send_raw(self, sgid: bytes, dgid: bytes, msg: wcm.CmMessage, tid: int,
+    def send_msg(self, sgid: bytes, dgid: bytes, msg: wcm.CmMessage, tid: int,
                   path: CmPath | None = None) -> bytes:
         check_roce_message(msg)
         mad = wcm.encode(msg, tid=tid)
-        self._out(sgid, dgid, mad, path)
+        self.out(sgid, dgid, mad, path)
         return mad
 
-    def _out(self, sgid: bytes, dgid: bytes, mad: bytes, path: CmPath | None = None) -> None:
+    def out(self, sgid: bytes, dgid: bytes, mad: bytes, path: CmPath | None = None) -> None:
         self.counters.mads_out += 1
         if path is None:  # answered from the received MAD's addressing alone
             self.outq.append(OutMad(sgid, dgid, mad, reversible=True))
@@ -397,19 +410,21 @@ class CmAgent:
             self.outq.append(OutMad(sgid, dgid, mad, path.hop_limit, path.traffic_class,
                                     path.flow_label))
 
-    def _arm(self, cid: CmId, when: float) -> None:
+    def arm(self, cid: IbCmId, when: float) -> None:
+        """(Re)arm ``cid``'s one timer for ``when`` (an earlier arming is forgotten)."""
         self._tseq += 1
-        cid._tseq = self._tseq
+        cid.timer_seq = self._tseq
         cid.deadline = when
         heapq.heappush(self._heap, (when, self._tseq, cid))
 
-    def timewait_s(self, cid: CmId) -> float:
+    def timewait_s(self, cid: IbCmId) -> float:
         cfg = self.config
         if cfg.timewait_s is not None:
             return cfg.timewait_s
         return time_code_s(min(31, cid.ack_timeout or cfg.subnet_timeout + 1))
 
-    def _unregister(self, cid: CmId) -> None:
+    def unregister(self, cid: IbCmId) -> None:
+        """Forget ``cid`` everywhere it is indexed (it entered IDLE)."""
         if self.ids.get(cid.local_id) is cid:
             del self.ids[cid.local_id]
         key = (cid.remote_id, cid.remote_guid)
@@ -434,7 +449,7 @@ class CmAgent:
             if v is cid:
                 del self.sidr_server[k]
 
-    def claim_qpn(self, cid: CmId, qpn: int) -> None:
+    def claim_qpn(self, cid: IbCmId, qpn: int) -> None:
         """Bind local QPN ``qpn`` to ``cid``: refused while another connection (one in
         TimeWait included) holds it (IBA 12.9.8.3: no QPN reuse before TimeWait ends)."""
         cur = self.by_local_qpn.get(qpn)
@@ -446,28 +461,48 @@ class CmAgent:
 
     # ---- events and re-entrancy -------------------------------------------------------
     def emit(self, ev: CmEvent) -> None:
-        """Queue an event; it is delivered when the current operation ends."""
-        self._pending_events.append(ev)
+        """Queue an event; it is delivered when the current operation ends (inline) or
+        when the driver calls :meth:`deliver_events`."""
+        self.outbox.append(ev)
 
     def _enter(self, now: float) -> None:
-        self._busy += 1
+        # the owner first: a thread that sees _busy set must never see its own ident
+        # there unless it is the one inside (api() then runs without the runner)
         self._owner = threading.get_ident()
+        self._busy += 1
         self._now = now
 
     def _leave(self, now: float) -> None:
         try:
             if self._busy == 1:
-                pend = self._pending_events
-                while pend:
-                    try:
-                        self._deliver(pend.popleft())
-                    except Exception as exc:  # noqa: BLE001 - a consumer's handler failed
-                        self.counters.errors += 1
-                        self.errors.append(exc)
+                if self.deliver_inline:
+                    self.deliver_events()
                 if self.on_output is not None:
                     self.on_output(now)
         finally:
+            if self._busy == 1:
+                self._owner = 0
             self._busy -= 1
+
+    def deliver_events(self) -> int:
+        """Hand the queued events to their consumers (the id's handler, else
+        ``on_event``, else :attr:`events`), oldest first; returns how many. A driver
+        calls this outside its lock, so handlers may do anything. A handler's failure is
+        counted and kept in :attr:`errors`."""
+        n = 0
+        box = self.outbox
+        while box:
+            try:
+                ev = box.popleft()
+            except IndexError:  # another thread took the last one
+                break
+            n += 1
+            try:
+                self._deliver(ev)
+            except Exception as exc:  # noqa: BLE001 - a consumer's handler failed
+                self.counters.errors += 1
+                self.errors.append(exc)
+        return n
 
     def _deliver(self, ev: CmEvent) -> None:
         owner = ev.listen_id if ev.type == CmEventType.CONNECT_REQUEST else ev.cm_id
@@ -502,10 +537,3 @@ class CmAgent:
     def live_ids(self) -> int:
         """Connections and listeners the agent still tracks (for leak checks)."""
         return len(self.ids) + len(self.listeners) + len(self.sidr_pending)
-
-
-_RECV_EV: dict[type, CmEv] = {
-    wcm.Mra: CmEv.RECV_MRA, wcm.Rej: CmEv.RECV_REJ, wcm.Rep: CmEv.RECV_REP,
-    wcm.Rtu: CmEv.RECV_RTU, wcm.Dreq: CmEv.RECV_DREQ, wcm.Drep: CmEv.RECV_DREP,
-    wcm.Lap: CmEv.RECV_LAP,
-}

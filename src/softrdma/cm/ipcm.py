@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Callable, Collection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import DecodeError, InvalidArgument
 from ..wire.cm import RejReason
@@ -49,9 +49,11 @@ from ..wire.ipcm import (
 )
 from . import qpctl
 from .events import CmEvent, CmEventType
-from .ibcm import CmId as _CmId
-from .ibcm import ConnParams, DialectReject, ReqVerdict, SidrParams
+from .params import ConnParams, DialectReject, ReqVerdict, SidrParams
 from .userqp import UserQp
+
+if TYPE_CHECKING:
+    from .cmid import IbCmId
 
 __all__ = ["IpCmDialect", "IpCmClient", "ip_listen", "gid_addresses"]
 
@@ -83,7 +85,7 @@ class IpCmDialect:
             ip_versions = (4, 6) if self.bind is None else (self.bind.version,)
         self.ip_versions = tuple(sorted(set(ip_versions)))
 
-    def check_req(self, listener: _CmId, service_id: int, private_data: bytes,
+    def check_req(self, listener: IbCmId, service_id: int, private_data: bytes,
                   sidr: bool) -> ReqVerdict | DialectReject:
         if not is_ip_cm_service_id(service_id):
             return ReqVerdict(private_data)  # CA11-7 applies to the A11 range only
@@ -101,14 +103,14 @@ class IpCmDialect:
                           local_ip=hdr.dst_addr, local_port=service_id & 0xFFFF,
                           info={"ip_cm": hdr, "protocol": (service_id >> 16) & 0xFF})
 
-    def rep_private_data(self, cm_id: _CmId, private_data: bytes) -> bytes:
+    def rep_private_data(self, cm_id: IbCmId, private_data: bytes) -> bytes:
         return private_data  # A11 formats only the REQ
 
-    def parse_rep(self, cm_id: _CmId, private_data: bytes) -> tuple[bytes, dict[str, Any]]:
+    def parse_rep(self, cm_id: IbCmId, private_data: bytes) -> tuple[bytes, dict[str, Any]]:
         return private_data, {}
 
 
-def ip_listen(cm_id: _CmId, port: int, *, proto: int = IPPROTO_TCP,
+def ip_listen(cm_id: IbCmId, port: int, *, proto: int = IPPROTO_TCP,
               bind: IpAddress | str | None = None, backlog: int | None = None,
               minor: int = IPCM_MINOR_VERSION, now: float | None = None) -> IpCmDialect:
     """Listen on the A11 Service ID of ``proto``/``port`` (Table 2) with the A11 checks."""
@@ -125,7 +127,7 @@ class IpCmClient:
     and the REQ sent again at that version, and the consumer only sees the outcome.
     """
 
-    def __init__(self, cm_id: _CmId, *, handler: Callable[[CmEvent], None] | None = None,
+    def __init__(self, cm_id: IbCmId, *, handler: Callable[[CmEvent], None] | None = None,
                  minor: int = IPCM_MINOR_VERSION) -> None:
         self.cm_id = cm_id
         self.minor = minor
@@ -152,14 +154,17 @@ class IpCmClient:
                 and rej.ip_cm.suggested[0] < self.minor and self._qp is not None):
             self.minor = rej.ip_cm.suggested[0]
             self.downgrades.append(self.minor)
-            now = self.cm_id.agent._now
-            if not isinstance(self._qp, UserQp):  # the application resets its own QP
-                eq = qpctl.engine_of(self._qp)
-                if eq.state != qpctl.RESET:
-                    eq.modify({"qp_state": qpctl.RESET}, now)
-            self._send(now)
+            self.cm_id.agent.api(self._retry, None)
             return
         self._forward(ev)
+
+    def _retry(self, now: float) -> None:
+        """The REQ again at the lower minor version (CA11-3), the QP reset first."""
+        if not isinstance(self._qp, UserQp):  # the application resets its own QP
+            eq = qpctl.engine_of(self._qp)
+            if eq.state != qpctl.RESET:
+                eq.modify({"qp_state": qpctl.RESET}, now)
+        self._send(now)
 
     def _header(self) -> tuple[IpCmHeader, int]:
         a = self._args

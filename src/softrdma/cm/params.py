@@ -1,4 +1,5 @@
-"""Parameters, results and small helpers of the CM (IBA Vol 1 ch. 12; ib-cm.md).
+"""Parameters, results and small helpers of the CM (IBA Vol 1 ch. 12;
+``../shared/specs/ib-cm.md``).
 
 Dataclasses for what a consumer asks for (:class:`ConnParams` for a REQ,
 :class:`AcceptParams` for a REP or SIDR_REP, :class:`SidrParams` for a SIDR_REQ), the
@@ -24,7 +25,7 @@ from ..wire.cm import (
 from ..wire.ipcm import IpAddress
 
 if TYPE_CHECKING:
-    from .cmid import CmId
+    from .cmid import IbCmId
 
 __all__ = [
     "ALL_ONES_MASK", "CmConfig", "CmPath", "ConnParams", "AcceptParams", "SidrParams",
@@ -181,16 +182,16 @@ class Dialect(Protocol):
 
     name: str
 
-    def check_req(self, listener: CmId, service_id: int, private_data: bytes,
+    def check_req(self, listener: IbCmId, service_id: int, private_data: bytes,
                   sidr: bool) -> ReqVerdict | DialectReject:
         """Server side: parse/validate the REQ (or SIDR_REQ) private data."""
         ...
 
-    def rep_private_data(self, cm_id: CmId, private_data: bytes) -> bytes:
+    def rep_private_data(self, cm_id: IbCmId, private_data: bytes) -> bytes:
         """Server side: the REP private data for the consumer's ``private_data``."""
         ...
 
-    def parse_rep(self, cm_id: CmId, private_data: bytes) -> tuple[bytes, dict[str, Any]]:
+    def parse_rep(self, cm_id: IbCmId, private_data: bytes) -> tuple[bytes, dict[str, Any]]:
         """Client side: the consumer's part of the REP private data and extra facts."""
         ...
 

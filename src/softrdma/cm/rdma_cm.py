@@ -35,7 +35,7 @@ Transports (the device found by :mod:`.rdma_devices` decides):
   closing the stream is DISCONNECTED.
 
 Every event goes to the id's :class:`~.rdma_events.EventChannel`; the connection
-managers only queue them (RoCE events arrive under the device lock, see
+managers only queue them (the IB CM's typed events arrive outside the device lock, see
 :mod:`softrdma.cm`), the application acts from its own thread or coroutine.
 """
 
@@ -48,15 +48,17 @@ import threading
 from functools import partial
 from typing import Any
 
+from .. import verbs as v
 from ..errors import InvalidArgument, SoftRdmaError, StateError
 from ..iwarp.mpa_setup import MpaConfig
+from ..verbs.ah import AHAttr, GlobalRoute
 from ..wire.gid import ip_to_gid
 from ..wire.ipcm import IPPROTO_TCP, IPPROTO_UDP, RDMA_UDP_QKEY, IpAddress
 from . import iwconnect as iw
+from .cmid import IbCmId
 from .events import CmEvent, CmEventType, RejectInfo
-from .ibcm import AcceptParams
-from .ibcm import CmId as IbCmId
 from .ipcm import IpCmClient, ip_listen
+from .params import AcceptParams
 from .qpctl import DEFAULT_ACCESS
 from .rdma_devices import (
     OpenDevice,
@@ -320,8 +322,6 @@ class CmId:
         """``rdma_create_qp``: a QP on ``pd`` (None: a PD of the id's device) left to the
         CM to connect; a UD QP (``RDMA_PS_UDP``) goes to RTS at once with the rdma_cm
         Q_Key 0x01234567, as librdmacm does."""
-        from .. import verbs as v  # noqa: PLC0415
-
         self._check()
         if self.verbs is None:
             raise StateError("create_qp needs a resolved address or a CONNECT_REQUEST id")
@@ -657,7 +657,7 @@ class CmId:
     def _device_removed(self) -> None:
         self._post(T.DEVICE_REMOVAL)
 
-    # ---- RoCE: IB CM events (device lock held: only queue) -----------------------------
+    # ---- RoCE: IB CM events, mapped to rdma_cm events on the channel ------------------
     def _on_ib_listen(self, dev: OpenDevice, ev: CmEvent) -> None:
         if ev.type != CmEventType.CONNECT_REQUEST:
             self._on_ib(ev)
@@ -665,12 +665,12 @@ class CmId:
         child = self._child(dev)
         child._ib = ev.cm_id
         ev.cm_id.handler = child._on_ib
-        child._sidr = bool(ev.info.get("sidr"))
+        child._sidr = ev.sidr
         if ev.local_ip is not None:
             child.local_addr = (str(ev.local_ip), int(ev.local_port or 0))
         if ev.remote_ip is not None:
             child.peer_addr = (str(ev.remote_ip), int(ev.remote_port or 0))
-        req = ev.info.get("req")
+        req = ev.req
         param = ConnParam(ev.private_data)
         if req is not None:
             param = ConnParam(ev.private_data, req.responder_resources, req.initiator_depth,
@@ -709,8 +709,6 @@ class CmId:
             self._post(T.TIMEWAIT_EXIT)
 
     def _ah_attr(self) -> Any:
-        from ..verbs.ah import AHAttr, GlobalRoute  # noqa: PLC0415
-
         assert self._dst is not None and self._src is not None
         sgid = ip_to_gid(self._src.packed)
         idx = 0

@@ -26,6 +26,7 @@ from typing import Any
 
 from ..drivers.route import route_source
 from ..errors import DeviceError, InvalidArgument
+from ..verbs.device import IWARP_LOOPBACK, Context, get_device_list
 from ..wire.ipcm import IpAddress
 from .gsi import CmBinding
 from .params import CmConfig
@@ -97,8 +98,6 @@ def is_loopback(ip: IpAddress) -> bool:
 
 def candidates() -> list[DeviceEntry]:
     """Every device: the registry's, then the built-in iWARP loopback device."""
-    from ..verbs.device import IWARP_LOOPBACK, get_device_list  # noqa: PLC0415
-
     out = [DeviceEntry(d.name, d.type, d.netdev, tuple(d.ips)) for d in get_device_list()]
     if all(d.name != IWARP_LOOPBACK for d in out):
         out.append(DeviceEntry(IWARP_LOOPBACK, "iwarp", "lo",
@@ -182,8 +181,6 @@ def devices_for_wildcard(version: int, prefer: str | None) -> list[DeviceEntry]:
 
 def open_device(entry: DeviceEntry) -> OpenDevice:
     """The process's open instance of ``entry`` (opened on first use)."""
-    from ..verbs.device import Context  # noqa: PLC0415
-
     with _lock:
         dev = _open.get(entry.name)
         if dev is not None:

@@ -6,8 +6,8 @@
 ``struct rdma_event_channel``: events of every id created on it, in arrival order,
 through a blocking :meth:`~EventChannel.get_cm_event`, a descriptor that polls readable
 while events are pending (:meth:`~EventChannel.fileno`, ``rdma_event_channel.fd``) or
-``await channel.next_event()``. Events are queued by the connection managers (under
-their device lock, or from iWARP connection threads) and never run application code.
+``await channel.next_event()``. Events are queued by the connection managers (the IB CM's
+event delivery, or iWARP connection threads) and never run application code.
 """
 
 from __future__ import annotations

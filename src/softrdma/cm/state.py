@@ -1,17 +1,20 @@
-"""The CM state machine of IBA Vol 1 §12.9 as data: ``(state, event) -> (action, next state)``.
+"""The CM state machine of IBA Vol 1 §12.9 as data: ``(state, input) -> (action, next state)``.
 
-States are those of IBA Figure 149-153 (connection establishment, release, SIDR) with
-Linux's names (``enum ib_cm_state``). Events are either consumer requests (``API_*``),
-received messages (``RECV_*``, a duplicate being just another receipt of the same
-message in a later state), timer expiries or the QP's communication-established event.
+States are those of IBA Figures 149-153 (connection establishment, release, SIDR) with
+Linux's names (``enum ib_cm_state``); inputs are the typed frozen dataclasses of
+:mod:`softrdma.cm.model`: consumer requests (:class:`~.model.Connect`,
+:class:`~.model.Accept` ...), received messages (:class:`~.model.Received` of a
+``softrdma.wire.cm`` body, a duplicate being just another receipt of the same message in
+a later state), timer expiries and the QP's communication-established event.
 
 :data:`TRANSITIONS` is the whole machine: a pair that is not in the table is not a legal
 transition. A consumer request outside the table raises
 :class:`~softrdma.errors.StateError`; a message outside the table is dropped and
-counted (IBA 12.9.x: "messages received in a state that does not expect them are
-discarded"). Each action is a method ``_a_<action>`` of
-:class:`~softrdma.cm.ibcm.CmId`; it may return a different next state when its outcome
-decides it (a timer that still has retries left stays, one that has none moves on).
+counted (IBA 12.9: a message a state does not expect is discarded). An action is a plain function ``(id, now, input) -> CmState | None`` of
+:mod:`.establish`, :mod:`.release`, :mod:`.mra_lap`, :mod:`.retry` or :mod:`.sidr`; it
+may return a different next state when its outcome decides it (a timer that still has
+retries left stays, one that has none moves on). Every row is built by :func:`_on` or
+:func:`_on_msg`, whose signatures make mypy check that the action takes the row's input.
 
 The choices where IBA leaves room follow Linux ``drivers/infiniband/core/cm.c``:
 
@@ -28,147 +31,147 @@ The choices where IBA leaves room follow Linux ``drivers/infiniband/core/cm.c``:
 
 from __future__ import annotations
 
-from enum import Enum, IntEnum
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Generic, TypeVar, cast
 
-__all__ = ["CmState", "CmEv", "TRANSITIONS", "API_EVENTS", "transition"]
+from ..wire import cm as wcm
+from . import establish as es
+from . import mra_lap as ml
+from . import release as rl
+from . import sidr as sd
+from .model import (
+    PENDING_STATES,
+    Accept,
+    CmInput,
+    CmState,
+    CommEst,
+    Connect,
+    Disconnect,
+    Establish,
+    Received,
+    Reject,
+    SendDrep,
+    SendMra,
+    SidrResolve,
+    Timeout,
+)
+from .retry import retry_or_fail
 
+if TYPE_CHECKING:
+    from .cmid import IbCmId
 
-class CmState(IntEnum):
-    """Communication states (IBA 12.9; linux ``enum ib_cm_state``)."""
+__all__ = ["CmState", "PENDING_STATES", "Row", "TRANSITIONS", "InputKind", "input_kind",
+           "transition"]
 
-    IDLE = 0
-    LISTEN = 1
-    REQ_SENT = 2
-    REQ_RCVD = 3
-    MRA_REQ_SENT = 4
-    MRA_REQ_RCVD = 5
-    REP_SENT = 6
-    REP_RCVD = 7
-    MRA_REP_SENT = 8
-    MRA_REP_RCVD = 9
-    ESTABLISHED = 10
-    DREQ_SENT = 11
-    DREQ_RCVD = 12
-    TIMEWAIT = 13
-    SIDR_REQ_SENT = 14
-    SIDR_REQ_RCVD = 15
+InT = TypeVar("InT", bound=CmInput, contravariant=True)
+MsgT = TypeVar("MsgT", bound=wcm.CmMessage)
 
-
-class CmEv(Enum):
-    """Inputs of the state machine."""
-
-    API_CONNECT = "connect"
-    API_ACCEPT = "accept"
-    API_REJECT = "reject"
-    API_RTU = "establish"
-    API_MRA = "send_mra"
-    API_DISCONNECT = "disconnect"
-    API_DREP = "drep"
-    API_SIDR = "sidr_resolve"
-    RECV_REQ = "REQ"
-    RECV_MRA = "MRA"
-    RECV_REJ = "REJ"
-    RECV_REP = "REP"
-    RECV_RTU = "RTU"
-    RECV_DREQ = "DREQ"
-    RECV_DREP = "DREP"
-    RECV_LAP = "LAP"
-    RECV_SIDR_REP = "SIDR_REP"
-    TIMEOUT = "timeout"
-    COMM_EST = "comm_est"
+#: what the table is keyed by besides the state: an input class, or for
+#: :class:`~.model.Received` the class of the message received
+InputKind = type
 
 
-API_EVENTS = frozenset(e for e in CmEv if e.name.startswith("API_"))
+@dataclass(frozen=True, slots=True)
+class Row(Generic[InT]):
+    """One transition: the action run on the input, and the state after it (unless the
+    action returns another)."""
+
+    action: Callable[[IbCmId, float, InT], CmState | None]
+    next_state: CmState
+
+
+TRANSITIONS: dict[tuple[CmState, InputKind], Row[CmInput]] = {}
+
+
+def _on(state: CmState, kind: type[InT], action: Callable[[IbCmId, float, InT], CmState | None],
+        nxt: CmState) -> None:
+    """Row for a consumer request, timer or event input of class ``kind``."""
+    assert (state, kind) not in TRANSITIONS, (state, kind)
+    TRANSITIONS[(state, kind)] = cast("Row[CmInput]", Row(action, nxt))
+
+
+def _on_msg(state: CmState, kind: type[MsgT],
+            action: Callable[[IbCmId, float, Received[MsgT]], CmState | None],
+            nxt: CmState) -> None:
+    """Row for receiving a message of class ``kind``."""
+    assert (state, kind) not in TRANSITIONS, (state, kind)
+    TRANSITIONS[(state, kind)] = cast("Row[CmInput]", Row(action, nxt))
+
+
+def input_kind(inp: CmInput) -> InputKind:
+    """The table key of an input: its class, or the received message's class."""
+    return type(inp.msg) if isinstance(inp, Received) else type(inp)
+
+
+def transition(state: CmState, inp: InT) -> Row[InT] | None:
+    """The table row for ``(state, inp)``, None when the pair is not a transition. The
+    row's action takes ``inp`` (each row was checked so when it was built)."""
+    return cast("Row[InT] | None", TRANSITIONS.get((state, input_kind(inp))))
+
 
 S = CmState
-E = CmEv
-
-# (state, event) -> (action, next state)
-TRANSITIONS: dict[tuple[CmState, CmEv], tuple[str, CmState]] = {
-    # ---- active side: IBA Figure 149 (REQ_SENT ... ESTABLISHED)
-    (S.IDLE, E.API_CONNECT): ("send_req", S.REQ_SENT),
-    (S.REQ_SENT, E.RECV_REP): ("rep_received", S.REP_RCVD),
-    (S.REQ_SENT, E.RECV_MRA): ("mra_received", S.MRA_REQ_RCVD),
-    (S.REQ_SENT, E.RECV_REJ): ("rej_received", S.IDLE),
-    (S.REQ_SENT, E.TIMEOUT): ("retry_or_fail", S.REQ_SENT),
-    (S.REQ_SENT, E.API_DISCONNECT): ("abort_req", S.IDLE),
-    (S.MRA_REQ_RCVD, E.RECV_REP): ("rep_received", S.REP_RCVD),
-    (S.MRA_REQ_RCVD, E.RECV_MRA): ("mra_received", S.MRA_REQ_RCVD),
-    (S.MRA_REQ_RCVD, E.RECV_REJ): ("rej_received", S.IDLE),
-    (S.MRA_REQ_RCVD, E.TIMEOUT): ("retry_or_fail", S.MRA_REQ_RCVD),
-    (S.MRA_REQ_RCVD, E.API_DISCONNECT): ("abort_req", S.IDLE),
-    (S.REP_RCVD, E.API_RTU): ("send_rtu", S.ESTABLISHED),
-    (S.REP_RCVD, E.API_MRA): ("send_mra", S.MRA_REP_SENT),
-    (S.REP_RCVD, E.RECV_REP): ("dup_rep_mra", S.MRA_REP_SENT),
-    (S.REP_RCVD, E.API_REJECT): ("send_rej", S.TIMEWAIT),
-    (S.REP_RCVD, E.API_DISCONNECT): ("send_rej", S.TIMEWAIT),
-    (S.REP_RCVD, E.RECV_REJ): ("rej_received", S.TIMEWAIT),
-    (S.REP_RCVD, E.RECV_DREQ): ("dreq_received", S.DREQ_RCVD),
-    (S.MRA_REP_SENT, E.API_RTU): ("send_rtu", S.ESTABLISHED),
-    (S.MRA_REP_SENT, E.RECV_REP): ("resend", S.MRA_REP_SENT),
-    (S.MRA_REP_SENT, E.API_REJECT): ("send_rej", S.TIMEWAIT),
-    (S.MRA_REP_SENT, E.API_DISCONNECT): ("send_rej", S.TIMEWAIT),
-    (S.MRA_REP_SENT, E.RECV_REJ): ("rej_received", S.TIMEWAIT),
-    (S.MRA_REP_SENT, E.RECV_DREQ): ("dreq_received", S.DREQ_RCVD),
-    # ---- passive side: IBA Figure 150 (REQ_RCVD ... ESTABLISHED)
-    (S.REQ_RCVD, E.API_ACCEPT): ("send_rep", S.REP_SENT),
-    (S.REQ_RCVD, E.API_REJECT): ("send_rej", S.IDLE),
-    (S.REQ_RCVD, E.API_DISCONNECT): ("send_rej", S.IDLE),
-    (S.REQ_RCVD, E.API_MRA): ("send_mra", S.MRA_REQ_SENT),
-    (S.REQ_RCVD, E.RECV_REQ): ("dup_req_mra", S.MRA_REQ_SENT),
-    (S.REQ_RCVD, E.RECV_REJ): ("rej_received", S.IDLE),
-    (S.MRA_REQ_SENT, E.API_ACCEPT): ("send_rep", S.REP_SENT),
-    (S.MRA_REQ_SENT, E.API_REJECT): ("send_rej", S.IDLE),
-    (S.MRA_REQ_SENT, E.API_DISCONNECT): ("send_rej", S.IDLE),
-    (S.MRA_REQ_SENT, E.RECV_REQ): ("resend", S.MRA_REQ_SENT),
-    (S.MRA_REQ_SENT, E.RECV_REJ): ("rej_received", S.IDLE),
-    (S.REP_SENT, E.RECV_RTU): ("rtu_received", S.ESTABLISHED),
-    (S.REP_SENT, E.COMM_EST): ("rtu_received", S.ESTABLISHED),
-    (S.REP_SENT, E.RECV_MRA): ("mra_received", S.MRA_REP_RCVD),
-    (S.REP_SENT, E.RECV_REQ): ("resend", S.REP_SENT),
-    (S.REP_SENT, E.RECV_REJ): ("rej_received", S.IDLE),
-    (S.REP_SENT, E.RECV_DREQ): ("dreq_received", S.DREQ_RCVD),
-    (S.REP_SENT, E.TIMEOUT): ("retry_or_fail", S.REP_SENT),
-    (S.REP_SENT, E.API_DISCONNECT): ("send_dreq", S.DREQ_SENT),
-    (S.MRA_REP_RCVD, E.RECV_RTU): ("rtu_received", S.ESTABLISHED),
-    (S.MRA_REP_RCVD, E.COMM_EST): ("rtu_received", S.ESTABLISHED),
-    (S.MRA_REP_RCVD, E.RECV_MRA): ("mra_received", S.MRA_REP_RCVD),
-    (S.MRA_REP_RCVD, E.RECV_REJ): ("rej_received", S.IDLE),
-    (S.MRA_REP_RCVD, E.RECV_DREQ): ("dreq_received", S.DREQ_RCVD),
-    (S.MRA_REP_RCVD, E.TIMEOUT): ("retry_or_fail", S.MRA_REP_RCVD),
-    (S.MRA_REP_RCVD, E.API_DISCONNECT): ("send_dreq", S.DREQ_SENT),
-    # ---- established: IBA Figure 151 (connection release) and 12.8 (LAP)
-    (S.ESTABLISHED, E.RECV_REP): ("resend", S.ESTABLISHED),
-    (S.ESTABLISHED, E.API_DISCONNECT): ("send_dreq", S.DREQ_SENT),
-    (S.ESTABLISHED, E.RECV_DREQ): ("dreq_received", S.DREQ_RCVD),
-    (S.ESTABLISHED, E.RECV_REJ): ("rej_received", S.TIMEWAIT),
-    (S.ESTABLISHED, E.RECV_LAP): ("lap_received", S.ESTABLISHED),
-    (S.DREQ_SENT, E.RECV_DREP): ("drep_received", S.TIMEWAIT),
-    (S.DREQ_SENT, E.RECV_DREQ): ("dreq_received", S.DREQ_RCVD),
-    (S.DREQ_SENT, E.RECV_REJ): ("rej_received", S.TIMEWAIT),
-    (S.DREQ_SENT, E.TIMEOUT): ("retry_or_fail", S.DREQ_SENT),
-    (S.DREQ_SENT, E.API_DISCONNECT): ("noop", S.DREQ_SENT),
-    (S.DREQ_RCVD, E.API_DREP): ("send_drep", S.TIMEWAIT),
-    (S.DREQ_RCVD, E.API_DISCONNECT): ("send_drep", S.TIMEWAIT),
-    (S.TIMEWAIT, E.RECV_DREQ): ("drep_again", S.TIMEWAIT),
-    (S.TIMEWAIT, E.RECV_REQ): ("rej_stale", S.TIMEWAIT),
-    (S.TIMEWAIT, E.TIMEOUT): ("timewait_exit", S.IDLE),
-    (S.TIMEWAIT, E.API_DISCONNECT): ("noop", S.TIMEWAIT),
-    # ---- SIDR: IBA Figure 153
-    (S.IDLE, E.API_SIDR): ("send_sidr_req", S.SIDR_REQ_SENT),
-    (S.SIDR_REQ_SENT, E.RECV_SIDR_REP): ("sidr_rep_received", S.IDLE),
-    (S.SIDR_REQ_SENT, E.TIMEOUT): ("retry_or_fail", S.SIDR_REQ_SENT),
-    (S.SIDR_REQ_SENT, E.API_DISCONNECT): ("cancel", S.IDLE),
-    (S.SIDR_REQ_RCVD, E.API_ACCEPT): ("send_sidr_rep", S.IDLE),
-    (S.SIDR_REQ_RCVD, E.API_REJECT): ("send_sidr_rej", S.IDLE),
-    (S.SIDR_REQ_RCVD, E.API_DISCONNECT): ("send_sidr_rej", S.IDLE),
-    # ---- a listener
-    (S.LISTEN, E.API_DISCONNECT): ("stop_listen", S.IDLE),
-}
-
-del S, E
-
-
-def transition(state: CmState, ev: CmEv) -> tuple[str, CmState] | None:
-    """The table row for ``(state, ev)``, None when the pair is not a transition."""
-    return TRANSITIONS.get((state, ev))
+# ---- active side: IBA Figure 149 (REQ_SENT ... ESTABLISHED)
+_on(S.IDLE, Connect, es.send_req, S.REQ_SENT)
+for _s in (S.REQ_SENT, S.MRA_REQ_RCVD):
+    _on_msg(_s, wcm.Rep, es.rep_received, S.REP_RCVD)
+    _on_msg(_s, wcm.Mra, ml.mra_received, S.MRA_REQ_RCVD)
+    _on_msg(_s, wcm.Rej, rl.rej_received, S.IDLE)
+    _on(_s, Timeout, retry_or_fail, _s)
+    _on(_s, Disconnect, es.abort_req, S.IDLE)
+_on(S.REP_RCVD, Establish, es.send_rtu, S.ESTABLISHED)
+_on(S.REP_RCVD, SendMra, ml.send_mra, S.MRA_REP_SENT)
+_on_msg(S.REP_RCVD, wcm.Rep, ml.dup_rep_mra, S.MRA_REP_SENT)
+_on(S.MRA_REP_SENT, Establish, es.send_rtu, S.ESTABLISHED)
+_on_msg(S.MRA_REP_SENT, wcm.Rep, ml.resend, S.MRA_REP_SENT)
+for _s in (S.REP_RCVD, S.MRA_REP_SENT):
+    _on(_s, Reject, rl.send_rej, S.TIMEWAIT)
+    _on(_s, Disconnect, rl.send_rej, S.TIMEWAIT)
+    _on_msg(_s, wcm.Rej, rl.rej_received, S.TIMEWAIT)
+    _on_msg(_s, wcm.Dreq, rl.dreq_received, S.DREQ_RCVD)
+# ---- passive side: IBA Figure 150 (REQ_RCVD ... ESTABLISHED)
+_on(S.REQ_RCVD, SendMra, ml.send_mra, S.MRA_REQ_SENT)
+_on_msg(S.REQ_RCVD, wcm.Req, ml.dup_req_mra, S.MRA_REQ_SENT)
+_on_msg(S.MRA_REQ_SENT, wcm.Req, ml.resend, S.MRA_REQ_SENT)
+for _s in (S.REQ_RCVD, S.MRA_REQ_SENT):
+    _on(_s, Accept, es.send_rep, S.REP_SENT)
+    _on(_s, Reject, rl.send_rej, S.IDLE)
+    _on(_s, Disconnect, rl.send_rej, S.IDLE)
+    _on_msg(_s, wcm.Rej, rl.rej_received, S.IDLE)
+_on_msg(S.REP_SENT, wcm.Req, ml.resend, S.REP_SENT)
+for _s in (S.REP_SENT, S.MRA_REP_RCVD):
+    _on_msg(_s, wcm.Rtu, es.rtu_received, S.ESTABLISHED)
+    _on(_s, CommEst, es.comm_est, S.ESTABLISHED)
+    _on_msg(_s, wcm.Mra, ml.mra_received, S.MRA_REP_RCVD)
+    _on_msg(_s, wcm.Rej, rl.rej_received, S.IDLE)
+    _on_msg(_s, wcm.Dreq, rl.dreq_received, S.DREQ_RCVD)
+    _on(_s, Timeout, retry_or_fail, _s)
+    _on(_s, Disconnect, rl.send_dreq, S.DREQ_SENT)
+# ---- established: IBA Figure 151 (connection release) and 12.8 (LAP)
+_on_msg(S.ESTABLISHED, wcm.Rep, ml.resend, S.ESTABLISHED)
+_on(S.ESTABLISHED, Disconnect, rl.send_dreq, S.DREQ_SENT)
+_on_msg(S.ESTABLISHED, wcm.Dreq, rl.dreq_received, S.DREQ_RCVD)
+_on_msg(S.ESTABLISHED, wcm.Rej, rl.rej_received, S.TIMEWAIT)
+_on_msg(S.ESTABLISHED, wcm.Lap, ml.lap_received, S.ESTABLISHED)
+_on_msg(S.DREQ_SENT, wcm.Drep, rl.drep_received, S.TIMEWAIT)
+_on_msg(S.DREQ_SENT, wcm.Dreq, rl.dreq_received, S.DREQ_RCVD)
+_on_msg(S.DREQ_SENT, wcm.Rej, rl.rej_received, S.TIMEWAIT)
+_on(S.DREQ_SENT, Timeout, retry_or_fail, S.DREQ_SENT)
+_on(S.DREQ_SENT, Disconnect, rl.noop, S.DREQ_SENT)
+_on(S.DREQ_RCVD, SendDrep, rl.send_drep, S.TIMEWAIT)
+_on(S.DREQ_RCVD, Disconnect, rl.send_drep, S.TIMEWAIT)
+_on_msg(S.TIMEWAIT, wcm.Dreq, rl.drep_again, S.TIMEWAIT)
+_on_msg(S.TIMEWAIT, wcm.Req, rl.rej_stale, S.TIMEWAIT)
+_on(S.TIMEWAIT, Timeout, rl.timewait_exit, S.IDLE)
+_on(S.TIMEWAIT, Disconnect, rl.noop, S.TIMEWAIT)
+# ---- SIDR: IBA Figure 153 (12.11)
+_on(S.IDLE, SidrResolve, sd.send_sidr_req, S.SIDR_REQ_SENT)
+_on_msg(S.SIDR_REQ_SENT, wcm.SidrRep, sd.sidr_rep_received, S.IDLE)
+_on(S.SIDR_REQ_SENT, Timeout, retry_or_fail, S.SIDR_REQ_SENT)
+_on(S.SIDR_REQ_SENT, Disconnect, sd.cancel, S.IDLE)
+_on(S.SIDR_REQ_RCVD, Accept, sd.send_sidr_rep, S.IDLE)
+_on(S.SIDR_REQ_RCVD, Reject, sd.send_sidr_rej, S.IDLE)
+_on(S.SIDR_REQ_RCVD, Disconnect, sd.send_sidr_rej, S.IDLE)
+# ---- a listener
+_on(S.LISTEN, Disconnect, rl.noop, S.IDLE)
+del S, _s

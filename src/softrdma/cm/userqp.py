@@ -9,7 +9,7 @@ through INIT, RTR and RTS with the attributes of ``rdma_init_qp_attr`` (Linux
 announces :class:`UserQp` ``qpn`` in its REQ or REP and never modifies that QP (nor
 moves it to ERR on a disconnect: the application does, as rping's ``rping_disconnect``).
 
-PSNs follow Linux's convention (see ``cmid.CmId._connect_qp``): each side receives at
+PSNs follow Linux's convention (see :mod:`.establish`): each side receives at
 the Starting PSN it announces and sends from the peer's (``rdma_init_qp_attr`` sets
 ``rq_psn`` to the id's ``seq_num``, the PSN its REQ or REP carries). A passive side asked
 for RTR before its REP draws that PSN then and the REP announces it
@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidArgument, StateError
 from . import qpctl
+from .model import CmState
 from .params import ConnParams
-from .state import CmState
 
 if TYPE_CHECKING:
-    from .cmid import CmId
+    from .cmid import IbCmId
 
 __all__ = ["UserQp", "qp_info", "cm_qp_attr", "passive_psn"]
 
@@ -52,7 +52,7 @@ class UserQp:
             raise InvalidArgument("qp_type", "a connection's QP is RC or UC")
 
 
-def qp_info(qp: Any) -> tuple[int, int, bool, Any]:
+def qp_info(qp: object) -> tuple[int, int, bool, qpctl.CmQp | None]:
     """``(qpn, qp_type, has_srq, engine QP or None)`` of a CM-moved QP or a
     :class:`UserQp` (engine None: the CM must leave it alone)."""
     if isinstance(qp, UserQp):
@@ -61,7 +61,7 @@ def qp_info(qp: Any) -> tuple[int, int, bool, Any]:
     return eq.qpn, eq.qp_type, getattr(eq, "srq", None) is not None, eq
 
 
-def passive_psn(cid: CmId) -> int:
+def passive_psn(cid: IbCmId) -> int:
     """The Starting PSN the passive side's REP announces, drawn at the first need."""
     if not cid.psn_drawn:
         cid.local_psn = cid.agent.rng.getrandbits(24)
@@ -69,7 +69,7 @@ def passive_psn(cid: CmId) -> int:
     return cid.local_psn
 
 
-def cm_qp_attr(cid: CmId, qp_state: int) -> dict[str, Any]:
+def cm_qp_attr(cid: IbCmId, qp_state: int) -> dict[str, Any]:
     """``ib_cm_init_qp_attr``: the attributes for moving this connection's QP to
     ``qp_state`` (INIT, RTR or RTS), as ``ibv_qp_attr`` field names (``ah_attr`` is the
     path: ``dgid``, ``sgid_index``, ``hop_limit``, ``traffic_class``, ``flow_label``)."""

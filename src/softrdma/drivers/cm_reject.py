@@ -25,6 +25,7 @@ from softrdma.drivers.link import Datagram
 from softrdma.errors import SoftRdmaError
 from softrdma.wire import cm as wcm
 from softrdma.wire.gid import ip_to_gid
+from softrdma.wire.mad import GSI_QKEY
 from softrdma.wire.roce import icrc_ok_udp, icrc_v1, recover_ipv4_id
 from softrdma.wire.rocev1 import LOOPBACK_GID
 
@@ -37,7 +38,6 @@ BTH_SIZE = 12
 MAD_OFF = BTH_SIZE + 8  # BTH + DETH, then the 256-byte MAD
 MAD_SIZE = 256
 UD_SEND_ONLY = 0x64
-GSI_QKEY = 0x80010000
 QPN_GSI = 1
 _BTH_DETH = struct.Struct("!BBHIIII")
 ICRC_SIZE = 4

@@ -210,7 +210,6 @@ _MAD_SIZE = 256
 _CM_CLASS = 0x07
 _ATTR_REQ, _ATTR_REJ, _ATTR_SIDR_REQ, _ATTR_SIDR_REP = 0x0010, 0x0012, 0x0017, 0x0018
 _UD_SEND_ONLY = 0x64
-_GSI_QKEY = 0x80010000
 _BTH_DETH = struct.Struct("!BBHIIII")
 
 MAX_DATAGRAM = 16384  # the largest UDP payload the daemon receives and forwards

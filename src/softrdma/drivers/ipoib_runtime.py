@@ -31,7 +31,7 @@ from typing import Any
 
 from .. import enums as e
 from .. import verbs as v
-from ..cm.cmid import CmId
+from ..cm.cmid import IbCmId
 from ..cm.events import CmEvent, CmEventType
 from ..cm.gsi import CmBinding
 from ..cm.ibcm import AcceptParams, ConnParams
@@ -52,6 +52,7 @@ from ..ipoib.events import (
 )
 from ..ipoib.hwaddr import service_id
 from ..ipoib.iface import Address, IfaceConfig, IpoibInterface, Mode
+from ..wire.cm import TransportServiceType
 from ..wire.gid import ip_to_gid, is_v4_mapped
 from .ipoib_control import ControlServer, control_path
 from .tun import TunDevice
@@ -89,7 +90,7 @@ class RuntimeOptions:
 @dataclass(slots=True)
 class _Conn:
     qp: v.QP
-    cm_id: CmId
+    cm_id: IbCmId
     active: bool
 
 
@@ -106,7 +107,7 @@ class IpoibRuntime:
         self._conns: dict[int, _Conn] = {}
         self._by_qpn: dict[int, int] = {}
         self._by_cmid: dict[int, int] = {}
-        self._requests: dict[int, CmId] = {}
+        self._requests: dict[int, IbCmId] = {}
         self._tokens = 0
         self._ahs: dict[bytes, v.AH] = {}
         self._graveyard: list[v.QP] = []
@@ -301,7 +302,7 @@ class IpoibRuntime:
         return v.QP(self.pd, v.QPInitAttr(qp_type=qpt, scq=self.cq, rcq=self.rc_rcq,
                                           srq=self.srq, cap=cap))
 
-    def _register(self, conn_id: int, qp: v.QP, cm_id: CmId, active: bool) -> None:
+    def _register(self, conn_id: int, qp: v.QP, cm_id: IbCmId, active: bool) -> None:
         self._conns[conn_id] = _Conn(qp, cm_id, active)
         self._by_qpn[qp.qp_num] = conn_id
         self._by_cmid[id(cm_id)] = conn_id
@@ -351,7 +352,7 @@ class IpoibRuntime:
 
     # ---- CM events -----------------------------------------------------------------
     def _cm_event(self, ev: CmEvent) -> None:
-        """Called under the device lock: queue, act from the loop."""
+        """Called by the CM binding's event delivery: queue, act from the loop."""
         self._cm_events.append(ev)
 
     def _handle_cm(self, now: float) -> None:
@@ -361,8 +362,9 @@ class IpoibRuntime:
             if ev.type is CmEventType.CONNECT_REQUEST:
                 self._tokens += 1
                 self._requests[self._tokens] = cid
-                req = ev.info.get("req")
-                transport = "UC" if getattr(req, "transport_service_type", 0) == 1 else "RC"
+                req = ev.req
+                uc = req is not None and req.transport_service_type == TransportServiceType.UC
+                transport = "UC" if uc else "RC"
                 peer = cid.path.dgid if cid.path is not None else bytes(16)
                 self.engine.conn_request(self._tokens, peer, ev.private_data, transport, now)
                 continue
@@ -486,6 +488,8 @@ class IpoibRuntime:
                 continue
             now = time.monotonic()
             self.ctx.progress(0)
+            if self.cm is not None:
+                self.cm.deliver(wait=True)  # the CM's events, for _handle_cm below
             self._poll(now)
             self._handle_cm(now)
             if tun_fd in ready:

@@ -43,7 +43,6 @@ class Timed(Protocol):
 
     def on_timer(self, now: float) -> None: ...
 
-IB_QP1_QKEY = 0x80010000  # IBA 13.5.1.1 / linux IB_QP1_QKEY
 DEFAULT_PKEY = 0xFFFF
 GID_TYPE_ROCE_V1 = int(ibv_gid_type.IBV_GID_TYPE_ROCE_V1)  # "IB/RoCE v1" (Annex A16)
 GID_TYPE_ROCE_V2 = int(ibv_gid_type.IBV_GID_TYPE_ROCE_V2)  # "RoCE v2" (Annex A17)

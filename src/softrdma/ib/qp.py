@@ -26,7 +26,7 @@ from ..enums import ibv_wc_opcode as WCO
 from ..enums import ibv_wc_status as WCS
 from ..errors import ClosedError, ResourceError, StateError
 from .pacing import rate_bps
-from .port import IB_QP1_QKEY, Port, TxPacket
+from .port import Port, TxPacket
 from .types import CompletionSink, RecvWQE, SendWQE, WorkCompletion
 
 RESET = int(QPS.IBV_QPS_RESET)
@@ -423,4 +423,4 @@ class EngineQP(QPBase):
 
 _TRANSPORT_OF = {QPT_RC: 0x00, QPT_UC: 0x20, QPT_UD: 0x60}
 
-__all__ = ["AddressVector", "EngineQP", "QPBase", "EngineSRQ", "IB_QP1_QKEY", "mtu_bytes", "rxe_udp_sport"]
+__all__ = ["AddressVector", "EngineQP", "QPBase", "EngineSRQ", "mtu_bytes", "rxe_udp_sport"]

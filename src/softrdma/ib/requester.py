@@ -21,9 +21,9 @@ from ..enums import ibv_wc_status as WCS
 from ..enums import ibv_wr_opcode as WRO
 from ..wire import ib as wib
 from ..wire import opcodes as op
+from ..wire.mad import GSI_QKEY
 from .memory import gather, resolve_sges, scatter
 from .pacing import ICRC_BYTES, Pacer
-from .port import IB_QP1_QKEY
 from .types import PSN_MASK, SendWQE, WorkCompletion, psn_diff
 
 _POS_FIRST = int(op.Pos.FIRST)
@@ -316,7 +316,7 @@ class Requester:
         if qtype == 4:  # UD: SEND_ONLY(_IMM) + DETH (IBA 9.8.3)
             opcode = op.UD_SEND_ONLY_IMM if variant == 1 else op.UD_SEND_ONLY
             if qp.qpn == 1:
-                qkey = IB_QP1_QKEY
+                qkey = GSI_QKEY
             else:
                 qkey = qp.qkey if wqe.remote_qkey & 0x80000000 else wqe.remote_qkey
             ext = _DETH.pack(qkey, qp.qpn)

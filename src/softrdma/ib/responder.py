@@ -23,9 +23,10 @@ from ..enums import ibv_wc_opcode as WCO
 from ..enums import ibv_wc_status as WCS
 from ..wire import ib as wib
 from ..wire import opcodes as op
+from ..wire.mad import GSI_QKEY
 from .memory import resolve_sges, scatter
 from .mw import remotely_invalidatable
-from .port import IB_QP1_QKEY, RxMeta
+from .port import RxMeta
 from .types import PSN_MASK, RecvWQE, WorkCompletion, psn_diff
 
 _POS_FIRST = int(op.Pos.FIRST)
@@ -530,7 +531,7 @@ class Responder:
     def _ud(self, pkt: wib.IBPacket, meta: RxMeta) -> None:
         qp = self.qp
         c = qp.port.counters
-        expected = IB_QP1_QKEY if qp.qpn == 1 else qp.qkey
+        expected = GSI_QKEY if qp.qpn == 1 else qp.qkey
         if pkt.qkey != expected:  # IBA 10.2.5: Q_Key violation, silently dropped
             c.rcvd_bad_qkey += 1
             return

@@ -1,8 +1,9 @@
 """Management datagrams: the 24-byte MAD common header and 256-byte MAD framing.
 
-Implements IBA Vol 1 §13.4.2-13.4.3 (MAD format, common header; ib-cm.md §1) as carried
-on the GSI (QP1) of a RoCE port (ib-cm.md §7): every MAD is exactly :data:`MAD_SIZE`
-bytes, the header first, then :data:`MAD_DATA_SIZE` bytes of class-specific data.
+Implements IBA Vol 1 §13.4.2-13.4.3 (MAD format, common header;
+``../shared/specs/ib-cm.md`` §1) as carried on the GSI (QP1) of a RoCE port (§7 there):
+every MAD is exactly :data:`MAD_SIZE` bytes, the header first, then :data:`MAD_DATA_SIZE`
+bytes of class-specific data.
 
 Header layout (big-endian)::
 
@@ -40,7 +41,9 @@ MAD_DATA_SIZE = MAD_SIZE - MAD_HDR_SIZE  # 232
 BASE_VERSION = 1
 
 GSI_QPN = 1
-GSI_QKEY = 0x80010000  # IBA 13.5.1: the well-known Q_Key of QP1 (umad_types.h IB_QP1_QKEY)
+# IBA 13.5.1: the well-known Q_Key of QP1, the GSI (linux IB_QP1_QKEY). The one
+# definition: the transport's QP1 checks (ib/), the CM (cm/gsi.py) and devd's REJ use it.
+GSI_QKEY = 0x80010000
 
 
 class MgmtClass(IntEnum):
