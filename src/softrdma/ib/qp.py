@@ -17,6 +17,7 @@ verbs layer's transition table; here each state decides what the engines may do.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from typing import Any
 
@@ -55,6 +56,19 @@ def hash32(val: int, bits: int) -> int:
 def rxe_udp_sport(qpn: int) -> int:
     """The RoCEv2 UDP source port rxe uses for a QP: 0xC000 + hash_32(qpn, 14)."""
     return 0xC000 + hash32(qpn, 14)
+
+
+_QP_LOG = logging.getLogger("softrdma.qp")  # SOFTRDMA_TRACE=qp (softrdma.trace)
+
+
+def _trace_state(qp: QPBase, old: int, new: int, why: str = "") -> None:
+    """One trace line per QP state transition (IBA 10.3.1), when ``softrdma.qp`` is on."""
+    if _QP_LOG.isEnabledFor(logging.DEBUG):
+        kind = QPT(qp.qp_type).name.removeprefix("IBV_QPT_") if qp.qp_type in (
+            t.value for t in QPT) else str(qp.qp_type)
+        _QP_LOG.debug("QP 0x%06x %s: %s -> %s%s", qp.qpn, kind,
+                      QPS(old).name.removeprefix("IBV_QPS_"),
+                      QPS(new).name.removeprefix("IBV_QPS_"), why)
 
 
 class AddressVector:
@@ -287,6 +301,8 @@ class EngineQP(QPBase):
         old = self.state
         if new == old and new not in (SQD,):
             return
+        if new != ERR:
+            _trace_state(self, old, new)
         if new == RESET:
             self._reset()
         elif new == ERR:
@@ -311,6 +327,7 @@ class EngineQP(QPBase):
         """Move to ERR and flush every outstanding WQE with IBV_WC_WR_FLUSH_ERR (IBA 10.3.1.7)."""
         if self.state == ERR:
             return
+        _trace_state(self, self.state, ERR, f" ({event})" if event else "")
         # The requests this responder executed are acknowledged before the flush: rxe
         # ACKs each at once, a coalesced ACK would otherwise be lost (the peer's WQE
         # then completes with a flush error after a DREQ that overtook it).

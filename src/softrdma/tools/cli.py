@@ -38,11 +38,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
+from .. import trace
 from ..errors import SoftRdmaError
 
 PROG = "softrdma"
@@ -218,6 +220,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG, description="softrdma: a software RDMA stack (RoCEv2 / iWARP) in Python, "
         "wire-compatible with Linux rxe and siw.")
     parser.add_argument("--version", action="version", version=f"{PROG} {version()}")
+    parser.add_argument("--trace", metavar="KINDS", default=None,
+                        help="log qp (QP state transitions), cm (CM states and events) and/or "
+                        "pkt (one line per packet), comma-separated or 'all', to stderr; as "
+                        "SOFTRDMA_TRACE")
+    parser.add_argument("--pcap", metavar="FILE", default=None,
+                        help="write what this tool's RoCE devices send and receive to FILE "
+                        "(pcap; tshark and pcap-check read it); as SOFTRDMA_PCAP")
     subs = parser.add_subparsers(dest="command", metavar="COMMAND")
     _orig_add = subs.add_parser
 
@@ -382,6 +391,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _trace_and_capture(kinds: str | None, pcap: str | None) -> None:
+    """``--trace`` / ``--pcap``: set up this process (and, through the environment, the
+    processes it starts) as ``SOFTRDMA_TRACE`` / ``SOFTRDMA_PCAP`` would."""
+    if kinds is not None:
+        trace.configure(kinds)
+        os.environ[trace.ENV] = kinds
+    if pcap is not None:
+        try:
+            with open(pcap, "ab"):
+                pass
+        except OSError as exc:
+            raise ToolUnavailable(f"--pcap: cannot write {pcap}: {exc.strerror}") from None
+        trace.capture_path = pcap
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``softrdma`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
     parser = build_parser()
@@ -390,6 +414,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.rest = rest  # e.g. ``link``: its own parser gets every argument, in order
     elif rest:
         getattr(args, "subparser", parser).error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.trace is not None or args.pcap is not None:
+        try:
+            _trace_and_capture(args.trace, args.pcap)
+        except SoftRdmaError as exc:
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
+            return 2
     handler: Callable[[argparse.Namespace], int] | None = getattr(
         args, "unavailable", None) or getattr(args, "handler", None)
     if handler is None:
