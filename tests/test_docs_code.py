@@ -1,5 +1,6 @@
 """The Python blocks of the docs run as written (on a private RoCE device on lo), so the
-pages stay true: docs/rdma_cm.md (blocking and asyncio use)."""
+pages stay true: docs/rdma_cm.md (blocking and asyncio use), docs/watch-the-packets.md
+(the lossy fabric and its capture)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ def _blocks(page: str) -> list[str]:
 @pytest.mark.parametrize(("page", "index", "expect"), [
     ("rdma_cm.md", 0, ["server got b'ping'"]),
     ("rdma_cm.md", 1, ["roce ('127.0.0.1', "]),
+    ("watch-the-packets.md", 1, ["True ", "retransmitted: ", " ok, 0 failed"]),
 ])
 def test_doc_block_runs(tmp_path: Path, page: str, index: int, expect: list[str]) -> None:
     blocks = _blocks(page)
