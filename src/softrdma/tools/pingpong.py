@@ -48,6 +48,7 @@ from .. import enums as e
 from ..errors import DecodeError, InvalidArgument, SoftRdmaError
 from . import pingpong_ext
 from .pingpong_ext import ExtOptions
+from .waiting import announce_wait, connect_retry_s
 
 if TYPE_CHECKING:
     from .. import verbs as v
@@ -169,8 +170,8 @@ def _send_all(sock: socket.socket, data: bytes, deadline: float, what: str) -> N
 def client_exchange(host: str, port: int, my: Dest, timeout: float = DEFAULT_TIMEOUT) -> Dest:
     """The client side of the exchange (``pp_client_exch_dest``).
 
-    Connection attempts are retried while refused until ``timeout`` (the server may still
-    be starting); then: send our address, read the server's, send ``done``.
+    A refused connection fails at once (retried only for ``$SOFTRDMA_CONNECT_RETRY``
+    seconds, :mod:`.waiting`); then: send our address, read the server's, send ``done``.
     """
     deadline = time.monotonic() + timeout
     msg = encode_dest(my)
@@ -188,6 +189,7 @@ def _connect(host: str, port: int, deadline: float) -> socket.socket:
     except socket.gaierror as exc:
         raise PingPongError(f"{exc.strerror} for {host}:{port}") from exc
     last: OSError | None = None
+    retry_until = min(deadline, time.monotonic() + connect_retry_s())  # tools.waiting
     while True:
         for family, stype, proto, _name, addr in infos:
             sock = socket.socket(family, stype, proto)
@@ -198,7 +200,7 @@ def _connect(host: str, port: int, deadline: float) -> socket.socket:
             except OSError as exc:
                 last = exc
                 sock.close()
-        if time.monotonic() + 0.1 >= deadline or not isinstance(
+        if time.monotonic() + 0.1 >= retry_until or not isinstance(
                 last, ConnectionRefusedError):
             reason = (last.strerror or str(last)) if last else "no address"
             raise PingPongError(f"Couldn't connect to {host}:{port}: {reason}")
@@ -260,18 +262,14 @@ class OOBListener:
     def exchange(self, my: Dest, on_remote: Callable[[Dest], None]) -> Dest:
         """Accept one client: read its address, ``on_remote(dest)`` (connect the QP), answer
         with ``my``, wait for ``done``. Returns the client's address."""
-        deadline = time.monotonic() + self.timeout
-        self._sock.settimeout(self.timeout)
+        self._sock.settimeout(None)  # wait for the client until stopped (tools.waiting)
         try:
             conn, _peer = self._sock.accept()
-        except TimeoutError as exc:
-            raise PingPongError(
-                f"timed out after {self.timeout:g} s waiting for a client on port "
-                f"{self.port}") from exc
         except OSError as exc:
             raise PingPongError(f"accept() failed: {exc.strerror or exc}") from exc
         finally:
             self.close()
+        deadline = time.monotonic() + self.timeout
         with conn:
             rem = decode_dest(_recv_exact(conn, MSG_LEN, deadline, "remote address"))
             on_remote(rem)
@@ -806,7 +804,8 @@ def run_server_iwarp(ep: Endpoint, listener: Any, out: TextIO,
     the MPA Reply (accepting moves the QP to RTS); then the same data phase."""
     _emit(out, address_line("local", ep.local, ep.opts.kind))
     try:
-        req = listener.get_request(ep.opts.timeout)
+        # standalone, wait until stopped (tools.waiting); in --loopback, the timeout
+        req = listener.get_request(None if abort is None else ep.opts.timeout)
         rem = decode_dest(req.private_data)
         ep.remote = rem
         req.accept(ep.qp, encode_dest(ep.local), timeout=ep.opts.timeout)
@@ -823,12 +822,14 @@ def run_server_iwarp(ep: Endpoint, listener: Any, out: TextIO,
 
 def run_client_iwarp(ep: Endpoint, host: str, port: int, out: TextIO,
                      abort: threading.Event | None = None) -> float:
-    """iWARP client: TCP + MPA connect carrying our address (retried while refused, the
-    server may still be starting); the Reply carries the server's."""
+    """iWARP client: TCP + MPA connect carrying our address (a refusal fails at once,
+    :mod:`.waiting`); the Reply carries the server's."""
     from ..cm import iwconnect
 
     _emit(out, address_line("local", ep.local, ep.opts.kind))
     deadline = time.monotonic() + ep.opts.timeout
+    retry_until = min(deadline, time.monotonic() + (
+        connect_retry_s() if abort is None else ep.opts.timeout))
     while True:
         try:
             conn = iwconnect.connect(ep.qp, host, port, encode_dest(ep.local),
@@ -836,7 +837,7 @@ def run_client_iwarp(ep: Endpoint, host: str, port: int, out: TextIO,
             break
         except iwconnect.ConnectError as exc:
             refused = exc.errno == errno.ECONNREFUSED
-            if not refused or time.monotonic() + 0.1 >= deadline or \
+            if not refused or time.monotonic() + 0.1 >= retry_until or \
                     (abort is not None and abort.is_set()):
                 raise PingPongError(f"Couldn't connect to {host}:{port}: {exc}") from exc
             time.sleep(0.1)
@@ -954,6 +955,7 @@ def run(kind: str, args: argparse.Namespace, out: TextIO | None = None) -> int:
     listener = None
     if opts.servername is None:
         listener = OOBListener(port, opts.bind, opts.timeout)
+        announce_wait(f"{kind}-pingpong", listener.port)
     try:
         ctx = open_context(opts)
     except BaseException:
@@ -987,6 +989,7 @@ def _run_iwarp(opts: Options, port: int, out: TextIO) -> int:
     try:
         if opts.servername is None:
             listener = iwarp_listen(ctx, opts, port)
+            announce_wait(f"{opts.kind}-pingpong", port)
         ep = Endpoint(ctx, opts)
         if listener is not None:
             run_server_iwarp(ep, listener, out)
