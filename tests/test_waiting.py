@@ -91,3 +91,22 @@ def test_connect_retry_lets_a_late_server_come(tmp_path: Path) -> None:
     assert cli.returncode == 0, err
     assert srv.returncode == 0, srv.stderr
     assert "5 iters in" in out and "5 iters in" in srv.stdout
+
+
+@pytest.mark.parametrize(("tool", "port_flag"), [("ucmatose", "-p"), ("udaddy", "--port")])
+def test_rdma_cm_servers_say_they_wait(tmp_path: Path, tool: str, port_flag: str) -> None:
+    port = _free_tcp_port()
+    p = subprocess.Popen(_tool(tool, "-b", "127.0.0.1", port_flag, str(port), "--timeout",
+                               "1"), env=_env(tmp_path), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(4)
+        assert p.poll() is None  # waits past --timeout for its first client
+        p.send_signal(signal.SIGINT)
+        _out, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    assert err.splitlines()[0] == f"softrdma {tool}: waiting for a client on {port}"
+    assert err.count("waiting for a client") == 1
