@@ -15,7 +15,8 @@ from typing import Any
 from softrdma import enums as e
 from softrdma.ib.port import GID_TYPE_ROCE_V1, GID_TYPE_ROCE_V2, Port, RxMeta
 from softrdma.ib.qp import AddressVector, EngineQP
-from softrdma.ib.types import MemoryRegion, WorkCompletion
+from softrdma.seam.queues import QPInit
+from softrdma.seam.types import MemoryRegion, WorkCompletion
 from softrdma.wire import rocev1
 
 
@@ -122,8 +123,8 @@ class Endpoint:
             memoryview(self.buf), 0x10000, int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
                                                | e.IBV_ACCESS_REMOTE_READ
                                                | e.IBV_ACCESS_REMOTE_ATOMIC), self.pd)
-        self.qp = EngineQP(port, int(qp_type), self.pd, self.scq, self.rcq, srq, max_wr, max_wr,
-                           4, 4, 64, False)
+        self.qp = EngineQP(port, QPInit(int(qp_type), self.pd, self.scq, self.rcq, srq, max_wr,
+                                        max_wr, 4, 4, 64, False))
 
 
 def connect(a: Endpoint, b: Endpoint, *, mtu: int = 3, timeout: int = 10, retry_cnt: int = 7,

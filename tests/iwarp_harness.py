@@ -13,10 +13,12 @@ import random
 from typing import Any
 
 from softrdma import enums as e
-from softrdma.ib.types import SGE, MemoryRegion, RecvWQE, SendWQE, WorkCompletion
 from softrdma.iwarp.engine import ConnState, IwarpConn
 from softrdma.iwarp.mpa_setup import MpaConfig
 from softrdma.iwarp.qp import IwarpDevice, IwarpQP
+from softrdma.seam.events import EngineEvent
+from softrdma.seam.queues import QPInit
+from softrdma.seam.types import SGE, MemoryRegion, RecvWQE, SendWQE, WorkCompletion
 
 ACC_ALL = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ)
 
@@ -28,10 +30,11 @@ class Side:
         self.pd = object()
         self.scq: list[WorkCompletion] = []
         self.rcq: list[WorkCompletion] = []
-        self.events: list[tuple[str, Any]] = []
-        self.dev.on_async_event = lambda kind, obj: self.events.append((kind, obj))
-        self.qp = IwarpQP(self.dev, int(e.IBV_QPT_RC), self.pd, self.scq.append,
-                          self.rcq.append, None, max_send_wr, max_recv_wr, 4, 4, 64, False)
+        self.events: list[EngineEvent] = []
+        self.dev.events.subscribe(self.events.append)
+        self.qp = IwarpQP(self.dev, QPInit(int(e.IBV_QPT_RC), self.pd, self.scq.append,
+                                           self.rcq.append, None, max_send_wr, max_recv_wr, 4,
+                                           4, 64, False))
         self.qp.modify({"qp_state": int(e.IBV_QPS_INIT)}, 0.0)
         self._conn: IwarpConn | None = None
         self.wire = bytearray()  # everything this side sent

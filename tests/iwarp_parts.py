@@ -8,12 +8,12 @@ alone: no :class:`~softrdma.iwarp.qp.IwarpQP`, no :class:`~softrdma.iwarp.engine
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
 
 from softrdma import enums as e
-from softrdma.ib.types import SGE, MemoryRegion, RecvWQE, SendWQE
 from softrdma.iwarp.rdmap_tx import W_DONE
 from softrdma.iwarp.terminate import IwarpFault
+from softrdma.seam.events import EngineEvent, EventQueue
+from softrdma.seam.types import SGE, MemoryRegion, RecvWQE, SendWQE
 from softrdma.wire.ddp import Terminate
 
 ACC_ALL = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ)
@@ -25,9 +25,9 @@ class Dev:
 
     def __init__(self) -> None:
         self.mrs: dict[int, MemoryRegion] = {}
-        self.async_events: list[tuple[str, object]] = []
-        self.on_async_event: Callable[[str, object], None] = \
-            lambda kind, obj: self.async_events.append((kind, obj))
+        self.async_events: list[EngineEvent] = []
+        self.events = EventQueue()
+        self.events.subscribe(self.async_events.append)
         self._next = 0x100
 
     def mr(self, pd: object, size: int, access: int = ACC_ALL, fill: int = 0) -> MemoryRegion:

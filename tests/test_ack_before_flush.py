@@ -10,7 +10,7 @@ from engine_harness import Endpoint, Net, connect
 
 from softrdma import enums as e
 from softrdma.ib.port import RxMeta
-from softrdma.ib.types import SGE, RecvWQE, SendWQE
+from softrdma.seam.types import SGE, RecvWQE, SendWQE
 from softrdma.wire.opcodes import RC_ACK
 
 

@@ -16,7 +16,7 @@ from softrdma.cm import qpctl
 from softrdma.cm.events import CmEvent
 from softrdma.cm.ibcm import CmConfig, ConnParams, IbCmId, check_roce_message
 from softrdma.cm.model import (
-    Accept,
+    AcceptConn,
     CmInput,
     CmState,
     CommEst,
@@ -95,7 +95,7 @@ def test_api_outside_the_table_raises() -> None:
         cid.accept(None)
     with pytest.raises(StateError):
         cid.establish()
-    assert all(k.api for k in (Connect, Accept, Reject, Establish, SendMra, Disconnect,
+    assert all(k.api for k in (Connect, AcceptConn, Reject, Establish, SendMra, Disconnect,
                                SendDrep, SidrResolve))
     assert not any(k.api for k in (Received, Timeout, CommEst))
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from property_budget import examples
 
 from softrdma import enums as e
-from softrdma.ib.types import SGE, RecvWQE, SendWQE
+from softrdma.seam.types import SGE, RecvWQE, SendWQE
 
 SIG = int(e.IBV_SEND_SIGNALED)
 OPS = ["send", "send_imm", "write", "write_imm", "read", "faa", "cas"]

@@ -8,7 +8,7 @@ import pytest
 from engine_harness import Endpoint, Net, connect
 
 from softrdma import enums as e
-from softrdma.ib.types import SGE, RecvWQE, SendWQE
+from softrdma.seam.types import SGE, RecvWQE, SendWQE
 from softrdma.wire import ib as wib
 
 SIG = int(e.IBV_SEND_SIGNALED)

@@ -7,8 +7,9 @@ from engine_harness import Endpoint, Net, Sink, connect
 from softrdma import enums as e
 from softrdma.errors import ResourceError, StateError
 from softrdma.ib.port import RxMeta
-from softrdma.ib.qp import AddressVector, EngineSRQ
-from softrdma.ib.types import SGE, RecvWQE, SendWQE
+from softrdma.ib.qp import AddressVector
+from softrdma.seam.events import AsyncEventType
+from softrdma.seam.types import SGE, RecvWQE, SendWQE
 from softrdma.wire import ib as wib
 
 SIG = int(e.IBV_SEND_SIGNALED)
@@ -112,10 +113,10 @@ def test_srq_shared_by_two_qps_and_limit_event() -> None:
     net = Net()
     pa = net.add_port(1)
     pb = net.add_port(2)
-    events: list[str] = []
-    pb.on_async_event = lambda kind, obj: events.append(kind)
+    events: list[AsyncEventType] = []
+    pb.events.subscribe(lambda ev: events.append(ev.type))
     b_pd = object()
-    srq = EngineSRQ(pb, b_pd, 10, 1, srq_limit=3)
+    srq = pb.create_srq(b_pd, 10, 1, srq_limit=3)
     a1, a2 = Endpoint(pa), Endpoint(pa)
     b1, b2 = Endpoint(pb, srq=srq), Endpoint(pb, srq=srq)
     for ep in (b1, b2):
@@ -137,7 +138,7 @@ def test_srq_shared_by_two_qps_and_limit_event() -> None:
     net.run()
     got = sorted(w.wr_id for w in b1.rcq + b2.rcq)
     assert got == [0, 1, 2] and len(srq) == 2
-    assert events == ["SRQ_LIMIT_REACHED"]
+    assert events == [AsyncEventType.SRQ_LIMIT_REACHED]
 
 
 def test_state_rules() -> None:

@@ -11,6 +11,7 @@ softrdma.wire.mpa / softrdma.wire.ddp.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -18,10 +19,12 @@ from iwarp_harness import ACC_ALL, Side, connect_pair, pump
 
 from softrdma import enums as e
 from softrdma.errors import InvalidArgument, StateError
-from softrdma.ib.types import SGE, RecvWQE
 from softrdma.iwarp.engine import ConnState, IwarpConn
 from softrdma.iwarp.mpa_setup import ConnectionRejected, MpaConfig
 from softrdma.iwarp.stag import stag_index
+from softrdma.seam.events import AsyncEventType, EngineEvent
+from softrdma.seam.queues import QPInit
+from softrdma.seam.types import SGE, RecvWQE
 from softrdma.wire import ddp, mpa
 
 OK = int(e.IBV_WC_SUCCESS)
@@ -288,7 +291,7 @@ def test_unsignaled_and_sq_sig_all() -> None:
     a.post(e.IBV_WR_RDMA_WRITE, src, 8, wr_id=2, rkey=dst.rkey, raddr=dst.addr)
     pump(a, b)
     assert [w.wr_id for w in a.scq] == [2]
-    a.qp.sq_sig_all = True
+    a.qp.init = dataclasses.replace(a.qp.init, sq_sig_all=True)
     a.post(e.IBV_WR_RDMA_WRITE, src, 8, wr_id=3, rkey=dst.rkey, raddr=dst.addr, flags=0)
     pump(a, b)
     assert [w.wr_id for w in a.scq] == [2, 3]
@@ -480,13 +483,12 @@ def test_accepts_512_bytes_of_private_data_and_sends_at_most_256() -> None:
 def test_shared_receive_queue() -> None:
     """Receives come from the SRQ (checked against the SRQ's PD); a QP error does not
     flush the SRQ but raises QP_LAST_WQE_REACHED (IBA 10.2.9.5)."""
-    from softrdma.ib.qp import EngineSRQ
     from softrdma.iwarp.qp import IwarpQP
 
     a, b = Side("a"), Side("b")
-    srq = EngineSRQ(b.dev, b.pd, 8, 1)
-    b.qp = IwarpQP(b.dev, int(e.IBV_QPT_RC), b.pd, b.scq.append, b.rcq.append, srq, 8, 0, 1,
-                   0, 0, False)
+    srq = b.dev.create_srq(b.pd, 8, 1, 0)
+    b.qp = IwarpQP(b.dev, QPInit(int(e.IBV_QPT_RC), b.pd, b.scq.append, b.rcq.append, srq, 8,
+                                 0, 1, 0, 0, False))
     b.qp.modify({"qp_state": int(e.IBV_QPS_INIT)}, 0.0)
     connect_pair(a, b)
     dst = b.mr(64)
@@ -497,4 +499,5 @@ def test_shared_receive_queue() -> None:
     pump(a, b)
     assert [(w.wr_id, w.status, w.byte_len) for w in b.rcq] == [(0, OK, 7)]
     b.qp.modify({"qp_state": int(e.IBV_QPS_ERR)}, 0.0)
-    assert len(srq) == 2 and ("QP_LAST_WQE_REACHED", b.qp) in b.events
+    assert len(srq) == 2
+    assert EngineEvent(AsyncEventType.QP_LAST_WQE_REACHED, b.qp) in b.events

@@ -17,6 +17,7 @@ from softrdma.iwarp.orq_irq import ReadQueues
 from softrdma.iwarp.rdmap import Rdmap
 from softrdma.iwarp.rdmap_tx import W_DONE, RdmapTx
 from softrdma.iwarp.terminate import IwarpFault, terminate_ulpdu
+from softrdma.seam.events import AsyncEventType
 from softrdma.wire.ddp import (
     READ_REQ,
     TAGGED,
@@ -105,7 +106,7 @@ def test_read_request_of_a_bad_stag_carries_the_read_request_header() -> None:
         s.feed(untagged(OP.RDMA_READ_REQUEST, 1, 1) + rr)
     _rdmap(ei.value, RdmapEtype.REMOTE_PROTECTION, RdmapErrorCode.INVALID_STAG)
     assert ei.value.rdmap_hdr == rr  # R: the terminated Read Request header (§4.8)
-    assert s.dev.async_events and s.dev.async_events[0][0] == "QP_ACCESS_ERR"
+    assert s.dev.async_events and s.dev.async_events[0].type == AsyncEventType.QP_ACCESS_ERR
 
 
 def test_received_terminate_goes_to_the_owner() -> None:

@@ -19,9 +19,9 @@ import pytest
 from iwarp_harness import ACC_ALL, Side
 
 from softrdma import enums as e
-from softrdma.ib.types import MemoryRegion
 from softrdma.iwarp.engine import ConnState, IwarpConn
 from softrdma.iwarp.mpa_setup import MpaConfig
+from softrdma.seam.types import MemoryRegion
 from softrdma.wire import ddp, mpa
 from softrdma.wire.ddp import DdpTagged, DdpUntagged, RdmapOpcode, ReadRequest, Segment
 

@@ -26,7 +26,7 @@ from softrdma.drivers.clock import VirtualClock
 from softrdma.drivers.fabric import Fabric
 from softrdma.drivers.registry import Registry
 from softrdma.errors import InvalidArgument
-from softrdma.ib.counters import DROP_REASONS, DropReason
+from softrdma.seam.counters import DROP_REASONS, DropReason
 from softrdma.tools.cli import main
 
 RC = int(e.IBV_QPT_RC)

@@ -63,7 +63,10 @@ def test_deferred_calls_run_at_the_next_operation_and_at_close() -> None:
         core.run_deferred()
     assert ran == ["one"]
     core.defer(lambda: ran.append("two"))
-    core.defer(lambda: 1 // 0)  # a failing deferred call does not stop the close
+    def fails() -> None:
+        raise ZeroDivisionError
+
+    core.defer(fails)  # a failing deferred call does not stop the close
     core.defer(lambda: ran.append("three"))
     drained: list[bool] = []
     core.close(lambda: drained.append(core.lock.locked()))
@@ -112,7 +115,11 @@ def test_thread_steps_stands_back_while_polled_and_is_joined() -> None:
 def test_a_step_returning_false_ends_the_thread() -> None:
     core, _ = _core(threaded=True)
     calls: list[int] = []
-    core.start(lambda: calls.append(1) is not None and False, "test-progress")
+    def once() -> bool:
+        calls.append(1)
+        return False
+
+    core.start(once, "test-progress")
     deadline = time.monotonic() + 5
     while not calls and time.monotonic() < deadline:
         time.sleep(0.001)

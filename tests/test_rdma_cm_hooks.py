@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from engine_harness import Endpoint, Net, connect
 
 from softrdma import enums as e
 from softrdma.ib.qp import AddressVector
-from softrdma.ib.types import SGE, RecvWQE, SendWQE
+from softrdma.seam.events import AsyncEventType, EngineEvent
+from softrdma.seam.types import SGE, RecvWQE, SendWQE
 
 
 def post_recv(ep: Endpoint, wr_id: int, off: int, length: int) -> None:
@@ -36,22 +35,22 @@ def _rtr_pair(net: Net) -> tuple[Endpoint, Endpoint]:
 def test_comm_est_raised_once_in_rtr() -> None:
     net = Net()
     a, b = _rtr_pair(net)
-    seen: list[tuple[str, Any]] = []
-    b.port.on_async_event = lambda kind, obj: seen.append((kind, obj))
+    seen: list[EngineEvent] = []
+    b.port.events.subscribe(seen.append)
     for i in range(3):
         post_recv(b, i, 0, 4096)
         send(a, i, 0, 16)
     net.run()
     assert [w.status for w in b.rcq] == [0, 0, 0]  # an RTR QP receives (IBA 10.3.1.3)
-    assert [k for k, _ in seen] == ["COMM_EST"] and seen[0][1] is b.qp
+    assert seen == [EngineEvent(AsyncEventType.COMM_EST, b.qp)]
 
 
 def test_no_comm_est_in_rts() -> None:
     net = Net()
     a, b = Endpoint(net.add_port(1)), Endpoint(net.add_port(2))
     connect(a, b)
-    seen: list[str] = []
-    b.port.on_async_event = lambda kind, obj: seen.append(kind)
+    seen: list[EngineEvent] = []
+    b.port.events.subscribe(seen.append)
     post_recv(b, 1, 0, 4096)
     send(a, 1, 0, 16)
     net.run()

@@ -53,10 +53,10 @@ from softrdma import verbs as v
 from softrdma.cm.ibcm import CmConfig
 from softrdma.drivers.clock import VirtualClock
 from softrdma.drivers.fabric import Fabric
-from softrdma.drivers.runtime import icrc_v2
+from softrdma.drivers.runtime import Runtime, icrc_v2
 from softrdma.errors import InvalidArgument, NotSupported
-from softrdma.ib.counters import DropReason
 from softrdma.ib.port import RxMeta
+from softrdma.seam.counters import DropReason
 from softrdma.verbs.ah import ethernet_priority
 from softrdma.verbs.device import _ENGINE_EVENTS, PORT_CAP_FLAGS
 from softrdma.wire.cm import CmAttr
@@ -289,7 +289,9 @@ def _rc_transfer(fecn_becn: bool, roce_ver: str
     b = v.Context(fabric=fab.link("10.8.1.2", roce_ver=roce_ver))
     try:
         if fecn_becn:  # set F and B on every packet a sends (masked in the ICRC, roce.md §2)
-            a.runtime.link = _MarkFB(a.runtime.link)
+            rt = a.runtime
+            assert isinstance(rt, Runtime)
+            rt.link = _MarkFB(rt.link)
         sides = []
         for c in (a, b):
             pd = v.PD(c)

@@ -29,7 +29,7 @@ from softrdma.cm.ibcm import ConnParams
 from softrdma.drivers import netdev, rawether
 from softrdma.drivers.clock import VirtualClock
 from softrdma.drivers.devd_v1 import V1_VERSION, send_reversible_v1, v1_datagram
-from softrdma.drivers.fabric import Fabric
+from softrdma.drivers.fabric import Fabric, FabricLink
 from softrdma.drivers.link import Datagram, gid_entries
 from softrdma.errors import DecodeError, DeviceError, InvalidArgument
 from softrdma.tools import pcap_check
@@ -260,7 +260,9 @@ def test_loopback_gid_is_dropped() -> None:
         bgid = b.ctx.query_gid(1, 0).raw
         for sgid in (rocev1.LOOPBACK_GID, a.ctx.query_gid(1, 0).raw):
             grh = rocev1.build_grh(sgid, bgid, len(body) + 4)
-            a.ctx.runtime.link.send_v1(bgid, [grh, body, roce.icrc_v1(grh, [body])])
+            link = a.ctx.runtime.link
+            assert isinstance(link, FabricLink)
+            link.send_v1(bgid, [grh, body, roce.icrc_v1(grh, [body])])
             clock.run(max_events=1000)
         (wc,) = b.cq.poll(4)[1]  # only the second one
         assert wc.status == 0 and wc.src_qp == a.qp.qp_num

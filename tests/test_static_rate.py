@@ -20,6 +20,7 @@ from softrdma import enums as e
 from softrdma import verbs as v
 from softrdma.drivers.clock import VirtualClock
 from softrdma.drivers.fabric import Fabric
+from softrdma.drivers.runtime import Runtime
 from softrdma.drivers.udp import UdpLink
 from softrdma.errors import InvalidArgument
 from softrdma.ib.pacing import RATE_MBPS, rate_bps
@@ -160,8 +161,10 @@ def test_real_time_rate_limit_is_kept() -> None:
     la, lb = UdpLink("127.0.0.1", 0), UdpLink("127.0.0.1", 0)
     ca, cb = v.Context(link=la), v.Context(link=lb)
     try:
-        ca.runtime.udp_port = lb.port or 0
-        cb.runtime.udp_port = la.port or 0
+        ra, rb = ca.runtime, cb.runtime
+        assert isinstance(ra, Runtime) and isinstance(rb, Runtime)
+        ra.udp_port = lb.port or 0
+        rb.udp_port = la.port or 0
         _pda, cqa, qa, ma = _qp(ca, RC, 16)
         _pdb, _cqb, qb, mb = _qp(cb, RC, 16)
         for q, peer, ctx in ((qa, qb, cb), (qb, qa, ca)):

@@ -13,6 +13,7 @@ import pytest
 from softrdma import enums as e
 from softrdma import verbs as v
 from softrdma.drivers import registry
+from softrdma.drivers.runtime import Runtime
 from softrdma.errors import DeviceError
 
 RC = int(e.IBV_QPT_RC)
@@ -46,7 +47,8 @@ def test_in_process_device(device: str) -> None:
         assert ctx.name == device and ctx.netdev == "lo"
         assert ctx.gids == [v.GID("127.0.0.1")]
         assert ctx.query_port().active_mtu == e.IBV_MTU_4096
-        assert ctx.runtime.udp_port == registry.get(device).udp_port
+        rt = ctx.runtime
+        assert isinstance(rt, Runtime) and rt.udp_port == registry.get(device).udp_port
     assert ctx.runtime.closed
 
 

@@ -29,7 +29,7 @@ from .events import CmEvent, CmEventType, RejectInfo
 from .ipcm import IpCmDialect
 from .model import (
     PENDING_STATES,
-    Accept,
+    AcceptConn,
     CmInput,
     CmState,
     CommEst,
@@ -163,7 +163,7 @@ class IbCmId:
                now: float | None = None) -> None:
         """Answer a CONNECT_REQUEST: REP (the QP moved to RTS first) or, for SIDR, a
         SIDR_REP with the QP's number and Q_Key."""
-        self.request(Accept(qp, params if params is not None else AcceptParams()), now)
+        self.request(AcceptConn(qp, params if params is not None else AcceptParams()), now)
 
     def reject(self, private_data: bytes = b"", *, reason: int = RejReason.CONSUMER_DEFINED,
                ari: bytes = b"", now: float | None = None) -> None:

@@ -21,7 +21,7 @@ from ..wire import cm as wcm
 from ..wire.cm import MsgType, RejReason, TransportServiceType, time_code_s
 from . import qpctl
 from .events import CmEventType, RejectInfo
-from .model import Accept, CmState, CommEst, Connect, Disconnect, Establish, Received
+from .model import AcceptConn, CmState, CommEst, Connect, Disconnect, Establish, Received
 from .params import AcceptParams, CmPath, ConnParams, check_pd, make_rej
 from .userqp import passive_psn, qp_info
 
@@ -197,7 +197,7 @@ def abort_req(cid: IbCmId, now: float, inp: Disconnect) -> None:
 
 
 # ---- passive side (IBA Figure 150) -------------------------------------------------------
-def send_rep(cid: IbCmId, now: float, inp: Accept) -> None:
+def send_rep(cid: IbCmId, now: float, inp: AcceptConn) -> None:
     """REQ_RCVD/MRA_REQ_SENT -> REP_SENT: the QP to RTS, then the REP (IBA 12.6.8, as
     Linux ``rdma_accept``)."""
     qp, a = inp.qp, inp.params

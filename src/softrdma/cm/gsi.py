@@ -21,7 +21,7 @@
   virtual clock (a test fabric: the next callback at the same instant, so runs stay
   deterministic) or from the binding's event thread. Handlers may therefore block,
   call the CM, and create or destroy verbs objects;
-* COMM_EST from the engine (``port.on_async_event``) is passed to the agent.
+* COMM_EST from the engine (a typed event on ``port.events``) is passed to the agent.
 
 With a device shared through ``devd`` the link becomes a routed CM client
 (``cm_slot()``): devd gives the process a slot byte that the agent puts in the top byte
@@ -51,7 +51,9 @@ from ..enums import ibv_wr_opcode as Wro
 from ..errors import ClosedError, DeviceError, StateError
 from ..ib.port import Port
 from ..ib.qp import AddressVector, EngineQP
-from ..ib.types import SGE, RecvWQE, SendWQE, WorkCompletion
+from ..seam.events import AsyncEventType, EngineEvent
+from ..seam.queues import QPInit
+from ..seam.types import SGE, RecvWQE, SendWQE, WorkCompletion
 from ..wire.gid import ip_to_gid
 from ..wire.mad import GSI_QKEY, MAD_SIZE
 from ..wire.rocev1 import GRH_NEXT_HEADER_BTH
@@ -117,9 +119,10 @@ class CmBinding:
         self._buf = bytearray(n_recv * SLOT)
         self._mr = port.register_mr(memoryview(self._buf), _MR_ADDR,
                                     int(Access.IBV_ACCESS_LOCAL_WRITE), self._pd)
-        self.qp1 = EngineQP(port, QPT_UD, self._pd, self._on_send_wc, self._on_recv_wc, None,
-                            max_send_wr=1 << 16, max_recv_wr=n_recv, max_send_sge=1,
-                            max_recv_sge=1, max_inline_data=MAD_SIZE, sq_sig_all=False, qpn=1)
+        self.qp1 = EngineQP(port, QPInit(QPT_UD, self._pd, self._on_send_wc, self._on_recv_wc,
+                                         None, max_send_wr=1 << 16, max_recv_wr=n_recv,
+                                         max_send_sge=1, max_recv_sge=1,
+                                         max_inline_data=MAD_SIZE, sq_sig_all=False), qpn=1)
         now = self._clock()
         self.qp1.modify({"qp_state": int(Qps.IBV_QPS_INIT), "qkey": GSI_QKEY,
                          "pkey_index": 0, "port_num": 1}, now)
@@ -134,8 +137,7 @@ class CmBinding:
         self._wr = 0
         self._closed = False
         self._event_cv = threading.Condition()
-        self._prev_async = port.on_async_event
-        port.on_async_event = self._on_async
+        port.events.subscribe(self._on_async)
         self.agent.on_event = self._queue_event
 
     # ---- construction from a verbs Context ------------------------------------------
@@ -306,10 +308,9 @@ class CmBinding:
             port.arm(self._timer)
 
     # ---- async events ----------------------------------------------------------------------
-    def _on_async(self, kind: str, obj: object) -> None:
-        if kind == "COMM_EST" and not self._closed:
-            self.agent.on_comm_est(obj, self.now())
-        self._prev_async(kind, obj)
+    def _on_async(self, ev: EngineEvent) -> None:
+        if ev.type == AsyncEventType.COMM_EST and not self._closed:
+            self.agent.on_comm_est(ev.element, self.now())
 
     # ---- events for consumers without handlers ----------------------------------------------
     def _queue_event(self, ev: CmEvent) -> None:
@@ -345,8 +346,7 @@ class CmBinding:
             self._timer.deadline = None
             self.qp1.destroy()
             self.port.deregister_mr(self._mr)
-            if self.port.on_async_event == self._on_async:
-                self.port.on_async_event = self._prev_async
+            self.port.events.unsubscribe(self._on_async)
         if self.runtime is not None and not self.runtime.closed:
             self.runtime.call(run)
         else:

@@ -11,15 +11,18 @@ reads a clock or a socket; its driver (``softrdma.cm.gsi``, or a test) calls:
   ``../shared/specs/ib-cm.md`` §7).
 
 Each :class:`IbCmId` runs the state machine of :mod:`softrdma.cm.state` (IBA 12.9) and
-reports :class:`~softrdma.cm.events.CmEvent` s. Consumer requests (``connect``,
-``accept``, ``reject``, ``disconnect`` ...) take ``now`` or, under a driver, get it from
-the driver's runner (which also takes the device lock).
+reports typed, frozen :class:`~softrdma.cm.events.CmEvent` s. Consumer requests
+(``connect``, ``accept``, ``reject``, ``disconnect`` ...) take ``now`` or, under a
+driver, get it from the driver's runner (which also takes the device lock). Events are
+queued in :attr:`CmAgent.outbox`: without a driver they are delivered when the
+operation ends; a driver (``deliver_inline`` False) calls
+:meth:`CmAgent.deliver_events` once its lock is released.
 
-Timers (IBA 12.6.5 and 12.6.6, A16 CA16-9): a message that expects an answer is retransmitted (the
-same MAD, same TID) every ``2 * PacketLifeTime + remote CM response time`` seconds, at
-most Max CM Retries times (15, as Linux), PacketLifeTime being ``SubnetTimeout`` (18 by
-default on RoCE) and our own response time ``RespTimeValue`` (19 by default); an MRA
-replaces the wait by its service timeout plus PacketLifeTime. TimeWait lasts the local
+Timers (IBA 12.6.5 and 12.6.6, A16 CA16-9): a message that expects an answer is
+retransmitted (the same MAD, same TID) every ``2 * PacketLifeTime + remote CM response
+time`` seconds, at most Max CM Retries times (15, as Linux), PacketLifeTime being
+``SubnetTimeout`` (18 by default on RoCE) and our own response time ``RespTimeValue``
+(19 by default); an MRA replaces the wait by its service timeout plus PacketLifeTime. TimeWait lasts the local
 ACK timeout (4.096 us * 2^(PacketLifeTime + 1), as Linux ``cm_enter_timewait``); until
 it ends the comm ID stays reserved, a REQ from the same remote QPN is rejected as stale
 (IBA 12.9.8.3) and the local QPN cannot be connected again.

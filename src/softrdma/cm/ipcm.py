@@ -3,20 +3,21 @@
 Server (:class:`IpCmDialect`, the dialect of a listener on an A11 Service ID):
 
 * every REQ (and SIDR_REQ) whose Service ID is in the A11 range is read as Table 1
-  private data (CA11-7; :meth:`CmId.listen` installs this dialect by itself on such a
-  Service ID), the consumer receiving bytes 36-91 (56 bytes; 180 in a SIDR_REQ) intact;
+  private data (A11.4, CA11-7; :meth:`IbCmId.listen` installs this dialect by itself
+  on such a Service ID), the consumer receiving bytes 36-91 (56 bytes; 180 in a
+  SIDR_REQ) intact;
 * the checks run in the order CA11-11 requires, versions first (``wire.ipcm.check_req``):
   MajV (CA11-2), MinV higher than ours (CA11-3.1.1; equal or lower accepted,
   CA11-3.1.2), IPV (CA11-4), the IPv4 address format (CA11-5), then the destination
-  against the server's addresses ("Unknown IP Address"). A refusal is REJ reason 28
-  (Consumer Reject, oA11-1) with the Table 4 ARI: layer 0x00, the Table 5 code in byte 1
-  (CA11-9, CA11-10) and a suggested value (oA11-2: the supported major/minor version, the
-  supported IP versions);
+  against the server's addresses ("Unknown IP Address"). A refusal (A11.6) is REJ
+  reason 28 (Consumer Reject, oA11-1) with the Table 4 ARI (A11.7): layer 0x00, the
+  Table 5 code in byte 1 (CA11-9, CA11-10) and a suggested value (oA11-2: the
+  supported major/minor version, the supported IP versions);
 * no listener on an A11 Service ID, or IP CM not supported, is REJ 8 Invalid Service ID
   (CA11-8; agent-level, :meth:`CmAgent.find_listener`).
 
-Client (:class:`IpCmClient`): Service ID ``0x0000000001 <protocol> <port>`` (Table 2,
-CA11-6), Table 1 private data with IPv4 addresses in bits 31-0 and the rest zero
+Client (:class:`IpCmClient`): Service ID ``0x0000000001 <protocol> <port>`` (A11.5
+Table 2, CA11-6), Table 1 private data with IPv4 addresses in bits 31-0 and the rest zero
 (CA11-1, CA11-5), and minor-version downward compatibility (CA11-3): a REJ "Minor
 Version" whose suggested value is lower than the client's minor version makes the client
 retry at once with that version. Every rejection reaches the consumer as a REJECTED (or

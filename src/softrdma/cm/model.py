@@ -4,11 +4,12 @@
 establishment, release, SIDR) with Linux's names (``enum ib_cm_state``). An *input* is
 one typed frozen dataclass per thing that can happen to a connection:
 
-* a consumer request (:class:`Connect`, :class:`Accept`, :class:`Reject`,
+* a consumer request (:class:`Connect`, :class:`AcceptConn`, :class:`Reject`,
   :class:`Establish`, :class:`SendMra`, :class:`Disconnect`, :class:`SendDrep`,
   :class:`SidrResolve`), each carrying exactly what its action needs;
 * a received CM message, :class:`Received` of its ``softrdma.wire.cm`` body (IBA 12.6.5
-  REQ ... 12.6.13 APR, 12.11 SIDR_REQ/SIDR_REP) with the MAD's TID and addressing;
+  REQ ... 12.6.11 DREP, 12.8.1 LAP, 12.11 SIDR_REQ/SIDR_REP) with the MAD's TID and
+  addressing;
 * :class:`Timeout` (a retransmission timer, IBA 12.6.5 Max CM Retries and A16 CA16-9,
   or the end of TimeWait, IBA 12.9.6) and
   :class:`CommEst` (the QP's communication-established event, IBA 12.9.7.3).
@@ -27,7 +28,7 @@ from ..wire import cm as wcm
 from .params import AcceptParams, ConnParams, Dialect, SidrParams
 
 __all__ = [
-    "CmState", "PENDING_STATES", "CmInput", "ApiInput", "Connect", "Accept", "Reject",
+    "CmState", "PENDING_STATES", "CmInput", "ApiInput", "Connect", "AcceptConn", "Reject",
     "Establish", "SendMra", "Disconnect", "SendDrep", "SidrResolve", "Received", "Timeout",
     "CommEst", "MsgT",
 ]
@@ -89,7 +90,7 @@ class Connect(ApiInput):
 
 
 @dataclass(frozen=True, slots=True)
-class Accept(ApiInput):
+class AcceptConn(ApiInput):
     """``ib_send_cm_rep`` (IBA 12.6.8) or, for SIDR, ``ib_send_cm_sidr_rep`` status 0."""
 
     name: ClassVar[str] = "accept"

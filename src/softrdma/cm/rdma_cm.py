@@ -192,7 +192,7 @@ class CmId:
     # ---- plumbing ----------------------------------------------------------------------
     def _post(self, kind: RdmaCmEventType, **kw: Any) -> None:
         if not self._destroyed:
-            self.channel._post(RdmaCmEvent(kind, self, **kw))
+            self.channel.post(RdmaCmEvent(kind, self, **kw))
 
     def _check(self) -> None:
         if self._destroyed:
@@ -235,8 +235,13 @@ class CmId:
             raise InvalidArgument("channel", "expected an EventChannel")
         old, self.channel = self.channel, channel
         if old is not channel:
-            for ev in old._take_events_of(self):
-                channel._post(ev)
+            for ev in old.take_events_of(self):
+                channel.post(ev)
+
+    @property
+    def iw_connection(self) -> Any:
+        """The iWARP connection (:mod:`.iwconnect`), the connecting marker, or None."""
+        return self._iw_conn
 
     @property
     def port_num(self) -> int:
@@ -539,7 +544,7 @@ class CmId:
             ird = int(getattr(v2, "ird", 1)) if v2 is not None else 1
             ord_ = int(getattr(v2, "ord", 1)) if v2 is not None else 1
             if not self._destroyed:
-                self.channel._post(RdmaCmEvent(T.CONNECT_REQUEST, child, self, 0,
+                self.channel.post(RdmaCmEvent(T.CONNECT_REQUEST, child, self, 0,
                                                req.private_data,
                                                ConnParam(req.private_data, ird, ord_)))
 
@@ -596,13 +601,15 @@ class CmId:
         conn = self._iw_conn
         if conn is not None and conn is not _CONNECTING:
             conn.disconnect()
-            self._disconnected_event()
+            self.disconnected_event()
             return
         if self._ib is None:
             raise StateError("disconnect on an id that is not connected")
         self._ib.disconnect()
 
-    def _disconnected_event(self) -> None:
+    def disconnected_event(self) -> None:
+        """Queue DISCONNECTED once (our disconnect, the peer's, or the iWARP stream
+        closing, seen by :mod:`.rdma_iwwatch`)."""
         with self._lock:
             if self._disconnected:
                 return
@@ -638,7 +645,7 @@ class CmId:
         _unwatch(self)
         if self.device is not None:
             self.device.ids.discard(self)
-        for child in self.channel._drop_for(self):  # unread requests of a listener: refused
+        for child in self.channel.drop_for(self):  # unread requests of a listener: refused
             child.destroy()
 
     def _stop_listening(self) -> None:
@@ -654,7 +661,8 @@ class CmId:
             if dev is not self.device:
                 dev.ids.discard(self)
 
-    def _device_removed(self) -> None:
+    def device_removed(self) -> None:
+        """Queue DEVICE_REMOVAL (:mod:`.rdma_devices`: the id's device went away)."""
         self._post(T.DEVICE_REMOVAL)
 
     # ---- RoCE: IB CM events, mapped to rdma_cm events on the channel ------------------
@@ -677,7 +685,7 @@ class CmId:
                               req.end_to_end_flow_control, req.retry_count,
                               req.rnr_retry_count, req.srq, req.local_qpn)
         child.event_info = dict(ev.info)
-        self.channel._post(RdmaCmEvent(T.CONNECT_REQUEST, child, self, 0, ev.private_data,
+        self.channel.post(RdmaCmEvent(T.CONNECT_REQUEST, child, self, 0, ev.private_data,
                                        param, info=dict(ev.info)))
 
     def _on_ib(self, ev: CmEvent) -> None:
@@ -704,7 +712,7 @@ class CmId:
         elif k == CmEventType.CONNECT_ERROR:
             self._post(T.CONNECT_ERROR, status=-errno.ECONNABORTED, reject=ev.reject)
         elif k == CmEventType.DISCONNECTED:
-            self._disconnected_event()
+            self.disconnected_event()
         elif k == CmEventType.TIMEWAIT_EXIT:
             self._post(T.TIMEWAIT_EXIT)
 

@@ -217,7 +217,7 @@ def release_devices(name: str | None = None) -> None:
         devs = [_open.pop(n) for n in names]
     for dev in devs:
         for cid in list(dev.ids):
-            cid._device_removed()
+            cid.device_removed()
         if dev.binding is not None:
             dev.binding.close()
         try:

@@ -162,7 +162,7 @@ class EventChannel:
         self.closed = False
         self.unacked = 0
 
-    def _post(self, ev: RdmaCmEvent) -> None:
+    def post(self, ev: RdmaCmEvent) -> None:
         if _CM_LOG.isEnabledFor(logging.DEBUG):  # SOFTRDMA_TRACE=cm (softrdma.trace)
             _CM_LOG.debug("rdma_cm %s (id %s -> %s)", ev.text, getattr(ev.id, "local_addr",
                                                                          None),
@@ -189,7 +189,7 @@ class EventChannel:
             self.unacked += 1
             return ev
 
-    def _drop_for(self, cid: CmId) -> list[CmId]:
+    def drop_for(self, cid: CmId) -> list[CmId]:
         """``rdma_destroy_id`` of ``cid``: drop the events still queued about it (Linux
         ``ucma_cleanup_events``), so a destroyed id and what it holds are not kept alive
         by events nobody will read. Returns the children of its dropped CONNECT_REQUESTs
@@ -274,7 +274,7 @@ class EventChannel:
             finally:
                 loop.remove_reader(self._r)
 
-    def _take_events_of(self, cm_id: object) -> list[RdmaCmEvent]:
+    def take_events_of(self, cm_id: object) -> list[RdmaCmEvent]:
         """Remove and return the pending events of ``cm_id`` (``rdma_migrate_id``)."""
         with self._cv:
             mine = [ev for ev in self._q if ev.id is cm_id or ev.listen_id is cm_id]

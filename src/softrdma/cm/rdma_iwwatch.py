@@ -55,9 +55,9 @@ def _watch_loop() -> None:
                 _watch_thread = None
                 return
         for cid in ids:
-            conn = cid._iw_conn
+            conn = cid.iw_connection
             if conn is None or conn is CONNECTING or conn.conn.state in gone:
                 unwatch(cid)
                 if conn is not None and conn is not CONNECTING:
-                    cid._disconnected_event()
+                    cid.disconnected_event()
         time.sleep(POLL_S)

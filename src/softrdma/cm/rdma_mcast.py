@@ -66,7 +66,7 @@ def join(cid: CmId, addr: Any, *, send_only: bool = False) -> None:
     idx = gids.index(sgid) if sgid in gids else 0
     ah = AHAttr(gr=GlobalRoute(dgid=mgid, sgid_index=idx, hop_limit=_MCAST_HOP_LIMIT),
                 is_global=1, port_num=cid.port_num)
-    cid.channel._post(RdmaCmEvent(RdmaCmEventType.MULTICAST_JOIN, cid,
+    cid.channel.post(RdmaCmEvent(RdmaCmEventType.MULTICAST_JOIN, cid,
                                   ud=UdParam(MULTICAST_QPN, RDMA_UDP_QKEY, ah)))
 
 

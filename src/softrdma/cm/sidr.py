@@ -25,7 +25,7 @@ from ..wire.cm import RejReason, SidrStatus, time_code_s
 from ..wire.ipcm import RDMA_UDP_QKEY
 from . import qpctl
 from .events import CmEvent, CmEventType, describe_sidr_status
-from .model import Accept, CmState, Disconnect, Received, Reject, SidrResolve
+from .model import AcceptConn, CmState, Disconnect, Received, Reject, SidrResolve
 from .params import CmPath, DialectReject, ReqVerdict
 
 if TYPE_CHECKING:
@@ -105,7 +105,7 @@ def _rep_pd_max() -> int:
     return wcm.PRIVATE_DATA_SIZE[wcm.CmAttr.SIDR_REP]
 
 
-def send_sidr_rep(cid: IbCmId, now: float, inp: Accept) -> None:
+def send_sidr_rep(cid: IbCmId, now: float, inp: AcceptConn) -> None:
     """SIDR_REQ_RCVD -> IDLE: SIDR_REP status 0 with the UD QP's number and Q_Key."""
     qp, a = inp.qp, inp.params
     if qp is None:

@@ -3,7 +3,7 @@
 States are those of IBA Figures 149-153 (connection establishment, release, SIDR) with
 Linux's names (``enum ib_cm_state``); inputs are the typed frozen dataclasses of
 :mod:`softrdma.cm.model`: consumer requests (:class:`~.model.Connect`,
-:class:`~.model.Accept` ...), received messages (:class:`~.model.Received` of a
+:class:`~.model.AcceptConn` ...), received messages (:class:`~.model.Received` of a
 ``softrdma.wire.cm`` body, a duplicate being just another receipt of the same message in
 a later state), timer expiries and the QP's communication-established event.
 
@@ -42,7 +42,7 @@ from . import release as rl
 from . import sidr as sd
 from .model import (
     PENDING_STATES,
-    Accept,
+    AcceptConn,
     CmInput,
     CmState,
     CommEst,
@@ -134,7 +134,7 @@ _on(S.REQ_RCVD, SendMra, ml.send_mra, S.MRA_REQ_SENT)
 _on_msg(S.REQ_RCVD, wcm.Req, ml.dup_req_mra, S.MRA_REQ_SENT)
 _on_msg(S.MRA_REQ_SENT, wcm.Req, ml.resend, S.MRA_REQ_SENT)
 for _s in (S.REQ_RCVD, S.MRA_REQ_SENT):
-    _on(_s, Accept, es.send_rep, S.REP_SENT)
+    _on(_s, AcceptConn, es.send_rep, S.REP_SENT)
     _on(_s, Reject, rl.send_rej, S.IDLE)
     _on(_s, Disconnect, rl.send_rej, S.IDLE)
     _on_msg(_s, wcm.Rej, rl.rej_received, S.IDLE)
@@ -169,7 +169,7 @@ _on(S.IDLE, SidrResolve, sd.send_sidr_req, S.SIDR_REQ_SENT)
 _on_msg(S.SIDR_REQ_SENT, wcm.SidrRep, sd.sidr_rep_received, S.IDLE)
 _on(S.SIDR_REQ_SENT, Timeout, retry_or_fail, S.SIDR_REQ_SENT)
 _on(S.SIDR_REQ_SENT, Disconnect, sd.cancel, S.IDLE)
-_on(S.SIDR_REQ_RCVD, Accept, sd.send_sidr_rep, S.IDLE)
+_on(S.SIDR_REQ_RCVD, AcceptConn, sd.send_sidr_rep, S.IDLE)
 _on(S.SIDR_REQ_RCVD, Reject, sd.send_sidr_rej, S.IDLE)
 _on(S.SIDR_REQ_RCVD, Disconnect, sd.send_sidr_rej, S.IDLE)
 # ---- a listener

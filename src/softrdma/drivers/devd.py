@@ -61,7 +61,7 @@ Requests (client -> daemon, control), one fixed-size record::
                       the same Service ID and mask)
       CM_UNLISTEN  8  mgid as for CM_LISTEN
       REPORT       9  followed by JSON {name: value}: this client's port counters
-                      (cumulative, :class:`softrdma.ib.counters.Counters`); the daemon keeps
+                      (cumulative, :class:`softrdma.seam.counters.Counters`); the daemon keeps
                       the last report of each client and adds it to the device's retired
                       total when the client leaves
       COUNTERS    10  (no argument): the device's port counters, aggregated
@@ -156,7 +156,7 @@ from softrdma.drivers.registry import DeviceRecord, Registry, ensure_state_dir, 
 from softrdma.drivers.registry import state_dir as default_state_dir
 from softrdma.drivers.udp import UdpLink
 from softrdma.errors import ClosedError, DeviceError, InvalidArgument, SoftRdmaError
-from softrdma.ib.counters import Counters
+from softrdma.seam.counters import Counters
 from softrdma.wire.gid import gid_to_ip, ip_to_gid
 from softrdma.wire.roce import udp_send_icrc
 from softrdma.wire.rocev1 import GRH_SIZE, is_multicast_gid

@@ -18,14 +18,10 @@ A zero-length bind of a type-1 window leaves it bound to nothing (any access fai
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ..enums import ibv_access_flags as ACC
 from ..enums import ibv_wc_status as WCS
-from .types import MemoryRegion
-
-if TYPE_CHECKING:
-    from .port import Port
+from ..seam.protocols import DeviceEngine
+from ..seam.types import MemoryRegion
 
 __all__ = ["EngineMW", "BindRequest", "MW_TYPE_1", "MW_TYPE_2", "remotely_invalidatable"]
 
@@ -50,7 +46,7 @@ class EngineMW:
         self.qp: object = None
         self.freed = False
 
-    def unbind(self, port: Port) -> None:
+    def unbind(self, port: DeviceEngine) -> None:
         """Drop the key-table entry (dealloc, or before a rebind)."""
         r = self.region
         if r is not None:
@@ -60,7 +56,7 @@ class EngineMW:
         self.region = None
         self.qp = None
 
-    def free(self, port: Port) -> None:
+    def free(self, port: DeviceEngine) -> None:
         """``ibv_dealloc_mw``: the window and its R_Key stop existing."""
         self.unbind(port)
         self.freed = True
@@ -80,7 +76,7 @@ class BindRequest:
         self.access = access
         self.rkey = rkey
 
-    def execute(self, port: Port, qp: object, qp_pd: object) -> int:
+    def execute(self, port: DeviceEngine, qp: object, qp_pd: object) -> int:
         """Bind; 0 on success, else the WC status (IBV_WC_MW_BIND_ERR)."""
         err = int(WCS.IBV_WC_MW_BIND_ERR)
         mw = self.mw

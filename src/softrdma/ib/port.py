@@ -9,8 +9,11 @@ P_Key/GID tables and the counters. It never touches a socket or a clock:
 * ``qp.post_send(wqe, now)`` / ``qp.post_recv(rwqe)`` take work requests;
 * ``port.on_timer(now)`` runs when ``now >= port.next_deadline()``;
 * packets to send are taken with ``port.take_tx()`` (a list of :class:`TxPacket`; this
-  also emits the ACKs coalesced since the last call); completions are pushed into the CQs' sinks; asynchronous events go to
-  ``port.on_async_event``.
+  also emits the ACKs coalesced since the last call); completions are pushed into the
+  CQs' sinks; asynchronous events are typed :class:`~softrdma.seam.events.EngineEvent`s
+  emitted into ``port.events``.
+
+It implements :class:`~softrdma.seam.protocols.DeviceEngine`, as the iWARP device does.
 
 Malformed or unexpected packets are dropped silently and counted (IBA 9.6: header
 validation; C9-...): see ``port.counters``.
@@ -18,95 +21,32 @@ validation; C9-...): see ``port.counters``.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
 
-from ..enums import ibv_gid_type
-from ..errors import DecodeError, InvalidArgument, ResourceError
+from ..errors import DecodeError, InvalidArgument
+from ..seam.counters import Counters, DropReason
+from ..seam.protocols import Timed
+from ..seam.queues import QPInit
+from ..seam.tables import DeviceTables
 from ..wire import ib as wib
 from ..wire.opcodes import Transport
-from .counters import Counters, DropReason
-from .types import MemoryRegion
+from .packet import (
+    DEFAULT_PKEY,
+    GID_TYPE_ROCE_V1,
+    GID_TYPE_ROCE_V2,
+    ICRC_SIZE,
+    LOOPBACK_GID,
+    MULTICAST_QPN,
+    QP0,
+    RxMeta,
+    TxPacket,
+)
+from .qp import EngineQP
 
 __all__ = ["Counters", "DropReason", "Port", "RxMeta", "TxPacket", "Timed"]
 
-if TYPE_CHECKING:
-    from .qp import EngineQP
 
-
-class Timed(Protocol):
-    """Anything ``Port.arm`` can run: an engine QP, or another timer owner (the CM on
-    QP1, ``softrdma.cm.gsi``). ``on_timer(now)`` runs once ``now >= deadline``."""
-
-    deadline: float | None
-
-    def on_timer(self, now: float) -> None: ...
-
-DEFAULT_PKEY = 0xFFFF
-GID_TYPE_ROCE_V1 = int(ibv_gid_type.IBV_GID_TYPE_ROCE_V1)  # "IB/RoCE v1" (Annex A16)
-GID_TYPE_ROCE_V2 = int(ibv_gid_type.IBV_GID_TYPE_ROCE_V2)  # "RoCE v2" (Annex A17)
-MULTICAST_QPN = 0xFFFFFF
-QP0 = 0  # the SMI's QP, undefined on RoCE (A16.4.3)
-ICRC_SIZE = 4
-LOOPBACK_GID = bytes(15) + b"\x01"  # ::1, reserved for Raw services (A16.7.2)
-
-
-class RxMeta:
-    """Network-header facts about a received packet that the transport needs.
-
-    ``sgid``/``dgid`` are 16-byte GIDs (IPv4 addresses as ``::ffff:a.b.c.d``),
-    ``grh`` is the 40-byte area a UD receive places at the front of its buffer (for
-    IPv4, 20 zero bytes then the IPv4 header, as rxe does; for IPv6, the IPv6 header).
-
-    ``v1`` marks a RoCEv1 packet (Annex A16): ``grh`` is then the packet's own GRH.
-    """
-
-    __slots__ = ("sgid", "dgid", "sport", "tclass", "hop_limit", "flow_label", "grh", "ipv4",
-                 "v1")
-
-    def __init__(self, sgid: bytes, dgid: bytes, sport: int = 0, tclass: int = 0,
-                 hop_limit: int = 64, flow_label: int = 0, grh: bytes = b"",
-                 ipv4: bool = True, v1: bool = False) -> None:
-        self.sgid = sgid
-        self.dgid = dgid
-        self.sport = sport
-        self.tclass = tclass
-        self.hop_limit = hop_limit
-        self.flow_label = flow_label
-        self.grh = grh
-        self.ipv4 = ipv4
-        self.v1 = v1
-
-
-class TxPacket:
-    """One packet for the driver: addressing plus the buffers of BTH .. pad (no ICRC).
-
-    ``parts`` is a list of bytes-like objects (headers, a memoryview slice of the MR for
-    the payload, pad) so payload bytes are not copied before ``sendmsg``. ``v1``: send as
-    RoCEv1 (the source GID has type "IB/RoCE v1", Annex A16); ``sl`` is the service level,
-    which RoCEv1 carries in the 802.1Q priority (A16.8.1).
-    """
-
-    __slots__ = ("sgid", "dgid", "sport", "tclass", "hop_limit", "flow_label", "parts", "length",
-                 "v1", "sl")
-
-    def __init__(self, sgid: bytes, dgid: bytes, sport: int, parts: list[Any], length: int,
-                 tclass: int = 0, hop_limit: int = 64, flow_label: int = 0, v1: bool = False,
-                 sl: int = 0) -> None:
-        self.sgid = sgid
-        self.dgid = dgid
-        self.sport = sport
-        self.parts = parts
-        self.length = length
-        self.tclass = tclass
-        self.hop_limit = hop_limit
-        self.flow_label = flow_label
-        self.v1 = v1
-        self.sl = sl
-
-
-class Port:
+class Port(DeviceTables[EngineQP]):
     """One port of a softrdma RoCE device: the engine every QP of the device runs in.
 
     ``gids`` is the GID table (16-byte values, index = GID index); ``gid_types`` gives
@@ -123,22 +63,16 @@ class Port:
                  qpn_free: Callable[[int], None] | None = None,
                  key_alloc: Callable[[], int] | None = None,
                  gid_types: list[int] | None = None) -> None:
+        super().__init__(qpn_alloc=qpn_alloc, key_alloc=key_alloc)
         self.gids = list(gids)
         self.gid_types: list[int] = []
         self.gid_v1: list[bool] = []
         self.set_gid_types(gid_types)
         self.max_mtu = max_mtu
         self.pkeys = pkeys
-        self.qps: dict[int, EngineQP] = {}
-        self.mrs: dict[int, MemoryRegion] = {}  # by lkey; rkey == lkey for softrdma MRs
         self.tx: list[TxPacket] = []
         self.counters = Counters()
-        self.on_async_event: Callable[[str, object], None] = lambda kind, obj: None
-        self._next_qpn = 0x11
-        self._qpn_alloc = qpn_alloc
         self._qpn_free = qpn_free
-        self._key_alloc = key_alloc
-        self._timers: set[Timed] = set()
         self.mcast: dict[bytes, set[EngineQP]] = {}
         # A16.7.2 drops packets from/to the loopback GID ::1. On RoCEv2 over the loopback
         # netdev ::1 is the port's own IPv6 address (a self-addressed packet), so a port
@@ -178,15 +112,9 @@ class Port:
         return tx
 
     # ---- QPs -------------------------------------------------------------------------
-    def alloc_qpn(self) -> int:
-        if self._qpn_alloc is not None:
-            return self._qpn_alloc()
-        for _ in range(0xFFFFFF):
-            qpn = self._next_qpn
-            self._next_qpn = 0x11 if qpn >= 0xFFFFFE else qpn + 1
-            if qpn not in self.qps:
-                return qpn
-        raise ResourceError("no free QP number")
+    def create_qp(self, init: QPInit) -> EngineQP:
+        """A new RC, UC or UD QP in RESET (IBA 10.2.4)."""
+        return EngineQP(self, init)
 
     def add_qp(self, qp: EngineQP) -> None:
         self.qps[qp.qpn] = qp
@@ -195,73 +123,12 @@ class Port:
         if self.qps.get(qp.qpn) is qp:
             del self.qps[qp.qpn]
             self._timers.discard(qp)
-            for members in self.mcast.values():
+            for mgid, members in list(self.mcast.items()):
                 members.discard(qp)
+                if not members:
+                    del self.mcast[mgid]
             if self._qpn_free is not None and qp.qpn > 1:
                 self._qpn_free(qp.qpn)
-
-    def device_fatal(self) -> None:
-        """The device failed: every QP to ERR, flushing its work requests with
-        IBV_WC_WR_FLUSH_ERR (IBA 10.3.1.7), then the unaffiliated DEVICE_FATAL event
-        (IBA 11.6.3 Local Catastrophic Error)."""
-        for qp in list(self.qps.values()):
-            qp.to_error()
-        self._timers.clear()
-        self.on_async_event("DEVICE_FATAL", None)
-
-    # ---- MRs -------------------------------------------------------------------------
-    def new_key(self) -> int:
-        """A fresh, hard-to-guess 32-bit key not in use (the low byte is the variant key)."""
-        if self._key_alloc is not None:
-            return self._key_alloc()
-        while True:
-            k = secrets.randbits(32)
-            if k not in self.mrs and k != 0:
-                return k
-
-    def register_mr(self, buf: memoryview, addr: int, access: int, pd: object,
-                    zero_based: bool = False) -> MemoryRegion:
-        if buf.ndim != 1 or buf.format != "B" or not buf.contiguous:
-            raise InvalidArgument("buffer", "must be a contiguous 1-D byte buffer")
-        key = self.new_key()
-        mr = MemoryRegion(key, key, addr, buf, access, pd, zero_based)
-        self.mrs[key] = mr
-        return mr
-
-    def deregister_mr(self, mr: MemoryRegion) -> None:
-        mr.valid = False
-        if self.mrs.get(mr.lkey) is mr:
-            del self.mrs[mr.lkey]
-
-    def lookup_mr(self, key: int) -> MemoryRegion | None:
-        return self.mrs.get(key)
-
-    # ---- timers ------------------------------------------------------------------------
-    def arm(self, qp: Timed) -> None:
-        """Called by a QP (or any :class:`Timed`) whose ``deadline`` changed to a finite
-        value."""
-        self._timers.add(qp)
-
-    def next_deadline(self) -> float | None:
-        best: float | None = None
-        dead = []
-        for qp in self._timers:
-            d = qp.deadline
-            if d is None:
-                dead.append(qp)
-            elif best is None or d < best:
-                best = d
-        for qp in dead:
-            self._timers.discard(qp)
-        return best
-
-    def on_timer(self, now: float) -> None:
-        for qp in list(self._timers):
-            d = qp.deadline
-            if d is None:
-                self._timers.discard(qp)
-            elif d <= now:
-                qp.on_timer(now)
 
     # ---- receive -----------------------------------------------------------------------
     def receive(self, data: memoryview, meta: RxMeta, now: float) -> None:
@@ -269,7 +136,7 @@ class Port:
 
         The network checks come first (A16.7.2: SGID or DGID ::1 -> dropped), then the
         transport ones; each failure is counted under its own
-        :class:`~softrdma.ib.counters.DropReason` (CA16-23). FECN/BECN are counted and
+        :class:`~softrdma.seam.counters.DropReason` (CA16-23). FECN/BECN are counted and
         otherwise ignored (CA16-16). A packet for QP0 is dropped (CA16-8).
         """
         c = self.counters

@@ -18,29 +18,45 @@ verbs layer's transition table; here each state decides what the engines may do.
 from __future__ import annotations
 
 import logging
-from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING
 
-from ..enums import ibv_qp_state as QPS
-from ..enums import ibv_qp_type as QPT
-from ..enums import ibv_wc_opcode as WCO
-from ..enums import ibv_wc_status as WCS
-from ..errors import ClosedError, ResourceError, StateError
+from ..errors import ClosedError, InvalidArgument
+from ..seam.attrs import ModifyAttrs, QueryAttrs, apply_port_attrs
+from ..seam.events import AsyncEventType
+from ..seam.queues import EngineSRQ, QPInit, ReceiveQueue, check_post_send, error_events
+from ..seam.states import (
+    ERR,
+    INIT,
+    QPT_RC,
+    QPT_UC,
+    QPT_UD,
+    RESET,
+    RTR,
+    RTS,
+    SQD,
+    SQE,
+    state_name,
+)
+from ..seam.types import AddressHandle, RecvWQE, SendWQE
+from ..wire import ib as wib
 from .pacing import rate_bps
-from .port import Port, TxPacket
-from .types import CompletionSink, RecvWQE, SendWQE, WorkCompletion
+from .packet import RxMeta, TxPacket
+from .requester import Requester
+from .responder import Responder
 
-RESET = int(QPS.IBV_QPS_RESET)
-INIT = int(QPS.IBV_QPS_INIT)
-RTR = int(QPS.IBV_QPS_RTR)
-RTS = int(QPS.IBV_QPS_RTS)
-SQD = int(QPS.IBV_QPS_SQD)
-SQE = int(QPS.IBV_QPS_SQE)
-ERR = int(QPS.IBV_QPS_ERR)
+if TYPE_CHECKING:
+    from .port import Port
 
-QPT_RC = int(QPT.IBV_QPT_RC)
-QPT_UC = int(QPT.IBV_QPT_UC)
-QPT_UD = int(QPT.IBV_QPT_UD)
+#: the PSN fields are 24 bits (IBA 9.7.1)
+_PSN_MASK = 0xFFFFFF
+#: the destination QPN field is 24 bits (IBA 9.2 BTH)
+_QPN_MASK = 0xFFFFFF
+#: the path MTU a UD QP starts with (ibv_mtu 4096: UD sends up to the port MTU)
+_UD_PATH_MTU = 5
+#: the path MTU a connected QP starts with (ibv_mtu 256) until RTR sets it
+_DEFAULT_PATH_MTU = 1
+#: the retry counts a QP starts with (IBA 11.2.5.2: 7 = the most)
+_DEFAULT_RETRY = 7
 
 
 def mtu_bytes(mtu_enum: int) -> int:
@@ -59,16 +75,16 @@ def rxe_udp_sport(qpn: int) -> int:
 
 
 _QP_LOG = logging.getLogger("softrdma.qp")  # SOFTRDMA_TRACE=qp (softrdma.trace)
+_QPT_NAMES = {QPT_RC: "RC", QPT_UC: "UC", QPT_UD: "UD"}
 
 
-def _trace_state(qp: QPBase, old: int, new: int, why: str = "") -> None:
+def _trace_state(qp: EngineQP, old: int, new: int, why: str = "") -> None:
     """One trace line per QP state transition (IBA 10.3.1), when ``softrdma.qp`` is on."""
     if _QP_LOG.isEnabledFor(logging.DEBUG):
-        kind = QPT(qp.qp_type).name.removeprefix("IBV_QPT_") if qp.qp_type in (
-            t.value for t in QPT) else str(qp.qp_type)
+        kind = _QPT_NAMES.get(qp.qp_type, str(qp.qp_type))
         _QP_LOG.debug("QP 0x%06x %s: %s -> %s%s", qp.qpn, kind,
-                      QPS(old).name.removeprefix("IBV_QPS_"),
-                      QPS(new).name.removeprefix("IBV_QPS_"), why)
+                      state_name(old).removeprefix("IBV_QPS_"),
+                      state_name(new).removeprefix("IBV_QPS_"), why)
 
 
 class AddressVector:
@@ -98,104 +114,46 @@ class AddressVector:
         return f"AddressVector(dgid={self.dgid.hex()}, sgid_index={self.sgid_index})"
 
 
-class EngineSRQ:
-    """A shared receive queue (IBA 10.2.9): receive WQEs taken by any QP attached to it."""
+class EngineQP:
+    """One queue pair in the engine (see the module docstring); a
+    :class:`~softrdma.seam.protocols.QPEngine`."""
 
-    def __init__(self, port: Port, pd: object, max_wr: int, max_sge: int,
-                 srq_limit: int = 0) -> None:
-        self.port = port
-        self.pd = pd
-        self.max_wr = max_wr
-        self.max_sge = max_sge
-        self.srq_limit = srq_limit
-        self.q: deque[RecvWQE] = deque()
-        self.closed = False
-        self.error = False
+    #: every IB opcode (the verbs layer checks them against the QP type)
+    send_opcodes: frozenset[int] | None = None
+    #: an RDMA Read scatters into as many SGEs as the QP allows
+    max_read_sge = 1 << 30
 
-    def __len__(self) -> int:
-        return len(self.q)
-
-    def post_recv(self, rwqe: RecvWQE) -> None:
-        if self.closed:
-            raise ClosedError("SRQ is destroyed")
-        if len(self.q) >= self.max_wr:
-            raise ResourceError(f"SRQ full ({self.max_wr} WQEs)")
-        self.q.append(rwqe)
-
-    def modify(self, max_wr: int | None = None, srq_limit: int | None = None) -> None:
-        if max_wr is not None:
-            self.max_wr = max_wr
-        if srq_limit is not None:
-            self.srq_limit = srq_limit
-
-    def take(self) -> RecvWQE | None:
-        """Next receive WQE; fires SRQ_LIMIT_REACHED once when the level drops below the limit."""
-        if not self.q:
-            return None
-        rwqe = self.q.popleft()
-        if self.srq_limit and len(self.q) < self.srq_limit:
-            self.srq_limit = 0  # IBA 10.2.9.6: the limit is disarmed when it fires
-            self.port.on_async_event("SRQ_LIMIT_REACHED", self)
-        return rwqe
-
-    def push_front(self, rwqe: RecvWQE) -> None:
-        self.q.appendleft(rwqe)
-
-
-class QPBase:
-    """What every engine QP holds (IB and iWARP alike): the creation attributes the verbs
-    layer passes (``ibv_qp_init_attr``), the QP number and the state."""
-
-    def __init__(self, port: Port, qp_type: int, pd: object, send_cq: CompletionSink,
-                 recv_cq: CompletionSink, srq: EngineSRQ | None, max_send_wr: int,
-                 max_recv_wr: int, max_send_sge: int, max_recv_sge: int, max_inline_data: int,
-                 sq_sig_all: bool, qpn: int | None = None) -> None:
-        self.port = port
-        self.qp_type = qp_type
-        self.pd = pd
-        self.send_cq = send_cq
-        self.recv_cq = recv_cq
-        self.srq = srq
-        self.max_send_wr = max_send_wr
-        self.max_recv_wr = max_recv_wr
-        self.max_send_sge = max_send_sge
-        self.max_recv_sge = max_recv_sge
-        self.max_inline_data = max_inline_data
-        self.sq_sig_all = sq_sig_all
-        self.qpn = port.alloc_qpn() if qpn is None else qpn
-        self.state = RESET
-
-
-class EngineQP(QPBase):
-    """One queue pair in the engine (see the module docstring)."""
-
-    def __init__(self, port: Port, qp_type: int, pd: object, send_cq: CompletionSink,
-                 recv_cq: CompletionSink, srq: EngineSRQ | None, max_send_wr: int,
-                 max_recv_wr: int, max_send_sge: int, max_recv_sge: int, max_inline_data: int,
-                 sq_sig_all: bool, qpn: int | None = None) -> None:
-        from .requester import Requester
-        from .responder import Responder
-
+    def __init__(self, port: Port, init: QPInit, qpn: int | None = None) -> None:
+        qp_type = init.qp_type
         if qp_type not in (QPT_RC, QPT_UC, QPT_UD):
             raise ValueError(f"unsupported QP type {qp_type}")
-        super().__init__(port, qp_type, pd, send_cq, recv_cq, srq, max_send_wr, max_recv_wr,
-                         max_send_sge, max_recv_sge, max_inline_data, sq_sig_all, qpn)
+        self.port = port
+        self.init = init
+        # the creation attributes the data path reads per packet or per completion
+        self.qp_type = qp_type
+        self.pd = init.pd
+        self.complete_send = init.send_cq
+        self.complete_recv = init.recv_cq
+        self.qpn = port.alloc_qpn() if qpn is None else qpn
+        self.state = RESET
         # attributes (IBA 11.2.5; ibv_qp_attr)
-        self.path_mtu = 5 if qp_type == QPT_UD else 1
+        self.path_mtu = _UD_PATH_MTU if qp_type == QPT_UD else _DEFAULT_PATH_MTU
         self.qkey = 0
         self.pkey_index = 0
         self.port_num = 1
         self.access_flags = 0
         self.av: AddressVector | None = None
-        self.timeout = 0
-        self.retry_cnt = 7
-        self.rnr_retry = 7
+        # the peer: its QPN and the first PSN each way (set by RTR/RTS, IBA 11.2.5.3)
+        self.dest_qpn = 0
         self.rq_psn = 0
         self.sq_psn = 0
+        # reliability: timers, retries and RDMA READ/atomic depths (IBA 9.7.6, 9.7.5.1.4)
+        self.timeout = 0
+        self.retry_cnt = _DEFAULT_RETRY
+        self.rnr_retry = _DEFAULT_RETRY
+        self.min_rnr_timer = 0
         self.max_rd_atomic = 0
         self.max_dest_rd_atomic = 0
-        self.min_rnr_timer = 0
-        self.dest_qpn = 0
         self.en_sqd_async_notify = False
         self.sport = rxe_udp_sport(self.qpn)
         self.mtu = 0
@@ -206,7 +164,9 @@ class EngineQP(QPBase):
         # static rate (0.0: none), ib/pacing.py
         self.rate_limit_bps = 0.0
         self._derive()
-        self.rq: deque[RecvWQE] = deque()
+        self.rq = ReceiveQueue(self.qpn, init)
+        self.take_rwqe = self.rq.take
+        self.return_rwqe = self.rq.give_back
         self.deadline: float | None = None
         self.ack_psn = -1
         self.destroyed = False
@@ -229,14 +189,15 @@ class EngineQP(QPBase):
         else:
             self.peer_gids = None
 
-    def from_peer(self, meta: Any) -> bool:
+    def from_peer(self, meta: RxMeta) -> bool:
         """Whether a packet comes from this connected QP's peer: its source GID is the
         address vector's DGID and its destination GID the QP's SGID (IBA 9.6: a connected
         QP's packets must carry its path's addresses; rxe ``check_addr`` drops the rest).
         UD QPs accept any source."""
         peer = self.peer_gids
         return peer is None or (meta.sgid == peer[0] and meta.dgid == peer[1])
-    def tx(self, parts: list[Any], length: int, av: AddressVector | None = None) -> None:
+
+    def tx(self, parts: list[bytes | bytearray | memoryview], length: int, av: AddressHandle | None = None) -> None:
         """Queue one packet (BTH .. pad) for the driver."""
         a = av if av is not None else self.av
         if a is None:
@@ -255,51 +216,53 @@ class EngineQP(QPBase):
         if t is not None:
             self.port.arm(self)
 
-    def complete_send(self, wc: WorkCompletion) -> None:
-        self.send_cq(wc)
-
-    def complete_recv(self, wc: WorkCompletion) -> None:
-        self.recv_cq(wc)
-
-    def take_rwqe(self) -> RecvWQE | None:
-        if self.srq is not None:
-            return self.srq.take()
-        return self.rq.popleft() if self.rq else None
-
-    def return_rwqe(self, rwqe: RecvWQE) -> None:
-        if self.srq is not None:
-            self.srq.push_front(rwqe)
-        else:
-            self.rq.appendleft(rwqe)
+    @property
+    def srq(self) -> EngineSRQ | None:
+        return self.init.srq
 
     # ---- verbs entry points -----------------------------------------------------------------
-    def modify(self, attrs: dict[str, Any], now: float) -> None:
+    def modify(self, attrs: ModifyAttrs, now: float) -> None:
         """Apply already-validated attributes and the state transition (IBA 10.3, 11.2.5.2)."""
         if self.destroyed:
             raise ClosedError("QP is destroyed")
-        for key in ("path_mtu", "qkey", "pkey_index", "port_num", "timeout", "retry_cnt",
-                    "rnr_retry", "max_rd_atomic", "max_dest_rd_atomic", "min_rnr_timer",
-                    "en_sqd_async_notify"):
-            if key in attrs:
-                setattr(self, key, attrs[key])
-        if "access_flags" in attrs:
-            self.access_flags = int(attrs["access_flags"])
+        if "path_mtu" in attrs:
+            self.path_mtu = attrs["path_mtu"]
+        if "qkey" in attrs:
+            self.qkey = attrs["qkey"]
+        apply_port_attrs(self, attrs)
+        if "timeout" in attrs:
+            self.timeout = attrs["timeout"]
+        if "retry_cnt" in attrs:
+            self.retry_cnt = attrs["retry_cnt"]
+        if "rnr_retry" in attrs:
+            self.rnr_retry = attrs["rnr_retry"]
+        if "max_rd_atomic" in attrs:
+            self.max_rd_atomic = attrs["max_rd_atomic"]
+        if "max_dest_rd_atomic" in attrs:
+            self.max_dest_rd_atomic = attrs["max_dest_rd_atomic"]
+        if "min_rnr_timer" in attrs:
+            self.min_rnr_timer = attrs["min_rnr_timer"]
+        if "en_sqd_async_notify" in attrs:
+            self.en_sqd_async_notify = attrs["en_sqd_async_notify"]
         if "ah" in attrs:
-            self.av = attrs["ah"]
+            av = attrs["ah"]
+            if av is not None and not isinstance(av, AddressVector):
+                raise InvalidArgument("qp_attr.ah_attr", "not an address vector")
+            self.av = av
         if "dest_qp_num" in attrs:
-            self.dest_qpn = int(attrs["dest_qp_num"]) & 0xFFFFFF
+            self.dest_qpn = int(attrs["dest_qp_num"]) & _QPN_MASK
         if "rq_psn" in attrs:
-            self.rq_psn = int(attrs["rq_psn"]) & 0xFFFFFF
+            self.rq_psn = int(attrs["rq_psn"]) & _PSN_MASK
             self.resp.set_epsn(self.rq_psn)
         if "sq_psn" in attrs:
-            self.sq_psn = int(attrs["sq_psn"]) & 0xFFFFFF
+            self.sq_psn = int(attrs["sq_psn"]) & _PSN_MASK
             self.req.set_psn(self.sq_psn)
         self._derive()
         if "qp_state" not in attrs:
             return
         new = int(attrs["qp_state"])
         old = self.state
-        if new == old and new not in (SQD,):
+        if new == old and new != SQD:
             return
         if new != ERR:
             _trace_state(self, old, new)
@@ -323,7 +286,7 @@ class EngineQP(QPBase):
         self.set_deadline(None)
         self.state = RESET
 
-    def to_error(self, event: str | None = None) -> None:
+    def to_error(self, event: AsyncEventType | None = None) -> None:
         """Move to ERR and flush every outstanding WQE with IBV_WC_WR_FLUSH_ERR (IBA 10.3.1.7)."""
         if self.state == ERR:
             return
@@ -336,23 +299,13 @@ class EngineQP(QPBase):
         self.set_deadline(None)
         self.req.flush()
         self.resp.abort()
-        while self.rq:
-            rwqe = self.rq.popleft()
-            self.complete_recv(WorkCompletion(rwqe.wr_id, WCS.IBV_WC_WR_FLUSH_ERR, WCO.IBV_WC_RECV,
-                                              self.qpn))
-        if self.srq is not None:
-            self.port.on_async_event("QP_LAST_WQE_REACHED", self)
-        if event is not None:
-            self.port.on_async_event(event, self)
+        self.rq.flush()
+        error_events(self.port.events, self, self.init.srq, event)
 
     def post_send(self, wqe: SendWQE, now: float) -> None:
-        if self.destroyed:
-            raise ClosedError("QP is destroyed")
         st = self.state
-        if st in (RESET, INIT, RTR):
-            raise StateError(f"post_send in state {QPS(st).name}: the QP must be in RTS")
-        if self.req.depth() >= self.max_send_wr:
-            raise ResourceError(f"send queue full ({self.max_send_wr} WQEs)")
+        check_post_send(st, self.destroyed, self.req.depth(), self.init.max_send_wr,
+                        "the QP must be in RTS")
         if st == ERR or st == SQE:
             wqe.signaled = True
             self.req.flush_one(wqe)
@@ -360,21 +313,9 @@ class EngineQP(QPBase):
         self.req.post(wqe, now)
 
     def post_recv(self, rwqe: RecvWQE) -> None:
-        if self.destroyed:
-            raise ClosedError("QP is destroyed")
-        if self.srq is not None:
-            raise StateError("the QP is attached to an SRQ: post receives to the SRQ")
-        if self.state == RESET:
-            raise StateError("post_recv in state RESET")
-        if len(self.rq) >= self.max_recv_wr:
-            raise ResourceError(f"receive queue full ({self.max_recv_wr} WQEs)")
-        if self.state == ERR:
-            self.complete_recv(WorkCompletion(rwqe.wr_id, WCS.IBV_WC_WR_FLUSH_ERR, WCO.IBV_WC_RECV,
-                                              self.qpn))
-            return
-        self.rq.append(rwqe)
+        self.rq.post(rwqe, self.state, self.destroyed)
 
-    def query(self) -> dict[str, Any]:
+    def query(self) -> QueryAttrs:
         return {
             "qp_state": self.state, "cur_qp_state": self.state, "path_mtu": self.path_mtu,
             "qkey": self.qkey, "pkey_index": self.pkey_index, "port_num": self.port_num,
@@ -385,8 +326,7 @@ class EngineQP(QPBase):
             "min_rnr_timer": self.min_rnr_timer, "dest_qp_num": self.dest_qpn,
             "en_sqd_async_notify": self.en_sqd_async_notify,
             "sq_draining": self.state == SQD and self.req.outstanding() > 0,
-            "cap": (self.max_send_wr, self.max_recv_wr, self.max_send_sge, self.max_recv_sge,
-                    self.max_inline_data),
+            "cap": self.init.cap,
         }
 
     def destroy(self) -> None:
@@ -407,7 +347,7 @@ class EngineQP(QPBase):
                 del self.port.mcast[bytes(mgid)]
 
     # ---- engine entry points ------------------------------------------------------------------
-    def receive(self, pkt: Any, meta: Any, now: float) -> None:
+    def receive(self, pkt: wib.IBPacket, meta: RxMeta, now: float) -> None:
         st = self.state
         if st == RESET or st == INIT or st == ERR:
             self.port.counters.rcvd_bad_state += 1
@@ -440,4 +380,5 @@ class EngineQP(QPBase):
 
 _TRANSPORT_OF = {QPT_RC: 0x00, QPT_UC: 0x20, QPT_UD: 0x60}
 
-__all__ = ["AddressVector", "EngineQP", "QPBase", "EngineSRQ", "mtu_bytes", "rxe_udp_sport"]
+__all__ = ["AddressVector", "EngineQP", "EngineSRQ", "RESET", "INIT", "RTR", "RTS", "SQD", "SQE",
+           "ERR", "QPT_RC", "QPT_UC", "QPT_UD", "mtu_bytes", "rxe_udp_sport"]

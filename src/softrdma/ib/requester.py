@@ -19,12 +19,16 @@ from ..enums import ibv_send_flags as SF
 from ..enums import ibv_wc_opcode as WCO
 from ..enums import ibv_wc_status as WCS
 from ..enums import ibv_wr_opcode as WRO
+from ..seam.events import AsyncEventType
+from ..seam.memory import gather, resolve_sges, scatter
+from ..seam.queues import take_done
+from ..seam.states import ERR, QPT_RC, QPT_UC, QPT_UD, RTS, SQD, SQE
+from ..seam.types import PSN_MASK, SendWQE, WorkCompletion, psn_diff
 from ..wire import ib as wib
 from ..wire import opcodes as op
 from ..wire.mad import GSI_QKEY
-from .memory import gather, resolve_sges, scatter
+from .mw import BindRequest
 from .pacing import ICRC_BYTES, Pacer
-from .types import PSN_MASK, SendWQE, WorkCompletion, psn_diff
 
 _POS_FIRST = int(op.Pos.FIRST)
 _POS_LAST = int(op.Pos.LAST)
@@ -144,7 +148,7 @@ class Requester:
 
     def post(self, wqe: SendWQE, now: float) -> None:
         qp = self.qp
-        wqe.signaled = qp.sq_sig_all or bool(wqe.send_flags & _SIGNALED)
+        wqe.signaled = qp.init.sq_sig_all or bool(wqe.send_flags & _SIGNALED)
         o = wqe.opcode
         wqe.rd_atomic = o == _W_READ or o == _W_CAS or o == _W_FAA
         if o == _W_CAS or o == _W_FAA:
@@ -158,10 +162,10 @@ class Requester:
         """Send as many packets as the window, rd_atomic limit and fences allow."""
         qp = self.qp
         st = qp.state
-        if st != 3 and st != 4:  # RTS, SQD
+        if st != RTS and st != SQD:
             return
         sq = self.sq
-        rc = qp.qp_type == 2
+        rc = qp.qp_type == QPT_RC
         sent = False
         while self.tx_idx < len(sq) and not self.rnr_wait:
             wqe = sq[self.tx_idx]
@@ -171,7 +175,7 @@ class Requester:
                 self.tx_pkt = 0  # the packet cursor belonged to that WQE
                 continue
             if s == UNSENT:
-                if qp.state != 3:
+                if qp.state != RTS:
                     break
                 if wqe.opcode == _W_LOCAL_INV:
                     if not self._local_inv(wqe):
@@ -252,7 +256,7 @@ class Requester:
             wqe.segs = segs
         mtu = qp.mtu
         length = wqe.length
-        if qp.qp_type == 4 and length > mtu:  # UD: one packet per message (IBA 9.8.2)
+        if qp.qp_type == QPT_UD and length > mtu:  # UD: one packet per message (IBA 9.8.2)
             self._fail(wqe, WCS.IBV_WC_LOC_LEN_ERR)
             return False
         if wqe.rd_atomic and wqe.opcode != _W_READ:
@@ -313,7 +317,7 @@ class Requester:
         variant = 1 if (o == _W_SEND_IMM or o == _W_WRITE_IMM) else (2 if o == _W_SEND_INV else 0)
         ext = b""
         av = None
-        if qtype == 4:  # UD: SEND_ONLY(_IMM) + DETH (IBA 9.8.3)
+        if qtype == QPT_UD:  # UD: SEND_ONLY(_IMM) + DETH (IBA 9.8.3)
             opcode = op.UD_SEND_ONLY_IMM if variant == 1 else op.UD_SEND_ONLY
             if qp.qpn == 1:
                 qkey = GSI_QKEY
@@ -325,7 +329,7 @@ class Requester:
         else:
             table = _WRITE_OPS if is_write else _SEND_OPS
             opcode = table[(first, last, variant)]
-            if qtype == 3:
+            if qtype == QPT_UC:
                 opcode |= 0x20
             if first and is_write:
                 ext = _RETH.pack(wqe.remote_addr, wqe.rkey, length)
@@ -340,12 +344,12 @@ class Requester:
         if last and wqe.send_flags & _SOLICITED and (not is_write or variant == 1):
             b1 |= 0x80
         w2 = (wqe.first_psn + k) & PSN_MASK
-        if qtype == 2 and (last or (k % ACKREQ_EVERY) == ACKREQ_EVERY - 1 or self.ack_edge):
+        if qtype == QPT_RC and (last or (k % ACKREQ_EVERY) == ACKREQ_EVERY - 1 or self.ack_edge):
             w2 |= 0x80000000  # AckReq: end of message, every 32 packets, or a full window
         hdr = _BTH.pack(opcode, b1, pkey, dqpn, w2) + ext
         segs = wqe.segs
         if plen and segs:
-            parts: list[object] = [hdr, *gather(segs, off, plen)]
+            parts: list[bytes | bytearray | memoryview] = [hdr, *gather(segs, off, plen)]
         else:
             parts = [hdr]
         if pad:
@@ -353,7 +357,7 @@ class Requester:
         qp.tx(parts, len(hdr) + plen + pad, av)
         if last:
             self._advance(wqe)
-            if qtype != 2:
+            if qtype != QPT_RC:
                 wqe.state = DONE
         else:
             self.tx_pkt = k + 1
@@ -378,7 +382,8 @@ class Requester:
         """IBV_WR_BIND_MW: bind a memory window in send-queue order (IBA 10.6.7.2)."""
         qp = self.qp
         bind = wqe.bind
-        status = bind.execute(qp.port, qp, qp.pd) if bind is not None else int(WCS.IBV_WC_MW_BIND_ERR)
+        status = (bind.execute(qp.port, qp, qp.pd) if isinstance(bind, BindRequest)
+                  else int(WCS.IBV_WC_MW_BIND_ERR))
         if status:
             self._fail(wqe, status)
             return False
@@ -478,7 +483,7 @@ class Requester:
         self.retry_left = qp.retry_cnt
         self.rnr_left = qp.rnr_retry
         self._complete_head()
-        if qp.state == 6:  # the QP went to ERR while completing
+        if qp.state == ERR:  # the QP went to ERR while completing
             return
         if self.outstanding():
             if qp.timeout and not self.rnr_wait:
@@ -489,10 +494,8 @@ class Requester:
         self.check_drained()
 
     def _complete_head(self) -> None:
-        sq = self.sq
         qp = self.qp
-        while sq and sq[0].state == DONE:
-            w = sq.popleft()
+        for w in take_done(self.sq, DONE):
             if self.tx_idx:
                 self.tx_idx -= 1
             else:
@@ -641,11 +644,11 @@ class Requester:
         except ValueError:
             pass
         qp.complete_send(WorkCompletion(wqe.wr_id, status, WC_OPCODE.get(wqe.opcode, 0), qp.qpn))
-        if qp.qp_type != 2 and qp.state in (3, 4):
+        if qp.qp_type != QPT_RC and qp.state in (RTS, SQD):
             # UC/UD: a send error stops the send queue only (SQE, IBA 10.3.1.6); the
             # receive queue keeps working and SQE -> RTS resumes sending.
             self.flush()
-            qp.state = 5
+            qp.state = SQE
             return
         qp.to_error()
 
@@ -668,7 +671,7 @@ class Requester:
     def check_drained(self) -> None:
         """SQD: raise SQ_DRAINED once no WQE is in flight (IBA 10.3.1.5)."""
         qp = self.qp
-        if qp.state == 4 and not qp.sqd_notified and self.outstanding() == 0:
+        if qp.state == SQD and not qp.sqd_notified and self.outstanding() == 0:
             qp.sqd_notified = True
             if qp.en_sqd_async_notify:
-                qp.port.on_async_event("SQ_DRAINED", qp)
+                qp.port.events.raise_event(AsyncEventType.SQ_DRAINED, qp)

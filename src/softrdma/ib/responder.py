@@ -21,13 +21,15 @@ from ..enums import ibv_access_flags as ACC
 from ..enums import ibv_wc_flags as WCF
 from ..enums import ibv_wc_opcode as WCO
 from ..enums import ibv_wc_status as WCS
+from ..seam.events import AsyncEventType
+from ..seam.memory import resolve_sges, scatter
+from ..seam.states import QPT_RC, QPT_UD, RTR, SQE
+from ..seam.types import PSN_MASK, RecvWQE, WorkCompletion, psn_diff
 from ..wire import ib as wib
 from ..wire import opcodes as op
 from ..wire.mad import GSI_QKEY
-from .memory import resolve_sges, scatter
 from .mw import remotely_invalidatable
-from .port import RxMeta
-from .types import PSN_MASK, RecvWQE, WorkCompletion, psn_diff
+from .packet import RxMeta
 
 _POS_FIRST = int(op.Pos.FIRST)
 _POS_LAST = int(op.Pos.LAST)
@@ -156,16 +158,16 @@ class Responder:
         the Communication Established event, once (the CM then treats the connection
         as established even if the RTU was lost, IBA 12.9.7.3)."""
         qp = self.qp
-        if qp.state == 2 and not self.comm_est:  # IBV_QPS_RTR
+        if qp.state == RTR and not self.comm_est:
             self.comm_est = True
-            qp.port.on_async_event("COMM_EST", qp)
+            qp.port.events.raise_event(AsyncEventType.COMM_EST, qp)
 
     # ---- dispatch ---------------------------------------------------------------------------------
     def on_request(self, pkt: wib.IBPacket, meta: RxMeta, now: float) -> None:
         t = self.qp.qp_type
-        if t == 2:
+        if t == QPT_RC:
             self._rc(pkt)
-        elif t == 4:
+        elif t == QPT_UD:
             self._ud(pkt, meta)
         else:
             self._uc(pkt)
@@ -180,7 +182,7 @@ class Responder:
         """
         qp = self.qp
         st = qp.state
-        if qp.qp_type != 2 or st < 2 or st > 5 or data[1] & 0x3F:
+        if qp.qp_type != QPT_RC or st < RTR or st > SQE or data[1] & 0x3F:
             return False
         if (data[2] << 8 | data[3]) != qp.pkey:
             return False
@@ -247,7 +249,8 @@ class Responder:
             qp.complete_recv(WorkCompletion(rwqe.wr_id, e.wc_status, WCO.IBV_WC_RECV, qp.qpn))
         elif rwqe is not None:
             qp.return_rwqe(rwqe)
-        event = "QP_ACCESS_ERR" if e.code == wib.NAK_REMOTE_ACCESS else "QP_REQ_ERR"
+        event = (AsyncEventType.QP_ACCESS_ERR if e.code == wib.NAK_REMOTE_ACCESS
+                 else AsyncEventType.QP_REQ_ERR)
         qp.to_error(event)
 
     def _check_seq(self, info: op.OpInfo, kind: int) -> None:
@@ -454,7 +457,7 @@ class Responder:
             hdr = _BTH.pack(opcode, pad << 4, pkey, dqpn, (psn + k) & PSN_MASK)
             if opcode != op.RC_READ_RESPONSE_MIDDLE:
                 hdr += aeth
-            parts: list[object] = [hdr]
+            parts: list[bytes | bytearray | memoryview] = [hdr]
             if plen:
                 parts.append(view[off:off + plen])
             if pad:

@@ -24,13 +24,13 @@ The QP and the device are seen through :class:`PlacementQP` and :class:`Placemen
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Protocol
 
 from ..enums import ibv_access_flags as ACC
 from ..enums import ibv_wc_status as WCS
-from ..ib.memory import gather, resolve_sges, total_len
-from ..ib.types import MemoryRegion, RecvWQE, SendWQE
+from ..seam.events import AsyncEventType, EventQueue
+from ..seam.memory import gather, resolve_sges, total_len
+from ..seam.types import MemoryRegion, RecvWQE, SendWQE
 from ..wire.ddp import (
     DDP_L,
     DDP_T,
@@ -61,7 +61,7 @@ RDMAP_RV = RDMAP_VERSION << RDMAP_RV_SHIFT  # RV in the RDMAP control octet (RFC
 MASK64 = (1 << 64) - 1
 MASK32 = 0xFFFFFFFF
 #: The async event of an access violation by the peer (IBV_EVENT_QP_ACCESS_ERR).
-ACCESS_ERR = "QP_ACCESS_ERR"
+ACCESS_ERR = AsyncEventType.QP_ACCESS_ERR
 _OP_WRITE = int(RdmapOpcode.RDMA_WRITE)
 _REMOTE_WRITE = int(ACC.IBV_ACCESS_REMOTE_WRITE)
 _LOCAL_WRITE = int(ACC.IBV_ACCESS_LOCAL_WRITE)
@@ -69,17 +69,17 @@ _BAD_RESP = int(WCS.IBV_WC_BAD_RESP_ERR)
 
 
 class PlacementDevice(Protocol):
-    """What placement needs of the device: the STag-keyed memory table and the async
-    event hook (:class:`~.qp.IwarpDevice`)."""
+    """What placement needs of the device: the STag-keyed memory table and the queue
+    its typed async events go to (:class:`~.qp.IwarpDevice`)."""
 
     mrs: dict[int, MemoryRegion]
-    on_async_event: Callable[[str, object], None]
+    events: EventQueue
 
 
 def access_error(dev: PlacementDevice, qp: object) -> None:
     """The peer violated ``qp``'s protection: the QP_ACCESS_ERR async event (siw
     ``siw_qp_event(qp, IB_EVENT_QP_ACCESS_ERR)``). The one place it is raised."""
-    dev.on_async_event(ACCESS_ERR, qp)
+    dev.events.raise_event(ACCESS_ERR, qp)
 
 
 class PlacementQP(Protocol):

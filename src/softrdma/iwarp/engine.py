@@ -56,7 +56,7 @@ from typing import Protocol
 
 from ..enums import ibv_wc_status as WCS
 from ..errors import SoftRdmaError
-from ..ib.counters import Counters
+from ..seam.counters import Counters
 from ..wire.ddp import MpaErrorCode, Terminate
 from ..wire.mpa import FpduEncoder, MpaError, MpaFrameParser, MpaReply, MpaRequest, mulpdu
 from .ddp_place import PlacementDevice

@@ -18,7 +18,7 @@ from collections import deque
 
 from ..enums import ibv_send_flags as SF
 from ..enums import ibv_wr_opcode as WR
-from ..ib.types import SendWQE
+from ..seam.types import SendWQE
 from ..wire.ddp import RdmapErrorCode
 from .ddp_place import ReadCtx, TxMsg
 from .terminate import IwarpFault

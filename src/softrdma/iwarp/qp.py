@@ -1,12 +1,15 @@
 """The iWARP device and queue pair behind the verbs API (sans-I/O).
 
-:class:`IwarpDevice` is the iWARP counterpart of :class:`~softrdma.ib.port.Port`: it
-owns the QP table and the memory table, whose keys are STags (``lkey == rkey == STag``,
-allocated by :class:`~.stag.StagAllocator`: random, sparse, never sequential,
-RFC 5040 §8.1.1 item 8). :class:`IwarpQP` has the :class:`~softrdma.ib.qp.EngineQP`
-interface the verbs layer drives (``modify``, ``post_send``, ``post_recv``, ``query``,
-``destroy``); its data path is the :class:`~.engine.IwarpConn` it is bound to by the
-connection manager (:mod:`.cm`), as siw's QP is bound to its socket by the iWARP CM.
+:class:`IwarpDevice` implements :class:`~softrdma.seam.protocols.DeviceEngine` beside
+the IB :class:`~softrdma.ib.port.Port` (no inheritance between them; the tables they keep
+alike are :class:`~softrdma.seam.tables.DeviceTables`): the QP table and the memory
+table, whose keys are STags (``lkey == rkey == STag``, allocated by
+:class:`~.stag.StagAllocator`: random, sparse, never sequential, RFC 5040 §8.1.1 item 8).
+:class:`IwarpQP` implements :class:`~softrdma.seam.protocols.QPEngine`, the interface the
+verbs layer drives (``modify``, ``post_send``, ``post_recv``, ``query``, ``destroy``);
+its receive queue and flush are :mod:`softrdma.seam.queues`'; its data path is the
+:class:`~.engine.IwarpConn` it is bound to by the connection manager (:mod:`.cm`), as
+siw's QP is bound to its socket by the iWARP CM.
 
 State rules (siw ``siw_qp_modify``; IBA 10.3 where they agree):
 
@@ -25,26 +28,31 @@ State rules (siw ``siw_qp_modify``; IBA 10.3 where they agree):
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..enums import ibv_qp_state as QPS
-from ..enums import ibv_qp_type as QPT
 from ..enums import ibv_send_flags as SF
 from ..enums import ibv_wc_flags as WCF
 from ..enums import ibv_wc_opcode as WCO
 from ..enums import ibv_wc_status as WCS
 from ..enums import ibv_wr_opcode as WR
-from ..errors import (
-    ClosedError,
-    DecodeError,
-    InvalidArgument,
-    NotSupported,
-    ResourceError,
-    StateError,
+from ..errors import ClosedError, InvalidArgument, NotSupported
+from ..seam.attrs import ModifyAttrs, QueryAttrs, apply_port_attrs
+from ..seam.counters import Counters
+from ..seam.events import AsyncEventType
+from ..seam.queues import (
+    FLUSH_ERR,
+    WC_RECV,
+    EngineSRQ,
+    QPInit,
+    ReceiveQueue,
+    check_post_send,
+    error_events,
+    take_done,
 )
-from ..ib.port import Port, RxMeta
-from ..ib.qp import EngineSRQ, QPBase
-from ..ib.types import CompletionSink, MemoryRegion, RecvWQE, SendWQE, WorkCompletion
+from ..seam.states import ERR, INIT, QPT_RC, RESET, RTR, RTS
+from ..seam.tables import DEFAULT_PKEY, GID_TYPE_ROCE_V2, DeviceTables
+from ..seam.types import RecvWQE, SendWQE, WorkCompletion
 from ..wire.ddp import Terminate
 from .stag import StagAllocator
 from .terminate import wc_status_for
@@ -52,11 +60,7 @@ from .terminate import wc_status_for
 if TYPE_CHECKING:
     from .engine import IwarpConn
 
-__all__ = ["IwarpDevice", "IwarpQP", "SEND_OPCODES"]
-
-RESET, INIT, RTR, RTS = int(QPS.IBV_QPS_RESET), int(QPS.IBV_QPS_INIT), int(QPS.IBV_QPS_RTR), \
-    int(QPS.IBV_QPS_RTS)
-SQD, SQE, ERR = int(QPS.IBV_QPS_SQD), int(QPS.IBV_QPS_SQE), int(QPS.IBV_QPS_ERR)
+__all__ = ["IwarpDevice", "IwarpQP", "SEND_OPCODES", "RESET", "INIT", "RTR", "RTS", "ERR"]
 
 #: The send opcodes RDMAP carries (siw ``siw_post_send``); immediate data and atomics
 #: have no RFC 5040 message.
@@ -71,78 +75,80 @@ _WC_OF = {
     int(WR.IBV_WR_LOCAL_INV): int(WCO.IBV_WC_LOCAL_INV),
 }
 _SIGNALED = int(SF.IBV_SEND_SIGNALED)
-_FLUSH = int(WCS.IBV_WC_WR_FLUSH_ERR)
+_FLUSH = FLUSH_ERR
 _SUCCESS = int(WCS.IBV_WC_SUCCESS)
-_RECV = int(WCO.IBV_WC_RECV)
+_RECV = WC_RECV
 _WITH_INV = int(WCF.IBV_WC_WITH_INV)
 _W_DONE = 2
 
 
-class IwarpDevice(Port):
-    """One iWARP device port: QPs, STag-keyed memory regions, counters (sans-I/O).
-
-    It is a :class:`~softrdma.ib.port.Port` for the verbs layer (MR registration, GIDs,
-    P_Keys, counters, async events, SRQs); it carries no IB packets.
-    """
+class IwarpDevice(DeviceTables["IwarpQP"]):
+    """One iWARP device port: QPs, STag-keyed memory regions, counters (sans-I/O); a
+    :class:`~softrdma.seam.protocols.DeviceEngine` beside the IB
+    :class:`~softrdma.ib.port.Port`. It carries no IB packets: its QPs' data path is
+    their TCP connection (:mod:`.engine`)."""
 
     def __init__(self, gids: list[bytes], *, max_mtu: int = 4096) -> None:
         self.stags = StagAllocator()
-        super().__init__(gids, max_mtu=max_mtu, key_alloc=self.stags.alloc)
-        self.iw_qps: dict[int, IwarpQP] = {}
+        super().__init__(key_alloc=self.stags.alloc, key_free=self.stags.free)
+        self.gids = list(gids)
+        # iWARP GIDs are the netdev's addresses (siw); reported with the type of an IP
+        # GID (libibverbs has no iWARP GID type)
+        self.gid_types: list[int] = [GID_TYPE_ROCE_V2] * len(self.gids)
+        self.max_mtu = max_mtu
+        self.pkeys: tuple[int, ...] = (DEFAULT_PKEY,)
+        self.counters = Counters()
+        #: iWARP has no multicast (RFC 5040 is point-to-point): always empty
+        self.mcast: dict[bytes, set[IwarpQP]] = {}
 
-    def alloc_qpn(self) -> int:
-        qpn = super().alloc_qpn()
-        while qpn in self.iw_qps:
-            qpn = super().alloc_qpn()
-        return qpn
-
-    def register_mr(self, buf: memoryview, addr: int, access: int, pd: object,
-                    zero_based: bool = False) -> MemoryRegion:
-        # a plain int: the access checks of the data path are then plain int operations
-        return super().register_mr(buf, addr, int(access), pd, zero_based)
-
-    def deregister_mr(self, mr: Any) -> None:
-        super().deregister_mr(mr)
-        self.stags.free(mr.lkey)
-
-    def receive(self, data: memoryview, meta: RxMeta, now: float) -> None:
-        raise DecodeError("an iWARP device receives TCP byte streams, not IB packets")
+    def create_qp(self, init: QPInit) -> IwarpQP:
+        """A new RC QP in RESET (iWARP has RC only, siw ``siw_create_qp``)."""
+        return IwarpQP(self, init)
 
 
-class IwarpQP(QPBase):
-    """An iWARP queue pair (see the module docstring); same constructor as EngineQP."""
+class IwarpQP:
+    """An iWARP queue pair (see the module docstring); a
+    :class:`~softrdma.seam.protocols.QPEngine`, same constructor as the IB EngineQP."""
 
-    port: IwarpDevice
+    send_opcodes: frozenset[int] | None = SEND_OPCODES
+    #: an RDMA Read has one sink buffer (siw)
+    max_read_sge = 1
 
-    def __init__(self, port: IwarpDevice, qp_type: int, pd: object, send_cq: CompletionSink,
-                 recv_cq: CompletionSink, srq: EngineSRQ | None, max_send_wr: int,
-                 max_recv_wr: int, max_send_sge: int, max_recv_sge: int, max_inline_data: int,
-                 sq_sig_all: bool, qpn: int | None = None) -> None:
-        if qp_type != int(QPT.IBV_QPT_RC):
+    #: iWARP has one service type, reliable connected (RFC 5040 §1; siw)
+    qp_type = QPT_RC
+
+    def __init__(self, port: IwarpDevice, init: QPInit, qpn: int | None = None) -> None:
+        if init.qp_type != QPT_RC:
             raise NotSupported("iWARP devices support RC QPs only")
-        super().__init__(port, qp_type, pd, send_cq, recv_cq, srq, max_send_wr, max_recv_wr,
-                         max_send_sge, max_recv_sge, max_inline_data, sq_sig_all, qpn)
+        self.sq: deque[SendWQE] = deque()  # posted, not yet started by the connection
+        self.inflight: deque[SendWQE] = deque()  # started, completed in posting order
+        self.init = init
+        self.port = port
+        self.pd = init.pd
+        self.send_cq = init.send_cq
+        self.state = RESET
+        self.qpn = port.alloc_qpn() if qpn is None else qpn
         self.access_flags = 0
         self.port_num = 1
         self.pkey_index = 0
-        self.sq: deque[SendWQE] = deque()
-        self.inflight: deque[SendWQE] = deque()
-        self.rq: deque[RecvWQE] = deque()
+        self.rate_limit_bps = 0.0
+        self.rq = ReceiveQueue(self.qpn, init)
+        self.take_rwqe = self.rq.take
         self.conn: IwarpConn | None = None
         self.destroyed = False
         self.last_error = ""
-        port.iw_qps[self.qpn] = self
+        port.qps[self.qpn] = self
 
     # ---- helpers for the engine ------------------------------------------------------------
     @property
     def rx_pd(self) -> object:
         """The PD receive buffers are checked against (the SRQ's, if any)."""
-        return self.srq.pd if self.srq is not None else self.pd
+        srq = self.init.srq
+        return srq.pd if srq is not None else self.pd
 
-    def take_rwqe(self) -> RecvWQE | None:
-        if self.srq is not None:
-            return self.srq.take()
-        return self.rq.popleft() if self.rq else None
+    @property
+    def srq(self) -> EngineSRQ | None:
+        return self.init.srq
 
     def peek_send(self) -> SendWQE | None:
         """The oldest posted send WQE not yet started (the connection's next message)."""
@@ -156,10 +162,8 @@ class IwarpQP(QPBase):
 
     def complete_ready(self) -> None:
         """Report the finished send WQEs at the head of the queue (RFC 5040 §5.5 rule 15)."""
-        inflight = self.inflight
         push = self.send_cq
-        while inflight and inflight[0].state == _W_DONE:
-            w = inflight.popleft()
+        for w in take_done(self.inflight, _W_DONE):
             if w.error:
                 push(WorkCompletion(w.wr_id, w.error, _WC_OF.get(w.opcode, 0), self.qpn))
             elif w.signaled:
@@ -173,7 +177,7 @@ class IwarpQP(QPBase):
                             wc_flags=_WITH_INV if invalidated else 0,
                             invalidated_rkey=invalidated)
         wc.solicited = solicited
-        self.recv_cq(wc)
+        self.init.recv_cq(wc)
 
     def on_established(self, conn: IwarpConn) -> None:
         """The connection reached full operation: the QP is in RTS (iw_cm)."""
@@ -193,17 +197,13 @@ class IwarpQP(QPBase):
                     if not w.error:
                         w.error = status
                     break
-        self.to_error("QP_FATAL")
+        self.to_error(AsyncEventType.QP_FATAL)
 
     # ---- verbs entry points -----------------------------------------------------------------
-    def modify(self, attrs: dict[str, Any], now: float) -> None:
+    def modify(self, attrs: ModifyAttrs, now: float) -> None:
         if self.destroyed:
             raise ClosedError("QP is destroyed")
-        for key in ("port_num", "pkey_index"):
-            if key in attrs:
-                setattr(self, key, attrs[key])
-        if "access_flags" in attrs:
-            self.access_flags = int(attrs["access_flags"])
+        apply_port_attrs(self, attrs)
         if "qp_state" not in attrs:
             return
         new = int(attrs["qp_state"])
@@ -230,7 +230,7 @@ class IwarpQP(QPBase):
         self.rq.clear()
         self.state = RESET
 
-    def to_error(self, event: str | None = None) -> None:
+    def to_error(self, event: AsyncEventType | None = None) -> None:
         """To ERR: complete everything outstanding (error or flush), close the stream."""
         if self.state == ERR:
             return
@@ -241,47 +241,28 @@ class IwarpQP(QPBase):
                 w = queue.popleft()
                 status = w.error if w.error else _FLUSH
                 push(WorkCompletion(w.wr_id, status, _WC_OF.get(w.opcode, 0), self.qpn))
-        while self.rq:
-            self.complete_recv(self.rq.popleft(), _FLUSH, 0, 0, False)
+        self.rq.flush()
         conn = self.conn
         if conn is not None:
             conn.close()
-        if self.srq is not None:
-            self.port.on_async_event("QP_LAST_WQE_REACHED", self)
-        if event is not None:
-            self.port.on_async_event(event, self)
+        error_events(self.port.events, self, self.init.srq, event)
 
     def post_send(self, wqe: SendWQE, now: float) -> None:
-        if self.destroyed:
-            raise ClosedError("QP is destroyed")
         st = self.state
-        if st in (RESET, INIT, RTR):
-            raise StateError(f"post_send in state {QPS(st).name}: the QP must be connected")
-        if len(self.sq) + len(self.inflight) >= self.max_send_wr:
-            raise ResourceError(f"send queue full ({self.max_send_wr} WQEs)")
+        check_post_send(st, self.destroyed, len(self.sq) + len(self.inflight), self.init.max_send_wr,
+                        "the QP must be connected")
         wqe.send_flags = flags = int(wqe.send_flags)  # plain ints on the data path
         wqe.opcode = int(wqe.opcode)
-        wqe.signaled = bool(self.sq_sig_all or flags & _SIGNALED)
+        wqe.signaled = bool(self.init.sq_sig_all or flags & _SIGNALED)
         if st == ERR:
             self.send_cq(WorkCompletion(wqe.wr_id, _FLUSH, _WC_OF.get(wqe.opcode, 0), self.qpn))
             return
         self.sq.append(wqe)
 
     def post_recv(self, rwqe: RecvWQE) -> None:
-        if self.destroyed:
-            raise ClosedError("QP is destroyed")
-        if self.srq is not None:
-            raise StateError("the QP is attached to an SRQ: post receives to the SRQ")
-        if self.state == RESET:
-            raise StateError("post_recv in state RESET")
-        if len(self.rq) >= self.max_recv_wr:
-            raise ResourceError(f"receive queue full ({self.max_recv_wr} WQEs)")
-        if self.state == ERR:
-            self.complete_recv(rwqe, _FLUSH, 0, 0, False)
-            return
-        self.rq.append(rwqe)
+        self.rq.post(rwqe, self.state, self.destroyed)
 
-    def query(self) -> dict[str, Any]:
+    def query(self) -> QueryAttrs:
         conn = self.conn
         ird = conn.ird if conn is not None else 0
         ord_ = conn.ord if conn is not None else 0
@@ -292,8 +273,7 @@ class IwarpQP(QPBase):
             "rnr_retry": 0, "rq_psn": 0, "sq_psn": 0, "max_rd_atomic": ord_,
             "max_dest_rd_atomic": ird, "min_rnr_timer": 0, "dest_qp_num": 0,
             "en_sqd_async_notify": False, "sq_draining": False,
-            "cap": (self.max_send_wr, self.max_recv_wr, self.max_send_sge, self.max_recv_sge,
-                    self.max_inline_data),
+            "cap": self.init.cap,
         }
 
     def destroy(self) -> None:
@@ -302,8 +282,8 @@ class IwarpQP(QPBase):
         self.destroyed = True
         if self.conn is not None:
             self.conn.close()
-        if self.port.iw_qps.get(self.qpn) is self:
-            del self.port.iw_qps[self.qpn]
+        if self.port.qps.get(self.qpn) is self:
+            del self.port.qps[self.qpn]
 
     def attach_mcast(self, mgid: bytes) -> None:
         raise NotSupported("iWARP has no multicast")

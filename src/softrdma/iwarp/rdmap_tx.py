@@ -28,8 +28,8 @@ from ..enums import ibv_access_flags as ACC
 from ..enums import ibv_send_flags as SF
 from ..enums import ibv_wc_status as WCS
 from ..enums import ibv_wr_opcode as WR
-from ..ib.memory import resolve_sges
-from ..ib.types import RecvWQE, SendWQE
+from ..seam.memory import resolve_sges
+from ..seam.types import RecvWQE, SendWQE
 from ..wire.ddp import QN_READ_REQUEST, QN_SEND, READ_REQ, RdmapOpcode, Terminate
 from ..wire.mpa import FpduEncoder
 from .ddp_place import (

@@ -23,7 +23,7 @@ import secrets
 from enum import IntEnum
 
 from ..errors import ResourceError
-from ..ib.types import MemoryRegion
+from ..seam.types import MemoryRegion
 
 __all__ = ["Access", "StagAllocator", "check_access", "stag_index", "MAX_STAG_INDEX"]
 

@@ -25,7 +25,7 @@ from typing import Any, TextIO
 
 from ..drivers.devd import DevdLink, socket_path
 from ..errors import DeviceError, InvalidArgument
-from ..ib.counters import Counters
+from ..seam.counters import Counters
 from ..verbs.counters import PortCounters
 from ..verbs.device import DeviceInfo, get_device_list
 

@@ -4,7 +4,7 @@
 ``v.CompChannel``, ``v.QP``, ``v.MW`` and the attribute and work-request classes.
 """
 
-from ..ib.types import WorkCompletion as WC
+from ..seam.types import WorkCompletion as WC
 from .ah import AH, AHAttr, GlobalRoute
 from .counters import PortCounters
 from .cq import CQ, CompChannel, wc_status_str

@@ -13,10 +13,10 @@ CA16-15.1.1, :mod:`softrdma.ib.pacing`).
 from __future__ import annotations
 
 import errno
-from typing import Any
 
 from ..errors import InvalidArgument
 from ..ib.pacing import rate_bps
+from ..ib.qp import AddressVector
 from ..wire.gid import is_v4_mapped
 from ._object import VerbsObject
 from .device import GID, Context, gid_table_len
@@ -70,16 +70,14 @@ class AHAttr:
                 f"dlid={self.dlid}, sl={self.sl})")
 
 
-def _u(value: Any, bits: int, argument: str) -> int:
+def _u(value: object, bits: int, argument: str) -> int:
     if not isinstance(value, int) or not 0 <= value < 1 << bits:
         raise InvalidArgument(argument, f"must be a {bits}-bit unsigned int, got {value!r}")
     return value
 
 
-def address_vector(ctx: Context, attr: AHAttr, argument: str = "ah_attr") -> Any:
+def address_vector(ctx: Context, attr: AHAttr, argument: str = "ah_attr") -> AddressVector:
     """Validate ``attr`` for ``ctx`` and build the engine's ``AddressVector``."""
-    from ..ib.qp import AddressVector  # noqa: PLC0415 - the engine module
-
     if not isinstance(attr, AHAttr):
         raise InvalidArgument(argument, f"expected an AHAttr, got {type(attr).__name__}")
     if attr.port_num != 1:

@@ -2,7 +2,7 @@
 
 What ``rdma statistic show link DEV/PORT`` shows for a Linux device (its hw counters),
 as one typed object: the traffic counters by name, then the drops by reason
-(:class:`softrdma.ib.counters.DropReason`, CA16-23). On a shared device (devd) the
+(:class:`softrdma.seam.counters.DropReason`, CA16-23). On a shared device (devd) the
 numbers are the device's, every process's included (see the devd module docstring,
 "Port counters of a shared device"); on an in-process device they are this process's.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ..ib.counters import DROP_REASONS, TRAFFIC_COUNTERS, DropReason
+from ..seam.counters import DROP_REASONS, TRAFFIC_COUNTERS, DropReason
 
 __all__ = ["PortCounters"]
 
@@ -80,7 +80,7 @@ class PortCounters:
 
     @property
     def drops(self) -> dict[str, int]:
-        """Dropped packets by reason (:class:`~softrdma.ib.counters.DropReason` values)."""
+        """Dropped packets by reason (:class:`~softrdma.seam.counters.DropReason` values)."""
         return {r.value: self.counters.get(r.value, 0) for r in DropReason}
 
     @property

@@ -25,11 +25,10 @@ import select
 import threading
 import time
 from collections import deque
-from typing import Any
 
 from .. import enums as e
 from ..errors import InvalidArgument, StateError
-from ..ib.types import WorkCompletion
+from ..seam.types import WorkCompletion
 from ._object import VerbsObject
 from .device import MAX_CQE, AsyncEvent, Context
 
@@ -133,7 +132,7 @@ class CQ(VerbsObject):
 
     _close_rank = 4
 
-    def __init__(self, ctx: Context, cqe: int, cq_context: Any = None,
+    def __init__(self, ctx: Context, cqe: int, cq_context: object = None,
                  channel: CompChannel | None = None, comp_vector: int = 0) -> None:
         super().__init__()
         if not isinstance(ctx, Context):

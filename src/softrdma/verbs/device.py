@@ -21,9 +21,11 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from .. import enums as e
+from ..drivers import netdev as _netdev
+from ..drivers import registry
+from ..drivers.devd import DevdLink
 from ..drivers.dual import DualLink
 from ..drivers.link import CounterReporter, Link
 from ..drivers.portwatch import PortWatch
@@ -35,6 +37,9 @@ from ..drivers.tcp_runtime import TcpRuntime
 from ..drivers.udp import UdpLink
 from ..errors import DeviceError, InvalidArgument
 from ..ib.port import Port
+from ..iwarp.qp import IwarpDevice
+from ..seam.events import AsyncEventType, EngineEvent
+from ..seam.protocols import DeviceEngine
 from ..wire.gid import ip_to_gid
 from ._object import VerbsObject
 from .counters import PortCounters
@@ -83,18 +88,8 @@ PORT_CAP_FLAGS = e.IBV_PORT_CM_SUP | e.IBV_PORT_IP_BASED_GIDS
 MW_CAP_FLAGS = e.IBV_DEVICE_MEM_WINDOW | e.IBV_DEVICE_MEM_WINDOW_TYPE_2B
 MAX_MW = 0x1000  # rxe_param.h RXE_MAX_MW
 
-_ENGINE_EVENTS = {
-    "QP_FATAL": e.IBV_EVENT_QP_FATAL,
-    "QP_REQ_ERR": e.IBV_EVENT_QP_REQ_ERR,
-    "QP_ACCESS_ERR": e.IBV_EVENT_QP_ACCESS_ERR,
-    "COMM_EST": e.IBV_EVENT_COMM_EST,
-    "SQ_DRAINED": e.IBV_EVENT_SQ_DRAINED,
-    "SRQ_LIMIT_REACHED": e.IBV_EVENT_SRQ_LIMIT_REACHED,
-    "QP_LAST_WQE_REACHED": e.IBV_EVENT_QP_LAST_WQE_REACHED,
-    "CQ_ERR": e.IBV_EVENT_CQ_ERR,
-    "SRQ_ERR": e.IBV_EVENT_SRQ_ERR,
-    "DEVICE_FATAL": e.IBV_EVENT_DEVICE_FATAL,
-}
+#: the libibverbs event of each engine event type (IBA 11.6.3; equal values)
+_ENGINE_EVENTS = {t: e.ibv_event_type(int(t)) for t in AsyncEventType}
 
 
 class GID:
@@ -204,7 +199,7 @@ class DeviceInfo:
     node_guid: int = 0
     udp_port: int = 4791
     ips: tuple[bytes, ...] = ()
-    record: Any = None  # the registry's own record
+    record: registry.DeviceRecord | None = None  # the registry's own record
 
 
 @dataclass(slots=True)
@@ -288,24 +283,20 @@ class AsyncEvent:
     SRQ it is about (None for device events)."""
 
     event_type: int
-    element: Any = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    element: object = None
+    extra: dict[str, object] = field(default_factory=dict)
 
 
 # ---- the device registry -------------------------------------------------------------------
-def _netdev_snapshot(netdev: str) -> Any:
-    from ..drivers import netdev as _netdev  # noqa: PLC0415
-
+def _netdev_snapshot(netdev: str) -> _netdev.NetDev | None:
     try:
         return _netdev.get(netdev)
     except Exception:  # noqa: BLE001 - a vanished interface: the device is listed without IPs
         return None
 
 
-def _netdev_of_ips(ips: tuple[bytes, ...]) -> Any:
+def _netdev_of_ips(ips: tuple[bytes, ...]) -> _netdev.NetDev | None:
     """The interface that holds one of ``ips`` (for a Context built on an explicit link)."""
-    from ..drivers import netdev as _netdev  # noqa: PLC0415
-
     try:
         names = _netdev.list_names()
     except Exception:  # noqa: BLE001 - no /sys: unknown netdev
@@ -321,8 +312,6 @@ def _netdev_of_ips(ips: tuple[bytes, ...]) -> Any:
 
 def get_device_list() -> list[DeviceInfo]:
     """The registered softrdma devices (``softrdma link add``), registry order."""
-    from ..drivers import registry  # noqa: PLC0415
-
     out = []
     for rec in registry.list_devices():
         nd = _netdev_snapshot(rec.netdev)
@@ -355,7 +344,8 @@ def all_devices() -> list[DeviceInfo]:
     return out
 
 
-def _transport_of(name: str | None, transport: str | None, fabric: Any, link: Any) -> str:
+def _transport_of(name: str | None, transport: str | None, fabric: Link | None,
+                  link: Link | None) -> str:
     """"iwarp" or "roce": the ``transport`` argument, else the registry device's type."""
     if transport is not None:
         if transport not in ("roce", "iwarp"):
@@ -392,11 +382,9 @@ def _open_registry_device(name: str | None, shared: bool | None) -> tuple[Device
         raise DeviceError(f"device {info.name!r} is {info.type}; verbs.Context drives RoCE devices")
     if shared is None:
         shared = _shared_default()
-    if shared:
-        from ..drivers.devd import DevdLink  # noqa: PLC0415
-
-        return info, DevdLink(info.record)
-    rec = info.record
+    rec = info.record  # registry devices always have one
+    if shared and rec is not None:
+        return info, DevdLink(rec)
     if rec is not None and rec.roce_v1:
         # Annex A16: RoCEv1 on the netdev itself (raw Ethernet, EtherType 0x8915)
         raw = RawEtherLink(rec.netdev, vlan=rec.vlan)
@@ -440,7 +428,7 @@ class Context(VerbsObject):
     """
 
     def __init__(self, name: str | None = None, *, shared: bool | None = None,
-                 fabric: Any = None, progress: str = "thread", link: Link | None = None,
+                 fabric: Link | None = None, progress: str = "thread", link: Link | None = None,
                  clock: Callable[[], float] | None = None, transport: str | None = None,
                  pcap: str | os.PathLike[str] | None = None) -> None:
         super().__init__()
@@ -503,9 +491,10 @@ class Context(VerbsObject):
         self.node_guid = _guid_from_mac(mac)
         alloc = getattr(link, "alloc_qpn", None)
         free = getattr(link, "free_qpn", None)
-        self.port = Port(gids, max_mtu=128 << self.active_mtu, qpn_alloc=alloc, qpn_free=free,
-                         gid_types=gid_types)
-        rt = Runtime(self.port, link, mode=progress, clock=clock, udp_port=udp_port)
+        port = Port(gids, max_mtu=128 << self.active_mtu, qpn_alloc=alloc, qpn_free=free,
+                    gid_types=gid_types)
+        self.port: DeviceEngine = port
+        rt = Runtime(port, link, mode=progress, clock=clock, udp_port=udp_port)
         rt.tap = tap_for(dev_name, pcap)  # pcap=FILE / $SOFTRDMA_PCAP, SOFTRDMA_TRACE=pkt
         self.runtime: DeviceRuntime = rt
         self.progress_mode = progress
@@ -517,8 +506,6 @@ class Context(VerbsObject):
         sockets by a :class:`~softrdma.drivers.tcp_runtime.TcpRuntime` (always in-process:
         a TCP connection belongs to the process that owns the QP). ``name`` None or
         :data:`IWARP_LOOPBACK` is the built-in loopback device (127.0.0.1 and ::1)."""
-        from ..iwarp.qp import IwarpDevice  # noqa: PLC0415
-
         netdev: str | None = "lo"
         mac = b""
         if name is None or name == IWARP_LOOPBACK:
@@ -544,12 +531,15 @@ class Context(VerbsObject):
         self.name = dev_name
         self.netdev = netdev
         self.node_guid = _guid_from_mac(mac)
-        self.port = IwarpDevice(gids, max_mtu=128 << self.active_mtu)
-        self.runtime = TcpRuntime(self.port, mode=progress, clock=clock)
+        dev = IwarpDevice(gids, max_mtu=128 << self.active_mtu)
+        self.port = dev
+        self.runtime = TcpRuntime(dev, mode=progress, clock=clock)
 
     def _init_events(self) -> None:
-        self._owners: dict[int, weakref.ref[Any]] = {}
-        self._events: deque[AsyncEvent] = deque()
+        self._owners: dict[int, weakref.ref[object]] = {}
+        # engine events recorded under the engine lock, turned into AsyncEvents (the
+        # verbs owner looked up) by get_async_event in the application's thread
+        self._events: deque[EngineEvent | AsyncEvent] = deque()
         self._ev_lock = threading.Lock()
         self._portwatch: PortWatch | None = None
         self._ev_r, self._ev_w = os.pipe()
@@ -557,12 +547,12 @@ class Context(VerbsObject):
         os.set_blocking(self._ev_w, False)
         wself = weakref.ref(self)
 
-        def on_async(kind: str, obj: object) -> None:
+        def on_event(ev: EngineEvent) -> None:
             ctx = wself()
             if ctx is not None:
-                ctx._engine_event(kind, obj)
+                ctx._post_event(ev)
 
-        self.port.on_async_event = on_async
+        self.port.events.subscribe(on_event)
         self._finalizer = weakref.finalize(self, _close_context_resources, self.runtime,
                                            self._ev_r, self._ev_w)
 
@@ -670,8 +660,9 @@ class Context(VerbsObject):
         with self._ev_lock:
             if not self._events:
                 return
-            keep = deque(ev for ev in self._events
-                         if ev.element is not engine_obj and (owner is None or ev.element is not owner))
+            keep: deque[EngineEvent | AsyncEvent] = deque(
+                ev for ev in self._events
+                if ev.element is not engine_obj and (owner is None or ev.element is not owner))
             dropped = len(self._events) - len(keep)
             self._events = keep
         if dropped:
@@ -680,15 +671,18 @@ class Context(VerbsObject):
             except OSError:
                 pass
 
-    def _engine_event(self, kind: str, obj: object) -> None:
-        etype = _ENGINE_EVENTS.get(kind)
-        if etype is None:
-            return
+    def _as_async_event(self, ev: EngineEvent | AsyncEvent) -> AsyncEvent:
+        """The verbs event of an engine event: its element is the verbs object (QP, SRQ)
+        that owns the engine object, if it is still alive."""
+        if isinstance(ev, AsyncEvent):
+            return ev
+        obj = ev.element
         ref = self._owners.get(id(obj))
         element = ref() if ref is not None else obj
-        self._post_event(AsyncEvent(int(etype), element))
+        return AsyncEvent(int(_ENGINE_EVENTS[ev.type]), element)
 
-    def _post_event(self, ev: AsyncEvent) -> None:
+    def _post_event(self, ev: EngineEvent | AsyncEvent) -> None:
+        """Record an event (under the engine lock for engine events: no other work)."""
         with self._ev_lock:
             self._events.append(ev)
         try:
@@ -720,13 +714,13 @@ class Context(VerbsObject):
         manual = not self.runtime.threaded
         while True:
             with self._ev_lock:
-                if self._events:
-                    ev = self._events.popleft()
-                    try:
-                        os.read(self._ev_r, 1)
-                    except BlockingIOError:
-                        pass
-                    return ev
+                ev = self._events.popleft() if self._events else None
+            if ev is not None:
+                try:
+                    os.read(self._ev_r, 1)
+                except BlockingIOError:
+                    pass
+                return self._as_async_event(ev)
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise TimeoutError("no asynchronous event")

@@ -24,8 +24,8 @@ from typing import Any
 from .. import enums as e
 from ..drivers.progress import DeviceRuntime
 from ..errors import InvalidArgument, NotSupported
-from ..ib.port import Port
-from ..ib.types import MemoryRegion
+from ..seam.protocols import DeviceEngine
+from ..seam.types import MemoryRegion
 from ._object import VerbsObject
 from .pd import PD
 
@@ -133,7 +133,7 @@ class MR(VerbsObject):
             va = address
         ctx = pd.ctx
         runtime: DeviceRuntime = ctx.runtime
-        port: Port = ctx.port
+        port: DeviceEngine = ctx.port
         self._emr: MemoryRegion = runtime.call(port.register_mr, mv, va, access, pd, zero_based)
         self._depend_on(pd)
         self.pd = pd
@@ -217,7 +217,7 @@ class MR(VerbsObject):
                 f"length={self._emr.length} access={self._emr.access:#x}>")
 
 
-def _defer_dereg(runtime: DeviceRuntime, port: Port, emr: MemoryRegion) -> None:
+def _defer_dereg(runtime: DeviceRuntime, port: DeviceEngine, emr: MemoryRegion) -> None:
     if runtime.closed:
         port.deregister_mr(emr)
     else:

@@ -19,12 +19,10 @@ The engine side is :mod:`softrdma.ib.mw`; RoCE only (siw has no memory windows).
 
 from __future__ import annotations
 
-from typing import Any
-
 from .. import enums as e
 from ..errors import InvalidArgument, NotSupported
 from ..ib.mw import MW_TYPE_1, MW_TYPE_2, BindRequest, EngineMW
-from ..ib.types import SendWQE
+from ..seam.types import SendWQE
 from ._object import VerbsObject
 from .mr import MR
 from .pd import PD
@@ -107,7 +105,7 @@ class MW(VerbsObject):
         return f"<MW type {self.type} rkey {self.rkey:#x}{' closed' if self.closed else ''}>"
 
 
-def bind_wqe(mw: Any, bind_info: Any, rkey: int, wr_id: int, send_flags: int) -> SendWQE:
+def bind_wqe(mw: object, bind_info: object, rkey: int, wr_id: int, send_flags: int) -> SendWQE:
     """The engine's BIND_MW work request binding ``mw`` as ``bind_info`` says, with key
     ``rkey``."""
     if not isinstance(mw, MW) or mw.closed:

@@ -17,7 +17,9 @@ Modify checks, in rxe's order (``rxe_modify_qp``, ``rxe_qp_chk_attr``):
    with a warning); Q_Keys with bit 31 set are allowed (softrdma is the privileged
    HCA driver, ib-transport.md §10).
 
-Then the validated attributes go to the engine (``EngineQP.modify``).
+Then the validated attributes go to the engine (``QPEngine.modify``, the
+:class:`~softrdma.seam.protocols.QPEngine` its device created: the IB transport or
+iWARP).
 """
 
 from __future__ import annotations
@@ -28,6 +30,10 @@ from typing import Any
 from .. import enums as e
 from ..drivers.progress import DeviceRuntime
 from ..errors import InvalidArgument, NotSupported
+from ..ib.qp import AddressVector
+from ..seam.protocols import ModifyAttrs, QPEngine
+from ..seam.queues import QPInit
+from ..seam.states import INIT, QPT_RC, QPT_UC, QPT_UD, RESET, RTR, RTS, SQD, SQE, state_name
 from ..wire.gid import is_v4_mapped
 from . import qp_rules
 from ._object import VerbsObject
@@ -43,8 +49,9 @@ from .wr import RecvWR, SendWR, build_recv_wqe, build_send_wqe, chain
 __all__ = ["QPCap", "QPInitAttr", "QPAttr", "QP"]
 
 M = e.ibv_qp_attr_mask
-RC, UC, UD = int(e.IBV_QPT_RC), int(e.IBV_QPT_UC), int(e.IBV_QPT_UD)
+RC, UC, UD = QPT_RC, QPT_UC, QPT_UD
 _QP_TYPES = frozenset({RC, UC, UD})
+KBIT = 1000.0  # ibv_modify_qp_rate_limit's rate is in kbit/s
 _QP_ACCESS = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
                  | e.IBV_ACCESS_REMOTE_ATOMIC)
 
@@ -73,7 +80,7 @@ class QPInitAttr:
 
     __slots__ = ("qp_type", "qp_context", "scq", "rcq", "srq", "cap", "sq_sig_all")
 
-    def __init__(self, qp_type: int = UD, qp_context: Any = None, scq: CQ | None = None,
+    def __init__(self, qp_type: int = UD, qp_context: object = None, scq: CQ | None = None,
                  rcq: CQ | None = None, srq: SRQ | None = None, cap: QPCap | None = None,
                  sq_sig_all: int = 0) -> None:
         self.qp_type = qp_type
@@ -148,7 +155,7 @@ class QPAttr:
         return f"QPAttr({inner})"
 
 
-def _uint(value: Any, hi: int, argument: str) -> int:
+def _uint(value: object, hi: int, argument: str) -> int:
     if not isinstance(value, int) or not 0 <= value <= hi:
         raise InvalidArgument(argument, f"must be 0..{hi}, got {value!r}")
     return value
@@ -160,10 +167,7 @@ def _mask_names(mask: int) -> str:
 
 
 def _state_name(state: int) -> str:
-    try:
-        return e.ibv_qp_state(state).name.replace("IBV_QPS_", "")
-    except ValueError:
-        return str(state)
+    return state_name(state).replace("IBV_QPS_", "")
 
 
 class QP(VerbsObject):
@@ -177,8 +181,6 @@ class QP(VerbsObject):
 
     def __init__(self, pd: PD, init_attr: QPInitAttr, qp_attr: QPAttr | None = None) -> None:
         super().__init__()
-        from ..ib.qp import EngineQP  # noqa: PLC0415 - the engine module
-
         if not isinstance(pd, PD):
             raise InvalidArgument("pd", f"expected a PD, got {type(pd).__name__}")
         pd._check()
@@ -222,20 +224,16 @@ class QP(VerbsObject):
         else:
             max_recv_wr = max_recv_sge = 0
         runtime: DeviceRuntime = ctx.runtime
-        engine_cls: Any = EngineQP
-        self._iwarp = getattr(ctx, "transport", "roce") == "iwarp"
-        if self._iwarp:  # iWARP: RC only (siw), the engine of softrdma.iwarp
-            from ..iwarp.qp import IwarpQP  # noqa: PLC0415
-
-            if qpt != RC:
-                raise NotSupported(f"QP type {e.ibv_qp_type(qpt).name}: iWARP devices "
-                                   "support RC QPs only")
-            engine_cls = IwarpQP
-        self.engine: Any = runtime.call(
-            engine_cls, ctx.port, qpt, pd, scq.push, rcq.push,
-            srq.engine if srq is not None else None,
+        if ctx.transport == "iwarp" and qpt != RC:  # iWARP: RC only (siw)
+            raise NotSupported(f"QP type {e.ibv_qp_type(qpt).name}: iWARP devices "
+                               "support RC QPs only")
+        self.engine: QPEngine = runtime.call(ctx.port.create_qp, QPInit(
+            qpt, pd, scq.push, rcq.push, srq.engine if srq is not None else None,
             cap.max_send_wr, max_recv_wr, cap.max_send_sge, max_recv_sge,
-            cap.max_inline_data, bool(init_attr.sq_sig_all))
+            cap.max_inline_data, bool(init_attr.sq_sig_all)))
+        # the opcodes the transport carries (None: all of IB's, checked per QP type)
+        self._send_opcodes = self.engine.send_opcodes
+        self._max_read_sge = self.engine.max_read_sge
         parents: list[VerbsObject] = [pd, scq]
         if rcq is not scq:
             parents.append(rcq)
@@ -310,8 +308,8 @@ class QP(VerbsObject):
     def _explain(self, cur: int, new: int, mask: int) -> str:
         t = e.ibv_qp_type(self.qp_type).name.replace("IBV_QPT_", "")
         tr = f"{_state_name(cur)}->{_state_name(new)}"
-        if mask & M.IBV_QP_CUR_STATE and cur not in (qp_rules.RTR, qp_rules.RTS, qp_rules.SQD,
-                                                       qp_rules.SQE):
+        if mask & M.IBV_QP_CUR_STATE and cur not in (RTR, RTS, SQD,
+                                                       SQE):
             return f"IBV_QP_CUR_STATE is not allowed from {_state_name(cur)}"
         if qp_rules.rule_for(cur, new) is None:
             return f"illegal transition {tr}"
@@ -323,8 +321,8 @@ class QP(VerbsObject):
         extra = mask & ~(req | opt | int(M.IBV_QP_STATE))
         return f"{t} {tr} does not allow {_mask_names(extra)}"
 
-    def _check_attrs(self, a: QPAttr, mask: int) -> dict[str, object]:
-        out: dict[str, object] = {}
+    def _check_attrs(self, a: QPAttr, mask: int) -> ModifyAttrs:
+        out: ModifyAttrs = {}
         if mask & M.IBV_QP_PORT:
             if a.port_num != 1:
                 raise InvalidArgument("qp_attr.port_num", f"must be 1, got {a.port_num!r}")
@@ -382,7 +380,7 @@ class QP(VerbsObject):
     def to_init(self, attr: QPAttr) -> None:
         """RESET -> INIT with the attributes the QP type requires (pyverbs)."""
         attr.qp_state = int(e.IBV_QPS_INIT)
-        self.modify(attr, qp_rules.required_mask(qp_rules.RESET, qp_rules.INIT, self.qp_type)
+        self.modify(attr, qp_rules.required_mask(RESET, INIT, self.qp_type)
                     | M.IBV_QP_STATE)
 
     def to_rtr(self, attr: QPAttr) -> None:
@@ -390,7 +388,7 @@ class QP(VerbsObject):
         if self.qp_state != e.IBV_QPS_INIT:
             self.to_init(attr)
         attr.qp_state = int(e.IBV_QPS_RTR)
-        self.modify(attr, qp_rules.required_mask(qp_rules.INIT, qp_rules.RTR, self.qp_type)
+        self.modify(attr, qp_rules.required_mask(INIT, RTR, self.qp_type)
                     | M.IBV_QP_STATE)
 
     def to_rts(self, attr: QPAttr) -> None:
@@ -398,37 +396,37 @@ class QP(VerbsObject):
         if self.qp_state != e.IBV_QPS_RTR:
             self.to_rtr(attr)
         attr.qp_state = int(e.IBV_QPS_RTS)
-        self.modify(attr, qp_rules.required_mask(qp_rules.RTR, qp_rules.RTS, self.qp_type)
+        self.modify(attr, qp_rules.required_mask(RTR, RTS, self.qp_type)
                     | M.IBV_QP_STATE)
 
     def query(self, attr_mask: int = 0) -> tuple[QPAttr, QPInitAttr]:
         """``ibv_query_qp``: the current attributes (all of them, as rxe) and init attrs."""
         self._check()
         with self._runtime.lock:
-            q = dict(self.engine.query())
+            q = self.engine.query()
             state = int(self.engine.state)
-        attr = QPAttr(qp_state=state, cur_qp_state=state, port_num=int(q.get("port_num", 1) or 1),
-                      path_mtu=int(q.get("path_mtu", 1) or 1))
-        for key, field in (("qkey", "qkey"), ("rq_psn", "rq_psn"), ("sq_psn", "sq_psn"),
-                           ("dest_qp_num", "dest_qp_num"), ("access_flags", "qp_access_flags"),
-                           ("pkey_index", "pkey_index"), ("max_rd_atomic", "max_rd_atomic"),
-                           ("max_dest_rd_atomic", "max_dest_rd_atomic"),
-                           ("min_rnr_timer", "min_rnr_timer"), ("timeout", "timeout"),
-                           ("retry_cnt", "retry_cnt"), ("rnr_retry", "rnr_retry"),
-                           ("en_sqd_async_notify", "en_sqd_async_notify")):
-            v = q.get(key)
-            if v is not None:
-                setattr(attr, field, int(v))
-        av = q.get("ah")
-        if av is not None:
-            attr.ah_attr = AHAttr(port_num=1, is_global=1, sl=int(getattr(av, "sl", 0)),
+        attr = QPAttr(qp_state=state, cur_qp_state=state, port_num=int(q["port_num"] or 1),
+                      path_mtu=int(q["path_mtu"] or 1))
+        attr.qkey = q["qkey"]
+        attr.rq_psn = q["rq_psn"]
+        attr.sq_psn = q["sq_psn"]
+        attr.dest_qp_num = q["dest_qp_num"]
+        attr.qp_access_flags = int(q["access_flags"])
+        attr.pkey_index = q["pkey_index"]
+        attr.max_rd_atomic = q["max_rd_atomic"]
+        attr.max_dest_rd_atomic = q["max_dest_rd_atomic"]
+        attr.min_rnr_timer = q["min_rnr_timer"]
+        attr.timeout = q["timeout"]
+        attr.retry_cnt = q["retry_cnt"]
+        attr.rnr_retry = q["rnr_retry"]
+        attr.en_sqd_async_notify = int(q["en_sqd_async_notify"])
+        av = q["ah"]
+        if isinstance(av, AddressVector):
+            attr.ah_attr = AHAttr(port_num=1, is_global=1, sl=av.sl,
                                   gr=GlobalRoute(GID(av.dgid), flow_label=av.flow_label,
                                                  sgid_index=av.sgid_index, hop_limit=av.hop_limit,
                                                  traffic_class=av.traffic_class))
-        cap = self.cap
-        c = q.get("cap")
-        if isinstance(c, tuple) and len(c) == 5:
-            cap = QPCap(*(int(x) for x in c))
+        cap = QPCap(*q["cap"])
         attr.cap = QPCap(cap.max_send_wr, cap.max_recv_wr, cap.max_send_sge, cap.max_recv_sge,
                          cap.max_inline_data)
         init = QPInitAttr(self.qp_type, self.qp_context, self.scq, self.rcq, self.srq,
@@ -441,8 +439,8 @@ class QP(VerbsObject):
         """``ibv_post_send``: validate and post; the WRs before a bad one stay posted."""
         if self._closed:
             self._check()
-        if self._iwarp:
-            _check_iwarp_wrs(wr)
+        if self._send_opcodes is not None:
+            _check_transport_wrs(wr, self._send_opcodes, self._max_read_sge)
         if type(wr) is SendWR and wr.wr_next is None:
             wqes = [build_send_wqe(wr, self.qp_type, self._max_send_sge, self._max_inline,
                                    self._port, self.pd)]
@@ -515,7 +513,7 @@ class QP(VerbsObject):
         engine = self.engine
 
         def _set() -> None:
-            engine.rate_limit_bps = rate_limit * 1000.0
+            engine.rate_limit_bps = rate_limit * KBIT
 
         self._runtime.call(_set)
 
@@ -575,12 +573,10 @@ class QP(VerbsObject):
 
         def _destroy() -> None:
             groups = [g for g, members in port.mcast.items() if engine in members]
-            engine.destroy()
+            engine.destroy()  # the engine leaves its groups, and drops those left empty
             for g in groups:
-                if not port.mcast.get(g):
-                    port.mcast.pop(g, None)
-                    if leave is not None:
-                        leave(g)
+                if g not in port.mcast and leave is not None:
+                    leave(g)
 
         rt.call(_destroy)
 
@@ -589,21 +585,21 @@ class QP(VerbsObject):
         return f"<QP {t} qpn={self.engine.qpn:#x} state={_state_name(self.engine.state)}>"
 
 
-def _check_iwarp_wrs(wr: SendWR | list[SendWR]) -> None:
-    """The send opcodes RDMAP has a message for (siw ``siw_post_send``: EINVAL otherwise);
-    an RDMA Read has one sink buffer (one SGE), as in siw."""
-    from ..iwarp.qp import SEND_OPCODES  # noqa: PLC0415
-
+def _check_transport_wrs(wr: SendWR | list[SendWR], opcodes: frozenset[int],
+                         max_read_sge: int) -> None:
+    """The send opcodes the transport has a message for (iWARP: RDMAP's, siw
+    ``siw_post_send``: EINVAL otherwise); an RDMA Read has at most ``max_read_sge``
+    sink buffers (iWARP: one, as in siw)."""
     for w in chain(wr):
         if isinstance(w, SendWR):
-            if w.opcode not in SEND_OPCODES:
+            if w.opcode not in opcodes:
                 raise InvalidArgument("wr.opcode", f"opcode {w.opcode!r} has no iWARP (RDMAP) "
                                       "message")
-            if w.opcode == e.IBV_WR_RDMA_READ and len(w.sg) > 1:
+            if w.opcode == e.IBV_WR_RDMA_READ and len(w.sg) > max_read_sge:
                 raise InvalidArgument("wr.num_sge", "an iWARP RDMA Read takes one SGE")
 
 
-def _defer_destroy(runtime: DeviceRuntime, engine: Any) -> None:
+def _defer_destroy(runtime: DeviceRuntime, engine: QPEngine) -> None:
     if runtime.closed:
         engine.destroy()
     else:

@@ -18,15 +18,14 @@ from __future__ import annotations
 from typing import Final
 
 from ..enums import ibv_qp_attr_mask as M
-from ..enums import ibv_qp_state as S
-from ..enums import ibv_qp_type as T
+from ..seam.states import ERR, INIT, QPT_RC, QPT_UC, QPT_UD, RESET, RTR, RTS, SQD, SQE
 
 __all__ = ["Rule", "QP_STATE_TABLE", "STANDARD_MASK", "modify_is_ok", "rule_for",
            "required_mask", "optional_mask"]
 
-RC: Final = int(T.IBV_QPT_RC)
-UC: Final = int(T.IBV_QPT_UC)
-UD: Final = int(T.IBV_QPT_UD)
+RC: Final = QPT_RC
+UC: Final = QPT_UC
+UD: Final = QPT_UD
 
 # IB_QP_ATTR_STANDARD_BITS = GENMASK(20, 0): bits outside it -> EOPNOTSUPP (rxe_modify_qp).
 STANDARD_MASK: Final = (1 << 21) - 1
@@ -66,9 +65,6 @@ _RNR = int(M.IBV_QP_RNR_RETRY)
 _ALT = int(M.IBV_QP_ALT_PATH)
 _MIG = int(M.IBV_QP_PATH_MIG_STATE)
 _SQD_NOTIFY = int(M.IBV_QP_EN_SQD_ASYNC_NOTIFY)
-
-RESET, INIT, RTR, RTS = int(S.IBV_QPS_RESET), int(S.IBV_QPS_INIT), int(S.IBV_QPS_RTR), int(S.IBV_QPS_RTS)
-SQD, SQE, ERR = int(S.IBV_QPS_SQD), int(S.IBV_QPS_SQE), int(S.IBV_QPS_ERR)
 
 _ANY = Rule()  # valid, nothing required, nothing optional (X -> RESET, X -> ERR)
 

@@ -8,10 +8,9 @@ When the queue drops below a non-zero limit the engine raises
 
 from __future__ import annotations
 
-from typing import Any
-
 from .. import enums as e
 from ..errors import InvalidArgument
+from ..seam.queues import EngineSRQ
 from ._object import VerbsObject
 from .device import MAX_SRQ_SGE, MAX_SRQ_WR
 from .pd import PD
@@ -39,12 +38,12 @@ class SrqInitAttr:
 
     __slots__ = ("attr", "srq_context")
 
-    def __init__(self, attr: SrqAttr | None = None, srq_context: Any = None) -> None:
+    def __init__(self, attr: SrqAttr | None = None, srq_context: object = None) -> None:
         self.attr = attr if attr is not None else SrqAttr()
         self.srq_context = srq_context
 
 
-def _check_count(value: Any, lo: int, hi: int, argument: str) -> int:
+def _check_count(value: object, lo: int, hi: int, argument: str) -> int:
     if not isinstance(value, int) or not lo <= value <= hi:
         raise InvalidArgument(argument, f"must be {lo}..{hi}, got {value!r}")
     return value
@@ -57,8 +56,6 @@ class SRQ(VerbsObject):
 
     def __init__(self, pd: PD, init_attr: SrqInitAttr) -> None:
         super().__init__()
-        from ..ib.qp import EngineSRQ  # noqa: PLC0415 - the engine module
-
         if not isinstance(pd, PD):
             raise InvalidArgument("pd", f"expected a PD, got {type(pd).__name__}")
         pd._check()
@@ -70,7 +67,7 @@ class SRQ(VerbsObject):
         limit = _check_count(a.srq_limit, 0, max_wr, "attr.srq_limit")
         ctx = pd.ctx
         self._runtime = ctx.runtime
-        self.engine = ctx.runtime.call(EngineSRQ, ctx.port, pd, max_wr, max_sge, limit)
+        self.engine: EngineSRQ = ctx.runtime.call(ctx.port.create_srq, pd, max_wr, max_sge, limit)
         self._depend_on(pd)
         self.pd = pd
         self.ctx = ctx

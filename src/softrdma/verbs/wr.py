@@ -18,16 +18,15 @@ protection violation is a completion error, not a posting error).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
 from .. import enums as e
 from ..errors import InvalidArgument, NotSupported
-from ..ib.types import SGE as _EngineSGE
-from ..ib.types import RecvWQE, SendWQE
+from ..seam.protocols import DeviceEngine
+from ..seam.types import SGE as _EngineSGE
+from ..seam.types import RecvWQE, SendWQE
 from .mw import MW_TYPE_2, bind_wqe
-
-if TYPE_CHECKING:
-    from ..ib.port import Port
 
 __all__ = ["SGE", "SendWR", "RecvWR", "build_send_wqe", "build_recv_wqe", "chain",
            "QPT_OPCODES", "INLINE_OPCODES"]
@@ -81,18 +80,20 @@ class SGE(_EngineSGE):
         super().__init__(addr, length, lkey)
 
 
-def _take_sges(sg: list[Any] | None, num_sge: int, argument: str) -> list[Any]:
-    sg = list(sg) if sg is not None else []
+def _take_sges(sg: Sequence[object] | None, num_sge: int, argument: str) -> list[_EngineSGE]:
+    given = list(sg) if sg is not None else []
     if not isinstance(num_sge, int) or num_sge < 0:
         raise InvalidArgument(f"{argument}.num_sge", f"must be >= 0, got {num_sge!r}")
     if num_sge == 0:
-        num_sge = len(sg)  # convenience: sg given without num_sge uses all of it
-    if num_sge > len(sg):
-        raise InvalidArgument(f"{argument}.num_sge", f"{num_sge} > len(sg) = {len(sg)}")
-    for s in sg[:num_sge]:
+        num_sge = len(given)  # convenience: sg given without num_sge uses all of it
+    if num_sge > len(given):
+        raise InvalidArgument(f"{argument}.num_sge", f"{num_sge} > len(sg) = {len(given)}")
+    out: list[_EngineSGE] = []
+    for s in given[:num_sge]:
         if not isinstance(s, _EngineSGE):
             raise InvalidArgument(f"{argument}.sg", f"expected SGE, got {type(s).__name__}")
-    return sg[:num_sge]
+        out.append(s)
+    return out
 
 
 class SendWR:
@@ -103,11 +104,11 @@ class SendWR:
                  "remote_qpn", "remote_qkey", "inline_data", "mw", "bind_info")
 
     def __init__(self, wr_id: int = 0, wr_next: SendWR | None = None, num_sge: int = 0,
-                 sg: list[Any] | None = None, opcode: int = int(e.IBV_WR_SEND),
+                 sg: Sequence[object] | None = None, opcode: int = int(e.IBV_WR_SEND),
                  send_flags: int = int(e.IBV_SEND_SIGNALED)) -> None:
         self.wr_id = wr_id
         self.wr_next = wr_next
-        self.sg: list[Any] = _take_sges(sg, num_sge, "wr")
+        self.sg: list[_EngineSGE] = _take_sges(sg, num_sge, "wr")
         self.opcode = opcode
         self.send_flags = send_flags
         self.imm_data = 0
@@ -128,7 +129,7 @@ class SendWR:
         return len(self.sg)
 
     @property
-    def sg_list(self) -> list[Any]:
+    def sg_list(self) -> list[_EngineSGE]:
         return self.sg
 
     def set_wr_rdma(self, rkey: int, addr: int) -> None:
@@ -170,10 +171,10 @@ class RecvWR:
 
     __slots__ = ("wr_id", "sg", "wr_next")
 
-    def __init__(self, wr_id: int = 0, num_sge: int = 0, sg: list[Any] | None = None,
+    def __init__(self, wr_id: int = 0, num_sge: int = 0, sg: Sequence[object] | None = None,
                  wr_next: RecvWR | None = None) -> None:
         self.wr_id = wr_id
-        self.sg: list[Any] = _take_sges(sg, num_sge, "wr")
+        self.sg: list[_EngineSGE] = _take_sges(sg, num_sge, "wr")
         self.wr_next = wr_next
 
     @property
@@ -181,7 +182,7 @@ class RecvWR:
         return len(self.sg)
 
     @property
-    def sg_list(self) -> list[Any]:
+    def sg_list(self) -> list[_EngineSGE]:
         return self.sg
 
     def __repr__(self) -> str:
@@ -203,7 +204,7 @@ def chain(wrs: Any) -> list[Any]:
     return out
 
 
-def _gather_inline(port: Port, sg: list[Any]) -> bytes:
+def _gather_inline(port: DeviceEngine, sg: list[_EngineSGE]) -> bytes:
     """The bytes an inline send copies from its SGEs (looked up by lkey, else by address)."""
     out = bytearray()
     for s in sg:
@@ -224,8 +225,8 @@ def _gather_inline(port: Port, sg: list[Any]) -> bytes:
     return bytes(out)
 
 
-def build_send_wqe(wr: SendWR, qp_type: int, max_send_sge: int, max_inline: int, port: Port,
-                   pd: Any) -> SendWQE:
+def build_send_wqe(wr: SendWR, qp_type: int, max_send_sge: int, max_inline: int, port: DeviceEngine,
+                   pd: object) -> SendWQE:
     """Validate ``wr`` for a QP and turn it into the engine's :class:`SendWQE`."""
     if not isinstance(wr, SendWR):
         raise InvalidArgument("wr", f"expected SendWR, got {type(wr).__name__}")

@@ -143,7 +143,7 @@ class TransportServiceType(IntEnum):
 
 
 class AprStatus(IntEnum):
-    """APR AP Status (IBA Table 117; ``../shared/specs/ib-cm.md`` §3.10)."""
+    """APR AP Status (IBA 12.8.2, Table 117; ``../shared/specs/ib-cm.md`` §3.10)."""
 
     SUCCESS = 0
     INVALID_COMM_ID = 1

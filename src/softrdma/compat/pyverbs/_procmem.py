@@ -16,7 +16,7 @@ import ctypes
 import sys
 from typing import Any
 
-from softrdma.ib.types import MemoryRegion
+from softrdma.seam.types import MemoryRegion
 
 from . import libibverbs_enums as e
 

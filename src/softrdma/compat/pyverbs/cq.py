@@ -24,7 +24,7 @@ from typing import Any
 
 from softrdma import verbs as _v
 from softrdma.errors import SoftRdmaError
-from softrdma.ib.types import WorkCompletion
+from softrdma.seam.types import WorkCompletion
 from softrdma.verbs.device import MAX_CQE
 
 from . import libibverbs_enums as e

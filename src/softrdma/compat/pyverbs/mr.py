@@ -22,7 +22,7 @@ from typing import Any
 from softrdma import verbs as _v
 from softrdma.errors import SoftRdmaError
 from softrdma.ib.mw import MW_TYPE_1, MW_TYPE_2, BindRequest, EngineMW
-from softrdma.ib.types import MemoryRegion, SendWQE
+from softrdma.seam.types import MemoryRegion, SendWQE
 from softrdma.verbs import mr as _vmr
 from softrdma.verbs._object import VerbsObject
 

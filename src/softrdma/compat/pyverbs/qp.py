@@ -22,7 +22,7 @@ from typing import Any
 
 from softrdma import verbs as _v
 from softrdma.errors import SoftRdmaError
-from softrdma.ib.types import SendWQE
+from softrdma.seam.types import SendWQE
 from softrdma.verbs.wr import build_send_wqe
 
 from . import libibverbs_enums as e

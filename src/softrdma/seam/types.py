@@ -9,7 +9,7 @@ shared-memory buffer when the library allocates it).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Protocol
 
 from ..enums import ibv_access_flags as Access
 from ..enums import ibv_wc_opcode as WcOpcode
@@ -18,6 +18,7 @@ from ..enums import ibv_wr_opcode as WrOpcode
 
 __all__ = [
     "Access",
+    "AddressHandle",
     "WcOpcode",
     "WcStatus",
     "WrOpcode",
@@ -56,6 +57,19 @@ def psn_lt(a: int, b: int) -> bool:
 def psn_le(a: int, b: int) -> bool:
     """True if PSN ``a`` comes before ``b`` or equals it."""
     return psn_diff(a, b) <= 0
+
+
+class AddressHandle(Protocol):
+    """Where a UD send goes (IBA 10.2.2.1 address handle; the IB transport's
+    ``softrdma.ib.qp.AddressVector``): the GRH fields and the static rate (IBA 9.11)."""
+
+    dgid: bytes
+    sgid_index: int
+    flow_label: int
+    hop_limit: int
+    traffic_class: int
+    sl: int
+    rate_bps: float
 
 
 class SGE:
@@ -104,7 +118,7 @@ class SendWQE:
         compare_add: int = 0,
         swap: int = 0,
         inline_data: bytes | None = None,
-        ah: Any = None,
+        ah: AddressHandle | None = None,
         remote_qpn: int = 0,
         remote_qkey: int = 0,
     ) -> None:
@@ -126,7 +140,7 @@ class SendWQE:
         self.ah = ah
         self.remote_qpn = remote_qpn
         self.remote_qkey = remote_qkey
-        self.bind: Any = None  # IBV_WR_BIND_MW: a softrdma.ib.mw.BindRequest
+        self.bind: object = None  # IBV_WR_BIND_MW: a softrdma.ib.mw.BindRequest
         self.first_psn = 0
         self.last_psn = 0
         self.npkts = 0

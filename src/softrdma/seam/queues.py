@@ -1,0 +1,195 @@
+"""The work queues both transports' QPs share: the receive queue (a QP's own or an SRQ),
+the checks of posting, and the flush to ERR (IBA 10.8 work queues; IBA 10.3.1.7 and
+11.4.1.1: in ERR every outstanding and newly posted WR completes with
+IBV_WC_WR_FLUSH_ERR).
+
+An IB :class:`~softrdma.ib.qp.EngineQP` and an iWARP :class:`~softrdma.iwarp.qp.IwarpQP`
+each own a :class:`ReceiveQueue` and call :func:`check_post_send`; their send queues stay
+their own (the IB requester's go-back-N queue, RDMAP's ordered queue, RFC 5040 §5.5).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from ..enums import ibv_wc_opcode as _WCO
+from ..enums import ibv_wc_status as _WCS
+from ..errors import ClosedError, ResourceError, StateError
+from .events import AsyncEventType, EventQueue
+from .states import ERR, INIT, RESET, RTR, state_name
+from .types import CompletionSink, RecvWQE, SendWQE, WorkCompletion
+
+__all__ = ["EngineSRQ", "QPInit", "ReceiveQueue", "check_post_send", "error_events",
+           "take_done", "FLUSH_ERR", "WC_RECV"]
+
+FLUSH_ERR = int(_WCS.IBV_WC_WR_FLUSH_ERR)
+WC_RECV = int(_WCO.IBV_WC_RECV)
+_NOT_YET = (RESET, INIT, RTR)
+
+
+class EngineSRQ:
+    """A shared receive queue (IBA 10.2.9): receive WQEs taken by any QP attached to it.
+
+    ``events`` is the device's event queue (SRQ_LIMIT_REACHED goes there)."""
+
+    def __init__(self, events: EventQueue, pd: object, max_wr: int, max_sge: int,
+                 srq_limit: int = 0) -> None:
+        self.events = events
+        self.pd = pd
+        self.max_wr = max_wr
+        self.max_sge = max_sge
+        self.srq_limit = srq_limit
+        self.q: deque[RecvWQE] = deque()
+        self.closed = False
+        self.error = False
+
+    def __len__(self) -> int:
+        return len(self.q)
+
+    def post_recv(self, rwqe: RecvWQE) -> None:
+        if self.closed:
+            raise ClosedError("SRQ is destroyed")
+        if len(self.q) >= self.max_wr:
+            raise ResourceError(f"SRQ full ({self.max_wr} WQEs)")
+        self.q.append(rwqe)
+
+    def modify(self, max_wr: int | None = None, srq_limit: int | None = None) -> None:
+        if max_wr is not None:
+            self.max_wr = max_wr
+        if srq_limit is not None:
+            self.srq_limit = srq_limit
+
+    def take(self) -> RecvWQE | None:
+        """Next receive WQE; fires SRQ_LIMIT_REACHED once when the level drops below the limit."""
+        if not self.q:
+            return None
+        rwqe = self.q.popleft()
+        if self.srq_limit and len(self.q) < self.srq_limit:
+            self.srq_limit = 0  # IBA 10.2.9.6: the limit is disarmed when it fires
+            self.events.raise_event(AsyncEventType.SRQ_LIMIT_REACHED, self)
+        return rwqe
+
+    def push_front(self, rwqe: RecvWQE) -> None:
+        self.q.appendleft(rwqe)
+
+
+@dataclass(frozen=True, slots=True)
+class QPInit:
+    """The creation attributes of a QP (IBA 11.2.4.1 Create QP; ``ibv_qp_init_attr``, the
+    capacities already checked against the device limits by the verbs layer): its type,
+    protection domain, the CQs' completion sinks, its SRQ, the queue capacities and
+    whether every send WR is signaled."""
+
+    qp_type: int
+    pd: object
+    send_cq: CompletionSink
+    recv_cq: CompletionSink
+    srq: EngineSRQ | None
+    max_send_wr: int
+    max_recv_wr: int
+    max_send_sge: int
+    max_recv_sge: int
+    max_inline_data: int
+    sq_sig_all: bool
+
+    @property
+    def cap(self) -> tuple[int, int, int, int, int]:
+        """``ibv_qp_cap`` as ``(max_send_wr, max_recv_wr, max_send_sge, max_recv_sge,
+        max_inline_data)``."""
+        return (self.max_send_wr, self.max_recv_wr, self.max_send_sge, self.max_recv_sge,
+                self.max_inline_data)
+
+
+class ReceiveQueue:
+    """A QP's receive side: its own queue of ``max_wr`` WQEs, or the SRQ it is attached
+    to (IBA 10.2.9: then receives are posted to the SRQ, not to the QP)."""
+
+    __slots__ = ("q", "srq", "max_wr", "cq", "qpn")
+
+    def __init__(self, qpn: int, init: QPInit) -> None:
+        self.q: deque[RecvWQE] = deque()
+        self.srq = init.srq
+        self.max_wr = init.max_recv_wr
+        self.cq = init.recv_cq
+        self.qpn = qpn
+
+    def __len__(self) -> int:
+        return len(self.q)
+
+    def take(self) -> RecvWQE | None:
+        """The next receive WQE (from the SRQ if the QP has one), or None."""
+        srq = self.srq
+        if srq is not None:
+            return srq.take()
+        q = self.q
+        return q.popleft() if q else None
+
+    def give_back(self, rwqe: RecvWQE) -> None:
+        """Put back a WQE taken for a message that was not delivered (RNR, dropped)."""
+        if self.srq is not None:
+            self.srq.push_front(rwqe)
+        else:
+            self.q.appendleft(rwqe)
+
+    def flush_wc(self, rwqe: RecvWQE) -> WorkCompletion:
+        """The completion of a receive WQE flushed by ERR (IBA 10.3.1.7)."""
+        return WorkCompletion(rwqe.wr_id, FLUSH_ERR, WC_RECV, self.qpn)
+
+    def post(self, rwqe: RecvWQE, state: int, destroyed: bool) -> None:
+        """``ibv_post_recv`` on the QP (IBA 11.4.1.2): refused when destroyed, attached to
+        an SRQ, in RESET or full; completed at once with a flush error in ERR."""
+        if destroyed:
+            raise ClosedError("QP is destroyed")
+        if self.srq is not None:
+            raise StateError("the QP is attached to an SRQ: post receives to the SRQ")
+        if state == RESET:
+            raise StateError("post_recv in state RESET")
+        if len(self.q) >= self.max_wr:
+            raise ResourceError(f"receive queue full ({self.max_wr} WQEs)")
+        if state == ERR:
+            self.cq(self.flush_wc(rwqe))
+            return
+        self.q.append(rwqe)
+
+    def flush(self) -> None:
+        """Complete every queued WQE with IBV_WC_WR_FLUSH_ERR, oldest first (an SRQ's
+        WQEs stay for the other QPs attached to it)."""
+        q = self.q
+        push = self.cq
+        while q:
+            push(self.flush_wc(q.popleft()))
+
+    def clear(self) -> None:
+        """To RESET: the queue is emptied without completions (IBA 10.3.1)."""
+        self.q.clear()
+
+
+def check_post_send(state: int, destroyed: bool, depth: int, max_wr: int, needs: str) -> None:
+    """The checks of ``ibv_post_send`` both transports make (IBA 11.4.1.1): not
+    destroyed, past RTR (``needs`` says what the QP lacks), room in the send queue."""
+    if destroyed:
+        raise ClosedError("QP is destroyed")
+    if state in _NOT_YET:
+        raise StateError(f"post_send in state {state_name(state)}: {needs}")
+    if depth >= max_wr:
+        raise ResourceError(f"send queue full ({max_wr} WQEs)")
+
+
+def take_done(queue: deque[SendWQE], done: int) -> Iterator[SendWQE]:
+    """Pop the finished WQEs (``state == done``) at the head of a send queue, oldest
+    first: send completions are reported in posting order (IBA 10.8.3.1 for an RC send
+    queue; RFC 5040 §5.5 rule 15), so one that is done waits for those before it."""
+    while queue and queue[0].state == done:
+        yield queue.popleft()
+
+
+def error_events(events: EventQueue, qp: object, srq: EngineSRQ | None,
+                 event: AsyncEventType | None) -> None:
+    """The events of a QP that just entered ERR: QP_LAST_WQE_REACHED when it is on an
+    SRQ (IBA 10.3.1.7, 11.6.3.1), then the event that caused the error, if any."""
+    if srq is not None:
+        events.raise_event(AsyncEventType.QP_LAST_WQE_REACHED, qp)
+    if event is not None:
+        events.raise_event(event, qp)
