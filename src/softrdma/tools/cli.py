@@ -15,6 +15,9 @@ Subcommands and where they live:
 ``rping``          :mod:`softrdma.tools.rping` (flags), :mod:`~softrdma.tools.rping_run` (librdmacm's ``rping``, RoCE or iWARP)
 ``udaddy``         :mod:`softrdma.tools.udaddy` (librdmacm's ``udaddy``: UD over SIDR)
 ``ucmatose``       :mod:`softrdma.tools.ucmatose` (librdmacm's ``ucmatose``)
+``mckey``          :mod:`softrdma.tools.mckey` (librdmacm's ``mckey``: rdma_cm multicast)
+``rdma-server``    :mod:`softrdma.tools.rdma_server` (librdmacm's ``rdma_server`` example)
+``rdma-client``    :mod:`softrdma.tools.rdma_server` (librdmacm's ``rdma_client`` example)
 ``pcap-check``     ``softrdma.tools.pcap_check.run(paths) -> int``
 ``link``           ``softrdma.tools.link.cmd_link(args) -> int``
 ``pyverbs``        :mod:`softrdma.tools.pyverbs_run` (run a pyverbs program on softrdma)
@@ -36,11 +39,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
+from .. import trace
 from ..errors import SoftRdmaError
 
 PROG = "softrdma"
@@ -133,6 +138,16 @@ def _cmd_ucmatose(args: argparse.Namespace) -> int:
     return int(_tool("softrdma.tools.ucmatose", "ucmatose", "run")(args))
 
 
+def _cmd_mckey(args: argparse.Namespace) -> int:
+    return int(_tool("softrdma.tools.mckey", "mckey", "run")(args))
+
+
+def _rdma_example(name: str) -> Callable[[argparse.Namespace], int]:
+    def handler(args: argparse.Namespace) -> int:
+        return int(_tool("softrdma.tools.rdma_server", name, "run")(name, args))
+    return handler
+
+
 def _cmd_pcap_check(args: argparse.Namespace) -> int:
     run = _tool("softrdma.tools.pcap_check", "pcap-check", "run")
     return int(run(list(args.files), udp_ports=tuple(args.udp_port),
@@ -210,6 +225,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG, description="softrdma: a software RDMA stack (RoCEv2 / iWARP) in Python, "
         "wire-compatible with Linux rxe and siw.")
     parser.add_argument("--version", action="version", version=f"{PROG} {version()}")
+    parser.add_argument("--trace", metavar="KINDS", default=None,
+                        help="log qp (QP state transitions), cm (CM states and events) and/or "
+                        "pkt (one line per packet), comma-separated or 'all', to stderr; as "
+                        "SOFTRDMA_TRACE")
+    parser.add_argument("--pcap", metavar="FILE", default=None,
+                        help="write what this tool's RoCE devices send and receive to FILE "
+                        "(pcap; tshark and pcap-check read it); as SOFTRDMA_PCAP")
     subs = parser.add_subparsers(dest="command", metavar="COMMAND")
     _orig_add = subs.add_parser
 
@@ -263,6 +285,23 @@ def build_parser() -> argparse.ArgumentParser:
                    "disconnects. Interoperates with rdma-core's ucmatose.")
     _add_tool_args("softrdma.tools.cmargs", p, "ucmatose")
     p.set_defaults(handler=_cmd_ucmatose)
+
+    p = add_parser("mckey", help="rdma_cm multicast over UD QPs: join, send, leave "
+                   "(librdmacm mckey)",
+                   description="mckey: -m GROUP joins the group and receives -C messages; "
+                   "with -s it sends them. Interoperates with rdma-core's mckey.")
+    _add_tool_args("softrdma.tools.cmflags", p, "mckey")
+    p.set_defaults(handler=_cmd_mckey)
+
+    for name, role in (("rdma-server", "listen on -s ADDR -p PORT, accept one connection"),
+                       ("rdma-client", "connect to -s ADDR -p PORT")):
+        p = add_parser(name, help=f"librdmacm's {name.replace('-', '_')} example: {role}, "
+                       "one SEND each way (rdma_getaddrinfo, rdma_create_ep)",
+                       description=f"{name.replace('-', '_')}: {role}; one 16-byte SEND "
+                       "each way over an RC QP made by rdma_create_ep. Interoperates with "
+                       "rdma-core's rdma_server / rdma_client.")
+        _add_tool_args("softrdma.tools.cmflags", p, name)
+        p.set_defaults(handler=_rdma_example(name))
 
     p = add_parser("pcap-check", help="check every RoCE/iWARP packet of pcap files "
                         "(ICRC/CRC, byte-exact decoding) and follow each RC/UC connection",
@@ -365,6 +404,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _trace_and_capture(kinds: str | None, pcap: str | None) -> None:
+    """``--trace`` / ``--pcap``: set up this process (and, through the environment, the
+    processes it starts) as ``SOFTRDMA_TRACE`` / ``SOFTRDMA_PCAP`` would."""
+    if kinds is not None:
+        trace.configure(kinds)
+        os.environ[trace.ENV] = kinds
+    if pcap is not None:
+        try:
+            with open(pcap, "ab"):
+                pass
+        except OSError as exc:
+            raise ToolUnavailable(f"--pcap: cannot write {pcap}: {exc.strerror}") from None
+        trace.capture_path = pcap
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``softrdma`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
     parser = build_parser()
@@ -373,6 +427,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.rest = rest  # e.g. ``link``: its own parser gets every argument, in order
     elif rest:
         getattr(args, "subparser", parser).error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.trace is not None or args.pcap is not None:
+        try:
+            _trace_and_capture(args.trace, args.pcap)
+        except SoftRdmaError as exc:
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
+            return 2
     handler: Callable[[argparse.Namespace], int] | None = getattr(
         args, "unavailable", None) or getattr(args, "handler", None)
     if handler is None:

@@ -29,6 +29,7 @@ from ..cm import rdma_cm as rc
 from ..errors import InvalidArgument, SoftRdmaError
 from .cmargs import CMATOSE_PORT
 from .cmtest import AddrError, CmTest, Node, check_common, get_addr, run_test
+from .waiting import announce_wait
 
 __all__ = ["run", "CMATOSE_PORT"]
 
@@ -171,6 +172,7 @@ class Cmatose(CmTest):
             assert src is not None
             listen_id.bind_addr((src, self.args.port), device=self.prefer)
             listen_id.listen(0)
+            announce_wait("ucmatose", self.args.port)
             self.patient = True
             ret = self.run_events(self._first_then_all, "the clients")
             self.patient = False

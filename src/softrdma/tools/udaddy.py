@@ -32,6 +32,7 @@ from ..errors import InvalidArgument
 from ..wire.gid import ip_to_gid
 from .cmargs import UDADDY_PORT
 from .cmtest import AddrError, CmTest, Node, check_common, get_addr, run_test
+from .waiting import announce_wait
 
 __all__ = ["run", "UDADDY_PORT", "ah_attr_from_grh"]
 
@@ -213,6 +214,7 @@ class Udaddy(CmTest):
             assert src is not None
             listen_id.bind_addr((src, self.args.port), device=self.args.device or "roce")
             listen_id.listen(0)
+            announce_wait("udaddy", self.args.port)
             self.patient = True
             ret = self.run_events(lambda: self.connects_left > 0, "a client")
             self.patient = False

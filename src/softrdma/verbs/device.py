@@ -32,6 +32,7 @@ from ..drivers.portwatch import PortWatch
 from ..drivers.progress import DeviceRuntime
 from ..drivers.rawether import RawEtherLink
 from ..drivers.runtime import Runtime
+from ..drivers.tap import tap_for
 from ..drivers.tcp_runtime import TcpRuntime
 from ..drivers.udp import UdpLink
 from ..errors import DeviceError, InvalidArgument
@@ -423,12 +424,15 @@ class Context(VerbsObject):
 
     ``fabric`` is a link of the in-memory fabric (progress is then manual and time is the
     fabric's virtual clock). ``link`` is any :class:`~softrdma.drivers.link.Link`
-    (an addition to pyverbs, for tests and tools that build their own link).
+    (an addition to pyverbs, for tests and tools that build their own link). ``pcap``
+    (default ``$SOFTRDMA_PCAP``) writes what a RoCE device sends and receives to that
+    pcap file (:mod:`softrdma.drivers.tap`).
     """
 
     def __init__(self, name: str | None = None, *, shared: bool | None = None,
                  fabric: Link | None = None, progress: str = "thread", link: Link | None = None,
-                 clock: Callable[[], float] | None = None, transport: str | None = None) -> None:
+                 clock: Callable[[], float] | None = None, transport: str | None = None,
+                 pcap: str | os.PathLike[str] | None = None) -> None:
         super().__init__()
         if progress not in ("thread", "manual"):
             raise InvalidArgument("progress", f"must be 'thread' or 'manual', got {progress!r}")
@@ -492,8 +496,9 @@ class Context(VerbsObject):
         port = Port(gids, max_mtu=128 << self.active_mtu, qpn_alloc=alloc, qpn_free=free,
                     gid_types=gid_types)
         self.port: DeviceEngine = port
-        self.runtime: DeviceRuntime = Runtime(port, link, mode=progress, clock=clock,
-                                              udp_port=udp_port)
+        rt = Runtime(port, link, mode=progress, clock=clock, udp_port=udp_port)
+        rt.tap = tap_for(dev_name, pcap)  # pcap=FILE / $SOFTRDMA_PCAP, SOFTRDMA_TRACE=pkt
+        self.runtime: DeviceRuntime = rt
         self.progress_mode = progress
         self._init_events()
 

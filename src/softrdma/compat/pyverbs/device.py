@@ -359,7 +359,8 @@ class Context(_v.Context, PyverbsObject):
         try:
             super().__init__(name)
         except DeviceError as exc:
-            raise PyverbsRDMAError(f"Failed to open device {name}", exc.errno) from exc
+            # the cause in the text: errno 19 alone hid "UDP port 4791 is in use"
+            raise PyverbsRDMAError(f"Failed to open device {name}: {exc}", exc.errno) from exc
         except SoftRdmaError as exc:
             raise rdma_error(f"Failed to open device {name}", exc) from exc
         self.num_comp_vectors = 1

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ...errors import DecodeError
+from ..waiting import connect_retry_s
 from .options import PerftestError
 
 VERSION = "6.06"          # perftest 4.5-0.18 (Debian bookworm): configure.ac AC_INIT
@@ -248,8 +249,10 @@ class TcpChannel:
 
     @classmethod
     def connect(cls, host: str, port: int, timeout: float) -> TcpChannel:
-        """``ethernet_client_connect`` (retried while refused until ``timeout``)."""
+        """``ethernet_client_connect`` (a refusal fails at once; retried only for
+        ``$SOFTRDMA_CONNECT_RETRY`` seconds, :mod:`softrdma.tools.waiting`)."""
         deadline = time.monotonic() + timeout
+        retry_until = min(deadline, time.monotonic() + connect_retry_s())  # tools.waiting
         try:
             infos = socket.getaddrinfo(host, port, socket.AF_UNSPEC, socket.SOCK_STREAM)
         except socket.gaierror as exc:
@@ -266,7 +269,7 @@ class TcpChannel:
                 except OSError as exc:
                     last = exc
                     sock.close()
-            if time.monotonic() + 0.1 >= deadline or not isinstance(
+            if time.monotonic() + 0.1 >= retry_until or not isinstance(
                     last, ConnectionRefusedError):
                 reason = (last.strerror or str(last)) if last else "no address"
                 raise PerftestError(f"Couldn't connect to {host}:{port}: {reason}")
@@ -289,12 +292,9 @@ class TcpChannel:
     @classmethod
     def accept(cls, lsock: socket.socket, timeout: float) -> TcpChannel:
         """``ethernet_server_connect``: one client, then the listener closes."""
-        lsock.settimeout(timeout)
+        lsock.settimeout(None)  # the client is awaited until stopped (tools.waiting)
         try:
             conn, _peer = lsock.accept()
-        except TimeoutError as exc:
-            raise PerftestError(f"timed out after {timeout:g} s waiting for a client on "
-                                f"port {lsock.getsockname()[1]}") from exc
         except OSError as exc:
             raise PerftestError(f"accept() failed: {exc.strerror or exc}") from exc
         finally:
