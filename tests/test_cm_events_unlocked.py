@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from cm_harness import Pair, T
 from test_cm_udp import contexts
 
@@ -21,6 +22,7 @@ from softrdma.cm.events import CmEvent
 from softrdma.cm.gsi import CmBinding
 from softrdma.cm.ipcm import IpCmClient, ip_listen
 from softrdma.cm.params import AcceptParams, ConnParams
+from softrdma.wire import cm as wcm
 
 SID = 0x1000_0000_0000_0042
 
@@ -143,3 +145,25 @@ def _lock_free(ctx: Any) -> bool:
         lock.release()
         return True
     return False
+
+
+def test_request_for_a_listener_destroyed_before_delivery_is_refused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Events wait for the device lock to be released; a listener destroyed in between
+    # must not strand the new connection in REQ_RCVD (the peer would wait for its REQ
+    # timeouts): its id is destroyed, which sends REJ 28, as linux ucma_cleanup_events.
+    p = Pair(seed=11)
+    monkeypatch.setattr(p.b.cm, "_schedule_delivery", lambda: None)  # hold the events
+    lst = p.b.new_id()
+    lst.listen(SID)
+    qa, _ = p.a.qp()
+    cid = p.a.new_id()
+    cid.connect(qa, ConnParams(SID, p.b.gid))
+    p.run(0.01)
+    assert [ev.type for ev in p.b.agent.outbox] == [T.CONNECT_REQUEST]
+    lst.destroy()  # then the held events are delivered, outside the lock
+    p.run(0.01)
+    assert not p.b.agent.outbox and p.b.types() == []
+    assert [r.reason for r in p.sent(wcm.CmAttr.REJ)] == [wcm.RejReason.CONSUMER_DEFINED]
+    assert p.a.types(cid) == [T.REJECTED]
+    assert p.b.agent.live_ids() == 0 and not p.b.agent.errors

@@ -249,7 +249,11 @@ def test_bad_input_and_linux_style_peer(pair: tuple[Pair, list[subprocess.Popen[
         assert got == {"event": "REJECTED", "reason": 28, "rej_ud_qpn": sa["ud_qpn"]}, got
     linux = b.spawn([*peer, "linux-conn", str(sb["ud_qpn"])])
     assert linux.json(timeout=30) == {"event": "ESTABLISHED", "rep": 65524}
-    assert len([c for c in conns(a) if c["state"] == "ESTABLISHED"]) == len(before) + 1
+    # the peer has our REP; our side counts the connection once its RTU is processed
+    end = time.monotonic() + 15
+    while (n := len([c for c in conns(a) if c["state"] == "ESTABLISHED"])) != len(before) + 1:
+        assert time.monotonic() < end, f"{n} established, expected {len(before) + 1}"
+        time.sleep(0.1)
     ping(a, v4(2), "-s", "20000")
     linux.proc.wait(timeout=30)
     assert run_peer("ud-garbage") == {"sent": 4}

@@ -66,8 +66,10 @@ class RawResponder:
                 hdr = _recv_exact(s, MPA_HDR)
                 assert hdr[:16] == REQ_KEY
                 pd = _recv_exact(s, int.from_bytes(hdr[18:20], "big"))
-                s.sendall(REP_KEY + hdr[16:] + pd)
+                # taken before the send: softrdma cannot see the Reply earlier than this,
+                # so the measured gap is never shorter than the hold it applied
                 self.got["reply_at"] = time.monotonic()
+                s.sendall(REP_KEY + hdr[16:] + pd)
                 first = s.recv(4096)
                 self.got["fpdu_at"] = time.monotonic()
                 self.got["fpdu"] = first

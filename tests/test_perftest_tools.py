@@ -8,6 +8,7 @@ import argparse
 import io
 import json
 import re
+import signal
 import socket
 import time
 from collections.abc import Iterator
@@ -315,11 +316,14 @@ def test_client_without_server_fails(state: Path) -> None:
     assert err.startswith("softrdma write-bw: error: Couldn't connect to 127.0.0.1:")
 
 
-def test_server_without_client_times_out(state: Path) -> None:
+def test_server_without_client_waits_until_stopped(state: Path) -> None:
     p = spawn(["read-lat", "-d", "pttest", "-p", str(free_port(socket.SOCK_STREAM)),
                "--timeout", "1"], env_for(state))
+    time.sleep(4)
+    assert p.poll() is None  # past --timeout: the first client is awaited until stopped
+    p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=30)
-    assert p.returncode == 1 and "waiting for a client" in err
+    assert p.returncode == 130 and "Traceback" not in err
     assert "Waiting for client to connect" in out
 
 

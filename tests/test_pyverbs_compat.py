@@ -102,7 +102,10 @@ def test_create_errno(ctx: d.Context) -> None:
     assert _err(QP, pd, raw) == errno.EOPNOTSUPP
     big = QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=QPCap(max_send_wr=0xFFFFFFFF))
     assert _err(QP, pd, big) == errno.EINVAL
-    assert _err(XRCD, ctx, XRCDInitAttr(e.IBV_XRCD_INIT_ATTR_FD, 0, -1)) == errno.EOPNOTSUPP
+    # ibv_open_xrcd: FD and OFLAGS both required (EINVAL), reserved mask bits EOPNOTSUPP
+    assert _err(XRCD, ctx, XRCDInitAttr(e.IBV_XRCD_INIT_ATTR_FD, 0, -1)) == errno.EINVAL
+    assert _err(XRCD, ctx, XRCDInitAttr(e.IBV_XRCD_INIT_ATTR_RESERVED | 3, 0, -1)) == \
+        errno.EOPNOTSUPP
     assert _err(MW, pd, 3) == errno.EINVAL
     assert _err(AH, pd, attr=AHAttr(is_global=0, port_num=1)) == errno.EINVAL
     ts = CqInitAttrEx(cqe=8, wc_flags=e.IBV_WC_EX_WITH_COMPLETION_TIMESTAMP)

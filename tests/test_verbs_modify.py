@@ -342,7 +342,7 @@ def test_create_qp_checks(ctx) -> None:
          "init_attr.cap.max_inline_data")
     _err(lambda: v.QP(pd, v.QPInitAttr(77, scq=cq, rcq=cq)), "init_attr.qp_type")
     with pytest.raises(NotSupported):
-        v.QP(pd, v.QPInitAttr(int(e.IBV_QPT_XRC_SEND), scq=cq, rcq=cq))
+        v.QP(pd, v.QPInitAttr(int(e.IBV_QPT_DRIVER), scq=cq, rcq=cq))
     # with an SRQ the receive capacities are not checked (rxe_qp_chk_cap has_srq)
     srq = v.SRQ(pd, v.SrqInitAttr(v.SrqAttr(max_wr=8)))
     qp = v.QP(pd, v.QPInitAttr(RC, scq=cq, rcq=cq, srq=srq, cap=v.QPCap(max_recv_wr=1 << 20)))

@@ -6,3 +6,7 @@ See docs/design.md for the architecture.
 """
 
 __version__ = "0.1.0"
+
+from .trace import configure_from_env as _configure_trace
+
+_configure_trace()  # SOFTRDMA_TRACE=qp,cm,pkt (softrdma.trace)

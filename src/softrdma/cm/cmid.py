@@ -15,6 +15,7 @@ both transports is :class:`softrdma.cm.rdma_cm.CmId`.)
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +55,9 @@ if TYPE_CHECKING:
 
 __all__ = ["IbCmId", "PENDING_STATES"]
 
+
+
+_CM_LOG = logging.getLogger("softrdma.cm")
 
 class IbCmId:
     """One connection (or listener) and its IBA 12.9 state (see :mod:`.state`).
@@ -223,11 +227,14 @@ class IbCmId:
             self.handle(follow, now)
 
     def set_state(self, new: CmState, now: float) -> None:
-        """Enter ``new``: TimeWait arms its timer (IBA 12.9.6), IDLE forgets the id."""
+        """Enter ``new``: TimeWait arms its timer (IBA 12.9, Figure 151), IDLE forgets the id."""
         old = self.state
         if old == new:
             return
         self.state = new
+        if _CM_LOG.isEnabledFor(logging.DEBUG):  # SOFTRDMA_TRACE=cm (softrdma.trace)
+            _CM_LOG.debug("CM 0x%08x (remote 0x%08x): %s -> %s", self.local_id,
+                          self.remote_id, old.name, new.name)
         if old in PENDING_STATES and new not in PENDING_STATES and self.listen_id is not None:
             self.listen_id.pending -= 1
         if new == CmState.TIMEWAIT:

@@ -1,4 +1,4 @@
-"""Actions of connection establishment (IBA 12.9.5, Figures 149 and 150).
+"""Actions of connection establishment (IBA 12.9, Figures 149 and 150).
 
 The active side sends the REQ (IBA 12.6.5), takes the REP (12.6.8) and answers the RTU
 (12.6.9); the passive side answers a REQ with its REP and waits for the RTU or the QP's

@@ -139,7 +139,7 @@ class CmAgent:
 
     def passive_id(self, listener: IbCmId, service_id: int, tid: int, remote_id: int,
                    path: CmPath, state: CmState) -> IbCmId:
-        """A new id for a REQ or SIDR_REQ that ``listener`` takes (IBA 12.9.5, 12.11.2):
+        """A new id for a REQ or SIDR_REQ that ``listener`` takes (IBA 12.9 Figure 150, 12.11.2):
         the listener's consumer and dialect, counted in its backlog."""
         child = IbCmId(self, listener.handler, listener.context)
         child.listen_id = listener
@@ -510,6 +510,11 @@ class CmAgent:
     def _deliver(self, ev: CmEvent) -> None:
         owner = ev.listen_id if ev.type == CmEventType.CONNECT_REQUEST else ev.cm_id
         if owner is not None and owner.destroyed:
+            if ev.type == CmEventType.CONNECT_REQUEST and not ev.cm_id.destroyed:
+                # The listener went away before its consumer saw the request: refuse
+                # it (REJ, or SIDR_REP status 2) rather than leave the peer waiting
+                # (linux ucma_cleanup_events destroys the unread request's id).
+                ev.cm_id.destroy()
             return
         handler = owner.handler if owner is not None else None
         if handler is None:

@@ -11,7 +11,7 @@ one typed frozen dataclass per thing that can happen to a connection:
   REQ ... 12.6.11 DREP, 12.8.1 LAP, 12.11 SIDR_REQ/SIDR_REP) with the MAD's TID and
   addressing;
 * :class:`Timeout` (a retransmission timer, IBA 12.6.5 Max CM Retries and A16 CA16-9,
-  or the end of TimeWait, IBA 12.9.6) and
+  or the end of TimeWait, IBA 12.9 Figure 151) and
   :class:`CommEst` (the QP's communication-established event, IBA 12.9.7.3).
 
 The table that maps ``(state, input)`` to a typed action and the next state is

@@ -1,4 +1,4 @@
-"""Actions for MRA, duplicates and LAP (IBA 12.6.6, 12.9.5 duplicates, 12.8).
+"""Actions for MRA, duplicates and LAP (IBA 12.6.6; 12.9 Figures 149-150; 12.8).
 
 An MRA (Message Receipt Acknowledgement, IBA 12.6.6) asks the peer for more time: the
 consumer sends one while it decides, and a duplicate REQ or REP while it decides is

@@ -13,6 +13,7 @@ event delivery, or iWARP connection threads) and never run application code.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import select
 import threading
@@ -146,6 +147,9 @@ class RdmaCmEvent:
         return f"<RdmaCmEvent {self.text}>"
 
 
+_CM_LOG = logging.getLogger("softrdma.cm")
+
+
 class EventChannel:
     """``rdma_create_event_channel``: the queue the events of its ids go to."""
 
@@ -159,6 +163,10 @@ class EventChannel:
         self.unacked = 0
 
     def post(self, ev: RdmaCmEvent) -> None:
+        if _CM_LOG.isEnabledFor(logging.DEBUG):  # SOFTRDMA_TRACE=cm (softrdma.trace)
+            _CM_LOG.debug("rdma_cm %s (id %s -> %s)", ev.text, getattr(ev.id, "local_addr",
+                                                                         None),
+                          getattr(ev.id, "peer_addr", None))
         with self._cv:
             if self.closed:
                 return

@@ -48,11 +48,15 @@ def _ud_qp(cid: CmId) -> Any:
     return cid.qp
 
 
-def join(cid: CmId, addr: Any) -> None:
-    """Attach the id's UD QP to the group and queue MULTICAST_JOIN."""
+def join(cid: CmId, addr: Any, *, send_only: bool = False) -> None:
+    """Attach the id's UD QP to the group and queue MULTICAST_JOIN. A send-only full
+    member (``RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER``) is not attached: librdmacm's
+    ``ucma_process_join`` skips ``ibv_attach_mcast`` for it, and on RoCE Linux sends no
+    IGMP/MLD join for it."""
     qp = _ud_qp(cid)
     mgid = mgid_of(addr)
-    qp.attach_mcast(mgid)
+    if not send_only:
+        qp.attach_mcast(mgid)
     gids = list(cid.verbs.port.gids)
     src = cid.local_addr[0] if cid.local_addr is not None else None
     sgid = b""
@@ -66,6 +70,10 @@ def join(cid: CmId, addr: Any) -> None:
                                   ud=UdParam(MULTICAST_QPN, RDMA_UDP_QKEY, ah)))
 
 
-def leave(cid: CmId, addr: Any) -> None:
-    """Detach the id's UD QP from the group (no event, as librdmacm)."""
-    _ud_qp(cid).detach_mcast(mgid_of(addr))
+def leave(cid: CmId, addr: Any, *, send_only: bool = False) -> None:
+    """Detach the id's UD QP from the group (no event, as librdmacm); a send-only member
+    was never attached."""
+    qp = _ud_qp(cid)
+    mgid = mgid_of(addr)
+    if not send_only:
+        qp.detach_mcast(mgid)

@@ -1,7 +1,7 @@
-"""Actions of rejection and connection release (IBA 12.9.6, Figure 151; 12.9.8.3).
+"""Actions of rejection and connection release (IBA 12.9, Figure 151; 12.9.8.3).
 
 REJ (IBA 12.6.7) ends a connection being set up, DREQ/DREP (12.6.10, 12.6.11) one that
-is up; both leave the QP in ERR. TimeWait (12.9.6) holds the comm ID and QPN until it
+is up; both leave the QP in ERR. TimeWait (Figure 151) holds the comm ID and QPN until it
 ends. The choices where IBA leaves room follow Linux ``drivers/infiniband/core/cm.c``
 (see :mod:`softrdma.cm.state`). Each function is an action of that table.
 """
@@ -122,7 +122,7 @@ def drep_received(cid: IbCmId, now: float, inp: Received[wcm.Drep]) -> None:
 
 
 def timewait_exit(cid: IbCmId, now: float, inp: Timeout) -> None:
-    """TIMEWAIT -> IDLE: the comm ID and the QPN may be used again (IBA 12.9.6)."""
+    """TIMEWAIT -> IDLE: the comm ID and the QPN may be used again (IBA 12.9, Figure 151)."""
     cid.emit(CmEventType.TIMEWAIT_EXIT)
 
 

@@ -946,6 +946,11 @@ class Devd:
 # -------------------------------------------------------------------------------------
 
 
+class DevdVanished(DeviceError):
+    """The daemon was started (or found) but accepts no connection any more: it exited
+    (idle) in between; the caller starts another one."""
+
+
 def _probe(path: Path) -> bool:
     """True if a daemon accepts connections on ``path``."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
@@ -958,6 +963,11 @@ def _probe(path: Path) -> bool:
     return True
 
 
+# how long a client waits for a daemon it starts (or that another client is starting) to
+# answer: a daemon that cannot start says so at once; this bounds a slow start on a busy host
+DEVD_START_TIMEOUT = 20.0
+
+
 def _package_root() -> str:
     return str(Path(__file__).resolve().parents[2])
 
@@ -967,7 +977,7 @@ def ensure_devd(
     *,
     state_dir: Path | str | None = None,
     idle_timeout: float | None = None,
-    timeout: float = 5.0,
+    timeout: float = DEVD_START_TIMEOUT,
 ) -> str:
     """Start the device's daemon as a detached process unless one runs; its socket path.
 
@@ -1017,9 +1027,11 @@ def ensure_devd(
             lines = proc.stderr.decode("utf-8", "replace").strip().splitlines()
             why = lines[-1] if lines else f"exit status {proc.returncode}"
             why = why.removeprefix(f"devd {record.name}: ")
-            raise DeviceError(f"cannot start devd {record.name}: {why}")
+            # the daemon's own errno is in its last line (cannot bind ...: strerror)
+            code = errno.EADDRINUSE if os.strerror(errno.EADDRINUSE) in why else None
+            raise DeviceError(f"cannot start devd {record.name}: {why}", errno=code)
         if not _probe(path):
-            raise DeviceError(f"devd {record.name}: started but {path} accepts no connection")
+            raise DevdVanished(f"devd {record.name}: started but {path} accepts no connection")
     return str(path)
 
 
@@ -1044,7 +1056,7 @@ class DevdLink:
         state_dir: Path | str | None = None,
         spawn: bool = True,
         idle_timeout: float | None = None,
-        timeout: float = 5.0,
+        timeout: float = DEVD_START_TIMEOUT,
         ring: int = _RECV_BATCH,
     ) -> None:
         if ring < 1:
@@ -1060,11 +1072,19 @@ class DevdLink:
         last_err = "no answer"
         for _ in range(3):  # a daemon that is just exiting closes us: start a new one
             if spawn:
-                path = Path(
-                    ensure_devd(
-                        record, state_dir=directory, idle_timeout=idle_timeout, timeout=timeout
+                try:
+                    path = Path(
+                        ensure_devd(
+                            record, state_dir=directory, idle_timeout=idle_timeout,
+                            timeout=timeout,
+                        )
                     )
-                )
+                except DevdVanished as exc:
+                    # the daemon we found or started went idle and exited before we
+                    # connected (it lingered after its last client): replace it
+                    last_err = str(exc)
+                    path = socket_path(record.name, directory)
+                    continue
             else:
                 path = socket_path(record.name, directory)
             try:

@@ -512,7 +512,7 @@ class Fabric:
             st.delivered += 1
             st.bytes_delivered += len(dg.data)
             if pcap is not None:
-                pcap.write(_frame(dg), t)
+                pcap.write(frame_of(dg), t)
             if not dst._mark:
                 dst._mark = True
                 ready.append(dst)
@@ -545,7 +545,7 @@ def _mac(ip: bytes) -> bytes:
     return b"\x02\x00" + ip[-4:]
 
 
-def _frame(dg: Datagram) -> bytes:
+def frame_of(dg: Datagram) -> bytes:
     """``dg`` as the Ethernet frame a Linux sender would emit (Annex A17; ../shared/specs/roce.md §1).
 
     IPv4: ID 0, DF, UDP checksum 0 (what ``UdpLink`` sockets send); IPv6: a real UDP

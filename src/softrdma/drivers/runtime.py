@@ -40,7 +40,7 @@ from __future__ import annotations
 import struct
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import DeviceError, SoftRdmaError
 from ..ib.port import Port, RxMeta, TxPacket
@@ -61,6 +61,9 @@ from .progress import (
     check_mode,
     progress_mode,
 )
+
+if TYPE_CHECKING:
+    from .tap import PacketTap
 
 __all__ = ["Runtime", "icrc_v2", "icrc_ok", "build_grh"]
 
@@ -156,6 +159,7 @@ class Runtime:
         self._backlog: list[Datagram] = []
         self._pending = False
         self._reporter = link if isinstance(link, CounterReporter) else None
+        self.tap: PacketTap | None = None  # capture / packet trace (drivers.tap), if asked
         self._next_report = 0.0
         fd = link.fileno()
         self._waiter: Waiter = (EventWaiter() if fd is None
@@ -316,6 +320,7 @@ class Runtime:
         eff = link.effective_sport
         ip_of = self._ip_of
         dport = self.udp_port
+        tap = self.tap
         for p in pkts:
             if p.v1:
                 self._send_v1(p)
@@ -325,6 +330,8 @@ class Runtime:
             sport = eff(p.sport)
             icrc = icrc_v2(src, dst, sport, dport, p.parts, p.length)
             send(dst, dport, sport, [*p.parts, icrc], p.tclass, p.hop_limit)
+            if tap is not None:
+                tap.tx(src, dst, sport, dport, [*p.parts, icrc], p.tclass, p.hop_limit)
         return len(pkts)
 
     def _send_v1(self, p: TxPacket) -> None:
@@ -386,8 +393,11 @@ class Runtime:
         metas = self._metas
         now = self.now()
         taken = 0
+        tap = self.tap
         for d in dgrams:
             taken += 1
+            if tap is not None:
+                tap.rx(d)
             data = d.data
             if d.grh:
                 self._rx_v1(d, now)
@@ -517,4 +527,6 @@ class Runtime:
             self.link.on_readable = None
         if close_link:
             self.link.close()
+        if self.tap is not None:
+            self.tap.close()
         self._waiter.close()

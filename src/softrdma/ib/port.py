@@ -116,6 +116,12 @@ class Port(DeviceTables[EngineQP]):
         """A new RC, UC or UD QP in RESET (IBA 10.2.4)."""
         return EngineQP(self, init)
 
+    def free_qpn(self, qpn: int) -> None:
+        """Give back a number from :meth:`alloc_qpn` that no QP holds (an XRC SRQ's
+        number, softrdma.ib.xrc)."""
+        if self._qpn_free is not None and qpn > 1 and qpn not in self.qps:
+            self._qpn_free(qpn)
+
     def add_qp(self, qp: EngineQP) -> None:
         self.qps[qp.qpn] = qp
 

@@ -17,13 +17,26 @@ verbs layer's transition table; here each state decides what the engines may do.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from ..errors import ClosedError, InvalidArgument
 from ..seam.attrs import ModifyAttrs, QueryAttrs, apply_port_attrs
 from ..seam.events import AsyncEventType
 from ..seam.queues import EngineSRQ, QPInit, ReceiveQueue, check_post_send, error_events
-from ..seam.states import ERR, INIT, QPT_RC, QPT_UC, QPT_UD, RESET, RTR, RTS, SQD, SQE
+from ..seam.states import (
+    ERR,
+    INIT,
+    QPT_RC,
+    QPT_UC,
+    QPT_UD,
+    RESET,
+    RTR,
+    RTS,
+    SQD,
+    SQE,
+    state_name,
+)
 from ..seam.types import AddressHandle, RecvWQE, SendWQE
 from ..wire import ib as wib
 from .pacing import rate_bps
@@ -61,6 +74,19 @@ def rxe_udp_sport(qpn: int) -> int:
     return 0xC000 + hash32(qpn, 14)
 
 
+_QP_LOG = logging.getLogger("softrdma.qp")  # SOFTRDMA_TRACE=qp (softrdma.trace)
+_QPT_NAMES = {QPT_RC: "RC", QPT_UC: "UC", QPT_UD: "UD"}
+
+
+def _trace_state(qp: EngineQP, old: int, new: int, why: str = "") -> None:
+    """One trace line per QP state transition (IBA 10.3.1), when ``softrdma.qp`` is on."""
+    if _QP_LOG.isEnabledFor(logging.DEBUG):
+        kind = _QPT_NAMES.get(qp.qp_type, str(qp.qp_type))
+        _QP_LOG.debug("QP 0x%06x %s: %s -> %s%s", qp.qpn, kind,
+                      state_name(old).removeprefix("IBV_QPS_"),
+                      state_name(new).removeprefix("IBV_QPS_"), why)
+
+
 class AddressVector:
     """Where a QP's packets go (IBA 11.2.5.3 address vector; ``ibv_ah_attr`` + GRH)."""
 
@@ -94,6 +120,8 @@ class EngineQP:
 
     #: every IB opcode (the verbs layer checks them against the QP type)
     send_opcodes: frozenset[int] | None = None
+    #: an XRC TGT QP's domain (softrdma.ib.xrc.XrcTgtQP); None for every other QP
+    xrcd: object | None = None
     #: an RDMA Read scatters into as many SGEs as the QP allows
     max_read_sge = 1 << 30
 
@@ -238,6 +266,8 @@ class EngineQP:
         old = self.state
         if new == old and new != SQD:
             return
+        if new != ERR:
+            _trace_state(self, old, new)
         if new == RESET:
             self._reset()
         elif new == ERR:
@@ -262,6 +292,11 @@ class EngineQP:
         """Move to ERR and flush every outstanding WQE with IBV_WC_WR_FLUSH_ERR (IBA 10.3.1.7)."""
         if self.state == ERR:
             return
+        _trace_state(self, self.state, ERR, f" ({event})" if event else "")
+        # The requests this responder executed are acknowledged before the flush: rxe
+        # ACKs each at once, a coalesced ACK would otherwise be lost (the peer's WQE
+        # then completes with a flush error after a DREQ that overtook it).
+        self.flush_ack()
         self.state = ERR
         self.set_deadline(None)
         self.req.flush()
@@ -337,6 +372,10 @@ class EngineQP:
 
     def on_timer(self, now: float) -> None:
         self.req.on_timer(now)
+
+    def bind_srq(self, pkt: wib.IBPacket) -> bool:
+        """XRC TGT QPs bind the SRQ a request's XRCETH names (softrdma.ib.xrc)."""
+        return True
 
     def flush_ack(self) -> None:
         """Send the coalesced ACK, if one is pending (called by Port.take_tx)."""

@@ -222,12 +222,18 @@ class Responder:
                 self.nak_sent = True
                 self._nak(self.epsn, wib.NAK_PSN_SEQ_ERR)
             return
+        # XRC TGT QP: the SRQ named by the XRCETH gives the receive WQE, PD and CQ
+        # (softrdma.ib.xrc); a bad XRCETH is an access violation (Annex A14).
+        bound = qp.xrcd is None or qp.bind_srq(pkt)
         if d < 0:
             qp.port.counters.duplicate_request += 1
-            self._duplicate(pkt)
+            if bound:
+                self._duplicate(pkt)
             return
         self.nak_sent = False
         try:
+            if not bound:
+                raise _NAK(wib.NAK_REMOTE_ACCESS)
             self._execute(pkt)
             self._check_comm_est()
         except _NAK as e:

@@ -98,7 +98,7 @@ class SendWQE:
     __slots__ = (
         "wr_id", "opcode", "send_flags", "sg_list", "length", "imm_data", "invalidate_rkey",
         "remote_addr", "rkey", "compare_add", "swap", "inline_data", "ah", "remote_qpn",
-        "remote_qkey", "bind",
+        "remote_qkey", "bind", "xrc_srqn",
         # engine state
         "first_psn", "last_psn", "npkts", "sent_bytes", "state", "read_received",
         "atomic_result", "ssn", "completed", "error", "segs", "kind", "rd_atomic", "signaled",
@@ -141,6 +141,7 @@ class SendWQE:
         self.remote_qpn = remote_qpn
         self.remote_qkey = remote_qkey
         self.bind: object = None  # IBV_WR_BIND_MW: a softrdma.ib.mw.BindRequest
+        self.xrc_srqn = 0  # XRC INI QPs: the remote XRC SRQ (XRCETH, softrdma.ib.xrc)
         self.first_psn = 0
         self.last_psn = 0
         self.npkts = 0

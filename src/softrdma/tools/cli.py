@@ -7,6 +7,7 @@ Subcommands and where they live:
 ``devices``        :mod:`softrdma.tools.devices` (``ibv_devices``)
 ``asyncwatch``     :mod:`softrdma.tools.asyncwatch` (``ibv_asyncwatch``)
 ``srq-pingpong``   :mod:`softrdma.tools.srq_pingpong` (``ibv_srq_pingpong``)
+``xsrq-pingpong``  :mod:`softrdma.tools.xsrq_pingpong` (``ibv_xsrq_pingpong``)
 ``rc-pingpong``    :mod:`softrdma.tools.pingpong` (``ibv_rc_pingpong``)
 ``uc-pingpong``    :mod:`softrdma.tools.pingpong` (``ibv_uc_pingpong``)
 ``ud-pingpong``    :mod:`softrdma.tools.pingpong` (``ibv_ud_pingpong``)
@@ -14,6 +15,9 @@ Subcommands and where they live:
 ``rping``          :mod:`softrdma.tools.rping` (flags), :mod:`~softrdma.tools.rping_run` (librdmacm's ``rping``, RoCE or iWARP)
 ``udaddy``         :mod:`softrdma.tools.udaddy` (librdmacm's ``udaddy``: UD over SIDR)
 ``ucmatose``       :mod:`softrdma.tools.ucmatose` (librdmacm's ``ucmatose``)
+``mckey``          :mod:`softrdma.tools.mckey` (librdmacm's ``mckey``: rdma_cm multicast)
+``rdma-server``    :mod:`softrdma.tools.rdma_server` (librdmacm's ``rdma_server`` example)
+``rdma-client``    :mod:`softrdma.tools.rdma_server` (librdmacm's ``rdma_client`` example)
 ``pcap-check``     ``softrdma.tools.pcap_check.run(paths) -> int``
 ``link``           ``softrdma.tools.link.cmd_link(args) -> int``
 ``pyverbs``        :mod:`softrdma.tools.pyverbs_run` (run a pyverbs program on softrdma)
@@ -35,11 +39,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
+from .. import trace
 from ..errors import SoftRdmaError
 
 PROG = "softrdma"
@@ -119,6 +125,16 @@ def _pingpong(kind: str) -> Callable[[argparse.Namespace], int]:
     return handler
 
 
+def _cmd_mckey(args: argparse.Namespace) -> int:
+    return int(_tool("softrdma.tools.mckey", "mckey", "run")(args))
+
+
+def _rdma_example(name: str) -> Callable[[argparse.Namespace], int]:
+    def handler(args: argparse.Namespace) -> int:
+        return int(_tool("softrdma.tools.rdma_server", name, "run")(name, args))
+    return handler
+
+
 def _cmd_pcap_check(args: argparse.Namespace) -> int:
     run = _tool("softrdma.tools.pcap_check", "pcap-check", "run")
     return int(run(list(args.files), udp_ports=tuple(args.udp_port),
@@ -127,6 +143,10 @@ def _cmd_pcap_check(args: argparse.Namespace) -> int:
 
 def _cmd_link(args: argparse.Namespace) -> int:
     return int(_tool("softrdma.tools.link", "link", "cmd_link")(list(args.rest)))
+
+
+def _cmd_xsrq_pingpong(args: argparse.Namespace) -> int:
+    return int(_tool("softrdma.tools.xsrq_pingpong", "xsrq-pingpong", "run")(args))
 
 
 def _perftest(name: str) -> Callable[[argparse.Namespace], int]:
@@ -164,6 +184,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG, description="softrdma: a software RDMA stack (RoCEv2 / iWARP) in Python, "
         "wire-compatible with Linux rxe and siw.")
     parser.add_argument("--version", action="version", version=f"{PROG} {version()}")
+    parser.add_argument("--trace", metavar="KINDS", default=None,
+                        help="log qp (QP state transitions), cm (CM states and events) and/or "
+                        "pkt (one line per packet), comma-separated or 'all', to stderr; as "
+                        "SOFTRDMA_TRACE")
+    parser.add_argument("--pcap", metavar="FILE", default=None,
+                        help="write what this tool's RoCE devices send and receive to FILE "
+                        "(pcap; tshark and pcap-check read it); as SOFTRDMA_PCAP")
     subs = parser.add_subparsers(dest="command", metavar="COMMAND")
     _orig_add = subs.add_parser
 
@@ -222,6 +249,23 @@ def build_parser() -> argparse.ArgumentParser:
          "sends -C messages on each connection, the client answers, the server "
          "disconnects. Interoperates with rdma-core's ucmatose.")
 
+    p = add_parser("mckey", help="rdma_cm multicast over UD QPs: join, send, leave "
+                   "(librdmacm mckey)",
+                   description="mckey: -m GROUP joins the group and receives -C messages; "
+                   "with -s it sends them. Interoperates with rdma-core's mckey.")
+    _add_tool_args("softrdma.tools.cmflags", p, "mckey")
+    p.set_defaults(handler=_cmd_mckey)
+
+    for name, role in (("rdma-server", "listen on -s ADDR -p PORT, accept one connection"),
+                       ("rdma-client", "connect to -s ADDR -p PORT")):
+        p = add_parser(name, help=f"librdmacm's {name.replace('-', '_')} example: {role}, "
+                       "one SEND each way (rdma_getaddrinfo, rdma_create_ep)",
+                       description=f"{name.replace('-', '_')}: {role}; one 16-byte SEND "
+                       "each way over an RC QP made by rdma_create_ep. Interoperates with "
+                       "rdma-core's rdma_server / rdma_client.")
+        _add_tool_args("softrdma.tools.cmflags", p, name)
+        p.set_defaults(handler=_rdma_example(name))
+
     p = add_parser("pcap-check", help="check every RoCE/iWARP packet of pcap files "
                         "(ICRC/CRC, byte-exact decoding) and follow each RC/UC connection",
                         description="Check pcap/pcapng files packet by packet, then each "
@@ -269,6 +313,14 @@ def build_parser() -> argparse.ArgumentParser:
          "be the server and wait; with it, connect. Same flags, output and TCP "
          "exchange as the C tool.")
 
+    p = add_parser("xsrq-pingpong", help="SENDs over XRC to the peer's XRC SRQ "
+                   "(ibv_xsrq_pingpong)", description="ibv_xsrq_pingpong: without "
+                   "SERVERNAME be the server and wait; with it, connect. XRC INI/TGT QPs "
+                   "and an XRC SRQ per side; same flags, output and TCP exchange as the C "
+                   "tool.")
+    _add_tool_args("softrdma.tools.xsrq_pingpong", p)
+    p.set_defaults(handler=_cmd_xsrq_pingpong)
+
     p = add_parser("stats", help="port counters: packets, bytes, retransmissions, RNR NAKs, "
                    "drops by reason (rdma statistic)",
                    description="softrdma stats [show [link DEV[/PORT]]]: the counters of "
@@ -309,6 +361,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _trace_and_capture(kinds: str | None, pcap: str | None) -> None:
+    """``--trace`` / ``--pcap``: set up this process (and, through the environment, the
+    processes it starts) as ``SOFTRDMA_TRACE`` / ``SOFTRDMA_PCAP`` would."""
+    if kinds is not None:
+        trace.configure(kinds)
+        os.environ[trace.ENV] = kinds
+    if pcap is not None:
+        try:
+            with open(pcap, "ab"):
+                pass
+        except OSError as exc:
+            raise ToolUnavailable(f"--pcap: cannot write {pcap}: {exc.strerror}") from None
+        trace.capture_path = pcap
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``softrdma`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
     parser = build_parser()
@@ -317,6 +384,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.rest = rest  # e.g. ``link``: its own parser gets every argument, in order
     elif rest:
         getattr(args, "subparser", parser).error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.trace is not None or args.pcap is not None:
+        try:
+            _trace_and_capture(args.trace, args.pcap)
+        except SoftRdmaError as exc:
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
+            return 2
     handler: Callable[[argparse.Namespace], int] | None = getattr(
         args, "unavailable", None) or getattr(args, "handler", None)
     if handler is None:

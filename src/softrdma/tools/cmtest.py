@@ -25,6 +25,7 @@ from .. import enums as e
 from .. import verbs as v
 from ..cm import rdma_cm as rc
 from ..errors import InvalidArgument, SoftRdmaError
+from .waiting import announce_wait
 
 __all__ = ["Node", "CmTest", "AddrError", "get_addr", "finish", "check_common", "run_test"]
 
@@ -162,9 +163,10 @@ class CmTest:
                                      RESOLVE_TIMEOUT_MS, device=device)
         return 0
 
-    def listen(self, listen_id: rc.CmId, device: str | None) -> int:
+    def listen(self, listen_id: rc.CmId, device: str | None, tool: str) -> int:
         """Bind ``listen_id`` to ``-b`` (default 0.0.0.0) and the port and listen, as the C
-        servers do: 0, or the errno of a name that does not resolve (``getrdmaaddr``)."""
+        servers do, then announce the wait (``softrdma TOOL: waiting ...``): 0, or the
+        errno of a name that does not resolve (``getrdmaaddr``)."""
         try:
             src = get_addr(self.args.src_addr or "0.0.0.0")
         except AddrError as exc:
@@ -173,6 +175,7 @@ class CmTest:
         assert src is not None
         listen_id.bind_addr((src, self.args.port), device=device)
         listen_id.listen(0)
+        announce_wait(tool, self.args.port)
         self.patient = True
         return 0
 

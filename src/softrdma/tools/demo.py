@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from .. import verbs as v
 
 DEMO_IP = "127.0.0.1"
+ROCE_V2_PORT = 4791  # the default; taken while softrdma_lo's devd (or a kernel rxe) runs
+FREE_PORT_TRIES = 8
 DEVICE_NAME = "softrdma_lo"
 MTUS = {256: e.IBV_MTU_256, 512: e.IBV_MTU_512, 1024: e.IBV_MTU_1024,
         2048: e.IBV_MTU_2048, 4096: e.IBV_MTU_4096}
@@ -78,8 +80,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mtu", type=mtu, default=1024, help="path MTU (default 1024)")
     p.add_argument("--transport", choices=("roce", "iwarp"), default="roce",
                    help="roce (RoCEv2, default); iwarp is not available yet")
-    p.add_argument("--port", type=port, default=4791,
-                   help="UDP port of the in-process device (default 4791, the RoCEv2 port)")
+    p.add_argument("--port", type=port, default=None,
+                   help="UDP port of the in-process device (default 4791, the RoCEv2 port; "
+                   "a free port when another program, such as softrdma_lo's devd, holds "
+                   "4791)")
     p.add_argument("--timeout", type=float, default=10.0, metavar="SEC",
                    help="give up on a completion after SEC seconds (default 10)")
 
@@ -304,7 +308,35 @@ class Demo:
                       f"0x{before:016x} + 0x{add:x} = 0x{after:016x}", ms)
 
 
-def _open_device(port: int) -> v.Context:
+def _free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind((DEMO_IP, 0))
+        return int(s.getsockname()[1])
+
+
+def _open_device(port: int | None) -> tuple[v.Context, int]:
+    """The demo's in-process device and its UDP port: ``port``, else 4791, else (4791
+    in use: softrdma_lo's devd serves another program, a kernel rxe device...) a free
+    port, so the demo runs beside them."""
+    if port is not None:
+        return _open_on(port), port
+    try:
+        return _open_on(ROCE_V2_PORT), ROCE_V2_PORT
+    except DeviceError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            raise
+    for _ in range(FREE_PORT_TRIES):  # another program may take the probed port first
+        free = _free_udp_port()
+        try:
+            return _open_on(free), free
+        except DeviceError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+    raise DeviceError(f"UDP port {ROCE_V2_PORT} on {DEMO_IP} is in use and no free port "
+                      f"was found in {FREE_PORT_TRIES} tries", errno=errno.EADDRINUSE)
+
+
+def _open_on(port: int) -> v.Context:
     from .. import verbs as v
     from ..drivers.udp import UdpLink
 
@@ -315,7 +347,8 @@ def _open_device(port: int) -> v.Context:
             raise DeviceError(
                 f"UDP port {port} on {DEMO_IP} is already in use (a softrdma devd, a kernel "
                 f"rxe device or another demo?): pick a free one with --port N, "
-                f"e.g. --port {port + 10000 if port < 55535 else 14791}") from exc
+                f"e.g. --port {port + 10000 if port < 55535 else 14791}",
+                errno=errno.EADDRINUSE) from exc
         raise
     try:
         return v.Context(DEVICE_NAME, link=link)
@@ -349,7 +382,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         out.write(line + "\n")
         out.flush()
 
-    ctx = _open_device(args.port)
+    ctx, port = _open_device(args.port)
     eps: list[Endpoint] = []
     try:
         pa = ctx.query_port(1)
@@ -366,8 +399,11 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         say("softrdma demo: RC over RoCEv2 on the loopback")
         say(f"  device {DEVICE_NAME}, in-process: this process (its progress thread) runs the "
             "transport engine")
-        say(f"  network: real RoCEv2 datagrams, UDP {DEMO_IP}:{args.port} -> itself through "
+        say(f"  network: real RoCEv2 datagrams, UDP {DEMO_IP}:{port} -> itself through "
             f"the Linux loopback, GID {socket.inet_ntop(socket.AF_INET6, bytes(gid.raw))}")
+        if port != ROCE_V2_PORT and args.port is None:
+            say(f"  (UDP {ROCE_V2_PORT} is in use, by softrdma_lo's devd for another program "
+                f"or a kernel rxe device: this demo took the free port {port})")
         for ep in (a, b):
             say(f"  endpoint {ep.name}: PD, MR of {len(ep.buf)} bytes (lkey 0x{ep.mr.lkey:x}, "
                 f"rkey 0x{ep.mr.rkey:x}), CQ, RC QP 0x{ep.qp.qp_num:06x} (SQ PSN "

@@ -17,9 +17,12 @@ MIN_CONNECT_S = 0.05  # the shortest timeout one connect attempt gets
 
 
 def connect_retrying(host: str, port: int, deadline: float, error: type[SoftRdmaError],
-                     *, nodelay: bool = False) -> socket.socket:
+                     *, nodelay: bool = False, retry_until: float | None = None
+                     ) -> socket.socket:
     """A connected TCP socket to ``host:port`` (``TCP_NODELAY`` with ``nodelay``), or
-    ``error`` with the C tools' message."""
+    ``error`` with the C tools' message. Refusals are retried until ``retry_until``
+    (default: ``deadline``, which also bounds each attempt)."""
+    stop = deadline if retry_until is None else retry_until
     try:
         infos = socket.getaddrinfo(host, port, socket.AF_UNSPEC, socket.SOCK_STREAM)
     except socket.gaierror as exc:
@@ -37,7 +40,7 @@ def connect_retrying(host: str, port: int, deadline: float, error: type[SoftRdma
             except OSError as exc:
                 last = exc
                 sock.close()
-        if time.monotonic() + RETRY_S >= deadline or not isinstance(
+        if time.monotonic() + RETRY_S >= stop or not isinstance(
                 last, ConnectionRefusedError):
             reason = (last.strerror or str(last)) if last else "no address"
             raise error(f"Couldn't connect to {host}:{port}: {reason}")

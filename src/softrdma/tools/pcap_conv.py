@@ -1,4 +1,4 @@
-"""Conversation checks of ``softrdma pcap-check``: each RC/UC connection, PSN by PSN.
+"""Conversation checks of ``softrdma pcap-check``: each RC/UC/XRC connection, PSN by PSN.
 
 A connection is followed from its setup in the capture: the CM REQ/REP (IBA 12.6.5,
 12.6.8) on QP1, or the TCP 18515 exchange of ``ibv_*_pingpong`` and perftest
@@ -144,10 +144,14 @@ class _Flow:
     read_after: _Read | None = None  # a READ whose span the PMTU does not fix yet
 
 
+_SERVICE_NAME: dict[int, str] = {Transport.RC: "an RC", Transport.UC: "a UC",
+                                 Transport.XRC: "an XRC"}
+
+
 @dataclass(eq=False, slots=True)
 class _Conn:
     name: str
-    transport: int | None  # Transport.RC / UC; None until the first packet (18515)
+    transport: int | None  # Transport.RC / UC / XRC; None until the first packet (18515)
     mtus: set[int]
     keys: list[tuple[bytes, bytes, int]] = field(default_factory=list)
     flows: dict[int, _Flow] = field(default_factory=dict)  # side 0 / 1
@@ -252,7 +256,7 @@ class ConversationChecker:
             return
         conn, side = hit
         if conn.transport is None:  # an 18515 pair: its first packet tells the service
-            if t not in (Transport.RC, Transport.UC):
+            if t not in (Transport.RC, Transport.UC, Transport.XRC):
                 self._close(conn)
                 self._note(index, f"{conn.name}: {p.info.name}: not a connection (not followed)")
                 return
@@ -260,8 +264,7 @@ class ConversationChecker:
             self.followed += 1
         elif t != conn.transport:
             flow = conn.flows[side if p.info.is_request else 1 - side]
-            self._fail(flow, index, f"{p.info.name} on a{'n RC' if conn.transport == 0 else ' UC'}"
-                                    " connection")
+            self._fail(flow, index, f"{p.info.name} on {_SERVICE_NAME[conn.transport]} connection")
             return
         if p.info.is_request:
             self._request(conn.flows[side], index, p)
@@ -367,7 +370,7 @@ class ConversationChecker:
                 f.read_after = r
             self._add_read(f, r)
         f.next = (p.psn + span) % PSN_MOD
-        if f.conn.transport == Transport.RC and info.pos & _LAST:
+        if f.conn.transport != Transport.UC and info.pos & _LAST:  # RC, XRC: acknowledged
             if len(f.done) >= MAX_TRACKED:
                 f.msn_ok = False
                 f.done.clear()

@@ -7,6 +7,10 @@ message per QP (seen in ``../shared/captures/roce_rc_pingpong.pcap`` and
 
 - pingpong (``libibverbs/examples/rc_pingpong.c``, ``pp_client_exch_dest``):
   ``LID:QPN:PSN:GID`` as ``%04x:%06x:%06x:%s`` with the GID as 32 hex digits;
+- xsrq_pingpong (``libibverbs/examples/xsrq_pingpong.c``, XRC): one message
+  ``LID:RECV_QPN:SEND_QPN:PSN:SRQN:GID`` as ``%04x:%06x:%06x:%06x:%06x:%32s``; it stands
+  for two QP pairs, each side's XRC INI (send) QP with the other's TGT (recv) QP, the
+  INI QP sending from the side's PSN (:mod:`softrdma.tools.xsrq_msg`);
 - perftest (``src/perftest_communication.c``, ``KEY_PRINT_FMT_GID``):
   ``LID:OUT_READS:QPN:PSN:RKEY:VADDR:GID:SRQN:`` as
   ``%04x:%04x:%06x:%06x:%08x:%016Lx:`` then the 16 GID octets as ``%02x:`` each, then
@@ -33,12 +37,14 @@ from ..wire.gid import gid_to_ip as _gid_to_ip
 from ..wire.tcpstream import StreamData, StreamEvent, TcpReassembler, TcpSegment, TcpStream
 from .perftest.oob import decode_key
 from .pingpong import decode_dest
+from .xsrq_msg import decode_xdest
 
 __all__ = ["OOB_PORT", "OobMessage", "OobPair", "OobScanner", "gid_to_ip"]
 
 OOB_PORT = 18515  # rdma-core examples and perftest: the default TCP port
 # Where a message is in a stream (its shape); its fields come from the tool's codec.
-_PINGPONG = re.compile(rb"[0-9a-f]{4}:[0-9a-f]{6}:[0-9a-f]{6}:[0-9a-f]{32}\0")
+_PINGPONG = re.compile(rb"(?<![0-9a-f:])[0-9a-f]{4}:[0-9a-f]{6}:[0-9a-f]{6}:[0-9a-f]{32}\0")
+_XSRQ = re.compile(rb"[0-9a-f]{4}:[0-9a-f]{6}:[0-9a-f]{6}:[0-9a-f]{6}:[0-9a-f]{6}:[0-9a-f]{32}\0")
 _PERFTEST_HEAD = rb"[0-9a-f]{4}:[0-9a-f]{4}:[0-9a-f]{6}:[0-9a-f]{6}:[0-9a-f]{8}:[0-9a-f]{16}:"
 _PERFTEST_GID = re.compile(_PERFTEST_HEAD + rb"(?:[0-9a-f]{2}:){16}[0-9a-f]{8}:\0")
 _PERFTEST = re.compile(_PERFTEST_HEAD + rb"[0-9a-f]{8}\0")
@@ -62,7 +68,7 @@ class OobMessage:
     qpn: int
     psn: int
     lid: int
-    tool: str  # "pingpong" or "perftest"
+    tool: str  # "pingpong", "xsrq_pingpong" or "perftest"
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,8 +116,8 @@ class OobScanner:
             return
         buf = d.tail + ev.data
         end = 0
-        for rx, tool in ((_PINGPONG, "pingpong"), (_PERFTEST_GID, "perftest"),
-                         (_PERFTEST, "perftest")):
+        for rx, tool in ((_PINGPONG, "pingpong"), (_XSRQ, "xsrq_pingpong"),
+                         (_PERFTEST_GID, "perftest"), (_PERFTEST, "perftest")):
             for m in rx.finditer(buf):
                 self._message(d, m.group(0), rx, tool, ev.frame)
                 end = max(end, m.end())
@@ -122,21 +128,30 @@ class OobScanner:
 
     def _message(self, d: _Dir, msg: bytes, rx: re.Pattern[bytes], tool: str,
                  frame: int) -> None:
+        qpns: tuple[int, ...]
         try:
             if rx is _PINGPONG:
                 pp = decode_dest(msg)
-                lid, qpn, psn, gid = pp.lid, pp.qpn, pp.psn, pp.gid
+                lid, qpns, psn, gid = pp.lid, (pp.qpn,), pp.psn, pp.gid
+            elif rx is _XSRQ:
+                xd = decode_xdest(msg)
+                lid, psn, gid = xd.lid, xd.psn, xd.gid
+                # pairs by position: the client's INI with the server's TGT, then the
+                # client's TGT with the server's INI
+                client = d.stream.dst[1] in self.ports
+                qpns = (xd.send_qpn, xd.recv_qpn) if client else (xd.recv_qpn, xd.send_qpn)
             else:
                 pt = decode_key(msg, rx is _PERFTEST_GID)
-                lid, qpn, psn, gid = pt.lid, pt.qpn, pt.psn, pt.gid
+                lid, qpns, psn, gid = pt.lid, (pt.qpn,), pt.psn, pt.gid
         except DecodeError:
             return  # the right shape, not a message after all
         ip = gid_to_ip(gid)
         if ip is None:
             ip = ipaddress.ip_address(d.stream.src[0]).packed
-        if any(q.qpn == qpn and q.ip == ip for q in d.qps) or len(d.qps) >= _MAX_QPS:
-            return  # perftest repeats its message
-        d.qps.append(OobMessage(frame, ip, qpn, psn, lid, tool))
+        for qpn in qpns:
+            if any(q.qpn == qpn and q.ip == ip for q in d.qps) or len(d.qps) >= _MAX_QPS:
+                return  # perftest repeats its message
+            d.qps.append(OobMessage(frame, ip, qpn, psn, lid, tool))
 
     def _pair(self, d: _Dir, out: list[OobPair]) -> None:
         s = d.stream

@@ -46,7 +46,10 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from .. import enums as e
 from ..errors import DecodeError, InvalidArgument, SoftRdmaError
+from . import pingpong_ext
 from .oobconnect import connect_retrying
+from .pingpong_ext import ExtOptions
+from .waiting import announce_wait, connect_retry_s
 
 if TYPE_CHECKING:
     from .. import verbs as v
@@ -168,8 +171,8 @@ def _send_all(sock: socket.socket, data: bytes, deadline: float, what: str) -> N
 def client_exchange(host: str, port: int, my: Dest, timeout: float = DEFAULT_TIMEOUT) -> Dest:
     """The client side of the exchange (``pp_client_exch_dest``).
 
-    Connection attempts are retried while refused until ``timeout`` (the server may still
-    be starting); then: send our address, read the server's, send ``done``.
+    A refused connection fails at once (retried only for ``$SOFTRDMA_CONNECT_RETRY``
+    seconds, :mod:`.waiting`); then: send our address, read the server's, send ``done``.
     """
     deadline = time.monotonic() + timeout
     msg = encode_dest(my)
@@ -182,7 +185,8 @@ def client_exchange(host: str, port: int, my: Dest, timeout: float = DEFAULT_TIM
 
 
 def _connect(host: str, port: int, deadline: float) -> socket.socket:
-    return connect_retrying(host, port, deadline, PingPongError)
+    retry_until = min(deadline, time.monotonic() + connect_retry_s())  # tools.waiting
+    return connect_retrying(host, port, deadline, PingPongError, retry_until=retry_until)
 
 
 class OOBListener:
@@ -240,18 +244,14 @@ class OOBListener:
     def exchange(self, my: Dest, on_remote: Callable[[Dest], None]) -> Dest:
         """Accept one client: read its address, ``on_remote(dest)`` (connect the QP), answer
         with ``my``, wait for ``done``. Returns the client's address."""
-        deadline = time.monotonic() + self.timeout
-        self._sock.settimeout(self.timeout)
+        self._sock.settimeout(None)  # wait for the client until stopped (tools.waiting)
         try:
             conn, _peer = self._sock.accept()
-        except TimeoutError as exc:
-            raise PingPongError(
-                f"timed out after {self.timeout:g} s waiting for a client on port "
-                f"{self.port}") from exc
         except OSError as exc:
             raise PingPongError(f"accept() failed: {exc.strerror or exc}") from exc
         finally:
             self.close()
+        deadline = time.monotonic() + self.timeout
         with conn:
             rem = decode_dest(_recv_exact(conn, MSG_LEN, deadline, "remote address"))
             on_remote(rem)
@@ -339,11 +339,7 @@ def add_arguments(p: argparse.ArgumentParser, kind: str) -> None:
                    help="validate received buffers (the pattern of rc_pingpong -c: 0x7b "
                    "with a 0 at the start of each page)")
     if kind == "rc":
-        p.add_argument("-o", "--odp", action="store_true",
-                       help="use on demand paging (not supported: rejected)")
-        p.add_argument("-t", "--ts", action="store_true",
-                       help="get CQE with timestamp (not supported: rejected)")
-    if kind == "rc":
+        pingpong_ext.add_arguments(p)
         p.add_argument("--transport", choices=("roce", "iwarp"), default="roce",
                        help="roce (default: the RoCE device and the OOB exchange) or iwarp "
                        "(an iWARP device, connected by TCP + MPA on the same port)")
@@ -378,6 +374,7 @@ class Options:
     transport: str = "roce"
     bind: str | None = None
     timeout: float = DEFAULT_TIMEOUT
+    ext: ExtOptions = ExtOptions()
 
     @classmethod
     def from_args(cls, kind: str, args: argparse.Namespace) -> Options:
@@ -388,7 +385,7 @@ class Options:
                    iters=args.iters, sl=args.sl, events=args.events, gid_idx=args.gid_idx,
                    chk=args.chk, loopback=args.loopback, bind=args.bind,
                    transport=getattr(args, "transport", "roce"),
-                   timeout=args.timeout)
+                   timeout=args.timeout, ext=ExtOptions.from_args(args))
 
 
 # --------------------------------------------------------------------------------------
@@ -455,9 +452,11 @@ class Endpoint:
         try:
             self.pd = v.PD(ctx)
             self._closers.append(self.pd)
-            self.mr = v.MR(self.pd, len(self.buf), e.IBV_ACCESS_LOCAL_WRITE, buffer=self.buf)
+            self.mr = v.MR(self.pd, len(self.buf), pingpong_ext.mr_access(
+                opts.ext, int(e.IBV_ACCESS_LOCAL_WRITE)), buffer=self.buf)
             self._closers.append(self.mr)
-            self.addr = int(self.mr.addr)  # the buffer's real address, as ibv_reg_mr
+            # the buffer's real address, as ibv_reg_mr; device memory is zero-based
+            self.addr = 0 if opts.ext.dm else int(self.mr.addr)
             self.channel = v.CompChannel(ctx) if opts.events else None
             if self.channel is not None:
                 self._closers.append(self.channel)
@@ -582,6 +581,17 @@ class Endpoint:
         """``pp_post_send``: one signaled SEND of ``size`` bytes from the send area."""
         from .. import verbs as v
 
+        if self.opts.ext.new_send:  # -N: ibv_wr_start / wr_send / wr_set_sge / wr_complete
+            batch = pingpong_ext.NewSendBatch(self.qp, v)
+            batch.wr_start()
+            batch.wr_id, batch.wr_flags = SEND_WRID, int(self.send_flags)
+            batch.wr_send()
+            batch.wr_set_sge(self.mr.lkey, self.addr + self.rlen, self.opts.size)
+            try:
+                batch.wr_complete()
+            except SoftRdmaError as exc:
+                raise PingPongError(f"Couldn't post send: {exc}") from exc
+            return
         sge = v.SGE(self.addr + self.rlen, self.opts.size, self.mr.lkey)
         wr = v.SendWR(wr_id=SEND_WRID, num_sge=1, sg=[sge], opcode=e.IBV_WR_SEND,
                       send_flags=self.send_flags)
@@ -776,7 +786,8 @@ def run_server_iwarp(ep: Endpoint, listener: Any, out: TextIO,
     the MPA Reply (accepting moves the QP to RTS); then the same data phase."""
     _emit(out, address_line("local", ep.local, ep.opts.kind))
     try:
-        req = listener.get_request(ep.opts.timeout)
+        # standalone, wait until stopped (tools.waiting); in --loopback, the timeout
+        req = listener.get_request(None if abort is None else ep.opts.timeout)
         rem = decode_dest(req.private_data)
         ep.remote = rem
         req.accept(ep.qp, encode_dest(ep.local), timeout=ep.opts.timeout)
@@ -793,12 +804,14 @@ def run_server_iwarp(ep: Endpoint, listener: Any, out: TextIO,
 
 def run_client_iwarp(ep: Endpoint, host: str, port: int, out: TextIO,
                      abort: threading.Event | None = None) -> float:
-    """iWARP client: TCP + MPA connect carrying our address (retried while refused, the
-    server may still be starting); the Reply carries the server's."""
+    """iWARP client: TCP + MPA connect carrying our address (a refusal fails at once,
+    :mod:`.waiting`); the Reply carries the server's."""
     from ..cm import iwconnect
 
     _emit(out, address_line("local", ep.local, ep.opts.kind))
     deadline = time.monotonic() + ep.opts.timeout
+    retry_until = min(deadline, time.monotonic() + (
+        connect_retry_s() if abort is None else ep.opts.timeout))
     while True:
         try:
             conn = iwconnect.connect(ep.qp, host, port, encode_dest(ep.local),
@@ -806,7 +819,7 @@ def run_client_iwarp(ep: Endpoint, host: str, port: int, out: TextIO,
             break
         except iwconnect.ConnectError as exc:
             refused = exc.errno == errno.ECONNREFUSED
-            if not refused or time.monotonic() + 0.1 >= deadline or \
+            if not refused or time.monotonic() + 0.1 >= retry_until or \
                     (abort is not None and abort.is_set()):
                 raise PingPongError(f"Couldn't connect to {host}:{port}: {exc}") from exc
             time.sleep(0.1)
@@ -910,11 +923,10 @@ def run(kind: str, args: argparse.Namespace, out: TextIO | None = None) -> int:
     """Entry point of the ``{kind}-pingpong`` subcommand; returns the exit status."""
     out = out if out is not None else sys.stdout
     opts = Options.from_args(kind, args)
-    if getattr(args, "odp", False):
-        raise PingPongError("The device isn't ODP capable or does not support RC send and "
-                            "receive with ODP")
-    if getattr(args, "ts", False):
-        raise PingPongError("The device isn't completion timestamp capable")
+    try:
+        pingpong_ext.check(opts.ext, opts.size)
+    except pingpong_ext.FeatureError as exc:
+        raise PingPongError(str(exc)) from None
     if opts.loopback:
         if opts.servername is not None:
             raise InvalidArgument("servername", "--loopback runs both sides; give no server")
@@ -925,6 +937,7 @@ def run(kind: str, args: argparse.Namespace, out: TextIO | None = None) -> int:
     listener = None
     if opts.servername is None:
         listener = OOBListener(port, opts.bind, opts.timeout)
+        announce_wait(f"{kind}-pingpong", listener.port)
     try:
         ctx = open_context(opts)
     except BaseException:
@@ -941,6 +954,8 @@ def _run_iwarp(opts: Options, port: int, out: TextIO) -> int:
     ctx = open_context(opts)
     try:
         listener = iwarp_listen(ctx, opts, port) if opts.servername is None else None
+        if listener is not None:
+            announce_wait(f"{opts.kind}-pingpong", port)
     except BaseException:
         ctx.close()
         raise

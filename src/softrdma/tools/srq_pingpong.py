@@ -58,6 +58,7 @@ from .pingpong import (
     encode_dest,
     result_lines,
 )
+from .waiting import announce_wait
 
 __all__ = ["MAX_QP", "add_arguments", "run", "exchange_client", "exchange_server"]
 
@@ -120,18 +121,15 @@ def exchange_client(host: str, port: int, mine: list[Dest], timeout: float) -> l
 def exchange_server(port: int, mine: list[Dest], connect: object, timeout: float) -> list[Dest]:
     """``pp_server_exch_dest``: accept one client, read its 256 addresses, connect the
     QPs (``connect(rem)``), answer with ours, read done."""
-    deadline = time.monotonic() + timeout
     try:
         lst = socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True)
     except OSError as exc:
         raise PingPongError(f"Couldn't listen to port {port}: {exc.strerror or exc}") from exc
     with lst:
-        lst.settimeout(timeout)
-        try:
-            conn, _ = lst.accept()
-        except TimeoutError as exc:
-            raise PingPongError(f"timed out after {timeout:g} s waiting for a client on "
-                                f"port {port}") from exc
+        announce_wait("srq-pingpong", port)
+        lst.settimeout(None)  # wait for the client until stopped (tools.waiting)
+        conn, _ = lst.accept()
+    deadline = time.monotonic() + timeout
     with conn:
         rem = _read_dests(conn, deadline)
         connect(rem)  # type: ignore[operator]

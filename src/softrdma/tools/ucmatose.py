@@ -149,7 +149,7 @@ class Cmatose(CmTest):
         self.say("cmatose: starting server")
         listen_id = rc.CmId(self.channel, self.ps, context=self)
         try:
-            ret = self.listen(listen_id, self.prefer)
+            ret = self.listen(listen_id, self.prefer, "ucmatose")
             if ret:
                 return ret
             ret = self.run_events(self._first_then_all, "the clients")

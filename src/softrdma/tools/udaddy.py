@@ -192,7 +192,7 @@ class Udaddy(CmTest):
         self.say("udaddy: starting server")
         listen_id = rc.CmId(self.channel, self.ps, context=self)
         try:
-            ret = self.listen(listen_id, self.args.device or "roce")
+            ret = self.listen(listen_id, self.args.device or "roce", "udaddy")
             if ret:
                 return ret
             ret = self.run_events(lambda: self.connects_left > 0, "a client")

@@ -23,10 +23,11 @@ from .pd import PD
 from .qp import QP, QPAttr, QPCap, QPInitAttr
 from .srq import SRQ, SrqAttr, SrqInitAttr
 from .wr import SGE, RecvWR, SendWR
+from .xrcd import XRCD, XrcSRQ
 
 __all__ = [
     "AH", "AHAttr", "AsyncEvent", "CQ", "CompChannel", "Context", "DeviceAttr", "DeviceInfo",
     "GID", "GlobalRoute", "MR", "MW", "MW_TYPE_1", "MW_TYPE_2", "MWBindInfo", "PD", "PortAttr", "PortCounters", "QP", "QPAttr", "QPCap", "QPInitAttr",
     "RecvWR", "SGE", "SRQ", "SendWR", "SrqAttr", "SrqInitAttr", "WC", "get_device_list",
-    "wc_status_str", "inc_rkey",
+    "wc_status_str", "inc_rkey", "XRCD", "XrcSRQ",
 ]

@@ -32,6 +32,7 @@ from ..drivers.portwatch import PortWatch
 from ..drivers.progress import DeviceRuntime
 from ..drivers.rawether import RawEtherLink
 from ..drivers.runtime import Runtime
+from ..drivers.tap import tap_for
 from ..drivers.tcp_runtime import TcpRuntime
 from ..drivers.udp import UdpLink
 from ..errors import DeviceError, InvalidArgument
@@ -86,6 +87,8 @@ PORT_CAP_FLAGS = e.IBV_PORT_CM_SUP | e.IBV_PORT_IP_BASED_GIDS
 #: siw none)
 MW_CAP_FLAGS = e.IBV_DEVICE_MEM_WINDOW | e.IBV_DEVICE_MEM_WINDOW_TYPE_2B
 MAX_MW = 0x1000  # rxe_param.h RXE_MAX_MW
+#: the XRC transport on the IB transport (softrdma.ib.xrc; rxe has none)
+XRC_CAP_FLAGS = e.IBV_DEVICE_XRC
 
 #: the libibverbs event of each engine event type (IBA 11.6.3; equal values)
 _ENGINE_EVENTS = {t: e.ibv_event_type(int(t)) for t in AsyncEventType}
@@ -415,12 +418,15 @@ class Context(VerbsObject):
 
     ``fabric`` is a link of the in-memory fabric (progress is then manual and time is the
     fabric's virtual clock). ``link`` is any :class:`~softrdma.drivers.link.Link`
-    (an addition to pyverbs, for tests and tools that build their own link).
+    (an addition to pyverbs, for tests and tools that build their own link). ``pcap``
+    (default ``$SOFTRDMA_PCAP``) writes what a RoCE device sends and receives to that
+    pcap file (:mod:`softrdma.drivers.tap`).
     """
 
     def __init__(self, name: str | None = None, *, shared: bool | None = None,
                  fabric: Link | None = None, progress: str = "thread", link: Link | None = None,
-                 clock: Callable[[], float] | None = None, transport: str | None = None) -> None:
+                 clock: Callable[[], float] | None = None, transport: str | None = None,
+                 pcap: str | os.PathLike[str] | None = None) -> None:
         super().__init__()
         if progress not in ("thread", "manual"):
             raise InvalidArgument("progress", f"must be 'thread' or 'manual', got {progress!r}")
@@ -484,8 +490,9 @@ class Context(VerbsObject):
         port = Port(gids, max_mtu=128 << self.active_mtu, qpn_alloc=alloc, qpn_free=free,
                     gid_types=gid_types)
         self.port: DeviceEngine = port
-        self.runtime: DeviceRuntime = Runtime(port, link, mode=progress, clock=clock,
-                                              udp_port=udp_port)
+        rt = Runtime(port, link, mode=progress, clock=clock, udp_port=udp_port)
+        rt.tap = tap_for(dev_name, pcap)  # pcap=FILE / $SOFTRDMA_PCAP, SOFTRDMA_TRACE=pkt
+        self.runtime: DeviceRuntime = rt
         self.progress_mode = progress
         self._init_events()
 
@@ -561,7 +568,8 @@ class Context(VerbsObject):
                               max_mcast_qp_attach=0, max_total_mcast_qp_attach=0)
         return DeviceAttr(node_guid=self.node_guid, sys_image_guid=self.node_guid,
                           max_pkeys=len(self.port.pkeys),
-                          device_cap_flags=int(DEVICE_CAP_FLAGS | MW_CAP_FLAGS), max_mw=MAX_MW)
+                          device_cap_flags=int(DEVICE_CAP_FLAGS | MW_CAP_FLAGS | XRC_CAP_FLAGS),
+                          max_mw=MAX_MW)
 
     def query_port(self, port_num: int = 1) -> PortAttr:
         self._check()

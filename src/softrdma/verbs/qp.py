@@ -31,6 +31,7 @@ from .. import enums as e
 from ..drivers.progress import DeviceRuntime
 from ..errors import InvalidArgument, NotSupported
 from ..ib.qp import AddressVector
+from ..ib.xrc import XrcIniQP, XrcTgtQP
 from ..seam.protocols import ModifyAttrs, QPEngine
 from ..seam.queues import QPInit
 from ..seam.states import INIT, QPT_RC, QPT_UC, QPT_UD, RESET, RTR, RTS, SQD, SQE, state_name
@@ -45,12 +46,14 @@ from .mw import MW, MW_TYPE_1, MWBindInfo, bind_wqe, inc_rkey
 from .pd import PD
 from .srq import SRQ
 from .wr import RecvWR, SendWR, build_recv_wqe, build_send_wqe, chain
+from .xrcd import XRCD
 
 __all__ = ["QPCap", "QPInitAttr", "QPAttr", "QP"]
 
 M = e.ibv_qp_attr_mask
 RC, UC, UD = QPT_RC, QPT_UC, QPT_UD
-_QP_TYPES = frozenset({RC, UC, UD})
+XRC_SEND, XRC_RECV = int(e.IBV_QPT_XRC_SEND), int(e.IBV_QPT_XRC_RECV)
+_QP_TYPES = frozenset({RC, UC, UD, XRC_SEND})
 KBIT = 1000.0  # ibv_modify_qp_rate_limit's rate is in kbit/s
 _QP_ACCESS = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
                  | e.IBV_ACCESS_REMOTE_ATOMIC)
@@ -179,8 +182,12 @@ class QP(VerbsObject):
 
     _close_rank = 0
 
-    def __init__(self, pd: PD, init_attr: QPInitAttr, qp_attr: QPAttr | None = None) -> None:
+    def __init__(self, pd: PD | XRCD, init_attr: QPInitAttr,
+                 qp_attr: QPAttr | None = None) -> None:
         super().__init__()
+        if isinstance(pd, XRCD):  # an XRC TGT QP belongs to an XRC domain, not a PD
+            self._init_xrc_recv(pd, init_attr, qp_attr)
+            return
         if not isinstance(pd, PD):
             raise InvalidArgument("pd", f"expected a PD, got {type(pd).__name__}")
         pd._check()
@@ -198,6 +205,10 @@ class QP(VerbsObject):
                 raise NotSupported(f"QP type {e.ibv_qp_type(qpt).name} is not supported")
             raise InvalidArgument("init_attr.qp_type", f"unknown QP type {qpt!r}")
         scq, rcq, srq = init_attr.scq, init_attr.rcq, init_attr.srq
+        if qpt == XRC_SEND:  # send only: no receive queue, the send CQ is the only CQ
+            if srq is not None:
+                raise InvalidArgument("init_attr.srq", "an XRC INI QP has no receive queue")
+            rcq = scq
         for name, cq in (("scq", scq), ("rcq", rcq)):
             if not isinstance(cq, CQ):
                 raise InvalidArgument(f"init_attr.{name}", "a QP needs a send and a receive CQ")
@@ -217,6 +228,8 @@ class QP(VerbsObject):
         _uint(cap.max_send_wr, MAX_QP_WR, "init_attr.cap.max_send_wr")
         _uint(cap.max_send_sge, MAX_SGE, "init_attr.cap.max_send_sge")
         _uint(cap.max_inline_data, MAX_INLINE_DATA, "init_attr.cap.max_inline_data")
+        if qpt == XRC_SEND:
+            cap = QPCap(cap.max_send_wr, 0, cap.max_send_sge, 0, cap.max_inline_data)
         if srq is None:
             _uint(cap.max_recv_wr, MAX_QP_WR, "init_attr.cap.max_recv_wr")
             _uint(cap.max_recv_sge, MAX_SGE, "init_attr.cap.max_recv_sge")
@@ -227,10 +240,15 @@ class QP(VerbsObject):
         if ctx.transport == "iwarp" and qpt != RC:  # iWARP: RC only (siw)
             raise NotSupported(f"QP type {e.ibv_qp_type(qpt).name}: iWARP devices "
                                "support RC QPs only")
-        self.engine: QPEngine = runtime.call(ctx.port.create_qp, QPInit(
-            qpt, pd, scq.push, rcq.push, srq.engine if srq is not None else None,
-            cap.max_send_wr, max_recv_wr, cap.max_send_sge, max_recv_sge,
-            cap.max_inline_data, bool(init_attr.sq_sig_all)))
+        if qpt == XRC_SEND:  # the RC requester with the XRC wire (softrdma.ib.xrc)
+            self.engine: QPEngine = runtime.call(XrcIniQP, ctx.port, QPInit(
+                RC, pd, scq.push, rcq.push, None, cap.max_send_wr, 0, cap.max_send_sge, 0,
+                cap.max_inline_data, bool(init_attr.sq_sig_all)))
+        else:
+            self.engine = runtime.call(ctx.port.create_qp, QPInit(
+                qpt, pd, scq.push, rcq.push, srq.engine if srq is not None else None,
+                cap.max_send_wr, max_recv_wr, cap.max_send_sge, max_recv_sge,
+                cap.max_inline_data, bool(init_attr.sq_sig_all)))
         # the opcodes the transport carries (None: all of IB's, checked per QP type)
         self._send_opcodes = self.engine.send_opcodes
         self._max_read_sge = self.engine.max_read_sge
@@ -262,6 +280,63 @@ class QP(VerbsObject):
                 self.to_rts(qp_attr)
             else:
                 self.to_init(qp_attr)
+
+    def _init_xrc_recv(self, xrcd: XRCD, init_attr: QPInitAttr, qp_attr: QPAttr | None,
+                       qpn: int | None = None) -> None:
+        """An XRC TGT QP of ``xrcd`` (``ibv_create_qp_ex`` with ``IBV_QPT_XRC_RECV``; with
+        ``qpn``, ``ibv_open_qp`` of an existing one): no PD, CQs, SRQ or queues; each
+        request names the XRC SRQ that receives it (softrdma.ib.xrc)."""
+        xrcd._check()
+        if not isinstance(init_attr, QPInitAttr):
+            raise InvalidArgument("init_attr", f"expected QPInitAttr, got {type(init_attr).__name__}")
+        if init_attr.qp_type != XRC_RECV:
+            raise InvalidArgument("init_attr.qp_type", "a QP of an XRCD is an "
+                                  "IBV_QPT_XRC_RECV QP (others need a PD)")
+        ctx: Context = xrcd.ctx
+        runtime: DeviceRuntime = ctx.runtime
+        if qpn is None:
+            self.engine = runtime.call(XrcTgtQP, ctx.port, xrcd.domain)
+        else:
+            engine = xrcd.domain.tgt_qps.get(qpn)
+            if engine is None:
+                raise InvalidArgument("qp_num", f"no XRC TGT QP {qpn:#x} in this XRC domain")
+            self.engine = engine
+        self._depend_on(xrcd)
+        self.pd = None  # type: ignore[assignment]
+        self.xrcd = xrcd
+        self.ctx = ctx
+        self.scq = self.rcq = None  # type: ignore[assignment]
+        self.srq = None
+        self.qp_type = XRC_RECV
+        self.qp_context = init_attr.qp_context
+        self.sq_sig_all = 0
+        self.cap = QPCap(0, 0, 0, 0, 0)
+        self._runtime = runtime
+        self._port = ctx.port
+        self._max_send_sge = self._max_recv_sge = self._max_inline = 0
+        self._send_opcodes = None  # no send queue: post_send refuses before looking
+        self._max_read_sge = 0
+        self._opened = qpn is not None
+        self._finalizer = weakref.finalize(self, _defer_destroy, runtime, self.engine)
+        if self._opened:
+            self._finalizer.detach()  # an opened QP stays with its creator (ibv_open_qp)
+        else:
+            ctx._register_owner(self.engine, self)
+        if qp_attr is not None:
+            self.to_init(qp_attr)
+
+    @classmethod
+    def open(cls, xrcd: XRCD, qp_num: int, qp_context: Any = None) -> QP:
+        """``ibv_open_qp``: another handle on the XRC TGT QP ``qp_num`` of ``xrcd``; closing
+        it leaves the QP to its creator."""
+        if not isinstance(xrcd, XRCD):
+            raise InvalidArgument("xrcd", f"expected an XRCD, got {type(xrcd).__name__}")
+        _uint(qp_num, 0xFFFFFF, "qp_num")
+        qp = cls.__new__(cls)
+        VerbsObject.__init__(qp)
+        qp._init_xrc_recv(xrcd, QPInitAttr(qp_type=XRC_RECV, qp_context=qp_context), None,
+                          qpn=qp_num)
+        return qp
 
     # ---- attributes ---------------------------------------------------------------------------
     @property
@@ -439,6 +514,8 @@ class QP(VerbsObject):
         """``ibv_post_send``: validate and post; the WRs before a bad one stay posted."""
         if self._closed:
             self._check()
+        if self.qp_type == XRC_RECV:
+            raise InvalidArgument("qp", "an XRC TGT QP has no send queue")
         if self._send_opcodes is not None:
             _check_transport_wrs(wr, self._send_opcodes, self._max_read_sge)
         if type(wr) is SendWR and wr.wr_next is None:
@@ -479,6 +556,8 @@ class QP(VerbsObject):
         self._check()
         if self.srq is not None:
             raise InvalidArgument("qp", "this QP takes receives from its SRQ (post to the SRQ)")
+        if self.qp_type in (XRC_SEND, XRC_RECV):
+            raise InvalidArgument("qp", "XRC QPs have no receive queue (XRC SRQs receive)")
         wqes = []
         err: Exception | None = None
         for w in chain(wr):
@@ -562,6 +641,8 @@ class QP(VerbsObject):
     # ---- lifetime --------------------------------------------------------------------------------------
     def _release(self) -> None:
         self._finalizer.detach()
+        if getattr(self, "_opened", False):  # ibv_open_qp's handle: the QP stays
+            return
         self.ctx._unregister_owner(self.engine)
         rt = self._runtime
         if rt.closed:

@@ -4,7 +4,8 @@ For every legal ``(current state, next state)`` pair and QP type, the attributes
 Modify QP call *must* carry (``required``) and *may* carry (``optional``), exactly as
 the Linux kernel's ``qp_state_table`` in ``drivers/infiniband/core/verbs.c`` (the table
 ``ib_modify_qp_is_ok`` checks for every provider, rxe included). Only the QP types
-softrdma implements (RC, UC, UD) are listed; RoCE has no SMI/GSI *types* at the verbs
+softrdma implements (RC, UC, UD, and XRC: ``IB_QPT_XRC_INI`` = ``IBV_QPT_XRC_SEND``,
+``IB_QPT_XRC_TGT`` = ``IBV_QPT_XRC_RECV``) are listed; RoCE has no SMI/GSI *types* at the verbs
 level (QP1 is created internally) and no alternate path, but the masks keep
 ``IBV_QP_ALT_PATH`` / ``IBV_QP_PATH_MIG_STATE`` where the kernel has them: the mask
 check accepts them and the attribute check then rejects alternate paths on RoCE, as the
@@ -18,6 +19,7 @@ from __future__ import annotations
 from typing import Final
 
 from ..enums import ibv_qp_attr_mask as M
+from ..enums import ibv_qp_type as T
 from ..seam.states import ERR, INIT, QPT_RC, QPT_UC, QPT_UD, RESET, RTR, RTS, SQD, SQE
 
 __all__ = ["Rule", "QP_STATE_TABLE", "STANDARD_MASK", "modify_is_ok", "rule_for",
@@ -26,6 +28,8 @@ __all__ = ["Rule", "QP_STATE_TABLE", "STANDARD_MASK", "modify_is_ok", "rule_for"
 RC: Final = QPT_RC
 UC: Final = QPT_UC
 UD: Final = QPT_UD
+XI: Final = int(T.IBV_QPT_XRC_SEND)  # IB_QPT_XRC_INI
+XT: Final = int(T.IBV_QPT_XRC_RECV)  # IB_QPT_XRC_TGT
 
 # IB_QP_ATTR_STANDARD_BITS = GENMASK(20, 0): bits outside it -> EOPNOTSUPP (rxe_modify_qp).
 STANDARD_MASK: Final = (1 << 21) - 1
@@ -76,6 +80,8 @@ QP_STATE_TABLE: Final[dict[int, dict[int, Rule]]] = {
             UD: _PKEY | _PORT | _QKEY,
             UC: _PKEY | _PORT | _ACCESS,
             RC: _PKEY | _PORT | _ACCESS,
+            XI: _PKEY | _PORT | _ACCESS,
+            XT: _PKEY | _PORT | _ACCESS,
         }),
         # (no RESET -> ERR in the kernel table)
     },
@@ -86,16 +92,22 @@ QP_STATE_TABLE: Final[dict[int, dict[int, Rule]]] = {
             UD: _PKEY | _PORT | _QKEY,
             UC: _PKEY | _PORT | _ACCESS,
             RC: _PKEY | _PORT | _ACCESS,
+            XI: _PKEY | _PORT | _ACCESS,
+            XT: _PKEY | _PORT | _ACCESS,
         }),
         RTR: Rule(
             required={
                 UC: _AV | _MTU | _DQPN | _RQPSN,
                 RC: _AV | _MTU | _DQPN | _RQPSN | _MDRA | _RNRT,
+                XI: _AV | _MTU | _DQPN | _RQPSN,
+                XT: _AV | _MTU | _DQPN | _RQPSN | _MDRA | _RNRT,
             },
             optional={
                 UD: _PKEY | _QKEY,
                 UC: _ALT | _ACCESS | _PKEY,
                 RC: _ALT | _ACCESS | _PKEY,
+                XI: _ALT | _ACCESS | _PKEY,
+                XT: _ALT | _ACCESS | _PKEY,
             },
         ),
     },
@@ -107,11 +119,15 @@ QP_STATE_TABLE: Final[dict[int, dict[int, Rule]]] = {
                 UD: _SQPSN,
                 UC: _SQPSN,
                 RC: _TIMEOUT | _RETRY | _RNR | _SQPSN | _MQRA,
+                XI: _TIMEOUT | _RETRY | _RNR | _SQPSN | _MQRA,
+                XT: _TIMEOUT | _SQPSN,
             },
             optional={
                 UD: _CUR | _QKEY,
                 UC: _CUR | _ALT | _ACCESS | _MIG,
                 RC: _CUR | _ALT | _ACCESS | _RNRT | _MIG,
+                XI: _CUR | _ALT | _ACCESS | _MIG,
+                XT: _CUR | _ALT | _ACCESS | _RNRT | _MIG,
             },
         ),
     },
@@ -122,8 +138,11 @@ QP_STATE_TABLE: Final[dict[int, dict[int, Rule]]] = {
             UD: _CUR | _QKEY,
             UC: _CUR | _ACCESS | _ALT | _MIG,
             RC: _CUR | _ACCESS | _ALT | _MIG | _RNRT,
+            XI: _CUR | _ACCESS | _ALT | _MIG,
+            XT: _CUR | _ACCESS | _ALT | _MIG | _RNRT,
         }),
-        SQD: Rule(optional={UD: _SQD_NOTIFY, UC: _SQD_NOTIFY, RC: _SQD_NOTIFY}),
+        SQD: Rule(optional={UD: _SQD_NOTIFY, UC: _SQD_NOTIFY, RC: _SQD_NOTIFY,
+                            XI: _SQD_NOTIFY, XT: _SQD_NOTIFY}),
     },
     SQD: {
         RESET: _ANY,
@@ -132,12 +151,17 @@ QP_STATE_TABLE: Final[dict[int, dict[int, Rule]]] = {
             UD: _CUR | _QKEY,
             UC: _CUR | _ALT | _ACCESS | _MIG,
             RC: _CUR | _ALT | _ACCESS | _RNRT | _MIG,
+            XI: _CUR | _ALT | _ACCESS | _MIG,
+            XT: _CUR | _ALT | _ACCESS | _RNRT | _MIG,
         }),
         SQD: Rule(optional={
             UD: _PKEY | _QKEY,
             UC: _AV | _ALT | _ACCESS | _PKEY | _MIG,
             RC: (_PORT | _AV | _TIMEOUT | _RETRY | _RNR | _MQRA | _MDRA | _ALT | _ACCESS
                  | _PKEY | _RNRT | _MIG),
+            XI: (_PORT | _AV | _TIMEOUT | _RETRY | _RNR | _MQRA | _ALT | _ACCESS | _PKEY
+                 | _MIG),
+            XT: _PORT | _AV | _TIMEOUT | _MDRA | _ALT | _ACCESS | _PKEY | _RNRT | _MIG,
         }),
     },
     SQE: {

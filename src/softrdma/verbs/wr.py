@@ -35,7 +35,9 @@ _U32 = 0xFFFFFFFF
 _U64 = 0xFFFFFFFFFFFFFFFF
 
 RC, UC, UD = int(e.IBV_QPT_RC), int(e.IBV_QPT_UC), int(e.IBV_QPT_UD)
+XRC_SEND = int(e.IBV_QPT_XRC_SEND)
 _W = e.ibv_wr_opcode
+_XRCSRQ_MAX = 0xFFFFFF  # XRCETH.XRCSRQ is 24 bits
 
 #: Opcodes each QP type accepts (rxe_wr_opcode_info restricted to what the engine runs).
 QPT_OPCODES: dict[int, frozenset[int]] = {
@@ -49,6 +51,8 @@ QPT_OPCODES: dict[int, frozenset[int]] = {
         _W.IBV_WR_SEND_WITH_IMM, _W.IBV_WR_SEND_WITH_INV, _W.IBV_WR_BIND_MW)),
     UD: frozenset(int(o) for o in (_W.IBV_WR_SEND, _W.IBV_WR_SEND_WITH_IMM)),
 }
+# XRC INI QPs: the RC operations (Annex A14: XRC carries every RC request), each to an SRQ.
+QPT_OPCODES[XRC_SEND] = QPT_OPCODES[RC]
 #: Opcodes that may carry IBV_SEND_INLINE (WR_INLINE_MASK).
 INLINE_OPCODES = frozenset(int(o) for o in (
     _W.IBV_WR_RDMA_WRITE, _W.IBV_WR_RDMA_WRITE_WITH_IMM, _W.IBV_WR_SEND,
@@ -101,7 +105,7 @@ class SendWR:
 
     __slots__ = ("wr_id", "wr_next", "sg", "opcode", "send_flags", "imm_data",
                  "invalidate_rkey", "remote_addr", "rkey", "compare_add", "swap", "ah",
-                 "remote_qpn", "remote_qkey", "inline_data", "mw", "bind_info")
+                 "remote_qpn", "remote_qkey", "inline_data", "mw", "bind_info", "remote_srqn")
 
     def __init__(self, wr_id: int = 0, wr_next: SendWR | None = None, num_sge: int = 0,
                  sg: Sequence[object] | None = None, opcode: int = int(e.IBV_WR_SEND),
@@ -123,6 +127,7 @@ class SendWR:
         self.inline_data: bytes | None = None
         self.mw: Any = None
         self.bind_info: Any = None
+        self.remote_srqn = 0
 
     @property
     def num_sge(self) -> int:
@@ -131,6 +136,11 @@ class SendWR:
     @property
     def sg_list(self) -> list[_EngineSGE]:
         return self.sg
+
+    def set_qp_type_xrc(self, remote_srqn: int) -> None:
+        """The XRC SRQ that is to receive this request (``qp_type.xrc.remote_srqn``,
+        ``ibv_wr_set_xrc_srqn``); XRC INI QPs only."""
+        self.remote_srqn = remote_srqn
 
     def set_wr_rdma(self, rkey: int, addr: int) -> None:
         """Remote key and address of an RDMA READ/WRITE."""
@@ -311,6 +321,11 @@ def build_send_wqe(wr: SendWR, qp_type: int, max_send_sge: int, max_inline: int,
         wqe.ah = av
         wqe.remote_qpn = rqpn
         wqe.remote_qkey = rqkey
+    elif qp_type == XRC_SEND:
+        srqn = wr.remote_srqn
+        if not isinstance(srqn, int) or not 0 <= srqn <= _XRCSRQ_MAX:
+            raise InvalidArgument("wr.remote_srqn", f"must be a 24-bit SRQ number, got {srqn!r}")
+        wqe.xrc_srqn = srqn
     return wqe
 
 

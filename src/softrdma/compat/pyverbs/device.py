@@ -53,6 +53,8 @@ ODP_UC_CAPS = int(_O.IBV_ODP_SUPPORT_SEND | _O.IBV_ODP_SUPPORT_RECV | _O.IBV_ODP
                   | _O.IBV_ODP_SUPPORT_SRQ_RECV)
 ODP_UD_CAPS = int(_O.IBV_ODP_SUPPORT_SEND | _O.IBV_ODP_SUPPORT_RECV
                   | _O.IBV_ODP_SUPPORT_SRQ_RECV)
+#: XRC: the RC operations; receives only through XRC SRQs (softrdma.ib.xrc)
+ODP_XRC_CAPS = ODP_RC_CAPS & ~int(_O.IBV_ODP_SUPPORT_RECV)
 
 #: GID table length a software RoCE port reports (rxe ``RXE_PORT_GID_TBL_LEN``).
 GID_TABLE_LEN = _v.device.GID_TABLE_LEN
@@ -358,7 +360,8 @@ class Context(_v.Context, PyverbsObject):
         try:
             super().__init__(name)
         except DeviceError as exc:
-            raise PyverbsRDMAError(f"Failed to open device {name}", exc.errno) from exc
+            # the cause in the text: errno 19 alone hid "UDP port 4791 is in use"
+            raise PyverbsRDMAError(f"Failed to open device {name}: {exc}", exc.errno) from exc
         except SoftRdmaError as exc:
             raise rdma_error(f"Failed to open device {name}", exc) from exc
         self.num_comp_vectors = 1
@@ -387,7 +390,7 @@ class Context(_v.Context, PyverbsObject):
 
     def query_device_ex(self, ex_input: QueryDeviceExInput | None = None) -> DeviceAttrEx:
         """``ibv_query_device_ex``. On-demand paging is supported, implicit ODP
-        included, for RC, UC and UD (softrdma never pins memory; see
+        included, for RC, UC, UD and XRC (softrdma never pins memory; see
         :mod:`softrdma.compat.pyverbs.mr`); device memory up to :data:`MAX_DM_SIZE`; no
         TSO, RSS or tag matching (rxe's answers)."""
         orig = self.query_device()
@@ -395,7 +398,7 @@ class Context(_v.Context, PyverbsObject):
             orig_attr=orig, comp_mask=0,
             odp_caps=ODPCaps(general_caps=ODP_GENERAL_CAPS, rc_odp_caps=ODP_RC_CAPS,
                              uc_odp_caps=ODP_UC_CAPS, ud_odp_caps=ODP_UD_CAPS,
-                             xrc_odp_caps=0),
+                             xrc_odp_caps=ODP_XRC_CAPS),
             completion_timestamp_mask=0, hca_core_clock=0,
             device_cap_flags_ex=orig.device_cap_flags,
             tso_caps=TSOCaps(), rss_caps=RSSCaps(), max_wq_type_rq=0,

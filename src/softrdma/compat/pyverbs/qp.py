@@ -5,7 +5,8 @@
 and ``QP(ctx, QPInitAttrEx)`` is ``ibv_create_qp_ex``. With a ``qp_attr`` the QP is moved
 as far towards RTS as pyverbs does (UD to RTS, RC/UC to INIT). Errors carry libibverbs's
 errno: an unsupported QP type (RAW_PACKET, XRC without an XRC domain, driver QPs) or
-creation flags give EOPNOTSUPP, out-of-range capacities EINVAL (rxe ``rxe_qp_chk_cap``),
+creation flags give EOPNOTSUPP (XRC: ``IBV_QPT_XRC_SEND`` on a PD,
+``IBV_QPT_XRC_RECV`` on an XRCD given with ``IBV_QP_INIT_ATTR_XRCD``), out-of-range capacities EINVAL (rxe ``rxe_qp_chk_cap``),
 and :meth:`QP.modify` applies the kernel's ``ib_modify_qp_is_ok`` table (EINVAL).
 
 :class:`QPEx` adds the ``ibv_wr_*`` API: ``wr_start``, one call per operation
@@ -35,13 +36,14 @@ from .pd import PD
 from .pyverbs_error import PyverbsError, PyverbsRDMAError, PyverbsUserError
 from .utils import qp_state_to_str, qp_type_to_str
 from .wr import SGE, RecvWR, SendWR
+from .xrcd import XRCD
 
 __all__ = ["QPCap", "QPInitAttr", "QPInitAttrEx", "QPAttr", "QP", "QPEx", "ECE",
            "DataBuffer"]
 
 RC, UC, UD = int(e.IBV_QPT_RC), int(e.IBV_QPT_UC), int(e.IBV_QPT_UD)
 XRC_SEND, XRC_RECV = int(e.IBV_QPT_XRC_SEND), int(e.IBV_QPT_XRC_RECV)
-_SUPPORTED_QPT = frozenset({RC, UC, UD})
+_SUPPORTED_QPT = frozenset({RC, UC, UD, XRC_SEND, XRC_RECV})
 _KNOWN_QPT = frozenset(int(t) for t in e.ibv_qp_type)
 M = e.ibv_qp_attr_mask
 _INIT_MASK = {
@@ -85,6 +87,7 @@ _SEND_OPS: dict[int, int] = {
             | Q.IBV_QP_EX_WITH_SEND_WITH_INV | Q.IBV_QP_EX_WITH_BIND_MW),
     UD: int(Q.IBV_QP_EX_WITH_SEND | Q.IBV_QP_EX_WITH_SEND_WITH_IMM),
 }
+_SEND_OPS[XRC_SEND] = _SEND_OPS[RC] & ~int(Q.IBV_QP_EX_WITH_ATOMIC_WRITE)
 IA = e.ibv_qp_init_attr_mask
 _KNOWN_INIT_MASK = sum(int(m) for m in IA)
 
@@ -389,7 +392,9 @@ class QP(_v.QP, PyverbsCM):
         if qpt not in _SUPPORTED_QPT:
             code = errno.EOPNOTSUPP if qpt in _KNOWN_QPT else errno.EINVAL
             raise PyverbsRDMAError("Failed to create QP", code)
-        if init_attr.scq is None or init_attr.rcq is None:
+        if qpt == XRC_RECV:  # an XRC TGT QP has no CQs, queues or PD
+            pass
+        elif init_attr.scq is None or (init_attr.rcq is None and qpt != XRC_SEND):
             raise PyverbsRDMAError("Failed to create QP", errno.EINVAL)
         c = init_attr._cap
         vinit = _v.QPInitAttr(qpt, init_attr.qp_context, init_attr.scq, init_attr.rcq,
@@ -401,8 +406,9 @@ class QP(_v.QP, PyverbsCM):
             super().__init__(pd, vinit)
         except SoftRdmaError as exc:
             raise rdma_error("Failed to create QP", exc) from exc
-        with self._runtime.lock:
-            self.engine.pd = pd.protection_domain
+        if qpt != XRC_RECV:
+            with self._runtime.lock:
+                self.engine.pd = pd.protection_domain
         self.context = creator if isinstance(creator, Context) else None
         if qp_attr is not None:
             if qpt == UD:
@@ -414,8 +420,11 @@ class QP(_v.QP, PyverbsCM):
     def _check_ex(ctx: Any, a: QPInitAttrEx) -> Any:
         if a.comp_mask & ~_KNOWN_INIT_MASK:
             raise PyverbsRDMAError("Failed to create QP", errno.EINVAL)
-        if a.qp_type in (XRC_SEND, XRC_RECV):
-            raise PyverbsRDMAError("Failed to create QP", errno.EOPNOTSUPP)
+        if a.qp_type == XRC_RECV:
+            if not a.comp_mask & IA.IBV_QP_INIT_ATTR_XRCD or not isinstance(a.xrcd, XRCD) \
+                    or a.xrcd.ctx is not ctx:
+                raise PyverbsRDMAError("Failed to create QP", errno.EINVAL)
+            return a.xrcd
         if not a.comp_mask & IA.IBV_QP_INIT_ATTR_PD or not isinstance(a.pd, PD):
             raise PyverbsRDMAError("Failed to create QP", errno.EINVAL)
         if a.pd.ctx is not ctx:
@@ -470,7 +479,7 @@ class QP(_v.QP, PyverbsCM):
         ``*_cq_clean``) makes it."""
         qpn = self.qp_num
         with self._runtime.lock:
-            for cq in {self.scq, self.rcq}:
+            for cq in {self.scq, self.rcq} - {None}:
                 q = cq._q
                 if any(w.qp_num == qpn for w in q):
                     keep = [w for w in q if w.qp_num != qpn]
@@ -693,7 +702,8 @@ class QPEx(QP):
         self._last().set_wr_ud(ah, remote_qpn, remote_qkey)
 
     def wr_set_xrc_srqn(self, remote_srqn: int) -> None:
-        self._last()
+        """The remote XRC SRQ of the last operation (``ibv_wr_set_xrc_srqn``)."""
+        self._last().set_qp_type_xrc(remote_srqn)
 
     def wr_set_sge(self, sge: SGE) -> None:
         w = self._last()

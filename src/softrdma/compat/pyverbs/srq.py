@@ -1,9 +1,11 @@
 """``pyverbs.srq``: shared receive queues (IBA 10.2.9; rdma-core ``pyverbs/srq.pyx`` API).
 
 :class:`SRQ` is a :class:`softrdma.verbs.SRQ`. ``SRQ(pd, SrqInitAttr)`` is
-``ibv_create_srq``; ``SRQ(ctx, SrqInitAttrEx)`` is ``ibv_create_srq_ex`` for basic SRQs
-(XRC and tag-matching SRQs fail with EOPNOTSUPP, as on rxe). Limits and checks are rxe's
-(``rxe_srq_chk_attr``, EINVAL).
+``ibv_create_srq``; ``SRQ(ctx, SrqInitAttrEx)`` is ``ibv_create_srq_ex``: a basic SRQ,
+or with ``srq_type = IBV_SRQT_XRC`` an XRC SRQ of an XRC domain with its own CQ
+(``softrdma.verbs.XrcSRQ``; the mask must name the PD, the XRCD and the CQ, EINVAL
+otherwise), whose number ``get_srq_num`` gives. Tag-matching SRQs fail with EOPNOTSUPP,
+as on rxe. Limits and checks are rxe's (``rxe_srq_chk_attr``, EINVAL).
 """
 
 from __future__ import annotations
@@ -16,12 +18,16 @@ from softrdma.errors import SoftRdmaError
 
 from . import libibverbs_enums as e
 from .base import PyverbsCM, PyverbsObject, rdma_error
+from .cq import CQ
 from .device import Context
 from .pd import PD
 from .pyverbs_error import PyverbsRDMAError, PyverbsUserError
 from .wr import RecvWR
+from .xrcd import XRCD
 
 __all__ = ["SrqAttr", "SrqInitAttr", "SrqInitAttrEx", "SRQ", "OpsWr"]
+
+_SRQT_XRC = int(e.IBV_SRQT_XRC)
 
 
 class SrqAttr(PyverbsObject):
@@ -80,6 +86,11 @@ class OpsWr(PyverbsCM):
 class SRQ(_v.SRQ, PyverbsCM):
     """A shared receive queue."""
 
+    def __new__(cls, creator: Any, attr: Any) -> SRQ:
+        if cls is SRQ and isinstance(attr, SrqInitAttrEx) and attr.srq_type == _SRQT_XRC:
+            return object.__new__(_XrcSRQ)
+        return object.__new__(cls)
+
     def __init__(self, creator: Any, attr: Any) -> None:
         if isinstance(creator, Context):
             if not isinstance(attr, SrqInitAttrEx):
@@ -106,6 +117,17 @@ class SRQ(_v.SRQ, PyverbsCM):
     def get_srq_num(self) -> int:
         """``ibv_get_srq_num``: only XRC SRQs have a number (EOPNOTSUPP here)."""
         raise PyverbsRDMAError("Failed to retrieve SRQ number", errno.EOPNOTSUPP)
+
+    def _check_xrc(self, ctx: Any, attr: SrqInitAttrEx) -> tuple[Any, Any, Any]:
+        """The PD, XRCD and CQ of an XRC SRQ's ``ibv_srq_init_attr_ex`` (EINVAL if any is
+        missing from the mask or of another context)."""
+        need = int(e.IBV_SRQ_INIT_ATTR_PD | e.IBV_SRQ_INIT_ATTR_XRCD | e.IBV_SRQ_INIT_ATTR_CQ)
+        if attr.comp_mask & need != need or not isinstance(attr.pd, PD) \
+                or not isinstance(attr.xrcd, XRCD) or not isinstance(attr.cq, CQ):
+            raise PyverbsRDMAError("Failed to create SRQ", errno.EINVAL)
+        if any(o.ctx is not ctx for o in (attr.pd, attr.xrcd, attr.cq)):
+            raise PyverbsRDMAError("Failed to create SRQ", errno.EINVAL)
+        return attr.pd, attr.xrcd, attr.cq
 
     def post_recv(self, wr: RecvWR, bad_wr: RecvWR | None = None) -> None:  # type: ignore[override]
         """``ibv_post_srq_recv`` (the ``next_wr`` chain)."""
@@ -139,3 +161,29 @@ class SRQ(_v.SRQ, PyverbsCM):
 
     def close(self) -> None:
         _v.SRQ.close(self)
+
+
+class _XrcSRQ(_v.XrcSRQ, SRQ):
+    """An XRC SRQ (``ibv_create_srq_ex`` with ``IBV_SRQT_XRC``)."""
+
+    def __init__(self, creator: Any, attr: Any) -> None:
+        if not isinstance(creator, Context):
+            raise PyverbsUserError("An XRC SRQ is created on a Context")
+        pd, xrcd, cq = self._check_xrc(creator, attr)
+        init = _v.SrqInitAttr(_v.SrqAttr(attr.max_wr, attr.max_sge, attr.srq_limit))
+        try:
+            _v.XrcSRQ.__init__(self, pd, xrcd, cq, init)
+        except SoftRdmaError as exc:
+            raise rdma_error("Failed to create SRQ", exc) from exc
+        with self._runtime.lock:
+            self.engine.pd = pd.protection_domain
+
+    def get_srq_num(self) -> int:
+        """``ibv_get_srq_num``."""
+        try:
+            return _v.XrcSRQ.get_srq_num(self)
+        except SoftRdmaError as exc:
+            raise rdma_error("Failed to retrieve SRQ number", exc) from exc
+
+    def close(self) -> None:
+        _v.XrcSRQ.close(self)

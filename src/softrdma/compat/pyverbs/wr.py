@@ -182,6 +182,7 @@ class SendWR(_SgeList):
         w.swap = self.swap
         if self.ah is not None:
             w.set_wr_ud(self.ah, self.remote_qpn, self.remote_qkey)
+        w.remote_srqn = self.remote_srqn
         if self.send_flags & _INLINE and self.sg:
             w.inline_data = b"".join(ctypes.string_at(s.addr, s.length) for s in self.sg
                                      if s.length)

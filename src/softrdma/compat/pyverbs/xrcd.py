@@ -1,7 +1,10 @@
 """``pyverbs.xrcd``: XRC domains (IBA Annex A14; rdma-core ``pyverbs/xrcd.pyx`` API).
 
-softrdma's engine has no XRC transport, so ``ibv_open_xrcd`` fails with EOPNOTSUPP,
-as it does on rxe.
+``XRCD(ctx, XRCDInitAttr(comp_mask, oflags, fd))`` is ``ibv_open_xrcd``: a
+:class:`softrdma.verbs.XRCD` (see ``softrdma/verbs/xrcd.py``). As libibverbs, the
+mask must name both the file descriptor and the open flags (EINVAL), and unknown mask
+bits are EOPNOTSUPP; a file without a domain needs ``O_CREAT`` and ``O_EXCL`` refuses
+an existing one (EINVAL, as the kernel's ``ib_uverbs_open_xrcd``).
 """
 
 from __future__ import annotations
@@ -9,10 +12,18 @@ from __future__ import annotations
 import errno
 from typing import Any
 
-from .base import PyverbsCM, PyverbsObject
-from .pyverbs_error import PyverbsRDMAError
+from softrdma import verbs as _v
+from softrdma.errors import SoftRdmaError
+
+from . import libibverbs_enums as e
+from .base import PyverbsCM, PyverbsObject, rdma_error
+from .pyverbs_error import PyverbsRDMAError, PyverbsUserError
 
 __all__ = ["XRCDInitAttr", "XRCD"]
+
+_FD = int(e.IBV_XRCD_INIT_ATTR_FD)
+_OFLAGS = int(e.IBV_XRCD_INIT_ATTR_OFLAGS)
+_RESERVED = int(e.IBV_XRCD_INIT_ATTR_RESERVED)
 
 
 class XRCDInitAttr(PyverbsObject):
@@ -24,8 +35,22 @@ class XRCDInitAttr(PyverbsObject):
         self.fd = fd
 
 
-class XRCD(PyverbsCM):
-    """An XRC domain (``ibv_open_xrcd``): EOPNOTSUPP on softrdma devices."""
+class XRCD(_v.XRCD, PyverbsCM):
+    """An XRC domain (``ibv_open_xrcd``); closing it closes its SRQs and TGT QPs first."""
 
     def __init__(self, context: Any, init_attr: XRCDInitAttr) -> None:
-        raise PyverbsRDMAError("Failed to allocate XRCD", errno.EOPNOTSUPP)
+        if not isinstance(init_attr, XRCDInitAttr):
+            raise PyverbsUserError(f"Expected XRCDInitAttr, got {type(init_attr).__name__}")
+        mask = int(init_attr.comp_mask)
+        if mask >= _RESERVED:
+            raise PyverbsRDMAError("Failed to allocate XRCD", errno.EOPNOTSUPP)
+        if mask & (_FD | _OFLAGS) != _FD | _OFLAGS:
+            raise PyverbsRDMAError("Failed to allocate XRCD", errno.EINVAL)
+        try:
+            super().__init__(context, int(init_attr.fd), int(init_attr.oflags))
+        except SoftRdmaError as exc:
+            raise rdma_error("Failed to allocate XRCD", exc) from exc
+
+    def close(self) -> None:
+        """``ibv_close_xrcd``."""
+        _v.XRCD.close(self)

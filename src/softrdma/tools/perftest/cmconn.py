@@ -27,6 +27,7 @@ from ... import enums as e
 from ... import verbs as v
 from ...cm import rdma_cm as rc
 from ...errors import SoftRdmaError
+from ..waiting import connect_retry_s
 from .options import Options, PerftestError
 
 CTRL_BUF = 4096
@@ -64,14 +65,15 @@ class CmSession:
         self.ids.append(cid)
         return cid
 
-    def wait(self, match: Callable[[Any], bool], deadline: float, what: str) -> Any:
-        """The first event ``match`` accepts (kept in order with the others)."""
+    def wait(self, match: Callable[[Any], bool], deadline: float | None, what: str) -> Any:
+        """The first event ``match`` accepts (kept in order with the others); a deadline
+        of None waits until stopped."""
         while True:
             for ev in self.backlog:
                 if match(ev):
                     self.backlog.remove(ev)
                     return ev
-            left = deadline - time.monotonic()
+            left = 0.5 if deadline is None else deadline - time.monotonic()
             if left <= 0:
                 raise PerftestError(f"timed out after {self.o.timeout:g} s {what}")
             try:
@@ -147,6 +149,7 @@ class CmChannel:
         """The client's control connection (``rdma_client_connect``), retried while the
         server is not there yet."""
         deadline = time.monotonic() + sess.o.timeout
+        retry_until = min(deadline, time.monotonic() + connect_retry_s())  # tools.waiting
         while True:
             cid = sess.new_id()
             sess.resolve(cid, host, port, deadline)
@@ -161,7 +164,7 @@ class CmChannel:
                 return chan
             chan.close()
             if ev.event != T.REJECTED or \
-                    time.monotonic() + RETRY_DELAY_S >= deadline:
+                    time.monotonic() + RETRY_DELAY_S >= retry_until:
                 raise PerftestError(f"Couldn't connect to {host}:{port}: "
                                     f"{rc.event_str(ev.event)} (status {ev.status})")
             time.sleep(RETRY_DELAY_S)
@@ -169,10 +172,9 @@ class CmChannel:
     @classmethod
     def accept(cls, sess: CmSession, port: int) -> CmChannel:
         """The server's control connection (``rdma_server_connect``)."""
-        deadline = time.monotonic() + sess.o.timeout
         lst = listen(sess, port)
-        try:
-            ev = sess.wait(lambda x: x.event == T.CONNECT_REQUEST, deadline,
+        try:  # the first client is awaited until stopped (tools.waiting)
+            ev = sess.wait(lambda x: x.event == T.CONNECT_REQUEST, None,
                            f"waiting for a client on port {port}")
             chan = cls(sess, ev.id, False)
             sess.ids.append(ev.id)

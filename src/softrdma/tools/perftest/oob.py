@@ -36,6 +36,7 @@ from typing import Protocol
 
 from ...errors import DecodeError
 from ..oobconnect import connect_retrying
+from ..waiting import connect_retry_s
 from .options import PerftestError
 
 VERSION = "6.06"          # perftest 4.5-0.18 (Debian bookworm): configure.ac AC_INIT
@@ -249,10 +250,12 @@ class TcpChannel:
 
     @classmethod
     def connect(cls, host: str, port: int, timeout: float) -> TcpChannel:
-        """``ethernet_client_connect`` (retried while refused until ``timeout``)."""
+        """``ethernet_client_connect`` (a refusal fails at once; retried only for
+        ``$SOFTRDMA_CONNECT_RETRY`` seconds, :mod:`softrdma.tools.waiting`)."""
         deadline = time.monotonic() + timeout
-        return cls(connect_retrying(host, port, deadline, PerftestError, nodelay=True), True,
-                   timeout)
+        retry_until = min(deadline, time.monotonic() + connect_retry_s())  # tools.waiting
+        return cls(connect_retrying(host, port, deadline, PerftestError, nodelay=True,
+                                    retry_until=retry_until), True, timeout)
 
     @classmethod
     def listen(cls, port: int) -> socket.socket:
@@ -271,12 +274,9 @@ class TcpChannel:
     @classmethod
     def accept(cls, lsock: socket.socket, timeout: float) -> TcpChannel:
         """``ethernet_server_connect``: one client, then the listener closes."""
-        lsock.settimeout(timeout)
+        lsock.settimeout(None)  # the client is awaited until stopped (tools.waiting)
         try:
             conn, _peer = lsock.accept()
-        except TimeoutError as exc:
-            raise PerftestError(f"timed out after {timeout:g} s waiting for a client on "
-                                f"port {lsock.getsockname()[1]}") from exc
         except OSError as exc:
             raise PerftestError(f"accept() failed: {exc.strerror or exc}") from exc
         finally:

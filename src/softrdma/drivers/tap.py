@@ -1,0 +1,163 @@
+"""What a RoCE device sends and receives, seen from its runtime: a pcap capture
+(``Context(..., pcap=FILE)``, ``--pcap FILE``, ``$SOFTRDMA_PCAP``) and the packet trace
+(``SOFTRDMA_TRACE=pkt``, :mod:`softrdma.trace`). No root, no tcpdump.
+
+The runtime calls :meth:`PacketTap.tx` with each datagram it hands to its link (the
+UDP payload, BTH .. ICRC, and the addresses and ports it goes with) and
+:meth:`PacketTap.rx` with each datagram it takes from the link. Captured frames are the
+Ethernet/IPv4-or-IPv6/UDP frames a Linux sender emits for that payload (the framing of
+:func:`softrdma.drivers.fabric.frame_of`: IPv4 ID 0 with DF, as rxe's sockets send, so
+the ICRC checks; roce.md §1-2 in ../shared/specs/roce.md), which tshark dissects as
+RoCE and ``softrdma pcap-check`` verifies.
+
+All devices of a process that capture to the same file share one writer. A packet that
+one of them sends and another (or the same one, on loopback) receives is written once,
+when it is sent: the file then reads like a capture on the wire. RoCEv1 frames (Annex
+A16, raw Ethernet) are not captured here; capture them on the interface.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from ..errors import DecodeError
+from ..trace import default_capture
+from ..trace import logger as trace_logger
+from ..wire import ib
+from ..wire.pcap import LINKTYPE_ETHERNET, PcapWriter
+from .fabric import frame_of
+from .link import Datagram
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
+
+__all__ = ["PacketTap", "tap_for"]
+
+ICRC_LEN = 4
+RECENT_TX = 4096  # sent payloads remembered so that their loopback receipt is not written twice
+
+
+class _SharedWriter:
+    """One pcap file written by every tap of the process that captures to it."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.writer = PcapWriter(path, LINKTYPE_ETHERNET)
+        self.lock = threading.Lock()
+        self.users = 0
+        self.recent: OrderedDict[bytes, int] = OrderedDict()
+
+    def write_tx(self, dg: Datagram) -> None:
+        frame = frame_of(dg)
+        with self.lock:
+            key = bytes(dg.data)
+            self.recent[key] = self.recent.get(key, 0) + 1
+            self.recent.move_to_end(key)
+            while len(self.recent) > RECENT_TX:
+                self.recent.popitem(last=False)
+            self.writer.write(frame, time.time())
+            self.writer.flush()
+
+    def write_rx(self, dg: Datagram) -> None:
+        with self.lock:
+            key = bytes(dg.data)
+            n = self.recent.get(key, 0)
+            if n:  # sent by a device of this process: already written
+                if n == 1:
+                    del self.recent[key]
+                else:
+                    self.recent[key] = n - 1
+                return
+            self.writer.write(frame_of(dg), time.time())
+            self.writer.flush()
+
+
+_writers: dict[str, _SharedWriter] = {}
+_writers_lock = threading.Lock()
+
+
+def _open_writer(path: str) -> _SharedWriter:
+    key = os.path.abspath(path)
+    with _writers_lock:
+        w = _writers.get(key)
+        if w is None:
+            w = _writers[key] = _SharedWriter(key)
+        w.users += 1
+        return w
+
+
+def _close_writer(w: _SharedWriter) -> None:
+    with _writers_lock:
+        w.users -= 1
+        if w.users <= 0:
+            _writers.pop(w.path, None)
+            with w.lock:
+                w.writer.close()
+
+
+def _ip_text(ip: bytes) -> str:
+    return socket.inet_ntop(socket.AF_INET if len(ip) == 4 else socket.AF_INET6, ip)
+
+
+class PacketTap:
+    """The capture and packet trace of one device (see the module docstring)."""
+
+    def __init__(self, device: str, pcap: str | None, log: logging.Logger | None) -> None:
+        self.device = device
+        self.log = log
+        self._writer = _open_writer(pcap) if pcap else None
+        self._closed = False
+
+    def tx(self, src: bytes, dst: bytes, sport: int, dport: int,
+           parts: Sequence[ReadableBuffer], tos: int, ttl: int) -> None:
+        """A datagram handed to the link (``parts``: BTH .. ICRC)."""
+        data = memoryview(b"".join(parts))
+        dg = Datagram(data, src, dst, sport, dport, tos, ttl)
+        if self._writer is not None:
+            self._writer.write_tx(dg)
+        if self.log is not None:
+            self._line("tx", dg)
+
+    def rx(self, dg: Datagram) -> None:
+        """A datagram taken from the link (before the ICRC check: a bad one shows too)."""
+        if dg.grh:
+            return
+        if self._writer is not None:
+            self._writer.write_rx(dg)
+        if self.log is not None:
+            self._line("rx", dg)
+
+    def _line(self, way: str, dg: Datagram) -> None:
+        assert self.log is not None
+        try:
+            text = ib.describe(ib.decode(dg.data[:-ICRC_LEN]))
+        except DecodeError as exc:
+            text = f"undecodable ({exc})"
+        self.log.debug("%s %s %s:%d -> %s:%d %s", self.device, way, _ip_text(dg.src_ip),
+                       dg.sport, _ip_text(dg.dst_ip), dg.dport, text)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._writer is not None:
+            _close_writer(self._writer)
+            self._writer = None
+
+
+def tap_for(device: str, pcap: str | os.PathLike[str] | None = None) -> PacketTap | None:
+    """The tap of a device being opened: capture to ``pcap`` (else ``$SOFTRDMA_PCAP``)
+    and/or trace packets when ``softrdma.pkt`` is enabled; None when neither is asked."""
+    path = os.fspath(pcap) if pcap is not None else default_capture()
+    log = trace_logger("pkt")
+    traced = log.isEnabledFor(logging.DEBUG)
+    if path is None and not traced:
+        return None
+    return PacketTap(device, path, log if traced else None)

@@ -1,0 +1,153 @@
+"""XRC domains and XRC SRQs (IBA 10.2.9.x, Annex A14; ``ibv_open_xrcd``,
+``ibv_create_srq_ex`` with ``IBV_SRQT_XRC``, ``ibv_get_srq_num``).
+
+``XRCD(ctx)`` opens a new private XRC domain (``fd=-1``). ``XRCD(ctx, fd, oflags)``
+opens the domain tied to the file open on ``fd``, as the kernel does (``ib_uverbs_open_xrcd``):
+the file's inode names the domain, so every ``XRCD`` of a context opened on the same
+file is the same domain; ``O_CREAT`` creates it when the file has none yet
+(otherwise EINVAL), ``O_EXCL`` refuses an existing one (EINVAL).
+
+softrdma runs each process's transport engine in that process (docs/design.md,
+"Devices shared by processes"), and a TGT QP places incoming data into the memory of
+the SRQ's receive buffers, so the domain of a file is shared within the context (one engine), not
+across processes or contexts: another process or context opening the same file gets its
+own domain.
+
+``XrcSRQ(pd, xrcd, cq, init_attr)`` is an XRC SRQ: an SRQ whose completions go to its
+own CQ ``cq`` and whose number (:attr:`XrcSRQ.srq_num`) senders put in the XRCETH
+(``SendWR.set_qp_type_xrc``). XRC QPs: ``QP(pd, QPInitAttr(qp_type=IBV_QPT_XRC_SEND,
+scq=cq))`` and ``QP(xrcd, QPInitAttr(qp_type=IBV_QPT_XRC_RECV))`` (``softrdma.verbs.qp``).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from typing import Any
+
+from ..errors import InvalidArgument, ResourceError
+from ..ib.port import Port
+from ..ib.xrc import XrcDomain
+from ..ib.xrc import XrcSRQ as EngineXrcSRQ
+from ._object import VerbsObject
+from .cq import CQ
+from .device import MAX_SRQ_SGE, MAX_SRQ_WR, Context
+from .pd import PD
+from .srq import SRQ, SrqInitAttr
+
+__all__ = ["XRCD", "XrcSRQ", "XRCD_FD_NONE"]
+
+XRCD_FD_NONE = -1  # ibv_xrcd_init_attr.fd for a domain tied to no file
+_FILE_DOMAINS_LOCK = threading.Lock()
+# (engine port, st_dev, st_ino) -> the domain of that file, while an XRCD has it open
+_FILE_DOMAINS: weakref.WeakValueDictionary[tuple[object, int, int], XrcDomain] = \
+    weakref.WeakValueDictionary()
+
+
+class XRCD(VerbsObject):
+    """An XRC domain of ``ctx`` (``ibv_open_xrcd``); see the module docstring."""
+
+    _close_rank = 6
+
+    def __init__(self, ctx: Context, fd: int = XRCD_FD_NONE, oflags: int = 0) -> None:
+        super().__init__()
+        if not isinstance(ctx, Context):
+            raise InvalidArgument("ctx", f"XRCD needs a Context, got {type(ctx).__name__}")
+        ctx._check()
+        port = ctx.port
+        if not isinstance(port, Port):
+            raise InvalidArgument("ctx", "XRC is an InfiniBand transport service; iWARP "
+                                  "devices have none")
+        if not isinstance(fd, int) or fd < XRCD_FD_NONE:
+            raise InvalidArgument("fd", f"must be an open file descriptor or -1, got {fd!r}")
+        if not isinstance(oflags, int) or oflags < 0:
+            raise InvalidArgument("oflags", f"must be open(2) flags, got {oflags!r}")
+        self.ctx = ctx
+        self.fd = fd
+        if fd == XRCD_FD_NONE:
+            self.domain = XrcDomain(port)
+        else:
+            try:
+                st = os.fstat(fd)
+            except OSError as exc:
+                raise InvalidArgument("fd", f"not an open file descriptor: {exc.strerror}") \
+                    from exc
+            key = (port, st.st_dev, st.st_ino)
+            with _FILE_DOMAINS_LOCK:
+                dom = _FILE_DOMAINS.get(key)
+                if dom is None:
+                    if not oflags & os.O_CREAT:
+                        raise InvalidArgument("oflags", "the file has no XRC domain and "
+                                              "O_CREAT is not given")
+                    dom = XrcDomain(port)
+                    _FILE_DOMAINS[key] = dom
+                elif oflags & os.O_EXCL:
+                    raise InvalidArgument("oflags", "O_EXCL: the file already has an XRC "
+                                          "domain")
+            self.domain = dom
+        self._depend_on(ctx)
+
+    def __repr__(self) -> str:
+        state = " closed" if self._closed else ""
+        return f"<XRCD of {self.ctx.name} fd={self.fd}{state}>"
+
+
+def _count(value: Any, lo: int, hi: int, argument: str) -> int:
+    if not isinstance(value, int) or not lo <= value <= hi:
+        raise InvalidArgument(argument, f"must be {lo}..{hi}, got {value!r}")
+    return value
+
+
+class XrcSRQ(SRQ):
+    """An XRC SRQ of ``pd`` in ``xrcd``, completing into ``cq`` (``IBV_SRQT_XRC``)."""
+
+    def __init__(self, pd: PD, xrcd: XRCD, cq: CQ, init_attr: SrqInitAttr) -> None:
+        VerbsObject.__init__(self)
+        if not isinstance(pd, PD):
+            raise InvalidArgument("pd", f"expected a PD, got {type(pd).__name__}")
+        if not isinstance(xrcd, XRCD):
+            raise InvalidArgument("xrcd", f"expected an XRCD, got {type(xrcd).__name__}")
+        if not isinstance(cq, CQ):
+            raise InvalidArgument("cq", f"an XRC SRQ needs a CQ, got {type(cq).__name__}")
+        for name, obj in (("pd", pd), ("xrcd", xrcd), ("cq", cq)):
+            obj._check()
+            if obj.ctx is not pd.ctx:
+                raise InvalidArgument(name, "belongs to another context")
+        if not isinstance(init_attr, SrqInitAttr):
+            raise InvalidArgument("init_attr",
+                                  f"expected SrqInitAttr, got {type(init_attr).__name__}")
+        a = init_attr.attr
+        max_wr = _count(a.max_wr, 1, MAX_SRQ_WR, "attr.max_wr")
+        max_sge = _count(a.max_sge, 1, MAX_SRQ_SGE, "attr.max_sge")
+        limit = _count(a.srq_limit, 0, max_wr, "attr.srq_limit")
+        ctx = pd.ctx
+        if xrcd.domain.closed:
+            raise ResourceError("the XRC domain is closed")
+        self._runtime = ctx.runtime
+        self.engine: EngineXrcSRQ = ctx.runtime.call(
+            EngineXrcSRQ, ctx.port, pd, xrcd.domain, cq.push, max_wr, max_sge, limit)
+        self._depend_on(pd, xrcd, cq)
+        self.pd = pd
+        self.ctx = ctx
+        self.xrcd = xrcd
+        self.cq = cq
+        self.srq_context = init_attr.srq_context
+        ctx._register_owner(self.engine, self)
+
+    @property
+    def srq_num(self) -> int:
+        """The SRQ number a sender names in the XRCETH (``ibv_get_srq_num``)."""
+        return self.engine.srqn
+
+    def get_srq_num(self) -> int:
+        self._check()
+        return self.engine.srqn
+
+    def _release(self) -> None:
+        engine = self.engine
+        if self._runtime.closed:
+            engine.destroy()
+        else:
+            self._runtime.call(engine.destroy)
+        super()._release()

@@ -1,0 +1,112 @@
+"""Servers wait for their client until stopped and say ``waiting for a client on PORT``
+once (stdout stays the C tool's); a client with no server is refused at once, not after
+``--timeout`` seconds of silence (``SOFTRDMA_CONNECT_RETRY`` unset, as for a user)."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from rdma_cm_harness import child_env, make_state_dir
+
+
+def _free_tcp_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    state, _ = make_state_dir(tmp_path)
+    env = child_env(state)
+    env.pop("SOFTRDMA_CONNECT_RETRY", None)  # a user's environment
+    return env
+
+
+def _tool(*args: str) -> list[str]:
+    return [sys.executable, "-m", "softrdma", *args]
+
+
+@pytest.mark.parametrize("args", [["rc-pingpong", "-d", "cmtest_lo"],
+                                  ["ud-pingpong", "-d", "cmtest_lo"],
+                                  ["rc-pingpong", "--transport", "iwarp"],
+                                  ["srq-pingpong", "-d", "cmtest_lo"]])
+def test_server_waits_until_stopped_and_says_so_once(tmp_path: Path, args: list[str]) -> None:
+    port = _free_tcp_port()
+    p = subprocess.Popen(_tool(*args, "-p", str(port), "--timeout", "1"), env=_env(tmp_path),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(5)
+        assert p.poll() is None, p.communicate()  # well past --timeout 1
+        p.send_signal(signal.SIGINT)
+        _out, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    tool = args[0]
+    assert err.splitlines()[0] == f"softrdma {tool}: waiting for a client on {port}"
+    assert err.count("waiting for a client") == 1
+    assert p.returncode == 130 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("args", [["rc-pingpong", "-d", "cmtest_lo"],
+                                  ["rc-pingpong", "--transport", "iwarp"],
+                                  ["srq-pingpong", "-d", "cmtest_lo"],
+                                  ["write-bw", "-d", "cmtest_lo"]])
+def test_client_without_server_is_refused_at_once(tmp_path: Path, args: list[str]) -> None:
+    port = _free_tcp_port()
+    t0 = time.monotonic()
+    r = subprocess.run(_tool(*args, "-p", str(port), "--timeout", "30", "127.0.0.1"),
+                       env=_env(tmp_path), capture_output=True, text=True, timeout=60)
+    assert time.monotonic() - t0 < 12  # the process start, not the 30 s timeout
+    assert r.returncode == 1
+    assert "Couldn't connect to 127.0.0.1:" in r.stderr and "refused" in r.stderr.lower()
+    assert "Traceback" not in r.stderr
+
+
+def test_connect_retry_lets_a_late_server_come(tmp_path: Path) -> None:
+    """SOFTRDMA_CONNECT_RETRY (scripts starting both sides together): the client waits
+    for a server that starts after it."""
+    env = _env(tmp_path)
+    env["SOFTRDMA_CONNECT_RETRY"] = "30"
+    port = str(_free_tcp_port())
+    common = ["rc-pingpong", "-d", "cmtest_lo", "-p", port, "-n", "5"]
+    cli = subprocess.Popen(_tool(*common, "127.0.0.1"), env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(2)
+        srv = subprocess.run(_tool(*common), env=env, capture_output=True, text=True,
+                             timeout=90)
+        out, err = cli.communicate(timeout=90)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.communicate()
+    assert cli.returncode == 0, err
+    assert srv.returncode == 0, srv.stderr
+    assert "5 iters in" in out and "5 iters in" in srv.stdout
+
+
+@pytest.mark.parametrize(("tool", "port_flag"), [("ucmatose", "-p"), ("udaddy", "--port")])
+def test_rdma_cm_servers_say_they_wait(tmp_path: Path, tool: str, port_flag: str) -> None:
+    port = _free_tcp_port()
+    p = subprocess.Popen(_tool(tool, "-b", "127.0.0.1", port_flag, str(port), "--timeout",
+                               "1"), env=_env(tmp_path), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(4)
+        assert p.poll() is None  # waits past --timeout for its first client
+        p.send_signal(signal.SIGINT)
+        _out, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    assert err.splitlines()[0] == f"softrdma {tool}: waiting for a client on {port}"
+    assert err.count("waiting for a client") == 1
