@@ -12,7 +12,7 @@ SRQ's CQ. An XRC domain (XRCD) limits which SRQs a TGT QP may deliver to.
 Both QPs run the RC engines of :mod:`softrdma.ib.requester` / :mod:`.responder`
 unchanged except for the wire: their packets carry the XRC opcodes (transport prefix
 101b = 0xA0, IBA 9.2 Table 35: the RC operation codes), requests with the XRCETH
-(Resv(8) | XRCSRQ(24), IBA 9.3.x), responses without it. The engine QP type stays RC;
+(Resv(8) | XRCSRQ(24), the XRCETH of Annex A14), responses without it. The engine QP type stays RC;
 the verbs layer reports the XRC types.
 
 Responder rules for the XRCETH (Annex A14): the XRCSRQ must name an XRC SRQ of the TGT
@@ -52,7 +52,7 @@ _XRC = int(Transport.XRC)
 
 
 class XrcDomain:
-    """An XRC domain (IBA 10.2.9.x ``XRCD``): the SRQs and TGT QPs that belong together."""
+    """An XRC domain (Annex A14 ``XRCD``): the SRQs and TGT QPs that belong together."""
 
     __slots__ = ("port", "srqs", "tgt_qps", "closed", "__weakref__")
 

@@ -1,4 +1,4 @@
-"""XRC domains and XRC SRQs (IBA 10.2.9.x, Annex A14; ``ibv_open_xrcd``,
+"""XRC domains and XRC SRQs (IBA Annex A14; ``ibv_open_xrcd``,
 ``ibv_create_srq_ex`` with ``IBV_SRQT_XRC``, ``ibv_get_srq_num``).
 
 ``XRCD(ctx)`` opens a new private XRC domain (``fd=-1``). ``XRCD(ctx, fd, oflags)``
