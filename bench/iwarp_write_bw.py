@@ -164,8 +164,13 @@ def iwarp_sender(port: int, size: int, count: int, window: int,
     ctl = v.MR(pd, 64, e.IBV_ACCESS_LOCAL_WRITE)
     qp.to_init(v.QPAttr())
     qp.post_recv(v.RecvWR(9, 1, [v.SGE(ctl.addr, 64, ctl.lkey)]))
-    conn = iwconnect.connect(qp, "127.0.0.1", port, cfg=iwconnect.MpaConfig(crc=True), timeout=30)
+    cfg = iwconnect.MpaConfig(crc=True)
+    conn = iwconnect.connect(qp, "127.0.0.1", port, cfg=cfg, timeout=30)
     rkey, raddr = struct.unpack("!IQ", conn.private_data)
+    # connection setup is not timed (nor is TCP's): that includes the initiator's hold of
+    # its first FPDU after the MPA Reply (MpaConfig.first_fpdu_hold, for Linux siw), which
+    # the progress thread's housekeeping (every 50 ms at most) releases
+    time.sleep(cfg.first_fpdu_hold + 0.06)
     wr = v.SendWR(1, None, 1, [v.SGE(src.addr, size, src.lkey)], e.IBV_WR_RDMA_WRITE)
     wr.set_wr_rdma(rkey, raddr)
     prof = _prof_start(profile)
