@@ -80,13 +80,12 @@ IO_EXTRA: dict[str, frozenset[str]] = {
 KNOWN_OPEN_IO: dict[str, tuple[frozenset[str], str]] = {
     # still open after issue 10's branches ("lead": no branch of it removes them): the CM
     # agent's lock (ibcm, gsi) and the librdmacm-shaped API's blocking waits and device
-    # list (rdma_cm, rdma_events, rdma_devices, rdma_iwwatch's watcher thread)
+    # list (rdma_cm, rdma_events, rdma_devices)
     "softrdma.cm.ibcm": (frozenset({"threading"}), "lead"),
     "softrdma.cm.gsi": (frozenset({"threading"}), "lead"),
     "softrdma.cm.rdma_cm": (frozenset({"threading"}), "lead"),
     "softrdma.cm.rdma_devices": (frozenset({"socket", "threading"}), "lead"),
     "softrdma.cm.rdma_events": (frozenset({"asyncio", "select", "threading"}), "lead"),
-    "softrdma.cm.rdma_iwwatch": (frozenset({"threading", "time.sleep"}), "lead"),
 }
 
 # (module, module) function-local imports that still close a cycle, with their owner

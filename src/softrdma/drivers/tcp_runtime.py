@@ -44,6 +44,7 @@ from typing import Any
 
 from ..errors import ClosedError
 from ..iwarp.engine import IwarpConn
+from ..iwarp.events import ConnEvent
 from ..iwarp.qp import IwarpDevice
 from .progress import ProgressCore, WakePipe, check_mode
 
@@ -129,6 +130,11 @@ class TcpRuntime:
         #: notified (under the lock) after every round of socket I/O and engine calls:
         #: connection setup waits on it for a state change
         self.changed = threading.Condition(core.lock)
+        # the layer above subscribes to a connection's typed events (iwarp.events); they
+        # are taken from the connection under the lock and delivered outside it
+        self._listeners: dict[int, tuple[IwarpConn, Callable[[ConnEvent], None]]] = {}
+        self._ready_events: list[tuple[Callable[[ConnEvent], None], ConnEvent]] = []
+        self._events_lock = threading.Lock()
         self._waiting = 0  # threads waiting on ``changed``
         self._deferred = core.deferred
         self._socks: dict[int, _Sock] = {}
@@ -249,14 +255,18 @@ class TcpRuntime:
         if not self.core.try_lock():
             return 0
         try:
-            return self._service(self._ready(0.0))
+            n = self._service(self._ready(0.0))
         finally:
             self.lock.release()
+        self.deliver_events()
+        return n
 
     def _poll(self, wait: float) -> int:
         ready = self._ready(wait)
         with self.lock:
-            return self._service(ready)
+            n = self._service(ready)
+        self.deliver_events()
+        return n
 
     def _ready(self, wait: float) -> list[tuple[Any, int]]:
         try:
@@ -298,8 +308,44 @@ class TcpRuntime:
                 self._tx(s)
             if s.closing and not s.done and now >= s.close_at:
                 self._drop(s)
+        if self._listeners:
+            self._collect_events()
         if self._waiting:
             self.changed.notify_all()
+
+    # ---- typed connection events for the layer above ---------------------------------------
+    def listen_events(self, conn: IwarpConn, fn: Callable[[ConnEvent], None]) -> None:
+        """Deliver ``conn``'s typed events (:mod:`softrdma.iwarp.events`) to ``fn``, events
+        already queued on it first, from the thread that makes progress and outside the
+        runtime's lock (so ``fn`` may create or destroy verbs objects)."""
+        with self.lock:
+            self._listeners[id(conn)] = (conn, fn)
+            self._collect_events()
+        self.deliver_events()
+
+    def unlisten_events(self, conn: IwarpConn) -> None:
+        """Stop delivering ``conn``'s events (those already taken are still delivered)."""
+        with self.lock:
+            self._listeners.pop(id(conn), None)
+
+    def _collect_events(self) -> None:
+        """Under the lock: take the listened connections' events for delivery."""
+        taken: list[tuple[Callable[[ConnEvent], None], ConnEvent]] = []
+        for conn, fn in self._listeners.values():
+            if conn.events:
+                taken.extend((fn, ev) for ev in conn.pop_events())
+        if taken:
+            with self._events_lock:
+                self._ready_events.extend(taken)
+
+    def deliver_events(self) -> None:
+        """Outside the lock: run the listeners on the events taken so far, in order."""
+        if not self._ready_events:
+            return
+        with self._events_lock:
+            batch, self._ready_events = self._ready_events, []
+        for fn, ev in batch:
+            fn(ev)
 
     # ---- socket I/O ------------------------------------------------------------------------
     def _rx(self, s: _Sock, now: float) -> int:
@@ -429,6 +475,7 @@ class TcpRuntime:
             return False
         with self.lock:
             self._service(ready)
+        self.deliver_events()
         return True
 
     # ---- shutdown ---------------------------------------------------------------------------------
