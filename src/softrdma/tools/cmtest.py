@@ -124,6 +124,17 @@ class CmTest:
     def say(self, text: str) -> None:
         print(text, flush=True)
 
+    def verify_test_params(self, node: Node) -> int:
+        """udaddy.c / mckey.c ``verify_test_params``: a UD message must fit the active MTU
+        (-EINVAL, with their message, when it does not)."""
+        assert node.cma_id is not None
+        mtu = 1 << (int(node.cma_id.verbs.active_mtu) + 7)
+        if self.message_count and self.message_size > mtu:
+            self.say(f"{self.name}: message_size {self.message_size} is larger than active "
+                     f"mtu {mtu}")
+            return -errno.EINVAL
+        return 0
+
     def post_recvs(self, node: Node) -> None:
         """One receive of ``message_size + recv_extra`` bytes per message to come."""
         if not self.message_count:

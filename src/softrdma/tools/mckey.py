@@ -63,15 +63,6 @@ class Mckey(CmTest):
         self.joined: set[int] = set()
 
     # ---- node setup (verify_test_params, init_node, post_recvs) -----------------------
-    def verify_test_params(self, node: Node) -> int:
-        assert node.cma_id is not None
-        mtu = 1 << (int(node.cma_id.verbs.active_mtu) + 7)
-        if self.message_count and self.message_size > mtu:
-            self.say(f"mckey: message_size {self.message_size} is larger than active mtu "
-                     f"{mtu}")
-            return -errno.EINVAL
-        return 0
-
     def init_node(self, node: Node) -> int:
         cid = node.cma_id
         assert cid is not None

@@ -69,15 +69,6 @@ class Udaddy(CmTest):
         self.bufs: dict[int, Any] = {}
 
     # ---- node setup (init_node, post_recvs, verify_test_params) -----------------------
-    def verify_test_params(self, node: Node) -> int:
-        assert node.cma_id is not None
-        mtu = 1 << (int(node.cma_id.verbs.active_mtu) + 7)
-        if self.message_count and self.message_size > mtu:
-            self.say(f"udaddy: message_size {self.message_size} is larger than active mtu "
-                     f"{mtu}")
-            return -errno.EINVAL
-        return 0
-
     def init_node(self, node: Node) -> int:
         cid = node.cma_id
         assert cid is not None
