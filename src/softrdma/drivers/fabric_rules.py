@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal
 
+from ..seam.counters import SlotCounters
 from .link import Datagram
 
 if TYPE_CHECKING:
@@ -19,7 +20,7 @@ ACTIONS = ("drop", "duplicate", "delay", "corrupt", "reorder")
 ETH_OVERHEAD = 14 + 4
 
 
-class FabricStats:
+class FabricStats(SlotCounters):
     """What the fabric did, counted per datagram.
 
     ``sent``: accepted by ``send``; ``delivered``: put in a receive queue (duplicates
@@ -34,22 +35,18 @@ class FabricStats:
                  "duplicated", "reordered", "delayed", "corrupted", "rule_hits",
                  "bytes_delivered")
 
-    def __init__(self) -> None:
-        self.sent = 0
-        self.delivered = 0
-        self.dropped = 0
-        self.partitioned = 0
-        self.unroutable = 0
-        self.overflow = 0
-        self.duplicated = 0
-        self.reordered = 0
-        self.delayed = 0
-        self.corrupted = 0
-        self.rule_hits = 0
-        self.bytes_delivered = 0
-
-    def as_dict(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in self.__slots__}
+    sent: int
+    delivered: int
+    dropped: int
+    partitioned: int
+    unroutable: int
+    overflow: int
+    duplicated: int
+    reordered: int
+    delayed: int
+    corrupted: int
+    rule_hits: int
+    bytes_delivered: int
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, FabricStats) and self.as_dict() == other.as_dict()

@@ -46,6 +46,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from ..errors import ClosedError, DecodeError, DeviceError, InvalidArgument, StateError
+from ..seam.counters import SlotCounters
 from ..wire.rocev1 import (
     ETH_HLEN,
     ETH_P_8021Q,
@@ -104,7 +105,7 @@ _BPF_PROG = (
 )
 
 
-class RawEtherStats:
+class RawEtherStats(SlotCounters):
     """Counters of a :class:`RawEtherLink`.
 
     ``sent``/``received``: frames; ``looped``: self-addressed packets delivered locally;
@@ -117,22 +118,15 @@ class RawEtherStats:
     __slots__ = ("sent", "received", "looped", "send_dropped", "unresolved", "not_ours",
                  "vlan_other", "malformed", "truncated")
 
-    def __init__(self) -> None:
-        self.sent = 0
-        self.received = 0
-        self.looped = 0
-        self.send_dropped = 0
-        self.unresolved = 0
-        self.not_ours = 0
-        self.vlan_other = 0
-        self.malformed = 0
-        self.truncated = 0
-
-    def as_dict(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in self.__slots__}
-
-    def __repr__(self) -> str:
-        return "RawEtherStats(" + ", ".join(f"{k}={v}" for k, v in self.as_dict().items()) + ")"
+    sent: int
+    received: int
+    looped: int
+    send_dropped: int
+    unresolved: int
+    not_ours: int
+    vlan_other: int
+    malformed: int
+    truncated: int
 
 
 def vlan_of(ifname: str) -> tuple[str, int] | None:

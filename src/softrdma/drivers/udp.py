@@ -43,6 +43,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ClosedError, DeviceError, InvalidArgument, StateError
+from ..seam.counters import SlotCounters
 from . import mcast
 from .link import ROCE_V2_UDP_PORT, Datagram, check_port, check_u8, ip_bytes, ip_text
 
@@ -94,7 +95,7 @@ _ANC_SIZE = (socket.CMSG_SPACE(20) + 2 * socket.CMSG_SPACE(4))
 _UNAVAILABLE_RETRY = 1.0  # seconds before binding a refused source port is tried again
 
 
-class UdpLinkStats:
+class UdpLinkStats(SlotCounters):
     """Counters of a :class:`UdpLink`.
 
     ``sent``/``received``: datagrams; ``send_dropped``: sends lost to a network error
@@ -107,22 +108,15 @@ class UdpLinkStats:
     __slots__ = ("sent", "received", "send_dropped", "last_send_errno", "recv_errors",
                  "truncated", "sport_binds", "sport_evictions", "sport_fallbacks")
 
-    def __init__(self) -> None:
-        self.sent = 0
-        self.received = 0
-        self.send_dropped = 0
-        self.last_send_errno = 0
-        self.recv_errors = 0
-        self.truncated = 0
-        self.sport_binds = 0
-        self.sport_evictions = 0
-        self.sport_fallbacks = 0
-
-    def as_dict(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in self.__slots__}
-
-    def __repr__(self) -> str:
-        return "UdpLinkStats(" + ", ".join(f"{k}={v}" for k, v in self.as_dict().items()) + ")"
+    sent: int
+    received: int
+    send_dropped: int
+    last_send_errno: int
+    recv_errors: int
+    truncated: int
+    sport_binds: int
+    sport_evictions: int
+    sport_fallbacks: int
 
 
 def _set_buf(sock: socket.socket, force_opt: int, opt: int, size: int) -> None:

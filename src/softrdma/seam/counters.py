@@ -93,7 +93,27 @@ TRAFFIC_COUNTERS: tuple[str, ...] = (
 )
 
 
-class Counters:
+class SlotCounters:
+    """Integer counters named by ``__slots__``, all zero at first; :meth:`as_dict` gives
+    them by name and ``repr`` lists them. The port counters below and the links' and the
+    fabric's statistics are such counters."""
+
+    __slots__: tuple[str, ...] = ()
+
+    def __init__(self) -> None:
+        for name in self.__slots__:
+            setattr(self, name, 0)
+
+    def as_dict(self) -> dict[str, int]:
+        """Every counter by name, in ``__slots__`` order."""
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{k}={v}" for k, v in self.as_dict().items())
+        return f"{type(self).__name__}({inner})"
+
+
+class Counters(SlotCounters):
     """The counters of one port: the traffic ones then one per :class:`DropReason`.
 
     Plain integer attributes (the engines increment them on the hot path);
@@ -138,10 +158,6 @@ class Counters:
     ud_no_wqe: int
     rcvd_no_buffer: int
 
-    def __init__(self) -> None:
-        for name in self.__slots__:
-            setattr(self, name, 0)
-
     def drop(self, reason: DropReason) -> None:
         """Count one packet dropped for ``reason``."""
         name = reason.value
@@ -154,10 +170,6 @@ class Counters:
     @property
     def total_drops(self) -> int:
         return sum(getattr(self, r.value) for r in DropReason)
-
-    def as_dict(self) -> dict[str, int]:
-        """Every counter by name (traffic first, then drops)."""
-        return {name: getattr(self, name) for name in self.__slots__}
 
     def add(self, values: dict[str, int]) -> None:
         """Add ``values`` (as :meth:`as_dict` gives) to these counters; unknown names
