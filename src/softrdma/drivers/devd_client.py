@@ -244,6 +244,12 @@ class DevdLink:
         self._sender(len(dst_ip)).send(dst_ip, dport, sport, parts, tos, ttl)
 
     @property
+    def port(self) -> int:
+        """The device's UDP port (as :attr:`UdpLink.port`; a ``Context`` given this link
+        sends to it)."""
+        return self.udp_port
+
+    @property
     def direct(self) -> bool:
         """Whether this process receives its QPs' datagrams on its own reuseport socket."""
         return bool(self._direct)
