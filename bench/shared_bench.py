@@ -77,6 +77,8 @@ class Side:
         if kind == "shared":
             state, name, port = where
             link: Any = DevdLink(DeviceRecord(name, "lo", "roce", port), state_dir=state)
+            if not hasattr(link, "port"):  # an older DevdLink: Context reads the port here
+                link.port = port
         else:
             ip, _, port = where
             link = UdpLink(ip, port)
@@ -147,6 +149,7 @@ def _pingpong_peer(conn: Connection, kind: str, where: Where, iters: int) -> Non
     side.connect(conn.recv())
     routs = side.refill(RX_DEPTH)
     conn.send("ready")
+    cpu0 = _cpu()
     wr = v.SendWR(wr_id=2, opcode=e.IBV_WR_SEND, num_sge=1,
                   sg=[v.SGE(side.mr.addr + 64, 64, side.mr.lkey)], send_flags=e.IBV_SEND_SIGNALED)
     done = 0
@@ -158,6 +161,7 @@ def _pingpong_peer(conn: Connection, kind: str, where: Where, iters: int) -> Non
                     routs += side.refill(RX_DEPTH - routs)
                 side.qp.post_send(wr)
                 done += 1
+    conn.send(_cpu() - cpu0)
     conn.recv()  # "bye"
     side.close()
 
@@ -168,8 +172,9 @@ def _wheres(kind: str, state: str, name: str, port: int) -> tuple[Where, Where]:
     return (INPROC_IPS[0], "", port), (INPROC_IPS[1], "", port)
 
 
-def pingpong(kind: str, iters: int, state: str, name: str, port: int) -> float:
-    """Seconds per half round trip of a 64 B RC SEND ping-pong between two processes."""
+def pingpong(kind: str, iters: int, state: str, name: str, port: int) -> dict[str, float]:
+    """A 64 B RC SEND ping-pong between two processes: ``lat``, seconds per half round
+    trip; ``cpu``, CPU seconds per round trip of both processes and devd together."""
     mine, theirs = _wheres(kind, state, name, port)
     a_conn, b_conn = mp.Pipe()
     p = mp.Process(target=_pingpong_peer, args=(b_conn, kind, theirs, iters))
@@ -184,6 +189,9 @@ def pingpong(kind: str, iters: int, state: str, name: str, port: int) -> float:
         wr = v.SendWR(wr_id=2, opcode=e.IBV_WR_SEND, num_sge=1,
                       sg=[v.SGE(side.mr.addr + 64, 64, side.mr.lkey)],
                       send_flags=e.IBV_SEND_SIGNALED)
+        devd = int(peer["devd"])
+        devd0 = _proc_cpu(devd) if devd else 0.0
+        cpu0 = _cpu()
         t0 = time.perf_counter()
         for _ in range(iters):
             side.qp.post_send(wr)
@@ -196,9 +204,11 @@ def pingpong(kind: str, iters: int, state: str, name: str, port: int) -> float:
                             routs += side.refill(RX_DEPTH - routs)
                         got_recv = True
         dt = time.perf_counter() - t0
+        cpu = _cpu() - cpu0 + (_proc_cpu(devd) - devd0 if devd else 0.0)
+        cpu += float(a_conn.recv())
         a_conn.send("bye")
         p.join(10)
-        return dt / iters / 2
+        return {"lat": dt / iters / 2, "cpu": cpu / iters}
     finally:
         side.close()
         if p.is_alive():
@@ -307,18 +317,31 @@ def _device(fn: Any, tries: int = 3) -> Any:
     raise AssertionError("unreachable")
 
 
-def shared_pingpong_lat(iters: int = 2000) -> tuple[float, float]:
-    """(shared device, two in-process devices): seconds per half round trip, 64 B SEND."""
+def shared_pingpong_lat(iters: int = 2000,
+                        cpu: list[float] | None = None) -> tuple[float, float]:
+    """(shared device, two in-process devices): seconds per half round trip, 64 B SEND;
+    ``cpu`` gets the two CPU seconds per round trip (both processes, and devd)."""
     shared = _device(lambda s, n, p: pingpong("shared", iters, s, n, p))
     inproc = _device(lambda s, n, p: pingpong("inproc", iters, s, n, p))
-    return shared, inproc
+    if cpu is not None:
+        cpu += [shared["cpu"], inproc["cpu"]]
+    return float(shared["lat"]), float(inproc["lat"])
 
 
-def shared_write_bw(total: int = 64 << 20) -> tuple[float, float]:
-    """(shared device, two in-process devices): RC WRITE bytes/s, one writer/target pair."""
-    shared = _device(lambda s, n, p: write_pairs("shared", 1, total, s, n, p)["Bps"])
-    inproc = _device(lambda s, n, p: write_pairs("inproc", 1, total, s, n, p)["Bps"])
-    return float(shared), float(inproc)
+def _cpu_per_mib(got: dict[str, Any], total: int) -> float:
+    cpu = sum(got["writer_cpu"]) + sum(got["target_cpu"]) + got["devd_cpu"]
+    return float(cpu) / (len(got["writer_cpu"]) * total / 2**20)
+
+
+def shared_write_bw(total: int = 64 << 20,
+                    cpu: list[float] | None = None) -> tuple[float, float]:
+    """(shared device, two in-process devices): RC WRITE bytes/s, one writer/target pair;
+    ``cpu`` gets the two CPU seconds per MiB (writer, target, and devd)."""
+    shared = _device(lambda s, n, p: write_pairs("shared", 1, total, s, n, p))
+    inproc = _device(lambda s, n, p: write_pairs("inproc", 1, total, s, n, p))
+    if cpu is not None:
+        cpu += [_cpu_per_mib(shared, total), _cpu_per_mib(inproc, total)]
+    return float(shared["Bps"]), float(inproc["Bps"])
 
 
 def scaling(pairs_list: Sequence[int] = (1, 2, 4), total: int = 64 << 20,
@@ -352,24 +375,32 @@ def main(argv: list[str] | None = None) -> int:
     path = "direct" if os.environ.get("SOFTRDMA_DEVD_DIRECT", "1") != "0" else "forwarded"
     print(f"shared device path: {path}; cores: {os.cpu_count()}; load: {os.getloadavg()}")
     if "lat" not in skip:
-        ratios, sh, ip = [], [], []
+        ratios, sh, ip, cr = [], [], [], []
         for _ in range(a.reps):
-            s, i = shared_pingpong_lat(a.iters)
+            cpu: list[float] = []
+            s, i = shared_pingpong_lat(a.iters, cpu)
             sh.append(s * 1e6)
             ip.append(i * 1e6)
             ratios.append(s / i)
+            cr.append(cpu[0] / cpu[1])
+            print(f"  cpu us per round trip: shared {cpu[0] * 1e6:.1f} in-process "
+                  f"{cpu[1] * 1e6:.1f}")
         print(f"ping-pong 64 B half RTT  shared {_best_median(sh, True)} us  in-process "
-              f"{_best_median(ip, True)} us  ratio {_best_median(ratios, True)} (goal <= 1.2)")
+              f"{_best_median(ip, True)} us  ratio {_best_median(ratios, True)} (goal <= 1.2)"
+              f"; CPU ratio {_best_median(cr, True)}")
     if "bw" not in skip:
-        ratios, sh, ip = [], [], []
+        ratios, sh, ip, cr = [], [], [], []
         for _ in range(a.reps):
-            s, i = shared_write_bw(total)
+            cpu = []
+            s, i = shared_write_bw(total, cpu)
             sh.append(s / 2**20)
             ip.append(i / 2**20)
             ratios.append(s / i)
+            cr.append(cpu[1] / cpu[0])  # in-process CPU / shared CPU: >= 0.8 is the goal
+            print(f"  cpu ms per MiB: shared {cpu[0] * 1e3:.2f} in-process {cpu[1] * 1e3:.2f}")
         print(f"RC WRITE 1 MiB           shared {_best_median(sh, False)} MiB/s  in-process "
               f"{_best_median(ip, False)} MiB/s  ratio {_best_median(ratios, False)} "
-              "(goal >= 0.8)")
+              f"(goal >= 0.8); per-CPU ratio {_best_median(cr, False)}")
     if "scale" not in skip:
         pairs = [int(x) for x in a.pairs.split(",")]
         runs: list[dict[int, float]] = []
