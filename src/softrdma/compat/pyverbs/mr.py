@@ -81,9 +81,9 @@ class MR(_v.MR, PyverbsCM):
         try:
             if address is not None:
                 buf = _user_buffer(address, length)
-                super().__init__(creator, length, access & ~_ODP, buffer=buf)
+                super().__init__(creator, length, access, buffer=buf)
             else:
-                super().__init__(creator, length, access & ~_ODP)
+                super().__init__(creator, length, access)
         except SoftRdmaError as exc:
             raise rdma_error("Failed to register a MR", exc) from exc
         except (OverflowError, MemoryError, ValueError) as exc:
