@@ -427,9 +427,10 @@ class TcpRuntime:
                 self._drop(s)
                 return
             conn.tx_sent(n)
-            s.pending = _advance(bufs, n)
-            if s.pending:
+            if n != sum(map(len, bufs)):  # a partial send: keep the rest as views
+                s.pending = _advance(bufs, n)
                 break
+            s.pending = []
         if s.done:
             return
         events = selectors.EVENT_READ | (selectors.EVENT_WRITE if s.pending else 0)
