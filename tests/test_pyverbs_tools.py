@@ -165,6 +165,8 @@ def test_whole_rdma_core_suite_in_ci(state: str) -> None:
     passed, failed, errors, skipped = map(int, m.groups())
     print("\n" + "\n".join(lines[-25:]))
     assert passed >= 110, proc.stdout
+    if os.geteuid() == 0:  # issue 14: 145, none failing (rdma_cm and huge pages need root)
+        assert passed >= 145 and failed == errors == 0, proc.stdout
     assert passed + failed + errors + skipped >= 250  # the whole suite ran
     for name in ("test_device", "test_qp", "test_odp", "test_mlx5_cq"):
         assert any(ln.startswith(name) for ln in lines), name

@@ -110,3 +110,26 @@ def test_rdma_cm_servers_say_they_wait(tmp_path: Path, tool: str, port_flag: str
             p.communicate()
     assert err.splitlines()[0] == f"softrdma {tool}: waiting for a client on {port}"
     assert err.count("waiting for a client") == 1
+
+
+@pytest.mark.parametrize("extra", [[], ["-P"], ["--transport", "iwarp"]],
+                         ids=["rping-s", "rping-s-P", "rping-s-iwarp"])
+def test_rping_server_says_it_waits_once(tmp_path: Path, extra: list[str]) -> None:
+    """``rping -s`` (and the persistent ``-P`` server) waits for clients until stopped and
+    says so once on stderr; its stdout stays rping's (nothing before a client)."""
+    port = _free_tcp_port()
+    p = subprocess.Popen(_tool("rping", "-s", "-a", "127.0.0.1", "-p", str(port), *extra),
+                         env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        time.sleep(4)
+        assert p.poll() is None, p.communicate()
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    assert err.splitlines()[0] == f"softrdma rping: waiting for a client on {port}"
+    assert err.count("waiting for a client") == 1 and out == ""
+    assert "Traceback" not in err

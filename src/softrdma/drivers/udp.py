@@ -190,12 +190,14 @@ class UdpLink:
     ``sport_pool``: how many source-port sockets are kept; a pooled socket unused for
     ``pool_idle`` seconds may be replaced when a new port is requested. ``ring``
     receive buffers of ``max_datagram`` bytes each back :meth:`recv_batch`.
+    ``reuseport``: the receive socket joins the port's ``SO_REUSEPORT`` group (a shared
+    device's direct path, :mod:`.reuseport`).
     """
 
     def __init__(self, local_ip: str | bytes, port: int = ROCE_V2_UDP_PORT, *,
                  rcvbuf: int = 8 << 20, sndbuf: int = 4 << 20, bind_port: bool = True,
                  sport_pool: int = 64, pool_idle: float = 1.0, ring: int = 64,
-                 max_datagram: int = 16384, scope_id: int = 0) -> None:
+                 max_datagram: int = 16384, scope_id: int = 0, reuseport: bool = False) -> None:
         raw = ip_bytes(local_ip, "local_ip")
         if raw == bytes(len(raw)):
             raise InvalidArgument("local_ip", "must be a specific address, not the wildcard "
@@ -234,6 +236,7 @@ class UdpLink:
         self._ifindex = mcast.ifindex_of(raw, scope_id)
         self._groups: dict[bytes, tuple[socket.socket, int]] = {}  # MGID -> (socket, refs)
         self._rx_socks: tuple[socket.socket, ...] = ()
+        self._reuseport = reuseport
         self._ep: select.epoll | None = None
         # Set by the engine runtime: RC/UC datagrams need no TOS/TTL/destination ancillary
         # data (only a UD receive's GRH area does), so recv_batch skips parsing it.
@@ -301,6 +304,8 @@ class UdpLink:
         try:
             if group is not None:  # several devices/processes of a host may join a group
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            elif receive and self._reuseport:  # set before bind (socket(7))
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             mcast.configure_sender(sock, self.ip, self._ifindex)
             if self.family == socket.AF_INET:
                 sock.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO)

@@ -11,7 +11,9 @@ Debian's ``python3-pyverbs`` ships rdma-core's tests in ``/usr/share/doc/rdma-co
    where softrdma's devices appear under ``/sys/class/infiniband`` with their
    ``device/net/<iface>`` entry (:mod:`softrdma.tools.sysfs_ns`), so the rdma_cm tests
    find the address to connect to; otherwise those skip and the report says why;
-4. parses unittest's verbose output and prints, per test file, the passed / failed /
+4. as root, reserves ``--hugepages`` 2 MiB huge pages for the run (given back after;
+   :mod:`softrdma.tools.hugepages`), so the huge-page MR tests run rather than skip;
+5. parses unittest's verbose output and prints, per test file, the passed / failed /
    errored / skipped counts and the skip reasons, then exactly one line
    ``rdma-core tests: N passed, N failed, N errors, N skipped``.
 
@@ -35,7 +37,7 @@ from pathlib import Path
 
 from softrdma import verbs
 from softrdma.compat import DEVICE_ENV
-from softrdma.tools import sysfs_ns
+from softrdma.tools import hugepages, sysfs_ns
 from softrdma.tools.pyverbs_run import shim_env
 
 __all__ = ["TESTS_DIR", "TestResult", "FileSummary", "parse_verbose", "summarize",
@@ -228,6 +230,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="give up on the suite after S seconds (default 1800)")
     parser.add_argument("--log", type=Path, metavar="FILE",
                         help="also write unittest's full output to FILE")
+    parser.add_argument("--hugepages", type=int, default=16, metavar="N",
+                        help="as root, reserve N 2 MiB huge pages for the run when fewer are "
+                        "(restored after; 0: leave the pool alone; default 16)")
     parser.add_argument("tests", nargs="*", metavar="TEST",
                         help="run only these tests (unittest names, e.g. "
                         "tests.test_qp.QPTest)")
@@ -274,13 +279,15 @@ def run(args: argparse.Namespace) -> int:
             stash.mkdir()
             cmd = sysfs_ns.wrap(_netdevs(), cmd, stash)
         timed_out = False
-        try:
-            proc = subprocess.run(cmd, cwd=tdir, env=shim_env(dev), stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, timeout=args.timeout, check=False)
-            out = proc.stdout
-        except subprocess.TimeoutExpired as exc:
-            timed_out = True
-            out = exc.stdout if isinstance(exc.stdout, bytes) else b""
+        with hugepages.reserved(args.hugepages) as no_huge:
+            try:
+                proc = subprocess.run(cmd, cwd=tdir, env=shim_env(dev), stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, timeout=args.timeout,
+                                      check=False)
+                out = proc.stdout
+            except subprocess.TimeoutExpired as exc:
+                timed_out = True
+                out = exc.stdout if isinstance(exc.stdout, bytes) else b""
     text = out.decode("utf-8", "replace")
     if args.log is not None:
         args.log.write_text(text)
@@ -289,6 +296,8 @@ def run(args: argparse.Namespace) -> int:
     if no_ns is not None:
         print(f"note: the rdma_cm tests skip: they find the device's netdev in "
               f"/sys/class/infiniband, and {no_ns}")
+    if no_huge is not None:
+        print(f"note: the huge-page tests skip: {no_huge}")
     print(format_report(summarize(results, text)))
     if timed_out:
         print(f"softrdma rdma-core-tests: error: the suite did not finish within "

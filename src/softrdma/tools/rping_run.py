@@ -39,6 +39,7 @@ from .rping import (
     check_args,
     ping_pattern,
 )
+from .waiting import announce_wait
 
 __all__ = ["Cb", "Rping", "run"]
 
@@ -387,6 +388,7 @@ class Rping:
         self.log("rdma_bind_addr successful")
         self.log("rdma_listen")
         self.cm_id.listen(3)
+        announce_wait("rping", self.a.port)  # once, on stderr (tools.waiting)
 
     def run_server(self) -> int:
         self.bind_server()

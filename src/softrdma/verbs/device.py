@@ -15,12 +15,11 @@ import errno
 import ipaddress
 import os
 import select
-import threading
 import time
 import weakref
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Self
 
 from .. import enums as e
 from ..drivers import netdev as _netdev
@@ -42,6 +41,7 @@ from ..seam.events import AsyncEventType, EngineEvent
 from ..seam.protocols import DeviceEngine
 from ..wire.gid import ip_to_gid
 from ._object import VerbsObject
+from .context_file import DeviceFile, lookup
 from .counters import PortCounters
 
 __all__ = [
@@ -409,6 +409,11 @@ def _open_udp(info: DeviceInfo) -> Link:
 
 
 
+#: what an imported context copies from the context that opened the device
+_SHARED_ATTRS = ("transport", "name", "netdev", "node_guid", "active_mtu", "port", "runtime",
+                 "progress_mode")
+
+
 def gid_table_len(ctx: Context) -> int:
     """The size of ``ctx``'s GID table (see :data:`GID_TABLE_LEN`)."""
     return GID_TABLE_LEN if ctx.transport != "iwarp" else len(ctx.port.gids)
@@ -532,25 +537,48 @@ class Context(VerbsObject):
         self.runtime = TcpRuntime(dev, mode=progress, clock=clock)
 
     def _init_events(self) -> None:
-        self._owners: dict[int, weakref.ref[object]] = {}
+        self._portwatch: PortWatch | None = None
+        ev_r, ev_w = os.pipe()
+        os.set_blocking(ev_r, False)
+        os.set_blocking(ev_w, False)
+        # the opened device: runtime, async events, handles (shared with imported contexts)
+        file: DeviceFile[EngineEvent | AsyncEvent] = DeviceFile(self.runtime, ev_r, ev_w)
+        file.attrs = {k: getattr(self, k) for k in _SHARED_ATTRS}
+        self._attach(file, ev_r)
+        self.port.events.subscribe(file.post)
+
+    def _attach(self, file: DeviceFile[EngineEvent | AsyncEvent], ev_r: int) -> None:
+        """Refer to ``file`` through the command FD ``ev_r`` (this context owns it)."""
+        self._file = file
+        self._ev_r = ev_r
         # engine events recorded under the engine lock, turned into AsyncEvents (the
         # verbs owner looked up) by get_async_event in the application's thread
-        self._events: deque[EngineEvent | AsyncEvent] = deque()
-        self._ev_lock = threading.Lock()
-        self._portwatch: PortWatch | None = None
-        self._ev_r, self._ev_w = os.pipe()
-        os.set_blocking(self._ev_r, False)
-        os.set_blocking(self._ev_w, False)
-        wself = weakref.ref(self)
+        self._events = file.events
+        self._ev_lock = file.ev_lock
+        self._owners = file.owners
+        self._finalizer = weakref.finalize(self, file.release, ev_r)
 
-        def on_event(ev: EngineEvent) -> None:
-            ctx = wself()
-            if ctx is not None:
-                ctx._post_event(ev)
+    @classmethod
+    def import_device(cls, cmd_fd: int) -> Self:
+        """``ibv_import_device``: a second context on the device opened by the context whose
+        command FD (:meth:`async_fileno`) ``cmd_fd`` is, usually ``os.dup`` of it. It shares
+        that context's objects (PDs, MRs, QPs, CQs ... by handle), engine and async events,
+        and takes ownership of ``cmd_fd`` (closing it closes the descriptor). The device
+        stays open until every context on it is closed, as a uverbs file stays open until
+        its last descriptor is. Within this process only: another process's descriptor
+        gives :class:`~softrdma.errors.NotSupported` (EOPNOTSUPP)."""
+        ctx = cls.__new__(cls)
+        VerbsObject.__init__(ctx)
+        ctx._init_import(cmd_fd)
+        return ctx
 
-        self.port.events.subscribe(on_event)
-        self._finalizer = weakref.finalize(self, _close_context_resources, self.runtime,
-                                           self._ev_r, self._ev_w)
+    def _init_import(self, cmd_fd: int) -> None:
+        file = lookup(cmd_fd)
+        file.add_user()
+        for k, v in file.attrs.items():
+            setattr(self, k, v)
+        self._portwatch = None
+        self._attach(file, cmd_fd)
 
     # ---- attributes -------------------------------------------------------------------------
     def _check(self) -> None:
@@ -657,11 +685,12 @@ class Context(VerbsObject):
         with self._ev_lock:
             if not self._events:
                 return
-            keep: deque[EngineEvent | AsyncEvent] = deque(
-                ev for ev in self._events
-                if ev.element is not engine_obj and (owner is None or ev.element is not owner))
+            keep = [ev for ev in self._events
+                    if getattr(ev, "element", None) is not engine_obj
+                    and (owner is None or getattr(ev, "element", None) is not owner)]
             dropped = len(self._events) - len(keep)
-            self._events = keep
+            self._events.clear()  # in place: imported contexts share the queue
+            self._events.extend(keep)
         if dropped:
             try:
                 os.read(self._ev_r, dropped)  # one pipe byte per pending event
@@ -680,12 +709,7 @@ class Context(VerbsObject):
 
     def _post_event(self, ev: EngineEvent | AsyncEvent) -> None:
         """Record an event (under the engine lock for engine events: no other work)."""
-        with self._ev_lock:
-            self._events.append(ev)
-        try:
-            os.write(self._ev_w, b"\0")
-        except OSError:
-            pass
+        self._file.post(ev)
 
     def watch_port(self, interval: float = 0.2) -> None:
         """Post ``IBV_EVENT_PORT_ERR``/``PORT_ACTIVE``/``GID_CHANGE`` (element: the port
@@ -736,20 +760,11 @@ class Context(VerbsObject):
         self._finalizer.detach()
         if self._portwatch is not None:
             self._portwatch.stop()
-        _close_context_resources(self.runtime, self._ev_r, self._ev_w)
+        self._file.release(self._ev_r)
 
     def __repr__(self) -> str:
         state = " closed" if self._closed else ""
         return f"<Context {self.name}{state}>"
-
-
-def _close_context_resources(runtime: DeviceRuntime, r: int, w: int) -> None:
-    runtime.close()
-    for fd in (r, w):
-        try:
-            os.close(fd)
-        except OSError:
-            pass
 
 
 def _check_port(port_num: int) -> None:

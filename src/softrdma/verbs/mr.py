@@ -8,9 +8,14 @@ pointer as with libibverbs (pyverbs ``mr.buf``). ``address=`` overrides it; an
 ``IBV_ACCESS_ZERO_BASED`` region starts at VA 0.
 
 Access checks (kernel ``ib_check_mr_access``): unknown flag bits -> EINVAL;
-REMOTE_WRITE or REMOTE_ATOMIC without LOCAL_WRITE -> EINVAL; ON_DEMAND -> EOPNOTSUPP (rxe
-has no ODP); a read-only buffer with any writable access -> EFAULT (``ib_umem_get``
-cannot pin read-only pages for write).
+REMOTE_WRITE or REMOTE_ATOMIC without LOCAL_WRITE -> EINVAL; a read-only buffer with any
+writable access -> EFAULT (``ib_umem_get`` cannot pin read-only pages for write).
+
+On-demand paging (``IBV_ACCESS_ON_DEMAND``, ``ibv_reg_mr(3)``): accepted, and the region
+is marked :attr:`MR.on_demand`. softrdma never pins memory: the engine reaches the
+registered bytes in place when a packet needs them, which is what ODP promises, so an
+ODP region behaves as any other (rxe has no ODP and refuses it; softrdma's pyverbs layer
+reports ODP in ``query_device_ex().odp_caps`` and accepts it the same way).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from typing import Any
 
 from .. import enums as e
 from ..drivers.progress import DeviceRuntime
-from ..errors import InvalidArgument, NotSupported
+from ..errors import InvalidArgument
 from ..seam.protocols import DeviceEngine
 from ..seam.types import MemoryRegion
 from ._object import VerbsObject
@@ -38,6 +43,7 @@ ACCESS_SUPPORTED = int(
 )
 _WRITABLE = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_ATOMIC)
 _NEEDS_LOCAL_WRITE = int(e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_ATOMIC)
+_ODP = int(e.IBV_ACCESS_ON_DEMAND)
 
 
 class _PyBuffer(ctypes.Structure):
@@ -97,8 +103,6 @@ class MR(VerbsObject):
         pd._check()
         if not isinstance(access, int) or access < 0 or access & ~ACCESS_SUPPORTED:
             raise InvalidArgument("access", f"unknown access flags {access!r}")
-        if access & e.IBV_ACCESS_ON_DEMAND:
-            raise NotSupported("IBV_ACCESS_ON_DEMAND: softrdma has no on-demand paging")
         if access & _NEEDS_LOCAL_WRITE and not access & e.IBV_ACCESS_LOCAL_WRITE:
             raise InvalidArgument("access", "REMOTE_WRITE and REMOTE_ATOMIC need LOCAL_WRITE "
                                   "(ib_check_mr_access)")
@@ -134,7 +138,10 @@ class MR(VerbsObject):
         ctx = pd.ctx
         runtime: DeviceRuntime = ctx.runtime
         port: DeviceEngine = ctx.port
-        self._emr: MemoryRegion = runtime.call(port.register_mr, mv, va, access, pd, zero_based)
+        #: registered with IBV_ACCESS_ON_DEMAND (the engine's access is the rest)
+        self.on_demand = bool(access & _ODP)
+        self._emr: MemoryRegion = runtime.call(port.register_mr, mv, va, access & ~_ODP, pd,
+                                               zero_based)
         self._depend_on(pd)
         self.pd = pd
         self._runtime = runtime
@@ -169,7 +176,8 @@ class MR(VerbsObject):
 
     @property
     def access(self) -> int:
-        return self._emr.access
+        """The access flags registered (``IBV_ACCESS_ON_DEMAND`` included if given)."""
+        return self._emr.access | (_ODP if self.on_demand else 0)
 
     @property
     def engine_mr(self) -> MemoryRegion:

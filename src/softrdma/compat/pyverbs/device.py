@@ -28,6 +28,7 @@ from softrdma.errors import DeviceError, SoftRdmaError
 from softrdma.verbs._object import VerbsObject
 
 from . import libibverbs_enums as e
+from ._imports import file_handle, import_context, resolve, unimport
 from .addr import GID
 from .base import PyverbsCM, PyverbsObject, rdma_error, translate
 from .pyverbs_error import PyverbsRDMAError, PyverbsUserError
@@ -274,13 +275,21 @@ class DM(VerbsObject, PyverbsCM):
     process that opened it; each context may hold up to :data:`MAX_DM_SIZE` bytes."""
 
     _close_rank = 5
+    _handle: int | None = None
+    _origin: DM | None = None
+    length: int
+    memory: bytearray
 
     def __init__(self, context: Context, dm_attr: AllocDmAttr | None = None,
                  **kwargs: Any) -> None:
         VerbsObject.__init__(self)
-        if kwargs.get("handle") is not None:
-            raise PyverbsRDMAError("Failed to import DM: softrdma objects cannot be imported",
-                                   errno.EOPNOTSUPP)
+        if kwargs.get("handle") is not None:  # ibv_import_dm: the same device memory
+            orig = resolve(context, "dm", kwargs["handle"], DM)
+            assert isinstance(orig, DM)
+            self._depend_on(context)
+            self.context, self.length, self.memory = context, orig.length, orig.memory
+            self._handle, self._origin = orig._handle, orig
+            return
         if not isinstance(context, Context) or not isinstance(dm_attr, AllocDmAttr):
             raise PyverbsUserError("DM needs a Context and an AllocDmAttr")
         length = int(dm_attr.length)
@@ -295,13 +304,13 @@ class DM(VerbsObject, PyverbsCM):
         except SoftRdmaError as exc:
             raise rdma_error("Failed to allocate device memory", exc) from exc
         self.context = context
-        self.length: int = length
+        self.length = length
         self.memory = bytearray(length)
         context._dms.add(self)
 
     @property
     def handle(self) -> int:
-        return id(self) & 0xFFFFFFFF
+        return file_handle(self, self.context, "dm")
 
     def _range(self, offset: int, length: int, what: str) -> None:
         self._check()
@@ -323,11 +332,17 @@ class DM(VerbsObject, PyverbsCM):
         return bytes(self.memory[dm_offset:dm_offset + length])
 
     def unimport(self) -> None:
-        raise PyverbsRDMAError("Failed to unimport DM", errno.EOPNOTSUPP)
+        """``ibv_unimport_dm`` (see :mod:`._imports`)."""
+        unimport(self, "DM")
 
     def close(self) -> None:
-        """Free the device memory (``ibv_free_dm``) and the MRs on it; idempotent."""
+        """Free the device memory (``ibv_free_dm``) and the MRs on it; idempotent. An
+        imported DM frees the shared memory: the original is closed too."""
+        if self.closed:
+            return
         VerbsObject.close(self)
+        if self._origin is not None:
+            self._origin.close()
 
 
 # ---- the context -------------------------------------------------------------------------------
@@ -336,10 +351,9 @@ class Context(_v.Context, PyverbsObject):
 
     ``Context(name="softrdma_lo")``. ``attr`` (provider attributes) and ``cmid`` are not
     supported (EOPNOTSUPP); ``cmd_fd`` imports a context opened in this process
-    (``ibv_import_device``), see :meth:`cmd_fd`.
+    (``ibv_import_device``, see :mod:`._imports`): a descriptor from another process
+    fails with EOPNOTSUPP.
     """
-
-    _imports: dict[tuple[int, int], Context] = {}
 
     def __init__(self, name: str | bytes | None = None, attr: Any = None, cmid: Any = None,
                  cmd_fd: int | None = None, **kwargs: Any) -> None:
@@ -352,18 +366,19 @@ class Context(_v.Context, PyverbsObject):
         if attr is not None or cmid is not None:
             raise PyverbsRDMAError("Opening a device with provider attributes or a CMID is "
                                    "not supported by softrdma", errno.EOPNOTSUPP)
-        if cmd_fd is not None:
-            raise PyverbsRDMAError("Failed to import device: softrdma contexts cannot be "
-                                   "imported from a command FD", errno.EOPNOTSUPP)
-        if name is None:
+        if cmd_fd is not None:  # ibv_import_device (see ._imports)
+            import_context(self, cmd_fd)
+        elif name is None:
             raise PyverbsUserError("Device name must be provided")
-        try:
-            super().__init__(name)
-        except DeviceError as exc:
-            # the cause in the text: errno 19 alone hid "UDP port 4791 is in use"
-            raise PyverbsRDMAError(f"Failed to open device {name}: {exc}", exc.errno) from exc
-        except SoftRdmaError as exc:
-            raise rdma_error(f"Failed to open device {name}", exc) from exc
+        else:
+            try:
+                super().__init__(name)
+            except DeviceError as exc:
+                # the cause in the text: errno 19 alone hid "UDP port 4791 is in use"
+                raise PyverbsRDMAError(f"Failed to open device {name}: {exc}",
+                                       exc.errno) from exc
+            except SoftRdmaError as exc:
+                raise rdma_error(f"Failed to open device {name}", exc) from exc
         self.num_comp_vectors = 1
         self._dms: weakref.WeakSet[DM] = weakref.WeakSet()
         try:

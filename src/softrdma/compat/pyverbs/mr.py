@@ -27,6 +27,7 @@ from softrdma.verbs import mr as _vmr
 from softrdma.verbs._object import VerbsObject
 
 from . import libibverbs_enums as e
+from ._imports import file_handle, resolve, unimport
 from ._procmem import ProcessMemoryRegion
 from .base import PyverbsCM, PyverbsObject, rdma_error
 from .device import DM
@@ -57,16 +58,20 @@ def _user_buffer(address: int, length: int) -> Any:
 
 
 class MR(_v.MR, PyverbsCM):
-    """A registered memory region (``ibv_reg_mr``)."""
+    """A registered memory region (``ibv_reg_mr``); ``MR(pd, handle=h, address=a)``
+    imports the MR with handle ``h`` (``ibv_import_mr``, see :mod:`._imports`)."""
+
+    _handle: int | None = None
+    _origin: MR | None = None
 
     def __init__(self, creator: Any, length: int = 0, access: int = 0,
                  address: int | None = None, implicit: bool = False, **kwargs: Any) -> None:
         PyverbsObject.__init__(self)
-        if kwargs.get("handle") is not None:
-            raise PyverbsRDMAError("Failed to import MR: softrdma objects cannot be imported",
-                                   errno.EOPNOTSUPP)
         if not isinstance(creator, PD):
             raise PyverbsUserError(f"MR: expected a PD, got {type(creator).__name__}")
+        if kwargs.get("handle") is not None:
+            self._import(creator, kwargs["handle"], address)
+            return
         length = int(length)
         access = int(access)
         self.on_demand = bool(access & _ODP)
@@ -76,9 +81,9 @@ class MR(_v.MR, PyverbsCM):
         try:
             if address is not None:
                 buf = _user_buffer(address, length)
-                super().__init__(creator, length, access & ~_ODP, buffer=buf)
+                super().__init__(creator, length, access, buffer=buf)
             else:
-                super().__init__(creator, length, access & ~_ODP)
+                super().__init__(creator, length, access)
         except SoftRdmaError as exc:
             raise rdma_error("Failed to register a MR", exc) from exc
         except (OverflowError, MemoryError, ValueError) as exc:
@@ -90,6 +95,32 @@ class MR(_v.MR, PyverbsCM):
         with self.pd.ctx.runtime.lock:
             emr.owner = _MrInfo(self.on_demand)
             emr.pd = creator.protection_domain
+
+    def _import(self, pd: PD, handle: object, address: int | None) -> None:
+        """``ibv_import_mr``: alias the MR with ``handle`` on ``pd``'s device (same keys,
+        memory and engine region). ``buf`` is ``address`` (libibverbs gives an imported
+        MR a NULL address; pyverbs callers pass the original's ``buf``)."""
+        VerbsObject.__init__(self)
+        orig = resolve(pd.ctx, "mr", handle, MR)
+        assert isinstance(orig, MR)
+        self._origin = orig
+        self._handle = orig.handle
+        self._emr = orig._emr
+        self._runtime, self._port = orig._runtime, orig._port
+        self._storage, self._buf = orig._storage, orig._buf
+        self.real_address = 0
+        if address is not None and int(address) != orig.real_address:
+            self._storage = _user_buffer(int(address), orig.length)
+            self._buf = memoryview(self._storage).cast("B")
+        if address is not None:
+            self.real_address = int(address)
+        self._access, self.on_demand = orig._access, orig.on_demand
+        self._depend_on(pd)
+        self.pd = pd
+        # the original deregisters (or close() here does), not the collector
+        self._finalizer = weakref.finalize(self, _vmr._defer_dereg, self._runtime, self._port,
+                                           self._emr)
+        self._finalizer.detach()
 
     def _register_implicit(self, access: int) -> None:
         """Replace the buffer's registration with one spanning the address space."""
@@ -115,7 +146,7 @@ class MR(_v.MR, PyverbsCM):
 
     @property
     def handle(self) -> int:
-        return self.lkey
+        return file_handle(self, self.pd.ctx, "mr")
 
     def read(self, length: int, offset: int = 0) -> bytes:
         """``length`` bytes at ``offset`` of the region."""
@@ -185,11 +216,21 @@ class MR(_v.MR, PyverbsCM):
         emr.owner = _MrInfo(self.on_demand)
 
     def unimport(self) -> None:
-        raise PyverbsRDMAError("Failed to unimport MR", errno.EOPNOTSUPP)
+        """``ibv_unimport_mr`` (see :mod:`._imports`)."""
+        unimport(self, "MR")
+
+    def _release(self) -> None:
+        if self._origin is None:
+            super()._release()
 
     def close(self) -> None:
-        """Deregister (``ibv_dereg_mr``); idempotent."""
+        """Deregister (``ibv_dereg_mr``); idempotent. Deregistering an imported MR
+        deregisters the shared region: the original is closed too."""
+        if self.closed:
+            return
         _v.MR.close(self)
+        if self._origin is not None:
+            self._origin.close()
 
 
 def mwtype2str(mw_type: int) -> str:

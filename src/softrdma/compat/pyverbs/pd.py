@@ -21,9 +21,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from softrdma import verbs as _v
-from softrdma.errors import SoftRdmaError
+from softrdma.errors import InvalidArgument, SoftRdmaError
 
 from . import libibverbs_enums as e
+from ._imports import file_handle, resolve, unimport
 from .base import PyverbsCM, PyverbsObject, rdma_error
 from .device import Context
 from .pyverbs_error import PyverbsRDMAError, PyverbsUserError
@@ -36,31 +37,53 @@ _ADVICES = frozenset({int(e._IBV_ADVISE_MR_ADVICE_PREFETCH),
 
 
 class PD(_v.PD, PyverbsCM):
-    """A protection domain (``ibv_alloc_pd``)."""
+    """A protection domain (``ibv_alloc_pd``); ``PD(ctx, handle=h)`` imports the PD
+    with handle ``h`` of ``ctx``'s device (``ibv_import_pd``, see :mod:`._imports`)."""
+
+    _handle: int | None = None
+    _origin: PD | None = None
 
     def __init__(self, creator: Any, **kwargs: Any) -> None:
         PyverbsObject.__init__(self)
-        if kwargs.get("handle") is not None:
-            raise PyverbsRDMAError("Failed to import PD: softrdma objects cannot be imported",
-                                   errno.EOPNOTSUPP)
+        handle = kwargs.pop("handle", None)
+        if kwargs:
+            raise PyverbsUserError(f"PD: unexpected arguments {sorted(kwargs)}")
         if not isinstance(creator, Context):
             raise PyverbsUserError(f"PD: expected a Context, got {type(creator).__name__}")
+        origin: PD | None = None
+        if handle is not None:
+            found = resolve(creator, "pd", handle, PD)
+            assert isinstance(found, PD)
+            origin = found
         try:
             super().__init__(creator)
         except SoftRdmaError as exc:
             raise rdma_error("Failed to allocate PD", exc) from exc
+        if origin is not None:
+            self._handle, self._origin = origin.handle, origin
 
     @property
     def protection_domain(self) -> PD:
-        """The PD access checks use (itself; a parent domain's protection domain)."""
+        """The PD access checks use (itself; a parent domain's protection domain; an
+        imported PD's original's)."""
+        if self._origin is not None:
+            return self._origin.protection_domain
         return self
 
     @property
     def handle(self) -> int:
-        return id(self) & 0xFFFFFFFF
+        return file_handle(self, self.ctx, "pd")
+
+    def _check(self) -> None:
+        super()._check()
+        if self._origin is not None and self._origin.closed:
+            # the shared PD was deallocated: its handle names nothing any more
+            raise InvalidArgument("pd", "the imported PD was deallocated through another "
+                                  "context")
 
     def unimport(self) -> None:
-        raise PyverbsRDMAError("Failed to unimport PD", errno.EOPNOTSUPP)
+        """``ibv_unimport_pd`` (see :mod:`._imports`)."""
+        unimport(self, "PD")
 
     def advise_mr(self, advise: int, flags: int, sg_list: Sequence[Any]) -> None:
         """``ibv_advise_mr``: EINVAL for an unknown advice or flag, an SGE outside an
