@@ -27,7 +27,6 @@ from ..errors import DecodeError, InvalidArgument
 from ..seam.counters import Counters, DropReason
 from ..seam.protocols import Timed
 from ..seam.queues import QPInit
-from ..seam.states import QPT_RC
 from ..seam.tables import DeviceTables
 from ..wire import ib as wib
 from ..wire.opcodes import (
@@ -174,9 +173,8 @@ class Port(DeviceTables[EngineQP]):
             # the general path would pass (TVer 0, no pad, the QP's full-member P_Key, its
             # peer's addresses, in sequence); anything else goes the general way below.
             fqp = self.qps.get(int.from_bytes(data[5:8], "big"))
-            if (fqp is not None and fqp.fast_rc and fqp.qp_type == QPT_RC
-                    and not data[1] & 0x3F and (data[2] << 8 | data[3]) == fqp.fast_pkey
-                    and fqp.from_peer(meta) and fastpath.ENABLED):
+            if (fqp is not None and (data[2] << 8 | data[3]) == fqp.fast_pkey
+                    and not data[1] & 0x3F and fqp.from_peer(meta) and fastpath.ENABLED):
                 if op == RC_ACK:
                     if len(data) == _ACK_SIZE and fqp.req.fast_ack(data, now):
                         return
