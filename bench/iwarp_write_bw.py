@@ -137,6 +137,8 @@ class _Prof:
         for p in self.profs[1:]:
             st.add(p)
         st.sort_stats("tottime").print_stats(18)
+        if os.environ.get("IWPERF_CALLERS"):
+            st.print_callers(os.environ["IWPERF_CALLERS"])
         print(f"--- profile: {title} ({len(self.profs)} threads, {nbytes / MB:.0f} MiB)\n"
               + out.getvalue(), file=sys.stderr)
 

@@ -31,7 +31,7 @@ from softrdma.iwarp.ddp_place import RDMAP_RV, TxMsg, segment
 from softrdma.iwarp.engine import ConnState, IwarpConn
 from softrdma.iwarp.mpa_setup import MpaConfig
 from softrdma.iwarp.mpa_stream import Buf, frame
-from softrdma.wire import ddp, mpa
+from softrdma.wire import crc, ddp, mpa
 from softrdma.wire.crc import crc32c
 from softrdma.wire.mpa import FpduEncoder
 
@@ -454,3 +454,12 @@ def test_fast_path_off_with_markers_and_while_awaiting_rtr(monkeypatch: pytest.M
     rr = b.conn.rdmap
     rr.await_rtr = "write"
     assert rr.fast_run(memoryview(bytes(64)), 0, 64) == 0 and seen == []
+
+
+def test_crc32c_keeping_the_gil_is_the_same_crc() -> None:
+    data = random.Random(3385).randbytes(100_000)
+    mv = memoryview(bytearray(data))
+    assert crc.crc32c_gil(mv, 0, crc.KEEP_GIL) == crc.crc32c(data) == crc.crc32c_py(data)
+    assert crc.crc32c_gil(mv[40_000:], crc.crc32c(mv[:40_000]), crc.KEEP_GIL) == \
+        crc.crc32c(data)
+    assert crc.crc32c(b"123456789") == 0xE3069283  # RFC 3720 B.4 check value

@@ -26,6 +26,7 @@ Files in the state directory (:func:`softrdma.drivers.registry.state_dir`):
 * ``NAME.pid``: the daemon's pid; ``NAME.log``: a detached daemon's stderr.
 
 The daemon exits by itself ``idle_timeout`` seconds (default 5) after its last client
+left (or after it started, if no client ever came), removing its socket and pid file.
 
 The receive path (design.md "Devices shared by processes", :mod:`.reuseport`): each
 client process binds its own socket to the device's port with ``SO_REUSEPORT`` and the
@@ -55,6 +56,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from softrdma.drivers import devd_proto as proto
 from softrdma.drivers.admission import (
     MAX_CLIENTS_PER_UID,
     Spare,
@@ -66,42 +68,25 @@ from softrdma.drivers.admission import (
 )
 from softrdma.drivers.cm_reject import RejLimiter
 from softrdma.drivers.devd_client import DevdLink
-from softrdma.drivers.devd_cm import CmRouting
+from softrdma.drivers.devd_forward import Forwarding
 from softrdma.drivers.devd_mcast import McastRouting
 from softrdma.drivers.devd_proto import (
-    BTH_SIZE,
     DATA_SNDBUF,
     DEFAULT_IDLE_TIMEOUT,
-    DHDR,
     HELLO,
     MAGIC,
     MAX_CTRL,
     MAX_DATAGRAM,
-    OP_ALLOC_QPN,
-    OP_ATTACH_MCAST,
-    OP_CM_LISTEN,
-    OP_CM_SLOT,
-    OP_CM_UNLISTEN,
-    OP_COUNTERS,
-    OP_DETACH_MCAST,
-    OP_FREE_QPN,
-    OP_JOIN,
-    OP_JOINED,
-    OP_REPORT,
-    OP_STATS,
     PROTOCOL_VERSION,
     QPN_FIRST,
     QPN_GSI,
     QPN_LAST,
-    QPN_MULTICAST,
-    RECV_BATCH,
     REP,
     REQ,
     STAT_NAMES,
     U64,
     Client,
     bind_text,
-    client_recv,
     device_addresses,
     socket_path,
 )
@@ -113,8 +98,7 @@ from softrdma.drivers.devd_spawn import (
     ensure_devd,
     install_signals,
 )
-from softrdma.drivers.devd_v1 import V1_VERSION, v1_datagram
-from softrdma.drivers.link import Datagram, ip_bytes, ip_text
+from softrdma.drivers.link import ip_bytes, ip_text
 from softrdma.drivers.rawether import RawEtherLink
 from softrdma.drivers.registry import DeviceRecord, Registry, ensure_state_dir, open_state_file
 from softrdma.drivers.registry import state_dir as default_state_dir
@@ -141,7 +125,7 @@ __all__ = [
 MAX_JOIN_FDS = 4  # sockets a JOINED may carry (one per address family)
 
 
-class Devd(CmRouting, McastRouting, QpnRouting):
+class Devd(Forwarding, McastRouting, QpnRouting):
     """The demultiplexer of one device (see the module docstring for the protocol).
 
     ``record``: the device (roce only). ``state_dir``: where the socket, lock and pid
@@ -437,16 +421,6 @@ class Devd(CmRouting, McastRouting, QpnRouting):
             self._sel.register(ctrl, selectors.EVENT_READ, ("ctrl", client))
             self._sel.register(mine, selectors.EVENT_READ, ("data", client))
 
-    def _on_data_hup(self, c: Client) -> None:
-        """The data channel is readable: the client left, or it sends a self-addressed
-        RoCEv1 packet (CA16-22), which is routed as if it had arrived from the wire."""
-        while (msg := client_recv(c, c.data, DHDR.size + MAX_DATAGRAM)) is not None:
-            dg = v1_datagram(msg, DHDR.size)
-            if dg is None or self._raw is None:
-                self.counters["malformed"] += 1
-                continue
-            self._route(self._raw, [dg])
-
     def _drop_client(self, c: Client) -> None:
         self._direct_leave(c)
         for qpn in list(c.qpns):
@@ -495,8 +469,8 @@ class Devd(CmRouting, McastRouting, QpnRouting):
                     os.close(fd)
                 c.dead = True
                 return
-            if msg[0] == OP_JOINED and len(msg) == REQ.size:
-                reply: bytes | None = self._joined(c, OP_JOINED, REQ.unpack(msg)[1], fds)
+            if msg[0] == proto.OP_JOINED and len(msg) == REQ.size:
+                reply: bytes | None = self._joined(c, proto.OP_JOINED, REQ.unpack(msg)[1], fds)
             else:
                 for fd in fds:
                     os.close(fd)
@@ -510,30 +484,30 @@ class Devd(CmRouting, McastRouting, QpnRouting):
                 return
 
     def _handle(self, c: Client, msg: bytes) -> bytes | None:
-        if len(msg) > REQ.size and msg[0] == OP_REPORT:
-            return REP.pack(OP_REPORT, self._report(c, msg[REQ.size :]), 0)
+        if len(msg) > REQ.size and msg[0] == proto.OP_REPORT:
+            return REP.pack(proto.OP_REPORT, self._report(c, msg[REQ.size :]), 0)
         if len(msg) != REQ.size:
             return REP.pack(msg[0] if msg else 0, errno.EINVAL, 0)
         op, arg, mgid = REQ.unpack(msg)
-        if op == OP_ALLOC_QPN:
+        if op == proto.OP_ALLOC_QPN:
             err, value = self._alloc(c, arg)
-        elif op == OP_FREE_QPN:
+        elif op == proto.OP_FREE_QPN:
             err, value = self._free(c, arg), 0
-        elif op == OP_ATTACH_MCAST:
+        elif op == proto.OP_ATTACH_MCAST:
             err, value = self._attach(c, mgid), 0
-        elif op == OP_DETACH_MCAST:
+        elif op == proto.OP_DETACH_MCAST:
             err, value = self._detach(c, mgid), 0
-        elif op == OP_CM_SLOT:
+        elif op == proto.OP_CM_SLOT:
             err, value = self._cm_slot(c)
-        elif op in (OP_CM_LISTEN, OP_CM_UNLISTEN):
-            err, value = self._cm_listen(c, mgid, op == OP_CM_LISTEN), 0
-        elif op == OP_JOIN:
+        elif op in (proto.OP_CM_LISTEN, proto.OP_CM_UNLISTEN):
+            err, value = self._cm_listen(c, mgid, op == proto.OP_CM_LISTEN), 0
+        elif op == proto.OP_JOIN:
             return self._join(c, op)
-        elif op == OP_COUNTERS:
+        elif op == proto.OP_COUNTERS:
             body = json.dumps({"port": self.port_counters(), "devd": self.counters,
                                "clients": len(self._clients)}).encode()
             return REP.pack(op, 0, len(body)) + body
-        elif op == OP_STATS:
+        elif op == proto.OP_STATS:
             return REP.pack(op, 0, len(STAT_NAMES)) + b"".join(
                 U64.pack(self.counters[n]) for n in STAT_NAMES
             )
@@ -594,56 +568,6 @@ class Devd(CmRouting, McastRouting, QpnRouting):
         self._disown(qpn)
         return 0
 
-    # -- data --------------------------------------------------------------------------
-
-    def _on_udp(self, link: UdpLink | RawEtherLink) -> None:
-        self._route(link, link.recv_batch(RECV_BATCH))
-
-    def _route(self, link: UdpLink | RawEtherLink, dgrams: Sequence[Datagram]) -> None:
-        """Forward datagrams (RoCEv2) and RoCEv1 frames (``dg.grh``) to their owners."""
-        counters = self.counters
-        owners = self._owners
-        for dg in dgrams:
-            counters["rx"] += 1
-            d = dg.data
-            if len(d) < BTH_SIZE:
-                counters["malformed"] += 1
-                continue
-            qpn = int.from_bytes(d[5:8], "big")
-            if qpn == QPN_GSI:
-                targets: Sequence[Client] = self._route_qp1(link, dg)
-            elif qpn == QPN_MULTICAST:
-                targets = self._groups.get(ip_to_gid(dg.dst_ip), ())
-            else:
-                owner = owners.get(qpn)
-                targets = (owner,) if owner is not None else ()
-            if not targets:
-                counters["unknown_qpn"] += 1
-                continue
-            hdr = DHDR.pack(
-                V1_VERSION if dg.grh else 4 if len(dg.src_ip) == 4 else 6,
-                dg.tos,
-                dg.ttl,
-                dg.sport,
-                dg.dport,
-                ip_to_gid(dg.src_ip),
-                ip_to_gid(dg.dst_ip),
-            )
-            for c in targets:
-                self._forward(c, hdr, d, dg.grh)
-
-    def _forward(self, c: Client, hdr: bytes, payload: memoryview, grh: bytes = b"") -> None:
-        if c.dead:
-            return
-        try:
-            c.data.sendmsg([hdr, grh, payload] if grh else [hdr, payload], [],
-                           socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            self.counters["client_full"] += 1
-        except OSError:
-            c.dead = True
-        else:
-            self.counters["forwarded"] += 1
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,7 +12,7 @@ common case only, and hand everything else back to the general path:
 * :func:`frame_run` cuts and frames successive segments of one message whose payload is
   one contiguous view (RFC 5041 §5.1 segmentation, RFC 5044 §4.1 framing: ULPDU_Length,
   PAD, CRC32c), one ``struct`` pack per FPDU for ULPDU_Length and the DDP/RDMAP header
-  together. Its buffers are byte-identical to ``segment`` + ``frame``'s.
+  together, the CRC over the payload computed holding the GIL (:data:`~softrdma.wire.crc.KEEP_GIL`). Its buffers are byte-identical to ``segment`` + ``frame``'s.
 * :func:`write_run` places successive whole RDMA Write FPDUs found in one received chunk:
   the checks of :meth:`~.ddp_place.DdpRx.write` (the STag's validity, PD, REMOTE_WRITE
   and bounds, RFC 5041 §7.2 via :func:`~.stag.check_access` once per STag per run, then
@@ -31,7 +31,7 @@ from __future__ import annotations
 import struct
 
 from ..enums import ibv_access_flags as ACC
-from ..wire.crc import crc32c
+from ..wire.crc import KEEP_GIL, crc32c, crc32c_gil
 from ..wire.ddp import DDP_L, DDP_T, DDP_VERSION, TAGGED, TAGGED_HDR_LEN, UNTAGGED_HDR_LEN
 from ..wire.mpa import FpduEncoder
 from .ddp_place import MASK32, MASK64, RDMAP_RV, DdpRx, TxMsg
@@ -107,7 +107,7 @@ def frame_run(enc: FpduEncoder, msg: TxMsg, maxpay_t: int, maxpay_u: int, out: l
         pay = seg[off:off + n]
         pad = _PADS[(-(ulen + _LEN)) & 3]
         if crc_on:
-            c = crc32c(pay, crc32c(head))
+            c = crc32c_gil(pay, crc32c(head), KEEP_GIL)
             trail = pad + pack_crc(crc32c(pad, c) if pad else c)
         else:
             trail = pad + _NO_CRC
@@ -166,7 +166,7 @@ def write_run(ddp: DdpRx, pd: object, mv: memoryview, i: int, n: int,
             off = to - base
             if off < 0 or off + paylen > limit or to + paylen > _U64:
                 break
-        if crc_on and crc32c(mv[i:end]) != crc_field(mv, end)[0]:
+        if crc_on and crc32c_gil(mv[i:end], 0, KEEP_GIL) != crc_field(mv, end)[0]:
             break
         top = i + _LEN + ulen
         buf[off:off + paylen] = mv[top - paylen:top]

@@ -22,7 +22,8 @@ from typing import Protocol
 
 Buffer = bytes | bytearray | memoryview
 
-__all__ = ["Buffer", "CrcFunction", "crc32", "crc32c", "crc32c_py", "CRC32_IMPL", "CRC32C_IMPL"]
+__all__ = ["Buffer", "CrcFunction", "CrcGilFunction", "KEEP_GIL", "crc32", "crc32c",
+           "crc32c_gil", "crc32c_py", "CRC32_IMPL", "CRC32C_IMPL"]
 
 _Crc = Callable[[Buffer, int], int]
 
@@ -75,7 +76,27 @@ class CrcFunction(Protocol):
     def __call__(self, data: Buffer, value: int = 0, /) -> int: ...
 
 
+class CrcGilFunction(Protocol):
+    """``f(data, value, gil_release_mode) -> int``: :data:`crc32c` with the ``crc32c``
+    package's GIL choice (:data:`KEEP_GIL`: hold it throughout)."""
+
+    def __call__(self, data: Buffer, value: int, gil_release_mode: int, /) -> int: ...
+
+
+#: ``gil_release_mode`` that keeps the GIL during the computation. The package's default
+#: releases it for buffers over 32 KiB; on the iWARP data path (64 KiB FPDUs, a progress
+#: thread beside the application's) that hands the GIL to the other thread mid-FPDU and
+#: costs a thread switch to get it back: about 10 % more CPU per byte on each side of
+#: ``bench/iwarp_write_bw.py``.
+KEEP_GIL = 0
+
+
+def _crc32c_gil_fallback(data: Buffer, value: int, gil_release_mode: int, /) -> int:
+    return crc32c_py(data, value)
+
+
 crc32c: CrcFunction
+crc32c_gil: CrcGilFunction
 """CRC-32C of ``data`` continuing from ``value`` (RFC 3385 / RFC 5044 §8):
 ``crc32c(data, value=0)``. With the ``crc32c`` package this *is* its C function (no
 Python frame per call: the FPDU paths call it several times per FPDU); its result is
@@ -84,7 +105,9 @@ try:
     from crc32c import crc32c as _crc32c_c
 
     crc32c = _crc32c_c
+    crc32c_gil = _crc32c_c
     CRC32C_IMPL = "crc32c"
 except ImportError:  # pragma: no cover - crc32c is a declared dependency
     crc32c = _crc32c_fallback
+    crc32c_gil = _crc32c_gil_fallback
     CRC32C_IMPL = "python"
