@@ -168,6 +168,7 @@ class Runtime:
         self._gid_of = _Memo(ip_to_gid).__getitem__  # IP address -> GID, per packet received
         self._metas: dict[tuple[bytes, bytes, int, int, int], RxMeta] = {}
         self._backlog: list[Datagram] = []
+        self._poll_ask = 1  # datagrams the next busy poll reads (progress_nonblocking)
         self._pending = False
         self._reporter = link if isinstance(link, CounterReporter) else None
         self._gso: GsoLink | None = link if isinstance(link, GsoLink) else None
@@ -251,7 +252,11 @@ class Runtime:
         if not self.core.try_lock():
             return 0
         try:
-            n = self._poll_rx_locked(stop_on)
+            # A busy poll reads one datagram first (a ping-pong's answer then costs one
+            # receive call, not a second, empty one); a full read doubles the next.
+            ask = self._poll_ask
+            n = self._poll_rx_locked(stop_on, ask)
+            self._poll_ask = min(2 * ask, self.batch) if n >= ask else 1
             # New packets: let the application see their completions before the ACKs
             # go out (they leave at the next idle poll, after the application's next
             # post_send, or from the progress thread): the ACK is off the critical path
@@ -464,7 +469,7 @@ class Runtime:
         port.receive(body, meta, now)
 
     # ---- receive ----------------------------------------------------------------------------
-    def _poll_rx_locked(self, stop_on: Any = None) -> int:
+    def _poll_rx_locked(self, stop_on: Any = None, max_n: int = 0) -> int:
         """Feed received datagrams to the engine; returns how many were taken.
 
         With ``stop_on`` (a polling CQ's queue), processing stops as soon as that CQ has a
@@ -479,7 +484,7 @@ class Runtime:
             if self.core.fatal is not None:
                 return 0
             try:
-                dgrams = self.link.recv_batch(self.batch)
+                dgrams = self.link.recv_batch(max_n or self.batch)
             except DeviceError as exc:  # the link's daemon is gone (DevdLink)
                 self._device_fatal_locked(str(exc))
                 return 0
