@@ -200,7 +200,9 @@ class TcpRuntime:
             finally:
                 conn = getattr(qp, "conn", None)
                 s = self._by_conn.get(id(conn)) if conn is not None else None
-                if s is not None:
+                # with bytes still pending the socket was full: whoever waits for
+                # EVENT_WRITE pulls the new work request, no EAGAIN round here
+                if s is not None and not s.pending:
                     self._tx(s)
                 if self._deferred:
                     self._housekeep()
