@@ -13,10 +13,16 @@ Two processes each way, same machine, same run:
   preallocated 1 MiB buffer until it has ``count * size`` bytes and answers one byte;
   the sender ``sendall``-s its 1 MiB buffer ``count`` times and waits for the byte.
 
-Prints both throughputs and their ratio (goal: >= 0.6). ``--profile`` profiles the
-iWARP sender and receiver (cProfile, top functions printed).
+Runs alternate (TCP, iWARP, TCP, iWARP ...) and each figure is reported best and median
+of ``--runs``, with the ratio (goal, issue 15: >= 0.7 with MPA CRC32c on, >= 0.85 with
+``--crc off``). ``--profile`` profiles the iWARP sender and receiver, progress threads
+included (cProfile, top functions printed).
 
-Usage: ``PYTHONPATH=src python3 bench/iwarp_write_bw.py [--size N] [--count N] [--runs N]``
+:func:`iwarp_write_bw` and :func:`tcp_bw` are what ``bench/run.py`` imports (one run each,
+bytes per second).
+
+Usage: ``PYTHONPATH=src python3 bench/iwarp_write_bw.py [--size N] [--count N] [--runs N]
+[--crc on|off]``
 """
 
 from __future__ import annotations
@@ -88,34 +94,63 @@ def tcp_sender(port: int, size: int, count: int) -> tuple[float, float]:
 # --- iWARP ------------------------------------------------------------------------------
 
 
-def _prof_start(on: bool) -> Any:
-    if not on:
-        return None
-    import cProfile
+class _Prof:
+    """cProfile of every thread of this process that runs Python code here: the caller's
+    thread and the device's progress thread (``threading.setprofile`` starts one profiler
+    per thread; their statistics are merged at the end). Times are CPU times of the
+    thread (``time.thread_time``), not wall: waits do not count."""
 
-    p = cProfile.Profile()
-    p.enable()
-    return p
+    def __init__(self, on: bool) -> None:
+        self.on = on
+        self.profs: list[Any] = []
+
+    def start(self) -> None:
+        if not self.on:
+            return
+        import cProfile
+        import threading
+
+        def hook(*_a: Any) -> None:  # first Python call in a new thread: profile it
+            threading.setprofile(None)
+            sys.setprofile(None)
+            p = cProfile.Profile(time.thread_time)
+            self.profs.append(p)
+            p.enable()
+
+        threading.setprofile(hook)
+        p = cProfile.Profile(time.thread_time)
+        self.profs.append(p)
+        p.enable()
+
+    def stop(self, title: str, nbytes: int) -> None:
+        if not self.on:
+            return
+        import io
+        import pstats
+        import threading
+
+        threading.setprofile(None)
+        for p in self.profs:
+            p.disable()
+        out = io.StringIO()
+        st = pstats.Stats(self.profs[0], stream=out)
+        for p in self.profs[1:]:
+            st.add(p)
+        st.sort_stats("tottime").print_stats(18)
+        if os.environ.get("IWPERF_CALLERS"):
+            st.print_callers(os.environ["IWPERF_CALLERS"])
+        print(f"--- profile: {title} ({len(self.profs)} threads, {nbytes / MB:.0f} MiB)\n"
+              + out.getvalue(), file=sys.stderr)
 
 
-def _prof_stop(p: Any, title: str) -> None:
-    if p is None:
-        return
-    import io
-    import pstats
-
-    p.disable()
-    out = io.StringIO()
-    pstats.Stats(p, stream=out).sort_stats("tottime").print_stats(12)
-    print(f"--- profile: {title}\n" + out.getvalue(), file=sys.stderr)
-
-
-def iwarp_receiver(port: int, size: int, profile: bool, ready: Any, cpu_q: Any) -> None:
+def iwarp_receiver(port: int, size: int, crc: bool, profile: bool, ready: Any,
+                   cpu_q: Any) -> None:
     from softrdma import enums as e
     from softrdma import verbs as v
     from softrdma.cm import iwconnect
 
-    prof = _prof_start(profile)
+    prof = _Prof(profile)
+    prof.start()
     ctx = v.Context(transport="iwarp")
     pd = v.PD(ctx)
     ch = v.CompChannel(ctx)
@@ -125,10 +160,10 @@ def iwarp_receiver(port: int, size: int, profile: bool, ready: Any, cpu_q: Any) 
     ctl = v.MR(pd, 64, e.IBV_ACCESS_LOCAL_WRITE)
     qp.to_init(v.QPAttr())
     qp.post_recv(v.RecvWR(1, 1, [v.SGE(ctl.addr, 64, ctl.lkey)]))
-    lst = iwconnect.listen(ctx, port, cfg=iwconnect.MpaConfig(crc=True))
+    lst = iwconnect.listen(ctx, port, cfg=iwconnect.MpaConfig(crc=crc))
     ready.set()
     conn = lst.accept(qp, struct.pack("!IQ", mr.rkey, mr.addr), timeout=30)
-    assert conn.negotiated.crc
+    assert conn.negotiated.crc == crc
     c0 = _cpu()
     cq.req_notify()  # the progress thread places the data; the application sleeps
     while True:
@@ -144,16 +179,18 @@ def iwarp_receiver(port: int, size: int, profile: bool, ready: Any, cpu_q: Any) 
     while cq.poll(1)[0] == 0:
         pass
     time.sleep(0.05)
-    _prof_stop(prof, "iWARP receiver (progress thread excluded)")
+    prof.stop("iWARP receiver (connection setup included)", 0)
     ctx.close()
 
 
-def iwarp_sender(port: int, size: int, count: int, window: int,
+def iwarp_sender(port: int, size: int, count: int, window: int, crc: bool,
                  profile: bool) -> tuple[float, float]:
     from softrdma import enums as e
     from softrdma import verbs as v
     from softrdma.cm import iwconnect
 
+    prof = _Prof(profile)
+    prof.start()
     ctx = v.Context(transport="iwarp")
     pd = v.PD(ctx)
     ch = v.CompChannel(ctx)
@@ -164,7 +201,7 @@ def iwarp_sender(port: int, size: int, count: int, window: int,
     ctl = v.MR(pd, 64, e.IBV_ACCESS_LOCAL_WRITE)
     qp.to_init(v.QPAttr())
     qp.post_recv(v.RecvWR(9, 1, [v.SGE(ctl.addr, 64, ctl.lkey)]))
-    cfg = iwconnect.MpaConfig(crc=True)
+    cfg = iwconnect.MpaConfig(crc=crc)
     conn = iwconnect.connect(qp, "127.0.0.1", port, cfg=cfg, timeout=30)
     rkey, raddr = struct.unpack("!IQ", conn.private_data)
     # connection setup is not timed (nor is TCP's): that includes the initiator's hold of
@@ -173,7 +210,6 @@ def iwarp_sender(port: int, size: int, count: int, window: int,
     time.sleep(cfg.first_fpdu_hold + 0.06)
     wr = v.SendWR(1, None, 1, [v.SGE(src.addr, size, src.lkey)], e.IBV_WR_RDMA_WRITE)
     wr.set_wr_rdma(rkey, raddr)
-    prof = _prof_start(profile)
     c0 = _cpu()
     t0 = time.perf_counter()
     posted = done = 0
@@ -201,7 +237,7 @@ def iwarp_sender(port: int, size: int, count: int, window: int,
         got += n
     dt = time.perf_counter() - t0
     cpu = _cpu() - c0
-    _prof_stop(prof, "iWARP sender")
+    prof.stop("iWARP sender (connection setup included)", size * count)
     conn.disconnect()
     ctx.close()
     return dt, cpu
@@ -227,35 +263,78 @@ def _run(target: Any, rargs: tuple[Any, ...], sender: Any,
         p.join(30)
 
 
+def tcp_run(total: int, msg: int = MB) -> tuple[float, float, float]:
+    """One plain-TCP run moving ``total`` bytes in ``msg``-byte ``sendall``-s:
+    (wall s, sender CPU s, receiver CPU s)."""
+    port = _free_port()
+    count = max(total // msg, 1)
+    return _run(tcp_receiver, (port, count * msg), tcp_sender, (port, msg, count))
+
+
+def iwarp_run(total: int, msg: int = MB, crc: bool = True, window: int = 8,
+              profile: bool = False) -> tuple[float, float, float]:
+    """One iWARP run of ``total // msg`` RDMA WRITEs of ``msg`` bytes (MPA CRC32c on or
+    off): (wall s, sender CPU s, receiver CPU s)."""
+    port = _free_port()
+    count = max(total // msg, 1)
+    return _run(iwarp_receiver, (port, msg, crc, profile), iwarp_sender,
+                (port, msg, count, window, crc, profile))
+
+
+def tcp_bw(total: int, msg: int = MB) -> float:
+    """Plain Python TCP throughput (bytes/s) moving ``total`` bytes (one run)."""
+    count = max(total // msg, 1)
+    return count * msg / tcp_run(total, msg)[0]
+
+
+def iwarp_write_bw(total: int, msg: int = MB, crc: bool = True) -> float:
+    """iWARP RDMA WRITE throughput (bytes/s) moving ``total`` bytes in ``msg``-byte
+    WRITEs, MPA CRC32c on or off (one run)."""
+    count = max(total // msg, 1)
+    return count * msg / iwarp_run(total, msg, crc)[0]
+
+
+def _median(xs: list[float]) -> float:
+    ys = sorted(xs)
+    k = len(ys)
+    return ys[k // 2] if k % 2 else (ys[k // 2 - 1] + ys[k // 2]) / 2
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", type=int, default=MB, help="bytes per RDMA WRITE (default 1 MiB)")
     ap.add_argument("--count", type=int, default=512, help="writes per run (default 512)")
     ap.add_argument("--window", type=int, default=8, help="outstanding writes (default 8)")
-    ap.add_argument("--runs", type=int, default=5, help="runs of each, best taken (default 5)")
+    ap.add_argument("--runs", type=int, default=5,
+                    help="runs of each, alternating (default 5)")
+    ap.add_argument("--crc", choices=("on", "off", "both"), default="on",
+                    help="MPA CRC32c (default on; both: one iWARP run of each per round)")
     ap.add_argument("--profile", action="store_true", help="cProfile the iWARP sides")
     a = ap.parse_args(argv)
     total = a.size * a.count
+    crcs = {"on": [True], "off": [False], "both": [True, False]}[a.crc]
     tcp: list[tuple[float, float, float]] = []
-    iw: list[tuple[float, float, float]] = []
+    iw: dict[bool, list[tuple[float, float, float]]] = {c: [] for c in crcs}
     for _ in range(a.runs):
-        port = _free_port()
-        tcp.append(_run(tcp_receiver, (port, total), tcp_sender, (port, a.size, a.count)))
-        port = _free_port()
-        iw.append(_run(iwarp_receiver, (port, a.size, a.profile), iwarp_sender,
-                       (port, a.size, a.count, a.window, a.profile)))
+        tcp.append(tcp_run(total, a.size))
+        for c in crcs:
+            iw[c].append(iwarp_run(total, a.size, c, a.window, a.profile))
     gb = total / 1e9
-    for name, runs in (("plain TCP (Python sendall/recv_into)", tcp),
-                       ("iWARP RDMA WRITE, CRC32c on", iw)):
+    rows = [("plain TCP (Python sendall/recv_into)", tcp)]
+    rows += [(f"iWARP RDMA WRITE, CRC32c {'on' if c else 'off'}", iw[c]) for c in crcs]
+    for name, runs in rows:
+        bws = [total / r[0] / 1e6 for r in runs]
         best = min(runs)
-        print(f"{name:38s} {total / best[0] / 1e6:8.1f} MB/s  CPU s/GB: sender "
-              f"{best[1] / gb:.2f}, receiver {best[2] / gb:.2f}  (walls: "
-              f"{', '.join(f'{r[0]:.3f}' for r in runs)} s)")
-    ratio = min(tcp)[0] / min(iw)[0]
-    paired = sorted(t[0] / i[0] for t, i in zip(tcp, iw, strict=True))
-    print(f"{a.count} x {a.size} B per run, window {a.window}, best of {a.runs}")
-    print(f"ratio iWARP / TCP: {ratio:.2f} best/best, {paired[len(paired) // 2]:.2f} median of "
-          f"paired runs (goal >= 0.6)")
+        print(f"{name:38s} best {max(bws):8.1f} MB/s, median {_median(bws):8.1f} MB/s  "
+              f"CPU s/GB (best run): sender {best[1] / gb:.2f}, receiver {best[2] / gb:.2f}")
+    print(f"{a.count} x {a.size} B per run, window {a.window}, {a.runs} runs alternating, "
+          f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}")
+    for c in crcs:
+        goal = 0.7 if c else 0.85
+        ratio = min(tcp)[0] / min(iw[c])[0]
+        paired = [t[0] / i[0] for t, i in zip(tcp, iw[c], strict=True)]
+        print(f"ratio iWARP (CRC {'on' if c else 'off'}) / TCP: {ratio:.2f} best/best, "
+              f"{_median(paired):.2f} median of paired runs (goal >= {goal})")
     return 0
 
 

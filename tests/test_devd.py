@@ -39,6 +39,9 @@ V4_MAPPED = bytes(10) + b"\xff\xff"
 def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     d = tmp_path / "state"
     monkeypatch.setenv("SOFTRDMA_STATE_DIR", str(d))
+    # these tests are about the forwarded path (every datagram through devd), the fallback
+    # of the direct path that tests/test_reuseport*.py cover
+    monkeypatch.setenv("SOFTRDMA_DEVD_DIRECT", "0")
     return d
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from rdma_cm_harness import ROCE_DEV, make_state_dir
 
-from softrdma.drivers import devd
+from softrdma.drivers import devd, devd_client
 from softrdma.drivers.registry import Registry
 
 
@@ -29,7 +29,7 @@ def test_a_daemon_gone_before_the_connect_is_replaced(
             raise devd.DevdVanished(f"devd {ROCE_DEV}: started but ... accepts no connection")
         return real(*a, **kw)
 
-    monkeypatch.setattr(devd, "ensure_devd", vanishing_once)
+    monkeypatch.setattr(devd_client, "ensure_devd", vanishing_once)
     link = devd.DevdLink(rec, state_dir=tmp_path, idle_timeout=2.0)
     try:
         assert link.udp_port == rec.udp_port and len(calls) == 2

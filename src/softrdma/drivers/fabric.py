@@ -548,7 +548,8 @@ def _mac(ip: bytes) -> bytes:
 def frame_of(dg: Datagram) -> bytes:
     """``dg`` as the Ethernet frame a Linux sender would emit (Annex A17; ../shared/specs/roce.md §1).
 
-    IPv4: ID 0, DF, UDP checksum 0 (what ``UdpLink`` sockets send); IPv6: a real UDP
+    IPv4: ID 0 (``dg.ident`` for a segment of a UDP GSO send or GRO receive), DF, UDP
+    checksum 0 (what ``UdpLink`` sockets send); IPv6: a real UDP
     checksum. RoCEv1 (``dg.grh`` set): Ethernet (EtherType 0x8915) + GRH + BTH .. ICRC,
     the MACs read back from link-local GIDs (else derived from the GID's last bytes).
     """
@@ -558,8 +559,8 @@ def frame_of(dg: Datagram) -> bytes:
         return b"".join((_ETH.pack(dst, src, ETH_P_ROCE_V1), dg.grh, dg.data))
     ulen = 8 + len(dg.data)
     if len(dg.src_ip) == 4:
-        ip = roce.ipv4_header(dg.src_ip, dg.dst_ip, ulen, tos=dg.tos, ttl=dg.ttl, ident=0,
-                              df=True)
+        ip = roce.ipv4_header(dg.src_ip, dg.dst_ip, ulen, tos=dg.tos, ttl=dg.ttl,
+                              ident=max(dg.ident, 0), df=True)
         udp = roce.udp_header(dg.sport, dg.dport, ulen)
         ethertype = 0x0800
     else:

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
 
 __all__ = ["ROCE_V2_UDP_PORT", "CounterReporter", "Datagram", "Link", "V1Link", "GidEntry",
+           "GsoLink",
            "ROCE_VERSIONS", "GID_TYPE_ROCE_V1", "GID_TYPE_ROCE_V2", "check_roce_ver",
            "v1_gids", "gid_entries", "ip_bytes", "ip_text", "check_port",
            "check_u8"]
@@ -45,6 +46,10 @@ class Datagram:
     its 40-byte GRH, ``data`` what follows it (BTH .. ICRC), ``src_ip``/``dst_ip`` the
     SGID/DGID, ``tos``/``ttl`` the GRH TClass/HopLmt, and the ports are 0. ``grh`` is
     empty for RoCEv2.
+
+    ``ident``: for segment ``i`` of a coalesced (UDP GRO) receive, ``i``: the IPv4
+    Identification a softrdma GSO sender gave it (a hint: the socket does not show the
+    real one, which the ICRC covers); -1 for a datagram received alone.
     """
 
     data: memoryview
@@ -55,6 +60,7 @@ class Datagram:
     tos: int = 0
     ttl: int = 64
     grh: bytes = b""
+    ident: int = -1
 
 
 @runtime_checkable
@@ -90,6 +96,34 @@ class Link(Protocol):
 
     def close(self) -> None:
         """Release the link; later sends raise :class:`~softrdma.errors.ClosedError`."""
+        ...
+
+
+@runtime_checkable
+class GsoLink(Link, Protocol):
+    """What a link that batches sends (UDP GSO, ``UDP_SEGMENT``) adds to :class:`Link`.
+
+    One :meth:`send_gso` carries ``nseg`` datagrams of ``seg_size`` bytes each (the last
+    may be shorter) to one destination from one source port; on an unconnected IPv4
+    socket with DF, Linux gives segment ``i`` the IPv4 Identification ``i``, so the
+    caller computes segment ``i``'s ICRC with ID ``i`` (``wire.roce.udp_send_icrc``).
+    """
+
+    def gso_limit(self, dst_ip: bytes) -> int:
+        """The most segments one :meth:`send_gso` to ``dst_ip`` may carry (< 2: none)."""
+        ...
+
+    def send_gso(self, dst_ip: bytes, dport: int, sport: int, parts: Sequence[ReadableBuffer],
+                 seg_size: int, nseg: int, tos: int = 0, ttl: int = 64) -> bool:
+        """Send ``parts`` (every segment's buffers, ICRC included, in order) as ``nseg``
+        segments. False: the kernel refused the batch (nothing was sent; the link will
+        not batch to that destination again) and the caller sends the segments one by
+        one, with their ICRCs computed for ID 0. Network losses count as sent (True)."""
+        ...
+
+    def note_rx_ids(self, hint_misses: int, failures: int) -> None:
+        """Count coalesced-receive segments whose ID hint was wrong (``hint_misses``:
+        solved by recovery, or not) and those no ID explained (``failures``)."""
         ...
 
 

@@ -45,9 +45,16 @@ from typing import TYPE_CHECKING, Any
 from ..errors import DeviceError, SoftRdmaError
 from ..ib.port import Port, RxMeta, TxPacket
 from ..wire.gid import gid_to_ip, ip_to_gid
-from ..wire.roce import icrc_ok_udp, icrc_v1, inet_checksum, recover_ipv4_id, udp_send_icrc
+from ..wire.roce import (
+    icrc_ok_udp,
+    icrc_ok_udp_id,
+    icrc_v1,
+    inet_checksum,
+    recover_ipv4_id,
+    udp_send_icrc,
+)
 from ..wire.rocev1 import GRH_SIZE, build_grh_v1
-from .link import ROCE_V2_UDP_PORT, CounterReporter, Datagram, Link
+from .link import ROCE_V2_UDP_PORT, CounterReporter, Datagram, GsoLink, Link
 from .progress import (
     DRAIN_TIMEOUT,
     EventWaiter,
@@ -72,17 +79,20 @@ _IP6_HDR = struct.Struct("!IHBB16s16s")
 _ZERO20 = bytes(20)
 _MAX_IDLE_WAIT = 0.01  # the progress thread re-checks timers at least this often (s)
 REPORT_INTERVAL = 0.5  # a shared device's process reports its counters to devd this often (s)
+ICRC_SIZE = 4  # bytes (IBA 7.8.1)
+GSO_MAX_PAYLOAD = 65507  # UDP payload bytes of one GSO send (65535 - IPv4 - UDP header)
 
 
 def icrc_v2(src_ip: bytes, dst_ip: bytes, sport: int, dport: int, parts: Sequence[Any],
-            length: int) -> bytes:
+            length: int, ident: int = 0) -> bytes:
     """The 4 ICRC bytes of a RoCEv2 packet (IBA 7.8.1, Annex A17; ../shared/specs/roce.md §2) whose BTH..pad are ``parts``.
 
     ``length`` is the byte length of BTH..pad. The IP header is the one Linux sends
     from an unconnected UDP socket with ``IP_PMTUDISC_DO``: IPv4 ID 0 and DF
     (:func:`softrdma.wire.roce.udp_send_icrc`, whose pseudo-header CRC is cached per flow).
+    ``ident``: the IPv4 Identification instead (segment ``ident`` of a UDP GSO send).
     """
-    return udp_send_icrc(src_ip, dst_ip, sport, dport, parts, length)
+    return udp_send_icrc(src_ip, dst_ip, sport, dport, parts, length, ident)
 
 
 def icrc_ok(src_ip: bytes, dst_ip: bytes, sport: int, dport: int, datagram: memoryview) -> bool:
@@ -159,6 +169,7 @@ class Runtime:
         self._backlog: list[Datagram] = []
         self._pending = False
         self._reporter = link if isinstance(link, CounterReporter) else None
+        self._gso: GsoLink | None = link if isinstance(link, GsoLink) else None
         self.tap: PacketTap | None = None  # capture / packet trace (drivers.tap), if asked
         self._next_report = 0.0
         fd = link.fileno()
@@ -315,6 +326,9 @@ class Runtime:
         if not (port.tx or (acks and port.ack_pending)):
             return 0
         pkts: list[TxPacket] = port.take_tx(acks)
+        if self._gso is not None and len(pkts) > 1:
+            self._flush_gso(pkts, self._gso)
+            return len(pkts)
         link = self.link
         send = link.send
         eff = link.effective_sport
@@ -333,6 +347,84 @@ class Runtime:
             if tap is not None:
                 tap.tx(src, dst, sport, dport, [*p.parts, icrc], p.tclass, p.hop_limit)
         return len(pkts)
+
+    def _flush_gso(self, pkts: list[TxPacket], link: GsoLink) -> None:
+        """Transmit ``pkts`` batching runs through UDP GSO (design.md, "RoCEv2 batching").
+
+        A run is consecutive RoCEv2 packets with the same addresses, source port, traffic
+        class and hop limit, all of one length but the last (which may be shorter), at
+        most ``link.gso_limit`` of them and :data:`GSO_MAX_PAYLOAD` bytes. Segment ``i``
+        leaves with IPv4 Identification ``i`` (Linux ``inet_gso_segment`` numbers the
+        segments of a DF super-packet from its ID, 0 on an unconnected socket), so its
+        ICRC is computed with ID ``i`` (IBA 7.8.1, Annex A17; ../shared/specs/roce.md §2).
+        A refused batch is sent again one datagram per call with ID-0 ICRCs.
+        """
+        ip_of = self._ip_of
+        eff = link.effective_sport
+        send = link.send
+        dport = self.udp_port
+        tap = self.tap
+        limits: dict[bytes, int] = {}
+        n = len(pkts)
+        i = 0
+        while i < n:
+            p = pkts[i]
+            if p.v1:
+                self._send_v1(p)
+                i += 1
+                continue
+            src = ip_of(p.sgid)
+            dst = ip_of(p.dgid)
+            sport = eff(p.sport)
+            size = p.length
+            j = i + 1
+            limit = limits.get(dst)
+            if limit is None:
+                limit = limits[dst] = link.gso_limit(dst)
+            if limit > 1:
+                end = min(n, i + limit)
+                total = size + ICRC_SIZE
+                sgid, dgid, req, tclass, hop = p.sgid, p.dgid, p.sport, p.tclass, p.hop_limit
+                while j < end:
+                    q = pkts[j]
+                    qlen = q.length
+                    if (qlen > size or q.dgid != dgid or q.sport != req or q.tclass != tclass
+                            or q.hop_limit != hop or q.sgid != sgid or q.v1
+                            or total + qlen + ICRC_SIZE > GSO_MAX_PAYLOAD):
+                        break
+                    total += qlen + ICRC_SIZE
+                    j += 1
+                    if qlen < size:  # a shorter segment ends the run
+                        break
+            if j - i == 1:
+                icrc = udp_send_icrc(src, dst, sport, dport, p.parts, size)
+                send(dst, dport, sport, [*p.parts, icrc], p.tclass, p.hop_limit)
+                if tap is not None:
+                    tap.tx(src, dst, sport, dport, [*p.parts, icrc], p.tclass, p.hop_limit)
+                i = j
+                continue
+            iov: list[Any] = []
+            for k in range(i, j):
+                q = pkts[k]
+                iov.extend(q.parts)
+                iov.append(udp_send_icrc(src, dst, sport, dport, q.parts, q.length, k - i))
+            if not link.send_gso(dst, dport, sport, iov, size + ICRC_SIZE, j - i, p.tclass,
+                                 p.hop_limit):
+                for k in range(i, j):  # refused: one datagram per call, ID 0
+                    q = pkts[k]
+                    icrc = udp_send_icrc(src, dst, sport, dport, q.parts, q.length)
+                    send(dst, dport, sport, [*q.parts, icrc], q.tclass, q.hop_limit)
+                    if tap is not None:
+                        tap.tx(src, dst, sport, dport, [*q.parts, icrc], q.tclass,
+                               q.hop_limit)
+            elif tap is not None:
+                off = 0
+                for k in range(i, j):
+                    q = pkts[k]
+                    seg = iov[off:off + len(q.parts) + 1]
+                    off += len(q.parts) + 1
+                    tap.tx(src, dst, sport, dport, seg, q.tclass, q.hop_limit, k - i)
+            i = j
 
     def _send_v1(self, p: TxPacket) -> None:
         """RoCEv1 (Annex A16): the GRH is always present (A16.3.1), its PayLen counts BTH
@@ -396,6 +488,7 @@ class Runtime:
         now = self.now()
         taken = 0
         tap = self.tap
+        bias = misses = failures = 0  # coalesced receives: ID hint offset, what failed
         for d in dgrams:
             taken += 1
             if tap is not None:
@@ -411,9 +504,29 @@ class Runtime:
                 counters.rcvd_malformed += 1
                 continue
             src, dst = d.src_ip, d.dst_ip
+            hint = d.ident
+            if hint >= 0 and len(src) == 4:
+                # Segment ``hint`` of a coalesced receive: a softrdma GSO sender gave it
+                # IPv4 ID ``hint``; another sender (rxe: a per-destination counter) gives
+                # consecutive IDs from elsewhere, found for the first segment by recovery
+                # and kept as ``bias`` for the next ones.
+                if hint == 0:
+                    bias = 0
+                ident = (hint + bias) & 0xFFFF
+                df = True
+                if not icrc_ok_udp_id(src, dst, d.sport, d.dport, data, ident):
+                    misses += 1
+                    solved = recover_ipv4_id(src, dst, d.sport, d.dport, data)
+                    if solved is None:
+                        failures += 1
+                        counters.rcvd_icrc_err += 1
+                        continue
+                    ident, df = solved
+                    bias = (ident - hint) & 0xFFFF
+                grh = build_grh(d, ident, df) if data[0] & 0xE0 == 0x60 else b""
             # Only UD (opcodes 0x60-0x7f) places the GRH area in the receive buffer; rxe
             # copies the real IPv4 header, whose ID the ICRC lets us recover.
-            if data[0] & 0xE0 == 0x60:
+            elif data[0] & 0xE0 == 0x60:
                 if len(src) == 4:
                     found = recover_ipv4_id(src, dst, d.sport, d.dport, data)
                     if found is None:
@@ -447,6 +560,8 @@ class Runtime:
             if stop_on and taken < len(dgrams):
                 self._backlog = dgrams[taken:]
                 break
+        if (misses or failures) and self._gso is not None:
+            self._gso.note_rx_ids(misses, failures)
         return taken
 
     def _device_fatal_locked(self, why: str) -> None:

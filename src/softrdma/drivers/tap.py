@@ -121,10 +121,11 @@ class PacketTap:
         self._closed = False
 
     def tx(self, src: bytes, dst: bytes, sport: int, dport: int,
-           parts: Sequence[ReadableBuffer], tos: int, ttl: int) -> None:
-        """A datagram handed to the link (``parts``: BTH .. ICRC)."""
+           parts: Sequence[ReadableBuffer], tos: int, ttl: int, ident: int = -1) -> None:
+        """A datagram handed to the link (``parts``: BTH .. ICRC; ``ident``: its IPv4
+        Identification when not 0, i.e. segment ``ident`` of a UDP GSO send)."""
         data = memoryview(b"".join(parts))
-        dg = Datagram(data, src, dst, sport, dport, tos, ttl)
+        dg = Datagram(data, src, dst, sport, dport, tos, ttl, b"", ident)
         if self._writer is not None:
             self._writer.write_tx(dg)
         if self.log is not None:

@@ -24,6 +24,23 @@ of an MGID on the link's interface with its own socket bound to ``(group, port)`
 sockets, so one ``select`` serves them all. Every sending socket sends multicast out of
 the link's interface with the unicast TTL.
 
+Batching through the kernel (design.md, "RoCEv2 batching: GSO and GRO"):
+
+* :meth:`UdpLink.send_gso` sends a run of equal-sized datagrams (the last may be shorter)
+  in one ``sendmsg`` with a ``UDP_SEGMENT`` control message (UDP GSO, Linux 4.18). From
+  an unconnected socket with DF the kernel numbers the segments' IPv4 Identifications
+  0, 1 .. n-1 (``inet_gso_segment``), which the runtime puts in each segment's ICRC.
+  If the kernel refuses the option (EIO from a device without checksum offload,
+  EINVAL, ENOPROTOOPT, EMSGSIZE for a segment over the path MTU ...) the link stops
+  batching, for the whole link or for that destination, and the runtime sends the
+  segments one by one: nothing is lost and the refusal is counted;
+* the receive socket has ``UDP_GRO`` (Linux 5.0): a coalesced receive comes back with
+  its segment size in a ``UDP_GRO`` control message, and :meth:`UdpLink.recv_batch`
+  splits it into one :class:`~.link.Datagram` per segment (views, no copy) whose
+  ``ident`` is the segment's index, the ID a softrdma sender gave it;
+* ``SOFTRDMA_GSO=0`` in the environment turns both off, ``SOFTRDMA_GRO=0`` the receive
+  side only; :attr:`UdpLink.gso` / :attr:`UdpLink.gro` say what is in use.
+
 ICMP errors: Linux queues them only on connected sockets or with ``IP_RECVERR``, neither
 of which is used; if one still surfaces (``ECONNREFUSED`` ...), it is counted and the
 link carries on. Network-level send failures lose the datagram (counted in
@@ -33,6 +50,7 @@ link carries on. Network-level send failures lose the datagram (counted in
 from __future__ import annotations
 
 import errno
+import os
 import select
 import socket
 import struct
@@ -69,6 +87,12 @@ IPV6_RECVHOPLIMIT = getattr(socket, "IPV6_RECVHOPLIMIT", 51)
 IPV6_HOPLIMIT = getattr(socket, "IPV6_HOPLIMIT", 52)
 IPV6_RECVTCLASS = getattr(socket, "IPV6_RECVTCLASS", 66)
 IPV6_TCLASS = getattr(socket, "IPV6_TCLASS", 67)
+SOL_UDP = getattr(socket, "SOL_UDP", 17)
+UDP_SEGMENT = getattr(socket, "UDP_SEGMENT", 103)  # <linux/udp.h>, Linux 4.18
+UDP_GRO = getattr(socket, "UDP_GRO", 104)  # <linux/udp.h>, Linux 5.0
+UDP_MAX_SEGMENTS = 64  # <net/udp.h> (128 since Linux 6.10; 64 is accepted by every version)
+GSO_MAX_PAYLOAD = 65507  # bytes of UDP payload in one send: 65535 - IPv4 - UDP header
+GRO_SLOT = 65536  # a coalesced receive holds up to 64 KiB of UDP payload
 SO_SNDBUFFORCE = getattr(socket, "SO_SNDBUFFORCE", 32)
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
 
@@ -86,12 +110,18 @@ _TRANSIENT_RECV = frozenset({
     errno.ENETDOWN, errno.EMSGSIZE, errno.ECONNRESET, errno.ENOMEM, errno.ENOBUFS,
     errno.EPROTO, errno.ETIMEDOUT,
 })
+# UDP_SEGMENT refused by the kernel for every destination (EIO: the route's device has no
+# checksum offload, udp_send_skb; ENOPROTOOPT/EOPNOTSUPP: no UDP GSO at all) ...
+_GSO_REFUSED_LINK = frozenset({errno.EIO, errno.ENOPROTOOPT, errno.EOPNOTSUPP})
+# ... or for one destination (EINVAL/EMSGSIZE: a segment over the route's MTU).
+_GSO_REFUSED_DST = frozenset({errno.EINVAL, errno.EMSGSIZE})
 # A source port that cannot be bound: fall back to the main socket.
 _SPORT_UNAVAILABLE = frozenset({errno.EADDRINUSE, errno.EACCES, errno.EPERM})
 
 _INT = struct.Struct("=i")
+_U16 = struct.Struct("=H")
 _MSG_TRUNC = int(socket.MSG_TRUNC)  # a plain int: IntFlag '&' is slow per packet
-_ANC_SIZE = (socket.CMSG_SPACE(20) + 2 * socket.CMSG_SPACE(4))
+_ANC_SIZE = (socket.CMSG_SPACE(20) + 3 * socket.CMSG_SPACE(4))  # + UDP_GRO's int
 _UNAVAILABLE_RETRY = 1.0  # seconds before binding a refused source port is tried again
 
 
@@ -103,10 +133,22 @@ class UdpLinkStats(SlotCounters):
     ``truncated``: datagrams larger than ``max_datagram``, dropped; ``sport_binds``:
     source-port sockets created; ``sport_evictions``: idle ones closed to make room;
     ``sport_fallbacks``: requests served from the main socket instead.
+
+    UDP GSO/GRO (counted in ``sent``/``received`` too, per segment): ``gso_sends``:
+    batched sends, ``gso_segments``: the datagrams they carried; ``gso_refused``: batches
+    the kernel refused (``gso_last_errno`` tells why), ``gso_fallback_segments``: their
+    datagrams, then sent one by one; ``gro_receives``: coalesced receives,
+    ``gro_segments``: the datagrams split from them; ``gro_id_hint_misses``: segments
+    whose ICRC did not hold under the ID hint (then solved for, :func:`~softrdma.wire.
+    roce.recover_ipv4_id`); ``gro_id_failures``: those no ID explained (dropped,
+    ``rcvd_icrc_err``); ``gro_refused``: 1 if the kernel refused ``UDP_GRO``.
     """
 
     __slots__ = ("sent", "received", "send_dropped", "last_send_errno", "recv_errors",
-                 "truncated", "sport_binds", "sport_evictions", "sport_fallbacks")
+                 "truncated", "sport_binds", "sport_evictions", "sport_fallbacks",
+                 "gso_sends", "gso_segments", "gso_refused", "gso_last_errno",
+                 "gso_fallback_segments", "gro_receives", "gro_segments",
+                 "gro_id_hint_misses", "gro_id_failures", "gro_refused")
 
     sent: int
     received: int
@@ -117,6 +159,16 @@ class UdpLinkStats(SlotCounters):
     sport_binds: int
     sport_evictions: int
     sport_fallbacks: int
+    gso_sends: int
+    gso_segments: int
+    gso_refused: int
+    gso_last_errno: int
+    gso_fallback_segments: int
+    gro_receives: int
+    gro_segments: int
+    gro_id_hint_misses: int
+    gro_id_failures: int
+    gro_refused: int
 
 
 def _set_buf(sock: socket.socket, force_opt: int, opt: int, size: int) -> None:
@@ -138,12 +190,14 @@ class UdpLink:
     ``sport_pool``: how many source-port sockets are kept; a pooled socket unused for
     ``pool_idle`` seconds may be replaced when a new port is requested. ``ring``
     receive buffers of ``max_datagram`` bytes each back :meth:`recv_batch`.
+    ``reuseport``: the receive socket joins the port's ``SO_REUSEPORT`` group (a shared
+    device's direct path, :mod:`.reuseport`).
     """
 
     def __init__(self, local_ip: str | bytes, port: int = ROCE_V2_UDP_PORT, *,
                  rcvbuf: int = 8 << 20, sndbuf: int = 4 << 20, bind_port: bool = True,
                  sport_pool: int = 64, pool_idle: float = 1.0, ring: int = 64,
-                 max_datagram: int = 16384, scope_id: int = 0) -> None:
+                 max_datagram: int = 16384, scope_id: int = 0, reuseport: bool = False) -> None:
         raw = ip_bytes(local_ip, "local_ip")
         if raw == bytes(len(raw)):
             raise InvalidArgument("local_ip", "must be a specific address, not the wildcard "
@@ -182,6 +236,7 @@ class UdpLink:
         self._ifindex = mcast.ifindex_of(raw, scope_id)
         self._groups: dict[bytes, tuple[socket.socket, int]] = {}  # MGID -> (socket, refs)
         self._rx_socks: tuple[socket.socket, ...] = ()
+        self._reuseport = reuseport
         self._ep: select.epoll | None = None
         # Set by the engine runtime: RC/UC datagrams need no TOS/TTL/destination ancillary
         # data (only a UD receive's GRH area does), so recv_batch skips parsing it.
@@ -205,6 +260,34 @@ class UdpLink:
         view = memoryview(self._ring)
         self._slots = [view[i * max_datagram:(i + 1) * max_datagram] for i in range(ring)]
         self._v4 = self.family == socket.AF_INET
+        self._init_offloads(max_datagram)
+
+    def _init_offloads(self, max_datagram: int) -> None:
+        """UDP GSO on send and GRO on receive, unless ``SOFTRDMA_GSO=0`` (both off) or
+        ``SOFTRDMA_GRO=0`` (receive off) say otherwise, or the kernel refuses."""
+        self.gso = os.environ.get("SOFTRDMA_GSO", "1") != "0"
+        self._max_datagram = max_datagram
+        self.gro = False
+        self._gso_refused: set[bytes] = set()  # destinations that refused UDP_SEGMENT
+        rx = self._rx
+        if rx is None or not self.gso or os.environ.get("SOFTRDMA_GRO", "1") == "0":
+            return
+        try:
+            rx.setsockopt(SOL_UDP, UDP_GRO, 1)
+        except OSError:  # a kernel before 5.0: one datagram per receive
+            self.stats.gro_refused = 1
+            return
+        self.gro = True
+        if max_datagram < GRO_SLOT:  # a coalesced receive must fit in one slot
+            self._ring = bytearray(self._ring_n * GRO_SLOT)  # calloc: pages touched on use
+            view = memoryview(self._ring)
+            self._slots = [view[i * GRO_SLOT:(i + 1) * GRO_SLOT] for i in range(self._ring_n)]
+
+    def disable_gro(self) -> None:
+        """Receive one datagram per call from now on (``UDP_GRO`` off)."""
+        if self.gro and self._rx is not None:
+            self._rx.setsockopt(SOL_UDP, UDP_GRO, 0)
+        self.gro = False
 
     # ---- sockets ---------------------------------------------------------------------
     def _sockaddr(self, port: int, group: bytes | None = None) -> tuple[Any, ...]:
@@ -220,6 +303,8 @@ class UdpLink:
         try:
             if group is not None:  # several devices/processes of a host may join a group
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            elif receive and self._reuseport:  # set before bind (socket(7))
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             mcast.configure_sender(sock, self.ip, self._ifindex)
             if self.family == socket.AF_INET:
                 sock.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO)
@@ -406,29 +491,9 @@ class UdpLink:
         ``sport`` must come from :meth:`effective_sport` (it was used in the ICRC);
         asking for a port that cannot be used raises :class:`InvalidArgument`.
         """
-        sock = self._socks.get(sport)
-        if sock is None:
-            if self._closed:
-                raise ClosedError("UdpLink is closed")
-            if self.effective_sport(sport) != sport:
-                raise InvalidArgument("sport", f"UDP source port {sport} is not available; "
-                                      "use the port effective_sport() returns")
-            sock = self._socks[sport]
-        elif sport in self._lru:
-            self._lru.move_to_end(sport)
-            self._lru[sport] = time.monotonic()
+        sock = self._sock_for(sport)
         addr = self._dst_addr(dst_ip, dport)
-        if tos == 0 and ttl == DEFAULT_TTL:
-            anc: list[tuple[int, int, bytes]] = []
-        else:
-            check_u8(tos, "tos")
-            check_u8(ttl, "ttl")
-            if self._v4:
-                anc = [(socket.IPPROTO_IP, IP_TOS, _INT.pack(tos)),
-                       (socket.IPPROTO_IP, IP_TTL, _INT.pack(ttl))]
-            else:
-                anc = [(socket.IPPROTO_IPV6, IPV6_TCLASS, _INT.pack(tos)),
-                       (socket.IPPROTO_IPV6, IPV6_HOPLIMIT, _INT.pack(ttl))]
+        anc = [] if tos == 0 and ttl == DEFAULT_TTL else self._tos_ttl(tos, ttl)
         try:
             sock.sendmsg(parts, anc, 0, addr)
         except OSError as e:
@@ -442,10 +507,96 @@ class UdpLink:
                               errno=e.errno) from e
         self.stats.sent += 1
 
+    def _sock_for(self, sport: int) -> socket.socket:
+        sock = self._socks.get(sport)
+        if sock is None:
+            if self._closed:
+                raise ClosedError("UdpLink is closed")
+            if self.effective_sport(sport) != sport:
+                raise InvalidArgument("sport", f"UDP source port {sport} is not available; "
+                                      "use the port effective_sport() returns")
+            sock = self._socks[sport]
+        elif sport in self._lru:
+            self._lru.move_to_end(sport)
+            self._lru[sport] = time.monotonic()
+        return sock
+
+    def _tos_ttl(self, tos: int, ttl: int) -> list[tuple[int, int, bytes]]:
+        check_u8(tos, "tos")
+        check_u8(ttl, "ttl")
+        if self._v4:
+            return [(socket.IPPROTO_IP, IP_TOS, _INT.pack(tos)),
+                    (socket.IPPROTO_IP, IP_TTL, _INT.pack(ttl))]
+        return [(socket.IPPROTO_IPV6, IPV6_TCLASS, _INT.pack(tos)),
+                (socket.IPPROTO_IPV6, IPV6_HOPLIMIT, _INT.pack(ttl))]
+
+    # ---- UDP GSO (GsoLink) ---------------------------------------------------------------
+    def gso_limit(self, dst_ip: bytes) -> int:
+        """Segments one :meth:`send_gso` to ``dst_ip`` may carry; 0 when batching is off
+        (``SOFTRDMA_GSO=0``, or the kernel refused it for the link or that destination)."""
+        if not self.gso or dst_ip in self._gso_refused:
+            return 0
+        return UDP_MAX_SEGMENTS
+
+    def send_gso(self, dst_ip: bytes, dport: int, sport: int, parts: Sequence[ReadableBuffer],
+                 seg_size: int, nseg: int, tos: int = 0, ttl: int = 64) -> bool:
+        """One ``sendmsg`` of ``nseg`` datagrams of ``seg_size`` bytes (the last may be
+        shorter) whose buffers, in order, are ``parts`` (not copied), by UDP GSO.
+
+        Returns False when the kernel refuses ``UDP_SEGMENT`` (nothing sent): the link
+        stops batching, for every destination (EIO, ENOPROTOOPT, EOPNOTSUPP) or for this
+        one (EINVAL, EMSGSIZE), and the caller sends the datagrams one by one. Network
+        errors lose the whole batch, as the network would (``send_dropped`` counts each
+        datagram); the transport retries.
+        """
+        if not 1 <= seg_size <= 0xFFFF:
+            raise InvalidArgument("seg_size", "must be 1..65535")
+        if not 1 <= nseg <= UDP_MAX_SEGMENTS:
+            raise InvalidArgument("nseg", f"must be 1..{UDP_MAX_SEGMENTS}")
+        sock = self._sock_for(sport)
+        addr = self._dst_addr(dst_ip, dport)
+        anc = [] if tos == 0 and ttl == DEFAULT_TTL else self._tos_ttl(tos, ttl)
+        anc.append((SOL_UDP, UDP_SEGMENT, _U16.pack(seg_size)))
+        st = self.stats
+        try:
+            sock.sendmsg(parts, anc, 0, addr)
+        except OSError as e:
+            if self._closed:
+                raise ClosedError("UdpLink is closed") from e
+            code = e.errno or 0
+            if code in _GSO_REFUSED_LINK:
+                self.gso = False
+            elif code in _GSO_REFUSED_DST:
+                if len(self._gso_refused) >= 4096:
+                    self._gso_refused.clear()
+                self._gso_refused.add(bytes(dst_ip))
+            elif code in _LOSSY_SEND:
+                st.send_dropped += nseg
+                st.last_send_errno = code
+                return True
+            else:
+                raise DeviceError(f"UDP send to {addr[0]} port {dport} failed: {e.strerror}",
+                                  errno=e.errno) from e
+            st.gso_refused += 1
+            st.gso_last_errno = code
+            st.gso_fallback_segments += nseg
+            return False
+        st.gso_sends += 1
+        st.gso_segments += nseg
+        st.sent += nseg
+        return True
+
+    def note_rx_ids(self, hint_misses: int, failures: int) -> None:
+        """Count what the runtime's ICRC checks found about the ID hints (GsoLink)."""
+        self.stats.gro_id_hint_misses += hint_misses
+        self.stats.gro_id_failures += failures
+
     def recv_batch(self, max_n: int = 64) -> list[Datagram]:
         """Up to ``min(max_n, ring)`` datagrams, without blocking.
 
-        Each ``data`` is a view into the receive ring, valid until the next call.
+        Each ``data`` is a view into the receive ring, valid until the next call. With
+        UDP GRO a coalesced receive yields one datagram per segment (``ident`` = the
+        segment's index), so one call may return a few more than ``max_n``.
         """
         rx = self._rx
         if rx is None:
@@ -466,9 +617,10 @@ class UdpLink:
         port = self.port if self.port is not None else 0
         ip_cache = self._ip_cache
         fast_rc = self.fast_rc_meta
-        i = 0
+        gro = self.gro
+        i = 0  # ring slots used
         errors_left = 64  # transient errors are consumed by reading them; stay bounded
-        while i < n:
+        while i < n and len(out) < n:
             slot = slots[i]
             try:
                 nbytes, anc, flags, addr = recv([slot], _ANC_SIZE)
@@ -491,6 +643,14 @@ class UdpLink:
             if flags & _MSG_TRUNC:
                 st.truncated += 1
                 continue
+            seg = 0
+            if gro:
+                for level, typ, d in anc:
+                    if typ == UDP_GRO and level == SOL_UDP:
+                        seg = _INT.unpack_from(d)[0]
+                if (seg or nbytes) > self._max_datagram:  # the slot is larger: same rule
+                    st.truncated += 1
+                    continue
             dst = local
             tos = 0
             ttl = DEFAULT_TTL
@@ -499,7 +659,7 @@ class UdpLink:
             # area of a UD receive: RC/UC packets (BTH opcode < 0x40) skip the ancillary
             # data (a per-packet saving on the bulk path) when the owner says it only needs
             # them for UD (the engine runtime does; devd forwards everything).
-            if fast_rc and nbytes and slot[0] < 0x40:
+            if fast_rc and nbytes and slot[0] < 0x40 and not seg:
                 anc = []
             for _level, typ, d in anc:
                 if v4:
@@ -523,8 +683,17 @@ class UdpLink:
                 if len(ip_cache) >= 4096:
                     ip_cache.clear()
                 ip_cache[host] = src
-            out.append(Datagram(slot[:nbytes], src, dst, addr[1], port, tos, ttl))
             i += 1
+            if 0 < seg < nbytes:  # coalesced (UDP GRO): one datagram per segment
+                k = 0
+                for off in range(0, nbytes, seg):
+                    out.append(Datagram(slot[off:min(off + seg, nbytes)], src, dst, addr[1],
+                                        port, tos, ttl, b"", k))
+                    k += 1
+                st.gro_receives += 1
+                st.gro_segments += k
+                continue
+            out.append(Datagram(slot[:nbytes], src, dst, addr[1], port, tos, ttl))
         st.received += len(out)
         return out
 

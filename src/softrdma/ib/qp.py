@@ -124,6 +124,9 @@ class EngineQP:
     xrcd: object | None = None
     #: an RDMA Read scatters into as many SGEs as the QP allows
     max_read_sge = 1 << 30
+    #: the RC bulk fast paths (softrdma.ib.fastpath) may run for this QP; the XRC QPs,
+    #: whose headers and opcodes differ, say False
+    fast_rc = True
 
     def __init__(self, port: Port, init: QPInit, qpn: int | None = None) -> None:
         qp_type = init.qp_type
@@ -183,6 +186,9 @@ class EngineQP:
         self.mtu = self.port.max_mtu if self.qp_type == QPT_UD else mtu_bytes(self.path_mtu)
         pk = self.port.pkeys
         self.pkey = pk[self.pkey_index] if self.pkey_index < len(pk) else pk[0]
+        # the one BTH P_Key the fast receive paths accept: the QP's own, if it is a full
+        # member key (then ``Port.pkey_ok`` accepts it too, IBA 10.9.3); else none (-1)
+        self.fast_pkey = self.pkey if self.pkey & 0x8000 and self.pkey & 0x7FFF else -1
         av = self.av
         if av is not None and self.qp_type != QPT_UD:
             gids = self.port.gids

@@ -27,6 +27,8 @@ from ..seam.types import PSN_MASK, SendWQE, WorkCompletion, psn_diff
 from ..wire import ib as wib
 from ..wire import opcodes as op
 from ..wire.mad import GSI_QKEY
+from . import fastpath
+from .fastpath import ACKREQ_BIT, ACKREQ_EVERY
 from .mw import BindRequest
 from .pacing import ICRC_BYTES, Pacer
 
@@ -44,7 +46,6 @@ _SIGNALED = int(SF.IBV_SEND_SIGNALED)  # plain ints: IntFlag '&' is slow per WR
 _FENCE = int(SF.IBV_SEND_FENCE)
 _SOLICITED = int(SF.IBV_SEND_SOLICITED)
 MIN_CWND = 8  # the send window never shrinks below this many PSNs
-ACKREQ_EVERY = 32  # AckReq every N packets of a long message (rxe: RXE_MAX_PKT_PER_ACK)
 
 _W_WRITE = int(WRO.IBV_WR_RDMA_WRITE)
 _W_WRITE_IMM = int(WRO.IBV_WR_RDMA_WRITE_WITH_IMM)
@@ -194,6 +195,7 @@ class Requester:
                         break
                 if not self._start(wqe):
                     return
+            head = None
             if rc and sq[0].state != UNSENT:
                 head = self._una()
                 if head is not None:
@@ -208,6 +210,17 @@ class Requester:
             lim = qp.rate_limit_bps
             if lim and (not bps or lim < bps):
                 bps = lim
+            k = self.tx_pkt
+            if (head is not None and not bps and 0 < k < wqe.npkts - 1 and qp.av is not None
+                    and self.resend_until is None and wqe.segs and qp.fast_rc
+                    and fastpath.ENABLED):
+                o = wqe.opcode
+                is_write = o == _W_WRITE or o == _W_WRITE_IMM
+                if is_write or o == _W_SEND or o == _W_SEND_IMM or o == _W_SEND_INV:
+                    # a run of MIDDLE packets at once (softrdma.ib.fastpath)
+                    self.tx_pkt = fastpath.emit_middles(self, wqe, k, head, is_write)
+                    sent = True
+                    continue
             if bps:  # static rate control (IBA 9.11, CA16-15.1.1)
                 pacer = self.pacer
                 if pacer.must_wait(now):
@@ -345,7 +358,7 @@ class Requester:
             b1 |= 0x80
         w2 = (wqe.first_psn + k) & PSN_MASK
         if qtype == QPT_RC and (last or (k % ACKREQ_EVERY) == ACKREQ_EVERY - 1 or self.ack_edge):
-            w2 |= 0x80000000  # AckReq: end of message, every 32 packets, or a full window
+            w2 |= ACKREQ_BIT  # AckReq: end of message, every 32 packets, or a full window
         hdr = _BTH.pack(opcode, b1, pkey, dqpn, w2) + ext
         segs = wqe.segs
         if plen and segs:
@@ -400,23 +413,7 @@ class Requester:
             return
         kind = pkt.info.kind
         if kind == op.Kind.ACK:
-            syn = pkt.syndrome
-            t = syn & wib.AETH_TYPE_MASK
-            if t == wib.AETH_ACK:
-                self._ack_upto(psn, now)
-            elif t == wib.AETH_RNR_NAK:
-                qp.port.counters.rcvd_rnr_nak += 1
-                self._ack_upto((psn - 1) & PSN_MASK, now)
-                self._rnr(psn, syn & 0x1F, now)
-            elif t == wib.AETH_NAK:
-                qp.port.counters.rcvd_nak += 1
-                self._ack_upto((psn - 1) & PSN_MASK, now)
-                if syn == wib.NAK_PSN_SEQ_ERR:
-                    self._retry(psn, now)
-                else:
-                    w = self._wqe_at(psn)
-                    if w is not None:
-                        self._fail(w, NAK_STATUS.get(syn, WCS.IBV_WC_REM_OP_ERR))
+            self._on_aeth(psn, pkt.syndrome, now)
             return
         if kind == op.Kind.READ_RESP:
             self._read_response(pkt, now)
@@ -435,6 +432,39 @@ class Requester:
                 w.state = DONE
                 self.rd_atomic_out -= 1
             self._progress(now)
+
+    def _on_aeth(self, psn: int, syn: int, now: float) -> None:
+        """An ACK, RNR NAK or NAK with AETH syndrome ``syn`` for ``psn`` (IBA 9.7.5.2)."""
+        qp = self.qp
+        t = syn & wib.AETH_TYPE_MASK
+        if t == wib.AETH_ACK:
+            self._ack_upto(psn, now)
+        elif t == wib.AETH_RNR_NAK:
+            qp.port.counters.rcvd_rnr_nak += 1
+            self._ack_upto((psn - 1) & PSN_MASK, now)
+            self._rnr(psn, syn & 0x1F, now)
+        elif t == wib.AETH_NAK:
+            qp.port.counters.rcvd_nak += 1
+            self._ack_upto((psn - 1) & PSN_MASK, now)
+            if syn == wib.NAK_PSN_SEQ_ERR:
+                self._retry(psn, now)
+            else:
+                w = self._wqe_at(psn)
+                if w is not None:
+                    self._fail(w, NAK_STATUS.get(syn, WCS.IBV_WC_REM_OP_ERR))
+
+    def fast_ack(self, data: memoryview, now: float) -> bool:
+        """Fast path for a 16-byte RC ACKNOWLEDGE (BTH + AETH, IBA 9.7.5.2) whose header
+        checks ``Port.receive`` has done: what :meth:`on_response` does with it, without
+        building an IBPacket. False (nothing done) where the general path must run."""
+        st = self.qp.state
+        if st != RTS and st != SQD and st != SQE:
+            return False
+        psn = int.from_bytes(data[9:12], "big")
+        if psn_diff(psn, self.next_psn) >= 0:
+            return False  # a ghost: the general path counts it
+        self._on_aeth(psn, data[12], now)
+        return True
 
     def _oldest(self) -> SendWQE | None:
         for w in self.sq:

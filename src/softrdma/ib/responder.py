@@ -176,15 +176,14 @@ class Responder:
     def fast_middle(self, data: memoryview, opcode: int) -> bool:
         """Fast path for an in-sequence RC SEND_MIDDLE / RDMA_WRITE_MIDDLE (most packets of
         a large message): the checks of the full path, without building an IBPacket.
+        ``Port.receive`` has checked the QP type, TVer, pad, P_Key and addresses.
 
         Returns False whenever anything is unusual; the caller then runs the full path,
         which handles (and NAKs or drops) it.
         """
         qp = self.qp
         st = qp.state
-        if qp.qp_type != QPT_RC or st < RTR or st > SQE or data[1] & 0x3F:
-            return False
-        if (data[2] << 8 | data[3]) != qp.pkey:
+        if st < RTR or st > SQE:
             return False
         w2 = int.from_bytes(data[8:12], "big")
         psn = w2 & PSN_MASK

@@ -134,6 +134,8 @@ class XrcIniQP(EngineQP):
     """XRC initiator (send) QP: the RC requester, whose requests carry the XRC opcodes and
     the XRCETH naming each work request's remote SRQ (``SendWQE.xrc_srqn``)."""
 
+    fast_rc = False  # every request packet needs its XRCETH (``tx``)
+
     def __init__(self, port: Port, init: QPInit) -> None:
         if init.qp_type != QPT_RC or init.srq is not None or init.max_recv_wr:
             raise ValueError("an XRC INI QP is created with the RC type and no receive queue")
@@ -163,6 +165,8 @@ class XrcIniQP(EngineQP):
 class XrcTgtQP(EngineQP):
     """XRC target (receive) QP: the RC responder, delivering each request to the XRC SRQ
     its XRCETH names (checked against this QP's domain), answering with XRC opcodes."""
+
+    fast_rc = False  # it takes XRC opcodes only
 
     def __init__(self, port: Port, xrcd: XrcDomain, qpn: int | None = None) -> None:
         super().__init__(port, QPInit(QPT_RC, None, _ignore_completion, _ignore_completion,

@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         record = Registry().get(args[0])
-        with DevdLink(record, spawn=False) as link:
+        with DevdLink(record, spawn=False, direct=False) as link:
             print(json.dumps(link.stats()))
     except (SoftRdmaError, OSError) as exc:
         print(f"softrdma interop devstats: error: {exc}", file=sys.stderr)

@@ -176,7 +176,7 @@ class DdpRx:
     """
 
     __slots__ = ("dev", "rx_msn", "ru_wqe", "ru_segs", "ru_cap", "ru_mo", "ru_op", "ru_inv",
-                 "rt_op", "rt_stag", "rt_to", "_fast")
+                 "rt_op", "rt_stag", "rt_to")
 
     def __init__(self, dev: PlacementDevice) -> None:
         self.dev = dev
@@ -190,7 +190,6 @@ class DdpRx:
         self.rt_op = -1
         self.rt_stag = 0
         self.rt_to = 0
-        self._fast = (0, 0, 0, False)
 
     @property
     def mid_message(self) -> bool:
@@ -234,29 +233,6 @@ class DdpRx:
         self.rt_stag = stag
         self.rt_to = (to + paylen) & MASK64
         return targets
-
-    def fast_write_target(self, qp: PlacementQP, stag: int, to: int,
-                          paylen: int, last: bool) -> memoryview | None:
-        """:meth:`write` for the framing's whole-FPDU fast path: the target, or None for
-        anything :meth:`write` would not take silently. Changes nothing until
-        :meth:`fast_write_commit`."""
-        if self.rt_op >= 0 and (self.rt_op != _OP_WRITE or stag != self.rt_stag
-                                or to != self.rt_to):
-            return None
-        mr = self.dev.mrs.get(stag)
-        if mr is None:
-            return None
-        acc, off = check_access(mr, stag, qp.pd, to, paylen, _REMOTE_WRITE)
-        if acc != Access.OK:
-            return None
-        self._fast = (stag, to, paylen, last)
-        return mr.buf[off:off + paylen]
-
-    def fast_write_commit(self) -> None:
-        stag, to, paylen, last = self._fast
-        self.rt_op = -1 if last else _OP_WRITE
-        self.rt_stag = stag
-        self.rt_to = (to + paylen) & MASK64
 
     def read_response(self, rd: ReadCtx | None, op: int, stag: int, to: int, paylen: int,
                       last: bool, hdr: bytes) -> list[memoryview]:

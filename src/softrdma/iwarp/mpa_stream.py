@@ -104,13 +104,11 @@ class FpduSink(Protocol):
     def on_fpdu(self) -> None:
         """The FPDU is complete and its CRC good."""
 
-    def fast_target(self, mv: memoryview, start: int, ulen: int) -> memoryview | None:
-        """For a whole FPDU whose ULPDU is ``mv[start:start+ulen]``: the buffer its payload
-        (the last ``len`` octets) goes into if the segment is a valid one the sink can
-        take in one go, else None. Changes nothing."""
-
-    def fast_commit(self) -> None:
-        """The payload named by the last ``fast_target`` was placed."""
+    def fast_run(self, mv: memoryview, i: int, n: int) -> int:
+        """Take the whole FPDUs at ``mv[i:n]`` (no markers) that the sink can place in one
+        go, CRC included (:func:`~.fast_path.write_run`); stop at the first it cannot,
+        having changed nothing for it. Returns the octets taken (0: none), after setting
+        ``ulen``/``paylen`` of the framing to the last FPDU's."""
 
 
 class FpduRx:
@@ -242,12 +240,14 @@ class FpduRx:
         n = len(mv)
         step = self._step
         if not self.markers:
-            fast = self._whole
+            fast = self.sink.fast_run
             while i < n and not self.dead:
                 if self.phase == P_HDR and not self.hhave and n - i >= LOOKAHEAD_HDR:
                     k = fast(mv, i, n)
                     if k:
                         i += k
+                        self.pos += k
+                        self.fpdu_start = self.pos
                         continue
                 i += step(mv[i:] if i else mv)
             return
@@ -265,30 +265,6 @@ class FpduRx:
                 continue
             lim = min(n - i, MARKER_INTERVAL - r)
             i += step(mv[i:i + lim])
-
-    def _whole(self, mv: memoryview, i: int, n: int) -> int:
-        """Fast path: a whole FPDU at ``mv[i:]`` that the sink takes in one go (no markers):
-        CRC checked, payload copied once. Returns the octets consumed, or 0 to let the
-        state machine handle it (a partial FPDU, another message type, any error)."""
-        ulen: int = _U16.unpack_from(mv, i)[0]
-        end = i + _LEN + ulen + ((-(_LEN + ulen)) & 3)
-        if end + _CRC_LEN > n:
-            return 0
-        sink = self.sink
-        t = sink.fast_target(mv, i + _LEN, ulen)
-        if t is None:
-            return 0
-        if self.crc_on and crc32c(mv[i:end]) != _CRC_LE.unpack_from(mv, end)[0]:
-            return 0
-        top = i + _LEN + ulen
-        paylen = len(t)
-        t[:] = mv[top - paylen:top]
-        sink.fast_commit()
-        self.paylen = paylen
-        self.ulen = ulen
-        self.pos += end + _CRC_LEN - i
-        self.fpdu_start = self.pos
-        return end + _CRC_LEN - i
 
     def _marker(self, mpos: int) -> None:
         """A marker (RFC 5044 §5): FPDUPTR must point back to the current FPDU's start."""

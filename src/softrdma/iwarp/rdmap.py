@@ -48,7 +48,6 @@ from ..wire.ddp import (
 from .ddp_place import (
     DDP_L,
     DDP_T,
-    RDMAP_RV,
     TAGGED_HDR_LEN,
     UNTAGGED_HDR_LEN,
     DdpRx,
@@ -56,6 +55,7 @@ from .ddp_place import (
     TxMsg,
     access_error,
 )
+from .fast_path import write_run
 from .mpa_setup import RTR_READ, RTR_SEND, RTR_WRITE
 from .mpa_stream import FIRST_HDR, FpduRx
 from .orq_irq import ReadQueues
@@ -76,8 +76,6 @@ _OP_TERM = int(RdmapOpcode.TERMINATE)
 _SEND_OPS = frozenset((_OP_SEND, _OP_SEND_INV, _OP_SEND_SE, _OP_SEND_SE_INV))
 _INV_OPS = frozenset((_OP_SEND_INV, _OP_SEND_SE_INV))
 _SE_OPS = frozenset((_OP_SEND_SE, _OP_SEND_SE_INV))
-_WRITE_CTRL, _WRITE_CTRL_MASK = DDP_T | DDP_VERSION, 0xFF ^ DDP_L  # T=1, DV=1, any L
-_WRITE_RDMAP = RDMAP_RV | _OP_WRITE  # RV=1, RDMA Write
 _RR_ULPDU = UNTAGGED_HDR_LEN + READ_REQ_LEN  # a whole Read Request ULPDU: 46 octets
 _RR_OFF = 2 + UNTAGGED_HDR_LEN               # its Read Request header in the FPDU
 _RR_SIZE = 12                                # RDMARDSZ within that header
@@ -187,20 +185,18 @@ class Rdmap:
         self.kind = _K_SEND
         rx.start_body(targets, paylen)
 
-    def fast_target(self, mv: memoryview, start: int, ulen: int) -> memoryview | None:
-        """A whole, valid RDMA Write segment (the framing's fast path, no markers)."""
-        if mv[start] & _WRITE_CTRL_MASK != _WRITE_CTRL or mv[start + 1] != _WRITE_RDMAP \
-                or self.await_rtr is not None or ulen <= TAGGED_HDR_LEN:
-            return None
+    def fast_run(self, mv: memoryview, i: int, n: int) -> int:
+        """Whole RDMA Write FPDUs in one go (:func:`~.fast_path.write_run`); not while a
+        responder awaits the RTR (RFC 6581 §4: that FPDU goes through the checks)."""
         qp = self.qp
-        if qp is None:
-            return None
-        c, _r, stag, to = TAGGED.unpack_from(mv, start)
-        return self.ddp.fast_write_target(qp, stag, to, ulen - TAGGED_HDR_LEN,
-                                          bool(c & DDP_L))
-
-    def fast_commit(self) -> None:
-        self.ddp.fast_write_commit()
+        if self.await_rtr is not None or qp is None:
+            return 0
+        rx = self.rx
+        k, ulen = write_run(self.ddp, qp.pd, mv, i, n, rx.crc_on)
+        if k:
+            rx.ulen = ulen
+            rx.paylen = ulen - TAGGED_HDR_LEN
+        return k
 
     # ---- receive: whole FPDUs -----------------------------------------------------------------
     def on_fpdu(self) -> None:

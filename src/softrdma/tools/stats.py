@@ -64,7 +64,7 @@ def device_counters(info: DeviceInfo) -> PortCounters:
     shared = False
     if record is not None and socket_path(record.name).exists():
         try:
-            with DevdLink(record, spawn=False, timeout=2.0) as link:
+            with DevdLink(record, spawn=False, timeout=2.0, direct=False) as link:
                 values = link.device_counters()
                 shared = True
         except DeviceError:

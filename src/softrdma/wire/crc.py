@@ -4,8 +4,10 @@
   XOR 0xFFFFFFFF), bit-identical to :func:`zlib.crc32`; it uses ISA-L
   (``isal.isal_zlib.crc32``) when available and :mod:`zlib` otherwise.
 * :func:`crc32c` is CRC-32C (Castagnoli, reflected polynomial 0x82F63B78, RFC 3385,
-  RFC 5044 §8.2 / Appendix); it uses the ``crc32c`` package (hardware accelerated) and
-  falls back to a pure-Python table-driven implementation.
+  RFC 5044 §8.2 / Appendix); it is the ``crc32c`` package's C function itself (SSE4.2,
+  three interleaved streams; it releases the GIL for large buffers), with a
+  pure-Python table-driven fallback. ISA-L's Python binding (``isal``) offers only the
+  CRC-32 of zlib, not CRC-32C, so the ``crc32c`` package is the fastest available here.
 
 Both take any bytes-like object (bytes, bytearray, memoryview) and a running ``value``
 from a previous call, so a CRC over several buffers needs no concatenation:
@@ -16,10 +18,12 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable
+from typing import Protocol
 
 Buffer = bytes | bytearray | memoryview
 
-__all__ = ["Buffer", "crc32", "crc32c", "crc32c_py", "CRC32_IMPL", "CRC32C_IMPL"]
+__all__ = ["Buffer", "CrcFunction", "CrcGilFunction", "KEEP_GIL", "crc32", "crc32c",
+           "crc32c_gil", "crc32c_py", "CRC32_IMPL", "CRC32C_IMPL"]
 
 _Crc = Callable[[Buffer, int], int]
 
@@ -61,20 +65,49 @@ def crc32c_py(data: Buffer, value: int = 0) -> int:
     return c ^ 0xFFFFFFFF
 
 
-_crc32c_impl: _Crc
+def _crc32c_fallback(data: Buffer, value: int = 0, /) -> int:
+    """CRC-32C of ``data`` continuing from ``value`` (RFC 3385 / RFC 5044 §8)."""
+    return crc32c_py(data, value)
+
+
+class CrcFunction(Protocol):
+    """``f(data, value=0) -> int``: a CRC over ``data`` continuing from ``value``."""
+
+    def __call__(self, data: Buffer, value: int = 0, /) -> int: ...
+
+
+class CrcGilFunction(Protocol):
+    """``f(data, value, gil_release_mode) -> int``: :data:`crc32c` with the ``crc32c``
+    package's GIL choice (:data:`KEEP_GIL`: hold it throughout)."""
+
+    def __call__(self, data: Buffer, value: int, gil_release_mode: int, /) -> int: ...
+
+
+#: ``gil_release_mode`` that keeps the GIL during the computation. The package's default
+#: releases it for buffers over 32 KiB; on the iWARP data path (64 KiB FPDUs, a progress
+#: thread beside the application's) that hands the GIL to the other thread mid-FPDU and
+#: costs a thread switch to get it back: about 10 % more CPU per byte on each side of
+#: ``bench/iwarp_write_bw.py``.
+KEEP_GIL = 0
+
+
+def _crc32c_gil_fallback(data: Buffer, value: int, gil_release_mode: int, /) -> int:
+    return crc32c_py(data, value)
+
+
+crc32c: CrcFunction
+crc32c_gil: CrcGilFunction
+"""CRC-32C of ``data`` continuing from ``value`` (RFC 3385 / RFC 5044 §8):
+``crc32c(data, value=0)``. With the ``crc32c`` package this *is* its C function (no
+Python frame per call: the FPDU paths call it several times per FPDU); its result is
+already a 32-bit unsigned value."""
 try:
-    import crc32c as _crc32c_mod
+    from crc32c import crc32c as _crc32c_c
 
-    def _crc32c_pkg(data: Buffer, value: int) -> int:
-        return int(_crc32c_mod.crc32c(data, value))
-
-    _crc32c_impl = _crc32c_pkg
+    crc32c = _crc32c_c
+    crc32c_gil = _crc32c_c
     CRC32C_IMPL = "crc32c"
 except ImportError:  # pragma: no cover - crc32c is a declared dependency
-    _crc32c_impl = crc32c_py
+    crc32c = _crc32c_fallback
+    crc32c_gil = _crc32c_gil_fallback
     CRC32C_IMPL = "python"
-
-
-def crc32c(data: Buffer, value: int = 0) -> int:
-    """CRC-32C of ``data`` continuing from ``value`` (RFC 3385 / RFC 5044 §8)."""
-    return _crc32c_impl(data, value) & 0xFFFFFFFF

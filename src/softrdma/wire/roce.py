@@ -38,7 +38,7 @@ __all__ = [
     "ROCE_V2_UDP_PORT", "ROCE_V1_ETHERTYPE", "RXE_ROCE_V2_SPORT",
     "flow_label_from_qpns", "udp_sport_from_flow_label", "rxe_qp_sport", "rxe_udp_sport",
     "ipv4_header", "ipv6_header", "udp_header", "inet_checksum", "udp_checksum",
-    "icrc", "icrc_v1", "icrc_ok_udp", "udp_send_icrc", "udp_payload_with_icrc",
+    "icrc", "icrc_v1", "icrc_ok_udp", "icrc_ok_udp_id", "udp_send_icrc", "udp_payload_with_icrc",
     "RoceFrame", "parse_frame", "build_frame", "frame_icrc", "frame_icrc_ok", "icrc_ok_frame",
     "ipv4_mapped", "unmap_ipv4", "recover_ipv4_id",
 ]
@@ -329,6 +329,8 @@ def _pseudo(s: bytes, d: bytes, sport: int, dport: int, udp_len: int, ident: int
 # CRC of the masked pseudo-header with IPv4 ID 0 + DF, per flow and length: it is the
 # same for every packet of a flow, so the per-packet work is the IB part only.
 _PSEUDO_CRC: dict[tuple[bytes, bytes, int, int, int], int] = {}
+# The same with IPv4 Identification ``ident`` != 0 (the segments of a UDP GSO send).
+_PSEUDO_CRC_ID: dict[tuple[bytes, bytes, int, int, int, int], int] = {}
 
 
 def _pseudo_crc(s: bytes, d: bytes, sport: int, dport: int, udp_len: int) -> int:
@@ -343,6 +345,22 @@ def _pseudo_crc(s: bytes, d: bytes, sport: int, dport: int, udp_len: int) -> int
     return c
 
 
+def _pseudo_crc_id(s: bytes, d: bytes, sport: int, dport: int, udp_len: int,
+                   ident: int) -> int:
+    """``crc32(_pseudo(..., ident))`` with DF, cached per (flow, length, ID); IPv6 (no
+    Identification) and ID 0 share :func:`_pseudo_crc`'s cache."""
+    if ident == 0 or len(s) != 4:
+        return _pseudo_crc(s, d, sport, dport, udp_len)
+    key = (s, d, sport, dport, udp_len, ident)
+    c = _PSEUDO_CRC_ID.get(key)
+    if c is None:
+        c = crc32(_pseudo(s, d, sport, dport, udp_len, ident & 0xFFFF))
+        if len(_PSEUDO_CRC_ID) >= 16384:
+            _PSEUDO_CRC_ID.clear()
+        _PSEUDO_CRC_ID[key] = c
+    return c
+
+
 def _crc_datagram(state: int, dg: memoryview) -> int:
     """Continue the pseudo-header CRC ``state`` over BTH (byte 4 masked) and the rest of
     ``dg`` minus its ICRC."""
@@ -350,16 +368,36 @@ def _crc_datagram(state: int, dg: memoryview) -> int:
 
 
 def udp_send_icrc(src_ip: bytes, dst_ip: bytes, sport: int, dport: int,
-                  parts: Sequence[Buffer], length: int | None = None) -> bytes:
+                  parts: Sequence[Buffer], length: int | None = None, ident: int = 0) -> bytes:
     """The 4-byte ICRC to append to ``parts`` (BTH .. pad) sent from a UDP socket.
 
     Assumes what Linux sends from an unconnected socket with ``IP_PMTUDISC_DO``: IPv4 ID 0
     with DF; TOS/TTL/flow label do not matter (masked). IPv4-mapped addresses are IPv4.
     ``length`` (bytes of BTH .. pad) saves summing the parts when the caller knows it.
+    ``ident``: the IPv4 Identification the packet will carry instead of 0 (segment
+    ``i`` of a UDP GSO send from such a socket carries ``i``: Linux ``inet_gso_segment``
+    numbers the segments from the super-packet's ID); ignored for IPv6.
     """
     s, d = _socket_addrs(src_ip, dst_ip)
     n = sum(memoryview(p).nbytes for p in parts) if length is None else length
-    return _ICRC.pack(_crc_ib(_pseudo_crc(s, d, sport, dport, 8 + n + ICRC_SIZE), parts))
+    udp_len = 8 + n + ICRC_SIZE
+    state = (_pseudo_crc(s, d, sport, dport, udp_len) if ident == 0
+             else _pseudo_crc_id(s, d, sport, dport, udp_len, ident))
+    return _ICRC.pack(_crc_ib(state, parts))
+
+
+def icrc_ok_udp_id(src_ip: bytes, dst_ip: bytes, sport: int, dport: int,
+                   datagram: Buffer, ident: int) -> bool:
+    """True if ``datagram`` (BTH .. ICRC) is right under IPv4 Identification ``ident``
+    with DF (IPv6: the exact check). The cheap first try for a segment of a coalesced
+    (UDP GRO) receive, whose ID the socket does not show (see :func:`icrc_ok_udp`)."""
+    dg = memoryview(datagram).cast("B")
+    n = len(dg)
+    if n < BTH_SIZE + ICRC_SIZE:
+        return False
+    s, d = _socket_addrs(src_ip, dst_ip)
+    state = _pseudo_crc_id(s, d, sport, dport, 8 + n, ident)
+    return bool(_crc_datagram(state, dg) == _ICRC.unpack_from(dg, n - ICRC_SIZE)[0])
 
 
 def udp_payload_with_icrc(src_ip: bytes, dst_ip: bytes, sport: int, dport: int,

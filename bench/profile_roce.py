@@ -1,0 +1,209 @@
+"""CPU time per packet of the RoCEv2 data path, each side on its own, in one process.
+
+Two in-process softrdma devices on two UdpLinks (127.0.0.1 and 127.0.0.2, manual
+progress) run, one call at a time from one thread:
+
+1. ``--writes`` RC RDMA WRITEs of ``--size`` bytes (path MTU 4096, 4 in flight): the
+   requester's CPU time (post, segmentation, headers, ICRC, ``sendmsg``, ACK receipt,
+   completions) per data packet sent, and the responder's (``recvmsg``, ICRC check,
+   placement, ACKs) per data packet received.
+2. ``--pings`` RC SEND 64 B ping-pongs: each side's CPU time per round trip (one SEND
+   posted and sent, one SEND received and completed, its ACKs).
+
+Every figure is ``time.thread_time`` spent inside that side's calls, so the two sides
+are apart although one thread drives both, and other processes' load does not count.
+With ``--profile`` cProfile runs over each phase and prints the top functions.
+Run: ``python bench/profile_roce.py [--profile]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+
+from softrdma import enums as e  # noqa: E402
+from softrdma import verbs as v  # noqa: E402
+from softrdma.drivers.udp import UdpLink  # noqa: E402
+
+ACCESS = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ)
+MASK_INIT = int(e.IBV_QP_STATE | e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT | e.IBV_QP_ACCESS_FLAGS)
+MASK_RTR = int(e.IBV_QP_STATE | e.IBV_QP_AV | e.IBV_QP_PATH_MTU | e.IBV_QP_DEST_QPN
+               | e.IBV_QP_RQ_PSN | e.IBV_QP_MAX_DEST_RD_ATOMIC | e.IBV_QP_MIN_RNR_TIMER)
+MASK_RTS = int(e.IBV_QP_STATE | e.IBV_QP_TIMEOUT | e.IBV_QP_RETRY_CNT | e.IBV_QP_RNR_RETRY
+               | e.IBV_QP_SQ_PSN | e.IBV_QP_MAX_QP_RD_ATOMIC)
+MTU_4096 = 5  # ibv_mtu
+PKT = 4096  # payload bytes per WRITE packet at path MTU 4096
+DEPTH = 64  # send and receive queue depth
+IN_FLIGHT = 4  # WRITEs posted ahead of their completions (as roce_bench)
+PING = 64  # bytes of a ping-pong message
+RECV = int(e.IBV_WC_RECV)
+STALL_S = 5.0  # no progress for this long: the run failed (lost packets, a bug)
+
+
+class Side:
+    """One device, PD, MR, CQ and RC QP; ``cpu`` sums the thread time of its calls."""
+
+    def __init__(self, ip: str, port: int, size: int) -> None:
+        self.ctx = v.Context("prof" + ip[-1], link=UdpLink(ip, port), progress="manual")
+        self.rt = self.ctx.runtime
+        self.pd = v.PD(self.ctx)
+        self.buf = bytearray(size)
+        self.mr = v.MR(self.pd, size, ACCESS, buffer=self.buf)
+        self.cq = v.CQ(self.ctx, 4 * DEPTH)
+        cap = v.QPCap(max_send_wr=DEPTH, max_recv_wr=DEPTH, max_send_sge=1, max_recv_sge=1)
+        self.qp = v.QP(self.pd, v.QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq,
+                                             cap=cap))
+        self.cpu = 0.0
+
+    def connect(self, peer: Side) -> None:
+        qp = self.qp
+        qp.modify(v.QPAttr(qp_state=e.IBV_QPS_INIT, pkey_index=0, port_num=1,
+                           qp_access_flags=ACCESS & ~int(e.IBV_ACCESS_LOCAL_WRITE)), MASK_INIT)
+        ah = v.AHAttr(port_num=1, is_global=1,
+                      gr=v.GlobalRoute(dgid=peer.ctx.query_gid(1, 0), sgid_index=0, hop_limit=64))
+        qp.modify(v.QPAttr(qp_state=e.IBV_QPS_RTR, path_mtu=MTU_4096, dest_qp_num=peer.qp.qp_num,
+                           rq_psn=0, max_dest_rd_atomic=1, min_rnr_timer=1, ah_attr=ah), MASK_RTR)
+        qp.modify(v.QPAttr(qp_state=e.IBV_QPS_RTS, timeout=14, retry_cnt=7, rnr_retry=7,
+                           sq_psn=0, max_rd_atomic=1), MASK_RTS)
+
+    def timed(self, fn: Callable[..., Any], *args: Any) -> Any:
+        t0 = time.thread_time()
+        try:
+            return fn(*args)
+        finally:
+            self.cpu += time.thread_time() - t0
+
+    def progress(self) -> int:
+        return int(self.timed(self.rt.progress))
+
+    def poll(self) -> list[Any]:
+        n, wcs = self.timed(self.cq.poll, 16)
+        for wc in wcs:
+            if wc.status:
+                raise RuntimeError(f"completion error: {wc}")
+        return list(wcs)
+
+    def counters(self) -> dict[str, int]:
+        return self.rt.port.counters.as_dict()
+
+    def close(self) -> None:
+        self.ctx.close()
+
+
+def _stalled(since: float) -> bool:
+    return time.monotonic() - since > STALL_S
+
+
+def run_writes(a: Side, b: Side, n: int, size: int) -> tuple[float, float, int]:
+    """``n`` WRITEs of ``size`` bytes from ``a`` to ``b``; (a's, b's CPU s, data packets)."""
+    wr = v.SendWR(wr_id=1, opcode=e.IBV_WR_RDMA_WRITE, num_sge=1,
+                  sg=[v.SGE(a.mr.addr, size, a.mr.lkey)], send_flags=e.IBV_SEND_SIGNALED)
+    wr.set_wr_rdma(b.mr.rkey, b.mr.addr)
+    a.cpu = b.cpu = 0.0
+    posted = done = 0
+    last = time.monotonic()
+    while done < n:
+        while posted < n and posted - done < IN_FLIGHT:
+            a.timed(a.qp.post_send, wr)
+            posted += 1
+        moved = b.progress() + a.progress()
+        got = len(a.poll())
+        done += got
+        if moved or got:
+            last = time.monotonic()
+        elif _stalled(last):
+            raise RuntimeError(f"WRITE stalled after {done} of {n} completions")
+    pkts = n * ((size + PKT - 1) // PKT)
+    return a.cpu, b.cpu, pkts
+
+
+def run_pings(a: Side, b: Side, n: int) -> tuple[float, float]:
+    """``n`` 64 B SEND ping-pongs; (a's, b's CPU s). Each receive is re-posted."""
+    wrs = {s: v.SendWR(wr_id=2, opcode=e.IBV_WR_SEND, num_sge=1,
+                       sg=[v.SGE(s.mr.addr + PING, PING, s.mr.lkey)],
+                       send_flags=e.IBV_SEND_SIGNALED) for s in (a, b)}
+    a.cpu = b.cpu = 0.0
+    for _ in range(n):
+        for src, dst in ((a, b), (b, a)):
+            src.timed(src.qp.post_send, wrs[src])
+            last = time.monotonic()
+            while True:
+                dst.progress()
+                if any(wc.opcode == RECV for wc in dst.poll()):
+                    break
+                src.progress()
+                src.poll()
+                if _stalled(last):
+                    raise RuntimeError("ping-pong stalled")
+            dst.timed(dst.qp.post_recv,
+                      v.RecvWR(wr_id=1, num_sge=1, sg=[v.SGE(dst.mr.addr, PING, dst.mr.lkey)]))
+    # the last ACKs and send completions
+    for _ in range(3):
+        a.progress(), b.progress(), a.poll(), b.poll()
+    return a.cpu, b.cpu
+
+
+def _profiled(enabled: bool, fn: Callable[[], Any]) -> tuple[Any, str]:
+    if not enabled:
+        return fn(), ""
+    prof = cProfile.Profile()
+    out = prof.runcall(fn)
+    s = io.StringIO()
+    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(25)
+    return out, s.getvalue()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--writes", type=int, default=64, help="RDMA WRITEs (default 64)")
+    ap.add_argument("--size", type=int, default=1 << 20, help="WRITE size (default 1 MiB)")
+    ap.add_argument("--pings", type=int, default=2000, help="ping-pong round trips")
+    ap.add_argument("--port", type=int, default=47931, help="UDP port of both devices")
+    ap.add_argument("--profile", action="store_true", help="cProfile: top functions")
+    ap.add_argument("--only", choices=("bw", "lat"))
+    args = ap.parse_args(argv)
+    a = Side("127.0.0.1", args.port, max(args.size, 2 * PING))
+    b = Side("127.0.0.2", args.port, max(args.size, 2 * PING))
+    try:
+        a.connect(b)
+        b.connect(a)
+        if args.only in (None, "bw"):
+            run_writes(a, b, 2, args.size)  # warm-up
+            (ca, cb, pkts), prof = _profiled(args.profile,
+                                             lambda: run_writes(a, b, args.writes, args.size))
+            print(f"RC WRITE {args.size} B x {args.writes}: {pkts} data packets")
+            print(f"  requester CPU per packet: {ca / pkts * 1e6:6.2f} us")
+            print(f"  responder CPU per packet: {cb / pkts * 1e6:6.2f} us")
+            print(prof, end="")
+        if args.only in (None, "lat"):
+            for s in (a, b):
+                s.qp.post_recv([v.RecvWR(wr_id=1, num_sge=1,
+                                         sg=[v.SGE(s.mr.addr, PING, s.mr.lkey)])
+                                for _ in range(DEPTH)])
+            run_pings(a, b, 20)  # warm-up
+            (ca, cb), prof = _profiled(args.profile, lambda: run_pings(a, b, args.pings))
+            print(f"RC SEND {PING} B ping-pong x {args.pings}")
+            print(f"  side A CPU per round trip: {ca / args.pings * 1e6:6.2f} us")
+            print(f"  side B CPU per round trip: {cb / args.pings * 1e6:6.2f} us")
+            print(prof, end="")
+        ka, kb = a.counters(), b.counters()
+        print(f"retransmitted {ka.get('retransmitted_pkts', 0)} packets, "
+              f"ICRC errors {kb.get('rcvd_icrc_err', 0) + ka.get('rcvd_icrc_err', 0)}, "
+              f"sent {ka.get('sent_pkts', 0)}/{kb.get('sent_pkts', 0)} packets (A/B)")
+    finally:
+        a.close()
+        b.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

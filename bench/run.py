@@ -1,0 +1,240 @@
+"""Every data-path benchmark of issue 15, each beside its baseline measured in the same run.
+
+``python bench/run.py`` prints a table; ``python bench/run.py --json`` prints one JSON
+object: per figure, softrdma's value and its baseline in each run, the ratio of each pair
+of runs (best and median), the goal, and the machine's core count.
+
+A figure and its baseline alternate run by run (baseline, softrdma, baseline, softrdma,
+...), so a change in the machine's load hits both. ``--runs`` (default 3) sets how many
+pairs; ``--quick`` shrinks every transfer (a smoke run, not a measurement).
+
+The figures (see each module for how it measures):
+
+* ``roce_write_bw``: RC RDMA WRITE 1 MiB over RoCEv2 between two processes on loopback,
+  vs plain Python UDP 4096 B datagrams (``roce_bench``). Goal >= 1.0.
+* ``iwarp_write_bw_crc`` / ``iwarp_write_bw_nocrc``: iWARP RDMA WRITE 1 MiB with MPA
+  CRC32c on / off, vs plain Python TCP (``iwarp_write_bw``). Goals >= 0.7 / >= 0.85.
+* ``rc_send_lat``: RC SEND 64 B ping-pong half round trip vs a plain Python UDP ping-pong
+  (``roce_bench``; lower is better). Goal <= 1.1.
+* ``shared_lat`` / ``shared_write_bw``: the same ping-pong and WRITE with both processes
+  on one shared (devd-managed) device, vs two in-process devices (``shared_bench``).
+  Goals <= 1.2 (latency) and >= 0.8 (throughput).
+* ``scaling_2`` / ``scaling_4``: aggregate RC WRITE throughput of 2 and 4 client/server
+  process pairs on one shared device vs one pair (``shared_bench``). Goal >= 1.6 for two.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+
+import iwarp_write_bw as iwb  # noqa: E402
+import roce_bench as rb  # noqa: E402
+import shared_bench as sb  # noqa: E402
+
+MIB = 1 << 20
+
+
+@dataclass
+class Figure:
+    """One figure: softrdma's value and its baseline, run by run."""
+
+    name: str
+    what: str
+    unit: str
+    baseline_what: str
+    goal: float
+    higher_is_better: bool
+    ours: list[float] = field(default_factory=list)
+    base: list[float] = field(default_factory=list)
+    error: str | None = None
+
+    def ratios(self) -> list[float]:
+        return [o / b for o, b in zip(self.ours, self.base, strict=True) if b > 0]
+
+    def best_ratio(self) -> float | None:
+        r = self.ratios()
+        if not r:
+            return None
+        return max(r) if self.higher_is_better else min(r)
+
+    def median_ratio(self) -> float | None:
+        r = self.ratios()
+        return statistics.median(r) if r else None
+
+    def met(self) -> bool | None:
+        med = self.median_ratio()
+        if med is None:
+            return None
+        return med >= self.goal if self.higher_is_better else med <= self.goal
+
+    def as_dict(self) -> dict[str, Any]:
+        best = (max if self.higher_is_better else min)
+        return {
+            "what": self.what, "unit": self.unit, "baseline": self.baseline_what,
+            "softrdma": self.ours, "baseline_values": self.base,
+            "softrdma_best": best(self.ours) if self.ours else None,
+            "baseline_best": best(self.base) if self.base else None,
+            "ratios": self.ratios(), "ratio_best": self.best_ratio(),
+            "ratio_median": self.median_ratio(),
+            "goal": f"{'>=' if self.higher_is_better else '<='} {self.goal}",
+            "goal_met": self.met(), "error": self.error,
+        }
+
+
+class _Ports:
+    """Fresh UDP ports for each run (a port in TIME_WAIT-like reuse never collides)."""
+
+    def __init__(self, first: int) -> None:
+        self.next = first
+
+    def take(self, n: int = 4) -> int:
+        p = self.next
+        self.next += n
+        return p
+
+
+def _pairs(fig: Figure, runs: int, base: Callable[[], float], ours: Callable[[], float]) -> None:
+    for _ in range(runs):
+        try:
+            fig.base.append(base())
+            fig.ours.append(ours())
+        except Exception as exc:  # a benchmark that breaks is reported, not fatal
+            fig.error = f"{type(exc).__name__}: {exc}"
+            del fig.base[len(fig.ours):]
+            return
+
+
+def _pairs2(fig: Figure, runs: int, both: Callable[[], tuple[float, float]]) -> None:
+    """``both`` returns (softrdma, baseline) from one run of a bench that measures both."""
+    for _ in range(runs):
+        try:
+            o, b = both()
+        except Exception as exc:
+            fig.error = f"{type(exc).__name__}: {exc}"
+            return
+        fig.ours.append(o)
+        fig.base.append(b)
+
+
+def measure(runs: int, quick: bool, only: set[str] | None) -> list[Figure]:
+    total = (32 if quick else 256) * MIB
+    sb_total = (16 if quick else 64) * MIB  # per pair on the shared device
+    iters = 500 if quick else 5000
+    iw_count = 32 if quick else 256
+    ports = _Ports(48000 + (os.getpid() % 500) * 8)
+    figs: list[Figure] = []
+
+    def want(name: str) -> bool:
+        return only is None or name in only
+
+    if want("roce_write_bw"):
+        f = Figure("roce_write_bw", "RC RDMA WRITE 1 MiB, RoCEv2, loopback", "MiB/s",
+                   "plain Python UDP, 4096 B datagrams", 1.0, True)
+        _pairs(f, runs, lambda: rb.udp_bw(total, 4096, ports.take())[0] / MIB,
+               lambda: rb.rdma_write_bw(total, MIB, ports.take()) / MIB)
+        figs.append(f)
+    for crc in (True, False):
+        name = "iwarp_write_bw_crc" if crc else "iwarp_write_bw_nocrc"
+        if not want(name):
+            continue
+        f = Figure(name, f"iWARP RDMA WRITE 1 MiB, CRC32c {'on' if crc else 'off'}", "MB/s",
+                   "plain Python TCP", 0.7 if crc else 0.85, True)
+        _pairs(f, runs, lambda: iwb.tcp_bw(MIB * iw_count) / 1e6,
+               lambda c=crc: iwb.iwarp_write_bw(MIB * iw_count, MIB, c) / 1e6)  # type: ignore[misc]
+        figs.append(f)
+    if want("rc_send_lat"):
+        f = Figure("rc_send_lat", "RC SEND 64 B ping-pong, half round trip", "us",
+                   "plain Python UDP ping-pong", 1.1, False)
+        _pairs(f, runs, lambda: rb.udp_lat(iters, ports.take()) * 1e6,
+               lambda: rb.rc_send_lat(iters, ports.take()) * 1e6)
+        figs.append(f)
+    if want("shared_lat"):
+        f = Figure("shared_lat", "64 B ping-pong, both processes on one shared device", "us",
+                   "two in-process devices", 1.2, False)
+        _pairs2(f, runs, lambda: tuple(x * 1e6 for x in sb.shared_pingpong_lat(iters // 2)))  # type: ignore[arg-type,return-value]
+        figs.append(f)
+    if want("shared_write_bw"):
+        f = Figure("shared_write_bw", "RC RDMA WRITE 1 MiB, both processes on one shared device",
+                   "MiB/s", "two in-process devices", 0.8, True)
+        _pairs2(f, runs, lambda: tuple(x / MIB for x in sb.shared_write_bw(sb_total)))  # type: ignore[arg-type,return-value]
+        figs.append(f)
+    if want("scaling_2") or want("scaling_4"):
+        f2 = Figure("scaling_2", "aggregate RC WRITE, 2 process pairs on one shared device",
+                    "MiB/s", "1 pair", 1.6, True)
+        f4 = Figure("scaling_4", "aggregate RC WRITE, 4 process pairs on one shared device",
+                    "MiB/s", "1 pair", 1.6, True)
+        for _ in range(runs):
+            try:
+                s = sb.scaling((1, 2, 4), sb_total)
+            except Exception as exc:
+                f2.error = f4.error = f"{type(exc).__name__}: {exc}"
+                break
+            for fig, k in ((f2, 2), (f4, 4)):
+                fig.base.append(s[1] / MIB)
+                fig.ours.append(s[k] / MIB)
+        figs += [f for f in (f2, f4) if want(f.name)]
+    return figs
+
+
+def _fmt(x: float | None, digits: int = 2) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def table(figs: list[Figure]) -> str:
+    lines = [f"{'figure':22s} {'softrdma best':>14s} {'baseline best':>14s} {'ratio best':>10s} "
+             f"{'median':>7s} {'goal':>7s}  met"]
+    for f in figs:
+        d = f.as_dict()
+        lines.append(f"{f.name:22s} {_fmt(d['softrdma_best'], 1):>14s} "
+                     f"{_fmt(d['baseline_best'], 1):>14s} {_fmt(d['ratio_best']):>10s} "
+                     f"{_fmt(d['ratio_median']):>7s} {d['goal']:>7s}  "
+                     f"{'-' if d['goal_met'] is None else ('yes' if d['goal_met'] else 'no')}"
+                     f"{'  ERROR: ' + f.error if f.error else ''}")
+        lines.append(f"{'':22s} {f.what} ({f.unit}) vs {f.baseline_what}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="print one JSON object, not a table")
+    ap.add_argument("--runs", type=int, default=3, help="runs of each figure (default 3)")
+    ap.add_argument("--quick", action="store_true", help="small transfers: a smoke run")
+    ap.add_argument("--only", action="append", metavar="FIGURE",
+                    help="run only this figure (repeatable), e.g. roce_write_bw")
+    a = ap.parse_args(argv)
+    if a.runs < 1:
+        ap.error("--runs must be >= 1")
+    mp.set_start_method("fork", force=True)
+    t0 = time.time()
+    figs = measure(a.runs, a.quick, set(a.only) if a.only else None)
+    load = os.getloadavg()
+    if a.json:
+        print(json.dumps({
+            "cores": os.cpu_count(), "python": platform.python_version(),
+            "machine": platform.machine(), "runs": a.runs, "quick": a.quick,
+            "loadavg_after": [round(x, 2) for x in load],
+            "seconds": round(time.time() - t0, 1),
+            "figures": {f.name: f.as_dict() for f in figs},
+        }, indent=2))
+    else:
+        print(table(figs))
+        print(f"{os.cpu_count()} cores, {a.runs} runs per figure, load after "
+              f"{load[0]:.2f}, {time.time() - t0:.0f} s")
+    return 1 if any(f.error for f in figs) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,41 @@
+"""``bench/run.py --json``: one JSON object with each figure, its baseline in the same run,
+the ratios, the goal and the core count (issue 15's entry point; the figures themselves
+are not asserted: benchmarks print, tests check behaviour)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent.parent / "bench" / "run.py"
+
+
+def test_run_json_quick_one_figure() -> None:
+    out = subprocess.run(
+        [sys.executable, str(BENCH), "--json", "--quick", "--runs", "2", "--only", "roce_write_bw"],
+        capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["cores"] == os.cpu_count()
+    assert doc["runs"] == 2 and doc["quick"] is True
+    assert list(doc["figures"]) == ["roce_write_bw"]
+    fig = doc["figures"]["roce_write_bw"]
+    assert fig["error"] is None
+    assert len(fig["softrdma"]) == len(fig["baseline_values"]) == 2
+    assert all(x > 0 for x in fig["softrdma"] + fig["baseline_values"])
+    ratios = [o / b for o, b in zip(fig["softrdma"], fig["baseline_values"], strict=True)]
+    assert fig["ratios"] == ratios
+    assert fig["ratio_best"] == max(ratios)
+    assert fig["goal"] == ">= 1.0"
+    assert fig["goal_met"] == (fig["ratio_median"] >= 1.0)
+
+
+def test_run_rejects_bad_runs() -> None:
+    out = subprocess.run([sys.executable, str(BENCH), "--runs", "0"], capture_output=True,
+                         text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert out.returncode == 2
+    assert "--runs must be >= 1" in out.stderr
+    assert "Traceback" not in out.stderr

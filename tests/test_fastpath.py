@@ -1,0 +1,227 @@
+"""The RC fast paths (softrdma.ib.fastpath: MIDDLE runs on send, MIDDLE placement and the
+plain ACK on receive) behave exactly as the general path: the same packets byte for
+byte, in the same order and at the same times, the same placement, completions and
+counters, with and without loss, duplication and reordering (IBA 9.7)."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from engine_harness import Endpoint, Net, connect
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from property_budget import examples
+
+from softrdma import enums as e
+from softrdma.ib import fastpath
+from softrdma.ib.port import RxMeta
+from softrdma.ib.requester import Requester
+from softrdma.ib.responder import Responder
+from softrdma.seam.types import SGE, RecvWQE, SendWQE
+from softrdma.wire import ib as wib
+
+SIG = int(e.IBV_SEND_SIGNALED)
+REGION = 1 << 20
+KINDS = ("write", "write_imm", "send", "send_imm", "write2")  # write2: two SGEs
+
+
+@contextmanager
+def fast(enabled: bool) -> Iterator[dict[str, int]]:
+    """Switch the fast paths on or off; count how often each one took a packet."""
+    hits = {"emit": 0, "middle": 0, "ack": 0}
+    saved = fastpath.ENABLED, fastpath.emit_middles, Responder.fast_middle, Requester.fast_ack
+    emit, middle, ack = saved[1], saved[2], saved[3]
+
+    def emit_spy(req: Requester, wqe: SendWQE, k: int, head: int, is_write: bool) -> int:
+        hits["emit"] += 1
+        return emit(req, wqe, k, head, is_write)
+
+    def middle_spy(self: Responder, data: memoryview, opcode: int) -> bool:
+        ok = middle(self, data, opcode)
+        hits["middle"] += ok
+        return ok
+
+    def ack_spy(self: Requester, data: memoryview, now: float) -> bool:
+        ok = ack(self, data, now)
+        hits["ack"] += ok
+        return ok
+
+    fastpath.ENABLED = enabled
+    fastpath.emit_middles = emit_spy
+    Responder.fast_middle = middle_spy  # type: ignore[method-assign]
+    Requester.fast_ack = ack_spy  # type: ignore[method-assign]
+    try:
+        yield hits
+    finally:
+        fastpath.ENABLED = saved[0]
+        fastpath.emit_middles = saved[1]
+        Responder.fast_middle = saved[2]  # type: ignore[method-assign]
+        Requester.fast_ack = saved[3]  # type: ignore[method-assign]
+
+
+def run(ops: list[tuple[str, int]], *, seed: int = 0, loss: float = 0.0, dup: float = 0.0,
+        reorder: float = 0.0, mtu: int = 5, cwnd: int | None = None) -> dict[str, Any]:
+    """Post ``ops`` from a to b at once, run the network, and return everything observable:
+    every packet sent (time, bytes), both buffers, completions and counters."""
+    trace: list[tuple[float, bytes]] = []
+    net = Net(seed=seed, drop=loss, dup=dup, reorder=reorder)
+
+    def record(data: bytes) -> bool:
+        trace.append((net.now, data))
+        return False
+
+    net.drop_rule = record
+    # keys from a counter, not random: both runs' RETHs carry the same R_Key
+    a = Endpoint(net.add_port(1, max_mtu=4096, key_alloc=itertools.count(0x100).__next__),
+                 size=2 * REGION, max_wr=64)
+    b = Endpoint(net.add_port(2, max_mtu=4096, key_alloc=itertools.count(0x200).__next__),
+                 size=3 * REGION, max_wr=64)
+    connect(a, b, mtu=mtu, timeout=4, retry_cnt=7)
+    if cwnd is not None:
+        a.qp.req.cwnd = cwnd
+    a.buf[:REGION] = bytes((i * 7 + 3) & 0xFF for i in range(256)) * (REGION // 256)
+    for i, (kind, size) in enumerate(ops):
+        sge = [SGE(a.mr.addr, size, a.mr.lkey)]
+        if kind == "write2":  # two SGEs: the send side gathers across them
+            half = size // 2
+            sge = [SGE(a.mr.addr + 5, half, a.mr.lkey),
+                   SGE(a.mr.addr + REGION // 2, size - half, a.mr.lkey)]
+        if kind in ("send", "send_imm", "write_imm"):
+            b.qp.post_recv(RecvWQE(100 + i, [SGE(b.mr.addr + 2 * REGION, REGION, b.mr.lkey)]))
+        if kind.startswith("send"):
+            op = e.IBV_WR_SEND if kind == "send" else e.IBV_WR_SEND_WITH_IMM
+            w = SendWQE(i, int(op), SIG, sge, imm_data=i)
+        else:
+            op = e.IBV_WR_RDMA_WRITE_WITH_IMM if kind == "write_imm" else e.IBV_WR_RDMA_WRITE
+            w = SendWQE(i, int(op), SIG, sge, remote_addr=b.mr.addr + REGION, rkey=b.mr.rkey,
+                        imm_data=i)
+        a.qp.post_send(w, 0.0)
+    net.run()
+    wcs = [(w.wr_id, w.status, int(w.opcode), w.byte_len, w.imm_data) for w in a.scq + b.rcq]
+    return {"trace": trace, "a": hashlib.sha256(a.buf).digest(),
+            "b": hashlib.sha256(b.buf).digest(), "wcs": wcs,
+            "counters": (a.port.counters.as_dict(), b.port.counters.as_dict()),
+            "states": (a.qp.state, b.qp.state), "now": net.now}
+
+
+def both(ops: list[tuple[str, int]], **kw: Any) -> tuple[dict[str, Any], dict[str, int]]:
+    with fast(False) as off_hits:
+        slow = run(ops, **kw)
+    assert off_hits == {"emit": 0, "middle": 0, "ack": 0}
+    with fast(True) as hits:
+        quick = run(ops, **kw)
+    assert quick["trace"] == slow["trace"]  # the same packets, byte for byte, same times
+    for key in ("a", "b", "wcs", "counters", "states", "now"):
+        assert quick[key] == slow[key], key
+    return quick, hits
+
+
+@pytest.mark.parametrize("mtu", [1, 3, 5])
+@pytest.mark.parametrize("kind", KINDS)
+def test_same_packets_lossless(kind: str, mtu: int) -> None:
+    size = 256 * 1024 + 100  # not a multiple of any MTU: a short LAST packet
+    quick, hits = both([(kind, size), (kind, 3 * (128 << mtu))], mtu=mtu)
+    assert all(w[1] == 0 for w in quick["wcs"])
+    assert hits["emit"] > 0 and hits["middle"] > 0 and hits["ack"] > 0
+
+
+def test_placement_is_the_senders_bytes() -> None:
+    """The fast paths place the right bytes (not only the same as the general path)."""
+    net = Net()
+    a = Endpoint(net.add_port(1, max_mtu=4096), size=2 * REGION)
+    b = Endpoint(net.add_port(2, max_mtu=4096), size=2 * REGION)
+    connect(a, b, mtu=5)
+    data = bytes((i * 13 + 1) & 0xFF for i in range(REGION))
+    a.buf[:REGION] = data
+    with fast(True) as hits:
+        a.qp.post_send(SendWQE(1, int(e.IBV_WR_RDMA_WRITE), SIG, [SGE(a.mr.addr, REGION, a.mr.lkey)],
+                               remote_addr=b.mr.addr + 3, rkey=b.mr.rkey), 0.0)
+        net.run()
+    assert bytes(b.buf[3:3 + REGION]) == data
+    assert [(w.wr_id, w.status) for w in a.scq] == [(1, 0)]
+    assert hits["middle"] == REGION // 4096 - 2
+
+
+@pytest.mark.parametrize("cwnd", [8, 9, 33, 100])
+def test_window_edges(cwnd: int) -> None:
+    """A send window smaller than the message: runs stop at its edge, with AckReq on the
+    packet that fills it (as the general path marks it)."""
+    quick, hits = both([("write", REGION), ("send", 70_000)], cwnd=cwnd)
+    assert all(w[1] == 0 for w in quick["wcs"])
+    assert hits["emit"] > 1
+
+
+@settings(max_examples=examples(12), deadline=None, suppress_health_check=list(HealthCheck))
+@given(ops=st.lists(st.tuples(st.sampled_from(KINDS),
+                              st.one_of(st.integers(0, 20_000), st.sampled_from([REGION, 300_000]))),
+                    min_size=1, max_size=5),
+       seed=st.integers(0, 2**16), loss=st.floats(0.0, 0.1), dup=st.floats(0.0, 0.1),
+       reorder=st.floats(0.0, 0.2), mtu=st.integers(3, 5))
+def test_same_behaviour_under_faults(ops: list[tuple[str, int]], seed: int, loss: float,
+                                     dup: float, reorder: float, mtu: int) -> None:
+    """Loss, duplication and reordering (go-back-N, NAKs, duplicates, retransmission
+    timers): the fast paths change nothing observable."""
+    quick, _ = both(ops, seed=seed, loss=loss, dup=dup, reorder=reorder, mtu=mtu)
+    assert all(w[1] == 0 for w in quick["wcs"])
+
+
+def _ack(qp_dst: int, psn: int, pkey: int = 0xFFFF, extra: bytes = b"", b1: int = 0) -> memoryview:
+    return memoryview(wib.BTH.pack(0x11, b1, pkey, qp_dst, psn) + wib.U32.pack(0x1F << 24)
+                      + extra)
+
+
+@pytest.mark.parametrize("enabled", [False, True])
+def test_odd_acks_go_the_general_way(enabled: bool) -> None:
+    """ACKs the fast path must not take are handled as the general path handles them:
+    trailing bytes (malformed), TVer 1, a foreign P_Key, a ghost PSN, a stranger's GIDs."""
+    net = Net()
+    a = Endpoint(net.add_port(1, max_mtu=4096))
+    b = Endpoint(net.add_port(2, max_mtu=4096))
+    connect(a, b, mtu=5)
+    with fast(enabled) as hits:
+        a.qp.post_send(SendWQE(1, int(e.IBV_WR_RDMA_WRITE), SIG, [SGE(a.mr.addr, 64, a.mr.lkey)],
+                               remote_addr=b.mr.addr, rkey=b.mr.rkey), 0.0)
+        a.port.take_tx()  # the WRITE is lost: only forged ACKs arrive
+        psn = 0xFFFFF0
+        meta = RxMeta(b.port.gids[0], a.port.gids[0])
+        c = a.port.counters
+        port = a.port
+        port.receive(_ack(a.qp.qpn, psn, extra=b"\0\0\0\0"), meta, 0.0)
+        assert c.rcvd_malformed == 1
+        port.receive(_ack(a.qp.qpn, psn, b1=1), meta, 0.0)
+        assert c.rcvd_bad_tver == 1
+        port.receive(_ack(a.qp.qpn, psn, pkey=0x8123), meta, 0.0)
+        assert c.rcvd_bad_pkey == 1
+        port.receive(_ack(a.qp.qpn, psn + 1), meta, 0.0)
+        assert c.rcvd_seq_err == 1
+        port.receive(_ack(a.qp.qpn, psn), RxMeta(bytes(10) + b"\xff\xff\x0a\0\0\x09",
+                                                  a.port.gids[0]), 0.0)
+        assert c.rcvd_bad_addr == 1
+        assert not a.scq and hits["ack"] == 0
+        port.receive(_ack(a.qp.qpn, psn), meta, 0.0)  # the real one completes the WRITE
+        assert [(w.wr_id, w.status) for w in a.scq] == [(1, 0)]
+        assert hits["ack"] == int(enabled)
+
+
+def test_limited_member_pkey_is_not_fast() -> None:
+    """A QP whose P_Key is a limited-member one accepts no packet with it (IBA 10.9.3:
+    two limited members do not match), so no fast path may take one either."""
+    net = Net()
+    a = Endpoint(net.add_port(1, max_mtu=4096, pkeys=(0x7FFF,)))
+    b = Endpoint(net.add_port(2, max_mtu=4096, pkeys=(0x7FFF,)))
+    connect(a, b, mtu=1, retry_cnt=0)
+    assert b.qp.fast_pkey == -1
+    with fast(True) as hits:
+        a.qp.post_send(SendWQE(1, int(e.IBV_WR_RDMA_WRITE), SIG,
+                               [SGE(a.mr.addr, 4096, a.mr.lkey)],
+                               remote_addr=b.mr.addr, rkey=b.mr.rkey), 0.0)
+        net.run()
+    assert hits["middle"] == 0 and b.port.counters.rcvd_bad_pkey > 0
+    assert a.scq and a.scq[0].status == e.IBV_WC_RETRY_EXC_ERR
+    assert struct.unpack_from("=Q", b.buf, 256)[0] == 0

@@ -1,0 +1,312 @@
+"""The direct receive path of a shared device (drivers/reuseport.py, design.md "Devices
+shared by processes"): the classic BPF program, its attachment to a real reuseport group,
+the daemon's mirror of the kernel's socket array through joins, leaves and deaths, and
+datagrams reaching the owner of their DestQP without devd forwarding them. All traffic is
+on 127.0.0.1, on ephemeral ports."""
+
+from __future__ import annotations
+
+import errno
+import select
+import socket
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from softrdma.drivers.devd import Devd, DevdLink
+from softrdma.drivers.link import Datagram
+from softrdma.drivers.registry import DeviceRecord
+from softrdma.drivers.reuseport import (
+    BPF_MAXINSNS,
+    SLOT_LAST,
+    Group,
+    assemble,
+    attach,
+    run_program,
+    slot_of,
+    slot_range,
+)
+from softrdma.errors import DeviceError, InvalidArgument
+
+LOCAL = "127.0.0.1"
+V4_MAPPED = bytes(10) + b"\xff\xff"
+
+
+def packet(qpn: int, payload: bytes = b"", opcode: int = 0x04) -> bytes:
+    """A RoCEv2 UDP payload: BTH (opcode, P_Key 0xFFFF, DestQP, PSN 0) + payload + ICRC."""
+    return struct.pack("!BBHII", opcode, 0, 0xFFFF, qpn & 0xFFFFFF, 0) + payload + bytes(4)
+
+
+# -- the program ----------------------------------------------------------------------------
+
+
+def test_program_routes_slots_and_exceptions() -> None:
+    prog = assemble({1: 2, 3: 1}, {0x010005: 1})
+    assert run_program(prog, packet(0x010000)) == 2
+    assert run_program(prog, packet(0x01FFFF)) == 2
+    assert run_program(prog, packet(0x010005)) == 1  # an exception wins over its range
+    assert run_program(prog, packet(0x030042)) == 1
+    assert run_program(prog, packet(0x020001)) == 0  # no live slot: devd
+    assert run_program(prog, packet(1)) == 0  # QP1 (IBA 3.5.8): devd
+    assert run_program(prog, packet(0x11)) == 0  # devd's own range
+    assert run_program(prog, packet(0xFFFFFF)) == 0  # multicast (IBA 10.5): devd
+    assert run_program(prog, b"\x04\x00\xff\xff\x00\x00") == 0  # too short to load DestQP
+    # the reserved byte in front of DestQP is masked off
+    assert run_program(prog, struct.pack("!BBHBBH", 4, 0, 0xFFFF, 0xAB, 3, 7) + bytes(8)) == 1
+
+
+def test_program_size_and_slot_ranges() -> None:
+    assert len(assemble({})) == 4 * 8  # ld, and, rsh, ret
+    with pytest.raises(InvalidArgument, match="exceptions"):
+        assemble({}, {q: 1 for q in range(BPF_MAXINSNS)})
+    assert slot_range(1) == (0x010000, 0x01FFFF)
+    assert slot_of(slot_range(SLOT_LAST)[1]) == SLOT_LAST and SLOT_LAST < 0xFF
+    for bad in (0, SLOT_LAST + 1):
+        with pytest.raises(InvalidArgument, match="slot"):
+            slot_range(bad)
+
+
+# -- a real reuseport group ------------------------------------------------------------------
+
+
+def _bound(port: int) -> socket.socket:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    s.bind((LOCAL, port))
+    s.setblocking(False)
+    return s
+
+
+def _probe(tx: socket.socket, port: int, socks: dict[str, socket.socket],
+           qpns: dict[str, int]) -> dict[str, str]:
+    """Send one datagram per QPN; which socket got each (by name)."""
+    for q in qpns.values():
+        tx.sendto(packet(q), (LOCAL, port))
+    got: dict[str, str] = {}
+    deadline = time.monotonic() + 2.0
+    names = {q: n for n, q in qpns.items()}
+    while len(got) < len(qpns) and time.monotonic() < deadline:
+        ready, _, _ = select.select(list(socks.values()), [], [], 0.1)
+        for s in ready:
+            who = next(n for n, x in socks.items() if x is s)
+            data = s.recv(100)
+            got[names[int.from_bytes(data[5:8], "big")]] = who
+    return got
+
+
+def test_kernel_group_follows_the_mirror_through_close() -> None:
+    devd = _bound(0)
+    port = devd.getsockname()[1]
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    group = Group()
+    attach(devd, assemble({}))
+    socks = {"devd": devd}
+    clients = {name: _bound(port) for name in ("a", "b", "c")}
+    slots = {"a": 1, "b": 2, "c": 3}
+    try:
+        for name, s in clients.items():
+            group.join(name, s.dup())  # devd's copy, as JOINED passes it
+        socks.update(clients)
+        attach(devd, assemble(group.routes(slots)))
+        qpns = {n: slot_range(s)[0] + 5 for n, s in slots.items()} | {"qp1": 1}
+        assert _probe(tx, port, socks, qpns) == {"a": "a", "b": "b", "c": "c", "qp1": "devd"}
+        # a leaves: the kernel moves c (the last) into a's index; the mirror does too
+        clients["a"].close()
+        del socks["a"]
+        group.leave("a")
+        assert group.members == [None, "c", "b"]
+        del slots["a"]
+        attach(devd, assemble(group.routes(slots)))
+        qpns.pop("a")
+        assert _probe(tx, port, socks, qpns) == {"b": "b", "c": "c", "qp1": "devd"}
+        # a new member is appended
+        clients["d"] = socks["d"] = _bound(port)
+        group.join("d", clients["d"].dup())
+        slots["d"] = 9
+        attach(devd, assemble(group.routes(slots)))
+        qpns["d"] = slot_range(9)[0]
+        assert _probe(tx, port, socks, qpns) == {"b": "b", "c": "c", "d": "d", "qp1": "devd"}
+    finally:
+        group.close()
+        for s in socks.values():
+            s.close()
+        tx.close()
+
+
+# -- devd with clients on the direct path ------------------------------------------------------
+
+
+class Running:
+    def __init__(self, d: Devd, thread: threading.Thread, state: Path) -> None:
+        self.devd = d
+        self.thread = thread
+        self.state = state
+        self.record = DeviceRecord(d.record.name, "lo", "roce", d.udp_port)
+
+    def client(self, direct: bool | None = None) -> DevdLink:
+        return DevdLink(self.record, state_dir=self.state, spawn=False, direct=direct)
+
+
+@pytest.fixture
+def running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Running]:
+    state = tmp_path / "state"
+    monkeypatch.setenv("SOFTRDMA_STATE_DIR", str(state))
+    monkeypatch.delenv("SOFTRDMA_DEVD_DIRECT", raising=False)
+    d = Devd(DeviceRecord("rp0", "lo", "roce", 0), state, idle_timeout=30.0, ips=[LOCAL])
+    d.start()
+    t = threading.Thread(target=d.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield Running(d, t, state)
+    finally:
+        d.shutdown()
+        t.join(5)
+        assert not t.is_alive()
+
+
+@pytest.fixture
+def sender() -> Iterator[socket.socket]:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind((LOCAL, 0))
+    yield s
+    s.close()
+
+
+def recv_all(link: DevdLink, n: int, timeout: float = 3.0) -> list[Datagram]:
+    fd = link.fileno()
+    assert fd is not None
+    out: list[Datagram] = []
+    deadline = time.monotonic() + timeout
+    while len(out) < n:
+        got = link.recv_batch(64)
+        out += [Datagram(bytes(d.data), d.src_ip, d.dst_ip, d.sport, d.dport, d.tos, d.ttl)
+                for d in got]
+        if got:
+            continue
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"{len(out)} of {n} datagrams arrived")
+        select.select([fd], [], [], left)
+    return out
+
+
+def qpns_of(dgrams: list[Datagram]) -> list[int]:
+    return [int.from_bytes(d.data[5:8], "big") for d in dgrams]
+
+
+def test_data_reaches_owners_without_devd(running: Running, sender: socket.socket) -> None:
+    port = running.devd.udp_port
+    with running.client() as a, running.client() as b:
+        assert a.direct and b.direct and a.slot != b.slot
+        qa = [a.alloc_qpn() for _ in range(3)]
+        qb = [b.alloc_qpn() for _ in range(3)]
+        assert {slot_of(q) for q in qa} == {a.slot} and {slot_of(q) for q in qb} == {b.slot}
+        for i in range(50):
+            sender.sendto(packet(qa[i % 3], b"A"), (LOCAL, port))
+            sender.sendto(packet(qb[i % 3], b"B"), (LOCAL, port))
+        got_a, got_b = recv_all(a, 50), recv_all(b, 50)
+        assert set(qpns_of(got_a)) == set(qa) and set(qpns_of(got_b)) == set(qb)
+        assert got_a[0].src_ip == socket.inet_aton(LOCAL) and got_a[0].dport == port
+        st = a.stats()
+        assert st["forwarded"] == 0 and st["rx"] == 0  # devd never saw them
+        assert st["direct_clients"] == 2
+        assert a.counters["rx_direct"] == 50 and b.counters["rx_direct"] == 50
+        # QP1 MADs and unknown QPNs still go to devd's socket
+        assert a.alloc_qpn(1) == 1
+        sender.sendto(packet(1, bytes(8) + bytes(256), opcode=0x64), (LOCAL, port))
+        sender.sendto(packet(0x11), (LOCAL, port))  # devd's range, nobody's
+        assert qpns_of(recv_all(a, 1)) == [1]
+        st = a.stats()
+        assert st["forwarded"] == 1 and st["unknown_qpn"] == 1
+
+
+def test_multicast_still_through_devd(running: Running, sender: socket.socket) -> None:
+    port = running.devd.udp_port
+    group = bytes([239, 1, 2, 99])
+    sender.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(LOCAL))
+    with running.client() as a:
+        assert a.direct
+        a.attach_mcast(V4_MAPPED + group)
+        sender.sendto(packet(0xFFFFFF, b"group"), (socket.inet_ntoa(group), port))
+        got = recv_all(a, 1)
+        assert qpns_of(got) == [0xFFFFFF] and got[0].dst_ip == group
+        assert a.stats()["forwarded"] == 1
+
+
+def test_forwarded_client_beside_direct_ones(running: Running, sender: socket.socket) -> None:
+    """A client on the forwarded path (refused, or SOFTRDMA_DEVD_DIRECT=0) gets QPNs outside
+    the live slots' ranges; one asked for by number inside a slot's range is an exception
+    of the program, so it still reaches its owner."""
+    port = running.devd.udp_port
+    with running.client() as a, running.client(direct=False) as f:
+        assert a.direct and not f.direct and f.slot == 0
+        qf = f.alloc_qpn()
+        assert slot_of(qf) not in (a.slot, 0xFF)
+        inside = slot_range(a.slot)[0] + 0x42
+        assert f.alloc_qpn(inside) == inside
+        qa = a.alloc_qpn()
+        assert qa != inside
+        sender.sendto(packet(inside, b"F"), (LOCAL, port))
+        sender.sendto(packet(qf, b"F"), (LOCAL, port))
+        sender.sendto(packet(qa, b"A"), (LOCAL, port))
+        assert sorted(qpns_of(recv_all(f, 2))) == sorted([inside, qf])
+        assert qpns_of(recv_all(a, 1)) == [qa]
+        assert a.stats()["forwarded"] == 2
+        f.free_qpn(inside)
+        sender.sendto(packet(inside), (LOCAL, port))  # back in a's range: a's socket
+        assert qpns_of(recv_all(a, 1)) == [inside]
+
+
+def test_leave_and_join_keep_every_mapping(running: Running, sender: socket.socket) -> None:
+    port = running.devd.udp_port
+    links = {n: running.client() for n in "abcd"}
+    try:
+        qpns = {n: link.alloc_qpn() for n, link in links.items()}
+        links.pop("b").close()  # the middle one: the kernel moves d into its index
+        deadline = time.monotonic() + 3
+        while len(running.devd._slot_clients) != 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        links["e"] = running.client()
+        qpns["e"] = links["e"].alloc_qpn()
+        links.pop("a").close()  # the first one
+        links["f"] = running.client()
+        qpns["f"] = links["f"].alloc_qpn()
+        del qpns["a"], qpns["b"]
+        time.sleep(0.1)
+        for _ in range(20):
+            for q in qpns.values():
+                sender.sendto(packet(q), (LOCAL, port))
+        for n, link in links.items():
+            assert set(qpns_of(recv_all(link, 20))) == {qpns[n]}, n
+        st = links["c"].stats()
+        assert st["forwarded"] == 0 and st["unknown_qpn"] == 0
+    finally:
+        for link in links.values():
+            link.close()
+
+
+def test_join_refused_without_reuseport(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A daemon started with SOFTRDMA_DEVD_DIRECT=0 has no group: JOIN is refused
+    (EOPNOTSUPP) and the client stays on the forwarded path."""
+    state = tmp_path / "state"
+    monkeypatch.setenv("SOFTRDMA_DEVD_DIRECT", "0")
+    d = Devd(DeviceRecord("rp1", "lo", "roce", 0), state, idle_timeout=30.0, ips=[LOCAL])
+    d.start()
+    t = threading.Thread(target=d.serve_forever, daemon=True)
+    t.start()
+    try:
+        rec = DeviceRecord("rp1", "lo", "roce", d.udp_port)
+        with DevdLink(rec, state_dir=state, spawn=False, direct=True) as a:
+            assert not a.direct and a.slot == 0
+            assert a.alloc_qpn() == 0x11
+            assert a.stats()["direct_clients"] == 0
+            with pytest.raises(DeviceError) as ei:
+                a._request(12, 0)  # JOINED without a JOIN
+            assert ei.value.errno == errno.EPROTO
+    finally:
+        d.shutdown()
+        t.join(5)
