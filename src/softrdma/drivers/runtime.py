@@ -448,6 +448,8 @@ class Runtime:
             return
         grh = build_grh_v1(p.sgid, p.dgid, p.length + 4, p.tclass, p.flow_label, p.hop_limit)
         send_v1(p.dgid, [grh, *p.parts, icrc_v1(grh, p.parts)], p.sl)
+        if self.tap is not None:  # capture / packet trace (drivers.tap)
+            self.tap.tx_v1(grh, p.parts)
 
     def _rx_v1(self, d: Datagram, now: float) -> None:
         """One RoCEv1 packet: GRH checks, ICRC, then the engine (A16.7.1: no LRH checks;

@@ -51,6 +51,7 @@ from ..iwarp.engine import IwarpConn
 from ..iwarp.events import ConnEvent
 from ..iwarp.qp import IwarpDevice
 from .progress import ProgressCore, WakePipe, check_mode
+from .tap_stream import StreamTap
 
 __all__ = ["TcpRuntime", "LINGER", "tcp_mss", "sndbuf_setting"]
 
@@ -146,6 +147,7 @@ class TcpRuntime:
 
     #: an iWARP device has no datagram link (the verbs layer's multicast hooks look here)
     link: None = None
+    tap: StreamTap | None = None  # capture / packet trace (drivers.tap_stream), if asked
 
     def __init__(self, dev: IwarpDevice, *, mode: str = "thread",
                  clock: Callable[[], float] | None = None) -> None:
@@ -400,6 +402,8 @@ class TcpRuntime:
                     else:
                         n = sock.recv_into(tgt)
                     t = len(tgt)
+                    if self.tap is not None and n:  # capture / trace (drivers.tap_stream)
+                        self.tap.rx(sock, [tgt[:min(n, t)], mv[:max(0, n - t)]])
                     if n:
                         conn.rx_placed(n if n < t else t)
                         if n > t:
@@ -407,6 +411,8 @@ class TcpRuntime:
                 else:
                     want = conn.rx_want() if DIRECT else 0
                     n = sock.recv_into(buf, want if 0 < want < len(buf) else len(buf))
+                    if self.tap is not None and n:  # capture / trace (drivers.tap_stream)
+                        self.tap.rx(sock, [mv[:n]])
                     if n and not s.closing:
                         conn.receive(mv[:n], now)
             except (BlockingIOError, InterruptedError):
@@ -458,6 +464,8 @@ class TcpRuntime:
                 self._drop(s)
                 return
             conn.tx_sent(n)
+            if self.tap is not None:  # capture / packet trace (drivers.tap_stream)
+                self.tap.tx(sock, bufs, n)
             if n != sum(map(len, bufs)):  # a partial send: keep the rest as views
                 s.pending = _advance(bufs, n)
                 break
