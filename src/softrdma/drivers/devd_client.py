@@ -335,6 +335,9 @@ class DevdLink:
             else:
                 got = []
                 for link in direct:
+                    # a GRO read may return more than asked (one datagram per segment)
+                    if len(got) >= max_n:
+                        break
                     got += link.recv_batch(max_n - len(got))
             if got:  # the data channel next time (epoll is level-triggered)
                 self.counters["rx_direct"] += len(got)
