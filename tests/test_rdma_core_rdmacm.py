@@ -74,7 +74,7 @@ def test_without_root_the_report_says_why(state: str, tmp_path: Path,
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     assert sysfs_ns.unavailable_reason() is not None
     args = argparse.Namespace(tests_dir=fake, no_install=True, dev=state, gid=0,
-                              timeout=60.0, log=None, tests=[])
+                              timeout=60.0, log=None, tests=[], hugepages=0)
     assert rct.run(args) == 0
     out = capsys.readouterr().out
     assert "note: the rdma_cm tests skip" in out and "needs root" in out
