@@ -23,7 +23,7 @@ from softrdma.drivers import udp as udp_mod
 from softrdma.drivers.link import Datagram, GsoLink
 from softrdma.drivers.runtime import GSO_MAX_PAYLOAD, Runtime
 from softrdma.drivers.udp import UDP_MAX_SEGMENTS, UdpLink
-from softrdma.errors import InvalidArgument
+from softrdma.errors import DeviceError, InvalidArgument
 from softrdma.ib.packet import TxPacket
 from softrdma.ib.port import Port, RxMeta
 from softrdma.wire import roce
@@ -521,3 +521,23 @@ def test_truncation_rule_holds_with_gro() -> None:
 
 def test_module_constants_are_linux_values() -> None:
     assert (udp_mod.SOL_UDP, udp_mod.UDP_SEGMENT, udp_mod.UDP_GRO) == (17, 103, 104)
+
+
+def test_ipv6_gso_and_gro_over_loopback() -> None:
+    """IPv6 has no Identification: the batch's ICRCs are the usual ones, and the split
+    works the same."""
+    lo6 = socket.inet_pton(socket.AF_INET6, "::1")
+    try:
+        a, b = UdpLink("::1", 0), UdpLink("::1", 0)
+    except DeviceError as exc:
+        pytest.skip(f"no IPv6 loopback: {exc}")
+    with a, b:
+        sport = a.fallback_sport
+        bodies = [bth(RC_WRITE_MIDDLE, i) + bytes([i]) * 500 for i in range(6)]
+        parts = [x + roce.udp_send_icrc(lo6, lo6, sport, b.port or 0, [x], ident=i)
+                 for i, x in enumerate(bodies)]
+        assert a.send_gso(lo6, b.port or 0, sport, parts, len(parts[0]), 6)
+        got = recv_all(b, 6)
+        assert [bytes(d.data) for d in got] == parts
+        assert [d.ident for d in got] == list(range(6)) and b.stats.gro_receives == 1
+        assert all(roce.icrc_ok_udp(lo6, lo6, sport, b.port or 0, d.data) for d in got)
