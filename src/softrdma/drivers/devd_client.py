@@ -228,9 +228,23 @@ class DevdLink:
             return
         frame = b"".join(bytes(p) for p in parts)
         hdr = DHDR.pack(V1_VERSION, ((frame[0] & 0x0F) << 4) | (frame[1] >> 4), frame[7], 0,
-                         0, frame[8:24], bytes(dgid))
+                        0, 0, frame[8:24], bytes(dgid))
         with contextlib.suppress(BlockingIOError):  # full: lost, as on a busy wire
             self._data.sendmsg([hdr, frame], [], socket.MSG_DONTWAIT)
+
+    # -- UDP GSO (GsoLink): the sending UdpLink of the destination's family ---------------
+
+    def gso_limit(self, dst_ip: bytes) -> int:
+        return self._sender(len(dst_ip)).gso_limit(dst_ip)
+
+    def send_gso(self, dst_ip: bytes, dport: int, sport: int, parts: Sequence[ReadableBuffer],
+                 seg_size: int, nseg: int, tos: int = 0, ttl: int = 64) -> bool:
+        return self._sender(len(dst_ip)).send_gso(dst_ip, dport, sport, parts, seg_size, nseg,
+                                                  tos, ttl)
+
+    def note_rx_ids(self, hint_misses: int, failures: int) -> None:
+        if self._direct:
+            self._direct[0].note_rx_ids(hint_misses, failures)
 
     def send(
         self,
@@ -316,7 +330,9 @@ class DevdLink:
                 got = direct[0].recv_batch(max_n)
             else:
                 got = []
-                for link in direct:
+                for link in direct:  # with UDP GRO one call may return more than asked
+                    if len(got) >= max_n:
+                        break
                     got += link.recv_batch(max_n - len(got))
             if got:  # the data channel next time (epoll is level-triggered)
                 self.counters["rx_direct"] += len(got)
@@ -344,7 +360,7 @@ class DevdLink:
             if n < hsize:
                 self.counters["bad_header"] += 1
                 continue
-            ver, tos, ttl, sport, dport, src, dst = unpack(buf)
+            ver, tos, ttl, seg, sport, dport, src, dst = unpack(buf)
             if ver == V1_VERSION:  # RoCEv1: the GRH, then BTH .. ICRC
                 if n < hsize + GRH_SIZE:
                     self.counters["bad_header"] += 1
@@ -353,7 +369,8 @@ class DevdLink:
                                     ttl, bytes(buf[hsize:hsize + GRH_SIZE])))
                 continue
             out.append(
-                Datagram(buf[hsize:n], gid_to_ip(src), gid_to_ip(dst), sport, dport, tos, ttl)
+                Datagram(buf[hsize:n], gid_to_ip(src), gid_to_ip(dst), sport, dport, tos, ttl,
+                         ident=seg - 1)
             )
         self.counters["rx"] += len(out)
         return out
