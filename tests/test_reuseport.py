@@ -365,3 +365,27 @@ def test_forwarded_gro_segments_keep_their_index(running: Running) -> None:
             select.select([fd], [], [], 0.1)
         assert [bytes(d.data) for d in got] == segs
         assert [d.ident for d in got] == [0, 1, 2]
+
+
+def test_sockets_devd_cannot_use_are_refused(
+        running: Running, sender: socket.socket, monkeypatch: pytest.MonkeyPatch) -> None:
+    """JOINED with more sockets than devd has groups: devd closes its copies and answers
+    slot 0 (``direct_refused``); the client closes its own and stays forwarded, and the
+    group's order is intact for the next client (the refused sockets were the last)."""
+    port = running.devd.udp_port
+    with running.client() as a:
+        with monkeypatch.context() as m:
+            m.setattr(DevdLink, "_first_of_family", lambda self: [socket.inet_aton(LOCAL)] * 2)
+            f = running.client()
+        with f:
+            assert not f.direct and f.slot == 0
+            with running.client() as b:
+                assert b.direct
+                qa, qb, qf = a.alloc_qpn(), b.alloc_qpn(), f.alloc_qpn()
+                for q in (qa, qb, qf):
+                    sender.sendto(packet(q), (LOCAL, port))
+                assert qpns_of(recv_all(a, 1)) == [qa]
+                assert qpns_of(recv_all(b, 1)) == [qb]
+                assert qpns_of(recv_all(f, 1)) == [qf]
+                st = a.stats()
+                assert st["direct_refused"] == 1 and st["forwarded"] == 1

@@ -303,12 +303,14 @@ class DevdLink:
             links = []
         fds = [rx.fileno() for link in links if (rx := link._rx) is not None]
         try:
-            self._request(OP_JOINED, len(fds), fds=fds)
+            joined = self._request(OP_JOINED, len(fds), fds=fds)[0]
         except BaseException:
             for link in links:
                 link.close()
             raise
-        if not links:
+        if not joined:  # devd refused the sockets (or none were bound): forwarded path
+            for link in links:
+                link.close()
             return
         self.slot = slot
         self._direct = tuple(links)

@@ -51,8 +51,9 @@ Requests (client -> daemon, control), one fixed-size record::
       JOINED      12  arg = the number of sockets the client bound with ``SO_REUSEPORT``
                       to the device's first address of each family, in HELLO order, passed
                       with ``SCM_RIGHTS`` (the daemon keeps a copy, so it decides when a
-                      dead client's socket leaves the group); 0: the bind failed, the
-                      client stays on the forwarded path
+                      dead client's socket leaves the group); 0: the bind failed. The
+                      reply's value is the slot, or 0: the client stays on the forwarded
+                      path (``direct_refused``)
 
 Replies (daemon -> client, control)::
 
