@@ -12,7 +12,10 @@ progress) run, one call at a time from one thread:
 
 Every figure is ``time.thread_time`` spent inside that side's calls, so the two sides
 are apart although one thread drives both, and other processes' load does not count.
-With ``--profile`` cProfile runs over each phase and prints the top functions.
+Beside each, the baseline measured in the same run the same way: plain Python UDP
+sockets moving the same bytes (4096 B datagrams, ``sendto`` / ``recv_into``; a 64 B
+datagram each way per round trip), and the ratio. With ``--profile`` cProfile runs
+over each phase and prints the top functions.
 Run: ``python bench/profile_roce.py [--profile]``.
 """
 
@@ -23,6 +26,7 @@ import cProfile
 import io
 import os
 import pstats
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -93,7 +97,7 @@ class Side:
         return list(wcs)
 
     def counters(self) -> dict[str, int]:
-        return self.rt.port.counters.as_dict()
+        return self.rt.device_counters()
 
     def close(self) -> None:
         self.ctx.close()
@@ -152,6 +156,72 @@ def run_pings(a: Side, b: Side, n: int) -> tuple[float, float]:
     return a.cpu, b.cpu
 
 
+class UdpSide:
+    """The baseline: one plain UDP socket; ``cpu`` sums the thread time of its calls."""
+
+    def __init__(self, ip: str) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+        self.sock.bind((ip, 0))
+        self.sock.setblocking(False)
+        self.addr = self.sock.getsockname()
+        self.buf = bytearray(65536)
+        self.cpu = 0.0
+
+    def send(self, data: memoryview, dst: tuple[str, int]) -> None:
+        t0 = time.thread_time()
+        self.sock.sendto(data, dst)
+        self.cpu += time.thread_time() - t0
+
+    def recv(self) -> int:
+        t0 = time.thread_time()
+        try:
+            return self.sock.recv_into(self.buf)
+        except BlockingIOError:
+            return 0
+        finally:
+            self.cpu += time.thread_time() - t0
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def udp_bulk(a: UdpSide, b: UdpSide, pkts: int) -> tuple[float, float]:
+    """``pkts`` 4096 B datagrams from ``a`` to ``b``, in bursts of 64; CPU s of each."""
+    data = memoryview(bytearray(PKT))
+    a.cpu = b.cpu = 0.0
+    got = 0
+    last = time.monotonic()
+    while got < pkts:
+        for _ in range(min(IN_FLIGHT * 16, pkts - got)):
+            a.send(data, b.addr)
+        while b.recv():
+            got += 1
+            last = time.monotonic()
+        if _stalled(last):
+            raise RuntimeError(f"UDP baseline stalled after {got} of {pkts} datagrams")
+    return a.cpu, b.cpu
+
+
+def udp_pings(a: UdpSide, b: UdpSide, n: int) -> tuple[float, float]:
+    """``n`` 64 B round trips between ``a`` and ``b``; CPU s of each."""
+    data = memoryview(bytes(PING))
+    a.cpu = b.cpu = 0.0
+    for _ in range(n):
+        for src, dst in ((a, b), (b, a)):
+            src.send(data, dst.addr)
+            last = time.monotonic()
+            while not dst.recv():
+                if _stalled(last):
+                    raise RuntimeError("UDP ping-pong stalled")
+    return a.cpu, b.cpu
+
+
+def _line(what: str, ours: float, base: float, unit: float) -> str:
+    return (f"  {what}: {ours / unit * 1e6:6.2f} us   plain UDP: {base / unit * 1e6:6.2f} us"
+            f"   ratio {ours / base if base else float('inf'):.2f}")
+
+
 def _profiled(enabled: bool, fn: Callable[[], Any]) -> tuple[Any, str]:
     if not enabled:
         return fn(), ""
@@ -173,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     a = Side("127.0.0.1", args.port, max(args.size, 2 * PING))
     b = Side("127.0.0.2", args.port, max(args.size, 2 * PING))
+    ua, ub = UdpSide("127.0.0.1"), UdpSide("127.0.0.2")
     try:
         a.connect(b)
         b.connect(a)
@@ -180,9 +251,10 @@ def main(argv: list[str] | None = None) -> int:
             run_writes(a, b, 2, args.size)  # warm-up
             (ca, cb, pkts), prof = _profiled(args.profile,
                                              lambda: run_writes(a, b, args.writes, args.size))
-            print(f"RC WRITE {args.size} B x {args.writes}: {pkts} data packets")
-            print(f"  requester CPU per packet: {ca / pkts * 1e6:6.2f} us")
-            print(f"  responder CPU per packet: {cb / pkts * 1e6:6.2f} us")
+            ba, bb = udp_bulk(ua, ub, pkts)
+            print(f"RC WRITE {args.size} B x {args.writes}: {pkts} data packets, CPU per packet")
+            print(_line("requester", ca, ba, pkts))
+            print(_line("responder", cb, bb, pkts))
             print(prof, end="")
         if args.only in (None, "lat"):
             for s in (a, b):
@@ -191,9 +263,10 @@ def main(argv: list[str] | None = None) -> int:
                                 for _ in range(DEPTH)])
             run_pings(a, b, 20)  # warm-up
             (ca, cb), prof = _profiled(args.profile, lambda: run_pings(a, b, args.pings))
-            print(f"RC SEND {PING} B ping-pong x {args.pings}")
-            print(f"  side A CPU per round trip: {ca / args.pings * 1e6:6.2f} us")
-            print(f"  side B CPU per round trip: {cb / args.pings * 1e6:6.2f} us")
+            ba, bb = udp_pings(ua, ub, args.pings)
+            print(f"RC SEND {PING} B ping-pong x {args.pings}, CPU per round trip")
+            print(_line("side A", ca, ba, args.pings))
+            print(_line("side B", cb, bb, args.pings))
             print(prof, end="")
         ka, kb = a.counters(), b.counters()
         print(f"retransmitted {ka.get('retransmitted_pkts', 0)} packets, "
@@ -202,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         a.close()
         b.close()
+        ua.close()
+        ub.close()
     return 0
 
 

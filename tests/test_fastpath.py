@@ -1,5 +1,5 @@
-"""The RC fast paths (softrdma.ib.fastpath: MIDDLE runs on send, MIDDLE placement and the
-plain ACK on receive) behave exactly as the general path: the same packets byte for
+"""The RC fast paths (softrdma.ib.fastpath: MIDDLE runs on send; MIDDLE placement, the ACK
+and the SEND ONLY on receive) behave exactly as the general path: the same packets byte for
 byte, in the same order and at the same times, the same placement, completions and
 counters, with and without loss, duplication and reordering (IBA 9.7)."""
 
@@ -27,6 +27,7 @@ from softrdma.seam.types import SGE, RecvWQE, SendWQE
 from softrdma.wire import ib as wib
 
 SIG = int(e.IBV_SEND_SIGNALED)
+SOLICITED = int(e.IBV_SEND_SOLICITED)
 REGION = 1 << 20
 KINDS = ("write", "write_imm", "send", "send_imm", "write2")  # write2: two SGEs
 
@@ -34,9 +35,10 @@ KINDS = ("write", "write_imm", "send", "send_imm", "write2")  # write2: two SGEs
 @contextmanager
 def fast(enabled: bool) -> Iterator[dict[str, int]]:
     """Switch the fast paths on or off; count how often each one took a packet."""
-    hits = {"emit": 0, "middle": 0, "ack": 0}
-    saved = fastpath.ENABLED, fastpath.emit_middles, Responder.fast_middle, Requester.fast_ack
-    emit, middle, ack = saved[1], saved[2], saved[3]
+    hits = {"emit": 0, "middle": 0, "ack": 0, "only": 0}
+    saved = (fastpath.ENABLED, fastpath.emit_middles, Responder.fast_middle, Requester.fast_ack,
+             fastpath.receive_send_only)
+    emit, middle, ack, only = saved[1], saved[2], saved[3], saved[4]
 
     def emit_spy(req: Requester, wqe: SendWQE, k: int, head: int, is_write: bool) -> int:
         hits["emit"] += 1
@@ -52,7 +54,13 @@ def fast(enabled: bool) -> Iterator[dict[str, int]]:
         hits["ack"] += ok
         return ok
 
+    def only_spy(resp: Responder, data: memoryview, opcode: int) -> bool:
+        ok = only(resp, data, opcode)
+        hits["only"] += ok
+        return ok
+
     fastpath.ENABLED = enabled
+    fastpath.receive_send_only = only_spy
     fastpath.emit_middles = emit_spy
     Responder.fast_middle = middle_spy  # type: ignore[method-assign]
     Requester.fast_ack = ack_spy  # type: ignore[method-assign]
@@ -63,6 +71,7 @@ def fast(enabled: bool) -> Iterator[dict[str, int]]:
         fastpath.emit_middles = saved[1]
         Responder.fast_middle = saved[2]  # type: ignore[method-assign]
         Requester.fast_ack = saved[3]  # type: ignore[method-assign]
+        fastpath.receive_send_only = saved[4]
 
 
 def run(ops: list[tuple[str, int]], *, seed: int = 0, loss: float = 0.0, dup: float = 0.0,
@@ -96,14 +105,15 @@ def run(ops: list[tuple[str, int]], *, seed: int = 0, loss: float = 0.0, dup: fl
             b.qp.post_recv(RecvWQE(100 + i, [SGE(b.mr.addr + 2 * REGION, REGION, b.mr.lkey)]))
         if kind.startswith("send"):
             op = e.IBV_WR_SEND if kind == "send" else e.IBV_WR_SEND_WITH_IMM
-            w = SendWQE(i, int(op), SIG, sge, imm_data=i)
+            w = SendWQE(i, int(op), SIG | (SOLICITED if i % 2 else 0), sge, imm_data=i)
         else:
             op = e.IBV_WR_RDMA_WRITE_WITH_IMM if kind == "write_imm" else e.IBV_WR_RDMA_WRITE
             w = SendWQE(i, int(op), SIG, sge, remote_addr=b.mr.addr + REGION, rkey=b.mr.rkey,
                         imm_data=i)
         a.qp.post_send(w, 0.0)
     net.run()
-    wcs = [(w.wr_id, w.status, int(w.opcode), w.byte_len, w.imm_data) for w in a.scq + b.rcq]
+    wcs = [(w.wr_id, w.status, int(w.opcode), w.byte_len, w.imm_data, w.wc_flags, w.src_qp,
+            w.solicited) for w in a.scq + b.rcq]
     return {"trace": trace, "a": hashlib.sha256(a.buf).digest(),
             "b": hashlib.sha256(b.buf).digest(), "wcs": wcs,
             "counters": (a.port.counters.as_dict(), b.port.counters.as_dict()),
@@ -113,7 +123,7 @@ def run(ops: list[tuple[str, int]], *, seed: int = 0, loss: float = 0.0, dup: fl
 def both(ops: list[tuple[str, int]], **kw: Any) -> tuple[dict[str, Any], dict[str, int]]:
     with fast(False) as off_hits:
         slow = run(ops, **kw)
-    assert off_hits == {"emit": 0, "middle": 0, "ack": 0}
+    assert off_hits == {"emit": 0, "middle": 0, "ack": 0, "only": 0}
     with fast(True) as hits:
         quick = run(ops, **kw)
     assert quick["trace"] == slow["trace"]  # the same packets, byte for byte, same times
@@ -225,3 +235,38 @@ def test_limited_member_pkey_is_not_fast() -> None:
     assert hits["middle"] == 0 and b.port.counters.rcvd_bad_pkey > 0
     assert a.scq and a.scq[0].status == e.IBV_WC_RETRY_EXC_ERR
     assert struct.unpack_from("=Q", b.buf, 256)[0] == 0
+
+
+@pytest.mark.parametrize("kind", ["send", "send_imm"])
+def test_small_sends(kind: str) -> None:
+    """SEND ONLY of a few sizes (a pad, the MTU, over it), no receive posted for some
+    (RNR NAK and the retry after the RNR timer), a buffer too small for another
+    (the general path's NAK and the QP in error): the same as the general path."""
+    ops = [(kind, n) for n in (4, 64, 1024, 4093, 4096, 4100)]
+    quick, hits = both(ops)
+    assert all(w[1] == 0 for w in quick["wcs"])
+    assert hits["only"] >= 3
+
+    def starved(enabled: bool) -> tuple[Any, ...]:
+        with fast(enabled) as hits:
+            net = Net(seed=3)
+            a = Endpoint(net.add_port(1, max_mtu=4096), max_wr=64)
+            b = Endpoint(net.add_port(2, max_mtu=4096), max_wr=64)
+            connect(a, b, mtu=5, min_rnr_timer=1)
+            op = e.IBV_WR_SEND if kind == "send" else e.IBV_WR_SEND_WITH_IMM
+            for i in range(4):
+                a.qp.post_send(SendWQE(i, int(op), SIG, [SGE(a.mr.addr, 64, a.mr.lkey)],
+                                       imm_data=7), 0.0)
+            net.run(until=1e-3)  # RNR NAKs: no receive WQE yet
+            b.qp.post_recv(RecvWQE(50, [SGE(b.mr.addr, 64, b.mr.lkey)]))
+            b.qp.post_recv(RecvWQE(51, [SGE(b.mr.addr, 64, b.mr.lkey)]))
+            b.qp.post_recv(RecvWQE(52, [SGE(b.mr.addr, 8, b.mr.lkey)]))  # too small
+            net.run()
+        return ([(w.wr_id, w.status, w.byte_len, w.imm_data, w.solicited) for w in a.scq + b.rcq],
+                a.port.counters.as_dict(), b.port.counters.as_dict(), a.qp.state, b.qp.state,
+                hits["only"])
+
+    slow, quick2 = starved(False), starved(True)
+    assert slow[:-1] == quick2[:-1]
+    assert quick2[-1] == 2 and slow[2]["send_rnr_nak"] > 0
+    assert quick2[4] == e.IBV_QPS_ERR  # the too-small buffer: NAK, responder in error

@@ -47,11 +47,11 @@ class Side:
 
 
 def connect(x: Side, y: Side, mtu: int = int(e.IBV_MTU_1024), retry_cnt: int = 5,
-            rnr_retry: int = 5) -> None:
+            rnr_retry: int = 5, timeout: int = 8) -> None:
     for me, peer in ((x, y), (y, x)):
         a = v.QPAttr(qkey=0x11223344, path_mtu=mtu, dest_qp_num=peer.qp.qp_num, rq_psn=7,
                      sq_psn=7, max_dest_rd_atomic=4, max_rd_atomic=4, min_rnr_timer=1,
-                     timeout=8, retry_cnt=retry_cnt, rnr_retry=rnr_retry)
+                     timeout=timeout, retry_cnt=retry_cnt, rnr_retry=rnr_retry)
         a.qp_access_flags = ACC
         a.ah_attr = v.AHAttr(gr=v.GlobalRoute(dgid=peer.ctx.query_gid(1, 0), hop_limit=64))
         me.qp.to_rts(a)
@@ -378,7 +378,9 @@ def udp_pair():
     cb = v.Context(link=lb)
     a = Side(ca, RC, bytearray(1 << 20), True)
     b = Side(cb, RC, bytearray(1 << 20), True)
-    connect(a, b, int(e.IBV_MTU_4096))
+    # Real sockets and threads on a possibly loaded host: timeout 14 (~67 ms per try), not
+    # the fabric tests' 8 (~1 ms, 6 ms for all retries: a descheduled process exceeds it).
+    connect(a, b, int(e.IBV_MTU_4096), timeout=14)
     yield a, b
     ca.close()
     cb.close()

@@ -1,4 +1,4 @@
-"""Bulk fast paths of the RC transport: the middle packets of a large message.
+"""Fast paths of the RC transport: the middle packets of a large message, small SENDs.
 
 Most packets of a 1 MiB RDMA WRITE or SEND at path MTU 4096 are MIDDLE packets (IBA
 9.7.1: 254 of 256), and every one of them is the same header with the next PSN: a
@@ -8,6 +8,11 @@ one tight loop instead of one pass of the requester's general loop per packet (n
 opcode dispatch, no window recomputation, no per-packet counter updates): the same
 bytes (tests/test_fastpath.py compares them with the general path byte for byte).
 
+On receive, :func:`receive_send_only` executes an in-sequence SEND ONLY (the
+ping-pong's message) without decoding it into an IBPacket and without the general
+responder's layers, with the same checks and the same completion; anything unusual
+is left to the general path, which then handles (NAKs, RNR-NAKs, drops) it.
+
 :data:`ENABLED` switches the fast paths off, which the equivalence tests use.
 """
 
@@ -15,16 +20,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..seam.memory import gather
-from ..seam.types import PSN_MASK, SendWQE, psn_diff
+from ..enums import ibv_wc_flags as WCF
+from ..enums import ibv_wc_opcode as WCO
+from ..enums import ibv_wc_status as WCS
+from ..seam.memory import gather, resolve_sges, scatter
+from ..seam.states import RTR, SQE
+from ..seam.types import PSN_MASK, SendWQE, WorkCompletion, psn_diff
 from ..wire import ib as wib
 from ..wire import opcodes as op
 from .packet import ICRC_SIZE, TxPacket
 
 if TYPE_CHECKING:
     from .requester import Requester
+    from .responder import Responder
 
-__all__ = ["ENABLED", "ACKREQ_EVERY", "ACKREQ_BIT", "emit_middles"]
+__all__ = ["ENABLED", "ACKREQ_EVERY", "ACKREQ_BIT", "emit_middles", "receive_send_only"]
 
 #: the fast paths are used (tests switch them off to compare with the general path)
 ENABLED = True
@@ -34,6 +44,12 @@ ACKREQ_EVERY = 32
 ACKREQ_BIT = 0x80000000
 _BTH_SIZE = wib.BTH.size
 _BTH_PACK = wib.BTH.pack
+_IMMDT_SIZE = 4
+_BTH_SE = 0x80
+_ACCESS_LOCAL_WRITE = 1  # IBV_ACCESS_LOCAL_WRITE: a receive buffer must grant it
+_WC_WITH_IMM = int(WCF.IBV_WC_WITH_IMM)
+_WC_SUCCESS = WCS.IBV_WC_SUCCESS
+_WC_RECV = WCO.IBV_WC_RECV
 
 
 def emit_middles(req: Requester, wqe: SendWQE, k: int, head: int, is_write: bool) -> int:
@@ -90,3 +106,51 @@ def emit_middles(req: Requester, wqe: SendWQE, k: int, head: int, is_write: bool
     c.sent_pkts += sent
     c.sent_bytes += sent * (length + ICRC_SIZE)
     return k
+
+
+def receive_send_only(resp: Responder, data: memoryview, opcode: int) -> bool:
+    """Execute an RC SEND ONLY (with immediate when ``opcode`` is SEND_ONLY_IMM) whose
+    header checks ``Port.receive`` has done: the expected PSN, no message in progress,
+    a payload within the path MTU, a receive WQE whose buffers take it. Then it is
+    completed exactly as ``Responder._send_data`` completes it (IBA 9.7.4.1.5,
+    9.7.5.1; the completion of IBA 11.4.2.1) and acknowledged by the same coalesced ACK.
+
+    Returns False, having changed nothing, for anything else: the general path then
+    runs (a receive WQE it took is given back first, so that path takes it again).
+    """
+    qp = resp.qp
+    st = qp.state
+    if st < RTR or st > SQE or resp.cur:
+        return False
+    w2 = int.from_bytes(data[8:12], "big")
+    psn = w2 & PSN_MASK
+    if psn != resp.epsn:
+        return False
+    imm = 0
+    off = _BTH_SIZE
+    if opcode == op.RC_SEND_ONLY_IMM:
+        imm = int.from_bytes(data[_BTH_SIZE:_BTH_SIZE + _IMMDT_SIZE], "big")
+        off += _IMMDT_SIZE
+    plen = len(data) - off
+    if plen < 0 or plen > qp.mtu:
+        return False
+    rwqe = qp.take_rwqe()
+    if rwqe is None:
+        return False  # the general path answers with an RNR NAK
+    segs = resolve_sges(qp.port.mrs, qp.pd, rwqe.sg_list, _ACCESS_LOCAL_WRITE)
+    if segs is None or (plen and not scatter(segs, 0, data[off:])):
+        qp.return_rwqe(rwqe)
+        return False
+    resp.nak_sent = False
+    wc = WorkCompletion(rwqe.wr_id, _WC_SUCCESS, _WC_RECV, qp.qpn, byte_len=plen,
+                        imm_data=imm, src_qp=qp.dest_qpn,
+                        wc_flags=_WC_WITH_IMM if opcode == op.RC_SEND_ONLY_IMM else 0)
+    wc.solicited = bool(data[1] & _BTH_SE)
+    resp.msn = (resp.msn + 1) & PSN_MASK
+    resp.clear_msg()
+    qp.complete_recv(wc)
+    resp.epsn = (psn + 1) & PSN_MASK
+    if w2 & ACKREQ_BIT:
+        resp.schedule_ack(psn)
+    resp.check_comm_est()
+    return True

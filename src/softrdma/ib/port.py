@@ -27,10 +27,16 @@ from ..errors import DecodeError, InvalidArgument
 from ..seam.counters import Counters, DropReason
 from ..seam.protocols import Timed
 from ..seam.queues import QPInit
-from ..seam.states import QPT_RC
 from ..seam.tables import DeviceTables
 from ..wire import ib as wib
-from ..wire.opcodes import RC_ACK, RC_SEND_MIDDLE, RC_WRITE_MIDDLE, Transport
+from ..wire.opcodes import (
+    RC_ACK,
+    RC_SEND_MIDDLE,
+    RC_SEND_ONLY,
+    RC_SEND_ONLY_IMM,
+    RC_WRITE_MIDDLE,
+    Transport,
+)
 from . import fastpath
 from .packet import (
     DEFAULT_PKEY,
@@ -48,6 +54,8 @@ from .qp import EngineQP
 __all__ = ["Counters", "DropReason", "Port", "RxMeta", "TxPacket", "Timed"]
 
 _ACK_SIZE = wib.BTH.size + wib.U32.size  # an ACKNOWLEDGE: BTH + AETH, no payload (IBA 9.7.5.2)
+#: the opcodes with a fast path (softrdma.ib.fastpath)
+_FAST_OPS = frozenset((RC_WRITE_MIDDLE, RC_SEND_MIDDLE, RC_ACK, RC_SEND_ONLY, RC_SEND_ONLY_IMM))
 
 
 class Port(DeviceTables[EngineQP]):
@@ -159,17 +167,19 @@ class Port(DeviceTables[EngineQP]):
         if len(data) > 4 and data[4] & 0xC0:  # CA16-16: FECN/BECN unused, ignored (counted)
             c.rcvd_fecn += data[4] >> 7
             c.rcvd_becn += (data[4] >> 6) & 1
-        if (op == RC_WRITE_MIDDLE or op == RC_SEND_MIDDLE or op == RC_ACK) and len(data) >= 16:
+        if op in _FAST_OPS and len(data) >= _ACK_SIZE:
             # The fast paths (softrdma.ib.fastpath): RC WRITE/SEND MIDDLE, the bulk of large
-            # messages, and the plain ACK. They take the packet only when every check of
+            # messages, the ACK and the small SEND ONLY. They take the packet only when every check of
             # the general path would pass (TVer 0, no pad, the QP's full-member P_Key, its
             # peer's addresses, in sequence); anything else goes the general way below.
             fqp = self.qps.get(int.from_bytes(data[5:8], "big"))
-            if (fqp is not None and fqp.fast_rc and fqp.qp_type == QPT_RC
-                    and not data[1] & 0x3F and (data[2] << 8 | data[3]) == fqp.fast_pkey
-                    and fqp.from_peer(meta) and fastpath.ENABLED):
+            if (fqp is not None and (data[2] << 8 | data[3]) == fqp.fast_pkey
+                    and not data[1] & 0x3F and fqp.from_peer(meta) and fastpath.ENABLED):
                 if op == RC_ACK:
                     if len(data) == _ACK_SIZE and fqp.req.fast_ack(data, now):
+                        return
+                elif op == RC_SEND_ONLY or op == RC_SEND_ONLY_IMM:
+                    if fastpath.receive_send_only(fqp.resp, data, op):
                         return
                 elif fqp.resp.fast_middle(data, op):
                     return

@@ -187,8 +187,11 @@ class EngineQP:
         pk = self.port.pkeys
         self.pkey = pk[self.pkey_index] if self.pkey_index < len(pk) else pk[0]
         # the one BTH P_Key the fast receive paths accept: the QP's own, if it is a full
-        # member key (then ``Port.pkey_ok`` accepts it too, IBA 10.9.3); else none (-1)
-        self.fast_pkey = self.pkey if self.pkey & 0x8000 and self.pkey & 0x7FFF else -1
+        # member key (then ``Port.pkey_ok`` accepts it too, IBA 10.9.3) and the QP an RC
+        # one they serve; else none (-1)
+        fast = self.fast_rc and self.qp_type == QPT_RC
+        self.fast_pkey = self.pkey if fast and self.pkey & 0x8000 and self.pkey & 0x7FFF else -1
+        self.peer_meta: RxMeta | None = None  # the last RxMeta from_peer accepted
         av = self.av
         if av is not None and self.qp_type != QPT_UD:
             gids = self.port.gids
@@ -202,8 +205,13 @@ class EngineQP:
         address vector's DGID and its destination GID the QP's SGID (IBA 9.6: a connected
         QP's packets must carry its path's addresses; rxe ``check_addr`` drops the rest).
         UD QPs accept any source."""
+        if meta is self.peer_meta:  # the runtime reuses one RxMeta per flow
+            return True
         peer = self.peer_gids
-        return peer is None or (meta.sgid == peer[0] and meta.dgid == peer[1])
+        if peer is None or (meta.sgid == peer[0] and meta.dgid == peer[1]):
+            self.peer_meta = meta
+            return True
+        return False
 
     def tx(self, parts: list[bytes | bytearray | memoryview], length: int, av: AddressHandle | None = None) -> None:
         """Queue one packet (BTH .. pad) for the driver."""

@@ -98,6 +98,10 @@ class Responder:
         self.resources: deque[Resource] = deque(maxlen=16)
         self._clear_msg()
 
+    def clear_msg(self) -> None:
+        """No message in progress (softrdma.ib.fastpath calls this too)."""
+        self._clear_msg()
+
     def _clear_msg(self) -> None:
         self.cur: int = 0  # kind of the message in progress (0 = none)
         self.rwqe: RecvWQE | None = None
@@ -132,6 +136,10 @@ class Responder:
             _AETH.pack((syndrome << 24) | (self.msn & PSN_MASK))
         qp.tx([hdr], 16)
 
+    def schedule_ack(self, psn: int) -> None:
+        """Acknowledge up to ``psn`` with the next coalesced ACK (IBA 9.7.5.1.1)."""
+        self._schedule_ack(psn)
+
     def _schedule_ack(self, psn: int) -> None:
         qp = self.qp
         if qp.ack_psn < 0:
@@ -152,6 +160,10 @@ class Responder:
         self._flush_pending_ack()
         self.qp.port.counters.sent_nak += 1
         self.send_ack(psn, code)
+
+    def check_comm_est(self) -> None:
+        """A valid request was executed: COMM_EST in RTR (see :meth:`_check_comm_est`)."""
+        self._check_comm_est()
 
     def _check_comm_est(self) -> None:
         """IBA 11.6.3: the first valid request received while the QP is in RTR raises
