@@ -250,20 +250,6 @@ class DevdLink:
         with contextlib.suppress(BlockingIOError):  # full: lost, as on a busy wire
             self._data.sendmsg([hdr, frame], [], socket.MSG_DONTWAIT)
 
-    # -- UDP GSO (GsoLink): the sending UdpLink of the destination's family ---------------
-
-    def gso_limit(self, dst_ip: bytes) -> int:
-        return self._sender(len(dst_ip)).gso_limit(dst_ip)
-
-    def send_gso(self, dst_ip: bytes, dport: int, sport: int, parts: Sequence[ReadableBuffer],
-                 seg_size: int, nseg: int, tos: int = 0, ttl: int = 64) -> bool:
-        return self._sender(len(dst_ip)).send_gso(dst_ip, dport, sport, parts, seg_size, nseg,
-                                                  tos, ttl)
-
-    def note_rx_ids(self, hint_misses: int, failures: int) -> None:
-        if self._direct:
-            self._direct[0].note_rx_ids(hint_misses, failures)
-
     def send(
         self,
         dst_ip: bytes,
