@@ -143,6 +143,17 @@ def _proc_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _wakeups(pid: int) -> int:
+    """Context switches of another process so far (how often it was woken), from /proc."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return sum(int(line.split()[1]) for line in f
+                       if line.startswith(("voluntary_ctxt_switches",
+                                           "nonvoluntary_ctxt_switches")))
+    except OSError:
+        return 0
+
+
 def _pingpong_peer(conn: Connection, kind: str, where: Where, iters: int) -> None:
     side = Side(kind, where, 4096, RX_DEPTH)
     conn.send(side.info())
@@ -191,6 +202,7 @@ def pingpong(kind: str, iters: int, state: str, name: str, port: int) -> dict[st
                       send_flags=e.IBV_SEND_SIGNALED)
         devd = int(peer["devd"])
         devd0 = _proc_cpu(devd) if devd else 0.0
+        wake0 = _wakeups(devd) if devd else 0
         cpu0 = _cpu()
         t0 = time.perf_counter()
         for _ in range(iters):
@@ -204,11 +216,13 @@ def pingpong(kind: str, iters: int, state: str, name: str, port: int) -> dict[st
                             routs += side.refill(RX_DEPTH - routs)
                         got_recv = True
         dt = time.perf_counter() - t0
-        cpu = _cpu() - cpu0 + (_proc_cpu(devd) - devd0 if devd else 0.0)
-        cpu += float(a_conn.recv())
+        devd_cpu = _proc_cpu(devd) - devd0 if devd else 0.0
+        wakes = _wakeups(devd) - wake0 if devd else 0
+        cpu = _cpu() - cpu0 + devd_cpu + float(a_conn.recv())
         a_conn.send("bye")
         p.join(10)
-        return {"lat": dt / iters / 2, "cpu": cpu / iters}
+        return {"lat": dt / iters / 2, "cpu": cpu / iters, "devd_cpu": devd_cpu / iters,
+                "devd_wakeups": wakes / iters}
     finally:
         side.close()
         if p.is_alive():
@@ -320,11 +334,12 @@ def _device(fn: Any, tries: int = 3) -> Any:
 def shared_pingpong_lat(iters: int = 2000,
                         cpu: list[float] | None = None) -> tuple[float, float]:
     """(shared device, two in-process devices): seconds per half round trip, 64 B SEND;
-    ``cpu`` gets the two CPU seconds per round trip (both processes, and devd)."""
+    ``cpu`` gets the two CPU seconds per round trip (both processes, and devd), then devd's
+    own CPU seconds and wake-ups per round trip."""
     shared = _device(lambda s, n, p: pingpong("shared", iters, s, n, p))
     inproc = _device(lambda s, n, p: pingpong("inproc", iters, s, n, p))
     if cpu is not None:
-        cpu += [shared["cpu"], inproc["cpu"]]
+        cpu += [shared["cpu"], inproc["cpu"], shared["devd_cpu"], shared["devd_wakeups"]]
     return float(shared["lat"]), float(inproc["lat"])
 
 
@@ -384,7 +399,8 @@ def main(argv: list[str] | None = None) -> int:
             ratios.append(s / i)
             cr.append(cpu[0] / cpu[1])
             print(f"  cpu us per round trip: shared {cpu[0] * 1e6:.1f} in-process "
-                  f"{cpu[1] * 1e6:.1f}")
+                  f"{cpu[1] * 1e6:.1f}; devd: {cpu[2] * 1e6:.1f} us and {cpu[3]:.2f} wake-ups "
+                  "per round trip")
         print(f"ping-pong 64 B half RTT  shared {_best_median(sh, True)} us  in-process "
               f"{_best_median(ip, True)} us  ratio {_best_median(ratios, True)} (goal <= 1.2)"
               f"; CPU ratio {_best_median(cr, True)}")

@@ -85,3 +85,34 @@ def test_interop_smoke_against_linux() -> None:
             shared = locate_shared(ROOT)
             subprocess.run(["bash", str(shared / "lab" / "run.sh"), "stop", str(GUEST)],
                            capture_output=True, check=False, timeout=120)
+
+
+@pytest.mark.skipif(bool(_lab_reason()), reason=_lab_reason() or "lab available")
+def test_mckey_and_rdma_examples_against_linux() -> None:
+    """softrdma's mckey and rdma-server/rdma-client against rdma-core's mckey,
+    rdma_server and rdma_client on rxe, both directions (issue 14): each run passes,
+    with a capture that pcap-check passes (the simultaneous DREQs of the examples'
+    disconnect included)."""
+    cache = Path(os.environ.get("LAB_CACHE", str(DEFAULT_CACHE)))
+    was_running = _guest_running(cache, GUEST)
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    try:
+        cp = subprocess.run([sys.executable, "-m", "softrdma", "interop", "--cases",
+                             "mckey/rxe,rdma_server/rxe", "--guest", str(GUEST), "--json"],
+                            capture_output=True, text=True, env=env, timeout=SUITE_TIMEOUT,
+                            check=False, stdin=subprocess.DEVNULL)
+        assert "Traceback" not in cp.stderr, cp.stderr[-3000:]
+        results = json.loads(cp.stdout)["results"]
+        failed = [f"{r['case']} {r['direction']}: {r['result']} {r['reasons']}"
+                  for r in results if r["result"] != "pass"]
+        assert not failed, "\n".join(failed) + "\n" + cp.stderr[-2000:]
+        assert len(results) == 4 and cp.returncode == 0
+        for r in results:
+            assert " 0 failed" in r["pcap_check"], r
+    finally:
+        subprocess.run(["ip", "netns", "del", f"srinterop-g{GUEST}"], capture_output=True,
+                       check=False)
+        if not was_running and _guest_running(cache, GUEST):
+            shared = locate_shared(ROOT)
+            subprocess.run(["bash", str(shared / "lab" / "run.sh"), "stop", str(GUEST)],
+                           capture_output=True, check=False, timeout=120)

@@ -224,6 +224,28 @@ def test_rping_and_perftest_commands() -> None:
         C.commands(bw, "sideways", EP)
 
 
+def test_rdma_examples_and_mckey_commands() -> None:
+    """librdmacm's rdma_server/rdma_client and mckey against softrdma's twins (issue 14)."""
+    names = {c.name for c in C.all_cases()}
+    assert {"rdma_server/rxe", "mckey/rxe"} <= names
+    ex = next(c for c in C.all_cases() if c.name == "rdma_server/rxe")
+    c = C.commands(ex, "softrdma-server", EP)
+    assert c.server == ("python3 -m softrdma rdma-server -s 10.50.0.24 -p 7471 --device ilab "
+                        "--timeout 60")
+    assert c.client == "rdma_client -s 10.50.0.24 -p 7471"
+    c = C.commands(ex, "softrdma-client", EP)
+    assert c.server == "rdma_server -s 10.50.0.14 -p 7471"
+    assert c.client.startswith("python3 -m softrdma rdma-client -s 10.50.0.14 -p 7471")
+    mk = next(c for c in C.all_cases() if c.name == "mckey/rxe")
+    c = C.commands(mk, "softrdma-server", EP)  # softrdma receives, Linux sends
+    assert c.server == ("python3 -m softrdma mckey -m 239.1.2.3 -b 10.50.0.24 -C 5 "
+                        "--device ilab --timeout 60")
+    assert c.client == "mckey -m 239.1.2.3 -b 10.50.0.14 -C 5 -s"
+    c = C.commands(mk, "softrdma-client", EP)
+    assert c.server == "mckey -m 239.1.2.3 -b 10.50.0.14 -C 5"
+    assert " -s --device ilab" in c.client
+
+
 def test_addresses_follow_run_sh() -> None:
     assert guest_ip(4) == "10.50.0.14" and host_ip(4) == "10.50.0.24"
 

@@ -305,6 +305,43 @@ def test_dreq_naming_the_wrong_qpn(tmp_path: Path) -> None:
                       "QP 0x19 has 0x19 there")
 
 
+def test_simultaneous_dreqs_each_answered(tmp_path: Path) -> None:
+    """Both ends disconnect at once (rdma_server and rdma_client against rxe in the lab):
+    DREQ each way, then each side answers the other's DREQ with a DREP (IBA 12.9.8.3;
+    Linux cm.c: a DREQ in IB_CM_DREQ_SENT gets a DREP). The connection closes cleanly."""
+    recs = _records("roce_rping.pcap")
+    by_index = {r.index: r for r in recs}
+
+    def frame(index: int) -> roce.RoceFrame:
+        r = by_index[index]
+        f = roce.parse_frame(r.data, r.linktype)
+        assert f is not None
+        return f
+
+    def with_msg(f: roce.RoceFrame, msg: wcm.CmMessage) -> bytes:
+        return rebuild(f, payload=memoryview(wcm.encode(msg)))
+
+    dreq_f, drep_f = frame(64), frame(65)  # DREQ A->B, DREP B->A
+    dreq = wcm.decode(dreq_f.packet.payload).msg
+    drep = wcm.decode(drep_f.packet.payload).msg
+    assert isinstance(dreq, wcm.Dreq) and isinstance(drep, wcm.Drep)
+    dreq_b = with_msg(drep_f, wcm.Dreq(local_comm_id=drep.local_comm_id,
+                                       remote_comm_id=drep.remote_comm_id,
+                                       remote_qpn_eecn=0x19))  # B's DREQ, to A's QP
+    drep_a = with_msg(dreq_f, wcm.Drep(local_comm_id=dreq.local_comm_id,
+                                       remote_comm_id=dreq.remote_comm_id))  # A answers it
+    path = tmp_path / "dreqs.pcap"
+    with PcapWriter(path) as w:
+        for r in recs:
+            if r.index == 65:  # DREQ A->B, DREQ B->A, DREP A->B, DREP B->A
+                w.write(dreq_b, r.ts)
+                w.write(drep_a, r.ts)
+            w.write(r.data, r.ts)
+    rc, out, err = check(path)
+    assert rc == 0 and err == [], err
+    assert out[-1] == "1 connection followed, 0 inconsistent"
+
+
 # ---- the 18515 exchange -----------------------------------------------------------------
 def test_pingpong_announcement_is_checked(tmp_path: Path) -> None:
     """The client announces PSN b5fb79 but sends from b5fb78 (TCP bytes edited in place:

@@ -14,9 +14,11 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from softrdma.drivers import devd_client
 from softrdma.drivers.devd import Devd, DevdLink
 from softrdma.drivers.link import Datagram
 from softrdma.drivers.registry import DeviceRecord
@@ -30,6 +32,7 @@ from softrdma.drivers.reuseport import (
     slot_of,
     slot_range,
 )
+from softrdma.drivers.udp import UdpLink
 from softrdma.errors import DeviceError, InvalidArgument
 
 LOCAL = "127.0.0.1"
@@ -183,8 +186,8 @@ def recv_all(link: DevdLink, n: int, timeout: float = 3.0) -> list[Datagram]:
     deadline = time.monotonic() + timeout
     while len(out) < n:
         got = link.recv_batch(64)
-        out += [Datagram(bytes(d.data), d.src_ip, d.dst_ip, d.sport, d.dport, d.tos, d.ttl)
-                for d in got]
+        out += [Datagram(memoryview(bytes(d.data)), d.src_ip, d.dst_ip, d.sport, d.dport,
+                         d.tos, d.ttl) for d in got]
         if got:
             continue
         left = deadline - time.monotonic()
@@ -310,3 +313,31 @@ def test_join_refused_without_reuseport(tmp_path: Path, monkeypatch: pytest.Monk
     finally:
         d.shutdown()
         t.join(5)
+
+
+def test_client_that_cannot_bind_stays_forwarded(
+        running: Running, sender: socket.socket, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client whose reuseport bind fails (another uid's group, a kernel without
+    SO_REUSEPORT) tells devd (JOINED with no socket, counted ``direct_refused``) and gets
+    its datagrams forwarded; the next client still joins, at the right index."""
+    def refused(*a: Any, **kw: Any) -> UdpLink:
+        if kw.get("reuseport"):
+            raise OSError(errno.EADDRINUSE, "Address already in use")
+        return UdpLink(*a, **kw)
+
+    monkeypatch.setattr(devd_client, "UdpLink", refused)
+    port = running.devd.udp_port
+    with running.client() as f:
+        assert not f.direct
+        monkeypatch.setattr(devd_client, "UdpLink", UdpLink)
+        with running.client() as a:
+            assert a.direct
+            qf, qa = f.alloc_qpn(), a.alloc_qpn()
+            assert slot_of(qf) == 0 and slot_of(qa) == a.slot
+            sender.sendto(packet(qf), (LOCAL, port))
+            sender.sendto(packet(qa), (LOCAL, port))
+            assert qpns_of(recv_all(f, 1)) == [qf]
+            assert qpns_of(recv_all(a, 1)) == [qa]
+            st = a.stats()
+            assert st["direct_refused"] == 1 and st["direct_clients"] == 1
+            assert st["forwarded"] == 1

@@ -44,10 +44,10 @@ def bth(opcode: int, psn: int, dqpn: int = 0x11) -> bytes:
 
 
 def pkt(n: int, size: int, *, dst: bytes = DST, sport: int = 50000, tclass: int = 0,
-        hop: int = 64, opcode: int = RC_WRITE_MIDDLE) -> TxPacket:
+        hop: int = 64, opcode: int = RC_WRITE_MIDDLE, dqpn: int = 0x11) -> TxPacket:
     """Packet ``n``: a 12-byte BTH + ``size`` payload bytes (a memoryview, as the engine's)."""
     payload = memoryview(bytes([n & 0xFF]) * size)
-    return TxPacket(ip_to_gid(SRC), ip_to_gid(dst), sport, [bth(opcode, n), payload],
+    return TxPacket(ip_to_gid(SRC), ip_to_gid(dst), sport, [bth(opcode, n, dqpn), payload],
                     12 + size, tclass, hop)
 
 
@@ -203,6 +203,20 @@ def test_different_flows_are_not_mixed() -> None:
         for b in link.batches:
             for i, s in enumerate(segments(b)):
                 assert wire_icrc_ok(SRC, b[0], b[1], s, i)
+    finally:
+        rt.close()
+
+
+def test_one_destination_qp_per_batch() -> None:
+    """Same flow, two QPs: a coalescing receiver hands a batch to one socket (a shared
+    device's reuseport program picks it by the first packet's DestQP)."""
+    link = RecordingLink()
+    rt = runtime(link)
+    try:
+        flush(rt, [pkt(0, 300, dqpn=0x11), pkt(1, 300, dqpn=0x11), pkt(2, 300, dqpn=0x10022),
+                   pkt(3, 300, dqpn=0x10022), pkt(4, 300, dqpn=0x10022)])
+        assert sizes(link) == [2, 3]
+        assert {s[5:8] for s in segments(link.batches[1])} == {b"\x01\x00\x22"}
     finally:
         rt.close()
 

@@ -217,6 +217,24 @@ class DevdLink:
             return requested  # RoCEv1 only: no UDP
         return self._sender(len(self._local_ips[0])).effective_sport(requested)
 
+    # ---- UDP GSO (link.GsoLink): sends leave from this process's own UdpLink ----------
+    def gso_limit(self, dst_ip: bytes) -> int:
+        """As :meth:`UdpLink.gso_limit` of the sender for ``dst_ip``'s family (0: none)."""
+        link = self._senders.get(len(dst_ip))
+        return 0 if link is None or self._closed else link.gso_limit(dst_ip)
+
+    def send_gso(self, dst_ip: bytes, dport: int, sport: int, parts: Sequence[ReadableBuffer],
+                 seg_size: int, nseg: int, tos: int = 0, ttl: int = 64) -> bool:
+        """:meth:`UdpLink.send_gso` from this process's sender (design.md, "RoCEv2
+        batching")."""
+        return self._sender(len(dst_ip)).send_gso(dst_ip, dport, sport, parts, seg_size,
+                                                  nseg, tos, ttl)
+
+    def note_rx_ids(self, hint_misses: int, failures: int) -> None:
+        """Counted on the direct-path socket, whose coalesced reads carry the hints."""
+        if self._direct:
+            self._direct[0].note_rx_ids(hint_misses, failures)
+
     def send_v1(self, dgid: bytes, parts: Sequence[ReadableBuffer], sl: int = 0) -> None:
         """A RoCEv1 packet (GRH, BTH .. pad, ICRC): out of this process's raw socket, or,
         self-addressed (CA16-22), up the data channel for devd to route."""

@@ -80,6 +80,7 @@ _ZERO20 = bytes(20)
 _MAX_IDLE_WAIT = 0.01  # the progress thread re-checks timers at least this often (s)
 REPORT_INTERVAL = 0.5  # a shared device's process reports its counters to devd this often (s)
 ICRC_SIZE = 4  # bytes (IBA 7.8.1)
+_BTH_SIZE = 12  # bytes (IBA 9.2)
 GSO_MAX_PAYLOAD = 65507  # UDP payload bytes of one GSO send (65535 - IPv4 - UDP header)
 
 
@@ -357,8 +358,11 @@ class Runtime:
         """Transmit ``pkts`` batching runs through UDP GSO (design.md, "RoCEv2 batching").
 
         A run is consecutive RoCEv2 packets with the same addresses, source port, traffic
-        class and hop limit, all of one length but the last (which may be shorter), at
-        most ``link.gso_limit`` of them and :data:`GSO_MAX_PAYLOAD` bytes. Segment ``i``
+        class, hop limit and BTH DestQP, all of one length but the last (which may be
+        shorter), at most ``link.gso_limit`` of them and :data:`GSO_MAX_PAYLOAD` bytes.
+        One DestQP per run: a receiver that coalesces the run (UDP GRO) hands it to one
+        socket, which a shared device's reuseport program picks by the first packet's
+        DestQP (:mod:`.reuseport`). Segment ``i``
         leaves with IPv4 Identification ``i`` (Linux ``inet_gso_segment`` numbers the
         segments of a DF super-packet from its ID, 0 on an unconnected socket), so its
         ICRC is computed with ID ``i`` (IBA 7.8.1, Annex A17; ../shared/specs/roce.md §2).
@@ -386,7 +390,9 @@ class Runtime:
             limit = limits.get(dst)
             if limit is None:
                 limit = limits[dst] = link.gso_limit(dst)
-            if limit > 1:
+            hdr = p.parts[0]
+            if limit > 1 and len(hdr) >= _BTH_SIZE:
+                dqpn = hdr[5:8]  # BTH DestQP (IBA 9.2)
                 end = min(n, i + limit)
                 total = size + ICRC_SIZE
                 sgid, dgid, req, tclass, hop = p.sgid, p.dgid, p.sport, p.tclass, p.hop_limit
@@ -395,7 +401,8 @@ class Runtime:
                     qlen = q.length
                     if (qlen > size or q.dgid != dgid or q.sport != req or q.tclass != tclass
                             or q.hop_limit != hop or q.sgid != sgid or q.v1
-                            or total + qlen + ICRC_SIZE > GSO_MAX_PAYLOAD):
+                            or total + qlen + ICRC_SIZE > GSO_MAX_PAYLOAD
+                            or q.parts[0][5:8] != dqpn):
                         break
                     total += qlen + ICRC_SIZE
                     j += 1
@@ -441,6 +448,8 @@ class Runtime:
             return
         grh = build_grh_v1(p.sgid, p.dgid, p.length + 4, p.tclass, p.flow_label, p.hop_limit)
         send_v1(p.dgid, [grh, *p.parts, icrc_v1(grh, p.parts)], p.sl)
+        if self.tap is not None:  # capture / packet trace (drivers.tap)
+            self.tap.tx_v1(grh, p.parts)
 
     def _rx_v1(self, d: Datagram, now: float) -> None:
         """One RoCEv1 packet: GRH checks, ICRC, then the engine (A16.7.1: no LRH checks;

@@ -13,7 +13,10 @@ RoCE and ``softrdma pcap-check`` verifies.
 All devices of a process that capture to the same file share one writer. A packet that
 one of them sends and another (or the same one, on loopback) receives is written once,
 when it is sent: the file then reads like a capture on the wire. RoCEv1 frames (Annex
-A16, raw Ethernet) are not captured here; capture them on the interface.
+A16, raw Ethernet) are captured the same way, as the frames the netdev carries:
+Ethernet with EtherType 0x8915, GRH, BTH .. ICRC (linktype EN10MB; :meth:`PacketTap.tx_v1`
+and :meth:`PacketTap.rx`). An iWARP device's TCP streams are captured by
+:mod:`softrdma.drivers.tap_stream` into the same kind of file.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from ..trace import default_capture
 from ..trace import logger as trace_logger
 from ..wire import ib
 from ..wire.pcap import LINKTYPE_ETHERNET, PcapWriter
+from ..wire.roce import icrc_v1
+from ..wire.rocev1 import parse_grh
 from .fabric import frame_of
 from .link import Datagram
 
@@ -126,10 +131,21 @@ class PacketTap:
         if self.log is not None:
             self._line("tx", dg)
 
+    def tx_v1(self, grh: bytes, parts: Sequence[ReadableBuffer]) -> None:
+        """A RoCEv1 packet handed to the link (Annex A16): its GRH and BTH .. payload;
+        the ICRC is computed here as the link computes it (IBA 7.8.1, A16)."""
+        body = b"".join(parts)
+        data = memoryview(body + icrc_v1(grh, [body]))
+        g = parse_grh(grh)
+        dg = Datagram(data, g.sgid, g.dgid, 0, 0, g.tclass, g.hop_limit, grh=bytes(grh))
+        if self._writer is not None:
+            self._writer.write_tx(dg)
+        if self.log is not None:
+            self._line("tx", dg)
+
     def rx(self, dg: Datagram) -> None:
-        """A datagram taken from the link (before the ICRC check: a bad one shows too)."""
-        if dg.grh:
-            return
+        """A datagram taken from the link (before the ICRC check: a bad one shows too);
+        a RoCEv1 frame has its GRH in ``dg.grh``."""
         if self._writer is not None:
             self._writer.write_rx(dg)
         if self.log is not None:
@@ -141,6 +157,10 @@ class PacketTap:
             text = ib.describe(ib.decode(dg.data[:-ICRC_LEN]))
         except DecodeError as exc:
             text = f"undecodable ({exc})"
+        if dg.grh:  # RoCEv1: no UDP ports, the GIDs of the GRH
+            self.log.debug("%s %s v1 %s -> %s %s", self.device, way, _ip_text(dg.src_ip),
+                           _ip_text(dg.dst_ip), text)
+            return
         self.log.debug("%s %s %s:%d -> %s:%d %s", self.device, way, _ip_text(dg.src_ip),
                        dg.sport, _ip_text(dg.dst_ip), dg.dport, text)
 

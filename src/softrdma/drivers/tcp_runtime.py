@@ -32,7 +32,8 @@ whichever thread makes progress: no sleep-polling.
 
 Sockets get ``TCP_NODELAY`` (siw: ``siw_tcp_nagle = false``) and a 4 MiB send buffer
 (``SOFTRDMA_IWARP_SNDBUF``; 0 keeps the kernel's autotuning), so one ``sendmsg`` takes a
-whole megabyte-sized message without partial sends.
+whole megabyte-sized message without partial sends; where ``net.core.wmem_max`` would cap
+it below what autotuning reaches, autotuning is kept (:func:`sndbuf_setting`).
 """
 
 from __future__ import annotations
@@ -50,16 +51,44 @@ from ..iwarp.engine import IwarpConn
 from ..iwarp.events import ConnEvent
 from ..iwarp.qp import IwarpDevice
 from .progress import ProgressCore, WakePipe, check_mode
+from .tap_stream import StreamTap
 
-__all__ = ["TcpRuntime", "LINGER", "tcp_mss"]
+__all__ = ["TcpRuntime", "LINGER", "tcp_mss", "sndbuf_setting"]
 
 LINGER = 2.0  # seconds a closing socket waits for the peer's FIN
 DIRECT = os.environ.get("SOFTRDMA_IWARP_DIRECT", "0") == "1"
 SOCK_BUF = int(os.environ.get("SOFTRDMA_IWARP_SNDBUF", str(1 << 22)))
+_WMEM_MAX = "/proc/sys/net/core/wmem_max"
+_TCP_WMEM = "/proc/sys/net/ipv4/tcp_wmem"
 _RX_BUF = int(os.environ.get("SOFTRDMA_IWARP_RXBUF", str(1 << 22)))
 _TX_CHUNK = 1 << 21
 _RX_BUDGET = 1 << 23
 _MAX_IDLE_WAIT = 0.05
+
+
+def _sysctl_ints(path: str) -> list[int]:
+    try:
+        with open(path) as f:
+            return [int(x) for x in f.read().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def sndbuf_setting(want: int = SOCK_BUF) -> int:
+    """The ``SO_SNDBUF`` to set on a connection, or 0 to leave the kernel's autotuning.
+
+    Linux caps ``SO_SNDBUF`` at ``net.core.wmem_max`` (then doubles it for overhead) and
+    a socket that sets it loses send-buffer autotuning, which grows up to
+    ``net.ipv4.tcp_wmem[2]`` (4 MiB by default). With the default ``wmem_max`` (208 KiB)
+    asking for 4 MiB would pin the buffer at 416 KiB, far below what autotuning reaches:
+    so the option is set only where the capped value beats autotuning's maximum."""
+    if want <= 0:
+        return 0
+    wmem_max = _sysctl_ints(_WMEM_MAX)
+    tcp_wmem = _sysctl_ints(_TCP_WMEM)
+    if not wmem_max or len(tcp_wmem) != 3:
+        return want
+    return want if 2 * min(want, wmem_max[0]) > tcp_wmem[2] else 0
 
 
 def tcp_mss(sock: socket.socket) -> int:
@@ -118,6 +147,7 @@ class TcpRuntime:
 
     #: an iWARP device has no datagram link (the verbs layer's multicast hooks look here)
     link: None = None
+    tap: StreamTap | None = None  # capture / packet trace (drivers.tap_stream), if asked
 
     def __init__(self, dev: IwarpDevice, *, mode: str = "thread",
                  clock: Callable[[], float] | None = None) -> None:
@@ -143,6 +173,7 @@ class TcpRuntime:
         self._socks: dict[int, _Sock] = {}
         self._by_conn: dict[int, _Sock] = {}
         self._sel = selectors.DefaultSelector()
+        self._sndbuf = sndbuf_setting()
         self._rxbuf = bytearray(_RX_BUF)
         self._rxmv = memoryview(self._rxbuf)
         self._pipe = WakePipe()
@@ -171,7 +202,9 @@ class TcpRuntime:
             finally:
                 conn = getattr(qp, "conn", None)
                 s = self._by_conn.get(id(conn)) if conn is not None else None
-                if s is not None:
+                # with bytes still pending the socket was full: whoever waits for
+                # EVENT_WRITE pulls the new work request, no EAGAIN round here
+                if s is not None and not s.pending:
                     self._tx(s)
                 if self._deferred:
                     self._housekeep()
@@ -223,8 +256,8 @@ class TcpRuntime:
         sock.setblocking(False)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if SOCK_BUF:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCK_BUF)
+            if self._sndbuf:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self._sndbuf)
         except OSError:
             pass
         s = _Sock(sock, conn)
@@ -369,6 +402,8 @@ class TcpRuntime:
                     else:
                         n = sock.recv_into(tgt)
                     t = len(tgt)
+                    if self.tap is not None and n:  # capture / trace (drivers.tap_stream)
+                        self.tap.rx(sock, [tgt[:min(n, t)], mv[:max(0, n - t)]])
                     if n:
                         conn.rx_placed(n if n < t else t)
                         if n > t:
@@ -376,6 +411,8 @@ class TcpRuntime:
                 else:
                     want = conn.rx_want() if DIRECT else 0
                     n = sock.recv_into(buf, want if 0 < want < len(buf) else len(buf))
+                    if self.tap is not None and n:  # capture / trace (drivers.tap_stream)
+                        self.tap.rx(sock, [mv[:n]])
                     if n and not s.closing:
                         conn.receive(mv[:n], now)
             except (BlockingIOError, InterruptedError):
@@ -427,6 +464,8 @@ class TcpRuntime:
                 self._drop(s)
                 return
             conn.tx_sent(n)
+            if self.tap is not None:  # capture / packet trace (drivers.tap_stream)
+                self.tap.tx(sock, bufs, n)
             if n != sum(map(len, bufs)):  # a partial send: keep the rest as views
                 s.pending = _advance(bufs, n)
                 break

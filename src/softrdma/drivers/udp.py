@@ -260,6 +260,7 @@ class UdpLink:
         view = memoryview(self._ring)
         self._slots = [view[i * max_datagram:(i + 1) * max_datagram] for i in range(ring)]
         self._v4 = self.family == socket.AF_INET
+        self._was_empty = False
         self._init_offloads(max_datagram)
 
     def _init_offloads(self, max_datagram: int) -> None:
@@ -605,6 +606,12 @@ class UdpLink:
             raise StateError("a send-only UdpLink (bind_port=False) cannot receive")
         if max_n < 0:
             raise InvalidArgument("max_n", "must be >= 0")
+        # Busy polling (an application spinning on its CQ) calls this far more often than
+        # datagrams come: after an empty call, ask the epoll first (0.3 us) rather than
+        # let recvmsg raise BlockingIOError (about 3 us).
+        ep = self._ep
+        if self._was_empty and ep is not None and not ep.poll(0):
+            return []
         n = min(max_n, self._ring_n)
         slots = self._slots
         socks = self._rx_socks
@@ -695,6 +702,7 @@ class UdpLink:
                 continue
             out.append(Datagram(slot[:nbytes], src, dst, addr[1], port, tos, ttl))
         st.received += len(out)
+        self._was_empty = not out
         return out
 
     def close(self) -> None:

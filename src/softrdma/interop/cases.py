@@ -19,7 +19,8 @@ from ..errors import InvalidArgument
 
 __all__ = [
     "Case", "Endpoint", "Commands", "DIRECTIONS", "all_cases", "smoke_cases", "select",
-    "commands", "PERFTEST_ITERS", "PINGPONG_ITERS", "RPING_COUNT", "CM_COUNT",
+    "commands", "PERFTEST_ITERS", "PINGPONG_ITERS", "RPING_COUNT", "CM_COUNT", "MCKEY_COUNT",
+    "MCKEY_GROUP",
 ]
 
 DIRECTIONS = ("softrdma-server", "softrdma-client")
@@ -35,6 +36,9 @@ PINGPONG_PORT = 18515
 RPING_PORT = 7174
 UCMATOSE_PORT = 7471
 UDADDY_PORT = 7174
+RDMA_EXAMPLE_PORT = 7471  # librdmacm examples/rdma_server.c, rdma_client.c
+MCKEY_GROUP = "239.1.2.3"  # an administratively scoped IPv4 group (RFC 2365)
+MCKEY_COUNT = 5
 SOFTRDMA_TOOL_TIMEOUT = 60  # softrdma's own give-up time (its --timeout) for a case
 
 
@@ -45,7 +49,10 @@ class Case:
     ``tool``: the Linux program (``ibv_rc_pingpong``, ``rping``, ``ib_write_bw`` ...);
     ``softrdma_tool``: the ``softrdma`` subcommand with the same role; ``fabric``: the
     guest's RDMA link; ``kind``: ``pingpong``, ``rping``, ``cm`` (ucmatose/udaddy), ``bw``
-    or ``lat`` (perftest); ``rdma_cm``: perftest's ``-R``; ``port``: the server's port."""
+    or ``lat`` (perftest), ``example`` (librdmacm's ``rdma_server`` / ``rdma_client``: the
+    server runs ``tool``, the client its ``_client`` twin) or ``mckey`` (the "server" is
+    the receiver, the "client" the sender ``-s``, both joined to :data:`MCKEY_GROUP`);
+    ``rdma_cm``: perftest's ``-R``; ``port``: the server's port."""
 
     tool: str
     softrdma_tool: str
@@ -119,6 +126,8 @@ def all_cases() -> list[Case]:
                  for s in RPING_SIZES)
     cases.append(Case("ucmatose", "ucmatose", "rxe", "cm", port=UCMATOSE_PORT))
     cases.append(Case("udaddy", "udaddy", "rxe", "cm", port=UDADDY_PORT))
+    cases.append(Case("rdma_server", "rdma-server", "rxe", "example", port=RDMA_EXAMPLE_PORT))
+    cases.append(Case("mckey", "mckey", "rxe", "mckey"))
     cases.extend(_perftest("rxe", False))
     cases.extend(_perftest("rxe", True))
     cases.extend(Case("rping", "rping", "siw", "rping", s, port=RPING_PORT)
@@ -168,6 +177,12 @@ def _guest_words(case: Case, ep: Endpoint, server: bool) -> list[str]:
     if case.kind == "cm":
         side = ["-b", ep.guest_ip] if server else ["-s", ep.host_ip]
         return [case.tool, *side, "-C", str(CM_COUNT)]
+    if case.kind == "example":
+        tool = case.tool if server else case.tool.replace("server", "client")
+        return [tool, "-s", ep.guest_ip if server else ep.host_ip, "-p", str(case.port)]
+    if case.kind == "mckey":
+        return ["mckey", "-m", MCKEY_GROUP, "-b", ep.guest_ip, "-C", str(MCKEY_COUNT),
+                *([] if server else ["-s"])]
     return _perftest_words(case, case.tool, dev, ep.guest_gid, PERFTEST_ITERS) + peer
 
 
@@ -205,6 +220,14 @@ def _softrdma_words(case: Case, ep: Endpoint, server: bool) -> list[str]:
     if case.kind == "cm":
         side = ["-b", ep.host_ip] if server else ["-s", ep.guest_ip]
         return base + [case.softrdma_tool, *side, "-C", str(CM_COUNT), "--device", dev,
+                       "--timeout", str(SOFTRDMA_TOOL_TIMEOUT)]
+    if case.kind == "example":
+        tool = case.softrdma_tool if server else case.softrdma_tool.replace("server", "client")
+        return base + [tool, "-s", ep.host_ip if server else ep.guest_ip, "-p", str(case.port),
+                       "--device", dev, "--timeout", str(SOFTRDMA_TOOL_TIMEOUT)]
+    if case.kind == "mckey":
+        return base + ["mckey", "-m", MCKEY_GROUP, "-b", ep.host_ip, "-C", str(MCKEY_COUNT),
+                       *([] if server else ["-s"]), "--device", dev,
                        "--timeout", str(SOFTRDMA_TOOL_TIMEOUT)]
     w = _perftest_words(case, case.softrdma_tool, dev, ep.host_gid, PERFTEST_ITERS)
     if iwarp:

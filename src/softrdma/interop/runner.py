@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..tools import cli
 from . import checks, parse
-from .cases import DIRECTIONS, RPING_COUNT, Case, Commands, Endpoint, commands
+from .cases import DIRECTIONS, MCKEY_GROUP, RPING_COUNT, Case, Commands, Endpoint, commands
 from .lab import Capture, GuestProcess, HostProcess, HostSide, Lab, LabError, guest_ip
 from .report import Result
 
@@ -148,7 +148,10 @@ class Suite:
         r.pcap = str(cap.pcap)
         t0 = time.monotonic()
         try:
-            cap.start(self.n, f"host {self.host.ip}")
+            # mckey's datagrams go to the group, not to our address (IBA 10.5.2.1)
+            bpf = f"host {self.host.ip}" + (f" or host {MCKEY_GROUP}" if case.kind == "mckey"
+                                            else "")
+            cap.start(self.n, bpf)
             before = self._guest_counters(case)
             devd_before = self.devd_last if self.devd_last else self._devd_stats()
             srv_out, cli_out = self._exchange(case, cmds, tag, r)
@@ -224,6 +227,8 @@ class Suite:
             if on_guest:
                 if tcp:
                     probe = f"ss -Hltn 'sport = :{case.port}'"
+                elif case.kind == "mckey":  # the receiver has joined: an id of its own
+                    probe = "rdma res show cm_id | grep -w mckey"
                 else:
                     probe = f"rdma res show cm_id | grep LISTEN | grep ':{case.port} '"
                 if self.lab.ssh(self.n, probe, timeout=30.0).stdout.strip():
@@ -277,6 +282,14 @@ class Suite:
                 n = sum("ping data" in line for line in text.splitlines())
                 if n < RPING_COUNT:
                     r.fail(f"{who} rping showed {n} of {RPING_COUNT} verified pings")
+        if case.kind == "mckey":  # each side saw its -C messages through (mckey.c)
+            for who, text in (("softrdma", soft), ("linux", linux)):
+                if "data transfers complete" not in text:
+                    r.fail(f"{who} mckey did not complete its transfers")
+        if case.kind == "example":  # rdma_server.c / rdma_client.c: "NAME: end 0"
+            for who, text in (("softrdma", soft), ("linux", linux)):
+                if not any(ln.endswith(": end 0") for ln in text.splitlines()):
+                    r.fail(f"{who} did not end with 0")
         if case.kind == "pingpong" and r.result == "pass":
             for who, f in (("softrdma", r.softrdma), ("linux", r.linux)):
                 if "usec_iter" not in f:

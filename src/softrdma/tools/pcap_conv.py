@@ -157,7 +157,10 @@ class _Conn:
     flows: dict[int, _Flow] = field(default_factory=dict)  # side 0 / 1
     qpns: tuple[int, int] = (0, 0)
     ips: tuple[bytes, bytes] = (b"", b"")
-    dreq_from: int | None = None
+    #: the sides that sent a DREQ (both, when the two ends disconnect at once: each
+    #: answers the other's DREQ with a DREP, IBA 12.9.8.3 / Linux cm.c cm_dreq_handler
+    #: in IB_CM_DREQ_SENT)
+    dreq_from: set[int] = field(default_factory=set)
 
 
 class ConversationChecker:
@@ -578,8 +581,8 @@ class ConversationChecker:
             if m.remote_qpn_eecn != conn.qpns[1 - side]:
                 self._cm_fail(index, f"DREQ names QPN {m.remote_qpn_eecn:#x}; {conn.name} "
                                      f"has {conn.qpns[1 - side]:#x} there")
-            elif conn.dreq_from is None:
-                conn.dreq_from = side
+            elif side not in conn.dreq_from:
+                conn.dreq_from.add(side)
                 self._note(index, f"{conn.name}: DREQ")
             return
         self._cm_fail(index, f"DREQ (comm IDs {m.local_comm_id:#x}/{m.remote_comm_id:#x}) for "
@@ -593,7 +596,7 @@ class ConversationChecker:
             conn = self._conns.get(key)
             if conn is None:
                 continue
-            if conn.dreq_from != 1 - side:
+            if 1 - side not in conn.dreq_from:
                 self._cm_fail(index, f"DREP on {conn.name} without a DREQ from the peer")
                 return
             del self._conns[key]

@@ -128,6 +128,9 @@ class DeviceFile(Generic[Ev]):
             if _files.get(self.key) is not None and _files[self.key]() in (self, None):
                 del _files[self.key]
         self.runtime.close()
+        tap = getattr(self.runtime, "tap", None)
+        if tap is not None:  # an iWARP runtime's stream tap (a RoCE runtime closes its own)
+            tap.close()
         try:
             os.close(self.ev_w)
         except OSError:

@@ -32,6 +32,7 @@ from ..drivers.progress import DeviceRuntime
 from ..drivers.rawether import RawEtherLink
 from ..drivers.runtime import Runtime
 from ..drivers.tap import tap_for
+from ..drivers.tap_stream import stream_tap_for
 from ..drivers.tcp_runtime import TcpRuntime
 from ..drivers.udp import UdpLink
 from ..errors import DeviceError, InvalidArgument
@@ -439,7 +440,7 @@ class Context(VerbsObject):
             raise InvalidArgument("fabric", "give either fabric or link, not both")
         self.transport = _transport_of(name, transport, fabric, link)
         if self.transport == "iwarp":
-            self._open_iwarp(name, progress, clock)
+            self._open_iwarp(name, progress, clock, pcap)
             self.progress_mode = progress
             self._init_events()
             return
@@ -502,7 +503,8 @@ class Context(VerbsObject):
         self._init_events()
 
     def _open_iwarp(self, name: str | None, progress: str,
-                    clock: Callable[[], float] | None) -> None:
+                    clock: Callable[[], float] | None,
+                    pcap: str | os.PathLike[str] | None = None) -> None:
         """The iWARP branch: an :class:`~softrdma.iwarp.qp.IwarpDevice` driven over TCP
         sockets by a :class:`~softrdma.drivers.tcp_runtime.TcpRuntime` (always in-process:
         a TCP connection belongs to the process that owns the QP). ``name`` None or
@@ -534,7 +536,9 @@ class Context(VerbsObject):
         self.node_guid = _guid_from_mac(mac)
         dev = IwarpDevice(gids, max_mtu=128 << self.active_mtu)
         self.port = dev
-        self.runtime = TcpRuntime(dev, mode=progress, clock=clock)
+        rt = TcpRuntime(dev, mode=progress, clock=clock)
+        rt.tap = stream_tap_for(dev_name, pcap)  # pcap=FILE / $SOFTRDMA_PCAP, TRACE=pkt
+        self.runtime = rt
 
     def _init_events(self) -> None:
         self._portwatch: PortWatch | None = None

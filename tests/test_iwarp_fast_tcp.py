@@ -1,0 +1,43 @@
+"""The TCP runtime's socket settings for the iWARP data path (softrdma.drivers.tcp_runtime).
+
+``SO_SNDBUF`` is set only where ``net.core.wmem_max`` lets it beat the kernel's send-buffer
+autotuning (``net.ipv4.tcp_wmem[2]``): with the default ``wmem_max`` asking for 4 MiB would
+pin the buffer at 416 KiB.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from softrdma.drivers import tcp_runtime
+
+
+def _sysctls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wmem_max: int,
+             tcp_wmem: str) -> None:
+    w = tmp_path / "wmem_max"
+    t = tmp_path / "tcp_wmem"
+    w.write_text(f"{wmem_max}\n")
+    t.write_text(tcp_wmem + "\n")
+    monkeypatch.setattr(tcp_runtime, "_WMEM_MAX", str(w))
+    monkeypatch.setattr(tcp_runtime, "_TCP_WMEM", str(t))
+
+
+def test_default_wmem_max_keeps_autotuning(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    _sysctls(tmp_path, monkeypatch, 212992, "4096\t16384\t4194304")
+    assert tcp_runtime.sndbuf_setting(1 << 22) == 0  # 416 KiB would be worse than 4 MiB
+
+
+def test_raised_wmem_max_sets_the_buffer(tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    _sysctls(tmp_path, monkeypatch, 1 << 22, "4096\t16384\t4194304")
+    assert tcp_runtime.sndbuf_setting(1 << 22) == 1 << 22
+    assert tcp_runtime.sndbuf_setting(0) == 0  # SOFTRDMA_IWARP_SNDBUF=0: autotuning
+
+
+def test_unreadable_sysctls_set_what_is_asked(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tcp_runtime, "_WMEM_MAX", str(tmp_path / "absent"))
+    assert tcp_runtime.sndbuf_setting(1 << 20) == 1 << 20

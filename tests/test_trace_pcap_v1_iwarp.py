@@ -1,0 +1,206 @@
+"""``SOFTRDMA_TRACE=pkt`` and ``Context(pcap=FILE)`` / ``--pcap`` beyond RoCEv2: RoCEv1
+(Ethernet frames, EtherType 0x8915, linktype EN10MB; Annex A16) and iWARP (the TCP
+stream as Ethernet/IP/TCP frames carrying MPA frames and FPDUs, RFC 5044). tshark decodes
+both and ``softrdma pcap-check`` passes them."""
+
+from __future__ import annotations
+
+import io
+import logging
+import shutil
+import socket
+import struct
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from softrdma import enums as e
+from softrdma import trace
+from softrdma import verbs as v
+from softrdma.cm import iwconnect
+from softrdma.drivers.clock import VirtualClock
+from softrdma.drivers.fabric import Fabric
+from softrdma.drivers.tap_stream import MAX_SEGMENT, tcp_frame
+from softrdma.iwarp.mpa_setup import MpaConfig
+from softrdma.tools import pcap_check
+from softrdma.wire.pcap import LINKTYPE_ETHERNET, read_pcap
+from softrdma.wire.tcpstream import parse_tcp
+
+ALL = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ)
+TSHARK = shutil.which("tshark")
+
+
+@pytest.fixture
+def traced() -> Iterator[io.StringIO]:
+    names = [f"softrdma.{k}" for k in trace.KINDS]
+    saved = {n: logging.getLogger(n).level for n in names}
+    buf = io.StringIO()
+    handler = logging.StreamHandler(buf)
+    handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    top = logging.getLogger("softrdma")
+    top.addHandler(handler)
+    trace.configure("pkt", buf)
+    try:
+        yield buf
+    finally:
+        top.removeHandler(handler)
+        for h in list(top.handlers):
+            if h.get_name() == "softrdma-trace":
+                top.removeHandler(h)
+        for n, lvl in saved.items():
+            logging.getLogger(n).setLevel(lvl)
+
+
+def _tshark(path: Path, *args: str) -> str:
+    assert TSHARK is not None
+    return subprocess.run([TSHARK, "-r", str(path), "--disable-protocol", "rpcordma", *args],
+                          capture_output=True, text=True, timeout=120, check=True).stdout
+
+
+# ---- RoCEv1 -----------------------------------------------------------------------------------
+def test_rocev1_capture_and_trace(tmp_path: Path, traced: io.StringIO) -> None:
+    fab = Fabric(VirtualClock())
+    pcap = tmp_path / "v1.pcap"
+    ctxs = [v.Context(fabric=fab.link(ip, roce_ver="1"), pcap=pcap)
+            for ip in ("10.6.0.1", "10.6.0.2")]
+    try:
+        sides = []
+        for ctx in ctxs:
+            pd = v.PD(ctx)
+            cq = v.CQ(ctx, 16)
+            qp = v.QP(pd, v.QPInitAttr(e.IBV_QPT_RC, scq=cq, rcq=cq, cap=v.QPCap(4, 4, 1, 1)))
+            sides.append((cq, qp, v.MR(pd, 4096, ALL)))
+        for (_c, qp, _m), (_c2, peer, _m2), pctx in ((sides[0], sides[1], ctxs[1]),
+                                                     (sides[1], sides[0], ctxs[0])):
+            assert pctx.query_gid_type(1, 0) == e.IBV_GID_TYPE_ROCE_V1
+            at = v.QPAttr(path_mtu=e.IBV_MTU_1024, dest_qp_num=peer.qp_num, sq_psn=7,
+                          rq_psn=7, max_rd_atomic=1, max_dest_rd_atomic=1, min_rnr_timer=1,
+                          timeout=8, retry_cnt=7, rnr_retry=7)
+            at.qp_access_flags = ALL
+            at.ah_attr = v.AHAttr(gr=v.GlobalRoute(dgid=pctx.query_gid(1, 0), hop_limit=64))
+            qp.to_rts(at)
+        (cqa, qpa, mra), (_cqb, qpb, mrb) = sides
+        qpb.post_recv(v.RecvWR(1, 1, [v.SGE(mrb.addr, 4096, mrb.lkey)]))
+        qpa.post_send(v.SendWR(2, None, 1, [v.SGE(mra.addr, 2500, mra.lkey)]))
+        fab.clock.run()
+        assert [w.status for w in cqa.poll(4)[1]] == [e.IBV_WC_SUCCESS]
+    finally:
+        for ctx in ctxs:
+            ctx.close()
+    recs = list(read_pcap(pcap))
+    # SEND_FIRST, SEND_MIDDLE, SEND_LAST and one ACK, each once (sent by a tapped device)
+    assert len(recs) == 4
+    assert all(r.linktype == LINKTYPE_ETHERNET and r.data[12:14] == b"\x89\x15" for r in recs)
+    lines = [ln for ln in traced.getvalue().splitlines() if "softrdma.pkt" in ln]
+    assert sum(" tx v1 " in ln for ln in lines) == 4 and sum(" rx v1 " in ln for ln in lines) == 4
+    assert any("SEND_FIRST" in ln and "PSN=" in ln for ln in lines)
+    assert any("ACKNOWLEDGE" in ln for ln in lines)
+    out = io.StringIO()
+    assert pcap_check.run([str(pcap)], out) == 0, out.getvalue()
+    assert out.getvalue().splitlines()[-1].endswith("4 packets, 4 ok, 0 failed")
+    if TSHARK is None:
+        pytest.skip("tshark is not installed")
+    text = _tshark(pcap, "-T", "fields", "-e", "eth.type", "-e", "infiniband.bth.opcode",
+                   "-e", "infiniband.invariant.crc")
+    rows = [r.split("\t") for r in text.splitlines()]
+    assert [r[0] for r in rows] == ["0x8915"] * 4
+    assert [int(r[1]) for r in rows] == [0, 1, 2, 17]  # RC SEND FIRST/MIDDLE/LAST, ACK
+    assert all(r[2] for r in rows)  # the ICRC field decoded
+
+
+# ---- iWARP -----------------------------------------------------------------------------------
+def _iwarp_session(pcap: Path, markers: bool = False) -> int:
+    """A send/RDMA write session between two QPs of the iWARP loopback device over real
+    TCP; returns the number of messages sent."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = v.Context(transport="iwarp", pcap=pcap)
+    sizes = (0, 100, 5000, 300000)
+    try:
+        pd = v.PD(ctx)
+        cq = v.CQ(ctx, 64)
+        qps = [v.QP(pd, v.QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq,
+                                     cap=v.QPCap(8, 8, 1, 1))) for _ in range(2)]
+        mr = v.MR(pd, 1 << 20, ALL)
+        cfg = MpaConfig(crc=True, markers=markers)
+        lst = iwconnect.listen(ctx, port, cfg=cfg)
+        t = threading.Thread(target=lambda: lst.accept(qps[1], b"srv"))
+        t.start()
+        conn = iwconnect.connect(qps[0], "127.0.0.1", port, b"cli", cfg=cfg)
+        t.join(20)
+        for size in sizes:
+            qps[1].post_recv(v.RecvWR(1, 1, [v.SGE(mr.addr, 1 << 19, mr.lkey)]))
+            qps[0].post_send(v.SendWR(2, None, 1, [v.SGE(mr.addr + (1 << 19), size,
+                                                         mr.lkey)]))
+            got = 0
+            end = time.monotonic() + 30
+            while got < 2 and time.monotonic() < end:
+                n, _w = cq.poll(2)
+                got += n
+            assert got == 2
+        w = v.SendWR(3, None, 1, [v.SGE(mr.addr, 64, mr.lkey)],
+                     opcode=int(e.IBV_WR_RDMA_WRITE))
+        w.set_wr_rdma(mr.rkey, mr.addr + 4096)
+        qps[0].post_send(w)
+        end = time.monotonic() + 30
+        while not cq.poll(1)[0] and time.monotonic() < end:
+            pass
+        conn.disconnect()
+        lst.close()
+        time.sleep(0.3)
+    finally:
+        ctx.close()
+    return len(sizes) + 1
+
+
+def test_iwarp_capture_is_decoded_by_tshark_and_pcap_check(tmp_path: Path,
+                                                            traced: io.StringIO) -> None:
+    pcap = tmp_path / "iw.pcap"
+    _iwarp_session(pcap)
+    recs = list(read_pcap(pcap))
+    segs = [parse_tcp(r.linktype, r.data) for r in recs]
+    assert all(s is not None for s in segs)
+    assert segs[0] is not None and segs[0].flags & 0x02  # the SYN of the initiator
+    # each direction written once: sequence numbers follow each other without overlap
+    nxt: dict[tuple[str, int], int] = {}
+    for sg in segs[3:]:
+        assert sg is not None
+        key = (sg.src, sg.sport)
+        if key in nxt:
+            assert sg.seq == nxt[key]
+        nxt[key] = sg.seq + len(sg.payload)
+        assert len(sg.payload) <= MAX_SEGMENT
+    out = io.StringIO()
+    assert pcap_check.run([str(pcap)], out) == 0, out.getvalue()
+    assert ", 0 failed" in out.getvalue().splitlines()[-1]
+    lines = [ln for ln in traced.getvalue().splitlines() if "softrdma.pkt" in ln]
+    assert any(" tx " in ln and "MPA Request" in ln for ln in lines)
+    assert any(" rx " in ln and "MPA Reply" in ln for ln in lines)
+    assert any(ln.endswith("TCP len=24 Send") for ln in lines)  # the empty Send
+    assert any(" tx " in ln and "Send x" in ln for ln in lines)  # a 300000-byte message
+    assert any(" rx " in ln and "RDMA Write" in ln for ln in lines)
+    if TSHARK is None:
+        pytest.skip("tshark is not installed")
+    text = _tshark(pcap, "-V")
+    assert text.count("Request frame header") == 1 and text.count("Reply frame header") == 1
+    assert "Malformed" not in text and "Bad CRC" not in text
+    assert text.count("(Good CRC32)") >= 6
+    ops = _tshark(pcap, "-T", "fields", "-e", "iwarp_rdma.opcode")
+    assert "0x03" in ops and "0x00" in ops  # Send, RDMA Write
+
+
+def test_tcp_frame_checksums_and_lengths() -> None:
+    f = tcp_frame((b"\x7f\0\0\1", 4000), (b"\x7f\0\0\1", 5000), 1, 1, 0x18, b"abc")
+    seg = parse_tcp(LINKTYPE_ETHERNET, f)
+    assert seg is not None and seg.payload == b"abc" and (seg.sport, seg.dport) == (4000, 5000)
+    ip = f[14:34]
+    words = struct.unpack("!10H", ip)
+    assert (sum(words) + (sum(words) >> 16)) & 0xFFFF == 0xFFFF  # IPv4 header checksum
+    f6 = tcp_frame((b"\0" * 15 + b"\1", 4000), (b"\0" * 15 + b"\1", 5000), 9, 1, 0x18, b"x")
+    seg6 = parse_tcp(LINKTYPE_ETHERNET, f6)
+    assert seg6 is not None and seg6.seq == 9 and seg6.payload == b"x"
