@@ -335,6 +335,8 @@ class DevdLink:
             else:
                 got = []
                 for link in direct:
+                    if len(got) >= max_n:  # a GRO receive may bring more than asked
+                        break
                     got += link.recv_batch(max_n - len(got))
             if got:  # the data channel next time (epoll is level-triggered)
                 self.counters["rx_direct"] += len(got)
