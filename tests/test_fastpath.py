@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from property_budget import examples
 
 from softrdma import enums as e
+from softrdma.drivers.devd_client import DevdLink
 from softrdma.ib import fastpath
 from softrdma.ib.port import RxMeta
 from softrdma.ib.requester import Requester
@@ -270,3 +271,30 @@ def test_small_sends(kind: str) -> None:
     assert slow[:-1] == quick2[:-1]
     assert quick2[-1] == 2 and slow[2]["send_rnr_nak"] > 0
     assert quick2[4] == e.IBV_QPS_ERR  # the too-small buffer: NAK, responder in error
+
+
+class _GroLink:
+    """A direct link whose receive brings a whole GRO batch, more than asked for."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.asked: list[int] = []
+
+    def recv_batch(self, max_n: int = 64) -> list[int]:
+        if max_n < 0:
+            raise AssertionError("negative max_n")
+        self.asked.append(max_n)
+        return list(range(self.n))
+
+
+def test_shared_device_direct_links_take_a_batch_larger_than_asked() -> None:
+    """A busy poll asks for one datagram (runtime.progress_nonblocking); a GRO receive
+    on the first of a shared device's direct sockets may return several: the next
+    socket is then not asked for a negative count (it said "max_n: must be >= 0")."""
+    first, second = _GroLink(3), _GroLink(2)
+    link = DevdLink.__new__(DevdLink)
+    link._closed = False
+    link._direct = (first, second)  # type: ignore[assignment]
+    link.counters = {"rx_direct": 0}
+    got = link.recv_batch(1)
+    assert got == [0, 1, 2] and second.asked == [] and link.counters["rx_direct"] == 3

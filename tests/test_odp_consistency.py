@@ -39,7 +39,8 @@ def test_both_layers_accept_what_pyverbs_reports(dev: str) -> None:
         assert caps.rc_odp_caps & pe.ibv_odp_transport_cap_bits.IBV_ODP_SUPPORT_WRITE
         pmr = MR(PD(pctx), 4096, LW | RW | ODP)
         assert pmr.on_demand and pmr.access & ODP
-        assert pctx.port.lookup_mr(pmr.lkey).access & ODP == 0  # the engine's view
+        engine_mr = pctx.port.lookup_mr(pmr.lkey)
+        assert engine_mr is not None and engine_mr.access & ODP == 0  # the engine's view
     with v.Context(dev) as ctx:
         mr = v.MR(v.PD(ctx), 4096, LW | RW | ODP)
         assert mr.on_demand and mr.access == LW | RW | ODP

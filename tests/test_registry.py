@@ -265,8 +265,8 @@ def test_link_add_show_delete() -> None:
     assert out.splitlines() == [
         f"link softrdma_lo/1 state ACTIVE physical_state LINK_UP netdev lo type roce mtu {mtu} udp_port 4791 roce_ver 2",
         f"link r1/1 state ACTIVE physical_state LINK_UP netdev lo type roce mtu {mtu} udp_port 4792 roce_ver 2",
-        f"link s1/1 state ACTIVE physical_state LINK_UP netdev lo type iwarp mtu {mtu} udp_port 5001",
-        f"link softrdma_iw_lo/1 state ACTIVE physical_state LINK_UP netdev lo type iwarp mtu {mtu} udp_port 0",
+        f"link s1/1 state ACTIVE physical_state LINK_UP netdev lo type iwarp mtu {mtu} udp_port 5001 mpa_crc off",
+        f"link softrdma_iw_lo/1 state ACTIVE physical_state LINK_UP netdev lo type iwarp mtu {mtu} udp_port 0 mpa_crc off",
     ]
     rc, out, _ = run_link("show", "s1")
     assert out == "link s1/1 state ACTIVE physical_state LINK_UP netdev lo\n"

@@ -341,3 +341,51 @@ def test_client_that_cannot_bind_stays_forwarded(
             st = a.stats()
             assert st["direct_refused"] == 1 and st["direct_clients"] == 1
             assert st["forwarded"] == 1
+
+
+def test_forwarded_gro_segments_keep_their_index(running: Running) -> None:
+    """A UDP GSO batch reaches devd's socket coalesced (UDP GRO); devd forwards each
+    segment with its index in the data channel header, so the client's ICRC check can
+    try the IPv4 ID the sender gave it (Datagram.ident), as on the direct path."""
+    port = running.devd.udp_port
+    with running.client(direct=False) as f, UdpLink(LOCAL, 0) as tx:
+        if not (tx.gso and running.devd._links[0].gro):
+            pytest.skip("the kernel refused UDP GSO or GRO")
+        q = f.alloc_qpn()
+        segs = [packet(q, bytes([i]) * 20) for i in range(3)]
+        sport = tx.effective_sport(0xC123)
+        assert tx.send_gso(socket.inet_aton(LOCAL), port, sport, segs, len(segs[0]), 3)
+        fd = f.fileno()
+        assert fd is not None
+        got: list[Datagram] = []
+        deadline = time.monotonic() + 3
+        while len(got) < 3 and time.monotonic() < deadline:
+            got += [Datagram(memoryview(bytes(d.data)), d.src_ip, d.dst_ip, d.sport, d.dport,
+                             d.tos, d.ttl, ident=d.ident) for d in f.recv_batch(64)]
+            select.select([fd], [], [], 0.1)
+        assert [bytes(d.data) for d in got] == segs
+        assert [d.ident for d in got] == [0, 1, 2]
+
+
+def test_sockets_devd_cannot_use_are_refused(
+        running: Running, sender: socket.socket, monkeypatch: pytest.MonkeyPatch) -> None:
+    """JOINED with more sockets than devd has groups: devd closes its copies and answers
+    slot 0 (``direct_refused``); the client closes its own and stays forwarded, and the
+    group's order is intact for the next client (the refused sockets were the last)."""
+    port = running.devd.udp_port
+    with running.client() as a:
+        with monkeypatch.context() as m:
+            m.setattr(DevdLink, "_first_of_family", lambda self: [socket.inet_aton(LOCAL)] * 2)
+            f = running.client()
+        with f:
+            assert not f.direct and f.slot == 0
+            with running.client() as b:
+                assert b.direct
+                qa, qb, qf = a.alloc_qpn(), b.alloc_qpn(), f.alloc_qpn()
+                for q in (qa, qb, qf):
+                    sender.sendto(packet(q), (LOCAL, port))
+                assert qpns_of(recv_all(a, 1)) == [qa]
+                assert qpns_of(recv_all(b, 1)) == [qb]
+                assert qpns_of(recv_all(f, 1)) == [qf]
+                st = a.stats()
+                assert st["direct_refused"] == 1 and st["forwarded"] == 1

@@ -36,7 +36,7 @@ from typing import Any
 from ..drivers.tcp_runtime import TcpRuntime, tcp_mss
 from ..errors import InvalidArgument, SoftRdmaError, StateError
 from ..iwarp.engine import ConnState, IwarpConn
-from ..iwarp.mpa_setup import ConnectionRejected, MpaConfig, Negotiated
+from ..iwarp.mpa_setup import ConnectionRejected, MpaConfig, Negotiated, with_device_crc
 from ..iwarp.qp import INIT, RESET, IwarpQP
 from ..wire.mpa import MpaRequest
 
@@ -77,6 +77,13 @@ def _parts(qp: Any) -> tuple[IwarpQP, TcpRuntime, Any]:
     if not isinstance(runtime, TcpRuntime):
         raise InvalidArgument("qp", "the QP's context has no iWARP runtime")
     return engine, runtime, ctx
+
+
+def _device_crc(ctx: Any) -> bool:
+    """The context's MPA CRC wish (``Context.mpa_crc``: the device's ``mpa_crc`` setting
+    or ``$SOFTRDMA_MPA_CRC``); applied to the initiator's Request and the responder's
+    Reply alike, as siw's ``mpa_crc_required``."""
+    return bool(getattr(ctx, "mpa_crc", False))
 
 
 def _wait(runtime: TcpRuntime, conn: IwarpConn, until: set[str], deadline: float) -> bool:
@@ -134,8 +141,8 @@ class Connection:
 def connect(qp: Any, host: str, port: int, private_data: bytes = b"", *,
             cfg: MpaConfig | None = None, timeout: float = DEFAULT_TIMEOUT) -> Connection:
     """Connect ``qp`` (a verbs QP of an iWARP context, in RESET or INIT) to a listener."""
-    engine, runtime, _ctx = _parts(qp)
-    cfg = cfg if cfg is not None else MpaConfig()
+    engine, runtime, ctx = _parts(qp)
+    cfg = with_device_crc(cfg if cfg is not None else MpaConfig(), _device_crc(ctx))
     with runtime.lock:
         if engine.state not in (RESET, INIT) or engine.conn is not None:
             raise StateError("connect needs a QP in RESET or INIT that is not connected")
@@ -196,11 +203,11 @@ class ConnRequest:
     def accept(self, qp: Any, private_data: bytes = b"", *, cfg: MpaConfig | None = None,
                timeout: float = DEFAULT_TIMEOUT) -> Connection:
         """Bind ``qp`` (RESET or INIT), send the MPA Reply, enter RDMA mode."""
-        engine, runtime, _ctx = _parts(qp)
+        engine, runtime, ctx = _parts(qp)
         if runtime is not self.listener.runtime:
             raise InvalidArgument("qp", "the QP belongs to another device context")
         conn = self.conn
-        use = cfg if cfg is not None else self.listener.cfg
+        use = with_device_crc(cfg if cfg is not None else self.listener.cfg, _device_crc(ctx))
 
         def _accept() -> None:
             if engine.state not in (RESET, INIT) or engine.conn is not None:

@@ -246,7 +246,7 @@ class DevdLink:
             return
         frame = b"".join(bytes(p) for p in parts)
         hdr = DHDR.pack(V1_VERSION, ((frame[0] & 0x0F) << 4) | (frame[1] >> 4), frame[7], 0,
-                         0, frame[8:24], bytes(dgid))
+                        0, 0, frame[8:24], bytes(dgid))
         with contextlib.suppress(BlockingIOError):  # full: lost, as on a busy wire
             self._data.sendmsg([hdr, frame], [], socket.MSG_DONTWAIT)
 
@@ -307,12 +307,14 @@ class DevdLink:
             links = []
         fds = [rx.fileno() for link in links if (rx := link._rx) is not None]
         try:
-            self._request(OP_JOINED, len(fds), fds=fds)
+            joined = self._request(OP_JOINED, len(fds), fds=fds)[0]
         except BaseException:
             for link in links:
                 link.close()
             raise
-        if not links:
+        if not joined:  # devd refused the sockets (or none were bound): forwarded path
+            for link in links:
+                link.close()
             return
         self.slot = slot
         self._direct = tuple(links)
@@ -334,8 +336,7 @@ class DevdLink:
                 got = direct[0].recv_batch(max_n)
             else:
                 got = []
-                for link in direct:
-                    # a GRO read may return more than asked (one datagram per segment)
+                for link in direct:  # with UDP GRO one call may return more than asked
                     if len(got) >= max_n:
                         break
                     got += link.recv_batch(max_n - len(got))
@@ -365,7 +366,7 @@ class DevdLink:
             if n < hsize:
                 self.counters["bad_header"] += 1
                 continue
-            ver, tos, ttl, sport, dport, src, dst = unpack(buf)
+            ver, tos, ttl, seg, sport, dport, src, dst = unpack(buf)
             if ver == V1_VERSION:  # RoCEv1: the GRH, then BTH .. ICRC
                 if n < hsize + GRH_SIZE:
                     self.counters["bad_header"] += 1
@@ -374,7 +375,8 @@ class DevdLink:
                                     ttl, bytes(buf[hsize:hsize + GRH_SIZE])))
                 continue
             out.append(
-                Datagram(buf[hsize:n], gid_to_ip(src), gid_to_ip(dst), sport, dport, tos, ttl)
+                Datagram(buf[hsize:n], gid_to_ip(src), gid_to_ip(dst), sport, dport, tos, ttl,
+                         ident=seg - 1)
             )
         self.counters["rx"] += len(out)
         return out

@@ -51,8 +51,9 @@ Requests (client -> daemon, control), one fixed-size record::
       JOINED      12  arg = the number of sockets the client bound with ``SO_REUSEPORT``
                       to the device's first address of each family, in HELLO order, passed
                       with ``SCM_RIGHTS`` (the daemon keeps a copy, so it decides when a
-                      dead client's socket leaves the group); 0: the bind failed, the
-                      client stays on the forwarded path
+                      dead client's socket leaves the group); 0: the bind failed. The
+                      reply's value is the slot, or 0: the client stays on the forwarded
+                      path (``direct_refused``)
 
 Replies (daemon -> client, control)::
 
@@ -72,8 +73,10 @@ clients' last reports, and the daemon's own drops (``unknown_qpn`` ->
 Data (daemon -> client, data channel): ``_DHDR`` followed by the UDP payload as
 received (BTH .. ICRC)::
 
-    _DHDR "!BBBxHH16s16s": ip version (4 or 6), tos, ttl, sport, dport, src, dst
-    (addresses as 16 bytes, IPv4 as ::ffff:a.b.c.d)
+    _DHDR "!BBBBHH16s16s": ip version (4 or 6), tos, ttl, segment, sport, dport, src,
+    dst (addresses as 16 bytes, IPv4 as ::ffff:a.b.c.d; segment: 1 + the index of the
+    segment in a coalesced UDP GRO receive, whose IPv4 ID the ICRC check tries first,
+    ``Datagram.ident``; 0: received alone)
 
 Delivery rules: DestQP 1 -> CM MADs are routed (below), other QP1 MADs go to every client
 registered for QP1; DestQP 0xFFFFFF (multicast,
@@ -126,7 +129,8 @@ OP_JOINED = 12
 HELLO = struct.Struct("!4sHHIH")
 REQ = struct.Struct("!BxxxI16s")
 REP = struct.Struct("!BxHI")
-DHDR = struct.Struct("!BBBxHH16s16s")
+DHDR = struct.Struct("!BBBBHH16s16s")
+MAX_SEGMENT_HINT = 0xFE  # the largest GRO segment index the DHDR carries
 U64 = struct.Struct("!Q")
 
 QPN_GSI = 1  # IBA 3.5.8 / ../shared/specs/roce.md §6

@@ -151,7 +151,7 @@ class QpnRouting:
             for s in socks:
                 s.close()
             self.counters["direct_refused"] += 1
-            return REP.pack(op, 0 if not n else errno.EINVAL, 0)
+            return REP.pack(op, 0, 0)  # slot 0: the client stays on the forwarded path
         for (_, group), s in zip(self._groups_rp, socks, strict=True):
             group.join(c, s)
         c.slot = slot

@@ -33,7 +33,7 @@ __all__ = ["V1_VERSION", "MAD_RESPONSE_HOP_LIMIT", "send_reversible_v1", "v1_dat
 
 V1_VERSION = 1  # _DHDR "ip version" byte of a RoCEv1 frame (4 and 6 are RoCEv2)
 MAD_RESPONSE_HOP_LIMIT = 0xFF  # A16.4.4
-_DHDR_V1 = struct.Struct("!BBBxHH16s16s")  # devd._DHDR
+_DHDR_V1 = struct.Struct("!BBBxHH16s16s")  # devd_proto.DHDR (its segment byte unused here)
 _FLOW_LABEL_MASK = 0xFFFFF
 _ICRC_SIZE = 4
 

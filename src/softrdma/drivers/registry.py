@@ -1,8 +1,10 @@
 """The device registry: ``softrdma link add/delete`` records, shared by all processes.
 
 design.md "Devices shared by processes": a device is a record ``(name, netdev, type,
-udp_port, roce_ver, vlan)`` kept as JSON in a state directory (``roce_ver``: which RoCE
-encapsulations its GIDs use, ``"1"``, ``"2"`` or ``"both"``; absent in older files: 2):
+udp_port, roce_ver, vlan, mpa_crc)`` kept as JSON in a state directory (``roce_ver``: which
+RoCE encapsulations its GIDs use, ``"1"``, ``"2"`` or ``"both"``; absent in older files: 2;
+``mpa_crc``: an iWARP device asks for the MPA CRC in every MPA Request and Reply it sends,
+like siw's ``mpa_crc_required`` module parameter, RFC 5044 §7.1; absent: off):
 
 1. ``$SOFTRDMA_STATE_DIR`` if set;
 2. ``/run/softrdma`` when running as root;
@@ -14,7 +16,9 @@ The file is ``<state_dir>/devices.json``::
     {"version": 1,
      "devices": [{"name": "rxe0", "netdev": "eth0", "type": "roce", "udp_port": 4791},
                  {"name": "roce1", "netdev": "eth1", "type": "roce", "udp_port": 4791,
-                  "roce_ver": "1", "vlan": 7}],
+                  "roce_ver": "1", "vlan": 7},
+                 {"name": "siw1", "netdev": "eth0", "type": "iwarp", "udp_port": 4791,
+                  "mpa_crc": true}],
      "deleted_builtin": ["softrdma_lo"]}
 
 Writers hold an ``fcntl.flock`` on ``<state_dir>/devices.lock`` for the whole
@@ -79,6 +83,7 @@ MAX_VLAN_ID = 4095  # IEEE 802.1Q: VIDs 1..4094 (0 and 4095 reserved)
 _UNSAFE_DIR_MODE = stat.S_IWGRP | stat.S_IWOTH  # others may create or replace files
 DeviceType = Literal["roce", "iwarp"]
 _TYPES: tuple[str, ...] = ("roce", "iwarp")
+_IWARP_BUILTIN = "softrdma_iw_lo"  # verbs.device.IWARP_LOOPBACK: listed, never stored
 
 
 def ib_mtu_for(netdev_mtu: int) -> int:
@@ -115,11 +120,14 @@ class DeviceRecord:
     udp_port: int = DEFAULT_UDP_PORT
     roce_ver: str = "2"  # "1" (Annex A16, raw Ethernet), "2" (UDP) or "both"
     vlan: int | None = None  # RoCEv1 802.1Q VLAN ID tagged by softrdma on a plain netdev
+    mpa_crc: bool = False  # iWARP: request/require the MPA CRC (siw mpa_crc_required)
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         if self.vlan is None:
             del out["vlan"]
+        if not self.mpa_crc:  # the default: files stay readable by older versions
+            del out["mpa_crc"]
         if self.roce_ver == "2":  # the default: files stay readable by older versions
             del out["roce_ver"]
         return out
@@ -151,11 +159,12 @@ class DeviceRecord:
             raise DeviceError(f"device registry: malformed record {obj!r}")
         ver = obj.get("roce_ver", "2")  # files written before RoCEv1 existed: v2
         vlan = obj.get("vlan")
+        crc = obj.get("mpa_crc", False)
         if ver not in ROCE_VERSIONS or not (
             vlan is None or (isinstance(vlan, int) and 0 < vlan < MAX_VLAN_ID)
-        ):
+        ) or not isinstance(crc, bool) or (crc and typ != "iwarp"):
             raise DeviceError(f"device registry: malformed record {obj!r}")
-        return cls(name, nd, typ, port, ver, vlan)
+        return cls(name, nd, typ, port, ver, vlan, crc)
 
     def active_mtu(self) -> int:
         """The port's active MTU in bytes (rxe_set_mtu), from the netdev's current MTU."""
@@ -319,15 +328,18 @@ class Registry:
         udp_port: int = DEFAULT_UDP_PORT,
         roce_ver: str | int = "2",
         vlan: int | None = None,
+        mpa_crc: bool = False,
     ) -> DeviceRecord:
-        """Add a device; :class:`InvalidArgument` for a bad name/type/port/roce_ver/vlan,
-        :class:`DeviceError` for an unknown netdev or a name already in use (EEXIST).
+        """Add a device; :class:`InvalidArgument` for a bad name/type/port/roce_ver/vlan/
+        mpa_crc, :class:`DeviceError` for an unknown netdev or a name already in use (EEXIST).
 
         ``roce_ver``: 1 (RoCEv1, Annex A16), 2 (RoCEv2) or ``"both"``; ``vlan``: an
-        802.1Q VLAN ID the RoCEv1 link tags itself on a plain netdev."""
+        802.1Q VLAN ID the RoCEv1 link tags itself on a plain netdev; ``mpa_crc``: an
+        iWARP device asks for the MPA CRC (RFC 5044 §7.1, siw ``mpa_crc_required``)."""
         validate_name(name)
         if type not in _TYPES:
             raise InvalidArgument("type", f"device type must be 'roce' or 'iwarp', not {type!r}")
+        _check_mpa_crc(type, mpa_crc)
         ver = check_roce_ver(roce_ver)
         if type != "roce" and ver != "2":
             raise InvalidArgument("roce_ver", "only a roce device has a RoCE version")
@@ -343,7 +355,7 @@ class Registry:
         if not _netdev.exists(netdev):
             raise DeviceError(f"netdev {netdev!r}: no such network interface")
         record = DeviceRecord(name, netdev, "roce" if type == "roce" else "iwarp", udp_port,
-                              ver, vlan)
+                              ver, vlan, mpa_crc)
         with self._locked():
             records, deleted = self._load()
             builtin_live = BUILTIN_DEVICE.name not in deleted
@@ -395,6 +407,28 @@ class Registry:
             self._store(records, deleted)
         return renamed
 
+    def set_mpa_crc(self, name: str, on: bool) -> DeviceRecord:
+        """Turn the MPA CRC request of iWARP device ``name`` on or off (``softrdma link set
+        NAME mpa_crc on|off``; siw's ``mpa_crc_required`` module parameter, per device).
+        Processes that open the device afterwards use it. :class:`DeviceError` for an
+        unknown device or the built-in one (it has no record: use ``$SOFTRDMA_MPA_CRC``),
+        :class:`InvalidArgument` for a RoCE device."""
+        with self._locked():
+            records, deleted = self._load()
+            for i, rec in enumerate(records):
+                if rec.name == name:
+                    _check_mpa_crc(rec.type, on)
+                    records[i] = replace(rec, mpa_crc=on)
+                    self._store(records, deleted)
+                    return records[i]
+        if name == BUILTIN_DEVICE.name and name not in deleted:
+            _check_mpa_crc(BUILTIN_DEVICE.type, on)
+        if name == _IWARP_BUILTIN:
+            raise DeviceError(f"device {name!r} is built in and has no record to change: "
+                              "set SOFTRDMA_MPA_CRC=1 in the environment, or add an iwarp "
+                              "device with 'mpa_crc on'")
+        raise DeviceError(f"device {name!r}: no such device")
+
     def delete(self, name: str) -> DeviceRecord:
         """Remove a device (the built-in one too); :class:`DeviceError` if there is none."""
         with self._locked():
@@ -409,6 +443,13 @@ class Registry:
                 self._store(records, deleted)
                 return BUILTIN_DEVICE
         raise DeviceError(f"device {name!r}: no such device")
+
+
+def _check_mpa_crc(type: str, mpa_crc: object) -> None:
+    if not isinstance(mpa_crc, bool):
+        raise InvalidArgument("mpa_crc", f"must be True or False, got {mpa_crc!r}")
+    if mpa_crc and type != "iwarp":
+        raise InvalidArgument("mpa_crc", "only an iwarp device has an MPA CRC setting")
 
 
 def _check_endpoint_free(record: DeviceRecord, live: builtins.list[DeviceRecord]) -> None:
@@ -428,10 +469,10 @@ def _check_endpoint_free(record: DeviceRecord, live: builtins.list[DeviceRecord]
 
 def add(
     name: str, netdev: str, type: str = "roce", udp_port: int = DEFAULT_UDP_PORT,
-    roce_ver: str | int = "2", vlan: int | None = None,
+    roce_ver: str | int = "2", vlan: int | None = None, mpa_crc: bool = False,
 ) -> DeviceRecord:
     """:meth:`Registry.add` on the default state directory."""
-    return Registry().add(name, netdev, type, udp_port, roce_ver, vlan)
+    return Registry().add(name, netdev, type, udp_port, roce_ver, vlan, mpa_crc)
 
 
 def delete(name: str) -> DeviceRecord:

@@ -135,6 +135,14 @@ class Requester:
     def outstanding(self) -> int:
         return sum(1 for w in self.sq if w.state in (SENDING, SENT))
 
+    def _in_flight(self) -> bool:
+        """Whether any WQE has packets in flight (``outstanding() > 0``, without counting)."""
+        for w in self.sq:
+            s = w.state
+            if s == SENDING or s == SENT:
+                return True
+        return False
+
     def set_psn(self, psn: int) -> None:
         self.next_psn = psn & PSN_MASK
         self.acked_psn = (psn - 1) & PSN_MASK
@@ -515,12 +523,13 @@ class Requester:
         self._complete_head()
         if qp.state == ERR:  # the QP went to ERR while completing
             return
-        if self.outstanding():
+        if self._in_flight():
             if qp.timeout and not self.rnr_wait:
                 qp.set_deadline(now + wib.ack_timeout_s(qp.timeout))
         elif not self.rnr_wait:
             qp.set_deadline(None)
-        self.pump(now)
+        if self.tx_idx < len(self.sq):  # something left to send
+            self.pump(now)
         self.check_drained()
 
     def _complete_head(self) -> None:

@@ -1,7 +1,9 @@
 """The interop case matrix and each case's two command lines (pure data and strings).
 
 A :class:`Case` names a Linux tool, the guest's RDMA link (``rxe``, upstream ``siw`` or
-the CRC-forcing ``siw-crc``) and its parameters. It runs in both directions:
+the CRC-forcing ``siw-crc``) and its parameters. A case with ``mpa_crc`` runs softrdma with
+``SOFTRDMA_MPA_CRC=1`` (siw's ``mpa_crc_required``): as MPA initiator it sets C in its
+Request, as responder in its Reply, so CRC32c is used both ways (RFC 5044 §7.1). It runs in both directions:
 ``softrdma-server`` (softrdma serves, the guest's tool connects) and ``softrdma-client``.
 :func:`commands` gives the server and client command lines for one direction: the guest
 side is rdma-core's / perftest's tool, the host side the softrdma tool with the same
@@ -20,7 +22,7 @@ from ..errors import InvalidArgument
 __all__ = [
     "Case", "Endpoint", "Commands", "DIRECTIONS", "all_cases", "smoke_cases", "select",
     "commands", "PERFTEST_ITERS", "PINGPONG_ITERS", "RPING_COUNT", "CM_COUNT", "MCKEY_COUNT",
-    "MCKEY_GROUP",
+    "MCKEY_GROUP", "MPA_CRC_ENV_WORDS",
 ]
 
 DIRECTIONS = ("softrdma-server", "softrdma-client")
@@ -40,6 +42,7 @@ RDMA_EXAMPLE_PORT = 7471  # librdmacm examples/rdma_server.c, rdma_client.c
 MCKEY_GROUP = "239.1.2.3"  # an administratively scoped IPv4 group (RFC 2365)
 MCKEY_COUNT = 5
 SOFTRDMA_TOOL_TIMEOUT = 60  # softrdma's own give-up time (its --timeout) for a case
+MPA_CRC_ENV_WORDS = ("env", "SOFTRDMA_MPA_CRC=1")  # iwarp.mpa_setup.MPA_CRC_ENV
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +55,8 @@ class Case:
     or ``lat`` (perftest), ``example`` (librdmacm's ``rdma_server`` / ``rdma_client``: the
     server runs ``tool``, the client its ``_client`` twin) or ``mckey`` (the "server" is
     the receiver, the "client" the sender ``-s``, both joined to :data:`MCKEY_GROUP`);
-    ``rdma_cm``: perftest's ``-R``; ``port``: the server's port."""
+    ``rdma_cm``: perftest's ``-R``; ``port``: the server's port; ``mpa_crc``: softrdma asks
+    for the MPA CRC (iWARP; the tool part of the name ends in ``+mpa_crc``)."""
 
     tool: str
     softrdma_tool: str
@@ -61,12 +65,15 @@ class Case:
     size: int = 0
     rdma_cm: bool = False
     port: int = 0
+    mpa_crc: bool = False
 
     @property
     def name(self) -> str:
         base = self.tool.removeprefix("ibv_").removeprefix("ib_")
         if self.rdma_cm and self.kind in ("bw", "lat"):
             base += "-R"
+        if self.mpa_crc:
+            base += "+mpa_crc"
         parts = [base, self.fabric]
         if self.size and self.kind in ("pingpong", "rping", "bw", "lat"):
             parts.append(f"s{self.size}")
@@ -133,8 +140,15 @@ def all_cases() -> list[Case]:
     cases.extend(Case("rping", "rping", "siw", "rping", s, port=RPING_PORT)
                  for s in RPING_SIZES)
     cases.extend(_perftest("siw", True))
+    # softrdma asks for CRC: plain siw (mpa_crc_required off) follows the C bit it is sent
+    cases.extend(Case("rping", "rping", "siw", "rping", s, port=RPING_PORT, mpa_crc=True)
+                 for s in RPING_SIZES)
+    cases.append(Case("ib_write_bw", "write-bw", "siw", "bw", 4096, True, PERFTEST_PORT,
+                      mpa_crc=True))
     cases.extend(Case("rping", "rping", "siw-crc", "rping", s, port=RPING_PORT)
                  for s in RPING_SIZES)
+    cases.append(Case("rping", "rping", "siw-crc", "rping", RPING_SIZES[0], port=RPING_PORT,
+                      mpa_crc=True))
     return cases
 
 
@@ -201,7 +215,7 @@ def _perftest_words(case: Case, prog: str, dev: str, gid: int, iters: int) -> li
 
 
 def _softrdma_words(case: Case, ep: Endpoint, server: bool) -> list[str]:
-    base = shlex.split(ep.softrdma)
+    base = (list(MPA_CRC_ENV_WORDS) if case.mpa_crc else []) + shlex.split(ep.softrdma)
     iwarp = case.fabric != "rxe"
     dev = ep.iwarp_dev if iwarp else ep.roce_dev
     peer = [] if server else [ep.guest_ip]

@@ -15,14 +15,17 @@ Rules, each a named finding:
   exceed :data:`STORM_MIN` and :data:`STORM_FRACTION` of the packets it received, or
   softrdma's devd dropped datagrams (``unknown_qpn``, ``malformed``, ``client_full``)
   beyond :data:`STORM_MIN`;
-* ``stuck QP``: a user QP is still listed in the guest once the tools have exited.
+* ``stuck QP``: a user QP is still listed in the guest once the tools have exited;
+* ``MPA CRC``: in a case where softrdma asks for the MPA CRC, the capture's MPA Reply
+  lacks C, an FPDU lacks its CRC, tshark finds a bad one, or FPDUs went only one way
+  (:func:`mpa_crc_findings`, fed tshark's MPA fields).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-__all__ = ["guest_findings", "softrdma_findings", "STORM_MIN", "STORM_FRACTION",
+__all__ = ["guest_findings", "softrdma_findings", "mpa_crc_findings", "TSHARK_MPA_FIELDS", "STORM_MIN", "STORM_FRACTION",
            "ERROR_COUNTERS", "RETRY_COUNTERS", "DEVD_DROP_COUNTERS"]
 
 ERROR_COUNTERS = ("retry_exceeded_err", "retry_rnr_exceeded_err", "send_err")
@@ -63,3 +66,31 @@ def softrdma_findings(delta: Mapping[str, int]) -> list[str]:
         return ["softrdma's devd dropped datagrams: "
                 + ", ".join(f"{k} +{v}" for k, v in drops.items())]
     return []
+
+
+#: tshark ``-T fields`` columns :func:`mpa_crc_findings` reads, one row per MPA frame or
+#: FPDU-carrying segment: the sender (its TCP port), Request/Reply markers, the C flag, the CRC check
+TSHARK_MPA_FIELDS = ("tcp.srcport", "iwarp_mpa.key.req", "iwarp_mpa.key.rep", "iwarp_mpa.crc_flag",
+                     "iwarp_mpa.crc_check")
+
+
+def mpa_crc_findings(rows: list[list[str]], bad_crc: int) -> list[str]:
+    """Findings for a case that asked for the MPA CRC (RFC 5044 §7.1): ``rows`` are
+    tshark's :data:`TSHARK_MPA_FIELDS` of each MPA frame and FPDU segment, ``bad_crc`` the
+    number of "Bad CRC32" verdicts in its ``-V`` output."""
+    out: list[str] = []
+    reply = [r for r in rows if len(r) > 3 and r[2]]
+    if not reply:
+        out.append("MPA CRC: no MPA Reply in the capture")
+    elif not all(r[3] in ("1", "True") for r in reply):
+        out.append("MPA CRC: the MPA Reply does not set C (CRC not in use)")
+    fpdus = [r for r in rows if len(r) > 4 and not r[1] and not r[2]]
+    senders = {r[0] for r in fpdus}
+    if len(senders) < 2:
+        out.append(f"MPA CRC: FPDUs from {len(senders)} side(s) only")
+    without = sorted({r[0] for r in fpdus if not r[4]})
+    if without:
+        out.append("MPA CRC: FPDUs without a CRC from " + ", ".join(without))
+    if bad_crc:
+        out.append(f"MPA CRC: tshark found {bad_crc} bad CRC32c")
+    return out

@@ -171,6 +171,8 @@ class Suite:
         for finding in checks.guest_findings(delta, qps) + checks.softrdma_findings(devd_delta):
             r.fail(finding)
         self._pcap_check(r)
+        if case.mpa_crc:
+            self._mpa_crc_check(r)
         return r
 
     # -- pieces of a case -------------------------------------------------------------------
@@ -297,6 +299,28 @@ class Suite:
         if case.kind in ("bw", "lat") and r.result == "pass":
             if not r.softrdma and not r.linux:
                 r.fail("neither side printed a perftest result table")
+
+    def _mpa_crc_check(self, r: Result) -> None:
+        """A case where softrdma asked for the MPA CRC: tshark's MPA dissector (which checks
+        each FPDU's CRC32c once it has seen C; ../shared/specs/tshark.md) must show C in the
+        Reply and a good CRC on every FPDU, in both directions."""
+        base = ["tshark", "-r", r.pcap, "--disable-protocol", "rpcordma"]
+        sel = ["-Y", "iwarp_mpa.req || iwarp_mpa.rep || iwarp_mpa.fpdu", "-T", "fields",
+               "-E", "occurrence=f"]
+        try:
+            fields = subprocess.run(
+                [*base, *sel, *(w for f in checks.TSHARK_MPA_FIELDS for w in ("-e", f))],
+                capture_output=True, text=True, timeout=PCAP_CHECK_TIMEOUT, check=True,
+                stdin=subprocess.DEVNULL, errors="replace").stdout
+            text = subprocess.run([*base, "-V"], capture_output=True, text=True,
+                                  timeout=PCAP_CHECK_TIMEOUT, check=True,
+                                  stdin=subprocess.DEVNULL, errors="replace").stdout
+        except (OSError, subprocess.SubprocessError) as exc:
+            r.fail(f"MPA CRC: tshark failed on the capture: {exc}")
+            return
+        rows = [ln.split("\t") for ln in fields.splitlines() if ln.strip()]
+        for finding in checks.mpa_crc_findings(rows, text.count("Bad CRC32")):
+            r.fail(finding)
 
     def _pcap_check(self, r: Result) -> None:
         """``softrdma pcap-check`` on the case's capture, as a user runs it (whatever checks

@@ -24,7 +24,7 @@ Pure functions over :mod:`softrdma.wire.mpa` frames, with siw's rules (``siw_cm.
 from __future__ import annotations
 
 import errno as _errno
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import InvalidArgument, SoftRdmaError
 from ..wire.ddp import MpaErrorCode
@@ -32,7 +32,8 @@ from ..wire.mpa import MPA_REVISION_1, MPA_REVISION_2, MpaFrame, MpaReply, MpaRe
 from .terminate import IwarpFault
 
 __all__ = ["MpaConfig", "Negotiated", "ConnectionRejected", "build_request", "respond",
-           "check_reply", "MAX_RD_DEPTH", "RTR_WRITE", "RTR_READ", "RTR_SEND"]
+           "check_reply", "MAX_RD_DEPTH", "RTR_WRITE", "RTR_READ", "RTR_SEND",
+           "MPA_CRC_ENV", "parse_on_off", "device_mpa_crc", "with_device_crc"]
 
 MAX_RD_DEPTH = 128  # siw SIW_MAX_ORD_QP / SIW_MAX_IRD_QP
 RTR_WRITE = "write"
@@ -94,6 +95,43 @@ class MpaConfig:
                                   f"must be 0..10 seconds, got {self.first_fpdu_hold!r}")
         if self.p2p and self.revision != MPA_REVISION_2:
             raise InvalidArgument("p2p", "RTR negotiation needs MPA revision 2")
+
+
+#: The environment override of a device's MPA CRC setting (``1``/``on``: ask for CRC,
+#: ``0``/``off``: do not), read when an iWARP device is opened.
+MPA_CRC_ENV = "SOFTRDMA_MPA_CRC"
+_ON = ("1", "on", "yes", "true")
+_OFF = ("0", "off", "no", "false")
+
+
+def parse_on_off(value: str, argument: str) -> bool:
+    """``on``/``off`` (also ``1``/``0``, ``yes``/``no``, ``true``/``false``) as a bool;
+    :class:`InvalidArgument` naming ``argument`` for anything else."""
+    v = value.strip().lower()
+    if v in _ON:
+        return True
+    if v in _OFF:
+        return False
+    raise InvalidArgument(argument, f"must be on or off (1 or 0), not {value!r}")
+
+
+def device_mpa_crc(device_setting: bool, env_value: str | None) -> bool:
+    """A device's effective MPA CRC wish: ``env_value`` (the value of
+    :data:`MPA_CRC_ENV`, None or empty when unset) overrides the device's
+    ``mpa_crc`` setting (``softrdma link ... mpa_crc on``)."""
+    if env_value is None or not env_value.strip():
+        return device_setting
+    return parse_on_off(env_value, MPA_CRC_ENV)
+
+
+def with_device_crc(cfg: MpaConfig, device_crc: bool) -> MpaConfig:
+    """``cfg`` with C requested when the device asks for CRC, as Linux siw's
+    ``mpa_crc_required`` module parameter does: the initiator sets C in its Request, the
+    responder sets C in its Reply even if the Request had none, and CRC is then used in
+    both directions (RFC 5044 §7.1: "CRC MUST be used if peer requests it")."""
+    if device_crc and not cfg.crc:
+        return replace(cfg, crc=True)
+    return cfg
 
 
 @dataclass(frozen=True, slots=True)

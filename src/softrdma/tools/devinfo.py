@@ -138,6 +138,9 @@ def device_lines(info: Any, ctx: v.Context, ib_port: int, verbose: bool) -> list
             f"\tphys_port_cnt:\t\t\t{nports}"]
     if verbose:
         out += _verbose_device_lines(attr)
+        if transport == e.IBV_TRANSPORT_IWARP:  # softrdma's own line: the MPA CRC request
+            crc = bool(getattr(ctx, "mpa_crc", False))  # (link mpa_crc / $SOFTRDMA_MPA_CRC)
+            out.append(f"\tmpa_crc:\t\t\t{'on' if crc else 'off'}")
     for port in range(1, nports + 1):
         if ib_port and port != ib_port:
             continue

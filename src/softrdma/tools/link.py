@@ -4,6 +4,8 @@ Usage::
 
     softrdma link [show [NAME]] [-d]
     softrdma link add NAME netdev IFACE [type roce|iwarp] [port N] [roce_ver 1|2|both] [vlan VID]
+                      [mpa_crc on|off]
+    softrdma link set NAME mpa_crc on|off
     softrdma link delete NAME
     softrdma link rename OLD NEW
 
@@ -18,6 +20,13 @@ transport with a GRH directly over Ethernet, EtherType 0x8915; needs root for th
 socket), ``2`` RoCEv2 over UDP (the default, as rxe), ``both`` each GID once per type, as
 Linux lists them. ``vlan VID`` makes the RoCEv1 link tag its frames with 802.1Q VLAN
 ``VID`` on a plain netdev (on a VLAN netdev such as ``eth0.7`` it is implied).
+``mpa_crc on`` (an iWARP device; Linux siw's ``mpa_crc_required`` module parameter, per
+device) makes the device ask for the MPA CRC: C set in the MPA Request it sends as initiator
+and in the Reply it sends as responder, whatever the peer's Request said, so CRC32c is used
+in both directions (RFC 5044 §7.1); ``set NAME mpa_crc on|off`` changes it for processes
+that open the device afterwards, and ``$SOFTRDMA_MPA_CRC=1``/``0`` overrides it for one
+process (the built-in ``softrdma_iw_lo`` has only the variable). ``-d`` shows it on iWARP
+devices as ``mpa_crc on|off`` (the stored setting).
 ``type rxe`` and ``type siw`` (the kernel driver names ``rdma link add`` takes) are
 accepted as ``roce`` and ``iwarp``. Exit status: 0 success, 1 the operation failed (unknown
 device, duplicate name, unknown netdev ...), 2 usage error; errors are one line on stderr,
@@ -44,7 +53,8 @@ __all__ = ["cmd_link", "format_record", "main"]
 USAGE = """\
 usage: softrdma link [show [NAME]] [-d]
        softrdma link add NAME netdev IFACE [type roce|iwarp] [port N] [roce_ver 1|2|both]
-                         [vlan VID]
+                         [vlan VID] [mpa_crc on|off]
+       softrdma link set NAME mpa_crc on|off
        softrdma link delete NAME
        softrdma link rename OLD NEW"""
 
@@ -72,6 +82,8 @@ def format_record(record: DeviceRecord, details: bool = False) -> str:
             line += f" roce_ver {record.roce_ver}"
             if record.vlan is not None:
                 line += f" vlan {record.vlan}"
+        else:
+            line += f" mpa_crc {'on' if record.mpa_crc else 'off'}"
     return line
 
 
@@ -105,9 +117,9 @@ def _add(reg: Registry, args: list[str], out: TextIO) -> int:
         raise _Usage(f"missing value after {rest[-1]!r}")
     opts: dict[str, str] = {}
     for key, value in zip(rest[::2], rest[1::2], strict=True):
-        if key not in ("netdev", "type", "port", "roce_ver", "vlan"):
-            raise _Usage(f"unknown keyword {key!r} (expected netdev, type, port, roce_ver "
-                         "or vlan)")
+        if key not in ("netdev", "type", "port", "roce_ver", "vlan", "mpa_crc"):
+            raise _Usage(f"unknown keyword {key!r} (expected netdev, type, port, roce_ver, "
+                         "vlan or mpa_crc)")
         if key in opts:
             raise _Usage(f"{key} given twice")
         opts[key] = value
@@ -131,7 +143,24 @@ def _add(reg: Registry, args: list[str], out: TextIO) -> int:
             vlan = int(opts["vlan"], 10)
         except ValueError:
             raise _Usage(f"vlan {opts['vlan']!r} is not a number") from None
-    reg.add(name, opts["netdev"], typ, port, ver, vlan)
+    crc = _on_off(opts["mpa_crc"]) if "mpa_crc" in opts else False
+    if crc and typ != "iwarp":
+        raise _Usage("mpa_crc applies to an iwarp (siw) device")
+    reg.add(name, opts["netdev"], typ, port, ver, vlan, crc)
+    return 0
+
+
+def _on_off(value: str) -> bool:
+    if value not in ("on", "off"):
+        raise _Usage(f"mpa_crc {value!r} is not on or off")
+    return value == "on"
+
+
+def _set(reg: Registry, args: list[str], out: TextIO) -> int:
+    """``set NAME mpa_crc on|off`` (siw's ``mpa_crc_required``, per device)."""
+    if len(args) != 3 or args[1] != "mpa_crc":
+        raise _Usage("set takes a device NAME and 'mpa_crc on|off'")
+    reg.set_mpa_crc(args[0], _on_off(args[2]))
     return 0
 
 
@@ -187,6 +216,8 @@ def cmd_link(
             return _show(reg, rest, out)
         if verb == "add":
             return _add(reg, rest, out)
+        if verb == "set":
+            return _set(reg, rest, out)
         if verb in ("delete", "del"):
             return _delete(reg, rest, out)
         if verb == "rename":

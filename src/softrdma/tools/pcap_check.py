@@ -41,6 +41,7 @@ from ..wire.opcodes import Hdr
 from ..wire.pcap import PcapRecord, read_pcap
 from ..wire.tcpstream import parse_tcp
 from .pcap_conv import GSI_QPN, ConversationChecker
+from .pcap_gso import GsoBatch, split_gso
 from .pcap_oob import OobScanner
 
 __all__ = ["Checker", "RoceChecker", "run", "check_file", "describe", "MAX_FAILURE_LINES"]
@@ -133,10 +134,33 @@ class RoceChecker:
         if f is None:
             self._tcp(record)
             return
+        want = roce.frame_icrc(f)
+        if want != f.icrc:
+            batch = split_gso(f)
+            if batch is not None:
+                self._gso(record, batch)
+                return
+        self._check(record, data, f, want)
+
+    def _gso(self, record: PcapRecord, batch: GsoBatch) -> None:
+        """A UDP GSO batch captured before the kernel cut it (``tools.pcap_gso``): each
+        segment is checked as the packet it becomes on the wire."""
+        if self._verbose is not None:
+            ids = "" if batch.base_id is None else (
+                f", IPv4 IDs {batch.base_id}..{batch.base_id + len(batch) - 1}")
+            print(f"{self._prefix}frame {record.index}: {_NOTE}a UDP GSO batch of "
+                  f"{len(batch)} segments of {batch.size} bytes (captured before "
+                  f"segmentation{ids}), checked one by one", file=self._verbose)
+        for frame in batch.frames:
+            seg = roce.parse_frame(frame, record.linktype, self.ports)
+            assert seg is not None  # split_gso built it as a RoCEv2 frame
+            self._check(record, frame, seg, roce.frame_icrc(seg))
+
+    def _check(self, record: PcapRecord, data: bytes, f: roce.RoceFrame, want: bytes) -> None:
+        assert self._t0 is not None
         if self._verbose is not None:
             print(self._prefix + describe(record.index, record.ts - self._t0, f),
                   file=self._verbose)
-        want = roce.frame_icrc(f)
         if want != f.icrc:
             self._fail(record, f"bad ICRC (got 0x{f.icrc.hex()}, expected 0x{want.hex()})")
             return

@@ -37,6 +37,7 @@ from ..drivers.tcp_runtime import TcpRuntime
 from ..drivers.udp import UdpLink
 from ..errors import DeviceError, InvalidArgument
 from ..ib.port import Port
+from ..iwarp.mpa_setup import MPA_CRC_ENV, device_mpa_crc
 from ..iwarp.qp import IwarpDevice
 from ..seam.events import AsyncEventType, EngineEvent
 from ..seam.protocols import DeviceEngine
@@ -511,6 +512,7 @@ class Context(VerbsObject):
         :data:`IWARP_LOOPBACK` is the built-in loopback device (127.0.0.1 and ::1)."""
         netdev: str | None = "lo"
         mac = b""
+        crc_setting = False  # the registry record's mpa_crc (the built-in device: off)
         if name is None or name == IWARP_LOOPBACK:
             dev_name = IWARP_LOOPBACK
             ips: tuple[bytes, ...] = _LOOPBACK_IPS
@@ -524,6 +526,9 @@ class Context(VerbsObject):
                 raise DeviceError(f"device {name!r} is {info.type}, not iwarp")
             dev_name, netdev, ips = info.name, info.netdev, info.ips
             nd = _netdev_snapshot(info.netdev) if info.netdev else None
+            crc_setting = info.record is not None and info.record.mpa_crc
+        #: ask for the MPA CRC on every connection (siw mpa_crc_required; RFC 5044 §7.1)
+        self.mpa_crc = device_mpa_crc(crc_setting, os.environ.get(MPA_CRC_ENV))
         if nd is not None:
             mac = nd.mac
         mtu = nd.mtu if nd is not None and nd.mtu else 65536

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import errno
 import socket
+import time
 from collections import deque
 from typing import Any
 
@@ -146,6 +147,12 @@ class CQ(_v.CQ, PyverbsCM):
             n, wcs = super().poll(num_entries)
         except SoftRdmaError as exc:
             raise rdma_error("Failed to poll CQ", exc) from exc
+        if not n:
+            # pyverbs programs spin on poll(): an empty one hands the GIL over at once, so
+            # the progress threads of the process's other devices (a test's peer) run now
+            # rather than after the 5 ms switch interval, a wait that a loaded host
+            # stretches past an RC retry budget (see docs/design.md, XRC)
+            time.sleep(0)
         return n, [WC.from_engine(w) for w in wcs]
 
     def req_notify(self, solicited_only: bool = False) -> None:
