@@ -407,6 +407,8 @@ class Runtime:
                     total += qlen + ICRC_SIZE
                     j += 1
                     if qlen < size:  # a shorter segment ends the run
+                        if j - i == 2:  # one packet and a shorter one (a SEND and its ACK):
+                            j = i + 1   # two plain sends cost less than a GSO send
                         break
             if j - i == 1:
                 icrc = udp_send_icrc(src, dst, sport, dport, p.parts, size)
