@@ -34,50 +34,32 @@ from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
+import roce_bench  # noqa: E402
+from roce_bench import RECV  # noqa: E402
+
 from softrdma import enums as e  # noqa: E402
 from softrdma import verbs as v  # noqa: E402
 from softrdma.drivers.udp import UdpLink  # noqa: E402
 
-ACCESS = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ)
-MASK_INIT = int(e.IBV_QP_STATE | e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT | e.IBV_QP_ACCESS_FLAGS)
-MASK_RTR = int(e.IBV_QP_STATE | e.IBV_QP_AV | e.IBV_QP_PATH_MTU | e.IBV_QP_DEST_QPN
-               | e.IBV_QP_RQ_PSN | e.IBV_QP_MAX_DEST_RD_ATOMIC | e.IBV_QP_MIN_RNR_TIMER)
-MASK_RTS = int(e.IBV_QP_STATE | e.IBV_QP_TIMEOUT | e.IBV_QP_RETRY_CNT | e.IBV_QP_RNR_RETRY
-               | e.IBV_QP_SQ_PSN | e.IBV_QP_MAX_QP_RD_ATOMIC)
-MTU_4096 = 5  # ibv_mtu
 PKT = 4096  # payload bytes per WRITE packet at path MTU 4096
 DEPTH = 64  # send and receive queue depth
 IN_FLIGHT = 4  # WRITEs posted ahead of their completions (as roce_bench)
 PING = 64  # bytes of a ping-pong message
-RECV = int(e.IBV_WC_RECV)
 STALL_S = 5.0  # no progress for this long: the run failed (lost packets, a bug)
 
 
-class Side:
-    """One device, PD, MR, CQ and RC QP; ``cpu`` sums the thread time of its calls."""
+class Side(roce_bench.Side):
+    """roce_bench's side, progressed by hand; ``cpu`` sums the thread time of its calls."""
 
     def __init__(self, ip: str, port: int, size: int) -> None:
-        self.ctx = v.Context("prof" + ip[-1], link=UdpLink(ip, port), progress="manual")
+        super().__init__(UdpLink(ip, port), size, DEPTH, name="prof" + ip[-1],
+                         progress="manual")
         self.rt = self.ctx.runtime
-        self.pd = v.PD(self.ctx)
-        self.buf = bytearray(size)
-        self.mr = v.MR(self.pd, size, ACCESS, buffer=self.buf)
-        self.cq = v.CQ(self.ctx, 4 * DEPTH)
-        cap = v.QPCap(max_send_wr=DEPTH, max_recv_wr=DEPTH, max_send_sge=1, max_recv_sge=1)
-        self.qp = v.QP(self.pd, v.QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq,
-                                             cap=cap))
         self.cpu = 0.0
 
-    def connect(self, peer: Side) -> None:
-        qp = self.qp
-        qp.modify(v.QPAttr(qp_state=e.IBV_QPS_INIT, pkey_index=0, port_num=1,
-                           qp_access_flags=ACCESS & ~int(e.IBV_ACCESS_LOCAL_WRITE)), MASK_INIT)
-        ah = v.AHAttr(port_num=1, is_global=1,
-                      gr=v.GlobalRoute(dgid=peer.ctx.query_gid(1, 0), sgid_index=0, hop_limit=64))
-        qp.modify(v.QPAttr(qp_state=e.IBV_QPS_RTR, path_mtu=MTU_4096, dest_qp_num=peer.qp.qp_num,
-                           rq_psn=0, max_dest_rd_atomic=1, min_rnr_timer=1, ah_attr=ah), MASK_RTR)
-        qp.modify(v.QPAttr(qp_state=e.IBV_QPS_RTS, timeout=14, retry_cnt=7, rnr_retry=7,
-                           sq_psn=0, max_rd_atomic=1), MASK_RTS)
+    def connect(self, peer: Any, mtu: int = 5) -> None:  # 5: IBV_MTU_4096
+        """Connect to ``peer``: another Side, or its :meth:`info`."""
+        super().connect(peer.info() if isinstance(peer, Side) else peer, mtu)
 
     def timed(self, fn: Callable[..., Any], *args: Any) -> Any:
         t0 = time.thread_time()
@@ -89,8 +71,8 @@ class Side:
     def progress(self) -> int:
         return int(self.timed(self.rt.progress))
 
-    def poll(self) -> list[Any]:
-        n, wcs = self.timed(self.cq.poll, 16)
+    def poll(self, n: int = 16) -> list[Any]:
+        _, wcs = self.timed(self.cq.poll, n)
         for wc in wcs:
             if wc.status:
                 raise RuntimeError(f"completion error: {wc}")

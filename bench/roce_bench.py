@@ -39,10 +39,15 @@ RECV = int(e.IBV_WC_RECV)
 
 
 class Side:
-    def __init__(self, ip: str, port: int, size: int, depth: int) -> None:
-        self.link = UdpLink(ip, port)
-        self.ctx = v.Context("bench", link=self.link,
-                             progress=os.environ.get("SR_PROGRESS", "thread"))
+    """One device on ``link`` (a UdpLink, or a shared device's DevdLink), with a PD, an MR
+    of ``size`` bytes, a CQ and an RC QP of ``depth`` (also shared_bench's and
+    profile_roce's sides)."""
+
+    def __init__(self, link: Any, size: int, depth: int, *, name: str = "bench",
+                 progress: str | None = None) -> None:
+        self.link = link
+        self.ctx = v.Context(name, link=link,
+                             progress=progress or os.environ.get("SR_PROGRESS", "thread"))
         self.pd = v.PD(self.ctx)
         self.buf = bytearray(size)
         self.mr = v.MR(self.pd, size, ACCESS, buffer=self.buf)
@@ -103,7 +108,7 @@ LAST_WRITE_STATS: dict[str, dict[str, float]] = {}
 
 
 def _peer(conn: Connection, ip: str, port: int, size: int, mode: str, iters: int) -> None:
-    side = Side(ip, port, size, RX_DEPTH)
+    side = Side(UdpLink(ip, port), size, RX_DEPTH)
     conn.send(side.info())
     side.connect(conn.recv())
     if mode == "lat":
@@ -136,7 +141,7 @@ def rdma_write_bw(total: int, msg: int, port: int) -> float:
     a_conn, b_conn = mp.Pipe()
     p = mp.Process(target=_peer, args=(b_conn, "127.0.0.2", port, msg, "bw", 0))
     p.start()
-    side = Side("127.0.0.1", port, msg, 64)
+    side = Side(UdpLink("127.0.0.1", port), msg, 64)
     try:
         peer = a_conn.recv()
         a_conn.send(side.info())
@@ -213,7 +218,7 @@ def rc_send_lat(iters: int, port: int) -> float:
     a_conn, b_conn = mp.Pipe()
     p = mp.Process(target=_peer, args=(b_conn, "127.0.0.2", port, 4096, "lat", iters))
     p.start()
-    side = Side("127.0.0.1", port, 4096, RX_DEPTH)
+    side = Side(UdpLink("127.0.0.1", port), 4096, RX_DEPTH)
     try:
         peer = a_conn.recv()
         a_conn.send(side.info())

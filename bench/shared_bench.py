@@ -30,23 +30,17 @@ from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
+import roce_bench  # noqa: E402
+from roce_bench import RECV, RX_DEPTH  # noqa: E402
+
 from softrdma import enums as e  # noqa: E402
 from softrdma import verbs as v  # noqa: E402
 from softrdma.drivers.devd import DevdLink  # noqa: E402
 from softrdma.drivers.registry import DeviceRecord  # noqa: E402
 from softrdma.drivers.udp import UdpLink  # noqa: E402
 
-ACCESS = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ)
-MASK_INIT = int(e.IBV_QP_STATE | e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT | e.IBV_QP_ACCESS_FLAGS)
-MASK_RTR = int(e.IBV_QP_STATE | e.IBV_QP_AV | e.IBV_QP_PATH_MTU | e.IBV_QP_DEST_QPN
-               | e.IBV_QP_RQ_PSN | e.IBV_QP_MAX_DEST_RD_ATOMIC | e.IBV_QP_MIN_RNR_TIMER)
-MASK_RTS = int(e.IBV_QP_STATE | e.IBV_QP_TIMEOUT | e.IBV_QP_RETRY_CNT | e.IBV_QP_RNR_RETRY
-               | e.IBV_QP_SQ_PSN | e.IBV_QP_MAX_QP_RD_ATOMIC)
-RX_DEPTH = 256
-RECV = int(e.IBV_WC_RECV)
 MSG = 1 << 20  # RDMA WRITE message size
 WRITE_DEPTH = 4  # WRITEs outstanding per writer
-MTU_4096 = 5  # IBV_MTU_4096
 SHARED_IP = "127.0.0.1"
 INPROC_IPS = ("127.0.0.1", "127.0.0.2")
 
@@ -70,62 +64,21 @@ def free_udp_port() -> int:
             continue
 
 
-class Side:
-    """One process's context, PD, MR, CQ and RC QP on a shared or an in-process device."""
+class Side(roce_bench.Side):
+    """roce_bench's side on a shared device (``kind`` "shared") or an in-process one."""
 
     def __init__(self, kind: str, where: Where, size: int, depth: int) -> None:
         if kind == "shared":
             state, name, port = where
             link: Any = DevdLink(DeviceRecord(name, "lo", "roce", port), state_dir=state)
-            if not hasattr(link, "port"):  # an older DevdLink: Context reads the port here
-                link.port = port
         else:
             ip, _, port = where
             link = UdpLink(ip, port)
-        self.link = link
-        self.ctx = v.Context("bench", link=link)
-        self.pd = v.PD(self.ctx)
-        self.buf = bytearray(size)
-        self.mr = v.MR(self.pd, size, ACCESS, buffer=self.buf)
-        self.cq = v.CQ(self.ctx, 4 * depth)
-        cap = v.QPCap(max_send_wr=depth, max_recv_wr=depth, max_send_sge=1, max_recv_sge=1)
-        self.qp = v.QP(self.pd, v.QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq,
-                                             cap=cap))
-        self.gid = self.ctx.query_gid(1, 0)
+        super().__init__(link, size, depth)
 
     def info(self) -> dict[str, Any]:
-        return {"qpn": self.qp.qp_num, "gid": self.gid.raw, "addr": int(self.mr.addr),
-                "rkey": self.mr.rkey, "pid": os.getpid(),
+        return {**super().info(), "pid": os.getpid(),
                 "devd": getattr(self.link, "daemon_pid", 0)}
-
-    def connect(self, peer: dict[str, Any]) -> None:
-        qp = self.qp
-        qp.modify(v.QPAttr(qp_state=e.IBV_QPS_INIT, pkey_index=0, port_num=1,
-                           qp_access_flags=ACCESS & ~int(e.IBV_ACCESS_LOCAL_WRITE)), MASK_INIT)
-        ah = v.AHAttr(port_num=1, is_global=1,
-                      gr=v.GlobalRoute(dgid=v.GID(peer["gid"]), sgid_index=0, hop_limit=64))
-        qp.modify(v.QPAttr(qp_state=e.IBV_QPS_RTR, path_mtu=MTU_4096, dest_qp_num=peer["qpn"],
-                           rq_psn=0, max_dest_rd_atomic=1, min_rnr_timer=1, ah_attr=ah),
-                  MASK_RTR)
-        qp.modify(v.QPAttr(qp_state=e.IBV_QPS_RTS, timeout=14, retry_cnt=7, rnr_retry=7,
-                           sq_psn=0, max_rd_atomic=1), MASK_RTS)
-
-    def poll(self) -> list[Any]:
-        while True:
-            got, wcs = self.cq.poll(16)
-            if got:
-                for wc in wcs:
-                    if wc.status:
-                        raise RuntimeError(f"completion error {wc}")
-                return list(wcs)
-
-    def refill(self, n: int) -> int:
-        self.qp.post_recv([v.RecvWR(wr_id=1, num_sge=1, sg=[v.SGE(self.mr.addr, 64, self.mr.lkey)])
-                           for _ in range(n)])
-        return n
-
-    def close(self) -> None:
-        self.ctx.close()
 
 
 def _cpu() -> float:
@@ -429,11 +382,11 @@ def main(argv: list[str] | None = None) -> int:
             agg = [r[n] / 2**20 for r in runs]
             rel = [r[n] / r[pairs[0]] for r in runs]
             last = details[-1][n]
-            cpu = (f"cpu/s: writers {sum(last['writer_cpu']) / last['wall']:.2f} targets "
+            use = (f"cpu/s: writers {sum(last['writer_cpu']) / last['wall']:.2f} targets "
                    f"{sum(last['target_cpu']) / last['wall']:.2f} devd "
                    f"{last['devd_cpu'] / last['wall']:.2f}")
             print(f"{n} pair(s) aggregate WRITE {_best_median(agg, False)} MiB/s  x{pairs[0]} "
-                  f"{_best_median(rel, False)}  ({cpu})")
+                  f"{_best_median(rel, False)}  ({use})")
     return 0
 
 
