@@ -6,7 +6,6 @@ packet once, without root or tcpdump)."""
 from __future__ import annotations
 
 import io
-import logging
 import os
 import shutil
 import subprocess
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from rdma_cm_harness import child_env, free_udp_port, make_state_dir
+from trace_harness import captured_trace
 
 from softrdma import enums as e
 from softrdma import trace
@@ -31,24 +31,8 @@ ALL = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_RE
 
 @pytest.fixture
 def traced() -> Iterator[io.StringIO]:
-    """Trace every kind into a buffer; restore the loggers afterwards."""
-    names = [f"softrdma.{k}" for k in trace.KINDS]
-    saved = {n: logging.getLogger(n).level for n in names}
-    buf = io.StringIO()
-    handler = logging.StreamHandler(buf)
-    handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
-    top = logging.getLogger("softrdma")
-    top.addHandler(handler)
-    trace.configure("all", buf)
-    try:
+    with captured_trace("all") as buf:
         yield buf
-    finally:
-        top.removeHandler(handler)
-        for h in list(top.handlers):
-            if h.get_name() == "softrdma-trace":
-                top.removeHandler(h)
-        for n, lvl in saved.items():
-            logging.getLogger(n).setLevel(lvl)
 
 
 def _pair(fab: Fabric, pcap: Path | None = None) -> tuple[list[v.Context], list[tuple[v.CQ, v.QP, v.MR]]]:

@@ -6,7 +6,6 @@ both and ``softrdma pcap-check`` passes them."""
 from __future__ import annotations
 
 import io
-import logging
 import shutil
 import socket
 import struct
@@ -17,9 +16,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from trace_harness import captured_trace
 
 from softrdma import enums as e
-from softrdma import trace
 from softrdma import verbs as v
 from softrdma.cm import iwconnect
 from softrdma.drivers.clock import VirtualClock
@@ -36,23 +35,8 @@ TSHARK = shutil.which("tshark")
 
 @pytest.fixture
 def traced() -> Iterator[io.StringIO]:
-    names = [f"softrdma.{k}" for k in trace.KINDS]
-    saved = {n: logging.getLogger(n).level for n in names}
-    buf = io.StringIO()
-    handler = logging.StreamHandler(buf)
-    handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
-    top = logging.getLogger("softrdma")
-    top.addHandler(handler)
-    trace.configure("pkt", buf)
-    try:
+    with captured_trace("pkt") as buf:
         yield buf
-    finally:
-        top.removeHandler(handler)
-        for h in list(top.handlers):
-            if h.get_name() == "softrdma-trace":
-                top.removeHandler(h)
-        for n, lvl in saved.items():
-            logging.getLogger(n).setLevel(lvl)
 
 
 def _tshark(path: Path, *args: str) -> str:
