@@ -53,24 +53,39 @@ def _netns_exists(name: str) -> bool:
     return any(line.split()[0] == name for line in out.splitlines() if line.strip())
 
 
+def _interop(cases: str) -> tuple[list[dict[str, str]], subprocess.CompletedProcess[str]]:
+    """``softrdma interop --cases CASES`` on guest g4 (captures in $LAB_CACHE/interop/);
+    the results, every one of them asserted to pass."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    cp = subprocess.run([sys.executable, "-m", "softrdma", "interop", "--cases", cases,
+                         "--guest", str(GUEST), "--json"],
+                        capture_output=True, text=True, env=env, timeout=SUITE_TIMEOUT,
+                        check=False, stdin=subprocess.DEVNULL)
+    assert "Traceback" not in cp.stderr, cp.stderr[-3000:]
+    assert cp.stdout.strip(), f"no results (exit {cp.returncode}): {cp.stderr[-3000:]}"
+    results: list[dict[str, str]] = json.loads(cp.stdout)["results"]
+    failed = [f"{r['case']} {r['direction']}: {r['result']} {r['reasons']}"
+              for r in results if r["result"] != "pass"]
+    assert not failed, "\n".join(failed) + "\n" + cp.stderr[-2000:]
+    return results, cp
+
+
+def _clean_up(cache: Path, was_running: bool) -> None:
+    """Whatever a failed run left: its namespace, and the guest if this test booted it."""
+    subprocess.run(["ip", "netns", "del", f"srinterop-g{GUEST}"], capture_output=True,
+                   check=False)
+    if not was_running and _guest_running(cache, GUEST):
+        shared = locate_shared(ROOT)
+        subprocess.run(["bash", str(shared / "lab" / "run.sh"), "stop", str(GUEST)],
+                       capture_output=True, check=False, timeout=120)
+
+
 @pytest.mark.skipif(bool(_lab_reason()), reason=_lab_reason() or "lab available")
 def test_interop_smoke_against_linux() -> None:
     cache = Path(os.environ.get("LAB_CACHE", str(DEFAULT_CACHE)))
     was_running = _guest_running(cache, GUEST)
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     try:
-        # captures go to the default place, $LAB_CACHE/interop/<time>-g4
-        cp = subprocess.run([sys.executable, "-m", "softrdma", "interop", "--cases",
-                             "rc_pingpong/rxe/s4096", "--guest", str(GUEST), "--json"],
-                            capture_output=True, text=True, env=env, timeout=SUITE_TIMEOUT,
-                            check=False, stdin=subprocess.DEVNULL)
-        assert "Traceback" not in cp.stderr, cp.stderr[-3000:]
-        assert cp.stdout.strip(), f"no results (exit {cp.returncode}): {cp.stderr[-3000:]}"
-        data = json.loads(cp.stdout)
-        results = data["results"]
-        failed = [f"{r['case']} {r['direction']}: {r['result']} {r['reasons']}"
-                  for r in results if r["result"] != "pass"]
-        assert not failed, "\n".join(failed) + "\n" + cp.stderr[-2000:]
+        results, cp = _interop("rc_pingpong/rxe/s4096")
         assert len(results) == 2 and cp.returncode == 0
         for r in results:
             assert Path(r["pcap"]).is_file() and " 0 failed" in r["pcap_check"], r
@@ -79,12 +94,7 @@ def test_interop_smoke_against_linux() -> None:
         assert not Path(f"/tmp/softrdma-interop-g{GUEST}-state").exists()
         assert _guest_running(cache, GUEST) == was_running
     finally:
-        subprocess.run(["ip", "netns", "del", f"srinterop-g{GUEST}"], capture_output=True,
-                       check=False)
-        if not was_running and _guest_running(cache, GUEST):
-            shared = locate_shared(ROOT)
-            subprocess.run(["bash", str(shared / "lab" / "run.sh"), "stop", str(GUEST)],
-                           capture_output=True, check=False, timeout=120)
+        _clean_up(cache, was_running)
 
 
 @pytest.mark.skipif(bool(_lab_reason()), reason=_lab_reason() or "lab available")
@@ -95,24 +105,10 @@ def test_mckey_and_rdma_examples_against_linux() -> None:
     disconnect included)."""
     cache = Path(os.environ.get("LAB_CACHE", str(DEFAULT_CACHE)))
     was_running = _guest_running(cache, GUEST)
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     try:
-        cp = subprocess.run([sys.executable, "-m", "softrdma", "interop", "--cases",
-                             "mckey/rxe,rdma_server/rxe", "--guest", str(GUEST), "--json"],
-                            capture_output=True, text=True, env=env, timeout=SUITE_TIMEOUT,
-                            check=False, stdin=subprocess.DEVNULL)
-        assert "Traceback" not in cp.stderr, cp.stderr[-3000:]
-        results = json.loads(cp.stdout)["results"]
-        failed = [f"{r['case']} {r['direction']}: {r['result']} {r['reasons']}"
-                  for r in results if r["result"] != "pass"]
-        assert not failed, "\n".join(failed) + "\n" + cp.stderr[-2000:]
+        results, cp = _interop("mckey/rxe,rdma_server/rxe")
         assert len(results) == 4 and cp.returncode == 0
         for r in results:
             assert " 0 failed" in r["pcap_check"], r
     finally:
-        subprocess.run(["ip", "netns", "del", f"srinterop-g{GUEST}"], capture_output=True,
-                       check=False)
-        if not was_running and _guest_running(cache, GUEST):
-            shared = locate_shared(ROOT)
-            subprocess.run(["bash", str(shared / "lab" / "run.sh"), "stop", str(GUEST)],
-                           capture_output=True, check=False, timeout=120)
+        _clean_up(cache, was_running)
