@@ -72,7 +72,9 @@ _RETRY = 7
 _PSN_MASK = 0xFFFFFF
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def add_server_client_arguments(p: argparse.ArgumentParser) -> None:
+    """The options ibv_srq_pingpong and ibv_xsrq_pingpong share: the server name, the TCP
+    port, the device and its port, the message size and the path MTU."""
     p.add_argument("servername", nargs="?", default=None,
                    help="connect to the server at this host (none: be the server)")
     p.add_argument("-p", "--port", type=int, default=DEFAULT_TCP_PORT,
@@ -84,6 +86,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-s", "--size", type=int, default=4096,
                    help="size of message to exchange (default 4096)")
     p.add_argument("-m", "--mtu", type=int, default=1024, help="path MTU (default 1024)")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_server_client_arguments(p)
     p.add_argument("-q", "--num-qp", dest="num_qp", type=int, default=16,
                    help="number of QPs to use (default 16)")
     p.add_argument("-r", "--rx-depth", dest="rx_depth", type=int, default=500,

@@ -52,13 +52,13 @@ from ..verbs import (
     get_device_list,
 )
 from .pingpong import (
-    DEFAULT_TCP_PORT,
     MTU_BYTES_TO_ENUM,
     PingPongError,
     _connect,
     _recv_exact,
     _send_all,
 )
+from .srq_pingpong import add_server_client_arguments
 from .xsrq_msg import MSG_SIZE, XDest, address_line, decode_xdest, encode_xdest
 
 __all__ = ["MSG_SIZE", "XDest", "encode_xdest", "decode_xdest", "address_line",
@@ -75,17 +75,7 @@ M = e.ibv_qp_attr_mask
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("servername", nargs="?", default=None,
-                   help="connect to the server at this host (none: be the server)")
-    p.add_argument("-p", "--port", type=int, default=DEFAULT_TCP_PORT,
-                   help=f"listen on/connect to port (default {DEFAULT_TCP_PORT})")
-    p.add_argument("-d", "--ib-dev", dest="ib_dev", default=None,
-                   help="use IB device (default first device found)")
-    p.add_argument("-i", "--ib-port", dest="ib_port", type=int, default=1,
-                   help="use port of IB device (default 1)")
-    p.add_argument("-s", "--size", type=int, default=4096,
-                   help="size of message to exchange (default 4096)")
-    p.add_argument("-m", "--mtu", type=int, default=1024, help="path MTU (default 1024)")
+    add_server_client_arguments(p)
     p.add_argument("-c", "--clients", type=int, default=1,
                    help="number of clients (on server only, default 1)")
     p.add_argument("-n", "--num_tests", "--num-tests", dest="num_tests", type=int, default=5,
