@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from device_harness import free_port, private_device
 
 from softrdma.drivers import registry
 from softrdma.errors import DecodeError
@@ -25,16 +26,9 @@ LINE = re.compile(r"^ +(local|remote): LID 0000, QPN RECV ([0-9a-f]{6}) SEND ([0
                   r"PSN ([0-9a-f]{6}), SRQN ([0-9a-f]{6}), GID ::ffff:127\.0\.0\.1$")
 
 
-def _free_port(kind: int = socket.SOCK_DGRAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture()
 def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    monkeypatch.setenv("SOFTRDMA_STATE_DIR", str(tmp_path / "state"))
-    registry.add("xsrq0", "lo", "roce", _free_port())
+    private_device("xsrq0", tmp_path, monkeypatch, subprocesses=False)
     return dict(os.environ, PYTHONPATH=SRC)
 
 
@@ -44,7 +38,7 @@ def _cmd(*args: str) -> list[str]:
 
 @pytest.mark.parametrize("extra", [[], ["-e"]])
 def test_server_and_client(env: dict[str, str], extra: list[str]) -> None:
-    port = str(_free_port(socket.SOCK_STREAM))
+    port = str(free_port(socket.SOCK_STREAM))
     flags = ["-g", "0", "-p", port, "-n", "40", "-s", "700", "-m", "512", *extra]
     server = subprocess.Popen(_cmd(*flags), env=env, text=True, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE)
