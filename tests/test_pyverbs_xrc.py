@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import errno
 import os
-import socket
 import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from device_harness import free_port
 
 from softrdma.compat.pyverbs import device as d
 from softrdma.compat.pyverbs import enums as e
@@ -33,17 +33,11 @@ SIZE = 1024
 NUM = 20
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     mp = pytest.MonkeyPatch()
     mp.setenv("SOFTRDMA_STATE_DIR", str(tmp_path_factory.mktemp("state")))
-    registry.add("pvx0", "lo", "roce", _free_port())
+    registry.add("pvx0", "lo", "roce", free_port())
     yield "pvx0"
     mp.undo()
 
