@@ -212,7 +212,9 @@ class Runtime:
         finally:
             try:
                 port = self.port
-                if port.tx or port.ack_pending:
+                if port.tx:  # the request first: coalesced ACKs are built after it left
+                    self._flush_tx_locked(False)
+                if port.ack_pending or port.tx:
                     self._flush_tx_locked()
                 if self._pending or self._deferred or self._vtimer is not None:
                     self._after_locked()

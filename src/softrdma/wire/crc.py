@@ -22,7 +22,7 @@ from typing import Protocol
 
 Buffer = bytes | bytearray | memoryview
 
-__all__ = ["Buffer", "CrcFunction", "CrcGilFunction", "KEEP_GIL", "crc32", "crc32c",
+__all__ = ["Buffer", "CrcFunction", "CrcGilFunction", "KEEP_GIL", "crc32", "crc32_raw", "crc32c",
            "crc32c_gil", "crc32c_py", "CRC32_IMPL", "CRC32C_IMPL"]
 
 _Crc = Callable[[Buffer, int], int]
@@ -41,6 +41,11 @@ except ImportError:  # pragma: no cover - isal is a declared dependency
 def crc32(data: Buffer, value: int = 0) -> int:
     """CRC-32 of ``data`` continuing from ``value`` (as :func:`zlib.crc32`)."""
     return _crc32_impl(data, value) & 0xFFFFFFFF
+
+
+#: The implementation :func:`crc32` calls, without the wrapper: for per-packet code that
+#: passes an unsigned 32-bit ``value`` (both implementations then return one unsigned).
+crc32_raw: _Crc = _crc32_impl
 
 
 def _make_table(poly: int) -> tuple[int, ...]:

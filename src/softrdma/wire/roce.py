@@ -30,7 +30,7 @@ from functools import lru_cache
 
 from ..errors import DecodeError, InvalidArgument
 from . import ib
-from .crc import Buffer, crc32
+from .crc import Buffer, crc32, crc32_raw
 from .gid import ipv4_mapped, unmap_ipv4
 from .opcodes import BTH_SIZE, ICRC_SIZE
 
@@ -378,6 +378,16 @@ def udp_send_icrc(src_ip: bytes, dst_ip: bytes, sport: int, dport: int,
     ``i`` of a UDP GSO send from such a socket carries ``i``: Linux ``inet_gso_segment``
     numbers the segments from the super-packet's ID); ignored for IPv6.
     """
+    if ident == 0 and length is not None and type(src_ip) is bytes and type(dst_ip) is bytes:
+        # The per-packet case: a cached IPv4 flow, the whole BTH in the first buffer.
+        state = _PSEUDO_CRC.get((src_ip, dst_ip, sport, dport, 12 + length))
+        if state is not None:
+            first = parts[0]
+            if type(first) is bytes and len(first) >= BTH_SIZE:
+                state = crc32_raw(first[5:], crc32_raw(_FF, crc32_raw(first[:4], state)))
+                for p in parts[1:]:
+                    state = crc32_raw(p, state)
+                return _ICRC.pack(state)
     s, d = _socket_addrs(src_ip, dst_ip)
     n = sum(memoryview(p).nbytes for p in parts) if length is None else length
     udp_len = 8 + n + ICRC_SIZE
@@ -496,6 +506,18 @@ def icrc_ok_udp(src_ip: bytes, dst_ip: bytes, sport: int, dport: int,
     (never within 32 bits of the ID field, as CRC-32 catches every burst of <= 32 bits).
     IPv4-mapped IPv6 addresses count as IPv4.
     """
+    # The per-packet case first: an IPv4 flow whose pseudo-header CRC is cached, a byte
+    # memoryview, ID 0 with DF. Anything else (or a mismatch) takes the full check.
+    if (type(datagram) is memoryview and type(src_ip) is bytes and type(dst_ip) is bytes
+            and len(src_ip) == 4 and len(dst_ip) == 4):
+        n = datagram.nbytes
+        if n >= BTH_SIZE + ICRC_SIZE and datagram.itemsize == 1:
+            state = _PSEUDO_CRC.get((src_ip, dst_ip, sport, dport, 8 + n))
+            if state is not None and crc32_raw(
+                    datagram[5:n - ICRC_SIZE],
+                    crc32_raw(_FF, crc32_raw(datagram[:4], state))) == \
+                    _ICRC.unpack_from(datagram, n - ICRC_SIZE)[0]:
+                return True
     return _udp_check(src_ip, dst_ip, sport, dport, datagram)[0]
 
 
