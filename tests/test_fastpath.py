@@ -36,10 +36,15 @@ KINDS = ("write", "write_imm", "send", "send_imm", "write2")  # write2: two SGEs
 @contextmanager
 def fast(enabled: bool) -> Iterator[dict[str, int]]:
     """Switch the fast paths on or off; count how often each one took a packet."""
-    hits = {"emit": 0, "middle": 0, "ack": 0, "only": 0}
+    hits = {"emit": 0, "middle": 0, "ack": 0, "only": 0, "post": 0}
     saved = (fastpath.ENABLED, fastpath.emit_middles, Responder.fast_middle, Requester.fast_ack,
-             fastpath.receive_send_only)
-    emit, middle, ack, only = saved[1], saved[2], saved[3], saved[4]
+             fastpath.receive_send_only, fastpath.post_one)
+    emit, middle, ack, only, post = saved[1], saved[2], saved[3], saved[4], saved[5]
+
+    def post_spy(req: Requester, wqe: SendWQE, now: float) -> bool:
+        ok = post(req, wqe, now)
+        hits["post"] += ok
+        return ok
 
     def emit_spy(req: Requester, wqe: SendWQE, k: int, head: int, is_write: bool) -> int:
         hits["emit"] += 1
@@ -62,6 +67,7 @@ def fast(enabled: bool) -> Iterator[dict[str, int]]:
 
     fastpath.ENABLED = enabled
     fastpath.receive_send_only = only_spy
+    fastpath.post_one = post_spy
     fastpath.emit_middles = emit_spy
     Responder.fast_middle = middle_spy  # type: ignore[method-assign]
     Requester.fast_ack = ack_spy  # type: ignore[method-assign]
@@ -73,6 +79,7 @@ def fast(enabled: bool) -> Iterator[dict[str, int]]:
         Responder.fast_middle = saved[2]  # type: ignore[method-assign]
         Requester.fast_ack = saved[3]  # type: ignore[method-assign]
         fastpath.receive_send_only = saved[4]
+        fastpath.post_one = saved[5]
 
 
 def run(ops: list[tuple[str, int]], *, seed: int = 0, loss: float = 0.0, dup: float = 0.0,
@@ -124,7 +131,7 @@ def run(ops: list[tuple[str, int]], *, seed: int = 0, loss: float = 0.0, dup: fl
 def both(ops: list[tuple[str, int]], **kw: Any) -> tuple[dict[str, Any], dict[str, int]]:
     with fast(False) as off_hits:
         slow = run(ops, **kw)
-    assert off_hits == {"emit": 0, "middle": 0, "ack": 0, "only": 0}
+    assert off_hits == {"emit": 0, "middle": 0, "ack": 0, "only": 0, "post": 0}
     with fast(True) as hits:
         quick = run(ops, **kw)
     assert quick["trace"] == slow["trace"]  # the same packets, byte for byte, same times
@@ -271,6 +278,120 @@ def test_small_sends(kind: str) -> None:
     assert slow[:-1] == quick2[:-1]
     assert quick2[-1] == 2 and slow[2]["send_rnr_nak"] > 0
     assert quick2[4] == e.IBV_QPS_ERR  # the too-small buffer: NAK, responder in error
+
+
+INLINE = int(e.IBV_SEND_INLINE)
+FENCE = int(e.IBV_SEND_FENCE)
+# (opcode, size, flags, how): how = "sge" | "inline" | "two" (two SGEs) | "badkey"
+ONE_PACKET_OPS: list[tuple[int, int, int, str]] = [
+    (int(e.IBV_WR_SEND), 64, SIG, "sge"),
+    (int(e.IBV_WR_SEND), 0, SIG | SOLICITED, "sge"),
+    (int(e.IBV_WR_SEND_WITH_IMM), 13, SOLICITED, "inline"),
+    (int(e.IBV_WR_RDMA_WRITE), 4096, SIG | SOLICITED, "two"),  # SE not set on a WRITE
+    (int(e.IBV_WR_RDMA_WRITE_WITH_IMM), 4093, SIG | SOLICITED, "sge"),
+    (int(e.IBV_WR_RDMA_WRITE), 7, SIG | FENCE, "inline"),  # FENCE: the general way
+    (int(e.IBV_WR_SEND), 4097, SIG, "sge"),  # two packets: the general way
+    (int(e.IBV_WR_SEND), 64, SIG, "badkey"),  # local protection error
+]
+
+
+def _one_packet_run(ops: list[tuple[int, int, int, str]], *, cwnd: int | None = None,
+                    pingpong: bool = True, seed: int = 0, loss: float = 0.0) -> dict[str, Any]:
+    """Post ``ops`` from a to b, one at a time with the network run between posts (a
+    ping-pong's pattern: the previous message's ACK may still be out) or all at once."""
+    trace: list[tuple[float, bytes]] = []
+    net = Net(seed=seed, drop=loss)
+
+    def record(data: bytes) -> bool:
+        trace.append((net.now, data))
+        return False
+
+    net.drop_rule = record
+    a = Endpoint(net.add_port(1, max_mtu=4096, key_alloc=itertools.count(0x100).__next__),
+                 size=REGION, max_wr=64)
+    b = Endpoint(net.add_port(2, max_mtu=4096, key_alloc=itertools.count(0x200).__next__),
+                 size=REGION, max_wr=64)
+    connect(a, b, mtu=5, timeout=4, retry_cnt=7)
+    if cwnd is not None:
+        a.qp.req.cwnd = cwnd
+    a.buf[:8192] = bytes(range(256)) * 32
+    for i, (opcode, size, flags, how) in enumerate(ops * 2):
+        b.qp.post_recv(RecvWQE(100 + i, [SGE(b.mr.addr + 65536, 8192, b.mr.lkey)]))
+        sge = [SGE(a.mr.addr + i, size, a.mr.lkey)]
+        inline = None
+        if how == "two":
+            sge = [SGE(a.mr.addr + 1, size // 3, a.mr.lkey),
+                   SGE(a.mr.addr + 5000, size - size // 3, a.mr.lkey)]
+        elif how == "inline":
+            inline, sge, flags = bytes(a.buf[i:i + size]), [], flags | INLINE
+        elif how == "badkey":
+            sge = [SGE(a.mr.addr, size, a.mr.lkey ^ 0x5A5A00)]
+        w = SendWQE(i, opcode, flags, sge, imm_data=0xC0DE0000 + i, inline_data=inline,
+                    remote_addr=b.mr.addr + 16 * i, rkey=b.mr.rkey)
+        a.qp.post_send(w, net.now)
+        if pingpong:
+            net.run(until=net.now + 2e-6)  # the packet is on its way, its ACK not yet back
+    net.run()
+    wcs = [(w.wr_id, w.status, int(w.opcode), w.byte_len, w.imm_data, w.wc_flags, w.solicited)
+           for w in a.scq + b.rcq]
+    return {"trace": trace, "a": hashlib.sha256(a.buf).digest(),
+            "b": hashlib.sha256(b.buf).digest(), "wcs": wcs,
+            "counters": (a.port.counters.as_dict(), b.port.counters.as_dict()),
+            "states": (a.qp.state, b.qp.state), "now": net.now, "psn": a.qp.req.next_psn}
+
+
+@pytest.mark.parametrize("pingpong", [True, False])
+@pytest.mark.parametrize("cwnd", [None, 1, 2])
+def test_one_packet_posts_as_the_general_path(pingpong: bool, cwnd: int | None) -> None:
+    """post_one (a message of one packet sent as it is posted) against the general path:
+    SEND, SEND with immediate, RDMA WRITE (with immediate), inline data, two SGEs, zero
+    length, the Solicited Event bit, a full window (cwnd 1 and 2), a FENCE, a message of
+    two packets and a bad L_Key after it (which stops the QP): the same packets byte for
+    byte at the same times, buffers, completions, counters and states."""
+    ops = ONE_PACKET_OPS[:-1] if cwnd is None else ONE_PACKET_OPS[:5]
+    runs = []
+    for enabled in (False, True):
+        with fast(enabled) as hits:
+            runs.append((_one_packet_run(ops, cwnd=cwnd, pingpong=pingpong), dict(hits)))
+    (slow, slow_hits), (quick, quick_hits) = runs
+    assert slow_hits["post"] == 0
+    assert quick["trace"] == slow["trace"]
+    for key in ("a", "b", "wcs", "counters", "states", "now", "psn"):
+        assert quick[key] == slow[key], key
+    eligible = 2 * sum(1 for o in ops if o[1] <= 4096 and not o[2] & FENCE)
+    if cwnd is None:  # every message of one packet without FENCE
+        assert quick_hits["post"] == eligible
+    else:  # and some that the full window left to the general path
+        assert 1 <= quick_hits["post"] < eligible
+    assert all(w[1] == 0 for w in quick["wcs"])
+
+
+def test_one_packet_post_with_a_bad_lkey_fails_as_the_general_path() -> None:
+    """A bad L_Key: post_one leaves the WQE to the general path, which completes it with
+    a local protection error and moves the QP to the error state (IBA 10.8.3)."""
+    runs = []
+    for enabled in (False, True):
+        with fast(enabled):
+            runs.append(_one_packet_run(ONE_PACKET_OPS[:1] + ONE_PACKET_OPS[-1:]))
+    assert runs[0] == runs[1]
+    statuses = [w[1] for w in runs[1]["wcs"]]
+    assert e.IBV_WC_LOC_PROT_ERR in statuses and runs[1]["states"][0] == e.IBV_QPS_ERR
+
+
+@settings(max_examples=examples(10), deadline=None, suppress_health_check=list(HealthCheck))
+@given(ops=st.lists(st.sampled_from(ONE_PACKET_OPS[:-1]), min_size=1, max_size=6),
+       seed=st.integers(0, 2**16), loss=st.floats(0.0, 0.2), pingpong=st.booleans(),
+       cwnd=st.sampled_from([None, 1, 3]))
+def test_one_packet_posts_under_loss(ops: list[tuple[int, int, int, str]], seed: int,
+                                     loss: float, pingpong: bool, cwnd: int | None) -> None:
+    """With loss (retransmission after the ACK timer, go-back-N): the same as the general
+    path."""
+    runs = []
+    for enabled in (False, True):
+        with fast(enabled):
+            runs.append(_one_packet_run(ops, cwnd=cwnd, pingpong=pingpong, seed=seed,
+                                        loss=loss))
+    assert runs[0] == runs[1]
 
 
 class _GroLink:

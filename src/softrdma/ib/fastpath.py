@@ -8,6 +8,10 @@ one tight loop instead of one pass of the requester's general loop per packet (n
 opcode dispatch, no window recomputation, no per-packet counter updates): the same
 bytes (tests/test_fastpath.py compares them with the general path byte for byte).
 
+:func:`post_one` sends a message of one packet (SEND, SEND with immediate, RDMA WRITE,
+RDMA WRITE with immediate up to the path MTU: the ping-pong's message) as soon as it is
+posted, with the requester's rules for that case only (PSN, window, AckReq, ACK timer).
+
 On receive, :func:`receive_send_only` executes an in-sequence SEND ONLY (the
 ping-pong's message) without decoding it into an IBPacket and without the general
 responder's layers, with the same checks and the same completion; anything unusual
@@ -20,12 +24,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..enums import ibv_send_flags as SF
 from ..enums import ibv_wc_flags as WCF
 from ..enums import ibv_wc_opcode as WCO
 from ..enums import ibv_wc_status as WCS
+from ..enums import ibv_wr_opcode as WRO
 from ..seam.memory import gather, resolve_sges, scatter
-from ..seam.states import RTR, SQE
-from ..seam.types import PSN_MASK, SendWQE, WorkCompletion, psn_diff
+from ..seam.states import QPT_RC, RTR, SQE
+from ..seam.types import (
+    PSN_MASK,
+    WQE_DONE,
+    WQE_SENT,
+    SendWQE,
+    WorkCompletion,
+    psn_diff,
+)
 from ..wire import ib as wib
 from ..wire import opcodes as op
 from .packet import ICRC_SIZE, TxPacket
@@ -34,7 +47,8 @@ if TYPE_CHECKING:
     from .requester import Requester
     from .responder import Responder
 
-__all__ = ["ENABLED", "ACKREQ_EVERY", "ACKREQ_BIT", "emit_middles", "receive_send_only"]
+__all__ = ["ENABLED", "ACKREQ_EVERY", "ACKREQ_BIT", "emit_middles", "post_one",
+           "receive_send_only"]
 
 #: the fast paths are used (tests switch them off to compare with the general path)
 ENABLED = True
@@ -50,6 +64,18 @@ _ACCESS_LOCAL_WRITE = 1  # IBV_ACCESS_LOCAL_WRITE: a receive buffer must grant i
 _WC_WITH_IMM = int(WCF.IBV_WC_WITH_IMM)
 _WC_SUCCESS = WCS.IBV_WC_SUCCESS
 _WC_RECV = WCO.IBV_WC_RECV
+_FENCE = int(SF.IBV_SEND_FENCE)
+_SOLICITED = int(SF.IBV_SEND_SOLICITED)
+_RETH_PACK = wib.RETH.pack
+_U32_PACK = wib.U32.pack
+_PAD = (b"", b"\0", b"\0\0", b"\0\0\0")
+# WR opcode -> (ONLY opcode, RETH needed, ImmDt carried): the one-packet messages of post_one
+_ONLY = {
+    int(WRO.IBV_WR_SEND): (op.RC_SEND_ONLY, False, False),
+    int(WRO.IBV_WR_SEND_WITH_IMM): (op.RC_SEND_ONLY_IMM, False, True),
+    int(WRO.IBV_WR_RDMA_WRITE): (op.RC_WRITE_ONLY, True, False),
+    int(WRO.IBV_WR_RDMA_WRITE_WITH_IMM): (op.RC_WRITE_ONLY_IMM, True, True),
+}
 
 
 def emit_middles(req: Requester, wqe: SendWQE, k: int, head: int, is_write: bool) -> int:
@@ -106,6 +132,73 @@ def emit_middles(req: Requester, wqe: SendWQE, k: int, head: int, is_write: bool
     c.sent_pkts += sent
     c.sent_bytes += sent * (length + ICRC_SIZE)
     return k
+
+
+def post_one(req: Requester, wqe: SendWQE, now: float) -> bool:
+    """Send RC ``wqe``, just posted as the only unsent WQE of an RTS QP, if it is a message
+    of one packet (SEND, SEND with immediate, RDMA WRITE, RDMA WRITE with immediate, at
+    most the path MTU) that the window admits; returns False, having changed nothing,
+    for anything else (``Requester.pump`` then runs).
+
+    The packet, PSN, window edge, ACK timer and WQE state are those of the general path
+    (``Requester._start`` and ``_send_pkt``; IBA 9.7.1, 9.7.5.1.1, 9.7.6.1.3): an ONLY
+    opcode (IBA 9.2.1), RETH for a WRITE, ImmDt when it has one, the Solicited Event bit
+    as asked (a WRITE sets it only with immediate, IBA 9.2.1 SE), AckReq set (the end
+    of a message), pad to 4 bytes. The caller checked: RC transport, QP in RTS, no RNR
+    wait, not retransmitting, fast paths enabled.
+    """
+    qp = req.qp
+    o = _ONLY.get(wqe.opcode)
+    length = wqe.length
+    if (o is None or length > qp.mtu or qp.qp_type != QPT_RC or wqe.send_flags & _FENCE
+            or wqe.ah is not None):
+        return False
+    av = qp.av
+    if av is None or av.rate_bps or qp.rate_limit_bps:
+        return False
+    sq = req.sq
+    # The window (Requester.pump): the oldest unacknowledged PSN is an older WQE's, or
+    # this one's own (distance 0) when nothing older is outstanding.
+    head = req._una() if sq[0] is not wqe else None
+    psn = req.next_psn
+    d = 0 if head is None else psn_diff(psn, head)
+    cwnd = req.cwnd
+    if d >= cwnd:
+        return False
+    inline = wqe.inline_data
+    if inline is not None:
+        segs = [memoryview(inline)]
+    else:
+        found = resolve_sges(qp.port.mrs, qp.pd, wqe.sg_list, 0)
+        if found is None:
+            return False  # pump completes it with a local protection error
+        segs = found
+    opcode, reth, imm = o
+    wqe.segs = segs
+    wqe.npkts = 1
+    wqe.first_psn = wqe.last_psn = psn
+    req.next_psn = (psn + 1) & PSN_MASK
+    req.ack_edge = d + 1 >= cwnd
+    ext = _RETH_PACK(wqe.remote_addr, wqe.rkey, length) if reth else b""
+    if imm:
+        ext += _U32_PACK(wqe.imm_data & 0xFFFFFFFF)
+    pad = (-length) & 3
+    b1 = pad << 4
+    if wqe.send_flags & _SOLICITED and (imm or not reth):
+        b1 |= _BTH_SE
+    hdr = _BTH_PACK(opcode, b1, qp.pkey, qp.dest_qpn, ACKREQ_BIT | psn) + ext
+    parts: list[bytes | bytearray | memoryview] = [hdr, *segs] if length else [hdr]
+    if pad:
+        parts.append(_PAD[pad])
+    qp.tx(parts, len(hdr) + length + pad)
+    wqe.state = WQE_SENT
+    req.tx_idx += 1
+    req.tx_pkt = 0
+    if qp.deadline is None and qp.timeout:
+        qp.set_deadline(now + wib.ack_timeout_s(qp.timeout))
+    if sq[0].state == WQE_DONE:
+        req._complete_head()
+    return True
 
 
 def receive_send_only(resp: Responder, data: memoryview, opcode: int) -> bool:

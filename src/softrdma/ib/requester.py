@@ -23,7 +23,16 @@ from ..seam.events import AsyncEventType
 from ..seam.memory import gather, resolve_sges, scatter
 from ..seam.queues import take_done
 from ..seam.states import ERR, QPT_RC, QPT_UC, QPT_UD, RTS, SQD, SQE
-from ..seam.types import PSN_MASK, SendWQE, WorkCompletion, psn_diff
+from ..seam.types import (
+    PSN_MASK,
+    WQE_DONE,
+    WQE_SENDING,
+    WQE_SENT,
+    WQE_UNSENT,
+    SendWQE,
+    WorkCompletion,
+    psn_diff,
+)
 from ..wire import ib as wib
 from ..wire import opcodes as op
 from ..wire.mad import GSI_QKEY
@@ -39,7 +48,7 @@ _POS_ONLY = int(op.Pos.ONLY)
 if TYPE_CHECKING:
     from .qp import EngineQP
 
-UNSENT, SENDING, SENT, DONE = 0, 1, 2, 3
+UNSENT, SENDING, SENT, DONE = WQE_UNSENT, WQE_SENDING, WQE_SENT, WQE_DONE
 
 MAX_INFLIGHT = 256  # unacknowledged PSNs (rxe: RXE_MAX_UNACKED_PSNS = 128)
 _SIGNALED = int(SF.IBV_SEND_SIGNALED)  # plain ints: IntFlag '&' is slow per WR
@@ -162,8 +171,12 @@ class Requester:
         wqe.rd_atomic = o == _W_READ or o == _W_CAS or o == _W_FAA
         if o == _W_CAS or o == _W_FAA:
             wqe.length = 8
-        self.sq.append(wqe)
-        if len(self.sq) == 1 or self.tx_idx == len(self.sq) - 1:
+        sq = self.sq
+        sq.append(wqe)
+        if len(sq) == 1 or self.tx_idx == len(sq) - 1:
+            if (qp.fast_rc and fastpath.ENABLED and qp.state == RTS and not self.rnr_wait
+                    and self.resend_until is None and fastpath.post_one(self, wqe, now)):
+                return
             self.pump(now)
 
     # ---- transmission -----------------------------------------------------------------------

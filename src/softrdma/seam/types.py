@@ -24,6 +24,10 @@ __all__ = [
     "WrOpcode",
     "SGE",
     "SendWQE",
+    "WQE_UNSENT",
+    "WQE_SENDING",
+    "WQE_SENT",
+    "WQE_DONE",
     "RecvWQE",
     "WorkCompletion",
     "MemoryRegion",
@@ -84,6 +88,11 @@ class SGE:
 
     def __repr__(self) -> str:
         return f"SGE(addr={self.addr:#x}, length={self.length}, lkey={self.lkey:#x})"
+
+
+#: ``SendWQE.state``: not started, packets going out, all sent (awaiting the response),
+#: completed (IBA 9.7.1 requester; rxe ``wqe_state``)
+WQE_UNSENT, WQE_SENDING, WQE_SENT, WQE_DONE = 0, 1, 2, 3
 
 
 class SendWQE:
