@@ -56,6 +56,7 @@ class Side:
         self.qp = v.QP(self.pd, v.QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq,
                                              cap=cap))
         self.gid = self.ctx.query_gid(1, 0)
+        self._recv_wr: Any = None  # refill's receive WR, built at the first refill
 
     def info(self) -> dict[str, Any]:
         return {"qpn": self.qp.qp_num, "gid": self.gid.raw, "addr": int(self.mr.addr),
@@ -83,10 +84,14 @@ class Side:
                 return list(wcs)
 
     def refill(self, n: int) -> int:
-        """Post ``n`` 64-byte receives in one call (a WR chain); returns ``n``."""
-        wrs = [v.RecvWR(wr_id=1, num_sge=1, sg=[v.SGE(self.mr.addr, 64, self.mr.lkey)])
-               for _ in range(n)]
-        self.qp.post_recv(wrs)
+        """Post ``n`` 64-byte receives in one call; returns ``n``. One receive WR is built
+        once and posted ``n`` times, as ibv_rc_pingpong's ``pp_post_recv`` posts its one
+        ``struct ibv_recv_wr`` (the post copies it into a WQE)."""
+        wr = self._recv_wr
+        if wr is None:
+            wr = self._recv_wr = v.RecvWR(wr_id=1, num_sge=1,
+                                          sg=[v.SGE(self.mr.addr, 64, self.mr.lkey)])
+        self.qp.post_recv([wr] * n)
         return n
 
     def report(self, cpu: float) -> dict[str, float]:
