@@ -11,6 +11,7 @@ import os
 import select
 import socket
 import threading
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -62,6 +63,27 @@ if TYPE_CHECKING:
 
 __all__ = ["DevdLink"]
 
+# Links of this process that hold devd's sockets, closed in a child after fork() (below).
+_LIVE: weakref.WeakSet[DevdLink] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """A child created by ``fork()`` without ``exec`` gives up the device links it
+    inherited: its copies of the control and data channels and of the direct-path
+    reuseport sockets are closed (the parent's stay open; nothing is sent to devd).
+
+    A copy left open would keep the parent's socket in the kernel's reuseport group after
+    devd let it go, and devd's mirror of the group's order (:mod:`.reuseport`) would no
+    longer match the kernel's; it would also hide the parent's exit from devd. As with
+    rdma-core without fork support, the child opens its own device (a new ``Context``);
+    the inherited one raises :class:`ClosedError`, naming fork, when used.
+    """
+    for link in list(_LIVE):
+        link.abandon_after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
 
 class DevdLink:
     """A :class:`~softrdma.drivers.link.Link` whose receive side is the device's devd.
@@ -94,6 +116,8 @@ class DevdLink:
         directory = Path(state_dir) if state_dir is not None else default_state_dir()
         self._ctrl_lock = threading.Lock()
         self._closed = False
+        self._closed_why = "link closed"
+        self._owner_pid = os.getpid()
         self.daemon_pid = 0
         self.daemon_gone = False  # the control or data channel found the daemon dead
         ctrl: socket.socket | None = None
@@ -164,6 +188,7 @@ class DevdLink:
         self._slots = [ring_view[i * slot : (i + 1) * slot] for i in range(ring)]
         self.counters: dict[str, int] = {"rx": 0, "bad_header": 0, "rx_direct": 0}
         self.last_report: dict[str, int] = {}
+        _LIVE.add(self)
 
     @staticmethod
     def _connect(path: Path, timeout: float) -> tuple[socket.socket, socket.socket, bytes]:
@@ -204,7 +229,7 @@ class DevdLink:
 
     def _sender(self, family_len: int) -> UdpLink:
         if self._closed:
-            raise ClosedError(f"device {self.record.name!r}: link closed")
+            raise ClosedError(f"device {self.record.name!r}: {self._closed_why}")
         try:
             return self._senders[family_len]
         except KeyError:
@@ -329,7 +354,7 @@ class DevdLink:
 
     def recv_batch(self, max_n: int = 64) -> list[Datagram]:
         if self._closed:
-            raise ClosedError(f"device {self.record.name!r}: link closed")
+            raise ClosedError(f"device {self.record.name!r}: {self._closed_why}")
         direct = self._direct
         if direct:
             if len(direct) == 1:
@@ -386,10 +411,19 @@ class DevdLink:
             return None
         return self._ep.fileno() if self._ep is not None else self._data.fileno()
 
+    def abandon_after_fork(self) -> None:
+        """In a child after ``fork()``: close this process's copies of the link's
+        descriptors (see :func:`_after_fork_in_child`)."""
+        if not self._closed:
+            self._closed_why = (f"opened by process {self._owner_pid} before fork(); "
+                                "open the device again in this process")
+            self.close()
+
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
+        _LIVE.discard(self)
         for link in getattr(self, "_senders", {}).values():
             link.close()
         v1link: RawEtherLink | None = getattr(self, "_raw", None)
@@ -405,7 +439,7 @@ class DevdLink:
     def _request(self, op: int, arg: int = 0, mgid: bytes = bytes(16),
                  fds: Sequence[int] = ()) -> tuple[int, bytes]:
         if self._closed:
-            raise ClosedError(f"device {self.record.name!r}: link closed")
+            raise ClosedError(f"device {self.record.name!r}: {self._closed_why}")
         with self._ctrl_lock:
             try:
                 if fds:
@@ -474,7 +508,7 @@ class DevdLink:
         docstring, "Port counters of a shared device")."""
         body = json.dumps(values, separators=(",", ":")).encode()
         if self._closed:
-            raise ClosedError(f"device {self.record.name!r}: link closed")
+            raise ClosedError(f"device {self.record.name!r}: {self._closed_why}")
         with self._ctrl_lock:
             try:
                 self._ctrl.send(REQ.pack(OP_REPORT, 0, bytes(16)) + body)
