@@ -331,6 +331,12 @@ class EngineQP:
     def post_recv(self, rwqe: RecvWQE) -> None:
         self.rq.post(rwqe, self.state, self.destroyed)
 
+    def post_recvs(self, rwqes: list[RecvWQE]) -> None:
+        """:meth:`post_recv` of each, in order (the ones before a refused one stay)."""
+        post = self.rq.post
+        for rwqe in rwqes:
+            post(rwqe, self.state, self.destroyed)
+
     def query(self) -> QueryAttrs:
         return {
             "qp_state": self.state, "cur_qp_state": self.state, "path_mtu": self.path_mtu,

@@ -262,6 +262,12 @@ class IwarpQP:
     def post_recv(self, rwqe: RecvWQE) -> None:
         self.rq.post(rwqe, self.state, self.destroyed)
 
+    def post_recvs(self, rwqes: list[RecvWQE]) -> None:
+        """:meth:`post_recv` of each, in order (the ones before a refused one stay)."""
+        post = self.rq.post
+        for rwqe in rwqes:
+            post(rwqe, self.state, self.destroyed)
+
     def query(self) -> QueryAttrs:
         conn = self.conn
         ird = conn.ird if conn is not None else 0

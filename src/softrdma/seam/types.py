@@ -174,8 +174,8 @@ class RecvWQE:
 
     def __init__(self, wr_id: int, sg_list: list[SGE] | None = None) -> None:
         self.wr_id = wr_id
-        self.sg_list = sg_list if sg_list is not None else []
-        self.length = sum(s.length for s in self.sg_list)
+        sg = self.sg_list = sg_list if sg_list is not None else []
+        self.length = sg[0].length if len(sg) == 1 else sum(s.length for s in sg)
         self.segs: list[memoryview] | None = None
 
 

@@ -567,13 +567,7 @@ class QP(VerbsObject):
                 err = exc
                 break
         if wqes:
-            post = self.engine.post_recv
-
-            def _post() -> None:
-                for q in wqes:
-                    post(q)
-
-            self._runtime.call(_post)
+            self._runtime.call(self.engine.post_recvs, wqes)
         if err is not None:
             raise err
 
