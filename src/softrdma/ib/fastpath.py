@@ -12,7 +12,8 @@ bytes (tests/test_fastpath.py compares them with the general path byte for byte)
 RDMA WRITE with immediate up to the path MTU: the ping-pong's message) as soon as it is
 posted, with the requester's rules for that case only (PSN, window, AckReq, ACK timer).
 
-On receive, :func:`receive_send_only` executes an in-sequence SEND ONLY (the
+On receive, :func:`receive_middles` places a run of in-sequence MIDDLE packets of one
+QP (the segments of one coalesced UDP GRO read) in one loop, and :func:`receive_send_only` executes an in-sequence SEND ONLY (the
 ping-pong's message) without decoding it into an IBPacket and without the general
 responder's layers, with the same checks and the same completion; anything unusual
 is left to the general path, which then handles (NAKs, RNR-NAKs, drops) it.
@@ -22,6 +23,8 @@ is left to the general path, which then handles (NAKs, RNR-NAKs, drops) it.
 
 from __future__ import annotations
 
+import struct
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..enums import ibv_send_flags as SF
@@ -44,11 +47,13 @@ from ..wire import opcodes as op
 from .packet import ICRC_SIZE, TxPacket
 
 if TYPE_CHECKING:
+    from .port import Port
+    from .qp import EngineQP
     from .requester import Requester
     from .responder import Responder
 
 __all__ = ["ENABLED", "ACKREQ_EVERY", "ACKREQ_BIT", "emit_middles", "post_one",
-           "receive_send_only"]
+           "receive_middles", "receive_send_only"]
 
 #: the fast paths are used (tests switch them off to compare with the general path)
 ENABLED = True
@@ -68,6 +73,7 @@ _FENCE = int(SF.IBV_SEND_FENCE)
 _SOLICITED = int(SF.IBV_SEND_SOLICITED)
 _RETH_PACK = wib.RETH.pack
 _U32_PACK = wib.U32.pack
+_W1W2_UNPACK = struct.Struct("!II").unpack_from  # BTH words 1 and 2: DestQP, PSN
 _PAD = (b"", b"\0", b"\0\0", b"\0\0\0")
 # WR opcode -> (ONLY opcode, RETH needed, ImmDt carried): the one-packet messages of post_one
 _ONLY = {
@@ -199,6 +205,75 @@ def post_one(req: Requester, wqe: SendWQE, now: float) -> bool:
     if sq[0].state == WQE_DONE:
         req._complete_head()
     return True
+
+
+def receive_middles(port: Port, qp: EngineQP, bodies: Sequence[memoryview]) -> int:
+    """Execute the longest prefix of ``bodies`` that ``Port.receive`` would hand, one by
+    one, to ``Responder.fast_middle``, and return its length (0: nothing done).
+
+    ``bodies`` are transport packets (BTH .. pad, ICRC checked) for ``qp``, whose
+    addresses, P_Key and state the caller (``Port.receive_run``) has checked. A packet
+    is taken when it is an RC SEND or RDMA WRITE MIDDLE of the message in progress, of
+    the path MTU, with TVer 0, no pad, neither FECN nor BECN, the QP's P_Key and the
+    expected PSN, and its payload fits the message's buffer (IBA 9.7.1, 9.7.4.1.5): the
+    same placement, PSN, counters and coalesced ACK (IBA 9.7.5.1.1) as one packet at a
+    time. The first packet that is not is left, with the rest, to the general path.
+    """
+    resp = qp.resp
+    first = bodies[0]
+    opcode = first[0]
+    if opcode == op.RC_WRITE_MIDDLE:
+        kind = op.Kind.WRITE
+    elif opcode == op.RC_SEND_MIDDLE:
+        kind = op.Kind.SEND
+    else:
+        return 0
+    if resp.cur != kind:
+        return 0
+    mtu = qp.mtu
+    size = _BTH_SIZE + mtu
+    wbuf = resp.wbuf if kind == op.Kind.WRITE else None
+    segs = resp.segs if kind == op.Kind.SEND else None
+    if wbuf is None and segs is None:
+        return 0
+    wlen = resp.wlen
+    pkey = qp.fast_pkey
+    dqpn = qp.qpn
+    epsn = resp.epsn
+    off = resp.offset
+    ack_psn = -1
+    k = 0
+    for data in bodies:
+        if (len(data) != size or data[0] != opcode or data[1] & 0x3F or data[4] & 0xC0
+                or (data[2] << 8 | data[3]) != pkey):
+            break
+        w1, w2 = _W1W2_UNPACK(data, 4)
+        if w1 & 0xFFFFFF != dqpn:
+            break
+        psn = w2 & PSN_MASK
+        if psn != epsn:
+            break
+        if wbuf is not None:
+            if off + mtu > wlen:
+                break
+            wbuf[off:off + mtu] = data[_BTH_SIZE:]
+        elif segs is None or not scatter(segs, off, data[_BTH_SIZE:]):
+            break
+        off += mtu
+        epsn = (psn + 1) & PSN_MASK
+        if w2 & ACKREQ_BIT:
+            ack_psn = psn
+        k += 1
+    if k:
+        resp.offset = off
+        resp.nak_sent = False
+        resp.epsn = epsn
+        c = port.counters
+        c.rcvd_pkts += k
+        c.rcvd_bytes += k * (size + ICRC_SIZE)
+        if ack_psn >= 0:
+            resp.schedule_ack(ack_psn)
+    return k
 
 
 def receive_send_only(resp: Responder, data: memoryview, opcode: int) -> bool:

@@ -21,12 +21,14 @@ validation, the clause of each rule in ``counters.DROP_REASONS``): see ``port.co
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import struct
+from collections.abc import Callable, Sequence
 
 from ..errors import DecodeError, InvalidArgument
 from ..seam.counters import Counters, DropReason
 from ..seam.protocols import Timed
 from ..seam.queues import QPInit
+from ..seam.states import RTR, SQE
 from ..seam.tables import DeviceTables
 from ..wire import ib as wib
 from ..wire.opcodes import (
@@ -53,6 +55,7 @@ from .qp import EngineQP
 
 __all__ = ["Counters", "DropReason", "Port", "RxMeta", "TxPacket", "Timed"]
 
+_U32 = struct.Struct("!I")
 _ACK_SIZE = wib.BTH.size + wib.U32.size  # an ACKNOWLEDGE: BTH + AETH, no payload (IBA 9.7.5.2)
 #: the opcodes with a fast path (softrdma.ib.fastpath)
 _FAST_OPS = frozenset((RC_WRITE_MIDDLE, RC_SEND_MIDDLE, RC_ACK, RC_SEND_ONLY, RC_SEND_ONLY_IMM))
@@ -149,6 +152,27 @@ class Port(DeviceTables[EngineQP]):
                 self._qpn_free(qp.qpn)
 
     # ---- receive -----------------------------------------------------------------------
+    def receive_run(self, bodies: Sequence[memoryview], meta: RxMeta) -> int:
+        """Execute the leading packets of ``bodies`` (consecutive segments of one
+        coalesced receive, ICRC checked, one source) that the fast MIDDLE path takes
+        (:func:`fastpath.receive_middles`): exactly what :meth:`receive` does with each
+        of them in turn. Returns how many; the caller gives the rest to :meth:`receive`.
+        """
+        if not fastpath.ENABLED or not bodies:
+            return 0
+        if (meta.sgid == LOOPBACK_GID or meta.dgid == LOOPBACK_GID) and not self.loopback_gid_ok:
+            return 0
+        first = bodies[0]
+        if len(first) < _ACK_SIZE:
+            return 0
+        qp = self.qps.get(_U32.unpack_from(first, 4)[0] & 0xFFFFFF)
+        if qp is None or qp.fast_pkey < 0 or not qp.from_peer(meta):
+            return 0
+        st = qp.state
+        if st < RTR or st > SQE:
+            return 0
+        return fastpath.receive_middles(self, qp, bodies)
+
     def receive(self, data: memoryview, meta: RxMeta, now: float) -> None:
         """Demultiplex one transport packet to its QP (IBA 9.6 header checks).
 

@@ -396,6 +396,28 @@ def udp_send_icrc(src_ip: bytes, dst_ip: bytes, sport: int, dport: int,
     return _ICRC.pack(_crc_ib(state, parts))
 
 
+def icrc_ok_udp_run(src_ip: bytes, dst_ip: bytes, sport: int, dport: int,
+                    datagrams: Sequence[memoryview], first_ident: int) -> int:
+    """How many of ``datagrams`` (BTH .. ICRC, byte memoryviews), counted from the first,
+    are right when the i-th left with IPv4 Identification ``first_ident + i`` and DF:
+    the segments of one coalesced (UDP GRO) receive from a GSO sender (see
+    :func:`icrc_ok_udp_id`, of which this is the loop, with the per-flow pseudo-header
+    CRCs cached). Stops at the first that is not (IPv6: the exact check, no ID)."""
+    s, d = _socket_addrs(src_ip, dst_ip)
+    unpack = _ICRC.unpack_from
+    ok = 0
+    for dg in datagrams:
+        n = dg.nbytes
+        if n < BTH_SIZE + ICRC_SIZE:
+            break
+        state = _pseudo_crc_id(s, d, sport, dport, 8 + n, (first_ident + ok) & 0xFFFF)
+        if crc32_raw(dg[5:n - ICRC_SIZE], crc32_raw(_FF, crc32_raw(dg[:4], state))) != \
+                unpack(dg, n - ICRC_SIZE)[0]:
+            break
+        ok += 1
+    return ok
+
+
 def icrc_ok_udp_id(src_ip: bytes, dst_ip: bytes, sport: int, dport: int,
                    datagram: Buffer, ident: int) -> bool:
     """True if ``datagram`` (BTH .. ICRC) is right under IPv4 Identification ``ident``
