@@ -129,6 +129,11 @@ def _pairs2(fig: Figure, runs: int, both: Callable[[], tuple[float, float]]) -> 
         fig.base.append(b)
 
 
+#: every figure :func:`measure` can run, in its order
+FIGURES = ("roce_write_bw", "iwarp_write_bw_crc", "iwarp_write_bw_nocrc", "rc_send_lat",
+           "shared_lat", "shared_write_bw", "scaling_2", "scaling_4")
+
+
 def measure(runs: int, quick: bool, only: set[str] | None) -> list[Figure]:
     total = (32 if quick else 256) * MIB
     sb_total = (16 if quick else 64) * MIB  # per pair on the shared device
@@ -212,8 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object, not a table")
     ap.add_argument("--runs", type=int, default=3, help="runs of each figure (default 3)")
     ap.add_argument("--quick", action="store_true", help="small transfers: a smoke run")
-    ap.add_argument("--only", action="append", metavar="FIGURE",
-                    help="run only this figure (repeatable), e.g. roce_write_bw")
+    ap.add_argument("--only", action="append", metavar="FIGURE", choices=FIGURES,
+                    help="run only this figure (repeatable): " + ", ".join(FIGURES))
     a = ap.parse_args(argv)
     if a.runs < 1:
         ap.error("--runs must be >= 1")

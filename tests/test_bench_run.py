@@ -39,3 +39,14 @@ def test_run_rejects_bad_runs() -> None:
     assert out.returncode == 2
     assert "--runs must be >= 1" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_run_rejects_an_unknown_figure() -> None:
+    """A figure name that does not exist is an error naming the choices, not a silent
+    empty run."""
+    out = subprocess.run([sys.executable, str(BENCH), "--only", "rc_pingpong"],
+                         capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert out.returncode == 2
+    assert "invalid choice: 'rc_pingpong'" in out.stderr and "rc_send_lat" in out.stderr
+    assert "Traceback" not in out.stderr
+
