@@ -137,8 +137,10 @@ def test_capture_is_followed_by_pcap_check(env: dict[str, str], tmp_path: Path) 
     except OSError:
         pytest.skip("TCP port 18515 is in use")
     cap = tmp_path / "xsrq.pcap"
-    dump = subprocess.Popen(["tcpdump", "-i", "lo", "-U", "-w", str(cap),
-                             f"udp port {udp} or tcp port {tcp}"],
+    # --immediate-mode: without it libpcap hands packets over a block at a time (1 s
+    # timeout), and a loaded host's tcpdump, stopped soon after the run, wrote none
+    dump = subprocess.Popen(["tcpdump", "-i", "lo", "-U", "--immediate-mode", "-B", "16384",
+                             "-w", str(cap), f"udp port {udp} or tcp port {tcp}"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         assert dump.stderr is not None

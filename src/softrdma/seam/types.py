@@ -130,6 +130,7 @@ class SendWQE:
         ah: AddressHandle | None = None,
         remote_qpn: int = 0,
         remote_qkey: int = 0,
+        length: int | None = None,
     ) -> None:
         self.wr_id = wr_id
         self.opcode = opcode
@@ -137,6 +138,8 @@ class SendWQE:
         self.sg_list = sg_list if sg_list is not None else []
         if inline_data is not None:
             self.length = len(inline_data)
+        elif length is not None:  # the caller summed the SGE lengths already
+            self.length = length
         else:
             self.length = sum(s.length for s in self.sg_list)
         self.imm_data = imm_data

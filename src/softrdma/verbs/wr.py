@@ -274,7 +274,7 @@ def build_send_wqe(wr: SendWR, qp_type: int, max_send_sge: int, max_inline: int,
         sg_copy: list[_EngineSGE] = []
     else:
         sg_copy = [_EngineSGE(s.addr, s.length, s.lkey) for s in sg]
-    wqe = SendWQE(wr.wr_id, opcode, flags, sg_copy, inline_data=inline)
+    wqe = SendWQE(wr.wr_id, opcode, flags, sg_copy, inline_data=inline, length=length)
     if opcode in _IMM:
         imm = wr.imm_data
         if not isinstance(imm, int) or not 0 <= imm <= _U32:
