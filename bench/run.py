@@ -131,7 +131,7 @@ def _pairs2(fig: Figure, runs: int, both: Callable[[], tuple[float, float]]) -> 
 
 #: every figure :func:`measure` can run, in its order
 FIGURES = ("roce_write_bw", "iwarp_write_bw_crc", "iwarp_write_bw_nocrc", "rc_send_lat",
-           "shared_lat", "shared_write_bw", "scaling_2", "scaling_4")
+           "shared_lat", "shared_lat_udp", "shared_write_bw", "scaling_2", "scaling_4")
 
 
 def measure(runs: int, quick: bool, only: set[str] | None) -> list[Figure]:
@@ -166,11 +166,23 @@ def measure(runs: int, quick: bool, only: set[str] | None) -> list[Figure]:
         _pairs(f, runs, lambda: rb.udp_lat(iters, ports.take()) * 1e6,
                lambda: rb.rc_send_lat(iters, ports.take()) * 1e6)
         figs.append(f)
-    if want("shared_lat"):
+    if want("shared_lat") or want("shared_lat_udp"):
         f = Figure("shared_lat", "64 B ping-pong, both processes on one shared device", "us",
                    "two in-process devices", 1.2, False)
-        _pairs2(f, runs, lambda: tuple(x * 1e6 for x in sb.shared_pingpong_lat(iters // 2)))  # type: ignore[arg-type,return-value]
-        figs.append(f)
+        fu = Figure("shared_lat_udp", "RC SEND 64 B ping-pong through one shared device, "
+                    "half round trip", "us", "plain Python UDP ping-pong", 1.1, False)
+        for _ in range(runs):
+            try:
+                shared, inproc = sb.shared_pingpong_lat(iters)
+                udp = rb.udp_lat(iters, ports.take())
+            except Exception as exc:
+                f.error = fu.error = f"{type(exc).__name__}: {exc}"
+                break
+            f.ours.append(shared * 1e6)
+            f.base.append(inproc * 1e6)
+            fu.ours.append(shared * 1e6)
+            fu.base.append(udp * 1e6)
+        figs += [x for x in (f, fu) if want(x.name)]
     if want("shared_write_bw"):
         f = Figure("shared_write_bw", "RC RDMA WRITE 1 MiB, both processes on one shared device",
                    "MiB/s", "two in-process devices", 0.8, True)
