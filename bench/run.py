@@ -19,6 +19,8 @@ The figures (see each module for how it measures):
 * ``shared_lat`` / ``shared_write_bw``: the same ping-pong and WRITE with both processes
   on one shared (devd-managed) device, vs two in-process devices (``shared_bench``).
   Goals <= 1.2 (latency) and >= 0.8 (throughput).
+* ``shared_lat_udp``: that shared-device ping-pong vs the plain Python UDP ping-pong,
+  measured in the same runs (the ping-pong goal "through a shared device"). Goal <= 1.1.
 * ``scaling_2`` / ``scaling_4``: aggregate RC WRITE throughput of 2 and 4 client/server
   process pairs on one shared device vs one pair (``shared_bench``). Goal >= 1.6 for two.
 """
