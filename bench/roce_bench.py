@@ -57,6 +57,8 @@ class Side:
                                              cap=cap))
         self.gid = self.ctx.query_gid(1, 0)
         self._recv_wr: Any = None  # refill's receive WR, built at the first refill
+        self.routs = 0  # receives posted and not yet used (the ping-pong's)
+        self.ping_wr: Any = None  # the ping-pong's SEND (arm_pingpong)
 
     def info(self) -> dict[str, Any]:
         return {"qpn": self.qp.qp_num, "gid": self.gid.raw, "addr": int(self.mr.addr),
@@ -94,6 +96,43 @@ class Side:
         self.qp.post_recv([wr] * n)
         return n
 
+    def arm_pingpong(self) -> None:
+        """Post :data:`RX_DEPTH` 64-byte receives and build the ping-pong's 64 B SEND (from
+        offset 64 of the MR), before the ping-pong starts."""
+        self.routs = self.refill(RX_DEPTH)
+        self.ping_wr = v.SendWR(wr_id=2, opcode=e.IBV_WR_SEND, num_sge=1,
+                                sg=[v.SGE(self.mr.addr + 64, 64, self.mr.lkey)],
+                                send_flags=e.IBV_SEND_SIGNALED)
+
+    def _used_recv(self) -> None:
+        self.routs -= 1
+        if self.routs < 16:  # refill in batches, as ibv_rc_pingpong does
+            self.routs += self.refill(RX_DEPTH - self.routs)
+
+    def ping(self, iters: int) -> None:
+        """``iters`` SENDs, each posted once the peer's answer to the one before arrived
+        (the timed side of the ping-pong; :meth:`arm_pingpong` first)."""
+        wr = self.ping_wr
+        for _ in range(iters):
+            self.qp.post_send(wr)
+            got_recv = False
+            while not got_recv:
+                for wc in self.poll():
+                    if wc.opcode == RECV:
+                        self._used_recv()
+                        got_recv = True
+
+    def pong(self, iters: int) -> None:
+        """Answer ``iters`` SENDs with one each (the other side of :meth:`ping`)."""
+        wr = self.ping_wr
+        done = 0
+        while done < iters:
+            for wc in self.poll():
+                if wc.opcode == RECV:
+                    self._used_recv()
+                    self.qp.post_send(wr)
+                    done += 1
+
     def report(self, cpu: float) -> dict[str, float]:
         """The link's batching counters and CPU seconds (every thread) per packet."""
         st = self.link.stats.as_dict()
@@ -117,20 +156,9 @@ def _peer(conn: Connection, ip: str, port: int, size: int, mode: str, iters: int
     conn.send(side.info())
     side.connect(conn.recv())
     if mode == "lat":
-        routs = side.refill(RX_DEPTH)
+        side.arm_pingpong()
         conn.send("ready")
-        wr = v.SendWR(wr_id=2, opcode=e.IBV_WR_SEND, num_sge=1,
-                      sg=[v.SGE(side.mr.addr + 64, 64, side.mr.lkey)],
-                      send_flags=e.IBV_SEND_SIGNALED)
-        done = 0
-        while done < iters:
-            for wc in side.poll():
-                if wc.opcode == RECV:
-                    routs -= 1
-                    if routs < 16:  # refill in batches, as ibv_rc_pingpong does
-                        routs += side.refill(RX_DEPTH - routs)
-                    side.qp.post_send(wr)
-                    done += 1
+        side.pong(iters)
         # drain the last send completions
         time.sleep(0.05)
     else:
@@ -228,22 +256,10 @@ def rc_send_lat(iters: int, port: int) -> float:
         peer = a_conn.recv()
         a_conn.send(side.info())
         side.connect(peer)
-        routs = side.refill(RX_DEPTH)
+        side.arm_pingpong()
         a_conn.recv()
-        wr = v.SendWR(wr_id=2, opcode=e.IBV_WR_SEND, num_sge=1,
-                      sg=[v.SGE(side.mr.addr + 64, 64, side.mr.lkey)],
-                      send_flags=e.IBV_SEND_SIGNALED)
         t0 = time.perf_counter()
-        for _ in range(iters):
-            side.qp.post_send(wr)
-            got_recv = False
-            while not got_recv:
-                for wc in side.poll():
-                    if wc.opcode == RECV:
-                        routs -= 1
-                        if routs < 16:
-                            routs += side.refill(RX_DEPTH - routs)
-                        got_recv = True
+        side.ping(iters)
         dt = time.perf_counter() - t0
         a_conn.send("bye")
         p.join(10)

@@ -31,7 +31,7 @@ from typing import Any
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
 import roce_bench  # noqa: E402
-from roce_bench import RECV, RX_DEPTH  # noqa: E402
+from roce_bench import RX_DEPTH  # noqa: E402
 
 from softrdma import enums as e  # noqa: E402
 from softrdma import verbs as v  # noqa: E402
@@ -111,20 +111,10 @@ def _pingpong_peer(conn: Connection, kind: str, where: Where, iters: int) -> Non
     side = Side(kind, where, 4096, RX_DEPTH)
     conn.send(side.info())
     side.connect(conn.recv())
-    routs = side.refill(RX_DEPTH)
+    side.arm_pingpong()
     conn.send("ready")
     cpu0 = _cpu()
-    wr = v.SendWR(wr_id=2, opcode=e.IBV_WR_SEND, num_sge=1,
-                  sg=[v.SGE(side.mr.addr + 64, 64, side.mr.lkey)], send_flags=e.IBV_SEND_SIGNALED)
-    done = 0
-    while done < iters:
-        for wc in side.poll():
-            if wc.opcode == RECV:
-                routs -= 1
-                if routs < 16:
-                    routs += side.refill(RX_DEPTH - routs)
-                side.qp.post_send(wr)
-                done += 1
+    side.pong(iters)
     conn.send(_cpu() - cpu0)
     conn.recv()  # "bye"
     side.close()
@@ -148,26 +138,14 @@ def pingpong(kind: str, iters: int, state: str, name: str, port: int) -> dict[st
         peer = a_conn.recv()
         a_conn.send(side.info())
         side.connect(peer)
-        routs = side.refill(RX_DEPTH)
+        side.arm_pingpong()
         a_conn.recv()
-        wr = v.SendWR(wr_id=2, opcode=e.IBV_WR_SEND, num_sge=1,
-                      sg=[v.SGE(side.mr.addr + 64, 64, side.mr.lkey)],
-                      send_flags=e.IBV_SEND_SIGNALED)
         devd = int(peer["devd"])
         devd0 = _proc_cpu(devd) if devd else 0.0
         wake0 = _wakeups(devd) if devd else 0
         cpu0 = _cpu()
         t0 = time.perf_counter()
-        for _ in range(iters):
-            side.qp.post_send(wr)
-            got_recv = False
-            while not got_recv:
-                for wc in side.poll():
-                    if wc.opcode == RECV:
-                        routs -= 1
-                        if routs < 16:
-                            routs += side.refill(RX_DEPTH - routs)
-                        got_recv = True
+        side.ping(iters)
         dt = time.perf_counter() - t0
         devd_cpu = _proc_cpu(devd) - devd0 if devd else 0.0
         wakes = _wakeups(devd) - wake0 if devd else 0
