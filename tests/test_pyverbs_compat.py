@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from device_harness import free_port
+from pyverbs_harness import first_wc, rc_to_rts
 
 from softrdma.compat.pyverbs import device as d
 from softrdma.compat.pyverbs import enums as e
@@ -240,22 +241,10 @@ class Side:
                                              cap=cap), qa)
 
     def connect(self, peer: Side) -> None:
-        a = QPAttr()
-        a.path_mtu = e.IBV_MTU_1024
-        a.dest_qp_num = peer.qp.qp_num
-        a.max_dest_rd_atomic = a.max_rd_atomic = 1
-        a.min_rnr_timer, a.timeout, a.retry_cnt, a.rnr_retry = 12, 14, 7, 7
-        a.ah_attr = AHAttr(is_global=1, port_num=1,
-                           gr=GlobalRoute(dgid=self.ctx.query_gid(1, 0), sgid_index=0))
-        self.qp.to_rts(a)
+        rc_to_rts(self.ctx, self.qp, peer.qp)
 
     def wc(self, timeout: float = 10.0) -> Any:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            n, wcs = self.cq.poll()
-            if n:
-                return wcs[0]
-        raise AssertionError("no completion")
+        return first_wc(self.cq, timeout)
 
     def close(self) -> None:
         self.ctx.close()

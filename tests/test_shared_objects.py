@@ -10,17 +10,16 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from device_harness import free_port
+from pyverbs_harness import first_wc, rc_to_rts
 
 from softrdma import verbs
 from softrdma.compat.pyverbs import device as d
 from softrdma.compat.pyverbs import enums as e
-from softrdma.compat.pyverbs.addr import AHAttr, GlobalRoute
 from softrdma.compat.pyverbs.cq import CQ
 from softrdma.compat.pyverbs.mr import MR
 from softrdma.compat.pyverbs.pd import PD
@@ -67,22 +66,10 @@ class Rc:
                                     cap=QPCap(8, 8, 1, 1)), qa)
 
     def connect(self, peer: Rc) -> None:
-        a = QPAttr()
-        a.path_mtu = e.IBV_MTU_1024
-        a.dest_qp_num = peer.qp.qp_num
-        a.max_dest_rd_atomic = a.max_rd_atomic = 1
-        a.min_rnr_timer, a.timeout, a.retry_cnt, a.rnr_retry = 12, 14, 7, 7
-        a.ah_attr = AHAttr(is_global=1, port_num=1,
-                           gr=GlobalRoute(dgid=self.ctx.query_gid(1, 0), sgid_index=0))
-        self.qp.to_rts(a)
+        rc_to_rts(self.ctx, self.qp, peer.qp)
 
     def wc(self, timeout: float = 20.0) -> Any:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            n, wcs = self.cq.poll()
-            if n:
-                return wcs[0]
-        raise AssertionError("no completion")
+        return first_wc(self.cq, timeout)
 
 
 def test_imported_objects_alias_the_originals_and_carry_rc_traffic(ctx: d.Context,
