@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from rdma_cm_harness import child_env, free_udp_port, make_state_dir
-from trace_harness import captured_trace
+from trace_harness import captured_trace, rc_pair, rc_send
 
 from softrdma import enums as e
 from softrdma import trace
@@ -26,8 +26,6 @@ from softrdma.errors import InvalidArgument
 from softrdma.tools import pcap_check
 from softrdma.wire.pcap import read_pcap
 
-ALL = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ)
-
 
 @pytest.fixture
 def traced() -> Iterator[io.StringIO]:
@@ -35,39 +33,12 @@ def traced() -> Iterator[io.StringIO]:
         yield buf
 
 
-def _pair(fab: Fabric, pcap: Path | None = None) -> tuple[list[v.Context], list[tuple[v.CQ, v.QP, v.MR]]]:
-    ctxs = [v.Context(fabric=fab.link(ip), pcap=pcap) for ip in ("10.3.0.1", "10.3.0.2")]
-    sides = []
-    for ctx in ctxs:
-        pd = v.PD(ctx)
-        cq = v.CQ(ctx, 16)
-        qp = v.QP(pd, v.QPInitAttr(e.IBV_QPT_RC, scq=cq, rcq=cq, cap=v.QPCap(4, 4, 1, 1)))
-        sides.append((cq, qp, v.MR(pd, 4096, ALL)))
-    for (_, qp, _), (_, peer, _), pctx in ((sides[0], sides[1], ctxs[1]),
-                                           (sides[1], sides[0], ctxs[0])):
-        at = v.QPAttr(path_mtu=e.IBV_MTU_1024, dest_qp_num=peer.qp_num, sq_psn=7, rq_psn=7,
-                      max_rd_atomic=1, max_dest_rd_atomic=1, min_rnr_timer=1, timeout=8,
-                      retry_cnt=7, rnr_retry=7)
-        at.qp_access_flags = ALL
-        at.ah_attr = v.AHAttr(gr=v.GlobalRoute(dgid=pctx.query_gid(1, 0), hop_limit=64))
-        qp.to_rts(at)
-    return ctxs, sides
-
-
-def _send(fab: Fabric, sides: list[tuple[v.CQ, v.QP, v.MR]], n: int) -> None:
-    (cqa, qpa, mra), (_cqb, qpb, mrb) = sides
-    qpb.post_recv(v.RecvWR(1, 1, [v.SGE(mrb.addr, 4096, mrb.lkey)]))
-    qpa.post_send(v.SendWR(2, None, 1, [v.SGE(mra.addr, n, mra.lkey)]))
-    fab.clock.run()
-    assert [w.status for w in cqa.poll(4)[1]] == [e.IBV_WC_SUCCESS]
-
-
 def test_context_pcap_writes_each_packet_once(tmp_path: Path) -> None:
     pcap = tmp_path / "pair.pcap"
     fab = Fabric(VirtualClock())
-    ctxs, sides = _pair(fab, pcap)
+    ctxs, sides = rc_pair(fab, ("10.3.0.1", "10.3.0.2"), pcap)
     try:
-        _send(fab, sides, 2500)  # FIRST, MIDDLE, LAST at MTU 1024, then the ACK
+        rc_send(fab, sides, 2500)  # FIRST, MIDDLE, LAST at MTU 1024, then the ACK
     finally:
         for c in ctxs:
             c.close()
@@ -94,9 +65,9 @@ def test_no_tap_without_pcap_or_trace() -> None:
 
 def test_packet_and_qp_trace_lines(traced: io.StringIO) -> None:
     fab = Fabric(VirtualClock())
-    ctxs, sides = _pair(fab)
+    ctxs, sides = rc_pair(fab, ("10.3.0.1", "10.3.0.2"))
     try:
-        _send(fab, sides, 100)
+        rc_send(fab, sides, 100)
         sides[0][1].modify(v.QPAttr(qp_state=e.IBV_QPS_ERR), int(e.IBV_QP_STATE))
     finally:
         for c in ctxs:

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from trace_harness import captured_trace
+from trace_harness import captured_trace, rc_pair, rc_send
 
 from softrdma import enums as e
 from softrdma import verbs as v
@@ -49,29 +49,10 @@ def _tshark(path: Path, *args: str) -> str:
 def test_rocev1_capture_and_trace(tmp_path: Path, traced: io.StringIO) -> None:
     fab = Fabric(VirtualClock())
     pcap = tmp_path / "v1.pcap"
-    ctxs = [v.Context(fabric=fab.link(ip, roce_ver="1"), pcap=pcap)
-            for ip in ("10.6.0.1", "10.6.0.2")]
+    ctxs, sides = rc_pair(fab, ("10.6.0.1", "10.6.0.2"), pcap, roce_ver="1")
     try:
-        sides = []
-        for ctx in ctxs:
-            pd = v.PD(ctx)
-            cq = v.CQ(ctx, 16)
-            qp = v.QP(pd, v.QPInitAttr(e.IBV_QPT_RC, scq=cq, rcq=cq, cap=v.QPCap(4, 4, 1, 1)))
-            sides.append((cq, qp, v.MR(pd, 4096, ALL)))
-        for (_c, qp, _m), (_c2, peer, _m2), pctx in ((sides[0], sides[1], ctxs[1]),
-                                                     (sides[1], sides[0], ctxs[0])):
-            assert pctx.query_gid_type(1, 0) == e.IBV_GID_TYPE_ROCE_V1
-            at = v.QPAttr(path_mtu=e.IBV_MTU_1024, dest_qp_num=peer.qp_num, sq_psn=7,
-                          rq_psn=7, max_rd_atomic=1, max_dest_rd_atomic=1, min_rnr_timer=1,
-                          timeout=8, retry_cnt=7, rnr_retry=7)
-            at.qp_access_flags = ALL
-            at.ah_attr = v.AHAttr(gr=v.GlobalRoute(dgid=pctx.query_gid(1, 0), hop_limit=64))
-            qp.to_rts(at)
-        (cqa, qpa, mra), (_cqb, qpb, mrb) = sides
-        qpb.post_recv(v.RecvWR(1, 1, [v.SGE(mrb.addr, 4096, mrb.lkey)]))
-        qpa.post_send(v.SendWR(2, None, 1, [v.SGE(mra.addr, 2500, mra.lkey)]))
-        fab.clock.run()
-        assert [w.status for w in cqa.poll(4)[1]] == [e.IBV_WC_SUCCESS]
+        assert [c.query_gid_type(1, 0) for c in ctxs] == [e.IBV_GID_TYPE_ROCE_V1] * 2
+        rc_send(fab, sides, 2500)
     finally:
         for ctx in ctxs:
             ctx.close()

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 from ..trace import default_capture
 from ..trace import logger as trace_logger
 from ..wire.ddp import opcode_name
-from .tap import _close_writer, _open_writer, _SharedWriter
+from .tap import _close_writer, _ip_text, _open_writer, _SharedWriter
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
@@ -225,9 +225,6 @@ class StreamTap:
             _close_writer(self._writer)
             self._writer = None
 
-
-def _ip_text(ip: bytes) -> str:
-    return socket.inet_ntop(socket.AF_INET if len(ip) == 4 else socket.AF_INET6, ip)
 
 
 def _describe(d: _Direction, data: bytes) -> str:
