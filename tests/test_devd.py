@@ -52,8 +52,8 @@ class Running:
         self.state = state
         self.record = DeviceRecord(d.record.name, "lo", "roce", d.udp_port)
 
-    def client(self) -> DevdLink:
-        return DevdLink(self.record, state_dir=self.state, spawn=False)
+    def client(self, direct: bool | None = None) -> DevdLink:
+        return DevdLink(self.record, state_dir=self.state, spawn=False, direct=direct)
 
 
 def start_devd(state: Path, name: str = "t0", idle_timeout: float = 30.0) -> Running:

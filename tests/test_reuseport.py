@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_devd import Running
 
 from softrdma.drivers import devd_client
 from softrdma.drivers.devd import Devd, DevdLink
@@ -141,17 +142,6 @@ def test_kernel_group_follows_the_mirror_through_close() -> None:
 
 
 # -- devd with clients on the direct path ------------------------------------------------------
-
-
-class Running:
-    def __init__(self, d: Devd, thread: threading.Thread, state: Path) -> None:
-        self.devd = d
-        self.thread = thread
-        self.state = state
-        self.record = DeviceRecord(d.record.name, "lo", "roce", d.udp_port)
-
-    def client(self, direct: bool | None = None) -> DevdLink:
-        return DevdLink(self.record, state_dir=self.state, spawn=False, direct=direct)
 
 
 @pytest.fixture
