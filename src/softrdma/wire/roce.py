@@ -232,10 +232,11 @@ def _crc_ib(state: int, parts: Iterable[Buffer]) -> int:
         parts = list(parts)
     first = parts[0] if parts else b""
     if isinstance(first, (bytes, bytearray)) and len(first) >= BTH_SIZE:
-        # the usual case: the engine's header buffer holds the whole BTH
-        state = crc32(first[5:], crc32(_FF, crc32(first[:4], state)))
+        # the usual case: the engine's header buffer holds the whole BTH (``state`` is
+        # unsigned, so crc32_raw needs no mask: per packet, one call layer less)
+        state = crc32_raw(first[5:], crc32_raw(_FF, crc32_raw(first[:4], state)))
         for p in parts[1:]:
-            state = crc32(p, state)
+            state = crc32_raw(p, state)
         return state
     need = BTH_SIZE
     head = bytearray()
@@ -364,7 +365,7 @@ def _pseudo_crc_id(s: bytes, d: bytes, sport: int, dport: int, udp_len: int,
 def _crc_datagram(state: int, dg: memoryview) -> int:
     """Continue the pseudo-header CRC ``state`` over BTH (byte 4 masked) and the rest of
     ``dg`` minus its ICRC."""
-    return crc32(dg[5:len(dg) - ICRC_SIZE], crc32(_FF, crc32(dg[:4], state)))
+    return crc32_raw(dg[5:len(dg) - ICRC_SIZE], crc32_raw(_FF, crc32_raw(dg[:4], state)))
 
 
 def udp_send_icrc(src_ip: bytes, dst_ip: bytes, sport: int, dport: int,
@@ -379,15 +380,11 @@ def udp_send_icrc(src_ip: bytes, dst_ip: bytes, sport: int, dport: int,
     numbers the segments from the super-packet's ID); ignored for IPv6.
     """
     if ident == 0 and length is not None and type(src_ip) is bytes and type(dst_ip) is bytes:
-        # The per-packet case: a cached IPv4 flow, the whole BTH in the first buffer.
+        # The per-packet case: a flow whose pseudo-header CRC is cached (its key holds the
+        # addresses as given: an IPv4-mapped pair is never one, so it takes the long way).
         state = _PSEUDO_CRC.get((src_ip, dst_ip, sport, dport, 12 + length))
         if state is not None:
-            first = parts[0]
-            if type(first) is bytes and len(first) >= BTH_SIZE:
-                state = crc32_raw(first[5:], crc32_raw(_FF, crc32_raw(first[:4], state)))
-                for p in parts[1:]:
-                    state = crc32_raw(p, state)
-                return _ICRC.pack(state)
+            return _ICRC.pack(_crc_ib(state, parts))
     s, d = _socket_addrs(src_ip, dst_ip)
     n = sum(memoryview(p).nbytes for p in parts) if length is None else length
     udp_len = 8 + n + ICRC_SIZE
@@ -411,8 +408,7 @@ def icrc_ok_udp_run(src_ip: bytes, dst_ip: bytes, sport: int, dport: int,
         if n < BTH_SIZE + ICRC_SIZE:
             break
         state = _pseudo_crc_id(s, d, sport, dport, 8 + n, (first_ident + ok) & 0xFFFF)
-        if crc32_raw(dg[5:n - ICRC_SIZE], crc32_raw(_FF, crc32_raw(dg[:4], state))) != \
-                unpack(dg, n - ICRC_SIZE)[0]:
+        if _crc_datagram(state, dg) != unpack(dg, n - ICRC_SIZE)[0]:
             break
         ok += 1
     return ok
@@ -535,10 +531,8 @@ def icrc_ok_udp(src_ip: bytes, dst_ip: bytes, sport: int, dport: int,
         n = datagram.nbytes
         if n >= BTH_SIZE + ICRC_SIZE and datagram.itemsize == 1:
             state = _PSEUDO_CRC.get((src_ip, dst_ip, sport, dport, 8 + n))
-            if state is not None and crc32_raw(
-                    datagram[5:n - ICRC_SIZE],
-                    crc32_raw(_FF, crc32_raw(datagram[:4], state))) == \
-                    _ICRC.unpack_from(datagram, n - ICRC_SIZE)[0]:
+            if (state is not None and _crc_datagram(state, datagram)
+                    == _ICRC.unpack_from(datagram, n - ICRC_SIZE)[0]):
                 return True
     return _udp_check(src_ip, dst_ip, sport, dport, datagram)[0]
 
