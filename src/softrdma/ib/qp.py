@@ -333,9 +333,7 @@ class EngineQP:
 
     def post_recvs(self, rwqes: list[RecvWQE]) -> None:
         """:meth:`post_recv` of each, in order (the ones before a refused one stay)."""
-        post = self.rq.post
-        for rwqe in rwqes:
-            post(rwqe, self.state, self.destroyed)
+        self.rq.post_many(rwqes, self.state, self.destroyed)
 
     def query(self) -> QueryAttrs:
         return {

@@ -153,6 +153,12 @@ class ReceiveQueue:
             return
         self.q.append(rwqe)
 
+    def post_many(self, rwqes: list[RecvWQE], state: int, destroyed: bool) -> None:
+        """:meth:`post` of each, in order: the ones before a refused one stay posted."""
+        post = self.post
+        for rwqe in rwqes:
+            post(rwqe, state, destroyed)
+
     def flush(self) -> None:
         """Complete every queued WQE with IBV_WC_WR_FLUSH_ERR, oldest first (an SRQ's
         WQEs stay for the other QPs attached to it)."""
