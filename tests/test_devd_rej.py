@@ -24,13 +24,13 @@ PEER = "127.0.0.2"  # answers go to the RoCE port of the source: the peer binds 
 
 
 def _req(sock: socket.socket, dport: int, comm_id: int, *, bad_icrc: bool = False,
-         local_gid: bytes | None = None) -> None:
+         local_gid: bytes | None = None, qkey: int = 0x80010000) -> None:
     src, dst = socket.inet_aton(PEER), socket.inet_aton(LOCAL)
     gid = local_gid if local_gid is not None else V4_MAPPED + src
     mad = wcm.encode(wcm.Req(local_comm_id=comm_id, service_id=0x0106000000004E20,
                              local_qpn=0x123, primary_local_gid=gid,
                              primary_remote_gid=V4_MAPPED + dst), tid=comm_id)
-    hdr = _BTH_DETH.pack(0x64, 0, 0xFFFF, 1, 0, 0x80010000, 1)
+    hdr = _BTH_DETH.pack(0x64, 0, 0xFFFF, 1, 0, qkey, 1)
     icrc = udp_send_icrc(src, dst, sock.getsockname()[1], dport, [hdr, mad])
     if bad_icrc:
         icrc = bytes(b ^ 0x5A for b in icrc)
@@ -73,6 +73,18 @@ def test_good_req_gets_rej_bad_icrc_and_forged_gid_get_nothing(
     _req(peer, port, 0x1003, local_gid=V4_MAPPED + socket.inet_aton("10.9.9.9"))
     assert _rejs(peer) == []
     wait_for(lambda: running.devd.counters["cm_bad_req"] == 2)
+    assert running.devd.counters["cm_rejected"] == 1
+
+
+def test_req_with_another_q_key_gets_no_rej(
+        running: Running, cm_client, peer: socket.socket) -> None:  # noqa: F811
+    """Issue 21 item 9: QP1 takes only Q_Key 0x80010000 (IBA 13.5.1); devd's own REJ
+    applies the same check as a listening process's QP1 (which drops such a REQ)."""
+    port = running.devd.udp_port
+    _req(peer, port, 0x1101, qkey=0x12345678)
+    wait_for(lambda: running.devd.counters["cm_bad_req"] == 1)
+    _req(peer, port, 0x1102)  # the same REQ with QP1's Q_Key is answered
+    assert [r.remote_comm_id for r in _rejs(peer)] == [0x1102]
     assert running.devd.counters["cm_rejected"] == 1
 
 

@@ -6,6 +6,8 @@ SIDR_REP status 1), as a CM without a listener would (IBA 12.6.7, A11 CA11-8;
 before answering the daemon makes sure the REQ is one a real CM sent, and bounds what it
 sends to any one address (the daemon must not become a reflector):
 
+* the DETH Q_Key must be QP1's, ``GSI_QKEY`` 0x80010000 (IBA 13.5.1, 10.2.4.1): QP1
+  drops any other, as the listening process's QP1 does (checked first);
 * the ICRC must be correct (RoCEv2, IBA A17.8; for IPv4 the Identification the socket
   does not show is recovered, :func:`softrdma.wire.roce.recover_ipv4_id`);
 * the source must be a unicast address (not unspecified, multicast or broadcast), and
@@ -29,7 +31,8 @@ from softrdma.wire.mad import GSI_QKEY
 from softrdma.wire.roce import icrc_ok_udp, icrc_v1, recover_ipv4_id
 from softrdma.wire.rocev1 import LOOPBACK_GID
 
-__all__ = ["REJ_BURST", "REJ_PER_SECOND", "RejLimiter", "answer_for", "sane_request"]
+__all__ = ["REJ_BURST", "REJ_PER_SECOND", "RejLimiter", "answer_for", "gsi_qkey_ok",
+           "sane_request"]
 
 REJ_BURST = 8  # answers to one source before the rate limit applies
 REJ_PER_SECOND = 8.0  # refill rate of a source's answers
@@ -48,14 +51,23 @@ def _unicast(ip: bytes) -> bool:
     return not (addr.is_unspecified or addr.is_multicast or ip == b"\xff\xff\xff\xff")
 
 
+def gsi_qkey_ok(data: bytes | bytearray | memoryview) -> bool:
+    """Whether the DETH of ``data`` (BTH .. ICRC) carries QP1's Q_Key ``GSI_QKEY``
+    (IBA 13.5.1: QP1's Q_Key is 0x80010000; a UD QP drops a datagram whose Q_Key is not
+    its own, IBA 10.2.4.1)."""
+    return (len(data) >= MAD_OFF
+            and int.from_bytes(data[BTH_SIZE:BTH_SIZE + 4], "big") == GSI_QKEY)
+
+
 def sane_request(dg: Datagram, dport: int) -> bool:
-    """Whether ``dg`` (BTH .. ICRC) has a correct ICRC and a unicast source address.
+    """Whether ``dg`` (BTH .. ICRC) carries QP1's Q_Key, a correct ICRC and a unicast
+    source address.
 
     A RoCEv1 frame (``dg.grh``, Annex A16): the RoCEv1 ICRC over its GRH, and a unicast
     SGID other than the loopback GID (A16.7.2)."""
-    if not _unicast(dg.src_ip):
-        return False
     data = dg.data
+    if not gsi_qkey_ok(data) or not _unicast(dg.src_ip):
+        return False
     if dg.grh:
         return (len(data) > ICRC_SIZE and dg.src_ip != LOOPBACK_GID
                 and icrc_v1(dg.grh, (data[:-ICRC_SIZE],)) == data[-ICRC_SIZE:])
