@@ -550,6 +550,35 @@ def test_unknown_dreq_gets_a_drep() -> None:
     assert (drep.local_comm_id, drep.remote_comm_id) == (0x20, 0x10)
 
 
+def test_spoofed_dreq_flood_gets_bounded_dreps() -> None:
+    """Issue 21 item 10: DREQs naming no connection are answered (linux cm_issue_drep),
+    but at most REJ_BURST per source and then REJ_PER_SECOND, as devd's REJ: 300
+    spoofed DREQs in 2 s draw 8 + 2 * 8 DREPs, not one each. Another source keeps its
+    own budget."""
+    from softrdma.drivers.cm_reject import REJ_BURST, REJ_PER_SECOND
+
+    p = Pair()
+    agent = p.b.agent
+    forged = bytes(10) + b"\xff\xff" + bytes((10, 9, 0, 77))
+    t0 = p.clock.now()
+    for i in range(300):
+        dreq = wcm.Dreq(local_comm_id=0x100 + i, remote_comm_id=0x200 + i, remote_qpn_eecn=5)
+        mad = wcm.encode(dreq, tid=i)
+        p.b.ctx.runtime.call_now(lambda now, m=mad: agent.on_mad(m, forged, 1, now,
+                                                                 dst_gid=p.b.gid))
+        p.run(2.0 / 300)
+    took = p.clock.now() - t0
+    n = agent.counters.mads_out
+    assert REJ_BURST <= n <= REJ_BURST + int(took * REJ_PER_SECOND) + 1
+    assert agent.counters.drep_limited == 300 - n
+    before = agent.counters.mads_out
+    dreq = wcm.encode(wcm.Dreq(local_comm_id=0x10, remote_comm_id=0x20, remote_qpn_eecn=5),
+                      tid=3)
+    p.b.ctx.runtime.call_now(lambda now: agent.on_mad(dreq, p.a.gid, 1, now,
+                                                      dst_gid=p.b.gid))
+    assert agent.counters.mads_out == before + 1
+
+
 def test_bad_mads_are_counted_not_raised() -> None:
     p = Pair()
     agent = p.b.agent

@@ -42,6 +42,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from ..drivers.cm_reject import RejLimiter
 from ..errors import DecodeError, InvalidArgument, SoftRdmaError, StateError
 from ..wire import cm as wcm
 from ..wire.cm import MsgType, Rej, RejReason, TransportServiceType, time_code_s
@@ -109,6 +110,10 @@ class CmAgent:
         self.sidr_server: dict[tuple[int, bytes], IbCmId] = {}
         self.sidr_cache: dict[tuple[int, bytes], bytes] = {}
         self.outq: list[OutMad] = []
+        #: bounds the answers sent for state we do not hold (the DREP to a DREQ naming no
+        #: connection): a forged source gets at most ``REJ_BURST``, then ``REJ_PER_SECOND``
+        #: (the same per-source limit as devd's REJ, ``drivers.cm_reject``)
+        self.stateless_limiter = RejLimiter()
         self.events: deque[CmEvent] = deque()
         self.errors: deque[BaseException] = deque(maxlen=16)  # handler/processing failures
         self.on_event: Callable[[CmEvent], None] | None = None
@@ -260,7 +265,12 @@ class CmAgent:
                 cid.remote_id and msg.local_comm_id not in (cid.remote_id, 0)):
             self.counters.unknown_id += 1
             if isinstance(msg, wcm.Dreq) and self.exclusive:
-                # linux cm_issue_drep: let a peer that lost its state finish.
+                # linux cm_issue_drep: let a peer that lost its state finish; it goes
+                # to the DREQ's source, so it is rate-limited per source (a spoofed
+                # DREQ flood must not make us a reflector).
+                if not self.stateless_limiter.allow(src, now):
+                    self.counters.drep_limited += 1
+                    return
                 drep = wcm.Drep(local_comm_id=msg.remote_comm_id,
                                 remote_comm_id=msg.local_comm_id)
                 self.send_msg(dst, src, drep, tid)

@@ -201,7 +201,7 @@ class CmCounters:
 
     __slots__ = ("mads_in", "mads_out", "retransmits", "bad_mads", "ignored",
                  "unknown_id", "stale", "no_listener", "backlog_drops", "duplicates",
-                 "unclaimed", "timeouts", "errors")
+                 "unclaimed", "timeouts", "errors", "drep_limited", "half_open_evicted")
 
     def __init__(self) -> None:
         self.mads_in = 0
@@ -217,6 +217,8 @@ class CmCounters:
         self.unclaimed = 0
         self.timeouts = 0
         self.errors = 0
+        self.drep_limited = 0  # DREPs for unknown comm IDs not sent (per-source limit)
+        self.half_open_evicted = 0  # unanswered REPs given up to let a new REQ in
 
     def as_dict(self) -> dict[str, int]:
         return {n: getattr(self, n) for n in self.__slots__}
