@@ -572,9 +572,9 @@ def test_spoofed_dreq_flood_gets_bounded_dreps() -> None:
     assert REJ_BURST <= n <= REJ_BURST + int(took * REJ_PER_SECOND) + 1
     assert agent.counters.drep_limited == 300 - n
     before = agent.counters.mads_out
-    dreq = wcm.encode(wcm.Dreq(local_comm_id=0x10, remote_comm_id=0x20, remote_qpn_eecn=5),
-                      tid=3)
-    p.b.ctx.runtime.call_now(lambda now: agent.on_mad(dreq, p.a.gid, 1, now,
+    one = wcm.encode(wcm.Dreq(local_comm_id=0x10, remote_comm_id=0x20, remote_qpn_eecn=5),
+                     tid=3)
+    p.b.ctx.runtime.call_now(lambda now: agent.on_mad(one, p.a.gid, 1, now,
                                                       dst_gid=p.b.gid))
     assert agent.counters.mads_out == before + 1
 
@@ -671,6 +671,75 @@ def test_req_flood_against_accepting_listener_is_bounded_by_its_backlog() -> Non
     assert all(ev.reject is not None and ev.reject.reason == RejReason.NO_RESOURCES
                for ev in rejected)
     assert p.b.agent.counters.backlog_drops == 16
+
+
+def _forged_reqs(p: Pair, n: int) -> None:
+    """``n`` REQs to SID on b from sources that never answer (the REP is lost), asking
+    for the longest waits a REQ can name: Local CM Response Timeout and Local ACK
+    Timeout 31, Max CM Retries 15 (issue 21 item 2)."""
+    for i in range(n):
+        src = bytes(10) + b"\xff\xff" + bytes((10, 9, 1, 10 + i))
+        req = wcm.Req(local_comm_id=0x5000 + i, service_id=SID, local_ca_guid=0x77 + i,
+                      local_qpn=0x100 + i, starting_psn=1, path_mtu=3,
+                      local_cm_response_timeout=31, remote_cm_response_timeout=31,
+                      primary_local_ack_timeout=31, max_cm_retries=15,
+                      primary_local_gid=src, primary_remote_gid=p.b.gid, primary_hop_limit=64)
+        mad = wcm.encode(req, tid=0x9000 + i)
+        p.b.ctx.runtime.call_now(lambda now, m=mad, s=src: p.b.agent.on_mad(
+            m, s, 1, now, dst_gid=p.b.gid))
+
+
+def _accepting_listener(p: Pair, backlog: int) -> IbCmId:
+    lst = p.b.new_id()
+    lst.listen(SID, backlog=backlog)
+    spare = [p.b.qp()[0] for _ in range(backlog + 4)]
+
+    def on(ev: CmEvent) -> None:
+        if ev.type == T.CONNECT_REQUEST:
+            ev.cm_id.accept(spare.pop())
+    p.b.on = on
+    return lst
+
+
+def test_forged_reqs_cannot_lock_a_listener_out() -> None:
+    """Issue 21 item 2: REQs naming the longest waits fill a backlog-3 listener (rping's)
+    with half-open connections. Once they have waited a (locally bounded) response
+    time, a real client's REQ evicts the oldest of them instead of getting REJ No
+    resources, and connects."""
+    p = Pair()
+    lst = _accepting_listener(p, backlog=3)
+    _forged_reqs(p, 3)
+    p.run(0.05)
+    assert lst.pending == 3
+    p.run(30)  # far less than one try of the REQs' own timeouts (2.3 h)
+    cid, qa = p.a.new_id(), p.a.qp()[0]
+    cid.connect(qa, ConnParams(SID, p.b.gid))
+    p.run(1)
+    assert cid.state == CmState.ESTABLISHED, p.a.events
+    assert p.b.agent.counters.half_open_evicted == 1
+    assert p.b.agent.counters.backlog_drops == 0
+    gave_up = p.b.of(T.UNREACHABLE)
+    assert len(gave_up) == 1 and lst.pending == 2
+
+
+def test_forged_reqs_half_open_wait_is_bounded_locally() -> None:
+    """The RTU wait takes the REQ's timeouts only up to the local bound
+    (CmConfig.max_peer_response_timeout 20, PacketLifeTime up to subnet_timeout, 15
+    retries): 16 tries of 2 * 1.07 s + 4.3 s, not 16 of 2.3 h. Fresh half-open entries
+    are not evicted: a REQ flood is still refused (REJ No resources)."""
+    p = Pair()
+    lst = _accepting_listener(p, backlog=3)
+    _forged_reqs(p, 3)
+    p.run(0.05)
+    cfg = p.b.agent.config
+    one_try = 2 * cfg.packet_life_s + time_code_s(cfg.max_peer_response_timeout)
+    cid, qa = p.a.new_id(), p.a.qp()[0]
+    cid.connect(qa, ConnParams(SID, p.b.gid))
+    p.run(0.05)
+    assert cid.state == CmState.IDLE and p.b.agent.counters.backlog_drops == 1
+    p.run(16 * one_try + 1)
+    assert lst.pending == 0 and len(p.b.of(T.UNREACHABLE)) == 3
+    assert p.b.agent.counters.half_open_evicted == 0
 
 
 def test_client_qp_broken_before_rep_gives_connect_error() -> None:

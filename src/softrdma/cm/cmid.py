@@ -76,7 +76,7 @@ class IbCmId:
         "last_reply", "retries", "max_retries", "timeout_s", "deadline", "timer_seq",
         "listen_id", "pending", "backlog", "dialect", "params", "req", "rep", "local_psn",
         "ack_timeout", "local_ack_timeout", "destroyed", "follow", "drep_tid", "auto_rtu",
-        "sidr_key", "reject_info", "psn_drawn", "__weakref__",
+        "sidr_key", "reject_info", "psn_drawn", "opened_at", "__weakref__",
     )
 
     def __init__(self, agent: CmAgent, handler: Callable[[CmEvent], None] | None = None,
@@ -122,6 +122,8 @@ class IbCmId:
         self.sidr_key: tuple[int, bytes] | None = None
         self.reject_info: RejectInfo | None = None
         self.psn_drawn = False
+        #: when the passive side sent its REP (the half-open wait for the RTU began)
+        self.opened_at = 0.0
 
     def __repr__(self) -> str:
         return f"<IbCmId {self.local_id:#010x} {self.state.name}>"

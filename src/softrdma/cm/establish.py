@@ -244,11 +244,16 @@ def send_rep(cid: IbCmId, now: float, inp: AcceptConn) -> None:
                   rnr_retry_count=a.rnr_retry_count, srq=int(has_srq),
                   local_ca_guid=agent.guid, private_data=pd)
     cid.rep = rep
-    # linux cm_req_handler: wait 2 * PacketLifeTime + the REQ's Local CM Response
-    # Timeout for the RTU, retrying Max CM Retries times.
-    plt = max(0, req.primary_local_ack_timeout - 1)
-    cid.timeout_s = 2 * time_code_s(plt) + time_code_s(req.local_cm_response_timeout)
-    cid.max_retries = req.max_cm_retries
+    # IBA 12.6.5 / linux cm_req_handler: wait 2 * PacketLifeTime + the REQ's Local CM
+    # Response Timeout for the RTU, retrying Max CM Retries times; each taken only up
+    # to our local bound (CmConfig.max_peer_response_timeout), as a forged REQ names
+    # them: 31/31/15 would hold the half-open connection for hours.
+    cfg = agent.config
+    plt = min(max(0, req.primary_local_ack_timeout - 1), cfg.subnet_timeout)
+    resp_time = min(req.local_cm_response_timeout, cfg.max_peer_response_timeout)
+    cid.timeout_s = 2 * time_code_s(plt) + time_code_s(resp_time)
+    cid.max_retries = min(req.max_cm_retries, cfg.max_cm_retries)
+    cid.opened_at = now
     cid.send(rep, cid.tid, now, retransmit=True)
 
 

@@ -77,6 +77,7 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
+_HALF_OPEN = (CmState.REP_SENT, CmState.MRA_REP_RCVD)  # passive side, waiting for the RTU
 
 
 class CmAgent:
@@ -304,7 +305,7 @@ class CmAgent:
             else:
                 self.counters.unclaimed += 1
             return
-        if listener.pending >= listener.backlog:
+        if listener.pending >= listener.backlog and not self._evict_half_open(listener, now):
             # The backlog (half-open connections: not yet accepted, or waiting for the
             # RTU) is full: REJ "No resources available" (IBA Table 109 reason 3,
             # ../shared/specs/ib-cm.md §4) frees the peer at once instead of holding it
@@ -338,6 +339,21 @@ class CmAgent:
                           remote_ip=verdict.remote_ip, remote_port=verdict.remote_port,
                           local_ip=verdict.local_ip, local_port=verdict.local_port,
                           info={"req": req, **verdict.info}))
+
+    def _evict_half_open(self, listener: IbCmId, now: float) -> bool:
+        """Make room in ``listener``'s full backlog: give up the oldest half-open
+        connection (REP sent, no RTU) that has waited a whole response time already, as
+        its retries running out would (REJ Timeout, UNREACHABLE; :mod:`.retry`). A peer
+        that never answers its REP (a forged REQ's source) cannot keep a real client
+        out; fresh half-open entries are kept, so a flood is still refused."""
+        for cid in self.ids.values():
+            if (cid.listen_id is listener and cid.state in _HALF_OPEN and cid.msg is not None
+                    and now - cid.opened_at >= cid.timeout_s):
+                self.counters.half_open_evicted += 1
+                cid.max_retries = cid.retries  # no retry left: the Timeout gives up
+                cid.handle(Timeout(), now)
+                return listener.pending < listener.backlog
+        return False
 
     def reject_req(self, req: wcm.Req, tid: int, src: bytes, dst: bytes, reason: int,
                     ari: bytes = b"", private_data: bytes = b"") -> None:

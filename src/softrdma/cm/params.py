@@ -54,6 +54,13 @@ class CmConfig:
     peer (Remote CM Response Timeout; Linux rdma_cm puts 20 in both); ``subnet_timeout``
     is the PacketLifeTime estimate (CA16-9 default 18). ``mra_service_timeout`` is the
     service timeout of the MRA answering a duplicate REQ (rdma_cm's 24).
+    ``max_peer_response_timeout`` bounds what a peer's REQ makes us wait for its RTU:
+    its Local CM Response Timeout is taken up to this time code (20, what Linux rdma_cm
+    announces for itself: ``CMA_CM_RESPONSE_TIMEOUT`` in drivers/infiniband/core/cma.c),
+    its PacketLifeTime (Local ACK Timeout - 1) up to ``subnet_timeout`` and its Max CM
+    Retries up to ``max_cm_retries`` (``CMA_MAX_CM_RETRIES`` 15); Linux's
+    ``cm_req_handler`` takes the REQ's values unbounded (``cm_convert_to_ms(31)`` is
+    2.3 h a try), so a few forged REQs could hold a listener's backlog for hours.
     ``timewait_s`` overrides the TimeWait duration. ``ip_cm_supported`` False makes
     the agent answer every A11 Service ID with REJ 8 (CA11-8).
     """
@@ -66,10 +73,11 @@ class CmConfig:
     timewait_s: float | None = None
     ip_cm_supported: bool = True
     default_backlog: int = 1024
+    max_peer_response_timeout: int = 20
 
     def __post_init__(self) -> None:
         for name in ("resp_time_value", "remote_cm_response_timeout", "subnet_timeout",
-                     "mra_service_timeout"):
+                     "mra_service_timeout", "max_peer_response_timeout"):
             v = getattr(self, name)
             if not isinstance(v, int) or not 0 <= v <= 31:
                 raise InvalidArgument(name, f"an IBA time code is 0..31, got {v!r}")
