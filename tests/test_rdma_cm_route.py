@@ -51,3 +51,56 @@ def test_resolution_picks_the_device_of_the_routes_source(tmp_path: Path) -> Non
     assert r.stdout.splitlines() == ["10.77.0.9 rt0 10.77.0.1",       # via v0's route
                                      "127.0.0.1 softrdma_lo 127.0.0.1",  # loopback
                                      "10.77.0.1 rt0 10.77.0.1"]       # our own address
+
+
+ADDR_PROBE = """
+import sys
+from pathlib import Path
+from softrdma.cm import rdma_cm as rc
+from softrdma.drivers.registry import Registry
+reg = Registry(Path(sys.argv[1]))
+reg.delete("softrdma_lo")
+reg.add("rtlo", "lo", "roce", 40124)
+ch = rc.EventChannel()
+for dst in sys.argv[2:]:
+    cid = rc.CmId(ch)
+    cid.resolve_addr(None, (dst, 7471), 2000)
+    ev = ch.get_cm_event(10.0)
+    ch.ack(ev)
+    print(dst, rc.event_str(ev.event), ev.status)
+    cid.destroy()
+"""
+
+
+def test_unroutable_or_deviceless_destination_gives_addr_error(tmp_path: Path) -> None:
+    """Issue 25: without a softrdma device on the route, ``resolve_addr`` reports
+    RDMA_CM_EVENT_ADDR_ERROR with Linux's status (cma.c ``addr_handler``): -ENODEV (-19)
+    when the route leaves through a netdev without a softrdma device
+    (``cma_acquire_dev_by_src_ip``), -ENETUNREACH (-101) when there is no route; it used
+    to pick any device of the family (ADDR_RESOLVED, then a traceback from connect or
+    30 s of silence). ``softrdma rping`` says so as librdmacm's rping does. Nothing is
+    sent: the namespace has no route off the box."""
+    ns = f"cmae-{uuid.uuid4().hex[:8]}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        setup = ("ip link set lo up && ip link add v0 type veth peer name v1 && "
+                 "ip addr add 10.78.0.1/24 dev v0 && ip link set v0 up && ip link set v1 up")
+        subprocess.run(["ip", "netns", "exec", ns, "sh", "-c", setup], check=True)
+        env = dict(os.environ, SOFTRDMA_STATE_DIR=str(tmp_path), PYTHONPATH=SRC)
+        env.pop("SOFTRDMA_SHARED", None)
+        r = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", ADDR_PROBE,
+                            str(tmp_path), "10.78.0.9", "192.0.2.1", "127.0.0.1"],
+                           env=env, capture_output=True, text=True, timeout=60)
+        ping = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-m", "softrdma",
+                               "rping", "-c", "-a", "10.78.0.9", "-C", "1", "--timeout", "10"],
+                              env=env, capture_output=True, text=True, timeout=60)
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], check=False)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        "10.78.0.9 RDMA_CM_EVENT_ADDR_ERROR -19",    # routed via v0: no softrdma device
+        "192.0.2.1 RDMA_CM_EVENT_ADDR_ERROR -101",   # no route at all
+        "127.0.0.1 RDMA_CM_EVENT_ADDR_RESOLVED 0"]   # the device on lo
+    assert ping.returncode == 1, ping.stderr
+    assert "cma event RDMA_CM_EVENT_ADDR_ERROR, error -19" in ping.stderr, ping.stderr
+    assert "Traceback" not in ping.stderr

@@ -4,9 +4,14 @@ Address resolution (librdmacm ``rdma_resolve_addr`` / ``rdma_bind_addr``): the c
 devices are the registry's (``softrdma link``; each owns its netdev's addresses) plus the
 built-in iWARP loopback device ``softrdma_iw_lo`` (127.0.0.1 and ::1). A source address
 picks the devices owning it; without one, the kernel's route to the destination gives the
-source address (``drivers.route``, as Linux's address resolution) and the device owning
-it; failing that, a loopback destination (127.0.0.0/8, ::1) picks the devices on ``lo``,
-any other destination the devices with an address of its family. ``prefer`` narrows the choice: a device name, or a transport ``"roce"`` /
+source address (as Linux's address resolution) and the device owning it (a loopback
+destination, 127.0.0.0/8 or ::1, only a device on ``lo``). As Linux's ``addr_handler``
+(drivers/infiniband/core/cma.c) there is no other fallback: no route is
+``ENETUNREACH`` (or the route lookup's own errno, e.g. ``EHOSTUNREACH``), a route from
+an address no softrdma device owns is ``ENODEV`` (``cma_acquire_dev_by_src_ip``); the
+rdma_cm layer reports either as ``RDMA_CM_EVENT_ADDR_ERROR`` with that status. Only an
+IPv6 link-local destination, which the kernel cannot route without its scope, picks a
+device with a link-local address. ``prefer`` narrows the choice: a device name, or a transport ``"roce"`` /
 ``"iwarp"`` (default: the first candidate, registry order, so RoCE before the built-in
 iWARP device). The transport then comes from the device type.
 
@@ -17,14 +22,15 @@ one :class:`~softrdma.cm.gsi.CmBinding` on its QP1) and stays open until
 
 from __future__ import annotations
 
+import errno
 import ipaddress
+import os
 import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..drivers.route import route_source
 from ..errors import DeviceError, InvalidArgument
 from ..verbs.device import IWARP_LOOPBACK, Context, get_device_list
 from ..wire.ipcm import IpAddress
@@ -125,37 +131,39 @@ def find_device(src: IpAddress | None, dst: IpAddress | None,
     if dst is None:
         raise InvalidArgument("dst", "a destination address is needed without a source")
     # The kernel's route to dst names the source address, and so the device, as Linux
-    # rdma_resolve_addr does; the rules below are the fallback when no device owns it.
-    kern = route_source(dst.packed)
-    if kern is not None:
-        for d in devs:
-            if kern in d.ips and (d.netdev == "lo" or not dst.is_loopback):
-                return d, ipaddress.ip_address(kern)
+    # rdma_resolve_addr does (addr_resolve, then cma_acquire_dev_by_src_ip).
+    where = '' if prefer is None else ' ' + repr(prefer)
     fam = 4 if dst.version == 4 else 16
+    if dst.version == 6 and dst.is_link_local:
+        for d in devs:
+            own = [ip for ip in d.ips if len(ip) == fam]
+            if dst.packed in own:
+                return d, dst
+            if own:
+                return d, ipaddress.ip_address(_pick_source(dst, own))
+        raise DeviceError(f"no softrdma device{where} has an IPv6 address to reach {dst}",
+                          errno=errno.ENODEV)
+    kern = _route_source(dst)
+    if isinstance(kern, int):
+        raise DeviceError(f"no route to {dst}: {os.strerror(kern)}", errno=kern)
     for d in devs:
-        if dst.is_loopback and d.netdev != "lo":
-            continue
-        if dst.packed in d.ips:
-            return d, dst
-        own = [ip for ip in d.ips if len(ip) == fam]
-        if dst.is_loopback:
-            own = [ip for ip in own if ipaddress.ip_address(ip).is_loopback]
-        if own:
-            return d, ipaddress.ip_address(_pick_source(dst, own))
-    raise DeviceError(f"no softrdma device{'' if prefer is None else ' ' + repr(prefer)} "
-                      f"routes to {dst}", errno=101)  # ENETUNREACH
+        if kern in d.ips and (d.netdev == "lo" or not dst.is_loopback):
+            return d, ipaddress.ip_address(kern)
+    raise DeviceError(f"the route to {dst} leaves from {ipaddress.ip_address(kern)}, which no "
+                      f"softrdma device{where} owns", errno=errno.ENODEV)
 
 
-def _route_source(dst: IpAddress) -> bytes | None:
+def _route_source(dst: IpAddress) -> bytes | int:
     """The source address the kernel's routing picks for ``dst`` (a UDP ``connect``
-    sends nothing), as rdma_resolve_addr does; None if there is no route."""
+    sends nothing), as rdma_resolve_addr does; the route lookup's errno if there is no
+    route (``ENETUNREACH``, ``EHOSTUNREACH`` for an unreachable route...)."""
     fam = socket.AF_INET if dst.version == 4 else socket.AF_INET6
     try:
         with socket.socket(fam, socket.SOCK_DGRAM) as s:
             s.connect((str(dst), 9))
             return ipaddress.ip_address(s.getsockname()[0].split("%", 1)[0]).packed
-    except OSError:
-        return None
+    except OSError as exc:
+        return exc.errno or errno.ENETUNREACH
 
 
 def _pick_source(dst: IpAddress, own: list[bytes]) -> bytes:
@@ -164,7 +172,7 @@ def _pick_source(dst: IpAddress, own: list[bytes]) -> bytes:
     a link-local source: its ICRC and replies would use the wrong address), else the
     first."""
     routed = _route_source(dst)
-    if routed is not None and routed in own:
+    if isinstance(routed, bytes) and routed in own:
         return routed
     link_local = dst.version == 6 and dst.is_link_local
     same = [ip for ip in own if len(ip) == 4 or ipaddress.ip_address(ip).is_link_local == link_local]
