@@ -13,7 +13,7 @@ import random
 
 import pytest
 
-from softrdma.iwarp.mpa_stream import DIRECT_MIN, Buf, FpduRx, frame
+from softrdma.iwarp.mpa_stream import DIRECT_MIN, Buf, FpduRx, StallWatch, frame
 from softrdma.iwarp.terminate import IwarpFault
 from softrdma.wire.crc import crc32c
 from softrdma.wire.ddp import LlpEtype, MpaErrorCode, TerminateLayer
@@ -214,3 +214,24 @@ def test_dead_stream_consumes_nothing() -> None:
     rx.dead = True
     rx.feed(memoryview(encode([(bytes(HDR), b"z")], crc=False, markers=False)))
     assert sink.got == [] and rx.pos == 0
+
+
+def test_a_stalled_partial_fpdu_times_out_an_idle_stream_does_not() -> None:
+    """Issue 21: a header announcing 64 KiB, then silence, ends the stream after the
+    stall limit (LLP "TCP connection lost", RFC 5044 §8); each new octet restarts the
+    wait, and silence between whole FPDUs is never a stall."""
+    sink = Sink()
+    rx = make_rx(sink, crc=False, markers=False)
+    watch = StallWatch()
+    wire = encode([(bytes(HDR), b"z" * 100)], crc=False, markers=False)
+    rx.feed(memoryview(wire))  # one whole FPDU, then an idle stream
+    assert sink.got and all(watch.check(rx, t, 5.0) is None for t in (0.0, 10.0, 1000.0))
+    rx.feed(memoryview(b"\xff\xff\0"))  # ULPDU_Length 65535 and one more octet
+    assert watch.check(rx, 1000.0, 5.0) is None
+    assert watch.check(rx, 1004.0, 5.0) is None
+    rx.feed(memoryview(b"\0"))  # progress: the wait starts again
+    assert watch.check(rx, 1004.5, 5.0) is None
+    assert watch.check(rx, 1009.0, 5.0) is None
+    f = watch.check(rx, 1009.6, 5.0)
+    assert f is not None and "65535" in f.reason
+    _llp(f, MpaErrorCode.TCP_CONNECTION_LOST)

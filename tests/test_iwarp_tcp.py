@@ -282,6 +282,31 @@ def test_raw_peer_closes_mid_message(ctx: v.Context, cut: int) -> None:
     lst.close()
 
 
+def test_raw_peer_stalled_inside_an_fpdu_is_terminated(ctx: v.Context) -> None:
+    """Issue 21: an FPDU header announcing 64 KiB, then silence: after the stall limit
+    (here 0.3 s) the peer gets a Terminate (LLP, "TCP connection lost") and a FIN and the
+    receive WQEs are flushed, instead of the connection staying open forever."""
+    ctx.runtime.fpdu_stall_s = 0.3  # type: ignore[attr-defined]
+    b = Ep(ctx)
+    b.recv(4096, 1)
+    lst = iwconnect.listen(ctx, 0)
+    got: dict[str, Any] = {}
+    t = _accept_raw(ctx, b, lst, got)
+    peer = RawClient(lst.port)
+    peer.handshake()
+    t.join(10)
+    peer.sock.sendall(b"\xff\xff\x41\x01\0")  # ULPDU_Length 65535 + 3 header octets
+    rest = peer.read_all()  # the Terminate, then the FIN (a socket timeout: no answer)
+    segs = [ddp.decode_segment(f.ulpdu) for f in
+            mpa.FpduDeframer(crc=False, markers=False).feed(rest)]
+    assert len(segs) == 1 and segs[0].terminate is not None
+    assert (segs[0].terminate.layer, segs[0].terminate.code) == (2, 0x01)
+    assert [(w.wr_id, w.status) for w in b.wait(1)] == [(1, FLUSH)]
+    peer.sock.close()
+    _sockets_drain(ctx)
+    lst.close()
+
+
 def test_listener_skips_garbage_peers(ctx: v.Context) -> None:
     a, b = Ep(ctx), Ep(ctx)
     lst = iwconnect.listen(ctx, 0)

@@ -49,6 +49,7 @@ from typing import Any
 from ..errors import ClosedError
 from ..iwarp.engine import IwarpConn
 from ..iwarp.events import ConnEvent
+from ..iwarp.mpa_stream import FPDU_STALL_S, StallWatch
 from ..iwarp.qp import IwarpDevice
 from .progress import ProgressCore, WakePipe, check_mode
 from .tap_stream import StreamTap
@@ -112,7 +113,8 @@ class _Watch:
 
 
 class _Sock:
-    __slots__ = ("sock", "conn", "pending", "closing", "close_at", "fd", "events", "done", "eof")
+    __slots__ = ("sock", "conn", "pending", "closing", "close_at", "fd", "events", "done", "eof",
+                 "stall")
 
     def __init__(self, sock: socket.socket, conn: IwarpConn) -> None:
         self.sock = sock
@@ -124,6 +126,7 @@ class _Sock:
         self.events = selectors.EVENT_READ
         self.done = False
         self.eof = False
+        self.stall = StallWatch()
 
 
 def _advance(bufs: list[Any], n: int) -> list[Any]:
@@ -148,6 +151,8 @@ class TcpRuntime:
     #: an iWARP device has no datagram link (the verbs layer's multicast hooks look here)
     link: None = None
     tap: StreamTap | None = None  # capture / packet trace (drivers.tap_stream), if asked
+    #: seconds a partial FPDU may stall before its connection is ended (mpa_stream.StallWatch)
+    fpdu_stall_s = FPDU_STALL_S
 
     def __init__(self, dev: IwarpDevice, *, mode: str = "thread",
                  clock: Callable[[], float] | None = None) -> None:
@@ -340,6 +345,10 @@ class TcpRuntime:
             deferred.popleft()()
         now = time.monotonic()
         for s in list(self._socks.values()):
+            if not s.done and not s.closing:
+                stalled = s.stall.check(s.conn.rdmap.rx, now, self.fpdu_stall_s)
+                if stalled is not None:
+                    s.conn.fail(stalled)  # Terminate, then close (RFC 5040 §6.2.1)
             if not s.done and not s.pending:  # pending: EVENT_WRITE resumes it
                 self._tx(s)
             if s.closing and not s.done and now >= s.close_at:

@@ -15,6 +15,10 @@ is the first part, and the ``frame`` step of its transmit path (``siw_tx_hdt``).
   :class:`~.terminate.IwarpFault`) and when the FPDU is complete (``on_fpdu``). Payload
   bytes go straight into the target buffers; a driver can ``recv_into`` them
   (:meth:`FpduRx.target`, :meth:`FpduRx.placed`).
+* :class:`StallWatch` bounds the wait for the rest of a partial FPDU: a header that
+  announces 64 KiB and is followed by silence must not hold the connection (and its
+  receive WQE) forever; the driver asks it on its housekeeping rounds. Silence between
+  FPDUs is an idle connection, not a stall.
 * :func:`frame` wraps one DDP segment (header + payload buffers) into an FPDU: length,
   PAD, CRC32c, and markers through :class:`~softrdma.wire.mpa.FpduEncoder`; payload
   buffers are never copied.
@@ -31,7 +35,7 @@ from ..wire.mpa import MARKER_INTERVAL, FpduEncoder
 from .terminate import IwarpFault
 
 __all__ = ["FpduRx", "FpduSink", "frame", "nbytes", "Buf", "DIRECT_MIN", "FIRST_HDR",
-           "MIN_ULPDU", "LOOKAHEAD_HDR"]
+           "MIN_ULPDU", "LOOKAHEAD_HDR", "FPDU_STALL_S", "StallWatch"]
 
 #: A buffer of an outbound FPDU: bytes, or a byte-format memoryview of registered memory.
 Buf = Buffer
@@ -44,6 +48,9 @@ FIRST_HDR = 16
 MIN_ULPDU = 14
 #: Header octets of the next FPDU worth reading with a payload (ULPDU_Length + untagged).
 LOOKAHEAD_HDR = 20
+#: Seconds a partial FPDU may go without one more octet before the stream counts as lost
+#: (:class:`StallWatch`): far beyond any retransmission a live TCP peer needs to send on.
+FPDU_STALL_S = 30.0
 _LEN = 2        # ULPDU_Length (RFC 5044 §4.1)
 _CRC_LEN = 4
 _MAX_ULPDU = 0xFFFF  # a 16-bit ULPDU_Length
@@ -382,3 +389,35 @@ class FpduRx:
         if fault is not None:
             raise fault
         self.sink.on_fpdu()
+
+
+class StallWatch:
+    """No progress on a partial FPDU for ``limit`` seconds ends the stream.
+
+    Sans-I/O: the driver calls :meth:`check` with its time now and then (its
+    housekeeping rounds). Progress is any new stream octet (``FpduRx.pos``); only a
+    stream stopped inside an FPDU (:attr:`FpduRx.mid_fpdu`) is timed, so an idle
+    connection between FPDUs stays open. The answer is an LLP fault, "TCP connection
+    lost" (RFC 5044 §8 code 0x01): the engine sends its Terminate and closes.
+    """
+
+    __slots__ = ("_pos", "_since")
+
+    def __init__(self) -> None:
+        self._pos = -1
+        self._since = 0.0
+
+    def check(self, rx: FpduRx, now: float, limit: float = FPDU_STALL_S) -> IwarpFault | None:
+        """The fault ending a stream stalled for ``limit`` s inside an FPDU, else None."""
+        if rx.dead or not rx.mid_fpdu:
+            self._pos = -1
+            return None
+        if rx.pos != self._pos:
+            self._pos = rx.pos
+            self._since = now
+            return None
+        if now - self._since < limit:
+            return None
+        return IwarpFault.llp(MpaErrorCode.TCP_CONNECTION_LOST,
+                              f"no octet of the partial FPDU (ULPDU_Length {rx.ulen}) for "
+                              f"{now - self._since:.1f} s: the stream is stalled")
