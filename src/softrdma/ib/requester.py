@@ -125,7 +125,12 @@ class Requester:
         self.rnr_wait = False
         self.rnr_psn = 0
         self.rd_atomic_out = 0
-        self.gap_psn = -1
+        # The read/atomic WQE whose lost responses were re-requested (IBA 9.7.5.1.5) and
+        # not yet answered: further gaps or ACKs beyond it re-request it no more until it
+        # completes or the transport timer expires (once per loss episode, as rxe's
+        # completer does). Without this, every response of the re-requested stream that
+        # moved the expected PSN re-armed the gap check: a READ request storm (issue 21).
+        self.reread: SendWQE | None = None
         self.acked_psn = PSN_MASK  # last PSN covered by an ACK
         # Send window in PSNs: halved on every retry, grown by what each ACK covers. Not
         # a wire rule (IBA leaves the window to the requester, rxe uses a fixed 128); it
@@ -161,7 +166,7 @@ class Requester:
         self.tx_idx = self.tx_pkt = 0
         self.rnr_wait = False
         self.rd_atomic_out = 0
-        self.gap_psn = -1
+        self.reread = None
         self.resend_until = None
 
     def post(self, wqe: SendWQE, now: float) -> None:
@@ -519,10 +524,8 @@ class Requester:
                 break
             if w.rd_atomic:
                 # An ACK beyond an unanswered read/atomic: its responses were lost
-                # (IBA 9.7.5.1.5): re-request it.
-                self._go_back_to(i)
-                self.qp.port.counters.completer_retry += 1
-                self.pump(now)
+                # (IBA 9.7.5.1.5): re-request it, once per loss episode.
+                self._reread(w, i, now)
                 break
             w.state = DONE
             progressed = True
@@ -576,10 +579,7 @@ class Requester:
             return
         if d > 0:
             # a response packet was lost: re-request from the first missing one (go-back-N)
-            if self.gap_psn != expected:
-                self.gap_psn = expected
-                self._go_back_to(self.sq.index(w))
-                self.pump(now)
+            self._reread(w, self.sq.index(w), now)
             return
         plen = len(pkt.payload)
         remaining = w.length - got
@@ -594,8 +594,20 @@ class Requester:
         if last:
             w.state = DONE
             self.rd_atomic_out -= 1
-            self.gap_psn = -1
+            self.reread = None
         self._progress(now)
+
+    def _reread(self, w: SendWQE, i: int, now: float) -> None:
+        """Re-request read/atomic ``w`` (at ``sq[i]``) whose responses were lost, from its
+        first missing PSN (IBA 9.7.5.1.5), unless that was done already in this loss
+        episode: the responses still in flight from the earlier request(s) arrive out of
+        sequence too, and must not re-request it again (the timer recovers further losses)."""
+        if self.reread is w:
+            return
+        self._go_back_to(i)
+        self.reread = w
+        self.qp.port.counters.completer_retry += 1
+        self.pump(now)
 
     def _rnr(self, psn: int, timer: int, now: float) -> None:
         """RNR NAK: wait the responder's RNR timer, then resend from ``psn`` (IBA 9.7.5.2.8)."""
@@ -684,6 +696,7 @@ class Requester:
         una = self._una()
         if una is None:
             return
+        self.reread = None  # a new loss episode
         self._retry(una, now)
 
     # ---- errors -----------------------------------------------------------------------------
