@@ -6,10 +6,14 @@ PSNs). A fixed window on a lossy or shared path resends a whole window into the 
 overflow on every loss (go-back-N, IBA 9.7.6.1), so each QP keeps:
 
 * :class:`Window`: a send window in PSNs, TCP-like AIMD (RFC 5681 §3.1: slow start below
-  ``ssthresh``, then about one PSN more per window acknowledged; halved on a loss signal,
-  at most once per window, RFC 6582's recovery point). Loss signals are the transport
-  timer expiring and a PSN sequence error NAK (IBA 9.7.5.2.2). A RoCEv2 CNP (opcode 0x81,
-  the DCQCN reaction point) cuts it like a loss, without a retransmission. The window never
+  ``ssthresh``, then about one PSN more per window acknowledged; halved on each loss
+  signal). Loss signals are the transport timer expiring and a PSN sequence error NAK
+  (IBA 9.7.5.2.2). A responder NAKs a gap once (IBA 9.7.5.2.2, C9-105), so each NAK is a
+  loss of its own, and go-back-N resends the whole window after it: a window cut only
+  once per window (RFC 6582) would resend the same too-large window into the same
+  overflow. A RoCEv2 CNP (opcode 0x81, the DCQCN reaction point) halves it too, at most
+  once per window (RFC 6582's recovery point; a notification point sends one per
+  50 us), and resends nothing. The window never
   exceeds what the driver says the peer can absorb (:meth:`Window.set_peer_budget`: its
   receive buffer in packets), nor :data:`MAX_WINDOW`.
 * :class:`RetransmitTimer`: the transport timer of IBA 9.7.6.1.3. The QP's Local ACK
@@ -36,6 +40,10 @@ __all__ = ["MAX_WINDOW", "MIN_WINDOW", "Window", "RetransmitTimer"]
 MAX_WINDOW = 256
 #: the window never shrinks below this many PSNs
 MIN_WINDOW = 8
+#: the window a QP starts with: the whole MAX_WINDOW, as before congestion control (a
+#: requester that starts lower changes when AckReq is set on the wire, IBA 9.7.5.1.2);
+#: the peer's budget (:meth:`Window.set_peer_budget`) keeps it from overflowing the peer
+INITIAL_WINDOW = MAX_WINDOW
 #: the timer may run up to this many Local ACK Timeouts (IBA 9.7.6.1.3)
 TIMER_SPAN = 4.0
 
@@ -46,7 +54,7 @@ class Window:
     __slots__ = ("cwnd", "ssthresh", "budget", "recover", "losses", "cnps")
 
     def __init__(self) -> None:
-        self.cwnd = float(MAX_WINDOW)
+        self.cwnd = float(INITIAL_WINDOW)
         self.ssthresh = float(MAX_WINDOW)
         self.budget = MAX_WINDOW  # PSNs the peer can absorb (set_peer_budget)
         self.recover: int | None = None  # no cut until the ACKs pass this PSN
@@ -81,8 +89,8 @@ class Window:
             cw += acked / cw
         self.cwnd = cw if cw < MAX_WINDOW else float(MAX_WINDOW)
 
-    def _cut(self, next_psn: int) -> bool:
-        if self.recover is not None:  # once per window (RFC 6582 §3.2 step 4)
+    def _cut(self, next_psn: int, once: bool) -> bool:
+        if once and self.recover is not None:  # once per window (RFC 6582 §3.2 step 4)
             return False
         half = max(float(MIN_WINDOW), min(self.cwnd, float(self.budget)) / 2)
         self.ssthresh = half
@@ -92,12 +100,12 @@ class Window:
 
     def on_loss(self, next_psn: int) -> None:
         """A loss signal (timer expiry, PSN sequence NAK) with ``next_psn`` the next new PSN."""
-        if self._cut(next_psn):
+        if self._cut(next_psn, False):
             self.losses += 1
 
     def on_cnp(self, next_psn: int) -> None:
         """A RoCEv2 CNP for this QP (the DCQCN reaction point): slow down, resend nothing."""
-        if self._cut(next_psn):
+        if self._cut(next_psn, True):
             self.cnps += 1
 
 
