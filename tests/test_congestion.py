@@ -146,6 +146,14 @@ def test_peer_budget_caps_packets_in_flight() -> None:
     for bad in (0, -1, True, 2.5):
         with pytest.raises(InvalidArgument, match="packets"):
             a.qp.set_peer_budget(bad)  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgument, match="nbytes"):
+            a.qp.set_peer_budget(nbytes=bad)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="nbytes"):
+        a.qp.set_peer_budget(4, nbytes=4096)
+    a.qp.set_peer_budget(nbytes=20 * (1024 + 64))  # MTU 1024: 20 packets
+    assert a.qp.req.window.budget == 20
+    a.qp.set_peer_budget(nbytes=100)  # less than a packet: still one
+    assert a.qp.req.window.budget == 1 and a.qp.req.cwnd == 1
 
 
 # ---- CNP -------------------------------------------------------------------------------------

@@ -65,6 +65,8 @@ CNP_INTERVAL_S = 50e-6
 #: PSN 0, then 16 reserved bytes
 _CNP_BECN = 0x40000000
 _CNP_RESERVED = bytes(16)
+#: bytes around a packet's payload in a receive buffer: IPv4 + UDP + BTH + RETH + ICRC
+_PACKET_OVERHEAD = 64
 
 
 def mtu_bytes(mtu_enum: int) -> int:
@@ -247,9 +249,16 @@ class EngineQP:
         self.tx([wib.BTH.pack(CNP_OPCODE, 0, 0xFFFF, _CNP_BECN | self.dest_qpn, 0),
                  _CNP_RESERVED], wib.BTH.size + len(_CNP_RESERVED))
 
-    def set_peer_budget(self, packets: int | None) -> None:
-        """What the peer can absorb, in packets (the driver knows its receive buffer): the
-        requester keeps no more PSNs than this outstanding (None: no cap)."""
+    def set_peer_budget(self, packets: int | None = None, *, nbytes: int | None = None) -> None:
+        """What the peer can absorb (the driver knows its receive buffer), in ``packets`` or
+        in bytes (``nbytes``: counted as packets of the path MTU plus their headers): the
+        requester keeps no more PSNs than this outstanding. Neither: no cap."""
+        if nbytes is not None:
+            if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 1:
+                raise InvalidArgument("nbytes", f"must be a positive byte count, got {nbytes!r}")
+            if packets is not None:
+                raise InvalidArgument("nbytes", "give packets or nbytes, not both")
+            packets = max(1, nbytes // (self.mtu + _PACKET_OVERHEAD))
         self.req.set_peer_budget(packets)
 
     def set_deadline(self, t: float | None) -> None:
