@@ -612,24 +612,49 @@ class Requester:
         if d > 0:
             # a response packet was lost: re-request from the first missing one (go-back-N)
             self._reread(w, self.sq.index(w), now)
+            if psn_diff(psn, w.last_psn) > 0:
+                self._later_read_response(pkt)
             return
+        if not self._take_read_data(w, pkt):
+            return
+        self.window.on_ack(1, psn)
+        self.cwnd = self.window.size()
+        if w.state == DONE:
+            self.reread = None
+        self._progress(now)
+
+    def _take_read_data(self, w: SendWQE, pkt: wib.IBPacket) -> bool:
+        """Place the in-sequence read response ``pkt`` of READ ``w`` (IBA 9.7.5.1.4); False
+        (and ``w`` failed) if its length does not fit the READ."""
+        mtu = self.qp.mtu
+        got = w.read_received
         plen = len(pkt.payload)
         remaining = w.length - got
         last = bool(pkt.info.pos_int & _POS_LAST)
         if (last and plen != remaining) or (not last and (plen != mtu or plen >= remaining)):
             self._fail(w, WCS.IBV_WC_BAD_RESP_ERR)
-            return
+            return False
         segs = w.segs
         if plen and segs is not None:
             scatter(segs, got, pkt.payload)
         w.read_received = got + plen
-        self.window.on_ack(1, psn)
-        self.cwnd = self.window.size()
         if last:
             w.state = DONE
             self.rd_atomic_out -= 1
-            self.reread = None
-        self._progress(now)
+        return True
+
+    def _later_read_response(self, pkt: wib.IBPacket) -> None:
+        """A response of a READ behind the oldest one, whose responses were lost: place it
+        if it is the next one that READ expects. The responder answers READs in order, so
+        those responses are the ones it sends while the oldest READ is re-requested; kept,
+        they spare re-reading them (the READ's re-request, if any, starts after them: its
+        PSN and RETH offset follow ``read_received``). It completes in order later."""
+        r = self._wqe_at(pkt.psn)
+        if r is None or r.opcode != _W_READ:
+            return
+        if (r.first_psn + r.read_received // self.qp.mtu) & PSN_MASK != pkt.psn:
+            return  # out of its sequence too: recovered when it is the oldest
+        self._take_read_data(r, pkt)
 
     def _reread(self, w: SendWQE, i: int, now: float) -> None:
         """Re-request read/atomic ``w`` (at ``sq[i]``) whose responses were lost, from its
