@@ -184,6 +184,13 @@ def test_ce_marked_packet_is_answered_with_a_rate_limited_cnp() -> None:
     b.port.receive(memoryview(_write_only(b.qp.qpn, 0xFFFFF3)),
                    RxMeta(a.port.gids[0], b.port.gids[0], tclass=0x02), 2.0)
     assert not [t for t in b.port.take_tx() if bytes(t.parts[0][:1]) == b"\x81"]
+    # from a stranger, or to a QP in ERR: no CNP
+    stranger = RxMeta(bytes(10) + b"\xff\xff" + bytes([10, 0, 0, 99]), b.port.gids[0], tclass=3)
+    b.port.receive(memoryview(_write_only(b.qp.qpn, 0xFFFFF3)), stranger, 3.0)
+    b.qp.modify({"qp_state": int(e.IBV_QPS_ERR)}, 3.0)
+    b.port.receive(memoryview(_write_only(b.qp.qpn, 0xFFFFF3)), meta, 4.0)
+    assert not [t for t in b.port.take_tx() if bytes(t.parts[0][:1]) == b"\x81"]
+    assert b.qp.cnps_sent == 2
 
 
 def test_cnp_cuts_the_window_only_from_the_peer() -> None:

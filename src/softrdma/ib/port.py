@@ -252,7 +252,7 @@ class Port(DeviceTables[EngineQP]):
         The packet itself is then processed as usual."""
         qp = self.qps.get(int.from_bytes(data[5:8], "big"))
         if qp is not None and qp.qp_type == QPT_RC and qp.peer_gids is not None \
-                and qp.from_peer(meta):
+                and RTR <= qp.state <= SQE and qp.from_peer(meta):
             qp.send_cnp(now)
 
     def pkey_ok(self, pkey: int, qp_pkey: int, gsi: bool) -> bool:
