@@ -23,6 +23,9 @@ The figures (see each module for how it measures):
   measured in the same runs (the ping-pong goal "through a shared device"). Goal <= 1.1.
 * ``scaling_2`` / ``scaling_4``: aggregate RC WRITE throughput of 2 and 4 client/server
   process pairs on one shared device vs one pair (``shared_bench``). Goal >= 1.6 for two.
+* ``lossy_goodput_1`` / ``lossy_goodput_5``: goodput of an RC QP on a 1 Gbit/s link that
+  loses 1 % / 5 % of the packets vs the same link without loss, on the engine's virtual
+  clock (``lossy_goodput``; run ``i`` uses seed ``i``). Goals >= 0.6 / >= 0.3.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
 import iwarp_write_bw as iwb  # noqa: E402
+import lossy_goodput as lg  # noqa: E402
 import roce_bench as rb  # noqa: E402
 import shared_bench as sb  # noqa: E402
 
@@ -131,9 +135,16 @@ def _pairs2(fig: Figure, runs: int, both: Callable[[], tuple[float, float]]) -> 
         fig.base.append(b)
 
 
+def _seeded(run: Callable[[int], tuple[float, float]]) -> Callable[[], tuple[float, float]]:
+    """``run(seed)`` as a callable of no argument: seed 0 the first time, then 1, 2, ..."""
+    seeds = iter(range(1 << 30))
+    return lambda: run(next(seeds))
+
+
 #: every figure :func:`measure` can run, in its order
 FIGURES = ("roce_write_bw", "iwarp_write_bw_crc", "iwarp_write_bw_nocrc", "rc_send_lat",
-           "shared_lat", "shared_lat_udp", "shared_write_bw", "scaling_2", "scaling_4")
+           "shared_lat", "shared_lat_udp", "shared_write_bw", "scaling_2", "scaling_4",
+           "lossy_goodput_1", "lossy_goodput_5")
 
 
 def measure(runs: int, quick: bool, only: set[str] | None) -> list[Figure]:
@@ -205,6 +216,15 @@ def measure(runs: int, quick: bool, only: set[str] | None) -> list[Figure]:
                 fig.base.append(s[1] / MIB)
                 fig.ours.append(s[k] / MIB)
         figs += [f for f in (f2, f4) if want(f.name)]
+    for pct, goal in ((1, 0.6), (5, 0.3)):
+        name = f"lossy_goodput_{pct}"
+        if not want(name):
+            continue
+        f = Figure(name, f"RC WRITE goodput, 1 Gbit/s link losing {pct} % (virtual time)",
+                   "Mbit/s", "the same link without loss", goal, True)
+        _pairs2(f, runs, _seeded(lambda seed, p=pct: lg.pair(  # type: ignore[misc]
+            p / 100, seed, 0.02 if quick else lg.DURATION_S)))
+        figs.append(f)
     return figs
 
 

@@ -40,6 +40,8 @@ class Net:
     dropped: int = 0
     drop_rule: Any = None  # callable(bytes) -> bool: drop this packet
     v1: bool = False  # ports with RoCEv1 GIDs; packets carry a real GRH (Annex A16)
+    sent: int = 0  # packets the ports emitted (before loss and duplication)
+    max_sent: int | None = None  # fail fast (a packet storm) once ``sent`` exceeds this
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -53,6 +55,9 @@ class Net:
     def _collect(self) -> None:
         for port in list(self.ports.values()):
             for tx in port.take_tx():
+                self.sent += 1
+                if self.max_sent is not None and self.sent > self.max_sent:
+                    raise AssertionError(f"packet storm: more than {self.max_sent} packets sent")
                 data = b"".join(bytes(x) for x in tx.parts)
                 assert len(data) == tx.length, (len(data), tx.length)
                 assert tx.v1 == self.v1  # the source GID's type picks the encapsulation

@@ -201,7 +201,7 @@ def post_one(req: Requester, wqe: SendWQE, now: float) -> bool:
     req.tx_idx += 1
     req.tx_pkt = 0
     if qp.deadline is None and qp.timeout:
-        qp.set_deadline(now + wib.ack_timeout_s(qp.timeout))
+        qp.set_deadline(now + req.timer_period())
     if sq[0].state == WQE_DONE:
         req._complete_head()
     return True

@@ -28,9 +28,10 @@ from ..errors import DecodeError, InvalidArgument
 from ..seam.counters import Counters, DropReason
 from ..seam.protocols import Timed
 from ..seam.queues import QPInit
-from ..seam.states import RTR, SQE
+from ..seam.states import QPT_RC, RTR, SQE
 from ..seam.tables import DeviceTables
 from ..wire import ib as wib
+from ..wire.opcodes import CNP as CNP_OPCODE
 from ..wire.opcodes import (
     RC_ACK,
     RC_SEND_MIDDLE,
@@ -56,6 +57,7 @@ from .qp import EngineQP
 __all__ = ["Counters", "DropReason", "Port", "RxMeta", "TxPacket", "Timed"]
 
 _U32 = struct.Struct("!I")
+_ECN_CE = 0x03  # the ECN field of the IP TOS / traffic class byte: CE (RFC 3168 §5)
 _ACK_SIZE = wib.BTH.size + wib.U32.size  # an ACKNOWLEDGE: BTH + AETH, no payload (IBA 9.7.5.2)
 #: the opcodes with a fast path (softrdma.ib.fastpath)
 _FAST_OPS = frozenset((RC_WRITE_MIDDLE, RC_SEND_MIDDLE, RC_ACK, RC_SEND_ONLY, RC_SEND_ONLY_IMM))
@@ -162,6 +164,8 @@ class Port(DeviceTables[EngineQP]):
             return 0
         if (meta.sgid == LOOPBACK_GID or meta.dgid == LOOPBACK_GID) and not self.loopback_gid_ok:
             return 0
+        if meta.tclass & _ECN_CE == _ECN_CE:  # receive() answers each with a CNP
+            return 0
         first = bodies[0]
         if len(first) < _ACK_SIZE:
             return 0
@@ -188,6 +192,9 @@ class Port(DeviceTables[EngineQP]):
             c.rcvd_loopback_gid += 1
             return
         op = data[0]
+        if meta.tclass & _ECN_CE == _ECN_CE and not meta.v1 and len(data) >= _ACK_SIZE \
+                and op != CNP_OPCODE:
+            self._congestion_experienced(data, meta, now)
         if len(data) > 4 and data[4] & 0xC0:  # CA16-16: FECN/BECN unused, ignored (counted)
             c.rcvd_fecn += data[4] >> 7
             c.rcvd_becn += (data[4] >> 6) & 1
@@ -215,8 +222,11 @@ class Port(DeviceTables[EngineQP]):
         if pkt.tver != 0:  # IBA 9.6.1.1: TVer must be 0 (rxe ``hdr_check`` drops)
             c.rcvd_bad_tver += 1
             return
-        if pkt.opcode == 0x81:  # RoCEv2 CNP: accepted, no completion, no effect here
+        if pkt.opcode == CNP_OPCODE:  # RoCEv2 CNP: the peer saw congestion on our packets
             c.rcvd_cnp += 1
+            cqp = self.qps.get(pkt.dqpn)
+            if cqp is not None and cqp.qp_type == QPT_RC and cqp.from_peer(meta):
+                cqp.req.on_cnp(now)  # no completion, nothing resent (DCQCN reaction point)
             return
         if pkt.dqpn == MULTICAST_QPN:
             members = self.mcast.get(meta.dgid)
@@ -234,6 +244,16 @@ class Port(DeviceTables[EngineQP]):
             c.rcvd_unknown_qp += 1
             return
         qp.receive(pkt, meta, now)
+
+    def _congestion_experienced(self, data: memoryview, meta: RxMeta, now: float) -> None:
+        """A RoCEv2 packet arrived marked ECN CE (RFC 3168 §5, IP ECN 11): as a NIC's
+        DCQCN notification point does, the connected QP it is for answers its peer with a
+        CNP (opcode 0x81), at most one per QP per :data:`~softrdma.ib.qp.CNP_INTERVAL_S`.
+        The packet itself is then processed as usual."""
+        qp = self.qps.get(int.from_bytes(data[5:8], "big"))
+        if qp is not None and qp.qp_type == QPT_RC and qp.peer_gids is not None \
+                and RTR <= qp.state <= SQE and qp.from_peer(meta):
+            qp.send_cnp(now)
 
     def pkey_ok(self, pkey: int, qp_pkey: int, gsi: bool) -> bool:
         """P_Key check (IBA 10.9.3; rdmavt ``pkey_match``); QP1 accepts any table entry."""

@@ -39,6 +39,7 @@ from ..seam.states import (
 )
 from ..seam.types import AddressHandle, RecvWQE, SendWQE
 from ..wire import ib as wib
+from ..wire.opcodes import CNP as CNP_OPCODE
 from .pacing import rate_bps
 from .packet import RxMeta, TxPacket
 from .requester import Requester
@@ -57,6 +58,15 @@ _UD_PATH_MTU = 5
 _DEFAULT_PATH_MTU = 1
 #: the retry counts a QP starts with (IBA 11.2.5.2: 7 = the most)
 _DEFAULT_RETRY = 7
+#: a QP sends at most one CNP per this many seconds (a DCQCN notification point's
+#: per-QP CNP rate limit; ConnectX's default min_time_between_cnps is 4 us..50 us)
+CNP_INTERVAL_S = 50e-6
+#: a RoCEv2 CNP (../shared/specs/roce.md §3): BTH opcode 0x81, P_Key 0xFFFF, BECN set,
+#: PSN 0, then 16 reserved bytes
+_CNP_BECN = 0x40000000
+_CNP_RESERVED = bytes(16)
+#: bytes around a packet's payload in a receive buffer: IPv4 + UDP + BTH + RETH + ICRC
+_PACKET_OVERHEAD = 64
 
 
 def mtu_bytes(mtu_enum: int) -> int:
@@ -176,6 +186,8 @@ class EngineQP:
         self.ack_psn = -1
         self.destroyed = False
         self.sqd_notified = False
+        self.cnp_next_at = 0.0  # no CNP before this time (CNP_INTERVAL_S)
+        self.cnps_sent = 0
         self.req = Requester(self)
         self.resp = Responder(self)
         port.add_qp(self)
@@ -227,6 +239,28 @@ class EngineQP:
         c.sent_pkts += 1
         c.sent_bytes += length + 4  # BTH .. ICRC
 
+    def send_cnp(self, now: float) -> None:
+        """Tell the peer QP that its packets met congestion (a RoCEv2 CNP, DCQCN's
+        notification point), rate limited per QP."""
+        if now < self.cnp_next_at or self.av is None:
+            return
+        self.cnp_next_at = now + CNP_INTERVAL_S
+        self.cnps_sent += 1
+        self.tx([wib.BTH.pack(CNP_OPCODE, 0, 0xFFFF, _CNP_BECN | self.dest_qpn, 0),
+                 _CNP_RESERVED], wib.BTH.size + len(_CNP_RESERVED))
+
+    def set_peer_budget(self, packets: int | None = None, *, nbytes: int | None = None) -> None:
+        """What the peer can absorb (the driver knows its receive buffer), in ``packets`` or
+        in bytes (``nbytes``: counted as packets of the path MTU plus their headers): the
+        requester keeps no more PSNs than this outstanding. Neither: no cap."""
+        if nbytes is not None:
+            if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 1:
+                raise InvalidArgument("nbytes", f"must be a positive byte count, got {nbytes!r}")
+            if packets is not None:
+                raise InvalidArgument("nbytes", "give packets or nbytes, not both")
+            packets = max(1, nbytes // (self.mtu + _PACKET_OVERHEAD))
+        self.req.set_peer_budget(packets)
+
     def set_deadline(self, t: float | None) -> None:
         self.deadline = t
         if t is not None:
@@ -248,10 +282,10 @@ class EngineQP:
         apply_port_attrs(self, attrs)
         if "timeout" in attrs:
             self.timeout = attrs["timeout"]
-        if "retry_cnt" in attrs:
-            self.retry_cnt = attrs["retry_cnt"]
+        if "retry_cnt" in attrs:  # the counters start full (IBA 9.7.6.1.3, 9.7.5.2.8)
+            self.retry_cnt = self.req.retry_left = attrs["retry_cnt"]
         if "rnr_retry" in attrs:
-            self.rnr_retry = attrs["rnr_retry"]
+            self.rnr_retry = self.req.rnr_left = attrs["rnr_retry"]
         if "max_rd_atomic" in attrs:
             self.max_rd_atomic = attrs["max_rd_atomic"]
         if "max_dest_rd_atomic" in attrs:

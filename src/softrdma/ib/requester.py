@@ -37,6 +37,7 @@ from ..wire import ib as wib
 from ..wire import opcodes as op
 from ..wire.mad import GSI_QKEY
 from . import fastpath
+from .congestion import MAX_WINDOW, MIN_WINDOW, RetransmitTimer, Window
 from .fastpath import ACKREQ_BIT, ACKREQ_EVERY
 from .mw import BindRequest
 from .pacing import ICRC_BYTES, Pacer
@@ -50,11 +51,11 @@ if TYPE_CHECKING:
 
 UNSENT, SENDING, SENT, DONE = WQE_UNSENT, WQE_SENDING, WQE_SENT, WQE_DONE
 
-MAX_INFLIGHT = 256  # unacknowledged PSNs (rxe: RXE_MAX_UNACKED_PSNS = 128)
+MAX_INFLIGHT = MAX_WINDOW  # unacknowledged PSNs (rxe: RXE_MAX_UNACKED_PSNS = 128)
 _SIGNALED = int(SF.IBV_SEND_SIGNALED)  # plain ints: IntFlag '&' is slow per WR
 _FENCE = int(SF.IBV_SEND_FENCE)
 _SOLICITED = int(SF.IBV_SEND_SOLICITED)
-MIN_CWND = 8  # the send window never shrinks below this many PSNs
+MIN_CWND = MIN_WINDOW  # the send window never shrinks below this many PSNs
 
 _W_WRITE = int(WRO.IBV_WR_RDMA_WRITE)
 _W_WRITE_IMM = int(WRO.IBV_WR_RDMA_WRITE_WITH_IMM)
@@ -125,12 +126,21 @@ class Requester:
         self.rnr_wait = False
         self.rnr_psn = 0
         self.rd_atomic_out = 0
-        self.gap_psn = -1
+        # The read/atomic WQE whose lost responses were re-requested (IBA 9.7.5.1.5) and
+        # not yet answered: further gaps or ACKs beyond it re-request it no more until it
+        # completes or the transport timer expires (once per loss episode, as rxe's
+        # completer does). Without this, every response of the re-requested stream that
+        # moved the expected PSN re-armed the gap check: a READ request storm (issue 21).
+        self.reread: SendWQE | None = None
         self.acked_psn = PSN_MASK  # last PSN covered by an ACK
-        # Send window in PSNs: halved on every retry, grown by what each ACK covers. Not
-        # a wire rule (IBA leaves the window to the requester, rxe uses a fixed 128); it
-        # keeps go-back-N from resending a whole window per lost packet on a lossy path.
-        self.cwnd = MAX_INFLIGHT
+        # Send window in PSNs (softrdma.ib.congestion): AIMD, cut on loss signals and
+        # CNPs, capped by the peer's budget. Not a wire rule (IBA leaves the window to the
+        # requester, rxe uses a fixed 128); ``cwnd`` is ``window.size()``, read per packet.
+        self.window = Window()
+        self.cwnd = self.window.size()
+        # the transport timer's period (IBA 9.7.6.1.3, adaptive: softrdma.ib.congestion)
+        self.timer = RetransmitTimer(qp.qpn)
+        self._timer_code = -1  # the QP ``timeout`` the timer was configured for
         self.ack_edge = False
         # After a go-back: packets sent before the PSN in here are retransmissions
         # (counted in ``retransmitted_pkts``); None while sending new packets.
@@ -161,8 +171,13 @@ class Requester:
         self.tx_idx = self.tx_pkt = 0
         self.rnr_wait = False
         self.rd_atomic_out = 0
-        self.gap_psn = -1
+        self.reread = None
         self.resend_until = None
+        budget = self.window.budget  # the driver's cap outlives a reset
+        self.window = Window()
+        self.window.budget = budget
+        self.cwnd = self.window.size()
+        self._timer_code = -1
 
     def post(self, wqe: SendWQE, now: float) -> None:
         qp = self.qp
@@ -258,9 +273,30 @@ class Requester:
             self._send_pkt(wqe)
             sent = True
         if rc and sent and qp.deadline is None and qp.timeout:
-            qp.set_deadline(now + wib.ack_timeout_s(qp.timeout))
+            qp.set_deadline(now + self.timer_period())
         if not rc or (sq and sq[0].state == DONE):  # local operations (LOCAL_INV, BIND_MW)
             self._complete_head()
+
+    def timer_period(self) -> float:
+        """Seconds the transport timer runs now: at least the Local ACK Timeout, at most
+        four times it (IBA 9.7.6.1.3; adaptive, softrdma.ib.congestion.RetransmitTimer)."""
+        t = self.timer
+        code = self.qp.timeout
+        if code != self._timer_code:
+            self._timer_code = code
+            t.configure(wib.ack_timeout_s(code))
+        return t.period
+
+    def set_peer_budget(self, packets: int | None) -> None:
+        """Cap the send window at ``packets`` PSNs: what the peer's receive buffer can
+        absorb, as the driver knows it (None: no cap). Takes effect on the next packet."""
+        self.window.set_peer_budget(packets)
+        self.cwnd = self.window.size()
+
+    def on_cnp(self, now: float) -> None:
+        """A RoCEv2 CNP for this QP (DCQCN reaction point): cut the window, resend nothing."""
+        self.window.on_cnp(self.next_psn)
+        self.cwnd = self.window.size()
 
     def _una(self) -> int | None:
         """Oldest unacknowledged PSN, or None when nothing is outstanding."""
@@ -507,8 +543,8 @@ class Requester:
         if d > 0:
             self.acked_psn = psn
             progressed = True
-            cw = self.cwnd + d
-            self.cwnd = cw if cw < MAX_INFLIGHT else MAX_INFLIGHT
+            self.window.on_ack(d, psn)
+            self.cwnd = self.window.size()
         for i, w in enumerate(self.sq):
             s = w.state
             if s == DONE:
@@ -519,10 +555,8 @@ class Requester:
                 break
             if w.rd_atomic:
                 # An ACK beyond an unanswered read/atomic: its responses were lost
-                # (IBA 9.7.5.1.5): re-request it.
-                self._go_back_to(i)
-                self.qp.port.counters.completer_retry += 1
-                self.pump(now)
+                # (IBA 9.7.5.1.5): re-request it, once per loss episode.
+                self._reread(w, i, now)
                 break
             w.state = DONE
             progressed = True
@@ -533,12 +567,13 @@ class Requester:
         qp = self.qp
         self.retry_left = qp.retry_cnt
         self.rnr_left = qp.rnr_retry
+        self.timer.on_progress()
         self._complete_head()
         if qp.state == ERR:  # the QP went to ERR while completing
             return
         if self._in_flight():
             if qp.timeout and not self.rnr_wait:
-                qp.set_deadline(now + wib.ack_timeout_s(qp.timeout))
+                qp.set_deadline(now + self.timer_period())
         elif not self.rnr_wait:
             qp.set_deadline(None)
         if self.tx_idx < len(self.sq):  # something left to send
@@ -576,17 +611,29 @@ class Requester:
             return
         if d > 0:
             # a response packet was lost: re-request from the first missing one (go-back-N)
-            if self.gap_psn != expected:
-                self.gap_psn = expected
-                self._go_back_to(self.sq.index(w))
-                self.pump(now)
+            self._reread(w, self.sq.index(w), now)
+            if psn_diff(psn, w.last_psn) > 0:
+                self._later_read_response(pkt)
             return
+        if not self._take_read_data(w, pkt):
+            return
+        self.window.on_ack(1, psn)
+        self.cwnd = self.window.size()
+        if w.state == DONE:
+            self.reread = None
+        self._progress(now)
+
+    def _take_read_data(self, w: SendWQE, pkt: wib.IBPacket) -> bool:
+        """Place the in-sequence read response ``pkt`` of READ ``w`` (IBA 9.7.5.1.4); False
+        (and ``w`` failed) if its length does not fit the READ."""
+        mtu = self.qp.mtu
+        got = w.read_received
         plen = len(pkt.payload)
         remaining = w.length - got
         last = bool(pkt.info.pos_int & _POS_LAST)
         if (last and plen != remaining) or (not last and (plen != mtu or plen >= remaining)):
             self._fail(w, WCS.IBV_WC_BAD_RESP_ERR)
-            return
+            return False
         segs = w.segs
         if plen and segs is not None:
             scatter(segs, got, pkt.payload)
@@ -594,8 +641,32 @@ class Requester:
         if last:
             w.state = DONE
             self.rd_atomic_out -= 1
-            self.gap_psn = -1
-        self._progress(now)
+        return True
+
+    def _later_read_response(self, pkt: wib.IBPacket) -> None:
+        """A response of a READ behind the oldest one, whose responses were lost: place it
+        if it is the next one that READ expects. The responder answers READs in order, so
+        those responses are the ones it sends while the oldest READ is re-requested; kept,
+        they spare re-reading them (the READ's re-request, if any, starts after them: its
+        PSN and RETH offset follow ``read_received``). It completes in order later."""
+        r = self._wqe_at(pkt.psn)
+        if r is None or r.opcode != _W_READ:
+            return
+        if (r.first_psn + r.read_received // self.qp.mtu) & PSN_MASK != pkt.psn:
+            return  # out of its sequence too: recovered when it is the oldest
+        self._take_read_data(r, pkt)
+
+    def _reread(self, w: SendWQE, i: int, now: float) -> None:
+        """Re-request read/atomic ``w`` (at ``sq[i]``) whose responses were lost, from its
+        first missing PSN (IBA 9.7.5.1.5), unless that was done already in this loss
+        episode: the responses still in flight from the earlier request(s) arrive out of
+        sequence too, and must not re-request it again (the timer recovers further losses)."""
+        if self.reread is w:
+            return
+        self._go_back_to(i)
+        self.reread = w
+        self.qp.port.counters.completer_retry += 1
+        self.pump(now)
 
     def _rnr(self, psn: int, timer: int, now: float) -> None:
         """RNR NAK: wait the responder's RNR timer, then resend from ``psn`` (IBA 9.7.5.2.8)."""
@@ -625,10 +696,11 @@ class Requester:
             return
         self.retry_left -= 1
         qp.port.counters.completer_retry += 1
-        self.cwnd = max(MIN_CWND, self.cwnd // 2)
+        self.window.on_loss(self.next_psn)
+        self.cwnd = self.window.size()
         self._go_back(psn)
         if qp.timeout:
-            qp.set_deadline(now + wib.ack_timeout_s(qp.timeout))
+            qp.set_deadline(now + self.timer_period())
         self.pump(now)
 
     def _go_back(self, psn: int) -> None:
@@ -678,12 +750,16 @@ class Requester:
             self.rnr_wait = False
             self._go_back(self.rnr_psn)
             if qp.timeout:
-                qp.set_deadline(now + wib.ack_timeout_s(qp.timeout))
+                qp.set_deadline(now + self.timer_period())
             self.pump(now)
             return
         una = self._una()
         if una is None:
             return
+        # One expiry, however late ``now`` is (the process may not have run for a while):
+        # one retry is used and the next period doubles (IBA 9.7.6.1.3; see congestion).
+        self.timer.on_expiry()
+        self.reread = None  # a new loss episode
         self._retry(una, now)
 
     # ---- errors -----------------------------------------------------------------------------
