@@ -53,7 +53,7 @@ from softrdma.drivers.devd_spawn import DEVD_START_TIMEOUT, DevdVanished, ensure
 from softrdma.drivers.devd_v1 import V1_VERSION
 from softrdma.drivers.link import Datagram, GidEntry, gid_entries
 from softrdma.drivers.rawether import RawEtherLink
-from softrdma.drivers.registry import DeviceRecord
+from softrdma.drivers.registry import DeviceRecord, check_state_dir
 from softrdma.drivers.registry import state_dir as default_state_dir
 from softrdma.drivers.reuseport import direct_enabled
 from softrdma.drivers.udp import UdpLink
@@ -117,6 +117,8 @@ class DevdLink:
             raise InvalidArgument("ring", "must be >= 1")
         self.record = record
         directory = Path(state_dir) if state_dir is not None else default_state_dir()
+        if not spawn:  # ensure_devd checks it otherwise
+            check_state_dir(directory)
         self._ctrl_lock = threading.Lock()
         self._closed = False
         self._closed_why = "link closed"
