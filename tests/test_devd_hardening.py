@@ -28,11 +28,12 @@ from softrdma.errors import DeviceError
 LOCAL = "127.0.0.1"
 
 
-def _start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **kw: float) -> Running:
+def _start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, join_timeout: float) -> Running:
     state = tmp_path / "state"
     monkeypatch.setenv("SOFTRDMA_STATE_DIR", str(state))
     monkeypatch.delenv("SOFTRDMA_DEVD_DIRECT", raising=False)  # the direct path: JOIN/JOINED
-    d = Devd(DeviceRecord("hd0", "lo", "roce", 0), state, idle_timeout=30.0, ips=[LOCAL], **kw)
+    d = Devd(DeviceRecord("hd0", "lo", "roce", 0), state, idle_timeout=30.0, ips=[LOCAL],
+             join_timeout=join_timeout)
     d.start()
     t = threading.Thread(target=d.serve_forever, daemon=True)
     t.start()
@@ -294,7 +295,7 @@ def _send_and_receive(link: DevdLink, qpn: int, port: int) -> None:
     pkt = struct.pack("!BBHII", 0x04, 0, 0xFFFF, qpn, 0) + b"payload" + bytes(4)
     tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
-        got = []
+        got: list[bytes] = []
         deadline = time.monotonic() + 10
         while not got and time.monotonic() < deadline:
             tx.sendto(pkt, (LOCAL, port))
