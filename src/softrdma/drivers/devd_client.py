@@ -457,7 +457,8 @@ class DevdLink:
     def _request(self, op: int, arg: int = 0, mgid: bytes = bytes(16),
                  fds: Sequence[int] = (), body: bytes = b"") -> tuple[int, bytes]:
         """Send one request and wait for its answer, at most :attr:`ctrl_timeout` seconds
-        (then DeviceError ETIMEDOUT; the daemon may be stalled, not gone). Answers are
+        (then DeviceError ETIMEDOUT, or EAGAIN if it could not even be sent; the daemon
+        may be stalled, not gone). Answers are
         matched by the request's sequence number (:mod:`.devd_proto`): a late answer to
         an earlier request that timed out is dropped when it comes."""
         if self._closed:
@@ -466,12 +467,14 @@ class DevdLink:
             self._seq = seq = self._seq % 0xFF + 1
             record = with_seq(REQ.pack(op, arg, mgid), seq) + body
             deadline = time.monotonic() + self.ctrl_timeout
+            sent = False
             try:
                 self._ctrl.settimeout(self.ctrl_timeout)
                 if fds:
                     socket.send_fds(self._ctrl, [record], list(fds))
                 else:
                     self._ctrl.send(record)
+                sent = True
                 while True:
                     self._ctrl.settimeout(max(deadline - time.monotonic(), 1e-3))
                     rep = self._ctrl.recv(MAX_CTRL)
@@ -479,9 +482,11 @@ class DevdLink:
                         break  # 0: a daemon that does not number its answers
                     self.stale_replies += 1
             except TimeoutError as exc:
+                what = "answer" if sent else "take"
                 raise DeviceError(
                     f"device {self.record.name!r}: devd (pid {self.daemon_pid}) did not "
-                    f"answer op {op} within {self.ctrl_timeout:g} s", errno=errno.ETIMEDOUT
+                    f"{what} request op {op} within {self.ctrl_timeout:g} s",
+                    errno=errno.ETIMEDOUT if sent else errno.EAGAIN,
                 ) from exc
             except OSError as exc:
                 self.daemon_gone = True
@@ -513,8 +518,10 @@ class DevdLink:
             return
         try:
             self._request(OP_FREE_QPN, qpn)
-        except DeviceError:
-            if not self.daemon_gone:
+        except DeviceError as exc:
+            # ETIMEDOUT: devd is stalled; it has the request and frees the QPN when it
+            # resumes (its late answer is dropped), so a QP can still be destroyed
+            if not self.daemon_gone and exc.errno != errno.ETIMEDOUT:
                 raise
 
     def attach_mcast(self, mgid: bytes) -> None:
