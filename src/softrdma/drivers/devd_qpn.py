@@ -172,6 +172,7 @@ class QpnRouting:
         if not slot:
             return REP.pack(op, errno.EOPNOTSUPP, 0)
         self._join_holder, self._join_slot = c, slot
+        c.join_expired = False
         self._join_deadline = time.monotonic() + self.join_timeout
         return REP.pack(op, 0, slot)
 
@@ -202,20 +203,28 @@ class QpnRouting:
             return None, f"JOINED descriptor {len(socks)}: {exc.strerror}"
         why = ""
         for i, s in enumerate(socks):
-            if (s.family not in (socket.AF_INET, socket.AF_INET6) or s.type != socket.SOCK_DGRAM
-                    or s.getsockopt(socket.SOL_SOCKET, socket.SO_PROTOCOL) != socket.IPPROTO_UDP):
-                why = f"JOINED descriptor {i} is not a UDP socket"
-            elif len(socks) == len(self._groups_rp):
-                link = self._groups_rp[i][0]
-                if (s.family != link.family or _sock_ip(s) != (link.ip, link.port)
-                        or not s.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT)):
-                    why = (f"JOINED socket {i} is not bound with SO_REUSEPORT to the "
-                           f"device's {ip_text(link.ip)} port {link.port}")
+            try:
+                why = self._joined_socket_problem(i, s, len(socks))
+            except OSError as exc:
+                why = f"JOINED descriptor {i}: {exc.strerror or exc}"
             if why:
                 for s2 in socks:
                     s2.close()
                 return None, why
         return socks, ""
+
+    def _joined_socket_problem(self, i: int, s: socket.socket, n: int) -> str:
+        """What is wrong with the ``i``-th of ``n`` sockets a JOINED passed ("": nothing)."""
+        if (s.family not in (socket.AF_INET, socket.AF_INET6) or s.type != socket.SOCK_DGRAM
+                or s.getsockopt(socket.SOL_SOCKET, socket.SO_PROTOCOL) != socket.IPPROTO_UDP):
+            return f"JOINED descriptor {i} is not a UDP socket"
+        if n == len(self._groups_rp):
+            link = self._groups_rp[i][0]
+            if (s.family != link.family or _sock_ip(s) != (link.ip, link.port)
+                    or not s.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT)):
+                return (f"JOINED socket {i} is not bound with SO_REUSEPORT to the "
+                        f"device's {ip_text(link.ip)} port {link.port}")
+        return ""
 
     def _joined(self, c: Client, op: int, socks: list[socket.socket]) -> bytes:
         """OP_JOINED: the client bound ``socks`` (checked by :meth:`_check_joined_fds`)."""
