@@ -220,6 +220,7 @@ def test_requests_after_a_stall_get_their_own_answers(daemon) -> None:
         first = link.alloc_qpn()
         link.ctrl_timeout = 0.3  # the knob: a short wait for each answer
         proc.send_signal(signal.SIGSTOP)
+        _wait_stopped(proc.pid)
         try:
             with pytest.raises(DeviceError) as info:
                 link.stats()  # devd is stopped: no answer in time
@@ -241,6 +242,16 @@ def test_requests_after_a_stall_get_their_own_answers(daemon) -> None:
         with pytest.raises(DeviceError) as info:
             link.free_qpn(first)  # the stalled FREE did free it
         assert info.value.errno == errno.ENOENT
+
+
+def _wait_stopped(pid: int) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "T":
+                return
+        time.sleep(0.01)
+    raise AssertionError("devd did not stop")
 
 
 # -- item 5: a client stuck between JOIN and JOINED --------------------------------------------
