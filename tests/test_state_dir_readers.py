@@ -98,21 +98,29 @@ _AS_USER = """
 import os, sys
 # loaded as root: the interpreter's own files may not be readable by the other user
 import softrdma.tools.cli as cli, softrdma.tools.devices, softrdma.verbs as v
+from softrdma.errors import DeviceError
 os.setgid({uid}); os.setgroups([]); os.setuid({uid})
-if sys.argv[1] == "devices":
-    sys.exit(cli.main(["devices"]))
-else:
+rc = cli.main(["devices"])  # softrdma devices
+print("@@split@@", flush=True)
+print("@@split@@", file=sys.stderr, flush=True)
+try:
     print([x.name for x in v.get_device_list()])
+except DeviceError as exc:
+    print(exc, file=sys.stderr)
+    rc |= 2
+sys.exit(rc)
 """
 
 
-def _as_other_user(state: Path, what: str) -> subprocess.CompletedProcess[str]:
+def _as_other_user(state: Path) -> tuple[int, list[str], list[str]]:
+    """``softrdma devices`` and ``get_device_list()`` run as uid OTHER_UID: the exit
+    status, and each one's stdout and stderr."""
     env = {k: val for k, val in os.environ.items() if k != "XDG_RUNTIME_DIR"}
     env["SOFTRDMA_STATE_DIR"] = str(state)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
-    return subprocess.run([sys.executable, "-c", _AS_USER.format(uid=OTHER_UID), what],
-                          env=env, cwd=state.parent, capture_output=True, text=True,
-                          timeout=120)
+    p = subprocess.run([sys.executable, "-c", _AS_USER.format(uid=OTHER_UID)], env=env,
+                       cwd=state.parent, capture_output=True, text=True, timeout=120)
+    return p.returncode, p.stdout.split("@@split@@\n"), p.stderr.split("@@split@@\n")
 
 
 @needs_root
@@ -127,13 +135,12 @@ def test_another_users_planted_directory(shared_tmp: Path, planted_by_other: boo
         d.chmod(0o700)  # the user's own: read as before
         os.chown(d, OTHER_UID, OTHER_UID)
         os.chown(d / "devices.json", OTHER_UID, OTHER_UID)
-    listing = _as_other_user(d, "devices")
-    names = _as_other_user(d, "list")
+    rc, out, err = _as_other_user(d)
+    assert len(out) == len(err) == 2, (out, err)
     if planted_by_other:
-        for p in (listing, names):
-            assert p.returncode != 0 and "evil0" not in p.stdout
-            assert f"state directory {d}" in p.stderr
-        assert "Traceback" not in listing.stderr
+        assert rc == 3 and "evil0" not in "".join(out)  # both refused
+        for text in err:
+            assert f"state directory {d}" in text and "Traceback" not in text
     else:
-        assert listing.returncode == 0 and "evil0" in listing.stdout, listing.stderr
-        assert names.returncode == 0 and names.stdout.strip() == "['evil0']", names.stderr
+        assert rc == 0 and "evil0" in out[0], err
+        assert out[1].strip() == "['evil0']", err
