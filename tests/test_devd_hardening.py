@@ -158,7 +158,11 @@ def test_malformed_control_messages_drop_only_their_client(running: Running) -> 
                       (b"\x05", (5, errno.EINVAL)), (req(proto.OP_ALLOC_QPN) + b"x",
                                                      (1, errno.EINVAL)),
                       (req(proto.OP_REPORT) + b"{not json", (proto.OP_REPORT, errno.EINVAL)),
-                      (req(proto.OP_REPORT) + b'{"a": -1}', (proto.OP_REPORT, errno.EINVAL))):
+                      (req(proto.OP_REPORT) + b'{"a": -1}', (proto.OP_REPORT, errno.EINVAL)),
+                      (req(proto.OP_REPORT) + b'{"rcvd_pkts": 18446744073709551616}',
+                       (proto.OP_REPORT, errno.EINVAL)),
+                      (req(proto.OP_REPORT) + b'{"rcvd_pkts": true}',
+                       (proto.OP_REPORT, errno.EINVAL))):
         s.send(msg)
         rep = answer(s)
         assert proto.REP.unpack_from(rep)[:2] == want

@@ -559,7 +559,8 @@ class Devd(Forwarding, McastRouting, QpnRouting):
         except ValueError:
             return errno.EINVAL
         if not isinstance(values, dict) or not all(
-            isinstance(k, str) and isinstance(v, int) and v >= 0 for k, v in values.items()
+            isinstance(k, str) and type(v) is int and 0 <= v <= proto.MAX_COUNTER
+            for k, v in values.items()
         ):
             return errno.EINVAL
         c.port_counters = values

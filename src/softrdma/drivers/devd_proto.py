@@ -42,7 +42,8 @@ Requests (client -> daemon, control), one fixed-size record::
                       the same Service ID and mask)
       CM_UNLISTEN  8  mgid as for CM_LISTEN
       REPORT       9  followed by JSON {name: value}: this client's port counters
-                      (cumulative, :class:`softrdma.seam.counters.Counters`); the daemon keeps
+                      (cumulative, :class:`softrdma.seam.counters.Counters`; each value
+                      0 .. 2**64-1, else EINVAL); the daemon keeps
                       the last report of each client and adds it to the device's retired
                       total when the client leaves
       COUNTERS    10  (no argument): the device's port counters, aggregated
@@ -172,6 +173,7 @@ BTH_DETH = struct.Struct("!BBHIIII")
 
 MAX_DATAGRAM = 16384  # the largest UDP payload the daemon receives and forwards
 MAX_CTRL = 65536  # the largest control record (a REPORT carries JSON)
+MAX_COUNTER = (1 << 64) - 1  # a reported counter is a u64, as the kernel's
 DATA_SNDBUF = 4 << 20
 RECV_BATCH = 64
 
