@@ -280,6 +280,10 @@ def test_a_stuck_join_does_not_block_other_clients(running: Running) -> None:
         rep = answer(stuck)
         assert rep[proto.SEQ_OFFSET] == 4 and proto.REP.unpack(rep) == (proto.OP_JOINED, 0, 0)
         late.close()
+        stuck.send(req(proto.OP_JOIN, seq=5))  # and it gets no second turn
+        rep = answer(stuck)
+        assert rep[proto.SEQ_OFFSET] == 5
+        assert proto.REP.unpack(rep) == (proto.OP_JOIN, errno.EOPNOTSUPP, 0)
         qpn = other.alloc_qpn()
         _send_and_receive(other, qpn, running.devd.udp_port)
         assert other.counters["rx_direct"] >= 1

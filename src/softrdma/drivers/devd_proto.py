@@ -53,8 +53,9 @@ Requests (client -> daemon, control), one fixed-size record::
                       kernel's reuseport group), carries the client's QPN slot; EOPNOTSUPP:
                       the daemon has no reuseport group (refused by the kernel or disabled).
                       A client that does not send its JOINED within the daemon's
-                      ``join_timeout`` loses its turn (its late JOINED is answered 0), so
-                      one stuck client cannot hold up every other one
+                      ``join_timeout`` loses its turn (its late JOINED is answered 0, a
+                      later JOIN EOPNOTSUPP), so one stuck client cannot hold up every
+                      other one
       JOINED      12  arg = the number of sockets the client bound with ``SO_REUSEPORT``
                       to the device's first address of each family, in HELLO order, passed
                       with ``SCM_RIGHTS`` (the daemon keeps a copy, so it decides when a

@@ -159,7 +159,7 @@ class QpnRouting:
 
     def _join(self, c: Client, op: int) -> bytes | None:
         """OP_JOIN: the slot (the reply waits while another client binds)."""
-        if not self._groups_rp:
+        if not self._groups_rp or c.join_expired:  # one expired turn: no second one
             return REP.pack(op, errno.EOPNOTSUPP, 0)
         if c.slot or self._join_holder is c:
             return REP.pack(op, errno.EALREADY, 0)
@@ -172,7 +172,6 @@ class QpnRouting:
         if not slot:
             return REP.pack(op, errno.EOPNOTSUPP, 0)
         self._join_holder, self._join_slot = c, slot
-        c.join_expired = False
         self._join_deadline = time.monotonic() + self.join_timeout
         return REP.pack(op, 0, slot)
 
@@ -232,7 +231,6 @@ class QpnRouting:
             for s in socks:
                 s.close()
             if c.join_expired:  # too late: its turn went to the next client
-                c.join_expired = False
                 return REP.pack(op, 0, 0)
             return REP.pack(op, errno.EPROTO, 0)
         slot = self._join_slot
