@@ -126,6 +126,7 @@ __all__ = [
 ]
 
 MAX_JOIN_FDS = 4  # sockets a JOINED may carry (one per address family)
+MAX_LOGGED_MALFORMED = 16  # malformed control messages logged (all are counted)
 
 
 class Devd(Forwarding, McastRouting, QpnRouting):
@@ -497,10 +498,12 @@ class Devd(Forwarding, McastRouting, QpnRouting):
     def _malformed(self, c: Client, why: str) -> None:
         """A control message devd cannot accept: drop that client only (the descriptors it
         passed are closed by the caller)."""
-        self.counters["ctrl_malformed"] += 1
+        n = self.counters["ctrl_malformed"] = self.counters["ctrl_malformed"] + 1
         c.dead = True
-        print(f"devd {self.record.name}: dropped a client (uid {c.uid}): malformed control "
-              f"message: {why}", file=sys.stderr)
+        if n <= MAX_LOGGED_MALFORMED:  # a client reconnecting in a loop fills no disk
+            more = " (no more such messages are logged)" if n == MAX_LOGGED_MALFORMED else ""
+            print(f"devd {self.record.name}: dropped a client (uid {c.uid}): malformed "
+                  f"control message: {why}{more}", file=sys.stderr)
 
     def _on_request(self, c: Client, msg: bytes, fds: list[int], flags: int) -> bytes | None:
         """One control record; descriptors only with a well-formed JOINED (closed here
