@@ -37,7 +37,10 @@ def test_device_list_and_unknown_name(device: str) -> None:
 def test_in_process_device(device: str) -> None:
     with v.Context(device, shared=False) as ctx:
         assert ctx.name == device and ctx.netdev == "lo"
-        assert ctx.gids == [v.GID("127.0.0.1")]
+        # every address of lo, as through devd (127.0.0.1 first, then ::1)
+        lo = next(d for d in v.get_device_list() if d.name == device)
+        assert ctx.gids[0] == v.GID("127.0.0.1")
+        assert [g.raw for g in ctx.gids] == v.device.gid_table(lo.ips)
         assert ctx.query_port().active_mtu == e.IBV_MTU_4096
         rt = ctx.runtime
         assert isinstance(rt, Runtime) and rt.udp_port == registry.get(device).udp_port

@@ -83,14 +83,17 @@ from softrdma.drivers.devd_proto import (
     QPN_LAST,
     REP,
     REQ,
+    SEQ_OFFSET,
     STAT_NAMES,
     U64,
     Client,
     bind_text,
+    close_fds,
     device_addresses,
     socket_path,
+    with_seq,
 )
-from softrdma.drivers.devd_qpn import QpnRouting
+from softrdma.drivers.devd_qpn import JOIN_TIMEOUT, QpnRouting
 from softrdma.drivers.devd_spawn import (
     DEVD_START_TIMEOUT,
     DevdVanished,
@@ -123,6 +126,7 @@ __all__ = [
 ]
 
 MAX_JOIN_FDS = 4  # sockets a JOINED may carry (one per address family)
+MAX_LOGGED_MALFORMED = 16  # malformed control messages logged (all are counted)
 
 
 class Devd(Forwarding, McastRouting, QpnRouting):
@@ -145,11 +149,15 @@ class Devd(Forwarding, McastRouting, QpnRouting):
         ips: Sequence[str | bytes] | None = None,
         lock_wait: float = 2.0,
         max_clients_per_uid: int = MAX_CLIENTS_PER_UID,
+        join_timeout: float = JOIN_TIMEOUT,
     ) -> None:
         if record.type != "roce":
             raise DeviceError(f"device {record.name!r}: devd serves roce devices only")
         if idle_timeout < 0:
             raise InvalidArgument("idle_timeout", "must be >= 0")
+        if not join_timeout > 0:
+            raise InvalidArgument("join_timeout", "must be > 0")
+        self.join_timeout = join_timeout
         self.record = record
         self.directory = ensure_state_dir(
             Path(state_dir) if state_dir is not None else default_state_dir()
@@ -343,10 +351,15 @@ class Devd(Forwarding, McastRouting, QpnRouting):
         try:
             while not self._stop:
                 timeout: float | None = None
+                now = time.monotonic()
                 if idle_since is not None:
-                    timeout = idle_since + self.idle_timeout - time.monotonic()
+                    timeout = idle_since + self.idle_timeout - now
                     if timeout <= 0:
                         break
+                join_deadline = self._join_expire(now)
+                if join_deadline is not None:
+                    left = max(join_deadline - now, 0.0)
+                    timeout = left if timeout is None else min(timeout, left)
                 assert self._sel is not None
                 for key, _ in self._sel.select(timeout):
                     kind, obj = key.data
@@ -456,32 +469,60 @@ class Devd(Forwarding, McastRouting, QpnRouting):
     # -- control -----------------------------------------------------------------------
 
     def _on_ctrl(self, c: Client) -> None:
-        while True:
+        while not c.dead:
             try:
-                msg, fds, _, _ = socket.recv_fds(c.ctrl, MAX_CTRL, MAX_JOIN_FDS)
+                msg, fds, flags, _ = socket.recv_fds(c.ctrl, MAX_CTRL, MAX_JOIN_FDS)
             except BlockingIOError:
                 return
             except OSError:
                 c.dead = True
                 return
             if not msg:
-                for fd in fds:
-                    os.close(fd)
+                close_fds(fds)
                 c.dead = True
                 return
-            if msg[0] == proto.OP_JOINED and len(msg) == REQ.size:
-                reply: bytes | None = self._joined(c, proto.OP_JOINED, REQ.unpack(msg)[1], fds)
-            else:
-                for fd in fds:
-                    os.close(fd)
-                reply = self._handle(c, msg)
-            if reply is None:
-                continue  # JOIN: answered when the client before it has bound
+            seq = msg[SEQ_OFFSET] if len(msg) > SEQ_OFFSET else 0
             try:
-                c.ctrl.send(reply)
+                reply = self._on_request(c, msg, fds, flags)
+            except Exception as exc:  # noqa: BLE001 - one client's message never ends devd
+                reply = None
+                self._malformed(c, f"{type(exc).__name__}: {exc}")
+            if c.dead or reply is None:
+                continue  # dropped, or a JOIN answered when the client before it has bound
+            try:
+                c.ctrl.send(with_seq(reply, seq))
             except OSError:
                 c.dead = True
                 return
+
+    def _malformed(self, c: Client, why: str) -> None:
+        """A control message devd cannot accept: drop that client only (the descriptors it
+        passed are closed by the caller)."""
+        n = self.counters["ctrl_malformed"] = self.counters["ctrl_malformed"] + 1
+        c.dead = True
+        if n <= MAX_LOGGED_MALFORMED:  # a client reconnecting in a loop fills no disk
+            more = " (no more such messages are logged)" if n == MAX_LOGGED_MALFORMED else ""
+            print(f"devd {self.record.name}: dropped a client (uid {c.uid}): malformed "
+                  f"control message: {why}{more}", file=sys.stderr)
+
+    def _on_request(self, c: Client, msg: bytes, fds: list[int], flags: int) -> bytes | None:
+        """One control record; descriptors only with a well-formed JOINED (closed here
+        otherwise, and the client dropped)."""
+        if flags & socket.MSG_CTRUNC or (fds and (msg[0] != proto.OP_JOINED
+                                                  or len(msg) != REQ.size)):
+            close_fds(fds)
+            self._malformed(c, "descriptors passed with op "
+                            f"{msg[0]}{' (truncated)' if flags & socket.MSG_CTRUNC else ''}")
+            return None
+        if msg[0] == proto.OP_JOINED and len(msg) == REQ.size:
+            socks, why = self._check_joined_fds(REQ.unpack(msg)[1], fds)
+            if socks is None:
+                self._malformed(c, why)
+                return None
+            return self._joined(c, proto.OP_JOINED, socks)
+        if msg[0] == proto.OP_JOIN and len(msg) == REQ.size:
+            c.join_seq = msg[SEQ_OFFSET]
+        return self._handle(c, msg)
 
     def _handle(self, c: Client, msg: bytes) -> bytes | None:
         if len(msg) > REQ.size and msg[0] == proto.OP_REPORT:
@@ -521,7 +562,8 @@ class Devd(Forwarding, McastRouting, QpnRouting):
         except ValueError:
             return errno.EINVAL
         if not isinstance(values, dict) or not all(
-            isinstance(k, str) and isinstance(v, int) and v >= 0 for k, v in values.items()
+            isinstance(k, str) and type(v) is int and 0 <= v <= proto.MAX_COUNTER
+            for k, v in values.items()
         ):
             return errno.EINVAL
         c.port_counters = values

@@ -11,6 +11,7 @@ import os
 import select
 import socket
 import threading
+import time
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
@@ -41,16 +42,18 @@ from softrdma.drivers.devd_proto import (
     RECV_BATCH,
     REP,
     REQ,
+    SEQ_OFFSET,
     STAT_NAMES,
     U64,
     bind_text,
     socket_path,
+    with_seq,
 )
 from softrdma.drivers.devd_spawn import DEVD_START_TIMEOUT, DevdVanished, ensure_devd
 from softrdma.drivers.devd_v1 import V1_VERSION
 from softrdma.drivers.link import Datagram, GidEntry, gid_entries
 from softrdma.drivers.rawether import RawEtherLink
-from softrdma.drivers.registry import DeviceRecord
+from softrdma.drivers.registry import DeviceRecord, check_state_dir
 from softrdma.drivers.registry import state_dir as default_state_dir
 from softrdma.drivers.reuseport import direct_enabled
 from softrdma.drivers.udp import UdpLink
@@ -114,12 +117,17 @@ class DevdLink:
             raise InvalidArgument("ring", "must be >= 1")
         self.record = record
         directory = Path(state_dir) if state_dir is not None else default_state_dir()
+        if not spawn:  # ensure_devd checks it otherwise
+            check_state_dir(directory)
         self._ctrl_lock = threading.Lock()
         self._closed = False
         self._closed_why = "link closed"
         self._owner_pid = os.getpid()
         self.daemon_pid = 0
         self.daemon_gone = False  # the control or data channel found the daemon dead
+        self.ctrl_timeout = timeout  # seconds a control request waits for its answer
+        self._seq = 0  # the sequence number of the last control request
+        self.stale_replies = 0  # late answers to requests that had timed out, dropped
         ctrl: socket.socket | None = None
         data: socket.socket | None = None
         last_err = "no answer"
@@ -447,16 +455,39 @@ class DevdLink:
     # -- control -----------------------------------------------------------------------
 
     def _request(self, op: int, arg: int = 0, mgid: bytes = bytes(16),
-                 fds: Sequence[int] = ()) -> tuple[int, bytes]:
+                 fds: Sequence[int] = (), body: bytes = b"") -> tuple[int, bytes]:
+        """Send one request and wait for its answer, at most :attr:`ctrl_timeout` seconds
+        (then DeviceError ETIMEDOUT, or EAGAIN if it could not even be sent; the daemon
+        may be stalled, not gone). Answers are
+        matched by the request's sequence number (:mod:`.devd_proto`): a late answer to
+        an earlier request that timed out is dropped when it comes."""
         if self._closed:
             raise ClosedError(f"device {self.record.name!r}: {self._closed_why}")
         with self._ctrl_lock:
+            self._seq = seq = self._seq % 0xFF + 1
+            record = with_seq(REQ.pack(op, arg, mgid), seq) + body
+            deadline = time.monotonic() + self.ctrl_timeout
+            sent = False
             try:
+                self._ctrl.settimeout(self.ctrl_timeout)
                 if fds:
-                    socket.send_fds(self._ctrl, [REQ.pack(op, arg, mgid)], list(fds))
+                    socket.send_fds(self._ctrl, [record], list(fds))
                 else:
-                    self._ctrl.send(REQ.pack(op, arg, mgid))
-                rep = self._ctrl.recv(MAX_CTRL)
+                    self._ctrl.send(record)
+                sent = True
+                while True:
+                    self._ctrl.settimeout(max(deadline - time.monotonic(), 1e-3))
+                    rep = self._ctrl.recv(MAX_CTRL)
+                    if len(rep) < REP.size or rep[SEQ_OFFSET] in (seq, 0):
+                        break  # 0: a daemon that does not number its answers
+                    self.stale_replies += 1
+            except TimeoutError as exc:
+                what = "answer" if sent else "take"
+                raise DeviceError(
+                    f"device {self.record.name!r}: devd (pid {self.daemon_pid}) did not "
+                    f"{what} request op {op} within {self.ctrl_timeout:g} s",
+                    errno=errno.ETIMEDOUT if sent else errno.EAGAIN,
+                ) from exc
             except OSError as exc:
                 self.daemon_gone = True
                 raise DeviceError(f"device {self.record.name!r}: devd: {exc}") from exc
@@ -487,8 +518,10 @@ class DevdLink:
             return
         try:
             self._request(OP_FREE_QPN, qpn)
-        except DeviceError:
-            if not self.daemon_gone:
+        except DeviceError as exc:
+            # ETIMEDOUT: devd is stalled; it has the request and frees the QPN when it
+            # resumes (its late answer is dropped), so a QP can still be destroyed
+            if not self.daemon_gone and exc.errno != errno.ETIMEDOUT:
                 raise
 
     def attach_mcast(self, mgid: bytes) -> None:
@@ -517,16 +550,13 @@ class DevdLink:
         """Tell the daemon this process's port counters (cumulative; see the module
         docstring, "Port counters of a shared device")."""
         body = json.dumps(values, separators=(",", ":")).encode()
-        if self._closed:
-            raise ClosedError(f"device {self.record.name!r}: {self._closed_why}")
-        with self._ctrl_lock:
-            try:
-                self._ctrl.send(REQ.pack(OP_REPORT, 0, bytes(16)) + body)
-                rep = self._ctrl.recv(4096)
-            except OSError as exc:
-                raise DeviceError(f"device {self.record.name!r}: devd: {exc}") from exc
-        if len(rep) < REP.size or REP.unpack_from(rep)[1]:
-            raise DeviceError(f"device {self.record.name!r}: devd refused the counter report")
+        try:
+            self._request(OP_REPORT, body=body)
+        except DeviceError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            raise DeviceError(f"device {self.record.name!r}: devd refused the counter "
+                              "report", errno=exc.errno) from exc
         self.last_report = dict(values)
 
     def device_counters(self) -> dict[str, int]:

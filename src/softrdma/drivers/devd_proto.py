@@ -18,7 +18,10 @@ progress thread can drain data while another thread allocates QPNs.
 
 Requests (client -> daemon, control), one fixed-size record::
 
-    _REQ "!BxxxI16s": op, arg, mgid
+    _REQ "!BBxxI16s": op, seq, arg, mgid
+      seq: the client's sequence number (1..255, cycling), echoed in the reply, so that
+      a client that gave up waiting (its timeout ran out while devd was stalled) knows
+      the late answer when it comes and drops it; 0: unsequenced (older clients)
       ALLOC_QPN    1  arg 0: any free QPN: a client on the direct path gets the next free
                          one of its slot's range (:func:`.reuseport.slot_range`), any other
                          client one allocated upwards from 0x11, wrapping, skipping
@@ -39,7 +42,8 @@ Requests (client -> daemon, control), one fixed-size record::
                       the same Service ID and mask)
       CM_UNLISTEN  8  mgid as for CM_LISTEN
       REPORT       9  followed by JSON {name: value}: this client's port counters
-                      (cumulative, :class:`softrdma.seam.counters.Counters`); the daemon keeps
+                      (cumulative, :class:`softrdma.seam.counters.Counters`; each value
+                      0 .. 2**64-1, else EINVAL); the daemon keeps
                       the last report of each client and adds it to the device's retired
                       total when the client leaves
       COUNTERS    10  (no argument): the device's port counters, aggregated
@@ -47,17 +51,30 @@ Requests (client -> daemon, control), one fixed-size record::
                       back while another client is between its JOIN and JOINED (binds
                       are serialised, so the daemon knows each socket's index in the
                       kernel's reuseport group), carries the client's QPN slot; EOPNOTSUPP:
-                      the daemon has no reuseport group (refused by the kernel or disabled)
+                      the daemon has no reuseport group (refused by the kernel or disabled).
+                      A client that does not send its JOINED within the daemon's
+                      ``join_timeout`` loses its turn (its late JOINED is answered 0, a
+                      later JOIN EOPNOTSUPP), so one stuck client cannot hold up every
+                      other one
       JOINED      12  arg = the number of sockets the client bound with ``SO_REUSEPORT``
                       to the device's first address of each family, in HELLO order, passed
                       with ``SCM_RIGHTS`` (the daemon keeps a copy, so it decides when a
                       dead client's socket leaves the group); 0: the bind failed. The
                       reply's value is the slot, or 0: the client stays on the forwarded
-                      path (``direct_refused``)
+                      path (``direct_refused``; also when the kernel's group holds a
+                      socket the daemon does not know of, so its view of the order may
+                      be wrong)
+
+A malformed control message (descriptors passed with any other request, a JOINED whose
+count does not match its descriptors, or whose descriptors are not UDP sockets bound to
+the device's port and address of their family, in HELLO order) closes that client's
+connection, and the passed descriptors (``ctrl_malformed``); the daemon and its other
+clients carry on. A request of the wrong size or an unknown op is answered EINVAL /
+EOPNOTSUPP.
 
 Replies (daemon -> client, control)::
 
-    _REP "!BxHI": op (echoed), errno (0 = success), value (the QPN for ALLOC_QPN,
+    _REP "!BBHI": op and seq (echoed), errno (0 = success), value (the QPN for ALLOC_QPN,
     else 0; for STATS the number of counters, followed by that many "!Q" in the order
     of STAT_NAMES; for COUNTERS followed by JSON {"port": {...}, "devd": {...},
     "clients": N})
@@ -100,6 +117,8 @@ by GUID) goes to every QP1 client.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import socket
 import struct
 from dataclasses import dataclass, field
@@ -127,8 +146,9 @@ OP_JOIN = 11
 OP_JOINED = 12
 
 HELLO = struct.Struct("!4sHHIH")
-REQ = struct.Struct("!BxxxI16s")
-REP = struct.Struct("!BxHI")
+REQ = struct.Struct("!BxxxI16s")  # byte 1: seq (with_seq)
+REP = struct.Struct("!BxHI")  # byte 1: seq (with_seq)
+SEQ_OFFSET = 1
 DHDR = struct.Struct("!BBBBHH16s16s")
 MAX_SEGMENT_HINT = 0xFE  # the largest GRO segment index the DHDR carries
 U64 = struct.Struct("!Q")
@@ -141,7 +161,8 @@ BTH_SIZE = 12
 
 STAT_NAMES = ("rx", "forwarded", "unknown_qpn", "malformed", "client_full", "clients",
               "cm_routed", "cm_rejected", "clients_refused", "cm_bad_req", "cm_rej_limited",
-              "direct_clients", "direct_refused", "bpf_attached", "bpf_failed")
+              "direct_clients", "direct_refused", "bpf_attached", "bpf_failed",
+              "ctrl_malformed", "join_timeouts")
 
 # CM MADs on QP1: BTH (12) + DETH (8), then the 256-byte MAD (IBA 13.4; ../shared/specs/ib-cm.md §7)
 MAD_OFF = BTH_SIZE + 8
@@ -153,8 +174,14 @@ BTH_DETH = struct.Struct("!BBHIIII")
 
 MAX_DATAGRAM = 16384  # the largest UDP payload the daemon receives and forwards
 MAX_CTRL = 65536  # the largest control record (a REPORT carries JSON)
+MAX_COUNTER = (1 << 64) - 1  # a reported counter is a u64, as the kernel's
 DATA_SNDBUF = 4 << 20
 RECV_BATCH = 64
+
+
+def with_seq(record: bytes, seq: int) -> bytes:
+    """A REQ or REP record carrying sequence number ``seq`` (byte :data:`SEQ_OFFSET`)."""
+    return record[:SEQ_OFFSET] + bytes((seq,)) + record[SEQ_OFFSET + 1 :]
 
 
 def socket_path(name: str, directory: Path | str | None = None) -> Path:
@@ -193,6 +220,15 @@ class Client:
     uid: int = -1
     slot: int = 0  # QPN slot on the direct path (reuseport), 0: forwarded by devd
     next_qpn: int = 0  # the next QPN tried in the slot's range
+    join_seq: int = 0  # the seq of its JOIN, for the held-back reply
+    join_expired: bool = False  # it held the JOIN turn past join_timeout
+
+
+def close_fds(fds: list[int]) -> None:
+    """Close descriptors received with ``SCM_RIGHTS`` that will not be used."""
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def client_recv(c: Client, sock: socket.socket, size: int) -> bytes | None:

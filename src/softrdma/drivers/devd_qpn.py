@@ -12,9 +12,23 @@ change. Clients join one at a time (JOIN ... JOINED), so the daemon knows the bi
 from __future__ import annotations
 
 import errno
+import os
 import socket
+import stat
+import sys
+import time
+from pathlib import Path
 
-from softrdma.drivers.devd_proto import OP_JOIN, QPN_FIRST, QPN_LAST, REP, Client
+from softrdma.drivers.devd_proto import (
+    OP_JOIN,
+    QPN_FIRST,
+    QPN_LAST,
+    REP,
+    Client,
+    close_fds,
+    with_seq,
+)
+from softrdma.drivers.link import ip_text
 from softrdma.drivers.reuseport import (
     SLOT_LAST,
     SLOT_SHIFT,
@@ -28,6 +42,25 @@ from softrdma.drivers.reuseport import (
 from softrdma.drivers.udp import UdpLink
 
 MAX_EXCEPTIONS = 1024  # QPNs asked for by number inside another client's range
+JOIN_TIMEOUT = 5.0  # seconds a client may hold the JOIN turn (binding takes milliseconds)
+
+
+def bound_count(ip: bytes, port: int) -> int | None:
+    """How many UDP sockets of this network namespace are bound to ``ip``:``port`` (the
+    members of its reuseport group), from ``/proc/net/udp`` or ``udp6`` (proc(5): each
+    32-bit word of the address in host byte order, the port in hex); None if unreadable."""
+    words = (ip[i : i + 4] for i in range(0, len(ip), 4))
+    want = "".join(f"{int.from_bytes(w, sys.byteorder):08X}" for w in words) + f":{port:04X}"
+    try:
+        text = Path(f"/proc/net/{'udp' if len(ip) == 4 else 'udp6'}").read_text()
+    except OSError:
+        return None
+    return sum(1 for line in text.splitlines()[1:] if line.split()[1:2] == [want])
+
+
+def _sock_ip(sock: socket.socket) -> tuple[bytes, int]:
+    host, port = sock.getsockname()[:2]
+    return socket.inet_pton(sock.family, str(host).split("%", 1)[0]), int(port)
 
 
 class QpnRouting:
@@ -38,6 +71,8 @@ class QpnRouting:
     _next_qpn: int
     _links: list[UdpLink]
 
+    join_timeout: float
+
     def _qpn_init(self) -> None:
         self._groups_rp: list[tuple[UdpLink, Group]] = []
         self._slot_clients: dict[int, Client] = {}
@@ -46,6 +81,7 @@ class QpnRouting:
         self._exceptions: dict[int, Client] = {}
         self._join_holder: Client | None = None
         self._join_slot = 0
+        self._join_deadline = 0.0
         self._join_queue: list[Client] = []
 
     # -- the reuseport groups -----------------------------------------------------------
@@ -123,7 +159,7 @@ class QpnRouting:
 
     def _join(self, c: Client, op: int) -> bytes | None:
         """OP_JOIN: the slot (the reply waits while another client binds)."""
-        if not self._groups_rp:
+        if not self._groups_rp or c.join_expired:  # one expired turn: no second one
             return REP.pack(op, errno.EOPNOTSUPP, 0)
         if c.slot or self._join_holder is c:
             return REP.pack(op, errno.EALREADY, 0)
@@ -136,18 +172,74 @@ class QpnRouting:
         if not slot:
             return REP.pack(op, errno.EOPNOTSUPP, 0)
         self._join_holder, self._join_slot = c, slot
+        self._join_deadline = time.monotonic() + self.join_timeout
         return REP.pack(op, 0, slot)
 
-    def _joined(self, c: Client, op: int, n: int, fds: list[int]) -> bytes:
-        """OP_JOINED: the client bound ``n`` sockets, passed as ``fds``."""
-        socks = [socket.socket(fileno=fd) for fd in fds]
+    def _check_joined_fds(self, n: int, fds: list[int]) -> tuple[list[socket.socket] | None,
+                                                                   str]:
+        """The sockets a JOINED passed, or None and why (all of ``fds`` closed) unless
+        there are ``n`` of them and each is a UDP socket, bound with ``SO_REUSEPORT`` to
+        the port and address of its group (HELLO order) when there is one per group."""
+        if n != len(fds):
+            close_fds(fds)
+            return None, f"JOINED of {n} sockets passed {len(fds)} descriptors"
+        for i, fd in enumerate(fds):
+            try:
+                ok = stat.S_ISSOCK(os.fstat(fd).st_mode)
+            except OSError:
+                ok = False
+            if not ok:
+                close_fds(fds)
+                return None, f"JOINED descriptor {i} is not a socket"
+        socks: list[socket.socket] = []
+        try:
+            for fd in fds:
+                socks.append(socket.socket(fileno=fd))
+        except OSError as exc:
+            close_fds(fds[len(socks) :])
+            for s in socks:
+                s.close()
+            return None, f"JOINED descriptor {len(socks)}: {exc.strerror}"
+        why = ""
+        for i, s in enumerate(socks):
+            try:
+                why = self._joined_socket_problem(i, s, len(socks))
+            except OSError as exc:
+                why = f"JOINED descriptor {i}: {exc.strerror or exc}"
+            if why:
+                for s2 in socks:
+                    s2.close()
+                return None, why
+        return socks, ""
+
+    def _joined_socket_problem(self, i: int, s: socket.socket, n: int) -> str:
+        """What is wrong with the ``i``-th of ``n`` sockets a JOINED passed ("": nothing)."""
+        if (s.family not in (socket.AF_INET, socket.AF_INET6) or s.type != socket.SOCK_DGRAM
+                or s.getsockopt(socket.SOL_SOCKET, socket.SO_PROTOCOL) != socket.IPPROTO_UDP):
+            return f"JOINED descriptor {i} is not a UDP socket"
+        if n == len(self._groups_rp):
+            link = self._groups_rp[i][0]
+            if (s.family != link.family or _sock_ip(s) != (link.ip, link.port)
+                    or not s.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT)):
+                return (f"JOINED socket {i} is not bound with SO_REUSEPORT to the "
+                        f"device's {ip_text(link.ip)} port {link.port}")
+        return ""
+
+    def _joined(self, c: Client, op: int, socks: list[socket.socket]) -> bytes:
+        """OP_JOINED: the client bound ``socks`` (checked by :meth:`_check_joined_fds`)."""
         if self._join_holder is not c:
             for s in socks:
                 s.close()
+            if c.join_expired:  # too late: its turn went to the next client
+                return REP.pack(op, 0, 0)
             return REP.pack(op, errno.EPROTO, 0)
         slot = self._join_slot
+        n = len(socks)
+        # Before the next client may bind: a socket the kernel has and we do not know
+        # of (one bound by a client whose turn expired) would shift the order.
+        refuse = not n or n != len(self._groups_rp) or not self._groups_as_mirrored(1)
         self._join_release()
-        if not n or len(socks) != n or n != len(self._groups_rp):
+        if refuse:
             for s in socks:
                 s.close()
             self.counters["direct_refused"] += 1
@@ -161,10 +253,34 @@ class QpnRouting:
         self._regen()
         return REP.pack(op, 0, slot)
 
+    def _groups_as_mirrored(self, extra: int) -> bool:
+        """Whether each kernel reuseport group has as many sockets as our mirror of it,
+        plus ``extra`` (a socket being joined); True when the kernel does not say."""
+        for link, group in self._groups_rp:
+            assert link.port is not None
+            count = bound_count(link.ip, link.port)
+            if count is not None and count != len(group.members) + extra:
+                return False
+        return True
+
+    def _join_expire(self, now: float) -> float | None:
+        """Take the JOIN turn from a client that held it past ``join_timeout`` (its late
+        JOINED is answered 0: forwarded path); the next deadline, or None."""
+        holder = self._join_holder
+        if holder is None:
+            return None
+        if now < self._join_deadline:
+            return self._join_deadline
+        holder.join_expired = True
+        self.counters["join_timeouts"] += 1
+        self._join_release()
+        return self._join_deadline if self._join_holder is not None else None
+
     def _join_release(self) -> None:
-        """The binder finished (or died): the next queued client may bind."""
+        """The binder finished (or died, or ran out of time): the next queued client may
+        bind."""
         self._join_holder, self._join_slot = None, 0
-        while self._join_queue:
+        while self._join_queue and self._join_holder is None:
             nxt = self._join_queue.pop(0)
             if nxt.dead:
                 continue
@@ -172,11 +288,11 @@ class QpnRouting:
             if reply is None:
                 return
             try:
-                nxt.ctrl.send(reply)
+                nxt.ctrl.send(with_seq(reply, nxt.join_seq))
             except OSError:
                 nxt.dead = True
-                self._join_release()
-            return
+                if self._join_holder is nxt:
+                    self._join_holder, self._join_slot = None, 0
 
     # -- QPN ownership ---------------------------------------------------------------------
 

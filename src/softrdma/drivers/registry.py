@@ -21,6 +21,11 @@ The file is ``<state_dir>/devices.json``::
                   "mpa_crc": true}],
      "deleted_builtin": ["softrdma_lo"]}
 
+Readers and writers alike use the directory only if it is safe (:func:`ensure_state_dir`,
+:func:`check_state_dir`: not a symbolic link, owned by this user, writable by no one
+else), and raise :class:`~softrdma.errors.DeviceError` naming it otherwise: a directory
+another local user planted (``/tmp/softrdma-<uid>`` is guessable) defines no device.
+
 Writers hold an ``fcntl.flock`` on ``<state_dir>/devices.lock`` for the whole
 read-modify-write and replace the file atomically (write a temporary file, ``fsync``,
 ``rename``), so concurrent ``link add`` calls neither lose records nor leave a torn file;
@@ -65,6 +70,7 @@ __all__ = [
     "RXE_MAX_HDR_LENGTH",
     "Registry",
     "add",
+    "check_state_dir",
     "delete",
     "get",
     "ib_mtu_for",
@@ -201,8 +207,19 @@ def ensure_state_dir(path: Path) -> Path:
         pass  # a symbolic link or a file: refused below with a clearer message
     except OSError as exc:
         raise DeviceError(f"cannot create state directory {path}: {exc}") from exc
+    check_state_dir(path)
+    return path
+
+
+def check_state_dir(path: Path) -> bool:
+    """Whether ``path`` exists, after the checks :func:`ensure_state_dir` makes on it: a
+    reader (``Registry.list``, a client connecting to a devd socket) trusts nothing from a
+    directory a writer would refuse, and raises the same :class:`DeviceError` naming it.
+    False: there is no such directory (nothing recorded yet)."""
     try:
         st = os.lstat(path)
+    except FileNotFoundError:
+        return False
     except OSError as exc:
         raise DeviceError(f"cannot use state directory {path}: {exc}") from exc
     if stat.S_ISLNK(st.st_mode):
@@ -219,7 +236,7 @@ def ensure_state_dir(path: Path) -> Path:
             f"state directory {path} is writable by other users (mode "
             f"{stat.S_IMODE(st.st_mode):04o}): refusing to use it"
         )
-    return path
+    return True
 
 
 def open_state_file(path: Path, flags: int, mode: int = 0o600) -> int:
@@ -258,11 +275,20 @@ class Registry:
             os.close(fd)  # releases the lock
 
     def _load(self) -> tuple[builtins.list[DeviceRecord], builtins.list[str]]:
+        """The records and deleted built-ins; only from a directory :func:`check_state_dir`
+        accepts, and a ``devices.json`` that is not a symbolic link."""
+        if not check_state_dir(self.directory):
+            return [], []
         try:
-            text = self.path.read_text()
+            fd = open_state_file(self.path, os.O_RDONLY)
         except FileNotFoundError:
             return [], []
         except OSError as exc:
+            raise DeviceError(f"cannot read device registry {self.path}: {exc}") from exc
+        try:
+            with os.fdopen(fd, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as exc:
             raise DeviceError(f"cannot read device registry {self.path}: {exc}") from exc
         try:
             data = json.loads(text)

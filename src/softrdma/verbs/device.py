@@ -35,7 +35,8 @@ from ..drivers.tap import tap_for
 from ..drivers.tap_stream import stream_tap_for
 from ..drivers.tcp_runtime import TcpRuntime
 from ..drivers.udp import UdpLink
-from ..errors import DeviceError, InvalidArgument
+from ..drivers.udp_multi import MultiUdpLink
+from ..errors import DeviceError, InvalidArgument, SoftRdmaError
 from ..ib.port import Port
 from ..iwarp.mpa_setup import MPA_CRC_ENV, device_mpa_crc
 from ..iwarp.qp import IwarpDevice
@@ -397,18 +398,36 @@ def _open_registry_device(name: str | None, shared: bool | None) -> tuple[Device
 
 
 def _open_udp(info: DeviceInfo) -> Link:
-    """The in-process RoCEv2 link of a registry device (its own UDP socket)."""
+    """The in-process RoCEv2 link of a registry device: a socket on each of its netdev's
+    addresses, so that its GID table is the one the device has through devd (every
+    address, Annex A17; ../shared/specs/roce.md §4; ``::1`` beside ``127.0.0.1`` on
+    ``lo``). The first IPv4 address (else the first IPv6 one) must bind; another that
+    cannot (its port taken there) is left out of the table."""
     if not info.ips:
         raise DeviceError(f"device {info.name!r}: netdev {info.netdev!r} has no IP address")
-    # One receive socket per link: the in-process device serves its netdev's first IPv4
-    # address (else its first IPv6 one); the GID table then holds that address.
     v4 = [ip for ip in info.ips if len(ip) == 4]
-    ip = v4[0] if v4 else info.ips[0]
-    target: str | bytes = ip
-    if _is_link_local(ip) and info.netdev:
-        target = f"{ipaddress.IPv6Address(ip)}%{info.netdev}"
-    return UdpLink(target, port=info.udp_port)
+    first = v4[0] if v4 else info.ips[0]
+    links = [UdpLink(_bind_target(first, info.netdev), port=info.udp_port)]
+    try:
+        for ip in info.ips:
+            if ip == first:
+                continue
+            try:
+                links.append(UdpLink(_bind_target(ip, info.netdev), port=info.udp_port))
+            except (OSError, SoftRdmaError):
+                continue
+    except BaseException:
+        for link in links:
+            link.close()
+        raise
+    return links[0] if len(links) == 1 else MultiUdpLink(links)
 
+
+def _bind_target(ip: bytes, netdev: str | None) -> str | bytes:
+    """An address as UdpLink binds it (an IPv6 link-local one with its ``%netdev`` scope)."""
+    if _is_link_local(ip) and netdev:
+        return f"{ipaddress.IPv6Address(ip)}%{netdev}"
+    return ip
 
 
 #: what an imported context copies from the context that opened the device
