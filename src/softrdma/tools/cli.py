@@ -19,6 +19,7 @@ Subcommands and where they live:
 ``rdma-server``    :mod:`softrdma.tools.rdma_server` (librdmacm's ``rdma_server`` example)
 ``rdma-client``    :mod:`softrdma.tools.rdma_server` (librdmacm's ``rdma_client`` example)
 ``pcap-check``     ``softrdma.tools.pcap_check.run(paths) -> int``
+``ladder``         :mod:`softrdma.tools.ladder` (ladder diagram and PSN plot of a capture)
 ``link``           ``softrdma.tools.link.cmd_link(args) -> int``
 ``pyverbs``        :mod:`softrdma.tools.pyverbs_run` (run a pyverbs program on softrdma)
 ``rdma-core-tests`` :mod:`softrdma.tools.rdma_core_tests` (rdma-core's pyverbs test suite)
@@ -280,6 +281,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--udp-port", type=_udp_port, action="append", default=[], metavar="N",
                    help="also treat UDP port N as RoCEv2 (a device configured off 4791)")
     p.set_defaults(handler=_cmd_pcap_check)
+
+    tool("ladder", "softrdma.tools.ladder",
+         help="draw the ladder (sequence) diagram of a capture, and its PSN plot",
+         description="One lane per endpoint (IP and QPN, or IP and TCP port for iWARP): "
+         "CM and MPA messages, data (MIDDLE runs collapsed), ACK/NAK with syndrome and "
+         "MSN, READ responses, retransmissions, Terminates and capture gaps. -o writes "
+         "the diagram (.svg/.png/.pdf), --plot the PSN against time; without either, "
+         "the rows are printed. Needs matplotlib for drawing.")
 
     p = add_parser("link", add_help=False, help="add, delete or show softrdma devices "
                         "(softrdma link --help)",

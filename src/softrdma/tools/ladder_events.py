@@ -1,0 +1,562 @@
+"""The events of a capture as a ladder (sequence) diagram shows them: ``softrdma ladder``.
+
+:func:`capture_events` reads a pcap/pcapng file with the project's decoders (RoCE:
+:func:`softrdma.wire.roce.parse_frame`, the CM MADs :func:`softrdma.wire.cm.decode`;
+iWARP: :class:`softrdma.wire.tcpstream.TcpReassembler`, the MPA frame parser and FPDU
+deframer of :mod:`softrdma.wire.mpa`, :func:`softrdma.wire.ddp.decode_segment`) and
+returns a :class:`Ladder`: one lane per endpoint (RoCE: IP address and QPN; iWARP: IP
+address and TCP port) and one row per arrow or mark, in capture order.
+
+What a row says:
+
+- CM messages (REQ, REP, RTU, DREQ, DREP, REJ, MRA, SIDR; IBA 12.6) and the MPA Request
+  and Reply (RFC 5044 §7.1), drawn between the two ends of the connection they set up;
+- data packets: a run of MIDDLE packets of one message (IBA 9.7.1) becomes one arrow
+  labelled with its PSN range, as does a run of non-last DDP segments (RFC 5041 §5);
+- ACK/NAK with the AETH syndrome and MSN (IBA 9.7.5.1, Table 44);
+- RDMA READ responses, retransmissions (a request PSN behind the next one, IBA 9.7.2;
+  a READ response PSN already seen) and Terminates (RFC 5040 §7.2) as such;
+- gaps from capture loss (a request PSN ahead of the next one; octets missing from a
+  TCP stream) as gap marks.
+
+The PSN of each request and NAK is kept per connection direction for the PSN plot
+(:mod:`softrdma.tools.ladder_draw`).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from dataclasses import dataclass, field
+
+from ..errors import DecodeError, SoftRdmaError
+from ..wire import cm as wcm
+from ..wire import ddp, ib, roce
+from ..wire.mpa import (
+    KEY_LEN,
+    KEY_REP,
+    KEY_REQ,
+    FpduDeframer,
+    MpaError,
+    MpaFrame,
+    MpaFrameParser,
+    MpaReply,
+    MpaRequest,
+)
+from ..wire.opcodes import Hdr, Kind, Pos
+from ..wire.pcap import read_pcap
+from ..wire.tcpstream import (
+    StreamData,
+    StreamEvent,
+    StreamGap,
+    TcpReassembler,
+    TcpStream,
+    parse_tcp,
+)
+from .pcap_conv import GSI_QPN, MTUS, psn_delta
+from .pcap_oob import OobScanner
+
+__all__ = ["Lane", "Row", "PsnPoint", "Ladder", "capture_events", "KINDS"]
+
+PSN_MOD = 1 << 24
+# Row kinds, in the order the legend lists them.
+KINDS = ("cm", "data", "read", "ack", "nak", "retrans", "term", "gap")
+
+Lane = tuple[str, str]  # (address, "QP 0x11" or "port 4791")
+
+
+@dataclass
+class Row:
+    """One arrow (``src`` -> ``dst``) or, for a gap, a mark on ``src``'s lane."""
+
+    frame: int
+    t: float  # seconds since the first frame of the capture
+    src: Lane
+    dst: Lane
+    label: str
+    kind: str  # one of KINDS
+    count: int = 1  # packets collapsed into this arrow
+    _run: tuple[object, int, int] | None = None  # (flow, opcode, last PSN) of a MIDDLE run
+
+
+@dataclass
+class PsnPoint:
+    """One point of the PSN plot: a request (``kind`` data/read/retrans) or a NAK."""
+
+    t: float
+    psn: int
+    kind: str
+
+
+@dataclass
+class Ladder:
+    """What :func:`capture_events` found: lanes in order of appearance, rows, PSN series
+    (per connection direction, ``"A QP 0x11 -> B QP 0x12"``) and notes."""
+
+    lanes: list[Lane] = field(default_factory=list)
+    rows: list[Row] = field(default_factory=list)
+    psns: dict[str, list[PsnPoint]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    frames: int = 0
+
+
+def _ip(b: bytes) -> str:
+    a = ipaddress.ip_address(b)
+    if isinstance(a, ipaddress.IPv6Address) and a.ipv4_mapped is not None:
+        return str(a.ipv4_mapped)
+    return str(a)
+
+
+def _qp(qpn: int | None) -> str:
+    return "QP ?" if qpn is None else f"QP {qpn:#x}"
+
+
+def _aeth(p: ib.IBPacket) -> tuple[str, str]:
+    """(kind, text) of an AETH: ACK / RNR NAK / NAK with its syndrome (IBA 9.7.5.2.1)."""
+    t = p.syndrome & ib.AETH_TYPE_MASK
+    if t == ib.AETH_ACK:
+        return "ack", f"ACK PSN {p.psn:#x} MSN {p.msn}"
+    if t == ib.AETH_RNR_NAK:
+        return "nak", f"RNR NAK (timer {p.syndrome & 0x1F}) PSN {p.psn:#x} MSN {p.msn}"
+    why = ib.NAK_NAMES.get(p.syndrome, f"syndrome {p.syndrome:#x}")
+    return "nak", f"NAK {why} PSN {p.psn:#x} MSN {p.msn}"
+
+
+def _short(name: str) -> str:
+    """``RC_SEND_MIDDLE`` -> ``SEND MIDDLE`` (the service shows in the lanes)."""
+    return name.split("_", 1)[1].replace("_", " ") if "_" in name else name
+
+
+@dataclass
+class _Flow:
+    """The requests of one side of a RoCE connection (one direction) and their responses."""
+
+    key: tuple[str, str, int]  # (src ip, dst ip, dest QPN) of the requests
+    next_psn: int | None = None
+    slack: int = 0  # PSNs after next_psn that may still be the next (a READ of unknown PMTU)
+    read_high: int | None = None  # highest READ response PSN seen (response direction)
+    pmtu: int | None = None
+
+
+class _Builder:
+    def __init__(self, ports: frozenset[int]) -> None:
+        self.ports = ports
+        self.ladder = Ladder()
+        self.t0: float | None = None
+        # Pending rows whose ends are resolved once the capture is read.
+        self._pending: list[tuple[Row, tuple[str, ...], tuple[str, ...]]] = []
+        self._flows: dict[tuple[str, str, int], _Flow] = {}
+        self._peer: dict[tuple[str, int], tuple[str, int]] = {}  # (ip, qpn) <-> (ip, qpn)
+        self._seen: dict[tuple[str, str], set[int]] = {}  # (src, dst) -> dest QPNs seen
+        self._comm: dict[int, tuple[str, int]] = {}  # comm ID -> (ip, qpn)
+        self._partner: dict[int, int] = {}  # comm ID <-> comm ID (from the REP)
+        self._mtu: dict[tuple[str, int], int] = {}  # (ip, qpn) -> path MTU of its REQ
+        self._oob = OobScanner()
+        self._tcp = TcpReassembler()
+        self._iw: dict[int, _IwDir] = {}
+        self._psn_series: dict[tuple[str, str, int], list[PsnPoint]] = {}
+
+    # -- rows --------------------------------------------------------------------------
+
+    def _add(self, row: Row, src: tuple[str, ...], dst: tuple[str, ...]) -> None:
+        """The ends, resolved once the capture is read: ("ip", addr, QPN) and ("src",
+        addr, dst addr, dest QPN) for RoCE packets, ("cm", addr, comm ID) and ("cmr",
+        addr, sender's comm ID, remote comm ID) for CM messages, ("lane", addr, text)."""
+        self._pending.append((row, src, dst))
+
+    def _last(self) -> Row | None:
+        return self._pending[-1][0] if self._pending else None
+
+    # -- RoCE --------------------------------------------------------------------------
+
+    def feed(self, index: int, ts: float, linktype: int, data: bytes) -> None:
+        self.ladder.frames += 1
+        if self.t0 is None:
+            self.t0 = ts
+        t = ts - self.t0
+        try:
+            f = roce.parse_frame(data, linktype, self.ports)
+        except SoftRdmaError as e:
+            self.ladder.notes.append(f"frame {index}: not decoded: {e}")
+            return
+        if f is None:
+            self._tcp_frame(index, t, linktype, data)
+            return
+        p = f.packet
+        src, dst = _ip(f.src_ip), _ip(f.dst_ip)
+        if p.dqpn == GSI_QPN:
+            self._mad(index, t, src, dst, p)
+            return
+        self._seen.setdefault((src, dst), set()).add(p.dqpn)
+        if p.info.hdrs & Hdr.DETH:  # UD: the source QPN is on the wire (IBA 9.8.2)
+            self._peer.setdefault((dst, p.dqpn), (src, p.src_qp))
+        info = p.info
+        if info.is_response:
+            self._response(index, t, src, dst, p)
+        elif info.is_request:
+            self._request(index, t, src, dst, p)
+        else:  # CNP
+            self._add(Row(index, t, (src, ""), (dst, ""), _short(info.name), "data"),
+                      ("src", src, dst, str(p.dqpn)), ("ip", dst, str(p.dqpn)))
+
+    def _flow(self, key: tuple[str, str, int]) -> _Flow:
+        fl = self._flows.get(key)
+        if fl is None:
+            fl = self._flows[key] = _Flow(key)
+        return fl
+
+    def _span(self, fl: _Flow, p: ib.IBPacket) -> tuple[int, int]:
+        """The fewest and most PSNs request ``p`` takes: an RDMA READ takes
+        ``ceil(length / PMTU)`` (IBA 9.7.4.1.3); until the PMTU is known, any of them."""
+        if p.info.kind != Kind.READ_REQ:
+            return 1, 1
+        mtu = fl.pmtu or self._mtu.get((fl.key[1], p.dqpn))
+        if mtu:
+            n = max(1, -(-p.dma_len // mtu))
+            return n, n
+        return max(1, -(-p.dma_len // MTUS[-1])), max(1, -(-p.dma_len // MTUS[0]))
+
+    def _request(self, index: int, t: float, src: str, dst: str, p: ib.IBPacket) -> None:
+        key = (src, dst, p.dqpn)
+        fl = self._flow(key)
+        info = p.info
+        if not info.pos & Pos.LAST and len(p.payload) in MTUS:
+            fl.pmtu = len(p.payload)
+        kind = "read" if info.kind == Kind.READ_REQ else "data"
+        ends = (("src", src, dst, str(p.dqpn)), ("ip", dst, str(p.dqpn)))
+        if fl.next_psn is not None:
+            d = psn_delta(p.psn, fl.next_psn)
+            if d < 0:
+                kind = "retrans"
+            elif d > fl.slack:
+                self._add(Row(index, t, ("", ""), ("", ""),
+                              f"capture gap: PSN {fl.next_psn:#x}..{(p.psn - 1) % PSN_MOD:#x} "
+                              f"({d} packets) not in the capture", "gap"), *ends)
+        low, high = self._span(fl, p)
+        if kind != "retrans":
+            fl.next_psn = (p.psn + low) % PSN_MOD
+            fl.slack = high - low
+        self._psn_series.setdefault(key, []).append(PsnPoint(t, p.psn, kind))
+        last = self._last()
+        if (info.pos == Pos.MIDDLE and kind == "data" and last is not None and last._run
+                is not None and last._run[0] is fl and last._run[1] == p.opcode
+                and (last._run[2] + 1) % PSN_MOD == p.psn):
+            first = int(last.label.rsplit("PSN ", 1)[1].split("..")[0], 16)
+            last.count += 1
+            last.label = f"{_short(info.name)} x{last.count} PSN {first:#x}..{p.psn:#x}"
+            last._run = (fl, p.opcode, p.psn)
+            return
+        label = f"{_short(info.name)} PSN {p.psn:#x}"
+        if info.hdrs & Hdr.RETH:
+            label += f" len {p.dma_len}"
+        elif len(p.payload):
+            label += f" len {len(p.payload)}"
+        if kind == "retrans":
+            label = f"retransmitted {label}"
+        row = Row(index, t, ("", ""), ("", ""), label, kind)
+        if info.pos == Pos.MIDDLE and kind == "data":
+            row._run = (fl, p.opcode, p.psn)
+        self._add(row, *ends)
+
+    def _response(self, index: int, t: float, src: str, dst: str, p: ib.IBPacket) -> None:
+        # The responses of flow (dst -> src) come from src to the requester (dst, dqpn).
+        info = p.info
+        ends = (("src", src, dst, str(p.dqpn)), ("ip", dst, str(p.dqpn)))
+        if info.kind == Kind.READ_RESP:
+            fl = self._flow_towards(dst, src, p.dqpn)
+            if fl is not None and not info.pos & Pos.LAST and len(p.payload) in MTUS:
+                fl.pmtu = len(p.payload)
+            label = f"READ response {_short(info.name).rsplit(' ', 1)[-1]} PSN {p.psn:#x}"
+            kind = "read"
+            if fl is not None:
+                if fl.read_high is not None and psn_delta(p.psn, fl.read_high) <= 0:
+                    kind, label = "retrans", f"retransmitted {label}"
+                else:
+                    fl.read_high = p.psn
+            if info.hdrs & Hdr.AETH:
+                label += f" MSN {p.msn}"
+            if info.pos == Pos.MIDDLE and kind == "read":
+                last = self._last()
+                if (last is not None and last._run is not None and last._run[0] is fl
+                        and last._run[1] == p.opcode and (last._run[2] + 1) % PSN_MOD == p.psn):
+                    first = int(last.label.split("PSN ", 1)[1].split("..")[0].split()[0], 16)
+                    last.count += 1
+                    last.label = f"READ response MIDDLE x{last.count} PSN {first:#x}..{p.psn:#x}"
+                    last._run = (fl, p.opcode, p.psn)
+                    return
+            row = Row(index, t, ("", ""), ("", ""), label, kind)
+            if info.pos == Pos.MIDDLE and kind == "read":
+                row._run = (fl, p.opcode, p.psn)
+            self._add(row, *ends)
+            return
+        kind, label = _aeth(p)
+        if info.kind == Kind.ATOMIC_ACK:
+            label = f"ATOMIC {label}"
+        if kind == "nak":
+            fl = self._flow_towards(dst, src, p.dqpn)
+            if fl is not None:
+                self._psn_series.setdefault(fl.key, []).append(PsnPoint(t, p.psn, "nak"))
+        self._add(Row(index, t, ("", ""), ("", ""), label, kind), *ends)
+
+    def _flow_towards(self, req_src: str, req_dst: str, req_src_qpn: int) -> _Flow | None:
+        """The flow of requests from (req_src, QP req_src_qpn) to req_dst."""
+        peer = self._peer.get((req_src, req_src_qpn))
+        if peer is not None and peer[0] == req_dst:
+            return self._flows.get((req_src, req_dst, peer[1]))
+        cands = [fl for k, fl in self._flows.items() if k[0] == req_src and k[1] == req_dst]
+        return cands[0] if len(cands) == 1 else None
+
+    def _mad(self, index: int, t: float, src: str, dst: str, p: ib.IBPacket) -> None:
+        try:
+            m = wcm.decode(p.payload).msg
+        except SoftRdmaError:
+            self._add(Row(index, t, ("", ""), ("", ""), "MAD", "cm"),
+                      ("lane", src, "QP 0x1"), ("lane", dst, "QP 0x1"))
+            return
+        name = type(m).__name__.upper().replace("SIDRREQ", "SIDR_REQ").replace(
+            "SIDRREP", "SIDR_REP")
+        local = getattr(m, "local_comm_id", None)
+        remote = getattr(m, "remote_comm_id", None)
+        label = name
+        if isinstance(m, wcm.Req):
+            self._comm[m.local_comm_id] = (src, m.local_qpn)
+            self._mtu[(src, m.local_qpn)] = MTUS[m.path_mtu - 1] if 1 <= m.path_mtu <= 5 else 0
+            label += f" QPN {m.local_qpn:#x} PSN {m.starting_psn:#x}"
+        elif isinstance(m, wcm.Rep):
+            self._comm[m.local_comm_id] = (src, m.local_qpn)
+            self._partner[m.local_comm_id] = m.remote_comm_id
+            self._partner[m.remote_comm_id] = m.local_comm_id
+            peer = self._comm.get(m.remote_comm_id)
+            if peer is not None:
+                self._peer[peer] = (src, m.local_qpn)
+                self._peer[(src, m.local_qpn)] = peer
+                mtu = self._mtu.get(peer)
+                if mtu:
+                    self._mtu[(src, m.local_qpn)] = mtu
+            label += f" QPN {m.local_qpn:#x} PSN {m.starting_psn:#x}"
+        elif isinstance(m, wcm.Rej):
+            label += f" reason {m.reason}"
+        if local is None:
+            self._add(Row(index, t, ("", ""), ("", ""), label, "cm"),
+                      ("lane", src, "QP 0x1"), ("lane", dst, "QP 0x1"))
+            return
+        self._add(Row(index, t, ("", ""), ("", ""), label, "cm"),
+                  ("cm", src, str(local)), ("cmr", dst, str(local), str(remote or 0)))
+
+    # -- iWARP -------------------------------------------------------------------------
+
+    def _tcp_frame(self, index: int, t: float, linktype: int, data: bytes) -> None:
+        try:
+            seg = parse_tcp(linktype, data, index)
+        except DecodeError as e:
+            self.ladder.notes.append(f"frame {index}: not decoded: {e}")
+            return
+        if seg is None:
+            return
+        for pair in self._oob.feed(seg):
+            a = (_ip(pair.client.ip), pair.client.qpn)
+            b = (_ip(pair.server.ip), pair.server.qpn)
+            self._peer[a] = b
+            self._peer[b] = a
+        self._iwarp(t, self._tcp.feed(seg))
+
+    def _iwarp(self, t: float, events: list[StreamEvent]) -> None:
+        for ev in events:
+            d = self._iw.get(ev.stream.id)
+            if d is None:
+                d = self._iw[ev.stream.id] = _IwDir(ev.stream)
+            self._iw_event(t, d, ev)
+
+    def _iw_ends(self, st: TcpStream) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        return (("lane", st.src[0], f"port {st.src[1]}"), ("lane", st.dst[0], f"port {st.dst[1]}"))
+
+    def _iw_event(self, t: float, d: _IwDir, ev: StreamEvent) -> None:
+        if d.phase == "ignore":
+            return
+        if isinstance(ev, StreamGap):
+            if d.phase != "detect":
+                self._add(Row(ev.frame, t, ("", ""), ("", ""),
+                              f"capture gap: {ev.length} octets missing at stream offset "
+                              f"{ev.offset}; the rest of this direction is not decoded",
+                              "gap"), *self._iw_ends(d.stream))
+            d.phase = "ignore"
+            return
+        if d.phase == "detect":
+            head = ev.data[:KEY_LEN]
+            if ev.offset != 0 or not (KEY_REQ.startswith(head) or KEY_REP.startswith(head)):
+                d.phase = "ignore"
+                return
+            d.phase = "frame"
+            d.parser = MpaFrameParser(None, revisions=(0, 1, 2))
+        if d.phase == "frame":
+            assert d.parser is not None
+            try:
+                frame = d.parser.feed(ev.data)
+            except MpaError as e:
+                self.ladder.notes.append(f"frame {ev.frame}: {d.stream}: MPA frame: {e}")
+                d.phase = "ignore"
+                return
+            if frame is None:
+                return
+            d.frame = frame
+            self._add(Row(ev.frame, t, ("", ""), ("", ""), frame.describe(), "cm"),
+                      *self._iw_ends(d.stream))
+            d.phase = "wait"
+            if d.parser.remainder:
+                d.held.append(StreamData(ev.stream, ev.offset + len(ev.data)
+                                         - len(d.parser.remainder), d.parser.remainder, ev.frame))
+            peer = self._iw_peer(d)
+            if peer is not None and peer.phase == "wait":
+                self._iw_start(t, d, peer)
+                self._iw_start(t, peer, d)
+            return
+        if d.phase == "wait":
+            d.held.append(ev)
+            return
+        self._fpdus(t, d, ev)
+
+    def _iw_peer(self, d: _IwDir) -> _IwDir | None:
+        s = d.stream
+        rev = self._tcp.streams.get((s.dst[0], s.dst[1], s.src[0], s.src[1]))
+        return self._iw.get(rev.id) if rev is not None else None
+
+    def _iw_start(self, t: float, d: _IwDir, peer: _IwDir) -> None:
+        assert d.frame is not None and peer.frame is not None
+        req, rep = (d.frame, peer.frame) if isinstance(d.frame, MpaRequest) else (peer.frame, d.frame)
+        held, d.held = d.held, []
+        if type(req) is type(rep) or not isinstance(rep, MpaReply) or rep.reject:
+            d.phase = "ignore"
+            return
+        d.deframer = FpduDeframer(crc=req.crc or rep.crc, markers=peer.frame.markers)
+        d.phase = "fpdu"
+        for ev in held:
+            self._iw_event(t, d, ev)
+
+    def _fpdus(self, t: float, d: _IwDir, ev: StreamEvent) -> None:
+        assert isinstance(ev, StreamData) and d.deframer is not None
+        d.deframer.push(ev.data)
+        while True:
+            try:
+                f = d.deframer.pop()
+            except MpaError as e:
+                self.ladder.notes.append(f"frame {ev.frame}: {d.stream}: {e}; the rest of "
+                                         f"this direction is not decoded")
+                d.phase = "ignore"
+                return
+            if f is None:
+                return
+            try:
+                seg = ddp.decode_segment(f.ulpdu)
+            except DecodeError as e:
+                self.ladder.notes.append(f"frame {ev.frame}: {d.stream}: DDP/RDMAP: {e}")
+                continue
+            self._segment(ev.frame, t, d, seg)
+
+    def _segment(self, frame: int, t: float, d: _IwDir, seg: ddp.Segment) -> None:
+        h = seg.ddp
+        op = ddp.opcode_name(h.opcode)
+        if seg.terminate is not None:
+            self._add(Row(frame, t, ("", ""), ("", ""),
+                          f"Terminate: {seg.terminate.describe()}", "term"),
+                      *self._iw_ends(d.stream))
+            return
+        kind = "read" if h.opcode in (ddp.RdmapOpcode.RDMA_READ_REQUEST,
+                                      ddp.RdmapOpcode.RDMA_READ_RESPONSE) else "data"
+        last = self._last()
+        if (last is not None and last._run is not None and last._run[0] is d
+                and last._run[1] == h.opcode):
+            last.count += 1
+            last.label = f"{d.run_label} x{last.count}" + ("" if h.last else " (more)")
+            last._run = None if h.last else (d, h.opcode, 0)
+            return
+        if isinstance(h, ddp.DdpUntagged):
+            label = f"{op} MSN {h.msn}"
+        else:
+            label = f"{op} STag {h.stag:#x}"
+        if seg.read_request is not None:
+            label += f" size {seg.read_request.size}"
+        elif len(seg.payload):
+            label += f" len {len(seg.payload)}"
+        d.run_label = label
+        row = Row(frame, t, ("", ""), ("", ""), label + ("" if h.last else " (more)"), kind)
+        if not h.last:
+            row._run = (d, h.opcode, 0)
+        self._add(row, *self._iw_ends(d.stream))
+
+    # -- the end -----------------------------------------------------------------------
+
+    def finish(self, max_rows: int) -> Ladder:
+        self._iwarp(0.0, self._tcp.flush())
+        lad = self.ladder
+        lanes: dict[Lane, None] = {}
+        for row, src, dst in self._pending:
+            row.src = self._end(src)
+            row.dst = self._end(dst)
+            row._run = None
+            lanes.setdefault(row.src)
+            lanes.setdefault(row.dst)
+        shown = [r for r, _, _ in self._pending]
+        if max_rows and len(shown) > max_rows:
+            lad.notes.append(f"{len(shown) - max_rows} more rows not shown (--max-rows "
+                             f"{max_rows})")
+            shown = shown[:max_rows]
+            lanes = {}
+            for r in shown:
+                lanes.setdefault(r.src)
+                lanes.setdefault(r.dst)
+        lad.rows = shown
+        lad.lanes = list(lanes)
+        for key, pts in self._psn_series.items():
+            src_qpn = self._src_qpn(key[0], key[1], key[2])
+            name = f"{key[0]} {_qp(src_qpn)} -> {key[1]} {_qp(key[2])}"
+            lad.psns[name] = pts
+        return lad
+
+    def _src_qpn(self, src: str, dst: str, dqpn: int) -> int | None:
+        peer = self._peer.get((dst, dqpn))
+        if peer is not None and peer[0] == src:
+            return peer[1]
+        back = self._seen.get((dst, src), set())
+        return next(iter(back)) if len(back) == 1 else None
+
+    def _end(self, spec: tuple[str, ...]) -> Lane:
+        kind = spec[0]
+        if kind == "lane":
+            return (spec[1], spec[2])
+        if kind == "src":  # the sender of a packet: (ip, dst ip, dest QPN)
+            return (spec[1], _qp(self._src_qpn(spec[1], spec[2], int(spec[3]))))
+        if kind == "ip":
+            return (spec[1], _qp(int(spec[2])))
+        # CM: the sender's end is its comm ID's; the receiver's is its partner's.
+        local = int(spec[2])
+        if kind == "cm":
+            hit = self._comm.get(local)
+        else:
+            other = self._partner.get(local) or int(spec[3]) or None
+            hit = self._comm.get(other) if other is not None else None
+        if hit is None or hit[0] != spec[1]:
+            return (spec[1], "QP 0x1")
+        return (hit[0], _qp(hit[1]))
+
+
+@dataclass(eq=False)
+class _IwDir:
+    stream: TcpStream
+    phase: str = "detect"
+    parser: MpaFrameParser | None = None
+    frame: MpaFrame | None = None
+    deframer: FpduDeframer | None = None
+    held: list[StreamEvent] = field(default_factory=list)
+    run_label: str = ""
+
+
+def capture_events(path: str | os.PathLike[str], udp_ports: tuple[int, ...] = (),
+                   max_rows: int = 0) -> Ladder:
+    """The :class:`Ladder` of capture file ``path`` (pcap or pcapng); ``udp_ports``:
+    more UDP ports to read as RoCEv2; ``max_rows``: keep the first N rows (0: all).
+    Raises :class:`~softrdma.errors.DecodeError` for a file that is not a capture and
+    :class:`OSError` for one that cannot be read."""
+    b = _Builder(frozenset((roce.ROCE_V2_UDP_PORT, *udp_ports)))
+    for rec in read_pcap(path):
+        b.feed(rec.index, rec.ts, rec.linktype, rec.data)
+    return b.finish(max_rows)
