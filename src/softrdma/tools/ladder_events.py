@@ -76,7 +76,7 @@ class Row:
     label: str
     kind: str  # one of KINDS
     count: int = 1  # packets collapsed into this arrow
-    _run: tuple[object, int, int] | None = None  # (flow, opcode, last PSN) of a MIDDLE run
+    _run: tuple[object, int, int, int] | None = None  # (flow, opcode, first, last PSN) of a run
 
 
 @dataclass
@@ -143,6 +143,7 @@ class _Builder:
         self.ports = ports
         self.ladder = Ladder()
         self.t0: float | None = None
+        self.t_last = 0.0
         # Pending rows whose ends are resolved once the capture is read.
         self._pending: list[tuple[Row, tuple[str, ...], tuple[str, ...]]] = []
         self._flows: dict[tuple[str, str, int], _Flow] = {}
@@ -173,7 +174,7 @@ class _Builder:
         self.ladder.frames += 1
         if self.t0 is None:
             self.t0 = ts
-        t = ts - self.t0
+        t = self.t_last = ts - self.t0
         try:
             f = roce.parse_frame(data, linktype, self.ports)
         except SoftRdmaError as e:
@@ -237,14 +238,8 @@ class _Builder:
             fl.next_psn = (p.psn + low) % PSN_MOD
             fl.slack = high - low
         self._psn_series.setdefault(key, []).append(PsnPoint(t, p.psn, kind))
-        last = self._last()
-        if (info.pos == Pos.MIDDLE and kind == "data" and last is not None and last._run
-                is not None and last._run[0] is fl and last._run[1] == p.opcode
-                and (last._run[2] + 1) % PSN_MOD == p.psn):
-            first = int(last.label.rsplit("PSN ", 1)[1].split("..")[0], 16)
-            last.count += 1
-            last.label = f"{_short(info.name)} x{last.count} PSN {first:#x}..{p.psn:#x}"
-            last._run = (fl, p.opcode, p.psn)
+        name = _short(info.name) if kind == "data" else f"retransmitted {_short(info.name)}"
+        if info.pos == Pos.MIDDLE and kind != "read" and self._extend(fl, p, name, kind):
             return
         label = f"{_short(info.name)} PSN {p.psn:#x}"
         if info.hdrs & Hdr.RETH:
@@ -254,9 +249,22 @@ class _Builder:
         if kind == "retrans":
             label = f"retransmitted {label}"
         row = Row(index, t, ("", ""), ("", ""), label, kind)
-        if info.pos == Pos.MIDDLE and kind == "data":
-            row._run = (fl, p.opcode, p.psn)
+        if info.pos == Pos.MIDDLE and kind != "read":
+            row._run = (fl, p.opcode, p.psn, p.psn)
         self._add(row, *ends)
+
+    def _extend(self, fl: _Flow | None, p: ib.IBPacket, name: str, kind: str) -> bool:
+        """Add MIDDLE packet ``p`` to the run of MIDDLEs of the last row, if it continues
+        it (same flow and opcode, next PSN)."""
+        last = self._last()
+        run = last._run if last is not None else None
+        if (last is None or run is None or fl is None or run[0] is not fl
+                or last.kind != kind or run[1] != p.opcode or (run[3] + 1) % PSN_MOD != p.psn):
+            return False
+        last.count += 1
+        last.label = f"{name} x{last.count} PSN {run[2]:#x}..{p.psn:#x}"
+        last._run = (fl, p.opcode, run[2], p.psn)
+        return True
 
     def _response(self, index: int, t: float, src: str, dst: str, p: ib.IBPacket) -> None:
         # The responses of flow (dst -> src) come from src to the requester (dst, dqpn).
@@ -275,18 +283,12 @@ class _Builder:
                     fl.read_high = p.psn
             if info.hdrs & Hdr.AETH:
                 label += f" MSN {p.msn}"
-            if info.pos == Pos.MIDDLE and kind == "read":
-                last = self._last()
-                if (last is not None and last._run is not None and last._run[0] is fl
-                        and last._run[1] == p.opcode and (last._run[2] + 1) % PSN_MOD == p.psn):
-                    first = int(last.label.split("PSN ", 1)[1].split("..")[0].split()[0], 16)
-                    last.count += 1
-                    last.label = f"READ response MIDDLE x{last.count} PSN {first:#x}..{p.psn:#x}"
-                    last._run = (fl, p.opcode, p.psn)
-                    return
+            if (info.pos == Pos.MIDDLE and kind == "read"
+                    and self._extend(fl, p, "READ response MIDDLE", kind)):
+                return
             row = Row(index, t, ("", ""), ("", ""), label, kind)
-            if info.pos == Pos.MIDDLE and kind == "read":
-                row._run = (fl, p.opcode, p.psn)
+            if info.pos == Pos.MIDDLE and kind == "read" and fl is not None:
+                row._run = (fl, p.opcode, p.psn, p.psn)
             self._add(row, *ends)
             return
         kind, label = _aeth(p)
@@ -467,7 +469,7 @@ class _Builder:
                 and last._run[1] == h.opcode):
             last.count += 1
             last.label = f"{d.run_label} x{last.count}" + ("" if h.last else " (more)")
-            last._run = None if h.last else (d, h.opcode, 0)
+            last._run = None if h.last else (d, h.opcode, 0, 0)
             return
         if isinstance(h, ddp.DdpUntagged):
             label = f"{op} MSN {h.msn}"
@@ -480,13 +482,13 @@ class _Builder:
         d.run_label = label
         row = Row(frame, t, ("", ""), ("", ""), label + ("" if h.last else " (more)"), kind)
         if not h.last:
-            row._run = (d, h.opcode, 0)
+            row._run = (d, h.opcode, 0, 0)
         self._add(row, *self._iw_ends(d.stream))
 
     # -- the end -----------------------------------------------------------------------
 
     def finish(self, max_rows: int) -> Ladder:
-        self._iwarp(0.0, self._tcp.flush())
+        self._iwarp(self.t_last, self._tcp.flush())
         lad = self.ladder
         lanes: dict[Lane, None] = {}
         for row, src, dst in self._pending:
