@@ -81,7 +81,7 @@ def test_capture_loss_is_a_gap_not_a_retransmission(tmp_path: Path) -> None:
     assert _rows(capture_events(whole), "gap") == []
     lad = capture_events(cut)
     gaps = _rows(lad, "gap")
-    assert len(gaps) == 1 and "(1 packets) not in the capture" in gaps[0], gaps
+    assert len(gaps) == 1 and "(1 packet) not in the capture" in gaps[0], gaps
     assert _rows(lad, "retrans") == [] and _rows(lad, "nak") == []
 
 

@@ -78,10 +78,10 @@ def draw_ladder(lad: Ladder, path: str | os.PathLike[str], title: str = "") -> N
     fig = plt.figure(figsize=(width, height))
     ax = fig.add_axes((0.0, 0.0, 1.0, 1.0))
     ax.set_xlim(-1.0, max(1, len(lanes) - 1) + 0.6)
-    ax.set_ylim(n + 0.6, -2.2)
+    ax.set_ylim(n + 0.6, -2.6)
     ax.axis("off")
     if title:
-        ax.text(-0.95, -1.9, title, fontsize=11, fontweight="bold", va="center", ha="left")
+        ax.text(-0.95, -2.35, title, fontsize=11, fontweight="bold", va="center", ha="left")
     for lane, x in xs.items():
         ax.plot([x, x], [-0.5, n], color="#999999", linewidth=1.0, zorder=1)
         ax.text(x, -1.0, _lane_text(lane), ha="center", va="center", fontsize=9,
@@ -91,7 +91,7 @@ def draw_ladder(lad: Ladder, path: str | os.PathLike[str], title: str = "") -> N
         y = i + 0.3
         color = COLORS[row.kind]
         a, b = xs[row.src], xs[row.dst]
-        ax.text(-0.95, y, f"{row.frame:>5}  {row.t:10.6f}", fontsize=7, va="center",
+        ax.text(-0.95, y, f"{row.frame:>5}  {row.t * 1e3:10.3f} ms", fontsize=7, va="center",
                 ha="left", family="monospace", color="#555555")
         style = "--" if row.kind in ("gap", "retrans") else "-"
         if a == b:  # both ends on one lane: a short loop
@@ -109,7 +109,7 @@ def draw_ladder(lad: Ladder, path: str | os.PathLike[str], title: str = "") -> N
     used = [k for k in KINDS if any(r.kind == k for r in lad.rows)]
     step = (max(1, len(lanes) - 1) + 1.55) / max(1, len(used))
     for j, k in enumerate(used):
-        ax.text(-0.95 + j * step, -1.55, "\u25a0 " + LEGEND[k], color=COLORS[k], fontsize=7,
+        ax.text(-0.95 + j * step, -1.85, "\u25a0 " + LEGEND[k], color=COLORS[k], fontsize=7,
                 va="center", ha="left")
     for j, note in enumerate(lad.notes[:3]):
         ax.text(-0.95, n + 0.2 + 0.3 * j, note, fontsize=7, color="#555555", va="center")

@@ -232,7 +232,7 @@ class _Builder:
             elif d > fl.slack:
                 self._add(Row(index, t, ("", ""), ("", ""),
                               f"capture gap: PSN {fl.next_psn:#x}..{(p.psn - 1) % PSN_MOD:#x} "
-                              f"({d} packets) not in the capture", "gap"), *ends)
+                              f"({d} packet{'s' if d > 1 else ''}) not in the capture", "gap"), *ends)
         low, high = self._span(fl, p)
         if kind != "retrans":
             fl.next_psn = (p.psn + low) % PSN_MOD
