@@ -385,6 +385,20 @@ def _trace_and_capture(kinds: str | None, pcap: str | None) -> None:
         trace.capture_path = pcap
 
 
+_GLOBAL_OPTIONS = ("--trace", "--pcap")
+
+
+def _global_hint(rest: Sequence[str], command: str | None) -> str:
+    """A hint when ``--trace``/``--pcap`` were given after the tool's name: they are
+    options of ``softrdma`` itself, so they go before it."""
+    found = [o for o in _GLOBAL_OPTIONS if any(w == o or w.startswith(f"{o}=") for w in rest)]
+    if not found:
+        return ""
+    return (f" ({' and '.join(found)} {'are options' if len(found) > 1 else 'is an option'} "
+            f"of softrdma itself: put {'them' if len(found) > 1 else 'it'} before the "
+            f"tool's name, as in: {PROG} {found[0]} ... {command or 'COMMAND'} ...)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``softrdma`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
     parser = build_parser()
@@ -392,7 +406,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "passthrough", False):
         args.rest = rest  # e.g. ``link``: its own parser gets every argument, in order
     elif rest:
-        getattr(args, "subparser", parser).error(f"unrecognized arguments: {' '.join(rest)}")
+        getattr(args, "subparser", parser).error(
+            f"unrecognized arguments: {' '.join(rest)}{_global_hint(rest, args.command)}")
     if args.trace is not None or args.pcap is not None:
         try:
             _trace_and_capture(args.trace, args.pcap)
@@ -404,19 +419,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     if handler is None:
         parser.print_help(sys.stderr)
         return 2
+    # The tool's name from its parser: args.command may be a tool's own argument of
+    # that name (pyverbs: the program to run).
+    sub = getattr(args, "subparser", None)
+    name = sub.prog if isinstance(sub, argparse.ArgumentParser) else PROG
     try:
         return handler(args)
     except SoftRdmaError as exc:
-        print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
+        print(f"{name}: error: {exc}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # before OSError, of which it is one: `softrdma ... | head`
         return 1
     except OSError as exc:
-        print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
+        print(f"{name}: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(f"{PROG} {args.command}: interrupted", file=sys.stderr)
+        print(f"{name}: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
-        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover
