@@ -7,8 +7,11 @@ from __future__ import annotations
 import io
 import re
 import shutil
+import socket
 import subprocess
 import sys
+import threading
+import time
 import xml.etree.ElementTree as ET
 from contextlib import redirect_stdout
 from pathlib import Path
@@ -18,6 +21,9 @@ import pytest
 from test_trace_pcap_v1_iwarp import _iwarp_session
 from trace_harness import rc_pair, rc_send
 
+from softrdma import enums as e
+from softrdma import verbs as v
+from softrdma.cm import iwconnect
 from softrdma.drivers.clock import VirtualClock
 from softrdma.drivers.fabric import Fabric
 from softrdma.tools import cli
@@ -105,6 +111,44 @@ def test_iwarp_ladder_mpa_and_segment_runs(tmp_path: Path) -> None:
     # The 300000-byte SEND goes as many DDP segments: one arrow for the run.
     assert any(r.count >= 5 and r.label.startswith("Send MSN 4") for r in lad.rows), lad.rows
     assert _rows(lad, "gap") == []
+
+
+def test_iwarp_terminate_is_marked(tmp_path: Path) -> None:
+    """An RDMA Write to a wrong STag over real TCP: the responder's Terminate (RFC 5040
+    §7.2, DDP tagged buffer error) is its own row."""
+    pcap = tmp_path / "term.pcap"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = v.Context(transport="iwarp", pcap=pcap)
+    try:
+        pd = v.PD(ctx)
+        cq = v.CQ(ctx, 8)
+        qps = [v.QP(pd, v.QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq,
+                                     cap=v.QPCap(4, 4, 1, 1))) for _ in range(2)]
+        mr = v.MR(pd, 8192, int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE))
+        lst = iwconnect.listen(ctx, port)
+        t = threading.Thread(target=lambda: lst.accept(qps[1], b""))
+        t.start()
+        iwconnect.connect(qps[0], "127.0.0.1", port, b"")
+        t.join(30)
+        w = v.SendWR(3, None, 1, [v.SGE(mr.addr, 64, mr.lkey)],
+                     opcode=int(e.IBV_WR_RDMA_WRITE))
+        w.set_wr_rdma(mr.rkey ^ 0x5500, mr.addr + 4096)
+        qps[0].post_send(w)
+        deadline = time.monotonic() + 60  # until the requester has the Terminate
+        while qps[0].query()[0].qp_state not in (e.IBV_QPS_ERR, e.IBV_QPS_SQE):
+            assert time.monotonic() < deadline, "no Terminate came back"
+            time.sleep(0.01)
+        lst.close()
+    finally:
+        ctx.close()
+    lad = capture_events(pcap)
+    (term,) = _rows(lad, "term")
+    assert term.startswith("Terminate: DDP / Tagged Buffer Error / Invalid STag"), term
+    (row,) = [r for r in lad.rows if r.kind == "term"]
+    (write,) = [r for r in lad.rows if r.label.startswith("RDMA Write")]
+    assert (row.src, row.dst) == (write.dst, write.src)
 
 
 def _svg_texts(path: Path) -> list[str]:

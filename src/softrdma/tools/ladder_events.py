@@ -59,6 +59,7 @@ from .pcap_oob import OobScanner
 __all__ = ["Lane", "Row", "PsnPoint", "Ladder", "capture_events", "KINDS"]
 
 PSN_MOD = 1 << 24
+MAX_PSN_POINTS = 200_000  # per connection direction, for the PSN plot
 # Row kinds, in the order the legend lists them.
 KINDS = ("cm", "data", "read", "ack", "nak", "retrans", "term", "gap")
 
@@ -139,8 +140,11 @@ class _Flow:
 
 
 class _Builder:
-    def __init__(self, ports: frozenset[int]) -> None:
+    def __init__(self, ports: frozenset[int], max_rows: int = 0) -> None:
         self.ports = ports
+        self.max_rows = max_rows
+        self._left_out = 0
+        self._truncated = False
         self.ladder = Ladder()
         self.t0: float | None = None
         self.t_last = 0.0
@@ -160,13 +164,27 @@ class _Builder:
     # -- rows --------------------------------------------------------------------------
 
     def _add(self, row: Row, src: tuple[str, ...], dst: tuple[str, ...]) -> None:
+        if self.max_rows and len(self._pending) >= self.max_rows:
+            self._left_out += 1  # kept: only the count, so memory stays flat
+            self._truncated = True
+            return
         """The ends, resolved once the capture is read: ("ip", addr, QPN) and ("src",
         addr, dst addr, dest QPN) for RoCE packets, ("cm", addr, comm ID) and ("cmr",
         addr, sender's comm ID, remote comm ID) for CM messages, ("lane", addr, text)."""
         self._pending.append((row, src, dst))
 
     def _last(self) -> Row | None:
-        return self._pending[-1][0] if self._pending else None
+        """The last row, which a run may extend (none once rows are left out)."""
+        return self._pending[-1][0] if self._pending and not self._truncated else None
+
+    def _point(self, key: tuple[str, str, int], pt: PsnPoint) -> None:
+        pts = self._psn_series.setdefault(key, [])
+        if len(pts) < MAX_PSN_POINTS:
+            pts.append(pt)
+        elif len(pts) == MAX_PSN_POINTS:
+            pts.append(pt)
+            self.ladder.notes.append(f"PSN plot: only the first {MAX_PSN_POINTS} points of "
+                                     f"a direction are kept")
 
     # -- RoCE --------------------------------------------------------------------------
 
@@ -237,7 +255,7 @@ class _Builder:
         if kind != "retrans":
             fl.next_psn = (p.psn + low) % PSN_MOD
             fl.slack = high - low
-        self._psn_series.setdefault(key, []).append(PsnPoint(t, p.psn, kind))
+        self._point(key, PsnPoint(t, p.psn, kind))
         name = _short(info.name) if kind == "data" else f"retransmitted {_short(info.name)}"
         if info.pos == Pos.MIDDLE and kind != "read" and self._extend(fl, p, name, kind):
             return
@@ -297,7 +315,7 @@ class _Builder:
         if kind == "nak":
             fl = self._flow_towards(dst, src, p.dqpn)
             if fl is not None:
-                self._psn_series.setdefault(fl.key, []).append(PsnPoint(t, p.psn, "nak"))
+                self._point(fl.key, PsnPoint(t, p.psn, "nak"))
         self._add(Row(index, t, ("", ""), ("", ""), label, kind), *ends)
 
     def _flow_towards(self, req_src: str, req_dst: str, req_src_qpn: int) -> _Flow | None:
@@ -487,7 +505,7 @@ class _Builder:
 
     # -- the end -----------------------------------------------------------------------
 
-    def finish(self, max_rows: int) -> Ladder:
+    def finish(self) -> Ladder:
         self._iwarp(self.t_last, self._tcp.flush())
         lad = self.ladder
         lanes: dict[Lane, None] = {}
@@ -498,14 +516,9 @@ class _Builder:
             lanes.setdefault(row.src)
             lanes.setdefault(row.dst)
         shown = [r for r, _, _ in self._pending]
-        if max_rows and len(shown) > max_rows:
-            lad.notes.append(f"{len(shown) - max_rows} more rows not shown (--max-rows "
-                             f"{max_rows})")
-            shown = shown[:max_rows]
-            lanes = {}
-            for r in shown:
-                lanes.setdefault(r.src)
-                lanes.setdefault(r.dst)
+        if self._left_out:
+            lad.notes.append(f"{self._left_out} more rows not shown (--max-rows "
+                             f"{self.max_rows})")
         lad.rows = shown
         lad.lanes = list(lanes)
         for key, pts in self._psn_series.items():
@@ -558,7 +571,7 @@ def capture_events(path: str | os.PathLike[str], udp_ports: tuple[int, ...] = ()
     more UDP ports to read as RoCEv2; ``max_rows``: keep the first N rows (0: all).
     Raises :class:`~softrdma.errors.DecodeError` for a file that is not a capture and
     :class:`OSError` for one that cannot be read."""
-    b = _Builder(frozenset((roce.ROCE_V2_UDP_PORT, *udp_ports)))
+    b = _Builder(frozenset((roce.ROCE_V2_UDP_PORT, *udp_ports)), max_rows)
     for rec in read_pcap(path):
         b.feed(rec.index, rec.ts, rec.linktype, rec.data)
-    return b.finish(max_rows)
+    return b.finish()
