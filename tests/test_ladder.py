@@ -191,6 +191,10 @@ def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert "not a capture" in err and "Traceback" not in err
     assert cli.main(["ladder", str(tmp_path / "missing.pcap")]) == 1
     assert "No such file" in capsys.readouterr().err
+    empty = tmp_path / "empty.pcap"
+    PcapWriter(empty).close()
+    assert cli.main(["ladder", str(empty)]) == 0
+    assert "note: no RoCE or iWARP traffic in 0 frames" in capsys.readouterr().out
     pcap = tmp_path / "ok.pcap"
     _lossy_send(pcap, drop_middle=False)
     monkeypatch.setitem(sys.modules, "matplotlib", None)

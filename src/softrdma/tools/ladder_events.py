@@ -516,6 +516,11 @@ class _Builder:
             lanes.setdefault(row.src)
             lanes.setdefault(row.dst)
         shown = [r for r, _, _ in self._pending]
+        if not shown:
+            lad.notes.append(f"no RoCE or iWARP traffic in {lad.frames} frames (RoCEv2 on UDP "
+                             f"port{'s' if len(self.ports) > 1 else ''} "
+                             f"{', '.join(map(str, sorted(self.ports)))}; a device on another "
+                             f"UDP port needs --udp-port N)")
         if self._left_out:
             lad.notes.append(f"{self._left_out} more rows not shown (--max-rows "
                              f"{self.max_rows})")
