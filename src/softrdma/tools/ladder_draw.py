@@ -14,7 +14,7 @@ import os
 from typing import Any, TextIO
 
 from ..errors import SoftRdmaError
-from .ladder_events import KINDS, Ladder
+from .ladder_model import KINDS, Ladder
 
 __all__ = ["MissingMatplotlib", "pyplot", "draw_ladder", "draw_psn_plot", "print_ladder",
            "save"]

@@ -1,10 +1,10 @@
 """The events of a capture as a ladder (sequence) diagram shows them: ``softrdma ladder``.
 
 :func:`capture_events` reads a pcap/pcapng file with the project's decoders (RoCE:
-:func:`softrdma.wire.roce.parse_frame`, the CM MADs :func:`softrdma.wire.cm.decode`;
-iWARP: :class:`softrdma.wire.tcpstream.TcpReassembler`, the MPA frame parser and FPDU
-deframer of :mod:`softrdma.wire.mpa`, :func:`softrdma.wire.ddp.decode_segment`) and
-returns a :class:`Ladder`: one lane per endpoint (RoCE: IP address and QPN; iWARP: IP
+:func:`softrdma.wire.roce.parse_frame`, the CM MADs :func:`softrdma.wire.cm.decode`,
+the TCP 18515 exchange of the pingpong tools and perftest
+:class:`softrdma.tools.pcap_oob.OobScanner`; iWARP: :mod:`softrdma.tools.ladder_iwarp`)
+and returns a :class:`Ladder`: one lane per endpoint (RoCE: IP address and QPN; iWARP: IP
 address and TCP port) and one row per arrow or mark, in capture order.
 
 What a row says:
@@ -27,32 +27,16 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..errors import DecodeError, SoftRdmaError
 from ..wire import cm as wcm
-from ..wire import ddp, ib, roce
-from ..wire.mpa import (
-    KEY_LEN,
-    KEY_REP,
-    KEY_REQ,
-    FpduDeframer,
-    MpaError,
-    MpaFrame,
-    MpaFrameParser,
-    MpaReply,
-    MpaRequest,
-)
+from ..wire import ib, roce
 from ..wire.opcodes import Hdr, Kind, Pos
 from ..wire.pcap import read_pcap
-from ..wire.tcpstream import (
-    StreamData,
-    StreamEvent,
-    StreamGap,
-    TcpReassembler,
-    TcpStream,
-    parse_tcp,
-)
+from ..wire.tcpstream import parse_tcp
+from .ladder_iwarp import IwarpLadder
+from .ladder_model import KINDS, End, Ladder, Lane, PsnPoint, Row
 from .pcap_conv import GSI_QPN, MTUS, psn_delta
 from .pcap_oob import OobScanner
 
@@ -60,45 +44,6 @@ __all__ = ["Lane", "Row", "PsnPoint", "Ladder", "capture_events", "KINDS"]
 
 PSN_MOD = 1 << 24
 MAX_PSN_POINTS = 200_000  # per connection direction, for the PSN plot
-# Row kinds, in the order the legend lists them.
-KINDS = ("cm", "data", "read", "ack", "nak", "retrans", "term", "gap")
-
-Lane = tuple[str, str]  # (address, "QP 0x11" or "port 4791")
-
-
-@dataclass
-class Row:
-    """One arrow (``src`` -> ``dst``) or, for a gap, a mark on ``src``'s lane."""
-
-    frame: int
-    t: float  # seconds since the first frame of the capture
-    src: Lane
-    dst: Lane
-    label: str
-    kind: str  # one of KINDS
-    count: int = 1  # packets collapsed into this arrow
-    _run: tuple[object, int, int, int] | None = None  # (flow, opcode, first, last PSN) of a run
-
-
-@dataclass
-class PsnPoint:
-    """One point of the PSN plot: a request (``kind`` data/read/retrans) or a NAK."""
-
-    t: float
-    psn: int
-    kind: str
-
-
-@dataclass
-class Ladder:
-    """What :func:`capture_events` found: lanes in order of appearance, rows, PSN series
-    (per connection direction, ``"A QP 0x11 -> B QP 0x12"``) and notes."""
-
-    lanes: list[Lane] = field(default_factory=list)
-    rows: list[Row] = field(default_factory=list)
-    psns: dict[str, list[PsnPoint]] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-    frames: int = 0
 
 
 def _ip(b: bytes) -> str:
@@ -149,7 +94,7 @@ class _Builder:
         self.t0: float | None = None
         self.t_last = 0.0
         # Pending rows whose ends are resolved once the capture is read.
-        self._pending: list[tuple[Row, tuple[str, ...], tuple[str, ...]]] = []
+        self._pending: list[tuple[Row, End, End]] = []
         self._flows: dict[tuple[str, str, int], _Flow] = {}
         self._peer: dict[tuple[str, int], tuple[str, int]] = {}  # (ip, qpn) <-> (ip, qpn)
         self._seen: dict[tuple[str, str], set[int]] = {}  # (src, dst) -> dest QPNs seen
@@ -157,13 +102,17 @@ class _Builder:
         self._partner: dict[int, int] = {}  # comm ID <-> comm ID (from the REP)
         self._mtu: dict[tuple[str, int], int] = {}  # (ip, qpn) -> path MTU of its REQ
         self._oob = OobScanner()
-        self._tcp = TcpReassembler()
-        self._iw: dict[int, _IwDir] = {}
+        self._iwarp = IwarpLadder(self)
         self._psn_series: dict[tuple[str, str, int], list[PsnPoint]] = {}
 
     # -- rows --------------------------------------------------------------------------
 
-    def _add(self, row: Row, src: tuple[str, ...], dst: tuple[str, ...]) -> None:
+    @property
+    def notes(self) -> list[str]:
+        """The ladder's notes (what could not be decoded, what was left out)."""
+        return self.ladder.notes
+
+    def add(self, row: Row, src: End, dst: End) -> None:
         if self.max_rows and len(self._pending) >= self.max_rows:
             self._left_out += 1  # kept: only the count, so memory stays flat
             self._truncated = True
@@ -173,7 +122,7 @@ class _Builder:
         addr, sender's comm ID, remote comm ID) for CM messages, ("lane", addr, text)."""
         self._pending.append((row, src, dst))
 
-    def _last(self) -> Row | None:
+    def last(self) -> Row | None:
         """The last row, which a run may extend (none once rows are left out)."""
         return self._pending[-1][0] if self._pending and not self._truncated else None
 
@@ -215,7 +164,7 @@ class _Builder:
         elif info.is_request:
             self._request(index, t, src, dst, p)
         else:  # CNP
-            self._add(Row(index, t, (src, ""), (dst, ""), _short(info.name), "data"),
+            self.add(Row(index, t, (src, ""), (dst, ""), _short(info.name), "data"),
                       ("src", src, dst, str(p.dqpn)), ("ip", dst, str(p.dqpn)))
 
     def _flow(self, key: tuple[str, str, int]) -> _Flow:
@@ -248,7 +197,7 @@ class _Builder:
             if d < 0:
                 kind = "retrans"
             elif d > fl.slack:
-                self._add(Row(index, t, ("", ""), ("", ""),
+                self.add(Row(index, t, ("", ""), ("", ""),
                               f"capture gap: PSN {fl.next_psn:#x}..{(p.psn - 1) % PSN_MOD:#x} "
                               f"({d} packet{'s' if d > 1 else ''}) not in the capture", "gap"), *ends)
         low, high = self._span(fl, p)
@@ -269,12 +218,12 @@ class _Builder:
         row = Row(index, t, ("", ""), ("", ""), label, kind)
         if info.pos == Pos.MIDDLE and kind != "read":
             row._run = (fl, p.opcode, p.psn, p.psn)
-        self._add(row, *ends)
+        self.add(row, *ends)
 
     def _extend(self, fl: _Flow | None, p: ib.IBPacket, name: str, kind: str) -> bool:
         """Add MIDDLE packet ``p`` to the run of MIDDLEs of the last row, if it continues
         it (same flow and opcode, next PSN)."""
-        last = self._last()
+        last = self.last()
         run = last._run if last is not None else None
         if (last is None or run is None or fl is None or run[0] is not fl
                 or last.kind != kind or run[1] != p.opcode or (run[3] + 1) % PSN_MOD != p.psn):
@@ -307,7 +256,7 @@ class _Builder:
             row = Row(index, t, ("", ""), ("", ""), label, kind)
             if info.pos == Pos.MIDDLE and kind == "read" and fl is not None:
                 row._run = (fl, p.opcode, p.psn, p.psn)
-            self._add(row, *ends)
+            self.add(row, *ends)
             return
         kind, label = _aeth(p)
         if info.kind == Kind.ATOMIC_ACK:
@@ -316,7 +265,7 @@ class _Builder:
             fl = self._flow_towards(dst, src, p.dqpn)
             if fl is not None:
                 self._point(fl.key, PsnPoint(t, p.psn, "nak"))
-        self._add(Row(index, t, ("", ""), ("", ""), label, kind), *ends)
+        self.add(Row(index, t, ("", ""), ("", ""), label, kind), *ends)
 
     def _flow_towards(self, req_src: str, req_dst: str, req_src_qpn: int) -> _Flow | None:
         """The flow of requests from (req_src, QP req_src_qpn) to req_dst."""
@@ -330,7 +279,7 @@ class _Builder:
         try:
             m = wcm.decode(p.payload).msg
         except SoftRdmaError:
-            self._add(Row(index, t, ("", ""), ("", ""), "MAD", "cm"),
+            self.add(Row(index, t, ("", ""), ("", ""), "MAD", "cm"),
                       ("lane", src, "QP 0x1"), ("lane", dst, "QP 0x1"))
             return
         name = type(m).__name__.upper().replace("SIDRREQ", "SIDR_REQ").replace(
@@ -357,13 +306,11 @@ class _Builder:
         elif isinstance(m, wcm.Rej):
             label += f" reason {m.reason}"
         if local is None:
-            self._add(Row(index, t, ("", ""), ("", ""), label, "cm"),
+            self.add(Row(index, t, ("", ""), ("", ""), label, "cm"),
                       ("lane", src, "QP 0x1"), ("lane", dst, "QP 0x1"))
             return
-        self._add(Row(index, t, ("", ""), ("", ""), label, "cm"),
+        self.add(Row(index, t, ("", ""), ("", ""), label, "cm"),
                   ("cm", src, str(local)), ("cmr", dst, str(local), str(remote or 0)))
-
-    # -- iWARP -------------------------------------------------------------------------
 
     def _tcp_frame(self, index: int, t: float, linktype: int, data: bytes) -> None:
         try:
@@ -378,135 +325,13 @@ class _Builder:
             b = (_ip(pair.server.ip), pair.server.qpn)
             self._peer[a] = b
             self._peer[b] = a
-        self._iwarp(t, self._tcp.feed(seg))
+        self._iwarp.feed(t, seg)
 
-    def _iwarp(self, t: float, events: list[StreamEvent]) -> None:
-        for ev in events:
-            d = self._iw.get(ev.stream.id)
-            if d is None:
-                d = self._iw[ev.stream.id] = _IwDir(ev.stream)
-            self._iw_event(t, d, ev)
-
-    def _iw_ends(self, st: TcpStream) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        return (("lane", st.src[0], f"port {st.src[1]}"), ("lane", st.dst[0], f"port {st.dst[1]}"))
-
-    def _iw_event(self, t: float, d: _IwDir, ev: StreamEvent) -> None:
-        if d.phase == "ignore":
-            return
-        if isinstance(ev, StreamGap):
-            if d.phase != "detect":
-                self._add(Row(ev.frame, t, ("", ""), ("", ""),
-                              f"capture gap: {ev.length} octets missing at stream offset "
-                              f"{ev.offset}; the rest of this direction is not decoded",
-                              "gap"), *self._iw_ends(d.stream))
-            d.phase = "ignore"
-            return
-        if d.phase == "detect":
-            head = ev.data[:KEY_LEN]
-            if ev.offset != 0 or not (KEY_REQ.startswith(head) or KEY_REP.startswith(head)):
-                d.phase = "ignore"
-                return
-            d.phase = "frame"
-            d.parser = MpaFrameParser(None, revisions=(0, 1, 2))
-        if d.phase == "frame":
-            assert d.parser is not None
-            try:
-                frame = d.parser.feed(ev.data)
-            except MpaError as e:
-                self.ladder.notes.append(f"frame {ev.frame}: {d.stream}: MPA frame: {e}")
-                d.phase = "ignore"
-                return
-            if frame is None:
-                return
-            d.frame = frame
-            self._add(Row(ev.frame, t, ("", ""), ("", ""), frame.describe(), "cm"),
-                      *self._iw_ends(d.stream))
-            d.phase = "wait"
-            if d.parser.remainder:
-                d.held.append(StreamData(ev.stream, ev.offset + len(ev.data)
-                                         - len(d.parser.remainder), d.parser.remainder, ev.frame))
-            peer = self._iw_peer(d)
-            if peer is not None and peer.phase == "wait":
-                self._iw_start(t, d, peer)
-                self._iw_start(t, peer, d)
-            return
-        if d.phase == "wait":
-            d.held.append(ev)
-            return
-        self._fpdus(t, d, ev)
-
-    def _iw_peer(self, d: _IwDir) -> _IwDir | None:
-        s = d.stream
-        rev = self._tcp.streams.get((s.dst[0], s.dst[1], s.src[0], s.src[1]))
-        return self._iw.get(rev.id) if rev is not None else None
-
-    def _iw_start(self, t: float, d: _IwDir, peer: _IwDir) -> None:
-        assert d.frame is not None and peer.frame is not None
-        req, rep = (d.frame, peer.frame) if isinstance(d.frame, MpaRequest) else (peer.frame, d.frame)
-        held, d.held = d.held, []
-        if type(req) is type(rep) or not isinstance(rep, MpaReply) or rep.reject:
-            d.phase = "ignore"
-            return
-        d.deframer = FpduDeframer(crc=req.crc or rep.crc, markers=peer.frame.markers)
-        d.phase = "fpdu"
-        for ev in held:
-            self._iw_event(t, d, ev)
-
-    def _fpdus(self, t: float, d: _IwDir, ev: StreamEvent) -> None:
-        assert isinstance(ev, StreamData) and d.deframer is not None
-        d.deframer.push(ev.data)
-        while True:
-            try:
-                f = d.deframer.pop()
-            except MpaError as e:
-                self.ladder.notes.append(f"frame {ev.frame}: {d.stream}: {e}; the rest of "
-                                         f"this direction is not decoded")
-                d.phase = "ignore"
-                return
-            if f is None:
-                return
-            try:
-                seg = ddp.decode_segment(f.ulpdu)
-            except DecodeError as e:
-                self.ladder.notes.append(f"frame {ev.frame}: {d.stream}: DDP/RDMAP: {e}")
-                continue
-            self._segment(ev.frame, t, d, seg)
-
-    def _segment(self, frame: int, t: float, d: _IwDir, seg: ddp.Segment) -> None:
-        h = seg.ddp
-        op = ddp.opcode_name(h.opcode)
-        if seg.terminate is not None:
-            self._add(Row(frame, t, ("", ""), ("", ""),
-                          f"Terminate: {seg.terminate.describe()}", "term"),
-                      *self._iw_ends(d.stream))
-            return
-        kind = "read" if h.opcode in (ddp.RdmapOpcode.RDMA_READ_REQUEST,
-                                      ddp.RdmapOpcode.RDMA_READ_RESPONSE) else "data"
-        last = self._last()
-        if (last is not None and last._run is not None and last._run[0] is d
-                and last._run[1] == h.opcode):
-            last.count += 1
-            last.label = f"{d.run_label} x{last.count}" + ("" if h.last else " (more)")
-            last._run = None if h.last else (d, h.opcode, 0, 0)
-            return
-        if isinstance(h, ddp.DdpUntagged):
-            label = f"{op} MSN {h.msn}"
-        else:
-            label = f"{op} STag {h.stag:#x}"
-        if seg.read_request is not None:
-            label += f" size {seg.read_request.size}"
-        elif len(seg.payload):
-            label += f" len {len(seg.payload)}"
-        d.run_label = label
-        row = Row(frame, t, ("", ""), ("", ""), label + ("" if h.last else " (more)"), kind)
-        if not h.last:
-            row._run = (d, h.opcode, 0, 0)
-        self._add(row, *self._iw_ends(d.stream))
 
     # -- the end -----------------------------------------------------------------------
 
     def finish(self) -> Ladder:
-        self._iwarp(self.t_last, self._tcp.flush())
+        self._iwarp.flush(self.t_last)
         lad = self.ladder
         lanes: dict[Lane, None] = {}
         for row, src, dst in self._pending:
@@ -539,7 +364,7 @@ class _Builder:
         back = self._seen.get((dst, src), set())
         return next(iter(back)) if len(back) == 1 else None
 
-    def _end(self, spec: tuple[str, ...]) -> Lane:
+    def _end(self, spec: End) -> Lane:
         kind = spec[0]
         if kind == "lane":
             return (spec[1], spec[2])
@@ -557,17 +382,6 @@ class _Builder:
         if hit is None or hit[0] != spec[1]:
             return (spec[1], "QP 0x1")
         return (hit[0], _qp(hit[1]))
-
-
-@dataclass(eq=False)
-class _IwDir:
-    stream: TcpStream
-    phase: str = "detect"
-    parser: MpaFrameParser | None = None
-    frame: MpaFrame | None = None
-    deframer: FpduDeframer | None = None
-    held: list[StreamEvent] = field(default_factory=list)
-    run_label: str = ""
 
 
 def capture_events(path: str | os.PathLike[str], udp_ports: tuple[int, ...] = (),
