@@ -388,26 +388,31 @@ def _trace_and_capture(kinds: str | None, pcap: str | None) -> None:
 _GLOBAL_OPTIONS = ("--trace", "--pcap")
 
 
-def _global_hint(rest: Sequence[str], command: str | None) -> str:
-    """A hint when ``--trace``/``--pcap`` were given after the tool's name: they are
-    options of ``softrdma`` itself, so they go before it."""
+def _global_hint(rest: Sequence[str], tool: str) -> str:
+    """A hint when ``--trace``/``--pcap`` were given after the tool's name (``tool``: its
+    parser's prog, ``softrdma NAME``): they are options of ``softrdma`` itself, so they
+    go before it."""
     found = [o for o in _GLOBAL_OPTIONS if any(w == o or w.startswith(f"{o}=") for w in rest)]
     if not found:
         return ""
     return (f" ({' and '.join(found)} {'are options' if len(found) > 1 else 'is an option'} "
             f"of softrdma itself: put {'them' if len(found) > 1 else 'it'} before the "
-            f"tool's name, as in: {PROG} {found[0]} ... {command or 'COMMAND'} ...)")
+            f"tool's name, as in: {PROG} {found[0]} ... {tool.split()[-1]} ...)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``softrdma`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
     parser = build_parser()
     args, rest = parser.parse_known_args(list(argv) if argv is not None else None)
+    # The tool's name from its parser: args.command may be a tool's own argument of
+    # that name (pyverbs: the program to run).
+    sub = getattr(args, "subparser", None)
+    name = sub.prog if isinstance(sub, argparse.ArgumentParser) else PROG
     if getattr(args, "passthrough", False):
         args.rest = rest  # e.g. ``link``: its own parser gets every argument, in order
     elif rest:
         getattr(args, "subparser", parser).error(
-            f"unrecognized arguments: {' '.join(rest)}{_global_hint(rest, args.command)}")
+            f"unrecognized arguments: {' '.join(rest)}{_global_hint(rest, name)}")
     if args.trace is not None or args.pcap is not None:
         try:
             _trace_and_capture(args.trace, args.pcap)
@@ -419,10 +424,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if handler is None:
         parser.print_help(sys.stderr)
         return 2
-    # The tool's name from its parser: args.command may be a tool's own argument of
-    # that name (pyverbs: the program to run).
-    sub = getattr(args, "subparser", None)
-    name = sub.prog if isinstance(sub, argparse.ArgumentParser) else PROG
     try:
         return handler(args)
     except SoftRdmaError as exc:
