@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_pcap_gso import _batch_frame, _segments
 from test_trace_pcap_v1_iwarp import _iwarp_session
 from trace_harness import rc_pair, rc_send
 
@@ -89,6 +90,18 @@ def test_capture_loss_is_a_gap_not_a_retransmission(tmp_path: Path) -> None:
     gaps = _rows(lad, "gap")
     assert len(gaps) == 1 and "(1 packet) not in the capture" in gaps[0], gaps
     assert _rows(lad, "retrans") == [] and _rows(lad, "nak") == []
+
+
+def test_gso_batch_is_split_into_its_packets(tmp_path: Path) -> None:
+    """A capture on lo holds a UDP GSO batch as one datagram: its packets are rows."""
+    pcap = tmp_path / "gso.pcap"
+    with PcapWriter(pcap, 1) as w:
+        w.write(_batch_frame(_segments(6, last=300)), 1.0)
+    lad = capture_events(pcap)
+    assert [r.label for r in lad.rows] == ["SEND FIRST PSN 0x64 len 1024",
+                                           "SEND MIDDLE x4 PSN 0x65..0x68",
+                                           "SEND LAST PSN 0x69 len 300"]
+    assert _rows(lad, "gap") == []
 
 
 def test_rocev1_ladder(tmp_path: Path) -> None:

@@ -7,6 +7,9 @@ the TCP 18515 exchange of the pingpong tools and perftest
 and returns a :class:`Ladder`: one lane per endpoint (RoCE: IP address and QPN; iWARP: IP
 address and TCP port) and one row per arrow or mark, in capture order.
 
+A UDP GSO batch captured on ``lo`` before the kernel cut it (one datagram holding up to
+64 packets) is split into its packets first (:func:`softrdma.tools.pcap_gso.split_gso`).
+
 What a row says:
 
 - CM messages (REQ, REP, RTU, DREQ, DREP, REJ, MRA, SIDR; IBA 12.6) and the MPA Request
@@ -38,6 +41,7 @@ from ..wire.tcpstream import parse_tcp
 from .ladder_iwarp import IwarpLadder
 from .ladder_model import KINDS, End, Ladder, Lane, PsnPoint, Row
 from .pcap_conv import GSI_QPN, MTUS, psn_delta
+from .pcap_gso import split_gso
 from .pcap_oob import OobScanner
 
 __all__ = ["Lane", "Row", "PsnPoint", "Ladder", "capture_events", "KINDS"]
@@ -150,6 +154,17 @@ class _Builder:
         if f is None:
             self._tcp_frame(index, t, linktype, data)
             return
+        if len(f.packet.payload) > MTUS[-1]:  # more than a packet: a UDP GSO batch?
+            batch = split_gso(f)
+            if batch is not None:  # captured before the kernel cut it (tools.pcap_gso)
+                for frame in batch.frames:
+                    seg = roce.parse_frame(frame, linktype, self.ports)
+                    assert seg is not None  # split_gso built it as a RoCEv2 frame
+                    self._packet(index, t, seg)
+                return
+        self._packet(index, t, f)
+
+    def _packet(self, index: int, t: float, f: roce.RoceFrame) -> None:
         p = f.packet
         src, dst = _ip(f.src_ip), _ip(f.dst_ip)
         if p.dqpn == GSI_QPN:
