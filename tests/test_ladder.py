@@ -31,6 +31,7 @@ from softrdma.tools import cli
 from softrdma.tools.ladder_draw import MissingMatplotlib, draw_ladder
 from softrdma.tools.ladder_events import Ladder, capture_events
 from softrdma.wire.pcap import PcapWriter, read_pcap
+from softrdma.wire.tcpstream import parse_tcp
 
 mpimg = pytest.importorskip("matplotlib.image")
 
@@ -124,6 +125,33 @@ def test_iwarp_ladder_mpa_and_segment_runs(tmp_path: Path) -> None:
     # The 300000-byte SEND goes as many DDP segments: one arrow for the run.
     assert any(r.count >= 5 and r.label.startswith("Send MSN 4") for r in lad.rows), lad.rows
     assert _rows(lad, "gap") == []
+
+
+def test_iwarp_tcp_retransmission_and_capture_loss(tmp_path: Path) -> None:
+    """A TCP segment captured twice is a retransmission; one missing from the capture
+    is a gap that ends that direction's rows."""
+    pcap = tmp_path / "iw.pcap"
+    _iwarp_session(pcap)
+    recs = list(read_pcap(pcap))
+    sends = [r for r in recs if (s := parse_tcp(r.linktype, r.data)) is not None
+             and len(s.payload) > 100]
+    twice, lost = sends[2], sends[-1]
+    out = tmp_path / "edited.pcap"
+    with PcapWriter(out, recs[0].linktype) as w:
+        for r in recs:
+            if r is not lost:
+                w.write(r.data, r.ts)
+            if r is twice:
+                w.write(r.data, r.ts)
+    lad = capture_events(out)
+    (re_row,) = _rows(lad, "retrans")
+    seg = parse_tcp(twice.linktype, twice.data)
+    assert seg is not None
+    assert re_row.startswith(f"TCP retransmission: {len(seg.payload)} octets at stream "
+                             "offset "), re_row
+    (gap,) = _rows(lad, "gap")
+    assert "octets missing at stream offset" in gap
+    assert _rows(capture_events(pcap), "retrans") == []
 
 
 def test_iwarp_terminate_is_marked(tmp_path: Path) -> None:

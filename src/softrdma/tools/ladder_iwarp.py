@@ -1,6 +1,7 @@
 """The iWARP rows of ``softrdma ladder``: MPA Request/Reply, DDP segments (a run of
 non-last segments of one message is one arrow, RFC 5041 §5), Terminates (RFC 5040 §7.2)
-and capture gaps, per TCP connection.
+TCP retransmissions (a segment whose octets the stream already delivered) and capture
+gaps, per TCP connection.
 
 Each direction's stream is rebuilt by :class:`softrdma.wire.tcpstream.TcpReassembler`;
 a stream that starts with an MPA key is read with :class:`softrdma.wire.mpa.MpaFrameParser`
@@ -29,6 +30,7 @@ from ..wire.mpa import (
     MpaRequest,
 )
 from ..wire.tcpstream import (
+    TCP_SYN,
     StreamData,
     StreamEvent,
     StreamGap,
@@ -62,6 +64,15 @@ class IwarpLadder:
 
     def feed(self, t: float, seg: TcpSegment) -> None:
         """One TCP segment, captured ``t`` seconds after the first frame."""
+        st = self._tcp.streams.get((seg.src, seg.sport, seg.dst, seg.dport))
+        if st is not None and st.base is not None and seg.payload and not seg.flags & TCP_SYN:
+            off = st.offset_of(seg.seq)
+            d = self._iw.get(st.id)
+            if off + len(seg.payload) <= st.next_offset and d is not None and d.phase in (
+                    "frame", "wait", "fpdu"):  # octets already delivered: sent again
+                self.sink.add(Row(seg.frame, t, ("", ""), ("", ""),
+                                  f"TCP retransmission: {len(seg.payload)} octets at stream "
+                                  f"offset {off}", "retrans"), *self._iw_ends(st))
         self._events(t, self._tcp.feed(seg))
 
     def flush(self, t: float) -> None:
