@@ -97,7 +97,7 @@ def test_errors(env: dict[str, str]) -> None:
     assert bad.returncode == 1
     assert bad.stderr.strip() == ("softrdma srq-pingpong: error: rx_depth 4 is too small for "
                                   "8 QPs -- must have at least one receive per QP.")
-    # no -g on RoCE: the QPs cannot get an address, as ibv_srq_pingpong on rxe
+    # no -g on RoCE: GID index 0, as rc-pingpong (issue 24; the C tool would fail at RTR)
     port = str(free_port(socket.SOCK_STREAM))
     server = subprocess.Popen(_cmd("-p", port, "-q", "2", "-n", "5"), env=env, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -109,6 +109,5 @@ def test_errors(env: dict[str, str]) -> None:
         if server.poll() is None:
             server.kill()
             server.wait()
-    assert server.returncode == 1
-    assert "Failed to modify QP[0] to RTR" in serr and "Traceback" not in serr
-    assert client.returncode == 1 and "Traceback" not in client.stderr
+    assert server.returncode == 0, serr
+    assert client.returncode == 0, client.stderr

@@ -19,6 +19,7 @@ Subcommands and where they live:
 ``rdma-server``    :mod:`softrdma.tools.rdma_server` (librdmacm's ``rdma_server`` example)
 ``rdma-client``    :mod:`softrdma.tools.rdma_server` (librdmacm's ``rdma_client`` example)
 ``pcap-check``     ``softrdma.tools.pcap_check.run(paths) -> int``
+``ladder``         :mod:`softrdma.tools.ladder` (ladder diagram and PSN plot of a capture)
 ``link``           ``softrdma.tools.link.cmd_link(args) -> int``
 ``pyverbs``        :mod:`softrdma.tools.pyverbs_run` (run a pyverbs program on softrdma)
 ``rdma-core-tests`` :mod:`softrdma.tools.rdma_core_tests` (rdma-core's pyverbs test suite)
@@ -281,6 +282,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also treat UDP port N as RoCEv2 (a device configured off 4791)")
     p.set_defaults(handler=_cmd_pcap_check)
 
+    tool("ladder", "softrdma.tools.ladder",
+         help="draw the ladder (sequence) diagram of a capture, and its PSN plot",
+         description="One lane per endpoint (IP and QPN, or IP and TCP port for iWARP): "
+         "CM and MPA messages, data (MIDDLE runs collapsed), ACK/NAK with syndrome and "
+         "MSN, READ responses, retransmissions, Terminates and capture gaps. -o writes "
+         "the diagram (.svg/.png/.pdf), --plot the PSN against time; without either, "
+         "the rows are printed. Needs matplotlib for drawing.")
+
     p = add_parser("link", add_help=False, help="add, delete or show softrdma devices "
                         "(softrdma link --help)",
                         description="softrdma link [show [NAME]] | link add NAME netdev IFACE "
@@ -376,14 +385,34 @@ def _trace_and_capture(kinds: str | None, pcap: str | None) -> None:
         trace.capture_path = pcap
 
 
+_GLOBAL_OPTIONS = ("--trace", "--pcap")
+
+
+def _global_hint(rest: Sequence[str], tool: str) -> str:
+    """A hint when ``--trace``/``--pcap`` were given after the tool's name (``tool``: its
+    parser's prog, ``softrdma NAME``): they are options of ``softrdma`` itself, so they
+    go before it."""
+    found = [o for o in _GLOBAL_OPTIONS if any(w == o or w.startswith(f"{o}=") for w in rest)]
+    if not found:
+        return ""
+    return (f" ({' and '.join(found)} {'are options' if len(found) > 1 else 'is an option'} "
+            f"of softrdma itself: put {'them' if len(found) > 1 else 'it'} before the "
+            f"tool's name, as in: {PROG} {found[0]} ... {tool.split()[-1]} ...)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``softrdma`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
     parser = build_parser()
     args, rest = parser.parse_known_args(list(argv) if argv is not None else None)
+    # The tool's name from its parser: args.command may be a tool's own argument of
+    # that name (pyverbs: the program to run).
+    sub = getattr(args, "subparser", None)
+    name = sub.prog if isinstance(sub, argparse.ArgumentParser) else PROG
     if getattr(args, "passthrough", False):
         args.rest = rest  # e.g. ``link``: its own parser gets every argument, in order
     elif rest:
-        getattr(args, "subparser", parser).error(f"unrecognized arguments: {' '.join(rest)}")
+        getattr(args, "subparser", parser).error(
+            f"unrecognized arguments: {' '.join(rest)}{_global_hint(rest, name)}")
     if args.trace is not None or args.pcap is not None:
         try:
             _trace_and_capture(args.trace, args.pcap)
@@ -398,16 +427,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handler(args)
     except SoftRdmaError as exc:
-        print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
+        print(f"{name}: error: {exc}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # before OSError, of which it is one: `softrdma ... | head`
         return 1
     except OSError as exc:
-        print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
+        print(f"{name}: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(f"{PROG} {args.command}: interrupted", file=sys.stderr)
+        print(f"{name}: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
-        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

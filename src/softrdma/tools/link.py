@@ -2,7 +2,7 @@
 
 Usage::
 
-    softrdma link [show [NAME]] [-d]
+    softrdma link [show [NAME[/PORT]]] [-d] [-j [-p]]
     softrdma link add NAME netdev IFACE [type roce|iwarp] [port N] [roce_ver 1|2|both] [vlan VID]
                       [mpa_crc on|off]
     softrdma link set NAME mpa_crc on|off
@@ -13,6 +13,10 @@ The listing has ``rdma link``'s shape (one line per device, port 1; the built-in
 iWARP device ``softrdma_iw_lo`` on ``lo`` included)::
 
     link softrdma_lo/1 state ACTIVE physical_state LINK_UP netdev lo
+
+A device may be named as rdma-core names a port, ``NAME/PORT`` (softrdma devices have
+port 1 only). ``-j`` prints a JSON array of ``{"ifname", "port", "state",
+"physical_state", "netdev", ...}`` objects instead (``-p``: pretty), as ``rdma -j link``.
 
 ``-d`` appends ``type``, ``mtu`` (the active IB MTU, rxe_set_mtu), ``udp_port`` and, for a
 RoCE device, ``roce_ver`` (and ``vlan``). ``roce_ver 1`` is RoCEv1 (Annex A16: the IB
@@ -36,6 +40,7 @@ The records live in the registry (:mod:`softrdma.drivers.registry`).
 
 from __future__ import annotations
 
+import json
 import socket
 import sys
 from pathlib import Path
@@ -45,13 +50,15 @@ from softrdma.drivers import netdev as _netdev
 from softrdma.drivers.devd import socket_path
 from softrdma.drivers.link import ROCE_VERSIONS
 from softrdma.drivers.registry import DEFAULT_UDP_PORT, DeviceRecord, Registry, ib_mtu_for
-from softrdma.errors import DeviceError, SoftRdmaError
+from softrdma.errors import DeviceError, InvalidArgument, SoftRdmaError
 from softrdma.verbs.device import IWARP_LOOPBACK
 
-__all__ = ["cmd_link", "format_record", "main"]
+__all__ = ["cmd_link", "format_record", "main", "split_dev_port", "PORT"]
+
+PORT = 1  # softrdma devices have one port
 
 USAGE = """\
-usage: softrdma link [show [NAME]] [-d]
+usage: softrdma link [show [NAME[/PORT]]] [-d] [-j [-p]]
        softrdma link add NAME netdev IFACE [type roce|iwarp] [port N] [roce_ver 1|2|both]
                          [vlan VID] [mpa_crc on|off]
        softrdma link set NAME mpa_crc on|off
@@ -65,29 +72,52 @@ class _Usage(Exception):
     pass
 
 
-def format_record(record: DeviceRecord, details: bool = False) -> str:
-    """One ``rdma link`` style line for ``record``."""
+def split_dev_port(text: str, what: str = "device") -> tuple[str, int | None]:
+    """``NAME`` or rdma-core's ``NAME/PORT`` -> (name, port or None). A port other than
+    1 raises :class:`~softrdma.errors.InvalidArgument` naming ``what``."""
+    name, sep, num = text.partition("/")
+    if not sep:
+        return text, None
+    if not name:
+        raise InvalidArgument(what, f"{text!r} names no device (DEV/PORT)")
+    if not num.isdigit():
+        raise InvalidArgument(what, f"port {num!r} of {text!r} is not a number (DEV/PORT)")
+    if int(num) != PORT:
+        raise InvalidArgument(what, f"{name} has no port {int(num)} (only port {PORT})")
+    return name, PORT
+
+
+def record_fields(record: DeviceRecord, details: bool = False) -> dict[str, object]:
+    """What ``rdma link`` shows of ``record``'s port, in its order and with its names."""
     try:
         nd = _netdev.get(record.netdev)
     except SoftRdmaError:
         nd = None
     up = nd is not None and nd.up
-    state = "ACTIVE" if up else "DOWN"
-    phys = "LINK_UP" if up else "DISABLED"
-    line = f"link {record.name}/1 state {state} physical_state {phys} netdev {record.netdev}"
+    fields: dict[str, object] = {
+        "ifname": record.name, "port": PORT, "state": "ACTIVE" if up else "DOWN",
+        "physical_state": "LINK_UP" if up else "DISABLED", "netdev": record.netdev}
     if details:
-        mtu = ib_mtu_for(nd.mtu) if nd is not None else 0
-        line += f" type {record.type} mtu {mtu} udp_port {record.udp_port}"
+        fields.update(type=record.type, mtu=ib_mtu_for(nd.mtu) if nd is not None else 0,
+                      udp_port=record.udp_port)
         if record.type == "roce":
-            line += f" roce_ver {record.roce_ver}"
+            fields["roce_ver"] = record.roce_ver
             if record.vlan is not None:
-                line += f" vlan {record.vlan}"
+                fields["vlan"] = record.vlan
         else:
-            line += f" mpa_crc {'on' if record.mpa_crc else 'off'}"
-    return line
+            fields["mpa_crc"] = "on" if record.mpa_crc else "off"
+    return fields
 
 
-def _show(reg: Registry, args: list[str], out: TextIO) -> int:
+def format_record(record: DeviceRecord, details: bool = False) -> str:
+    """One ``rdma link`` style line for ``record``."""
+    fields = record_fields(record, details)
+    line = f"link {fields.pop('ifname')}/{fields.pop('port')}"
+    return line + "".join(f" {k} {v}" for k, v in fields.items())
+
+
+def _show(reg: Registry, args: list[str], out: TextIO, json_out: int = 0) -> int:
+    """``show``; ``json_out``: 0 text, 1 JSON, 2 pretty JSON."""
     details = False
     names: list[str] = []
     for a in args:
@@ -103,7 +133,12 @@ def _show(reg: Registry, args: list[str], out: TextIO) -> int:
     if all(r.name != IWARP_LOOPBACK for r in records):  # the built-in iWARP device
         records.append(DeviceRecord(IWARP_LOOPBACK, "lo", "iwarp", 0))
     if names:
-        records = [r for r in records if r.name == names[0]] or [reg.get(names[0])]
+        name, _port = split_dev_port(names[0])
+        records = [r for r in records if r.name == name] or [reg.get(name)]
+    if json_out:
+        print(json.dumps([record_fields(r, details) for r in records],
+                         indent=2 if json_out > 1 else None), file=out)
+        return 0
     for rec in records:
         print(format_record(rec, details), file=out)
     return 0
@@ -207,13 +242,17 @@ def cmd_link(
     if args and args[0] in ("-h", "--help", "help"):
         print(USAGE, file=out)
         return 0
+    # rdma's global -j (JSON) and -p (pretty), anywhere: they apply to show
+    json_out = 2 if any(a in ("-p", "--pretty") for a in args) else int(
+        any(a in ("-j", "--json") for a in args))
+    args = [a for a in args if a not in ("-j", "--json", "-p", "--pretty")]
     verb, rest = (args[0], args[1:]) if args else ("show", [])
     if verb.startswith("-"):
         verb, rest = "show", args
     reg = Registry()
     try:
         if verb in ("show", "list", "ls"):
-            return _show(reg, rest, out)
+            return _show(reg, rest, out, json_out)
         if verb == "add":
             return _add(reg, rest, out)
         if verb == "set":

@@ -76,6 +76,37 @@ class PingPongError(SoftRdmaError):
     """A pingpong run failed; the message is the one line the tool prints."""
 
 
+def local_gid(ctx: Any, port: int, gid_idx: int | None) -> tuple[int, bytes]:
+    """``-g`` of every pingpong tool: ``(index, GID)`` this side uses and announces.
+
+    Without ``-g`` (``None``) a RoCE port uses index 0, since every RoCE packet carries
+    the GID as its address (IBA Annex A16/A17), and an InfiniBand port announces none
+    (-1, the zero GID, as the C tools without ``-g``). Checked at start, before any
+    peer is waited for: an index outside the GID table or an empty entry raises
+    :class:`PingPongError` naming ``-g`` (the C tools would send ``::`` and the peer's
+    connection would fail later)."""
+    try:
+        attr = ctx.query_port(port)
+    except SoftRdmaError as exc:
+        raise PingPongError(f"Couldn't get port info for port {port}: {exc}") from exc
+    roce = int(getattr(attr, "link_layer", IBV_LINK_LAYER_ETHERNET)) == IBV_LINK_LAYER_ETHERNET
+    idx = gid_idx if gid_idx is not None else (0 if roce else -1)
+    if idx < 0:
+        return -1, bytes(16)
+    try:
+        gid = bytes(ctx.query_gid(port, idx).raw)
+    except SoftRdmaError as exc:
+        raise PingPongError(f"-g {idx}: {exc}") from exc
+    if not any(gid):
+        try:
+            used = [i for i, g in enumerate(ctx.gids) if any(bytes(g.raw))]
+        except (SoftRdmaError, AttributeError):
+            used = []
+        have = f" (entries in use: {', '.join(map(str, used))})" if used else ""
+        raise PingPongError(f"-g {idx}: GID index {idx} of port {port} is empty{have}")
+    return idx, gid
+
+
 # --------------------------------------------------------------------------------------
 # The out-of-band address exchange (rdma-core libibverbs/examples/pingpong.c)
 # --------------------------------------------------------------------------------------
@@ -440,7 +471,7 @@ class Endpoint:
             mtu = 1 << (int(self.port_attr.active_mtu) + 7)
             if opts.size > mtu:
                 raise PingPongError(f"Requested size larger than port MTU ({mtu})")
-        self.gid_idx = opts.gid_idx if opts.gid_idx is not None else (0 if self.roce else -1)
+        self.gid_idx, gid = local_gid(ctx, opts.ib_port, opts.gid_idx)
         self.grh = GRH_LEN if opts.kind == "ud" else 0
         self.rlen = opts.size + self.grh
         # One buffer and no copy of it (a 2 GiB message must not cost several times its
@@ -475,13 +506,6 @@ class Endpoint:
         self.routs = self.post_recv(opts.rx_depth)
         if self.routs < opts.rx_depth:
             raise PingPongError(f"Couldn't post receive ({self.routs})")
-        if self.gid_idx >= 0:
-            try:
-                gid = ctx.query_gid(opts.ib_port, self.gid_idx).raw
-            except SoftRdmaError as exc:
-                raise PingPongError(f"can't read sgid of index {self.gid_idx}: {exc}") from exc
-        else:
-            gid = bytes(16)
         self.local = Dest(int(getattr(self.port_attr, "lid", 0)), self.qp.qp_num,
                           random.getrandbits(24), bytes(gid))
         self.remote: Dest | None = None

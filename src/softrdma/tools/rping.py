@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import socket
 import struct
 
 from ..errors import InvalidArgument
@@ -108,8 +109,23 @@ def check_args(args: argparse.Namespace) -> None:
     for name in ("addr", "source"):
         val = getattr(args, name)
         if val is not None:
-            try:
-                ipaddress.ip_address(val)
-            except ValueError:
-                raise InvalidArgument("-a" if name == "addr" else "-I",
-                                      f"not an IP address: {val!r}") from None
+            setattr(args, name, resolve_host(val, "-a" if name == "addr" else "-I"))
+
+
+def resolve_host(text: str, flag: str) -> str:
+    """An address or host name, as rping's ``get_addr`` takes it (``getaddrinfo``), as
+    an IP address string; IPv4 first, since a server without ``-a`` listens on 0.0.0.0.
+    A name that does not resolve raises :class:`InvalidArgument` naming ``flag``."""
+    try:
+        ipaddress.ip_address(text)
+        return text
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(text, None, socket.AF_UNSPEC, socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        why = exc.strerror if isinstance(exc, socket.gaierror) else str(exc)
+        raise InvalidArgument(flag, f"not an IP address or a known host name: {text!r} "
+                                    f"({why})") from None
+    infos.sort(key=lambda i: i[0] != socket.AF_INET)
+    return str(infos[0][4][0])

@@ -56,6 +56,7 @@ from .pingpong import (
     address_line,
     decode_dest,
     encode_dest,
+    local_gid,
     result_lines,
 )
 from .waiting import announce_wait
@@ -99,8 +100,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-l", "--sl", type=int, default=0, help="service level value")
     p.add_argument("-e", "--events", action="store_true",
                    help="sleep on CQ events (default poll)")
-    p.add_argument("-g", "--gid-idx", dest="gid_idx", type=int, default=-1,
-                   help="local port gid index")
+    p.add_argument("-g", "--gid-idx", dest="gid_idx", type=int, default=None,
+                   help="local port gid index (default: 0 on RoCE ports, which need a "
+                   "GID; -1 sends none)")
     p.add_argument("--timeout", type=float, default=30.0,
                    help="give up on the exchange after this many seconds (softrdma addition)")
 
@@ -158,6 +160,11 @@ class _Pingpong:
             raise PingPongError("No IB devices found")
         self.args = args
         self.ctx = Context(devs[0].name)
+        try:
+            self.gid_idx, self.gid = local_gid(self.ctx, args.ib_port, args.gid_idx)
+        except PingPongError:
+            self.ctx.close()
+            raise
         self.channel = CompChannel(self.ctx) if args.events else None
         self.pd = PD(self.ctx)
         self.buf = bytearray(args.size)
@@ -189,8 +196,8 @@ class _Pingpong:
     def my_dests(self) -> list[Dest]:
         a = self.args
         lid = self.ctx.query_port(a.ib_port).lid
-        gid = bytes(self.ctx.query_gid(a.ib_port, a.gid_idx).raw) if a.gid_idx >= 0 else bytes(16)
-        return [Dest(lid, qp.qp_num, random.getrandbits(24) & _PSN_MASK, gid) for qp in self.qps]
+        return [Dest(lid, qp.qp_num, random.getrandbits(24) & _PSN_MASK, self.gid)
+                for qp in self.qps]
 
     def connect(self, mine: list[Dest], rem: list[Dest]) -> None:
         a = self.args
@@ -202,7 +209,7 @@ class _Pingpong:
             attr.rq_psn = rem[i].psn
             attr.max_dest_rd_atomic = 1
             attr.min_rnr_timer = _RNR_TIMER
-            gr = (GlobalRoute(dgid=rem[0].gid, sgid_index=max(a.gid_idx, 0), hop_limit=1)
+            gr = (GlobalRoute(dgid=rem[0].gid, sgid_index=max(self.gid_idx, 0), hop_limit=1)
                   if glob else None)
             attr.ah_attr = AHAttr(port_num=a.ib_port, is_global=int(glob), gr=gr,
                                   dlid=rem[i].lid, sl=a.sl)

@@ -2,12 +2,14 @@
 
 ::
 
-    softrdma stats [show] [link DEV[/PORT]] [-j [-p]] [-w SECONDS [-n COUNT]]
+    softrdma stats [show] [link DEV[/PORT]] [-d DEV[/PORT]] [-j [-p]] [-w SECONDS [-n COUNT]]
 
 One line per port, ``link DEV/PORT name value name value ...`` (iproute2's ``rdma
 statistic show link``), or with ``-j`` a JSON array of ``{"ifname": DEV, "port": N,
 name: value, ...}`` objects (``-p``: pretty). ``-w SECONDS`` watches: the counters again
 every SECONDS (``-n`` times, default until interrupted), each round headed by the time.
+An iWARP device is shown only when named; it has no port counters (as Linux siw), so its
+line is ``link softrdma_iw_lo/1`` alone.
 
 The counters of a shared device are the device's (every process's, through its devd:
 see :mod:`softrdma.drivers.devd`, "Port counters of a shared device"). A device no
@@ -27,11 +29,10 @@ from ..drivers.devd import DevdLink, socket_path
 from ..errors import DeviceError, InvalidArgument
 from ..seam.counters import Counters
 from ..verbs.counters import PortCounters
-from ..verbs.device import DeviceInfo, get_device_list
+from ..verbs.device import DeviceInfo, all_devices
+from .link import PORT, split_dev_port
 
 __all__ = ["run", "device_counters", "format_line"]
-
-PORT = 1  # softrdma devices have one port
 
 
 def _parse_words(words: list[str], dev: str | None) -> tuple[str | None, int | None]:
@@ -44,16 +45,10 @@ def _parse_words(words: list[str], dev: str | None) -> tuple[str | None, int | N
         if rest[0] != "link" or len(rest) != 2:
             raise InvalidArgument("object", f"expected 'show [link DEV[/PORT]]', got "
                                   f"{' '.join(words)!r}")
-        name, _, num = rest[1].partition("/")
+        name, port = split_dev_port(rest[1], "link")
         if dev is not None and dev != name:
             raise InvalidArgument("link", f"{name!r} differs from -d {dev!r}")
         dev = name
-        if num:
-            if not num.isdigit():
-                raise InvalidArgument("link", f"port {num!r} is not a number")
-            port = int(num)
-            if port != PORT:
-                raise InvalidArgument("link", f"{dev} has no port {port} (only port {PORT})")
     return dev, port
 
 
@@ -74,8 +69,8 @@ def device_counters(info: DeviceInfo) -> PortCounters:
 
 def format_line(pc: PortCounters) -> str:
     """``link DEV/PORT name value ...`` (rdma statistic show link)."""
-    return f"link {pc.device}/{pc.port_num} " + " ".join(
-        f"{name} {value}" for name, value in pc.counters.items())
+    return f"link {pc.device}/{pc.port_num}" + "".join(
+        f" {name} {value}" for name, value in pc.counters.items())
 
 
 def _as_json(pc: PortCounters) -> dict[str, Any]:
@@ -83,16 +78,20 @@ def _as_json(pc: PortCounters) -> dict[str, Any]:
 
 
 def _devices(dev: str | None) -> list[DeviceInfo]:
-    devices = [d for d in get_device_list() if d.type == "roce"]
+    """The RoCE devices (all, or ``dev``); an iWARP device only when named: it has no
+    port counters (as Linux siw), so its line shows none."""
+    every = all_devices()
+    devices = [d for d in every if d.type == "roce"]
     if dev is not None:
-        devices = [d for d in devices if d.name == dev]
+        devices = [d for d in every if d.name == dev]
         if not devices:
-            raise DeviceError(f"no softrdma RoCE device named {dev!r}")
+            raise DeviceError(f"no softrdma device named {dev!r}")
     return devices
 
 
 def _show(devices: list[DeviceInfo], args: argparse.Namespace, out: TextIO) -> None:
-    counters = [device_counters(d) for d in devices]
+    counters = [device_counters(d) if d.type == "roce"
+                else PortCounters(d.name, PORT, {}, False) for d in devices]
     if args.json:
         out.write(json.dumps([_as_json(pc) for pc in counters],
                              indent=2 if args.pretty else None) + "\n")
@@ -105,7 +104,8 @@ def _show(devices: list[DeviceInfo], args: argparse.Namespace, out: TextIO) -> N
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """Entry point of ``softrdma stats`` (options: :mod:`softrdma.tools.cli`)."""
     out = out if out is not None else sys.stdout
-    dev, _port = _parse_words(list(args.words), args.dev)
+    dev = split_dev_port(args.dev, "dev")[0] if args.dev is not None else None
+    dev, _port = _parse_words(list(args.words), dev)
     if args.watch is not None and not args.watch > 0:
         raise InvalidArgument("watch", "must be > 0 seconds")
     if args.count is not None and args.count < 1:

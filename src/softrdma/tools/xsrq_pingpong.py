@@ -57,6 +57,7 @@ from .pingpong import (
     _connect,
     _recv_exact,
     _send_all,
+    local_gid,
 )
 from .srq_pingpong import add_server_client_arguments
 from .xsrq_msg import MSG_SIZE, XDest, address_line, decode_xdest, encode_xdest
@@ -84,8 +85,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-e", "--events", action="store_true",
                    help="sleep on CQ events (default poll)")
     p.add_argument("-o", "--odp", action="store_true", help="use on demand paging")
-    p.add_argument("-g", "--gid-idx", dest="gid_idx", type=int, default=-1,
-                   help="local port gid index")
+    p.add_argument("-g", "--gid-idx", dest="gid_idx", type=int, default=None,
+                   help="local port gid index (default: 0 on RoCE ports, which need a "
+                   "GID; -1 sends none)")
     p.add_argument("--timeout", type=float, default=30.0,
                    help="give up after this many seconds without progress (softrdma "
                    "addition)")
@@ -106,6 +108,7 @@ class _XsrqPingpong:
         self.fd = -1
         try:
             self.lid = self.ctx.query_port(args.ib_port).lid
+            self.gid_idx, self.gid = local_gid(self.ctx, args.ib_port, args.gid_idx)
             self.buf = bytearray(args.size)
             self.channel = CompChannel(self.ctx) if args.events else None
             self.pd = PD(self.ctx)
@@ -158,9 +161,7 @@ class _XsrqPingpong:
             raise
 
     def local_dest(self, i: int) -> XDest:
-        a = self.args
-        gid = bytes(self.ctx.query_gid(a.ib_port, a.gid_idx).raw) if a.gid_idx >= 0 \
-            else bytes(16)
+        gid = self.gid
         self.my_psn[i] = random.getrandbits(24) & _PSN_MASK
         return XDest(self.lid, self.recv_qps[i].qp_num, self.send_qps[i].qp_num,
                      self.my_psn[i], self.srq.srq_num, gid)
@@ -169,7 +170,7 @@ class _XsrqPingpong:
         a = self.args
         if any(rem.gid[8:]):  # the C tool looks at the GID's interface id
             return AHAttr(port_num=a.ib_port, is_global=1, dlid=rem.lid, sl=a.sl,
-                          gr=GlobalRoute(dgid=rem.gid, sgid_index=max(a.gid_idx, 0),
+                          gr=GlobalRoute(dgid=rem.gid, sgid_index=max(self.gid_idx, 0),
                                          hop_limit=_HOP_LIMIT))
         return AHAttr(port_num=a.ib_port, is_global=0, dlid=rem.lid, sl=a.sl)
 
