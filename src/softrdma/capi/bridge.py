@@ -219,8 +219,7 @@ def _query_gid(h: int, port: int, index: int, raw: Any) -> int:
 
 
 def _query_gid_type(h: int, port: int, index: int, out: Any) -> int:
-    t = _get(h, Context).query_gid_type(port, index)
-    out[0] = 1 if t == int(e.IBV_GID_TYPE_ROCE_V2) else 0  # driver.h's ibv_gid_type_sysfs
+    out[0] = _get(h, Context).query_gid_type(port, index)  # enum ibv_gid_type
     return 0
 
 

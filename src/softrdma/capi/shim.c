@@ -25,6 +25,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -89,7 +90,7 @@ struct sr_device { struct ibv_device dev; int index; uint64_t guid; };
 struct sr_context { struct ibv_context ctx; int h; int async_pipe[2]; };
 struct sr_pd { struct ibv_pd pd; int h; };
 struct sr_mr { struct ibv_mr mr; int h; };
-struct sr_channel { struct ibv_comp_channel ch; int h; };
+struct sr_channel { struct ibv_comp_channel ch; int h; int own_fd; };
 struct sr_cq { struct ibv_cq cq; int h; struct sr_ring ring; };
 struct sr_qp { struct ibv_qp qp; int h; };
 struct sr_srq { struct ibv_srq srq; int h; };
@@ -161,6 +162,10 @@ int sr_ring_count(void *ring)
                  - atomic_load_explicit(&r->head, memory_order_acquire));
 }
 
+/* an empty poll yields the CPU once every sr_yield_mask + 1 times ($SOFTRDMA_CAPI_YIELD) */
+static unsigned int sr_yield_mask = 15;
+static __thread unsigned int sr_empty_polls;
+
 static int sr_poll_cq(struct ibv_cq *ibcq, int num_entries, struct ibv_wc *wc)
 {
     struct sr_ring *r = &((struct sr_cq *)ibcq)->ring;
@@ -169,10 +174,15 @@ static int sr_poll_cq(struct ibv_cq *ibcq, int num_entries, struct ibv_wc *wc)
 
     if (num_entries < 0)
         return -1;
-    /* empty: a relaxed check, no lock, no Python */
+    /* empty: no lock, no Python. A program spinning here must leave the CPU to the
+     * progress thread now and then (it runs ACKs, timers and the receive path), or on a
+     * busy machine every message waits for a scheduler tick. */
     if (atomic_load_explicit(&r->tail, memory_order_acquire)
-        == atomic_load_explicit(&r->head, memory_order_relaxed))
+        == atomic_load_explicit(&r->head, memory_order_relaxed)) {
+        if ((++sr_empty_polls & sr_yield_mask) == 0)
+            sched_yield();
         return 0;
+    }
     pthread_spin_lock(&r->consumer);
     head = atomic_load_explicit(&r->head, memory_order_relaxed);
     tail = atomic_load_explicit(&r->tail, memory_order_acquire);
@@ -394,6 +404,11 @@ struct ibv_context *ibv_open_device(struct ibv_device *device)
         free(c);
         return sr_fail(ENOMEM);
     }
+    {
+        const char *y = getenv("SOFTRDMA_CAPI_YIELD");
+        if (y && *y)
+            sr_yield_mask = (unsigned int)strtoul(y, NULL, 0);
+    }
     c->h = h;
     c->ctx.device = device;
     c->ctx.cmd_fd = -1;
@@ -453,7 +468,28 @@ int ibv_query_gid_type(struct ibv_context *context, uint8_t port_num, unsigned i
         errno = ret;
         return -1;
     }
-    *type = (unsigned int)t;
+    *type = t == IBV_GID_TYPE_ROCE_V2 ? 1 : 0;  /* Python gives enum ibv_gid_type */
+    return 0;
+}
+
+int _ibv_query_gid_ex(struct ibv_context *context, uint32_t port_num, uint32_t gid_index,
+                      struct ibv_gid_entry *entry, uint32_t flags, size_t entry_size)
+{
+    struct ibv_gid_entry e;
+    int t = 0, ret;
+
+    if (flags || entry_size < sizeof(e))
+        return EINVAL;
+    memset(&e, 0, sizeof(e));
+    ret = sr_py_query_gid(SR_H(sr_context, context), (int)port_num, (int)gid_index, e.gid.raw);
+    if (!ret)
+        ret = sr_py_query_gid_type(SR_H(sr_context, context), (int)port_num, (int)gid_index, &t);
+    if (ret)
+        return ret;
+    e.gid_index = gid_index;
+    e.port_num = port_num;
+    e.gid_type = (uint32_t)t;
+    memcpy(entry, &e, sizeof(e));
     return 0;
 }
 
@@ -573,6 +609,18 @@ struct ibv_comp_channel *ibv_create_comp_channel(struct ibv_context *context)
     }
     ch->h = h;
     ch->ch.context = context;
+    /* The program gets its own open file description of the channel's pipe: Python's is
+     * non-blocking, the program's starts blocking and is the program's to change
+     * (ibv_get_cq_event fails with EAGAIN once the program sets O_NONBLOCK). */
+    {
+        char path[64];
+        int own;
+        snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+        own = open(path, O_RDONLY | O_CLOEXEC);
+        ch->own_fd = own;
+        if (own >= 0)
+            fd = own;
+    }
     ch->ch.fd = fd;
     ch->ch.refcnt = 0;
     return &ch->ch;
@@ -580,7 +628,12 @@ struct ibv_comp_channel *ibv_create_comp_channel(struct ibv_context *context)
 
 int ibv_destroy_comp_channel(struct ibv_comp_channel *channel)
 {
-    return sr_destroy_obj(SR_H(sr_channel, channel), channel);
+    int own = ((struct sr_channel *)channel)->own_fd, ret;
+
+    ret = sr_destroy_obj(SR_H(sr_channel, channel), channel);
+    if (!ret && own >= 0)
+        close(own);
+    return ret;
 }
 
 struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, void *cq_context,
