@@ -15,6 +15,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 from .bridge import PYTHON_ENV
 from .build import build
@@ -35,7 +36,7 @@ def why_not_preloadable(path: str) -> str | None:
             head = f.read(64)
             if head[:4] != b"\x7fELF" or head[4] != 2:  # only 64-bit ELF is inspected
                 return None
-            order = "little" if head[5] == 1 else "big"
+            order: Literal["little", "big"] = "little" if head[5] == 1 else "big"
             phoff = int.from_bytes(head[32:40], order)
             phentsize = int.from_bytes(head[54:56], order)
             phnum = int.from_bytes(head[56:58], order)
