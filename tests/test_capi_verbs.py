@@ -45,6 +45,18 @@ def test_completion_fields_and_errors(device: str, tmp_path: Path) -> None:
     assert "ok: bad R_Key -> remote access error" in oks
 
 
+def test_fork_without_exec(device: str, tmp_path: Path) -> None:
+    """A C fork() runs Python's at-fork handlers through the library's pthread_atfork:
+    the child's interpreter works (it opens its own device; without the handler it hangs
+    on a GIL held by a thread it does not have) and its inherited QP fails; the parent
+    goes on."""
+    exe = _compile(tmp_path, "wc_check", "-libverbs")
+    p = run(str(exe), device, "fork")
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    assert "ok: fork: the child opens its own device, its inherited QP fails" in p.stdout
+    assert sum(ln.startswith("ok: ") for ln in p.stdout.splitlines()) == 8, p.stdout
+
+
 def test_empty_poll_and_completion_cost(device: str, tmp_path: Path) -> None:
     """The figures the design promises in order of magnitude: an empty ibv_poll_cq stays
     in C (well under a microsecond even with its occasional yield)."""

@@ -4,6 +4,8 @@
  *                            inline data comes from an unregistered buffer, an error
  *                            completion (RDMA WRITE to a bad R_Key), errors the libibverbs
  *                            way (NULL + errno). Prints "ok: ..." lines, exits 0 when all pass.
+ *   wc_check DEVICE fork     forks first: the child opens the device anew and uses it,
+ *                            its inherited QP fails without hanging; then the checks.
  *   wc_check DEVICE bench    prints the cost of an empty ibv_poll_cq and of one
  *                            SEND + completions round on a loopback RC pair.
  */
@@ -14,6 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #define FAIL(...) do { fprintf(stderr, "FAIL: " __VA_ARGS__); fputc('\n', stderr); exit(1); } while (0)
 
@@ -86,6 +91,7 @@ int main(int argc, char **argv)
     static char buf[4096];
     char msg[64];
     int n, i, bench = argc > 2 && !strcmp(argv[2], "bench");
+    int forking = argc > 2 && !strcmp(argv[2], "fork");
 
     if (argc < 2)
         FAIL("usage: wc_check DEVICE [bench]");
@@ -135,6 +141,48 @@ int main(int argc, char **argv)
         FAIL("ibv_reg_mr");
     if (ibv_poll_cq(cqa, 1, &wc) != 0)
         FAIL("empty CQ polled a completion");
+
+    if (forking) {
+        pid_t pid = fork();
+        int status = 0;
+        double deadline = now() + 30.0;
+        if (pid < 0)
+            FAIL("fork");
+        if (pid == 0) {
+            /* the child: the inherited device is the parent's; its own works */
+            struct ibv_context *own = ibv_open_device(ctx->device);
+            struct ibv_pd *opd;
+            struct ibv_cq *ocq;
+            char one = 1;
+            struct ibv_sge s1 = { .addr = (uintptr_t)&one, .length = 1, .lkey = 0 };
+            memset(&swr, 0, sizeof(swr));
+            swr.sg_list = &s1; swr.num_sge = 1;
+            swr.opcode = IBV_WR_SEND;
+            swr.send_flags = IBV_SEND_INLINE;
+            if (ibv_post_send(qa, &swr, &bad_s) == 0)
+                _exit(3);  /* the parent's QP must not be usable here */
+            if (!own)
+                _exit(4);
+            opd = ibv_alloc_pd(own);
+            ocq = ibv_create_cq(own, 4, NULL, NULL, 0);
+            if (!opd || !ocq || ibv_poll_cq(ocq, 1, &wc) != 0)
+                _exit(5);
+            if (ibv_destroy_cq(ocq) || ibv_dealloc_pd(opd) || ibv_close_device(own))
+                _exit(6);
+            _exit(0);
+        }
+        while (waitpid(pid, &status, WNOHANG) == 0) {
+            if (now() > deadline) {
+                kill(pid, SIGKILL);
+                waitpid(pid, &status, 0);
+                FAIL("the forked child hangs");
+            }
+            usleep(10000);
+        }
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+            FAIL("forked child: status %#x", status);
+        printf("ok: fork: the child opens its own device, its inherited QP fails\n");
+    }
 
     if (bench) {
         int polls = 2000000, rounds = 2000;

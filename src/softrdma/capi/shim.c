@@ -292,6 +292,50 @@ static int sr_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr, struct 
     return sr_post_recv_h(SR_H(sr_srq, srq), 1, wr, bad);
 }
 
+/* ---- fork ----
+ * A C fork() runs none of Python's at-fork handlers, and the child's interpreter would be
+ * left with its GIL held by a thread the child does not have. Around a fork by the
+ * program (a thread without the GIL) this does what os.fork() does: take the GIL and
+ * PyOS_BeforeFork() before, PyOS_AfterFork_Parent()/_Child() after, so softrdma's
+ * handlers run (the child gives up the device links it inherited, drivers/devd_client.py)
+ * and the child can open devices of its own. A fork by Python itself (it holds the GIL)
+ * is left to Python. */
+static __thread int sr_fork_held;
+static __thread PyGILState_STATE sr_fork_gil;
+
+static void sr_fork_prepare(void)
+{
+    sr_fork_held = 0;
+    if (!Py_IsInitialized() || PyGILState_Check())
+        return;
+    sr_fork_gil = PyGILState_Ensure();
+    PyOS_BeforeFork();
+    sr_fork_held = 1;
+}
+
+static void sr_fork_parent(void)
+{
+    if (!sr_fork_held)
+        return;
+    sr_fork_held = 0;
+    PyOS_AfterFork_Parent();
+    PyGILState_Release(sr_fork_gil);
+}
+
+static void sr_fork_child(void)
+{
+    if (!sr_fork_held)
+        return;
+    sr_fork_held = 0;
+    PyOS_AfterFork_Child();
+    PyGILState_Release(sr_fork_gil);
+}
+
+__attribute__((constructor)) static void sr_init(void)
+{
+    pthread_atfork(sr_fork_prepare, sr_fork_parent, sr_fork_child);
+}
+
 /* ---- helpers ---- */
 static void *sr_fail(int err)
 {
