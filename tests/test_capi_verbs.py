@@ -115,6 +115,17 @@ def test_print_env_for_other_launchers() -> None:
     assert p.returncode == 0
     assert f"export LD_PRELOAD={lib}" in p.stdout.splitlines()
     assert "export SOFTRDMA_CAPI_PYTHON=" in p.stdout
+    # the printed environment alone (no wrapper) runs a program on softrdma
+    env = dict(os.environ)
+    for line in p.stdout.splitlines():
+        key, _, value = line.removeprefix("export ").partition("=")
+        env[key] = value
+    tool = shutil.which("ibv_devices")
+    if tool is None:
+        pytest.skip("ibv_devices is not installed (Debian package ibverbs-utils)")
+    out = subprocess.run([tool], env=env, capture_output=True, text=True, check=False,
+                         timeout=60)
+    assert out.returncode == 0 and "softrdma_iw_lo" in out.stdout, out.stderr
 
 
 def test_build_names_missing_debian_packages(tmp_path: Path,

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .. import enums as e
+from ..drivers.progress import DRAIN_TIMEOUT
 from ..errors import SoftRdmaError
 from ..seam.types import WorkCompletion
 from ..verbs import (
@@ -117,12 +118,27 @@ class RingCQ(CQ):
         self.handle = 0
 
     def _store(self, wc: WorkCompletion) -> bool:
+        ring = self.ring
+        if ring is None:  # destroyed: the C side frees the ring
+            return True
         flags = int(wc.wc_flags)
         extra = wc.invalidated_rkey if flags & e.IBV_WC_WITH_INV else wc.imm_data
         return bool(_lib.sr_ring_push(
-            self.ring, wc.wr_id & 0xFFFFFFFFFFFFFFFF, int(wc.status), int(wc.opcode),
+            ring, wc.wr_id & 0xFFFFFFFFFFFFFFFF, int(wc.status), int(wc.opcode),
             wc.vendor_err, wc.byte_len, extra & 0xFFFFFFFF, wc.qp_num, wc.src_qp, flags,
             wc.pkey_index, wc.slid, wc.sl, wc.dlid_path_bits) == 0)
+
+    def _release(self) -> None:
+        # completions are stored under the engine lock: once the ring is dropped under it,
+        # no producer holds it any more and ibv_destroy_cq may free it
+        lock = self._runtime.lock
+        got = lock.acquire(timeout=DRAIN_TIMEOUT)
+        try:
+            self.ring = None
+        finally:
+            if got:
+                lock.release()
+        super()._release()
 
 
 def _mem(addr: int, length: int) -> Any:
@@ -431,7 +447,9 @@ def install(ffi: Any, lib: Any) -> None:
     _ffi, _lib = ffi, lib
     python = os.environ.get(PYTHON_ENV)
     if python:
-        sys.executable = python  # devd is spawned with sys.executable
+        # devd is spawned with sys.executable; an embedded interpreter's is the first
+        # python3 on PATH, not necessarily the one softrdma is installed for
+        sys.executable = python
     for name, (fn, negative) in _EXPORTS.items():
         err = -errno.EIO if negative else errno.EIO
         ffi.def_extern(name=name, error=err)(_verb(negative)(fn))
