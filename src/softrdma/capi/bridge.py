@@ -23,7 +23,6 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .. import enums as e
-from ..drivers.progress import DRAIN_TIMEOUT
 from ..errors import SoftRdmaError
 from ..seam.types import WorkCompletion
 from ..verbs import (
@@ -62,6 +61,8 @@ _ids = itertools.count(1)
 _lock = threading.Lock()
 _devices: list[DeviceInfo] = []
 _debug = bool(os.environ.get("SOFTRDMA_CAPI_DEBUG"))
+#: how long a CQ's destruction waits for the engine lock (a finalizer may hold it) (s)
+_RELEASE_WAIT = 1.0
 
 
 def _add(obj: object) -> int:
@@ -132,7 +133,7 @@ class RingCQ(CQ):
         # completions are stored under the engine lock: once the ring is dropped under it,
         # no producer holds it any more and ibv_destroy_cq may free it
         lock = self._runtime.lock
-        got = lock.acquire(timeout=DRAIN_TIMEOUT)
+        got = lock.acquire(timeout=_RELEASE_WAIT)
         try:
             self.ring = None
         finally:
