@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from device_harness import free_port, reap
 
-from softrdma.capi import build
+from softrdma.capi import build, launch
 
 TIMEOUT = 60.0  # a whole pair or program, on a busy machine (s)
 
@@ -35,7 +35,18 @@ def need_tool(name: str, package: str) -> str:
 
 
 def run_cmd(*args: str) -> list[str]:
+    """``softrdma run -- ARGS`` (the wrapper)."""
     return [sys.executable, "-m", "softrdma", "run", "--", *args]
+
+
+def preloaded(*args: str) -> list[str]:
+    """``ARGS`` with the environment ``softrdma run`` would give them, set by ``env``
+    (``env LD_PRELOAD=... PROGRAM``): one Python start less per process than the wrapper."""
+    env = launch.preload_env(build.build())
+    return ["env", *(f"{k}={env[k]}" for k in _PRELOAD_KEYS if k in env), *args]
+
+
+_PRELOAD_KEYS = ("LD_PRELOAD", "PYTHONPATH", "SOFTRDMA_CAPI_PYTHON")
 
 
 def run(*args: str, timeout: float = TIMEOUT) -> subprocess.CompletedProcess[str]:

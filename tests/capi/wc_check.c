@@ -185,7 +185,7 @@ int main(int argc, char **argv)
     }
 
     if (bench) {
-        int polls = 2000000, rounds = 2000;
+        int polls = 1000000, rounds = 500;
         double t0 = now();
         for (i = 0; i < polls; i++)
             ibv_poll_cq(cqa, 1, &wc);
