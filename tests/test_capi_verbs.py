@@ -39,7 +39,7 @@ def _compile(tmp_path: Path, name: str, *flags: str) -> Path:
 def test_completion_fields_errors_and_fork(device: str, tmp_path: Path) -> None:
     """tests/capi/wc_check.c: the fields of a SEND-with-immediate's completions (inline
     data from an unregistered buffer), a remote access error completion, libibverbs-style
-    errors; and fork: a C fork() runs Python's at-fork handlers through the library's
+    errors, a CQ overrun's asynchronous event; and fork: a C fork() runs Python's at-fork handlers through the library's
     pthread_atfork, so the child gives up the device it inherited (its QP fails) and opens
     its own, and the parent goes on."""
     exe = _compile(tmp_path, "wc_check", "-libverbs")
@@ -47,8 +47,10 @@ def test_completion_fields_errors_and_fork(device: str, tmp_path: Path) -> None:
     assert p.returncode == 0, (p.stdout, p.stderr)
     assert "ok: fork: the child opens its own device, its inherited QP fails" in p.stdout
     oks = [ln for ln in p.stdout.splitlines() if ln.startswith("ok: ")]
-    assert len(oks) == 8, p.stdout
+    assert len(oks) == 10, p.stdout
     assert "ok: bad R_Key -> remote access error" in oks
+    assert "ok: bad R_Key -> local access violation work queue error on the responder's QP" in oks
+    assert "ok: CQ overrun -> CQ error on that CQ; the queued completion stays pollable" in oks
 
 
 def test_empty_poll_and_completion_cost(device: str, tmp_path: Path) -> None:

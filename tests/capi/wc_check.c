@@ -267,6 +267,54 @@ int main(int argc, char **argv)
         FAIL("ibv_post_send(num_sge=-1) accepted");
     printf("ok: ibv_post_send(num_sge=-1) refused, bad_wr set\n");
 
+    /* a CQ overrun: the asynchronous event IBV_EVENT_CQ_ERR names the CQ */
+    {
+        struct ibv_cq *cqo = ibv_create_cq(ctx, 1, NULL, NULL, 0);
+        struct ibv_qp *qo;
+        struct ibv_qp_attr a;
+        struct ibv_async_event ev;
+
+        init.send_cq = cqb;
+        init.recv_cq = cqo;
+        qo = cqo ? ibv_create_qp(pd, &init) : NULL;
+        if (!qo)
+            FAIL("overrun QP");
+        memset(&a, 0, sizeof(a));
+        a.qp_state = IBV_QPS_INIT;
+        a.port_num = 1;
+        if (ibv_modify_qp(qo, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+            FAIL("overrun QP INIT");
+        sge.length = 16;
+        memset(&rwr, 0, sizeof(rwr));
+        rwr.sg_list = &sge; rwr.num_sge = 1;
+        if (ibv_post_recv(qo, &rwr, &bad_r) || ibv_post_recv(qo, &rwr, &bad_r))
+            FAIL("overrun post_recv");
+        a.qp_state = IBV_QPS_ERR;
+        if (ibv_modify_qp(qo, &a, IBV_QP_STATE))  /* two flushed receives, room for one */
+            FAIL("overrun QP ERR");
+        /* first the responder's event of the bad R_Key above, then the overrun */
+        if (ibv_get_async_event(ctx, &ev))
+            FAIL("ibv_get_async_event: %s", strerror(errno));
+        if (ev.event_type != IBV_EVENT_QP_ACCESS_ERR || ev.element.qp != qb)
+            FAIL("async event %d (%s), element %p, want QP_ACCESS_ERR on %p", ev.event_type,
+                 ibv_event_type_str(ev.event_type), (void *)ev.element.qp, (void *)qb);
+        ibv_ack_async_event(&ev);
+        printf("ok: bad R_Key -> %s on the responder's QP\n", ibv_event_type_str(ev.event_type));
+        if (ibv_get_async_event(ctx, &ev))
+            FAIL("ibv_get_async_event: %s", strerror(errno));
+        if (ev.event_type != IBV_EVENT_CQ_ERR || ev.element.cq != cqo)
+            FAIL("async event %d (%s), element %p, want CQ_ERR on %p", ev.event_type,
+                 ibv_event_type_str(ev.event_type), (void *)ev.element.cq, (void *)cqo);
+        ibv_ack_async_event(&ev);
+        wait_wc(cqo, &wc, "flushed receive");
+        if (wc.status != IBV_WC_WR_FLUSH_ERR || ibv_poll_cq(cqo, 1, &wc) != 0)
+            FAIL("overrun CQ: status %d", wc.status);
+        if (ibv_destroy_qp(qo) || ibv_destroy_cq(cqo))
+            FAIL("overrun teardown");
+        printf("ok: CQ overrun -> %s on that CQ; the queued completion stays pollable\n",
+               ibv_event_type_str(ev.event_type));
+    }
+
     if (ibv_destroy_qp(qa) || ibv_destroy_qp(qb) || ibv_dereg_mr(mr) || ibv_destroy_cq(cqa)
         || ibv_destroy_cq(cqb) || ibv_dealloc_pd(pd) || ibv_close_device(ctx))
         FAIL("teardown");

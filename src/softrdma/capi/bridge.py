@@ -65,10 +65,19 @@ _debug = bool(os.environ.get("SOFTRDMA_CAPI_DEBUG"))
 _RELEASE_WAIT = 1.0
 
 
-def _add(obj: object) -> int:
+#: handle -> the C wrapper of a QP, CQ or SRQ (the element of its events)
+_wrappers: dict[int, Any] = {}
+#: id(verbs object) -> its handle, for the objects that have a wrapper
+_handles: dict[int, int] = {}
+
+
+def _add(obj: object, wrapper: Any = None) -> int:
     with _lock:
         h = next(_ids)
         _objs[h] = obj
+        if wrapper is not None:
+            _wrappers[h] = wrapper
+            _handles[id(obj)] = h
     return h
 
 
@@ -176,15 +185,37 @@ def _device(index: int, name: Any, guid: Any, iwarp: Any) -> int:
     return 0
 
 
-def _open(index: int) -> int:
+def _open(index: int, async_fd: Any) -> int:
     if not 0 <= index < len(_devices):
         raise SoftRdmaError(f"no device {index}", errno=errno.ENODEV)
-    return _add(Context(_devices[index].name))
+    ctx = Context(_devices[index].name)
+    async_fd[0] = ctx.async_fileno()
+    return _add(ctx)
+
+
+def _get_async_event(h: int, event_type: Any, element: Any, port_num: Any) -> int:
+    """1 and the next event (its element's wrapper, or its port), 0 if none is pending."""
+    ctx = _get(h, Context)
+    try:
+        ev = ctx.get_async_event(timeout=0)
+    except TimeoutError:
+        return 0
+    event_type[0] = int(ev.event_type)
+    with _lock:
+        handle = _handles.get(id(ev.element)) if ev.element is not None else None
+        wrapper = _wrappers.get(handle) if handle is not None else None
+    if wrapper is not None:
+        element[0] = wrapper
+    else:
+        port_num[0] = ev.element if isinstance(ev.element, int) else 1
+    return 1
 
 
 def _destroy(h: int) -> int:
     with _lock:
         obj = _objs.pop(h, None)
+        if _wrappers.pop(h, None) is not None:
+            _handles.pop(id(obj), None)
     if obj is None:
         raise SoftRdmaError(f"handle {h} is unknown", errno=errno.EINVAL)
     close = getattr(obj, "close", None)
@@ -276,14 +307,15 @@ def _get_cq_event(h: int, out: Any) -> int:
     if not isinstance(cq, RingCQ):
         return 0
     cq.ack_events(1)
-    out[0] = cq.ring
+    out[0] = _wrappers[cq.handle]
     return cq.handle
 
 
-def _create_cq(h: int, cqe: int, channel: int, comp_vector: int, ring: Any) -> int:
+def _create_cq(h: int, cqe: int, channel: int, comp_vector: int, ring: Any,
+               wrapper: Any) -> int:
     ch = _get(channel, CompChannel) if channel else None
     cq = RingCQ(_get(h, Context), cqe, ch, comp_vector, ring)
-    cq.handle = _add(cq)
+    cq.handle = _add(cq, wrapper)
     return cq.handle
 
 
@@ -293,9 +325,9 @@ def _req_notify_cq(h: int, solicited_only: int) -> int:
 
 
 # ---- queues -----------------------------------------------------------------------------
-def _create_srq(h: int, attr: Any) -> int:
+def _create_srq(h: int, attr: Any, wrapper: Any) -> int:
     srq = SRQ(_get(h, PD), SrqInitAttr(SrqAttr(attr.max_wr, attr.max_sge, attr.srq_limit)))
-    return _add(srq)
+    return _add(srq, wrapper)
 
 
 def _modify_srq(h: int, attr: Any, mask: int) -> int:
@@ -303,7 +335,7 @@ def _modify_srq(h: int, attr: Any, mask: int) -> int:
     return 0
 
 
-def _create_qp(h: int, a: Any) -> int:
+def _create_qp(h: int, a: Any, wrapper: Any) -> int:
     pd = _get(h, PD)
     cap = QPCap(a.max_send_wr, a.max_recv_wr, a.max_send_sge, a.max_recv_sge,
                 a.max_inline_data)
@@ -313,7 +345,7 @@ def _create_qp(h: int, a: Any) -> int:
         srq=_get(a.srq, SRQ) if a.srq else None, cap=cap, sq_sig_all=a.sq_sig_all)
     qp = QP(pd, init)
     a.qp_num = qp.qp_num
-    return _add(qp)
+    return _add(qp, wrapper)
 
 
 def _ah_attr(f: Any) -> AHAttr:
@@ -419,6 +451,7 @@ _EXPORTS: dict[str, tuple[Callable[..., int], bool]] = {
     "sr_py_ndevices": (_ndevices, True),
     "sr_py_device": (_device, False),
     "sr_py_open": (_open, True),
+    "sr_py_get_async_event": (_get_async_event, True),
     "sr_py_destroy": (_destroy, False),
     "sr_py_query_device": (_query_device, False),
     "sr_py_query_port": (_query_port, False),

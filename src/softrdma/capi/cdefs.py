@@ -82,7 +82,8 @@ int sr_ring_count(void *ring);
 PY_EXPORTS = """
 int sr_py_ndevices(void);
 int sr_py_device(int index, char *name, uint64_t *guid, int *iwarp);
-int sr_py_open(int index);
+int sr_py_open(int index, int *async_fd);
+int sr_py_get_async_event(int ctx, int *event_type, void **element, int *port_num);
 int sr_py_destroy(int h);
 int sr_py_query_device(int ctx, struct ibv_device_attr *attr);
 int sr_py_query_port(int ctx, int port, struct ibv_port_attr *attr);
@@ -93,12 +94,13 @@ int sr_py_alloc_pd(int ctx);
 int sr_py_reg_mr(int pd, void *addr, size_t length, uint64_t iova, int access,
                  uint32_t *lkey, uint32_t *rkey);
 int sr_py_create_comp_channel(int ctx, int *fd);
-int sr_py_get_cq_event(int channel, void **cq);
-int sr_py_create_cq(int ctx, int cqe, int channel, int comp_vector, void *ring);
+int sr_py_get_cq_event(int channel, void **cq);  /* *cq: the CQ's wrapper */
+int sr_py_create_cq(int ctx, int cqe, int channel, int comp_vector, void *ring,
+                    void *wrapper);
 int sr_py_req_notify_cq(int cq, int solicited_only);
-int sr_py_create_srq(int pd, struct sr_srq_attr *attr);
+int sr_py_create_srq(int pd, struct sr_srq_attr *attr, void *wrapper);
 int sr_py_modify_srq(int srq, struct sr_srq_attr *attr, int mask);
-int sr_py_create_qp(int pd, struct sr_qp_init *attr);
+int sr_py_create_qp(int pd, struct sr_qp_init *attr, void *wrapper);
 int sr_py_modify_qp(int qp, struct sr_qp_attr *attr, int mask);
 int sr_py_query_qp(int qp, struct sr_qp_attr *attr, int mask);
 int sr_py_create_ah(int pd, struct sr_ah_attr *attr);

@@ -87,7 +87,7 @@ struct sr_ring {
 };
 
 struct sr_device { struct ibv_device dev; int index; uint64_t guid; };
-struct sr_context { struct ibv_context ctx; int h; int async_pipe[2]; };
+struct sr_context { struct ibv_context ctx; int h; int async_own; };
 struct sr_pd { struct ibv_pd pd; int h; };
 struct sr_mr { struct ibv_mr mr; int h; };
 struct sr_channel { struct ibv_comp_channel ch; int h; int own_fd; };
@@ -352,6 +352,33 @@ static int sr_handle_ok(int h)
     return 0;
 }
 
+/* The program's own open file description of one of Python's (non-blocking) pipes: it
+ * starts blocking and is the program's to change. -1 if /proc cannot give one. */
+static int sr_own_fd(int fd)
+{
+    char path[64];
+
+    if (fd < 0)
+        return -1;
+    snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+    return open(path, O_RDONLY | O_CLOEXEC);
+}
+
+/* Wait for a pipe that the Python half writes a byte to per event: EAGAIN at once when
+ * the program made its descriptor non-blocking. 0 to look again, -1 with errno. */
+static int sr_wait_fd(int fd)
+{
+    struct pollfd pfd = { .fd = fd, .events = POLLIN };
+
+    if (fcntl(fd, F_GETFL) & O_NONBLOCK) {
+        errno = EAGAIN;
+        return -1;
+    }
+    if (poll(&pfd, 1, -1) < 0 && errno != EINTR)
+        return -1;
+    return 0;
+}
+
 static int sr_load_devices(void)
 {
     int n, i, iwarp;
@@ -435,19 +462,19 @@ int ibv_fork_init(void)
 struct ibv_context *ibv_open_device(struct ibv_device *device)
 {
     struct sr_context *c;
-    int h;
+    int h, afd = -1;
 
     if (!device)
         return sr_fail(EINVAL);
-    h = sr_py_open(((struct sr_device *)device)->index);
+    h = sr_py_open(((struct sr_device *)device)->index, &afd);
     if (!sr_handle_ok(h))
         return NULL;
     c = calloc(1, sizeof(*c));
-    if (!c || pipe(c->async_pipe) != 0) {
+    if (!c) {
         sr_py_destroy(h);
-        free(c);
         return sr_fail(ENOMEM);
     }
+    c->async_own = sr_own_fd(afd);
     {
         const char *y = getenv("SOFTRDMA_CAPI_YIELD");
         if (y && *y)
@@ -456,7 +483,7 @@ struct ibv_context *ibv_open_device(struct ibv_device *device)
     c->h = h;
     c->ctx.device = device;
     c->ctx.cmd_fd = -1;
-    c->ctx.async_fd = c->async_pipe[0];
+    c->ctx.async_fd = c->async_own >= 0 ? c->async_own : afd;
     c->ctx.num_comp_vectors = 1;
     c->ctx.abi_compat = NULL;  /* not a verbs_context: inline verbs use the ops and the legacy calls */
     pthread_mutex_init(&c->ctx.mutex, NULL);
@@ -473,8 +500,8 @@ int ibv_close_device(struct ibv_context *context)
     struct sr_context *c = (struct sr_context *)context;
     int ret = sr_py_destroy(c->h);
 
-    close(c->async_pipe[0]);
-    close(c->async_pipe[1]);
+    if (c->async_own >= 0)
+        close(c->async_own);
     free(c);
     return ret ? -1 : 0;
 }
@@ -551,10 +578,27 @@ int ibv_query_pkey(struct ibv_context *context, uint8_t port_num, int index, __b
 
 int ibv_get_async_event(struct ibv_context *context, struct ibv_async_event *event)
 {
-    (void)context;
-    (void)event;
-    errno = EOPNOTSUPP;
-    return -1;
+    int type = 0, port = 0, r;
+    void *element = NULL;
+
+    for (;;) {
+        r = sr_py_get_async_event(SR_H(sr_context, context), &type, &element, &port);
+        if (r > 0) {
+            memset(event, 0, sizeof(*event));
+            event->event_type = (enum ibv_event_type)type;
+            if (element)  /* the wrapper of the QP, CQ or SRQ: its libibverbs struct is first */
+                event->element.qp = element;
+            else
+                event->element.port_num = port;
+            return 0;
+        }
+        if (r < 0) {
+            errno = -r;
+            return -1;
+        }
+        if (sr_wait_fd(context->async_fd))
+            return -1;
+    }
 }
 
 void ibv_ack_async_event(struct ibv_async_event *event)
@@ -656,15 +700,9 @@ struct ibv_comp_channel *ibv_create_comp_channel(struct ibv_context *context)
     /* The program gets its own open file description of the channel's pipe: Python's is
      * non-blocking, the program's starts blocking and is the program's to change
      * (ibv_get_cq_event fails with EAGAIN once the program sets O_NONBLOCK). */
-    {
-        char path[64];
-        int own;
-        snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
-        own = open(path, O_RDONLY | O_CLOEXEC);
-        ch->own_fd = own;
-        if (own >= 0)
-            fd = own;
-    }
+    ch->own_fd = sr_own_fd(fd);
+    if (ch->own_fd >= 0)
+        fd = ch->own_fd;
     ch->ch.fd = fd;
     ch->ch.refcnt = 0;
     return &ch->ch;
@@ -694,7 +732,7 @@ struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, void *cq_cont
         return sr_fail(ENOMEM);
     }
     h = sr_py_create_cq(SR_H(sr_context, context), cqe,
-                        channel ? SR_H(sr_channel, channel) : 0, comp_vector, &c->ring);
+                        channel ? SR_H(sr_channel, channel) : 0, comp_vector, &c->ring, c);
     if (!sr_handle_ok(h)) {
         int err = errno;
         free(c->ring.wc);
@@ -730,28 +768,21 @@ int ibv_destroy_cq(struct ibv_cq *cq)
 
 int ibv_get_cq_event(struct ibv_comp_channel *channel, struct ibv_cq **cq, void **cq_context)
 {
-    struct pollfd pfd = { .fd = channel->fd, .events = POLLIN };
-    int h, nonblock = fcntl(channel->fd, F_GETFL) & O_NONBLOCK;
     void *found = NULL;
+    int h;
 
     for (;;) {
         h = sr_py_get_cq_event(SR_H(sr_channel, channel), &found);
         if (h > 0 && found) {
-            /* Python hands back the CQ's ring: its sr_cq contains it */
-            struct sr_cq *c = (struct sr_cq *)((char *)found - offsetof(struct sr_cq, ring));
-            *cq = &c->cq;
-            *cq_context = c->cq.cq_context;
+            *cq = found;
+            *cq_context = ((struct ibv_cq *)found)->cq_context;
             return 0;
         }
         if (h < 0) {
             errno = -h;
             return -1;
         }
-        if (nonblock) {
-            errno = EAGAIN;
-            return -1;
-        }
-        if (poll(&pfd, 1, -1) < 0 && errno != EINTR)
+        if (sr_wait_fd(channel->fd))
             return -1;
     }
 }
@@ -766,16 +797,17 @@ void ibv_ack_cq_events(struct ibv_cq *cq, unsigned int nevents)
 /* ---- shared receive queues ---- */
 struct ibv_srq *ibv_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *attr)
 {
-    struct sr_srq *s;
+    struct sr_srq *s = calloc(1, sizeof(*s));
     struct sr_srq_attr a = { attr->attr.max_wr, attr->attr.max_sge, attr->attr.srq_limit };
-    int h = sr_py_create_srq(SR_H(sr_pd, pd), &a);
+    int h;
 
-    if (!sr_handle_ok(h))
-        return NULL;
-    s = calloc(1, sizeof(*s));
-    if (!s) {
-        sr_py_destroy(h);
+    if (!s)
         return sr_fail(ENOMEM);
+    h = sr_py_create_srq(SR_H(sr_pd, pd), &a, s);
+    if (!sr_handle_ok(h)) {
+        int err = errno;
+        free(s);
+        return sr_fail(err);
     }
     attr->attr.max_wr = a.max_wr;
     attr->attr.max_sge = a.max_sge;
@@ -814,14 +846,16 @@ struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
         .max_send_sge = attr->cap.max_send_sge, .max_recv_sge = attr->cap.max_recv_sge,
         .max_inline_data = attr->cap.max_inline_data,
     };
-    int h = sr_py_create_qp(SR_H(sr_pd, pd), &a);
+    int h;
 
-    if (!sr_handle_ok(h))
-        return NULL;
     q = calloc(1, sizeof(*q));
-    if (!q) {
-        sr_py_destroy(h);
+    if (!q)
         return sr_fail(ENOMEM);
+    h = sr_py_create_qp(SR_H(sr_pd, pd), &a, q);
+    if (!sr_handle_ok(h)) {
+        int err = errno;
+        free(q);
+        return sr_fail(err);
     }
     attr->cap.max_send_wr = a.max_send_wr;
     attr->cap.max_recv_wr = a.max_recv_wr;
