@@ -335,6 +335,22 @@ def _modify_srq(h: int, attr: Any, mask: int) -> int:
     return 0
 
 
+def _query_srq(h: int, attr: Any) -> int:
+    a = _get(h, SRQ).query()
+    attr.max_wr, attr.max_sge, attr.srq_limit = a.max_wr, a.max_sge, a.srq_limit
+    return 0
+
+
+def _mcast(h: int, gid: Any, lid: int, attach: int) -> int:
+    qp = _get(h, QP)
+    raw = bytes(_ffi.buffer(gid, 16))
+    if attach:
+        qp.attach_mcast(raw, lid)
+    else:
+        qp.detach_mcast(raw, lid)
+    return 0
+
+
 def _create_qp(h: int, a: Any, wrapper: Any) -> int:
     pd = _get(h, PD)
     cap = QPCap(a.max_send_wr, a.max_recv_wr, a.max_send_sge, a.max_recv_sge,
@@ -466,6 +482,8 @@ _EXPORTS: dict[str, tuple[Callable[..., int], bool]] = {
     "sr_py_req_notify_cq": (_req_notify_cq, False),
     "sr_py_create_srq": (_create_srq, True),
     "sr_py_modify_srq": (_modify_srq, False),
+    "sr_py_query_srq": (_query_srq, False),
+    "sr_py_mcast": (_mcast, False),
     "sr_py_create_qp": (_create_qp, True),
     "sr_py_modify_qp": (_modify_qp, False),
     "sr_py_query_qp": (_query_qp, False),

@@ -100,6 +100,8 @@ int sr_py_create_cq(int ctx, int cqe, int channel, int comp_vector, void *ring,
 int sr_py_req_notify_cq(int cq, int solicited_only);
 int sr_py_create_srq(int pd, struct sr_srq_attr *attr, void *wrapper);
 int sr_py_modify_srq(int srq, struct sr_srq_attr *attr, int mask);
+int sr_py_query_srq(int srq, struct sr_srq_attr *attr);
+int sr_py_mcast(int qp, uint8_t *gid, int lid, int attach);
 int sr_py_create_qp(int pd, struct sr_qp_init *attr, void *wrapper);
 int sr_py_modify_qp(int qp, struct sr_qp_attr *attr, int mask);
 int sr_py_query_qp(int qp, struct sr_qp_attr *attr, int mask);

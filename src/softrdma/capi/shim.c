@@ -827,6 +827,19 @@ int ibv_modify_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr, int mask)
     return sr_py_modify_srq(SR_H(sr_srq, srq), &a, mask);
 }
 
+int ibv_query_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr)
+{
+    struct sr_srq_attr a = { 0, 0, 0 };
+    int ret = sr_py_query_srq(SR_H(sr_srq, srq), &a);
+
+    if (!ret) {
+        attr->max_wr = a.max_wr;
+        attr->max_sge = a.max_sge;
+        attr->srq_limit = a.srq_limit;
+    }
+    return ret;
+}
+
 int ibv_destroy_srq(struct ibv_srq *srq)
 {
     return sr_destroy_obj(SR_H(sr_srq, srq), srq);
@@ -1017,3 +1030,105 @@ int ibv_destroy_ah(struct ibv_ah *ah)
 {
     return sr_destroy_obj(SR_H(sr_ah, ah), ah);
 }
+
+int ibv_attach_mcast(struct ibv_qp *qp, const union ibv_gid *gid, uint16_t lid)
+{
+    union ibv_gid g = *gid;
+    return sr_py_mcast(SR_H(sr_qp, qp), g.raw, lid, 1);
+}
+
+int ibv_detach_mcast(struct ibv_qp *qp, const union ibv_gid *gid, uint16_t lid)
+{
+    union ibv_gid g = *gid;
+    return sr_py_mcast(SR_H(sr_qp, qp), g.raw, lid, 0);
+}
+
+/* ---- more of libibverbs over the same objects ---- */
+ssize_t _ibv_query_gid_table(struct ibv_context *context, struct ibv_gid_entry *entries,
+                             size_t max_entries, uint32_t flags, size_t entry_size)
+{
+    struct ibv_port_attr pa;
+    size_t n = 0;
+    int i;
+
+    if (flags || entry_size < sizeof(*entries))
+        return -EINVAL;
+    memset(&pa, 0, sizeof(pa));
+    if (sr_py_query_port(SR_H(sr_context, context), 1, &pa))
+        return -EIO;
+    for (i = 0; i < pa.gid_tbl_len; i++) {
+        struct ibv_gid_entry e;
+        /* an empty entry has no type (ENODATA): the table lists the populated ones */
+        if (_ibv_query_gid_ex(context, 1, (uint32_t)i, &e, 0, sizeof(e)))
+            continue;
+        if (n == max_entries)
+            return -EINVAL;
+        memcpy((char *)entries + n * entry_size, &e, sizeof(e));
+        n++;
+    }
+    return (ssize_t)n;
+}
+
+int ibv_get_pkey_index(struct ibv_context *context, uint8_t port_num, __be16 pkey)
+{
+    __be16 p;
+    int i;
+
+    for (i = 0; ibv_query_pkey(context, port_num, i, &p) == 0; i++)
+        if (p == pkey)
+            return i;
+    return -1;
+}
+
+/* ---- not served yet: fail the libibverbs way (the real library would take these objects
+ * for its own and crash) ---- */
+#define SR_NOT_YET_INT  { errno = EOPNOTSUPP; return EOPNOTSUPP; }
+#define SR_NOT_YET_PTR  { return sr_fail(EOPNOTSUPP); }
+
+int ibv_resize_cq(struct ibv_cq *cq, int cqe)
+{ (void)cq; (void)cqe; SR_NOT_YET_INT }
+
+int ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr, size_t length,
+                 int access)
+{ (void)mr; (void)flags; (void)pd; (void)addr; (void)length; (void)access; SR_NOT_YET_INT }
+
+struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length,
+                                 uint64_t iova, int fd, int access)
+{ (void)pd; (void)offset; (void)length; (void)iova; (void)fd; (void)access; SR_NOT_YET_PTR }
+
+int ibv_init_ah_from_wc(struct ibv_context *context, uint8_t port_num, struct ibv_wc *wc,
+                        struct ibv_grh *grh, struct ibv_ah_attr *ah_attr)
+{ (void)context; (void)port_num; (void)wc; (void)grh; (void)ah_attr; SR_NOT_YET_INT }
+
+struct ibv_ah *ibv_create_ah_from_wc(struct ibv_pd *pd, struct ibv_wc *wc, struct ibv_grh *grh,
+                                     uint8_t port_num)
+{ (void)pd; (void)wc; (void)grh; (void)port_num; SR_NOT_YET_PTR }
+
+int ibv_resolve_eth_l2_from_gid(struct ibv_context *context, struct ibv_ah_attr *attr,
+                                uint8_t eth_mac[ETHERNET_LL_SIZE], uint16_t *vid)
+{ (void)context; (void)attr; (void)eth_mac; (void)vid; SR_NOT_YET_INT }
+
+int ibv_query_ece(struct ibv_qp *qp, struct ibv_ece *ece)
+{ (void)qp; (void)ece; SR_NOT_YET_INT }
+
+int ibv_set_ece(struct ibv_qp *qp, struct ibv_ece *ece)
+{ (void)qp; (void)ece; SR_NOT_YET_INT }
+
+int ibv_query_qp_data_in_order(struct ibv_qp *qp, enum ibv_wr_opcode op, uint32_t flags)
+{ (void)qp; (void)op; (void)flags; return 0; /* no in-order guarantee promised */ }
+
+struct ibv_context *ibv_import_device(int cmd_fd)
+{ (void)cmd_fd; SR_NOT_YET_PTR }
+
+struct ibv_pd *ibv_import_pd(struct ibv_context *context, uint32_t pd_handle)
+{ (void)context; (void)pd_handle; SR_NOT_YET_PTR }
+
+struct ibv_mr *ibv_import_mr(struct ibv_pd *pd, uint32_t mr_handle)
+{ (void)pd; (void)mr_handle; SR_NOT_YET_PTR }
+
+struct ibv_dm *ibv_import_dm(struct ibv_context *context, uint32_t dm_handle)
+{ (void)context; (void)dm_handle; SR_NOT_YET_PTR }
+
+void ibv_unimport_pd(struct ibv_pd *pd) { (void)pd; }
+void ibv_unimport_mr(struct ibv_mr *mr) { (void)mr; }
+void ibv_unimport_dm(struct ibv_dm *dm) { (void)dm; }
