@@ -7,6 +7,7 @@ through devd, so the two processes of a pair and a Python peer talk to each othe
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +32,15 @@ def test_ibv_devices_lists_softrdma(device: str) -> None:
     rows = dict(line.split() for line in p.stdout.splitlines()[2:] if line.strip())
     assert device in rows and "softrdma_iw_lo" in rows
     assert re.fullmatch(r"[0-9a-f]{16}", rows[device])
+    # -d: the device the program sees first (what a tool opens without its own -d)
+    names = [line.split()[0] for line in p.stdout.splitlines()[2:] if line.strip()]
+    other = next(n for n in names if n != names[0])
+    first = subprocess.run([sys.executable, "-m", "softrdma", "run", "-d", other, "--",
+                            "ibv_devices"], capture_output=True, text=True, check=False,
+                           timeout=60)
+    assert first.returncode == 0, first.stderr
+    assert [line.split()[0] for line in first.stdout.splitlines()[2:]
+            if line.strip()] == [other, *(n for n in names if n != other)]
 
 
 def test_ibv_devinfo_verbose(device: str) -> None:
