@@ -236,6 +236,7 @@ static int sr_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_se
                 f->rkey = wr->wr.rdma.rkey;
             }
         }
+        i = 0;  /* the Python half sets the index of the WR that failed */
         ret = sr_py_post_send(SR_H(sr_qp, qp), flat, n, &i);
         if (ret) {
             for (w = first; i > 0 && w->next; i--)
@@ -269,6 +270,7 @@ static int sr_post_recv_h(int h, int is_srq, struct ibv_recv_wr *wr, struct ibv_
     while (wr) {
         first = wr;
         n = sr_flatten_recv(wr, flat, &next);
+        i = 0;
         ret = sr_py_post_recv(h, is_srq, flat, n, &i);
         if (ret) {
             for (; i > 0 && first->next; i--)
@@ -500,10 +502,14 @@ int ibv_close_device(struct ibv_context *context)
     struct sr_context *c = (struct sr_context *)context;
     int ret = sr_py_destroy(c->h);
 
+    if (ret) {
+        errno = ret;
+        return -1;
+    }
     if (c->async_own >= 0)
         close(c->async_own);
     free(c);
-    return ret ? -1 : 0;
+    return 0;
 }
 
 int ibv_query_device(struct ibv_context *context, struct ibv_device_attr *attr)
