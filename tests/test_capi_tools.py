@@ -67,25 +67,28 @@ def _report(out: str) -> tuple[int, int]:
     return int(m.group(1)), int(n.group(1))
 
 
-# tool, its size and extra options; the rc server sleeps on completion events (-e) while
-# its client busy-polls
+# tool, its size, options of both sides, of the server, of the client: the rc server sleeps
+# on completion events (-e) and posts with ibv_post_send, its client busy-polls and posts
+# with the ibv_wr_* API (-N: ibv_create_qp_ex, ibv_qp_to_qp_ex)
 PAIRS = [
-    ("ibv_rc_pingpong", 4096, (), ("-e",)),
-    ("ibv_uc_pingpong", 4096, (), ()),
-    ("ibv_ud_pingpong", 1024, ("-s", "1024"), ()),
-    ("ibv_srq_pingpong", 4096, ("-q", "4"), ()),
+    ("ibv_rc_pingpong", 4096, (), ("-e",), ("-N",)),
+    ("ibv_uc_pingpong", 4096, (), (), ()),
+    ("ibv_ud_pingpong", 1024, ("-s", "1024"), (), ()),
+    ("ibv_srq_pingpong", 4096, ("-q", "4"), (), ()),
 ]
 
 
-@pytest.mark.parametrize("tool,size,extra,server_extra", PAIRS, ids=[p[0] for p in PAIRS])
+@pytest.mark.parametrize("tool,size,extra,server_extra,client_extra", PAIRS,
+                         ids=[p[0] for p in PAIRS])
 def test_pingpong_two_c_processes(device: str, tool: str, size: int, extra: tuple[str, ...],
-                                  server_extra: tuple[str, ...]) -> None:
+                                  server_extra: tuple[str, ...],
+                                  client_extra: tuple[str, ...]) -> None:
     """Server and client both stock binaries on softrdma; -c checks the data."""
     need_tool(tool, "ibverbs-utils")
     port = tcp_port()
     common = [tool, "-d", device, "-g", "0", "-n", "20", "-c", "-p", str(port), *extra]
     procs, outs = run_pair(preloaded(*common, *server_extra),
-                           preloaded(*common, "127.0.0.1"), port)
+                           preloaded(*common, *client_extra, "127.0.0.1"), port)
     for p, (out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, (out, err)
         assert _report(out) == (2 * size * 20, 20)

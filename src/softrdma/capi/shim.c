@@ -87,12 +87,22 @@ struct sr_ring {
 };
 
 struct sr_device { struct ibv_device dev; int index; uint64_t guid; };
-struct sr_context { struct ibv_context ctx; int h; int async_own; };
+/* the context is a verbs_context (its ops for the extended verbs in front, the
+ * ibv_context last): the handle goes before it */
+struct sr_context { int h; int async_own; struct verbs_context vctx; };
+#define SR_CTX(c) ((struct sr_context *)((char *)(c) - offsetof(struct sr_context, vctx.context)))
 struct sr_pd { struct ibv_pd pd; int h; };
 struct sr_mr { struct ibv_mr mr; int h; };
 struct sr_channel { struct ibv_comp_channel ch; int h; int own_fd; };
 struct sr_cq { struct ibv_cq cq; int h; struct sr_ring ring; };
-struct sr_qp { struct ibv_qp qp; int h; };
+struct sr_xwr;  /* a work request built with the ibv_wr_* API, posted by wr_complete */
+struct sr_qp {
+    struct ibv_qp_ex qpx;  /* qpx.qp_base is the program's ibv_qp */
+    int h;
+    int is_ex;             /* created by ibv_create_qp_ex with send_ops_flags */
+    struct sr_xwr *xw;
+    int nx, xcap, xerr;
+};
 struct sr_srq { struct ibv_srq srq; int h; };
 struct sr_ah { struct ibv_ah ah; int h; };
 
@@ -418,6 +428,10 @@ static int sr_load_devices(void)
     return n;
 }
 
+static struct ibv_qp *sr_create_qp_ex(struct ibv_context *context,
+                                      struct ibv_qp_init_attr_ex *attr);
+static void sr_x_free(struct sr_qp *q);
+
 /* ---- devices ---- */
 struct ibv_device **ibv_get_device_list(int *num_devices)
 {
@@ -464,6 +478,7 @@ int ibv_fork_init(void)
 struct ibv_context *ibv_open_device(struct ibv_device *device)
 {
     struct sr_context *c;
+    struct ibv_context *ctx;
     int h, afd = -1;
 
     if (!device)
@@ -483,23 +498,28 @@ struct ibv_context *ibv_open_device(struct ibv_device *device)
             sr_yield_mask = (unsigned int)strtoul(y, NULL, 0);
     }
     c->h = h;
-    c->ctx.device = device;
-    c->ctx.cmd_fd = -1;
-    c->ctx.async_fd = c->async_own >= 0 ? c->async_own : afd;
-    c->ctx.num_comp_vectors = 1;
-    c->ctx.abi_compat = NULL;  /* not a verbs_context: inline verbs use the ops and the legacy calls */
-    pthread_mutex_init(&c->ctx.mutex, NULL);
-    c->ctx.ops.poll_cq = sr_poll_cq;
-    c->ctx.ops.req_notify_cq = sr_req_notify_cq;
-    c->ctx.ops.post_send = sr_post_send;
-    c->ctx.ops.post_recv = sr_post_recv;
-    c->ctx.ops.post_srq_recv = sr_post_srq_recv;
-    return &c->ctx;
+    ctx = &c->vctx.context;
+    ctx->device = device;
+    ctx->cmd_fd = -1;
+    ctx->async_fd = c->async_own >= 0 ? c->async_own : afd;
+    ctx->num_comp_vectors = 1;
+    pthread_mutex_init(&ctx->mutex, NULL);
+    ctx->ops.poll_cq = sr_poll_cq;
+    ctx->ops.req_notify_cq = sr_req_notify_cq;
+    ctx->ops.post_send = sr_post_send;
+    ctx->ops.post_recv = sr_post_recv;
+    ctx->ops.post_srq_recv = sr_post_srq_recv;
+    /* the extended verbs inlined in verbs.h look for their op here; those left NULL fail
+     * with EOPNOTSUPP or fall back to the legacy exports (ibv_query_port, ibv_query_device) */
+    ctx->abi_compat = __VERBS_ABI_IS_EXTENDED;
+    c->vctx.sz = sizeof(c->vctx);
+    c->vctx.create_qp_ex = sr_create_qp_ex;
+    return ctx;
 }
 
 int ibv_close_device(struct ibv_context *context)
 {
-    struct sr_context *c = (struct sr_context *)context;
+    struct sr_context *c = SR_CTX(context);
     int ret = sr_py_destroy(c->h);
 
     if (ret) {
@@ -515,19 +535,19 @@ int ibv_close_device(struct ibv_context *context)
 int ibv_query_device(struct ibv_context *context, struct ibv_device_attr *attr)
 {
     memset(attr, 0, sizeof(*attr));
-    return sr_py_query_device(SR_H(sr_context, context), attr);
+    return sr_py_query_device(SR_CTX(context)->h, attr);
 }
 
 #undef ibv_query_port
 /* verbs.h's ibv_query_port macro calls this with the full struct ibv_port_attr (zeroed). */
 int ibv_query_port(struct ibv_context *context, uint8_t port_num, struct _compat_ibv_port_attr *attr)
 {
-    return sr_py_query_port(SR_H(sr_context, context), port_num, (struct ibv_port_attr *)attr);
+    return sr_py_query_port(SR_CTX(context)->h, port_num, (struct ibv_port_attr *)attr);
 }
 
 int ibv_query_gid(struct ibv_context *context, uint8_t port_num, int index, union ibv_gid *gid)
 {
-    int ret = sr_py_query_gid(SR_H(sr_context, context), port_num, index, gid->raw);
+    int ret = sr_py_query_gid(SR_CTX(context)->h, port_num, index, gid->raw);
     if (ret) {
         errno = ret;
         return -1;
@@ -540,7 +560,7 @@ int ibv_query_gid(struct ibv_context *context, uint8_t port_num, int index, unio
 int ibv_query_gid_type(struct ibv_context *context, uint8_t port_num, unsigned int index,
                        unsigned int *type)
 {
-    int t = 0, ret = sr_py_query_gid_type(SR_H(sr_context, context), port_num, (int)index, &t);
+    int t = 0, ret = sr_py_query_gid_type(SR_CTX(context)->h, port_num, (int)index, &t);
     if (ret) {
         errno = ret;
         return -1;
@@ -558,9 +578,9 @@ int _ibv_query_gid_ex(struct ibv_context *context, uint32_t port_num, uint32_t g
     if (flags || entry_size < sizeof(e))
         return EINVAL;
     memset(&e, 0, sizeof(e));
-    ret = sr_py_query_gid(SR_H(sr_context, context), (int)port_num, (int)gid_index, e.gid.raw);
+    ret = sr_py_query_gid(SR_CTX(context)->h, (int)port_num, (int)gid_index, e.gid.raw);
     if (!ret)
-        ret = sr_py_query_gid_type(SR_H(sr_context, context), (int)port_num, (int)gid_index, &t);
+        ret = sr_py_query_gid_type(SR_CTX(context)->h, (int)port_num, (int)gid_index, &t);
     if (ret)
         return ret;
     e.gid_index = gid_index;
@@ -573,7 +593,7 @@ int _ibv_query_gid_ex(struct ibv_context *context, uint32_t port_num, uint32_t g
 int ibv_query_pkey(struct ibv_context *context, uint8_t port_num, int index, __be16 *pkey)
 {
     uint16_t p = 0;
-    int ret = sr_py_query_pkey(SR_H(sr_context, context), port_num, index, &p);
+    int ret = sr_py_query_pkey(SR_CTX(context)->h, port_num, index, &p);
     if (ret) {
         errno = ret;
         return -1;
@@ -588,7 +608,7 @@ int ibv_get_async_event(struct ibv_context *context, struct ibv_async_event *eve
     void *element = NULL;
 
     for (;;) {
-        r = sr_py_get_async_event(SR_H(sr_context, context), &type, &element, &port);
+        r = sr_py_get_async_event(SR_CTX(context)->h, &type, &element, &port);
         if (r > 0) {
             memset(event, 0, sizeof(*event));
             event->event_type = (enum ibv_event_type)type;
@@ -616,7 +636,7 @@ void ibv_ack_async_event(struct ibv_async_event *event)
 struct ibv_pd *ibv_alloc_pd(struct ibv_context *context)
 {
     struct sr_pd *p;
-    int h = sr_py_alloc_pd(SR_H(sr_context, context));
+    int h = sr_py_alloc_pd(SR_CTX(context)->h);
 
     if (!sr_handle_ok(h))
         return NULL;
@@ -692,7 +712,7 @@ int ibv_dereg_mr(struct ibv_mr *mr)
 struct ibv_comp_channel *ibv_create_comp_channel(struct ibv_context *context)
 {
     struct sr_channel *ch;
-    int fd = -1, h = sr_py_create_comp_channel(SR_H(sr_context, context), &fd);
+    int fd = -1, h = sr_py_create_comp_channel(SR_CTX(context)->h, &fd);
 
     if (!sr_handle_ok(h))
         return NULL;
@@ -737,7 +757,7 @@ struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, void *cq_cont
         free(c);
         return sr_fail(ENOMEM);
     }
-    h = sr_py_create_cq(SR_H(sr_context, context), cqe,
+    h = sr_py_create_cq(SR_CTX(context)->h, cqe,
                         channel ? SR_H(sr_channel, channel) : 0, comp_vector, &c->ring, c);
     if (!sr_handle_ok(h)) {
         int err = errno;
@@ -852,7 +872,7 @@ int ibv_destroy_srq(struct ibv_srq *srq)
 }
 
 /* ---- queue pairs ---- */
-struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
+static struct sr_qp *sr_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
 {
     struct sr_qp *q;
     struct sr_qp_init a = {
@@ -882,19 +902,25 @@ struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
     attr->cap.max_recv_sge = a.max_recv_sge;
     attr->cap.max_inline_data = a.max_inline_data;
     q->h = h;
-    q->qp.context = pd->context;
-    q->qp.qp_context = attr->qp_context;
-    q->qp.pd = pd;
-    q->qp.send_cq = attr->send_cq;
-    q->qp.recv_cq = attr->recv_cq;
-    q->qp.srq = attr->srq;
-    q->qp.handle = (uint32_t)h;
-    q->qp.qp_num = a.qp_num;
-    q->qp.state = IBV_QPS_RESET;
-    q->qp.qp_type = attr->qp_type;
-    pthread_mutex_init(&q->qp.mutex, NULL);
-    pthread_cond_init(&q->qp.cond, NULL);
-    return &q->qp;
+    q->qpx.qp_base.context = pd->context;
+    q->qpx.qp_base.qp_context = attr->qp_context;
+    q->qpx.qp_base.pd = pd;
+    q->qpx.qp_base.send_cq = attr->send_cq;
+    q->qpx.qp_base.recv_cq = attr->recv_cq;
+    q->qpx.qp_base.srq = attr->srq;
+    q->qpx.qp_base.handle = (uint32_t)h;
+    q->qpx.qp_base.qp_num = a.qp_num;
+    q->qpx.qp_base.state = IBV_QPS_RESET;
+    q->qpx.qp_base.qp_type = attr->qp_type;
+    pthread_mutex_init(&q->qpx.qp_base.mutex, NULL);
+    pthread_cond_init(&q->qpx.qp_base.cond, NULL);
+    return q;
+}
+
+struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
+{
+    struct sr_qp *q = sr_create_qp(pd, attr);
+    return q ? &q->qpx.qp_base : NULL;
 }
 
 static void sr_ah_to_flat(const struct ibv_ah_attr *in, struct sr_ah_attr *out)
@@ -998,15 +1024,305 @@ int ibv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask,
 
 int ibv_destroy_qp(struct ibv_qp *qp)
 {
-    return sr_destroy_obj(SR_H(sr_qp, qp), qp);
+    struct sr_qp *q = (struct sr_qp *)qp;
+    int ret = sr_py_destroy(q->h);
+
+    if (ret)
+        return ret;
+    sr_x_free(q);
+    free(q->xw);
+    free(q);
+    return 0;
 }
 
-/* Extended QPs (ibv_wr_* API) come in a later milestone: NULL with EOPNOTSUPP, as a
- * provider without them. */
+/* ---- extended QPs: the ibv_wr_* API (ibv_create_qp_ex with send_ops_flags) ----
+ * ibv_wr_start opens a list, each ibv_wr_<opcode> adds a WR (wr_id and flags from the
+ * qp_ex), ibv_wr_set_* complete the last one, ibv_wr_complete posts them all at once (the
+ * same path as ibv_post_send) and ibv_wr_abort drops them. */
+struct sr_xwr {
+    struct sr_swr f;
+    struct ibv_sge one;    /* ibv_wr_set_sge, or the inline copy */
+    struct ibv_sge *list;  /* ibv_wr_set_sge_list */
+    void *inl;             /* inline data, copied when it is set */
+};
+
+#define SR_XOPS (IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_WRITE \
+                 | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ            \
+                 | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD    \
+                 | IBV_QP_EX_WITH_SEND_WITH_INV)
+
+static void sr_x_free(struct sr_qp *q)
+{
+    int i;
+    for (i = 0; i < q->nx; i++) {
+        free(q->xw[i].list);
+        free(q->xw[i].inl);
+    }
+    q->nx = 0;
+    q->xerr = 0;
+}
+
+static struct sr_xwr *sr_x_last(struct ibv_qp_ex *qpx)
+{
+    struct sr_qp *q = (struct sr_qp *)qpx;
+    if (!q->nx) {
+        q->xerr = EINVAL;  /* a setter before any ibv_wr_<opcode> */
+        return NULL;
+    }
+    return &q->xw[q->nx - 1];
+}
+
+static struct sr_xwr *sr_x_new(struct ibv_qp_ex *qpx, enum ibv_wr_opcode opcode)
+{
+    struct sr_qp *q = (struct sr_qp *)qpx;
+    struct sr_xwr *w;
+
+    if (q->nx == q->xcap) {
+        int cap = q->xcap ? 2 * q->xcap : 16;
+        struct sr_xwr *grown = realloc(q->xw, (size_t)cap * sizeof(*grown));
+        if (!grown) {
+            q->xerr = ENOMEM;
+            return NULL;
+        }
+        q->xw = grown;
+        q->xcap = cap;
+    }
+    w = &q->xw[q->nx++];
+    memset(w, 0, sizeof(*w));
+    w->f.wr_id = qpx->wr_id;
+    w->f.send_flags = qpx->wr_flags;
+    w->f.opcode = opcode;
+    return w;
+}
+
+static void sr_x_start(struct ibv_qp_ex *qpx) { sr_x_free((struct sr_qp *)qpx); }
+static void sr_x_abort(struct ibv_qp_ex *qpx) { sr_x_free((struct sr_qp *)qpx); }
+
+static int sr_x_complete(struct ibv_qp_ex *qpx)
+{
+    struct sr_qp *q = (struct sr_qp *)qpx;
+    struct sr_swr *flat;
+    int i, bad = 0, ret = q->xerr;
+
+    if (!ret && q->nx) {
+        flat = calloc((size_t)q->nx, sizeof(*flat));
+        if (!flat) {
+            ret = ENOMEM;
+        } else {
+            for (i = 0; i < q->nx; i++) {
+                struct sr_xwr *w = &q->xw[i];
+                flat[i] = w->f;
+                flat[i].sg = (uint64_t)(uintptr_t)(w->list ? w->list : &w->one);
+            }
+            ret = sr_py_post_send(q->h, flat, q->nx, &bad);
+            free(flat);
+        }
+    }
+    sr_x_free(q);
+    return ret;
+}
+
+static void sr_x_send(struct ibv_qp_ex *qpx) { sr_x_new(qpx, IBV_WR_SEND); }
+
+static void sr_x_send_imm(struct ibv_qp_ex *qpx, __be32 imm)
+{
+    struct sr_xwr *w = sr_x_new(qpx, IBV_WR_SEND_WITH_IMM);
+    if (w)
+        w->f.imm_data = ntohl(imm);
+}
+
+static void sr_x_send_inv(struct ibv_qp_ex *qpx, uint32_t rkey)
+{
+    struct sr_xwr *w = sr_x_new(qpx, IBV_WR_SEND_WITH_INV);
+    if (w)
+        w->f.imm_data = rkey;
+}
+
+static void sr_x_rdma(struct ibv_qp_ex *qpx, enum ibv_wr_opcode op, uint32_t rkey,
+                      uint64_t addr, uint32_t imm)
+{
+    struct sr_xwr *w = sr_x_new(qpx, op);
+    if (w) {
+        w->f.rkey = rkey;
+        w->f.remote_addr = addr;
+        w->f.imm_data = imm;
+    }
+}
+
+static void sr_x_write(struct ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr)
+{ sr_x_rdma(qpx, IBV_WR_RDMA_WRITE, rkey, addr, 0); }
+
+static void sr_x_write_imm(struct ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr, __be32 imm)
+{ sr_x_rdma(qpx, IBV_WR_RDMA_WRITE_WITH_IMM, rkey, addr, ntohl(imm)); }
+
+static void sr_x_read(struct ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr)
+{ sr_x_rdma(qpx, IBV_WR_RDMA_READ, rkey, addr, 0); }
+
+static void sr_x_cmp_swp(struct ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr, uint64_t compare,
+                         uint64_t swap)
+{
+    struct sr_xwr *w = sr_x_new(qpx, IBV_WR_ATOMIC_CMP_AND_SWP);
+    if (w) {
+        w->f.rkey = rkey;
+        w->f.remote_addr = addr;
+        w->f.compare_add = compare;
+        w->f.swap = swap;
+    }
+}
+
+static void sr_x_fetch_add(struct ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr, uint64_t add)
+{
+    struct sr_xwr *w = sr_x_new(qpx, IBV_WR_ATOMIC_FETCH_AND_ADD);
+    if (w) {
+        w->f.rkey = rkey;
+        w->f.remote_addr = addr;
+        w->f.compare_add = add;
+    }
+}
+
+static void sr_x_ud_addr(struct ibv_qp_ex *qpx, struct ibv_ah *ah, uint32_t qpn, uint32_t qkey)
+{
+    struct sr_xwr *w = sr_x_last(qpx);
+    if (w) {
+        w->f.ah = ah ? (uint32_t)SR_H(sr_ah, ah) : 0;
+        w->f.remote_qpn = qpn;
+        w->f.remote_qkey = qkey;
+    }
+}
+
+static void sr_x_sge(struct ibv_qp_ex *qpx, uint32_t lkey, uint64_t addr, uint32_t length)
+{
+    struct sr_xwr *w = sr_x_last(qpx);
+    if (w) {
+        w->one.addr = addr;
+        w->one.length = length;
+        w->one.lkey = lkey;
+        w->f.num_sge = 1;
+    }
+}
+
+static void sr_x_sge_list(struct ibv_qp_ex *qpx, size_t n, const struct ibv_sge *list)
+{
+    struct sr_xwr *w = sr_x_last(qpx);
+    if (!w)
+        return;
+    w->list = malloc((n ? n : 1) * sizeof(*list));
+    if (!w->list) {
+        ((struct sr_qp *)qpx)->xerr = ENOMEM;
+        return;
+    }
+    memcpy(w->list, list, n * sizeof(*list));
+    w->f.num_sge = (uint32_t)n;
+}
+
+static void sr_x_inline_list(struct ibv_qp_ex *qpx, size_t n, const struct ibv_data_buf *bufs)
+{
+    struct sr_xwr *w = sr_x_last(qpx);
+    size_t total = 0, i;
+    char *p;
+
+    if (!w)
+        return;
+    for (i = 0; i < n; i++)
+        total += bufs[i].length;
+    p = malloc(total ? total : 1);
+    if (!p) {
+        ((struct sr_qp *)qpx)->xerr = ENOMEM;
+        return;
+    }
+    w->inl = p;
+    for (i = 0; i < n; i++) {  /* copied now: the buffers are the program's again at once */
+        memcpy(p, bufs[i].addr, bufs[i].length);
+        p += bufs[i].length;
+    }
+    w->one.addr = (uintptr_t)w->inl;
+    w->one.length = (uint32_t)total;
+    w->f.num_sge = 1;
+    w->f.send_flags |= IBV_SEND_INLINE;
+}
+
+static void sr_x_inline(struct ibv_qp_ex *qpx, void *addr, size_t length)
+{
+    struct ibv_data_buf b = { .addr = addr, .length = length };
+    sr_x_inline_list(qpx, 1, &b);
+}
+
+/* ibv_wr_* not served yet: the WR list fails at ibv_wr_complete */
+static void sr_x_unsupported(struct sr_qp *q) { q->xerr = EOPNOTSUPP; }
+static void sr_x_bind_mw(struct ibv_qp_ex *qpx, struct ibv_mw *mw, uint32_t rkey,
+                         const struct ibv_mw_bind_info *info)
+{ (void)mw; (void)rkey; (void)info; sr_x_unsupported((struct sr_qp *)qpx); }
+static void sr_x_local_inv(struct ibv_qp_ex *qpx, uint32_t rkey)
+{ (void)rkey; sr_x_unsupported((struct sr_qp *)qpx); }
+static void sr_x_tso(struct ibv_qp_ex *qpx, void *hdr, uint16_t hdr_sz, uint16_t mss)
+{ (void)hdr; (void)hdr_sz; (void)mss; sr_x_unsupported((struct sr_qp *)qpx); }
+static void sr_x_xrc(struct ibv_qp_ex *qpx, uint32_t srqn)
+{ (void)srqn; sr_x_unsupported((struct sr_qp *)qpx); }
+static void sr_x_atomic_write(struct ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr, const void *wr)
+{ (void)rkey; (void)addr; (void)wr; sr_x_unsupported((struct sr_qp *)qpx); }
+
+static struct ibv_qp *sr_create_qp_ex(struct ibv_context *context,
+                                      struct ibv_qp_init_attr_ex *attr)
+{
+    struct ibv_qp_init_attr init;
+    struct ibv_qp_ex *x;
+    struct sr_qp *q;
+    uint32_t known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+
+    if (!(attr->comp_mask & IBV_QP_INIT_ATTR_PD) || !attr->pd)
+        return sr_fail(EINVAL);
+    if (attr->comp_mask & ~known)
+        return sr_fail(EOPNOTSUPP);  /* create_flags, XRC, RSS, TSO, source QPN... */
+    if ((attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) && (attr->send_ops_flags & ~(uint64_t)SR_XOPS))
+        return sr_fail(EOPNOTSUPP);
+    if (attr->pd->context != context)
+        return sr_fail(EINVAL);
+    memset(&init, 0, sizeof(init));
+    init.qp_context = attr->qp_context;
+    init.send_cq = attr->send_cq;
+    init.recv_cq = attr->recv_cq;
+    init.srq = attr->srq;
+    init.cap = attr->cap;
+    init.qp_type = attr->qp_type;
+    init.sq_sig_all = attr->sq_sig_all;
+    q = sr_create_qp(attr->pd, &init);
+    if (!q)
+        return NULL;
+    attr->cap = init.cap;
+    if (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) {
+        x = &q->qpx;
+        q->is_ex = 1;
+        x->wr_send = sr_x_send;
+        x->wr_send_imm = sr_x_send_imm;
+        x->wr_send_inv = sr_x_send_inv;
+        x->wr_rdma_write = sr_x_write;
+        x->wr_rdma_write_imm = sr_x_write_imm;
+        x->wr_rdma_read = sr_x_read;
+        x->wr_atomic_cmp_swp = sr_x_cmp_swp;
+        x->wr_atomic_fetch_add = sr_x_fetch_add;
+        x->wr_set_ud_addr = sr_x_ud_addr;
+        x->wr_set_sge = sr_x_sge;
+        x->wr_set_sge_list = sr_x_sge_list;
+        x->wr_set_inline_data = sr_x_inline;
+        x->wr_set_inline_data_list = sr_x_inline_list;
+        x->wr_start = sr_x_start;
+        x->wr_complete = sr_x_complete;
+        x->wr_abort = sr_x_abort;
+        x->wr_bind_mw = sr_x_bind_mw;
+        x->wr_local_inv = sr_x_local_inv;
+        x->wr_send_tso = sr_x_tso;
+        x->wr_set_xrc_srqn = sr_x_xrc;
+        x->wr_atomic_write = sr_x_atomic_write;
+    }
+    return &q->qpx.qp_base;
+}
+
+/* the ibv_wr_* view of a QP made by ibv_create_qp_ex with send_ops_flags (as rdma-core:
+ * NULL for the others) */
 struct ibv_qp_ex *ibv_qp_to_qp_ex(struct ibv_qp *qp)
 {
-    (void)qp;
-    return sr_fail(EOPNOTSUPP);
+    struct sr_qp *q = (struct sr_qp *)qp;
+    return q->is_ex ? &q->qpx : sr_fail(EOPNOTSUPP);
 }
 
 /* ---- address handles ---- */
@@ -1060,7 +1376,7 @@ ssize_t _ibv_query_gid_table(struct ibv_context *context, struct ibv_gid_entry *
     if (flags || entry_size < sizeof(*entries))
         return -EINVAL;
     memset(&pa, 0, sizeof(pa));
-    if (sr_py_query_port(SR_H(sr_context, context), 1, &pa))
+    if (sr_py_query_port(SR_CTX(context)->h, 1, &pa))
         return -EIO;
     for (i = 0; i < pa.gid_tbl_len; i++) {
         struct ibv_gid_entry e;
