@@ -50,6 +50,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "verbs": BASE | {"wire", "seam", "ib", "iwarp", "drivers"},
     "cm": BASE | {"wire", "seam", "ib", "iwarp", "drivers", "verbs"},
     "compat": ANY,
+    # C programs (softrdma run): a verbs application whose API is libibverbs' C ABI
+    "capi": BASE | {"seam", "verbs"},
     "tools": ANY,
     "interop": ANY,
     "__main__": ANY,

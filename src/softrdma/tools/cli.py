@@ -22,6 +22,7 @@ Subcommands and where they live:
 ``ladder``         :mod:`softrdma.tools.ladder` (ladder diagram and PSN plot of a capture)
 ``link``           ``softrdma.tools.link.cmd_link(args) -> int``
 ``pyverbs``        :mod:`softrdma.tools.pyverbs_run` (run a pyverbs program on softrdma)
+``run``            :mod:`softrdma.capi.launch` (run a C libibverbs program on softrdma)
 ``rdma-core-tests`` :mod:`softrdma.tools.rdma_core_tests` (rdma-core's pyverbs test suite)
 ``stats``          :mod:`softrdma.tools.stats` (``rdma statistic``: port counters)
 ``write-bw`` ...   :mod:`softrdma.tools.perftest` (perftest's ``ib_write_bw``, ``ib_read_bw``,
@@ -301,6 +302,12 @@ def build_parser() -> argparse.ArgumentParser:
          "(softrdma pyverbs -- python3 program.py)",
          description="Run COMMAND with softrdma's pyverbs compatibility layer first "
          "on PYTHONPATH; a real pyverbs is not shadowed outside this command.")
+
+    tool("run", "softrdma.capi.launch",
+         help="run a C program with its libibverbs calls served by softrdma "
+         "(softrdma run -- ibv_devinfo)",
+         description="Run PROGRAM (dynamically linked, not setuid) with libibverbs "
+         "interposed by softrdma's C interface, built on first use.")
 
     tool("rdma-core-tests", "softrdma.tools.rdma_core_tests",
          help="run rdma-core's pyverbs test suite on a "

@@ -168,12 +168,10 @@ class CQ(VerbsObject):
         """Add a completion (the engine's CompletionSink). Never raises."""
         if self._error or self._closed:
             return
-        q = self._q
-        if len(q) >= self.cqe:
+        if not self._store(wc):
             self._error = True
             self.ctx._post_event(AsyncEvent(int(e.IBV_EVENT_CQ_ERR), self))
             return
-        q.append(wc)
         armed = self._armed
         if armed and (armed == 1 or wc.solicited or wc.status != 0):
             self._armed = 0
@@ -186,6 +184,15 @@ class CQ(VerbsObject):
                     loop.call_soon_threadsafe(_wake, fut)
                 except RuntimeError:  # loop closed
                     pass
+
+    def _store(self, wc: WorkCompletion) -> bool:
+        """Queue ``wc`` for :meth:`poll`; False when the CQ is full (overrun). A subclass
+        may keep completions elsewhere (softrdma.capi: a ring in C memory)."""
+        q = self._q
+        if len(q) >= self.cqe:
+            return False
+        q.append(wc)
+        return True
 
     # ---- application side ---------------------------------------------------------------
     def poll(self, num_entries: int = 1) -> tuple[int, list[WorkCompletion]]:

@@ -1,0 +1,507 @@
+"""The Python half of :mod:`softrdma.capi`: the ``extern "Python"`` entry points C calls.
+
+Each verb of ``shim.c`` that needs the stack calls one function here with plain
+arguments (handles, flat records of :mod:`.cdefs`). Objects live in a handle table; a
+handle is a positive int. No exception ever escapes into C: :func:`_verb` turns a
+softrdma error into its errno (``SoftRdmaError.errno``) and anything else into EIO,
+and the failure is logged to stderr when ``SOFTRDMA_CAPI_DEBUG`` is set.
+
+Completions reach C through :class:`RingCQ`, whose store is the C ring of its CQ
+(``sr_ring_push``): the progress thread produces, ``ibv_poll_cq`` consumes in C.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import itertools
+import os
+import sys
+import threading
+import traceback
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from .. import enums as e
+from ..errors import SoftRdmaError
+from ..seam.types import WorkCompletion
+from ..verbs import (
+    AH,
+    CQ,
+    MR,
+    PD,
+    QP,
+    SGE,
+    SRQ,
+    AHAttr,
+    CompChannel,
+    Context,
+    GlobalRoute,
+    QPAttr,
+    QPCap,
+    QPInitAttr,
+    RecvWR,
+    SendWR,
+    SrqAttr,
+    SrqInitAttr,
+)
+from ..verbs.device import DeviceInfo, all_devices
+
+__all__ = ["install", "RingCQ", "PYTHON_ENV"]
+
+#: ``softrdma run`` passes the interpreter that devd and helpers must run with
+PYTHON_ENV = "SOFTRDMA_CAPI_PYTHON"
+
+F = TypeVar("F", bound=Callable[..., int])
+
+_ffi: Any = None
+_lib: Any = None
+_objs: dict[int, object] = {}
+_ids = itertools.count(1)
+_lock = threading.Lock()
+_devices: list[DeviceInfo] = []
+_debug = bool(os.environ.get("SOFTRDMA_CAPI_DEBUG"))
+#: how long a CQ's destruction waits for the engine lock (a finalizer may hold it) (s)
+_RELEASE_WAIT = 1.0
+
+
+#: handle -> the C wrapper of a QP, CQ or SRQ (the element of its events)
+_wrappers: dict[int, Any] = {}
+#: id(verbs object) -> its handle, for the objects that have a wrapper
+_handles: dict[int, int] = {}
+
+
+def _add(obj: object, wrapper: Any = None) -> int:
+    with _lock:
+        h = next(_ids)
+        _objs[h] = obj
+        if wrapper is not None:
+            _wrappers[h] = wrapper
+            _handles[id(obj)] = h
+    return h
+
+
+def _get(h: int, kind: type[Any]) -> Any:
+    obj = _objs.get(h)
+    if not isinstance(obj, kind):
+        raise SoftRdmaError(f"handle {h} is not a {kind.__name__}", errno=errno.EINVAL)
+    return obj
+
+
+def _errno_of(exc: BaseException) -> int:
+    if isinstance(exc, SoftRdmaError):
+        return int(exc.errno) or errno.EINVAL
+    if isinstance(exc, OSError) and exc.errno:
+        return int(exc.errno)
+    if isinstance(exc, MemoryError):
+        return errno.ENOMEM
+    if isinstance(exc, (ValueError, TypeError)):
+        return errno.EINVAL
+    return errno.EIO
+
+
+def _verb(negative: bool) -> Callable[[F], F]:
+    """Run a verb; an exception becomes ``-errno`` (object verbs, ``negative``) or
+    ``errno`` (int verbs)."""
+
+    def wrap(fn: F) -> F:
+        @functools.wraps(fn)
+        def run(*args: Any) -> int:
+            try:
+                return fn(*args)
+            except BaseException as exc:  # noqa: BLE001 - nothing may escape into C
+                if _debug:
+                    traceback.print_exc(file=sys.stderr)
+                err = _errno_of(exc)
+                return -err if negative else err
+        return run  # type: ignore[return-value]
+    return wrap
+
+
+class RingCQ(CQ):
+    """A CQ whose completions go to the C ring at ``ring`` (``sr_ring_push``)."""
+
+    def __init__(self, ctx: Context, cqe: int, channel: CompChannel | None, comp_vector: int,
+                 ring: Any) -> None:
+        super().__init__(ctx, cqe, channel=channel, comp_vector=comp_vector)
+        self.ring = ring
+        self.handle = 0
+
+    def _store(self, wc: WorkCompletion) -> bool:
+        ring = self.ring
+        if ring is None:  # destroyed: the C side frees the ring
+            return True
+        flags = int(wc.wc_flags)
+        extra = wc.invalidated_rkey if flags & e.IBV_WC_WITH_INV else wc.imm_data
+        return bool(_lib.sr_ring_push(
+            ring, wc.wr_id & 0xFFFFFFFFFFFFFFFF, int(wc.status), int(wc.opcode),
+            wc.vendor_err, wc.byte_len, extra & 0xFFFFFFFF, wc.qp_num, wc.src_qp, flags,
+            wc.pkey_index, wc.slid, wc.sl, wc.dlid_path_bits) == 0)
+
+    def _release(self) -> None:
+        # completions are stored under the engine lock: once the ring is dropped under it,
+        # no producer holds it any more and ibv_destroy_cq may free it
+        lock = self._runtime.lock
+        got = lock.acquire(timeout=_RELEASE_WAIT)
+        try:
+            self.ring = None
+        finally:
+            if got:
+                lock.release()
+        super()._release()
+
+
+def _mem(addr: int, length: int) -> Any:
+    """The program's memory at ``addr`` as a writable buffer."""
+    return _ffi.buffer(_ffi.cast("char *", addr), length)
+
+
+def _sges(ptr: int, n: int) -> list[SGE]:
+    if n > 0xFFFF:
+        raise SoftRdmaError(f"num_sge {n} is negative or too large", errno=errno.EINVAL)
+    if n and not ptr:
+        raise SoftRdmaError("sg_list is NULL", errno=errno.EINVAL)
+    arr = _ffi.cast("struct ibv_sge *", ptr)
+    return [SGE(int(arr[i].addr), int(arr[i].length), int(arr[i].lkey)) for i in range(n)]
+
+
+# ---- devices and contexts ---------------------------------------------------------------
+def _ndevices() -> int:
+    global _devices
+    devices = all_devices()
+    first = os.environ.get("SOFTRDMA_CAPI_DEVICE")  # softrdma run -d
+    if first:
+        devices.sort(key=lambda d: d.name != first)
+    _devices = devices
+    return len(_devices)
+
+
+def _device(index: int, name: Any, guid: Any, iwarp: Any) -> int:
+    info = _devices[index]
+    raw = info.name.encode()[:63]
+    _ffi.memmove(name, raw + b"\0", len(raw) + 1)
+    guid[0] = info.node_guid
+    iwarp[0] = 1 if info.type == "iwarp" else 0
+    return 0
+
+
+def _open(index: int, async_fd: Any) -> int:
+    if not 0 <= index < len(_devices):
+        raise SoftRdmaError(f"no device {index}", errno=errno.ENODEV)
+    ctx = Context(_devices[index].name)
+    async_fd[0] = ctx.async_fileno()
+    return _add(ctx)
+
+
+def _get_async_event(h: int, event_type: Any, element: Any, port_num: Any) -> int:
+    """1 and the next event (its element's wrapper, or its port), 0 if none is pending."""
+    ctx = _get(h, Context)
+    try:
+        ev = ctx.get_async_event(timeout=0)
+    except TimeoutError:
+        return 0
+    event_type[0] = int(ev.event_type)
+    with _lock:
+        handle = _handles.get(id(ev.element)) if ev.element is not None else None
+        wrapper = _wrappers.get(handle) if handle is not None else None
+    if wrapper is not None:
+        element[0] = wrapper
+    else:
+        port_num[0] = ev.element if isinstance(ev.element, int) else 1
+    return 1
+
+
+def _destroy(h: int) -> int:
+    with _lock:
+        obj = _objs.pop(h, None)
+        if _wrappers.pop(h, None) is not None:
+            _handles.pop(id(obj), None)
+    if obj is None:
+        raise SoftRdmaError(f"handle {h} is unknown", errno=errno.EINVAL)
+    close = getattr(obj, "close", None)
+    if close is not None:
+        close()
+    return 0
+
+
+def _be64(value: int) -> int:
+    """A 64-bit value stored so that its bytes in memory are big-endian (``__be64``)."""
+    return int.from_bytes(value.to_bytes(8, "big"), sys.byteorder)
+
+
+def _query_device(h: int, out: Any) -> int:
+    attr = _get(h, Context).query_device()
+    for name in ("max_mr_size", "page_size_cap", "vendor_id", "vendor_part_id", "hw_ver",
+                 "max_qp", "max_qp_wr", "device_cap_flags", "max_sge", "max_sge_rd", "max_cq",
+                 "max_cqe", "max_mr", "max_pd", "max_qp_rd_atom", "max_ee_rd_atom",
+                 "max_res_rd_atom", "max_qp_init_rd_atom", "max_ee_init_rd_atom", "max_ee",
+                 "max_rdd", "max_mw", "max_raw_ethy_qp", "max_mcast_grp",
+                 "max_mcast_qp_attach", "max_total_mcast_qp_attach", "max_ah", "max_fmr",
+                 "max_map_per_fmr", "max_srq", "max_srq_wr", "max_srq_sge", "max_pkeys",
+                 "local_ca_ack_delay", "phys_port_cnt"):
+        setattr(out, name, int(getattr(attr, name)) & (0xFFFFFFFF if name != "max_mr_size" and
+                                                        name != "page_size_cap" else ~0))
+    out.max_raw_ipv6_qp = int(getattr(attr, "max_raw_ipv6_qp", 0))
+    out.atomic_cap = int(attr.atomic_caps)
+    fw = str(attr.fw_ver).encode()[:63]
+    _ffi.memmove(out.fw_ver, fw + b"\0", len(fw) + 1)
+    out.node_guid = _be64(int(attr.node_guid))
+    out.sys_image_guid = _be64(int(attr.sys_image_guid))
+    return 0
+
+
+def _query_port(h: int, port: int, out: Any) -> int:
+    attr = _get(h, Context).query_port(port)
+    for name in ("state", "max_mtu", "active_mtu", "gid_tbl_len", "port_cap_flags",
+                 "max_msg_sz", "bad_pkey_cntr", "qkey_viol_cntr", "pkey_tbl_len", "lid",
+                 "sm_lid", "lmc", "max_vl_num", "sm_sl", "subnet_timeout", "init_type_reply",
+                 "active_width", "active_speed", "phys_state", "link_layer", "flags"):
+        setattr(out, name, int(getattr(attr, name)))
+    return 0
+
+
+def _query_gid(h: int, port: int, index: int, raw: Any) -> int:
+    gid = _get(h, Context).query_gid(port, index)
+    _ffi.memmove(raw, gid.raw, 16)
+    return 0
+
+
+def _query_gid_type(h: int, port: int, index: int, out: Any) -> int:
+    out[0] = _get(h, Context).query_gid_type(port, index)  # enum ibv_gid_type
+    return 0
+
+
+def _query_pkey(h: int, port: int, index: int, out: Any) -> int:
+    out[0] = _get(h, Context).query_pkey(port, index)
+    return 0
+
+
+def _alloc_pd(h: int) -> int:
+    return _add(PD(_get(h, Context)))
+
+
+def _reg_mr(h: int, addr: Any, length: int, iova: int, access: int, lkey: Any, rkey: Any) -> int:
+    pd = _get(h, PD)
+    address = int(_ffi.cast("uintptr_t", addr))
+    if not address or not length:
+        raise SoftRdmaError("addr and length must be non-zero", errno=errno.EINVAL)
+    mr = MR(pd, length, access, buffer=_mem(address, length), address=iova)
+    lkey[0] = mr.lkey
+    rkey[0] = mr.rkey
+    return _add(mr)
+
+
+# ---- completions ------------------------------------------------------------------------
+def _create_comp_channel(h: int, fd: Any) -> int:
+    ch = CompChannel(_get(h, Context))
+    fd[0] = ch.fileno()
+    return _add(ch)
+
+
+def _get_cq_event(h: int, out: Any) -> int:
+    ch = _get(h, CompChannel)
+    try:
+        cq = ch.get_cq_event(timeout=0)
+    except TimeoutError:
+        return 0
+    if not isinstance(cq, RingCQ):
+        return 0
+    cq.ack_events(1)
+    out[0] = _wrappers[cq.handle]
+    return cq.handle
+
+
+def _create_cq(h: int, cqe: int, channel: int, comp_vector: int, ring: Any,
+               wrapper: Any) -> int:
+    ch = _get(channel, CompChannel) if channel else None
+    cq = RingCQ(_get(h, Context), cqe, ch, comp_vector, ring)
+    cq.handle = _add(cq, wrapper)
+    return cq.handle
+
+
+def _req_notify_cq(h: int, solicited_only: int) -> int:
+    _get(h, RingCQ).req_notify(bool(solicited_only))
+    return 0
+
+
+# ---- queues -----------------------------------------------------------------------------
+def _create_srq(h: int, attr: Any, wrapper: Any) -> int:
+    srq = SRQ(_get(h, PD), SrqInitAttr(SrqAttr(attr.max_wr, attr.max_sge, attr.srq_limit)))
+    return _add(srq, wrapper)
+
+
+def _modify_srq(h: int, attr: Any, mask: int) -> int:
+    _get(h, SRQ).modify(SrqAttr(attr.max_wr, attr.max_sge, attr.srq_limit), mask)
+    return 0
+
+
+def _query_srq(h: int, attr: Any) -> int:
+    a = _get(h, SRQ).query()
+    attr.max_wr, attr.max_sge, attr.srq_limit = a.max_wr, a.max_sge, a.srq_limit
+    return 0
+
+
+def _mcast(h: int, gid: Any, lid: int, attach: int) -> int:
+    qp = _get(h, QP)
+    raw = bytes(_ffi.buffer(gid, 16))
+    if attach:
+        qp.attach_mcast(raw, lid)
+    else:
+        qp.detach_mcast(raw, lid)
+    return 0
+
+
+def _create_qp(h: int, a: Any, wrapper: Any) -> int:
+    pd = _get(h, PD)
+    cap = QPCap(a.max_send_wr, a.max_recv_wr, a.max_send_sge, a.max_recv_sge,
+                a.max_inline_data)
+    init = QPInitAttr(
+        qp_type=a.qp_type, scq=_get(a.send_cq, CQ) if a.send_cq else None,
+        rcq=_get(a.recv_cq, CQ) if a.recv_cq else None,
+        srq=_get(a.srq, SRQ) if a.srq else None, cap=cap, sq_sig_all=a.sq_sig_all)
+    qp = QP(pd, init)
+    a.qp_num = qp.qp_num
+    return _add(qp, wrapper)
+
+
+def _ah_attr(f: Any) -> AHAttr:
+    gr = GlobalRoute(bytes(_ffi.buffer(f.dgid, 16)), flow_label=f.flow_label,
+                     sgid_index=f.sgid_index, hop_limit=f.hop_limit,
+                     traffic_class=f.traffic_class) if f.is_global else None
+    return AHAttr(port_num=f.port_num, is_global=f.is_global, gr=gr, dlid=f.dlid, sl=f.sl,
+                  src_path_bits=f.src_path_bits, static_rate=f.static_rate)
+
+
+_QP_SCALARS = ("qkey", "rq_psn", "sq_psn", "dest_qp_num", "qp_access_flags", "pkey_index",
+               "max_rd_atomic", "max_dest_rd_atomic", "min_rnr_timer", "port_num", "timeout",
+               "retry_cnt", "rnr_retry")
+
+
+def _modify_qp(h: int, a: Any, mask: int) -> int:
+    qp = _get(h, QP)
+    attr = QPAttr(qp_state=a.qp_state, cur_qp_state=a.cur_qp_state, port_num=a.port_num,
+                  path_mtu=a.path_mtu)
+    for name in _QP_SCALARS:
+        setattr(attr, name, int(getattr(a, name)))
+    attr.cap = QPCap(a.max_send_wr, a.max_recv_wr, a.max_send_sge, a.max_recv_sge,
+                     a.max_inline_data)
+    if mask & e.IBV_QP_AV:
+        attr.ah_attr = _ah_attr(a.ah)
+    qp.modify(attr, mask)
+    return 0
+
+
+def _query_qp(h: int, out: Any, mask: int) -> int:
+    attr, _init = _get(h, QP).query(mask)
+    out.qp_state = attr.qp_state
+    out.cur_qp_state = attr.cur_qp_state
+    out.path_mtu = attr.path_mtu
+    for name in _QP_SCALARS:
+        setattr(out, name, int(getattr(attr, name) or 0))
+    cap = attr.cap
+    out.max_send_wr, out.max_recv_wr = cap.max_send_wr, cap.max_recv_wr
+    out.max_send_sge, out.max_recv_sge = cap.max_send_sge, cap.max_recv_sge
+    out.max_inline_data = cap.max_inline_data
+    ah = attr.ah_attr
+    if ah is not None:
+        out.ah.is_global = ah.is_global
+        out.ah.sl = ah.sl
+        out.ah.port_num = ah.port_num
+        if ah.gr is not None:
+            gid = ah.gr.dgid
+            if gid is not None:
+                _ffi.memmove(out.ah.dgid, gid.raw, 16)
+            out.ah.flow_label = ah.gr.flow_label
+            out.ah.sgid_index = ah.gr.sgid_index
+            out.ah.hop_limit = ah.gr.hop_limit
+            out.ah.traffic_class = ah.gr.traffic_class
+    return 0
+
+
+def _create_ah(h: int, f: Any) -> int:
+    return _add(AH(_get(h, PD), _ah_attr(f)))
+
+
+# ---- posting ----------------------------------------------------------------------------
+def _send_wr(w: Any) -> SendWR:
+    sg = _sges(w.sg, w.num_sge)
+    wr = SendWR(wr_id=w.wr_id, sg=sg, num_sge=len(sg), opcode=w.opcode,
+                send_flags=w.send_flags)
+    opcode = int(w.opcode)
+    if opcode == e.IBV_WR_SEND_WITH_INV:
+        wr.invalidate_rkey = w.imm_data
+    else:
+        wr.imm_data = w.imm_data
+    if w.ah:
+        wr.set_wr_ud(_get(w.ah, AH), w.remote_qpn, w.remote_qkey)
+    elif opcode in (e.IBV_WR_ATOMIC_CMP_AND_SWP, e.IBV_WR_ATOMIC_FETCH_AND_ADD):
+        wr.set_wr_atomic(w.rkey, w.remote_addr, w.compare_add, w.swap)
+    elif w.rkey or w.remote_addr:
+        wr.set_wr_rdma(w.rkey, w.remote_addr)
+    if w.send_flags & e.IBV_SEND_INLINE:
+        # inline data need not be registered: copied from the program's memory now
+        wr.set_inline_data(b"".join(bytes(_mem(s.addr, s.length)) for s in sg if s.length))
+    return wr
+
+
+def _post_send(h: int, wrs: Any, n: int, bad: Any) -> int:
+    qp = _get(h, QP)
+    for i in range(n):
+        bad[0] = i
+        qp.post_send(_send_wr(wrs[i]))
+    return 0
+
+
+def _post_recv(h: int, is_srq: int, wrs: Any, n: int, bad: Any) -> int:
+    target = _get(h, SRQ) if is_srq else _get(h, QP)
+    for i in range(n):
+        bad[0] = i
+        w = wrs[i]
+        sg = _sges(w.sg, w.num_sge)
+        target.post_recv(RecvWR(wr_id=w.wr_id, num_sge=len(sg), sg=sg))
+    return 0
+
+
+# name in cdefs.PY_EXPORTS -> (function, returns a handle: errors are negative)
+_EXPORTS: dict[str, tuple[Callable[..., int], bool]] = {
+    "sr_py_ndevices": (_ndevices, True),
+    "sr_py_device": (_device, False),
+    "sr_py_open": (_open, True),
+    "sr_py_get_async_event": (_get_async_event, True),
+    "sr_py_destroy": (_destroy, False),
+    "sr_py_query_device": (_query_device, False),
+    "sr_py_query_port": (_query_port, False),
+    "sr_py_query_gid": (_query_gid, False),
+    "sr_py_query_gid_type": (_query_gid_type, False),
+    "sr_py_query_pkey": (_query_pkey, False),
+    "sr_py_alloc_pd": (_alloc_pd, True),
+    "sr_py_reg_mr": (_reg_mr, True),
+    "sr_py_create_comp_channel": (_create_comp_channel, True),
+    "sr_py_get_cq_event": (_get_cq_event, True),
+    "sr_py_create_cq": (_create_cq, True),
+    "sr_py_req_notify_cq": (_req_notify_cq, False),
+    "sr_py_create_srq": (_create_srq, True),
+    "sr_py_modify_srq": (_modify_srq, False),
+    "sr_py_query_srq": (_query_srq, False),
+    "sr_py_mcast": (_mcast, False),
+    "sr_py_create_qp": (_create_qp, True),
+    "sr_py_modify_qp": (_modify_qp, False),
+    "sr_py_query_qp": (_query_qp, False),
+    "sr_py_create_ah": (_create_ah, True),
+    "sr_py_post_send": (_post_send, False),
+    "sr_py_post_recv": (_post_recv, False),
+}
+
+
+def install(ffi: Any, lib: Any) -> None:
+    """Register the entry points (run once by the library's embedding init code)."""
+    global _ffi, _lib
+    _ffi, _lib = ffi, lib
+    python = os.environ.get(PYTHON_ENV)
+    if python:
+        # devd is spawned with sys.executable; an embedded interpreter's is the first
+        # python3 on PATH, not necessarily the one softrdma is installed for
+        sys.executable = python
+    for name, (fn, negative) in _EXPORTS.items():
+        err = -errno.EIO if negative else errno.EIO
+        ffi.def_extern(name=name, error=err)(_verb(negative)(fn))

@@ -1,0 +1,1456 @@
+/* softrdma's libibverbs interposer: the C half of softrdma.capi (docs/design.md, "C programs").
+ *
+ * Built by cffi in embedding mode (softrdma/capi/build.py) into a shared library that is
+ * LD_PRELOADed into an unmodified program. Its unversioned ibv_* exports take precedence over
+ * the real libibverbs' versioned ones; the real library stays loaded for its pure helpers
+ * (ibv_wc_status_str, ibv_node_type_str...).
+ *
+ * The objects handed to the program are real libibverbs structs (struct ibv_context, ibv_cq,
+ * ibv_qp ...) embedded first in a softrdma wrapper that carries the Python object's handle.
+ * The verbs that verbs.h inlines (ibv_post_send, ibv_post_recv, ibv_post_srq_recv,
+ * ibv_poll_cq, ibv_req_notify_cq) go through ibv_context.ops, which point here.
+ *
+ * Completions: the Python progress thread produces work completions into a ring in C memory
+ * (sr_ring_push, one producer at a time under the engine lock); ibv_poll_cq consumes it with
+ * acquire/release atomics and never enters Python, so an empty poll costs no GIL and a
+ * program spinning on ibv_poll_cq never starves the progress thread (ACKs, timers).
+ *
+ * Errors follow libibverbs: NULL or -1 with errno for object verbs, an errno value for the
+ * int verbs. Python exceptions are turned into errno values on the Python side.
+ */
+#include <infiniband/verbs.h>
+#include <arpa/inet.h>
+#include <endian.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ---- flat records exchanged with the Python half (declared again in cdefs.py) ---- */
+struct sr_swr {
+    uint64_t wr_id;
+    uint64_t sg;            /* struct ibv_sge * */
+    uint32_t num_sge, opcode, send_flags, imm_data;  /* imm_data in host order */
+    uint64_t remote_addr, compare_add, swap;
+    uint32_t rkey, ah, remote_qpn, remote_qkey;
+};
+
+struct sr_rwr {
+    uint64_t wr_id;
+    uint64_t sg;
+    uint32_t num_sge;
+};
+
+struct sr_qp_init {
+    int32_t qp_type, send_cq, recv_cq, srq, sq_sig_all;
+    uint32_t max_send_wr, max_recv_wr, max_send_sge, max_recv_sge, max_inline_data;
+    uint32_t qp_num;        /* out */
+};
+
+struct sr_ah_attr {
+    uint8_t dgid[16];
+    uint32_t flow_label;
+    uint32_t sgid_index, hop_limit, traffic_class, is_global, dlid, sl, src_path_bits,
+        static_rate, port_num;
+};
+
+struct sr_qp_attr {
+    uint32_t qp_state, cur_qp_state, path_mtu, qkey, rq_psn, sq_psn, dest_qp_num,
+        qp_access_flags, pkey_index, max_rd_atomic, max_dest_rd_atomic, min_rnr_timer,
+        port_num, timeout, retry_cnt, rnr_retry, sq_draining;
+    uint32_t max_send_wr, max_recv_wr, max_send_sge, max_recv_sge, max_inline_data;
+    struct sr_ah_attr ah;
+};
+
+struct sr_srq_attr {
+    uint32_t max_wr, max_sge, srq_limit;
+};
+
+/* ---- the Python half (extern "Python"): build.py puts cdefs.PY_EXPORTS here ---- */
+/* SR_PY_EXPORTS */
+
+/* ---- wrappers ---- */
+struct sr_ring {
+    _Atomic uint32_t head;   /* consumer index */
+    _Atomic uint32_t tail;   /* producer index */
+    uint32_t capacity, mask;
+    pthread_spinlock_t consumer;
+    struct ibv_wc *wc;
+};
+
+struct sr_device { struct ibv_device dev; int index; uint64_t guid; };
+/* the context is a verbs_context (its ops for the extended verbs in front, the
+ * ibv_context last): the handle goes before it */
+struct sr_context { int h; int async_own; struct verbs_context vctx; };
+#define SR_CTX(c) ((struct sr_context *)((char *)(c) - offsetof(struct sr_context, vctx.context)))
+struct sr_pd { struct ibv_pd pd; int h; };
+struct sr_mr { struct ibv_mr mr; int h; };
+struct sr_channel { struct ibv_comp_channel ch; int h; int own_fd; };
+struct sr_cq { struct ibv_cq cq; int h; struct sr_ring ring; };
+struct sr_xwr;  /* a work request built with the ibv_wr_* API, posted by wr_complete */
+struct sr_qp {
+    struct ibv_qp_ex qpx;  /* qpx.qp_base is the program's ibv_qp */
+    int h;
+    int is_ex;             /* created by ibv_create_qp_ex with send_ops_flags */
+    struct sr_xwr *xw;
+    int nx, xcap, xerr;
+};
+struct sr_srq { struct ibv_srq srq; int h; };
+struct sr_ah { struct ibv_ah ah; int h; };
+
+#define SR_H(type, p) (((struct type *)(p))->h)
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct sr_device *g_devs;
+static int g_ndev = -1;
+
+/* ---- the completion ring ---- */
+static int sr_ring_init(struct sr_ring *r, uint32_t cqe)
+{
+    uint32_t size = 1;
+    while (size <= cqe)
+        size <<= 1;
+    r->wc = calloc(size, sizeof(struct ibv_wc));
+    if (!r->wc)
+        return -1;
+    r->capacity = cqe;
+    r->mask = size - 1;
+    atomic_init(&r->head, 0);
+    atomic_init(&r->tail, 0);
+    pthread_spin_init(&r->consumer, PTHREAD_PROCESS_PRIVATE);
+    return 0;
+}
+
+/* Called from Python (one producer at a time): 0, or -1 when the ring is full (overrun). */
+int sr_ring_push(void *ring, uint64_t wr_id, int status, int opcode, uint32_t vendor_err,
+                 uint32_t byte_len, uint32_t imm_or_rkey, uint32_t qp_num, uint32_t src_qp,
+                 unsigned int wc_flags, uint16_t pkey_index, uint16_t slid, uint8_t sl,
+                 uint8_t dlid_path_bits)
+{
+    struct sr_ring *r = ring;
+    uint32_t tail = atomic_load_explicit(&r->tail, memory_order_relaxed);
+    uint32_t head = atomic_load_explicit(&r->head, memory_order_acquire);
+    struct ibv_wc *wc;
+
+    if (tail - head >= r->capacity)
+        return -1;
+    wc = &r->wc[tail & r->mask];
+    memset(wc, 0, sizeof(*wc));
+    wc->wr_id = wr_id;
+    wc->status = (enum ibv_wc_status)status;
+    wc->opcode = (enum ibv_wc_opcode)opcode;
+    wc->vendor_err = vendor_err;
+    wc->byte_len = byte_len;
+    if (wc_flags & IBV_WC_WITH_INV)
+        wc->invalidated_rkey = imm_or_rkey;
+    else
+        wc->imm_data = htonl(imm_or_rkey);
+    wc->qp_num = qp_num;
+    wc->src_qp = src_qp;
+    wc->wc_flags = wc_flags;
+    wc->pkey_index = pkey_index;
+    wc->slid = slid;
+    wc->sl = sl;
+    wc->dlid_path_bits = dlid_path_bits;
+    atomic_store_explicit(&r->tail, tail + 1, memory_order_release);
+    return 0;
+}
+
+/* Completions queued in the ring (for tests and Python-side checks). */
+int sr_ring_count(void *ring)
+{
+    struct sr_ring *r = ring;
+    return (int)(atomic_load_explicit(&r->tail, memory_order_acquire)
+                 - atomic_load_explicit(&r->head, memory_order_acquire));
+}
+
+/* an empty poll yields the CPU once every sr_yield_mask + 1 times ($SOFTRDMA_CAPI_YIELD) */
+static unsigned int sr_yield_mask = 15;
+static __thread unsigned int sr_empty_polls;
+
+static int sr_poll_cq(struct ibv_cq *ibcq, int num_entries, struct ibv_wc *wc)
+{
+    struct sr_ring *r = &((struct sr_cq *)ibcq)->ring;
+    uint32_t head, tail;
+    int n = 0;
+
+    if (num_entries < 0)
+        return -1;
+    /* empty: no lock, no Python. A program spinning here must leave the CPU to the
+     * progress thread now and then (it runs ACKs, timers and the receive path), or on a
+     * busy machine every message waits for a scheduler tick. */
+    if (atomic_load_explicit(&r->tail, memory_order_acquire)
+        == atomic_load_explicit(&r->head, memory_order_relaxed)) {
+        if ((++sr_empty_polls & sr_yield_mask) == 0)
+            sched_yield();
+        return 0;
+    }
+    pthread_spin_lock(&r->consumer);
+    head = atomic_load_explicit(&r->head, memory_order_relaxed);
+    tail = atomic_load_explicit(&r->tail, memory_order_acquire);
+    while (head != tail && n < num_entries) {
+        wc[n++] = r->wc[head & r->mask];
+        head++;
+    }
+    atomic_store_explicit(&r->head, head, memory_order_release);
+    pthread_spin_unlock(&r->consumer);
+    return n;
+}
+
+static int sr_req_notify_cq(struct ibv_cq *cq, int solicited_only)
+{
+    return sr_py_req_notify_cq(SR_H(sr_cq, cq), solicited_only);
+}
+
+/* ---- posting: flatten the chain, one Python call ---- */
+#define SR_BATCH 64
+
+static int sr_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
+{
+    struct sr_swr flat[SR_BATCH];
+    struct ibv_send_wr *first = wr, *w;
+    int n = 0, ret, i;
+
+    while (wr) {
+        for (n = 0, first = wr; wr && n < SR_BATCH; wr = wr->next, n++) {
+            struct sr_swr *f = &flat[n];
+            memset(f, 0, sizeof(*f));
+            f->wr_id = wr->wr_id;
+            f->sg = (uint64_t)(uintptr_t)wr->sg_list;
+            f->num_sge = wr->num_sge < 0 ? 0xffffffffu : (uint32_t)wr->num_sge;
+            f->opcode = wr->opcode;
+            f->send_flags = wr->send_flags;
+            f->imm_data = ntohl(wr->imm_data);
+            if (wr->opcode == IBV_WR_SEND_WITH_INV)
+                f->imm_data = wr->invalidate_rkey;
+            if (qp->qp_type == IBV_QPT_UD) {
+                f->ah = wr->wr.ud.ah ? (uint32_t)SR_H(sr_ah, wr->wr.ud.ah) : 0;
+                f->remote_qpn = wr->wr.ud.remote_qpn;
+                f->remote_qkey = wr->wr.ud.remote_qkey;
+            } else if (wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP
+                       || wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+                f->remote_addr = wr->wr.atomic.remote_addr;
+                f->rkey = wr->wr.atomic.rkey;
+                f->compare_add = wr->wr.atomic.compare_add;
+                f->swap = wr->wr.atomic.swap;
+            } else {
+                f->remote_addr = wr->wr.rdma.remote_addr;
+                f->rkey = wr->wr.rdma.rkey;
+            }
+        }
+        i = 0;  /* the Python half sets the index of the WR that failed */
+        ret = sr_py_post_send(SR_H(sr_qp, qp), flat, n, &i);
+        if (ret) {
+            for (w = first; i > 0 && w->next; i--)
+                w = w->next;
+            if (bad)
+                *bad = w;
+            return ret;
+        }
+    }
+    return 0;
+}
+
+static int sr_flatten_recv(struct ibv_recv_wr *wr, struct sr_rwr *flat, struct ibv_recv_wr **next)
+{
+    int n;
+    for (n = 0; wr && n < SR_BATCH; wr = wr->next, n++) {
+        flat[n].wr_id = wr->wr_id;
+        flat[n].sg = (uint64_t)(uintptr_t)wr->sg_list;
+        flat[n].num_sge = wr->num_sge < 0 ? 0xffffffffu : (uint32_t)wr->num_sge;
+    }
+    *next = wr;
+    return n;
+}
+
+static int sr_post_recv_h(int h, int is_srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
+{
+    struct sr_rwr flat[SR_BATCH];
+    struct ibv_recv_wr *first, *next;
+    int n, i, ret;
+
+    while (wr) {
+        first = wr;
+        n = sr_flatten_recv(wr, flat, &next);
+        i = 0;
+        ret = sr_py_post_recv(h, is_srq, flat, n, &i);
+        if (ret) {
+            for (; i > 0 && first->next; i--)
+                first = first->next;
+            if (bad)
+                *bad = first;
+            return ret;
+        }
+        wr = next;
+    }
+    return 0;
+}
+
+static int sr_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
+{
+    return sr_post_recv_h(SR_H(sr_qp, qp), 0, wr, bad);
+}
+
+static int sr_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
+{
+    return sr_post_recv_h(SR_H(sr_srq, srq), 1, wr, bad);
+}
+
+/* ---- fork ----
+ * A C fork() runs none of Python's at-fork handlers, and the child's interpreter would be
+ * left with its GIL held by a thread the child does not have. Around a fork by the
+ * program (a thread without the GIL) this does what os.fork() does: take the GIL and
+ * PyOS_BeforeFork() before, PyOS_AfterFork_Parent()/_Child() after, so softrdma's
+ * handlers run (the child gives up the device links it inherited, drivers/devd_client.py)
+ * and the child can open devices of its own. A fork by Python itself (it holds the GIL)
+ * is left to Python. */
+static __thread int sr_fork_held;
+static __thread PyGILState_STATE sr_fork_gil;
+
+static void sr_fork_prepare(void)
+{
+    sr_fork_held = 0;
+    if (!Py_IsInitialized() || PyGILState_Check())
+        return;
+    sr_fork_gil = PyGILState_Ensure();
+    PyOS_BeforeFork();
+    sr_fork_held = 1;
+}
+
+static void sr_fork_parent(void)
+{
+    if (!sr_fork_held)
+        return;
+    sr_fork_held = 0;
+    PyOS_AfterFork_Parent();
+    PyGILState_Release(sr_fork_gil);
+}
+
+static void sr_fork_child(void)
+{
+    if (!sr_fork_held)
+        return;
+    sr_fork_held = 0;
+    PyOS_AfterFork_Child();
+    PyGILState_Release(sr_fork_gil);
+}
+
+__attribute__((constructor)) static void sr_init(void)
+{
+    pthread_atfork(sr_fork_prepare, sr_fork_parent, sr_fork_child);
+}
+
+/* ---- helpers ---- */
+static void *sr_fail(int err)
+{
+    errno = err;
+    return NULL;
+}
+
+/* a handle (> 0) or a negative errno from Python: NULL with errno set for the latter */
+static int sr_handle_ok(int h)
+{
+    if (h > 0)
+        return 1;
+    errno = h < 0 ? -h : EIO;
+    return 0;
+}
+
+/* The program's own open file description of one of Python's (non-blocking) pipes: it
+ * starts blocking and is the program's to change. -1 if /proc cannot give one. */
+static int sr_own_fd(int fd)
+{
+    char path[64];
+
+    if (fd < 0)
+        return -1;
+    snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+    return open(path, O_RDONLY | O_CLOEXEC);
+}
+
+/* Wait for a pipe that the Python half writes a byte to per event: EAGAIN at once when
+ * the program made its descriptor non-blocking. 0 to look again, -1 with errno. */
+static int sr_wait_fd(int fd)
+{
+    struct pollfd pfd = { .fd = fd, .events = POLLIN };
+
+    if (fcntl(fd, F_GETFL) & O_NONBLOCK) {
+        errno = EAGAIN;
+        return -1;
+    }
+    if (poll(&pfd, 1, -1) < 0 && errno != EINTR)
+        return -1;
+    return 0;
+}
+
+static int sr_load_devices(void)
+{
+    int n, i, iwarp;
+
+    pthread_mutex_lock(&g_lock);
+    if (g_ndev >= 0) {
+        pthread_mutex_unlock(&g_lock);
+        return g_ndev;
+    }
+    n = sr_py_ndevices();
+    if (n < 0) {
+        pthread_mutex_unlock(&g_lock);
+        errno = -n;
+        return -1;
+    }
+    g_devs = calloc(n > 0 ? (size_t)n : 1, sizeof(*g_devs));
+    if (!g_devs) {
+        pthread_mutex_unlock(&g_lock);
+        errno = ENOMEM;
+        return -1;
+    }
+    for (i = 0; i < n; i++) {
+        struct sr_device *d = &g_devs[i];
+        iwarp = 0;
+        sr_py_device(i, d->dev.name, &d->guid, &iwarp);
+        d->index = i;
+        d->dev.node_type = iwarp ? IBV_NODE_RNIC : IBV_NODE_CA;
+        d->dev.transport_type = iwarp ? IBV_TRANSPORT_IWARP : IBV_TRANSPORT_IB;
+        snprintf(d->dev.dev_name, sizeof(d->dev.dev_name), "uverbs%d", i);
+        snprintf(d->dev.dev_path, sizeof(d->dev.dev_path), "/sys/class/infiniband_verbs/uverbs%d", i);
+        snprintf(d->dev.ibdev_path, sizeof(d->dev.ibdev_path), "/sys/class/infiniband/%s", d->dev.name);
+    }
+    g_ndev = n;
+    pthread_mutex_unlock(&g_lock);
+    return n;
+}
+
+static struct ibv_qp *sr_create_qp_ex(struct ibv_context *context,
+                                      struct ibv_qp_init_attr_ex *attr);
+static void sr_x_free(struct sr_qp *q);
+
+/* ---- devices ---- */
+struct ibv_device **ibv_get_device_list(int *num_devices)
+{
+    struct ibv_device **list;
+    int n = sr_load_devices(), i;
+
+    if (n < 0)
+        return NULL;
+    list = calloc((size_t)n + 1, sizeof(*list));
+    if (!list)
+        return sr_fail(ENOMEM);
+    for (i = 0; i < n; i++)
+        list[i] = &g_devs[i].dev;
+    if (num_devices)
+        *num_devices = n;
+    return list;
+}
+
+void ibv_free_device_list(struct ibv_device **list)
+{
+    free(list);
+}
+
+const char *ibv_get_device_name(struct ibv_device *device)
+{
+    return device ? device->name : NULL;
+}
+
+__be64 ibv_get_device_guid(struct ibv_device *device)
+{
+    return htobe64(((struct sr_device *)device)->guid);
+}
+
+int ibv_get_device_index(struct ibv_device *device)
+{
+    return ((struct sr_device *)device)->index;
+}
+
+int ibv_fork_init(void)
+{
+    return 0;
+}
+
+struct ibv_context *ibv_open_device(struct ibv_device *device)
+{
+    struct sr_context *c;
+    struct ibv_context *ctx;
+    int h, afd = -1;
+
+    if (!device)
+        return sr_fail(EINVAL);
+    h = sr_py_open(((struct sr_device *)device)->index, &afd);
+    if (!sr_handle_ok(h))
+        return NULL;
+    c = calloc(1, sizeof(*c));
+    if (!c) {
+        sr_py_destroy(h);
+        return sr_fail(ENOMEM);
+    }
+    c->async_own = sr_own_fd(afd);
+    {
+        const char *y = getenv("SOFTRDMA_CAPI_YIELD");
+        if (y && *y)
+            sr_yield_mask = (unsigned int)strtoul(y, NULL, 0);
+    }
+    c->h = h;
+    ctx = &c->vctx.context;
+    ctx->device = device;
+    ctx->cmd_fd = -1;
+    ctx->async_fd = c->async_own >= 0 ? c->async_own : afd;
+    ctx->num_comp_vectors = 1;
+    pthread_mutex_init(&ctx->mutex, NULL);
+    ctx->ops.poll_cq = sr_poll_cq;
+    ctx->ops.req_notify_cq = sr_req_notify_cq;
+    ctx->ops.post_send = sr_post_send;
+    ctx->ops.post_recv = sr_post_recv;
+    ctx->ops.post_srq_recv = sr_post_srq_recv;
+    /* the extended verbs inlined in verbs.h look for their op here; those left NULL fail
+     * with EOPNOTSUPP or fall back to the legacy exports (ibv_query_port, ibv_query_device) */
+    ctx->abi_compat = __VERBS_ABI_IS_EXTENDED;
+    c->vctx.sz = sizeof(c->vctx);
+    c->vctx.create_qp_ex = sr_create_qp_ex;
+    return ctx;
+}
+
+int ibv_close_device(struct ibv_context *context)
+{
+    struct sr_context *c = SR_CTX(context);
+    int ret = sr_py_destroy(c->h);
+
+    if (ret) {
+        errno = ret;
+        return -1;
+    }
+    if (c->async_own >= 0)
+        close(c->async_own);
+    free(c);
+    return 0;
+}
+
+int ibv_query_device(struct ibv_context *context, struct ibv_device_attr *attr)
+{
+    memset(attr, 0, sizeof(*attr));
+    return sr_py_query_device(SR_CTX(context)->h, attr);
+}
+
+#undef ibv_query_port
+/* verbs.h's ibv_query_port macro calls this with the full struct ibv_port_attr (zeroed). */
+int ibv_query_port(struct ibv_context *context, uint8_t port_num, struct _compat_ibv_port_attr *attr)
+{
+    return sr_py_query_port(SR_CTX(context)->h, port_num, (struct ibv_port_attr *)attr);
+}
+
+int ibv_query_gid(struct ibv_context *context, uint8_t port_num, int index, union ibv_gid *gid)
+{
+    int ret = sr_py_query_gid(SR_CTX(context)->h, port_num, index, gid->raw);
+    if (ret) {
+        errno = ret;
+        return -1;
+    }
+    return 0;
+}
+
+/* rdma-core's private verb (IBVERBS_PRIVATE_*), used by ibv_devinfo; type is driver.h's
+ * enum ibv_gid_type_sysfs (0 IB/RoCE v1, 1 RoCE v2) */
+int ibv_query_gid_type(struct ibv_context *context, uint8_t port_num, unsigned int index,
+                       unsigned int *type)
+{
+    int t = 0, ret = sr_py_query_gid_type(SR_CTX(context)->h, port_num, (int)index, &t);
+    if (ret) {
+        errno = ret;
+        return -1;
+    }
+    *type = t == IBV_GID_TYPE_ROCE_V2 ? 1 : 0;  /* Python gives enum ibv_gid_type */
+    return 0;
+}
+
+int _ibv_query_gid_ex(struct ibv_context *context, uint32_t port_num, uint32_t gid_index,
+                      struct ibv_gid_entry *entry, uint32_t flags, size_t entry_size)
+{
+    struct ibv_gid_entry e;
+    int t = 0, ret;
+
+    if (flags || entry_size < sizeof(e))
+        return EINVAL;
+    memset(&e, 0, sizeof(e));
+    ret = sr_py_query_gid(SR_CTX(context)->h, (int)port_num, (int)gid_index, e.gid.raw);
+    if (!ret)
+        ret = sr_py_query_gid_type(SR_CTX(context)->h, (int)port_num, (int)gid_index, &t);
+    if (ret)
+        return ret;
+    e.gid_index = gid_index;
+    e.port_num = port_num;
+    e.gid_type = (uint32_t)t;
+    memcpy(entry, &e, sizeof(e));
+    return 0;
+}
+
+int ibv_query_pkey(struct ibv_context *context, uint8_t port_num, int index, __be16 *pkey)
+{
+    uint16_t p = 0;
+    int ret = sr_py_query_pkey(SR_CTX(context)->h, port_num, index, &p);
+    if (ret) {
+        errno = ret;
+        return -1;
+    }
+    *pkey = htons(p);
+    return 0;
+}
+
+int ibv_get_async_event(struct ibv_context *context, struct ibv_async_event *event)
+{
+    int type = 0, port = 0, r;
+    void *element = NULL;
+
+    for (;;) {
+        r = sr_py_get_async_event(SR_CTX(context)->h, &type, &element, &port);
+        if (r > 0) {
+            memset(event, 0, sizeof(*event));
+            event->event_type = (enum ibv_event_type)type;
+            if (element)  /* the wrapper of the QP, CQ or SRQ: its libibverbs struct is first */
+                event->element.qp = element;
+            else
+                event->element.port_num = port;
+            return 0;
+        }
+        if (r < 0) {
+            errno = -r;
+            return -1;
+        }
+        if (sr_wait_fd(context->async_fd))
+            return -1;
+    }
+}
+
+void ibv_ack_async_event(struct ibv_async_event *event)
+{
+    (void)event;
+}
+
+/* ---- protection domains, memory regions ---- */
+struct ibv_pd *ibv_alloc_pd(struct ibv_context *context)
+{
+    struct sr_pd *p;
+    int h = sr_py_alloc_pd(SR_CTX(context)->h);
+
+    if (!sr_handle_ok(h))
+        return NULL;
+    p = calloc(1, sizeof(*p));
+    if (!p) {
+        sr_py_destroy(h);
+        return sr_fail(ENOMEM);
+    }
+    p->h = h;
+    p->pd.context = context;
+    p->pd.handle = (uint32_t)h;
+    return &p->pd;
+}
+
+static int sr_destroy_obj(int h, void *wrapper)
+{
+    int ret = sr_py_destroy(h);
+    if (ret)
+        return ret;
+    free(wrapper);
+    return 0;
+}
+
+int ibv_dealloc_pd(struct ibv_pd *pd)
+{
+    return sr_destroy_obj(SR_H(sr_pd, pd), pd);
+}
+
+struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova,
+                                unsigned int access)
+{
+    struct sr_mr *m;
+    uint32_t lkey = 0, rkey = 0;
+    int h = sr_py_reg_mr(SR_H(sr_pd, pd), addr, length, iova, (int)access, &lkey, &rkey);
+
+    if (!sr_handle_ok(h))
+        return NULL;
+    m = calloc(1, sizeof(*m));
+    if (!m) {
+        sr_py_destroy(h);
+        return sr_fail(ENOMEM);
+    }
+    m->h = h;
+    m->mr.context = pd->context;
+    m->mr.pd = pd;
+    m->mr.addr = addr;
+    m->mr.length = length;
+    m->mr.handle = (uint32_t)h;
+    m->mr.lkey = lkey;
+    m->mr.rkey = rkey;
+    return &m->mr;
+}
+
+#undef ibv_reg_mr
+struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int access)
+{
+    return ibv_reg_mr_iova2(pd, addr, length, (uintptr_t)addr, (unsigned int)access);
+}
+
+#undef ibv_reg_mr_iova
+struct ibv_mr *ibv_reg_mr_iova(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova,
+                               int access)
+{
+    return ibv_reg_mr_iova2(pd, addr, length, iova, (unsigned int)access);
+}
+
+int ibv_dereg_mr(struct ibv_mr *mr)
+{
+    return sr_destroy_obj(SR_H(sr_mr, mr), mr);
+}
+
+/* ---- completion channels and queues ---- */
+struct ibv_comp_channel *ibv_create_comp_channel(struct ibv_context *context)
+{
+    struct sr_channel *ch;
+    int fd = -1, h = sr_py_create_comp_channel(SR_CTX(context)->h, &fd);
+
+    if (!sr_handle_ok(h))
+        return NULL;
+    ch = calloc(1, sizeof(*ch));
+    if (!ch) {
+        sr_py_destroy(h);
+        return sr_fail(ENOMEM);
+    }
+    ch->h = h;
+    ch->ch.context = context;
+    /* The program gets its own open file description of the channel's pipe: Python's is
+     * non-blocking, the program's starts blocking and is the program's to change
+     * (ibv_get_cq_event fails with EAGAIN once the program sets O_NONBLOCK). */
+    ch->own_fd = sr_own_fd(fd);
+    if (ch->own_fd >= 0)
+        fd = ch->own_fd;
+    ch->ch.fd = fd;
+    ch->ch.refcnt = 0;
+    return &ch->ch;
+}
+
+int ibv_destroy_comp_channel(struct ibv_comp_channel *channel)
+{
+    int own = ((struct sr_channel *)channel)->own_fd, ret;
+
+    ret = sr_destroy_obj(SR_H(sr_channel, channel), channel);
+    if (!ret && own >= 0)
+        close(own);
+    return ret;
+}
+
+struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, void *cq_context,
+                             struct ibv_comp_channel *channel, int comp_vector)
+{
+    struct sr_cq *c;
+    int h;
+
+    if (cqe < 1 || comp_vector < 0)
+        return sr_fail(EINVAL);
+    c = calloc(1, sizeof(*c));
+    if (!c || sr_ring_init(&c->ring, (uint32_t)cqe) != 0) {
+        free(c);
+        return sr_fail(ENOMEM);
+    }
+    h = sr_py_create_cq(SR_CTX(context)->h, cqe,
+                        channel ? SR_H(sr_channel, channel) : 0, comp_vector, &c->ring, c);
+    if (!sr_handle_ok(h)) {
+        int err = errno;
+        free(c->ring.wc);
+        free(c);
+        return sr_fail(err);
+    }
+    c->h = h;
+    c->cq.context = context;
+    c->cq.channel = channel;
+    c->cq.cq_context = cq_context;
+    c->cq.handle = (uint32_t)h;
+    c->cq.cqe = cqe;
+    pthread_mutex_init(&c->cq.mutex, NULL);
+    pthread_cond_init(&c->cq.cond, NULL);
+    if (channel)
+        channel->refcnt++;
+    return &c->cq;
+}
+
+int ibv_destroy_cq(struct ibv_cq *cq)
+{
+    struct sr_cq *c = (struct sr_cq *)cq;
+    int ret = sr_py_destroy(c->h);
+
+    if (ret)
+        return ret;
+    if (cq->channel)
+        cq->channel->refcnt--;
+    free(c->ring.wc);
+    free(c);
+    return 0;
+}
+
+int ibv_get_cq_event(struct ibv_comp_channel *channel, struct ibv_cq **cq, void **cq_context)
+{
+    void *found = NULL;
+    int h;
+
+    for (;;) {
+        h = sr_py_get_cq_event(SR_H(sr_channel, channel), &found);
+        if (h > 0 && found) {
+            *cq = found;
+            *cq_context = ((struct ibv_cq *)found)->cq_context;
+            return 0;
+        }
+        if (h < 0) {
+            errno = -h;
+            return -1;
+        }
+        if (sr_wait_fd(channel->fd))
+            return -1;
+    }
+}
+
+void ibv_ack_cq_events(struct ibv_cq *cq, unsigned int nevents)
+{
+    pthread_mutex_lock(&cq->mutex);
+    cq->comp_events_completed += nevents;
+    pthread_mutex_unlock(&cq->mutex);
+}
+
+/* ---- shared receive queues ---- */
+struct ibv_srq *ibv_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *attr)
+{
+    struct sr_srq *s = calloc(1, sizeof(*s));
+    struct sr_srq_attr a = { attr->attr.max_wr, attr->attr.max_sge, attr->attr.srq_limit };
+    int h;
+
+    if (!s)
+        return sr_fail(ENOMEM);
+    h = sr_py_create_srq(SR_H(sr_pd, pd), &a, s);
+    if (!sr_handle_ok(h)) {
+        int err = errno;
+        free(s);
+        return sr_fail(err);
+    }
+    attr->attr.max_wr = a.max_wr;
+    attr->attr.max_sge = a.max_sge;
+    s->h = h;
+    s->srq.context = pd->context;
+    s->srq.srq_context = attr->srq_context;
+    s->srq.pd = pd;
+    s->srq.handle = (uint32_t)h;
+    pthread_mutex_init(&s->srq.mutex, NULL);
+    pthread_cond_init(&s->srq.cond, NULL);
+    return &s->srq;
+}
+
+int ibv_modify_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr, int mask)
+{
+    struct sr_srq_attr a = { attr->max_wr, attr->max_sge, attr->srq_limit };
+    return sr_py_modify_srq(SR_H(sr_srq, srq), &a, mask);
+}
+
+int ibv_query_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr)
+{
+    struct sr_srq_attr a = { 0, 0, 0 };
+    int ret = sr_py_query_srq(SR_H(sr_srq, srq), &a);
+
+    if (!ret) {
+        attr->max_wr = a.max_wr;
+        attr->max_sge = a.max_sge;
+        attr->srq_limit = a.srq_limit;
+    }
+    return ret;
+}
+
+int ibv_destroy_srq(struct ibv_srq *srq)
+{
+    return sr_destroy_obj(SR_H(sr_srq, srq), srq);
+}
+
+/* ---- queue pairs ---- */
+static struct sr_qp *sr_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
+{
+    struct sr_qp *q;
+    struct sr_qp_init a = {
+        .qp_type = attr->qp_type,
+        .send_cq = attr->send_cq ? SR_H(sr_cq, attr->send_cq) : 0,
+        .recv_cq = attr->recv_cq ? SR_H(sr_cq, attr->recv_cq) : 0,
+        .srq = attr->srq ? SR_H(sr_srq, attr->srq) : 0,
+        .sq_sig_all = attr->sq_sig_all,
+        .max_send_wr = attr->cap.max_send_wr, .max_recv_wr = attr->cap.max_recv_wr,
+        .max_send_sge = attr->cap.max_send_sge, .max_recv_sge = attr->cap.max_recv_sge,
+        .max_inline_data = attr->cap.max_inline_data,
+    };
+    int h;
+
+    q = calloc(1, sizeof(*q));
+    if (!q)
+        return sr_fail(ENOMEM);
+    h = sr_py_create_qp(SR_H(sr_pd, pd), &a, q);
+    if (!sr_handle_ok(h)) {
+        int err = errno;
+        free(q);
+        return sr_fail(err);
+    }
+    attr->cap.max_send_wr = a.max_send_wr;
+    attr->cap.max_recv_wr = a.max_recv_wr;
+    attr->cap.max_send_sge = a.max_send_sge;
+    attr->cap.max_recv_sge = a.max_recv_sge;
+    attr->cap.max_inline_data = a.max_inline_data;
+    q->h = h;
+    q->qpx.qp_base.context = pd->context;
+    q->qpx.qp_base.qp_context = attr->qp_context;
+    q->qpx.qp_base.pd = pd;
+    q->qpx.qp_base.send_cq = attr->send_cq;
+    q->qpx.qp_base.recv_cq = attr->recv_cq;
+    q->qpx.qp_base.srq = attr->srq;
+    q->qpx.qp_base.handle = (uint32_t)h;
+    q->qpx.qp_base.qp_num = a.qp_num;
+    q->qpx.qp_base.state = IBV_QPS_RESET;
+    q->qpx.qp_base.qp_type = attr->qp_type;
+    pthread_mutex_init(&q->qpx.qp_base.mutex, NULL);
+    pthread_cond_init(&q->qpx.qp_base.cond, NULL);
+    return q;
+}
+
+struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
+{
+    struct sr_qp *q = sr_create_qp(pd, attr);
+    return q ? &q->qpx.qp_base : NULL;
+}
+
+static void sr_ah_to_flat(const struct ibv_ah_attr *in, struct sr_ah_attr *out)
+{
+    memcpy(out->dgid, in->grh.dgid.raw, 16);
+    out->flow_label = in->grh.flow_label;
+    out->sgid_index = in->grh.sgid_index;
+    out->hop_limit = in->grh.hop_limit;
+    out->traffic_class = in->grh.traffic_class;
+    out->is_global = in->is_global;
+    out->dlid = in->dlid;
+    out->sl = in->sl;
+    out->src_path_bits = in->src_path_bits;
+    out->static_rate = in->static_rate;
+    out->port_num = in->port_num;
+}
+
+static void sr_ah_from_flat(const struct sr_ah_attr *in, struct ibv_ah_attr *out)
+{
+    memcpy(out->grh.dgid.raw, in->dgid, 16);
+    out->grh.flow_label = in->flow_label;
+    out->grh.sgid_index = (uint8_t)in->sgid_index;
+    out->grh.hop_limit = (uint8_t)in->hop_limit;
+    out->grh.traffic_class = (uint8_t)in->traffic_class;
+    out->is_global = (uint8_t)in->is_global;
+    out->dlid = (uint16_t)in->dlid;
+    out->sl = (uint8_t)in->sl;
+    out->src_path_bits = (uint8_t)in->src_path_bits;
+    out->static_rate = (uint8_t)in->static_rate;
+    out->port_num = (uint8_t)in->port_num;
+}
+
+int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
+{
+    struct sr_qp_attr a = {
+        .qp_state = attr->qp_state, .cur_qp_state = attr->cur_qp_state,
+        .path_mtu = attr->path_mtu, .qkey = attr->qkey, .rq_psn = attr->rq_psn,
+        .sq_psn = attr->sq_psn, .dest_qp_num = attr->dest_qp_num,
+        .qp_access_flags = (uint32_t)attr->qp_access_flags, .pkey_index = attr->pkey_index,
+        .max_rd_atomic = attr->max_rd_atomic, .max_dest_rd_atomic = attr->max_dest_rd_atomic,
+        .min_rnr_timer = attr->min_rnr_timer, .port_num = attr->port_num,
+        .timeout = attr->timeout, .retry_cnt = attr->retry_cnt, .rnr_retry = attr->rnr_retry,
+        .max_send_wr = attr->cap.max_send_wr, .max_recv_wr = attr->cap.max_recv_wr,
+        .max_send_sge = attr->cap.max_send_sge, .max_recv_sge = attr->cap.max_recv_sge,
+        .max_inline_data = attr->cap.max_inline_data,
+    };
+    int ret;
+
+    sr_ah_to_flat(&attr->ah_attr, &a.ah);
+    ret = sr_py_modify_qp(SR_H(sr_qp, qp), &a, mask);
+    if (!ret && (mask & IBV_QP_STATE))
+        qp->state = attr->qp_state;
+    return ret;
+}
+
+int ibv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask,
+                 struct ibv_qp_init_attr *init)
+{
+    struct sr_qp_attr a;
+    int ret;
+
+    memset(&a, 0, sizeof(a));
+    ret = sr_py_query_qp(SR_H(sr_qp, qp), &a, mask);
+    if (ret)
+        return ret;
+    memset(attr, 0, sizeof(*attr));
+    attr->qp_state = (enum ibv_qp_state)a.qp_state;
+    attr->cur_qp_state = (enum ibv_qp_state)a.cur_qp_state;
+    attr->path_mtu = (enum ibv_mtu)a.path_mtu;
+    attr->qkey = a.qkey;
+    attr->rq_psn = a.rq_psn;
+    attr->sq_psn = a.sq_psn;
+    attr->dest_qp_num = a.dest_qp_num;
+    attr->qp_access_flags = (unsigned int)a.qp_access_flags;
+    attr->pkey_index = (uint16_t)a.pkey_index;
+    attr->max_rd_atomic = (uint8_t)a.max_rd_atomic;
+    attr->max_dest_rd_atomic = (uint8_t)a.max_dest_rd_atomic;
+    attr->min_rnr_timer = (uint8_t)a.min_rnr_timer;
+    attr->port_num = (uint8_t)a.port_num;
+    attr->timeout = (uint8_t)a.timeout;
+    attr->retry_cnt = (uint8_t)a.retry_cnt;
+    attr->rnr_retry = (uint8_t)a.rnr_retry;
+    attr->sq_draining = (uint8_t)a.sq_draining;
+    attr->cap.max_send_wr = a.max_send_wr;
+    attr->cap.max_recv_wr = a.max_recv_wr;
+    attr->cap.max_send_sge = a.max_send_sge;
+    attr->cap.max_recv_sge = a.max_recv_sge;
+    attr->cap.max_inline_data = a.max_inline_data;
+    sr_ah_from_flat(&a.ah, &attr->ah_attr);
+    if (init) {
+        memset(init, 0, sizeof(*init));
+        init->qp_context = qp->qp_context;
+        init->send_cq = qp->send_cq;
+        init->recv_cq = qp->recv_cq;
+        init->srq = qp->srq;
+        init->qp_type = qp->qp_type;
+        init->cap = attr->cap;
+    }
+    return 0;
+}
+
+int ibv_destroy_qp(struct ibv_qp *qp)
+{
+    struct sr_qp *q = (struct sr_qp *)qp;
+    int ret = sr_py_destroy(q->h);
+
+    if (ret)
+        return ret;
+    sr_x_free(q);
+    free(q->xw);
+    free(q);
+    return 0;
+}
+
+/* ---- extended QPs: the ibv_wr_* API (ibv_create_qp_ex with send_ops_flags) ----
+ * ibv_wr_start opens a list, each ibv_wr_<opcode> adds a WR (wr_id and flags from the
+ * qp_ex), ibv_wr_set_* complete the last one, ibv_wr_complete posts them all at once (the
+ * same path as ibv_post_send) and ibv_wr_abort drops them. */
+struct sr_xwr {
+    struct sr_swr f;
+    struct ibv_sge one;    /* ibv_wr_set_sge, or the inline copy */
+    struct ibv_sge *list;  /* ibv_wr_set_sge_list */
+    void *inl;             /* inline data, copied when it is set */
+};
+
+#define SR_XOPS (IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_WRITE \
+                 | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ            \
+                 | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD    \
+                 | IBV_QP_EX_WITH_SEND_WITH_INV)
+
+static void sr_x_free(struct sr_qp *q)
+{
+    int i;
+    for (i = 0; i < q->nx; i++) {
+        free(q->xw[i].list);
+        free(q->xw[i].inl);
+    }
+    q->nx = 0;
+    q->xerr = 0;
+}
+
+static struct sr_xwr *sr_x_last(struct ibv_qp_ex *qpx)
+{
+    struct sr_qp *q = (struct sr_qp *)qpx;
+    if (!q->nx) {
+        q->xerr = EINVAL;  /* a setter before any ibv_wr_<opcode> */
+        return NULL;
+    }
+    return &q->xw[q->nx - 1];
+}
+
+static struct sr_xwr *sr_x_new(struct ibv_qp_ex *qpx, enum ibv_wr_opcode opcode)
+{
+    struct sr_qp *q = (struct sr_qp *)qpx;
+    struct sr_xwr *w;
+
+    if (q->nx == q->xcap) {
+        int cap = q->xcap ? 2 * q->xcap : 16;
+        struct sr_xwr *grown = realloc(q->xw, (size_t)cap * sizeof(*grown));
+        if (!grown) {
+            q->xerr = ENOMEM;
+            return NULL;
+        }
+        q->xw = grown;
+        q->xcap = cap;
+    }
+    w = &q->xw[q->nx++];
+    memset(w, 0, sizeof(*w));
+    w->f.wr_id = qpx->wr_id;
+    w->f.send_flags = qpx->wr_flags;
+    w->f.opcode = opcode;
+    return w;
+}
+
+static void sr_x_start(struct ibv_qp_ex *qpx) { sr_x_free((struct sr_qp *)qpx); }
+static void sr_x_abort(struct ibv_qp_ex *qpx) { sr_x_free((struct sr_qp *)qpx); }
+
+static int sr_x_complete(struct ibv_qp_ex *qpx)
+{
+    struct sr_qp *q = (struct sr_qp *)qpx;
+    struct sr_swr *flat;
+    int i, bad = 0, ret = q->xerr;
+
+    if (!ret && q->nx) {
+        flat = calloc((size_t)q->nx, sizeof(*flat));
+        if (!flat) {
+            ret = ENOMEM;
+        } else {
+            for (i = 0; i < q->nx; i++) {
+                struct sr_xwr *w = &q->xw[i];
+                flat[i] = w->f;
+                flat[i].sg = (uint64_t)(uintptr_t)(w->list ? w->list : &w->one);
+            }
+            ret = sr_py_post_send(q->h, flat, q->nx, &bad);
+            free(flat);
+        }
+    }
+    sr_x_free(q);
+    return ret;
+}
+
+static void sr_x_send(struct ibv_qp_ex *qpx) { sr_x_new(qpx, IBV_WR_SEND); }
+
+static void sr_x_send_imm(struct ibv_qp_ex *qpx, __be32 imm)
+{
+    struct sr_xwr *w = sr_x_new(qpx, IBV_WR_SEND_WITH_IMM);
+    if (w)
+        w->f.imm_data = ntohl(imm);
+}
+
+static void sr_x_send_inv(struct ibv_qp_ex *qpx, uint32_t rkey)
+{
+    struct sr_xwr *w = sr_x_new(qpx, IBV_WR_SEND_WITH_INV);
+    if (w)
+        w->f.imm_data = rkey;
+}
+
+static void sr_x_rdma(struct ibv_qp_ex *qpx, enum ibv_wr_opcode op, uint32_t rkey,
+                      uint64_t addr, uint32_t imm)
+{
+    struct sr_xwr *w = sr_x_new(qpx, op);
+    if (w) {
+        w->f.rkey = rkey;
+        w->f.remote_addr = addr;
+        w->f.imm_data = imm;
+    }
+}
+
+static void sr_x_write(struct ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr)
+{ sr_x_rdma(qpx, IBV_WR_RDMA_WRITE, rkey, addr, 0); }
+
+static void sr_x_write_imm(struct ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr, __be32 imm)
+{ sr_x_rdma(qpx, IBV_WR_RDMA_WRITE_WITH_IMM, rkey, addr, ntohl(imm)); }
+
+static void sr_x_read(struct ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr)
+{ sr_x_rdma(qpx, IBV_WR_RDMA_READ, rkey, addr, 0); }
+
+static void sr_x_cmp_swp(struct ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr, uint64_t compare,
+                         uint64_t swap)
+{
+    struct sr_xwr *w = sr_x_new(qpx, IBV_WR_ATOMIC_CMP_AND_SWP);
+    if (w) {
+        w->f.rkey = rkey;
+        w->f.remote_addr = addr;
+        w->f.compare_add = compare;
+        w->f.swap = swap;
+    }
+}
+
+static void sr_x_fetch_add(struct ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr, uint64_t add)
+{
+    struct sr_xwr *w = sr_x_new(qpx, IBV_WR_ATOMIC_FETCH_AND_ADD);
+    if (w) {
+        w->f.rkey = rkey;
+        w->f.remote_addr = addr;
+        w->f.compare_add = add;
+    }
+}
+
+static void sr_x_ud_addr(struct ibv_qp_ex *qpx, struct ibv_ah *ah, uint32_t qpn, uint32_t qkey)
+{
+    struct sr_xwr *w = sr_x_last(qpx);
+    if (w) {
+        w->f.ah = ah ? (uint32_t)SR_H(sr_ah, ah) : 0;
+        w->f.remote_qpn = qpn;
+        w->f.remote_qkey = qkey;
+    }
+}
+
+static void sr_x_sge(struct ibv_qp_ex *qpx, uint32_t lkey, uint64_t addr, uint32_t length)
+{
+    struct sr_xwr *w = sr_x_last(qpx);
+    if (w) {
+        w->one.addr = addr;
+        w->one.length = length;
+        w->one.lkey = lkey;
+        w->f.num_sge = 1;
+    }
+}
+
+static void sr_x_sge_list(struct ibv_qp_ex *qpx, size_t n, const struct ibv_sge *list)
+{
+    struct sr_xwr *w = sr_x_last(qpx);
+    if (!w)
+        return;
+    w->list = malloc((n ? n : 1) * sizeof(*list));
+    if (!w->list) {
+        ((struct sr_qp *)qpx)->xerr = ENOMEM;
+        return;
+    }
+    memcpy(w->list, list, n * sizeof(*list));
+    w->f.num_sge = (uint32_t)n;
+}
+
+static void sr_x_inline_list(struct ibv_qp_ex *qpx, size_t n, const struct ibv_data_buf *bufs)
+{
+    struct sr_xwr *w = sr_x_last(qpx);
+    size_t total = 0, i;
+    char *p;
+
+    if (!w)
+        return;
+    for (i = 0; i < n; i++)
+        total += bufs[i].length;
+    p = malloc(total ? total : 1);
+    if (!p) {
+        ((struct sr_qp *)qpx)->xerr = ENOMEM;
+        return;
+    }
+    w->inl = p;
+    for (i = 0; i < n; i++) {  /* copied now: the buffers are the program's again at once */
+        memcpy(p, bufs[i].addr, bufs[i].length);
+        p += bufs[i].length;
+    }
+    w->one.addr = (uintptr_t)w->inl;
+    w->one.length = (uint32_t)total;
+    w->f.num_sge = 1;
+    w->f.send_flags |= IBV_SEND_INLINE;
+}
+
+static void sr_x_inline(struct ibv_qp_ex *qpx, void *addr, size_t length)
+{
+    struct ibv_data_buf b = { .addr = addr, .length = length };
+    sr_x_inline_list(qpx, 1, &b);
+}
+
+/* ibv_wr_* not served yet: the WR list fails at ibv_wr_complete */
+static void sr_x_unsupported(struct sr_qp *q) { q->xerr = EOPNOTSUPP; }
+static void sr_x_bind_mw(struct ibv_qp_ex *qpx, struct ibv_mw *mw, uint32_t rkey,
+                         const struct ibv_mw_bind_info *info)
+{ (void)mw; (void)rkey; (void)info; sr_x_unsupported((struct sr_qp *)qpx); }
+static void sr_x_local_inv(struct ibv_qp_ex *qpx, uint32_t rkey)
+{ (void)rkey; sr_x_unsupported((struct sr_qp *)qpx); }
+static void sr_x_tso(struct ibv_qp_ex *qpx, void *hdr, uint16_t hdr_sz, uint16_t mss)
+{ (void)hdr; (void)hdr_sz; (void)mss; sr_x_unsupported((struct sr_qp *)qpx); }
+static void sr_x_xrc(struct ibv_qp_ex *qpx, uint32_t srqn)
+{ (void)srqn; sr_x_unsupported((struct sr_qp *)qpx); }
+static void sr_x_atomic_write(struct ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr, const void *wr)
+{ (void)rkey; (void)addr; (void)wr; sr_x_unsupported((struct sr_qp *)qpx); }
+
+static struct ibv_qp *sr_create_qp_ex(struct ibv_context *context,
+                                      struct ibv_qp_init_attr_ex *attr)
+{
+    struct ibv_qp_init_attr init;
+    struct ibv_qp_ex *x;
+    struct sr_qp *q;
+    uint32_t known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+
+    if (!(attr->comp_mask & IBV_QP_INIT_ATTR_PD) || !attr->pd)
+        return sr_fail(EINVAL);
+    if (attr->comp_mask & ~known)
+        return sr_fail(EOPNOTSUPP);  /* create_flags, XRC, RSS, TSO, source QPN... */
+    if ((attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) && (attr->send_ops_flags & ~(uint64_t)SR_XOPS))
+        return sr_fail(EOPNOTSUPP);
+    if (attr->pd->context != context)
+        return sr_fail(EINVAL);
+    memset(&init, 0, sizeof(init));
+    init.qp_context = attr->qp_context;
+    init.send_cq = attr->send_cq;
+    init.recv_cq = attr->recv_cq;
+    init.srq = attr->srq;
+    init.cap = attr->cap;
+    init.qp_type = attr->qp_type;
+    init.sq_sig_all = attr->sq_sig_all;
+    q = sr_create_qp(attr->pd, &init);
+    if (!q)
+        return NULL;
+    attr->cap = init.cap;
+    if (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) {
+        x = &q->qpx;
+        q->is_ex = 1;
+        x->wr_send = sr_x_send;
+        x->wr_send_imm = sr_x_send_imm;
+        x->wr_send_inv = sr_x_send_inv;
+        x->wr_rdma_write = sr_x_write;
+        x->wr_rdma_write_imm = sr_x_write_imm;
+        x->wr_rdma_read = sr_x_read;
+        x->wr_atomic_cmp_swp = sr_x_cmp_swp;
+        x->wr_atomic_fetch_add = sr_x_fetch_add;
+        x->wr_set_ud_addr = sr_x_ud_addr;
+        x->wr_set_sge = sr_x_sge;
+        x->wr_set_sge_list = sr_x_sge_list;
+        x->wr_set_inline_data = sr_x_inline;
+        x->wr_set_inline_data_list = sr_x_inline_list;
+        x->wr_start = sr_x_start;
+        x->wr_complete = sr_x_complete;
+        x->wr_abort = sr_x_abort;
+        x->wr_bind_mw = sr_x_bind_mw;
+        x->wr_local_inv = sr_x_local_inv;
+        x->wr_send_tso = sr_x_tso;
+        x->wr_set_xrc_srqn = sr_x_xrc;
+        x->wr_atomic_write = sr_x_atomic_write;
+    }
+    return &q->qpx.qp_base;
+}
+
+/* the ibv_wr_* view of a QP made by ibv_create_qp_ex with send_ops_flags (as rdma-core:
+ * NULL for the others) */
+struct ibv_qp_ex *ibv_qp_to_qp_ex(struct ibv_qp *qp)
+{
+    struct sr_qp *q = (struct sr_qp *)qp;
+    return q->is_ex ? &q->qpx : sr_fail(EOPNOTSUPP);
+}
+
+/* ---- address handles ---- */
+struct ibv_ah *ibv_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr)
+{
+    struct sr_ah *a;
+    struct sr_ah_attr f;
+    int h;
+
+    sr_ah_to_flat(attr, &f);
+    h = sr_py_create_ah(SR_H(sr_pd, pd), &f);
+    if (!sr_handle_ok(h))
+        return NULL;
+    a = calloc(1, sizeof(*a));
+    if (!a) {
+        sr_py_destroy(h);
+        return sr_fail(ENOMEM);
+    }
+    a->h = h;
+    a->ah.context = pd->context;
+    a->ah.pd = pd;
+    a->ah.handle = (uint32_t)h;
+    return &a->ah;
+}
+
+int ibv_destroy_ah(struct ibv_ah *ah)
+{
+    return sr_destroy_obj(SR_H(sr_ah, ah), ah);
+}
+
+int ibv_attach_mcast(struct ibv_qp *qp, const union ibv_gid *gid, uint16_t lid)
+{
+    union ibv_gid g = *gid;
+    return sr_py_mcast(SR_H(sr_qp, qp), g.raw, lid, 1);
+}
+
+int ibv_detach_mcast(struct ibv_qp *qp, const union ibv_gid *gid, uint16_t lid)
+{
+    union ibv_gid g = *gid;
+    return sr_py_mcast(SR_H(sr_qp, qp), g.raw, lid, 0);
+}
+
+/* ---- more of libibverbs over the same objects ---- */
+ssize_t _ibv_query_gid_table(struct ibv_context *context, struct ibv_gid_entry *entries,
+                             size_t max_entries, uint32_t flags, size_t entry_size)
+{
+    struct ibv_port_attr pa;
+    size_t n = 0;
+    int i;
+
+    if (flags || entry_size < sizeof(*entries))
+        return -EINVAL;
+    memset(&pa, 0, sizeof(pa));
+    if (sr_py_query_port(SR_CTX(context)->h, 1, &pa))
+        return -EIO;
+    for (i = 0; i < pa.gid_tbl_len; i++) {
+        struct ibv_gid_entry e;
+        /* an empty entry has no type (ENODATA): the table lists the populated ones */
+        if (_ibv_query_gid_ex(context, 1, (uint32_t)i, &e, 0, sizeof(e)))
+            continue;
+        if (n == max_entries)
+            return -EINVAL;
+        memcpy((char *)entries + n * entry_size, &e, sizeof(e));
+        n++;
+    }
+    return (ssize_t)n;
+}
+
+int ibv_get_pkey_index(struct ibv_context *context, uint8_t port_num, __be16 pkey)
+{
+    __be16 p;
+    int i;
+
+    for (i = 0; ibv_query_pkey(context, port_num, i, &p) == 0; i++)
+        if (p == pkey)
+            return i;
+    return -1;
+}
+
+/* ---- not served yet: fail the libibverbs way (the real library would take these objects
+ * for its own and crash) ---- */
+#define SR_NOT_YET_INT  { errno = EOPNOTSUPP; return EOPNOTSUPP; }
+#define SR_NOT_YET_PTR  { return sr_fail(EOPNOTSUPP); }
+
+int ibv_resize_cq(struct ibv_cq *cq, int cqe)
+{ (void)cq; (void)cqe; SR_NOT_YET_INT }
+
+int ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr, size_t length,
+                 int access)
+{ (void)mr; (void)flags; (void)pd; (void)addr; (void)length; (void)access; SR_NOT_YET_INT }
+
+struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length,
+                                 uint64_t iova, int fd, int access)
+{ (void)pd; (void)offset; (void)length; (void)iova; (void)fd; (void)access; SR_NOT_YET_PTR }
+
+int ibv_init_ah_from_wc(struct ibv_context *context, uint8_t port_num, struct ibv_wc *wc,
+                        struct ibv_grh *grh, struct ibv_ah_attr *ah_attr)
+{ (void)context; (void)port_num; (void)wc; (void)grh; (void)ah_attr; SR_NOT_YET_INT }
+
+struct ibv_ah *ibv_create_ah_from_wc(struct ibv_pd *pd, struct ibv_wc *wc, struct ibv_grh *grh,
+                                     uint8_t port_num)
+{ (void)pd; (void)wc; (void)grh; (void)port_num; SR_NOT_YET_PTR }
+
+int ibv_resolve_eth_l2_from_gid(struct ibv_context *context, struct ibv_ah_attr *attr,
+                                uint8_t eth_mac[ETHERNET_LL_SIZE], uint16_t *vid)
+{ (void)context; (void)attr; (void)eth_mac; (void)vid; SR_NOT_YET_INT }
+
+int ibv_query_ece(struct ibv_qp *qp, struct ibv_ece *ece)
+{ (void)qp; (void)ece; SR_NOT_YET_INT }
+
+int ibv_set_ece(struct ibv_qp *qp, struct ibv_ece *ece)
+{ (void)qp; (void)ece; SR_NOT_YET_INT }
+
+int ibv_query_qp_data_in_order(struct ibv_qp *qp, enum ibv_wr_opcode op, uint32_t flags)
+{ (void)qp; (void)op; (void)flags; return 0; /* no in-order guarantee promised */ }
+
+struct ibv_context *ibv_import_device(int cmd_fd)
+{ (void)cmd_fd; SR_NOT_YET_PTR }
+
+struct ibv_pd *ibv_import_pd(struct ibv_context *context, uint32_t pd_handle)
+{ (void)context; (void)pd_handle; SR_NOT_YET_PTR }
+
+struct ibv_mr *ibv_import_mr(struct ibv_pd *pd, uint32_t mr_handle)
+{ (void)pd; (void)mr_handle; SR_NOT_YET_PTR }
+
+struct ibv_dm *ibv_import_dm(struct ibv_context *context, uint32_t dm_handle)
+{ (void)context; (void)dm_handle; SR_NOT_YET_PTR }
+
+void ibv_unimport_pd(struct ibv_pd *pd) { (void)pd; }
+void ibv_unimport_mr(struct ibv_mr *mr) { (void)mr; }
+void ibv_unimport_dm(struct ibv_dm *dm) { (void)dm; }

@@ -1,0 +1,339 @@
+/* A libibverbs program for tests/test_capi_verbs.py, run under `softrdma run`.
+ *
+ *   wc_check DEVICE          checks: completion fields of a SEND with immediate whose
+ *                            inline data comes from an unregistered buffer, an error
+ *                            completion (RDMA WRITE to a bad R_Key), errors the libibverbs
+ *                            way (NULL + errno). Prints "ok: ..." lines, exits 0 when all pass.
+ *   wc_check DEVICE fork     forks first: the child opens the device anew and uses it,
+ *                            its inherited QP fails without hanging; then the checks.
+ *   wc_check DEVICE bench    prints the cost of an empty ibv_poll_cq and of one
+ *                            SEND + completions round on a loopback RC pair.
+ */
+#include <infiniband/verbs.h>
+#include <arpa/inet.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define FAIL(...) do { fprintf(stderr, "FAIL: " __VA_ARGS__); fputc('\n', stderr); exit(1); } while (0)
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void wait_wc(struct ibv_cq *cq, struct ibv_wc *wc, const char *what)
+{
+    double deadline = now() + 20.0;
+    int n;
+    while ((n = ibv_poll_cq(cq, 1, wc)) == 0)
+        if (now() > deadline)
+            FAIL("no completion for %s", what);
+    if (n < 0)
+        FAIL("ibv_poll_cq failed for %s", what);
+}
+
+static void to_rts(struct ibv_qp *qp, uint32_t dest, union ibv_gid *gid)
+{
+    struct ibv_qp_attr a;
+
+    memset(&a, 0, sizeof(a));
+    a.qp_state = IBV_QPS_INIT;
+    a.port_num = 1;
+    a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+        FAIL("INIT");
+    memset(&a, 0, sizeof(a));
+    a.qp_state = IBV_QPS_RTR;
+    a.path_mtu = IBV_MTU_1024;
+    a.dest_qp_num = dest;
+    a.max_dest_rd_atomic = 1;
+    a.min_rnr_timer = 12;
+    a.ah_attr.is_global = 1;
+    a.ah_attr.grh.dgid = *gid;
+    a.ah_attr.grh.hop_limit = 1;
+    a.ah_attr.port_num = 1;
+    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN
+                      | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+        FAIL("RTR");
+    memset(&a, 0, sizeof(a));
+    a.qp_state = IBV_QPS_RTS;
+    a.timeout = 14;
+    a.retry_cnt = 7;
+    a.rnr_retry = 7;
+    a.max_rd_atomic = 1;
+    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT
+                      | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
+        FAIL("RTS");
+}
+
+int main(int argc, char **argv)
+{
+    struct ibv_device **list;
+    struct ibv_context *ctx = NULL;
+    struct ibv_pd *pd;
+    struct ibv_cq *cqa, *cqb;
+    struct ibv_qp *qa, *qb;
+    struct ibv_qp_init_attr init;
+    struct ibv_mr *mr;
+    struct ibv_wc wc;
+    struct ibv_sge sge;
+    struct ibv_send_wr swr, *bad_s;
+    struct ibv_recv_wr rwr, *bad_r;
+    union ibv_gid gid;
+    static char buf[4096];
+    char msg[64];
+    int n, i, bench = argc > 2 && !strcmp(argv[2], "bench");
+    int forking = argc > 2 && !strcmp(argv[2], "fork");
+
+    if (argc < 2)
+        FAIL("usage: wc_check DEVICE [bench]");
+    list = ibv_get_device_list(&n);
+    for (i = 0; list && i < n; i++)
+        if (!strcmp(ibv_get_device_name(list[i]), argv[1]))
+            ctx = ibv_open_device(list[i]);
+    if (!ctx)
+        FAIL("no device %s", argv[1]);
+    if (ibv_query_gid(ctx, 1, 0, &gid))
+        FAIL("ibv_query_gid");
+    pd = ibv_alloc_pd(ctx);
+    cqa = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+    cqb = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+    if (!pd || !cqa || !cqb)
+        FAIL("pd/cq");
+
+    /* errors the libibverbs way */
+    errno = 0;
+    if (ibv_create_cq(ctx, 1 << 20, NULL, NULL, 0) != NULL || errno != EINVAL)
+        FAIL("ibv_create_cq(cqe=2^20): want NULL/EINVAL, errno %d", errno);
+    printf("ok: ibv_create_cq beyond max_cqe -> NULL, EINVAL\n");
+
+    memset(&init, 0, sizeof(init));
+    init.send_cq = cqa;
+    init.recv_cq = cqa;
+    init.qp_type = IBV_QPT_RC;
+    init.cap.max_send_wr = 16;
+    init.cap.max_recv_wr = 16;
+    init.cap.max_send_sge = 1;
+    init.cap.max_recv_sge = 1;
+    init.cap.max_inline_data = 64;
+    qa = ibv_create_qp(pd, &init);
+    init.send_cq = cqb;
+    init.recv_cq = cqb;
+    qb = ibv_create_qp(pd, &init);
+    if (!qa || !qb)
+        FAIL("ibv_create_qp: %s", strerror(errno));
+    errno = 0;
+    if (ibv_qp_to_qp_ex(qa) != NULL || errno != EOPNOTSUPP)
+        FAIL("ibv_qp_to_qp_ex: want NULL/EOPNOTSUPP");
+    printf("ok: ibv_qp_to_qp_ex -> NULL, EOPNOTSUPP\n");
+    /* verbs served without a Python-side object of their own, and verbs not served yet:
+     * the real libibverbs would take softrdma's objects for its own and crash */
+    {
+        struct ibv_gid_entry tbl[8];
+        ssize_t ng = ibv_query_gid_table(ctx, tbl, 8, 0);
+        if (ng < 1 || memcmp(&tbl[0].gid, &gid, sizeof(gid)) || tbl[0].gid_type != IBV_GID_TYPE_ROCE_V2)
+            FAIL("ibv_query_gid_table: %zd", ng);
+        if (ibv_get_pkey_index(ctx, 1, htons(0xffff)) != 0)
+            FAIL("ibv_get_pkey_index");
+        if (ibv_resize_cq(cqa, 32) != EOPNOTSUPP || ibv_create_ah_from_wc(pd, &wc, NULL, 1) != NULL
+            || errno != EOPNOTSUPP)
+            FAIL("not-yet verbs: want EOPNOTSUPP");
+        printf("ok: ibv_query_gid_table (%zd entries), ibv_get_pkey_index; ibv_resize_cq, "
+               "ibv_create_ah_from_wc -> EOPNOTSUPP\n", ng);
+    }
+    to_rts(qa, qb->qp_num, &gid);
+    to_rts(qb, qa->qp_num, &gid);
+    mr = ibv_reg_mr(pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    if (!mr)
+        FAIL("ibv_reg_mr");
+    if (ibv_poll_cq(cqa, 1, &wc) != 0)
+        FAIL("empty CQ polled a completion");
+
+    if (forking) {
+        pid_t pid = fork();
+        int status = 0;
+        double deadline = now() + 30.0;
+        if (pid < 0)
+            FAIL("fork");
+        if (pid == 0) {
+            /* the child: the inherited device is the parent's; its own works */
+            struct ibv_context *own = ibv_open_device(ctx->device);
+            struct ibv_pd *opd;
+            struct ibv_cq *ocq;
+            char one = 1;
+            struct ibv_sge s1 = { .addr = (uintptr_t)&one, .length = 1, .lkey = 0 };
+            memset(&swr, 0, sizeof(swr));
+            swr.sg_list = &s1; swr.num_sge = 1;
+            swr.opcode = IBV_WR_SEND;
+            swr.send_flags = IBV_SEND_INLINE;
+            if (ibv_post_send(qa, &swr, &bad_s) == 0)
+                _exit(3);  /* the parent's QP must not be usable here */
+            if (!own)
+                _exit(4);
+            opd = ibv_alloc_pd(own);
+            ocq = ibv_create_cq(own, 4, NULL, NULL, 0);
+            if (!opd || !ocq || ibv_poll_cq(ocq, 1, &wc) != 0)
+                _exit(5);
+            if (ibv_destroy_cq(ocq) || ibv_dealloc_pd(opd) || ibv_close_device(own))
+                _exit(6);
+            _exit(0);
+        }
+        while (waitpid(pid, &status, WNOHANG) == 0) {
+            if (now() > deadline) {
+                kill(pid, SIGKILL);
+                waitpid(pid, &status, 0);
+                FAIL("the forked child hangs");
+            }
+            usleep(10000);
+        }
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+            FAIL("forked child: status %#x", status);
+        printf("ok: fork: the child opens its own device, its inherited QP fails\n");
+    }
+
+    if (bench) {
+        int polls = 1000000, rounds = 500;
+        double t0 = now();
+        for (i = 0; i < polls; i++)
+            ibv_poll_cq(cqa, 1, &wc);
+        printf("empty_poll_ns %.1f\n", (now() - t0) / polls * 1e9);
+        t0 = now();
+        for (i = 0; i < rounds; i++) {
+            sge.addr = (uintptr_t)buf; sge.length = 64; sge.lkey = mr->lkey;
+            memset(&rwr, 0, sizeof(rwr));
+            rwr.sg_list = &sge; rwr.num_sge = 1;
+            if (ibv_post_recv(qb, &rwr, &bad_r))
+                FAIL("post_recv");
+            memset(&swr, 0, sizeof(swr));
+            swr.sg_list = &sge; swr.num_sge = 1;
+            swr.opcode = IBV_WR_SEND;
+            swr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+            if (ibv_post_send(qa, &swr, &bad_s))
+                FAIL("post_send");
+            wait_wc(cqb, &wc, "bench recv");
+            wait_wc(cqa, &wc, "bench send");
+        }
+        printf("send_round_us %.1f\n", (now() - t0) / rounds * 1e6);
+        return 0;
+    }
+
+    /* SEND with immediate, inline data from an unregistered buffer */
+    memset(buf, 0, sizeof(buf));
+    snprintf(msg, sizeof(msg), "inline-from-the-stack");
+    sge.addr = (uintptr_t)buf; sge.length = sizeof(buf); sge.lkey = mr->lkey;
+    memset(&rwr, 0, sizeof(rwr));
+    rwr.wr_id = 0xBBBB; rwr.sg_list = &sge; rwr.num_sge = 1;
+    if (ibv_post_recv(qb, &rwr, &bad_r))
+        FAIL("ibv_post_recv");
+    {
+        struct ibv_sge isge = { .addr = (uintptr_t)msg, .length = (uint32_t)strlen(msg) + 1, .lkey = 0 };
+        memset(&swr, 0, sizeof(swr));
+        swr.wr_id = 0xAAAA; swr.sg_list = &isge; swr.num_sge = 1;
+        swr.opcode = IBV_WR_SEND_WITH_IMM;
+        swr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+        swr.imm_data = htonl(0x12345678);
+        if (ibv_post_send(qa, &swr, &bad_s))
+            FAIL("ibv_post_send inline");
+        memset(msg, 'X', 8);  /* inline: the buffer is the program's again at once */
+    }
+    wait_wc(cqb, &wc, "recv");
+    if (wc.status != IBV_WC_SUCCESS || wc.opcode != IBV_WC_RECV || wc.wr_id != 0xBBBB
+        || wc.byte_len != strlen("inline-from-the-stack") + 1 || !(wc.wc_flags & IBV_WC_WITH_IMM)
+        || ntohl(wc.imm_data) != 0x12345678 || wc.qp_num != qb->qp_num)
+        FAIL("recv wc: status %d opcode %d wr_id %#llx byte_len %u flags %#x imm %#x qp %#x",
+             wc.status, wc.opcode, (unsigned long long)wc.wr_id, wc.byte_len, wc.wc_flags,
+             ntohl(wc.imm_data), wc.qp_num);
+    if (strcmp(buf, "inline-from-the-stack"))
+        FAIL("received '%s'", buf);
+    printf("ok: recv wc opcode RECV, WITH_IMM 0x12345678, byte_len %u, data intact\n", wc.byte_len);
+    wait_wc(cqa, &wc, "send");
+    if (wc.status != IBV_WC_SUCCESS || wc.opcode != IBV_WC_SEND || wc.wr_id != 0xAAAA
+        || wc.qp_num != qa->qp_num)
+        FAIL("send wc: status %d opcode %d", wc.status, wc.opcode);
+    printf("ok: send wc opcode SEND, wr_id 0xaaaa\n");
+
+    /* an RDMA WRITE to a bad R_Key: a remote access error completion */
+    sge.length = 16;
+    memset(&swr, 0, sizeof(swr));
+    swr.wr_id = 0xCCCC; swr.sg_list = &sge; swr.num_sge = 1;
+    swr.opcode = IBV_WR_RDMA_WRITE;
+    swr.send_flags = IBV_SEND_SIGNALED;
+    swr.wr.rdma.remote_addr = (uintptr_t)buf;
+    swr.wr.rdma.rkey = mr->rkey ^ 0x5a5a00;
+    if (ibv_post_send(qa, &swr, &bad_s))
+        FAIL("ibv_post_send write");
+    wait_wc(cqa, &wc, "bad write");
+    if (wc.status != IBV_WC_REM_ACCESS_ERR || wc.wr_id != 0xCCCC)
+        FAIL("bad write wc: status %d (%s)", wc.status, ibv_wc_status_str(wc.status));
+    printf("ok: bad R_Key -> %s\n", ibv_wc_status_str(wc.status));
+
+    /* a bad argument: EINVAL from ibv_post_send, bad_wr set */
+    bad_s = NULL;
+    swr.num_sge = -1;
+    if (ibv_post_send(qb, &swr, &bad_s) == 0 || bad_s != &swr)
+        FAIL("ibv_post_send(num_sge=-1) accepted");
+    printf("ok: ibv_post_send(num_sge=-1) refused, bad_wr set\n");
+
+    /* a CQ overrun: the asynchronous event IBV_EVENT_CQ_ERR names the CQ */
+    {
+        struct ibv_cq *cqo = ibv_create_cq(ctx, 1, NULL, NULL, 0);
+        struct ibv_qp *qo;
+        struct ibv_qp_attr a;
+        struct ibv_async_event ev;
+
+        init.send_cq = cqb;
+        init.recv_cq = cqo;
+        qo = cqo ? ibv_create_qp(pd, &init) : NULL;
+        if (!qo)
+            FAIL("overrun QP");
+        memset(&a, 0, sizeof(a));
+        a.qp_state = IBV_QPS_INIT;
+        a.port_num = 1;
+        if (ibv_modify_qp(qo, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+            FAIL("overrun QP INIT");
+        sge.length = 16;
+        memset(&rwr, 0, sizeof(rwr));
+        rwr.sg_list = &sge; rwr.num_sge = 1;
+        if (ibv_post_recv(qo, &rwr, &bad_r) || ibv_post_recv(qo, &rwr, &bad_r))
+            FAIL("overrun post_recv");
+        a.qp_state = IBV_QPS_ERR;
+        if (ibv_modify_qp(qo, &a, IBV_QP_STATE))  /* two flushed receives, room for one */
+            FAIL("overrun QP ERR");
+        /* first the responder's event of the bad R_Key above, then the overrun */
+        if (ibv_get_async_event(ctx, &ev))
+            FAIL("ibv_get_async_event: %s", strerror(errno));
+        if (ev.event_type != IBV_EVENT_QP_ACCESS_ERR || ev.element.qp != qb)
+            FAIL("async event %d (%s), element %p, want QP_ACCESS_ERR on %p", ev.event_type,
+                 ibv_event_type_str(ev.event_type), (void *)ev.element.qp, (void *)qb);
+        ibv_ack_async_event(&ev);
+        printf("ok: bad R_Key -> %s on the responder's QP\n", ibv_event_type_str(ev.event_type));
+        if (ibv_get_async_event(ctx, &ev))
+            FAIL("ibv_get_async_event: %s", strerror(errno));
+        if (ev.event_type != IBV_EVENT_CQ_ERR || ev.element.cq != cqo)
+            FAIL("async event %d (%s), element %p, want CQ_ERR on %p", ev.event_type,
+                 ibv_event_type_str(ev.event_type), (void *)ev.element.cq, (void *)cqo);
+        ibv_ack_async_event(&ev);
+        wait_wc(cqo, &wc, "flushed receive");
+        if (wc.status != IBV_WC_WR_FLUSH_ERR || ibv_poll_cq(cqo, 1, &wc) != 0)
+            FAIL("overrun CQ: status %d", wc.status);
+        if (ibv_destroy_qp(qo) || ibv_destroy_cq(cqo))
+            FAIL("overrun teardown");
+        printf("ok: CQ overrun -> %s on that CQ; the queued completion stays pollable\n",
+               ibv_event_type_str(ev.event_type));
+    }
+
+    if (ibv_destroy_qp(qa) || ibv_destroy_qp(qb) || ibv_dereg_mr(mr) || ibv_destroy_cq(cqa)
+        || ibv_destroy_cq(cqb) || ibv_dealloc_pd(pd) || ibv_close_device(ctx))
+        FAIL("teardown");
+    ibv_free_device_list(list);
+    printf("ok: teardown\n");
+    return 0;
+}
