@@ -146,6 +146,9 @@ class CQ(VerbsObject):
                 raise InvalidArgument("channel", f"expected a CompChannel, got {type(channel).__name__}")
             if channel.ctx is not ctx:
                 raise InvalidArgument("channel", "belongs to another context")
+        ctx._check()
+        self._count_on(ctx.objects, "max_cq")
+        if channel is not None:
             self._depend_on(ctx, channel)
         else:
             self._depend_on(ctx)
