@@ -6,6 +6,8 @@ libibverbs' callers see the kernel's answer), never ``TypeError``/``AttributeErr
 * :func:`uint`: an ``int`` in ``lo..hi``; :func:`u32`/:func:`u64` for the
   ``__u32``/``__u64`` fields of the verbs structs (``wr_id``, keys, addresses, immediate
   data);
+* :func:`seconds`/:func:`timeout`: a duration in seconds (a non-negative real number;
+  ``timeout`` also takes ``None``, wait forever);
 * :func:`data_bytes`: bytes-like data (``bytes``, ``bytearray``, ``memoryview`` or any
   contiguous buffer; ``str`` as UTF-8), never ``None``.
 """
@@ -14,7 +16,8 @@ from __future__ import annotations
 
 from ..errors import InvalidArgument
 
-__all__ = ["U8", "U16", "U24", "U32", "U64", "uint", "u32", "u64", "data_bytes"]
+__all__ = ["U8", "U16", "U24", "U32", "U64", "uint", "u32", "u64", "seconds", "timeout",
+           "data_bytes"]
 
 U8 = 0xFF
 U16 = 0xFFFF
@@ -42,6 +45,21 @@ def u32(value: object, argument: str) -> int:
 def u64(value: object, argument: str) -> int:
     """A ``__u64`` field (0..2^64-1), such as ``wr_id``."""
     return uint(value, U64, argument)
+
+
+def seconds(value: object, argument: str) -> float:
+    """A duration in seconds: an int or float, >= 0 (not NaN)."""
+    if type(value) is float or type(value) is int:
+        if value >= 0:  # NaN compares False
+            return value
+    elif isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+        return float(value)
+    raise InvalidArgument(argument, f"must be a number of seconds >= 0, got {value!r}")
+
+
+def timeout(value: object, argument: str = "timeout") -> float | None:
+    """A timeout in seconds, or None (no timeout)."""
+    return None if value is None else seconds(value, argument)
 
 
 def data_bytes(data: object, argument: str) -> memoryview:

@@ -42,6 +42,8 @@ from ..iwarp.qp import IwarpDevice
 from ..seam.events import AsyncEventType, EngineEvent
 from ..seam.protocols import DeviceEngine
 from ..wire.gid import ip_to_gid
+from ._args import seconds
+from ._args import timeout as check_timeout
 from ._object import VerbsObject
 from .context_file import DeviceFile, lookup
 from .counters import PortCounters
@@ -678,7 +680,7 @@ class Context(VerbsObject):
     def progress(self, timeout: float = 0.0) -> int:
         """Run the engine once (receive, timers, transmit); wait up to ``timeout`` s."""
         self._check()
-        return self.runtime.progress(timeout)
+        return self.runtime.progress(seconds(timeout, "timeout"))
 
     def counters(self) -> dict[str, int]:
         """This process's port counters by name (see :meth:`query_port_counters`)."""
@@ -742,6 +744,7 @@ class Context(VerbsObject):
         rxe does from its netdev notifier (``drivers.portwatch``; polled every
         ``interval`` seconds until the context closes)."""
         self._check()
+        interval = seconds(interval, "interval")
         if self.netdev is None or self._portwatch is not None:
             return
         self._portwatch = PortWatch(self.netdev, lambda et: self._post_event(AsyncEvent(et, 1)),
@@ -756,6 +759,7 @@ class Context(VerbsObject):
         """The next asynchronous event (``ibv_get_async_event``); TimeoutError after
         ``timeout`` seconds (None: wait forever)."""
         VerbsObject._check(self)  # events stay readable after a device failure
+        timeout = check_timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         manual = not self.runtime.threaded
         while True:
@@ -779,6 +783,8 @@ class Context(VerbsObject):
 
     def ack_async_event(self, event: AsyncEvent) -> None:
         """``ibv_ack_async_event`` (nothing to release in softrdma)."""
+        if not isinstance(event, AsyncEvent):
+            raise InvalidArgument("event", f"expected an AsyncEvent, got {type(event).__name__}")
 
     # ---- lifetime --------------------------------------------------------------------------------
     def _release(self) -> None:
