@@ -34,19 +34,27 @@ class VerbsObject:
         self._closed = False
         self._dependents: weakref.WeakSet[VerbsObject] = weakref.WeakSet()
         self._parents: list[VerbsObject] = []
-        self._uncount: weakref.finalize[[str], VerbsObject] | None = None
+        self._counted: tuple[ObjectCounts, str] | None = None
 
     def _count_on(self, counts: ObjectCounts, limit: str) -> None:
         """Count this object against the device's ``limit`` ("max_qp" ...); ResourceError
         (EINVAL) when the device holds that many already. Given back when the object is
         closed, or collected, or by :meth:`_count_undo` when its creation fails."""
         counts.take(limit)
-        self._uncount = weakref.finalize(self, counts.give, limit)
+        self._counted = (counts, limit)
 
     def _count_undo(self) -> None:
-        uncount = getattr(self, "_uncount", None)
-        if uncount is not None:
-            uncount()
+        counted = self.__dict__.pop("_counted", None)
+        if counted is not None:
+            counted[0].give(counted[1])
+
+    def __del__(self) -> None:
+        # collected without close(): give the count back (a finalizer per object would
+        # cost more at creation than this costs at collection)
+        try:
+            self._count_undo()
+        except Exception:  # noqa: BLE001, S110 - interpreter shutdown: nothing to give back to
+            pass
 
     def _depend_on(self, *parents: VerbsObject) -> None:
         """Register ``self`` as a dependent of each parent (closed when they close)."""

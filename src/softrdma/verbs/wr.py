@@ -324,4 +324,7 @@ def build_recv_wqe(wr: RecvWR, max_recv_sge: int) -> RecvWQE:
     sg = wr.sg
     if len(sg) > max_recv_sge:
         raise InvalidArgument("wr.num_sge", f"{len(sg)} SGEs > max_recv_sge {max_recv_sge}")
-    return RecvWQE(u64(wr.wr_id, "wr.wr_id"), [_EngineSGE(s.addr, s.length, s.lkey) for s in sg])
+    wr_id = wr.wr_id
+    if type(wr_id) is not int or not 0 <= wr_id <= U64:
+        wr_id = u64(wr_id, "wr.wr_id")
+    return RecvWQE(wr_id, [_EngineSGE(s.addr, s.length, s.lkey) for s in sg])
