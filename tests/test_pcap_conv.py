@@ -249,7 +249,8 @@ def test_read_response_without_a_read(tmp_path: Path) -> None:
     rc, _, err = check(path)
     assert rc == 1
     assert err == ["frame 7: 10.50.0.11 QP 0x19 -> 10.50.0.12 QP 0x19: "
-                   "RC_RDMA_READ_RESPONSE_ONLY PSN 0xffef7d answers no RDMA READ request"]
+                   "RC_RDMA_READ_RESPONSE_ONLY PSN 0xffef7d answers no RDMA READ request; "
+                   "the requester sends PSN 0xffef7d after it (frame 8)"]
 
 
 def test_read_response_in_the_wrong_position(tmp_path: Path) -> None:
@@ -725,3 +726,19 @@ def test_a_nak_ahead_of_the_requests_is_reported_at_once(tmp_path: Path) -> None
     assert err == [f"frame {TAIL_ACK}: 10.50.0.12 QP 0x18 -> 10.50.0.11 QP 0x18: NAK "
                    "(RC_ACKNOWLEDGE) for PSN 0xd1e5fe, which was never sent (sent: "
                    "0xd1e5f7..0xd1e5fa)"]
+
+
+#: Cut from roce_read_bw.pcap (Linux rxe, ib_read_bw over its TCP exchange): frames 1-20,
+#: 24-31 and 202-223 of it: the first RDMA READ (PSN 0xbe0d36, 4 KiB) with its responses,
+#: then the responses of the second READ (0xbe0d3a..3d, frames 25-28 here) whose request
+#: (frame 21 of the original, and the two after it) the capture lost.
+READ_TAIL_LOSS = Path(__file__).parent / "data" / "rxe_read_bw_tail_loss.pcap"
+
+
+def test_read_responses_of_a_read_lost_at_the_end_are_a_gap() -> None:
+    rc, out, err = check(READ_TAIL_LOSS, verbose=True)
+    assert (rc, err) == (0, [])
+    assert out[-1] == "1 connection followed, 0 inconsistent"
+    assert ("frame 25: note: 10.50.0.12 QP 0x14 -> 10.50.0.11 QP 0x14: "
+            "RC_RDMA_READ_RESPONSE_FIRST (MSN 2) accounts for 1 PSNs missing from the "
+            "capture, from 0xbe0d3a (before frame 25)") in out

@@ -44,7 +44,8 @@ that flow is no longer checked (later faults would be consequences):
    ACK's PSN) then count as a gap the ACK explains, its MSN checked as for any gap; if the
    requester later sends a new request inside that range, the ACK came before the request
    it acknowledges and is reported as acknowledging a PSN never sent (at the ACK's frame).
-   A NAK ahead of the next PSN is reported at once. An RDMA READ response lies in the PSN range of an RDMA READ request and
+   A NAK ahead of the next PSN is reported at once. An RDMA READ response ahead of the
+   next PSN is capture loss the same way (its READ request was lost). An RDMA READ response lies in the PSN range of an RDMA READ request and
    has the position (FIRST/MIDDLE/LAST/ONLY) and payload length that range implies
    (IBA 9.7.4.1.3); a READ response in an unexplained gap is accepted when its MSN check
    passes (the request was lost from the capture).
@@ -439,12 +440,21 @@ class ConversationChecker:
         self._msn(f, index, through, p.msn, info.name)
 
     def _lost_requests(self, f: _Flow, index: int, psn: int, text: str) -> None:
-        """An ACK for PSN ``psn`` at or past the next PSN: the requests up to it were lost
+        """An ACK (or READ response) for PSN ``psn`` at or past the next PSN: the requests
+        up to it were lost
         from the capture. They become a gap (which the ACK's MSN check then explains) and
         are remembered in ``f.lost`` until a request past them confirms the loss."""
         if len(f.gaps) >= MAX_TRACKED:
             self._fail(f, index, f"more than {MAX_TRACKED} unexplained PSN gaps")
             return
+        ra = f.read_after
+        if ra is not None:  # the last READ's span, if the PMTU now fixes it
+            spans = self._spans(f, ra.length)
+            if len(spans) == 1 and psn_delta((ra.psn + spans[0]) % PSN_MOD, f.next) > 0:
+                f.next = (ra.psn + spans[0]) % PSN_MOD
+            f.read_after = None
+            if psn_delta(psn, f.next) < 0:
+                return  # inside that READ after all
         end = (psn + 1) % PSN_MOD
         f.gaps.append(_Gap(f.next, end, index, False))
         if f.lost is None:
@@ -452,7 +462,6 @@ class ConversationChecker:
         else:
             f.lost.end = end
         f.next = end
-        f.read_after = None
 
     def _read_response(self, f: _Flow, index: int, p: ib.IBPacket) -> None:
         """Match an RDMA READ response with a READ request (the newest first: a retried
@@ -481,6 +490,11 @@ class ConversationChecker:
         elif why:
             self._fail(f, index, why)
         elif any(self._in_gap(g, p.psn) for g in f.gaps):  # its READ is missing too
+            if info.hdrs & Hdr.AETH:
+                self._msn(f, index, p.psn, p.msn, info.name)
+        elif psn_delta(p.psn, f.next) >= 0:  # its READ was lost from the capture's end
+            self._lost_requests(f, index, p.psn, f"{info.name} PSN {p.psn:#08x} answers no "
+                                                 f"RDMA READ request")
             if info.hdrs & Hdr.AETH:
                 self._msn(f, index, p.psn, p.msn, info.name)
         else:
