@@ -238,3 +238,23 @@ def test_missing_iwarp_module_is_fine(monkeypatch: pytest.MonkeyPatch) -> None:
         import softrdma.tools.pcap_check_iwarp  # noqa: F401
     checkers = pcap_check._checkers()
     assert [type(c).__name__ for c in checkers] == ["RoceChecker"]
+
+
+def test_unknown_link_type_exits_2_and_names_it(tmp_path: Path) -> None:
+    """Issue 21: a capture of a link type pcap-check cannot decode passed as "0 packets"
+    with exit 0; it is unreadable (2), and the message names the link type."""
+    path = tmp_path / "user0.pcap"
+    with PcapWriter(path, linktype=147) as w:  # LINKTYPE_USER0
+        w.write(bytes(60), 1.0)
+        w.write(bytes(60), 2.0)
+    out, err = io.StringIO(), io.StringIO()
+    rc = pcap_check.run([str(path)], out, err=err)
+    assert rc == 2
+    assert err.getvalue().startswith(f"{path}: cannot check 2 records of link type 147 (USER0): "
+                                     "pcap-check decodes link types 0 (NULL), 1 (ETHERNET)")
+    # a decodable capture beside it is still checked, and the worst status wins
+    other = Path(__file__).parent / "data" / "rxe_write_bw_tail_loss.pcap"
+    out = io.StringIO()
+    rc = pcap_check.run([str(other), str(path)], out, err=io.StringIO())
+    assert rc == 2
+    assert f"{other}: 52 packets, 52 ok, 0 failed" in out.getvalue().splitlines()

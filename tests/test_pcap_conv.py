@@ -216,7 +216,8 @@ def test_ack_for_a_psn_never_sent(tmp_path: Path) -> None:
     rc, _, err = check(path)
     assert rc == 1
     assert err == ["frame 5: 10.50.0.12 QP 0x19 -> 10.50.0.11 QP 0x19: ACK (RC_ACKNOWLEDGE) for "
-                   "PSN 0xdfb331, which was never sent (sent: 0xdfb32c..0xdfb32c)"]
+                   "PSN 0xdfb331, which was never sent (sent: 0xdfb32c..0xdfb32c); the "
+                   "requester sends PSN 0xdfb32d after it (frame 10)"]
 
 
 def test_nak_for_a_psn_never_sent(tmp_path: Path) -> None:
@@ -248,7 +249,8 @@ def test_read_response_without_a_read(tmp_path: Path) -> None:
     rc, _, err = check(path)
     assert rc == 1
     assert err == ["frame 7: 10.50.0.11 QP 0x19 -> 10.50.0.12 QP 0x19: "
-                   "RC_RDMA_READ_RESPONSE_ONLY PSN 0xffef7d answers no RDMA READ request"]
+                   "RC_RDMA_READ_RESPONSE_ONLY PSN 0xffef7d answers no RDMA READ request; "
+                   "the requester sends PSN 0xffef7d after it (frame 8)"]
 
 
 def test_read_response_in_the_wrong_position(tmp_path: Path) -> None:
@@ -656,3 +658,87 @@ def test_rocev1_pingpong_is_followed(tmp_path: Path) -> None:
     assert rc == 1 and err[0].startswith("frame 3: 10.1.0.1 QP 0x31 -> 10.1.0.2 QP 0x32: first "
                                          "request PSN 0x000501 is not the Starting PSN "
                                          "0x000500 announced in its pingpong message (frame 1)")
+
+
+# ---- capture loss at the end (issue 25) ----------------------------------------------------
+#: Cut from roce_write_bw_rdmacm.pcap (Linux rxe, ib_write_bw over rdma_cm): frames 1-46,
+#: 49, 54 and 286-289 of it. The second connection's first RDMA WRITE (PSN 0xd1e5f7..fa)
+#: and its ACK are there; the second WRITE (0xd1e5fb..fe, frames 47/48/50/51) is not, but its
+#: ACK (MSN 2, frame 48 here) is: what tcpdump does when it misses the last requests.
+TAIL_LOSS = Path(__file__).parent / "data" / "rxe_write_bw_tail_loss.pcap"
+TAIL_ACK = 48
+
+
+def test_requests_lost_at_the_end_of_the_capture_are_a_gap() -> None:
+    rc, out, err = check(TAIL_LOSS, verbose=True)
+    assert (rc, err) == (0, [])
+    assert out[-2:] == ["52 packets, 52 ok, 0 failed", "2 connections followed, 0 inconsistent"]
+    assert (f"frame {TAIL_ACK}: note: 10.50.0.12 QP 0x18 -> 10.50.0.11 QP 0x18: RC_ACKNOWLEDGE "
+            "(MSN 2) accounts for 4 PSNs missing from the capture, from 0xd1e5fb (before "
+            f"frame {TAIL_ACK})") in out
+
+
+def _tail_edit(tmp_path: Path, edit: Edit, extra: Callable[[PcapRecord, roce.RoceFrame],
+               bytes] | None = None) -> Path:
+    """The tail-loss capture with ``edit`` applied, and ``extra(ack record, its frame)``
+    written right after the ACK ahead."""
+    path = tmp_path / "tail.pcap"
+    with PcapWriter(path) as w:
+        for r in read_pcap(TAIL_LOSS):
+            f = roce.parse_frame(r.data, r.linktype)
+            assert f is not None
+            w.write(edit(r, f) or r.data, r.ts)
+            if extra is not None and r.index == TAIL_ACK:
+                w.write(extra(r, f), r.ts)
+    return path
+
+
+def test_an_ack_ahead_with_a_wrong_msn_is_still_reported(tmp_path: Path) -> None:
+    path = _tail_edit(tmp_path, lambda r, f: rebuild(f, msn=9) if r.index == TAIL_ACK else None)
+    rc, _, err = check(path)
+    assert rc == 1
+    assert err == [f"frame {TAIL_ACK}: 10.50.0.12 QP 0x18 -> 10.50.0.11 QP 0x18: RC_ACKNOWLEDGE "
+                   "MSN 9 for PSN 0xd1e5fe: only 5 messages were sent"]
+
+
+def test_a_request_after_the_ack_ahead_shows_it_acknowledged_a_psn_never_sent(
+        tmp_path: Path) -> None:
+    """The requester's next request is at the first PSN the ACK claimed: the ACK came
+    before the requests, so it acknowledged what was never sent (no capture loss)."""
+    first = next(r for r in read_pcap(TAIL_LOSS) if r.index == 43)  # WRITE_ONLY-sized FIRST
+    ff = roce.parse_frame(first.data, first.linktype)
+    assert ff is not None and ff.packet.psn == 0xd1e5f7
+    path = _tail_edit(tmp_path, lambda r, f: None,
+                      lambda r, f: rebuild(ff, psn=0xd1e5fb))
+    rc, _, err = check(path)
+    assert rc == 1
+    assert err == [f"frame {TAIL_ACK}: 10.50.0.12 QP 0x18 -> 10.50.0.11 QP 0x18: ACK "
+                   "(RC_ACKNOWLEDGE) for PSN 0xd1e5fe, which was never sent (sent: "
+                   f"0xd1e5f7..0xd1e5fa); the requester sends PSN 0xd1e5fb after it (frame "
+                   f"{TAIL_ACK + 1})"]
+
+
+def test_a_nak_ahead_of_the_requests_is_reported_at_once(tmp_path: Path) -> None:
+    path = _tail_edit(tmp_path, lambda r, f: rebuild(f, syndrome=ib.NAK_PSN_SEQ_ERR)
+                      if r.index == TAIL_ACK else None)
+    rc, _, err = check(path)
+    assert rc == 1
+    assert err == [f"frame {TAIL_ACK}: 10.50.0.12 QP 0x18 -> 10.50.0.11 QP 0x18: NAK "
+                   "(RC_ACKNOWLEDGE) for PSN 0xd1e5fe, which was never sent (sent: "
+                   "0xd1e5f7..0xd1e5fa)"]
+
+
+#: Cut from roce_read_bw.pcap (Linux rxe, ib_read_bw over its TCP exchange): frames 1-20,
+#: 24-31 and 202-223 of it: the first RDMA READ (PSN 0xbe0d36, 4 KiB) with its responses,
+#: then the responses of the second READ (0xbe0d3a..3d, frames 25-28 here) whose request
+#: (frame 21 of the original, and the two after it) the capture lost.
+READ_TAIL_LOSS = Path(__file__).parent / "data" / "rxe_read_bw_tail_loss.pcap"
+
+
+def test_read_responses_of_a_read_lost_at_the_end_are_a_gap() -> None:
+    rc, out, err = check(READ_TAIL_LOSS, verbose=True)
+    assert (rc, err) == (0, [])
+    assert out[-1] == "1 connection followed, 0 inconsistent"
+    assert ("frame 25: note: 10.50.0.12 QP 0x14 -> 10.50.0.11 QP 0x14: "
+            "RC_RDMA_READ_RESPONSE_FIRST (MSN 2) accounts for 1 PSNs missing from the "
+            "capture, from 0xbe0d3a (before frame 25)") in out

@@ -23,8 +23,13 @@ Output, per file:
   inconsistent, ``FILE: N connections followed, N inconsistent`` (with ``(the first at
   frame N)`` when some are); notes of the iWARP checker (``FILE: note: ...``).
 
+A record of a link type pcap-check cannot decode (:data:`LINKTYPES`: Ethernet, Linux
+cooked v1/v2, raw IP, BSD loopback) is not checked; the file then ends with
+``FILE: cannot check N records of link type T (NAME): ...`` on stderr and counts as
+unreadable, rather than passing as a file of 0 packets.
+
 Exit status: 0 all packets and connections ok, 1 some failed, 2 some file could not be
-read (or no file given).
+read or holds records of a link type pcap-check cannot decode (or no file given).
 """
 
 from __future__ import annotations
@@ -44,13 +49,28 @@ from .pcap_conv import GSI_QPN, ConversationChecker
 from .pcap_gso import GsoBatch, split_gso
 from .pcap_oob import OobScanner
 
-__all__ = ["Checker", "RoceChecker", "run", "check_file", "describe", "MAX_FAILURE_LINES"]
+__all__ = ["Checker", "RoceChecker", "run", "check_file", "describe", "MAX_FAILURE_LINES",
+           "LINKTYPES"]
 
 MAX_FAILURE_LINES = 20  # the default of --max-errors
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_UNREADABLE = 2
+
+#: the link types pcap-check decodes (tcpdump.org/linktypes.html; RoCE frames:
+#: ``wire.roce.parse_frame``, TCP: ``wire.tcpstream.parse_tcp``)
+LINKTYPES: dict[int, str] = {
+    0: "NULL", 1: "ETHERNET", 12: "RAW (BSD)", 14: "RAW (BSD)", 101: "RAW", 113: "LINUX_SLL",
+    228: "IPV4", 229: "IPV6", 276: "LINUX_SLL2",
+}
+#: names of other common link types, for the message about them
+_OTHER_LINKTYPES: dict[int, str] = {
+    6: "IEEE802_5", 9: "PPP", 105: "IEEE802_11", 119: "IEEE802_11_PRISM", 127:
+    "IEEE802_11_RADIOTAP", 189: "USB_LINUX", 192: "PPI", 201: "BLUETOOTH_HCI_H4_WITH_PHDR",
+    220: "USB_LINUX_MMAPPED", 247: "INFINIBAND", 249: "NETLINK",
+    **{147 + i: f"USER{i}" for i in range(16)},
+}
 _CM_MAD_SIZE = 256
 _NOTE = "note: "
 
@@ -279,8 +299,12 @@ def check_file(path: str, out: TextIO,
     err = sys.stderr if err is None else err
     checkers = _checkers(ports, out if verbose else None, f"{path}: ")
     lines = _Lines(path, out, err, max_errors)
+    unknown: dict[int, int] = {}  # link type -> records not checked
     try:
         for record in read_pcap(path):
+            if record.linktype not in LINKTYPES:
+                unknown[record.linktype] = unknown.get(record.linktype, 0) + 1
+                continue
             for c in checkers:
                 c.feed(record)
                 lines.put(c.drain())
@@ -298,6 +322,11 @@ def check_file(path: str, out: TextIO,
     if lines.held:
         print(f"{path}: {lines.held} more failure lines not shown (--max-errors {max_errors})",
               file=err)
+    for lt, n in unknown.items():
+        name = _OTHER_LINKTYPES.get(lt, "unknown")
+        print(f"{path}: cannot check {n} record{'s' if n != 1 else ''} of link type {lt} "
+              f"({name}): pcap-check decodes link types "
+              f"{', '.join(f'{k} ({v})' for k, v in LINKTYPES.items())}", file=err)
     for note in notes:
         print(f"{path}: {note}", file=out)
     failed = packets - ok
@@ -309,6 +338,8 @@ def check_file(path: str, out: TextIO,
         first = f" (the first at frame {rc.first_bad})" if bad else ""
         print(f"{path}: {n} connection{'s' if n != 1 else ''} followed, {bad} inconsistent"
               f"{first}", file=out)
+    if unknown:
+        return EXIT_UNREADABLE
     return EXIT_FAILED if failed or bad else EXIT_OK
 
 

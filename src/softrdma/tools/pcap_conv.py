@@ -38,7 +38,14 @@ that flow is no longer checked (later faults would be consequences):
    explained only when the packet after it continues a message (MIDDLE/LAST) whose start
    is missing from the capture with it; otherwise it is reported at once.
 4. **Responses**: an ACK/NAK/atomic ACK refers to a PSN the requester sent (first PSN ..
-   next PSN - 1); an RDMA READ response lies in the PSN range of an RDMA READ request and
+   next PSN - 1). A positive ACK (or atomic ACK) *ahead* of the next PSN is capture loss,
+   not an error, when nothing contradicts it: tcpdump can miss the last requests of a
+   capture yet catch their ACKs (rxe under perftest). The missing PSNs (next PSN .. the
+   ACK's PSN) then count as a gap the ACK explains, its MSN checked as for any gap; if the
+   requester later sends a new request inside that range, the ACK came before the request
+   it acknowledges and is reported as acknowledging a PSN never sent (at the ACK's frame).
+   A NAK ahead of the next PSN is reported at once. An RDMA READ response ahead of the
+   next PSN is capture loss the same way (its READ request was lost). An RDMA READ response lies in the PSN range of an RDMA READ request and
    has the position (FIRST/MIDDLE/LAST/ONLY) and payload length that range implies
    (IBA 9.7.4.1.3); a READ response in an unexplained gap is accepted when its MSN check
    passes (the request was lost from the capture).
@@ -122,6 +129,17 @@ class _Gap:
 
 
 @dataclass(eq=False, slots=True)
+class _Lost:
+    """Requests an ACK ahead of the next PSN shows were lost from the capture (PSNs
+    ``start`` .. ``end - 1``), until a later request contradicts it."""
+
+    start: int
+    end: int  # exclusive
+    frame: int  # the (first) ACK ahead
+    text: str  # its failure line, should a later request fall in the range
+
+
+@dataclass(eq=False, slots=True)
 class _Flow:
     """One side's requests (``requester``) and the peer's responses."""
 
@@ -142,6 +160,7 @@ class _Flow:
     reads: dict[int, _Read] = field(default_factory=dict)
     gaps: deque[_Gap] = field(default_factory=deque)
     read_after: _Read | None = None  # a READ whose span the PMTU does not fix yet
+    lost: _Lost | None = None  # requests only an ACK ahead of them shows
 
 
 _SERVICE_NAME: dict[int, str] = {Transport.RC: "an RC", Transport.UC: "a UC",
@@ -316,6 +335,14 @@ class ConversationChecker:
             elif d > 0:
                 f.next = (ra.psn + spans[0]) % PSN_MOD
                 f.read_after = None
+        lost = f.lost
+        if lost is not None:
+            if 0 <= psn_delta(p.psn, lost.start) < psn_delta(lost.end, lost.start):
+                self._fail(f, lost.frame, f"{lost.text}; the requester sends PSN {p.psn:#08x} "
+                                          f"after it (frame {index})")
+                return
+            if psn_delta(p.psn, lost.end) >= 0:
+                f.lost = None  # the requester goes on past them: they were lost from the capture
         d = psn_delta(p.psn, f.next)
         uc = f.conn.transport == Transport.UC
         first = not f.started
@@ -403,11 +430,38 @@ class ConversationChecker:
                 self._fail(f, g.frame, f"{self._gap_text(f, g)}; the peer answers with an "
                                        f"{what} for PSN {p.psn:#08x} (frame {index})")
                 return
-            self._fail(f, index, f"{what} ({info.name}) for PSN {p.psn:#08x}, which was never "
-                                 f"sent (sent: {f.first:#08x}..{(f.next - 1) % PSN_MOD:#08x})")
-            return
+            text = (f"{what} ({info.name}) for PSN {p.psn:#08x}, which was never sent (sent: "
+                    f"{f.first:#08x}..{(f.next - 1) % PSN_MOD:#08x})")
+            if syn != ib.AETH_ACK or psn_delta(p.psn, f.next) < 0:
+                self._fail(f, index, text)
+                return
+            self._lost_requests(f, index, p.psn, text)
         through = p.psn if syn == ib.AETH_ACK else (p.psn - 1) % PSN_MOD
         self._msn(f, index, through, p.msn, info.name)
+
+    def _lost_requests(self, f: _Flow, index: int, psn: int, text: str) -> None:
+        """An ACK (or READ response) for PSN ``psn`` at or past the next PSN: the requests
+        up to it were lost
+        from the capture. They become a gap (which the ACK's MSN check then explains) and
+        are remembered in ``f.lost`` until a request past them confirms the loss."""
+        if len(f.gaps) >= MAX_TRACKED:
+            self._fail(f, index, f"more than {MAX_TRACKED} unexplained PSN gaps")
+            return
+        ra = f.read_after
+        if ra is not None:  # the last READ's span, if the PMTU now fixes it
+            spans = self._spans(f, ra.length)
+            if len(spans) == 1 and psn_delta((ra.psn + spans[0]) % PSN_MOD, f.next) > 0:
+                f.next = (ra.psn + spans[0]) % PSN_MOD
+            f.read_after = None
+            if psn_delta(psn, f.next) < 0:
+                return  # inside that READ after all
+        end = (psn + 1) % PSN_MOD
+        f.gaps.append(_Gap(f.next, end, index, False))
+        if f.lost is None:
+            f.lost = _Lost(f.next, end, index, text)
+        else:
+            f.lost.end = end
+        f.next = end
 
     def _read_response(self, f: _Flow, index: int, p: ib.IBPacket) -> None:
         """Match an RDMA READ response with a READ request (the newest first: a retried
@@ -436,6 +490,11 @@ class ConversationChecker:
         elif why:
             self._fail(f, index, why)
         elif any(self._in_gap(g, p.psn) for g in f.gaps):  # its READ is missing too
+            if info.hdrs & Hdr.AETH:
+                self._msn(f, index, p.psn, p.msn, info.name)
+        elif psn_delta(p.psn, f.next) >= 0:  # its READ was lost from the capture's end
+            self._lost_requests(f, index, p.psn, f"{info.name} PSN {p.psn:#08x} answers no "
+                                                 f"RDMA READ request")
             if info.hdrs & Hdr.AETH:
                 self._msn(f, index, p.psn, p.msn, info.name)
         else:

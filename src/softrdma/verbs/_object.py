@@ -7,6 +7,8 @@
 * A dependent keeps its parents alive (strong references), so an object is never
   collected while something built on it is usable.
 * Using a closed object raises :class:`~softrdma.errors.ClosedError`.
+* An object of a type the device limits (PD, CQ, QP, SRQ, AH, MR, MW; :mod:`.limits`)
+  counts against its device from creation until it is closed or collected.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from types import TracebackType
 from typing import Self
 
 from ..errors import ClosedError
+from .limits import ObjectCounts
 
 __all__ = ["VerbsObject"]
 
@@ -31,6 +34,27 @@ class VerbsObject:
         self._closed = False
         self._dependents: weakref.WeakSet[VerbsObject] = weakref.WeakSet()
         self._parents: list[VerbsObject] = []
+        self._counted: tuple[ObjectCounts, str] | None = None
+
+    def _count_on(self, counts: ObjectCounts, limit: str) -> None:
+        """Count this object against the device's ``limit`` ("max_qp" ...); ResourceError
+        (EINVAL) when the device holds that many already. Given back when the object is
+        closed, or collected, or by :meth:`_count_undo` when its creation fails."""
+        counts.take(limit)
+        self._counted = (counts, limit)
+
+    def _count_undo(self) -> None:
+        counted = self.__dict__.pop("_counted", None)
+        if counted is not None:
+            counted[0].give(counted[1])
+
+    def __del__(self) -> None:
+        # collected without close(): give the count back (a finalizer per object would
+        # cost more at creation than this costs at collection)
+        try:
+            self._count_undo()
+        except Exception:  # noqa: BLE001, S110 - interpreter shutdown: nothing to give back to
+            pass
 
     def _depend_on(self, *parents: VerbsObject) -> None:
         """Register ``self`` as a dependent of each parent (closed when they close)."""
@@ -57,6 +81,7 @@ class VerbsObject:
             self._release()
         finally:
             self._closed = True
+            self._count_undo()
             for p in self._parents:
                 p._dependents.discard(self)
 

@@ -18,6 +18,7 @@ from ..errors import InvalidArgument
 from ..ib.pacing import rate_bps
 from ..ib.qp import AddressVector
 from ..wire.gid import is_v4_mapped
+from ._args import U8, U16, uint
 from ._object import VerbsObject
 from .device import GID, Context, gid_table_len
 from .pd import PD
@@ -70,12 +71,6 @@ class AHAttr:
                 f"dlid={self.dlid}, sl={self.sl})")
 
 
-def _u(value: object, bits: int, argument: str) -> int:
-    if not isinstance(value, int) or not 0 <= value < 1 << bits:
-        raise InvalidArgument(argument, f"must be a {bits}-bit unsigned int, got {value!r}")
-    return value
-
-
 def address_vector(ctx: Context, attr: AHAttr, argument: str = "ah_attr") -> AddressVector:
     """Validate ``attr`` for ``ctx`` and build the engine's ``AddressVector``."""
     if not isinstance(attr, AHAttr):
@@ -86,7 +81,7 @@ def address_vector(ctx: Context, attr: AHAttr, argument: str = "ah_attr") -> Add
         raise InvalidArgument(f"{argument}.is_global", "RoCE requires a GRH (is_global=1 and gr)")
     gr = attr.gr
     gids = ctx.port.gids
-    sgid_index = _u(gr.sgid_index, 8, f"{argument}.gr.sgid_index")
+    sgid_index = uint(gr.sgid_index, U8, f"{argument}.gr.sgid_index")
     if sgid_index >= len(gids):
         # Linux rdma_get_gid_attr: ENODATA for an empty entry of the table (rxe: 1024
         # entries, the populated ones first), EINVAL past its end
@@ -107,7 +102,7 @@ def address_vector(ctx: Context, attr: AHAttr, argument: str = "ah_attr") -> Add
     if src_v4 != dst_v4:
         raise InvalidArgument(f"{argument}.gr.dgid",
                               f"{GID(dgid)} is not of the IP family of source GID {GID(gids[sgid_index])}")
-    sl = _u(attr.sl, 4, f"{argument}.sl")
+    sl = uint(attr.sl, 0xF, f"{argument}.sl")
     if sl > MAX_ROCE_SL:
         # CA16-18: "An attempt to use an Address Vector for a RoCE port containing a
         # reserved SL value shall result in the Invalid Address Vector verb result."
@@ -115,10 +110,10 @@ def address_vector(ctx: Context, attr: AHAttr, argument: str = "ah_attr") -> Add
                               "SL 0-7 map to Ethernet priorities 0-7, 8-15 are reserved): "
                               "invalid address vector")
     # CA16-17: a RoCE address vector holds GIDs only, no LID and no path bits
-    if _u(attr.dlid, 16, f"{argument}.dlid"):
+    if uint(attr.dlid, U16, f"{argument}.dlid"):
         raise InvalidArgument(f"{argument}.dlid", "RoCE address vectors carry no LID "
                               "(CA16-17: GIDs only); use dlid=0")
-    if _u(attr.src_path_bits, 7, f"{argument}.src_path_bits"):
+    if uint(attr.src_path_bits, 0x7F, f"{argument}.src_path_bits"):
         raise InvalidArgument(f"{argument}.src_path_bits", "RoCE address vectors carry no "
                               "path bits (CA16-17); use src_path_bits=0")
     static_rate = attr.static_rate
@@ -126,9 +121,9 @@ def address_vector(ctx: Context, attr: AHAttr, argument: str = "ah_attr") -> Add
     return AddressVector(
         dgid,
         sgid_index=sgid_index,
-        flow_label=_u(gr.flow_label, 20, f"{argument}.gr.flow_label"),
-        hop_limit=_u(gr.hop_limit, 8, f"{argument}.gr.hop_limit"),
-        traffic_class=_u(gr.traffic_class, 8, f"{argument}.gr.traffic_class"),
+        flow_label=uint(gr.flow_label, 0xFFFFF, f"{argument}.gr.flow_label"),
+        hop_limit=uint(gr.hop_limit, U8, f"{argument}.gr.hop_limit"),
+        traffic_class=uint(gr.traffic_class, U8, f"{argument}.gr.traffic_class"),
         sl=sl,
         dlid=0,
         port_num=1,
@@ -157,6 +152,7 @@ class AH(VerbsObject):
             raise InvalidArgument("pd", f"expected a PD, got {type(pd).__name__}")
         pd._check()
         self.av = address_vector(pd.ctx, attr, "attr")
+        self._count_on(pd.ctx.objects, "max_ah")
         self._depend_on(pd)
         self.pd = pd
         self.attr = attr

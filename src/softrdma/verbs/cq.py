@@ -29,6 +29,7 @@ from collections import deque
 from .. import enums as e
 from ..errors import InvalidArgument, StateError
 from ..seam.types import WorkCompletion
+from ._args import timeout as check_timeout
 from ._object import VerbsObject
 from .device import MAX_CQE, AsyncEvent, Context
 
@@ -95,6 +96,7 @@ class CompChannel(VerbsObject):
         manual progress mode it runs the engine while it waits.
         """
         self._check()
+        timeout = check_timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         runtime = self.ctx.runtime
         while True:
@@ -146,6 +148,9 @@ class CQ(VerbsObject):
                 raise InvalidArgument("channel", f"expected a CompChannel, got {type(channel).__name__}")
             if channel.ctx is not ctx:
                 raise InvalidArgument("channel", "belongs to another context")
+        ctx._check()
+        self._count_on(ctx.objects, "max_cq")
+        if channel is not None:
             self._depend_on(ctx, channel)
         else:
             self._depend_on(ctx)
@@ -245,6 +250,7 @@ class CQ(VerbsObject):
         engine is run while waiting.
         """
         self._check()
+        timeout = check_timeout(timeout)
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         manual = not self._runtime.threaded

@@ -43,9 +43,23 @@ from ..iwarp.qp import IwarpDevice
 from ..seam.events import AsyncEventType, EngineEvent
 from ..seam.protocols import DeviceEngine
 from ..wire.gid import ip_to_gid
+from ._args import seconds
+from ._args import timeout as check_timeout
 from ._object import VerbsObject
 from .context_file import DeviceFile, lookup
 from .counters import PortCounters
+from .limits import (
+    LIMITS,
+    MAX_AH,
+    MAX_CQ,
+    MAX_MR,
+    MAX_PD,
+    MAX_QP,
+    MAX_SRQ,
+    ObjectCounts,
+    counts_for,
+    max_mr_size,
+)
 
 __all__ = [
     "GID", "DeviceInfo", "DeviceAttr", "PortAttr", "AsyncEvent", "Context", "IWARP_LOOPBACK",
@@ -53,26 +67,20 @@ __all__ = [
     "get_device_list", "gid_table", "mtu_enum_for_netdev_mtu", "GID_TABLE_LEN", "gid_table_len",
 ]
 
-# rxe_param.h (device limits softrdma reports and enforces where they matter)
-MAX_QP = 0x10000
+# rxe_param.h (device limits softrdma reports and enforces; the object counts: .limits)
 MAX_QP_WR = 0x4000
 MAX_SGE = 32
 MAX_INLINE_DATA = 400
-MAX_CQ = 16384
 MAX_CQE = (1 << 15) - 1
-MAX_MR = 256 * 1024
 #: GID table entries of a RoCE port (rxe ``RXE_PORT_GID_TBL_LEN``): the netdev's
 #: addresses first, the rest empty; an iWARP port's table is its populated entries (siw)
 GID_TABLE_LEN = 1024
-MAX_PD = 0x7FFC
 MAX_QP_RD_ATOM = 128
 MAX_QP_INIT_RD_ATOM = 128
 MAX_RES_RD_ATOM = 0x3F000
 MAX_MCAST_GRP = 8192
 MAX_MCAST_QP_ATTACH = 56
 MAX_TOTAL_MCAST_QP_ATTACH = 0x70000
-MAX_AH = 0x7FFF
-MAX_SRQ = 960
 MAX_SRQ_WR = 0x4000
 MAX_SRQ_SGE = 27
 MAX_MSG_SZ = 1 << 31  # 2^31 bytes, IBA ch. 9 (as rxe); ../shared/specs/ib-transport.md §11
@@ -89,7 +97,6 @@ PORT_CAP_FLAGS = e.IBV_PORT_CM_SUP | e.IBV_PORT_IP_BASED_GIDS
 #: memory windows of type 1 and 2B on the IB transport (softrdma.ib.mw; rxe reports them,
 #: siw none)
 MW_CAP_FLAGS = e.IBV_DEVICE_MEM_WINDOW | e.IBV_DEVICE_MEM_WINDOW_TYPE_2B
-MAX_MW = 0x1000  # rxe_param.h RXE_MAX_MW
 #: the XRC transport on the IB transport (softrdma.ib.xrc; rxe has none)
 XRC_CAP_FLAGS = e.IBV_DEVICE_XRC
 
@@ -203,7 +210,9 @@ class DeviceInfo:
 
 @dataclass(slots=True)
 class DeviceAttr:
-    """``struct ibv_device_attr`` (values as rxe reports them, ``rxe_param.h``)."""
+    """``struct ibv_device_attr`` (values as rxe reports them, ``rxe_param.h``;
+    :meth:`Context.query_device` gives the enforced object limits, :mod:`.limits`, and
+    the ``max_mr_size`` this host can back)."""
 
     fw_ver: str = "0.0.0"
     node_guid: int = 0
@@ -432,7 +441,7 @@ def _bind_target(ip: bytes, netdev: str | None) -> str | bytes:
 
 #: what an imported context copies from the context that opened the device
 _SHARED_ATTRS = ("transport", "name", "netdev", "node_guid", "active_mtu", "port", "runtime",
-                 "progress_mode")
+                 "progress_mode", "objects")
 
 
 def gid_table_len(ctx: Context) -> int:
@@ -566,6 +575,8 @@ class Context(VerbsObject):
 
     def _init_events(self) -> None:
         self._portwatch: PortWatch | None = None
+        #: the device's object counts in this process (its limits: .limits)
+        self.objects: ObjectCounts = counts_for(self.transport, self.name)
         ev_r, ev_w = os.pipe()
         os.set_blocking(ev_r, False)
         os.set_blocking(ev_w, False)
@@ -618,14 +629,21 @@ class Context(VerbsObject):
 
     def query_device(self) -> DeviceAttr:
         self._check()
-        if self.transport == "iwarp":  # siw: no atomics, no multicast
-            return DeviceAttr(node_guid=self.node_guid, sys_image_guid=self.node_guid,
+        if self.transport == "iwarp":  # siw: no atomics, no multicast, no memory windows
+            attr = DeviceAttr(node_guid=self.node_guid, sys_image_guid=self.node_guid,
                               max_pkeys=len(self.port.pkeys), atomic_caps=0, max_mcast_grp=0,
                               max_mcast_qp_attach=0, max_total_mcast_qp_attach=0)
-        return DeviceAttr(node_guid=self.node_guid, sys_image_guid=self.node_guid,
-                          max_pkeys=len(self.port.pkeys),
-                          device_cap_flags=int(DEVICE_CAP_FLAGS | MW_CAP_FLAGS | XRC_CAP_FLAGS),
-                          max_mw=MAX_MW)
+        else:
+            attr = DeviceAttr(node_guid=self.node_guid, sys_image_guid=self.node_guid,
+                              max_pkeys=len(self.port.pkeys),
+                              device_cap_flags=int(DEVICE_CAP_FLAGS | MW_CAP_FLAGS
+                                                   | XRC_CAP_FLAGS))
+        for limit, value in LIMITS.items():  # what creation enforces (.limits)
+            setattr(attr, limit, value)
+        if self.transport == "iwarp":
+            attr.max_mw = 0
+        attr.max_mr_size = max_mr_size()
+        return attr
 
     def query_port(self, port_num: int = 1) -> PortAttr:
         self._check()
@@ -681,7 +699,7 @@ class Context(VerbsObject):
     def progress(self, timeout: float = 0.0) -> int:
         """Run the engine once (receive, timers, transmit); wait up to ``timeout`` s."""
         self._check()
-        return self.runtime.progress(timeout)
+        return self.runtime.progress(seconds(timeout, "timeout"))
 
     def counters(self) -> dict[str, int]:
         """This process's port counters by name (see :meth:`query_port_counters`)."""
@@ -745,6 +763,7 @@ class Context(VerbsObject):
         rxe does from its netdev notifier (``drivers.portwatch``; polled every
         ``interval`` seconds until the context closes)."""
         self._check()
+        interval = seconds(interval, "interval")
         if self.netdev is None or self._portwatch is not None:
             return
         self._portwatch = PortWatch(self.netdev, lambda et: self._post_event(AsyncEvent(et, 1)),
@@ -759,6 +778,7 @@ class Context(VerbsObject):
         """The next asynchronous event (``ibv_get_async_event``); TimeoutError after
         ``timeout`` seconds (None: wait forever)."""
         VerbsObject._check(self)  # events stay readable after a device failure
+        timeout = check_timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         manual = not self.runtime.threaded
         while True:
@@ -782,6 +802,8 @@ class Context(VerbsObject):
 
     def ack_async_event(self, event: AsyncEvent) -> None:
         """``ibv_ack_async_event`` (nothing to release in softrdma)."""
+        if not isinstance(event, AsyncEvent):
+            raise InvalidArgument("event", f"expected an AsyncEvent, got {type(event).__name__}")
 
     # ---- lifetime --------------------------------------------------------------------------------
     def _release(self) -> None:

@@ -31,7 +31,9 @@ from ..drivers.progress import DeviceRuntime
 from ..errors import InvalidArgument
 from ..seam.protocols import DeviceEngine
 from ..seam.types import MemoryRegion
+from ._args import U64, data_bytes, uint
 from ._object import VerbsObject
+from .limits import max_mr_size
 from .pd import PD
 
 __all__ = ["MR", "buffer_address", "ACCESS_SUPPORTED"]
@@ -106,13 +108,16 @@ class MR(VerbsObject):
         if access & _NEEDS_LOCAL_WRITE and not access & e.IBV_ACCESS_LOCAL_WRITE:
             raise InvalidArgument("access", "REMOTE_WRITE and REMOTE_ATOMIC need LOCAL_WRITE "
                                   "(ib_check_mr_access)")
-        if not isinstance(length, int) or length < 0:
-            raise InvalidArgument("length", f"must be a non-negative int, got {length!r}")
+        length = uint(length, U64, "length")
+        most = max_mr_size()
+        if length > most:
+            raise InvalidArgument("length", f"{length} bytes is more than this host can back "
+                                  f"(max_mr_size {most})", errno=errno.ENOMEM)
         self._storage: Any
         if buffer is None:
             if length == 0:
                 raise InvalidArgument("length", "must be > 0 when the library allocates the buffer")
-            self._storage = mmap.mmap(-1, length)
+            self._storage = _allocate(length)
             mv = memoryview(self._storage)
         else:
             self._storage = buffer
@@ -140,8 +145,13 @@ class MR(VerbsObject):
         port: DeviceEngine = ctx.port
         #: registered with IBV_ACCESS_ON_DEMAND (the engine's access is the rest)
         self.on_demand = bool(access & _ODP)
-        self._emr: MemoryRegion = runtime.call(port.register_mr, mv, va, access & ~_ODP, pd,
-                                               zero_based)
+        self._count_on(ctx.objects, "max_mr")
+        try:
+            self._emr: MemoryRegion = runtime.call(port.register_mr, mv, va, access & ~_ODP, pd,
+                                                   zero_based)
+        except BaseException:
+            self._count_undo()
+            raise
         self._depend_on(pd)
         self.pd = pd
         self._runtime = runtime
@@ -193,12 +203,10 @@ class MR(VerbsObject):
               offset: int = 0) -> None:
         """Copy ``length`` bytes of ``data`` to ``offset`` (pyverbs ``MR.write``)."""
         self._check()
-        if isinstance(data, str):
-            data = data.encode()
-        src = memoryview(data).cast("B") if not isinstance(data, bytes) else memoryview(data)
+        src = data_bytes(data, "data")
         if length is None:
             length = len(src)
-        if length > len(src):
+        if uint(length, U64, "length") > len(src):
             raise InvalidArgument("length", f"{length} > len(data) = {len(src)}")
         self._bounds(length, offset)
         if self._buf.readonly:
@@ -223,6 +231,17 @@ class MR(VerbsObject):
     def __repr__(self) -> str:
         return (f"<MR lkey={self._emr.lkey:#x} addr={self._emr.addr:#x} "
                 f"length={self._emr.length} access={self._emr.access:#x}>")
+
+
+def _allocate(length: int) -> mmap.mmap:
+    """``length`` bytes of anonymous memory for an MR; ENOMEM naming the length when the
+    host cannot give them (ib_umem_get's answer when pages cannot be had)."""
+    try:
+        return mmap.mmap(-1, length)
+    except (OSError, OverflowError, MemoryError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        raise InvalidArgument("length", f"cannot allocate {length} bytes for the MR: {reason}",
+                              errno=errno.ENOMEM) from None
 
 
 def _defer_dereg(runtime: DeviceRuntime, port: DeviceEngine, emr: MemoryRegion) -> None:

@@ -24,6 +24,7 @@ from .. import enums as e
 from ..errors import InvalidArgument, NotSupported
 from ..ib.mw import MW_TYPE_1, MW_TYPE_2, BindRequest, EngineMW
 from ..seam.types import SendWQE
+from ._args import u32, u64
 from ._object import VerbsObject
 from .mr import MR
 from .pd import PD
@@ -48,10 +49,9 @@ class MWBindInfo:
     def __init__(self, mr: MR | None, addr: int, length: int, mw_access_flags: int) -> None:
         if mr is not None and not isinstance(mr, MR):
             raise InvalidArgument("bind_info.mr", f"expected an MR, got {type(mr).__name__}")
-        for name, val in (("addr", addr), ("length", length), ("mw_access_flags",
-                                                              mw_access_flags)):
-            if not isinstance(val, int) or val < 0:
-                raise InvalidArgument(f"bind_info.{name}", f"must be an int >= 0, got {val!r}")
+        addr = u64(addr, "bind_info.addr")
+        length = u64(length, "bind_info.length")
+        mw_access_flags = u32(mw_access_flags, "bind_info.mw_access_flags")
         if length and mr is None:
             raise InvalidArgument("bind_info.mr", "a bind of a non-empty range needs an MR")
         self.mr = mr
@@ -77,6 +77,7 @@ class MW(VerbsObject):
             raise NotSupported("memory windows need the IB transport (siw has none)")
         self._runtime = ctx.runtime
         self._port = ctx.port
+        self._count_on(ctx.objects, "max_mw")
         with self._runtime.lock:
             key = self._port.new_key()
             self.engine = EngineMW(int(mw_type), pd, key)
@@ -113,8 +114,10 @@ def bind_wqe(mw: object, bind_info: object, rkey: int, wr_id: int, send_flags: i
         raise InvalidArgument("wr.mw", "an open MW is needed")
     if bind_info is not None and not isinstance(bind_info, MWBindInfo):
         raise InvalidArgument("wr.bind_info", "expected an MWBindInfo")
-    if not isinstance(rkey, int) or not 0 <= rkey <= _KEY_MASK:
-        raise InvalidArgument("wr.rkey", f"must be a 32-bit key, got {rkey!r}")
+    rkey = u32(rkey, "wr.rkey")
+    wr_id = u64(wr_id, "wr.wr_id")
+    if not isinstance(send_flags, int):
+        raise InvalidArgument("wr.send_flags", f"unknown send flags {send_flags!r}")
     mr = bind_info.mr if bind_info is not None else None
     emr = mr.engine_mr if mr is not None and not mr.closed else None
     req = BindRequest(mw.engine, emr, bind_info.addr if bind_info else 0,

@@ -23,6 +23,8 @@ class PD(VerbsObject):
         super().__init__()
         if not isinstance(ctx, Context):
             raise InvalidArgument("ctx", f"PD needs a Context, got {type(ctx).__name__}")
+        ctx._check()
+        self._count_on(ctx.objects, "max_pd")
         self._depend_on(ctx)
         self.ctx = ctx
 

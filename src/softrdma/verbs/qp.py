@@ -37,6 +37,7 @@ from ..seam.queues import QPInit
 from ..seam.states import INIT, QPT_RC, QPT_UC, QPT_UD, RESET, RTR, RTS, SQD, SQE, state_name
 from ..wire.gid import is_v4_mapped
 from . import qp_rules
+from ._args import U24, U32, u32, uint
 from ._object import VerbsObject
 from .ah import AHAttr, GlobalRoute, address_vector
 from .cq import CQ
@@ -158,12 +159,6 @@ class QPAttr:
         return f"QPAttr({inner})"
 
 
-def _uint(value: object, hi: int, argument: str) -> int:
-    if not isinstance(value, int) or not 0 <= value <= hi:
-        raise InvalidArgument(argument, f"must be 0..{hi}, got {value!r}")
-    return value
-
-
 def _mask_names(mask: int) -> str:
     names = [m.name for m in M if m.value & mask and m.name is not None]
     return "|".join(n.replace("IBV_QP_", "") for n in names) or "0"
@@ -225,14 +220,14 @@ class QP(VerbsObject):
         cap = init_attr.cap
         if not isinstance(cap, QPCap):
             raise InvalidArgument("init_attr.cap", f"expected QPCap, got {type(cap).__name__}")
-        _uint(cap.max_send_wr, MAX_QP_WR, "init_attr.cap.max_send_wr")
-        _uint(cap.max_send_sge, MAX_SGE, "init_attr.cap.max_send_sge")
-        _uint(cap.max_inline_data, MAX_INLINE_DATA, "init_attr.cap.max_inline_data")
+        uint(cap.max_send_wr, MAX_QP_WR, "init_attr.cap.max_send_wr")
+        uint(cap.max_send_sge, MAX_SGE, "init_attr.cap.max_send_sge")
+        uint(cap.max_inline_data, MAX_INLINE_DATA, "init_attr.cap.max_inline_data")
         if qpt == XRC_SEND:
             cap = QPCap(cap.max_send_wr, 0, cap.max_send_sge, 0, cap.max_inline_data)
         if srq is None:
-            _uint(cap.max_recv_wr, MAX_QP_WR, "init_attr.cap.max_recv_wr")
-            _uint(cap.max_recv_sge, MAX_SGE, "init_attr.cap.max_recv_sge")
+            uint(cap.max_recv_wr, MAX_QP_WR, "init_attr.cap.max_recv_wr")
+            uint(cap.max_recv_sge, MAX_SGE, "init_attr.cap.max_recv_sge")
             max_recv_wr, max_recv_sge = cap.max_recv_wr, cap.max_recv_sge
         else:
             max_recv_wr = max_recv_sge = 0
@@ -240,15 +235,20 @@ class QP(VerbsObject):
         if ctx.transport == "iwarp" and qpt != RC:  # iWARP: RC only (siw)
             raise NotSupported(f"QP type {e.ibv_qp_type(qpt).name}: iWARP devices "
                                "support RC QPs only")
-        if qpt == XRC_SEND:  # the RC requester with the XRC wire (softrdma.ib.xrc)
-            self.engine: QPEngine = runtime.call(XrcIniQP, ctx.port, QPInit(
-                RC, pd, scq.push, rcq.push, None, cap.max_send_wr, 0, cap.max_send_sge, 0,
-                cap.max_inline_data, bool(init_attr.sq_sig_all)))
-        else:
-            self.engine = runtime.call(ctx.port.create_qp, QPInit(
-                qpt, pd, scq.push, rcq.push, srq.engine if srq is not None else None,
-                cap.max_send_wr, max_recv_wr, cap.max_send_sge, max_recv_sge,
-                cap.max_inline_data, bool(init_attr.sq_sig_all)))
+        self._count_on(ctx.objects, "max_qp")
+        try:
+            if qpt == XRC_SEND:  # the RC requester with the XRC wire (softrdma.ib.xrc)
+                self.engine: QPEngine = runtime.call(XrcIniQP, ctx.port, QPInit(
+                    RC, pd, scq.push, rcq.push, None, cap.max_send_wr, 0, cap.max_send_sge, 0,
+                    cap.max_inline_data, bool(init_attr.sq_sig_all)))
+            else:
+                self.engine = runtime.call(ctx.port.create_qp, QPInit(
+                    qpt, pd, scq.push, rcq.push, srq.engine if srq is not None else None,
+                    cap.max_send_wr, max_recv_wr, cap.max_send_sge, max_recv_sge,
+                    cap.max_inline_data, bool(init_attr.sq_sig_all)))
+        except BaseException:
+            self._count_undo()
+            raise
         # the opcodes the transport carries (None: all of IB's, checked per QP type)
         self._send_opcodes = self.engine.send_opcodes
         self._max_read_sge = self.engine.max_read_sge
@@ -295,7 +295,12 @@ class QP(VerbsObject):
         ctx: Context = xrcd.ctx
         runtime: DeviceRuntime = ctx.runtime
         if qpn is None:
-            self.engine = runtime.call(XrcTgtQP, ctx.port, xrcd.domain)
+            self._count_on(ctx.objects, "max_qp")
+            try:
+                self.engine = runtime.call(XrcTgtQP, ctx.port, xrcd.domain)
+            except BaseException:
+                self._count_undo()
+                raise
         else:
             engine = xrcd.domain.tgt_qps.get(qpn)
             if engine is None:
@@ -331,7 +336,7 @@ class QP(VerbsObject):
         it leaves the QP to its creator."""
         if not isinstance(xrcd, XRCD):
             raise InvalidArgument("xrcd", f"expected an XRCD, got {type(xrcd).__name__}")
-        _uint(qp_num, 0xFFFFFF, "qp_num")
+        uint(qp_num, U24, "qp_num")
         qp = cls.__new__(cls)
         VerbsObject.__init__(qp)
         qp._init_xrc_recv(xrcd, QPInitAttr(qp_type=XRC_RECV, qp_context=qp_context), None,
@@ -404,9 +409,9 @@ class QP(VerbsObject):
             out["port_num"] = 1
         if mask & M.IBV_QP_PKEY_INDEX:
             n = len(self._port.pkeys)
-            out["pkey_index"] = _uint(a.pkey_index, n - 1, "qp_attr.pkey_index")
+            out["pkey_index"] = uint(a.pkey_index, n - 1, "qp_attr.pkey_index")
         if mask & M.IBV_QP_QKEY:
-            out["qkey"] = _uint(a.qkey, 0xFFFFFFFF, "qp_attr.qkey")
+            out["qkey"] = uint(a.qkey, U32, "qp_attr.qkey")
         if mask & M.IBV_QP_AV:
             if a.ah_attr is None:
                 raise InvalidArgument("qp_attr.ah_attr", "IBV_QP_AV given without ah_attr")
@@ -423,24 +428,24 @@ class QP(VerbsObject):
                                       f"active MTU {128 << active}")
             out["path_mtu"] = mtu
         if mask & M.IBV_QP_TIMEOUT:
-            out["timeout"] = _uint(a.timeout, 31, "qp_attr.timeout")
+            out["timeout"] = uint(a.timeout, 31, "qp_attr.timeout")
         if mask & M.IBV_QP_RETRY_CNT:
-            out["retry_cnt"] = _uint(a.retry_cnt, 7, "qp_attr.retry_cnt")
+            out["retry_cnt"] = uint(a.retry_cnt, 7, "qp_attr.retry_cnt")
         if mask & M.IBV_QP_RNR_RETRY:
-            out["rnr_retry"] = _uint(a.rnr_retry, 7, "qp_attr.rnr_retry")
+            out["rnr_retry"] = uint(a.rnr_retry, 7, "qp_attr.rnr_retry")
         if mask & M.IBV_QP_MIN_RNR_TIMER:
-            out["min_rnr_timer"] = _uint(a.min_rnr_timer, 31, "qp_attr.min_rnr_timer")
+            out["min_rnr_timer"] = uint(a.min_rnr_timer, 31, "qp_attr.min_rnr_timer")
         if mask & M.IBV_QP_MAX_QP_RD_ATOMIC:
-            out["max_rd_atomic"] = _uint(a.max_rd_atomic, MAX_QP_RD_ATOM, "qp_attr.max_rd_atomic")
+            out["max_rd_atomic"] = uint(a.max_rd_atomic, MAX_QP_RD_ATOM, "qp_attr.max_rd_atomic")
         if mask & M.IBV_QP_MAX_DEST_RD_ATOMIC:
-            out["max_dest_rd_atomic"] = _uint(a.max_dest_rd_atomic, MAX_QP_RD_ATOM,
+            out["max_dest_rd_atomic"] = uint(a.max_dest_rd_atomic, MAX_QP_RD_ATOM,
                                               "qp_attr.max_dest_rd_atomic")
         if mask & M.IBV_QP_RQ_PSN:
-            out["rq_psn"] = _uint(a.rq_psn, 0xFFFFFFFF, "qp_attr.rq_psn") & 0xFFFFFF
+            out["rq_psn"] = uint(a.rq_psn, U32, "qp_attr.rq_psn") & 0xFFFFFF
         if mask & M.IBV_QP_SQ_PSN:
-            out["sq_psn"] = _uint(a.sq_psn, 0xFFFFFFFF, "qp_attr.sq_psn") & 0xFFFFFF
+            out["sq_psn"] = uint(a.sq_psn, U32, "qp_attr.sq_psn") & 0xFFFFFF
         if mask & M.IBV_QP_DEST_QPN:
-            out["dest_qp_num"] = _uint(a.dest_qp_num, 0xFFFFFF, "qp_attr.dest_qp_num")
+            out["dest_qp_num"] = uint(a.dest_qp_num, U24, "qp_attr.dest_qp_num")
         if mask & M.IBV_QP_ACCESS_FLAGS:
             acc = a.qp_access_flags
             if not isinstance(acc, int) or acc < 0 or acc & ~ACCESS_SUPPORTED:
@@ -449,7 +454,7 @@ class QP(VerbsObject):
         if mask & M.IBV_QP_EN_SQD_ASYNC_NOTIFY:
             out["en_sqd_async_notify"] = bool(a.en_sqd_async_notify)
         if mask & M.IBV_QP_PATH_MIG_STATE:
-            _uint(a.path_mig_state, int(e.IBV_MIG_ARMED), "qp_attr.path_mig_state")
+            uint(a.path_mig_state, int(e.IBV_MIG_ARMED), "qp_attr.path_mig_state")
         return out
 
     def to_init(self, attr: QPAttr) -> None:
@@ -525,13 +530,12 @@ class QP(VerbsObject):
             return
         wqes = []
         err: Exception | None = None
-        for w in chain(wr):
-            try:
+        try:
+            for w in chain(wr, SendWR):
                 wqes.append(build_send_wqe(w, self.qp_type, self._max_send_sge,
                                            self._max_inline, self._port, self.pd))
-            except (InvalidArgument, NotSupported) as exc:
-                err = exc
-                break
+        except (InvalidArgument, NotSupported) as exc:
+            err = exc
         if wqes:
             self._runtime.post_send(self.engine, wqes)
         if err is not None:
@@ -560,12 +564,11 @@ class QP(VerbsObject):
             raise InvalidArgument("qp", "XRC QPs have no receive queue (XRC SRQs receive)")
         wqes = []
         err: Exception | None = None
-        for w in chain(wr):
-            try:
+        try:
+            for w in chain(wr, RecvWR):
                 wqes.append(build_recv_wqe(w, self._max_recv_sge))
-            except InvalidArgument as exc:
-                err = exc
-                break
+        except InvalidArgument as exc:
+            err = exc
         if wqes:
             self._runtime.call(self.engine.post_recvs, wqes)
         if err is not None:
@@ -581,8 +584,7 @@ class QP(VerbsObject):
         self._check()
         for name, value in (("rate_limit", rate_limit), ("max_burst_sz", max_burst_sz),
                             ("typical_pkt_sz", typical_pkt_sz)):
-            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 1 << 32:
-                raise InvalidArgument(name, f"must be a 32-bit unsigned int, got {value!r}")
+            u32(value, name)
         engine = self.engine
 
         def _set() -> None:
@@ -665,13 +667,12 @@ def _check_transport_wrs(wr: SendWR | list[SendWR], opcodes: frozenset[int],
     """The send opcodes the transport has a message for (iWARP: RDMAP's, siw
     ``siw_post_send``: EINVAL otherwise); an RDMA Read has at most ``max_read_sge``
     sink buffers (iWARP: one, as in siw)."""
-    for w in chain(wr):
-        if isinstance(w, SendWR):
-            if w.opcode not in opcodes:
-                raise InvalidArgument("wr.opcode", f"opcode {w.opcode!r} has no iWARP (RDMAP) "
-                                      "message")
-            if w.opcode == e.IBV_WR_RDMA_READ and len(w.sg) > max_read_sge:
-                raise InvalidArgument("wr.num_sge", "an iWARP RDMA Read takes one SGE")
+    for w in chain(wr, SendWR):
+        opcode = uint(w.opcode, U32, "wr.opcode")
+        if opcode not in opcodes:
+            raise InvalidArgument("wr.opcode", f"opcode {opcode!r} has no iWARP (RDMAP) message")
+        if opcode == e.IBV_WR_RDMA_READ and len(w.sg) > max_read_sge:
+            raise InvalidArgument("wr.num_sge", "an iWARP RDMA Read takes one SGE")
 
 
 def _defer_destroy(runtime: DeviceRuntime, engine: QPEngine) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from .. import enums as e
 from ..errors import InvalidArgument
 from ..seam.queues import EngineSRQ
+from ._args import uint
 from ._object import VerbsObject
 from .device import MAX_SRQ_SGE, MAX_SRQ_WR
 from .pd import PD
@@ -43,12 +44,6 @@ class SrqInitAttr:
         self.srq_context = srq_context
 
 
-def _check_count(value: object, lo: int, hi: int, argument: str) -> int:
-    if not isinstance(value, int) or not lo <= value <= hi:
-        raise InvalidArgument(argument, f"must be {lo}..{hi}, got {value!r}")
-    return value
-
-
 class SRQ(VerbsObject):
     """A shared receive queue of ``pd``; QPs created with it close when it closes."""
 
@@ -62,12 +57,18 @@ class SRQ(VerbsObject):
         if not isinstance(init_attr, SrqInitAttr):
             raise InvalidArgument("init_attr", f"expected SrqInitAttr, got {type(init_attr).__name__}")
         a = init_attr.attr
-        max_wr = _check_count(a.max_wr, 1, MAX_SRQ_WR, "attr.max_wr")
-        max_sge = _check_count(a.max_sge, 1, MAX_SRQ_SGE, "attr.max_sge")
-        limit = _check_count(a.srq_limit, 0, max_wr, "attr.srq_limit")
+        max_wr = uint(a.max_wr, MAX_SRQ_WR, "attr.max_wr", 1)
+        max_sge = uint(a.max_sge, MAX_SRQ_SGE, "attr.max_sge", 1)
+        limit = uint(a.srq_limit, max_wr, "attr.srq_limit", 0)
         ctx = pd.ctx
         self._runtime = ctx.runtime
-        self.engine: EngineSRQ = ctx.runtime.call(ctx.port.create_srq, pd, max_wr, max_sge, limit)
+        self._count_on(ctx.objects, "max_srq")
+        try:
+            self.engine: EngineSRQ = ctx.runtime.call(ctx.port.create_srq, pd, max_wr, max_sge,
+                                                      limit)
+        except BaseException:
+            self._count_undo()
+            raise
         self._depend_on(pd)
         self.pd = pd
         self.ctx = ctx
@@ -77,16 +78,14 @@ class SRQ(VerbsObject):
     def post_recv(self, wr: RecvWR | list[RecvWR]) -> None:
         """Post receive WRs (``ibv_post_srq_recv``); ResourceError when full."""
         self._check()
-        wrs = chain(wr)
         max_sge = self.engine.max_sge
         wqes = []
         err: Exception | None = None
-        for w in wrs:
-            try:
+        try:
+            for w in chain(wr, RecvWR):
                 wqes.append(build_recv_wqe(w, max_sge))
-            except InvalidArgument as exc:
-                err = exc
-                break
+        except InvalidArgument as exc:
+            err = exc
         post = self.engine.post_recv
 
         def _post() -> None:
@@ -106,12 +105,12 @@ class SRQ(VerbsObject):
         limit: int | None = None
         cur_max = self.engine.max_wr
         if attr_mask & e.IBV_SRQ_MAX_WR:
-            max_wr = _check_count(attr.max_wr, 1, MAX_SRQ_WR, "attr.max_wr")
+            max_wr = uint(attr.max_wr, MAX_SRQ_WR, "attr.max_wr", 1)
             if max_wr < len(self.engine):
                 raise InvalidArgument("attr.max_wr", f"{max_wr} < {len(self.engine)} queued WQEs")
             cur_max = max_wr
         if attr_mask & e.IBV_SRQ_LIMIT:
-            limit = _check_count(attr.srq_limit, 0, cur_max, "attr.srq_limit")
+            limit = uint(attr.srq_limit, cur_max, "attr.srq_limit", 0)
         self._runtime.call(self.engine.modify, max_wr, limit)
 
     def query(self) -> SrqAttr:

@@ -18,7 +18,7 @@ local protection violation is a completion error, not a posting error).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from .. import enums as e
@@ -26,18 +26,15 @@ from ..errors import InvalidArgument, NotSupported
 from ..seam.protocols import DeviceEngine
 from ..seam.types import SGE as _EngineSGE
 from ..seam.types import RecvWQE, SendWQE
+from ._args import U24, U32, U64, data_bytes, u32, u64, uint
 from .mw import MW_TYPE_2, bind_wqe
 
 __all__ = ["SGE", "SendWR", "RecvWR", "build_send_wqe", "build_recv_wqe", "chain",
            "QPT_OPCODES", "INLINE_OPCODES"]
 
-_U32 = 0xFFFFFFFF
-_U64 = 0xFFFFFFFFFFFFFFFF
-
 RC, UC, UD = int(e.IBV_QPT_RC), int(e.IBV_QPT_UC), int(e.IBV_QPT_UD)
 XRC_SEND = int(e.IBV_QPT_XRC_SEND)
 _W = e.ibv_wr_opcode
-_XRCSRQ_MAX = 0xFFFFFF  # XRCETH.XRCSRQ is 24 bits
 
 #: Opcodes each QP type accepts (rxe_wr_opcode_info restricted to what the engine runs).
 QPT_OPCODES: dict[int, frozenset[int]] = {
@@ -75,19 +72,19 @@ class SGE(_EngineSGE):
     __slots__ = ()
 
     def __init__(self, addr: int = 0, length: int = 0, lkey: int = 0) -> None:
-        if not isinstance(addr, int) or not 0 <= addr <= _U64:
-            raise InvalidArgument("sge.addr", f"must be a 64-bit address, got {addr!r}")
-        if not isinstance(length, int) or not 0 <= length <= _U32:
-            raise InvalidArgument("sge.length", f"must be a 32-bit length, got {length!r}")
-        if not isinstance(lkey, int) or not 0 <= lkey <= _U32:
-            raise InvalidArgument("sge.lkey", f"must be a 32-bit key, got {lkey!r}")
-        super().__init__(addr, length, lkey)
+        super().__init__(u64(addr, "sge.addr"), u32(length, "sge.length"), u32(lkey, "sge.lkey"))
 
 
 def _take_sges(sg: Sequence[object] | None, num_sge: int, argument: str) -> list[_EngineSGE]:
-    given = list(sg) if sg is not None else []
-    if not isinstance(num_sge, int) or num_sge < 0:
-        raise InvalidArgument(f"{argument}.num_sge", f"must be >= 0, got {num_sge!r}")
+    if sg is None:
+        given: list[object] = []
+    else:
+        try:
+            given = list(sg)
+        except TypeError:
+            raise InvalidArgument(f"{argument}.sg", f"expected a list of SGEs, got "
+                                  f"{type(sg).__name__}") from None
+    num_sge = uint(num_sge, U32, f"{argument}.num_sge")
     if num_sge == 0:
         num_sge = len(given)  # convenience: sg given without num_sge uses all of it
     if num_sge > len(given):
@@ -110,7 +107,7 @@ class SendWR:
     def __init__(self, wr_id: int = 0, wr_next: SendWR | None = None, num_sge: int = 0,
                  sg: Sequence[object] | None = None, opcode: int = int(e.IBV_WR_SEND),
                  send_flags: int = int(e.IBV_SEND_SIGNALED)) -> None:
-        self.wr_id = wr_id
+        self.wr_id = u64(wr_id, "wr.wr_id")
         self.wr_next = wr_next
         self.sg: list[_EngineSGE] = _take_sges(sg, num_sge, "wr")
         self.opcode = opcode
@@ -168,7 +165,7 @@ class SendWR:
 
     def set_inline_data(self, data: bytes | bytearray | memoryview) -> None:
         """Send ``data`` inline (copied now; sets IBV_SEND_INLINE). Not in pyverbs."""
-        self.inline_data = bytes(data)
+        self.inline_data = bytes(data_bytes(data, "data"))
         self.send_flags |= _INLINE_FLAG
 
     def __repr__(self) -> str:
@@ -183,7 +180,7 @@ class RecvWR:
 
     def __init__(self, wr_id: int = 0, num_sge: int = 0, sg: Sequence[object] | None = None,
                  wr_next: RecvWR | None = None) -> None:
-        self.wr_id = wr_id
+        self.wr_id = u64(wr_id, "wr.wr_id")
         self.sg: list[_EngineSGE] = _take_sges(sg, num_sge, "wr")
         self.wr_next = wr_next
 
@@ -199,19 +196,26 @@ class RecvWR:
         return f"RecvWR(wr_id={self.wr_id}, sg={self.sg!r})"
 
 
-def chain(wrs: Any) -> list[Any]:
-    """A WR, a list of WRs, or a ``wr_next`` chain as a flat list (posting order)."""
-    out: list[Any] = []
+def chain(wrs: Any, kind: type[SendWR] | type[RecvWR]) -> Iterator[Any]:
+    """The WRs of a WR, a list of WRs, or a ``wr_next`` chain, in posting order. Each
+    must be a ``kind`` (``None`` is no WR): InvalidArgument naming ``wr`` when the
+    iteration reaches one that is not, so that the WRs before it can be posted (as
+    ``ibv_post_send``'s ``bad_wr``). An empty list has none."""
     items = wrs if isinstance(wrs, (list, tuple)) else (wrs,)
-    for w in items:
+    for i, w in enumerate(items):
+        if not isinstance(w, kind):
+            where = "wr" if items is not wrs else f"wr[{i}]"
+            raise InvalidArgument(where, f"expected a {kind.__name__}, got {type(w).__name__}")
         seen = 0
         while w is not None:
-            out.append(w)
+            if not isinstance(w, kind):
+                raise InvalidArgument("wr.wr_next", f"expected a {kind.__name__} or None, got "
+                                      f"{type(w).__name__}")
+            yield w
             w = w.wr_next
             seen += 1
             if seen > 1 << 20:
                 raise InvalidArgument("wr.wr_next", "the wr_next chain loops")
-    return out
 
 
 def _gather_inline(port: DeviceEngine, sg: list[_EngineSGE]) -> bytes:
@@ -242,6 +246,11 @@ def build_send_wqe(wr: SendWR, qp_type: int, max_send_sge: int, max_inline: int,
         raise InvalidArgument("wr", f"expected SendWR, got {type(wr).__name__}")
     opcode = wr.opcode
     flags = wr.send_flags
+    wr_id = wr.wr_id
+    if type(wr_id) is not int or not 0 <= wr_id <= U64:
+        wr_id = u64(wr_id, "wr.wr_id")
+    if type(opcode) is not int:
+        opcode = uint(opcode, U32, "wr.opcode")
     if opcode not in QPT_OPCODES[qp_type]:
         if opcode in _NOT_IMPLEMENTED:
             raise NotSupported(f"wr.opcode {opcode}: not implemented by softrdma")
@@ -256,7 +265,7 @@ def build_send_wqe(wr: SendWR, qp_type: int, max_send_sge: int, max_inline: int,
         if wr.mw is None or getattr(wr.mw, "type", None) != MW_TYPE_2:
             raise InvalidArgument("wr.mw", "a BIND_MW work request binds a type 2 MW "
                                            "(type 1: QP.bind_mw)")
-        return bind_wqe(wr.mw, wr.bind_info, wr.rkey, wr.wr_id, flags)
+        return bind_wqe(wr.mw, wr.bind_info, wr.rkey, wr_id, flags)
     sg = wr.sg
     if len(sg) > max_send_sge:
         raise InvalidArgument("wr.num_sge", f"{len(sg)} SGEs > max_send_sge {max_send_sge}")
@@ -274,18 +283,12 @@ def build_send_wqe(wr: SendWR, qp_type: int, max_send_sge: int, max_inline: int,
         sg_copy: list[_EngineSGE] = []
     else:
         sg_copy = [_EngineSGE(s.addr, s.length, s.lkey) for s in sg]
-    wqe = SendWQE(wr.wr_id, opcode, flags, sg_copy, inline_data=inline, length=length)
+    wqe = SendWQE(wr_id, opcode, flags, sg_copy, inline_data=inline, length=length)
     if opcode in _IMM:
-        imm = wr.imm_data
-        if not isinstance(imm, int) or not 0 <= imm <= _U32:
-            raise InvalidArgument("wr.imm_data", f"must be a 32-bit value, got {imm!r}")
-        wqe.imm_data = imm
+        wqe.imm_data = u32(wr.imm_data, "wr.imm_data")
     if opcode in _RDMA or opcode in _ATOMICS:
-        addr, rkey = wr.remote_addr, wr.rkey
-        if not isinstance(addr, int) or not 0 <= addr <= _U64:
-            raise InvalidArgument("wr.remote_addr", f"must be a 64-bit address, got {addr!r}")
-        if not isinstance(rkey, int) or not 0 <= rkey <= _U32:
-            raise InvalidArgument("wr.rkey", f"must be a 32-bit key, got {rkey!r}")
+        addr = u64(wr.remote_addr, "wr.remote_addr")
+        rkey = u32(wr.rkey, "wr.rkey")
         wqe.remote_addr = addr
         wqe.rkey = rkey
         if opcode in _ATOMICS:
@@ -293,17 +296,10 @@ def build_send_wqe(wr: SendWR, qp_type: int, max_send_sge: int, max_inline: int,
                 raise InvalidArgument("wr.sg", f"an atomic needs 8 bytes of local buffer, got {length}")
             if addr & 7:
                 raise InvalidArgument("wr.remote_addr", f"atomic address {addr:#x} is not 8-byte aligned")
-            for name in ("compare_add", "swap"):
-                v = getattr(wr, name)
-                if not isinstance(v, int) or not 0 <= v <= _U64:
-                    raise InvalidArgument(f"wr.{name}", f"must be a 64-bit value, got {v!r}")
-            wqe.compare_add = wr.compare_add
-            wqe.swap = wr.swap
+            wqe.compare_add = u64(wr.compare_add, "wr.compare_add")
+            wqe.swap = u64(wr.swap, "wr.swap")
     elif opcode in _INV:
-        inv = wr.invalidate_rkey
-        if not isinstance(inv, int) or not 0 <= inv <= _U32:
-            raise InvalidArgument("wr.invalidate_rkey", f"must be a 32-bit key, got {inv!r}")
-        wqe.invalidate_rkey = inv
+        wqe.invalidate_rkey = u32(wr.invalidate_rkey, "wr.invalidate_rkey")
     if qp_type == UD:
         ah = wr.ah
         av = getattr(ah, "av", None)
@@ -313,19 +309,11 @@ def build_send_wqe(wr: SendWR, qp_type: int, max_send_sge: int, max_inline: int,
             raise InvalidArgument("wr.ah", "the address handle is closed")
         if getattr(ah, "pd", pd) is not pd:
             raise InvalidArgument("wr.ah", "the address handle belongs to another PD")
-        rqpn, rqkey = wr.remote_qpn, wr.remote_qkey
-        if not isinstance(rqpn, int) or not 0 <= rqpn <= 0xFFFFFF:
-            raise InvalidArgument("wr.remote_qpn", f"must be a 24-bit QPN, got {rqpn!r}")
-        if not isinstance(rqkey, int) or not 0 <= rqkey <= _U32:
-            raise InvalidArgument("wr.remote_qkey", f"must be a 32-bit Q_Key, got {rqkey!r}")
         wqe.ah = av
-        wqe.remote_qpn = rqpn
-        wqe.remote_qkey = rqkey
+        wqe.remote_qpn = uint(wr.remote_qpn, U24, "wr.remote_qpn")
+        wqe.remote_qkey = u32(wr.remote_qkey, "wr.remote_qkey")
     elif qp_type == XRC_SEND:
-        srqn = wr.remote_srqn
-        if not isinstance(srqn, int) or not 0 <= srqn <= _XRCSRQ_MAX:
-            raise InvalidArgument("wr.remote_srqn", f"must be a 24-bit SRQ number, got {srqn!r}")
-        wqe.xrc_srqn = srqn
+        wqe.xrc_srqn = uint(wr.remote_srqn, U24, "wr.remote_srqn")  # XRCETH: 24 bits
     return wqe
 
 
@@ -336,4 +324,7 @@ def build_recv_wqe(wr: RecvWR, max_recv_sge: int) -> RecvWQE:
     sg = wr.sg
     if len(sg) > max_recv_sge:
         raise InvalidArgument("wr.num_sge", f"{len(sg)} SGEs > max_recv_sge {max_recv_sge}")
-    return RecvWQE(wr.wr_id, [_EngineSGE(s.addr, s.length, s.lkey) for s in sg])
+    wr_id = wr.wr_id
+    if type(wr_id) is not int or not 0 <= wr_id <= U64:
+        wr_id = u64(wr_id, "wr.wr_id")
+    return RecvWQE(wr_id, [_EngineSGE(s.addr, s.length, s.lkey) for s in sg])

@@ -24,12 +24,12 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from typing import Any
 
 from ..errors import InvalidArgument, ResourceError
 from ..ib.port import Port
 from ..ib.xrc import XrcDomain
 from ..ib.xrc import XrcSRQ as EngineXrcSRQ
+from ._args import uint
 from ._object import VerbsObject
 from .cq import CQ
 from .device import MAX_SRQ_SGE, MAX_SRQ_WR, Context
@@ -93,12 +93,6 @@ class XRCD(VerbsObject):
         return f"<XRCD of {self.ctx.name} fd={self.fd}{state}>"
 
 
-def _count(value: Any, lo: int, hi: int, argument: str) -> int:
-    if not isinstance(value, int) or not lo <= value <= hi:
-        raise InvalidArgument(argument, f"must be {lo}..{hi}, got {value!r}")
-    return value
-
-
 class XrcSRQ(SRQ):
     """An XRC SRQ of ``pd`` in ``xrcd``, completing into ``cq`` (``IBV_SRQT_XRC``)."""
 
@@ -118,15 +112,20 @@ class XrcSRQ(SRQ):
             raise InvalidArgument("init_attr",
                                   f"expected SrqInitAttr, got {type(init_attr).__name__}")
         a = init_attr.attr
-        max_wr = _count(a.max_wr, 1, MAX_SRQ_WR, "attr.max_wr")
-        max_sge = _count(a.max_sge, 1, MAX_SRQ_SGE, "attr.max_sge")
-        limit = _count(a.srq_limit, 0, max_wr, "attr.srq_limit")
+        max_wr = uint(a.max_wr, MAX_SRQ_WR, "attr.max_wr", 1)
+        max_sge = uint(a.max_sge, MAX_SRQ_SGE, "attr.max_sge", 1)
+        limit = uint(a.srq_limit, max_wr, "attr.srq_limit", 0)
         ctx = pd.ctx
         if xrcd.domain.closed:
             raise ResourceError("the XRC domain is closed")
         self._runtime = ctx.runtime
-        self.engine: EngineXrcSRQ = ctx.runtime.call(
-            EngineXrcSRQ, ctx.port, pd, xrcd.domain, cq.push, max_wr, max_sge, limit)
+        self._count_on(ctx.objects, "max_srq")  # rxe: XRC SRQs are in the SRQ pool
+        try:
+            self.engine: EngineXrcSRQ = ctx.runtime.call(
+                EngineXrcSRQ, ctx.port, pd, xrcd.domain, cq.push, max_wr, max_sge, limit)
+        except BaseException:
+            self._count_undo()
+            raise
         self._depend_on(pd, xrcd, cq)
         self.pd = pd
         self.ctx = ctx
