@@ -61,7 +61,7 @@ from .tun import TunDevice
 
 __all__ = ["IPOIB_QKEY", "IpoibRuntime", "RuntimeOptions"]
 
-IPOIB_QKEY = 0x0000000B      # the usual IPoIB broadcast-group Q_Key (RFC 4391; ../shared/specs/ipoib.md §2)
+IPOIB_QKEY = 0x0000000B      # the usual IPoIB broadcast-group Q_Key (RFC 4391; docs/protocols.md §10)
 GRH = 40                     # UD receive buffers start with the GRH area (IBA 11.4.1.2)
 SLOT = 1 << 16               # >= IPOIB_CM_BUF_SIZE
 SEND_SLOTS = 256

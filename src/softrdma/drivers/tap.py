@@ -7,7 +7,7 @@ UDP payload, BTH .. ICRC, and the addresses and ports it goes with) and
 :meth:`PacketTap.rx` with each datagram it takes from the link. Captured frames are the
 Ethernet/IPv4-or-IPv6/UDP frames a Linux sender emits for that payload (the framing of
 :func:`softrdma.drivers.fabric.frame_of`: IPv4 ID 0 with DF, as rxe's sockets send, so
-the ICRC checks; roce.md §1-2 in ../shared/specs/roce.md), which tshark dissects as
+the ICRC checks; docs/protocols.md §1-2), which tshark dissects as
 RoCE and ``softrdma pcap-check`` verifies.
 
 All devices of a process that capture to the same file share one writer. A packet that

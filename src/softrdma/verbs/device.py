@@ -5,7 +5,7 @@ A :class:`Context` is one opened softrdma device: an engine
 :class:`~softrdma.drivers.runtime.Runtime`. The limits reported by
 :meth:`Context.query_device` are rxe's (``rxe_param.h``) so that tools sized for rxe
 behave the same; the GID table holds one RoCE v2 GID per IP address of the netdev
-(Annex A16; ../shared/specs/roce.md §4): the IPv6 link-local address first (as rxe's index 0), then the IPv4
+(Annex A16; docs/protocols.md §3): the IPv6 link-local address first (as rxe's index 0), then the IPv4
 addresses as ``::ffff:a.b.c.d``, then the other IPv6 addresses.
 """
 
@@ -74,7 +74,7 @@ MAX_AH = 0x7FFF
 MAX_SRQ = 960
 MAX_SRQ_WR = 0x4000
 MAX_SRQ_SGE = 27
-MAX_MSG_SZ = 1 << 31  # 2^31 bytes, IBA ch. 9 (as rxe); ../shared/specs/ib-transport.md §11
+MAX_MSG_SZ = 1 << 31  # 2^31 bytes, IBA ch. 9 (as rxe)
 RXE_MAX_HDR_LENGTH = 80  # rxe: Ethernet MTU minus this is the largest IB MTU that fits
 LOCAL_CA_ACK_DELAY = 15
 VENDOR_ID = 0xFFFFFF  # rxe's vendor id
@@ -157,7 +157,7 @@ def _is_link_local(ip: bytes) -> bool:
 
 
 def gid_table(ips: Sequence[bytes]) -> list[bytes]:
-    """The RoCE v2 GID table for a netdev's addresses (Annex A17; ../shared/specs/roce.md §4; rxe's order).
+    """The RoCE v2 GID table for a netdev's addresses (Annex A17; docs/protocols.md §3; rxe's order).
 
     IPv6 link-local first (rxe's index 0 in the captures), then IPv4 as
     ``::ffff:a.b.c.d``, then the other IPv6 addresses; duplicates removed.
