@@ -5,6 +5,7 @@ docs/rdma_cm.md says about private data must match the wire codec."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -75,3 +76,28 @@ def test_rdma_cm_doc_states_private_data_padding() -> None:
         "SIDR_REQ": str(IPCM_SIDR_CONSUMER_MAX),
         "SIDR_REP": str(PRIVATE_DATA_SIZE[CmAttr.SIDR_REP]),
     }, rows
+
+
+def _docstring_ids(tree: ast.AST) -> set[int]:
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            first = node.body[0] if node.body else None
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                out.add(id(first.value))
+    return out
+
+
+def test_messages_and_help_do_not_send_users_to_shared() -> None:
+    """What softrdma prints (errors, help, counter explanations: every string that is not
+    a docstring) never names the spec digests or the lab under ../shared."""
+    bad = []
+    for path in sorted((ROOT / "src" / "softrdma").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        docs = _docstring_ids(tree)
+        bad += [f"{path.relative_to(ROOT)}:{node.lineno}: {node.value[:80]!r}"
+                for node in ast.walk(tree)
+                if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                and id(node) not in docs
+                and ("shared/specs" in node.value or "shared/lab" in node.value)]
+    assert not bad, "\n".join(bad)
