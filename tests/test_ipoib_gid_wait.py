@@ -5,6 +5,7 @@ message only if none comes. Root (a network namespace with a veth pair)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -85,3 +86,32 @@ def test_ipoib_up_fails_clearly_when_no_ipv6_comes(host: Host) -> None:
     assert p.returncode == 1, err
     assert f"waiting up to 0.5 s for an IPv6 address on {IF}" in err, err
     assert f"device {DEV!r} has no IPv6 GID" in err and "Traceback" not in err, err
+
+
+def test_ipoib_up_explains_a_gid_table_older_than_the_address(host: Host) -> None:
+    """Another program opened the (shared) device while DAD ran: its devd's GID table has
+    no IPv6 GID even once the address is usable. The error says so and what to do."""
+    host.run(["ip", "link", "set", PEER, "up"])
+    host.run(["ip", "link", "set", IF, "up"])
+    assert _tentative(host)
+    holder = host.spawn([sys.executable, "-c",
+                         "import sys\nfrom softrdma import verbs as v\n"
+                         f"ctx = v.Context('{DEV}')\nprint(len(ctx.gids), flush=True)\n"
+                         "sys.stdin.read()\n"])
+    assert holder.line(timeout=60).strip() == "1"  # the IPv4 GID only: IPv6 was still tentative
+    deadline = time.monotonic() + 60
+    while _tentative(host):
+        assert time.monotonic() < deadline, "DAD did not finish"
+        time.sleep(0.1)
+    p = _up(host)
+    try:
+        _out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 1, err
+    assert f"device {DEV!r} has no IPv6 GID" in err, err
+    assert re.search(rf"{IF} has (fd99::1|fe80::[0-9a-f:]+) now, but the device's GID table "
+                     "was made before it was usable", err), err
+    assert "stop the programs using the device so that its devd restarts" in err, err

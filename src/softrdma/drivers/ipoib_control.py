@@ -22,7 +22,7 @@ from . import netdev as _netdev
 from .registry import ensure_state_dir, state_dir
 
 __all__ = ["ControlServer", "control_dir", "control_path", "control_request", "running",
-           "CONTROL_TIMEOUT_S", "IPV6_WAIT_S", "wait_for_ipv6"]
+           "CONTROL_TIMEOUT_S", "IPV6_WAIT_S", "usable_ipv6", "wait_for_ipv6"]
 
 CONTROL_TIMEOUT_S = 5.0
 #: how long ``ipoib up`` waits for its netdev's first usable IPv6 address: right after an
@@ -148,6 +148,15 @@ class ControlServer:
             self.sock.close()
             self.sock = None
             self.path.unlink(missing_ok=True)
+
+
+def usable_ipv6(netdev: str) -> list[str]:
+    """``netdev``'s IPv6 addresses that are usable now (DAD done, RFC 4862 §5.4); empty
+    when there are none or the interface is gone."""
+    try:
+        return [str(a) for a in _netdev.ipv6_addresses(netdev) if a.usable]
+    except DeviceError:
+        return []
 
 
 def wait_for_ipv6(netdev: str, timeout: float | None = None,

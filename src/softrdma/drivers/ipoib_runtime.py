@@ -56,7 +56,7 @@ from ..ipoib.iface import Address, IfaceConfig, IpoibInterface, Mode
 from ..verbs.device import registered_devices
 from ..wire.cm import TransportServiceType
 from ..wire.gid import ip_to_gid, is_v4_mapped
-from .ipoib_control import ControlServer, control_path, wait_for_ipv6
+from .ipoib_control import ControlServer, control_path, usable_ipv6, wait_for_ipv6
 from .tun import TunDevice
 
 __all__ = ["IPOIB_QKEY", "IpoibRuntime", "RuntimeOptions"]
@@ -216,8 +216,14 @@ class IpoibRuntime:
         glob = [i for i in v6 if gids[i][:2] != b"\xfe\x80"]
         if glob or v6:
             return (glob or v6)[0]
+        why = "give its netdev an IPv6 address"
+        late = usable_ipv6(ctx.netdev) if ctx.netdev else []
+        if late:  # a shared device's devd took the addresses before this one was usable
+            why = (f"{ctx.netdev} has {late[0]} now, but the device's GID table was made "
+                   "before it was usable (duplicate address detection); stop the programs "
+                   "using the device so that its devd restarts, then try again")
         raise DeviceError(f"device {ctx.name!r} has no IPv6 GID: IPoIB's multicast groups are "
-                          "IPv6 groups on RoCEv2, give its netdev an IPv6 address")
+                          f"IPv6 groups on RoCEv2, {why}")
 
     # ---- buffers -------------------------------------------------------------------
     def _post_ud_recv(self, i: int) -> None:
