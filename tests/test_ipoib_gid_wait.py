@@ -5,6 +5,8 @@ message only if none comes. Root (a network namespace with a veth pair)."""
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import re
 import subprocess
 import sys
@@ -62,6 +64,7 @@ def test_ipoib_up_waits_for_dad(host: Host) -> None:
                 raise AssertionError(f"ipoib up exited {p.returncode}: {p.communicate()[1]}")
             assert time.monotonic() < deadline, "ipoib up did not come up"
             time.sleep(0.2)
+        shown = json.loads(host.softrdma("ipoib", "show", TUN, "--json").stdout)
         host.softrdma("ipoib", "down", TUN)
         _out, err = p.communicate(timeout=30)
     finally:
@@ -71,6 +74,9 @@ def test_ipoib_up_waits_for_dad(host: Host) -> None:
     assert p.returncode == 0, err
     assert f"softrdma ipoib: waiting up to 10 s for an IPv6 address on {IF}" in err, err
     assert "duplicate address detection" in err
+    # it waited for the global address too, whose DAD may end after the link-local one's
+    gid = ipaddress.IPv6Address("fd99::1").packed
+    assert shown["lladdr"].endswith(":".join(f"{x:02x}" for x in gid)), shown["lladdr"]
 
 
 def test_ipoib_up_fails_clearly_when_no_ipv6_comes(host: Host) -> None:

@@ -30,6 +30,8 @@ CONTROL_TIMEOUT_S = 5.0
 #: (RFC 4862 §5.4; Linux: about 1-2 s with the default ``dad_transmits`` 1)
 IPV6_WAIT_S = 10.0
 _IPV6_POLL_S = 0.1
+_IFA_F_TENTATIVE = 0x40  # linux/if_addr.h: DAD still running
+_IFA_F_DADFAILED = 0x08  # DAD found a duplicate: the address stays unusable
 NETNS_PATH = "/proc/self/ns/net"
 MAX_REQUEST = 4096
 
@@ -161,20 +163,24 @@ def usable_ipv6(netdev: str) -> list[str]:
 
 def wait_for_ipv6(netdev: str, timeout: float | None = None,
                   note: Callable[[str], None] | None = None) -> bool:
-    """True as soon as ``netdev`` has a usable IPv6 address (neither tentative nor
-    DAD-failed, RFC 4862 §5.4), False after ``timeout`` seconds (default
-    :data:`IPV6_WAIT_S`) without one. ``note`` gets one line saying what is awaited when
-    the address is not there at once."""
+    """Wait until ``netdev`` has a usable IPv6 address and none still tentative (duplicate
+    address detection done, RFC 4862 §5.4: the global address often finishes after the
+    link-local one, and a device's GIDs are read once), at most ``timeout`` seconds
+    (default :data:`IPV6_WAIT_S`). True if a usable address is there by then. ``note``
+    gets one line saying what is awaited when the wait is not over at once."""
     if timeout is None:
         timeout = IPV6_WAIT_S
     deadline = time.monotonic() + timeout
     said = False
     while True:
         addrs = _netdev.ipv6_addresses(netdev)
-        if any(a.usable for a in addrs):
+        usable = any(a.usable for a in addrs)
+        pending = any(a.flags & _IFA_F_TENTATIVE and not a.flags & _IFA_F_DADFAILED
+                      for a in addrs)
+        if usable and not pending:
             return True
         if time.monotonic() >= deadline:
-            return False
+            return usable
         if not said and note is not None:
             why = ("its IPv6 addresses are tentative: duplicate address detection is running"
                    if addrs else "it has no IPv6 address yet")
