@@ -4,7 +4,7 @@ Two RC queue pairs talk over an in-memory network (a virtual clock: every run is
 same). Three exchanges, each printed as the packets that carried it, decoded from the
 capture the way a protocol analyser does it: Ethernet -> IPv4 -> UDP 4791 -> BTH and
 the extension headers (IBA 9.2-9.3), then the ICRC checked (IBA 7.8.1, RoCEv2 as in
-../shared/specs/roce.md):
+docs/protocols.md §2):
 
 1. a SEND of 3000 bytes with a path MTU of 1024: SEND_FIRST, SEND_MIDDLE, SEND_LAST,
    consecutive PSNs (IBA 9.5), acknowledged by one coalesced ACK (IBA 9.7.5.1.2);

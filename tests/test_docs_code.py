@@ -1,6 +1,7 @@
 """The Python blocks of the docs run as written (on a private RoCE device on lo), so the
 pages stay true: docs/rdma_cm.md (blocking and asyncio use), docs/watch-the-packets.md
-(the lossy fabric and its capture)."""
+(the lossy fabric and its capture), docs/verbs-api.md (two RC QPs, blocking and asyncio),
+docs/protocols.md (the ICRC worked examples)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,10 @@ def _blocks(page: str) -> list[str]:
     ("rdma_cm.md", 0, ["server got b'ping'"]),
     ("rdma_cm.md", 1, ["roce ('127.0.0.1', "]),
     ("watch-the-packets.md", 1, ["True ", "retransmitted: ", " ok, 0 failed"]),
+    ("verbs-api.md", 1, ["GID ::ffff:127.0.0.1", "b received b'hello over RC' on its QP",
+                         "a's buffer now holds b'written by b'"]),
+    ("verbs-api.md", 2, ["b got b'ping 0'", "b got b'ping 2'", "a got b'pong'"]),
+    ("protocols.md", 0, []),
 ])
 def test_doc_block_runs(tmp_path: Path, page: str, index: int, expect: list[str]) -> None:
     blocks = _blocks(page)

@@ -317,6 +317,35 @@ def test_cli_list_and_errors() -> None:
     assert "Traceback" not in cp.stderr
 
 
+def test_cli_without_the_lab_says_where_it_comes_from(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A user's clone has no ../shared/lab: the suite says what the lab is, that softrdma
+    does not ship it, and how to point the suite at a copy."""
+    from softrdma.interop import cli
+
+    repo = tmp_path / "clone"
+    repo.mkdir()
+    (repo / "pyproject.toml").write_text("")
+    monkeypatch.setenv("SOFTRDMA_SHARED", str(tmp_path / "none"))
+    monkeypatch.setattr(cli, "locate_shared", lambda: locate_shared(repo))
+    monkeypatch.setattr(labmod, "Path", _NoWorkShared)  # as on a machine without /work/shared
+    assert cli.main(["--smoke"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("softrdma interop: error: cannot find the lab: no lab/run.sh in "
+                          f"{tmp_path / 'shared'}"), err
+    assert "not part of softrdma's repository or package" in err
+    assert "set SOFTRDMA_SHARED" in err and "docs/interop-lab.md" in err
+    assert (ROOT / "docs" / "interop-lab.md").is_file()
+    assert "Traceback" not in err
+
+
+class _NoWorkShared(type(Path())):  # type: ignore[misc]
+    """``Path`` for which ``/work/shared`` holds nothing."""
+
+    def is_file(self) -> bool:
+        return not str(self).startswith("/work/shared") and super().is_file()
+
+
 def test_one_suite_per_guest(tmp_path: Path) -> None:
     a, b = Lab(tmp_path, tmp_path), Lab(tmp_path, tmp_path)
     a.lock_guest(4)

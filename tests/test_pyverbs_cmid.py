@@ -119,3 +119,54 @@ def test_pyverbs_sync_cmid_and_options(state: str) -> None:
     assert lines[0] == "hello 16 17 True"
     assert lines[1] == "ps_ib 93"  # EPROTONOSUPPORT
     assert lines[2] == "option 38"  # ENOSYS
+
+
+WAITING = """
+import threading
+import pyverbs.cm_enums as ce
+import pyverbs.enums as e
+import pyverbs.cmid as impl
+from pyverbs.cmid import CMID, AddrInfo, ConnParam
+from pyverbs.qp import QPCap, QPInitAttr
+
+impl._SYNC_WAIT_S = 0.2  # the old limit of get_request, made short
+port = "{port}"
+init = QPInitAttr(qp_type=e.IBV_QPT_RC, cap=QPCap(max_send_wr=2, max_recv_wr=2))
+srv = CMID(creator=AddrInfo(src="127.0.0.1", src_service=port, flags=ce.RAI_PASSIVE),
+           qp_init_attr=init)
+srv.listen()
+got = {{}}
+
+def serve():
+    try:
+        child = srv.get_request()
+        child.accept()
+        got["qpn"] = child.qpn
+    except Exception as exc:
+        got["error"] = repr(exc)
+
+t = threading.Thread(target=serve)
+t.start()
+t.join(1.5)  # well past the old limit: the server is still waiting for its client
+print("waiting", t.is_alive(), got.get("error"))
+cli = CMID(creator=AddrInfo(src="127.0.0.1", dst="127.0.0.1", dst_service=port),
+           qp_init_attr=QPInitAttr(qp_type=e.IBV_QPT_RC, cap=QPCap(2, 2)))
+cli.connect(ConnParam())
+t.join(60)
+print("served", not t.is_alive(), got.get("qpn", 0) > 0, got.get("error"))
+cli.disconnect()
+cli.close()
+srv.close()
+"""
+
+
+def test_pyverbs_get_request_waits_for_a_late_client(state: str) -> None:
+    """rdma_get_request blocks until a client comes (librdmacm); it used to give up after
+    a fixed time with a traceback."""
+    code = WAITING.format(port=free_port(socket.SOCK_STREAM))
+    proc = subprocess.run([sys.executable, "-c", code], env=shim_env(state), text=True,
+                          capture_output=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "waiting True None", proc.stdout + proc.stderr
+    assert lines[1] == "served True True None", proc.stdout + proc.stderr

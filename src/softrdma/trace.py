@@ -7,7 +7,9 @@ Three loggers, each a kind of line a person can follow:
 * ``softrdma.cm``: IB CM state transitions of a connection (IBA 12.9.6, by local
   communication ID) and the rdma_cm events queued to the application;
 * ``softrdma.pkt``: one line per RoCE packet a device sends or receives: direction,
-  addresses, opcode, destination QPN, PSN, length, the AETH syndrome of an ACK/NAK
+  addresses with the source and destination QP (``127.0.0.1:4791 (QP 0x000011) ->
+  127.0.0.1:4791 (QP 0x000012)``, so that loopback lines tell who talks), opcode,
+  destination QPN, PSN, length, the AETH syndrome of an ACK/NAK
   (:func:`softrdma.wire.ib.describe`; IBA 9.2-9.3).
 
 :func:`configure` enables the named loggers at DEBUG and, when the application has not

@@ -1,4 +1,5 @@
-"""The control channel of a running ``softrdma ipoib up`` process (``show``, ``down``).
+"""The control channel of a running ``softrdma ipoib up`` process (``show``, ``down``),
+and its wait for an IPv6 address (:func:`wait_for_ipv6`).
 
 A Unix stream socket ``<state dir>/ipoib/<netns inode>/<NAME>.sock`` (interface names are
 per network namespace): a client sends one JSON line
@@ -11,17 +12,26 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..errors import DeviceError
+from . import netdev as _netdev
 from .registry import ensure_state_dir, state_dir
 
 __all__ = ["ControlServer", "control_dir", "control_path", "control_request", "running",
-           "CONTROL_TIMEOUT_S"]
+           "CONTROL_TIMEOUT_S", "IPV6_WAIT_S", "usable_ipv6", "wait_for_ipv6"]
 
 CONTROL_TIMEOUT_S = 5.0
+#: how long ``ipoib up`` waits for its netdev's first usable IPv6 address: right after an
+#: interface comes up its addresses are tentative while duplicate address detection runs
+#: (RFC 4862 §5.4; Linux: about 1-2 s with the default ``dad_transmits`` 1)
+IPV6_WAIT_S = 10.0
+_IPV6_POLL_S = 0.1
+_IFA_F_TENTATIVE = 0x40  # linux/if_addr.h: DAD still running
+_IFA_F_DADFAILED = 0x08  # DAD found a duplicate: the address stays unusable
 NETNS_PATH = "/proc/self/ns/net"
 MAX_REQUEST = 4096
 
@@ -140,3 +150,41 @@ class ControlServer:
             self.sock.close()
             self.sock = None
             self.path.unlink(missing_ok=True)
+
+
+def usable_ipv6(netdev: str) -> list[str]:
+    """``netdev``'s IPv6 addresses that are usable now (DAD done, RFC 4862 §5.4); empty
+    when there are none or the interface is gone."""
+    try:
+        return [str(a) for a in _netdev.ipv6_addresses(netdev) if a.usable]
+    except DeviceError:
+        return []
+
+
+def wait_for_ipv6(netdev: str, timeout: float | None = None,
+                  note: Callable[[str], None] | None = None) -> bool:
+    """Wait until ``netdev`` has a usable IPv6 address and none still tentative (duplicate
+    address detection done, RFC 4862 §5.4: the global address often finishes after the
+    link-local one, and a device's GIDs are read once), at most ``timeout`` seconds
+    (default :data:`IPV6_WAIT_S`). True if a usable address is there by then. ``note``
+    gets one line saying what is awaited when the wait is not over at once."""
+    if timeout is None:
+        timeout = IPV6_WAIT_S
+    deadline = time.monotonic() + timeout
+    said = False
+    while True:
+        addrs = _netdev.ipv6_addresses(netdev)
+        usable = any(a.usable for a in addrs)
+        pending = any(a.flags & _IFA_F_TENTATIVE and not a.flags & _IFA_F_DADFAILED
+                      for a in addrs)
+        if usable and not pending:
+            return True
+        if time.monotonic() >= deadline:
+            return usable
+        if not said and note is not None:
+            why = ("its IPv6 addresses are tentative: duplicate address detection is running"
+                   if addrs else "it has no IPv6 address yet")
+            note(f"waiting up to {timeout:g} s for an IPv6 address on {netdev} ({why}; "
+                 "IPoIB needs an IPv6 GID)")
+            said = True
+        time.sleep(min(_IPV6_POLL_S, max(0.0, deadline - time.monotonic())))

@@ -23,6 +23,7 @@ import ipaddress
 import os
 import select
 import signal
+import sys
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -52,14 +53,15 @@ from ..ipoib.events import (
 )
 from ..ipoib.hwaddr import service_id
 from ..ipoib.iface import Address, IfaceConfig, IpoibInterface, Mode
+from ..verbs.device import registered_devices
 from ..wire.cm import TransportServiceType
 from ..wire.gid import ip_to_gid, is_v4_mapped
-from .ipoib_control import ControlServer, control_path
+from .ipoib_control import ControlServer, control_path, usable_ipv6, wait_for_ipv6
 from .tun import TunDevice
 
 __all__ = ["IPOIB_QKEY", "IpoibRuntime", "RuntimeOptions"]
 
-IPOIB_QKEY = 0x0000000B      # the usual IPoIB broadcast-group Q_Key (RFC 4391; ../shared/specs/ipoib.md §2)
+IPOIB_QKEY = 0x0000000B      # the usual IPoIB broadcast-group Q_Key (RFC 4391; docs/protocols.md §10)
 GRH = 40                     # UD receive buffers start with the GRH area (IBA 11.4.1.2)
 SLOT = 1 << 16               # >= IPOIB_CM_BUF_SIZE
 SEND_SLOTS = 256
@@ -124,6 +126,8 @@ class IpoibRuntime:
     # ---- setup ---------------------------------------------------------------------
     def _open(self) -> None:
         o = self.opts
+        if o.gid_index is None:
+            self._await_ipv6(o.device)
         ctx = v.Context(o.device, progress="manual")
         self.ctx = ctx
         self._closers.append(ctx)
@@ -187,9 +191,21 @@ class IpoibRuntime:
         self._execute(self.engine.take_output())
 
     @staticmethod
+    def _await_ipv6(device: str | None) -> None:
+        """Give the device's netdev a few seconds to get a usable IPv6 address (started
+        right after the interface came up, duplicate address detection may still run),
+        saying so on stderr; :meth:`_pick_gid` then fails clearly if there is none."""
+        devs = registered_devices()
+        info = next((d for d in devs if device is None or d.name == device), None)
+        if info is None or not info.netdev or info.type != "roce":
+            return  # Context reports the missing device itself
+        wait_for_ipv6(info.netdev, note=lambda msg: print(f"softrdma ipoib: {msg}",
+                                                          file=sys.stderr, flush=True))
+
+    @staticmethod
     def _pick_gid(ctx: v.Context, index: int | None) -> int:
         """IPoIB groups are IPv6 multicast addresses on RoCEv2 (an MGID is its IP
-        group, Annex A17; ../shared/specs/roce.md §4), so the interface uses an IPv6 GID: the first global one,
+        group, Annex A17; docs/protocols.md), so the interface uses an IPv6 GID: the first global one,
         else the link-local one."""
         gids = ctx.port.gids
         if index is not None:
@@ -200,8 +216,14 @@ class IpoibRuntime:
         glob = [i for i in v6 if gids[i][:2] != b"\xfe\x80"]
         if glob or v6:
             return (glob or v6)[0]
+        why = "give its netdev an IPv6 address"
+        late = usable_ipv6(ctx.netdev) if ctx.netdev else []
+        if late:  # a shared device's devd took the addresses before this one was usable
+            why = (f"{ctx.netdev} has {late[0]} now, but the device's GID table was made "
+                   "before it was usable (duplicate address detection); stop the programs "
+                   "using the device so that its devd restarts, then try again")
         raise DeviceError(f"device {ctx.name!r} has no IPv6 GID: IPoIB's multicast groups are "
-                          "IPv6 groups on RoCEv2, give its netdev an IPv6 address")
+                          f"IPv6 groups on RoCEv2, {why}")
 
     # ---- buffers -------------------------------------------------------------------
     def _post_ud_recv(self, i: int) -> None:

@@ -7,7 +7,7 @@ UDP payload, BTH .. ICRC, and the addresses and ports it goes with) and
 :meth:`PacketTap.rx` with each datagram it takes from the link. Captured frames are the
 Ethernet/IPv4-or-IPv6/UDP frames a Linux sender emits for that payload (the framing of
 :func:`softrdma.drivers.fabric.frame_of`: IPv4 ID 0 with DF, as rxe's sockets send, so
-the ICRC checks; roce.md §1-2 in ../shared/specs/roce.md), which tshark dissects as
+the ICRC checks; docs/protocols.md §1-2), which tshark dissects as
 RoCE and ``softrdma pcap-check`` verifies.
 
 All devices of a process that capture to the same file share one writer. A packet that
@@ -27,13 +27,15 @@ import socket
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..errors import DecodeError
 from ..trace import default_capture
 from ..trace import logger as trace_logger
 from ..wire import ib
+from ..wire.gid import ip_to_gid
+from ..wire.opcodes import Hdr
 from ..wire.pcap import LINKTYPE_ETHERNET, PcapWriter
 from ..wire.roce import icrc_v1
 from ..wire.rocev1 import parse_grh
@@ -111,12 +113,20 @@ def _ip_text(ip: bytes) -> str:
     return socket.inet_ntop(socket.AF_INET if len(ip) == 4 else socket.AF_INET6, ip)
 
 
+def _qpn_text(qpn: int | None) -> str:
+    return "?" if qpn is None else f"0x{qpn:06x}"
+
+
 class PacketTap:
     """The capture and packet trace of one device (see the module docstring)."""
 
-    def __init__(self, device: str, pcap: str | None, log: logging.Logger | None) -> None:
+    def __init__(self, device: str, pcap: str | None, log: logging.Logger | None,
+                 qps: Mapping[int, Any] | None = None) -> None:
         self.device = device
         self.log = log
+        #: the device's QPs by QPN (``Port.qps``): trace lines name the local QP of each
+        #: packet and its peer, so that the two ends of a loopback pair tell apart
+        self.qps = qps
         self._writer = _open_writer(pcap) if pcap else None
         self._closed = False
 
@@ -152,17 +162,45 @@ class PacketTap:
             self._line("rx", dg)
 
     def _line(self, way: str, dg: Datagram) -> None:
+        """``DEV tx|rx SRC[:PORT] (QP s) -> DST[:PORT] (QP d) OPCODE QP=d PSN=...``: the
+        destination QP is the BTH DestQP (IBA 9.2), the source QP the DETH SrcQP of a
+        datagram (IBA 9.3.2) or, RC/UC carrying none, the local QP's peer (``?`` when
+        unknown)."""
         assert self.log is not None
+        src_qp = dst_qp = ""
         try:
-            text = ib.describe(ib.decode(dg.data[:-ICRC_LEN]))
+            pkt = ib.decode(dg.data[:-ICRC_LEN])
+            text = ib.describe(pkt)
+            src_qp = f" (QP {_qpn_text(self._source_qpn(way, pkt, dg))})"
+            dst_qp = f" (QP {_qpn_text(pkt.dqpn)})"
         except DecodeError as exc:
             text = f"undecodable ({exc})"
         if dg.grh:  # RoCEv1: no UDP ports, the GIDs of the GRH
-            self.log.debug("%s %s v1 %s -> %s %s", self.device, way, _ip_text(dg.src_ip),
-                           _ip_text(dg.dst_ip), text)
+            self.log.debug("%s %s v1 %s%s -> %s%s %s", self.device, way, _ip_text(dg.src_ip),
+                           src_qp, _ip_text(dg.dst_ip), dst_qp, text)
             return
-        self.log.debug("%s %s %s:%d -> %s:%d %s", self.device, way, _ip_text(dg.src_ip),
-                       dg.sport, _ip_text(dg.dst_ip), dg.dport, text)
+        self.log.debug("%s %s %s:%d%s -> %s:%d%s %s", self.device, way, _ip_text(dg.src_ip),
+                       dg.sport, src_qp, _ip_text(dg.dst_ip), dg.dport, dst_qp, text)
+
+    def _source_qpn(self, way: str, pkt: ib.IBPacket, dg: Datagram) -> int | None:
+        """The QP that sent ``pkt``: DETH SrcQP, else (RC/UC) for a received packet the
+        peer of its local DestQP, for a sent one the local QP connected to DestQP at
+        the destination GID."""
+        if pkt.info.hdrs & Hdr.DETH:
+            return int(pkt.src_qp)
+        if self.qps is None:
+            return None
+        if way == "rx":
+            qp = self.qps.get(pkt.dqpn)
+            peer = getattr(qp, "dest_qpn", 0) if getattr(qp, "av", None) is not None else 0
+            return int(peer) if peer else None
+        dgid = ip_to_gid(dg.dst_ip)
+        for qpn, qp in list(self.qps.items()):
+            av = getattr(qp, "av", None)
+            if (av is not None and getattr(qp, "dest_qpn", -1) == pkt.dqpn
+                    and getattr(av, "dgid", None) == dgid):
+                return int(qpn)
+        return None
 
     def close(self) -> None:
         if self._closed:
@@ -173,12 +211,14 @@ class PacketTap:
             self._writer = None
 
 
-def tap_for(device: str, pcap: str | os.PathLike[str] | None = None) -> PacketTap | None:
+def tap_for(device: str, pcap: str | os.PathLike[str] | None = None,
+            qps: Mapping[int, Any] | None = None) -> PacketTap | None:
     """The tap of a device being opened: capture to ``pcap`` (else ``$SOFTRDMA_PCAP``)
-    and/or trace packets when ``softrdma.pkt`` is enabled; None when neither is asked."""
+    and/or trace packets when ``softrdma.pkt`` is enabled; None when neither is asked.
+    ``qps``: the device's QPs by QPN, which name a packet's source QP in the trace."""
     path = os.fspath(pcap) if pcap is not None else default_capture()
     log = trace_logger("pkt")
     traced = log.isEnabledFor(logging.DEBUG)
     if path is None and not traced:
         return None
-    return PacketTap(device, path, log if traced else None)
+    return PacketTap(device, path, log if traced else None, qps)

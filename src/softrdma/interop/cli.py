@@ -5,7 +5,9 @@ patterns on case names such as ``rc_pingpong/rxe/s4096``; a bare word matches an
 ``--guest N`` (default 1), ``--json``, ``--keep`` (leave the guest this run booted and
 the namespace in place), ``--list`` (print the case names and exit). Exit status 0 when
 every run passed or was skipped, 1 when one failed or the lab could not be used, 2 bad
-arguments. Needs root (network namespaces, qemu, tcpdump).
+arguments. Needs root (network namespaces, qemu, tcpdump) and the lab's scripts, which
+are not part of softrdma (``docs/interop-lab.md``): without them it says where the lab
+comes from and how to point the suite at it.
 """
 
 from __future__ import annotations
@@ -18,13 +20,23 @@ from pathlib import Path
 
 from ..errors import SoftRdmaError
 from .cases import DIRECTIONS, all_cases, select, smoke_cases
-from .lab import DEFAULT_CACHE, MAX_GUEST, Lab, locate_shared
+from .lab import DEFAULT_CACHE, MAX_GUEST, Lab, LabError, locate_shared
 from .report import Result, exit_status, render_table, to_json
 from .runner import Options, Suite
 
 __all__ = ["add_arguments", "run", "main"]
 
 PROG = "softrdma interop"
+#: what a user without the lab reads (docs/interop-lab.md says more)
+LAB_HELP = (
+    "The lab (lab/build.sh and lab/run.sh: qemu guests running Linux rdma_rxe and siw) is "
+    "not part of softrdma's repository or package; it comes with the developers' shared "
+    "folder, which sits beside a checkout in their workspace (../shared). Copy that "
+    "folder (or at least its lab/ directory) anywhere and set SOFTRDMA_SHARED to it, e.g. "
+    "SOFTRDMA_SHARED=/opt/softrdma-shared (holding lab/run.sh). Without the lab, "
+    "`softrdma interop --list` still lists the cases; the rest of the test suite does not "
+    "need it. See docs/interop-lab.md."
+)
 
 
 class Terminated(SoftRdmaError):
@@ -67,9 +79,13 @@ def run(args: argparse.Namespace) -> int:
         for c in cases:
             print(c.name)
         return 0
+    try:
+        shared = locate_shared()
+    except LabError as exc:
+        raise LabError(f"{exc}.\n{LAB_HELP}") from None
     if os.geteuid() != 0:
         raise SoftRdmaError("the lab needs root (network namespaces, qemu, tcpdump)")
-    lab = Lab(locate_shared(), Path(os.environ.get("LAB_CACHE", str(DEFAULT_CACHE))))
+    lab = Lab(shared, Path(os.environ.get("LAB_CACHE", str(DEFAULT_CACHE))))
 
     def progress(msg: str) -> None:
         print(f"[interop] {msg}", file=sys.stderr, flush=True)

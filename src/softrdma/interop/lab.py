@@ -1,4 +1,4 @@
-"""Control of the Linux RDMA lab (``../shared/lab``) for the interop suite.
+"""Control of the Linux RDMA lab (not part of softrdma: docs/interop-lab.md) for the interop suite.
 
 The suite drives the lab's own scripts: ``build.sh`` builds (or reuses) the guest image,
 ``run.sh boot/stop`` boots and stops guests; commands run in them as ``run.sh ssh`` does

@@ -1,5 +1,5 @@
 """softrdma.ipoib: IP over InfiniBand, sans-I/O (RFC 4391 datagram mode, RFC 4755
-connected mode; ../shared/specs/ipoib.md).
+connected mode; docs/protocols.md §10).
 
 * :mod:`.hwaddr` -- the 20-byte link-layer address with the RFC 4755 §3.1 flags, the
   broadcast/multicast MGIDs of a P_Key, the CM Service ID and private data;

@@ -3,7 +3,7 @@
 Every IPoIB message, on the UD QP or on a connection, is the 4-byte header
 ``|Type(16)|Reserved(16)|`` followed by the payload; Type is the EtherType. ARP uses
 hardware type 32 (``ARPHRD_INFINIBAND``) and 20-byte hardware addresses
-(../shared/specs/ipoib.md §1, §2).
+(docs/protocols.md §10).
 """
 
 from __future__ import annotations

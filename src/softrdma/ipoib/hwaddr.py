@@ -5,7 +5,7 @@
   numbering, i.e. the most significant bits 0x80 and 0x40 of the octet, as Linux's
   ``IPOIB_FLAGS_RC``/``IPOIB_FLAGS_UC``). Reserved flag bits are zero on transmit and
   ignored on receive (§3.1).
-* Broadcast and multicast MGIDs of a P_Key (RFC 4391 §4; ../shared/specs/ipoib.md §3,
+* Broadcast and multicast MGIDs of a P_Key (RFC 4391 §4; docs/protocols.md §10,
   Linux ``ip_ib_mc_map`` / ``ipv6_ib_mc_map``).
 * The IPoIB-CM Service ID (RFC 4755 §3.5) and the REQ/REP/REJ private data (§6).
 """

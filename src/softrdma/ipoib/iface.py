@@ -1,7 +1,7 @@
 """One IPoIB interface, sans-I/O: IP packets in from the host, IPoIB messages in from
 the UD QP and the connections, outputs (:mod:`.events`) for the driver.
 
-RFC 4391 (IPoIB-UD) and RFC 4755 (IPoIB-CM), as ../shared/specs/ipoib.md digests them:
+RFC 4391 (IPoIB-UD) and RFC 4755 (IPoIB-CM), as docs/protocols.md §10 sums them up:
 
 * address resolution is ours (the kernel does none on a TUN device): ARP requests to
   the broadcast group, NS to the solicited-node group, answers unicast over UD (§7),
@@ -146,7 +146,7 @@ class IpoibInterface:
     # ---- lifecycle ---------------------------------------------------------------
     def start(self, now: float) -> None:
         """Join the broadcast, all-hosts, all-nodes and solicited-node groups of our
-        P_Key (RFC 4391 §4; ../shared/specs/ipoib.md §3)."""
+        P_Key (RFC 4391 §4; docs/protocols.md §10)."""
         pk = self.config.pkey
         groups = [ipv4_broadcast_mgid(pk), ipv4_mcast_mgid(ALL_HOSTS, pk),
                   ipv6_mcast_mgid(ALL_NODES, pk)]

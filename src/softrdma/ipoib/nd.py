@@ -2,7 +2,7 @@
 
 The Source/Target Link-Layer Address option of IPoIB is Type, Length 3 (24 bytes),
 two reserved zero bytes, then the 20-byte link-layer address (RFC 4391 §9.2, Linux
-``ndisc_addr_option_pad`` = 2 for ARPHRD_INFINIBAND; ../shared/specs/ipoib.md §1).
+``ndisc_addr_option_pad`` = 2 for ARPHRD_INFINIBAND; docs/protocols.md §10).
 Messages are built and checked here; the interface decides what to do with them.
 """
 

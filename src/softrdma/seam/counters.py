@@ -44,7 +44,7 @@ class DropReason(StrEnum):
 
 # reason -> (layer, what failed, where the rule is)
 DROP_REASONS: dict[DropReason, tuple[str, str, str]] = {
-    DropReason.ICRC: ("link", "ICRC mismatch", "IBA 7.8.1, ../shared/specs/roce.md §2"),
+    DropReason.ICRC: ("link", "ICRC mismatch", "IBA 7.8.1, Annex A17"),
     DropReason.MALFORMED: ("transport", "headers too short or do not decode", "IBA 9.6"),
     DropReason.BAD_TVER: ("transport", "BTH TVer is not 0", "IBA 9.6.1.1"),
     DropReason.LOOPBACK_GID: ("network", "SGID or DGID is the loopback GID ::1",

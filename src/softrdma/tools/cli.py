@@ -371,7 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=_cmd_ipoib, passthrough=True)
     tool("interop", "softrdma.interop.cli",
          help="run the live interop suite against Linux rxe/siw in "
-         "the lab (root)", description="Build or reuse the lab (../shared/lab), "
+         "the lab (root)", description="Build or reuse the lab (not part of softrdma: docs/interop-lab.md), "
          "boot a guest, run every case in both directions with captures and "
          "checks, print the table.")
     return parser

@@ -5,7 +5,7 @@ A :class:`Context` is one opened softrdma device: an engine
 :class:`~softrdma.drivers.runtime.Runtime`. The limits reported by
 :meth:`Context.query_device` are rxe's (``rxe_param.h``) so that tools sized for rxe
 behave the same; the GID table holds one RoCE v2 GID per IP address of the netdev
-(Annex A16; ../shared/specs/roce.md §4): the IPv6 link-local address first (as rxe's index 0), then the IPv4
+(Annex A16; docs/protocols.md §3): the IPv6 link-local address first (as rxe's index 0), then the IPv4
 addresses as ``::ffff:a.b.c.d``, then the other IPv6 addresses.
 """
 
@@ -63,7 +63,7 @@ from .limits import (
 
 __all__ = [
     "GID", "DeviceInfo", "DeviceAttr", "PortAttr", "AsyncEvent", "Context", "IWARP_LOOPBACK",
-    "all_devices",
+    "all_devices", "registered_devices",
     "get_device_list", "gid_table", "mtu_enum_for_netdev_mtu", "GID_TABLE_LEN", "gid_table_len",
 ]
 
@@ -83,7 +83,7 @@ MAX_MCAST_QP_ATTACH = 56
 MAX_TOTAL_MCAST_QP_ATTACH = 0x70000
 MAX_SRQ_WR = 0x4000
 MAX_SRQ_SGE = 27
-MAX_MSG_SZ = 1 << 31  # 2^31 bytes, IBA ch. 9 (as rxe); ../shared/specs/ib-transport.md §11
+MAX_MSG_SZ = 1 << 31  # 2^31 bytes, IBA ch. 9 (as rxe)
 RXE_MAX_HDR_LENGTH = 80  # rxe: Ethernet MTU minus this is the largest IB MTU that fits
 LOCAL_CA_ACK_DELAY = 15
 VENDOR_ID = 0xFFFFFF  # rxe's vendor id
@@ -132,8 +132,11 @@ class GID:
 
     @property
     def gid(self) -> str:
-        """Text form, IPv4-mapped GIDs as ``::ffff:a.b.c.d``."""
-        return str(ipaddress.IPv6Address(self.raw))
+        """Text form as ``inet_ntop(AF_INET6)`` writes it (``devinfo``, rxe's sysfs), an
+        IPv4-mapped GID as ``::ffff:a.b.c.d`` (RFC 4291 §2.5.5.2, RFC 5952 §5)."""
+        addr = ipaddress.IPv6Address(self.raw)
+        v4 = addr.ipv4_mapped
+        return str(addr) if v4 is None else f"::ffff:{v4}"
 
     def __str__(self) -> str:
         return self.gid
@@ -162,7 +165,7 @@ def _is_link_local(ip: bytes) -> bool:
 
 
 def gid_table(ips: Sequence[bytes]) -> list[bytes]:
-    """The RoCE v2 GID table for a netdev's addresses (Annex A17; ../shared/specs/roce.md §4; rxe's order).
+    """The RoCE v2 GID table for a netdev's addresses (Annex A17; docs/protocols.md §3; rxe's order).
 
     IPv6 link-local first (rxe's index 0 in the captures), then IPv4 as
     ``::ffff:a.b.c.d``, then the other IPv6 addresses; duplicates removed.
@@ -318,8 +321,9 @@ def _netdev_of_ips(ips: tuple[bytes, ...]) -> _netdev.NetDev | None:
     return None
 
 
-def get_device_list() -> list[DeviceInfo]:
-    """The registered softrdma devices (``softrdma link add``), registry order."""
+def registered_devices() -> list[DeviceInfo]:
+    """The registered softrdma devices (``softrdma link add``), registry order; without
+    the built-in iWARP loopback device (see :func:`get_device_list`)."""
     out = []
     for rec in registry.list_devices():
         nd = _netdev_snapshot(rec.netdev)
@@ -339,17 +343,21 @@ IWARP_LOOPBACK = "softrdma_iw_lo"  # the built-in iWARP device on the loopback i
 _LOOPBACK_IPS = (bytes([127, 0, 0, 1]), bytes(15) + b"\x01")
 
 
-def all_devices() -> list[DeviceInfo]:
-    """Every device a program can open: the registry's, then the built-in iWARP
-    loopback device :data:`IWARP_LOOPBACK` (unless a registered device has its name),
-    as ``softrdma link``, ``devinfo`` and ``devices`` list them."""
-    out = get_device_list()
+def get_device_list() -> list[DeviceInfo]:
+    """Every device a program can open (``ibv_get_device_list``): the registry's, then
+    the built-in iWARP loopback device :data:`IWARP_LOOPBACK` (unless a registered device
+    has its name), as ``softrdma link``, ``devinfo`` and ``devices`` list them; each opens
+    with :class:`Context`."""
+    out = registered_devices()
     if all(d.name != IWARP_LOOPBACK for d in out):
         nd = _netdev_snapshot("lo")
         out.append(DeviceInfo(name=IWARP_LOOPBACK, netdev="lo", type="iwarp",
                               node_guid=_guid_from_mac(nd.mac if nd is not None else b""),
                               udp_port=0, ips=_LOOPBACK_IPS))
     return out
+
+
+all_devices = get_device_list  # the name the tools used before get_device_list listed everything
 
 
 def _transport_of(name: str | None, transport: str | None, fabric: Link | None,
@@ -365,7 +373,7 @@ def _transport_of(name: str | None, transport: str | None, fabric: Link | None,
         return "roce"
     if name == IWARP_LOOPBACK:
         return "iwarp"
-    devices = get_device_list()
+    devices = registered_devices()
     found = [d for d in devices if d.name == name] if name is not None else devices[:1]
     return "iwarp" if found and found[0].type == "iwarp" else "roce"
 
@@ -376,7 +384,7 @@ def _shared_default() -> bool:
 
 def _open_registry_device(name: str | None, shared: bool | None) -> tuple[DeviceInfo, Link]:
     """Resolve ``name`` in the registry and open its link (devd client or own UDP socket)."""
-    devices = get_device_list()
+    devices = registered_devices()
     if name is None:
         if not devices:
             raise DeviceError("no softrdma device (add one with `softrdma link add NAME netdev IFACE`)")
@@ -526,7 +534,7 @@ class Context(VerbsObject):
                     gid_types=gid_types)
         self.port: DeviceEngine = port
         rt = Runtime(port, link, mode=progress, clock=clock, udp_port=udp_port)
-        rt.tap = tap_for(dev_name, pcap)  # pcap=FILE / $SOFTRDMA_PCAP, SOFTRDMA_TRACE=pkt
+        rt.tap = tap_for(dev_name, pcap, port.qps)  # pcap=FILE / $SOFTRDMA_PCAP, TRACE=pkt
         self.runtime: DeviceRuntime = rt
         self.progress_mode = progress
         self._init_events()
@@ -546,7 +554,7 @@ class Context(VerbsObject):
             ips: tuple[bytes, ...] = _LOOPBACK_IPS
             nd = _netdev_snapshot("lo")
         else:
-            found = [d for d in get_device_list() if d.name == name]
+            found = [d for d in registered_devices() if d.name == name]
             if not found:
                 raise DeviceError(f"no softrdma device named {name!r}")
             info = found[0]

@@ -55,7 +55,9 @@ __all__ = ["AddrInfo", "ConnParam", "UDParam", "JoinMCAttrEx", "CMEventChannel",
            "CMID"]
 
 _POLL_PAUSE_S = 0.0002  # between polls of a blocking get_*_comp (rdma_get_*_comp)
-_SYNC_WAIT_S = 30.0  # a synchronous id's longest wait for its event
+#: a synchronous id's longest wait for the event of an operation it started (address,
+#: route, connect, accept); get_request waits for its client without a limit
+_SYNC_WAIT_S = 30.0
 _PS = {int(ce.RDMA_PS_TCP): rc.RDMA_PS_TCP, int(ce.RDMA_PS_UDP): rc.RDMA_PS_UDP}
 
 
@@ -199,10 +201,12 @@ class CMEvent(PyverbsObject):
         self._acked = True
 
 
-def _wait(ch: rc.EventChannel, want: int, what: str) -> rc.RdmaCmEvent:
-    """A synchronous id's next event, which must be ``want``."""
+def _wait(ch: rc.EventChannel, want: int, what: str,
+          timeout: float | None = _SYNC_WAIT_S) -> rc.RdmaCmEvent:
+    """A synchronous id's next event, which must be ``want`` (``timeout`` None: wait
+    for ever, as a blocking ``rdma_get_cm_event``)."""
     try:
-        ev = ch.get_cm_event(timeout=_SYNC_WAIT_S)
+        ev = ch.get_cm_event(timeout=timeout)
     except SoftRdmaError as exc:
         raise rdma_error(f"Failed to {what}", exc) from exc
     if int(ev.event) != want:
@@ -330,10 +334,12 @@ class CMID(PyverbsCM):
 
     def get_request(self) -> CMID:
         """``rdma_get_request`` (synchronous listener): the next request's new id, with a
-        QP when the listener was created with QP init attributes."""
+        QP when the listener was created with QP init attributes. Blocks until a client
+        comes, however long that takes, as librdmacm's does (a server waits for its
+        clients; Ctrl-C or closing the listener ends the wait)."""
         if self._sync_ch is None:
             raise PyverbsRDMAError("Failed to get request: not a synchronous id", errno.EINVAL)
-        ev = _wait(self._sync_ch, T.CONNECT_REQUEST, "get request")
+        ev = _wait(self._sync_ch, T.CONNECT_REQUEST, "get request", timeout=None)
         child = CMID()
         child._id = ev.id
         child._sync_ch = rc.EventChannel()
