@@ -72,8 +72,7 @@ def test_one_sender_two_receivers_then_detach(net: Network, family: int, shared:
     device = "rxe0"
     if family == V1:
         device, gid_idx = DEVICE_V1, GID_IDX_V1_LINK_LOCAL
-    if not shared:
-        gid_idx = 0  # an in-process device serves one address: its first IPv4 one
+    # an in-process device has the shared device's GID table (every address of its netdev)
     sender, r1, r2 = net.hosts
     if not shared:  # the in-process device binds UDP 4791 itself: no devd may hold it
         for h in net.hosts:

@@ -243,7 +243,8 @@ def test_ca16_15_transport_property_tests_run() -> None:
     assert {test_engine_property.v1_of(s) for s in range(4)} == {False, True}
     assert "roce_ver_of(seed)" in inspect.getsource(
         test_fabric_property.test_random_ops_over_faulty_fabric)
-    assert "v1_of(seed)" in inspect.getsource(test_engine_property.test_random_mix_exactly_once)
+    assert "run_mix(" in inspect.getsource(test_engine_property.test_random_mix_exactly_once)
+    assert "v1_of(seed)" in inspect.getsource(test_engine_property.run_mix)
 
 
 def test_ca16_15_1_1_static_rate() -> None:
