@@ -109,11 +109,15 @@ class Side:
         if self.routs < 16:  # refill in batches, as ibv_rc_pingpong does
             self.routs += self.refill(RX_DEPTH - self.routs)
 
-    def ping(self, iters: int) -> None:
+    def ping(self, iters: int, samples: list[float] | None = None) -> None:
         """``iters`` SENDs, each posted once the peer's answer to the one before arrived
-        (the timed side of the ping-pong; :meth:`arm_pingpong` first)."""
+        (the timed side of the ping-pong; :meth:`arm_pingpong` first). ``samples``, if
+        given, gets each round trip's start time (``time.perf_counter``) and then the end."""
         wr = self.ping_wr
+        clock = time.perf_counter
         for _ in range(iters):
+            if samples is not None:
+                samples.append(clock())
             self.qp.post_send(wr)
             got_recv = False
             while not got_recv:
@@ -121,6 +125,8 @@ class Side:
                     if wc.opcode == RECV:
                         self._used_recv()
                         got_recv = True
+        if samples is not None:
+            samples.append(clock())
 
     def pong(self, iters: int) -> None:
         """Answer ``iters`` SENDs with one each (the other side of :meth:`ping`)."""
@@ -247,7 +253,9 @@ def udp_bw(total: int, dgram: int, port: int) -> tuple[float, float]:
     return got / dt if dt > 0 else 0.0, got / total
 
 
-def rc_send_lat(iters: int, port: int) -> float:
+def rc_send_lat(iters: int, port: int, samples: list[float] | None = None) -> float:
+    """The mean half round trip (s) of ``iters`` 64 B SEND ping-pongs between two
+    processes; ``samples``, if given, gets each one's half round trip (s)."""
     a_conn, b_conn = mp.Pipe()
     p = mp.Process(target=_peer, args=(b_conn, "127.0.0.2", port, 4096, "lat", iters))
     p.start()
@@ -258,9 +266,12 @@ def rc_send_lat(iters: int, port: int) -> float:
         side.connect(peer)
         side.arm_pingpong()
         a_conn.recv()
+        marks: list[float] | None = [] if samples is not None else None
         t0 = time.perf_counter()
-        side.ping(iters)
+        side.ping(iters, marks)
         dt = time.perf_counter() - t0
+        if samples is not None and marks:
+            samples.extend((b - a) / 2 for a, b in zip(marks, marks[1:], strict=False))
         a_conn.send("bye")
         p.join(10)
         return dt / iters / 2

@@ -59,6 +59,7 @@ from .link import ROCE_V2_UDP_PORT, CounterReporter, Datagram, GsoLink, Link
 from .progress import (
     DRAIN_TIMEOUT,
     EventWaiter,
+    PollPacer,
     ProgressCore,
     ProgressMode,
     SelectWaiter,
@@ -181,6 +182,7 @@ class Runtime:
         self._waiter: Waiter = (EventWaiter() if fd is None
                                 else SelectWaiter(fd, WakePipe() if threaded else None))
         core.on_wake(self._waiter.wake)
+        self._pacer = PollPacer(fd)  # the busy poll's spin-then-sleep (progress_nonblocking)
         self._vtimer = VirtualTimer(vclock, self._on_vtimer) if vclock is not None else None
         self.mode: ProgressMode = progress_mode(threaded, fd is not None,
                                                 self._vtimer is not None)
@@ -252,9 +254,13 @@ class Runtime:
 
         While an application busy-polls, the progress thread stands back (it stops
         watching the socket for a short grace time after the last poll), so the two
-        threads do not fight over the GIL on every packet.
+        threads do not fight over the GIL on every packet. An empty poll spins for a
+        short while, then sleeps in the kernel until a datagram or a timer is due
+        (:class:`~.progress.PollPacer`): a spinning poller beside a busy process waits
+        for its time slice, a sleeping one is woken when its answer arrives.
         """
-        if not self.core.try_lock():
+        core = self.core
+        if not core.try_lock():
             return 0
         try:
             # A busy poll reads one datagram first (a ping-pong's answer then costs one
@@ -267,9 +273,16 @@ class Runtime:
             # post_send, or from the progress thread): the ACK is off the critical path
             # of a request/response exchange (IBA 9.7.5.1.1 lets a responder coalesce).
             self._after_locked(acks=not n)
-            return n
+            d = None if n or stop_on else self.port.next_deadline()
         finally:
             self.lock.release()
+        pacer = self._pacer
+        if n or stop_on:
+            pacer.busy()
+            return n
+        pacer.idle(None if d is None else d - self.now())
+        core.last_poll = time.monotonic()
+        return 0
 
     def _progress_locked(self) -> int:
         with self.lock:
