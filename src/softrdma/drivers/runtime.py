@@ -80,6 +80,7 @@ _IP4_HDR = struct.Struct("!BBHHHBBH4s4s")
 _IP6_HDR = struct.Struct("!IHBB16s16s")
 _ZERO20 = bytes(20)
 _MAX_IDLE_WAIT = 0.01  # the progress thread re-checks timers at least this often (s)
+DRAIN_MAX = 4096  # datagrams read before due timers run, at most (receive first)
 REPORT_INTERVAL = 0.5  # a shared device's process reports its counters to devd this often (s)
 ICRC_SIZE = 4  # bytes (IBA 7.8.1)
 _BTH_SIZE = 12  # bytes (IBA 9.2)
@@ -323,6 +324,12 @@ class Runtime:
                 self._poll_rx_locked()
             d = port.next_deadline()
             if d is not None and d <= self.now():
+                # Receive first: an ACK already in our socket is not a lost ACK. A timer
+                # that is due (perhaps late: this process was descheduled) runs only after
+                # what arrived meanwhile was fed to the engine (issue 25).
+                self._drain_rx_locked()
+                if self.core.fatal is not None:
+                    break
                 port.on_timer(self.now())
             if port.tx or (acks and port.ack_pending):
                 self._flush_tx_locked(acks)
@@ -331,6 +338,17 @@ class Runtime:
         vtimer = self._vtimer
         if vtimer is not None:
             vtimer.arm(port.next_deadline())
+
+    def _drain_rx_locked(self) -> int:
+        """Feed the engine everything the link holds now (at most :data:`DRAIN_MAX`
+        datagrams, so a flood cannot keep the timers from running); returns how many."""
+        taken = 0
+        while taken < DRAIN_MAX:
+            n = self._poll_rx_locked()
+            if not n:
+                break
+            taken += n
+        return taken
 
     def _on_vtimer(self) -> None:
         """A deadline armed on the virtual clock is due (the ``VIRTUAL`` mode)."""
