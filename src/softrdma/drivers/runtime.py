@@ -176,6 +176,10 @@ class Runtime:
         self._poll_ask = 1  # datagrams the next busy poll reads (progress_nonblocking)
         self._pending = False
         self._reporter = link if isinstance(link, CounterReporter) else None
+        # a link that counts the kernel's receive-queue drops (UdpLink: SO_RXQ_OVFL)
+        stats = getattr(link, "stats", None)
+        self._link_stats: Any = stats if hasattr(stats, "rx_overflow") else None
+        self._rx_overflow = 0  # of those, already in the port counters
         self._gso: GsoLink | None = link if isinstance(link, GsoLink) else None
         self.tap: PacketTap | None = None  # capture / packet trace (drivers.tap), if asked
         self._next_report = 0.0
@@ -532,6 +536,10 @@ class Runtime:
                 return 0
         port = self.port
         counters = port.counters
+        ls = self._link_stats
+        if ls is not None and ls.rx_overflow != self._rx_overflow:  # the kernel's drops
+            counters.rcvd_rx_overflow += ls.rx_overflow - self._rx_overflow
+            self._rx_overflow = ls.rx_overflow
         receive = port.receive
         gid_of = self._gid_of
         metas = self._metas
