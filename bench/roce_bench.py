@@ -15,6 +15,7 @@ import argparse
 import multiprocessing as mp
 import os
 import socket
+import statistics
 import sys
 import time
 from multiprocessing.connection import Connection
@@ -279,6 +280,28 @@ def rc_send_lat(iters: int, port: int, samples: list[float] | None = None) -> fl
         side.close()
         if p.is_alive():
             p.kill()
+
+
+def _busy_loop() -> None:
+    """A CPU-bound process (the competitor of ``rc_send_lat_contended``)."""
+    while True:
+        pass
+
+
+def rc_send_lat_contended(iters: int, port_idle: int, port_busy: int) -> tuple[float, float]:
+    """(contended, idle): the median half round trip (s) of the 64 B SEND ping-pong with
+    one busy-loop process running beside it, and alone, measured one after the other."""
+    alone: list[float] = []
+    rc_send_lat(iters, port_idle, alone)
+    busy = mp.Process(target=_busy_loop, daemon=True)
+    busy.start()
+    try:
+        beside: list[float] = []
+        rc_send_lat(iters, port_busy, beside)
+    finally:
+        busy.kill()
+        busy.join(5)
+    return statistics.median(beside), statistics.median(alone)
 
 
 def _udp_echo(conn: Connection, port: int, iters: int) -> None:
