@@ -240,13 +240,18 @@ class PollPacer:
     (:meth:`busy`).
     """
 
-    __slots__ = ("fd", "spin", "since", "cpu0", "calm_until", "sleeps", "contended")
+    __slots__ = ("fd", "spin", "since", "cpu0", "calm_until", "sleeps", "contended",
+                 "clock", "cpu_clock")
 
-    def __init__(self, fd: int | None, spin: float = SPIN) -> None:
+    def __init__(self, fd: int | None, spin: float = SPIN, *,
+                 clock: Callable[[], float] = time.monotonic,
+                 cpu_clock: Callable[[], float] = time.thread_time) -> None:
         self.fd = fd
         self.spin = spin
+        self.clock = clock  # wall time (s)
+        self.cpu_clock = cpu_clock  # the polling thread's CPU time (s)
         self.since = 0.0  # when the idle streak began (monotonic), 0.0 outside one
-        self.cpu0 = 0.0  # the thread's CPU time then
+        self.cpu0 = 0.0  # the thread's CPU time then; -1.0 once the streak slept
         self.calm_until = 0.0  # empty polls sleep at once until then (monotonic)
         self.sleeps = 0  # how many times a poll slept (tests, diagnostics)
         self.contended = 0  # how many times a spin found it had lost the CPU
@@ -255,34 +260,36 @@ class PollPacer:
         """The poll got something: the streak ends."""
         self.since = 0.0
 
-    def idle(self, deadline_in: float | None) -> None:
+    def idle(self, deadline_in: float | None) -> bool:
         """An empty poll (outside the engine lock): spin on, or sleep until input,
-        ``deadline_in`` seconds (the engine's next timer; None: none) or BLOCK_MAX."""
+        ``deadline_in`` seconds (the engine's next timer; None: none) or BLOCK_MAX.
+        True if it slept and input ended the sleep (the caller reads it at once)."""
         fd = self.fd
         if fd is None:
-            return
-        now = time.monotonic()
+            return False
+        now = self.clock()
         since = self.since
         if since == 0.0:
             self.since = since = now
-            self.cpu0 = time.thread_time()
+            self.cpu0 = self.cpu_clock()
             if now >= self.calm_until:
-                return
-        elif now >= self.calm_until:
+                return False
+        elif self.cpu0 >= 0.0 and now >= self.calm_until:  # spinning so far
             spent = now - since
-            if spent < self.spin:
-                if spent - (time.thread_time() - self.cpu0) < PREEMPTED:
-                    return  # spinning, and we keep the CPU
-                self.contended += 1
+            if spent - (self.cpu_clock() - self.cpu0) >= PREEMPTED:
+                self.contended += 1  # the spin lost the CPU: the machine is contended
                 self.calm_until = now + CALM
+            elif spent < self.spin:
+                return False  # spinning, and we keep the CPU
         wait = BLOCK_MAX if deadline_in is None else min(BLOCK_MAX, deadline_in)
         if wait <= 0.0:
-            return
+            return False
+        self.cpu0 = -1.0  # this streak sleeps from now on (its wall time is no CPU loss)
         self.sleeps += 1
         try:
-            select.select([fd], [], [], wait)
+            return bool(select.select([fd], [], [], wait)[0])
         except (OSError, ValueError):  # descriptor closed under us: the next call says so
-            pass
+            return False
 
 
 class VirtualTimer:

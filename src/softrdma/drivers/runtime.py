@@ -265,27 +265,30 @@ class Runtime:
         for its time slice, a sleeping one is woken when its answer arrives.
         """
         core = self.core
-        if not core.try_lock():
-            return 0
-        try:
-            # A busy poll reads one datagram first (a ping-pong's answer then costs one
-            # receive call, not a second, empty one); a full read doubles the next.
-            ask = self._poll_ask
-            n = self._poll_rx_locked(stop_on, ask)
-            self._poll_ask = min(2 * ask, self.batch) if n >= ask else 1
-            # New packets: let the application see their completions before the ACKs
-            # go out (they leave at the next idle poll, after the application's next
-            # post_send, or from the progress thread): the ACK is off the critical path
-            # of a request/response exchange (IBA 9.7.5.1.1 lets a responder coalesce).
-            self._after_locked(acks=not n)
-            d = None if n or stop_on else self.port.next_deadline()
-        finally:
-            self.lock.release()
         pacer = self._pacer
-        if n or stop_on:
-            pacer.busy()
-            return n
-        pacer.idle(None if d is None else d - self.now())
+        for woken in (False, True):  # after a sleep that input ended, read it at once
+            if not core.try_lock():
+                return 0
+            try:
+                # A busy poll reads one datagram first (a ping-pong's answer then costs
+                # one receive call, not a second, empty one); a full read doubles the next.
+                ask = self._poll_ask
+                n = self._poll_rx_locked(stop_on, ask)
+                self._poll_ask = min(2 * ask, self.batch) if n >= ask else 1
+                # New packets: let the application see their completions before the
+                # ACKs go out (they leave at the next idle poll, after the application's
+                # next post_send, or from the progress thread): the ACK is off the
+                # critical path of a request/response exchange (IBA 9.7.5.1.1 lets a
+                # responder coalesce).
+                self._after_locked(acks=not n)
+                d = None if n or stop_on else self.port.next_deadline()
+            finally:
+                self.lock.release()
+            if n or stop_on:
+                pacer.busy()
+                return n
+            if woken or not pacer.idle(None if d is None else d - self.now()):
+                break
         core.last_poll = time.monotonic()
         return 0
 
