@@ -48,7 +48,16 @@ DRAIN_TIMEOUT = 1.0  # at close, how long to wait for the lock (a finalizer may 
 JOIN_TIMEOUT = 5.0  # at close, how long to wait for the progress thread to end (s)
 #: how long an application's busy poll may spin on an empty link before it sleeps in the
 #: kernel (s; ``SOFTRDMA_SPIN_US`` overrides; see :class:`PollPacer`)
-SPIN = float(os.environ.get("SOFTRDMA_SPIN_US", "200") or 0) * 1e-6
+def _spin_from_env(default_us: float = 200.0) -> float:
+    """``SOFTRDMA_SPIN_US`` in seconds (a value that is not a number >= 0: the default)."""
+    try:
+        us = float(os.environ.get("SOFTRDMA_SPIN_US", default_us))
+    except ValueError:
+        us = default_us
+    return (us if us >= 0.0 else default_us) * 1e-6
+
+
+SPIN = _spin_from_env()
 BLOCK_MAX = 0.002  # the longest one such sleep (s): below POLL_GRACE, so the thread stays back
 PREEMPTED = 0.0002  # a spin that lost the CPU this long (s) shows the machine is contended
 CALM = 0.5  # then polls sleep at once for this long (s) before spinning is tried again
