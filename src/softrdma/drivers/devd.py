@@ -579,6 +579,8 @@ class Devd(Forwarding, McastRouting, QpnRouting):
         total.rcvd_unknown_qp += own["unknown_qpn"]
         total.rcvd_malformed += own["malformed"]
         total.rcvd_no_buffer += own["client_full"]
+        # the kernel's drops on devd's own receive sockets (SO_RXQ_OVFL; issue 25)
+        total.rcvd_rx_overflow += sum(link.stats.rx_overflow for link in self._links)
         total.rcvd_pkts += own["unknown_qpn"] + own["malformed"] + own["client_full"]
         return total.as_dict()
 

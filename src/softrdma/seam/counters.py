@@ -40,6 +40,7 @@ class DropReason(StrEnum):
     UC_DROPPED = "dropped_uc"
     UD_NO_WQE = "ud_no_wqe"
     NO_BUFFER = "rcvd_no_buffer"
+    RX_OVERFLOW = "rcvd_rx_overflow"
 
 
 # reason -> (layer, what failed, where the rule is)
@@ -68,6 +69,8 @@ DROP_REASONS: dict[DropReason, tuple[str, str, str]] = {
                             "IBA 9.9.4"),
     DropReason.UD_NO_WQE: ("transport", "UD packet with no receive WQE", "IBA 9.8.3"),
     DropReason.NO_BUFFER: ("link", "receiving process's queue full (devd)", "design.md"),
+    DropReason.RX_OVERFLOW: ("link", "kernel socket receive queue full (SO_RXQ_OVFL)",
+                             "socket(7); issue 25"),
 }
 
 # Counters that are not drops, in display order.
@@ -157,6 +160,7 @@ class Counters(SlotCounters):
     dropped_uc: int
     ud_no_wqe: int
     rcvd_no_buffer: int
+    rcvd_rx_overflow: int
 
     def drop(self, reason: DropReason) -> None:
         """Count one packet dropped for ``reason``."""
