@@ -23,7 +23,10 @@ Files in the state directory (:func:`softrdma.drivers.registry.state_dir`):
   the lock knows that any ``NAME.sock`` left behind belongs to a dead daemon (stale), and
   replaces it;
 * ``NAME.spawn.lock``: serialises :func:`ensure_devd` calls so two starts don't race;
-* ``NAME.pid``: the daemon's pid; ``NAME.log``: a detached daemon's stderr.
+* ``NAME.pid``: the daemon's pid; ``NAME.log``: a detached daemon's stderr;
+* ``NAME.counters.json``: the device's port counters when its last daemon exited (and
+  whenever a client left), added back by the next daemon: like the kernel's, a device's
+  counters last as long as the device and never go backwards (:func:`saved_counters`).
 
 The daemon exits by itself ``idle_timeout`` seconds (default 5) after its last client
 left (or after it started, if no client ever came), removing its socket and pid file.
@@ -118,6 +121,8 @@ __all__ = [
     "DevdLink",
     "DevdVanished",
     "ensure_devd",
+    "counters_path",
+    "saved_counters",
     "main",
     "socket_path",
 ]
@@ -160,6 +165,7 @@ class Devd(Forwarding, McastRouting, QpnRouting):
         self.socket_path = socket_path(record.name, self.directory)
         self.pid_path = self.directory / f"{record.name}.pid"
         self.lock_path = self.directory / f"{record.name}.devd.lock"
+        self.counters_path = counters_path(record.name, self.directory)
         self.udp_port = record.udp_port
         self.ips: tuple[bytes, ...] = ()
         self.counters: dict[str, int] = dict.fromkeys(STAT_NAMES, 0)
@@ -226,6 +232,8 @@ class Devd(Forwarding, McastRouting, QpnRouting):
                             f"devd {name}: another devd already serves this device"
                         ) from None
                     time.sleep(0.01)
+            # we hold the lock: the previous daemon, if any, has saved its totals
+            self._retired.add(saved_counters(name, self.directory))
             self._uid_cap = per_uid_cap(raise_nofile(), self.max_clients_per_uid)
             self._spare = Spare()
             if self.record.roce_v2:
@@ -310,6 +318,8 @@ class Devd(Forwarding, McastRouting, QpnRouting):
         self._closed = True
         for c in list(self._clients):
             self._drop_client(c)
+        if self._lock_fd >= 0 and self._started:
+            self._save_counters()
         self._direct_close()
         for link in self._links:
             link.close()
@@ -438,8 +448,11 @@ class Devd(Forwarding, McastRouting, QpnRouting):
                     del self._groups[mgid]
                     self._leave_group(mgid)
         c.mcast.clear()
+        left_counts = bool(c.port_counters)
         self._retired.add(c.port_counters)
         c.port_counters = {}
+        if left_counts and not self._closed:
+            self._save_counters()
         for s in (c.ctrl, c.data):
             if self._sel is not None:
                 with contextlib.suppress(KeyError, ValueError):
@@ -540,6 +553,22 @@ class Devd(Forwarding, McastRouting, QpnRouting):
         total.rcvd_pkts += own["unknown_qpn"] + own["malformed"] + own["client_full"]
         return total.as_dict()
 
+    def _save_counters(self) -> None:
+        """Write :meth:`port_counters` to ``NAME.counters.json`` (atomically: a reader
+        never sees half a file). Best effort: a full disk loses the save, not the daemon."""
+        body = json.dumps(self.port_counters(), separators=(",", ":")).encode()
+        tmp = self.counters_path.with_name(self.counters_path.name + f".{os.getpid()}.tmp")
+        try:
+            fd = open_state_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.write(fd, body)
+            finally:
+                os.close(fd)
+            os.replace(tmp, self.counters_path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+
     def _alloc(self, c: Client, want: int) -> tuple[int, int]:
         if want == QPN_GSI:
             c.qp1_refs += 1
@@ -568,6 +597,25 @@ class Devd(Forwarding, McastRouting, QpnRouting):
         self._disown(qpn)
         return 0
 
+
+
+def counters_path(name: str, directory: Path | str | None = None) -> Path:
+    """``<state_dir>/<name>.counters.json``: the port counters a device's last devd left."""
+    return Path(directory if directory is not None else default_state_dir()) / (
+        f"{name}.counters.json")
+
+
+def saved_counters(name: str, directory: Path | str | None = None) -> dict[str, int]:
+    """The port counters device ``name``'s last devd saved when it exited (empty if
+    none ever ran, or the file is unreadable or not counters: they restart from zero)."""
+    try:
+        got = json.loads(counters_path(name, directory).read_bytes())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(got, dict):
+        return {}
+    return {k: v for k, v in got.items()
+            if isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,8 +11,10 @@ every SECONDS (``-n`` times, default until interrupted), each round headed by th
 
 The counters of a shared device are the device's (every process's, through its devd:
 see :mod:`softrdma.drivers.devd`, "Port counters of a shared device"). A device no
-process has open has no devd: its counters are all zero (in-process contexts, opened
-with ``shared=False``, count in their own process only).
+process has open has no devd: its counters are those its last devd saved when it
+exited (``NAME.counters.json``), zero if none ever ran; like the kernel's they last as
+long as the device (in-process contexts, opened with ``shared=False``, count in their
+own process only).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from ..drivers.devd import DevdLink, socket_path
+from ..drivers.devd import DevdLink, saved_counters, socket_path
 from ..errors import DeviceError, InvalidArgument
 from ..seam.counters import Counters
 from ..verbs.counters import PortCounters
@@ -58,9 +60,14 @@ def _parse_words(words: list[str], dev: str | None) -> tuple[str | None, int | N
 
 
 def device_counters(info: DeviceInfo) -> PortCounters:
-    """The counters of one RoCE device: from its devd if it runs, else zeros."""
+    """The counters of one RoCE device: from its devd if it runs, else those its last
+    devd saved (zeros if none did)."""
     record = info.record
     values = Counters().as_dict()
+    if record is not None:
+        saved = Counters()
+        saved.add(saved_counters(record.name))
+        values = saved.as_dict()
     shared = False
     if record is not None and socket_path(record.name).exists():
         try:
