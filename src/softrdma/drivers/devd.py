@@ -64,6 +64,7 @@ from softrdma.drivers.admission import (
     MAX_CLIENTS_PER_UID,
     Spare,
     out_of_descriptors,
+    peer_pid,
     peer_uid,
     per_uid_cap,
     raise_nofile,
@@ -423,7 +424,7 @@ class Devd(Forwarding, McastRouting, QpnRouting):
                 continue
             finally:
                 theirs.close()
-            client = Client(ctrl, mine, uid=uid)
+            client = Client(ctrl, mine, uid=uid, pid=peer_pid(ctrl))
             self._per_uid[uid] = self._per_uid.get(uid, 0) + 1
             self._clients.append(client)
             self.counters["clients"] += 1
@@ -499,6 +500,9 @@ class Devd(Forwarding, McastRouting, QpnRouting):
     def _handle(self, c: Client, msg: bytes) -> bytes | None:
         if len(msg) > REQ.size and msg[0] == proto.OP_REPORT:
             return REP.pack(proto.OP_REPORT, self._report(c, msg[REQ.size :]), 0)
+        if len(msg) > REQ.size and msg[0] == proto.OP_REPORT_RESOURCES:
+            return REP.pack(proto.OP_REPORT_RESOURCES,
+                            self._report_resources(c, msg[REQ.size :]), 0)
         if len(msg) != REQ.size:
             return REP.pack(msg[0] if msg else 0, errno.EINVAL, 0)
         op, arg, mgid = REQ.unpack(msg)
@@ -520,6 +524,8 @@ class Devd(Forwarding, McastRouting, QpnRouting):
             body = json.dumps({"port": self.port_counters(), "devd": self.counters,
                                "clients": len(self._clients)}).encode()
             return REP.pack(op, 0, len(body)) + body
+        elif op == proto.OP_RESOURCES:
+            return self._resources(op, arg)
         elif op == proto.OP_STATS:
             return REP.pack(op, 0, len(STAT_NAMES)) + b"".join(
                 U64.pack(self.counters[n]) for n in STAT_NAMES
@@ -539,6 +545,38 @@ class Devd(Forwarding, McastRouting, QpnRouting):
             return errno.EINVAL
         c.port_counters = values
         return 0
+
+    def _report_resources(self, c: Client, raw: bytes) -> int:
+        try:
+            got = json.loads(raw)
+        except ValueError:
+            return errno.EINVAL
+        if not isinstance(got, dict) or not all(
+            isinstance(k, str) and (
+                (isinstance(v, list) and all(isinstance(o, dict) for o in v))
+                or (isinstance(v, int) and not isinstance(v, bool)))
+            for k, v in got.items()
+        ):
+            return errno.EINVAL
+        c.resources = got
+        return 0
+
+    def _resources(self, op: int, index: int) -> bytes:
+        """The ``index``-th live client's objects (devd_proto: RESOURCES)."""
+        live = [c for c in self._clients if not c.dead]
+        if index >= len(live):
+            return REP.pack(op, errno.ENOENT, len(live))
+        c = live[index]
+        comm = ""
+        if c.pid > 0:
+            with contextlib.suppress(OSError, UnicodeDecodeError):
+                comm = Path(f"/proc/{c.pid}/comm").read_text().strip()
+        body = json.dumps({"pid": c.pid, "comm": comm, "uid": c.uid,
+                           "objects": c.resources}).encode()
+        if REP.size + len(body) > MAX_CTRL:  # a forged report cannot make us send more
+            body = json.dumps({"pid": c.pid, "comm": comm, "uid": c.uid,
+                               "objects": {}}).encode()
+        return REP.pack(op, 0, len(live)) + body
 
     def port_counters(self) -> dict[str, int]:
         """The device's port counters: retired + live clients' reports + devd's drops."""

@@ -54,6 +54,16 @@ Requests (client -> daemon, control), one fixed-size record::
                       dead client's socket leaves the group); 0: the bind failed. The
                       reply's value is the slot, or 0: the client stays on the forwarded
                       path (``direct_refused``)
+      REPORT_RESOURCES 13  followed by JSON: this client's objects on the device (QPs,
+                      CQs, MRs, PDs, :func:`softrdma.drivers.resources.port_resources`);
+                      the daemon keeps the last one while the client lives (EINVAL: not
+                      a JSON object of lists of objects)
+      RESOURCES   14  arg = i: the i-th live client's last REPORT_RESOURCES, followed by
+                      JSON {"pid": P, "comm": NAME, "uid": U, "objects": {...}} (pid
+                      and uid from ``SO_PEERCRED``, comm from ``/proc/P/comm``); the
+                      value is the number of live clients; ENOENT: no client i
+                      (``softrdma res show`` asks for 0, 1, ... one record each, so no
+                      answer outgrows a control record)
 
 Replies (daemon -> client, control)::
 
@@ -125,6 +135,8 @@ OP_REPORT = 9
 OP_COUNTERS = 10
 OP_JOIN = 11
 OP_JOINED = 12
+OP_REPORT_RESOURCES = 13
+OP_RESOURCES = 14
 
 HELLO = struct.Struct("!4sHHIH")
 REQ = struct.Struct("!BxxxI16s")
@@ -193,6 +205,8 @@ class Client:
     uid: int = -1
     slot: int = 0  # QPN slot on the direct path (reuseport), 0: forwarded by devd
     next_qpn: int = 0  # the next QPN tried in the slot's range
+    pid: int = 0  # SO_PEERCRED at accept (0: unknown)
+    resources: dict[str, object] = field(default_factory=dict)  # last REPORT_RESOURCES
 
 
 def client_recv(c: Client, sock: socket.socket, size: int) -> bytes | None:
