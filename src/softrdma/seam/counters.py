@@ -90,6 +90,8 @@ TRAFFIC_COUNTERS: tuple[str, ...] = (
     "rcvd_fecn",
     "rcvd_becn",
     "rcvd_mpa_req_reject",
+    "sent_terminate",
+    "rcvd_terminate",
 )
 
 
@@ -140,6 +142,8 @@ class Counters(SlotCounters):
     rcvd_fecn: int
     rcvd_becn: int
     rcvd_mpa_req_reject: int  # iWARP: MPA Requests with R set, refused in MPA (RFC 5044 §7.1)
+    sent_terminate: int  # iWARP: Terminate messages sent (RFC 5040 §5.4)
+    rcvd_terminate: int  # iWARP: Terminate messages received
     rcvd_icrc_err: int
     rcvd_malformed: int
     rcvd_bad_tver: int
