@@ -103,6 +103,7 @@ from softrdma.drivers.devd_spawn import (
     install_signals,
 )
 from softrdma.drivers.link import ip_bytes, ip_text
+from softrdma.drivers.port_totals import counters_path, saved_counters, write_counters
 from softrdma.drivers.rawether import RawEtherLink
 from softrdma.drivers.registry import DeviceRecord, Registry, ensure_state_dir, open_state_file
 from softrdma.drivers.registry import state_dir as default_state_dir
@@ -592,20 +593,8 @@ class Devd(Forwarding, McastRouting, QpnRouting):
         return total.as_dict()
 
     def _save_counters(self) -> None:
-        """Write :meth:`port_counters` to ``NAME.counters.json`` (atomically: a reader
-        never sees half a file). Best effort: a full disk loses the save, not the daemon."""
-        body = json.dumps(self.port_counters(), separators=(",", ":")).encode()
-        tmp = self.counters_path.with_name(self.counters_path.name + f".{os.getpid()}.tmp")
-        try:
-            fd = open_state_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                os.write(fd, body)
-            finally:
-                os.close(fd)
-            os.replace(tmp, self.counters_path)
-        except OSError:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
+        """Write :meth:`port_counters` to ``NAME.counters.json`` (:mod:`.port_totals`)."""
+        write_counters(self.counters_path, self.port_counters())
 
     def _alloc(self, c: Client, want: int) -> tuple[int, int]:
         if want == QPN_GSI:
@@ -635,25 +624,6 @@ class Devd(Forwarding, McastRouting, QpnRouting):
         self._disown(qpn)
         return 0
 
-
-
-def counters_path(name: str, directory: Path | str | None = None) -> Path:
-    """``<state_dir>/<name>.counters.json``: the port counters a device's last devd left."""
-    return Path(directory if directory is not None else default_state_dir()) / (
-        f"{name}.counters.json")
-
-
-def saved_counters(name: str, directory: Path | str | None = None) -> dict[str, int]:
-    """The port counters device ``name``'s last devd saved when it exited (empty if
-    none ever ran, or the file is unreadable or not counters: they restart from zero)."""
-    try:
-        got = json.loads(counters_path(name, directory).read_bytes())
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(got, dict):
-        return {}
-    return {k: v for k, v in got.items()
-            if isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -325,7 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add_parser("stats", help="port counters: packets, bytes, retransmissions, RNR NAKs, "
                    "drops by reason (rdma statistic)",
                    description="softrdma stats [show [link DEV[/PORT]]]: the counters of "
-                   "every RoCE device's port, one line each as `rdma statistic show link` "
+                   "every device's port (RoCE and iWARP), one line each as `rdma statistic show link` "
                    "prints them; a shared device's are the whole device's.")
     p.add_argument("words", nargs="*", metavar="show [link DEV[/PORT]]",
                    help="rdma statistic's object syntax: 'show', 'show link DEV/PORT'")

@@ -14,7 +14,9 @@ see :mod:`softrdma.drivers.devd`, "Port counters of a shared device"). A device 
 process has open has no devd: its counters are those its last devd saved when it
 exited (``NAME.counters.json``), zero if none ever ran; like the kernel's they last as
 long as the device (in-process contexts, opened with ``shared=False``, count in their
-own process only).
+own process only). An iWARP device's counters are every process's too: each publishes
+its own in the state directory (:mod:`softrdma.drivers.port_totals`): FPDUs as
+packets, MPA stream octets as bytes, Terminates, MPA CRC errors as ``rcvd_icrc_err``.
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ import time
 from typing import Any, TextIO
 
 from ..drivers.devd import DevdLink, saved_counters, socket_path
+from ..drivers.port_totals import device_totals
 from ..errors import DeviceError, InvalidArgument
 from ..seam.counters import Counters
 from ..verbs.counters import PortCounters
-from ..verbs.device import DeviceInfo, get_device_list
+from ..verbs.device import DeviceInfo, all_devices
 
 __all__ = ["run", "device_counters", "format_line"]
 
@@ -60,8 +63,12 @@ def _parse_words(words: list[str], dev: str | None) -> tuple[str | None, int | N
 
 
 def device_counters(info: DeviceInfo) -> PortCounters:
-    """The counters of one RoCE device: from its devd if it runs, else those its last
-    devd saved (zeros if none did)."""
+    """The counters of one device. RoCE: from its devd if it runs, else those its last
+    devd saved (zeros if none did); iWARP: every process's (:mod:`.port_totals`)."""
+    if info.type == "iwarp":
+        totals = Counters()
+        totals.add(device_totals(info.name))
+        return PortCounters.from_values(info.name, PORT, totals.as_dict(), True)
     record = info.record
     values = Counters().as_dict()
     if record is not None:
@@ -90,11 +97,11 @@ def _as_json(pc: PortCounters) -> dict[str, Any]:
 
 
 def _devices(dev: str | None) -> list[DeviceInfo]:
-    devices = [d for d in get_device_list() if d.type == "roce"]
+    devices = [d for d in all_devices() if d.type in ("roce", "iwarp")]
     if dev is not None:
         devices = [d for d in devices if d.name == dev]
         if not devices:
-            raise DeviceError(f"no softrdma RoCE device named {dev!r}")
+            raise DeviceError(f"no softrdma device named {dev!r}")
     return devices
 
 
