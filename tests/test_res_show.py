@@ -26,6 +26,7 @@ from softrdma.drivers.registry import DeviceRecord, Registry
 from softrdma.errors import InvalidArgument
 from softrdma.ib.qp import EngineQP
 from softrdma.tools.cli import main
+from softrdma.tools.res import format_lines
 
 RC = int(e.IBV_QPT_RC)
 ALL = int(e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ | e.IBV_ACCESS_LOCAL_WRITE)
@@ -174,6 +175,10 @@ def test_devd_refuses_malformed_resource_reports(tmp_path: Path) -> None:
                             "objects": {"qp": [{"lqpn": 17}], "truncated": 0}}]
             with pytest.raises(InvalidArgument):
                 link.report_resources({"qp": [{"x": "y" * 70000}]})
+            # a forged report cannot add lines to `softrdma res show`
+            link.report_resources({"qp": [{"lqpn": 5, "type": "RC\nlink x/1 lqpn 6"}]})
+            lines = format_lines("res0", link.resources(), "qp")
+            assert len(lines) == 1 and 'type "RC\\nlink x/1 lqpn 6"' in lines[0]
     finally:
         d.shutdown()
         t.join(10)

@@ -104,6 +104,16 @@ def _rows(dev: str, reports: list[dict[str, Any]], kind: str) -> list[dict[str, 
     return rows
 
 
+def _word(val: object) -> str:
+    """A value as one word of a line: a string a process made up (its comm, or a forged
+    report) cannot add lines or words (control characters and spaces come quoted)."""
+    text = str(val)
+    if isinstance(val, str) and (not text or not all(c.isprintable() and c != " "
+                                                      for c in text)):
+        return json.dumps(text)
+    return text
+
+
 def _text(row: dict[str, Any], kind: str) -> str:
     """One ``rdma resource show`` line."""
     head = (f"link {row['ifname']}/{row['port']}" if kind == "qp" else f"dev {row['ifname']}")
@@ -113,7 +123,7 @@ def _text(row: dict[str, Any], kind: str) -> str:
             continue
         if k in ("rkey", "lkey") and isinstance(val, int):
             val = f"{val:#x}"
-        words.append(f"{k} {val}")
+        words.append(f"{_word(k)} {_word(val)}")
     return " ".join(words)
 
 
@@ -131,7 +141,7 @@ def format_lines(dev: str, reports: list[dict[str, Any]], kind: str | None,
     """The text lines for one device."""
     if statistic:
         return [f"link {r['ifname']}/{r['port']} " + " ".join(
-            f"{k} {v}" for k, v in r.items() if k not in ("ifname", "port"))
+            f"{_word(k)} {_word(v)}" for k, v in r.items() if k not in ("ifname", "port"))
             for r in (_stat_row(x) for x in _rows(dev, reports, "qp"))]
     if kind is None:
         counts = " ".join(f"{len(_rows(dev, reports, k))} {k}" for k in KINDS)
