@@ -24,6 +24,7 @@ from softrdma.drivers.devd import Devd, DevdLink
 from softrdma.drivers.devd_proto import OP_REPORT_RESOURCES, REP, REQ
 from softrdma.drivers.registry import DeviceRecord, Registry
 from softrdma.errors import InvalidArgument
+from softrdma.ib.port import Port
 from softrdma.ib.qp import EngineQP
 from softrdma.tools.cli import main
 from softrdma.tools.res import format_lines
@@ -199,3 +200,30 @@ def test_qps_count_their_own_retransmissions_and_naks() -> None:
         assert cb["retransmitted_pkts"] == 0 and ca["sent_nak"] == 0
     finally:
         p.close()
+
+
+def test_the_largest_snapshot_fits_a_report() -> None:
+    """More objects than a report carries: the snapshot is cut at MAX_OBJECTS each, with
+    the rest counted, and still fits one control record (else devd would get none)."""
+    from softrdma.drivers.clock import VirtualClock
+    from softrdma.drivers.devd_proto import MAX_CTRL
+    from softrdma.drivers.fabric import Fabric
+    from softrdma.drivers.resources import MAX_OBJECTS, port_resources
+
+    fab = Fabric(VirtualClock())
+    with v.Context(fabric=fab.link("10.5.0.1")) as ctx:
+        pds = [v.PD(ctx) for _ in range(MAX_OBJECTS + 3)]
+        cqs = [v.CQ(ctx, 4) for _ in range(MAX_OBJECTS + 3)]
+        kept: list[object] = []
+        for pd, cq in zip(pds, cqs, strict=True):
+            kept.append(v.QP(pd, v.QPInitAttr(RC, scq=cq, rcq=cq, cap=v.QPCap(1, 1, 1, 1))))
+            kept.append(v.MR(pd, 64, ALL))
+        snap = port_resources(cast(Port, ctx.port))
+        assert [len(snap[k]) for k in ("qp", "cq", "mr", "pd")] == [MAX_OBJECTS] * 4
+        assert snap["truncated"] == 6
+        for qp in snap["qp"]:  # the largest values each field can take
+            qp.update({"lqpn": 0xFFFFFF, "rqpn": 0xFFFFFF, "rq-psn": 0xFFFFFF,
+                       "sq-psn": 0xFFFFFF, "pdn": 1 << 32, "state": "UNKNOWN",
+                       "dgid": "ffff:" * 7 + "ffff", "path-mig-state": "MIGRATED"})
+            qp["counters"] = dict.fromkeys(qp["counters"], 1 << 40)
+        assert REQ.size + len(json.dumps(snap, separators=(",", ":"))) <= MAX_CTRL

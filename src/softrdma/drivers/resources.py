@@ -32,7 +32,7 @@ from ..seam.states import ERR, INIT, QPT_RC, QPT_UC, QPT_UD, RESET, RTR, RTS, SQ
 __all__ = ["MAX_OBJECTS", "port_resources", "qp_state_name", "qp_type_name", "report_objects"]
 
 #: the most objects of one kind a snapshot carries (a control record is <= 64 KiB)
-MAX_OBJECTS = 96
+MAX_OBJECTS = 64
 
 _STATES = {RESET: "RESET", INIT: "INIT", RTR: "RTR", RTS: "RTS", SQD: "SQD", SQE: "SQE",
            ERR: "ERR"}
