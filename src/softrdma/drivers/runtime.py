@@ -70,6 +70,7 @@ from .progress import (
     check_mode,
     progress_mode,
 )
+from .resources import report_objects
 
 if TYPE_CHECKING:
     from .tap import PacketTap
@@ -682,6 +683,7 @@ class Runtime:
         if rep is None:
             return
         self._next_report = time.monotonic() + REPORT_INTERVAL
+        report_objects(rep, self.port, self.lock)  # for softrdma res show
         values = self.port.counters.as_dict()
         if values == rep.last_report:
             return
