@@ -30,7 +30,7 @@ VERBS_H = Path("/usr/include/infiniband/verbs.h")
 _HERE = Path(__file__).resolve().parent
 _INIT_CODE = f"""
 from {MODULE} import ffi, lib
-from softrdma.capi.bridge import install
+from softrdma.capi.cmbridge import install
 install(ffi, lib)
 """
 
@@ -40,7 +40,7 @@ class BuildError(SoftRdmaError):
 
 
 def _source() -> str:
-    shim = (_HERE / "shim.c").read_text()
+    shim = (_HERE / "shim.c").read_text() + (_HERE / "rdmacm.c").read_text()
     return shim.replace("/* SR_PY_EXPORTS */", cdefs.PY_EXPORTS)
 
 
