@@ -19,6 +19,7 @@ import pytest
 from capi_harness import TIMEOUT, need_build, need_tool, preloaded, tcp_port
 from device_harness import private_device, reap
 
+from softrdma.capi import build
 from softrdma.verbs.device import IWARP_LOOPBACK
 
 
@@ -147,3 +148,12 @@ def test_nobody_listening_is_a_clear_rejection(device: str, tool: str, args: tup
     assert p.returncode != 0
     assert message in p.stdout + p.stderr, (p.stdout, p.stderr)
     assert "Traceback" not in p.stderr
+
+
+def test_build_names_librdmacm_dev(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """rdmacm.c needs <rdma/rdma_cma.h>: its package is named when it is missing."""
+    monkeypatch.setenv("SOFTRDMA_CAPI_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(build, "RDMA_CMA_H", tmp_path / "no-rdma_cma.h")
+    assert "librdmacm-dev" in build.missing_packages()
+    with pytest.raises(build.BuildError, match="librdmacm-dev"):
+        build.build()
