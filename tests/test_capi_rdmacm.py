@@ -157,3 +157,19 @@ def test_build_names_librdmacm_dev(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert "librdmacm-dev" in build.missing_packages()
     with pytest.raises(build.BuildError, match="librdmacm-dev"):
         build.build()
+
+
+def test_channel_fd_errors_and_unserved_calls(device: str, tmp_path: Path) -> None:
+    """tests/capi/cm_check.c: an empty non-blocking channel is EAGAIN, its fd polls
+    readable with an event pending; after ADDR_RESOLVED the id's verbs is a context of
+    the device and its addresses are set; bad arguments are EINVAL, calls not served
+    ENOSYS; rdma_getaddrinfo."""
+    exe = tmp_path / "cm_check"
+    c = subprocess.run(["gcc", "-O2", "-Wall", "-o", str(exe),
+                        str(Path(__file__).parent / "capi" / "cm_check.c"), "-lrdmacm",
+                        "-libverbs"], capture_output=True, text=True, check=False)
+    assert c.returncode == 0, c.stderr
+    p = subprocess.run(preloaded(str(exe)), capture_output=True, text=True, timeout=TIMEOUT,
+                       check=False)
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    assert p.stdout.splitlines() == [f"device {device}", "ok"], p.stdout
