@@ -133,6 +133,18 @@ def test_ucmatose_connections_and_migrate(device: str) -> None:
     assert "disconnected" in sout
 
 
+def test_udaddy(device: str) -> None:
+    """udaddy: UD ids (RDMA_PS_UDP) resolved through SIDR, ESTABLISHED with the remote
+    QPN/Q_Key/AH, the server's replies on AHs made with ibv_create_ah_from_wc. Its -p is
+    the port space: the default port 7174 is a service on the private device only."""
+    need_tool("udaddy", "rdmacm-utils")
+    (sout, serr), (cout, cerr) = pair(preloaded("udaddy", "-C", "5"),
+                                      preloaded("udaddy", "-s", "127.0.0.1", "-C", "5"))
+    for out in (sout, cout):
+        assert "data transfers complete" in out and "return status 0" in out, out
+    assert "sending replies" in sout
+
+
 @pytest.mark.parametrize("tool,args,message", [
     ("rping", ("-c", "-a", "127.0.0.1"), "RDMA_CM_EVENT_REJECTED, error 8"),
     ("rdma_client", ("-s", "127.0.0.1"), "rdma_connect: Connection refused"),

@@ -1454,13 +1454,79 @@ struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t leng
                                  uint64_t iova, int fd, int access)
 { (void)pd; (void)offset; (void)length; (void)iova; (void)fd; (void)access; SR_NOT_YET_PTR }
 
+/* The address vector back to the sender of a UD receive (IBA 11.4.1.1 CreateAddress-
+ * HandleFromWC): the destination GID is the packet's source, the source GID index the
+ * one of the packet's destination. RoCEv2 over IPv4 leaves the IPv4 header in the GRH
+ * area's last 20 bytes (IBA A17.4.5.1, as rxe; the pyverbs layer reads it the same way,
+ * compat/pyverbs/addr.py). 0, or -1 with errno (ENOENT: not a GID of the port). */
 int ibv_init_ah_from_wc(struct ibv_context *context, uint8_t port_num, struct ibv_wc *wc,
                         struct ibv_grh *grh, struct ibv_ah_attr *ah_attr)
-{ (void)context; (void)port_num; (void)wc; (void)grh; (void)ah_attr; SR_NOT_YET_INT }
+{
+    const uint8_t *raw = (const uint8_t *)grh;
+    union ibv_gid src, dst, g;
+    struct ibv_port_attr pattr;
+    uint32_t flow = 0, word;
+    uint8_t tclass;
+    int i;
+
+    if (!context || !wc || !grh || !ah_attr) {
+        errno = EINVAL;
+        return -1;
+    }
+    if ((raw[20] >> 4) == 4) {
+        memset(&src, 0, sizeof(src));
+        memset(&dst, 0, sizeof(dst));
+        src.raw[10] = src.raw[11] = dst.raw[10] = dst.raw[11] = 0xff;
+        memcpy(&src.raw[12], raw + 20 + 12, 4);
+        memcpy(&dst.raw[12], raw + 20 + 16, 4);
+        tclass = raw[21];
+    } else {
+        memcpy(&word, raw, 4);
+        word = ntohl(word);
+        tclass = (uint8_t)(word >> 20);
+        flow = word & 0xfffff;
+        memcpy(src.raw, raw + 8, 16);
+        memcpy(dst.raw, raw + 24, 16);
+    }
+    memset(&pattr, 0, sizeof(pattr));
+    i = sr_py_query_port(SR_CTX(context)->h, port_num, &pattr);
+    if (i) {
+        errno = i;
+        return -1;
+    }
+    for (i = 0; i < pattr.gid_tbl_len; i++) {
+        if (ibv_query_gid(context, port_num, i, &g) == 0 && !memcmp(g.raw, dst.raw, 16))
+            break;
+    }
+    if (i >= pattr.gid_tbl_len) {
+        errno = ENOENT;
+        return -1;
+    }
+    memset(ah_attr, 0, sizeof(*ah_attr));
+    ah_attr->is_global = 1;
+    ah_attr->grh.dgid = src;
+    ah_attr->grh.flow_label = flow;
+    ah_attr->grh.sgid_index = (uint8_t)i;
+    ah_attr->grh.hop_limit = 0xff;
+    ah_attr->grh.traffic_class = tclass;
+    ah_attr->dlid = wc->slid;
+    ah_attr->sl = wc->sl;
+    ah_attr->src_path_bits = wc->dlid_path_bits;
+    ah_attr->port_num = port_num;
+    return 0;
+}
 
 struct ibv_ah *ibv_create_ah_from_wc(struct ibv_pd *pd, struct ibv_wc *wc, struct ibv_grh *grh,
                                      uint8_t port_num)
-{ (void)pd; (void)wc; (void)grh; (void)port_num; SR_NOT_YET_PTR }
+{
+    struct ibv_ah_attr attr;
+
+    if (!pd)
+        return sr_fail(EINVAL);
+    if (ibv_init_ah_from_wc(pd->context, port_num, wc, grh, &attr))
+        return NULL;
+    return ibv_create_ah(pd, &attr);
+}
 
 int ibv_resolve_eth_l2_from_gid(struct ibv_context *context, struct ibv_ah_attr *attr,
                                 uint8_t eth_mac[ETHERNET_LL_SIZE], uint16_t *vid)
