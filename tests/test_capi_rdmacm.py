@@ -9,6 +9,7 @@ reports as a REJECTED connection (reason 8) and a non-zero exit.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -143,6 +144,17 @@ def test_udaddy(device: str) -> None:
     for out in (sout, cout):
         assert "data transfers complete" in out and "return status 0" in out, out
     assert "sending replies" in sout
+
+
+def test_perftest_over_rdma_cm(device: str) -> None:
+    """perftest's -R: the connection through rdma_cm (both sides' ids on the device)."""
+    need_tool("ib_send_bw", "perftest")
+    port = str(tcp_port())
+    common = ["ib_send_bw", "-R", "-d", device, "-n", "50", "-s", "4096", "-p", port]
+    (sout, _), (cout, _) = pair(preloaded(*common), preloaded(*common, "127.0.0.1"))
+    for out in (sout, cout):
+        row = re.search(r"^\s*4096\s+50\s+([\d.]+)\s+([\d.]+)", out, re.M)
+        assert row and float(row.group(2)) > 0, out
 
 
 @pytest.mark.parametrize("tool,args,message", [
