@@ -59,6 +59,9 @@ int main(void)
           "the source address");
     CHECK(rdma_get_dst_port(id) == htons(7) && rdma_get_src_port(id) != 0, "the ports");
     CHECK(rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &tos, sizeof(tos)) == 0, "TOS");
+    errno = 0;
+    CHECK(rdma_set_option(id, RDMA_OPTION_IB, RDMA_OPTION_IB_PATH, &tos, sizeof(tos)) == -1
+          && errno == ENOSYS, "an option not served is ENOSYS");
 
     errno = 0;
     CHECK(rdma_create_qp(id, NULL, NULL) == -1 && errno == EINVAL, "rdma_create_qp without attributes is EINVAL");

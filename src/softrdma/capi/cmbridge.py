@@ -19,7 +19,14 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-from ..cm.rdma_cm import CmId, ConnParam, EventChannel
+from ..cm.rdma_cm import (
+    RDMA_OPTION_ID,
+    RDMA_OPTION_ID_ACK_TIMEOUT,
+    RDMA_OPTION_ID_TOS,
+    CmId,
+    ConnParam,
+    EventChannel,
+)
 from ..errors import SoftRdmaError
 from ..verbs import PD, Context
 from . import bridge as b
@@ -185,12 +192,13 @@ def _migrate(h: int, channel: int) -> int:
 
 
 def _set_option(h: int, level: int, optname: int, value: int) -> int:
-    try:
-        _id(h).set_option(level, optname, value)
-    except SoftRdmaError as exc:
-        if exc.errno in (0, errno.EINVAL) and "not supported" in str(exc):
-            raise SoftRdmaError(str(exc), errno=errno.ENOSYS) from None
-        raise
+    """``rdma_set_option``: the options the rdma_cm layer has (TOS, ACK timeout); others
+    are ENOSYS, as the kernel's ucma answers an option it does not know."""
+    if level != RDMA_OPTION_ID or optname not in (RDMA_OPTION_ID_TOS,
+                                                  RDMA_OPTION_ID_ACK_TIMEOUT):
+        raise SoftRdmaError(f"rdma_set_option level {level} option {optname} is not "
+                            "supported", errno=errno.ENOSYS)
+    _id(h).set_option(level, optname, value)
     return 0
 
 
