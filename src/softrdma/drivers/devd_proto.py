@@ -234,6 +234,8 @@ class Client:
     next_qpn: int = 0  # the next QPN tried in the slot's range
     join_seq: int = 0  # the seq of its JOIN, for the held-back reply
     join_expired: bool = False  # it held the JOIN turn past join_timeout
+    pid: int = 0  # SO_PEERCRED at accept (0: unknown)
+    resources: dict[str, object] = field(default_factory=dict)  # last REPORT_RESOURCES
 
 
 def close_fds(fds: list[int]) -> None:
@@ -241,8 +243,6 @@ def close_fds(fds: list[int]) -> None:
     for fd in fds:
         with contextlib.suppress(OSError):
             os.close(fd)
-    pid: int = 0  # SO_PEERCRED at accept (0: unknown)
-    resources: dict[str, object] = field(default_factory=dict)  # last REPORT_RESOURCES
 
 
 def client_recv(c: Client, sock: socket.socket, size: int) -> bytes | None:
