@@ -8,8 +8,6 @@ One line per port, ``link DEV/PORT name value name value ...`` (iproute2's ``rdm
 statistic show link``), or with ``-j`` a JSON array of ``{"ifname": DEV, "port": N,
 name: value, ...}`` objects (``-p``: pretty). ``-w SECONDS`` watches: the counters again
 every SECONDS (``-n`` times, default until interrupted), each round headed by the time.
-An iWARP device is shown only when named; it has no port counters (as Linux siw), so its
-line is ``link softrdma_iw_lo/1`` alone.
 
 The counters of a shared device are the device's (every process's, through its devd:
 see :mod:`softrdma.drivers.devd`, "Port counters of a shared device"). A device no
@@ -103,8 +101,7 @@ def _devices(dev: str | None) -> list[DeviceInfo]:
 
 
 def _show(devices: list[DeviceInfo], args: argparse.Namespace, out: TextIO) -> None:
-    counters = [device_counters(d) if d.type == "roce"
-                else PortCounters(d.name, PORT, {}, False) for d in devices]
+    counters = [device_counters(d) for d in devices]
     if args.json:
         out.write(json.dumps([_as_json(pc) for pc in counters],
                              indent=2 if args.pretty else None) + "\n")
