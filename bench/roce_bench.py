@@ -15,6 +15,7 @@ import argparse
 import multiprocessing as mp
 import os
 import socket
+import statistics
 import sys
 import time
 from multiprocessing.connection import Connection
@@ -109,11 +110,15 @@ class Side:
         if self.routs < 16:  # refill in batches, as ibv_rc_pingpong does
             self.routs += self.refill(RX_DEPTH - self.routs)
 
-    def ping(self, iters: int) -> None:
+    def ping(self, iters: int, samples: list[float] | None = None) -> None:
         """``iters`` SENDs, each posted once the peer's answer to the one before arrived
-        (the timed side of the ping-pong; :meth:`arm_pingpong` first)."""
+        (the timed side of the ping-pong; :meth:`arm_pingpong` first). ``samples``, if
+        given, gets each round trip's start time (``time.perf_counter``) and then the end."""
         wr = self.ping_wr
+        clock = time.perf_counter
         for _ in range(iters):
+            if samples is not None:
+                samples.append(clock())
             self.qp.post_send(wr)
             got_recv = False
             while not got_recv:
@@ -121,6 +126,8 @@ class Side:
                     if wc.opcode == RECV:
                         self._used_recv()
                         got_recv = True
+        if samples is not None:
+            samples.append(clock())
 
     def pong(self, iters: int) -> None:
         """Answer ``iters`` SENDs with one each (the other side of :meth:`ping`)."""
@@ -247,7 +254,9 @@ def udp_bw(total: int, dgram: int, port: int) -> tuple[float, float]:
     return got / dt if dt > 0 else 0.0, got / total
 
 
-def rc_send_lat(iters: int, port: int) -> float:
+def rc_send_lat(iters: int, port: int, samples: list[float] | None = None) -> float:
+    """The mean half round trip (s) of ``iters`` 64 B SEND ping-pongs between two
+    processes; ``samples``, if given, gets each one's half round trip (s)."""
     a_conn, b_conn = mp.Pipe()
     p = mp.Process(target=_peer, args=(b_conn, "127.0.0.2", port, 4096, "lat", iters))
     p.start()
@@ -258,9 +267,12 @@ def rc_send_lat(iters: int, port: int) -> float:
         side.connect(peer)
         side.arm_pingpong()
         a_conn.recv()
+        marks: list[float] | None = [] if samples is not None else None
         t0 = time.perf_counter()
-        side.ping(iters)
+        side.ping(iters, marks)
         dt = time.perf_counter() - t0
+        if samples is not None and marks:
+            samples.extend((b - a) / 2 for a, b in zip(marks, marks[1:], strict=False))
         a_conn.send("bye")
         p.join(10)
         return dt / iters / 2
@@ -268,6 +280,28 @@ def rc_send_lat(iters: int, port: int) -> float:
         side.close()
         if p.is_alive():
             p.kill()
+
+
+def _busy_loop() -> None:
+    """A CPU-bound process (the competitor of ``rc_send_lat_contended``)."""
+    while True:
+        pass
+
+
+def rc_send_lat_contended(iters: int, port_idle: int, port_busy: int) -> tuple[float, float]:
+    """(contended, idle): the median half round trip (s) of the 64 B SEND ping-pong with
+    one busy-loop process running beside it, and alone, measured one after the other."""
+    alone: list[float] = []
+    rc_send_lat(iters, port_idle, alone)
+    busy = mp.Process(target=_busy_loop, daemon=True)
+    busy.start()
+    try:
+        beside: list[float] = []
+        rc_send_lat(iters, port_busy, beside)
+    finally:
+        busy.kill()
+        busy.join(5)
+    return statistics.median(beside), statistics.median(alone)
 
 
 def _udp_echo(conn: Connection, port: int, iters: int) -> None:

@@ -16,6 +16,9 @@ The figures (see each module for how it measures):
   CRC32c on / off, vs plain Python TCP (``iwarp_write_bw``). Goals >= 0.7 / >= 0.85.
 * ``rc_send_lat``: RC SEND 64 B ping-pong half round trip vs a plain Python UDP ping-pong
   (``roce_bench``; lower is better). Goal <= 1.1.
+* ``rc_send_lat_contended``: the median half round trip of that ping-pong with one
+  busy-loop process running beside it, vs the same ping-pong alone, measured in the
+  same run (``roce_bench.rc_send_lat_contended``; issue 25). Goal <= 2.
 * ``shared_lat`` / ``shared_write_bw``: the same ping-pong and WRITE with both processes
   on one shared (devd-managed) device, vs two in-process devices (``shared_bench``).
   Goals <= 1.2 (latency) and >= 0.8 (throughput).
@@ -143,8 +146,8 @@ def _seeded(run: Callable[[int], tuple[float, float]]) -> Callable[[], tuple[flo
 
 #: every figure :func:`measure` can run, in its order
 FIGURES = ("roce_write_bw", "iwarp_write_bw_crc", "iwarp_write_bw_nocrc", "rc_send_lat",
-           "shared_lat", "shared_lat_udp", "shared_write_bw", "scaling_2", "scaling_4",
-           "lossy_goodput_1", "lossy_goodput_5")
+           "rc_send_lat_contended", "shared_lat", "shared_lat_udp", "shared_write_bw",
+           "scaling_2", "scaling_4", "lossy_goodput_1", "lossy_goodput_5")
 
 
 def measure(runs: int, quick: bool, only: set[str] | None) -> list[Figure]:
@@ -178,6 +181,16 @@ def measure(runs: int, quick: bool, only: set[str] | None) -> list[Figure]:
                    "plain Python UDP ping-pong", 1.1, False)
         _pairs(f, runs, lambda: rb.udp_lat(iters, ports.take()) * 1e6,
                lambda: rb.rc_send_lat(iters, ports.take()) * 1e6)
+        figs.append(f)
+    if want("rc_send_lat_contended"):
+        f = Figure("rc_send_lat_contended", "RC SEND 64 B ping-pong beside one busy-loop "
+                   "process, median half round trip", "us", "the same ping-pong alone", 2.0,
+                   False)
+        def contended() -> tuple[float, float]:
+            busy, alone = rb.rc_send_lat_contended(iters, ports.take(), ports.take())
+            return busy * 1e6, alone * 1e6
+
+        _pairs2(f, runs, contended)
         figs.append(f)
     if want("shared_lat") or want("shared_lat_udp"):
         f = Figure("shared_lat", "64 B ping-pong, both processes on one shared device", "us",

@@ -51,7 +51,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "cm": BASE | {"wire", "seam", "ib", "iwarp", "drivers", "verbs"},
     "compat": ANY,
     # C programs (softrdma run): a verbs application whose API is libibverbs' C ABI
-    "capi": BASE | {"seam", "verbs"},
+    "capi": BASE | {"seam", "verbs", "cm"},
     "tools": ANY,
     "interop": ANY,
     "__main__": ANY,

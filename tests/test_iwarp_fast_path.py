@@ -209,13 +209,13 @@ class Responder:
     def feed(self, data: bytes | memoryview, cuts: list[int]) -> None:
         real = fast_path.write_run
 
-        def counting(*args: Any) -> tuple[int, int]:
+        def counting(*args: Any) -> tuple[int, int, int]:
             k = real(*args)
             self.fast_taken += k[0] > 0
             return k
 
-        def off(*args: Any) -> tuple[int, int]:
-            return 0, 0
+        def off(*args: Any) -> tuple[int, int, int]:
+            return 0, 0, 0
 
         setattr(rdmap, "write_run", counting if self.fast else off)  # noqa: B010
         try:
@@ -438,7 +438,7 @@ def test_fast_path_off_with_markers_and_while_awaiting_rtr(monkeypatch: pytest.M
     seen = []
     real = fast_path.write_run
 
-    def spy(*args: Any) -> tuple[int, int]:
+    def spy(*args: Any) -> tuple[int, int, int]:
         r = real(*args)
         seen.append(r[0])
         return r

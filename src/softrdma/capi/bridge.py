@@ -351,15 +351,18 @@ def _mcast(h: int, gid: Any, lid: int, attach: int) -> int:
     return 0
 
 
-def _create_qp(h: int, a: Any, wrapper: Any) -> int:
-    pd = _get(h, PD)
+def _qp_init(a: Any) -> QPInitAttr:
+    """The QP init attributes of a flat ``struct sr_qp_init``."""
     cap = QPCap(a.max_send_wr, a.max_recv_wr, a.max_send_sge, a.max_recv_sge,
                 a.max_inline_data)
-    init = QPInitAttr(
+    return QPInitAttr(
         qp_type=a.qp_type, scq=_get(a.send_cq, CQ) if a.send_cq else None,
         rcq=_get(a.recv_cq, CQ) if a.recv_cq else None,
         srq=_get(a.srq, SRQ) if a.srq else None, cap=cap, sq_sig_all=a.sq_sig_all)
-    qp = QP(pd, init)
+
+
+def _create_qp(h: int, a: Any, wrapper: Any) -> int:
+    qp = QP(_get(h, PD), _qp_init(a))
     a.qp_num = qp.qp_num
     return _add(qp, wrapper)
 
@@ -493,8 +496,37 @@ _EXPORTS: dict[str, tuple[Callable[..., int], bool]] = {
 }
 
 
-def install(ffi: Any, lib: Any) -> None:
-    """Register the entry points (run once by the library's embedding init code)."""
+def _set_wrapper(h: int, wrapper: Any) -> None:
+    """Give the object of ``h`` its C wrapper (made by C after the object)."""
+    with _lock:
+        obj = _objs.get(h)
+        if obj is None:
+            raise SoftRdmaError(f"handle {h} is unknown", errno=errno.EINVAL)
+        _wrappers[h] = wrapper
+        _handles[id(obj)] = h
+
+
+def _handle_of(obj: object) -> int:
+    """The handle of an object that has a wrapper, or 0."""
+    with _lock:
+        return _handles.get(id(obj), 0)
+
+
+def _forget(h: int) -> object:
+    """Drop ``h`` from the tables; its object."""
+    with _lock:
+        obj = _objs.pop(h, None)
+        if _wrappers.pop(h, None) is not None:
+            _handles.pop(id(obj), None)
+    if obj is None:
+        raise SoftRdmaError(f"handle {h} is unknown", errno=errno.EINVAL)
+    return obj
+
+
+def install(ffi: Any, lib: Any,
+            more: dict[str, tuple[Callable[..., int], bool]] | None = None) -> None:
+    """Register the entry points (run once by the library's embedding init code), with
+    ``more`` (the librdmacm half, :mod:`.cmbridge`)."""
     global _ffi, _lib
     _ffi, _lib = ffi, lib
     python = os.environ.get(PYTHON_ENV)
@@ -502,6 +534,6 @@ def install(ffi: Any, lib: Any) -> None:
         # devd is spawned with sys.executable; an embedded interpreter's is the first
         # python3 on PATH, not necessarily the one softrdma is installed for
         sys.executable = python
-    for name, (fn, negative) in _EXPORTS.items():
+    for name, (fn, negative) in {**_EXPORTS, **(more or {})}.items():
         err = -errno.EIO if negative else errno.EIO
         ffi.def_extern(name=name, error=err)(_verb(negative)(fn))

@@ -1,7 +1,7 @@
 """Build the C half of :mod:`softrdma.capi` on first use, into a cache.
 
 The library is cffi's embedding mode: ``shim.c`` (the ibv_* exports, the context ops and
-the completion ring) plus the ``extern "Python"`` entry points of :mod:`.bridge`, linked
+the completion ring) and ``rdmacm.c`` (the rdma_* exports) plus the ``extern "Python"`` entry points of :mod:`.bridge`, linked
 against this Python's libpython. It is cached under ``$SOFTRDMA_CAPI_CACHE`` (default
 ``~/.cache/softrdma``) as ``capi-<hash>/libsoftrdma-capi.so``, the hash covering the C
 source, the declarations, the Python version and cffi's, so an upgrade rebuilds it and
@@ -27,10 +27,11 @@ __all__ = ["BuildError", "library_path", "build", "MODULE", "LIB_NAME"]
 MODULE = "_softrdma_capi"
 LIB_NAME = "libsoftrdma-capi.so"
 VERBS_H = Path("/usr/include/infiniband/verbs.h")
+RDMA_CMA_H = Path("/usr/include/rdma/rdma_cma.h")
 _HERE = Path(__file__).resolve().parent
 _INIT_CODE = f"""
 from {MODULE} import ffi, lib
-from softrdma.capi.bridge import install
+from softrdma.capi.cmbridge import install
 install(ffi, lib)
 """
 
@@ -40,7 +41,7 @@ class BuildError(SoftRdmaError):
 
 
 def _source() -> str:
-    shim = (_HERE / "shim.c").read_text()
+    shim = (_HERE / "shim.c").read_text() + (_HERE / "rdmacm.c").read_text()
     return shim.replace("/* SR_PY_EXPORTS */", cdefs.PY_EXPORTS)
 
 
@@ -78,6 +79,8 @@ def missing_packages() -> list[str]:
         need.append("python3-dev")
     if not VERBS_H.exists():
         need.append("libibverbs-dev")
+    if not RDMA_CMA_H.exists():
+        need.append("librdmacm-dev")
     try:
         import cffi  # noqa: F401
     except ImportError:

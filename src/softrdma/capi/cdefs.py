@@ -42,6 +42,28 @@ struct sr_qp_attr {
 };
 struct sr_srq_attr { uint32_t max_wr, max_sge, srq_limit; };
 struct ibv_sge { uint64_t addr; uint32_t length; uint32_t lkey; };
+struct sr_cm_addr { uint32_t family; uint16_t port; uint8_t ip[16]; };
+struct sr_cm_info {
+    int32_t ctx, dev_index, async_fd, port_num;
+    void *ctx_wrapper;
+    struct sr_cm_addr src, dst;
+};
+struct sr_conn_param {
+    uint8_t private_data[256];
+    uint32_t private_data_len, responder_resources, initiator_depth, flow_control,
+        retry_count, rnr_retry_count, srq, qp_num;
+    int32_t has;
+};
+struct sr_cm_event_rec {
+    int32_t event, status, id, listen_id;
+    void *id_wrapper;
+    void *listen_id_wrapper;
+    uint8_t private_data[256];
+    uint32_t private_data_len, responder_resources, initiator_depth, flow_control,
+        retry_count, rnr_retry_count, srq, qp_num;
+    uint32_t has_ud, ud_qp_num, ud_qkey;
+    struct sr_ah_attr ah;
+};
 struct ibv_device_attr {
     char fw_ver[64];
     uint64_t node_guid;
@@ -108,4 +130,23 @@ int sr_py_query_qp(int qp, struct sr_qp_attr *attr, int mask);
 int sr_py_create_ah(int pd, struct sr_ah_attr *attr);
 int sr_py_post_send(int qp, struct sr_swr *wr, int n, int *bad);
 int sr_py_post_recv(int h, int is_srq, struct sr_rwr *wr, int n, int *bad);
+int sr_py_cm_channel(int *fd);
+int sr_py_cm_create_id(int channel, int ps, void *wrapper);
+int sr_py_cm_set_wrapper(int h, void *wrapper);
+int sr_py_cm_destroy_id(int id);
+int sr_py_cm_info(int id, struct sr_cm_info *info);
+int sr_py_cm_bind(int id, struct sr_cm_addr *addr);
+int sr_py_cm_resolve_addr(int id, struct sr_cm_addr *src, struct sr_cm_addr *dst,
+                          int timeout_ms);
+int sr_py_cm_resolve_route(int id, int timeout_ms);
+int sr_py_cm_listen(int id, int backlog);
+int sr_py_cm_create_qp(int id, int pd, struct sr_qp_init *attr, void *wrapper);
+int sr_py_cm_drop_qp(int id);
+int sr_py_cm_connect(int id, struct sr_conn_param *param);
+int sr_py_cm_accept(int id, struct sr_conn_param *param);
+int sr_py_cm_reject(int id, uint8_t *data, int len);
+int sr_py_cm_disconnect(int id);
+int sr_py_cm_migrate(int id, int channel);
+int sr_py_cm_set_option(int id, int level, int optname, int value);
+int sr_py_cm_get_event(int channel, struct sr_cm_event_rec *rec);
 """

@@ -74,6 +74,31 @@ struct sr_srq_attr {
     uint32_t max_wr, max_sge, srq_limit;
 };
 
+/* librdmacm (rdmacm.c): an IP address and port; an id's device and addresses; a
+ * struct rdma_conn_param; an event */
+struct sr_cm_addr { uint32_t family; uint16_t port; uint8_t ip[16]; };
+struct sr_cm_info {
+    int32_t ctx, dev_index, async_fd, port_num;
+    void *ctx_wrapper;      /* the context's sr_context, NULL until C makes one */
+    struct sr_cm_addr src, dst;
+};
+struct sr_conn_param {
+    uint8_t private_data[256];
+    uint32_t private_data_len, responder_resources, initiator_depth, flow_control,
+        retry_count, rnr_retry_count, srq, qp_num;
+    int32_t has;            /* 0: the program passed NULL */
+};
+struct sr_cm_event_rec {
+    int32_t event, status, id, listen_id;
+    void *id_wrapper;       /* NULL: a new id (CONNECT_REQUEST), C makes its wrapper */
+    void *listen_id_wrapper;
+    uint8_t private_data[256];
+    uint32_t private_data_len, responder_resources, initiator_depth, flow_control,
+        retry_count, rnr_retry_count, srq, qp_num;
+    uint32_t has_ud, ud_qp_num, ud_qkey;
+    struct sr_ah_attr ah;
+};
+
 /* ---- the Python half (extern "Python"): build.py puts cdefs.PY_EXPORTS here ---- */
 /* SR_PY_EXPORTS */
 
@@ -475,22 +500,15 @@ int ibv_fork_init(void)
     return 0;
 }
 
-struct ibv_context *ibv_open_device(struct ibv_device *device)
+/* The program's struct ibv_context for the Context of handle h (NULL with errno). */
+static struct ibv_context *sr_wrap_context(int h, int afd, struct ibv_device *device)
 {
     struct sr_context *c;
     struct ibv_context *ctx;
-    int h, afd = -1;
 
-    if (!device)
-        return sr_fail(EINVAL);
-    h = sr_py_open(((struct sr_device *)device)->index, &afd);
-    if (!sr_handle_ok(h))
-        return NULL;
     c = calloc(1, sizeof(*c));
-    if (!c) {
-        sr_py_destroy(h);
+    if (!c)
         return sr_fail(ENOMEM);
-    }
     c->async_own = sr_own_fd(afd);
     {
         const char *y = getenv("SOFTRDMA_CAPI_YIELD");
@@ -514,6 +532,22 @@ struct ibv_context *ibv_open_device(struct ibv_device *device)
     ctx->abi_compat = __VERBS_ABI_IS_EXTENDED;
     c->vctx.sz = sizeof(c->vctx);
     c->vctx.create_qp_ex = sr_create_qp_ex;
+    return ctx;
+}
+
+struct ibv_context *ibv_open_device(struct ibv_device *device)
+{
+    struct ibv_context *ctx;
+    int h, afd = -1;
+
+    if (!device)
+        return sr_fail(EINVAL);
+    h = sr_py_open(((struct sr_device *)device)->index, &afd);
+    if (!sr_handle_ok(h))
+        return NULL;
+    ctx = sr_wrap_context(h, afd, device);
+    if (!ctx)
+        sr_py_destroy(h);
     return ctx;
 }
 
@@ -872,7 +906,8 @@ int ibv_destroy_srq(struct ibv_srq *srq)
 }
 
 /* ---- queue pairs ---- */
-static struct sr_qp *sr_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
+/* cm_id: the handle of the rdma_cm id the QP is made for (rdma_create_qp), or 0 */
+static struct sr_qp *sr_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr, int cm_id)
 {
     struct sr_qp *q;
     struct sr_qp_init a = {
@@ -890,7 +925,8 @@ static struct sr_qp *sr_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *at
     q = calloc(1, sizeof(*q));
     if (!q)
         return sr_fail(ENOMEM);
-    h = sr_py_create_qp(SR_H(sr_pd, pd), &a, q);
+    h = cm_id ? sr_py_cm_create_qp(cm_id, SR_H(sr_pd, pd), &a, q)
+              : sr_py_create_qp(SR_H(sr_pd, pd), &a, q);
     if (!sr_handle_ok(h)) {
         int err = errno;
         free(q);
@@ -919,7 +955,7 @@ static struct sr_qp *sr_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *at
 
 struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
 {
-    struct sr_qp *q = sr_create_qp(pd, attr);
+    struct sr_qp *q = sr_create_qp(pd, attr, 0);
     return q ? &q->qpx.qp_base : NULL;
 }
 
@@ -1285,7 +1321,7 @@ static struct ibv_qp *sr_create_qp_ex(struct ibv_context *context,
     init.cap = attr->cap;
     init.qp_type = attr->qp_type;
     init.sq_sig_all = attr->sq_sig_all;
-    q = sr_create_qp(attr->pd, &init);
+    q = sr_create_qp(attr->pd, &init, 0);
     if (!q)
         return NULL;
     attr->cap = init.cap;
@@ -1418,13 +1454,79 @@ struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t leng
                                  uint64_t iova, int fd, int access)
 { (void)pd; (void)offset; (void)length; (void)iova; (void)fd; (void)access; SR_NOT_YET_PTR }
 
+/* The address vector back to the sender of a UD receive (IBA 11.4.1.1 CreateAddress-
+ * HandleFromWC): the destination GID is the packet's source, the source GID index the
+ * one of the packet's destination. RoCEv2 over IPv4 leaves the IPv4 header in the GRH
+ * area's last 20 bytes (IBA A17.4.5.1, as rxe; the pyverbs layer reads it the same way,
+ * compat/pyverbs/addr.py). 0, or -1 with errno (ENOENT: not a GID of the port). */
 int ibv_init_ah_from_wc(struct ibv_context *context, uint8_t port_num, struct ibv_wc *wc,
                         struct ibv_grh *grh, struct ibv_ah_attr *ah_attr)
-{ (void)context; (void)port_num; (void)wc; (void)grh; (void)ah_attr; SR_NOT_YET_INT }
+{
+    const uint8_t *raw = (const uint8_t *)grh;
+    union ibv_gid src, dst, g;
+    struct ibv_port_attr pattr;
+    uint32_t flow = 0, word;
+    uint8_t tclass;
+    int i;
+
+    if (!context || !wc || !grh || !ah_attr) {
+        errno = EINVAL;
+        return -1;
+    }
+    if ((raw[20] >> 4) == 4) {
+        memset(&src, 0, sizeof(src));
+        memset(&dst, 0, sizeof(dst));
+        src.raw[10] = src.raw[11] = dst.raw[10] = dst.raw[11] = 0xff;
+        memcpy(&src.raw[12], raw + 20 + 12, 4);
+        memcpy(&dst.raw[12], raw + 20 + 16, 4);
+        tclass = raw[21];
+    } else {
+        memcpy(&word, raw, 4);
+        word = ntohl(word);
+        tclass = (uint8_t)(word >> 20);
+        flow = word & 0xfffff;
+        memcpy(src.raw, raw + 8, 16);
+        memcpy(dst.raw, raw + 24, 16);
+    }
+    memset(&pattr, 0, sizeof(pattr));
+    i = sr_py_query_port(SR_CTX(context)->h, port_num, &pattr);
+    if (i) {
+        errno = i;
+        return -1;
+    }
+    for (i = 0; i < pattr.gid_tbl_len; i++) {
+        if (ibv_query_gid(context, port_num, i, &g) == 0 && !memcmp(g.raw, dst.raw, 16))
+            break;
+    }
+    if (i >= pattr.gid_tbl_len) {
+        errno = ENOENT;
+        return -1;
+    }
+    memset(ah_attr, 0, sizeof(*ah_attr));
+    ah_attr->is_global = 1;
+    ah_attr->grh.dgid = src;
+    ah_attr->grh.flow_label = flow;
+    ah_attr->grh.sgid_index = (uint8_t)i;
+    ah_attr->grh.hop_limit = 0xff;
+    ah_attr->grh.traffic_class = tclass;
+    ah_attr->dlid = wc->slid;
+    ah_attr->sl = wc->sl;
+    ah_attr->src_path_bits = wc->dlid_path_bits;
+    ah_attr->port_num = port_num;
+    return 0;
+}
 
 struct ibv_ah *ibv_create_ah_from_wc(struct ibv_pd *pd, struct ibv_wc *wc, struct ibv_grh *grh,
                                      uint8_t port_num)
-{ (void)pd; (void)wc; (void)grh; (void)port_num; SR_NOT_YET_PTR }
+{
+    struct ibv_ah_attr attr;
+
+    if (!pd)
+        return sr_fail(EINVAL);
+    if (ibv_init_ah_from_wc(pd->context, port_num, wc, grh, &attr))
+        return NULL;
+    return ibv_create_ah(pd, &attr);
+}
 
 int ibv_resolve_eth_l2_from_gid(struct ibv_context *context, struct ibv_ah_attr *attr,
                                 uint8_t eth_mac[ETHERNET_LL_SIZE], uint16_t *vid)

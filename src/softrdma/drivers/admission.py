@@ -60,6 +60,15 @@ def peer_uid(sock: socket.socket) -> int:
     return int(_UCRED.unpack(raw)[1])
 
 
+def peer_pid(sock: socket.socket) -> int:
+    """The pid of a Unix-socket peer (``SO_PEERCRED``); 0 if unknown."""
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+    except OSError:
+        return 0
+    return max(int(_UCRED.unpack(raw)[0]), 0)
+
+
 def refuse(ctrl: socket.socket, reason: str) -> None:
     """Tell a client why it is refused (best effort, never blocks) and close it."""
     with contextlib.suppress(OSError):

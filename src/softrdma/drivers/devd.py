@@ -23,7 +23,10 @@ Files in the state directory (:func:`softrdma.drivers.registry.state_dir`):
   the lock knows that any ``NAME.sock`` left behind belongs to a dead daemon (stale), and
   replaces it;
 * ``NAME.spawn.lock``: serialises :func:`ensure_devd` calls so two starts don't race;
-* ``NAME.pid``: the daemon's pid; ``NAME.log``: a detached daemon's stderr.
+* ``NAME.pid``: the daemon's pid; ``NAME.log``: a detached daemon's stderr;
+* ``NAME.counters.json``: the device's port counters when its last daemon exited (and
+  whenever a client left), added back by the next daemon: like the kernel's, a device's
+  counters last as long as the device and never go backwards (:func:`saved_counters`).
 
 The daemon exits by itself ``idle_timeout`` seconds (default 5) after its last client
 left (or after it started, if no client ever came), removing its socket and pid file.
@@ -61,6 +64,7 @@ from softrdma.drivers.admission import (
     MAX_CLIENTS_PER_UID,
     Spare,
     out_of_descriptors,
+    peer_pid,
     peer_uid,
     per_uid_cap,
     raise_nofile,
@@ -102,6 +106,7 @@ from softrdma.drivers.devd_spawn import (
     install_signals,
 )
 from softrdma.drivers.link import ip_bytes, ip_text
+from softrdma.drivers.port_totals import counters_path, saved_counters, write_counters
 from softrdma.drivers.rawether import RawEtherLink
 from softrdma.drivers.registry import DeviceRecord, Registry, ensure_state_dir, open_state_file
 from softrdma.drivers.registry import state_dir as default_state_dir
@@ -121,6 +126,8 @@ __all__ = [
     "DevdLink",
     "DevdVanished",
     "ensure_devd",
+    "counters_path",
+    "saved_counters",
     "main",
     "socket_path",
 ]
@@ -168,6 +175,7 @@ class Devd(Forwarding, McastRouting, QpnRouting):
         self.socket_path = socket_path(record.name, self.directory)
         self.pid_path = self.directory / f"{record.name}.pid"
         self.lock_path = self.directory / f"{record.name}.devd.lock"
+        self.counters_path = counters_path(record.name, self.directory)
         self.udp_port = record.udp_port
         self.ips: tuple[bytes, ...] = ()
         self.counters: dict[str, int] = dict.fromkeys(STAT_NAMES, 0)
@@ -234,6 +242,8 @@ class Devd(Forwarding, McastRouting, QpnRouting):
                             f"devd {name}: another devd already serves this device"
                         ) from None
                     time.sleep(0.01)
+            # we hold the lock: the previous daemon, if any, has saved its totals
+            self._retired.add(saved_counters(name, self.directory))
             self._uid_cap = per_uid_cap(raise_nofile(), self.max_clients_per_uid)
             self._spare = Spare()
             if self.record.roce_v2:
@@ -318,6 +328,8 @@ class Devd(Forwarding, McastRouting, QpnRouting):
         self._closed = True
         for c in list(self._clients):
             self._drop_client(c)
+        if self._lock_fd >= 0 and self._started:
+            self._save_counters()
         self._direct_close()
         for link in self._links:
             link.close()
@@ -426,7 +438,7 @@ class Devd(Forwarding, McastRouting, QpnRouting):
                 continue
             finally:
                 theirs.close()
-            client = Client(ctrl, mine, uid=uid)
+            client = Client(ctrl, mine, uid=uid, pid=peer_pid(ctrl))
             self._per_uid[uid] = self._per_uid.get(uid, 0) + 1
             self._clients.append(client)
             self.counters["clients"] += 1
@@ -451,8 +463,11 @@ class Devd(Forwarding, McastRouting, QpnRouting):
                     del self._groups[mgid]
                     self._leave_group(mgid)
         c.mcast.clear()
+        left_counts = bool(c.port_counters)
         self._retired.add(c.port_counters)
         c.port_counters = {}
+        if left_counts and not self._closed:
+            self._save_counters()
         for s in (c.ctrl, c.data):
             if self._sel is not None:
                 with contextlib.suppress(KeyError, ValueError):
@@ -527,6 +542,9 @@ class Devd(Forwarding, McastRouting, QpnRouting):
     def _handle(self, c: Client, msg: bytes) -> bytes | None:
         if len(msg) > REQ.size and msg[0] == proto.OP_REPORT:
             return REP.pack(proto.OP_REPORT, self._report(c, msg[REQ.size :]), 0)
+        if len(msg) > REQ.size and msg[0] == proto.OP_REPORT_RESOURCES:
+            return REP.pack(proto.OP_REPORT_RESOURCES,
+                            self._report_resources(c, msg[REQ.size :]), 0)
         if len(msg) != REQ.size:
             return REP.pack(msg[0] if msg else 0, errno.EINVAL, 0)
         op, arg, mgid = REQ.unpack(msg)
@@ -548,6 +566,8 @@ class Devd(Forwarding, McastRouting, QpnRouting):
             body = json.dumps({"port": self.port_counters(), "devd": self.counters,
                                "clients": len(self._clients)}).encode()
             return REP.pack(op, 0, len(body)) + body
+        elif op == proto.OP_RESOURCES:
+            return self._resources(op, arg)
         elif op == proto.OP_STATS:
             return REP.pack(op, 0, len(STAT_NAMES)) + b"".join(
                 U64.pack(self.counters[n]) for n in STAT_NAMES
@@ -569,6 +589,38 @@ class Devd(Forwarding, McastRouting, QpnRouting):
         c.port_counters = values
         return 0
 
+    def _report_resources(self, c: Client, raw: bytes) -> int:
+        try:
+            got = json.loads(raw)
+        except ValueError:
+            return errno.EINVAL
+        if not isinstance(got, dict) or not all(
+            isinstance(k, str) and (
+                (isinstance(v, list) and all(isinstance(o, dict) for o in v))
+                or (isinstance(v, int) and not isinstance(v, bool)))
+            for k, v in got.items()
+        ):
+            return errno.EINVAL
+        c.resources = got
+        return 0
+
+    def _resources(self, op: int, index: int) -> bytes:
+        """The ``index``-th live client's objects (devd_proto: RESOURCES)."""
+        live = [c for c in self._clients if not c.dead]
+        if index >= len(live):
+            return REP.pack(op, errno.ENOENT, len(live))
+        c = live[index]
+        comm = ""
+        if c.pid > 0:
+            with contextlib.suppress(OSError, UnicodeDecodeError):
+                comm = Path(f"/proc/{c.pid}/comm").read_text().strip()
+        body = json.dumps({"pid": c.pid, "comm": comm, "uid": c.uid,
+                           "objects": c.resources}).encode()
+        if REP.size + len(body) > MAX_CTRL:  # a forged report cannot make us send more
+            body = json.dumps({"pid": c.pid, "comm": comm, "uid": c.uid,
+                               "objects": {}}).encode()
+        return REP.pack(op, 0, len(live)) + body
+
     def port_counters(self) -> dict[str, int]:
         """The device's port counters: retired + live clients' reports + devd's drops."""
         total = Counters()
@@ -579,8 +631,14 @@ class Devd(Forwarding, McastRouting, QpnRouting):
         total.rcvd_unknown_qp += own["unknown_qpn"]
         total.rcvd_malformed += own["malformed"]
         total.rcvd_no_buffer += own["client_full"]
+        # the kernel's drops on devd's own receive sockets (SO_RXQ_OVFL; issue 25)
+        total.rcvd_rx_overflow += sum(link.stats.rx_overflow for link in self._links)
         total.rcvd_pkts += own["unknown_qpn"] + own["malformed"] + own["client_full"]
         return total.as_dict()
+
+    def _save_counters(self) -> None:
+        """Write :meth:`port_counters` to ``NAME.counters.json`` (:mod:`.port_totals`)."""
+        write_counters(self.counters_path, self.port_counters())
 
     def _alloc(self, c: Client, want: int) -> tuple[int, int]:
         if want == QPN_GSI:

@@ -15,7 +15,7 @@ import time
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from softrdma.drivers.admission import DevdRefused, refusal_reason
 from softrdma.drivers.devd_proto import (
@@ -36,6 +36,8 @@ from softrdma.drivers.devd_proto import (
     OP_JOIN,
     OP_JOINED,
     OP_REPORT,
+    OP_REPORT_RESOURCES,
+    OP_RESOURCES,
     OP_STATS,
     PROTOCOL_VERSION,
     QPN_LAST,
@@ -197,6 +199,7 @@ class DevdLink:
         self._slots = [ring_view[i * slot : (i + 1) * slot] for i in range(ring)]
         self.counters: dict[str, int] = {"rx": 0, "bad_header": 0, "rx_direct": 0}
         self.last_report: dict[str, int] = {}
+        self.last_resources: dict[str, Any] = {}
         _LIVE.add(self)
 
     @staticmethod
@@ -558,6 +561,45 @@ class DevdLink:
             raise DeviceError(f"device {self.record.name!r}: devd refused the counter "
                               "report", errno=exc.errno) from exc
         self.last_report = dict(values)
+
+    def report_resources(self, objects: dict[str, Any]) -> None:
+        """Tell the daemon this process's objects on the device (the module docstring of
+        :mod:`.resources`); ``softrdma res show`` lists them."""
+        body = json.dumps(objects, separators=(",", ":")).encode()
+        if REQ.size + len(body) > MAX_CTRL:
+            raise InvalidArgument("objects", f"{len(body)} bytes do not fit a control record")
+        if self._closed:
+            raise ClosedError(f"device {self.record.name!r}: {self._closed_why}")
+        with self._ctrl_lock:
+            try:
+                self._ctrl.send(REQ.pack(OP_REPORT_RESOURCES, 0, bytes(16)) + body)
+                rep = self._ctrl.recv(4096)
+            except OSError as exc:
+                raise DeviceError(f"device {self.record.name!r}: devd: {exc}") from exc
+        if len(rep) < REP.size or REP.unpack_from(rep)[1]:
+            raise DeviceError(f"device {self.record.name!r}: devd refused the resource report")
+        self.last_resources = objects
+
+    def resources(self) -> list[dict[str, Any]]:
+        """Every live client's objects on the device, as devd knows them (RESOURCES):
+        ``[{"pid": P, "comm": NAME, "uid": U, "objects": {...}}, ...]``."""
+        out: list[dict[str, Any]] = []
+        index = 0
+        while index < 1 << 16:
+            try:
+                _, rest = self._request(OP_RESOURCES, index)
+            except DeviceError as exc:
+                if exc.errno == errno.ENOENT:
+                    return out
+                raise
+            try:
+                got = json.loads(rest)
+            except ValueError as exc:
+                raise DeviceError(f"device {self.record.name!r}: bad RESOURCES answer") from exc
+            if isinstance(got, dict):
+                out.append(got)
+            index += 1
+        return out
 
     def device_counters(self) -> dict[str, int]:
         """The device's port counters as the daemon aggregates them (every process's last

@@ -64,6 +64,16 @@ Requests (client -> daemon, control), one fixed-size record::
                       path (``direct_refused``; also when the kernel's group holds a
                       socket the daemon does not know of, so its view of the order may
                       be wrong)
+      REPORT_RESOURCES 13  followed by JSON: this client's objects on the device (QPs,
+                      CQs, MRs, PDs, :func:`softrdma.drivers.resources.port_resources`);
+                      the daemon keeps the last one while the client lives (EINVAL: not
+                      a JSON object of lists of objects)
+      RESOURCES   14  arg = i: the i-th live client's last REPORT_RESOURCES, followed by
+                      JSON {"pid": P, "comm": NAME, "uid": U, "objects": {...}} (pid
+                      and uid from ``SO_PEERCRED``, comm from ``/proc/P/comm``); the
+                      value is the number of live clients; ENOENT: no client i
+                      (``softrdma res show`` asks for 0, 1, ... one record each, so no
+                      answer outgrows a control record)
 
 A malformed control message (descriptors passed with any other request, a JOINED whose
 count does not match its descriptors, or whose descriptors are not UDP sockets bound to
@@ -144,6 +154,8 @@ OP_REPORT = 9
 OP_COUNTERS = 10
 OP_JOIN = 11
 OP_JOINED = 12
+OP_REPORT_RESOURCES = 13
+OP_RESOURCES = 14
 
 HELLO = struct.Struct("!4sHHIH")
 REQ = struct.Struct("!BxxxI16s")  # byte 1: seq (with_seq)
@@ -222,6 +234,8 @@ class Client:
     next_qpn: int = 0  # the next QPN tried in the slot's range
     join_seq: int = 0  # the seq of its JOIN, for the held-back reply
     join_expired: bool = False  # it held the JOIN turn past join_timeout
+    pid: int = 0  # SO_PEERCRED at accept (0: unknown)
+    resources: dict[str, object] = field(default_factory=dict)  # last REPORT_RESOURCES
 
 
 def close_fds(fds: list[int]) -> None:

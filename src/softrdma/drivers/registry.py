@@ -45,6 +45,7 @@ MTU (256, 512, 1024, 2048, 4096; IBA 7.7.8) that fits: Ethernet 1500 -> 1024, lo
 from __future__ import annotations
 
 import builtins
+import contextlib
 import errno
 import fcntl
 import json
@@ -455,6 +456,12 @@ class Registry:
                               "device with 'mpa_crc on'")
         raise DeviceError(f"device {name!r}: no such device")
 
+    def _forget_counters(self, name: str) -> None:
+        """A deleted device's saved port counters go with it (devd's
+        ``NAME.counters.json``): a new device of that name starts from zero."""
+        with contextlib.suppress(OSError):
+            (self.directory / f"{name}.counters.json").unlink()
+
     def delete(self, name: str) -> DeviceRecord:
         """Remove a device (the built-in one too); :class:`DeviceError` if there is none."""
         with self._locked():
@@ -463,10 +470,12 @@ class Registry:
                 if rec.name == name:
                     del records[i]
                     self._store(records, deleted)
+                    self._forget_counters(name)
                     return rec
             if name == BUILTIN_DEVICE.name and name not in deleted:
                 deleted.append(name)
                 self._store(records, deleted)
+                self._forget_counters(name)
                 return BUILTIN_DEVICE
         raise DeviceError(f"device {name!r}: no such device")
 

@@ -59,6 +59,7 @@ from .link import ROCE_V2_UDP_PORT, CounterReporter, Datagram, GsoLink, Link
 from .progress import (
     DRAIN_TIMEOUT,
     EventWaiter,
+    PollPacer,
     ProgressCore,
     ProgressMode,
     SelectWaiter,
@@ -69,6 +70,7 @@ from .progress import (
     check_mode,
     progress_mode,
 )
+from .resources import report_objects
 
 if TYPE_CHECKING:
     from .tap import PacketTap
@@ -79,6 +81,7 @@ _IP4_HDR = struct.Struct("!BBHHHBBH4s4s")
 _IP6_HDR = struct.Struct("!IHBB16s16s")
 _ZERO20 = bytes(20)
 _MAX_IDLE_WAIT = 0.01  # the progress thread re-checks timers at least this often (s)
+DRAIN_MAX = 4096  # datagrams read before due timers run, at most (receive first)
 REPORT_INTERVAL = 0.5  # a shared device's process reports its counters to devd this often (s)
 ICRC_SIZE = 4  # bytes (IBA 7.8.1)
 _BTH_SIZE = 12  # bytes (IBA 9.2)
@@ -174,6 +177,10 @@ class Runtime:
         self._poll_ask = 1  # datagrams the next busy poll reads (progress_nonblocking)
         self._pending = False
         self._reporter = link if isinstance(link, CounterReporter) else None
+        # a link that counts the kernel's receive-queue drops (UdpLink: SO_RXQ_OVFL)
+        stats = getattr(link, "stats", None)
+        self._link_stats: Any = stats if hasattr(stats, "rx_overflow") else None
+        self._rx_overflow = 0  # of those, already in the port counters
         self._gso: GsoLink | None = link if isinstance(link, GsoLink) else None
         self.tap: PacketTap | None = None  # capture / packet trace (drivers.tap), if asked
         self._next_report = 0.0
@@ -181,6 +188,7 @@ class Runtime:
         self._waiter: Waiter = (EventWaiter() if fd is None
                                 else SelectWaiter(fd, WakePipe() if threaded else None))
         core.on_wake(self._waiter.wake)
+        self._pacer = PollPacer(fd)  # the busy poll's spin-then-sleep (progress_nonblocking)
         self._vtimer = VirtualTimer(vclock, self._on_vtimer) if vclock is not None else None
         self.mode: ProgressMode = progress_mode(threaded, fd is not None,
                                                 self._vtimer is not None)
@@ -252,24 +260,38 @@ class Runtime:
 
         While an application busy-polls, the progress thread stands back (it stops
         watching the socket for a short grace time after the last poll), so the two
-        threads do not fight over the GIL on every packet.
+        threads do not fight over the GIL on every packet. An empty poll spins for a
+        short while, then sleeps in the kernel until a datagram or a timer is due
+        (:class:`~.progress.PollPacer`): a spinning poller beside a busy process waits
+        for its time slice, a sleeping one is woken when its answer arrives.
         """
-        if not self.core.try_lock():
-            return 0
-        try:
-            # A busy poll reads one datagram first (a ping-pong's answer then costs one
-            # receive call, not a second, empty one); a full read doubles the next.
-            ask = self._poll_ask
-            n = self._poll_rx_locked(stop_on, ask)
-            self._poll_ask = min(2 * ask, self.batch) if n >= ask else 1
-            # New packets: let the application see their completions before the ACKs
-            # go out (they leave at the next idle poll, after the application's next
-            # post_send, or from the progress thread): the ACK is off the critical path
-            # of a request/response exchange (IBA 9.7.5.1.1 lets a responder coalesce).
-            self._after_locked(acks=not n)
-            return n
-        finally:
-            self.lock.release()
+        core = self.core
+        pacer = self._pacer
+        for woken in (False, True):  # after a sleep that input ended, read it at once
+            if not core.try_lock():
+                return 0
+            try:
+                # A busy poll reads one datagram first (a ping-pong's answer then costs
+                # one receive call, not a second, empty one); a full read doubles the next.
+                ask = self._poll_ask
+                n = self._poll_rx_locked(stop_on, ask)
+                self._poll_ask = min(2 * ask, self.batch) if n >= ask else 1
+                # New packets: let the application see their completions before the
+                # ACKs go out (they leave at the next idle poll, after the application's
+                # next post_send, or from the progress thread): the ACK is off the
+                # critical path of a request/response exchange (IBA 9.7.5.1.1 lets a
+                # responder coalesce).
+                self._after_locked(acks=not n)
+                d = None if n or stop_on else self.port.next_deadline()
+            finally:
+                self.lock.release()
+            if n or stop_on:
+                pacer.busy()
+                return n
+            if woken or not pacer.idle(None if d is None else d - self.now()):
+                break
+        core.last_poll = time.monotonic()
+        return 0
 
     def _progress_locked(self) -> int:
         with self.lock:
@@ -310,6 +332,12 @@ class Runtime:
                 self._poll_rx_locked()
             d = port.next_deadline()
             if d is not None and d <= self.now():
+                # Receive first: an ACK already in our socket is not a lost ACK. A timer
+                # that is due (perhaps late: this process was descheduled) runs only after
+                # what arrived meanwhile was fed to the engine (issue 25).
+                self._drain_rx_locked()
+                if self.core.fatal is not None:
+                    break
                 port.on_timer(self.now())
             if port.tx or (acks and port.ack_pending):
                 self._flush_tx_locked(acks)
@@ -318,6 +346,17 @@ class Runtime:
         vtimer = self._vtimer
         if vtimer is not None:
             vtimer.arm(port.next_deadline())
+
+    def _drain_rx_locked(self) -> int:
+        """Feed the engine everything the link holds now (at most :data:`DRAIN_MAX`
+        datagrams, so a flood cannot keep the timers from running); returns how many."""
+        taken = 0
+        while taken < DRAIN_MAX:
+            n = self._poll_rx_locked()
+            if not n:
+                break
+            taken += n
+        return taken
 
     def _on_vtimer(self) -> None:
         """A deadline armed on the virtual clock is due (the ``VIRTUAL`` mode)."""
@@ -501,6 +540,10 @@ class Runtime:
                 return 0
         port = self.port
         counters = port.counters
+        ls = self._link_stats
+        if ls is not None and ls.rx_overflow != self._rx_overflow:  # the kernel's drops
+            counters.rcvd_rx_overflow += ls.rx_overflow - self._rx_overflow
+            self._rx_overflow = ls.rx_overflow
         receive = port.receive
         gid_of = self._gid_of
         metas = self._metas
@@ -640,6 +683,7 @@ class Runtime:
         if rep is None:
             return
         self._next_report = time.monotonic() + REPORT_INTERVAL
+        report_objects(rep, self.port, self.lock)  # for softrdma res show
         values = self.port.counters.as_dict()
         if values == rep.last_report:
             return

@@ -51,6 +51,7 @@ from ..iwarp.engine import IwarpConn
 from ..iwarp.events import ConnEvent
 from ..iwarp.mpa_stream import FPDU_STALL_S, StallWatch
 from ..iwarp.qp import IwarpDevice
+from .port_totals import PUBLISH_INTERVAL, publish, retire
 from .progress import ProgressCore, WakePipe, check_mode
 from .tap_stream import StreamTap
 
@@ -183,6 +184,11 @@ class TcpRuntime:
         self._rxmv = memoryview(self._rxbuf)
         self._pipe = WakePipe()
         self._sel.register(self._pipe.r, selectors.EVENT_READ, None)
+        #: the device's name, once the layer above sets it: this process's counters are
+        #: then published for ``softrdma stats`` (:mod:`.port_totals`)
+        self.counters_name: str | None = None
+        self._published: dict[str, int] = {}
+        self._next_publish = 0.0
         if threaded:
             core.on_wake(self._pipe.wake)
         core.start(self._thread_step, "softrdma-iwarp")
@@ -215,8 +221,20 @@ class TcpRuntime:
                     self._housekeep()
 
     def device_counters(self) -> dict[str, int]:
-        """The device's port counters (an iWARP device is never shared between processes)."""
+        """This process's port counters of the device (``softrdma stats`` adds up every
+        process's, :mod:`.port_totals`)."""
         return self.dev.counters.as_dict()
+
+    def publish_counters(self) -> None:
+        """Publish this process's counters if they changed (best effort)."""
+        name = self.counters_name
+        if name is None:
+            return
+        self._next_publish = time.monotonic() + PUBLISH_INTERVAL
+        values = self.dev.counters.as_dict()
+        if values != self._published:
+            self._published = values
+            publish(name, values)
 
     def wait_changed(self, timeout: float) -> None:
         """Under the lock: wait up to ``timeout`` s for the next round of I/O (the lock is
@@ -528,6 +546,8 @@ class TcpRuntime:
         with self.lock:
             self._service(ready)
         self.deliver_events()
+        if self.counters_name is not None and time.monotonic() >= self._next_publish:
+            self.publish_counters()
         return True
 
     # ---- shutdown ---------------------------------------------------------------------------------
@@ -548,6 +568,8 @@ class TcpRuntime:
         except OSError:
             pass
         self._pipe.close()
+        if self.counters_name is not None:  # the device keeps this process's totals
+            retire(self.counters_name, self.dev.counters.as_dict())
 
     def _close_sockets(self) -> None:
         for s in list(self._socks.values()):

@@ -50,6 +50,7 @@ link carries on. Network-level send failures lose the datagram (counted in
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import select
 import socket
@@ -95,6 +96,7 @@ GSO_MAX_PAYLOAD = 65507  # bytes of UDP payload in one send: 65535 - IPv4 - UDP 
 GRO_SLOT = 65536  # a coalesced receive holds up to 64 KiB of UDP payload
 SO_SNDBUFFORCE = getattr(socket, "SO_SNDBUFFORCE", 32)
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
+SO_RXQ_OVFL = getattr(socket, "SO_RXQ_OVFL", 40)  # <asm-generic/socket.h>, Linux 2.6.33
 
 DEFAULT_TTL = 64
 
@@ -121,7 +123,11 @@ _SPORT_UNAVAILABLE = frozenset({errno.EADDRINUSE, errno.EACCES, errno.EPERM})
 _INT = struct.Struct("=i")
 _U16 = struct.Struct("=H")
 _MSG_TRUNC = int(socket.MSG_TRUNC)  # a plain int: IntFlag '&' is slow per packet
-_ANC_SIZE = (socket.CMSG_SPACE(20) + 3 * socket.CMSG_SPACE(4))  # + UDP_GRO's int
+# IP_PKTINFO + TOS + TTL + UDP_GRO's int + SO_RXQ_OVFL's u32
+_ANC_SIZE = (socket.CMSG_SPACE(20) + 4 * socket.CMSG_SPACE(4))
+_SOL_SOCKET = int(socket.SOL_SOCKET)
+_U32 = struct.Struct("=I")
+_LOG = logging.getLogger("softrdma.link")
 _UNAVAILABLE_RETRY = 1.0  # seconds before binding a refused source port is tried again
 
 
@@ -142,13 +148,21 @@ class UdpLinkStats(SlotCounters):
     whose ICRC did not hold under the ID hint (then solved for, :func:`~softrdma.wire.
     roce.recover_ipv4_id`); ``gro_id_failures``: those no ID explained (dropped,
     ``rcvd_icrc_err``); ``gro_refused``: 1 if the kernel refused ``UDP_GRO``.
+
+    Receive buffer (issue 25): ``rcvbuf``: the receive socket's buffer in bytes as the
+    kernel granted it; ``rcvbuf_clamped``: 1 if that is less than asked (the kernel caps
+    ``SO_RCVBUF`` at ``net.core.rmem_max``; ``SO_RCVBUFFORCE``, tried first, needs
+    ``CAP_NET_ADMIN``); ``rx_overflow``: datagrams the kernel dropped because a receive
+    socket's queue was full (``SO_RXQ_OVFL``, socket(7)), which the transport then
+    retransmits.
     """
 
     __slots__ = ("sent", "received", "send_dropped", "last_send_errno", "recv_errors",
                  "truncated", "sport_binds", "sport_evictions", "sport_fallbacks",
                  "gso_sends", "gso_segments", "gso_refused", "gso_last_errno",
                  "gso_fallback_segments", "gro_receives", "gro_segments",
-                 "gro_id_hint_misses", "gro_id_failures", "gro_refused")
+                 "gro_id_hint_misses", "gro_id_failures", "gro_refused", "rcvbuf",
+                 "rcvbuf_clamped", "rx_overflow")
 
     sent: int
     received: int
@@ -169,6 +183,9 @@ class UdpLinkStats(SlotCounters):
     gro_id_hint_misses: int
     gro_id_failures: int
     gro_refused: int
+    rcvbuf: int
+    rcvbuf_clamped: int
+    rx_overflow: int
 
 
 def _set_buf(sock: socket.socket, force_opt: int, opt: int, size: int) -> None:
@@ -261,6 +278,7 @@ class UdpLink:
         self._slots = [view[i * max_datagram:(i + 1) * max_datagram] for i in range(ring)]
         self._v4 = self.family == socket.AF_INET
         self._was_empty = False
+        self._ovfl: dict[int, int] = {}  # receive socket index -> its SO_RXQ_OVFL total
         self._init_offloads(max_datagram)
 
     def _init_offloads(self, max_datagram: int) -> None:
@@ -319,6 +337,11 @@ class UdpLink:
             if receive:
                 if self._rcvbuf:
                     _set_buf(sock, SO_RCVBUFFORCE, socket.SO_RCVBUF, self._rcvbuf)
+                    self._check_rcvbuf(sock)
+                try:  # count the kernel's drops for a full queue (SO_RXQ_OVFL)
+                    sock.setsockopt(socket.SOL_SOCKET, SO_RXQ_OVFL, 1)
+                except OSError:
+                    pass
                 if self.family == socket.AF_INET:
                     sock.setsockopt(socket.IPPROTO_IP, IP_PKTINFO, 1)
                     sock.setsockopt(socket.IPPROTO_IP, IP_RECVTOS, 1)
@@ -338,6 +361,21 @@ class UdpLink:
             sock.close()
             raise
         return sock
+
+    def _check_rcvbuf(self, sock: socket.socket) -> None:
+        """Note the receive buffer the kernel granted; say so when it is less than asked
+        (``net.core.rmem_max`` without ``CAP_NET_ADMIN``): a window of packets larger
+        than the buffer overflows it, and each drop costs a retransmission."""
+        got = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 2  # socket(7): doubled
+        st = self.stats
+        if st.rcvbuf == 0 or got < st.rcvbuf:
+            st.rcvbuf = got
+        if got < self._rcvbuf and not st.rcvbuf_clamped:
+            st.rcvbuf_clamped = 1
+            _LOG.warning("UDP receive buffer on %s: %d bytes asked, %d granted (the kernel "
+                         "caps it at net.core.rmem_max; raise that sysctl, or run with "
+                         "CAP_NET_ADMIN): a burst beyond it is dropped and retransmitted",
+                         self._text, self._rcvbuf, got)
 
     def _open_main(self, port: int, receive: bool) -> socket.socket:
         try:
@@ -626,6 +664,7 @@ class UdpLink:
         fast_rc = self.fast_rc_meta
         gro = self.gro
         i = 0  # ring slots used
+        ovfl = self._ovfl
         errors_left = 64  # transient errors are consumed by reading them; stay bounded
         while i < n and len(out) < n:
             slot = slots[i]
@@ -650,6 +689,14 @@ class UdpLink:
             if flags & _MSG_TRUNC:
                 st.truncated += 1
                 continue
+            if anc and anc[0][0] == _SOL_SOCKET:  # SO_RXQ_OVFL comes first, once drops began
+                _level, typ, d = anc[0]
+                if typ == SO_RXQ_OVFL and len(d) >= 4:
+                    total = _U32.unpack_from(d)[0]
+                    last = ovfl.get(si, 0)
+                    if total != last:
+                        ovfl[si] = total
+                        st.rx_overflow += (total - last) & 0xFFFFFFFF
             seg = 0
             if gro:
                 for level, typ, d in anc:

@@ -137,6 +137,7 @@ def emit_middles(req: Requester, wqe: SendWQE, k: int, head: int, is_write: bool
     c = port.counters
     c.sent_pkts += sent
     c.sent_bytes += sent * (length + ICRC_SIZE)
+    qp.counters.sent_pkts += sent
     return k
 
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import ClosedError, InvalidArgument
 from ..seam.attrs import ModifyAttrs, QueryAttrs, apply_port_attrs
+from ..seam.counters import QpCounters
 from ..seam.events import AsyncEventType
 from ..seam.queues import EngineSRQ, QPInit, ReceiveQueue, check_post_send, error_events
 from ..seam.states import (
@@ -188,6 +189,7 @@ class EngineQP:
         self.sqd_notified = False
         self.cnp_next_at = 0.0  # no CNP before this time (CNP_INTERVAL_S)
         self.cnps_sent = 0
+        self.counters = QpCounters()  # this QP's share of the port counters
         self.req = Requester(self)
         self.resp = Responder(self)
         port.add_qp(self)
@@ -238,6 +240,7 @@ class EngineQP:
         c = port.counters
         c.sent_pkts += 1
         c.sent_bytes += length + 4  # BTH .. ICRC
+        self.counters.sent_pkts += 1
 
     def send_cnp(self, now: float) -> None:
         """Tell the peer QP that its packets met congestion (a RoCEv2 CNP, DCQCN's
@@ -405,16 +408,20 @@ class EngineQP:
         st = self.state
         if st == RESET or st == INIT or st == ERR:
             self.port.counters.rcvd_bad_state += 1
+            self.counters.rcvd_bad_state += 1
             return
         info = pkt.info
         if info.transport != _TRANSPORT_OF[self.qp_type]:
             self.port.counters.rcvd_bad_opcode += 1
+            self.counters.rcvd_bad_opcode += 1
             return
         if not self.from_peer(meta):
             self.port.counters.rcvd_bad_addr += 1
+            self.counters.rcvd_bad_addr += 1
             return
         if not self.port.pkey_ok(pkt.pkey, self.pkey, self.qpn == 1):
             self.port.counters.rcvd_bad_pkey += 1
+            self.counters.rcvd_bad_pkey += 1
             return
         if info.is_response:
             if st in (RTS, SQD, SQE):

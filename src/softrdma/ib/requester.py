@@ -467,6 +467,7 @@ class Requester:
         psn = pkt.psn
         if psn_diff(psn, self.next_psn) >= 0:
             qp.port.counters.rcvd_seq_err += 1  # acknowledges a PSN never sent: ghost
+            qp.counters.rcvd_seq_err += 1
             return
         kind = pkt.info.kind
         if kind == op.Kind.ACK:
@@ -481,6 +482,7 @@ class Requester:
             if w is None or w.state == UNSENT or w.first_psn != psn or not w.rd_atomic \
                     or w.opcode == _W_READ:
                 qp.port.counters.rcvd_malformed += 1
+                qp.counters.rcvd_malformed += 1
                 return
             if w.state != DONE:
                 segs = w.segs
@@ -498,10 +500,12 @@ class Requester:
             self._ack_upto(psn, now)
         elif t == wib.AETH_RNR_NAK:
             qp.port.counters.rcvd_rnr_nak += 1
+            qp.counters.rcvd_rnr_nak += 1
             self._ack_upto((psn - 1) & PSN_MASK, now)
             self._rnr(psn, syn & 0x1F, now)
         elif t == wib.AETH_NAK:
             qp.port.counters.rcvd_nak += 1
+            qp.counters.rcvd_nak += 1
             self._ack_upto((psn - 1) & PSN_MASK, now)
             if syn == wib.NAK_PSN_SEQ_ERR:
                 self._retry(psn, now)
@@ -601,6 +605,7 @@ class Requester:
         w = self._oldest()
         if w is None or w.opcode != _W_READ or w.state == UNSENT:
             qp.port.counters.rcvd_malformed += 1
+            qp.counters.rcvd_malformed += 1
             return
         mtu = qp.mtu
         got = w.read_received
@@ -608,6 +613,7 @@ class Requester:
         d = psn_diff(psn, expected)
         if d < 0:
             qp.port.counters.duplicate_request += 1
+            qp.counters.duplicate_request += 1
             return
         if d > 0:
             # a response packet was lost: re-request from the first missing one (go-back-N)
@@ -666,6 +672,7 @@ class Requester:
         self._go_back_to(i)
         self.reread = w
         self.qp.port.counters.completer_retry += 1
+        self.qp.counters.completer_retry += 1
         self.pump(now)
 
     def _rnr(self, psn: int, timer: int, now: float) -> None:
@@ -677,6 +684,7 @@ class Requester:
         if qp.rnr_retry != 7:
             if self.rnr_left <= 0:
                 qp.port.counters.rnr_nak_retry_err += 1
+                qp.counters.rnr_nak_retry_err += 1
                 self._fail(w, WCS.IBV_WC_RNR_RETRY_EXC_ERR)
                 return
             self.rnr_left -= 1
@@ -692,10 +700,12 @@ class Requester:
             return
         if self.retry_left <= 0:
             qp.port.counters.retry_exceeded_err += 1
+            qp.counters.retry_exceeded_err += 1
             self._fail(w, WCS.IBV_WC_RETRY_EXC_ERR)
             return
         self.retry_left -= 1
         qp.port.counters.completer_retry += 1
+        qp.counters.completer_retry += 1
         self.window.on_loss(self.next_psn)
         self.cwnd = self.window.size()
         self._go_back(psn)
@@ -725,6 +735,7 @@ class Requester:
         assert self.resend_until is not None
         if psn_diff(self._psn_of_next(wqe), self.resend_until) < 0:
             self.qp.port.counters.retransmitted_pkts += 1
+            self.qp.counters.retransmitted_pkts += 1
         else:
             self.resend_until = None
 

@@ -159,6 +159,7 @@ class Responder:
     def _nak(self, psn: int, code: int) -> None:
         self._flush_pending_ack()
         self.qp.port.counters.sent_nak += 1
+        self.qp.counters.sent_nak += 1
         self.send_ack(psn, code)
 
     def check_comm_est(self) -> None:
@@ -229,6 +230,7 @@ class Responder:
         d = psn_diff(pkt.psn, self.epsn)
         if d > 0:
             qp.port.counters.out_of_seq_request += 1
+            qp.counters.out_of_seq_request += 1
             if not self.nak_sent:  # one NAK per sequence error (IBA 9.7.5.1.3; rxe sent_psn_nak)
                 self.nak_sent = True
                 self._nak(self.epsn, wib.NAK_PSN_SEQ_ERR)
@@ -238,6 +240,7 @@ class Responder:
         bound = qp.xrcd is None or qp.bind_srq(pkt)
         if d < 0:
             qp.port.counters.duplicate_request += 1
+            qp.counters.duplicate_request += 1
             if bound:
                 self._duplicate(pkt)
             return
@@ -253,6 +256,7 @@ class Responder:
             # Receiver not ready (IBA 9.7.5.2.8): RNR NAK with our min_rnr_timer; the
             # requester resends this PSN after the timer.
             qp.port.counters.send_rnr_nak += 1
+            qp.counters.send_rnr_nak += 1
             self._flush_pending_ack()
             self.send_ack(pkt.psn, wib.AETH_RNR_NAK | (qp.min_rnr_timer & 0x1F))
 
@@ -290,6 +294,7 @@ class Responder:
             ok = plen == mtu
         if not ok:
             self.qp.port.counters.rcvd_bad_length += 1  # CA16-23: its own reason
+            self.qp.counters.rcvd_bad_length += 1
             raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
 
     def _rkey_view(self, rkey: int, va: int, length: int, need: int) -> memoryview:
@@ -519,8 +524,10 @@ class Responder:
         info = pkt.info
         if pkt.psn != self.epsn:
             qp.port.counters.out_of_seq_request += 1
+            qp.counters.out_of_seq_request += 1
             if self.cur != 0:
                 qp.port.counters.dropped_uc += 1
+                qp.counters.dropped_uc += 1
                 rwqe = self.rwqe
                 self._clear_msg()
                 if rwqe is not None:
@@ -528,6 +535,7 @@ class Responder:
         self.epsn = (pkt.psn + 1) & PSN_MASK
         if self.cur == 0 and not info.pos_int & _POS_FIRST:
             qp.port.counters.dropped_uc += 1
+            qp.counters.dropped_uc += 1
             return
         try:
             kind = info.kind
@@ -542,6 +550,7 @@ class Responder:
         except (_NAK, _RNR):
             # UC errors are silent: drop the message (IBA 9.9.4); the WQE is reused.
             qp.port.counters.dropped_uc += 1
+            qp.counters.dropped_uc += 1
             rwqe = self.rwqe
             self._clear_msg()
             if rwqe is not None:

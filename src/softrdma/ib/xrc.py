@@ -155,6 +155,7 @@ class XrcIniQP(EngineQP):
         info = pkt.info
         if info.transport != _XRC or not info.is_response:
             self.port.counters.rcvd_bad_opcode += 1
+            self.counters.rcvd_bad_opcode += 1
             return
         _receive_rc(self, pkt, meta, now)
 
@@ -186,6 +187,7 @@ class XrcTgtQP(EngineQP):
         info = pkt.info
         if info.transport != _XRC or not info.is_request:
             self.port.counters.rcvd_bad_opcode += 1
+            self.counters.rcvd_bad_opcode += 1
             return
         _receive_rc(self, pkt, meta, now)
 
@@ -222,12 +224,15 @@ def _receive_rc(qp: EngineQP, pkt: IBPacket, meta: RxMeta, now: float) -> None:
     st = qp.state
     if st == RESET or st == INIT or st == ERR:
         qp.port.counters.rcvd_bad_state += 1
+        qp.counters.rcvd_bad_state += 1
         return
     if not qp.from_peer(meta):
         qp.port.counters.rcvd_bad_addr += 1
+        qp.counters.rcvd_bad_addr += 1
         return
     if not qp.port.pkey_ok(pkt.pkey, qp.pkey, False):
         qp.port.counters.rcvd_bad_pkey += 1
+        qp.counters.rcvd_bad_pkey += 1
         return
     if pkt.info.is_response:
         if st in (RTS, SQD, SQE):

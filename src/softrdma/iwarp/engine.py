@@ -57,7 +57,7 @@ from typing import Protocol
 from ..enums import ibv_wc_status as WCS
 from ..errors import SoftRdmaError
 from ..seam.counters import Counters
-from ..wire.ddp import MpaErrorCode, Terminate
+from ..wire.ddp import MpaErrorCode, Terminate, TerminateLayer
 from ..wire.mpa import FpduEncoder, MpaError, MpaFrameParser, MpaReply, MpaRequest, mulpdu
 from .ddp_place import PlacementDevice
 from .events import (
@@ -323,7 +323,9 @@ class IwarpConn:
         if enc is None:
             return out
         if self._term is None and not self._tx_stop and self.state == ConnState.RTS:
+            cut = tx.fpdus
             total += tx.pull(enc, out, max_bytes - total, max_bufs)
+            self.dev.counters.sent_pkts += tx.fpdus - cut
         if self._term is not None and total < max_bytes and len(out) < max_bufs:
             bufs: list[Buf] = enc.encode([self._term])
             self._term = None
@@ -335,6 +337,7 @@ class IwarpConn:
 
     def tx_sent(self, n: int) -> None:
         """``n`` more bytes of what :meth:`pull_tx` returned were accepted by the LLP."""
+        self.dev.counters.sent_bytes += n
         self.tx.acked(n)
 
     # ---- receive -------------------------------------------------------------------------
@@ -342,10 +345,14 @@ class IwarpConn:
         """Consume received TCP bytes. Never raises: errors end the stream."""
         if self._rx.dead or self.state in (ConnState.FAILED, ConnState.CLOSED):
             return
+        rx = self._rx
+        got = rx.fpdus
+        c = self.dev.counters
         try:
             mv = memoryview(data)
             if mv.format != "B" or mv.ndim != 1:
                 mv = mv.cast("B")
+            c.rcvd_bytes += len(mv)
             st = self.state
             if st == ConnState.ACCEPT_WAIT:
                 if len(self._early) + len(mv) > _MAX_EARLY:
@@ -368,6 +375,8 @@ class IwarpConn:
         except Exception as exc:  # noqa: BLE001 - a bug must not leave the QP hung
             self.internal_errors += 1
             self.fail(IwarpFault.local_catastrophic(f"internal error: {exc!r}"))
+        finally:
+            c.rcvd_pkts += rx.fpdus - got
 
     def rx_target(self) -> memoryview | None:
         """Where the next received payload bytes go, for a zero-copy ``recv_into``: the
@@ -387,13 +396,19 @@ class IwarpConn:
         """``n`` bytes were received straight into :meth:`rx_target`'s buffer."""
         if n <= 0:
             return
+        rx = self._rx
+        got = rx.fpdus
+        c = self.dev.counters
+        c.rcvd_bytes += n
         try:
-            self._rx.placed(n)
+            rx.placed(n)
         except IwarpFault as f:
             self.fail(f)
         except Exception as exc:  # noqa: BLE001 - see receive()
             self.internal_errors += 1
             self.fail(IwarpFault.local_catastrophic(f"internal error: {exc!r}"))
+        finally:
+            c.rcvd_pkts += rx.fpdus - got
 
     def rx_want(self) -> int:
         """How many bytes the engine would like next (a hint for the receive size)."""
@@ -429,6 +444,7 @@ class IwarpConn:
     def peer_terminated(self, term: Terminate | None) -> None:
         """The peer sent a Terminate (RFC 5040 §5.4): deliver it and tear down."""
         self.term_received = term
+        self.dev.counters.rcvd_terminate += 1
         self._tx_stop = True
         reason = ("peer sent Terminate: " + term.describe()) if term is not None \
             else "peer sent a malformed Terminate"
@@ -439,6 +455,10 @@ class IwarpConn:
         if self.fault is not None or self.state in (ConnState.FAILED, ConnState.CLOSED):
             return
         self.fault = f
+        c = self.dev.counters
+        c.sent_terminate += 1
+        if f.layer == TerminateLayer.LLP and f.code == MpaErrorCode.CRC_MISMATCH:
+            c.rcvd_icrc_err += 1  # the MPA CRC (RFC 5044 §8)
         if self._enc is None:
             # still in MPA setup: send the Terminate unframed by CRC/markers (as siw)
             self._enc = FpduEncoder(crc=False, markers=False)

@@ -124,11 +124,12 @@ def frame_run(enc: FpduEncoder, msg: TxMsg, maxpay_t: int, maxpay_u: int, out: l
 
 
 def write_run(ddp: DdpRx, pd: object, mv: memoryview, i: int, n: int,
-              crc_on: bool) -> tuple[int, int]:
+              crc_on: bool) -> tuple[int, int, int]:
     """Place the whole RDMA Write FPDUs at ``mv[i:n]`` (no markers) until one is not
     (see the module docstring). Returns ``(octets consumed, ULPDU_Length of the last
-    FPDU placed)``; ``(0, 0)`` when the first FPDU is not taken."""
+    FPDU placed, FPDUs placed)``; ``(0, 0, 0)`` when the first FPDU is not taken."""
     start = i
+    placed = 0
     mrs = ddp.dev.mrs
     u16 = _U16.unpack_from
     tagged_hdr = TAGGED.unpack_from
@@ -174,5 +175,6 @@ def write_run(ddp: DdpRx, pd: object, mv: memoryview, i: int, n: int,
         ddp.rt_stag = stag
         ddp.rt_to = (to + paylen) & MASK64
         last_ulen = ulen
+        placed += 1
         i = end + _CRC_LEN
-    return i - start, last_ulen
+    return i - start, last_ulen, placed

@@ -128,7 +128,8 @@ class FpduRx:
 
     __slots__ = ("sink", "crc_on", "markers", "dead", "pos", "fpdu_start", "_mk_buf",
                  "_mk_have", "phase", "hbuf", "hhave", "hneed", "ulen", "crc", "rem",
-                 "pending", "_tg", "_tgi", "_tgo", "_tbuf", "_tneed", "_thave", "paylen")
+                 "pending", "_tg", "_tgi", "_tgo", "_tbuf", "_tneed", "_thave", "paylen",
+                 "fpdus")
 
     def __init__(self, sink: FpduSink, *, crc: bool = False, markers: bool = False) -> None:
         self.sink = sink
@@ -136,6 +137,7 @@ class FpduRx:
         self.markers = markers
         self.dead = False
         self.pos = 0
+        self.fpdus = 0  # whole FPDUs received with a good CRC (the device's rcvd_pkts)
         self.fpdu_start = 0
         self._mk_buf = bytearray(_MARKER_LEN)
         self._mk_have = 0
@@ -388,6 +390,7 @@ class FpduRx:
         self.fpdu_start = self.pos
         if fault is not None:
             raise fault
+        self.fpdus += 1
         self.sink.on_fpdu()
 
 

@@ -192,8 +192,9 @@ class Rdmap:
         if self.await_rtr is not None or qp is None:
             return 0
         rx = self.rx
-        k, ulen = write_run(self.ddp, qp.pd, mv, i, n, rx.crc_on)
+        k, ulen, placed = write_run(self.ddp, qp.pd, mv, i, n, rx.crc_on)
         if k:
+            rx.fpdus += placed
             rx.ulen = ulen
             rx.paylen = ulen - TAGGED_HDR_LEN
         return k

@@ -104,7 +104,7 @@ class RdmapTx:
     """
 
     __slots__ = ("owner", "dev", "qp", "rq", "tx_msn", "rtr_msg", "gate", "_failed", "cur",
-                 "offset", "_acked", "_done", "_maxpay_t", "_maxpay_u")
+                 "offset", "_acked", "_done", "_maxpay_t", "_maxpay_u", "fpdus")
 
     def __init__(self, owner: RdmapOwner, dev: PlacementDevice, rq: ReadQueues,
                  qp: RdmapQP | None = None) -> None:
@@ -121,6 +121,7 @@ class RdmapTx:
         self._acked = 0  # ... and accepted by the LLP
         self._done: deque[tuple[int, TxMsg]] = deque()  # (stream end offset, message)
         self._maxpay_t = self._maxpay_u = 1
+        self.fpdus = 0  # FPDUs cut so far (the device's sent_pkts)
 
     def set_mulpdu(self, mul: int) -> None:
         """Segments cut from now on fit in FPDUs of ``mul`` ULPDU octets (RFC 5044 §4.2)."""
@@ -138,12 +139,15 @@ class RdmapTx:
                 if msg is None:
                     break
             if fast_tx_ok(enc, msg):  # the fused loop, byte-identical (fast_path)
+                had = len(out)
                 n, last = frame_run(enc, msg, self._maxpay_t, self._maxpay_u, out,
                                     room - total, max_bufs)
+                self.fpdus += (len(out) - had) // 3  # [header, payload, PAD + CRC] each
             else:
                 parts, paylen, last = segment(msg, self._maxpay_t, self._maxpay_u)
                 bufs, n = frame(enc, parts, paylen)
                 out.extend(bufs)
+                self.fpdus += 1
             total += n
             self.offset += n
             if last:

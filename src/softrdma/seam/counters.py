@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["DropReason", "DROP_REASONS", "TRAFFIC_COUNTERS", "Counters"]
+__all__ = ["DropReason", "DROP_REASONS", "TRAFFIC_COUNTERS", "Counters", "QP_COUNTERS", "QpCounters"]
 
 
 class DropReason(StrEnum):
@@ -40,6 +40,7 @@ class DropReason(StrEnum):
     UC_DROPPED = "dropped_uc"
     UD_NO_WQE = "ud_no_wqe"
     NO_BUFFER = "rcvd_no_buffer"
+    RX_OVERFLOW = "rcvd_rx_overflow"
 
 
 # reason -> (layer, what failed, where the rule is)
@@ -68,6 +69,8 @@ DROP_REASONS: dict[DropReason, tuple[str, str, str]] = {
                             "IBA 9.9.4"),
     DropReason.UD_NO_WQE: ("transport", "UD packet with no receive WQE", "IBA 9.8.3"),
     DropReason.NO_BUFFER: ("link", "receiving process's queue full (devd)", "design.md"),
+    DropReason.RX_OVERFLOW: ("link", "kernel socket receive queue full (SO_RXQ_OVFL)",
+                             "socket(7); issue 25"),
 }
 
 # Counters that are not drops, in display order.
@@ -90,6 +93,8 @@ TRAFFIC_COUNTERS: tuple[str, ...] = (
     "rcvd_fecn",
     "rcvd_becn",
     "rcvd_mpa_req_reject",
+    "sent_terminate",
+    "rcvd_terminate",
 )
 
 
@@ -140,6 +145,8 @@ class Counters(SlotCounters):
     rcvd_fecn: int
     rcvd_becn: int
     rcvd_mpa_req_reject: int  # iWARP: MPA Requests with R set, refused in MPA (RFC 5044 §7.1)
+    sent_terminate: int  # iWARP: Terminate messages sent (RFC 5040 §5.4)
+    rcvd_terminate: int  # iWARP: Terminate messages received
     rcvd_icrc_err: int
     rcvd_malformed: int
     rcvd_bad_tver: int
@@ -157,6 +164,7 @@ class Counters(SlotCounters):
     dropped_uc: int
     ud_no_wqe: int
     rcvd_no_buffer: int
+    rcvd_rx_overflow: int
 
     def drop(self, reason: DropReason) -> None:
         """Count one packet dropped for ``reason``."""
@@ -180,3 +188,56 @@ class Counters(SlotCounters):
 
 
 _NAMES = frozenset(Counters.__slots__)
+
+
+#: The counters each QP keeps besides its port's (``softrdma res show qp -d``, ``rdma
+#: statistic qp show``): its traffic, retransmissions, NAKs, RNR NAKs and the packets it
+#: dropped by reason; the names are the port counters' (each is counted in both).
+QP_COUNTERS: tuple[str, ...] = (
+    "sent_pkts",
+    "retransmitted_pkts",
+    "completer_retry",
+    "retry_exceeded_err",
+    "rnr_nak_retry_err",
+    "rcvd_nak",
+    "sent_nak",
+    "rcvd_rnr_nak",
+    "send_rnr_nak",
+    "duplicate_request",
+    "out_of_seq_request",
+    "rcvd_seq_err",
+    "rcvd_malformed",
+    "rcvd_bad_length",
+    "rcvd_bad_state",
+    "rcvd_bad_opcode",
+    "rcvd_bad_addr",
+    "rcvd_bad_pkey",
+    "dropped_uc",
+)
+
+
+class QpCounters(SlotCounters):
+    """The counters of one QP (:data:`QP_COUNTERS`), plain integers the engine increments
+    next to its port's."""
+
+    __slots__ = QP_COUNTERS
+
+    sent_pkts: int
+    retransmitted_pkts: int
+    completer_retry: int
+    retry_exceeded_err: int
+    rnr_nak_retry_err: int
+    rcvd_nak: int
+    sent_nak: int
+    rcvd_rnr_nak: int
+    send_rnr_nak: int
+    duplicate_request: int
+    out_of_seq_request: int
+    rcvd_seq_err: int
+    rcvd_malformed: int
+    rcvd_bad_length: int
+    rcvd_bad_state: int
+    rcvd_bad_opcode: int
+    rcvd_bad_addr: int
+    rcvd_bad_pkey: int
+    dropped_uc: int

@@ -25,6 +25,7 @@ Subcommands and where they live:
 ``run``            :mod:`softrdma.capi.launch` (run a C libibverbs program on softrdma)
 ``rdma-core-tests`` :mod:`softrdma.tools.rdma_core_tests` (rdma-core's pyverbs test suite)
 ``stats``          :mod:`softrdma.tools.stats` (``rdma statistic``: port counters)
+``res``            :mod:`softrdma.tools.res` (``rdma resource``: QPs, CQs, MRs, PDs; QP counters)
 ``write-bw`` ...   :mod:`softrdma.tools.perftest` (perftest's ``ib_write_bw``, ``ib_read_bw``,
                    ``ib_send_bw``, ``ib_atomic_bw`` and the ``*_lat`` tools)
 ``ipoib``          :mod:`softrdma.tools.ipoib` (IP over InfiniBand on a TUN interface)
@@ -340,7 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add_parser("stats", help="port counters: packets, bytes, retransmissions, RNR NAKs, "
                    "drops by reason (rdma statistic)",
                    description="softrdma stats [show [link DEV[/PORT]]]: the counters of "
-                   "every RoCE device's port, one line each as `rdma statistic show link` "
+                   "every device's port (RoCE and iWARP), one line each as `rdma statistic show link` "
                    "prints them; a shared device's are the whole device's.")
     p.add_argument("words", nargs="*", metavar="show [link DEV[/PORT]]",
                    help="rdma statistic's object syntax: 'show', 'show link DEV/PORT'")
@@ -352,6 +353,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", "--count", type=int, default=None, metavar="COUNT",
                    help="with -w: stop after COUNT rounds")
     p.set_defaults(handler=_runs("softrdma.tools.stats", "stats"))
+    p = add_parser("res", help="objects on the devices: QPs, CQs, MRs, PDs of every process "
+                   "(rdma resource); per-QP counters",
+                   description="softrdma res [show] [qp|cq|mr|pd] | res statistic [qp]: "
+                   "every object open on each RoCE device, across processes, one line each "
+                   "as `rdma resource show` prints them; `statistic`: each QP's counters.")
+    p.add_argument("words", nargs="*", metavar="show [qp|cq|mr|pd] | statistic [qp]",
+                   help="rdma resource's object syntax")
+    p.add_argument("-d", "--dev", metavar="DEV", default=None, help="only device DEV")
+    p.add_argument("-j", "--json", action="store_true", help="JSON output")
+    p.add_argument("-p", "--pretty", action="store_true", help="pretty JSON")
+    p.set_defaults(handler=_runs("softrdma.tools.res", "res"))
     for name in PERFTEST_TOOLS:
         verb, tst = name.split("-")
         p = add_parser(name, help=f"perftest's ib_{verb}_{tst}: "

@@ -8,13 +8,15 @@ One line per port, ``link DEV/PORT name value name value ...`` (iproute2's ``rdm
 statistic show link``), or with ``-j`` a JSON array of ``{"ifname": DEV, "port": N,
 name: value, ...}`` objects (``-p``: pretty). ``-w SECONDS`` watches: the counters again
 every SECONDS (``-n`` times, default until interrupted), each round headed by the time.
-An iWARP device is shown only when named; it has no port counters (as Linux siw), so its
-line is ``link softrdma_iw_lo/1`` alone.
 
 The counters of a shared device are the device's (every process's, through its devd:
 see :mod:`softrdma.drivers.devd`, "Port counters of a shared device"). A device no
-process has open has no devd: its counters are all zero (in-process contexts, opened
-with ``shared=False``, count in their own process only).
+process has open has no devd: its counters are those its last devd saved when it
+exited (``NAME.counters.json``), zero if none ever ran; like the kernel's they last as
+long as the device (in-process contexts, opened with ``shared=False``, count in their
+own process only). An iWARP device's counters are every process's too: each publishes
+its own in the state directory (:mod:`softrdma.drivers.port_totals`): FPDUs as
+packets, MPA stream octets as bytes, Terminates, MPA CRC errors as ``rcvd_icrc_err``.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ import sys
 import time
 from typing import Any, TextIO
 
-from ..drivers.devd import DevdLink, socket_path
+from ..drivers.devd import DevdLink, saved_counters, socket_path
+from ..drivers.port_totals import device_totals
 from ..errors import DeviceError, InvalidArgument
 from ..seam.counters import Counters
 from ..verbs.counters import PortCounters
@@ -53,9 +56,18 @@ def _parse_words(words: list[str], dev: str | None) -> tuple[str | None, int | N
 
 
 def device_counters(info: DeviceInfo) -> PortCounters:
-    """The counters of one RoCE device: from its devd if it runs, else zeros."""
+    """The counters of one device. RoCE: from its devd if it runs, else those its last
+    devd saved (zeros if none did); iWARP: every process's (:mod:`.port_totals`)."""
+    if info.type == "iwarp":
+        totals = Counters()
+        totals.add(device_totals(info.name))
+        return PortCounters.from_values(info.name, PORT, totals.as_dict(), True)
     record = info.record
     values = Counters().as_dict()
+    if record is not None:
+        saved = Counters()
+        saved.add(saved_counters(record.name))
+        values = saved.as_dict()
     shared = False
     if record is not None and socket_path(record.name).exists():
         try:
@@ -78,10 +90,9 @@ def _as_json(pc: PortCounters) -> dict[str, Any]:
 
 
 def _devices(dev: str | None) -> list[DeviceInfo]:
-    """The RoCE devices (all, or ``dev``); an iWARP device only when named: it has no
-    port counters (as Linux siw), so its line shows none."""
+    """The RoCE and iWARP devices (all, or ``dev``)."""
     every = all_devices()
-    devices = [d for d in every if d.type == "roce"]
+    devices = [d for d in every if d.type in ("roce", "iwarp")]
     if dev is not None:
         devices = [d for d in every if d.name == dev]
         if not devices:
@@ -90,8 +101,7 @@ def _devices(dev: str | None) -> list[DeviceInfo]:
 
 
 def _show(devices: list[DeviceInfo], args: argparse.Namespace, out: TextIO) -> None:
-    counters = [device_counters(d) if d.type == "roce"
-                else PortCounters(d.name, PORT, {}, False) for d in devices]
+    counters = [device_counters(d) for d in devices]
     if args.json:
         out.write(json.dumps([_as_json(pc) for pc in counters],
                              indent=2 if args.pretty else None) + "\n")

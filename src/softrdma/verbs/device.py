@@ -579,6 +579,7 @@ class Context(VerbsObject):
         self.port = dev
         rt = TcpRuntime(dev, mode=progress, clock=clock)
         rt.tap = stream_tap_for(dev_name, pcap)  # pcap=FILE / $SOFTRDMA_PCAP, TRACE=pkt
+        rt.counters_name = dev_name  # softrdma stats adds up every process's counters
         self.runtime = rt
 
     def _init_events(self) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import collections
 import struct
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ... import enums as e
@@ -43,6 +44,8 @@ RNR_RETRY = 7
 HOP_LIMIT = 0xFF
 ATOMIC_SIZE = 8
 DURATION_GRACE_S = 1.0
+PEER_CHECK_S = 0.2  # how often a wait looks whether the peer closed the exchange channel
+PEER_GONE_GRACE_S = 1.0  # completions still awaited after the peer closed it (its last ACKs)
 PAGE_ALIGN = 4096
 # send-bw over iWARP: iWARP has no RNR NAK, so perftest's receiver grants credits, its
 # count of received messages, by RDMA WRITE of a host-order (x86: little-endian) uint32
@@ -96,6 +99,27 @@ class Resources:
         self.credit_off = self.ctrl_off + o.num_qps * CREDIT.size
         self.credits = o.spec.verb == "send" and o.spec.tst == "bw" and \
             o.transport == "iwarp"
+        #: ``() -> bool``: has the peer closed the exchange channel (it failed or stopped)?
+        #: Set by the runner where the channel can tell (TCP); waits then end promptly.
+        self.peer_gone: Callable[[], bool] | None = None
+        self._peer_checked = 0.0
+        self._peer_gone_at: float | None = None
+
+    def check_peer(self, now: float) -> None:
+        """In a wait: :class:`PerftestError` once the peer closed the exchange channel and
+        nothing completed for :data:`PEER_GONE_GRACE_S` since, rather than wait out
+        ``--timeout`` for a peer that is gone."""
+        gone_at = self._peer_gone_at
+        if gone_at is None:
+            if self.peer_gone is None or now - self._peer_checked < PEER_CHECK_S:
+                return
+            self._peer_checked = now
+            if not self.peer_gone():
+                return
+            self._peer_gone_at = gone_at = now
+        if now - gone_at >= PEER_GONE_GRACE_S:
+            raise PerftestError("the peer closed the connection (it failed or stopped) "
+                                "while this side was waiting for completions")
 
     def init_attr(self) -> v.QPInitAttr:
         cap = v.QPCap(max_send_wr=self.o.tx_depth, max_recv_wr=max(self.o.rx_depth, 1),
@@ -189,9 +213,11 @@ class Resources:
             got, wcs = cq.poll(n)
             if got:
                 return list(wcs)
-            if time.monotonic() >= deadline:
+            now = time.monotonic()
+            if now >= deadline:
                 raise PerftestError(f"no completion for {self.o.timeout:g} s while {what}: "
                                     "is the peer still running?")
+            self.check_peer(now)
             if self.channel is not None:
                 cq.req_notify()
                 got, wcs = cq.poll(n)
@@ -403,9 +429,11 @@ def run_lat_write(res: Resources, rem: Dest, size: int, progress: Progress) -> l
             want = rcnt & 0xFF
             deadline = time.monotonic() + o.timeout
             while buf[poll_off] != want:
-                if time.monotonic() >= deadline:
+                now = time.monotonic()
+                if now >= deadline:
                     raise PerftestError(f"the peer's write #{rcnt} never arrived "
                                         f"(after {o.timeout:g} s)")
+                res.check_peer(now)
                 # busy-polling a CQ (empty here) drives the receive path in this thread,
                 # which places the peer's WRITE (softrdma.drivers.runtime)
                 res.recv_cq.poll(1)

@@ -28,6 +28,7 @@ This module holds the codecs and the channels (:class:`TcpChannel`; the rdma_cm 
 
 from __future__ import annotations
 
+import select
 import socket
 import struct
 import time
@@ -312,6 +313,19 @@ class TcpChannel:
                                     "bytes of a message)")
             buf += chunk
         return bytes(buf)
+
+    def peer_closed(self) -> bool:
+        """True once the peer closed (or reset) the exchange connection: it failed or
+        stopped. Reads nothing (a peek that does not wait)."""
+        try:
+            # (a socket with a timeout waits for data before any recv: ask select first)
+            if not select.select([self.sock], [], [], 0)[0]:
+                return False
+            return self.sock.recv(1, socket.MSG_PEEK) == b""
+        except (BlockingIOError, InterruptedError, TimeoutError):
+            return False
+        except (OSError, ValueError):
+            return True
 
     def close(self) -> None:
         try:

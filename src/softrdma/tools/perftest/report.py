@@ -184,8 +184,10 @@ def lat_line(r: LatReport) -> str:
 # ---- JSON and progress -----------------------------------------------------------------
 
 def json_object(o: Options, device: str, transport: str, mtu_bytes: int,
-                results: list[BwReport] | list[LatReport], role: str) -> str:
-    """The ``--json`` form: the test parameters and one entry per message size."""
+                results: list[BwReport] | list[LatReport], role: str,
+                error: str | None = None) -> str:
+    """The ``--json`` form: the test parameters and one entry per message size; a run
+    that failed has ``error`` (the message also on stderr) and the sizes it finished."""
     unit = "Gb/sec" if o.report_gbits else "MB/sec"
     rows: list[dict[str, float | int]] = []
     for r in results:
@@ -201,17 +203,22 @@ def json_object(o: Options, device: str, transport: str, mtu_bytes: int,
            "connection_type": "RC", "num_of_qps": o.num_qps, "mtu": mtu_bytes,
            "rdma_cm": o.rdma_cm, "bw_unit": unit if o.spec.tst == "bw" else None,
            "lat_unit": "usec" if o.spec.tst == "lat" else None, "results": rows}
+    if error is not None:
+        obj["error"] = error
     return json.dumps(obj, sort_keys=False)
 
 
 class Progress:
     """A live ``\\r`` line on stderr once a run takes longer than a few seconds; silent
-    under ``--json`` or when stdout is not a terminal."""
+    under ``--json`` or when stdout is not a terminal. A run of ``-n`` messages shows
+    how many of ``total`` completed; a run of ``-D duration`` seconds shows the messages
+    completed and the time against the duration (``-n`` does not apply there)."""
 
     def __init__(self, enabled: bool, total: int, what: str,
-                 stream: TextIO | None = None) -> None:
+                 stream: TextIO | None = None, duration: float | None = None) -> None:
         self.stream = stream if stream is not None else sys.stderr
         self.enabled = enabled
+        self.duration = duration
         self.total = total
         self.what = what
         self.start = time.monotonic()
@@ -225,9 +232,15 @@ class Progress:
         if now - self.start < PROGRESS_AFTER_S or now - self.last < 0.5:
             return
         self.last = now
-        pct = 100.0 * done / self.total if self.total else 0.0
-        self.stream.write(f"\r {self.what}: {done}/{self.total} ({pct:5.1f}%) "
-                          f"{now - self.start:6.1f} s")
+        elapsed = now - self.start
+        if self.duration:
+            pct = min(100.0, 100.0 * elapsed / self.duration)
+            self.stream.write(f"\r {self.what}: {done} done, {elapsed:6.1f}/"
+                              f"{self.duration:g} s ({pct:5.1f}%)")
+        else:
+            pct = 100.0 * done / self.total if self.total else 0.0
+            self.stream.write(f"\r {self.what}: {done}/{self.total} ({pct:5.1f}%) "
+                              f"{elapsed:6.1f} s")
         self.stream.flush()
         self.shown = True
 

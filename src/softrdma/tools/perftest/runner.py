@@ -198,6 +198,8 @@ def setup_plain(s: Side) -> None:
         s.ch = TcpChannel.connect(o.servername, o.port, o.timeout)
     prelude(s)
     s.res = Resources(s.ctx, o, max(o.sizes))
+    if isinstance(s.ch, TcpChannel):
+        s.res.peer_gone = s.ch.peer_closed  # a failed peer ends our waits promptly
     for _ in range(o.num_qps):
         s.r.add_qp()
     make_dests(s)
@@ -280,7 +282,8 @@ def pre_run(s: Side) -> None:
 
 
 def progress(s: Side, total: int, what: str) -> report.Progress:
-    return report.Progress(not s.o.json and s.out.isatty(), total, what)
+    return report.Progress(not s.o.json and s.out.isatty(), total, what,
+                           duration=s.o.duration)
 
 
 def run_one_sided_bw(s: Side) -> None:
@@ -399,6 +402,27 @@ def run(name: str, args: argparse.Namespace, out: TextIO | None = None) -> int:
         raise PerftestError("-D (duration) is supported by the BW tests only")
     s = Side(o, out if out is not None else sys.stdout, transport=o.transport)
     try:
+        _run_side(s)
+    except (SoftRdmaError, OSError) as exc:
+        if o.json:  # a failed run still prints its object, with the error (exit 1 stays)
+            _write_json(s, str(exc) or type(exc).__name__)
+        raise
+    if o.json:
+        _write_json(s, None)
+    return 0
+
+
+def _write_json(s: Side, error: str | None) -> None:
+    role = "client" if s.o.is_client else "server"
+    s.out.write(report.json_object(s.o, s.device, s.transport, MTU_ENUM_TO_BYTES[s.mtu_enum],
+                                   s.results, role, error) + "\n")
+    s.out.flush()
+
+
+def _run_side(s: Side) -> None:
+    """Set up, run and tear down one side (the body of :func:`run`)."""
+    o = s.o
+    try:
         if o.rdma_cm:
             setup_cm(s)
         else:
@@ -420,9 +444,3 @@ def run(name: str, args: argparse.Namespace, out: TextIO | None = None) -> int:
         finally:
             if o.rdma_cm:
                 release_devices()
-    if o.json:
-        role = "client" if o.is_client else "server"
-        s.out.write(report.json_object(o, s.device, s.transport, MTU_ENUM_TO_BYTES[s.mtu_enum],
-                                       s.results, role) + "\n")
-        s.out.flush()
-    return 0

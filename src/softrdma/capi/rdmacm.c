@@ -1,0 +1,974 @@
+
+/* ==== librdmacm (rdma_cma.h) over softrdma.cm.rdma_cm (docs/design.md, "C programs") ====
+ *
+ * Appended to shim.c by build.py (one translation unit: the verbs wrappers are shared).
+ * librdmacm opens /dev/infiniband/rdma_cm, which softrdma does not have: every rdma_* export
+ * that takes an id, a channel or an event is served here, the pure helpers
+ * (rdma_event_str) stay the real library's. An id is a struct rdma_cm_id first in a wrapper
+ * holding the handle of its Python CmId; its verbs context is the program's ibv_context of
+ * the Context the rdma_cm layer opened (made here the first time it is seen), so the PD,
+ * CQs and QP the program makes on id->verbs are on the id's device.
+ *
+ * Events: sr_py_cm_get_event takes one without blocking; rdma_get_cm_event waits in poll(2)
+ * on the program's own descriptor of the channel's pipe (rdma_event_channel.fd), so a
+ * program may poll it or block in one thread while others work. An id created without a
+ * channel (rdma_create_id(NULL, ...), rdma_create_ep) is synchronous as in librdmacm: each
+ * call waits for its event and fails with its status. Errors: -1 (or NULL) with errno;
+ * calls not served fail with ENOSYS, never through the real library. */
+#include <rdma/rdma_cma.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+struct sr_cm_channel { struct rdma_event_channel ch; int h; _Atomic int dead; };
+struct sr_cm_id {
+    struct rdma_cm_id id;
+    int h;
+    int sync;         /* no channel of the program's: each call waits for its event */
+    int own_cqs;      /* rdma_create_qp made the CQs and their channels */
+    struct ibv_qp_init_attr *listen_attr;  /* rdma_create_ep on a passive id */
+    struct ibv_pd *listen_pd;
+};
+struct sr_cm_event { struct rdma_cm_event ev; uint8_t data[256]; };
+
+#define SR_CHAN(c) ((struct sr_cm_channel *)(c))
+#define SR_CMID(i) ((struct sr_cm_id *)(i))
+
+static pthread_mutex_t g_cm_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* int verb result from Python (0 or an errno value) -> 0 or -1 with errno */
+static int sr_cm_ret(int err)
+{
+    if (!err)
+        return 0;
+    errno = err;
+    return -1;
+}
+
+static int sr_cm_from_sockaddr(const struct sockaddr *sa, struct sr_cm_addr *a)
+{
+    memset(a, 0, sizeof(*a));
+    if (!sa)
+        return 0;
+    if (sa->sa_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
+        a->family = AF_INET;
+        a->port = ntohs(in->sin_port);
+        memcpy(a->ip, &in->sin_addr, 4);
+        return 0;
+    }
+    if (sa->sa_family == AF_INET6) {
+        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)sa;
+        a->family = AF_INET6;
+        a->port = ntohs(in6->sin6_port);
+        memcpy(a->ip, &in6->sin6_addr, 16);
+        return 0;
+    }
+    errno = EAFNOSUPPORT;  /* AF_IB: softrdma speaks IP (RoCE, iWARP) */
+    return -1;
+}
+
+static void sr_cm_to_sockaddr(const struct sr_cm_addr *a, struct sockaddr_storage *ss)
+{
+    if (a->family == AF_INET) {
+        struct sockaddr_in *in = (struct sockaddr_in *)ss;
+        memset(ss, 0, sizeof(*ss));
+        in->sin_family = AF_INET;
+        in->sin_port = htons(a->port);
+        memcpy(&in->sin_addr, a->ip, 4);
+    } else if (a->family == AF_INET6) {
+        struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)ss;
+        memset(ss, 0, sizeof(*ss));
+        in6->sin6_family = AF_INET6;
+        in6->sin6_port = htons(a->port);
+        memcpy(&in6->sin6_addr, a->ip, 16);
+    }
+}
+
+/* The id's device context and addresses, from the Python CmId (after each call that may
+ * change them and each event). */
+static int sr_cm_refresh(struct sr_cm_id *c)
+{
+    struct sr_cm_info info;
+    int ret;
+
+    if (sr_load_devices() < 0)
+        return -1;
+    memset(&info, 0, sizeof(info));
+    ret = sr_py_cm_info(c->h, &info);
+    if (ret)
+        return sr_cm_ret(ret);
+    if (info.ctx > 0 && !info.ctx_wrapper) {
+        pthread_mutex_lock(&g_cm_lock);
+        memset(&info, 0, sizeof(info));
+        ret = sr_py_cm_info(c->h, &info);  /* again, under the lock: one wrapper per Context */
+        if (!ret && info.ctx > 0 && !info.ctx_wrapper) {
+            struct ibv_device *dev = NULL;
+            struct ibv_context *ctx;
+            if (info.dev_index >= 0 && info.dev_index < g_ndev)
+                dev = &g_devs[info.dev_index].dev;
+            else if (g_ndev > 0)
+                dev = &g_devs[0].dev;
+            ctx = sr_wrap_context(info.ctx, info.async_fd, dev);
+            if (ctx) {
+                info.ctx_wrapper = SR_CTX(ctx);
+                ret = sr_py_cm_set_wrapper(info.ctx, info.ctx_wrapper);
+            } else {
+                ret = errno;
+            }
+        }
+        pthread_mutex_unlock(&g_cm_lock);
+        if (ret)
+            return sr_cm_ret(ret);
+    }
+    if (info.ctx_wrapper)
+        c->id.verbs = &((struct sr_context *)info.ctx_wrapper)->vctx.context;
+    c->id.port_num = (uint8_t)info.port_num;
+    if (info.src.family)
+        sr_cm_to_sockaddr(&info.src, &c->id.route.addr.src_storage);
+    if (info.dst.family)
+        sr_cm_to_sockaddr(&info.dst, &c->id.route.addr.dst_storage);
+    return 0;
+}
+
+/* ---- event channels ---- */
+struct rdma_event_channel *rdma_create_event_channel(void)
+{
+    struct sr_cm_channel *c;
+    int fd = -1, h = sr_py_cm_channel(&fd);
+
+    if (!sr_handle_ok(h))
+        return NULL;
+    c = calloc(1, sizeof(*c));
+    if (!c) {
+        sr_py_destroy(h);
+        return sr_fail(ENOMEM);
+    }
+    c->h = h;
+    c->ch.fd = sr_own_fd(fd);  /* blocking, the program's to change */
+    if (c->ch.fd < 0) {
+        int err = errno;
+        sr_py_destroy(h);
+        free(c);
+        return sr_fail(err ? err : EMFILE);
+    }
+    return &c->ch;
+}
+
+/* A thread may still wait in rdma_get_cm_event on the channel (rping's CM thread does
+ * while its main thread tears down): as a read of the kernel's rdma_cm file, that wait
+ * never returns (sr_cm_wait_dead), so the struct is kept (a few bytes) and the channel's
+ * fd closed. */
+void rdma_destroy_event_channel(struct rdma_event_channel *channel)
+{
+    struct sr_cm_channel *c = SR_CHAN(channel);
+
+    if (!c)
+        return;
+    atomic_store(&c->dead, 1);
+    sr_py_destroy(c->h);
+    close(c->ch.fd);
+}
+
+static void sr_cm_wait_dead(void)
+{
+    for (;;)
+        pause();
+}
+
+/* ---- ids ---- */
+static int sr_cm_create_id(struct rdma_event_channel *channel, struct rdma_cm_id **id,
+                           void *context, enum rdma_port_space ps, enum ibv_qp_type qpt)
+{
+    struct sr_cm_id *c;
+    int sync = channel == NULL, h;
+
+    if (!id) {
+        errno = EINVAL;
+        return -1;
+    }
+    c = calloc(1, sizeof(*c));
+    if (!c) {
+        errno = ENOMEM;
+        return -1;
+    }
+    if (sync && !(channel = rdma_create_event_channel())) {
+        free(c);
+        return -1;
+    }
+    h = sr_py_cm_create_id(SR_CHAN(channel)->h, ps, c);
+    if (!sr_handle_ok(h)) {
+        int err = errno;
+        if (sync)
+            rdma_destroy_event_channel(channel);
+        free(c);
+        errno = err;
+        return -1;
+    }
+    c->h = h;
+    c->sync = sync;
+    c->id.channel = channel;
+    c->id.context = context;
+    c->id.ps = ps;
+    c->id.qp_type = qpt;
+    *id = &c->id;
+    return 0;
+}
+
+int rdma_create_id(struct rdma_event_channel *channel, struct rdma_cm_id **id, void *context,
+                   enum rdma_port_space ps)
+{
+    return sr_cm_create_id(channel, id, context, ps,
+                           ps == RDMA_PS_UDP || ps == RDMA_PS_IPOIB ? IBV_QPT_UD : IBV_QPT_RC);
+}
+
+int rdma_ack_cm_event(struct rdma_cm_event *event)
+{
+    if (!event) {
+        errno = EINVAL;
+        return -1;
+    }
+    free(event);
+    return 0;
+}
+
+int rdma_destroy_id(struct rdma_cm_id *id)
+{
+    struct sr_cm_id *c = SR_CMID(id);
+    int ret;
+
+    if (!c) {
+        errno = EINVAL;
+        return -1;
+    }
+    ret = sr_py_cm_destroy_id(c->h);
+    if (ret)
+        return sr_cm_ret(ret);
+    if (id->event)
+        rdma_ack_cm_event(id->event);
+    if (c->sync)
+        rdma_destroy_event_channel(id->channel);
+    free(c->listen_attr);
+    free(c);
+    return 0;
+}
+
+/* A synchronous id: wait for the event its call queued (kept in id->event until the next
+ * call); an event with a status fails the call (REJECTED: ECONNREFUSED), as librdmacm. */
+static int sr_cm_complete(struct sr_cm_id *c)
+{
+    struct rdma_cm_event *ev;
+
+    if (!c->sync)
+        return 0;
+    if (c->id.event) {
+        rdma_ack_cm_event(c->id.event);
+        c->id.event = NULL;
+    }
+    if (rdma_get_cm_event(c->id.channel, &ev))
+        return -1;
+    c->id.event = ev;
+    if (ev->status) {
+        if (ev->event == RDMA_CM_EVENT_REJECTED)
+            errno = ECONNREFUSED;
+        else
+            errno = ev->status < 0 ? -ev->status : ev->status;
+        return -1;
+    }
+    switch (ev->event) {
+    case RDMA_CM_EVENT_ADDR_ERROR:
+    case RDMA_CM_EVENT_ROUTE_ERROR:
+    case RDMA_CM_EVENT_CONNECT_ERROR:
+    case RDMA_CM_EVENT_UNREACHABLE:
+    case RDMA_CM_EVENT_DEVICE_REMOVAL:
+        errno = EHOSTUNREACH;
+        return -1;
+    case RDMA_CM_EVENT_REJECTED:
+        errno = ECONNREFUSED;
+        return -1;
+    default:
+        return 0;
+    }
+}
+
+int rdma_bind_addr(struct rdma_cm_id *id, struct sockaddr *addr)
+{
+    struct sr_cm_addr a;
+    int ret;
+
+    if (!id || !addr) {
+        errno = EINVAL;
+        return -1;
+    }
+    if (sr_cm_from_sockaddr(addr, &a))
+        return -1;
+    ret = sr_py_cm_bind(SR_CMID(id)->h, &a);
+    if (ret)
+        return sr_cm_ret(ret);
+    return sr_cm_refresh(SR_CMID(id));
+}
+
+int rdma_resolve_addr(struct rdma_cm_id *id, struct sockaddr *src_addr,
+                      struct sockaddr *dst_addr, int timeout_ms)
+{
+    struct sr_cm_addr s, d;
+    int ret;
+
+    if (!id || !dst_addr) {
+        errno = EINVAL;
+        return -1;
+    }
+    if (sr_cm_from_sockaddr(src_addr, &s) || sr_cm_from_sockaddr(dst_addr, &d))
+        return -1;
+    ret = sr_py_cm_resolve_addr(SR_CMID(id)->h, src_addr ? &s : NULL, &d, timeout_ms);
+    if (ret)
+        return sr_cm_ret(ret);
+    if (sr_cm_refresh(SR_CMID(id)) || sr_cm_complete(SR_CMID(id)))
+        return -1;
+    return sr_cm_refresh(SR_CMID(id));
+}
+
+int rdma_resolve_route(struct rdma_cm_id *id, int timeout_ms)
+{
+    int ret;
+
+    if (!id) {
+        errno = EINVAL;
+        return -1;
+    }
+    ret = sr_py_cm_resolve_route(SR_CMID(id)->h, timeout_ms);
+    if (ret)
+        return sr_cm_ret(ret);
+    return sr_cm_complete(SR_CMID(id));
+}
+
+int rdma_listen(struct rdma_cm_id *id, int backlog)
+{
+    int ret;
+
+    if (!id) {
+        errno = EINVAL;
+        return -1;
+    }
+    ret = sr_py_cm_listen(SR_CMID(id)->h, backlog);
+    if (ret)
+        return sr_cm_ret(ret);
+    return sr_cm_refresh(SR_CMID(id));
+}
+
+int rdma_migrate_id(struct rdma_cm_id *id, struct rdma_event_channel *channel)
+{
+    struct sr_cm_id *c = SR_CMID(id);
+    struct rdma_event_channel *old;
+    int sync = channel == NULL, ret;
+
+    if (!c) {
+        errno = EINVAL;
+        return -1;
+    }
+    if (sync && !(channel = rdma_create_event_channel()))
+        return -1;
+    ret = sr_py_cm_migrate(c->h, SR_CHAN(channel)->h);
+    if (ret) {
+        if (sync)
+            rdma_destroy_event_channel(channel);
+        return sr_cm_ret(ret);
+    }
+    old = id->channel;
+    id->channel = channel;
+    if (c->sync)
+        rdma_destroy_event_channel(old);
+    c->sync = sync;
+    return 0;
+}
+
+int rdma_set_option(struct rdma_cm_id *id, int level, int optname, void *optval, size_t optlen)
+{
+    int value;
+
+    if (!id || !optval) {
+        errno = EINVAL;
+        return -1;
+    }
+    if (level == RDMA_OPTION_ID && (optname == RDMA_OPTION_ID_REUSEADDR
+                                    || optname == RDMA_OPTION_ID_AFONLY))
+        return 0;  /* softrdma's ports are per process and per family already */
+    if (optlen == sizeof(uint8_t))
+        value = *(uint8_t *)optval;
+    else if (optlen == sizeof(int))
+        value = *(int *)optval;
+    else {
+        errno = EINVAL;
+        return -1;
+    }
+    return sr_cm_ret(sr_py_cm_set_option(SR_CMID(id)->h, level, optname, value));
+}
+
+/* ---- QPs ---- */
+static void sr_cm_destroy_cqs(struct rdma_cm_id *id)
+{
+    if (id->recv_cq && id->recv_cq != id->send_cq)
+        ibv_destroy_cq(id->recv_cq);
+    if (id->send_cq)
+        ibv_destroy_cq(id->send_cq);
+    if (id->recv_cq_channel)
+        ibv_destroy_comp_channel(id->recv_cq_channel);
+    if (id->send_cq_channel)
+        ibv_destroy_comp_channel(id->send_cq_channel);
+    id->recv_cq = id->send_cq = NULL;
+    id->recv_cq_channel = id->send_cq_channel = NULL;
+    SR_CMID(id)->own_cqs = 0;
+}
+
+/* librdmacm's CQs for a QP made without them: each with its completion channel (the
+ * rdma_get_send_comp/rdma_get_recv_comp helpers wait on them). */
+static int sr_cm_create_cqs(struct rdma_cm_id *id, struct ibv_qp_init_attr *attr)
+{
+    SR_CMID(id)->own_cqs = 1;
+    if (!attr->recv_cq) {
+        id->recv_cq_channel = ibv_create_comp_channel(id->verbs);
+        if (!id->recv_cq_channel)
+            goto fail;
+        id->recv_cq = ibv_create_cq(id->verbs, attr->cap.max_recv_wr ? (int)attr->cap.max_recv_wr : 1,
+                                    id, id->recv_cq_channel, 0);
+        if (!id->recv_cq)
+            goto fail;
+        attr->recv_cq = id->recv_cq;
+    }
+    if (!attr->send_cq) {
+        id->send_cq_channel = ibv_create_comp_channel(id->verbs);
+        if (!id->send_cq_channel)
+            goto fail;
+        id->send_cq = ibv_create_cq(id->verbs, attr->cap.max_send_wr ? (int)attr->cap.max_send_wr : 1,
+                                    id, id->send_cq_channel, 0);
+        if (!id->send_cq)
+            goto fail;
+        attr->send_cq = id->send_cq;
+    }
+    return 0;
+fail:
+    {
+        int err = errno;
+        sr_cm_destroy_cqs(id);
+        errno = err;
+    }
+    return -1;
+}
+
+int rdma_create_qp(struct rdma_cm_id *id, struct ibv_pd *pd, struct ibv_qp_init_attr *qp_init_attr)
+{
+    struct sr_cm_id *c = SR_CMID(id);
+    struct ibv_qp_init_attr attr;
+    struct sr_qp *q;
+
+    if (!c || !qp_init_attr) {
+        errno = EINVAL;
+        return -1;
+    }
+    if (!id->verbs && sr_cm_refresh(c))
+        return -1;
+    if (!id->verbs) {
+        errno = EINVAL;  /* no device yet: resolve or bind the address first */
+        return -1;
+    }
+    if (!pd) {
+        if (!id->pd && !(id->pd = ibv_alloc_pd(id->verbs)))
+            return -1;
+        pd = id->pd;
+    } else if (pd->context != id->verbs) {
+        errno = EINVAL;
+        return -1;
+    }
+    attr = *qp_init_attr;
+    if ((!attr.send_cq || !attr.recv_cq) && sr_cm_create_cqs(id, &attr))
+        return -1;
+    q = sr_create_qp(pd, &attr, c->h);
+    if (!q) {
+        int err = errno;
+        if (c->own_cqs)
+            sr_cm_destroy_cqs(id);
+        errno = err;
+        return -1;
+    }
+    q->qpx.qp_base.state = attr.qp_type == IBV_QPT_UD ? IBV_QPS_RTS : IBV_QPS_INIT;
+    qp_init_attr->cap = attr.cap;
+    id->pd = pd;
+    id->qp = &q->qpx.qp_base;
+    return 0;
+}
+
+void rdma_destroy_qp(struct rdma_cm_id *id)
+{
+    struct sr_cm_id *c = SR_CMID(id);
+
+    if (!c || !id->qp)
+        return;
+    sr_py_cm_drop_qp(c->h);
+    ibv_destroy_qp(id->qp);
+    id->qp = NULL;
+    if (c->own_cqs)
+        sr_cm_destroy_cqs(id);
+}
+
+/* ---- connections ---- */
+static struct sr_conn_param *sr_cm_param(const struct rdma_conn_param *in, struct sr_conn_param *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (!in)
+        return out;
+    out->has = 1;
+    if (in->private_data && in->private_data_len) {
+        out->private_data_len = in->private_data_len > sizeof(out->private_data)
+                                ? sizeof(out->private_data) : in->private_data_len;
+        memcpy(out->private_data, in->private_data, out->private_data_len);
+    }
+    out->responder_resources = in->responder_resources;
+    out->initiator_depth = in->initiator_depth;
+    out->flow_control = in->flow_control;
+    out->retry_count = in->retry_count;
+    out->rnr_retry_count = in->rnr_retry_count;
+    out->srq = in->srq;
+    out->qp_num = in->qp_num;
+    return out;
+}
+
+int rdma_connect(struct rdma_cm_id *id, struct rdma_conn_param *conn_param)
+{
+    struct sr_conn_param p;
+    int ret;
+
+    if (!id) {
+        errno = EINVAL;
+        return -1;
+    }
+    ret = sr_py_cm_connect(SR_CMID(id)->h, sr_cm_param(conn_param, &p));
+    if (ret)
+        return sr_cm_ret(ret);
+    if (sr_cm_complete(SR_CMID(id)))
+        return -1;
+    return sr_cm_refresh(SR_CMID(id));
+}
+
+int rdma_accept(struct rdma_cm_id *id, struct rdma_conn_param *conn_param)
+{
+    struct sr_conn_param p;
+    int ret;
+
+    if (!id) {
+        errno = EINVAL;
+        return -1;
+    }
+    ret = sr_py_cm_accept(SR_CMID(id)->h, sr_cm_param(conn_param, &p));
+    if (ret)
+        return sr_cm_ret(ret);
+    if (id->qp_type == IBV_QPT_UD)
+        return 0;  /* no ESTABLISHED for a UD service (librdmacm) */
+    return sr_cm_complete(SR_CMID(id));
+}
+
+int rdma_reject(struct rdma_cm_id *id, const void *private_data, uint8_t private_data_len)
+{
+    if (!id) {
+        errno = EINVAL;
+        return -1;
+    }
+    return sr_cm_ret(sr_py_cm_reject(SR_CMID(id)->h, (uint8_t *)private_data,
+                                     private_data ? private_data_len : 0));
+}
+
+int rdma_disconnect(struct rdma_cm_id *id)
+{
+    int ret;
+
+    if (!id) {
+        errno = EINVAL;
+        return -1;
+    }
+    ret = sr_py_cm_disconnect(SR_CMID(id)->h);
+    if (ret)
+        return sr_cm_ret(ret);
+    return sr_cm_complete(SR_CMID(id));
+}
+
+/* ---- events ---- */
+/* The program's id for an event's handle: a new id (CONNECT_REQUEST) gets its wrapper,
+ * with the listener's channel, context and port space (librdmacm). */
+static struct rdma_cm_id *sr_cm_event_id(struct sr_cm_event_rec *rec)
+{
+    struct sr_cm_id *listen = rec->listen_id_wrapper, *c = rec->id_wrapper;
+    int ret;
+
+    if (c)
+        return &c->id;
+    c = calloc(1, sizeof(*c));
+    if (!c)
+        return sr_fail(ENOMEM);
+    c->h = rec->id;
+    if (listen) {
+        c->id.channel = listen->id.channel;
+        c->id.context = listen->id.context;
+        c->id.ps = listen->id.ps;
+        c->id.qp_type = listen->id.qp_type;
+    }
+    ret = sr_py_cm_set_wrapper(rec->id, c);
+    if (ret) {
+        free(c);
+        return sr_fail(ret);
+    }
+    return &c->id;
+}
+
+int rdma_get_cm_event(struct rdma_event_channel *channel, struct rdma_cm_event **event)
+{
+    struct sr_cm_event_rec rec;
+    struct sr_cm_event *e;
+    struct rdma_cm_event *ev;
+    int r;
+
+    if (!channel || !event) {
+        errno = EINVAL;
+        return -1;
+    }
+    for (;;) {
+        if (atomic_load(&SR_CHAN(channel)->dead))
+            sr_cm_wait_dead();
+        memset(&rec, 0, sizeof(rec));
+        r = sr_py_cm_get_event(SR_CHAN(channel)->h, &rec);
+        if (r > 0)
+            break;
+        if (atomic_load(&SR_CHAN(channel)->dead))
+            sr_cm_wait_dead();
+        if (r < 0) {
+            errno = -r;
+            return -1;
+        }
+        if (sr_wait_fd(channel->fd) && !atomic_load(&SR_CHAN(channel)->dead))
+            return -1;
+    }
+    e = calloc(1, sizeof(*e));
+    if (!e) {
+        errno = ENOMEM;
+        return -1;
+    }
+    ev = &e->ev;
+    ev->event = (enum rdma_cm_event_type)rec.event;
+    ev->status = rec.status;
+    ev->listen_id = rec.listen_id_wrapper ? &((struct sr_cm_id *)rec.listen_id_wrapper)->id : NULL;
+    ev->id = sr_cm_event_id(&rec);
+    if (!ev->id) {
+        free(e);
+        return -1;
+    }
+    sr_cm_refresh(SR_CMID(ev->id));
+    if (rec.private_data_len > sizeof(e->data))
+        rec.private_data_len = sizeof(e->data);
+    memcpy(e->data, rec.private_data, rec.private_data_len);
+    if (rec.has_ud) {
+        ev->param.ud.private_data = rec.private_data_len ? e->data : NULL;
+        ev->param.ud.private_data_len = (uint8_t)rec.private_data_len;
+        sr_ah_from_flat(&rec.ah, &ev->param.ud.ah_attr);
+        ev->param.ud.qp_num = rec.ud_qp_num;
+        ev->param.ud.qkey = rec.ud_qkey;
+    } else {
+        ev->param.conn.private_data = rec.private_data_len ? e->data : NULL;
+        ev->param.conn.private_data_len = (uint8_t)rec.private_data_len;
+        ev->param.conn.responder_resources = (uint8_t)rec.responder_resources;
+        ev->param.conn.initiator_depth = (uint8_t)rec.initiator_depth;
+        ev->param.conn.flow_control = (uint8_t)rec.flow_control;
+        ev->param.conn.retry_count = (uint8_t)rec.retry_count;
+        ev->param.conn.rnr_retry_count = (uint8_t)rec.rnr_retry_count;
+        ev->param.conn.srq = (uint8_t)rec.srq;
+        ev->param.conn.qp_num = rec.qp_num;
+    }
+    *event = ev;
+    return 0;
+}
+
+/* ---- ports ---- */
+static __be16 sr_cm_port(const struct sockaddr *sa)
+{
+    if (sa->sa_family == AF_INET)
+        return ((const struct sockaddr_in *)sa)->sin_port;
+    if (sa->sa_family == AF_INET6)
+        return ((const struct sockaddr_in6 *)sa)->sin6_port;
+    return 0;
+}
+
+__be16 rdma_get_src_port(struct rdma_cm_id *id)
+{
+    return id ? sr_cm_port(&id->route.addr.src_addr) : 0;
+}
+
+__be16 rdma_get_dst_port(struct rdma_cm_id *id)
+{
+    return id ? sr_cm_port(&id->route.addr.dst_addr) : 0;
+}
+
+/* ---- addresses: rdma_getaddrinfo over getaddrinfo(3) (IP only) ---- */
+int rdma_getaddrinfo(const char *node, const char *service, const struct rdma_addrinfo *hints,
+                     struct rdma_addrinfo **res)
+{
+    struct addrinfo ah, *ai = NULL;
+    struct rdma_addrinfo *r;
+    struct sockaddr *sa;
+    int passive = hints && (hints->ai_flags & RAI_PASSIVE), ret;
+
+    if (!res || (!node && !service && !passive)) {
+        errno = EINVAL;
+        return EAI_NONAME;
+    }
+    if (hints && hints->ai_family && hints->ai_family != AF_INET && hints->ai_family != AF_INET6) {
+        errno = EAFNOSUPPORT;
+        return EAI_FAMILY;
+    }
+    memset(&ah, 0, sizeof(ah));
+    ah.ai_family = hints ? hints->ai_family : AF_UNSPEC;
+    ah.ai_socktype = SOCK_STREAM;
+    ah.ai_flags = (passive ? AI_PASSIVE : 0)
+                  | (hints && (hints->ai_flags & RAI_NUMERICHOST) ? AI_NUMERICHOST : 0);
+    ret = getaddrinfo(node, service, &ah, &ai);
+    if (ret)
+        return ret;
+    r = calloc(1, sizeof(*r));
+    sa = malloc(ai->ai_addrlen);
+    if (!r || !sa) {
+        free(r);
+        free(sa);
+        freeaddrinfo(ai);
+        errno = ENOMEM;
+        return EAI_MEMORY;
+    }
+    memcpy(sa, ai->ai_addr, ai->ai_addrlen);
+    r->ai_flags = hints ? hints->ai_flags : 0;
+    r->ai_family = ai->ai_family;
+    r->ai_qp_type = hints && hints->ai_qp_type ? hints->ai_qp_type : IBV_QPT_RC;
+    r->ai_port_space = hints && hints->ai_port_space ? hints->ai_port_space : RDMA_PS_TCP;
+    if (passive) {
+        r->ai_src_addr = sa;
+        r->ai_src_len = ai->ai_addrlen;
+    } else {
+        r->ai_dst_addr = sa;
+        r->ai_dst_len = ai->ai_addrlen;
+        if (hints && hints->ai_src_addr && hints->ai_src_len) {
+            r->ai_src_addr = malloc(hints->ai_src_len);
+            if (r->ai_src_addr) {
+                memcpy(r->ai_src_addr, hints->ai_src_addr, hints->ai_src_len);
+                r->ai_src_len = hints->ai_src_len;
+            }
+        }
+    }
+    freeaddrinfo(ai);
+    *res = r;
+    return 0;
+}
+
+void rdma_freeaddrinfo(struct rdma_addrinfo *res)
+{
+    struct rdma_addrinfo *next;
+
+    for (; res; res = next) {
+        next = res->ai_next;
+        free(res->ai_connect);
+        free(res->ai_route);
+        free(res->ai_src_canonname);
+        free(res->ai_dst_canonname);
+        free(res->ai_src_addr);
+        free(res->ai_dst_addr);
+        free(res);
+    }
+}
+
+/* ---- endpoints: rdma_create_ep, rdma_get_request, rdma_destroy_ep (synchronous ids) ---- */
+int rdma_create_ep(struct rdma_cm_id **id, struct rdma_addrinfo *res, struct ibv_pd *pd,
+                   struct ibv_qp_init_attr *qp_init_attr)
+{
+    struct rdma_cm_id *cid;
+    struct sr_cm_id *c;
+    enum rdma_port_space ps;
+    enum ibv_qp_type qpt;
+
+    if (!id || !res) {
+        errno = EINVAL;
+        return -1;
+    }
+    ps = res->ai_port_space ? (enum rdma_port_space)res->ai_port_space : RDMA_PS_TCP;
+    qpt = res->ai_qp_type ? (enum ibv_qp_type)res->ai_qp_type
+                          : (ps == RDMA_PS_UDP ? IBV_QPT_UD : IBV_QPT_RC);
+    if (sr_cm_create_id(NULL, &cid, NULL, ps, qpt))
+        return -1;
+    c = SR_CMID(cid);
+    if (res->ai_flags & RAI_PASSIVE) {
+        if (rdma_bind_addr(cid, res->ai_src_addr))
+            goto fail;
+        if (qp_init_attr) {  /* for the QPs of rdma_get_request */
+            c->listen_attr = malloc(sizeof(*qp_init_attr));
+            if (!c->listen_attr) {
+                errno = ENOMEM;
+                goto fail;
+            }
+            *c->listen_attr = *qp_init_attr;
+            c->listen_pd = pd;
+        }
+    } else {
+        if (rdma_resolve_addr(cid, res->ai_src_len ? res->ai_src_addr : NULL,
+                              res->ai_dst_addr, 2000)
+            || rdma_resolve_route(cid, 2000))
+            goto fail;
+        if (qp_init_attr) {
+            qp_init_attr->qp_type = qpt;
+            if (rdma_create_qp(cid, pd, qp_init_attr))
+                goto fail;
+        }
+    }
+    *id = cid;
+    return 0;
+fail:
+    {
+        int err = errno;
+        rdma_destroy_ep(cid);
+        errno = err;
+    }
+    return -1;
+}
+
+int rdma_get_request(struct rdma_cm_id *listen, struct rdma_cm_id **id)
+{
+    struct sr_cm_id *l = SR_CMID(listen);
+    struct rdma_cm_event *ev;
+    struct rdma_cm_id *child;
+
+    if (!l || !id || !l->sync) {
+        errno = EINVAL;
+        return -1;
+    }
+    if (listen->event) {
+        rdma_ack_cm_event(listen->event);
+        listen->event = NULL;
+    }
+    for (;;) {
+        if (rdma_get_cm_event(listen->channel, &ev))
+            return -1;
+        if (ev->event == RDMA_CM_EVENT_CONNECT_REQUEST)
+            break;
+        rdma_ack_cm_event(ev);
+    }
+    child = ev->id;
+    if (rdma_migrate_id(child, NULL))  /* a synchronous id of its own (librdmacm) */
+        goto fail;
+    if (l->listen_attr) {
+        struct ibv_qp_init_attr attr = *l->listen_attr;
+        attr.qp_type = listen->qp_type;
+        if (rdma_create_qp(child, l->listen_pd, &attr))
+            goto fail;
+    }
+    child->event = ev;
+    *id = child;
+    return 0;
+fail:
+    {
+        int err = errno;
+        rdma_ack_cm_event(ev);
+        rdma_reject(child, NULL, 0);
+        rdma_destroy_ep(child);
+        errno = err;
+    }
+    return -1;
+}
+
+void rdma_destroy_ep(struct rdma_cm_id *id)
+{
+    if (!id)
+        return;
+    if (id->qp)
+        rdma_destroy_qp(id);
+    rdma_destroy_id(id);
+}
+
+/* ---- not served yet: fail the librdmacm way, never through the real library ---- */
+int rdma_init_qp_attr(struct rdma_cm_id *id, struct ibv_qp_attr *qp_attr, int *qp_attr_mask)
+{
+    (void)id; (void)qp_attr; (void)qp_attr_mask;
+    errno = ENOSYS;
+    return -1;
+}
+
+int rdma_establish(struct rdma_cm_id *id) { (void)id; errno = ENOSYS; return -1; }
+int rdma_notify(struct rdma_cm_id *id, enum ibv_event_type event)
+{
+    (void)id; (void)event;
+    errno = ENOSYS;
+    return -1;
+}
+
+int rdma_join_multicast(struct rdma_cm_id *id, struct sockaddr *addr, void *context)
+{
+    (void)id; (void)addr; (void)context;
+    errno = ENOSYS;
+    return -1;
+}
+
+int rdma_join_multicast_ex(struct rdma_cm_id *id, struct rdma_cm_join_mc_attr_ex *mc_join_attr,
+                           void *context)
+{
+    (void)id; (void)mc_join_attr; (void)context;
+    errno = ENOSYS;
+    return -1;
+}
+
+int rdma_leave_multicast(struct rdma_cm_id *id, struct sockaddr *addr)
+{
+    (void)id; (void)addr;
+    errno = ENOSYS;
+    return -1;
+}
+
+int rdma_create_srq(struct rdma_cm_id *id, struct ibv_pd *pd, struct ibv_srq_init_attr *attr)
+{
+    (void)id; (void)pd; (void)attr;
+    errno = ENOSYS;
+    return -1;
+}
+
+int rdma_create_srq_ex(struct rdma_cm_id *id, struct ibv_srq_init_attr_ex *attr)
+{
+    (void)id; (void)attr;
+    errno = ENOSYS;
+    return -1;
+}
+
+void rdma_destroy_srq(struct rdma_cm_id *id) { (void)id; }
+
+int rdma_create_qp_ex(struct rdma_cm_id *id, struct ibv_qp_init_attr_ex *qp_init_attr)
+{
+    (void)id; (void)qp_init_attr;
+    errno = ENOSYS;
+    return -1;
+}
+
+struct ibv_context **rdma_get_devices(int *num_devices)
+{
+    if (num_devices)
+        *num_devices = 0;
+    return sr_fail(ENOSYS);
+}
+
+void rdma_free_devices(struct ibv_context **list) { (void)list; }
+
+int rdma_set_local_ece(struct rdma_cm_id *id, struct ibv_ece *ece)
+{
+    (void)id; (void)ece;
+    errno = EOPNOTSUPP;
+    return -1;
+}
+
+int rdma_get_remote_ece(struct rdma_cm_id *id, struct ibv_ece *ece)
+{
+    (void)id; (void)ece;
+    errno = EOPNOTSUPP;
+    return -1;
+}
+
+int rdma_reject_ece(struct rdma_cm_id *id, const void *private_data, uint8_t private_data_len)
+{
+    return rdma_reject(id, private_data, private_data_len);
+}

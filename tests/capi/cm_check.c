@@ -1,0 +1,90 @@
+/* librdmacm calls under softrdma run (tests/test_capi_rdmacm.py): the event channel's fd
+ * (EAGAIN when non-blocking and empty, readable when an event is pending), an id's
+ * device context and addresses after ADDR_RESOLVED, bad arguments (EINVAL), calls not
+ * served (ENOSYS), rdma_getaddrinfo. Prints "ok" and the device, or "FAIL <what>". */
+#include <rdma/rdma_cma.h>
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+
+#define CHECK(cond, what)                                                    \
+    do {                                                                     \
+        if (!(cond)) {                                                       \
+            printf("FAIL %s (errno %d %s)\n", what, errno, strerror(errno)); \
+            return 1;                                                        \
+        }                                                                    \
+    } while (0)
+
+int main(void)
+{
+    struct rdma_event_channel *ch = rdma_create_event_channel();
+    struct rdma_cm_id *id, *bad;
+    struct rdma_cm_event *ev;
+    struct sockaddr_in dst;
+    struct pollfd pfd;
+    struct ibv_device_attr attr;
+    struct ibv_qp_attr qa;
+    struct rdma_addrinfo hints, *res;
+    uint8_t tos = 32;
+    int mask;
+
+    CHECK(ch && ch->fd >= 0, "rdma_create_event_channel");
+    errno = 0;
+    CHECK(rdma_create_id(ch, &bad, NULL, (enum rdma_port_space)0x1234) == -1 && errno == EINVAL,
+          "a bad port space is EINVAL");
+    CHECK(rdma_create_id(ch, &id, (void *)0x5, RDMA_PS_TCP) == 0, "rdma_create_id");
+    CHECK(fcntl(ch->fd, F_SETFL, fcntl(ch->fd, F_GETFL) | O_NONBLOCK) == 0, "fcntl");
+    errno = 0;
+    CHECK(rdma_get_cm_event(ch, &ev) == -1 && errno == EAGAIN, "an empty non-blocking channel is EAGAIN");
+
+    memset(&dst, 0, sizeof(dst));
+    dst.sin_family = AF_INET;
+    dst.sin_port = htons(7);
+    dst.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    CHECK(rdma_resolve_addr(id, NULL, (struct sockaddr *)&dst, 2000) == 0, "rdma_resolve_addr");
+    pfd.fd = ch->fd;
+    pfd.events = POLLIN;
+    CHECK(poll(&pfd, 1, 30000) == 1 && (pfd.revents & POLLIN), "the channel's fd polls readable");
+    CHECK(rdma_get_cm_event(ch, &ev) == 0, "rdma_get_cm_event");
+    CHECK(ev->event == RDMA_CM_EVENT_ADDR_RESOLVED && ev->id == id && ev->status == 0,
+          "ADDR_RESOLVED on the id");
+    CHECK(rdma_ack_cm_event(ev) == 0, "rdma_ack_cm_event");
+    CHECK(id->context == (void *)0x5 && id->channel == ch, "the id's context and channel");
+    CHECK(id->verbs && ibv_query_device(id->verbs, &attr) == 0, "id->verbs is a context");
+    CHECK(((struct sockaddr_in *)rdma_get_local_addr(id))->sin_addr.s_addr == htonl(INADDR_LOOPBACK),
+          "the source address");
+    CHECK(rdma_get_dst_port(id) == htons(7) && rdma_get_src_port(id) != 0, "the ports");
+    CHECK(rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &tos, sizeof(tos)) == 0, "TOS");
+    errno = 0;
+    CHECK(rdma_set_option(id, RDMA_OPTION_IB, RDMA_OPTION_IB_PATH, &tos, sizeof(tos)) == -1
+          && errno == ENOSYS, "an option not served is ENOSYS");
+
+    errno = 0;
+    CHECK(rdma_create_qp(id, NULL, NULL) == -1 && errno == EINVAL, "rdma_create_qp without attributes is EINVAL");
+    errno = 0;
+    CHECK(rdma_join_multicast(id, (struct sockaddr *)&dst, NULL) == -1 && errno == ENOSYS,
+          "rdma_join_multicast is ENOSYS");
+    errno = 0;
+    CHECK(rdma_init_qp_attr(id, &qa, &mask) == -1 && errno == ENOSYS, "rdma_init_qp_attr is ENOSYS");
+    errno = 0;
+    CHECK(rdma_connect(id, NULL) == -1 && errno != 0, "rdma_connect before resolve_route fails");
+    printf("device %s\n", ibv_get_device_name(id->verbs->device));
+    CHECK(rdma_destroy_id(id) == 0, "rdma_destroy_id");
+    rdma_destroy_event_channel(ch);
+
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_flags = RAI_NUMERICHOST;
+    CHECK(rdma_getaddrinfo("not-an-address", "7471", &hints, &res) != 0, "a bad host fails");
+    hints.ai_flags = RAI_PASSIVE;
+    CHECK(rdma_getaddrinfo(NULL, "7471", &hints, &res) == 0 && res->ai_src_addr
+          && res->ai_port_space == RDMA_PS_TCP && res->ai_qp_type == IBV_QPT_RC
+          && ((struct sockaddr_in *)res->ai_src_addr)->sin_port == htons(7471),
+          "a passive rdma_getaddrinfo");
+    rdma_freeaddrinfo(res);
+    printf("ok\n");
+    return 0;
+}

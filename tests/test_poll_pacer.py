@@ -1,0 +1,145 @@
+"""Latency under contention (issue 25): an application's busy poll spins only briefly,
+then sleeps in the kernel until its link has input (:class:`PollPacer`).
+
+Beside a busy process, two spinning ping-pong peers and the busy loop are three runnable
+tasks on two cores: the scheduler time-slices them and each answer waits for its reader's
+next slice (ms, against a ~40 us round trip). A poller that sleeps is woken when its
+datagram arrives. A spin that lost the CPU marks the machine contended: polls then sleep
+at once for a while.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from softrdma import verbs as v
+from softrdma.drivers import progress as pg
+from softrdma.drivers.udp import UdpLink
+
+
+class _Clocks:
+    """A wall clock and a CPU clock the test moves."""
+
+    def __init__(self) -> None:
+        self.wall = 100.0
+        self.cpu = 5.0
+
+    def run(self, dt: float, on_cpu: bool = True) -> None:
+        self.wall += dt
+        if on_cpu:
+            self.cpu += dt
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        yield a, b
+    finally:
+        a.close()
+        b.close()
+
+
+def _pacer(fd: int, c: _Clocks, spin: float = 200e-6) -> pg.PollPacer:
+    return pg.PollPacer(fd, spin, clock=lambda: c.wall, cpu_clock=lambda: c.cpu)
+
+
+def test_spins_then_sleeps_until_input(pair: tuple[socket.socket, socket.socket]) -> None:
+    a, b = pair
+    c = _Clocks()
+    p = _pacer(a.fileno(), c)
+    for _ in range(5):  # within the spin time, on the CPU: no sleep
+        assert p.idle(None) is False
+        c.run(30e-6)
+    assert p.sleeps == 0
+    c.run(100e-6)  # past the spin time: the poll sleeps; input ends the sleep
+    b.send(b"x")
+    assert p.idle(None) is True and p.sleeps == 1
+    a.recv(1)
+    t0 = time.monotonic()
+    assert p.idle(0.05) is False  # no input: the sleep ends at the engine's deadline
+    assert p.sleeps == 2 and time.monotonic() - t0 < 5.0
+    c.run(0.01, on_cpu=False)  # asleep is not preempted: no contention is seen
+    assert p.idle(0.001) is False and p.sleeps == 3 and p.contended == 0
+    p.busy()  # a poll that got something: the next streak spins again
+    assert p.idle(None) is False and p.sleeps == 3
+
+
+def test_a_spin_that_lost_the_cpu_makes_polls_sleep_at_once(
+        pair: tuple[socket.socket, socket.socket]) -> None:
+    a, b = pair
+    c = _Clocks()
+    p = _pacer(a.fileno(), c, spin=0.01)
+    assert p.idle(None) is False
+    c.run(50e-6)
+    assert p.idle(None) is False  # spinning on the CPU
+    c.run(2 * pg.PREEMPTED, on_cpu=False)  # descheduled while spinning: contended
+    b.send(b"x")
+    assert p.idle(None) is True and p.contended == 1 and p.sleeps == 1
+    a.recv(1)
+    p.busy()
+    b.send(b"y")
+    assert p.idle(None) is True and p.sleeps == 2  # contended: the first empty poll sleeps
+    a.recv(1)
+    c.run(pg.CALM + 0.1)  # later, spinning is tried again
+    p.busy()
+    assert p.idle(None) is False and p.sleeps == 2
+
+
+def test_no_descriptor_never_sleeps() -> None:
+    c = _Clocks()
+    p = pg.PollPacer(None, 0.0, clock=lambda: c.wall, cpu_clock=lambda: c.cpu)
+    for _ in range(3):
+        c.run(1.0)
+        assert p.idle(None) is False
+    assert p.sleeps == 0
+
+
+def test_a_busy_poll_of_an_idle_device_sleeps_instead_of_spinning() -> None:
+    """A CQ busy-polled for 0.5 s with nothing arriving: a few hundred polls (each empty
+    one sleeps up to BLOCK_MAX), not a spinning loop of tens of thousands."""
+    link = UdpLink("127.0.0.1", 0)
+    ctx = v.Context(link=link)  # threaded progress: cq.poll busy-polls the link
+    try:
+        cq = v.CQ(ctx, 16)
+        polls = 0
+        end = time.monotonic() + 0.5
+        while time.monotonic() < end:
+            assert cq.poll(1)[0] == 0
+            polls += 1
+        assert polls < 5000, f"{polls} polls in 0.5 s: the poller spun"
+    finally:
+        ctx.close()
+
+
+def test_a_sleeping_poller_is_woken_by_its_datagram() -> None:
+    """Past its spin, the poller sleeps in the kernel; a datagram for it ends the sleep at
+    once (not after BLOCK_MAX): counted by the link as received."""
+    link = UdpLink("127.0.0.1", 0)
+    ctx = v.Context(link=link)
+    try:
+        cq = v.CQ(ctx, 16)
+        port = link.port
+        assert port is not None
+        sent = threading.Event()
+
+        def send_later() -> None:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                time.sleep(0.05)  # the poller is asleep by then (spin: 200 us)
+                s.sendto(bytes(40), ("127.0.0.1", port))
+                sent.set()
+
+        t = threading.Thread(target=send_later)
+        t.start()
+        end = time.monotonic() + 10.0
+        while link.stats.received == 0 and time.monotonic() < end:
+            cq.poll(1)
+        t.join()
+        assert sent.is_set() and link.stats.received == 1
+    finally:
+        ctx.close()
