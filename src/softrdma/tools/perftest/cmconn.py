@@ -119,7 +119,7 @@ class CmChannel:
         self.sess = sess
         self.cid = cid
         self.is_client = is_client
-        self.timeout = sess.o.timeout
+        self.timeout: float | None = sess.o.timeout
         ctx = cid.verbs
         self._closers: list[Any] = []
         try:
@@ -195,7 +195,8 @@ class CmChannel:
     def _pump(self, done: Callable[[], bool]) -> None:
         """Take every completion (SEND completions counted, messages queued in order)
         until ``done()``; a batch may hold both kinds, none is dropped."""
-        deadline = time.monotonic() + self.timeout
+        timeout = self.timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
         while not done():
             n, wcs = self.cq.poll(2 * CTRL_RECVS)
             for wc in wcs[:n]:
@@ -211,8 +212,8 @@ class CmChannel:
                 self._post_recv(slot)
             if n:
                 continue
-            if time.monotonic() >= deadline:
-                raise PerftestError(f"the peer did not answer for {self.timeout:g} s")
+            if deadline is not None and time.monotonic() >= deadline:
+                raise PerftestError(f"the peer did not answer for {timeout:g} s")
             time.sleep(0)
 
     def write(self, data: bytes) -> None:

@@ -28,10 +28,12 @@ This module holds the codecs and the channels (:class:`TcpChannel`; the rdma_cm 
 
 from __future__ import annotations
 
+import contextlib
 import select
 import socket
 import struct
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -180,10 +182,26 @@ class Channel(Protocol):
 
     is_client: bool
     key_binary: bool  # handshakes carry struct pingpong_dest (rdma_cm) or the text key
+    timeout: float | None  # seconds a read waits for the peer (None: until it answers)
 
     def write(self, data: bytes) -> None: ...
     def read(self, size: int) -> bytes: ...
     def close(self) -> None: ...
+
+
+@contextlib.contextmanager
+def waiting_for_whole_run(ch: Channel) -> Iterator[None]:
+    """The passive side of a one-sided test (the target of WRITEs, READs or atomics) sees
+    no completion while the active side runs, however long every size of ``-a`` takes:
+    like perftest's server it waits for the peer's next message as long as it takes
+    (``--timeout`` is for a peer that makes no progress; a peer that dies closes the
+    channel, which ends the wait at once)."""
+    saved = ch.timeout
+    ch.timeout = None
+    try:
+        yield
+    finally:
+        ch.timeout = saved
 
 
 def xchg(ch: Channel, mine: bytes, size: int | None = None) -> bytes:
@@ -240,11 +258,12 @@ def close_connection(ch: Channel, my: Dest, with_gid: bool) -> None:
 
 
 class TcpChannel:
-    """The TCP exchange ("Data ex. method: Ethernet"); every wait is bounded."""
+    """The TCP exchange ("Data ex. method: Ethernet"); every wait is bounded, but for
+    :func:`waiting_for_whole_run`."""
 
     key_binary = False
 
-    def __init__(self, sock: socket.socket, is_client: bool, timeout: float) -> None:
+    def __init__(self, sock: socket.socket, is_client: bool, timeout: float | None) -> None:
         self.sock = sock
         self.is_client = is_client
         self.timeout = timeout
@@ -294,17 +313,18 @@ class TcpChannel:
 
     def read(self, size: int) -> bytes:
         buf = bytearray()
-        deadline = time.monotonic() + self.timeout
+        timeout = self.timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
         while len(buf) < size:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise PerftestError(f"the peer did not answer for {self.timeout:g} s")
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise PerftestError(f"the peer did not answer for {timeout:g} s")
             self.sock.settimeout(left)
             try:
                 chunk = self.sock.recv(size - len(buf))
             except TimeoutError as exc:
                 raise PerftestError(
-                    f"the peer did not answer for {self.timeout:g} s") from exc
+                    f"the peer did not answer for {timeout or 0:g} s") from exc
             except OSError as exc:
                 raise PerftestError(f"Couldn't read from the peer: "
                                     f"{exc.strerror or exc}") from exc

@@ -291,7 +291,8 @@ def run_one_sided_bw(s: Side) -> None:
     gb = o.report_gbits
     s.emit(report.bw_table_header(gb))
     if not o.is_client:
-        s.hs(0)
+        with oob.waiting_for_whole_run(s.chan):  # the client runs every size first
+            s.hs(0)
         rep = oob.xchg_bw_reports(s.chan, BwReport(0, 0, 0.0, 0.0, 0.0))
         s.emit(report.bw_line(rep, gb))
         s.results.append(rep)
@@ -351,7 +352,8 @@ def run_lat(s: Side) -> None:
     o = s.o
     verb = o.spec.verb
     if verb in ("read", "atomic") and not o.is_client:
-        oob.close_connection(s.chan, s.my[0], True)
+        with oob.waiting_for_whole_run(s.chan):  # the client runs every size first
+            oob.close_connection(s.chan, s.my[0], True)
         s.emit(report.RESULT_LINE)
         return
     s.emit(report.lat_table_header())
