@@ -1,6 +1,10 @@
 """Servers wait for their client until stopped and say ``waiting for a client on PORT``
 once (stdout stays the C tool's); a client with no server is refused at once, not after
-``--timeout`` seconds of silence (``SOFTRDMA_CONNECT_RETRY`` unset, as for a user)."""
+``--timeout`` seconds of silence (``SOFTRDMA_CONNECT_RETRY`` unset, as for a user).
+
+The servers are watched from their ``waiting for a client`` line on (the process start on a
+loaded machine takes any time): from then on, :data:`PAST_TIMEOUT` seconds without a client
+must not end them."""
 
 from __future__ import annotations
 
@@ -13,6 +17,30 @@ from pathlib import Path
 
 import pytest
 from rdma_cm_harness import child_env, make_state_dir
+from wait_harness import StreamLines
+
+PAST_TIMEOUT = 3.0  # the observation window after the server's line: 3 x its --timeout 1
+
+
+def _waits_until_stopped(cmd: list[str], env: dict[str, str], tool: str,
+                         port: int) -> tuple[int, str, str]:
+    """Start the server ``cmd``; once it says it waits for a client, watch it for
+    :data:`PAST_TIMEOUT` s (it must still run), then Ctrl-C it: (returncode, out, err)."""
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    assert p.stdout is not None and p.stderr is not None
+    out, err = StreamLines(p.stdout), StreamLines(p.stderr)
+    try:
+        err.wait_for(f"softrdma {tool}: waiting for a client on {port}")
+        time.sleep(PAST_TIMEOUT)  # not a wait for something: nothing may happen meanwhile
+        assert p.poll() is None, (p.returncode, out.text(), err.text())
+        p.send_signal(signal.SIGINT)
+        p.wait(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    return p.returncode, out.join(), err.join()
 
 
 def _free_tcp_port() -> int:
@@ -38,21 +66,12 @@ def _tool(*args: str) -> list[str]:
                                   ["srq-pingpong", "-d", "cmtest_lo"]])
 def test_server_waits_until_stopped_and_says_so_once(tmp_path: Path, args: list[str]) -> None:
     port = _free_tcp_port()
-    p = subprocess.Popen(_tool(*args, "-p", str(port), "--timeout", "1"), env=_env(tmp_path),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        time.sleep(5)
-        assert p.poll() is None, p.communicate()  # well past --timeout 1
-        p.send_signal(signal.SIGINT)
-        _out, err = p.communicate(timeout=30)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.communicate()
     tool = args[0]
+    rc, _out, err = _waits_until_stopped(_tool(*args, "-p", str(port), "--timeout", "1"),
+                                         _env(tmp_path), tool, port)  # well past --timeout 1
     assert err.splitlines()[0] == f"softrdma {tool}: waiting for a client on {port}"
     assert err.count("waiting for a client") == 1
-    assert p.returncode == 130 and "Traceback" not in err
+    assert rc == 130 and "Traceback" not in err
 
 
 @pytest.mark.parametrize("args", [["rc-pingpong", "-d", "cmtest_lo"],
@@ -96,18 +115,10 @@ def test_connect_retry_lets_a_late_server_come(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("tool", "port_flag"), [("ucmatose", "-p"), ("udaddy", "--port")])
 def test_rdma_cm_servers_say_they_wait(tmp_path: Path, tool: str, port_flag: str) -> None:
     port = _free_tcp_port()
-    p = subprocess.Popen(_tool(tool, "-b", "127.0.0.1", port_flag, str(port), "--timeout",
-                               "1"), env=_env(tmp_path), stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-    try:
-        time.sleep(4)
-        assert p.poll() is None  # waits past --timeout for its first client
-        p.send_signal(signal.SIGINT)
-        _out, err = p.communicate(timeout=30)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.communicate()
+    # waits past --timeout for its first client
+    _rc, _out, err = _waits_until_stopped(
+        _tool(tool, "-b", "127.0.0.1", port_flag, str(port), "--timeout", "1"),
+        _env(tmp_path), tool, port)
     assert err.splitlines()[0] == f"softrdma {tool}: waiting for a client on {port}"
     assert err.count("waiting for a client") == 1
 
@@ -118,18 +129,9 @@ def test_rping_server_says_it_waits_once(tmp_path: Path, extra: list[str]) -> No
     """``rping -s`` (and the persistent ``-P`` server) waits for clients until stopped and
     says so once on stderr; its stdout stays rping's (nothing before a client)."""
     port = _free_tcp_port()
-    p = subprocess.Popen(_tool("rping", "-s", "-a", "127.0.0.1", "-p", str(port), *extra),
-                         env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)
-    try:
-        time.sleep(4)
-        assert p.poll() is None, p.communicate()
-        p.send_signal(signal.SIGINT)
-        out, err = p.communicate(timeout=30)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.communicate()
+    _rc, out, err = _waits_until_stopped(
+        _tool("rping", "-s", "-a", "127.0.0.1", "-p", str(port), *extra), _env(tmp_path),
+        "rping", port)
     assert err.splitlines()[0] == f"softrdma rping: waiting for a client on {port}"
     assert err.count("waiting for a client") == 1 and out == ""
     assert "Traceback" not in err
