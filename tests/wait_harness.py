@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import os
 import re
+import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable
 from typing import IO, TypeVar
 
-__all__ = ["DEFAULT_TIMEOUT", "load_factor", "wait_until", "StreamLines"]
+__all__ = ["DEFAULT_TIMEOUT", "PAST_TIMEOUT", "load_factor", "wait_until", "StreamLines",
+           "waits_until_stopped"]
 
 T = TypeVar("T")
 
@@ -97,3 +100,30 @@ class StreamLines:
     def join(self, timeout: float = DEFAULT_TIMEOUT) -> str:
         self._thread.join(timeout)
         return self.text()
+
+
+PAST_TIMEOUT = 3.0  # the observation window after a server's ready line: 3 x its --timeout 1
+
+
+def waits_until_stopped(cmd: list[str], env: dict[str, str], ready: str,
+                        on: str = "stderr", stop: bool = True) -> tuple[int, str, str]:
+    """Start the server ``cmd``; once it printed a line matching ``ready`` (on ``on``:
+    "stdout" or "stderr"), watch it for :data:`PAST_TIMEOUT` s: it must still run (a
+    server that waits for its first client with no limit). Then Ctrl-C it (``stop``;
+    else kill it) and return (returncode, stdout, stderr)."""
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    assert p.stdout is not None and p.stderr is not None
+    out, err = StreamLines(p.stdout), StreamLines(p.stderr)
+    try:
+        (out if on == "stdout" else err).wait_for(ready)
+        time.sleep(PAST_TIMEOUT)  # not a wait for something: nothing may happen meanwhile
+        assert p.poll() is None, (p.returncode, out.text(), err.text())
+        if stop:
+            p.send_signal(signal.SIGINT)
+            p.wait(timeout=DEFAULT_TIMEOUT)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    return p.returncode, out.join(), err.join()
