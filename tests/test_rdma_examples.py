@@ -5,7 +5,6 @@ its client until stopped and says so once."""
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from rdma_cm_harness import child_env, free_udp_port, make_state_dir
+from wait_harness import waits_until_stopped
 
 
 def _tool(*args: str) -> list[str]:
@@ -62,21 +62,12 @@ def test_client_without_server_is_refused_at_once(tmp_path: Path, device: str) -
 def test_server_waits_until_stopped(tmp_path: Path) -> None:
     state, _ = make_state_dir(tmp_path)
     port = str(free_udp_port())
-    srv = subprocess.Popen(_tool("rdma-server", "-p", port, "--timeout", "1"),
-                           env=child_env(state), stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
-    try:
-        time.sleep(4)
-        assert srv.poll() is None  # past --timeout: waiting for a client has no limit
-        srv.send_signal(signal.SIGINT)
-        out, err = srv.communicate(timeout=30)
-    finally:
-        if srv.poll() is None:
-            srv.kill()
-            srv.communicate()
+    # past --timeout: waiting for a client has no limit
+    rc, out, err = waits_until_stopped(_tool("rdma-server", "-p", port, "--timeout", "1"),
+                                       child_env(state), "waiting for a client")
     assert err.count("waiting for a client") == 1
     assert err.startswith(f"rdma_server: waiting for a client on {port}\n")
-    assert srv.returncode == 130
+    assert rc == 130
     assert "Traceback" not in err
 
 

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import IO, TypeVar
 
 __all__ = ["DEFAULT_TIMEOUT", "PAST_TIMEOUT", "load_factor", "wait_until", "StreamLines",
-           "waits_until_stopped"]
+           "waits_until_stopped", "Capture"]
 
 T = TypeVar("T")
 
@@ -127,3 +127,42 @@ def waits_until_stopped(cmd: list[str], env: dict[str, str], ready: str,
             p.kill()
             p.wait()
     return p.returncode, out.join(), err.join()
+
+
+class Capture:
+    """A capture (tshark, dumpcap or tcpdump writing a file) that a test starts before its
+    traffic and stops after it, without guessing how long either takes.
+
+    It is started once the tool says it captures (tshark/dumpcap: ``Capturing on``,
+    tcpdump: ``listening on``; before that line frames are missed). :meth:`stop` first
+    waits until ``until()`` (a check of the file the test makes anyway: the last frames
+    are there) is true, at most ``timeout`` seconds (then the test checks what the file
+    holds), and then stops the tool with SIGINT (it writes what it has)."""
+
+    def __init__(self, argv: list[str], ready: str = r"Capturing on|listening on",
+                 timeout: float = DEFAULT_TIMEOUT) -> None:
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     stdin=subprocess.DEVNULL, text=True)
+        assert self.proc.stderr is not None
+        self.err = StreamLines(self.proc.stderr)
+        try:
+            self.err.wait_for(ready, timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self, until: Callable[[], object] | None = None, timeout: float = 60.0) -> None:
+        if until is not None and self.proc.poll() is None:
+            try:
+                wait_until(until, timeout=timeout, what="the traffic in the capture",
+                           interval=0.5)
+            except AssertionError:
+                pass  # the test's own checks of the file say what is missing
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=DEFAULT_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.err.join(10)
