@@ -9,13 +9,21 @@ derandomized, even under CI, with every property test's budget scaled up
 from __future__ import annotations
 
 import os
+import signal
 
 from hypothesis import settings
 
 # The tests start a server and its client together: a client refused because its server
 # is not listening yet retries for this long (softrdma.tools.waiting; users get a refusal
-# at once).
-os.environ.setdefault("SOFTRDMA_CONNECT_RETRY", "30")
+# at once). Generous: a server's process start takes long on a loaded machine (.ci/stress).
+os.environ.setdefault("SOFTRDMA_CONNECT_RETRY", "120")
+
+# A suite started in the background by a non-interactive shell (`cmd &`, nohup, some CI
+# runners) inherits SIGINT ignored, and so would every server a test starts and then stops
+# with Ctrl-C (SIGINT): they would never stop. A handler here (reset to the default in
+# every child at exec) gives the children their usual Ctrl-C.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 settings.register_profile("ci", derandomize=True, print_blob=True)
 settings.register_profile("slow", derandomize=False, print_blob=True, deadline=None)

@@ -52,7 +52,7 @@ def veth_pair(workdir: Path, mtu: int = 9000) -> Iterator[list[Host]]:
             _ip("-n", h.ns, "addr", "add", f"{h.ipv4}/24", "dev", IFNAME)
             _ip("-n", h.ns, "addr", "add", f"{h.ipv6}/64", "dev", IFNAME, "nodad")
             _ip("-n", h.ns, "link", "set", IFNAME, "up")
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         for h in hosts:
             while "fe80::" not in subprocess.run(
                     ["ip", "-n", h.ns, "-6", "addr", "show", "dev", IFNAME], capture_output=True,
@@ -68,7 +68,7 @@ def veth_pair(workdir: Path, mtu: int = 9000) -> Iterator[list[Host]]:
 
 
 def ipoib_up(h: Host, *extra: str, addresses: Sequence[str] | None = None,
-             timeout: float = 30.0) -> subprocess.Popen[str]:
+             timeout: float = 120.0) -> subprocess.Popen[str]:
     """Start ``softrdma ipoib up sr-ib0`` on ``h`` (10.88.0.N/24, fd88::N/64 by default)
     and wait until it answers ``show``."""
     addrs = list(addresses) if addresses is not None else [f"10.88.0.{h.index}/24",

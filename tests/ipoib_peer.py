@@ -6,16 +6,21 @@
 * ``req-pd HEX``: send a REQ to the peer's IPoIB Service ID with private data HEX; report
   the answer (REJECTED: reason and the UD QPN in the REJ private data; or ESTABLISHED);
 * ``linux-conn UD_QPN``: open a connection as a Linux peer opens its own (valid private
-  data naming ``UD_QPN``), report whether it was accepted, keep it up 3 s, then close;
+  data naming ``UD_QPN``), report whether it was accepted, keep it up until told, then
+  close;
 * ``ud-garbage``: send malformed IPoIB messages (short encapsulation header, unknown
   Type, truncated ARP, ARP with a wrong hardware type) to the peer's UD QPN;
 * ``announce MY_IP PEER_IP``: wrong flags (RFC 4755 §8): an ARP request to the peer
   naming ``MY_IP`` at an address whose flags octet is 0xFF (RC, UC and reserved bits),
-  with nobody listening on the Service ID, then 8 s of silence;
+  with nobody listening on the Service ID, then silence until told;
 * ``cross MY_IP PEER_IP``: a REQ crossing (RFC 4755 §3.3) made certain: announce itself
   as ``MY_IP`` (an ARP request to the peer, RC flag set), listen on its own IPoIB Service
   ID, and when the peer's REQ comes, hold it and send its own REQ; once that one is
-  answered, answer the held one by the same rule (accept if our address is the smaller).
+  answered, answer the held one by the same rule (accept if our address is the smaller);
+  report, and keep both up until told.
+
+"Until told": until a line (or the end) on stdin, so that the test decides how long the
+peer lives, not a guess at how long the test takes on a busy machine.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from softrdma.ipoib.hwaddr import FLAG_RC, CmData, HwAddr, service_id
 IPOIB_QKEY = 0x0000000B
 
 
-def wait_event(events: list[CmEvent], timeout: float = 20.0) -> CmEvent:
+def wait_event(events: list[CmEvent], timeout: float = 60.0) -> CmEvent:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for ev in list(events):
@@ -45,6 +50,20 @@ def wait_event(events: list[CmEvent], timeout: float = 20.0) -> CmEvent:
                 return ev
         time.sleep(0.02)
     raise SystemExit(json.dumps({"error": "no CM event"}))
+
+
+def until_told() -> None:
+    """Block until the test writes a line on stdin or closes it."""
+    sys.stdin.readline()
+
+
+def wait_disconnected(events: list[CmEvent], timeout: float = 30.0) -> None:
+    """Until our DREQ is answered (DISCONNECTED), so the peer sees a clean close."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(ev.type is CmEventType.DISCONNECTED for ev in events):
+            return
+        time.sleep(0.02)
 
 
 def main() -> None:
@@ -75,9 +94,9 @@ def main() -> None:
             out["rep"] = CmData.decode(ev.private_data).receive_mtu
         print(json.dumps(out), flush=True)
         if ev.type is CmEventType.ESTABLISHED:
-            time.sleep(3)
+            until_told()
             cid.disconnect()
-            time.sleep(0.5)
+            wait_disconnected(events)
         cm.close()
     elif action == "announce":
         ud = v.QP(pd, v.QPInitAttr(qp_type=e.IBV_QPT_UD, scq=cq, rcq=cq,
@@ -87,7 +106,7 @@ def main() -> None:
         arp[8] = 0xFF  # the sender's flags octet
         _ud_send(ctx, pd, cq, ud, sgid, peer_gid, peer_qpn, encap_header(EtherType.ARP) + arp)
         print(json.dumps({"announced": arg}), flush=True)
-        time.sleep(8)
+        until_told()
     elif action == "cross":
         cross(ctx, pd, cq, sgid, peer_gid, peer_qpn, arg, sys.argv[6])
     elif action == "ud-garbage":
@@ -175,9 +194,8 @@ def cross(ctx: v.Context, pd: v.PD, cq: v.CQ, sgid: bytes, peer_gid: bytes, peer
     else:
         held.cm_id.reject(CmData(ud.qp_num, 65524).encode())
         out["answered"] = "reject"
-    time.sleep(1)
     print(json.dumps(out), flush=True)
-    time.sleep(3)
+    until_told()
     cm.close()
     del mrs
 

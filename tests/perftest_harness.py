@@ -61,8 +61,7 @@ def run_pair(tool: str, state: Path, extra: list[str], *, timeout: float = 120.0
     common = [tool, "-p", str(port), "--timeout", "40", *extra]
     procs = [spawn([*common, *(server_extra or [])], env)]
     try:
-        time.sleep(0.3)
-        procs.append(spawn([*common, "127.0.0.1"], env))
+        procs.append(spawn([*common, "127.0.0.1"], env))  # it retries until the server listens
         outs = [p.communicate(timeout=timeout) for p in procs]
     finally:
         for p in procs:
@@ -81,7 +80,7 @@ def kill_devd(state: Path) -> None:
             os.kill(pid, 15)
         except (OSError, ValueError):
             continue
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
                 os.kill(pid, 0)

@@ -29,7 +29,7 @@ SIZE = 1 << 16
 ATOMIC_OFF = 8192
 
 
-def wait_wc(ctx: v.Context, cq: v.CQ, timeout: float = 20.0) -> v.WC:
+def wait_wc(ctx: v.Context, cq: v.CQ, timeout: float = 60.0) -> v.WC:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         n, wcs = cq.poll(1)
@@ -56,10 +56,10 @@ def main() -> int:
     me = {"gid": str(gid), "rc": rc.qp_num, "ud": ud.qp_num, "rkey": mr.rkey, "addr": mr.addr}
     if role == "server":
         lsock = socket.create_server(("", port))
-        lsock.settimeout(30)
+        lsock.settimeout(120)
         conn, _ = lsock.accept()
     else:
-        deadline = time.monotonic() + 60  # the server starts slowly on a loaded host
+        deadline = time.monotonic() + 120  # the server starts slowly on a loaded host
         while True:
             try:
                 conn = socket.create_connection((sys.argv[5], port), timeout=5)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from rdma_cm_harness import child_env, fake_server, make_state_dir, setup_env
+from wait_harness import StreamLines
 
 from softrdma.cm import rdma_cm as rc
 from softrdma.tools.udaddy import ah_attr_from_grh
@@ -46,28 +47,25 @@ def _port() -> int:
     return random.randrange(20000, 60000)
 
 
-def _pair(tmp_path: Path, server: list[str], client: list[str], *, wait_listen: float = 1.5,
-          timeout: float = 90) -> tuple[subprocess.CompletedProcess[str], str, str, int]:
+def _pair(tmp_path: Path, server: list[str], client: list[str], *,
+          timeout: float = 180) -> tuple[subprocess.CompletedProcess[str], str, str, int]:
+    """The server, then (once it says it waits for a client) the client."""
     state, _ = make_state_dir(tmp_path)
     env = child_env(state)
     srv = subprocess.Popen(_tool(*server), env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
+    assert srv.stdout is not None and srv.stderr is not None
+    sout, serr = StreamLines(srv.stdout), StreamLines(srv.stderr)
     try:
-        time.sleep(wait_listen)
-        cli = None
-        for _ in range(20):  # until the server listens
-            cli = subprocess.run(_tool(*client), env=env, capture_output=True, text=True,
-                                 timeout=timeout)
-            if cli.returncode == 0 or "REJECTED" not in cli.stdout:
-                break
-            time.sleep(0.5)
-        assert cli is not None
-        sout, serr = srv.communicate(timeout=timeout)
-        return cli, sout, serr, srv.returncode
+        serr.wait_for("waiting for a client")
+        cli = subprocess.run(_tool(*client), env=env, capture_output=True, text=True,
+                             timeout=timeout)
+        srv.wait(timeout=timeout)
+        return cli, sout.join(), serr.join(), srv.returncode
     finally:
         if srv.poll() is None:
             srv.kill()
-            srv.communicate()
+            srv.wait()
 
 
 @pytest.mark.parametrize(("addr", "extra"), [("127.0.0.1", []), ("::1", []),
@@ -75,8 +73,8 @@ def _pair(tmp_path: Path, server: list[str], client: list[str], *, wait_listen: 
 def test_udaddy_two_processes(tmp_path: Path, addr: str, extra: list[str]) -> None:
     port = str(_port())
     cli, sout, serr, src = _pair(
-        tmp_path, ["udaddy", "-b", addr, "--port", port, "--timeout", "20", *extra],
-        ["udaddy", "-s", addr, "--port", port, "--timeout", "20", "-t", "8", *extra])
+        tmp_path, ["udaddy", "-b", addr, "--port", port, "--timeout", "60", *extra],
+        ["udaddy", "-s", addr, "--port", port, "--timeout", "60", "-t", "8", *extra])
     assert cli.returncode == 0, cli.stdout + cli.stderr
     assert cli.stdout.splitlines() == UDADDY_CLIENT
     assert src == 0, sout + serr
@@ -89,7 +87,7 @@ def test_udaddy_two_processes(tmp_path: Path, addr: str, extra: list[str]) -> No
                                                   ("iwarp", ["-C", "5", "-S", "3000"])])
 def test_ucmatose_two_processes(tmp_path: Path, transport: str, extra: list[str]) -> None:
     port = str(_port())
-    common = ["-p", port, "--transport", transport, "--timeout", "20", *extra]
+    common = ["-p", port, "--transport", transport, "--timeout", "60", *extra]
     cli, sout, serr, src = _pair(tmp_path, ["ucmatose", "-b", "127.0.0.1", *common],
                                  ["ucmatose", "-s", "127.0.0.1", *common])
     assert cli.returncode == 0, cli.stdout + cli.stderr
@@ -110,7 +108,7 @@ def test_ucmatose_error_completion_fails_both_sides(tmp_path: Path) -> None:
     client gets a local length error, the server a remote invalid request; both exit 1
     (rdma-core's cmatose counts the completions without looking at them)."""
     port = str(_port())
-    common = ["-p", port, "--timeout", "10", "-C", "3"]
+    common = ["-p", port, "--timeout", "60", "-C", "3"]
     cli, sout, serr, src = _pair(tmp_path, ["ucmatose", "-b", "127.0.0.1", *common],
                                  ["ucmatose", "-s", "127.0.0.1", "-S", "50", *common])
     assert cli.returncode == 1 and src == 1
@@ -123,7 +121,7 @@ def test_ucmatose_error_completion_fails_both_sides(tmp_path: Path) -> None:
 def test_udaddy_without_server_fails(tmp_path: Path) -> None:
     state, _ = make_state_dir(tmp_path)
     r = subprocess.run(_tool("udaddy", "-s", "127.0.0.1", "--port", "9", "--timeout", "20"),
-                       env=child_env(state), capture_output=True, text=True, timeout=60)
+                       env=child_env(state), capture_output=True, text=True, timeout=120)
     assert r.returncode == 1
     assert "udaddy: event: RDMA_CM_EVENT_REJECTED, error: 1" in r.stdout  # SIDR status 1
     assert r.stdout.splitlines()[-1] != "return status 0"
@@ -132,7 +130,7 @@ def test_udaddy_without_server_fails(tmp_path: Path) -> None:
 def test_ucmatose_without_server_fails(tmp_path: Path) -> None:
     state, _ = make_state_dir(tmp_path)
     r = subprocess.run(_tool("ucmatose", "-s", "127.0.0.1", "-p", "9", "--timeout", "20"),
-                       env=child_env(state), capture_output=True, text=True, timeout=60)
+                       env=child_env(state), capture_output=True, text=True, timeout=120)
     assert r.returncode == 1
     assert "cmatose: event: RDMA_CM_EVENT_REJECTED, error: 8" in r.stdout  # devd: REJ 8
     assert r.stdout.splitlines()[-2:] == ["test complete", "return status 8"]
@@ -157,7 +155,7 @@ def test_silent_server_fails_client_within_timeout(env: Path, tool: str, ps: int
         t0 = time.monotonic()
         r = subprocess.run(_tool(tool, "-s", "127.0.0.1", flag, str(port), "--timeout", "3",
                                  "-C", "2"),
-                           env=child_env(env), capture_output=True, text=True, timeout=60)
+                           env=child_env(env), capture_output=True, text=True, timeout=120)
         took = time.monotonic() - t0
     finally:
         stop.set()
@@ -217,7 +215,7 @@ def test_peer_that_never_answers_fails_within_timeout(tmp_path: Path, argv: list
     state, _ = make_state_dir(tmp_path)
     t0 = time.monotonic()
     r = subprocess.run(_tool(*argv, "--timeout", "3"), env=child_env(state),
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=120)
     assert r.returncode == 1, r.stdout + r.stderr
     assert line in r.stdout + r.stderr
     assert time.monotonic() - t0 < 30
@@ -229,7 +227,7 @@ def test_unresolvable_server_name(tmp_path: Path, tool: str) -> None:
     as the return status; exit 1."""
     state, _ = make_state_dir(tmp_path)
     r = subprocess.run(_tool(tool, "-s", "no-such-host.invalid", "--timeout", "5"),
-                       env=child_env(state), capture_output=True, text=True, timeout=60)
+                       env=child_env(state), capture_output=True, text=True, timeout=120)
     name = "udaddy" if tool == "udaddy" else "cmatose"
     lines = r.stdout.splitlines()
     assert r.returncode == 1 and lines[:1] == [f"{name}: starting client"]

@@ -9,11 +9,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from device_harness import free_port
+from wait_harness import StreamLines
 
 from softrdma import enums as e
 from softrdma.drivers import registry
@@ -85,15 +85,20 @@ def test_asyncwatch_reports_port_events(tmp_path: Path) -> None:
                                   "asyncwatch", "-d", "aw0", "--count", "3"], env=env,
                                  text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         assert watch.stdout is not None
-        head = watch.stdout.readline()
-        assert head.startswith("aw0: async event FD "), head
+        assert watch.stderr is not None
+        lines, errs = StreamLines(watch.stdout), StreamLines(watch.stderr)
+        head = lines.wait_for(r"")
+        assert head.string.startswith("aw0: async event FD "), head.string
+        # each change once the watcher reported the one before
         sh("ip", "link", "set", "d0", "down")
-        time.sleep(1.0)
+        lines.wait_for("IBV_EVENT_PORT_ERR")
         sh("ip", "link", "set", "d0", "up")
-        time.sleep(1.0)
+        lines.wait_for("IBV_EVENT_PORT_ACTIVE")
         sh("ip", "addr", "add", "10.77.0.2/24", "dev", "d0")
-        out, err = watch.communicate(timeout=30)
+        watch.wait(timeout=120)
+        out, err = lines.join(), errs.join()
         assert watch.returncode == 0, err
+        out = out.split("\n", 1)[1]  # the events after the head line
         assert out.splitlines() == [
             f"  event_type IBV_EVENT_PORT_ERR ({int(e.IBV_EVENT_PORT_ERR)}), port 1",
             f"  event_type IBV_EVENT_PORT_ACTIVE ({int(e.IBV_EVENT_PORT_ACTIVE)}), port 1",

@@ -400,3 +400,41 @@ def _rescue(tmp_path: Path) -> None:
         t.join(10)
         srv.close()
     assert bytes(got) == b"\n/usr/local/sbin/lab-net\n"
+
+
+def _fake_run_sh(shared: Path, boot: str) -> None:
+    """A stand-in for the lab's run.sh whose ``boot N`` runs the shell code ``boot``
+    (``$LOG``: the guest's console log)."""
+    (shared / "lab").mkdir(parents=True)
+    (shared / "lab" / "run.sh").write_text(
+        'LOG="$LAB_CACHE/run/g$2.console.log"\n'
+        f'case $1 in boot) {boot};; *) exit 0;; esac\n')
+
+
+def test_boot_waits_while_the_console_shows_progress(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slow guest (here 3 s) that keeps printing on its console is waited for, however
+    long past the silence limit its boot takes."""
+    monkeypatch.setattr(labmod, "BOOT_STALL", 1.5)
+    monkeypatch.setattr(labmod, "load_factor", lambda: 1.0)
+    _fake_run_sh(tmp_path / "shared", 'mkdir -p "${LOG%/*}"; for i in $(seq 15); do '
+                 'echo "[  $i] booting" >> "$LOG"; sleep 0.2; done')
+    lab = Lab(tmp_path / "shared", tmp_path / "cache")
+    assert lab.boot(4) and lab.booted == [4]
+    assert (tmp_path / "cache" / "run" / "g4.console.log").read_text().count("booting") == 15
+
+
+def test_boot_fails_once_the_console_is_silent(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A guest whose console stops (a hung boot) fails after the silence limit, scaled by
+    the host's load, with an error that says so (not after the whole boot budget)."""
+    monkeypatch.setattr(labmod, "BOOT_STALL", 1.0)
+    monkeypatch.setattr(labmod, "load_factor", lambda: 2.0)
+    _fake_run_sh(tmp_path / "shared", 'mkdir -p "${LOG%/*}"; echo "[  0] booting" >> "$LOG"; '
+                 'sleep 600')
+    lab = Lab(tmp_path / "shared", tmp_path / "cache")
+    with pytest.raises(LabError, match=r"g4 did not boot: its console was silent for \d+s "
+                                       r"after \d+s \(host load 2\.0 per core"):
+        lab.boot(4)
+    assert lab.booted == [4]  # ours to stop
+    assert labmod.BOOT_TIMEOUT > 600  # the overall cap leaves a loaded host its time

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from test_iwarp_tcp import Ep
+from wait_harness import wait_until
 
 from softrdma import verbs as v
 from softrdma.cm import iwconnect
@@ -55,7 +56,9 @@ def test_idle_connections_do_not_delay_a_real_client(ctx: v.Context) -> None:
         t = _serve(lst, b, got, timeout=30)
         for _ in range(IDLE):
             idle.append(socket.create_connection(("127.0.0.1", lst.port), timeout=10))
-        time.sleep(0.1)  # the listener has accepted the idle connections
+        # the listener has accepted the idle connections (they wait for their MPA Request)
+        wait_until(lambda: len(lst._pending) >= IDLE, what="the idle connections accepted",
+                   interval=0.01)
         t0 = time.monotonic()
         conn = iwconnect.connect(a.qp, "127.0.0.1", lst.port, b"real", timeout=20)
         connect_s = time.monotonic() - t0

@@ -8,13 +8,13 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from rdma_cm_harness import Ep, child_env, expect, make_state_dir, setup_env
+from wait_harness import waits_until_stopped
 
 from softrdma import enums as e
 from softrdma import verbs as v
@@ -68,15 +68,10 @@ def test_receiver_and_sender(tmp_path: Path) -> None:
 def test_receiver_waits_for_the_first_message_then_times_out(tmp_path: Path) -> None:
     """Nobody sends: the receiver keeps waiting (no timeout before the first message)."""
     state, _ = make_state_dir(tmp_path)
-    rx = subprocess.Popen(_tool("-m", _group(), "-b", "127.0.0.1", "--settle", "0",
-                                "--timeout", "1"), env=child_env(state),
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        time.sleep(4)
-        assert rx.poll() is None  # still waiting, past --timeout
-    finally:
-        rx.kill()
-        rx.communicate()
+    # still waiting, past --timeout, once it waits for data
+    waits_until_stopped(_tool("-m", _group(), "-b", "127.0.0.1", "--settle", "0", "--timeout",
+                              "1"), child_env(state), "receiving data transfers", on="stdout",
+                        stop=False)
 
 
 @pytest.fixture

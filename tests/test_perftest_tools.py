@@ -8,14 +8,15 @@ import argparse
 import io
 import json
 import re
-import signal
 import socket
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from perftest_harness import CAPTURES, env_for, free_port, kill_devd, make_device, run_pair, spawn
+from wait_harness import waits_until_stopped
 
 from softrdma.errors import InvalidArgument
 from softrdma.tools.cli import main
@@ -317,13 +318,12 @@ def test_client_without_server_fails(state: Path) -> None:
 
 
 def test_server_without_client_waits_until_stopped(state: Path) -> None:
-    p = spawn(["read-lat", "-d", "pttest", "-p", str(free_port(socket.SOCK_STREAM)),
-               "--timeout", "1"], env_for(state))
-    time.sleep(4)
-    assert p.poll() is None  # past --timeout: the first client is awaited until stopped
-    p.send_signal(signal.SIGINT)
-    out, err = p.communicate(timeout=30)
-    assert p.returncode == 130 and "Traceback" not in err
+    # past --timeout: the first client is awaited until stopped
+    rc, out, err = waits_until_stopped(
+        [sys.executable, "-m", "softrdma", "read-lat", "-d", "pttest", "-p",
+         str(free_port(socket.SOCK_STREAM)), "--timeout", "1"], env_for(state),
+        "Waiting for client to connect", on="stdout")
+    assert rc == 130 and "Traceback" not in err
     assert "Waiting for client to connect" in out
 
 

@@ -427,7 +427,7 @@ def test_server_peer_vanishes_mid_run(device: str) -> None:
                 "--timeout", "1.5", "-n", "5"], _env())
     try:
         # a fake client: does the exchange, then never sends anything over RDMA
-        rem = pp.client_exchange("127.0.0.1", tcp, pp.Dest(0, 0x77, 0x1234, GID_11), 10)
+        rem = pp.client_exchange("127.0.0.1", tcp, pp.Dest(0, 0x77, 0x1234, GID_11), 120)
         assert rem.qpn > 0
         out, err = p.communicate(timeout=30)
     finally:

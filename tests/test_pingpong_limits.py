@@ -18,6 +18,7 @@ from pathlib import Path
 
 from device_harness import free_port
 from test_pingpong import _env, _kill_devd, _spawn, device  # noqa: F401
+from wait_harness import StreamLines, wait_until
 
 MiB = 1 << 20
 SIZE = 32 * MiB
@@ -59,22 +60,22 @@ def test_large_message_one_buffer_per_side_and_progress_based_timeout(device: st
 def test_devd_death_gives_one_error_line_with_events(device: str, tmp_path: Path) -> None:  # noqa: F811
     tcp = free_port(socket.SOCK_STREAM)
     common = ["rc-pingpong", "-e", "-d", device, "-p", str(tcp), "-n", "100000000",
-              "--timeout", "20"]
+              "--timeout", "60"]
     env = _env()
     env["SOFTRDMA_SHARED"] = "1"
     procs = [_spawn([*common, "--bind", "127.0.0.1"], env)]
     try:
-        time.sleep(1.0)
-        procs.append(_spawn([*common, "127.0.0.1"], env))
-        deadline = time.monotonic() + 30
+        procs.append(_spawn([*common, "127.0.0.1"], env))  # it retries until the server listens
+        outs = [StreamLines(p.stdout) for p in procs if p.stdout is not None]
+        errs = [StreamLines(p.stderr) for p in procs if p.stderr is not None]
         pidfile = Path(os.environ.get("SOFTRDMA_STATE_DIR", tmp_path)) / f"{device}.pid"
-        while not pidfile.exists():
-            assert time.monotonic() < deadline, "no devd"
-            time.sleep(0.05)
-        time.sleep(2.0)  # the ping-pong runs
+        wait_until(pidfile.exists, what="devd's pid file")
+        for out in outs:  # both sides exchanged their addresses: the ping-pong runs
+            out.wait_for("remote address")
         os.kill(int(pidfile.read_text()), signal.SIGKILL)
-        for p in procs:
-            _out, err = p.communicate(timeout=30)
+        for p, e in zip(procs, errs, strict=True):
+            p.wait(timeout=120)
+            err = e.join()
             assert p.returncode == 1
             # the server's "waiting for a client on PORT" (tools.waiting), then one error
             lines = [x for x in err.splitlines() if "waiting for a client on" not in x]
@@ -85,6 +86,6 @@ def test_devd_death_gives_one_error_line_with_events(device: str, tmp_path: Path
         for p in procs:
             if p.poll() is None:
                 p.kill()
-                p.communicate()
+                p.wait()
 
 

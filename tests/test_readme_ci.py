@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,3 +37,36 @@ def test_readme_documents_the_interop_suite() -> None:
     text = (ROOT / "README.md").read_text()
     assert "softrdma interop" in text and "python -m softrdma.interop" in text
     assert "--smoke" in text
+
+
+def _stress(*args: str) -> tuple[subprocess.CompletedProcess[str], list[int]]:
+    env = dict(os.environ, PYTHON=sys.executable)
+    r = subprocess.run([str(ROOT / ".ci" / "stress"), *args], capture_output=True, text=True,
+                       timeout=300, env=env)
+    m = re.search(r"^stress: (\d+) busy loops on \d+ cores \(pids ([\d ]+)\)$", r.stderr, re.M)
+    assert m is not None, r.stderr
+    pids = [int(p) for p in m.group(2).split()]
+    assert len(pids) == int(m.group(1))
+    return r, pids
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def test_stress_job_runs_pytest_beside_busy_loops_and_stops_them() -> None:
+    """`.ci/stress [N] [pytest args]`: N busy loops (default 2 x cores) beside `python -m
+    pytest ARGS`; its exit status is pytest's, and the loops are gone when it exits, also
+    when pytest fails. The README documents it next to `.ci/slow`."""
+    r, pids = _stress("3", "--version")
+    assert r.returncode == 0 and "pytest" in r.stdout + r.stderr
+    assert len(pids) == 3 and all(_gone(p) for p in pids)
+    r, pids = _stress("--no-such-option")  # default N; pytest fails (usage error)
+    assert r.returncode == 4
+    assert len(pids) == 2 * (os.cpu_count() or 1) and all(_gone(p) for p in pids)
+    readme = (ROOT / "README.md").read_text()
+    assert "`.ci/stress [N] [pytest args]`" in readme
+    assert readme.index(".ci/stress") > readme.index(".ci/slow")

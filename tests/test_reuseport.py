@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from test_devd import Running
+from wait_harness import wait_until
 
 from softrdma.drivers import devd_client
 from softrdma.drivers.devd import Devd, DevdLink
@@ -260,16 +261,17 @@ def test_leave_and_join_keep_every_mapping(running: Running, sender: socket.sock
     try:
         qpns = {n: link.alloc_qpn() for n, link in links.items()}
         links.pop("b").close()  # the middle one: the kernel moves d into its index
-        deadline = time.monotonic() + 3
-        while len(running.devd._slot_clients) != 3 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: len(running.devd._slot_clients) == 3, what="b's leave seen",
+                   interval=0.01)
         links["e"] = running.client()
         qpns["e"] = links["e"].alloc_qpn()
         links.pop("a").close()  # the first one
         links["f"] = running.client()
         qpns["f"] = links["f"].alloc_qpn()
         del qpns["a"], qpns["b"]
-        time.sleep(0.1)
+        # devd has seen a's leave and the joins (c, d, e, f hold the group's slots)
+        wait_until(lambda: len(running.devd._slot_clients) == 4, what="a's leave seen",
+                   interval=0.01)
         for _ in range(20):
             for q in qpns.values():
                 sender.sendto(packet(q), (LOCAL, port))

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from device_harness import SRC, free_port, reap
+from wait_harness import wait_until
 
 from softrdma.drivers.devd import DevdLink
 from softrdma.drivers.registry import Registry
@@ -29,9 +30,8 @@ def _spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
 
 
 def _pair(port: int, iters: int, env: dict[str, str]) -> list[subprocess.Popen[str]]:
-    common = ["-d", NAME, "-p", str(port), "-s", "64", "-n", str(iters), "--timeout", "60"]
-    server = _spawn(["rc-pingpong", *common], env)
-    time.sleep(0.3)  # the client retries its connect anyway
+    common = ["-d", NAME, "-p", str(port), "-s", "64", "-n", str(iters), "--timeout", "120"]
+    server = _spawn(["rc-pingpong", *common], env)  # the client retries its connect
     client = _spawn(["rc-pingpong", *common, "127.0.0.1"], env)
     return [server, client]
 
@@ -71,17 +71,18 @@ def test_sigkill_of_one_client_leaves_the_other_pair_running(
         procs += doomed
         # wait until the doomed pair's QPs exist (both processes joined), then start the
         # survivors, so that the kill happens while both pairs exchange
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if (state / f"{NAME}.sock").exists() and _devd_stats(state)["direct_clients"] >= 2:
-                break
-            time.sleep(0.1)
+        # (direct_clients counts every client that ever joined)
+        wait_until(lambda: (state / f"{NAME}.sock").exists()
+                   and _devd_stats(state)["direct_clients"] >= 2, what="the doomed pair joined",
+                   interval=0.1)
         survivors = _pair(free_port(), 1500, env)
         procs += survivors
-        while time.monotonic() < deadline and _devd_stats(state)["direct_clients"] < 4:
-            time.sleep(0.05)
-        time.sleep(0.5)
-        before = _devd_stats(state)
+
+        def four_joined() -> dict[str, int] | None:
+            s = _devd_stats(state)
+            return s if s["direct_clients"] >= 4 else None
+
+        before = wait_until(four_joined, what="the survivors joined", interval=0.05)
         assert before["direct_clients"] == 4, before
         doomed[1].send_signal(signal.SIGKILL)  # the doomed pair's client, mid-traffic
         outs = [p.communicate(timeout=180) for p in survivors]

@@ -24,12 +24,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from wait_harness import StreamLines, wait_until
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None,
@@ -58,7 +58,7 @@ class Host:
     def cmd(self, *args: str) -> list[str]:
         return ["ip", "netns", "exec", self.ns, *args]
 
-    def run(self, *args: str, shared: bool = True, timeout: float = 60) -> str:
+    def run(self, *args: str, shared: bool = True, timeout: float = 180) -> str:
         r = subprocess.run(self.cmd(sys.executable, *args), env=self.env(shared),
                            capture_output=True, text=True, timeout=timeout)
         assert r.returncode == 0, f"{args}: {r.stdout[-2000:]}{r.stderr[-2000:]}"
@@ -70,8 +70,37 @@ class Host:
         self.procs.append(p)
         return p
 
-    def softrdma(self, *args: str, shared: bool = True, timeout: float = 60) -> str:
+    def serve(self, *args: str, shared: bool = True, tcp: int | None = None) -> Server:
+        """Start a server tool and wait until a client can come: its ``waiting for a
+        client`` line, or (``tcp``: perftest says nothing) a listener on that TCP port."""
+        p = self.start(*args, shared=shared)
+        assert p.stdout is not None
+        srv = Server(p, StreamLines(p.stdout))
+        if tcp is None:
+            srv.out.wait_for("waiting for a client")
+        else:
+            wait_until(lambda: p.poll() is not None or tcp in self.listening_tcp(),
+                       what=f"a listener on TCP {tcp}")
+            assert p.poll() is None, srv.out.join()
+        return srv
+
+    def listening_tcp(self) -> set[int]:
+        """The TCP ports something listens on in the namespace (/proc/net/tcp{,6})."""
+        text = subprocess.run(self.cmd("cat", "/proc/net/tcp", "/proc/net/tcp6"),
+                              capture_output=True, text=True, timeout=60).stdout
+        return {int(f[1].rsplit(":", 1)[1], 16) for f in map(str.split, text.splitlines())
+                if len(f) > 3 and f[3] == "0A" and ":" in f[1]}
+
+    def softrdma(self, *args: str, shared: bool = True, timeout: float = 180) -> str:
         return self.run("-m", "softrdma", *args, shared=shared, timeout=timeout)
+
+
+@dataclass
+class Server:
+    """A server started by :meth:`Host.serve`, its output read as it comes."""
+
+    proc: subprocess.Popen[str]
+    out: StreamLines
 
 
 def _sh(*args: str) -> None:
@@ -133,7 +162,17 @@ def _mac_in(h: Host) -> str:
     return out.strip()
 
 
-def _finish(p: subprocess.Popen[str], timeout: float = 60) -> str:
+def _finish(p: subprocess.Popen[str] | Server, timeout: float = 180) -> str:
+    if isinstance(p, Server):
+        try:
+            p.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.proc.kill()
+            p.proc.wait()
+            raise AssertionError(f"timed out: {p.out.join()}") from None
+        out = p.out.join()
+        assert p.proc.returncode == 0, out[-3000:]
+        return out
     try:
         out, _ = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -142,6 +181,37 @@ def _finish(p: subprocess.Popen[str], timeout: float = 60) -> str:
         raise AssertionError(f"timed out: {out}") from None
     assert p.returncode == 0, out[-3000:]
     return out
+
+
+def _capture(h: Host, pcap: Path) -> subprocess.Popen[str]:
+    """tshark writing ``pcap`` from ``h``'s interface, returned once it captures."""
+    assert TSHARK is not None
+    cap = subprocess.Popen(h.cmd(TSHARK, "-i", h.ifname, "-w", str(pcap), "-q"),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    h.procs.append(cap)
+    assert cap.stderr is not None
+    StreamLines(cap.stderr).wait_for("Capturing on")  # tshark's line once dumpcap runs
+    return cap
+
+
+def _stop_capture(cap: subprocess.Popen[str], pcap: Path, display: str, frames: int) -> None:
+    """Until ``pcap`` holds ``frames`` frames matching ``display`` (at most 60 s: then the
+    test checks what it holds), then stop the capture."""
+    assert TSHARK is not None
+
+    def count() -> int:
+        return len(subprocess.run([TSHARK, "-r", str(pcap), "-Y", display, "-T", "fields",
+                                   "-e", "frame.number"], capture_output=True, text=True,
+                                  timeout=120).stdout.split())
+
+    try:
+        wait_until(lambda: count() >= frames, timeout=60, interval=0.5,
+                   what=f"{frames} frames in the capture")
+    except AssertionError:
+        pass
+    finally:
+        cap.send_signal(signal.SIGINT)
+        cap.wait(60)
 
 
 # ---------------------------------------------------------------------------- verbs
@@ -163,8 +233,7 @@ def test_pingpong_tools_over_rocev1(hosts: tuple[Host, Host], tool: str, shared:
     """The ibv_*_pingpong tools between the hosts, GID index 1 (IPv4, RoCE v1)."""
     a, b = hosts
     args = ("-m", "softrdma", tool, "-d", "r1", "-g", "1", "-n", "50", "-l", "3", "-c", "-s", "1000")
-    srv = b.start(*args, shared=shared)
-    time.sleep(1.0)
+    srv = b.serve(*args, shared=shared)
     out = a.softrdma(*args[2:], b.ip4, shared=shared)
     assert "50 iters" in out and f"GID ::ffff:{b.ip4}" in out
     assert "50 iters" in _finish(srv)
@@ -173,8 +242,7 @@ def test_pingpong_tools_over_rocev1(hosts: tuple[Host, Host], tool: str, shared:
 def test_rping_over_rocev1(hosts: tuple[Host, Host]) -> None:
     """rdma_cm (IB CM + Annex A11 IP CM) over RoCEv1, through devd on both sides."""
     a, b = hosts
-    srv = b.start("-m", "softrdma", "rping", "-s", "-a", b.ip4, "-C", "3", "-v")
-    time.sleep(1.5)
+    srv = b.serve("-m", "softrdma", "rping", "-s", "-a", b.ip4, "-C", "3", "-v")
     out = a.softrdma("rping", "-c", "-a", b.ip4, "-I", a.ip4, "-C", "3", "-v")
     assert out.count("ping data: rdma-ping-") == 3
     assert _finish(srv).count("server ping data") == 3
@@ -190,26 +258,17 @@ def test_capture_tags_decodes_and_checks(hosts: tuple[Host, Host], tmp_path: Pat
     assert TSHARK is not None
     vlan = "vlan 7" in a.softrdma("link", "-d")
     pcap = tmp_path / "v1.pcap"
-    cap = subprocess.Popen(b.cmd(TSHARK, "-i", b.ifname, "-w", str(pcap), "-q"),
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    b.procs.append(cap)  # type: ignore[arg-type]
+    v1 = "eth.type == 0x8915 || vlan.etype == 0x8915"
+    cap = _capture(b, pcap)
     try:
-        deadline = time.monotonic() + 20
-        while not pcap.exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        time.sleep(0.5)
         args = ("-m", "softrdma", "rc-pingpong", "-d", "r1", "-g", "1", "-n", "20", "-l", "3")
-        srv = b.start(*args)
-        time.sleep(1.0)
+        srv = b.serve(*args)
         a.softrdma(*args[2:], b.ip4)
         _finish(srv)
-        time.sleep(0.5)
     finally:
-        cap.send_signal(signal.SIGINT)
-        cap.wait(10)
+        _stop_capture(cap, pcap, v1, 40)
     fields = subprocess.run(
-        [TSHARK, "-r", str(pcap), "-Y", "eth.type == 0x8915 || vlan.etype == 0x8915", "-T",
-         "fields", "-e", "vlan.id", "-e", "vlan.priority", "-e", "ipv6.nxt",
+        [TSHARK, "-r", str(pcap), "-Y", v1, "-T", "fields", "-e", "vlan.id", "-e", "vlan.priority", "-e", "ipv6.nxt",
          "-e", "infiniband.bth.opcode"],
         capture_output=True, text=True, timeout=60, check=True).stdout.splitlines()
     assert len(fields) >= 40, fields[:5]
@@ -290,8 +349,7 @@ def test_device_on_a_vlan_netdev(hosts: tuple[Host, Host]) -> None:
         _sh("ip", "-n", h.ns, "link", "set", vdev, "up")
         h.softrdma("link", "add", "rv", "netdev", vdev, "roce_ver", "1")
     args = ("-m", "softrdma", "rc-pingpong", "-d", "rv", "-g", "1", "-n", "20", "-l", "6")
-    srv = b.start(*args)
-    time.sleep(1.0)
+    srv = b.serve(*args)
     assert "20 iters" in a.softrdma(*args[2:], "10.232.9.2")
     assert "20 iters" in _finish(srv)
 
@@ -315,7 +373,7 @@ def wait(t):
 qp.post_recv(v.RecvWR(1, 1, [v.SGE(mr.addr, 2048, mr.lkey)]))
 qp.attach_mcast(mgid)
 print("ready", flush=True)
-wc = wait(20)
+wc = wait(60)
 assert wc is not None and wc.status == 0 and wc.byte_len == 40 + 5, wc
 assert bytes(mr.read(5, 40)) == b"mcast" and bytes(mr.read(16, 24)) == mgid.raw
 qp.detach_mcast(mgid)
@@ -380,22 +438,14 @@ def test_dual_device_chooses_encapsulation_per_gid(hosts: tuple[Host, Host],
     counts = {}
     for gid in (v1, v2):
         pcap = tmp_path / f"g{gid}.pcap"
-        cap = subprocess.Popen(b.cmd(TSHARK, "-i", b.ifname, "-w", str(pcap), "-q"),
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        cap = _capture(b, pcap)
         try:
-            deadline = time.monotonic() + 20
-            while not pcap.exists() and time.monotonic() < deadline:
-                time.sleep(0.1)
-            time.sleep(0.5)
             args = ("-m", "softrdma", "rc-pingpong", "-d", "rb", "-g", gid, "-n", "10")
-            srv = b.start(*args, shared=False)
-            time.sleep(1.0)
+            srv = b.serve(*args, shared=False)
             a.softrdma(*args[2:], b.ip4, shared=False)
             _finish(srv)
-            time.sleep(0.5)
         finally:
-            cap.send_signal(signal.SIGINT)
-            cap.wait(10)
+            _stop_capture(cap, pcap, "infiniband", 20)
         kinds = subprocess.run([TSHARK, "-r", str(pcap), "-Y", "infiniband", "-T", "fields",
                                 "-e", "eth.type"], capture_output=True, text=True,
                                timeout=60, check=True).stdout.split()
@@ -409,8 +459,7 @@ def test_perftest_tools_over_rocev1(hosts: tuple[Host, Host], tool: str, gid: st
     """perftest's ib_write_bw / ib_atomic_bw / ib_read_lat shapes over RoCEv1."""
     a, b = hosts
     args = ("-m", "softrdma", tool, "-d", "r1", "-x", gid, "-n", "100")
-    srv = b.start(*args)
-    time.sleep(1.5)
+    srv = b.serve(*args, tcp=18515)  # perftest's default port
     out = a.softrdma(*args[2:], b.ip4)
     assert " 100 " in out and "#bytes" in out, out
     _finish(srv)
@@ -419,8 +468,7 @@ def test_perftest_tools_over_rocev1(hosts: tuple[Host, Host], tool: str, gid: st
 def test_udaddy_over_rocev1(hosts: tuple[Host, Host]) -> None:
     """rdma_cm UD (SIDR_REQ/SIDR_REP resolve the server's UD QP) over RoCEv1."""
     a, b = hosts
-    srv = b.start("-m", "softrdma", "udaddy", "-b", b.ip4)
-    time.sleep(1.5)
+    srv = b.serve("-m", "softrdma", "udaddy", "-b", b.ip4)
     out = a.softrdma("udaddy", "-s", b.ip4, "-b", a.ip4)
     assert "return status 0" in out
     assert "return status 0" in _finish(srv)

@@ -24,6 +24,7 @@ from rdma_cm_harness import (
     next_non_timewait,
     setup_env,
 )
+from wait_harness import StreamLines
 
 from softrdma import enums as e
 from softrdma.cm import rdma_cm as rc
@@ -296,29 +297,33 @@ def test_persistent_server_outlives_a_silent_client(env: Path) -> None:
                                      "--timeout", "3"),
                               env=child_env(env), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
+    assert server.stdout is not None and server.stderr is not None
+    errs = StreamLines(server.stderr)
+    StreamLines(server.stdout)  # read, so that the pipe never fills
     connected, stop = threading.Event(), threading.Event()
     th = threading.Thread(target=_silent_client, args=(port, connected, stop), daemon=True)
     try:
-        time.sleep(1.5)
+        errs.wait_for("waiting for a client")
         th.start()
-        assert connected.wait(30)
+        assert connected.wait(120)
         good = subprocess.run(_rping("-c", "-a", "127.0.0.1", "-p", str(port), "-C", "3",
                                      "-V", "--timeout", "20"),
                               env=child_env(env), capture_output=True, text=True, timeout=60)
         assert good.returncode == 0, good.stderr  # served while the other one is silent
-        time.sleep(4)  # the silent client's connection times out on the server
+        errs.wait_for("no answer from the peer for 3 s")  # the silent client's, on the server
         later = subprocess.run(_rping("-c", "-a", "127.0.0.1", "-p", str(port), "-C", "2",
                                       "-V", "--timeout", "20"),
                                env=child_env(env), capture_output=True, text=True, timeout=60)
         assert later.returncode == 0, later.stderr
         assert server.poll() is None
         server.send_signal(signal.SIGINT)
-        _out, serr = server.communicate(timeout=30)
+        server.wait(timeout=120)
+        serr = errs.join()
     finally:
         stop.set()
         th.join(30)
         if server.poll() is None:
             server.kill()
-            server.communicate()
+            server.wait()
     assert "no answer from the peer for 3 s" in serr and "rping server failed: -1" in serr
     assert serr.count("server DISCONNECT EVENT...") == 2

@@ -4,6 +4,7 @@ termination checked against a hand-made peer, and its errors."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -11,11 +12,11 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 from device_harness import free_port, private_device
+from wait_harness import wait_until
 
 from softrdma.drivers import registry
 from softrdma.errors import DecodeError
@@ -39,13 +40,14 @@ def _cmd(*args: str) -> list[str]:
 @pytest.mark.parametrize("extra", [[], ["-e"]])
 def test_server_and_client(env: dict[str, str], extra: list[str]) -> None:
     port = str(free_port(socket.SOCK_STREAM))
-    flags = ["-g", "0", "-p", port, "-n", "40", "-s", "700", "-m", "512", *extra]
+    flags = ["-g", "0", "-p", port, "-n", "40", "-s", "700", "-m", "512", "--timeout", "120",
+             *extra]
     server = subprocess.Popen(_cmd(*flags), env=env, text=True, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE)
     try:
         client = subprocess.run(_cmd(*flags, "127.0.0.1"), env=env, text=True,
-                                capture_output=True, timeout=120, check=False)
-        sout, serr = server.communicate(timeout=120)
+                                capture_output=True, timeout=300, check=False)
+        sout, serr = server.communicate(timeout=300)
     finally:
         if server.poll() is None:
             server.kill()
@@ -137,6 +139,12 @@ def test_capture_is_followed_by_pcap_check(env: dict[str, str], tmp_path: Path) 
     except OSError:
         pytest.skip("TCP port 18515 is in use")
     cap = tmp_path / "xsrq.pcap"
+
+    def pcap_check() -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "softrdma", "pcap-check", "-v",
+                               "--udp-port", str(udp), str(cap)], env=env, text=True,
+                              capture_output=True, timeout=120, check=False)
+
     # --immediate-mode: without it libpcap hands packets over a block at a time (1 s
     # timeout), and a loaded host's tcpdump, stopped soon after the run, wrote none
     dump = subprocess.Popen(["tcpdump", "-i", "lo", "-U", "--immediate-mode", "-B", "16384",
@@ -145,24 +153,26 @@ def test_capture_is_followed_by_pcap_check(env: dict[str, str], tmp_path: Path) 
     try:
         assert dump.stderr is not None
         dump.stderr.readline()  # "listening on lo ..."
-        flags = ["-g", "0", "-p", str(tcp), "-n", "10", "-s", "2000", "-m", "1024"]
+        flags = ["-g", "0", "-p", str(tcp), "-n", "10", "-s", "2000", "-m", "1024",
+                 "--timeout", "120"]  # each step's bound: generous for a loaded machine
         server = subprocess.Popen(_cmd(*flags), env=env, stdout=subprocess.DEVNULL,
                                   stderr=subprocess.PIPE, text=True)
         try:
             client = subprocess.run(_cmd(*flags, "127.0.0.1"), env=env, text=True,
-                                    capture_output=True, timeout=120, check=False)
-            assert server.wait(timeout=120) == 0 and client.returncode == 0, client.stderr
+                                    capture_output=True, timeout=300, check=False)
+            assert server.wait(timeout=300) == 0 and client.returncode == 0, client.stderr
         finally:
             if server.poll() is None:
                 server.kill()
                 server.wait()
-        time.sleep(0.5)
+        # until tcpdump has written the whole run (pcap-check passes), or at most 60 s
+        with contextlib.suppress(AssertionError):
+            wait_until(lambda: pcap_check().returncode == 0, timeout=60, interval=0.5,
+                       what="the whole run in the capture")
     finally:
         dump.terminate()
-        dump.wait(timeout=30)
-    res = subprocess.run([sys.executable, "-m", "softrdma", "pcap-check", "-v", "--udp-port",
-                          str(udp), str(cap)], env=env, text=True, capture_output=True,
-                         timeout=120, check=False)
+        dump.wait(timeout=60)
+    res = pcap_check()
     assert res.returncode == 0, res.stdout + res.stderr
     assert "2 connections followed, 0 inconsistent" in res.stdout, res.stdout
     assert "XRC_SEND_FIRST" in res.stdout and "XRC_ACKNOWLEDGE" in res.stdout

@@ -4,7 +4,8 @@ namespace by ``ip netns exec``), over RoCEv2 with UDP GSO/GRO as configured.
     python udp_gso_peer.py IP writer|target MSG COUNT MTU
 
 Each side prints one JSON line (QPN, GID, MR address and key), reads the peer's, and
-connects an RC QP (path MTU enum ``MTU``). The writer posts ``COUNT`` RDMA WRITEs of
+connects an RC QP (path MTU enum ``MTU``) and says ``{"ready": ROLE}``. The writer, told
+"go", posts ``COUNT`` RDMA WRITEs of
 ``MSG`` bytes, waits for their completions and prints its UdpLink counters as a JSON
 line. The target waits for a line on stdin, then prints the SHA-256 of its buffer and
 its counters.
@@ -59,6 +60,7 @@ def main(argv: list[str]) -> int:
                            sq_psn=0, max_rd_atomic=1),
                   int(e.IBV_QP_STATE | e.IBV_QP_TIMEOUT | e.IBV_QP_RETRY_CNT
                       | e.IBV_QP_RNR_RETRY | e.IBV_QP_SQ_PSN | e.IBV_QP_MAX_QP_RD_ATOMIC))
+        print(json.dumps({"ready": role}), flush=True)  # RTS: the test says "go" after both
         if role == "writer":
             sys.stdin.readline()  # "go": the capture is running
             wr = v.SendWR(wr_id=1, opcode=e.IBV_WR_RDMA_WRITE, num_sge=1,
