@@ -42,9 +42,14 @@ class Net:
     v1: bool = False  # ports with RoCEv1 GIDs; packets carry a real GRH (Annex A16)
     sent: int = 0  # packets the ports emitted (before loss and duplication)
     max_sent: int | None = None  # fail fast (a packet storm) once ``sent`` exceeds this
+    # A live peer: the random loss drops one packet (the same header) at most this many
+    # times in a row (None: no bound). The same PSN lost retry_cnt + 1 times in a row may
+    # rightly end an RC QP (IBA 9.7.6.1.3), which no exactly-once property can allow.
+    max_drops_in_a_row: int | None = None
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
+        self._drops_of: dict[bytes, int] = {}
 
     def add_port(self, last: int, **kw: Any) -> Port:
         g = gid4(last)
@@ -66,8 +71,16 @@ class Net:
                     continue
                 r = self.rng.random()
                 if r < self.drop:
-                    self.dropped += 1
-                    continue
+                    cap = self.max_drops_in_a_row
+                    key = data[:12]  # BTH: opcode, QPN, PSN
+                    n = self._drops_of.get(key, 0) if cap is not None else 0
+                    if cap is None or n < cap:
+                        if cap is not None:
+                            self._drops_of[key] = n + 1
+                        self.dropped += 1
+                        continue
+                if self.max_drops_in_a_row is not None:
+                    self._drops_of.pop(data[:12], None)
                 t = self.now + self.latency
                 if self.rng.random() < self.reorder:
                     t += self.latency * self.rng.randint(1, 20)

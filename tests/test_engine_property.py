@@ -56,6 +56,11 @@ def sizes() -> st.SearchStrategy[int]:
     reorder=st.floats(0.0, 0.2),
     mtu=st.integers(1, 5),
 )
+# A fresh random seed of the slow job: the fabric's random loss dropped PSN 0x1af of a 1 MiB
+# SEND eight times in a row, and the QP rightly failed with retry exceeded (IBA 9.7.6.1.3).
+# The fabric of this property now loses one packet at most 4 times in a row (a live peer).
+@example(ops=[("send", 0, False)] * 6 + [("send", 1 << 20, False)],
+         seed=2267, loss=0.1953125, dup=0.0, reorder=0.0, mtu=1)
 # Issue 21 item 1: a READ request storm. Every in-order READ response moved the expected PSN
 # and re-armed the gap check, so each out-of-order response of the earlier streams re-requested
 # the READ (and every later READ) again: >200 s, 49,099 READ requests, "did not go idle".
@@ -87,6 +92,7 @@ def run_mix(ops: list[tuple[str, int, bool]], seed: int, loss: float, dup: float
         ops = [(k, min(sz, 128 * 1024), sig) for k, sz, sig in ops]
     net = Net(seed=seed, drop=loss, dup=dup, reorder=reorder, v1=v1_of(seed))
     net.max_sent = packet_budget(ops, mtu, loss + dup + reorder)
+    net.max_drops_in_a_row = 4  # a live peer: fewer losses of one packet than retry_cnt 7
     size_mr = (4 + len(ops)) * REGION
     a = Endpoint(net.add_port(1), size=size_mr, max_wr=64)
     b = Endpoint(net.add_port(2), size=4 * REGION, max_wr=64)
