@@ -16,7 +16,7 @@ from device_harness import free_port, reap
 
 from softrdma.capi import build, launch
 
-TIMEOUT = 60.0  # a whole pair or program, on a busy machine (s)
+TIMEOUT = 180.0  # a whole pair or program, on a busy machine (s)
 
 
 def need_build() -> Path:

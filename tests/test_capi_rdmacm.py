@@ -45,7 +45,9 @@ def pair(server: list[str], client: list[str]) -> tuple[tuple[str, str], tuple[s
             if cli.returncode == 0:
                 break
             if srv.poll() is not None or time.monotonic() > deadline:
-                out, err = srv.communicate()
+                if srv.poll() is None:  # still waiting for a client: stop it, keep its output
+                    srv.kill()
+                out, err = srv.communicate(timeout=TIMEOUT)
                 raise AssertionError(f"client failed: rc={cli.returncode} {cli.stdout} "
                                      f"{cli.stderr}; server rc={srv.returncode} {out} {err}")
             time.sleep(0.2)

@@ -117,7 +117,8 @@ def test_res_show_lists_every_object(shared_device: str,
         assert main(["res", "show", "qp", "-d", shared_device]) == 0
         text = capsys.readouterr().out
         assert (f"link {shared_device}/1 lqpn {a} rqpn {b} type RC state RTS rq-psn 100 "
-                f"sq-psn 101 path-mig-state MIGRATED pdn 1 pid {os.getpid()} comm ") in text
+                f"sq-psn 101 path-mig-state MIGRATED pdn {by[a]['pdn']} pid {os.getpid()} "
+                "comm ") in text  # PD numbers count this process's PDs (earlier tests too)
         assert f"lqpn {b} rqpn {a} type RC state RTS rq-psn 101 sq-psn 100 " in text
         assert " dgid ::ffff:7f00:1\n" in text
         # the other kinds
