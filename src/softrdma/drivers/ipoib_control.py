@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import DeviceError
 from . import netdev as _netdev
-from .registry import ensure_state_dir, state_dir
+from .registry import check_state_dir, ensure_state_dir, state_dir
 
 __all__ = ["ControlServer", "control_dir", "control_path", "control_request", "running",
            "CONTROL_TIMEOUT_S", "IPV6_WAIT_S", "usable_ipv6", "wait_for_ipv6"]
@@ -54,16 +54,28 @@ def control_path(name: str, directory: Path | None = None) -> Path:
     return control_dir(directory) / f"{name}.sock"
 
 
+def _trusted(d: Path) -> bool:
+    """Whether control directory ``d`` exists, after the checks a writer makes on it and on
+    the directories above it (:func:`~softrdma.drivers.registry.check_state_dir`: ours, not
+    a symbolic link, not writable by others; a planted one raises :class:`DeviceError`
+    naming it), so a reader never talks to a socket another user put there."""
+    base = d.parent.parent
+    return all(check_state_dir(p) for p in (base, base / "ipoib", d))
+
+
 def running(directory: Path | None = None) -> list[str]:
     """The names of the interfaces with a control socket in this namespace."""
     d = control_dir(directory)
-    return sorted(p.stem for p in d.glob("*.sock")) if d.is_dir() else []
+    return sorted(p.stem for p in d.glob("*.sock")) if _trusted(d) else []
 
 
 def control_request(name: str, cmd: str, *, directory: Path | None = None,
                     timeout: float = CONTROL_TIMEOUT_S) -> dict[str, Any]:
     """Send ``cmd`` to the running interface ``name`` and return its JSON answer."""
     path = control_path(name, directory)
+    if not _trusted(path.parent):
+        raise DeviceError(f"no IPoIB interface {name!r} is running here ({path.parent} "
+                          "does not exist)")
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(timeout)
     try:
