@@ -16,6 +16,7 @@ unique per run, are created and removed by a fixture, even on failure).
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import itertools
 import os
@@ -427,6 +428,13 @@ def test_dual_device_chooses_encapsulation_per_gid(hosts: tuple[Host, Host],
     for h in (a, b):
         h.softrdma("link", "delete", "r1")
         h.softrdma("link", "add", "rb", "netdev", h.ifname, "roce_ver", "both")
+    def dad_done(h: Host) -> bool:
+        return not subprocess.run(h.cmd("ip", "-6", "addr", "show", "dev", h.ifname,
+                                        "tentative"),
+                                  capture_output=True, text=True, timeout=30).stdout.strip()
+
+    for h in (a, b):  # the GID indices move when IPv6 DAD ends: wait for it first
+        wait_until(functools.partial(dad_done, h), 60, "IPv6 duplicate address detection to end")
     out = a.softrdma("devinfo", "-v", "-d", "rb", shared=False)
     # every address once per type, v1 first, as Linux lists them: the IPv4 address follows
     # the link-local GID's pair when the in-process device serves that address too
