@@ -6,8 +6,12 @@ that they never touch the built-in device on 4791 nor another test's registry.
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -43,6 +47,28 @@ def private_device(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         monkeypatch.setenv("PYTHONPATH", SRC)
     registry.add(name, "lo", "roce", free_port())
     return name
+
+
+def shared_device(name: str, tmp_path: Path,
+                  monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A fixture's body: RoCE device ``name`` on lo, shared through its devd, in the state
+    directory ``tmp_path``; its devd is stopped at the end (it lingers otherwise)."""
+    monkeypatch.setenv("SOFTRDMA_STATE_DIR", str(tmp_path))
+    monkeypatch.delenv("SOFTRDMA_SHARED", raising=False)
+    registry.Registry(tmp_path).add(name, "lo", "roce", free_port())
+    try:
+        yield name
+    finally:
+        pid_file = tmp_path / f"{name}.pid"
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (tmp_path / f"{name}.sock").exists():
+            try:
+                pid = int(pid_file.read_text().strip())
+                if b"softrdma.drivers.devd" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    os.kill(pid, signal.SIGTERM)
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.1)
 
 
 def ib_port(ctx: v.Context) -> Port:

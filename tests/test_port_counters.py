@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import device_harness
 import pytest
 from device_harness import free_port, reap
 
@@ -25,7 +24,6 @@ from softrdma import enums as e
 from softrdma import verbs as v
 from softrdma.drivers.clock import VirtualClock
 from softrdma.drivers.fabric import Fabric
-from softrdma.drivers.registry import Registry
 from softrdma.errors import InvalidArgument
 from softrdma.seam.counters import DROP_REASONS, DropReason
 from softrdma.tools.cli import main
@@ -157,23 +155,7 @@ def test_query_port_counters_checks_its_port(pair: Pair) -> None:
 
 @pytest.fixture()
 def shared_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    monkeypatch.setenv("SOFTRDMA_STATE_DIR", str(tmp_path))
-    monkeypatch.delenv("SOFTRDMA_SHARED", raising=False)
-    name = "ctrtest"
-    Registry(tmp_path).add(name, "lo", "roce", free_port())
-    try:
-        yield name
-    finally:
-        pid_file = tmp_path / f"{name}.pid"
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and (tmp_path / f"{name}.sock").exists():
-            try:
-                pid = int(pid_file.read_text().strip())
-                if b"softrdma.drivers.devd" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                    os.kill(pid, signal.SIGTERM)
-            except (OSError, ValueError):
-                pass
-            time.sleep(0.1)
+    yield from device_harness.shared_device("ctrtest", tmp_path, monkeypatch)
 
 
 def _pingpong_pair(device: str, iters: int) -> None:

@@ -7,22 +7,21 @@ from __future__ import annotations
 import errno
 import json
 import os
-import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
+import device_harness
 import pytest
-from device_harness import free_port
 from test_port_counters import Pair
 
 from softrdma import enums as e
 from softrdma import verbs as v
 from softrdma.drivers.devd import Devd, DevdLink
 from softrdma.drivers.devd_proto import OP_REPORT_RESOURCES, REP, REQ
-from softrdma.drivers.registry import DeviceRecord, Registry
+from softrdma.drivers.registry import DeviceRecord
 from softrdma.errors import InvalidArgument
 from softrdma.ib.port import Port
 from softrdma.ib.qp import EngineQP
@@ -35,23 +34,7 @@ ALL = int(e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ | e.IBV_ACCESS_LO
 
 @pytest.fixture()
 def shared_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    monkeypatch.setenv("SOFTRDMA_STATE_DIR", str(tmp_path))
-    monkeypatch.delenv("SOFTRDMA_SHARED", raising=False)
-    name = "restest"
-    Registry(tmp_path).add(name, "lo", "roce", free_port())
-    try:
-        yield name
-    finally:
-        pid_file = tmp_path / f"{name}.pid"
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and (tmp_path / f"{name}.sock").exists():
-            try:
-                pid = int(pid_file.read_text().strip())
-                if b"softrdma.drivers.devd" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                    os.kill(pid, signal.SIGTERM)
-            except (OSError, ValueError):
-                pass
-            time.sleep(0.1)
+    yield from device_harness.shared_device("restest", tmp_path, monkeypatch)
 
 
 def _until(what: str, check: Callable[[], Any], timeout: float = 20.0) -> Any:
