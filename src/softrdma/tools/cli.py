@@ -50,6 +50,7 @@ from typing import Any
 
 from .. import trace
 from ..errors import SoftRdmaError
+from .argtypes import nonneg_int, udp_port
 
 PROG = "softrdma"
 PERFTEST_TOOLS = ("write-bw", "read-bw", "send-bw", "atomic-bw",
@@ -92,25 +93,6 @@ def _tool(module: str, command: str, attr: str) -> Callable[..., Any]:
     if not callable(fn):
         raise ToolUnavailable(f"'{command}' is not available: {module} has no {attr}()")
     return fn  # type: ignore[no-any-return]
-
-
-def _nonneg_int(text: str) -> int:
-    """argparse type: an integer >= 0."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid integer: {text!r}") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {n}")
-    return n
-
-
-def _udp_port(text: str) -> int:
-    """argparse type: a UDP port number, 1..65535."""
-    n = _nonneg_int(text)
-    if not 1 <= n <= 0xFFFF:
-        raise argparse.ArgumentTypeError(f"not a UDP port (1..65535): {n}")
-    return n
 
 
 # -- handlers --------------------------------------------------------------------------
@@ -278,9 +260,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("files", nargs="+", metavar="FILE", help="pcap or pcapng file")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="print one decoded line per RoCE packet and the connections' notes")
-    p.add_argument("--max-errors", type=_nonneg_int, default=20, metavar="N",
+    p.add_argument("--max-errors", type=nonneg_int, default=20, metavar="N",
                    help="print at most N failure lines per file (0: all; default 20)")
-    p.add_argument("--udp-port", type=_udp_port, action="append", default=[], metavar="N",
+    p.add_argument("--udp-port", type=udp_port, action="append", default=[], metavar="N",
                    help="also treat UDP port N as RoCEv2 (a device configured off 4791)")
     p.set_defaults(handler=_cmd_pcap_check)
 

@@ -15,25 +15,9 @@ import argparse
 import sys
 
 from ..errors import DecodeError, SoftRdmaError
+from .argtypes import nonneg_int, udp_port
 
 __all__ = ["add_arguments", "run"]
-
-
-def _nonneg(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid integer: {text!r}") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {n}")
-    return n
-
-
-def _udp_port(text: str) -> int:
-    n = _nonneg(text)
-    if not 1 <= n <= 0xFFFF:
-        raise argparse.ArgumentTypeError(f"not a UDP port (1..65535): {n}")
-    return n
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -44,10 +28,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", metavar="OUT", default=None,
                    help="write the PSN-against-time plot (one panel per connection "
                    "direction; retransmissions and NAKs marked) to OUT (.png, .svg)")
-    p.add_argument("--max-rows", type=_nonneg, default=400, metavar="N",
+    p.add_argument("--max-rows", type=nonneg_int, default=400, metavar="N",
                    help="draw at most the first N rows (0: all; default 400)")
     p.add_argument("--title", default=None, help="a title (default: the file name)")
-    p.add_argument("--udp-port", type=_udp_port, action="append", default=[], metavar="N",
+    p.add_argument("--udp-port", type=udp_port, action="append", default=[], metavar="N",
                    help="also read UDP port N as RoCEv2")
 
 
