@@ -10,6 +10,7 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from rdma_cm_harness import free_udp_port
@@ -70,6 +71,16 @@ def run_pair(tool: str, state: Path, extra: list[str], *, timeout: float = 120.0
                 p.communicate()
     return (subprocess.CompletedProcess(procs[0].args, procs[0].returncode, *outs[0]),
             subprocess.CompletedProcess(procs[1].args, procs[1].returncode, *outs[1]))
+
+
+def device_state(state: Path) -> Iterator[Path]:
+    """A fixture's body: ``state`` holding the test device (:func:`make_device`), whose
+    devd daemons are stopped at the end."""
+    make_device(state)
+    try:
+        yield state
+    finally:
+        kill_devd(state)
 
 
 def kill_devd(state: Path) -> None:

@@ -8,12 +8,11 @@ import json
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
+from wait_harness import wait_until
 
 from softrdma import verbs as v
 from softrdma.drivers import port_totals
@@ -21,17 +20,6 @@ from softrdma.seam.counters import Counters
 from softrdma.tools.cli import main
 
 IW = "softrdma_iw_lo"
-
-
-def _until(what: str, check: Callable[[], Any], timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def _stats(capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
@@ -54,8 +42,8 @@ def test_iwarp_stats_add_up_processes(tmp_path: Path, monkeypatch: pytest.Monkey
         counters = cast(Counters, ctx.port.counters)
         counters.sent_pkts += 5  # as if it had sent five FPDUs
         counters.sent_terminate += 1
-        got = _until("the live process's counters", lambda: (
-            s if (s := _stats(capsys))["sent_pkts"] == 9 else None))
+        got = wait_until(lambda: (s if (s := _stats(capsys))["sent_pkts"] == 9 else None),
+                         20.0, "the live process's counters")
         assert got["sent_terminate"] == 1 and got["rcvd_icrc_err"] == 0
         assert not (tmp_path / f"{IW}.iw.{pid}.counters.json").exists()  # folded in
     # closed: the device keeps them

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from perftest_harness import env_for, free_port, kill_devd, make_device, spawn
+from perftest_harness import device_state, env_for, free_port, spawn
 
 from softrdma.tools.perftest import report
 
@@ -23,11 +23,7 @@ DEADLINE = 60.0  # generous: the machine may be busy (s)
 
 @pytest.fixture()
 def state(tmp_path: Path) -> Iterator[Path]:
-    make_device(tmp_path)
-    try:
-        yield tmp_path
-    finally:
-        kill_devd(tmp_path)
+    yield from device_state(tmp_path)
 
 
 def test_duration_progress_is_measured_against_the_duration() -> None:

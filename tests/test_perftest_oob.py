@@ -18,10 +18,9 @@ from pathlib import Path
 import pytest
 from perftest_harness import (
     CAPTURES,
+    device_state,
     env_for,
     free_port,
-    kill_devd,
-    make_device,
     recv_exact,
     spawn,
     tcp_payloads,
@@ -116,11 +115,7 @@ def test_malformed_messages_are_errors() -> None:
 
 @pytest.fixture()
 def state(tmp_path: Path) -> Iterator[Path]:
-    make_device(tmp_path)
-    try:
-        yield tmp_path
-    finally:
-        kill_devd(tmp_path)
+    yield from device_state(tmp_path)
 
 
 def _same_shape(ours: bytes, theirs: bytes) -> bool:

@@ -10,16 +10,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from perftest_harness import kill_devd, make_device, run_pair
+from perftest_harness import device_state, run_pair
 
 
 @pytest.fixture()
 def state(tmp_path: Path) -> Iterator[Path]:
-    make_device(tmp_path)
-    try:
-        yield tmp_path
-    finally:
-        kill_devd(tmp_path)
+    yield from device_state(tmp_path)
 
 
 @pytest.mark.parametrize(("tool", "run"), [

@@ -15,7 +15,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from perftest_harness import CAPTURES, env_for, free_port, kill_devd, make_device, run_pair, spawn
+from perftest_harness import (
+    CAPTURES,
+    device_state,
+    env_for,
+    free_port,
+    run_pair,
+    spawn,
+)
 from wait_harness import waits_until_stopped
 
 from softrdma.errors import InvalidArgument
@@ -192,11 +199,7 @@ def test_progress_line_only_on_terminals() -> None:
 
 @pytest.fixture()
 def state(tmp_path: Path) -> Iterator[Path]:
-    make_device(tmp_path)
-    try:
-        yield tmp_path
-    finally:
-        kill_devd(tmp_path)
+    yield from device_state(tmp_path)
 
 
 def _rows(out: str, pattern: re.Pattern[str]) -> list[tuple[str, ...]]:

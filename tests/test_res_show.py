@@ -8,14 +8,14 @@ import errno
 import json
 import os
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
 import device_harness
 import pytest
 from test_port_counters import Pair
+from wait_harness import wait_until
 
 from softrdma import enums as e
 from softrdma import verbs as v
@@ -35,17 +35,6 @@ ALL = int(e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ | e.IBV_ACCESS_LO
 @pytest.fixture()
 def shared_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     yield from device_harness.shared_device("restest", tmp_path, monkeypatch)
-
-
-def _until(what: str, check: Callable[[], Any], timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def _res_json(capsys: pytest.CaptureFixture[str], *words: str) -> list[dict[str, Any]]:
@@ -79,7 +68,7 @@ def test_res_show_lists_every_object(shared_device: str,
             wcs.extend(cq.poll(4)[1])
             return len(wcs) >= 2
 
-        _until("both completions", polled)
+        wait_until(polled, 20.0, "both completions")
         assert all(w.status == e.IBV_WC_SUCCESS for w in wcs)
         a, b = qps[0].qp_num, qps[1].qp_num
 
@@ -90,7 +79,7 @@ def test_res_show_lists_every_object(shared_device: str,
                   and mine[b].get("rq-psn") == 101)
             return rows if ok else []
 
-        rows = _until("both QPs in res show qp", listed)
+        rows = wait_until(listed, 20.0, "both QPs in res show qp")
         by = {r["lqpn"]: r for r in rows}
         assert by[a]["rqpn"] == b and by[b]["rqpn"] == a
         assert by[a]["type"] == "RC" and by[a]["state"] == "RTS"
@@ -123,11 +112,11 @@ def test_res_show_lists_every_object(shared_device: str,
         assert sb[a]["retransmitted_pkts"] == 0 and sb[b]["sent_nak"] == 0
         # a destroyed QP leaves the list
         qps[0].close()
-        _until("the destroyed QP gone", lambda: [
+        wait_until(lambda: [
             r for r in _res_json(capsys, "show", "qp", "-d", shared_device)
             if r["lqpn"] != a] and not [
             r for r in _res_json(capsys, "show", "qp", "-d", shared_device)
-            if r["lqpn"] == a])
+            if r["lqpn"] == a], 20.0, "the destroyed QP gone")
 
 
 def test_res_bad_arguments(shared_device: str, capsys: pytest.CaptureFixture[str]) -> None:
