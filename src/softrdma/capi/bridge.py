@@ -33,6 +33,7 @@ from ..verbs import (
     QP,
     SGE,
     SRQ,
+    XRCD,
     AHAttr,
     CompChannel,
     Context,
@@ -44,8 +45,9 @@ from ..verbs import (
     SendWR,
     SrqAttr,
     SrqInitAttr,
+    XrcSRQ,
 )
-from ..verbs.device import DeviceInfo, all_devices
+from ..verbs.device import MAX_CQE, DeviceInfo, all_devices
 
 __all__ = ["install", "RingCQ", "PYTHON_ENV"]
 
@@ -196,6 +198,9 @@ def _open(index: int, async_fd: Any) -> int:
 def _get_async_event(h: int, event_type: Any, element: Any, port_num: Any) -> int:
     """1 and the next event (its element's wrapper, or its port), 0 if none is pending."""
     ctx = _get(h, Context)
+    # port events (PORT_ERR/ACTIVE, GID_CHANGE) from the device's interface, as rxe posts
+    # them, once the program reads its events (a watcher thread per context otherwise)
+    ctx.watch_port()
     try:
         ev = ctx.get_async_event(timeout=0)
     except TimeoutError:
@@ -362,7 +367,10 @@ def _qp_init(a: Any) -> QPInitAttr:
 
 
 def _create_qp(h: int, a: Any, wrapper: Any) -> int:
-    qp = QP(_get(h, PD), _qp_init(a))
+    if a.qp_type == e.IBV_QPT_XRC_RECV:  # an XRC TGT QP belongs to its XRC domain
+        qp = QP(_get(h, XRCD), QPInitAttr(qp_type=a.qp_type))
+    else:
+        qp = QP(_get(h, PD), _qp_init(a))
     a.qp_num = qp.qp_num
     return _add(qp, wrapper)
 
@@ -435,6 +443,8 @@ def _send_wr(w: Any) -> SendWR:
         wr.invalidate_rkey = w.imm_data
     else:
         wr.imm_data = w.imm_data
+    if w.xrc_srqn:
+        wr.set_qp_type_xrc(w.xrc_srqn)
     if w.ah:
         wr.set_wr_ud(_get(w.ah, AH), w.remote_qpn, w.remote_qkey)
     elif opcode in (e.IBV_WR_ATOMIC_CMP_AND_SWP, e.IBV_WR_ATOMIC_FETCH_AND_ADD):
@@ -465,6 +475,35 @@ def _post_recv(h: int, is_srq: int, wrs: Any, n: int, bad: Any) -> int:
     return 0
 
 
+# ---- extended verbs: ibv_resize_cq, XRC ------------------------------------------------
+def _resize_cq(h: int, cqe: int) -> int:
+    """Move the CQ's completions to a ring of ``cqe`` entries (C holds the consumer lock;
+    the engine lock keeps the producer out)."""
+    cq = _get(h, RingCQ)
+    if not 1 <= cqe <= MAX_CQE:
+        raise SoftRdmaError(f"cqe must be 1..{MAX_CQE}, got {cqe}", errno=errno.EINVAL)
+    with cq._runtime.lock:
+        if cq.ring is None:
+            raise SoftRdmaError("the CQ is destroyed", errno=errno.EINVAL)
+        err = int(_lib.sr_ring_resize(cq.ring, cqe))
+        if err:
+            raise SoftRdmaError(f"cannot resize the CQ to {cqe}: {os.strerror(err)}",
+                                errno=err)
+        cq.cqe = cqe
+    return 0
+
+
+def _open_xrcd(h: int, fd: int, oflags: int) -> int:
+    return _add(XRCD(_get(h, Context), fd, oflags))
+
+
+def _create_xrc_srq(h: int, xrcd: int, cq: int, attr: Any, wrapper: Any, srq_num: Any) -> int:
+    srq = XrcSRQ(_get(h, PD), _get(xrcd, XRCD), _get(cq, CQ),
+                 SrqInitAttr(SrqAttr(attr.max_wr, attr.max_sge, attr.srq_limit)))
+    srq_num[0] = srq.srq_num
+    return _add(srq, wrapper)
+
+
 # name in cdefs.PY_EXPORTS -> (function, returns a handle: errors are negative)
 _EXPORTS: dict[str, tuple[Callable[..., int], bool]] = {
     "sr_py_ndevices": (_ndevices, True),
@@ -493,6 +532,9 @@ _EXPORTS: dict[str, tuple[Callable[..., int], bool]] = {
     "sr_py_create_ah": (_create_ah, True),
     "sr_py_post_send": (_post_send, False),
     "sr_py_post_recv": (_post_recv, False),
+    "sr_py_resize_cq": (_resize_cq, False),
+    "sr_py_open_xrcd": (_open_xrcd, True),
+    "sr_py_create_xrc_srq": (_create_xrc_srq, True),
 }
 
 

@@ -20,6 +20,7 @@ struct sr_swr {
     uint32_t num_sge, opcode, send_flags, imm_data;
     uint64_t remote_addr, compare_add, swap;
     uint32_t rkey, ah, remote_qpn, remote_qkey;
+    uint32_t xrc_srqn;
 };
 struct sr_rwr { uint64_t wr_id; uint64_t sg; uint32_t num_sge; };
 struct sr_qp_init {
@@ -99,6 +100,7 @@ int sr_ring_push(void *ring, uint64_t wr_id, int status, int opcode, uint32_t ve
                  unsigned int wc_flags, uint16_t pkey_index, uint16_t slid, uint8_t sl,
                  uint8_t dlid_path_bits);
 int sr_ring_count(void *ring);
+int sr_ring_resize(void *ring, uint32_t cqe);
 """
 
 PY_EXPORTS = """
@@ -130,6 +132,10 @@ int sr_py_query_qp(int qp, struct sr_qp_attr *attr, int mask);
 int sr_py_create_ah(int pd, struct sr_ah_attr *attr);
 int sr_py_post_send(int qp, struct sr_swr *wr, int n, int *bad);
 int sr_py_post_recv(int h, int is_srq, struct sr_rwr *wr, int n, int *bad);
+int sr_py_resize_cq(int cq, int cqe);
+int sr_py_open_xrcd(int ctx, int fd, int oflags);
+int sr_py_create_xrc_srq(int pd, int xrcd, int cq, struct sr_srq_attr *attr, void *wrapper,
+                         uint32_t *srq_num);
 int sr_py_cm_channel(int *fd);
 int sr_py_cm_create_id(int channel, int ps, void *wrapper);
 int sr_py_cm_set_wrapper(int h, void *wrapper);

@@ -41,6 +41,7 @@ struct sr_swr {
     uint32_t num_sge, opcode, send_flags, imm_data;  /* imm_data in host order */
     uint64_t remote_addr, compare_add, swap;
     uint32_t rkey, ah, remote_qpn, remote_qkey;
+    uint32_t xrc_srqn;      /* XRC INI QPs: the remote XRC SRQ (qp_type.xrc.remote_srqn) */
 };
 
 struct sr_rwr {
@@ -114,12 +115,20 @@ struct sr_ring {
 struct sr_device { struct ibv_device dev; int index; uint64_t guid; };
 /* the context is a verbs_context (its ops for the extended verbs in front, the
  * ibv_context last): the handle goes before it */
-struct sr_context { int h; int async_own; struct verbs_context vctx; };
+struct sr_context { int h; int async_own; size_t dm_used; struct verbs_context vctx; };
 #define SR_CTX(c) ((struct sr_context *)((char *)(c) - offsetof(struct sr_context, vctx.context)))
 struct sr_pd { struct ibv_pd pd; int h; };
-struct sr_mr { struct ibv_mr mr; int h; };
+struct sr_dm;
+struct sr_mr { struct ibv_mr mr; int h; int access; uint64_t iova; struct sr_dm *dm; };
 struct sr_channel { struct ibv_comp_channel ch; int h; int own_fd; };
-struct sr_cq { struct ibv_cq cq; int h; struct sr_ring ring; };
+/* cq and cqx share their first fields (ibv_cq_ex_to_cq is a cast); ex_cur: an
+ * ibv_start_poll..ibv_end_poll pass holds the consumer lock and has a current entry */
+struct sr_cq {
+    union { struct ibv_cq cq; struct ibv_cq_ex cqx; };
+    int h;
+    struct sr_ring ring;
+    int ex_polling, ex_cur;
+};
 struct sr_xwr;  /* a work request built with the ibv_wr_* API, posted by wr_complete */
 struct sr_qp {
     struct ibv_qp_ex qpx;  /* qpx.qp_base is the program's ibv_qp */
@@ -128,7 +137,7 @@ struct sr_qp {
     struct sr_xwr *xw;
     int nx, xcap, xerr;
 };
-struct sr_srq { struct ibv_srq srq; int h; };
+struct sr_srq { struct ibv_srq srq; int h; uint32_t srq_num; int xrc; };
 struct sr_ah { struct ibv_ah ah; int h; };
 
 #define SR_H(type, p) (((struct type *)(p))->h)
@@ -256,6 +265,8 @@ static int sr_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_se
             f->imm_data = ntohl(wr->imm_data);
             if (wr->opcode == IBV_WR_SEND_WITH_INV)
                 f->imm_data = wr->invalidate_rkey;
+            if (qp->qp_type == IBV_QPT_XRC_SEND)
+                f->xrc_srqn = wr->qp_type.xrc.remote_srqn;
             if (qp->qp_type == IBV_QPT_UD) {
                 f->ah = wr->wr.ud.ah ? (uint32_t)SR_H(sr_ah, wr->wr.ud.ah) : 0;
                 f->remote_qpn = wr->wr.ud.remote_qpn;
@@ -456,6 +467,9 @@ static int sr_load_devices(void)
 static struct ibv_qp *sr_create_qp_ex(struct ibv_context *context,
                                       struct ibv_qp_init_attr_ex *attr);
 static void sr_x_free(struct sr_qp *q);
+static void sr_ext_context_ops(struct verbs_context *vctx);
+static struct ibv_qp *sr_create_xrc_tgt(struct ibv_context *context,
+                                        struct ibv_qp_init_attr_ex *attr);
 
 /* ---- devices ---- */
 struct ibv_device **ibv_get_device_list(int *num_devices)
@@ -532,6 +546,7 @@ static struct ibv_context *sr_wrap_context(int h, int afd, struct ibv_device *de
     ctx->abi_compat = __VERBS_ABI_IS_EXTENDED;
     c->vctx.sz = sizeof(c->vctx);
     c->vctx.create_qp_ex = sr_create_qp_ex;
+    sr_ext_context_ops(&c->vctx);
     return ctx;
 }
 
@@ -714,6 +729,8 @@ struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length, ui
         return sr_fail(ENOMEM);
     }
     m->h = h;
+    m->access = (int)access;
+    m->iova = iova;
     m->mr.context = pd->context;
     m->mr.pd = pd;
     m->mr.addr = addr;
@@ -737,9 +754,16 @@ struct ibv_mr *ibv_reg_mr_iova(struct ibv_pd *pd, void *addr, size_t length, uin
     return ibv_reg_mr_iova2(pd, addr, length, iova, (unsigned int)access);
 }
 
+static void sr_dm_unref(struct sr_dm *dm);
+
 int ibv_dereg_mr(struct ibv_mr *mr)
 {
-    return sr_destroy_obj(SR_H(sr_mr, mr), mr);
+    struct sr_dm *dm = ((struct sr_mr *)mr)->dm;
+    int ret = sr_destroy_obj(SR_H(sr_mr, mr), mr);
+
+    if (!ret && dm)
+        sr_dm_unref(dm);
+    return ret;
 }
 
 /* ---- completion channels and queues ---- */
@@ -906,8 +930,10 @@ int ibv_destroy_srq(struct ibv_srq *srq)
 }
 
 /* ---- queue pairs ---- */
-/* cm_id: the handle of the rdma_cm id the QP is made for (rdma_create_qp), or 0 */
-static struct sr_qp *sr_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr, int cm_id)
+/* owner: the handle of the QP's PD (of its XRC domain for an XRC TGT QP, pd NULL);
+ * cm_id: the handle of the rdma_cm id the QP is made for (rdma_create_qp), or 0 */
+static struct sr_qp *sr_create_qp_on(int owner, struct ibv_context *context, struct ibv_pd *pd,
+                                     struct ibv_qp_init_attr *attr, int cm_id)
 {
     struct sr_qp *q;
     struct sr_qp_init a = {
@@ -925,8 +951,7 @@ static struct sr_qp *sr_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *at
     q = calloc(1, sizeof(*q));
     if (!q)
         return sr_fail(ENOMEM);
-    h = cm_id ? sr_py_cm_create_qp(cm_id, SR_H(sr_pd, pd), &a, q)
-              : sr_py_create_qp(SR_H(sr_pd, pd), &a, q);
+    h = cm_id ? sr_py_cm_create_qp(cm_id, owner, &a, q) : sr_py_create_qp(owner, &a, q);
     if (!sr_handle_ok(h)) {
         int err = errno;
         free(q);
@@ -938,7 +963,7 @@ static struct sr_qp *sr_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *at
     attr->cap.max_recv_sge = a.max_recv_sge;
     attr->cap.max_inline_data = a.max_inline_data;
     q->h = h;
-    q->qpx.qp_base.context = pd->context;
+    q->qpx.qp_base.context = context;
     q->qpx.qp_base.qp_context = attr->qp_context;
     q->qpx.qp_base.pd = pd;
     q->qpx.qp_base.send_cq = attr->send_cq;
@@ -951,6 +976,11 @@ static struct sr_qp *sr_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *at
     pthread_mutex_init(&q->qpx.qp_base.mutex, NULL);
     pthread_cond_init(&q->qpx.qp_base.cond, NULL);
     return q;
+}
+
+static struct sr_qp *sr_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr, int cm_id)
+{
+    return sr_create_qp_on(SR_H(sr_pd, pd), pd->context, pd, attr, cm_id);
 }
 
 struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
@@ -1303,8 +1333,10 @@ static struct ibv_qp *sr_create_qp_ex(struct ibv_context *context,
     struct ibv_qp_init_attr init;
     struct ibv_qp_ex *x;
     struct sr_qp *q;
-    uint32_t known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+    uint32_t known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_XRCD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
 
+    if (attr->qp_type == IBV_QPT_XRC_RECV)
+        return sr_create_xrc_tgt(context, attr);
     if (!(attr->comp_mask & IBV_QP_INIT_ATTR_PD) || !attr->pd)
         return sr_fail(EINVAL);
     if (attr->comp_mask & ~known)
@@ -1443,13 +1475,6 @@ int ibv_get_pkey_index(struct ibv_context *context, uint8_t port_num, __be16 pke
 #define SR_NOT_YET_INT  { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 #define SR_NOT_YET_PTR  { return sr_fail(EOPNOTSUPP); }
 
-int ibv_resize_cq(struct ibv_cq *cq, int cqe)
-{ (void)cq; (void)cqe; SR_NOT_YET_INT }
-
-int ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr, size_t length,
-                 int access)
-{ (void)mr; (void)flags; (void)pd; (void)addr; (void)length; (void)access; SR_NOT_YET_INT }
-
 struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length,
                                  uint64_t iova, int fd, int access)
 { (void)pd; (void)offset; (void)length; (void)iova; (void)fd; (void)access; SR_NOT_YET_PTR }
@@ -1556,3 +1581,526 @@ struct ibv_dm *ibv_import_dm(struct ibv_context *context, uint32_t dm_handle)
 void ibv_unimport_pd(struct ibv_pd *pd) { (void)pd; }
 void ibv_unimport_mr(struct ibv_mr *mr) { (void)mr; }
 void ibv_unimport_dm(struct ibv_dm *dm) { (void)dm; }
+
+/* ==== extended verbs: ibv_query_device_ex, ODP, device memory, XRC, ibv_cq_ex,
+ * ibv_resize_cq, ibv_rereg_mr (the verbs_context ops verbs.h's inline helpers call) ==== */
+
+/* Device memory a context may allocate (ibv_alloc_dm), as the pyverbs layer reports it
+ * (compat/pyverbs/device.py MAX_DM_SIZE): a buffer of the process, reached through a
+ * zero-based MR (ibv_reg_dm_mr). */
+#define SR_MAX_DM_SIZE (256u * 1024u)
+#define SR_ODP_RC (IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE \
+                   | IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_ATOMIC | IBV_ODP_SUPPORT_SRQ_RECV)
+
+/* ibv_query_device_ex: the legacy attributes, and on-demand paging (softrdma never pins
+ * memory: the engine reaches registered bytes in place when a packet needs them, which is
+ * what ODP promises; implicit ODP is not offered), device memory, no completion clock
+ * (completion_timestamp_mask 0, as rxe). attr_size: the caller's struct may be older. */
+static int sr_query_device_ex(struct ibv_context *context,
+                              const struct ibv_query_device_ex_input *input,
+                              struct ibv_device_attr_ex *attr, size_t attr_size)
+{
+    struct ibv_device_attr_ex a;
+    int ret;
+
+    if (input && input->comp_mask)
+        return EINVAL;
+    if (attr_size < sizeof(a.orig_attr))
+        return EINVAL;
+    memset(&a, 0, sizeof(a));
+    ret = ibv_query_device(context, &a.orig_attr);
+    if (ret)
+        return ret;
+    a.odp_caps.general_caps = IBV_ODP_SUPPORT;
+    a.odp_caps.per_transport_caps.rc_odp_caps = SR_ODP_RC;
+    a.odp_caps.per_transport_caps.uc_odp_caps = SR_ODP_RC & ~(uint32_t)(IBV_ODP_SUPPORT_READ
+                                                                 | IBV_ODP_SUPPORT_ATOMIC);
+    a.odp_caps.per_transport_caps.ud_odp_caps = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV
+                                                | IBV_ODP_SUPPORT_SRQ_RECV;
+    a.xrc_odp_caps = SR_ODP_RC & ~(uint32_t)IBV_ODP_SUPPORT_RECV;
+    a.completion_timestamp_mask = 0;
+    a.device_cap_flags_ex = a.orig_attr.device_cap_flags;
+    a.max_dm_size = SR_MAX_DM_SIZE;
+    a.phys_port_cnt_ex = a.orig_attr.phys_port_cnt;
+    memcpy(attr, &a, attr_size < sizeof(a) ? attr_size : sizeof(a));
+    return 0;
+}
+
+/* ibv_advise_mr: a prefetch has nothing to fault in (see above); the arguments are
+ * checked as the kernel does. */
+static int sr_advise_mr(struct ibv_pd *pd, enum ibv_advise_mr_advice advice, uint32_t flags,
+                        struct ibv_sge *sg_list, uint32_t num_sges)
+{
+    if (!pd || !sg_list || !num_sges)
+        return EINVAL;
+    if (advice != IBV_ADVISE_MR_ADVICE_PREFETCH && advice != IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE
+        && advice != IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT)
+        return EOPNOTSUPP;
+    if (flags & ~(uint32_t)IBV_ADVISE_MR_FLAG_FLUSH)
+        return EINVAL;
+    return 0;
+}
+
+/* ---- device memory ---- */
+struct sr_dm {
+    struct ibv_dm dm;
+    char *buf;
+    size_t length;
+    int refs;               /* 1 + the MRs registered on it */
+};
+
+static int sr_dm_copy_in(struct ibv_dm *ibdm, uint64_t offset, const void *host, size_t length)
+{
+    struct sr_dm *d = (struct sr_dm *)ibdm;
+    if (offset > d->length || length > d->length - offset)
+        return EINVAL;
+    memcpy(d->buf + offset, host, length);
+    return 0;
+}
+
+static int sr_dm_copy_out(void *host, struct ibv_dm *ibdm, uint64_t offset, size_t length)
+{
+    struct sr_dm *d = (struct sr_dm *)ibdm;
+    if (offset > d->length || length > d->length - offset)
+        return EINVAL;
+    memcpy(host, d->buf + offset, length);
+    return 0;
+}
+
+static struct ibv_dm *sr_alloc_dm(struct ibv_context *context, struct ibv_alloc_dm_attr *attr)
+{
+    struct sr_context *c = SR_CTX(context);
+    struct sr_dm *d;
+
+    if (!attr || attr->comp_mask || !attr->length)
+        return sr_fail(EINVAL);
+    pthread_mutex_lock(&g_lock);
+    if (attr->length > SR_MAX_DM_SIZE - c->dm_used) {
+        pthread_mutex_unlock(&g_lock);
+        return sr_fail(ENOMEM);
+    }
+    c->dm_used += attr->length;
+    pthread_mutex_unlock(&g_lock);
+    d = calloc(1, sizeof(*d));
+    if (d)
+        d->buf = calloc(1, attr->length);
+    if (!d || !d->buf) {
+        free(d);
+        pthread_mutex_lock(&g_lock);
+        c->dm_used -= attr->length;
+        pthread_mutex_unlock(&g_lock);
+        return sr_fail(ENOMEM);
+    }
+    d->length = attr->length;
+    d->refs = 1;
+    d->dm.context = context;
+    d->dm.memcpy_to_dm = sr_dm_copy_in;
+    d->dm.memcpy_from_dm = sr_dm_copy_out;
+    return &d->dm;
+}
+
+static void sr_dm_unref(struct sr_dm *d)
+{
+    struct sr_context *c = SR_CTX(d->dm.context);
+    int last;
+
+    pthread_mutex_lock(&g_lock);
+    last = --d->refs == 0;
+    if (last)
+        c->dm_used -= d->length;
+    pthread_mutex_unlock(&g_lock);
+    if (last) {
+        free(d->buf);
+        free(d);
+    }
+}
+
+/* ibv_free_dm: EBUSY while an MR is registered on it (as the kernel) */
+static int sr_free_dm(struct ibv_dm *ibdm)
+{
+    struct sr_dm *d = (struct sr_dm *)ibdm;
+    int busy;
+
+    pthread_mutex_lock(&g_lock);
+    busy = d->refs > 1;
+    pthread_mutex_unlock(&g_lock);
+    if (busy)
+        return EBUSY;
+    sr_dm_unref(d);
+    return 0;
+}
+
+/* ibv_reg_dm_mr: zero-based only (the kernel refuses others with EINVAL) */
+static struct ibv_mr *sr_reg_dm_mr(struct ibv_pd *pd, struct ibv_dm *ibdm, uint64_t dm_offset,
+                                   size_t length, unsigned int access)
+{
+    struct sr_dm *d = (struct sr_dm *)ibdm;
+    struct ibv_mr *mr;
+
+    if (!pd || !ibdm || !(access & IBV_ACCESS_ZERO_BASED) || (access & IBV_ACCESS_ON_DEMAND))
+        return sr_fail(EINVAL);
+    if (!length || dm_offset > d->length || length > d->length - dm_offset)
+        return sr_fail(EINVAL);
+    mr = ibv_reg_mr_iova2(pd, d->buf + dm_offset, length, 0, access);
+    if (!mr)
+        return NULL;
+    mr->addr = NULL;
+    ((struct sr_mr *)mr)->dm = d;
+    pthread_mutex_lock(&g_lock);
+    d->refs++;
+    pthread_mutex_unlock(&g_lock);
+    return mr;
+}
+
+/* ---- XRC (IBA Annex A14): domains, XRC SRQs, INI and TGT QPs ---- */
+struct sr_xrcd { struct ibv_xrcd xrcd; int h; };
+
+static struct ibv_xrcd *sr_open_xrcd(struct ibv_context *context,
+                                     struct ibv_xrcd_init_attr *attr)
+{
+    uint32_t need = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
+    struct sr_xrcd *x;
+    int h;
+
+    if (!attr || (attr->comp_mask & need) != need
+        || (attr->comp_mask & ~(uint32_t)(IBV_XRCD_INIT_ATTR_RESERVED - 1)))
+        return sr_fail(EINVAL);
+    h = sr_py_open_xrcd(SR_CTX(context)->h, attr->fd, attr->oflags);
+    if (!sr_handle_ok(h))
+        return NULL;
+    x = calloc(1, sizeof(*x));
+    if (!x) {
+        sr_py_destroy(h);
+        return sr_fail(ENOMEM);
+    }
+    x->h = h;
+    x->xrcd.context = context;
+    return &x->xrcd;
+}
+
+static int sr_close_xrcd(struct ibv_xrcd *xrcd)
+{
+    return sr_destroy_obj(((struct sr_xrcd *)xrcd)->h, xrcd);
+}
+
+static struct ibv_qp *sr_create_xrc_tgt(struct ibv_context *context,
+                                        struct ibv_qp_init_attr_ex *attr)
+{
+    struct ibv_qp_init_attr init;
+    struct sr_qp *q;
+
+    if (!(attr->comp_mask & IBV_QP_INIT_ATTR_XRCD) || !attr->xrcd
+        || attr->xrcd->context != context)
+        return sr_fail(EINVAL);
+    memset(&init, 0, sizeof(init));
+    init.qp_type = IBV_QPT_XRC_RECV;
+    init.qp_context = attr->qp_context;
+    q = sr_create_qp_on(((struct sr_xrcd *)attr->xrcd)->h, context, NULL, &init, 0);
+    return q ? &q->qpx.qp_base : NULL;
+}
+
+static struct ibv_srq *sr_create_srq_ex(struct ibv_context *context,
+                                        struct ibv_srq_init_attr_ex *attr)
+{
+    uint32_t known = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD
+                     | IBV_SRQ_INIT_ATTR_CQ;
+    struct ibv_srq_init_attr basic;
+    struct sr_srq_attr a;
+    struct ibv_srq *srq;
+    struct sr_srq *s;
+    uint32_t num = 0;
+    int h;
+
+    if (!attr || attr->comp_mask & ~known)
+        return sr_fail(attr && (attr->comp_mask & IBV_SRQ_INIT_ATTR_TM) ? EOPNOTSUPP : EINVAL);
+    if (!(attr->comp_mask & IBV_SRQ_INIT_ATTR_PD) || !attr->pd || attr->pd->context != context)
+        return sr_fail(EINVAL);
+    if (!(attr->comp_mask & IBV_SRQ_INIT_ATTR_TYPE) || attr->srq_type == IBV_SRQT_BASIC) {
+        memset(&basic, 0, sizeof(basic));
+        basic.srq_context = attr->srq_context;
+        basic.attr = attr->attr;
+        srq = ibv_create_srq(attr->pd, &basic);
+        if (srq)
+            attr->attr = basic.attr;
+        return srq;
+    }
+    if (attr->srq_type != IBV_SRQT_XRC)
+        return sr_fail(EOPNOTSUPP);  /* tag matching */
+    if (!(attr->comp_mask & IBV_SRQ_INIT_ATTR_XRCD) || !attr->xrcd
+        || !(attr->comp_mask & IBV_SRQ_INIT_ATTR_CQ) || !attr->cq)
+        return sr_fail(EINVAL);
+    s = calloc(1, sizeof(*s));
+    if (!s)
+        return sr_fail(ENOMEM);
+    a.max_wr = attr->attr.max_wr;
+    a.max_sge = attr->attr.max_sge;
+    a.srq_limit = attr->attr.srq_limit;
+    h = sr_py_create_xrc_srq(SR_H(sr_pd, attr->pd), ((struct sr_xrcd *)attr->xrcd)->h,
+                             SR_H(sr_cq, attr->cq), &a, s, &num);
+    if (!sr_handle_ok(h)) {
+        int err = errno;
+        free(s);
+        return sr_fail(err);
+    }
+    attr->attr.max_wr = a.max_wr;
+    attr->attr.max_sge = a.max_sge;
+    s->h = h;
+    s->xrc = 1;
+    s->srq_num = num;
+    s->srq.context = context;
+    s->srq.srq_context = attr->srq_context;
+    s->srq.pd = attr->pd;
+    s->srq.handle = (uint32_t)h;
+    pthread_mutex_init(&s->srq.mutex, NULL);
+    pthread_cond_init(&s->srq.cond, NULL);
+    return &s->srq;
+}
+
+/* ibv_get_srq_num: the number senders put in the XRCETH (XRC SRQs only) */
+static int sr_get_srq_num(struct ibv_srq *srq, uint32_t *srq_num)
+{
+    struct sr_srq *s = (struct sr_srq *)srq;
+    if (!s->xrc)
+        return EOPNOTSUPP;
+    *srq_num = s->srq_num;
+    return 0;
+}
+
+/* ---- ibv_cq_ex: ibv_start_poll / ibv_next_poll / ibv_end_poll over the ring ----
+ * A pass holds the ring's consumer lock from a successful start_poll to end_poll; the
+ * current completion is the ring's head, consumed by next_poll or end_poll. */
+#define SR_CQX(cqx) ((struct sr_cq *)(cqx))
+#define SR_CUR(cqx) (&SR_CQX(cqx)->ring.wc[atomic_load_explicit(&SR_CQX(cqx)->ring.head, \
+                                              memory_order_relaxed) & SR_CQX(cqx)->ring.mask])
+
+static int sr_cqx_load(struct sr_cq *c)
+{
+    struct sr_ring *r = &c->ring;
+    uint32_t head = atomic_load_explicit(&r->head, memory_order_relaxed);
+
+    if (head == atomic_load_explicit(&r->tail, memory_order_acquire)) {
+        c->ex_cur = 0;
+        return ENOENT;
+    }
+    c->ex_cur = 1;
+    c->cqx.status = r->wc[head & r->mask].status;
+    c->cqx.wr_id = r->wc[head & r->mask].wr_id;
+    return 0;
+}
+
+static int sr_cqx_start(struct ibv_cq_ex *cqx, struct ibv_poll_cq_attr *attr)
+{
+    struct sr_cq *c = SR_CQX(cqx);
+    struct sr_ring *r = &c->ring;
+
+    if (attr && attr->comp_mask)
+        return EINVAL;
+    /* empty: as ibv_poll_cq, no lock, no Python, a yield now and then */
+    if (atomic_load_explicit(&r->tail, memory_order_acquire)
+        == atomic_load_explicit(&r->head, memory_order_relaxed)) {
+        if ((++sr_empty_polls & sr_yield_mask) == 0)
+            sched_yield();
+        return ENOENT;
+    }
+    pthread_spin_lock(&r->consumer);
+    if (sr_cqx_load(c)) {
+        pthread_spin_unlock(&r->consumer);
+        return ENOENT;
+    }
+    c->ex_polling = 1;
+    return 0;
+}
+
+static void sr_cqx_consume(struct sr_cq *c)
+{
+    struct sr_ring *r = &c->ring;
+    if (c->ex_cur)
+        atomic_store_explicit(&r->head, atomic_load_explicit(&r->head, memory_order_relaxed) + 1,
+                              memory_order_release);
+    c->ex_cur = 0;
+}
+
+static int sr_cqx_next(struct ibv_cq_ex *cqx)
+{
+    struct sr_cq *c = SR_CQX(cqx);
+    sr_cqx_consume(c);
+    return sr_cqx_load(c);
+}
+
+static void sr_cqx_end(struct ibv_cq_ex *cqx)
+{
+    struct sr_cq *c = SR_CQX(cqx);
+    if (!c->ex_polling)
+        return;
+    sr_cqx_consume(c);
+    c->ex_polling = 0;
+    pthread_spin_unlock(&c->ring.consumer);
+}
+
+static enum ibv_wc_opcode sr_cqx_opcode(struct ibv_cq_ex *cqx) { return SR_CUR(cqx)->opcode; }
+static uint32_t sr_cqx_vendor_err(struct ibv_cq_ex *cqx) { return SR_CUR(cqx)->vendor_err; }
+static uint32_t sr_cqx_byte_len(struct ibv_cq_ex *cqx) { return SR_CUR(cqx)->byte_len; }
+static __be32 sr_cqx_imm(struct ibv_cq_ex *cqx)
+{
+    struct ibv_wc *wc = SR_CUR(cqx);
+    return wc->wc_flags & IBV_WC_WITH_INV ? wc->invalidated_rkey : wc->imm_data;
+}
+static uint32_t sr_cqx_qp_num(struct ibv_cq_ex *cqx) { return SR_CUR(cqx)->qp_num; }
+static uint32_t sr_cqx_src_qp(struct ibv_cq_ex *cqx) { return SR_CUR(cqx)->src_qp; }
+static unsigned int sr_cqx_wc_flags(struct ibv_cq_ex *cqx) { return SR_CUR(cqx)->wc_flags; }
+static uint32_t sr_cqx_slid(struct ibv_cq_ex *cqx) { return SR_CUR(cqx)->slid; }
+static uint8_t sr_cqx_sl(struct ibv_cq_ex *cqx) { return SR_CUR(cqx)->sl; }
+static uint8_t sr_cqx_dlid_path_bits(struct ibv_cq_ex *cqx) { return SR_CUR(cqx)->dlid_path_bits; }
+static uint64_t sr_cqx_zero64(struct ibv_cq_ex *cqx) { (void)cqx; return 0; }
+static uint16_t sr_cqx_zero16(struct ibv_cq_ex *cqx) { (void)cqx; return 0; }
+static uint32_t sr_cqx_zero32(struct ibv_cq_ex *cqx) { (void)cqx; return 0; }
+static void sr_cqx_tm(struct ibv_cq_ex *cqx, struct ibv_wc_tm_info *tm)
+{ (void)cqx; memset(tm, 0, sizeof(*tm)); }
+
+/* ibv_create_cq_ex: the standard fields (no completion clock: timestamps are refused
+ * with EOPNOTSUPP, as the device reports completion_timestamp_mask 0) */
+static struct ibv_cq_ex *sr_create_cq_ex(struct ibv_context *context,
+                                         struct ibv_cq_init_attr_ex *attr)
+{
+    uint32_t known = IBV_CQ_INIT_ATTR_MASK_FLAGS | IBV_CQ_INIT_ATTR_MASK_PD;
+    struct ibv_cq *cq;
+    struct sr_cq *c;
+
+    if (!attr || attr->comp_mask & ~known)
+        return sr_fail(EINVAL);
+    if (attr->wc_flags & ~(uint64_t)IBV_WC_STANDARD_FLAGS)
+        return sr_fail(EOPNOTSUPP);
+    if ((attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS)
+        && (attr->flags & ~(uint32_t)IBV_CREATE_CQ_ATTR_SINGLE_THREADED))
+        return sr_fail(EOPNOTSUPP);  /* IGNORE_OVERRUN */
+    if (attr->cqe > INT32_MAX)
+        return sr_fail(EINVAL);
+    cq = ibv_create_cq(context, (int)attr->cqe, attr->cq_context, attr->channel,
+                       (int)attr->comp_vector);
+    if (!cq)
+        return NULL;
+    c = (struct sr_cq *)cq;
+    c->cqx.comp_mask = 0;
+    c->cqx.start_poll = sr_cqx_start;
+    c->cqx.next_poll = sr_cqx_next;
+    c->cqx.end_poll = sr_cqx_end;
+    c->cqx.read_opcode = sr_cqx_opcode;
+    c->cqx.read_vendor_err = sr_cqx_vendor_err;
+    c->cqx.read_byte_len = sr_cqx_byte_len;
+    c->cqx.read_imm_data = sr_cqx_imm;
+    c->cqx.read_qp_num = sr_cqx_qp_num;
+    c->cqx.read_src_qp = sr_cqx_src_qp;
+    c->cqx.read_wc_flags = sr_cqx_wc_flags;
+    c->cqx.read_slid = sr_cqx_slid;
+    c->cqx.read_sl = sr_cqx_sl;
+    c->cqx.read_dlid_path_bits = sr_cqx_dlid_path_bits;
+    c->cqx.read_completion_ts = sr_cqx_zero64;
+    c->cqx.read_completion_wallclock_ns = sr_cqx_zero64;
+    c->cqx.read_cvlan = sr_cqx_zero16;
+    c->cqx.read_flow_tag = sr_cqx_zero32;
+    c->cqx.read_tm_info = sr_cqx_tm;
+    return &c->cqx;
+}
+
+/* ---- ibv_resize_cq: a larger (or smaller, if the queued completions fit) ring ----
+ * Called from Python under the engine lock (no producer), with the consumer lock held by
+ * ibv_resize_cq (no consumer): the queued completions move to a new array. */
+int sr_ring_resize(void *ring, uint32_t cqe)
+{
+    struct sr_ring *r = ring;
+    uint32_t head = atomic_load_explicit(&r->head, memory_order_relaxed);
+    uint32_t tail = atomic_load_explicit(&r->tail, memory_order_relaxed);
+    uint32_t n = tail - head, size = 1, i;
+    struct ibv_wc *wc;
+
+    if (cqe < n)
+        return EINVAL;
+    while (size <= cqe)
+        size <<= 1;
+    wc = calloc(size, sizeof(*wc));
+    if (!wc)
+        return ENOMEM;
+    for (i = 0; i < n; i++)
+        wc[i] = r->wc[(head + i) & r->mask];
+    free(r->wc);
+    r->wc = wc;
+    r->capacity = cqe;
+    r->mask = size - 1;
+    atomic_store_explicit(&r->head, 0, memory_order_relaxed);
+    atomic_store_explicit(&r->tail, n, memory_order_release);
+    return 0;
+}
+
+int ibv_resize_cq(struct ibv_cq *cq, int cqe)
+{
+    struct sr_cq *c = (struct sr_cq *)cq;
+    int ret;
+
+    if (!cq || cqe < 1)
+        return EINVAL;
+    pthread_spin_lock(&c->ring.consumer);
+    ret = sr_py_resize_cq(c->h, cqe);
+    pthread_spin_unlock(&c->ring.consumer);
+    if (!ret)
+        cq->cqe = cqe;
+    return ret;
+}
+
+/* ---- ibv_rereg_mr: a new registration of the region's (new) memory, PD and access
+ * replaces the old one; its keys may change (ibv_rereg_mr(3): the caller reads them
+ * again). Errors: IBV_REREG_MR_ERR_INPUT (bad flags or arguments, errno EINVAL), or
+ * IBV_REREG_MR_ERR_CMD with errno, the old registration left as it was. */
+int ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr, size_t length,
+                 int access)
+{
+    struct sr_mr *m = (struct sr_mr *)mr;
+    struct ibv_pd *npd;
+    void *naddr;
+    size_t nlen;
+    uint64_t iova;
+    uint32_t lkey = 0, rkey = 0;
+    int nacc, h;
+
+    if (!mr || flags <= 0 || (flags & ~IBV_REREG_MR_FLAGS_SUPPORTED)
+        || m->dm) {
+        errno = EINVAL;
+        return IBV_REREG_MR_ERR_INPUT;
+    }
+    npd = (flags & IBV_REREG_MR_CHANGE_PD) ? pd : mr->pd;
+    naddr = (flags & IBV_REREG_MR_CHANGE_TRANSLATION) ? addr : mr->addr;
+    nlen = (flags & IBV_REREG_MR_CHANGE_TRANSLATION) ? length : mr->length;
+    iova = (flags & IBV_REREG_MR_CHANGE_TRANSLATION) ? (uint64_t)(uintptr_t)addr : m->iova;
+    nacc = (flags & IBV_REREG_MR_CHANGE_ACCESS) ? access : m->access;
+    if (!npd || !naddr || !nlen || npd->context != mr->context) {
+        errno = EINVAL;
+        return IBV_REREG_MR_ERR_INPUT;
+    }
+    h = sr_py_reg_mr(SR_H(sr_pd, npd), naddr, nlen, iova, nacc, &lkey, &rkey);
+    if (!sr_handle_ok(h))
+        return IBV_REREG_MR_ERR_CMD;
+    sr_py_destroy(m->h);
+    m->h = h;
+    m->access = nacc;
+    m->iova = iova;
+    mr->pd = npd;
+    mr->addr = naddr;
+    mr->length = nlen;
+    mr->handle = (uint32_t)h;
+    mr->lkey = lkey;
+    mr->rkey = rkey;
+    return 0;
+}
+
+static void sr_ext_context_ops(struct verbs_context *vctx)
+{
+    vctx->query_device_ex = sr_query_device_ex;
+    vctx->advise_mr = sr_advise_mr;
+    vctx->alloc_dm = sr_alloc_dm;
+    vctx->free_dm = sr_free_dm;
+    vctx->reg_dm_mr = sr_reg_dm_mr;
+    vctx->open_xrcd = sr_open_xrcd;
+    vctx->close_xrcd = sr_close_xrcd;
+    vctx->create_srq_ex = sr_create_srq_ex;
+    vctx->get_srq_num = sr_get_srq_num;
+    vctx->create_cq_ex = sr_create_cq_ex;
+}

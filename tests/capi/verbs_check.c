@@ -1,0 +1,805 @@
+/* A libibverbs program for tests/test_capi_verbs.py, run under `softrdma run`:
+ * the verbs the stock tools do not cover, each checked on its data and completion fields.
+ *
+ *   verbs_check DEVICE     prints "ok: ..." per check, exits 0 when all pass (FAIL: and
+ *                          exit 1 at the first that does not).
+ *
+ * Checks: the async event fd (non-blocking, poll) with an SRQ limit event; UD with the
+ * 40-byte GRH in front of the data; unsignaled sends (sq_sig_all 0 and 1); inline data
+ * gathered from unregistered buffers; ibv_create_cq_ex polling; ibv_resize_cq;
+ * ibv_rereg_mr; device memory; ibv_query_device_ex, ODP and ibv_advise_mr; a thread
+ * blocked in ibv_get_cq_event while another busy-polls and posts.
+ */
+#include <infiniband/verbs.h>
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define FAIL(...) do { fprintf(stderr, "FAIL: " __VA_ARGS__); fputc('\n', stderr); exit(1); } while (0)
+#define CHECK(cond, ...) do { if (!(cond)) FAIL(__VA_ARGS__); } while (0)
+
+static struct ibv_context *ctx;
+static struct ibv_pd *pd;
+static union ibv_gid gid;
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void wait_wc(struct ibv_cq *cq, struct ibv_wc *wc, const char *what)
+{
+    double deadline = now() + 30.0;
+    int n;
+    while ((n = ibv_poll_cq(cq, 1, wc)) == 0)
+        CHECK(now() < deadline, "no completion for %s", what);
+    CHECK(n == 1, "ibv_poll_cq failed for %s", what);
+}
+
+/* no completion arrives on cq within a short while (all earlier ones polled) */
+static void expect_empty(struct ibv_cq *cq, const char *what)
+{
+    struct ibv_wc wc;
+    double until = now() + 0.3;
+    while (now() < until)
+        CHECK(ibv_poll_cq(cq, 1, &wc) == 0, "unexpected completion (wr_id %#llx) for %s",
+              (unsigned long long)wc.wr_id, what);
+}
+
+static struct ibv_qp *make_qp(enum ibv_qp_type type, struct ibv_cq *scq, struct ibv_cq *rcq,
+                              struct ibv_srq *srq, int sig_all)
+{
+    struct ibv_qp_init_attr init;
+    struct ibv_qp *qp;
+
+    memset(&init, 0, sizeof(init));
+    init.send_cq = scq;
+    init.recv_cq = rcq;
+    init.srq = srq;
+    init.qp_type = type;
+    init.sq_sig_all = sig_all;
+    init.cap.max_send_wr = 32;
+    init.cap.max_recv_wr = srq ? 0 : 32;
+    init.cap.max_send_sge = 4;
+    init.cap.max_recv_sge = 4;
+    init.cap.max_inline_data = 256;
+    qp = ibv_create_qp(pd, &init);
+    CHECK(qp, "ibv_create_qp(type %d): %s", type, strerror(errno));
+    return qp;
+}
+
+static void rc_connect(struct ibv_qp *qp, uint32_t dest)
+{
+    struct ibv_qp_attr a;
+
+    memset(&a, 0, sizeof(a));
+    a.qp_state = IBV_QPS_INIT;
+    a.port_num = 1;
+    a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+    CHECK(!ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT
+                         | IBV_QP_ACCESS_FLAGS), "INIT");
+    memset(&a, 0, sizeof(a));
+    a.qp_state = IBV_QPS_RTR;
+    a.path_mtu = IBV_MTU_1024;
+    a.dest_qp_num = dest;
+    a.max_dest_rd_atomic = 1;
+    a.min_rnr_timer = 1;
+    a.ah_attr.is_global = 1;
+    a.ah_attr.grh.dgid = gid;
+    a.ah_attr.grh.hop_limit = 1;
+    a.ah_attr.port_num = 1;
+    CHECK(!ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN
+                         | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER), "RTR");
+    memset(&a, 0, sizeof(a));
+    a.qp_state = IBV_QPS_RTS;
+    a.timeout = 14;
+    a.retry_cnt = 7;
+    a.rnr_retry = 7;
+    a.max_rd_atomic = 1;
+    CHECK(!ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT
+                         | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC), "RTS");
+}
+
+static void ud_ready(struct ibv_qp *qp)
+{
+    struct ibv_qp_attr a;
+
+    memset(&a, 0, sizeof(a));
+    a.qp_state = IBV_QPS_INIT;
+    a.port_num = 1;
+    a.qkey = 0x11111111;
+    CHECK(!ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY),
+          "UD INIT");
+    a.qp_state = IBV_QPS_RTR;
+    CHECK(!ibv_modify_qp(qp, &a, IBV_QP_STATE), "UD RTR");
+    a.qp_state = IBV_QPS_RTS;
+    CHECK(!ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN), "UD RTS");
+}
+
+static void post_recv(struct ibv_qp *qp, struct ibv_srq *srq, uint64_t wr_id, void *buf,
+                      uint32_t len, uint32_t lkey)
+{
+    struct ibv_sge sge = { .addr = (uintptr_t)buf, .length = len, .lkey = lkey };
+    struct ibv_recv_wr wr, *bad;
+
+    memset(&wr, 0, sizeof(wr));
+    wr.wr_id = wr_id;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    CHECK(!(srq ? ibv_post_srq_recv(srq, &wr, &bad) : ibv_post_recv(qp, &wr, &bad)),
+          "post_recv");
+}
+
+static void post_send(struct ibv_qp *qp, uint64_t wr_id, enum ibv_wr_opcode op, void *buf,
+                      uint32_t len, uint32_t lkey, unsigned int flags)
+{
+    struct ibv_sge sge = { .addr = (uintptr_t)buf, .length = len, .lkey = lkey };
+    struct ibv_send_wr wr, *bad;
+
+    memset(&wr, 0, sizeof(wr));
+    wr.wr_id = wr_id;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = op;
+    wr.send_flags = flags;
+    CHECK(!ibv_post_send(qp, &wr, &bad), "post_send wr_id %#llx: %s",
+          (unsigned long long)wr_id, strerror(errno));
+}
+
+/* ---- the async event fd, non-blocking, and an SRQ limit event ---- */
+static void check_async_fd_srq_limit(void)
+{
+    static char buf[8][64];
+    struct ibv_cq *cq = ibv_create_cq(ctx, 32, NULL, NULL, 0);
+    struct ibv_srq_init_attr sa;
+    struct ibv_srq_attr attr;
+    struct ibv_async_event ev;
+    struct ibv_qp *qa, *qb;
+    struct ibv_mr *mr;
+    struct ibv_srq *srq;
+    struct ibv_wc wc;
+    struct pollfd pfd;
+    char msg[16];
+    int flags, i;
+
+    CHECK(cq, "cq");
+    memset(&sa, 0, sizeof(sa));
+    sa.attr.max_wr = 8;
+    sa.attr.max_sge = 1;
+    srq = ibv_create_srq(pd, &sa);
+    CHECK(srq, "ibv_create_srq: %s", strerror(errno));
+    mr = ibv_reg_mr(pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE);
+    CHECK(mr, "reg_mr");
+    qa = make_qp(IBV_QPT_RC, cq, cq, NULL, 0);
+    qb = make_qp(IBV_QPT_RC, cq, cq, srq, 0);
+    rc_connect(qa, qb->qp_num);
+    rc_connect(qb, qa->qp_num);
+    for (i = 0; i < 4; i++)
+        post_recv(NULL, srq, 100 + i, buf[i], 64, mr->lkey);
+    /* the program's own descriptor: made non-blocking, nothing pending -> EAGAIN */
+    flags = fcntl(ctx->async_fd, F_GETFL);
+    CHECK(flags >= 0 && fcntl(ctx->async_fd, F_SETFL, flags | O_NONBLOCK) == 0, "O_NONBLOCK");
+    errno = 0;
+    CHECK(ibv_get_async_event(ctx, &ev) == -1 && errno == EAGAIN,
+          "ibv_get_async_event on an empty non-blocking fd: want -1/EAGAIN, errno %d", errno);
+    memset(&attr, 0, sizeof(attr));
+    attr.srq_limit = 3;
+    CHECK(!ibv_modify_srq(srq, &attr, IBV_SRQ_LIMIT), "ibv_modify_srq(srq_limit 3)");
+    memset(&attr, 0, sizeof(attr));
+    CHECK(!ibv_query_srq(srq, &attr) && attr.srq_limit == 3 && attr.max_wr >= 8,
+          "ibv_query_srq: limit %u max_wr %u", attr.srq_limit, attr.max_wr);
+    /* 4 receives queued, limit 3: the second message takes the level below it */
+    for (i = 0; i < 2; i++) {
+        snprintf(msg, sizeof(msg), "srq-%d", i);
+        post_send(qa, 200 + i, IBV_WR_SEND, msg, (uint32_t)strlen(msg) + 1, 0,
+                  IBV_SEND_SIGNALED | IBV_SEND_INLINE);
+    }
+    pfd.fd = ctx->async_fd;
+    pfd.events = POLLIN;
+    CHECK(poll(&pfd, 1, 30000) == 1 && (pfd.revents & POLLIN), "the async fd never polled readable");
+    CHECK(!ibv_get_async_event(ctx, &ev), "ibv_get_async_event: %s", strerror(errno));
+    CHECK(ev.event_type == IBV_EVENT_SRQ_LIMIT_REACHED && ev.element.srq == srq,
+          "async event %d (%s), element %p, want SRQ_LIMIT_REACHED on %p", ev.event_type,
+          ibv_event_type_str(ev.event_type), (void *)ev.element.srq, (void *)srq);
+    ibv_ack_async_event(&ev);
+    /* the limit is disarmed once it fired (IBA 10.2.9.6) */
+    memset(&attr, 0, sizeof(attr));
+    CHECK(!ibv_query_srq(srq, &attr) && attr.srq_limit == 0, "limit not disarmed: %u",
+          attr.srq_limit);
+    for (i = 0; i < 4; i++) {
+        wait_wc(cq, &wc, "srq traffic");
+        CHECK(wc.status == IBV_WC_SUCCESS, "srq wc status %d", wc.status);
+        if (wc.opcode == IBV_WC_RECV) {
+            CHECK(wc.qp_num == qb->qp_num && wc.wr_id >= 100 && wc.wr_id < 102
+                  && !strcmp(buf[wc.wr_id - 100], wc.wr_id == 100 ? "srq-0" : "srq-1"),
+                  "srq recv wc wr_id %#llx qp %#x", (unsigned long long)wc.wr_id, wc.qp_num);
+        }
+    }
+    errno = 0;
+    CHECK(ibv_get_async_event(ctx, &ev) == -1 && errno == EAGAIN, "a second event: %d",
+          ev.event_type);
+    CHECK(fcntl(ctx->async_fd, F_SETFL, flags) == 0, "restore flags");
+    CHECK(!ibv_destroy_qp(qa) && !ibv_destroy_qp(qb) && !ibv_destroy_srq(srq)
+          && !ibv_dereg_mr(mr) && !ibv_destroy_cq(cq), "teardown");
+    printf("ok: async fd non-blocking (EAGAIN, poll); SRQ_LIMIT_REACHED names the SRQ, "
+           "limit disarmed\n");
+}
+
+/* ---- UD: the 40-byte GRH in front of the data, the AH back to the sender ---- */
+static void check_ud_grh(void)
+{
+    static char rbuf[2][40 + 256], sbuf[64];
+    struct ibv_cq *cq = ibv_create_cq(ctx, 32, NULL, NULL, 0);
+    struct ibv_qp *qa, *qb;
+    struct ibv_ah_attr aa;
+    struct ibv_ah *ah, *back;
+    struct ibv_mr *mr;
+    struct ibv_sge sge;
+    struct ibv_send_wr wr, *bad;
+    struct ibv_wc wc;
+    const uint8_t *ip;
+    int i, got_send = 0;
+
+    CHECK(cq, "cq");
+    mr = ibv_reg_mr(pd, rbuf, sizeof(rbuf), IBV_ACCESS_LOCAL_WRITE);
+    CHECK(mr, "reg_mr");
+    qa = make_qp(IBV_QPT_UD, cq, cq, NULL, 1);
+    qb = make_qp(IBV_QPT_UD, cq, cq, NULL, 1);
+    ud_ready(qa);
+    ud_ready(qb);
+    memset(rbuf, 0xee, sizeof(rbuf));
+    post_recv(qb, NULL, 0xB0, rbuf[0], sizeof(rbuf[0]), mr->lkey);
+    post_recv(qa, NULL, 0xA0, rbuf[1], sizeof(rbuf[1]), mr->lkey);
+    memset(&aa, 0, sizeof(aa));
+    aa.is_global = 1;
+    aa.grh.dgid = gid;
+    aa.grh.hop_limit = 64;
+    aa.port_num = 1;
+    ah = ibv_create_ah(pd, &aa);
+    CHECK(ah, "ibv_create_ah: %s", strerror(errno));
+    snprintf(sbuf, sizeof(sbuf), "ud-datagram-payload");
+    sge.addr = (uintptr_t)sbuf;
+    sge.length = 32;
+    sge.lkey = 0;
+    memset(&wr, 0, sizeof(wr));
+    wr.wr_id = 0xA1;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_SEND;
+    wr.send_flags = IBV_SEND_INLINE;
+    wr.wr.ud.ah = ah;
+    wr.wr.ud.remote_qpn = qb->qp_num;
+    wr.wr.ud.remote_qkey = 0x11111111;
+    CHECK(!ibv_post_send(qa, &wr, &bad), "ud post_send");
+    for (i = 0; i < 2; i++) {
+        wait_wc(cq, &wc, "ud");
+        CHECK(wc.status == IBV_WC_SUCCESS, "ud wc status %s", ibv_wc_status_str(wc.status));
+        if (wc.opcode == IBV_WC_SEND) {
+            got_send = 1;
+            continue;
+        }
+        CHECK(wc.opcode == IBV_WC_RECV && wc.wr_id == 0xB0 && wc.qp_num == qb->qp_num
+              && wc.src_qp == qa->qp_num && (wc.wc_flags & IBV_WC_GRH) && wc.byte_len == 40 + 32,
+              "ud recv wc: wr_id %#llx qp %#x src_qp %#x flags %#x byte_len %u",
+              (unsigned long long)wc.wr_id, wc.qp_num, wc.src_qp, wc.wc_flags, wc.byte_len);
+    }
+    CHECK(got_send, "no UD send completion");
+    /* RoCEv2 over IPv4: the IPv4 header in the GRH area's last 20 bytes (IBA A17.4.5.1) */
+    ip = (const uint8_t *)rbuf[0] + 20;
+    CHECK((ip[0] >> 4) == 4 && ip[9] == 17 && !memcmp(ip + 12, &gid.raw[12], 4)
+          && !memcmp(ip + 16, &gid.raw[12], 4),
+          "GRH area: version %d proto %d src %d.%d.%d.%d", ip[0] >> 4, ip[9], ip[12], ip[13],
+          ip[14], ip[15]);
+    CHECK(!memcmp(rbuf[0] + 40, "ud-datagram-payload", 20), "UD data not after the GRH");
+    CHECK((unsigned char)rbuf[0][40 + 32] == 0xee, "UD data overran its byte_len");
+    /* the way back: an AH from the receive's GRH */
+    back = ibv_create_ah_from_wc(pd, &wc, (struct ibv_grh *)rbuf[0], 1);
+    CHECK(back, "ibv_create_ah_from_wc: %s", strerror(errno));
+    snprintf(sbuf, sizeof(sbuf), "reply");
+    sge.length = 6;
+    wr.wr_id = 0xB1;
+    wr.wr.ud.ah = back;
+    wr.wr.ud.remote_qpn = wc.src_qp;
+    CHECK(!ibv_post_send(qb, &wr, &bad), "ud reply post_send");
+    for (i = 0; i < 2; i++) {
+        wait_wc(cq, &wc, "ud reply");
+        CHECK(wc.status == IBV_WC_SUCCESS, "reply status %d", wc.status);
+        if (wc.opcode == IBV_WC_RECV)
+            CHECK(wc.wr_id == 0xA0 && wc.src_qp == qb->qp_num && !strcmp(rbuf[1] + 40, "reply"),
+                  "reply wc wr_id %#llx", (unsigned long long)wc.wr_id);
+    }
+    CHECK(!ibv_destroy_ah(back) && !ibv_destroy_ah(ah) && !ibv_destroy_qp(qa)
+          && !ibv_destroy_qp(qb) && !ibv_dereg_mr(mr) && !ibv_destroy_cq(cq), "teardown");
+    printf("ok: UD receive: GRH in the first 40 bytes (IPv4 header of 127.0.0.1), data after "
+           "it, byte_len 72, src_qp; ibv_create_ah_from_wc answers\n");
+}
+
+/* ---- unsignaled sends, and multi-SGE inline data from unregistered buffers ---- */
+static void check_unsignaled_inline(void)
+{
+    static char rbuf[8][128];
+    struct ibv_cq *scq = ibv_create_cq(ctx, 32, NULL, NULL, 0);
+    struct ibv_cq *rcq = ibv_create_cq(ctx, 32, NULL, NULL, 0);
+    struct ibv_qp *qa, *qb, *qc;
+    struct ibv_mr *mr;
+    struct ibv_wc wc;
+    struct ibv_sge sg[3];
+    struct ibv_send_wr wr, *bad;
+    char part1[8] = "alpha-", part2[8] = "beta-", part3[8] = "gamma";
+    int i;
+
+    CHECK(scq && rcq, "cqs");
+    mr = ibv_reg_mr(pd, rbuf, sizeof(rbuf), IBV_ACCESS_LOCAL_WRITE);
+    CHECK(mr, "reg_mr");
+    qa = make_qp(IBV_QPT_RC, scq, rcq, NULL, 0);  /* sq_sig_all 0 */
+    qb = make_qp(IBV_QPT_RC, scq, rcq, NULL, 0);
+    rc_connect(qa, qb->qp_num);
+    rc_connect(qb, qa->qp_num);
+    for (i = 0; i < 8; i++)
+        post_recv(qb, NULL, 0x300 + i, rbuf[i], 128, mr->lkey);
+    /* three unsignaled sends, then a signaled one: one send completion, four receives */
+    for (i = 0; i < 4; i++) {
+        char m[16];
+        snprintf(m, sizeof(m), "msg-%d", i);
+        post_send(qa, 0x400 + i, IBV_WR_SEND, m, (uint32_t)strlen(m) + 1, 0,
+                  IBV_SEND_INLINE | (i == 3 ? IBV_SEND_SIGNALED : 0));
+    }
+    for (i = 0; i < 4; i++) {
+        wait_wc(rcq, &wc, "recv of an unsignaled send");
+        CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 0x300u + (unsigned)i
+              && wc.byte_len == 6, "recv %d: wr_id %#llx len %u", i,
+              (unsigned long long)wc.wr_id, wc.byte_len);
+        CHECK(!strncmp(rbuf[i], "msg-", 4) && rbuf[i][4] == '0' + i, "recv %d data '%s'", i,
+              rbuf[i]);
+    }
+    wait_wc(scq, &wc, "the signaled send");
+    CHECK(wc.wr_id == 0x403 && wc.opcode == IBV_WC_SEND && wc.status == IBV_WC_SUCCESS,
+          "send completion wr_id %#llx, want only 0x403", (unsigned long long)wc.wr_id);
+    expect_empty(scq, "unsignaled sends");
+    printf("ok: sq_sig_all 0: three unsignaled sends and one signaled -> one send "
+           "completion (wr_id 0x403), four receives in order\n");
+
+    /* sq_sig_all 1: every send completes, IBV_SEND_SIGNALED or not */
+    qc = make_qp(IBV_QPT_RC, scq, rcq, NULL, 1);
+    CHECK(!ibv_destroy_qp(qb), "destroy qb");
+    qb = make_qp(IBV_QPT_RC, scq, rcq, NULL, 0);
+    rc_connect(qc, qb->qp_num);
+    rc_connect(qb, qc->qp_num);
+    for (i = 0; i < 3; i++)
+        post_recv(qb, NULL, 0x500 + i, rbuf[i], 128, mr->lkey);
+    for (i = 0; i < 2; i++)
+        post_send(qc, 0x600 + i, IBV_WR_SEND, "x", 2, 0, IBV_SEND_INLINE);
+    for (i = 0; i < 2; i++) {
+        wait_wc(scq, &wc, "sq_sig_all send");
+        CHECK(wc.wr_id == 0x600u + (unsigned)i && wc.status == IBV_WC_SUCCESS,
+              "sq_sig_all send wc %#llx", (unsigned long long)wc.wr_id);
+        wait_wc(rcq, &wc, "sq_sig_all recv");
+    }
+    printf("ok: sq_sig_all 1: every send completes without IBV_SEND_SIGNALED\n");
+
+    /* inline gathered from three unregistered buffers (lkey 0), overwritten at once */
+    sg[0].addr = (uintptr_t)part1; sg[0].length = 6; sg[0].lkey = 0;
+    sg[1].addr = (uintptr_t)part2; sg[1].length = 5; sg[1].lkey = 0;
+    sg[2].addr = (uintptr_t)part3; sg[2].length = 6; sg[2].lkey = 0;
+    memset(&wr, 0, sizeof(wr));
+    wr.wr_id = 0x700;
+    wr.sg_list = sg;
+    wr.num_sge = 3;
+    wr.opcode = IBV_WR_SEND;
+    wr.send_flags = IBV_SEND_INLINE | IBV_SEND_SIGNALED;
+    CHECK(!ibv_post_send(qc, &wr, &bad), "inline gather post_send: %s", strerror(errno));
+    memset(part1, 'X', sizeof(part1));
+    memset(part2, 'Y', sizeof(part2));
+    memset(part3, 'Z', sizeof(part3));
+    wait_wc(rcq, &wc, "inline gather recv");
+    CHECK(wc.status == IBV_WC_SUCCESS && wc.byte_len == 17 && !strcmp(rbuf[2], "alpha-beta-gamma"),
+          "inline gather: status %d len %u data '%s'", wc.status, wc.byte_len, rbuf[2]);
+    wait_wc(scq, &wc, "inline gather send");
+    CHECK(wc.wr_id == 0x700 && wc.status == IBV_WC_SUCCESS, "inline send wc");
+    CHECK(!ibv_destroy_qp(qa) && !ibv_destroy_qp(qb) && !ibv_destroy_qp(qc)
+          && !ibv_dereg_mr(mr) && !ibv_destroy_cq(scq) && !ibv_destroy_cq(rcq), "teardown");
+    printf("ok: inline data gathered from 3 unregistered buffers, copied at post time\n");
+}
+
+/* ---- ibv_create_cq_ex and ibv_start_poll/next_poll/end_poll ---- */
+static void check_cq_ex(void)
+{
+    static char buf[4][64];
+    struct ibv_cq_init_attr_ex ca;
+    struct ibv_poll_cq_attr pa = { .comp_mask = 0 };
+    struct ibv_cq_ex *cqx;
+    struct ibv_cq *cq;
+    struct ibv_qp *qa, *qb;
+    struct ibv_mr *mr;
+    struct ibv_sge sge;
+    struct ibv_send_wr wr, *bad;
+    int i, n = 0, recvs = 0, sends = 0, ret;
+    double deadline;
+
+    memset(&ca, 0, sizeof(ca));
+    ca.cqe = 16;
+    ca.wc_flags = IBV_WC_EX_WITH_COMPLETION_TIMESTAMP;
+    errno = 0;
+    CHECK(!ibv_create_cq_ex(ctx, &ca) && errno == EOPNOTSUPP,
+          "ibv_create_cq_ex with timestamps: want NULL/EOPNOTSUPP, errno %d", errno);
+    ca.wc_flags = IBV_WC_STANDARD_FLAGS;
+    cqx = ibv_create_cq_ex(ctx, &ca);
+    CHECK(cqx, "ibv_create_cq_ex: %s", strerror(errno));
+    cq = ibv_cq_ex_to_cq(cqx);
+    CHECK(ibv_start_poll(cqx, &pa) == ENOENT, "empty start_poll: want ENOENT");
+    mr = ibv_reg_mr(pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE);
+    CHECK(mr, "reg_mr");
+    qa = make_qp(IBV_QPT_RC, cq, cq, NULL, 1);
+    qb = make_qp(IBV_QPT_RC, cq, cq, NULL, 1);
+    rc_connect(qa, qb->qp_num);
+    rc_connect(qb, qa->qp_num);
+    for (i = 0; i < 3; i++)
+        post_recv(qb, NULL, 0x800 + i, buf[i], 64, mr->lkey);
+    for (i = 0; i < 3; i++) {
+        char m[8];
+        snprintf(m, sizeof(m), "cqx-%d", i);
+        sge.addr = (uintptr_t)m; sge.length = 6; sge.lkey = 0;
+        memset(&wr, 0, sizeof(wr));
+        wr.wr_id = 0x900 + i;
+        wr.sg_list = &sge;
+        wr.num_sge = 1;
+        wr.opcode = IBV_WR_SEND_WITH_IMM;
+        wr.imm_data = htonl(0xC0DE0000u + (unsigned)i);
+        wr.send_flags = IBV_SEND_INLINE;
+        CHECK(!ibv_post_send(qa, &wr, &bad), "cqx post_send");
+    }
+    /* wait until all six are queued, then read them in one pass */
+    deadline = now() + 30.0;
+    do {
+        struct ibv_wc peek;
+        (void)peek;
+        CHECK(now() < deadline, "cq_ex: completions missing");
+        ret = ibv_start_poll(cqx, &pa);
+        if (ret == ENOENT)
+            continue;
+        CHECK(ret == 0, "start_poll: %d", ret);
+        do {
+            CHECK(cqx->status == IBV_WC_SUCCESS, "cqx status %d", cqx->status);
+            if (ibv_wc_read_opcode(cqx) == IBV_WC_RECV) {
+                unsigned int k = (unsigned int)(cqx->wr_id - 0x800);
+                CHECK(k == (unsigned)recvs && ibv_wc_read_byte_len(cqx) == 6
+                      && ibv_wc_read_qp_num(cqx) == qb->qp_num
+                      && (ibv_wc_read_wc_flags(cqx) & IBV_WC_WITH_IMM)
+                      && ntohl(ibv_wc_read_imm_data(cqx)) == 0xC0DE0000u + k
+                      && !strcmp(buf[k], (char[]){'c', 'q', 'x', '-', (char)('0' + k), 0}),
+                      "cqx recv %u: len %u qp %#x imm %#x", k, ibv_wc_read_byte_len(cqx),
+                      ibv_wc_read_qp_num(cqx), ntohl(ibv_wc_read_imm_data(cqx)));
+                recvs++;
+            } else {
+                CHECK(ibv_wc_read_opcode(cqx) == IBV_WC_SEND
+                      && cqx->wr_id == 0x900u + (unsigned)sends
+                      && ibv_wc_read_qp_num(cqx) == qa->qp_num, "cqx send wc %#llx",
+                      (unsigned long long)cqx->wr_id);
+                sends++;
+            }
+            n++;
+        } while (ibv_next_poll(cqx) == 0);
+        ibv_end_poll(cqx);
+    } while (n < 6);
+    CHECK(recvs == 3 && sends == 3, "cqx: %d recvs %d sends", recvs, sends);
+    CHECK(ibv_start_poll(cqx, &pa) == ENOENT, "cq_ex: completions left after the pass");
+    CHECK(!ibv_destroy_qp(qa) && !ibv_destroy_qp(qb) && !ibv_dereg_mr(mr)
+          && !ibv_destroy_cq(cq), "teardown");
+    printf("ok: ibv_create_cq_ex (timestamps -> EOPNOTSUPP); start/next/end_poll read "
+           "opcode, byte_len, qp_num, wc_flags, imm_data of 6 completions\n");
+}
+
+/* ---- ibv_resize_cq keeps the queued completions; ibv_rereg_mr moves a region ---- */
+static void check_resize_rereg(void)
+{
+    static char a_buf[64], b_buf[64], src[64];
+    struct ibv_cq *cq = ibv_create_cq(ctx, 4, NULL, NULL, 0);
+    struct ibv_qp *qa, *qb;
+    struct ibv_mr *mr, *smr;
+    struct ibv_sge sge;
+    struct ibv_send_wr wr, *bad;
+    struct ibv_wc wc;
+    uint32_t old_rkey;
+    int i;
+
+    CHECK(cq, "cq");
+    mr = ibv_reg_mr(pd, a_buf, sizeof(a_buf), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    CHECK(mr, "reg_mr");
+    /* four receives flushed by the move to ERR: queued when ibv_modify_qp returns */
+    qa = make_qp(IBV_QPT_RC, cq, cq, NULL, 1);
+    {
+        struct ibv_qp_attr a;
+        memset(&a, 0, sizeof(a));
+        a.qp_state = IBV_QPS_INIT;
+        a.port_num = 1;
+        CHECK(!ibv_modify_qp(qa, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT
+                             | IBV_QP_ACCESS_FLAGS), "INIT");
+        for (i = 0; i < 4; i++)
+            post_recv(qa, NULL, 0xA00 + i, a_buf, 16, mr->lkey);
+        a.qp_state = IBV_QPS_ERR;
+        CHECK(!ibv_modify_qp(qa, &a, IBV_QP_STATE), "ERR");
+    }
+    CHECK(ibv_resize_cq(cq, 3) == EINVAL && cq->cqe == 4,
+          "ibv_resize_cq below the 4 queued completions: want EINVAL");
+    CHECK(ibv_resize_cq(cq, 64) == 0 && cq->cqe == 64, "ibv_resize_cq(64)");
+    for (i = 0; i < 4; i++) {
+        wait_wc(cq, &wc, "flushed receive after resize");
+        CHECK(wc.wr_id == 0xA00u + (unsigned)i && wc.status == IBV_WC_WR_FLUSH_ERR
+              && wc.qp_num == qa->qp_num, "after resize: wr_id %#llx status %d",
+              (unsigned long long)wc.wr_id, wc.status);
+    }
+    CHECK(!ibv_destroy_qp(qa), "destroy");
+    /* 40 completions now fit (the old size was 4) */
+    qa = make_qp(IBV_QPT_RC, cq, cq, NULL, 1);
+    qb = make_qp(IBV_QPT_RC, cq, cq, NULL, 1);
+    rc_connect(qa, qb->qp_num);
+    rc_connect(qb, qa->qp_num);
+    for (i = 0; i < 40; i++)
+        post_send(qa, 0xB00 + i, IBV_WR_RDMA_WRITE, "", 0, 0, 0);
+    for (i = 0; i < 40; i++) {
+        wait_wc(cq, &wc, "40 writes");
+        CHECK(wc.wr_id == 0xB00u + (unsigned)i && wc.status == IBV_WC_SUCCESS,
+              "write %d after growth: wr_id %#llx status %d", i, (unsigned long long)wc.wr_id,
+              wc.status);
+    }
+    CHECK(ibv_resize_cq(cq, 0) == EINVAL, "ibv_resize_cq(0): want EINVAL");
+    printf("ok: ibv_resize_cq 4 -> 64 keeps the 4 queued completions in order; shrinking "
+           "below them or to 0 -> EINVAL\n");
+    CHECK(!ibv_dereg_mr(mr), "dereg");
+
+    /* rereg: the region moves from a_buf to b_buf; a write with the new rkey lands there */
+    mr = ibv_reg_mr(pd, a_buf, sizeof(a_buf), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    smr = ibv_reg_mr(pd, src, sizeof(src), IBV_ACCESS_LOCAL_WRITE);
+    CHECK(mr && smr, "reg_mr");
+    errno = 0;
+    CHECK(ibv_rereg_mr(mr, 0, NULL, NULL, 0, 0) == IBV_REREG_MR_ERR_INPUT && errno == EINVAL,
+          "rereg with no flags: want IBV_REREG_MR_ERR_INPUT/EINVAL");
+    old_rkey = mr->rkey;
+    CHECK(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, b_buf, sizeof(b_buf), 0) == 0,
+          "ibv_rereg_mr: %s", strerror(errno));
+    CHECK(mr->addr == b_buf && mr->length == sizeof(b_buf), "rereg fields");
+    snprintf(src, sizeof(src), "rereg-target");
+    sge.addr = (uintptr_t)src; sge.length = 13; sge.lkey = smr->lkey;
+    memset(&wr, 0, sizeof(wr));
+    wr.wr_id = 0xC00;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_RDMA_WRITE;
+    wr.wr.rdma.remote_addr = (uintptr_t)b_buf;
+    wr.wr.rdma.rkey = mr->rkey;
+    CHECK(!ibv_post_send(qa, &wr, &bad), "write to rereg'd MR");
+    wait_wc(cq, &wc, "write to rereg'd MR");
+    CHECK(wc.status == IBV_WC_SUCCESS && !strcmp(b_buf, "rereg-target") && a_buf[0] == 0,
+          "rereg write: status %s, b '%s'", ibv_wc_status_str(wc.status), b_buf);
+    printf("ok: ibv_rereg_mr(CHANGE_TRANSLATION) moves the region (rkey %#x -> %#x); no "
+           "flags -> IBV_REREG_MR_ERR_INPUT\n", old_rkey, mr->rkey);
+    CHECK(!ibv_destroy_qp(qa) && !ibv_destroy_qp(qb) && !ibv_dereg_mr(mr)
+          && !ibv_dereg_mr(smr) && !ibv_destroy_cq(cq), "teardown");
+}
+
+/* ---- ibv_query_device_ex, ODP, ibv_advise_mr, device memory ---- */
+static void check_device_ex_dm(void)
+{
+    static char host[256], odp_buf[4096];
+    struct ibv_device_attr_ex ax;
+    struct ibv_alloc_dm_attr da;
+    struct ibv_cq *cq = ibv_create_cq(ctx, 8, NULL, NULL, 0);
+    struct ibv_qp *qa, *qb;
+    struct ibv_mr *dmr, *odp, *smr;
+    struct ibv_dm *dm;
+    struct ibv_sge sge;
+    struct ibv_send_wr wr, *bad;
+    struct ibv_wc wc;
+
+    CHECK(cq, "cq");
+    CHECK(!ibv_query_device_ex(ctx, NULL, &ax), "ibv_query_device_ex");
+    CHECK((ax.odp_caps.general_caps & IBV_ODP_SUPPORT)
+          && (ax.odp_caps.per_transport_caps.rc_odp_caps & IBV_ODP_SUPPORT_SEND)
+          && ax.max_dm_size >= 4096 && ax.completion_timestamp_mask == 0
+          && ax.orig_attr.max_qp > 0, "query_device_ex: odp %#x rc %#x dm %llu",
+          (unsigned)ax.odp_caps.general_caps, ax.odp_caps.per_transport_caps.rc_odp_caps,
+          (unsigned long long)ax.max_dm_size);
+    odp = ibv_reg_mr(pd, odp_buf, sizeof(odp_buf), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_ON_DEMAND);
+    CHECK(odp, "ODP reg_mr: %s", strerror(errno));
+    sge.addr = (uintptr_t)odp_buf; sge.length = sizeof(odp_buf); sge.lkey = odp->lkey;
+    CHECK(ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE, IBV_ADVISE_MR_FLAG_FLUSH,
+                        &sge, 1) == 0, "ibv_advise_mr prefetch");
+    CHECK(ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0x80, &sge, 1) == EINVAL,
+          "ibv_advise_mr bad flags: want EINVAL");
+    printf("ok: ibv_query_device_ex: ODP (RC send), max_dm_size %llu, no completion clock; "
+           "ODP MR and ibv_advise_mr prefetch\n", (unsigned long long)ax.max_dm_size);
+
+    memset(&da, 0, sizeof(da));
+    da.length = ax.max_dm_size + 1;
+    errno = 0;
+    CHECK(!ibv_alloc_dm(ctx, &da) && errno == ENOMEM, "alloc_dm beyond max: want ENOMEM");
+    da.length = 4096;
+    dm = ibv_alloc_dm(ctx, &da);
+    CHECK(dm, "ibv_alloc_dm: %s", strerror(errno));
+    errno = 0;
+    CHECK(!ibv_reg_dm_mr(pd, dm, 0, 4096, IBV_ACCESS_LOCAL_WRITE) && errno == EINVAL,
+          "reg_dm_mr without ZERO_BASED: want EINVAL");
+    dmr = ibv_reg_dm_mr(pd, dm, 0, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE
+                        | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_ZERO_BASED);
+    CHECK(dmr, "ibv_reg_dm_mr: %s", strerror(errno));
+    CHECK(ibv_free_dm(dm) == EBUSY, "free_dm with an MR on it: want EBUSY");
+    snprintf(host, sizeof(host), "device-memory-bytes");
+    CHECK(!ibv_memcpy_to_dm(dm, 100, host, 20), "memcpy_to_dm");
+    CHECK(ibv_memcpy_to_dm(dm, 4090, host, 20) == EINVAL, "memcpy_to_dm past the end: EINVAL");
+    smr = ibv_reg_mr(pd, host, sizeof(host), IBV_ACCESS_LOCAL_WRITE);
+    CHECK(smr, "reg_mr");
+    qa = make_qp(IBV_QPT_RC, cq, cq, NULL, 1);
+    qb = make_qp(IBV_QPT_RC, cq, cq, NULL, 1);
+    rc_connect(qa, qb->qp_num);
+    rc_connect(qb, qa->qp_num);
+    /* an RDMA READ of the DM region (remote address 100: zero-based) */
+    memset(host, 0, sizeof(host));
+    sge.addr = (uintptr_t)host; sge.length = 20; sge.lkey = smr->lkey;
+    memset(&wr, 0, sizeof(wr));
+    wr.wr_id = 0xD00;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_RDMA_READ;
+    wr.wr.rdma.remote_addr = 100;
+    wr.wr.rdma.rkey = dmr->rkey;
+    CHECK(!ibv_post_send(qa, &wr, &bad), "read DM");
+    wait_wc(cq, &wc, "read of DM");
+    CHECK(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RDMA_READ
+          && !strcmp(host, "device-memory-bytes"), "DM read: %s '%s'",
+          ibv_wc_status_str(wc.status), host);
+    /* an RDMA WRITE into it, read back with ibv_memcpy_from_dm */
+    snprintf(host, sizeof(host), "written-into-dm");
+    wr.wr_id = 0xD01;
+    wr.opcode = IBV_WR_RDMA_WRITE;
+    wr.wr.rdma.remote_addr = 2000;
+    sge.length = 16;
+    CHECK(!ibv_post_send(qa, &wr, &bad), "write DM");
+    wait_wc(cq, &wc, "write of DM");
+    memset(host, 0, sizeof(host));
+    CHECK(wc.status == IBV_WC_SUCCESS && !ibv_memcpy_from_dm(host, dm, 2000, 16)
+          && !strcmp(host, "written-into-dm"), "DM write: '%s'", host);
+    CHECK(!ibv_destroy_qp(qa) && !ibv_destroy_qp(qb) && !ibv_dereg_mr(dmr)
+          && !ibv_free_dm(dm) && !ibv_dereg_mr(smr) && !ibv_dereg_mr(odp)
+          && !ibv_destroy_cq(cq), "teardown");
+    printf("ok: device memory: zero-based MR read and written over RC, memcpy to/from, "
+           "EBUSY/ENOMEM/EINVAL\n");
+}
+
+/* ---- threads: one blocks in ibv_get_cq_event, another busy-polls and posts ---- */
+struct waiter {
+    struct ibv_comp_channel *ch;
+    struct ibv_cq *cq;
+    int want, got, events;
+    char err[128];
+};
+
+static void *wait_events(void *arg)
+{
+    struct waiter *w = arg;
+    struct ibv_cq *ev_cq;
+    void *ev_ctx;
+    struct ibv_wc wc;
+
+    while (w->got < w->want) {
+        if (ibv_get_cq_event(w->ch, &ev_cq, &ev_ctx)) {
+            snprintf(w->err, sizeof(w->err), "ibv_get_cq_event: %s", strerror(errno));
+            return NULL;
+        }
+        if (ev_cq != w->cq || ev_ctx != (void *)w) {
+            snprintf(w->err, sizeof(w->err), "event for CQ %p context %p", (void *)ev_cq, ev_ctx);
+            return NULL;
+        }
+        w->events++;
+        ibv_ack_cq_events(ev_cq, 1);
+        if (ibv_req_notify_cq(ev_cq, 0)) {
+            snprintf(w->err, sizeof(w->err), "req_notify");
+            return NULL;
+        }
+        while (ibv_poll_cq(ev_cq, 1, &wc) == 1) {
+            if (wc.status != IBV_WC_SUCCESS || wc.opcode != IBV_WC_RECV) {
+                snprintf(w->err, sizeof(w->err), "event CQ wc status %d opcode %d", wc.status,
+                         wc.opcode);
+                return NULL;
+            }
+            w->got++;
+        }
+    }
+    return NULL;
+}
+
+static void check_threads(void)
+{
+    static char rbuf[64][32];
+    struct waiter w;
+    struct ibv_cq *busy = ibv_create_cq(ctx, 128, NULL, NULL, 0);
+    struct ibv_qp *qa, *qb;
+    struct ibv_mr *mr;
+    struct ibv_wc wc;
+    pthread_t th;
+    int i, sent = 0;
+
+    memset(&w, 0, sizeof(w));
+    w.want = 50;
+    w.ch = ibv_create_comp_channel(ctx);
+    CHECK(w.ch && busy, "channel");
+    w.cq = ibv_create_cq(ctx, 128, &w, w.ch, 0);
+    CHECK(w.cq, "event cq");
+    CHECK(!ibv_req_notify_cq(w.cq, 0), "req_notify");
+    mr = ibv_reg_mr(pd, rbuf, sizeof(rbuf), IBV_ACCESS_LOCAL_WRITE);
+    CHECK(mr, "reg_mr");
+    qa = make_qp(IBV_QPT_RC, busy, busy, NULL, 1);
+    qb = make_qp(IBV_QPT_RC, busy, w.cq, NULL, 1);
+    rc_connect(qa, qb->qp_num);
+    rc_connect(qb, qa->qp_num);
+    for (i = 0; i < 32; i++)
+        post_recv(qb, NULL, i, rbuf[i], 32, mr->lkey);
+    CHECK(!pthread_create(&th, NULL, wait_events, &w), "pthread_create");
+    /* this thread busy-polls the send CQ and keeps at most 8 sends in flight */
+    {
+        double deadline = now() + 60.0;
+        int done = 0, reposted = 32;
+        while (done < w.want) {
+            CHECK(now() < deadline, "threads: %d/%d sends done, %d received", done, w.want, w.got);
+            if (sent < w.want && sent - done < 8 && sent < reposted) {
+                post_send(qa, 0xE00 + sent, IBV_WR_SEND, "t", 2, 0, IBV_SEND_INLINE);
+                sent++;
+            }
+            if (ibv_poll_cq(busy, 1, &wc) == 1) {
+                CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 0xE00u + (unsigned)done,
+                      "busy send wc %#llx status %d", (unsigned long long)wc.wr_id, wc.status);
+                done++;
+                if (reposted < w.want) {  /* the receiver needs more buffers */
+                    post_recv(qb, NULL, reposted % 64, rbuf[reposted % 64], 32, mr->lkey);
+                    reposted++;
+                }
+            }
+        }
+    }
+    CHECK(!pthread_join(th, NULL), "join");
+    CHECK(!w.err[0], "event thread: %s", w.err);
+    CHECK(w.got == w.want && w.events >= 1, "event thread got %d, %d events", w.got, w.events);
+    CHECK(!ibv_destroy_qp(qa) && !ibv_destroy_qp(qb) && !ibv_dereg_mr(mr)
+          && !ibv_destroy_cq(busy) && !ibv_destroy_cq(w.cq)
+          && !ibv_destroy_comp_channel(w.ch), "teardown");
+    printf("ok: threads: %d receives through ibv_get_cq_event (%d events) while another "
+           "thread busy-polled %d sends\n", w.got, w.events, w.want);
+}
+
+int main(int argc, char **argv)
+{
+    struct ibv_device **list;
+    int n, i;
+
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (argc < 2)
+        FAIL("usage: verbs_check DEVICE");
+    CHECK(ibv_fork_init() == 0, "ibv_fork_init");
+    list = ibv_get_device_list(&n);
+    for (i = 0; list && i < n; i++)
+        if (!strcmp(ibv_get_device_name(list[i]), argv[1]))
+            ctx = ibv_open_device(list[i]);
+    CHECK(ctx, "no device %s", argv[1]);
+    CHECK(!ibv_query_gid(ctx, 1, 0, &gid), "ibv_query_gid");
+    pd = ibv_alloc_pd(ctx);
+    CHECK(pd, "pd");
+    check_async_fd_srq_limit();
+    check_ud_grh();
+    check_unsignaled_inline();
+    check_cq_ex();
+    check_resize_rereg();
+    check_device_ex_dm();
+    check_threads();
+    CHECK(!ibv_dealloc_pd(pd) && !ibv_close_device(ctx), "close");
+    ibv_free_device_list(list);
+    printf("ok: teardown\n");
+    return 0;
+}
