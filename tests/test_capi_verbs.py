@@ -14,9 +14,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from capi_harness import need_build, run
-from device_harness import private_device
+from capi_harness import need_build, need_tool, preloaded, run, run_pair, tcp_port
+from device_harness import free_port, private_device
+from wait_harness import StreamLines
 
+from softrdma import enums as e
 from softrdma.capi import build, launch
 
 HERE = Path(__file__).resolve().parent
@@ -141,3 +143,166 @@ def test_cache_is_keyed_by_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert first.parent.parent == tmp_path and first.parent.name.startswith("capi-")
     monkeypatch.setattr(build, "_source", lambda: "/* another source */")
     assert build.library_path() != first
+
+
+# ---- issue 22: verbs the stock tools do not cover (tests/capi/verbs_check.c) ------------
+VERBS_CHECKS = [
+    "ok: async fd non-blocking (EAGAIN, poll); SRQ_LIMIT_REACHED names the SRQ",
+    "ok: UD receive: GRH in the first 40 bytes (IPv4 header of 127.0.0.1), data after it, "
+    "byte_len 72, src_qp",
+    "ok: sq_sig_all 0: three unsignaled sends and one signaled -> one send completion",
+    "ok: sq_sig_all 1: every send completes without IBV_SEND_SIGNALED",
+    "ok: inline data gathered from 3 unregistered buffers, copied at post time",
+    "ok: ibv_create_cq_ex (timestamps -> EOPNOTSUPP); start/next/end_poll read",
+    "ok: ibv_resize_cq 4 -> 64 keeps the 4 queued completions in order",
+    "ok: ibv_rereg_mr(CHANGE_TRANSLATION) moves the region",
+    "ok: ibv_query_device_ex: ODP (RC send), max_dm_size 262144, no completion clock",
+    "ok: device memory: zero-based MR read and written over RC",
+    "ok: threads: 50 receives through ibv_get_cq_event",
+    "ok: teardown",
+]
+
+
+def test_verbs_check_program(device: str, tmp_path: Path) -> None:
+    """tests/capi/verbs_check.c, each check on data and completion fields: the async event
+    fd made non-blocking (EAGAIN, then poll) and an SRQ limit event naming its SRQ; UD with
+    the GRH in the first 40 bytes; unsignaled sends (sq_sig_all 0 and 1); inline data
+    gathered from unregistered buffers; ibv_cq_ex polling; ibv_resize_cq with queued
+    completions; ibv_rereg_mr; device memory; ODP and ibv_advise_mr; one thread blocked in
+    ibv_get_cq_event while another busy-polls."""
+    exe = _compile(tmp_path, "verbs_check", "-libverbs", "-lpthread")
+    p = run(str(exe), device)
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    oks = [ln for ln in p.stdout.splitlines() if ln.startswith("ok: ")]
+    assert len(oks) == len(VERBS_CHECKS), p.stdout
+    for line, want in zip(oks, VERBS_CHECKS, strict=True):
+        assert line.startswith(want), (line, want)
+
+
+def _pair_report(out: str) -> tuple[int, int]:
+    m = re.search(r"(\d+) bytes in [\d.]+ seconds", out)
+    n = re.search(r"(\d+) iters in", out)
+    assert m and n, out
+    return int(m.group(1)), int(n.group(1))
+
+
+# ibv_rc_pingpong's device-feature flags (rc_pingpong.c): -o registers the buffer with
+# IBV_ACCESS_ON_DEMAND (ibv_query_device_ex odp_caps), -P prefetches it (ibv_advise_mr),
+# -j sends from device memory (ibv_alloc_dm, ibv_reg_dm_mr zero-based, ibv_memcpy_*_dm);
+# -c checks the data received
+@pytest.mark.parametrize("flags", [("-o",), ("-o", "-P"), ("-j",)], ids=["odp", "odp-prefetch",
+                                                                    "dm"])
+def test_rc_pingpong_feature_flags(device: str, flags: tuple[str, ...]) -> None:
+    need_tool("ibv_rc_pingpong", "ibverbs-utils")
+    port = tcp_port()
+    common = ["ibv_rc_pingpong", "-d", device, "-g", "0", "-n", "20", "-c", "-p", str(port),
+              *flags]
+    procs, outs = run_pair(preloaded(*common), preloaded(*common, "127.0.0.1"), port)
+    for p, (out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, (out, err)
+        assert "Couldn't prefetch" not in err
+        assert _pair_report(out) == (2 * 4096 * 20, 20)
+
+
+# what a softrdma device has not: the tool says so itself (as against rxe)
+@pytest.mark.parametrize("flags,message", [
+    (("-O",), "The device doesn't support implicit ODP"),
+    (("-t",), "The device isn't completion timestamp capable"),
+])
+def test_rc_pingpong_refused_flags(device: str, flags: tuple[str, ...], message: str) -> None:
+    need_tool("ibv_rc_pingpong", "ibverbs-utils")
+    p = run("ibv_rc_pingpong", "-d", device, "-g", "0", "-p", str(tcp_port()), *flags)
+    assert p.returncode == 1, (p.stdout, p.stderr)
+    assert p.stderr.splitlines()[-1] == message, p.stderr
+
+
+def test_xsrq_pingpong(device: str) -> None:
+    """ibv_xsrq_pingpong: XRC from C (ibv_open_xrcd on a file, ibv_create_srq_ex of type
+    XRC, ibv_get_srq_num, ibv_create_qp_ex of XRC INI and TGT QPs, sends naming the remote
+    SRQ number; unsignaled but the last); the server sleeps on completion events."""
+    need_tool("ibv_xsrq_pingpong", "ibverbs-utils")
+    port = tcp_port()
+    common = ["ibv_xsrq_pingpong", "-d", device, "-g", "0", "-n", "10", "-p", str(port)]
+    procs, outs = run_pair(preloaded(*common, "-e"), preloaded(*common, "127.0.0.1"), port)
+    addrs = []
+    for p, (out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, (out, err)
+        assert out.splitlines()[-1] == "success", out
+        local = re.search(r"local: .*SRQN ([0-9a-f]+)", out)
+        remote = re.search(r"remote: .*SRQN ([0-9a-f]+)", out)
+        assert local and remote, out
+        addrs.append((local.group(1), remote.group(1)))
+    # each side sent to the SRQ number the other reported
+    assert addrs[0][0] == addrs[1][1] and addrs[1][0] == addrs[0][1], addrs
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root (CI runs as root)")
+def test_asyncwatch_port_events(tmp_path: Path) -> None:
+    """The stock ibv_asyncwatch on a device on a veth interface in a namespace of the
+    test's: PORT_ERR when the interface goes down, PORT_ACTIVE when it comes back,
+    GID_CHANGE when an address is added, each with port 1 (as rxe posts them)."""
+    need_build()
+    tool = need_tool("ibv_asyncwatch", "ibverbs-utils")
+    ns = f"srcaw{os.getpid()}"
+    env = dict(os.environ, SOFTRDMA_STATE_DIR=str(tmp_path / "state"), SOFTRDMA_SHARED="0")
+
+    def sh(*cmd: str) -> None:
+        subprocess.run(["ip", "netns", "exec", ns, *cmd], check=True, timeout=60, env=env)
+
+    subprocess.run(["ip", "netns", "add", ns], check=True, timeout=30)
+    watch: subprocess.Popen[str] | None = None
+    try:
+        # IPv4 only: IPv6 link-local addresses come and go with the link (GID changes)
+        sh("sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1")
+        sh("ip", "link", "add", "d0", "type", "veth", "peer", "name", "d1")
+        sh("ip", "link", "set", "d1", "up")
+        sh("ip", "link", "set", "d0", "up")
+        sh("ip", "addr", "add", "10.78.0.1/24", "dev", "d0")
+        sh(sys.executable, "-m", "softrdma", "link", "add", "caw0", "netdev", "d0", "port",
+           str(free_port()))
+        watch = subprocess.Popen(["ip", "netns", "exec", ns, *preloaded(tool, "-d", "caw0")],
+                                 env=env, text=True, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE)
+        assert watch.stdout is not None and watch.stderr is not None
+        lines = StreamLines(watch.stdout)
+        head = lines.wait_for(r"async event FD")
+        assert re.fullmatch(r"caw0: async event FD \d+", head.string.strip()), head.string
+        # each change once the watcher reported the one before
+        sh("ip", "link", "set", "d0", "down")
+        lines.wait_for("IBV_EVENT_PORT_ERR")
+        sh("ip", "link", "set", "d0", "up")
+        lines.wait_for("IBV_EVENT_PORT_ACTIVE")
+        sh("ip", "addr", "add", "10.78.0.2/24", "dev", "d0")
+        lines.wait_for("IBV_EVENT_GID_CHANGE")
+        watch.kill()
+        watch.wait(timeout=60)
+        events = lines.join().split("\n", 1)[1].splitlines()
+        assert events == [
+            f"  event_type IBV_EVENT_PORT_ERR ({int(e.IBV_EVENT_PORT_ERR)}), port 1",
+            f"  event_type IBV_EVENT_PORT_ACTIVE ({int(e.IBV_EVENT_PORT_ACTIVE)}), port 1",
+            f"  event_type IBV_EVENT_GID_CHANGE ({int(e.IBV_EVENT_GID_CHANGE)}), port 1",
+        ]
+    finally:
+        if watch is not None and watch.poll() is None:
+            watch.kill()
+            watch.wait()
+        subprocess.run(["ip", "netns", "del", ns], timeout=30, check=False)
+
+
+def test_busy_polling_pair_under_load(device: str) -> None:
+    """Two busy-polling ibv_rc_pingpong processes beside two CPU-bound processes (the 2
+    cores of CI taken): the spinning pollers leave the progress threads their turn."""
+    need_tool("ibv_rc_pingpong", "ibverbs-utils")
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        port = tcp_port()
+        common = ["ibv_rc_pingpong", "-d", device, "-g", "0", "-n", "200", "-s", "64", "-c",
+                  "-p", str(port)]
+        procs, outs = run_pair(preloaded(*common), preloaded(*common, "127.0.0.1"), port)
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait()
+    for p, (out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, (out, err)
+        assert _pair_report(out) == (2 * 64 * 200, 200)

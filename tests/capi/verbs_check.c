@@ -144,6 +144,7 @@ static void post_send(struct ibv_qp *qp, uint64_t wr_id, enum ibv_wr_opcode op, 
 {
     struct ibv_sge sge = { .addr = (uintptr_t)buf, .length = len, .lkey = lkey };
     struct ibv_send_wr wr, *bad;
+    int ret;
 
     memset(&wr, 0, sizeof(wr));
     wr.wr_id = wr_id;
@@ -151,8 +152,8 @@ static void post_send(struct ibv_qp *qp, uint64_t wr_id, enum ibv_wr_opcode op, 
     wr.num_sge = 1;
     wr.opcode = op;
     wr.send_flags = flags;
-    CHECK(!ibv_post_send(qp, &wr, &bad), "post_send wr_id %#llx: %s",
-          (unsigned long long)wr_id, strerror(errno));
+    ret = ibv_post_send(qp, &wr, &bad);
+    CHECK(!ret, "post_send wr_id %#llx: %s", (unsigned long long)wr_id, strerror(ret));
 }
 
 /* ---- the async event fd, non-blocking, and an SRQ limit event ---- */
@@ -538,15 +539,15 @@ static void check_resize_rereg(void)
               (unsigned long long)wc.wr_id, wc.status);
     }
     CHECK(!ibv_destroy_qp(qa), "destroy");
-    /* 40 completions now fit (the old size was 4) */
+    /* 30 completions now fit (the old size was 4; the send queue has 32) */
     qa = make_qp(IBV_QPT_RC, cq, cq, NULL, 1);
     qb = make_qp(IBV_QPT_RC, cq, cq, NULL, 1);
     rc_connect(qa, qb->qp_num);
     rc_connect(qb, qa->qp_num);
-    for (i = 0; i < 40; i++)
+    for (i = 0; i < 30; i++)
         post_send(qa, 0xB00 + i, IBV_WR_RDMA_WRITE, "", 0, 0, 0);
-    for (i = 0; i < 40; i++) {
-        wait_wc(cq, &wc, "40 writes");
+    for (i = 0; i < 30; i++) {
+        wait_wc(cq, &wc, "30 writes");
         CHECK(wc.wr_id == 0xB00u + (unsigned)i && wc.status == IBV_WC_SUCCESS,
               "write %d after growth: wr_id %#llx status %d", i, (unsigned long long)wc.wr_id,
               wc.status);

@@ -191,6 +191,9 @@ def _open(index: int, async_fd: Any) -> int:
     if not 0 <= index < len(_devices):
         raise SoftRdmaError(f"no device {index}", errno=errno.ENODEV)
     ctx = Context(_devices[index].name)
+    # port events (PORT_ERR/ACTIVE, GID_CHANGE) from the device's interface, as rxe posts
+    # them to every context (a no-op for a device without one)
+    ctx.watch_port()
     async_fd[0] = ctx.async_fileno()
     return _add(ctx)
 
@@ -198,9 +201,6 @@ def _open(index: int, async_fd: Any) -> int:
 def _get_async_event(h: int, event_type: Any, element: Any, port_num: Any) -> int:
     """1 and the next event (its element's wrapper, or its port), 0 if none is pending."""
     ctx = _get(h, Context)
-    # port events (PORT_ERR/ACTIVE, GID_CHANGE) from the device's interface, as rxe posts
-    # them, once the program reads its events (a watcher thread per context otherwise)
-    ctx.watch_port()
     try:
         ev = ctx.get_async_event(timeout=0)
     except TimeoutError:
