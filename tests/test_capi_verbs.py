@@ -187,11 +187,12 @@ def _pair_report(out: str) -> tuple[int, int]:
 
 
 # ibv_rc_pingpong's device-feature flags (rc_pingpong.c): -o registers the buffer with
-# IBV_ACCESS_ON_DEMAND (ibv_query_device_ex odp_caps), -P prefetches it (ibv_advise_mr),
-# -j sends from device memory (ibv_alloc_dm, ibv_reg_dm_mr zero-based, ibv_memcpy_*_dm);
-# -c checks the data received
-@pytest.mark.parametrize("flags", [("-o",), ("-o", "-P"), ("-j",)], ids=["odp", "odp-prefetch",
-                                                                    "dm"])
+# IBV_ACCESS_ON_DEMAND (ibv_query_device_ex odp_caps), -O registers the whole address space
+# (implicit ODP: ibv_reg_mr(pd, NULL, SIZE_MAX, ...)), -P prefetches (ibv_advise_mr), -j
+# sends from device memory (ibv_alloc_dm, ibv_reg_dm_mr zero-based, ibv_memcpy_*_dm); -c
+# checks the data received
+@pytest.mark.parametrize("flags", [("-o",), ("-o", "-P"), ("-O", "-P"), ("-j",)],
+                         ids=["odp", "odp-prefetch", "implicit-odp-prefetch", "dm"])
 def test_rc_pingpong_feature_flags(device: str, flags: tuple[str, ...]) -> None:
     need_tool("ibv_rc_pingpong", "ibverbs-utils")
     port = tcp_port()
@@ -206,8 +207,8 @@ def test_rc_pingpong_feature_flags(device: str, flags: tuple[str, ...]) -> None:
 
 # what a softrdma device has not: the tool says so itself (as against rxe)
 @pytest.mark.parametrize("flags,message", [
-    (("-O",), "The device doesn't support implicit ODP"),
     (("-t",), "The device isn't completion timestamp capable"),
+    (("-o", "-j"), "DM memory region can't be on demand"),
 ])
 def test_rc_pingpong_refused_flags(device: str, flags: tuple[str, ...], message: str) -> None:
     need_tool("ibv_rc_pingpong", "ibverbs-utils")

@@ -48,6 +48,7 @@ from ..verbs import (
     XrcSRQ,
 )
 from ..verbs.device import MAX_CQE, DeviceInfo, all_devices
+from ..verbs.procmem import SIZE_MAX, ImplicitMR
 
 __all__ = ["install", "RingCQ", "PYTHON_ENV"]
 
@@ -288,6 +289,12 @@ def _alloc_pd(h: int) -> int:
 def _reg_mr(h: int, addr: Any, length: int, iova: int, access: int, lkey: Any, rkey: Any) -> int:
     pd = _get(h, PD)
     address = int(_ffi.cast("uintptr_t", addr))
+    if not address and length == SIZE_MAX and access & e.IBV_ACCESS_ON_DEMAND:
+        # implicit ODP (ibv_reg_mr(3)): the whole address space
+        imr = ImplicitMR(pd, access)
+        lkey[0] = imr.lkey
+        rkey[0] = imr.rkey
+        return _add(imr)
     if not address or not length:
         raise SoftRdmaError("addr and length must be non-zero", errno=errno.EINVAL)
     mr = MR(pd, length, access, buffer=_mem(address, length), address=iova)

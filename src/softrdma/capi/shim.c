@@ -1594,8 +1594,9 @@ void ibv_unimport_dm(struct ibv_dm *dm) { (void)dm; }
 
 /* ibv_query_device_ex: the legacy attributes, and on-demand paging (softrdma never pins
  * memory: the engine reaches registered bytes in place when a packet needs them, which is
- * what ODP promises; implicit ODP is not offered), device memory, no completion clock
- * (completion_timestamp_mask 0, as rxe). attr_size: the caller's struct may be older. */
+ * what ODP promises; implicit ODP on RoCE devices, softrdma.verbs.procmem), device memory,
+ * no completion clock (completion_timestamp_mask 0, as rxe). attr_size: the caller's
+ * struct may be older. */
 static int sr_query_device_ex(struct ibv_context *context,
                               const struct ibv_query_device_ex_input *input,
                               struct ibv_device_attr_ex *attr, size_t attr_size)
@@ -1612,6 +1613,8 @@ static int sr_query_device_ex(struct ibv_context *context,
     if (ret)
         return ret;
     a.odp_caps.general_caps = IBV_ODP_SUPPORT;
+    if (context->device->transport_type == IBV_TRANSPORT_IB)
+        a.odp_caps.general_caps |= IBV_ODP_SUPPORT_IMPLICIT;
     a.odp_caps.per_transport_caps.rc_odp_caps = SR_ODP_RC;
     a.odp_caps.per_transport_caps.uc_odp_caps = SR_ODP_RC & ~(uint32_t)(IBV_ODP_SUPPORT_READ
                                                                  | IBV_ODP_SUPPORT_ATOMIC);

@@ -1,0 +1,150 @@
+"""The process's own address space as one memory region (implicit on-demand paging).
+
+An implicit ODP MR (``ibv_reg_mr(pd, NULL, SIZE_MAX, access | IBV_ACCESS_ON_DEMAND)``)
+covers every address of the process. softrdma's engine runs in the process that owns the
+QP, so it can reach any of them; :class:`ProcessMemoryRegion` checks, on each access, that
+the range is mapped with the permissions the region's access flags imply (readable; also
+writable when the region grants any write access), using ``/proc/self/maps``. A range that
+is not mapped is out of bounds (``offset_of`` returns -1), so the engine completes the
+work request with a protection error or NAKs the request, as a failed ODP page fault
+does; it never touches unmapped memory.
+
+:class:`ImplicitMR` is such a region as a verbs object (``softrdma.capi``'s
+``ibv_reg_mr(pd, NULL, SIZE_MAX, ...)``; the pyverbs layer has its own MR class over
+:class:`ProcessMemoryRegion`). RoCE devices only: an iWARP device refuses it (EOPNOTSUPP).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from typing import Any
+
+from .. import enums as e
+from ..errors import InvalidArgument, NotSupported
+from ..ib.port import Port
+from ..seam.types import MemoryRegion
+from ._object import VerbsObject
+from .pd import PD
+
+__all__ = ["ProcessMemory", "ProcessMemoryRegion", "SIZE_MAX", "mapped", "ImplicitMR"]
+
+SIZE_MAX = (1 << 64) - 1
+_WRITE = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_ATOMIC)
+
+
+def _maps() -> list[tuple[int, int, str]]:
+    out = []
+    with open("/proc/self/maps", "rb") as fh:
+        for line in fh:
+            rng, perms = line.split(b" ", 2)[:2]
+            lo, hi = rng.split(b"-")
+            out.append((int(lo, 16), int(hi, 16), perms.decode()))
+    return out
+
+
+def mapped(addr: int, length: int, write: bool) -> bool:
+    """True if ``[addr, addr + length)`` is mapped readable (and writable if ``write``)."""
+    if length == 0:
+        return True
+    end = addr + length
+    pos = addr
+    for lo, hi, perms in _maps():
+        if hi <= pos:
+            continue
+        if lo > pos:
+            return False
+        if perms[0] != "r" or (write and perms[1] != "w"):
+            return False
+        pos = hi
+        if pos >= end:
+            return True
+    return False
+
+
+class ProcessMemory:
+    """``buf[a:b]``: a writable memoryview of the process's bytes at addresses a..b."""
+
+    def __getitem__(self, key: slice) -> memoryview:
+        if not isinstance(key, slice) or key.step not in (None, 1):
+            raise TypeError("process memory is sliced with [start:stop]")
+        start = int(key.start or 0)
+        n = int(key.stop) - start
+        if n <= 0:
+            return memoryview(b"")
+        return memoryview((ctypes.c_char * n).from_address(start)).cast("B")
+
+    def __len__(self) -> int:
+        return sys.maxsize
+
+
+class ProcessMemoryRegion(MemoryRegion):
+    """An engine memory region spanning the whole address space (VA 0 .. SIZE_MAX)."""
+
+    __slots__ = ()
+
+    def __init__(self, key: int, access: int, pd: Any) -> None:
+        super().__init__(key, key, 0, ProcessMemory(), access, pd)  # type: ignore[arg-type]
+        self.length = SIZE_MAX
+
+    def offset_of(self, va: int, length: int) -> int:
+        if length < 0 or va < 0 or va + length > SIZE_MAX:
+            return -1
+        if not mapped(va, length, bool(self.access & _WRITE)):
+            return -1
+        return va
+
+
+_ODP = int(e.IBV_ACCESS_ON_DEMAND)
+_ALLOWED = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
+               | e.IBV_ACCESS_REMOTE_ATOMIC | e.IBV_ACCESS_RELAXED_ORDERING) | _ODP
+_NEEDS_LOCAL_WRITE = int(e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_ATOMIC)
+
+
+class ImplicitMR(VerbsObject):
+    """An implicit on-demand-paging MR of ``pd``: every address of the process, VA 0 ..
+    SIZE_MAX (``ibv_reg_mr(pd, NULL, SIZE_MAX, access | IBV_ACCESS_ON_DEMAND)``,
+    ``ibv_reg_mr(3)``). ``access`` must include ``IBV_ACCESS_ON_DEMAND`` (EINVAL)."""
+
+    _close_rank = 2  # with the MRs
+
+    def __init__(self, pd: PD, access: int) -> None:
+        super().__init__()
+        if not isinstance(pd, PD):
+            raise InvalidArgument("pd", f"expected a PD, got {type(pd).__name__}")
+        pd._check()
+        if not isinstance(access, int) or access & ~_ALLOWED or not access & _ODP:
+            raise InvalidArgument("access", "an implicit MR is IBV_ACCESS_ON_DEMAND, with "
+                                  f"local/remote access only, got {access!r}")
+        if access & _NEEDS_LOCAL_WRITE and not access & e.IBV_ACCESS_LOCAL_WRITE:
+            raise InvalidArgument("access", "REMOTE_WRITE and REMOTE_ATOMIC need LOCAL_WRITE")
+        port = pd.ctx.port
+        if not isinstance(port, Port):
+            raise NotSupported("implicit ODP needs a RoCE device")
+        self._runtime = pd.ctx.runtime
+        self._port = port
+
+        def register() -> ProcessMemoryRegion:
+            key = port.new_key()
+            emr = ProcessMemoryRegion(key, access & ~_ODP, pd)
+            port.mrs[key] = emr
+            return emr
+
+        self.engine_mr: ProcessMemoryRegion = self._runtime.call(register)
+        self._depend_on(pd)
+        self.pd = pd
+        self.access = access
+
+    @property
+    def lkey(self) -> int:
+        return self.engine_mr.lkey
+
+    @property
+    def rkey(self) -> int:
+        return self.engine_mr.rkey
+
+    def _release(self) -> None:
+        if self._runtime.closed:
+            self._port.deregister_mr(self.engine_mr)
+        else:
+            self._runtime.call(self._port.deregister_mr, self.engine_mr)
