@@ -783,7 +783,8 @@ int main(int argc, char **argv)
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc < 2)
         FAIL("usage: verbs_check DEVICE");
-    CHECK(ibv_fork_init() == 0, "ibv_fork_init");
+    CHECK(ibv_fork_init() == 0 && ibv_is_fork_initialized() == IBV_FORK_UNNEEDED,
+          "ibv_fork_init");
     list = ibv_get_device_list(&n);
     for (i = 0; list && i < n; i++)
         if (!strcmp(ibv_get_device_name(list[i]), argv[1]))

@@ -514,6 +514,13 @@ int ibv_fork_init(void)
     return 0;
 }
 
+/* softrdma pins no memory (the engine reaches registered bytes in the process that owns
+ * them), so a fork needs no MADV_DONTFORK: copy-on-write pages stay the parent's */
+enum ibv_fork_status ibv_is_fork_initialized(void)
+{
+    return IBV_FORK_UNNEEDED;
+}
+
 /* The program's struct ibv_context for the Context of handle h (NULL with errno). */
 static struct ibv_context *sr_wrap_context(int h, int afd, struct ibv_device *device)
 {
