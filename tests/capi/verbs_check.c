@@ -775,6 +775,40 @@ static void check_threads(void)
            "thread busy-polled %d sends\n", w.got, w.events, w.want);
 }
 
+/* ---- verbs softrdma does not serve fail the libibverbs way (NULL + errno), no crash ---- */
+static void check_unsupported(void)
+{
+    struct ibv_td_init_attr td = { .comp_mask = 0 };
+    struct ibv_cq *cq = ibv_create_cq(ctx, 4, NULL, NULL, 0);
+    struct ibv_qp *qp;
+    struct {
+        struct ibv_flow_attr attr;
+        struct ibv_flow_spec_eth eth;
+    } flow;
+
+    CHECK(cq, "cq");
+    qp = make_qp(IBV_QPT_UD, cq, cq, NULL, 0);
+    errno = 0;
+    CHECK(!ibv_alloc_mw(pd, IBV_MW_TYPE_2) && errno == EOPNOTSUPP, "ibv_alloc_mw: errno %d", errno);
+    errno = 0;
+    CHECK(!ibv_alloc_td(ctx, &td) && errno == EOPNOTSUPP, "ibv_alloc_td: errno %d", errno);
+    memset(&flow, 0, sizeof(flow));
+    flow.attr.size = sizeof(flow);
+    flow.attr.num_of_specs = 1;
+    flow.attr.port = 1;
+    flow.eth.type = IBV_FLOW_SPEC_ETH;
+    flow.eth.size = sizeof(flow.eth);
+    errno = 0;
+    CHECK(!ibv_create_flow(qp, &flow.attr) && errno == EOPNOTSUPP, "ibv_create_flow: errno %d",
+          errno);
+    errno = 0;
+    CHECK(!ibv_reg_dmabuf_mr(pd, 0, 4096, 0, -1, IBV_ACCESS_LOCAL_WRITE) && errno == EOPNOTSUPP,
+          "ibv_reg_dmabuf_mr: errno %d", errno);
+    CHECK(!ibv_destroy_qp(qp) && !ibv_destroy_cq(cq), "teardown");
+    printf("ok: ibv_alloc_mw, ibv_alloc_td, ibv_create_flow, ibv_reg_dmabuf_mr -> NULL, "
+           "EOPNOTSUPP\n");
+}
+
 int main(int argc, char **argv)
 {
     struct ibv_device **list;
@@ -800,6 +834,7 @@ int main(int argc, char **argv)
     check_resize_rereg();
     check_device_ex_dm();
     check_threads();
+    check_unsupported();
     CHECK(!ibv_dealloc_pd(pd) && !ibv_close_device(ctx), "close");
     ibv_free_device_list(list);
     printf("ok: teardown\n");
