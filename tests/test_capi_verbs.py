@@ -159,6 +159,7 @@ VERBS_CHECKS = [
     "ok: ibv_query_device_ex: ODP (RC send), max_dm_size 262144, no completion clock",
     "ok: device memory: zero-based MR read and written over RC",
     "ok: threads: 50 receives through ibv_get_cq_event",
+    "ok: XRC: SRQ 0x",
     "ok: ibv_alloc_mw, ibv_alloc_td, ibv_create_flow, ibv_reg_dmabuf_mr -> NULL, EOPNOTSUPP",
     "ok: teardown",
 ]
@@ -170,7 +171,8 @@ def test_verbs_check_program(device: str, tmp_path: Path) -> None:
     the GRH in the first 40 bytes; unsignaled sends (sq_sig_all 0 and 1); inline data
     gathered from unregistered buffers; ibv_cq_ex polling; ibv_resize_cq with queued
     completions; ibv_rereg_mr; device memory; ODP and ibv_advise_mr; one thread blocked in
-    ibv_get_cq_event while another busy-polls; verbs not served fail with NULL and
+    ibv_get_cq_event while another busy-polls; XRC in one context (ibv_post_send and
+    ibv_wr_set_xrc_srqn); verbs not served fail with NULL and
     EOPNOTSUPP."""
     exe = _compile(tmp_path, "verbs_check", "-libverbs", "-lpthread")
     p = run(str(exe), device)

@@ -775,6 +775,146 @@ static void check_threads(void)
            "thread busy-polled %d sends\n", w.got, w.events, w.want);
 }
 
+/* ---- XRC in one context: a domain without a file, an XRC SRQ, TGT and INI QPs; sends
+ * name the SRQ by ibv_post_send (qp_type.xrc.remote_srqn) and by ibv_wr_set_xrc_srqn ---- */
+static void check_xrc(void)
+{
+    static char rbuf[4][64];
+    struct ibv_xrcd_init_attr xa;
+    struct ibv_srq_init_attr_ex sa;
+    struct ibv_qp_init_attr_ex qa;
+    struct ibv_srq_init_attr basic;
+    struct ibv_cq *scq = ibv_create_cq(ctx, 8, NULL, NULL, 0);
+    struct ibv_cq *rcq = ibv_create_cq(ctx, 8, NULL, NULL, 0);
+    struct ibv_srq *srq, *plain;
+    struct ibv_xrcd *xrcd;
+    struct ibv_qp *tgt, *ini;
+    struct ibv_qp_ex *qpx;
+    struct ibv_qp_attr a;
+    struct ibv_mr *mr;
+    struct ibv_sge sge;
+    struct ibv_send_wr wr, *bad;
+    struct ibv_wc wc;
+    uint32_t srqn = 0, n2;
+    char m1[8] = "xrc-pp", m2[8] = "xrc-wr";
+    int i;
+
+    CHECK(scq && rcq, "cqs");
+    memset(&xa, 0, sizeof(xa));
+    xa.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
+    xa.fd = -1;
+    xrcd = ibv_open_xrcd(ctx, &xa);
+    CHECK(xrcd, "ibv_open_xrcd: %s", strerror(errno));
+    mr = ibv_reg_mr(pd, rbuf, sizeof(rbuf), IBV_ACCESS_LOCAL_WRITE);
+    CHECK(mr, "reg_mr");
+    memset(&sa, 0, sizeof(sa));
+    sa.attr.max_wr = 8;
+    sa.attr.max_sge = 1;
+    sa.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ
+                   | IBV_SRQ_INIT_ATTR_PD;
+    sa.srq_type = IBV_SRQT_XRC;
+    sa.xrcd = xrcd;
+    sa.cq = rcq;
+    sa.pd = pd;
+    srq = ibv_create_srq_ex(ctx, &sa);
+    CHECK(srq, "ibv_create_srq_ex(XRC): %s", strerror(errno));
+    CHECK(!ibv_get_srq_num(srq, &srqn) && srqn, "ibv_get_srq_num");
+    memset(&basic, 0, sizeof(basic));
+    basic.attr.max_wr = 2;
+    basic.attr.max_sge = 1;
+    plain = ibv_create_srq(pd, &basic);
+    CHECK(plain && ibv_get_srq_num(plain, &n2) == EOPNOTSUPP,
+          "ibv_get_srq_num of a basic SRQ: want EOPNOTSUPP");
+    memset(&qa, 0, sizeof(qa));
+    qa.qp_type = IBV_QPT_XRC_RECV;
+    qa.comp_mask = IBV_QP_INIT_ATTR_XRCD;
+    qa.xrcd = xrcd;
+    tgt = ibv_create_qp_ex(ctx, &qa);
+    CHECK(tgt, "TGT QP: %s", strerror(errno));
+    memset(&qa, 0, sizeof(qa));
+    qa.qp_type = IBV_QPT_XRC_SEND;
+    qa.send_cq = scq;
+    qa.cap.max_send_wr = 8;
+    qa.cap.max_send_sge = 1;
+    qa.cap.max_inline_data = 64;
+    qa.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+    qa.pd = pd;
+    qa.send_ops_flags = IBV_QP_EX_WITH_SEND;
+    ini = ibv_create_qp_ex(ctx, &qa);
+    CHECK(ini, "INI QP: %s", strerror(errno));
+    /* TGT: INIT, RTR, RTS; INI: INIT, RTR, RTS (as ibv_xsrq_pingpong) */
+    memset(&a, 0, sizeof(a));
+    a.qp_state = IBV_QPS_INIT;
+    a.port_num = 1;
+    CHECK(!ibv_modify_qp(tgt, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT
+                         | IBV_QP_ACCESS_FLAGS), "TGT INIT");
+    CHECK(!ibv_modify_qp(ini, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT
+                         | IBV_QP_ACCESS_FLAGS), "INI INIT");
+    memset(&a, 0, sizeof(a));
+    a.qp_state = IBV_QPS_RTR;
+    a.path_mtu = IBV_MTU_1024;
+    a.min_rnr_timer = 1;
+    a.ah_attr.is_global = 1;
+    a.ah_attr.grh.dgid = gid;
+    a.ah_attr.grh.hop_limit = 1;
+    a.ah_attr.port_num = 1;
+    a.dest_qp_num = ini->qp_num;
+    CHECK(!ibv_modify_qp(tgt, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN
+                         | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER),
+          "TGT RTR");
+    a.dest_qp_num = tgt->qp_num;
+    CHECK(!ibv_modify_qp(ini, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN
+                         | IBV_QP_RQ_PSN), "INI RTR");
+    memset(&a, 0, sizeof(a));
+    a.qp_state = IBV_QPS_RTS;
+    a.timeout = 14;
+    CHECK(!ibv_modify_qp(tgt, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_SQ_PSN), "TGT RTS");
+    a.retry_cnt = 7;
+    a.rnr_retry = 7;
+    CHECK(!ibv_modify_qp(ini, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_SQ_PSN
+                         | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC), "INI RTS");
+    for (i = 0; i < 2; i++)
+        post_recv(NULL, srq, 0xF00 + i, rbuf[i], 64, mr->lkey);
+    /* by ibv_post_send */
+    sge.addr = (uintptr_t)m1; sge.length = 7; sge.lkey = 0;
+    memset(&wr, 0, sizeof(wr));
+    wr.wr_id = 0xF10;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_SEND;
+    wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+    wr.qp_type.xrc.remote_srqn = srqn;
+    CHECK(!ibv_post_send(ini, &wr, &bad), "XRC post_send");
+    /* by the ibv_wr_* API */
+    qpx = ibv_qp_to_qp_ex(ini);
+    CHECK(qpx, "ibv_qp_to_qp_ex");
+    ibv_wr_start(qpx);
+    qpx->wr_id = 0xF11;
+    qpx->wr_flags = IBV_SEND_SIGNALED;
+    ibv_wr_send(qpx);
+    ibv_wr_set_xrc_srqn(qpx, srqn);
+    ibv_wr_set_inline_data(qpx, m2, 7);
+    CHECK(!ibv_wr_complete(qpx), "ibv_wr_complete (XRC)");
+    for (i = 0; i < 2; i++) {
+        wait_wc(rcq, &wc, "XRC receive");
+        CHECK(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RECV
+              && wc.wr_id == 0xF00u + (unsigned)i && wc.byte_len == 7
+              && wc.qp_num == tgt->qp_num && !strcmp(rbuf[i], i ? "xrc-wr" : "xrc-pp"),
+              "XRC recv %d: status %s wr_id %#llx qp %#x (TGT %#x) data '%s'", i,
+              ibv_wc_status_str(wc.status), (unsigned long long)wc.wr_id, wc.qp_num,
+              tgt->qp_num, rbuf[i]);
+        wait_wc(scq, &wc, "XRC send");
+        CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 0xF10u + (unsigned)i
+              && wc.qp_num == ini->qp_num, "XRC send %d wc", i);
+    }
+    CHECK(!ibv_destroy_qp(ini) && !ibv_destroy_qp(tgt) && !ibv_destroy_srq(srq)
+          && !ibv_destroy_srq(plain) && !ibv_close_xrcd(xrcd) && !ibv_dereg_mr(mr)
+          && !ibv_destroy_cq(scq) && !ibv_destroy_cq(rcq), "teardown");
+    printf("ok: XRC: SRQ %#x receives from an INI QP by ibv_post_send and by "
+           "ibv_wr_set_xrc_srqn, completions name the TGT QP; a basic SRQ has no number\n",
+           srqn);
+}
+
 /* ---- verbs softrdma does not serve fail the libibverbs way (NULL + errno), no crash ---- */
 static void check_unsupported(void)
 {
@@ -834,6 +974,7 @@ int main(int argc, char **argv)
     check_resize_rereg();
     check_device_ex_dm();
     check_threads();
+    check_xrc();
     check_unsupported();
     CHECK(!ibv_dealloc_pd(pd) && !ibv_close_device(ctx), "close");
     ibv_free_device_list(list);

@@ -1329,8 +1329,13 @@ static void sr_x_local_inv(struct ibv_qp_ex *qpx, uint32_t rkey)
 { (void)rkey; sr_x_unsupported((struct sr_qp *)qpx); }
 static void sr_x_tso(struct ibv_qp_ex *qpx, void *hdr, uint16_t hdr_sz, uint16_t mss)
 { (void)hdr; (void)hdr_sz; (void)mss; sr_x_unsupported((struct sr_qp *)qpx); }
+/* the remote XRC SRQ of the last WR (XRC INI QPs) */
 static void sr_x_xrc(struct ibv_qp_ex *qpx, uint32_t srqn)
-{ (void)srqn; sr_x_unsupported((struct sr_qp *)qpx); }
+{
+    struct sr_xwr *w = sr_x_last(qpx);
+    if (w)
+        w->f.xrc_srqn = srqn;
+}
 static void sr_x_atomic_write(struct ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr, const void *wr)
 { (void)rkey; (void)addr; (void)wr; sr_x_unsupported((struct sr_qp *)qpx); }
 
