@@ -160,6 +160,8 @@ VERBS_CHECKS = [
     "ok: device memory: zero-based MR read and written over RC",
     "ok: threads: 50 receives through ibv_get_cq_event",
     "ok: XRC: SRQ 0x",
+    "ok: a message longer than the receive buffer: local length error (responder), remote "
+    "invalid request error (requester), then flush errors on both",
     "ok: ibv_alloc_mw, ibv_alloc_td, ibv_create_flow, ibv_reg_dmabuf_mr -> NULL, EOPNOTSUPP",
     "ok: teardown",
 ]
@@ -172,7 +174,8 @@ def test_verbs_check_program(device: str, tmp_path: Path) -> None:
     gathered from unregistered buffers; ibv_cq_ex polling; ibv_resize_cq with queued
     completions; ibv_rereg_mr; device memory; ODP and ibv_advise_mr; one thread blocked in
     ibv_get_cq_event while another busy-polls; XRC in one context (ibv_post_send and
-    ibv_wr_set_xrc_srqn); verbs not served fail with NULL and
+    ibv_wr_set_xrc_srqn); the error completions of a message too long for its receive
+    buffer; verbs not served fail with NULL and
     EOPNOTSUPP."""
     exe = _compile(tmp_path, "verbs_check", "-libverbs", "-lpthread")
     p = run(str(exe), device)

@@ -8,7 +8,8 @@
  * 40-byte GRH in front of the data; unsignaled sends (sq_sig_all 0 and 1); inline data
  * gathered from unregistered buffers; ibv_create_cq_ex polling; ibv_resize_cq;
  * ibv_rereg_mr; device memory; ibv_query_device_ex, ODP and ibv_advise_mr; a thread
- * blocked in ibv_get_cq_event while another busy-polls and posts.
+ * blocked in ibv_get_cq_event while another busy-polls and posts; XRC; error completions
+ * of a message too long for its receive buffer; verbs not served (EOPNOTSUPP).
  */
 #include <infiniband/verbs.h>
 #include <arpa/inet.h>
@@ -915,6 +916,47 @@ static void check_xrc(void)
            srqn);
 }
 
+/* ---- error completions: a message longer than the receive buffer (IBA 9.9.3.1) ---- */
+static void check_error_completions(void)
+{
+    static char small[4];
+    struct ibv_cq *scq = ibv_create_cq(ctx, 8, NULL, NULL, 0);
+    struct ibv_cq *rcq = ibv_create_cq(ctx, 8, NULL, NULL, 0);
+    struct ibv_qp *qa, *qb;
+    struct ibv_mr *mr;
+    struct ibv_wc wc;
+
+    CHECK(scq && rcq, "cqs");
+    mr = ibv_reg_mr(pd, small, sizeof(small), IBV_ACCESS_LOCAL_WRITE);
+    CHECK(mr, "reg_mr");
+    qa = make_qp(IBV_QPT_RC, scq, scq, NULL, 1);
+    qb = make_qp(IBV_QPT_RC, rcq, rcq, NULL, 1);
+    rc_connect(qa, qb->qp_num);
+    rc_connect(qb, qa->qp_num);
+    post_recv(qb, NULL, 0x1B0, small, sizeof(small), mr->lkey);
+    post_recv(qb, NULL, 0x1B1, small, sizeof(small), mr->lkey);
+    post_send(qa, 0x1A0, IBV_WR_SEND, "sixteen-bytes!!", 16, 0, IBV_SEND_INLINE);
+    post_send(qa, 0x1A1, IBV_WR_SEND, "x", 2, 0, IBV_SEND_INLINE);
+    wait_wc(rcq, &wc, "too long a message");
+    CHECK(wc.status == IBV_WC_LOC_LEN_ERR && wc.wr_id == 0x1B0 && wc.qp_num == qb->qp_num,
+          "responder: status %s wr_id %#llx qp %#x", ibv_wc_status_str(wc.status),
+          (unsigned long long)wc.wr_id, wc.qp_num);
+    wait_wc(scq, &wc, "the NAKed send");
+    CHECK(wc.status == IBV_WC_REM_INV_REQ_ERR && wc.wr_id == 0x1A0 && wc.qp_num == qa->qp_num,
+          "requester: status %s wr_id %#llx", ibv_wc_status_str(wc.status),
+          (unsigned long long)wc.wr_id);
+    wait_wc(scq, &wc, "the send behind it");
+    CHECK(wc.status == IBV_WC_WR_FLUSH_ERR && wc.wr_id == 0x1A1, "requester flush: %s",
+          ibv_wc_status_str(wc.status));
+    wait_wc(rcq, &wc, "the receive behind it");
+    CHECK(wc.status == IBV_WC_WR_FLUSH_ERR && wc.wr_id == 0x1B1, "responder flush: %s",
+          ibv_wc_status_str(wc.status));
+    CHECK(!ibv_destroy_qp(qa) && !ibv_destroy_qp(qb) && !ibv_dereg_mr(mr)
+          && !ibv_destroy_cq(scq) && !ibv_destroy_cq(rcq), "teardown");
+    printf("ok: a message longer than the receive buffer: local length error (responder), "
+           "remote invalid request error (requester), then flush errors on both\n");
+}
+
 /* ---- verbs softrdma does not serve fail the libibverbs way (NULL + errno), no crash ---- */
 static void check_unsupported(void)
 {
@@ -975,6 +1017,7 @@ int main(int argc, char **argv)
     check_device_ex_dm();
     check_threads();
     check_xrc();
+    check_error_completions();
     check_unsupported();
     CHECK(!ibv_dealloc_pd(pd) && !ibv_close_device(ctx), "close");
     ibv_free_device_list(list);
