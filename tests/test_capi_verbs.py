@@ -225,10 +225,11 @@ def test_rc_pingpong_without_completion_clock(device: str) -> None:
 def test_xsrq_pingpong(device: str) -> None:
     """ibv_xsrq_pingpong: XRC from C (ibv_open_xrcd on a file, ibv_create_srq_ex of type
     XRC, ibv_get_srq_num, ibv_create_qp_ex of XRC INI and TGT QPs, sends naming the remote
-    SRQ number; unsignaled but the last); the server sleeps on completion events."""
+    SRQ number; unsignaled but the last); the server sleeps on completion events; -o: the
+    buffer is an ODP MR (ibv_query_device_ex xrc_odp_caps: XRC SEND and SRQ_RECV)."""
     need_tool("ibv_xsrq_pingpong", "ibverbs-utils")
     port = tcp_port()
-    common = ["ibv_xsrq_pingpong", "-d", device, "-g", "0", "-n", "10", "-p", str(port)]
+    common = ["ibv_xsrq_pingpong", "-d", device, "-g", "0", "-n", "10", "-o", "-p", str(port)]
     procs, outs = run_pair(preloaded(*common, "-e"), preloaded(*common, "127.0.0.1"), port)
     addrs = []
     for p, (out, err) in zip(procs, outs, strict=True):
