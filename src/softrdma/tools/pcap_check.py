@@ -1,7 +1,7 @@
 """``softrdma pcap-check``: verify every RDMA packet of capture files, and each connection.
 
 For each file, every RoCE packet (UDP port 4791 or EtherType 0x8915) is decoded
-(:func:`softrdma.wire.roce.parse_frame`), its ICRC verified (IBA 7.8.1, Annex A17; ../shared/specs/roce.md §2) and the frame
+(:func:`softrdma.wire.roce.parse_frame`), its ICRC verified (IBA 7.8.1, Annex A17) and the frame
 re-encoded from the decoded fields and compared byte for byte with the capture. The
 packets that pass are then followed as conversations (:mod:`softrdma.tools.pcap_conv`):
 each RC/UC connection from its CM REQ/REP or its TCP 18515 exchange

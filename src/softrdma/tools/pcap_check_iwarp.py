@@ -9,7 +9,7 @@ to its summary. For each TCP connection, per direction (:mod:`softrdma.wire.tcps
    (RFC 5044 §7.1, RFC 6581), re-encoded and compared byte for byte.
 2. Once both frames are known, the FPDUs of the direction are deframed with the
    negotiated options (CRC if either frame has C; markers towards a side whose frame has
-   M; RFC 5044 §7.1, RFC 6581; ../shared/specs/iwarp.md §1, §4), their CRC32c checked when negotiated, the ULPDU decoded as DDP +
+   M; RFC 5044 §7.1, RFC 6581), their CRC32c checked when negotiated, the ULPDU decoded as DDP +
    RDMAP and checked against RFC 5040/5041 (:func:`softrdma.wire.ddp.check_segment`), and
    the FPDU re-encoded from the decoded fields (markers, pad and CRC included) and
    compared with the captured bytes.

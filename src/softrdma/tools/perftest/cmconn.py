@@ -14,7 +14,7 @@ Two kinds of rdma_cm RC connections go to the same port (18515 by default):
 
 For READ and atomic tests ``responder_resources``/``initiator_depth`` are the out reads
 (RoCE: the REQ/REP Responder Resources and Initiator Depth fields, IBA 12.6.5 and
-12.6.8, ``../shared/specs/ib-cm.md`` §3.1/§3.4; iWARP: the MPA v2 IRD/ORD, RFC 6581 §5).
+12.6.8; iWARP: the MPA v2 IRD/ORD, RFC 6581 §5).
 """
 
 from __future__ import annotations
