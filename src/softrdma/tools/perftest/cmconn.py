@@ -63,6 +63,11 @@ class CmSession:
     def new_id(self) -> Any:
         cid = rc.CmId(self.ch, rc.RDMA_PS_TCP)
         self.ids.append(cid)
+        if self.o.tos is not None:  # -T: the connection's ToS / Traffic Class (as perftest)
+            try:
+                cid.set_option(rc.RDMA_OPTION_ID, rc.RDMA_OPTION_ID_TOS, self.o.tos)
+            except SoftRdmaError as exc:
+                raise PerftestError(f"Failed to set TOS {self.o.tos}: {exc}") from exc
         return cid
 
     def wait(self, match: Callable[[Any], bool], deadline: float | None, what: str) -> Any:
