@@ -119,11 +119,12 @@ def _rows(out: str, size: int) -> list[str]:
             and x.split()[1].isdigit() and len(x.split()) >= 5]
 
 
-def test_bidirectional_write_both_sides_print_the_sum(state: Path) -> None:
-    srv, cli = run_pair("write-bw", state, ["-b", "-n", "100", "-s", "4096"])
+@pytest.mark.parametrize("tool,title", [("write-bw", "RDMA_Write"), ("send-bw", "Send")])
+def test_bidirectional_both_sides_print_the_sum(state: Path, tool: str, title: str) -> None:
+    srv, cli = run_pair(tool, state, ["-b", "-n", "100", "-s", "4096"])
     assert srv.returncode == 0 and cli.returncode == 0, (srv.stderr, cli.stderr)
     for r in (srv, cli):
-        assert "RDMA_Write Bidirectional BW Test" in r.stdout
+        assert f"{title} Bidirectional BW Test" in r.stdout
         assert len(_rows(r.stdout, 4096)) == 1, r.stdout
     # both print my + remote: the same sums
     assert _rows(srv.stdout, 4096) == _rows(cli.stdout, 4096)

@@ -398,6 +398,73 @@ def run_bw(res: Resources, rem: list[Dest], size: int, progress: Progress) -> tu
     return tposted[:n], tcompleted
 
 
+def run_bi(res: Resources, rem: list[Dest], size: int, progress: Progress) -> tuple[
+        list[float], list[float]]:
+    """``run_iter_bi`` (send-bw ``-b``): send ``iters`` messages per QP as :func:`run_bw`
+    does while receiving the peer's as many, re-posting receives; neither CQ is waited
+    on alone (each side's sends need the other's receives). Returns the send side's post
+    and completion times. A UC/UD side stops waiting for lost messages once its sends
+    are done, nothing arrived for a while and the peer is done too."""
+    o = res.o
+    nq = o.num_qps
+    iters = o.iters
+    wrs = [res.send_wr(i, rem[i], size) for i in range(nq)]
+    scnt = [0] * nq
+    ccnt = [0] * nq
+    rcnt = [0] * nq
+    pending: list[collections.deque[int]] = [collections.deque() for _ in range(nq)]
+    tposted: list[float] = []
+    tcompleted: list[float] = []
+    clock = time.perf_counter
+    deadline = time.monotonic() + o.timeout
+    idle_since = time.monotonic()
+    while any(c < iters for c in ccnt) or any(r < iters for r in rcnt):
+        for i in range(nq):
+            while scnt[i] < iters and scnt[i] - ccnt[i] < o.tx_depth:
+                scnt[i] += 1
+                sig = scnt[i] % o.cq_mod == 0 or scnt[i] == iters
+                tposted.append(clock())
+                res.post(i, wrs[i], sig)
+                if sig:
+                    pending[i].append(scnt[i])
+        wcs = list(res.send_cq.poll(16)[1])
+        rwcs = list(res.recv_cq.poll(16)[1])
+        now = clock()
+        for wc in wcs:
+            if wc.status != e.IBV_WC_SUCCESS:
+                raise _wc_fail(wc, f"scnt={sum(scnt)}, ccnt={sum(ccnt)}")
+            i = int(wc.wr_id)
+            upto = pending[i].popleft()
+            tcompleted.extend([now] * (upto - ccnt[i]))
+            ccnt[i] = upto
+        for wc in rwcs:
+            if wc.status != e.IBV_WC_SUCCESS:
+                raise _wc_fail(wc, f"rcnt={sum(rcnt)}")
+            if int(wc.byte_len) != res.recv_len(size):
+                raise PerftestError(f"data mismatch: received {int(wc.byte_len)} bytes, "
+                                    f"expected {res.recv_len(size)}")
+            i = int(wc.wr_id)
+            rcnt[i] += 1
+            if rcnt[i] + o.rx_depth <= iters:
+                res.post_recvs(i, 1, size)
+        mono = time.monotonic()
+        if wcs or rwcs:
+            deadline = mono + o.timeout
+            idle_since = mono
+        else:
+            if (not res.reliable and all(c >= iters for c in ccnt)
+                    and mono - idle_since >= UNRELIABLE_IDLE_S
+                    and res.peer_done is not None and res.peer_done()):
+                break  # the peer is done: the messages still missing were lost
+            if mono >= deadline:
+                raise PerftestError(f"no completion for {o.timeout:g} s ({sum(ccnt)} sent, "
+                                    f"{sum(rcnt)} received): is the peer still running?")
+            res.check_peer(mono)
+            time.sleep(0)
+        progress.update(sum(ccnt))
+    return tposted[:len(tcompleted)], tcompleted
+
+
 def run_bw_server(res: Resources, rem: list[Dest], size: int, progress: Progress
                   ) -> tuple[list[float], list[float]]:
     """The send-bw server: receive ``iters`` messages per QP (or for ``-D`` seconds),

@@ -13,8 +13,8 @@ exchange comes in the order a stock ``ib_*`` peer expects:
    the ping-pong latency tests (both measure);
 6. ``ctx_close_connection`` (none for write-lat).
 
-``-b`` (write-bw, read-bw): both sides run the BW loop after a handshake, exchange their
-reports and print the sum. ``--run_infinitely``: the client posts for ever and prints a
+``-b``: both sides run the BW loop after a handshake (send-bw: both send and receive,
+``run_iter_bi``), exchange their reports and print the sum. ``--run_infinitely``: the client posts for ever and prints a
 BW line (peak not measured) every ``-D`` seconds until Ctrl-C (" User stopped traffic",
 exit 0); a one-sided server waits until the client leaves, a send-bw server receives
 and prints its own lines. ``--output``: nothing but the one number of each result line.
@@ -416,6 +416,36 @@ def run_infinitely(s: Side) -> None:
     s.emit(report.RESULT_LINE)
 
 
+def run_duplex_send_bw(s: Side) -> None:
+    """send-bw ``-b`` (send_bw.c): per size both sides post their receives, a handshake,
+    both send and receive (``run_iter_bi``), exchange their reports and print the sum
+    (with ``-a`` a handshake after each size)."""
+    o = s.o
+    gb = o.report_gbits
+    if s.r.credits:
+        raise PerftestError("-b (bidirectional) send-bw needs RNR flow control: not over "
+                            "iWARP")
+    if o.duration is not None:
+        raise PerftestError("-b (bidirectional) send-bw runs -n iterations, not -D")
+    for size in o.sizes:
+        for i in range(o.num_qps):
+            s.r.post_recvs(i, o.rx_depth, size)
+        s.hs(0)
+        prog = progress(s, o.iters * o.num_qps, f"{o.name} {size} B")
+        tp, tc = engine.run_bi(s.r, s.rem, size, prog)
+        prog.finish()
+        if not tc:
+            raise PerftestError("no message completed")
+        mine = report.bw_report(size, tp, tc, o.cq_mod, gb)
+        both = report.sum_reports(mine, oob.xchg_bw_reports(s.chan, mine))
+        s.results.append(both)
+        s.show(both)
+        if o.run_all:
+            s.hs(0)
+    s.emit(report.RESULT_LINE)
+    oob.close_connection(s.chan, s.my[0], True)
+
+
 def run_send_bw(s: Side) -> None:
     o = s.o
     gb = o.report_gbits
@@ -424,8 +454,8 @@ def run_send_bw(s: Side) -> None:
         run_infinitely(s)
         return
     if o.duplex:
-        raise PerftestError("-b (bidirectional) is supported by write-bw and read-bw; "
-                            "send-bw runs one way")
+        run_duplex_send_bw(s)
+        return
     for size in o.sizes:
         if not o.is_client:
             for i in range(o.num_qps):
