@@ -15,9 +15,11 @@ from pathlib import Path
 import pytest
 from perftest_harness import device_state, env_for, free_port, run_pair, spawn
 
+from softrdma import enums as e
+from softrdma import verbs as v
 from softrdma.drivers.registry import Registry
 from softrdma.tools.cli import main
-from softrdma.tools.perftest import options, report
+from softrdma.tools.perftest import engine, options, report
 from softrdma.tools.perftest.oob import BwReport
 from softrdma.wire import roce
 from softrdma.wire.pcap import read_pcap
@@ -109,6 +111,44 @@ def test_output_number_is_printf_lf() -> None:
     assert report.output_number(o, r) == "0.006900"
     both = report.sum_reports(r, BwReport(4096, 200, 1.0, 2.0, 0.001))
     assert (both.bw_peak, both.bw_avg, both.msg_rate) == (31.0, r.bw_avg + 2.0, 0.0079)
+
+
+@pytest.mark.parametrize("conn", ["RC", "UC", "UD"])
+def test_qp_attributes_follow_the_flags(state: Path, monkeypatch: pytest.MonkeyPatch,
+                                        conn: str) -> None:
+    """The QPs the engine makes: the type of ``-c``, ``max_inline_data`` of ``-I``, the
+    SL of ``-S`` and the GRH Traffic Class of ``--tclass`` in the address vector (UD:
+    in the address handle, with perftest's Q_Key), no RC-only attributes on UC."""
+    monkeypatch.setenv("SOFTRDMA_STATE_DIR", str(state))
+    o = _opts("send-bw", "-c", conn, "-I", "64", "-S", "3", "--tclass", "96")
+    with v.Context("pttest") as ctx:
+        res = engine.Resources(ctx, o, 1024)
+        try:
+            qp = res.add_qp()
+            gid = bytes(ctx.query_gid(1, 0).raw)
+            me = res.my_dest(0, 0, 0x123, 1, gid, 0)
+            res.connect(0, me, me, 3, 0)
+            attr, init = qp.query()
+            assert init.qp_type == engine.QP_TYPES[conn]
+            assert attr.qp_state == e.IBV_QPS_RTS and attr.cap.max_inline_data == 64
+            if conn == "UD":
+                assert attr.qkey == options.DEF_QKEY
+                av = res.ahs[0].av
+                assert (av.sl, av.traffic_class) == (3, 96)
+            else:
+                assert (attr.ah_attr.sl, attr.ah_attr.gr.traffic_class) == (3, 96)
+                assert attr.dest_qp_num == qp.qp_num
+                # UC has no remote READ/atomics to allow
+                assert attr.qp_access_flags == (engine.ACCESS if conn == "RC"
+                                                else engine.UC_ACCESS)
+            wr = res.send_wr(0, me, 64)
+            res.post(0, wr, True)
+            assert wr.send_flags & e.IBV_SEND_INLINE  # 64 bytes: inline
+            big = res.send_wr(0, me, 65)
+            res.post(0, big, True)
+            assert not big.send_flags & e.IBV_SEND_INLINE
+        finally:
+            res.close()
 
 
 # -- two processes --------------------------------------------------------------------------
