@@ -101,3 +101,20 @@ def test_messages_and_help_do_not_send_users_to_shared() -> None:
                 and id(node) not in docs
                 and ("shared/specs" in node.value or "shared/lab" in node.value)]
     assert not bad, "\n".join(bad)
+
+
+def test_src_cites_primary_clauses_not_shared_digests() -> None:
+    """Docstrings and comments cite the primary clause (IBA x.y.z, RFC nnnn §x, CA16-n),
+    not the workspace's ``../shared/specs`` digests or ``../shared/captures``: a user's
+    clone has neither. Only the interop suite names ``../shared`` (where it looks for the
+    lab, saying so)."""
+    src = ROOT / "src" / "softrdma"
+    bad = []
+    for path in sorted(src.rglob("*.py")):
+        rel = path.relative_to(ROOT)
+        in_interop = path.is_relative_to(src / "interop")
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if ("shared/specs" in line or "shared/captures" in line
+                    or "captures README" in line or ("../shared" in line and not in_interop)):
+                bad.append(f"{rel}:{n}: {line.strip()}")
+    assert not bad, "\n".join(bad)

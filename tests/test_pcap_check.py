@@ -211,6 +211,9 @@ def test_iwarp_extension_point(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     seen: list[int] = []
 
     class FakeIwarpChecker:
+        def __init__(self, verbose: object = None, prefix: str = "") -> None:
+            pass  # the -v stream and line prefix (issue 24: -v decodes iWARP too)
+
         def feed(self, record: PcapRecord) -> None:
             seen.append(record.index)
 

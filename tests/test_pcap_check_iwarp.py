@@ -15,6 +15,7 @@ import shutil
 import socket
 import struct
 import subprocess
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -340,3 +341,59 @@ def test_parse_tcp_rejects_non_tcp_and_truncation() -> None:
         parse_tcp(1, f[:14 + 20 + 10])
     seg = parse_tcp(101, f[14:], 3)  # raw IP link type
     assert seg is not None and seg.sport == 1 and seg.flags == 0x02 and seg.frame == 3
+
+
+# --- pcap-check -v (issue 24 §4) -------------------------------------------------------------
+
+
+def test_verbose_prints_a_line_per_mpa_frame_and_fpdu(tmp_path: Path) -> None:
+    """``pcap-check -v`` decodes iWARP as it does RoCE: one line per MPA frame and FPDU,
+    with the RDMAP opcode, STag/TO or QN/MSN/MO, the lengths and the CRC."""
+    pc = pytest.importorskip("softrdma.tools.pcap_check")
+    c = Conn(("10.0.0.1", 40000), ("10.0.0.2", 7174))
+    c.handshake()
+    c.send(0, mpa.MpaRequest.build(crc=True, user_data=b"hi").encode())
+    c.send(1, mpa.MpaReply.build().encode())
+    enc = mpa.FpduEncoder(crc=True, markers=False)
+    send = ddp.encode_segment_bytes(ddp.Segment(ddp.DdpUntagged(ddp.RdmapOpcode.SEND, 0, 7),
+                                                bytes(100)))
+    write = ddp.encode_segment_bytes(ddp.Segment(ddp.DdpTagged(0, 0x1234, 0xABC), bytes(33)))
+    frames = c.send(0, b"".join(bytes(b) for b in enc.encode([send]) + enc.encode([write])),
+                    [10])  # the first FPDU split: its line names the frame completing it
+    path = tmp_path / "iw.pcap"
+    with PcapWriter(path) as w:
+        for r in c.records():
+            w.write(r.data, r.ts)
+    out = io.StringIO()
+    assert pc.run([str(path)], out, verbose=True) == 0
+    lines = [x.removeprefix(f"{path}: ") for x in out.getvalue().splitlines()]
+    fr = [x for x in lines if x.startswith("frame ")]
+    assert len(fr) == 4, lines
+    assert fr[0].startswith("frame 4 ") and "10.0.0.1:40000 -> 10.0.0.2:7174 MPA Request rev=" in fr[0]
+    assert "flags=C" in fr[0] and "pd=2" in fr[0]
+    assert "10.0.0.2:7174 -> 10.0.0.1:40000 MPA Reply" in fr[1]
+    assert fr[2].startswith(f"frame {frames[1]} ") and "ULPDU len" in fr[2]
+    assert " Send QN=0 MSN=7 MO=0 L len=100 CRC 0x" in fr[2]
+    assert " RDMA Write STag=0x00001234 TO=0xabc L len=33 CRC 0x" in fr[3]
+    assert lines[-1] == "4 packets, 4 ok, 0 failed"
+    quiet = io.StringIO()
+    assert pc.run([str(path)], quiet) == 0
+    assert "frame " not in quiet.getvalue()
+
+
+def test_verbose_into_a_closed_pipe_exits_quietly() -> None:
+    """``softrdma pcap-check -v FILE | head -1``: no traceback, no "cannot read: Broken
+    pipe" (that names the file unreadable), and not exit 2 (the unreadable-file code)."""
+    path = CAPTURES / "roce_read_bw.pcap"  # thousands of lines: the pipe closes mid-file
+    if not path.exists():
+        pytest.skip(f"{path} is not here (the shared captures)")
+    proc = subprocess.Popen([sys.executable, "-m", "softrdma", "pcap-check", "-v", str(path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    first = proc.stdout.readline()
+    proc.stdout.close()  # as head -1 does
+    err = proc.stderr.read().decode()
+    rc = proc.wait(timeout=120)
+    assert first.startswith(str(path).encode() + b": frame ")
+    assert err == "", err
+    assert rc not in (0, 2)

@@ -19,6 +19,7 @@ from wait_harness import wait_until
 
 from softrdma import enums as e
 from softrdma import verbs as v
+from softrdma.cm import rdma_cm as cm
 from softrdma.drivers.devd import Devd, DevdLink
 from softrdma.drivers.devd_proto import OP_REPORT_RESOURCES, REP, REQ
 from softrdma.drivers.registry import DeviceRecord
@@ -104,7 +105,7 @@ def test_res_show_lists_every_object(shared_device: str,
         assert len(pds) == 1 and pds[0]["users"] == 3  # two QPs and one MR
         summary = _res_json(capsys, "-d", shared_device)
         assert summary == [{"ifname": shared_device, "qp": 2, "cq": 1, "mr": 1, "pd": 1,
-                            "pids": 1}]
+                            "cm_id": 0, "pids": 1}]
         # each QP's own counters: the SEND and its ACK
         stats = _res_json(capsys, "statistic", "qp", "-d", shared_device)
         sb = {r["lqpn"]: r for r in stats}
@@ -122,7 +123,7 @@ def test_res_show_lists_every_object(shared_device: str,
 def test_res_bad_arguments(shared_device: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["res", "show", "frob"]) == 1
     assert "error: object:" in capsys.readouterr().err
-    assert main(["res", "show", "cm_id"]) == 1
+    assert main(["res", "show", "qp", "extra"]) == 1
     assert main(["res", "statistic", "mr"]) == 1
     assert main(["res", "-d", "nosuchdev"]) == 1
     err = capsys.readouterr().err
@@ -200,3 +201,84 @@ def test_the_largest_snapshot_fits_a_report() -> None:
                        "dgid": "ffff:" * 7 + "ffff", "path-mig-state": "MIGRATED"})
             qp["counters"] = dict.fromkeys(qp["counters"], 1 << 40)
         assert REQ.size + len(json.dumps(snap, separators=(",", ":"))) <= MAX_CTRL
+
+
+def _cm_event(ch: cm.EventChannel, want: cm.RdmaCmEventType) -> cm.RdmaCmEvent:
+    ev = ch.get_cm_event(timeout=30.0)
+    assert ev is not None and ev.event == want, (ev, want)
+    return ev
+
+
+def test_res_show_cm_id(shared_device: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """``res show cm_id`` (issue 24 §3): the listener, the client and the accepted id, with
+    state, port space, QP and addresses, as ``rdma resource show cm_id``."""
+    T = cm.RdmaCmEventType
+    ch = cm.EventChannel()
+    lst = cm.CmId(ch)
+    lst.bind_addr(("127.0.0.1", 0), device=shared_device)
+    lst.listen(4)
+    assert lst.local_addr is not None
+    port = lst.local_addr[1]
+    cli_ch = cm.EventChannel()
+    cli = cm.CmId(cli_ch)
+    ids = [lst, cli]
+    try:
+        cli.resolve_addr(None, ("127.0.0.1", port), 2000, device=shared_device)
+        _cm_event(cli_ch, T.ADDR_RESOLVED)
+        cli.resolve_route(2000)
+        _cm_event(cli_ch, T.ROUTE_RESOLVED)
+        ccq = v.CQ(cli.verbs, 8)
+        cli.create_qp(None, v.QPInitAttr(RC, scq=ccq, rcq=ccq, cap=v.QPCap(4, 4, 1, 1)))
+        cli.connect(cm.ConnParam())
+        req = _cm_event(ch, T.CONNECT_REQUEST)
+        srv = req.id
+        ids.append(srv)
+        scq = v.CQ(srv.verbs, 8)
+        srv.create_qp(None, v.QPInitAttr(RC, scq=scq, rcq=scq, cap=v.QPCap(4, 4, 1, 1)))
+        srv.accept(cm.ConnParam())
+        _cm_event(cli_ch, T.ESTABLISHED)
+        _cm_event(ch, T.ESTABLISHED)
+        me = os.getpid()
+
+        def listed() -> list[dict[str, Any]]:
+            rows = [r for r in _res_json(capsys, "show", "cm_id", "-d", shared_device)
+                    if r["pid"] == me]
+            states = sorted(r["state"] for r in rows)
+            return rows if states == ["CONNECT", "CONNECT", "LISTEN"] else []
+
+        rows = wait_until(listed, 20.0, "the three ids in res show cm_id")
+        by = {r["state"]: r for r in rows if r["state"] == "LISTEN"}
+        listener = by["LISTEN"]
+        assert listener["ifname"] == shared_device and listener["port"] == 1
+        assert listener["ps"] == "TCP" and listener["src-addr"] == "127.0.0.1"
+        assert listener["src-port"] == port and "dst-addr" not in listener
+        assert "lqpn" not in listener and listener["comm"]
+        conns = {r["lqpn"]: r for r in rows if r["state"] == "CONNECT"}
+        assert set(conns) == {cli.qp.qp_num, srv.qp.qp_num}
+        c, s_ = conns[cli.qp.qp_num], conns[srv.qp.qp_num]
+        assert c["qp-type"] == "RC" and c["dst-addr"] == "127.0.0.1" and c["dst-port"] == port
+        assert s_["src-port"] == port and s_["dst-port"] == c["src-port"]
+        assert len({r["cm-idn"] for r in rows}) == 3
+        assert main(["res", "show", "cm_id", "-d", shared_device]) == 0
+        text = capsys.readouterr().out
+        assert (f"link {shared_device}/1 lqpn {cli.qp.qp_num} qp-type RC state CONNECT "
+                f"ps TCP pid {me} comm ") in text
+        assert (f" src-addr 127.0.0.1:{c['src-port']} dst-addr 127.0.0.1:{port} "
+                f"cm-idn {c['cm-idn']}\n") in text
+        assert f"link {shared_device}/1 state LISTEN ps TCP pid {me} comm " in text
+        summary = _res_json(capsys, "-d", shared_device)
+        assert summary[0]["cm_id"] == 3
+        # a disconnect shows, and destroyed ids leave the list
+        cli.disconnect()
+        wait_until(lambda: [r for r in _res_json(capsys, "show", "cm_id", "-d", shared_device)
+                            if r["pid"] == me and r["state"] == "DISCONNECT"
+                            and r.get("lqpn") == cli.qp.qp_num], 20.0, "DISCONNECT")
+        for x in ids:
+            x.destroy()
+        wait_until(lambda: not [r for r in _res_json(capsys, "show", "cm_id", "-d",
+                                                     shared_device) if r["pid"] == me],
+                   20.0, "the destroyed ids gone")
+    finally:
+        for x in ids:
+            x.destroy()
+        cm.release_devices()

@@ -7,7 +7,7 @@ communication-established event (12.9.7.3). Each function is an action of the ta
 next state when its outcome decides it (None: the table's).
 
 Starting PSN convention (Linux ``drivers/infiniband/core/cm.c``, followed by rxe and every
-RoCE NIC driver; ``../shared/specs/ib-cm.md`` REQ offset 44, REP offset 20): each side
+RoCE NIC driver; the Starting PSN of the REQ, IBA 12.6.5, and of the REP, 12.6.8): each side
 announces the PSN it will *receive* at. We follow Linux, whose peers we talk to
 (``tests/test_cm_rping_capture.py`` checks it against a real capture).
 """

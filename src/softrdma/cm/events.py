@@ -4,7 +4,7 @@ Event names follow librdmacm (``enum rdma_cm_event_type``) so the connection API
 the CM is a thin mapping: :class:`CmEventType` values are the rdma_cm names.
 
 :func:`describe_rej` turns a received REJ into a :class:`RejectInfo` with one distinct
-text per cause: the IBA reason (IBA 12.6.7 Table 109; ``../shared/specs/ib-cm.md`` §4)
+text per cause: the IBA reason (IBA 12.6.7 Table 109)
 and, for reason 28 (Consumer Reject) whose ARI names the RDMA IP CM Service layer, the
 Annex A11 Table 5 code with its suggested value (A11.7, oA11-2).
 """

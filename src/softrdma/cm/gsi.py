@@ -1,5 +1,5 @@
 """The CM's driver: QP1 (the GSI, IBA 13.5.1) of an engine Port carrying CM MADs
-(``../shared/specs/ib-cm.md`` §7).
+(the CM's MADs: IBA 12.6, 13.4).
 
 :class:`CmBinding` attaches a :class:`~softrdma.cm.ibcm.CmAgent` to a
 :class:`softrdma.ib.port.Port`:

@@ -8,7 +8,7 @@ reads a clock or a socket; its driver (``softrdma.cm.gsi``, or a test) calls:
 * ``agent.on_timer(now)`` when ``now >= agent.next_deadline()``;
 * ``agent.take_output()`` for the MADs to send (:class:`OutMad`: addressed to QP1 of the
   peer with the QP1 Q_Key ``wire.mad.GSI_QKEY``, IBA 13.5.1;
-  ``../shared/specs/ib-cm.md`` §7).
+  the CM's MADs, IBA 12.6 and 13.4).
 
 Each :class:`IbCmId` runs the state machine of :mod:`softrdma.cm.state` (IBA 12.9) and
 reports typed, frozen :class:`~softrdma.cm.events.CmEvent` s. Consumer requests
@@ -307,8 +307,8 @@ class CmAgent:
             return
         if listener.pending >= listener.backlog and not self._evict_half_open(listener, now):
             # The backlog (half-open connections: not yet accepted, or waiting for the
-            # RTU) is full: REJ "No resources available" (IBA Table 109 reason 3,
-            # ../shared/specs/ib-cm.md §4) frees the peer at once instead of holding it
+            # RTU) is full: REJ "No resources available" (IBA 12.6.7 Table 109
+            # reason 3) frees the peer at once instead of holding it
             # for its full REQ timeout. Linux drops such a REQ silently (ucma backlog
             # exhausted: ENOMEM, cm_destroy_id does not reject) so that it is retried;
             # we reject so that a flood of REQs cannot hold a listener for that long.

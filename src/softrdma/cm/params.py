@@ -1,5 +1,5 @@
-"""Parameters, results and small helpers of the CM (IBA Vol 1 ch. 12;
-``../shared/specs/ib-cm.md``).
+"""Parameters, results and small helpers of the CM (IBA Vol 1 ch. 12,
+§12.6 messages).
 
 Dataclasses for what a consumer asks for (:class:`ConnParams` for a REQ,
 :class:`AcceptParams` for a REP or SIDR_REP, :class:`SidrParams` for a SIDR_REQ), the

@@ -55,6 +55,7 @@ from ..verbs.ah import AHAttr, GlobalRoute
 from ..wire.gid import ip_to_gid
 from ..wire.ipcm import IPPROTO_TCP, IPPROTO_UDP, RDMA_UDP_QKEY, IpAddress
 from . import iwconnect as iw
+from . import rdma_res  # noqa: F401 - lists our ids for softrdma res show cm_id
 from .cmid import IbCmId
 from .events import CmEvent, CmEventType, RejectInfo
 from .ipcm import IpCmClient, ip_listen

@@ -13,7 +13,7 @@ PSNs follow Linux's convention (see :mod:`.establish`): each side receives at
 the Starting PSN it announces and sends from the peer's (``rdma_init_qp_attr`` sets
 ``rq_psn`` to the id's ``seq_num``, the PSN its REQ or REP carries). A passive side asked
 for RTR before its REP draws that PSN then and the REP announces it
-(``../shared/specs/ib-cm.md``, REQ offset 44, REP offset 20).
+(the Starting PSN fields of the REQ and the REP, IBA 12.6.5 and 12.6.8).
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """The REJ devd answers on its own, and when it may (``softrdma.drivers.devd``).
 
 A REQ nobody listens for is answered with REJ reason 8, Invalid Service ID (a SIDR_REQ:
-SIDR_REP status 1), as a CM without a listener would (IBA 12.6.7, A11 CA11-8;
-``../shared/specs/ib-cm.md`` §4). An answer goes to the source address of the REQ, so
+SIDR_REP status 1), as a CM without a listener would (IBA 12.6.7, A11 CA11-8). An answer goes to the source address of the REQ, so
 before answering the daemon makes sure the REQ is one a real CM sent, and bounds what it
 sends to any one address (the daemon must not become a reflector):
 

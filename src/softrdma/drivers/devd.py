@@ -1,7 +1,7 @@
 """``devd``: the per-device demultiplexer process.
 
 design.md "Devices shared by processes": the transport engine runs in the process that
-owns the QP; one ``devd`` per device owns the device's UDP port (4791, Annex A17; ../shared/specs/roce.md §1) on
+owns the QP; one ``devd`` per device owns the device's UDP port (4791, Annex A17) on
 every IP address of its netdev and forwards each received datagram, unmodified, to the
 process that owns the BTH DestQP (bytes 5-7 of the UDP payload, IBA 9.2), or lets the
 kernel deliver it to that process directly (below). Processes send directly from their
@@ -250,7 +250,7 @@ class Devd(Forwarding, McastRouting, QpnRouting):
                 self._bind_udp()
                 if direct_enabled():
                     self._direct_setup()
-            else:  # RoCEv1 only: no UDP port; the addresses are still GIDs (Annex A16; ../shared/specs/roce.md §4)
+            else:  # RoCEv1 only: no UDP port; the addresses are still GIDs (Annex A16)
                 self.ips = tuple(device_addresses(self.record.netdev))
             if self.record.roce_v1:
                 self._raw = RawEtherLink(self.record.netdev, vlan=self.record.vlan)

@@ -1,5 +1,5 @@
 """CM MAD routing of a shared device's QP1 in ``devd`` (the "CM MAD routing" rules of
-:mod:`softrdma.drivers.devd_proto`; IBA 12.6, ../shared/specs/ib-cm.md §7)."""
+:mod:`softrdma.drivers.devd_proto`; IBA 12.6, 13.4)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Forwarding in ``devd``: the datagrams that reach the daemon's own sockets (QP1 MADs,
 multicast, unknown QPNs, every datagram of a client on the forwarded path) go to their
 owners over the data channels (the delivery rules of :mod:`softrdma.drivers.devd_proto`;
-BTH DestQP: IBA 9.2; multicast: IBA 10.5, Annex A17, ../shared/specs/roce.md §4)."""
+BTH DestQP: IBA 9.2; multicast: IBA 10.5, Annex A17)."""
 
 from __future__ import annotations
 

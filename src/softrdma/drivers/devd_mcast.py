@@ -1,4 +1,4 @@
-"""Multicast on a shared device in ``devd`` (Annex A17; ../shared/specs/roce.md §4,
+"""Multicast on a shared device in ``devd`` (Annex A17,
 :mod:`softrdma.drivers.mcast`): the daemon joins an MGID's IP group on the first
 ATTACH_MCAST and leaves it on the last DETACH_MCAST; datagrams to DestQP 0xFFFFFF (IBA
 10.5) reach every attached client through the data channel."""
@@ -25,7 +25,7 @@ class McastRouting:
 
     def _attach(self, c: Client, mgid: bytes) -> int:
         """A client attaches ``mgid``; the first one makes the daemon join the group on
-        its socket of that address family (Annex A17; ../shared/specs/roce.md §4, :mod:`.mcast`)."""
+        its socket of that address family (Annex A17, :mod:`.mcast`)."""
         if mgid not in self._groups:
             link = self._group_link(mgid)
             v1 = self._raw if self._raw is not None and is_multicast_gid(mgid) else None

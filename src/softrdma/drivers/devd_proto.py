@@ -28,7 +28,7 @@ Requests (client -> daemon, control), one fixed-size record::
                          QPNs in use and the ranges of live slots; arg 1: register for QP1 (several clients may; QP1 MADs
                          go to all of them); other arg: that QPN if it is free
       FREE_QPN     2  arg = QPN (for QP1: drop one QP1 registration)
-      ATTACH_MCAST 3  mgid = the 16-byte MGID (Annex A17; ../shared/specs/roce.md §4: IPv4 group as ::ffff:a.b.c.d);
+      ATTACH_MCAST 3  mgid = the 16-byte MGID (Annex A17: IPv4 group as ::ffff:a.b.c.d);
                       the first attachment makes the daemon join the IP group on its
                       socket of that family (EINVAL: not a multicast GID; EAFNOSUPPORT: no
                       address of that family; EADDRNOTAVAIL: the kernel refused the join)
@@ -108,13 +108,13 @@ received (BTH .. ICRC)::
 Delivery rules: DestQP 1 -> CM MADs are routed (below), other QP1 MADs go to every client
 registered for QP1; DestQP 0xFFFFFF (multicast,
 IBA 10.5) -> every client that attached the MGID equal to the datagram's destination GID
-(Annex A17; ../shared/specs/roce.md §4; as rxe_rcv_mcast_pkt); any other DestQP -> its owner. Datagrams shorter
+(Annex A17; as rxe_rcv_mcast_pkt); any other DestQP -> its owner. Datagrams shorter
 than a BTH are counted ``malformed``; unknown DestQPs ``unknown_qpn``; a client whose
 data channel is full loses the datagram (``client_full``), like a NIC that is out of
 receive buffers. When a client disconnects (either channel), its QPNs, QP1
 registrations and multicast attachments are freed.
 
-CM MAD routing (QP1, management class 0x07; ../shared/specs/ib-cm.md §7, IBA 12.6): a REQ or SIDR_REQ goes
+CM MAD routing (QP1, management class 0x07; IBA 12.6, 13.4): a REQ or SIDR_REQ goes
 to the client listening on its Service ID (most specific mask), a SIDR_REP to the client
 whose slot is the top byte of its Request ID, any other CM message to the client whose
 slot is the top byte of its Remote Communication ID. QP1 clients registered without a
@@ -165,7 +165,7 @@ DHDR = struct.Struct("!BBBBHH16s16s")
 MAX_SEGMENT_HINT = 0xFE  # the largest GRO segment index the DHDR carries
 U64 = struct.Struct("!Q")
 
-QPN_GSI = 1  # IBA 3.5.8 / ../shared/specs/roce.md §6
+QPN_GSI = 1  # IBA 3.5.8
 QPN_MULTICAST = 0xFFFFFF  # IBA 10.5
 QPN_FIRST = 0x11
 QPN_LAST = 0xFFFFFE
@@ -176,7 +176,7 @@ STAT_NAMES = ("rx", "forwarded", "unknown_qpn", "malformed", "client_full", "cli
               "direct_clients", "direct_refused", "bpf_attached", "bpf_failed",
               "ctrl_malformed", "join_timeouts")
 
-# CM MADs on QP1: BTH (12) + DETH (8), then the 256-byte MAD (IBA 13.4; ../shared/specs/ib-cm.md §7)
+# CM MADs on QP1: BTH (12) + DETH (8), then the 256-byte MAD (IBA 13.4)
 MAD_OFF = BTH_SIZE + 8
 MAD_SIZE = 256
 CM_CLASS = 0x07

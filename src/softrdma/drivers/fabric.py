@@ -1,7 +1,7 @@
 """An in-memory RoCEv2 network on a virtual clock, with deterministic fault injection.
 
 A :class:`Fabric` connects any number of :class:`FabricLink` s, each owning an IP address
-and a UDP port (default 4791, Annex A17; ../shared/specs/roce.md §1). ``link.send`` queues the datagram for
+and a UDP port (default 4791, Annex A17). ``link.send`` queues the datagram for
 delivery at ``now + latency`` (plus serialisation time when a ``bandwidth`` is given,
 plus injected delay); delivery happens from :class:`~softrdma.drivers.clock.VirtualClock`
 callbacks, puts the datagram in the destination link's receive queue and calls that
@@ -536,7 +536,7 @@ def _copy(dg: Datagram) -> Datagram:
     return Datagram(dg.data, dg.src_ip, dg.dst_ip, dg.sport, dg.dport, dg.tos, dg.ttl, dg.grh)
 
 
-# ---- pcap framing (captures README: Linux unconnected-socket headers) ----------------
+# ---- pcap framing (the headers Linux puts on an unconnected socket's datagrams) -------
 _ETH = struct.Struct("!6s6sH")
 
 
@@ -546,7 +546,7 @@ def _mac(ip: bytes) -> bytes:
 
 
 def frame_of(dg: Datagram) -> bytes:
-    """``dg`` as the Ethernet frame a Linux sender would emit (Annex A17; ../shared/specs/roce.md §1).
+    """``dg`` as the Ethernet frame a Linux sender would emit (Annex A17).
 
     IPv4: ID 0 (``dg.ident`` for a segment of a UDP GSO send or GRO receive), DF, UDP
     checksum 0 (what ``UdpLink`` sockets send); IPv6: a real UDP

@@ -1,8 +1,8 @@
-"""The datagram link interface every packet driver implements (Annex A17; ../shared/specs/roce.md §1).
+"""The datagram link interface every packet driver implements (Annex A17).
 
 A link moves RoCEv2 *UDP payloads* (BTH .. ICRC) between IP addresses. It neither
 builds nor checks the ICRC: the runtime does that, over exactly the IPv4/IPv6 and UDP
-headers the link will put on the wire (IBA 7.8.1, Annex A17; ../shared/specs/roce.md §2). Because the ICRC covers the UDP
+headers the link will put on the wire (IBA 7.8.1, Annex A17). Because the ICRC covers the UDP
 source port, a sender first asks :meth:`Link.effective_sport` which source port will
 really be used, computes the ICRC with it, then calls :meth:`Link.send` with that port.
 
@@ -39,7 +39,7 @@ class Datagram:
     ``data`` is the UDP payload (BTH .. ICRC). For :class:`UdpLink` it is a view into a
     receive ring that stays valid only until the next ``recv_batch`` call; copy what
     must outlive that. ``src_ip``/``dst_ip`` are 4 bytes (IPv4) or 16 bytes (IPv6).
-    ``tos`` is the IPv4 TOS / IPv6 Traffic Class byte (DSCP + ECN, Annex A17; ../shared/specs/roce.md §5), ``ttl``
+    ``tos`` is the IPv4 TOS / IPv6 Traffic Class byte (DSCP + ECN, Annex A17), ``ttl``
     the IPv4 TTL / IPv6 hop limit.
 
     A RoCEv1 frame (Annex A16, EtherType 0x8915) arrives as a Datagram too: ``grh`` holds
@@ -165,7 +165,7 @@ def check_roce_ver(value: str | int, argument: str = "roce_ver") -> str:
 
 
 def v1_gids(mac: bytes, ips: Sequence[bytes]) -> list[bytes]:
-    """The RoCEv1 GIDs of a port (Annex A16; ../shared/specs/roce.md §4): the link-local GID from the MAC by modified
+    """The RoCEv1 GIDs of a port (Annex A16): the link-local GID from the MAC by modified
     EUI-64 first, then each IPv4 address as ``::ffff:a.b.c.d`` and each IPv6 address
     (Linux puts every netdev address in the GID table, once per GID type)."""
     out = [link_local_gid(mac)]

@@ -1,4 +1,4 @@
-"""RoCEv2 multicast on Linux sockets: MGID -> IP group, joining, sending (Annex A17; ../shared/specs/roce.md §4).
+"""RoCEv2 multicast on Linux sockets: MGID -> IP group, joining, sending (Annex A17).
 
 On RoCEv2 there is no subnet administrator: a multicast GID *is* an IP multicast
 address, as Linux maps it (``cma_set_mgid``/``cma_igmp_send`` in drivers/infiniband/core/
@@ -62,7 +62,7 @@ def is_mgid(gid: bytes) -> bool:
 
 
 def mgid_to_group(mgid: bytes) -> bytes:
-    """The IP multicast group of an MGID: 4 bytes (IPv4) or 16 bytes (IPv6), Annex A17; ../shared/specs/roce.md §4."""
+    """The IP multicast group of an MGID: 4 bytes (IPv4) or 16 bytes (IPv6), Annex A17."""
     if not isinstance(mgid, (bytes, bytearray)) or len(mgid) != 16:
         raise InvalidArgument("mgid", "an MGID is 16 bytes")
     if not is_mgid(bytes(mgid)):

@@ -1,7 +1,7 @@
 """Network interfaces: names, addresses, MTU, MAC, link state (Linux).
 
 A softrdma device sits on a netdev (``softrdma link add NAME netdev IFACE``, design.md
-"Devices shared by processes"); its GIDs are the netdev's IP addresses (Annex A17; ../shared/specs/roce.md §4) and
+"Devices shared by processes"); its GIDs are the netdev's IP addresses (Annex A17) and
 its active MTU follows the netdev MTU (see :func:`softrdma.drivers.registry.ib_mtu_for`).
 
 Sources, all without a subprocess:

@@ -1,8 +1,8 @@
 """RoCEv1 over raw Ethernet: an ``AF_PACKET`` link for EtherType 0x8915 (Annex A16).
 
 :class:`RawEtherLink` implements :class:`~softrdma.drivers.link.V1Link` on one network
-interface. A RoCEv1 frame is ``Ethernet [802.1Q] | GRH | BTH .. pad | ICRC`` (A16.3.1,
-``../shared/specs/roce.md`` §1): the runtime builds the GRH and the ICRC, the link adds the
+interface. A RoCEv1 frame is ``Ethernet [802.1Q] | GRH | BTH .. pad | ICRC`` (Annex
+A16.3.1): the runtime builds the GRH and the ICRC, the link adds the
 Ethernet header.
 
 * **Receive**: one ``AF_PACKET``/``SOCK_RAW`` socket for ``ETH_P_ALL`` on the interface
@@ -228,7 +228,7 @@ class RawEtherLink:
     # ---- link interface ------------------------------------------------------------------
     @property
     def local_ips(self) -> tuple[bytes, ...]:
-        """The interface's addresses (their GIDs are RoCEv1 GIDs too, Annex A16; ../shared/specs/roce.md §4)."""
+        """The interface's addresses (their GIDs are RoCEv1 GIDs too, Annex A16)."""
         return self._ips
 
     @property
@@ -293,7 +293,7 @@ class RawEtherLink:
 
     def attach_mcast(self, mgid: bytes) -> None:
         """Receive the MGID's Ethernet multicast MAC (``33:33`` + its last 4 bytes,
-        Annex A17; ../shared/specs/roce.md §4): ``PACKET_ADD_MEMBERSHIP`` puts it in the interface's filter."""
+        Annex A17): ``PACKET_ADD_MEMBERSHIP`` puts it in the interface's filter."""
         self._membership(mgid, PACKET_ADD_MEMBERSHIP)
 
     def detach_mcast(self, mgid: bytes) -> None:

@@ -80,7 +80,7 @@ __all__ = [
     "validate_name",
 ]
 
-DEFAULT_UDP_PORT = 4791  # Annex A17; ../shared/specs/roce.md §1
+DEFAULT_UDP_PORT = 4791  # Annex A17
 RXE_MAX_HDR_LENGTH = 80  # rxe_hdr.h
 IB_MTUS = (4096, 2048, 1024, 512, 256)
 NAME_MAX = 64

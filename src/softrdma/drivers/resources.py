@@ -15,6 +15,12 @@ counters (:class:`~softrdma.seam.counters.QpCounters`). ``pdn``, ``cqn`` and ``m
 number the process's objects in the order it created them (softrdma has no
 device-wide numbers for them). At most :data:`MAX_OBJECTS` objects of each kind are
 sent (a control record is bounded); ``truncated`` then counts the rest.
+
+``cm_id`` lists the process's rdma_cm IDs on the device (``lqpn``, ``qp-type``,
+``state``, ``ps``, ``src-addr``, ``src-port``, ``dst-addr``, ``dst-port``, ``cm-idn``):
+the rdma_cm layer, above this one, registers the function that lists them
+(:func:`add_cm_id_source`, :mod:`softrdma.cm.rdma_res`); they are gathered outside the
+engine lock (the rdma_cm takes its own locks, then the engine's).
 """
 
 from __future__ import annotations
@@ -23,13 +29,15 @@ import contextlib
 import ipaddress
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import SoftRdmaError
 from ..ib.port import Port
 from ..seam.states import ERR, INIT, QPT_RC, QPT_UC, QPT_UD, RESET, RTR, RTS, SQD, SQE
 
-__all__ = ["MAX_OBJECTS", "port_resources", "qp_state_name", "qp_type_name", "report_objects"]
+__all__ = ["MAX_OBJECTS", "add_cm_id_source", "object_number", "port_resources",
+           "qp_state_name", "qp_type_name", "report_objects"]
 
 #: the most objects of one kind a snapshot carries (a control record is <= 64 KiB)
 MAX_OBJECTS = 64
@@ -70,6 +78,30 @@ class _Numbers:
 _PDS = _Numbers()
 _CQS = _Numbers()
 _MRS = _Numbers()
+_OTHERS: dict[str, _Numbers] = {}
+
+#: functions listing this process's rdma_cm IDs on a port (the rdma_cm layer adds one)
+_CM_ID_SOURCES: list[Callable[[Port], list[dict[str, Any]]]] = []
+
+
+def object_number(kind: str, obj: object) -> int:
+    """The process-wide number of ``obj`` among the ``kind`` objects (``cm-idn`` ...),
+    in the order they are first listed."""
+    return _OTHERS.setdefault(kind, _Numbers()).of(obj)
+
+
+def add_cm_id_source(source: Callable[[Port], list[dict[str, Any]]]) -> None:
+    """Have snapshots list the rdma_cm IDs ``source(port)`` returns (once per source)."""
+    if source not in _CM_ID_SOURCES:
+        _CM_ID_SOURCES.append(source)
+
+
+def cm_ids(port: Port) -> tuple[list[dict[str, Any]], int]:
+    """The rdma_cm IDs on ``port`` (at most :data:`MAX_OBJECTS`) and how many more."""
+    rows: list[dict[str, Any]] = []
+    for source in list(_CM_ID_SOURCES):
+        rows.extend(source(port))
+    return rows[:MAX_OBJECTS], max(0, len(rows) - MAX_OBJECTS)
 
 
 def _cq_of(sink: object) -> object:
@@ -153,6 +185,8 @@ def report_objects(reporter: object, port: Port, lock: threading.Lock) -> None:
         objects = port_resources(port)
     finally:
         lock.release()
+    objects["cm_id"], more = cm_ids(port)
+    objects["truncated"] += more
     if objects == getattr(reporter, "last_resources", None):
         return
     with contextlib.suppress(SoftRdmaError, OSError):

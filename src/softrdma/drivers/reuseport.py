@@ -1,7 +1,7 @@
 """Kernel-side demultiplexing of a shared device's UDP port: ``SO_REUSEPORT`` + classic BPF.
 
 design.md "Devices shared by processes": every process of a shared RoCEv2 device binds its
-own UDP socket to the device's ``(ip, 4791)`` (Annex A17; ../shared/specs/roce.md §1) with
+own UDP socket to the device's ``(ip, 4791)`` (Annex A17) with
 ``SO_REUSEPORT``; the sockets form one reuseport group. ``devd`` binds the group's first
 socket and attaches a classic BPF program (``SO_ATTACH_REUSEPORT_CBPF``) that returns, for
 each datagram, the index of the socket it goes to. The program sees the UDP payload at

@@ -5,15 +5,15 @@ Duties (design.md, "Sans-I/O engines"):
 * a lock around the engine: every engine call (post, modify, receive, timers) runs
   under :attr:`Runtime.lock`;
 * transmit: drain ``port.tx``, map GIDs to IP addresses
-  (``::ffff:a.b.c.d`` -> IPv4, Annex A17; ../shared/specs/roce.md §4), ask the link for the real UDP source port,
+  (``::ffff:a.b.c.d`` -> IPv4, Annex A17), ask the link for the real UDP source port,
   compute the RoCEv2 ICRC over exactly the IPv4/IPv6 + UDP headers the link will send
-  (IBA 7.8.1, Annex A17; ../shared/specs/roce.md §2: IPv4 ID 0 + DF, as Linux sends with ``IP_PMTUDISC_DO``) and send
+  (IBA 7.8.1, Annex A17: IPv4 ID 0 + DF, as Linux sends with ``IP_PMTUDISC_DO``) and send
   ``[headers, payload, pad, icrc]`` without copying the payload;
 * receive: check each datagram's ICRC (bad -> dropped and
   counted in ``port.counters.rcvd_icrc_err``, as rxe_recv.c drops silently), build the
   :class:`~softrdma.ib.port.RxMeta` (GIDs from the IP addresses, the 40-byte GRH area a
   UD receive exposes: 20 zero bytes + the IPv4 header for IPv4, the IPv6 header for
-  IPv6, as rxe does, IBA 11.4.1.1; ../shared/specs/ib-transport.md §11) and hand ``BTH .. pad`` to ``port.receive``;
+  IPv6, as rxe does, IBA 11.4.1.1) and hand ``BTH .. pad`` to ``port.receive``;
 * timers: ``port.on_timer(now)`` whenever ``now >= port.next_deadline()``.
 
 The lock, deferred calls, engine calls, the progress thread and shutdown are the
@@ -92,7 +92,7 @@ GSO_MAX_PAYLOAD = 65507  # UDP payload bytes of one GSO send (65535 - IPv4 - UDP
 
 def icrc_v2(src_ip: bytes, dst_ip: bytes, sport: int, dport: int, parts: Sequence[Any],
             length: int, ident: int = 0) -> bytes:
-    """The 4 ICRC bytes of a RoCEv2 packet (IBA 7.8.1, Annex A17; ../shared/specs/roce.md §2) whose BTH..pad are ``parts``.
+    """The 4 ICRC bytes of a RoCEv2 packet (IBA 7.8.1, Annex A17) whose BTH..pad are ``parts``.
 
     ``length`` is the byte length of BTH..pad. The IP header is the one Linux sends
     from an unconnected UDP socket with ``IP_PMTUDISC_DO``: IPv4 ID 0 and DF
@@ -109,7 +109,7 @@ def icrc_ok(src_ip: bytes, dst_ip: bytes, sport: int, dport: int, datagram: memo
 
 
 def build_grh(d: Datagram, ident: int = 0, df: bool = True) -> bytes:
-    """The 40-byte GRH area of a UD receive for datagram ``d`` (IBA 11.4.1.1, as rxe; ../shared/specs/ib-transport.md §11).
+    """The 40-byte GRH area of a UD receive for datagram ``d`` (IBA 11.4.1.1, as rxe).
 
     IPv4: 20 zero bytes then the IPv4 header rebuilt from what the socket reports and
     the Identification/DF recovered from the ICRC (``wire.roce.recover_ipv4_id``), with a
@@ -143,7 +143,7 @@ class Runtime:
     ``mode`` is ``"thread"`` or ``"manual"`` (see the module docstring). ``clock`` is a
     ``() -> float`` in seconds; by default the link's virtual clock when it has one
     (``link.clock.now``), else ``time.monotonic``. ``udp_port`` is the RoCEv2
-    destination port (4791, Annex A17; ../shared/specs/roce.md §1; a registry device may use another).
+    destination port (4791, Annex A17; a registry device may use another).
     """
 
     def __init__(self, port: Port, link: Link, *, mode: str = "thread",
@@ -409,7 +409,7 @@ class Runtime:
         DestQP (:mod:`.reuseport`). Segment ``i``
         leaves with IPv4 Identification ``i`` (Linux ``inet_gso_segment`` numbers the
         segments of a DF super-packet from its ID, 0 on an unconnected socket), so its
-        ICRC is computed with ID ``i`` (IBA 7.8.1, Annex A17; ../shared/specs/roce.md §2).
+        ICRC is computed with ID ``i`` (IBA 7.8.1, Annex A17).
         A refused batch is sent again one datagram per call with ID-0 ICRCs.
         """
         ip_of = self._ip_of
@@ -487,7 +487,7 @@ class Runtime:
     def _send_v1(self, p: TxPacket) -> None:
         """RoCEv1 (Annex A16): the GRH is always present (A16.3.1), its PayLen counts BTH
         through the ICRC (IBA 8.3.1); the ICRC covers it with TClass, FlowLabel and HopLmt
-        masked (IBA 7.8.1, Annex A16; ../shared/specs/roce.md §2, ``wire.roce.icrc_v1``)."""
+        masked (IBA 7.8.1, Annex A16, ``wire.roce.icrc_v1``)."""
         send_v1 = getattr(self.link, "send_v1", None)
         if send_v1 is None:  # a GID typed RoCE v1 on a link that cannot carry it
             self.port.counters.link_downed += 1

@@ -2,7 +2,8 @@
 and out, and the iproute2 calls that give it addresses, an MTU and the up state.
 
 The kernel does no ARP or ND on it (a TUN device is ``IFF_NOARP``); the IPoIB runtime
-resolves next hops itself (../shared/specs/ipoib.md, "TUN facts").
+resolves next hops itself (as measured on Linux; see the kernel's
+Documentation/networking/tuntap.rst).
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
-"""RoCEv2 over Linux UDP sockets (Annex A17; ../shared/specs/roce.md §1-2; captures README).
+"""RoCEv2 over Linux UDP sockets (Annex A17).
 
 :class:`UdpLink` receives on one unconnected, non-blocking socket bound to
 ``(local_ip, port)`` (4791 for RoCEv2) and sends from unconnected sockets too:
 
 * every sending socket has ``IP_MTU_DISCOVER = IP_PMTUDISC_DO`` (IPv6:
   ``IPV6_MTU_DISCOVER``), so Linux sends IPv4 Identification 0 with DF set, and never
-  fragments. The ICRC covers the Identification and Flags (IBA 7.8.1, Annex A17; ../shared/specs/roce.md §2), so the runtime
+  fragments. The ICRC covers the Identification and Flags (IBA 7.8.1, Annex A17), so the runtime
   can compute it before the kernel builds the header; a connected socket would get a
-  per-socket ID counter instead (captures README);
-* the RoCEv2 UDP source port carries flow entropy (0xC000-0xFFFF, Annex A17; ../shared/specs/roce.md §1). A send
+  per-socket ID counter instead (as captures of Linux senders show);
+* the RoCEv2 UDP source port carries flow entropy (0xC000-0xFFFF, Annex A17). A send
   leaves from a socket bound to the requested source port, taken from a bounded LRU
   pool. When that port cannot be bound (in use, privileged) or the pool is full of
   recently used sockets, the send leaves from the link's main socket instead. Because
@@ -18,7 +18,7 @@
   ``IP_PKTINFO``/``IPV6_RECVPKTINFO`` give the destination address, ``IP_RECVTOS``/
   ``IP_RECVTTL`` (``IPV6_RECVTCLASS``/``IPV6_RECVHOPLIMIT``) the TOS and TTL.
 
-Multicast (Annex A17; ../shared/specs/roce.md §4, :mod:`.mcast`): :meth:`UdpLink.attach_mcast` joins the IP group
+Multicast (Annex A17, :mod:`.mcast`): :meth:`UdpLink.attach_mcast` joins the IP group
 of an MGID on the link's interface with its own socket bound to ``(group, port)``;
 :meth:`UdpLink.fileno` is an epoll descriptor over the main receive socket and the group
 sockets, so one ``select`` serves them all. Every sending socket sends multicast out of
@@ -399,7 +399,7 @@ class UdpLink:
         link)."""
         return self._ep.fileno() if self._ep is not None and not self._closed else None
 
-    # ---- multicast (Annex A17; ../shared/specs/roce.md §4) --------------------------------------------------------
+    # ---- multicast (Annex A17) --------------------------------------------------------
     @property
     def mcast_groups(self) -> tuple[bytes, ...]:
         """The MGIDs this link has joined."""

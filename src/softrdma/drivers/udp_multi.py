@@ -2,7 +2,7 @@
 :class:`~softrdma.drivers.udp.UdpLink` per address of its netdev, as one
 :class:`~softrdma.drivers.link.GsoLink`.
 
-A device's GIDs are its netdev's IP addresses (Annex A17; ../shared/specs/roce.md §4),
+A device's GIDs are its netdev's IP addresses (Annex A17),
 whether a process opens it through devd (which receives on every address,
 :mod:`softrdma.drivers.devd`) or in-process; :class:`MultiUdpLink` gives the in-process
 device the same table (``127.0.0.1`` and ``::1`` on ``lo``). Each address has its own

@@ -19,7 +19,7 @@ overflow on every loss (go-back-N, IBA 9.7.6.1), so each QP keeps:
 * :class:`RetransmitTimer`: the transport timer of IBA 9.7.6.1.3. The QP's Local ACK
   Timeout (4.096 us * 2^timeout) is the least time the timer may run; IBA lets it expire
   up to four times later (the 4x bound as IBA 9.7.6.1.3 is usually quoted; the clause's
-  text is not in ../shared/specs, so unverified there; NVIDIA's ADP notes also allow "up
+  text was not at hand to check it; NVIDIA's ADP notes also allow "up
   to a 4x delay in the effective timeout"). Like NVIDIA's adaptive retransmission ("Adaptive Retransmission:
   Parameters Control", ADP algorithm: the initial timeout is randomised so that QPs do not
   time out together, each value is doubled after its retries), the first period is drawn

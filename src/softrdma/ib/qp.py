@@ -62,7 +62,7 @@ _DEFAULT_RETRY = 7
 #: a QP sends at most one CNP per this many seconds (a DCQCN notification point's
 #: per-QP CNP rate limit; ConnectX's default min_time_between_cnps is 4 us..50 us)
 CNP_INTERVAL_S = 50e-6
-#: a RoCEv2 CNP (../shared/specs/roce.md §3): BTH opcode 0x81, P_Key 0xFFFF, BECN set,
+#: a RoCEv2 CNP (Annex A17, the Congestion Notification Packet): BTH opcode 0x81, P_Key 0xFFFF, BECN set,
 #: PSN 0, then 16 reserved bytes
 _CNP_BECN = 0x40000000
 _CNP_RESERVED = bytes(16)

@@ -302,7 +302,7 @@ class Suite:
 
     def _mpa_crc_check(self, r: Result) -> None:
         """A case where softrdma asked for the MPA CRC: tshark's MPA dissector (which checks
-        each FPDU's CRC32c once it has seen C; ../shared/specs/tshark.md) must show C in the
+        each FPDU's CRC32c once it has seen C in the MPA Reply, RFC 5044 §7.1) must show C in the
         Reply and a good CRC on every FPDU, in both directions."""
         base = ["tshark", "-r", r.pcap, "--disable-protocol", "rpcordma"]
         sel = ["-Y", "iwarp_mpa.req || iwarp_mpa.rep || iwarp_mpa.fpdu", "-T", "fields",

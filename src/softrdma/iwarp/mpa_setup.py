@@ -1,7 +1,7 @@
 """MPA connection setup: what to send and what was agreed (RFC 5044 §7.1, RFC 6581).
 
 Pure functions over :mod:`softrdma.wire.mpa` frames, with siw's rules (``siw_cm.c``
-``siw_proc_mpareq``, ``siw_accept``, ``siw_proc_mpareply``; RFC 5044 §7.1, RFC 6581; ../shared/specs/iwarp.md §1-§2, §7):
+``siw_proc_mpareq``, ``siw_accept``, ``siw_proc_mpareply``; RFC 5044 §7.1, RFC 6581):
 
 * C (CRC) is used in both directions if either frame sets it (RFC 5044: "CRC MUST be used
   if peer requests it"); M is per direction: the sender of a frame with M asks the peer

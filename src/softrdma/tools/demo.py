@@ -4,7 +4,7 @@ What runs where: one in-process device (this process owns a RoCEv2 UDP socket on
 127.0.0.1, port ``--port``, and runs the transport engine in its progress thread); two
 endpoints A and B, each with its own PD, MR, CQ and RC QP, share that device, exactly as
 two QPs of one rxe device would. Every packet between them is a real RoCEv2 datagram
-(BTH, extension headers, ICRC; Annex A17; ../shared/specs/roce.md §1-2) sent through the Linux loopback to the
+(BTH, extension headers, ICRC; Annex A17) sent through the Linux loopback to the
 device's own socket and demultiplexed by destination QP (IBA 9.2).
 
 Operations (IBA 9.4 / 9.5; rdma-core ``ibv_post_send``): SEND/RECV, RDMA WRITE, RDMA READ,

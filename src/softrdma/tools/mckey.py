@@ -6,7 +6,7 @@ the one ``-b`` names, else the kernel's route to the group), creates a UD QP (wh
 rdma_cm moves to RTS with Q_Key 0x01234567) and joins the group: on RoCE there is no SA,
 the MGID is the group's IP address as a GID (``::ffff:a.b.c.d`` for IPv4, Linux
 ``cma_iboe_set_mgid``) and the QP is attached to it (``ibv_attach_mcast``, which makes the
-device join the IP group with IGMP/MLD; roce.md §4 in ../shared/specs/roce.md).
+device join the IP group with IGMP/MLD; Annex A17).
 ``RDMA_CM_EVENT_MULTICAST_JOIN`` carries the address handle of the group, QPN 0xFFFFFF
 (IBA 10.5.2.1: the multicast QPN) and the Q_Key. After a pause (mckey's ``sleep(3)``,
 ``--settle``), a receiver (no ``-s``) waits for ``-C`` messages of ``-S`` bytes on each

@@ -1,7 +1,7 @@
 """``softrdma pcap-check``: verify every RDMA packet of capture files, and each connection.
 
 For each file, every RoCE packet (UDP port 4791 or EtherType 0x8915) is decoded
-(:func:`softrdma.wire.roce.parse_frame`), its ICRC verified (IBA 7.8.1, Annex A17; ../shared/specs/roce.md §2) and the frame
+(:func:`softrdma.wire.roce.parse_frame`), its ICRC verified (IBA 7.8.1, Annex A17) and the frame
 re-encoded from the decoded fields and compared byte for byte with the capture. The
 packets that pass are then followed as conversations (:mod:`softrdma.tools.pcap_conv`):
 each RC/UC connection from its CM REQ/REP or its TCP 18515 exchange
@@ -17,7 +17,8 @@ Output, per file:
   however bad the input), at most ``max_errors`` of them (0: no limit), then
   ``FILE: N more failure lines not shown (--max-errors M)`` if some were held back;
   ``FILE: cannot read: REASON`` for a file that cannot be read;
-- stdout: with ``verbose``, one decoded line per RoCE packet and the conversation
+- stdout: with ``verbose``, one decoded line per RoCE packet, MPA frame and FPDU (see
+  :mod:`softrdma.tools.pcap_check_iwarp`) and the conversation
   checks' notes (``FILE: frame N: note: ...``); then the summary
   ``FILE: N packets, N ok, N failed`` and, when a connection was followed or the CM was
   inconsistent, ``FILE: N connections followed, N inconsistent`` (with ``(the first at
@@ -257,7 +258,7 @@ def _checkers(ports: frozenset[int] = frozenset((roce.ROCE_V2_UDP_PORT,)),
         if e.name != name:  # the module exists but is broken: let that show
             raise
     else:
-        checkers.append(cast(Checker, mod.IwarpChecker()))
+        checkers.append(cast(Checker, mod.IwarpChecker(verbose, prefix)))
     return checkers
 
 
@@ -308,6 +309,8 @@ def check_file(path: str, out: TextIO,
             for c in checkers:
                 c.feed(record)
                 lines.put(c.drain())
+    except BrokenPipeError:  # the reader of our output went away (``| head``): not the file's fault
+        raise
     except (OSError, SoftRdmaError) as e:
         print(f"{path}: cannot read: {_reason(e)}", file=err)
         return EXIT_UNREADABLE

@@ -9,10 +9,15 @@ to its summary. For each TCP connection, per direction (:mod:`softrdma.wire.tcps
    (RFC 5044 §7.1, RFC 6581), re-encoded and compared byte for byte.
 2. Once both frames are known, the FPDUs of the direction are deframed with the
    negotiated options (CRC if either frame has C; markers towards a side whose frame has
-   M; RFC 5044 §7.1, RFC 6581; ../shared/specs/iwarp.md §1, §4), their CRC32c checked when negotiated, the ULPDU decoded as DDP +
+   M; RFC 5044 §7.1, RFC 6581), their CRC32c checked when negotiated, the ULPDU decoded as DDP +
    RDMAP and checked against RFC 5040/5041 (:func:`softrdma.wire.ddp.check_segment`), and
    the FPDU re-encoded from the decoded fields (markers, pad and CRC included) and
    compared with the captured bytes.
+
+With ``verbose``, one decoded line per MPA frame and per FPDU is printed as it is checked
+(``frame N TIME SRC:PORT -> DST:PORT`` then the MPA frame's key, revision, flags and
+private data length, or the FPDU's length, the RDMAP opcode, STag and TO (tagged), QN, MSN
+and MO (untagged), the payload length and the CRC), the counterpart of the RoCE lines.
 
 Each MPA frame and each FPDU counts as one checked packet; a failure line names the
 frame that completed it (``frame 12: ...``). Octets missing from the capture are not
@@ -25,6 +30,7 @@ that segment), and if none comes the rest of the stream is reported as unverifia
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TextIO
 
 from ..errors import DecodeError, SoftRdmaError
 from ..wire import ddp
@@ -89,7 +95,11 @@ def _mismatch(a: bytes, b: bytes) -> str:
 class IwarpChecker:
     """Checks the iWARP (MPA/DDP/RDMAP) traffic of a capture; see the module docstring."""
 
-    def __init__(self) -> None:
+    def __init__(self, verbose: TextIO | None = None, prefix: str = "") -> None:
+        self._verbose = verbose
+        self._prefix = prefix
+        self._t0: float | None = None
+        self._now = 0.0  # the time of the record being fed, from the first record
         self._tcp = TcpReassembler()
         self._dirs: dict[int, _Dir] = {}
         self.checked = 0
@@ -104,6 +114,9 @@ class IwarpChecker:
     def feed(self, record: PcapRecord) -> None:
         """Take the next capture record (any link type; non-TCP frames are ignored)."""
         self._finished = False
+        if self._t0 is None:
+            self._t0 = record.ts
+        self._now = record.ts - self._t0
         try:
             seg = parse_tcp(record.linktype, record.data, record.index)
         except DecodeError as e:
@@ -173,6 +186,12 @@ class IwarpChecker:
         rev = self._tcp.streams.get((s.dst[0], s.dst[1], s.src[0], s.src[1]))
         return self._dirs.get(rev.id) if rev is not None else None
 
+    def _show(self, frame: int, d: _Dir, what: str) -> None:
+        """The ``-v`` line of one MPA frame or FPDU, completed by capture frame ``frame``."""
+        if self._verbose is not None:
+            print(f"{self._prefix}frame {frame} {self._now:.6f} {d.stream} {what}",
+                  file=self._verbose)
+
     def _fail(self, frame: int, d: _Dir, msg: str) -> None:
         self._failures.append(f"frame {frame}: {d.stream}: {msg}")
 
@@ -230,6 +249,7 @@ class IwarpChecker:
             return
         self.checked += 1
         raw = bytes(d.raw[:len(d.raw) - len(d.parser.remainder)])
+        self._show(ev.frame, d, f"{frame.describe()} len {len(raw)}")
         enc = frame.encode()
         if enc != raw:
             self._fail(ev.frame, d, f"{frame.describe()}: {_mismatch(enc, raw)}")
@@ -296,6 +316,7 @@ class IwarpChecker:
             if f is None:
                 return
             self.checked += 1
+            self._show(ev.frame, d, self._describe_fpdu(dfr, f.raw, f.ulpdu, f.crc))
             problem = self._check_fpdu(dfr, f.offset, f.raw, f.ulpdu, f.pad)
             if problem is None:
                 self.ok += 1
@@ -306,6 +327,20 @@ class IwarpChecker:
                 self._note(f"frame {ev.frame}: {d.stream}: nonzero FPDU pad octets "
                            f"{f.pad.hex()} (RFC 5044 §4.1: zero on transmit, ignored on "
                            f"receipt; Linux siw leaves them uninitialised)", gap=False)
+
+    @staticmethod
+    def _describe_fpdu(dfr: FpduDeframer, raw: bytes, ulpdu: bytes | memoryview,
+                       crc: int) -> str:
+        """``FPDU len N ULPDU len N`` and the DDP/RDMAP fields (RFC 5044 §4, RFC 5041 §4,
+        RFC 5040 §4), e.g. ``... RDMA Write STag=0x00000102 TO=0x0 L len=64 CRC ...``."""
+        s = f"FPDU len {len(raw)} ULPDU len {len(ulpdu)}"
+        try:
+            s += " " + ddp.describe(ddp.decode_segment(ulpdu))
+        except DecodeError as e:
+            s += f" (undecodable DDP/RDMAP: {e})"
+        if dfr.crc:
+            s += f" CRC {crc:#010x}"
+        return s
 
     @staticmethod
     def _check_fpdu(dfr: FpduDeframer, offset: int, raw: bytes, ulpdu: bytes | memoryview,

@@ -7,7 +7,7 @@ is not followed. Each connection has two *flows*: the requests of one side with 
 responses (ACK/NAK, RDMA READ responses, atomic ACKs) of the other (IBA 9.7).
 
 What the setup announces (Linux, ``drivers/infiniband/core/cm.c``, which rxe and RoCE NICs
-follow; ``../shared/specs/ib-cm.md``): the REQ's Starting PSN is the PSN the active side
+follow; the Starting PSN of IBA 12.6.5 and 12.6.8): the REQ's Starting PSN is the PSN the active side
 receives at, so the passive side's first request carries it; the REP's Starting PSN is
 the one the active side's first request carries. In the 18515 exchange each side sends
 the PSN it sends from.
@@ -20,7 +20,7 @@ that flow is no longer checked (later faults would be consequences):
    request takes ``ceil(length / PMTU)`` PSNs (at least 1; IBA 9.7.4.1.3). A PSN behind
    the next one is a retransmission and must not precede the first PSN (UC never
    retransmits). The PMTU is what packets show (FIRST/MIDDLE payloads are exactly one
-   PMTU, ``../shared/specs/ib-transport.md`` opcode table), bounded by the REQ's path MTU;
+   PMTU: the BTH OpCode table, IBA 9.2), bounded by the REQ's path MTU;
    until packets show it, every PMTU the READ spans allow.
 3. **Gaps**: a capture may miss packets that tcpdump dropped. A PSN ahead of the next one
    opens a gap, which counts as *explained* only when a later response proves the missing
@@ -73,7 +73,7 @@ __all__ = ["Finding", "ConversationChecker", "MTUS", "psn_delta"]
 
 PSN_MOD = 1 << 24
 PSN_HALF = 1 << 23
-MTUS = (256, 512, 1024, 2048, 4096)  # the PMTUs (REQ path MTU codes 1..5, IBA 12.6 REQ; ../shared/specs/ib-cm.md §3.1, body offset 50)
+MTUS = (256, 512, 1024, 2048, 4096)  # the PMTUs (REQ path MTU codes 1..5, IBA 12.6 REQ, body offset 50)
 GSI_QPN = 1
 MAX_TRACKED = 1 << 16  # per flow: unacknowledged messages, gaps
 MAX_READS = 1024  # per flow: the READ requests remembered (retries and duplicates answered)
@@ -527,8 +527,7 @@ class ConversationChecker:
     def _msn(self, f: _Flow, index: int, through: int, msn: int, what: str) -> None:
         """Check the responder's MSN for requests up to PSN ``through``; explain gaps.
 
-        The AETH carries the responder's MSN when it sends (IBA 9.7;
-        ``../shared/specs/ib-transport.md`` §6): at least the messages completed up to ``through``, at most
+        The AETH carries the responder's MSN when it sends (IBA 9.7): at least the messages completed up to ``through``, at most
         all the messages sent so far."""
         if f.failed or psn_delta(through, f.acked_x) <= 0:
             return  # a duplicate or older response: nothing new to account for

@@ -7,7 +7,7 @@ runs of equal-sized packets to one QP that way (``docs/design.md``, "RoCEv2 batc
 Each segment is a whole RoCEv2 packet with its own ICRC, computed over the IPv4 header
 the kernel gives that segment: Identification ``base + i`` for segment ``i`` (Linux
 ``inet_gso_segment``; the base is the batch's own Identification), total and UDP lengths
-of the segment (IBA 7.8.1, Annex A17; ../shared/specs/roce.md §2).
+of the segment (IBA 7.8.1, Annex A17).
 
 :func:`split_gso` finds the segment size (every segment but the last has it, the last is
 no longer) by looking for the next BTH to the same DestQP and checking the first

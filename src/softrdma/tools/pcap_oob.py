@@ -2,8 +2,8 @@
 
 rdma-core's pingpong examples and perftest 4.5 (without ``-R``) connect their QPs by
 sending each other, over a TCP connection to port 18515, one NUL-terminated ASCII
-message per QP (seen in ``../shared/captures/roce_rc_pingpong.pcap`` and
-``roce_read_bw.pcap``):
+message per QP (seen in captures of ``ibv_rc_pingpong`` and
+``ib_read_bw`` between rxe hosts):
 
 - pingpong (``libibverbs/examples/rc_pingpong.c``, ``pp_client_exch_dest``):
   ``LID:QPN:PSN:GID`` as ``%04x:%06x:%06x:%s`` with the GID as 32 hex digits;

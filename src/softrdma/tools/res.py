@@ -2,7 +2,7 @@
 
 ::
 
-    softrdma res [show] [qp|cq|mr|pd] [-d DEV] [-j [-p]]
+    softrdma res [show] [qp|cq|mr|pd|cm_id] [-d DEV] [-j [-p]]
     softrdma res statistic [qp] [-d DEV] [-j [-p]]
 
 ``show`` lists every object on each RoCE device across all processes, one line each,
@@ -13,6 +13,8 @@ in ``rdma resource show`` form::
     dev softrdma_lo cqn 1 cqe 63 users 2 pid 1234 comm python3
     dev softrdma_lo mrn 1 rkey 0x11 lkey 0x11 mrlen 8192 pdn 1 pid 1234 comm python3
     dev softrdma_lo users 3 pdn 1 pid 1234 comm python3
+    link softrdma_lo/1 lqpn 17 qp-type RC state CONNECT ps TCP pid 1234 comm rping \\
+        src-addr 127.0.0.1:7174 dst-addr 127.0.0.1:40312 cm-idn 2
 
 (without an object: a per-device summary, ``DEV: N qp M cq ...``). ``statistic`` gives
 each QP's own counters (``rdma statistic qp show``): retransmissions, NAKs, RNR NAKs
@@ -23,8 +25,11 @@ Where it comes from: every process using a shared device reports its objects to 
 device's devd (:mod:`softrdma.drivers.resources`, at most every
 :data:`~softrdma.drivers.runtime.REPORT_INTERVAL` seconds), so the list can be that much
 behind. A device no process has open has no devd and no objects; contexts opened with
-``shared=False`` keep their objects to themselves and are not listed. ``pdn``, ``cqn``
-and ``mrn`` are numbered per process (the pid tells them apart).
+``shared=False`` keep their objects to themselves and are not listed. ``pdn``, ``cqn``,
+``mrn`` and ``cm-idn`` are numbered per process (the pid tells them apart). ``cm_id``
+lists the rdma_cm IDs (:mod:`softrdma.cm.rdma_res`: state, port space, addresses; in
+JSON ``src-addr`` and ``src-port`` apart, as ``rdma -j``); iWARP devices have no devd,
+so their IDs are not listed.
 """
 
 from __future__ import annotations
@@ -41,10 +46,13 @@ from ..verbs.device import DeviceInfo, get_device_list
 __all__ = ["run", "device_objects", "format_lines"]
 
 PORT = 1
-KINDS = ("qp", "cq", "mr", "pd")
+KINDS = ("qp", "cq", "mr", "pd", "cm_id")
+#: the kinds printed as ``link DEV/PORT`` (the others: ``dev DEV``)
+_LINK_KINDS = ("qp", "cm_id")
 #: softrdma's own fields, after iproute2's (which end with pid and comm)
 _LAST = ("dgid", "counters")
-_NOT_YET = {"cm_id": "cm_id is not listed yet (rdma_cm IDs are not reported to devd)"}
+#: where iproute2 prints pid and comm inside a kind's line (else at the end)
+_PID_AFTER = {"cm_id": "ps"}
 
 
 def _parse(words: list[str]) -> tuple[str, str | None]:
@@ -56,8 +64,6 @@ def _parse(words: list[str]) -> tuple[str, str | None]:
     kind: str | None = None
     if rest:
         kind = rest.pop(0)
-        if kind in _NOT_YET:
-            raise InvalidArgument("object", _NOT_YET[kind])
         if kind not in KINDS:
             raise InvalidArgument("object", f"expected one of {', '.join(KINDS)}, got {kind!r}")
     if rest:
@@ -93,10 +99,13 @@ def _rows(dev: str, reports: list[dict[str, Any]], kind: str) -> list[dict[str, 
             if not isinstance(obj, dict):
                 continue
             head: dict[str, Any] = {"ifname": dev}
-            if kind == "qp":
+            if kind in _LINK_KINDS:
                 head["port"] = PORT
-            row = {**head, **{k: v for k, v in obj.items() if k not in _LAST},
-                   "pid": rep.get("pid", 0), "comm": rep.get("comm", "")}
+            who = {"pid": rep.get("pid", 0), "comm": rep.get("comm", "")}
+            after = _PID_AFTER.get(kind)
+            body = [(k, v) for k, v in obj.items() if k not in _LAST]
+            at = next((i + 1 for i, (k, _) in enumerate(body) if k == after), len(body))
+            row = {**head, **dict(body[:at]), **who, **dict(body[at:])}
             row.update((k, obj[k]) for k in _LAST if k in obj and k != "counters")
             if kind == "qp" and isinstance(obj.get("counters"), dict):
                 row["counters"] = obj["counters"]
@@ -116,13 +125,16 @@ def _word(val: object) -> str:
 
 def _text(row: dict[str, Any], kind: str) -> str:
     """One ``rdma resource show`` line."""
-    head = (f"link {row['ifname']}/{row['port']}" if kind == "qp" else f"dev {row['ifname']}")
+    head = (f"link {row['ifname']}/{row['port']}" if kind in _LINK_KINDS
+            else f"dev {row['ifname']}")
     words = [head]
     for k, val in row.items():
-        if k in ("ifname", "port", "counters"):
+        if k in ("ifname", "port", "counters", "src-port", "dst-port"):
             continue
         if k in ("rkey", "lkey") and isinstance(val, int):
             val = f"{val:#x}"
+        if kind == "cm_id" and k in ("src-addr", "dst-addr"):  # iproute2: ADDR:PORT
+            val = f"{val}:{row.get(k[:3] + '-port', 0)}"
         words.append(f"{_word(k)} {_word(val)}")
     return " ".join(words)
 

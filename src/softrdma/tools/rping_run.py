@@ -226,7 +226,7 @@ class Cb:
             self.sem_wait()  # the client's source advertisement
             if self.state != RDMA_READ_ADV:
                 # rping.c prints this at every end, the client's disconnect included
-                # (../shared/captures/roce_rping.server.log: "... state 10")
+                # (an rping server on rxe logs "... state 10")
                 print(f"wait for RDMA_READ_ADV state {self.state}", file=sys.stderr)
                 ret = -1
                 break

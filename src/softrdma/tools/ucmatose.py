@@ -14,7 +14,8 @@ Flags as ucmatose: ``-s`` server address (client mode), ``-b`` bind address, ``-
 port (7471), ``-c`` connections, ``-C`` message count (10), ``-S`` message size (100),
 ``-t`` TOS, ``-a`` ACK timeout, ``-m`` migrate, ``-P tcp`` port space, ``-f`` address
 format. Output lines as ucmatose's (``cmatose: starting server`` ... ``return status
-0``), on stdout. Capture: ``../shared/captures/roce_ucmatose.*``.
+0``), on stdout. Checked against a capture of ucmatose
+between rxe hosts.
 """
 
 from __future__ import annotations

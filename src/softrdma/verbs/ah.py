@@ -1,7 +1,7 @@
 """Address handles and address vectors (IBA 10.5, 11.2.2; ``ibv_create_ah``).
 
 On RoCE every address carries a GRH (``is_global``): the destination GID is the peer's
-IP address (Annex A17; ../shared/specs/roce.md §4) and ``sgid_index`` picks the local address. Checks as the kernel
+IP address (Annex A17) and ``sgid_index`` picks the local address. Checks as the kernel
 and rxe do (``rdma_check_ah_attr``, ``rxe_av_chk_attr``): port 1 only, GRH required
 ("RoCE requires GRH", EINVAL), the SGID index must exist, and the destination must be
 of the source GID's IP family. Annex A16: the vector is GID-only, no DLID and no path

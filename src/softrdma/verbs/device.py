@@ -417,7 +417,7 @@ def _open_registry_device(name: str | None, shared: bool | None) -> tuple[Device
 def _open_udp(info: DeviceInfo) -> Link:
     """The in-process RoCEv2 link of a registry device: a socket on each of its netdev's
     addresses, so that its GID table is the one the device has through devd (every
-    address, Annex A17; ../shared/specs/roce.md §4; ``::1`` beside ``127.0.0.1`` on
+    address, Annex A17; ``::1`` beside ``127.0.0.1`` on
     ``lo``). The first IPv4 address (else the first IPv6 one) must bind; another that
     cannot (its port taken there) is left out of the table."""
     if not info.ips:

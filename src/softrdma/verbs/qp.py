@@ -15,7 +15,7 @@ Modify checks, in rxe's order (``rxe_modify_qp``, ``rxe_qp_chk_attr``):
    ``max_dest_rd_atomic`` <= 128 (rxe_param.h); ``timeout`` and ``min_rnr_timer`` <= 31;
    ``retry_cnt`` and ``rnr_retry`` <= 7; PSNs are masked to 24 bits (the kernel masks
    with a warning); Q_Keys with bit 31 set are allowed (softrdma is the privileged
-   HCA driver, IBA ch. 10 (Q_Keys); ../shared/specs/ib-transport.md §10).
+   HCA driver, IBA 10.2.4 (Q_Keys)).
 
 Then the validated attributes go to the engine (``QPEngine.modify``, the
 :class:`~softrdma.seam.protocols.QPEngine` its device created: the IB transport or

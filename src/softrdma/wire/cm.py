@@ -1,9 +1,8 @@
-"""InfiniBand CM messages (IBA Vol 1 §12.6, Tables 106-120; ``../shared/specs/ib-cm.md``
-§2-4).
+"""InfiniBand CM messages (IBA Vol 1 §12.6, Tables 106-120).
 
 Every CM message is a MAD of management class 0x07, class version 2, whose 232 data
 bytes hold one message body. Each body is a :class:`~softrdma.wire.mad.Body` dataclass;
-field names follow ``../shared/specs/ib-cm.md`` §3, offsets and bit positions those of Linux
+field names follow the IBA 12.6 message tables, offsets and bit positions those of Linux
 ``include/rdma/ibta_vol1_c12.h``. Reserved bits are fields named ``rsvd_<byte offset>``
 so that decode and encode are exact inverses. Private data is always the tail of the
 body with a fixed size per message (:data:`PRIVATE_DATA_SIZE`); on encode a shorter
@@ -73,7 +72,7 @@ class CmAttr(IntEnum):
     SPR = 0x001C
 
 
-# Private data bytes per message (IBA 12.6; ib_cm.h enum; ../shared/specs/ib-cm.md §2).
+# Private data bytes per message (IBA 12.6; ib_cm.h enum).
 PRIVATE_DATA_SIZE: dict[CmAttr, int] = {
     CmAttr.REQ: 92, CmAttr.MRA: 222, CmAttr.REJ: 148, CmAttr.REP: 196, CmAttr.RTU: 224,
     CmAttr.DREQ: 220, CmAttr.DREP: 224, CmAttr.SIDR_REQ: 216, CmAttr.SIDR_REP: 136,
@@ -82,8 +81,7 @@ PRIVATE_DATA_SIZE: dict[CmAttr, int] = {
 
 
 class RejReason(IntEnum):
-    """REJ reason codes (IBA 12.6.7 Table 109; linux ``enum ib_cm_rej_reason``;
-    ``../shared/specs/ib-cm.md`` §4)."""
+    """REJ reason codes (IBA 12.6.7 Table 109; linux ``enum ib_cm_rej_reason``)."""
 
     NO_QP = 1
     NO_EEC = 2
@@ -143,7 +141,7 @@ class TransportServiceType(IntEnum):
 
 
 class AprStatus(IntEnum):
-    """APR AP Status (IBA 12.8.2, Table 117; ``../shared/specs/ib-cm.md`` §3.10)."""
+    """APR AP Status (IBA 12.8.2, Table 117)."""
 
     SUCCESS = 0
     INVALID_COMM_ID = 1
@@ -177,7 +175,7 @@ class SidrStatus(IntEnum):
 
 def time_code_s(t: int) -> float:
     """An IBA 5-bit time code in seconds: 4.096 us * 2^t (the REQ's timeout fields, IBA
-    12.6.5; ``../shared/specs/ib-cm.md`` §5)."""
+    12.6.5)."""
     if not 0 <= t <= 31:
         raise InvalidArgument("t", f"time code must be 0..31, got {t}")
     return 4.096e-6 * (1 << t)

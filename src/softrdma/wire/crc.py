@@ -1,4 +1,4 @@
-"""CRC-32 (the RoCE ICRC, IBA 7.8.1; ../shared/specs/roce.md §2) and CRC-32C (the MPA FPDU CRC, RFC 5044 §8).
+"""CRC-32 (the RoCE ICRC, IBA 7.8.1) and CRC-32C (the MPA FPDU CRC, RFC 5044 §8).
 
 * :func:`crc32` is the ISO-HDLC CRC-32 (reflected polynomial 0xEDB88320, init and final
   XOR 0xFFFFFFFF), bit-identical to :func:`zlib.crc32`; it uses ISA-L

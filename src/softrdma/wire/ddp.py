@@ -1,7 +1,7 @@
 """DDP (RFC 5041) and RDMAP (RFC 5040) headers, the Terminate message and every iWARP
 error-code table (RFC 5040 §7, RFC 5041 §7, RFC 5044 §8, RFC 6581 §8).
 
-Byte layouts follow RFC 5041; ``../shared/specs/iwarp.md`` §5-§6 (all big-endian):
+Byte layouts follow RFC 5041 (all big-endian):
 
 * DDP control byte (RFC 5041 §4.2): ``T(1) L(1) Rsvd(4) DV(2)``; DV = 1.
 * RDMAP control byte = the DDP "RsvdULP" byte (RFC 5040 §4.1): ``RV(2) Rsvd(2) Opcode(4)``; RV = 1.

@@ -2,7 +2,7 @@
 
 A RoCEv2 GID is an IPv6 address; an IPv4 address appears as the IPv4-mapped IPv6 address
 ``::ffff:a.b.c.d`` (RFC 4291 §2.5.5.2, as Linux rxe builds it with
-``ipv6_addr_set_v4mapped``; digest: ``../shared/specs/roce.md`` §4). Every module that
+``ipv6_addr_set_v4mapped``; Annex A17). Every module that
 maps one to the other uses these helpers rather than spelling the prefix out.
 """
 

@@ -1,4 +1,4 @@
-"""RDMA IP CM Service (IBA Annex A11) and the rdma_cm Service IDs (../shared/specs/ib-cm.md §6).
+"""RDMA IP CM Service (IBA Annex A11) and the rdma_cm Service IDs (A11.2).
 
 * :class:`IpCmHeader`: the CM REQ private data format of A11.4 Table 1 (CA11-1): MajV(4)
   MinV(4) IPV(4) Res(4) SourcePort(16), Source IP(128), Destination IP(128), then up to

@@ -1,7 +1,7 @@
 """Management datagrams: the 24-byte MAD common header and 256-byte MAD framing.
 
-Implements IBA Vol 1 §13.4.2-13.4.3 (MAD format, common header;
-``../shared/specs/ib-cm.md`` §1) as carried on the GSI (QP1) of a RoCE port (§7 there):
+Implements IBA Vol 1 §13.4.2-13.4.3 (MAD format, common header)
+as carried on the GSI (QP1, IBA 13.5.1) of a RoCE port:
 every MAD is exactly :data:`MAD_SIZE` bytes, the header first, then :data:`MAD_DATA_SIZE`
 bytes of class-specific data.
 

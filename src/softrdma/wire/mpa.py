@@ -1,6 +1,6 @@
 """MPA: connection setup frames, FPDU framing, markers and CRC (RFC 5044, RFC 6581).
 
-Implements RFC 5044 §7.1, RFC 6581; ``../shared/specs/iwarp.md`` §1-§4:
+Implements RFC 5044 §7.1, RFC 6581:
 
 * MPA Request/Reply frames (RFC 5044 §7.1): :class:`MpaRequest`, :class:`MpaReply`
   (``encode`` / :func:`decode_mpa_frame`), the RFC 6581 enhanced-connection block
@@ -17,7 +17,7 @@ Implements RFC 5044 §7.1, RFC 6581; ``../shared/specs/iwarp.md`` §1-§4:
   distance back from the marker to the start of the FPDU it lies in; a marker exactly at
   an FPDU boundary belongs to the FPDU that follows and has FPDUPTR 0. Markers are
   excluded from ULPDU_Length, covered by the CRC, and may fall between PAD and CRC.
-* :func:`mulpdu` (RFC 5044 §4.2 / ../shared/specs/iwarp.md §3).
+* :func:`mulpdu` (RFC 5044 §4.2).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """RoCE encapsulation: RoCEv2 (IPv4/IPv6 + UDP 4791), RoCEv1 (EtherType 0x8915 + GRH), ICRC.
 
-Implements IBA Annex A16 and Annex A17 (``../shared/specs/roce.md``):
+Implements IBA Annex A16 and Annex A17:
 
 * §1 encapsulations: :func:`ipv4_header`, :func:`ipv6_header`, :func:`udp_header`, the
   UDP source-port conventions of Linux (:func:`flow_label_from_qpns`,
@@ -11,7 +11,7 @@ Implements IBA Annex A16 and Annex A17 (``../shared/specs/roce.md``):
 * a full-frame codec for captures: :func:`parse_frame`, :func:`build_frame`,
   :func:`frame_icrc_ok` (Ethernet with 802.1Q/802.1ad tags, Linux SLL/SLL2, raw IP).
 
-ICRC (IBA 7.8.1, Annex A17; ../shared/specs/roce.md §2): ``zlib``-style CRC-32 over ``8 x 0xFF`` (the masked LRH), the network
+ICRC (IBA 7.8.1, Annex A17): ``zlib``-style CRC-32 over ``8 x 0xFF`` (the masked LRH), the network
 header with its variant fields set to ones (IPv4: TOS, TTL, header checksum; IPv6 and
 GRH: traffic class, flow label, hop limit), the UDP header with its checksum set to ones,
 the BTH with byte 4 (FECN, BECN, Resv6) set to ones, and everything after the BTH up to
@@ -200,7 +200,7 @@ _FF8_STATE = crc32(b"\xff" * 8)  # CRC after the masked LRH: rxe's seed 0xDEBB20
 
 
 def _mask_ip(ip_hdr: Buffer) -> bytes:
-    """The network header with its ICRC-variant fields set to ones (IBA 7.8.1, Annex A17; ../shared/specs/roce.md §2 step 2)."""
+    """The network header with its ICRC-variant fields set to ones (IBA 7.8.1, Annex A17 step 2)."""
     ip = memoryview(ip_hdr).cast("B")
     ver = ip[0] >> 4 if len(ip) else 0
     if ver == 4:
@@ -259,7 +259,7 @@ def _crc_ib(state: int, parts: Iterable[Buffer]) -> int:
 
 
 def icrc(ip_hdr: Buffer, udp_hdr: Buffer, parts: Iterable[Buffer]) -> bytes:
-    """The 4 wire bytes of a RoCEv2 ICRC (IBA 7.8.1, Annex A17; ../shared/specs/roce.md §2).
+    """The 4 wire bytes of a RoCEv2 ICRC (IBA 7.8.1, Annex A17).
 
     ``ip_hdr`` is the IPv4 (version 4) or IPv6 (version 6) header as sent, ``udp_hdr``
     the UDP header and ``parts`` the transport packet from the BTH through the pad, in
@@ -271,10 +271,10 @@ def icrc(ip_hdr: Buffer, udp_hdr: Buffer, parts: Iterable[Buffer]) -> bytes:
 
 
 def icrc_v1(grh40: Buffer, parts: Iterable[Buffer]) -> bytes:
-    """The 4 wire bytes of a RoCEv1 ICRC: 8 x 0xFF, the masked GRH, BTH .. pad (IBA 7.8.1, Annex A16; ../shared/specs/roce.md §2).
+    """The 4 wire bytes of a RoCEv1 ICRC: 8 x 0xFF, the masked GRH, BTH .. pad (IBA 7.8.1, Annex A16).
 
     Unverified against an independent RoCEv1 implementation (none was available; rxe has
-    no RoCEv1): this is the rule of ../shared/specs/roce.md §2, the native IB ICRC with the LRH as ones. The CRC
+    no RoCEv1): this is the rule of IBA 7.8.1 read with Annex A16, the native IB ICRC with the LRH as ones. The CRC
     of the masked GRH depends only on IPVer, PayLen, NxtHdr and the GIDs, and is cached.
     """
     g = memoryview(grh40).cast("B")
@@ -319,7 +319,7 @@ def _socket_addrs(src_ip: bytes, dst_ip: bytes) -> tuple[bytes, bytes]:
 
 def _pseudo(s: bytes, d: bytes, sport: int, dport: int, udp_len: int, ident: int = 0,
             flags: int = _DF) -> bytes:
-    """Masked pseudo-header for what Linux sends from a UDP socket (IBA 7.8.1, Annex A17; ../shared/specs/roce.md §2)."""
+    """Masked pseudo-header for what Linux sends from a UDP socket (IBA 7.8.1, Annex A17)."""
     if len(s) == 4:
         return _PSEUDO_V4.pack(_FF8, 0x45, 0xFF, 20 + udp_len, ident, flags, 0xFF, IPPROTO_UDP,
                                0xFFFF, s, d, sport, dport, udp_len, 0xFFFF)
@@ -747,7 +747,7 @@ def frame_icrc(f: RoceFrame) -> bytes:
 
 
 def frame_icrc_ok(f: RoceFrame) -> bool:
-    """True if the ICRC of ``f`` is correct (IBA 7.8.1, Annex A17; ../shared/specs/roce.md §2)."""
+    """True if the ICRC of ``f`` is correct (IBA 7.8.1, Annex A17)."""
     return frame_icrc(f) == f.icrc
 
 

@@ -4,18 +4,18 @@ Annex A16 (IBA 1.2.1 Annex A16, "RoCE"):
 
 * A16.3.1: a RoCE packet is an IB packet with a MAC header in place of the LRH, and every
   packet carries a GRH (IBA 8.3: IPVer 6, TClass, FlowLabel, PayLen, NxtHdr 0x1B, HopLmt,
-  SGID, DGID; 40 bytes). EtherType 0x8915 (``../shared/specs/roce.md`` §1).
+  SGID, DGID; 40 bytes). EtherType 0x8915 (A16.3.1).
 * A16.8.1: SL 0-7 map to Ethernet priorities 0-7 (the 802.1Q PCP where a VLAN tag is
   sent); SL 8-15 are reserved.
 * A16.5.1: the MAC of a GID comes from Ethernet means (ARP/ND): see
   :mod:`softrdma.drivers.neigh`. The link-local GID of a port is ``fe80::/64`` plus the
-  modified EUI-64 of its MAC (RFC 4291 appendix A; ../shared/specs/roce.md §4), from which Linux
+  modified EUI-64 of its MAC (RFC 4291 appendix A), from which Linux
   (``rdma_get_ll_mac``) reads the MAC back without asking the network.
 
 The ICRC of a RoCEv1 packet is :func:`softrdma.wire.roce.icrc_v1` (8 bytes of 0xFF for the
 LRH, the GRH with TClass/FlowLabel/HopLmt masked, the BTH with resv8a masked). No
 independent RoCEv1 implementation was at hand to confirm it (rxe has no RoCEv1); it
-follows the native IB ICRC rule (IBA 7.8.1) with Annex A16 (../shared/specs/roce.md §2).
+follows the native IB ICRC rule (IBA 7.8.1) with Annex A16.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ __all__ = [
     "multicast_mac", "is_multicast_gid", "LOOPBACK_GID",
 ]
 
-ETH_P_ROCE_V1 = 0x8915  # Annex A16; ../shared/specs/roce.md §1
+ETH_P_ROCE_V1 = 0x8915  # Annex A16
 ETH_P_8021Q = 0x8100  # IEEE 802.1Q
 ETH_P_8021AD = 0x88A8
 ETH_HLEN = 14
@@ -157,7 +157,7 @@ def parse_ethernet(data: Buffer) -> EthHeader:
 
 # --------------------------------------------------------------------------- GIDs
 def link_local_gid(mac: bytes) -> bytes:
-    """The RoCEv1 link-local GID of a MAC: ``fe80::`` + modified EUI-64 (Annex A16; ../shared/specs/roce.md §4,
+    """The RoCEv1 link-local GID of a MAC: ``fe80::`` + modified EUI-64 (Annex A16,
     RFC 4291 appendix A): ``aa:bb:cc:dd:ee:ff`` -> ``fe80::a8bb:ccff:fedd:eeff``."""
     if len(mac) != 6:
         raise InvalidArgument("mac", f"a MAC address has 6 bytes, got {len(mac)}")
@@ -182,7 +182,7 @@ def is_multicast_gid(gid: bytes) -> bool:
 
 def multicast_mac(mgid: bytes) -> bytes:
     """The Ethernet multicast MAC of an MGID: ``33:33`` + its last 4 bytes (RFC 2464 §7,
-    as for IPv6 multicast; Annex A17; ../shared/specs/roce.md §4, Linux ``rdma_get_mcast_mac``)."""
+    as for IPv6 multicast; Annex A17, Linux ``rdma_get_mcast_mac``)."""
     if not is_multicast_gid(mgid):
         raise InvalidArgument("mgid", "not a multicast GID (must start with 0xff)")
     return b"\x33\x33" + bytes(mgid[12:16])

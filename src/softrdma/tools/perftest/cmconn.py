@@ -14,7 +14,7 @@ Two kinds of rdma_cm RC connections go to the same port (18515 by default):
 
 For READ and atomic tests ``responder_resources``/``initiator_depth`` are the out reads
 (RoCE: the REQ/REP Responder Resources and Initiator Depth fields, IBA 12.6.5 and
-12.6.8, ``../shared/specs/ib-cm.md`` §3.1/§3.4; iWARP: the MPA v2 IRD/ORD, RFC 6581 §5).
+12.6.8; iWARP: the MPA v2 IRD/ORD, RFC 6581 §5).
 """
 
 from __future__ import annotations
@@ -63,6 +63,11 @@ class CmSession:
     def new_id(self) -> Any:
         cid = rc.CmId(self.ch, rc.RDMA_PS_TCP)
         self.ids.append(cid)
+        if self.o.tos is not None:  # -T: the connection's ToS / Traffic Class (as perftest)
+            try:
+                cid.set_option(rc.RDMA_OPTION_ID, rc.RDMA_OPTION_ID_TOS, self.o.tos)
+            except SoftRdmaError as exc:
+                raise PerftestError(f"Failed to set TOS {self.o.tos}: {exc}") from exc
         return cid
 
     def wait(self, match: Callable[[Any], bool], deadline: float | None, what: str) -> Any:

@@ -8,7 +8,14 @@ of the peer's RDMA WRITE/READ/atomics and of its own receives. The QP attributes
 perftest's (``ctx_modify_qp_to_init/rtr/rts``): RTR with the path MTU, the peer's QPN and
 PSN, ``max_dest_rd_atomic`` = our out reads, ``min_rnr_timer`` 12, a GRH to the peer's
 GID with hop limit 255; RTS with ``timeout`` ``-u``, ``retry_cnt`` 7, ``rnr_retry`` 7,
-``max_rd_atomic`` = the peer's out reads (IBA 11.2.4.2).
+``max_rd_atomic`` = the peer's out reads (IBA 11.2.4.2). The GRH carries ``--tclass``
+and the address vector the SL ``-S``. ``-c UC`` leaves out what an unreliable connection
+has not (RTR: no responder resources, no RNR timer; RTS: no timeout, retries or
+initiator depth: IBA 11.2.4.2 per QP type); ``-c UD`` QPs take perftest's Q_Key
+0x11111111 at INIT, RTR and RTS without a peer, and each SEND an address handle to the
+peer's GID with its QPN and that Q_Key; a UD receive has the 40-byte GRH area first
+(IBA 11.4.1.1). ``-I N``: a message of at most N bytes is posted with
+``IBV_SEND_INLINE`` (the QP's ``max_inline_data`` is N).
 
 Loops (every wait bounded by ``--timeout``; an error completion, a wrong length or a
 latency counter that never arrives is a :class:`PerftestError`):
@@ -35,7 +42,7 @@ from ... import enums as e
 from ... import verbs as v
 from ...errors import SoftRdmaError
 from .oob import DEFAULT_CYCLE_BUFFER, ZERO_DEST, Dest
-from .options import Options, PerftestError
+from .options import DEF_QKEY, Options, PerftestError
 from .report import Progress
 
 MIN_RNR_TIMER = 12
@@ -47,6 +54,7 @@ DURATION_GRACE_S = 1.0
 PEER_CHECK_S = 0.2  # how often a wait looks whether the peer closed the exchange channel
 PEER_GONE_GRACE_S = 1.0  # completions still awaited after the peer closed it (its last ACKs)
 PAGE_ALIGN = 4096
+UNRELIABLE_IDLE_S = 1.0  # a UC/UD receiver checks this often whether the sender is done
 # send-bw over iWARP: iWARP has no RNR NAK, so perftest's receiver grants credits, its
 # count of received messages, by RDMA WRITE of a host-order (x86: little-endian) uint32
 # into the sender's credit slot every rx_depth/3 messages (perftest send_rcredit)
@@ -56,6 +64,9 @@ MTU_BYTES_TO_ENUM = {b: m for m, b in MTU_ENUM_TO_BYTES.items()}
 ACCESS = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
              | e.IBV_ACCESS_REMOTE_ATOMIC)
 OPCODES = {"send": e.IBV_WR_SEND, "write": e.IBV_WR_RDMA_WRITE, "read": e.IBV_WR_RDMA_READ}
+QP_TYPES = {"RC": e.IBV_QPT_RC, "UC": e.IBV_QPT_UC, "UD": e.IBV_QPT_UD}
+UD_GRH = 40  # the GRH area ahead of a UD receive's data (IBA 11.4.1.1)
+UC_ACCESS = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE)
 
 
 def _wc_fail(wc: Any, what: str) -> PerftestError:
@@ -70,7 +81,11 @@ class Resources:
     def __init__(self, ctx: v.Context, o: Options, max_size: int) -> None:
         self.ctx = ctx
         self.o = o
-        self.buff = max(max_size, DEFAULT_CYCLE_BUFFER)
+        self.ud = o.connection == "UD"
+        self.reliable = o.connection == "RC"
+        self.buff = max(max_size + (UD_GRH if self.ud else 0), DEFAULT_CYCLE_BUFFER)
+        self.ahs: dict[int, Any] = {}
+        self._inline: dict[int, bool] = {}  # id(WR) -> posted with IBV_SEND_INLINE
         self.buf = bytearray(2 * o.num_qps * self.buff + PAGE_ALIGN
                              + 2 * o.num_qps * CREDIT.size)
         self._closers: list[Any] = []
@@ -102,6 +117,9 @@ class Resources:
         #: ``() -> bool``: has the peer closed the exchange channel (it failed or stopped)?
         #: Set by the runner where the channel can tell (TCP); waits then end promptly.
         self.peer_gone: Callable[[], bool] | None = None
+        #: ``() -> bool``: has the peer written its next exchange message (it is done
+        #: sending)? A UC/UD receiver then stops waiting for messages that were lost.
+        self.peer_done: Callable[[], bool] | None = None
         self._peer_checked = 0.0
         self._peer_gone_at: float | None = None
 
@@ -123,9 +141,9 @@ class Resources:
 
     def init_attr(self) -> v.QPInitAttr:
         cap = v.QPCap(max_send_wr=self.o.tx_depth, max_recv_wr=max(self.o.rx_depth, 1),
-                      max_send_sge=1, max_recv_sge=1)
-        return v.QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.send_cq, rcq=self.recv_cq,
-                            cap=cap)
+                      max_send_sge=1, max_recv_sge=1, max_inline_data=self.o.inline_size)
+        return v.QPInitAttr(qp_type=QP_TYPES[self.o.connection], scq=self.send_cq,
+                            rcq=self.recv_cq, cap=cap)
 
     def add_qp(self, cm_id: Any = None) -> Any:
         """A QP (RESET -> INIT here, or left to rdma_cm when ``cm_id`` is given)."""
@@ -135,10 +153,15 @@ class Resources:
             else:
                 qp = v.QP(self.pd, self.init_attr())
                 self._closers.append(qp)
-                mask = e.IBV_QP_STATE | e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT | \
-                    e.IBV_QP_ACCESS_FLAGS
-                qp.modify(v.QPAttr(qp_state=e.IBV_QPS_INIT, pkey_index=0,
-                                   port_num=self.o.ib_port, qp_access_flags=ACCESS), int(mask))
+                mask = e.IBV_QP_STATE | e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT
+                at = v.QPAttr(qp_state=e.IBV_QPS_INIT, pkey_index=0, port_num=self.o.ib_port)
+                if self.ud:
+                    at.qkey = DEF_QKEY
+                    mask |= e.IBV_QP_QKEY
+                else:
+                    at.qp_access_flags = ACCESS if self.reliable else UC_ACCESS
+                    mask |= e.IBV_QP_ACCESS_FLAGS
+                qp.modify(at, int(mask))
         except SoftRdmaError as exc:
             raise PerftestError(f"Couldn't create QP: {exc}") from exc
         self.qps.append(qp)
@@ -185,18 +208,37 @@ class Resources:
     def connect(self, i: int, my: Dest, rem: Dest, mtu_enum: int, gid_index: int) -> None:
         """``ctx_connect``: INIT -> RTR -> RTS towards ``rem``."""
         qp = self.qps[i]
-        gr = v.GlobalRoute(dgid=v.GID(rem.gid), sgid_index=gid_index, hop_limit=HOP_LIMIT)
-        ah = v.AHAttr(port_num=self.o.ib_port, is_global=1, gr=gr, dlid=rem.lid, sl=0)
-        rtr = v.QPAttr(qp_state=e.IBV_QPS_RTR, path_mtu=mtu_enum, dest_qp_num=rem.qpn,
-                       rq_psn=rem.psn, ah_attr=ah, max_dest_rd_atomic=max(my.out_reads, 1),
-                       min_rnr_timer=MIN_RNR_TIMER)
-        rtr_mask = (e.IBV_QP_STATE | e.IBV_QP_AV | e.IBV_QP_PATH_MTU | e.IBV_QP_DEST_QPN
-                    | e.IBV_QP_RQ_PSN | e.IBV_QP_MAX_DEST_RD_ATOMIC | e.IBV_QP_MIN_RNR_TIMER)
-        rts = v.QPAttr(qp_state=e.IBV_QPS_RTS, sq_psn=my.psn, timeout=self.o.qp_timeout,
-                       retry_cnt=RETRY_CNT, rnr_retry=RNR_RETRY,
-                       max_rd_atomic=max(rem.out_reads, 1))
-        rts_mask = (e.IBV_QP_STATE | e.IBV_QP_SQ_PSN | e.IBV_QP_TIMEOUT | e.IBV_QP_RETRY_CNT
-                    | e.IBV_QP_RNR_RETRY | e.IBV_QP_MAX_QP_RD_ATOMIC)
+        gr = v.GlobalRoute(dgid=v.GID(rem.gid), sgid_index=gid_index, hop_limit=HOP_LIMIT,
+                           traffic_class=self.o.tclass)
+        ah = v.AHAttr(port_num=self.o.ib_port, is_global=1, gr=gr, dlid=rem.lid,
+                      sl=self.o.sl)
+        if self.ud:
+            rtr = v.QPAttr(qp_state=e.IBV_QPS_RTR)
+            rtr_mask = e.IBV_QP_STATE
+            rts = v.QPAttr(qp_state=e.IBV_QPS_RTS, sq_psn=my.psn)
+            rts_mask = e.IBV_QP_STATE | e.IBV_QP_SQ_PSN
+            try:
+                self.ahs[i] = v.AH(self.pd, ah)
+            except SoftRdmaError as exc:
+                raise PerftestError(f"Failed to create AH for UD: {exc}") from exc
+            self._closers.append(self.ahs[i])
+        else:
+            rtr = v.QPAttr(qp_state=e.IBV_QPS_RTR, path_mtu=mtu_enum, dest_qp_num=rem.qpn,
+                           rq_psn=rem.psn, ah_attr=ah)
+            rtr_mask = (e.IBV_QP_STATE | e.IBV_QP_AV | e.IBV_QP_PATH_MTU | e.IBV_QP_DEST_QPN
+                        | e.IBV_QP_RQ_PSN)
+            rts = v.QPAttr(qp_state=e.IBV_QPS_RTS, sq_psn=my.psn)
+            rts_mask = e.IBV_QP_STATE | e.IBV_QP_SQ_PSN
+            if self.reliable:
+                rtr.max_dest_rd_atomic = max(my.out_reads, 1)
+                rtr.min_rnr_timer = MIN_RNR_TIMER
+                rtr_mask |= e.IBV_QP_MAX_DEST_RD_ATOMIC | e.IBV_QP_MIN_RNR_TIMER
+                rts.timeout = self.o.qp_timeout
+                rts.retry_cnt = RETRY_CNT
+                rts.rnr_retry = RNR_RETRY
+                rts.max_rd_atomic = max(rem.out_reads, 1)
+                rts_mask |= (e.IBV_QP_TIMEOUT | e.IBV_QP_RETRY_CNT | e.IBV_QP_RNR_RETRY
+                             | e.IBV_QP_MAX_QP_RD_ATOMIC)
         try:
             qp.modify(rtr, int(rtr_mask))
         except SoftRdmaError as exc:
@@ -233,7 +275,7 @@ class Resources:
                 time.sleep(0)  # let the progress thread place and complete
 
     def post_recvs(self, i: int, count: int, size: int) -> None:
-        sge = v.SGE(self.target(i), size, self.mr.lkey)
+        sge = v.SGE(self.target(i), size + (UD_GRH if self.ud else 0), self.mr.lkey)
         try:
             for _ in range(count):
                 self.qps[i].post_recv(v.RecvWR(wr_id=i, num_sge=1, sg=[sge]))
@@ -256,10 +298,20 @@ class Resources:
             wr = v.SendWR(wr_id=i, num_sge=1, sg=[sge], opcode=OPCODES[verb], send_flags=0)
             if verb != "send":
                 wr.set_wr_rdma(rem.rkey, rem.vaddr)
+            elif self.ud:
+                wr.set_wr_ud(self.ahs[i], rem.qpn, DEF_QKEY)
+        self._inline[id(wr)] = 0 < length <= o.inline_size
         return wr
 
+    def recv_len(self, size: int) -> int:
+        """The byte_len a receive of a ``size``-byte message completes with."""
+        return size + (UD_GRH if self.ud else 0)
+
     def post(self, i: int, wr: Any, signaled: bool) -> None:
-        wr.send_flags = int(e.IBV_SEND_SIGNALED) if signaled else 0
+        flags = int(e.IBV_SEND_SIGNALED) if signaled else 0
+        if self._inline.get(id(wr)):
+            flags |= int(e.IBV_SEND_INLINE)
+        wr.send_flags = flags
         try:
             self.qps[i].post_send(wr)
         except SoftRdmaError as exc:
@@ -346,6 +398,73 @@ def run_bw(res: Resources, rem: list[Dest], size: int, progress: Progress) -> tu
     return tposted[:n], tcompleted
 
 
+def run_bi(res: Resources, rem: list[Dest], size: int, progress: Progress) -> tuple[
+        list[float], list[float]]:
+    """``run_iter_bi`` (send-bw ``-b``): send ``iters`` messages per QP as :func:`run_bw`
+    does while receiving the peer's as many, re-posting receives; neither CQ is waited
+    on alone (each side's sends need the other's receives). Returns the send side's post
+    and completion times. A UC/UD side stops waiting for lost messages once its sends
+    are done, nothing arrived for a while and the peer is done too."""
+    o = res.o
+    nq = o.num_qps
+    iters = o.iters
+    wrs = [res.send_wr(i, rem[i], size) for i in range(nq)]
+    scnt = [0] * nq
+    ccnt = [0] * nq
+    rcnt = [0] * nq
+    pending: list[collections.deque[int]] = [collections.deque() for _ in range(nq)]
+    tposted: list[float] = []
+    tcompleted: list[float] = []
+    clock = time.perf_counter
+    deadline = time.monotonic() + o.timeout
+    idle_since = time.monotonic()
+    while any(c < iters for c in ccnt) or any(r < iters for r in rcnt):
+        for i in range(nq):
+            while scnt[i] < iters and scnt[i] - ccnt[i] < o.tx_depth:
+                scnt[i] += 1
+                sig = scnt[i] % o.cq_mod == 0 or scnt[i] == iters
+                tposted.append(clock())
+                res.post(i, wrs[i], sig)
+                if sig:
+                    pending[i].append(scnt[i])
+        wcs = list(res.send_cq.poll(16)[1])
+        rwcs = list(res.recv_cq.poll(16)[1])
+        now = clock()
+        for wc in wcs:
+            if wc.status != e.IBV_WC_SUCCESS:
+                raise _wc_fail(wc, f"scnt={sum(scnt)}, ccnt={sum(ccnt)}")
+            i = int(wc.wr_id)
+            upto = pending[i].popleft()
+            tcompleted.extend([now] * (upto - ccnt[i]))
+            ccnt[i] = upto
+        for wc in rwcs:
+            if wc.status != e.IBV_WC_SUCCESS:
+                raise _wc_fail(wc, f"rcnt={sum(rcnt)}")
+            if int(wc.byte_len) != res.recv_len(size):
+                raise PerftestError(f"data mismatch: received {int(wc.byte_len)} bytes, "
+                                    f"expected {res.recv_len(size)}")
+            i = int(wc.wr_id)
+            rcnt[i] += 1
+            if rcnt[i] + o.rx_depth <= iters:
+                res.post_recvs(i, 1, size)
+        mono = time.monotonic()
+        if wcs or rwcs:
+            deadline = mono + o.timeout
+            idle_since = mono
+        else:
+            if (not res.reliable and all(c >= iters for c in ccnt)
+                    and mono - idle_since >= UNRELIABLE_IDLE_S
+                    and res.peer_done is not None and res.peer_done()):
+                break  # the peer is done: the messages still missing were lost
+            if mono >= deadline:
+                raise PerftestError(f"no completion for {o.timeout:g} s ({sum(ccnt)} sent, "
+                                    f"{sum(rcnt)} received): is the peer still running?")
+            res.check_peer(mono)
+            time.sleep(0)
+        progress.update(sum(ccnt))
+    return tposted[:len(tcompleted)], tcompleted
+
+
 def run_bw_server(res: Resources, rem: list[Dest], size: int, progress: Progress
                   ) -> tuple[list[float], list[float]]:
     """The send-bw server: receive ``iters`` messages per QP (or for ``-D`` seconds),
@@ -363,20 +482,27 @@ def run_bw_server(res: Resources, rem: list[Dest], size: int, progress: Progress
     deadline = time.monotonic() + o.timeout
     while any(r < iters for r in rcnt) if o.duration is None else (
             end is None or time.monotonic() < end):
+        wait_until = deadline if end is None else min(deadline, end)
+        if not res.reliable:  # UC/UD: look now and then whether the sender is done
+            wait_until = min(wait_until, time.monotonic() + UNRELIABLE_IDLE_S)
         try:
-            wcs = res.poll(res.recv_cq, deadline if end is None else min(deadline, end),
+            wcs = res.poll(res.recv_cq, wait_until,
                            f"receiving ({sum(rcnt)}/{iters * nq} received)")
         except PerftestError:
             if end is not None:
                 break
+            if not res.reliable and res.peer_done is not None and res.peer_done():
+                break  # the sender is done: the messages still missing were lost
+            if not res.reliable and time.monotonic() < deadline:
+                continue
             raise
         now = clock()
         for wc in wcs:
             if wc.status != e.IBV_WC_SUCCESS:
                 raise _wc_fail(wc, f"rcnt={sum(rcnt)}")
-            if int(wc.byte_len) != size:
+            if int(wc.byte_len) != res.recv_len(size):
                 raise PerftestError(f"data mismatch: received {int(wc.byte_len)} bytes, "
-                                    f"expected {size}")
+                                    f"expected {res.recv_len(size)}")
             i = int(wc.wr_id)
             if not tcompleted:
                 first = now
@@ -452,7 +578,8 @@ def run_lat_write(res: Resources, rem: Dest, size: int, progress: Progress) -> l
     return tposted
 
 
-def run_lat_send(res: Resources, size: int, progress: Progress) -> list[float]:
+def run_lat_send(res: Resources, size: int, progress: Progress,
+                 rem: Dest = ZERO_DEST) -> list[float]:
     """SEND ping-pong on QP 0 (client first); returns the post times."""
     o = res.o
     iters = o.iters
@@ -461,7 +588,7 @@ def run_lat_send(res: Resources, size: int, progress: Progress) -> list[float]:
     clock = time.perf_counter
     scnt = rcnt = 0
     unsignaled = 0
-    wr = res.send_wr(0, ZERO_DEST, size)
+    wr = res.send_wr(0, rem, size)  # (UD: the peer's QPN goes in every SEND)
     while scnt < iters or rcnt < iters:
         if rcnt < iters and not (scnt < 1 and client):
             wcs = res.poll(res.recv_cq, time.monotonic() + o.timeout,
@@ -469,9 +596,9 @@ def run_lat_send(res: Resources, size: int, progress: Progress) -> list[float]:
             for wc in wcs:
                 if wc.status != e.IBV_WC_SUCCESS:
                     raise _wc_fail(wc, f"rcnt={rcnt}")
-                if int(wc.byte_len) != size:
+                if int(wc.byte_len) != res.recv_len(size):
                     raise PerftestError(f"data mismatch: received {int(wc.byte_len)} "
-                                        f"bytes, expected {size}")
+                                        f"bytes, expected {res.recv_len(size)}")
                 rcnt += 1
                 if rcnt + o.rx_depth <= iters:
                     res.post_recvs(0, 1, size)
@@ -508,3 +635,82 @@ def run_lat(res: Resources, rem: Dest, size: int, progress: Progress) -> list[fl
                 raise _wc_fail(wc, f"scnt={n + 1}")
         progress.update(n + 1)
     return tposted
+
+
+# ---- --run_infinitely -------------------------------------------------------------------
+
+def run_bw_infinitely(res: Resources, rem: list[Dest], size: int, every: float,
+                      on_period: Callable[[int, float], None]) -> None:
+    """``run_iter_bw_infinitely``: post for ever (up to ``-t`` in flight per QP, one
+    signaled every ``-Q``) and call ``on_period(messages completed, seconds)`` every
+    ``every`` seconds; ends only by an error or KeyboardInterrupt (Ctrl-C)."""
+    o = res.o
+    nq = o.num_qps
+    wrs = [res.send_wr(i, rem[i], size) for i in range(nq)]
+    scnt = [0] * nq
+    ccnt = [0] * nq
+    pending: list[collections.deque[int]] = [collections.deque() for _ in range(nq)]
+    clock = time.perf_counter
+    start = clock()
+    shown = 0
+    deadline = time.monotonic() + o.timeout
+    while True:
+        for i in range(nq):
+            while scnt[i] - ccnt[i] < o.tx_depth:
+                if res.credits and scnt[i] + 1 - res.credit(i) >= o.rx_depth:
+                    break
+                scnt[i] += 1
+                sig = scnt[i] % o.cq_mod == 0
+                res.post(i, wrs[i], sig)
+                if sig:
+                    pending[i].append(scnt[i])
+        wcs = list(res.send_cq.poll(16)[1])
+        now_m = time.monotonic()
+        if wcs:
+            deadline = now_m + o.timeout
+        elif now_m >= deadline:
+            raise PerftestError(f"no completion for {o.timeout:g} s ({sum(ccnt)} completed): "
+                                "is the peer still running?")
+        else:
+            res.check_peer(now_m)
+            time.sleep(0)
+        for wc in wcs:
+            if wc.status != e.IBV_WC_SUCCESS:
+                raise _wc_fail(wc, f"scnt={sum(scnt)}, ccnt={sum(ccnt)}")
+            i = int(wc.wr_id)
+            ccnt[i] = pending[i].popleft()
+        now = clock()
+        if now - start >= every:
+            done = sum(ccnt)
+            on_period(done - shown, now - start)
+            shown = done
+            start = now
+
+
+def receive_infinitely(res: Resources, size: int, every: float,
+                       on_period: Callable[[int, float], None]) -> None:
+    """``run_iter_bw_infinitely_server`` (send-bw): receive for ever, re-posting each
+    receive, and report every ``every`` seconds; ends when the sender leaves."""
+    o = res.o
+    clock = time.perf_counter
+    start = clock()
+    count = 0
+    while True:
+        try:
+            wcs = res.poll(res.recv_cq, time.monotonic() + every, "receiving")
+        except PerftestError:
+            if res.peer_gone is not None and res.peer_gone():
+                return
+            wcs = []
+        for wc in wcs:
+            if wc.status != e.IBV_WC_SUCCESS:
+                raise _wc_fail(wc, f"rcnt={count}")
+            count += 1
+            res.post_recvs(int(wc.wr_id), 1, size)
+        now = clock()
+        if now - start >= every:
+            on_period(count, now - start)
+            count = 0
+            start = now
+        if o.timeout and res.peer_gone is not None and not wcs and res.peer_gone():
+            return

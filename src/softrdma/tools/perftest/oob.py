@@ -347,6 +347,14 @@ class TcpChannel:
         except (OSError, ValueError):
             return True
 
+    def peer_waiting(self) -> bool:
+        """Has the peer written to the exchange connection (it finished its part of the
+        run, or left)? Reads nothing."""
+        try:
+            return bool(select.select([self.sock], [], [], 0)[0])
+        except (OSError, ValueError):
+            return True
+
     def close(self) -> None:
         try:
             self.sock.close()

@@ -47,6 +47,8 @@ def header(o: Options, device: str, transport: str, mtu_bytes: int, gid_index: i
     title = spec.title + " "
     if spec.verb == "atomic":
         title += o.atomic_type + " "
+    if spec.tst == "bw" and o.duplex:
+        title += "Bidirectional "
     title += "BW " if spec.tst == "bw" else "Latency "
     lines = [RESULT_LINE, " " * 20 + title + "Test"]
     if o.events:
@@ -54,12 +56,12 @@ def header(o: Options, device: str, transport: str, mtu_bytes: int, gid_index: i
     lines += [f" Dual-port       : OFF\t\tDevice         : {device}",
               f" Number of qps   : {o.num_qps}\t\tTransport type : "
               f"{'IW' if transport == 'iwarp' else 'IB'}",
-              " Connection type : RC\t\tUsing SRQ      : OFF",
+              f" Connection type : {o.connection}\t\tUsing SRQ      : OFF",
               f" PCIe relax order: {'OFF' if o.name == 'write-lat' else 'ON'}",
               " ibv_wr* API     : OFF"]
-    if o.is_client:  # machine == CLIENT || duplex (no perftest tool here is duplex)
+    if o.is_client or o.duplex:
         lines.append(f" TX depth        : {o.tx_depth}")
-    if spec.verb == "send" and not o.is_client:
+    if spec.verb == "send" and (not o.is_client or o.duplex):
         lines.append(f" RX depth        : {o.rx_depth}")
     if spec.tst == "bw":
         lines.append(f" CQ Moderation   : {o.cq_mod}")
@@ -68,7 +70,7 @@ def header(o: Options, device: str, transport: str, mtu_bytes: int, gid_index: i
     if spec.verb in ("read", "atomic"):
         lines.append(f" Outstand reads  : {out_reads}")
     else:
-        lines.append(" Max inline data : 0[B]")
+        lines.append(f" Max inline data : {o.inline_size}[B]")
     lines.append(f" rdma_cm QPs\t : {'ON' if o.rdma_cm else 'OFF'}")
     method = f" Data ex. method : {'rdma_cm' if o.rdma_cm else 'Ethernet'}"
     if o.rdma_cm and not o.is_client:
@@ -122,6 +124,20 @@ def bw_report(size: int, tposted: list[float], tcompleted: list[float], cq_mod: 
     delta = max(bw_peak_delta(tposted, tcompleted, cq_mod), 1e-12) if n else 1e-12
     peak = size / (delta * factor)
     return BwReport(size, n, peak, avg, rate)
+
+
+def output_number(o: Options, r: BwReport | LatReport) -> str:
+    """``--output``: the one number perftest prints (``"%lf"``): the average BW, the
+    message rate, or the average latency."""
+    if isinstance(r, BwReport):
+        return f"{r.msg_rate if o.output == 'message_rate' else r.bw_avg:f}"
+    return f"{r.t_avg:f}"
+
+
+def sum_reports(mine: BwReport, theirs: BwReport) -> BwReport:
+    """``print_full_bw_report`` of a bidirectional run: both directions added."""
+    return BwReport(mine.size, mine.iters, mine.bw_peak + theirs.bw_peak,
+                    mine.bw_avg + theirs.bw_avg, mine.msg_rate + theirs.msg_rate)
 
 
 def bw_table_header(gbits: bool) -> list[str]:
@@ -200,7 +216,7 @@ def json_object(o: Options, device: str, transport: str, mtu_bytes: int,
                          "t_stdev": r.t_stdev, "percentile_99": r.p99,
                          "percentile_99_9": r.p99_9})
     obj = {"test": o.name, "role": role, "device": device, "transport": transport,
-           "connection_type": "RC", "num_of_qps": o.num_qps, "mtu": mtu_bytes,
+           "connection_type": o.connection, "bidirectional": o.duplex, "num_of_qps": o.num_qps, "mtu": mtu_bytes,
            "rdma_cm": o.rdma_cm, "bw_unit": unit if o.spec.tst == "bw" else None,
            "lat_unit": "usec" if o.spec.tst == "lat" else None, "results": rows}
     if error is not None:

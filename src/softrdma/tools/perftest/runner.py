@@ -12,11 +12,18 @@ exchange comes in the order a stock ``ib_*`` peer expects:
    handshake and prints the client's BW report after ``xchg_bw_reports``), send-bw and
    the ping-pong latency tests (both measure);
 6. ``ctx_close_connection`` (none for write-lat).
+
+``-b``: both sides run the BW loop after a handshake (send-bw: both send and receive,
+``run_iter_bi``), exchange their reports and print the sum. ``--run_infinitely``: the client posts for ever and prints a
+BW line (peak not measured) every ``-D`` seconds until Ctrl-C (" User stopped traffic",
+exit 0); a one-sided server waits until the client leaves, a send-bw server receives
+and prints its own lines. ``--output``: nothing but the one number of each result line.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import sys
 import time
@@ -62,11 +69,23 @@ class Side:
     data_ids: list[Any] = field(default_factory=list)
 
     def emit(self, lines: list[str] | str) -> None:
-        if self.o.json:
+        if self.o.json or self.o.output:
             return
         for line in [lines] if isinstance(lines, str) else lines:
             self.out.write(line + "\n")
         self.out.flush()
+
+    def show(self, rep: BwReport | report.LatReport) -> None:
+        """One result: its table line, or with ``--output`` only its number."""
+        if self.o.json:
+            return
+        if self.o.output:
+            self.out.write(report.output_number(self.o, rep) + "\n")
+            self.out.flush()
+        elif isinstance(rep, BwReport):
+            self.emit(report.bw_line(rep, self.o.report_gbits))
+        else:
+            self.emit(report.lat_line(rep))
 
     @property
     def chan(self) -> Channel:
@@ -197,12 +216,30 @@ def setup_plain(s: Side) -> None:
         assert o.servername is not None
         s.ch = TcpChannel.connect(o.servername, o.port, o.timeout)
     prelude(s)
+    if o.connection == "UD":
+        clamp_to_mtu(s)
     s.res = Resources(s.ctx, o, max(o.sizes))
     if isinstance(s.ch, TcpChannel):
         s.res.peer_gone = s.ch.peer_closed  # a failed peer ends our waits promptly
+        s.res.peer_done = s.ch.peer_waiting
     for _ in range(o.num_qps):
         s.r.add_qp()
     make_dests(s)
+
+
+def clamp_to_mtu(s: Side) -> None:
+    """A UD message fits one packet: sizes above the MTU are cut to it (perftest's
+    ``ctx_set_mtu``; it says so with ``-a``)."""
+    o = s.o
+    mtu = MTU_ENUM_TO_BYTES[s.mtu_enum]
+    if max(o.sizes) <= mtu:
+        return
+    if o.run_all:
+        sys.stderr.write(f" Max msg size in UD is MTU {mtu}\n Changing to this MTU\n")
+        o.sizes = tuple(x for x in o.sizes if x <= mtu)
+    else:
+        o.sizes = (mtu,)
+    o.size = mtu
 
 
 def setup_cm(s: Side) -> None:
@@ -290,11 +327,17 @@ def run_one_sided_bw(s: Side) -> None:
     o = s.o
     gb = o.report_gbits
     s.emit(report.bw_table_header(gb))
+    if o.run_infinitely:
+        run_infinitely(s)
+        return
+    if o.duplex:
+        run_duplex_bw(s)
+        return
     if not o.is_client:
         with oob.waiting_for_whole_run(s.chan):  # the client runs every size first
             s.hs(0)
         rep = oob.xchg_bw_reports(s.chan, BwReport(0, 0, 0.0, 0.0, 0.0))
-        s.emit(report.bw_line(rep, gb))
+        s.show(rep)
         s.results.append(rep)
         oob.close_connection(s.chan, s.my[0], True)
         s.emit(report.RESULT_LINE)
@@ -308,10 +351,98 @@ def run_one_sided_bw(s: Side) -> None:
             raise PerftestError("no message completed")
         mine = report.bw_report(size, tp, tc, o.cq_mod, gb)
         s.results.append(mine)
-        s.emit(report.bw_line(mine, gb))
+        s.show(mine)
     s.emit(report.RESULT_LINE)
     s.hs(0)
     oob.xchg_bw_reports(s.chan, mine)
+    oob.close_connection(s.chan, s.my[0], True)
+
+
+def run_duplex_bw(s: Side) -> None:
+    """``-b``: per size a handshake, both sides run the loop (with ``-a`` a handshake
+    after it too), exchange their reports and print the sum (write_bw.c, read_bw.c)."""
+    o = s.o
+    gb = o.report_gbits
+    for size in o.sizes:
+        s.hs(0)
+        prog = progress(s, o.iters * o.num_qps, f"{o.name} {size} B")
+        tp, tc = engine.run_bw(s.r, s.rem, size, prog)
+        prog.finish()
+        if not tc:
+            raise PerftestError("no message completed")
+        if o.run_all:
+            s.hs(0)
+        mine = report.bw_report(size, tp, tc, o.cq_mod, gb)
+        both = report.sum_reports(mine, oob.xchg_bw_reports(s.chan, mine))
+        s.results.append(both)
+        s.show(both)
+    s.emit(report.RESULT_LINE)
+    oob.close_connection(s.chan, s.my[0], True)
+
+
+def run_infinitely(s: Side) -> None:
+    """``--run_infinitely`` (see the module docstring)."""
+    o = s.o
+    assert o.duration is not None
+    size = o.sizes[0]
+
+    def line(n: int, seconds: float) -> None:
+        factor = report.GBS_FACTOR if o.report_gbits else report.MBS_FACTOR
+        seconds = max(seconds, 1e-9)
+        s.show(BwReport(size, n, 0.0, size * n / (seconds * factor), n / (seconds * 1e6)))
+
+    if o.is_client or o.duplex:
+        try:
+            if o.spec.verb == "send":
+                s.hs(0)  # the server's receives are posted
+            engine.run_bw_infinitely(s.r, s.rem, size, float(o.duration), line)
+        except KeyboardInterrupt:
+            s.emit(["", " User stopped traffic"])
+        s.emit(report.RESULT_LINE)
+        return
+    if o.spec.verb == "send":
+        for i in range(o.num_qps):
+            s.r.post_recvs(i, o.rx_depth, size)
+        s.hs(0)
+        with contextlib.suppress(KeyboardInterrupt):
+            engine.receive_infinitely(s.r, size, float(o.duration), line)
+    else:
+        with contextlib.suppress(KeyboardInterrupt):  # the client runs until stopped
+            if isinstance(s.ch, TcpChannel):
+                while not s.ch.peer_closed():
+                    time.sleep(engine.PEER_CHECK_S)
+            elif isinstance(s.ch, cmconn.CmChannel) and s.sess is not None:
+                cmconn.linger(s.sess, s.ch.cid, float("inf"))
+    s.emit(report.RESULT_LINE)
+
+
+def run_duplex_send_bw(s: Side) -> None:
+    """send-bw ``-b`` (send_bw.c): per size both sides post their receives, a handshake,
+    both send and receive (``run_iter_bi``), exchange their reports and print the sum
+    (with ``-a`` a handshake after each size)."""
+    o = s.o
+    gb = o.report_gbits
+    if s.r.credits:
+        raise PerftestError("-b (bidirectional) send-bw needs RNR flow control: not over "
+                            "iWARP")
+    if o.duration is not None:
+        raise PerftestError("-b (bidirectional) send-bw runs -n iterations, not -D")
+    for size in o.sizes:
+        for i in range(o.num_qps):
+            s.r.post_recvs(i, o.rx_depth, size)
+        s.hs(0)
+        prog = progress(s, o.iters * o.num_qps, f"{o.name} {size} B")
+        tp, tc = engine.run_bi(s.r, s.rem, size, prog)
+        prog.finish()
+        if not tc:
+            raise PerftestError("no message completed")
+        mine = report.bw_report(size, tp, tc, o.cq_mod, gb)
+        both = report.sum_reports(mine, oob.xchg_bw_reports(s.chan, mine))
+        s.results.append(both)
+        s.show(both)
+        if o.run_all:
+            s.hs(0)
+    s.emit(report.RESULT_LINE)
     oob.close_connection(s.chan, s.my[0], True)
 
 
@@ -319,6 +450,12 @@ def run_send_bw(s: Side) -> None:
     o = s.o
     gb = o.report_gbits
     s.emit(report.bw_table_header(gb))
+    if o.run_infinitely:
+        run_infinitely(s)
+        return
+    if o.duplex:
+        run_duplex_send_bw(s)
+        return
     for size in o.sizes:
         if not o.is_client:
             for i in range(o.num_qps):
@@ -341,7 +478,7 @@ def run_send_bw(s: Side) -> None:
             full = report.bw_report(size, tp, tc, o.cq_mod, gb)
             rep = BwReport(full.size, full.iters, 0.0, full.bw_avg, full.msg_rate)
         s.results.append(rep)
-        s.emit(report.bw_line(rep, gb))
+        s.show(rep)
         if o.run_all:
             s.hs(0)
     s.emit(report.RESULT_LINE)
@@ -363,7 +500,7 @@ def run_lat(s: Side) -> None:
         if verb == "send":
             s.r.post_recvs(0, o.rx_depth, size)
             s.hs(0)
-            tp = engine.run_lat_send(s.r, size, prog)
+            tp = engine.run_lat_send(s.r, size, prog, s.rem[0])
         elif verb == "write":
             tp = engine.run_lat_write(s.r, s.rem[0], size, prog)
         else:
@@ -371,7 +508,7 @@ def run_lat(s: Side) -> None:
         prog.finish()
         rep = report.lat_report(size, tp, rtt)
         s.results.append(rep)
-        s.emit(report.lat_line(rep))
+        s.show(rep)
     if verb == "read" or verb == "atomic":
         oob.close_connection(s.chan, s.my[0], True)
         s.emit(report.RESULT_LINE)
@@ -424,6 +561,8 @@ def _write_json(s: Side, error: str | None) -> None:
 def _run_side(s: Side) -> None:
     """Set up, run and tear down one side (the body of :func:`run`)."""
     o = s.o
+    if o.run_infinitely:
+        s.emit(" WARNING: BW peak won't be measured in this run.")
     try:
         if o.rdma_cm:
             setup_cm(s)
