@@ -135,8 +135,11 @@ static int sr_cm_refresh(struct sr_cm_id *c)
 struct rdma_event_channel *rdma_create_event_channel(void)
 {
     struct sr_cm_channel *c;
-    int fd = -1, h = sr_py_cm_channel(&fd);
+    int fd = -1, h;
 
+    if (!sr_python_ok())
+        return NULL;
+    h = sr_py_cm_channel(&fd);
     if (!sr_handle_ok(h))
         return NULL;
     c = calloc(1, sizeof(*c));
