@@ -208,3 +208,22 @@ def test_real_pyverbs_refused_when_missing_or_foreign(tmp_path: Path) -> None:
     (pkg / "device.cpython-399-x86_64-linux-gnu.so").write_text("")
     with pytest.raises(ValueError, match="built for another Python"):
         rct.real_pyverbs_env("d", tmp_path / "site", tmp_path)
+
+
+def test_addrinfo_of_a_source_alone(device: str, tmp_path: Path) -> None:
+    """pyverbs' ``AddrInfo(src=GROUP)`` (rdma-core's multicast tests) ends in
+    ``rdma_getaddrinfo(NULL, NULL, hints)`` with the source in the hints: the result
+    carries that source (librdmacm); it was EINVAL."""
+    link = need_real_pyverbs(tmp_path)
+    script = tmp_path / "ai.py"
+    script.write_text(
+        "import sys, socket\n"
+        f"sys.path.insert(0, {str(link)!r})\n"
+        "from pyverbs.cmid import AddrInfo\n"
+        "import pyverbs.cm_enums as ce\n"
+        "ai = AddrInfo(src='230.0.0.7')\n"
+        "AddrInfo(src='127.0.0.1', dst='230.0.0.7', port_space=ce.RDMA_PS_UDP)\n"
+        "print('ok')\n")
+    p = run(sys.executable, str(script))
+    assert p.returncode == 0, p.stdout + p.stderr[-2000:]
+    assert p.stdout.strip() == "ok"

@@ -708,6 +708,30 @@ __be16 rdma_get_dst_port(struct rdma_cm_id *id)
 }
 
 /* ---- addresses: rdma_getaddrinfo over getaddrinfo(3) (IP only) ---- */
+/* Neither node nor service, the source in the hints (librdmacm: the result carries the
+ * hints' source address only; pyverbs' AddrInfo(src=...) of a multicast group asks this). */
+static int sr_cm_src_only(const struct rdma_addrinfo *hints, struct rdma_addrinfo **res)
+{
+    struct rdma_addrinfo *r = calloc(1, sizeof(*r));
+    void *sa = malloc(hints->ai_src_len);
+
+    if (!r || !sa) {
+        free(r);
+        free(sa);
+        errno = ENOMEM;
+        return EAI_MEMORY;
+    }
+    memcpy(sa, hints->ai_src_addr, hints->ai_src_len);
+    r->ai_flags = hints->ai_flags;
+    r->ai_family = hints->ai_src_addr->sa_family;
+    r->ai_qp_type = hints->ai_qp_type ? hints->ai_qp_type : IBV_QPT_RC;
+    r->ai_port_space = hints->ai_port_space ? hints->ai_port_space : RDMA_PS_TCP;
+    r->ai_src_addr = sa;
+    r->ai_src_len = hints->ai_src_len;
+    *res = r;
+    return 0;
+}
+
 int rdma_getaddrinfo(const char *node, const char *service, const struct rdma_addrinfo *hints,
                      struct rdma_addrinfo **res)
 {
@@ -716,6 +740,9 @@ int rdma_getaddrinfo(const char *node, const char *service, const struct rdma_ad
     struct sockaddr *sa;
     int passive = hints && (hints->ai_flags & RAI_PASSIVE), ret;
 
+    if (res && !node && !service && !passive && hints && hints->ai_src_addr
+        && hints->ai_src_len)
+        return sr_cm_src_only(hints, res);
     if (!res || (!node && !service && !passive)) {
         errno = EINVAL;
         return EAI_NONAME;
