@@ -34,7 +34,7 @@ from .bridge import PYTHON_ENV
 from .build import build
 
 __all__ = ["add_arguments", "run", "preload_env", "why_not_preloadable", "DEVICE_ENV",
-           "python_host", "python_mismatch"]
+           "python_host", "python_mismatch", "sysfs_command", "sysfs_unavailable"]
 
 #: the device a program sees first (``softrdma run -d``)
 DEVICE_ENV = "SOFTRDMA_CAPI_DEVICE"
@@ -141,12 +141,49 @@ def preload_env(library: Path, device: str | None = None,
     return env
 
 
+def sysfs_command(cmd: Sequence[str], stash: Path) -> list[str]:
+    """``cmd`` wrapped in the private mount namespace of ``softrdma.tools.sysfs_ns``
+    (root): each device's ``/sys/class/infiniband`` entry (its netdev and RoCE v2 GIDs)
+    and a ``/dev/infiniband/uverbsN`` node per device (``stash``: an empty directory)."""
+    from ..verbs import get_device_list
+    from ..verbs.device import gid_table
+
+    devices = get_device_list()
+    specs: list[str] = []
+    for d in devices:
+        if d.netdev:
+            specs.append(f"{d.name}={d.netdev}")
+        roce_ver = d.record.roce_ver if d.record is not None else "2"
+        if d.type == "roce" and roce_ver == "2":
+            specs += [f"--gid={d.name},{i},2,{g.hex()}" for i, g in enumerate(gid_table(d.ips))]
+    return ["unshare", "--mount", "--propagation", "private", "--", sys.executable, "-m",
+            "softrdma.tools.sysfs_ns", f"--stash={stash}", f"--uverbs={max(1, len(devices))}",
+            *specs, "--", *cmd]
+
+
+def sysfs_unavailable() -> str | None:
+    """Why ``--sysfs`` cannot work here, or None."""
+    import shutil
+
+    if os.geteuid() != 0:
+        return ("the private /sys/class/infiniband and /dev/infiniband view needs root "
+                "(a mount namespace)")
+    for tool in ("unshare", "mount"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed"
+    return None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-d", "--dev", metavar="DEVICE",
                         help="the softrdma device the program sees first")
     parser.add_argument("--print-env", action="store_true",
                         help="print the environment variables that run a program on "
                         "softrdma (for mpirun and other launchers) and exit")
+    parser.add_argument("--sysfs", action="store_true",
+                        help="as root, run the program in a private mount namespace where "
+                        "softrdma's devices appear under /sys/class/infiniband and "
+                        "/dev/infiniband (UCX and libfabric look there themselves)")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- PROGRAM ARGS",
                         help="the program to run, e.g. -- ibv_devinfo -v")
 
@@ -187,9 +224,19 @@ def run(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 1
     env = preload_env(library, args.dev, python_host=interpreter is not None)
-    try:
-        proc = subprocess.run(list(cmd), env=env, check=False)
-    except OSError as exc:
-        print(f"softrdma run: error: cannot run {cmd[0]}: {exc}", file=sys.stderr)
-        return 127
+    if getattr(args, "sysfs", False):
+        no = sysfs_unavailable()
+        if no is not None:
+            print(f"softrdma run: error: --sysfs: {no}", file=sys.stderr)
+            return 1
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="softrdma-run-") as tmp:
+        if getattr(args, "sysfs", False):
+            cmd = sysfs_command(cmd, Path(tmp))
+        try:
+            proc = subprocess.run(list(cmd), env=env, check=False)
+        except OSError as exc:
+            print(f"softrdma run: error: cannot run {cmd[0]}: {exc}", file=sys.stderr)
+            return 127
     return proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
