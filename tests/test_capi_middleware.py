@@ -94,3 +94,29 @@ def test_ucx_perftest_rc_verbs(device: str) -> None:
     m = re.search(r"^Final:\s+(\d+)\s+([\d.]+)", outs[1][0], re.MULTILINE)
     assert m is not None, outs[1][0]
     assert int(m.group(1)) == 200 and float(m.group(2)) > 0
+
+
+def test_fi_info_lists_the_verbs_provider(device: str) -> None:
+    """libfabric's verbs provider starts from rdma_get_devices (it was ENOSYS: no verbs
+    provider at all); its datagram domain ``<dev>-dgram`` needs no root."""
+    need_tool("fi_info", "libfabric-bin")
+    p = subprocess.run(run_cmd("fi_info", "-p", "verbs"), capture_output=True, text=True,
+                       timeout=180, check=False)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    domains = re.findall(r"provider: (\S+)\n\s+fabric: .*\n\s+domain: (\S+)", p.stdout)
+    assert ("verbs;ofi_rxd", f"{device}-dgram") in domains, p.stdout
+
+
+def test_fi_pingpong_rdm_over_verbs_ud(device: str) -> None:
+    """fi_pingpong, reliable datagrams (ofi_rxd) over softrdma's UD QPs, data verified."""
+    need_tool("fi_pingpong", "libfabric-bin")
+    port = tcp_port()
+    common = ["-p", "verbs;ofi_rxd", "-e", "rdm", "-d", f"{device}-dgram", "-I", "50",
+              "-S", "256", "-v"]
+    procs, outs = run_pair(run_cmd("fi_pingpong", *common, "-B", str(port)),
+                           run_cmd("fi_pingpong", *common, "-P", str(port), "127.0.0.1"),
+                           port)
+    assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
+    for out, _ in outs:
+        m = re.search(r"^256\s+50\s+=50\s+\S+\s+[\d.]+s", out, re.MULTILINE)
+        assert m is not None, out

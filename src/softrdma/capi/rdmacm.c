@@ -975,14 +975,59 @@ int rdma_create_qp_ex(struct rdma_cm_id *id, struct ibv_qp_init_attr_ex *qp_init
     return -1;
 }
 
-struct ibv_context **rdma_get_devices(int *num_devices)
+/* librdmacm's device list: the rdma_cm layer's own open context of each device (the one
+ * its ids there use, id->verbs), kept open for the process as librdmacm keeps them; only
+ * the array is the caller's (rdma_free_devices). libfabric's verbs provider starts here. */
+static struct ibv_context *sr_cm_device_context(int index)
 {
-    if (num_devices)
-        *num_devices = 0;
-    return sr_fail(ENOSYS);
+    struct sr_cm_info info;
+    struct ibv_context *ctx = NULL;
+    int ret;
+
+    pthread_mutex_lock(&g_cm_lock);
+    memset(&info, 0, sizeof(info));
+    ret = sr_py_cm_device(index, &info);
+    if (!ret && info.ctx > 0 && !info.ctx_wrapper) {
+        ctx = sr_wrap_context(info.ctx, info.async_fd, &g_devs[index].dev);
+        if (ctx)
+            ret = sr_py_cm_set_wrapper(info.ctx, SR_CTX(ctx));
+        else
+            ret = errno;
+    } else if (!ret && info.ctx_wrapper) {
+        ctx = &((struct sr_context *)info.ctx_wrapper)->vctx.context;
+    }
+    pthread_mutex_unlock(&g_cm_lock);
+    if (ret) {
+        errno = ret;
+        return NULL;
+    }
+    return ctx;
 }
 
-void rdma_free_devices(struct ibv_context **list) { (void)list; }
+struct ibv_context **rdma_get_devices(int *num_devices)
+{
+    struct ibv_context **list;
+    int n = sr_load_devices(), i, k = 0;
+
+    if (num_devices)
+        *num_devices = 0;
+    if (n < 0)
+        return NULL;
+    list = calloc((size_t)n + 1, sizeof(*list));
+    if (!list)
+        return sr_fail(ENOMEM);
+    for (i = 0; i < n; i++) {
+        struct ibv_context *ctx = sr_cm_device_context(i);
+
+        if (ctx)
+            list[k++] = ctx;
+    }
+    if (num_devices)
+        *num_devices = k;
+    return list;
+}
+
+void rdma_free_devices(struct ibv_context **list) { free(list); }
 
 int rdma_set_local_ece(struct rdma_cm_id *id, struct ibv_ece *ece)
 {
