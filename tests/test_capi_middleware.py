@@ -86,14 +86,14 @@ def test_ucx_perftest_rc_verbs(device: str) -> None:
     ibv_ah_attr with dlid (its UDP source-port hint) and flow_label ~0 failed RTR)."""
     need_tool("ucx_perftest", "ucx-utils")
     port = tcp_port()
-    common = ["-d", f"{device}:1", "-x", "rc_verbs", "-t", "am_lat", "-n", "200",
+    common = ["-d", f"{device}:1", "-x", "rc_verbs", "-t", "am_lat", "-n", "100",
               "-p", str(port)]
     procs, outs = run_pair(sysfs_run("ucx_perftest", *common),
                            sysfs_run("ucx_perftest", "127.0.0.1", *common), port)
     assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
     m = re.search(r"^Final:\s+(\d+)\s+([\d.]+)", outs[1][0], re.MULTILINE)
     assert m is not None, outs[1][0]
-    assert int(m.group(1)) == 200 and float(m.group(2)) > 0
+    assert int(m.group(1)) == 100 and float(m.group(2)) > 0
 
 
 def test_fi_info_lists_the_verbs_provider(device: str) -> None:
