@@ -383,10 +383,15 @@ def _create_qp(h: int, a: Any, wrapper: Any) -> int:
 
 
 def _ah_attr(f: Any) -> AHAttr:
-    gr = GlobalRoute(bytes(_ffi.buffer(f.dgid, 16)), flow_label=f.flow_label,
+    """A C ``ibv_ah_attr`` as the kernel takes it: every softrdma port is Ethernet (RoCE
+    or iWARP), where uverbs ignores ``dlid`` (``rdma_ah_set_dlid`` sets it only for IB
+    and OPA address vectors; UCX puts its UDP source-port hint there), so it is dropped;
+    the flow label is the GRH's 20 bits (IBA 8.3.1: the kernel passes the u32 on, the
+    device keeps 20 bits; UCX passes all ones for "none")."""
+    gr = GlobalRoute(bytes(_ffi.buffer(f.dgid, 16)), flow_label=f.flow_label & 0xFFFFF,
                      sgid_index=f.sgid_index, hop_limit=f.hop_limit,
                      traffic_class=f.traffic_class) if f.is_global else None
-    return AHAttr(port_num=f.port_num, is_global=f.is_global, gr=gr, dlid=f.dlid, sl=f.sl,
+    return AHAttr(port_num=f.port_num, is_global=f.is_global, gr=gr, dlid=0, sl=f.sl,
                   src_path_bits=f.src_path_bits, static_rate=f.static_rate)
 
 

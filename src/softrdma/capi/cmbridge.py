@@ -27,6 +27,7 @@ from ..cm.rdma_cm import (
     ConnParam,
     EventChannel,
 )
+from ..cm.rdma_devices import candidates, open_device
 from ..errors import SoftRdmaError
 from ..verbs import PD, Context
 from . import bridge as b
@@ -102,7 +103,15 @@ def _info(h: int, out: Any) -> int:
     """The id's device (its Context's handle, wrapper, device index, async fd) and
     addresses."""
     cid = _id(h)
-    ctx = cid.verbs
+    _fill_ctx(cid.verbs, out)
+    out.port_num = cid.port_num
+    _fill_addr(out.src, cid.get_local_addr())
+    _fill_addr(out.dst, cid.get_peer_addr())
+    return 0
+
+
+def _fill_ctx(ctx: Any, out: Any) -> None:
+    """A device Context's handle, wrapper, device index and async fd in ``out``."""
     out.ctx = 0
     out.ctx_wrapper = b._ffi.NULL
     if isinstance(ctx, Context):
@@ -116,9 +125,19 @@ def _info(h: int, out: Any) -> int:
             out.ctx_wrapper = wrapper
         out.dev_index = next((i for i, d in enumerate(b._devices) if d.name == ctx.name), -1)
         out.async_fd = ctx.async_fileno()
-    out.port_num = cid.port_num
-    _fill_addr(out.src, cid.get_local_addr())
-    _fill_addr(out.dst, cid.get_peer_addr())
+
+
+def _device_ctx(index: int, out: Any) -> int:
+    """``rdma_get_devices``: the rdma_cm layer's own Context of device ``index`` (the
+    one its ids on that device use, so a PD allocated on it fits ``rdma_create_qp``),
+    in ``out`` as :func:`_info` gives it; ENODEV for an index past the list."""
+    if not 0 <= index < len(b._devices):
+        return errno.ENODEV
+    name = b._devices[index].name
+    entry = next((d for d in candidates() if d.name == name), None)
+    if entry is None:
+        return errno.ENODEV
+    _fill_ctx(open_device(entry).ctx, out)
     return 0
 
 
@@ -274,6 +293,7 @@ EXPORTS: dict[str, tuple[Callable[..., int], bool]] = {
     "sr_py_cm_migrate": (_migrate, False),
     "sr_py_cm_set_option": (_set_option, False),
     "sr_py_cm_get_event": (_get_event, True),
+    "sr_py_cm_device": (_device_ctx, False),
 }
 
 

@@ -4,15 +4,28 @@ The program's libibverbs calls are served by softrdma through the preloaded libr
 built by :mod:`.build` (docs/design.md, "C programs"). :func:`preload_env` gives the
 environment that does it, for launchers such as ``mpirun`` that cannot use the wrapper.
 A statically linked or setuid program cannot be preloaded: that is said, exit status 1.
+
+A Python program (Debian's ``python3-pyverbs``: Cython over libibverbs) runs the same way:
+the library's Python half attaches to the interpreter already running in the process
+(cffi's embedding mode initializes Python only when it is not), so softrdma runs inside
+the program's own interpreter, on its progress thread. That interpreter must be the
+Python version the library was built for (the one running ``softrdma``, same major.minor;
+another patch level is the same ABI): for another one ``softrdma run`` says so and exits
+1 (:func:`python_mismatch`), and a program started without the wrapper gets the same
+message from the library and ``ELIBBAD`` from its first verb. For a Python program the
+environment carries only the directories of softrdma and its dependencies, never this
+Python's standard library (:func:`preload_env` ``python_host``).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import stat
 import subprocess
 import sys
+import sysconfig
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
@@ -20,7 +33,8 @@ from typing import Literal
 from .bridge import PYTHON_ENV
 from .build import build
 
-__all__ = ["add_arguments", "run", "preload_env", "why_not_preloadable", "DEVICE_ENV"]
+__all__ = ["add_arguments", "run", "preload_env", "why_not_preloadable", "DEVICE_ENV",
+           "python_host", "python_mismatch", "sysfs_command", "sysfs_unavailable"]
 
 #: the device a program sees first (``softrdma run -d``)
 DEVICE_ENV = "SOFTRDMA_CAPI_DEVICE"
@@ -52,15 +66,72 @@ def why_not_preloadable(path: str) -> str | None:
     return None
 
 
+_PYTHON_NAME = re.compile(r"python[0-9.]*$")
+
+
+def python_host(path: str) -> str | None:
+    """The Python interpreter that runs ``path`` (``path`` itself when it is one, the
+    ``#!`` interpreter of a Python script), or None for any other program."""
+    if _PYTHON_NAME.match(os.path.basename(path)):
+        return path
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(256)
+    except OSError:
+        return None
+    if not first.startswith(b"#!"):
+        return None
+    words = first[2:].decode("utf-8", "replace").split()
+    if words and os.path.basename(words[0]) == "env":
+        words = [w for w in words[1:] if not w.startswith("-") and "=" not in w]
+    if words and _PYTHON_NAME.match(os.path.basename(words[0])):
+        import shutil
+
+        return words[0] if "/" in words[0] else shutil.which(words[0])
+    return None
+
+
+def python_mismatch(interpreter: str) -> str | None:
+    """Why the library cannot serve a program run by Python ``interpreter`` (another
+    major.minor than this one's: the library is linked against this Python), or None."""
+    import subprocess as sp
+
+    want = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    try:
+        got = sp.run([interpreter, "-S", "-c",
+                      "import sys; print('%d.%d' % sys.version_info[:2])"],
+                     capture_output=True, text=True, timeout=60, check=False).stdout.strip()
+    except (OSError, sp.TimeoutExpired):
+        return None  # left to the kernel, and to the library's own check
+    if not got or got == want:
+        return None
+    return (f"it runs Python {got}, and softrdma's C interface is built for the Python "
+            f"that runs softrdma ({want}, {sys.executable}): run the program with a Python "
+            f"{want}, or install softrdma in Python {got} and run that one's softrdma")
+
+
+def _stdlib_dirs() -> set[str]:
+    paths = sysconfig.get_paths()
+    out = {os.path.realpath(paths[k]) for k in ("stdlib", "platstdlib") if k in paths}
+    out |= {os.path.join(d, "lib-dynload") for d in list(out)}
+    return out
+
+
 def preload_env(library: Path, device: str | None = None,
-                base: dict[str, str] | None = None) -> dict[str, str]:
+                base: dict[str, str] | None = None, *,
+                python_host: bool = False) -> dict[str, str]:
     """The environment that runs a program on softrdma: ``LD_PRELOAD`` of ``library``,
     this interpreter's ``sys.path`` as ``PYTHONPATH`` (the embedded interpreter finds
-    softrdma and cffi) and this interpreter for the processes softrdma spawns (devd)."""
+    softrdma and cffi) and this interpreter for the processes softrdma spawns (devd).
+    For a ``python_host`` (the program is a Python interpreter: its own standard library
+    is already on its path) the standard library's directories are left out."""
     env = dict(os.environ if base is None else base)
     old = env.get("LD_PRELOAD")
     env["LD_PRELOAD"] = str(library) + (f":{old}" if old else "")
     paths = [p for p in sys.path if p and os.path.isdir(p)]
+    if python_host:
+        std = _stdlib_dirs()
+        paths = [p for p in paths if os.path.realpath(p) not in std]
     if env.get("PYTHONPATH"):
         paths.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(paths)
@@ -70,12 +141,49 @@ def preload_env(library: Path, device: str | None = None,
     return env
 
 
+def sysfs_command(cmd: Sequence[str], stash: Path) -> list[str]:
+    """``cmd`` wrapped in the private mount namespace of ``softrdma.tools.sysfs_ns``
+    (root): each device's ``/sys/class/infiniband`` entry (its netdev and RoCE v2 GIDs)
+    and a ``/dev/infiniband/uverbsN`` node per device (``stash``: an empty directory)."""
+    from ..verbs import get_device_list
+    from ..verbs.device import gid_table
+
+    devices = get_device_list()
+    specs: list[str] = []
+    for d in devices:
+        if d.netdev:
+            specs.append(f"{d.name}={d.netdev}")
+        roce_ver = d.record.roce_ver if d.record is not None else "2"
+        if d.type == "roce" and roce_ver == "2":
+            specs += [f"--gid={d.name},{i},2,{g.hex()}" for i, g in enumerate(gid_table(d.ips))]
+    return ["unshare", "--mount", "--propagation", "private", "--", sys.executable, "-m",
+            "softrdma.tools.sysfs_ns", f"--stash={stash}", f"--uverbs={max(1, len(devices))}",
+            *specs, "--", *cmd]
+
+
+def sysfs_unavailable() -> str | None:
+    """Why ``--sysfs`` cannot work here, or None."""
+    import shutil
+
+    if os.geteuid() != 0:
+        return ("the private /sys/class/infiniband and /dev/infiniband view needs root "
+                "(a mount namespace)")
+    for tool in ("unshare", "mount"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed"
+    return None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-d", "--dev", metavar="DEVICE",
                         help="the softrdma device the program sees first")
     parser.add_argument("--print-env", action="store_true",
                         help="print the environment variables that run a program on "
                         "softrdma (for mpirun and other launchers) and exit")
+    parser.add_argument("--sysfs", action="store_true",
+                        help="as root, run the program in a private mount namespace where "
+                        "softrdma's devices appear under /sys/class/infiniband and "
+                        "/dev/infiniband (UCX and libfabric look there themselves)")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- PROGRAM ARGS",
                         help="the program to run, e.g. -- ibv_devinfo -v")
 
@@ -108,9 +216,27 @@ def run(args: argparse.Namespace) -> int:
     if why is not None:
         print(f"softrdma run: error: cannot run {cmd[0]} on softrdma: {why}", file=sys.stderr)
         return 1
-    try:
-        proc = subprocess.run(list(cmd), env=preload_env(library, args.dev), check=False)
-    except OSError as exc:
-        print(f"softrdma run: error: cannot run {cmd[0]}: {exc}", file=sys.stderr)
-        return 127
+    interpreter = python_host(path)
+    if interpreter is not None:
+        why = python_mismatch(interpreter)
+        if why is not None:
+            print(f"softrdma run: error: cannot run {cmd[0]} on softrdma: {why}",
+                  file=sys.stderr)
+            return 1
+    env = preload_env(library, args.dev, python_host=interpreter is not None)
+    if getattr(args, "sysfs", False):
+        no = sysfs_unavailable()
+        if no is not None:
+            print(f"softrdma run: error: --sysfs: {no}", file=sys.stderr)
+            return 1
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="softrdma-run-") as tmp:
+        if getattr(args, "sysfs", False):
+            cmd = sysfs_command(cmd, Path(tmp))
+        try:
+            proc = subprocess.run(list(cmd), env=env, check=False)
+        except OSError as exc:
+            print(f"softrdma run: error: cannot run {cmd[0]}: {exc}", file=sys.stderr)
+            return 127
     return proc.returncode if proc.returncode >= 0 else 128 - proc.returncode

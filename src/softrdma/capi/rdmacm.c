@@ -135,8 +135,11 @@ static int sr_cm_refresh(struct sr_cm_id *c)
 struct rdma_event_channel *rdma_create_event_channel(void)
 {
     struct sr_cm_channel *c;
-    int fd = -1, h = sr_py_cm_channel(&fd);
+    int fd = -1, h;
 
+    if (!sr_python_ok())
+        return NULL;
+    h = sr_py_cm_channel(&fd);
     if (!sr_handle_ok(h))
         return NULL;
     c = calloc(1, sizeof(*c));
@@ -705,6 +708,30 @@ __be16 rdma_get_dst_port(struct rdma_cm_id *id)
 }
 
 /* ---- addresses: rdma_getaddrinfo over getaddrinfo(3) (IP only) ---- */
+/* Neither node nor service, the source in the hints (librdmacm: the result carries the
+ * hints' source address only; pyverbs' AddrInfo(src=...) of a multicast group asks this). */
+static int sr_cm_src_only(const struct rdma_addrinfo *hints, struct rdma_addrinfo **res)
+{
+    struct rdma_addrinfo *r = calloc(1, sizeof(*r));
+    void *sa = malloc(hints->ai_src_len);
+
+    if (!r || !sa) {
+        free(r);
+        free(sa);
+        errno = ENOMEM;
+        return EAI_MEMORY;
+    }
+    memcpy(sa, hints->ai_src_addr, hints->ai_src_len);
+    r->ai_flags = hints->ai_flags;
+    r->ai_family = hints->ai_src_addr->sa_family;
+    r->ai_qp_type = hints->ai_qp_type ? hints->ai_qp_type : IBV_QPT_RC;
+    r->ai_port_space = hints->ai_port_space ? hints->ai_port_space : RDMA_PS_TCP;
+    r->ai_src_addr = sa;
+    r->ai_src_len = hints->ai_src_len;
+    *res = r;
+    return 0;
+}
+
 int rdma_getaddrinfo(const char *node, const char *service, const struct rdma_addrinfo *hints,
                      struct rdma_addrinfo **res)
 {
@@ -713,6 +740,9 @@ int rdma_getaddrinfo(const char *node, const char *service, const struct rdma_ad
     struct sockaddr *sa;
     int passive = hints && (hints->ai_flags & RAI_PASSIVE), ret;
 
+    if (res && !node && !service && !passive && hints && hints->ai_src_addr
+        && hints->ai_src_len)
+        return sr_cm_src_only(hints, res);
     if (!res || (!node && !service && !passive)) {
         errno = EINVAL;
         return EAI_NONAME;
@@ -945,14 +975,59 @@ int rdma_create_qp_ex(struct rdma_cm_id *id, struct ibv_qp_init_attr_ex *qp_init
     return -1;
 }
 
-struct ibv_context **rdma_get_devices(int *num_devices)
+/* librdmacm's device list: the rdma_cm layer's own open context of each device (the one
+ * its ids there use, id->verbs), kept open for the process as librdmacm keeps them; only
+ * the array is the caller's (rdma_free_devices). libfabric's verbs provider starts here. */
+static struct ibv_context *sr_cm_device_context(int index)
 {
-    if (num_devices)
-        *num_devices = 0;
-    return sr_fail(ENOSYS);
+    struct sr_cm_info info;
+    struct ibv_context *ctx = NULL;
+    int ret;
+
+    pthread_mutex_lock(&g_cm_lock);
+    memset(&info, 0, sizeof(info));
+    ret = sr_py_cm_device(index, &info);
+    if (!ret && info.ctx > 0 && !info.ctx_wrapper) {
+        ctx = sr_wrap_context(info.ctx, info.async_fd, &g_devs[index].dev);
+        if (ctx)
+            ret = sr_py_cm_set_wrapper(info.ctx, SR_CTX(ctx));
+        else
+            ret = errno;
+    } else if (!ret && info.ctx_wrapper) {
+        ctx = &((struct sr_context *)info.ctx_wrapper)->vctx.context;
+    }
+    pthread_mutex_unlock(&g_cm_lock);
+    if (ret) {
+        errno = ret;
+        return NULL;
+    }
+    return ctx;
 }
 
-void rdma_free_devices(struct ibv_context **list) { (void)list; }
+struct ibv_context **rdma_get_devices(int *num_devices)
+{
+    struct ibv_context **list;
+    int n = sr_load_devices(), i, k = 0;
+
+    if (num_devices)
+        *num_devices = 0;
+    if (n < 0)
+        return NULL;
+    list = calloc((size_t)n + 1, sizeof(*list));
+    if (!list)
+        return sr_fail(ENOMEM);
+    for (i = 0; i < n; i++) {
+        struct ibv_context *ctx = sr_cm_device_context(i);
+
+        if (ctx)
+            list[k++] = ctx;
+    }
+    if (num_devices)
+        *num_devices = k;
+    return list;
+}
+
+void rdma_free_devices(struct ibv_context **list) { free(list); }
 
 int rdma_set_local_ece(struct rdma_cm_id *id, struct ibv_ece *ece)
 {

@@ -208,6 +208,7 @@ int sr_ring_count(void *ring)
 
 /* an empty poll yields the CPU once every sr_yield_mask + 1 times ($SOFTRDMA_CAPI_YIELD) */
 static unsigned int sr_yield_mask = 15;
+static int sr_holds_gil(void);
 static __thread unsigned int sr_empty_polls;
 
 static int sr_poll_cq(struct ibv_cq *ibcq, int num_entries, struct ibv_wc *wc)
@@ -223,8 +224,12 @@ static int sr_poll_cq(struct ibv_cq *ibcq, int num_entries, struct ibv_wc *wc)
      * busy machine every message waits for a scheduler tick. */
     if (atomic_load_explicit(&r->tail, memory_order_acquire)
         == atomic_load_explicit(&r->head, memory_order_relaxed)) {
-        if ((++sr_empty_polls & sr_yield_mask) == 0)
-            sched_yield();
+        if ((++sr_empty_polls & sr_yield_mask) == 0) {
+            if (sr_holds_gil())
+                PyEval_RestoreThread(PyEval_SaveThread());  /* the progress thread's turn */
+            else
+                sched_yield();
+        }
         return 0;
     }
     pthread_spin_lock(&r->consumer);
@@ -414,23 +419,74 @@ static int sr_own_fd(int fd)
 
 /* Wait for a pipe that the Python half writes a byte to per event: EAGAIN at once when
  * the program made its descriptor non-blocking. 0 to look again, -1 with errno. */
+/* ---- a Python program as the host (python3-pyverbs: Cython over libibverbs) ----
+ * cffi's embedding mode initializes Python only when the process runs none, so in a Python
+ * program softrdma runs in the program's own interpreter. That interpreter must be the
+ * Python this library was built and linked for: the loader binds the library's Py_*
+ * references to the program's interpreter first. Another major.minor is refused before
+ * Python is entered (a message once, ELIBBAD), never a crash or a hang. A thread of the
+ * program may hold the GIL when it calls a verb: a verb that blocks lets it go, and an
+ * empty poll lets it go now and then, or softrdma's progress thread could never run. */
+static atomic_int sr_python_state;  /* 0 unchecked, 1 good, -1 another Python */
+
+static int sr_python_ok(void)
+{
+    char want[16];
+    const char *got;
+    int state = atomic_load(&sr_python_state);
+
+    if (state == 0) {
+        snprintf(want, sizeof(want), "%d.%d.", PY_MAJOR_VERSION, PY_MINOR_VERSION);
+        got = Py_GetVersion();  /* the host's interpreter when it is a Python program */
+        state = strncmp(got, want, strlen(want)) == 0 ? 1 : -1;
+        if (state < 0)
+            fprintf(stderr, "softrdma: this program runs Python %.*s, and softrdma's C "
+                    "interface is built for Python %d.%d: its verbs fail with ELIBBAD. Run "
+                    "it with a Python %d.%d, or install softrdma in this Python and run "
+                    "that one's softrdma\n", (int)strcspn(got, " "), got, PY_MAJOR_VERSION,
+                    PY_MINOR_VERSION, PY_MAJOR_VERSION, PY_MINOR_VERSION);
+        atomic_store(&sr_python_state, state);
+    }
+    if (state < 0)
+        errno = ELIBBAD;
+    return state > 0;
+}
+
+/* true when the calling thread holds the GIL (a Python host's thread inside a verb) */
+static int sr_holds_gil(void)
+{
+    return atomic_load(&sr_python_state) > 0 && Py_IsInitialized() && PyGILState_Check();
+}
+
 static int sr_wait_fd(int fd)
 {
     struct pollfd pfd = { .fd = fd, .events = POLLIN };
+    PyThreadState *saved = NULL;
+    int ret = 0;
 
     if (fcntl(fd, F_GETFL) & O_NONBLOCK) {
         errno = EAGAIN;
         return -1;
     }
+    if (sr_holds_gil())
+        saved = PyEval_SaveThread();
     if (poll(&pfd, 1, -1) < 0 && errno != EINTR)
-        return -1;
-    return 0;
+        ret = -1;
+    if (saved) {
+        int err = errno;
+
+        PyEval_RestoreThread(saved);
+        errno = err;
+    }
+    return ret;
 }
 
 static int sr_load_devices(void)
 {
     int n, i, iwarp;
 
+    if (!sr_python_ok())
+        return -1;
     pthread_mutex_lock(&g_lock);
     if (g_ndev >= 0) {
         pthread_mutex_unlock(&g_lock);
@@ -514,11 +570,26 @@ int ibv_fork_init(void)
     return 0;
 }
 
-/* softrdma pins no memory (the engine reaches registered bytes in the process that owns
- * them), so a fork needs no MADV_DONTFORK: copy-on-write pages stay the parent's */
+/* softrdma's memory regions are not pinned for a device's DMA: a forked child's copy-on-write
+ * pages never change what the parent's MRs read and write, so fork needs no protection
+ * (rdma-core: IBV_FORK_UNNEEDED, as on kernels with copy-on-fork for pinned pages). */
 enum ibv_fork_status ibv_is_fork_initialized(void)
 {
     return IBV_FORK_UNNEEDED;
+}
+
+/* The context's cmd_fd: no uverbs file behind softrdma, but programs dup(2) and poll it
+ * (pyverbs' Context.cmd_fd, then ibv_import_device, which fails with EOPNOTSUPP): one
+ * /dev/null descriptor of the process, opened on first use (-1 if it cannot be). */
+static int sr_cmd_fd(void)
+{
+    static int fd = -1;
+
+    pthread_mutex_lock(&g_lock);
+    if (fd < 0)
+        fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+    pthread_mutex_unlock(&g_lock);
+    return fd;
 }
 
 /* The program's struct ibv_context for the Context of handle h (NULL with errno). */
@@ -539,7 +610,7 @@ static struct ibv_context *sr_wrap_context(int h, int afd, struct ibv_device *de
     c->h = h;
     ctx = &c->vctx.context;
     ctx->device = device;
-    ctx->cmd_fd = -1;
+    ctx->cmd_fd = sr_cmd_fd();
     ctx->async_fd = c->async_own >= 0 ? c->async_own : afd;
     ctx->num_comp_vectors = 1;
     pthread_mutex_init(&ctx->mutex, NULL);

@@ -13,7 +13,12 @@ Debian's ``python3-pyverbs`` ships rdma-core's tests in ``/usr/share/doc/rdma-co
    find the address to connect to; otherwise those skip and the report says why;
 4. as root, reserves ``--hugepages`` 2 MiB huge pages for the run (given back after;
    :mod:`softrdma.tools.hugepages`), so the huge-page MR tests run rather than skip;
-5. parses unittest's verbose output and prints, per test file, the passed / failed /
+5. with ``--real-pyverbs``, runs the suite through Debian's own pyverbs (Cython over
+   libibverbs) under ``softrdma run`` instead of softrdma's pyverbs layer: the C
+   interface (:mod:`softrdma.capi`) is preloaded, attaches to the suite's interpreter
+   (this Python, which must be the one the real pyverbs is built for) and serves its
+   libibverbs calls; only the ``pyverbs`` package is taken from ``--pyverbs-dir``;
+6. parses unittest's verbose output and prints, per test file, the passed / failed /
    errored / skipped counts and the skip reasons, then exactly one line
    ``rdma-core tests: N passed, N failed, N errors, N skipped``.
 
@@ -30,6 +35,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
@@ -37,14 +43,18 @@ from pathlib import Path
 
 from softrdma import verbs
 from softrdma.compat import DEVICE_ENV
+from softrdma.errors import SoftRdmaError
 from softrdma.tools import hugepages, sysfs_ns
 from softrdma.tools.pyverbs_run import shim_env
 
 __all__ = ["TESTS_DIR", "TestResult", "FileSummary", "parse_verbose", "summarize",
-           "format_report", "prepare_tests", "add_arguments", "run"]
+           "format_report", "prepare_tests", "add_arguments", "run", "real_pyverbs_env",
+           "REAL_PYVERBS_DIR"]
 
 TESTS_DIR = Path("/usr/share/doc/rdma-core/tests")
 PACKAGE = "python3-pyverbs"
+#: where Debian's python3-pyverbs installs the real pyverbs package
+REAL_PYVERBS_DIR = Path("/usr/lib/python3/dist-packages")
 
 _HEADER = re.compile(r"^(\w+) \((tests\.(\w+)\.[\w.]+)\)(.*)$")
 _STATUS = re.compile(
@@ -233,6 +243,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hugepages", type=int, default=16, metavar="N",
                         help="as root, reserve N 2 MiB huge pages for the run when fewer are "
                         "(restored after; 0: leave the pool alone; default 16)")
+    parser.add_argument("--real-pyverbs", action="store_true",
+                        help="run the suite through the real pyverbs (Cython over "
+                        "libibverbs) under softrdma run, not softrdma's pyverbs layer")
+    parser.add_argument("--pyverbs-dir", type=Path, default=REAL_PYVERBS_DIR, metavar="DIR",
+                        help="with --real-pyverbs: the directory holding the real pyverbs "
+                        f"package (default {REAL_PYVERBS_DIR})")
     parser.add_argument("tests", nargs="*", metavar="TEST",
                         help="run only these tests (unittest names, e.g. "
                         "tests.test_qp.QPTest)")
@@ -249,6 +265,32 @@ def _default_device() -> str | None:
 def _netdevs() -> dict[str, str]:
     """softrdma's devices and their network interfaces (for ``sysfs_ns``)."""
     return {d.name: d.netdev for d in verbs.get_device_list() if d.netdev}
+
+
+def real_pyverbs_env(dev: str, pyverbs_dir: Path, tmp: Path) -> dict[str, str]:
+    """The environment that runs the suite (this Python) through the real pyverbs in
+    ``pyverbs_dir`` under ``softrdma run``: the C interface preloaded, its device ``dev``
+    first, and a directory in ``tmp`` holding only a link to the real ``pyverbs`` package
+    on ``PYTHONPATH`` (nothing else of ``pyverbs_dir`` shadows this Python's packages).
+    Raises ``ValueError`` when that pyverbs is missing or built for another Python, and
+    the C interface's ``BuildError`` when it cannot be built."""
+    from softrdma.capi import build, launch
+
+    package = pyverbs_dir / "pyverbs"
+    if not (package / "__init__.py").is_file():
+        raise ValueError(f"no pyverbs package in {pyverbs_dir} (apt-get install {PACKAGE})")
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    built = sorted(p.name for p in package.glob("device.*.so"))
+    if built and not (package / f"device{suffix}").is_file():
+        raise ValueError(f"the pyverbs in {pyverbs_dir} is built for another Python "
+                         f"({', '.join(built)}), not for this one ({sys.executable}, "
+                         f"{suffix}): run softrdma with that Python")
+    link_dir = tmp / "real-pyverbs"
+    link_dir.mkdir()
+    (link_dir / "pyverbs").symlink_to(package.resolve(), target_is_directory=True)
+    env = launch.preload_env(build.build(), dev, python_host=True)
+    env["PYTHONPATH"] = os.pathsep.join([str(link_dir), env["PYTHONPATH"]])
+    return env
 
 
 def run(args: argparse.Namespace) -> int:
@@ -271,6 +313,14 @@ def run(args: argparse.Namespace) -> int:
         return 1
     with tempfile.TemporaryDirectory(prefix="softrdma-rdma-core-tests-") as tmp:
         tdir = prepare_tests(tests_dir, Path(tmp))
+        env = shim_env(dev)
+        if getattr(args, "real_pyverbs", False):
+            try:
+                env = real_pyverbs_env(dev, getattr(args, "pyverbs_dir", REAL_PYVERBS_DIR),
+                                       Path(tmp))
+            except (ValueError, SoftRdmaError) as exc:
+                print(f"softrdma rdma-core-tests: error: {exc}", file=sys.stderr)
+                return 1
         cmd = [sys.executable, "run_tests.py", "--dev", dev, "--gid", str(args.gid), "-v",
                *args.tests]
         no_ns = sysfs_ns.unavailable_reason()
@@ -281,7 +331,7 @@ def run(args: argparse.Namespace) -> int:
         timed_out = False
         with hugepages.reserved(args.hugepages) as no_huge:
             try:
-                proc = subprocess.run(cmd, cwd=tdir, env=shim_env(dev), stdout=subprocess.PIPE,
+                proc = subprocess.run(cmd, cwd=tdir, env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, timeout=args.timeout,
                                       check=False)
                 out = proc.stdout
@@ -292,7 +342,10 @@ def run(args: argparse.Namespace) -> int:
     if args.log is not None:
         args.log.write_text(text)
     results = parse_verbose(text)
-    print(f"rdma-core's pyverbs tests on softrdma device {dev} (GID index {args.gid})")
+    via = ("the real pyverbs under softrdma run" if getattr(args, "real_pyverbs", False)
+           else "softrdma's pyverbs")
+    print(f"rdma-core's pyverbs tests on softrdma device {dev} (GID index {args.gid}), "
+          f"through {via}")
     if no_ns is not None:
         print(f"note: the rdma_cm tests skip: they find the device's netdev in "
               f"/sys/class/infiniband, and {no_ns}")
