@@ -11,7 +11,6 @@ import struct
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from perftest_harness import (
     spawn,
     tcp_payloads,
 )
+from wait_harness import wait_until
 
 from softrdma.errors import DecodeError
 from softrdma.tools.perftest import oob
@@ -136,14 +136,14 @@ def test_our_server_answers_captured_client(state: Path) -> None:
                  "--report_gbits", "--timeout", "20"], env_for(state))
     answers: list[bytes] = []
     try:
-        sock = None
-        for _ in range(100):
+        def connect() -> socket.socket | None:
             try:
-                sock = socket.create_connection(("127.0.0.1", port), timeout=20)
-                break
+                return socket.create_connection(("127.0.0.1", port), timeout=20)
             except ConnectionRefusedError:
-                time.sleep(0.1)
-        assert sock is not None
+                assert srv.poll() is None, "the server exited before it listened"
+                return None
+        # the server listens once it has started: on a busy machine that can take long
+        sock = wait_until(connect, what="read-bw's server listening")
         with sock:
             for mine, theirs in zip(c, s, strict=True):
                 sock.sendall(mine)
