@@ -19,6 +19,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+from ..cm import rdma_mcast
 from ..cm.rdma_cm import (
     RDMA_OPTION_ID,
     RDMA_OPTION_ID_ACK_TIMEOUT,
@@ -27,7 +28,6 @@ from ..cm.rdma_cm import (
     ConnParam,
     EventChannel,
 )
-from ..cm import rdma_mcast
 from ..errors import InvalidArgument, SoftRdmaError
 from ..verbs import PD, Context
 from . import bridge as b
