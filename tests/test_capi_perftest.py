@@ -27,6 +27,7 @@ from capi_harness import (
     tcp_port,
 )
 from device_harness import private_device, reap
+from test_capi_rdmacm import perftest_pair
 
 ITERS = 5
 TOOLS = [f"ib_{op}_{kind}" for op in ("write", "read", "send", "atomic")
@@ -75,46 +76,6 @@ def _size(tool: str) -> tuple[list[str], int]:
     return ["-s", str(size)], size
 
 
-ATTEMPT_S = 60.0  # one -R client: a pair that works takes seconds
-
-
-def _rdma_cm_pair(server: list[str], client: list[str]
-                  ) -> tuple[tuple[str, str], tuple[str, str]]:
-    """A perftest ``-R`` pair to its end: (stdout, stderr) of each. The client connects
-    twice (the test's QP, then perftest's own exchange channel), and its server listens
-    anew in between; the client tries each for about a second only. A client that came
-    before the first listen (a REJECTED event, nothing reached the server) is started
-    again; one that failed at the second, or hung, leaves its server waiting for a
-    connection that will not come, so both are started again (generous deadline)."""
-    deadline = time.monotonic() + TIMEOUT
-    last = "the client hung"
-    while True:
-        srv = subprocess.Popen(server, text=True, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE)
-        try:
-            while True:
-                try:
-                    cli = subprocess.run(client, capture_output=True, text=True,
-                                         timeout=ATTEMPT_S, check=False)
-                except subprocess.TimeoutExpired:
-                    last = "the client hung"
-                    break
-                last = f"rc={cli.returncode} {cli.stdout} {cli.stderr}"
-                if cli.returncode == 0:
-                    out, err = srv.communicate(timeout=TIMEOUT)
-                    assert srv.returncode == 0, (out, err)
-                    return (out, err), (cli.stdout, cli.stderr)
-                if "Unable to init the socket connection" in cli.stdout + cli.stderr:
-                    break  # the second connection: this server waits for ever
-                if srv.poll() is not None or time.monotonic() > deadline:
-                    break
-                time.sleep(0.2)
-        finally:
-            reap(srv)
-        if time.monotonic() > deadline:
-            raise AssertionError(f"client failed: {last}")
-
-
 @pytest.mark.parametrize("mode", ["plain", "rdma_cm"])
 @pytest.mark.parametrize("tool", TOOLS)
 def test_perftest_matrix(device: str, tool: str, mode: str) -> None:
@@ -132,7 +93,7 @@ def test_perftest_matrix(device: str, tool: str, mode: str) -> None:
             assert p.returncode == 0, (out, err)
         (sout, serr), (cout, cerr) = outs
     else:
-        (sout, serr), (cout, cerr) = _rdma_cm_pair(preloaded(*common, "-R"),
+        (sout, serr), (cout, cerr) = perftest_pair(preloaded(*common, "-R"),
                                                    preloaded(*common, "-R", "127.0.0.1"))
         assert "rdma_cm QPs\t : ON" in cout, cout
     lat = tool.endswith("_lat")
