@@ -13,8 +13,10 @@
  * on the program's own descriptor of the channel's pipe (rdma_event_channel.fd), so a
  * program may poll it or block in one thread while others work. An id created without a
  * channel (rdma_create_id(NULL, ...), rdma_create_ep) is synchronous as in librdmacm: each
- * call waits for its event and fails with its status. Errors: -1 (or NULL) with errno;
- * calls not served fail with ENOSYS, never through the real library. */
+ * call waits for its event and fails with its status. Multicast (RoCE): a join attaches the
+ * id's UD QP to the group's MGID (its IP address as a GID) and queues MULTICAST_JOIN with the
+ * group's AH, QPN 0xFFFFFF and Q_Key (softrdma.cm.rdma_mcast). Errors: -1 (or NULL) with
+ * errno; calls not served fail with ENOSYS, never through the real library. */
 #include <rdma/rdma_cma.h>
 #include <netdb.h>
 #include <netinet/in.h>
