@@ -58,6 +58,46 @@ def pair(server: list[str], client: list[str]) -> tuple[tuple[str, str], tuple[s
     return (out, err), (cli.stdout, cli.stderr)
 
 
+ATTEMPT_S = 60.0  # one -R client: a pair that works takes seconds
+
+
+def perftest_pair(server: list[str], client: list[str]
+                  ) -> tuple[tuple[str, str], tuple[str, str]]:
+    """A perftest ``-R`` pair to its end: (stdout, stderr) of each. The client connects
+    twice (the test's QP, then perftest's own exchange channel), and its server listens
+    anew in between; the client tries each for about a second only. A client that came
+    before the first listen (a REJECTED event, nothing reached the server) is started
+    again; one that failed at the second, or hung, leaves its server waiting for a
+    connection that will not come, so both are started again (generous deadline)."""
+    deadline = time.monotonic() + TIMEOUT
+    last = "the client hung"
+    while True:
+        srv = subprocess.Popen(server, text=True, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+        try:
+            while True:
+                try:
+                    cli = subprocess.run(client, capture_output=True, text=True,
+                                         timeout=ATTEMPT_S, check=False)
+                except subprocess.TimeoutExpired:
+                    last = "the client hung"
+                    break
+                last = f"rc={cli.returncode} {cli.stdout} {cli.stderr}"
+                if cli.returncode == 0:
+                    out, err = srv.communicate(timeout=TIMEOUT)
+                    assert srv.returncode == 0, (out, err)
+                    return (out, err), (cli.stdout, cli.stderr)
+                if "Unable to init the socket connection" in cli.stdout + cli.stderr:
+                    break  # the second connection: this server waits for ever
+                if srv.poll() is not None or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+        finally:
+            reap(srv)
+        if time.monotonic() > deadline:
+            raise AssertionError(f"client failed: {last}")
+
+
 def _pings(out: str, prefix: str, count: int) -> None:
     """rping -v's lines: ``<prefix>ping data: rdma-ping-N: <64 bytes of the pattern>``."""
     lines = [ln for ln in out.splitlines() if ln.startswith(prefix + "ping data:")]
@@ -169,7 +209,7 @@ def test_perftest_over_rdma_cm(device: str) -> None:
     need_tool("ib_send_bw", "perftest")
     port = str(tcp_port())
     common = ["ib_send_bw", "-R", "-d", device, "-n", "50", "-s", "4096", "-p", port]
-    (sout, _), (cout, _) = pair(preloaded(*common), preloaded(*common, "127.0.0.1"))
+    (sout, _), (cout, _) = perftest_pair(preloaded(*common), preloaded(*common, "127.0.0.1"))
     for out in (sout, cout):
         row = re.search(r"^\s*4096\s+50\s+([\d.]+)\s+([\d.]+)", out, re.M)
         assert row and float(row.group(2)) > 0, out
@@ -215,3 +255,54 @@ def test_channel_fd_errors_and_unserved_calls(device: str, tmp_path: Path) -> No
                        check=False)
     assert p.returncode == 0, (p.stdout, p.stderr)
     assert p.stdout.splitlines() == [f"device {device}", "ok"], p.stdout
+
+
+def _mckey_pair(group: str, receiver: list[str], sender: list[str]
+                ) -> tuple[subprocess.CompletedProcess[str], tuple[str, str]]:
+    """A receiver joined to ``group`` and a sender to it: the sender (which waits 3 s
+    after joining) is run again until the receiver has its messages, since UD multicast
+    is unreliable and the receiver may join late on a busy machine."""
+    rcv = subprocess.Popen(receiver, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            snd = subprocess.run(sender, capture_output=True, text=True, timeout=TIMEOUT,
+                                 check=False)
+            assert snd.returncode == 0, (snd.stdout, snd.stderr)
+            try:
+                out, err = rcv.communicate(timeout=2)
+                break
+            except subprocess.TimeoutExpired:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"the receiver got nothing: {snd.stdout}") from None
+    finally:
+        reap(rcv)
+    return snd, (out, err)
+
+
+def test_mckey_two_c_processes(device: str) -> None:
+    """mckey: RDMA_PS_UDP ids resolve the group address, rdma_join_multicast_ex (the
+    MGID is the group's IP as a GID), MULTICAST_JOIN's ud param gives the AH, QPN
+    0xFFFFFF and Q_Key; 5 SENDs from one process to the other's joined QP, then
+    rdma_leave_multicast."""
+    need_tool("mckey", "rdmacm-utils")
+    group = "230.7.7.9"
+    common = ["mckey", "-m", group, "-b", "127.0.0.1", "-C", "5", "-S", "64"]
+    snd, (out, err) = _mckey_pair(group, preloaded(*common), preloaded(*common, "-s"))
+    for text in (snd.stdout, out):
+        assert f"joined dgid: ::ffff:{group}" in text, text
+        assert "data transfers complete" in text and "return status 0" in text, text
+    assert "initiating data transfers" in snd.stdout
+    assert "receiving data transfers" in out, (out, err)
+    assert "Traceback" not in err + snd.stderr
+
+
+def test_mckey_c_sender_python_receiver(device: str) -> None:
+    """The stock mckey sends to softrdma's Python mckey on one device (through devd)."""
+    need_tool("mckey", "rdmacm-utils")
+    group = "230.7.7.10"
+    common = ["-m", group, "-b", "127.0.0.1", "-C", "5", "-S", "64"]
+    snd, (out, err) = _mckey_pair(
+        group, [sys.executable, "-m", "softrdma", "mckey", *common, "--device", device],
+        preloaded("mckey", *common, "-s"))
+    assert "data transfers complete" in out and "return status 0" in out, (out, err)

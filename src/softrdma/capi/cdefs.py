@@ -156,4 +156,5 @@ int sr_py_cm_migrate(int id, int channel);
 int sr_py_cm_set_option(int id, int level, int optname, int value);
 int sr_py_cm_get_event(int channel, struct sr_cm_event_rec *rec);
 int sr_py_cm_device(int index, struct sr_cm_info *info);
+int sr_py_cm_mcast(int id, struct sr_cm_addr *addr, int send_only, int join);
 """

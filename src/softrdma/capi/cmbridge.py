@@ -19,6 +19,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+from ..cm import rdma_mcast
 from ..cm.rdma_cm import (
     RDMA_OPTION_ID,
     RDMA_OPTION_ID_ACK_TIMEOUT,
@@ -28,7 +29,7 @@ from ..cm.rdma_cm import (
     EventChannel,
 )
 from ..cm.rdma_devices import candidates, open_device
-from ..errors import SoftRdmaError
+from ..errors import InvalidArgument, SoftRdmaError
 from ..verbs import PD, Context
 from . import bridge as b
 
@@ -95,6 +96,8 @@ def _set_wrapper(h: int, wrapper: Any) -> int:
 def _destroy_id(h: int) -> int:
     cid = b._get(h, CmId)
     b._forget(h)
+    with b._lock:
+        _send_only.difference_update({k for k in _send_only if k[0] == h})
     cid.destroy()
     return 0
 
@@ -221,6 +224,34 @@ def _set_option(h: int, level: int, optname: int, value: int) -> int:
     return 0
 
 
+#: the groups each id joined send-only, (id handle, address): a leave must not detach them
+_send_only: set[tuple[int, str]] = set()
+
+
+def _mcast(h: int, addr: Any, send_only: int, join: int) -> int:
+    """``rdma_join_multicast(_ex)`` (``join``; ``send_only``: a send-only full member)
+    and ``rdma_leave_multicast`` (:mod:`softrdma.cm.rdma_mcast`: MULTICAST_JOIN follows a
+    join)."""
+    where = _addr(addr)
+    if where is None:
+        raise InvalidArgument("addr", "a multicast address is needed")
+    cid, key = _id(h), (h, where[0])
+    if join:
+        rdma_mcast.join(cid, where, send_only=bool(send_only))
+        with b._lock:
+            if send_only:
+                _send_only.add(key)
+            else:
+                _send_only.discard(key)
+        return 0
+    with b._lock:
+        was_send_only = key in _send_only
+    rdma_mcast.leave(cid, where, send_only=was_send_only)
+    with b._lock:
+        _send_only.discard(key)
+    return 0
+
+
 def _get_event(channel: int, rec: Any) -> int:
     """1 and the next event of the channel in ``rec``, 0 if none is pending."""
     ch = b._get(channel, EventChannel)
@@ -294,6 +325,7 @@ EXPORTS: dict[str, tuple[Callable[..., int], bool]] = {
     "sr_py_cm_set_option": (_set_option, False),
     "sr_py_cm_get_event": (_get_event, True),
     "sr_py_cm_device": (_device_ctx, False),
+    "sr_py_cm_mcast": (_mcast, False),
 }
 
 

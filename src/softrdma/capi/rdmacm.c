@@ -13,8 +13,10 @@
  * on the program's own descriptor of the channel's pipe (rdma_event_channel.fd), so a
  * program may poll it or block in one thread while others work. An id created without a
  * channel (rdma_create_id(NULL, ...), rdma_create_ep) is synchronous as in librdmacm: each
- * call waits for its event and fails with its status. Errors: -1 (or NULL) with errno;
- * calls not served fail with ENOSYS, never through the real library. */
+ * call waits for its event and fails with its status. Multicast (RoCE): a join attaches the
+ * id's UD QP to the group's MGID (its IP address as a GID) and queues MULTICAST_JOIN with the
+ * group's AH, QPN 0xFFFFFF and Q_Key (softrdma.cm.rdma_mcast). Errors: -1 (or NULL) with
+ * errno; calls not served fail with ENOSYS, never through the real library. */
 #include <rdma/rdma_cma.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -28,6 +30,7 @@ struct sr_cm_id {
     int own_cqs;      /* rdma_create_qp made the CQs and their channels */
     struct ibv_qp_init_attr *listen_attr;  /* rdma_create_ep on a passive id */
     struct ibv_pd *listen_pd;
+    void *mc_context;  /* rdma_join_multicast's context: MULTICAST_JOIN's ud.private_data */
 };
 struct sr_cm_event { struct rdma_cm_event ev; uint8_t data[256]; };
 
@@ -669,6 +672,10 @@ int rdma_get_cm_event(struct rdma_event_channel *channel, struct rdma_cm_event *
     if (rec.has_ud) {
         ev->param.ud.private_data = rec.private_data_len ? e->data : NULL;
         ev->param.ud.private_data_len = (uint8_t)rec.private_data_len;
+        if (ev->event == RDMA_CM_EVENT_MULTICAST_JOIN) {  /* librdmacm: the join's context */
+            ev->param.ud.private_data = SR_CMID(ev->id)->mc_context;
+            ev->param.ud.private_data_len = 0;
+        }
         sr_ah_from_flat(&rec.ah, &ev->param.ud.ah_attr);
         ev->param.ud.qp_num = rec.ud_qp_num;
         ev->param.ud.qkey = rec.ud_qkey;
@@ -930,26 +937,54 @@ int rdma_notify(struct rdma_cm_id *id, enum ibv_event_type event)
     return -1;
 }
 
+/* ---- multicast (RoCE: the group's IP address as its MGID, rdma_mcast) ---- */
+static int sr_cm_mcast(struct rdma_cm_id *id, struct sockaddr *addr, int send_only, int join)
+{
+    struct sr_cm_addr a;
+
+    if (!id || !addr) {
+        errno = EINVAL;
+        return -1;
+    }
+    if (sr_cm_from_sockaddr(addr, &a))
+        return -1;
+    return sr_cm_ret(sr_py_cm_mcast(SR_CMID(id)->h, &a, send_only, join));
+}
+
 int rdma_join_multicast(struct rdma_cm_id *id, struct sockaddr *addr, void *context)
 {
-    (void)id; (void)addr; (void)context;
-    errno = ENOSYS;
-    return -1;
+    if (sr_cm_mcast(id, addr, 0, 1))
+        return -1;
+    SR_CMID(id)->mc_context = context;
+    return 0;
 }
 
 int rdma_join_multicast_ex(struct rdma_cm_id *id, struct rdma_cm_join_mc_attr_ex *mc_join_attr,
                            void *context)
 {
-    (void)id; (void)mc_join_attr; (void)context;
-    errno = ENOSYS;
-    return -1;
+    uint32_t flags;
+
+    if (!mc_join_attr || !(mc_join_attr->comp_mask & RDMA_CM_JOIN_MC_ATTR_ADDRESS)) {
+        errno = EINVAL;
+        return -1;
+    }
+    flags = mc_join_attr->comp_mask & RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS
+            ? mc_join_attr->join_flags : RDMA_MC_JOIN_FLAG_FULLMEMBER;
+    if (flags != RDMA_MC_JOIN_FLAG_FULLMEMBER && flags != RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER) {
+        errno = EINVAL;
+        return -1;
+    }
+    if (sr_cm_mcast(id, mc_join_attr->addr, flags == RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER, 1))
+        return -1;
+    SR_CMID(id)->mc_context = context;
+    return 0;
 }
 
+/* A send-only member is left as it joined (never attached): the Python side knows which
+ * groups were joined send-only. */
 int rdma_leave_multicast(struct rdma_cm_id *id, struct sockaddr *addr)
 {
-    (void)id; (void)addr;
-    errno = ENOSYS;
-    return -1;
+    return sr_cm_mcast(id, addr, -1, 0);
 }
 
 int rdma_create_srq(struct rdma_cm_id *id, struct ibv_pd *pd, struct ibv_srq_init_attr *attr)

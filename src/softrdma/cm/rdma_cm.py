@@ -170,6 +170,7 @@ class CmId:
         self._prefer: str | None = None
         self._src: IpAddress | None = None
         self._src_port = 0
+        self._bind_port = 0  # the port bind_addr picked for port 0 (listen tries it first)
         self._dst: IpAddress | None = None
         self._dst_port = 0
         self._bound = False
@@ -268,9 +269,12 @@ class CmId:
 
     # ---- addresses ---------------------------------------------------------------------
     def bind_addr(self, addr: Any, *, device: str | None = None) -> None:
-        """``rdma_bind_addr``: the local address (and port; 0 picks one at listen). The
-        wildcard address listens on every device of the preferred transport
-        (``device``: a device name, ``"roce"`` or ``"iwarp"``; default RoCE)."""
+        """``rdma_bind_addr``: the local address and port. Port 0 picks one now, as the
+        kernel's ``cma_alloc_any_port`` does, so ``rdma_get_src_port`` tells it before
+        ``rdma_listen`` (qperf sends it to its client then); ``listen`` takes it, or
+        another if it was taken meanwhile. The wildcard address listens on every device
+        of the preferred transport (``device``: a device name, ``"roce"`` or ``"iwarp"``;
+        default RoCE)."""
         self._check()
         ip, port = _parse(addr, "addr")
         self._prefer = device
@@ -279,7 +283,8 @@ class CmId:
             entry, _ = find_device(ip, None, device)
             self._attach(open_device(entry))
         self._bound = True
-        self.local_addr = (str(ip), port)
+        self._bind_port = 0 if port else _ephemeral()
+        self.local_addr = (str(ip), port or self._bind_port)
 
     def resolve_addr(self, src: Any, dst: Any, timeout_ms: int = 2000, *,
                      device: str | None = None) -> None:
@@ -500,7 +505,15 @@ class CmId:
     def _listen_on(self, dev: OpenDevice, ip: IpAddress, port: int, backlog: int) -> int:
         if dev.entry.transport == "iwarp":
             host = str(ip) if not ip.is_unspecified else ("::" if ip.version == 6 else "0.0.0.0")
-            tcp = iw.Listener(dev.ctx, port, host, backlog=min(backlog, 4096))
+            tcp = None
+            if not port and self._bind_port:
+                try:
+                    tcp = iw.Listener(dev.ctx, self._bind_port, host,
+                                      backlog=min(backlog, 4096))
+                except (OSError, SoftRdmaError):
+                    tcp = None  # taken meanwhile: TCP picks another
+            if tcp is None:
+                tcp = iw.Listener(dev.ctx, port, host, backlog=min(backlog, 4096))
             self._listens.append((dev, tcp))
             dev.ids.add(self)
             threading.Thread(target=self._iw_accept_loop, args=(dev, tcp),
@@ -510,8 +523,8 @@ class CmId:
         assert binding is not None
         bind = None if ip.is_unspecified else ip
         tries = 1 if port else 32
-        for _ in range(tries):
-            p = port or _ephemeral()
+        for i in range(tries):
+            p = port or (self._bind_port if i == 0 and self._bind_port else _ephemeral())
             lst = binding.agent.create_id(partial(self._on_ib_listen, dev))
             try:
                 ip_listen(lst, p, proto=_PROTO[self.ps], bind=bind, backlog=backlog)

@@ -1,7 +1,9 @@
 """The REJ devd answers on its own, and when it may (``softrdma.drivers.devd``).
 
 A REQ nobody listens for is answered with REJ reason 8, Invalid Service ID (a SIDR_REQ:
-SIDR_REP status 1), as a CM without a listener would (IBA 12.6.7, A11 CA11-8). An answer goes to the source address of the REQ, so
+SIDR_REP status 1), as a CM without a listener would (IBA 12.6.7, A11 CA11-8); a DREQ
+for a connection of a process that has gone with DREP (Linux ``cm_issue_drep``). An answer
+goes to the source address of the REQ, so
 before answering the daemon makes sure the REQ is one a real CM sent, and bounds what it
 sends to any one address (the daemon must not become a reflector):
 
@@ -76,8 +78,9 @@ def sane_request(dg: Datagram, dport: int) -> bool:
 
 
 def answer_for(dg: Datagram) -> tuple[bytes, bytes] | None:
-    """The (BTH+DETH, MAD) answering an unlistened REQ / SIDR_REQ in ``dg``, or None when
-    it is not one (or names another sender in its Primary Local Port GID)."""
+    """The (BTH+DETH, MAD) answering an unlistened REQ / SIDR_REQ, or a DREQ for a comm
+    ID nobody holds, in ``dg``; None when it is not one (or a REQ names another sender in
+    its Primary Local Port GID)."""
     try:
         got = wcm.decode(bytes(dg.data[MAD_OFF:MAD_OFF + MAD_SIZE]))
     except SoftRdmaError:
@@ -92,6 +95,11 @@ def answer_for(dg: Datagram) -> tuple[bytes, bytes] | None:
     elif isinstance(msg, wcm.SidrReq):
         ans = wcm.SidrRep(request_id=msg.request_id, status=wcm.SidrStatus.UNSUPPORTED,
                           service_id=msg.service_id)
+    elif isinstance(msg, wcm.Dreq):
+        # a DREQ for a connection whose process has gone: DREP, as Linux's cm_issue_drep
+        # answers a DREQ naming no connection (the peer leaves at once, not after its
+        # DREQ retries; IBA 12.9.7: the DREQ's sender goes to TimeWait either way)
+        ans = wcm.Drep(local_comm_id=msg.remote_comm_id, remote_comm_id=msg.local_comm_id)
     else:
         return None
     mad = wcm.encode(ans, tid=got.hdr.tid)

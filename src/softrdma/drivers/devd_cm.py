@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from softrdma.drivers.cm_reject import RejLimiter, answer_for, sane_request
 from softrdma.drivers.devd_proto import (
+    ATTR_DREQ,
     ATTR_REJ,
     ATTR_REQ,
     ATTR_SIDR_REP,
@@ -107,10 +108,13 @@ class CmRouting:
         if owner is not None:
             self.counters["cm_routed"] += 1
             return (owner,)
+        if attr == ATTR_DREQ and not legacy:  # its process has gone: DREP
+            self._reject_unlistened(link, dg, attr)
         return self._qp1 if attr == ATTR_REJ else legacy
 
     def _reject_unlistened(self, link: UdpLink | RawEtherLink, dg: Datagram, attr: int) -> None:
-        """REJ 8 (SIDR_REP status 1) for a REQ (SIDR_REQ) nobody listens for, only for a
+        """REJ 8 (SIDR_REP status 1) for a REQ (SIDR_REQ) nobody listens for (DREP for a
+        DREQ of a slot nobody holds), only for a
         REQ with a correct ICRC from a plausible source, and rate-limited per source
         (:mod:`softrdma.drivers.cm_reject`). On RoCEv1 the REJ takes the reversible path
         of A16.4.4."""
