@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import struct
 from collections import deque
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..enums import ibv_access_flags as ACC
@@ -38,11 +39,11 @@ _POS_ONLY = int(op.Pos.ONLY)
 if TYPE_CHECKING:
     from .qp import EngineQP
 
-_BTH = wib.BTH
-_AETH = wib.U32
-_U64 = wib.U64
+_BTH_SIZE = op.BTH_SIZE
+_IMMDT_SIZE = 4
+_U32 = wib.U32
+_W1W2_UNPACK = struct.Struct("!II").unpack_from  # BTH words 1 and 2: DestQP, PSN
 _HOST_U64 = struct.Struct("=Q")
-_PAD = (b"", b"\0", b"\0\0", b"\0\0\0")
 _ACK_SYN = wib.AETH_ACK | wib.AETH_CREDIT_INVALID  # rxe: AETH_ACK_UNLIMITED
 MAX_MSG = 1 << 31  # IBA: maximum message size 2^31 (rxe check_rkey)
 _ACCESS_REMOTE_READ = int(ACC.IBV_ACCESS_REMOTE_READ)  # plain ints on the hot path
@@ -52,6 +53,8 @@ _ACCESS_LOCAL_WRITE = int(ACC.IBV_ACCESS_LOCAL_WRITE)
 _WC_WITH_IMM = int(WCF.IBV_WC_WITH_IMM)
 _WC_WITH_INV = int(WCF.IBV_WC_WITH_INV)
 _WC_GRH = int(WCF.IBV_WC_GRH)
+_WC_SUCCESS = WCS.IBV_WC_SUCCESS
+_WC_RECV = WCO.IBV_WC_RECV
 
 K_SEND = op.Kind.SEND
 K_WRITE = op.Kind.WRITE
@@ -98,10 +101,6 @@ class Responder:
         self.resources: deque[Resource] = deque(maxlen=16)
         self._clear_msg()
 
-    def clear_msg(self) -> None:
-        """No message in progress (softrdma.ib.fastpath calls this too)."""
-        self._clear_msg()
-
     def _clear_msg(self) -> None:
         self.cur: int = 0  # kind of the message in progress (0 = none)
         self.rwqe: RecvWQE | None = None
@@ -132,15 +131,11 @@ class Responder:
     # ---- outgoing responses -------------------------------------------------------------------
     def send_ack(self, psn: int, syndrome: int = _ACK_SYN) -> None:
         qp = self.qp
-        hdr = _BTH.pack(op.RC_ACK, 0, qp.pkey, qp.dest_qpn, psn & PSN_MASK) + \
-            _AETH.pack((syndrome << 24) | (self.msn & PSN_MASK))
+        hdr = wib.bth(op.RC_ACK, qp.pkey, qp.dest_qpn, psn) + wib.aeth(syndrome, self.msn)
         qp.tx([hdr], 16)
 
-    def schedule_ack(self, psn: int) -> None:
-        """Acknowledge up to ``psn`` with the next coalesced ACK (IBA 9.7.5.1.1)."""
-        self._schedule_ack(psn)
-
     def _schedule_ack(self, psn: int) -> None:
+        """Acknowledge up to ``psn`` with the next coalesced ACK (IBA 9.7.5.1.1)."""
         qp = self.qp
         if qp.ack_psn < 0:
             qp.port.ack_pending.append(qp)
@@ -162,10 +157,6 @@ class Responder:
         self.qp.counters.sent_nak += 1
         self.send_ack(psn, code)
 
-    def check_comm_est(self) -> None:
-        """A valid request was executed: COMM_EST in RTR (see :meth:`_check_comm_est`)."""
-        self._check_comm_est()
-
     def _check_comm_est(self) -> None:
         """IBA 11.6.3: the first valid request received while the QP is in RTR raises
         the Communication Established event, once (the CM then treats the connection
@@ -186,43 +177,125 @@ class Responder:
             self._uc(pkt)
 
     # ---- RC -----------------------------------------------------------------------------------
-    def fast_middle(self, data: memoryview, opcode: int) -> bool:
-        """Fast path for an in-sequence RC SEND_MIDDLE / RDMA_WRITE_MIDDLE (most packets of
-        a large message): the checks of the full path, without building an IBPacket.
-        ``Port.receive`` has checked the QP type, TVer, pad, P_Key and addresses.
+    def place_middles(self, bodies: Sequence[memoryview]) -> int:
+        """Execute the longest prefix of ``bodies`` that are in-sequence RC SEND or RDMA
+        WRITE MIDDLE packets of the message in progress, and return its length (0:
+        nothing done). One packet is a run of length one (``Port.receive``); a run is the
+        segments of one coalesced receive (``Port.receive_run``).
 
-        Returns False whenever anything is unusual; the caller then runs the full path,
-        which handles (and NAKs or drops) it.
+        ``bodies`` are transport packets (BTH .. pad, ICRC checked) addressed to this QP
+        from its peer. A packet is taken when it has the MIDDLE opcode of the message in
+        progress, the path MTU as payload, TVer 0, no pad, neither FECN nor BECN, the
+        QP's full-member P_Key, its QPN, the expected PSN, and its payload fits the
+        message's buffer (IBA 9.6, 9.7.1, 9.7.4.1.5): placed by :meth:`_place`, the PSN
+        advanced and the AckReq of the run answered by one coalesced ACK (IBA 9.7.5.1.1),
+        as the general path would. The first packet that is not is left, with the rest,
+        to the general path, which handles (NAKs or drops) it. The caller counts the
+        packets taken.
         """
         qp = self.qp
         st = qp.state
         if st < RTR or st > SQE:
+            return 0
+        kind = self.cur
+        if kind == K_WRITE:
+            opcode = op.RC_WRITE_MIDDLE
+        elif kind == K_SEND:
+            opcode = op.RC_SEND_MIDDLE
+        else:
+            return 0
+        pkey = qp.fast_pkey
+        size = _BTH_SIZE + qp.mtu
+        dqpn = qp.qpn
+        epsn = self.epsn
+        place = self._place
+        ack_psn = -1
+        k = 0
+        for data in bodies:
+            if (len(data) != size or data[0] != opcode or data[1] & 0x3F or data[4] & 0xC0
+                    or (data[2] << 8 | data[3]) != pkey):
+                break
+            w1, w2 = _W1W2_UNPACK(data, 4)
+            psn = w2 & PSN_MASK
+            if w1 & 0xFFFFFF != dqpn or psn != epsn or not place(data[_BTH_SIZE:]):
+                break
+            epsn = (psn + 1) & PSN_MASK
+            if w2 & wib.BTH_ACKREQ:
+                ack_psn = psn
+            k += 1
+        if k:
+            self.nak_sent = False
+            self.epsn = epsn
+            if ack_psn >= 0:
+                self._schedule_ack(ack_psn)
+        return k
+
+    def _place(self, payload: memoryview) -> bool:
+        """Place ``payload`` at the current offset of the SEND (the receive WQE's scatter
+        list) or RDMA WRITE (the R_Key's region) in progress and advance the offset
+        (IBA 9.7.4.1.5); False, with nothing written, when it does not fit."""
+        off = self.offset
+        n = len(payload)
+        wbuf = self.wbuf
+        if wbuf is not None:
+            if off + n > self.wlen:
+                return False
+            if n:
+                wbuf[off:off + n] = payload
+        elif n:
+            segs = self.segs
+            if segs is None or not scatter(segs, off, payload):
+                return False
+        self.offset = off + n
+        return True
+
+    def send_only(self, data: memoryview, opcode: int) -> bool:
+        """Execute an RC SEND ONLY (with immediate when ``opcode`` is SEND_ONLY_IMM) whose
+        header checks ``Port.receive`` has done (TVer, pad, P_Key, addresses): the
+        expected PSN, no message in progress, a payload within the path MTU, a receive
+        WQE whose buffers take it. It is completed as :meth:`_send_data` completes it
+        (IBA 9.7.4.1.5, 9.7.5.1; the completion of IBA 11.4.2.1) and acknowledged by the
+        same coalesced ACK, without decoding an IBPacket (the ping-pong's message).
+
+        Returns False, having changed nothing, for anything else: the general path then
+        runs (a receive WQE taken is given back first, so that path takes it again).
+        """
+        qp = self.qp
+        st = qp.state
+        if st < RTR or st > SQE or self.cur:
             return False
-        w2 = int.from_bytes(data[8:12], "big")
+        w2 = _U32.unpack_from(data, 8)[0]
         psn = w2 & PSN_MASK
         if psn != self.epsn:
             return False
-        kind = K_WRITE if opcode == 0x07 else K_SEND
-        if self.cur != kind:
+        imm = 0
+        off = _BTH_SIZE
+        with_imm = opcode == op.RC_SEND_ONLY_IMM
+        if with_imm:
+            imm = _U32.unpack_from(data, _BTH_SIZE)[0]
+            off += _IMMDT_SIZE
+        plen = len(data) - off
+        if plen < 0 or plen > qp.mtu:
             return False
-        plen = len(data) - 12
-        if plen != qp.mtu:
+        rwqe = qp.take_rwqe()
+        if rwqe is None:
+            return False  # the general path answers with an RNR NAK
+        segs = resolve_sges(qp.port.mrs, qp.pd, rwqe.sg_list, _ACCESS_LOCAL_WRITE)
+        if segs is None or (plen and not scatter(segs, 0, data[off:])):
+            qp.return_rwqe(rwqe)
             return False
-        off = self.offset
-        if kind == K_WRITE:
-            wbuf = self.wbuf
-            if wbuf is None or off + plen > self.wlen:
-                return False
-            wbuf[off:off + plen] = data[12:]
-        else:
-            segs = self.segs
-            if segs is None or not scatter(segs, off, data[12:]):
-                return False
-        self.offset = off + plen
         self.nak_sent = False
+        wc = WorkCompletion(rwqe.wr_id, _WC_SUCCESS, _WC_RECV, qp.qpn, byte_len=plen,
+                            imm_data=imm, src_qp=qp.dest_qpn,
+                            wc_flags=_WC_WITH_IMM if with_imm else 0)
+        wc.solicited = bool(data[1] & wib.BTH_SE)
+        self.msn = (self.msn + 1) & PSN_MASK
+        self._clear_msg()
+        qp.complete_recv(wc)
         self.epsn = (psn + 1) & PSN_MASK
-        if w2 & 0x80000000:
+        if w2 & wib.BTH_ACKREQ:
             self._schedule_ack(psn)
+        self._check_comm_est()
         return True
 
     def _rc(self, pkt: wib.IBPacket) -> None:
@@ -385,11 +458,8 @@ class Responder:
             self.segs = segs
             self.offset = 0
             self.cur = K_SEND
-        segs = self.segs
-        assert segs is not None
-        if plen and not scatter(segs, self.offset, pkt.payload):
+        if not self._place(pkt.payload):
             raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_LOC_LEN_ERR)
-        self.offset += plen
         if pkt.info.pos_int & _POS_LAST:
             rwqe = self.rwqe
             assert rwqe is not None
@@ -425,13 +495,9 @@ class Responder:
             self.wlen = pkt.dma_len
             self.offset = 0
             self.cur = K_WRITE
-        wbuf = self.wbuf
-        assert wbuf is not None
-        off = self.offset
-        if off + plen > self.wlen:
-            raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
+        end = self.offset + plen
         last = bool(info.pos_int & _POS_LAST)
-        if last and off + plen != self.wlen:
+        if end > self.wlen or (last and end != self.wlen):
             raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
         if last and info.imm:
             # Write with immediate consumes a receive WQE (IBA 9.4.1.2): RNR if none.
@@ -439,9 +505,7 @@ class Responder:
             if rwqe is None:
                 raise _RNR()
             self.rwqe = rwqe
-        if plen:
-            wbuf[off:off + plen] = pkt.payload
-        self.offset = off + plen
+        self._place(pkt.payload)  # fits: checked above
         if last:
             rwqe = self.rwqe
             length = self.wlen
@@ -463,7 +527,7 @@ class Responder:
         npkts = (n + mtu - 1) // mtu if n else 1
         pkey = qp.pkey
         dqpn = qp.dest_qpn
-        aeth = _AETH.pack((_ACK_SYN << 24) | (self.msn & PSN_MASK))
+        aeth = wib.aeth(_ACK_SYN, self.msn)
         for k in range(npkts):
             off = k * mtu
             plen = n - off if n - off < mtu else mtu
@@ -476,21 +540,21 @@ class Responder:
             else:
                 opcode = op.RC_READ_RESPONSE_MIDDLE
             pad = (-plen) & 3
-            hdr = _BTH.pack(opcode, pad << 4, pkey, dqpn, (psn + k) & PSN_MASK)
+            hdr = wib.bth(opcode, pkey, dqpn, psn + k, pad=pad)
             if opcode != op.RC_READ_RESPONSE_MIDDLE:
                 hdr += aeth
             parts: list[bytes | bytearray | memoryview] = [hdr]
             if plen:
                 parts.append(view[off:off + plen])
             if pad:
-                parts.append(_PAD[pad])
+                parts.append(wib.pad_bytes(plen))
             qp.tx(parts, len(hdr) + plen + pad)
 
     def _atomic_ack(self, psn: int, orig: int) -> None:
         self._flush_pending_ack()
         qp = self.qp
-        hdr = _BTH.pack(op.RC_ATOMIC_ACK, 0, qp.pkey, qp.dest_qpn, psn & PSN_MASK) + \
-            _AETH.pack((_ACK_SYN << 24) | (self.msn & PSN_MASK)) + _U64.pack(orig)
+        hdr = wib.bth(op.RC_ATOMIC_ACK, qp.pkey, qp.dest_qpn, psn) + \
+            wib.aeth(_ACK_SYN, self.msn) + wib.atmack(orig)
         qp.tx([hdr], 24)
 
     def _duplicate(self, pkt: wib.IBPacket) -> None:
