@@ -9,7 +9,7 @@ kept for retransmissions (go-back-N from the oldest unacknowledged PSN, IBA 9.7.
   is the completer's (softrdma.ib.completer).
 * UC and UD: the WQE completes once its last packet has been handed to the driver.
 
-Every SEND/WRITE packet's headers come from one builder, :meth:`Requester._header`:
+Every SEND/WRITE packet's headers come from one builder, :meth:`Requester._headers`:
 the general loop (:meth:`Requester.pump`), a message of one packet sent as it is posted
 (:meth:`Requester.post_one`: the ping-pong's message, without the loop) and a run of
 MIDDLE packets sent in one tight loop (:meth:`Requester.emit_middles`: most packets of a
@@ -371,7 +371,7 @@ class Requester:
         """Queue the MIDDLE packets of RC ``wqe`` from packet index ``k`` (0 < k < npkts-1)
         up to its last packet (excluded) or the send window's edge, in one loop (no opcode
         dispatch, no window recomputation, no per-packet counter updates); returns the
-        index of the next packet to send. Their headers are :meth:`_header`'s.
+        index of the next packet to send. Their headers are :meth:`_headers`' for the run.
 
         ``head`` is the oldest unacknowledged PSN: it does not move while packets are
         queued (ACKs are processed between calls), so the window is checked by counting.
@@ -387,50 +387,53 @@ class Requester:
         tclass, hop, flow, v1, sl = av.traffic_class, av.hop_limit, av.flow_label, port.gid_v1[i], av.sl
         mtu = qp.mtu
         length = _BTH_SIZE + mtu
-        cwnd = self.cwnd
-        end = wqe.npkts - 1
-        d = psn_diff((wqe.first_psn + k) & PSN_MASK, head)
+        room = self.cwnd - psn_diff((wqe.first_psn + k) & PSN_MASK, head)
+        n = wqe.npkts - 1 - k
+        if room < n:
+            n = room
+        self.ack_edge = n == room  # the run fills the window: its last packet asks an ACK
         segs = wqe.segs or []
         seg = segs[0] if len(segs) == 1 else None
         append = port.tx.append
-        header = self._header
         off = k * mtu
-        start = k
-        while k < end and d < cwnd:
-            self.ack_edge = d + 1 >= cwnd
-            hdr = header(wqe, k)
+        for hdr in self._headers(wqe, k, n):
             if seg is not None:
                 parts: list[bytes | bytearray | memoryview] = [hdr, seg[off:off + mtu]]
             else:
                 parts = [hdr, *gather(segs, off, mtu)]
             append(TxPacket(sgid, dgid, sport, parts, length, tclass, hop, flow, v1, sl))
-            k += 1
             off += mtu
-            d += 1
-        sent = k - start
         c = port.counters
-        c.sent_pkts += sent
-        c.sent_bytes += sent * (length + ICRC_SIZE)
-        qp.counters.sent_pkts += sent
-        return k
+        c.sent_pkts += n
+        c.sent_bytes += n * (length + ICRC_SIZE)
+        qp.counters.sent_pkts += n
+        return k + n
 
-    def _header(self, wqe: SendWQE, k: int) -> bytes:
-        """The BTH and extension headers of packet ``k`` of SEND/WRITE ``wqe``: the opcode
-        of its position and transport (IBA 9.2.1, Table 35), RETH on a WRITE's first
-        packet (IBA 9.3.3), DETH for UD (IBA 9.8.3), ImmDt or IETH on the last (IBA
-        9.3.7-9.3.8), the Solicited Event bit on the last as asked (a WRITE sets it only
-        with immediate), PadCnt, and for RC the AckReq bit at the end of a message, every
-        :data:`ACKREQ_EVERY` packets and at a full window (``ack_edge``; IBA 9.7.5.1.1)."""
+    def _headers(self, wqe: SendWQE, k: int, n: int = 1) -> list[bytes]:
+        """The BTH and extension headers of packets ``k`` .. ``k + n - 1`` of SEND/WRITE
+        ``wqe`` (more than one: MIDDLEs only): the opcode of its position and transport
+        (IBA 9.2.1, Table 35), RETH on a WRITE's first packet (IBA 9.3.3), DETH for UD
+        (IBA 9.8.3), ImmDt or IETH on the last (IBA 9.3.7-9.3.8), the Solicited Event bit
+        on the last as asked (a WRITE sets it only with immediate), PadCnt, and for RC the
+        AckReq bit at the end of a message, every :data:`ACKREQ_EVERY` packets and on the
+        last packet of the run when it fills the window (``ack_edge``; IBA 9.7.5.1.1)."""
         qp = self.qp
-        last = k == wqe.npkts - 1
         qtype = qp.qp_type
-        ackreq = qtype == QPT_RC and (last or k % ACKREQ_EVERY == ACKREQ_EVERY - 1
-                                      or self.ack_edge)
-        if k and not last:  # a MIDDLE (most packets of a large message): the BTH alone
+        last_k = wqe.npkts - 1
+        if k and k + n <= last_k:  # MIDDLEs (most packets of a large message): the BTH alone
             opcode = _MIDDLE[wqe.opcode][0]
-            if qtype == QPT_UC:
+            ackreq = [False] * n
+            if qtype == QPT_RC:
+                for j in range((ACKREQ_EVERY - 1 - k) % ACKREQ_EVERY, n, ACKREQ_EVERY):
+                    ackreq[j] = True
+                if self.ack_edge:
+                    ackreq[-1] = True
+            elif qtype == QPT_UC:
                 opcode |= _UC
-            return _BTH(opcode, qp.pkey, qp.dest_qpn, wqe.first_psn + k, False, 0, ackreq)
+            return wib.bth_run(opcode, qp.pkey, qp.dest_qpn, wqe.first_psn + k, ackreq)
+        last = k == last_k
+        ackreq1 = qtype == QPT_RC and (last or k % ACKREQ_EVERY == ACKREQ_EVERY - 1
+                                       or self.ack_edge)
         o = wqe.opcode
         length = wqe.length
         is_write = o == _W_WRITE or o == _W_WRITE_IMM
@@ -460,7 +463,7 @@ class Requester:
         off = k * qp.mtu
         plen = length - off if length - off < qp.mtu else qp.mtu
         se = last and bool(wqe.send_flags & _SOLICITED) and (not is_write or variant == 1)
-        return _BTH(opcode, qp.pkey, dqpn, wqe.first_psn + k, se, (-plen) & 3, ackreq) + ext
+        return [_BTH(opcode, qp.pkey, dqpn, wqe.first_psn + k, se, (-plen) & 3, ackreq1) + ext]
 
     def _send_pkt(self, wqe: SendWQE) -> None:
         qp = self.qp
@@ -496,7 +499,7 @@ class Requester:
         off = k * mtu
         length = wqe.length
         plen = length - off if length - off < mtu else mtu
-        hdr = self._header(wqe, k)
+        hdr = self._headers(wqe, k)[0]
         segs = wqe.segs
         if plen and segs:
             parts: list[bytes | bytearray | memoryview] = [hdr, *gather(segs, off, plen)]

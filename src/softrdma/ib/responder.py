@@ -42,7 +42,9 @@ if TYPE_CHECKING:
 _BTH_SIZE = op.BTH_SIZE
 _IMMDT_SIZE = 4
 _U32 = wib.U32
-_W1W2_UNPACK = struct.Struct("!II").unpack_from  # BTH words 1 and 2: DestQP, PSN
+_BTH_WORDS = struct.Struct("!III").unpack_from  # the BTH's three 32-bit words (IBA 9.2)
+_W0_CHECKED = 0xFF3FFFFF  # OpCode, PadCnt, TVer, P_Key
+_W1_CHECKED = wib.BTH_FECN | wib.BTH_BECN | 0xFFFFFF  # FECN, BECN, DestQP
 _HOST_U64 = struct.Struct("=Q")
 _ACK_SYN = wib.AETH_ACK | wib.AETH_CREDIT_INVALID  # rxe: AETH_ACK_UNLIMITED
 MAX_MSG = 1 << 31  # IBA: maximum message size 2^31 (rxe check_rkey)
@@ -205,19 +207,24 @@ class Responder:
         else:
             return 0
         pkey = qp.fast_pkey
+        if pkey < 0:
+            return 0
+        # BTH word 0 (OpCode, SE M PadCnt TVer, P_Key) with SE and M masked off, and word
+        # 1 (FECN BECN Resv6 DestQP) with Resv6 masked off, as they must be
+        w0_want = opcode << 24 | pkey
+        w1_want = qp.qpn
         size = _BTH_SIZE + qp.mtu
-        dqpn = qp.qpn
         epsn = self.epsn
         place = self._place
         ack_psn = -1
         k = 0
         for data in bodies:
-            if (len(data) != size or data[0] != opcode or data[1] & 0x3F or data[4] & 0xC0
-                    or (data[2] << 8 | data[3]) != pkey):
+            if len(data) != size:
                 break
-            w1, w2 = _W1W2_UNPACK(data, 4)
+            w0, w1, w2 = _BTH_WORDS(data)
             psn = w2 & PSN_MASK
-            if w1 & 0xFFFFFF != dqpn or psn != epsn or not place(data[_BTH_SIZE:]):
+            if (w0 & _W0_CHECKED != w0_want or w1 & _W1_CHECKED != w1_want or psn != epsn
+                    or not place(data[_BTH_SIZE:])):
                 break
             epsn = (psn + 1) & PSN_MASK
             if w2 & wib.BTH_ACKREQ:

@@ -61,6 +61,16 @@ def bth(opcode: int, pkey: int, dqpn: int, psn: int, se: bool = False, pad: int 
                     (BTH_ACKREQ if ackreq else 0) | (psn & 0xFFFFFF))
 
 
+def bth_run(opcode: int, pkey: int, dqpn: int, psn: int, ackreq: list[bool]) -> list[bytes]:
+    """The BTHs of a run of ``len(ackreq)`` packets with consecutive PSNs from ``psn``
+    (the MIDDLEs of a message, IBA 9.7.1): as :func:`bth` without SE or pad, packet
+    ``i`` with the AckReq bit when ``ackreq[i]``."""
+    pack = BTH.pack
+    w1 = dqpn & 0xFFFFFF
+    return [pack(opcode, 0, pkey, w1, (BTH_ACKREQ if a else 0) | ((psn + i) & 0xFFFFFF))
+            for i, a in enumerate(ackreq)]
+
+
 def reth(va: int, rkey: int, dma_len: int) -> bytes:
     """An RETH (IBA 9.3.3): virtual address, R_Key, DMA length."""
     return RETH.pack(va, rkey, dma_len)
