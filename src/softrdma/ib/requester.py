@@ -81,20 +81,19 @@ WC_OPCODE = {
     _W_ATOMIC_WRITE: WCO.IBV_WC_ATOMIC_WRITE,
 }
 
-# Opcodes for (first, middle, last, only) x (plain, imm, inv) of SEND, and WRITE.
-_SEND_OPS = {
-    (True, True, 0): op.RC_SEND_ONLY, (True, True, 1): op.RC_SEND_ONLY_IMM,
-    (True, True, 2): op.RC_SEND_ONLY_INV, (True, False, 0): op.RC_SEND_FIRST,
-    (True, False, 1): op.RC_SEND_FIRST, (True, False, 2): op.RC_SEND_FIRST,
-    (False, False, 0): op.RC_SEND_MIDDLE, (False, False, 1): op.RC_SEND_MIDDLE,
-    (False, False, 2): op.RC_SEND_MIDDLE, (False, True, 0): op.RC_SEND_LAST,
-    (False, True, 1): op.RC_SEND_LAST_IMM, (False, True, 2): op.RC_SEND_LAST_INV,
-}
-_WRITE_OPS = {
-    (True, True, 0): op.RC_WRITE_ONLY, (True, True, 1): op.RC_WRITE_ONLY_IMM,
-    (True, False, 0): op.RC_WRITE_FIRST, (True, False, 1): op.RC_WRITE_FIRST,
-    (False, False, 0): op.RC_WRITE_MIDDLE, (False, False, 1): op.RC_WRITE_MIDDLE,
-    (False, True, 0): op.RC_WRITE_LAST, (False, True, 1): op.RC_WRITE_LAST_IMM,
+# The packets of a SEND or WRITE (IBA 9.2.1, Table 35): WR opcode -> RC opcodes of an
+# ONLY, FIRST, MIDDLE and LAST packet, whether the first carries an RETH (a WRITE), and
+# what the last carries after the BTH: nothing (0), an ImmDt (1) or an IETH (2)
+_MSG_OPS = {
+    _W_SEND: (op.RC_SEND_ONLY, op.RC_SEND_FIRST, op.RC_SEND_MIDDLE, op.RC_SEND_LAST, False, 0),
+    _W_SEND_IMM: (op.RC_SEND_ONLY_IMM, op.RC_SEND_FIRST, op.RC_SEND_MIDDLE,
+                  op.RC_SEND_LAST_IMM, False, 1),
+    _W_SEND_INV: (op.RC_SEND_ONLY_INV, op.RC_SEND_FIRST, op.RC_SEND_MIDDLE,
+                  op.RC_SEND_LAST_INV, False, 2),
+    _W_WRITE: (op.RC_WRITE_ONLY, op.RC_WRITE_FIRST, op.RC_WRITE_MIDDLE, op.RC_WRITE_LAST,
+               True, 0),
+    _W_WRITE_IMM: (op.RC_WRITE_ONLY_IMM, op.RC_WRITE_FIRST, op.RC_WRITE_MIDDLE,
+                   op.RC_WRITE_LAST_IMM, True, 1),
 }
 
 #: AckReq every N packets of a long message (rxe: RXE_MAX_PKT_PER_ACK)
@@ -102,18 +101,12 @@ ACKREQ_EVERY = 32
 _BTH = wib.bth
 _BTH_SIZE = op.BTH_SIZE
 _UC = int(op.Transport.UC)
-# WR opcode -> (MIDDLE opcode, SE allowed on the last packet) of a SEND/WRITE
-_MIDDLE = {
-    _W_WRITE: (op.RC_WRITE_MIDDLE, False), _W_WRITE_IMM: (op.RC_WRITE_MIDDLE, True),
-    _W_SEND: (op.RC_SEND_MIDDLE, True), _W_SEND_IMM: (op.RC_SEND_MIDDLE, True),
-    _W_SEND_INV: (op.RC_SEND_MIDDLE, True),
-}
 # WR opcodes of the one-packet messages :meth:`Requester.post_one` sends as they are posted
 _ONE_PACKET = frozenset((_W_SEND, _W_SEND_IMM, _W_WRITE, _W_WRITE_IMM))
 
 
 class Requester:
-    """Requester + completer of one QP."""
+    """Requester of one QP (its completer: softrdma.ib.completer.Completer)."""
 
     def __init__(self, qp: EngineQP) -> None:
         self.qp = qp
@@ -240,7 +233,7 @@ class Requester:
             k = self.tx_pkt
             if (head is not None and not bps and 0 < k < wqe.npkts - 1 and qp.av is not None
                     and self.resend_until is None and wqe.segs and qp.fast_rc
-                    and qp.port.fast_paths and wqe.opcode in _MIDDLE):
+                    and qp.port.fast_paths and wqe.opcode in _MSG_OPS):
                 self.tx_pkt = self.emit_middles(wqe, k, head)  # a run of MIDDLEs at once
                 sent = True
                 continue
@@ -396,7 +389,7 @@ class Requester:
         seg = segs[0] if len(segs) == 1 else None
         append = port.tx.append
         off = k * mtu
-        for hdr in self._headers(wqe, k, n):
+        for hdr in self._headers(wqe, k, n, mtu):
             if seg is not None:
                 parts: list[bytes | bytearray | memoryview] = [hdr, seg[off:off + mtu]]
             else:
@@ -409,9 +402,9 @@ class Requester:
         qp.counters.sent_pkts += n
         return k + n
 
-    def _headers(self, wqe: SendWQE, k: int, n: int = 1) -> list[bytes]:
+    def _headers(self, wqe: SendWQE, k: int, n: int, plen: int) -> list[bytes]:
         """The BTH and extension headers of packets ``k`` .. ``k + n - 1`` of SEND/WRITE
-        ``wqe`` (more than one: MIDDLEs only): the opcode of its position and transport
+        ``wqe`` (more than one: MIDDLEs only; ``plen``: the payload bytes of one), the opcode of its position and transport
         (IBA 9.2.1, Table 35), RETH on a WRITE's first packet (IBA 9.3.3), DETH for UD
         (IBA 9.8.3), ImmDt or IETH on the last (IBA 9.3.7-9.3.8), the Solicited Event bit
         on the last as asked (a WRITE sets it only with immediate), PadCnt, and for RC the
@@ -420,8 +413,8 @@ class Requester:
         qp = self.qp
         qtype = qp.qp_type
         last_k = wqe.npkts - 1
+        only, first, middle, last_op, reth, after = _MSG_OPS[wqe.opcode]
         if k and k + n <= last_k:  # MIDDLEs (most packets of a large message): the BTH alone
-            opcode = _MIDDLE[wqe.opcode][0]
             ackreq = [False] * n
             if qtype == QPT_RC:
                 for j in range((ACKREQ_EVERY - 1 - k) % ACKREQ_EVERY, n, ACKREQ_EVERY):
@@ -429,18 +422,14 @@ class Requester:
                 if self.ack_edge:
                     ackreq[-1] = True
             elif qtype == QPT_UC:
-                opcode |= _UC
-            return wib.bth_run(opcode, qp.pkey, qp.dest_qpn, wqe.first_psn + k, ackreq)
+                middle |= _UC
+            return wib.bth_run(middle, qp.pkey, qp.dest_qpn, wqe.first_psn + k, ackreq)
         last = k == last_k
         ackreq1 = qtype == QPT_RC and (last or k % ACKREQ_EVERY == ACKREQ_EVERY - 1
                                        or self.ack_edge)
-        o = wqe.opcode
         length = wqe.length
-        is_write = o == _W_WRITE or o == _W_WRITE_IMM
-        variant = 1 if (o == _W_SEND_IMM or o == _W_WRITE_IMM) else (2 if o == _W_SEND_INV else 0)
-        ext = b""
         if qtype == QPT_UD:  # UD: SEND_ONLY(_IMM) + DETH (IBA 9.8.3)
-            opcode = op.UD_SEND_ONLY_IMM if variant == 1 else op.UD_SEND_ONLY
+            opcode = op.UD_SEND_ONLY_IMM if after == 1 else op.UD_SEND_ONLY
             if qp.qpn == 1:
                 qkey = GSI_QKEY
             else:
@@ -448,24 +437,53 @@ class Requester:
             ext = wib.deth(qkey, qp.qpn)
             dqpn = wqe.remote_qpn
         else:
-            table = _WRITE_OPS if is_write else _SEND_OPS
-            opcode = table[(k == 0, last, variant)]
+            opcode = (only if last else first) if k == 0 else last_op
             if qtype == QPT_UC:
                 opcode |= _UC
-            if k == 0 and is_write:
-                ext = wib.reth(wqe.remote_addr, wqe.rkey, length)
+            ext = wib.reth(wqe.remote_addr, wqe.rkey, length) if k == 0 and reth else b""
             dqpn = qp.dest_qpn
-        if last:
-            if variant == 1:
-                ext += wib.immdt(wqe.imm_data)
-            elif variant == 2:
-                ext += wib.immdt(wqe.invalidate_rkey)
-        off = k * qp.mtu
-        plen = length - off if length - off < qp.mtu else qp.mtu
-        se = last and bool(wqe.send_flags & _SOLICITED) and (not is_write or variant == 1)
+        if last and after:
+            ext += wib.immdt(wqe.imm_data if after == 1 else wqe.invalidate_rkey)
+        # SE as asked, on the last packet; a WRITE sets it only with immediate (IBA 9.2.1)
+        se = last and (not reth or after == 1) and bool(wqe.send_flags & _SOLICITED)
         return [_BTH(opcode, qp.pkey, dqpn, wqe.first_psn + k, se, (-plen) & 3, ackreq1) + ext]
 
     def _send_pkt(self, wqe: SendWQE) -> None:
+        """Queue the next packet of the started ``wqe`` (``tx_pkt``)."""
+        qp = self.qp
+        if wqe.opcode not in _MSG_OPS:
+            self._send_request(wqe)
+            return
+        mtu = qp.mtu
+        k = self.tx_pkt
+        off = k * mtu
+        plen = wqe.length - off
+        if plen > mtu:
+            plen = mtu
+        hdr = self._headers(wqe, k, 1, plen)[0]
+        segs = wqe.segs
+        if not plen or not segs:
+            parts: list[bytes | bytearray | memoryview] = [hdr]
+        elif wqe.npkts == 1:  # the whole message: its buffers as they are
+            parts = [hdr, *segs]
+        else:
+            parts = [hdr, *gather(segs, off, plen)]
+        pad = (-plen) & 3
+        if pad:
+            parts.append(wib.pad_bytes(plen))
+        qtype = qp.qp_type
+        qp.tx(parts, len(hdr) + plen + pad, wqe.ah if qtype == QPT_UD else None)
+        if k == wqe.npkts - 1:  # the message is sent (_advance)
+            wqe.state = SENT if qtype == QPT_RC else DONE
+            self.tx_idx += 1
+            self.tx_pkt = 0
+        else:
+            self.tx_pkt = k + 1
+
+    def _send_request(self, wqe: SendWQE) -> None:
+        """Queue the request packet of an RDMA READ (from its first missing response, IBA
+        9.7.5.1.5), an atomic (IBA 9.3.4) or an RDMA Atomic Write (opcode 0x1D: RETH and
+        the 8 bytes), each with AckReq."""
         qp = self.qp
         o = wqe.opcode
         pkey = qp.pkey
@@ -475,9 +493,7 @@ class Requester:
             hdr = _BTH(op.RC_READ_REQUEST, pkey, qp.dest_qpn, psn, ackreq=True) + \
                 wib.reth(wqe.remote_addr + got, wqe.rkey, wqe.length - got)
             qp.tx([hdr], len(hdr))
-            self._advance(wqe)
-            return
-        if o == _W_CAS or o == _W_FAA:
+        elif o == _W_CAS or o == _W_FAA:
             opcode = op.RC_CMP_SWAP if o == _W_CAS else op.RC_FETCH_ADD
             if o == _W_CAS:
                 swap_add, compare = wqe.swap, wqe.compare_add
@@ -486,36 +502,11 @@ class Requester:
             hdr = _BTH(opcode, pkey, qp.dest_qpn, wqe.first_psn, ackreq=True) + \
                 wib.atmeth(wqe.remote_addr, wqe.rkey, swap_add, compare)
             qp.tx([hdr], len(hdr))
-            self._advance(wqe)
-            return
-        if o == _W_ATOMIC_WRITE:  # RC RDMA Atomic Write: RETH + the 8 bytes (opcode 0x1D)
+        else:  # _W_ATOMIC_WRITE
             hdr = _BTH(op.RC_ATOMIC_WRITE, pkey, qp.dest_qpn, wqe.first_psn, ackreq=True) + \
                 wib.reth(wqe.remote_addr, wqe.rkey, 8)
             qp.tx([hdr, *gather(wqe.segs or [], 0, 8)], len(hdr) + 8)
-            self._advance(wqe)
-            return
-        mtu = qp.mtu
-        k = self.tx_pkt
-        off = k * mtu
-        length = wqe.length
-        plen = length - off if length - off < mtu else mtu
-        hdr = self._headers(wqe, k)[0]
-        segs = wqe.segs
-        if plen and segs:
-            parts: list[bytes | bytearray | memoryview] = [hdr, *gather(segs, off, plen)]
-        else:
-            parts = [hdr]
-        pad = (-plen) & 3
-        if pad:
-            parts.append(wib.pad_bytes(plen))
-        qtype = qp.qp_type
-        qp.tx(parts, len(hdr) + plen + pad, wqe.ah if qtype == QPT_UD else None)
-        if k == wqe.npkts - 1:
-            self._advance(wqe)
-            if qtype != QPT_RC:
-                wqe.state = DONE
-        else:
-            self.tx_pkt = k + 1
+        self._advance(wqe)
 
     def _advance(self, wqe: SendWQE) -> None:
         wqe.state = SENT

@@ -4,7 +4,10 @@ RC: requests are executed in PSN order. A PSN ahead of the expected one draws on
 PSN-sequence NAK; a PSN behind it is a duplicate: SEND/WRITE are re-acknowledged,
 READ is re-executed from the responder resource that covers it and an atomic's saved
 result is sent again (never re-executed, IBA 9.7.5.1.4; C9-105, as rxe ``duplicate_request``). Errors are NAKed with
-the code of IBA Table 44 and, for class B/C/D errors, the QP moves to ERR.
+the code of IBA Table 44 and, for class B/C/D errors, the QP moves to ERR. Most packets
+of a large SEND or WRITE are MIDDLEs (IBA 9.7.1): :meth:`Responder.place_middles` takes
+a run of them (one packet is a run of one) without decoding; every byte of a SEND or
+WRITE is placed by :meth:`Responder._place`.
 
 UC: no ACKs; a missing packet drops the rest of the message (IBA 9.9.4; rxe ``check_psn``).
 UD: one-packet messages, Q_Key check (IBA 10.2.5), 40-byte GRH area at the front of the
@@ -45,6 +48,7 @@ _U32 = wib.U32
 _BTH_WORDS = struct.Struct("!III").unpack_from  # the BTH's three 32-bit words (IBA 9.2)
 _W0_CHECKED = 0xFF3FFFFF  # OpCode, PadCnt, TVer, P_Key
 _W1_CHECKED = wib.BTH_FECN | wib.BTH_BECN | 0xFFFFFF  # FECN, BECN, DestQP
+_ACKREQ = wib.BTH_ACKREQ
 _HOST_U64 = struct.Struct("=Q")
 _ACK_SYN = wib.AETH_ACK | wib.AETH_CREDIT_INVALID  # rxe: AETH_ACK_UNLIMITED
 MAX_MSG = 1 << 31  # IBA: maximum message size 2^31 (rxe check_rkey)
@@ -64,6 +68,8 @@ K_READ = op.Kind.READ_REQ
 K_CAS = op.Kind.CMP_SWAP
 K_FAA = op.Kind.FETCH_ADD
 K_ATOMIC_WRITE = op.Kind.ATOMIC_WRITE
+# the message in progress -> BTH word 0 of its MIDDLE packets, less the P_Key
+_MIDDLE_W0: dict[int, int] = {K_SEND: op.RC_SEND_MIDDLE << 24, K_WRITE: op.RC_WRITE_MIDDLE << 24}
 
 
 class Resource:
@@ -199,19 +205,13 @@ class Responder:
         st = qp.state
         if st < RTR or st > SQE:
             return 0
-        kind = self.cur
-        if kind == K_WRITE:
-            opcode = op.RC_WRITE_MIDDLE
-        elif kind == K_SEND:
-            opcode = op.RC_SEND_MIDDLE
-        else:
-            return 0
-        pkey = qp.fast_pkey
-        if pkey < 0:
+        w0_want = _MIDDLE_W0.get(self.cur)
+        if w0_want is None:  # no SEND or WRITE in progress
             return 0
         # BTH word 0 (OpCode, SE M PadCnt TVer, P_Key) with SE and M masked off, and word
-        # 1 (FECN BECN Resv6 DestQP) with Resv6 masked off, as they must be
-        w0_want = opcode << 24 | pkey
+        # 1 (FECN BECN Resv6 DestQP) with Resv6 masked off, as they must be (a QP whose
+        # P_Key the fast paths do not take has fast_pkey -1: no word matches)
+        w0_want |= qp.fast_pkey
         w1_want = qp.qpn
         size = _BTH_SIZE + qp.mtu
         epsn = self.epsn
@@ -227,7 +227,7 @@ class Responder:
                     or not place(data[_BTH_SIZE:])):
                 break
             epsn = (psn + 1) & PSN_MASK
-            if w2 & wib.BTH_ACKREQ:
+            if w2 & _ACKREQ:
                 ack_psn = psn
             k += 1
         if k:
@@ -300,7 +300,7 @@ class Responder:
         self._clear_msg()
         qp.complete_recv(wc)
         self.epsn = (psn + 1) & PSN_MASK
-        if w2 & wib.BTH_ACKREQ:
+        if w2 & _ACKREQ:
             self._schedule_ack(psn)
         self._check_comm_est()
         return True
