@@ -404,12 +404,13 @@ class Requester:
 
     def _headers(self, wqe: SendWQE, k: int, n: int, plen: int) -> list[bytes]:
         """The BTH and extension headers of packets ``k`` .. ``k + n - 1`` of SEND/WRITE
-        ``wqe`` (more than one: MIDDLEs only; ``plen``: the payload bytes of one), the opcode of its position and transport
-        (IBA 9.2.1, Table 35), RETH on a WRITE's first packet (IBA 9.3.3), DETH for UD
-        (IBA 9.8.3), ImmDt or IETH on the last (IBA 9.3.7-9.3.8), the Solicited Event bit
-        on the last as asked (a WRITE sets it only with immediate), PadCnt, and for RC the
-        AckReq bit at the end of a message, every :data:`ACKREQ_EVERY` packets and on the
-        last packet of the run when it fills the window (``ack_edge``; IBA 9.7.5.1.1)."""
+        ``wqe`` (more than one: MIDDLEs only; ``plen``: the payload bytes of one): the
+        opcode of its position and transport (IBA 9.2.1, Table 35), RETH on a WRITE's
+        first packet (IBA 9.3.3), DETH for UD (IBA 9.8.3), ImmDt or IETH on the last (IBA
+        9.3.7-9.3.8), the Solicited Event bit on the last as asked (a WRITE sets it only
+        with immediate), PadCnt, and for RC the AckReq bit at the end of a message, every
+        :data:`ACKREQ_EVERY` packets and on the last packet of the run when it fills the
+        window (``ack_edge``; IBA 9.7.5.1.1)."""
         qp = self.qp
         qtype = qp.qp_type
         last_k = wqe.npkts - 1
