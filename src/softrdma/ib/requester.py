@@ -314,9 +314,10 @@ class Requester:
         else:
             npkts = (length + mtu - 1) // mtu if length else 1
         wqe.npkts = npkts
-        wqe.first_psn = self.next_psn
-        wqe.last_psn = (self.next_psn + npkts - 1) & PSN_MASK
-        self.next_psn = (self.next_psn + npkts) & PSN_MASK
+        psn = self.next_psn
+        wqe.first_psn = psn
+        wqe.last_psn = (psn + npkts - 1) & PSN_MASK
+        self.next_psn = (psn + npkts) & PSN_MASK
         wqe.state = SENDING
         if wqe.rd_atomic:
             self.rd_atomic_out += 1

@@ -56,9 +56,8 @@ def bth(opcode: int, pkey: int, dqpn: int, psn: int, se: bool = False, pad: int 
         ackreq: bool = False, becn: bool = False) -> bytes:
     """A BTH (IBA 9.2): TVer 0, MigReq 0, FECN 0; ``pad`` is the PadCnt of the payload
     that follows (:func:`pad_bytes`)."""
-    return BTH.pack(opcode, (BTH_SE if se else 0) | (pad & 3) << 4, pkey,
-                    (BTH_BECN if becn else 0) | (dqpn & 0xFFFFFF),
-                    (BTH_ACKREQ if ackreq else 0) | (psn & 0xFFFFFF))
+    return BTH.pack(opcode, se << 7 | (pad & 3) << 4, pkey, becn << 30 | (dqpn & 0xFFFFFF),
+                    ackreq << 31 | (psn & 0xFFFFFF))
 
 
 def bth_run(opcode: int, pkey: int, dqpn: int, psn: int, ackreq: list[bool]) -> list[bytes]:
