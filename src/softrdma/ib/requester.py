@@ -295,31 +295,34 @@ class Requester:
     def _start(self, wqe: SendWQE) -> bool:
         """Resolve local keys and assign PSNs (IBA 9.7.1); False on a local error."""
         qp = self.qp
-        if wqe.inline_data is not None:
-            wqe.segs = [memoryview(wqe.inline_data)]
+        inline = wqe.inline_data
+        rd = wqe.rd_atomic
+        if inline is not None:
+            wqe.segs = [memoryview(inline)]
         else:
-            need = _ACCESS_LOCAL_WRITE if wqe.rd_atomic else 0
-            segs = resolve_sges(qp.port.mrs, qp.pd, wqe.sg_list, need)
+            segs = resolve_sges(qp.port.mrs, qp.pd, wqe.sg_list, _ACCESS_LOCAL_WRITE if rd else 0)
             if segs is None:
                 self.fail(wqe, WCS.IBV_WC_LOC_PROT_ERR)
                 return False
             wqe.segs = segs
-        mtu = qp.mtu
         length = wqe.length
-        if qp.qp_type == QPT_UD and length > mtu:  # UD: one packet per message (IBA 9.8.2)
-            self.fail(wqe, WCS.IBV_WC_LOC_LEN_ERR)
-            return False
-        if wqe.rd_atomic and wqe.opcode != _W_READ:
-            npkts = 1
-        else:
-            npkts = (length + mtu - 1) // mtu if length else 1
-        wqe.npkts = npkts
+        mtu = qp.mtu
         psn = self.next_psn
         wqe.first_psn = psn
-        wqe.last_psn = (psn + npkts - 1) & PSN_MASK
-        self.next_psn = (psn + npkts) & PSN_MASK
+        if length <= mtu or (rd and wqe.opcode != _W_READ):  # one packet (an atomic: 8 bytes)
+            wqe.npkts = 1
+            wqe.last_psn = psn
+            self.next_psn = (psn + 1) & PSN_MASK
+        elif qp.qp_type == QPT_UD:  # UD: one packet per message (IBA 9.8.2)
+            self.fail(wqe, WCS.IBV_WC_LOC_LEN_ERR)
+            return False
+        else:
+            npkts = (length + mtu - 1) // mtu
+            wqe.npkts = npkts
+            wqe.last_psn = (psn + npkts - 1) & PSN_MASK
+            self.next_psn = (psn + npkts) & PSN_MASK
         wqe.state = SENDING
-        if wqe.rd_atomic:
+        if rd:
             self.rd_atomic_out += 1
         self.tx_pkt = 0
         return True
@@ -346,14 +349,17 @@ class Requester:
         sq = self.sq
         # The window (as in pump): the oldest unacknowledged PSN is an older WQE's, or
         # this one's own (distance 0) when nothing older is outstanding.
-        head = self.una() if sq[0] is not wqe else None
-        d = 0 if head is None else psn_diff(self.next_psn, head)
         cwnd = self.cwnd
-        if d >= cwnd:
-            return False
+        if sq[0] is wqe:
+            self.ack_edge = cwnd <= 1
+        else:
+            head = self.una()
+            d = 0 if head is None else psn_diff(self.next_psn, head)
+            if d >= cwnd:
+                return False
+            self.ack_edge = d + 1 >= cwnd
         if not self._start(wqe):
             return True  # completed in error, as pump would have
-        self.ack_edge = d + 1 >= cwnd
         self._send_pkt(wqe)
         if qp.deadline is None and qp.timeout:
             qp.set_deadline(now + self.timer_period())
@@ -426,10 +432,8 @@ class Requester:
             elif qtype == QPT_UC:
                 middle |= _UC
             return wib.bth_run(middle, qp.pkey, qp.dest_qpn, wqe.first_psn + k, ackreq)
+        # one packet: the first (k == 0) or the last (k == last_k) or both (an ONLY)
         last = k == last_k
-        ackreq1 = qtype == QPT_RC and (last or k % ACKREQ_EVERY == ACKREQ_EVERY - 1
-                                       or self.ack_edge)
-        length = wqe.length
         if qtype == QPT_UD:  # UD: SEND_ONLY(_IMM) + DETH (IBA 9.8.3)
             opcode = op.UD_SEND_ONLY_IMM if after == 1 else op.UD_SEND_ONLY
             if qp.qpn == 1:
@@ -438,45 +442,57 @@ class Requester:
                 qkey = qp.qkey if wqe.remote_qkey & 0x80000000 else wqe.remote_qkey
             ext = wib.deth(qkey, qp.qpn)
             dqpn = wqe.remote_qpn
+            ackreq = False
         else:
-            opcode = (only if last else first) if k == 0 else last_op
-            if qtype == QPT_UC:
+            if k:
+                opcode = last_op
+                ext = b""
+            else:
+                opcode = only if last else first
+                ext = wib.reth(wqe.remote_addr, wqe.rkey, wqe.length) if reth else b""
+            if qtype == QPT_RC:
+                ackreq = last or self.ack_edge or k % ACKREQ_EVERY == ACKREQ_EVERY - 1
+            else:
                 opcode |= _UC
-            ext = wib.reth(wqe.remote_addr, wqe.rkey, length) if k == 0 and reth else b""
+                ackreq = False
             dqpn = qp.dest_qpn
-        if last and after:
-            ext += wib.immdt(wqe.imm_data if after == 1 else wqe.invalidate_rkey)
-        # SE as asked, on the last packet; a WRITE sets it only with immediate (IBA 9.2.1)
-        se = last and (not reth or after == 1) and bool(wqe.send_flags & _SOLICITED)
-        return [_BTH(opcode, qp.pkey, dqpn, wqe.first_psn + k, se, (-plen) & 3, ackreq1) + ext]
+        if last:
+            if after:
+                ext += wib.immdt(wqe.imm_data if after == 1 else wqe.invalidate_rkey)
+            # SE as asked, on the last packet; a WRITE sets it only with immediate (IBA 9.2.1)
+            se = (after == 1 or not reth) and wqe.send_flags & _SOLICITED != 0
+        else:
+            se = False
+        return [_BTH(opcode, qp.pkey, dqpn, wqe.first_psn + k, se, -plen & 3, ackreq) + ext]
 
     def _send_pkt(self, wqe: SendWQE) -> None:
         """Queue the next packet of the started ``wqe`` (``tx_pkt``)."""
-        qp = self.qp
         if wqe.opcode not in _MSG_OPS:
             self._send_request(wqe)
             return
-        mtu = qp.mtu
+        qp = self.qp
         k = self.tx_pkt
-        off = k * mtu
-        plen = wqe.length - off
-        if plen > mtu:
-            plen = mtu
-        hdr = self._headers(wqe, k, 1, plen)[0]
+        last = k == wqe.npkts - 1
         segs = wqe.segs
-        if not plen or not segs:
-            parts: list[bytes | bytearray | memoryview] = [hdr]
-        elif wqe.npkts == 1:  # the whole message: its buffers as they are
-            parts = [hdr, *segs]
+        if not k and last:  # the whole message: its buffers as they are
+            plen = wqe.length
+            hdr = self._headers(wqe, 0, 1, plen)[0]
+            parts: list[bytes | bytearray | memoryview] = [hdr, *segs] if plen and segs else [hdr]
         else:
-            parts = [hdr, *gather(segs, off, plen)]
-        pad = (-plen) & 3
+            mtu = qp.mtu
+            off = k * mtu
+            plen = wqe.length - off if last else mtu
+            hdr = self._headers(wqe, k, 1, plen)[0]
+            parts = [hdr, *gather(segs, off, plen)] if plen and segs else [hdr]
+        pad = -plen & 3
         if pad:
             parts.append(wib.pad_bytes(plen))
-        qtype = qp.qp_type
-        qp.tx(parts, len(hdr) + plen + pad, wqe.ah if qtype == QPT_UD else None)
-        if k == wqe.npkts - 1:  # the message is sent (_advance)
-            wqe.state = SENT if qtype == QPT_RC else DONE
+        if qp.qp_type == QPT_UD:
+            qp.tx(parts, len(hdr) + plen + pad, wqe.ah)
+        else:
+            qp.tx(parts, len(hdr) + plen + pad)
+        if last:  # the message is sent (_advance)
+            wqe.state = SENT if qp.qp_type == QPT_RC else DONE
             self.tx_idx += 1
             self.tx_pkt = 0
         else:
