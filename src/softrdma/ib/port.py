@@ -194,18 +194,19 @@ class Port(DeviceTables[EngineQP]):
         """
         c = self.counters
         c.rcvd_pkts += 1
-        c.rcvd_bytes += len(data) + ICRC_SIZE
+        n = len(data)
+        c.rcvd_bytes += n + ICRC_SIZE
         if (meta.sgid == LOOPBACK_GID or meta.dgid == LOOPBACK_GID) and not self.loopback_gid_ok:
             c.rcvd_loopback_gid += 1
             return
         op = data[0]
-        if meta.tclass & _ECN_CE == _ECN_CE and not meta.v1 and len(data) >= _ACK_SIZE \
+        if meta.tclass & _ECN_CE == _ECN_CE and not meta.v1 and n >= _ACK_SIZE \
                 and op != CNP_OPCODE:
             self._congestion_experienced(data, meta, now)
-        if len(data) > 4 and data[4] & 0xC0:  # CA16-16: FECN/BECN unused, ignored (counted)
+        if n > 4 and data[4] & 0xC0:  # CA16-16: FECN/BECN unused, ignored (counted)
             c.rcvd_fecn += data[4] >> 7
             c.rcvd_becn += (data[4] >> 6) & 1
-        if op in _FAST_OPS and len(data) >= _ACK_SIZE:
+        if op in _FAST_OPS and n >= _ACK_SIZE:
             # The fast paths: RC WRITE/SEND MIDDLE (the bulk of large messages: a run of
             # one), the ACK and the small SEND ONLY. They take the packet only when every
             # check of the general path would pass (TVer 0, no pad, the QP's full-member
@@ -213,9 +214,10 @@ class Port(DeviceTables[EngineQP]):
             # way below.
             fqp = self.qps.get(int.from_bytes(data[5:8], "big"))
             if (fqp is not None and (data[2] << 8 | data[3]) == fqp.fast_pkey
-                    and not data[1] & 0x3F and fqp.from_peer(meta) and self.fast_paths):
+                    and not data[1] & 0x3F and self.fast_paths
+                    and (meta is fqp.peer_meta or fqp.from_peer(meta))):
                 if op == RC_ACK:
-                    if len(data) == _ACK_SIZE and fqp.comp.fast_ack(data, now):
+                    if n == _ACK_SIZE and fqp.comp.fast_ack(data, now):
                         return
                 elif op == RC_SEND_ONLY or op == RC_SEND_ONLY_IMM:
                     if fqp.resp.send_only(data, op):

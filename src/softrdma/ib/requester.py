@@ -81,19 +81,33 @@ WC_OPCODE = {
     _W_ATOMIC_WRITE: WCO.IBV_WC_ATOMIC_WRITE,
 }
 
-# The packets of a SEND or WRITE (IBA 9.2.1, Table 35): WR opcode -> RC opcodes of an
-# ONLY, FIRST, MIDDLE and LAST packet, whether the first carries an RETH (a WRITE), and
-# what the last carries after the BTH: nothing (0), an ImmDt (1) or an IETH (2)
+# The packets of a SEND or WRITE (IBA 9.2.1, Table 35): WR opcode -> for each position
+# in the message (MIDDLE, FIRST, LAST, ONLY: index ``last << 1 | first``) the RC opcode,
+# whether the packet carries an RETH (a WRITE's first, IBA 9.3.3), what follows the BTH
+# at the end of the message: nothing (0), an ImmDt (1) or an IETH (2) (IBA 9.3.7-9.3.8),
+# and whether its Solicited Event bit may be set (a message's last packet; a WRITE's only
+# with immediate)
+_PktOps = tuple[int, bool, int, bool]
+
+
+def _positions(only: int, first: int, middle: int, last: int, reth: bool,
+               after: int) -> tuple[_PktOps, _PktOps, _PktOps, _PktOps]:
+    se = not reth or after == 1
+    return ((middle, False, 0, False), (first, reth, 0, False), (last, False, after, se),
+            (only, reth, after, se))
+
+
 _MSG_OPS = {
-    _W_SEND: (op.RC_SEND_ONLY, op.RC_SEND_FIRST, op.RC_SEND_MIDDLE, op.RC_SEND_LAST, False, 0),
-    _W_SEND_IMM: (op.RC_SEND_ONLY_IMM, op.RC_SEND_FIRST, op.RC_SEND_MIDDLE,
-                  op.RC_SEND_LAST_IMM, False, 1),
-    _W_SEND_INV: (op.RC_SEND_ONLY_INV, op.RC_SEND_FIRST, op.RC_SEND_MIDDLE,
-                  op.RC_SEND_LAST_INV, False, 2),
-    _W_WRITE: (op.RC_WRITE_ONLY, op.RC_WRITE_FIRST, op.RC_WRITE_MIDDLE, op.RC_WRITE_LAST,
-               True, 0),
-    _W_WRITE_IMM: (op.RC_WRITE_ONLY_IMM, op.RC_WRITE_FIRST, op.RC_WRITE_MIDDLE,
-                   op.RC_WRITE_LAST_IMM, True, 1),
+    _W_SEND: _positions(op.RC_SEND_ONLY, op.RC_SEND_FIRST, op.RC_SEND_MIDDLE, op.RC_SEND_LAST,
+                        False, 0),
+    _W_SEND_IMM: _positions(op.RC_SEND_ONLY_IMM, op.RC_SEND_FIRST, op.RC_SEND_MIDDLE,
+                            op.RC_SEND_LAST_IMM, False, 1),
+    _W_SEND_INV: _positions(op.RC_SEND_ONLY_INV, op.RC_SEND_FIRST, op.RC_SEND_MIDDLE,
+                            op.RC_SEND_LAST_INV, False, 2),
+    _W_WRITE: _positions(op.RC_WRITE_ONLY, op.RC_WRITE_FIRST, op.RC_WRITE_MIDDLE,
+                         op.RC_WRITE_LAST, True, 0),
+    _W_WRITE_IMM: _positions(op.RC_WRITE_ONLY_IMM, op.RC_WRITE_FIRST, op.RC_WRITE_MIDDLE,
+                             op.RC_WRITE_LAST_IMM, True, 1),
 }
 
 #: AckReq every N packets of a long message (rxe: RXE_MAX_PKT_PER_ACK)
@@ -103,6 +117,8 @@ _BTH_SIZE = op.BTH_SIZE
 _UC = int(op.Transport.UC)
 # WR opcodes of the one-packet messages :meth:`Requester.post_one` sends as they are posted
 _ONE_PACKET = frozenset((_W_SEND, _W_SEND_IMM, _W_WRITE, _W_WRITE_IMM))
+# WR opcodes that need a responder resource (IBA 9.7.7.1: RDMA READ and the atomics)
+_RD_ATOMIC = frozenset((_W_READ, _W_CAS, _W_FAA))
 
 
 class Requester:
@@ -165,16 +181,20 @@ class Requester:
 
     def post(self, wqe: SendWQE, now: float) -> None:
         qp = self.qp
-        wqe.signaled = qp.init.sq_sig_all or bool(wqe.send_flags & _SIGNALED)
+        wqe.signaled = wqe.send_flags & _SIGNALED != 0 or qp.init.sq_sig_all
         o = wqe.opcode
-        wqe.rd_atomic = o == _W_READ or o == _W_CAS or o == _W_FAA
-        if o == _W_CAS or o == _W_FAA:
-            wqe.length = 8
+        if o in _RD_ATOMIC:
+            wqe.rd_atomic = True
+            if o != _W_READ:
+                wqe.length = 8
+        else:
+            wqe.rd_atomic = False
         sq = self.sq
         sq.append(wqe)
-        if len(sq) == 1 or self.tx_idx == len(sq) - 1:
-            if (qp.fast_rc and qp.port.fast_paths and qp.state == RTS and not self.rnr_wait
-                    and self.resend_until is None and self.post_one(wqe, now)):
+        n = len(sq)
+        if n == 1 or self.tx_idx == n - 1:
+            if (self.resend_until is None and not self.rnr_wait and qp.state == RTS
+                    and qp.fast_rc and qp.port.fast_paths and self.post_one(wqe, now)):
                 return
             self.pump(now)
 
@@ -371,7 +391,7 @@ class Requester:
         """Queue the MIDDLE packets of RC ``wqe`` from packet index ``k`` (0 < k < npkts-1)
         up to its last packet (excluded) or the send window's edge, in one loop (no opcode
         dispatch, no window recomputation, no per-packet counter updates); returns the
-        index of the next packet to send. Their headers are :meth:`_headers`' for the run.
+        index of the next packet to send. Their headers are :meth:`_middle_headers`' for the run.
 
         ``head`` is the oldest unacknowledged PSN: it does not move while packets are
         queued (ACKs are processed between calls), so the window is checked by counting.
@@ -396,7 +416,7 @@ class Requester:
         seg = segs[0] if len(segs) == 1 else None
         append = port.tx.append
         off = k * mtu
-        for hdr in self._headers(wqe, k, n, mtu):
+        for hdr in self._middle_headers(wqe, k, n):
             if seg is not None:
                 parts: list[bytes | bytearray | memoryview] = [hdr, seg[off:off + mtu]]
             else:
@@ -409,90 +429,94 @@ class Requester:
         qp.counters.sent_pkts += n
         return k + n
 
-    def _headers(self, wqe: SendWQE, k: int, n: int, plen: int) -> list[bytes]:
-        """The BTH and extension headers of packets ``k`` .. ``k + n - 1`` of SEND/WRITE
-        ``wqe`` (more than one: MIDDLEs only; ``plen``: the payload bytes of one): the
-        opcode of its position and transport (IBA 9.2.1, Table 35), RETH on a WRITE's
-        first packet (IBA 9.3.3), DETH for UD (IBA 9.8.3), ImmDt or IETH on the last (IBA
-        9.3.7-9.3.8), the Solicited Event bit on the last as asked (a WRITE sets it only
-        with immediate), PadCnt, and for RC the AckReq bit at the end of a message, every
-        :data:`ACKREQ_EVERY` packets and on the last packet of the run when it fills the
-        window (``ack_edge``; IBA 9.7.5.1.1)."""
+    def _middle_headers(self, wqe: SendWQE, k: int, n: int) -> list[bytes]:
+        """The BTHs of MIDDLE packets ``k`` .. ``k + n - 1`` of SEND/WRITE ``wqe`` (IBA
+        9.2.1, Table 35; 0 < k, k + n < npkts): the transport's MIDDLE opcode, no SE, no
+        pad, and for RC the AckReq bit every :data:`ACKREQ_EVERY` packets of the message
+        and on the last packet of the run when it fills the window (``ack_edge``; IBA
+        9.7.5.1.1). The other packets' headers are :meth:`_send_pkt`'s."""
         qp = self.qp
         qtype = qp.qp_type
-        last_k = wqe.npkts - 1
-        only, first, middle, last_op, reth, after = _MSG_OPS[wqe.opcode]
-        if k and k + n <= last_k:  # MIDDLEs (most packets of a large message): the BTH alone
-            ackreq = [False] * n
-            if qtype == QPT_RC:
-                for j in range((ACKREQ_EVERY - 1 - k) % ACKREQ_EVERY, n, ACKREQ_EVERY):
-                    ackreq[j] = True
-                if self.ack_edge:
-                    ackreq[-1] = True
-            elif qtype == QPT_UC:
-                middle |= _UC
-            return wib.bth_run(middle, qp.pkey, qp.dest_qpn, wqe.first_psn + k, ackreq)
-        # one packet: the first (k == 0) or the last (k == last_k) or both (an ONLY)
-        last = k == last_k
-        if qtype == QPT_UD:  # UD: SEND_ONLY(_IMM) + DETH (IBA 9.8.3)
-            opcode = op.UD_SEND_ONLY_IMM if after == 1 else op.UD_SEND_ONLY
-            if qp.qpn == 1:
-                qkey = GSI_QKEY
-            else:
-                qkey = qp.qkey if wqe.remote_qkey & 0x80000000 else wqe.remote_qkey
-            ext = wib.deth(qkey, qp.qpn)
-            dqpn = wqe.remote_qpn
-            ackreq = False
-        else:
-            if k:
-                opcode = last_op
-                ext = b""
-            else:
-                opcode = only if last else first
-                ext = wib.reth(wqe.remote_addr, wqe.rkey, wqe.length) if reth else b""
-            if qtype == QPT_RC:
-                ackreq = last or self.ack_edge or k % ACKREQ_EVERY == ACKREQ_EVERY - 1
-            else:
-                opcode |= _UC
-                ackreq = False
-            dqpn = qp.dest_qpn
-        if last:
-            if after:
-                ext += wib.immdt(wqe.imm_data if after == 1 else wqe.invalidate_rkey)
-            # SE as asked, on the last packet; a WRITE sets it only with immediate (IBA 9.2.1)
-            se = (after == 1 or not reth) and wqe.send_flags & _SOLICITED != 0
-        else:
-            se = False
-        return [_BTH(opcode, qp.pkey, dqpn, wqe.first_psn + k, se, -plen & 3, ackreq) + ext]
+        middle = _MSG_OPS[wqe.opcode][0][0]
+        ackreq = [False] * n
+        if qtype == QPT_RC:
+            for j in range((ACKREQ_EVERY - 1 - k) % ACKREQ_EVERY, n, ACKREQ_EVERY):
+                ackreq[j] = True
+            if self.ack_edge:
+                ackreq[-1] = True
+        elif qtype == QPT_UC:
+            middle |= _UC
+        return wib.bth_run(middle, qp.pkey, qp.dest_qpn, wqe.first_psn + k, ackreq)
 
     def _send_pkt(self, wqe: SendWQE) -> None:
-        """Queue the next packet of the started ``wqe`` (``tx_pkt``)."""
-        if wqe.opcode not in _MSG_OPS:
+        """Queue the next packet (``tx_pkt``) of the started ``wqe``.
+
+        A SEND/WRITE packet's headers: a MIDDLE's are :meth:`_middle_headers`' (a run of
+        one); the first, last or only packet gets the opcode of its position and transport
+        (IBA 9.2.1, Table 35), an RETH on a WRITE's first packet (IBA 9.3.3), a DETH for UD
+        (IBA 9.8.3), ImmDt or IETH on the last (IBA 9.3.7-9.3.8), the Solicited Event bit
+        on the last as asked (a WRITE sets it only with immediate), PadCnt, and for RC the
+        AckReq bit at the end of the message, every :data:`ACKREQ_EVERY` packets and when
+        the packet fills the window (``ack_edge``; IBA 9.7.5.1.1)."""
+        pkts = _MSG_OPS.get(wqe.opcode)
+        if pkts is None:
             self._send_request(wqe)
             return
         qp = self.qp
+        qtype = qp.qp_type
         k = self.tx_pkt
-        last = k == wqe.npkts - 1
-        segs = wqe.segs
-        if not k and last:  # the whole message: its buffers as they are
-            plen = wqe.length
-            hdr = self._headers(wqe, 0, 1, plen)[0]
-            parts: list[bytes | bytearray | memoryview] = [hdr, *segs] if plen and segs else [hdr]
+        mtu = qp.mtu
+        off = k * mtu
+        plen = wqe.length - off
+        if plen > mtu:
+            plen = mtu
+            last = False
+            ops = pkts[1] if not k else None  # the first, or a MIDDLE
+        else:  # the last (plen > 0) or the only packet
+            last = True
+            ops = pkts[2] if k else pkts[3]
+        if ops is None:
+            hdr = self._middle_headers(wqe, k, 1)[0]
         else:
-            mtu = qp.mtu
-            off = k * mtu
-            plen = wqe.length - off if last else mtu
-            hdr = self._headers(wqe, k, 1, plen)[0]
-            parts = [hdr, *gather(segs, off, plen)] if plen and segs else [hdr]
+            opcode, reth, after, se_ok = ops
+            ext = wib.reth(wqe.remote_addr, wqe.rkey, wqe.length) if reth else b""
+            if qtype == QPT_RC:
+                ackreq = last or self.ack_edge or k % ACKREQ_EVERY == ACKREQ_EVERY - 1
+                dqpn = qp.dest_qpn
+            elif qtype == QPT_UC:
+                opcode |= _UC
+                ackreq = False
+                dqpn = qp.dest_qpn
+            else:  # UD: SEND_ONLY(_IMM) + DETH (IBA 9.8.3)
+                opcode = op.UD_SEND_ONLY_IMM if after == 1 else op.UD_SEND_ONLY
+                if qp.qpn == 1:
+                    qkey = GSI_QKEY
+                else:
+                    qkey = qp.qkey if wqe.remote_qkey & 0x80000000 else wqe.remote_qkey
+                ext = wib.deth(qkey, qp.qpn)
+                dqpn = wqe.remote_qpn
+                ackreq = False
+            if after:
+                ext += wib.immdt(wqe.imm_data if after == 1 else wqe.invalidate_rkey)
+            # SE as asked, on the last packet; a WRITE sets it only with immediate (IBA 9.2.1)
+            se = se_ok and wqe.send_flags & _SOLICITED != 0
+            hdr = _BTH(opcode, qp.pkey, dqpn, wqe.first_psn + k, se, -plen & 3, ackreq) + ext
+        segs = wqe.segs
+        if not plen or not segs:
+            parts: list[bytes | bytearray | memoryview] = [hdr]
+        elif not off and last:  # the whole message: its buffers as they are
+            parts = [hdr, *segs]
+        else:
+            parts = [hdr, *gather(segs, off, plen)]
         pad = -plen & 3
         if pad:
             parts.append(wib.pad_bytes(plen))
-        if qp.qp_type == QPT_UD:
+        if qtype == QPT_UD:
             qp.tx(parts, len(hdr) + plen + pad, wqe.ah)
         else:
             qp.tx(parts, len(hdr) + plen + pad)
         if last:  # the message is sent (_advance)
-            wqe.state = SENT if qp.qp_type == QPT_RC else DONE
+            wqe.state = SENT if qtype == QPT_RC else DONE
             self.tx_idx += 1
             self.tx_pkt = 0
         else:

@@ -201,13 +201,12 @@ class Responder:
         to the general path, which handles (NAKs or drops) it. The caller counts the
         packets taken.
         """
-        qp = self.qp
-        st = qp.state
-        if st < RTR or st > SQE:
-            return 0
+        # a message in progress: the QP is in RTR, RTS, SQD or SQE (reset and to_error
+        # end it)
         w0_want = _MIDDLE_W0.get(self.cur)
         if w0_want is None:  # no SEND or WRITE in progress
             return 0
+        qp = self.qp
         # BTH word 0 (OpCode, SE M PadCnt TVer, P_Key) with SE and M masked off, and word
         # 1 (FECN BECN Resv6 DestQP) with Resv6 masked off, as they must be (a QP whose
         # P_Key the fast paths do not take has fast_pkey -1: no word matches)
@@ -222,13 +221,12 @@ class Responder:
             if len(data) != size:
                 break
             w0, w1, w2 = _BTH_WORDS(data)
-            psn = w2 & PSN_MASK
-            if (w0 & _W0_CHECKED != w0_want or w1 & _W1_CHECKED != w1_want or psn != epsn
-                    or not place(data[_BTH_SIZE:])):
+            if (w2 & PSN_MASK != epsn or w0 & _W0_CHECKED != w0_want
+                    or w1 & _W1_CHECKED != w1_want or not place(data[_BTH_SIZE:])):
                 break
-            epsn = (psn + 1) & PSN_MASK
             if w2 & _ACKREQ:
-                ack_psn = psn
+                ack_psn = epsn
+            epsn = (epsn + 1) & PSN_MASK
             k += 1
         if k:
             self.nak_sent = False
@@ -242,18 +240,18 @@ class Responder:
         list) or RDMA WRITE (the R_Key's region) in progress and advance the offset
         (IBA 9.7.4.1.5); False, with nothing written, when it does not fit."""
         off = self.offset
-        n = len(payload)
+        end = off + len(payload)
         wbuf = self.wbuf
         if wbuf is not None:
-            if off + n > self.wlen:
+            if end > self.wlen:
                 return False
-            if n:
-                wbuf[off:off + n] = payload
-        elif n:
+            if end > off:  # (a WRITE of 0 bytes has a read-only empty view)
+                wbuf[off:end] = payload
+        elif end > off:
             segs = self.segs
             if segs is None or not scatter(segs, off, payload):
                 return False
-        self.offset = off + n
+        self.offset = end
         return True
 
     def send_only(self, data: memoryview, opcode: int) -> bool:
