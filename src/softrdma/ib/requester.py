@@ -23,9 +23,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from ..enums import ibv_send_flags as SF
-from ..enums import ibv_wc_opcode as WCO
 from ..enums import ibv_wc_status as WCS
-from ..enums import ibv_wr_opcode as WRO
 from ..seam.events import AsyncEventType
 from ..seam.memory import gather, resolve_sges
 from ..seam.queues import take_done
@@ -44,9 +42,15 @@ from ..wire import ib as wib
 from ..wire import opcodes as op
 from ..wire.mad import GSI_QKEY
 from .congestion import MAX_WINDOW, MIN_WINDOW, RetransmitTimer, Window
-from .mw import BindRequest
 from .pacing import ICRC_BYTES, Pacer
 from .packet import ICRC_SIZE, TxPacket
+from .send_ops import MSG_OPS as _MSG_OPS
+from .send_ops import ONE_PACKET as _ONE_PACKET
+from .send_ops import RD_ATOMIC as _RD_ATOMIC
+from .send_ops import W_BIND_MW as _W_BIND_MW
+from .send_ops import W_LOCAL_INV as _W_LOCAL_INV
+from .send_ops import W_READ as _W_READ
+from .send_ops import WC_OPCODE, local_operation, send_request
 
 if TYPE_CHECKING:
     from .qp import EngineQP
@@ -59,66 +63,13 @@ _FENCE = int(SF.IBV_SEND_FENCE)
 _SOLICITED = int(SF.IBV_SEND_SOLICITED)
 MIN_CWND = MIN_WINDOW  # the send window never shrinks below this many PSNs
 
-_W_WRITE = int(WRO.IBV_WR_RDMA_WRITE)
-_W_WRITE_IMM = int(WRO.IBV_WR_RDMA_WRITE_WITH_IMM)
-_W_SEND = int(WRO.IBV_WR_SEND)
-_W_SEND_IMM = int(WRO.IBV_WR_SEND_WITH_IMM)
-_W_READ = int(WRO.IBV_WR_RDMA_READ)
-_W_CAS = int(WRO.IBV_WR_ATOMIC_CMP_AND_SWP)
-_W_FAA = int(WRO.IBV_WR_ATOMIC_FETCH_AND_ADD)
-_W_LOCAL_INV = int(WRO.IBV_WR_LOCAL_INV)
-_W_SEND_INV = int(WRO.IBV_WR_SEND_WITH_INV)
-_W_BIND_MW = int(WRO.IBV_WR_BIND_MW)
-_W_ATOMIC_WRITE = int(WRO.IBV_WR_ATOMIC_WRITE)
-
 _ACCESS_LOCAL_WRITE = 1
-
-WC_OPCODE = {
-    _W_WRITE: WCO.IBV_WC_RDMA_WRITE, _W_WRITE_IMM: WCO.IBV_WC_RDMA_WRITE,
-    _W_SEND: WCO.IBV_WC_SEND, _W_SEND_IMM: WCO.IBV_WC_SEND, _W_SEND_INV: WCO.IBV_WC_SEND,
-    _W_READ: WCO.IBV_WC_RDMA_READ, _W_CAS: WCO.IBV_WC_COMP_SWAP, _W_FAA: WCO.IBV_WC_FETCH_ADD,
-    _W_LOCAL_INV: WCO.IBV_WC_LOCAL_INV, _W_BIND_MW: WCO.IBV_WC_BIND_MW,
-    _W_ATOMIC_WRITE: WCO.IBV_WC_ATOMIC_WRITE,
-}
-
-# The packets of a SEND or WRITE (IBA 9.2.1, Table 35): WR opcode -> for each position
-# in the message (MIDDLE, FIRST, LAST, ONLY: index ``last << 1 | first``) the RC opcode,
-# whether the packet carries an RETH (a WRITE's first, IBA 9.3.3), what follows the BTH
-# at the end of the message: nothing (0), an ImmDt (1) or an IETH (2) (IBA 9.3.7-9.3.8),
-# and whether its Solicited Event bit may be set (a message's last packet; a WRITE's only
-# with immediate)
-_PktOps = tuple[int, bool, int, bool]
-
-
-def _positions(only: int, first: int, middle: int, last: int, reth: bool,
-               after: int) -> tuple[_PktOps, _PktOps, _PktOps, _PktOps]:
-    se = not reth or after == 1
-    return ((middle, False, 0, False), (first, reth, 0, False), (last, False, after, se),
-            (only, reth, after, se))
-
-
-_MSG_OPS = {
-    _W_SEND: _positions(op.RC_SEND_ONLY, op.RC_SEND_FIRST, op.RC_SEND_MIDDLE, op.RC_SEND_LAST,
-                        False, 0),
-    _W_SEND_IMM: _positions(op.RC_SEND_ONLY_IMM, op.RC_SEND_FIRST, op.RC_SEND_MIDDLE,
-                            op.RC_SEND_LAST_IMM, False, 1),
-    _W_SEND_INV: _positions(op.RC_SEND_ONLY_INV, op.RC_SEND_FIRST, op.RC_SEND_MIDDLE,
-                            op.RC_SEND_LAST_INV, False, 2),
-    _W_WRITE: _positions(op.RC_WRITE_ONLY, op.RC_WRITE_FIRST, op.RC_WRITE_MIDDLE,
-                         op.RC_WRITE_LAST, True, 0),
-    _W_WRITE_IMM: _positions(op.RC_WRITE_ONLY_IMM, op.RC_WRITE_FIRST, op.RC_WRITE_MIDDLE,
-                             op.RC_WRITE_LAST_IMM, True, 1),
-}
 
 #: AckReq every N packets of a long message (rxe: RXE_MAX_PKT_PER_ACK)
 ACKREQ_EVERY = 32
 _BTH = wib.bth
 _BTH_SIZE = op.BTH_SIZE
 _UC = int(op.Transport.UC)
-# WR opcodes of the one-packet messages :meth:`Requester.post_one` sends as they are posted
-_ONE_PACKET = frozenset((_W_SEND, _W_SEND_IMM, _W_WRITE, _W_WRITE_IMM))
-# WR opcodes that need a responder resource (IBA 9.7.7.1: RDMA READ and the atomics)
-_RD_ATOMIC = frozenset((_W_READ, _W_CAS, _W_FAA))
 
 
 class Requester:
@@ -218,14 +169,12 @@ class Requester:
             if s == UNSENT:
                 if qp.state != RTS:
                     break
-                if wqe.opcode == _W_LOCAL_INV:
-                    if not self._local_inv(wqe):
+                if wqe.opcode == _W_LOCAL_INV or wqe.opcode == _W_BIND_MW:
+                    status = local_operation(qp, wqe)
+                    if status:
+                        self.fail(wqe, status)
                         return
-                    self.tx_idx += 1
-                    continue
-                if wqe.opcode == _W_BIND_MW:
-                    if not self._bind_mw(wqe):
-                        return
+                    wqe.state = DONE
                     self.tx_idx += 1
                     continue
                 if rc:
@@ -459,8 +408,11 @@ class Requester:
         AckReq bit at the end of the message, every :data:`ACKREQ_EVERY` packets and when
         the packet fills the window (``ack_edge``; IBA 9.7.5.1.1)."""
         pkts = _MSG_OPS.get(wqe.opcode)
-        if pkts is None:
-            self._send_request(wqe)
+        if pkts is None:  # an RDMA READ or atomic: one request packet, with AckReq
+            send_request(self.qp, wqe)
+            wqe.state = SENT
+            self.tx_idx += 1
+            self.tx_pkt = 0
             return
         qp = self.qp
         qtype = qp.qp_type
@@ -521,62 +473,6 @@ class Requester:
             self.tx_pkt = 0
         else:
             self.tx_pkt = k + 1
-
-    def _send_request(self, wqe: SendWQE) -> None:
-        """Queue the request packet of an RDMA READ (from its first missing response, IBA
-        9.7.5.1.5), an atomic (IBA 9.3.4) or an RDMA Atomic Write (opcode 0x1D: RETH and
-        the 8 bytes), each with AckReq."""
-        qp = self.qp
-        o = wqe.opcode
-        pkey = qp.pkey
-        if o == _W_READ:
-            got = wqe.read_received
-            psn = wqe.first_psn + got // qp.mtu
-            hdr = _BTH(op.RC_READ_REQUEST, pkey, qp.dest_qpn, psn, ackreq=True) + \
-                wib.reth(wqe.remote_addr + got, wqe.rkey, wqe.length - got)
-            qp.tx([hdr], len(hdr))
-        elif o == _W_CAS or o == _W_FAA:
-            opcode = op.RC_CMP_SWAP if o == _W_CAS else op.RC_FETCH_ADD
-            if o == _W_CAS:
-                swap_add, compare = wqe.swap, wqe.compare_add
-            else:
-                swap_add, compare = wqe.compare_add, 0
-            hdr = _BTH(opcode, pkey, qp.dest_qpn, wqe.first_psn, ackreq=True) + \
-                wib.atmeth(wqe.remote_addr, wqe.rkey, swap_add, compare)
-            qp.tx([hdr], len(hdr))
-        else:  # _W_ATOMIC_WRITE
-            hdr = _BTH(op.RC_ATOMIC_WRITE, pkey, qp.dest_qpn, wqe.first_psn, ackreq=True) + \
-                wib.reth(wqe.remote_addr, wqe.rkey, 8)
-            qp.tx([hdr, *gather(wqe.segs or [], 0, 8)], len(hdr) + 8)
-        self._advance(wqe)
-
-    def _advance(self, wqe: SendWQE) -> None:
-        wqe.state = SENT
-        self.tx_idx += 1
-        self.tx_pkt = 0
-
-    def _local_inv(self, wqe: SendWQE) -> bool:
-        """IBV_WR_LOCAL_INV: invalidate an MR of this PD (IBA 10.6.5)."""
-        qp = self.qp
-        mr = qp.port.lookup_mr(wqe.invalidate_rkey)
-        if mr is None or mr.pd is not qp.pd:
-            self.fail(wqe, WCS.IBV_WC_MW_BIND_ERR)
-            return False
-        mr.valid = False
-        wqe.state = DONE
-        return True
-
-    def _bind_mw(self, wqe: SendWQE) -> bool:
-        """IBV_WR_BIND_MW: bind a memory window in send-queue order (IBA 10.6.7.2)."""
-        qp = self.qp
-        bind = wqe.bind
-        status = (bind.execute(qp.port, qp, qp.pd) if isinstance(bind, BindRequest)
-                  else int(WCS.IBV_WC_MW_BIND_ERR))
-        if status:
-            self.fail(wqe, status)
-            return False
-        wqe.state = DONE
-        return True
 
     # ---- completion and going back (the completer calls these) ----------------------------
     def complete_head(self) -> None:

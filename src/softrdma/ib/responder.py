@@ -3,7 +3,8 @@
 RC: requests are executed in PSN order. A PSN ahead of the expected one draws one
 PSN-sequence NAK; a PSN behind it is a duplicate: SEND/WRITE are re-acknowledged,
 READ is re-executed from the responder resource that covers it and an atomic's saved
-result is sent again (never re-executed, IBA 9.7.5.1.4; C9-105, as rxe ``duplicate_request``). Errors are NAKed with
+result is sent again (never re-executed, IBA 9.7.5.1.4; C9-105, as rxe ``duplicate_request``:
+READ and atomics are softrdma.ib.rd_atomic's). Errors are NAKed with
 the code of IBA Table 44 and, for class B/C/D errors, the QP moves to ERR. Most packets
 of a large SEND or WRITE are MIDDLEs (IBA 9.7.1): :meth:`Responder.place_middles` takes
 a run of them (one packet is a run of one) without decoding; every byte of a SEND or
@@ -34,6 +35,17 @@ from ..wire import opcodes as op
 from ..wire.mad import GSI_QKEY
 from .mw import remotely_invalidatable
 from .packet import RxMeta
+from .rd_atomic import (
+    ACK_SYNDROME,
+    MAX_MSG,
+    Resource,
+    execute_atomic,
+    execute_atomic_write,
+    execute_read,
+    replay,
+    rkey_view,
+)
+from .rd_atomic import RequestNak as _NAK
 
 _POS_FIRST = int(op.Pos.FIRST)
 _POS_LAST = int(op.Pos.LAST)
@@ -49,12 +61,7 @@ _BTH_WORDS = struct.Struct("!III").unpack_from  # the BTH's three 32-bit words (
 _W0_CHECKED = 0xFF3FFFFF  # OpCode, PadCnt, TVer, P_Key
 _W1_CHECKED = wib.BTH_FECN | wib.BTH_BECN | 0xFFFFFF  # FECN, BECN, DestQP
 _ACKREQ = wib.BTH_ACKREQ
-_HOST_U64 = struct.Struct("=Q")
-_ACK_SYN = wib.AETH_ACK | wib.AETH_CREDIT_INVALID  # rxe: AETH_ACK_UNLIMITED
-MAX_MSG = 1 << 31  # IBA: maximum message size 2^31 (rxe check_rkey)
-_ACCESS_REMOTE_READ = int(ACC.IBV_ACCESS_REMOTE_READ)  # plain ints on the hot path
-_ACCESS_REMOTE_ATOMIC = int(ACC.IBV_ACCESS_REMOTE_ATOMIC)
-_ACCESS_REMOTE_WRITE = int(ACC.IBV_ACCESS_REMOTE_WRITE)
+_ACCESS_REMOTE_WRITE = int(ACC.IBV_ACCESS_REMOTE_WRITE)  # plain ints on the hot path
 _ACCESS_LOCAL_WRITE = int(ACC.IBV_ACCESS_LOCAL_WRITE)
 _WC_WITH_IMM = int(WCF.IBV_WC_WITH_IMM)
 _WC_WITH_INV = int(WCF.IBV_WC_WITH_INV)
@@ -70,31 +77,6 @@ K_FAA = op.Kind.FETCH_ADD
 K_ATOMIC_WRITE = op.Kind.ATOMIC_WRITE
 # the message in progress -> BTH word 0 of its MIDDLE packets, less the P_Key
 _MIDDLE_W0: dict[int, int] = {K_SEND: op.RC_SEND_MIDDLE << 24, K_WRITE: op.RC_WRITE_MIDDLE << 24}
-
-
-class Resource:
-    """A responder resource kept for duplicate READ/atomic requests (IBA 9.7.5.1.4)."""
-
-    __slots__ = ("kind", "first_psn", "last_psn", "orig", "va", "rkey", "length")
-
-    def __init__(self, kind: int, first_psn: int, last_psn: int, orig: int = 0, va: int = 0,
-                 rkey: int = 0, length: int = 0) -> None:
-        self.kind = kind
-        self.first_psn = first_psn
-        self.last_psn = last_psn
-        self.orig = orig
-        self.va = va
-        self.rkey = rkey
-        self.length = length
-
-
-class _NAK(Exception):
-    """Internal: abort processing of a request with a NAK (and maybe a responder error)."""
-
-    def __init__(self, code: int, wc_status: int = 0) -> None:
-        super().__init__(code)
-        self.code = code
-        self.wc_status = wc_status
 
 
 class Responder:
@@ -137,19 +119,19 @@ class Responder:
                                             qp.qpn))
 
     # ---- outgoing responses -------------------------------------------------------------------
-    def send_ack(self, psn: int, syndrome: int = _ACK_SYN) -> None:
+    def send_ack(self, psn: int, syndrome: int = ACK_SYNDROME) -> None:
         qp = self.qp
         hdr = wib.bth(op.RC_ACK, qp.pkey, qp.dest_qpn, psn) + wib.aeth(syndrome, self.msn)
         qp.tx([hdr], 16)
 
-    def _schedule_ack(self, psn: int) -> None:
+    def schedule_ack(self, psn: int) -> None:
         """Acknowledge up to ``psn`` with the next coalesced ACK (IBA 9.7.5.1.1)."""
         qp = self.qp
         if qp.ack_psn < 0:
             qp.port.ack_pending.append(qp)
         qp.ack_psn = psn
 
-    def _flush_pending_ack(self) -> None:
+    def flush_pending_ack(self) -> None:
         qp = self.qp
         if qp.ack_psn >= 0:
             self.send_ack(qp.ack_psn)
@@ -160,7 +142,7 @@ class Responder:
                 pass
 
     def _nak(self, psn: int, code: int) -> None:
-        self._flush_pending_ack()
+        self.flush_pending_ack()
         self.qp.port.counters.sent_nak += 1
         self.qp.counters.sent_nak += 1
         self.send_ack(psn, code)
@@ -232,7 +214,7 @@ class Responder:
             self.nak_sent = False
             self.epsn = epsn
             if ack_psn >= 0:
-                self._schedule_ack(ack_psn)
+                self.schedule_ack(ack_psn)
         return k
 
     def _place(self, payload: memoryview) -> bool:
@@ -299,7 +281,7 @@ class Responder:
         qp.complete_recv(wc)
         self.epsn = (psn + 1) & PSN_MASK
         if w2 & _ACKREQ:
-            self._schedule_ack(psn)
+            self.schedule_ack(psn)
         self._check_comm_est()
         return True
 
@@ -335,7 +317,7 @@ class Responder:
             # requester resends this PSN after the timer.
             qp.port.counters.send_rnr_nak += 1
             qp.counters.send_rnr_nak += 1
-            self._flush_pending_ack()
+            self.flush_pending_ack()
             self.send_ack(pkt.psn, wib.AETH_RNR_NAK | (qp.min_rnr_timer & 0x1F))
 
     def _error(self, pkt: wib.IBPacket, e: _NAK) -> None:
@@ -375,25 +357,9 @@ class Responder:
             self.qp.counters.rcvd_bad_length += 1
             raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
 
-    def _rkey_view(self, rkey: int, va: int, length: int, need: int) -> memoryview:
-        """R_Key, PD, access and bounds checks (IBA 10.6.3.1; rxe ``check_rkey``); NAK 0x62 on failure."""
-        qp = self.qp
-        if not qp.access_flags & need:
-            raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
-        if length == 0:
-            return memoryview(b"")
-        mr = qp.port.mrs.get(rkey)
-        if mr is None or not mr.valid or mr.pd is not qp.pd or not mr.access & need:
-            raise _NAK(wib.NAK_REMOTE_ACCESS, WCS.IBV_WC_REM_ACCESS_ERR)
-        off = mr.offset_of(va, length)
-        if off < 0:
-            raise _NAK(wib.NAK_REMOTE_ACCESS, WCS.IBV_WC_REM_ACCESS_ERR)
-        return mr.buf[off:off + length]
-
     def _execute(self, pkt: wib.IBPacket) -> None:
         info = pkt.info
         kind = info.kind
-        qp = self.qp
         if kind == K_SEND or kind == K_WRITE:
             self._check_seq(info, kind)
             plen = len(pkt.payload)
@@ -404,50 +370,18 @@ class Responder:
                 self._write_data(pkt, plen)
             self.epsn = (self.epsn + 1) & PSN_MASK
             if pkt.ackreq:
-                self._schedule_ack(pkt.psn)
+                self.schedule_ack(pkt.psn)
             return
         if self.cur != 0:  # a new request in the middle of a message
             raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
         if kind == K_READ:
-            if pkt.dma_len > MAX_MSG:
-                raise _NAK(wib.NAK_INVALID_REQUEST)
-            view = self._rkey_view(pkt.rkey, pkt.va, pkt.dma_len, _ACCESS_REMOTE_READ)
-            mtu = qp.mtu
-            npkts = (pkt.dma_len + mtu - 1) // mtu if pkt.dma_len else 1
-            self.msn = (self.msn + 1) & PSN_MASK
-            self.resources.append(Resource(K_READ, pkt.psn, (pkt.psn + npkts - 1) & PSN_MASK,
-                                           va=pkt.va, rkey=pkt.rkey, length=pkt.dma_len))
-            self.epsn = (self.epsn + npkts) & PSN_MASK
-            self._read_responses(pkt.psn, view)
-            return
-        if kind == K_CAS or kind == K_FAA:
-            if pkt.va & 7:
-                raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
-            view = self._rkey_view(pkt.rkey, pkt.va, 8, _ACCESS_REMOTE_ATOMIC)
-            orig = _HOST_U64.unpack_from(view)[0]
-            if kind == K_CAS:
-                if orig == pkt.compare:
-                    _HOST_U64.pack_into(view, 0, pkt.swap_add)
-            else:
-                _HOST_U64.pack_into(view, 0, (orig + pkt.swap_add) & 0xFFFFFFFFFFFFFFFF)
-            self.msn = (self.msn + 1) & PSN_MASK
-            self.resources.append(Resource(kind, pkt.psn, pkt.psn, orig=orig))
-            self.epsn = (self.epsn + 1) & PSN_MASK
-            self._atomic_ack(pkt.psn, orig)
-            return
-        if kind == K_ATOMIC_WRITE:
-            # RDMA Atomic Write (opcode 0x1D, IBA 1.5; rxe ``atomic_write_reply``): 8 bytes to an aligned VA
-            # in one store, needs REMOTE_WRITE; acknowledged like a write (rxe).
-            if pkt.va & 7 or pkt.dma_len != 8 or len(pkt.payload) != 8:
-                raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
-            view = self._rkey_view(pkt.rkey, pkt.va, 8, _ACCESS_REMOTE_WRITE)
-            view[0:8] = pkt.payload
-            self.msn = (self.msn + 1) & PSN_MASK
-            self.epsn = (self.epsn + 1) & PSN_MASK
-            if pkt.ackreq:
-                self._schedule_ack(pkt.psn)
-            return
-        raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
+            execute_read(self, pkt)
+        elif kind == K_CAS or kind == K_FAA:
+            execute_atomic(self, pkt, kind)
+        elif kind == K_ATOMIC_WRITE:
+            execute_atomic_write(self, pkt)
+        else:
+            raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
 
     def _send_data(self, pkt: wib.IBPacket, plen: int) -> None:
         qp = self.qp
@@ -495,8 +429,7 @@ class Responder:
         if self.cur == 0:
             if pkt.dma_len > MAX_MSG:
                 raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
-            self.wbuf = self._rkey_view(pkt.rkey, pkt.va, pkt.dma_len,
-                                        _ACCESS_REMOTE_WRITE)
+            self.wbuf = rkey_view(qp, pkt.rkey, pkt.va, pkt.dma_len, _ACCESS_REMOTE_WRITE)
             self.wlen = pkt.dma_len
             self.offset = 0
             self.cur = K_WRITE
@@ -523,68 +456,15 @@ class Responder:
                 wc.solicited = pkt.se
                 qp.complete_recv(wc)
 
-    def _read_responses(self, psn: int, view: memoryview) -> None:
-        """Emit the RDMA READ response packets for ``view`` starting at ``psn`` (IBA 9.7.4.1.4)."""
-        self._flush_pending_ack()
-        qp = self.qp
-        mtu = qp.mtu
-        n = len(view)
-        npkts = (n + mtu - 1) // mtu if n else 1
-        pkey = qp.pkey
-        dqpn = qp.dest_qpn
-        aeth = wib.aeth(_ACK_SYN, self.msn)
-        for k in range(npkts):
-            off = k * mtu
-            plen = n - off if n - off < mtu else mtu
-            if npkts == 1:
-                opcode = op.RC_READ_RESPONSE_ONLY
-            elif k == 0:
-                opcode = op.RC_READ_RESPONSE_FIRST
-            elif k == npkts - 1:
-                opcode = op.RC_READ_RESPONSE_LAST
-            else:
-                opcode = op.RC_READ_RESPONSE_MIDDLE
-            pad = (-plen) & 3
-            hdr = wib.bth(opcode, pkey, dqpn, psn + k, pad=pad)
-            if opcode != op.RC_READ_RESPONSE_MIDDLE:
-                hdr += aeth
-            parts: list[bytes | bytearray | memoryview] = [hdr]
-            if plen:
-                parts.append(view[off:off + plen])
-            if pad:
-                parts.append(wib.pad_bytes(plen))
-            qp.tx(parts, len(hdr) + plen + pad)
-
-    def _atomic_ack(self, psn: int, orig: int) -> None:
-        self._flush_pending_ack()
-        qp = self.qp
-        hdr = wib.bth(op.RC_ATOMIC_ACK, qp.pkey, qp.dest_qpn, psn) + \
-            wib.aeth(_ACK_SYN, self.msn) + wib.atmack(orig)
-        qp.tx([hdr], 24)
-
     def _duplicate(self, pkt: wib.IBPacket) -> None:
-        """Duplicate request (IBA 9.7.5.1.4 / C9-105 ...)."""
+        """A duplicate request (IBA 9.7.5.1.4): a SEND or WRITE is acknowledged again with
+        the last PSN received; a READ or atomic is answered again from its resource
+        (:func:`~softrdma.ib.rd_atomic.replay`)."""
         kind = pkt.info.kind
         if kind == K_SEND or kind == K_WRITE:
-            self._schedule_ack((self.epsn - 1) & PSN_MASK)
+            self.schedule_ack((self.epsn - 1) & PSN_MASK)
             return
-        for r in reversed(self.resources):
-            if psn_diff(pkt.psn, r.first_psn) >= 0 and psn_diff(pkt.psn, r.last_psn) <= 0:
-                if r.kind != kind:
-                    return
-                if kind == K_READ:
-                    try:
-                        view = self._rkey_view(pkt.rkey, pkt.va, pkt.dma_len,
-                                               _ACCESS_REMOTE_READ)
-                    except _NAK:
-                        return
-                    saved = self.msn
-                    self._read_responses(pkt.psn, view)
-                    self.msn = saved
-                else:
-                    self._atomic_ack(pkt.psn, r.orig)
-                return
-        # Too old to be in the resources: nothing to replay; drop silently.
+        replay(self, pkt)
 
     # ---- UC -----------------------------------------------------------------------------------------
     def _uc(self, pkt: wib.IBPacket) -> None:
