@@ -197,8 +197,11 @@ class EngineQP:
         # one they serve; else none (-1)
         fast = self.fast_rc and self.qp_type == QPT_RC
         self.fast_pkey = self.pkey if fast and self.pkey & 0x8000 and self.pkey & 0x7FFF else -1
-        self.peer_meta: RxMeta | None = None  # the last RxMeta from_peer accepted
+        # whether Requester.post_one may send a message as it is posted: an RC QP on the
+        # fast paths with an address vector without static rate (IBA 9.11: paced by pump)
         av = self.av
+        self.fast_post = fast and av is not None and not av.rate_bps
+        self.peer_meta: RxMeta | None = None  # the last RxMeta from_peer accepted
         if av is not None and self.qp_type != QPT_UD:
             gids = self.port.gids
             sgid = gids[av.sgid_index] if av.sgid_index < len(gids) else gids[0]
@@ -226,7 +229,9 @@ class EngineQP:
             return
         port = self.port
         gids = port.gids
-        i = a.sgid_index if a.sgid_index < len(gids) else 0
+        i = a.sgid_index
+        if i >= len(gids):
+            i = 0
         port.tx.append(TxPacket(gids[i], a.dgid, self.sport, parts, length, a.traffic_class,
                                 a.hop_limit, a.flow_label, port.gid_v1[i], a.sl))
         c = port.counters
@@ -350,7 +355,7 @@ class EngineQP:
 
     def post_send(self, wqe: SendWQE, now: float) -> None:
         st = self.state
-        check_post_send(st, self.destroyed, self.req.depth(), self.init.max_send_wr,
+        check_post_send(st, self.destroyed, len(self.req.sq), self.init.max_send_wr,
                         "the QP must be in RTS")
         if st == ERR or st == SQE:
             wqe.signaled = True

@@ -145,7 +145,7 @@ class Requester:
         n = len(sq)
         if n == 1 or self.tx_idx == n - 1:
             if (self.resend_until is None and not self.rnr_wait and qp.state == RTS
-                    and qp.fast_rc and qp.port.fast_paths and self.post_one(wqe, now)):
+                    and qp.fast_post and qp.port.fast_paths and self.post_one(wqe, now)):
                 return
             self.pump(now)
 
@@ -301,29 +301,26 @@ class Requester:
         message of one packet (SEND, SEND with immediate, RDMA WRITE, RDMA WRITE with
         immediate, at most the path MTU) that the window admits, without the general
         loop; returns False, having changed nothing, for anything else (:meth:`pump`
-        then runs). The caller checked: RC fast paths on, QP in RTS, no RNR wait, not
-        retransmitting.
+        then runs). The caller checked: RC fast paths on (``qp.fast_post``: an RC QP with
+        an address vector without static rate), QP in RTS, no RNR wait, not retransmitting.
 
         It is :meth:`pump` for that one case: :meth:`_start` (PSN, IBA 9.7.1), the
         window check, :meth:`_send_pkt` (an ONLY opcode, IBA 9.2.1, with AckReq: the
         end of a message), the ACK timer (IBA 9.7.6.1.3).
         """
         qp = self.qp
-        if (wqe.opcode not in _ONE_PACKET or wqe.length > qp.mtu or qp.qp_type != QPT_RC
-                or wqe.send_flags & _FENCE or wqe.ah is not None):
+        if (wqe.opcode not in _ONE_PACKET or wqe.length > qp.mtu or wqe.send_flags & _FENCE
+                or wqe.ah is not None or qp.rate_limit_bps):
             return False
-        av = qp.av
-        if av is None or av.rate_bps or qp.rate_limit_bps:
-            return False
-        sq = self.sq
         # The window (as in pump): the oldest unacknowledged PSN is an older WQE's, or
         # this one's own (distance 0) when nothing older is outstanding.
         cwnd = self.cwnd
-        if sq[0] is wqe:
+        first = self.sq[0]
+        if first is wqe:
             self.ack_edge = cwnd <= 1
         else:
-            head = self.una()
-            d = 0 if head is None else psn_diff(self.next_psn, head)
+            una = self.una()
+            d = 0 if una is None else psn_diff(self.next_psn, una)
             if d >= cwnd:
                 return False
             self.ack_edge = d + 1 >= cwnd
@@ -332,7 +329,7 @@ class Requester:
         self._send_pkt(wqe)
         if qp.deadline is None and qp.timeout:
             qp.set_deadline(now + self.timer_period())
-        if sq[0].state == DONE:
+        if first is not wqe and first.state == DONE:
             self.complete_head()
         return True
 
