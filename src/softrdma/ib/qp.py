@@ -308,6 +308,7 @@ class EngineQP:
             self.sq_psn = int(attrs["sq_psn"]) & _PSN_MASK
             self.req.set_psn(self.sq_psn)
         self._derive()
+        self.resp.want_middles()  # the P_Key or path MTU may have changed
         if "qp_state" not in attrs:
             return
         new = int(attrs["qp_state"])

@@ -98,6 +98,21 @@ class Responder:
         self.offset = 0
         self.wbuf: memoryview | None = None
         self.wlen = 0
+        self.mid: tuple[int, int, int] | None = None  # see want_middles
+
+    def want_middles(self) -> None:
+        """What :meth:`place_middles` requires of each MIDDLE of the SEND or WRITE in
+        progress: BTH word 0 (OpCode, SE M PadCnt TVer, P_Key) with SE and M masked off,
+        word 1 (FECN BECN Resv6 DestQP) with Resv6 masked off, as they must be (IBA 9.6,
+        9.7.1), and the packet's size (a path MTU of payload); None when no SEND or WRITE
+        is in progress or the fast paths do not take the QP's P_Key. Recomputed when a
+        message starts and when the QP is modified."""
+        w0 = _MIDDLE_W0.get(self.cur)
+        qp = self.qp
+        if w0 is None or qp.fast_pkey < 0:
+            self.mid = None
+        else:
+            self.mid = (w0 | qp.fast_pkey, qp.qpn, _BTH_SIZE + qp.mtu)
 
     def set_epsn(self, psn: int) -> None:
         self.epsn = psn & PSN_MASK
@@ -185,16 +200,10 @@ class Responder:
         """
         # a message in progress: the QP is in RTR, RTS, SQD or SQE (reset and to_error
         # end it)
-        w0_want = _MIDDLE_W0.get(self.cur)
-        if w0_want is None:  # no SEND or WRITE in progress
+        mid = self.mid
+        if mid is None:  # no SEND or WRITE in progress
             return 0
-        qp = self.qp
-        # BTH word 0 (OpCode, SE M PadCnt TVer, P_Key) with SE and M masked off, and word
-        # 1 (FECN BECN Resv6 DestQP) with Resv6 masked off, as they must be (a QP whose
-        # P_Key the fast paths do not take has fast_pkey -1: no word matches)
-        w0_want |= qp.fast_pkey
-        w1_want = qp.qpn
-        size = _BTH_SIZE + qp.mtu
+        w0_want, w1_want, size = mid
         epsn = self.epsn
         place = self._place
         ack_psn = -1
@@ -397,6 +406,7 @@ class Responder:
             self.segs = segs
             self.offset = 0
             self.cur = K_SEND
+            self.want_middles()
         if not self._place(pkt.payload):
             raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_LOC_LEN_ERR)
         if pkt.info.pos_int & _POS_LAST:
@@ -433,6 +443,7 @@ class Responder:
             self.wlen = pkt.dma_len
             self.offset = 0
             self.cur = K_WRITE
+            self.want_middles()
         end = self.offset + plen
         last = bool(info.pos_int & _POS_LAST)
         if end > self.wlen or (last and end != self.wlen):
