@@ -69,7 +69,7 @@ def rkey_view(qp: EngineQP, rkey: int, va: int, length: int, need: int) -> memor
     if not qp.access_flags & need:
         raise RequestNak(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
     if length == 0:
-        return memoryview(b"")
+        return memoryview(bytearray())  # writable: a WRITE of 0 bytes places nothing in it
     mr = qp.port.mrs.get(rkey)
     if mr is None or not mr.valid or mr.pd is not qp.pd or not mr.access & need:
         raise RequestNak(wib.NAK_REMOTE_ACCESS, WCS.IBV_WC_REM_ACCESS_ERR)

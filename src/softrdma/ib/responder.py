@@ -205,7 +205,6 @@ class Responder:
             return 0
         w0_want, w1_want, size = mid
         epsn = self.epsn
-        place = self._place
         ack_psn = -1
         k = 0
         for data in bodies:
@@ -213,7 +212,7 @@ class Responder:
                 break
             w0, w1, w2 = _BTH_WORDS(data)
             if (w2 & PSN_MASK != epsn or w0 & _W0_CHECKED != w0_want
-                    or w1 & _W1_CHECKED != w1_want or not place(data[_BTH_SIZE:])):
+                    or w1 & _W1_CHECKED != w1_want or not self._place(data[_BTH_SIZE:])):
                 break
             if w2 & _ACKREQ:
                 ack_psn = epsn
@@ -236,8 +235,7 @@ class Responder:
         if wbuf is not None:
             if end > self.wlen:
                 return False
-            if end > off:  # (a WRITE of 0 bytes has a read-only empty view)
-                wbuf[off:end] = payload
+            wbuf[off:end] = payload
         elif end > off:
             segs = self.segs
             if segs is None or not scatter(segs, off, payload):
