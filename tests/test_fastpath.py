@@ -420,3 +420,29 @@ def test_shared_device_direct_links_take_a_batch_larger_than_asked() -> None:
     link.counters = {"rx_direct": 0}
     got = link.recv_batch(1)
     assert got == [0, 1, 2] and second.asked == [] and link.counters["rx_direct"] == 3
+
+
+def test_a_run_of_middles_after_a_pkey_change_is_not_placed() -> None:
+    """What place_middles requires of a MIDDLE is computed when the message starts and
+    recomputed when the QP is modified (Responder.want_middles): after the responder's
+    P_Key index moves to another key mid-WRITE, a run of MIDDLEs still carrying the old
+    P_Key is not placed (IBA 9.6.1.1.3: the P_Key must match the QP's)."""
+    net = Net(seed=0)
+    keys = (0xFFFF, 0xC123)
+    a = Endpoint(net.add_port(1, max_mtu=4096, pkeys=keys), size=1 << 16)
+    b = Endpoint(net.add_port(2, max_mtu=4096, pkeys=keys), size=1 << 16)
+    connect(a, b, mtu=1)  # 256 B payloads
+    a.qp.req.cwnd = 64
+    a.mr.buf[:8192] = bytes(range(256)) * 32
+    a.qp.post_send(SendWQE(1, int(e.IBV_WR_RDMA_WRITE), int(e.IBV_SEND_SIGNALED),
+                           [SGE(a.mr.addr, 8192, a.mr.lkey)], remote_addr=b.mr.addr,
+                           rkey=b.mr.rkey), 0.0)
+    bodies = [memoryview(b"".join(bytes(p) for p in pkt.parts)) for pkt in a.port.take_tx()]
+    assert len(bodies) == 32
+    meta = RxMeta(a.port.gids[0], b.port.gids[0])
+    b.port.receive(bodies[0], meta, 0.0)  # the FIRST: the WRITE is in progress
+    assert b.port.receive_run(bodies[1:3], meta) == 2  # MIDDLEs with the QP's P_Key
+    b.qp.modify({"pkey_index": 1}, 0.0)
+    before = bytes(b.mr.buf[:8192])
+    assert b.port.receive_run(bodies[3:8], meta) == 0
+    assert bytes(b.mr.buf[:8192]) == before
