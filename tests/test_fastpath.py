@@ -426,7 +426,7 @@ def test_a_run_of_middles_after_a_pkey_change_is_not_placed() -> None:
     """What place_middles requires of a MIDDLE is computed when the message starts and
     recomputed when the QP is modified (Responder.want_middles): after the responder's
     P_Key index moves to another key mid-WRITE, a run of MIDDLEs still carrying the old
-    P_Key is not placed (IBA 9.6.1.1.3: the P_Key must match the QP's)."""
+    P_Key is not placed (IBA 10.9.3: the P_Key must match the QP's)."""
     net = Net(seed=0)
     keys = (0xFFFF, 0xC123)
     a = Endpoint(net.add_port(1, max_mtu=4096, pkeys=keys), size=1 << 16)
