@@ -9,12 +9,16 @@ kept for retransmissions (go-back-N from the oldest unacknowledged PSN, IBA 9.7.
   is the completer's (softrdma.ib.completer).
 * UC and UD: the WQE completes once its last packet has been handed to the driver.
 
-Every SEND/WRITE packet's headers come from one builder, :meth:`Requester._headers`:
-the general loop (:meth:`Requester.pump`), a message of one packet sent as it is posted
-(:meth:`Requester.post_one`: the ping-pong's message, without the loop) and a run of
-MIDDLE packets sent in one tight loop (:meth:`Requester.emit_middles`: most packets of a
-large message, IBA 9.7.1) all use it, so their bytes are the same (tests/test_fastpath.py
-compares them with the general path byte for byte).
+Every SEND/WRITE packet is queued by :meth:`Requester._send_pkt` (the first, last or
+only packet's headers are built there; a MIDDLE's come from
+:meth:`Requester._middle_headers`), except the runs of MIDDLE packets sent in one tight
+loop (:meth:`Requester.emit_middles`: most packets of a large message, IBA 9.7.1), whose
+headers come from :meth:`Requester._middle_headers` too. The general loop
+(:meth:`Requester.pump`) and a message of one packet sent as it is posted
+(:meth:`Requester.post_one`: the ping-pong's message, without the loop) both use
+``_send_pkt``, so their bytes are the same (tests/test_fastpath.py compares them with the
+general path byte for byte). Per WR opcode tables, READ/atomic request packets and local
+operations are softrdma.ib.send_ops'.
 """
 
 from __future__ import annotations
