@@ -56,6 +56,7 @@ from .qp import EngineQP
 __all__ = ["Counters", "DropReason", "Port", "RxMeta", "TxPacket", "Timed"]
 
 _U32 = struct.Struct("!I")
+_U32_AT = _U32.unpack_from  # one BTH word at an offset
 _ECN_CE = 0x03  # the ECN field of the IP TOS / traffic class byte: CE (RFC 3168 §5)
 _ACK_SIZE = wib.BTH.size + wib.U32.size  # an ACKNOWLEDGE: BTH + AETH, no payload (IBA 9.7.5.2)
 #: the opcodes with a fast path: the MIDDLE packets the responder places in runs, the ACK,
@@ -212,10 +213,10 @@ class Port(DeviceTables[EngineQP]):
             # check of the general path would pass (TVer 0, no pad, the QP's full-member
             # P_Key, its peer's addresses, in sequence); anything else goes the general
             # way below.
-            fqp = self.qps.get(int.from_bytes(data[5:8], "big"))
-            if (fqp is not None and (data[2] << 8 | data[3]) == fqp.fast_pkey
-                    and not data[1] & 0x3F and self.fast_paths
-                    and (meta is fqp.peer_meta or fqp.from_peer(meta))):
+            fqp = self.qps.get(_U32_AT(data, 4)[0] & 0xFFFFFF)
+            # BTH word 0 without OpCode, SE and M: TVer 0, no pad, the QP's fast P_Key
+            if (fqp is not None and _U32_AT(data, 0)[0] & 0x3FFFFF == fqp.fast_pkey
+                    and self.fast_paths and (meta is fqp.peer_meta or fqp.from_peer(meta))):
                 if op == RC_ACK:
                     if n == _ACK_SIZE and fqp.comp.fast_ack(data, now):
                         return
