@@ -104,7 +104,7 @@ def test_a_late_timer_is_one_expiry() -> None:
     late = d + 1000.0  # 1000 s late
     a.port.on_timer(late)
     assert a.qp.state == e.IBV_QPS_RTS and not a.scq
-    assert a.qp.req.retry_left == 1
+    assert a.qp.comp.retry_left == 1
     nd = a.qp.deadline
     assert nd is not None and nd > late
 

@@ -1,4 +1,5 @@
-"""The RC fast paths (softrdma.ib.fastpath: MIDDLE runs on send; MIDDLE placement, the ACK
+"""The RC fast paths (Requester.post_one and emit_middles: one-packet posts and MIDDLE
+runs on send; Responder.place_middles and send_only, Completer.fast_ack: MIDDLE runs, the ACK
 and the SEND ONLY on receive) behave exactly as the general path: the same packets byte for
 byte, in the same order and at the same times, the same placement, completions and
 counters, with and without loss, duplication and reordering (IBA 9.7)."""
@@ -8,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -20,8 +21,8 @@ from property_budget import examples
 
 from softrdma import enums as e
 from softrdma.drivers.devd_client import DevdLink
-from softrdma.ib import fastpath
-from softrdma.ib.port import RxMeta
+from softrdma.ib.completer import Completer
+from softrdma.ib.port import Port, RxMeta
 from softrdma.ib.requester import Requester
 from softrdma.ib.responder import Responder
 from softrdma.seam.types import SGE, RecvWQE, SendWQE
@@ -37,49 +38,49 @@ KINDS = ("write", "write_imm", "send", "send_imm", "write2")  # write2: two SGEs
 def fast(enabled: bool) -> Iterator[dict[str, int]]:
     """Switch the fast paths on or off; count how often each one took a packet."""
     hits = {"emit": 0, "middle": 0, "ack": 0, "only": 0, "post": 0}
-    saved = (fastpath.ENABLED, fastpath.emit_middles, Responder.fast_middle, Requester.fast_ack,
-             fastpath.receive_send_only, fastpath.post_one)
+    saved = (Port.fast_paths, Requester.emit_middles, Responder.place_middles,
+             Completer.fast_ack, Responder.send_only, Requester.post_one)
     emit, middle, ack, only, post = saved[1], saved[2], saved[3], saved[4], saved[5]
 
-    def post_spy(req: Requester, wqe: SendWQE, now: float) -> bool:
-        ok = post(req, wqe, now)
+    def post_spy(self: Requester, wqe: SendWQE, now: float) -> bool:
+        ok = post(self, wqe, now)
         hits["post"] += ok
         return ok
 
-    def emit_spy(req: Requester, wqe: SendWQE, k: int, head: int, is_write: bool) -> int:
+    def emit_spy(self: Requester, wqe: SendWQE, k: int, head: int) -> int:
         hits["emit"] += 1
-        return emit(req, wqe, k, head, is_write)
+        return emit(self, wqe, k, head)
 
-    def middle_spy(self: Responder, data: memoryview, opcode: int) -> bool:
-        ok = middle(self, data, opcode)
-        hits["middle"] += ok
-        return ok
+    def middle_spy(self: Responder, bodies: Sequence[memoryview]) -> int:
+        k = middle(self, bodies)
+        hits["middle"] += k
+        return k
 
-    def ack_spy(self: Requester, data: memoryview, now: float) -> bool:
+    def ack_spy(self: Completer, data: memoryview, now: float) -> bool:
         ok = ack(self, data, now)
         hits["ack"] += ok
         return ok
 
-    def only_spy(resp: Responder, data: memoryview, opcode: int) -> bool:
-        ok = only(resp, data, opcode)
+    def only_spy(self: Responder, data: memoryview, opcode: int) -> bool:
+        ok = only(self, data, opcode)
         hits["only"] += ok
         return ok
 
-    fastpath.ENABLED = enabled
-    fastpath.receive_send_only = only_spy
-    fastpath.post_one = post_spy
-    fastpath.emit_middles = emit_spy
-    Responder.fast_middle = middle_spy  # type: ignore[method-assign]
-    Requester.fast_ack = ack_spy  # type: ignore[method-assign]
+    Port.fast_paths = enabled
+    Requester.post_one = post_spy  # type: ignore[method-assign]
+    Requester.emit_middles = emit_spy  # type: ignore[method-assign]
+    Responder.place_middles = middle_spy  # type: ignore[method-assign]
+    Completer.fast_ack = ack_spy  # type: ignore[method-assign]
+    Responder.send_only = only_spy  # type: ignore[method-assign]
     try:
         yield hits
     finally:
-        fastpath.ENABLED = saved[0]
-        fastpath.emit_middles = saved[1]
-        Responder.fast_middle = saved[2]  # type: ignore[method-assign]
-        Requester.fast_ack = saved[3]  # type: ignore[method-assign]
-        fastpath.receive_send_only = saved[4]
-        fastpath.post_one = saved[5]
+        Port.fast_paths = saved[0]
+        Requester.emit_middles = saved[1]  # type: ignore[method-assign]
+        Responder.place_middles = saved[2]  # type: ignore[method-assign]
+        Completer.fast_ack = saved[3]  # type: ignore[method-assign]
+        Responder.send_only = saved[4]  # type: ignore[method-assign]
+        Requester.post_one = saved[5]  # type: ignore[method-assign]
 
 
 def run(ops: list[tuple[str, int]], *, seed: int = 0, loss: float = 0.0, dup: float = 0.0,
@@ -367,8 +368,8 @@ def test_one_packet_posts_as_the_general_path(pingpong: bool, cwnd: int | None) 
 
 
 def test_one_packet_post_with_a_bad_lkey_fails_as_the_general_path() -> None:
-    """A bad L_Key: post_one leaves the WQE to the general path, which completes it with
-    a local protection error and moves the QP to the error state (IBA 10.8.3)."""
+    """A bad L_Key: post_one completes the WQE as the general path does, with a local
+    protection error and moves the QP to the error state (IBA 10.8.3)."""
     runs = []
     for enabled in (False, True):
         with fast(enabled):
@@ -419,3 +420,29 @@ def test_shared_device_direct_links_take_a_batch_larger_than_asked() -> None:
     link.counters = {"rx_direct": 0}
     got = link.recv_batch(1)
     assert got == [0, 1, 2] and second.asked == [] and link.counters["rx_direct"] == 3
+
+
+def test_a_run_of_middles_after_a_pkey_change_is_not_placed() -> None:
+    """What place_middles requires of a MIDDLE is computed when the message starts and
+    recomputed when the QP is modified (Responder.want_middles): after the responder's
+    P_Key index moves to another key mid-WRITE, a run of MIDDLEs still carrying the old
+    P_Key is not placed (IBA 10.9.3: the P_Key must match the QP's)."""
+    net = Net(seed=0)
+    keys = (0xFFFF, 0xC123)
+    a = Endpoint(net.add_port(1, max_mtu=4096, pkeys=keys), size=1 << 16)
+    b = Endpoint(net.add_port(2, max_mtu=4096, pkeys=keys), size=1 << 16)
+    connect(a, b, mtu=1)  # 256 B payloads
+    a.qp.req.cwnd = 64
+    a.mr.buf[:8192] = bytes(range(256)) * 32
+    a.qp.post_send(SendWQE(1, int(e.IBV_WR_RDMA_WRITE), int(e.IBV_SEND_SIGNALED),
+                           [SGE(a.mr.addr, 8192, a.mr.lkey)], remote_addr=b.mr.addr,
+                           rkey=b.mr.rkey), 0.0)
+    bodies = [memoryview(b"".join(bytes(p) for p in pkt.parts)) for pkt in a.port.take_tx()]
+    assert len(bodies) == 32
+    meta = RxMeta(a.port.gids[0], b.port.gids[0])
+    b.port.receive(bodies[0], meta, 0.0)  # the FIRST: the WRITE is in progress
+    assert b.port.receive_run(bodies[1:3], meta) == 2  # MIDDLEs with the QP's P_Key
+    b.qp.modify({"pkey_index": 1}, 0.0)
+    before = bytes(b.mr.buf[:8192])
+    assert b.port.receive_run(bodies[3:8], meta) == 0
+    assert bytes(b.mr.buf[:8192]) == before

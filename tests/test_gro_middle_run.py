@@ -1,5 +1,5 @@
 """The MIDDLE run path of a coalesced (UDP GRO) receive (drivers/runtime.py ``_middle_run``,
-ib/port.py ``receive_run``, ib/fastpath.py ``receive_middles``) does exactly what the
+ib/port.py ``receive_run``, ib/responder.py ``place_middles``) does exactly what the
 general path does one packet at a time: the same placement, PSNs, counters, ACKs and NAKs
 and completions, with corrupt, duplicated, dropped, reordered, foreign and ECN-marked
 segments among them (IBA 9.7.1, 9.7.5; the ICRC of IBA 7.8.1 under the segment IDs a GSO
@@ -22,7 +22,7 @@ from test_udp_gso import RecordingLink
 from softrdma import enums as e
 from softrdma.drivers.link import Datagram
 from softrdma.drivers.runtime import Runtime
-from softrdma.ib import fastpath
+from softrdma.ib.port import Port
 from softrdma.seam.types import SGE, RecvWQE, SendWQE
 from softrdma.wire import roce
 
@@ -101,7 +101,7 @@ def _run(enabled: bool, kind: str, size: int, mtu: int, faults: list[tuple[int, 
     segment i of a read carries IPv4 ID ``id_base + i`` (``id_base`` != 0: the sequence
     of another sender, found by recovery) and hint i."""
     taken = 0
-    real = fastpath.receive_middles
+    real = Port.receive_run
 
     def spy(*args: Any) -> int:
         nonlocal taken
@@ -109,9 +109,9 @@ def _run(enabled: bool, kind: str, size: int, mtu: int, faults: list[tuple[int, 
         taken += k
         return k
 
-    saved = fastpath.ENABLED
-    fastpath.ENABLED = enabled
-    fastpath.receive_middles = spy  # type: ignore[assignment]
+    saved = Port.fast_paths
+    Port.fast_paths = enabled
+    Port.receive_run = spy  # type: ignore[method-assign,assignment]
     try:
         a, b, bodies = _sent_by_a(kind, size, mtu)
         bodies = _apply(bodies, faults, a.qp.qpn)
@@ -144,8 +144,8 @@ def _run(enabled: bool, kind: str, size: int, mtu: int, faults: list[tuple[int, 
         rt.close(close_link=False)
         return result, taken
     finally:
-        fastpath.ENABLED = saved
-        fastpath.receive_middles = real
+        Port.fast_paths = saved
+        Port.receive_run = real  # type: ignore[method-assign]
 
 
 @pytest.mark.parametrize("kind", ["write", "write_imm", "send"])

@@ -20,7 +20,7 @@ from softrdma.drivers.fabric import Fabric
 from softrdma.drivers.link import Datagram
 from softrdma.drivers.runtime import build_grh, icrc_v2
 from softrdma.drivers.udp import UdpLink
-from softrdma.ib import fastpath
+from softrdma.ib.port import Port
 from softrdma.wire import roce, rocev1
 from softrdma.wire.gid import gid_to_ip, ip_to_gid
 
@@ -456,19 +456,19 @@ def test_udp_bad_icrc_datagram_counted(udp_pair) -> None:
 
 def test_udp_loopback_coalesced_reads_take_the_middle_run(udp_pair, monkeypatch) -> None:
     """Over loopback a GSO batch arrives as one coalesced (UDP GRO) read; its MIDDLE
-    packets are placed by the run path (fastpath.receive_middles) and the data is right."""
+    packets are placed by the run path (Port.receive_run) and the data is right."""
     a, b = udp_pair
     if not (b.ctx.runtime.link.gro and a.ctx.runtime.link.gso):
         pytest.skip("this kernel refuses UDP GSO or GRO on loopback")
     taken = []
-    real = fastpath.receive_middles
+    real = Port.receive_run
 
     def spy(*args):
         k = real(*args)
         taken.append(k)
         return k
 
-    monkeypatch.setattr(fastpath, "receive_middles", spy)
+    monkeypatch.setattr(Port, "receive_run", spy)
     data = bytes((i * 11 + 1) & 0xFF for i in range(1 << 19))  # 512 KiB: 128 packets
     a.buf[:len(data)] = data
     w = v.SendWR(5, opcode=int(W.IBV_WR_RDMA_WRITE), sg=[a.sge(0, len(data))])

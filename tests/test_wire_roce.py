@@ -261,7 +261,7 @@ def test_ports_seen_in_rxe_captures() -> None:
                 seen.setdefault(name, set()).add((f.sport, f.packet.dqpn))
     assert seen["roce_rc_pingpong"] == {(roce.rxe_udp_sport(0x11, 0x11), 0x11)} == {(49441, 0x11)}
     assert seen["roce_ipv6_rc_pingpong"] == {(roce.rxe_udp_sport(0x22, 0x22), 0x22)} == {(50308, 0x22)}
-    assert seen["roce_ud_pingpong"] == {(roce.rxe_qp_sport(0x12), 0x12)} == {(63494, 0x12)}
+    assert seen["roce_ud_pingpong"] == {(roce.rxe_udp_sport(0x12), 0x12)} == {(63494, 0x12)}
     assert roce.rxe_udp_sport(1, 2, flow_label=0xFC000) == 0xC03F
 
 

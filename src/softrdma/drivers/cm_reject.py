@@ -20,15 +20,16 @@ sends to any one address (the daemon must not become a reflector):
 from __future__ import annotations
 
 import ipaddress
-import struct
 import time
 from collections import OrderedDict
 
 from softrdma.drivers.link import Datagram
 from softrdma.errors import SoftRdmaError
 from softrdma.wire import cm as wcm
+from softrdma.wire import ib as wib
 from softrdma.wire.gid import ip_to_gid
 from softrdma.wire.mad import GSI_QKEY
+from softrdma.wire.opcodes import BTH_SIZE, UD_SEND_ONLY
 from softrdma.wire.roce import icrc_ok_udp, icrc_v1, recover_ipv4_id
 from softrdma.wire.rocev1 import LOOPBACK_GID
 
@@ -38,12 +39,9 @@ __all__ = ["REJ_BURST", "REJ_PER_SECOND", "RejLimiter", "answer_for", "gsi_qkey_
 REJ_BURST = 8  # answers to one source before the rate limit applies
 REJ_PER_SECOND = 8.0  # refill rate of a source's answers
 MAX_SOURCES = 4096  # sources remembered; the least recently seen is forgotten
-BTH_SIZE = 12
 MAD_OFF = BTH_SIZE + 8  # BTH + DETH, then the 256-byte MAD
 MAD_SIZE = 256
-UD_SEND_ONLY = 0x64
 QPN_GSI = 1
-_BTH_DETH = struct.Struct("!BBHIIII")
 ICRC_SIZE = 4
 
 
@@ -104,7 +102,7 @@ def answer_for(dg: Datagram) -> tuple[bytes, bytes] | None:
         return None
     mad = wcm.encode(ans, tid=got.hdr.tid)
     src_qp = int.from_bytes(dg.data[BTH_SIZE + 5:BTH_SIZE + 8], "big")  # DETH SrcQP
-    hdr = _BTH_DETH.pack(UD_SEND_ONLY, 0, 0xFFFF, src_qp & 0xFFFFFF, 0, GSI_QKEY, QPN_GSI)
+    hdr = wib.bth(UD_SEND_ONLY, 0xFFFF, src_qp, 0) + wib.deth(GSI_QKEY, QPN_GSI)
     return hdr, mad
 
 

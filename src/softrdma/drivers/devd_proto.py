@@ -182,8 +182,6 @@ MAD_SIZE = 256
 CM_CLASS = 0x07
 ATTR_REQ, ATTR_REJ, ATTR_SIDR_REQ, ATTR_SIDR_REP = 0x0010, 0x0012, 0x0017, 0x0018
 ATTR_DREQ = 0x0015
-UD_SEND_ONLY = 0x64
-BTH_DETH = struct.Struct("!BBHIIII")
 
 MAX_DATAGRAM = 16384  # the largest UDP payload the daemon receives and forwards
 MAX_CTRL = 65536  # the largest control record (a REPORT carries JSON)

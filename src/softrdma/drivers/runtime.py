@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import DeviceError, SoftRdmaError
 from ..ib.port import Port, RxMeta, TxPacket
 from ..wire.gid import gid_to_ip, ip_to_gid
+from ..wire.opcodes import RC_REQUEST_MIDDLES
 from ..wire.roce import (
     icrc_ok_udp,
     icrc_ok_udp_id,
@@ -85,8 +86,6 @@ DRAIN_MAX = 4096  # datagrams read before due timers run, at most (receive first
 REPORT_INTERVAL = 0.5  # a shared device's process reports its counters to devd this often (s)
 ICRC_SIZE = 4  # bytes (IBA 7.8.1)
 _BTH_SIZE = 12  # bytes (IBA 9.2)
-_RC_SEND_MIDDLE = 0x01  # BTH opcodes (IBA 9.2.1) of the packets the MIDDLE run path takes
-_RC_WRITE_MIDDLE = 0x07
 GSO_MAX_PAYLOAD = 65507  # UDP payload bytes of one GSO send (65535 - IPv4 - UDP header)
 
 
@@ -621,9 +620,9 @@ class Runtime:
                         metas.clear()
                     metas[key] = meta
                 if (hint >= 0 and tap is None and taken < n_dg
-                        and (data[0] == _RC_WRITE_MIDDLE or data[0] == _RC_SEND_MIDDLE)):
+                        and data[0] in RC_REQUEST_MIDDLES):
                     # the MIDDLE packets that follow in this coalesced read, checked
-                    # together and executed by the engine in one call (ib.fastpath)
+                    # together and executed by the engine in one call (Port.receive_run)
                     run = self._middle_run(dgrams, taken, d, (hint + 1 + bias) & 0xFFFF)
                     if run:
                         k = port.receive_run([body, *run], meta)

@@ -63,6 +63,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ClosedError, DeviceError, InvalidArgument, StateError
 from ..seam.counters import SlotCounters
+from ..wire.opcodes import CONNECTED_OPCODES
 from . import mcast
 from .link import ROCE_V2_UDP_PORT, Datagram, check_port, check_u8, ip_bytes, ip_text
 
@@ -710,10 +711,10 @@ class UdpLink:
             ttl = DEFAULT_TTL
             # The receive socket is bound to one unicast address, so the destination is
             # ours unless the datagram is multicast, and TOS/TTL only matter for the GRH
-            # area of a UD receive: RC/UC packets (BTH opcode < 0x40) skip the ancillary
+            # area of a UD receive: RC/UC packets (CONNECTED_OPCODES) skip the ancillary
             # data (a per-packet saving on the bulk path) when the owner says it only needs
             # them for UD (the engine runtime does; devd forwards everything).
-            if fast_rc and nbytes and slot[0] < 0x40 and not seg:
+            if fast_rc and nbytes and slot[0] in CONNECTED_OPCODES and not seg:
                 anc = []
             for _level, typ, d in anc:
                 if v4:

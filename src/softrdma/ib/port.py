@@ -40,7 +40,6 @@ from ..wire.opcodes import (
     RC_WRITE_MIDDLE,
     Transport,
 )
-from . import fastpath
 from .packet import (
     DEFAULT_PKEY,
     GID_TYPE_ROCE_V1,
@@ -57,9 +56,11 @@ from .qp import EngineQP
 __all__ = ["Counters", "DropReason", "Port", "RxMeta", "TxPacket", "Timed"]
 
 _U32 = struct.Struct("!I")
+_U32_AT = _U32.unpack_from  # one BTH word at an offset
 _ECN_CE = 0x03  # the ECN field of the IP TOS / traffic class byte: CE (RFC 3168 §5)
 _ACK_SIZE = wib.BTH.size + wib.U32.size  # an ACKNOWLEDGE: BTH + AETH, no payload (IBA 9.7.5.2)
-#: the opcodes with a fast path (softrdma.ib.fastpath)
+#: the opcodes with a fast path: the MIDDLE packets the responder places in runs, the ACK,
+#: the small SEND ONLY
 _FAST_OPS = frozenset((RC_WRITE_MIDDLE, RC_SEND_MIDDLE, RC_ACK, RC_SEND_ONLY, RC_SEND_ONLY_IMM))
 
 
@@ -73,6 +74,11 @@ class Port(DeviceTables[EngineQP]):
     unique across processes); by default QPNs are allocated locally from 0x11 up, as rxe
     does.
     """
+
+    #: the fast paths run (Responder.place_middles/send_only, Completer.fast_ack,
+    #: Requester.post_one/emit_middles); tests switch them off to compare with the
+    #: general path
+    fast_paths = True
 
     def __init__(self, gids: list[bytes], *, max_mtu: int = 4096,
                  pkeys: tuple[int, ...] = (DEFAULT_PKEY,),
@@ -156,11 +162,11 @@ class Port(DeviceTables[EngineQP]):
     # ---- receive -----------------------------------------------------------------------
     def receive_run(self, bodies: Sequence[memoryview], meta: RxMeta) -> int:
         """Execute the leading packets of ``bodies`` (consecutive segments of one
-        coalesced receive, ICRC checked, one source) that the fast MIDDLE path takes
-        (:func:`fastpath.receive_middles`): exactly what :meth:`receive` does with each
-        of them in turn. Returns how many; the caller gives the rest to :meth:`receive`.
+        coalesced receive, ICRC checked, one source) that the responder places as a run
+        of MIDDLEs (``Responder.place_middles``): exactly what :meth:`receive` does with
+        each of them in turn. Returns how many; the caller gives the rest to :meth:`receive`.
         """
-        if not fastpath.ENABLED or not bodies:
+        if not bodies or not self.fast_paths:
             return 0
         if (meta.sgid == LOOPBACK_GID or meta.dgid == LOOPBACK_GID) and not self.loopback_gid_ok:
             return 0
@@ -172,10 +178,12 @@ class Port(DeviceTables[EngineQP]):
         qp = self.qps.get(_U32.unpack_from(first, 4)[0] & 0xFFFFFF)
         if qp is None or qp.fast_pkey < 0 or not qp.from_peer(meta):
             return 0
-        st = qp.state
-        if st < RTR or st > SQE:
-            return 0
-        return fastpath.receive_middles(self, qp, bodies)
+        k = qp.resp.place_middles(bodies)
+        if k:
+            c = self.counters
+            c.rcvd_pkts += k
+            c.rcvd_bytes += k * (len(first) + ICRC_SIZE)
+        return k
 
     def receive(self, data: memoryview, meta: RxMeta, now: float) -> None:
         """Demultiplex one transport packet to its QP (IBA 9.6 header checks).
@@ -187,32 +195,35 @@ class Port(DeviceTables[EngineQP]):
         """
         c = self.counters
         c.rcvd_pkts += 1
-        c.rcvd_bytes += len(data) + ICRC_SIZE
+        n = len(data)
+        c.rcvd_bytes += n + ICRC_SIZE
         if (meta.sgid == LOOPBACK_GID or meta.dgid == LOOPBACK_GID) and not self.loopback_gid_ok:
             c.rcvd_loopback_gid += 1
             return
         op = data[0]
-        if meta.tclass & _ECN_CE == _ECN_CE and not meta.v1 and len(data) >= _ACK_SIZE \
+        if meta.tclass & _ECN_CE == _ECN_CE and not meta.v1 and n >= _ACK_SIZE \
                 and op != CNP_OPCODE:
             self._congestion_experienced(data, meta, now)
-        if len(data) > 4 and data[4] & 0xC0:  # CA16-16: FECN/BECN unused, ignored (counted)
+        if n > 4 and data[4] & 0xC0:  # CA16-16: FECN/BECN unused, ignored (counted)
             c.rcvd_fecn += data[4] >> 7
             c.rcvd_becn += (data[4] >> 6) & 1
-        if op in _FAST_OPS and len(data) >= _ACK_SIZE:
-            # The fast paths (softrdma.ib.fastpath): RC WRITE/SEND MIDDLE, the bulk of large
-            # messages, the ACK and the small SEND ONLY. They take the packet only when every check of
-            # the general path would pass (TVer 0, no pad, the QP's full-member P_Key, its
-            # peer's addresses, in sequence); anything else goes the general way below.
-            fqp = self.qps.get(int.from_bytes(data[5:8], "big"))
-            if (fqp is not None and (data[2] << 8 | data[3]) == fqp.fast_pkey
-                    and not data[1] & 0x3F and fqp.from_peer(meta) and fastpath.ENABLED):
+        if op in _FAST_OPS and n >= _ACK_SIZE:
+            # The fast paths: RC WRITE/SEND MIDDLE (the bulk of large messages: a run of
+            # one), the ACK and the small SEND ONLY. They take the packet only when every
+            # check of the general path would pass (TVer 0, no pad, the QP's full-member
+            # P_Key, its peer's addresses, in sequence); anything else goes the general
+            # way below.
+            fqp = self.qps.get(_U32_AT(data, 4)[0] & 0xFFFFFF)
+            # BTH word 0 without OpCode, SE and M: TVer 0, no pad, the QP's fast P_Key
+            if (fqp is not None and _U32_AT(data, 0)[0] & 0x3FFFFF == fqp.fast_pkey
+                    and self.fast_paths and (meta is fqp.peer_meta or fqp.from_peer(meta))):
                 if op == RC_ACK:
-                    if len(data) == _ACK_SIZE and fqp.req.fast_ack(data, now):
+                    if n == _ACK_SIZE and fqp.comp.fast_ack(data, now):
                         return
                 elif op == RC_SEND_ONLY or op == RC_SEND_ONLY_IMM:
-                    if fastpath.receive_send_only(fqp.resp, data, op):
+                    if fqp.resp.send_only(data, op):
                         return
-                elif fqp.resp.fast_middle(data, op):
+                elif fqp.resp.place_middles((data,)):
                     return
         try:
             pkt = wib.decode(data)

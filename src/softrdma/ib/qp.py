@@ -41,6 +41,8 @@ from ..seam.states import (
 from ..seam.types import AddressHandle, RecvWQE, SendWQE
 from ..wire import ib as wib
 from ..wire.opcodes import CNP as CNP_OPCODE
+from ..wire.roce import rxe_udp_sport
+from .completer import Completer
 from .pacing import rate_bps
 from .packet import RxMeta, TxPacket
 from .requester import Requester
@@ -64,7 +66,6 @@ _DEFAULT_RETRY = 7
 CNP_INTERVAL_S = 50e-6
 #: a RoCEv2 CNP (Annex A17, the Congestion Notification Packet): BTH opcode 0x81, P_Key 0xFFFF, BECN set,
 #: PSN 0, then 16 reserved bytes
-_CNP_BECN = 0x40000000
 _CNP_RESERVED = bytes(16)
 #: bytes around a packet's payload in a receive buffer: IPv4 + UDP + BTH + RETH + ICRC
 _PACKET_OVERHEAD = 64
@@ -73,16 +74,6 @@ _PACKET_OVERHEAD = 64
 def mtu_bytes(mtu_enum: int) -> int:
     """Bytes of payload per packet for an ``ibv_mtu`` value (IBA 9.2: 256 << (enum-1))."""
     return 128 << mtu_enum
-
-
-def hash32(val: int, bits: int) -> int:
-    """Linux ``hash_32`` (GOLDEN_RATIO_32 multiplicative hash)."""
-    return ((val * 0x61C88647) & 0xFFFFFFFF) >> (32 - bits)
-
-
-def rxe_udp_sport(qpn: int) -> int:
-    """The RoCEv2 UDP source port rxe uses for a QP: 0xC000 + hash_32(qpn, 14)."""
-    return 0xC000 + hash32(qpn, 14)
 
 
 _QP_LOG = logging.getLogger("softrdma.qp")  # SOFTRDMA_TRACE=qp (softrdma.trace)
@@ -135,7 +126,7 @@ class EngineQP:
     xrcd: object | None = None
     #: an RDMA Read scatters into as many SGEs as the QP allows
     max_read_sge = 1 << 30
-    #: the RC bulk fast paths (softrdma.ib.fastpath) may run for this QP; the XRC QPs,
+    #: the RC fast paths (``Port.fast_paths``) may run for this QP; the XRC QPs,
     #: whose headers and opcodes differ, say False
     fast_rc = True
 
@@ -171,7 +162,7 @@ class EngineQP:
         self.max_rd_atomic = 0
         self.max_dest_rd_atomic = 0
         self.en_sqd_async_notify = False
-        self.sport = rxe_udp_sport(self.qpn)
+        self.sport = rxe_udp_sport(self.qpn)  # rxe's port at creation (wire.roce)
         self.mtu = 0
         self.pkey = 0
         # (source GID, destination GID) a connected QP accepts packets with; None: any
@@ -191,6 +182,7 @@ class EngineQP:
         self.cnps_sent = 0
         self.counters = QpCounters()  # this QP's share of the port counters
         self.req = Requester(self)
+        self.comp = Completer(self.req)
         self.resp = Responder(self)
         port.add_qp(self)
 
@@ -205,8 +197,11 @@ class EngineQP:
         # one they serve; else none (-1)
         fast = self.fast_rc and self.qp_type == QPT_RC
         self.fast_pkey = self.pkey if fast and self.pkey & 0x8000 and self.pkey & 0x7FFF else -1
-        self.peer_meta: RxMeta | None = None  # the last RxMeta from_peer accepted
+        # whether Requester.post_one may send a message as it is posted: an RC QP on the
+        # fast paths with an address vector without static rate (IBA 9.11: paced by pump)
         av = self.av
+        self.fast_post = fast and av is not None and not av.rate_bps
+        self.peer_meta: RxMeta | None = None  # the last RxMeta from_peer accepted
         if av is not None and self.qp_type != QPT_UD:
             gids = self.port.gids
             sgid = gids[av.sgid_index] if av.sgid_index < len(gids) else gids[0]
@@ -234,7 +229,9 @@ class EngineQP:
             return
         port = self.port
         gids = port.gids
-        i = a.sgid_index if a.sgid_index < len(gids) else 0
+        i = a.sgid_index
+        if i >= len(gids):
+            i = 0
         port.tx.append(TxPacket(gids[i], a.dgid, self.sport, parts, length, a.traffic_class,
                                 a.hop_limit, a.flow_label, port.gid_v1[i], a.sl))
         c = port.counters
@@ -249,7 +246,7 @@ class EngineQP:
             return
         self.cnp_next_at = now + CNP_INTERVAL_S
         self.cnps_sent += 1
-        self.tx([wib.BTH.pack(CNP_OPCODE, 0, 0xFFFF, _CNP_BECN | self.dest_qpn, 0),
+        self.tx([wib.bth(CNP_OPCODE, 0xFFFF, self.dest_qpn, 0, becn=True),
                  _CNP_RESERVED], wib.BTH.size + len(_CNP_RESERVED))
 
     def set_peer_budget(self, packets: int | None = None, *, nbytes: int | None = None) -> None:
@@ -286,9 +283,9 @@ class EngineQP:
         if "timeout" in attrs:
             self.timeout = attrs["timeout"]
         if "retry_cnt" in attrs:  # the counters start full (IBA 9.7.6.1.3, 9.7.5.2.8)
-            self.retry_cnt = self.req.retry_left = attrs["retry_cnt"]
+            self.retry_cnt = self.comp.retry_left = attrs["retry_cnt"]
         if "rnr_retry" in attrs:
-            self.rnr_retry = self.req.rnr_left = attrs["rnr_retry"]
+            self.rnr_retry = self.comp.rnr_left = attrs["rnr_retry"]
         if "max_rd_atomic" in attrs:
             self.max_rd_atomic = attrs["max_rd_atomic"]
         if "max_dest_rd_atomic" in attrs:
@@ -311,6 +308,7 @@ class EngineQP:
             self.sq_psn = int(attrs["sq_psn"]) & _PSN_MASK
             self.req.set_psn(self.sq_psn)
         self._derive()
+        self.resp.want_middles()  # the P_Key or path MTU may have changed
         if "qp_state" not in attrs:
             return
         new = int(attrs["qp_state"])
@@ -334,6 +332,7 @@ class EngineQP:
     def _reset(self) -> None:
         """To RESET: queues emptied without completions, PSN state cleared (IBA 10.3.1)."""
         self.req.reset()
+        self.comp.reset()
         self.resp.reset()
         self.rq.clear()
         self.set_deadline(None)
@@ -357,7 +356,7 @@ class EngineQP:
 
     def post_send(self, wqe: SendWQE, now: float) -> None:
         st = self.state
-        check_post_send(st, self.destroyed, self.req.depth(), self.init.max_send_wr,
+        check_post_send(st, self.destroyed, len(self.req.sq), self.init.max_send_wr,
                         "the QP must be in RTS")
         if st == ERR or st == SQE:
             wqe.signaled = True
@@ -425,12 +424,12 @@ class EngineQP:
             return
         if info.is_response:
             if st in (RTS, SQD, SQE):
-                self.req.on_response(pkt, now)
+                self.comp.on_response(pkt, now)
             return
         self.resp.on_request(pkt, meta, now)
 
     def on_timer(self, now: float) -> None:
-        self.req.on_timer(now)
+        self.comp.on_timer(now)
 
     def bind_srq(self, pkt: wib.IBPacket) -> bool:
         """XRC TGT QPs bind the SRQ a request's XRCETH names (softrdma.ib.xrc)."""
@@ -446,4 +445,4 @@ class EngineQP:
 _TRANSPORT_OF = {QPT_RC: 0x00, QPT_UC: 0x20, QPT_UD: 0x60}
 
 __all__ = ["AddressVector", "EngineQP", "EngineSRQ", "RESET", "INIT", "RTR", "RTS", "SQD", "SQE",
-           "ERR", "QPT_RC", "QPT_UC", "QPT_UD", "mtu_bytes", "rxe_udp_sport"]
+           "ERR", "QPT_RC", "QPT_UC", "QPT_UD", "mtu_bytes"]

@@ -3,8 +3,12 @@
 RC: requests are executed in PSN order. A PSN ahead of the expected one draws one
 PSN-sequence NAK; a PSN behind it is a duplicate: SEND/WRITE are re-acknowledged,
 READ is re-executed from the responder resource that covers it and an atomic's saved
-result is sent again (never re-executed, IBA 9.7.5.1.4; C9-105, as rxe ``duplicate_request``). Errors are NAKed with
-the code of IBA Table 44 and, for class B/C/D errors, the QP moves to ERR.
+result is sent again (never re-executed, IBA 9.7.5.1.4; C9-105, as rxe ``duplicate_request``:
+READ and atomics are softrdma.ib.rd_atomic's). Errors are NAKed with
+the code of IBA Table 44 and, for class B/C/D errors, the QP moves to ERR. Most packets
+of a large SEND or WRITE are MIDDLEs (IBA 9.7.1): :meth:`Responder.place_middles` takes
+a run of them (one packet is a run of one) without decoding; every byte of a SEND or
+WRITE is placed by :meth:`Responder._place`.
 
 UC: no ACKs; a missing packet drops the rest of the message (IBA 9.9.4; rxe ``check_psn``).
 UD: one-packet messages, Q_Key check (IBA 10.2.5), 40-byte GRH area at the front of the
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import struct
 from collections import deque
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..enums import ibv_access_flags as ACC
@@ -30,6 +35,17 @@ from ..wire import opcodes as op
 from ..wire.mad import GSI_QKEY
 from .mw import remotely_invalidatable
 from .packet import RxMeta
+from .rd_atomic import (
+    ACK_SYNDROME,
+    MAX_MSG,
+    Resource,
+    execute_atomic,
+    execute_atomic_write,
+    execute_read,
+    replay,
+    rkey_view,
+)
+from .rd_atomic import RequestNak as _NAK
 
 _POS_FIRST = int(op.Pos.FIRST)
 _POS_LAST = int(op.Pos.LAST)
@@ -38,20 +54,20 @@ _POS_ONLY = int(op.Pos.ONLY)
 if TYPE_CHECKING:
     from .qp import EngineQP
 
-_BTH = wib.BTH
-_AETH = wib.U32
-_U64 = wib.U64
-_HOST_U64 = struct.Struct("=Q")
-_PAD = (b"", b"\0", b"\0\0", b"\0\0\0")
-_ACK_SYN = wib.AETH_ACK | wib.AETH_CREDIT_INVALID  # rxe: AETH_ACK_UNLIMITED
-MAX_MSG = 1 << 31  # IBA: maximum message size 2^31 (rxe check_rkey)
-_ACCESS_REMOTE_READ = int(ACC.IBV_ACCESS_REMOTE_READ)  # plain ints on the hot path
-_ACCESS_REMOTE_ATOMIC = int(ACC.IBV_ACCESS_REMOTE_ATOMIC)
-_ACCESS_REMOTE_WRITE = int(ACC.IBV_ACCESS_REMOTE_WRITE)
+_BTH_SIZE = op.BTH_SIZE
+_IMMDT_SIZE = 4
+_U32 = wib.U32
+_BTH_WORDS = struct.Struct("!III").unpack_from  # the BTH's three 32-bit words (IBA 9.2)
+_W0_CHECKED = 0xFF3FFFFF  # OpCode, PadCnt, TVer, P_Key
+_W1_CHECKED = wib.BTH_FECN | wib.BTH_BECN | 0xFFFFFF  # FECN, BECN, DestQP
+_ACKREQ = wib.BTH_ACKREQ
+_ACCESS_REMOTE_WRITE = int(ACC.IBV_ACCESS_REMOTE_WRITE)  # plain ints on the hot path
 _ACCESS_LOCAL_WRITE = int(ACC.IBV_ACCESS_LOCAL_WRITE)
 _WC_WITH_IMM = int(WCF.IBV_WC_WITH_IMM)
 _WC_WITH_INV = int(WCF.IBV_WC_WITH_INV)
 _WC_GRH = int(WCF.IBV_WC_GRH)
+_WC_SUCCESS = WCS.IBV_WC_SUCCESS
+_WC_RECV = WCO.IBV_WC_RECV
 
 K_SEND = op.Kind.SEND
 K_WRITE = op.Kind.WRITE
@@ -59,31 +75,8 @@ K_READ = op.Kind.READ_REQ
 K_CAS = op.Kind.CMP_SWAP
 K_FAA = op.Kind.FETCH_ADD
 K_ATOMIC_WRITE = op.Kind.ATOMIC_WRITE
-
-
-class Resource:
-    """A responder resource kept for duplicate READ/atomic requests (IBA 9.7.5.1.4)."""
-
-    __slots__ = ("kind", "first_psn", "last_psn", "orig", "va", "rkey", "length")
-
-    def __init__(self, kind: int, first_psn: int, last_psn: int, orig: int = 0, va: int = 0,
-                 rkey: int = 0, length: int = 0) -> None:
-        self.kind = kind
-        self.first_psn = first_psn
-        self.last_psn = last_psn
-        self.orig = orig
-        self.va = va
-        self.rkey = rkey
-        self.length = length
-
-
-class _NAK(Exception):
-    """Internal: abort processing of a request with a NAK (and maybe a responder error)."""
-
-    def __init__(self, code: int, wc_status: int = 0) -> None:
-        super().__init__(code)
-        self.code = code
-        self.wc_status = wc_status
+# the message in progress -> BTH word 0 of its MIDDLE packets, less the P_Key
+_MIDDLE_W0: dict[int, int] = {K_SEND: op.RC_SEND_MIDDLE << 24, K_WRITE: op.RC_WRITE_MIDDLE << 24}
 
 
 class Responder:
@@ -98,10 +91,6 @@ class Responder:
         self.resources: deque[Resource] = deque(maxlen=16)
         self._clear_msg()
 
-    def clear_msg(self) -> None:
-        """No message in progress (softrdma.ib.fastpath calls this too)."""
-        self._clear_msg()
-
     def _clear_msg(self) -> None:
         self.cur: int = 0  # kind of the message in progress (0 = none)
         self.rwqe: RecvWQE | None = None
@@ -109,6 +98,21 @@ class Responder:
         self.offset = 0
         self.wbuf: memoryview | None = None
         self.wlen = 0
+        self.mid: tuple[int, int, int] | None = None  # see want_middles
+
+    def want_middles(self) -> None:
+        """What :meth:`place_middles` requires of each MIDDLE of the SEND or WRITE in
+        progress: BTH word 0 (OpCode, SE M PadCnt TVer, P_Key) with SE and M masked off,
+        word 1 (FECN BECN Resv6 DestQP) with Resv6 masked off, as they must be (IBA 9.6,
+        9.7.1), and the packet's size (a path MTU of payload); None when no SEND or WRITE
+        is in progress or the fast paths do not take the QP's P_Key. Recomputed when a
+        message starts and when the QP is modified."""
+        w0 = _MIDDLE_W0.get(self.cur)
+        qp = self.qp
+        if w0 is None or qp.fast_pkey < 0:
+            self.mid = None
+        else:
+            self.mid = (w0 | qp.fast_pkey, qp.qpn, _BTH_SIZE + qp.mtu)
 
     def set_epsn(self, psn: int) -> None:
         self.epsn = psn & PSN_MASK
@@ -130,23 +134,19 @@ class Responder:
                                             qp.qpn))
 
     # ---- outgoing responses -------------------------------------------------------------------
-    def send_ack(self, psn: int, syndrome: int = _ACK_SYN) -> None:
+    def send_ack(self, psn: int, syndrome: int = ACK_SYNDROME) -> None:
         qp = self.qp
-        hdr = _BTH.pack(op.RC_ACK, 0, qp.pkey, qp.dest_qpn, psn & PSN_MASK) + \
-            _AETH.pack((syndrome << 24) | (self.msn & PSN_MASK))
+        hdr = wib.bth(op.RC_ACK, qp.pkey, qp.dest_qpn, psn) + wib.aeth(syndrome, self.msn)
         qp.tx([hdr], 16)
 
     def schedule_ack(self, psn: int) -> None:
         """Acknowledge up to ``psn`` with the next coalesced ACK (IBA 9.7.5.1.1)."""
-        self._schedule_ack(psn)
-
-    def _schedule_ack(self, psn: int) -> None:
         qp = self.qp
         if qp.ack_psn < 0:
             qp.port.ack_pending.append(qp)
         qp.ack_psn = psn
 
-    def _flush_pending_ack(self) -> None:
+    def flush_pending_ack(self) -> None:
         qp = self.qp
         if qp.ack_psn >= 0:
             self.send_ack(qp.ack_psn)
@@ -157,14 +157,10 @@ class Responder:
                 pass
 
     def _nak(self, psn: int, code: int) -> None:
-        self._flush_pending_ack()
+        self.flush_pending_ack()
         self.qp.port.counters.sent_nak += 1
         self.qp.counters.sent_nak += 1
         self.send_ack(psn, code)
-
-    def check_comm_est(self) -> None:
-        """A valid request was executed: COMM_EST in RTR (see :meth:`_check_comm_est`)."""
-        self._check_comm_est()
 
     def _check_comm_est(self) -> None:
         """IBA 11.6.3: the first valid request received while the QP is in RTR raises
@@ -186,43 +182,114 @@ class Responder:
             self._uc(pkt)
 
     # ---- RC -----------------------------------------------------------------------------------
-    def fast_middle(self, data: memoryview, opcode: int) -> bool:
-        """Fast path for an in-sequence RC SEND_MIDDLE / RDMA_WRITE_MIDDLE (most packets of
-        a large message): the checks of the full path, without building an IBPacket.
-        ``Port.receive`` has checked the QP type, TVer, pad, P_Key and addresses.
+    def place_middles(self, bodies: Sequence[memoryview]) -> int:
+        """Execute the longest prefix of ``bodies`` that are in-sequence RC SEND or RDMA
+        WRITE MIDDLE packets of the message in progress, and return its length (0:
+        nothing done). One packet is a run of length one (``Port.receive``); a run is the
+        segments of one coalesced receive (``Port.receive_run``).
 
-        Returns False whenever anything is unusual; the caller then runs the full path,
-        which handles (and NAKs or drops) it.
+        ``bodies`` are transport packets (BTH .. pad, ICRC checked) addressed to this QP
+        from its peer. A packet is taken when it has the MIDDLE opcode of the message in
+        progress, the path MTU as payload, TVer 0, no pad, neither FECN nor BECN, the
+        QP's full-member P_Key, its QPN, the expected PSN, and its payload fits the
+        message's buffer (IBA 9.6, 9.7.1, 9.7.4.1.5): placed by :meth:`_place`, the PSN
+        advanced and the AckReq of the run answered by one coalesced ACK (IBA 9.7.5.1.1),
+        as the general path would. The first packet that is not is left, with the rest,
+        to the general path, which handles (NAKs or drops) it. The caller counts the
+        packets taken.
+        """
+        # a message in progress: the QP is in RTR, RTS, SQD or SQE (reset and to_error
+        # end it)
+        mid = self.mid
+        if mid is None:  # no SEND or WRITE in progress
+            return 0
+        w0_want, w1_want, size = mid
+        epsn = self.epsn
+        ack_psn = -1
+        k = 0
+        for data in bodies:
+            if len(data) != size:
+                break
+            w0, w1, w2 = _BTH_WORDS(data)
+            if (w2 & PSN_MASK != epsn or w0 & _W0_CHECKED != w0_want
+                    or w1 & _W1_CHECKED != w1_want or not self._place(data[_BTH_SIZE:])):
+                break
+            if w2 & _ACKREQ:
+                ack_psn = epsn
+            epsn = (epsn + 1) & PSN_MASK
+            k += 1
+        if k:
+            self.nak_sent = False
+            self.epsn = epsn
+            if ack_psn >= 0:
+                self.schedule_ack(ack_psn)
+        return k
+
+    def _place(self, payload: memoryview) -> bool:
+        """Place ``payload`` at the current offset of the SEND (the receive WQE's scatter
+        list) or RDMA WRITE (the R_Key's region) in progress and advance the offset
+        (IBA 9.7.4.1.5); False, with nothing written, when it does not fit."""
+        off = self.offset
+        end = off + len(payload)
+        wbuf = self.wbuf
+        if wbuf is not None:
+            if end > self.wlen:
+                return False
+            wbuf[off:end] = payload
+        elif end > off:
+            segs = self.segs
+            if segs is None or not scatter(segs, off, payload):
+                return False
+        self.offset = end
+        return True
+
+    def send_only(self, data: memoryview, opcode: int) -> bool:
+        """Execute an RC SEND ONLY (with immediate when ``opcode`` is SEND_ONLY_IMM) whose
+        header checks ``Port.receive`` has done (TVer, pad, P_Key, addresses): the
+        expected PSN, no message in progress, a payload within the path MTU, a receive
+        WQE whose buffers take it. It is completed as :meth:`_send_data` completes it
+        (IBA 9.7.4.1.5, 9.7.5.1; the completion of IBA 11.4.2.1) and acknowledged by the
+        same coalesced ACK, without decoding an IBPacket (the ping-pong's message).
+
+        Returns False, having changed nothing, for anything else: the general path then
+        runs (a receive WQE taken is given back first, so that path takes it again).
         """
         qp = self.qp
         st = qp.state
-        if st < RTR or st > SQE:
+        if st < RTR or st > SQE or self.cur:
             return False
-        w2 = int.from_bytes(data[8:12], "big")
+        w2 = _U32.unpack_from(data, 8)[0]
         psn = w2 & PSN_MASK
         if psn != self.epsn:
             return False
-        kind = K_WRITE if opcode == 0x07 else K_SEND
-        if self.cur != kind:
+        imm = 0
+        off = _BTH_SIZE
+        with_imm = opcode == op.RC_SEND_ONLY_IMM
+        if with_imm:
+            imm = _U32.unpack_from(data, _BTH_SIZE)[0]
+            off += _IMMDT_SIZE
+        plen = len(data) - off
+        if plen < 0 or plen > qp.mtu:
             return False
-        plen = len(data) - 12
-        if plen != qp.mtu:
+        rwqe = qp.take_rwqe()
+        if rwqe is None:
+            return False  # the general path answers with an RNR NAK
+        segs = resolve_sges(qp.port.mrs, qp.pd, rwqe.sg_list, _ACCESS_LOCAL_WRITE)
+        if segs is None or (plen and not scatter(segs, 0, data[off:])):
+            qp.return_rwqe(rwqe)
             return False
-        off = self.offset
-        if kind == K_WRITE:
-            wbuf = self.wbuf
-            if wbuf is None or off + plen > self.wlen:
-                return False
-            wbuf[off:off + plen] = data[12:]
-        else:
-            segs = self.segs
-            if segs is None or not scatter(segs, off, data[12:]):
-                return False
-        self.offset = off + plen
         self.nak_sent = False
+        wc = WorkCompletion(rwqe.wr_id, _WC_SUCCESS, _WC_RECV, qp.qpn, byte_len=plen,
+                            imm_data=imm, src_qp=qp.dest_qpn,
+                            wc_flags=_WC_WITH_IMM if with_imm else 0)
+        wc.solicited = bool(data[1] & wib.BTH_SE)
+        self.msn = (self.msn + 1) & PSN_MASK
+        self._clear_msg()
+        qp.complete_recv(wc)
         self.epsn = (psn + 1) & PSN_MASK
-        if w2 & 0x80000000:
-            self._schedule_ack(psn)
+        if w2 & _ACKREQ:
+            self.schedule_ack(psn)
+        self._check_comm_est()
         return True
 
     def _rc(self, pkt: wib.IBPacket) -> None:
@@ -257,7 +324,7 @@ class Responder:
             # requester resends this PSN after the timer.
             qp.port.counters.send_rnr_nak += 1
             qp.counters.send_rnr_nak += 1
-            self._flush_pending_ack()
+            self.flush_pending_ack()
             self.send_ack(pkt.psn, wib.AETH_RNR_NAK | (qp.min_rnr_timer & 0x1F))
 
     def _error(self, pkt: wib.IBPacket, e: _NAK) -> None:
@@ -297,25 +364,9 @@ class Responder:
             self.qp.counters.rcvd_bad_length += 1
             raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
 
-    def _rkey_view(self, rkey: int, va: int, length: int, need: int) -> memoryview:
-        """R_Key, PD, access and bounds checks (IBA 10.6.3.1; rxe ``check_rkey``); NAK 0x62 on failure."""
-        qp = self.qp
-        if not qp.access_flags & need:
-            raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
-        if length == 0:
-            return memoryview(b"")
-        mr = qp.port.mrs.get(rkey)
-        if mr is None or not mr.valid or mr.pd is not qp.pd or not mr.access & need:
-            raise _NAK(wib.NAK_REMOTE_ACCESS, WCS.IBV_WC_REM_ACCESS_ERR)
-        off = mr.offset_of(va, length)
-        if off < 0:
-            raise _NAK(wib.NAK_REMOTE_ACCESS, WCS.IBV_WC_REM_ACCESS_ERR)
-        return mr.buf[off:off + length]
-
     def _execute(self, pkt: wib.IBPacket) -> None:
         info = pkt.info
         kind = info.kind
-        qp = self.qp
         if kind == K_SEND or kind == K_WRITE:
             self._check_seq(info, kind)
             plen = len(pkt.payload)
@@ -326,50 +377,18 @@ class Responder:
                 self._write_data(pkt, plen)
             self.epsn = (self.epsn + 1) & PSN_MASK
             if pkt.ackreq:
-                self._schedule_ack(pkt.psn)
+                self.schedule_ack(pkt.psn)
             return
         if self.cur != 0:  # a new request in the middle of a message
             raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
         if kind == K_READ:
-            if pkt.dma_len > MAX_MSG:
-                raise _NAK(wib.NAK_INVALID_REQUEST)
-            view = self._rkey_view(pkt.rkey, pkt.va, pkt.dma_len, _ACCESS_REMOTE_READ)
-            mtu = qp.mtu
-            npkts = (pkt.dma_len + mtu - 1) // mtu if pkt.dma_len else 1
-            self.msn = (self.msn + 1) & PSN_MASK
-            self.resources.append(Resource(K_READ, pkt.psn, (pkt.psn + npkts - 1) & PSN_MASK,
-                                           va=pkt.va, rkey=pkt.rkey, length=pkt.dma_len))
-            self.epsn = (self.epsn + npkts) & PSN_MASK
-            self._read_responses(pkt.psn, view)
-            return
-        if kind == K_CAS or kind == K_FAA:
-            if pkt.va & 7:
-                raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
-            view = self._rkey_view(pkt.rkey, pkt.va, 8, _ACCESS_REMOTE_ATOMIC)
-            orig = _HOST_U64.unpack_from(view)[0]
-            if kind == K_CAS:
-                if orig == pkt.compare:
-                    _HOST_U64.pack_into(view, 0, pkt.swap_add)
-            else:
-                _HOST_U64.pack_into(view, 0, (orig + pkt.swap_add) & 0xFFFFFFFFFFFFFFFF)
-            self.msn = (self.msn + 1) & PSN_MASK
-            self.resources.append(Resource(kind, pkt.psn, pkt.psn, orig=orig))
-            self.epsn = (self.epsn + 1) & PSN_MASK
-            self._atomic_ack(pkt.psn, orig)
-            return
-        if kind == K_ATOMIC_WRITE:
-            # RDMA Atomic Write (opcode 0x1D, IBA 1.5; rxe ``atomic_write_reply``): 8 bytes to an aligned VA
-            # in one store, needs REMOTE_WRITE; acknowledged like a write (rxe).
-            if pkt.va & 7 or pkt.dma_len != 8 or len(pkt.payload) != 8:
-                raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
-            view = self._rkey_view(pkt.rkey, pkt.va, 8, _ACCESS_REMOTE_WRITE)
-            view[0:8] = pkt.payload
-            self.msn = (self.msn + 1) & PSN_MASK
-            self.epsn = (self.epsn + 1) & PSN_MASK
-            if pkt.ackreq:
-                self._schedule_ack(pkt.psn)
-            return
-        raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
+            execute_read(self, pkt)
+        elif kind == K_CAS or kind == K_FAA:
+            execute_atomic(self, pkt, kind)
+        elif kind == K_ATOMIC_WRITE:
+            execute_atomic_write(self, pkt)
+        else:
+            raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
 
     def _send_data(self, pkt: wib.IBPacket, plen: int) -> None:
         qp = self.qp
@@ -385,11 +404,9 @@ class Responder:
             self.segs = segs
             self.offset = 0
             self.cur = K_SEND
-        segs = self.segs
-        assert segs is not None
-        if plen and not scatter(segs, self.offset, pkt.payload):
+            self.want_middles()
+        if not self._place(pkt.payload):
             raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_LOC_LEN_ERR)
-        self.offset += plen
         if pkt.info.pos_int & _POS_LAST:
             rwqe = self.rwqe
             assert rwqe is not None
@@ -420,18 +437,14 @@ class Responder:
         if self.cur == 0:
             if pkt.dma_len > MAX_MSG:
                 raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
-            self.wbuf = self._rkey_view(pkt.rkey, pkt.va, pkt.dma_len,
-                                        _ACCESS_REMOTE_WRITE)
+            self.wbuf = rkey_view(qp, pkt.rkey, pkt.va, pkt.dma_len, _ACCESS_REMOTE_WRITE)
             self.wlen = pkt.dma_len
             self.offset = 0
             self.cur = K_WRITE
-        wbuf = self.wbuf
-        assert wbuf is not None
-        off = self.offset
-        if off + plen > self.wlen:
-            raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
+            self.want_middles()
+        end = self.offset + plen
         last = bool(info.pos_int & _POS_LAST)
-        if last and off + plen != self.wlen:
+        if end > self.wlen or (last and end != self.wlen):
             raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
         if last and info.imm:
             # Write with immediate consumes a receive WQE (IBA 9.4.1.2): RNR if none.
@@ -439,9 +452,7 @@ class Responder:
             if rwqe is None:
                 raise _RNR()
             self.rwqe = rwqe
-        if plen:
-            wbuf[off:off + plen] = pkt.payload
-        self.offset = off + plen
+        self._place(pkt.payload)  # fits: checked above
         if last:
             rwqe = self.rwqe
             length = self.wlen
@@ -454,68 +465,15 @@ class Responder:
                 wc.solicited = pkt.se
                 qp.complete_recv(wc)
 
-    def _read_responses(self, psn: int, view: memoryview) -> None:
-        """Emit the RDMA READ response packets for ``view`` starting at ``psn`` (IBA 9.7.4.1.4)."""
-        self._flush_pending_ack()
-        qp = self.qp
-        mtu = qp.mtu
-        n = len(view)
-        npkts = (n + mtu - 1) // mtu if n else 1
-        pkey = qp.pkey
-        dqpn = qp.dest_qpn
-        aeth = _AETH.pack((_ACK_SYN << 24) | (self.msn & PSN_MASK))
-        for k in range(npkts):
-            off = k * mtu
-            plen = n - off if n - off < mtu else mtu
-            if npkts == 1:
-                opcode = op.RC_READ_RESPONSE_ONLY
-            elif k == 0:
-                opcode = op.RC_READ_RESPONSE_FIRST
-            elif k == npkts - 1:
-                opcode = op.RC_READ_RESPONSE_LAST
-            else:
-                opcode = op.RC_READ_RESPONSE_MIDDLE
-            pad = (-plen) & 3
-            hdr = _BTH.pack(opcode, pad << 4, pkey, dqpn, (psn + k) & PSN_MASK)
-            if opcode != op.RC_READ_RESPONSE_MIDDLE:
-                hdr += aeth
-            parts: list[bytes | bytearray | memoryview] = [hdr]
-            if plen:
-                parts.append(view[off:off + plen])
-            if pad:
-                parts.append(_PAD[pad])
-            qp.tx(parts, len(hdr) + plen + pad)
-
-    def _atomic_ack(self, psn: int, orig: int) -> None:
-        self._flush_pending_ack()
-        qp = self.qp
-        hdr = _BTH.pack(op.RC_ATOMIC_ACK, 0, qp.pkey, qp.dest_qpn, psn & PSN_MASK) + \
-            _AETH.pack((_ACK_SYN << 24) | (self.msn & PSN_MASK)) + _U64.pack(orig)
-        qp.tx([hdr], 24)
-
     def _duplicate(self, pkt: wib.IBPacket) -> None:
-        """Duplicate request (IBA 9.7.5.1.4 / C9-105 ...)."""
+        """A duplicate request (IBA 9.7.5.1.4): a SEND or WRITE is acknowledged again with
+        the last PSN received; a READ or atomic is answered again from its resource
+        (:func:`~softrdma.ib.rd_atomic.replay`)."""
         kind = pkt.info.kind
         if kind == K_SEND or kind == K_WRITE:
-            self._schedule_ack((self.epsn - 1) & PSN_MASK)
+            self.schedule_ack((self.epsn - 1) & PSN_MASK)
             return
-        for r in reversed(self.resources):
-            if psn_diff(pkt.psn, r.first_psn) >= 0 and psn_diff(pkt.psn, r.last_psn) <= 0:
-                if r.kind != kind:
-                    return
-                if kind == K_READ:
-                    try:
-                        view = self._rkey_view(pkt.rkey, pkt.va, pkt.dma_len,
-                                               _ACCESS_REMOTE_READ)
-                    except _NAK:
-                        return
-                    saved = self.msn
-                    self._read_responses(pkt.psn, view)
-                    self.msn = saved
-                else:
-                    self._atomic_ack(pkt.psn, r.orig)
-                return
-        # Too old to be in the resources: nothing to replay; drop silently.
+        replay(self, pkt)
 
     # ---- UC -----------------------------------------------------------------------------------------
     def _uc(self, pkt: wib.IBPacket) -> None:

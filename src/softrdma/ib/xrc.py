@@ -236,6 +236,6 @@ def _receive_rc(qp: EngineQP, pkt: IBPacket, meta: RxMeta, now: float) -> None:
         return
     if pkt.info.is_response:
         if st in (RTS, SQD, SQE):
-            qp.req.on_response(pkt, now)
+            qp.comp.on_response(pkt, now)
         return
     qp.resp.on_request(pkt, meta, now)

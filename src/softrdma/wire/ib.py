@@ -27,6 +27,7 @@ from .opcodes import BTH_SIZE, OPTABLE, Hdr, OpInfo
 BTH = struct.Struct("!BBHII")
 RETH = struct.Struct("!QII")
 ATMETH = struct.Struct("!QIQQ")
+DETH = struct.Struct("!II")
 U32 = struct.Struct("!I")
 U64 = struct.Struct("!Q")
 
@@ -44,6 +45,59 @@ _IETH = int(Hdr.IETH)
 
 BTH_SE = 0x80
 BTH_MIG = 0x40
+BTH_FECN = 0x80000000  # BTH word 1 (IBA 9.2): FECN, BECN
+BTH_BECN = 0x40000000
+BTH_ACKREQ = 0x80000000  # BTH word 2 (IBA 9.2): the AckReq (A) bit
+_ZERO_PAD = (b"", b"\0", b"\0\0", b"\0\0\0")
+
+
+# ---- packing one header: the transport engine's builders (IBA 9.2-9.3) ----------------------
+def bth(opcode: int, pkey: int, dqpn: int, psn: int, se: bool = False, pad: int = 0,
+        ackreq: bool = False, becn: bool = False) -> bytes:
+    """A BTH (IBA 9.2): TVer 0, MigReq 0, FECN 0; ``pad`` is the PadCnt of the payload
+    that follows (:func:`pad_bytes`)."""
+    return BTH.pack(opcode, se << 7 | (pad & 3) << 4, pkey, becn << 30 | (dqpn & 0xFFFFFF),
+                    ackreq << 31 | (psn & 0xFFFFFF))
+
+
+def bth_run(opcode: int, pkey: int, dqpn: int, psn: int, ackreq: list[bool]) -> list[bytes]:
+    """The BTHs of a run of ``len(ackreq)`` packets with consecutive PSNs from ``psn``
+    (the MIDDLEs of a message, IBA 9.7.1): as :func:`bth` without SE or pad, packet
+    ``i`` with the AckReq bit when ``ackreq[i]``."""
+    pack = BTH.pack
+    w1 = dqpn & 0xFFFFFF
+    return [pack(opcode, 0, pkey, w1, (BTH_ACKREQ if a else 0) | ((psn + i) & 0xFFFFFF))
+            for i, a in enumerate(ackreq)]
+
+
+def reth(va: int, rkey: int, dma_len: int) -> bytes:
+    """An RETH (IBA 9.3.3): virtual address, R_Key, DMA length."""
+    return RETH.pack(va, rkey, dma_len)
+
+
+def atmeth(va: int, rkey: int, swap_add: int, compare: int) -> bytes:
+    """An AtomicETH (IBA 9.3.4): the two data words are taken modulo 2^64."""
+    return ATMETH.pack(va, rkey, swap_add & 0xFFFFFFFFFFFFFFFF, compare & 0xFFFFFFFFFFFFFFFF)
+
+
+def aeth(syndrome: int, msn: int) -> bytes:
+    """An AETH (IBA 9.3.5): the syndrome (Table 44) and the MSN."""
+    return U32.pack((syndrome & 0xFF) << 24 | (msn & 0xFFFFFF))
+
+
+def atmack(orig: int) -> bytes:
+    """An AtomicAckETH (IBA 9.3.6): the original remote data."""
+    return U64.pack(orig & 0xFFFFFFFFFFFFFFFF)
+
+
+def deth(qkey: int, src_qp: int) -> bytes:
+    """A DETH (IBA 9.3.2): the Q_Key and the source QP."""
+    return DETH.pack(qkey & 0xFFFFFFFF, src_qp & 0xFFFFFF)
+
+
+def immdt(value: int) -> bytes:
+    """An ImmDt (IBA 9.3.7) or an IETH (IBA 9.3.8: the R_Key to invalidate): 4 bytes."""
+    return U32.pack(value & 0xFFFFFFFF)
 
 # AETH syndrome classes (IBA 9.7.5.2.1, Table 44).
 AETH_ACK = 0x00
@@ -190,7 +244,7 @@ def decode(buf: memoryview) -> IBPacket:
             p.rdeth = U32.unpack_from(buf, off)[0]
             off += 4
         if hdrs & _DETH:
-            p.qkey, w = struct.unpack_from("!II", buf, off)
+            p.qkey, w = DETH.unpack_from(buf, off)
             p.deth_resv = w >> 24
             p.src_qp = w & 0xFFFFFF
             off += 8
@@ -243,7 +297,7 @@ def encode_headers(p: IBPacket) -> bytearray:
         U32.pack_into(out, off, p.rdeth)
         off += 4
     if hdrs & Hdr.DETH:
-        struct.pack_into("!II", out, off, p.qkey, ((p.deth_resv & 0xFF) << 24) | (p.src_qp & 0xFFFFFF))
+        DETH.pack_into(out, off, p.qkey, ((p.deth_resv & 0xFF) << 24) | (p.src_qp & 0xFFFFFF))
         off += 8
     if hdrs & Hdr.XRCETH:
         U32.pack_into(out, off, p.xrceth)
@@ -271,8 +325,6 @@ def encode_headers(p: IBPacket) -> bytearray:
         off += 4
     return out
 
-
-_ZERO_PAD = (b"", b"\0", b"\0\0", b"\0\0\0")
 
 
 def encode(p: IBPacket) -> bytes:

@@ -4,7 +4,7 @@ Implements IBA Annex A16 and Annex A17:
 
 * §1 encapsulations: :func:`ipv4_header`, :func:`ipv6_header`, :func:`udp_header`, the
   UDP source-port conventions of Linux (:func:`flow_label_from_qpns`,
-  :func:`udp_sport_from_flow_label`, :func:`rxe_qp_sport`, :func:`rxe_udp_sport`);
+  :func:`udp_sport_from_flow_label`, :func:`rxe_udp_sport`);
 * §2 the ICRC: :func:`icrc` (RoCEv2 over IPv4 or IPv6), :func:`icrc_v1` (RoCEv1),
   computed incrementally over a list of buffers (no payload concatenation), and the
   send/receive helpers for a UDP socket (:func:`udp_send_icrc`, :func:`icrc_ok_udp`);
@@ -36,7 +36,7 @@ from .opcodes import BTH_SIZE, ICRC_SIZE
 
 __all__ = [
     "ROCE_V2_UDP_PORT", "ROCE_V1_ETHERTYPE", "RXE_ROCE_V2_SPORT",
-    "flow_label_from_qpns", "udp_sport_from_flow_label", "rxe_qp_sport", "rxe_udp_sport",
+    "flow_label_from_qpns", "udp_sport_from_flow_label", "rxe_udp_sport",
     "ipv4_header", "ipv6_header", "udp_header", "inet_checksum", "udp_checksum",
     "icrc", "icrc_v1", "icrc_ok_udp", "icrc_ok_udp_id", "udp_send_icrc", "udp_payload_with_icrc",
     "RoceFrame", "parse_frame", "build_frame", "frame_icrc", "frame_icrc_ok", "icrc_ok_frame",
@@ -84,21 +84,19 @@ def udp_sport_from_flow_label(fl: int) -> int:
     return ((lo ^ (hi >> 14)) | RXE_ROCE_V2_SPORT) & 0xFFFF
 
 
-def rxe_qp_sport(qpn: int) -> int:
-    """The source port rxe gives a QP at creation (rxe_qp.c ``rxe_qp_init_req``).
+def rxe_udp_sport(lqpn: int, rqpn: int | None = None, flow_label: int = 0) -> int:
+    """The RoCEv2 UDP source port rxe uses for QP ``lqpn``.
 
-    ``0xC000 + (hash_32(qpn, 14) & 0x3FFF)`` with ``hash_32(v, b) = (v * 0x61C88647 mod
-    2^32) >> (32 - b)`` (linux/hash.h). UD QPs (never given an address vector) keep it.
+    At creation (no peer, ``rqpn`` None; the port a UD QP, never given an address vector,
+    keeps): rxe_qp.c ``rxe_qp_init_req``, ``0xC000 + (hash_32(qpn, 14) & 0x3FFF)`` with
+    ``hash_32(v, b) = (v * 0x61C88647 mod 2^32) >> (32 - b)`` (linux/hash.h).
+
+    A connected QP after ``modify_qp`` with a GRH address (peer ``rqpn``): rxe_verbs.c
+    ``rxe_modify_qp`` -> ib_verbs.h ``rdma_get_udp_sport``: the AH flow label, or if it
+    is 0 the label computed from the two QPNs, mapped to a port.
     """
-    return RXE_ROCE_V2_SPORT + ((((qpn * 0x61C88647) & 0xFFFFFFFF) >> 18) & 0x3FFF)
-
-
-def rxe_udp_sport(lqpn: int, rqpn: int, flow_label: int = 0) -> int:
-    """The source port rxe uses for a connected QP after ``modify_qp`` with a GRH address.
-
-    rxe_verbs.c ``rxe_modify_qp`` -> ib_verbs.h ``rdma_get_udp_sport``: the AH flow label,
-    or if it is 0 the label computed from the two QPNs, mapped to a port.
-    """
+    if rqpn is None:
+        return RXE_ROCE_V2_SPORT + ((((lqpn * 0x61C88647) & 0xFFFFFFFF) >> 18) & 0x3FFF)
     fl = flow_label or flow_label_from_qpns(lqpn, rqpn)
     return udp_sport_from_flow_label(fl)
 
