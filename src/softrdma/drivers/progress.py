@@ -48,7 +48,7 @@ DRAIN_TIMEOUT = 1.0  # at close, how long to wait for the lock (a finalizer may 
 JOIN_TIMEOUT = 5.0  # at close, how long to wait for the progress thread to end (s)
 #: how long an application's busy poll may spin on an empty link before it sleeps in the
 #: kernel (s; ``SOFTRDMA_SPIN_US`` overrides; see :class:`PollPacer`)
-def _spin_from_env(default_us: float = 1000.0) -> float:
+def _spin_from_env(default_us: float = 200.0) -> float:
     """``SOFTRDMA_SPIN_US`` in seconds (a value that is not a number >= 0: the default)."""
     try:
         us = float(os.environ.get("SOFTRDMA_SPIN_US", default_us))
@@ -59,6 +59,8 @@ def _spin_from_env(default_us: float = 1000.0) -> float:
 
 SPIN = _spin_from_env()
 BLOCK_MAX = 0.002  # the longest one such sleep (s): below POLL_GRACE, so the thread stays back
+PREEMPTED = 0.0002  # a spin that lost the CPU this long (s) shows the machine is contended
+CALM = 0.5  # then polls sleep at once for this long (s) before spinning is tried again
 _WAKE_READ = 4096  # bytes drained from the wake pipe at once
 MODES = ("thread", "manual")
 
@@ -230,72 +232,73 @@ class EventWaiter:
 class PollPacer:
     """Spin, then sleep: the pace of an application thread that busy-polls a CQ.
 
-    An empty poll starts (or continues) an idle streak. The first :data:`SPIN` seconds
-    of a streak spin (a poll returns at once, so an answer that comes within a round
-    trip is seen without a wake-up); after that each empty poll sleeps in ``select`` on
-    the link's descriptor until a datagram arrives, the engine's next deadline, or
-    :data:`BLOCK_MAX`. A poll that got something ends the streak (:meth:`busy`).
+    An empty poll starts (or continues) an idle streak. While the machine has a core
+    for us, the first :data:`SPIN` seconds of a streak spin (a poll returns at once, so
+    an answer that comes within a round trip is seen without a wake-up); after that
+    each empty poll sleeps in ``select`` on the link's descriptor until a datagram
+    arrives, the engine's next deadline, or :data:`BLOCK_MAX`.
 
-    Beside a busy process (issue 25), spinning is still what keeps a ping-pong fast:
-    each peer keeps a core and answers are seen at once, except when the scheduler's
-    time slice takes a peer's core away (a few round trips in a slice). Sleeping at once
-    instead costs every round trip two wake-ups, and the kernel's synchronous wake-up
-    puts the sleeper on its waker's core, so the two peers end up sharing one core and
-    run one after the other (measured: the median half round trip doubled, 42 to
-    80-100 us, on a 2-core VM). So the spin is long enough (1 ms, several round trips
-    and more than a scheduler slice's typical theft) that a ping-pong whose peer was
-    briefly descheduled keeps spinning, and short enough that an idle poller sleeps.
-    The spin reads only the monotonic clock (no per-poll system call).
+    Beside a busy process, spinning is what makes a ping-pong slow: the two spinning
+    peers and the busy loop are three runnable tasks on two cores, and the scheduler
+    time-slices them, so an answer waits in the socket for its reader's next slice
+    (milliseconds, where the round trip is tens of microseconds). A sleeper is woken
+    when its datagram arrives and finds the core its peer just left. So a spin that
+    lost the CPU (the thread's CPU time fell :data:`PREEMPTED` behind the wall clock)
+    marks the machine contended, and for :data:`CALM` seconds every empty poll sleeps
+    at once; then spinning is tried again. A poll that got something ends the streak
+    (:meth:`busy`).
     """
 
-    __slots__ = ("fd", "spin", "since", "sleeping", "sleeps", "clock")
+    __slots__ = ("fd", "spin", "since", "cpu0", "calm_until", "sleeps", "contended",
+                 "clock", "cpu_clock")
 
     def __init__(self, fd: int | None, spin: float = SPIN, *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 cpu_clock: Callable[[], float] = time.thread_time) -> None:
         self.fd = fd
         self.spin = spin
         self.clock = clock  # wall time (s)
+        self.cpu_clock = cpu_clock  # the polling thread's CPU time (s)
         self.since = 0.0  # when the idle streak began (monotonic), 0.0 outside one
-        self.sleeping = False  # this streak has slept (so it sleeps on)
+        self.cpu0 = 0.0  # the thread's CPU time then; -1.0 once the streak slept
+        self.calm_until = 0.0  # empty polls sleep at once until then (monotonic)
         self.sleeps = 0  # how many times a poll slept (tests, diagnostics)
+        self.contended = 0  # how many times a spin found it had lost the CPU
 
     def busy(self) -> None:
         """The poll got something: the streak ends."""
         self.since = 0.0
-        self.sleeping = False
 
-    def spins(self) -> bool:
-        """An empty poll: True while its streak spins (the poll just returns), False
-        once it should sleep (:meth:`sleep`). Reads only the monotonic clock."""
-        if self.sleeping or self.fd is None:
-            return self.fd is None
+    def idle(self, deadline_in: float | None) -> bool:
+        """An empty poll (outside the engine lock): spin on, or sleep until input,
+        ``deadline_in`` seconds (the engine's next timer; None: none) or BLOCK_MAX.
+        True if it slept and input ended the sleep (the caller reads it at once)."""
+        fd = self.fd
+        if fd is None:
+            return False
         now = self.clock()
         since = self.since
         if since == 0.0:
-            self.since = now
-            return True
-        return now - since < self.spin
-
-    def sleep(self, deadline_in: float | None) -> bool:
-        """Sleep (outside the engine lock) until input, ``deadline_in`` seconds (the
-        engine's next timer; None: none) or BLOCK_MAX; the streak sleeps on from now.
-        True if input ended the sleep (the caller reads it at once)."""
-        fd = self.fd
+            self.since = since = now
+            self.cpu0 = self.cpu_clock()
+            if now >= self.calm_until:
+                return False
+        elif self.cpu0 >= 0.0 and now >= self.calm_until:  # spinning so far
+            spent = now - since
+            if spent - (self.cpu_clock() - self.cpu0) >= PREEMPTED:
+                self.contended += 1  # the spin lost the CPU: the machine is contended
+                self.calm_until = now + CALM
+            elif spent < self.spin:
+                return False  # spinning, and we keep the CPU
         wait = BLOCK_MAX if deadline_in is None else min(BLOCK_MAX, deadline_in)
-        if fd is None or wait <= 0.0:
+        if wait <= 0.0:
             return False
-        self.sleeping = True
+        self.cpu0 = -1.0  # this streak sleeps from now on (its wall time is no CPU loss)
         self.sleeps += 1
         try:
             return bool(select.select([fd], [], [], wait)[0])
         except (OSError, ValueError):  # descriptor closed under us: the next call says so
             return False
-
-    def idle(self, deadline_in: float | None) -> bool:
-        """An empty poll: spin on (False), or :meth:`sleep` (its result)."""
-        if self.spins():
-            return False
-        return self.sleep(deadline_in)
 
 
 class VirtualTimer:

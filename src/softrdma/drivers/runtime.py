@@ -260,10 +260,10 @@ class Runtime:
 
         While an application busy-polls, the progress thread stands back (it stops
         watching the socket for a short grace time after the last poll), so the two
-        threads do not fight over the GIL on every packet. An empty poll spins for
-        :data:`~.progress.SPIN` (1 ms), then sleeps in the kernel until a datagram or a
-        timer is due (:class:`~.progress.PollPacer`): a ping-pong keeps spinning, an
-        idle poller does not burn a core.
+        threads do not fight over the GIL on every packet. An empty poll spins for a
+        short while, then sleeps in the kernel until a datagram or a timer is due
+        (:class:`~.progress.PollPacer`): a spinning poller beside a busy process waits
+        for its time slice, a sleeping one is woken when its answer arrives.
         """
         core = self.core
         pacer = self._pacer
@@ -282,18 +282,15 @@ class Runtime:
                 # critical path of a request/response exchange (IBA 9.7.5.1.1 lets a
                 # responder coalesce).
                 self._after_locked(acks=not n)
-                if n or stop_on:
-                    pacer.busy()
-                    return n
-                if woken or pacer.spins():
-                    return 0
-                d = self.port.next_deadline()  # the sleep ends by the next timer
+                d = None if n or stop_on else self.port.next_deadline()
             finally:
                 self.lock.release()
-            woke = pacer.sleep(None if d is None else d - self.now())
-            core.last_poll = time.monotonic()
-            if not woke:
-                return 0
+            if n or stop_on:
+                pacer.busy()
+                return n
+            if woken or not pacer.idle(None if d is None else d - self.now()):
+                break
+        core.last_poll = time.monotonic()
         return 0
 
     def _progress_locked(self) -> int:
