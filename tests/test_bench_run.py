@@ -51,17 +51,3 @@ def test_run_rejects_an_unknown_figure() -> None:
     assert "Traceback" not in out.stderr
 
 
-
-def test_run_json_tool_latency_figure() -> None:
-    """The tools' round trip figure (issue 26): softrdma rc-pingpong as two processes,
-    beside the bench's ping-pong round trip of the same run."""
-    out = subprocess.run(
-        [sys.executable, str(BENCH), "--json", "--quick", "--runs", "1", "--only",
-         "tool_rc_pingpong"],
-        capture_output=True, text=True, timeout=400, stdin=subprocess.DEVNULL)
-    assert out.returncode == 0, out.stdout + out.stderr
-    fig = json.loads(out.stdout)["figures"]["tool_rc_pingpong"]
-    assert fig["error"] is None
-    assert len(fig["softrdma"]) == len(fig["baseline_values"]) == 1
-    assert all(x > 0 for x in fig["softrdma"] + fig["baseline_values"])
-    assert fig["goal"] == "<= 1.2"
