@@ -50,4 +50,3 @@ def test_run_rejects_an_unknown_figure() -> None:
     assert "invalid choice: 'rc_pingpong'" in out.stderr and "rc_send_lat" in out.stderr
     assert "Traceback" not in out.stderr
 
-

@@ -6,6 +6,7 @@ server is a second application thread in the process, hands over the GIL."""
 
 from __future__ import annotations
 
+import time
 import types
 from typing import Any
 
@@ -60,5 +61,5 @@ def test_perftest_wait_spins_without_sleeping(monkeypatch: pytest.MonkeyPatch) -
     res: Any = types.SimpleNamespace(channel=None, o=types.SimpleNamespace(timeout=30.0),
                                      check_peer=lambda now: None)
     cq = _CQ(5)
-    assert engine.Resources.poll(res, cq, engine.time.monotonic() + 30.0, "test", 1) == ["wc"]
+    assert engine.Resources.poll(res, cq, time.monotonic() + 30.0, "test", 1) == ["wc"]
     assert cq.polls == 6 and sleeps == []
