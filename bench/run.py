@@ -26,6 +26,11 @@ The figures (see each module for how it measures):
   measured in the same runs (the ping-pong goal "through a shared device"). Goal <= 1.1.
 * ``scaling_2`` / ``scaling_4``: aggregate RC WRITE throughput of 2 and 4 client/server
   process pairs on one shared device vs one pair (``shared_bench``). Goal >= 1.6 for two.
+* ``tool_rc_pingpong`` / ``tool_send_lat`` / ``tool_write_lat``: the command-line tools'
+  round trip (``softrdma rc-pingpong -s 64``: usec/iter; ``send-lat`` / ``write-lat -s 64``:
+  two times t_typical), server and client as two processes on the default device, vs
+  the bench's ping-pong round trip (two times ``rc_send_lat``) in the same run
+  (``tool_lat``; issue 26). Goal <= 1.2. The tools also wait for each SEND's ACK.
 * ``lossy_goodput_1`` / ``lossy_goodput_5``: goodput of an RC QP on a 1 Gbit/s link that
   loses 1 % / 5 % of the packets vs the same link without loss, on the engine's virtual
   clock (``lossy_goodput``; run ``i`` uses seed ``i``). Goals >= 0.6 / >= 0.3.
@@ -52,6 +57,7 @@ import iwarp_write_bw as iwb  # noqa: E402
 import lossy_goodput as lg  # noqa: E402
 import roce_bench as rb  # noqa: E402
 import shared_bench as sb  # noqa: E402
+import tool_lat as tl  # noqa: E402
 
 MIB = 1 << 20
 
@@ -147,7 +153,8 @@ def _seeded(run: Callable[[int], tuple[float, float]]) -> Callable[[], tuple[flo
 #: every figure :func:`measure` can run, in its order
 FIGURES = ("roce_write_bw", "iwarp_write_bw_crc", "iwarp_write_bw_nocrc", "rc_send_lat",
            "rc_send_lat_contended", "shared_lat", "shared_lat_udp", "shared_write_bw",
-           "scaling_2", "scaling_4", "lossy_goodput_1", "lossy_goodput_5")
+           "scaling_2", "scaling_4", "lossy_goodput_1", "lossy_goodput_5",
+           "tool_rc_pingpong", "tool_send_lat", "tool_write_lat")
 
 
 def measure(runs: int, quick: bool, only: set[str] | None) -> list[Figure]:
@@ -229,6 +236,24 @@ def measure(runs: int, quick: bool, only: set[str] | None) -> list[Figure]:
                 fig.base.append(s[1] / MIB)
                 fig.ours.append(s[k] / MIB)
         figs += [f for f in (f2, f4) if want(f.name)]
+    tool_iters = 300 if quick else 3000
+    for name, what, tool in (
+            ("tool_rc_pingpong", "softrdma rc-pingpong -s 64, usec/iter", None),
+            ("tool_send_lat", "softrdma send-lat -s 64, 2 x t_typical", "send-lat"),
+            ("tool_write_lat", "softrdma write-lat -s 64, 2 x t_typical", "write-lat")):
+        if not want(name):
+            continue
+        f = Figure(name, what + " (round trip)", "us",
+                   "the bench's RC SEND ping-pong round trip", 1.2, False)
+
+        def ours(t: str | None = tool) -> float:
+            port = ports.take()
+            if t is None:
+                return tl.rc_pingpong_us(tool_iters, port)
+            return tl.perftest_lat_us(t, tool_iters, port)
+
+        _pairs(f, runs, lambda: 2 * rb.rc_send_lat(iters, ports.take()) * 1e6, ours)
+        figs.append(f)
     for pct, goal in ((1, 0.6), (5, 0.3)):
         name = f"lossy_goodput_{pct}"
         if not want(name):

@@ -502,6 +502,11 @@ class Endpoint:
             self.close()
             raise PingPongError(f"Couldn't create the verbs resources: {exc}") from exc
         self.send_flags = e.IBV_SEND_SIGNALED
+        self._send_wr: Any = None  # post_send's WR (built at the first SEND)
+        #: another application thread polls in this process (--loopback's server): an
+        #: empty poll then hands it the GIL (time.sleep(0)); alone, the poll loop spins
+        #: as the bench's does (cq.poll makes progress itself)
+        self.shares_gil = False
         self._to_init()
         self.routs = self.post_recv(opts.rx_depth)
         if self.routs < opts.rx_depth:
@@ -592,10 +597,12 @@ class Endpoint:
         from .. import verbs as v
 
         posted = 0
+        # one WR, posted n times (the post copies it into a WQE), as pp_post_recv does
+        wr = v.RecvWR(wr_id=RECV_WRID, num_sge=1, sg=[v.SGE(self.addr, self.rlen, self.mr.lkey)])
+        post = self.qp.post_recv
         for _ in range(n):
-            sge = v.SGE(self.addr, self.rlen, self.mr.lkey)
             try:
-                self.qp.post_recv(v.RecvWR(wr_id=RECV_WRID, num_sge=1, sg=[sge]))
+                post(wr)
             except SoftRdmaError:
                 break
             posted += 1
@@ -616,12 +623,15 @@ class Endpoint:
             except SoftRdmaError as exc:
                 raise PingPongError(f"Couldn't post send: {exc}") from exc
             return
-        sge = v.SGE(self.addr + self.rlen, self.opts.size, self.mr.lkey)
-        wr = v.SendWR(wr_id=SEND_WRID, num_sge=1, sg=[sge], opcode=e.IBV_WR_SEND,
-                      send_flags=self.send_flags)
-        if self.ah is not None:
-            assert self.remote is not None
-            wr.set_wr_ud(self.ah, self.remote.qpn, UD_QKEY)
+        wr = self._send_wr
+        if wr is None:  # built once, at the first SEND (after connect), and posted again
+            sge = v.SGE(self.addr + self.rlen, self.opts.size, self.mr.lkey)
+            wr = v.SendWR(wr_id=SEND_WRID, num_sge=1, sg=[sge], opcode=e.IBV_WR_SEND,
+                          send_flags=self.send_flags)
+            if self.ah is not None:
+                assert self.remote is not None
+                wr.set_wr_ud(self.ah, self.remote.qpn, UD_QKEY)
+            self._send_wr = wr
         try:
             self.qp.post_send(wr)
         except SoftRdmaError as exc:
@@ -679,7 +689,8 @@ class Endpoint:
             n, wcs = self.cq.poll(2)
             if n:
                 return list(wcs)
-            time.sleep(0)  # let the progress thread run
+            if self.shares_gil:
+                time.sleep(0)  # let the other application thread poll
 
     def run(self, is_client: bool, abort: threading.Event | None = None) -> float:
         """The data phase; returns the elapsed microseconds (``gettimeofday`` delta)."""
@@ -901,6 +912,7 @@ def run_loopback(opts: Options, out: TextIO) -> int:
         eps.append(srv)
         cli = Endpoint(ctx, opts, "client")
         eps.append(cli)
+        srv.shares_gil = cli.shares_gil = True
         host = opts.bind or "127.0.0.1"
         iw = opts.transport == "iwarp"
         listener: Any = iwarp_listen(ctx, opts, opts.port or 0) if iw else \

@@ -271,8 +271,10 @@ class Resources:
                     cq.ack_events(1)
                 except (TimeoutError, SoftRdmaError):
                     continue
-            else:
-                time.sleep(0)  # let the progress thread place and complete
+            # else spin: cq.poll makes progress itself (the progress thread stands back
+            # while this thread polls), as the bench's ping-pong does; a time.sleep(0)
+            # here cost a system call per empty poll (the latency tests took 3-5x the
+            # bench's round trip, issue 26)
 
     def post_recvs(self, i: int, count: int, size: int) -> None:
         sge = v.SGE(self.target(i), size + (UD_GRH if self.ud else 0), self.mr.lkey)

@@ -1,0 +1,101 @@
+"""The command-line tools' latency, as a user runs them (issue 26, "the tools are as fast
+as the bench").
+
+Each figure runs a tool's server and client as two processes on the loopback (the
+default device, as ``softrdma rc-pingpong`` without ``-d`` opens it) and reads the
+client's own report:
+
+* ``rc_pingpong_us``: ``softrdma rc-pingpong -s 64 -n N``: microseconds per iteration (one
+  round trip), as the tool prints it;
+* ``perftest_lat_us``: ``softrdma send-lat`` / ``write-lat -s 64 -n N --json``: the typical
+  latency (perftest's ``t_typical``, half a round trip), times two: a round trip.
+
+``bench/run.py`` sets them beside the bench's own ping-pong round trip (two times
+``roce_bench.rc_send_lat``) measured in the same run. Both tools wait, each iteration,
+for their SEND's completion (the peer's ACK) as well as for the answer, as
+``ibv_rc_pingpong`` and perftest do; the bench's ping waits only for the answer.
+Run: ``python bench/tool_lat.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+from typing import Any
+
+SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
+TIMEOUT_S = 300.0  # one tool run, server and client (a busy machine is slow; never hit)
+_USEC_ITER = re.compile(r"=\s*([0-9.]+)\s*usec/iter")
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = SRC + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("SOFTRDMA_CONNECT_RETRY", "60")  # the client may start before the server
+    return env
+
+
+def _pair(args: list[str]) -> str:
+    """Run ``softrdma ARGS`` as the server and ``softrdma ARGS 127.0.0.1`` as the client;
+    the client's standard output (RuntimeError naming both sides' output if one failed)."""
+    cmd = [sys.executable, "-m", "softrdma", *args]
+    env = _env()
+    server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              stdin=subprocess.DEVNULL, env=env, text=True)
+    try:
+        client = subprocess.run([*cmd, "127.0.0.1"], capture_output=True, text=True,
+                                stdin=subprocess.DEVNULL, env=env, timeout=TIMEOUT_S,
+                                check=False)
+        try:
+            s_out, _ = server.communicate(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            s_out, _ = server.communicate()
+        if client.returncode != 0 or server.returncode != 0:
+            raise RuntimeError(f"{' '.join(args)}: client rc {client.returncode}: "
+                               f"{(client.stdout + client.stderr)[-400:]!r}; server rc "
+                               f"{server.returncode}: {s_out[-400:]!r}")
+        return client.stdout
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+
+
+def rc_pingpong_us(iters: int, port: int, size: int = 64) -> float:
+    """``softrdma rc-pingpong -s SIZE -n ITERS``: the client's microseconds per iteration."""
+    out = _pair(["rc-pingpong", "-p", str(port), "-s", str(size), "-n", str(iters)])
+    m = _USEC_ITER.search(out)
+    if m is None:
+        raise RuntimeError(f"rc-pingpong printed no usec/iter: {out[-400:]!r}")
+    return float(m.group(1))
+
+
+def perftest_lat_us(tool: str, iters: int, port: int, size: int = 64) -> float:
+    """``softrdma TOOL -s SIZE -n ITERS --json`` (``send-lat``, ``write-lat`` ...): the
+    client's typical latency times two (a round trip, microseconds)."""
+    out = _pair([tool, "-p", str(port), "-s", str(size), "-n", str(iters), "--json"])
+    try:
+        doc: Any = json.loads(out.strip().splitlines()[-1])
+        return 2.0 * float(doc["results"][0]["t_typical"])
+    except (ValueError, IndexError, KeyError, TypeError) as exc:
+        raise RuntimeError(f"{tool} --json: no t_typical in {out[-400:]!r}") from exc
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--iters", type=int, default=3000)
+    ap.add_argument("--port", type=int, default=46311, help="TCP port of the exchange")
+    a = ap.parse_args(argv)
+    print(f"rc-pingpong: {rc_pingpong_us(a.iters, a.port):.1f} us/iter")
+    for i, tool in enumerate(("send-lat", "write-lat")):
+        print(f"{tool}: round trip {perftest_lat_us(tool, a.iters, a.port + 1 + i):.1f} us")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

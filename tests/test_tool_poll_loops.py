@@ -1,0 +1,65 @@
+"""The tools' completion waits spin as the bench's ping-pong does (issue 26, "the tools
+are as fast as the bench"): ``cq.poll`` makes progress itself, so an empty poll needs no
+``time.sleep(0)`` (a system call, and a GIL hand-over to nobody, per empty poll: the
+latency tools took 3-6x the bench's round trip). Only ``rc-pingpong --loopback``, whose
+server is a second application thread in the process, hands over the GIL."""
+
+from __future__ import annotations
+
+import time
+import types
+from typing import Any
+
+import pytest
+
+from softrdma.tools import pingpong
+from softrdma.tools.perftest import engine
+
+
+class _CQ:
+    """A CQ that is empty ``empties`` times, then returns one completion."""
+
+    def __init__(self, empties: int) -> None:
+        self.empties = empties
+        self.polls = 0
+
+    def poll(self, n: int = 1) -> tuple[int, list[Any]]:
+        self.polls += 1
+        if self.empties:
+            self.empties -= 1
+            return 0, []
+        return 1, ["wc"]
+
+
+def _count_sleeps(monkeypatch: pytest.MonkeyPatch, module: Any) -> list[float]:
+    calls: list[float] = []
+    monkeypatch.setattr(module.time, "sleep", lambda s: calls.append(s))
+    return calls
+
+
+def test_rc_pingpong_wait_spins_without_sleeping(monkeypatch: pytest.MonkeyPatch) -> None:
+    sleeps = _count_sleeps(monkeypatch, pingpong)
+    ep: Any = types.SimpleNamespace(cq=_CQ(5), channel=None, shares_gil=False,
+                                    opts=types.SimpleNamespace(timeout=30.0),
+                                    _activity=lambda: 0)
+    assert pingpong.Endpoint._next_completions(ep, None) == ["wc"]
+    assert ep.cq.polls == 6 and sleeps == []
+
+
+def test_rc_pingpong_loopback_hands_the_gil_to_its_server(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    sleeps = _count_sleeps(monkeypatch, pingpong)
+    ep: Any = types.SimpleNamespace(cq=_CQ(3), channel=None, shares_gil=True,
+                                    opts=types.SimpleNamespace(timeout=30.0),
+                                    _activity=lambda: 0)
+    assert pingpong.Endpoint._next_completions(ep, None) == ["wc"]
+    assert sleeps == [0, 0, 0]
+
+
+def test_perftest_wait_spins_without_sleeping(monkeypatch: pytest.MonkeyPatch) -> None:
+    sleeps = _count_sleeps(monkeypatch, engine)
+    res: Any = types.SimpleNamespace(channel=None, o=types.SimpleNamespace(timeout=30.0),
+                                     check_peer=lambda now: None)
+    cq = _CQ(5)
+    assert engine.Resources.poll(res, cq, time.monotonic() + 30.0, "test", 1) == ["wc"]
+    assert cq.polls == 6 and sleeps == []
