@@ -34,6 +34,11 @@ The figures (see each module for how it measures):
 * ``lossy_goodput_1`` / ``lossy_goodput_5``: goodput of an RC QP on a 1 Gbit/s link that
   loses 1 % / 5 % of the packets vs the same link without loss, on the engine's virtual
   clock (``lossy_goodput``; run ``i`` uses seed ``i``). Goals >= 0.6 / >= 0.3.
+* ``capi_write_bw``: perftest's ``ib_write_bw -s 65536`` under ``softrdma run`` (issue 22)
+  vs ``softrdma write-bw`` with the same flags, two processes on one shared device
+  (``capi_bench``). Goal >= 0.9.
+* ``capi_rc_lat``: ``ibv_rc_pingpong -s 64`` under ``softrdma run`` vs ``softrdma
+  rc-pingpong -s 64``, usec/iter (``capi_bench``; lower is better). Goal <= 1.1.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
+import capi_bench as cb  # noqa: E402
 import iwarp_write_bw as iwb  # noqa: E402
 import lossy_goodput as lg  # noqa: E402
 import roce_bench as rb  # noqa: E402
@@ -154,7 +160,8 @@ def _seeded(run: Callable[[int], tuple[float, float]]) -> Callable[[], tuple[flo
 FIGURES = ("roce_write_bw", "iwarp_write_bw_crc", "iwarp_write_bw_nocrc", "rc_send_lat",
            "rc_send_lat_contended", "shared_lat", "shared_lat_udp", "shared_write_bw",
            "scaling_2", "scaling_4", "lossy_goodput_1", "lossy_goodput_5",
-           "tool_rc_pingpong", "tool_send_lat", "tool_write_lat")
+           "tool_rc_pingpong", "tool_send_lat", "tool_write_lat", "capi_write_bw",
+           "capi_rc_lat")
 
 
 def measure(runs: int, quick: bool, only: set[str] | None) -> list[Figure]:
@@ -263,6 +270,31 @@ def measure(runs: int, quick: bool, only: set[str] | None) -> list[Figure]:
         _pairs2(f, runs, _seeded(lambda seed, p=pct: lg.pair(  # type: ignore[misc]
             p / 100, seed, 0.02 if quick else lg.DURATION_S)))
         figs.append(f)
+    figs += _capi_figures(runs, quick, want)
+    return figs
+
+
+def _capi_figures(runs: int, quick: bool, want: Callable[[str], bool]) -> list[Figure]:
+    """The C programs' figures (issue 22): stock tools under ``softrdma run`` vs softrdma's
+    Python tools, on one private shared device (``capi_bench``)."""
+    figs = [Figure("capi_write_bw", "ib_write_bw 64 KiB under softrdma run, shared device",
+                   "MB/s", "softrdma write-bw, same flags", 0.9, True),
+            Figure("capi_rc_lat", "ibv_rc_pingpong -s 64 under softrdma run, round trip",
+                   "us", "softrdma rc-pingpong -s 64", 1.1, False)]
+    figs = [f for f in figs if want(f.name)]
+    if not figs:
+        return []
+    bw_iters, lat_iters = (300, 200) if quick else (3000, 1000)
+    try:
+        with cb.Device() as dev:
+            for f in figs:
+                if f.name == "capi_write_bw":
+                    _pairs2(f, runs, lambda: cb.write_bw(dev, bw_iters))
+                else:
+                    _pairs2(f, runs, lambda: cb.rc_lat(dev, lat_iters))
+    except cb.BenchError as exc:  # no compiler or headers: reported, not fatal
+        for f in figs:
+            f.error = f.error or str(exc)
     return figs
 
 

@@ -178,7 +178,7 @@ def test_smoke_subset_and_patterns() -> None:
     assert [c.name for c in C.select(C.all_cases(), "rping/siw*")] == [
         "rping/siw/s64", "rping/siw/s3000", "rping/siw-crc/s64", "rping/siw-crc/s3000"]
     assert {c.name for c in C.select(C.all_cases(), "ucmatose,udaddy")} == {
-        "ucmatose/rxe", "udaddy/rxe"}
+        "ucmatose/rxe", "udaddy/rxe", "c/ucmatose/rxe", "c/udaddy/rxe"}
     assert C.select(C.all_cases(), "nothing-like-this") == []
 
 
@@ -438,3 +438,39 @@ def test_boot_fails_once_the_console_is_silent(tmp_path: Path,
         lab.boot(4)
     assert lab.booted == [4]  # ours to stop
     assert labmod.BOOT_TIMEOUT > 600  # the overall cap leaves a loaded host its time
+
+
+def test_capi_cases_run_the_stock_binary_on_both_sides() -> None:
+    """Issue 22: a C case runs the same binary in the guest and, under ``softrdma run``
+    on softrdma's device with the host's GID index and addresses, on the host."""
+    names = [c.name for c in C.capi_cases()]
+    for n in ("c/rc_pingpong/rxe/s4096", "c/uc_pingpong/rxe/s4096", "c/ud_pingpong/rxe/s512",
+              "c/srq_pingpong/rxe/s4096", "c/rping/rxe/s64", "c/rping/siw/s64",
+              "c/ucmatose/rxe", "c/udaddy/rxe", "c/write_bw-R/siw/s4096"):
+        assert n in names
+    for t in ("write_bw", "read_bw", "send_bw"):
+        assert f"c/{t}/rxe/s4096" in names and f"c/{t}-R/rxe/s4096" in names
+    assert set(names) <= {c.name for c in C.all_cases()}
+    assert all(c.softrdma_tool == "run" for c in C.capi_cases())
+    assert [c.name for c in C.select(C.all_cases(), "c/*")] == names
+    pp = next(c for c in C.capi_cases() if c.tool == "ibv_srq_pingpong")
+    srv = C.commands(pp, "softrdma-server", EP)
+    assert srv.server == ("python3 -m softrdma run -d ilab -- ibv_srq_pingpong -d ilab -g 0 "
+                          "-n 20 -s 4096 -c -m 1024")
+    assert srv.client == "ibv_srq_pingpong -d rxe0 -g 1 -n 20 -s 4096 -c -m 1024 10.50.0.24"
+    cli = C.commands(pp, "softrdma-client", EP)
+    assert cli.client.endswith("-- ibv_srq_pingpong -d ilab -g 0 -n 20 -s 4096 -c -m 1024 "
+                               "10.50.0.14")
+    rp = next(c for c in C.capi_cases() if c.name == "c/rping/siw/s64")
+    c = C.commands(rp, "softrdma-server", EP)
+    assert c.server == ("python3 -m softrdma run -d iwlab -- rping -s -a 10.50.0.24 -v -V "
+                        "-C 5 -S 64")
+    assert c.client == "rping -c -a 10.50.0.24 -v -V -C 5 -S 64"
+    bw = next(c for c in C.capi_cases() if c.name == "c/read_bw-R/rxe/s4096")
+    c = C.commands(bw, "softrdma-client", EP)
+    assert c.server == "ib_read_bw -d rxe0 -x 1 -R -F -n 100 -s 4096"
+    assert c.client == ("python3 -m softrdma run -d ilab -- ib_read_bw -d ilab -x 0 -R -F "
+                        "-n 100 -s 4096 10.50.0.14")
+    cm = next(c for c in C.capi_cases() if c.name == "c/udaddy/rxe")
+    assert C.commands(cm, "softrdma-server", EP).server.endswith(
+        "-- udaddy -b 10.50.0.24 -C 5")

@@ -32,6 +32,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 /* ---- flat records exchanged with the Python half (declared again in cdefs.py) ---- */
@@ -163,6 +166,77 @@ static int sr_ring_init(struct sr_ring *r, uint32_t cqe)
     return 0;
 }
 
+/* ---- waiting for a completion: a poller that found its CQ empty for a while sleeps ----
+ * A program that spins on ibv_poll_cq holds a core that the progress thread needs (it
+ * receives, ACKs and completes): on a loaded machine sched_yield alone leaves it waiting for
+ * scheduler ticks. So after sr_spin consecutive empty polls a poll sleeps on a futex for at
+ * most sr_wait_ns; sr_ring_push bumps sr_seq (any CQ of the process) and wakes sleepers, so a
+ * completion ends the sleep at once. The sleep is in C: an empty poll never enters Python.
+ * A poller sleeps only while the process is busy: a post or a completion in the last
+ * SR_BUSY_NS; a program that waits long for a first message, or that only polls, spins
+ * (and yields) as before. $SOFTRDMA_CAPI_SPIN and $SOFTRDMA_CAPI_WAIT_US (0: never sleep)
+ * set the two. */
+#define SR_BUSY_NS 50000000LL
+static _Atomic uint32_t sr_seq;      /* completions pushed into any ring of the process */
+static _Atomic uint32_t sr_sleepers; /* pollers sleeping on sr_seq */
+static _Atomic long long sr_active_ns; /* CLOCK_MONOTONIC of the last post or completion */
+static unsigned int sr_spin = 256;
+static long sr_wait_ns = 200000;
+static __thread unsigned int sr_empty_run;
+
+static long long sr_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* a post (send, receive) or a completion: the process is busy for SR_BUSY_NS */
+static void sr_posted(void)
+{
+    atomic_store_explicit(&sr_active_ns, sr_now_ns(), memory_order_relaxed);
+}
+
+static int sr_busy(void)
+{
+    return sr_now_ns() - atomic_load_explicit(&sr_active_ns, memory_order_relaxed)
+           < SR_BUSY_NS;
+}
+
+static void sr_pushed(void)
+{
+    sr_posted();
+    atomic_fetch_add_explicit(&sr_seq, 1, memory_order_seq_cst);
+    if (atomic_load_explicit(&sr_sleepers, memory_order_seq_cst))
+        syscall(SYS_futex, &sr_seq, FUTEX_WAKE_PRIVATE, INT32_MAX, NULL, NULL, 0);
+}
+
+/* The ring is empty: sleep until a completion is pushed (into any ring) or sr_wait_ns. */
+static void sr_sleep_empty(struct sr_ring *r)
+{
+    struct timespec ts = { 0, sr_wait_ns };
+    uint32_t seq;
+
+    atomic_fetch_add_explicit(&sr_sleepers, 1, memory_order_seq_cst);
+    seq = atomic_load_explicit(&sr_seq, memory_order_seq_cst);
+    if (atomic_load_explicit(&r->tail, memory_order_seq_cst)
+        == atomic_load_explicit(&r->head, memory_order_relaxed))
+        syscall(SYS_futex, &sr_seq, FUTEX_WAIT_PRIVATE, seq, &ts, NULL, 0);
+    atomic_fetch_sub_explicit(&sr_sleepers, 1, memory_order_seq_cst);
+}
+
+static void sr_wait_config(void)
+{
+    const char *v = getenv("SOFTRDMA_CAPI_SPIN");
+    if (v && *v)
+        sr_spin = (unsigned int)strtoul(v, NULL, 0);
+    v = getenv("SOFTRDMA_CAPI_WAIT_US");
+    if (v && *v) {
+        long us = strtol(v, NULL, 0);
+        sr_wait_ns = us <= 0 ? 0 : (us >= 1000000 ? 999999999 : us * 1000);
+    }
+}
+
 /* Called from Python (one producer at a time): 0, or -1 when the ring is full (overrun). */
 int sr_ring_push(void *ring, uint64_t wr_id, int status, int opcode, uint32_t vendor_err,
                  uint32_t byte_len, uint32_t imm_or_rkey, uint32_t qp_num, uint32_t src_qp,
@@ -195,6 +269,7 @@ int sr_ring_push(void *ring, uint64_t wr_id, int status, int opcode, uint32_t ve
     wc->sl = sl;
     wc->dlid_path_bits = dlid_path_bits;
     atomic_store_explicit(&r->tail, tail + 1, memory_order_release);
+    sr_pushed();
     return 0;
 }
 
@@ -224,14 +299,34 @@ static int sr_poll_cq(struct ibv_cq *ibcq, int num_entries, struct ibv_wc *wc)
      * busy machine every message waits for a scheduler tick. */
     if (atomic_load_explicit(&r->tail, memory_order_acquire)
         == atomic_load_explicit(&r->head, memory_order_relaxed)) {
-        if ((++sr_empty_polls & sr_yield_mask) == 0) {
-            if (sr_holds_gil())
-                PyEval_RestoreThread(PyEval_SaveThread());  /* the progress thread's turn */
-            else
-                sched_yield();
+        if (sr_wait_ns && ++sr_empty_run > sr_spin) {
+            if (!sr_busy()) {
+                sr_empty_run = 0;  /* look again after sr_spin more polls */
+                return 0;
+            }
+            if (sr_holds_gil()) {
+                /* a Python host's thread: the progress thread needs the GIL to
+                 * produce the completion that ends the sleep */
+                PyThreadState *ts = PyEval_SaveThread();
+                sr_sleep_empty(r);
+                PyEval_RestoreThread(ts);
+            } else {
+                sr_sleep_empty(r);
+            }
+            if (atomic_load_explicit(&r->tail, memory_order_acquire)
+                == atomic_load_explicit(&r->head, memory_order_relaxed))
+                return 0;
+        } else {
+            if ((++sr_empty_polls & sr_yield_mask) == 0) {
+                if (sr_holds_gil())
+                    PyEval_RestoreThread(PyEval_SaveThread());  /* the progress thread's turn */
+                else
+                    sched_yield();
+            }
+            return 0;
         }
-        return 0;
     }
+    sr_empty_run = 0;
     pthread_spin_lock(&r->consumer);
     head = atomic_load_explicit(&r->head, memory_order_relaxed);
     tail = atomic_load_explicit(&r->tail, memory_order_acquire);
@@ -288,6 +383,7 @@ static int sr_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_se
             }
         }
         i = 0;  /* the Python half sets the index of the WR that failed */
+        sr_posted();
         ret = sr_py_post_send(SR_H(sr_qp, qp), flat, n, &i);
         if (ret) {
             for (w = first; i > 0 && w->next; i--)
@@ -322,6 +418,7 @@ static int sr_post_recv_h(int h, int is_srq, struct ibv_recv_wr *wr, struct ibv_
         first = wr;
         n = sr_flatten_recv(wr, flat, &next);
         i = 0;
+        sr_posted();
         ret = sr_py_post_recv(h, is_srq, flat, n, &i);
         if (ret) {
             for (; i > 0 && first->next; i--)
@@ -606,6 +703,7 @@ static struct ibv_context *sr_wrap_context(int h, int afd, struct ibv_device *de
         const char *y = getenv("SOFTRDMA_CAPI_YIELD");
         if (y && *y)
             sr_yield_mask = (unsigned int)strtoul(y, NULL, 0);
+        sr_wait_config();
     }
     c->h = h;
     ctx = &c->vctx.context;
@@ -1258,6 +1356,7 @@ static int sr_x_complete(struct ibv_qp_ex *qpx)
                 flat[i] = w->f;
                 flat[i].sg = (uint64_t)(uintptr_t)(w->list ? w->list : &w->one);
             }
+            sr_posted();
             ret = sr_py_post_send(q->h, flat, q->nx, &bad);
             free(flat);
         }

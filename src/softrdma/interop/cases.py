@@ -9,6 +9,10 @@ Request, as responder in its Reply, so CRC32c is used both ways (RFC 5044 §7.1)
 side is rdma-core's / perftest's tool, the host side the softrdma tool with the same
 flags (rdma-core conventions), plus the softrdma device and, where the tool has one,
 ``--timeout``.
+
+A C case (:attr:`Case.capi`, named ``c/...``) runs the same stock binary on both sides:
+in the guest on rxe/siw, on the host under ``softrdma run -d DEVICE --`` (issue 22), with
+the host's device, GID index and addresses in place of the guest's.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from ..errors import InvalidArgument
 __all__ = [
     "Case", "Endpoint", "Commands", "DIRECTIONS", "all_cases", "smoke_cases", "select",
     "commands", "PERFTEST_ITERS", "PINGPONG_ITERS", "RPING_COUNT", "CM_COUNT", "MCKEY_COUNT",
-    "MCKEY_GROUP", "MPA_CRC_ENV_WORDS",
+    "MCKEY_GROUP", "MPA_CRC_ENV_WORDS", "capi_cases",
 ]
 
 DIRECTIONS = ("softrdma-server", "softrdma-client")
@@ -56,7 +60,8 @@ class Case:
     server runs ``tool``, the client its ``_client`` twin) or ``mckey`` (the "server" is
     the receiver, the "client" the sender ``-s``, both joined to :data:`MCKEY_GROUP`);
     ``rdma_cm``: perftest's ``-R``; ``port``: the server's port; ``mpa_crc``: softrdma asks
-    for the MPA CRC (iWARP; the tool part of the name ends in ``+mpa_crc``)."""
+    for the MPA CRC (iWARP; the tool part of the name ends in ``+mpa_crc``); ``capi``: the
+    host runs ``tool`` itself under ``softrdma run`` (the name starts with ``c/``)."""
 
     tool: str
     softrdma_tool: str
@@ -66,6 +71,7 @@ class Case:
     rdma_cm: bool = False
     port: int = 0
     mpa_crc: bool = False
+    capi: bool = False
 
     @property
     def name(self) -> str:
@@ -77,7 +83,7 @@ class Case:
         parts = [base, self.fabric]
         if self.size and self.kind in ("pingpong", "rping", "bw", "lat"):
             parts.append(f"s{self.size}")
-        return "/".join(parts)
+        return "/".join((["c"] if self.capi else []) + parts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +135,7 @@ def all_cases() -> list[Case]:
     cases: list[Case] = []
     for kind in ("rc", "uc", "ud"):
         cases.extend(_pingpong(kind))
+    capi = capi_cases()
     cases.extend(Case("rping", "rping", "rxe", "rping", s, port=RPING_PORT)
                  for s in RPING_SIZES)
     cases.append(Case("ucmatose", "ucmatose", "rxe", "cm", port=UCMATOSE_PORT))
@@ -137,9 +144,11 @@ def all_cases() -> list[Case]:
     cases.append(Case("mckey", "mckey", "rxe", "mckey"))
     cases.extend(_perftest("rxe", False))
     cases.extend(_perftest("rxe", True))
+    cases.extend(c for c in capi if c.fabric == "rxe")
     cases.extend(Case("rping", "rping", "siw", "rping", s, port=RPING_PORT)
                  for s in RPING_SIZES)
     cases.extend(_perftest("siw", True))
+    cases.extend(c for c in capi if c.fabric == "siw")
     # softrdma asks for CRC: plain siw (mpa_crc_required off) follows the C bit it is sent
     cases.extend(Case("rping", "rping", "siw", "rping", s, port=RPING_PORT, mpa_crc=True)
                  for s in RPING_SIZES)
@@ -149,6 +158,25 @@ def all_cases() -> list[Case]:
                  for s in RPING_SIZES)
     cases.append(Case("rping", "rping", "siw-crc", "rping", RPING_SIZES[0], port=RPING_PORT,
                       mpa_crc=True))
+    return cases
+
+
+def capi_cases() -> list[Case]:
+    """The C cases (issue 22): rdma-core's pingpongs, rping, ucmatose, udaddy and
+    perftest's RC bandwidth tools (plain and ``-R``) over rxe, rping and ``ib_write_bw -R``
+    over siw; the host side is the same binary under ``softrdma run``."""
+    run = "run"
+    cases = [Case(f"ibv_{k}_pingpong", run, "rxe", "pingpong", s, port=PINGPONG_PORT,
+                  capi=True)
+             for k, s in (("rc", 4096), ("uc", 4096), ("ud", 512), ("srq", 4096))]
+    cases.append(Case("rping", run, "rxe", "rping", 64, port=RPING_PORT, capi=True))
+    cases.append(Case("ucmatose", run, "rxe", "cm", port=UCMATOSE_PORT, capi=True))
+    cases.append(Case("udaddy", run, "rxe", "cm", port=UDADDY_PORT, capi=True))
+    cases.extend(Case(f"ib_{op}_bw", run, "rxe", "bw", 4096, cm, PERFTEST_PORT, capi=True)
+                 for cm in (False, True) for op in ("write", "read", "send"))
+    cases.append(Case("rping", run, "siw", "rping", 64, port=RPING_PORT, capi=True))
+    cases.append(Case("ib_write_bw", run, "siw", "bw", 4096, True, PERFTEST_PORT,
+                      capi=True))
     return cases
 
 
@@ -177,27 +205,34 @@ def _join(words: list[str]) -> str:
 
 
 def _guest_words(case: Case, ep: Endpoint, server: bool) -> list[str]:
-    peer = [] if server else [ep.host_ip]
     dev = "rxe0" if case.fabric == "rxe" else "siw0"
+    return _tool_words(case, dev, ep.guest_gid, ep.guest_ip, ep.host_ip, server)
+
+
+def _tool_words(case: Case, dev: str, gid: int, own_ip: str, peer_ip: str,
+                server: bool) -> list[str]:
+    """The Linux tool's command line on the side with device ``dev`` (GID index ``gid``)
+    and address ``own_ip``, its peer at ``peer_ip``."""
+    peer = [] if server else [peer_ip]
     if case.kind == "pingpong":
-        w = [case.tool, "-d", dev, "-g", str(ep.guest_gid), "-n", str(PINGPONG_ITERS),
+        w = [case.tool, "-d", dev, "-g", str(gid), "-n", str(PINGPONG_ITERS),
              "-s", str(case.size), "-c"]
         if case.tool != "ibv_ud_pingpong":
             w += ["-m", str(MTU)]
         return w + peer
     if case.kind == "rping":
-        return ["rping", "-s" if server else "-c", "-a", ep.guest_ip if server else ep.host_ip,
+        return ["rping", "-s" if server else "-c", "-a", own_ip if server else peer_ip,
                 "-v", "-V", "-C", str(RPING_COUNT), "-S", str(case.size)]
     if case.kind == "cm":
-        side = ["-b", ep.guest_ip] if server else ["-s", ep.host_ip]
+        side = ["-b", own_ip] if server else ["-s", peer_ip]
         return [case.tool, *side, "-C", str(CM_COUNT)]
     if case.kind == "example":
         tool = case.tool if server else case.tool.replace("server", "client")
-        return [tool, "-s", ep.guest_ip if server else ep.host_ip, "-p", str(case.port)]
+        return [tool, "-s", own_ip if server else peer_ip, "-p", str(case.port)]
     if case.kind == "mckey":
-        return ["mckey", "-m", MCKEY_GROUP, "-b", ep.guest_ip, "-C", str(MCKEY_COUNT),
+        return ["mckey", "-m", MCKEY_GROUP, "-b", own_ip, "-C", str(MCKEY_COUNT),
                 *([] if server else ["-s"])]
-    return _perftest_words(case, case.tool, dev, ep.guest_gid, PERFTEST_ITERS) + peer
+    return _perftest_words(case, case.tool, dev, gid, PERFTEST_ITERS) + peer
 
 
 def _perftest_words(case: Case, prog: str, dev: str, gid: int, iters: int) -> list[str]:
@@ -218,6 +253,9 @@ def _softrdma_words(case: Case, ep: Endpoint, server: bool) -> list[str]:
     base = (list(MPA_CRC_ENV_WORDS) if case.mpa_crc else []) + shlex.split(ep.softrdma)
     iwarp = case.fabric != "rxe"
     dev = ep.iwarp_dev if iwarp else ep.roce_dev
+    if case.capi:  # the stock binary itself, on softrdma's device (issue 22)
+        return base + ["run", "-d", dev, "--"] + _tool_words(
+            case, dev, ep.host_gid, ep.host_ip, ep.guest_ip, server)
     peer = [] if server else [ep.guest_ip]
     if case.kind == "pingpong":
         w = [case.softrdma_tool, "-d", dev, "-g", str(ep.host_gid), "-n", str(PINGPONG_ITERS),

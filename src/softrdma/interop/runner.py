@@ -23,13 +23,16 @@ from pathlib import Path
 from ..tools import cli
 from . import checks, parse
 from .cases import DIRECTIONS, MCKEY_GROUP, RPING_COUNT, Case, Commands, Endpoint, commands
-from .lab import Capture, GuestProcess, HostProcess, HostSide, Lab, LabError, guest_ip
+from .lab import Capture, GuestProcess, HostProcess, HostSide, Lab, LabError, guest_ip, load_factor
 from .report import Result
 
 __all__ = ["Options", "Suite", "softrdma_tools"]
 
 SERVER_READY_TIMEOUT = 60.0
 HOST_SERVER_SETTLE = 4.0  # a softrdma rdma_cm server on RoCE shows no TCP listener
+# a C server under `softrdma run` first starts its embedded interpreter (x the load)
+CAPI_SERVER_SETTLE = 10.0
+CAPI_SERVER_SETTLE_MAX = 60.0
 CLIENT_TIMEOUT = 120
 SERVER_EXIT_TIMEOUT = 45.0
 SERVER_EXIT_AFTER_FAILURE = 10.0
@@ -221,7 +224,8 @@ class Suite:
         iwarp = case.fabric != "rxe"
         deadline = time.monotonic() + SERVER_READY_TIMEOUT
         if not on_guest and not (tcp or iwarp):
-            time.sleep(HOST_SERVER_SETTLE)
+            time.sleep(min(CAPI_SERVER_SETTLE * load_factor(), CAPI_SERVER_SETTLE_MAX)
+                       if case.capi else HOST_SERVER_SETTLE)
             return "" if server.proc.poll() is None else "softrdma server exited early"
         while time.monotonic() < deadline:
             if server.proc.poll() is not None:

@@ -1,0 +1,215 @@
+"""C programs on softrdma (issue 22): stock tools under ``softrdma run`` against softrdma's
+Python tools with the same role, measured in the same run, and the C interface's costs.
+
+Both pairs run as two processes on one RoCE device on ``lo`` (a private registry, a free
+UDP port, shared through devd, as every multi-process softrdma run):
+
+* :func:`write_bw`: perftest's ``ib_write_bw -s 65536`` (both sides under ``softrdma run``)
+  and ``softrdma write-bw`` with the same flags: the client's BW average [MB/s];
+* :func:`rc_lat`: ``ibv_rc_pingpong -s 64`` under ``softrdma run`` and ``softrdma
+  rc-pingpong -s 64``: the client's usec/iter (a full round trip);
+* :func:`poll_costs`: ``tests/capi/wc_check.c bench`` under ``softrdma run``: the cost of
+  one empty ``ibv_poll_cq`` (ns; polls that find the CQ empty, without the sleep that a
+  long run of empty polls ends in: ``SOFTRDMA_CAPI_WAIT_US=0``) and of one loopback RC
+  SEND with its two completions (us).
+
+``python bench/capi_bench.py [--runs 3] [--quick]`` prints them; ``bench/run.py`` has the
+two ratios as its ``capi_write_bw`` and ``capi_rc_lat`` figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "src"))
+sys.path.insert(0, str(HERE.parent / "tests"))
+
+from perftest_harness import env_for, free_port, kill_devd, make_device  # noqa: E402
+
+from softrdma.capi import build  # noqa: E402
+
+BW_SIZE = 65536
+LAT_SIZE = 64
+TIMEOUT = 300.0  # one pair, on a busy machine (s)
+LISTEN_WAIT = 120.0
+BW_ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s*$")
+PP_LAT = re.compile(r"([\d.]+) usec/iter")
+COST = re.compile(r"^(empty_poll_ns|send_round_us) ([\d.]+)$", re.M)
+
+
+class BenchError(RuntimeError):
+    """A pair failed or printed no result."""
+
+
+def _listening(port: int) -> bool:
+    """Something listens on TCP ``port`` (from /proc: a probe connection would be taken by
+    the server as its client)."""
+    want = f":{port:04X}"
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f)
+                if any(ln.split()[1].endswith(want) and ln.split()[3] == "0A" for ln in f):
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def _softrdma(*args: str) -> list[str]:
+    return [sys.executable, "-m", "softrdma", *args]
+
+
+def _pair(server: list[str], client: list[str], port: int, env: dict[str, str]) -> str:
+    """Run ``server``, wait until it listens on ``port``, run ``client``: its stdout."""
+    srv = subprocess.Popen(server, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + LISTEN_WAIT
+        while not _listening(port):
+            if srv.poll() is not None or time.monotonic() > deadline:
+                raise BenchError(f"{server[-1]} server did not listen: "
+                                 f"{(srv.communicate()[0] or '').strip()[-300:]}")
+            time.sleep(0.05)
+        cli = subprocess.run(client, env=env, capture_output=True, text=True,
+                             timeout=TIMEOUT, stdin=subprocess.DEVNULL, check=False)
+        srv.communicate(timeout=TIMEOUT)
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.communicate()
+    if cli.returncode or srv.returncode:
+        raise BenchError(f"{' '.join(client[:6])}... failed (rc {cli.returncode}/"
+                         f"{srv.returncode}): {(cli.stdout + cli.stderr).strip()[-300:]}")
+    return cli.stdout
+
+
+def _c(dev: str, prog: str, *args: str) -> list[str]:
+    return _softrdma("run", "-d", dev, "--", prog, *args)
+
+
+class Device:
+    """A private registry holding one RoCE device on lo; its devd is stopped at the end."""
+
+    def __enter__(self) -> Device:
+        if build.missing_packages():
+            raise BenchError("cannot build the C interface: install "
+                             + ", ".join(build.missing_packages()))
+        build.build()
+        self._tmp = tempfile.TemporaryDirectory(prefix="capi-bench-")
+        self.state = Path(self._tmp.name)
+        self.name = make_device(self.state, "capibench")
+        self.env = env_for(self.state)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        kill_devd(self.state)
+        self._tmp.cleanup()
+
+
+def _bw_of(out: str) -> float:
+    for line in out.splitlines():
+        m = BW_ROW.match(line)
+        if m and int(m.group(1)) == BW_SIZE:
+            return float(m.group(4))
+    raise BenchError(f"no BW row in:\n{out[-500:]}")
+
+
+def _lat_of(out: str) -> float:
+    m = PP_LAT.search(out)
+    if not m:
+        raise BenchError(f"no usec/iter in:\n{out[-500:]}")
+    return float(m.group(1))
+
+
+def write_bw(dev: Device, iters: int) -> tuple[float, float]:
+    """(``ib_write_bw`` under softrdma run, ``softrdma write-bw``) BW average in MB/s."""
+    out = []
+    for c in (True, False):
+        port = free_port(socket.SOCK_STREAM)
+        flags = ["-d", dev.name, "-x", "0", "-F", "-n", str(iters), "-s", str(BW_SIZE),
+                 "-p", str(port)]
+        cmd = _c(dev.name, "ib_write_bw", *flags) if c else _softrdma("write-bw", *flags)
+        out.append(_bw_of(_pair(cmd, [*cmd, "127.0.0.1"], port, dev.env)))
+    return out[0], out[1]
+
+
+def rc_lat(dev: Device, iters: int) -> tuple[float, float]:
+    """(``ibv_rc_pingpong`` under softrdma run, ``softrdma rc-pingpong``) usec/iter."""
+    out = []
+    for c in (True, False):
+        port = free_port(socket.SOCK_STREAM)
+        flags = ["-d", dev.name, "-g", "0", "-n", str(iters), "-s", str(LAT_SIZE),
+                 "-p", str(port)]
+        cmd = _c(dev.name, "ibv_rc_pingpong", *flags) if c else _softrdma("rc-pingpong",
+                                                                          *flags)
+        out.append(_lat_of(_pair(cmd, [*cmd, "127.0.0.1"], port, dev.env)))
+    return out[0], out[1]
+
+
+def poll_costs(dev: Device) -> dict[str, float]:
+    """``wc_check bench``: empty_poll_ns and send_round_us, without the sleep that ends a
+    long run of empty polls (``SOFTRDMA_CAPI_WAIT_US=0``: its million empty polls in a row
+    would measure the sleep)."""
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        raise BenchError("gcc is needed for tests/capi/wc_check.c")
+    exe = dev.state / "wc_check"
+    subprocess.run([gcc, "-O2", "-o", str(exe), str(HERE.parent / "tests/capi/wc_check.c"),
+                    "-libverbs"], check=True, capture_output=True, timeout=TIMEOUT)
+    env = {**dev.env, "SOFTRDMA_CAPI_WAIT_US": "0"}
+    cp = subprocess.run(_c(dev.name, str(exe), dev.name, "bench"), env=env,
+                        capture_output=True, text=True, timeout=TIMEOUT, check=False)
+    got = {k: float(v) for k, v in COST.findall(cp.stdout)}
+    if cp.returncode or len(got) != 2:
+        raise BenchError(f"wc_check bench failed (rc {cp.returncode}): "
+                         f"{(cp.stdout + cp.stderr).strip()[-300:]}")
+    return got
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args(argv)
+    bw_iters, lat_iters = (300, 200) if a.quick else (3000, 1000)
+    rows: dict[str, list[float]] = {k: [] for k in (
+        "ib_write_bw MB/s", "write-bw MB/s", "ibv_rc_pingpong us", "rc-pingpong us",
+        "empty poll ns", "send round us")}
+    with Device() as dev:
+        for _ in range(a.runs):
+            c, py = write_bw(dev, bw_iters)
+            rows["ib_write_bw MB/s"].append(c)
+            rows["write-bw MB/s"].append(py)
+            c, py = rc_lat(dev, lat_iters)
+            rows["ibv_rc_pingpong us"].append(c)
+            rows["rc-pingpong us"].append(py)
+            cost = poll_costs(dev)
+            rows["empty poll ns"].append(cost["empty_poll_ns"])
+            rows["send round us"].append(cost["send_round_us"])
+    print(f"{a.runs} runs, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
+    for k, v in rows.items():
+        best = max(v) if k.endswith("MB/s") else min(v)
+        print(f"{k:26s} best {best:10.1f} median {statistics.median(v):10.1f}  "
+              + " ".join(f"{x:.1f}" for x in v))
+    for ours, base in (("ib_write_bw MB/s", "write-bw MB/s"),
+                       ("ibv_rc_pingpong us", "rc-pingpong us")):
+        r = [x / y for x, y in zip(rows[ours], rows[base], strict=True)]
+        print(f"ratio {ours.split()[0]}: best {(max if 'MB' in ours else min)(r):.2f} "
+              f"median {statistics.median(r):.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
