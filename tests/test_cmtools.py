@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from rdma_cm_harness import child_env, fake_server, make_state_dir, setup_env
-from wait_harness import StreamLines
+from wait_harness import StreamLines, load_factor
 
 from softrdma.cm import rdma_cm as rc
 from softrdma.tools.udaddy import ah_attr_from_grh
@@ -218,7 +218,8 @@ def test_peer_that_never_answers_fails_within_timeout(tmp_path: Path, argv: list
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 1, r.stdout + r.stderr
     assert line in r.stdout + r.stderr
-    assert time.monotonic() - t0 < 30
+    # a bounded give-up: the 3 s, plus process start-up that grows with the machine's load
+    assert time.monotonic() - t0 < 30 * load_factor()
 
 
 @pytest.mark.parametrize("tool", ["udaddy", "ucmatose"])

@@ -472,13 +472,15 @@ def test_throughput_200k() -> None:
     payload = memoryview(bytearray(1024))
     icrc = b"\0\0\0\0"
     n = 200_000
-    t0 = time.perf_counter()
+    # CPU time of this process (the wall time would measure the machine's load: the
+    # speed figures proper are bench/run.py's)
+    t0 = time.process_time()
     for i in range(n):
         a.send(B, PORT, 0xC000, [hdr, payload[:256], icrc])
         if i & 63 == 63:
             clock.advance(1e-6)
     clock.run()
-    dt = time.perf_counter() - t0
-    print(f"fabric: {n} datagrams in {dt:.2f} s = {n / dt:,.0f} datagrams/s")
+    dt = time.process_time() - t0
+    print(f"fabric: {n} datagrams in {dt:.2f} CPU s = {n / dt:,.0f} datagrams/s")
     assert count == n == fab.stats.delivered
     assert dt < 10.0
