@@ -17,6 +17,7 @@ from device_harness import private_device
 
 from softrdma.compat import DEVICE_ENV, SHIM_DIR
 from softrdma.tools import rdma_core_tests as rct
+from softrdma.tools import sysfs_ns
 from softrdma.tools.pyverbs_run import SOFTRDMA_ROOT, shim_env
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -201,7 +202,7 @@ def test_a_suite_that_stops_early_fails_the_command(
     tests_dir = tmp_path / "suite"
     tests_dir.mkdir()
     (tests_dir / "run_tests.py").write_text(CRASHING_SUITE)
-    monkeypatch.setattr(rct.sysfs_ns, "unavailable_reason", lambda: "not in this test")
+    monkeypatch.setattr(sysfs_ns, "unavailable_reason", lambda: "not in this test")
     parser = argparse.ArgumentParser()
     rct.add_arguments(parser)
     args = parser.parse_args(["--dev", "nodev", "--tests-dir", str(tests_dir), "--no-install",
@@ -220,7 +221,7 @@ def test_a_complete_suite_with_failures_exits_0(
     tests_dir.mkdir()
     (tests_dir / "run_tests.py").write_text(
         f"import sys\nsys.stdout.write({VERBOSE!r})\nsys.exit(1)\n")
-    monkeypatch.setattr(rct.sysfs_ns, "unavailable_reason", lambda: "not in this test")
+    monkeypatch.setattr(sysfs_ns, "unavailable_reason", lambda: "not in this test")
     parser = argparse.ArgumentParser()
     rct.add_arguments(parser)
     args = parser.parse_args(["--dev", "nodev", "--tests-dir", str(tests_dir), "--no-install",
