@@ -3,6 +3,7 @@ verbose-output parser and report, and rdma-core's own suite run through the comm
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import os
 import re
@@ -16,6 +17,7 @@ from device_harness import private_device
 
 from softrdma.compat import DEVICE_ENV, SHIM_DIR
 from softrdma.tools import rdma_core_tests as rct
+from softrdma.tools import sysfs_ns
 from softrdma.tools.pyverbs_run import SOFTRDMA_ROOT, shim_env
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -177,3 +179,52 @@ def test_whole_rdma_core_suite_in_ci(state: str) -> None:
     assert passed + failed + errors + skipped >= 250  # the whole suite ran
     for name in ("test_device", "test_qp", "test_odp", "test_mlx5_cq"):
         assert any(ln.startswith(name) for ln in lines), name
+
+
+CRASHING_SUITE = """\
+import os, signal, sys
+print("test_alloc_pd (tests.test_pd.PDTest.test_alloc_pd) ... ok", flush=True)
+print("test_odp_rc (tests.test_odp.OdpTestCase.test_odp_rc) ... ERROR", flush=True)
+print("test_next (tests.test_odp.OdpTestCase.test_next) ... ", end="", flush=True)
+if sys.argv[-1] == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+os._exit(0)
+"""
+
+
+@pytest.mark.parametrize(("how", "said"), [("0", "exit status 0"), ("kill", "killed by signal 9")])
+def test_a_suite_that_stops_early_fails_the_command(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        how: str, said: str) -> None:
+    """Issue 25: the pyverbs process died mid-suite (after test_odp) and the command still
+    exited 0; a run without unittest's ``Ran N tests`` summary is partial: exit 1 naming the
+    file it stopped in, even when the process itself exited 0."""
+    tests_dir = tmp_path / "suite"
+    tests_dir.mkdir()
+    (tests_dir / "run_tests.py").write_text(CRASHING_SUITE)
+    monkeypatch.setattr(sysfs_ns, "unavailable_reason", lambda: "not in this test")
+    parser = argparse.ArgumentParser()
+    rct.add_arguments(parser)
+    args = parser.parse_args(["--dev", "nodev", "--tests-dir", str(tests_dir), "--no-install",
+                              "--hugepages", "0", "--timeout", "120", how])
+    assert rct.run(args) == 1
+    out = capsys.readouterr()
+    assert "rdma-core tests: 1 passed, 0 failed, 1 errors, 0 skipped" in out.out
+    assert "stopped early" in out.err and "test_odp" in out.err
+    assert said in out.err
+
+
+def test_a_complete_suite_with_failures_exits_0(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Failing tests stay reported, not fatal, when the suite ran to its end."""
+    tests_dir = tmp_path / "suite"
+    tests_dir.mkdir()
+    (tests_dir / "run_tests.py").write_text(
+        f"import sys\nsys.stdout.write({VERBOSE!r})\nsys.exit(1)\n")
+    monkeypatch.setattr(sysfs_ns, "unavailable_reason", lambda: "not in this test")
+    parser = argparse.ArgumentParser()
+    rct.add_arguments(parser)
+    args = parser.parse_args(["--dev", "nodev", "--tests-dir", str(tests_dir), "--no-install",
+                              "--hugepages", "0", "--timeout", "120"])
+    assert rct.run(args) == 0
+    assert rct.stopped_early(VERBOSE, 1, rct.parse_verbose(VERBOSE)) is None

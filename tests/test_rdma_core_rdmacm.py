@@ -70,7 +70,8 @@ def test_without_root_the_report_says_why(state: str, tmp_path: Path,
         "import os\n"
         "why = 'has' if os.path.exists('/sys/class/infiniband') else \"doesn't have\"\n"
         "print(f\"test_a (tests.test_rdmacm.CMTestCase.test_a) ... skipped 'Device {why} "
-        "net interface'\")\n")
+        "net interface'\")\n"
+        "print('-' * 70)\nprint('Ran 1 test in 0.001s')\nprint()\nprint('OK (skipped=1)')\n")
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     assert sysfs_ns.unavailable_reason() is not None
     args = argparse.Namespace(tests_dir=fake, no_install=True, dev=state, gid=0,

@@ -26,7 +26,8 @@ overflow on every loss (go-back-N, IBA 9.7.6.1), so each QP keeps:
   in [T, 2T), doubles on each consecutive expiry up to 4T, and falls back to the first
   period on forward progress. Expiries are counted, not elapsed time: a timer that fires
   late (the process was not running) is one expiry, and the time the process did not run
-  is never charged to the peer.
+  is never charged to the peer: an expiry more than its period late uses no retry, at
+  most ``retry_cnt`` times in a row (:meth:`~softrdma.ib.completer.Completer.on_timer`).
 """
 
 from __future__ import annotations

@@ -283,7 +283,7 @@ class EngineQP:
         if "timeout" in attrs:
             self.timeout = attrs["timeout"]
         if "retry_cnt" in attrs:  # the counters start full (IBA 9.7.6.1.3, 9.7.5.2.8)
-            self.retry_cnt = self.comp.retry_left = attrs["retry_cnt"]
+            self.retry_cnt = self.comp.retry_left = self.comp.stall_left = attrs["retry_cnt"]
         if "rnr_retry" in attrs:
             self.rnr_retry = self.comp.rnr_left = attrs["rnr_retry"]
         if "max_rd_atomic" in attrs:

@@ -22,8 +22,10 @@ Debian's ``python3-pyverbs`` ships rdma-core's tests in ``/usr/share/doc/rdma-co
    errored / skipped counts and the skip reasons, then exactly one line
    ``rdma-core tests: N passed, N failed, N errors, N skipped``.
 
-Failing tests are reported, not fatal: the exit status is 0 whenever the suite ran, and 1
-only when it could not (no tests, install failure, timeout, no test result parsed).
+Failing tests are reported, not fatal: the exit status is 0 whenever the suite ran to its
+end, and 1 when it could not (no tests, install failure, timeout, no test result parsed) or
+stopped early (the test process died before unittest's ``Ran N tests`` line: the report
+names the test file it stopped in, see :func:`stopped_early`).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from softrdma.tools import hugepages, sysfs_ns
 from softrdma.tools.pyverbs_run import shim_env
 
 __all__ = ["TESTS_DIR", "TestResult", "FileSummary", "parse_verbose", "summarize",
-           "format_report", "prepare_tests", "add_arguments", "run", "real_pyverbs_env",
+           "format_report", "stopped_early", "prepare_tests", "add_arguments", "run", "real_pyverbs_env",
            "REAL_PYVERBS_DIR"]
 
 TESTS_DIR = Path("/usr/share/doc/rdma-core/tests")
@@ -191,6 +193,23 @@ def format_report(summary: dict[str, FileSummary]) -> str:
     return "\n".join(rows)
 
 
+_RAN = re.compile(r"^Ran \d+ tests? in ", re.MULTILINE)
+
+
+def stopped_early(text: str, returncode: int, results: list[TestResult]) -> str | None:
+    """Why the run in ``text`` (exit status ``returncode``) is partial, or None when unittest
+    reached its ``Ran N tests`` summary. A process that dies mid-suite (a crash, a signal,
+    ``os._exit``) prints no summary; the message names the file of the last test seen."""
+    if _RAN.search(text) is not None:
+        return None
+    how = (f"killed by signal {-returncode}" if returncode < 0
+           else f"exit status {returncode}")
+    where = (f"in {results[-1].file} (last test {results[-1].test_id})" if results
+             else "before any test result")
+    return (f"the suite stopped early ({how}) {where} after {len(results)} results; "
+            "the remaining tests did not run")
+
+
 def _install() -> str | None:
     """Install python3-pyverbs with apt-get; an error message, or None on success."""
     apt = shutil.which("apt-get")
@@ -294,7 +313,8 @@ def real_pyverbs_env(dev: str, pyverbs_dir: Path, tmp: Path) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the suite and print the report; 0 when it ran, 1 when it could not."""
+    """Run the suite and print the report; 0 when it ran to its end, 1 when it could not
+    or stopped early."""
     tests_dir: Path = args.tests_dir
     if not (tests_dir / "run_tests.py").is_file():
         if args.no_install or tests_dir != TESTS_DIR:
@@ -329,12 +349,14 @@ def run(args: argparse.Namespace) -> int:
             stash.mkdir()
             cmd = sysfs_ns.wrap(_netdevs(), cmd, stash)
         timed_out = False
+        returncode = 0
         with hugepages.reserved(args.hugepages) as no_huge:
             try:
                 proc = subprocess.run(cmd, cwd=tdir, env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, timeout=args.timeout,
                                       check=False)
                 out = proc.stdout
+                returncode = proc.returncode
             except subprocess.TimeoutExpired as exc:
                 timed_out = True
                 out = exc.stdout if isinstance(exc.stdout, bytes) else b""
@@ -359,5 +381,9 @@ def run(args: argparse.Namespace) -> int:
     if not results:
         tail = " | ".join(text.strip().splitlines()[-3:])
         print(f"softrdma rdma-core-tests: error: no test results ({tail})", file=sys.stderr)
+        return 1
+    partial = stopped_early(text, returncode, results)
+    if partial is not None:
+        print(f"softrdma rdma-core-tests: error: {partial}", file=sys.stderr)
         return 1
     return 0
