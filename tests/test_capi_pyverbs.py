@@ -227,3 +227,32 @@ def test_addrinfo_of_a_source_alone(device: str, tmp_path: Path) -> None:
     p = run(sys.executable, str(script))
     assert p.returncode == 0, p.stdout + p.stderr[-2000:]
     assert p.stdout.strip() == "ok"
+
+
+def test_device_memory_copies_are_word_aligned(device: str, tmp_path: Path) -> None:
+    """``ibv_memcpy_to_dm`` / ``ibv_memcpy_from_dm`` take 4-byte-aligned offsets and
+    lengths inside the allocation (rdma-core's test_dm_bad_access and
+    test_dm_write_bad_flow); an unaligned copy was accepted."""
+    link = need_real_pyverbs(tmp_path)
+    script = tmp_path / "dm.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(link)!r})\n"
+        "import pyverbs.device as d\n"
+        "from pyverbs.pyverbs_error import PyverbsRDMAError\n"
+        "ctx = d.Context(name=sys.argv[1])\n"
+        "dm = d.DM(ctx, d.AllocDmAttr(length=100))\n"
+        "for off, n in [(3, 4), (4, 3), (104, 4), (0, 104), (0, 4), (96, 4)]:\n"
+        "    res = []\n"
+        "    for op in ('to', 'from'):\n"
+        "        try:\n"
+        "            dm.copy_to_dm(off, b'a' * n, n) if op == 'to' else dm.copy_from_dm(off, n)\n"
+        "            res.append('ok')\n"
+        "        except PyverbsRDMAError:\n"
+        "            res.append('refused')\n"
+        "    print(off, n, *res)\n")
+    p = run(sys.executable, str(script), device)
+    assert p.returncode == 0, p.stdout + p.stderr[-2000:]
+    assert p.stdout.splitlines() == [
+        "3 4 refused refused", "4 3 refused refused", "104 4 refused refused",
+        "0 104 refused refused", "0 4 ok ok", "96 4 ok ok"], p.stdout

@@ -1735,10 +1735,20 @@ struct sr_dm {
     int refs;               /* 1 + the MRs registered on it */
 };
 
+/* ibv_memcpy_to_dm / ibv_memcpy_from_dm: device memory is accessed in 4-byte words, so
+ * the offset and the length must be multiples of 4 and inside the allocation (as mlx5,
+ * the one provider with device memory; rdma-core's test_dm_bad_access) */
+#define SR_DM_ALIGN 4u
+static int sr_dm_range_ok(const struct sr_dm *d, uint64_t offset, size_t length)
+{
+    return offset % SR_DM_ALIGN == 0 && length % SR_DM_ALIGN == 0 && offset <= d->length
+        && length <= d->length - offset;
+}
+
 static int sr_dm_copy_in(struct ibv_dm *ibdm, uint64_t offset, const void *host, size_t length)
 {
     struct sr_dm *d = (struct sr_dm *)ibdm;
-    if (offset > d->length || length > d->length - offset)
+    if (!sr_dm_range_ok(d, offset, length))
         return EINVAL;
     memcpy(d->buf + offset, host, length);
     return 0;
@@ -1747,7 +1757,7 @@ static int sr_dm_copy_in(struct ibv_dm *ibdm, uint64_t offset, const void *host,
 static int sr_dm_copy_out(void *host, struct ibv_dm *ibdm, uint64_t offset, size_t length)
 {
     struct sr_dm *d = (struct sr_dm *)ibdm;
-    if (offset > d->length || length > d->length - offset)
+    if (!sr_dm_range_ok(d, offset, length))
         return EINVAL;
     memcpy(host, d->buf + offset, length);
     return 0;
