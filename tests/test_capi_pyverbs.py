@@ -256,3 +256,38 @@ def test_device_memory_copies_are_word_aligned(device: str, tmp_path: Path) -> N
     assert p.stdout.splitlines() == [
         "3 4 refused refused", "4 3 refused refused", "104 4 refused refused",
         "0 104 refused refused", "0 4 ok ok", "96 4 ok ok"], p.stdout
+
+
+def test_rereg_mr_keeps_the_keys(device: str, tmp_path: Path) -> None:
+    """``ibv_rereg_mr`` changes the region in place: its lkey and rkey stay (as rxe);
+    rdma-core's test_mr_rereg_* send with the keys read before the rereg. A new
+    registration with new keys replaced it, so those sends failed."""
+    link = need_real_pyverbs(tmp_path)
+    script = tmp_path / "rereg.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(link)!r})\n"
+        "import pyverbs.device as d\n"
+        "import pyverbs.enums as e\n"
+        "from pyverbs.pd import PD\n"
+        "from pyverbs.mr import MR\n"
+        "from pyverbs.mem_alloc import posix_memalign, free\n"
+        "ctx = d.Context(name=sys.argv[1])\n"
+        "pd, pd2 = PD(ctx), PD(ctx)\n"
+        "mr = MR(pd, 64, e.IBV_ACCESS_LOCAL_WRITE)\n"
+        "keys = (mr.lkey, mr.rkey)\n"
+        "mr.rereg(e.IBV_REREG_MR_CHANGE_ACCESS, None, 0, 0,\n"
+        "         e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE)\n"
+        "print('access', (mr.lkey, mr.rkey) == keys)\n"
+        "mr.rereg(e.IBV_REREG_MR_CHANGE_PD, pd2, 0, 0, 0)\n"
+        "print('pd', (mr.lkey, mr.rkey) == keys)\n"
+        "addr = posix_memalign(64)\n"
+        "mr.rereg(e.IBV_REREG_MR_CHANGE_TRANSLATION, None, addr, 64, 0)\n"
+        "print('translation', (mr.lkey, mr.rkey) == keys, mr.buf == addr)\n"
+        "mr.rereg(e.IBV_REREG_MR_CHANGE_PD, pd, 0, 0, 0)\n"
+        "mr.close()\n"
+        "free(addr)\n")
+    p = run(sys.executable, str(script), device)
+    assert p.returncode == 0, p.stdout + p.stderr[-2000:]
+    assert p.stdout.splitlines() == ["access True", "pd True", "translation True True"], \
+        p.stdout
