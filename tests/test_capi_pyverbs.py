@@ -291,3 +291,43 @@ def test_rereg_mr_keeps_the_keys(device: str, tmp_path: Path) -> None:
     assert p.returncode == 0, p.stdout + p.stderr[-2000:]
     assert p.stdout.splitlines() == ["access True", "pd True", "translation True True"], \
         p.stdout
+
+
+def test_reset_drops_the_qps_completions(device: str, tmp_path: Path) -> None:
+    """A QP moved to RESET leaves none of its completions in its CQ (as the mlx4/mlx5
+    providers clean them): rdma-core's test_mr_rereg_pd/addr restate a QP from ERR and
+    then poll; the receives flushed by the ERR were left behind and failed them."""
+    link = need_real_pyverbs(tmp_path)
+    script = tmp_path / "reset.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(link)!r})\n"
+        "import pyverbs.device as d\n"
+        "import pyverbs.enums as e\n"
+        "from pyverbs.pd import PD\n"
+        "from pyverbs.mr import MR\n"
+        "from pyverbs.cq import CQ, CompChannel\n"
+        "from pyverbs.qp import QP, QPCap, QPInitAttr, QPAttr\n"
+        "from pyverbs.wr import RecvWR, SGE\n"
+        "ctx = d.Context(name=sys.argv[1])\n"
+        "pd = PD(ctx)\n"
+        "ch = CompChannel(ctx)\n"
+        "cq = CQ(ctx, 8, None, ch, 0)\n"
+        "mr = MR(pd, 64, e.IBV_ACCESS_LOCAL_WRITE)\n"
+        "cap = QPCap(max_send_wr=2, max_recv_wr=2, max_send_sge=1, max_recv_sge=1)\n"
+        "qp = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_UD, scq=cq, rcq=cq, cap=cap))\n"
+        "attr = QPAttr(port_num=1)\n"
+        "attr.qkey = 0x11\n"
+        "qp.to_rts(attr)\n"
+        "for i in range(2):\n"
+        "    qp.post_recv(RecvWR(i, 1, [SGE(mr.buf, 64, mr.lkey)]))\n"
+        "cq.req_notify()\n"
+        "qp.modify(QPAttr(qp_state=e.IBV_QPS_ERR), e.IBV_QP_STATE)\n"
+        "ch.get_cq_event(cq)  # a flushed receive is in the CQ\n"
+        "cq.ack_events(1)\n"
+        "qp.modify(QPAttr(qp_state=e.IBV_QPS_RESET), e.IBV_QP_STATE)\n"
+        "n, _ = cq.poll(8)\n"
+        "print('left', n)\n")
+    p = run(sys.executable, str(script), device)
+    assert p.returncode == 0, p.stdout + p.stderr[-2000:]
+    assert p.stdout.splitlines() == ["left 0"], p.stdout
