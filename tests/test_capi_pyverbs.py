@@ -227,3 +227,107 @@ def test_addrinfo_of_a_source_alone(device: str, tmp_path: Path) -> None:
     p = run(sys.executable, str(script))
     assert p.returncode == 0, p.stdout + p.stderr[-2000:]
     assert p.stdout.strip() == "ok"
+
+
+def test_device_memory_copies_are_word_aligned(device: str, tmp_path: Path) -> None:
+    """``ibv_memcpy_to_dm`` / ``ibv_memcpy_from_dm`` take 4-byte-aligned offsets and
+    lengths inside the allocation (rdma-core's test_dm_bad_access and
+    test_dm_write_bad_flow); an unaligned copy was accepted."""
+    link = need_real_pyverbs(tmp_path)
+    script = tmp_path / "dm.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(link)!r})\n"
+        "import pyverbs.device as d\n"
+        "from pyverbs.pyverbs_error import PyverbsRDMAError\n"
+        "ctx = d.Context(name=sys.argv[1])\n"
+        "dm = d.DM(ctx, d.AllocDmAttr(length=100))\n"
+        "for off, n in [(3, 4), (4, 3), (104, 4), (0, 104), (0, 4), (96, 4)]:\n"
+        "    res = []\n"
+        "    for op in ('to', 'from'):\n"
+        "        try:\n"
+        "            dm.copy_to_dm(off, b'a' * n, n) if op == 'to' else dm.copy_from_dm(off, n)\n"
+        "            res.append('ok')\n"
+        "        except PyverbsRDMAError:\n"
+        "            res.append('refused')\n"
+        "    print(off, n, *res)\n")
+    p = run(sys.executable, str(script), device)
+    assert p.returncode == 0, p.stdout + p.stderr[-2000:]
+    assert p.stdout.splitlines() == [
+        "3 4 refused refused", "4 3 refused refused", "104 4 refused refused",
+        "0 104 refused refused", "0 4 ok ok", "96 4 ok ok"], p.stdout
+
+
+def test_rereg_mr_keeps_the_keys(device: str, tmp_path: Path) -> None:
+    """``ibv_rereg_mr`` changes the region in place: its lkey and rkey stay (as rxe);
+    rdma-core's test_mr_rereg_* send with the keys read before the rereg. A new
+    registration with new keys replaced it, so those sends failed."""
+    link = need_real_pyverbs(tmp_path)
+    script = tmp_path / "rereg.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(link)!r})\n"
+        "import pyverbs.device as d\n"
+        "import pyverbs.enums as e\n"
+        "from pyverbs.pd import PD\n"
+        "from pyverbs.mr import MR\n"
+        "from pyverbs.mem_alloc import posix_memalign, free\n"
+        "ctx = d.Context(name=sys.argv[1])\n"
+        "pd, pd2 = PD(ctx), PD(ctx)\n"
+        "mr = MR(pd, 64, e.IBV_ACCESS_LOCAL_WRITE)\n"
+        "keys = (mr.lkey, mr.rkey)\n"
+        "mr.rereg(e.IBV_REREG_MR_CHANGE_ACCESS, None, 0, 0,\n"
+        "         e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE)\n"
+        "print('access', (mr.lkey, mr.rkey) == keys)\n"
+        "mr.rereg(e.IBV_REREG_MR_CHANGE_PD, pd2, 0, 0, 0)\n"
+        "print('pd', (mr.lkey, mr.rkey) == keys)\n"
+        "addr = posix_memalign(64)\n"
+        "mr.rereg(e.IBV_REREG_MR_CHANGE_TRANSLATION, None, addr, 64, 0)\n"
+        "print('translation', (mr.lkey, mr.rkey) == keys, mr.buf == addr)\n"
+        "mr.rereg(e.IBV_REREG_MR_CHANGE_PD, pd, 0, 0, 0)\n"
+        "mr.close()\n"
+        "free(addr)\n")
+    p = run(sys.executable, str(script), device)
+    assert p.returncode == 0, p.stdout + p.stderr[-2000:]
+    assert p.stdout.splitlines() == ["access True", "pd True", "translation True True"], \
+        p.stdout
+
+
+def test_reset_drops_the_qps_completions(device: str, tmp_path: Path) -> None:
+    """A QP moved to RESET leaves none of its completions in its CQ (as the mlx4/mlx5
+    providers clean them): rdma-core's test_mr_rereg_pd/addr restate a QP from ERR and
+    then poll; the receives flushed by the ERR were left behind and failed them."""
+    link = need_real_pyverbs(tmp_path)
+    script = tmp_path / "reset.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(link)!r})\n"
+        "import pyverbs.device as d\n"
+        "import pyverbs.enums as e\n"
+        "from pyverbs.pd import PD\n"
+        "from pyverbs.mr import MR\n"
+        "from pyverbs.cq import CQ, CompChannel\n"
+        "from pyverbs.qp import QP, QPCap, QPInitAttr, QPAttr\n"
+        "from pyverbs.wr import RecvWR, SGE\n"
+        "ctx = d.Context(name=sys.argv[1])\n"
+        "pd = PD(ctx)\n"
+        "ch = CompChannel(ctx)\n"
+        "cq = CQ(ctx, 8, None, ch, 0)\n"
+        "mr = MR(pd, 64, e.IBV_ACCESS_LOCAL_WRITE)\n"
+        "cap = QPCap(max_send_wr=2, max_recv_wr=2, max_send_sge=1, max_recv_sge=1)\n"
+        "qp = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_UD, scq=cq, rcq=cq, cap=cap))\n"
+        "attr = QPAttr(port_num=1)\n"
+        "attr.qkey = 0x11\n"
+        "qp.to_rts(attr)\n"
+        "for i in range(2):\n"
+        "    qp.post_recv(RecvWR(i, 1, [SGE(mr.buf, 64, mr.lkey)]))\n"
+        "cq.req_notify()\n"
+        "qp.modify(QPAttr(qp_state=e.IBV_QPS_ERR), e.IBV_QP_STATE)\n"
+        "ch.get_cq_event(cq)  # a flushed receive is in the CQ\n"
+        "cq.ack_events(1)\n"
+        "qp.modify(QPAttr(qp_state=e.IBV_QPS_RESET), e.IBV_QP_STATE)\n"
+        "n, _ = cq.poll(8)\n"
+        "print('left', n)\n")
+    p = run(sys.executable, str(script), device)
+    assert p.returncode == 0, p.stdout + p.stderr[-2000:]
+    assert p.stdout.splitlines() == ["left 0"], p.stdout

@@ -48,6 +48,7 @@ from ..verbs import (
     XrcSRQ,
 )
 from ..verbs.device import MAX_CQE, DeviceInfo, all_devices
+from ..verbs.mr import ACCESS_SUPPORTED
 from ..verbs.procmem import SIZE_MAX, ImplicitMR
 
 __all__ = ["install", "RingCQ", "PYTHON_ENV"]
@@ -303,6 +304,51 @@ def _reg_mr(h: int, addr: Any, length: int, iova: int, access: int, lkey: Any, r
     return _add(mr)
 
 
+
+def _rereg_mr(h: int, pd: int, addr: Any, length: int, iova: int, access: int,
+              translation: int) -> int:
+    """``ibv_rereg_mr`` in place: the region keeps its lkey and rkey (as rxe and the
+    kernel's ``ib_uverbs_rereg_mr`` without a new MR) and takes the PD ``pd``, the access
+    ``access`` and, with ``translation``, the program's memory ``addr``/``length`` at
+    ``iova``. Work requests already posted keep their SGEs: ones that point at the old
+    memory or PD fail with a protection error (rdma-core's test_mr_rereg_*)."""
+    mr = _get(h, MR)
+    new_pd = _get(pd, PD)
+    if new_pd.ctx is not mr.pd.ctx:
+        raise SoftRdmaError("pd is on another device", errno=errno.EINVAL)
+    if access < 0 or access & ~ACCESS_SUPPORTED or access & e.IBV_ACCESS_ZERO_BASED:
+        raise SoftRdmaError(f"access: bad flags {access:#x}", errno=errno.EINVAL)
+    if access & (e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_ATOMIC) \
+            and not access & e.IBV_ACCESS_LOCAL_WRITE:
+        raise SoftRdmaError("access: REMOTE_WRITE and REMOTE_ATOMIC need LOCAL_WRITE",
+                            errno=errno.EINVAL)
+    if mr.on_demand or access & e.IBV_ACCESS_ON_DEMAND:
+        raise SoftRdmaError("rereg of an on-demand MR", errno=errno.EOPNOTSUPP)
+    buf = None
+    if translation:
+        address = int(_ffi.cast("uintptr_t", addr))
+        if not address or not length:
+            raise SoftRdmaError("addr and length must be non-zero", errno=errno.EINVAL)
+        buf = memoryview(_mem(address, length)).cast("B")
+    emr = mr.engine_mr
+    with mr._runtime.lock:
+        if buf is not None:
+            mr._storage = buf
+            mr._buf = buf
+            mr.real_address = int(_ffi.cast("uintptr_t", addr))
+            emr.buf = buf
+            emr.addr = iova
+            emr.length = length
+        emr.access = access
+        emr.pd = new_pd
+    if new_pd is not mr.pd:
+        old = mr.pd
+        old._dependents.discard(mr)
+        mr._parents.remove(old)
+        mr._depend_on(new_pd)
+        mr.pd = new_pd
+    return 0
+
 # ---- completions ------------------------------------------------------------------------
 def _create_comp_channel(h: int, fd: Any) -> int:
     ch = CompChannel(_get(h, Context))
@@ -505,6 +551,16 @@ def _resize_cq(h: int, cqe: int) -> int:
     return 0
 
 
+
+def _clean_cq(h: int, qp_num: int) -> int:
+    """Drop the completions of QP ``qp_num`` from the CQ's ring (the QP went to RESET; C
+    holds the consumer lock, the engine lock keeps the producer out)."""
+    cq = _get(h, RingCQ)
+    with cq._runtime.lock:
+        if cq.ring is not None:
+            _lib.sr_ring_clean(cq.ring, qp_num)
+    return 0
+
 def _open_xrcd(h: int, fd: int, oflags: int) -> int:
     return _add(XRCD(_get(h, Context), fd, oflags))
 
@@ -530,6 +586,7 @@ _EXPORTS: dict[str, tuple[Callable[..., int], bool]] = {
     "sr_py_query_pkey": (_query_pkey, False),
     "sr_py_alloc_pd": (_alloc_pd, True),
     "sr_py_reg_mr": (_reg_mr, True),
+    "sr_py_rereg_mr": (_rereg_mr, False),
     "sr_py_create_comp_channel": (_create_comp_channel, True),
     "sr_py_get_cq_event": (_get_cq_event, True),
     "sr_py_create_cq": (_create_cq, True),
@@ -545,6 +602,7 @@ _EXPORTS: dict[str, tuple[Callable[..., int], bool]] = {
     "sr_py_post_send": (_post_send, False),
     "sr_py_post_recv": (_post_recv, False),
     "sr_py_resize_cq": (_resize_cq, False),
+    "sr_py_clean_cq": (_clean_cq, False),
     "sr_py_open_xrcd": (_open_xrcd, True),
     "sr_py_create_xrc_srq": (_create_xrc_srq, True),
 }

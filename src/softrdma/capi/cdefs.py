@@ -101,6 +101,7 @@ int sr_ring_push(void *ring, uint64_t wr_id, int status, int opcode, uint32_t ve
                  uint8_t dlid_path_bits);
 int sr_ring_count(void *ring);
 int sr_ring_resize(void *ring, uint32_t cqe);
+void sr_ring_clean(void *ring, uint32_t qp_num);
 """
 
 PY_EXPORTS = """
@@ -117,6 +118,9 @@ int sr_py_query_pkey(int ctx, int port, int index, uint16_t *pkey);
 int sr_py_alloc_pd(int ctx);
 int sr_py_reg_mr(int pd, void *addr, size_t length, uint64_t iova, int access,
                  uint32_t *lkey, uint32_t *rkey);
+int sr_py_clean_cq(int cq, uint32_t qp_num);
+int sr_py_rereg_mr(int mr, int pd, void *addr, size_t length, uint64_t iova, int access,
+                   int translation);
 int sr_py_create_comp_channel(int ctx, int *fd);
 int sr_py_get_cq_event(int channel, void **cq);  /* *cq: the CQ's wrapper */
 int sr_py_create_cq(int ctx, int cqe, int channel, int comp_vector, void *ring,

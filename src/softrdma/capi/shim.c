@@ -931,6 +931,7 @@ struct ibv_mr *ibv_reg_mr_iova(struct ibv_pd *pd, void *addr, size_t length, uin
 }
 
 static void sr_dm_unref(struct sr_dm *dm);
+static void sr_clean_cq(struct ibv_cq *cq, uint32_t qp_num);
 
 int ibv_dereg_mr(struct ibv_mr *mr)
 {
@@ -1215,6 +1216,11 @@ int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
     ret = sr_py_modify_qp(SR_H(sr_qp, qp), &a, mask);
     if (!ret && (mask & IBV_QP_STATE))
         qp->state = attr->qp_state;
+    if (!ret && (mask & IBV_QP_STATE) && attr->qp_state == IBV_QPS_RESET) {
+        sr_clean_cq(qp->send_cq, qp->qp_num);
+        if (qp->recv_cq != qp->send_cq)
+            sr_clean_cq(qp->recv_cq, qp->qp_num);
+    }
     return ret;
 }
 
@@ -1834,10 +1840,20 @@ struct sr_dm {
     int refs;               /* 1 + the MRs registered on it */
 };
 
+/* ibv_memcpy_to_dm / ibv_memcpy_from_dm: device memory is accessed in 4-byte words, so
+ * the offset and the length must be multiples of 4 and inside the allocation (as mlx5,
+ * the one provider with device memory; rdma-core's test_dm_bad_access) */
+#define SR_DM_ALIGN 4u
+static int sr_dm_range_ok(const struct sr_dm *d, uint64_t offset, size_t length)
+{
+    return offset % SR_DM_ALIGN == 0 && length % SR_DM_ALIGN == 0 && offset <= d->length
+        && length <= d->length - offset;
+}
+
 static int sr_dm_copy_in(struct ibv_dm *ibdm, uint64_t offset, const void *host, size_t length)
 {
     struct sr_dm *d = (struct sr_dm *)ibdm;
-    if (offset > d->length || length > d->length - offset)
+    if (!sr_dm_range_ok(d, offset, length))
         return EINVAL;
     memcpy(d->buf + offset, host, length);
     return 0;
@@ -1846,7 +1862,7 @@ static int sr_dm_copy_in(struct ibv_dm *ibdm, uint64_t offset, const void *host,
 static int sr_dm_copy_out(void *host, struct ibv_dm *ibdm, uint64_t offset, size_t length)
 {
     struct sr_dm *d = (struct sr_dm *)ibdm;
-    if (offset > d->length || length > d->length - offset)
+    if (!sr_dm_range_ok(d, offset, length))
         return EINVAL;
     memcpy(host, d->buf + offset, length);
     return 0;
@@ -2187,6 +2203,40 @@ static struct ibv_cq_ex *sr_create_cq_ex(struct ibv_context *context,
     return &c->cqx;
 }
 
+/* ---- a QP moved to RESET leaves no completions behind in its CQs (as the mlx4/mlx5
+ * providers clean them on that transition): rdma-core's tests restate a QP from ERR
+ * through RESET and expect no flushed completions of its old life. Called from Python
+ * under the engine lock (no producer), the consumer lock held by ibv_modify_qp. */
+void sr_ring_clean(void *ring, uint32_t qp_num)
+{
+    struct sr_ring *r = ring;
+    uint32_t head = atomic_load_explicit(&r->head, memory_order_relaxed);
+    uint32_t tail = atomic_load_explicit(&r->tail, memory_order_relaxed);
+    uint32_t kept = tail, i;
+
+    /* walk back from the tail, packing the entries of other QPs towards it */
+    for (i = tail; i != head; i--) {
+        struct ibv_wc *wc = &r->wc[(i - 1) & r->mask];
+        if (wc->qp_num != qp_num) {
+            kept--;
+            if (kept != i - 1)
+                r->wc[kept & r->mask] = *wc;
+        }
+    }
+    atomic_store_explicit(&r->head, kept, memory_order_release);
+}
+
+static void sr_clean_cq(struct ibv_cq *cq, uint32_t qp_num)
+{
+    struct sr_cq *c = (struct sr_cq *)cq;
+
+    if (!cq)
+        return;
+    pthread_spin_lock(&c->ring.consumer);
+    sr_py_clean_cq(c->h, qp_num);
+    pthread_spin_unlock(&c->ring.consumer);
+}
+
 /* ---- ibv_resize_cq: a larger (or smaller, if the queued completions fit) ring ----
  * Called from Python under the engine lock (no producer), with the consumer lock held by
  * ibv_resize_cq (no consumer): the queued completions move to a new array. */
@@ -2231,9 +2281,9 @@ int ibv_resize_cq(struct ibv_cq *cq, int cqe)
     return ret;
 }
 
-/* ---- ibv_rereg_mr: a new registration of the region's (new) memory, PD and access
- * replaces the old one; its keys may change (ibv_rereg_mr(3): the caller reads them
- * again). Errors: IBV_REREG_MR_ERR_INPUT (bad flags or arguments, errno EINVAL), or
+/* ---- ibv_rereg_mr: the region takes its new memory, PD and/or access in place and
+ * keeps its lkey and rkey, as rxe does (the rereg tests of rdma-core reuse the keys read
+ * before). Errors: IBV_REREG_MR_ERR_INPUT (bad flags or arguments, errno EINVAL), or
  * IBV_REREG_MR_ERR_CMD with errno, the old registration left as it was. */
 int ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr, size_t length,
                  int access)
@@ -2243,36 +2293,33 @@ int ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr, si
     void *naddr;
     size_t nlen;
     uint64_t iova;
-    uint32_t lkey = 0, rkey = 0;
-    int nacc, h;
+    int nacc, ret, translation;
 
     if (!mr || flags <= 0 || (flags & ~IBV_REREG_MR_FLAGS_SUPPORTED)
         || m->dm) {
         errno = EINVAL;
         return IBV_REREG_MR_ERR_INPUT;
     }
+    translation = (flags & IBV_REREG_MR_CHANGE_TRANSLATION) != 0;
     npd = (flags & IBV_REREG_MR_CHANGE_PD) ? pd : mr->pd;
-    naddr = (flags & IBV_REREG_MR_CHANGE_TRANSLATION) ? addr : mr->addr;
-    nlen = (flags & IBV_REREG_MR_CHANGE_TRANSLATION) ? length : mr->length;
-    iova = (flags & IBV_REREG_MR_CHANGE_TRANSLATION) ? (uint64_t)(uintptr_t)addr : m->iova;
+    naddr = translation ? addr : mr->addr;
+    nlen = translation ? length : mr->length;
+    iova = translation ? (uint64_t)(uintptr_t)addr : m->iova;
     nacc = (flags & IBV_REREG_MR_CHANGE_ACCESS) ? access : m->access;
     if (!npd || !naddr || !nlen || npd->context != mr->context) {
         errno = EINVAL;
         return IBV_REREG_MR_ERR_INPUT;
     }
-    h = sr_py_reg_mr(SR_H(sr_pd, npd), naddr, nlen, iova, nacc, &lkey, &rkey);
-    if (!sr_handle_ok(h))
+    ret = sr_py_rereg_mr(m->h, SR_H(sr_pd, npd), naddr, nlen, iova, nacc, translation);
+    if (ret) {
+        errno = ret;
         return IBV_REREG_MR_ERR_CMD;
-    sr_py_destroy(m->h);
-    m->h = h;
+    }
     m->access = nacc;
     m->iova = iova;
     mr->pd = npd;
     mr->addr = naddr;
     mr->length = nlen;
-    mr->handle = (uint32_t)h;
-    mr->lkey = lkey;
-    mr->rkey = rkey;
     return 0;
 }
 
