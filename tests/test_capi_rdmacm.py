@@ -67,11 +67,11 @@ def perftest_pair(server: list[str], client: list[str]
     twice (perftest's own exchange channel, then the test's QPs), and its server listens
     anew after answering the handshake before the second. A client that came before the
     first listen (a REJECTED event, nothing reached the server) is started again. A
-    REJECTED second connection is fatal: perftest's retry (``rdma_cm_client_connection``)
-    calls ``rdma_resolve_addr`` on the ids its ``rdma_cm_destroy_cma`` has just destroyed
-    (a use after free in perftest: seen as SIGBUS in rdma_resolve_addr, and the likely
-    cause of a client hang), leaving its server waiting for a connection that will not
-    come, so both are started again (generous deadline)."""
+    REJECTED second connection is fatal: perftest's retry (``rdma_cm_client_connection``,
+    after its ``rdma_cm_destroy_cma``) was seen passing a garbage id to
+    ``rdma_resolve_addr`` (SIGBUS in it; perftest's ids, destroyed and used again, are
+    the suspect, and the likely cause of a hung client), leaving its server waiting for
+    a connection that will not come, so both are started again (generous deadline)."""
     deadline = time.monotonic() + TIMEOUT
     last = "the client hung"
     while True:
