@@ -136,6 +136,28 @@ def test_ib_write_bw_against_python_write_bw(device: str, c_side: str) -> None:
         _check("ib_write_bw", out, 4096, 20)
 
 
+
+@pytest.mark.parametrize("c_side", ["server", "client"])
+def test_ib_write_bw_rdma_cm_against_python_write_bw(device: str, c_side: str,
+                                                      monkeypatch: pytest.MonkeyPatch
+                                                      ) -> None:
+    """``-R``: the stock ib_write_bw and the Python write-bw, each as the server: the
+    control connection, then the data connection to the server's second listen, both
+    through rdma_cm (private data, the ``struct pingpong_dest`` exchange as SENDs)."""
+    monkeypatch.setenv("SOFTRDMA_CONNECT_RETRY", "5")  # the Python client: a refused REQ
+    port = tcp_port()
+    opts = ["-d", device, "-x", "0", "-n", "20", "-s", "4096", "-p", str(port), "-R"]
+    c = preloaded("ib_write_bw", *opts)
+    py = [sys.executable, "-m", "softrdma", "write-bw", *opts]
+    if c_side == "server":
+        (sout, serr), (cout, cerr) = perftest_pair(c, [*py, "127.0.0.1"])
+    else:
+        (sout, serr), (cout, cerr) = perftest_pair(py, [*c, "127.0.0.1"])
+    for out, err in ((sout, serr), (cout, cerr)):
+        assert "Traceback" not in err
+        _check("ib_write_bw", out, 4096, 20)
+    assert "rdma_cm QPs\t : ON" in cout, cout
+
 QPERF_TESTS = ["rc_bw", "rc_lat", "rc_rdma_write_bw", "rc_rdma_read_bw"]
 
 

@@ -64,11 +64,14 @@ ATTEMPT_S = 60.0  # one -R client: a pair that works takes seconds
 def perftest_pair(server: list[str], client: list[str]
                   ) -> tuple[tuple[str, str], tuple[str, str]]:
     """A perftest ``-R`` pair to its end: (stdout, stderr) of each. The client connects
-    twice (the test's QP, then perftest's own exchange channel), and its server listens
-    anew in between; the client tries each for about a second only. A client that came
-    before the first listen (a REJECTED event, nothing reached the server) is started
-    again; one that failed at the second, or hung, leaves its server waiting for a
-    connection that will not come, so both are started again (generous deadline)."""
+    twice (perftest's own exchange channel, then the test's QPs), and its server listens
+    anew after answering the handshake before the second. A client that came before the
+    first listen (a REJECTED event, nothing reached the server) is started again. A
+    REJECTED second connection is fatal: perftest's retry (``rdma_cm_client_connection``,
+    after its ``rdma_cm_destroy_cma``) was seen passing a garbage id to
+    ``rdma_resolve_addr`` (SIGBUS in it; perftest's ids, destroyed and used again, are
+    the suspect, and the likely cause of a hung client), leaving its server waiting for
+    a connection that will not come, so both are started again (generous deadline)."""
     deadline = time.monotonic() + TIMEOUT
     last = "the client hung"
     while True:

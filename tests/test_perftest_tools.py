@@ -7,7 +7,9 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import re
+import signal
 import socket
 import sys
 import time
@@ -15,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from capi_harness import _listening
 from perftest_harness import (
     CAPTURES,
     device_state,
@@ -512,6 +515,31 @@ def test_rdma_cm_server_listens_before_answering(tmp_path: Path,
             srv.kill()
             srv.communicate()
 
+
+
+def test_rdma_cm_server_banner_once_listening(tmp_path: Path) -> None:
+    """The -R server prints "Waiting for client to connect" once its port listens: a
+    stock perftest client started on the banner is not refused (it does not retry a
+    REJECTED first connection). The server is stopped on the banner and its port looked
+    up (iWARP: a TCP listener; read from /proc, a probe would be taken as the client)."""
+    port = free_port(socket.SOCK_STREAM)
+    srv = spawn(["write-bw", "-R", "--transport", "iwarp", "-p", str(port),
+                 "--timeout", "20"], env_for(tmp_path))
+    try:
+        assert srv.stdout is not None
+        lines: list[str] = []
+        while "* Waiting for client to connect... *\n" not in lines:
+            line = srv.stdout.readline()  # the server exits (EOF) on failure
+            assert line, (lines, srv.communicate(timeout=30))
+            lines.append(line)
+        os.kill(srv.pid, signal.SIGSTOP)
+        try:
+            assert _listening(port), lines
+        finally:
+            os.kill(srv.pid, signal.SIGCONT)
+    finally:
+        srv.kill()
+        srv.communicate()
 
 def test_iwarp_client_pauses_before_its_first_message(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch

@@ -175,10 +175,14 @@ class CmChannel:
             time.sleep(RETRY_DELAY_S)
 
     @classmethod
-    def accept(cls, sess: CmSession, port: int) -> CmChannel:
-        """The server's control connection (``rdma_server_connect``)."""
+    def accept(cls, sess: CmSession, port: int,
+               on_listen: Callable[[], None] | None = None) -> CmChannel:
+        """The server's control connection (``rdma_server_connect``); ``on_listen()``
+        runs once the port listens (the banner: a client started on it is not refused)."""
         lst = listen(sess, port)
-        try:  # the first client is awaited until stopped (tools.waiting)
+        try:
+            if on_listen is not None:
+                on_listen()  # the first client is awaited until stopped (tools.waiting)
             ev = sess.wait(lambda x: x.event == T.CONNECT_REQUEST, None,
                            f"waiting for a client on port {port}")
             chan = cls(sess, ev.id, False)

@@ -247,8 +247,7 @@ def setup_cm(s: Side) -> None:
     o = s.o
     sess = s.sess = cmconn.CmSession(o)
     if not o.is_client:
-        s.emit(BANNER)
-        ctrl = cmconn.CmChannel.accept(sess, o.port)
+        ctrl = cmconn.CmChannel.accept(sess, o.port, lambda: s.emit(BANNER))
     else:
         assert o.servername is not None
         ctrl = cmconn.CmChannel.connect(sess, o.servername, o.port)
