@@ -29,7 +29,7 @@ from rdma_cm_harness import make_state_dir  # noqa: E402
 from softrdma import enums as e  # noqa: E402
 from softrdma import verbs as v  # noqa: E402
 from softrdma.cm import rdma_cm as rc  # noqa: E402
-from softrdma.cm.params import CmConfig  # noqa: E402
+from softrdma.ibcm.params import CmConfig  # noqa: E402
 
 T = rc.RdmaCmEventType
 

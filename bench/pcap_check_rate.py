@@ -27,8 +27,8 @@ from cm_harness import Pair  # noqa: E402
 
 from softrdma import enums as e  # noqa: E402
 from softrdma import verbs as v  # noqa: E402
-from softrdma.cm.ibcm import ConnParams  # noqa: E402
-from softrdma.tools import pcap_check, pcap_conv  # noqa: E402
+from softrdma.ibcm.agent import ConnParams  # noqa: E402
+from softrdma.tools.capture import pcap_check, pcap_conv  # noqa: E402
 
 ACCESS = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_READ | e.IBV_ACCESS_REMOTE_WRITE)
 SID = 0x4242

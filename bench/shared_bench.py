@@ -35,7 +35,7 @@ from roce_bench import RX_DEPTH  # noqa: E402
 
 from softrdma import enums as e  # noqa: E402
 from softrdma import verbs as v  # noqa: E402
-from softrdma.drivers.devd import DevdLink  # noqa: E402
+from softrdma.drivers.devd.client import DevdLink  # noqa: E402
 from softrdma.drivers.registry import DeviceRecord  # noqa: E402
 from softrdma.drivers.udp import UdpLink  # noqa: E402
 

@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from softrdma.drivers.registry import Registry
-from softrdma.tools.ladder_draw import draw_ladder, draw_psn_plot, pyplot, save
-from softrdma.tools.ladder_events import capture_events
+from softrdma.tools.capture.ladder_draw import draw_ladder, draw_psn_plot, pyplot, save
+from softrdma.tools.capture.ladder_events import capture_events
 
 ROOT = Path(__file__).resolve().parents[1]
 DEVICE = "pictures_lo"

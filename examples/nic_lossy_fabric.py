@@ -32,7 +32,7 @@ from softrdma import enums as e
 from softrdma import verbs as v
 from softrdma.drivers.clock import VirtualClock
 from softrdma.drivers.fabric import Fabric
-from softrdma.tools import pcap_check
+from softrdma.tools.capture import pcap_check
 
 ALL = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ)
 SIZE = 64 * 1024

@@ -1,7 +1,7 @@
 """Two (or more) softrdma devices on the in-memory fabric with a CM on each (tests only).
 
 Every node is a verbs ``Context`` on a :class:`~softrdma.drivers.fabric.FabricLink`
-(manual progress, virtual clock) with a :class:`~softrdma.cm.gsi.CmBinding`; its
+(manual progress, virtual clock) with a :class:`~softrdma.drivers.gsi.CmBinding`; its
 events are recorded in ``node.events``. :func:`cm_mad` decodes the CM MAD inside a
 fabric datagram, so fabric rules can target REQ/REP/RTU/... by attribute.
 """
@@ -13,13 +13,13 @@ from typing import Any
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.cm.events import CmEvent, CmEventType
-from softrdma.cm.gsi import CmBinding
-from softrdma.cm.ibcm import CmConfig, IbCmId
 from softrdma.drivers.clock import VirtualClock
 from softrdma.drivers.fabric import Fabric
+from softrdma.drivers.gsi import CmBinding
 from softrdma.drivers.link import Datagram
 from softrdma.errors import DecodeError
+from softrdma.ibcm.agent import CmConfig, IbCmId
+from softrdma.ibcm.events import CmEvent, CmEventType
 from softrdma.wire import cm as wcm
 from softrdma.wire.gid import ip_to_gid
 
@@ -116,7 +116,7 @@ class Pair:
 
     def listen_accepting(self, service_id: int, qp: Any, **accept: Any) -> IbCmId:
         """A listener on ``b`` that accepts the first CONNECT_REQUEST with ``qp``."""
-        from softrdma.cm.ibcm import AcceptParams
+        from softrdma.ibcm.agent import AcceptParams
 
         lst = self.b.new_id()
         lst.listen(service_id)

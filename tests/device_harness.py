@@ -64,7 +64,7 @@ def shared_device(name: str, tmp_path: Path,
         while time.monotonic() < deadline and (tmp_path / f"{name}.sock").exists():
             try:
                 pid = int(pid_file.read_text().strip())
-                if b"softrdma.drivers.devd" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                if b"softrdma.drivers.devd.daemon" in Path(f"/proc/{pid}/cmdline").read_bytes():
                     os.kill(pid, signal.SIGTERM)
             except (OSError, ValueError):
                 pass

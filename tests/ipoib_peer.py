@@ -32,9 +32,9 @@ import time
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.cm.events import CmEvent, CmEventType
-from softrdma.cm.gsi import CmBinding
-from softrdma.cm.ibcm import AcceptParams, ConnParams
+from softrdma.drivers.gsi import CmBinding
+from softrdma.ibcm.agent import AcceptParams, ConnParams
+from softrdma.ibcm.events import CmEvent, CmEventType
 from softrdma.ipoib.encap import ArpOp, ArpPacket, EtherType, encap_header
 from softrdma.ipoib.hwaddr import FLAG_RC, CmData, HwAddr, service_id
 

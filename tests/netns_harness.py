@@ -230,7 +230,7 @@ class Host:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
             except (ValueError, OSError):
                 continue
-            if b"softrdma.drivers.devd" not in cmdline:
+            if b"softrdma.drivers.devd.daemon" not in cmdline:
                 continue
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)

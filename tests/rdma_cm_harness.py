@@ -16,9 +16,9 @@ from typing import Any
 from softrdma import enums as e
 from softrdma import verbs as v
 from softrdma.cm import rdma_cm as rc
-from softrdma.cm.params import CmConfig
 from softrdma.cm.rdma_events import EventChannel, RdmaCmEvent
 from softrdma.drivers.registry import Registry
+from softrdma.ibcm.params import CmConfig
 
 ROCE_DEV = "cmtest_lo"
 FAST_CM = CmConfig(subnet_timeout=12, remote_cm_response_timeout=14, max_cm_retries=3,

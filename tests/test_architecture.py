@@ -61,7 +61,7 @@ ALLOWED: dict[str, frozenset[str]] = {
 MODULE_EXTRA: dict[str, frozenset[str]] = {
     # the IPoIB interface process: it drives the sans-I/O ipoib engine as a verbs + CM
     # application (UD QP, RC connections through the IB CM), so it sits above cm
-    "softrdma.drivers.ipoib_runtime": frozenset({"ipoib", "verbs", "cm"}),
+    "softrdma.apps.ipoib_runtime": frozenset({"ipoib", "verbs", "cm"}),
 }
 
 # (module, package it imports) still open, with the branch that removes the import (empty
@@ -75,7 +75,7 @@ NO_IO = ("wire", "cm", "ipoib")  # ... and no time.sleep()
 # Modules of the NO_IO packages that may do I/O by design.
 IO_EXTRA: dict[str, frozenset[str]] = {
     # iWARP connection setup (TCP connect/accept + MPA negotiation) beside rdma_cm
-    "softrdma.cm.iwconnect": frozenset({"socket", "threading", "select", "selectors"}),
+    "softrdma.drivers.iwconnect": frozenset({"socket", "threading", "select", "selectors"}),
 }
 
 # module -> (what it still uses, the branch that removes it)
@@ -83,8 +83,8 @@ KNOWN_OPEN_IO: dict[str, tuple[frozenset[str], str]] = {
     # still open after issue 10's branches ("lead": no branch of it removes them): the CM
     # agent's lock (ibcm, gsi) and the librdmacm-shaped API's blocking waits and device
     # list (rdma_cm, rdma_events, rdma_devices)
-    "softrdma.cm.ibcm": (frozenset({"threading"}), "lead"),
-    "softrdma.cm.gsi": (frozenset({"threading"}), "lead"),
+    "softrdma.ibcm.agent": (frozenset({"threading"}), "lead"),
+    "softrdma.drivers.gsi": (frozenset({"threading"}), "lead"),
     "softrdma.cm.rdma_cm": (frozenset({"threading"}), "lead"),
     "softrdma.cm.rdma_devices": (frozenset({"socket", "threading"}), "lead"),
     "softrdma.cm.rdma_events": (frozenset({"asyncio", "select", "threading"}), "lead"),
@@ -114,7 +114,7 @@ def module_name(path: Path, src: Path) -> str:
 
 
 def package_of(module: str) -> str:
-    """``softrdma.cm.ibcm`` -> ``cm``; ``softrdma.errors`` -> ``errors``; the root -> ``""``."""
+    """``softrdma.ibcm.agent`` -> ``cm``; ``softrdma.errors`` -> ``errors``; the root -> ``""``."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else ""
 

@@ -1,7 +1,7 @@
 """``softrdma run --sysfs``: middleware that looks at /sys/class/infiniband and
 /dev/infiniband itself (UCX, libfabric), on softrdma devices.
 
-As root the program runs in a private mount namespace (``softrdma.tools.sysfs_ns``) where
+As root the program runs in a private mount namespace (``softrdma.tools.suites.sysfs_ns``) where
 each softrdma device has its sysfs entry (netdev, RoCE v2 GIDs with their type and
 interface) and a ``/dev/infiniband/uverbsN`` character device (``/dev/null`` bound in
 place: UCX lists only devices whose node it may open); the host sees none of it.

@@ -21,7 +21,7 @@ from capi_harness import need_build, run
 from device_harness import private_device
 
 from softrdma.capi import launch
-from softrdma.tools import rdma_core_tests as rct
+from softrdma.tools.suites import rdma_core_tests as rct
 from softrdma.verbs import get_device_list
 
 

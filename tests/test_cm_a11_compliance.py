@@ -32,10 +32,10 @@ from typing import Any
 import pytest
 from cm_harness import Pair, T
 
-from softrdma.cm.events import CmEvent
-from softrdma.cm.ibcm import AcceptParams, CmConfig, ConnParams, IbCmId
-from softrdma.cm.ipcm import IpCmClient, ip_listen
-from softrdma.cm.state import CmState
+from softrdma.ibcm.agent import AcceptParams, CmConfig, ConnParams, IbCmId
+from softrdma.ibcm.events import CmEvent
+from softrdma.ibcm.ipcm import IpCmClient, ip_listen
+from softrdma.ibcm.state import CmState
 from softrdma.wire import cm as wcm
 from softrdma.wire.cm import CmAttr, RejReason
 from softrdma.wire.ipcm import (

@@ -18,10 +18,10 @@ from test_cm_udp import contexts
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.cm.events import CmEvent
-from softrdma.cm.gsi import CmBinding
-from softrdma.cm.ipcm import IpCmClient, ip_listen
-from softrdma.cm.params import AcceptParams, ConnParams
+from softrdma.drivers.gsi import CmBinding
+from softrdma.ibcm.events import CmEvent
+from softrdma.ibcm.ipcm import IpCmClient, ip_listen
+from softrdma.ibcm.params import AcceptParams, ConnParams
 from softrdma.wire import cm as wcm
 
 SID = 0x1000_0000_0000_0042

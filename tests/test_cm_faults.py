@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from softrdma import enums as e
-from softrdma.cm.events import CmEvent
-from softrdma.cm.ibcm import AcceptParams, CmConfig, ConnParams
-from softrdma.cm.state import CmState
+from softrdma.ibcm.agent import AcceptParams, CmConfig, ConnParams
+from softrdma.ibcm.events import CmEvent
+from softrdma.ibcm.state import CmState
 from softrdma.wire.cm import CmAttr
 
 SID = 0x5151

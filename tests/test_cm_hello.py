@@ -12,10 +12,10 @@ from cm_harness import Pair, T
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.cm.events import CmEvent
 from softrdma.cm.hello import SdpStream, hello_accept, hello_connect, hello_listen
-from softrdma.cm.ibcm import ConnParams
 from softrdma.drivers.link import Datagram
+from softrdma.ibcm.agent import ConnParams
+from softrdma.ibcm.events import CmEvent
 from softrdma.wire.cm import CmAttr, RejReason
 from softrdma.wire.iwarp_ib import FlowControl, Hello, HelloReply, SdpHeader
 

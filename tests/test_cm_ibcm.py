@@ -12,10 +12,11 @@ from cm_harness import UD, Pair, T, is_attr
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.cm import qpctl
-from softrdma.cm.events import CmEvent
-from softrdma.cm.ibcm import CmConfig, ConnParams, IbCmId, check_roce_message
-from softrdma.cm.model import (
+from softrdma.errors import InvalidArgument, StateError
+from softrdma.ibcm import qpctl
+from softrdma.ibcm.agent import CmConfig, ConnParams, IbCmId, check_roce_message
+from softrdma.ibcm.events import CmEvent
+from softrdma.ibcm.model import (
     AcceptConn,
     CmInput,
     CmState,
@@ -30,8 +31,7 @@ from softrdma.cm.model import (
     SidrResolve,
     Timeout,
 )
-from softrdma.cm.state import TRANSITIONS, input_kind, transition
-from softrdma.errors import InvalidArgument, StateError
+from softrdma.ibcm.state import TRANSITIONS, input_kind, transition
 from softrdma.wire import cm as wcm
 from softrdma.wire.cm import AprStatus, CmAttr, RejReason, time_code_s
 
@@ -555,7 +555,7 @@ def test_spoofed_dreq_flood_gets_bounded_dreps() -> None:
     but at most REJ_BURST per source and then REJ_PER_SECOND, as devd's REJ: 300
     spoofed DREQs in 2 s draw 8 + 2 * 8 DREPs, not one each. Another source keeps its
     own budget."""
-    from softrdma.drivers.cm_reject import REJ_BURST, REJ_PER_SECOND
+    from softrdma.drivers.devd.cm_reject import REJ_BURST, REJ_PER_SECOND
 
     p = Pair()
     agent = p.b.agent

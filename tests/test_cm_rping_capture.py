@@ -37,11 +37,11 @@ from cm_harness import Node
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.cm.events import CmEvent, CmEventType
-from softrdma.cm.ibcm import AcceptParams, ConnParams, IbCmId
 from softrdma.drivers.clock import VirtualClock
 from softrdma.drivers.fabric import Fabric, FabricLink
-from softrdma.tools import pcap_check
+from softrdma.ibcm.agent import AcceptParams, ConnParams, IbCmId
+from softrdma.ibcm.events import CmEvent, CmEventType
+from softrdma.tools.capture import pcap_check
 from softrdma.wire import cm as wcm
 from softrdma.wire import ib, roce
 from softrdma.wire.opcodes import ICRC_SIZE, Hdr

@@ -12,9 +12,9 @@ from typing import Any
 from cm_harness import Pair, T
 from device_harness import ib_port
 
-from softrdma.cm.events import CmEvent
-from softrdma.cm.ibcm import IbCmId
-from softrdma.cm.ipcm import IpCmClient, ip_listen
+from softrdma.ibcm.agent import IbCmId
+from softrdma.ibcm.events import CmEvent
+from softrdma.ibcm.ipcm import IpCmClient, ip_listen
 
 BATCH = 100
 BATCHES = 10

@@ -9,10 +9,10 @@ from cm_harness import UD, Pair, T, is_attr
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.cm.events import CmEvent
-from softrdma.cm.ibcm import AcceptParams, CmConfig, SidrParams
-from softrdma.cm.ipcm import IpCmClient, ip_listen
-from softrdma.cm.state import CmState
+from softrdma.ibcm.agent import AcceptParams, CmConfig, SidrParams
+from softrdma.ibcm.events import CmEvent
+from softrdma.ibcm.ipcm import IpCmClient, ip_listen
+from softrdma.ibcm.state import CmState
 from softrdma.wire.cm import CmAttr, SidrStatus
 from softrdma.wire.ipcm import IPPROTO_UDP, RDMA_UDP_QKEY, IpCmAri, IpCmHeader, ip_cm_service_id
 

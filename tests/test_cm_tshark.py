@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from cm_harness import Pair, T
 
-from softrdma.cm.ibcm import AcceptParams
-from softrdma.cm.ipcm import IpCmClient, ip_listen
-from softrdma.tools.pcap_check import check_file
+from softrdma.ibcm.agent import AcceptParams
+from softrdma.ibcm.ipcm import IpCmClient, ip_listen
+from softrdma.tools.capture.pcap_check import check_file
 
 HAVE_TSHARK = shutil.which("tshark") is not None
 

@@ -11,11 +11,11 @@ import pytest
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.cm.events import CmEventType as T
-from softrdma.cm.gsi import CmBinding
-from softrdma.cm.ipcm import IpCmClient, ip_listen
+from softrdma.drivers.gsi import CmBinding
 from softrdma.drivers.udp import UdpLink
 from softrdma.errors import SoftRdmaError
+from softrdma.ibcm.events import CmEventType as T
+from softrdma.ibcm.ipcm import IpCmClient, ip_listen
 
 
 def contexts() -> tuple[Any, Any]:

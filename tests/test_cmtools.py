@@ -19,7 +19,7 @@ from rdma_cm_harness import child_env, fake_server, make_state_dir, setup_env
 from wait_harness import StreamLines, load_factor
 
 from softrdma.cm import rdma_cm as rc
-from softrdma.tools.udaddy import ah_attr_from_grh
+from softrdma.tools.rdmacm.udaddy import ah_attr_from_grh
 from softrdma.wire.gid import ip_to_gid
 
 T = rc.RdmaCmEventType

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 from device_harness import free_port
 
-from softrdma.drivers.devd import Devd, DevdLink, saved_counters
+from softrdma.drivers.devd.client import DevdLink
+from softrdma.drivers.devd.daemon import Devd
+from softrdma.drivers.port_totals import saved_counters
 from softrdma.drivers.registry import DeviceRecord, Registry
 from softrdma.tools.cli import main
 

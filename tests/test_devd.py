@@ -17,14 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from softrdma.drivers.devd import (
-    QPN_FIRST,
-    QPN_LAST,
-    Devd,
-    DevdLink,
-    ensure_devd,
-    socket_path,
-)
+from softrdma.drivers.devd.client import DevdLink
+from softrdma.drivers.devd.daemon import Devd
+from softrdma.drivers.devd.proto import QPN_FIRST, QPN_LAST, socket_path
+from softrdma.drivers.devd.spawn import ensure_devd
 from softrdma.drivers.link import Datagram
 from softrdma.drivers.registry import DeviceRecord
 from softrdma.drivers.udp import UdpLink

@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 from test_devd import LOCAL, free_udp_port, packet, recv_one
 
-from softrdma.drivers.admission import FD_RESERVE, FDS_PER_CLIENT, per_uid_cap, refusal_reason
-from softrdma.drivers.devd import DevdLink, socket_path
+from softrdma.drivers.devd.admission import FD_RESERVE, FDS_PER_CLIENT, per_uid_cap, refusal_reason
+from softrdma.drivers.devd.client import DevdLink
+from softrdma.drivers.devd.proto import socket_path
 from softrdma.drivers.registry import DeviceRecord, ensure_state_dir
 from softrdma.errors import DeviceError
 
@@ -28,7 +29,7 @@ FLOOD = 200  # idle control connections: far more than 128 descriptors can serve
 # A devd in its own process; the per-uid cap is given on the command line (argv[3]).
 _DAEMON = """
 import sys
-from softrdma.drivers.devd import Devd
+from softrdma.drivers.devd.daemon import Devd
 from softrdma.drivers.registry import DeviceRecord
 d = Devd(DeviceRecord("fd0", "lo", "roce", int(sys.argv[2])), sys.argv[1], idle_timeout=60,
          ips=["127.0.0.1"], max_clients_per_uid=int(sys.argv[3]))

@@ -1,7 +1,7 @@
-"""A process that forks without exec while it holds a shared device (drivers/devd_client.py
+"""A process that forks without exec while it holds a shared device (drivers/devd/client.py
 ``_after_fork_in_child``): the child gives up its copies of the link's sockets, so devd
 sees the parent's close at once and the reuseport group keeps following devd's mirror
-(drivers/reuseport.py); the child that uses the inherited device gets ClosedError naming
+(drivers/devd/reuseport.py); the child that uses the inherited device gets ClosedError naming
 fork. devd runs as its own process, as it does for users."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from device_harness import private_device
 
-from softrdma.drivers.devd import DevdLink
-from softrdma.drivers.devd_proto import OP_COUNTERS
+from softrdma.drivers.devd.client import DevdLink
+from softrdma.drivers.devd.proto import OP_COUNTERS
 from softrdma.drivers.registry import Registry
 from softrdma.errors import ClosedError
 

@@ -20,8 +20,10 @@ from pathlib import Path
 import pytest
 from test_devd import Running, free_udp_port
 
-from softrdma.drivers import devd_proto as proto
-from softrdma.drivers.devd import Devd, DevdLink, socket_path
+from softrdma.drivers.devd import proto
+from softrdma.drivers.devd.client import DevdLink
+from softrdma.drivers.devd.daemon import Devd
+from softrdma.drivers.devd.proto import socket_path
 from softrdma.drivers.registry import DeviceRecord, ensure_state_dir
 from softrdma.errors import DeviceError
 
@@ -192,7 +194,7 @@ def test_malformed_control_messages_drop_only_their_client(running: Running) -> 
 
 _DAEMON = """
 import sys
-from softrdma.drivers.devd import Devd
+from softrdma.drivers.devd.daemon import Devd
 from softrdma.drivers.registry import DeviceRecord
 Devd(DeviceRecord("hd1", "lo", "roce", int(sys.argv[2])), sys.argv[1], idle_timeout=60,
      ips=["127.0.0.1"]).serve_forever()

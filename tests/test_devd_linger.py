@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from rdma_cm_harness import ROCE_DEV, make_state_dir
 
-from softrdma.drivers import devd, devd_client
+from softrdma.drivers.devd import client as devd_client
+from softrdma.drivers.devd import daemon as devd
 from softrdma.drivers.registry import Registry
 
 

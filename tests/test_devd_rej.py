@@ -12,7 +12,7 @@ import time
 import pytest
 from test_devd import LOCAL, Running, running, state, wait_for  # noqa: F401  (fixtures)
 
-from softrdma.drivers.cm_reject import REJ_BURST, REJ_PER_SECOND, RejLimiter
+from softrdma.drivers.devd.cm_reject import REJ_BURST, REJ_PER_SECOND, RejLimiter
 from softrdma.wire import cm as wcm
 from softrdma.wire.roce import udp_send_icrc
 

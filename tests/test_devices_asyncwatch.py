@@ -18,7 +18,7 @@ from wait_harness import StreamLines
 from softrdma import enums as e
 from softrdma.drivers import registry
 from softrdma.drivers.portwatch import PortState
-from softrdma.tools import asyncwatch, devices
+from softrdma.tools.ibverbs import asyncwatch, devices
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 

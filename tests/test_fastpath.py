@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from property_budget import examples
 
 from softrdma import enums as e
-from softrdma.drivers.devd_client import DevdLink
+from softrdma.drivers.devd.client import DevdLink
 from softrdma.ib.completer import Completer
 from softrdma.ib.port import Port, RxMeta
 from softrdma.ib.requester import Requester

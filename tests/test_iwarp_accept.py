@@ -20,7 +20,7 @@ from test_iwarp_tcp import Ep
 from wait_harness import wait_until
 
 from softrdma import verbs as v
-from softrdma.cm import iwconnect
+from softrdma.drivers import iwconnect
 from softrdma.wire import ddp, mpa
 
 IDLE = 100

@@ -26,9 +26,9 @@ from wait_harness import Capture
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.cm import iwconnect
+from softrdma.drivers import iwconnect
 from softrdma.iwarp.mpa_setup import MpaConfig
-from softrdma.tools import pcap_check
+from softrdma.tools.capture import pcap_check
 from softrdma.wire.pcap import PcapWriter
 
 ACC = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ)

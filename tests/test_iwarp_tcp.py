@@ -1,4 +1,4 @@
-"""iWARP through the verbs API over TCP on the loopback (softrdma.drivers.tcp_runtime / softrdma.cm.iwconnect).
+"""iWARP through the verbs API over TCP on the loopback (softrdma.drivers.tcp_runtime / softrdma.drivers.iwconnect).
 
 Same application code as for RoCE (PD, MR, CQ, QP, post_send, poll) on a Context opened
 with transport="iwarp"; QPs connected with softrdma.iwconnect.connect / listen. Covers every
@@ -23,7 +23,7 @@ from rdma_cm_harness import poll_wcs
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.cm import iwconnect
+from softrdma.drivers import iwconnect
 from softrdma.errors import InvalidArgument, NotSupported
 from softrdma.iwarp.mpa_setup import MpaConfig
 from softrdma.wire import ddp, mpa
@@ -338,7 +338,7 @@ def _sockets_drain(ctx: v.Context) -> None:
 
 
 def test_rc_pingpong_iwarp_loopback() -> None:
-    from softrdma.tools import pingpong
+    from softrdma.tools.ibverbs import pingpong
 
     p = __import__("argparse").ArgumentParser()
     pingpong.add_arguments(p, "rc")

@@ -24,12 +24,12 @@ from trace_harness import rc_pair, rc_send
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.cm import iwconnect
+from softrdma.drivers import iwconnect
 from softrdma.drivers.clock import VirtualClock
 from softrdma.drivers.fabric import Fabric
 from softrdma.tools import cli
-from softrdma.tools.ladder_draw import MissingMatplotlib, draw_ladder
-from softrdma.tools.ladder_events import Ladder, capture_events
+from softrdma.tools.capture.ladder_draw import MissingMatplotlib, draw_ladder
+from softrdma.tools.capture.ladder_events import Ladder, capture_events
 from softrdma.wire.pcap import PcapWriter, read_pcap
 from softrdma.wire.tcpstream import parse_tcp
 

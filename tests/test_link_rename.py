@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from softrdma.drivers.devd import socket_path
+from softrdma.drivers.devd.proto import socket_path
 from softrdma.drivers.registry import BUILTIN_DEVICE, DeviceRecord, Registry
 from softrdma.errors import DeviceError
-from softrdma.tools.link import cmd_link
+from softrdma.tools.admin.link import cmd_link
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 

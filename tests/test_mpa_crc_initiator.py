@@ -28,7 +28,7 @@ from device_harness import free_port
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.cm import iwconnect
+from softrdma.drivers import iwconnect
 from softrdma.drivers.registry import DeviceRecord, Registry
 from softrdma.errors import DeviceError, InvalidArgument
 from softrdma.iwarp.mpa_setup import (
@@ -38,8 +38,8 @@ from softrdma.iwarp.mpa_setup import (
     parse_on_off,
     with_device_crc,
 )
-from softrdma.tools import pcap_check
-from softrdma.tools.link import cmd_link
+from softrdma.tools.admin.link import cmd_link
+from softrdma.tools.capture import pcap_check
 
 TSHARK = shutil.which("tshark")
 ALL = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ)

@@ -1,4 +1,4 @@
-"""softrdma.tools.pcap_check: per-file summaries, failure lines and exit codes.
+"""softrdma.tools.capture.pcap_check: per-file summaries, failure lines and exit codes.
 
 The RoCE packet counts are checked against tshark's count of UDP 4791 frames, and the
 deliberately bad ICRC of host_peer_roce.pcap (captures README) must be the one failure.
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from softrdma.tools import pcap_check
+from softrdma.tools.capture import pcap_check
 from softrdma.wire import ib, roce
 from softrdma.wire.pcap import PcapRecord, PcapWriter, read_pcap
 
@@ -223,9 +223,9 @@ def test_iwarp_extension_point(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
         def results(self) -> tuple[int, int, list[str]]:
             return 5, 4, ["frame 3: bad MPA CRC"]
 
-    mod = types.ModuleType("softrdma.tools.pcap_check_iwarp")
+    mod = types.ModuleType("softrdma.tools.capture.pcap_check_iwarp")
     mod.IwarpChecker = FakeIwarpChecker  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "softrdma.tools.pcap_check_iwarp", mod)
+    monkeypatch.setitem(sys.modules, "softrdma.tools.capture.pcap_check_iwarp", mod)
     path = CAPTURES / "roce_ucmatose.pcap"
     rc, lines = _run([str(path)])
     assert rc == 1
@@ -236,9 +236,9 @@ def test_iwarp_extension_point(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
 
 def test_missing_iwarp_module_is_fine(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.undo()
-    monkeypatch.setitem(sys.modules, "softrdma.tools.pcap_check_iwarp", None)  # import fails
+    monkeypatch.setitem(sys.modules, "softrdma.tools.capture.pcap_check_iwarp", None)  # import fails
     with pytest.raises(ImportError):
-        import softrdma.tools.pcap_check_iwarp  # noqa: F401
+        import softrdma.tools.capture.pcap_check_iwarp  # noqa: F401
     checkers = pcap_check._checkers()
     assert [type(c).__name__ for c in checkers] == ["RoceChecker"]
 

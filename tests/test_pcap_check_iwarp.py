@@ -1,4 +1,4 @@
-"""The iWARP capture checker (softrdma.tools.pcap_check_iwarp, softrdma.wire.tcpstream).
+"""The iWARP capture checker (softrdma.tools.capture.pcap_check_iwarp, softrdma.wire.tcpstream).
 
 Oracles: the siw captures (every MPA frame and FPDU in them is good: tshark counts them
 and checks their CRC32c), the same captures with frames dropped or bytes flipped, and
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from softrdma.tools.pcap_check_iwarp import IwarpChecker
+from softrdma.tools.capture.pcap_check_iwarp import IwarpChecker
 from softrdma.wire import ddp, mpa
 from softrdma.wire.pcap import PcapRecord, PcapWriter, read_pcap
 from softrdma.wire.tcpstream import StreamData, StreamGap, TcpReassembler, parse_tcp
@@ -144,7 +144,7 @@ def test_lost_tail_is_unverifiable() -> None:
 
 
 def test_pcap_check_run_includes_iwarp(tmp_path: Path) -> None:
-    pc = pytest.importorskip("softrdma.tools.pcap_check")
+    pc = pytest.importorskip("softrdma.tools.capture.pcap_check")
     out = io.StringIO()
     path = CAPTURES / "iwarp_crc_rping.pcap"
     assert pc.run([str(path)], out) == 0
@@ -349,7 +349,7 @@ def test_parse_tcp_rejects_non_tcp_and_truncation() -> None:
 def test_verbose_prints_a_line_per_mpa_frame_and_fpdu(tmp_path: Path) -> None:
     """``pcap-check -v`` decodes iWARP as it does RoCE: one line per MPA frame and FPDU,
     with the RDMAP opcode, STag/TO or QN/MSN/MO, the lengths and the CRC."""
-    pc = pytest.importorskip("softrdma.tools.pcap_check")
+    pc = pytest.importorskip("softrdma.tools.capture.pcap_check")
     c = Conn(("10.0.0.1", 40000), ("10.0.0.2", 7174))
     c.handshake()
     c.send(0, mpa.MpaRequest.build(crc=True, user_data=b"hi").encode())

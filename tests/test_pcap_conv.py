@@ -1,4 +1,4 @@
-"""pcap-check's conversation checks (softrdma.tools.pcap_conv, pcap_oob) and its output.
+"""pcap-check's conversation checks (softrdma.tools.capture.pcap_conv, pcap_oob) and its output.
 
 Every real capture passes (tests/test_pcap_check.py); here each check is shown to fail,
 at the expected frame, on captures rewritten from the real ones with softrdma's own
@@ -24,13 +24,13 @@ from cm_harness import Pair
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.cm import qpctl
-from softrdma.cm.ibcm import ConnParams
-from softrdma.tools import pcap_check
-from softrdma.tools.pcap_conv import psn_delta
+from softrdma.ibcm import qpctl
+from softrdma.ibcm.agent import ConnParams
+from softrdma.tools.capture import pcap_check
+from softrdma.tools.capture.pcap_conv import psn_delta
+from softrdma.tools.ibverbs.pingpong import Dest as PpDest
+from softrdma.tools.ibverbs.pingpong import encode_dest
 from softrdma.tools.perftest.oob import Dest, encode_key
-from softrdma.tools.pingpong import Dest as PpDest
-from softrdma.tools.pingpong import encode_dest
 from softrdma.wire import cm as wcm
 from softrdma.wire import ib, roce
 from softrdma.wire.opcodes import OPTABLE

@@ -9,8 +9,8 @@ import io
 import struct
 from pathlib import Path
 
-from softrdma.tools import pcap_check
-from softrdma.tools.pcap_gso import split_gso
+from softrdma.tools.capture import pcap_check
+from softrdma.tools.capture.pcap_gso import split_gso
 from softrdma.wire import roce
 from softrdma.wire.pcap import PcapWriter
 

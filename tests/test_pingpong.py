@@ -18,8 +18,8 @@ import pytest
 from device_harness import free_port, reap
 
 from softrdma.errors import DecodeError, InvalidArgument
-from softrdma.tools import pingpong as pp
 from softrdma.tools.cli import main
+from softrdma.tools.ibverbs import pingpong as pp
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 

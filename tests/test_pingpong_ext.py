@@ -18,9 +18,9 @@ from softrdma import enums as e
 from softrdma import verbs as v
 from softrdma.compat.pyverbs.device import MAX_DM_SIZE as PYVERBS_MAX_DM_SIZE
 from softrdma.errors import StateError
-from softrdma.tools import pingpong as pp
-from softrdma.tools import pingpong_ext as ext
 from softrdma.tools.cli import main
+from softrdma.tools.ibverbs import pingpong as pp
+from softrdma.tools.ibverbs import pingpong_ext as ext
 
 
 @pytest.fixture

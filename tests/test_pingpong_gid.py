@@ -13,7 +13,7 @@ import pytest
 from device_harness import free_port, private_device
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
-# uc/ud-pingpong share rc-pingpong's code (tools/pingpong.py)
+# uc/ud-pingpong share rc-pingpong's code (tools/ibverbs/pingpong.py)
 TOOLS = ("rc-pingpong", "srq-pingpong", "xsrq-pingpong")
 
 

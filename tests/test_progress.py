@@ -5,7 +5,7 @@
 * :class:`VirtualTimer`: only the earliest deadline is armed on the virtual clock;
 * the RoCE :class:`Runtime`'s four progress modes, chosen from the link and ``mode``;
 * the iWARP :class:`TcpRuntime`: composed, not a ``Runtime``; connection setup
-  (:mod:`softrdma.cm.iwconnect`) waits on events: no sleeps, a closed listener wakes its
+  (:mod:`softrdma.drivers.iwconnect`) waits on events: no sleeps, a closed listener wakes its
   waiter at once, and it works with manual progress on both sides.
 """
 
@@ -22,7 +22,7 @@ import pytest
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.cm import iwconnect
+from softrdma.drivers import iwconnect
 from softrdma.drivers import progress as pg
 from softrdma.drivers.clock import VirtualClock
 from softrdma.drivers.fabric import Fabric

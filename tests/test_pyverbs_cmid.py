@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from device_harness import free_port, private_device
 
-from softrdma.tools.pyverbs_run import shim_env
+from softrdma.tools.suites.pyverbs_run import shim_env
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 PROG = str(Path(__file__).resolve().parent / "data" / "pyverbs_cm_pingpong.py")

@@ -16,9 +16,9 @@ import pytest
 from device_harness import private_device
 
 from softrdma.compat import DEVICE_ENV, SHIM_DIR
-from softrdma.tools import rdma_core_tests as rct
-from softrdma.tools import sysfs_ns
-from softrdma.tools.pyverbs_run import SOFTRDMA_ROOT, shim_env
+from softrdma.tools.suites import rdma_core_tests as rct
+from softrdma.tools.suites import sysfs_ns
+from softrdma.tools.suites.pyverbs_run import SOFTRDMA_ROOT, shim_env
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 

@@ -1,5 +1,5 @@
 """``softrdma rdma-core-tests --hugepages N``: the 2 MiB huge-page pool is raised for the
-run and given back after (softrdma.tools.hugepages), so rdma-core's huge-page MR tests
+run and given back after (softrdma.tools.suites.hugepages), so rdma-core's huge-page MR tests
 (test_odp, test_parent_domain) run instead of skipping."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from softrdma.tools import hugepages
+from softrdma.tools.suites import hugepages
 
 
 def test_pool_raised_inside_and_restored_after(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """rdma-core's rdma_cm tests on softrdma (issue 14): ``softrdma rdma-core-tests`` runs
 the suite, as root, in a private mount namespace where softrdma's devices appear under
-``/sys/class/infiniband/<dev>/device/net/<iface>`` (``softrdma.tools.sysfs_ns``); the
+``/sys/class/infiniband/<dev>/device/net/<iface>`` (``softrdma.tools.suites.sysfs_ns``); the
 host's ``/sys/class`` is untouched; without root the report says why those tests skip."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from device_harness import private_device
 
-from softrdma.tools import rdma_core_tests as rct
-from softrdma.tools import sysfs_ns
+from softrdma.tools.suites import rdma_core_tests as rct
+from softrdma.tools.suites import sysfs_ns
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 ROOT = os.geteuid() == 0

@@ -17,7 +17,7 @@ import pytest
 from softrdma.drivers import netdev, registry
 from softrdma.drivers.registry import BUILTIN_DEVICE, DeviceRecord, Registry, ib_mtu_for
 from softrdma.errors import DeviceError, InvalidArgument
-from softrdma.tools.link import cmd_link
+from softrdma.tools.admin.link import cmd_link
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
@@ -313,7 +313,7 @@ def test_link_errors(args: tuple[str, ...], rc: int, msg: str) -> None:
 def test_link_module_entry_point(state: Path) -> None:
     env = dict(os.environ, PYTHONPATH=SRC, SOFTRDMA_STATE_DIR=str(state))
     p = subprocess.run(
-        [sys.executable, "-m", "softrdma.tools.link", "add", "m0", "netdev", "nosuchif0"],
+        [sys.executable, "-m", "softrdma.tools.admin.link", "add", "m0", "netdev", "nosuchif0"],
         capture_output=True, text=True, env=env, timeout=20,
     )  # fmt: skip
     assert p.returncode == 1

@@ -20,14 +20,15 @@ from wait_harness import wait_until
 from softrdma import enums as e
 from softrdma import verbs as v
 from softrdma.cm import rdma_cm as cm
-from softrdma.drivers.devd import Devd, DevdLink
-from softrdma.drivers.devd_proto import OP_REPORT_RESOURCES, REP, REQ
+from softrdma.drivers.devd.client import DevdLink
+from softrdma.drivers.devd.daemon import Devd
+from softrdma.drivers.devd.proto import OP_REPORT_RESOURCES, REP, REQ
 from softrdma.drivers.registry import DeviceRecord
 from softrdma.errors import InvalidArgument
 from softrdma.ib.port import Port
 from softrdma.ib.qp import EngineQP
+from softrdma.tools.admin.res import format_lines
 from softrdma.tools.cli import main
-from softrdma.tools.res import format_lines
 
 RC = int(e.IBV_QPT_RC)
 ALL = int(e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ | e.IBV_ACCESS_LOCAL_WRITE)
@@ -180,7 +181,7 @@ def test_the_largest_snapshot_fits_a_report() -> None:
     """More objects than a report carries: the snapshot is cut at MAX_OBJECTS each, with
     the rest counted, and still fits one control record (else devd would get none)."""
     from softrdma.drivers.clock import VirtualClock
-    from softrdma.drivers.devd_proto import MAX_CTRL
+    from softrdma.drivers.devd.proto import MAX_CTRL
     from softrdma.drivers.fabric import Fabric
     from softrdma.drivers.resources import MAX_OBJECTS, port_resources
 

@@ -1,4 +1,4 @@
-"""The direct receive path of a shared device (drivers/reuseport.py, design.md "Devices
+"""The direct receive path of a shared device (drivers/devd/reuseport.py, design.md "Devices
 shared by processes"): the classic BPF program, its attachment to a real reuseport group,
 the daemon's mirror of the kernel's socket array through joins, leaves and deaths, and
 datagrams reaching the owner of their DestQP without devd forwarding them. All traffic is
@@ -20,11 +20,10 @@ import pytest
 from test_devd import Running
 from wait_harness import wait_until
 
-from softrdma.drivers import devd_client
-from softrdma.drivers.devd import Devd, DevdLink
-from softrdma.drivers.link import Datagram
-from softrdma.drivers.registry import DeviceRecord
-from softrdma.drivers.reuseport import (
+from softrdma.drivers.devd import client as devd_client
+from softrdma.drivers.devd.client import DevdLink
+from softrdma.drivers.devd.daemon import Devd
+from softrdma.drivers.devd.reuseport import (
     BPF_MAXINSNS,
     SLOT_LAST,
     Group,
@@ -34,6 +33,8 @@ from softrdma.drivers.reuseport import (
     slot_of,
     slot_range,
 )
+from softrdma.drivers.link import Datagram
+from softrdma.drivers.registry import DeviceRecord
 from softrdma.drivers.udp import UdpLink
 from softrdma.errors import DeviceError, InvalidArgument
 

@@ -1,4 +1,4 @@
-"""Processes on one shared device with the direct receive path (drivers/reuseport.py): a
+"""Processes on one shared device with the direct receive path (drivers/devd/reuseport.py): a
 client killed with SIGKILL mid-traffic does not take the device down for the others, and
 their data never goes through devd. rc-pingpong pairs in subprocesses, on a private
 device (lo, a free UDP port, a private state directory)."""
@@ -17,7 +17,7 @@ import pytest
 from device_harness import SRC, free_port, reap
 from wait_harness import wait_until
 
-from softrdma.drivers.devd import DevdLink
+from softrdma.drivers.devd.client import DevdLink
 from softrdma.drivers.registry import Registry
 
 NAME = "rpdeath"

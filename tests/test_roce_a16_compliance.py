@@ -51,12 +51,12 @@ from test_static_rate import test_ud_ah_static_rate_is_kept as _ud_rate
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.cm.ibcm import CmConfig
 from softrdma.drivers.clock import VirtualClock
 from softrdma.drivers.fabric import Fabric
 from softrdma.drivers.runtime import Runtime, icrc_v2
 from softrdma.errors import InvalidArgument, NotSupported
 from softrdma.ib.port import RxMeta
+from softrdma.ibcm.agent import CmConfig
 from softrdma.seam.counters import DropReason
 from softrdma.verbs.ah import ethernet_priority
 from softrdma.verbs.device import _ENGINE_EVENTS, PORT_CAP_FLAGS

@@ -26,14 +26,14 @@ from test_verbs_data import UD, Side, connect
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.cm.ibcm import ConnParams
 from softrdma.drivers import netdev, rawether
 from softrdma.drivers.clock import VirtualClock
-from softrdma.drivers.devd_v1 import V1_VERSION, send_reversible_v1, v1_datagram
+from softrdma.drivers.devd.v1 import V1_VERSION, send_reversible_v1, v1_datagram
 from softrdma.drivers.fabric import Fabric, FabricLink
 from softrdma.drivers.link import Datagram, gid_entries
 from softrdma.errors import DecodeError, DeviceError, InvalidArgument
-from softrdma.tools import pcap_check
+from softrdma.ibcm.agent import ConnParams
+from softrdma.tools.capture import pcap_check
 from softrdma.wire import ib, roce, rocev1
 from softrdma.wire.cm import CmAttr, RejReason
 from softrdma.wire.pcap import LINKTYPE_ETHERNET, PcapWriter

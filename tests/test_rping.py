@@ -28,9 +28,9 @@ from wait_harness import StreamLines
 
 from softrdma import enums as e
 from softrdma.cm import rdma_cm as rc
-from softrdma.tools import rping_run
 from softrdma.tools.cli import build_parser
-from softrdma.tools.rping import RPING_MIN_BUFSIZE, ping_pattern
+from softrdma.tools.rdmacm import rping_run
+from softrdma.tools.rdmacm.rping import RPING_MIN_BUFSIZE, ping_pattern
 
 CAPTURES = Path("/work/shared/captures")
 

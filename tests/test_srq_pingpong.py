@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from device_harness import free_port, private_device
 
-from softrdma.tools import srq_pingpong as sp
-from softrdma.tools.pingpong import MSG_LEN, Dest, decode_dest, encode_dest
+from softrdma.tools.ibverbs import srq_pingpong as sp
+from softrdma.tools.ibverbs.pingpong import MSG_LEN, Dest, decode_dest, encode_dest
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 

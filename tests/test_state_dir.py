@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from softrdma.drivers.devd import Devd
+from softrdma.drivers.devd.daemon import Devd
 from softrdma.drivers.registry import DeviceRecord, Registry, ensure_state_dir
 from softrdma.errors import DeviceError
-from softrdma.tools.link import cmd_link
+from softrdma.tools.admin.link import cmd_link
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
 

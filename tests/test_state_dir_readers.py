@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from softrdma import verbs as v
-from softrdma.drivers.devd import DevdLink
+from softrdma.drivers.devd.client import DevdLink
 from softrdma.drivers.registry import DeviceRecord, Registry
 from softrdma.errors import DeviceError
-from softrdma.tools.link import cmd_link
+from softrdma.tools.admin.link import cmd_link
 
 PLANTED = {"version": 1,
            "devices": [{"name": "evil0", "netdev": "lo", "type": "roce", "udp_port": 4791}],
@@ -97,7 +97,7 @@ def shared_tmp() -> Iterator[Path]:
 _AS_USER = """
 import os, sys
 # loaded as root: the interpreter's own files may not be readable by the other user
-import softrdma.tools.cli as cli, softrdma.tools.devices, softrdma.verbs as v
+import softrdma.tools.cli as cli, softrdma.tools.ibverbs.devices, softrdma.verbs as v
 from softrdma.errors import DeviceError
 os.setgid({uid}); os.setgroups([]); os.setuid({uid})
 rc = cli.main(["devices"])  # softrdma devices

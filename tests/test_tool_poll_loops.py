@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from softrdma.tools import pingpong
+from softrdma.tools.ibverbs import pingpong
 from softrdma.tools.perftest import engine
 
 

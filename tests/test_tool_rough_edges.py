@@ -19,7 +19,9 @@ from device_harness import private_device
 from test_rping import _run_pair
 
 from softrdma.errors import InvalidArgument
-from softrdma.tools import cli, link, rping
+from softrdma.tools import cli
+from softrdma.tools.admin import link
+from softrdma.tools.rdmacm import rping
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 

@@ -114,7 +114,7 @@ def test_hex_and_octal_numbers_like_strtol(capsys: pytest.CaptureFixture[str]) -
 def test_pcap_check_dispatch(monkeypatch: pytest.MonkeyPatch,
                              capsys: pytest.CaptureFixture[str]) -> None:
     calls: list[list[str]] = []
-    fake = types.ModuleType("softrdma.tools.pcap_check")
+    fake = types.ModuleType("softrdma.tools.capture.pcap_check")
 
     kwargs: list[dict[str, object]] = []
 
@@ -124,7 +124,7 @@ def test_pcap_check_dispatch(monkeypatch: pytest.MonkeyPatch,
         return 3
 
     fake.run = fake_run  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "softrdma.tools.pcap_check", fake)
+    monkeypatch.setitem(sys.modules, "softrdma.tools.capture.pcap_check", fake)
     rc, _, _ = _run(["pcap-check", "a.pcap", "b.pcapng"], capsys)
     assert rc == 3 and calls == [["a.pcap", "b.pcapng"]]
     assert kwargs[-1] == {"udp_ports": (), "max_errors": 20, "verbose": False}
@@ -141,14 +141,14 @@ def test_pcap_check_dispatch(monkeypatch: pytest.MonkeyPatch,
 def test_link_dispatch_passes_arguments_in_order(monkeypatch: pytest.MonkeyPatch,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     calls: list[list[str]] = []
-    fake = types.ModuleType("softrdma.tools.link")
+    fake = types.ModuleType("softrdma.tools.admin.link")
 
     def cmd_link(args: list[str]) -> int:
         calls.append(args)
         return 0
 
     fake.cmd_link = cmd_link  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "softrdma.tools.link", fake)
+    monkeypatch.setitem(sys.modules, "softrdma.tools.admin.link", fake)
     for argv in (["link"], ["link", "add", "x", "netdev", "lo", "port", "5000"],
                  ["link", "-d"], ["link", "--help"], ["link", "show", "x", "-d"]):
         rc, _, _ = _run(argv, capsys)
@@ -158,8 +158,8 @@ def test_link_dispatch_passes_arguments_in_order(monkeypatch: pytest.MonkeyPatch
 
 
 @pytest.mark.parametrize("argv,module", [
-    (["pcap-check", "x.pcap"], "softrdma.tools.pcap_check"),
-    (["link", "show"], "softrdma.tools.link"),
+    (["pcap-check", "x.pcap"], "softrdma.tools.capture.pcap_check"),
+    (["link", "show"], "softrdma.tools.admin.link"),
 ])
 def test_missing_tool_module_is_one_line_error(argv: list[str], module: str,
                                                monkeypatch: pytest.MonkeyPatch,

@@ -23,7 +23,7 @@ from softrdma import verbs as v
 from softrdma.drivers.clock import VirtualClock
 from softrdma.drivers.fabric import Fabric
 from softrdma.errors import InvalidArgument
-from softrdma.tools import pcap_check
+from softrdma.tools.capture import pcap_check
 from softrdma.wire.pcap import read_pcap
 
 

@@ -20,12 +20,12 @@ from trace_harness import captured_trace, rc_pair, rc_send
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.cm import iwconnect
+from softrdma.drivers import iwconnect
 from softrdma.drivers.clock import VirtualClock
 from softrdma.drivers.fabric import Fabric
 from softrdma.drivers.tap_stream import MAX_SEGMENT, tcp_frame
 from softrdma.iwarp.mpa_setup import MpaConfig
-from softrdma.tools import pcap_check
+from softrdma.tools.capture import pcap_check
 from softrdma.wire.pcap import LINKTYPE_ETHERNET, read_pcap
 from softrdma.wire.tcpstream import parse_tcp
 

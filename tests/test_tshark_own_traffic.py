@@ -19,7 +19,7 @@ from softrdma import enums as e
 from softrdma import verbs as v
 from softrdma.drivers.clock import VirtualClock
 from softrdma.drivers.fabric import Fabric
-from softrdma.tools import pcap_check
+from softrdma.tools.capture import pcap_check
 
 W = e.ibv_wr_opcode
 TSHARK = shutil.which("tshark")

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from softrdma.drivers.devd import Devd, DevdLink
+from softrdma.drivers.devd.client import DevdLink
+from softrdma.drivers.devd.daemon import Devd
 from softrdma.drivers.link import Datagram, GsoLink
 from softrdma.drivers.registry import DeviceRecord
 

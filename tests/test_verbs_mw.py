@@ -11,7 +11,7 @@ from test_verbs_data import UD, FabricPair, Side
 from softrdma import enums as e
 from softrdma import verbs as v
 from softrdma.errors import InvalidArgument, NotSupported
-from softrdma.tools import devinfo
+from softrdma.tools.ibverbs import devinfo
 
 W = e.ibv_wr_opcode
 ACC_BIND = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ

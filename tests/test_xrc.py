@@ -21,7 +21,7 @@ from softrdma.drivers.fabric import Fabric
 from softrdma.errors import InvalidArgument
 from softrdma.ib.port import RxMeta
 from softrdma.ib.xrc import srq_table
-from softrdma.tools import pcap_check
+from softrdma.tools.capture import pcap_check
 from softrdma.wire import ib as wib
 from softrdma.wire.opcodes import OPCODES, Hdr, Transport
 from softrdma.wire.xrc import (

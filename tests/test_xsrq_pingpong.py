@@ -20,7 +20,7 @@ from wait_harness import wait_until
 
 from softrdma.drivers import registry
 from softrdma.errors import DecodeError
-from softrdma.tools import xsrq_pingpong as xp
+from softrdma.tools.ibverbs import xsrq_pingpong as xp
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 LINE = re.compile(r"^ +(local|remote): LID 0000, QPN RECV ([0-9a-f]{6}) SEND ([0-9a-f]{6}), "

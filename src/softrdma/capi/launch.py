@@ -142,7 +142,7 @@ def preload_env(library: Path, device: str | None = None,
 
 
 def sysfs_command(cmd: Sequence[str], stash: Path) -> list[str]:
-    """``cmd`` wrapped in the private mount namespace of ``softrdma.tools.sysfs_ns``
+    """``cmd`` wrapped in the private mount namespace of ``softrdma.tools.suites.sysfs_ns``
     (root): each device's ``/sys/class/infiniband`` entry (its netdev and RoCE v2 GIDs)
     and a ``/dev/infiniband/uverbsN`` node per device (``stash``: an empty directory)."""
     from ..verbs import get_device_list
@@ -157,7 +157,7 @@ def sysfs_command(cmd: Sequence[str], stash: Path) -> list[str]:
         if d.type == "roce" and roce_ver == "2":
             specs += [f"--gid={d.name},{i},2,{g.hex()}" for i, g in enumerate(gid_table(d.ips))]
     return ["unshare", "--mount", "--propagation", "private", "--", sys.executable, "-m",
-            "softrdma.tools.sysfs_ns", f"--stash={stash}", f"--uverbs={max(1, len(devices))}",
+            "softrdma.tools.suites.sysfs_ns", f"--stash={stash}", f"--uverbs={max(1, len(devices))}",
             *specs, "--", *cmd]
 
 

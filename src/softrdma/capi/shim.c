@@ -447,7 +447,7 @@ static int sr_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr, struct 
  * left with its GIL held by a thread the child does not have. Around a fork by the
  * program (a thread without the GIL) this does what os.fork() does: take the GIL and
  * PyOS_BeforeFork() before, PyOS_AfterFork_Parent()/_Child() after, so softrdma's
- * handlers run (the child gives up the device links it inherited, drivers/devd_client.py)
+ * handlers run (the child gives up the device links it inherited, drivers/devd/client.py)
  * and the child can open devices of its own. A fork by Python itself (it holds the GIL)
  * is left to Python. */
 static __thread int sr_fork_held;

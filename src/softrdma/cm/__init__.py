@@ -2,21 +2,21 @@
 
 Modules:
 
-* :mod:`.state` -- the IBA 12.9 state machine as a table ``(state, input) -> (typed
-  action, next state)``, over the states and typed inputs of :mod:`.model`; the actions
-  live in :mod:`.establish` (REQ/REP/RTU), :mod:`.release` (REJ, DREQ/DREP, TimeWait),
-  :mod:`.mra_lap` (MRA, duplicates, LAP), :mod:`.retry` (timeouts) and :mod:`.sidr`;
-* :mod:`.ibcm` -- :class:`~.ibcm.CmAgent`, the sans-I/O CM of one port (MADs in, MADs
-  out, timers, queued events); :mod:`.cmid` -- :class:`~.cmid.IbCmId`, one connection
+* :mod:`softrdma.ibcm.state` -- the IBA 12.9 state machine as a table ``(state, input) -> (typed
+  action, next state)``, over the states and typed inputs of :mod:`softrdma.ibcm.model`; the actions
+  live in :mod:`softrdma.ibcm.establish` (REQ/REP/RTU), :mod:`softrdma.ibcm.release` (REJ, DREQ/DREP, TimeWait),
+  :mod:`softrdma.ibcm.mra_lap` (MRA, duplicates, LAP), :mod:`softrdma.ibcm.retry` (timeouts) and :mod:`softrdma.ibcm.sidr`;
+* :mod:`softrdma.ibcm.agent` -- :class:`~softrdma.ibcm.agent.CmAgent`, the sans-I/O CM of one port (MADs in, MADs
+  out, timers, queued events); :mod:`softrdma.ibcm.cmid` -- :class:`~softrdma.ibcm.cmid.IbCmId`, one connection
   (``struct ib_cm_id``; the rdma_cm-style id is :class:`.rdma_cm.CmId`);
-  :mod:`.params` -- what consumers pass and the RoCE guards (A16.5.2);
-* :mod:`.events` -- :class:`~.events.CmEvent` (librdmacm event names) and readable
+  :mod:`softrdma.ibcm.params` -- what consumers pass and the RoCE guards (A16.5.2);
+* :mod:`softrdma.ibcm.events` -- :class:`~softrdma.ibcm.events.CmEvent` (librdmacm event names) and readable
   rejections;
-* :mod:`.ipcm` -- the RDMA IP CM Service (Annex A11), server checks and client;
+* :mod:`softrdma.ibcm.ipcm` -- the RDMA IP CM Service (Annex A11), server checks and client;
 * :mod:`.hello` -- the iWARP-over-IB Hello/HelloReply dialect and the FlowC 0 stream;
-* :mod:`.sidr` -- Service ID Resolution for UD services (IBA 12.11);
-* :mod:`.qpctl` -- the QP transitions the CM makes;
-* :mod:`.gsi` -- :class:`~.gsi.CmBinding`, the agent on QP1 of a device (verbs
+* :mod:`softrdma.ibcm.sidr` -- Service ID Resolution for UD services (IBA 12.11);
+* :mod:`softrdma.ibcm.qpctl` -- the QP transitions the CM makes;
+* :mod:`softrdma.drivers.gsi` -- :class:`~softrdma.drivers.gsi.CmBinding`, the agent on QP1 of a device (verbs
   ``Context``), driven by the device runtime.
 
 Use (the rdma_cm-style layer sits on exactly this)::
@@ -31,10 +31,10 @@ Use (the rdma_cm-style layer sits on exactly this)::
     # client handler: ESTABLISHED | REJECTED (ev.reject.reason/.ip_cm/.text) | UNREACHABLE
     cid.disconnect()                                 # -> DISCONNECTED, then TIMEWAIT_EXIT
 
-The agent only queues events (typed, frozen :class:`~.events.CmEvent`); the binding
+The agent only queues events (typed, frozen :class:`~softrdma.ibcm.events.CmEvent`); the binding
 delivers them after the device lock is released (at the end of a consumer call, or from
 the virtual clock or the binding's event thread after MAD and timer processing), so a
 handler may call CM methods, create or destroy verbs objects, or block. Without a
-handler, events go to ``agent.events`` and :meth:`~.gsi.CmBinding.get_event` returns
+handler, events go to ``agent.events`` and :meth:`~softrdma.drivers.gsi.CmBinding.get_event` returns
 them.
 """

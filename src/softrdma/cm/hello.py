@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from .. import enums as e
 from .. import verbs as v
 from ..errors import DecodeError, InvalidArgument, StateError
+from ..ibcm.params import AcceptParams, ConnParams, DialectReject, ReqVerdict
 from ..wire.cm import RejReason
 from ..wire.gid import ip_to_gid
 from ..wire.ipcm import IpAddress
@@ -49,10 +50,9 @@ from ..wire.iwarp_ib import (
     iwarp_ib_service_id,
     parse_iwarp_ib_service_id,
 )
-from .params import AcceptParams, ConnParams, DialectReject, ReqVerdict
 
 if TYPE_CHECKING:
-    from .cmid import IbCmId
+    from ..ibcm.cmid import IbCmId
 
 __all__ = ["HelloDialect", "hello_listen", "hello_connect", "hello_accept", "SdpStream",
            "MID_DATA", "MID_MODE_CHANGE", "HELLO_CONSUMER_MAX", "HELLO_REPLY_CONSUMER_MAX"]

@@ -17,7 +17,7 @@ Applications connect by IP address and port; the same code runs over both transp
 
 Transports (the device found by :mod:`.rdma_devices` decides):
 
-* **RoCE**: the IB CM on QP1 (:mod:`.gsi`, IBA ch. 12) with the RDMA IP CM Service
+* **RoCE**: the IB CM on QP1 (:mod:`softrdma.drivers.gsi`, IBA ch. 12) with the RDMA IP CM Service
   (Annex A11): the REQ private data is the Table 1 IP CM header followed by the
   consumer's data, the Service ID ``0x0000000001 <protocol> <port>`` (Table 2, TCP 6 /
   UDP 17). The CM moves the QP RESET -> INIT -> RTR -> RTS (the active side on the REP,
@@ -49,18 +49,19 @@ from functools import partial
 from typing import Any
 
 from .. import verbs as v
+from ..drivers import iwconnect as iw
 from ..errors import InvalidArgument, SoftRdmaError, StateError
+from ..ibcm.cmid import IbCmId
+from ..ibcm.events import CmEvent, CmEventType, RejectInfo
+from ..ibcm.ipcm import IpCmClient, ip_listen
+from ..ibcm.params import AcceptParams
+from ..ibcm.qpctl import DEFAULT_ACCESS
+from ..ibcm.userqp import UserQp, cm_qp_attr
 from ..iwarp.mpa_setup import MpaConfig
 from ..verbs.ah import AHAttr, GlobalRoute
 from ..wire.gid import ip_to_gid
 from ..wire.ipcm import IPPROTO_TCP, IPPROTO_UDP, RDMA_UDP_QKEY, IpAddress
-from . import iwconnect as iw
 from . import rdma_res  # noqa: F401 - lists our ids for softrdma res show cm_id
-from .cmid import IbCmId
-from .events import CmEvent, CmEventType, RejectInfo
-from .ipcm import IpCmClient, ip_listen
-from .params import AcceptParams
-from .qpctl import DEFAULT_ACCESS
 from .rdma_devices import (
     OpenDevice,
     configure,
@@ -98,7 +99,6 @@ from .rdma_iwwatch import CONNECTING as _CONNECTING
 from .rdma_iwwatch import unwatch as _unwatch
 from .rdma_iwwatch import watch as _watch
 from .rdma_qpattr import qp_attr_of
-from .userqp import UserQp, cm_qp_attr
 
 __all__ = [
     "CmId", "EventChannel", "ConnParam", "UdParam", "RdmaCmEvent", "RdmaCmEventType",
@@ -242,7 +242,7 @@ class CmId:
 
     @property
     def iw_connection(self) -> Any:
-        """The iWARP connection (:mod:`.iwconnect`), the connecting marker, or None."""
+        """The iWARP connection (:mod:`softrdma.drivers.iwconnect`), the connecting marker, or None."""
         return self._iw_conn
 
     @property
@@ -402,7 +402,7 @@ class CmId:
 
     def _conn_qp(self, p: ConnParam, what: str) -> Any:
         """The id's QP, or (no QP, ``p.qp_num`` set) the application's own QP of that
-        number (librdmacm: ``conn_param.qp_num``; see :mod:`.userqp`)."""
+        number (librdmacm: ``conn_param.qp_num``; see :mod:`softrdma.ibcm.userqp`)."""
         if self.qp is not None or self.ps == RDMA_PS_UDP:
             return self.qp
         if not p.qp_num:

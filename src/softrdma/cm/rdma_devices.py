@@ -16,7 +16,7 @@ device with a link-local address. ``prefer`` narrows the choice: a device name, 
 iWARP device). The transport then comes from the device type.
 
 Like librdmacm, a device is opened once per process (one verbs ``Context``, and for RoCE
-one :class:`~softrdma.cm.gsi.CmBinding` on its QP1) and stays open until
+one :class:`~softrdma.drivers.gsi.CmBinding` on its QP1) and stays open until
 :func:`release_devices`.
 """
 
@@ -31,11 +31,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..drivers.gsi import CmBinding
 from ..errors import DeviceError, InvalidArgument
+from ..ibcm.params import CmConfig
 from ..verbs.device import IWARP_LOOPBACK, Context, get_device_list
 from ..wire.ipcm import IpAddress
-from .gsi import CmBinding
-from .params import CmConfig
 
 __all__ = ["DeviceEntry", "OpenDevice", "candidates", "find_device", "open_device",
            "release_devices", "configure", "Options", "options", "is_loopback"]

@@ -24,7 +24,7 @@ from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ClosedError
-from .events import RejectInfo
+from ..ibcm.events import RejectInfo
 
 if TYPE_CHECKING:
     from .rdma_cm import CmId

@@ -1,5 +1,5 @@
 """``rdma_init_qp_attr``'s answer as verbs objects: the CM's attributes for a QP that the
-application moves itself (:func:`softrdma.cm.userqp.cm_qp_attr`) become an
+application moves itself (:func:`softrdma.ibcm.userqp.cm_qp_attr`) become an
 ``ibv_qp_attr`` (:class:`softrdma.verbs.QPAttr`) and its ``ibv_qp_attr_mask``, ready for
 ``qp.modify(attr, mask)`` (librdmacm ``rdma_init_qp_attr`` + ``ibv_modify_qp``)."""
 

@@ -1,6 +1,6 @@
 """Port counters that outlive the processes counting them, as the kernel's do.
 
-A RoCE device's counters are summed by its devd (:mod:`.devd`, "Port counters of a
+A RoCE device's counters are summed by its devd (:mod:`softrdma.drivers.devd.daemon`, "Port counters of a
 shared device") and saved in ``<state_dir>/NAME.counters.json`` when devd exits; the next
 devd adds them back (:func:`saved_counters`). An iWARP device has no devd (each TCP
 connection belongs to the process that owns the QP), so each process publishes its own

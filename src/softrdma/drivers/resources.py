@@ -3,7 +3,7 @@
 iproute2's ``rdma resource show`` asks the kernel, which owns every QP, CQ, MR and PD;
 a softrdma device's objects live in the processes that use it, so each process sends
 its devd a snapshot of its own (:func:`port_resources`, the REPORT_RESOURCES request of
-:mod:`.devd_proto`) with its port counters, and devd answers ``softrdma res show`` with
+:mod:`softrdma.drivers.devd.proto`) with its port counters, and devd answers ``softrdma res show`` with
 every live process's last snapshot, tagged with the pid it got from the kernel
 (``SO_PEERCRED``) and that process's command name.
 
@@ -172,7 +172,7 @@ LOCK_WAIT = 0.2
 
 
 def report_objects(reporter: object, port: Port, lock: threading.Lock) -> None:
-    """Send ``reporter`` (a :class:`~.devd_client.DevdLink`) a snapshot of ``port``'s
+    """Send ``reporter`` (a :class:`~softrdma.drivers.devd.client.DevdLink`) a snapshot of ``port``'s
     objects if it changed since the last one. Best effort, as the counter reports: a busy
     engine (the lock not free within :data:`LOCK_WAIT`) or a daemon that went away skips
     this round."""

@@ -405,7 +405,7 @@ class Runtime:
         shorter), at most ``link.gso_limit`` of them and :data:`GSO_MAX_PAYLOAD` bytes.
         One DestQP per run: a receiver that coalesces the run (UDP GRO) hands it to one
         socket, which a shared device's reuseport program picks by the first packet's
-        DestQP (:mod:`.reuseport`). Segment ``i``
+        DestQP (:mod:`softrdma.drivers.devd.reuseport`). Segment ``i``
         leaves with IPv4 Identification ``i`` (Linux ``inet_gso_segment`` numbers the
         segments of a DF super-packet from its ID, 0 on an unconnected socket), so its
         ICRC is computed with ID ``i`` (IBA 7.8.1, Annex A17).

@@ -25,7 +25,7 @@ I/O of each connection (design.md, "Sans-I/O engines"):
   write side (the Terminate reaches the peer before the FIN, RFC 5040 §6.2.1 "graceful
   LLP teardown"), drain the read side until EOF or :data:`LINGER` seconds, close.
 
-Connection setup (:mod:`softrdma.cm.iwconnect`) waits on :attr:`TcpRuntime.changed`, a
+Connection setup (:mod:`softrdma.drivers.iwconnect`) waits on :attr:`TcpRuntime.changed`, a
 condition on the engine lock notified after every round of socket I/O, and hands a
 listening socket to :meth:`TcpRuntime.watch` so that new connections are accepted by
 whichever thread makes progress: no sleep-polling.

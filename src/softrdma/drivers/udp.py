@@ -209,7 +209,7 @@ class UdpLink:
     ``pool_idle`` seconds may be replaced when a new port is requested. ``ring``
     receive buffers of ``max_datagram`` bytes each back :meth:`recv_batch`.
     ``reuseport``: the receive socket joins the port's ``SO_REUSEPORT`` group (a shared
-    device's direct path, :mod:`.reuseport`).
+    device's direct path, :mod:`softrdma.drivers.devd.reuseport`).
     """
 
     def __init__(self, local_ip: str | bytes, port: int = ROCE_V2_UDP_PORT, *,

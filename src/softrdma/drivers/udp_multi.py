@@ -4,10 +4,10 @@
 
 A device's GIDs are its netdev's IP addresses (Annex A17),
 whether a process opens it through devd (which receives on every address,
-:mod:`softrdma.drivers.devd`) or in-process; :class:`MultiUdpLink` gives the in-process
+:mod:`softrdma.drivers.devd.daemon`) or in-process; :class:`MultiUdpLink` gives the in-process
 device the same table (``127.0.0.1`` and ``::1`` on ``lo``). Each address has its own
 socket bound to the device's port; sends leave from the first address of the destination's
-family, as a shared device's do (:class:`~softrdma.drivers.devd_client.DevdLink`).
+family, as a shared device's do (:class:`~softrdma.drivers.devd.client.DevdLink`).
 :meth:`fileno` is an ``epoll`` descriptor over every socket.
 """
 

@@ -3,7 +3,7 @@
 Guest: rxe's hardware counters (``rdma statistic show link rxe0/1``, the same values as
 ``/sys/class/infiniband/rxe0/ports/1/hw_counters``) before and after the case, and
 ``rdma res show qp`` after it. softrdma: the tool's exit status and output, and its
-device daemon's counters (``softrdma.drivers.devd.STAT_NAMES``) before and after.
+device daemon's counters (``softrdma.drivers.devd.daemon.STAT_NAMES``) before and after.
 
 Rules, each a named finding:
 

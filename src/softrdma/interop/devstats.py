@@ -2,7 +2,7 @@
 
 Run inside the suite's namespace with the suite's ``SOFTRDMA_STATE_DIR``: it connects
 to the device's devd without starting one (``spawn=False``) and prints
-``{"rx": N, ...}`` (:data:`softrdma.drivers.devd.STAT_NAMES`); exit status 1 with one
+``{"rx": N, ...}`` (:data:`softrdma.drivers.devd.daemon.STAT_NAMES`); exit status 1 with one
 line on stderr when no devd answers."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 
-from ..drivers.devd import DevdLink
+from ..drivers.devd.client import DevdLink
 from ..drivers.registry import Registry
 from ..errors import SoftRdmaError
 

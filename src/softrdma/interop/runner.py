@@ -89,7 +89,7 @@ class Suite:
         self.lab.open_ssh(self.n)
         self.host.up(self.opts.python)
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        cp = self.host.run([self.opts.python, "-m", "softrdma.drivers.devd", "ilab",
+        cp = self.host.run([self.opts.python, "-m", "softrdma.drivers.devd.daemon", "ilab",
                             "--state-dir", str(self.host.state_dir), "--idle-timeout",
                             str(DEVD_IDLE), "--daemonize"], timeout=60.0)
         if cp.returncode != 0:

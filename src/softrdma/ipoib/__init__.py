@@ -10,5 +10,5 @@ connected mode; docs/protocols.md §10).
 * :mod:`.conn` -- the IPoIB-CM connections (REQ crossing §3.3, MTU §5.1);
 * :mod:`.iface` -- the interface engine; :mod:`.events` -- its outputs.
 
-The driver (TUN device, verbs, IB CM) is :mod:`softrdma.drivers.ipoib_runtime`.
+The driver (TUN device, verbs, IB CM) is :mod:`softrdma.apps.ipoib_runtime`.
 """

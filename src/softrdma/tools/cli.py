@@ -3,32 +3,32 @@
 Subcommands and where they live:
 
 =================  =====================================================================
-``devinfo``        :mod:`softrdma.tools.devinfo` (``ibv_devinfo``)
-``devices``        :mod:`softrdma.tools.devices` (``ibv_devices``)
-``asyncwatch``     :mod:`softrdma.tools.asyncwatch` (``ibv_asyncwatch``)
-``srq-pingpong``   :mod:`softrdma.tools.srq_pingpong` (``ibv_srq_pingpong``)
-``xsrq-pingpong``  :mod:`softrdma.tools.xsrq_pingpong` (``ibv_xsrq_pingpong``)
-``rc-pingpong``    :mod:`softrdma.tools.pingpong` (``ibv_rc_pingpong``)
-``uc-pingpong``    :mod:`softrdma.tools.pingpong` (``ibv_uc_pingpong``)
-``ud-pingpong``    :mod:`softrdma.tools.pingpong` (``ibv_ud_pingpong``)
+``devinfo``        :mod:`softrdma.tools.ibverbs.devinfo` (``ibv_devinfo``)
+``devices``        :mod:`softrdma.tools.ibverbs.devices` (``ibv_devices``)
+``asyncwatch``     :mod:`softrdma.tools.ibverbs.asyncwatch` (``ibv_asyncwatch``)
+``srq-pingpong``   :mod:`softrdma.tools.ibverbs.srq_pingpong` (``ibv_srq_pingpong``)
+``xsrq-pingpong``  :mod:`softrdma.tools.ibverbs.xsrq_pingpong` (``ibv_xsrq_pingpong``)
+``rc-pingpong``    :mod:`softrdma.tools.ibverbs.pingpong` (``ibv_rc_pingpong``)
+``uc-pingpong``    :mod:`softrdma.tools.ibverbs.pingpong` (``ibv_uc_pingpong``)
+``ud-pingpong``    :mod:`softrdma.tools.ibverbs.pingpong` (``ibv_ud_pingpong``)
 ``demo``           :mod:`softrdma.tools.demo` (loopback tour of the RC operations)
-``rping``          :mod:`softrdma.tools.rping` (flags), :mod:`~softrdma.tools.rping_run` (librdmacm's ``rping``, RoCE or iWARP)
-``udaddy``         :mod:`softrdma.tools.udaddy` (librdmacm's ``udaddy``: UD over SIDR)
-``ucmatose``       :mod:`softrdma.tools.ucmatose` (librdmacm's ``ucmatose``)
-``mckey``          :mod:`softrdma.tools.mckey` (librdmacm's ``mckey``: rdma_cm multicast)
-``rdma-server``    :mod:`softrdma.tools.rdma_server` (librdmacm's ``rdma_server`` example)
-``rdma-client``    :mod:`softrdma.tools.rdma_server` (librdmacm's ``rdma_client`` example)
-``pcap-check``     ``softrdma.tools.pcap_check.run(paths) -> int``
-``ladder``         :mod:`softrdma.tools.ladder` (ladder diagram and PSN plot of a capture)
-``link``           ``softrdma.tools.link.cmd_link(args) -> int``
-``pyverbs``        :mod:`softrdma.tools.pyverbs_run` (run a pyverbs program on softrdma)
+``rping``          :mod:`softrdma.tools.rdmacm.rping` (flags), :mod:`~softrdma.tools.rdmacm.rping_run` (librdmacm's ``rping``, RoCE or iWARP)
+``udaddy``         :mod:`softrdma.tools.rdmacm.udaddy` (librdmacm's ``udaddy``: UD over SIDR)
+``ucmatose``       :mod:`softrdma.tools.rdmacm.ucmatose` (librdmacm's ``ucmatose``)
+``mckey``          :mod:`softrdma.tools.rdmacm.mckey` (librdmacm's ``mckey``: rdma_cm multicast)
+``rdma-server``    :mod:`softrdma.tools.rdmacm.rdma_server` (librdmacm's ``rdma_server`` example)
+``rdma-client``    :mod:`softrdma.tools.rdmacm.rdma_server` (librdmacm's ``rdma_client`` example)
+``pcap-check``     ``softrdma.tools.capture.pcap_check.run(paths) -> int``
+``ladder``         :mod:`softrdma.tools.capture.ladder` (ladder diagram and PSN plot of a capture)
+``link``           ``softrdma.tools.admin.link.cmd_link(args) -> int``
+``pyverbs``        :mod:`softrdma.tools.suites.pyverbs_run` (run a pyverbs program on softrdma)
 ``run``            :mod:`softrdma.capi.launch` (run a C libibverbs program on softrdma)
-``rdma-core-tests`` :mod:`softrdma.tools.rdma_core_tests` (rdma-core's pyverbs test suite)
-``stats``          :mod:`softrdma.tools.stats` (``rdma statistic``: port counters)
-``res``            :mod:`softrdma.tools.res` (``rdma resource``: QPs, CQs, MRs, PDs; QP counters)
+``rdma-core-tests`` :mod:`softrdma.tools.suites.rdma_core_tests` (rdma-core's pyverbs test suite)
+``stats``          :mod:`softrdma.tools.admin.stats` (``rdma statistic``: port counters)
+``res``            :mod:`softrdma.tools.admin.res` (``rdma resource``: QPs, CQs, MRs, PDs; QP counters)
 ``write-bw`` ...   :mod:`softrdma.tools.perftest` (perftest's ``ib_write_bw``, ``ib_read_bw``,
                    ``ib_send_bw``, ``ib_atomic_bw`` and the ``*_lat`` tools)
-``ipoib``          :mod:`softrdma.tools.ipoib` (IP over InfiniBand on a TUN interface)
+``ipoib``          :mod:`softrdma.tools.admin.ipoib` (IP over InfiniBand on a TUN interface)
 ``interop``        :mod:`softrdma.interop.cli` (the live suite against Linux rxe/siw)
 =================  =====================================================================
 
@@ -106,32 +106,32 @@ def _runs(module: str, command: str) -> Callable[[argparse.Namespace], int]:
 
 def _pingpong(kind: str) -> Callable[[argparse.Namespace], int]:
     def handler(args: argparse.Namespace) -> int:
-        return int(_tool("softrdma.tools.pingpong", f"{kind}-pingpong", "run")(kind, args))
+        return int(_tool("softrdma.tools.ibverbs.pingpong", f"{kind}-pingpong", "run")(kind, args))
     return handler
 
 
 def _cmd_mckey(args: argparse.Namespace) -> int:
-    return int(_tool("softrdma.tools.mckey", "mckey", "run")(args))
+    return int(_tool("softrdma.tools.rdmacm.mckey", "mckey", "run")(args))
 
 
 def _rdma_example(name: str) -> Callable[[argparse.Namespace], int]:
     def handler(args: argparse.Namespace) -> int:
-        return int(_tool("softrdma.tools.rdma_server", name, "run")(name, args))
+        return int(_tool("softrdma.tools.rdmacm.rdma_server", name, "run")(name, args))
     return handler
 
 
 def _cmd_pcap_check(args: argparse.Namespace) -> int:
-    run = _tool("softrdma.tools.pcap_check", "pcap-check", "run")
+    run = _tool("softrdma.tools.capture.pcap_check", "pcap-check", "run")
     return int(run(list(args.files), udp_ports=tuple(args.udp_port),
                    max_errors=args.max_errors, verbose=args.verbose))
 
 
 def _cmd_link(args: argparse.Namespace) -> int:
-    return int(_tool("softrdma.tools.link", "link", "cmd_link")(list(args.rest)))
+    return int(_tool("softrdma.tools.admin.link", "link", "cmd_link")(list(args.rest)))
 
 
 def _cmd_xsrq_pingpong(args: argparse.Namespace) -> int:
-    return int(_tool("softrdma.tools.xsrq_pingpong", "xsrq-pingpong", "run")(args))
+    return int(_tool("softrdma.tools.ibverbs.xsrq_pingpong", "xsrq-pingpong", "run")(args))
 
 
 def _perftest(name: str) -> Callable[[argparse.Namespace], int]:
@@ -141,7 +141,7 @@ def _perftest(name: str) -> Callable[[argparse.Namespace], int]:
 
 
 def _cmd_ipoib(args: argparse.Namespace) -> int:
-    return int(_tool("softrdma.tools.ipoib", "ipoib", "main")(list(args.rest)))
+    return int(_tool("softrdma.tools.admin.ipoib", "ipoib", "main")(list(args.rest)))
 
 
 # -- parser ----------------------------------------------------------------------------
@@ -192,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_tool_args(args_module or module, sub, *extra)
         sub.set_defaults(handler=_runs(module, name))
 
-    tool("devinfo", "softrdma.tools.devinfo",
+    tool("devinfo", "softrdma.tools.ibverbs.devinfo",
          help="print device and port attributes (ibv_devinfo)",
          description="Print the attributes of softrdma devices, like "
          "ibv_devinfo.")
@@ -204,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
             f"(ibv_{kind}_pingpong)",
             description=f"ibv_{kind}_pingpong: without SERVERNAME start a server and wait; "
             f"with it, connect to that server. Interoperates with the real ibv_{kind}_pingpong.")
-        _add_tool_args("softrdma.tools.pingpong", p, kind)
+        _add_tool_args("softrdma.tools.ibverbs.pingpong", p, kind)
         p.set_defaults(handler=_pingpong(kind))
 
     tool("demo", "softrdma.tools.demo",
@@ -213,21 +213,21 @@ def build_parser() -> argparse.ArgumentParser:
          description="Two endpoints in this process on one device, an RC "
          "connection between them, every RC operation checked.")
 
-    tool("rping", "softrdma.tools.rping_run", args_module="softrdma.tools.rping",
+    tool("rping", "softrdma.tools.rdmacm.rping_run", args_module="softrdma.tools.rdmacm.rping",
          help="RDMA ping over an rdma_cm connection (librdmacm rping)",
          description="rping: -s serves, -c -a ADDR connects; the server RDMA READs "
          "the client's ping data and RDMA WRITEs it back. RoCE (IB CM + A11) by "
          "default, --transport iwarp for TCP + MPA.")
 
-    tool("udaddy", "softrdma.tools.udaddy", args_module="softrdma.tools.cmargs", extra=("udaddy",),
+    tool("udaddy", "softrdma.tools.rdmacm.udaddy", args_module="softrdma.tools.rdmacm.cmargs", extra=("udaddy",),
          help="UD messages to a service resolved by rdma_cm "
          "(SIDR; librdmacm udaddy)",
          description="udaddy: without -s serve, with -s ADDR connect; the client's "
          "SIDR_REQ resolves the server's UD QP (RDMA_PS_UDP, Q_Key 0x01234567), "
          "then messages go both ways. Interoperates with rdma-core's udaddy.")
 
-    tool("ucmatose", "softrdma.tools.ucmatose",
-         args_module="softrdma.tools.cmargs", extra=("ucmatose",),
+    tool("ucmatose", "softrdma.tools.rdmacm.ucmatose",
+         args_module="softrdma.tools.rdmacm.cmargs", extra=("ucmatose",),
          help="RC connections and SENDs through rdma_cm "
          "(librdmacm ucmatose)",
          description="ucmatose: without -s serve, with -s ADDR connect; the server "
@@ -238,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "(librdmacm mckey)",
                    description="mckey: -m GROUP joins the group and receives -C messages; "
                    "with -s it sends them. Interoperates with rdma-core's mckey.")
-    _add_tool_args("softrdma.tools.cmflags", p, "mckey")
+    _add_tool_args("softrdma.tools.rdmacm.cmflags", p, "mckey")
     p.set_defaults(handler=_cmd_mckey)
 
     for name, role in (("rdma-server", "listen on -s ADDR -p PORT, accept one connection"),
@@ -248,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description=f"{name.replace('-', '_')}: {role}; one 16-byte SEND "
                        "each way over an RC QP made by rdma_create_ep. Interoperates with "
                        "rdma-core's rdma_server / rdma_client.")
-        _add_tool_args("softrdma.tools.cmflags", p, name)
+        _add_tool_args("softrdma.tools.rdmacm.cmflags", p, name)
         p.set_defaults(handler=_rdma_example(name))
 
     p = add_parser("pcap-check", help="check every RoCE/iWARP packet of pcap files "
@@ -266,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also treat UDP port N as RoCEv2 (a device configured off 4791)")
     p.set_defaults(handler=_cmd_pcap_check)
 
-    tool("ladder", "softrdma.tools.ladder",
+    tool("ladder", "softrdma.tools.capture.ladder",
          help="draw the ladder (sequence) diagram of a capture, and its PSN plot",
          description="One lane per endpoint (IP and QPN, or IP and TCP port for iWARP): "
          "CM and MPA messages, data (MIDDLE runs collapsed), ACK/NAK with syndrome and "
@@ -277,10 +277,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = add_parser("link", add_help=False, help="add, delete or show softrdma devices "
                         "(softrdma link --help)",
                         description="softrdma link [show [NAME]] | link add NAME netdev IFACE "
-                        "| link delete NAME; arguments go to softrdma.tools.link as they are.")
+                        "| link delete NAME; arguments go to softrdma.tools.admin.link as they are.")
     p.set_defaults(handler=_cmd_link, passthrough=True)
 
-    tool("pyverbs", "softrdma.tools.pyverbs_run",
+    tool("pyverbs", "softrdma.tools.suites.pyverbs_run",
          help="run a pyverbs program on softrdma "
          "(softrdma pyverbs -- python3 program.py)",
          description="Run COMMAND with softrdma's pyverbs compatibility layer first "
@@ -292,21 +292,21 @@ def build_parser() -> argparse.ArgumentParser:
          description="Run PROGRAM (dynamically linked, not setuid) with libibverbs "
          "interposed by softrdma's C interface, built on first use.")
 
-    tool("rdma-core-tests", "softrdma.tools.rdma_core_tests",
+    tool("rdma-core-tests", "softrdma.tools.suites.rdma_core_tests",
          help="run rdma-core's pyverbs test suite on a "
          "softrdma device", description="Install python3-pyverbs if needed, run "
          "rdma-core's tests through softrdma's pyverbs and print a table per file.")
 
-    tool("devices", "softrdma.tools.devices",
+    tool("devices", "softrdma.tools.ibverbs.devices",
          help="list the devices and their node GUIDs (ibv_devices)",
          description="List softrdma's devices as ibv_devices does.")
 
-    tool("asyncwatch", "softrdma.tools.asyncwatch",
+    tool("asyncwatch", "softrdma.tools.ibverbs.asyncwatch",
          help="print a device's asynchronous events "
          "(ibv_asyncwatch)", description="Open a device and print its port "
          "events (PORT_ERR, PORT_ACTIVE, GID_CHANGE) as ibv_asyncwatch does.")
 
-    tool("srq-pingpong", "softrdma.tools.srq_pingpong",
+    tool("srq-pingpong", "softrdma.tools.ibverbs.srq_pingpong",
          help="RC QPs sharing an SRQ ping-pong SENDs "
          "(ibv_srq_pingpong)", description="ibv_srq_pingpong: without SERVERNAME "
          "be the server and wait; with it, connect. Same flags, output and TCP "
@@ -317,7 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "SERVERNAME be the server and wait; with it, connect. XRC INI/TGT QPs "
                    "and an XRC SRQ per side; same flags, output and TCP exchange as the C "
                    "tool.")
-    _add_tool_args("softrdma.tools.xsrq_pingpong", p)
+    _add_tool_args("softrdma.tools.ibverbs.xsrq_pingpong", p)
     p.set_defaults(handler=_cmd_xsrq_pingpong)
 
     p = add_parser("stats", help="port counters: packets, bytes, retransmissions, RNR NAKs, "
@@ -334,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the counters again every SECONDS")
     p.add_argument("-n", "--count", type=int, default=None, metavar="COUNT",
                    help="with -w: stop after COUNT rounds")
-    p.set_defaults(handler=_runs("softrdma.tools.stats", "stats"))
+    p.set_defaults(handler=_runs("softrdma.tools.admin.stats", "stats"))
     p = add_parser("res", help="objects on the devices: QPs, CQs, MRs, PDs of every process "
                    "(rdma resource); per-QP counters",
                    description="softrdma res [show] [qp|cq|mr|pd] | res statistic [qp]: "
@@ -345,7 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-d", "--dev", metavar="DEV", default=None, help="only device DEV")
     p.add_argument("-j", "--json", action="store_true", help="JSON output")
     p.add_argument("-p", "--pretty", action="store_true", help="pretty JSON")
-    p.set_defaults(handler=_runs("softrdma.tools.res", "res"))
+    p.set_defaults(handler=_runs("softrdma.tools.admin.res", "res"))
     for name in PERFTEST_TOOLS:
         verb, tst = name.split("-")
         p = add_parser(name, help=f"perftest's ib_{verb}_{tst}: "

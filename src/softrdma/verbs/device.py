@@ -24,7 +24,7 @@ from typing import Self
 from .. import enums as e
 from ..drivers import netdev as _netdev
 from ..drivers import registry
-from ..drivers.devd import DevdLink
+from ..drivers.devd.client import DevdLink
 from ..drivers.dual import DualLink
 from ..drivers.link import CounterReporter, Link
 from ..drivers.portwatch import PortWatch

@@ -33,10 +33,10 @@ from typing import Any
 
 from softrdma.cm import rdma_cm as rc
 from softrdma.cm import rdma_devices, rdma_mcast
-from softrdma.cm.qpctl import DEFAULT_ACCESS
 from softrdma.cm.rdma_events import RdmaCmEventType as T
 from softrdma.compat import DEVICE_ENV
 from softrdma.errors import SoftRdmaError
+from softrdma.ibcm.qpctl import DEFAULT_ACCESS
 from softrdma.wire.ipcm import RDMA_UDP_QKEY
 
 from . import cm_enums as ce

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ...errors import DecodeError
-from ..oobconnect import connect_retrying
+from ..ibverbs.oobconnect import connect_retrying
 from ..waiting import connect_retry_s
 from .options import PerftestError
 

@@ -1,0 +1,612 @@
+"""The IPoIB process: a TUN device, a softrdma device, and the sans-I/O interface
+engine (:mod:`softrdma.ipoib.iface`) between them.
+
+One thread, one ``select`` loop over the TUN device, the device's link (manual
+progress: this loop runs the RDMA engine too), the control socket and a signal wake-up
+pipe. Resources, as Linux's ipoib driver has them:
+
+* one UD QP (Q_Key :data:`IPOIB_QKEY`, the interface's P_Key), its receive buffers of
+  GRH + IB MTU, attached to the broadcast/all-nodes/solicited-node groups;
+* connected mode: an SRQ of 64 KiB buffers shared by every RC/UC connection (Linux
+  ``ipoib_cm_create_srq``), one QP per connection set up through the IB CM on Service
+  ID ``0x1000000000000000 | UD QPN`` (RFC 4755 §3.5, see :mod:`softrdma.ipoib.hwaddr`);
+* a ring of 64 KiB send slots: a packet is read from the TUN device straight into a
+  slot behind room for the 4-byte encapsulation header, and posted from there.
+
+Control (``softrdma ipoib show/down``): :mod:`softrdma.drivers.ipoib_control`.
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import os
+import select
+import signal
+import sys
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .. import enums as e
+from .. import verbs as v
+from ..drivers.gsi import CmBinding
+from ..drivers.ipoib_control import ControlServer, control_path, usable_ipv6, wait_for_ipv6
+from ..drivers.tun import TunDevice
+from ..errors import DeviceError, InvalidArgument, SoftRdmaError
+from ..ibcm.agent import AcceptParams, ConnParams
+from ..ibcm.cmid import IbCmId
+from ..ibcm.events import CmEvent, CmEventType
+from ..ipoib.conn import IPOIB_CM_BUF_SIZE
+from ..ipoib.encap import ENCAP_LEN, encap_header
+from ..ipoib.events import (
+    ConnAccept,
+    ConnClose,
+    ConnOpen,
+    ConnReject,
+    ConnSend,
+    McastJoin,
+    McastLeave,
+    Output,
+    TunWrite,
+    UdSend,
+)
+from ..ipoib.hwaddr import service_id
+from ..ipoib.iface import Address, IfaceConfig, IpoibInterface, Mode
+from ..verbs.device import registered_devices
+from ..wire.cm import TransportServiceType
+from ..wire.gid import ip_to_gid, is_v4_mapped
+
+__all__ = ["IPOIB_QKEY", "IpoibRuntime", "RuntimeOptions"]
+
+IPOIB_QKEY = 0x0000000B      # the usual IPoIB broadcast-group Q_Key (RFC 4391; docs/protocols.md §10)
+GRH = 40                     # UD receive buffers start with the GRH area (IBA 11.4.1.2)
+SLOT = 1 << 16               # >= IPOIB_CM_BUF_SIZE
+SEND_SLOTS = 256
+UD_RECVS = 256
+SRQ_RECVS = 128
+CONN_SEND_WR = SEND_SLOTS  # one connection may hold every send slot
+CQ_SIZE = 2048
+POLL_BATCH = 64
+TUN_BATCH = 32
+MAX_WAIT_S = 0.5
+_WR_RECV_BASE = 1 << 32
+
+
+@dataclass(slots=True)
+class RuntimeOptions:
+    name: str
+    device: str | None
+    addresses: tuple[Address, ...]
+    mode: Mode = "connected"
+    pkey: int = 0xFFFF
+    mtu: int | None = None
+    transport: str = "RC"
+    crossing_rule: bool = True
+    gid_index: int | None = None
+    idle_s: float = 2 * 256.0
+
+
+@dataclass(slots=True)
+class _Conn:
+    qp: v.QP
+    cm_id: IbCmId
+    active: bool
+
+
+class IpoibRuntime:
+    """``softrdma ipoib up``: build everything, :meth:`run` until stopped, clean up."""
+
+    def __init__(self, opts: RuntimeOptions) -> None:
+        self.opts = opts
+        self._closers: list[Any] = []
+        self.tun: TunDevice | None = None
+        self._ctl: ControlServer | None = None
+        self._stop = False
+        self._cm_events: deque[CmEvent] = deque()
+        self._conns: dict[int, _Conn] = {}
+        self._by_qpn: dict[int, int] = {}
+        self._by_cmid: dict[int, int] = {}
+        self._requests: dict[int, IbCmId] = {}
+        self._tokens = 0
+        self._ahs: dict[bytes, v.AH] = {}
+        self._graveyard: list[v.QP] = []
+        self.cm: CmBinding | None = None
+        self.srq: v.SRQ | None = None
+        self.driver_counters = {"tx_no_slot": 0, "tun_write_errors": 0, "send_errors": 0,
+                                "recv_errors": 0}
+        try:
+            self._open()
+        except BaseException:
+            self.close()
+            raise
+
+    # ---- setup ---------------------------------------------------------------------
+    def _open(self) -> None:
+        o = self.opts
+        if o.gid_index is None:
+            self._await_ipv6(o.device)
+        ctx = v.Context(o.device, progress="manual")
+        self.ctx = ctx
+        self._closers.append(ctx)
+        gid_i = self._pick_gid(ctx, o.gid_index)
+        self.gid = ctx.port.gids[gid_i]
+        self.gid_index = gid_i
+        ib_mtu = 128 << ctx.active_mtu
+        if o.pkey not in ctx.port.pkeys:
+            # the device's table is per process: this interface's partition joins it
+            ctx.port.pkeys = (*ctx.port.pkeys, o.pkey)
+        pkey_index = list(ctx.port.pkeys).index(o.pkey)
+        # check the configuration before any QP exists (the UD QPN is filled in below)
+        IfaceConfig(gid=self.gid, ud_qpn=0, ud_mtu=ib_mtu - ENCAP_LEN, addresses=o.addresses,
+                    mode=o.mode, pkey=o.pkey, mtu=o.mtu, transport=o.transport)
+        self.pd = v.PD(ctx)
+        access = int(e.IBV_ACCESS_LOCAL_WRITE)
+        self._send_buf = bytearray(SEND_SLOTS * SLOT)
+        self.send_mr = v.MR(self.pd, len(self._send_buf), access, buffer=self._send_buf)
+        self._send_view = memoryview(self._send_buf)
+        self._free_slots = list(range(SEND_SLOTS - 1, -1, -1))
+        self._ud_slot = GRH + ib_mtu
+        self._ud_buf = bytearray(UD_RECVS * self._ud_slot)
+        self.ud_mr = v.MR(self.pd, len(self._ud_buf), access, buffer=self._ud_buf)
+        self._ud_view = memoryview(self._ud_buf)
+        self.cq = v.CQ(ctx, CQ_SIZE)
+        self.rc_rcq = v.CQ(ctx, CQ_SIZE)
+        cap = v.QPCap(max_send_wr=SEND_SLOTS, max_recv_wr=UD_RECVS, max_send_sge=1,
+                      max_recv_sge=1)
+        self.ud_qp = v.QP(self.pd, v.QPInitAttr(qp_type=e.IBV_QPT_UD, scq=self.cq,
+                                                rcq=self.cq, cap=cap))
+        self.ud_qp.modify(v.QPAttr(qp_state=e.IBV_QPS_INIT, pkey_index=pkey_index, port_num=1,
+                                   qkey=IPOIB_QKEY),
+                          int(e.IBV_QP_STATE | e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT
+                              | e.IBV_QP_QKEY))
+        self.ud_qp.modify(v.QPAttr(qp_state=e.IBV_QPS_RTR), int(e.IBV_QP_STATE))
+        self.ud_qp.modify(v.QPAttr(qp_state=e.IBV_QPS_RTS, sq_psn=0),
+                          int(e.IBV_QP_STATE | e.IBV_QP_SQ_PSN))
+        for i in range(UD_RECVS):
+            self._post_ud_recv(i)
+        if o.mode == "connected":
+            self.srq = v.SRQ(self.pd, v.SrqInitAttr(v.SrqAttr(max_wr=SRQ_RECVS, max_sge=1)))
+            self._srq_buf = bytearray(SRQ_RECVS * SLOT)
+            self.srq_mr = v.MR(self.pd, len(self._srq_buf), access, buffer=self._srq_buf)
+            self._srq_view = memoryview(self._srq_buf)
+            for i in range(SRQ_RECVS):
+                self._post_srq_recv(i)
+        cfg = IfaceConfig(gid=self.gid, ud_qpn=self.ud_qp.qp_num, ud_mtu=ib_mtu - ENCAP_LEN,
+                          addresses=o.addresses, mode=o.mode, pkey=o.pkey, mtu=o.mtu,
+                          transport=o.transport, crossing_rule=o.crossing_rule,
+                          receive_mtu=IPOIB_CM_BUF_SIZE, idle_s=o.idle_s)
+        self.engine = IpoibInterface(cfg)
+        if o.mode == "connected":
+            self.cm = CmBinding.attach(ctx)
+            self.listener = self.cm.agent.create_id(self._cm_event)
+            self.listener.listen(service_id(self.ud_qp.qp_num))
+        self.tun = TunDevice(o.name)
+        assert cfg.mtu is not None
+        self.tun.configure(cfg.mtu, self.engine.addresses)
+        self._ctl = ControlServer(control_path(o.name))
+        self.engine.start(time.monotonic())
+        self._execute(self.engine.take_output())
+
+    @staticmethod
+    def _await_ipv6(device: str | None) -> None:
+        """Give the device's netdev a few seconds to get a usable IPv6 address (started
+        right after the interface came up, duplicate address detection may still run),
+        saying so on stderr; :meth:`_pick_gid` then fails clearly if there is none."""
+        devs = registered_devices()
+        info = next((d for d in devs if device is None or d.name == device), None)
+        if info is None or not info.netdev or info.type != "roce":
+            return  # Context reports the missing device itself
+        wait_for_ipv6(info.netdev, note=lambda msg: print(f"softrdma ipoib: {msg}",
+                                                          file=sys.stderr, flush=True))
+
+    @staticmethod
+    def _pick_gid(ctx: v.Context, index: int | None) -> int:
+        """IPoIB groups are IPv6 multicast addresses on RoCEv2 (an MGID is its IP
+        group, Annex A17; docs/protocols.md), so the interface uses an IPv6 GID: the first global one,
+        else the link-local one."""
+        gids = ctx.port.gids
+        if index is not None:
+            if not 0 <= index < len(gids):
+                raise InvalidArgument("gid_index", f"{index} is not in 0..{len(gids) - 1}")
+            return index
+        v6 = [i for i, g in enumerate(gids) if not is_v4_mapped(g)]
+        glob = [i for i in v6 if gids[i][:2] != b"\xfe\x80"]
+        if glob or v6:
+            return (glob or v6)[0]
+        why = "give its netdev an IPv6 address"
+        late = usable_ipv6(ctx.netdev) if ctx.netdev else []
+        if late:  # a shared device's devd took the addresses before this one was usable
+            why = (f"{ctx.netdev} has {late[0]} now, but the device's GID table was made "
+                   "before it was usable (duplicate address detection); stop the programs "
+                   "using the device so that its devd restarts, then try again")
+        raise DeviceError(f"device {ctx.name!r} has no IPv6 GID: IPoIB's multicast groups are "
+                          f"IPv6 groups on RoCEv2, {why}")
+
+    # ---- buffers -------------------------------------------------------------------
+    def _post_ud_recv(self, i: int) -> None:
+        sge = v.SGE(self.ud_mr.addr + i * self._ud_slot, self._ud_slot, self.ud_mr.lkey)
+        self.ud_qp.post_recv(v.RecvWR(wr_id=_WR_RECV_BASE + i, sg=[sge], num_sge=1))
+
+    def _post_srq_recv(self, i: int) -> None:
+        assert self.srq is not None
+        sge = v.SGE(self.srq_mr.addr + i * SLOT, SLOT, self.srq_mr.lkey)
+        self.srq.post_recv(v.RecvWR(wr_id=_WR_RECV_BASE + i, sg=[sge], num_sge=1))
+
+    def _slot_for(self, etype: int, payload: bytes | memoryview) -> tuple[int, int] | None:
+        """A send slot holding encap + payload (copied unless it is already there)."""
+        n = len(payload)
+        if isinstance(payload, memoryview) and payload.obj is self._send_buf:
+            slot = self._read_slot
+            self._read_slot = -1
+            if slot < 0:
+                return None
+        else:
+            if not self._free_slots:
+                self.driver_counters["tx_no_slot"] += 1
+                return None
+            slot = self._free_slots.pop()
+            off = slot * SLOT
+            self._send_view[off + ENCAP_LEN:off + ENCAP_LEN + n] = payload
+        off = slot * SLOT
+        self._send_view[off:off + ENCAP_LEN] = encap_header(etype)
+        return slot, ENCAP_LEN + n
+
+    def _ah(self, gid: bytes) -> v.AH:
+        ah = self._ahs.get(gid)
+        if ah is None:
+            gr = v.GlobalRoute(dgid=v.GID(gid), sgid_index=self.gid_index, hop_limit=64)
+            ah = v.AH(self.pd, v.AHAttr(port_num=1, is_global=1, gr=gr))
+            if len(self._ahs) > 4096:
+                self._ahs.clear()
+            self._ahs[gid] = ah
+        return ah
+
+    # ---- outputs -------------------------------------------------------------------
+    def _execute(self, outputs: Sequence[Output]) -> None:
+        for o in outputs:
+            try:
+                self._do(o)
+            except SoftRdmaError as exc:
+                self.driver_counters["send_errors"] += 1
+                self._last_error = str(exc)
+
+    def _do(self, o: Output) -> None:
+        if isinstance(o, TunWrite):
+            if self.tun is not None and not self.tun.write(o.packet):
+                self.driver_counters["tun_write_errors"] += 1
+        elif isinstance(o, UdSend):
+            got = self._slot_for(o.ethertype, o.payload)
+            if got is None:
+                return
+            slot, n = got
+            wr = v.SendWR(wr_id=slot, sg=[v.SGE(self.send_mr.addr + slot * SLOT, n,
+                                                self.send_mr.lkey)], num_sge=1)
+            wr.set_wr_ud(self._ah(o.dest.gid), o.dest.qpn, IPOIB_QKEY)
+            self._post(self.ud_qp, wr, slot)
+        elif isinstance(o, ConnSend):
+            c = self._conns.get(o.conn_id)
+            got = self._slot_for(o.ethertype, o.payload) if c is not None else None
+            if c is None or got is None:
+                return
+            slot, n = got
+            wr = v.SendWR(wr_id=slot, sg=[v.SGE(self.send_mr.addr + slot * SLOT, n,
+                                                self.send_mr.lkey)], num_sge=1)
+            self._post(c.qp, wr, slot)
+        elif isinstance(o, ConnOpen):
+            self._open_conn(o)
+        elif isinstance(o, ConnAccept):
+            self._accept(o)
+        elif isinstance(o, ConnReject):
+            cid = self._requests.pop(o.token, None)
+            if cid is not None:
+                cid.reject(o.private_data, reason=o.reason)
+        elif isinstance(o, ConnClose):
+            self._drop_conn(o.conn_id, disconnect=True)
+        elif isinstance(o, McastJoin):
+            self.ud_qp.attach_mcast(v.GID(o.mgid))
+        elif isinstance(o, McastLeave):
+            self.ud_qp.detach_mcast(v.GID(o.mgid))
+
+    def _post(self, qp: v.QP, wr: v.SendWR, slot: int) -> None:
+        try:
+            qp.post_send(wr)
+        except SoftRdmaError:
+            self._free_slots.append(slot)
+            raise
+
+    def _new_qp(self, transport: str) -> v.QP:
+        assert self.srq is not None
+        qpt = e.IBV_QPT_RC if transport == "RC" else e.IBV_QPT_UC
+        cap = v.QPCap(max_send_wr=CONN_SEND_WR, max_recv_wr=1, max_send_sge=1, max_recv_sge=1)
+        return v.QP(self.pd, v.QPInitAttr(qp_type=qpt, scq=self.cq, rcq=self.rc_rcq,
+                                          srq=self.srq, cap=cap))
+
+    def _register(self, conn_id: int, qp: v.QP, cm_id: IbCmId, active: bool) -> None:
+        self._conns[conn_id] = _Conn(qp, cm_id, active)
+        self._by_qpn[qp.qp_num] = conn_id
+        self._by_cmid[id(cm_id)] = conn_id
+
+    def _open_conn(self, o: ConnOpen) -> None:
+        assert self.cm is not None
+        qp = self._new_qp(o.transport)
+        cm_id = self.cm.agent.create_id(self._cm_event)
+        self._register(o.conn_id, qp, cm_id, True)
+        try:
+            # Linux ipoib_cm_send_req: no retries of its own over a reliable fabric; we
+            # keep RNR retries unbounded since the SRQ may run dry under load.
+            cm_id.connect(qp, ConnParams(service_id=o.service_id, dgid=o.peer.gid,
+                                         sgid=self.gid, private_data=o.private_data,
+                                         responder_resources=0, initiator_depth=0,
+                                         retry_count=7, rnr_retry_count=7))
+        except SoftRdmaError:
+            self._drop_conn(o.conn_id, disconnect=False)
+            self.engine.conn_closed(o.conn_id, time.monotonic(), refused=True)
+            raise
+
+    def _accept(self, o: ConnAccept) -> None:
+        cm_id = self._requests.pop(o.token, None)
+        if cm_id is None:
+            return
+        qp = self._new_qp(o.transport)
+        self._register(o.conn_id, qp, cm_id, False)
+        try:
+            cm_id.accept(qp, AcceptParams(private_data=o.private_data, responder_resources=0,
+                                          initiator_depth=0, rnr_retry_count=7))
+        except SoftRdmaError:
+            self._drop_conn(o.conn_id, disconnect=False)
+            self.engine.conn_closed(o.conn_id, time.monotonic())
+            raise
+
+    def _drop_conn(self, conn_id: int, *, disconnect: bool) -> None:
+        c = self._conns.pop(conn_id, None)
+        if c is None:
+            return
+        self._by_qpn.pop(c.qp.qp_num, None)
+        self._by_cmid.pop(id(c.cm_id), None)
+        try:
+            c.cm_id.destroy()  # sends the DREQ (or REJ) the state calls for
+        except SoftRdmaError:
+            pass
+        self._graveyard.append(c.qp)
+
+    # ---- CM events -----------------------------------------------------------------
+    def _cm_event(self, ev: CmEvent) -> None:
+        """Called by the CM binding's event delivery: queue, act from the loop."""
+        self._cm_events.append(ev)
+
+    def _handle_cm(self, now: float) -> None:
+        while self._cm_events:
+            ev = self._cm_events.popleft()
+            cid = ev.cm_id
+            if ev.type is CmEventType.CONNECT_REQUEST:
+                self._tokens += 1
+                self._requests[self._tokens] = cid
+                req = ev.req
+                uc = req is not None and req.transport_service_type == TransportServiceType.UC
+                transport = "UC" if uc else "RC"
+                peer = cid.path.dgid if cid.path is not None else bytes(16)
+                self.engine.conn_request(self._tokens, peer, ev.private_data, transport, now)
+                continue
+            conn_id = self._by_cmid.get(id(cid))
+            if conn_id is None:
+                continue
+            c = self._conns[conn_id]
+            if ev.type is CmEventType.ESTABLISHED:
+                self.engine.conn_established(
+                    conn_id, now, rep_private_data=ev.private_data if c.active else None,
+                    local_qpn=c.qp.qp_num, remote_qpn=cid.remote_qpn)
+            elif ev.type in (CmEventType.REJECTED, CmEventType.UNREACHABLE,
+                             CmEventType.CONNECT_ERROR, CmEventType.DISCONNECTED):
+                self._drop_conn(conn_id, disconnect=False)
+                self.engine.conn_closed(conn_id, now,
+                                        refused=ev.type is not CmEventType.DISCONNECTED)
+            self._execute(self.engine.take_output())
+        self._execute(self.engine.take_output())
+
+    # ---- completions ---------------------------------------------------------------
+    def _poll(self, now: float) -> int:
+        n = 0
+        eng = self.engine
+        ok = e.IBV_WC_SUCCESS
+        while True:
+            got, wcs = self.cq.poll(POLL_BATCH)
+            if not got:
+                break
+            n += got
+            for wc in wcs:
+                if wc.wr_id < _WR_RECV_BASE:  # a send slot is free again
+                    self._free_slots.append(int(wc.wr_id))
+                    if wc.status != ok:
+                        self._send_failed(wc.qp_num, now)
+                    continue
+                i = int(wc.wr_id) - _WR_RECV_BASE
+                if wc.status == ok:
+                    off = i * self._ud_slot
+                    grh = self._ud_view[off:off + GRH]
+                    if grh[0] >> 4 == 6:
+                        src = bytes(grh[8:24])
+                    else:
+                        src = ip_to_gid(grh[32:36])
+                    eng.receive_ud(self._ud_view[off + GRH:off + wc.byte_len], src,
+                                   wc.src_qp, now)
+                    self._execute(eng.take_output())
+                else:
+                    self.driver_counters["recv_errors"] += 1
+                if not self._closing:
+                    self._post_ud_recv(i)
+        while self.srq is not None:
+            got, wcs = self.rc_rcq.poll(POLL_BATCH)
+            if not got:
+                break
+            n += got
+            for wc in wcs:
+                i = int(wc.wr_id) - _WR_RECV_BASE
+                conn_id = self._by_qpn.get(wc.qp_num)
+                if wc.status == ok and conn_id is not None:
+                    off = i * SLOT
+                    eng.receive_conn(conn_id, self._srq_view[off:off + wc.byte_len], now)
+                    self._execute(eng.take_output())
+                elif wc.status != ok and wc.status != e.IBV_WC_WR_FLUSH_ERR:
+                    self.driver_counters["recv_errors"] += 1
+                if not self._closing:
+                    self._post_srq_recv(i)
+        return n
+
+    def _send_failed(self, qp_num: int, now: float) -> None:
+        """A send completed in error: on a connection (retries exhausted, the peer is
+        gone) the connection is closed, and the next packet sets up a new one."""
+        self.driver_counters["send_errors"] += 1
+        conn_id = self._by_qpn.get(qp_num)
+        if conn_id is not None:
+            self._drop_conn(conn_id, disconnect=True)
+            self.engine.conn_closed(conn_id, now)
+            self._execute(self.engine.take_output())
+
+    # ---- the loop ------------------------------------------------------------------
+    _read_slot = -1
+    _closing = False
+    _last_error = ""
+
+    def run(self) -> None:
+        """Serve until SIGINT/SIGTERM or ``down``."""
+        rfd, wfd = os.pipe()
+        os.set_blocking(rfd, False)
+        os.set_blocking(wfd, False)
+        old_wakeup = signal.set_wakeup_fd(wfd)
+        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            self._loop(rfd)
+        finally:
+            signal.set_wakeup_fd(old_wakeup)
+            for s, h in old.items():
+                signal.signal(s, h)
+            os.close(rfd)
+            os.close(wfd)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self._stop = True
+
+    def _loop(self, wake_fd: int) -> None:
+        assert self.tun is not None and self._ctl is not None
+        link = self.ctx.runtime.link
+        assert link is not None  # IPoIB runs on a RoCE device, whose runtime has a link
+        link_fd = link.fileno()
+        tun_fd, ctl_fd = self.tun.fileno(), self._ctl.fileno()
+        eng = self.engine
+        port = self.ctx.port
+        while not self._stop:
+            now = time.monotonic()
+            waits = [d for d in (eng.next_deadline(), port.next_deadline()) if d is not None]
+            timeout = max(0.0, min([MAX_WAIT_S, *(d - now for d in waits)]))
+            fds = [wake_fd, ctl_fd] + ([link_fd] if link_fd is not None else [])
+            if self._free_slots:
+                fds.append(tun_fd)
+            try:
+                ready, _, _ = select.select(fds, [], [], timeout)
+            except InterruptedError:
+                continue
+            now = time.monotonic()
+            self.ctx.progress(0)
+            if self.cm is not None:
+                self.cm.deliver(wait=True)  # the CM's events, for _handle_cm below
+            self._poll(now)
+            self._handle_cm(now)
+            if tun_fd in ready:
+                self._read_tun(now)
+            d = eng.next_deadline()
+            if d is not None and d <= now:
+                eng.on_timer(now)
+                self._execute(eng.take_output())
+            if ctl_fd in ready:
+                self._ctl.serve(functools.partial(self._control, now=now))
+            if wake_fd in ready:
+                try:
+                    os.read(wake_fd, 64)
+                except BlockingIOError:
+                    pass
+            if self._graveyard:
+                for qp in self._graveyard:
+                    try:
+                        qp.close()
+                    except SoftRdmaError:
+                        pass
+                self._graveyard.clear()
+
+    def _read_tun(self, now: float) -> None:
+        assert self.tun is not None
+        eng = self.engine
+        for _ in range(TUN_BATCH):
+            if not self._free_slots:
+                return
+            slot = self._free_slots.pop()
+            off = slot * SLOT
+            n = self.tun.read_into(self._send_view[off + ENCAP_LEN:off + SLOT])
+            if n <= 0:
+                self._free_slots.append(slot)
+                return
+            self._read_slot = slot
+            eng.send_ip(self._send_view[off + ENCAP_LEN:off + ENCAP_LEN + n], now)
+            self._execute(eng.take_output())
+            if self._read_slot >= 0:  # held, dropped or answered with ICMP: not posted
+                self._free_slots.append(slot)
+                self._read_slot = -1
+            self.ctx.progress(0)
+
+    # ---- control -------------------------------------------------------------------
+    def _control(self, cmd: str, now: float) -> dict[str, Any]:
+        if cmd == "show":
+            return self.show(now)
+        if cmd == "down":
+            self._stop = True
+            return {"down": self.opts.name}
+        return {"error": "unknown command (show, down)"}
+
+    def show(self, now: float) -> dict[str, Any]:
+        snap = self.engine.snapshot(now)
+        snap["name"] = self.opts.name
+        snap["device"] = self.ctx.name
+        snap["gid"] = str(ipaddress.IPv6Address(self.gid))
+        snap["ud_qpn"] = self.ud_qp.qp_num
+        counters = dict(snap["counters"])  # type: ignore[call-overload]
+        counters.update(self.driver_counters)
+        snap["counters"] = counters
+        if self._last_error:
+            snap["last_error"] = self._last_error
+        return snap
+
+    # ---- teardown ------------------------------------------------------------------
+    def close(self) -> None:
+        """Tear connections down (RFC 4755 §3.4), leave the groups, free everything."""
+        self._closing = True
+        if getattr(self, "engine", None) is not None:
+            try:
+                self.engine.stop(time.monotonic())
+                self._execute(self.engine.take_output())
+                deadline = time.monotonic() + 1.0
+                while time.monotonic() < deadline and self.cm is not None and any(
+                        c.state.name not in ("IDLE", "TIMEWAIT")
+                        for c in list(self.cm.agent.ids.values())):
+                    self.ctx.progress(0.05)
+            except (SoftRdmaError, OSError):
+                pass
+        if self._ctl is not None:
+            self._ctl.close()
+            self._ctl = None
+        if self.tun is not None:
+            self.tun.close()
+            self.tun = None
+        if self.cm is not None:
+            try:
+                self.cm.close()
+            except SoftRdmaError:
+                pass
+            self.cm = None
+        for obj in reversed(self._closers):
+            try:
+                obj.close()
+            except SoftRdmaError:
+                pass
+        self._closers.clear()

@@ -1,0 +1,634 @@
+"""The client side of a shared device: :class:`DevdLink` (design.md "Devices shared by
+processes"; protocol: :mod:`softrdma.drivers.devd.proto`; direct receive path:
+:mod:`softrdma.drivers.devd.reuseport`)."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import select
+import socket
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from softrdma.drivers.devd.admission import DevdRefused, refusal_reason
+from softrdma.drivers.devd.proto import (
+    DATA_SNDBUF,
+    DHDR,
+    HELLO,
+    MAGIC,
+    MAX_CTRL,
+    MAX_DATAGRAM,
+    OP_ALLOC_QPN,
+    OP_ATTACH_MCAST,
+    OP_CM_LISTEN,
+    OP_CM_SLOT,
+    OP_CM_UNLISTEN,
+    OP_COUNTERS,
+    OP_DETACH_MCAST,
+    OP_FREE_QPN,
+    OP_JOIN,
+    OP_JOINED,
+    OP_REPORT,
+    OP_REPORT_RESOURCES,
+    OP_RESOURCES,
+    OP_STATS,
+    PROTOCOL_VERSION,
+    QPN_LAST,
+    RECV_BATCH,
+    REP,
+    REQ,
+    SEQ_OFFSET,
+    STAT_NAMES,
+    U64,
+    bind_text,
+    socket_path,
+    with_seq,
+)
+from softrdma.drivers.devd.reuseport import direct_enabled
+from softrdma.drivers.devd.spawn import DEVD_START_TIMEOUT, DevdVanished, ensure_devd
+from softrdma.drivers.devd.v1 import V1_VERSION
+from softrdma.drivers.link import Datagram, GidEntry, gid_entries
+from softrdma.drivers.rawether import RawEtherLink
+from softrdma.drivers.registry import DeviceRecord, check_state_dir
+from softrdma.drivers.registry import state_dir as default_state_dir
+from softrdma.drivers.udp import UdpLink
+from softrdma.errors import ClosedError, DeviceError, InvalidArgument, SoftRdmaError
+from softrdma.wire.gid import gid_to_ip, ip_to_gid
+from softrdma.wire.rocev1 import GRH_SIZE
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
+
+__all__ = ["DevdLink"]
+
+# Links of this process that hold devd's sockets, closed in a child after fork() (below).
+_LIVE: weakref.WeakSet[DevdLink] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """A child created by ``fork()`` without ``exec`` gives up the device links it
+    inherited: its copies of the control and data channels and of the direct-path
+    reuseport sockets are closed (the parent's stay open; nothing is sent to devd).
+
+    A copy left open would keep the parent's socket in the kernel's reuseport group after
+    devd let it go, and devd's mirror of the group's order (:mod:`.reuseport`) would no
+    longer match the kernel's; it would also hide the parent's exit from devd. As with
+    rdma-core without fork support, the child opens its own device (a new ``Context``);
+    the inherited one raises :class:`ClosedError`, naming fork, when used.
+    """
+    for link in list(_LIVE):
+        link.abandon_after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class DevdLink:
+    """A :class:`~softrdma.drivers.link.Link` whose receive side is the device's devd.
+
+    On the direct path (``direct``, default :func:`.reuseport.direct_enabled`), the
+    link binds its own :class:`UdpLink` per address family (the device's first address of
+    each) to the device's UDP port with ``SO_REUSEPORT``; devd's BPF program steers the
+    datagrams of this process's QPNs to it (:mod:`.reuseport`), and sends leave from it.
+    Everything else (QP1 MADs, multicast, datagrams to the device's other addresses, all
+    of them when the direct path is refused) comes from the daemon over the data channel
+    (a SEQPACKET socket, drained without blocking into a preallocated ring: a datagram's
+    ``data`` view stays valid until the next :meth:`recv_batch`); sends then go straight
+    out of a send-only :class:`UdpLink` per address family (``bind_port=False``).
+    """
+
+    def __init__(
+        self,
+        record: DeviceRecord,
+        *,
+        state_dir: Path | str | None = None,
+        spawn: bool = True,
+        idle_timeout: float | None = None,
+        timeout: float = DEVD_START_TIMEOUT,
+        ring: int = RECV_BATCH,
+        direct: bool | None = None,
+    ) -> None:
+        if ring < 1:
+            raise InvalidArgument("ring", "must be >= 1")
+        self.record = record
+        directory = Path(state_dir) if state_dir is not None else default_state_dir()
+        if not spawn:  # ensure_devd checks it otherwise
+            check_state_dir(directory)
+        self._ctrl_lock = threading.Lock()
+        self._closed = False
+        self._closed_why = "link closed"
+        self._owner_pid = os.getpid()
+        self.daemon_pid = 0
+        self.daemon_gone = False  # the control or data channel found the daemon dead
+        self.ctrl_timeout = timeout  # seconds a control request waits for its answer
+        self._seq = 0  # the sequence number of the last control request
+        self.stale_replies = 0  # late answers to requests that had timed out, dropped
+        ctrl: socket.socket | None = None
+        data: socket.socket | None = None
+        last_err = "no answer"
+        for _ in range(3):  # a daemon that is just exiting closes us: start a new one
+            if spawn:
+                try:
+                    path = Path(
+                        ensure_devd(
+                            record, state_dir=directory, idle_timeout=idle_timeout,
+                            timeout=timeout,
+                        )
+                    )
+                except DevdVanished as exc:
+                    # the daemon we found or started went idle and exited before we
+                    # connected (it lingered after its last client): replace it
+                    last_err = str(exc)
+                    path = socket_path(record.name, directory)
+                    continue
+            else:
+                path = socket_path(record.name, directory)
+            try:
+                ctrl, data, hello = self._connect(path, timeout)
+                break
+            except OSError as exc:
+                last_err = exc.strerror or str(exc)
+                if not spawn or isinstance(exc, DevdRefused):
+                    break
+        else:
+            hello = b""
+        if ctrl is None or data is None:
+            raise DeviceError(f"device {record.name!r}: cannot reach devd at {path}: {last_err}")
+        self._ctrl = ctrl
+        self._data = data
+        _, _, port, pid, n_ips = HELLO.unpack_from(hello)
+        self.udp_port: int = port
+        self.daemon_pid = pid
+        raw = hello[HELLO.size :]
+        self._local_ips = tuple(gid_to_ip(raw[i * 16 : i * 16 + 16]) for i in range(n_ips))
+        self._senders: dict[int, UdpLink] = {}
+        self._direct: tuple[UdpLink, ...] = ()
+        self._ep: select.epoll | None = None
+        self._data_ep: select.epoll | None = None
+        self.slot = 0  # the QPN slot on the direct path; 0: every datagram through devd
+        self._raw: RawEtherLink | None = None
+        self.gid_entries: tuple[GidEntry, ...] = ()  # () : every GID RoCE v2
+        try:
+            if record.roce_v2 and (direct_enabled() if direct is None else direct):
+                self._join(port)
+            if record.roce_v2:
+                for ip in self._local_ips:
+                    if len(ip) not in self._senders:
+                        self._senders[len(ip)] = UdpLink(
+                            bind_text(ip, record.netdev), port, bind_port=False
+                        )
+            if record.roce_v1:  # sends go out of our own raw socket; devd receives
+                v1link = RawEtherLink(record.netdev, vlan=record.vlan, receive=False)
+                self._raw = v1link
+                v2 = tuple(ip_to_gid(ip) for ip in self._local_ips) if record.roce_v2 else ()
+                self.gid_entries = gid_entries(record.roce_ver, v1link.mac, v1link.local_ips, v2)
+                self.mtu = v1link.mtu
+        except BaseException:
+            self.close()
+            raise
+        slot = DHDR.size + MAX_DATAGRAM
+        self._slot = slot
+        ring_view = memoryview(bytearray(slot * ring))
+        self._slots = [ring_view[i * slot : (i + 1) * slot] for i in range(ring)]
+        self.counters: dict[str, int] = {"rx": 0, "bad_header": 0, "rx_direct": 0}
+        self.last_report: dict[str, int] = {}
+        self.last_resources: dict[str, Any] = {}
+        _LIVE.add(self)
+
+    @staticmethod
+    def _connect(path: Path, timeout: float) -> tuple[socket.socket, socket.socket, bytes]:
+        ctrl = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        try:
+            ctrl.settimeout(timeout)
+            ctrl.connect(str(path))
+            msg, fds, _, _ = socket.recv_fds(ctrl, 4096, 1)
+            reason = refusal_reason(msg)
+            if reason is not None:
+                raise DevdRefused(errno.ECONNREFUSED, f"devd refused this client: {reason}")
+            if not msg or not fds:
+                for fd in fds:
+                    os.close(fd)
+                raise ConnectionResetError(errno.ECONNRESET, "devd closed the connection")
+            data = socket.socket(fileno=fds[0])
+            for fd in fds[1:]:
+                os.close(fd)
+            if len(msg) < HELLO.size or msg[:4] != MAGIC:
+                data.close()
+                raise ConnectionError(errno.EPROTO, "not a devd HELLO")
+            if HELLO.unpack_from(msg)[1] != PROTOCOL_VERSION:
+                data.close()
+                raise ConnectionError(errno.EPROTO, "devd protocol version mismatch")
+        except BaseException:
+            ctrl.close()
+            raise
+        data.setblocking(False)
+        with contextlib.suppress(OSError):
+            data.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, DATA_SNDBUF)
+        return ctrl, data, msg
+
+    # -- Link protocol -----------------------------------------------------------------
+
+    @property
+    def local_ips(self) -> tuple[bytes, ...]:
+        return self._local_ips
+
+    def _sender(self, family_len: int) -> UdpLink:
+        if self._closed:
+            raise ClosedError(f"device {self.record.name!r}: {self._closed_why}")
+        try:
+            return self._senders[family_len]
+        except KeyError:
+            raise InvalidArgument(
+                "dst_ip", f"device {self.record.name!r} has no IPv{4 if family_len == 4 else 6} address"
+            ) from None
+
+    def effective_sport(self, requested: int) -> int:
+        if not self._senders:
+            return requested  # RoCEv1 only: no UDP
+        return self._sender(len(self._local_ips[0])).effective_sport(requested)
+
+    # ---- UDP GSO (link.GsoLink): sends leave from this process's own UdpLink ----------
+    def gso_limit(self, dst_ip: bytes) -> int:
+        """As :meth:`UdpLink.gso_limit` of the sender for ``dst_ip``'s family (0: none)."""
+        link = self._senders.get(len(dst_ip))
+        return 0 if link is None or self._closed else link.gso_limit(dst_ip)
+
+    def send_gso(self, dst_ip: bytes, dport: int, sport: int, parts: Sequence[ReadableBuffer],
+                 seg_size: int, nseg: int, tos: int = 0, ttl: int = 64) -> bool:
+        """:meth:`UdpLink.send_gso` from this process's sender (design.md, "RoCEv2
+        batching")."""
+        return self._sender(len(dst_ip)).send_gso(dst_ip, dport, sport, parts, seg_size,
+                                                  nseg, tos, ttl)
+
+    def note_rx_ids(self, hint_misses: int, failures: int) -> None:
+        """Counted on the direct-path socket, whose coalesced reads carry the hints."""
+        if self._direct:
+            self._direct[0].note_rx_ids(hint_misses, failures)
+
+    def send_v1(self, dgid: bytes, parts: Sequence[ReadableBuffer], sl: int = 0) -> None:
+        """A RoCEv1 packet (GRH, BTH .. pad, ICRC): out of this process's raw socket, or,
+        self-addressed (CA16-22), up the data channel for devd to route."""
+        raw = self._raw
+        if raw is None or self._closed:
+            raise ClosedError(f"device {self.record.name!r}: no RoCEv1 link")
+        if not raw.is_own(bytes(dgid)):
+            raw.send_v1(dgid, parts, sl)
+            return
+        frame = b"".join(bytes(p) for p in parts)
+        hdr = DHDR.pack(V1_VERSION, ((frame[0] & 0x0F) << 4) | (frame[1] >> 4), frame[7], 0,
+                        0, 0, frame[8:24], bytes(dgid))
+        with contextlib.suppress(BlockingIOError):  # full: lost, as on a busy wire
+            self._data.sendmsg([hdr, frame], [], socket.MSG_DONTWAIT)
+
+    def send(
+        self,
+        dst_ip: bytes,
+        dport: int,
+        sport: int,
+        parts: Sequence[ReadableBuffer],
+        tos: int = 0,
+        ttl: int = 64,
+    ) -> None:
+        self._sender(len(dst_ip)).send(dst_ip, dport, sport, parts, tos, ttl)
+
+    @property
+    def port(self) -> int:
+        """The device's UDP port (as :attr:`UdpLink.port`; a ``Context`` given this link
+        sends to it)."""
+        return self.udp_port
+
+    @property
+    def direct(self) -> bool:
+        """Whether this process receives its QPs' datagrams on its own reuseport socket."""
+        return bool(self._direct)
+
+    @property
+    def fast_rc_meta(self) -> bool:
+        return all(link.fast_rc_meta for link in self._direct)
+
+    @fast_rc_meta.setter
+    def fast_rc_meta(self, value: bool) -> None:
+        for link in self._direct:
+            link.fast_rc_meta = value  # UdpLink.fast_rc_meta: RC/UC skip ancillary data
+
+    def _first_of_family(self) -> list[bytes]:
+        seen: dict[int, bytes] = {}
+        for ip in self._local_ips:
+            seen.setdefault(len(ip), ip)
+        return list(seen.values())
+
+    def _join(self, port: int) -> None:
+        """Take the direct path (OP_JOIN, bind, OP_JOINED with the sockets); stay on the
+        forwarded one when devd or the kernel refuses."""
+        try:
+            slot = self._request(OP_JOIN)[0]
+        except DeviceError as exc:
+            if exc.errno == errno.EOPNOTSUPP:
+                return
+            raise
+        links: list[UdpLink] = []
+        try:
+            for ip in self._first_of_family():
+                links.append(UdpLink(bind_text(ip, self.record.netdev), port, reuseport=True,
+                                     max_datagram=MAX_DATAGRAM))
+        except (OSError, SoftRdmaError):
+            for link in links:
+                link.close()
+            links = []
+        fds = [rx.fileno() for link in links if (rx := link._rx) is not None]
+        try:
+            joined = self._request(OP_JOINED, len(fds), fds=fds)[0]
+        except BaseException:
+            for link in links:
+                link.close()
+            raise
+        if not joined:  # devd refused the sockets (or none were bound): forwarded path
+            for link in links:
+                link.close()
+            return
+        self.slot = slot
+        self._direct = tuple(links)
+        for link in links:
+            self._senders[len(link.ip)] = link
+        ep = self._ep = select.epoll()
+        ep.register(self._data.fileno(), select.EPOLLIN)
+        for link in links:
+            fd = link.fileno()
+            assert fd is not None
+            ep.register(fd, select.EPOLLIN)
+        # the data channel alone: a busy poll asks it (0.3 us) before reading it (an
+        # empty recv_into raises BlockingIOError: about 1.5 us per poll)
+        dep = self._data_ep = select.epoll()
+        dep.register(self._data.fileno(), select.EPOLLIN)
+
+    def recv_batch(self, max_n: int = 64) -> list[Datagram]:
+        if self._closed:
+            raise ClosedError(f"device {self.record.name!r}: {self._closed_why}")
+        direct = self._direct
+        if direct:
+            if len(direct) == 1:
+                got = direct[0].recv_batch(max_n)
+            else:
+                got = []
+                for link in direct:  # with UDP GRO one call may return more than asked
+                    if len(got) >= max_n:
+                        break
+                    got += link.recv_batch(max_n - len(got))
+            if got:  # the data channel next time (epoll is level-triggered)
+                self.counters["rx_direct"] += len(got)
+                return got
+            dep = self._data_ep
+            if dep is not None and not dep.poll(0):
+                return got
+        return self._recv_forwarded(max_n)
+
+    def _recv_forwarded(self, max_n: int) -> list[Datagram]:
+        out: list[Datagram] = []
+        recv_into = self._data.recv_into
+        slot, hsize = self._slot, DHDR.size
+        unpack = DHDR.unpack_from
+        for buf in self._slots[: max(max_n, 0)]:
+            try:
+                n = recv_into(buf, slot, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as exc:  # ECONNRESET: the daemon died
+                self.daemon_gone = True
+                raise DeviceError(f"device {self.record.name!r}: its devd (pid "
+                                  f"{self.daemon_pid}) is gone: {exc.strerror}") from exc
+            if n == 0:
+                self.daemon_gone = True
+                raise DeviceError(f"device {self.record.name!r}: its devd (pid "
+                                  f"{self.daemon_pid}) is gone")
+            if n < hsize:
+                self.counters["bad_header"] += 1
+                continue
+            ver, tos, ttl, seg, sport, dport, src, dst = unpack(buf)
+            if ver == V1_VERSION:  # RoCEv1: the GRH, then BTH .. ICRC
+                if n < hsize + GRH_SIZE:
+                    self.counters["bad_header"] += 1
+                    continue
+                out.append(Datagram(buf[hsize + GRH_SIZE:n], bytes(src), bytes(dst), 0, 0, tos,
+                                    ttl, bytes(buf[hsize:hsize + GRH_SIZE])))
+                continue
+            out.append(
+                Datagram(buf[hsize:n], gid_to_ip(src), gid_to_ip(dst), sport, dport, tos, ttl,
+                         ident=seg - 1)
+            )
+        self.counters["rx"] += len(out)
+        return out
+
+    def fileno(self) -> int | None:
+        if self._closed:
+            return None
+        return self._ep.fileno() if self._ep is not None else self._data.fileno()
+
+    def abandon_after_fork(self) -> None:
+        """In a child after ``fork()``: close this process's copies of the link's
+        descriptors (see :func:`_after_fork_in_child`)."""
+        if not self._closed:
+            self._closed_why = (f"opened by process {self._owner_pid} before fork(); "
+                                "open the device again in this process")
+            self.close()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        _LIVE.discard(self)
+        for link in getattr(self, "_senders", {}).values():
+            link.close()
+        v1link: RawEtherLink | None = getattr(self, "_raw", None)
+        if v1link is not None:
+            v1link.close()
+        if self._ep is not None:
+            self._ep.close()
+        if self._data_ep is not None:
+            self._data_ep.close()
+        self._data.close()
+        self._ctrl.close()
+
+    # -- control -----------------------------------------------------------------------
+
+    def _request(self, op: int, arg: int = 0, mgid: bytes = bytes(16),
+                 fds: Sequence[int] = (), body: bytes = b"") -> tuple[int, bytes]:
+        """Send one request and wait for its answer, at most :attr:`ctrl_timeout` seconds
+        (then DeviceError ETIMEDOUT, or EAGAIN if it could not even be sent; the daemon
+        may be stalled, not gone). Answers are
+        matched by the request's sequence number (:mod:`.proto`): a late answer to
+        an earlier request that timed out is dropped when it comes."""
+        if self._closed:
+            raise ClosedError(f"device {self.record.name!r}: {self._closed_why}")
+        with self._ctrl_lock:
+            self._seq = seq = self._seq % 0xFF + 1
+            record = with_seq(REQ.pack(op, arg, mgid), seq) + body
+            deadline = time.monotonic() + self.ctrl_timeout
+            sent = False
+            try:
+                self._ctrl.settimeout(self.ctrl_timeout)
+                if fds:
+                    socket.send_fds(self._ctrl, [record], list(fds))
+                else:
+                    self._ctrl.send(record)
+                sent = True
+                while True:
+                    self._ctrl.settimeout(max(deadline - time.monotonic(), 1e-3))
+                    rep = self._ctrl.recv(MAX_CTRL)
+                    if len(rep) < REP.size or rep[SEQ_OFFSET] in (seq, 0):
+                        break  # 0: a daemon that does not number its answers
+                    self.stale_replies += 1
+            except TimeoutError as exc:
+                what = "answer" if sent else "take"
+                raise DeviceError(
+                    f"device {self.record.name!r}: devd (pid {self.daemon_pid}) did not "
+                    f"{what} request op {op} within {self.ctrl_timeout:g} s",
+                    errno=errno.ETIMEDOUT if sent else errno.EAGAIN,
+                ) from exc
+            except OSError as exc:
+                self.daemon_gone = True
+                raise DeviceError(f"device {self.record.name!r}: devd: {exc}") from exc
+        if len(rep) < REP.size:
+            self.daemon_gone = True
+            raise DeviceError(f"device {self.record.name!r}: devd closed the connection")
+        rop, err, value = REP.unpack_from(rep)
+        if rop != op:
+            raise DeviceError(f"device {self.record.name!r}: devd answered op {rop} to {op}")
+        if err:
+            raise DeviceError(
+                f"device {self.record.name!r}: devd: {os.strerror(err)}", errno=err
+            )
+        return value, rep[REP.size :]
+
+    def alloc_qpn(self, want: int = 0) -> int:
+        """A fresh QPN unique on the device (``want=1``: register for QP1 MADs)."""
+        if not 0 <= want <= QPN_LAST:
+            raise InvalidArgument("want", f"QPN {want:#x} out of range")
+        return self._request(OP_ALLOC_QPN, want)[0]
+
+    def free_qpn(self, qpn: int) -> None:
+        """Give ``qpn`` back (DeviceError ENOENT if this client does not own it). Once the
+        daemon is gone there is nothing to give back: a no-op (QPs can be destroyed)."""
+        if not 0 <= qpn <= QPN_LAST:
+            raise InvalidArgument("qpn", f"QPN {qpn:#x} out of range")
+        if self.daemon_gone:
+            return
+        try:
+            self._request(OP_FREE_QPN, qpn)
+        except DeviceError as exc:
+            # ETIMEDOUT: devd is stalled; it has the request and frees the QPN when it
+            # resumes (its late answer is dropped), so a QP can still be destroyed
+            if not self.daemon_gone and exc.errno != errno.ETIMEDOUT:
+                raise
+
+    def attach_mcast(self, mgid: bytes) -> None:
+        """Receive datagrams to DestQP 0xFFFFFF whose destination GID is ``mgid``."""
+        self._request(OP_ATTACH_MCAST, 0, _check_mgid(mgid))
+
+    def detach_mcast(self, mgid: bytes) -> None:
+        """Undo one :meth:`attach_mcast`."""
+        self._request(OP_DETACH_MCAST, 0, _check_mgid(mgid))
+
+    def cm_slot(self) -> int:
+        """Become a routed CM client of the device (a QP1 registration, undone by
+        ``free_qpn(1)``); the slot byte for the top of this client's comm IDs."""
+        return self._request(OP_CM_SLOT)[0]
+
+    def cm_listen(self, service_id: int, mask: int, listen: bool = True) -> None:
+        """Route REQs/SIDR_REQs for ``service_id`` under ``mask`` here (``listen``
+        False: stop). DeviceError EADDRINUSE if another process listens on it."""
+        for name, val in (("service_id", service_id), ("mask", mask)):
+            if not 0 <= val < 1 << 64:
+                raise InvalidArgument(name, "must be a 64-bit value")
+        raw = service_id.to_bytes(8, "big") + mask.to_bytes(8, "big")
+        self._request(OP_CM_LISTEN if listen else OP_CM_UNLISTEN, 0, raw)
+
+    def report_counters(self, values: dict[str, int]) -> None:
+        """Tell the daemon this process's port counters (cumulative; see the module
+        docstring, "Port counters of a shared device")."""
+        body = json.dumps(values, separators=(",", ":")).encode()
+        try:
+            self._request(OP_REPORT, body=body)
+        except DeviceError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            raise DeviceError(f"device {self.record.name!r}: devd refused the counter "
+                              "report", errno=exc.errno) from exc
+        self.last_report = dict(values)
+
+    def report_resources(self, objects: dict[str, Any]) -> None:
+        """Tell the daemon this process's objects on the device (the module docstring of
+        :mod:`softrdma.drivers.resources`); ``softrdma res show`` lists them."""
+        body = json.dumps(objects, separators=(",", ":")).encode()
+        if REQ.size + len(body) > MAX_CTRL:
+            raise InvalidArgument("objects", f"{len(body)} bytes do not fit a control record")
+        if self._closed:
+            raise ClosedError(f"device {self.record.name!r}: {self._closed_why}")
+        with self._ctrl_lock:
+            try:
+                self._ctrl.send(REQ.pack(OP_REPORT_RESOURCES, 0, bytes(16)) + body)
+                rep = self._ctrl.recv(4096)
+            except OSError as exc:
+                raise DeviceError(f"device {self.record.name!r}: devd: {exc}") from exc
+        if len(rep) < REP.size or REP.unpack_from(rep)[1]:
+            raise DeviceError(f"device {self.record.name!r}: devd refused the resource report")
+        self.last_resources = objects
+
+    def resources(self) -> list[dict[str, Any]]:
+        """Every live client's objects on the device, as devd knows them (RESOURCES):
+        ``[{"pid": P, "comm": NAME, "uid": U, "objects": {...}}, ...]``."""
+        out: list[dict[str, Any]] = []
+        index = 0
+        while index < 1 << 16:
+            try:
+                _, rest = self._request(OP_RESOURCES, index)
+            except DeviceError as exc:
+                if exc.errno == errno.ENOENT:
+                    return out
+                raise
+            try:
+                got = json.loads(rest)
+            except ValueError as exc:
+                raise DeviceError(f"device {self.record.name!r}: bad RESOURCES answer") from exc
+            if isinstance(got, dict):
+                out.append(got)
+            index += 1
+        return out
+
+    def device_counters(self) -> dict[str, int]:
+        """The device's port counters as the daemon aggregates them (every process's last
+        report, the processes that left, the daemon's own drops)."""
+        _, rest = self._request(OP_COUNTERS)
+        try:
+            got = json.loads(rest)
+            port = got["port"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DeviceError(f"device {self.record.name!r}: bad COUNTERS answer") from exc
+        return {str(k): int(v) for k, v in port.items()}
+
+    def stats(self) -> dict[str, int]:
+        """The daemon's counters (:data:`STAT_NAMES`)."""
+        n, rest = self._request(OP_STATS)
+        return {
+            name: U64.unpack_from(rest, i * 8)[0]
+            for i, name in enumerate(STAT_NAMES[: min(n, len(rest) // 8)])
+        }
+
+    def __enter__(self) -> DevdLink:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _check_mgid(mgid: bytes) -> bytes:
+    if not isinstance(mgid, (bytes, bytearray)) or len(mgid) != 16:
+        raise InvalidArgument("mgid", "an MGID is 16 bytes")
+    return bytes(mgid)
+

@@ -1,0 +1,708 @@
+"""``devd``: the per-device demultiplexer process.
+
+design.md "Devices shared by processes": the transport engine runs in the process that
+owns the QP; one ``devd`` per device owns the device's UDP port (4791, Annex A17) on
+every IP address of its netdev and forwards each received datagram, unmodified, to the
+process that owns the BTH DestQP (bytes 5-7 of the UDP payload, IBA 9.2), or lets the
+kernel deliver it to that process directly (below). Processes send directly from their
+own UDP sockets.
+``devd`` also allocates the device's QP numbers, so they are unique per device.
+
+Running it::
+
+    python -m softrdma.drivers.devd.daemon NAME [--state-dir DIR] [--idle-timeout S]
+                                         [--netdev IF] [--port N] [--ip ADDR ...] [--daemonize]
+
+or in-process (tests): ``Devd(record, state_dir).serve_forever()`` in a thread, stopped by
+:meth:`Devd.shutdown`. :func:`ensure_devd` starts a detached daemon if none is running.
+
+Files in the state directory (:func:`softrdma.drivers.registry.state_dir`):
+
+* ``NAME.sock``: the Unix ``SOCK_SEQPACKET`` listening socket;
+* ``NAME.devd.lock``: ``flock``-ed by the live daemon for its whole life. Whoever gets
+  the lock knows that any ``NAME.sock`` left behind belongs to a dead daemon (stale), and
+  replaces it;
+* ``NAME.spawn.lock``: serialises :func:`ensure_devd` calls so two starts don't race;
+* ``NAME.pid``: the daemon's pid; ``NAME.log``: a detached daemon's stderr;
+* ``NAME.counters.json``: the device's port counters when its last daemon exited (and
+  whenever a client left), added back by the next daemon: like the kernel's, a device's
+  counters last as long as the device and never go backwards (:func:`saved_counters`).
+
+The daemon exits by itself ``idle_timeout`` seconds (default 5) after its last client
+left (or after it started, if no client ever came), removing its socket and pid file.
+
+The receive path (design.md "Devices shared by processes", :mod:`.reuseport`): each
+client process binds its own socket to the device's port with ``SO_REUSEPORT`` and the
+daemon's BPF program steers each datagram to the owner of its DestQP, so the data path
+is client to client through the kernel; the daemon's own socket (the group's first) gets
+QP1 MADs, multicast and unknown QPNs, and so does every datagram of a client on the
+forwarded path (``SOFTRDMA_DEVD_DIRECT=0``, or refused), which the daemon forwards over
+the client's data channel. Protocol: :mod:`.proto`; client: :mod:`.client`;
+start on first use: :mod:`.spawn`; QPNs and the direct path: :mod:`.qpn`;
+CM routing: :mod:`.cm`; multicast: :mod:`.mcast`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import errno
+import fcntl
+import json
+import os
+import selectors
+import socket
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from softrdma.drivers.devd import proto
+from softrdma.drivers.devd.admission import (
+    MAX_CLIENTS_PER_UID,
+    Spare,
+    out_of_descriptors,
+    peer_pid,
+    peer_uid,
+    per_uid_cap,
+    raise_nofile,
+    refuse,
+)
+from softrdma.drivers.devd.client import DevdLink
+from softrdma.drivers.devd.cm_reject import RejLimiter
+from softrdma.drivers.devd.forward import Forwarding
+from softrdma.drivers.devd.mcast import McastRouting
+from softrdma.drivers.devd.proto import (
+    DATA_SNDBUF,
+    DEFAULT_IDLE_TIMEOUT,
+    HELLO,
+    MAGIC,
+    MAX_CTRL,
+    MAX_DATAGRAM,
+    PROTOCOL_VERSION,
+    QPN_FIRST,
+    QPN_GSI,
+    QPN_LAST,
+    REP,
+    REQ,
+    SEQ_OFFSET,
+    STAT_NAMES,
+    U64,
+    Client,
+    bind_text,
+    close_fds,
+    device_addresses,
+    socket_path,
+    with_seq,
+)
+from softrdma.drivers.devd.qpn import JOIN_TIMEOUT, QpnRouting
+from softrdma.drivers.devd.reuseport import direct_enabled
+from softrdma.drivers.devd.spawn import (
+    DEVD_START_TIMEOUT,
+    DevdVanished,
+    daemonize,
+    ensure_devd,
+    install_signals,
+)
+from softrdma.drivers.link import ip_bytes, ip_text
+from softrdma.drivers.port_totals import counters_path, saved_counters, write_counters
+from softrdma.drivers.rawether import RawEtherLink
+from softrdma.drivers.registry import DeviceRecord, Registry, ensure_state_dir, open_state_file
+from softrdma.drivers.registry import state_dir as default_state_dir
+from softrdma.drivers.udp import UdpLink
+from softrdma.errors import DeviceError, InvalidArgument, SoftRdmaError
+from softrdma.seam.counters import Counters
+from softrdma.wire.gid import ip_to_gid
+
+__all__ = [
+    "DEFAULT_IDLE_TIMEOUT",
+    "DEVD_START_TIMEOUT",
+    "QPN_FIRST",
+    "QPN_LAST",
+    "STAT_NAMES",
+    "Devd",
+    "DevdLink",
+    "DevdVanished",
+    "ensure_devd",
+    "counters_path",
+    "saved_counters",
+    "main",
+    "socket_path",
+]
+
+MAX_JOIN_FDS = 4  # sockets a JOINED may carry (one per address family)
+MAX_LOGGED_MALFORMED = 16  # malformed control messages logged (all are counted)
+
+
+class Devd(Forwarding, McastRouting, QpnRouting):
+    """The demultiplexer of one device (see the module docstring for the protocol).
+
+    ``record``: the device (roce only). ``state_dir``: where the socket, lock and pid
+    files go (default :func:`~softrdma.drivers.registry.state_dir`). ``idle_timeout``:
+    seconds without clients before :meth:`serve_forever` returns. ``ips``: serve these
+    addresses instead of the netdev's (tests). ``lock_wait``: how long :meth:`start`
+    waits for a previous daemon of the same device to finish exiting.
+    A ``record.udp_port`` of 0 binds an ephemeral port (tests); :attr:`udp_port` tells it.
+    """
+
+    def __init__(
+        self,
+        record: DeviceRecord,
+        state_dir: Path | str | None = None,
+        *,
+        idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+        ips: Sequence[str | bytes] | None = None,
+        lock_wait: float = 2.0,
+        max_clients_per_uid: int = MAX_CLIENTS_PER_UID,
+        join_timeout: float = JOIN_TIMEOUT,
+    ) -> None:
+        if record.type != "roce":
+            raise DeviceError(f"device {record.name!r}: devd serves roce devices only")
+        if idle_timeout < 0:
+            raise InvalidArgument("idle_timeout", "must be >= 0")
+        if not join_timeout > 0:
+            raise InvalidArgument("join_timeout", "must be > 0")
+        self.join_timeout = join_timeout
+        self.record = record
+        self.directory = ensure_state_dir(
+            Path(state_dir) if state_dir is not None else default_state_dir()
+        )
+        self.idle_timeout = idle_timeout
+        self.lock_wait = lock_wait
+        self._ips_override = [ip_bytes(ip, "ips") for ip in ips] if ips is not None else None
+        self.socket_path = socket_path(record.name, self.directory)
+        self.pid_path = self.directory / f"{record.name}.pid"
+        self.lock_path = self.directory / f"{record.name}.devd.lock"
+        self.counters_path = counters_path(record.name, self.directory)
+        self.udp_port = record.udp_port
+        self.ips: tuple[bytes, ...] = ()
+        self.counters: dict[str, int] = dict.fromkeys(STAT_NAMES, 0)
+        self._links: list[UdpLink] = []
+        self._raw: RawEtherLink | None = None  # RoCEv1 (Annex A16), roce_ver 1 or both
+        self._listener: socket.socket | None = None
+        self._lock_fd = -1
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._sel: selectors.BaseSelector | None = None
+        self._clients: list[Client] = []
+        self._owners: dict[int, Client] = {}
+        self._qp1: list[Client] = []
+        self._groups: dict[bytes, list[Client]] = {}
+        self._slots: dict[int, Client] = {}
+        self._next_slot = 1
+        self._cm_listeners: dict[tuple[int, int], Client] = {}
+        self._next_qpn = QPN_FIRST
+        self._qpn_init()
+        self._retired = Counters()  # port counters of clients that left
+        self.max_clients_per_uid = max_clients_per_uid
+        self._uid_cap = max_clients_per_uid
+        self._per_uid: dict[int, int] = {}
+        self._spare: Spare | None = None
+        self._rej_limiter = RejLimiter()
+        self._stop = False
+        self._started = False
+        self._closed = False
+        self.ready = threading.Event()
+
+    # -- start / stop ------------------------------------------------------------------
+
+    def _device_ips(self) -> list[bytes]:
+        ips = (
+            list(self._ips_override)
+            if self._ips_override is not None
+            else device_addresses(self.record.netdev)
+        )
+        if not ips:
+            raise DeviceError(
+                f"device {self.record.name!r}: netdev {self.record.netdev!r} has no IP address"
+            )
+        return ips
+
+    def start(self) -> None:
+        """Take the device lock, bind UDP and the control socket; DeviceError on failure."""
+        if self._started:
+            return
+        name = self.record.name
+        try:
+            self._lock_fd = open_state_file(self.lock_path, os.O_RDWR | os.O_CREAT)
+        except OSError as exc:
+            raise DeviceError(f"devd {name}: cannot open {self.lock_path}: {exc}") from exc
+        try:
+            deadline = time.monotonic() + self.lock_wait  # a previous daemon may be exiting
+            while True:
+                try:
+                    fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise DeviceError(
+                            f"devd {name}: another devd already serves this device"
+                        ) from None
+                    time.sleep(0.01)
+            # we hold the lock: the previous daemon, if any, has saved its totals
+            self._retired.add(saved_counters(name, self.directory))
+            self._uid_cap = per_uid_cap(raise_nofile(), self.max_clients_per_uid)
+            self._spare = Spare()
+            if self.record.roce_v2:
+                self._bind_udp()
+                if direct_enabled():
+                    self._direct_setup()
+            else:  # RoCEv1 only: no UDP port; the addresses are still GIDs (Annex A16)
+                self.ips = tuple(device_addresses(self.record.netdev))
+            if self.record.roce_v1:
+                self._raw = RawEtherLink(self.record.netdev, vlan=self.record.vlan)
+            self._bind_unix()
+            pid_fd = open_state_file(self.pid_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.write(pid_fd, f"{os.getpid()}\n".encode())
+            finally:
+                os.close(pid_fd)
+        except OSError as exc:
+            self._cleanup()
+            raise DeviceError(f"devd {name}: {exc}") from exc
+        except BaseException:
+            self._cleanup()
+            raise
+        self._sel = sel = selectors.DefaultSelector()
+        sel.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
+        assert self._listener is not None
+        sel.register(self._listener, selectors.EVENT_READ, ("accept", None))
+        links: list[UdpLink | RawEtherLink] = [*self._links]
+        if self._raw is not None:
+            links.append(self._raw)
+        for link in links:
+            fd = link.fileno()
+            assert fd is not None
+            sel.register(fd, selectors.EVENT_READ, ("udp", link))
+        self._started = True
+        self.ready.set()
+
+    def _bind_udp(self) -> None:
+        port = self.record.udp_port
+        ips = self._device_ips()
+        for ip in ips:
+            try:
+                link = UdpLink(bind_text(ip, self.record.netdev), port, max_datagram=MAX_DATAGRAM,
+                               reuseport=direct_enabled())
+            except SoftRdmaError as exc:
+                raise DeviceError(f"devd {self.record.name}: {exc}") from exc
+            except OSError as exc:
+                raise DeviceError(
+                    f"devd {self.record.name}: cannot bind UDP port {port} on {ip_text(ip)}: "
+                    f"{exc.strerror or exc}"
+                ) from exc
+            self._links.append(link)
+            if port == 0 and link.port is not None:
+                port = link.port  # ephemeral (tests): every address uses the first one's port
+        self.udp_port = port
+        self.ips = tuple(ips)
+
+    def _bind_unix(self) -> None:
+        path = self.socket_path
+        # We hold the device lock, so no live daemon owns the socket: whatever is there
+        # is stale (its daemon died) and is replaced.
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        try:
+            sock.bind(str(path))
+            sock.listen(64)
+        except OSError as exc:
+            sock.close()
+            raise DeviceError(f"devd {self.record.name}: cannot listen on {path}: {exc}") from exc
+        sock.setblocking(False)
+        self._listener = sock
+
+    def shutdown(self) -> None:
+        """Ask :meth:`serve_forever` to return (thread- and signal-safe)."""
+        self._stop = True
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
+
+    def _cleanup(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for c in list(self._clients):
+            self._drop_client(c)
+        if self._lock_fd >= 0 and self._started:
+            self._save_counters()
+        self._direct_close()
+        for link in self._links:
+            link.close()
+        self._links.clear()
+        if self._raw is not None:
+            self._raw.close()
+            self._raw = None
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+            with contextlib.suppress(FileNotFoundError):
+                self.socket_path.unlink()
+            with contextlib.suppress(FileNotFoundError):
+                self.pid_path.unlink()
+        if self._sel is not None:
+            self._sel.close()
+        self._wake_r.close()
+        self._wake_w.close()
+        if self._spare is not None:
+            self._spare.close()
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    # -- main loop ---------------------------------------------------------------------
+
+    def serve_forever(self) -> None:
+        """Serve until :meth:`shutdown` or ``idle_timeout`` seconds without clients."""
+        self.start()
+        idle_since: float | None = time.monotonic()
+        try:
+            while not self._stop:
+                timeout: float | None = None
+                now = time.monotonic()
+                if idle_since is not None:
+                    timeout = idle_since + self.idle_timeout - now
+                    if timeout <= 0:
+                        break
+                join_deadline = self._join_expire(now)
+                if join_deadline is not None:
+                    left = max(join_deadline - now, 0.0)
+                    timeout = left if timeout is None else min(timeout, left)
+                assert self._sel is not None
+                for key, _ in self._sel.select(timeout):
+                    kind, obj = key.data
+                    if kind == "udp":
+                        assert isinstance(obj, (UdpLink, RawEtherLink))
+                        self._on_udp(obj)
+                    elif kind == "ctrl":
+                        assert isinstance(obj, Client)
+                        self._on_ctrl(obj)
+                    elif kind == "data":
+                        assert isinstance(obj, Client)
+                        self._on_data_hup(obj)
+                    elif kind == "accept":
+                        self._on_accept()
+                    else:
+                        with contextlib.suppress(OSError):
+                            self._wake_r.recv(4096)
+                for c in [c for c in self._clients if c.dead]:
+                    self._drop_client(c)
+                if self._clients:
+                    idle_since = None
+                elif idle_since is None:
+                    idle_since = time.monotonic()
+        finally:
+            self._cleanup()
+
+    def _on_accept(self) -> None:
+        """Accept clients; refuse (never fail on) one over its uid's cap or when the
+        descriptors run out (``softrdma.drivers.devd.admission``)."""
+        assert self._listener is not None
+        while True:
+            try:
+                ctrl, _ = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if out_of_descriptors(exc) and self._spare is not None:
+                    if self._spare.shed(self._listener, f"devd out of descriptors: {exc.strerror}"):
+                        self.counters["clients_refused"] += 1
+                        continue
+                return
+            uid = peer_uid(ctrl)
+            if self._per_uid.get(uid, 0) >= self._uid_cap:
+                self.counters["clients_refused"] += 1
+                refuse(ctrl, f"too many clients of uid {uid} (at most {self._uid_cap})")
+                continue
+            try:
+                mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            except OSError as exc:
+                self.counters["clients_refused"] += 1
+                refuse(ctrl, f"devd cannot create a data channel: {exc.strerror}")
+                continue
+            ctrl.setblocking(False)
+            with contextlib.suppress(OSError):
+                mine.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, DATA_SNDBUF)
+            mine.setblocking(False)
+            hello = HELLO.pack(MAGIC, PROTOCOL_VERSION, self.udp_port, os.getpid(), len(self.ips))
+            hello += b"".join(ip_to_gid(ip) for ip in self.ips)
+            try:
+                socket.send_fds(ctrl, [hello], [theirs.fileno()])
+            except OSError:
+                ctrl.close()
+                mine.close()
+                continue
+            finally:
+                theirs.close()
+            client = Client(ctrl, mine, uid=uid, pid=peer_pid(ctrl))
+            self._per_uid[uid] = self._per_uid.get(uid, 0) + 1
+            self._clients.append(client)
+            self.counters["clients"] += 1
+            assert self._sel is not None
+            self._sel.register(ctrl, selectors.EVENT_READ, ("ctrl", client))
+            self._sel.register(mine, selectors.EVENT_READ, ("data", client))
+
+    def _drop_client(self, c: Client) -> None:
+        self._direct_leave(c)
+        for qpn in list(c.qpns):
+            if self._owners.get(qpn) is c:
+                self._disown(qpn)
+        c.qpns.clear()
+        if c in self._qp1:
+            self._qp1.remove(c)
+        self._cm_release(c)
+        for mgid in c.mcast:
+            members = self._groups.get(mgid)
+            if members is not None and c in members:
+                members.remove(c)
+                if not members:
+                    del self._groups[mgid]
+                    self._leave_group(mgid)
+        c.mcast.clear()
+        left_counts = bool(c.port_counters)
+        self._retired.add(c.port_counters)
+        c.port_counters = {}
+        if left_counts and not self._closed:
+            self._save_counters()
+        for s in (c.ctrl, c.data):
+            if self._sel is not None:
+                with contextlib.suppress(KeyError, ValueError):
+                    self._sel.unregister(s)
+            s.close()
+        if c in self._clients:
+            self._clients.remove(c)
+            left = self._per_uid.get(c.uid, 1) - 1
+            if left > 0:
+                self._per_uid[c.uid] = left
+            else:
+                self._per_uid.pop(c.uid, None)
+
+    # -- control -----------------------------------------------------------------------
+
+    def _on_ctrl(self, c: Client) -> None:
+        while not c.dead:
+            try:
+                msg, fds, flags, _ = socket.recv_fds(c.ctrl, MAX_CTRL, MAX_JOIN_FDS)
+            except BlockingIOError:
+                return
+            except OSError:
+                c.dead = True
+                return
+            if not msg:
+                close_fds(fds)
+                c.dead = True
+                return
+            seq = msg[SEQ_OFFSET] if len(msg) > SEQ_OFFSET else 0
+            try:
+                reply = self._on_request(c, msg, fds, flags)
+            except Exception as exc:  # noqa: BLE001 - one client's message never ends devd
+                reply = None
+                self._malformed(c, f"{type(exc).__name__}: {exc}")
+            if c.dead or reply is None:
+                continue  # dropped, or a JOIN answered when the client before it has bound
+            try:
+                c.ctrl.send(with_seq(reply, seq))
+            except OSError:
+                c.dead = True
+                return
+
+    def _malformed(self, c: Client, why: str) -> None:
+        """A control message devd cannot accept: drop that client only (the descriptors it
+        passed are closed by the caller)."""
+        n = self.counters["ctrl_malformed"] = self.counters["ctrl_malformed"] + 1
+        c.dead = True
+        if n <= MAX_LOGGED_MALFORMED:  # a client reconnecting in a loop fills no disk
+            more = " (no more such messages are logged)" if n == MAX_LOGGED_MALFORMED else ""
+            print(f"devd {self.record.name}: dropped a client (uid {c.uid}): malformed "
+                  f"control message: {why}{more}", file=sys.stderr)
+
+    def _on_request(self, c: Client, msg: bytes, fds: list[int], flags: int) -> bytes | None:
+        """One control record; descriptors only with a well-formed JOINED (closed here
+        otherwise, and the client dropped)."""
+        if flags & socket.MSG_CTRUNC or (fds and (msg[0] != proto.OP_JOINED
+                                                  or len(msg) != REQ.size)):
+            close_fds(fds)
+            self._malformed(c, "descriptors passed with op "
+                            f"{msg[0]}{' (truncated)' if flags & socket.MSG_CTRUNC else ''}")
+            return None
+        if msg[0] == proto.OP_JOINED and len(msg) == REQ.size:
+            socks, why = self._check_joined_fds(REQ.unpack(msg)[1], fds)
+            if socks is None:
+                self._malformed(c, why)
+                return None
+            return self._joined(c, proto.OP_JOINED, socks)
+        if msg[0] == proto.OP_JOIN and len(msg) == REQ.size:
+            c.join_seq = msg[SEQ_OFFSET]
+        return self._handle(c, msg)
+
+    def _handle(self, c: Client, msg: bytes) -> bytes | None:
+        if len(msg) > REQ.size and msg[0] == proto.OP_REPORT:
+            return REP.pack(proto.OP_REPORT, self._report(c, msg[REQ.size :]), 0)
+        if len(msg) > REQ.size and msg[0] == proto.OP_REPORT_RESOURCES:
+            return REP.pack(proto.OP_REPORT_RESOURCES,
+                            self._report_resources(c, msg[REQ.size :]), 0)
+        if len(msg) != REQ.size:
+            return REP.pack(msg[0] if msg else 0, errno.EINVAL, 0)
+        op, arg, mgid = REQ.unpack(msg)
+        if op == proto.OP_ALLOC_QPN:
+            err, value = self._alloc(c, arg)
+        elif op == proto.OP_FREE_QPN:
+            err, value = self._free(c, arg), 0
+        elif op == proto.OP_ATTACH_MCAST:
+            err, value = self._attach(c, mgid), 0
+        elif op == proto.OP_DETACH_MCAST:
+            err, value = self._detach(c, mgid), 0
+        elif op == proto.OP_CM_SLOT:
+            err, value = self._cm_slot(c)
+        elif op in (proto.OP_CM_LISTEN, proto.OP_CM_UNLISTEN):
+            err, value = self._cm_listen(c, mgid, op == proto.OP_CM_LISTEN), 0
+        elif op == proto.OP_JOIN:
+            return self._join(c, op)
+        elif op == proto.OP_COUNTERS:
+            body = json.dumps({"port": self.port_counters(), "devd": self.counters,
+                               "clients": len(self._clients)}).encode()
+            return REP.pack(op, 0, len(body)) + body
+        elif op == proto.OP_RESOURCES:
+            return self._resources(op, arg)
+        elif op == proto.OP_STATS:
+            return REP.pack(op, 0, len(STAT_NAMES)) + b"".join(
+                U64.pack(self.counters[n]) for n in STAT_NAMES
+            )
+        else:
+            err, value = errno.EOPNOTSUPP, 0
+        return REP.pack(op, err, value)
+
+    def _report(self, c: Client, raw: bytes) -> int:
+        try:
+            values = json.loads(raw)
+        except ValueError:
+            return errno.EINVAL
+        if not isinstance(values, dict) or not all(
+            isinstance(k, str) and type(v) is int and 0 <= v <= proto.MAX_COUNTER
+            for k, v in values.items()
+        ):
+            return errno.EINVAL
+        c.port_counters = values
+        return 0
+
+    def _report_resources(self, c: Client, raw: bytes) -> int:
+        try:
+            got = json.loads(raw)
+        except ValueError:
+            return errno.EINVAL
+        if not isinstance(got, dict) or not all(
+            isinstance(k, str) and (
+                (isinstance(v, list) and all(isinstance(o, dict) for o in v))
+                or (isinstance(v, int) and not isinstance(v, bool)))
+            for k, v in got.items()
+        ):
+            return errno.EINVAL
+        c.resources = got
+        return 0
+
+    def _resources(self, op: int, index: int) -> bytes:
+        """The ``index``-th live client's objects (devd_proto: RESOURCES)."""
+        live = [c for c in self._clients if not c.dead]
+        if index >= len(live):
+            return REP.pack(op, errno.ENOENT, len(live))
+        c = live[index]
+        comm = ""
+        if c.pid > 0:
+            with contextlib.suppress(OSError, UnicodeDecodeError):
+                comm = Path(f"/proc/{c.pid}/comm").read_text().strip()
+        body = json.dumps({"pid": c.pid, "comm": comm, "uid": c.uid,
+                           "objects": c.resources}).encode()
+        if REP.size + len(body) > MAX_CTRL:  # a forged report cannot make us send more
+            body = json.dumps({"pid": c.pid, "comm": comm, "uid": c.uid,
+                               "objects": {}}).encode()
+        return REP.pack(op, 0, len(live)) + body
+
+    def port_counters(self) -> dict[str, int]:
+        """The device's port counters: retired + live clients' reports + devd's drops."""
+        total = Counters()
+        total.add(self._retired.as_dict())
+        for c in self._clients:
+            total.add(c.port_counters)
+        own = self.counters
+        total.rcvd_unknown_qp += own["unknown_qpn"]
+        total.rcvd_malformed += own["malformed"]
+        total.rcvd_no_buffer += own["client_full"]
+        # the kernel's drops on devd's own receive sockets (SO_RXQ_OVFL; issue 25)
+        total.rcvd_rx_overflow += sum(link.stats.rx_overflow for link in self._links)
+        total.rcvd_pkts += own["unknown_qpn"] + own["malformed"] + own["client_full"]
+        return total.as_dict()
+
+    def _save_counters(self) -> None:
+        """Write :meth:`port_counters` to ``NAME.counters.json`` (:mod:`softrdma.drivers.port_totals`)."""
+        write_counters(self.counters_path, self.port_counters())
+
+    def _alloc(self, c: Client, want: int) -> tuple[int, int]:
+        if want == QPN_GSI:
+            c.qp1_refs += 1
+            if c not in self._qp1:
+                self._qp1.append(c)
+            return 0, QPN_GSI
+        if want:
+            if not 2 <= want <= QPN_LAST:
+                return errno.EINVAL, 0
+            if want in self._owners:
+                return errno.EBUSY, 0
+            return self._own(c, want), want
+        return self._alloc_any(c)
+
+    def _free(self, c: Client, qpn: int) -> int:
+        if qpn == QPN_GSI:
+            if c.qp1_refs == 0:
+                return errno.ENOENT
+            c.qp1_refs -= 1
+            if c.qp1_refs == 0:
+                self._qp1.remove(c)
+                self._cm_release(c)
+            return 0
+        if self._owners.get(qpn) is not c:
+            return errno.ENOENT
+        self._disown(qpn)
+        return 0
+
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m softrdma.drivers.devd.daemon NAME ...``."""
+    p = argparse.ArgumentParser(prog="softrdma-devd", description="softrdma device demultiplexer")
+    p.add_argument("name")
+    p.add_argument("--state-dir", default=None)
+    p.add_argument("--idle-timeout", type=float, default=DEFAULT_IDLE_TIMEOUT)
+    p.add_argument("--netdev", default=None, help="override the registry record")
+    p.add_argument("--port", type=int, default=None, help="override the registry record")
+    p.add_argument("--ip", action="append", default=None, help="serve only this address")
+    p.add_argument("--roce-ver", default="2", choices=("1", "2", "both"),
+                   help="with --netdev: the RoCE version(s) (Annex A16 RoCEv1: raw Ethernet)")
+    p.add_argument("--vlan", type=int, default=None, help="with --netdev: RoCEv1 VLAN ID")
+    p.add_argument("--daemonize", action="store_true", help="detach; exit 0 once ready")
+    a = p.parse_args(argv)
+    try:
+        if a.netdev is not None:
+            record = DeviceRecord(a.name, a.netdev, "roce", 4791 if a.port is None else a.port,
+                                  a.roce_ver, a.vlan)
+        else:
+            record = Registry(a.state_dir).get(a.name)
+            if a.port is not None:
+                record = dataclasses.replace(record, udp_port=a.port)
+        devd = Devd(record, a.state_dir, idle_timeout=a.idle_timeout, ips=a.ip)
+        if a.daemonize:
+            return daemonize(devd)
+        devd.start()
+    except SoftRdmaError as exc:
+        print(f"devd {a.name}: {exc}", file=sys.stderr)
+        return 1
+    install_signals(devd)
+    devd.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,292 @@
+"""A CM connection identifier (:class:`IbCmId`) and how it runs the IBA 12.9 state machine.
+
+:class:`IbCmId` holds one connection's (or listener's) CM state: comm IDs, the path, the
+QP, the message awaiting an answer and its retransmission timer. Its consumer requests
+(``connect``, ``accept`` ... ``ib_send_cm_*``) and what the agent receives for it become
+typed inputs (:mod:`.model`) that :meth:`IbCmId.handle` looks up in the table of
+:mod:`.state`; the row's action (a function of :mod:`.establish`, :mod:`.release`,
+:mod:`.mra_lap`, :mod:`.retry` or :mod:`.sidr`) builds the messages
+(``softrdma.wire.cm``), moves the QP (:mod:`.qpctl`) and queues the consumer's events.
+See :mod:`softrdma.ibcm.agent` for the agent that owns the ids.
+
+(This is the IB CM's id, ``struct ib_cm_id``; the librdmacm-shaped ``rdma_cm_id`` above
+both transports is :class:`softrdma.cm.rdma_cm.CmId`.)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..errors import InvalidArgument, StateError
+from ..ib.qp import AddressVector
+from ..wire import cm as wcm
+from ..wire.cm import RejReason
+from ..wire.ipcm import IP_CM_SERVICE_ID_MASK, is_ip_cm_service_id
+from . import qpctl
+from .events import CmEvent, CmEventType, RejectInfo
+from .ipcm import IpCmDialect
+from .model import (
+    PENDING_STATES,
+    AcceptConn,
+    CmInput,
+    CmState,
+    CommEst,
+    Connect,
+    Disconnect,
+    Establish,
+    Reject,
+    SendMra,
+    SidrResolve,
+)
+from .params import (
+    ALL_ONES_MASK,
+    AcceptParams,
+    CmPath,
+    ConnParams,
+    Dialect,
+    SidrParams,
+)
+from .state import transition
+
+if TYPE_CHECKING:
+    from .agent import CmAgent
+
+__all__ = ["IbCmId", "PENDING_STATES"]
+
+
+
+_CM_LOG = logging.getLogger("softrdma.cm")
+
+class IbCmId:
+    """One connection (or listener) and its IBA 12.9 state (see :mod:`.state`).
+
+    Events go to ``handler``, else to the agent's ``on_event``, else to
+    ``agent.events``. Under a driver (:class:`~softrdma.drivers.gsi.CmBinding`) they are
+    delivered after the device lock is released, so a handler may do anything: CM
+    calls, creating or destroying verbs objects, blocking. ``context`` is the
+    consumer's. After ``TIMEWAIT_EXIT`` (or a rejection ending in IDLE) the id may
+    connect again.
+    """
+
+    __slots__ = (
+        "agent", "handler", "context", "state", "local_id", "remote_id", "remote_guid",
+        "remote_qpn", "local_qpn", "qp", "path", "service_id", "mask", "tid", "msg",
+        "last_reply", "retries", "max_retries", "timeout_s", "deadline", "timer_seq",
+        "listen_id", "pending", "backlog", "dialect", "params", "req", "rep", "local_psn",
+        "ack_timeout", "local_ack_timeout", "destroyed", "follow", "drep_tid", "auto_rtu",
+        "sidr_key", "reject_info", "psn_drawn", "opened_at", "__weakref__",
+    )
+
+    def __init__(self, agent: CmAgent, handler: Callable[[CmEvent], None] | None = None,
+                 context: Any = None) -> None:
+        self.agent = agent
+        self.handler = handler
+        self.context = context
+        self.state = CmState.IDLE
+        self.local_id = 0
+        self.remote_id = 0
+        self.remote_guid = 0
+        self.remote_qpn = 0
+        self.local_qpn: int | None = None
+        self.qp: object = None  # the CM-moved QP (verbs or engine), None: the consumer's
+        self.path: CmPath | None = None
+        self.service_id = 0
+        self.mask = ALL_ONES_MASK
+        self.tid = 0
+        self.msg: bytes | None = None
+        self.last_reply: bytes | None = None
+        self.retries = 0
+        self.max_retries = agent.config.max_cm_retries
+        self.timeout_s = 0.0
+        self.deadline: float | None = None
+        self.timer_seq = 0  # which armed timer is this id's current one (CmAgent.arm)
+        self.listen_id: IbCmId | None = None
+        self.pending = 0
+        self.backlog = agent.config.default_backlog
+        self.dialect: Dialect | None = None
+        self.params: ConnParams | SidrParams | None = None
+        self.req: wcm.Req | None = None
+        self.rep: wcm.Rep | None = None
+        self.local_psn = 0
+        self.ack_timeout = 0
+        #: the consumer's Local ACK Timeout for its own QP (librdmacm
+        #: RDMA_OPTION_ID_ACK_TIMEOUT); None: the REQ's (IBA 12.7.34)
+        self.local_ack_timeout: int | None = None
+        self.destroyed = False
+        #: an input an action asks to run right after it (the DREP after a DREQ)
+        self.follow: CmInput | None = None
+        self.drep_tid = 0
+        self.auto_rtu = True
+        self.sidr_key: tuple[int, bytes] | None = None
+        self.reject_info: RejectInfo | None = None
+        self.psn_drawn = False
+        #: when the passive side sent its REP (the half-open wait for the RTU began)
+        self.opened_at = 0.0
+
+    def __repr__(self) -> str:
+        return f"<IbCmId {self.local_id:#010x} {self.state.name}>"
+
+    # ---- consumer requests --------------------------------------------------------------
+    def listen(self, service_id: int, *, mask: int = ALL_ONES_MASK, backlog: int | None = None,
+               dialect: Dialect | None = None, now: float | None = None) -> None:
+        """Listen for REQs/SIDR_REQs whose Service ID matches under ``mask``
+        (``ib_cm_listen``). ``backlog`` bounds the unanswered CONNECT_REQUESTs."""
+        def run(t: float) -> None:
+            if self.state != CmState.IDLE:
+                raise StateError(f"listen in state {self.state.name}")
+            if not 0 <= service_id <= ALL_ONES_MASK:
+                raise InvalidArgument("service_id", "must be a 64-bit value")
+            for other in self.agent.listeners:
+                if other.service_id & other.mask == service_id & mask and other.mask == mask:
+                    raise StateError(f"Service ID {service_id:#018x} already has a listener")
+            self.service_id = service_id
+            self.mask = mask
+            self.backlog = self.agent.config.default_backlog if backlog is None else backlog
+            d = dialect
+            if d is None and is_ip_cm_service_id(service_id) and \
+                    mask & IP_CM_SERVICE_ID_MASK == IP_CM_SERVICE_ID_MASK:
+                # CA11-7: REQs to the A11 range are Table 1 formatted, whoever listens.
+                d = IpCmDialect()
+            if self.agent.on_listen is not None:  # devd: REQs for it come here
+                self.agent.on_listen(service_id, mask, True)
+            self.dialect = d
+            self.state = CmState.LISTEN
+            self.agent.listeners.append(self)
+        self.agent.api(run, now)
+
+    def connect(self, qp: object, params: ConnParams, *, dialect: Dialect | None = None,
+                now: float | None = None) -> None:
+        """Send a REQ for ``qp`` (RC or UC) with ``params`` (``ib_send_cm_req``)."""
+        self.request(Connect(qp, params, dialect), now)
+
+    def accept(self, qp: object = None, params: AcceptParams | None = None, *,
+               now: float | None = None) -> None:
+        """Answer a CONNECT_REQUEST: REP (the QP moved to RTS first) or, for SIDR, a
+        SIDR_REP with the QP's number and Q_Key."""
+        self.request(AcceptConn(qp, params if params is not None else AcceptParams()), now)
+
+    def reject(self, private_data: bytes = b"", *, reason: int = RejReason.CONSUMER_DEFINED,
+               ari: bytes = b"", now: float | None = None) -> None:
+        """REJ the REQ (or REP) this id received; reason 28 by default (``rdma_reject``)."""
+        self.request(Reject(bytes(private_data), reason, bytes(ari)), now)
+
+    def establish(self, private_data: bytes = b"", *, now: float | None = None) -> None:
+        """Send the RTU after a CONNECT_RESPONSE (``ib_send_cm_rtu``)."""
+        self.request(Establish(bytes(private_data)), now)
+
+    def send_mra(self, service_timeout: int | None = None, private_data: bytes = b"", *,
+                 now: float | None = None) -> None:
+        """Ask the peer for more time to answer its REQ or REP (``ib_send_cm_mra``)."""
+        st = self.agent.config.mra_service_timeout if service_timeout is None else service_timeout
+        self.request(SendMra(st, bytes(private_data)), now)
+
+    def disconnect(self, private_data: bytes = b"", *, now: float | None = None) -> None:
+        """Release the connection: DREQ (QP to ERR), or the REJ/DREP the state calls for."""
+        self.request(Disconnect(bytes(private_data)), now)
+
+    def sidr_resolve(self, params: SidrParams, *, dialect: Dialect | None = None,
+                     now: float | None = None) -> None:
+        """Send a SIDR_REQ (IBA 12.11); ESTABLISHED brings the remote UD QPN and Q_Key."""
+        self.request(SidrResolve(params, dialect), now)
+
+    def notify_comm_est(self, *, now: float | None = None) -> None:
+        """The QP received data before the RTU (``ib_cm_notify(IB_EVENT_COMM_EST)``)."""
+        self.request(CommEst(), now)
+
+    def destroy(self, *, now: float | None = None) -> None:
+        """Forget the id (``ib_destroy_cm_id``): what ``disconnect`` would send is sent,
+        no more events are delivered, TimeWait still runs out before the comm ID and
+        QPN are free."""
+        def run(t: float) -> None:
+            self.destroyed = True
+            if self.state in _DESTROY_SENDS:
+                self.handle(Disconnect(), t)
+            if self.state not in (CmState.TIMEWAIT, CmState.DREQ_SENT):
+                self.set_state(CmState.IDLE, t)
+        self.agent.api(run, now)
+
+    def request(self, inp: CmInput, now: float | None) -> None:
+        """Run a consumer request through the agent (its clock and lock)."""
+        self.agent.api(lambda t: self.handle(inp, t), now)
+
+    # ---- the machine ------------------------------------------------------------------
+    def handle(self, inp: CmInput, now: float) -> None:
+        """One input: the table's action, then its next state (IBA 12.9). A consumer
+        request outside the table is a StateError; anything else is counted and dropped."""
+        row = transition(self.state, inp)
+        if row is None:
+            if inp.api:
+                raise StateError(f"{inp.name} is not allowed in CM state {self.state.name}")
+            self.agent.counters.ignored += 1
+            return
+        got = row.action(self, now, inp)
+        self.set_state(row.next_state if got is None else got, now)
+        follow = self.follow
+        if follow is not None:
+            self.follow = None
+            self.handle(follow, now)
+
+    def set_state(self, new: CmState, now: float) -> None:
+        """Enter ``new``: TimeWait arms its timer (IBA 12.9, Figure 151), IDLE forgets the id."""
+        old = self.state
+        if old == new:
+            return
+        self.state = new
+        if _CM_LOG.isEnabledFor(logging.DEBUG):  # SOFTRDMA_TRACE=cm (softrdma.trace)
+            _CM_LOG.debug("CM 0x%08x (remote 0x%08x): %s -> %s", self.local_id,
+                          self.remote_id, old.name, new.name)
+        if old in PENDING_STATES and new not in PENDING_STATES and self.listen_id is not None:
+            self.listen_id.pending -= 1
+        if new == CmState.TIMEWAIT:
+            self.msg = None
+            self.agent.arm(self, now + self.agent.timewait_s(self))
+        elif new == CmState.IDLE:
+            self.deadline = None
+            self.msg = None
+            self.agent.unregister(self)
+            self.local_qpn = None
+
+    # ---- helpers of the actions ---------------------------------------------------------
+    def send(self, msg: wcm.CmMessage, tid: int, now: float, *, retransmit: bool) -> bytes:
+        """Send ``msg`` on the id's path; ``retransmit``: keep it and arm the timer
+        (IBA 12.6.5 Max CM Retries), else remember it as the answer to a duplicate."""
+        assert self.path is not None
+        mad = self.agent.send_msg(self.path.sgid, self.path.dgid, msg, tid, self.path)
+        if retransmit:
+            self.msg = mad
+            self.retries = 0
+            self.agent.arm(self, now + self.timeout_s)
+        else:
+            self.last_reply = mad
+        return mad
+
+    def cancel_timer(self) -> None:
+        """Stop retransmitting: the answer came (or the connection ends)."""
+        self.deadline = None
+        self.msg = None
+
+    def emit(self, kind: CmEventType, private_data: bytes = b"", **kw: Any) -> None:
+        """Queue an event about this id for its consumer."""
+        self.agent.emit(CmEvent(kind, self, private_data=private_data, **kw))
+
+    def qp_err(self, now: float) -> None:
+        """The CM-moved QP to ERR (a REJ, DREQ or DREP ends the connection)."""
+        if self.qp is not None:
+            qpctl.to_err(qpctl.engine_of(self.qp), now)
+
+    def av(self) -> AddressVector:
+        """The address vector of the connection's path, for the QP's RTR."""
+        p = self.path
+        assert p is not None
+        return AddressVector(p.dgid, self.agent.sgid_index(p.sgid), p.flow_label, p.hop_limit,
+                             p.traffic_class)
+
+
+# States in which destroy() sends what disconnect() sends (linux ib_destroy_cm_id).
+_DESTROY_SENDS = frozenset((
+    CmState.REQ_SENT, CmState.MRA_REQ_RCVD, CmState.REQ_RCVD, CmState.MRA_REQ_SENT,
+    CmState.REP_SENT, CmState.MRA_REP_RCVD, CmState.REP_RCVD, CmState.MRA_REP_SENT,
+    CmState.ESTABLISHED, CmState.DREQ_RCVD, CmState.SIDR_REQ_SENT,
+    CmState.SIDR_REQ_RCVD, CmState.LISTEN))

@@ -1,0 +1,240 @@
+"""CM events for the consumer (the rdma_cm-style layer above) and readable rejections.
+
+Event names follow librdmacm (``enum rdma_cm_event_type``) so the connection API above
+the CM is a thin mapping: :class:`CmEventType` values are the rdma_cm names.
+
+:func:`describe_rej` turns a received REJ into a :class:`RejectInfo` with one distinct
+text per cause: the IBA reason (IBA 12.6.7 Table 109)
+and, for reason 28 (Consumer Reject) whose ARI names the RDMA IP CM Service layer, the
+Annex A11 Table 5 code with its suggested value (A11.7, oA11-2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+from ..errors import DecodeError
+from ..wire.cm import Rej, RejReason, Rep, Req, SidrRep, SidrReq, SidrStatus
+from ..wire.ipcm import IpAddress, IpCmAri, IpCmReject, UlpReject, decode_consumer_ari
+
+if TYPE_CHECKING:
+    from .cmid import IbCmId
+
+__all__ = ["CmEventType", "CmEvent", "RejectInfo", "describe_rej", "describe_sidr_status",
+           "reason_name"]
+
+
+class CmEventType(Enum):
+    """What happened to a connection (librdmacm ``RDMA_CM_EVENT_*`` names)."""
+
+    CONNECT_REQUEST = "CONNECT_REQUEST"  # a REQ (or SIDR_REQ) for a listener
+    CONNECT_RESPONSE = "CONNECT_RESPONSE"  # a REP on an id that sends its RTU itself
+    ESTABLISHED = "ESTABLISHED"  # RTU sent/received, or SIDR resolved
+    REJECTED = "REJECTED"  # REJ (or SIDR_REP with a non-zero status) received
+    UNREACHABLE = "UNREACHABLE"  # no answer after every retry
+    CONNECT_ERROR = "CONNECT_ERROR"  # our QP could not take the REP's parameters
+    DISCONNECTED = "DISCONNECTED"  # DREQ received, or DREP / DREQ timeout after our DREQ
+    TIMEWAIT_EXIT = "TIMEWAIT_EXIT"  # the comm ID and QPN may be reused
+
+
+@dataclass(slots=True)
+class RejectInfo:
+    """A rejection as the consumer sees it.
+
+    ``reason`` is the IBA REJ reason (or, for SIDR, None and ``sidr_status`` set);
+    ``ip_cm`` the A11 Table 4 ARI when the IP CM Service rejected; ``ulp_ari`` the
+    RDMA-aware ULP's own ARI bytes (Table 3 layer 0x01); ``text`` one readable line.
+    """
+
+    reason: int | None
+    text: str
+    ari: bytes = b""
+    ip_cm: IpCmReject | None = None
+    ulp_ari: bytes | None = None
+    sidr_status: int | None = None
+
+    @property
+    def consumer_reject(self) -> bool:
+        """True for reason 28 (rdma_cm ``rdma_is_consumer_reject``)."""
+        return self.reason == RejReason.CONSUMER_DEFINED
+
+
+@dataclass(frozen=True, slots=True)
+class CmEvent:
+    """One event, immutable. ``cm_id`` is the connection it is about; for
+    CONNECT_REQUEST it is the new passive id and ``listen_id`` the listener. Address
+    fields are filled by a dialect that carries them (A11, Hello) and from the path
+    otherwise. The agent queues events and delivers them when the lock of its driver is
+    released (:meth:`~softrdma.ibcm.agent.CmAgent.deliver_events`)."""
+
+    type: CmEventType
+    cm_id: IbCmId
+    listen_id: IbCmId | None = None
+    private_data: bytes = b""
+    reject: RejectInfo | None = None
+    remote_ip: IpAddress | None = None
+    remote_port: int | None = None
+    local_ip: IpAddress | None = None
+    local_port: int | None = None
+    ud_qpn: int | None = None
+    ud_qkey: int | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    # ---- typed views of ``info`` (the message that caused the event) --------------------
+    @property
+    def req(self) -> Req | None:
+        """The REQ of a CONNECT_REQUEST (IBA 12.6.5)."""
+        m = self.info.get("req")
+        return m if isinstance(m, Req) else None
+
+    @property
+    def rep(self) -> Rep | None:
+        """The REP of a CONNECT_RESPONSE or an active side's ESTABLISHED (IBA 12.6.8)."""
+        m = self.info.get("rep")
+        return m if isinstance(m, Rep) else None
+
+    @property
+    def rej(self) -> Rej | None:
+        """The REJ of a REJECTED (IBA 12.6.7)."""
+        m = self.info.get("rej")
+        return m if isinstance(m, Rej) else None
+
+    @property
+    def sidr(self) -> bool:
+        """A SIDR CONNECT_REQUEST (IBA 12.11): accept it with a UD QP."""
+        return self.info.get("sidr") is True
+
+    @property
+    def sidr_req(self) -> SidrReq | None:
+        """The SIDR_REQ of a SIDR CONNECT_REQUEST (IBA 12.11.1)."""
+        m = self.info.get("sidr_req")
+        return m if isinstance(m, SidrReq) else None
+
+    @property
+    def sidr_rep(self) -> SidrRep | None:
+        """The SIDR_REP of a SIDR ESTABLISHED or REJECTED (IBA 12.11.2)."""
+        m = self.info.get("sidr_rep")
+        return m if isinstance(m, SidrRep) else None
+
+    @property
+    def text(self) -> str:
+        """A readable line (the rejection text for REJECTED/UNREACHABLE)."""
+        if self.reject is not None:
+            return f"{self.type.value}: {self.reject.text}"
+        return self.type.value
+
+    def __repr__(self) -> str:
+        return f"<CmEvent {self.text} id={self.cm_id.local_id:#010x}>"
+
+
+_REASON_TEXT: dict[int, str] = {
+    RejReason.NO_QP: "no QP available",
+    RejReason.NO_EEC: "no EE context available",
+    RejReason.NO_RESOURCES: "no resources available",
+    RejReason.TIMEOUT: "timeout",
+    RejReason.UNSUPPORTED: "unsupported request",
+    RejReason.INVALID_COMM_ID: "invalid communication ID",
+    RejReason.INVALID_COMM_INSTANCE: "invalid communication instance",
+    RejReason.INVALID_SERVICE_ID: "invalid Service ID (nobody listens on it)",
+    RejReason.INVALID_TRANSPORT_TYPE: "invalid transport service type",
+    RejReason.STALE_CONN: "stale connection",
+    RejReason.RDC_NOT_EXIST: "RDC does not exist",
+    RejReason.INVALID_GID: "primary remote port GID rejected",
+    RejReason.INVALID_LID: "primary remote port LID rejected",
+    RejReason.INVALID_SL: "primary SL rejected",
+    RejReason.INVALID_TRAFFIC_CLASS: "primary traffic class rejected",
+    RejReason.INVALID_HOP_LIMIT: "primary hop limit rejected",
+    RejReason.INVALID_PACKET_RATE: "primary packet rate rejected",
+    RejReason.INVALID_ALT_GID: "alternate remote port GID rejected",
+    RejReason.INVALID_ALT_LID: "alternate remote port LID rejected",
+    RejReason.INVALID_ALT_SL: "alternate SL rejected",
+    RejReason.INVALID_ALT_TRAFFIC_CLASS: "alternate traffic class rejected",
+    RejReason.INVALID_ALT_HOP_LIMIT: "alternate hop limit rejected",
+    RejReason.INVALID_ALT_PACKET_RATE: "alternate packet rate rejected",
+    RejReason.PORT_CM_REDIRECT: "port and CM redirection",
+    RejReason.PORT_REDIRECT: "port redirection",
+    RejReason.INVALID_MTU: "invalid path MTU",
+    RejReason.INSUFFICIENT_RESP_RESOURCES: "insufficient responder resources",
+    RejReason.CONSUMER_DEFINED: "rejected by the remote consumer",
+    RejReason.INVALID_RNR_RETRY: "invalid RNR retry count",
+    RejReason.DUPLICATE_LOCAL_COMM_ID: "duplicate local communication ID",
+    RejReason.INVALID_CLASS_VERSION: "invalid CM class version",
+    RejReason.INVALID_FLOW_LABEL: "primary flow label rejected",
+    RejReason.INVALID_ALT_FLOW_LABEL: "alternate flow label rejected",
+    RejReason.VENDOR_OPTION_NOT_SUPPORTED: "vendor option not supported",
+}
+
+_ARI_TEXT: dict[int, str] = {
+    IpCmAri.UNSPECIFIED: "unspecified reason",
+    IpCmAri.MAJOR_VERSION: "IP CM major version not supported",
+    IpCmAri.MINOR_VERSION: "IP CM minor version not supported",
+    IpCmAri.IPV: "IP version not supported",
+    IpCmAri.SOURCE_IP: "source IP address inconsistent with the IP version",
+    IpCmAri.DESTINATION_IP: "destination IP address inconsistent with the IP version",
+    IpCmAri.UNKNOWN_IP: "unknown IP address (the destination is not the server's)",
+}
+
+
+def reason_name(reason: int) -> str:
+    """``RejReason`` name of a code, or ``reason <n>`` for an unassigned one."""
+    try:
+        return RejReason(reason).name
+    except ValueError:
+        return f"reason {reason}"
+
+
+def _suggested_text(ari: IpCmReject) -> str:
+    s = ari.suggested
+    if not s:
+        return ""
+    if ari.code in (IpCmAri.MAJOR_VERSION, IpCmAri.MINOR_VERSION):
+        return f"; server suggests version {s[0]}"
+    if ari.code == IpCmAri.IPV:
+        return "; server supports " + " and ".join(f"IPv{b}" for b in s)
+    return f"; suggested value {s.hex()}"
+
+
+def describe_rej(rej: Rej) -> RejectInfo:
+    """The consumer's view of a REJ (distinct text per reason and per A11 ARI code)."""
+    reason = rej.reason
+    ari = rej.ari_data
+    base = _REASON_TEXT.get(reason, f"unassigned reason {reason}")
+    if reason != RejReason.CONSUMER_DEFINED or not ari:
+        return RejectInfo(reason, f"{base} ({reason_name(reason)})", ari)
+    try:
+        layer = decode_consumer_ari(ari)
+    except DecodeError as e:
+        return RejectInfo(reason, f"{base} (malformed ARI: {e})", ari)
+    if isinstance(layer, UlpReject):
+        return RejectInfo(reason, f"{base}: ULP reject, ARI {layer.data.hex() or 'empty'}",
+                          ari, ulp_ari=layer.data)
+    what = _ARI_TEXT.get(layer.code, f"unknown IP CM ARI code {layer.code:#04x}")
+    text = f"rejected by the RDMA IP CM Service: {what}{_suggested_text(layer)}"
+    return RejectInfo(reason, text, ari, ip_cm=layer)
+
+
+_SIDR_TEXT: dict[int, str] = {
+    SidrStatus.UNSUPPORTED: "Service ID not supported (nobody listens on it)",
+    SidrStatus.REJECT: "rejected by the service provider",
+    SidrStatus.NO_QP: "no QP available",
+    SidrStatus.REDIRECT: "redirected",
+    SidrStatus.UNSUPPORTED_VERSION: "unsupported version",
+}
+
+
+def describe_sidr_status(status: int, info: bytes = b"") -> RejectInfo:
+    """The consumer's view of a SIDR_REP with a non-zero status (IBA Table 121)."""
+    text = _SIDR_TEXT.get(status, f"unknown SIDR status {status}")
+    ip_cm = None
+    if status == SidrStatus.REJECT and info[:1] == b"\x00" and len(info) >= 4:
+        try:
+            got = decode_consumer_ari(info)
+        except DecodeError:
+            got = None
+        if isinstance(got, IpCmReject):
+            ip_cm = got
+            text = (f"rejected by the RDMA IP CM Service: "
+                    f"{_ARI_TEXT.get(got.code, hex(got.code))}{_suggested_text(got)}")
+    return RejectInfo(None, f"SIDR: {text}", info, ip_cm=ip_cm, sidr_status=status)

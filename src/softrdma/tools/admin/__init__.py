@@ -1,0 +1,1 @@
+"""Administration: link, stats, res, ipoib."""

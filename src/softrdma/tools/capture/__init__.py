@@ -1,0 +1,1 @@
+"""Capture analysis: pcap-check, pcap conversion, ladder diagrams."""

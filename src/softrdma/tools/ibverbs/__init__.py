@@ -1,0 +1,1 @@
+"""The libibverbs examples and tools (ibv_*_pingpong, ibv_devinfo ...)."""

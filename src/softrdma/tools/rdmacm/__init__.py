@@ -1,0 +1,1 @@
+"""The librdmacm examples (rping, udaddy, ucmatose, mckey, rdma_server ...)."""

@@ -1,0 +1,1 @@
+"""Runners of other projects' test suites (rdma-core's tests, pyverbs)."""
