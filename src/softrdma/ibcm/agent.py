@@ -42,7 +42,6 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from ..drivers.devd.cm_reject import RejLimiter
 from ..errors import DecodeError, InvalidArgument, SoftRdmaError, StateError
 from ..wire import cm as wcm
 from ..wire.cm import MsgType, Rej, RejReason, TransportServiceType, time_code_s
@@ -69,6 +68,7 @@ from .params import (
     make_rej,
     mtu_enum,
 )
+from .ratelimit import RejLimiter
 
 __all__ = [
     "CmConfig", "CmPath", "ConnParams", "AcceptParams", "SidrParams", "OutMad", "ReqVerdict",

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import errno
+import time
 from collections.abc import Sequence
 
 from softrdma.drivers.devd.cm_reject import RejLimiter, answer_for, sane_request
@@ -125,7 +126,7 @@ class CmRouting:
         if answer is None:
             self.counters["cm_bad_req"] += 1
             return
-        if not self._rej_limiter.allow(dg.src_ip):
+        if not self._rej_limiter.allow(dg.src_ip, time.monotonic()):
             self.counters["cm_rej_limited"] += 1
             return
         hdr, mad = answer

@@ -14,17 +14,17 @@ sends to any one address (the daemon must not become a reflector):
 * the source must be a unicast address (not unspecified, multicast or broadcast), and
   the REQ's Primary Local Port GID must be that address (A11: the active side's GID);
 * at most :data:`REJ_BURST` answers per source, refilled at :data:`REJ_PER_SECOND`
-  (a token bucket per source address, :class:`RejLimiter`).
+  (a token bucket per source address, :class:`~softrdma.ibcm.ratelimit.RejLimiter`,
+  shared with the CM agent).
 """
 
 from __future__ import annotations
 
 import ipaddress
-import time
-from collections import OrderedDict
 
 from softrdma.drivers.link import Datagram
 from softrdma.errors import SoftRdmaError
+from softrdma.ibcm.ratelimit import REJ_BURST, REJ_PER_SECOND, RejLimiter
 from softrdma.wire import cm as wcm
 from softrdma.wire import ib as wib
 from softrdma.wire.gid import ip_to_gid
@@ -36,9 +36,6 @@ from softrdma.wire.rocev1 import LOOPBACK_GID
 __all__ = ["REJ_BURST", "REJ_PER_SECOND", "RejLimiter", "answer_for", "gsi_qkey_ok",
            "sane_request"]
 
-REJ_BURST = 8  # answers to one source before the rate limit applies
-REJ_PER_SECOND = 8.0  # refill rate of a source's answers
-MAX_SOURCES = 4096  # sources remembered; the least recently seen is forgotten
 MAD_OFF = BTH_SIZE + 8  # BTH + DETH, then the 256-byte MAD
 MAD_SIZE = 256
 QPN_GSI = 1
@@ -104,27 +101,3 @@ def answer_for(dg: Datagram) -> tuple[bytes, bytes] | None:
     src_qp = int.from_bytes(dg.data[BTH_SIZE + 5:BTH_SIZE + 8], "big")  # DETH SrcQP
     hdr = wib.bth(UD_SEND_ONLY, 0xFFFF, src_qp, 0) + wib.deth(GSI_QKEY, QPN_GSI)
     return hdr, mad
-
-
-class RejLimiter:
-    """A token bucket per source address: :data:`REJ_BURST` answers, then
-    :data:`REJ_PER_SECOND`."""
-
-    def __init__(self, burst: int = REJ_BURST, rate: float = REJ_PER_SECOND,
-                 max_sources: int = MAX_SOURCES) -> None:
-        self.burst = burst
-        self.rate = rate
-        self.max_sources = max_sources
-        self._buckets: OrderedDict[bytes, tuple[float, float]] = OrderedDict()
-
-    def allow(self, src: bytes, now: float | None = None) -> bool:
-        t = time.monotonic() if now is None else now
-        tokens, last = self._buckets.pop(src, (float(self.burst), t))
-        tokens = min(float(self.burst), tokens + (t - last) * self.rate)
-        ok = tokens >= 1.0
-        if ok:
-            tokens -= 1.0
-        self._buckets[src] = (tokens, t)
-        if len(self._buckets) > self.max_sources:
-            self._buckets.popitem(last=False)
-        return ok
