@@ -6,7 +6,7 @@ Three rules (docs/design.md, "Layout"):
   (an import under ``if TYPE_CHECKING:`` is not run and is not an edge here);
 * the protocol packages hold no I/O: ``ib``, ``iwarp`` and ``seam`` import no ``socket``,
   ``threading``, ``select``, ``selectors``, ``asyncio``, ``subprocess`` nor ``time`` (engines
-  are given the time); ``wire``, ``cm`` and ``ipoib`` import none of the first six and do
+  are given the time); ``wire``, ``ibcm``, ``cm`` and ``ipoib`` import none of the first six and do
   not call ``time.sleep``;
 * each package imports only the packages :data:`ALLOWED` gives it (type-only and
   function-local imports included).
@@ -33,9 +33,10 @@ ANY = frozenset({"*"})
 BASE = frozenset({"errors", "enums", "trace"})  # usable everywhere
 
 # package -> the packages of ours it may import (docs/design.md's layout table). The order
-# from the bottom: errors/enums, wire, seam, the sans-I/O engines (ib, iwarp, ipoib),
-# drivers (I/O: links, runtimes, devd), verbs, cm (IB CM, rdma_cm, iWARP connection setup),
-# then the applications (tools, compat, interop).
+# from the bottom: errors/enums, wire, seam, the sans-I/O engines (ib, iwarp, ipoib, and
+# ibcm, the IB CM, beside ib), drivers (I/O: links, runtimes, devd, the CM's QP1 driver,
+# iWARP connection setup), verbs, cm (the librdmacm-shaped API), then the applications
+# (apps: the IPoIB interface process; tools, compat, interop).
 ALLOWED: dict[str, frozenset[str]] = {
     "errors": frozenset(),
     "enums": frozenset(),
@@ -46,9 +47,13 @@ ALLOWED: dict[str, frozenset[str]] = {
     "ib": BASE | {"wire", "seam"},
     "iwarp": BASE | {"wire", "seam"},
     "ipoib": BASE | {"wire"},
-    "drivers": BASE | {"wire", "seam", "ib", "iwarp"},
+    "ibcm": BASE | {"wire", "seam", "ib"},
+    "drivers": BASE | {"wire", "seam", "ib", "iwarp", "ibcm"},
     "verbs": BASE | {"wire", "seam", "ib", "iwarp", "drivers"},
-    "cm": BASE | {"wire", "seam", "ib", "iwarp", "drivers", "verbs"},
+    "cm": BASE | {"wire", "seam", "ib", "iwarp", "ibcm", "drivers", "verbs"},
+    # the IPoIB interface process: it drives the sans-I/O ipoib engine as a verbs + CM
+    # application (UD QP, RC connections through the IB CM)
+    "apps": BASE | {"wire", "seam", "ib", "ipoib", "ibcm", "drivers", "verbs", "cm"},
     "compat": ANY,
     # C programs (softrdma run): a verbs application whose API is libibverbs' C ABI
     "capi": BASE | {"seam", "verbs", "cm"},
@@ -57,34 +62,20 @@ ALLOWED: dict[str, frozenset[str]] = {
     "__main__": ANY,
 }
 
-# Modules that may import more than their package (by design, not open work).
-MODULE_EXTRA: dict[str, frozenset[str]] = {
-    # the IPoIB interface process: it drives the sans-I/O ipoib engine as a verbs + CM
-    # application (UD QP, RC connections through the IB CM), so it sits above cm
-    "softrdma.apps.ipoib_runtime": frozenset({"ipoib", "verbs", "cm"}),
-}
-
 # (module, package it imports) still open, with the branch that removes the import (empty
 # since the seam branch: iwarp no longer imports ib).
 KNOWN_OPEN_LAYERS: dict[tuple[str, str], str] = {}
 
 IO_MODULES = frozenset({"socket", "threading", "select", "selectors", "asyncio", "subprocess"})
 NO_IO_NO_CLOCK = ("ib", "iwarp", "seam")  # ... and no `time` at all
-NO_IO = ("wire", "cm", "ipoib")  # ... and no time.sleep()
-
-# Modules of the NO_IO packages that may do I/O by design.
-IO_EXTRA: dict[str, frozenset[str]] = {
-    # iWARP connection setup (TCP connect/accept + MPA negotiation) beside rdma_cm
-    "softrdma.drivers.iwconnect": frozenset({"socket", "threading", "select", "selectors"}),
-}
+NO_IO = ("wire", "cm", "ibcm", "ipoib")  # ... and no time.sleep()
 
 # module -> (what it still uses, the branch that removes it)
 KNOWN_OPEN_IO: dict[str, tuple[frozenset[str], str]] = {
     # still open after issue 10's branches ("lead": no branch of it removes them): the CM
-    # agent's lock (ibcm, gsi) and the librdmacm-shaped API's blocking waits and device
+    # agent's lock (ibcm.agent) and the librdmacm-shaped API's blocking waits and device
     # list (rdma_cm, rdma_events, rdma_devices)
     "softrdma.ibcm.agent": (frozenset({"threading"}), "lead"),
-    "softrdma.drivers.gsi": (frozenset({"threading"}), "lead"),
     "softrdma.cm.rdma_cm": (frozenset({"threading"}), "lead"),
     "softrdma.cm.rdma_devices": (frozenset({"socket", "threading"}), "lead"),
     "softrdma.cm.rdma_events": (frozenset({"asyncio", "select", "threading"}), "lead"),
@@ -114,7 +105,7 @@ def module_name(path: Path, src: Path) -> str:
 
 
 def package_of(module: str) -> str:
-    """``softrdma.ibcm.agent`` -> ``cm``; ``softrdma.errors`` -> ``errors``; the root -> ``""``."""
+    """``softrdma.ibcm.agent`` -> ``ibcm``; ``softrdma.errors`` -> ``errors``; the root -> ``""``."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else ""
 
@@ -236,8 +227,7 @@ def runtime_edges(imports: Iterable[Import],
 
 
 def layer_violations(imports: Iterable[Import],
-                     allowed: Mapping[str, frozenset[str]] = ALLOWED,
-                     extra: Mapping[str, frozenset[str]] = MODULE_EXTRA) -> set[tuple[str, str]]:
+                     allowed: Mapping[str, frozenset[str]] = ALLOWED) -> set[tuple[str, str]]:
     """(module, package) pairs where a module imports a package its layer may not."""
     bad = set()
     for imp in imports:
@@ -245,7 +235,7 @@ def layer_violations(imports: Iterable[Import],
         if src_pkg == dst_pkg or dst_pkg == "":
             continue
         ok = allowed.get(src_pkg, frozenset())
-        if ok is ANY or dst_pkg in ok or dst_pkg in extra.get(imp.source, frozenset()):
+        if ok is ANY or dst_pkg in ok:
             continue
         bad.add((imp.source, dst_pkg))
     return bad
@@ -276,7 +266,7 @@ def io_violations(src: Path = SRC) -> dict[str, set[str]]:
         if pkg in NO_IO_NO_CLOCK:
             banned = IO_MODULES | {"time", "time.sleep"}
         elif pkg in NO_IO:
-            banned = (IO_MODULES | {"time.sleep"}) - IO_EXTRA.get(name, frozenset())
+            banned = IO_MODULES | {"time.sleep"}
         else:
             continue
         bad = io_uses(path) & banned

@@ -1,40 +1,14 @@
-"""softrdma.cm: the InfiniBand Communication Manager on the RoCE device (IBA Vol 1 ch. 12).
+"""softrdma.cm: the librdmacm-shaped connection API (``rdma_cm.h``) over the IB CM and
+iWARP connection setup.
 
 Modules:
 
-* :mod:`softrdma.ibcm.state` -- the IBA 12.9 state machine as a table ``(state, input) -> (typed
-  action, next state)``, over the states and typed inputs of :mod:`softrdma.ibcm.model`; the actions
-  live in :mod:`softrdma.ibcm.establish` (REQ/REP/RTU), :mod:`softrdma.ibcm.release` (REJ, DREQ/DREP, TimeWait),
-  :mod:`softrdma.ibcm.mra_lap` (MRA, duplicates, LAP), :mod:`softrdma.ibcm.retry` (timeouts) and :mod:`softrdma.ibcm.sidr`;
-* :mod:`softrdma.ibcm.agent` -- :class:`~softrdma.ibcm.agent.CmAgent`, the sans-I/O CM of one port (MADs in, MADs
-  out, timers, queued events); :mod:`softrdma.ibcm.cmid` -- :class:`~softrdma.ibcm.cmid.IbCmId`, one connection
-  (``struct ib_cm_id``; the rdma_cm-style id is :class:`.rdma_cm.CmId`);
-  :mod:`softrdma.ibcm.params` -- what consumers pass and the RoCE guards (A16.5.2);
-* :mod:`softrdma.ibcm.events` -- :class:`~softrdma.ibcm.events.CmEvent` (librdmacm event names) and readable
-  rejections;
-* :mod:`softrdma.ibcm.ipcm` -- the RDMA IP CM Service (Annex A11), server checks and client;
-* :mod:`.hello` -- the iWARP-over-IB Hello/HelloReply dialect and the FlowC 0 stream;
-* :mod:`softrdma.ibcm.sidr` -- Service ID Resolution for UD services (IBA 12.11);
-* :mod:`softrdma.ibcm.qpctl` -- the QP transitions the CM makes;
-* :mod:`softrdma.drivers.gsi` -- :class:`~softrdma.drivers.gsi.CmBinding`, the agent on QP1 of a device (verbs
-  ``Context``), driven by the device runtime.
-
-Use (the rdma_cm-style layer sits on exactly this)::
-
-    cm = CmBinding.attach(ctx)                       # one per device
-    lst = cm.agent.create_id(handler)                # handler(ev: CmEvent), lock not held
-    ip_listen(lst, 7471)                             # A11 Service ID 0x0000000001061d2f
-    cid = cm.agent.create_id(handler)
-    IpCmClient(cid).connect(qp, "10.0.0.1", "10.0.0.2", 7471, private_data=b"...")
-    # server handler: CONNECT_REQUEST (ev.cm_id, ev.private_data, ev.remote_ip/port)
-    #   -> ev.cm_id.accept(qp, AcceptParams(...)) or ev.cm_id.reject(b"...")
-    # client handler: ESTABLISHED | REJECTED (ev.reject.reason/.ip_cm/.text) | UNREACHABLE
-    cid.disconnect()                                 # -> DISCONNECTED, then TIMEWAIT_EXIT
-
-The agent only queues events (typed, frozen :class:`~softrdma.ibcm.events.CmEvent`); the binding
-delivers them after the device lock is released (at the end of a consumer call, or from
-the virtual clock or the binding's event thread after MAD and timer processing), so a
-handler may call CM methods, create or destroy verbs objects, or block. Without a
-handler, events go to ``agent.events`` and :meth:`~softrdma.drivers.gsi.CmBinding.get_event` returns
-them.
+* :mod:`.rdma_cm` -- :class:`~.rdma_cm.CmId` and the ``rdma_*`` calls; the transport
+  underneath is the IB CM engine (:mod:`softrdma.ibcm`, on QP1 through
+  :mod:`softrdma.drivers.gsi`) or TCP + MPA (:mod:`softrdma.drivers.iwconnect`);
+* :mod:`.rdma_events` -- event channels and ``RDMA_CM_EVENT_*``; :mod:`.rdma_devices`
+  -- the device list and which device an address is on; :mod:`.rdma_qpattr`,
+  :mod:`.rdma_mcast`, :mod:`.rdma_iwwatch`;
+* :mod:`.hello` -- the iWARP-over-IB Hello/HelloReply dialect and the FlowC 0 stream (a
+  verbs user).
 """
