@@ -72,7 +72,7 @@ def test_table_is_consistent() -> None:
         assert isinstance(state, CmState) and isinstance(row.next_state, CmState)
         assert kind in messages or (isinstance(kind, type) and issubclass(kind, CmInput)), kind
         # the action is a plain module function, not a method looked up by name
-        assert row.action.__module__.startswith("softrdma.cm."), row.action
+        assert row.action.__module__.startswith("softrdma.ibcm."), row.action
     # every state but DREQ_RCVD's transient row is reachable from the table
     targets = {row.next_state for row in TRANSITIONS.values()} | {
         CmState.IDLE, CmState.LISTEN, CmState.REQ_RCVD, CmState.SIDR_REQ_RCVD}
