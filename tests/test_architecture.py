@@ -20,6 +20,8 @@ from __future__ import annotations
 import ast
 import functools
 import re
+import subprocess
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -393,3 +395,14 @@ def test_design_doc_layout_table_matches_the_allowed_table() -> None:
     expected = {pkg: (ok if ok is ANY else ok - BASE) for pkg, ok in ALLOWED.items()
                 if pkg not in ("__main__", "") and (pkg != "seam" or (SRC / "seam").is_dir())}
     assert {p: documented.get(p) for p in expected} == expected
+
+
+def test_a_client_process_does_not_import_the_daemon() -> None:
+    """A verbs, rdma_cm or IPoIB process opens devices through the daemon's client link
+    (``drivers.devd.client``); the daemon's module (``drivers.devd.daemon``) is imported only
+    by the daemon itself (``python -m``) and its in-process tests."""
+    code = ("import sys, softrdma.verbs, softrdma.cm.rdma_cm, softrdma.apps.ipoib_runtime\n"
+            "print(sorted(m for m in sys.modules if m == 'softrdma.drivers.devd.daemon'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120).stdout
+    assert out.strip() == "[]", out

@@ -13,7 +13,7 @@ import pytest
 from rdma_cm_harness import ROCE_DEV, make_state_dir
 
 from softrdma.drivers.devd import client as devd_client
-from softrdma.drivers.devd import daemon as devd
+from softrdma.drivers.devd import spawn as devd_spawn
 from softrdma.drivers.registry import Registry
 
 
@@ -21,17 +21,17 @@ def test_a_daemon_gone_before_the_connect_is_replaced(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     make_state_dir(tmp_path)
     rec = Registry(tmp_path).get(ROCE_DEV)
-    real = devd.ensure_devd
+    real = devd_spawn.ensure_devd
     calls: list[int] = []
 
     def vanishing_once(*a: Any, **kw: Any) -> str:
         calls.append(1)
         if len(calls) == 1:  # the daemon it found exited (idle) before the connect
-            raise devd.DevdVanished(f"devd {ROCE_DEV}: started but ... accepts no connection")
+            raise devd_spawn.DevdVanished(f"devd {ROCE_DEV}: started but ... accepts no connection")
         return real(*a, **kw)
 
     monkeypatch.setattr(devd_client, "ensure_devd", vanishing_once)
-    link = devd.DevdLink(rec, state_dir=tmp_path, idle_timeout=2.0)
+    link = devd_client.DevdLink(rec, state_dir=tmp_path, idle_timeout=2.0)
     try:
         assert link.udp_port == rec.udp_port and len(calls) == 2
     finally:
@@ -44,6 +44,6 @@ def test_clients_arriving_as_the_daemon_exits(tmp_path: Path) -> None:
     rec = Registry(tmp_path).get(ROCE_DEV)
     rng = random.Random(14)
     for _ in range(25):
-        link = devd.DevdLink(rec, state_dir=tmp_path, idle_timeout=0.2)
+        link = devd_client.DevdLink(rec, state_dir=tmp_path, idle_timeout=0.2)
         link.close()
         time.sleep(0.2 + rng.uniform(-0.03, 0.05))

@@ -70,7 +70,6 @@ from softrdma.drivers.devd.admission import (
     raise_nofile,
     refuse,
 )
-from softrdma.drivers.devd.client import DevdLink
 from softrdma.drivers.devd.cm_reject import RejLimiter
 from softrdma.drivers.devd.forward import Forwarding
 from softrdma.drivers.devd.mcast import McastRouting
@@ -100,10 +99,7 @@ from softrdma.drivers.devd.proto import (
 from softrdma.drivers.devd.qpn import JOIN_TIMEOUT, QpnRouting
 from softrdma.drivers.devd.reuseport import direct_enabled
 from softrdma.drivers.devd.spawn import (
-    DEVD_START_TIMEOUT,
-    DevdVanished,
     daemonize,
-    ensure_devd,
     install_signals,
 )
 from softrdma.drivers.link import ip_bytes, ip_text
@@ -116,21 +112,7 @@ from softrdma.errors import DeviceError, InvalidArgument, SoftRdmaError
 from softrdma.seam.counters import Counters
 from softrdma.wire.gid import ip_to_gid
 
-__all__ = [
-    "DEFAULT_IDLE_TIMEOUT",
-    "DEVD_START_TIMEOUT",
-    "QPN_FIRST",
-    "QPN_LAST",
-    "STAT_NAMES",
-    "Devd",
-    "DevdLink",
-    "DevdVanished",
-    "ensure_devd",
-    "counters_path",
-    "saved_counters",
-    "main",
-    "socket_path",
-]
+__all__ = ["Devd", "main"]
 
 MAX_JOIN_FDS = 4  # sockets a JOINED may carry (one per address family)
 MAX_LOGGED_MALFORMED = 16  # malformed control messages logged (all are counted)
