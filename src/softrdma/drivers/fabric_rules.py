@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
 from ..seam.counters import SlotCounters
 from .link import Datagram
 
-if TYPE_CHECKING:
-    from .fabric import Fabric
-
-__all__ = ["Action", "ACTIONS", "ETH_OVERHEAD", "FabricStats", "Rule"]
+__all__ = ["Action", "ACTIONS", "ETH_OVERHEAD", "FabricStats", "Rule", "RuleOwner"]
 
 Action = Literal["drop", "duplicate", "delay", "corrupt", "reorder"]
 ACTIONS = ("drop", "duplicate", "delay", "corrupt", "reorder")
@@ -58,6 +55,13 @@ class FabricStats(SlotCounters):
         return f"FabricStats({inner})"
 
 
+class RuleOwner(Protocol):
+    """What a :class:`Rule` needs of its fabric (:class:`~.fabric.Fabric`): to be taken
+    off it."""
+
+    def remove_rule(self, rule: Rule) -> None: ...
+
+
 class Rule:
     """A targeted fault: ``action`` applies to datagrams for which ``predicate`` is true.
 
@@ -68,9 +72,9 @@ class Rule:
 
     __slots__ = ("predicate", "action", "count", "skip", "delay", "matches", "hits", "_fabric")
 
-    def __init__(self, fabric: Fabric, predicate: Callable[[Datagram], bool], action: Action,
+    def __init__(self, fabric: RuleOwner, predicate: Callable[[Datagram], bool], action: Action,
                  count: int | None, skip: int, delay: float) -> None:
-        self._fabric: Fabric | None = fabric
+        self._fabric: RuleOwner | None = fabric
         self.predicate = predicate
         self.action: Action = action
         self.count = count
