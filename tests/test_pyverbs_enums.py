@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from softrdma import enums as softrdma_enums
 from softrdma.compat.pyverbs import cm_enums, libibverbs_enums
 from softrdma.compat.pyverbs import enums as pyverbs_enums
 from softrdma.compat.pyverbs.providers.efa import efa_enums
@@ -129,6 +130,11 @@ def _check(mod: object, headers: dict[str, int], min_found: float) -> None:
 
 def test_libibverbs_enums_match_verbs_h(headers: dict[str, int]) -> None:
     _check(libibverbs_enums, headers, 0.99)
+
+
+def test_softrdma_enums_match_verbs_h(headers: dict[str, int]) -> None:
+    """softrdma.enums (generated from the header) keeps every value of verbs.h."""
+    _check(softrdma_enums, headers, 1.0)
 
 
 def test_well_known_values(headers: dict[str, int]) -> None:

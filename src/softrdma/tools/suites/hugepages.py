@@ -1,9 +1,9 @@
 """Huge pages for the length of a run (``softrdma rdma-core-tests --hugepages N``).
 
 rdma-core's tests that register memory backed by 2 MiB huge pages (``test_odp``'s
-``*_huge_*`` and ``test_parent_domain``'s ``test_huge_page_traffic``; ``tests/utils.py``
-``requires_huge_pages``) skip unless the kernel has some reserved
-(``/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages``). softrdma registers any
+``*_huge_*`` and ``test_parent_domain``'s ``test_huge_page_traffic``;
+rdma-core's ``tests/utils.py`` ``requires_huge_pages``) skip unless the kernel has some
+reserved (``/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages``). softrdma registers any
 memory, huge pages included, so as root the suite reserves a few for the run and gives
 them back afterwards (Linux ``Documentation/admin-guide/mm/hugetlbpage.rst``).
 """
