@@ -118,6 +118,27 @@ def test_resolve_rejects_missing_names() -> None:
         raise AssertionError(f"{name} resolved")
 
 
+# a name of softrdma in backquotes (``softrdma.ib.port.Port``, :mod:`~softrdma.wire.ib`)
+NAMED = re.compile(r"(?:`|:`~?)(softrdma(?:\.\w+)+)`")
+# logger names (softrdma.trace's kinds, the link's warnings), not code
+LOGGERS = {"softrdma.qp", "softrdma.pkt", "softrdma.cm", "softrdma.link"}
+
+
+def test_named_code_exists() -> None:
+    """Every ``softrdma.…`` name that README, docs/ or a docstring quotes can be imported."""
+    bad = []
+    for f in _referring_files():
+        for n, line in enumerate(f.read_text().splitlines(), 1):
+            for name in NAMED.findall(line):
+                if name in LOGGERS:
+                    continue
+                try:
+                    resolve(name)
+                except (ImportError, AttributeError) as exc:
+                    bad.append(f"{f.relative_to(ROOT)}:{n}: {name}: {exc}")
+    assert not bad, "\n".join(bad)
+
+
 def _referring_files() -> list[Path]:
     return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
             *sorted(SRC.rglob("*.py")), *sorted(SRC.rglob("*.c"))]

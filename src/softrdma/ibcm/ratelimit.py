@@ -5,7 +5,7 @@ A11 CA11-8), and a SIDR_REQ with SIDR_REP status 1 (IBA 12.11.2). The answer goe
 REQ's source address, which nothing authenticates, so a CM bounds what it sends to any one
 address (it must not become a reflector): at most :data:`REJ_BURST` answers per source,
 refilled at :data:`REJ_PER_SECOND`. Used by the CM agent (:mod:`.agent`) and by devd,
-which answers for a device with no CM (:mod:`softrdma.drivers.cm_reject`).
+which answers for a device with no CM (:mod:`softrdma.drivers.devd.cm_reject`).
 """
 
 from __future__ import annotations
