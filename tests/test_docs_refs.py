@@ -20,6 +20,10 @@ PATH = re.compile(
 # Another project's file: its project's name right before it ("librdmacm's
 # ``examples/mckey.c``", "perftest (``src/perftest_communication.c``")
 FOREIGN = re.compile(r"(?:librdmacm|perftest|rdma-core|linux)(?:'s)?[\s(`]*$", re.I)
+# A module named by its path in src/softrdma (the design doc's drawings: ``ib/port.py``);
+# the Linux kernel's drivers/infiniband/... files are not ours
+SHORT_PATH = re.compile(r"(?<![\w/.-])((?:wire|seam|ib|iwarp|ipoib|ibcm|drivers|verbs|cm|apps|"
+                        r"capi|tools|compat|interop)/[\w/]*\w\.(?:py|c))\b")
 QUALIFIED = re.compile(r"`(softrdma(?:\.\w+)+)`")
 STOP = re.compile(r"^\s*\d+\.\s+\*\*`([^`]+)`\*\*", re.M)
 
@@ -152,6 +156,10 @@ def test_referenced_paths_exist() -> None:
                 if (ROOT / path).exists() or FOREIGN.search(line.split(path, 1)[0]):
                     continue
                 missing.append(f"{f.relative_to(ROOT)}:{n}: {path}")
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for n, line in enumerate(page.read_text().splitlines(), 1):
+            missing += [f"{page.relative_to(ROOT)}:{n}: {path}" for path in SHORT_PATH.findall(line)
+                        if not path.startswith("drivers/infiniband/") and not (SRC / path).exists()]
     assert not missing, "references to files that do not exist:\n" + "\n".join(missing)
 
 
@@ -160,5 +168,7 @@ def test_path_pattern_finds_our_paths_only() -> None:
     assert PATH.findall(line) == ["tests/test_enums.py", "src/softrdma/ib/port.py",
                                   "docs/design.md"]
     assert not PATH.findall("softrdma/tests/x.py or /usr/src/a.c")
+    assert SHORT_PATH.findall("ib/port.py Port.receive, drivers/devd/client.py, x/ib/a.py") == [
+        "ib/port.py", "drivers/devd/client.py"]
     assert FOREIGN.search("librdmacm's ``") and FOREIGN.search("perftest (``")
     assert not FOREIGN.search("Generated from the header (rdma-core 44); ")
