@@ -180,6 +180,11 @@ def test_smoke_subset_and_patterns() -> None:
     assert {c.name for c in C.select(C.all_cases(), "ucmatose,udaddy")} == {
         "ucmatose/rxe", "udaddy/rxe", "c/ucmatose/rxe", "c/udaddy/rxe"}
     assert C.select(C.all_cases(), "nothing-like-this") == []
+    # a case's whole name selects that case alone (the lab test's smoke run), not its C twin
+    assert [c.name for c in C.select(C.all_cases(), "rc_pingpong/rxe/s4096")] == [
+        "rc_pingpong/rxe/s4096"]
+    assert [c.name for c in C.select(C.all_cases(), "c/rc_pingpong/rxe/s4096")] == [
+        "c/rc_pingpong/rxe/s4096"]
 
 
 EP = C.Endpoint("10.50.0.14", "10.50.0.24", guest_gid=1, softrdma="python3 -m softrdma")

@@ -191,12 +191,14 @@ def smoke_cases() -> list[Case]:
 
 
 def select(cases: list[Case], pattern: str | None) -> list[Case]:
-    """The cases whose name matches any comma-separated shell pattern (a bare word
-    matches as ``*word*``)."""
+    """The cases whose name matches any comma-separated shell pattern (a bare word that
+    is a case's whole name selects that case alone, as ``rc_pingpong/rxe/s4096`` does not
+    also select ``c/rc_pingpong/rxe/s4096``; another bare word matches as ``*word*``)."""
     if not pattern:
         return list(cases)
+    names = {c.name for c in cases}
     pats = [p.strip() for p in pattern.split(",") if p.strip()]
-    pats = [p if any(ch in p for ch in "*?[") else f"*{p}*" for p in pats]
+    pats = [p if any(ch in p for ch in "*?[") or p in names else f"*{p}*" for p in pats]
     return [c for c in cases if any(fnmatch.fnmatchcase(c.name, p) for p in pats)]
 
 
