@@ -303,3 +303,40 @@ def test_a_burst_into_a_small_queue_completes_without_resending_windows(
     if budget is not None:
         assert net.tail_drops == 0 and retransmitted == 0
     assert net.now < 0.2  # 16 MiB at 1 Gbit/s is 0.134 s
+
+
+def _on_time_expiries(a: Endpoint, n: int) -> None:
+    """Run ``a``'s transport timer ``n`` times, each at its deadline, its resends lost."""
+    for _ in range(n):
+        d = a.qp.deadline
+        if d is None or a.qp.state != e.IBV_QPS_RTS:
+            return
+        a.port.on_timer(d)
+        a.port.take_tx()
+
+
+def test_retry_cnt_7_waits_for_a_silent_peer_as_rxe_does() -> None:
+    """Issue 25 (never give up on a live peer): Linux rxe never decrements a retry_cnt of
+    7 (rxe_comp.c, COMPST_ERROR_RETRY), so perftest, ibv_rc_pingpong and rdma-core's tests
+    (which all set 7) wait out a peer that a loaded host keeps silent for seconds. Here
+    100 on-time expiries in a row (far past 7) leave the QP in RTS, and the WRITE completes
+    once the peer answers again; retry_cnt 6 still ends after its 6 retries."""
+    net = Net()
+    a, b = pair(net, timeout=8, retry_cnt=7)
+    net.drop_rule = lambda data: True
+    write(a, b, 1, 100)
+    a.port.take_tx()
+    _on_time_expiries(a, 100)
+    assert a.qp.state == e.IBV_QPS_RTS and not a.scq
+    net.drop_rule = None
+    net.run()
+    assert [w.status for w in a.scq] == [0]
+    assert b.buf[:100] == a.buf[:100]
+
+    net = Net()
+    a, b = pair(net, timeout=8, retry_cnt=6)
+    net.drop_rule = lambda data: True
+    write(a, b, 1, 100)
+    a.port.take_tx()
+    _on_time_expiries(a, 7)
+    assert [w.status for w in a.scq] == [e.IBV_WC_RETRY_EXC_ERR]

@@ -29,7 +29,16 @@ from ..wire import ib as wib
 from ..wire import opcodes as op
 from .requester import Requester
 
-__all__ = ["Completer", "NAK_STATUS"]
+__all__ = ["Completer", "NAK_STATUS", "RETRY_FOREVER"]
+
+#: a QP's ``retry_cnt`` that never runs out. IBA 9.7.6.1.3 (C9-138) makes every value of
+#: the 3-bit Retry Count a finite limit, but Linux rxe (rxe_comp.c, COMPST_ERROR_RETRY)
+#: does not decrement a count of 7, so a transport timeout never fails a QP whose
+#: ``retry_cnt`` is 7 there: softrdma, the software twin of rxe, does the same, so a live
+#: peer that a loaded host keeps from answering for seconds is waited for (perftest,
+#: ibv_rc_pingpong, rping and rdma-core's tests all set 7). Any other value is the
+#: spec's finite count; a PSN sequence NAK retry is charged the same way.
+RETRY_FOREVER = 7
 
 UNSENT, SENDING, SENT, DONE = WQE_UNSENT, WQE_SENDING, WQE_SENT, WQE_DONE
 _POS_LAST = int(op.Pos.LAST)
@@ -299,13 +308,14 @@ class Completer:
 
     def _retry(self, psn: int, now: float, charged: bool = True) -> None:
         """Go back to ``psn`` after a PSN sequence NAK or a timeout (IBA 9.7.6.1.3); an
-        uncharged retry (a late expiry, see :meth:`on_timer`) uses no ``retry_cnt``."""
+        uncharged retry (a late expiry, see :meth:`on_timer`) uses no ``retry_cnt``, and
+        a ``retry_cnt`` of 7 (:data:`RETRY_FOREVER`) is never used up, as in Linux rxe."""
         req = self.req
         qp = self.qp
         w = self._wqe_at(psn)
         if w is None:
             return
-        if charged:
+        if charged and qp.retry_cnt != RETRY_FOREVER:
             if self.retry_left <= 0:
                 qp.port.counters.retry_exceeded_err += 1
                 qp.counters.retry_exceeded_err += 1
