@@ -46,7 +46,7 @@ __all__ = ["Cb", "Rping", "run"]
 IDLE_WAIT_S = 0.0002
 CM_WAIT_S = 0.05  # waits on the event channel (woken at once by an event)
 INIT_MASK = int(e.IBV_QP_STATE | e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT | e.IBV_QP_ACCESS_FLAGS)
-DISCONNECT_WAIT_S = 5.0
+DISCONNECT_WAIT_S = 30.0  # the DREQ/DREP exchange, its CM retries included (ends at the event)
 
 
 class _Fail(Exception):
