@@ -61,6 +61,20 @@ def pair(server: list[str], client: list[str]) -> tuple[tuple[str, str], tuple[s
 ATTEMPT_S = 60.0  # one -R client: a pair that works takes seconds
 
 
+def _new_port(server: list[str], client: list[str]) -> tuple[list[str], list[str]]:
+    """``server`` and ``client`` with the value after ``-p`` replaced by a fresh port
+    (unchanged where there is no ``-p``)."""
+    port = str(tcp_port())
+
+    def swap(argv: list[str]) -> list[str]:
+        out = list(argv)
+        if "-p" in out[:-1]:
+            out[out.index("-p") + 1] = port
+        return out
+
+    return swap(server), swap(client)
+
+
 def perftest_pair(server: list[str], client: list[str]
                   ) -> tuple[tuple[str, str], tuple[str, str]]:
     """A perftest ``-R`` pair to its end: (stdout, stderr) of each. The client connects
@@ -74,7 +88,11 @@ def perftest_pair(server: list[str], client: list[str]
     a connection that will not come, so both are started again (generous deadline)."""
     deadline = time.monotonic() + TIMEOUT
     last = "the client hung"
+    attempt = 0
     while True:
+        if attempt:  # a fresh port: the killed server's listener may not be gone yet
+            server, client = _new_port(server, client)
+        attempt += 1
         srv = subprocess.Popen(server, text=True, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE)
         try:
