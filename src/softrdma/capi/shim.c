@@ -857,19 +857,31 @@ void ibv_ack_async_event(struct ibv_async_event *event)
     (void)event;
 }
 
+/* A zeroed wrapper of ``size`` bytes for a new handle ``h``: NULL with errno when ``h`` is
+ * not a handle (the bridge set errno) or memory is short (ENOMEM, ``h`` destroyed). */
+static void *sr_handle_box(int h, size_t size)
+{
+    void *box;
+
+    if (!sr_handle_ok(h))
+        return NULL;
+    box = calloc(1, size);
+    if (!box) {
+        sr_py_destroy(h);
+        return sr_fail(ENOMEM);
+    }
+    return box;
+}
+
 /* ---- protection domains, memory regions ---- */
 struct ibv_pd *ibv_alloc_pd(struct ibv_context *context)
 {
     struct sr_pd *p;
     int h = sr_py_alloc_pd(SR_CTX(context)->h);
 
-    if (!sr_handle_ok(h))
+    p = sr_handle_box(h, sizeof(*p));
+    if (!p)
         return NULL;
-    p = calloc(1, sizeof(*p));
-    if (!p) {
-        sr_py_destroy(h);
-        return sr_fail(ENOMEM);
-    }
     p->h = h;
     p->pd.context = context;
     p->pd.handle = (uint32_t)h;
@@ -897,13 +909,9 @@ struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length, ui
     uint32_t lkey = 0, rkey = 0;
     int h = sr_py_reg_mr(SR_H(sr_pd, pd), addr, length, iova, (int)access, &lkey, &rkey);
 
-    if (!sr_handle_ok(h))
+    m = sr_handle_box(h, sizeof(*m));
+    if (!m)
         return NULL;
-    m = calloc(1, sizeof(*m));
-    if (!m) {
-        sr_py_destroy(h);
-        return sr_fail(ENOMEM);
-    }
     m->h = h;
     m->access = (int)access;
     m->iova = iova;
@@ -949,13 +957,9 @@ struct ibv_comp_channel *ibv_create_comp_channel(struct ibv_context *context)
     struct sr_channel *ch;
     int fd = -1, h = sr_py_create_comp_channel(SR_CTX(context)->h, &fd);
 
-    if (!sr_handle_ok(h))
+    ch = sr_handle_box(h, sizeof(*ch));
+    if (!ch)
         return NULL;
-    ch = calloc(1, sizeof(*ch));
-    if (!ch) {
-        sr_py_destroy(h);
-        return sr_fail(ENOMEM);
-    }
     ch->h = h;
     ch->ch.context = context;
     /* The program gets its own open file description of the channel's pipe: Python's is
@@ -1590,13 +1594,9 @@ struct ibv_ah *ibv_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr)
 
     sr_ah_to_flat(attr, &f);
     h = sr_py_create_ah(SR_H(sr_pd, pd), &f);
-    if (!sr_handle_ok(h))
+    a = sr_handle_box(h, sizeof(*a));
+    if (!a)
         return NULL;
-    a = calloc(1, sizeof(*a));
-    if (!a) {
-        sr_py_destroy(h);
-        return sr_fail(ENOMEM);
-    }
     a->h = h;
     a->ah.context = pd->context;
     a->ah.pd = pd;
@@ -1967,13 +1967,9 @@ static struct ibv_xrcd *sr_open_xrcd(struct ibv_context *context,
         || (attr->comp_mask & ~(uint32_t)(IBV_XRCD_INIT_ATTR_RESERVED - 1)))
         return sr_fail(EINVAL);
     h = sr_py_open_xrcd(SR_CTX(context)->h, attr->fd, attr->oflags);
-    if (!sr_handle_ok(h))
+    x = sr_handle_box(h, sizeof(*x));
+    if (!x)
         return NULL;
-    x = calloc(1, sizeof(*x));
-    if (!x) {
-        sr_py_destroy(h);
-        return sr_fail(ENOMEM);
-    }
     x->h = h;
     x->xrcd.context = context;
     return &x->xrcd;
