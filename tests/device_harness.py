@@ -6,12 +6,14 @@ that they never touch the built-in device on 4791 nor another test's registry.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -28,6 +30,34 @@ def free_port(kind: socket.SocketKind = socket.SOCK_DGRAM) -> int:
     with socket.socket(socket.AF_INET, kind) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def veth_device_netns(prefix: str, device: str, addr: str, env: dict[str, str],
+                      timeout: float) -> Iterator[tuple[str, Callable[..., None]]]:
+    """A network namespace ``<prefix><pid>`` (root) holding a veth pair d0/d1, both up,
+    IPv6 off (link-local addresses would come and go with the link: GID changes), d0 at
+    ``addr``/24 and softrdma device ``device`` on d0. Yields the namespace's name and
+    ``sh(*cmd)``, which runs a command in it with ``env`` (``timeout`` seconds, failing
+    on an error exit); the namespace is deleted at the end, even on failure."""
+    ns = f"{prefix}{os.getpid()}"
+
+    def sh(*cmd: str) -> None:
+        subprocess.run(["ip", "netns", "exec", ns, *cmd], check=True, timeout=timeout,
+                       env=env)
+
+    subprocess.run(["ip", "netns", "add", ns], check=True, timeout=30)
+    try:
+        sh("sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1")
+        sh("ip", "link", "add", "d0", "type", "veth", "peer", "name", "d1")
+        sh("ip", "link", "set", "d1", "up")
+        sh("ip", "link", "set", "d0", "up")
+        sh("ip", "addr", "add", f"{addr}/24", "dev", "d0")
+        sh(sys.executable, "-m", "softrdma", "link", "add", device, "netdev", "d0", "port",
+           str(free_port()))
+        yield ns, sh
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], timeout=30, check=False)
 
 
 def reap(*procs: subprocess.Popen[str]) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from capi_harness import need_build, need_tool, preloaded, run, run_pair, tcp_port
-from device_harness import free_port, private_device
+from device_harness import private_device, reap, veth_device_netns
 from wait_harness import StreamLines
 
 from softrdma import enums as e
@@ -251,50 +251,35 @@ def test_asyncwatch_port_events(tmp_path: Path) -> None:
     GID_CHANGE when an address is added, each with port 1 (as rxe posts them)."""
     need_build()
     tool = need_tool("ibv_asyncwatch", "ibverbs-utils")
-    ns = f"srcaw{os.getpid()}"
     env = dict(os.environ, SOFTRDMA_STATE_DIR=str(tmp_path / "state"), SOFTRDMA_SHARED="0")
-
-    def sh(*cmd: str) -> None:
-        subprocess.run(["ip", "netns", "exec", ns, *cmd], check=True, timeout=60, env=env)
-
-    subprocess.run(["ip", "netns", "add", ns], check=True, timeout=30)
-    watch: subprocess.Popen[str] | None = None
-    try:
-        # IPv4 only: IPv6 link-local addresses come and go with the link (GID changes)
-        sh("sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1")
-        sh("ip", "link", "add", "d0", "type", "veth", "peer", "name", "d1")
-        sh("ip", "link", "set", "d1", "up")
-        sh("ip", "link", "set", "d0", "up")
-        sh("ip", "addr", "add", "10.78.0.1/24", "dev", "d0")
-        sh(sys.executable, "-m", "softrdma", "link", "add", "caw0", "netdev", "d0", "port",
-           str(free_port()))
-        watch = subprocess.Popen(["ip", "netns", "exec", ns, *preloaded(tool, "-d", "caw0")],
-                                 env=env, text=True, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE)
-        assert watch.stdout is not None and watch.stderr is not None
-        lines = StreamLines(watch.stdout)
-        head = lines.wait_for(r"async event FD")
-        assert re.fullmatch(r"caw0: async event FD \d+", head.string.strip()), head.string
-        # each change once the watcher reported the one before
-        sh("ip", "link", "set", "d0", "down")
-        lines.wait_for("IBV_EVENT_PORT_ERR")
-        sh("ip", "link", "set", "d0", "up")
-        lines.wait_for("IBV_EVENT_PORT_ACTIVE")
-        sh("ip", "addr", "add", "10.78.0.2/24", "dev", "d0")
-        lines.wait_for("IBV_EVENT_GID_CHANGE")
-        watch.kill()
-        watch.wait(timeout=60)
-        events = lines.join().split("\n", 1)[1].splitlines()
-        assert events == [
-            f"  event_type IBV_EVENT_PORT_ERR ({int(e.IBV_EVENT_PORT_ERR)}), port 1",
-            f"  event_type IBV_EVENT_PORT_ACTIVE ({int(e.IBV_EVENT_PORT_ACTIVE)}), port 1",
-            f"  event_type IBV_EVENT_GID_CHANGE ({int(e.IBV_EVENT_GID_CHANGE)}), port 1",
-        ]
-    finally:
-        if watch is not None and watch.poll() is None:
+    with veth_device_netns("srcaw", "caw0", "10.78.0.1", env, 60) as (ns, sh):
+        watch: subprocess.Popen[str] | None = None
+        try:
+            watch = subprocess.Popen(["ip", "netns", "exec", ns, *preloaded(tool, "-d", "caw0")],
+                                     env=env, text=True, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE)
+            assert watch.stdout is not None and watch.stderr is not None
+            lines = StreamLines(watch.stdout)
+            head = lines.wait_for(r"async event FD")
+            assert re.fullmatch(r"caw0: async event FD \d+", head.string.strip()), head.string
+            # each change once the watcher reported the one before
+            sh("ip", "link", "set", "d0", "down")
+            lines.wait_for("IBV_EVENT_PORT_ERR")
+            sh("ip", "link", "set", "d0", "up")
+            lines.wait_for("IBV_EVENT_PORT_ACTIVE")
+            sh("ip", "addr", "add", "10.78.0.2/24", "dev", "d0")
+            lines.wait_for("IBV_EVENT_GID_CHANGE")
             watch.kill()
-            watch.wait()
-        subprocess.run(["ip", "netns", "del", ns], timeout=30, check=False)
+            watch.wait(timeout=60)
+            events = lines.join().split("\n", 1)[1].splitlines()
+            assert events == [
+                f"  event_type IBV_EVENT_PORT_ERR ({int(e.IBV_EVENT_PORT_ERR)}), port 1",
+                f"  event_type IBV_EVENT_PORT_ACTIVE ({int(e.IBV_EVENT_PORT_ACTIVE)}), port 1",
+                f"  event_type IBV_EVENT_GID_CHANGE ({int(e.IBV_EVENT_GID_CHANGE)}), port 1",
+            ]
+        finally:
+            if watch is not None:
+                reap(watch)
 
 
 def test_busy_polling_pair_under_load(device: str) -> None:

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from device_harness import free_port
+from device_harness import free_port, reap, veth_device_netns
 from wait_harness import StreamLines
 
 from softrdma import enums as e
@@ -63,49 +63,35 @@ def test_asyncwatch_unknown_device(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root (CI runs as root)")
 def test_asyncwatch_reports_port_events(tmp_path: Path) -> None:
-    ns = f"sraw{os.getpid()}"
     env = dict(os.environ, PYTHONPATH=SRC, SOFTRDMA_STATE_DIR=str(tmp_path / "state"),
                SOFTRDMA_SHARED="0")
-
-    def sh(*cmd: str) -> None:
-        subprocess.run(["ip", "netns", "exec", ns, *cmd], check=True, timeout=30, env=env)
-
-    subprocess.run(["ip", "netns", "add", ns], check=True, timeout=30)
-    watch: subprocess.Popen[str] | None = None
-    try:
-        # IPv4 only: IPv6 link-local addresses come and go with the link (GID changes)
-        sh("sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1")
-        sh("ip", "link", "add", "d0", "type", "veth", "peer", "name", "d1")
-        sh("ip", "link", "set", "d1", "up")
-        sh("ip", "link", "set", "d0", "up")
-        sh("ip", "addr", "add", "10.77.0.1/24", "dev", "d0")
-        sh(sys.executable, "-m", "softrdma", "link", "add", "aw0", "netdev", "d0", "port",
-           str(free_port()))
-        watch = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "softrdma",
-                                  "asyncwatch", "-d", "aw0", "--count", "3"], env=env,
-                                 text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        assert watch.stdout is not None
-        assert watch.stderr is not None
-        lines, errs = StreamLines(watch.stdout), StreamLines(watch.stderr)
-        head = lines.wait_for(r"")
-        assert head.string.startswith("aw0: async event FD "), head.string
-        # each change once the watcher reported the one before
-        sh("ip", "link", "set", "d0", "down")
-        lines.wait_for("IBV_EVENT_PORT_ERR")
-        sh("ip", "link", "set", "d0", "up")
-        lines.wait_for("IBV_EVENT_PORT_ACTIVE")
-        sh("ip", "addr", "add", "10.77.0.2/24", "dev", "d0")
-        watch.wait(timeout=120)
-        out, err = lines.join(), errs.join()
-        assert watch.returncode == 0, err
-        out = out.split("\n", 1)[1]  # the events after the head line
-        assert out.splitlines() == [
-            f"  event_type IBV_EVENT_PORT_ERR ({int(e.IBV_EVENT_PORT_ERR)}), port 1",
-            f"  event_type IBV_EVENT_PORT_ACTIVE ({int(e.IBV_EVENT_PORT_ACTIVE)}), port 1",
-            f"  event_type IBV_EVENT_GID_CHANGE ({int(e.IBV_EVENT_GID_CHANGE)}), port 1",
-        ]
-    finally:
-        if watch is not None and watch.poll() is None:
-            watch.kill()
-            watch.wait()
-        subprocess.run(["ip", "netns", "del", ns], timeout=30, check=False)
+    with veth_device_netns("sraw", "aw0", "10.77.0.1", env, 30) as (ns, sh):
+        watch: subprocess.Popen[str] | None = None
+        try:
+            watch = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m",
+                                      "softrdma", "asyncwatch", "-d", "aw0", "--count", "3"],
+                                     env=env, text=True, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE)
+            assert watch.stdout is not None
+            assert watch.stderr is not None
+            lines, errs = StreamLines(watch.stdout), StreamLines(watch.stderr)
+            head = lines.wait_for(r"")
+            assert head.string.startswith("aw0: async event FD "), head.string
+            # each change once the watcher reported the one before
+            sh("ip", "link", "set", "d0", "down")
+            lines.wait_for("IBV_EVENT_PORT_ERR")
+            sh("ip", "link", "set", "d0", "up")
+            lines.wait_for("IBV_EVENT_PORT_ACTIVE")
+            sh("ip", "addr", "add", "10.77.0.2/24", "dev", "d0")
+            watch.wait(timeout=120)
+            out, err = lines.join(), errs.join()
+            assert watch.returncode == 0, err
+            out = out.split("\n", 1)[1]  # the events after the head line
+            assert out.splitlines() == [
+                f"  event_type IBV_EVENT_PORT_ERR ({int(e.IBV_EVENT_PORT_ERR)}), port 1",
+                f"  event_type IBV_EVENT_PORT_ACTIVE ({int(e.IBV_EVENT_PORT_ACTIVE)}), port 1",
+                f"  event_type IBV_EVENT_GID_CHANGE ({int(e.IBV_EVENT_GID_CHANGE)}), port 1",
+            ]
+        finally:
+            if watch is not None:
+                reap(watch)
