@@ -35,7 +35,7 @@ from __future__ import annotations
 import collections
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ... import enums as e
@@ -387,17 +387,26 @@ def run_bw(res: Resources, rem: list[Dest], size: int, progress: Progress) -> tu
                 break  # duration mode: the tail that did not complete is not counted
             raise
         now = clock()
-        for wc in wcs:
-            if wc.status != e.IBV_WC_SUCCESS:
-                raise _wc_fail(wc, f"scnt={sum(scnt)}, ccnt={sum(ccnt)}")
-            i = int(wc.wr_id)
-            upto = pending[i].popleft()
-            tcompleted.extend([now] * (upto - ccnt[i]))
-            ccnt[i] = upto
+        _complete_sends(wcs, now, scnt, ccnt, pending, tcompleted)
         deadline = time.monotonic() + o.timeout if not stop else deadline
         progress.update(sum(ccnt))
     n = len(tcompleted)
     return tposted[:n], tcompleted
+
+
+def _complete_sends(wcs: Iterable[v.WC], now: float, scnt: list[int], ccnt: list[int],
+                    pending: list[collections.deque[int]], tcompleted: list[float]) -> None:
+    """Count the send completions ``wcs`` (polled at ``now``): a signalled completion of
+    QP i completes its sends up to the count :func:`run_bw` recorded in ``pending[i]``
+    when it posted it (``-Q``: one signalled send in ``cq_mod``); an error completion
+    ends the run."""
+    for wc in wcs:
+        if wc.status != e.IBV_WC_SUCCESS:
+            raise _wc_fail(wc, f"scnt={sum(scnt)}, ccnt={sum(ccnt)}")
+        i = int(wc.wr_id)
+        upto = pending[i].popleft()
+        tcompleted.extend([now] * (upto - ccnt[i]))
+        ccnt[i] = upto
 
 
 def run_bi(res: Resources, rem: list[Dest], size: int, progress: Progress) -> tuple[
@@ -432,13 +441,7 @@ def run_bi(res: Resources, rem: list[Dest], size: int, progress: Progress) -> tu
         wcs = list(res.send_cq.poll(16)[1])
         rwcs = list(res.recv_cq.poll(16)[1])
         now = clock()
-        for wc in wcs:
-            if wc.status != e.IBV_WC_SUCCESS:
-                raise _wc_fail(wc, f"scnt={sum(scnt)}, ccnt={sum(ccnt)}")
-            i = int(wc.wr_id)
-            upto = pending[i].popleft()
-            tcompleted.extend([now] * (upto - ccnt[i]))
-            ccnt[i] = upto
+        _complete_sends(wcs, now, scnt, ccnt, pending, tcompleted)
         for wc in rwcs:
             if wc.status != e.IBV_WC_SUCCESS:
                 raise _wc_fail(wc, f"rcnt={sum(rcnt)}")
