@@ -461,3 +461,28 @@ def test_error_completion_fails_both_sides(device: str) -> None:
     assert "Failed status local length error (1) for wr_id 1" in outs[0][1]
     assert "Failed status remote invalid request error (9) for wr_id 2" in outs[1][1]
     assert "Traceback" not in outs[0][1] + outs[1][1]
+
+
+def test_refill_posts_receives_in_one_call(device: str, monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """The ping-pong's refill (rx_depth - routs receives, inside the timed loop) is one
+    post of a WR list, not one post per receive (issue 26: 499 posts one at a time cost
+    about 3 us per iteration); the first fill posts one at a time, as pp_post_recv."""
+    from softrdma import verbs as v
+
+    calls: list[int] = []
+    real = v.QP.post_recv
+
+    def counting(self: v.QP, wr: v.RecvWR | list[v.RecvWR]) -> None:
+        calls.append(len(wr) if isinstance(wr, list) else 1)
+        real(self, wr)
+
+    monkeypatch.setattr(v.QP, "post_recv", counting)
+    depth, iters = 8, 60
+    out = _loopback("rc", device, "-r", str(depth), "-n", str(iters), capsys=capsys)
+    _check_report(out[6:10], 4096, iters)
+    assert calls[:2 * depth] == [1] * (2 * depth), calls  # both first fills
+    refills = calls[2 * depth:]
+    # every refill (routs fell to 1: depth - 1 receives) is one call of depth - 1 WRs
+    assert refills and all(c == depth - 1 for c in refills), calls
+    assert sum(refills) >= 2 * (iters - depth), calls

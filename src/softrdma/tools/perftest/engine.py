@@ -86,6 +86,7 @@ class Resources:
         self.buff = max(max_size + (UD_GRH if self.ud else 0), DEFAULT_CYCLE_BUFFER)
         self.ahs: dict[int, Any] = {}
         self._inline: dict[int, bool] = {}  # id(WR) -> posted with IBV_SEND_INLINE
+        self._recv_wrs: dict[tuple[int, int], Any] = {}  # (QP, size) -> its receive WR
         self.buf = bytearray(2 * o.num_qps * self.buff + PAGE_ALIGN
                              + 2 * o.num_qps * CREDIT.size)
         self._closers: list[Any] = []
@@ -277,10 +278,15 @@ class Resources:
             # bench's round trip, issue 26)
 
     def post_recvs(self, i: int, count: int, size: int) -> None:
-        sge = v.SGE(self.target(i), size + (UD_GRH if self.ud else 0), self.mr.lkey)
+        """``count`` receives on QP ``i``, in one post: one WR per (QP, size), built once
+        and posted again (the post copies it), as perftest's ``ctx_set_recv_wqes`` builds
+        its WRs once; the latency tests repost one per message received."""
+        wr = self._recv_wrs.get((i, size))
+        if wr is None:
+            sge = v.SGE(self.target(i), size + (UD_GRH if self.ud else 0), self.mr.lkey)
+            wr = self._recv_wrs[(i, size)] = v.RecvWR(wr_id=i, num_sge=1, sg=[sge])
         try:
-            for _ in range(count):
-                self.qps[i].post_recv(v.RecvWR(wr_id=i, num_sge=1, sg=[sge]))
+            self.qps[i].post_recv(wr if count == 1 else [wr] * count)
         except SoftRdmaError as exc:
             raise PerftestError(f"Couldn't post recv on QP {i}: {exc}") from exc
 
