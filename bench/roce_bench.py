@@ -110,10 +110,13 @@ class Side:
         if self.routs < 16:  # refill in batches, as ibv_rc_pingpong does
             self.routs += self.refill(RX_DEPTH - self.routs)
 
-    def ping(self, iters: int, samples: list[float] | None = None) -> None:
+    def ping(self, iters: int, samples: list[float] | None = None,
+             wait_send: bool = False) -> None:
         """``iters`` SENDs, each posted once the peer's answer to the one before arrived
         (the timed side of the ping-pong; :meth:`arm_pingpong` first). ``samples``, if
-        given, gets each round trip's start time (``time.perf_counter``) and then the end."""
+        given, gets each round trip's start time (``time.perf_counter``) and then the end.
+        ``wait_send``: each SEND's own completion (the peer's ACK) is awaited too, as
+        ``ibv_rc_pingpong`` and perftest's latency tests await it."""
         wr = self.ping_wr
         clock = time.perf_counter
         for _ in range(iters):
@@ -121,24 +124,44 @@ class Side:
                 samples.append(clock())
             self.qp.post_send(wr)
             got_recv = False
-            while not got_recv:
+            got_send = not wait_send
+            while not (got_recv and got_send):
                 for wc in self.poll():
                     if wc.opcode == RECV:
                         self._used_recv()
                         got_recv = True
+                    else:
+                        got_send = True
         if samples is not None:
             samples.append(clock())
 
-    def pong(self, iters: int) -> None:
-        """Answer ``iters`` SENDs with one each (the other side of :meth:`ping`)."""
+    def pong(self, iters: int, wait_send: bool = False) -> None:
+        """Answer ``iters`` SENDs with one each (the other side of :meth:`ping`); with
+        ``wait_send`` an answer waits for the previous answer's completion (its ACK)."""
         wr = self.ping_wr
         done = 0
+        if not wait_send:
+            while done < iters:
+                for wc in self.poll():
+                    if wc.opcode == RECV:
+                        self._used_recv()
+                        self.qp.post_send(wr)
+                        done += 1
+            return
+        asked = 0  # SENDs received and not answered yet
+        sent = True  # the previous answer completed
         while done < iters:
             for wc in self.poll():
                 if wc.opcode == RECV:
                     self._used_recv()
-                    self.qp.post_send(wr)
-                    done += 1
+                    asked += 1
+                else:
+                    sent = True
+            while asked and sent:
+                asked -= 1
+                sent = False
+                self.qp.post_send(wr)
+                done += 1
 
     def report(self, cpu: float) -> dict[str, float]:
         """The link's batching counters and CPU seconds (every thread) per packet."""
@@ -162,17 +185,17 @@ def _peer(conn: Connection, ip: str, port: int, size: int, mode: str, iters: int
     side = Side(UdpLink(ip, port), size, RX_DEPTH)
     conn.send(side.info())
     side.connect(conn.recv())
-    if mode == "lat":
+    if mode in ("lat", "lat_ack"):
         side.arm_pingpong()
         conn.send("ready")
-        side.pong(iters)
+        side.pong(iters, wait_send=mode == "lat_ack")
         # drain the last send completions
         time.sleep(0.05)
     else:
         cpu0 = time.process_time()
         conn.send("ready")
     conn.recv()  # "bye"
-    if mode != "lat":
+    if mode not in ("lat", "lat_ack"):
         conn.send(side.report(time.process_time() - cpu0))
     side.close()
 
@@ -254,11 +277,15 @@ def udp_bw(total: int, dgram: int, port: int) -> tuple[float, float]:
     return got / dt if dt > 0 else 0.0, got / total
 
 
-def rc_send_lat(iters: int, port: int, samples: list[float] | None = None) -> float:
+def rc_send_lat(iters: int, port: int, samples: list[float] | None = None,
+                wait_send: bool = False) -> float:
     """The mean half round trip (s) of ``iters`` 64 B SEND ping-pongs between two
-    processes; ``samples``, if given, gets each one's half round trip (s)."""
+    processes; ``samples``, if given, gets each one's half round trip (s). ``wait_send``:
+    both sides await each SEND's completion (the peer's ACK) before the next, as
+    ``ibv_rc_pingpong`` and perftest do (the tools' figures, issue 26)."""
     a_conn, b_conn = mp.Pipe()
-    p = mp.Process(target=_peer, args=(b_conn, "127.0.0.2", port, 4096, "lat", iters))
+    p = mp.Process(target=_peer, args=(b_conn, "127.0.0.2", port, 4096,
+                                        "lat_ack" if wait_send else "lat", iters))
     p.start()
     side = Side(UdpLink("127.0.0.1", port), 4096, RX_DEPTH)
     try:
@@ -269,7 +296,7 @@ def rc_send_lat(iters: int, port: int, samples: list[float] | None = None) -> fl
         a_conn.recv()
         marks: list[float] | None = [] if samples is not None else None
         t0 = time.perf_counter()
-        side.ping(iters, marks)
+        side.ping(iters, marks, wait_send)
         dt = time.perf_counter() - t0
         if samples is not None and marks:
             samples.extend((b - a) / 2 for a, b in zip(marks, marks[1:], strict=False))

@@ -31,6 +31,11 @@ The figures (see each module for how it measures):
   two times t_typical), server and client as two processes on the default device, vs
   the bench's ping-pong round trip (two times ``rc_send_lat``) in the same run
   (``tool_lat``; issue 26). Goal <= 1.2. The tools also wait for each SEND's ACK.
+* ``rc_send_lat_ackwait``: the bench's ping-pong with each side also awaiting its SEND's
+  completion (the peer's ACK) before the next SEND, as the tools do, vs the plain
+  ping-pong, round trips in the same run (``roce_bench.rc_send_lat(wait_send=True)``;
+  issue 26). Goal <= 1.2: what the ACK costs a tool that awaits it, the floor of the
+  ``tool_*`` figures.
 * ``lossy_goodput_1`` / ``lossy_goodput_5``: goodput of an RC QP on a 1 Gbit/s link that
   loses 1 % / 5 % of the packets vs the same link without loss, on the engine's virtual
   clock (``lossy_goodput``; run ``i`` uses seed ``i``). Goals >= 0.6 / >= 0.3.
@@ -160,8 +165,8 @@ def _seeded(run: Callable[[int], tuple[float, float]]) -> Callable[[], tuple[flo
 FIGURES = ("roce_write_bw", "iwarp_write_bw_crc", "iwarp_write_bw_nocrc", "rc_send_lat",
            "rc_send_lat_contended", "shared_lat", "shared_lat_udp", "shared_write_bw",
            "scaling_2", "scaling_4", "lossy_goodput_1", "lossy_goodput_5",
-           "tool_rc_pingpong", "tool_send_lat", "tool_write_lat", "capi_write_bw",
-           "capi_rc_lat")
+           "tool_rc_pingpong", "tool_send_lat", "tool_write_lat", "rc_send_lat_ackwait",
+           "capi_write_bw", "capi_rc_lat")
 
 
 def measure(runs: int, quick: bool, only: set[str] | None) -> list[Figure]:
@@ -260,6 +265,13 @@ def measure(runs: int, quick: bool, only: set[str] | None) -> list[Figure]:
             return tl.perftest_lat_us(t, tool_iters, port)
 
         _pairs(f, runs, lambda: 2 * rb.rc_send_lat(iters, ports.take()) * 1e6, ours)
+        figs.append(f)
+    if want("rc_send_lat_ackwait"):
+        f = Figure("rc_send_lat_ackwait", "RC SEND 64 B ping-pong, each SEND's ACK awaited "
+                   "too (as ibv_rc_pingpong), round trip", "us",
+                   "the bench's RC SEND ping-pong round trip", 1.2, False)
+        _pairs(f, runs, lambda: 2 * rb.rc_send_lat(iters, ports.take()) * 1e6,
+               lambda: 2 * rb.rc_send_lat(iters, ports.take(), wait_send=True) * 1e6)
         figs.append(f)
     for pct, goal in ((1, 0.6), (5, 0.3)):
         name = f"lossy_goodput_{pct}"

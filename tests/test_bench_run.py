@@ -50,3 +50,18 @@ def test_run_rejects_an_unknown_figure() -> None:
     assert "invalid choice: 'rc_pingpong'" in out.stderr and "rc_send_lat" in out.stderr
     assert "Traceback" not in out.stderr
 
+
+
+def test_run_ackwait_figure() -> None:
+    """``rc_send_lat_ackwait`` (issue 26): the ping-pong whose sides also await each SEND's
+    ACK, beside the plain ping-pong of the same run, as round trips."""
+    out = subprocess.run(
+        [sys.executable, str(BENCH), "--json", "--quick", "--runs", "1", "--only",
+         "rc_send_lat_ackwait"], capture_output=True, text=True, timeout=240,
+        stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stderr
+    fig = json.loads(out.stdout)["figures"]["rc_send_lat_ackwait"]
+    assert fig["error"] is None
+    assert len(fig["softrdma"]) == len(fig["baseline_values"]) == 1
+    assert all(x > 0 for x in fig["softrdma"] + fig["baseline_values"])
+    assert fig["goal"] == "<= 1.2" and fig["unit"] == "us"
