@@ -52,7 +52,7 @@ from .. import verbs as v
 from ..drivers import iwconnect as iw
 from ..errors import InvalidArgument, SoftRdmaError, StateError
 from ..ibcm.cmid import IbCmId
-from ..ibcm.events import CmEvent, CmEventType, RejectInfo
+from ..ibcm.events import CmEvent, CmEventType, RejectInfo, lock_free
 from ..ibcm.ipcm import IpCmClient, ip_listen
 from ..ibcm.params import AcceptParams
 from ..ibcm.qpctl import DEFAULT_ACCESS
@@ -525,7 +525,7 @@ class CmId:
         tries = 1 if port else 32
         for i in range(tries):
             p = port or (self._bind_port if i == 0 and self._bind_port else _ephemeral())
-            lst = binding.agent.create_id(partial(self._on_ib_listen, dev))
+            lst = binding.agent.create_id(lock_free(partial(self._on_ib_listen, dev)))
             try:
                 ip_listen(lst, p, proto=_PROTO[self.ps], bind=bind, backlog=backlog)
             except StateError:
@@ -680,6 +680,8 @@ class CmId:
         self._post(T.DEVICE_REMOVAL)
 
     # ---- RoCE: IB CM events, mapped to rdma_cm events on the channel ------------------
+    # Both handlers only queue (lock_free): the CM runs them as soon as a MAD made the
+    # event, without a hand-off to its event thread.
     def _on_ib_listen(self, dev: OpenDevice, ev: CmEvent) -> None:
         if ev.type != CmEventType.CONNECT_REQUEST:
             self._on_ib(ev)
@@ -702,6 +704,7 @@ class CmId:
         self.channel.post(RdmaCmEvent(T.CONNECT_REQUEST, child, self, 0, ev.private_data,
                                        param, info=dict(ev.info)))
 
+    @lock_free
     def _on_ib(self, ev: CmEvent) -> None:
         k = ev.type
         if k == CmEventType.ESTABLISHED:
