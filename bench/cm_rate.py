@@ -8,14 +8,22 @@ disconnect, DISCONNECTED on both sides, QPs and ids destroyed. Transports:
   shared through devd like ``softrdma_lo``: every MAD takes the devd hop);
 * iWARP: TCP connect + the MPA Request/Reply on the built-in ``softrdma_iw_lo``.
 
-Run: ``python bench/cm_rate.py [-n 200]``; prints connections/s and the mean time per
-connection for each transport.
+Baseline (``tcp``): the same steps on plain Python TCP sockets on the loopback in the
+same process: connect, accept, 4 bytes each way (the private data), close both sides.
+
+Run: ``python bench/cm_rate.py [-n 200] [--transport roce|iwarp|tcp ...] [--json]``;
+prints connections/s and the mean time per connection for each transport (``--json``: one
+object, transport -> connections/s; ``bench/run.py`` runs it so). The state directory is
+private and its devd is stopped before the directory is removed.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import signal
+import socket
 import sys
 import tempfile
 import time
@@ -90,22 +98,80 @@ def rate(transport: str, n: int) -> float:
     return n / dt
 
 
+def tcp_rate(n: int) -> float:
+    """The baseline: connect, accept, 4 bytes each way, close both sides, on plain TCP."""
+    lst = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    lst.bind(("127.0.0.1", 0))
+    lst.listen(64)
+    addr = lst.getsockname()
+    t0 = 0.0
+    try:
+        for i in range(n + 5):
+            if i == 5:
+                t0 = time.perf_counter()
+            c = socket.create_connection(addr)
+            c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            s, _ = lst.accept()
+            c.sendall(b"rate")
+            s.recv(4)
+            s.sendall(b"ok!!")
+            c.recv(4)
+            c.close()
+            s.recv(1)  # the FIN
+            s.close()
+        return n / (time.perf_counter() - t0)
+    finally:
+        lst.close()
+
+
+def stop_devd(state_dir: Path, timeout: float = 10.0) -> None:
+    """End the devd that this run's RoCE device started (SIGTERM: it saves its counters
+    and removes its files) and wait until it is gone, so its directory can be removed."""
+    for pid_file in state_dir.glob("*.pid"):
+        try:
+            pid = int(pid_file.read_text().strip())
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except (ValueError, OSError):
+            continue
+        if b"devd" not in cmdline or str(state_dir).encode() not in cmdline:
+            continue
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except OSError:
+            continue
+        deadline = time.monotonic() + timeout
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-n", type=int, default=200, help="connections per transport")
+    ap.add_argument("--transport", action="append", choices=("roce", "iwarp", "tcp"),
+                    help="measure this transport (repeatable; default roce and iwarp)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
     a = ap.parse_args()
-    with tempfile.TemporaryDirectory() as d:
+    if a.n < 1:
+        ap.error("-n must be >= 1")
+    out: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="cm_rate.") as d:
         make_state_dir(Path(d))
         os.environ["SOFTRDMA_STATE_DIR"] = d
         # default CM timers; TimeWait shortened so QPNs recycle quickly in the loop
         rc.configure(cm_config=CmConfig(timewait_s=0.01))
         try:
-            for transport in ("roce", "iwarp"):
-                r = rate(transport, a.n)
-                print(f"[cm_rate] {transport:5s}: {r:7.1f} connections/s "
-                      f"(connect + accept + disconnect, {1e3 / r:.2f} ms each, n={a.n})")
+            for transport in a.transport or ("roce", "iwarp"):
+                r = tcp_rate(a.n) if transport == "tcp" else rate(transport, a.n)
+                out[transport] = r
+                if not a.json:
+                    print(f"[cm_rate] {transport:5s}: {r:7.1f} connections/s "
+                          f"(connect + accept + disconnect, {1e3 / r:.2f} ms each, n={a.n})")
         finally:
             rc.release_devices()
+            stop_devd(Path(d))
+    if a.json:
+        print(json.dumps(out))
     return 0
 
 

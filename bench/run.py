@@ -39,6 +39,12 @@ The figures (see each module for how it measures):
 * ``lossy_goodput_1`` / ``lossy_goodput_5``: goodput of an RC QP on a 1 Gbit/s link that
   loses 1 % / 5 % of the packets vs the same link without loss, on the engine's virtual
   clock (``lossy_goodput``; run ``i`` uses seed ``i``). Goals >= 0.6 / >= 0.3.
+* ``cm_rate_roce`` / ``cm_rate_iwarp``: connections set up and torn down per second
+  through the rdma_cm API on the loopback (resolve, QP on each side, connect, accept,
+  ESTABLISHED, disconnect, destroy) over RoCE (IB CM + Annex A11, through devd) and
+  iWARP (TCP + MPA), vs plain Python TCP connect/accept/close with 4 bytes each way in
+  the same process and run (``cm_rate``; issue 26). Goal >= 0.1 (the issue asks for
+  >= 1000 connections/s: the softrdma column).
 * ``capi_write_bw``: perftest's ``ib_write_bw -s 65536`` under ``softrdma run`` (issue 22)
   vs ``softrdma write-bw`` with the same flags, two processes on one shared device
   (``capi_bench``). Goal >= 0.9.
@@ -54,6 +60,7 @@ import multiprocessing as mp
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -166,7 +173,7 @@ FIGURES = ("roce_write_bw", "iwarp_write_bw_crc", "iwarp_write_bw_nocrc", "rc_se
            "rc_send_lat_contended", "shared_lat", "shared_lat_udp", "shared_write_bw",
            "scaling_2", "scaling_4", "lossy_goodput_1", "lossy_goodput_5",
            "tool_rc_pingpong", "tool_send_lat", "tool_write_lat", "rc_send_lat_ackwait",
-           "capi_write_bw", "capi_rc_lat")
+           "cm_rate_roce", "cm_rate_iwarp", "capi_write_bw", "capi_rc_lat")
 
 
 def measure(runs: int, quick: bool, only: set[str] | None) -> list[Figure]:
@@ -282,8 +289,38 @@ def measure(runs: int, quick: bool, only: set[str] | None) -> list[Figure]:
         _pairs2(f, runs, _seeded(lambda seed, p=pct: lg.pair(  # type: ignore[misc]
             p / 100, seed, 0.02 if quick else lg.DURATION_S)))
         figs.append(f)
+    figs += _cm_rate_figures(runs, quick, want)
     figs += _capi_figures(runs, quick, want)
     return figs
+
+
+def _cm_rate_figures(runs: int, quick: bool, want: Callable[[str], bool]) -> list[Figure]:
+    """rdma_cm connection rates (issue 26): each run is one ``cm_rate.py`` process that
+    measures the TCP baseline, then RoCE and iWARP (in a private state directory)."""
+    figs = {t: Figure(f"cm_rate_{t}", f"rdma_cm connect + accept + disconnect, {label}, "
+                      "loopback", "conn/s", "plain Python TCP connect/accept/close", 0.1, True)
+            for t, label in (("roce", "RoCE"), ("iwarp", "iWARP"))
+            if want(f"cm_rate_{t}")}
+    if not figs:
+        return []
+    cmd = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                        "cm_rate.py"), "-n", "50" if quick else "300",
+           "--json", "--transport", "tcp"]
+    for t in figs:
+        cmd += ["--transport", t]
+    for _ in range(runs):
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=True)
+            got = json.loads(r.stdout.strip().splitlines()[-1])
+        except (subprocess.SubprocessError, ValueError, IndexError, OSError) as exc:
+            err = getattr(exc, "stderr", None) or str(exc)
+            for f in figs.values():
+                f.error = f"{type(exc).__name__}: {str(err).strip()[-300:]}"
+            break
+        for t, f in figs.items():
+            f.ours.append(float(got[t]))
+            f.base.append(float(got["tcp"]))
+    return list(figs.values())
 
 
 def _capi_figures(runs: int, quick: bool, want: Callable[[str], bool]) -> list[Figure]:

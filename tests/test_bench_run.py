@@ -65,3 +65,21 @@ def test_run_ackwait_figure() -> None:
     assert len(fig["softrdma"]) == len(fig["baseline_values"]) == 1
     assert all(x > 0 for x in fig["softrdma"] + fig["baseline_values"])
     assert fig["goal"] == "<= 1.2" and fig["unit"] == "us"
+
+
+def test_cm_rate_figures_share_one_tcp_baseline_per_run() -> None:
+    """Issue 26: the rdma_cm connection rate over RoCE and iWARP, each beside plain TCP
+    connect/accept/close measured in the same ``cm_rate.py`` process (which used to fail
+    at exit removing a state directory its devd still wrote in)."""
+    out = subprocess.run(
+        [sys.executable, str(BENCH), "--json", "--quick", "--runs", "1",
+         "--only", "cm_rate_roce", "--only", "cm_rate_iwarp"],
+        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stderr
+    figs = json.loads(out.stdout)["figures"]
+    assert list(figs) == ["cm_rate_roce", "cm_rate_iwarp"]
+    for fig in figs.values():
+        assert fig["error"] is None
+        assert fig["unit"] == "conn/s" and fig["goal"] == ">= 0.1"
+        assert len(fig["softrdma"]) == 1 and fig["softrdma"][0] > 0
+    assert figs["cm_rate_roce"]["baseline_values"] == figs["cm_rate_iwarp"]["baseline_values"]

@@ -85,3 +85,44 @@ def test_connect_send_disconnect_over_udp_loopback() -> None:
     finally:
         ca.close()
         cb.close()
+
+
+def test_lock_free_consumers_get_their_events_without_the_event_thread(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 26: every CM event went through the binding's event thread (one thread
+    switch per event). Consumers that only queue (the binding's own event queue here,
+    the rdma_cm layer's handlers) now get them in the thread that processed the MAD;
+    the A11 minor-version retry (CA11-3, a CM call from the client's handler) runs
+    there too, inline."""
+    scheduled: list[CmBinding] = []
+    real = CmBinding._schedule_delivery
+
+    def counting(self: CmBinding) -> None:
+        scheduled.append(self)
+        real(self)
+    monkeypatch.setattr(CmBinding, "_schedule_delivery", counting)
+    ca, cb = contexts()
+    try:
+        a, b = CmBinding.attach(ca), CmBinding.attach(cb)
+        pa, pb = v.PD(ca), v.PD(cb)
+        lst = b.agent.create_id()
+        ip_listen(lst, 7001, minor=0)
+        qa, qb = rc_qp(ca, pa), rc_qp(cb, pb)
+        cid = a.agent.create_id()
+        client = IpCmClient(cid, minor=3)
+        client.connect(qa, "127.0.0.1", "127.0.0.2", 7001, src_port=999)
+        req = b.get_event(10)
+        assert req.type == T.CONNECT_REQUEST and req.info["ip_cm"].minv == 0
+        req.cm_id.accept(qb)
+        assert a.get_event(10).type == T.ESTABLISHED  # the REJ was handled below us
+        assert client.downgrades == [0]
+        assert b.get_event(10).type == T.ESTABLISHED
+        cid.disconnect()
+        assert a.get_event(10).type == T.DISCONNECTED
+        assert b.get_event(10).type == T.DISCONNECTED
+        assert scheduled == []
+        a.close()
+        b.close()
+    finally:
+        ca.close()
+        cb.close()

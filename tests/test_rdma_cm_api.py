@@ -20,6 +20,8 @@ from softrdma import enums as e
 from softrdma import verbs as v
 from softrdma.cm import rdma_cm as rc
 from softrdma.cm.rdma_events import EventChannel
+from softrdma.drivers import iwconnect
+from softrdma.drivers.gsi import CmBinding
 from softrdma.errors import SoftRdmaError
 from softrdma.wire.cm import RejReason
 
@@ -309,6 +311,75 @@ def test_timewait_exit_and_device_removal(env: Path) -> None:
     expect(chs, T.TIMEWAIT_EXIT)
     rc.release_devices()
     assert expect(chs, T.DEVICE_REMOVAL).id in (lst, req.id)
+
+
+def test_roce_events_reach_the_channel_without_the_cm_event_thread(
+        env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 26: the rdma_cm layer's handlers only post to the event channel, so the
+    IB CM runs them in the thread that processed the MAD or timer: no hand-off to the
+    CM's event thread (a thread switch for each of a connection's events)."""
+    scheduled: list[CmBinding] = []
+    real = CmBinding._schedule_delivery
+
+    def counting(self: CmBinding) -> None:
+        scheduled.append(self)
+        real(self)
+    monkeypatch.setattr(CmBinding, "_schedule_delivery", counting)
+    chs, chc = EventChannel(), EventChannel()
+    lst, port = _listen(chs, "roce")
+    for _ in range(3):
+        cli, _ce = _client(chc, "roce", port)
+        cli.connect(rc.ConnParam(private_data=b"inline"))
+        req = expect(chs, T.CONNECT_REQUEST)
+        assert req.private_data.rstrip(b"\0") == b"inline"
+        Ep(req.id)
+        req.id.accept()
+        expect(chc, T.ESTABLISHED)
+        expect(chs, T.ESTABLISHED)
+        req.id.disconnect()  # the passive side's DREQ this time
+        expect(chs, T.DISCONNECTED)
+        expect(chc, T.DISCONNECTED)
+        expect(chs, T.TIMEWAIT_EXIT)
+        expect(chc, T.TIMEWAIT_EXIT)
+        for cid in (cli, req.id):
+            cid.destroy_qp()
+            cid.destroy()
+    lst.destroy()
+    assert scheduled == []
+
+
+def test_iwarp_connects_reuse_one_worker_thread(env: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 26: each iWARP connect started a thread of its own (about 60 us of CPU and
+    300 us of latency on a busy host); sequential connects now run on one reused
+    worker."""
+    ran: list[threading.Thread] = []
+    real = iwconnect.connect
+
+    def connect(*a: Any, **kw: Any) -> Any:
+        ran.append(threading.current_thread())
+        return real(*a, **kw)
+    monkeypatch.setattr(iwconnect, "connect", connect)
+    chs, chc = EventChannel(), EventChannel()
+    lst, port = _listen(chs, "iwarp")
+    for _ in range(3):
+        cli, _ce = _client(chc, "iwarp", port)
+        cli.connect(rc.ConnParam())
+        req = expect(chs, T.CONNECT_REQUEST)
+        Ep(req.id)
+        req.id.accept()
+        expect(chc, T.ESTABLISHED)
+        expect(chs, T.ESTABLISHED)
+        cli.disconnect()
+        expect(chc, T.DISCONNECTED)
+        expect(chs, T.DISCONNECTED)
+        for cid in (cli, req.id):
+            cid.destroy_qp()
+            cid.destroy()
+    lst.destroy()
+    assert len(ran) == 3
+    assert len({id(t) for t in ran}) == 1, [t.name for t in ran]
+    assert ran[0].name == "rdma_cm-iw-connect" and ran[0].daemon
 
 
 def test_bad_arguments(env: Path) -> None:

@@ -15,6 +15,13 @@ device with a link-local address. ``prefer`` narrows the choice: a device name, 
 ``"iwarp"`` (default: the first candidate, registry order, so RoCE before the built-in
 iWARP device). The transport then comes from the device type.
 
+The candidate list is read once (the registry file and ``/sys``) and kept until the
+registry file or a network interface changes: an rtnetlink socket subscribed to the link
+and address groups (``RTMGRP_LINK``, ``RTMGRP_IPV4_IFADDR``, ``RTMGRP_IPV6_IFADDR``)
+has a message queued by the time a change (``ip addr add``) returns, and the registry
+file is replaced, never rewritten in place (a new inode). Without rtnetlink nothing is
+kept. So a connection's address resolution costs one route lookup, as in Linux.
+
 Like librdmacm, a device is opened once per process (one verbs ``Context``, and for RoCE
 one :class:`~softrdma.drivers.gsi.CmBinding` on its QP1) and stays open until
 :func:`release_devices`.
@@ -31,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..drivers import registry
 from ..drivers.gsi import CmBinding
 from ..errors import DeviceError, InvalidArgument
 from ..ibcm.params import CmConfig
@@ -102,8 +110,94 @@ def is_loopback(ip: IpAddress) -> bool:
     return ip.is_loopback
 
 
+class _ChangeWatch:
+    """An rtnetlink socket on the link and address multicast groups (rtnetlink(7)):
+    :meth:`changed` is True when an interface or address changed since the last call
+    (or messages were lost: ``ENOBUFS``)."""
+
+    _GROUPS = 0x1 | 0x10 | 0x100  # RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR
+
+    def __init__(self) -> None:
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_NONBLOCK
+                             | socket.SOCK_CLOEXEC, 0)  # NETLINK_ROUTE
+        try:
+            sock.bind((0, self._GROUPS))
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+    def changed(self) -> bool:
+        seen = False
+        while True:
+            try:
+                if not self.sock.recv(1 << 16):
+                    return seen
+            except BlockingIOError:
+                return seen
+            except OSError:  # ENOBUFS: notifications were lost; anything may have changed
+                return True
+            seen = True
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+_cand_lock = threading.Lock()
+_cand_watch: _ChangeWatch | None = None
+_cand_key: tuple[Any, ...] | None = None
+_cand_list: list[DeviceEntry] = []
+
+
+def _registry_key() -> tuple[Any, ...]:
+    """What the registry's contents depend on: the state directory (its path, owner and
+    mode, and who reads it: :func:`~softrdma.drivers.registry.check_state_dir`) and its ``devices.json``
+    (replaced on every change: inode, size, mtime)."""
+    d = registry.state_dir()
+    out: list[Any] = [str(d), os.geteuid()]
+    for p in (d, d / registry.Registry.FILE):
+        try:
+            st = os.lstat(p)
+        except OSError:
+            out.append(None)
+            continue
+        out.append((st.st_dev, st.st_ino, st.st_mode, st.st_uid, st.st_size, st.st_mtime_ns))
+    return tuple(out)
+
+
+def _forget_candidates() -> None:
+    """After ``fork()``: the child reads the devices again (and watches on its own)."""
+    global _cand_watch, _cand_key
+    if _cand_watch is not None:
+        _cand_watch.close()
+    _cand_watch, _cand_key = None, None
+    _cand_list.clear()
+
+
+os.register_at_fork(after_in_child=_forget_candidates)
+
+
 def candidates() -> list[DeviceEntry]:
-    """Every device: the registry's, then the built-in iWARP loopback device."""
+    """Every device: the registry's, then the built-in iWARP loopback device (kept
+    until the registry or an interface changes, see the module docstring)."""
+    global _cand_watch, _cand_key
+    with _cand_lock:
+        if _cand_watch is None:
+            try:
+                _cand_watch = _ChangeWatch()
+            except OSError:
+                return _read_candidates()
+            _cand_key = None
+        if _cand_watch.changed():
+            _cand_key = None
+        key = _registry_key()
+        if key != _cand_key:
+            _cand_list[:] = _read_candidates()
+            _cand_key = key
+        return list(_cand_list)
+
+
+def _read_candidates() -> list[DeviceEntry]:
     out = [DeviceEntry(d.name, d.type, d.netdev, tuple(d.ips)) for d in get_device_list()]
     if all(d.name != IWARP_LOOPBACK for d in out):
         out.append(DeviceEntry(IWARP_LOOPBACK, "iwarp", "lo",

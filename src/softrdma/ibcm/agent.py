@@ -50,7 +50,7 @@ from ..wire.ipcm import is_ip_cm_service_id
 from ..wire.mad import Method
 from . import qpctl, sidr
 from .cmid import IbCmId
-from .events import CmEvent, CmEventType
+from .events import CmEvent, CmEventType, is_lock_free
 from .model import CmState, CommEst, Disconnect, Received, Timeout
 from .params import (
     ALL_ONES_MASK,
@@ -532,6 +532,23 @@ class CmAgent:
                 self.counters.errors += 1
                 self.errors.append(exc)
         return n
+
+    def outbox_lock_free(self) -> bool:
+        """True if every queued event goes to a :func:`~.events.lock_free` consumer (its
+        id's handler, else :attr:`on_event`) or to :attr:`events`, or is dropped (its
+        id was destroyed): :meth:`deliver_events` may then run under the driver's lock."""
+        for ev in self.outbox:
+            owner = ev.listen_id if ev.type == CmEventType.CONNECT_REQUEST else ev.cm_id
+            if owner is not None and owner.destroyed:
+                if ev.type == CmEventType.CONNECT_REQUEST and not ev.cm_id.destroyed:
+                    return False  # _deliver refuses it: a CM call
+                continue
+            handler = owner.handler if owner is not None else None
+            if handler is None:
+                handler = self.on_event
+            if handler is not None and not is_lock_free(handler):
+                return False
+        return True
 
     def _deliver(self, ev: CmEvent) -> None:
         owner = ev.listen_id if ev.type == CmEventType.CONNECT_REQUEST else ev.cm_id

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import DecodeError
 from ..wire.cm import Rej, RejReason, Rep, Req, SidrRep, SidrReq, SidrStatus
@@ -23,7 +23,27 @@ if TYPE_CHECKING:
     from .cmid import IbCmId
 
 __all__ = ["CmEventType", "CmEvent", "RejectInfo", "describe_rej", "describe_sidr_status",
-           "reason_name"]
+           "reason_name", "lock_free", "is_lock_free"]
+
+_H = TypeVar("_H")
+_LOCK_FREE = "cm_lock_free"
+
+
+def lock_free(handler: _H) -> _H:
+    """Mark an event handler (a function, or a ``functools.partial``) as one that never
+    blocks and makes no verbs call (calls to the CM itself are allowed: from a handler
+    they run inline, at the event's time). The CM's driver (:mod:`softrdma.drivers.gsi`)
+    may then run it as soon as a MAD or a timer produced the event, under the device
+    lock, instead of handing the event to its event thread: the rdma_cm layer's
+    handlers, which post to an event channel. A method marked in its class body stays
+    marked when bound."""
+    setattr(handler, _LOCK_FREE, True)
+    return handler
+
+
+def is_lock_free(handler: object) -> bool:
+    """True if ``handler`` was marked with :func:`lock_free`."""
+    return bool(getattr(handler, _LOCK_FREE, False))
 
 
 class CmEventType(Enum):

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Callable, Collection
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DecodeError, InvalidArgument
@@ -49,7 +50,7 @@ from ..wire.ipcm import (
     pack_ip_field,
 )
 from . import qpctl
-from .events import CmEvent, CmEventType
+from .events import CmEvent, CmEventType, is_lock_free, lock_free
 from .params import ConnParams, DialectReject, ReqVerdict, SidrParams
 from .userqp import UserQp
 
@@ -136,7 +137,11 @@ class IpCmClient:
         self._handler = handler if handler is not None else cm_id.handler
         self._qp: Any = None
         self._args: dict[str, Any] = {}
-        cm_id.handler = self._on_event
+        inner = self._handler if self._handler is not None else cm_id.agent.on_event
+        if inner is None or is_lock_free(inner):  # the minor-version retry is a CM call
+            cm_id.handler = lock_free(partial(IpCmClient._on_event, self))
+        else:
+            cm_id.handler = self._on_event
 
     def _forward(self, ev: CmEvent) -> None:
         if self._handler is not None:
