@@ -168,20 +168,13 @@ def test_whole_rdma_core_suite_in_ci(state: str) -> None:
     print("\n" + "\n".join(lines[-25:]))
     assert passed >= 110, proc.stdout
     if os.geteuid() == 0:  # issue 14: 145, none failing (rdma_cm and huge pages need root)
-        # the one error a loaded host causes (at most 2, see below): a traffic test's
-        # completion late while its peer thread waited for a CPU (design.md, XRC): before
-        # retry_cnt 7 became endless the 0.54 s retry budget ran out ("Retry exceeded",
-        # status 12); now rdma-core's own 10 s poll gives up ("Got timeout on polling",
-        # or poll_cq_ex's "Failed to poll CQ" with a stale errno). An open defect of
-        # issue 25 (the 2-core CI box runs the suite's other worker beside it); counted
-        # as run, any other error or failure is not
-        problems = [ln for ln in lines if ln.startswith(" ") and ": " in ln
-                    and "skipped" not in ln]
-        late = ("Completion status is Retry exceeded", "Completion status is 12.",
-                 "Got timeout on polling", "PyverbsRDMAError: Failed to poll CQ.")
-        load = [ln for ln in problems if any(m in ln for m in late)]
-        assert failed == 0 and errors == len(load), proc.stdout
-        assert passed + len(load) >= 145 and len(load) <= 2, proc.stdout
+        # Issue 25: none failing at load either. The late completions a loaded host used
+        # to cause ("Got timeout on polling", "Failed to poll CQ", "Retry exceeded" in
+        # the traffic tests, XRC most often) were datagrams of live QPs delivered to the
+        # wrong context for good: devd's mirror of the reuseport group went out of step
+        # when a context closed while the next one bound (tests/test_reuseport_join_race.py)
+        assert failed == 0 and errors == 0, proc.stdout
+        assert passed >= 145, proc.stdout
     assert passed + failed + errors + skipped >= 250  # the whole suite ran
     for name in ("test_device", "test_qp", "test_odp", "test_mlx5_cq"):
         assert any(ln.startswith(name) for ln in lines), name

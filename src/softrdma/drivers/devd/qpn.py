@@ -43,6 +43,8 @@ from softrdma.drivers.udp import UdpLink
 
 MAX_EXCEPTIONS = 1024  # QPNs asked for by number inside another client's range
 JOIN_TIMEOUT = 5.0  # seconds a client may hold the JOIN turn (binding takes milliseconds)
+#: while a departure waits (see ``QpnRouting._direct_leave``), how often devd looks again
+LEAVE_RECHECK = 0.02
 
 
 def bound_count(ip: bytes, port: int) -> int | None:
@@ -83,6 +85,11 @@ class QpnRouting:
         self._join_slot = 0
         self._join_deadline = 0.0
         self._join_queue: list[Client] = []
+        # Direct clients that left while another client could be binding (a JOIN turn
+        # held, or the kernel's groups not as mirrored): their sockets stay in the groups
+        # (devd's copies) and their slots go to devd until :meth:`_settle_leaves`.
+        self._leaving: list[Client] = []
+        self._leaving_since = 0.0
 
     # -- the reuseport groups -----------------------------------------------------------
 
@@ -111,6 +118,7 @@ class QpnRouting:
     def _regen(self, hide: frozenset[Client] = frozenset()) -> None:
         """Attach each group's program for the current members (``hide``: route these
         clients' slots to devd for the moment)."""
+        hide = hide.union(self._leaving)
         slots = {c: s for s, c in self._slot_clients.items() if c not in hide}
         for link, group in self._groups_rp:
             exc = {}
@@ -126,16 +134,46 @@ class QpnRouting:
                 self.counters["bpf_attached"] += 1
 
     def _direct_leave(self, c: Client) -> None:
-        """A direct client left: route its slot and the last member's to devd, close our
-        copy of its sockets (the kernel moves each group's last socket into the hole),
-        then attach the programs for the new order. No datagram for a live client takes
-        the hash fallback meanwhile: the moved client's go through devd's socket."""
+        """A direct client left. Its sockets leave the groups at once (:meth:`_leave_now`)
+        unless another client may be binding: a JOIN turn is held, or a group has a
+        socket our mirror lacks (one bound after its turn expired, or refused and not
+        closed yet). The kernel would then move that unmirrored socket, the group's last,
+        into the hole where the mirror moves its last member: every later datagram of
+        the two clients would go to the other one (issue 25: rdma-core's traffic tests
+        timed out, packets of live QPs counted ``rcvd_unknown_qp`` by the wrong
+        process). Such a departure waits (its slot routed to devd) for
+        :meth:`_settle_leaves`, at the end of the turn or at the latest after
+        ``join_timeout``."""
         if self._join_holder is c:
-            self._join_release()
-        if c in self._join_queue:
+            self._join_holder, self._join_slot = None, 0  # the turn is released below
+        elif c in self._join_queue:
             self._join_queue.remove(c)
-        if not c.slot:
-            return
+        if c.slot:
+            if not self._leaving:
+                self._leaving_since = time.monotonic()
+            self._leaving.append(c)
+        self._join_release()
+        if c in self._leaving:
+            self._regen()  # its slot to devd while it waits
+
+    def _settle_leaves(self, now: float) -> bool:
+        """Take the waiting departures out of the groups if no client may be binding (no
+        JOIN turn held, each kernel group as mirrored), or once they waited
+        ``join_timeout``; True when none waits any more."""
+        if not self._leaving:
+            return True
+        if now - self._leaving_since < self.join_timeout and (
+                self._join_holder is not None or not self._groups_as_mirrored(0)):
+            return False
+        while self._leaving:
+            self._leave_now(self._leaving.pop(0))
+        return True
+
+    def _leave_now(self, c: Client) -> None:
+        """Route ``c``'s slot and the last member's to devd, close our copy of its sockets
+        (the kernel moves each group's last socket into the hole), then attach the
+        programs for the new order. No datagram for a live client takes the hash
+        fallback meanwhile: the moved client's go through devd's socket."""
         moved = {last for _, g in self._groups_rp if isinstance(last := g.last(), Client)}
         self._regen(frozenset({c, *moved}))
         for _, group in self._groups_rp:
@@ -158,12 +196,13 @@ class QpnRouting:
         return 0
 
     def _join(self, c: Client, op: int) -> bytes | None:
-        """OP_JOIN: the slot (the reply waits while another client binds)."""
+        """OP_JOIN: the slot (the reply waits while another client binds, or a departure
+        waits: :meth:`_direct_leave`)."""
         if not self._groups_rp or c.join_expired:  # one expired turn: no second one
             return REP.pack(op, errno.EOPNOTSUPP, 0)
         if c.slot or self._join_holder is c:
             return REP.pack(op, errno.EALREADY, 0)
-        if self._join_holder is not None:
+        if self._join_holder is not None or self._leaving:
             self._join_queue.append(c)
             return None
         if not check_program_fits(len(self._slot_clients) + 1, len(self._exceptions)):
@@ -238,11 +277,12 @@ class QpnRouting:
         # Before the next client may bind: a socket the kernel has and we do not know
         # of (one bound by a client whose turn expired) would shift the order.
         refuse = not n or n != len(self._groups_rp) or not self._groups_as_mirrored(1)
-        self._join_release()
+        self._join_holder, self._join_slot = None, 0
         if refuse:
             for s in socks:
                 s.close()
             self.counters["direct_refused"] += 1
+            self._join_release()
             return REP.pack(op, 0, 0)  # slot 0: the client stays on the forwarded path
         for (_, group), s in zip(self._groups_rp, socks, strict=True):
             group.join(c, s)
@@ -251,6 +291,7 @@ class QpnRouting:
         self._slot_clients[slot] = c
         self.counters["direct_clients"] += 1
         self._regen()
+        self._join_release()  # mirrored first: departures may settle, the next may bind
         return REP.pack(op, 0, slot)
 
     def _groups_as_mirrored(self, extra: int) -> bool:
@@ -265,21 +306,33 @@ class QpnRouting:
 
     def _join_expire(self, now: float) -> float | None:
         """Take the JOIN turn from a client that held it past ``join_timeout`` (its late
-        JOINED is answered 0: forwarded path); the next deadline, or None."""
+        JOINED is answered 0: forwarded path), settle waiting departures; the next
+        deadline, or None."""
         holder = self._join_holder
         if holder is None:
+            if self._leaving:
+                self._join_release(now)
+                if self._leaving:
+                    return now + LEAVE_RECHECK
             return None
         if now < self._join_deadline:
             return self._join_deadline
         holder.join_expired = True
         self.counters["join_timeouts"] += 1
-        self._join_release()
-        return self._join_deadline if self._join_holder is not None else None
-
-    def _join_release(self) -> None:
-        """The binder finished (or died, or ran out of time): the next queued client may
-        bind."""
         self._join_holder, self._join_slot = None, 0
+        self._join_release(now)
+        if self._join_holder is not None:
+            return self._join_deadline
+        return now + LEAVE_RECHECK if self._leaving else None
+
+    def _join_release(self, now: float | None = None) -> None:
+        """No JOIN turn is held (the binder finished, died or ran out of time): waiting
+        departures settle, then the next queued client may bind."""
+        if self._join_holder is not None:
+            return
+        self._join_slot = 0
+        if not self._settle_leaves(time.monotonic() if now is None else now):
+            return  # the serve loop tries again (``_join_expire``)
         while self._join_queue and self._join_holder is None:
             nxt = self._join_queue.pop(0)
             if nxt.dead:
