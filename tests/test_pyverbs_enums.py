@@ -148,18 +148,32 @@ def test_well_known_values(headers: dict[str, int]) -> None:
     assert e._IBV_ALLOCATOR_USE_DEFAULT == U64  # (void *)-1
 
 
-def test_enum_classes_are_intenums_with_members_as_module_names() -> None:
+def test_enum_classes_are_int_enums_with_members_as_module_names() -> None:
     classes = [v for v in vars(libibverbs_enums).values()
-               if isinstance(v, type) and issubclass(v, enum.Enum)]
+               if isinstance(v, type) and issubclass(v, enum.Enum)
+               and v not in (enum.IntEnum, enum.IntFlag)]
     assert len(classes) >= 50
     for cls in classes:
-        assert issubclass(cls, enum.IntEnum)
+        assert issubclass(cls, (enum.IntEnum, enum.IntFlag))
         for member in cls:
-            assert int(getattr(libibverbs_enums, member.name)) == int(member)
+            assert int(getattr(libibverbs_enums, str(member.name))) == int(member)
     # pyverbs.enums re-exports everything, underscore names included
     assert pyverbs_enums.ibv_qp_type is libibverbs_enums.ibv_qp_type
     assert pyverbs_enums._IBV_DEVICE_RAW_SCATTER_FCS == 1 << 34
     assert list(pyverbs_enums.ibv_access_flags)[0] == pyverbs_enums.IBV_ACCESS_LOCAL_WRITE
+
+
+def test_enums_softrdma_has_are_its_own() -> None:
+    """One source per value: an enum of softrdma.enums is re-exported, not defined again."""
+    ours = {n: v for n, v in vars(softrdma_enums).items()
+            if isinstance(v, type) and issubclass(v, enum.Enum)
+            and v.__module__ == softrdma_enums.__name__}
+    assert len(ours) >= 30
+    for name, cls in ours.items():
+        assert getattr(libibverbs_enums, name) is cls, name
+        for member in cls:
+            assert getattr(libibverbs_enums, member.name) is member
+    assert libibverbs_enums.IBV_QPT_RC is softrdma_enums.ibv_qp_type.IBV_QPT_RC
 
 
 def test_provider_enums_match_their_headers(headers: dict[str, int]) -> None:

@@ -359,8 +359,8 @@ def flags_to_str(flags: int, values: dict[int, str]) -> str:
 
 
 def cqe_flags_to_str(flags: int) -> str:
-    return flags_to_str(flags, {int(f): f.name for f in e.ibv_wc_flags})
+    return flags_to_str(flags, {int(f): str(f.name) for f in e.ibv_wc_flags})
 
 
 def create_wc_flags_to_str(flags: int) -> str:
-    return flags_to_str(flags, {int(f): f.name for f in e.ibv_create_cq_wc_flags})
+    return flags_to_str(flags, {int(f): str(f.name) for f in e.ibv_create_cq_wc_flags})

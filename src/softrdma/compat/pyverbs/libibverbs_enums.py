@@ -1,35 +1,22 @@
 """libibverbs enumerations as pyverbs exposes them (``pyverbs.enums``).
 
-Every enum of rdma-core's ``libibverbs_enums.pxd`` is an ``IntEnum`` with the members
-pyverbs lists, in its order, with the values of ``<infiniband/verbs.h>``
+One source per value: the enums softrdma itself uses (``ibv_qp_type``, ``ibv_access_flags``,
+``ibv_wc_status``... and their members as module-level names) are those of
+:mod:`softrdma.enums`, re-exported here; this module defines only the enums of rdma-core's
+``libibverbs_enums.pxd`` that softrdma.enums does not have, each an ``IntEnum`` with the
+members pyverbs lists, in its order, with the values of ``<infiniband/verbs.h>``
 (tests/test_pyverbs_enums.py re-parses the installed header and checks each one).
 Each member is also a module-level name, as in pyverbs (``e.IBV_QPT_RC``).
 """
 
-# Generated from the enum lists of rdma-core 44's pyverbs (see the module docstring);
-# do not edit by hand.
+# The enums below were generated from the enum lists of rdma-core 44's pyverbs (see the
+# module docstring); do not edit them by hand.
 
 from enum import IntEnum
 
+from ...enums import *  # noqa: F403
+
 __all__: list[str] = []
-
-
-class ibv_access_flags(IntEnum):
-    IBV_ACCESS_LOCAL_WRITE = 1
-    IBV_ACCESS_REMOTE_WRITE = 2
-    IBV_ACCESS_REMOTE_READ = 4
-    IBV_ACCESS_REMOTE_ATOMIC = 8
-    IBV_ACCESS_MW_BIND = 16
-    IBV_ACCESS_ZERO_BASED = 32
-    IBV_ACCESS_ON_DEMAND = 64
-    IBV_ACCESS_HUGETLB = 128
-    IBV_ACCESS_RELAXED_ORDERING = 1048576
-
-
-class ibv_atomic_cap(IntEnum):
-    IBV_ATOMIC_NONE = 0
-    IBV_ATOMIC_HCA = 1
-    IBV_ATOMIC_GLOB = 2
 
 
 class ibv_counter_description(IntEnum):
@@ -37,79 +24,9 @@ class ibv_counter_description(IntEnum):
     IBV_COUNTER_BYTES = 1
 
 
-class ibv_cq_init_attr_mask(IntEnum):
-    IBV_CQ_INIT_ATTR_MASK_FLAGS = 1
-    IBV_CQ_INIT_ATTR_MASK_PD = 2
-
-
 class ibv_create_cq_attr_flags(IntEnum):
     IBV_CREATE_CQ_ATTR_SINGLE_THREADED = 1
     IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN = 2
-
-
-class ibv_create_cq_wc_flags(IntEnum):
-    IBV_WC_EX_WITH_BYTE_LEN = 1
-    IBV_WC_EX_WITH_IMM = 2
-    IBV_WC_EX_WITH_QP_NUM = 4
-    IBV_WC_EX_WITH_SRC_QP = 8
-    IBV_WC_EX_WITH_SLID = 16
-    IBV_WC_EX_WITH_SL = 32
-    IBV_WC_EX_WITH_DLID_PATH_BITS = 64
-    IBV_WC_EX_WITH_COMPLETION_TIMESTAMP = 128
-    IBV_WC_EX_WITH_CVLAN = 256
-    IBV_WC_EX_WITH_FLOW_TAG = 512
-    IBV_WC_EX_WITH_TM_INFO = 1024
-    IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK = 2048
-
-
-class ibv_device_cap_flags(IntEnum):
-    IBV_DEVICE_RESIZE_MAX_WR = 1
-    IBV_DEVICE_BAD_PKEY_CNTR = 2
-    IBV_DEVICE_BAD_QKEY_CNTR = 4
-    IBV_DEVICE_RAW_MULTI = 8
-    IBV_DEVICE_AUTO_PATH_MIG = 16
-    IBV_DEVICE_CHANGE_PHY_PORT = 32
-    IBV_DEVICE_UD_AV_PORT_ENFORCE = 64
-    IBV_DEVICE_CURR_QP_STATE_MOD = 128
-    IBV_DEVICE_SHUTDOWN_PORT = 256
-    IBV_DEVICE_INIT_TYPE = 512
-    IBV_DEVICE_PORT_ACTIVE_EVENT = 1024
-    IBV_DEVICE_SYS_IMAGE_GUID = 2048
-    IBV_DEVICE_RC_RNR_NAK_GEN = 4096
-    IBV_DEVICE_SRQ_RESIZE = 8192
-    IBV_DEVICE_N_NOTIFY_CQ = 16384
-    IBV_DEVICE_MEM_WINDOW = 131072
-    IBV_DEVICE_UD_IP_CSUM = 262144
-    IBV_DEVICE_XRC = 1048576
-    IBV_DEVICE_MEM_MGT_EXTENSIONS = 2097152
-    IBV_DEVICE_MEM_WINDOW_TYPE_2A = 8388608
-    IBV_DEVICE_MEM_WINDOW_TYPE_2B = 16777216
-    IBV_DEVICE_RC_IP_CSUM = 33554432
-    IBV_DEVICE_RAW_IP_CSUM = 67108864
-    IBV_DEVICE_MANAGED_FLOW_STEERING = 536870912
-
-
-class ibv_event_type(IntEnum):
-    IBV_EVENT_CQ_ERR = 0
-    IBV_EVENT_QP_FATAL = 1
-    IBV_EVENT_QP_REQ_ERR = 2
-    IBV_EVENT_QP_ACCESS_ERR = 3
-    IBV_EVENT_COMM_EST = 4
-    IBV_EVENT_SQ_DRAINED = 5
-    IBV_EVENT_PATH_MIG = 6
-    IBV_EVENT_PATH_MIG_ERR = 7
-    IBV_EVENT_DEVICE_FATAL = 8
-    IBV_EVENT_PORT_ACTIVE = 9
-    IBV_EVENT_PORT_ERR = 10
-    IBV_EVENT_LID_CHANGE = 11
-    IBV_EVENT_PKEY_CHANGE = 12
-    IBV_EVENT_SM_CHANGE = 13
-    IBV_EVENT_SRQ_ERR = 14
-    IBV_EVENT_SRQ_LIMIT_REACHED = 15
-    IBV_EVENT_QP_LAST_WQE_REACHED = 16
-    IBV_EVENT_CLIENT_REREGISTER = 17
-    IBV_EVENT_GID_CHANGE = 18
-    IBV_EVENT_WQ_FATAL = 19
 
 
 class ibv_flow_attr_type(IntEnum):
@@ -148,59 +65,9 @@ class ibv_fork_status(IntEnum):
     IBV_FORK_UNNEEDED = 2
 
 
-class ibv_gid_type(IntEnum):
-    IBV_GID_TYPE_IB = 0
-    IBV_GID_TYPE_ROCE_V1 = 1
-    IBV_GID_TYPE_ROCE_V2 = 2
-
-
 class ibv_gid_type_sysfs(IntEnum):
     IBV_GID_TYPE_SYSFS_IB_ROCE_V1 = 0
     IBV_GID_TYPE_SYSFS_ROCE_V2 = 1
-
-
-class ibv_mig_state(IntEnum):
-    IBV_MIG_MIGRATED = 0
-    IBV_MIG_REARM = 1
-    IBV_MIG_ARMED = 2
-
-
-class ibv_mtu(IntEnum):
-    IBV_MTU_256 = 1
-    IBV_MTU_512 = 2
-    IBV_MTU_1024 = 3
-    IBV_MTU_2048 = 4
-    IBV_MTU_4096 = 5
-
-
-class ibv_mw_type(IntEnum):
-    IBV_MW_TYPE_1 = 1
-    IBV_MW_TYPE_2 = 2
-
-
-class ibv_node_type(IntEnum):
-    IBV_NODE_UNKNOWN = -1
-    IBV_NODE_CA = 1
-    IBV_NODE_SWITCH = 2
-    IBV_NODE_ROUTER = 3
-    IBV_NODE_RNIC = 4
-    IBV_NODE_USNIC = 5
-    IBV_NODE_USNIC_UDP = 6
-    IBV_NODE_UNSPECIFIED = 7
-
-
-class ibv_odp_general_caps(IntEnum):
-    IBV_ODP_SUPPORT = 1
-    IBV_ODP_SUPPORT_IMPLICIT = 2
-
-
-class ibv_odp_transport_cap_bits(IntEnum):
-    IBV_ODP_SUPPORT_SEND = 1
-    IBV_ODP_SUPPORT_RECV = 2
-    IBV_ODP_SUPPORT_WRITE = 4
-    IBV_ODP_SUPPORT_READ = 8
-    IBV_ODP_SUPPORT_ATOMIC = 16
-    IBV_ODP_SUPPORT_SRQ_RECV = 32
 
 
 class ibv_ops_flags(IntEnum):
@@ -219,33 +86,6 @@ class ibv_parent_domain_init_attr_mask(IntEnum):
     IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT = 2
 
 
-class ibv_port_cap_flags(IntEnum):
-    IBV_PORT_SM = 2
-    IBV_PORT_NOTICE_SUP = 4
-    IBV_PORT_TRAP_SUP = 8
-    IBV_PORT_OPT_IPD_SUP = 16
-    IBV_PORT_AUTO_MIGR_SUP = 32
-    IBV_PORT_SL_MAP_SUP = 64
-    IBV_PORT_MKEY_NVRAM = 128
-    IBV_PORT_PKEY_NVRAM = 256
-    IBV_PORT_LED_INFO_SUP = 512
-    IBV_PORT_SYS_IMAGE_GUID_SUP = 2048
-    IBV_PORT_PKEY_SW_EXT_PORT_TRAP_SUP = 4096
-    IBV_PORT_EXTENDED_SPEEDS_SUP = 16384
-    IBV_PORT_CAP_MASK2_SUP = 32768
-    IBV_PORT_CM_SUP = 65536
-    IBV_PORT_SNMP_TUNNEL_SUP = 131072
-    IBV_PORT_REINIT_SUP = 262144
-    IBV_PORT_DEVICE_MGMT_SUP = 524288
-    IBV_PORT_VENDOR_CLASS_SUP = 1048576
-    IBV_PORT_DR_NOTICE_SUP = 2097152
-    IBV_PORT_CAP_MASK_NOTICE_SUP = 4194304
-    IBV_PORT_BOOT_MGMT_SUP = 8388608
-    IBV_PORT_LINK_LATENCY_SUP = 16777216
-    IBV_PORT_CLIENT_REG_SUP = 33554432
-    IBV_PORT_IP_BASED_GIDS = 67108864
-
-
 class ibv_port_cap_flags2(IntEnum):
     IBV_PORT_SET_NODE_DESC_SUP = 1
     IBV_PORT_INFO_EXT_SUP = 2
@@ -256,99 +96,12 @@ class ibv_port_cap_flags2(IntEnum):
     IBV_PORT_LINK_SPEED_NDR_SUP = 1024
 
 
-class ibv_port_state(IntEnum):
-    IBV_PORT_NOP = 0
-    IBV_PORT_DOWN = 1
-    IBV_PORT_INIT = 2
-    IBV_PORT_ARMED = 3
-    IBV_PORT_ACTIVE = 4
-    IBV_PORT_ACTIVE_DEFER = 5
-
-
-class ibv_qp_attr_mask(IntEnum):
-    IBV_QP_STATE = 1
-    IBV_QP_CUR_STATE = 2
-    IBV_QP_EN_SQD_ASYNC_NOTIFY = 4
-    IBV_QP_ACCESS_FLAGS = 8
-    IBV_QP_PKEY_INDEX = 16
-    IBV_QP_PORT = 32
-    IBV_QP_QKEY = 64
-    IBV_QP_AV = 128
-    IBV_QP_PATH_MTU = 256
-    IBV_QP_TIMEOUT = 512
-    IBV_QP_RETRY_CNT = 1024
-    IBV_QP_RNR_RETRY = 2048
-    IBV_QP_RQ_PSN = 4096
-    IBV_QP_MAX_QP_RD_ATOMIC = 8192
-    IBV_QP_ALT_PATH = 16384
-    IBV_QP_MIN_RNR_TIMER = 32768
-    IBV_QP_SQ_PSN = 65536
-    IBV_QP_MAX_DEST_RD_ATOMIC = 131072
-    IBV_QP_PATH_MIG_STATE = 262144
-    IBV_QP_CAP = 524288
-    IBV_QP_DEST_QPN = 1048576
-    IBV_QP_RATE_LIMIT = 33554432
-
-
 class ibv_qp_create_flags(IntEnum):
     IBV_QP_CREATE_BLOCK_SELF_MCAST_LB = 2
     IBV_QP_CREATE_SCATTER_FCS = 256
     IBV_QP_CREATE_CVLAN_STRIPPING = 512
     IBV_QP_CREATE_SOURCE_QPN = 1024
     IBV_QP_CREATE_PCI_WRITE_END_PADDING = 2048
-
-
-class ibv_qp_create_send_ops_flags(IntEnum):
-    IBV_QP_EX_WITH_RDMA_WRITE = 1
-    IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM = 2
-    IBV_QP_EX_WITH_SEND = 4
-    IBV_QP_EX_WITH_SEND_WITH_IMM = 8
-    IBV_QP_EX_WITH_RDMA_READ = 16
-    IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP = 32
-    IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD = 64
-    IBV_QP_EX_WITH_LOCAL_INV = 128
-    IBV_QP_EX_WITH_BIND_MW = 256
-    IBV_QP_EX_WITH_SEND_WITH_INV = 512
-    IBV_QP_EX_WITH_TSO = 1024
-    IBV_QP_EX_WITH_ATOMIC_WRITE = 4096
-
-
-class ibv_qp_init_attr_mask(IntEnum):
-    IBV_QP_INIT_ATTR_PD = 1
-    IBV_QP_INIT_ATTR_XRCD = 2
-    IBV_QP_INIT_ATTR_CREATE_FLAGS = 4
-    IBV_QP_INIT_ATTR_MAX_TSO_HEADER = 8
-    IBV_QP_INIT_ATTR_IND_TABLE = 16
-    IBV_QP_INIT_ATTR_RX_HASH = 32
-    IBV_QP_INIT_ATTR_SEND_OPS_FLAGS = 64
-
-
-class ibv_qp_state(IntEnum):
-    IBV_QPS_RESET = 0
-    IBV_QPS_INIT = 1
-    IBV_QPS_RTR = 2
-    IBV_QPS_RTS = 3
-    IBV_QPS_SQD = 4
-    IBV_QPS_SQE = 5
-    IBV_QPS_ERR = 6
-    IBV_QPS_UNKNOWN = 7
-
-
-class ibv_qp_type(IntEnum):
-    IBV_QPT_RC = 2
-    IBV_QPT_UC = 3
-    IBV_QPT_UD = 4
-    IBV_QPT_RAW_PACKET = 8
-    IBV_QPT_XRC_SEND = 9
-    IBV_QPT_XRC_RECV = 10
-    IBV_QPT_DRIVER = 255
-
-
-class ibv_raw_packet_caps(IntEnum):
-    IBV_RAW_PACKET_CAP_CVLAN_STRIPPING = 1
-    IBV_RAW_PACKET_CAP_SCATTER_FCS = 2
-    IBV_RAW_PACKET_CAP_IP_CSUM = 4
-    IBV_RAW_PACKET_CAP_DELAY_DROP = 8
 
 
 class ibv_read_counters_flags(IntEnum):
@@ -361,12 +114,6 @@ class ibv_rereg_mr_err_code(IntEnum):
     IBV_REREG_MR_ERR_DO_FORK_OLD = -3
     IBV_REREG_MR_ERR_CMD = -4
     IBV_REREG_MR_ERR_CMD_AND_DO_FORK_NEW = -5
-
-
-class ibv_rereg_mr_flags(IntEnum):
-    IBV_REREG_MR_CHANGE_TRANSLATION = 1
-    IBV_REREG_MR_CHANGE_PD = 2
-    IBV_REREG_MR_CHANGE_ACCESS = 4
 
 
 class ibv_rx_hash_fields(IntEnum):
@@ -384,31 +131,12 @@ class ibv_rx_hash_function_flags(IntEnum):
     IBV_RX_HASH_FUNC_TOEPLITZ = 1
 
 
-class ibv_send_flags(IntEnum):
-    IBV_SEND_FENCE = 1
-    IBV_SEND_SIGNALED = 2
-    IBV_SEND_SOLICITED = 4
-    IBV_SEND_INLINE = 8
-    IBV_SEND_IP_CSUM = 16
-
-
-class ibv_srq_attr_mask(IntEnum):
-    IBV_SRQ_MAX_WR = 1
-    IBV_SRQ_LIMIT = 2
-
-
 class ibv_srq_init_attr_mask(IntEnum):
     IBV_SRQ_INIT_ATTR_TYPE = 1
     IBV_SRQ_INIT_ATTR_PD = 2
     IBV_SRQ_INIT_ATTR_XRCD = 4
     IBV_SRQ_INIT_ATTR_CQ = 8
     IBV_SRQ_INIT_ATTR_TM = 16
-
-
-class ibv_srq_type(IntEnum):
-    IBV_SRQT_BASIC = 0
-    IBV_SRQT_XRC = 1
-    IBV_SRQT_TM = 2
 
 
 class ibv_tm_cap_flags(IntEnum):
@@ -420,76 +148,6 @@ class ibv_tmh_op(IntEnum):
     IBV_TMH_RNDV = 1
     IBV_TMH_FIN = 2
     IBV_TMH_EAGER = 3
-
-
-class ibv_transport_type(IntEnum):
-    IBV_TRANSPORT_UNKNOWN = -1
-    IBV_TRANSPORT_IB = 0
-    IBV_TRANSPORT_IWARP = 1
-    IBV_TRANSPORT_USNIC = 2
-    IBV_TRANSPORT_USNIC_UDP = 3
-
-
-class ibv_values_mask(IntEnum):
-    IBV_VALUES_MASK_RAW_CLOCK = 1
-
-
-class ibv_wc_flags(IntEnum):
-    IBV_WC_GRH = 1
-    IBV_WC_WITH_IMM = 2
-    IBV_WC_IP_CSUM_OK = 4
-    IBV_WC_WITH_INV = 8
-    IBV_WC_TM_SYNC_REQ = 16
-    IBV_WC_TM_MATCH = 32
-    IBV_WC_TM_DATA_VALID = 64
-
-
-class ibv_wc_opcode(IntEnum):
-    IBV_WC_SEND = 0
-    IBV_WC_RDMA_WRITE = 1
-    IBV_WC_RDMA_READ = 2
-    IBV_WC_COMP_SWAP = 3
-    IBV_WC_FETCH_ADD = 4
-    IBV_WC_BIND_MW = 5
-    IBV_WC_LOCAL_INV = 6
-    IBV_WC_TSO = 7
-    IBV_WC_ATOMIC_WRITE = 9
-    IBV_WC_RECV = 128
-    IBV_WC_RECV_RDMA_WITH_IMM = 129
-    IBV_WC_TM_ADD = 130
-    IBV_WC_TM_DEL = 131
-    IBV_WC_TM_SYNC = 132
-    IBV_WC_TM_RECV = 133
-    IBV_WC_TM_NO_TAG = 134
-    IBV_WC_DRIVER2 = 136
-    IBV_WC_DRIVER3 = 137
-
-
-class ibv_wc_status(IntEnum):
-    IBV_WC_SUCCESS = 0
-    IBV_WC_LOC_LEN_ERR = 1
-    IBV_WC_LOC_QP_OP_ERR = 2
-    IBV_WC_LOC_EEC_OP_ERR = 3
-    IBV_WC_LOC_PROT_ERR = 4
-    IBV_WC_WR_FLUSH_ERR = 5
-    IBV_WC_MW_BIND_ERR = 6
-    IBV_WC_BAD_RESP_ERR = 7
-    IBV_WC_LOC_ACCESS_ERR = 8
-    IBV_WC_REM_INV_REQ_ERR = 9
-    IBV_WC_REM_ACCESS_ERR = 10
-    IBV_WC_REM_OP_ERR = 11
-    IBV_WC_RETRY_EXC_ERR = 12
-    IBV_WC_RNR_RETRY_EXC_ERR = 13
-    IBV_WC_LOC_RDD_VIOL_ERR = 14
-    IBV_WC_REM_INV_RD_REQ_ERR = 15
-    IBV_WC_REM_ABORT_ERR = 16
-    IBV_WC_INV_EECN_ERR = 17
-    IBV_WC_INV_EEC_STATE_ERR = 18
-    IBV_WC_FATAL_ERR = 19
-    IBV_WC_RESP_TIMEOUT_ERR = 20
-    IBV_WC_GENERAL_ERR = 21
-    IBV_WC_TM_ERR = 22
-    IBV_WC_TM_RNDV_INCOMPLETE = 23
 
 
 class ibv_wq_attr_mask(IntEnum):
@@ -520,101 +178,10 @@ class ibv_wq_type(IntEnum):
     IBV_WQT_RQ = 0
 
 
-class ibv_wr_opcode(IntEnum):
-    IBV_WR_RDMA_WRITE = 0
-    IBV_WR_RDMA_WRITE_WITH_IMM = 1
-    IBV_WR_SEND = 2
-    IBV_WR_SEND_WITH_IMM = 3
-    IBV_WR_RDMA_READ = 4
-    IBV_WR_ATOMIC_CMP_AND_SWP = 5
-    IBV_WR_ATOMIC_FETCH_AND_ADD = 6
-    IBV_WR_LOCAL_INV = 7
-    IBV_WR_BIND_MW = 8
-    IBV_WR_SEND_WITH_INV = 9
-    IBV_WR_TSO = 10
-    IBV_WR_ATOMIC_WRITE = 15
-
-
-class ibv_xrcd_init_attr_mask(IntEnum):
-    IBV_XRCD_INIT_ATTR_FD = 1
-    IBV_XRCD_INIT_ATTR_OFLAGS = 2
-    IBV_XRCD_INIT_ATTR_RESERVED = 4
-
-
-IBV_ACCESS_LOCAL_WRITE = ibv_access_flags.IBV_ACCESS_LOCAL_WRITE
-IBV_ACCESS_REMOTE_WRITE = ibv_access_flags.IBV_ACCESS_REMOTE_WRITE
-IBV_ACCESS_REMOTE_READ = ibv_access_flags.IBV_ACCESS_REMOTE_READ
-IBV_ACCESS_REMOTE_ATOMIC = ibv_access_flags.IBV_ACCESS_REMOTE_ATOMIC
-IBV_ACCESS_MW_BIND = ibv_access_flags.IBV_ACCESS_MW_BIND
-IBV_ACCESS_ZERO_BASED = ibv_access_flags.IBV_ACCESS_ZERO_BASED
-IBV_ACCESS_ON_DEMAND = ibv_access_flags.IBV_ACCESS_ON_DEMAND
-IBV_ACCESS_HUGETLB = ibv_access_flags.IBV_ACCESS_HUGETLB
-IBV_ACCESS_RELAXED_ORDERING = ibv_access_flags.IBV_ACCESS_RELAXED_ORDERING
-IBV_ATOMIC_NONE = ibv_atomic_cap.IBV_ATOMIC_NONE
-IBV_ATOMIC_HCA = ibv_atomic_cap.IBV_ATOMIC_HCA
-IBV_ATOMIC_GLOB = ibv_atomic_cap.IBV_ATOMIC_GLOB
 IBV_COUNTER_PACKETS = ibv_counter_description.IBV_COUNTER_PACKETS
 IBV_COUNTER_BYTES = ibv_counter_description.IBV_COUNTER_BYTES
-IBV_CQ_INIT_ATTR_MASK_FLAGS = ibv_cq_init_attr_mask.IBV_CQ_INIT_ATTR_MASK_FLAGS
-IBV_CQ_INIT_ATTR_MASK_PD = ibv_cq_init_attr_mask.IBV_CQ_INIT_ATTR_MASK_PD
 IBV_CREATE_CQ_ATTR_SINGLE_THREADED = ibv_create_cq_attr_flags.IBV_CREATE_CQ_ATTR_SINGLE_THREADED
 IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN = ibv_create_cq_attr_flags.IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN
-IBV_WC_EX_WITH_BYTE_LEN = ibv_create_cq_wc_flags.IBV_WC_EX_WITH_BYTE_LEN
-IBV_WC_EX_WITH_IMM = ibv_create_cq_wc_flags.IBV_WC_EX_WITH_IMM
-IBV_WC_EX_WITH_QP_NUM = ibv_create_cq_wc_flags.IBV_WC_EX_WITH_QP_NUM
-IBV_WC_EX_WITH_SRC_QP = ibv_create_cq_wc_flags.IBV_WC_EX_WITH_SRC_QP
-IBV_WC_EX_WITH_SLID = ibv_create_cq_wc_flags.IBV_WC_EX_WITH_SLID
-IBV_WC_EX_WITH_SL = ibv_create_cq_wc_flags.IBV_WC_EX_WITH_SL
-IBV_WC_EX_WITH_DLID_PATH_BITS = ibv_create_cq_wc_flags.IBV_WC_EX_WITH_DLID_PATH_BITS
-IBV_WC_EX_WITH_COMPLETION_TIMESTAMP = ibv_create_cq_wc_flags.IBV_WC_EX_WITH_COMPLETION_TIMESTAMP
-IBV_WC_EX_WITH_CVLAN = ibv_create_cq_wc_flags.IBV_WC_EX_WITH_CVLAN
-IBV_WC_EX_WITH_FLOW_TAG = ibv_create_cq_wc_flags.IBV_WC_EX_WITH_FLOW_TAG
-IBV_WC_EX_WITH_TM_INFO = ibv_create_cq_wc_flags.IBV_WC_EX_WITH_TM_INFO
-IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK = ibv_create_cq_wc_flags.IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK
-IBV_DEVICE_RESIZE_MAX_WR = ibv_device_cap_flags.IBV_DEVICE_RESIZE_MAX_WR
-IBV_DEVICE_BAD_PKEY_CNTR = ibv_device_cap_flags.IBV_DEVICE_BAD_PKEY_CNTR
-IBV_DEVICE_BAD_QKEY_CNTR = ibv_device_cap_flags.IBV_DEVICE_BAD_QKEY_CNTR
-IBV_DEVICE_RAW_MULTI = ibv_device_cap_flags.IBV_DEVICE_RAW_MULTI
-IBV_DEVICE_AUTO_PATH_MIG = ibv_device_cap_flags.IBV_DEVICE_AUTO_PATH_MIG
-IBV_DEVICE_CHANGE_PHY_PORT = ibv_device_cap_flags.IBV_DEVICE_CHANGE_PHY_PORT
-IBV_DEVICE_UD_AV_PORT_ENFORCE = ibv_device_cap_flags.IBV_DEVICE_UD_AV_PORT_ENFORCE
-IBV_DEVICE_CURR_QP_STATE_MOD = ibv_device_cap_flags.IBV_DEVICE_CURR_QP_STATE_MOD
-IBV_DEVICE_SHUTDOWN_PORT = ibv_device_cap_flags.IBV_DEVICE_SHUTDOWN_PORT
-IBV_DEVICE_INIT_TYPE = ibv_device_cap_flags.IBV_DEVICE_INIT_TYPE
-IBV_DEVICE_PORT_ACTIVE_EVENT = ibv_device_cap_flags.IBV_DEVICE_PORT_ACTIVE_EVENT
-IBV_DEVICE_SYS_IMAGE_GUID = ibv_device_cap_flags.IBV_DEVICE_SYS_IMAGE_GUID
-IBV_DEVICE_RC_RNR_NAK_GEN = ibv_device_cap_flags.IBV_DEVICE_RC_RNR_NAK_GEN
-IBV_DEVICE_SRQ_RESIZE = ibv_device_cap_flags.IBV_DEVICE_SRQ_RESIZE
-IBV_DEVICE_N_NOTIFY_CQ = ibv_device_cap_flags.IBV_DEVICE_N_NOTIFY_CQ
-IBV_DEVICE_MEM_WINDOW = ibv_device_cap_flags.IBV_DEVICE_MEM_WINDOW
-IBV_DEVICE_UD_IP_CSUM = ibv_device_cap_flags.IBV_DEVICE_UD_IP_CSUM
-IBV_DEVICE_XRC = ibv_device_cap_flags.IBV_DEVICE_XRC
-IBV_DEVICE_MEM_MGT_EXTENSIONS = ibv_device_cap_flags.IBV_DEVICE_MEM_MGT_EXTENSIONS
-IBV_DEVICE_MEM_WINDOW_TYPE_2A = ibv_device_cap_flags.IBV_DEVICE_MEM_WINDOW_TYPE_2A
-IBV_DEVICE_MEM_WINDOW_TYPE_2B = ibv_device_cap_flags.IBV_DEVICE_MEM_WINDOW_TYPE_2B
-IBV_DEVICE_RC_IP_CSUM = ibv_device_cap_flags.IBV_DEVICE_RC_IP_CSUM
-IBV_DEVICE_RAW_IP_CSUM = ibv_device_cap_flags.IBV_DEVICE_RAW_IP_CSUM
-IBV_DEVICE_MANAGED_FLOW_STEERING = ibv_device_cap_flags.IBV_DEVICE_MANAGED_FLOW_STEERING
-IBV_EVENT_CQ_ERR = ibv_event_type.IBV_EVENT_CQ_ERR
-IBV_EVENT_QP_FATAL = ibv_event_type.IBV_EVENT_QP_FATAL
-IBV_EVENT_QP_REQ_ERR = ibv_event_type.IBV_EVENT_QP_REQ_ERR
-IBV_EVENT_QP_ACCESS_ERR = ibv_event_type.IBV_EVENT_QP_ACCESS_ERR
-IBV_EVENT_COMM_EST = ibv_event_type.IBV_EVENT_COMM_EST
-IBV_EVENT_SQ_DRAINED = ibv_event_type.IBV_EVENT_SQ_DRAINED
-IBV_EVENT_PATH_MIG = ibv_event_type.IBV_EVENT_PATH_MIG
-IBV_EVENT_PATH_MIG_ERR = ibv_event_type.IBV_EVENT_PATH_MIG_ERR
-IBV_EVENT_DEVICE_FATAL = ibv_event_type.IBV_EVENT_DEVICE_FATAL
-IBV_EVENT_PORT_ACTIVE = ibv_event_type.IBV_EVENT_PORT_ACTIVE
-IBV_EVENT_PORT_ERR = ibv_event_type.IBV_EVENT_PORT_ERR
-IBV_EVENT_LID_CHANGE = ibv_event_type.IBV_EVENT_LID_CHANGE
-IBV_EVENT_PKEY_CHANGE = ibv_event_type.IBV_EVENT_PKEY_CHANGE
-IBV_EVENT_SM_CHANGE = ibv_event_type.IBV_EVENT_SM_CHANGE
-IBV_EVENT_SRQ_ERR = ibv_event_type.IBV_EVENT_SRQ_ERR
-IBV_EVENT_SRQ_LIMIT_REACHED = ibv_event_type.IBV_EVENT_SRQ_LIMIT_REACHED
-IBV_EVENT_QP_LAST_WQE_REACHED = ibv_event_type.IBV_EVENT_QP_LAST_WQE_REACHED
-IBV_EVENT_CLIENT_REREGISTER = ibv_event_type.IBV_EVENT_CLIENT_REREGISTER
-IBV_EVENT_GID_CHANGE = ibv_event_type.IBV_EVENT_GID_CHANGE
-IBV_EVENT_WQ_FATAL = ibv_event_type.IBV_EVENT_WQ_FATAL
 IBV_FLOW_ATTR_NORMAL = ibv_flow_attr_type.IBV_FLOW_ATTR_NORMAL
 IBV_FLOW_ATTR_ALL_DEFAULT = ibv_flow_attr_type.IBV_FLOW_ATTR_ALL_DEFAULT
 IBV_FLOW_ATTR_MC_DEFAULT = ibv_flow_attr_type.IBV_FLOW_ATTR_MC_DEFAULT
@@ -639,37 +206,8 @@ IBV_FLOW_SPEC_ACTION_COUNT = ibv_flow_spec_type.IBV_FLOW_SPEC_ACTION_COUNT
 IBV_FORK_DISABLED = ibv_fork_status.IBV_FORK_DISABLED
 IBV_FORK_ENABLED = ibv_fork_status.IBV_FORK_ENABLED
 IBV_FORK_UNNEEDED = ibv_fork_status.IBV_FORK_UNNEEDED
-IBV_GID_TYPE_IB = ibv_gid_type.IBV_GID_TYPE_IB
-IBV_GID_TYPE_ROCE_V1 = ibv_gid_type.IBV_GID_TYPE_ROCE_V1
-IBV_GID_TYPE_ROCE_V2 = ibv_gid_type.IBV_GID_TYPE_ROCE_V2
 IBV_GID_TYPE_SYSFS_IB_ROCE_V1 = ibv_gid_type_sysfs.IBV_GID_TYPE_SYSFS_IB_ROCE_V1
 IBV_GID_TYPE_SYSFS_ROCE_V2 = ibv_gid_type_sysfs.IBV_GID_TYPE_SYSFS_ROCE_V2
-IBV_MIG_MIGRATED = ibv_mig_state.IBV_MIG_MIGRATED
-IBV_MIG_REARM = ibv_mig_state.IBV_MIG_REARM
-IBV_MIG_ARMED = ibv_mig_state.IBV_MIG_ARMED
-IBV_MTU_256 = ibv_mtu.IBV_MTU_256
-IBV_MTU_512 = ibv_mtu.IBV_MTU_512
-IBV_MTU_1024 = ibv_mtu.IBV_MTU_1024
-IBV_MTU_2048 = ibv_mtu.IBV_MTU_2048
-IBV_MTU_4096 = ibv_mtu.IBV_MTU_4096
-IBV_MW_TYPE_1 = ibv_mw_type.IBV_MW_TYPE_1
-IBV_MW_TYPE_2 = ibv_mw_type.IBV_MW_TYPE_2
-IBV_NODE_UNKNOWN = ibv_node_type.IBV_NODE_UNKNOWN
-IBV_NODE_CA = ibv_node_type.IBV_NODE_CA
-IBV_NODE_SWITCH = ibv_node_type.IBV_NODE_SWITCH
-IBV_NODE_ROUTER = ibv_node_type.IBV_NODE_ROUTER
-IBV_NODE_RNIC = ibv_node_type.IBV_NODE_RNIC
-IBV_NODE_USNIC = ibv_node_type.IBV_NODE_USNIC
-IBV_NODE_USNIC_UDP = ibv_node_type.IBV_NODE_USNIC_UDP
-IBV_NODE_UNSPECIFIED = ibv_node_type.IBV_NODE_UNSPECIFIED
-IBV_ODP_SUPPORT = ibv_odp_general_caps.IBV_ODP_SUPPORT
-IBV_ODP_SUPPORT_IMPLICIT = ibv_odp_general_caps.IBV_ODP_SUPPORT_IMPLICIT
-IBV_ODP_SUPPORT_SEND = ibv_odp_transport_cap_bits.IBV_ODP_SUPPORT_SEND
-IBV_ODP_SUPPORT_RECV = ibv_odp_transport_cap_bits.IBV_ODP_SUPPORT_RECV
-IBV_ODP_SUPPORT_WRITE = ibv_odp_transport_cap_bits.IBV_ODP_SUPPORT_WRITE
-IBV_ODP_SUPPORT_READ = ibv_odp_transport_cap_bits.IBV_ODP_SUPPORT_READ
-IBV_ODP_SUPPORT_ATOMIC = ibv_odp_transport_cap_bits.IBV_ODP_SUPPORT_ATOMIC
-IBV_ODP_SUPPORT_SRQ_RECV = ibv_odp_transport_cap_bits.IBV_ODP_SUPPORT_SRQ_RECV
 IBV_OPS_SIGNALED = ibv_ops_flags.IBV_OPS_SIGNALED
 IBV_OPS_TM_SYNC = ibv_ops_flags.IBV_OPS_TM_SYNC
 IBV_WR_TAG_ADD = ibv_ops_wr_opcode.IBV_WR_TAG_ADD
@@ -677,30 +215,6 @@ IBV_WR_TAG_DEL = ibv_ops_wr_opcode.IBV_WR_TAG_DEL
 IBV_WR_TAG_SYNC = ibv_ops_wr_opcode.IBV_WR_TAG_SYNC
 IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS = ibv_parent_domain_init_attr_mask.IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS
 IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT = ibv_parent_domain_init_attr_mask.IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT
-IBV_PORT_SM = ibv_port_cap_flags.IBV_PORT_SM
-IBV_PORT_NOTICE_SUP = ibv_port_cap_flags.IBV_PORT_NOTICE_SUP
-IBV_PORT_TRAP_SUP = ibv_port_cap_flags.IBV_PORT_TRAP_SUP
-IBV_PORT_OPT_IPD_SUP = ibv_port_cap_flags.IBV_PORT_OPT_IPD_SUP
-IBV_PORT_AUTO_MIGR_SUP = ibv_port_cap_flags.IBV_PORT_AUTO_MIGR_SUP
-IBV_PORT_SL_MAP_SUP = ibv_port_cap_flags.IBV_PORT_SL_MAP_SUP
-IBV_PORT_MKEY_NVRAM = ibv_port_cap_flags.IBV_PORT_MKEY_NVRAM
-IBV_PORT_PKEY_NVRAM = ibv_port_cap_flags.IBV_PORT_PKEY_NVRAM
-IBV_PORT_LED_INFO_SUP = ibv_port_cap_flags.IBV_PORT_LED_INFO_SUP
-IBV_PORT_SYS_IMAGE_GUID_SUP = ibv_port_cap_flags.IBV_PORT_SYS_IMAGE_GUID_SUP
-IBV_PORT_PKEY_SW_EXT_PORT_TRAP_SUP = ibv_port_cap_flags.IBV_PORT_PKEY_SW_EXT_PORT_TRAP_SUP
-IBV_PORT_EXTENDED_SPEEDS_SUP = ibv_port_cap_flags.IBV_PORT_EXTENDED_SPEEDS_SUP
-IBV_PORT_CAP_MASK2_SUP = ibv_port_cap_flags.IBV_PORT_CAP_MASK2_SUP
-IBV_PORT_CM_SUP = ibv_port_cap_flags.IBV_PORT_CM_SUP
-IBV_PORT_SNMP_TUNNEL_SUP = ibv_port_cap_flags.IBV_PORT_SNMP_TUNNEL_SUP
-IBV_PORT_REINIT_SUP = ibv_port_cap_flags.IBV_PORT_REINIT_SUP
-IBV_PORT_DEVICE_MGMT_SUP = ibv_port_cap_flags.IBV_PORT_DEVICE_MGMT_SUP
-IBV_PORT_VENDOR_CLASS_SUP = ibv_port_cap_flags.IBV_PORT_VENDOR_CLASS_SUP
-IBV_PORT_DR_NOTICE_SUP = ibv_port_cap_flags.IBV_PORT_DR_NOTICE_SUP
-IBV_PORT_CAP_MASK_NOTICE_SUP = ibv_port_cap_flags.IBV_PORT_CAP_MASK_NOTICE_SUP
-IBV_PORT_BOOT_MGMT_SUP = ibv_port_cap_flags.IBV_PORT_BOOT_MGMT_SUP
-IBV_PORT_LINK_LATENCY_SUP = ibv_port_cap_flags.IBV_PORT_LINK_LATENCY_SUP
-IBV_PORT_CLIENT_REG_SUP = ibv_port_cap_flags.IBV_PORT_CLIENT_REG_SUP
-IBV_PORT_IP_BASED_GIDS = ibv_port_cap_flags.IBV_PORT_IP_BASED_GIDS
 IBV_PORT_SET_NODE_DESC_SUP = ibv_port_cap_flags2.IBV_PORT_SET_NODE_DESC_SUP
 IBV_PORT_INFO_EXT_SUP = ibv_port_cap_flags2.IBV_PORT_INFO_EXT_SUP
 IBV_PORT_VIRT_SUP = ibv_port_cap_flags2.IBV_PORT_VIRT_SUP
@@ -708,86 +222,17 @@ IBV_PORT_SWITCH_PORT_STATE_TABLE_SUP = ibv_port_cap_flags2.IBV_PORT_SWITCH_PORT_
 IBV_PORT_LINK_WIDTH_2X_SUP = ibv_port_cap_flags2.IBV_PORT_LINK_WIDTH_2X_SUP
 IBV_PORT_LINK_SPEED_HDR_SUP = ibv_port_cap_flags2.IBV_PORT_LINK_SPEED_HDR_SUP
 IBV_PORT_LINK_SPEED_NDR_SUP = ibv_port_cap_flags2.IBV_PORT_LINK_SPEED_NDR_SUP
-IBV_PORT_NOP = ibv_port_state.IBV_PORT_NOP
-IBV_PORT_DOWN = ibv_port_state.IBV_PORT_DOWN
-IBV_PORT_INIT = ibv_port_state.IBV_PORT_INIT
-IBV_PORT_ARMED = ibv_port_state.IBV_PORT_ARMED
-IBV_PORT_ACTIVE = ibv_port_state.IBV_PORT_ACTIVE
-IBV_PORT_ACTIVE_DEFER = ibv_port_state.IBV_PORT_ACTIVE_DEFER
-IBV_QP_STATE = ibv_qp_attr_mask.IBV_QP_STATE
-IBV_QP_CUR_STATE = ibv_qp_attr_mask.IBV_QP_CUR_STATE
-IBV_QP_EN_SQD_ASYNC_NOTIFY = ibv_qp_attr_mask.IBV_QP_EN_SQD_ASYNC_NOTIFY
-IBV_QP_ACCESS_FLAGS = ibv_qp_attr_mask.IBV_QP_ACCESS_FLAGS
-IBV_QP_PKEY_INDEX = ibv_qp_attr_mask.IBV_QP_PKEY_INDEX
-IBV_QP_PORT = ibv_qp_attr_mask.IBV_QP_PORT
-IBV_QP_QKEY = ibv_qp_attr_mask.IBV_QP_QKEY
-IBV_QP_AV = ibv_qp_attr_mask.IBV_QP_AV
-IBV_QP_PATH_MTU = ibv_qp_attr_mask.IBV_QP_PATH_MTU
-IBV_QP_TIMEOUT = ibv_qp_attr_mask.IBV_QP_TIMEOUT
-IBV_QP_RETRY_CNT = ibv_qp_attr_mask.IBV_QP_RETRY_CNT
-IBV_QP_RNR_RETRY = ibv_qp_attr_mask.IBV_QP_RNR_RETRY
-IBV_QP_RQ_PSN = ibv_qp_attr_mask.IBV_QP_RQ_PSN
-IBV_QP_MAX_QP_RD_ATOMIC = ibv_qp_attr_mask.IBV_QP_MAX_QP_RD_ATOMIC
-IBV_QP_ALT_PATH = ibv_qp_attr_mask.IBV_QP_ALT_PATH
-IBV_QP_MIN_RNR_TIMER = ibv_qp_attr_mask.IBV_QP_MIN_RNR_TIMER
-IBV_QP_SQ_PSN = ibv_qp_attr_mask.IBV_QP_SQ_PSN
-IBV_QP_MAX_DEST_RD_ATOMIC = ibv_qp_attr_mask.IBV_QP_MAX_DEST_RD_ATOMIC
-IBV_QP_PATH_MIG_STATE = ibv_qp_attr_mask.IBV_QP_PATH_MIG_STATE
-IBV_QP_CAP = ibv_qp_attr_mask.IBV_QP_CAP
-IBV_QP_DEST_QPN = ibv_qp_attr_mask.IBV_QP_DEST_QPN
-IBV_QP_RATE_LIMIT = ibv_qp_attr_mask.IBV_QP_RATE_LIMIT
 IBV_QP_CREATE_BLOCK_SELF_MCAST_LB = ibv_qp_create_flags.IBV_QP_CREATE_BLOCK_SELF_MCAST_LB
 IBV_QP_CREATE_SCATTER_FCS = ibv_qp_create_flags.IBV_QP_CREATE_SCATTER_FCS
 IBV_QP_CREATE_CVLAN_STRIPPING = ibv_qp_create_flags.IBV_QP_CREATE_CVLAN_STRIPPING
 IBV_QP_CREATE_SOURCE_QPN = ibv_qp_create_flags.IBV_QP_CREATE_SOURCE_QPN
 IBV_QP_CREATE_PCI_WRITE_END_PADDING = ibv_qp_create_flags.IBV_QP_CREATE_PCI_WRITE_END_PADDING
-IBV_QP_EX_WITH_RDMA_WRITE = ibv_qp_create_send_ops_flags.IBV_QP_EX_WITH_RDMA_WRITE
-IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM = ibv_qp_create_send_ops_flags.IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
-IBV_QP_EX_WITH_SEND = ibv_qp_create_send_ops_flags.IBV_QP_EX_WITH_SEND
-IBV_QP_EX_WITH_SEND_WITH_IMM = ibv_qp_create_send_ops_flags.IBV_QP_EX_WITH_SEND_WITH_IMM
-IBV_QP_EX_WITH_RDMA_READ = ibv_qp_create_send_ops_flags.IBV_QP_EX_WITH_RDMA_READ
-IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP = ibv_qp_create_send_ops_flags.IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
-IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD = ibv_qp_create_send_ops_flags.IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
-IBV_QP_EX_WITH_LOCAL_INV = ibv_qp_create_send_ops_flags.IBV_QP_EX_WITH_LOCAL_INV
-IBV_QP_EX_WITH_BIND_MW = ibv_qp_create_send_ops_flags.IBV_QP_EX_WITH_BIND_MW
-IBV_QP_EX_WITH_SEND_WITH_INV = ibv_qp_create_send_ops_flags.IBV_QP_EX_WITH_SEND_WITH_INV
-IBV_QP_EX_WITH_TSO = ibv_qp_create_send_ops_flags.IBV_QP_EX_WITH_TSO
-IBV_QP_EX_WITH_ATOMIC_WRITE = ibv_qp_create_send_ops_flags.IBV_QP_EX_WITH_ATOMIC_WRITE
-IBV_QP_INIT_ATTR_PD = ibv_qp_init_attr_mask.IBV_QP_INIT_ATTR_PD
-IBV_QP_INIT_ATTR_XRCD = ibv_qp_init_attr_mask.IBV_QP_INIT_ATTR_XRCD
-IBV_QP_INIT_ATTR_CREATE_FLAGS = ibv_qp_init_attr_mask.IBV_QP_INIT_ATTR_CREATE_FLAGS
-IBV_QP_INIT_ATTR_MAX_TSO_HEADER = ibv_qp_init_attr_mask.IBV_QP_INIT_ATTR_MAX_TSO_HEADER
-IBV_QP_INIT_ATTR_IND_TABLE = ibv_qp_init_attr_mask.IBV_QP_INIT_ATTR_IND_TABLE
-IBV_QP_INIT_ATTR_RX_HASH = ibv_qp_init_attr_mask.IBV_QP_INIT_ATTR_RX_HASH
-IBV_QP_INIT_ATTR_SEND_OPS_FLAGS = ibv_qp_init_attr_mask.IBV_QP_INIT_ATTR_SEND_OPS_FLAGS
-IBV_QPS_RESET = ibv_qp_state.IBV_QPS_RESET
-IBV_QPS_INIT = ibv_qp_state.IBV_QPS_INIT
-IBV_QPS_RTR = ibv_qp_state.IBV_QPS_RTR
-IBV_QPS_RTS = ibv_qp_state.IBV_QPS_RTS
-IBV_QPS_SQD = ibv_qp_state.IBV_QPS_SQD
-IBV_QPS_SQE = ibv_qp_state.IBV_QPS_SQE
-IBV_QPS_ERR = ibv_qp_state.IBV_QPS_ERR
-IBV_QPS_UNKNOWN = ibv_qp_state.IBV_QPS_UNKNOWN
-IBV_QPT_RC = ibv_qp_type.IBV_QPT_RC
-IBV_QPT_UC = ibv_qp_type.IBV_QPT_UC
-IBV_QPT_UD = ibv_qp_type.IBV_QPT_UD
-IBV_QPT_RAW_PACKET = ibv_qp_type.IBV_QPT_RAW_PACKET
-IBV_QPT_XRC_SEND = ibv_qp_type.IBV_QPT_XRC_SEND
-IBV_QPT_XRC_RECV = ibv_qp_type.IBV_QPT_XRC_RECV
-IBV_QPT_DRIVER = ibv_qp_type.IBV_QPT_DRIVER
-IBV_RAW_PACKET_CAP_CVLAN_STRIPPING = ibv_raw_packet_caps.IBV_RAW_PACKET_CAP_CVLAN_STRIPPING
-IBV_RAW_PACKET_CAP_SCATTER_FCS = ibv_raw_packet_caps.IBV_RAW_PACKET_CAP_SCATTER_FCS
-IBV_RAW_PACKET_CAP_IP_CSUM = ibv_raw_packet_caps.IBV_RAW_PACKET_CAP_IP_CSUM
-IBV_RAW_PACKET_CAP_DELAY_DROP = ibv_raw_packet_caps.IBV_RAW_PACKET_CAP_DELAY_DROP
 IBV_READ_COUNTERS_ATTR_PREFER_CACHED = ibv_read_counters_flags.IBV_READ_COUNTERS_ATTR_PREFER_CACHED
 IBV_REREG_MR_ERR_INPUT = ibv_rereg_mr_err_code.IBV_REREG_MR_ERR_INPUT
 IBV_REREG_MR_ERR_DONT_FORK_NEW = ibv_rereg_mr_err_code.IBV_REREG_MR_ERR_DONT_FORK_NEW
 IBV_REREG_MR_ERR_DO_FORK_OLD = ibv_rereg_mr_err_code.IBV_REREG_MR_ERR_DO_FORK_OLD
 IBV_REREG_MR_ERR_CMD = ibv_rereg_mr_err_code.IBV_REREG_MR_ERR_CMD
 IBV_REREG_MR_ERR_CMD_AND_DO_FORK_NEW = ibv_rereg_mr_err_code.IBV_REREG_MR_ERR_CMD_AND_DO_FORK_NEW
-IBV_REREG_MR_CHANGE_TRANSLATION = ibv_rereg_mr_flags.IBV_REREG_MR_CHANGE_TRANSLATION
-IBV_REREG_MR_CHANGE_PD = ibv_rereg_mr_flags.IBV_REREG_MR_CHANGE_PD
-IBV_REREG_MR_CHANGE_ACCESS = ibv_rereg_mr_flags.IBV_REREG_MR_CHANGE_ACCESS
 IBV_RX_HASH_SRC_IPV4 = ibv_rx_hash_fields.IBV_RX_HASH_SRC_IPV4
 IBV_RX_HASH_DST_IPV4 = ibv_rx_hash_fields.IBV_RX_HASH_DST_IPV4
 IBV_RX_HASH_SRC_IPV6 = ibv_rx_hash_fields.IBV_RX_HASH_SRC_IPV6
@@ -797,81 +242,16 @@ IBV_RX_HASH_DST_PORT_TCP = ibv_rx_hash_fields.IBV_RX_HASH_DST_PORT_TCP
 IBV_RX_HASH_SRC_PORT_UDP = ibv_rx_hash_fields.IBV_RX_HASH_SRC_PORT_UDP
 IBV_RX_HASH_DST_PORT_UDP = ibv_rx_hash_fields.IBV_RX_HASH_DST_PORT_UDP
 IBV_RX_HASH_FUNC_TOEPLITZ = ibv_rx_hash_function_flags.IBV_RX_HASH_FUNC_TOEPLITZ
-IBV_SEND_FENCE = ibv_send_flags.IBV_SEND_FENCE
-IBV_SEND_SIGNALED = ibv_send_flags.IBV_SEND_SIGNALED
-IBV_SEND_SOLICITED = ibv_send_flags.IBV_SEND_SOLICITED
-IBV_SEND_INLINE = ibv_send_flags.IBV_SEND_INLINE
-IBV_SEND_IP_CSUM = ibv_send_flags.IBV_SEND_IP_CSUM
-IBV_SRQ_MAX_WR = ibv_srq_attr_mask.IBV_SRQ_MAX_WR
-IBV_SRQ_LIMIT = ibv_srq_attr_mask.IBV_SRQ_LIMIT
 IBV_SRQ_INIT_ATTR_TYPE = ibv_srq_init_attr_mask.IBV_SRQ_INIT_ATTR_TYPE
 IBV_SRQ_INIT_ATTR_PD = ibv_srq_init_attr_mask.IBV_SRQ_INIT_ATTR_PD
 IBV_SRQ_INIT_ATTR_XRCD = ibv_srq_init_attr_mask.IBV_SRQ_INIT_ATTR_XRCD
 IBV_SRQ_INIT_ATTR_CQ = ibv_srq_init_attr_mask.IBV_SRQ_INIT_ATTR_CQ
 IBV_SRQ_INIT_ATTR_TM = ibv_srq_init_attr_mask.IBV_SRQ_INIT_ATTR_TM
-IBV_SRQT_BASIC = ibv_srq_type.IBV_SRQT_BASIC
-IBV_SRQT_XRC = ibv_srq_type.IBV_SRQT_XRC
-IBV_SRQT_TM = ibv_srq_type.IBV_SRQT_TM
 IBV_TM_CAP_RC = ibv_tm_cap_flags.IBV_TM_CAP_RC
 IBV_TMH_NO_TAG = ibv_tmh_op.IBV_TMH_NO_TAG
 IBV_TMH_RNDV = ibv_tmh_op.IBV_TMH_RNDV
 IBV_TMH_FIN = ibv_tmh_op.IBV_TMH_FIN
 IBV_TMH_EAGER = ibv_tmh_op.IBV_TMH_EAGER
-IBV_TRANSPORT_UNKNOWN = ibv_transport_type.IBV_TRANSPORT_UNKNOWN
-IBV_TRANSPORT_IB = ibv_transport_type.IBV_TRANSPORT_IB
-IBV_TRANSPORT_IWARP = ibv_transport_type.IBV_TRANSPORT_IWARP
-IBV_TRANSPORT_USNIC = ibv_transport_type.IBV_TRANSPORT_USNIC
-IBV_TRANSPORT_USNIC_UDP = ibv_transport_type.IBV_TRANSPORT_USNIC_UDP
-IBV_VALUES_MASK_RAW_CLOCK = ibv_values_mask.IBV_VALUES_MASK_RAW_CLOCK
-IBV_WC_GRH = ibv_wc_flags.IBV_WC_GRH
-IBV_WC_WITH_IMM = ibv_wc_flags.IBV_WC_WITH_IMM
-IBV_WC_IP_CSUM_OK = ibv_wc_flags.IBV_WC_IP_CSUM_OK
-IBV_WC_WITH_INV = ibv_wc_flags.IBV_WC_WITH_INV
-IBV_WC_TM_SYNC_REQ = ibv_wc_flags.IBV_WC_TM_SYNC_REQ
-IBV_WC_TM_MATCH = ibv_wc_flags.IBV_WC_TM_MATCH
-IBV_WC_TM_DATA_VALID = ibv_wc_flags.IBV_WC_TM_DATA_VALID
-IBV_WC_SEND = ibv_wc_opcode.IBV_WC_SEND
-IBV_WC_RDMA_WRITE = ibv_wc_opcode.IBV_WC_RDMA_WRITE
-IBV_WC_RDMA_READ = ibv_wc_opcode.IBV_WC_RDMA_READ
-IBV_WC_COMP_SWAP = ibv_wc_opcode.IBV_WC_COMP_SWAP
-IBV_WC_FETCH_ADD = ibv_wc_opcode.IBV_WC_FETCH_ADD
-IBV_WC_BIND_MW = ibv_wc_opcode.IBV_WC_BIND_MW
-IBV_WC_LOCAL_INV = ibv_wc_opcode.IBV_WC_LOCAL_INV
-IBV_WC_TSO = ibv_wc_opcode.IBV_WC_TSO
-IBV_WC_ATOMIC_WRITE = ibv_wc_opcode.IBV_WC_ATOMIC_WRITE
-IBV_WC_RECV = ibv_wc_opcode.IBV_WC_RECV
-IBV_WC_RECV_RDMA_WITH_IMM = ibv_wc_opcode.IBV_WC_RECV_RDMA_WITH_IMM
-IBV_WC_TM_ADD = ibv_wc_opcode.IBV_WC_TM_ADD
-IBV_WC_TM_DEL = ibv_wc_opcode.IBV_WC_TM_DEL
-IBV_WC_TM_SYNC = ibv_wc_opcode.IBV_WC_TM_SYNC
-IBV_WC_TM_RECV = ibv_wc_opcode.IBV_WC_TM_RECV
-IBV_WC_TM_NO_TAG = ibv_wc_opcode.IBV_WC_TM_NO_TAG
-IBV_WC_DRIVER2 = ibv_wc_opcode.IBV_WC_DRIVER2
-IBV_WC_DRIVER3 = ibv_wc_opcode.IBV_WC_DRIVER3
-IBV_WC_SUCCESS = ibv_wc_status.IBV_WC_SUCCESS
-IBV_WC_LOC_LEN_ERR = ibv_wc_status.IBV_WC_LOC_LEN_ERR
-IBV_WC_LOC_QP_OP_ERR = ibv_wc_status.IBV_WC_LOC_QP_OP_ERR
-IBV_WC_LOC_EEC_OP_ERR = ibv_wc_status.IBV_WC_LOC_EEC_OP_ERR
-IBV_WC_LOC_PROT_ERR = ibv_wc_status.IBV_WC_LOC_PROT_ERR
-IBV_WC_WR_FLUSH_ERR = ibv_wc_status.IBV_WC_WR_FLUSH_ERR
-IBV_WC_MW_BIND_ERR = ibv_wc_status.IBV_WC_MW_BIND_ERR
-IBV_WC_BAD_RESP_ERR = ibv_wc_status.IBV_WC_BAD_RESP_ERR
-IBV_WC_LOC_ACCESS_ERR = ibv_wc_status.IBV_WC_LOC_ACCESS_ERR
-IBV_WC_REM_INV_REQ_ERR = ibv_wc_status.IBV_WC_REM_INV_REQ_ERR
-IBV_WC_REM_ACCESS_ERR = ibv_wc_status.IBV_WC_REM_ACCESS_ERR
-IBV_WC_REM_OP_ERR = ibv_wc_status.IBV_WC_REM_OP_ERR
-IBV_WC_RETRY_EXC_ERR = ibv_wc_status.IBV_WC_RETRY_EXC_ERR
-IBV_WC_RNR_RETRY_EXC_ERR = ibv_wc_status.IBV_WC_RNR_RETRY_EXC_ERR
-IBV_WC_LOC_RDD_VIOL_ERR = ibv_wc_status.IBV_WC_LOC_RDD_VIOL_ERR
-IBV_WC_REM_INV_RD_REQ_ERR = ibv_wc_status.IBV_WC_REM_INV_RD_REQ_ERR
-IBV_WC_REM_ABORT_ERR = ibv_wc_status.IBV_WC_REM_ABORT_ERR
-IBV_WC_INV_EECN_ERR = ibv_wc_status.IBV_WC_INV_EECN_ERR
-IBV_WC_INV_EEC_STATE_ERR = ibv_wc_status.IBV_WC_INV_EEC_STATE_ERR
-IBV_WC_FATAL_ERR = ibv_wc_status.IBV_WC_FATAL_ERR
-IBV_WC_RESP_TIMEOUT_ERR = ibv_wc_status.IBV_WC_RESP_TIMEOUT_ERR
-IBV_WC_GENERAL_ERR = ibv_wc_status.IBV_WC_GENERAL_ERR
-IBV_WC_TM_ERR = ibv_wc_status.IBV_WC_TM_ERR
-IBV_WC_TM_RNDV_INCOMPLETE = ibv_wc_status.IBV_WC_TM_RNDV_INCOMPLETE
 IBV_WQ_ATTR_STATE = ibv_wq_attr_mask.IBV_WQ_ATTR_STATE
 IBV_WQ_ATTR_CURR_STATE = ibv_wq_attr_mask.IBV_WQ_ATTR_CURR_STATE
 IBV_WQ_ATTR_FLAGS = ibv_wq_attr_mask.IBV_WQ_ATTR_FLAGS
@@ -885,21 +265,6 @@ IBV_WQS_RDY = ibv_wq_state.IBV_WQS_RDY
 IBV_WQS_ERR = ibv_wq_state.IBV_WQS_ERR
 IBV_WQS_UNKNOWN = ibv_wq_state.IBV_WQS_UNKNOWN
 IBV_WQT_RQ = ibv_wq_type.IBV_WQT_RQ
-IBV_WR_RDMA_WRITE = ibv_wr_opcode.IBV_WR_RDMA_WRITE
-IBV_WR_RDMA_WRITE_WITH_IMM = ibv_wr_opcode.IBV_WR_RDMA_WRITE_WITH_IMM
-IBV_WR_SEND = ibv_wr_opcode.IBV_WR_SEND
-IBV_WR_SEND_WITH_IMM = ibv_wr_opcode.IBV_WR_SEND_WITH_IMM
-IBV_WR_RDMA_READ = ibv_wr_opcode.IBV_WR_RDMA_READ
-IBV_WR_ATOMIC_CMP_AND_SWP = ibv_wr_opcode.IBV_WR_ATOMIC_CMP_AND_SWP
-IBV_WR_ATOMIC_FETCH_AND_ADD = ibv_wr_opcode.IBV_WR_ATOMIC_FETCH_AND_ADD
-IBV_WR_LOCAL_INV = ibv_wr_opcode.IBV_WR_LOCAL_INV
-IBV_WR_BIND_MW = ibv_wr_opcode.IBV_WR_BIND_MW
-IBV_WR_SEND_WITH_INV = ibv_wr_opcode.IBV_WR_SEND_WITH_INV
-IBV_WR_TSO = ibv_wr_opcode.IBV_WR_TSO
-IBV_WR_ATOMIC_WRITE = ibv_wr_opcode.IBV_WR_ATOMIC_WRITE
-IBV_XRCD_INIT_ATTR_FD = ibv_xrcd_init_attr_mask.IBV_XRCD_INIT_ATTR_FD
-IBV_XRCD_INIT_ATTR_OFLAGS = ibv_xrcd_init_attr_mask.IBV_XRCD_INIT_ATTR_OFLAGS
-IBV_XRCD_INIT_ATTR_RESERVED = ibv_xrcd_init_attr_mask.IBV_XRCD_INIT_ATTR_RESERVED
 
 IBV_LINK_LAYER_ETHERNET = 2
 IBV_LINK_LAYER_INFINIBAND = 1
