@@ -14,7 +14,7 @@ Each member is also a module-level name, as in pyverbs (``e.IBV_QPT_RC``).
 
 from enum import IntEnum
 
-from ...enums import *  # noqa: F403
+from softrdma.enums import *  # noqa: F403
 
 __all__: list[str] = []
 
