@@ -92,16 +92,8 @@ IA = e.ibv_qp_init_attr_mask
 _KNOWN_INIT_MASK = sum(int(m) for m in IA)
 
 
-class QPCap(PyverbsObject):
-    """``struct ibv_qp_cap``."""
-
-    def __init__(self, max_send_wr: int = 1, max_recv_wr: int = 10, max_send_sge: int = 1,
-                 max_recv_sge: int = 1, max_inline_data: int = 0) -> None:
-        self.max_send_wr = max_send_wr
-        self.max_recv_wr = max_recv_wr
-        self.max_send_sge = max_send_sge
-        self.max_recv_sge = max_recv_sge
-        self.max_inline_data = max_inline_data
+class QPCap(_v.QPCap, PyverbsObject):
+    """``struct ibv_qp_cap``: softrdma's, with pyverbs's ``copy`` and text."""
 
     def copy(self) -> QPCap:
         return QPCap(self.max_send_wr, self.max_recv_wr, self.max_send_sge,
