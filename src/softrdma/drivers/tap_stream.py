@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 from ..trace import default_capture
 from ..trace import logger as trace_logger
 from ..wire.ddp import opcode_name
-from .tap import _close_writer, _ip_text, _open_writer, _SharedWriter
+from .tap import TapBase, _ip_text, _open_writer, _SharedWriter
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
@@ -142,7 +142,7 @@ def _flows(writer: _SharedWriter) -> _Flows:
     return flows
 
 
-class StreamTap:
+class StreamTap(TapBase):
     """The capture and packet trace of one iWARP device (see the module docstring)."""
 
     def __init__(self, device: str, pcap: str | None, log: logging.Logger | None) -> None:
@@ -216,15 +216,6 @@ class StreamTap:
                 w.writer.write(tcp_frame(src, dst, out.seq, back.seq, TCP_PSH_ACK, seg), now)
                 out.seq += len(seg)
             w.writer.flush()
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        if self._writer is not None:
-            _close_writer(self._writer)
-            self._writer = None
-
 
 
 def _describe(d: _Direction, data: bytes) -> str:
