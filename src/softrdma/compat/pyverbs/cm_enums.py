@@ -8,6 +8,8 @@ Values of ``<rdma/rdma_cma.h>`` and ``<rdma/rsocket.h>``.
 
 from enum import IntEnum
 
+from ._enum_names import export_members
+
 __all__: list[str] = []
 
 
@@ -47,31 +49,6 @@ class rdma_port_space(IntEnum):
     RDMA_PS_IB = 319
 
 
-RDMA_CM_EVENT_ADDR_RESOLVED = rdma_cm_event_type.RDMA_CM_EVENT_ADDR_RESOLVED
-RDMA_CM_EVENT_ADDR_ERROR = rdma_cm_event_type.RDMA_CM_EVENT_ADDR_ERROR
-RDMA_CM_EVENT_ROUTE_RESOLVED = rdma_cm_event_type.RDMA_CM_EVENT_ROUTE_RESOLVED
-RDMA_CM_EVENT_ROUTE_ERROR = rdma_cm_event_type.RDMA_CM_EVENT_ROUTE_ERROR
-RDMA_CM_EVENT_CONNECT_REQUEST = rdma_cm_event_type.RDMA_CM_EVENT_CONNECT_REQUEST
-RDMA_CM_EVENT_CONNECT_RESPONSE = rdma_cm_event_type.RDMA_CM_EVENT_CONNECT_RESPONSE
-RDMA_CM_EVENT_CONNECT_ERROR = rdma_cm_event_type.RDMA_CM_EVENT_CONNECT_ERROR
-RDMA_CM_EVENT_UNREACHABLE = rdma_cm_event_type.RDMA_CM_EVENT_UNREACHABLE
-RDMA_CM_EVENT_REJECTED = rdma_cm_event_type.RDMA_CM_EVENT_REJECTED
-RDMA_CM_EVENT_ESTABLISHED = rdma_cm_event_type.RDMA_CM_EVENT_ESTABLISHED
-RDMA_CM_EVENT_DISCONNECTED = rdma_cm_event_type.RDMA_CM_EVENT_DISCONNECTED
-RDMA_CM_EVENT_DEVICE_REMOVAL = rdma_cm_event_type.RDMA_CM_EVENT_DEVICE_REMOVAL
-RDMA_CM_EVENT_MULTICAST_JOIN = rdma_cm_event_type.RDMA_CM_EVENT_MULTICAST_JOIN
-RDMA_CM_EVENT_MULTICAST_ERROR = rdma_cm_event_type.RDMA_CM_EVENT_MULTICAST_ERROR
-RDMA_CM_EVENT_ADDR_CHANGE = rdma_cm_event_type.RDMA_CM_EVENT_ADDR_CHANGE
-RDMA_CM_EVENT_TIMEWAIT_EXIT = rdma_cm_event_type.RDMA_CM_EVENT_TIMEWAIT_EXIT
-RDMA_CM_JOIN_MC_ATTR_ADDRESS = rdma_cm_join_mc_attr_mask.RDMA_CM_JOIN_MC_ATTR_ADDRESS
-RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS = rdma_cm_join_mc_attr_mask.RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS
-RDMA_MC_JOIN_FLAG_FULLMEMBER = rdma_cm_mc_join_flags.RDMA_MC_JOIN_FLAG_FULLMEMBER
-RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER = rdma_cm_mc_join_flags.RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER
-RDMA_PS_IPOIB = rdma_port_space.RDMA_PS_IPOIB
-RDMA_PS_TCP = rdma_port_space.RDMA_PS_TCP
-RDMA_PS_UDP = rdma_port_space.RDMA_PS_UDP
-RDMA_PS_IB = rdma_port_space.RDMA_PS_IB
-
 RAI_FAMILY = 8
 RAI_NOROUTE = 4
 RAI_NUMERICHOST = 2
@@ -79,4 +56,4 @@ RAI_PASSIVE = 1
 RDMA_OPTION_ID = 0
 RDMA_OPTION_ID_ACK_TIMEOUT = 3
 
-__all__ = [name for name in dir() if name.startswith(("IBV_", "_IBV_", "ibv_", "RDMA_", "RAI_", "rdma_", "MLX5", "_MLX5", "mlx5", "EFA", "efa"))]
+__all__ = export_members(globals())

@@ -38,7 +38,7 @@ __all__ = ["CompChannel", "CQ", "CQEX", "CqInitAttrEx", "PollCqAttr", "WC", "WcT
 
 _SUPPORTED_WC_FLAGS = int(e.IBV_WC_STANDARD_FLAGS)
 _KNOWN_WC_FLAGS = sum(int(f) for f in e.ibv_create_cq_wc_flags)
-_SUPPORTED_CQ_FLAGS = int(e.IBV_CREATE_CQ_ATTR_SINGLE_THREADED)
+_SUPPORTED_CQ_FLAGS = int(e.ibv_create_cq_attr_flags.IBV_CREATE_CQ_ATTR_SINGLE_THREADED)
 _KNOWN_CQ_FLAGS = sum(int(f) for f in e.ibv_create_cq_attr_flags)
 _KNOWN_COMP_MASK = int(e.IBV_CQ_INIT_ATTR_MASK_FLAGS | e.IBV_CQ_INIT_ATTR_MASK_PD)
 
