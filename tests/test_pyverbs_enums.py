@@ -189,3 +189,15 @@ def test_cm_enum_values() -> None:
     assert names["RDMA_PS_TCP"] == 0x0106 and names["RDMA_PS_UDP"] == 0x0111
     assert names["RDMA_CM_EVENT_ESTABLISHED"] == 9
     assert list(cm_enums.rdma_cm_event_type)[0].name == "RDMA_CM_EVENT_ADDR_RESOLVED"
+
+
+def test_cm_enums_are_softrdma_cm_values_under_pyverbs_names() -> None:
+    """One source: pyverbs.cm_enums's event types and port spaces are softrdma.cm's."""
+    from softrdma.cm import rdma_cm as rc
+    from softrdma.cm.rdma_events import RdmaCmEventType
+
+    assert [(m.name, int(m)) for m in cm_enums.rdma_cm_event_type] == [
+        (f"RDMA_CM_EVENT_{m.name}", int(m)) for m in RdmaCmEventType]
+    ps = cm_enums.rdma_port_space
+    assert (ps.RDMA_PS_TCP, ps.RDMA_PS_UDP, ps.RDMA_PS_IPOIB) == (
+        rc.RDMA_PS_TCP, rc.RDMA_PS_UDP, rc.RDMA_PS_IPOIB)

@@ -4,10 +4,10 @@ the module's ``__all__``."""
 
 from __future__ import annotations
 
-from enum import Enum
-from typing import Any
+from enum import Enum, IntEnum
+from typing import Any, cast
 
-__all__ = ["export_members"]
+__all__ = ["export_members", "renamed_enum"]
 
 
 # the prefixes of the names pyverbs's enum modules export
@@ -26,3 +26,11 @@ def export_members(namespace: dict[str, Any]) -> list[str]:
         for name, member in cls.__members__.items():
             namespace.setdefault(name, member)
     return sorted(n for n in namespace if n.startswith(_PUBLIC))
+
+
+def renamed_enum(name: str, source: type[IntEnum], prefix: str, module: str) -> type[IntEnum]:
+    """An ``IntEnum`` ``name`` of module ``module`` with the members of ``source``, each
+    named ``prefix`` + its name in ``source`` (softrdma's ``ESTABLISHED`` is pyverbs's
+    ``RDMA_CM_EVENT_ESTABLISHED``): one source for the values."""
+    members = [(prefix + m.name, int(m)) for m in source if m.name is not None]
+    return cast("type[IntEnum]", IntEnum(name, members, module=module))
