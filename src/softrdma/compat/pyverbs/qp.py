@@ -28,7 +28,7 @@ from softrdma.verbs.wr import build_send_wqe
 
 from . import libibverbs_enums as e
 from .addr import AH, AHAttr, GlobalRoute
-from .base import PyverbsCM, PyverbsObject, inc_rkey, rdma_error
+from .base import Forward, PyverbsCM, PyverbsObject, inc_rkey, rdma_error
 from .cq import CQ
 from .device import Context
 from .mr import MW, bind_wqe
@@ -119,45 +119,11 @@ class _CapView(PyverbsObject):
         if val is not None:
             self._cap = val.copy()
 
-    @property
-    def max_send_wr(self) -> int:
-        return self._cap.max_send_wr
-
-    @max_send_wr.setter
-    def max_send_wr(self, val: int) -> None:
-        self._cap.max_send_wr = val
-
-    @property
-    def max_recv_wr(self) -> int:
-        return self._cap.max_recv_wr
-
-    @max_recv_wr.setter
-    def max_recv_wr(self, val: int) -> None:
-        self._cap.max_recv_wr = val
-
-    @property
-    def max_send_sge(self) -> int:
-        return self._cap.max_send_sge
-
-    @max_send_sge.setter
-    def max_send_sge(self, val: int) -> None:
-        self._cap.max_send_sge = val
-
-    @property
-    def max_recv_sge(self) -> int:
-        return self._cap.max_recv_sge
-
-    @max_recv_sge.setter
-    def max_recv_sge(self, val: int) -> None:
-        self._cap.max_recv_sge = val
-
-    @property
-    def max_inline_data(self) -> int:
-        return self._cap.max_inline_data
-
-    @max_inline_data.setter
-    def max_inline_data(self, val: int) -> None:
-        self._cap.max_inline_data = val
+    max_send_wr = Forward[int]("_cap")
+    max_recv_wr = Forward[int]("_cap")
+    max_send_sge = Forward[int]("_cap")
+    max_recv_sge = Forward[int]("_cap")
+    max_inline_data = Forward[int]("_cap")
 
 
 def _check_cq(cq: Any) -> Any:
