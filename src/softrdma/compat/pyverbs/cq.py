@@ -31,6 +31,7 @@ from softrdma.verbs.device import MAX_CQE
 from . import libibverbs_enums as e
 from .base import PyverbsCM, PyverbsObject, rdma_error
 from .pyverbs_error import PyverbsRDMAError, PyverbsUserError
+from .utils import flags_to_str
 
 __all__ = ["CompChannel", "CQ", "CQEX", "CqInitAttrEx", "PollCqAttr", "WC", "WcTmInfo",
            "cqe_status_to_str", "cqe_opcode_to_str", "cqe_flags_to_str",
@@ -352,10 +353,6 @@ def cqe_opcode_to_str(opcode: int) -> str:
         return e.ibv_wc_opcode(opcode).name
     except ValueError:
         return f"Unknown opcode ({opcode})"
-
-
-def flags_to_str(flags: int, values: dict[int, str]) -> str:
-    return "".join(f"{name} " for bit, name in values.items() if flags & bit)
 
 
 def cqe_flags_to_str(flags: int) -> str:

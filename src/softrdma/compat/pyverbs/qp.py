@@ -34,7 +34,7 @@ from .device import Context
 from .mr import MW, bind_wqe
 from .pd import PD
 from .pyverbs_error import PyverbsError, PyverbsRDMAError, PyverbsUserError
-from .utils import qp_state_to_str, qp_type_to_str
+from .utils import flags_to_str, qp_state_to_str, qp_type_to_str
 from .wr import SGE, RecvWR, SendWR
 from .xrcd import XRCD
 
@@ -183,14 +183,13 @@ class QPInitAttrEx(QPInitAttr):
         self.send_ops_flags = send_ops_flags
 
     def mask_to_str(self, mask: int) -> str:
-        names = {1: "PD", 2: "XRCD", 4: "Create Flags", 8: "Max TSO header",
-                 16: "Indirection Table", 32: "RX hash"}
-        return "".join(f"{n} " for bit, n in names.items() if mask & bit)
+        return flags_to_str(mask, {1: "PD", 2: "XRCD", 4: "Create Flags", 8: "Max TSO header",
+                                   16: "Indirection Table", 32: "RX hash"})
 
     def flags_to_str(self, flags: int) -> str:
-        names = {1: "Block self mcast loopback", 2: "Scatter FCS", 4: "CVLAN stripping",
-                 8: "Source QPN", 16: "PCI write end padding"}
-        return "".join(f"{n} " for bit, n in names.items() if flags & bit)
+        return flags_to_str(flags, {1: "Block self mcast loopback", 2: "Scatter FCS",
+                                    4: "CVLAN stripping", 8: "Source QPN",
+                                    16: "PCI write end padding"})
 
 
 _QPATTR_INTS = (
