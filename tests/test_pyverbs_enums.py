@@ -144,22 +144,36 @@ def test_well_known_values(headers: dict[str, int]) -> None:
     assert e.IBV_ACCESS_ON_DEMAND == 64 and e.IBV_ACCESS_RELAXED_ORDERING == 1 << 20
     assert e.IBV_WC_STANDARD_FLAGS == headers["IBV_WC_STANDARD_FLAGS"] == 0x7F
     assert e._IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE == headers["IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE"]
-    assert e.IBV_LINK_LAYER_ETHERNET == 2 and e.IBV_GID_TYPE_SYSFS_ROCE_V2 == 1
+    assert e.IBV_LINK_LAYER_ETHERNET == 2 and vars(e)["IBV_GID_TYPE_SYSFS_ROCE_V2"] == 1
     assert e._IBV_ALLOCATOR_USE_DEFAULT == U64  # (void *)-1
 
 
-def test_enum_classes_are_intenums_with_members_as_module_names() -> None:
+def test_enum_classes_are_int_enums_with_members_as_module_names() -> None:
     classes = [v for v in vars(libibverbs_enums).values()
-               if isinstance(v, type) and issubclass(v, enum.Enum)]
+               if isinstance(v, type) and issubclass(v, enum.Enum)
+               and v not in (enum.IntEnum, enum.IntFlag)]
     assert len(classes) >= 50
     for cls in classes:
-        assert issubclass(cls, enum.IntEnum)
+        assert issubclass(cls, (enum.IntEnum, enum.IntFlag))
         for member in cls:
-            assert int(getattr(libibverbs_enums, member.name)) == int(member)
+            assert int(getattr(libibverbs_enums, str(member.name))) == int(member)
     # pyverbs.enums re-exports everything, underscore names included
     assert pyverbs_enums.ibv_qp_type is libibverbs_enums.ibv_qp_type
     assert pyverbs_enums._IBV_DEVICE_RAW_SCATTER_FCS == 1 << 34
     assert list(pyverbs_enums.ibv_access_flags)[0] == pyverbs_enums.IBV_ACCESS_LOCAL_WRITE
+
+
+def test_enums_softrdma_has_are_its_own() -> None:
+    """One source per value: an enum of softrdma.enums is re-exported, not defined again."""
+    ours = {n: v for n, v in vars(softrdma_enums).items()
+            if isinstance(v, type) and issubclass(v, enum.Enum)
+            and v.__module__ == softrdma_enums.__name__}
+    assert len(ours) >= 30
+    for name, cls in ours.items():
+        assert getattr(libibverbs_enums, name) is cls, name
+        for member in cls:
+            assert getattr(libibverbs_enums, member.name) is member
+    assert libibverbs_enums.IBV_QPT_RC is softrdma_enums.ibv_qp_type.IBV_QPT_RC
 
 
 def test_provider_enums_match_their_headers(headers: dict[str, int]) -> None:
@@ -171,6 +185,19 @@ def test_provider_enums_match_their_headers(headers: dict[str, int]) -> None:
 
 def test_cm_enum_values() -> None:
     # <rdma/rdma_cma.h> (librdmacm-dev) is usually absent: check the ABI values.
-    assert cm_enums.RDMA_PS_TCP == 0x0106 and cm_enums.RDMA_PS_UDP == 0x0111
-    assert cm_enums.RDMA_CM_EVENT_ESTABLISHED == 9
+    names = vars(cm_enums)  # each member is a module-level name too
+    assert names["RDMA_PS_TCP"] == 0x0106 and names["RDMA_PS_UDP"] == 0x0111
+    assert names["RDMA_CM_EVENT_ESTABLISHED"] == 9
     assert list(cm_enums.rdma_cm_event_type)[0].name == "RDMA_CM_EVENT_ADDR_RESOLVED"
+
+
+def test_cm_enums_are_softrdma_cm_values_under_pyverbs_names() -> None:
+    """One source: pyverbs.cm_enums's event types and port spaces are softrdma.cm's."""
+    from softrdma.cm import rdma_cm as rc
+    from softrdma.cm.rdma_events import RdmaCmEventType
+
+    assert [(m.name, int(m)) for m in cm_enums.rdma_cm_event_type] == [
+        (f"RDMA_CM_EVENT_{m.name}", int(m)) for m in RdmaCmEventType]
+    ps = cm_enums.rdma_port_space
+    assert (ps.RDMA_PS_TCP, ps.RDMA_PS_UDP, ps.RDMA_PS_IPOIB) == (
+        rc.RDMA_PS_TCP, rc.RDMA_PS_UDP, rc.RDMA_PS_IPOIB)

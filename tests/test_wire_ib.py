@@ -283,3 +283,26 @@ def test_extension_header_builders() -> None:
     assert (p.va, p.rkey, p.dma_len, p.imm) == (0xAB, 0xCD, 0xEF, 0xFFFFFFFF)
     p = ib.decode(memoryview(ib.bth(0x64, 0xFFFF, 1, 0) + ib.deth(0x80010000, 0x1000001)))
     assert (p.qkey, p.src_qp, p.deth_resv) == (0x80010000, 1, 0)
+
+
+def test_transport_opcode_sets_follow_the_table() -> None:
+    """UD_OPCODES and CONNECTED_OPCODES are the table's UD and RC/UC opcodes (IBA 9.2,
+    Table 35), so that drivers never test an opcode's bits themselves."""
+    from softrdma.wire.opcodes import CONNECTED_OPCODES, UD_OPCODES
+
+    for code, info in OPCODES.items():
+        assert (code in UD_OPCODES) == (info.transport == Transport.UD), hex(code)
+        assert (code in CONNECTED_OPCODES) == (
+            info.transport in (Transport.RC, Transport.UC)), hex(code)
+
+
+def test_drivers_name_no_opcode_numbers() -> None:
+    """Issue 23: the drivers ask wire.opcodes which transport a packet is (no ``op & 0xE0``
+    masks nor opcode ranges of their own)."""
+    import re
+
+    drivers = Path(__file__).resolve().parent.parent / "src" / "softrdma" / "drivers"
+    leak = re.compile(r"\[0\]\s*(?:&\s*0x[eE]0|[<>]=?\s*0x[0-9a-fA-F]{2}\b)")
+    found = [f"{p.name}:{n}" for p in sorted(drivers.rglob("*.py"))
+             for n, line in enumerate(p.read_text().splitlines(), 1) if leak.search(line)]
+    assert not found, found

@@ -41,6 +41,7 @@ from .link import (
     ROCE_V2_UDP_PORT,
     Datagram,
     GidEntry,
+    LinkState,
     check_port,
     check_roce_ver,
     check_u8,
@@ -52,7 +53,7 @@ from .link import (
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
 
-class FabricLink:
+class FabricLink(LinkState):
     """One endpoint of a :class:`Fabric` (implements :class:`~softrdma.drivers.link.Link`).
 
     ``on_readable`` (set by the runtime) is called, with no argument, after datagrams
@@ -81,14 +82,6 @@ class FabricLink:
         # the GID table (link.V1Link): RoCEv1 GIDs from the MAC and the address (Annex A16)
         self.gid_entries: tuple[GidEntry, ...] = gid_entries(roce_ver, self.mac, (ip,),
                                                              (ip_to_gid(ip),))
-
-    @property
-    def local_ips(self) -> tuple[bytes, ...]:
-        return self._ips
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
     def effective_sport(self, requested: int) -> int:
         """Any source port is available on the fabric: ``requested`` itself."""

@@ -63,6 +63,23 @@ class Datagram:
     ident: int = -1
 
 
+class LinkState:
+    """What every link keeps the same way: its own addresses (``_ips``, 4 or 16 bytes
+    each) and whether it is closed (``_closed``); a link class sets both."""
+
+    __slots__ = ()
+    _ips: tuple[bytes, ...]
+    _closed: bool
+
+    @property
+    def local_ips(self) -> tuple[bytes, ...]:
+        return self._ips
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+
 @runtime_checkable
 class Link(Protocol):
     """A datagram link: the only thing the runtime needs from a packet driver."""

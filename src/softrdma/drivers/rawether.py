@@ -59,7 +59,7 @@ from ..wire.rocev1 import (
     parse_ethernet,
 )
 from . import netdev as _netdev
-from .link import GID_TYPE_ROCE_V1, Datagram, GidEntry, gid_entries
+from .link import GID_TYPE_ROCE_V1, Datagram, GidEntry, LinkState, gid_entries
 from .neigh import NeighbourResolver
 
 if TYPE_CHECKING:
@@ -150,7 +150,7 @@ def _attach_filter(sock: socket.socket) -> None:
     sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
 
 
-class RawEtherLink:
+class RawEtherLink(LinkState):
     """A RoCEv1 link on interface ``netdev`` (see the module docstring).
 
     ``vlan``: an 802.1Q VLAN ID to use on a plain netdev (None: none, or the VLAN of a
@@ -226,15 +226,6 @@ class RawEtherLink:
         self._slots = [view[i * slot:(i + 1) * slot] for i in range(ring)]
 
     # ---- link interface ------------------------------------------------------------------
-    @property
-    def local_ips(self) -> tuple[bytes, ...]:
-        """The interface's addresses (their GIDs are RoCEv1 GIDs too, Annex A16)."""
-        return self._ips
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     def fileno(self) -> int | None:
         """An epoll descriptor: readable when frames or looped-back packets wait."""
         return self._epoll.fileno() if self._epoll is not None and not self._closed else None

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import DeviceError, SoftRdmaError
 from ..ib.port import Port, RxMeta, TxPacket
 from ..wire.gid import gid_to_ip, ip_to_gid
-from ..wire.opcodes import RC_REQUEST_MIDDLES
+from ..wire.opcodes import RC_REQUEST_MIDDLES, UD_OPCODES
 from ..wire.roce import (
     icrc_ok_udp,
     icrc_ok_udp_id,
@@ -586,10 +586,10 @@ class Runtime:
                         continue
                     ident, df = solved
                     bias = (ident - hint) & 0xFFFF
-                grh = build_grh(d, ident, df) if data[0] & 0xE0 == 0x60 else b""
-            # Only UD (opcodes 0x60-0x7f) places the GRH area in the receive buffer; rxe
-            # copies the real IPv4 header, whose ID the ICRC lets us recover.
-            elif data[0] & 0xE0 == 0x60:
+                grh = build_grh(d, ident, df) if data[0] in UD_OPCODES else b""
+            # Only UD places the GRH area in the receive buffer; rxe copies the real IPv4
+            # header, whose ID the ICRC lets us recover.
+            elif data[0] in UD_OPCODES:
                 if len(src) == 4:
                     found = recover_ipv4_id(src, dst, d.sport, d.dport, data)
                     if found is None:

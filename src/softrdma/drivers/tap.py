@@ -117,7 +117,23 @@ def _qpn_text(qpn: int | None) -> str:
     return "?" if qpn is None else f"0x{qpn:06x}"
 
 
-class PacketTap:
+class TapBase:
+    """A tap's capture file: a shared writer (None when only tracing) that its first
+    ``close`` releases (the file closes with its last tap)."""
+
+    _closed: bool
+    _writer: _SharedWriter | None
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._writer is not None:
+            _close_writer(self._writer)
+            self._writer = None
+
+
+class PacketTap(TapBase):
     """The capture and packet trace of one device (see the module docstring)."""
 
     def __init__(self, device: str, pcap: str | None, log: logging.Logger | None,
@@ -202,13 +218,6 @@ class PacketTap:
                 return int(qpn)
         return None
 
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        if self._writer is not None:
-            _close_writer(self._writer)
-            self._writer = None
 
 
 def tap_for(device: str, pcap: str | os.PathLike[str] | None = None,

@@ -36,7 +36,10 @@ from typing import TYPE_CHECKING
 from ..trace import default_capture
 from ..trace import logger as trace_logger
 from ..wire.ddp import opcode_name
-from .tap import _close_writer, _ip_text, _open_writer, _SharedWriter
+from ..wire.mpa import CRC_LEN, FLAG_MARKERS, KEY_REP, KEY_REQ, MPA_HDR_LEN
+from ..wire.roce import ETH_P_IP, ETH_P_IPV6
+from ..wire.tcpstream import IPPROTO_TCP, TCP_ACK, TCP_PSH, TCP_SYN
+from .tap import TapBase, _ip_text, _open_writer, _SharedWriter
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
@@ -45,20 +48,10 @@ __all__ = ["StreamTap", "MAX_SEGMENT", "stream_tap_for", "tcp_frame"]
 
 #: the largest TCP payload written in one frame (fits an IPv4 / IPv6 length field)
 MAX_SEGMENT = 65000
-TCP_PSH_ACK = 0x18
-TCP_SYN = 0x02
-TCP_SYN_ACK = 0x12
-TCP_ACK = 0x10
+TCP_PSH_ACK = TCP_PSH | TCP_ACK
+TCP_SYN_ACK = TCP_SYN | TCP_ACK
 ISN = 0  # relative numbering: the SYN takes sequence 0, data starts at 1
 WINDOW = 65535
-IPPROTO_TCP = 6
-ETH_P_IP = 0x0800
-ETH_P_IPV6 = 0x86DD
-MPA_REQ_KEY = b"MPA ID Req Frame"
-MPA_REP_KEY = b"MPA ID Rep Frame"
-MPA_FRAME_HEADER = 20  # key(16) | flags(1) | rev(1) | PD_Length(2), RFC 5044 §7.1
-MPA_FLAG_MARKERS = 0x80
-MPA_CRC_LEN = 4
 _ETH = struct.Struct("!6s6sH")
 _IPV4 = struct.Struct("!BBHHHBBH4s4s")
 _IPV6 = struct.Struct("!IHBB16s16s")
@@ -142,7 +135,7 @@ def _flows(writer: _SharedWriter) -> _Flows:
     return flows
 
 
-class StreamTap:
+class StreamTap(TapBase):
     """The capture and packet trace of one iWARP device (see the module docstring)."""
 
     def __init__(self, device: str, pcap: str | None, log: logging.Logger | None) -> None:
@@ -207,7 +200,7 @@ class StreamTap:
             now = time.time()
             if not flow.opened:
                 flow.opened = True
-                if data.startswith(MPA_REQ_KEY):  # the initiator: a handshake first
+                if data.startswith(KEY_REQ):  # the initiator: a handshake first
                     w.writer.write(tcp_frame(src, dst, ISN, 0, TCP_SYN, b""), now)
                     w.writer.write(tcp_frame(dst, src, ISN, ISN + 1, TCP_SYN_ACK, b""), now)
                     w.writer.write(tcp_frame(src, dst, ISN + 1, ISN + 1, TCP_ACK, b""), now)
@@ -217,24 +210,15 @@ class StreamTap:
                 out.seq += len(seg)
             w.writer.flush()
 
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        if self._writer is not None:
-            _close_writer(self._writer)
-            self._writer = None
-
-
 
 def _describe(d: _Direction, data: bytes) -> str:
     """What ``data`` (the next bytes of direction ``d``) holds, for the trace."""
     if not d.started and not d.skip and not d.head:
-        if data.startswith((MPA_REQ_KEY, MPA_REP_KEY)) and len(data) >= MPA_FRAME_HEADER:
+        if data.startswith((KEY_REQ, KEY_REP)) and len(data) >= MPA_HDR_LEN:
             d.started = True
-            d.markers = bool(data[16] & MPA_FLAG_MARKERS)
-            consumed = MPA_FRAME_HEADER + struct.unpack_from("!H", data, 18)[0]
-            what = "MPA Request" if data.startswith(MPA_REQ_KEY) else "MPA Reply"
+            d.markers = bool(data[16] & FLAG_MARKERS)
+            consumed = MPA_HDR_LEN + struct.unpack_from("!H", data, 18)[0]
+            what = "MPA Request" if data.startswith(KEY_REQ) else "MPA Reply"
             if len(data) < consumed:
                 d.skip = consumed - len(data)
                 return what
@@ -270,7 +254,7 @@ def _walk(d: _Direction, data: bytes) -> list[str]:
         else:
             runs.append((name, 1))
         total = 2 + ulpdu_len
-        total += -total % 4 + MPA_CRC_LEN
+        total += -total % 4 + CRC_LEN
         d.skip = total - 4
         d.head.clear()
     return [f"{name} x{count}" if count > 1 else name for name, count in runs]

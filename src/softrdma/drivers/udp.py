@@ -65,7 +65,15 @@ from ..errors import ClosedError, DeviceError, InvalidArgument, StateError
 from ..seam.counters import SlotCounters
 from ..wire.opcodes import CONNECTED_OPCODES
 from . import mcast
-from .link import ROCE_V2_UDP_PORT, Datagram, check_port, check_u8, ip_bytes, ip_text
+from .link import (
+    ROCE_V2_UDP_PORT,
+    Datagram,
+    LinkState,
+    check_port,
+    check_u8,
+    ip_bytes,
+    ip_text,
+)
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
@@ -197,7 +205,7 @@ def _set_buf(sock: socket.socket, force_opt: int, opt: int, size: int) -> None:
         sock.setsockopt(socket.SOL_SOCKET, opt, size)
 
 
-class UdpLink:
+class UdpLink(LinkState):
     """A RoCEv2 datagram link over UDP sockets (implements :class:`~.link.Link`).
 
     ``local_ip``: the link's IPv4 or IPv6 address (text, 4 or 16 bytes; an IPv4-mapped
@@ -386,14 +394,6 @@ class UdpLink:
                               errno=e.errno) from e
 
     # ---- Link interface ----------------------------------------------------------------
-    @property
-    def local_ips(self) -> tuple[bytes, ...]:
-        return self._ips
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     def fileno(self) -> int | None:
         """A descriptor that polls readable when a receive socket (the main one or a
         multicast group's) has data: an epoll over them (None for a send-only or closed

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import ClosedError, InvalidArgument
 from . import mcast
-from .link import Datagram
+from .link import Datagram, LinkState
 from .udp import UdpLink
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 __all__ = ["MultiUdpLink"]
 
 
-class MultiUdpLink:
+class MultiUdpLink(LinkState):
     """``links`` (one per address, the first one first in :attr:`local_ips`) as one link;
     it owns and closes them."""
 
@@ -51,10 +51,6 @@ class MultiUdpLink:
                 self._by_fd[fd] = link
         self._was_empty = False
         self._closed = False
-
-    @property
-    def local_ips(self) -> tuple[bytes, ...]:
-        return self._ips
 
     @property
     def fast_rc_meta(self) -> bool:

@@ -14,13 +14,27 @@
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from types import TracebackType
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
 from ..errors import ClosedError
 from .limits import ObjectCounts
 
-__all__ = ["VerbsObject"]
+if TYPE_CHECKING:
+    from ..drivers.progress import DeviceRuntime
+
+__all__ = ["VerbsObject", "release_on"]
+
+
+def release_on(runtime: DeviceRuntime, fn: Callable[..., object], *args: object) -> None:
+    """Run the engine teardown ``fn(*args)`` of a closing object: through
+    ``runtime.call`` (under the engine lock), or directly once the runtime is closed
+    (nothing else runs on the engine then)."""
+    if runtime.closed:
+        fn(*args)
+    else:
+        runtime.call(fn, *args)
 
 
 class VerbsObject:

@@ -11,10 +11,28 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any, overload
 
 from ..seam.counters import DROP_REASONS, TRAFFIC_COUNTERS, DropReason
 
 __all__ = ["PortCounters"]
+
+
+class _Counter:
+    """One traffic counter of :attr:`PortCounters.counters` as an attribute of its own
+    name (``c.sent_pkts`` is ``c.counters["sent_pkts"]``)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, objtype: Any = None) -> _Counter: ...
+
+    @overload
+    def __get__(self, obj: PortCounters, objtype: Any = None) -> int: ...
+
+    def __get__(self, obj: PortCounters | None, objtype: Any = None) -> _Counter | int:
+        return self if obj is None else obj.counters[self.name]
 
 
 @dataclass(frozen=True)
@@ -46,37 +64,14 @@ class PortCounters:
     def __getitem__(self, name: str) -> int:
         return self.counters[name]
 
-    @property
-    def sent_pkts(self) -> int:
-        return self.counters["sent_pkts"]
-
-    @property
-    def rcvd_pkts(self) -> int:
-        return self.counters["rcvd_pkts"]
-
-    @property
-    def sent_bytes(self) -> int:
-        return self.counters["sent_bytes"]
-
-    @property
-    def rcvd_bytes(self) -> int:
-        return self.counters["rcvd_bytes"]
-
-    @property
-    def retransmitted_pkts(self) -> int:
-        return self.counters["retransmitted_pkts"]
-
-    @property
-    def rcvd_rnr_nak(self) -> int:
-        return self.counters["rcvd_rnr_nak"]
-
-    @property
-    def send_rnr_nak(self) -> int:
-        return self.counters["send_rnr_nak"]
-
-    @property
-    def rcvd_icrc_err(self) -> int:
-        return self.counters["rcvd_icrc_err"]
+    sent_pkts = _Counter()
+    rcvd_pkts = _Counter()
+    sent_bytes = _Counter()
+    rcvd_bytes = _Counter()
+    retransmitted_pkts = _Counter()
+    rcvd_rnr_nak = _Counter()
+    send_rnr_nak = _Counter()
+    rcvd_icrc_err = _Counter()
 
     @property
     def drops(self) -> dict[str, int]:

@@ -32,7 +32,7 @@ from ..errors import InvalidArgument
 from ..seam.protocols import DeviceEngine
 from ..seam.types import MemoryRegion
 from ._args import U64, data_bytes, uint
-from ._object import VerbsObject
+from ._object import VerbsObject, release_on
 from .limits import max_mr_size
 from .pd import PD
 
@@ -222,11 +222,7 @@ class MR(VerbsObject):
 
     def _release(self) -> None:
         self._finalizer.detach()
-        rt = self._runtime
-        if rt.closed:
-            self._port.deregister_mr(self._emr)
-        else:
-            rt.call(self._port.deregister_mr, self._emr)
+        release_on(self._runtime, self._port.deregister_mr, self._emr)
 
     def __repr__(self) -> str:
         return (f"<MR lkey={self._emr.lkey:#x} addr={self._emr.addr:#x} "

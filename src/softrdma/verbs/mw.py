@@ -25,7 +25,7 @@ from ..errors import InvalidArgument, NotSupported
 from ..ib.mw import MW_TYPE_1, MW_TYPE_2, BindRequest, EngineMW
 from ..seam.types import SendWQE
 from ._args import u32, u64
-from ._object import VerbsObject
+from ._object import VerbsObject, release_on
 from .mr import MR
 from .pd import PD
 
@@ -93,11 +93,7 @@ class MW(VerbsObject):
         return self._rkey if self.type == MW_TYPE_1 else int(self.engine.rkey)
 
     def _release(self) -> None:
-        rt = self._runtime
-        if rt.closed:
-            self.engine.free(self._port)
-        else:
-            rt.call(self.engine.free, self._port)
+        release_on(self._runtime, self.engine.free, self._port)
 
     def close(self) -> None:
         """Deallocate the window (``ibv_dealloc_mw``); its R_Key stops working."""

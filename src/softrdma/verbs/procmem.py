@@ -24,7 +24,7 @@ from .. import enums as e
 from ..errors import InvalidArgument, NotSupported
 from ..ib.port import Port
 from ..seam.types import MemoryRegion
-from ._object import VerbsObject
+from ._object import VerbsObject, release_on
 from .pd import PD
 
 __all__ = ["ProcessMemory", "ProcessMemoryRegion", "SIZE_MAX", "mapped", "ImplicitMR"]
@@ -144,7 +144,4 @@ class ImplicitMR(VerbsObject):
         return self.engine_mr.rkey
 
     def _release(self) -> None:
-        if self._runtime.closed:
-            self._port.deregister_mr(self.engine_mr)
-        else:
-            self._runtime.call(self._port.deregister_mr, self.engine_mr)
+        release_on(self._runtime, self._port.deregister_mr, self.engine_mr)

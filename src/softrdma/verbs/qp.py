@@ -457,27 +457,26 @@ class QP(VerbsObject):
             uint(a.path_mig_state, int(e.IBV_MIG_ARMED), "qp_attr.path_mig_state")
         return out
 
+    def _step(self, attr: QPAttr, cur: int, nxt: int) -> None:
+        """``cur`` -> ``nxt`` with the attributes the QP type requires there."""
+        attr.qp_state = nxt
+        self.modify(attr, qp_rules.required_mask(cur, nxt, self.qp_type) | M.IBV_QP_STATE)
+
     def to_init(self, attr: QPAttr) -> None:
         """RESET -> INIT with the attributes the QP type requires (pyverbs)."""
-        attr.qp_state = int(e.IBV_QPS_INIT)
-        self.modify(attr, qp_rules.required_mask(RESET, INIT, self.qp_type)
-                    | M.IBV_QP_STATE)
+        self._step(attr, RESET, INIT)
 
     def to_rtr(self, attr: QPAttr) -> None:
         """-> RTR (through INIT unless already there), required attributes only (pyverbs)."""
-        if self.qp_state != e.IBV_QPS_INIT:
+        if self.qp_state != INIT:
             self.to_init(attr)
-        attr.qp_state = int(e.IBV_QPS_RTR)
-        self.modify(attr, qp_rules.required_mask(INIT, RTR, self.qp_type)
-                    | M.IBV_QP_STATE)
+        self._step(attr, INIT, RTR)
 
     def to_rts(self, attr: QPAttr) -> None:
         """-> RTS (through INIT and RTR unless already in RTR), required attributes only."""
-        if self.qp_state != e.IBV_QPS_RTR:
+        if self.qp_state != RTR:
             self.to_rtr(attr)
-        attr.qp_state = int(e.IBV_QPS_RTS)
-        self.modify(attr, qp_rules.required_mask(RTR, RTS, self.qp_type)
-                    | M.IBV_QP_STATE)
+        self._step(attr, RTR, RTS)
 
     def query(self, attr_mask: int = 0) -> tuple[QPAttr, QPInitAttr]:
         """``ibv_query_qp``: the current attributes (all of them, as rxe) and init attrs."""

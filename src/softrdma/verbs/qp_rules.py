@@ -71,30 +71,34 @@ _MIG = int(M.IBV_QP_PATH_MIG_STATE)
 _SQD_NOTIFY = int(M.IBV_QP_EN_SQD_ASYNC_NOTIFY)
 
 _ANY = Rule()  # valid, nothing required, nothing optional (X -> RESET, X -> ERR)
+# what RESET -> INIT requires and INIT -> INIT accepts
+_INIT_ATTRS: Final = {
+    UD: _PKEY | _PORT | _QKEY,
+    UC: _PKEY | _PORT | _ACCESS,
+    RC: _PKEY | _PORT | _ACCESS,
+    XI: _PKEY | _PORT | _ACCESS,
+    XT: _PKEY | _PORT | _ACCESS,
+}
+# what RTR -> RTS, RTS -> RTS and SQD -> RTS accept
+_RTS_OPTIONAL: Final = {
+    UD: _CUR | _QKEY,
+    UC: _CUR | _ALT | _ACCESS | _MIG,
+    RC: _CUR | _ALT | _ACCESS | _RNRT | _MIG,
+    XI: _CUR | _ALT | _ACCESS | _MIG,
+    XT: _CUR | _ALT | _ACCESS | _RNRT | _MIG,
+}
 
 #: ``QP_STATE_TABLE[cur][next]`` -> :class:`Rule`; a missing pair is an illegal transition.
 QP_STATE_TABLE: Final[dict[int, dict[int, Rule]]] = {
     RESET: {
         RESET: _ANY,
-        INIT: Rule(required={
-            UD: _PKEY | _PORT | _QKEY,
-            UC: _PKEY | _PORT | _ACCESS,
-            RC: _PKEY | _PORT | _ACCESS,
-            XI: _PKEY | _PORT | _ACCESS,
-            XT: _PKEY | _PORT | _ACCESS,
-        }),
+        INIT: Rule(required=_INIT_ATTRS),
         # (no RESET -> ERR in the kernel table)
     },
     INIT: {
         RESET: _ANY,
         ERR: _ANY,
-        INIT: Rule(optional={
-            UD: _PKEY | _PORT | _QKEY,
-            UC: _PKEY | _PORT | _ACCESS,
-            RC: _PKEY | _PORT | _ACCESS,
-            XI: _PKEY | _PORT | _ACCESS,
-            XT: _PKEY | _PORT | _ACCESS,
-        }),
+        INIT: Rule(optional=_INIT_ATTRS),
         RTR: Rule(
             required={
                 UC: _AV | _MTU | _DQPN | _RQPSN,
@@ -122,38 +126,19 @@ QP_STATE_TABLE: Final[dict[int, dict[int, Rule]]] = {
                 XI: _TIMEOUT | _RETRY | _RNR | _SQPSN | _MQRA,
                 XT: _TIMEOUT | _SQPSN,
             },
-            optional={
-                UD: _CUR | _QKEY,
-                UC: _CUR | _ALT | _ACCESS | _MIG,
-                RC: _CUR | _ALT | _ACCESS | _RNRT | _MIG,
-                XI: _CUR | _ALT | _ACCESS | _MIG,
-                XT: _CUR | _ALT | _ACCESS | _RNRT | _MIG,
-            },
+            optional=_RTS_OPTIONAL,
         ),
     },
     RTS: {
         RESET: _ANY,
         ERR: _ANY,
-        RTS: Rule(optional={
-            UD: _CUR | _QKEY,
-            UC: _CUR | _ACCESS | _ALT | _MIG,
-            RC: _CUR | _ACCESS | _ALT | _MIG | _RNRT,
-            XI: _CUR | _ACCESS | _ALT | _MIG,
-            XT: _CUR | _ACCESS | _ALT | _MIG | _RNRT,
-        }),
-        SQD: Rule(optional={UD: _SQD_NOTIFY, UC: _SQD_NOTIFY, RC: _SQD_NOTIFY,
-                            XI: _SQD_NOTIFY, XT: _SQD_NOTIFY}),
+        RTS: Rule(optional=_RTS_OPTIONAL),
+        SQD: Rule(optional=dict.fromkeys((UD, UC, RC, XI, XT), _SQD_NOTIFY)),
     },
     SQD: {
         RESET: _ANY,
         ERR: _ANY,
-        RTS: Rule(optional={
-            UD: _CUR | _QKEY,
-            UC: _CUR | _ALT | _ACCESS | _MIG,
-            RC: _CUR | _ALT | _ACCESS | _RNRT | _MIG,
-            XI: _CUR | _ALT | _ACCESS | _MIG,
-            XT: _CUR | _ALT | _ACCESS | _RNRT | _MIG,
-        }),
+        RTS: Rule(optional=_RTS_OPTIONAL),
         SQD: Rule(optional={
             UD: _PKEY | _QKEY,
             UC: _AV | _ALT | _ACCESS | _PKEY | _MIG,

@@ -97,7 +97,22 @@ def _take_sges(sg: Sequence[object] | None, num_sge: int, argument: str) -> list
     return out
 
 
-class SendWR:
+class _ScatterGather:
+    """A work request's scatter/gather list, ``sg`` (pyverbs also names it ``sg_list``)."""
+
+    __slots__ = ()
+    sg: list[_EngineSGE]
+
+    @property
+    def num_sge(self) -> int:
+        return len(self.sg)
+
+    @property
+    def sg_list(self) -> list[_EngineSGE]:
+        return self.sg
+
+
+class SendWR(_ScatterGather):
     """A send work request (``struct ibv_send_wr``; pyverbs ``SendWR``)."""
 
     __slots__ = ("wr_id", "wr_next", "sg", "opcode", "send_flags", "imm_data",
@@ -125,14 +140,6 @@ class SendWR:
         self.mw: Any = None
         self.bind_info: Any = None
         self.remote_srqn = 0
-
-    @property
-    def num_sge(self) -> int:
-        return len(self.sg)
-
-    @property
-    def sg_list(self) -> list[_EngineSGE]:
-        return self.sg
 
     def set_qp_type_xrc(self, remote_srqn: int) -> None:
         """The XRC SRQ that is to receive this request (``qp_type.xrc.remote_srqn``,
@@ -173,7 +180,7 @@ class SendWR:
                 f"sg={self.sg!r})")
 
 
-class RecvWR:
+class RecvWR(_ScatterGather):
     """A receive work request (``struct ibv_recv_wr``; pyverbs ``RecvWR``)."""
 
     __slots__ = ("wr_id", "sg", "wr_next")
@@ -183,14 +190,6 @@ class RecvWR:
         self.wr_id = u64(wr_id, "wr.wr_id")
         self.sg: list[_EngineSGE] = _take_sges(sg, num_sge, "wr")
         self.wr_next = wr_next
-
-    @property
-    def num_sge(self) -> int:
-        return len(self.sg)
-
-    @property
-    def sg_list(self) -> list[_EngineSGE]:
-        return self.sg
 
     def __repr__(self) -> str:
         return f"RecvWR(wr_id={self.wr_id}, sg={self.sg!r})"

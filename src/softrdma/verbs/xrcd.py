@@ -30,7 +30,7 @@ from ..ib.port import Port
 from ..ib.xrc import XrcDomain
 from ..ib.xrc import XrcSRQ as EngineXrcSRQ
 from ._args import uint
-from ._object import VerbsObject
+from ._object import VerbsObject, release_on
 from .cq import CQ
 from .device import MAX_SRQ_SGE, MAX_SRQ_WR, Context
 from .pd import PD
@@ -144,9 +144,5 @@ class XrcSRQ(SRQ):
         return self.engine.srqn
 
     def _release(self) -> None:
-        engine = self.engine
-        if self._runtime.closed:
-            engine.destroy()
-        else:
-            self._runtime.call(engine.destroy)
+        release_on(self._runtime, self.engine.destroy)
         super()._release()

@@ -71,10 +71,13 @@ _BSDH = (
 
 
 @dataclass(slots=True)
-class Hello(Body):
-    """The Hello (CM REQ private data). ``decode`` rejects a MID other than 0."""
+class _HelloBase(Body):
+    """What the Hello and the HelloReply start with: the 16 bytes of SDP's BSDH (the
+    SDP-only fields reserved) and the version nibbles. ``decode`` rejects a MID other
+    than the class's ``MID``."""
 
-    mid: int = MID_HELLO
+    MID: ClassVar[int]
+    mid: int = 0
     rsvd_1: int = 0
     bufs: int = 0
     length: int = 0
@@ -82,6 +85,18 @@ class Hello(Body):
     rsvd_12: int = 0
     majv: int = SDP_MAJOR_VERSION
     minv: int = SDP_MINOR_VERSION
+
+    def check_decoded(self) -> None:
+        if self.mid != self.MID:
+            raise DecodeError(f"{type(self).__name__}: MID {self.mid}, expected {self.MID}")
+
+
+@dataclass(slots=True)
+class Hello(_HelloBase):
+    """The Hello (CM REQ private data), MID 0."""
+
+    MID: ClassVar[int] = MID_HELLO
+    mid: int = MID_HELLO
     ipv: int = 4
     flowc: int = FlowControl.ULP
     rsvd_18: int = 0
@@ -98,10 +113,6 @@ class Hello(Body):
         u32("des_rem_rcv_sz"), u32("local_rcv_sz"), u16("local_port"), u16("rsvd_30"),
         raw(16, "src_ip"), raw(16, "dst_ip"),
     ))
-
-    def check_decoded(self) -> None:
-        if self.mid != MID_HELLO:
-            raise DecodeError(f"Hello: MID {self.mid}, expected {MID_HELLO}")
 
     @property
     def src_addr(self) -> IpAddress:
@@ -129,17 +140,11 @@ class Hello(Body):
 
 
 @dataclass(slots=True)
-class HelloReply(Body):
-    """The HelloReply (CM REP private data). ``decode`` rejects a MID other than 1."""
+class HelloReply(_HelloBase):
+    """The HelloReply (CM REP private data), MID 1."""
 
+    MID: ClassVar[int] = MID_HELLO_REPLY
     mid: int = MID_HELLO_REPLY
-    rsvd_1: int = 0
-    bufs: int = 0
-    length: int = 0
-    rsvd_8: int = 0
-    rsvd_12: int = 0
-    majv: int = SDP_MAJOR_VERSION
-    minv: int = SDP_MINOR_VERSION
     rsvd_17: int = 0
     rsvd_18: int = 0
     act_rcv_sz: int = 0
@@ -149,9 +154,6 @@ class HelloReply(Body):
         u8(("majv", 4), ("minv", 4)), u8("rsvd_17"), u16("rsvd_18"), u32("act_rcv_sz"),
     ))
 
-    def check_decoded(self) -> None:
-        if self.mid != MID_HELLO_REPLY:
-            raise DecodeError(f"HelloReply: MID {self.mid}, expected {MID_HELLO_REPLY}")
 
 
 @dataclass(slots=True)

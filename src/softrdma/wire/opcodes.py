@@ -214,3 +214,6 @@ RC_REQUEST_MIDDLES = frozenset((RC_SEND_MIDDLE, RC_WRITE_MIDDLE))
 #: the opcodes of the connected transports, RC and UC (IBA 9.2, Table 35: the top three
 #: bits 000 and 001): their packets carry no DETH and need no GRH area on receive
 CONNECTED_OPCODES = frozenset(range(Transport.RC, Transport.RD))
+#: the opcodes of UD (IBA 9.2, Table 35: top three bits 011): their receives place the
+#: 40-byte GRH area in front of the payload (IBA 11.4.1.1)
+UD_OPCODES = frozenset(range(Transport.UD, Transport.CNP))

@@ -34,11 +34,12 @@ from typing import IO, BinaryIO
 from ..errors import ClosedError, DecodeError, InvalidArgument
 
 __all__ = [
-    "LINKTYPE_ETHERNET", "LINKTYPE_RAW", "LINKTYPE_IPV4", "LINKTYPE_IPV6",
+    "LINKTYPE_NULL", "LINKTYPE_ETHERNET", "LINKTYPE_RAW", "LINKTYPE_IPV4", "LINKTYPE_IPV6",
     "LINKTYPE_LINUX_SLL", "LINKTYPE_LINUX_SLL2", "PcapRecord", "read_pcap", "PcapWriter",
 ]
 
 # Link types (tcpdump.org/linktypes.html).
+LINKTYPE_NULL = 0
 LINKTYPE_ETHERNET = 1
 LINKTYPE_RAW = 101
 LINKTYPE_LINUX_SLL = 113

@@ -24,19 +24,19 @@ import struct
 from dataclasses import dataclass
 
 from ..errors import DecodeError
+from .pcap import (
+    LINKTYPE_ETHERNET,
+    LINKTYPE_IPV4,
+    LINKTYPE_IPV6,
+    LINKTYPE_LINUX_SLL,
+    LINKTYPE_LINUX_SLL2,
+    LINKTYPE_NULL,
+    LINKTYPE_RAW,
+)
+from .roce import ETH_P_IP, ETH_P_IPV6
 
 __all__ = ["TcpSegment", "parse_tcp", "TcpStream", "StreamData", "StreamGap", "TcpReassembler"]
 
-LINKTYPE_NULL = 0
-LINKTYPE_ETHERNET = 1
-LINKTYPE_RAW = 101
-LINKTYPE_LINUX_SLL = 113
-LINKTYPE_IPV4 = 228
-LINKTYPE_IPV6 = 229
-LINKTYPE_LINUX_SLL2 = 276
-
-ETH_P_IP = 0x0800
-ETH_P_IPV6 = 0x86DD
 _VLAN = frozenset((0x8100, 0x88A8, 0x9100))
 IPPROTO_TCP = 6
 _IPV6_EXT = frozenset((0, 43, 60))  # hop-by-hop, routing, destination options
@@ -46,6 +46,7 @@ _IPV6_AH = 51
 TCP_FIN = 0x01
 TCP_SYN = 0x02
 TCP_RST = 0x04
+TCP_PSH = 0x08
 TCP_ACK = 0x10
 
 _U16 = struct.Struct("!H")

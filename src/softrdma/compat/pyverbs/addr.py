@@ -17,7 +17,7 @@ from softrdma import verbs as _v
 from softrdma.errors import SoftRdmaError
 from softrdma.wire.gid import ip_to_gid
 
-from .base import PyverbsCM, PyverbsObject, rdma_error
+from .base import Forward, PyverbsCM, PyverbsObject, rdma_error
 from .pyverbs_error import PyverbsUserError
 
 __all__ = ["GID", "GRH", "GlobalRoute", "AHAttr", "AH"]
@@ -141,37 +141,10 @@ class AHAttr(PyverbsObject):
     def dgid(self, val: Any) -> None:
         self.gr.dgid = GID(val)
 
-    @property
-    def flow_label(self) -> int:
-        return self.gr.flow_label
-
-    @flow_label.setter
-    def flow_label(self, val: int) -> None:
-        self.gr.flow_label = val
-
-    @property
-    def sgid_index(self) -> int:
-        return self.gr.sgid_index
-
-    @sgid_index.setter
-    def sgid_index(self, val: int) -> None:
-        self.gr.sgid_index = val
-
-    @property
-    def hop_limit(self) -> int:
-        return self.gr.hop_limit
-
-    @hop_limit.setter
-    def hop_limit(self, val: int) -> None:
-        self.gr.hop_limit = val
-
-    @property
-    def traffic_class(self) -> int:
-        return self.gr.traffic_class
-
-    @traffic_class.setter
-    def traffic_class(self, val: int) -> None:
-        self.gr.traffic_class = val
+    flow_label = Forward[int]("gr")
+    sgid_index = Forward[int]("gr")
+    hop_limit = Forward[int]("gr")
+    traffic_class = Forward[int]("gr")
 
     def to_verbs(self) -> _v.AHAttr:
         """The softrdma :class:`~softrdma.verbs.AHAttr` with the same content."""

@@ -5,6 +5,8 @@
 * :func:`PyverbsRDMAErrno`: a :class:`PyverbsRDMAError` carrying the C ``errno``.
 * :func:`inc_rkey`: ``ibv_inc_rkey`` (IBA 10.6.7.2: the low 8 bits of an R_Key are the
   consumer-owned key, incremented on each bind).
+* :class:`Forward`: a flat view of a field of an inner struct (``ah_attr.flow_label`` is
+  ``ah_attr.gr.flow_label``), as pyverbs's classes offer them.
 * :func:`translate`: turns a :class:`softrdma.errors.SoftRdmaError` raised inside its
   block into the :class:`PyverbsRDMAError` libibverbs's return code would give, keeping
   the errno (EINVAL, EOPNOTSUPP, ENOMEM ...).
@@ -18,14 +20,16 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import TracebackType
-from typing import Any
+from typing import Any, Generic, TypeVar, cast, overload
 
 from softrdma.errors import SoftRdmaError
 
 from .pyverbs_error import PyverbsRDMAError
 
 __all__ = ["PyverbsObject", "PyverbsCM", "PyverbsRDMAErrno", "PyverbsRDMAError", "inc_rkey",
-           "translate", "rdma_error", "LOG_LEVEL", "LOG_FORMAT"]
+           "translate", "rdma_error", "Forward", "LOG_LEVEL", "LOG_FORMAT"]
+
+_T = TypeVar("_T")
 
 LOG_LEVEL = logging.INFO
 LOG_FORMAT = "[%(levelname)s] %(asctime)s %(filename)s:%(lineno)s: %(message)s"
@@ -82,3 +86,30 @@ class PyverbsCM(PyverbsObject):
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+
+
+class Forward(Generic[_T]):
+    """A flat view, read and written, of the field of the same name of the struct in
+    attribute ``inner``: ``flow_label = Forward[int]("gr")`` makes ``attr.flow_label``
+    ``attr.gr.flow_label``."""
+
+    def __init__(self, inner: str) -> None:
+        self._inner = inner
+        self._name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    @overload
+    def __get__(self, obj: None, objtype: type | None = None) -> Forward[_T]: ...
+
+    @overload
+    def __get__(self, obj: object, objtype: type | None = None) -> _T: ...
+
+    def __get__(self, obj: object | None, objtype: type | None = None) -> Forward[_T] | _T:
+        if obj is None:
+            return self
+        return cast(_T, getattr(getattr(obj, self._inner), self._name))
+
+    def __set__(self, obj: object, val: _T) -> None:
+        setattr(getattr(obj, self._inner), self._name, val)

@@ -1,33 +1,23 @@
 """librdmacm enumerations as pyverbs exposes them (``pyverbs.cm_enums``).
 
-Values of ``<rdma/rdma_cma.h>`` and ``<rdma/rsocket.h>``.
+Values of ``<rdma/rdma_cma.h>`` and ``<rdma/rsocket.h>``; the event types, the port spaces
+and the option names softrdma's rdma_cm API has are its values (one source), under
+pyverbs's names.
 """
 
-# Generated from the enum lists of rdma-core 44's pyverbs (see the module docstring);
-# do not edit by hand.
-
 from enum import IntEnum
+
+from softrdma.cm import rdma_cm as _rc
+from softrdma.cm.rdma_events import RdmaCmEventType
+
+from ._enum_names import export_members, renamed_enum
 
 __all__: list[str] = []
 
 
-class rdma_cm_event_type(IntEnum):
-    RDMA_CM_EVENT_ADDR_RESOLVED = 0
-    RDMA_CM_EVENT_ADDR_ERROR = 1
-    RDMA_CM_EVENT_ROUTE_RESOLVED = 2
-    RDMA_CM_EVENT_ROUTE_ERROR = 3
-    RDMA_CM_EVENT_CONNECT_REQUEST = 4
-    RDMA_CM_EVENT_CONNECT_RESPONSE = 5
-    RDMA_CM_EVENT_CONNECT_ERROR = 6
-    RDMA_CM_EVENT_UNREACHABLE = 7
-    RDMA_CM_EVENT_REJECTED = 8
-    RDMA_CM_EVENT_ESTABLISHED = 9
-    RDMA_CM_EVENT_DISCONNECTED = 10
-    RDMA_CM_EVENT_DEVICE_REMOVAL = 11
-    RDMA_CM_EVENT_MULTICAST_JOIN = 12
-    RDMA_CM_EVENT_MULTICAST_ERROR = 13
-    RDMA_CM_EVENT_ADDR_CHANGE = 14
-    RDMA_CM_EVENT_TIMEWAIT_EXIT = 15
+#: ``enum rdma_cm_event_type``: softrdma.cm's event types under pyverbs's names
+rdma_cm_event_type = renamed_enum("rdma_cm_event_type", RdmaCmEventType, "RDMA_CM_EVENT_",
+                                  __name__)
 
 
 class rdma_cm_join_mc_attr_mask(IntEnum):
@@ -41,42 +31,17 @@ class rdma_cm_mc_join_flags(IntEnum):
 
 
 class rdma_port_space(IntEnum):
-    RDMA_PS_IPOIB = 2
-    RDMA_PS_TCP = 262
-    RDMA_PS_UDP = 273
-    RDMA_PS_IB = 319
+    RDMA_PS_IPOIB = _rc.RDMA_PS_IPOIB
+    RDMA_PS_TCP = _rc.RDMA_PS_TCP
+    RDMA_PS_UDP = _rc.RDMA_PS_UDP
+    RDMA_PS_IB = 0x013F  # AF_IB's port space, which softrdma.cm has not
 
-
-RDMA_CM_EVENT_ADDR_RESOLVED = rdma_cm_event_type.RDMA_CM_EVENT_ADDR_RESOLVED
-RDMA_CM_EVENT_ADDR_ERROR = rdma_cm_event_type.RDMA_CM_EVENT_ADDR_ERROR
-RDMA_CM_EVENT_ROUTE_RESOLVED = rdma_cm_event_type.RDMA_CM_EVENT_ROUTE_RESOLVED
-RDMA_CM_EVENT_ROUTE_ERROR = rdma_cm_event_type.RDMA_CM_EVENT_ROUTE_ERROR
-RDMA_CM_EVENT_CONNECT_REQUEST = rdma_cm_event_type.RDMA_CM_EVENT_CONNECT_REQUEST
-RDMA_CM_EVENT_CONNECT_RESPONSE = rdma_cm_event_type.RDMA_CM_EVENT_CONNECT_RESPONSE
-RDMA_CM_EVENT_CONNECT_ERROR = rdma_cm_event_type.RDMA_CM_EVENT_CONNECT_ERROR
-RDMA_CM_EVENT_UNREACHABLE = rdma_cm_event_type.RDMA_CM_EVENT_UNREACHABLE
-RDMA_CM_EVENT_REJECTED = rdma_cm_event_type.RDMA_CM_EVENT_REJECTED
-RDMA_CM_EVENT_ESTABLISHED = rdma_cm_event_type.RDMA_CM_EVENT_ESTABLISHED
-RDMA_CM_EVENT_DISCONNECTED = rdma_cm_event_type.RDMA_CM_EVENT_DISCONNECTED
-RDMA_CM_EVENT_DEVICE_REMOVAL = rdma_cm_event_type.RDMA_CM_EVENT_DEVICE_REMOVAL
-RDMA_CM_EVENT_MULTICAST_JOIN = rdma_cm_event_type.RDMA_CM_EVENT_MULTICAST_JOIN
-RDMA_CM_EVENT_MULTICAST_ERROR = rdma_cm_event_type.RDMA_CM_EVENT_MULTICAST_ERROR
-RDMA_CM_EVENT_ADDR_CHANGE = rdma_cm_event_type.RDMA_CM_EVENT_ADDR_CHANGE
-RDMA_CM_EVENT_TIMEWAIT_EXIT = rdma_cm_event_type.RDMA_CM_EVENT_TIMEWAIT_EXIT
-RDMA_CM_JOIN_MC_ATTR_ADDRESS = rdma_cm_join_mc_attr_mask.RDMA_CM_JOIN_MC_ATTR_ADDRESS
-RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS = rdma_cm_join_mc_attr_mask.RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS
-RDMA_MC_JOIN_FLAG_FULLMEMBER = rdma_cm_mc_join_flags.RDMA_MC_JOIN_FLAG_FULLMEMBER
-RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER = rdma_cm_mc_join_flags.RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER
-RDMA_PS_IPOIB = rdma_port_space.RDMA_PS_IPOIB
-RDMA_PS_TCP = rdma_port_space.RDMA_PS_TCP
-RDMA_PS_UDP = rdma_port_space.RDMA_PS_UDP
-RDMA_PS_IB = rdma_port_space.RDMA_PS_IB
 
 RAI_FAMILY = 8
 RAI_NOROUTE = 4
 RAI_NUMERICHOST = 2
 RAI_PASSIVE = 1
-RDMA_OPTION_ID = 0
-RDMA_OPTION_ID_ACK_TIMEOUT = 3
+RDMA_OPTION_ID = _rc.RDMA_OPTION_ID
+RDMA_OPTION_ID_ACK_TIMEOUT = _rc.RDMA_OPTION_ID_ACK_TIMEOUT
 
-__all__ = [name for name in dir() if name.startswith(("IBV_", "_IBV_", "ibv_", "RDMA_", "RAI_", "rdma_", "MLX5", "_MLX5", "mlx5", "EFA", "efa"))]
+__all__ = export_members(globals())

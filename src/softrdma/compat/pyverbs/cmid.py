@@ -58,7 +58,8 @@ _POLL_PAUSE_S = 0.0002  # between polls of a blocking get_*_comp (rdma_get_*_com
 #: a synchronous id's longest wait for the event of an operation it started (address,
 #: route, connect, accept); get_request waits for its client without a limit
 _SYNC_WAIT_S = 30.0
-_PS = {int(ce.RDMA_PS_TCP): rc.RDMA_PS_TCP, int(ce.RDMA_PS_UDP): rc.RDMA_PS_UDP}
+PS = ce.rdma_port_space
+_PS = {int(PS.RDMA_PS_TCP): rc.RDMA_PS_TCP, int(PS.RDMA_PS_UDP): rc.RDMA_PS_UDP}
 
 
 def _prefer(addr: Any) -> str | None:
@@ -91,9 +92,9 @@ class AddrInfo(PyverbsObject):
 
     def __init__(self, src: str | None = None, dst: str | None = None,
                  src_service: str | None = None, dst_service: str | None = None,
-                 port_space: int = int(ce.RDMA_PS_TCP), flags: int = 0) -> None:
-        if port_space not in (int(ce.RDMA_PS_TCP), int(ce.RDMA_PS_UDP), int(ce.RDMA_PS_IB),
-                              int(ce.RDMA_PS_IPOIB)):
+                 port_space: int = int(PS.RDMA_PS_TCP), flags: int = 0) -> None:
+        if port_space not in (int(PS.RDMA_PS_TCP), int(PS.RDMA_PS_UDP), int(PS.RDMA_PS_IB),
+                              int(PS.RDMA_PS_IPOIB)):
             raise PyverbsUserError(f"Unknown port space {port_space}")
         self.port_space = port_space
         self.flags = flags
@@ -219,7 +220,7 @@ class CMID(PyverbsCM):
     """``rdma_create_id`` / ``rdma_create_ep`` (see the module docstring)."""
 
     def __init__(self, creator: Any = None, qp_init_attr: QPInitAttr | None = None,
-                 pd: PD | None = None, port_space: int = int(ce.RDMA_PS_TCP),
+                 pd: PD | None = None, port_space: int = int(PS.RDMA_PS_TCP),
                  listen_id: CMID | None = None) -> None:
         self.event_channel: CMEventChannel | None = None
         self.ctx: Context | None = None

@@ -31,6 +31,7 @@ from softrdma.verbs.device import MAX_CQE
 from . import libibverbs_enums as e
 from .base import PyverbsCM, PyverbsObject, rdma_error
 from .pyverbs_error import PyverbsRDMAError, PyverbsUserError
+from .utils import flags_to_str
 
 __all__ = ["CompChannel", "CQ", "CQEX", "CqInitAttrEx", "PollCqAttr", "WC", "WcTmInfo",
            "cqe_status_to_str", "cqe_opcode_to_str", "cqe_flags_to_str",
@@ -38,7 +39,7 @@ __all__ = ["CompChannel", "CQ", "CQEX", "CqInitAttrEx", "PollCqAttr", "WC", "WcT
 
 _SUPPORTED_WC_FLAGS = int(e.IBV_WC_STANDARD_FLAGS)
 _KNOWN_WC_FLAGS = sum(int(f) for f in e.ibv_create_cq_wc_flags)
-_SUPPORTED_CQ_FLAGS = int(e.IBV_CREATE_CQ_ATTR_SINGLE_THREADED)
+_SUPPORTED_CQ_FLAGS = int(e.ibv_create_cq_attr_flags.IBV_CREATE_CQ_ATTR_SINGLE_THREADED)
 _KNOWN_CQ_FLAGS = sum(int(f) for f in e.ibv_create_cq_attr_flags)
 _KNOWN_COMP_MASK = int(e.IBV_CQ_INIT_ATTR_MASK_FLAGS | e.IBV_CQ_INIT_ATTR_MASK_PD)
 
@@ -354,13 +355,9 @@ def cqe_opcode_to_str(opcode: int) -> str:
         return f"Unknown opcode ({opcode})"
 
 
-def flags_to_str(flags: int, values: dict[int, str]) -> str:
-    return "".join(f"{name} " for bit, name in values.items() if flags & bit)
-
-
 def cqe_flags_to_str(flags: int) -> str:
-    return flags_to_str(flags, {int(f): f.name for f in e.ibv_wc_flags})
+    return flags_to_str(flags, {int(f): str(f.name) for f in e.ibv_wc_flags})
 
 
 def create_wc_flags_to_str(flags: int) -> str:
-    return flags_to_str(flags, {int(f): f.name for f in e.ibv_create_cq_wc_flags})
+    return flags_to_str(flags, {int(f): str(f.name) for f in e.ibv_create_cq_wc_flags})

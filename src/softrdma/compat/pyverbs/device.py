@@ -470,8 +470,8 @@ class Context(_v.Context, PyverbsObject):
         if self._gid_raw(port_num, index) is None:
             raise PyverbsRDMAError("Failed to query gid type", errno.ENODATA)
         if self._gid_type(index) == _IB_GID_TYPE_ROCE_V1:
-            return int(e.IBV_GID_TYPE_SYSFS_IB_ROCE_V1)
-        return int(e.IBV_GID_TYPE_SYSFS_ROCE_V2)
+            return int(e.ibv_gid_type_sysfs.IBV_GID_TYPE_SYSFS_IB_ROCE_V1)
+        return int(e.ibv_gid_type_sysfs.IBV_GID_TYPE_SYSFS_ROCE_V2)
 
     def query_gid_ex(self, port_num: int = 1, gid_index: int = 0, flags: int = 0) -> GIDEntry:
         """``ibv_query_gid_ex``: ENODATA for an empty entry, EINVAL outside the table."""

@@ -19,4 +19,4 @@ def fork_init() -> None:
 
 def is_fork_initialized() -> int:
     """``ibv_is_fork_initialized``: ``IBV_FORK_UNNEEDED``."""
-    return int(e.IBV_FORK_UNNEEDED)
+    return int(e.ibv_fork_status.IBV_FORK_UNNEEDED)

@@ -24,7 +24,7 @@ from softrdma.errors import SoftRdmaError
 from softrdma.ib.mw import MW_TYPE_1, MW_TYPE_2, BindRequest, EngineMW
 from softrdma.seam.types import MemoryRegion, SendWQE
 from softrdma.verbs import mr as _vmr
-from softrdma.verbs._object import VerbsObject
+from softrdma.verbs._object import VerbsObject, release_on
 
 from . import libibverbs_enums as e
 from ._imports import file_handle, resolve, unimport
@@ -298,11 +298,7 @@ class MW(VerbsObject, PyverbsCM):
         return self._rkey >> 8
 
     def _release(self) -> None:
-        rt = self._runtime
-        if rt.closed:
-            self.engine.free(self._port)
-        else:
-            rt.call(self.engine.free, self._port)
+        release_on(self._runtime, self.engine.free, self._port)
 
     def close(self) -> None:
         """Deallocate the window (``ibv_dealloc_mw``); idempotent."""

@@ -135,8 +135,9 @@ class ParentDomainInitAttr(PyverbsObject):
         self.pd_context = pd_context
         self.comp_mask = 0
         if pd_context is not None:
-            self.comp_mask |= int(e.IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS
-                                  | e.IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT)
+            mask = e.ibv_parent_domain_init_attr_mask
+            self.comp_mask |= int(mask.IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS
+                                  | mask.IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT)
 
 
 class ParentDomain(PD):

@@ -28,13 +28,13 @@ from softrdma.verbs.wr import build_send_wqe
 
 from . import libibverbs_enums as e
 from .addr import AH, AHAttr, GlobalRoute
-from .base import PyverbsCM, PyverbsObject, inc_rkey, rdma_error
+from .base import Forward, PyverbsCM, PyverbsObject, inc_rkey, rdma_error
 from .cq import CQ
 from .device import Context
 from .mr import MW, bind_wqe
 from .pd import PD
 from .pyverbs_error import PyverbsError, PyverbsRDMAError, PyverbsUserError
-from .utils import qp_state_to_str, qp_type_to_str
+from .utils import flags_to_str, qp_state_to_str, qp_type_to_str
 from .wr import SGE, RecvWR, SendWR
 from .xrcd import XRCD
 
@@ -92,16 +92,8 @@ IA = e.ibv_qp_init_attr_mask
 _KNOWN_INIT_MASK = sum(int(m) for m in IA)
 
 
-class QPCap(PyverbsObject):
-    """``struct ibv_qp_cap``."""
-
-    def __init__(self, max_send_wr: int = 1, max_recv_wr: int = 10, max_send_sge: int = 1,
-                 max_recv_sge: int = 1, max_inline_data: int = 0) -> None:
-        self.max_send_wr = max_send_wr
-        self.max_recv_wr = max_recv_wr
-        self.max_send_sge = max_send_sge
-        self.max_recv_sge = max_recv_sge
-        self.max_inline_data = max_inline_data
+class QPCap(_v.QPCap, PyverbsObject):
+    """``struct ibv_qp_cap``: softrdma's, with pyverbs's ``copy`` and text."""
 
     def copy(self) -> QPCap:
         return QPCap(self.max_send_wr, self.max_recv_wr, self.max_send_sge,
@@ -127,45 +119,11 @@ class _CapView(PyverbsObject):
         if val is not None:
             self._cap = val.copy()
 
-    @property
-    def max_send_wr(self) -> int:
-        return self._cap.max_send_wr
-
-    @max_send_wr.setter
-    def max_send_wr(self, val: int) -> None:
-        self._cap.max_send_wr = val
-
-    @property
-    def max_recv_wr(self) -> int:
-        return self._cap.max_recv_wr
-
-    @max_recv_wr.setter
-    def max_recv_wr(self, val: int) -> None:
-        self._cap.max_recv_wr = val
-
-    @property
-    def max_send_sge(self) -> int:
-        return self._cap.max_send_sge
-
-    @max_send_sge.setter
-    def max_send_sge(self, val: int) -> None:
-        self._cap.max_send_sge = val
-
-    @property
-    def max_recv_sge(self) -> int:
-        return self._cap.max_recv_sge
-
-    @max_recv_sge.setter
-    def max_recv_sge(self, val: int) -> None:
-        self._cap.max_recv_sge = val
-
-    @property
-    def max_inline_data(self) -> int:
-        return self._cap.max_inline_data
-
-    @max_inline_data.setter
-    def max_inline_data(self, val: int) -> None:
-        self._cap.max_inline_data = val
+    max_send_wr = Forward[int]("_cap")
+    max_recv_wr = Forward[int]("_cap")
+    max_send_sge = Forward[int]("_cap")
+    max_recv_sge = Forward[int]("_cap")
+    max_inline_data = Forward[int]("_cap")
 
 
 def _check_cq(cq: Any) -> Any:
@@ -225,14 +183,13 @@ class QPInitAttrEx(QPInitAttr):
         self.send_ops_flags = send_ops_flags
 
     def mask_to_str(self, mask: int) -> str:
-        names = {1: "PD", 2: "XRCD", 4: "Create Flags", 8: "Max TSO header",
-                 16: "Indirection Table", 32: "RX hash"}
-        return "".join(f"{n} " for bit, n in names.items() if mask & bit)
+        return flags_to_str(mask, {1: "PD", 2: "XRCD", 4: "Create Flags", 8: "Max TSO header",
+                                   16: "Indirection Table", 32: "RX hash"})
 
     def flags_to_str(self, flags: int) -> str:
-        names = {1: "Block self mcast loopback", 2: "Scatter FCS", 4: "CVLAN stripping",
-                 8: "Source QPN", 16: "PCI write end padding"}
-        return "".join(f"{n} " for bit, n in names.items() if flags & bit)
+        return flags_to_str(flags, {1: "Block self mcast loopback", 2: "Scatter FCS",
+                                    4: "CVLAN stripping", 8: "Source QPN",
+                                    16: "PCI write end padding"})
 
 
 _QPATTR_INTS = (

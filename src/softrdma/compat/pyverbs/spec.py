@@ -32,22 +32,22 @@ class Spec(PyverbsObject):
 
 
 class EthSpec(Spec):
-    spec_type = int(e.IBV_FLOW_SPEC_ETH)
+    spec_type = int(e.ibv_flow_spec_type.IBV_FLOW_SPEC_ETH)
     MAC_LEN = 6
     MAC_MASK = "ff:ff:ff:ff:ff:ff"
     ZERO_MAC = "00:00:00:00:00:00"
 
 
 class Ipv4ExtSpec(Spec):
-    spec_type = int(e.IBV_FLOW_SPEC_IPV4_EXT)
+    spec_type = int(e.ibv_flow_spec_type.IBV_FLOW_SPEC_IPV4_EXT)
 
 
 class Ipv6Spec(Spec):
-    spec_type = int(e.IBV_FLOW_SPEC_IPV6)
+    spec_type = int(e.ibv_flow_spec_type.IBV_FLOW_SPEC_IPV6)
     EMPTY_IPV6 = "::"
     IPV6_MASK = "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"
     FLOW_LABEL_MASK = 0xFFFFF
 
 
 class TcpUdpSpec(Spec):
-    spec_type = int(e.IBV_FLOW_SPEC_UDP)
+    spec_type = int(e.ibv_flow_spec_type.IBV_FLOW_SPEC_UDP)

@@ -28,6 +28,7 @@ from .xrcd import XRCD
 __all__ = ["SrqAttr", "SrqInitAttr", "SrqInitAttrEx", "SRQ", "OpsWr"]
 
 _SRQT_XRC = int(e.IBV_SRQT_XRC)
+SIA = e.ibv_srq_init_attr_mask
 
 
 class SrqAttr(PyverbsObject):
@@ -97,7 +98,7 @@ class SRQ(_v.SRQ, PyverbsCM):
                 raise PyverbsUserError("An SRQ created on a Context needs a SrqInitAttrEx")
             if attr.srq_type != e.IBV_SRQT_BASIC:
                 raise PyverbsRDMAError("Failed to create SRQ", errno.EOPNOTSUPP)
-            if not attr.comp_mask & e.IBV_SRQ_INIT_ATTR_PD or not isinstance(attr.pd, PD):
+            if not attr.comp_mask & SIA.IBV_SRQ_INIT_ATTR_PD or not isinstance(attr.pd, PD):
                 raise PyverbsRDMAError("Failed to create SRQ", errno.EINVAL)
             pd = attr.pd
         elif isinstance(creator, PD):
@@ -121,7 +122,7 @@ class SRQ(_v.SRQ, PyverbsCM):
     def _check_xrc(self, ctx: Any, attr: SrqInitAttrEx) -> tuple[Any, Any, Any]:
         """The PD, XRCD and CQ of an XRC SRQ's ``ibv_srq_init_attr_ex`` (EINVAL if any is
         missing from the mask or of another context)."""
-        need = int(e.IBV_SRQ_INIT_ATTR_PD | e.IBV_SRQ_INIT_ATTR_XRCD | e.IBV_SRQ_INIT_ATTR_CQ)
+        need = int(SIA.IBV_SRQ_INIT_ATTR_PD | SIA.IBV_SRQ_INIT_ATTR_XRCD | SIA.IBV_SRQ_INIT_ATTR_CQ)
         if attr.comp_mask & need != need or not isinstance(attr.pd, PD) \
                 or not isinstance(attr.xrcd, XRCD) or not isinstance(attr.cq, CQ):
             raise PyverbsRDMAError("Failed to create SRQ", errno.EINVAL)

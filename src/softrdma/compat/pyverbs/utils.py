@@ -56,10 +56,16 @@ def mtu_to_str(mtu: int) -> int:
     return {1: 256, 2: 512, 3: 1024, 4: 2048, 5: 4096}.get(mtu, 0)
 
 
+def flags_to_str(flags: int, values: dict[int, str]) -> str:
+    """The names of the bits of ``flags`` that ``values`` names, each followed by a space
+    (pyverbs's text of a flags word)."""
+    return "".join(f"{name} " for bit, name in values.items() if flags & bit)
+
+
 def access_flags_to_str(flags: int) -> str:
-    names = {1: "Local write", 2: "Remote write", 4: "Remote read", 8: "Remote atomic",
-             16: "MW bind", 32: "Zero based", 64: "On demand"}
-    return "".join(f"{n} " for bit, n in names.items() if flags & bit)
+    return flags_to_str(flags, {1: "Local write", 2: "Remote write", 4: "Remote read",
+                                8: "Remote atomic", 16: "MW bind", 32: "Zero based",
+                                64: "On demand"})
 
 
 def mig_state_to_str(mig: int) -> str:

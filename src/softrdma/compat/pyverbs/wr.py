@@ -19,6 +19,7 @@ from softrdma import verbs as _v
 from . import libibverbs_enums as e
 from .base import PyverbsCM, inc_rkey
 from .pyverbs_error import PyverbsUserError
+from .utils import flags_to_str
 
 __all__ = ["SGE", "RecvWR", "SendWR", "send_flags_to_str"]
 
@@ -194,5 +195,4 @@ class SendWR(_SgeList):
 
 
 def send_flags_to_str(flags: int) -> str:
-    names = {int(f): f.name for f in e.ibv_send_flags}
-    return "".join(f"{n} " for bit, n in names.items() if flags & bit)
+    return flags_to_str(flags, {int(f): str(f.name) for f in e.ibv_send_flags})

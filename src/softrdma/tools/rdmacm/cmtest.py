@@ -27,9 +27,15 @@ from ...cm import rdma_cm as rc
 from ...errors import InvalidArgument, SoftRdmaError
 from ..waiting import announce_wait
 
-__all__ = ["Node", "CmTest", "AddrError", "get_addr", "finish", "check_common", "run_test"]
+__all__ = ["Node", "CmTest", "AddrError", "get_addr", "finish", "check_common", "run_test",
+           "GRH_LEN", "ERROR_EVENTS"]
 
 POLL_BATCH = 8  # the C tools poll 8 completions at a time
+GRH_LEN = 40  # sizeof(struct ibv_grh), in front of every UD receive (IBA 11.4.1.1)
+T = rc.RdmaCmEventType
+# the events whose handling is the C tools' error line (event_error)
+ERROR_EVENTS = frozenset({T.ADDR_ERROR, T.ROUTE_ERROR, T.CONNECT_ERROR, T.UNREACHABLE,
+                          T.REJECTED, T.MULTICAST_ERROR})
 IDLE_SLEEP_S = 0.0005
 WAIT_STEP_S = 0.5  # a wait for ever still wakes up now and then (Ctrl-C)
 RESOLVE_TIMEOUT_MS = 2000  # rdma_resolve_addr's timeout in the C tools
@@ -99,8 +105,10 @@ class Node:
 class CmTest:
     """``struct cmatest`` and the loops of the C tools (see the module docstring).
 
-    ``name`` prefixes the messages (``udaddy``, ``cmatose``); ``handler`` is the tool's
-    ``cma_handler`` (returns 0 or an error status, as in C).
+    ``name`` prefixes the messages (``udaddy``, ``cmatose``, ``mckey``); ``handler`` is
+    the tool's ``cma_handler`` (returns 0 or an error status, as in C): by default
+    :meth:`cma_handler`, which calls one method per event type, each tool overriding those
+    it handles.
     """
 
     def __init__(self, name: str, args: argparse.Namespace, ps: int) -> None:
@@ -117,7 +125,7 @@ class CmTest:
         self.message_size: int = args.message_size
         if not self.message_size:
             self.message_count = 0
-        self.handler: Callable[[rc.RdmaCmEvent], int] = lambda ev: 0
+        self.handler: Callable[[rc.RdmaCmEvent], int] = self.cma_handler
         self.patient = False  # a server waiting for its first client waits for ever
         self.recv_extra = 0  # bytes a receive buffer holds beyond the message (UD: the GRH)
 
@@ -144,6 +152,52 @@ class CmTest:
         for _ in range(self.message_count):
             node.cma_id.qp.post_recv(v.RecvWR(node.id, 1, [
                 v.SGE(mr.addr, self.message_size + self.recv_extra, mr.lkey)]))
+
+    def init_ud_node(self, node: Node) -> int:
+        """udaddy.c / mckey.c ``init_node``: a PD, one CQ for both queues (two entries a
+        message), a UD QP of ``message_count`` WRs and an MR for a message and its GRH.
+        0 (a failure raises)."""
+        cid = node.cma_id
+        assert cid is not None
+        node.pd = v.PD(cid.verbs)
+        cqe = self.message_count * 2 if self.message_count else 2
+        node.cqs = [v.CQ(cid.verbs, cqe)]
+        depth = self.message_count or 1
+        attr = v.QPInitAttr(qp_type=e.IBV_QPT_UD, scq=node.cqs[0], rcq=node.cqs[0],
+                            cap=v.QPCap(depth, depth, 1, 1))
+        cid.create_qp(node.pd, attr)
+        if self.message_count:
+            node.mr = v.MR(node.pd, self.message_size + GRH_LEN, int(e.IBV_ACCESS_LOCAL_WRITE))
+        return 0
+
+    def post_ud_sends(self, node: Node, signal: int) -> None:
+        """udaddy.c / mckey.c ``post_sends``: ``message_count`` SEND-with-immediate messages
+        (the immediate is our QPN) to the node's address handle, QPN and Q_Key."""
+        if not node.connected or not self.message_count:
+            return
+        assert node.cma_id is not None
+        qp = node.cma_id.qp
+        mr = node.mr
+        for _ in range(self.message_count):
+            wr = v.SendWR(node.id, None, 1, [v.SGE(mr.addr, self.message_size, mr.lkey)],
+                          e.IBV_WR_SEND_WITH_IMM, signal)
+            wr.imm_data = qp.qp_num
+            wr.set_wr_ud(node.ah, node.remote_qpn, node.remote_qkey)
+            qp.post_send(wr)
+
+    def take_ud(self, node: Node, ud: rc.UdParam | None) -> int:
+        """The UD peer of an ESTABLISHED (SIDR) or MULTICAST_JOIN event: its address
+        handle, QPN and Q_Key; the node is connected. -1 when the event has none."""
+        if ud is None:
+            self.say(f"{self.name}: failure creating address handle")
+            self.connect_error()
+            return -1
+        node.remote_qpn = ud.qp_num
+        node.remote_qkey = ud.qkey
+        node.ah = v.AH(node.pd, ud.ah_attr)
+        node.connected = True
+        self.connects_left -= 1
+        return 0
 
     def take_node(self, cid: rc.CmId) -> Node | None:
         """The next free node for a CONNECT_REQUEST on ``cid``; None, the request rejected,
@@ -191,6 +245,49 @@ class CmTest:
         return 0
 
     # ---- events -----------------------------------------------------------------------
+    def cma_handler(self, ev: rc.RdmaCmEvent) -> int:
+        """The C tools' ``cma_handler``: the error events print the error line
+        (:meth:`event_error`); the others go to the method of their type, which a tool
+        overrides (0, nothing to do, by default)."""
+        k = ev.event
+        if k in ERROR_EVENTS:
+            return self.event_error(ev)
+        if k == T.ADDR_RESOLVED:
+            return self.addr_resolved(ev.id)
+        if k == T.ROUTE_RESOLVED:
+            return self.route_handler(ev.id.context)
+        if k == T.CONNECT_REQUEST:
+            return self.connect_handler(ev.id)
+        if k == T.ESTABLISHED:
+            return self.established(ev)
+        if k == T.MULTICAST_JOIN:
+            return self.join_handler(ev.id.context, ev.ud)
+        if k == T.DISCONNECTED:
+            return self.disconnected(ev.id)
+        return 0
+
+    def addr_resolved(self, cid: rc.CmId) -> int:
+        """``addr_handler`` of udaddy.c / cmatose.c: the ``-t``/``-a`` options, then
+        ``rdma_resolve_route``."""
+        self.set_options(cid)
+        cid.resolve_route(2000)
+        return 0
+
+    def route_handler(self, node: Node) -> int:
+        return 0
+
+    def connect_handler(self, cid: rc.CmId) -> int:
+        return 0
+
+    def established(self, ev: rc.RdmaCmEvent) -> int:
+        return 0
+
+    def join_handler(self, node: Node, ud: rc.UdParam | None) -> int:
+        return 0
+
+    def disconnected(self, cid: rc.CmId) -> int:
+        return 0
+
     def _get_event(self) -> rc.RdmaCmEvent | None:
         deadline = None if self.patient else time.monotonic() + self.timeout
         while True:
@@ -219,15 +316,17 @@ class CmTest:
 
     # ---- completions ------------------------------------------------------------------
     def poll_cq(self, node: Node, cq: Any, count: int,
-                on_first: Callable[[Node, Any], None] | None = None) -> int:
+                on_first: Callable[[Node, Any], None] | None = None,
+                patient: bool = False) -> int:
         """``poll_cqs`` for one node's ``cq``: ``count`` successful completions within
-        ``--timeout`` of the last one; an error completion or silence is an error."""
+        ``--timeout`` of the last one; an error completion or silence is an error.
+        ``patient``: the first completion is awaited until stopped."""
         done = 0
         deadline = time.monotonic() + self.timeout
         while done < count:
             _n, wcs = cq.poll(POLL_BATCH)
             if not wcs:
-                if time.monotonic() > deadline:
+                if not (patient and done == 0) and time.monotonic() > deadline:
                     self.say(f"{self.name}: no completion for {self.timeout:g} s "
                              f"({done} of {count} on connection {node.id})")
                     return -errno.ETIMEDOUT

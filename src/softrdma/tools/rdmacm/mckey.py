@@ -37,16 +37,13 @@ import os
 import socket
 import time
 
-from ... import enums as e
-from ... import verbs as v
 from ...cm import rdma_cm as rc
 from ...cm import rdma_mcast
 from ...errors import InvalidArgument, SoftRdmaError
-from .cmtest import IDLE_SLEEP_S, POLL_BATCH, AddrError, CmTest, Node, finish, get_addr
+from .cmtest import GRH_LEN, AddrError, CmTest, Node, finish, get_addr
 
 __all__ = ["run", "Mckey", "GRH_LEN"]
 
-GRH_LEN = 40  # sizeof(struct ibv_grh), in front of every UD receive (IBA 11.4.1.1)
 RESOLVE_TIMEOUT_MS = 2000
 
 
@@ -55,7 +52,7 @@ class Mckey(CmTest):
 
     def __init__(self, args: argparse.Namespace, ps: int) -> None:
         super().__init__("mckey", args, ps)
-        self.handler = self.cma_handler
+        self.recv_extra = GRH_LEN
         self.sender: bool = bool(args.sender)
         self.send_only: bool = bool(args.send_only)
         self.loopback = not args.no_loopback
@@ -64,51 +61,17 @@ class Mckey(CmTest):
 
     # ---- node setup (verify_test_params, init_node, post_recvs) -----------------------
     def init_node(self, node: Node) -> int:
-        cid = node.cma_id
-        assert cid is not None
-        node.pd = v.PD(cid.verbs)
-        cqe = self.message_count * 2 if self.message_count else 2
-        node.cqs = [v.CQ(cid.verbs, cqe)]
         if not self.loopback:
             # rdma_create_qp_ex with IBV_QP_CREATE_BLOCK_SELF_MCAST_LB: rxe (and softrdma)
             # supports no QP create flags (rxe_create_qp: -EOPNOTSUPP)
             self.say(f"mckey: unable to create QP: {os.strerror(errno.EOPNOTSUPP)}")
             return -errno.EOPNOTSUPP
-        depth = self.message_count or 1
-        attr = v.QPInitAttr(qp_type=e.IBV_QPT_UD, scq=node.cqs[0], rcq=node.cqs[0],
-                            cap=v.QPCap(depth, depth, 1, 1))
         try:
-            cid.create_qp(node.pd, attr)
+            self.init_ud_node(node)
         except SoftRdmaError as exc:
             self.say(f"mckey: unable to create QP: {exc}")
             return -errno.EINVAL
-        if self.message_count:
-            node.mr = v.MR(node.pd, self.message_size + GRH_LEN,
-                           int(e.IBV_ACCESS_LOCAL_WRITE))
         return 0
-
-    def post_recvs(self, node: Node) -> None:
-        if not self.message_count:
-            return
-        assert node.cma_id is not None
-        mr = node.mr
-        for _ in range(self.message_count):
-            node.cma_id.qp.post_recv(v.RecvWR(node.id, 1, [
-                v.SGE(mr.addr, self.message_size + GRH_LEN, mr.lkey)]))
-
-    def post_sends(self, node: Node) -> None:
-        """``post_sends(node, 0)``: unsignaled SEND-with-immediate to the group."""
-        if not node.connected or not self.message_count:
-            return
-        assert node.cma_id is not None
-        qp = node.cma_id.qp
-        mr = node.mr
-        for _ in range(self.message_count):
-            wr = v.SendWR(node.id, None, 1, [v.SGE(mr.addr, self.message_size, mr.lkey)],
-                          e.IBV_WR_SEND_WITH_IMM, 0)
-            wr.imm_data = qp.qp_num
-            wr.set_wr_ud(node.ah, node.remote_qpn, node.remote_qkey)
-            qp.post_send(wr)
 
     # ---- rdma_cm events ---------------------------------------------------------------
     def addr_handler(self, node: Node) -> int:
@@ -128,32 +91,15 @@ class Mckey(CmTest):
             self.connect_error()
         return ret
 
-    def join_handler(self, node: Node, ud: rc.UdParam | None) -> int:
-        if ud is None:
-            self.say("mckey: failure creating address handle")
-            self.connect_error()
-            return -1
-        ah = ud.ah_attr
-        dgid = socket.inet_ntop(socket.AF_INET6, bytes(ah.gr.dgid.raw))
-        self.say(f"mckey: joined dgid: {dgid} mlid 0x{int(ah.dlid):x} sl {int(ah.sl)}")
-        node.remote_qpn = ud.qp_num
-        node.remote_qkey = ud.qkey
-        node.ah = v.AH(node.pd, ah)
-        node.connected = True
-        self.connects_left -= 1
-        return 0
+    def addr_resolved(self, cid: rc.CmId) -> int:
+        return self.addr_handler(cid.context)
 
-    def cma_handler(self, ev: rc.RdmaCmEvent) -> int:
-        T = rc.RdmaCmEventType
-        k = ev.event
-        node = ev.id.context
-        if k == T.ADDR_RESOLVED:
-            return self.addr_handler(node)
-        if k == T.MULTICAST_JOIN:
-            return self.join_handler(node, ev.ud)
-        if k in (T.ADDR_ERROR, T.ROUTE_ERROR, T.MULTICAST_ERROR):
-            return self.event_error(ev)
-        return 0
+    def join_handler(self, node: Node, ud: rc.UdParam | None) -> int:
+        if ud is not None:
+            ah = ud.ah_attr
+            dgid = socket.inet_ntop(socket.AF_INET6, bytes(ah.gr.dgid.raw))
+            self.say(f"mckey: joined dgid: {dgid} mlid 0x{int(ah.dlid):x} sl {int(ah.sl)}")
+        return self.take_ud(node, ud)
 
     # ---- completions ------------------------------------------------------------------
     def poll_cqs(self) -> int:
@@ -163,25 +109,10 @@ class Mckey(CmTest):
         for node in self.nodes:
             if not node.connected:
                 continue
-            done = 0
-            deadline = time.monotonic() + self.timeout
-            while done < self.message_count:
-                _n, wcs = node.cqs[0].poll(POLL_BATCH)
-                if not wcs:
-                    if not first and time.monotonic() > deadline:
-                        self.say(f"mckey: no completion for {self.timeout:g} s ({done} of "
-                                 f"{self.message_count} on connection {node.id})")
-                        return -errno.ETIMEDOUT
-                    time.sleep(IDLE_SLEEP_S)
-                    continue
-                first = False
-                deadline = time.monotonic() + self.timeout
-                for wc in wcs:
-                    if wc.status != e.IBV_WC_SUCCESS:
-                        self.say(f"mckey: completion error on connection {node.id}: "
-                                 f"{v.wc_status_str(wc.status)} (status {int(wc.status)})")
-                        return -errno.EIO
-                done += len(wcs)
+            ret = self.poll_cq(node, node.cqs[0], self.message_count, patient=first)
+            if ret:
+                return ret
+            first = False
         return 0
 
     # ---- the run ----------------------------------------------------------------------
@@ -241,7 +172,7 @@ class Mckey(CmTest):
         if self.sender:
             self.say("initiating data transfers")
             for node in self.nodes:
-                self.post_sends(node)
+                self.post_ud_sends(node, 0)
         else:
             self.say("receiving data transfers")
             ret = self.poll_cqs()

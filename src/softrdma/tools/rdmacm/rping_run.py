@@ -197,6 +197,15 @@ class Cb:
                             rnr_retry_count=7,
                             qp_num=self.qp.qp_num if self.a.self_create_qp else 0)
 
+    def await_state(self, expected: int, name: str) -> bool:
+        """:meth:`sem_wait`, then rping.c's check: True in state ``expected``, else its
+        ``wait for NAME state N`` line (on stderr) and False."""
+        self.sem_wait()
+        if self.state == expected:
+            return True
+        print(f"wait for {name} state {self.state}", file=sys.stderr)
+        return False
+
     def _post_recv(self) -> None:
         mr = self.mrs["recv"]
         self.qp.post_recv(v.RecvWR(0, 1, [v.SGE(mr.addr, INFO.size, mr.lkey)]))
@@ -223,19 +232,15 @@ class Cb:
         """Serve pings until the client disconnects (0) or something fails (-1)."""
         ret = 0
         while True:
-            self.sem_wait()  # the client's source advertisement
-            if self.state != RDMA_READ_ADV:
-                # rping.c prints this at every end, the client's disconnect included
-                # (an rping server on rxe logs "... state 10")
-                print(f"wait for RDMA_READ_ADV state {self.state}", file=sys.stderr)
+            # the client's source advertisement; rping.c prints the "wait for" line at
+            # every end, the client's disconnect included (rxe: "... state 10")
+            if not self.await_state(RDMA_READ_ADV, "RDMA_READ_ADV"):
                 ret = -1
                 break
             self.log("server received sink adv")
             self.rdma(e.IBV_WR_RDMA_READ, self.remote[2])
             self.log("server posted rdma read req ")
-            self.sem_wait()
-            if self.state != RDMA_READ_COMPLETE:
-                print(f"wait for RDMA_READ_COMPLETE state {self.state}", file=sys.stderr)
+            if not self.await_state(RDMA_READ_COMPLETE, "RDMA_READ_COMPLETE"):
                 ret = -1
                 break
             self.log("server received read complete")
@@ -245,16 +250,12 @@ class Cb:
                 print(f"server ping data: {text.decode('latin-1')}", flush=True)
             self.send_info()
             self.log("server posted go ahead")
-            self.sem_wait()
-            if self.state != RDMA_WRITE_ADV:
-                print(f"wait for RDMA_WRITE_ADV state {self.state}", file=sys.stderr)
+            if not self.await_state(RDMA_WRITE_ADV, "RDMA_WRITE_ADV"):
                 ret = -1
                 break
             self.log("server received sink adv")
             self.rdma(e.IBV_WR_RDMA_WRITE, len(text) + 1)
-            self.sem_wait()
-            if self.state != RDMA_WRITE_COMPLETE:
-                print(f"wait for RDMA_WRITE_COMPLETE state {self.state}", file=sys.stderr)
+            if not self.await_state(RDMA_WRITE_COMPLETE, "RDMA_WRITE_COMPLETE"):
                 ret = -1
                 break
             self.log("server rdma write complete ")
@@ -485,15 +486,11 @@ class Rping:
             start = start + 1 if start < 122 else 65
             cb.mrs["start"].write(data, size, 0)
             cb.send_info(cb.mrs["start"])
-            cb.sem_wait()
-            if cb.state != RDMA_WRITE_ADV:
-                print(f"wait for RDMA_WRITE_ADV state {cb.state}", file=sys.stderr)
+            if not cb.await_state(RDMA_WRITE_ADV, "RDMA_WRITE_ADV"):
                 ret = -1
                 break
             cb.send_info(cb.mrs["rdma"])
-            cb.sem_wait()
-            if cb.state != RDMA_WRITE_COMPLETE:
-                print(f"wait for RDMA_WRITE_COMPLETE state {cb.state}", file=sys.stderr)
+            if not cb.await_state(RDMA_WRITE_COMPLETE, "RDMA_WRITE_COMPLETE"):
                 ret = -1
                 break
             got = cb.mrs["rdma"].read(size, 0)

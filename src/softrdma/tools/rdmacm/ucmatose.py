@@ -42,7 +42,6 @@ class Cmatose(CmTest):
 
     def __init__(self, args: argparse.Namespace) -> None:
         super().__init__("cmatose", args, rc.RDMA_PS_TCP)
-        self.handler = self.cma_handler
         self.prefer = args.device or args.transport
 
     # ---- node setup -------------------------------------------------------------------
@@ -98,30 +97,18 @@ class Cmatose(CmTest):
             return -(exc.errno or errno.EINVAL)
         return 0
 
-    def cma_handler(self, ev: rc.RdmaCmEvent) -> int:
-        T = rc.RdmaCmEventType
-        k = ev.event
-        if k == T.ADDR_RESOLVED:
-            self.set_options(ev.id)
-            ev.id.resolve_route(2000)
-            return 0
-        if k == T.ROUTE_RESOLVED:
-            return self.route_handler(ev.id.context)
-        if k == T.CONNECT_REQUEST:
-            return self.connect_handler(ev.id)
-        if k == T.ESTABLISHED:
-            ev.id.context.connected = True
-            self.connects_left -= 1
-            self.disconnects_left += 1
-            return 0
-        if k in (T.ADDR_ERROR, T.ROUTE_ERROR, T.CONNECT_ERROR, T.UNREACHABLE, T.REJECTED):
-            return self.event_error(ev)
-        if k == T.DISCONNECTED:
-            try:
-                ev.id.disconnect()
-            except SoftRdmaError:
-                pass  # the peer's DREQ already closed it (our DREP went out)
-            self.disconnects_left -= 1
+    def established(self, ev: rc.RdmaCmEvent) -> int:
+        ev.id.context.connected = True
+        self.connects_left -= 1
+        self.disconnects_left += 1
+        return 0
+
+    def disconnected(self, cid: rc.CmId) -> int:
+        try:
+            cid.disconnect()
+        except SoftRdmaError:
+            pass  # the peer's DREQ already closed it (our DREP went out)
+        self.disconnects_left -= 1
         return 0
 
     def poll_cqs(self, index: int) -> int:

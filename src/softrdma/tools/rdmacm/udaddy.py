@@ -31,11 +31,10 @@ from ...cm import rdma_cm as rc
 from ...errors import InvalidArgument
 from ...wire.gid import ip_to_gid
 from .cmargs import UDADDY_PORT
-from .cmtest import CmTest, Node, check_common, run_test
+from .cmtest import GRH_LEN, CmTest, Node, check_common, run_test
 
 __all__ = ["run", "UDADDY_PORT", "ah_attr_from_grh"]
 
-GRH_LEN = 40  # sizeof(struct ibv_grh), in front of every UD receive (IBA 11.4.1.1)
 IPV4_IN_GRH = 20  # RoCEv2 over IPv4: the IPv4 header fills the last 20 bytes of the GRH
 IPV4_SRC = slice(IPV4_IN_GRH + 12, IPV4_IN_GRH + 16)
 IPV4_DST = slice(IPV4_IN_GRH + 16, IPV4_IN_GRH + 20)
@@ -64,41 +63,12 @@ class Udaddy(CmTest):
 
     def __init__(self, args: argparse.Namespace) -> None:
         super().__init__("udaddy", args, rc.RDMA_PS_UDP)
-        self.handler = self.cma_handler
         self.recv_extra = GRH_LEN
         self.bufs: dict[int, Any] = {}
 
-    # ---- node setup (init_node, post_recvs, verify_test_params) -----------------------
-    def init_node(self, node: Node) -> int:
-        cid = node.cma_id
-        assert cid is not None
-        node.pd = v.PD(cid.verbs)
-        cqe = self.message_count * 2 if self.message_count else 2
-        node.cqs = [v.CQ(cid.verbs, cqe)]
-        depth = self.message_count or 1
-        attr = v.QPInitAttr(qp_type=e.IBV_QPT_UD, scq=node.cqs[0], rcq=node.cqs[0],
-                            cap=v.QPCap(depth, depth, 1, 1))
-        cid.create_qp(node.pd, attr)
-        if self.message_count:
-            node.mr = v.MR(node.pd, self.message_size + GRH_LEN, int(e.IBV_ACCESS_LOCAL_WRITE))
-        return 0
-
-    def post_sends(self, node: Node, signal: int) -> None:
-        if not node.connected or not self.message_count:
-            return
-        assert node.cma_id is not None
-        qp = node.cma_id.qp
-        mr = node.mr
-        for _ in range(self.message_count):
-            wr = v.SendWR(node.id, None, 1, [v.SGE(mr.addr, self.message_size, mr.lkey)],
-                          e.IBV_WR_SEND_WITH_IMM, signal)
-            wr.imm_data = qp.qp_num
-            wr.set_wr_ud(node.ah, node.remote_qpn, node.remote_qkey)
-            qp.post_send(wr)
-
     # ---- rdma_cm events ---------------------------------------------------------------
     def route_handler(self, node: Node) -> int:
-        ret = self.verify_test_params(node) or self.init_node(node)
+        ret = self.verify_test_params(node) or self.init_ud_node(node)
         if ret:
             self.connect_error()
             return ret
@@ -111,7 +81,7 @@ class Udaddy(CmTest):
         node = self.take_node(cid)
         if node is None:
             return -errno.ENOMEM
-        ret = self.verify_test_params(node) or self.init_node(node)
+        ret = self.verify_test_params(node) or self.init_ud_node(node)
         if ret:
             node.cma_id = None
             self.connect_error()
@@ -124,36 +94,8 @@ class Udaddy(CmTest):
         self.connects_left -= 1
         return 0
 
-    def resolved_handler(self, node: Node, ev: rc.RdmaCmEvent) -> int:
-        ud = ev.ud
-        if ud is None:
-            self.say("udaddy: failure creating address handle")
-            self.connect_error()
-            return -1
-        node.remote_qpn = ud.qp_num
-        node.remote_qkey = ud.qkey
-        node.ah = v.AH(node.pd, ud.ah_attr)
-        node.connected = True
-        self.connects_left -= 1
-        return 0
-
-    def cma_handler(self, ev: rc.RdmaCmEvent) -> int:
-        T = rc.RdmaCmEventType
-        k = ev.event
-        node = ev.id.context
-        if k == T.ADDR_RESOLVED:
-            self.set_options(ev.id)
-            ev.id.resolve_route(2000)
-            return 0
-        if k == T.ROUTE_RESOLVED:
-            return self.route_handler(node)
-        if k == T.CONNECT_REQUEST:
-            return self.connect_handler(ev.id)
-        if k == T.ESTABLISHED:
-            return self.resolved_handler(node, ev)
-        if k in (T.ADDR_ERROR, T.ROUTE_ERROR, T.CONNECT_ERROR, T.UNREACHABLE, T.REJECTED):
-            return self.event_error(ev)
-        return 0
+    def established(self, ev: rc.RdmaCmEvent) -> int:
+        return self.take_ud(ev.id.context, ev.ud)
 
     # ---- completions ------------------------------------------------------------------
     def create_reply_ah(self, node: Node, wc: Any) -> None:
@@ -197,7 +139,7 @@ class Udaddy(CmTest):
                     return ret
                 self.say("sending replies")
                 for node in self.nodes:
-                    self.post_sends(node, int(e.IBV_SEND_SIGNALED))
+                    self.post_ud_sends(node, int(e.IBV_SEND_SIGNALED))
                 ret = self.poll_cqs()
                 if ret:
                     return ret
@@ -217,7 +159,7 @@ class Udaddy(CmTest):
         if self.message_count:
             self.say("initiating data transfers")
             for node in self.nodes:
-                self.post_sends(node, 0)
+                self.post_ud_sends(node, 0)
             self.say("receiving data transfers")
             ret = self.poll_cqs()
             if ret:
