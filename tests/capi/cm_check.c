@@ -1,7 +1,10 @@
 /* librdmacm calls under softrdma run (tests/test_capi_rdmacm.py): the event channel's fd
  * (EAGAIN when non-blocking and empty, readable when an event is pending), an id's
  * device context and addresses after ADDR_RESOLVED, bad arguments (EINVAL), calls not
- * served (ENOSYS), rdma_getaddrinfo. Prints "ok" and the device, or "FAIL <what>". */
+ * served (ENOSYS), rdma_getaddrinfo; an id destroyed already, or a pointer to unmapped
+ * memory (perftest 4.5-0.17's retry after a REJECTED connection passes both), is EINVAL
+ * and never read through; an event channel destroyed twice leaves alone the file that
+ * has its fd number since. Prints "ok" and the device, or "FAIL <what>". */
 #include <rdma/rdma_cma.h>
 #include <arpa/inet.h>
 #include <errno.h>
@@ -10,6 +13,8 @@
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #define CHECK(cond, what)                                                    \
     do {                                                                     \
@@ -74,7 +79,36 @@ int main(void)
     CHECK(rdma_connect(id, NULL) == -1 && errno != 0, "rdma_connect before resolve_route fails");
     printf("device %s\n", ibv_get_device_name(id->verbs->device));
     CHECK(rdma_destroy_id(id) == 0, "rdma_destroy_id");
-    rdma_destroy_event_channel(ch);
+    errno = 0;
+    CHECK(rdma_destroy_id(id) == -1 && errno == EINVAL, "destroying an id twice is EINVAL");
+    errno = 0;
+    CHECK(rdma_resolve_addr(id, NULL, (struct sockaddr *)&dst, 2000) == -1 && errno == EINVAL,
+          "rdma_resolve_addr on a destroyed id is EINVAL");
+    {
+        /* a page unmapped again: an id read through it would be SIGSEGV */
+        void *page = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        struct rdma_cm_id *gone = (struct rdma_cm_id *)page;
+        CHECK(page != MAP_FAILED && munmap(page, 4096) == 0, "mmap");
+        errno = 0;
+        CHECK(rdma_resolve_addr(gone, NULL, (struct sockaddr *)&dst, 2000) == -1 && errno == EINVAL,
+              "rdma_resolve_addr on an unmapped pointer is EINVAL");
+        errno = 0;
+        CHECK(rdma_connect(gone, NULL) == -1 && errno == EINVAL, "rdma_connect on it is EINVAL");
+        errno = 0;
+        CHECK(rdma_destroy_id(gone) == -1 && errno == EINVAL, "rdma_destroy_id on it is EINVAL");
+        rdma_destroy_qp(gone);
+        rdma_destroy_ep(gone);
+        CHECK(rdma_get_src_port(gone) == 0, "rdma_get_src_port on it is 0");
+    }
+    {
+        int fd = ch->fd, other;
+        rdma_destroy_event_channel(ch);
+        other = dup2(STDOUT_FILENO, fd);  /* another file takes the channel's fd number */
+        CHECK(other == fd, "dup2");
+        rdma_destroy_event_channel(ch);
+        CHECK(fcntl(fd, F_GETFD) != -1, "destroying a channel twice closes no other file");
+        close(fd);
+    }
 
     memset(&hints, 0, sizeof(hints));
     hints.ai_flags = RAI_NUMERICHOST;

@@ -39,6 +39,80 @@ struct sr_cm_event { struct rdma_cm_event ev; uint8_t data[256]; };
 
 static pthread_mutex_t g_cm_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* ---- live ids ----
+ * Every id this library made, until rdma_destroy_id. An rdma_* call given any other pointer
+ * (an id destroyed already, or garbage) fails with EINVAL and never reads through it:
+ * perftest 4.5-0.17's rdma_cm_client_connection retries with the ids of the nodes array its
+ * rdma_cm_destroy_cma destroyed and freed, so its next rdma_resolve_addr and
+ * rdma_destroy_id read a pointer out of freed memory (SIGBUS/SIGSEGV in librdmacm's place);
+ * here the retry fails cleanly and the program exits with its own message. */
+#define SR_CM_LIVE_BUCKETS 256
+struct sr_cm_live { const void *p; struct sr_cm_live *next; };
+static struct sr_cm_live *g_cm_live[SR_CM_LIVE_BUCKETS];
+static pthread_mutex_t g_cm_live_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static unsigned sr_cm_live_bucket(const void *p)
+{
+    uintptr_t v = (uintptr_t)p;
+    return (unsigned)((v >> 4) ^ (v >> 12)) % SR_CM_LIVE_BUCKETS;
+}
+
+static int sr_cm_live_add(const void *p)
+{
+    struct sr_cm_live *n = malloc(sizeof(*n));
+    unsigned b = sr_cm_live_bucket(p);
+
+    if (!n) {
+        errno = ENOMEM;
+        return -1;
+    }
+    n->p = p;
+    pthread_mutex_lock(&g_cm_live_lock);
+    n->next = g_cm_live[b];
+    g_cm_live[b] = n;
+    pthread_mutex_unlock(&g_cm_live_lock);
+    return 0;
+}
+
+/* 1 if p was live (and is not any more), 0 otherwise */
+static int sr_cm_live_del(const void *p)
+{
+    struct sr_cm_live **pp, *n = NULL;
+
+    pthread_mutex_lock(&g_cm_live_lock);
+    for (pp = &g_cm_live[sr_cm_live_bucket(p)]; *pp; pp = &(*pp)->next) {
+        if ((*pp)->p == p) {
+            n = *pp;
+            *pp = n->next;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_cm_live_lock);
+    free(n);
+    return n != NULL;
+}
+
+/* 1 if id is an id of ours not destroyed yet; 0 (errno EINVAL) for NULL or any other */
+static int sr_cm_live(const struct rdma_cm_id *id)
+{
+    struct sr_cm_live *n;
+    int found = 0;
+
+    if (id) {
+        pthread_mutex_lock(&g_cm_live_lock);
+        for (n = g_cm_live[sr_cm_live_bucket(id)]; n; n = n->next) {
+            if (n->p == id) {
+                found = 1;
+                break;
+            }
+        }
+        pthread_mutex_unlock(&g_cm_live_lock);
+    }
+    if (!found)
+        errno = EINVAL;
+    return found;
+}
+
 /* int verb result from Python (0 or an errno value) -> 0 or -1 with errno */
 static int sr_cm_ret(int err)
 {
@@ -169,9 +243,8 @@ void rdma_destroy_event_channel(struct rdma_event_channel *channel)
 {
     struct sr_cm_channel *c = SR_CHAN(channel);
 
-    if (!c)
-        return;
-    atomic_store(&c->dead, 1);
+    if (!c || atomic_exchange(&c->dead, 1))
+        return;  /* destroyed already: its fd number may be another file's by now */
     sr_py_destroy(c->h);
     close(c->ch.fd);
 }
@@ -211,6 +284,14 @@ static int sr_cm_create_id(struct rdma_event_channel *channel, struct rdma_cm_id
         errno = err;
         return -1;
     }
+    if (sr_cm_live_add(&c->id)) {
+        sr_py_cm_destroy_id(h);
+        if (sync)
+            rdma_destroy_event_channel(channel);
+        free(c);
+        errno = ENOMEM;
+        return -1;
+    }
     c->h = h;
     c->sync = sync;
     c->id.channel = channel;
@@ -243,13 +324,12 @@ int rdma_destroy_id(struct rdma_cm_id *id)
     struct sr_cm_id *c = SR_CMID(id);
     int ret;
 
-    if (!c) {
-        errno = EINVAL;
+    if (!sr_cm_live(id))
         return -1;
-    }
     ret = sr_py_cm_destroy_id(c->h);
     if (ret)
         return sr_cm_ret(ret);
+    sr_cm_live_del(id);
     if (id->event)
         rdma_ack_cm_event(id->event);
     if (c->sync)
@@ -302,7 +382,9 @@ int rdma_bind_addr(struct rdma_cm_id *id, struct sockaddr *addr)
     struct sr_cm_addr a;
     int ret;
 
-    if (!id || !addr) {
+    if (!sr_cm_live(id))
+        return -1;
+    if (!addr) {
         errno = EINVAL;
         return -1;
     }
@@ -320,7 +402,9 @@ int rdma_resolve_addr(struct rdma_cm_id *id, struct sockaddr *src_addr,
     struct sr_cm_addr s, d;
     int ret;
 
-    if (!id || !dst_addr) {
+    if (!sr_cm_live(id))
+        return -1;
+    if (!dst_addr) {
         errno = EINVAL;
         return -1;
     }
@@ -338,10 +422,8 @@ int rdma_resolve_route(struct rdma_cm_id *id, int timeout_ms)
 {
     int ret;
 
-    if (!id) {
-        errno = EINVAL;
+    if (!sr_cm_live(id))
         return -1;
-    }
     ret = sr_py_cm_resolve_route(SR_CMID(id)->h, timeout_ms);
     if (ret)
         return sr_cm_ret(ret);
@@ -352,10 +434,8 @@ int rdma_listen(struct rdma_cm_id *id, int backlog)
 {
     int ret;
 
-    if (!id) {
-        errno = EINVAL;
+    if (!sr_cm_live(id))
         return -1;
-    }
     ret = sr_py_cm_listen(SR_CMID(id)->h, backlog);
     if (ret)
         return sr_cm_ret(ret);
@@ -368,10 +448,8 @@ int rdma_migrate_id(struct rdma_cm_id *id, struct rdma_event_channel *channel)
     struct rdma_event_channel *old;
     int sync = channel == NULL, ret;
 
-    if (!c) {
-        errno = EINVAL;
+    if (!sr_cm_live(id))
         return -1;
-    }
     if (sync && !(channel = rdma_create_event_channel()))
         return -1;
     ret = sr_py_cm_migrate(c->h, SR_CHAN(channel)->h);
@@ -392,7 +470,9 @@ int rdma_set_option(struct rdma_cm_id *id, int level, int optname, void *optval,
 {
     int value;
 
-    if (!id || !optval) {
+    if (!sr_cm_live(id))
+        return -1;
+    if (!optval) {
         errno = EINVAL;
         return -1;
     }
@@ -467,7 +547,9 @@ int rdma_create_qp(struct rdma_cm_id *id, struct ibv_pd *pd, struct ibv_qp_init_
     struct ibv_qp_init_attr attr;
     struct sr_qp *q;
 
-    if (!c || !qp_init_attr) {
+    if (!sr_cm_live(id))
+        return -1;
+    if (!qp_init_attr) {
         errno = EINVAL;
         return -1;
     }
@@ -507,7 +589,7 @@ void rdma_destroy_qp(struct rdma_cm_id *id)
 {
     struct sr_cm_id *c = SR_CMID(id);
 
-    if (!c || !id->qp)
+    if (!sr_cm_live(id) || !id->qp)
         return;
     sr_py_cm_drop_qp(c->h);
     ibv_destroy_qp(id->qp);
@@ -543,10 +625,8 @@ int rdma_connect(struct rdma_cm_id *id, struct rdma_conn_param *conn_param)
     struct sr_conn_param p;
     int ret;
 
-    if (!id) {
-        errno = EINVAL;
+    if (!sr_cm_live(id))
         return -1;
-    }
     ret = sr_py_cm_connect(SR_CMID(id)->h, sr_cm_param(conn_param, &p));
     if (ret)
         return sr_cm_ret(ret);
@@ -560,10 +640,8 @@ int rdma_accept(struct rdma_cm_id *id, struct rdma_conn_param *conn_param)
     struct sr_conn_param p;
     int ret;
 
-    if (!id) {
-        errno = EINVAL;
+    if (!sr_cm_live(id))
         return -1;
-    }
     ret = sr_py_cm_accept(SR_CMID(id)->h, sr_cm_param(conn_param, &p));
     if (ret)
         return sr_cm_ret(ret);
@@ -574,10 +652,8 @@ int rdma_accept(struct rdma_cm_id *id, struct rdma_conn_param *conn_param)
 
 int rdma_reject(struct rdma_cm_id *id, const void *private_data, uint8_t private_data_len)
 {
-    if (!id) {
-        errno = EINVAL;
+    if (!sr_cm_live(id))
         return -1;
-    }
     return sr_cm_ret(sr_py_cm_reject(SR_CMID(id)->h, (uint8_t *)private_data,
                                      private_data ? private_data_len : 0));
 }
@@ -586,10 +662,8 @@ int rdma_disconnect(struct rdma_cm_id *id)
 {
     int ret;
 
-    if (!id) {
-        errno = EINVAL;
+    if (!sr_cm_live(id))
         return -1;
-    }
     ret = sr_py_cm_disconnect(SR_CMID(id)->h);
     if (ret)
         return sr_cm_ret(ret);
@@ -616,8 +690,13 @@ static struct rdma_cm_id *sr_cm_event_id(struct sr_cm_event_rec *rec)
         c->id.ps = listen->id.ps;
         c->id.qp_type = listen->id.qp_type;
     }
+    if (sr_cm_live_add(&c->id)) {
+        free(c);
+        return NULL;
+    }
     ret = sr_py_cm_set_wrapper(rec->id, c);
     if (ret) {
+        sr_cm_live_del(&c->id);
         free(c);
         return sr_fail(ret);
     }
@@ -706,12 +785,12 @@ static __be16 sr_cm_port(const struct sockaddr *sa)
 
 __be16 rdma_get_src_port(struct rdma_cm_id *id)
 {
-    return id ? sr_cm_port(&id->route.addr.src_addr) : 0;
+    return sr_cm_live(id) ? sr_cm_port(&id->route.addr.src_addr) : 0;
 }
 
 __be16 rdma_get_dst_port(struct rdma_cm_id *id)
 {
-    return id ? sr_cm_port(&id->route.addr.dst_addr) : 0;
+    return sr_cm_live(id) ? sr_cm_port(&id->route.addr.dst_addr) : 0;
 }
 
 /* ---- addresses: rdma_getaddrinfo over getaddrinfo(3) (IP only) ---- */
@@ -874,7 +953,9 @@ int rdma_get_request(struct rdma_cm_id *listen, struct rdma_cm_id **id)
     struct rdma_cm_event *ev;
     struct rdma_cm_id *child;
 
-    if (!l || !id || !l->sync) {
+    if (!sr_cm_live(listen))
+        return -1;
+    if (!id || !l->sync) {
         errno = EINVAL;
         return -1;
     }
@@ -914,7 +995,7 @@ fail:
 
 void rdma_destroy_ep(struct rdma_cm_id *id)
 {
-    if (!id)
+    if (!sr_cm_live(id))
         return;
     if (id->qp)
         rdma_destroy_qp(id);
@@ -942,7 +1023,9 @@ static int sr_cm_mcast(struct rdma_cm_id *id, struct sockaddr *addr, int send_on
 {
     struct sr_cm_addr a;
 
-    if (!id || !addr) {
+    if (!sr_cm_live(id))
+        return -1;
+    if (!addr) {
         errno = EINVAL;
         return -1;
     }

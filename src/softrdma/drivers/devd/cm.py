@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import errno
+import select
 import time
 from collections.abc import Sequence
 
@@ -25,6 +26,19 @@ from softrdma.drivers.rawether import RawEtherLink
 from softrdma.drivers.udp import UdpLink
 from softrdma.errors import SoftRdmaError
 from softrdma.wire.roce import udp_send_icrc
+
+
+def _gone(c: Client) -> bool:
+    """True if ``c``'s process has closed its end of the control channel (exited), though
+    devd may not have read that end-of-file yet."""
+    if c.dead:
+        return True
+    p = select.poll()
+    p.register(c.ctrl, select.POLLIN)  # POLLHUP and POLLERR are always reported
+    try:
+        return any(ev & (select.POLLHUP | select.POLLERR) for _, ev in p.poll(0))
+    except OSError:
+        return True
 
 
 class CmRouting:
@@ -62,7 +76,12 @@ class CmRouting:
         cur = self._cm_listeners.get(key)
         if add:
             if cur is not None and cur is not c:
-                return errno.EADDRINUSE
+                if not _gone(cur):
+                    return errno.EADDRINUSE
+                # its process has exited, and its end-of-file waits in this select batch
+                # or the next: its listens go now (the rest when the main loop drops it)
+                cur.dead = True
+                self._cm_release(cur)
             self._cm_listeners[key] = c
             c.cm_listens.add(key)
             return 0
