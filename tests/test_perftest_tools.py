@@ -26,7 +26,7 @@ from perftest_harness import (
     run_pair,
     spawn,
 )
-from wait_harness import waits_until_stopped
+from wait_harness import wait_until, waits_until_stopped
 
 from softrdma.errors import InvalidArgument
 from softrdma.tools.cli import main
@@ -382,7 +382,7 @@ def test_data_mismatch_fails_both_sides(state: Path) -> None:
     common = ["send-bw", "-d", "pttest", "-p", port, "-n", "20", "--timeout", "10"]
     srv = spawn([*common, "-s", "4096"], env)
     try:
-        time.sleep(0.3)
+        wait_until(lambda: _listening(int(port)), what=f"the server listening on {port}")
         cli = spawn([*common, "-s", "2048", "127.0.0.1"], env)
         _o, cerr = cli.communicate(timeout=60)
         _o, serr = srv.communicate(timeout=60)
@@ -455,7 +455,7 @@ def test_rdma_cm_server_lets_the_client_close_first(tmp_path: Path,
     srv = spawn(["read-lat", "-R", "--transport", "iwarp", "-p", str(port), "-n", "10",
                  "--timeout", "20"], env_for(tmp_path))
     try:
-        time.sleep(0.5)
+        wait_until(lambda: _listening(port), what=f"the server listening on {port}")
         o = _opts("read-lat", "-R", "--transport", "iwarp", "-p", str(port), "-n", "10",
                   "--timeout", "20", "127.0.0.1")
         s = runner.Side(o, io.StringIO(), transport="iwarp")
@@ -493,7 +493,7 @@ def test_rdma_cm_server_listens_before_answering(tmp_path: Path,
     srv = spawn(["read-lat", "-R", "--transport", "iwarp", "-p", str(port), "-n", "10",
                  "--timeout", "20"], env_for(tmp_path))
     try:
-        time.sleep(0.5)
+        wait_until(lambda: _listening(port), what=f"the server listening on {port}")
         o = _opts("read-lat", "-R", "--transport", "iwarp", "-p", str(port), "-n", "10",
                   "--timeout", "20", "127.0.0.1")
         s = runner.Side(o, io.StringIO(), transport="iwarp")
@@ -509,6 +509,9 @@ def test_rdma_cm_server_listens_before_answering(tmp_path: Path,
         finally:
             runner.teardown(s)
             rc.release_devices()
+        # checked: the server listened; stopped now, not left to wait out its --timeout
+        # for a data connection that never comes
+        srv.send_signal(signal.SIGINT)
         srv.communicate(timeout=60)
     finally:
         if srv.poll() is None:
