@@ -4,13 +4,19 @@ locally it explores new examples each run.
 
 ``HYPOTHESIS_PROFILE=slow`` (the slow job, ``.ci/slow``) selects the ``slow`` profile: never
 derandomized, even under CI, with every property test's budget scaled up
-(``tests/property_budget.py``)."""
+(``tests/property_budget.py``).
+
+Tests marked ``slow`` (matrix repeats, long soaks: one representative of each behaviour
+stays in the default suite) are left out of the README's test command and run by the
+slow job: ``--slow`` (or a ``-m`` expression naming ``slow``) selects them again, and a
+test named by its node id on the command line always runs."""
 
 from __future__ import annotations
 
 import os
 import signal
 
+import pytest
 from hypothesis import settings
 
 # The tests start a server and its client together: a client refused because its server
@@ -37,3 +43,38 @@ elif os.environ.get("CI"):
     settings.load_profile("ci")
 else:
     settings.load_profile("local")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--slow", action="store_true", default=False,
+                     help="also run the tests marked slow (the slow job, .ci/slow)")
+
+
+def _named(item: pytest.Item, config: pytest.Config) -> bool:
+    """``item`` was named on the command line by its node id (``FILE::TEST``, with or
+    without its parameters, or ``FILE::CLASS``)."""
+    here = config.invocation_params.dir
+    own = item.nodeid.split("::", 1)[1]
+    for arg in config.args:
+        path, sep, name = arg.partition("::")
+        if sep and (here / path).resolve() == item.path.resolve() and (
+                own == name or own.startswith((name + "[", name + "::"))):
+            return True
+    return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Leave the tests marked ``slow`` out unless ``--slow``, a ``-m`` naming ``slow`` or
+    their node id asks for them."""
+    if config.getoption("--slow") or "slow" in (config.getoption("markexpr") or ""):
+        return
+    keep: list[pytest.Item] = []
+    slow: list[pytest.Item] = []
+    for item in items:
+        if item.get_closest_marker("slow") is None or _named(item, config):
+            keep.append(item)
+        else:
+            slow.append(item)
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = keep
