@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections import Counter
 
 import pytest
 from hypothesis import settings
@@ -45,6 +46,28 @@ else:
     settings.load_profile("local")
 
 
+#: The files that take longest (seconds of one worker, measured on the 2-core CI machine
+#: beside the suite's other worker), longest first. They start first: ``--dist loadfile``
+#: gives each worker whole files in collection order (``--no-loadscope-reorder``: not
+#: xdist's order by number of tests, which put these few-test files last, where one of
+#: them alone kept a worker busy for minutes after the other had finished).
+LONGEST_FIRST = (
+    "test_pyverbs_tools.py",  # rdma-core's whole suite, about 3 minutes
+    "test_interop_lab.py",  # boots a Linux guest (when the lab is there)
+    "test_capi_pyverbs.py",
+    "test_scale.py",
+    "test_capi_perftest.py",
+)
+
+
+def _longest_first(items: list[pytest.Item]) -> None:
+    """Order the files: :data:`LONGEST_FIRST`, then the others by their number of tests
+    (most first, as xdist would); each file's tests keep their order."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    count = Counter(item.path for item in items)
+    items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), -count[item.path]))
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--slow", action="store_true", default=False,
                      help="also run the tests marked slow (the slow job, .ci/slow)")
@@ -65,7 +88,8 @@ def _named(item: pytest.Item, config: pytest.Config) -> bool:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Leave the tests marked ``slow`` out unless ``--slow``, a ``-m`` naming ``slow`` or
-    their node id asks for them."""
+    their node id asks for them; then put the longest files first (:func:`_longest_first`)."""
+    _longest_first(items)
     if config.getoption("--slow") or "slow" in (config.getoption("markexpr") or ""):
         return
     keep: list[pytest.Item] = []
