@@ -55,7 +55,6 @@ LONGEST_FIRST = (
     "test_pyverbs_tools.py",  # rdma-core's whole suite, about 3 minutes
     "test_interop_lab.py",  # boots a Linux guest (when the lab is there)
     "test_capi_pyverbs.py",
-    "test_scale.py",
     "test_capi_perftest.py",
 )
 
