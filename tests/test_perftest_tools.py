@@ -209,14 +209,15 @@ def _rows(out: str, pattern: re.Pattern[str]) -> list[tuple[str, ...]]:
     return [m.groups() for m in map(pattern.match, out.splitlines()) if m]
 
 
+# slow (the slow job): the tools that test_rdma_cm_mode and test_perftest_flags also run
 @pytest.mark.parametrize("tool,extra", [
     ("write-bw", ["-s", "4096", "-n", "40"]),
-    ("read-bw", ["-s", "4096", "-n", "40"]),
+    pytest.param("read-bw", ["-s", "4096", "-n", "40"], marks=pytest.mark.slow),
     ("send-bw", ["-s", "3000", "-n", "40", "-m", "1024"]),
     ("atomic-bw", ["-n", "40", "-A", "CMP_AND_SWAP"]),
-    ("write-lat", ["-s", "64", "-n", "30"]),
+    pytest.param("write-lat", ["-s", "64", "-n", "30"], marks=pytest.mark.slow),
     ("read-lat", ["-s", "64", "-n", "30"]),
-    ("send-lat", ["-s", "64", "-n", "30", "-e"]),
+    pytest.param("send-lat", ["-s", "64", "-n", "30", "-e"], marks=pytest.mark.slow),
     ("atomic-lat", ["-n", "30"]),
 ])
 def test_two_processes_every_tool(state: Path, tool: str, extra: list[str]) -> None:
