@@ -48,9 +48,9 @@ else:
 
 #: The files that take longest (measured file by file with ``-n 0 --durations=0`` on the
 #: shared 2-core machine at load 18), longest first. They start first: ``--dist loadfile``
-#: gives each worker whole files in collection order (``--no-loadscope-reorder``: not
-#: xdist's order by number of tests, which put these few-test files last, where one of
-#: them alone kept a worker busy for minutes after the other had finished).
+#: gives each worker whole files in collection order (:func:`pytest_configure` turns off
+#: xdist >= 3.6's reordering by number of tests, which put these few-test files last, where
+#: one of them alone kept a worker busy for minutes after the other had finished).
 LONGEST_FIRST = (
     "test_interop_lab.py",  # boots a Linux guest, twice (when the lab is there)
     "test_rocev1_netns.py",  # about 5 minutes at load 18 (with the slow cases left out)
@@ -68,6 +68,13 @@ def _longest_first(items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     count = Counter(item.path for item in items)
     items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), -count[item.path]))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Files start in this conftest's order (``--no-loadscope-reorder``, set here rather
+    than in addopts: xdist before 3.6 has no such option and keeps the order anyway)."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
