@@ -52,7 +52,7 @@ else:
 #: xdist >= 3.6's reordering by number of tests, which put these few-test files last, where
 #: one of them alone kept a worker busy for minutes after the other had finished).
 LONGEST_FIRST = (
-    "test_interop_lab.py",  # boots a Linux guest, twice (when the lab is there)
+    "test_interop_lab.py",  # boots a Linux guest (when the lab is there)
     "test_rocev1_netns.py",  # about 5 minutes at load 18 (with the slow cases left out)
     "test_perftest_tools.py",  # about 4 minutes
     "test_pyverbs_tools.py",  # rdma-core's whole suite, about 3 minutes
