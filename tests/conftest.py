@@ -4,13 +4,20 @@ locally it explores new examples each run.
 
 ``HYPOTHESIS_PROFILE=slow`` (the slow job, ``.ci/slow``) selects the ``slow`` profile: never
 derandomized, even under CI, with every property test's budget scaled up
-(``tests/property_budget.py``)."""
+(``tests/property_budget.py``).
+
+Tests marked ``slow`` (matrix repeats, long soaks: one representative of each behaviour
+stays in the default suite) are left out of the README's test command and run by the
+slow job: ``--slow`` (or a ``-m`` expression naming ``slow``) selects them again, and a
+test named by its node id on the command line always runs."""
 
 from __future__ import annotations
 
 import os
 import signal
+from collections import Counter
 
+import pytest
 from hypothesis import settings
 
 # The tests start a server and its client together: a client refused because its server
@@ -37,3 +44,70 @@ elif os.environ.get("CI"):
     settings.load_profile("ci")
 else:
     settings.load_profile("local")
+
+
+#: The files that take longest (measured file by file with ``-n 0 --durations=0`` on the
+#: shared 2-core machine at load 18), longest first. They start first: ``--dist loadfile``
+#: gives each worker whole files in collection order (:func:`pytest_configure` turns off
+#: xdist >= 3.6's reordering by number of tests, which put these few-test files last, where
+#: one of them alone kept a worker busy for minutes after the other had finished).
+LONGEST_FIRST = (
+    "test_interop_lab.py",  # boots a Linux guest (when the lab is there)
+    "test_rocev1_netns.py",  # about 5 minutes at load 18 (with the slow cases left out)
+    "test_perftest_tools.py",  # about 4 minutes
+    "test_pyverbs_tools.py",  # rdma-core's whole suite, about 3 minutes
+    "test_perftest_flags.py",  # about 3 minutes
+    "test_capi_perftest.py",
+    "test_capi_pyverbs.py",
+)
+
+
+def _longest_first(items: list[pytest.Item]) -> None:
+    """Order the files: :data:`LONGEST_FIRST`, then the others by their number of tests
+    (most first, as xdist would); each file's tests keep their order."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    count = Counter(item.path for item in items)
+    items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), -count[item.path]))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Files start in this conftest's order (``--no-loadscope-reorder``, set here rather
+    than in addopts: xdist before 3.6 has no such option and keeps the order anyway)."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--slow", action="store_true", default=False,
+                     help="also run the tests marked slow (the slow job, .ci/slow)")
+
+
+def _named(item: pytest.Item, config: pytest.Config) -> bool:
+    """``item`` was named on the command line by its node id (``FILE::TEST``, with or
+    without its parameters, or ``FILE::CLASS``)."""
+    here = config.invocation_params.dir
+    own = item.nodeid.split("::", 1)[1]
+    for arg in config.args:
+        path, sep, name = arg.partition("::")
+        if sep and (here / path).resolve() == item.path.resolve() and (
+                own == name or own.startswith((name + "[", name + "::"))):
+            return True
+    return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Leave the tests marked ``slow`` out unless ``--slow``, a ``-m`` naming ``slow`` or
+    their node id asks for them; then put the longest files first (:func:`_longest_first`)."""
+    _longest_first(items)
+    if config.getoption("--slow") or "slow" in (config.getoption("markexpr") or ""):
+        return
+    keep: list[pytest.Item] = []
+    slow: list[pytest.Item] = []
+    for item in items:
+        if item.get_closest_marker("slow") is None or _named(item, config):
+            keep.append(item)
+        else:
+            slow.append(item)
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = keep

@@ -76,8 +76,13 @@ def _size(tool: str) -> tuple[list[str], int]:
     return ["-s", str(size)], size
 
 
-@pytest.mark.parametrize("mode", ["plain", "rdma_cm"])
-@pytest.mark.parametrize("tool", TOOLS)
+# one case per operation, each of bw/lat with each of plain/-R, stays in the default suite;
+# the other twelve run in the slow job (.ci/slow)
+@pytest.mark.parametrize(("tool", "mode"), [
+    pytest.param(tool, mode, marks=() if (tool, mode) in {
+        ("ib_write_lat", "plain"), ("ib_send_bw", "plain"), ("ib_read_bw", "rdma_cm"),
+        ("ib_atomic_lat", "rdma_cm")} else pytest.mark.slow)
+    for tool in TOOLS for mode in ("plain", "rdma_cm")])
 def test_perftest_matrix(device: str, tool: str, mode: str) -> None:
     """Both sides stock perftest; the connection set up through the TCP exchange (plain)
     or rdma_cm (``-R``, whose server listens through the IB CM: the client is started
@@ -188,7 +193,9 @@ def _qperf(port: int, test: str) -> subprocess.CompletedProcess[str]:
         time.sleep(0.2)
 
 
-@pytest.mark.parametrize("test", QPERF_TESTS)
+@pytest.mark.parametrize("test", [  # a SEND and an RDMA READ test; the others: slow job
+    pytest.param(t, marks=() if t in ("rc_bw", "rc_rdma_read_bw") else pytest.mark.slow)
+    for t in QPERF_TESTS])
 def test_qperf_cm(device: str, test: str) -> None:
     """qperf -cm1: rdma_bind_addr to port 0, rdma_get_src_port before rdma_listen (the
     port is picked at bind), then the RC test over the rdma_cm connection."""

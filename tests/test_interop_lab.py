@@ -89,6 +89,7 @@ def _clean_up(cache: Path, was_running: bool) -> None:
                        capture_output=True, check=False, timeout=120)
 
 
+@pytest.mark.slow  # CI: .ci/run's smoke right after the suite, and the mckey test below
 @pytest.mark.skipif(bool(_lab_reason()), reason=_lab_reason() or "lab available")
 def test_interop_smoke_against_linux() -> None:
     cache = Path(os.environ.get("LAB_CACHE", str(DEFAULT_CACHE)))

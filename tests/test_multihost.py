@@ -67,10 +67,15 @@ def _finish(srv: subprocess.Popen[str], cli: subprocess.CompletedProcess[str], w
     return out
 
 
-@FAMILIES
-@pytest.mark.parametrize(("tool", "extra"), [("rc-pingpong", []), ("uc-pingpong", []),
-                                             ("ud-pingpong", ["-s", "512"])],
-                         ids=["rc", "uc", "ud"])
+# each tool over one family and each family under one tool by default; the other six
+# combinations in the slow job (.ci/slow)
+@pytest.mark.parametrize(("tool", "extra", "family"), [
+    pytest.param(tool, extra, family, id=f"{tid}-{fid}",
+                 marks=() if (tid, fid) in {("rc", "roce-v2-ipv4"), ("uc", "roce-v2-ipv6"),
+                                            ("ud", "roce-v1")} else pytest.mark.slow)
+    for family, fid in ((4, "roce-v2-ipv4"), (6, "roce-v2-ipv6"), (V1, "roce-v1"))
+    for tool, extra, tid in (("rc-pingpong", [], "rc"), ("uc-pingpong", [], "uc"),
+                             ("ud-pingpong", ["-s", "512"], "ud"))])
 def test_pingpong_every_pair(net: Network, tool: str, extra: list[str], family: int) -> None:
     device, gid_idx = _device_gid(family)
     common = ["-d", device, "-g", str(gid_idx), "-n", ITERS, "-c", "--timeout", "30", *extra]

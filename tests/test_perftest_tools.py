@@ -26,7 +26,7 @@ from perftest_harness import (
     run_pair,
     spawn,
 )
-from wait_harness import waits_until_stopped
+from wait_harness import wait_until, waits_until_stopped
 
 from softrdma.errors import InvalidArgument
 from softrdma.tools.cli import main
@@ -209,14 +209,15 @@ def _rows(out: str, pattern: re.Pattern[str]) -> list[tuple[str, ...]]:
     return [m.groups() for m in map(pattern.match, out.splitlines()) if m]
 
 
+# slow (the slow job): the tools that test_rdma_cm_mode and test_perftest_flags also run
 @pytest.mark.parametrize("tool,extra", [
     ("write-bw", ["-s", "4096", "-n", "40"]),
-    ("read-bw", ["-s", "4096", "-n", "40"]),
+    pytest.param("read-bw", ["-s", "4096", "-n", "40"], marks=pytest.mark.slow),
     ("send-bw", ["-s", "3000", "-n", "40", "-m", "1024"]),
     ("atomic-bw", ["-n", "40", "-A", "CMP_AND_SWAP"]),
-    ("write-lat", ["-s", "64", "-n", "30"]),
+    pytest.param("write-lat", ["-s", "64", "-n", "30"], marks=pytest.mark.slow),
     ("read-lat", ["-s", "64", "-n", "30"]),
-    ("send-lat", ["-s", "64", "-n", "30", "-e"]),
+    pytest.param("send-lat", ["-s", "64", "-n", "30", "-e"], marks=pytest.mark.slow),
     ("atomic-lat", ["-n", "30"]),
 ])
 def test_two_processes_every_tool(state: Path, tool: str, extra: list[str]) -> None:
@@ -382,7 +383,7 @@ def test_data_mismatch_fails_both_sides(state: Path) -> None:
     common = ["send-bw", "-d", "pttest", "-p", port, "-n", "20", "--timeout", "10"]
     srv = spawn([*common, "-s", "4096"], env)
     try:
-        time.sleep(0.3)
+        wait_until(lambda: _listening(int(port)), what=f"the server listening on {port}")
         cli = spawn([*common, "-s", "2048", "127.0.0.1"], env)
         _o, cerr = cli.communicate(timeout=60)
         _o, serr = srv.communicate(timeout=60)
@@ -455,7 +456,7 @@ def test_rdma_cm_server_lets_the_client_close_first(tmp_path: Path,
     srv = spawn(["read-lat", "-R", "--transport", "iwarp", "-p", str(port), "-n", "10",
                  "--timeout", "20"], env_for(tmp_path))
     try:
-        time.sleep(0.5)
+        wait_until(lambda: _listening(port), what=f"the server listening on {port}")
         o = _opts("read-lat", "-R", "--transport", "iwarp", "-p", str(port), "-n", "10",
                   "--timeout", "20", "127.0.0.1")
         s = runner.Side(o, io.StringIO(), transport="iwarp")
@@ -493,7 +494,7 @@ def test_rdma_cm_server_listens_before_answering(tmp_path: Path,
     srv = spawn(["read-lat", "-R", "--transport", "iwarp", "-p", str(port), "-n", "10",
                  "--timeout", "20"], env_for(tmp_path))
     try:
-        time.sleep(0.5)
+        wait_until(lambda: _listening(port), what=f"the server listening on {port}")
         o = _opts("read-lat", "-R", "--transport", "iwarp", "-p", str(port), "-n", "10",
                   "--timeout", "20", "127.0.0.1")
         s = runner.Side(o, io.StringIO(), transport="iwarp")
@@ -509,6 +510,9 @@ def test_rdma_cm_server_listens_before_answering(tmp_path: Path,
         finally:
             runner.teardown(s)
             rc.release_devices()
+        # checked: the server listened; stopped now, not left to wait out its --timeout
+        # for a data connection that never comes
+        srv.send_signal(signal.SIGINT)
         srv.communicate(timeout=60)
     finally:
         if srv.poll() is None:

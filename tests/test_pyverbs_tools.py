@@ -135,6 +135,7 @@ SUBSET = ["tests.test_device", "tests.test_pd", "tests.test_addr", "tests.test_c
           "tests.test_parent_domain", "tests.test_mlx5_cq", "tests.test_efadv"]
 
 
+@pytest.mark.slow  # the same command on a subset: test_whole_rdma_core_suite_in_ci runs it all
 def test_rdma_core_suite_through_the_command(state: str) -> None:
     if not (rct.TESTS_DIR / "run_tests.py").is_file() and shutil.which("apt-get") is None:
         pytest.skip("rdma-core's tests are not installed and apt-get is unavailable")

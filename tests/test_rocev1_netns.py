@@ -108,6 +108,14 @@ def _sh(*args: str) -> None:
     subprocess.run(args, check=True, capture_output=True, text=True, timeout=30)
 
 
+#: The VLAN pair (``vlan7``) of a test in the slow job only (.ci/slow): the tests whose VLAN
+#: case repeats the untagged one. The tag itself stays in the default suite: the capture,
+#: address resolution and RC/UD/atomics tests run on both pairs.
+UNTAGGED_BY_DEFAULT = pytest.mark.parametrize(
+    "hosts", [None, pytest.param(7, marks=pytest.mark.slow)], ids=["untagged", "vlan7"],
+    indirect=True)
+
+
 @pytest.fixture(params=[None, 7], ids=["untagged", "vlan7"])
 def hosts(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Host, Host]]:
     """Two namespaces joined by a veth pair, IPv4 + IPv6 (no DAD), device ``r1`` with
@@ -216,7 +224,11 @@ def _stop_capture(cap: subprocess.Popen[str], pcap: Path, display: str, frames: 
 
 
 # ---------------------------------------------------------------------------- verbs
-@pytest.mark.parametrize("gid_index", [0, 1], ids=["gid-link-local", "gid-ipv4"])
+@pytest.mark.parametrize(("hosts", "gid_index"), [  # the VLAN pair's link-local GID: slow
+    pytest.param(None, 0, id="untagged-gid-link-local"),
+    pytest.param(None, 1, id="untagged-gid-ipv4"),
+    pytest.param(7, 0, id="vlan7-gid-link-local", marks=pytest.mark.slow),
+    pytest.param(7, 1, id="vlan7-gid-ipv4")], indirect=["hosts"])
 def test_rc_ud_atomics_over_rocev1(hosts: tuple[Host, Host], gid_index: int) -> None:
     """CA16-15: RC SEND/WRITE/READ, CMP_AND_SWP, FETCH_AND_ADD and UD over RoCEv1, with
     the EUI-64 link-local GID (MAC read from the GID) and the IPv4 GID (kernel ARP)."""
@@ -230,6 +242,7 @@ def test_rc_ud_atomics_over_rocev1(hosts: tuple[Host, Host], gid_index: int) -> 
 
 @pytest.mark.parametrize("tool,shared", [("rc-pingpong", True), ("uc-pingpong", False),
                                          ("ud-pingpong", True)])
+@UNTAGGED_BY_DEFAULT
 def test_pingpong_tools_over_rocev1(hosts: tuple[Host, Host], tool: str, shared: bool) -> None:
     """The ibv_*_pingpong tools between the hosts, GID index 1 (IPv4, RoCE v1)."""
     a, b = hosts
@@ -240,6 +253,7 @@ def test_pingpong_tools_over_rocev1(hosts: tuple[Host, Host], tool: str, shared:
     assert "50 iters" in _finish(srv)
 
 
+@UNTAGGED_BY_DEFAULT
 def test_rping_over_rocev1(hosts: tuple[Host, Host]) -> None:
     """rdma_cm (IB CM + Annex A11 IP CM) over RoCEv1, through devd on both sides."""
     a, b = hosts
@@ -310,6 +324,7 @@ print(r.resolve(dead), r.triggers, r.resolve(dead), r.triggers)
     assert f"{b.ip4} lladdr {b.mac}" in neigh and f"{b.ip6} lladdr {b.mac}" in neigh
 
 
+@UNTAGGED_BY_DEFAULT
 def test_devinfo_and_pyverbs_show_rocev1_gids(hosts: tuple[Host, Host]) -> None:
     a, _ = hosts
     out = a.softrdma("devinfo", "-v", "-d", "r1", shared=False)
@@ -332,6 +347,7 @@ def _eui64_gid(mac: str) -> str:
     return str(ipaddress.IPv6Address(raw))
 
 
+@UNTAGGED_BY_DEFAULT
 def test_device_on_a_vlan_netdev(hosts: tuple[Host, Host]) -> None:
     """A device on an 802.1Q VLAN netdev (``ip link add ... type vlan id 9``): receives on
     it, sends on the lower device with its own tag (priority = SL, A16.8.1)."""
@@ -402,6 +418,7 @@ time.sleep(0.5)
 """
 
 
+@UNTAGGED_BY_DEFAULT
 def test_ud_multicast_over_rocev1(hosts: tuple[Host, Host]) -> None:
     """UD multicast on RoCEv1 (IBA 10.5, ../shared/specs/roce.md §4): the MGID's frames go to 33:33 + its
     last 4 bytes; the receiver's devd joins that MAC; a detach stops delivery."""
@@ -416,6 +433,7 @@ def test_ud_multicast_over_rocev1(hosts: tuple[Host, Host]) -> None:
 
 
 @pytest.mark.skipif(TSHARK is None, reason="tshark is not installed")
+@UNTAGGED_BY_DEFAULT
 def test_dual_device_chooses_encapsulation_per_gid(hosts: tuple[Host, Host],
                                                    tmp_path: Path) -> None:
     """``roce_ver both``: the same IPv4 address is GID n ("RoCE v1") and GID n+1 ("RoCE
@@ -463,6 +481,7 @@ def test_dual_device_chooses_encapsulation_per_gid(hosts: tuple[Host, Host],
 
 
 @pytest.mark.parametrize("tool,gid", [("write-bw", "1"), ("atomic-bw", "0"), ("read-lat", "1")])
+@UNTAGGED_BY_DEFAULT
 def test_perftest_tools_over_rocev1(hosts: tuple[Host, Host], tool: str, gid: str) -> None:
     """perftest's ib_write_bw / ib_atomic_bw / ib_read_lat shapes over RoCEv1."""
     a, b = hosts
@@ -473,6 +492,7 @@ def test_perftest_tools_over_rocev1(hosts: tuple[Host, Host], tool: str, gid: st
     _finish(srv)
 
 
+@UNTAGGED_BY_DEFAULT
 def test_udaddy_over_rocev1(hosts: tuple[Host, Host]) -> None:
     """rdma_cm UD (SIDR_REQ/SIDR_REP resolve the server's UD QP) over RoCEv1."""
     a, b = hosts

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from wait_harness import StreamLines
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tcpdump") is None,
@@ -175,9 +176,11 @@ def transfer(a: str, b: str, tmp: Path, gso: bool) -> Capture:
                             "-s", "0", "-w", str(pcap), "udp", "port", "4791"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     procs: list[Peer] = []
+    errs: StreamLines | None = None
     try:
         assert cap.stderr is not None
         cap.stderr.readline()  # "tcpdump: listening on gsob ..."
+        errs = StreamLines(cap.stderr)
         writer = Peer(a, A_IP, "writer", env)
         procs.append(writer)
         target = Peer(b, B_IP, "target", env)
@@ -200,10 +203,14 @@ def transfer(a: str, b: str, tmp: Path, gso: bool) -> Capture:
             peer.tell("bye")
             peer.p.wait(30)
             assert peer.p.returncode == 0
-        # the capture lags under load: wait until it holds what was sent and received
+        # the capture lags under load: wait until it holds what was sent and received, or
+        # tcpdump counts the rest as dropped by the kernel (then waiting longer is useless)
         want = wstats["stats"]["sent"] + tstats["stats"]["sent"]
         end = time.monotonic() + 60
-        while time.monotonic() < end and len(roce_packets(pcap)) < want:
+        while time.monotonic() < end:
+            have = len(roce_packets(pcap))
+            if have >= want or have + _dropped(cap, errs) >= want:
+                break
             time.sleep(0.2)
     finally:
         for peer in procs:
@@ -211,9 +218,29 @@ def transfer(a: str, b: str, tmp: Path, gso: bool) -> Capture:
                 peer.p.kill()
                 peer.p.wait(10)
         cap.send_signal(signal.SIGINT)
-        _out, err = cap.communicate(timeout=10)
-    found = re.search(r"(\d+) packets? dropped by kernel", err or "")
-    return roce_packets(pcap), wstats, tstats, int(found.group(1)) if found else 0
+        try:
+            cap.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            cap.kill()
+            cap.wait()
+    found = DROPPED.findall(errs.join(10) if errs is not None else "")
+    return roce_packets(pcap), wstats, tstats, int(found[-1]) if found else 0
+
+
+DROPPED = re.compile(r"(\d+) packets? dropped by kernel")
+
+
+def _dropped(cap: subprocess.Popen[str], errs: StreamLines, timeout: float = 10.0) -> int:
+    """The packets tcpdump counts as dropped by the kernel so far (SIGUSR1 makes it print
+    its counts on stderr); 0 if it does not answer within ``timeout`` s."""
+    seen = len(DROPPED.findall(errs.text()))
+    cap.send_signal(signal.SIGUSR1)
+    deadline = time.monotonic() + timeout
+    while len(found := DROPPED.findall(errs.text())) == seen:
+        if time.monotonic() > deadline or cap.poll() is not None:
+            return 0
+        time.sleep(0.02)
+    return int(found[-1])
 
 
 def test_gso_segments_carry_ids_0_to_n_minus_1_with_right_icrcs(

@@ -11,12 +11,11 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from rdma_cm_harness import child_env, make_state_dir
-from wait_harness import waits_until_stopped
+from wait_harness import StreamLines, waits_until_stopped
 
 
 def _waits_until_stopped(cmd: list[str], env: dict[str, str], tool: str,
@@ -74,20 +73,26 @@ def test_connect_retry_lets_a_late_server_come(tmp_path: Path) -> None:
     """SOFTRDMA_CONNECT_RETRY (scripts starting both sides together): the client waits
     for a server that starts after it."""
     env = _env(tmp_path)
-    env["SOFTRDMA_CONNECT_RETRY"] = "30"
+    env["SOFTRDMA_CONNECT_RETRY"] = "120"  # the server's process start, at any load
     port = str(_free_tcp_port())
     common = ["rc-pingpong", "-d", "cmtest_lo", "-p", port, "-n", "5"]
     cli = subprocess.Popen(_tool(*common, "127.0.0.1"), env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
+    assert cli.stdout is not None and cli.stderr is not None
+    cli_out, cli_err = StreamLines(cli.stdout), StreamLines(cli.stderr)
     try:
-        time.sleep(2)  # the client first (a head start, not a wait: the test passes either way)
+        # the client first: it prints its local address just before it connects (and is
+        # refused, as no server listens yet); only then is the server started
+        cli_out.wait_for(r"local address")
+        assert cli.poll() is None, (cli.returncode, cli_out.text(), cli_err.text())
         srv = subprocess.run(_tool(*common), env=env, capture_output=True, text=True,
                              timeout=90)
-        out, err = cli.communicate(timeout=90)
+        cli.wait(timeout=90)
     finally:
         if cli.poll() is None:
             cli.kill()
-            cli.communicate()
+            cli.wait()
+    out, err = cli_out.join(), cli_err.join()
     assert cli.returncode == 0, err
     assert srv.returncode == 0, srv.stderr
     assert "5 iters in" in out and "5 iters in" in srv.stdout
