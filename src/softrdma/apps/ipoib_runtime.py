@@ -113,6 +113,8 @@ class IpoibRuntime:
         self._tokens = 0
         self._ahs: dict[bytes, v.AH] = {}
         self._graveyard: list[v.QP] = []
+        self._sends: list[tuple[v.QP, v.SendWR, int]] = []
+        self._batching = False
         self.cm: CmBinding | None = None
         self.srq: v.SRQ | None = None
         self.driver_counters = {"tx_no_slot": 0, "tun_write_errors": 0, "send_errors": 0,
@@ -285,7 +287,7 @@ class IpoibRuntime:
             wr = v.SendWR(wr_id=slot, sg=[v.SGE(self.send_mr.addr + slot * SLOT, n,
                                                 self.send_mr.lkey)], num_sge=1)
             wr.set_wr_ud(self._ah(o.dest.gid), o.dest.qpn, IPOIB_QKEY)
-            self._post(self.ud_qp, wr, slot)
+            self._queue(self.ud_qp, wr, slot)
         elif isinstance(o, ConnSend):
             c = self._conns.get(o.conn_id)
             got = self._slot_for(o.ethertype, o.payload) if c is not None else None
@@ -294,7 +296,7 @@ class IpoibRuntime:
             slot, n = got
             wr = v.SendWR(wr_id=slot, sg=[v.SGE(self.send_mr.addr + slot * SLOT, n,
                                                 self.send_mr.lkey)], num_sge=1)
-            self._post(c.qp, wr, slot)
+            self._queue(c.qp, wr, slot)
         elif isinstance(o, ConnOpen):
             self._open_conn(o)
         elif isinstance(o, ConnAccept):
@@ -310,12 +312,34 @@ class IpoibRuntime:
         elif isinstance(o, McastLeave):
             self.ud_qp.detach_mcast(v.GID(o.mgid))
 
-    def _post(self, qp: v.QP, wr: v.SendWR, slot: int) -> None:
-        try:
-            qp.post_send(wr)
-        except SoftRdmaError:
-            self._free_slots.append(slot)
-            raise
+    def _queue(self, qp: v.QP, wr: v.SendWR, slot: int) -> None:
+        """Queue a send for :meth:`_post_queued`; at once unless a TUN batch is being read."""
+        self._sends.append((qp, wr, slot))
+        if not self._batching:
+            self._post_queued()
+
+    def _post_queued(self) -> None:
+        """Post the queued sends, one ``post_send`` per run of one QP: the runtime then
+        transmits a run's packets together (UDP GSO, see ``drivers/runtime.py``), not one
+        ``sendmsg`` per packet. A refused run (its QP is not, or no longer, ready: the
+        engine refuses the first WR then, so none of the run was posted) frees its slots
+        and counts a send error."""
+        sends = self._sends
+        i, n = 0, len(sends)
+        while i < n:
+            qp = sends[i][0]
+            j = i + 1
+            while j < n and sends[j][0] is qp:
+                j += 1
+            run = sends[i:j]
+            try:
+                qp.post_send(run[0][1] if j - i == 1 else [w for _, w, _ in run])
+            except SoftRdmaError as exc:
+                self._free_slots.extend(slot for _, _, slot in run)
+                self.driver_counters["send_errors"] += 1
+                self._last_error = str(exc)
+            i = j
+        sends.clear()
 
     def _new_qp(self, transport: str) -> v.QP:
         assert self.srq is not None
@@ -538,22 +562,29 @@ class IpoibRuntime:
     def _read_tun(self, now: float) -> None:
         assert self.tun is not None
         eng = self.engine
-        for _ in range(TUN_BATCH):
-            if not self._free_slots:
-                return
-            slot = self._free_slots.pop()
-            off = slot * SLOT
-            n = self.tun.read_into(self._send_view[off + ENCAP_LEN:off + SLOT])
-            if n <= 0:
-                self._free_slots.append(slot)
-                return
-            self._read_slot = slot
-            eng.send_ip(self._send_view[off + ENCAP_LEN:off + ENCAP_LEN + n], now)
-            self._execute(eng.take_output())
-            if self._read_slot >= 0:  # held, dropped or answered with ICMP: not posted
-                self._free_slots.append(slot)
-                self._read_slot = -1
-            self.ctx.progress(0)
+        tun = self.tun
+        view = self._send_view
+        free = self._free_slots
+        self._batching = True
+        try:
+            for _ in range(TUN_BATCH):
+                if not free:
+                    break
+                slot = free.pop()
+                off = slot * SLOT
+                n = tun.read_into(view[off + ENCAP_LEN:off + SLOT])
+                if n <= 0:
+                    free.append(slot)
+                    break
+                self._read_slot = slot
+                eng.send_ip(view[off + ENCAP_LEN:off + ENCAP_LEN + n], now)
+                self._execute(eng.take_output())
+                if self._read_slot >= 0:  # held, dropped or answered with ICMP: not posted
+                    free.append(slot)
+                    self._read_slot = -1
+        finally:
+            self._batching = False
+            self._post_queued()
 
     # ---- control -------------------------------------------------------------------
     def _control(self, cmd: str, now: float) -> dict[str, Any]:
