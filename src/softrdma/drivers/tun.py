@@ -102,7 +102,7 @@ class TunDevice:
             return 0
         return max(0, n - VNET_HDR_LEN)
 
-    def write(self, packet: bytes | memoryview) -> bool:
+    def write(self, packet: bytes | bytearray | memoryview) -> bool:
         """Hand one packet to the kernel; False if it was refused (counted by the caller)."""
         try:
             os.writev(self.fd, [self._tx_hdrs[min(len(packet), LINEAR_LEN)], packet])
