@@ -167,15 +167,13 @@ class IpoibRuntime:
         self.ud_qp.modify(v.QPAttr(qp_state=e.IBV_QPS_RTR), int(e.IBV_QP_STATE))
         self.ud_qp.modify(v.QPAttr(qp_state=e.IBV_QPS_RTS, sq_psn=0),
                           int(e.IBV_QP_STATE | e.IBV_QP_SQ_PSN))
-        for i in range(UD_RECVS):
-            self._post_ud_recv(i)
+        self._post_ud_recvs(list(range(UD_RECVS)))
         if o.mode == "connected":
             self.srq = v.SRQ(self.pd, v.SrqInitAttr(v.SrqAttr(max_wr=SRQ_RECVS, max_sge=1)))
             self._srq_buf = bytearray(SRQ_RECVS * SLOT)
             self.srq_mr = v.MR(self.pd, len(self._srq_buf), access, buffer=self._srq_buf)
             self._srq_view = memoryview(self._srq_buf)
-            for i in range(SRQ_RECVS):
-                self._post_srq_recv(i)
+            self._post_srq_recvs(list(range(SRQ_RECVS)))
         cfg = IfaceConfig(gid=self.gid, ud_qpn=self.ud_qp.qp_num, ud_mtu=ib_mtu - ENCAP_LEN,
                           addresses=o.addresses, mode=o.mode, pkey=o.pkey, mtu=o.mtu,
                           transport=o.transport, crossing_rule=o.crossing_rule,
@@ -228,14 +226,20 @@ class IpoibRuntime:
                           f"IPv6 groups on RoCEv2, {why}")
 
     # ---- buffers -------------------------------------------------------------------
-    def _post_ud_recv(self, i: int) -> None:
-        sge = v.SGE(self.ud_mr.addr + i * self._ud_slot, self._ud_slot, self.ud_mr.lkey)
-        self.ud_qp.post_recv(v.RecvWR(wr_id=_WR_RECV_BASE + i, sg=[sge], num_sge=1))
+    def _post_ud_recvs(self, idxs: list[int]) -> None:
+        """Post the UD receive buffers ``idxs`` in one call."""
+        addr, size, lkey = self.ud_mr.addr, self._ud_slot, self.ud_mr.lkey
+        self.ud_qp.post_recv([v.RecvWR(wr_id=_WR_RECV_BASE + i,
+                                       sg=[v.SGE(addr + i * size, size, lkey)], num_sge=1)
+                              for i in idxs])
 
-    def _post_srq_recv(self, i: int) -> None:
+    def _post_srq_recvs(self, idxs: list[int]) -> None:
+        """Post the SRQ buffers ``idxs`` in one call."""
         assert self.srq is not None
-        sge = v.SGE(self.srq_mr.addr + i * SLOT, SLOT, self.srq_mr.lkey)
-        self.srq.post_recv(v.RecvWR(wr_id=_WR_RECV_BASE + i, sg=[sge], num_sge=1))
+        addr, lkey = self.srq_mr.addr, self.srq_mr.lkey
+        self.srq.post_recv([v.RecvWR(wr_id=_WR_RECV_BASE + i,
+                                     sg=[v.SGE(addr + i * SLOT, SLOT, lkey)], num_sge=1)
+                            for i in idxs])
 
     def _slot_for(self, etype: int, payload: bytes | memoryview) -> tuple[int, int] | None:
         """A send slot holding encap + payload (copied unless it is already there)."""
@@ -432,6 +436,16 @@ class IpoibRuntime:
 
     # ---- completions ---------------------------------------------------------------
     def _poll(self, now: float) -> int:
+        """Handle the completions; the sends they cause are posted together at the end,
+        and the receive buffers are posted again one batch (one call) at a time."""
+        self._batching = True
+        try:
+            return self._poll_batch(now)
+        finally:
+            self._batching = False
+            self._post_queued()
+
+    def _poll_batch(self, now: float) -> int:
         n = 0
         eng = self.engine
         ok = e.IBV_WC_SUCCESS
@@ -440,6 +454,7 @@ class IpoibRuntime:
             if not got:
                 break
             n += got
+            again: list[int] = []
             for wc in wcs:
                 if wc.wr_id < _WR_RECV_BASE:  # a send slot is free again
                     self._free_slots.append(int(wc.wr_id))
@@ -459,13 +474,15 @@ class IpoibRuntime:
                     self._execute(eng.take_output())
                 else:
                     self.driver_counters["recv_errors"] += 1
-                if not self._closing:
-                    self._post_ud_recv(i)
+                again.append(i)
+            if again and not self._closing:
+                self._post_ud_recvs(again)
         while self.srq is not None:
             got, wcs = self.rc_rcq.poll(POLL_BATCH)
             if not got:
                 break
             n += got
+            again = []
             for wc in wcs:
                 i = int(wc.wr_id) - _WR_RECV_BASE
                 conn_id = self._by_qpn.get(wc.qp_num)
@@ -475,8 +492,9 @@ class IpoibRuntime:
                     self._execute(eng.take_output())
                 elif wc.status != ok and wc.status != e.IBV_WC_WR_FLUSH_ERR:
                     self.driver_counters["recv_errors"] += 1
-                if not self._closing:
-                    self._post_srq_recv(i)
+                again.append(i)
+            if again and not self._closing:
+                self._post_srq_recvs(again)
         return n
 
     def _send_failed(self, qp_num: int, now: float) -> None:
