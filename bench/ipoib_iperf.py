@@ -8,7 +8,8 @@ connected mode (RC, MTU 65520) and in datagram mode (UD, MTU 4092). Prints every
 and, per mode, the best and the median of the ratios. Root only; needs iperf3
 (``apt-get install -y iperf3``).
 
-Run: ``sudo python bench/ipoib_iperf.py [--rounds 3] [--seconds 5]``
+Run: ``sudo python bench/ipoib_iperf.py [--rounds 3] [--seconds 5] [--mode connected]``;
+``bench/run.py`` reports it as the ``ipoib_connected`` / ``ipoib_datagram`` figures.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
@@ -31,13 +33,18 @@ from ipoib_netns import IFACE, ipoib_up, veth_pair  # noqa: E402
 from netns_harness import Host  # noqa: E402
 
 PORT = 5399
+MODES = ("connected", "datagram")
 
 
 def iperf(client: Host, server: Host, addr: str, seconds: float) -> float:
     """Bits per second received by ``server`` from ``client`` over ``addr``."""
     srv = server.popen(["iperf3", "-s", "-1", "-p", str(PORT)])
     try:
-        time.sleep(0.5)
+        deadline = time.monotonic() + 60  # until the server listens (a busy machine)
+        while f":{PORT} " not in server.run(["ss", "-Hltn"]).stdout + " ":
+            if time.monotonic() > deadline or srv.poll() is not None:
+                raise RuntimeError("iperf3 -s did not start listening")
+            time.sleep(0.05)
         out = client.run(["iperf3", "-c", addr, "-p", str(PORT), "-t", str(seconds), "-J"],
                          timeout=seconds + 60)
         res = json.loads(out.stdout)
@@ -49,40 +56,70 @@ def iperf(client: Host, server: Host, addr: str, seconds: float) -> float:
             srv.kill()
 
 
+def unavailable() -> str | None:
+    """Why this bench cannot run here, else None."""
+    if os.geteuid() != 0:
+        return "needs root (network namespaces, TUN)"
+    if shutil.which("iperf3") is None:
+        return "iperf3 is missing (apt-get install -y iperf3)"
+    return None
+
+
+def _mode_bps(hosts: list[Host], mode: str, seconds: float) -> float:
+    a, b = hosts
+    procs = [ipoib_up(h, "--mode", mode) for h in hosts]
+    try:
+        a.run(["ping", "-c", "1", "-W", "5", "10.88.0.2"], timeout=30)
+        return iperf(a, b, "10.88.0.2", seconds)
+    finally:
+        for h, p in zip(hosts, procs, strict=True):
+            h.softrdma("ipoib", "down", IFACE, check=False)
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=15)
+
+
+def rounds(n: int, seconds: float, modes: Sequence[str] = MODES,
+           report: Callable[[int, float, dict[str, float]], None] | None = None
+           ) -> list[tuple[float, dict[str, float]]]:
+    """``n`` rounds on one veth pair; each round measures the bare veth (bits/s), then
+    each mode through IPoIB: ``[(veth, {mode: bits/s}), ...]``."""
+    out: list[tuple[float, dict[str, float]]] = []
+    with tempfile.TemporaryDirectory() as tmp, veth_pair(Path(tmp)) as hosts:
+        a, b = hosts
+        for rnd in range(1, n + 1):
+            base = iperf(a, b, b.ipv4, seconds)
+            got = {mode: _mode_bps(hosts, mode, seconds) for mode in modes}
+            out.append((base, got))
+            if report is not None:
+                report(rnd, base, got)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--mode", action="append", choices=MODES,
+                    help="measure only this mode (repeatable; default both)")
     args = ap.parse_args()
-    if os.geteuid() != 0:
-        print("ipoib_iperf: needs root (network namespaces, TUN)", file=sys.stderr)
+    why = unavailable()
+    if why is not None:
+        print(f"ipoib_iperf: {why}", file=sys.stderr)
         return 1
-    if shutil.which("iperf3") is None:
-        print("ipoib_iperf: iperf3 is missing (apt-get install -y iperf3)", file=sys.stderr)
-        return 1
-    ratios: dict[str, list[float]] = {"connected": [], "datagram": []}
-    with tempfile.TemporaryDirectory() as tmp, veth_pair(Path(tmp)) as hosts:
-        a, b = hosts
-        for rnd in range(1, args.rounds + 1):
-            base = iperf(a, b, b.ipv4, args.seconds)
-            line = [f"round {rnd}: veth {base / 1e9:.2f} Gbit/s"]
-            for mode in ("connected", "datagram"):
-                procs = [ipoib_up(h, "--mode", mode) for h in hosts]
-                try:
-                    a.run(["ping", "-c", "1", "-W", "5", "10.88.0.2"], timeout=30)
-                    bps = iperf(a, b, "10.88.0.2", args.seconds)
-                finally:
-                    for h, p in zip(hosts, procs, strict=True):
-                        h.softrdma("ipoib", "down", IFACE, check=False)
-                        try:
-                            p.wait(timeout=15)
-                        except subprocess.TimeoutExpired:
-                            p.kill()
-                            p.wait(timeout=15)
-                ratios[mode].append(bps / base)
-                line.append(f"{mode} {bps / 1e6:.0f} Mbit/s = {bps / base:.4f} x veth")
-            print("; ".join(line), flush=True)
-    for mode, rs in ratios.items():
+    modes = tuple(args.mode or MODES)
+
+    def report(rnd: int, base: float, got: dict[str, float]) -> None:
+        line = [f"round {rnd}: veth {base / 1e9:.2f} Gbit/s"]
+        line += [f"{m} {bps / 1e6:.0f} Mbit/s = {bps / base:.4f} x veth"
+                 for m, bps in got.items()]
+        print("; ".join(line), flush=True)
+
+    res = rounds(args.rounds, args.seconds, modes, report)
+    for mode in modes:
+        rs = [got[mode] / base for base, got in res]
         print(f"{mode}: ratio to bare veth best {max(rs):.4f}, median "
               f"{statistics.median(rs):.4f} ({len(rs)} runs)")
     return 0

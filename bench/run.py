@@ -50,6 +50,11 @@ The figures (see each module for how it measures):
   (``capi_bench``). Goal >= 0.9.
 * ``capi_rc_lat``: ``ibv_rc_pingpong -s 64`` under ``softrdma run`` vs ``softrdma
   rc-pingpong -s 64``, usec/iter (``capi_bench``; lower is better). Goal <= 1.1.
+* ``ipoib_connected`` / ``ipoib_datagram``: iperf3 TCP through ``softrdma ipoib`` between
+  two network namespaces joined by a veth pair (MTU 9000), connected mode (RC, MTU 65520)
+  and datagram mode (UD, MTU 4092), vs iperf3 over the bare veth pair measured in the
+  same round (``ipoib_iperf``; issue 26; root and iperf3, else reported as an error).
+  Goals >= 0.3 / >= 0.1.
 """
 
 from __future__ import annotations
@@ -71,6 +76,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
 import capi_bench as cb  # noqa: E402
+import ipoib_iperf as ipi  # noqa: E402
 import iwarp_write_bw as iwb  # noqa: E402
 import lossy_goodput as lg  # noqa: E402
 import roce_bench as rb  # noqa: E402
@@ -173,7 +179,8 @@ FIGURES = ("roce_write_bw", "iwarp_write_bw_crc", "iwarp_write_bw_nocrc", "rc_se
            "rc_send_lat_contended", "shared_lat", "shared_lat_udp", "shared_write_bw",
            "scaling_2", "scaling_4", "lossy_goodput_1", "lossy_goodput_5",
            "tool_rc_pingpong", "tool_send_lat", "tool_write_lat", "rc_send_lat_ackwait",
-           "cm_rate_roce", "cm_rate_iwarp", "capi_write_bw", "capi_rc_lat")
+           "cm_rate_roce", "cm_rate_iwarp", "capi_write_bw", "capi_rc_lat",
+           "ipoib_connected", "ipoib_datagram")
 
 
 def measure(runs: int, quick: bool, only: set[str] | None) -> list[Figure]:
@@ -291,6 +298,7 @@ def measure(runs: int, quick: bool, only: set[str] | None) -> list[Figure]:
         figs.append(f)
     figs += _cm_rate_figures(runs, quick, want)
     figs += _capi_figures(runs, quick, want)
+    figs += _ipoib_figures(runs, quick, want)
     return figs
 
 
@@ -320,6 +328,26 @@ def _cm_rate_figures(runs: int, quick: bool, want: Callable[[str], bool]) -> lis
         for t, f in figs.items():
             f.ours.append(float(got[t]))
             f.base.append(float(got["tcp"]))
+
+
+def _ipoib_figures(runs: int, quick: bool, want: Callable[[str], bool]) -> list[Figure]:
+    """iperf3 through ``softrdma ipoib``, both modes, vs the bare veth of the same round."""
+    figs = {m: Figure(f"ipoib_{m}", f"iperf3 TCP through softrdma ipoib, {m} mode",
+                      "Mbit/s", "iperf3 over the bare veth pair (MTU 9000)", goal, True)
+            for m, goal in (("connected", 0.3), ("datagram", 0.1)) if want(f"ipoib_{m}")}
+    if not figs:
+        return []
+    why = ipi.unavailable()
+    try:
+        if why is not None:
+            raise RuntimeError(why)
+        for base, got in ipi.rounds(runs, 1.0 if quick else 5.0, tuple(figs)):
+            for m, f in figs.items():
+                f.base.append(base / 1e6)
+                f.ours.append(got[m] / 1e6)
+    except Exception as exc:  # reported, not fatal
+        for f in figs.values():
+            f.error = f"{type(exc).__name__}: {exc}"
     return list(figs.values())
 
 

@@ -121,6 +121,8 @@ def test_tshark_decodes_ipoib(pair: tuple[Pair, list[subprocess.Popen[str]]],
     # tshark writes the file header once it captures
     wait_until(lambda: cap.exists() and cap.stat().st_size > 0, what="tshark capturing")
     ping(a, v4(2))
+    # a broadcast ping: UD SEND_ONLY to the broadcast group (b need not answer)
+    a.run(["ping", "-b", "-c", "1", "-W", "1", "10.88.0.255"], timeout=120, check=False)
     ping(a, v4(2), "-s", "20000")
     ping(a, v6(2))
 
@@ -141,6 +143,9 @@ def test_tshark_decodes_ipoib(pair: tuple[Pair, list[subprocess.Popen[str]]],
     rows = [x.split("|") for x in out.splitlines() if x.strip()]
     whole = [r for r in rows if r[0] in ("4", "100")]   # RC / UD SEND_ONLY: a whole packet
     assert any(r[0] == "100" and "infiniband:ethertype:ip:icmp" in r[1] for r in whole), rows[:5]
+    # once the connection is up, small packets take it too: RC SEND_ONLY, decoded
+    assert any(r[0] == "4" and ("ethertype:ip:icmp" in r[1] or "ethertype:ipv6:icmpv6" in r[1])
+               for r in whole), rows[:5]
     assert any("infiniband:ethertype:ipv6:icmpv6" in r[1] for r in whole), rows[:5]
     assert any(r[0] == "0" for r in rows)  # RC SEND_FIRST: the 20000-byte ping went over RC
     assert not [r for r in whole if r[2] or r[3]], [r for r in whole if r[2] or r[3]][:5]

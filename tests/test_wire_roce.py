@@ -535,3 +535,19 @@ def test_every_capture_frame_roundtrips() -> None:
             assert roce.frame_icrc_ok(f), (path.name, r.index)
             assert roce.build_frame(f) == r.data, (path.name, r.index)
     assert total > 1000
+
+
+def test_gso_segment_icrc_cached_flow_ipv6_and_ipv4() -> None:
+    """A GSO segment's ICRC (``ident`` != 0) of a cached flow: on IPv6 (no Identification)
+    the cached ID-0 pseudo-header CRC is the right one, on IPv4 it is not."""
+    parts = [bytes(range(12)), bytes(range(256)) * 16]
+    n = sum(len(p) for p in parts)
+    for src, dst in ((bytes.fromhex("fd77" + "00" * 13 + "01"),
+                      bytes.fromhex("fd77" + "00" * 13 + "02")),
+                     (bytes([10, 0, 0, 1]), bytes([10, 0, 0, 2]))):
+        first = roce.udp_send_icrc(src, dst, 0xC001, 4791, parts, n)  # caches the flow
+        for ident in (1, 7):
+            cached = roce.udp_send_icrc(src, dst, 0xC001, 4791, parts, n, ident)
+            uncached = roce.udp_send_icrc(src, dst, 0xC001, 4791, parts, None, ident)
+            assert cached == uncached
+            assert (cached == first) is (len(src) == 16)

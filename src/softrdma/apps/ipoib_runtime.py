@@ -113,6 +113,8 @@ class IpoibRuntime:
         self._tokens = 0
         self._ahs: dict[bytes, v.AH] = {}
         self._graveyard: list[v.QP] = []
+        self._sends: list[tuple[v.QP, v.SendWR, int]] = []
+        self._batching = False
         self.cm: CmBinding | None = None
         self.srq: v.SRQ | None = None
         self.driver_counters = {"tx_no_slot": 0, "tun_write_errors": 0, "send_errors": 0,
@@ -165,15 +167,13 @@ class IpoibRuntime:
         self.ud_qp.modify(v.QPAttr(qp_state=e.IBV_QPS_RTR), int(e.IBV_QP_STATE))
         self.ud_qp.modify(v.QPAttr(qp_state=e.IBV_QPS_RTS, sq_psn=0),
                           int(e.IBV_QP_STATE | e.IBV_QP_SQ_PSN))
-        for i in range(UD_RECVS):
-            self._post_ud_recv(i)
+        self._post_ud_recvs(list(range(UD_RECVS)))
         if o.mode == "connected":
             self.srq = v.SRQ(self.pd, v.SrqInitAttr(v.SrqAttr(max_wr=SRQ_RECVS, max_sge=1)))
             self._srq_buf = bytearray(SRQ_RECVS * SLOT)
             self.srq_mr = v.MR(self.pd, len(self._srq_buf), access, buffer=self._srq_buf)
             self._srq_view = memoryview(self._srq_buf)
-            for i in range(SRQ_RECVS):
-                self._post_srq_recv(i)
+            self._post_srq_recvs(list(range(SRQ_RECVS)))
         cfg = IfaceConfig(gid=self.gid, ud_qpn=self.ud_qp.qp_num, ud_mtu=ib_mtu - ENCAP_LEN,
                           addresses=o.addresses, mode=o.mode, pkey=o.pkey, mtu=o.mtu,
                           transport=o.transport, crossing_rule=o.crossing_rule,
@@ -226,14 +226,20 @@ class IpoibRuntime:
                           f"IPv6 groups on RoCEv2, {why}")
 
     # ---- buffers -------------------------------------------------------------------
-    def _post_ud_recv(self, i: int) -> None:
-        sge = v.SGE(self.ud_mr.addr + i * self._ud_slot, self._ud_slot, self.ud_mr.lkey)
-        self.ud_qp.post_recv(v.RecvWR(wr_id=_WR_RECV_BASE + i, sg=[sge], num_sge=1))
+    def _post_ud_recvs(self, idxs: list[int]) -> None:
+        """Post the UD receive buffers ``idxs`` in one call."""
+        addr, size, lkey = self.ud_mr.addr, self._ud_slot, self.ud_mr.lkey
+        self.ud_qp.post_recv([v.RecvWR(wr_id=_WR_RECV_BASE + i,
+                                       sg=[v.SGE(addr + i * size, size, lkey)], num_sge=1)
+                              for i in idxs])
 
-    def _post_srq_recv(self, i: int) -> None:
+    def _post_srq_recvs(self, idxs: list[int]) -> None:
+        """Post the SRQ buffers ``idxs`` in one call."""
         assert self.srq is not None
-        sge = v.SGE(self.srq_mr.addr + i * SLOT, SLOT, self.srq_mr.lkey)
-        self.srq.post_recv(v.RecvWR(wr_id=_WR_RECV_BASE + i, sg=[sge], num_sge=1))
+        addr, lkey = self.srq_mr.addr, self.srq_mr.lkey
+        self.srq.post_recv([v.RecvWR(wr_id=_WR_RECV_BASE + i,
+                                     sg=[v.SGE(addr + i * SLOT, SLOT, lkey)], num_sge=1)
+                            for i in idxs])
 
     def _slot_for(self, etype: int, payload: bytes | memoryview) -> tuple[int, int] | None:
         """A send slot holding encap + payload (copied unless it is already there)."""
@@ -285,7 +291,7 @@ class IpoibRuntime:
             wr = v.SendWR(wr_id=slot, sg=[v.SGE(self.send_mr.addr + slot * SLOT, n,
                                                 self.send_mr.lkey)], num_sge=1)
             wr.set_wr_ud(self._ah(o.dest.gid), o.dest.qpn, IPOIB_QKEY)
-            self._post(self.ud_qp, wr, slot)
+            self._queue(self.ud_qp, wr, slot)
         elif isinstance(o, ConnSend):
             c = self._conns.get(o.conn_id)
             got = self._slot_for(o.ethertype, o.payload) if c is not None else None
@@ -294,7 +300,7 @@ class IpoibRuntime:
             slot, n = got
             wr = v.SendWR(wr_id=slot, sg=[v.SGE(self.send_mr.addr + slot * SLOT, n,
                                                 self.send_mr.lkey)], num_sge=1)
-            self._post(c.qp, wr, slot)
+            self._queue(c.qp, wr, slot)
         elif isinstance(o, ConnOpen):
             self._open_conn(o)
         elif isinstance(o, ConnAccept):
@@ -310,12 +316,34 @@ class IpoibRuntime:
         elif isinstance(o, McastLeave):
             self.ud_qp.detach_mcast(v.GID(o.mgid))
 
-    def _post(self, qp: v.QP, wr: v.SendWR, slot: int) -> None:
-        try:
-            qp.post_send(wr)
-        except SoftRdmaError:
-            self._free_slots.append(slot)
-            raise
+    def _queue(self, qp: v.QP, wr: v.SendWR, slot: int) -> None:
+        """Queue a send for :meth:`_post_queued`; at once unless a TUN batch is being read."""
+        self._sends.append((qp, wr, slot))
+        if not self._batching:
+            self._post_queued()
+
+    def _post_queued(self) -> None:
+        """Post the queued sends, one ``post_send`` per run of one QP: the runtime then
+        transmits a run's packets together (UDP GSO, see ``drivers/runtime.py``), not one
+        ``sendmsg`` per packet. A refused run (its QP is not, or no longer, ready: the
+        engine refuses the first WR then, so none of the run was posted) frees its slots
+        and counts a send error."""
+        sends = self._sends
+        i, n = 0, len(sends)
+        while i < n:
+            qp = sends[i][0]
+            j = i + 1
+            while j < n and sends[j][0] is qp:
+                j += 1
+            run = sends[i:j]
+            try:
+                qp.post_send(run[0][1] if j - i == 1 else [w for _, w, _ in run])
+            except SoftRdmaError as exc:
+                self._free_slots.extend(slot for _, _, slot in run)
+                self.driver_counters["send_errors"] += 1
+                self._last_error = str(exc)
+            i = j
+        sends.clear()
 
     def _new_qp(self, transport: str) -> v.QP:
         assert self.srq is not None
@@ -408,6 +436,16 @@ class IpoibRuntime:
 
     # ---- completions ---------------------------------------------------------------
     def _poll(self, now: float) -> int:
+        """Handle the completions; the sends they cause are posted together at the end,
+        and the receive buffers are posted again one batch (one call) at a time."""
+        self._batching = True
+        try:
+            return self._poll_batch(now)
+        finally:
+            self._batching = False
+            self._post_queued()
+
+    def _poll_batch(self, now: float) -> int:
         n = 0
         eng = self.engine
         ok = e.IBV_WC_SUCCESS
@@ -416,6 +454,7 @@ class IpoibRuntime:
             if not got:
                 break
             n += got
+            again: list[int] = []
             for wc in wcs:
                 if wc.wr_id < _WR_RECV_BASE:  # a send slot is free again
                     self._free_slots.append(int(wc.wr_id))
@@ -435,13 +474,15 @@ class IpoibRuntime:
                     self._execute(eng.take_output())
                 else:
                     self.driver_counters["recv_errors"] += 1
-                if not self._closing:
-                    self._post_ud_recv(i)
+                again.append(i)
+            if again and not self._closing:
+                self._post_ud_recvs(again)
         while self.srq is not None:
             got, wcs = self.rc_rcq.poll(POLL_BATCH)
             if not got:
                 break
             n += got
+            again = []
             for wc in wcs:
                 i = int(wc.wr_id) - _WR_RECV_BASE
                 conn_id = self._by_qpn.get(wc.qp_num)
@@ -451,8 +492,9 @@ class IpoibRuntime:
                     self._execute(eng.take_output())
                 elif wc.status != ok and wc.status != e.IBV_WC_WR_FLUSH_ERR:
                     self.driver_counters["recv_errors"] += 1
-                if not self._closing:
-                    self._post_srq_recv(i)
+                again.append(i)
+            if again and not self._closing:
+                self._post_srq_recvs(again)
         return n
 
     def _send_failed(self, qp_num: int, now: float) -> None:
@@ -538,22 +580,29 @@ class IpoibRuntime:
     def _read_tun(self, now: float) -> None:
         assert self.tun is not None
         eng = self.engine
-        for _ in range(TUN_BATCH):
-            if not self._free_slots:
-                return
-            slot = self._free_slots.pop()
-            off = slot * SLOT
-            n = self.tun.read_into(self._send_view[off + ENCAP_LEN:off + SLOT])
-            if n <= 0:
-                self._free_slots.append(slot)
-                return
-            self._read_slot = slot
-            eng.send_ip(self._send_view[off + ENCAP_LEN:off + ENCAP_LEN + n], now)
-            self._execute(eng.take_output())
-            if self._read_slot >= 0:  # held, dropped or answered with ICMP: not posted
-                self._free_slots.append(slot)
-                self._read_slot = -1
-            self.ctx.progress(0)
+        tun = self.tun
+        view = self._send_view
+        free = self._free_slots
+        self._batching = True
+        try:
+            for _ in range(TUN_BATCH):
+                if not free:
+                    break
+                slot = free.pop()
+                off = slot * SLOT
+                n = tun.read_into(view[off + ENCAP_LEN:off + SLOT])
+                if n <= 0:
+                    free.append(slot)
+                    break
+                self._read_slot = slot
+                eng.send_ip(view[off + ENCAP_LEN:off + ENCAP_LEN + n], now)
+                self._execute(eng.take_output())
+                if self._read_slot >= 0:  # held, dropped or answered with ICMP: not posted
+                    free.append(slot)
+                    self._read_slot = -1
+        finally:
+            self._batching = False
+            self._post_queued()
 
     # ---- control -------------------------------------------------------------------
     def _control(self, cmd: str, now: float) -> dict[str, Any]:

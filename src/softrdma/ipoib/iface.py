@@ -253,11 +253,17 @@ class IpoibInterface:
                  now: float) -> None:
         size = info.total_len
         ud_mtu = self.config.ud_mtu
+        conn = self.conns.tx_conn(hw.key)  # whoever opened it (§7)
         if size <= ud_mtu:
+            # Once a connection is up, every unicast packet to the peer takes it, small
+            # ones too (as Linux ipoib_start_xmit): split over UD and RC, one TCP flow's
+            # packets would arrive out of order.
+            if conn is not None and size <= (conn.mtu or self.config.receive_mtu - 4):
+                self._send_on(conn, etype, pkt, size, now)
+                return
             self._count_tx(size, "tx_ud")
             self.out.append(UdSend(hw, etype, pkt))
             return
-        conn = self.conns.tx_conn(hw.key)  # whoever opened it (§7)
         if conn is None and self.connected:
             conn = self.conns.connecting(hw.key)
             if conn is None and hw.flags & (FLAG_RC | FLAG_UC):

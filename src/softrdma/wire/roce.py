@@ -377,9 +377,11 @@ def udp_send_icrc(src_ip: bytes, dst_ip: bytes, sport: int, dport: int,
     ``i`` of a UDP GSO send from such a socket carries ``i``: Linux ``inet_gso_segment``
     numbers the segments from the super-packet's ID); ignored for IPv6.
     """
-    if ident == 0 and length is not None and type(src_ip) is bytes and type(dst_ip) is bytes:
+    if ((ident == 0 or len(src_ip) == 16) and length is not None and type(src_ip) is bytes
+            and type(dst_ip) is bytes):
         # The per-packet case: a flow whose pseudo-header CRC is cached (its key holds the
-        # addresses as given: an IPv4-mapped pair is never one, so it takes the long way).
+        # addresses as given: an IPv4-mapped pair is never one, so it takes the long way;
+        # IPv6 has no Identification, so a GSO segment of an IPv6 flow takes it too).
         state = _PSEUDO_CRC.get((src_ip, dst_ip, sport, dport, 12 + length))
         if state is not None:
             return _ICRC.pack(_crc_ib(state, parts))
