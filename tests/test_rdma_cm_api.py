@@ -382,6 +382,40 @@ def test_iwarp_connects_reuse_one_worker_thread(env: Path,
     assert ran[0].name == "rdma_cm-iw-connect" and ran[0].daemon
 
 
+def test_iwarp_listener_thread_waits_without_polling(env: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 23: the iWARP listener thread asked for a request every 0.25 s to notice
+    destroy; it now waits with no timeout (a request or the listener's close wakes it),
+    and destroy still ends it."""
+    timeouts: list[float | None] = []
+    real = iwconnect.Listener.get_request
+
+    def get_request(self: Any, timeout: float | None = 30.0) -> Any:
+        timeouts.append(timeout)
+        return real(self, timeout)
+    monkeypatch.setattr(iwconnect.Listener, "get_request", get_request)
+    before = set(threading.enumerate())
+    chs, chc = EventChannel(), EventChannel()
+    lst, port = _listen(chs, "iwarp")
+    cli, _ce = _client(chc, "iwarp", port)
+    cli.connect(rc.ConnParam())
+    req = expect(chs, T.CONNECT_REQUEST)
+    req.id.reject()
+    expect(chc, T.REJECTED)
+    threads = [t for t in set(threading.enumerate()) - before
+               if t.name == "rdma_cm-iw-listen"]
+    assert threads
+    lst.destroy()
+    cli.destroy()
+    req.id.destroy()
+    deadline = time.monotonic() + 30.0
+    while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
+        for t in threads:
+            t.join(0.1)
+    assert not any(t.is_alive() for t in threads)
+    assert timeouts and all(t is None for t in timeouts), timeouts
+
+
 def test_bad_arguments(env: Path) -> None:
     ch = EventChannel()
     cid = rc.CmId(ch)

@@ -597,8 +597,8 @@ class CmId:
 
     def _iw_accept_loop(self, dev: OpenDevice, lst: Any) -> None:
         while not self._destroyed:
-            try:
-                req = lst.get_request(timeout=0.25)
+            try:  # woken by a completed MPA Request, or by close() on destroy
+                req = lst.get_request(timeout=None)
             except iw.ConnectError as exc:
                 if exc.errno == errno.ETIMEDOUT:
                     continue
