@@ -24,6 +24,7 @@ from softrdma.ibcm.model import (
     Connect,
     Disconnect,
     Establish,
+    Listen,
     Received,
     Reject,
     SendDrep,
@@ -31,6 +32,7 @@ from softrdma.ibcm.model import (
     SidrResolve,
     Timeout,
 )
+from softrdma.ibcm.params import ALL_ONES_MASK
 from softrdma.ibcm.state import TRANSITIONS, input_kind, transition
 from softrdma.wire import cm as wcm
 from softrdma.wire.cm import AprStatus, CmAttr, RejReason, time_code_s
@@ -73,10 +75,45 @@ def test_table_is_consistent() -> None:
         assert kind in messages or (isinstance(kind, type) and issubclass(kind, CmInput)), kind
         # the action is a plain module function, not a method looked up by name
         assert row.action.__module__.startswith("softrdma.ibcm."), row.action
-    # every state but DREQ_RCVD's transient row is reachable from the table
+    # every state is reachable from the table: a row's next state, or the state of the
+    # new id a listener's row spawns (REQ_RCVD, SIDR_REQ_RCVD); IDLE is where ids start
     targets = {row.next_state for row in TRANSITIONS.values()} | {
-        CmState.IDLE, CmState.LISTEN, CmState.REQ_RCVD, CmState.SIDR_REQ_RCVD}
+        row.spawns for row in TRANSITIONS.values() if row.spawns is not None} | {CmState.IDLE}
     assert targets == set(CmState)
+
+
+def test_passive_open_is_rows_of_the_table() -> None:
+    """Issue 23: listening, a REQ and a SIDR_REQ to a listener are rows of the table
+    (IBA Figure 150, 12.11.2): the listener stays in LISTEN and spawns the new id."""
+    req = wcm.Req(local_comm_id=1, service_id=SID)
+    sreq = wcm.SidrReq(request_id=1, service_id=SID)
+    listen = Listen(SID, ALL_ONES_MASK, 8)
+    row = transition(CmState.IDLE, listen)
+    assert row is not None and row.next_state == CmState.LISTEN and row.spawns is None
+    for msg, child in ((req, CmState.REQ_RCVD), (sreq, CmState.SIDR_REQ_RCVD)):
+        taken = transition(CmState.LISTEN, Received(msg, 1, bytes(16), bytes(16)))
+        assert taken is not None, msg
+        assert taken.next_state == CmState.LISTEN and taken.spawns == child
+    # a SIDR_REQ reaches only a listener; a REQ also a spawned id (its duplicates)
+    assert {st for st, k in TRANSITIONS if k is wcm.SidrReq} == {CmState.LISTEN}
+    assert {st for st, k in TRANSITIONS if k is wcm.Req} == {
+        CmState.LISTEN, CmState.REQ_RCVD, CmState.MRA_REQ_SENT, CmState.REP_SENT,
+        CmState.TIMEWAIT}
+    assert transition(CmState.LISTEN, listen) is None  # a second listen: StateError
+    # through the agent: the rows run, the listener stays, the new ids are spawned
+    p = Pair()
+    lst = p.b.new_id()
+    lst.listen(SID)
+    assert lst.state == CmState.LISTEN
+    with pytest.raises(StateError, match="listen is not allowed in CM state LISTEN"):
+        lst.listen(SID + 1)
+    qa, _ = p.a.qp()
+    cid = p.a.new_id()
+    cid.connect(qa, ConnParams(SID, p.b.gid))
+    p.run(1)
+    srv = server_id(p)
+    assert srv is not lst and srv.listen_id is lst
+    assert srv.state == CmState.REQ_RCVD and lst.state == CmState.LISTEN
 
 
 def test_table_keys_follow_the_input() -> None:

@@ -22,7 +22,7 @@ from softrdma.cm import rdma_cm as rc
 from softrdma.cm.rdma_events import EventChannel
 from softrdma.drivers import iwconnect
 from softrdma.drivers.gsi import CmBinding
-from softrdma.errors import SoftRdmaError
+from softrdma.errors import SoftRdmaError, StateError
 from softrdma.wire.cm import RejReason
 
 T = rc.RdmaCmEventType
@@ -380,6 +380,103 @@ def test_iwarp_connects_reuse_one_worker_thread(env: Path,
     assert len(ran) == 3
     assert len({id(t) for t in ran}) == 1, [t.name for t in ran]
     assert ran[0].name == "rdma_cm-iw-connect" and ran[0].daemon
+
+
+def test_iwarp_listener_thread_waits_without_polling(env: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 23: the iWARP listener thread asked for a request every 0.25 s to notice
+    destroy; it now waits with no timeout (a request or the listener's close wakes it),
+    and destroy still ends it."""
+    timeouts: list[float | None] = []
+    real = iwconnect.Listener.get_request
+
+    def get_request(self: Any, timeout: float | None = 30.0) -> Any:
+        timeouts.append(timeout)
+        return real(self, timeout)
+    monkeypatch.setattr(iwconnect.Listener, "get_request", get_request)
+    before = set(threading.enumerate())
+    chs, chc = EventChannel(), EventChannel()
+    lst, port = _listen(chs, "iwarp")
+    cli, _ce = _client(chc, "iwarp", port)
+    cli.connect(rc.ConnParam())
+    req = expect(chs, T.CONNECT_REQUEST)
+    req.id.reject()
+    expect(chc, T.REJECTED)
+    threads = [t for t in set(threading.enumerate()) - before
+               if t.name == "rdma_cm-iw-listen"]
+    assert threads
+    lst.destroy()
+    cli.destroy()
+    req.id.destroy()
+    deadline = time.monotonic() + 30.0
+    while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
+        for t in threads:
+            t.join(0.1)
+    assert not any(t.is_alive() for t in threads)
+    assert timeouts and all(t is None for t in timeouts), timeouts
+
+
+@pytest.mark.parametrize("transport", ["roce", "iwarp"])
+def test_cm_id_states_follow_linux(env: Path, transport: str) -> None:
+    """Issue 23: a CmId walks Linux's enum rdma_cm_state (cma_priv.h), the connection
+    manager of its transport is chosen once, and calls in the wrong state still raise
+    StateError."""
+    S = rc.CmState
+    chs, chc = EventChannel(), EventChannel()
+    lst = rc.CmId(chs)
+    assert lst.state is S.IDLE
+    with pytest.raises(StateError):
+        lst.listen()
+    lst.bind_addr(("127.0.0.1", 0), device=transport)
+    assert lst.state is S.ADDR_BOUND
+    lst.listen(4)
+    assert lst.state is S.LISTEN
+    with pytest.raises(StateError, match="already listens"):
+        lst.listen()
+    assert lst.local_addr is not None
+    cli = rc.CmId(chc)
+    with pytest.raises(StateError):
+        cli.resolve_route()
+    with pytest.raises(StateError):
+        cli.connect()
+    cli.resolve_addr("10.254.254.254", ("10.254.254.1", 1))  # nobody owns the source
+    expect(chc, T.ADDR_ERROR)
+    assert cli.state is S.IDLE  # an address error leaves the id where it was
+    cli.resolve_addr(None, ("127.0.0.1", lst.local_addr[1]), 2000, device=transport)
+    expect(chc, T.ADDR_RESOLVED)
+    assert cli.state is S.ADDR_RESOLVED
+    assert type(cli._cm).__name__ == ("_IwCm" if transport == "iwarp" else "_IbCm")
+    cli.resolve_route(2000)
+    expect(chc, T.ROUTE_RESOLVED)
+    assert cli.state is S.ROUTE_RESOLVED
+    with pytest.raises(StateError):
+        cli.disconnect()  # not connected
+    with pytest.raises(StateError):
+        cli.accept()  # no request
+    ce = Ep(cli)
+    cli.connect(rc.ConnParam())
+    assert cli.state is S.CONNECT
+    req = expect(chs, T.CONNECT_REQUEST)
+    child = req.id
+    assert child.state is S.CONNECT and child._cm is cli._cm
+    Ep(child)
+    child.accept()
+    expect(chc, T.ESTABLISHED)
+    expect(chs, T.ESTABLISHED)
+    assert cli.state is child.state is S.CONNECT  # Linux keeps established ids there
+    with pytest.raises(StateError, match="already connecting or connected"):
+        cli.connect(rc.ConnParam())
+    cli.disconnect()
+    assert next_non_timewait(chc).event == T.DISCONNECTED
+    assert next_non_timewait(chs).event == T.DISCONNECTED
+    assert cli.state is child.state is S.DISCONNECT
+    assert ce.qp is not None
+    for cid in (cli, child, lst):
+        cid.destroy_qp()
+        cid.destroy()
+        assert cid.state is S.DESTROYING
+        with pytest.raises(StateError, match="destroyed"):
+            cid.listen()
 
 
 def test_bad_arguments(env: Path) -> None:

@@ -103,11 +103,13 @@ from .rdma_iwwatch import CONNECTING as _CONNECTING
 from .rdma_iwwatch import unwatch as _unwatch
 from .rdma_iwwatch import watch as _watch
 from .rdma_qpattr import qp_attr_of
+from .rdma_state import ADDRESS_KNOWN, BEFORE_CONNECT, CmState
 
 __all__ = [
     "CmId", "EventChannel", "ConnParam", "UdParam", "RdmaCmEvent", "RdmaCmEventType",
     "RDMA_PS_TCP", "RDMA_PS_UDP", "RDMA_OPTION_ID", "RDMA_OPTION_ID_TOS",
     "RDMA_OPTION_ID_ACK_TIMEOUT", "event_str", "configure", "release_devices", "Address",
+    "CmState",
     *(n for n in dir() if n.startswith("RDMA_CM_EVENT_")),
 ]
 
@@ -205,7 +207,10 @@ os.register_at_fork(after_in_child=_connect_workers.after_fork)
 class CmId:
     """``struct rdma_cm_id`` (see the module docstring). ``context`` is the caller's;
     ``verbs`` the device Context after address resolution or for a CONNECT_REQUEST's
-    new id; ``qp`` the QP of :meth:`create_qp`."""
+    new id; ``qp`` the QP of :meth:`create_qp`; ``state`` its :class:`CmState`. The
+    connection manager underneath (:class:`_IbCm` or :class:`_IwCm`) is chosen once, when
+    the id is attached to a device (bind to an address, resolve, or a request's new id),
+    as Linux's cma.c chooses it by ``rdma_cap_ib_cm`` / ``rdma_cap_iw_cm``."""
 
     def __init__(self, channel: EventChannel, ps: int = RDMA_PS_TCP,
                  context: Any = None) -> None:
@@ -224,29 +229,41 @@ class CmId:
         self.local_addr: Address | None = None
         self.peer_addr: Address | None = None
         self.event_info: dict[str, Any] = {}
+        self.state = CmState.IDLE
+        self._cm: _Transport | None = None  # the connection manager, chosen by _attach
         self._prefer: str | None = None
         self._src: IpAddress | None = None
         self._src_port = 0
         self._bind_port = 0  # the port bind_addr picked for port 0 (listen tries it first)
         self._dst: IpAddress | None = None
         self._dst_port = 0
-        self._bound = False
-        self._addr_ok = False
         self._ib: IbCmId | None = None
-        self._listens: list[tuple[OpenDevice, Any]] = []
+        self._listens: list[tuple[OpenDevice, _Transport, Any]] = []
         self._iw_req: Any = None
         self._iw_conn: Any = None
-        self._sidr = False
         self._established_by_app = False
         self._tos = 0
         self._ack_timeout: int | None = None
-        self._disconnected = False
-        self._destroyed = False
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
-        return (f"<rdma_cm CmId {self.transport or '-'} {self.local_addr} -> {self.peer_addr}"
-                f"{' destroyed' if self._destroyed else ''}>")
+        return (f"<rdma_cm CmId {self.transport or '-'} {self.state.value} {self.local_addr}"
+                f" -> {self.peer_addr}>")
+
+    @property
+    def _destroyed(self) -> bool:
+        return self.state is CmState.DESTROYING
+
+    @property
+    def _disconnected(self) -> bool:
+        """DISCONNECTED was reported (read by softrdma.compat.pyverbs)."""
+        return self.state is CmState.DISCONNECT
+
+    def _move(self, to: CmState, frm: frozenset[CmState] = BEFORE_CONNECT) -> None:
+        """Enter ``to`` if the id is in one of ``frm`` (a call made in another state
+        leaves it; the calls check what they need themselves)."""
+        if self.state in frm:
+            self.state = to
 
     # ---- plumbing ----------------------------------------------------------------------
     def _post(self, kind: RdmaCmEventType, **kw: Any) -> None:
@@ -263,9 +280,9 @@ class CmId:
         self.device = dev
         self.verbs = dev.ctx
         self.transport = dev.entry.transport
+        self._cm = transport_of(dev)
         dev.ids.add(self)
-        if self.transport == "iwarp" and self.ps == RDMA_PS_UDP:
-            raise InvalidArgument("ps", "iWARP has no UD service: RDMA_PS_UDP needs RoCE")
+        self._cm.check_ps(self.ps)
 
     def set_option(self, level: int, optname: int, value: int) -> None:
         """``rdma_set_option`` on ``RDMA_OPTION_ID``: ``RDMA_OPTION_ID_TOS`` (the traffic
@@ -339,7 +356,7 @@ class CmId:
         if not ip.is_unspecified:
             entry, _ = find_device(ip, None, device)
             self._attach(open_device(entry))
-        self._bound = True
+        self._move(CmState.ADDR_BOUND, frozenset({CmState.IDLE, CmState.ADDR_BOUND}))
         self._bind_port = 0 if port else _ephemeral()
         self.local_addr = (str(ip), port or self._bind_port)
 
@@ -357,8 +374,11 @@ class CmId:
         sport = self._src_port
         if src is not None:
             sip, sport = _parse(src, "src")
-        elif self._bound and self._src is not None and not self._src.is_unspecified:
+        elif (self.state is CmState.ADDR_BOUND and self._src is not None
+              and not self._src.is_unspecified):
             sip = self._src
+        before = self.state
+        self._move(CmState.ADDR_QUERY)
         try:
             entry, sip = find_device(sip, dip, prefer)
             if sip.version != dip.version:
@@ -366,23 +386,25 @@ class CmId:
                                              "destination")
             self._attach(open_device(entry))
         except SoftRdmaError as exc:
+            self._move(before, frozenset({CmState.ADDR_QUERY}))
             self._post(T.ADDR_ERROR, status=-(exc.errno or errno.EADDRNOTAVAIL),
                        reject=RejectInfo(None, str(exc)))
             return
+        assert self._cm is not None
         self._src, self._dst, self._dst_port = sip, dip, dport
-        if self.transport == "roce" and not sport:
-            sport = _ephemeral()
+        sport = self._cm.source_port(sport)
         self._src_port = sport
         self.local_addr = (str(sip), sport)
         self.peer_addr = (str(dip), dport)
-        self._addr_ok = True
+        self._move(CmState.ADDR_RESOLVED)
         self._post(T.ADDR_RESOLVED)
 
     def resolve_route(self, timeout_ms: int = 2000) -> None:
         """``rdma_resolve_route``: RoCE v2 and TCP need no path query; ROUTE_RESOLVED."""
         self._check()
-        if not self._addr_ok:
+        if self.state not in ADDRESS_KNOWN:
             raise StateError("resolve_route before the address is resolved")
+        self._move(CmState.ROUTE_RESOLVED)
         self._post(T.ROUTE_RESOLVED)
 
     # ---- QPs ---------------------------------------------------------------------------
@@ -430,32 +452,14 @@ class CmId:
         (UD: ESTABLISHED with ``event.ud``)."""
         self._check()
         p = param if param is not None else ConnParam()
-        if not self._addr_ok or self.device is None:
+        if self.state not in ADDRESS_KNOWN or self.device is None or self._cm is None:
             raise StateError("connect before resolve_addr/resolve_route")
         qp = self._conn_qp(p, "connect")
-        if self._ib is not None or self._iw_conn is not None:
+        if self._cm.busy(self):
             raise StateError("the id is already connecting or connected")
         assert self._src is not None and self._dst is not None
-        if self.transport == "iwarp":
-            self._iw_connect(p)
-            return
-        binding = self.device.binding
-        assert binding is not None
-        ib = binding.agent.create_id(self._on_ib)
-        ib.local_ack_timeout = self._ack_timeout
-        self._ib = ib
-        client = IpCmClient(ib, handler=self._on_ib)
-        if self.ps == RDMA_PS_UDP:
-            self._sidr = True
-            client.resolve(self._src, self._dst, self._dst_port, src_port=self._src_port,
-                           private_data=bytes(p.private_data))
-            return
-        client.connect(qp, self._src, self._dst, self._dst_port, src_port=self._src_port,
-                       proto=IPPROTO_TCP, private_data=bytes(p.private_data),
-                       responder_resources=p.responder_resources,
-                       initiator_depth=p.initiator_depth, retry_count=p.retry_count,
-                       rnr_retry_count=p.rnr_retry_count, flow_control=bool(p.flow_control),
-                       auto_rtu=not isinstance(qp, UserQp), traffic_class=self._tos)
+        self._move(CmState.CONNECT)
+        self._cm.connect(self, p, qp)
 
     def _conn_qp(self, p: ConnParam, what: str) -> Any:
         """The id's QP, or (no QP, ``p.qp_num`` set) the application's own QP of that
@@ -464,9 +468,8 @@ class CmId:
             return self.qp
         if not p.qp_num:
             raise StateError(f"{what} needs the QP of create_qp or ConnParam.qp_num")
-        if self.transport == "iwarp":
-            raise InvalidArgument("qp_num", "an application-moved QP needs the IB CM "
-                                            "(RoCE); on iWARP use create_qp")
+        if self._cm is not None:
+            self._cm.check_user_qp()
         return UserQp(p.qp_num, srq=bool(p.srq))
 
     def establish(self) -> None:
@@ -492,50 +495,14 @@ class CmId:
             got["timeout"] = self._ack_timeout
         return qp_attr_of(self.verbs, got)
 
-    def _iw_connect(self, p: ConnParam) -> None:
-        cfg = MpaConfig(ird=p.responder_resources, ord=p.initiator_depth)
-        host, port, qp, pd = str(self._dst), self._dst_port, self.qp, bytes(p.private_data)
-        self._iw_conn = _CONNECTING
-
-        def run() -> None:
-            try:
-                conn = iw.connect(qp, host, port, pd, cfg=cfg, timeout=options.iwarp_timeout)
-            except iw.ConnectionRejected as exc:
-                self._iw_conn = None
-                self._post(T.REJECTED, status=-errno.ECONNREFUSED,
-                           private_data=exc.private_data,
-                           reject=RejectInfo(None, "rejected by the remote consumer "
-                                                   "(MPA Reply with R set, ECONNREFUSED)"))
-                return
-            except SoftRdmaError as exc:
-                self._iw_conn = None
-                code = exc.errno or errno.ECONNABORTED
-                info = RejectInfo(None, str(exc))
-                if code == errno.ECONNREFUSED:
-                    self._post(T.REJECTED, status=-code, reject=info)
-                elif code == errno.ETIMEDOUT:
-                    self._post(T.UNREACHABLE, status=-code, reject=info)
-                else:
-                    self._post(T.CONNECT_ERROR, status=-code, reject=info)
-                return
-            self._iw_conn = conn
-            if conn.local_addr:
-                self.local_addr = (str(conn.local_addr[0]), int(conn.local_addr[1]))
-            self._post(T.ESTABLISHED, private_data=conn.private_data,
-                       param=ConnParam(conn.private_data, conn.negotiated.ird,
-                                       conn.negotiated.ord))
-            _watch(self)
-
-        _connect_workers.submit(run)
-
     # ---- passive side ------------------------------------------------------------------
     def listen(self, backlog: int = 1024) -> None:
         """``rdma_listen`` on the bound address (CONNECT_REQUEST events follow)."""
         self._check()
-        if not self._bound or self._src is None:
-            raise StateError("listen before bind_addr")
-        if self._listens:
+        if self.state is CmState.LISTEN:
             raise StateError("the id already listens")
+        if self.state is not CmState.ADDR_BOUND or self._src is None:
+            raise StateError("listen before bind_addr")
         if backlog <= 0:
             backlog = 1024
         ip = self._src
@@ -546,84 +513,29 @@ class CmId:
         else:
             assert self.device is not None
             devs = [self.device]
-        if self.ps == RDMA_PS_UDP and any(d.entry.transport == "iwarp" for d in devs):
-            raise InvalidArgument("ps", "iWARP has no UD service: RDMA_PS_UDP needs RoCE")
+        for dev in devs:
+            transport_of(dev).check_ps(self.ps)
         port = self._src_port
-        devs.sort(key=lambda d: d.entry.transport != "iwarp")  # TCP picks port 0 first
+        devs.sort(key=lambda d: transport_of(d).listen_rank)  # TCP picks port 0 first
         try:
             for dev in devs:
-                port = self._listen_on(dev, ip, port, backlog)
+                cm = transport_of(dev)
+                handle, port = cm.listen_on(self, dev, ip, port, backlog)
+                self._listens.append((dev, cm, handle))
+                dev.ids.add(self)
         except BaseException:
             self._stop_listening()
             raise
         self._src_port = port
         self.local_addr = (str(ip), port)
-
-    def _listen_on(self, dev: OpenDevice, ip: IpAddress, port: int, backlog: int) -> int:
-        if dev.entry.transport == "iwarp":
-            host = str(ip) if not ip.is_unspecified else ("::" if ip.version == 6 else "0.0.0.0")
-            tcp = None
-            if not port and self._bind_port:
-                try:
-                    tcp = iw.Listener(dev.ctx, self._bind_port, host,
-                                      backlog=min(backlog, 4096))
-                except (OSError, SoftRdmaError):
-                    tcp = None  # taken meanwhile: TCP picks another
-            if tcp is None:
-                tcp = iw.Listener(dev.ctx, port, host, backlog=min(backlog, 4096))
-            self._listens.append((dev, tcp))
-            dev.ids.add(self)
-            threading.Thread(target=self._iw_accept_loop, args=(dev, tcp),
-                             name="rdma_cm-iw-listen", daemon=True).start()
-            return tcp.port
-        binding = dev.binding
-        assert binding is not None
-        bind = None if ip.is_unspecified else ip
-        tries = 1 if port else 32
-        for i in range(tries):
-            p = port or (self._bind_port if i == 0 and self._bind_port else _ephemeral())
-            lst = binding.agent.create_id(lock_free(partial(self._on_ib_listen, dev)))
-            try:
-                ip_listen(lst, p, proto=_PROTO[self.ps], bind=bind, backlog=backlog)
-            except StateError:
-                if port:
-                    raise StateError(f"port {port} is in use on {dev.entry.name}",
-                                     errno=errno.EADDRINUSE) from None
-                continue
-            self._listens.append((dev, lst))
-            dev.ids.add(self)
-            return p
-        raise StateError(f"no free port on {dev.entry.name}", errno=errno.EADDRINUSE)
-
-    def _iw_accept_loop(self, dev: OpenDevice, lst: Any) -> None:
-        while not self._destroyed:
-            try:
-                req = lst.get_request(timeout=0.25)
-            except iw.ConnectError as exc:
-                if exc.errno == errno.ETIMEDOUT:
-                    continue
-                return  # the listener is closed
-            if self._destroyed:
-                req.reject(b"")
-                return
-            child = self._child(dev)
-            child._iw_req = req
-            peer, local = req.peer_addr, req.local_addr
-            child.peer_addr = (str(peer[0]), int(peer[1]))
-            child.local_addr = (str(local[0]), int(local[1]))
-            v2 = getattr(req.request, "v2", None)
-            ird = int(getattr(v2, "ird", 1)) if v2 is not None else 1
-            ord_ = int(getattr(v2, "ord", 1)) if v2 is not None else 1
-            if not self._destroyed:
-                self.channel.post(RdmaCmEvent(T.CONNECT_REQUEST, child, self, 0,
-                                               req.private_data,
-                                               ConnParam(req.private_data, ird, ord_)))
+        self.state = CmState.LISTEN
 
     def _child(self, dev: OpenDevice) -> CmId:
+        """A CONNECT_REQUEST's new id: on the listener's channel, in CONNECT."""
         child = CmId(self.channel, self.ps, self.context)
         child._attach(dev)
         child._prefer = self._prefer
-        child._addr_ok = True
+        child.state = CmState.CONNECT
         return child
 
     def accept(self, param: ConnParam | None = None) -> None:
@@ -633,86 +545,47 @@ class CmId:
         self._check()
         p = param if param is not None else ConnParam()
         qp = self._conn_qp(p, "accept")
-        if self._iw_req is not None:
-            req, self._iw_req = self._iw_req, None
-            cfg = MpaConfig(ird=p.responder_resources, ord=p.initiator_depth)
-            conn = req.accept(self.qp, bytes(p.private_data), cfg=cfg)
-            self._iw_conn = conn
-            self._post(T.ESTABLISHED, param=ConnParam(b"", conn.negotiated.ird,
-                                                      conn.negotiated.ord))
-            _watch(self)
-            return
-        if self._ib is None:
+        if self._cm is None or not self._cm.has_request(self):
             raise StateError("accept on an id without a connection request")
-        qkey = p.qkey if p.qkey is not None else (RDMA_UDP_QKEY if self._sidr else None)
-        if self._ack_timeout is not None:
-            self._ib.local_ack_timeout = self._ack_timeout
-        self._ib.accept(qp, AcceptParams(
-            private_data=bytes(p.private_data), responder_resources=p.responder_resources,
-            initiator_depth=p.initiator_depth, rnr_retry_count=p.rnr_retry_count,
-            flow_control=bool(p.flow_control), qkey=qkey))
+        self._cm.accept(self, p, qp)
 
     def reject(self, private_data: bytes = b"") -> None:
         """``rdma_reject``: REJ reason 28 (RoCE; SIDR_REP status 2 for UD) or an MPA Reply
         with R set (iWARP), carrying ``private_data``."""
         self._check()
-        if self._iw_req is not None:
-            req, self._iw_req = self._iw_req, None
-            req.reject(bytes(private_data))
-            return
-        if self._ib is None:
+        if self._cm is None or not self._cm.has_request(self):
             raise StateError("reject on an id without a connection request")
-        self._ib.reject(bytes(private_data))
+        self._cm.reject(self, bytes(private_data))
 
     # ---- release -----------------------------------------------------------------------
     def disconnect(self) -> None:
         """``rdma_disconnect``: DREQ (RoCE) or FIN (iWARP); the QP goes to ERR and both
         sides get DISCONNECTED."""
         self._check()
-        conn = self._iw_conn
-        if conn is not None and conn is not _CONNECTING:
-            conn.disconnect()
-            self.disconnected_event()
-            return
-        if self._ib is None:
+        if self._cm is None or not self._cm.connected(self):
             raise StateError("disconnect on an id that is not connected")
-        self._ib.disconnect()
+        self._cm.disconnect(self)
 
     def disconnected_event(self) -> None:
         """Queue DISCONNECTED once (our disconnect, the peer's, or the iWARP stream
         closing, seen by :mod:`.rdma_iwwatch`)."""
         with self._lock:
-            if self._disconnected:
+            if self.state in (CmState.DISCONNECT, CmState.DESTROYING):
                 return
-            self._disconnected = True
+            self.state = CmState.DISCONNECT
         self._post(T.DISCONNECTED)
 
     def destroy(self) -> None:
         """``rdma_destroy_id``: stop listening, release what the id holds (a connection
         still up is disconnected), no more events. The QP is the caller's
         (:meth:`destroy_qp`)."""
-        if self._destroyed:
-            return
-        self._destroyed = True
+        with self._lock:
+            if self.state is CmState.DESTROYING:
+                return
+            self.state = CmState.DESTROYING
         self._stop_listening()
-        ib, self._ib = self._ib, None
-        if ib is not None:
-            try:
-                ib.destroy()
-            except SoftRdmaError:
-                pass
-        req, self._iw_req = self._iw_req, None
-        if req is not None:
-            try:
-                req.reject(b"")
-            except SoftRdmaError:
-                pass
-        conn = self._iw_conn
-        if conn is not None and conn is not _CONNECTING:
-            try:
-                conn.disconnect()
-            except SoftRdmaError:
-                pass
+        if self._cm is not None:
+            self._cm.release(self)
         _unwatch(self)
         if self.device is not None:
             self.device.ids.discard(self)
@@ -721,12 +594,9 @@ class CmId:
 
     def _stop_listening(self) -> None:
         listens, self._listens = self._listens, []
-        for dev, lst in listens:
+        for dev, cm, handle in listens:
             try:
-                if isinstance(lst, IbCmId):
-                    lst.destroy()
-                else:
-                    lst.close()
+                cm.stop_listening(handle)
             except SoftRdmaError:
                 pass
             if dev is not self.device:
@@ -734,6 +604,9 @@ class CmId:
 
     def device_removed(self) -> None:
         """Queue DEVICE_REMOVAL (:mod:`.rdma_devices`: the id's device went away)."""
+        with self._lock:
+            if self.state is not CmState.DESTROYING:
+                self.state = CmState.DEVICE_REMOVAL
         self._post(T.DEVICE_REMOVAL)
 
     # ---- RoCE: IB CM events, mapped to rdma_cm events on the channel ------------------
@@ -746,7 +619,6 @@ class CmId:
         child = self._child(dev)
         child._ib = ev.cm_id
         ev.cm_id.handler = child._on_ib
-        child._sidr = ev.sidr
         if ev.local_ip is not None:
             child.local_addr = (str(ev.local_ip), int(ev.local_port or 0))
         if ev.remote_ip is not None:
@@ -768,7 +640,7 @@ class CmId:
             if self._established_by_app:
                 return  # rdma_establish reports nothing (librdmacm)
             ud = None
-            if self._sidr and ev.ud_qpn is not None:
+            if self.ps == RDMA_PS_UDP and ev.ud_qpn is not None:
                 ud = UdParam(ev.ud_qpn, ev.ud_qkey or RDMA_UDP_QKEY, self._ah_attr(),
                              ev.private_data)
             self._post(T.ESTABLISHED, private_data=ev.private_data, ud=ud, info=dict(ev.info))
@@ -800,3 +672,287 @@ class CmId:
         return AHAttr(gr=GlobalRoute(dgid=ip_to_gid(self._dst.packed), sgid_index=idx,
                                      hop_limit=64, traffic_class=self._tos),
                       is_global=1, port_num=1)
+
+
+# ---- the connection manager of each transport, chosen once per id ---------------------
+class _Transport:
+    """What :class:`CmId` asks of a transport's connection manager (Linux cma.c calls
+    ``ib_cm`` or ``iw_cm`` after ``rdma_cap_ib_cm`` / ``rdma_cap_iw_cm``). The id keeps the
+    state; these only act on it."""
+
+    #: listening on a wildcard address: lower ranks pick port 0 first
+    listen_rank = 1
+
+    def check_ps(self, ps: int) -> None:
+        """Refuse a port space this transport has no service for."""
+
+    def source_port(self, port: int) -> int:
+        """The source port of a resolved address given ``port`` (0: not chosen)."""
+        return port
+
+    def check_user_qp(self) -> None:
+        """Refuse an application-moved QP (``ConnParam.qp_num``) if unsupported."""
+
+    def listen_on(self, cid: CmId, dev: OpenDevice, ip: IpAddress, port: int,
+                  backlog: int) -> tuple[Any, int]:
+        """Listen on ``dev``: ``(handle for stop_listening, the port)``."""
+        raise NotImplementedError
+
+    def stop_listening(self, handle: Any) -> None:
+        raise NotImplementedError
+
+    def busy(self, cid: CmId) -> bool:
+        """``cid`` is connecting or connected (a second connect is refused)."""
+        raise NotImplementedError
+
+    def has_request(self, cid: CmId) -> bool:
+        """``cid`` holds a connection request to accept or reject."""
+        raise NotImplementedError
+
+    def connected(self, cid: CmId) -> bool:
+        """``cid`` has a connection to disconnect."""
+        raise NotImplementedError
+
+    def connect(self, cid: CmId, p: ConnParam, qp: Any) -> None:
+        raise NotImplementedError
+
+    def accept(self, cid: CmId, p: ConnParam, qp: Any) -> None:
+        raise NotImplementedError
+
+    def reject(self, cid: CmId, private_data: bytes) -> None:
+        raise NotImplementedError
+
+    def disconnect(self, cid: CmId) -> None:
+        raise NotImplementedError
+
+    def release(self, cid: CmId) -> None:
+        """On destroy: let go of the connection or request the id holds."""
+        raise NotImplementedError
+
+
+class _IbCm(_Transport):
+    """RoCE: the IB CM (:mod:`softrdma.ibcm`) with the A11 IP CM Service; SIDR for UD."""
+
+    def source_port(self, port: int) -> int:
+        return port or _ephemeral()
+
+    def listen_on(self, cid: CmId, dev: OpenDevice, ip: IpAddress, port: int,
+                  backlog: int) -> tuple[Any, int]:
+        binding = dev.binding
+        assert binding is not None
+        bind = None if ip.is_unspecified else ip
+        tries = 1 if port else 32
+        for i in range(tries):
+            p = port or (cid._bind_port if i == 0 and cid._bind_port else _ephemeral())
+            lst = binding.agent.create_id(lock_free(partial(cid._on_ib_listen, dev)))
+            try:
+                ip_listen(lst, p, proto=_PROTO[cid.ps], bind=bind, backlog=backlog)
+            except StateError:
+                if port:
+                    raise StateError(f"port {port} is in use on {dev.entry.name}",
+                                     errno=errno.EADDRINUSE) from None
+                continue
+            return lst, p
+        raise StateError(f"no free port on {dev.entry.name}", errno=errno.EADDRINUSE)
+
+    def stop_listening(self, handle: Any) -> None:
+        handle.destroy()
+
+    def busy(self, cid: CmId) -> bool:
+        return cid._ib is not None
+
+    def has_request(self, cid: CmId) -> bool:
+        return cid._ib is not None
+
+    def connected(self, cid: CmId) -> bool:
+        return cid._ib is not None
+
+    def connect(self, cid: CmId, p: ConnParam, qp: Any) -> None:
+        assert cid.device is not None and cid._src is not None and cid._dst is not None
+        binding = cid.device.binding
+        assert binding is not None
+        ib = binding.agent.create_id(cid._on_ib)
+        ib.local_ack_timeout = cid._ack_timeout
+        cid._ib = ib
+        client = IpCmClient(ib, handler=cid._on_ib)
+        if cid.ps == RDMA_PS_UDP:
+            client.resolve(cid._src, cid._dst, cid._dst_port, src_port=cid._src_port,
+                           private_data=bytes(p.private_data))
+            return
+        client.connect(qp, cid._src, cid._dst, cid._dst_port, src_port=cid._src_port,
+                       proto=IPPROTO_TCP, private_data=bytes(p.private_data),
+                       responder_resources=p.responder_resources,
+                       initiator_depth=p.initiator_depth, retry_count=p.retry_count,
+                       rnr_retry_count=p.rnr_retry_count, flow_control=bool(p.flow_control),
+                       auto_rtu=not isinstance(qp, UserQp), traffic_class=cid._tos)
+
+    def accept(self, cid: CmId, p: ConnParam, qp: Any) -> None:
+        assert cid._ib is not None
+        sidr = cid.ps == RDMA_PS_UDP
+        qkey = p.qkey if p.qkey is not None else (RDMA_UDP_QKEY if sidr else None)
+        if cid._ack_timeout is not None:
+            cid._ib.local_ack_timeout = cid._ack_timeout
+        cid._ib.accept(qp, AcceptParams(
+            private_data=bytes(p.private_data), responder_resources=p.responder_resources,
+            initiator_depth=p.initiator_depth, rnr_retry_count=p.rnr_retry_count,
+            flow_control=bool(p.flow_control), qkey=qkey))
+
+    def reject(self, cid: CmId, private_data: bytes) -> None:
+        assert cid._ib is not None
+        cid._ib.reject(private_data)
+
+    def disconnect(self, cid: CmId) -> None:
+        assert cid._ib is not None
+        cid._ib.disconnect()
+
+    def release(self, cid: CmId) -> None:
+        ib, cid._ib = cid._ib, None
+        if ib is not None:
+            try:
+                ib.destroy()
+            except SoftRdmaError:
+                pass
+
+
+class _IwCm(_Transport):
+    """iWARP: TCP and the MPA Request/Reply (:mod:`softrdma.drivers.iwconnect`)."""
+
+    listen_rank = 0
+
+    def check_ps(self, ps: int) -> None:
+        if ps == RDMA_PS_UDP:
+            raise InvalidArgument("ps", "iWARP has no UD service: RDMA_PS_UDP needs RoCE")
+
+    def check_user_qp(self) -> None:
+        raise InvalidArgument("qp_num", "an application-moved QP needs the IB CM "
+                                        "(RoCE); on iWARP use create_qp")
+
+    def listen_on(self, cid: CmId, dev: OpenDevice, ip: IpAddress, port: int,
+                  backlog: int) -> tuple[Any, int]:
+        host = str(ip) if not ip.is_unspecified else ("::" if ip.version == 6 else "0.0.0.0")
+        tcp = None
+        if not port and cid._bind_port:
+            try:
+                tcp = iw.Listener(dev.ctx, cid._bind_port, host, backlog=min(backlog, 4096))
+            except (OSError, SoftRdmaError):
+                tcp = None  # taken meanwhile: TCP picks another
+        if tcp is None:
+            tcp = iw.Listener(dev.ctx, port, host, backlog=min(backlog, 4096))
+        threading.Thread(target=self._accept_loop, args=(cid, dev, tcp),
+                         name="rdma_cm-iw-listen", daemon=True).start()
+        return tcp, tcp.port
+
+    @staticmethod
+    def _accept_loop(cid: CmId, dev: OpenDevice, lst: Any) -> None:
+        """The listener's thread: each MPA Request becomes a CONNECT_REQUEST."""
+        while not cid._destroyed:
+            try:  # woken by a completed MPA Request, or by close() on destroy
+                req = lst.get_request(timeout=None)
+            except iw.ConnectError as exc:
+                if exc.errno == errno.ETIMEDOUT:
+                    continue
+                return  # the listener is closed
+            if cid._destroyed:
+                req.reject(b"")
+                return
+            child = cid._child(dev)
+            child._iw_req = req
+            peer, local = req.peer_addr, req.local_addr
+            child.peer_addr = (str(peer[0]), int(peer[1]))
+            child.local_addr = (str(local[0]), int(local[1]))
+            v2 = getattr(req.request, "v2", None)
+            ird = int(getattr(v2, "ird", 1)) if v2 is not None else 1
+            ord_ = int(getattr(v2, "ord", 1)) if v2 is not None else 1
+            if not cid._destroyed:
+                cid.channel.post(RdmaCmEvent(T.CONNECT_REQUEST, child, cid, 0,
+                                             req.private_data,
+                                             ConnParam(req.private_data, ird, ord_)))
+
+    def stop_listening(self, handle: Any) -> None:
+        handle.close()
+
+    def busy(self, cid: CmId) -> bool:
+        return cid._iw_conn is not None
+
+    def has_request(self, cid: CmId) -> bool:
+        return cid._iw_req is not None
+
+    def connected(self, cid: CmId) -> bool:
+        conn = cid._iw_conn
+        return conn is not None and conn is not _CONNECTING
+
+    def connect(self, cid: CmId, p: ConnParam, qp: Any) -> None:
+        cfg = MpaConfig(ird=p.responder_resources, ord=p.initiator_depth)
+        host, port, pd = str(cid._dst), cid._dst_port, bytes(p.private_data)
+        cid._iw_conn = _CONNECTING
+
+        def run() -> None:
+            try:
+                conn = iw.connect(qp, host, port, pd, cfg=cfg, timeout=options.iwarp_timeout)
+            except iw.ConnectionRejected as exc:
+                cid._iw_conn = None
+                cid._post(T.REJECTED, status=-errno.ECONNREFUSED,
+                          private_data=exc.private_data,
+                          reject=RejectInfo(None, "rejected by the remote consumer "
+                                                  "(MPA Reply with R set, ECONNREFUSED)"))
+                return
+            except SoftRdmaError as exc:
+                cid._iw_conn = None
+                code = exc.errno or errno.ECONNABORTED
+                info = RejectInfo(None, str(exc))
+                if code == errno.ECONNREFUSED:
+                    cid._post(T.REJECTED, status=-code, reject=info)
+                elif code == errno.ETIMEDOUT:
+                    cid._post(T.UNREACHABLE, status=-code, reject=info)
+                else:
+                    cid._post(T.CONNECT_ERROR, status=-code, reject=info)
+                return
+            cid._iw_conn = conn
+            if conn.local_addr:
+                cid.local_addr = (str(conn.local_addr[0]), int(conn.local_addr[1]))
+            cid._post(T.ESTABLISHED, private_data=conn.private_data,
+                      param=ConnParam(conn.private_data, conn.negotiated.ird,
+                                      conn.negotiated.ord))
+            _watch(cid)
+
+        _connect_workers.submit(run)
+
+    def accept(self, cid: CmId, p: ConnParam, qp: Any) -> None:
+        req, cid._iw_req = cid._iw_req, None
+        cfg = MpaConfig(ird=p.responder_resources, ord=p.initiator_depth)
+        conn = req.accept(cid.qp, bytes(p.private_data), cfg=cfg)
+        cid._iw_conn = conn
+        cid._post(T.ESTABLISHED, param=ConnParam(b"", conn.negotiated.ird,
+                                                 conn.negotiated.ord))
+        _watch(cid)
+
+    def reject(self, cid: CmId, private_data: bytes) -> None:
+        req, cid._iw_req = cid._iw_req, None
+        req.reject(private_data)
+
+    def disconnect(self, cid: CmId) -> None:
+        cid._iw_conn.disconnect()
+        cid.disconnected_event()
+
+    def release(self, cid: CmId) -> None:
+        req, cid._iw_req = cid._iw_req, None
+        if req is not None:
+            try:
+                req.reject(b"")
+            except SoftRdmaError:
+                pass
+        conn = cid._iw_conn
+        if conn is not None and conn is not _CONNECTING:
+            try:
+                conn.disconnect()
+            except SoftRdmaError:
+                pass
+
+
+_IB_CM = _IbCm()
+_IW_CM = _IwCm()
+
+
+def transport_of(dev: OpenDevice) -> _Transport:
+    """The connection manager of ``dev``'s transport."""
+    return _IW_CM if dev.entry.transport == "iwarp" else _IB_CM

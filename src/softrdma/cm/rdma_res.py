@@ -17,6 +17,7 @@ from typing import Any
 from ..drivers.resources import add_cm_id_source, object_number
 from ..seam.states import QPT_RC, QPT_UC, QPT_UD
 from . import rdma_devices
+from .rdma_state import CmState
 
 __all__ = ["cm_id_state", "port_cm_ids"]
 
@@ -25,22 +26,12 @@ _QP_TYPES = {QPT_RC: "RC", QPT_UC: "UC", QPT_UD: "UD"}
 
 
 def cm_id_state(cid: Any) -> str:
-    """The id's state as the kernel's rdma_cm names it (``cm_id_state_to_str``): a
-    listener is LISTEN, an id with a connection under way or up is CONNECT (the kernel
-    keeps established ids there), one whose connection ended DISCONNECT."""
-    if getattr(cid, "_destroyed", False):
-        return "DESTROYING"
-    if getattr(cid, "_listens", None):
-        return "LISTEN"
-    if getattr(cid, "_disconnected", False):
-        return "DISCONNECT"
-    if any(getattr(cid, a, None) is not None for a in ("_ib", "_iw_conn", "_iw_req")):
-        return "CONNECT"
-    if getattr(cid, "_addr_ok", False):
-        return "ADDR_RESOLVED"
-    if getattr(cid, "_bound", False):
-        return "ADDR_BOUND"
-    return "IDLE"
+    """The id's state as the kernel's rdma_cm names it (``cm_id_state_to_str``): the
+    id's :class:`~.rdma_state.CmState` (a listener is LISTEN, an id with a connection
+    under way or up CONNECT, as the kernel keeps established ids there, one whose
+    connection ended DISCONNECT)."""
+    state = getattr(cid, "state", None)
+    return state.value if isinstance(state, CmState) else "IDLE"
 
 
 def _snapshot(items: Any) -> list[Any]:
@@ -60,7 +51,7 @@ def port_cm_ids(port: object) -> list[dict[str, Any]]:
         if getattr(dev.ctx, "port", None) is not port:
             continue
         for cid in _snapshot(dev.ids):
-            if getattr(cid, "_destroyed", False):
+            if cm_id_state(cid) == "DESTROYING":
                 continue
             rows.append(_row(cid))
     rows.sort(key=lambda r: int(r["cm-idn"]))

@@ -46,7 +46,6 @@ __all__ = ["connect", "listen", "Listener", "ConnRequest", "Connection", "Connec
 DEFAULT_TIMEOUT = 10.0
 MPA_REQUEST_TIMEOUT = 10.0  # s a new connection has to send its MPA Request (siw MPAREQ_TIMEOUT)
 MAX_PENDING = 1024  # connections negotiating MPA at once per listener; beyond: oldest closed
-_IDLE_WAIT = 1.0  # s a get_request waits at most between looks when nothing is pending
 _MIN_WAIT = 0.001  # s: an MPA timer just due is looked at again after this
 
 
@@ -329,10 +328,14 @@ class Listener:
                 left = None if deadline is None else deadline - now
                 if left is not None and left <= 0:
                     raise ConnectError("no connection request", errno=errno.ETIMEDOUT)
-                # wake for the earliest MPA timer of a pending connection too
-                wait = min((p.deadline for p in self._pending), default=now + _IDLE_WAIT) - now
-                if left is not None:
-                    wait = min(wait, left)
+                # wake for the earliest MPA timer of a pending connection too; with none
+                # and no deadline, only a round of I/O or close() wakes this (no polling)
+                first = min((p.deadline for p in self._pending), default=None)
+                if first is None and left is None:
+                    runtime.wait_changed(None)
+                    continue
+                wait = min(w for w in (None if first is None else first - now, left)
+                           if w is not None)
                 runtime.wait_changed(max(wait, 0.0) or _MIN_WAIT)
 
     def _on_ready(self) -> None:

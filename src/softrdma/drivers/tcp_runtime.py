@@ -236,16 +236,16 @@ class TcpRuntime:
             self._published = values
             publish(name, values)
 
-    def wait_changed(self, timeout: float) -> None:
-        """Under the lock: wait up to ``timeout`` s for the next round of I/O (the lock is
-        released meanwhile). In manual mode nothing else makes progress, so this makes
-        it (waiting for the sockets)."""
-        if timeout <= 0:
+    def wait_changed(self, timeout: float | None) -> None:
+        """Under the lock: wait up to ``timeout`` s (None: no limit) for the next round of
+        I/O (the lock is released meanwhile). In manual mode nothing else makes progress,
+        so this makes it (waiting for the sockets)."""
+        if timeout is not None and timeout <= 0:
             return
         if not self.threaded:
             self.lock.release()
             try:
-                self.progress(min(timeout, _MAX_IDLE_WAIT))
+                self.progress(_MAX_IDLE_WAIT if timeout is None else min(timeout, _MAX_IDLE_WAIT))
             finally:
                 self.lock.acquire()
             return

@@ -305,42 +305,10 @@ class CmAgent:
             else:
                 self.counters.unclaimed += 1
             return
-        if listener.pending >= listener.backlog and not self._evict_half_open(listener, now):
-            # The backlog (half-open connections: not yet accepted, or waiting for the
-            # RTU) is full: REJ "No resources available" (IBA 12.6.7 Table 109
-            # reason 3) frees the peer at once instead of holding it
-            # for its full REQ timeout. Linux drops such a REQ silently (ucma backlog
-            # exhausted: ENOMEM, cm_destroy_id does not reject) so that it is retried;
-            # we reject so that a flood of REQs cannot hold a listener for that long.
-            self.counters.backlog_drops += 1
-            self.reject_req(req, tid, src, dst, RejReason.NO_RESOURCES)
-            return
-        verdict: ReqVerdict | DialectReject
-        if listener.dialect is not None:
-            verdict = listener.dialect.check_req(listener, req.service_id,
-                                                 bytes(req.private_data), False)
-        else:
-            verdict = ReqVerdict(bytes(req.private_data))
-        if isinstance(verdict, DialectReject):
-            self.reject_req(req, tid, src, dst, verdict.reason, verdict.ari,
-                             verdict.private_data)
-            return
-        path = CmPath(dst, src, req.primary_hop_limit or 64, req.primary_traffic_class,
-                      req.primary_flow_label)
-        child = self.passive_id(listener, req.service_id, tid, req.local_comm_id, path,
-                                CmState.REQ_RCVD)
-        child.req = req
-        child.remote_guid = req.local_ca_guid
-        child.remote_qpn = req.local_qpn
-        child.local_id = self.new_comm_id(child)
-        self.by_remote[(child.remote_id, child.remote_guid)] = child
-        self.by_remote_qpn[(child.remote_qpn, src)] = child
-        self.emit(CmEvent(CmEventType.CONNECT_REQUEST, child, listener, verdict.private_data,
-                          remote_ip=verdict.remote_ip, remote_port=verdict.remote_port,
-                          local_ip=verdict.local_ip, local_port=verdict.local_port,
-                          info={"req": req, **verdict.info}))
+        # the table's (LISTEN, REQ) row: backlog, dialect, the new id in REQ_RCVD
+        listener.handle(Received(req, tid, src, dst), now)
 
-    def _evict_half_open(self, listener: IbCmId, now: float) -> bool:
+    def evict_half_open(self, listener: IbCmId, now: float) -> bool:
         """Make room in ``listener``'s full backlog: give up the oldest half-open
         connection (REP sent, no RTU) that has waited a whole response time already, as
         its retries running out would (REJ Timeout, UNREACHABLE; :mod:`.retry`). A peer

@@ -36,6 +36,7 @@ from .model import (
     Connect,
     Disconnect,
     Establish,
+    Listen,
     Reject,
     SendMra,
     SidrResolve,
@@ -133,28 +134,15 @@ class IbCmId:
                dialect: Dialect | None = None, now: float | None = None) -> None:
         """Listen for REQs/SIDR_REQs whose Service ID matches under ``mask``
         (``ib_cm_listen``). ``backlog`` bounds the unanswered CONNECT_REQUESTs."""
-        def run(t: float) -> None:
-            if self.state != CmState.IDLE:
-                raise StateError(f"listen in state {self.state.name}")
-            if not 0 <= service_id <= ALL_ONES_MASK:
-                raise InvalidArgument("service_id", "must be a 64-bit value")
-            for other in self.agent.listeners:
-                if other.service_id & other.mask == service_id & mask and other.mask == mask:
-                    raise StateError(f"Service ID {service_id:#018x} already has a listener")
-            self.service_id = service_id
-            self.mask = mask
-            self.backlog = self.agent.config.default_backlog if backlog is None else backlog
-            d = dialect
-            if d is None and is_ip_cm_service_id(service_id) and \
-                    mask & IP_CM_SERVICE_ID_MASK == IP_CM_SERVICE_ID_MASK:
-                # CA11-7: REQs to the A11 range are Table 1 formatted, whoever listens.
-                d = IpCmDialect()
-            if self.agent.on_listen is not None:  # devd: REQs for it come here
-                self.agent.on_listen(service_id, mask, True)
-            self.dialect = d
-            self.state = CmState.LISTEN
-            self.agent.listeners.append(self)
-        self.agent.api(run, now)
+        if not 0 <= service_id <= ALL_ONES_MASK:
+            raise InvalidArgument("service_id", "must be a 64-bit value")
+        d = dialect
+        if d is None and is_ip_cm_service_id(service_id) and \
+                mask & IP_CM_SERVICE_ID_MASK == IP_CM_SERVICE_ID_MASK:
+            # CA11-7: REQs to the A11 range are Table 1 formatted, whoever listens.
+            d = IpCmDialect()
+        size = self.agent.config.default_backlog if backlog is None else backlog
+        self.request(Listen(service_id, mask, size, d), now)  # the table's IDLE -> LISTEN
 
     def connect(self, qp: object, params: ConnParams, *, dialect: Dialect | None = None,
                 now: float | None = None) -> None:

@@ -1,7 +1,10 @@
 """Actions of connection establishment (IBA 12.9, Figures 149 and 150).
 
 The active side sends the REQ (IBA 12.6.5), takes the REP (12.6.8) and answers the RTU
-(12.6.9); the passive side answers a REQ with its REP and waits for the RTU or the QP's
+(12.6.9); a listener (IDLE -> LISTEN) takes a REQ by spawning a new id in REQ_RCVD (as
+Linux ``cm_req_handler``; the agent only finds the listener: duplicates, stale QPNs, the
+transport type and an unknown Service ID are answered before any id is involved); the
+passive side answers a REQ with its REP and waits for the RTU or the QP's
 communication-established event (12.9.7.3). Each function is an action of the table in
 :mod:`softrdma.ibcm.state`: it takes the id, the time and its typed input and returns the
 next state when its outcome decides it (None: the table's).
@@ -16,13 +19,30 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..errors import InvalidArgument, SoftRdmaError
+from ..errors import InvalidArgument, SoftRdmaError, StateError
 from ..wire import cm as wcm
 from ..wire.cm import MsgType, RejReason, TransportServiceType, time_code_s
 from . import qpctl
-from .events import CmEventType, RejectInfo
-from .model import AcceptConn, CmState, CommEst, Connect, Disconnect, Establish, Received
-from .params import AcceptParams, CmPath, ConnParams, check_pd, make_rej
+from .events import CmEvent, CmEventType, RejectInfo
+from .model import (
+    AcceptConn,
+    CmState,
+    CommEst,
+    Connect,
+    Disconnect,
+    Establish,
+    Listen,
+    Received,
+)
+from .params import (
+    AcceptParams,
+    CmPath,
+    ConnParams,
+    DialectReject,
+    ReqVerdict,
+    check_pd,
+    make_rej,
+)
 from .userqp import passive_psn, qp_info
 
 if TYPE_CHECKING:
@@ -282,3 +302,60 @@ def comm_est(cid: IbCmId, now: float, inp: CommEst) -> None:
     """REP_SENT/MRA_REP_RCVD -> ESTABLISHED: data arrived before the RTU (IBA 12.9.7.3)."""
     cid.cancel_timer()
     cid.emit(CmEventType.ESTABLISHED)
+
+
+# ---- the passive open: IBA Figure 150 (a listener and the REQs it takes)
+def start_listen(cid: IbCmId, now: float, inp: Listen) -> None:
+    """IDLE -> LISTEN (``ib_cm_listen``): one listener per Service ID and mask; devd is
+    told (its hook may refuse a Service ID another process listens on)."""
+    agent = cid.agent
+    for other in agent.listeners:
+        if other.service_id & other.mask == inp.service_id & inp.mask and other.mask == inp.mask:
+            raise StateError(f"Service ID {inp.service_id:#018x} already has a listener")
+    cid.service_id = inp.service_id
+    cid.mask = inp.mask
+    cid.backlog = inp.backlog
+    if agent.on_listen is not None:  # devd: REQs for it come here
+        agent.on_listen(inp.service_id, inp.mask, True)
+    cid.dialect = inp.dialect
+    agent.listeners.append(cid)
+
+
+def req_received(lst: IbCmId, now: float, inp: Received[wcm.Req]) -> None:
+    """LISTEN, a REQ for this listener: refused when the backlog of half-open connections
+    is full (REJ No resources, IBA 12.6.7 Table 109 reason 3) or by the listener's dialect,
+    else a new id in REQ_RCVD and CONNECT_REQUEST for the listener's consumer."""
+    agent, req = lst.agent, inp.msg
+    src, dst, tid = inp.src, inp.dst, inp.tid
+    if lst.pending >= lst.backlog and not agent.evict_half_open(lst, now):
+        # The backlog (half-open connections: not yet accepted, or waiting for the
+        # RTU) is full: REJ "No resources available" frees the peer at once instead of
+        # holding it for its full REQ timeout. Linux drops such a REQ silently (ucma
+        # backlog exhausted: ENOMEM, cm_destroy_id does not reject) so that it is
+        # retried; we reject so that a flood of REQs cannot hold a listener for that long.
+        agent.counters.backlog_drops += 1
+        agent.reject_req(req, tid, src, dst, RejReason.NO_RESOURCES)
+        return
+    verdict: ReqVerdict | DialectReject
+    if lst.dialect is not None:
+        verdict = lst.dialect.check_req(lst, req.service_id, bytes(req.private_data), False)
+    else:
+        verdict = ReqVerdict(bytes(req.private_data))
+    if isinstance(verdict, DialectReject):
+        agent.reject_req(req, tid, src, dst, verdict.reason, verdict.ari,
+                         verdict.private_data)
+        return
+    path = CmPath(dst, src, req.primary_hop_limit or 64, req.primary_traffic_class,
+                  req.primary_flow_label)
+    child = agent.passive_id(lst, req.service_id, tid, req.local_comm_id, path,
+                             CmState.REQ_RCVD)
+    child.req = req
+    child.remote_guid = req.local_ca_guid
+    child.remote_qpn = req.local_qpn
+    child.local_id = agent.new_comm_id(child)
+    agent.by_remote[(child.remote_id, child.remote_guid)] = child
+    agent.by_remote_qpn[(child.remote_qpn, src)] = child
+    agent.emit(CmEvent(CmEventType.CONNECT_REQUEST, child, lst, verdict.private_data,
+                       remote_ip=verdict.remote_ip, remote_port=verdict.remote_port,
+                       local_ip=verdict.local_ip, local_port=verdict.local_port,
+                       info={"req": req, **verdict.info}))

@@ -29,7 +29,8 @@ from .params import AcceptParams, ConnParams, Dialect, SidrParams
 
 __all__ = [
     "CmState", "PENDING_STATES", "CmInput", "ApiInput", "Connect", "AcceptConn", "Reject",
-    "Establish", "SendMra", "Disconnect", "SendDrep", "SidrResolve", "Received", "Timeout",
+    "Establish", "SendMra", "Disconnect", "SendDrep", "SidrResolve", "Listen", "Received",
+    "Timeout",
     "CommEst", "MsgT",
 ]
 
@@ -147,6 +148,18 @@ class SidrResolve(ApiInput):
 
     name: ClassVar[str] = "sidr_resolve"
     params: SidrParams
+    dialect: Dialect | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Listen(ApiInput):
+    """``ib_cm_listen``: wait for REQs and SIDR_REQs whose Service ID matches under
+    ``mask`` (IBA 12.9, Figure 150; 12.11.2); ``backlog`` bounds the half-open ones."""
+
+    name: ClassVar[str] = "listen"
+    service_id: int
+    mask: int
+    backlog: int
     dialect: Dialect | None = None
 
 

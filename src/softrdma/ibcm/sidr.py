@@ -71,13 +71,23 @@ def handle_sidr_req(agent: CmAgent, msg: wcm.SidrReq, tid: int, src: bytes, dst:
                               service_id=msg.service_id)
             _sidr_rep_mad(agent, dst, src, rep, tid, key)
         return
-    if listener.pending >= listener.backlog:
+    # the table's (LISTEN, SIDR_REQ) row: backlog, dialect, the new id in SIDR_REQ_RCVD
+    listener.handle(Received(msg, tid, src, dst), now)
+
+
+def sidr_req_received(lst: IbCmId, now: float, inp: Received[wcm.SidrReq]) -> None:
+    """LISTEN, a SIDR_REQ for this listener (IBA 12.11.2): dropped when the backlog is
+    full (the client retries), refused by the listener's dialect (SIDR_REP status 1 or
+    2), else a new id in SIDR_REQ_RCVD and CONNECT_REQUEST for the listener's consumer."""
+    agent, msg = lst.agent, inp.msg
+    src, dst, tid = inp.src, inp.dst, inp.tid
+    key = (msg.request_id, src)
+    if lst.pending >= lst.backlog:
         agent.counters.backlog_drops += 1
         return
     verdict: ReqVerdict | DialectReject
-    if listener.dialect is not None:
-        verdict = listener.dialect.check_req(listener, msg.service_id, bytes(msg.private_data),
-                                             True)
+    if lst.dialect is not None:
+        verdict = lst.dialect.check_req(lst, msg.service_id, bytes(msg.private_data), True)
     else:
         verdict = ReqVerdict(bytes(msg.private_data))
     if isinstance(verdict, DialectReject):
@@ -91,11 +101,11 @@ def handle_sidr_req(agent: CmAgent, msg: wcm.SidrReq, tid: int, src: bytes, dst:
                           private_data=verdict.private_data[:_rep_pd_max()])
         _sidr_rep_mad(agent, dst, src, rep, tid, key)
         return
-    child = agent.passive_id(listener, msg.service_id, tid, msg.request_id, CmPath(dst, src),
+    child = agent.passive_id(lst, msg.service_id, tid, msg.request_id, CmPath(dst, src),
                              CmState.SIDR_REQ_RCVD)
     child.sidr_key = key
     agent.sidr_server[key] = child
-    agent.emit(CmEvent(CmEventType.CONNECT_REQUEST, child, listener, verdict.private_data,
+    agent.emit(CmEvent(CmEventType.CONNECT_REQUEST, child, lst, verdict.private_data,
                        remote_ip=verdict.remote_ip, remote_port=verdict.remote_port,
                        local_ip=verdict.local_ip, local_port=verdict.local_port,
                        info={"sidr": True, "sidr_req": msg, **verdict.info}))

@@ -49,6 +49,7 @@ from .model import (
     Connect,
     Disconnect,
     Establish,
+    Listen,
     Received,
     Reject,
     SendDrep,
@@ -75,10 +76,12 @@ InputKind = type
 @dataclass(frozen=True, slots=True)
 class Row(Generic[InT]):
     """One transition: the action run on the input, and the state after it (unless the
-    action returns another)."""
+    action returns another); ``spawns``: the state of the new id the action may create
+    (a listener's REQ or SIDR_REQ, IBA Figures 150 and 153)."""
 
     action: Callable[[IbCmId, float, InT], CmState | None]
     next_state: CmState
+    spawns: CmState | None = None
 
 
 TRANSITIONS: dict[tuple[CmState, InputKind], Row[CmInput]] = {}
@@ -93,10 +96,10 @@ def _on(state: CmState, kind: type[InT], action: Callable[[IbCmId, float, InT], 
 
 def _on_msg(state: CmState, kind: type[MsgT],
             action: Callable[[IbCmId, float, Received[MsgT]], CmState | None],
-            nxt: CmState) -> None:
+            nxt: CmState, spawns: CmState | None = None) -> None:
     """Row for receiving a message of class ``kind``."""
     assert (state, kind) not in TRANSITIONS, (state, kind)
-    TRANSITIONS[(state, kind)] = cast("Row[CmInput]", Row(action, nxt))
+    TRANSITIONS[(state, kind)] = cast("Row[CmInput]", Row(action, nxt, spawns))
 
 
 def input_kind(inp: CmInput) -> InputKind:
@@ -172,6 +175,10 @@ _on(S.SIDR_REQ_SENT, Disconnect, sd.cancel, S.IDLE)
 _on(S.SIDR_REQ_RCVD, AcceptConn, sd.send_sidr_rep, S.IDLE)
 _on(S.SIDR_REQ_RCVD, Reject, sd.send_sidr_rej, S.IDLE)
 _on(S.SIDR_REQ_RCVD, Disconnect, sd.send_sidr_rej, S.IDLE)
-# ---- a listener
+# ---- a listener: the passive open, IBA Figure 150 (REQ) and 12.11.2 (SIDR_REQ); the
+# listener stays in LISTEN, each request it takes is a new id (Linux cm_req_handler)
+_on(S.IDLE, Listen, es.start_listen, S.LISTEN)
+_on_msg(S.LISTEN, wcm.Req, es.req_received, S.LISTEN, spawns=S.REQ_RCVD)
+_on_msg(S.LISTEN, wcm.SidrReq, sd.sidr_req_received, S.LISTEN, spawns=S.SIDR_REQ_RCVD)
 _on(S.LISTEN, Disconnect, rl.noop, S.IDLE)
 del S, _s
