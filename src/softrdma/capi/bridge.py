@@ -65,6 +65,8 @@ _ids = itertools.count(1)
 _lock = threading.Lock()
 _devices: list[DeviceInfo] = []
 _debug = bool(os.environ.get("SOFTRDMA_CAPI_DEBUG"))
+#: shim.c's SR_ACCESS_DM: the access flags of an ``ibv_reg_dm_mr`` (a zero length is allowed)
+SR_ACCESS_DM = 1 << 30
 #: how long a CQ's destruction waits for the engine lock (a finalizer may hold it) (s)
 _RELEASE_WAIT = 1.0
 
@@ -296,7 +298,9 @@ def _reg_mr(h: int, addr: Any, length: int, iova: int, access: int, lkey: Any, r
         lkey[0] = imr.lkey
         rkey[0] = imr.rkey
         return _add(imr)
-    if not address or not length:
+    device_memory = bool(access & SR_ACCESS_DM)
+    access &= ~SR_ACCESS_DM
+    if not address or not (length or device_memory):
         raise SoftRdmaError("addr and length must be non-zero", errno=errno.EINVAL)
     mr = MR(pd, length, access, buffer=_mem(address, length), address=iova)
     lkey[0] = mr.lkey

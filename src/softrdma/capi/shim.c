@@ -1931,7 +1931,12 @@ static int sr_free_dm(struct ibv_dm *ibdm)
     return 0;
 }
 
-/* ibv_reg_dm_mr: zero-based only (the kernel refuses others with EINVAL) */
+/* marks the access flags of a device-memory MR for the bridge (_reg_mr), which then
+ * accepts a zero length; above every IBV_ACCESS_* flag */
+#define SR_ACCESS_DM (1 << 30)
+
+/* ibv_reg_dm_mr: zero-based only (the kernel refuses others with EINVAL); a zero length
+ * is accepted, as the kernel does (it checks only that offset and length lie inside) */
 static struct ibv_mr *sr_reg_dm_mr(struct ibv_pd *pd, struct ibv_dm *ibdm, uint64_t dm_offset,
                                    size_t length, unsigned int access)
 {
@@ -1940,11 +1945,12 @@ static struct ibv_mr *sr_reg_dm_mr(struct ibv_pd *pd, struct ibv_dm *ibdm, uint6
 
     if (!pd || !ibdm || !(access & IBV_ACCESS_ZERO_BASED) || (access & IBV_ACCESS_ON_DEMAND))
         return sr_fail(EINVAL);
-    if (!length || dm_offset > d->length || length > d->length - dm_offset)
+    if (dm_offset > d->length || length > d->length - dm_offset)
         return sr_fail(EINVAL);
-    mr = ibv_reg_mr_iova2(pd, d->buf + dm_offset, length, 0, access);
+    mr = ibv_reg_mr_iova2(pd, d->buf + dm_offset, length, 0, access | SR_ACCESS_DM);
     if (!mr)
         return NULL;
+    ((struct sr_mr *)mr)->access = (int)access;
     mr->addr = NULL;
     ((struct sr_mr *)mr)->dm = d;
     pthread_mutex_lock(&g_lock);
