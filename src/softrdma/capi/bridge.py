@@ -51,7 +51,7 @@ from ..verbs.device import MAX_CQE, DeviceInfo, all_devices
 from ..verbs.mr import ACCESS_SUPPORTED
 from ..verbs.procmem import SIZE_MAX, ImplicitMR
 
-__all__ = ["install", "RingCQ", "PYTHON_ENV"]
+__all__ = ["install", "RingCQ", "PYTHON_ENV", "fill_qp_attr"]
 
 #: ``softrdma run`` passes the interpreter that devd and helpers must run with
 PYTHON_ENV = "SOFTRDMA_CAPI_PYTHON"
@@ -466,6 +466,13 @@ def _modify_qp(h: int, a: Any, mask: int) -> int:
 
 def _query_qp(h: int, out: Any, mask: int) -> int:
     attr, _init = _get(h, QP).query(mask)
+    fill_qp_attr(out, attr)
+    return 0
+
+
+def fill_qp_attr(out: Any, attr: QPAttr) -> None:
+    """The flat record ``struct sr_qp_attr`` of ``attr`` (``ibv_query_qp``,
+    ``rdma_init_qp_attr``)."""
     out.qp_state = attr.qp_state
     out.cur_qp_state = attr.cur_qp_state
     out.path_mtu = attr.path_mtu
@@ -488,7 +495,6 @@ def _query_qp(h: int, out: Any, mask: int) -> int:
             out.ah.sgid_index = ah.gr.sgid_index
             out.ah.hop_limit = ah.gr.hop_limit
             out.ah.traffic_class = ah.gr.traffic_class
-    return 0
 
 
 def _create_ah(h: int, f: Any) -> int:

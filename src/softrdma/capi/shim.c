@@ -1228,6 +1228,35 @@ int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
     return ret;
 }
 
+/* an ibv_qp_attr from the bridge's flat record (ibv_query_qp, rdma_init_qp_attr) */
+static void sr_qp_attr_from_flat(const struct sr_qp_attr *a, struct ibv_qp_attr *attr)
+{
+    memset(attr, 0, sizeof(*attr));
+    attr->qp_state = (enum ibv_qp_state)a->qp_state;
+    attr->cur_qp_state = (enum ibv_qp_state)a->cur_qp_state;
+    attr->path_mtu = (enum ibv_mtu)a->path_mtu;
+    attr->qkey = a->qkey;
+    attr->rq_psn = a->rq_psn;
+    attr->sq_psn = a->sq_psn;
+    attr->dest_qp_num = a->dest_qp_num;
+    attr->qp_access_flags = (unsigned int)a->qp_access_flags;
+    attr->pkey_index = (uint16_t)a->pkey_index;
+    attr->max_rd_atomic = (uint8_t)a->max_rd_atomic;
+    attr->max_dest_rd_atomic = (uint8_t)a->max_dest_rd_atomic;
+    attr->min_rnr_timer = (uint8_t)a->min_rnr_timer;
+    attr->port_num = (uint8_t)a->port_num;
+    attr->timeout = (uint8_t)a->timeout;
+    attr->retry_cnt = (uint8_t)a->retry_cnt;
+    attr->rnr_retry = (uint8_t)a->rnr_retry;
+    attr->sq_draining = (uint8_t)a->sq_draining;
+    attr->cap.max_send_wr = a->max_send_wr;
+    attr->cap.max_recv_wr = a->max_recv_wr;
+    attr->cap.max_send_sge = a->max_send_sge;
+    attr->cap.max_recv_sge = a->max_recv_sge;
+    attr->cap.max_inline_data = a->max_inline_data;
+    sr_ah_from_flat(&a->ah, &attr->ah_attr);
+}
+
 int ibv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask,
                  struct ibv_qp_init_attr *init)
 {
@@ -1238,30 +1267,7 @@ int ibv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask,
     ret = sr_py_query_qp(SR_H(sr_qp, qp), &a, mask);
     if (ret)
         return ret;
-    memset(attr, 0, sizeof(*attr));
-    attr->qp_state = (enum ibv_qp_state)a.qp_state;
-    attr->cur_qp_state = (enum ibv_qp_state)a.cur_qp_state;
-    attr->path_mtu = (enum ibv_mtu)a.path_mtu;
-    attr->qkey = a.qkey;
-    attr->rq_psn = a.rq_psn;
-    attr->sq_psn = a.sq_psn;
-    attr->dest_qp_num = a.dest_qp_num;
-    attr->qp_access_flags = (unsigned int)a.qp_access_flags;
-    attr->pkey_index = (uint16_t)a.pkey_index;
-    attr->max_rd_atomic = (uint8_t)a.max_rd_atomic;
-    attr->max_dest_rd_atomic = (uint8_t)a.max_dest_rd_atomic;
-    attr->min_rnr_timer = (uint8_t)a.min_rnr_timer;
-    attr->port_num = (uint8_t)a.port_num;
-    attr->timeout = (uint8_t)a.timeout;
-    attr->retry_cnt = (uint8_t)a.retry_cnt;
-    attr->rnr_retry = (uint8_t)a.rnr_retry;
-    attr->sq_draining = (uint8_t)a.sq_draining;
-    attr->cap.max_send_wr = a.max_send_wr;
-    attr->cap.max_recv_wr = a.max_recv_wr;
-    attr->cap.max_send_sge = a.max_send_sge;
-    attr->cap.max_recv_sge = a.max_recv_sge;
-    attr->cap.max_inline_data = a.max_inline_data;
-    sr_ah_from_flat(&a.ah, &attr->ah_attr);
+    sr_qp_attr_from_flat(&a, attr);
     if (init) {
         memset(init, 0, sizeof(*init));
         init->qp_context = qp->qp_context;
