@@ -85,3 +85,36 @@ def test_zero_length_device_memory_mr(device: str, tmp_path: Path) -> None:
     assert p.returncode == 0, p.stdout + p.stderr[-2000:]
     assert p.stdout.splitlines() == ["zero 0 True", "outside 22", "outside 22", "plain 22"], \
         p.stdout + p.stderr[-2000:]
+
+
+def test_create_qp_ex_with_zero_create_flags(device: str, tmp_path: Path) -> None:
+    """``ibv_create_qp_ex`` with IBV_QP_INIT_ATTR_CREATE_FLAGS and no flag set creates
+    the QP, as rxe does (rdma-core's test_qp picks that mask at random: half its runs
+    skipped as EOPNOTSUPP); a flag set is still EOPNOTSUPP."""
+    link = need_real_pyverbs(tmp_path)
+    script = tmp_path / "qpex.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(link)!r})\n"
+        "import pyverbs.device as d\n"
+        "import pyverbs.enums as e\n"
+        "from pyverbs.pd import PD\n"
+        "from pyverbs.cq import CQ\n"
+        "from pyverbs.qp import QP, QPCap, QPInitAttrEx\n"
+        "from pyverbs.pyverbs_error import PyverbsRDMAError\n"
+        "ctx = d.Context(name=sys.argv[1])\n"
+        "pd, cq = PD(ctx), CQ(ctx, 8, None, None, 0)\n"
+        "mask = e.IBV_QP_INIT_ATTR_PD | e.IBV_QP_INIT_ATTR_CREATE_FLAGS\n"
+        "for qpt, flags in [(e.IBV_QPT_RC, 0), (e.IBV_QPT_UD, 0), (e.IBV_QPT_UD, 2)]:\n"
+        "    a = QPInitAttrEx(qp_type=qpt, scq=cq, rcq=cq, pd=pd, comp_mask=mask,\n"
+        "                     create_flags=flags, cap=QPCap(4, 4, 1, 1))\n"
+        "    try:\n"
+        "        qp = QP(ctx, a)\n"
+        "        print(qpt, flags, 'ok', qp.qp_state)\n"
+        "        qp.close()\n"
+        "    except PyverbsRDMAError as ex:\n"
+        "        print(qpt, flags, 'errno', ex.error_code)\n")
+    p = run(sys.executable, str(script), device)
+    assert p.returncode == 0, p.stdout + p.stderr[-2000:]
+    assert p.stdout.splitlines() == ["2 0 ok 0", "4 0 ok 0", "4 2 errno 95"], \
+        p.stdout + p.stderr[-2000:]

@@ -1537,8 +1537,10 @@ static struct ibv_qp *sr_create_qp_ex(struct ibv_context *context,
         return sr_create_xrc_tgt(context, attr);
     if (!(attr->comp_mask & IBV_QP_INIT_ATTR_PD) || !attr->pd)
         return sr_fail(EINVAL);
-    if (attr->comp_mask & ~known)
-        return sr_fail(EOPNOTSUPP);  /* create_flags, XRC, RSS, TSO, source QPN... */
+    if (attr->comp_mask & ~(known | IBV_QP_INIT_ATTR_CREATE_FLAGS))
+        return sr_fail(EOPNOTSUPP);  /* XRC, RSS, TSO, source QPN... */
+    if ((attr->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && attr->create_flags)
+        return sr_fail(EOPNOTSUPP);  /* none served; zero flags are no flags (as rxe) */
     if ((attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) && (attr->send_ops_flags & ~(uint64_t)SR_XOPS))
         return sr_fail(EOPNOTSUPP);
     if (attr->pd->context != context)
