@@ -96,6 +96,26 @@ def test_ucx_perftest_rc_verbs(device: str) -> None:
     assert int(m.group(1)) == 100 and float(m.group(2)) > 0
 
 
+@needs_root
+def test_ucx_perftest_ud_verbs(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """UCT active-message latency over ud_verbs between two processes. UCX before 1.19
+    takes a RoCE UD receive's IP version from wc.sl (Mellanox's convention; softrdma and
+    rxe report 0) and dropped every IPv4 packet in its destination GID check: both sides
+    timed out ("UD endpoint ... unhandled timeout error"); --sysfs turns that check off."""
+    need_tool("ucx_perftest", "ucx-utils")
+    for key in launch.UCX_ENV:
+        monkeypatch.delenv(key, raising=False)
+    port = tcp_port()
+    common = ["-d", f"{device}:1", "-x", "ud_verbs", "-t", "am_lat", "-n", "100",
+              "-p", str(port)]
+    procs, outs = run_pair(sysfs_run("ucx_perftest", *common),
+                           sysfs_run("ucx_perftest", "127.0.0.1", *common), port)
+    assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
+    m = re.search(r"^Final:\s+(\d+)\s+([\d.]+)", outs[1][0], re.MULTILINE)
+    assert m is not None, outs[1][0]
+    assert int(m.group(1)) == 100 and float(m.group(2)) > 0
+
+
 def test_fi_info_lists_the_verbs_provider(device: str) -> None:
     """libfabric's verbs provider starts from rdma_get_devices (it was ENOSYS: no verbs
     provider at all); its datagram domain ``<dev>-dgram`` needs no root."""

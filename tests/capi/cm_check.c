@@ -32,7 +32,6 @@ int main(void)
     struct sockaddr_in dst;
     struct pollfd pfd;
     struct ibv_device_attr attr;
-    struct ibv_qp_attr qa;
     struct rdma_addrinfo hints, *res;
     uint8_t tos = 32;
     int mask;
@@ -74,7 +73,10 @@ int main(void)
     CHECK(rdma_join_multicast(id, (struct sockaddr *)&dst, NULL) == -1 && errno == EINVAL,
           "rdma_join_multicast of a unicast address on a TCP id is EINVAL");
     errno = 0;
-    CHECK(rdma_init_qp_attr(id, &qa, &mask) == -1 && errno == ENOSYS, "rdma_init_qp_attr is ENOSYS");
+    CHECK(rdma_init_qp_attr(id, NULL, &mask) == -1 && errno == EINVAL,
+          "rdma_init_qp_attr without attributes is EINVAL");
+    errno = 0;
+    CHECK(rdma_notify(id, IBV_EVENT_COMM_EST) == -1 && errno == ENOSYS, "rdma_notify is ENOSYS");
     errno = 0;
     CHECK(rdma_connect(id, NULL) == -1 && errno != 0, "rdma_connect before resolve_route fails");
     printf("device %s\n", ibv_get_device_name(id->verbs->device));

@@ -51,7 +51,7 @@ from ..verbs.device import MAX_CQE, DeviceInfo, all_devices
 from ..verbs.mr import ACCESS_SUPPORTED
 from ..verbs.procmem import SIZE_MAX, ImplicitMR
 
-__all__ = ["install", "RingCQ", "PYTHON_ENV"]
+__all__ = ["install", "RingCQ", "PYTHON_ENV", "fill_qp_attr"]
 
 #: ``softrdma run`` passes the interpreter that devd and helpers must run with
 PYTHON_ENV = "SOFTRDMA_CAPI_PYTHON"
@@ -65,6 +65,8 @@ _ids = itertools.count(1)
 _lock = threading.Lock()
 _devices: list[DeviceInfo] = []
 _debug = bool(os.environ.get("SOFTRDMA_CAPI_DEBUG"))
+#: shim.c's SR_ACCESS_DM: the access flags of an ``ibv_reg_dm_mr`` (a zero length is allowed)
+SR_ACCESS_DM = 1 << 30
 #: how long a CQ's destruction waits for the engine lock (a finalizer may hold it) (s)
 _RELEASE_WAIT = 1.0
 
@@ -296,7 +298,9 @@ def _reg_mr(h: int, addr: Any, length: int, iova: int, access: int, lkey: Any, r
         lkey[0] = imr.lkey
         rkey[0] = imr.rkey
         return _add(imr)
-    if not address or not length:
+    device_memory = bool(access & SR_ACCESS_DM)
+    access &= ~SR_ACCESS_DM
+    if not address or not (length or device_memory):
         raise SoftRdmaError("addr and length must be non-zero", errno=errno.EINVAL)
     mr = MR(pd, length, access, buffer=_mem(address, length), address=iova)
     lkey[0] = mr.lkey
@@ -462,6 +466,13 @@ def _modify_qp(h: int, a: Any, mask: int) -> int:
 
 def _query_qp(h: int, out: Any, mask: int) -> int:
     attr, _init = _get(h, QP).query(mask)
+    fill_qp_attr(out, attr)
+    return 0
+
+
+def fill_qp_attr(out: Any, attr: QPAttr) -> None:
+    """The flat record ``struct sr_qp_attr`` of ``attr`` (``ibv_query_qp``,
+    ``rdma_init_qp_attr``)."""
     out.qp_state = attr.qp_state
     out.cur_qp_state = attr.cur_qp_state
     out.path_mtu = attr.path_mtu
@@ -484,7 +495,6 @@ def _query_qp(h: int, out: Any, mask: int) -> int:
             out.ah.sgid_index = ah.gr.sgid_index
             out.ah.hop_limit = ah.gr.hop_limit
             out.ah.traffic_class = ah.gr.traffic_class
-    return 0
 
 
 def _create_ah(h: int, f: Any) -> int:

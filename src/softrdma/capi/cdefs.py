@@ -161,4 +161,6 @@ int sr_py_cm_set_option(int id, int level, int optname, int value);
 int sr_py_cm_get_event(int channel, struct sr_cm_event_rec *rec);
 int sr_py_cm_device(int index, struct sr_cm_info *info);
 int sr_py_cm_mcast(int id, struct sr_cm_addr *addr, int send_only, int join);
+int sr_py_cm_init_qp_attr(int id, int state, struct sr_qp_attr *attr, int *mask);
+int sr_py_cm_establish(int id);
 """

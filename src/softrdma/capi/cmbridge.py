@@ -197,6 +197,20 @@ def _accept(h: int, p: Any) -> int:
     return 0
 
 
+def _init_qp_attr(h: int, state: int, out: Any, mask: Any) -> int:
+    """``rdma_init_qp_attr``: the attributes moving the application's own QP of this
+    connection to ``state``."""
+    attr, m = _id(h).init_qp_attr(state)
+    b.fill_qp_attr(out, attr)
+    mask[0] = m
+    return 0
+
+
+def _establish(h: int) -> int:
+    _id(h).establish()
+    return 0
+
+
 def _reject(h: int, data: Any, n: int) -> int:
     raw = bytes(b._ffi.buffer(data, n)) if n > 0 and data != b._ffi.NULL else b""
     _id(h).reject(raw)
@@ -326,6 +340,8 @@ EXPORTS: dict[str, tuple[Callable[..., int], bool]] = {
     "sr_py_cm_get_event": (_get_event, True),
     "sr_py_cm_device": (_device_ctx, False),
     "sr_py_cm_mcast": (_mcast, False),
+    "sr_py_cm_init_qp_attr": (_init_qp_attr, False),
+    "sr_py_cm_establish": (_establish, False),
 }
 
 

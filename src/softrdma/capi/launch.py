@@ -34,7 +34,7 @@ from .bridge import PYTHON_ENV
 from .build import build
 
 __all__ = ["add_arguments", "run", "preload_env", "why_not_preloadable", "DEVICE_ENV",
-           "python_host", "python_mismatch", "sysfs_command", "sysfs_unavailable"]
+           "python_host", "python_mismatch", "sysfs_command", "sysfs_unavailable", "UCX_ENV"]
 
 #: the device a program sees first (``softrdma run -d``)
 DEVICE_ENV = "SOFTRDMA_CAPI_DEVICE"
@@ -141,6 +141,16 @@ def preload_env(library: Path, device: str | None = None,
     return env
 
 
+#: what ``--sysfs`` (the mode for UCX) sets unless the environment has it. UCX before 1.19
+#: reads the IP version of a RoCE UD receive from ``wc.sl``, a Mellanox convention (sl 2:
+#: IPv4; UCX commit 7de57ad9f9 reads the GRH area instead): softrdma, like rxe, reports
+#: sl 0, so ud_verbs takes each IPv4 packet's GRH area as IPv6, finds no GID of its own in
+#: it and drops the packet (its destination GID check): ``ucx_perftest -x ud_verbs`` timed
+#: out on both. The check only drops packets for other GIDs of the port; a softrdma device
+#: gets only its own.
+UCX_ENV = {"UCX_UD_VERBS_ETH_DGID_CHECK": "n"}
+
+
 def sysfs_command(cmd: Sequence[str], stash: Path) -> list[str]:
     """``cmd`` wrapped in the private mount namespace of ``softrdma.tools.suites.sysfs_ns``
     (root): each device's ``/sys/class/infiniband`` entry (its netdev and RoCE v2 GIDs)
@@ -229,6 +239,7 @@ def run(args: argparse.Namespace) -> int:
         if no is not None:
             print(f"softrdma run: error: --sysfs: {no}", file=sys.stderr)
             return 1
+        env.update({k: v for k, v in UCX_ENV.items() if k not in env})
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="softrdma-run-") as tmp:

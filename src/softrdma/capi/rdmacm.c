@@ -164,6 +164,34 @@ static void sr_cm_to_sockaddr(const struct sr_cm_addr *a, struct sockaddr_storag
 
 /* The id's device context and addresses, from the Python CmId (after each call that may
  * change them and each event). */
+/* the PD of a device that every cm_id bound to it carries in id->pd once it has the
+ * device (librdmacm's ucma_get_device: pyverbs' PD(cmid) takes id->pd right after
+ * rdma_bind_addr / rdma_resolve_route); one per device context, kept for the process */
+#define SR_CM_MAX_DEVICE_PDS 64
+static struct { struct ibv_context *verbs; struct ibv_pd *pd; } g_cm_pds[SR_CM_MAX_DEVICE_PDS];
+
+static struct ibv_pd *sr_cm_device_pd(struct ibv_context *verbs)
+{
+    struct ibv_pd *pd = NULL;
+    int i;
+
+    pthread_mutex_lock(&g_cm_lock);
+    for (i = 0; i < SR_CM_MAX_DEVICE_PDS && g_cm_pds[i].verbs; i++)
+        if (g_cm_pds[i].verbs == verbs) {
+            pd = g_cm_pds[i].pd;
+            break;
+        }
+    if (!pd && i < SR_CM_MAX_DEVICE_PDS) {
+        pd = ibv_alloc_pd(verbs);
+        if (pd) {
+            g_cm_pds[i].verbs = verbs;
+            g_cm_pds[i].pd = pd;
+        }
+    }
+    pthread_mutex_unlock(&g_cm_lock);
+    return pd;
+}
+
 static int sr_cm_refresh(struct sr_cm_id *c)
 {
     struct sr_cm_info info;
@@ -200,6 +228,8 @@ static int sr_cm_refresh(struct sr_cm_id *c)
     }
     if (info.ctx_wrapper)
         c->id.verbs = &((struct sr_context *)info.ctx_wrapper)->vctx.context;
+    if (c->id.verbs && !c->id.pd)
+        c->id.pd = sr_cm_device_pd(c->id.verbs);
     c->id.port_num = (uint8_t)info.port_num;
     if (info.src.family)
         sr_cm_to_sockaddr(&info.src, &c->id.route.addr.src_storage);
@@ -1002,15 +1032,36 @@ void rdma_destroy_ep(struct rdma_cm_id *id)
     rdma_destroy_id(id);
 }
 
-/* ---- not served yet: fail the librdmacm way, never through the real library ---- */
+/* ---- a QP the application creates and moves itself (conn_param.qp_num) ---- */
+/* the attributes and mask that move it to qp_attr->qp_state (INIT, RTR, RTS) */
 int rdma_init_qp_attr(struct rdma_cm_id *id, struct ibv_qp_attr *qp_attr, int *qp_attr_mask)
 {
-    (void)id; (void)qp_attr; (void)qp_attr_mask;
-    errno = ENOSYS;
-    return -1;
+    struct sr_qp_attr a;
+    int mask = 0;
+
+    if (!id || !qp_attr || !qp_attr_mask) {
+        errno = EINVAL;
+        return -1;
+    }
+    memset(&a, 0, sizeof(a));
+    if (sr_cm_ret(sr_py_cm_init_qp_attr(SR_CMID(id)->h, (int)qp_attr->qp_state, &a, &mask)))
+        return -1;
+    sr_qp_attr_from_flat(&a, qp_attr);
+    *qp_attr_mask = mask;
+    return 0;
 }
 
-int rdma_establish(struct rdma_cm_id *id) { (void)id; errno = ENOSYS; return -1; }
+/* after RDMA_CM_EVENT_CONNECT_RESPONSE: send the RTU (no ESTABLISHED event follows) */
+int rdma_establish(struct rdma_cm_id *id)
+{
+    if (!id) {
+        errno = EINVAL;
+        return -1;
+    }
+    return sr_cm_ret(sr_py_cm_establish(SR_CMID(id)->h));
+}
+
+/* ---- not served yet: fail the librdmacm way, never through the real library ---- */
 int rdma_notify(struct rdma_cm_id *id, enum ibv_event_type event)
 {
     (void)id; (void)event;

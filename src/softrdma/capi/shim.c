@@ -1228,6 +1228,35 @@ int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
     return ret;
 }
 
+/* an ibv_qp_attr from the bridge's flat record (ibv_query_qp, rdma_init_qp_attr) */
+static void sr_qp_attr_from_flat(const struct sr_qp_attr *a, struct ibv_qp_attr *attr)
+{
+    memset(attr, 0, sizeof(*attr));
+    attr->qp_state = (enum ibv_qp_state)a->qp_state;
+    attr->cur_qp_state = (enum ibv_qp_state)a->cur_qp_state;
+    attr->path_mtu = (enum ibv_mtu)a->path_mtu;
+    attr->qkey = a->qkey;
+    attr->rq_psn = a->rq_psn;
+    attr->sq_psn = a->sq_psn;
+    attr->dest_qp_num = a->dest_qp_num;
+    attr->qp_access_flags = (unsigned int)a->qp_access_flags;
+    attr->pkey_index = (uint16_t)a->pkey_index;
+    attr->max_rd_atomic = (uint8_t)a->max_rd_atomic;
+    attr->max_dest_rd_atomic = (uint8_t)a->max_dest_rd_atomic;
+    attr->min_rnr_timer = (uint8_t)a->min_rnr_timer;
+    attr->port_num = (uint8_t)a->port_num;
+    attr->timeout = (uint8_t)a->timeout;
+    attr->retry_cnt = (uint8_t)a->retry_cnt;
+    attr->rnr_retry = (uint8_t)a->rnr_retry;
+    attr->sq_draining = (uint8_t)a->sq_draining;
+    attr->cap.max_send_wr = a->max_send_wr;
+    attr->cap.max_recv_wr = a->max_recv_wr;
+    attr->cap.max_send_sge = a->max_send_sge;
+    attr->cap.max_recv_sge = a->max_recv_sge;
+    attr->cap.max_inline_data = a->max_inline_data;
+    sr_ah_from_flat(&a->ah, &attr->ah_attr);
+}
+
 int ibv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask,
                  struct ibv_qp_init_attr *init)
 {
@@ -1238,30 +1267,7 @@ int ibv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask,
     ret = sr_py_query_qp(SR_H(sr_qp, qp), &a, mask);
     if (ret)
         return ret;
-    memset(attr, 0, sizeof(*attr));
-    attr->qp_state = (enum ibv_qp_state)a.qp_state;
-    attr->cur_qp_state = (enum ibv_qp_state)a.cur_qp_state;
-    attr->path_mtu = (enum ibv_mtu)a.path_mtu;
-    attr->qkey = a.qkey;
-    attr->rq_psn = a.rq_psn;
-    attr->sq_psn = a.sq_psn;
-    attr->dest_qp_num = a.dest_qp_num;
-    attr->qp_access_flags = (unsigned int)a.qp_access_flags;
-    attr->pkey_index = (uint16_t)a.pkey_index;
-    attr->max_rd_atomic = (uint8_t)a.max_rd_atomic;
-    attr->max_dest_rd_atomic = (uint8_t)a.max_dest_rd_atomic;
-    attr->min_rnr_timer = (uint8_t)a.min_rnr_timer;
-    attr->port_num = (uint8_t)a.port_num;
-    attr->timeout = (uint8_t)a.timeout;
-    attr->retry_cnt = (uint8_t)a.retry_cnt;
-    attr->rnr_retry = (uint8_t)a.rnr_retry;
-    attr->sq_draining = (uint8_t)a.sq_draining;
-    attr->cap.max_send_wr = a.max_send_wr;
-    attr->cap.max_recv_wr = a.max_recv_wr;
-    attr->cap.max_send_sge = a.max_send_sge;
-    attr->cap.max_recv_sge = a.max_recv_sge;
-    attr->cap.max_inline_data = a.max_inline_data;
-    sr_ah_from_flat(&a.ah, &attr->ah_attr);
+    sr_qp_attr_from_flat(&a, attr);
     if (init) {
         memset(init, 0, sizeof(*init));
         init->qp_context = qp->qp_context;
@@ -1531,8 +1537,10 @@ static struct ibv_qp *sr_create_qp_ex(struct ibv_context *context,
         return sr_create_xrc_tgt(context, attr);
     if (!(attr->comp_mask & IBV_QP_INIT_ATTR_PD) || !attr->pd)
         return sr_fail(EINVAL);
-    if (attr->comp_mask & ~known)
-        return sr_fail(EOPNOTSUPP);  /* create_flags, XRC, RSS, TSO, source QPN... */
+    if (attr->comp_mask & ~(known | IBV_QP_INIT_ATTR_CREATE_FLAGS))
+        return sr_fail(EOPNOTSUPP);  /* XRC, RSS, TSO, source QPN... */
+    if ((attr->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && attr->create_flags)
+        return sr_fail(EOPNOTSUPP);  /* none served; zero flags are no flags (as rxe) */
     if ((attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) && (attr->send_ops_flags & ~(uint64_t)SR_XOPS))
         return sr_fail(EOPNOTSUPP);
     if (attr->pd->context != context)
@@ -1931,7 +1939,12 @@ static int sr_free_dm(struct ibv_dm *ibdm)
     return 0;
 }
 
-/* ibv_reg_dm_mr: zero-based only (the kernel refuses others with EINVAL) */
+/* marks the access flags of a device-memory MR for the bridge (_reg_mr), which then
+ * accepts a zero length; above every IBV_ACCESS_* flag */
+#define SR_ACCESS_DM (1 << 30)
+
+/* ibv_reg_dm_mr: zero-based only (the kernel refuses others with EINVAL); a zero length
+ * is accepted, as the kernel does (it checks only that offset and length lie inside) */
 static struct ibv_mr *sr_reg_dm_mr(struct ibv_pd *pd, struct ibv_dm *ibdm, uint64_t dm_offset,
                                    size_t length, unsigned int access)
 {
@@ -1940,11 +1953,12 @@ static struct ibv_mr *sr_reg_dm_mr(struct ibv_pd *pd, struct ibv_dm *ibdm, uint6
 
     if (!pd || !ibdm || !(access & IBV_ACCESS_ZERO_BASED) || (access & IBV_ACCESS_ON_DEMAND))
         return sr_fail(EINVAL);
-    if (!length || dm_offset > d->length || length > d->length - dm_offset)
+    if (dm_offset > d->length || length > d->length - dm_offset)
         return sr_fail(EINVAL);
-    mr = ibv_reg_mr_iova2(pd, d->buf + dm_offset, length, 0, access);
+    mr = ibv_reg_mr_iova2(pd, d->buf + dm_offset, length, 0, access | SR_ACCESS_DM);
     if (!mr)
         return NULL;
+    ((struct sr_mr *)mr)->access = (int)access;
     mr->addr = NULL;
     ((struct sr_mr *)mr)->dm = d;
     pthread_mutex_lock(&g_lock);

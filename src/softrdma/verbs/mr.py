@@ -123,9 +123,9 @@ class MR(VerbsObject):
             self._storage = buffer
             mv = _as_bytes_view(buffer)
             if length == 0:
+                # an empty buffer is a zero-length region (ibv_reg_dm_mr accepts one: the
+                # kernel checks only that the range lies inside the device memory)
                 length = mv.nbytes
-                if length == 0:
-                    raise InvalidArgument("buffer", "is empty")
             elif length > mv.nbytes:
                 raise InvalidArgument("length", f"{length} is larger than the buffer ({mv.nbytes} bytes)")
             mv = mv[:length]
