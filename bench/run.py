@@ -328,6 +328,7 @@ def _cm_rate_figures(runs: int, quick: bool, want: Callable[[str], bool]) -> lis
         for t, f in figs.items():
             f.ours.append(float(got[t]))
             f.base.append(float(got["tcp"]))
+    return list(figs.values())
 
 
 def _ipoib_figures(runs: int, quick: bool, want: Callable[[str], bool]) -> list[Figure]:
