@@ -46,15 +46,15 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from ... import enums as e
 from ...errors import DecodeError, InvalidArgument, SoftRdmaError
+from .. import oobtcp
 from ..waiting import announce_wait, connect_retry_s
 from . import pingpong_ext
-from .oobconnect import connect_retrying
 from .pingpong_ext import ExtOptions
 
 if TYPE_CHECKING:
     from ... import verbs as v
 
-DEFAULT_TCP_PORT = 18515
+DEFAULT_TCP_PORT = oobtcp.DEFAULT_PORT
 MSG_LEN = 52  # sizeof "0000:000000:000000:00000000000000000000000000000000"
 DONE_MSG = b"done\x00"  # sizeof "done" == 5
 UD_QKEY = 0x11111111
@@ -166,39 +166,6 @@ def decode_dest(msg: bytes) -> Dest:
     return Dest(lid, qpn, psn, gid)
 
 
-def _remaining(deadline: float, what: str) -> float:
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise PingPongError(f"timed out {what}")
-    return left
-
-
-def _recv_exact(sock: socket.socket, n: int, deadline: float, what: str) -> bytes:
-    """Read exactly ``n`` bytes before ``deadline``; EOF or timeout is a PingPongError."""
-    buf = bytearray()
-    while len(buf) < n:
-        sock.settimeout(_remaining(deadline, f"waiting for {what}"))
-        try:
-            chunk = sock.recv(n - len(buf))
-        except TimeoutError as exc:
-            raise PingPongError(f"timed out waiting for {what}") from exc
-        except OSError as exc:
-            raise PingPongError(f"Couldn't read {what}: {exc.strerror or exc}") from exc
-        if not chunk:
-            raise PingPongError(
-                f"peer closed the connection during {what} ({len(buf)}/{n} bytes)")
-        buf += chunk
-    return bytes(buf)
-
-
-def _send_all(sock: socket.socket, data: bytes, deadline: float, what: str) -> None:
-    sock.settimeout(_remaining(deadline, f"sending {what}"))
-    try:
-        sock.sendall(data)
-    except OSError as exc:
-        raise PingPongError(f"Couldn't send {what}: {exc.strerror or exc}") from exc
-
-
 def client_exchange(host: str, port: int, my: Dest, timeout: float = DEFAULT_TIMEOUT) -> Dest:
     """The client side of the exchange (``pp_client_exch_dest``).
 
@@ -207,17 +174,12 @@ def client_exchange(host: str, port: int, my: Dest, timeout: float = DEFAULT_TIM
     """
     deadline = time.monotonic() + timeout
     msg = encode_dest(my)
-    sock = _connect(host, port, deadline)
+    sock = oobtcp.connect(host, port, deadline, PingPongError)
     with sock:
-        _send_all(sock, msg, deadline, "local address")
-        reply = _recv_exact(sock, MSG_LEN, deadline, "remote address")
-        _send_all(sock, DONE_MSG, deadline, "\"done\"")
+        oobtcp.send_all(sock, msg, deadline, "local address", PingPongError)
+        reply = oobtcp.recv_exact(sock, MSG_LEN, deadline, "remote address", PingPongError)
+        oobtcp.send_all(sock, DONE_MSG, deadline, "\"done\"", PingPongError)
     return decode_dest(reply)
-
-
-def _connect(host: str, port: int, deadline: float) -> socket.socket:
-    retry_until = min(deadline, time.monotonic() + connect_retry_s())  # tools.waiting
-    return connect_retrying(host, port, deadline, PingPongError, retry_until=retry_until)
 
 
 class OOBListener:
@@ -230,34 +192,7 @@ class OOBListener:
     def __init__(self, port: int = DEFAULT_TCP_PORT, bind: str | None = None,
                  timeout: float = DEFAULT_TIMEOUT) -> None:
         self.timeout = timeout
-        self._sock = self._listen(bind, port)
-
-    @staticmethod
-    def _listen(bind: str | None, port: int) -> socket.socket:
-        candidates: list[tuple[socket.AddressFamily, Any]] = []
-        if bind is None and socket.has_ipv6:
-            candidates.append((socket.AF_INET6, ("::", port, 0, 0)))
-        try:
-            for info in socket.getaddrinfo(
-                    bind, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0, socket.AI_PASSIVE):
-                candidates.append((info[0], info[4]))
-        except socket.gaierror as exc:
-            raise PingPongError(f"{exc.strerror} for port {port}") from exc
-        last: OSError | None = None
-        for family, addr in candidates:
-            sock = socket.socket(family, socket.SOCK_STREAM)
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                if family == socket.AF_INET6 and bind is None:
-                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-                sock.bind(addr)
-                sock.listen(1)
-                return sock
-            except OSError as exc:
-                last = exc
-                sock.close()
-        reason = (last.strerror or str(last)) if last else "no address"
-        raise PingPongError(f"Couldn't listen to port {port}: {reason}")
+        self._sock = oobtcp.listen(port, PingPongError, bind=bind)
 
     @property
     def port(self) -> int:
@@ -275,19 +210,17 @@ class OOBListener:
     def exchange(self, my: Dest, on_remote: Callable[[Dest], None]) -> Dest:
         """Accept one client: read its address, ``on_remote(dest)`` (connect the QP), answer
         with ``my``, wait for ``done``. Returns the client's address."""
-        self._sock.settimeout(None)  # wait for the client until stopped (tools.waiting)
-        try:
-            conn, _peer = self._sock.accept()
-        except OSError as exc:
-            raise PingPongError(f"accept() failed: {exc.strerror or exc}") from exc
+        try:  # the client is awaited until stopped (tools.waiting)
+            conn = oobtcp.accept(self._sock, PingPongError)
         finally:
             self.close()
         deadline = time.monotonic() + self.timeout
         with conn:
-            rem = decode_dest(_recv_exact(conn, MSG_LEN, deadline, "remote address"))
+            rem = decode_dest(oobtcp.recv_exact(conn, MSG_LEN, deadline, "remote address",
+                                                PingPongError))
             on_remote(rem)
-            _send_all(conn, encode_dest(my), deadline, "local address")
-            done = _recv_exact(conn, len(DONE_MSG), deadline, "\"done\"")
+            oobtcp.send_all(conn, encode_dest(my), deadline, "local address", PingPongError)
+            done = oobtcp.recv_exact(conn, len(DONE_MSG), deadline, "\"done\"", PingPongError)
             if done != DONE_MSG:
                 raise PingPongError(f"peer sent {done!r} instead of \"done\"")
         return rem

@@ -43,6 +43,7 @@ from ...verbs import (
     get_device_list,
     wc_status_str,
 )
+from .. import oobtcp
 from ..waiting import announce_wait
 from .pingpong import (
     DEFAULT_TCP_PORT,
@@ -51,9 +52,6 @@ from .pingpong import (
     MTU_BYTES_TO_ENUM,
     Dest,
     PingPongError,
-    _connect,
-    _recv_exact,
-    _send_all,
     address_line,
     decode_dest,
     encode_dest,
@@ -112,37 +110,34 @@ def _messages(dests: list[Dest]) -> bytes:
 
 
 def _read_dests(sock: socket.socket, deadline: float) -> list[Dest]:
-    return [decode_dest(_recv_exact(sock, MSG_LEN, deadline, f"remote address [{i}]"))
+    return [decode_dest(oobtcp.recv_exact(sock, MSG_LEN, deadline, f"remote address [{i}]",
+                                          PingPongError))
             for i in range(MAX_QP)]
 
 
 def exchange_client(host: str, port: int, mine: list[Dest], timeout: float) -> list[Dest]:
     """``pp_client_exch_dest``: send our 256 addresses, read the server's, send done."""
     deadline = time.monotonic() + timeout
-    with _connect(host, port, deadline) as sock:
-        _send_all(sock, _messages(mine), deadline, "local address")
+    with oobtcp.connect(host, port, deadline, PingPongError) as sock:
+        oobtcp.send_all(sock, _messages(mine), deadline, "local address", PingPongError)
         rem = _read_dests(sock, deadline)
-        _send_all(sock, DONE_MSG, deadline, "\"done\"")
+        oobtcp.send_all(sock, DONE_MSG, deadline, "\"done\"", PingPongError)
     return rem
 
 
 def exchange_server(port: int, mine: list[Dest], connect: object, timeout: float) -> list[Dest]:
     """``pp_server_exch_dest``: accept one client, read its 256 addresses, connect the
     QPs (``connect(rem)``), answer with ours, read done."""
-    try:
-        lst = socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True)
-    except OSError as exc:
-        raise PingPongError(f"Couldn't listen to port {port}: {exc.strerror or exc}") from exc
-    with lst:
+    with oobtcp.listen(port, PingPongError) as lst:
         announce_wait("srq-pingpong", port)
-        lst.settimeout(None)  # wait for the client until stopped (tools.waiting)
-        conn, _ = lst.accept()
+        conn = oobtcp.accept(lst, PingPongError)  # awaited until stopped (tools.waiting)
     deadline = time.monotonic() + timeout
     with conn:
         rem = _read_dests(conn, deadline)
         connect(rem)  # type: ignore[operator]
-        _send_all(conn, _messages(mine), deadline, "local address")
-        if _recv_exact(conn, len(DONE_MSG), deadline, "\"done\"") != DONE_MSG:
+        oobtcp.send_all(conn, _messages(mine), deadline, "local address", PingPongError)
+        done = oobtcp.recv_exact(conn, len(DONE_MSG), deadline, "\"done\"", PingPongError)
+        if done != DONE_MSG:
             raise PingPongError("peer did not answer \"done\"")
     return rem
 

@@ -51,12 +51,10 @@ from ...verbs import (
     XrcSRQ,
     get_device_list,
 )
+from .. import oobtcp
 from .pingpong import (
     MTU_BYTES_TO_ENUM,
     PingPongError,
-    _connect,
-    _recv_exact,
-    _send_all,
     local_gid,
 )
 from .srq_pingpong import add_server_client_arguments
@@ -66,6 +64,7 @@ __all__ = ["MSG_SIZE", "XDest", "encode_xdest", "decode_xdest", "address_line",
            "add_arguments", "run"]  # the message codec lives in xsrq_msg
 
 TERMINATION_MSG = b"END\x00"
+ACK = "termination ack"
 XRC_DOMAIN_FILE = "/tmp/xrc_domain"
 _PSN_MASK = 0xFFFFFF
 _RNR_TIMER = 12
@@ -280,7 +279,8 @@ class _XsrqPingpong:
 
 def _recv_dest(pp: _XsrqPingpong, sock: socket.socket, i: int, deadline: float,
                out: TextIO) -> None:
-    rem = decode_xdest(_recv_exact(sock, MSG_SIZE, deadline, f"remote address [{i}]"))
+    rem = decode_xdest(oobtcp.recv_exact(sock, MSG_SIZE, deadline, f"remote address [{i}]",
+                                         PingPongError))
     print(address_line("remote", rem), file=out, flush=True)
     pp.rem[i] = rem
     pp.socks[i] = sock
@@ -290,7 +290,7 @@ def _send_dest(pp: _XsrqPingpong, sock: socket.socket, i: int, deadline: float,
                out: TextIO) -> None:
     mine = pp.local_dest(i)
     print(address_line("local", mine), file=out, flush=True)
-    _send_all(sock, encode_xdest(mine), deadline, "local address")
+    oobtcp.send_all(sock, encode_xdest(mine), deadline, "local address", PingPongError)
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -324,25 +324,15 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         pp.post_recv(args.clients)
         deadline = time.monotonic() + args.timeout
         if args.servername:
-            sock = _connect(args.servername, args.port, deadline)
+            sock = oobtcp.connect(args.servername, args.port, deadline, PingPongError)
             pp.socks[0] = sock
             _send_dest(pp, sock, 0, deadline, out)
             _recv_dest(pp, sock, 0, deadline, out)
             pp.connect(0)
         else:
-            try:
-                lst = socket.create_server(("", args.port), family=socket.AF_INET6,
-                                           dualstack_ipv6=True, backlog=args.clients)
-            except OSError as exc:
-                raise PingPongError(f"Couldn't listen to port {args.port}") from exc
-            with lst:
+            with oobtcp.listen(args.port, PingPongError, backlog=args.clients) as lst:
                 for i in range(args.clients):
-                    lst.settimeout(max(0.0, deadline - time.monotonic()))
-                    try:
-                        conn, _ = lst.accept()
-                    except TimeoutError as exc:
-                        raise PingPongError(f"accept() failed for client {i}: no client "
-                                            f"in {args.timeout:g} s") from exc
+                    conn = oobtcp.accept(lst, PingPongError, deadline=deadline)
                     _recv_dest(pp, conn, i, deadline, out)
                     _send_dest(pp, conn, i, deadline, out)
                     pp.connect(i)
@@ -352,13 +342,14 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         deadline = time.monotonic() + args.timeout
         socks = [s for s in pp.socks if s is not None]
         if args.servername:
-            _send_all(socks[0], TERMINATION_MSG, deadline, "termination ack")
-            ack = [_recv_exact(socks[0], len(TERMINATION_MSG), deadline, "termination ack")]
+            oobtcp.send_all(socks[0], TERMINATION_MSG, deadline, ACK, PingPongError)
+            ack = [oobtcp.recv_exact(socks[0], len(TERMINATION_MSG), deadline, ACK,
+                                     PingPongError)]
         else:
-            ack = [_recv_exact(s, len(TERMINATION_MSG), deadline, "termination ack")
+            ack = [oobtcp.recv_exact(s, len(TERMINATION_MSG), deadline, ACK, PingPongError)
                    for s in socks]
             for s in socks:
-                _send_all(s, TERMINATION_MSG, deadline, "termination ack")
+                oobtcp.send_all(s, TERMINATION_MSG, deadline, ACK, PingPongError)
         if any(m.split(b"\x00", 1)[0] != TERMINATION_MSG[:3] for m in ack):
             raise PingPongError("Invalid termination ack was accepted")
     finally:
