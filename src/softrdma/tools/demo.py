@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from .. import enums as e
 from ..errors import DeviceError, InvalidArgument, NotSupported, SoftRdmaError
+from .argtypes import int_in, path_mtu
 
 if TYPE_CHECKING:
     from .. import verbs as v
@@ -47,40 +48,12 @@ class DemoError(SoftRdmaError):
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The demo's options."""
-    def size(text: str) -> int:
-        try:
-            value = int(text, 0)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"invalid size: {text!r}") from None
-        if not 8 <= value <= 1 << 24:
-            raise argparse.ArgumentTypeError(f"size must be 8..16777216, not {value}")
-        return value
-
-    def mtu(text: str) -> int:
-        try:
-            value = int(text, 0)
-        except ValueError:
-            value = -1
-        if value not in MTUS:
-            raise argparse.ArgumentTypeError(
-                f"MTU must be 256, 512, 1024, 2048 or 4096, not {text}")
-        return value
-
-    def port(text: str) -> int:
-        try:
-            value = int(text, 0)
-        except ValueError:
-            value = -1
-        if not 1 <= value <= 65535:
-            raise argparse.ArgumentTypeError(f"UDP port must be 1..65535, not {text}")
-        return value
-
-    p.add_argument("--size", type=size, default=4096,
+    p.add_argument("--size", type=int_in(8, 1 << 24, "size"), default=4096,
                    help="bytes moved by SEND, RDMA WRITE and RDMA READ (default 4096)")
-    p.add_argument("--mtu", type=mtu, default=1024, help="path MTU (default 1024)")
+    p.add_argument("--mtu", type=path_mtu, default=1024, help="path MTU (default 1024)")
     p.add_argument("--transport", choices=("roce", "iwarp"), default="roce",
                    help="roce (RoCEv2, default); iwarp is not available yet")
-    p.add_argument("--port", type=port, default=None,
+    p.add_argument("--port", type=int_in(1, 65535, "UDP port"), default=None,
                    help="UDP port of the in-process device (default 4791, the RoCEv2 port; "
                    "a free port when another program, such as softrdma_lo's devd, holds "
                    "4791)")

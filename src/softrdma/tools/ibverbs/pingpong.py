@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from ... import enums as e
 from ...errors import DecodeError, InvalidArgument, SoftRdmaError
 from .. import oobtcp
+from ..argtypes import int_in, path_mtu, positive_seconds
 from ..waiting import announce_wait, connect_retry_s
 from . import pingpong_ext
 from .pingpong_ext import ExtOptions
@@ -230,73 +231,31 @@ class OOBListener:
 # Options
 # --------------------------------------------------------------------------------------
 
-def _int0(text: str) -> int:
-    """``strtol(optarg, NULL, 0)``: decimal, ``0x`` hex or ``0`` octal."""
-    body = text.strip()
-    sign = -1 if body.startswith("-") else 1
-    body = body.lstrip("+-")
-    try:
-        if body[:2].lower() == "0x":
-            return sign * int(body[2:], 16)
-        if len(body) > 1 and body.startswith("0"):
-            return sign * int(body[1:], 8)
-        return sign * int(body, 10)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid integer: {text!r}") from None
-
-
-def _ranged(lo: int, hi: int | None, name: str) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        value = _int0(text)
-        if value < lo or (hi is not None and value > hi):
-            bound = f"{lo}..{hi}" if hi is not None else f">= {lo}"
-            raise argparse.ArgumentTypeError(f"{name} must be {bound}, not {value}")
-        return value
-    return parse
-
-
-def _mtu(text: str) -> int:
-    value = _int0(text)
-    if value not in MTU_BYTES_TO_ENUM:
-        raise argparse.ArgumentTypeError(f"MTU must be 256, 512, 1024, 2048 or 4096, not {value}")
-    return value
-
-
-def _timeout(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid timeout: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError("timeout must be > 0 seconds")
-    return value
-
-
 def add_arguments(p: argparse.ArgumentParser, kind: str) -> None:
     """The ``ibv_{kind}_pingpong`` options (same letters, names and defaults)."""
     size = 2048 if kind == "ud" else 4096
     p.add_argument("servername", nargs="?", help="connect to the server at this host "
                    "(without it: start a server and wait for a connection)")
-    p.add_argument("-p", "--port", type=_ranged(0, 65535, "port"), default=None,
+    p.add_argument("-p", "--port", type=int_in(0, 65535, "port"), default=None,
                    help=f"listen on/connect to TCP port PORT (default {DEFAULT_TCP_PORT}; "
                    "with --loopback an ephemeral port)")
     p.add_argument("-d", "--ib-dev", metavar="DEV", help="use device DEV "
                    "(default first device found)")
-    p.add_argument("-i", "--ib-port", type=_ranged(1, 255, "ib-port"), default=1,
+    p.add_argument("-i", "--ib-port", type=int_in(1, 255, "ib-port"), default=1,
                    metavar="PORT", help="use port PORT of the device (default 1)")
-    p.add_argument("-s", "--size", type=_ranged(1, 1 << 31, "size"), default=size,
+    p.add_argument("-s", "--size", type=int_in(1, 1 << 31, "size"), default=size,
                    help=f"size of message to exchange (default {size})")
     if kind != "ud":
-        p.add_argument("-m", "--mtu", type=_mtu, default=1024, help="path MTU (default 1024)")
-    p.add_argument("-r", "--rx-depth", type=_ranged(2, 1 << 20, "rx-depth"), default=500,
+        p.add_argument("-m", "--mtu", type=path_mtu, default=1024, help="path MTU (default 1024)")
+    p.add_argument("-r", "--rx-depth", type=int_in(2, 1 << 20, "rx-depth"), default=500,
                    metavar="DEP", help="number of receives to post at a time (default 500)")
-    p.add_argument("-n", "--iters", type=_ranged(1, 1 << 31, "iters"), default=1000,
+    p.add_argument("-n", "--iters", type=int_in(1, 1 << 31, "iters"), default=1000,
                    help="number of exchanges (default 1000)")
-    p.add_argument("-l", "--sl", type=_ranged(0, 15, "sl"), default=0,
+    p.add_argument("-l", "--sl", type=int_in(0, 15, "sl"), default=0,
                    help="service level value (default 0)")
     p.add_argument("-e", "--events", action="store_true",
                    help="sleep on CQ events (default poll)")
-    p.add_argument("-g", "--gid-idx", type=_ranged(-1, 0xFFFF, "gid-idx"), default=None,
+    p.add_argument("-g", "--gid-idx", type=int_in(-1, 0xFFFF, "gid-idx"), default=None,
                    metavar="IDX", help="local port GID index (default: 0 on RoCE ports, "
                    "which need a GID; -1 sends no GID, as the C tool without -g)")
     p.add_argument("-c", "--chk", action="store_true",
@@ -312,7 +271,7 @@ def add_arguments(p: argparse.ArgumentParser, kind: str) -> None:
                    "(no other process needed)")
     p.add_argument("--bind", metavar="ADDR", default=None,
                    help="server: listen for the TCP exchange on ADDR only (default all)")
-    p.add_argument("--timeout", type=_timeout, default=DEFAULT_TIMEOUT, metavar="SEC",
+    p.add_argument("--timeout", type=positive_seconds("timeout"), default=DEFAULT_TIMEOUT, metavar="SEC",
                    help=f"give up after SEC seconds without progress (connecting, "
                    f"exchanging, waiting for a completion; default {DEFAULT_TIMEOUT:g})")
 
