@@ -48,6 +48,7 @@ from ... import enums as e
 from ...errors import DecodeError, InvalidArgument, SoftRdmaError
 from .. import oobtcp
 from ..argtypes import int_in, path_mtu, positive_seconds
+from ..closers import Closers
 from ..waiting import announce_wait, connect_retry_s
 from . import pingpong_ext
 from .pingpong_ext import ExtOptions
@@ -352,7 +353,7 @@ class Endpoint:
         self.name = name
         self.qp_type = QP_TYPES[opts.kind]
         self.ah: v.AH | None = None
-        self._closers: list[Any] = []
+        self._closers = Closers()
         try:
             self.port_attr = ctx.query_port(opts.ib_port)
         except SoftRdmaError as exc:
@@ -656,12 +657,7 @@ class Endpoint:
 
     def close(self) -> None:
         """Destroy what this endpoint created (QP, CQ, MR, PD ...), newest first."""
-        while self._closers:
-            obj = self._closers.pop()
-            try:
-                obj.close()
-            except SoftRdmaError:
-                pass
+        self._closers.close()
 
 
 # --------------------------------------------------------------------------------------
@@ -692,16 +688,22 @@ def _emit(out: TextIO, line: str) -> None:
     out.flush()
 
 
+def _run_and_report(ep: Endpoint, is_client: bool, out: TextIO,
+                    abort: threading.Event | None) -> float:
+    """The data phase, then its result lines; returns its time (microseconds)."""
+    usec = ep.run(is_client, abort)
+    for line in result_lines(ep.opts.size, ep.opts.iters, usec):
+        _emit(out, line)
+    return usec
+
+
 def run_server(ep: Endpoint, listener: OOBListener, out: TextIO,
                abort: threading.Event | None = None) -> float:
     """Server role: print local, exchange (connect the QP before answering), run."""
     _emit(out, address_line("local", ep.local, ep.opts.kind))
     rem = listener.exchange(ep.local, ep.connect)
     _emit(out, address_line("remote", rem, ep.opts.kind))
-    usec = ep.run(False, abort)
-    for line in result_lines(ep.opts.size, ep.opts.iters, usec):
-        _emit(out, line)
-    return usec
+    return _run_and_report(ep, False, out, abort)
 
 
 def run_client(ep: Endpoint, host: str, port: int, out: TextIO,
@@ -711,10 +713,7 @@ def run_client(ep: Endpoint, host: str, port: int, out: TextIO,
     rem = client_exchange(host, port, ep.local, ep.opts.timeout)
     _emit(out, address_line("remote", rem, ep.opts.kind))
     ep.connect(rem)
-    usec = ep.run(True, abort)
-    for line in result_lines(ep.opts.size, ep.opts.iters, usec):
-        _emit(out, line)
-    return usec
+    return _run_and_report(ep, True, out, abort)
 
 
 def iwarp_listen(ctx: v.Context, opts: Options, port: int) -> Any:
@@ -743,10 +742,7 @@ def run_server_iwarp(ep: Endpoint, listener: Any, out: TextIO,
     finally:
         listener.close()
     _emit(out, address_line("remote", rem, ep.opts.kind))
-    usec = ep.run(False, abort)
-    for line in result_lines(ep.opts.size, ep.opts.iters, usec):
-        _emit(out, line)
-    return usec
+    return _run_and_report(ep, False, out, abort)
 
 
 def run_client_iwarp(ep: Endpoint, host: str, port: int, out: TextIO,
@@ -776,12 +772,9 @@ def run_client_iwarp(ep: Endpoint, host: str, port: int, out: TextIO,
     ep.remote = rem
     _emit(out, address_line("remote", rem, ep.opts.kind))
     try:
-        usec = ep.run(True, abort)
+        return _run_and_report(ep, True, out, abort)
     finally:
         conn.disconnect()
-    for line in result_lines(ep.opts.size, ep.opts.iters, usec):
-        _emit(out, line)
-    return usec
 
 
 def open_context(opts: Options) -> v.Context:
@@ -794,6 +787,14 @@ def open_context(opts: Options) -> v.Context:
         except SoftRdmaError as exc:
             raise PingPongError(f"Couldn't get context for {opts.ib_dev or 'iWARP loopback'}: "
                                 f"{exc}") from exc
+    return open_device(opts.ib_dev)
+
+
+def open_device(ib_dev: str | None) -> v.Context:
+    """The context of ``-d DEV`` (default: the first device), as the C examples open it
+    (``ibv_get_device_list``, then the named or the first one)."""
+    from ... import verbs as v
+
     try:
         devices = v.get_device_list()
     except SoftRdmaError as exc:
@@ -801,9 +802,9 @@ def open_context(opts: Options) -> v.Context:
     if not devices:
         raise PingPongError("No IB devices found")
     names = [d.name for d in devices]
-    if opts.ib_dev is not None and opts.ib_dev not in names:
-        raise PingPongError(f"IB device {opts.ib_dev} not found (have: {', '.join(names)})")
-    name = opts.ib_dev if opts.ib_dev is not None else names[0]
+    if ib_dev is not None and ib_dev not in names:
+        raise PingPongError(f"IB device {ib_dev} not found (have: {', '.join(names)})")
+    name = ib_dev if ib_dev is not None else names[0]
     try:
         return v.Context(name)
     except SoftRdmaError as exc:

@@ -41,6 +41,7 @@ from typing import Any
 from ... import enums as e
 from ... import verbs as v
 from ...errors import SoftRdmaError
+from ..closers import Closers
 from .oob import DEFAULT_CYCLE_BUFFER, ZERO_DEST, Dest
 from .options import DEF_QKEY, Options, PerftestError
 from .report import Progress
@@ -89,7 +90,7 @@ class Resources:
         self._recv_wrs: dict[tuple[int, int], Any] = {}  # (QP, size) -> its receive WR
         self.buf = bytearray(2 * o.num_qps * self.buff + PAGE_ALIGN
                              + 2 * o.num_qps * CREDIT.size)
-        self._closers: list[Any] = []
+        self._closers = Closers()
         self.qps: list[Any] = []
         try:
             self.pd = v.PD(ctx)
@@ -326,12 +327,7 @@ class Resources:
             raise PerftestError(f"Couldn't post send: qp {i}: {exc}") from exc
 
     def close(self) -> None:
-        while self._closers:
-            obj = self._closers.pop()
-            try:
-                obj.close()
-            except SoftRdmaError:
-                pass
+        self._closers.close()
 
 
 # ---- BW ----------------------------------------------------------------------------------

@@ -354,16 +354,23 @@ def finish_bw(s: Side) -> None:
     oob.close_connection(s.chan, s.my[0], True)
 
 
-def run_one_sided_bw(s: Side) -> None:
-    o = s.o
-    gb = o.report_gbits
-    s.emit(report.bw_table_header(gb))
-    if o.run_infinitely:
+def bw_start(s: Side, duplex: Callable[[Side], None]) -> bool:
+    """The BW table's header, then ``--run_infinitely`` or ``-b`` (``duplex``) when asked:
+    True when one of them ran the test."""
+    s.emit(report.bw_table_header(s.o.report_gbits))
+    if s.o.run_infinitely:
         run_infinitely(s)
+        return True
+    if s.o.duplex:
+        duplex(s)
+        return True
+    return False
+
+
+def run_one_sided_bw(s: Side) -> None:
+    if bw_start(s, run_duplex_bw):
         return
-    if o.duplex:
-        run_duplex_bw(s)
-        return
+    o = s.o
     if not o.is_client:
         with oob.waiting_for_whole_run(s.chan):  # the client runs every size first
             s.hs(0)
@@ -454,15 +461,9 @@ def run_duplex_send_bw(s: Side) -> None:
 
 
 def run_send_bw(s: Side) -> None:
+    if bw_start(s, run_duplex_send_bw):
+        return
     o = s.o
-    gb = o.report_gbits
-    s.emit(report.bw_table_header(gb))
-    if o.run_infinitely:
-        run_infinitely(s)
-        return
-    if o.duplex:
-        run_duplex_send_bw(s)
-        return
     for size in o.sizes:
         if not o.is_client:
             for i in range(o.num_qps):
