@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from .. import enums as e
 from ..errors import DeviceError, InvalidArgument, NotSupported, SoftRdmaError
+from .argtypes import int_in, path_mtu
 
 if TYPE_CHECKING:
     from .. import verbs as v
@@ -47,40 +48,12 @@ class DemoError(SoftRdmaError):
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The demo's options."""
-    def size(text: str) -> int:
-        try:
-            value = int(text, 0)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"invalid size: {text!r}") from None
-        if not 8 <= value <= 1 << 24:
-            raise argparse.ArgumentTypeError(f"size must be 8..16777216, not {value}")
-        return value
-
-    def mtu(text: str) -> int:
-        try:
-            value = int(text, 0)
-        except ValueError:
-            value = -1
-        if value not in MTUS:
-            raise argparse.ArgumentTypeError(
-                f"MTU must be 256, 512, 1024, 2048 or 4096, not {text}")
-        return value
-
-    def port(text: str) -> int:
-        try:
-            value = int(text, 0)
-        except ValueError:
-            value = -1
-        if not 1 <= value <= 65535:
-            raise argparse.ArgumentTypeError(f"UDP port must be 1..65535, not {text}")
-        return value
-
-    p.add_argument("--size", type=size, default=4096,
+    p.add_argument("--size", type=int_in(8, 1 << 24, "size"), default=4096,
                    help="bytes moved by SEND, RDMA WRITE and RDMA READ (default 4096)")
-    p.add_argument("--mtu", type=mtu, default=1024, help="path MTU (default 1024)")
+    p.add_argument("--mtu", type=path_mtu, default=1024, help="path MTU (default 1024)")
     p.add_argument("--transport", choices=("roce", "iwarp"), default="roce",
                    help="roce (RoCEv2, default); iwarp is not available yet")
-    p.add_argument("--port", type=port, default=None,
+    p.add_argument("--port", type=int_in(1, 65535, "UDP port"), default=None,
                    help="UDP port of the in-process device (default 4791, the RoCEv2 port; "
                    "a free port when another program, such as softrdma_lo's devd, holds "
                    "4791)")
@@ -280,32 +253,31 @@ class Demo:
 
     def cmp_and_swp(self) -> Result:
         """CAS on B's word: compare (equal) then swap; A gets the old value."""
-        a, b = self.a, self.b
         old, new = self.rng.getrandbits(64), self.rng.getrandbits(64)
-        b.set_u64(b.off_atomic, old)
-        a.set_u64(a.off_atomic, 0)
-        wr = self._send_wr(e.IBV_WR_ATOMIC_CMP_AND_SWP, a.off_atomic, 8)
-        wr.set_wr_atomic(b.mr.rkey, b.va(b.off_atomic), old, new)
-        wc, ms = self._complete(wr, "ATOMIC CMP_AND_SWP")
-        ok = (wc.status == e.IBV_WC_SUCCESS and a.u64(a.off_atomic) == old
-              and b.u64(b.off_atomic) == new)
-        return Result("ATOMIC CMP_AND_SWP", "A -> B", 8, self._status(wc), ok,
-                      f"0x{old:016x} == compare -> swapped in 0x{new:016x}", ms)
+        return self._atomic("ATOMIC CMP_AND_SWP", e.IBV_WR_ATOMIC_CMP_AND_SWP, old,
+                            (old, new), new,
+                            f"0x{old:016x} == compare -> swapped in 0x{new:016x}")
 
     def fetch_and_add(self) -> Result:
         """FAA on B's word; A gets the value before the add."""
-        a, b = self.a, self.b
         before, add = self.rng.getrandbits(64), self.rng.getrandbits(32)
+        after = (before + add) & U64
+        return self._atomic("ATOMIC FETCH_AND_ADD", e.IBV_WR_ATOMIC_FETCH_AND_ADD, before,
+                            (add,), after, f"0x{before:016x} + 0x{add:x} = 0x{after:016x}")
+
+    def _atomic(self, name: str, opcode: int, before: int, operands: tuple[int, ...],
+                after: int, detail: str) -> Result:
+        """One atomic from A on B's word, which holds ``before``: it passes when A gets
+        ``before`` back and B's word is then ``after``."""
+        a, b = self.a, self.b
         b.set_u64(b.off_atomic, before)
         a.set_u64(a.off_atomic, 0)
-        wr = self._send_wr(e.IBV_WR_ATOMIC_FETCH_AND_ADD, a.off_atomic, 8)
-        wr.set_wr_atomic(b.mr.rkey, b.va(b.off_atomic), add)
-        wc, ms = self._complete(wr, "ATOMIC FETCH_AND_ADD")
-        after = (before + add) & U64
+        wr = self._send_wr(opcode, a.off_atomic, 8)
+        wr.set_wr_atomic(b.mr.rkey, b.va(b.off_atomic), *operands)
+        wc, ms = self._complete(wr, name)
         ok = (wc.status == e.IBV_WC_SUCCESS and a.u64(a.off_atomic) == before
               and b.u64(b.off_atomic) == after)
-        return Result("ATOMIC FETCH_AND_ADD", "A -> B", 8, self._status(wc), ok,
-                      f"0x{before:016x} + 0x{add:x} = 0x{after:016x}", ms)
+        return Result(name, "A -> B", 8, self._status(wc), ok, detail, ms)
 
 
 def _free_udp_port() -> int:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from ... import enums as e
 from ...errors import DeviceError, SoftRdmaError
+from ..argtypes import int_in
 
 if TYPE_CHECKING:
     from ... import verbs as v
@@ -78,18 +79,9 @@ _VERBOSE_FIELDS: list[tuple[str, str]] = [
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """``ibv_devinfo``'s options."""
-    def port(text: str) -> int:
-        try:
-            value = int(text, 0)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"invalid port number: {text!r}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"port must be >= 1, not {value}")
-        return value
-
     p.add_argument("-d", "--ib-dev", metavar="DEV",
                    help="use device DEV (default: all devices)")
-    p.add_argument("-i", "--ib-port", type=port, default=0, metavar="PORT",
+    p.add_argument("-i", "--ib-port", type=int_in(1, None, "port"), default=0, metavar="PORT",
                    help="use port PORT of the device (default all ports)")
     p.add_argument("-l", "--list", action="store_true", help="print only the device names")
     p.add_argument("-v", "--verbose", action="store_true",

@@ -46,15 +46,17 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from ... import enums as e
 from ...errors import DecodeError, InvalidArgument, SoftRdmaError
+from .. import oobtcp
+from ..argtypes import int_in, path_mtu, positive_seconds
+from ..closers import Closers
 from ..waiting import announce_wait, connect_retry_s
 from . import pingpong_ext
-from .oobconnect import connect_retrying
 from .pingpong_ext import ExtOptions
 
 if TYPE_CHECKING:
     from ... import verbs as v
 
-DEFAULT_TCP_PORT = 18515
+DEFAULT_TCP_PORT = oobtcp.DEFAULT_PORT
 MSG_LEN = 52  # sizeof "0000:000000:000000:00000000000000000000000000000000"
 DONE_MSG = b"done\x00"  # sizeof "done" == 5
 UD_QKEY = 0x11111111
@@ -166,39 +168,6 @@ def decode_dest(msg: bytes) -> Dest:
     return Dest(lid, qpn, psn, gid)
 
 
-def _remaining(deadline: float, what: str) -> float:
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise PingPongError(f"timed out {what}")
-    return left
-
-
-def _recv_exact(sock: socket.socket, n: int, deadline: float, what: str) -> bytes:
-    """Read exactly ``n`` bytes before ``deadline``; EOF or timeout is a PingPongError."""
-    buf = bytearray()
-    while len(buf) < n:
-        sock.settimeout(_remaining(deadline, f"waiting for {what}"))
-        try:
-            chunk = sock.recv(n - len(buf))
-        except TimeoutError as exc:
-            raise PingPongError(f"timed out waiting for {what}") from exc
-        except OSError as exc:
-            raise PingPongError(f"Couldn't read {what}: {exc.strerror or exc}") from exc
-        if not chunk:
-            raise PingPongError(
-                f"peer closed the connection during {what} ({len(buf)}/{n} bytes)")
-        buf += chunk
-    return bytes(buf)
-
-
-def _send_all(sock: socket.socket, data: bytes, deadline: float, what: str) -> None:
-    sock.settimeout(_remaining(deadline, f"sending {what}"))
-    try:
-        sock.sendall(data)
-    except OSError as exc:
-        raise PingPongError(f"Couldn't send {what}: {exc.strerror or exc}") from exc
-
-
 def client_exchange(host: str, port: int, my: Dest, timeout: float = DEFAULT_TIMEOUT) -> Dest:
     """The client side of the exchange (``pp_client_exch_dest``).
 
@@ -207,17 +176,12 @@ def client_exchange(host: str, port: int, my: Dest, timeout: float = DEFAULT_TIM
     """
     deadline = time.monotonic() + timeout
     msg = encode_dest(my)
-    sock = _connect(host, port, deadline)
+    sock = oobtcp.connect(host, port, deadline, PingPongError)
     with sock:
-        _send_all(sock, msg, deadline, "local address")
-        reply = _recv_exact(sock, MSG_LEN, deadline, "remote address")
-        _send_all(sock, DONE_MSG, deadline, "\"done\"")
+        oobtcp.send_all(sock, msg, deadline, "local address", PingPongError)
+        reply = oobtcp.recv_exact(sock, MSG_LEN, deadline, "remote address", PingPongError)
+        oobtcp.send_all(sock, DONE_MSG, deadline, "\"done\"", PingPongError)
     return decode_dest(reply)
-
-
-def _connect(host: str, port: int, deadline: float) -> socket.socket:
-    retry_until = min(deadline, time.monotonic() + connect_retry_s())  # tools.waiting
-    return connect_retrying(host, port, deadline, PingPongError, retry_until=retry_until)
 
 
 class OOBListener:
@@ -230,34 +194,7 @@ class OOBListener:
     def __init__(self, port: int = DEFAULT_TCP_PORT, bind: str | None = None,
                  timeout: float = DEFAULT_TIMEOUT) -> None:
         self.timeout = timeout
-        self._sock = self._listen(bind, port)
-
-    @staticmethod
-    def _listen(bind: str | None, port: int) -> socket.socket:
-        candidates: list[tuple[socket.AddressFamily, Any]] = []
-        if bind is None and socket.has_ipv6:
-            candidates.append((socket.AF_INET6, ("::", port, 0, 0)))
-        try:
-            for info in socket.getaddrinfo(
-                    bind, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0, socket.AI_PASSIVE):
-                candidates.append((info[0], info[4]))
-        except socket.gaierror as exc:
-            raise PingPongError(f"{exc.strerror} for port {port}") from exc
-        last: OSError | None = None
-        for family, addr in candidates:
-            sock = socket.socket(family, socket.SOCK_STREAM)
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                if family == socket.AF_INET6 and bind is None:
-                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-                sock.bind(addr)
-                sock.listen(1)
-                return sock
-            except OSError as exc:
-                last = exc
-                sock.close()
-        reason = (last.strerror or str(last)) if last else "no address"
-        raise PingPongError(f"Couldn't listen to port {port}: {reason}")
+        self._sock = oobtcp.listen(port, PingPongError, bind=bind)
 
     @property
     def port(self) -> int:
@@ -275,19 +212,17 @@ class OOBListener:
     def exchange(self, my: Dest, on_remote: Callable[[Dest], None]) -> Dest:
         """Accept one client: read its address, ``on_remote(dest)`` (connect the QP), answer
         with ``my``, wait for ``done``. Returns the client's address."""
-        self._sock.settimeout(None)  # wait for the client until stopped (tools.waiting)
-        try:
-            conn, _peer = self._sock.accept()
-        except OSError as exc:
-            raise PingPongError(f"accept() failed: {exc.strerror or exc}") from exc
+        try:  # the client is awaited until stopped (tools.waiting)
+            conn = oobtcp.accept(self._sock, PingPongError)
         finally:
             self.close()
         deadline = time.monotonic() + self.timeout
         with conn:
-            rem = decode_dest(_recv_exact(conn, MSG_LEN, deadline, "remote address"))
+            rem = decode_dest(oobtcp.recv_exact(conn, MSG_LEN, deadline, "remote address",
+                                                PingPongError))
             on_remote(rem)
-            _send_all(conn, encode_dest(my), deadline, "local address")
-            done = _recv_exact(conn, len(DONE_MSG), deadline, "\"done\"")
+            oobtcp.send_all(conn, encode_dest(my), deadline, "local address", PingPongError)
+            done = oobtcp.recv_exact(conn, len(DONE_MSG), deadline, "\"done\"", PingPongError)
             if done != DONE_MSG:
                 raise PingPongError(f"peer sent {done!r} instead of \"done\"")
         return rem
@@ -297,73 +232,31 @@ class OOBListener:
 # Options
 # --------------------------------------------------------------------------------------
 
-def _int0(text: str) -> int:
-    """``strtol(optarg, NULL, 0)``: decimal, ``0x`` hex or ``0`` octal."""
-    body = text.strip()
-    sign = -1 if body.startswith("-") else 1
-    body = body.lstrip("+-")
-    try:
-        if body[:2].lower() == "0x":
-            return sign * int(body[2:], 16)
-        if len(body) > 1 and body.startswith("0"):
-            return sign * int(body[1:], 8)
-        return sign * int(body, 10)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid integer: {text!r}") from None
-
-
-def _ranged(lo: int, hi: int | None, name: str) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        value = _int0(text)
-        if value < lo or (hi is not None and value > hi):
-            bound = f"{lo}..{hi}" if hi is not None else f">= {lo}"
-            raise argparse.ArgumentTypeError(f"{name} must be {bound}, not {value}")
-        return value
-    return parse
-
-
-def _mtu(text: str) -> int:
-    value = _int0(text)
-    if value not in MTU_BYTES_TO_ENUM:
-        raise argparse.ArgumentTypeError(f"MTU must be 256, 512, 1024, 2048 or 4096, not {value}")
-    return value
-
-
-def _timeout(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid timeout: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError("timeout must be > 0 seconds")
-    return value
-
-
 def add_arguments(p: argparse.ArgumentParser, kind: str) -> None:
     """The ``ibv_{kind}_pingpong`` options (same letters, names and defaults)."""
     size = 2048 if kind == "ud" else 4096
     p.add_argument("servername", nargs="?", help="connect to the server at this host "
                    "(without it: start a server and wait for a connection)")
-    p.add_argument("-p", "--port", type=_ranged(0, 65535, "port"), default=None,
+    p.add_argument("-p", "--port", type=int_in(0, 65535, "port"), default=None,
                    help=f"listen on/connect to TCP port PORT (default {DEFAULT_TCP_PORT}; "
                    "with --loopback an ephemeral port)")
     p.add_argument("-d", "--ib-dev", metavar="DEV", help="use device DEV "
                    "(default first device found)")
-    p.add_argument("-i", "--ib-port", type=_ranged(1, 255, "ib-port"), default=1,
+    p.add_argument("-i", "--ib-port", type=int_in(1, 255, "ib-port"), default=1,
                    metavar="PORT", help="use port PORT of the device (default 1)")
-    p.add_argument("-s", "--size", type=_ranged(1, 1 << 31, "size"), default=size,
+    p.add_argument("-s", "--size", type=int_in(1, 1 << 31, "size"), default=size,
                    help=f"size of message to exchange (default {size})")
     if kind != "ud":
-        p.add_argument("-m", "--mtu", type=_mtu, default=1024, help="path MTU (default 1024)")
-    p.add_argument("-r", "--rx-depth", type=_ranged(2, 1 << 20, "rx-depth"), default=500,
+        p.add_argument("-m", "--mtu", type=path_mtu, default=1024, help="path MTU (default 1024)")
+    p.add_argument("-r", "--rx-depth", type=int_in(2, 1 << 20, "rx-depth"), default=500,
                    metavar="DEP", help="number of receives to post at a time (default 500)")
-    p.add_argument("-n", "--iters", type=_ranged(1, 1 << 31, "iters"), default=1000,
+    p.add_argument("-n", "--iters", type=int_in(1, 1 << 31, "iters"), default=1000,
                    help="number of exchanges (default 1000)")
-    p.add_argument("-l", "--sl", type=_ranged(0, 15, "sl"), default=0,
+    p.add_argument("-l", "--sl", type=int_in(0, 15, "sl"), default=0,
                    help="service level value (default 0)")
     p.add_argument("-e", "--events", action="store_true",
                    help="sleep on CQ events (default poll)")
-    p.add_argument("-g", "--gid-idx", type=_ranged(-1, 0xFFFF, "gid-idx"), default=None,
+    p.add_argument("-g", "--gid-idx", type=int_in(-1, 0xFFFF, "gid-idx"), default=None,
                    metavar="IDX", help="local port GID index (default: 0 on RoCE ports, "
                    "which need a GID; -1 sends no GID, as the C tool without -g)")
     p.add_argument("-c", "--chk", action="store_true",
@@ -379,7 +272,7 @@ def add_arguments(p: argparse.ArgumentParser, kind: str) -> None:
                    "(no other process needed)")
     p.add_argument("--bind", metavar="ADDR", default=None,
                    help="server: listen for the TCP exchange on ADDR only (default all)")
-    p.add_argument("--timeout", type=_timeout, default=DEFAULT_TIMEOUT, metavar="SEC",
+    p.add_argument("--timeout", type=positive_seconds("timeout"), default=DEFAULT_TIMEOUT, metavar="SEC",
                    help=f"give up after SEC seconds without progress (connecting, "
                    f"exchanging, waiting for a completion; default {DEFAULT_TIMEOUT:g})")
 
@@ -460,7 +353,7 @@ class Endpoint:
         self.name = name
         self.qp_type = QP_TYPES[opts.kind]
         self.ah: v.AH | None = None
-        self._closers: list[Any] = []
+        self._closers = Closers()
         try:
             self.port_attr = ctx.query_port(opts.ib_port)
         except SoftRdmaError as exc:
@@ -764,12 +657,7 @@ class Endpoint:
 
     def close(self) -> None:
         """Destroy what this endpoint created (QP, CQ, MR, PD ...), newest first."""
-        while self._closers:
-            obj = self._closers.pop()
-            try:
-                obj.close()
-            except SoftRdmaError:
-                pass
+        self._closers.close()
 
 
 # --------------------------------------------------------------------------------------
@@ -800,16 +688,22 @@ def _emit(out: TextIO, line: str) -> None:
     out.flush()
 
 
+def _run_and_report(ep: Endpoint, is_client: bool, out: TextIO,
+                    abort: threading.Event | None) -> float:
+    """The data phase, then its result lines; returns its time (microseconds)."""
+    usec = ep.run(is_client, abort)
+    for line in result_lines(ep.opts.size, ep.opts.iters, usec):
+        _emit(out, line)
+    return usec
+
+
 def run_server(ep: Endpoint, listener: OOBListener, out: TextIO,
                abort: threading.Event | None = None) -> float:
     """Server role: print local, exchange (connect the QP before answering), run."""
     _emit(out, address_line("local", ep.local, ep.opts.kind))
     rem = listener.exchange(ep.local, ep.connect)
     _emit(out, address_line("remote", rem, ep.opts.kind))
-    usec = ep.run(False, abort)
-    for line in result_lines(ep.opts.size, ep.opts.iters, usec):
-        _emit(out, line)
-    return usec
+    return _run_and_report(ep, False, out, abort)
 
 
 def run_client(ep: Endpoint, host: str, port: int, out: TextIO,
@@ -819,10 +713,7 @@ def run_client(ep: Endpoint, host: str, port: int, out: TextIO,
     rem = client_exchange(host, port, ep.local, ep.opts.timeout)
     _emit(out, address_line("remote", rem, ep.opts.kind))
     ep.connect(rem)
-    usec = ep.run(True, abort)
-    for line in result_lines(ep.opts.size, ep.opts.iters, usec):
-        _emit(out, line)
-    return usec
+    return _run_and_report(ep, True, out, abort)
 
 
 def iwarp_listen(ctx: v.Context, opts: Options, port: int) -> Any:
@@ -851,10 +742,7 @@ def run_server_iwarp(ep: Endpoint, listener: Any, out: TextIO,
     finally:
         listener.close()
     _emit(out, address_line("remote", rem, ep.opts.kind))
-    usec = ep.run(False, abort)
-    for line in result_lines(ep.opts.size, ep.opts.iters, usec):
-        _emit(out, line)
-    return usec
+    return _run_and_report(ep, False, out, abort)
 
 
 def run_client_iwarp(ep: Endpoint, host: str, port: int, out: TextIO,
@@ -884,12 +772,9 @@ def run_client_iwarp(ep: Endpoint, host: str, port: int, out: TextIO,
     ep.remote = rem
     _emit(out, address_line("remote", rem, ep.opts.kind))
     try:
-        usec = ep.run(True, abort)
+        return _run_and_report(ep, True, out, abort)
     finally:
         conn.disconnect()
-    for line in result_lines(ep.opts.size, ep.opts.iters, usec):
-        _emit(out, line)
-    return usec
 
 
 def open_context(opts: Options) -> v.Context:
@@ -902,6 +787,14 @@ def open_context(opts: Options) -> v.Context:
         except SoftRdmaError as exc:
             raise PingPongError(f"Couldn't get context for {opts.ib_dev or 'iWARP loopback'}: "
                                 f"{exc}") from exc
+    return open_device(opts.ib_dev)
+
+
+def open_device(ib_dev: str | None) -> v.Context:
+    """The context of ``-d DEV`` (default: the first device), as the C examples open it
+    (``ibv_get_device_list``, then the named or the first one)."""
+    from ... import verbs as v
+
     try:
         devices = v.get_device_list()
     except SoftRdmaError as exc:
@@ -909,9 +802,9 @@ def open_context(opts: Options) -> v.Context:
     if not devices:
         raise PingPongError("No IB devices found")
     names = [d.name for d in devices]
-    if opts.ib_dev is not None and opts.ib_dev not in names:
-        raise PingPongError(f"IB device {opts.ib_dev} not found (have: {', '.join(names)})")
-    name = opts.ib_dev if opts.ib_dev is not None else names[0]
+    if ib_dev is not None and ib_dev not in names:
+        raise PingPongError(f"IB device {ib_dev} not found (have: {', '.join(names)})")
+    name = ib_dev if ib_dev is not None else names[0]
     try:
         return v.Context(name)
     except SoftRdmaError as exc:

@@ -21,28 +21,9 @@ import time
 from typing import TextIO
 
 from ... import enums as e
+from ... import verbs as v
 from ...errors import SoftRdmaError
-from ...verbs import (
-    CQ,
-    MR,
-    PD,
-    QP,
-    SGE,
-    SRQ,
-    AHAttr,
-    CompChannel,
-    Context,
-    GlobalRoute,
-    QPAttr,
-    QPCap,
-    QPInitAttr,
-    RecvWR,
-    SendWR,
-    SrqAttr,
-    SrqInitAttr,
-    get_device_list,
-    wc_status_str,
-)
+from .. import oobtcp
 from ..waiting import announce_wait
 from .pingpong import (
     DEFAULT_TCP_PORT,
@@ -51,13 +32,11 @@ from .pingpong import (
     MTU_BYTES_TO_ENUM,
     Dest,
     PingPongError,
-    _connect,
-    _recv_exact,
-    _send_all,
     address_line,
     decode_dest,
     encode_dest,
     local_gid,
+    open_device,
     result_lines,
 )
 
@@ -112,37 +91,34 @@ def _messages(dests: list[Dest]) -> bytes:
 
 
 def _read_dests(sock: socket.socket, deadline: float) -> list[Dest]:
-    return [decode_dest(_recv_exact(sock, MSG_LEN, deadline, f"remote address [{i}]"))
+    return [decode_dest(oobtcp.recv_exact(sock, MSG_LEN, deadline, f"remote address [{i}]",
+                                          PingPongError))
             for i in range(MAX_QP)]
 
 
 def exchange_client(host: str, port: int, mine: list[Dest], timeout: float) -> list[Dest]:
     """``pp_client_exch_dest``: send our 256 addresses, read the server's, send done."""
     deadline = time.monotonic() + timeout
-    with _connect(host, port, deadline) as sock:
-        _send_all(sock, _messages(mine), deadline, "local address")
+    with oobtcp.connect(host, port, deadline, PingPongError) as sock:
+        oobtcp.send_all(sock, _messages(mine), deadline, "local address", PingPongError)
         rem = _read_dests(sock, deadline)
-        _send_all(sock, DONE_MSG, deadline, "\"done\"")
+        oobtcp.send_all(sock, DONE_MSG, deadline, "\"done\"", PingPongError)
     return rem
 
 
 def exchange_server(port: int, mine: list[Dest], connect: object, timeout: float) -> list[Dest]:
     """``pp_server_exch_dest``: accept one client, read its 256 addresses, connect the
     QPs (``connect(rem)``), answer with ours, read done."""
-    try:
-        lst = socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True)
-    except OSError as exc:
-        raise PingPongError(f"Couldn't listen to port {port}: {exc.strerror or exc}") from exc
-    with lst:
+    with oobtcp.listen(port, PingPongError) as lst:
         announce_wait("srq-pingpong", port)
-        lst.settimeout(None)  # wait for the client until stopped (tools.waiting)
-        conn, _ = lst.accept()
+        conn = oobtcp.accept(lst, PingPongError)  # awaited until stopped (tools.waiting)
     deadline = time.monotonic() + timeout
     with conn:
         rem = _read_dests(conn, deadline)
         connect(rem)  # type: ignore[operator]
-        _send_all(conn, _messages(mine), deadline, "local address")
-        if _recv_exact(conn, len(DONE_MSG), deadline, "\"done\"") != DONE_MSG:
+        oobtcp.send_all(conn, _messages(mine), deadline, "local address", PingPongError)
+        done = oobtcp.recv_exact(conn, len(DONE_MSG), deadline, "\"done\"", PingPongError)
+        if done != DONE_MSG:
             raise PingPongError("peer did not answer \"done\"")
     return rem
 
@@ -151,37 +127,30 @@ class _Pingpong:
     """The resources of ``pp_init_ctx`` and the QP connection of ``pp_connect_ctx``."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        devs = get_device_list()
-        if args.ib_dev is not None:
-            devs = [d for d in devs if d.name == args.ib_dev]
-            if not devs:
-                raise PingPongError(f"IB device {args.ib_dev} not found")
-        if not devs:
-            raise PingPongError("No IB devices found")
         self.args = args
-        self.ctx = Context(devs[0].name)
+        self.ctx = open_device(args.ib_dev)
         try:
             self.gid_idx, self.gid = local_gid(self.ctx, args.ib_port, args.gid_idx)
         except PingPongError:
             self.ctx.close()
             raise
-        self.channel = CompChannel(self.ctx) if args.events else None
-        self.pd = PD(self.ctx)
+        self.channel = v.CompChannel(self.ctx) if args.events else None
+        self.pd = v.PD(self.ctx)
         self.buf = bytearray(args.size)
-        self.mr = MR(self.pd, 0, int(e.IBV_ACCESS_LOCAL_WRITE), buffer=self.buf)
-        self.cq = CQ(self.ctx, args.rx_depth + args.num_qp, channel=self.channel)
-        self.srq = SRQ(self.pd, SrqInitAttr(SrqAttr(max_wr=args.rx_depth, max_sge=1)))
-        self.qps: list[QP] = []
+        self.mr = v.MR(self.pd, 0, int(e.IBV_ACCESS_LOCAL_WRITE), buffer=self.buf)
+        self.cq = v.CQ(self.ctx, args.rx_depth + args.num_qp, channel=self.channel)
+        self.srq = v.SRQ(self.pd, v.SrqInitAttr(v.SrqAttr(max_wr=args.rx_depth, max_sge=1)))
+        self.qps: list[v.QP] = []
         for _ in range(args.num_qp):
-            qp = QP(self.pd, QPInitAttr(int(e.IBV_QPT_RC), scq=self.cq, rcq=self.cq,
-                                        srq=self.srq, cap=QPCap(1, 0, 1, 0, 0)))
-            qp.to_init(QPAttr(port_num=args.ib_port))
+            qp = v.QP(self.pd, v.QPInitAttr(int(e.IBV_QPT_RC), scq=self.cq, rcq=self.cq,
+                                            srq=self.srq, cap=v.QPCap(1, 0, 1, 0, 0)))
+            qp.to_init(v.QPAttr(port_num=args.ib_port))
             self.qps.append(qp)
         self.by_qpn = {qp.qp_num: i for i, qp in enumerate(self.qps)}
         self.routs = 0
 
     def post_recv(self, n: int) -> int:
-        wr = RecvWR(RECV_WRID, sg=[SGE(self.mr.addr, self.args.size, self.mr.lkey)])
+        wr = v.RecvWR(RECV_WRID, sg=[v.SGE(self.mr.addr, self.args.size, self.mr.lkey)])
         for i in range(n):
             try:
                 self.srq.post_recv(wr)
@@ -190,8 +159,8 @@ class _Pingpong:
         return n
 
     def post_send(self, i: int) -> None:
-        self.qps[i].post_send(SendWR(SEND_WRID, sg=[SGE(self.mr.addr, self.args.size,
-                                                        self.mr.lkey)]))
+        self.qps[i].post_send(v.SendWR(SEND_WRID, sg=[v.SGE(self.mr.addr, self.args.size,
+                                                            self.mr.lkey)]))
 
     def my_dests(self) -> list[Dest]:
         a = self.args
@@ -204,15 +173,15 @@ class _Pingpong:
         mtu = int(MTU_BYTES_TO_ENUM[a.mtu])
         glob = any(rem[0].gid[8:])  # srq_pingpong.c looks at dest->gid's interface id
         for i, qp in enumerate(self.qps):
-            attr = QPAttr(qp_state=int(e.IBV_QPS_RTR), path_mtu=mtu, port_num=a.ib_port)
+            attr = v.QPAttr(qp_state=int(e.IBV_QPS_RTR), path_mtu=mtu, port_num=a.ib_port)
             attr.dest_qp_num = rem[i].qpn
             attr.rq_psn = rem[i].psn
             attr.max_dest_rd_atomic = 1
             attr.min_rnr_timer = _RNR_TIMER
-            gr = (GlobalRoute(dgid=rem[0].gid, sgid_index=max(self.gid_idx, 0), hop_limit=1)
+            gr = (v.GlobalRoute(dgid=rem[0].gid, sgid_index=max(self.gid_idx, 0), hop_limit=1)
                   if glob else None)
-            attr.ah_attr = AHAttr(port_num=a.ib_port, is_global=int(glob), gr=gr,
-                                  dlid=rem[i].lid, sl=a.sl)
+            attr.ah_attr = v.AHAttr(port_num=a.ib_port, is_global=int(glob), gr=gr,
+                                    dlid=rem[i].lid, sl=a.sl)
             try:
                 qp.to_rtr(attr)
             except SoftRdmaError as exc:
@@ -249,7 +218,7 @@ class _Pingpong:
             ne, wcs = self.cq.poll(num_wc)
             for wc in wcs[:ne]:
                 if wc.status != e.IBV_WC_SUCCESS:
-                    raise PingPongError(f"Failed status {wc_status_str(wc.status)} "
+                    raise PingPongError(f"Failed status {v.wc_status_str(wc.status)} "
                                         f"({int(wc.status)}) for wr_id {wc.wr_id}")
                 qi = self.by_qpn.get(wc.qp_num)
                 if qi is None:

@@ -29,35 +29,14 @@ import time
 from typing import TextIO
 
 from ... import enums as e
+from ... import verbs as v
 from ...errors import SoftRdmaError
-from ...verbs import (
-    CQ,
-    MR,
-    PD,
-    QP,
-    SGE,
-    XRCD,
-    AHAttr,
-    CompChannel,
-    Context,
-    GlobalRoute,
-    QPAttr,
-    QPCap,
-    QPInitAttr,
-    RecvWR,
-    SendWR,
-    SrqAttr,
-    SrqInitAttr,
-    XrcSRQ,
-    get_device_list,
-)
+from .. import oobtcp
 from .pingpong import (
     MTU_BYTES_TO_ENUM,
     PingPongError,
-    _connect,
-    _recv_exact,
-    _send_all,
     local_gid,
+    open_device,
 )
 from .srq_pingpong import add_server_client_arguments
 from .xsrq_msg import MSG_SIZE, XDest, address_line, decode_xdest, encode_xdest
@@ -66,6 +45,7 @@ __all__ = ["MSG_SIZE", "XDest", "encode_xdest", "decode_xdest", "address_line",
            "add_arguments", "run"]  # the message codec lives in xsrq_msg
 
 TERMINATION_MSG = b"END\x00"
+ACK = "termination ack"
 XRC_DOMAIN_FILE = "/tmp/xrc_domain"
 _PSN_MASK = 0xFFFFFF
 _RNR_TIMER = 12
@@ -97,22 +77,17 @@ class _XsrqPingpong:
     """``pp_init_ctx``, ``create_qps`` and ``connect_qps`` of xsrq_pingpong.c."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        devs = get_device_list()
-        if args.ib_dev is not None:
-            devs = [d for d in devs if d.name == args.ib_dev]
-        if not devs:
-            raise PingPongError(f"IB device {args.ib_dev or ''} not found")
         self.args = args
         n = args.clients
-        self.ctx = Context(devs[0].name)
+        self.ctx = open_device(args.ib_dev)
         self.fd = -1
         try:
             self.lid = self.ctx.query_port(args.ib_port).lid
             self.gid_idx, self.gid = local_gid(self.ctx, args.ib_port, args.gid_idx)
             self.buf = bytearray(args.size)
-            self.channel = CompChannel(self.ctx) if args.events else None
-            self.pd = PD(self.ctx)
-            self.mr = MR(self.pd, 0, int(e.IBV_ACCESS_LOCAL_WRITE), buffer=self.buf)
+            self.channel = v.CompChannel(self.ctx) if args.events else None
+            self.pd = v.PD(self.ctx)
+            self.mr = v.MR(self.pd, 0, int(e.IBV_ACCESS_LOCAL_WRITE), buffer=self.buf)
             try:
                 self.fd = os.open(XRC_DOMAIN_FILE, os.O_RDONLY | os.O_CREAT,
                                   stat.S_IRUSR | stat.S_IRGRP)
@@ -120,31 +95,31 @@ class _XsrqPingpong:
                 print("Couldn't create the file for the XRC Domain but not stopping "
                       f"{exc.errno}", file=sys.stderr)
             try:
-                self.xrcd = XRCD(self.ctx, self.fd, os.O_CREAT)
+                self.xrcd = v.XRCD(self.ctx, self.fd, os.O_CREAT)
             except SoftRdmaError as exc:
                 raise PingPongError(f"Couldn't Open the XRC Domain ({exc})") from exc
-            self.recv_cq = CQ(self.ctx, n, channel=self.channel)
+            self.recv_cq = v.CQ(self.ctx, n, channel=self.channel)
             if self.channel is not None:
                 self.recv_cq.req_notify()
-            self.send_cq = CQ(self.ctx, n)
-            self.srq = XrcSRQ(self.pd, self.xrcd, self.recv_cq,
-                              SrqInitAttr(SrqAttr(max_wr=n, max_sge=1)))
-            self.recv_qps: list[QP] = []
-            self.send_qps: list[QP] = []
-            init = QPAttr(port_num=args.ib_port)
+            self.send_cq = v.CQ(self.ctx, n)
+            self.srq = v.XrcSRQ(self.pd, self.xrcd, self.recv_cq,
+                                v.SrqInitAttr(v.SrqAttr(max_wr=n, max_sge=1)))
+            self.recv_qps: list[v.QP] = []
+            self.send_qps: list[v.QP] = []
+            init = v.QPAttr(port_num=args.ib_port)
             for i in range(n):
                 try:
-                    rq = QP(self.xrcd, QPInitAttr(int(e.IBV_QPT_XRC_RECV)))
-                    rq.modify(QPAttr(qp_state=int(e.IBV_QPS_INIT), port_num=args.ib_port,
-                                     qp_access_flags=int(e.IBV_ACCESS_REMOTE_WRITE
-                                                         | e.IBV_ACCESS_REMOTE_READ)),
+                    rq = v.QP(self.xrcd, v.QPInitAttr(int(e.IBV_QPT_XRC_RECV)))
+                    rq.modify(v.QPAttr(qp_state=int(e.IBV_QPS_INIT), port_num=args.ib_port,
+                                       qp_access_flags=int(e.IBV_ACCESS_REMOTE_WRITE
+                                                           | e.IBV_ACCESS_REMOTE_READ)),
                               int(M.IBV_QP_STATE | M.IBV_QP_PKEY_INDEX | M.IBV_QP_PORT
                                   | M.IBV_QP_ACCESS_FLAGS))
                 except SoftRdmaError as exc:
                     raise PingPongError(f"Couldn't create recv QP[{i}] ({exc})") from exc
                 try:
-                    sq = QP(self.pd, QPInitAttr(int(e.IBV_QPT_XRC_SEND), scq=self.send_cq,
-                                                cap=QPCap(n * args.num_tests, 0, 1, 0)))
+                    sq = v.QP(self.pd, v.QPInitAttr(int(e.IBV_QPT_XRC_SEND), scq=self.send_cq,
+                                                    cap=v.QPCap(n * args.num_tests, 0, 1, 0)))
                     sq.modify(init, int(M.IBV_QP_STATE | M.IBV_QP_PKEY_INDEX | M.IBV_QP_PORT
                                         | M.IBV_QP_ACCESS_FLAGS))
                 except SoftRdmaError as exc:
@@ -166,13 +141,13 @@ class _XsrqPingpong:
         return XDest(self.lid, self.recv_qps[i].qp_num, self.send_qps[i].qp_num,
                      self.my_psn[i], self.srq.srq_num, gid)
 
-    def _ah(self, rem: XDest) -> AHAttr:
+    def _ah(self, rem: XDest) -> v.AHAttr:
         a = self.args
         if any(rem.gid[8:]):  # the C tool looks at the GID's interface id
-            return AHAttr(port_num=a.ib_port, is_global=1, dlid=rem.lid, sl=a.sl,
-                          gr=GlobalRoute(dgid=rem.gid, sgid_index=max(self.gid_idx, 0),
-                                         hop_limit=_HOP_LIMIT))
-        return AHAttr(port_num=a.ib_port, is_global=0, dlid=rem.lid, sl=a.sl)
+            return v.AHAttr(port_num=a.ib_port, is_global=1, dlid=rem.lid, sl=a.sl,
+                            gr=v.GlobalRoute(dgid=rem.gid, sgid_index=max(self.gid_idx, 0),
+                                             hop_limit=_HOP_LIMIT))
+        return v.AHAttr(port_num=a.ib_port, is_global=0, dlid=rem.lid, sl=a.sl)
 
     def connect(self, i: int) -> None:
         rem = self.rem[i]
@@ -180,22 +155,22 @@ class _XsrqPingpong:
         mtu = int(MTU_BYTES_TO_ENUM[self.args.mtu])
         rq, sq = self.recv_qps[i], self.send_qps[i]
         steps = (
-            (rq, "recv", "RTR", QPAttr(qp_state=int(e.IBV_QPS_RTR), path_mtu=mtu,
-                                       dest_qp_num=rem.send_qpn, rq_psn=rem.psn,
-                                       min_rnr_timer=_RNR_TIMER, ah_attr=self._ah(rem)),
+            (rq, "recv", "RTR", v.QPAttr(qp_state=int(e.IBV_QPS_RTR), path_mtu=mtu,
+                                         dest_qp_num=rem.send_qpn, rq_psn=rem.psn,
+                                         min_rnr_timer=_RNR_TIMER, ah_attr=self._ah(rem)),
              M.IBV_QP_STATE | M.IBV_QP_AV | M.IBV_QP_PATH_MTU | M.IBV_QP_DEST_QPN
              | M.IBV_QP_RQ_PSN | M.IBV_QP_MAX_DEST_RD_ATOMIC | M.IBV_QP_MIN_RNR_TIMER),
-            (rq, "recv", "RTS", QPAttr(qp_state=int(e.IBV_QPS_RTS), timeout=_TIMEOUT,
-                                       sq_psn=self.my_psn[i]),
+            (rq, "recv", "RTS", v.QPAttr(qp_state=int(e.IBV_QPS_RTS), timeout=_TIMEOUT,
+                                         sq_psn=self.my_psn[i]),
              M.IBV_QP_STATE | M.IBV_QP_TIMEOUT | M.IBV_QP_SQ_PSN),
-            (sq, "send", "RTR", QPAttr(qp_state=int(e.IBV_QPS_RTR), path_mtu=mtu,
-                                       dest_qp_num=rem.recv_qpn, rq_psn=rem.psn,
-                                       ah_attr=self._ah(rem)),
+            (sq, "send", "RTR", v.QPAttr(qp_state=int(e.IBV_QPS_RTR), path_mtu=mtu,
+                                         dest_qp_num=rem.recv_qpn, rq_psn=rem.psn,
+                                         ah_attr=self._ah(rem)),
              M.IBV_QP_STATE | M.IBV_QP_AV | M.IBV_QP_PATH_MTU | M.IBV_QP_DEST_QPN
              | M.IBV_QP_RQ_PSN),
-            (sq, "send", "RTS", QPAttr(qp_state=int(e.IBV_QPS_RTS), timeout=_TIMEOUT,
-                                       retry_cnt=_RETRY, rnr_retry=_RETRY,
-                                       sq_psn=self.my_psn[i]),
+            (sq, "send", "RTS", v.QPAttr(qp_state=int(e.IBV_QPS_RTS), timeout=_TIMEOUT,
+                                         retry_cnt=_RETRY, rnr_retry=_RETRY,
+                                         sq_psn=self.my_psn[i]),
              M.IBV_QP_STATE | M.IBV_QP_TIMEOUT | M.IBV_QP_SQ_PSN | M.IBV_QP_RETRY_CNT
              | M.IBV_QP_RNR_RETRY | M.IBV_QP_MAX_QP_RD_ATOMIC),
         )
@@ -207,7 +182,7 @@ class _XsrqPingpong:
                                     f"({exc})") from exc
 
     def post_recv(self, cnt: int) -> None:
-        wr = RecvWR(0, sg=[SGE(self.mr.addr, self.args.size, self.mr.lkey)])
+        wr = v.RecvWR(0, sg=[v.SGE(self.mr.addr, self.args.size, self.mr.lkey)])
         try:
             self.srq.post_recv([wr] * cnt)
         except SoftRdmaError as exc:
@@ -222,8 +197,8 @@ class _XsrqPingpong:
         qpi = (index + self.pp_cnt[index]) % n
         self.pp_cnt[index] += 1
         flags = int(e.IBV_SEND_SIGNALED) if self.pp_cnt[index] >= self.args.num_tests else 0
-        wr = SendWR(index, sg=[SGE(self.mr.addr, self.args.size, self.mr.lkey)],
-                    send_flags=flags)
+        wr = v.SendWR(index, sg=[v.SGE(self.mr.addr, self.args.size, self.mr.lkey)],
+                      send_flags=flags)
         wr.set_qp_type_xrc(rem.srqn)
         try:
             self.send_qps[qpi].post_send(wr)
@@ -280,7 +255,8 @@ class _XsrqPingpong:
 
 def _recv_dest(pp: _XsrqPingpong, sock: socket.socket, i: int, deadline: float,
                out: TextIO) -> None:
-    rem = decode_xdest(_recv_exact(sock, MSG_SIZE, deadline, f"remote address [{i}]"))
+    rem = decode_xdest(oobtcp.recv_exact(sock, MSG_SIZE, deadline, f"remote address [{i}]",
+                                         PingPongError))
     print(address_line("remote", rem), file=out, flush=True)
     pp.rem[i] = rem
     pp.socks[i] = sock
@@ -290,7 +266,7 @@ def _send_dest(pp: _XsrqPingpong, sock: socket.socket, i: int, deadline: float,
                out: TextIO) -> None:
     mine = pp.local_dest(i)
     print(address_line("local", mine), file=out, flush=True)
-    _send_all(sock, encode_xdest(mine), deadline, "local address")
+    oobtcp.send_all(sock, encode_xdest(mine), deadline, "local address", PingPongError)
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -324,25 +300,15 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         pp.post_recv(args.clients)
         deadline = time.monotonic() + args.timeout
         if args.servername:
-            sock = _connect(args.servername, args.port, deadline)
+            sock = oobtcp.connect(args.servername, args.port, deadline, PingPongError)
             pp.socks[0] = sock
             _send_dest(pp, sock, 0, deadline, out)
             _recv_dest(pp, sock, 0, deadline, out)
             pp.connect(0)
         else:
-            try:
-                lst = socket.create_server(("", args.port), family=socket.AF_INET6,
-                                           dualstack_ipv6=True, backlog=args.clients)
-            except OSError as exc:
-                raise PingPongError(f"Couldn't listen to port {args.port}") from exc
-            with lst:
+            with oobtcp.listen(args.port, PingPongError, backlog=args.clients) as lst:
                 for i in range(args.clients):
-                    lst.settimeout(max(0.0, deadline - time.monotonic()))
-                    try:
-                        conn, _ = lst.accept()
-                    except TimeoutError as exc:
-                        raise PingPongError(f"accept() failed for client {i}: no client "
-                                            f"in {args.timeout:g} s") from exc
+                    conn = oobtcp.accept(lst, PingPongError, deadline=deadline)
                     _recv_dest(pp, conn, i, deadline, out)
                     _send_dest(pp, conn, i, deadline, out)
                     pp.connect(i)
@@ -352,13 +318,14 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         deadline = time.monotonic() + args.timeout
         socks = [s for s in pp.socks if s is not None]
         if args.servername:
-            _send_all(socks[0], TERMINATION_MSG, deadline, "termination ack")
-            ack = [_recv_exact(socks[0], len(TERMINATION_MSG), deadline, "termination ack")]
+            oobtcp.send_all(socks[0], TERMINATION_MSG, deadline, ACK, PingPongError)
+            ack = [oobtcp.recv_exact(socks[0], len(TERMINATION_MSG), deadline, ACK,
+                                     PingPongError)]
         else:
-            ack = [_recv_exact(s, len(TERMINATION_MSG), deadline, "termination ack")
+            ack = [oobtcp.recv_exact(s, len(TERMINATION_MSG), deadline, ACK, PingPongError)
                    for s in socks]
             for s in socks:
-                _send_all(s, TERMINATION_MSG, deadline, "termination ack")
+                oobtcp.send_all(s, TERMINATION_MSG, deadline, ACK, PingPongError)
         if any(m.split(b"\x00", 1)[0] != TERMINATION_MSG[:3] for m in ack):
             raise PingPongError("Invalid termination ack was accepted")
     finally:

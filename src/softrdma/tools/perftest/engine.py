@@ -41,6 +41,7 @@ from typing import Any
 from ... import enums as e
 from ... import verbs as v
 from ...errors import SoftRdmaError
+from ..closers import Closers
 from .oob import DEFAULT_CYCLE_BUFFER, ZERO_DEST, Dest
 from .options import DEF_QKEY, Options, PerftestError
 from .report import Progress
@@ -89,7 +90,7 @@ class Resources:
         self._recv_wrs: dict[tuple[int, int], Any] = {}  # (QP, size) -> its receive WR
         self.buf = bytearray(2 * o.num_qps * self.buff + PAGE_ALIGN
                              + 2 * o.num_qps * CREDIT.size)
-        self._closers: list[Any] = []
+        self._closers = Closers()
         self.qps: list[Any] = []
         try:
             self.pd = v.PD(ctx)
@@ -326,12 +327,7 @@ class Resources:
             raise PerftestError(f"Couldn't post send: qp {i}: {exc}") from exc
 
     def close(self) -> None:
-        while self._closers:
-            obj = self._closers.pop()
-            try:
-                obj.close()
-            except SoftRdmaError:
-                pass
+        self._closers.close()
 
 
 # ---- BW ----------------------------------------------------------------------------------
@@ -343,13 +339,8 @@ def run_bw(res: Resources, rem: list[Dest], size: int, progress: Progress) -> tu
     nq = o.num_qps
     iters = o.iters
     end = time.monotonic() + o.duration if o.duration else None
-    wrs = [res.send_wr(i, rem[i], size) for i in range(nq)]
-    scnt = [0] * nq
-    ccnt = [0] * nq
-    pending: list[collections.deque[int]] = [collections.deque() for _ in range(nq)]
-    tposted: list[float] = []
-    tcompleted: list[float] = []
-    clock = time.perf_counter
+    sends = _Sends(res, rem, size)
+    scnt, ccnt = sends.scnt, sends.ccnt
     deadline = time.monotonic() + o.timeout
     stop = False
     granted = 0
@@ -359,15 +350,7 @@ def run_bw(res: Resources, rem: list[Dest], size: int, progress: Progress) -> tu
             deadline = min(deadline, time.monotonic() + DURATION_GRACE_S)
         for i in range(nq):
             target = scnt[i] if stop else (iters if end is None else scnt[i] + o.tx_depth)
-            while scnt[i] < target and scnt[i] - ccnt[i] < o.tx_depth:
-                if res.credits and scnt[i] + 1 - res.credit(i) >= o.rx_depth:
-                    break  # the receiver has no receive posted for more
-                scnt[i] += 1
-                sig = scnt[i] % o.cq_mod == 0 or scnt[i] == iters or end is not None
-                tposted.append(clock())
-                res.post(i, wrs[i], sig)
-                if sig:
-                    pending[i].append(scnt[i])
+            sends.post(i, target, end is not None)
         if all(c >= s for c, s in zip(ccnt, scnt, strict=True)) and (
                 stop or (end is None and all(c >= iters for c in ccnt))):
             break
@@ -392,27 +375,75 @@ def run_bw(res: Resources, rem: list[Dest], size: int, progress: Progress) -> tu
             if stop:
                 break  # duration mode: the tail that did not complete is not counted
             raise
-        now = clock()
-        _complete_sends(wcs, now, scnt, ccnt, pending, tcompleted)
+        sends.complete(wcs)
         deadline = time.monotonic() + o.timeout if not stop else deadline
         progress.update(sum(ccnt))
-    n = len(tcompleted)
-    return tposted[:n], tcompleted
+    return sends.times()
 
 
-def _complete_sends(wcs: Iterable[v.WC], now: float, scnt: list[int], ccnt: list[int],
-                    pending: list[collections.deque[int]], tcompleted: list[float]) -> None:
-    """Count the send completions ``wcs`` (polled at ``now``): a signalled completion of
-    QP i completes its sends up to the count :func:`run_bw` recorded in ``pending[i]``
-    when it posted it (``-Q``: one signalled send in ``cq_mod``); an error completion
-    ends the run."""
-    for wc in wcs:
-        if wc.status != e.IBV_WC_SUCCESS:
-            raise _wc_fail(wc, f"scnt={sum(scnt)}, ccnt={sum(ccnt)}")
-        i = int(wc.wr_id)
-        upto = pending[i].popleft()
-        tcompleted.extend([now] * (upto - ccnt[i]))
-        ccnt[i] = upto
+class _Sends:
+    """The send side of a BW loop (:func:`run_bw`, :func:`run_bi`): per QP the sends
+    posted (``scnt``) and completed (``ccnt``), the counts of its signalled sends awaiting
+    their completion (``-Q``: one signalled send in ``cq_mod``), and the post and
+    completion times."""
+
+    def __init__(self, res: Resources, rem: list[Dest], size: int) -> None:
+        nq = res.o.num_qps
+        self.res = res
+        self.wrs = [res.send_wr(i, rem[i], size) for i in range(nq)]
+        self.scnt = [0] * nq
+        self.ccnt = [0] * nq
+        self.pending: list[collections.deque[int]] = [collections.deque() for _ in range(nq)]
+        self.tposted: list[float] = []
+        self.tcompleted: list[float] = []
+
+    def post(self, i: int, target: int, signal_all: bool) -> None:
+        """Post on QP ``i`` up to ``target`` sends in all, within the send queue depth
+        (and, over iWARP, the receives the peer granted); every send is signalled with
+        ``signal_all``, else one in ``cq_mod`` and the last."""
+        res = self.res
+        o = res.o
+        scnt, ccnt, wr = self.scnt, self.ccnt, self.wrs[i]
+        while scnt[i] < target and scnt[i] - ccnt[i] < o.tx_depth:
+            if res.credits and scnt[i] + 1 - res.credit(i) >= o.rx_depth:
+                break  # the receiver has no receive posted for more
+            scnt[i] += 1
+            sig = scnt[i] % o.cq_mod == 0 or scnt[i] == o.iters or signal_all
+            self.tposted.append(time.perf_counter())
+            res.post(i, wr, sig)
+            if sig:
+                self.pending[i].append(scnt[i])
+
+    def complete(self, wcs: Iterable[v.WC]) -> None:
+        """Count the send completions ``wcs`` (polled now): a signalled completion of QP i
+        completes its sends up to the count recorded in ``pending[i]`` when it was
+        posted; an error completion ends the run."""
+        now = time.perf_counter()
+        scnt, ccnt = self.scnt, self.ccnt
+        for wc in wcs:
+            if wc.status != e.IBV_WC_SUCCESS:
+                raise _wc_fail(wc, f"scnt={sum(scnt)}, ccnt={sum(ccnt)}")
+            i = int(wc.wr_id)
+            upto = self.pending[i].popleft()
+            self.tcompleted.extend([now] * (upto - ccnt[i]))
+            ccnt[i] = upto
+
+    def times(self) -> tuple[list[float], list[float]]:
+        """The post and completion times of the sends that completed."""
+        return self.tposted[:len(self.tcompleted)], self.tcompleted
+
+
+def _received(res: Resources, wc: Any, size: int, rcnt: list[int]) -> int:
+    """A receive completion checked (status, length) and counted in ``rcnt``; returns
+    its QP's index."""
+    if wc.status != e.IBV_WC_SUCCESS:
+        raise _wc_fail(wc, f"rcnt={sum(rcnt)}")
+    if int(wc.byte_len) != res.recv_len(size):
+        raise PerftestError(f"data mismatch: received {int(wc.byte_len)} bytes, "
+                            f"expected {res.recv_len(size)}")
+    i = int(wc.wr_id)
+    rcnt[i] += 1
+    return i
 
 
 def run_bi(res: Resources, rem: list[Dest], size: int, progress: Progress) -> tuple[
@@ -425,37 +456,19 @@ def run_bi(res: Resources, rem: list[Dest], size: int, progress: Progress) -> tu
     o = res.o
     nq = o.num_qps
     iters = o.iters
-    wrs = [res.send_wr(i, rem[i], size) for i in range(nq)]
-    scnt = [0] * nq
-    ccnt = [0] * nq
+    sends = _Sends(res, rem, size)
+    ccnt = sends.ccnt
     rcnt = [0] * nq
-    pending: list[collections.deque[int]] = [collections.deque() for _ in range(nq)]
-    tposted: list[float] = []
-    tcompleted: list[float] = []
-    clock = time.perf_counter
     deadline = time.monotonic() + o.timeout
     idle_since = time.monotonic()
     while any(c < iters for c in ccnt) or any(r < iters for r in rcnt):
         for i in range(nq):
-            while scnt[i] < iters and scnt[i] - ccnt[i] < o.tx_depth:
-                scnt[i] += 1
-                sig = scnt[i] % o.cq_mod == 0 or scnt[i] == iters
-                tposted.append(clock())
-                res.post(i, wrs[i], sig)
-                if sig:
-                    pending[i].append(scnt[i])
+            sends.post(i, iters, False)
         wcs = list(res.send_cq.poll(16)[1])
         rwcs = list(res.recv_cq.poll(16)[1])
-        now = clock()
-        _complete_sends(wcs, now, scnt, ccnt, pending, tcompleted)
+        sends.complete(wcs)
         for wc in rwcs:
-            if wc.status != e.IBV_WC_SUCCESS:
-                raise _wc_fail(wc, f"rcnt={sum(rcnt)}")
-            if int(wc.byte_len) != res.recv_len(size):
-                raise PerftestError(f"data mismatch: received {int(wc.byte_len)} bytes, "
-                                    f"expected {res.recv_len(size)}")
-            i = int(wc.wr_id)
-            rcnt[i] += 1
+            i = _received(res, wc, size, rcnt)
             if rcnt[i] + o.rx_depth <= iters:
                 res.post_recvs(i, 1, size)
         mono = time.monotonic()
@@ -473,7 +486,7 @@ def run_bi(res: Resources, rem: list[Dest], size: int, progress: Progress) -> tu
             res.check_peer(mono)
             time.sleep(0)
         progress.update(sum(ccnt))
-    return tposted[:len(tcompleted)], tcompleted
+    return sends.times()
 
 
 def run_bw_server(res: Resources, rem: list[Dest], size: int, progress: Progress
@@ -509,17 +522,11 @@ def run_bw_server(res: Resources, rem: list[Dest], size: int, progress: Progress
             raise
         now = clock()
         for wc in wcs:
-            if wc.status != e.IBV_WC_SUCCESS:
-                raise _wc_fail(wc, f"rcnt={sum(rcnt)}")
-            if int(wc.byte_len) != res.recv_len(size):
-                raise PerftestError(f"data mismatch: received {int(wc.byte_len)} bytes, "
-                                    f"expected {res.recv_len(size)}")
-            i = int(wc.wr_id)
+            i = _received(res, wc, size, rcnt)
             if not tcompleted:
                 first = now
                 if o.duration:
                     end = time.monotonic() + o.duration
-            rcnt[i] += 1
             tcompleted.append(now)
             if o.duration or rcnt[i] + o.rx_depth <= iters:
                 res.post_recvs(i, 1, size)

@@ -38,8 +38,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ...errors import DecodeError
-from ..ibverbs.oobconnect import connect_retrying
-from ..waiting import connect_retry_s
+from .. import oobtcp
 from .options import PerftestError
 
 VERSION = "6.06"          # perftest 4.5-0.18 (Debian bookworm): configure.ac AC_INIT
@@ -270,69 +269,36 @@ class TcpChannel:
 
     @classmethod
     def connect(cls, host: str, port: int, timeout: float) -> TcpChannel:
-        """``ethernet_client_connect`` (a refusal fails at once; retried only for
-        ``$SOFTRDMA_CONNECT_RETRY`` seconds, :mod:`softrdma.tools.waiting`)."""
-        deadline = time.monotonic() + timeout
-        retry_until = min(deadline, time.monotonic() + connect_retry_s())  # tools.waiting
-        return cls(connect_retrying(host, port, deadline, PerftestError, nodelay=True,
-                                    retry_until=retry_until), True, timeout)
+        """``ethernet_client_connect`` (:func:`softrdma.tools.oobtcp.connect`)."""
+        sock = oobtcp.connect(host, port, time.monotonic() + timeout, PerftestError,
+                              nodelay=True)
+        return cls(sock, True, timeout)
 
     @classmethod
     def listen(cls, port: int) -> socket.socket:
         """The server's listening socket (all IPv4 addresses, as perftest's AF_INET)."""
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(("0.0.0.0", port))
-            sock.listen(1)
-        except OSError as exc:
-            sock.close()
-            raise PerftestError(f"Couldn't listen to port {port}: "
-                                f"{exc.strerror or exc}") from exc
-        return sock
+        return oobtcp.listen(port, PerftestError, bind="0.0.0.0")
 
     @classmethod
     def accept(cls, lsock: socket.socket, timeout: float) -> TcpChannel:
-        """``ethernet_server_connect``: one client, then the listener closes."""
-        lsock.settimeout(None)  # the client is awaited until stopped (tools.waiting)
+        """``ethernet_server_connect``: one client, awaited until stopped
+        (:mod:`softrdma.tools.waiting`), then the listener closes."""
         try:
-            conn, _peer = lsock.accept()
-        except OSError as exc:
-            raise PerftestError(f"accept() failed: {exc.strerror or exc}") from exc
+            conn = oobtcp.accept(lsock, PerftestError, nodelay=True)
         finally:
             lsock.close()
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return cls(conn, False, timeout)
 
+    def _deadline(self) -> float | None:
+        return None if self.timeout is None else time.monotonic() + self.timeout
+
     def write(self, data: bytes) -> None:
-        self.sock.settimeout(self.timeout)
-        try:
-            self.sock.sendall(data)
-        except OSError as exc:
-            raise PerftestError(f"Couldn't write to the peer: {exc.strerror or exc}") from exc
+        oobtcp.send_all(self.sock, data, self._deadline(), "a message", PerftestError)
 
     def read(self, size: int) -> bytes:
-        buf = bytearray()
-        timeout = self.timeout
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while len(buf) < size:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                raise PerftestError(f"the peer did not answer for {timeout:g} s")
-            self.sock.settimeout(left)
-            try:
-                chunk = self.sock.recv(size - len(buf))
-            except TimeoutError as exc:
-                raise PerftestError(
-                    f"the peer did not answer for {timeout or 0:g} s") from exc
-            except OSError as exc:
-                raise PerftestError(f"Couldn't read from the peer: "
-                                    f"{exc.strerror or exc}") from exc
-            if not chunk:
-                raise PerftestError(f"the peer closed the connection ({len(buf)}/{size} "
-                                    "bytes of a message)")
-            buf += chunk
-        return bytes(buf)
+        late = f"the peer did not answer for {self.timeout or 0:g} s"
+        return oobtcp.recv_exact(self.sock, size, self._deadline(), "a message", PerftestError,
+                                 timed_out=late)
 
     def peer_closed(self) -> bool:
         """True once the peer closed (or reset) the exchange connection: it failed or

@@ -16,10 +16,10 @@ message_rate for BW tests, latency for latency tests.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from ...errors import InvalidArgument, SoftRdmaError
+from ..argtypes import int_in, path_mtu, positive_seconds
 
 DEF_PORT = 18515
 DEF_SIZE_BW = 65536
@@ -46,7 +46,6 @@ MIN_QP_NUM, MAX_QP_NUM = 1, 16384
 MIN_CQ_MOD, MAX_CQ_MOD = 1, 1024
 MAX_SIZE = 8388608  # -a runs 2 .. 2^23 bytes
 RUN_ALL_SIZES = tuple(1 << i for i in range(1, 24))
-MTUS = (256, 512, 1024, 2048, 4096)
 ATOMIC_TYPES = ("CMP_AND_SWAP", "FETCH_AND_ADD")
 
 
@@ -72,35 +71,6 @@ SPECS = {f"{verb}-{tst}": TestSpec(verb, tst) for verb in ("write", "read", "sen
          for tst in ("bw", "lat")}
 
 
-def _ranged(lo: int, hi: int, name: str) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text, 0)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name}: invalid integer {text!r}") from None
-        if not lo <= value <= hi:
-            raise argparse.ArgumentTypeError(f"{name} must be {lo}..{hi}, not {value}")
-        return value
-    return parse
-
-
-def _mtu(text: str) -> int:
-    value = _ranged(256, 4096, "mtu")(text)
-    if value not in MTUS:
-        raise argparse.ArgumentTypeError(f"MTU must be one of {MTUS}, not {value}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid number of seconds: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError("seconds must be > 0")
-    return value
-
-
 def _connection(text: str) -> str:
     value = text.upper()
     if value in ("XRC", "DC", "SRD"):
@@ -123,26 +93,26 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     spec = SPECS[name]
     p.add_argument("servername", nargs="?", help="connect to the server at this address "
                    "(without it: be the server and wait)")
-    p.add_argument("-p", "--port", type=_ranged(0, 65535, "port"), default=DEF_PORT,
+    p.add_argument("-p", "--port", type=int_in(0, 65535, "port"), default=DEF_PORT,
                    help=f"listen on/connect to port PORT (default {DEF_PORT})")
     p.add_argument("-d", "--ib-dev", "--device", dest="ib_dev", metavar="DEV",
                    help="use device DEV (default: the first device of --transport)")
-    p.add_argument("-i", "--ib-port", type=_ranged(1, 255, "ib-port"), default=1,
+    p.add_argument("-i", "--ib-port", type=int_in(1, 255, "ib-port"), default=1,
                    help="use port PORT of the device (default 1)")
-    p.add_argument("-x", "--gid-index", type=_ranged(0, 255, "gid-index"), default=None,
+    p.add_argument("-x", "--gid-index", type=int_in(0, 255, "gid-index"), default=None,
                    help="GID index (default: the first RoCEv2 IPv4 GID, else 0)")
-    p.add_argument("-s", "--size", type=_ranged(1, MAX_SIZE, "size"), default=None,
+    p.add_argument("-s", "--size", type=int_in(1, MAX_SIZE, "size"), default=None,
                    help="size of message to exchange (default "
                    f"{DEF_SIZE_ATOMIC if spec.verb == 'atomic' else DEF_SIZE_BW if spec.tst == 'bw' else DEF_SIZE_LAT})")
     p.add_argument("-a", "--all", action="store_true", help="run sizes from 2 till 2^23")
-    p.add_argument("-n", "--iters", type=_ranged(MIN_ITER, MAX_ITER, "iters"), default=None,
+    p.add_argument("-n", "--iters", type=int_in(MIN_ITER, MAX_ITER, "iters"), default=None,
                    help="number of exchanges (at least 5, default "
                    f"{DEF_ITERS_WB if name == 'write-bw' else DEF_ITERS})")
-    p.add_argument("-D", "--duration", type=_ranged(1, 1 << 30, "duration"), default=None,
+    p.add_argument("-D", "--duration", type=int_in(1, 1 << 30, "duration"), default=None,
                    help="run the test for a customized period of seconds")
-    p.add_argument("-m", "--mtu", type=_mtu, default=None,
+    p.add_argument("-m", "--mtu", type=path_mtu, default=None,
                    help="MTU size: 256 - 4096 (default port MTU)")
-    p.add_argument("-q", "--qp", type=_ranged(MIN_QP_NUM, MAX_QP_NUM, "qp"), default=1,
+    p.add_argument("-q", "--qp", type=int_in(MIN_QP_NUM, MAX_QP_NUM, "qp"), default=1,
                    help="number of QPs running in the process (default 1)")
     p.add_argument("-R", "--rdma_cm", action="store_true",
                    help="connect QPs with rdma_cm and run test on those QPs")
@@ -152,15 +122,15 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                    help="report the bandwidth in Gb/sec instead of MB/sec")
     p.add_argument("-e", "--events", action="store_true",
                    help="sleep on CQ events (default poll)")
-    p.add_argument("-t", "--tx-depth", type=_ranged(MIN_TX, MAX_TX, "tx-depth"), default=None,
+    p.add_argument("-t", "--tx-depth", type=int_in(MIN_TX, MAX_TX, "tx-depth"), default=None,
                    help=f"size of tx queue (default {DEF_TX_BW if spec.tst == 'bw' else DEF_TX_LAT})")
-    p.add_argument("-r", "--rx-depth", type=_ranged(MIN_RX, MAX_RX, "rx-depth"), default=None,
+    p.add_argument("-r", "--rx-depth", type=int_in(MIN_RX, MAX_RX, "rx-depth"), default=None,
                    help=f"rx queue size (default {DEF_RX_SEND if spec.verb == 'send' else DEF_RX_RDMA})")
-    p.add_argument("-u", "--qp-timeout", type=_ranged(0, 31, "qp-timeout"), default=DEF_QP_TIME,
+    p.add_argument("-u", "--qp-timeout", type=int_in(0, 31, "qp-timeout"), default=DEF_QP_TIME,
                    help=f"QP timeout, timeout value is 4 usec * 2 ^(timeout) (default {DEF_QP_TIME})")
-    p.add_argument("-Q", "--cq-mod", type=_ranged(MIN_CQ_MOD, MAX_CQ_MOD, "cq-mod"),
+    p.add_argument("-Q", "--cq-mod", type=int_in(MIN_CQ_MOD, MAX_CQ_MOD, "cq-mod"),
                    default=DEF_CQ_MOD, help=f"generate a CQE every N WRs (default {DEF_CQ_MOD})")
-    p.add_argument("-o", "--outs", type=_ranged(1, 65535, "outs"), default=None,
+    p.add_argument("-o", "--outs", type=int_in(1, 65535, "outs"), default=None,
                    help="number of outstanding reads/atomics (default device max)")
     if spec.verb == "atomic":
         p.add_argument("-A", "--atomic_type", choices=ATOMIC_TYPES, default="FETCH_AND_ADD",
@@ -174,13 +144,13 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
         p.add_argument("--run_infinitely", action="store_true",
                        help="run test forever, print results every <duration> seconds "
                        f"(-D, default {DEF_DURATION}); Ctrl-C stops it")
-    p.add_argument("-I", "--inline_size", type=_ranged(0, MAX_INLINE, "inline_size"),
+    p.add_argument("-I", "--inline_size", type=int_in(0, MAX_INLINE, "inline_size"),
                    default=None, help="max size of message to be sent in inline")
-    p.add_argument("-S", "--sl", type=_ranged(0, 15, "sl"), default=0, help="SL (default 0)")
-    p.add_argument("-T", "--tos", type=_ranged(0, 255, "tos"), default=None,
+    p.add_argument("-S", "--sl", type=int_in(0, 15, "sl"), default=0, help="SL (default 0)")
+    p.add_argument("-T", "--tos", type=int_in(0, 255, "tos"), default=None,
                    help="set <tos_value> to RDMA-CM QPs. available only with -R flag. "
                    "values 0-255 (default off)")
-    p.add_argument("--tclass", type=_ranged(0, 255, "tclass"), default=None,
+    p.add_argument("--tclass", type=int_in(0, 255, "tclass"), default=None,
                    help="set the Traffic Class in GRH (if GRH is in use)")
     p.add_argument("--output", type=_output, default=None,
                    help="set verbosity output level: bandwidth , message_rate, latency "
@@ -189,7 +159,7 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                    help="print the result as one JSON object (no table, no progress line)")
     p.add_argument("--transport", choices=("roce", "iwarp"), default="roce",
                    help="roce (default) or iwarp (iWARP QPs always connect with rdma_cm)")
-    p.add_argument("--timeout", type=_seconds, default=DEF_TIMEOUT, metavar="SEC",
+    p.add_argument("--timeout", type=positive_seconds("timeout"), default=DEF_TIMEOUT, metavar="SEC",
                    help=f"give up after SEC seconds without progress (default {DEF_TIMEOUT:g})")
 
 

@@ -27,6 +27,7 @@ import contextlib
 import random
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -322,16 +323,54 @@ def progress(s: Side, total: int, what: str) -> report.Progress:
                            duration=s.o.duration)
 
 
-def run_one_sided_bw(s: Side) -> None:
+BwLoop = Callable[[Resources, list[Dest], int, report.Progress],
+                  tuple[list[float], list[float]]]
+
+
+def measure(s: Side, size: int, loop: BwLoop, nothing: str = "no message completed"
+            ) -> BwReport:
+    """One size of a BW test: ``loop`` (an :mod:`.engine` BW run) gives the post and
+    completion times (at least one completion, else ``nothing`` is the error), made this
+    side's report."""
     o = s.o
-    gb = o.report_gbits
-    s.emit(report.bw_table_header(gb))
-    if o.run_infinitely:
+    prog = progress(s, o.iters * o.num_qps, f"{o.name} {size} B")
+    tp, tc = loop(s.r, s.rem, size, prog)
+    prog.finish()
+    if not tc:
+        raise PerftestError(nothing)
+    return report.bw_report(size, tp, tc, o.cq_mod, o.report_gbits)
+
+
+def show_sum(s: Side, mine: BwReport) -> None:
+    """``-b``: exchange the reports, print and keep their sum."""
+    both = report.sum_reports(mine, oob.xchg_bw_reports(s.chan, mine))
+    s.results.append(both)
+    s.show(both)
+
+
+def finish_bw(s: Side) -> None:
+    """The results' closing line, then ``ctx_close_connection``."""
+    s.emit(report.RESULT_LINE)
+    oob.close_connection(s.chan, s.my[0], True)
+
+
+def bw_start(s: Side, duplex: Callable[[Side], None]) -> bool:
+    """The BW table's header, then ``--run_infinitely`` or ``-b`` (``duplex``) when asked:
+    True when one of them ran the test."""
+    s.emit(report.bw_table_header(s.o.report_gbits))
+    if s.o.run_infinitely:
         run_infinitely(s)
+        return True
+    if s.o.duplex:
+        duplex(s)
+        return True
+    return False
+
+
+def run_one_sided_bw(s: Side) -> None:
+    if bw_start(s, run_duplex_bw):
         return
-    if o.duplex:
-        run_duplex_bw(s)
-        return
+    o = s.o
     if not o.is_client:
         with oob.waiting_for_whole_run(s.chan):  # the client runs every size first
             s.hs(0)
@@ -343,12 +382,7 @@ def run_one_sided_bw(s: Side) -> None:
         return
     mine = BwReport(0, 0, 0.0, 0.0, 0.0)
     for size in o.sizes:
-        prog = progress(s, o.iters * o.num_qps, f"{o.name} {size} B")
-        tp, tc = engine.run_bw(s.r, s.rem, size, prog)
-        prog.finish()
-        if not tc:
-            raise PerftestError("no message completed")
-        mine = report.bw_report(size, tp, tc, o.cq_mod, gb)
+        mine = measure(s, size, engine.run_bw)
         s.results.append(mine)
         s.show(mine)
     s.emit(report.RESULT_LINE)
@@ -361,22 +395,13 @@ def run_duplex_bw(s: Side) -> None:
     """``-b``: per size a handshake, both sides run the loop (with ``-a`` a handshake
     after it too), exchange their reports and print the sum (write_bw.c, read_bw.c)."""
     o = s.o
-    gb = o.report_gbits
     for size in o.sizes:
         s.hs(0)
-        prog = progress(s, o.iters * o.num_qps, f"{o.name} {size} B")
-        tp, tc = engine.run_bw(s.r, s.rem, size, prog)
-        prog.finish()
-        if not tc:
-            raise PerftestError("no message completed")
+        mine = measure(s, size, engine.run_bw)
         if o.run_all:
             s.hs(0)
-        mine = report.bw_report(size, tp, tc, o.cq_mod, gb)
-        both = report.sum_reports(mine, oob.xchg_bw_reports(s.chan, mine))
-        s.results.append(both)
-        s.show(both)
-    s.emit(report.RESULT_LINE)
-    oob.close_connection(s.chan, s.my[0], True)
+        show_sum(s, mine)
+    finish_bw(s)
 
 
 def run_infinitely(s: Side) -> None:
@@ -420,7 +445,6 @@ def run_duplex_send_bw(s: Side) -> None:
     both send and receive (``run_iter_bi``), exchange their reports and print the sum
     (with ``-a`` a handshake after each size)."""
     o = s.o
-    gb = o.report_gbits
     if s.r.credits:
         raise PerftestError("-b (bidirectional) send-bw needs RNR flow control: not over "
                             "iWARP")
@@ -430,31 +454,16 @@ def run_duplex_send_bw(s: Side) -> None:
         for i in range(o.num_qps):
             s.r.post_recvs(i, o.rx_depth, size)
         s.hs(0)
-        prog = progress(s, o.iters * o.num_qps, f"{o.name} {size} B")
-        tp, tc = engine.run_bi(s.r, s.rem, size, prog)
-        prog.finish()
-        if not tc:
-            raise PerftestError("no message completed")
-        mine = report.bw_report(size, tp, tc, o.cq_mod, gb)
-        both = report.sum_reports(mine, oob.xchg_bw_reports(s.chan, mine))
-        s.results.append(both)
-        s.show(both)
+        show_sum(s, measure(s, size, engine.run_bi))
         if o.run_all:
             s.hs(0)
-    s.emit(report.RESULT_LINE)
-    oob.close_connection(s.chan, s.my[0], True)
+    finish_bw(s)
 
 
 def run_send_bw(s: Side) -> None:
+    if bw_start(s, run_duplex_send_bw):
+        return
     o = s.o
-    gb = o.report_gbits
-    s.emit(report.bw_table_header(gb))
-    if o.run_infinitely:
-        run_infinitely(s)
-        return
-    if o.duplex:
-        run_duplex_send_bw(s)
-        return
     for size in o.sizes:
         if not o.is_client:
             for i in range(o.num_qps):
@@ -462,26 +471,16 @@ def run_send_bw(s: Side) -> None:
         s.hs(0)
         if s.r.credits:
             s.r.reset_credits()
-        prog = progress(s, o.iters * o.num_qps, f"{o.name} {size} B")
         if o.is_client:
-            tp, tc = engine.run_bw(s.r, s.rem, size, prog)
-            prog.finish()
-            if not tc:
-                raise PerftestError("no message completed")
-            rep = report.bw_report(size, tp, tc, o.cq_mod, gb)
+            rep = measure(s, size, engine.run_bw)
         else:
-            tp, tc = engine.run_bw_server(s.r, s.rem, size, prog)
-            prog.finish()
-            if not tc:
-                raise PerftestError("no message arrived")
-            full = report.bw_report(size, tp, tc, o.cq_mod, gb)
+            full = measure(s, size, engine.run_bw_server, "no message arrived")
             rep = BwReport(full.size, full.iters, 0.0, full.bw_avg, full.msg_rate)
         s.results.append(rep)
         s.show(rep)
         if o.run_all:
             s.hs(0)
-    s.emit(report.RESULT_LINE)
-    oob.close_connection(s.chan, s.my[0], True)
+    finish_bw(s)
 
 
 def run_lat(s: Side) -> None:
