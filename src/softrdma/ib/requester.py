@@ -193,6 +193,13 @@ class Requester:
                 head = self.una()
                 if head is not None:
                     d = psn_diff((wqe.first_psn + self.tx_pkt) & PSN_MASK, head)
+                    if d < 0 and not wqe.rd_atomic:
+                        # An ACK overtook the resend cursor inside this WQE (the loss
+                        # signal was spurious: the ACK was late, not lost): the packets
+                        # before ``head`` are acknowledged, resending them only makes
+                        # duplicates (IBA 9.7.5.1.2: an ACK covers every earlier PSN).
+                        self.tx_pkt -= d
+                        d = 0
                     if d >= self.cwnd:
                         break
                     self.ack_edge = d + 1 >= self.cwnd
