@@ -82,3 +82,55 @@ def test_a_late_ack_during_the_resend_stops_resending_what_it_acknowledges() -> 
     assert a.port.counters.retransmitted_pkts == resent, (a.port.counters.retransmitted_pkts,
                                                           resent)
     assert b.port.counters.duplicate_request == resent
+
+
+def test_a_spurious_timeout_gives_the_window_back() -> None:
+    """The same late ACK proves the expiry spurious: the window it halved is restored
+    (RFC 4015's Eifel response). Before, each spurious expiry at load halved the window
+    for good (regrowing by about one PSN per window), and a run of them left a 4 MiB
+    write-bw crawling at a few hundred packets a second."""
+    net, a, b, held = _held_ack_net()
+    size = 512 * MTU
+    a.qp.post_send(SendWQE(1, int(e.IBV_WR_RDMA_WRITE), SIG, [SGE(a.mr.addr, size, a.mr.lkey)],
+                           remote_addr=b.mr.addr, rkey=b.mr.rkey), 0.0)
+    _drain(net)
+    w = a.qp.req.window
+    before = (w.cwnd, w.ssthresh)
+    last_ack = held[-1]
+    held.clear()
+    d = a.qp.deadline
+    assert d is not None
+    net.now = d
+    a.port.on_timer(d)
+    assert w.cwnd < before[0] and w.losses == 1  # the expiry cut it
+    _drain(net)
+    _deliver(net, b, a, last_ack)
+    assert (w.cwnd, w.ssthresh) == before and w.undone == 1
+    assert a.qp.req.cwnd == w.size()
+    net.drop_rule = None
+    net.run(max_steps=100_000)
+    assert [x.status for x in a.scq] == [e.IBV_WC_SUCCESS]
+
+
+def test_a_real_loss_keeps_its_window_cut() -> None:
+    """The undo needs an ACK beyond the resend cursor: after a real loss (the first
+    window lost whole) the resend is answered in order, and the cut stays."""
+    net = Net()
+    a = Endpoint(net.add_port(1))
+    b = Endpoint(net.add_port(2))
+    connect(a, b, mtu=3, timeout=10)
+    net.drop_rule = lambda data: True
+    size = 512 * MTU
+    a.qp.post_send(SendWQE(1, int(e.IBV_WR_RDMA_WRITE), SIG, [SGE(a.mr.addr, size, a.mr.lkey)],
+                           remote_addr=b.mr.addr, rkey=b.mr.rkey), 0.0)
+    _drain(net)  # all lost
+    net.drop_rule = None
+    w = a.qp.req.window
+    d = a.qp.deadline
+    assert d is not None
+    net.now = d
+    a.port.on_timer(d)
+    net.run(max_steps=100_000)
+    assert [x.status for x in a.scq] == [e.IBV_WC_SUCCESS]
+    assert b.buf[:size] == a.buf[:size]
+    assert w.losses == 1 and w.undone == 0 and w.ssthresh < 256

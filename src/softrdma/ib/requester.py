@@ -167,6 +167,7 @@ class Requester:
             wqe = sq[self.tx_idx]
             s = wqe.state
             if s == DONE:  # completed under the cursor (an ACK overtook a retransmission)
+                self._overtaken()
                 self.tx_idx += 1
                 self.tx_pkt = 0  # the packet cursor belonged to that WQE
                 continue
@@ -200,6 +201,7 @@ class Requester:
                         # duplicates (IBA 9.7.5.1.2: an ACK covers every earlier PSN).
                         self.tx_pkt -= d
                         d = 0
+                        self._overtaken()
                     if d >= self.cwnd:
                         break
                     self.ack_edge = d + 1 >= self.cwnd
@@ -236,6 +238,14 @@ class Requester:
             qp.set_deadline(now + self.timer_period())
         if not rc or (sq and sq[0].state == DONE):  # local operations (LOCAL_INV, BIND_MW)
             self.complete_head()
+
+    def _overtaken(self) -> None:
+        """An ACK overtook the resend cursor: the packets it acknowledges arrived the first
+        time, so the loss signal that started the resend was spurious (the ACKs were late,
+        a loaded host runs the peer late): undo its window cut (RFC 4015 §3.2)."""
+        if self.resend_until is not None:
+            self.window.undo()
+            self.cwnd = self.window.size()
 
     def timer_period(self) -> float:
         """Seconds the transport timer runs now: at least the Local ACK Timeout, at most
