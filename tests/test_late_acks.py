@@ -134,3 +134,35 @@ def test_a_real_loss_keeps_its_window_cut() -> None:
     assert [x.status for x in a.scq] == [e.IBV_WC_SUCCESS]
     assert b.buf[:size] == a.buf[:size]
     assert w.losses == 1 and w.undone == 0 and w.ssthresh < 256
+
+
+def test_late_acks_one_by_one_after_a_timeout_resend_only_the_probe() -> None:
+    """What write-bw -s 4M showed at load: the timer expires, then the peer's late ACKs
+    arrive one by one (one per AckReq, every 32 PSNs). A timeout restarts from the least
+    window (RFC 5681 §3.1's loss window), so the first late ACK already overtakes the few
+    packets resent: the expiry is found spurious, the window comes back and nothing else
+    is resent. Before, the halved window (128 PSNs) went out at once, each late ACK
+    trailed the resend cursor, and the whole window (256 packets) was sent twice."""
+    net, a, b, held = _held_ack_net()
+    size = 512 * MTU
+    a.qp.post_send(SendWQE(1, int(e.IBV_WR_RDMA_WRITE), SIG, [SGE(a.mr.addr, size, a.mr.lkey)],
+                           remote_addr=b.mr.addr, rkey=b.mr.rkey), 0.0)
+    _drain(net)
+    late = list(held)
+    held.clear()
+    assert len(late) >= 8  # one ACK per AckReq: the first window asks several
+    w = a.qp.req.window
+    before = (w.cwnd, w.ssthresh)
+    d = a.qp.deadline
+    assert d is not None
+    net.now = d
+    a.port.on_timer(d)
+    _drain(net)
+    for ack in late:
+        _deliver(net, b, a, ack)
+    net.drop_rule = None
+    net.run(max_steps=100_000)
+    assert [x.status for x in a.scq] == [e.IBV_WC_SUCCESS]
+    assert b.buf[:size] == a.buf[:size]
+    assert w.undone == 1 and w.ssthresh == before[1]
+    assert a.port.counters.retransmitted_pkts <= 8, a.port.counters.retransmitted_pkts

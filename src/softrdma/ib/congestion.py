@@ -94,19 +94,23 @@ class Window:
             cw += acked / cw
         self.cwnd = cw if cw < MAX_WINDOW else float(MAX_WINDOW)
 
-    def _cut(self, next_psn: int, once: bool) -> bool:
+    def _cut(self, next_psn: int, once: bool, timeout: bool = False) -> bool:
         if once and self.recover is not None:  # once per window (RFC 6582 §3.2 step 4)
             return False
         half = max(float(MIN_WINDOW), min(self.cwnd, float(self.budget)) / 2)
         self.prior = None if once else (self.cwnd, self.ssthresh)
         self.ssthresh = half
-        self.cwnd = half
+        # after a timeout, restart from the least window (RFC 5681 §3.1: the loss window)
+        # and slow start to ``half``: a late ACK of the originals then overtakes the few
+        # packets resent (:meth:`undo`) instead of trailing a whole window of duplicates
+        self.cwnd = float(MIN_WINDOW) if timeout else half
         self.recover = (next_psn - 1) & 0xFFFFFF
         return True
 
-    def on_loss(self, next_psn: int) -> None:
-        """A loss signal (timer expiry, PSN sequence NAK) with ``next_psn`` the next new PSN."""
-        if self._cut(next_psn, False):
+    def on_loss(self, next_psn: int, timeout: bool = False) -> None:
+        """A loss signal (timer expiry if ``timeout``, else a PSN sequence NAK) with
+        ``next_psn`` the next new PSN."""
+        if self._cut(next_psn, False, timeout):
             self.losses += 1
 
     def undo(self) -> None:
