@@ -52,7 +52,10 @@ TIMER_SPAN = 4.0
 
 
 class Window:
-    """The send window of one requester, in PSNs (see the module docstring)."""
+    """The send window of one requester, in PSNs (see the module docstring). A timer
+    expiry restarts it from :data:`MIN_WINDOW` with ``ssthresh`` at half (RFC 5681 §3.1's
+    loss window, so few packets are resent before a late ACK can show the expiry
+    spurious), and :meth:`undo` gives back a loss cut found spurious (RFC 4015)."""
 
     __slots__ = ("cwnd", "ssthresh", "budget", "recover", "losses", "cnps", "prior", "undone")
 
