@@ -306,7 +306,7 @@ class Completer:
         req.rnr_psn = psn
         qp.set_deadline(now + wib.RNR_TIMER_S[timer])
 
-    def _retry(self, psn: int, now: float, charged: bool = True) -> None:
+    def _retry(self, psn: int, now: float, charged: bool = True, timeout: bool = False) -> None:
         """Go back to ``psn`` after a PSN sequence NAK or a timeout (IBA 9.7.6.1.3); an
         uncharged retry (a late expiry, see :meth:`on_timer`) uses no ``retry_cnt``, and
         a ``retry_cnt`` of 7 (:data:`RETRY_FOREVER`) is never used up, as in Linux rxe."""
@@ -324,7 +324,7 @@ class Completer:
             self.retry_left -= 1
         qp.port.counters.completer_retry += 1
         qp.counters.completer_retry += 1
-        req.window.on_loss(req.next_psn)
+        req.window.on_loss(req.next_psn, timeout)
         req.cwnd = req.window.size()
         req.go_back(psn)
         if qp.timeout:
@@ -362,6 +362,6 @@ class Completer:
         if late and self.stall_left > 0:
             self.stall_left -= 1
             self.stalled_expiries += 1
-            self._retry(una, now, charged=False)
+            self._retry(una, now, charged=False, timeout=True)
             return
-        self._retry(una, now)
+        self._retry(una, now, timeout=True)

@@ -52,9 +52,12 @@ TIMER_SPAN = 4.0
 
 
 class Window:
-    """The send window of one requester, in PSNs (see the module docstring)."""
+    """The send window of one requester, in PSNs (see the module docstring). A timer
+    expiry restarts it from :data:`MIN_WINDOW` with ``ssthresh`` at half (RFC 5681 §3.1's
+    loss window, so few packets are resent before a late ACK can show the expiry
+    spurious), and :meth:`undo` gives back a loss cut found spurious (RFC 4015)."""
 
-    __slots__ = ("cwnd", "ssthresh", "budget", "recover", "losses", "cnps")
+    __slots__ = ("cwnd", "ssthresh", "budget", "recover", "losses", "cnps", "prior", "undone")
 
     def __init__(self) -> None:
         self.cwnd = float(INITIAL_WINDOW)
@@ -63,6 +66,8 @@ class Window:
         self.recover: int | None = None  # no cut until the ACKs pass this PSN
         self.losses = 0  # window cuts (loss signals acted on)
         self.cnps = 0  # window cuts by a CNP
+        self.prior: tuple[float, float] | None = None  # (cwnd, ssthresh) before a loss cut
+        self.undone = 0  # loss cuts undone as spurious (:meth:`undo`)
 
     def size(self) -> int:
         """PSNs the requester may have outstanding now."""
@@ -92,19 +97,34 @@ class Window:
             cw += acked / cw
         self.cwnd = cw if cw < MAX_WINDOW else float(MAX_WINDOW)
 
-    def _cut(self, next_psn: int, once: bool) -> bool:
+    def _cut(self, next_psn: int, once: bool, timeout: bool = False) -> bool:
         if once and self.recover is not None:  # once per window (RFC 6582 §3.2 step 4)
             return False
         half = max(float(MIN_WINDOW), min(self.cwnd, float(self.budget)) / 2)
+        self.prior = None if once else (self.cwnd, self.ssthresh)
         self.ssthresh = half
-        self.cwnd = half
+        # after a timeout, restart from the least window (RFC 5681 §3.1: the loss window)
+        # and slow start to ``half``: a late ACK of the originals then overtakes the few
+        # packets resent (:meth:`undo`) instead of trailing a whole window of duplicates
+        self.cwnd = float(MIN_WINDOW) if timeout else half
         self.recover = (next_psn - 1) & 0xFFFFFF
         return True
 
-    def on_loss(self, next_psn: int) -> None:
-        """A loss signal (timer expiry, PSN sequence NAK) with ``next_psn`` the next new PSN."""
-        if self._cut(next_psn, False):
+    def on_loss(self, next_psn: int, timeout: bool = False) -> None:
+        """A loss signal (timer expiry if ``timeout``, else a PSN sequence NAK) with
+        ``next_psn`` the next new PSN."""
+        if self._cut(next_psn, False, timeout):
             self.losses += 1
+
+    def undo(self) -> None:
+        """The last loss signal was spurious (an ACK of packets sent before it overtook
+        their resend: they were late, not lost): restore the window it cut, as the Eifel
+        response does (RFC 4015 §3.2). Once per cut; a CNP's cut is never undone."""
+        prior = self.prior
+        if prior is not None:
+            self.prior = None
+            self.cwnd, self.ssthresh = prior
+            self.undone += 1
 
     def on_cnp(self, next_psn: int) -> None:
         """A RoCEv2 CNP for this QP (the DCQCN reaction point): slow down, resend nothing."""

@@ -167,8 +167,11 @@ class Requester:
             wqe = sq[self.tx_idx]
             s = wqe.state
             if s == DONE:  # completed under the cursor (an ACK overtook a retransmission)
-                self.tx_idx += 1
-                self.tx_pkt = 0  # the packet cursor belonged to that WQE
+                idx = self.tx_idx
+                self._overtaken()  # may move the cursor on
+                if self.tx_idx == idx:
+                    self.tx_idx += 1
+                    self.tx_pkt = 0  # the packet cursor belonged to that WQE
                 continue
             if s == UNSENT:
                 if qp.state != RTS:
@@ -193,6 +196,16 @@ class Requester:
                 head = self.una()
                 if head is not None:
                     d = psn_diff((wqe.first_psn + self.tx_pkt) & PSN_MASK, head)
+                    if d < 0 and not wqe.rd_atomic:
+                        # An ACK overtook the resend cursor inside this WQE (the loss
+                        # signal was spurious: the ACK was late, not lost): the packets
+                        # before ``head`` are acknowledged, resending them only makes
+                        # duplicates (IBA 9.7.5.1.2: an ACK covers every earlier PSN).
+                        self.tx_pkt -= d
+                        if self.resend_until is not None:
+                            self._overtaken()  # may move the cursor on
+                            continue
+                        d = 0
                     if d >= self.cwnd:
                         break
                     self.ack_edge = d + 1 >= self.cwnd
@@ -229,6 +242,48 @@ class Requester:
             qp.set_deadline(now + self.timer_period())
         if not rc or (sq and sq[0].state == DONE):  # local operations (LOCAL_INV, BIND_MW)
             self.complete_head()
+
+    def _overtaken(self) -> None:
+        """An ACK overtook the resend cursor: the packets it acknowledges arrived the first
+        time, so the loss signal that started the resend was spurious (the ACKs were late,
+        a loaded host runs the peer late): undo its window cut (RFC 4015 §3.2)."""
+        if self.resend_until is not None:
+            self.window.undo()
+            self.cwnd = self.window.size()
+            self._skip_resend()
+
+    def _skip_resend(self) -> None:
+        """End a resend found spurious: the packets between the cursor and the first PSN
+        never sent were sent once and are presumed in flight, as TCP's F-RTO goes on with
+        new data (RFC 5682 §2.1 step 2b); a real loss among them is still NAKed or timed
+        out (IBA 9.7.5.2.2, 9.7.6.1.3). A read or atomic stops the skip (its responses
+        are re-requested, IBA 9.7.5.1.5)."""
+        until = self.resend_until
+        assert until is not None
+        sq = self.sq
+        i = self.tx_idx
+        while i < len(sq):
+            w = sq[i]
+            s = w.state
+            if s == DONE:
+                i += 1
+                continue
+            if s == UNSENT or w.rd_atomic:
+                break
+            if psn_diff(until, w.last_psn) > 0:  # sent whole before the loss signal
+                w.state = SENT
+                i += 1
+                continue
+            k = psn_diff(until, w.first_psn)
+            self.tx_idx = i
+            self.tx_pkt = k if k > 0 else 0
+            self.resend_until = None
+            return
+        if i > self.tx_idx:
+            self.tx_idx = i
+            self.tx_pkt = 0
+        if i >= len(sq) or sq[i].state == UNSENT:
+            self.resend_until = None
 
     def timer_period(self) -> float:
         """Seconds the transport timer runs now: at least the Local ACK Timeout, at most
