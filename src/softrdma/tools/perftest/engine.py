@@ -54,6 +54,10 @@ ATOMIC_SIZE = 8
 DURATION_GRACE_S = 1.0
 PEER_CHECK_S = 0.2  # how often a wait looks whether the peer closed the exchange channel
 PEER_GONE_GRACE_S = 1.0  # completions still awaited after the peer closed it (its last ACKs)
+#: ``--timeout`` ends a wait for completions only once the transport has also received
+#: nothing for that long, or after this many ``--timeout`` without a completion (issue 25)
+STALL_LIMIT = 10
+TRANSPORT_SAMPLE_S = 0.5  # how often a wait reads this process's rcvd_pkts
 PAGE_ALIGN = 4096
 UNRELIABLE_IDLE_S = 1.0  # a UC/UD receiver checks this often whether the sender is done
 # send-bw over iWARP: iWARP has no RNR NAK, so perftest's receiver grants credits, its
@@ -124,6 +128,9 @@ class Resources:
         self.peer_done: Callable[[], bool] | None = None
         self._peer_checked = 0.0
         self._peer_gone_at: float | None = None
+        self._rcvd_seen = -1  # this process's rcvd_pkts when last read (expired)
+        self._quiet = 0  # reads in a row that found it unchanged
+        self._rcvd_sample = 0.0  # when to read it next
 
     def check_peer(self, now: float) -> None:
         """In a wait: :class:`PerftestError` once the peer closed the exchange channel and
@@ -140,6 +147,32 @@ class Resources:
         if now - gone_at >= PEER_GONE_GRACE_S:
             raise PerftestError("the peer closed the connection (it failed or stopped) "
                                 "while this side was waiting for completions")
+
+    def expired(self, deadline: float, now: float) -> bool:
+        """Has a wait for completions that began at ``deadline - --timeout`` run out?
+
+        Real perftest waits for ever (a QP with retry_cnt 7 retries for ever on rxe);
+        these tools give up after ``--timeout`` s without a completion, so that a hung
+        peer ends the run. On a loaded host a live peer can take longer than that to
+        acknowledge a window of large WRITEs (at 4 MiB and cq_mod 100 the first
+        completion needs 400 MiB delivered), so the wait is over only when the
+        transport has also received nothing for ``--timeout`` s of this process's own
+        running time (its ``rcvd_pkts``, read every :data:`TRANSPORT_SAMPLE_S`), or when
+        :data:`STALL_LIMIT` times ``--timeout`` passed without a completion."""
+        if now >= self._rcvd_sample:
+            self._rcvd_sample = now + TRANSPORT_SAMPLE_S
+            n = self.ctx.counters().get("rcvd_pkts", 0)
+            if n != self._rcvd_seen:
+                self._rcvd_seen = n
+                self._quiet = 0
+            else:
+                self._quiet += 1
+        if now < deadline:
+            return False
+        t = self.o.timeout
+        # silence is counted in reads taken while this process ran (each at least
+        # TRANSPORT_SAMPLE_S apart), so time it was not scheduled is not silence
+        return self._quiet * TRANSPORT_SAMPLE_S >= t or now - (deadline - t) >= STALL_LIMIT * t
 
     def init_attr(self) -> v.QPInitAttr:
         cap = v.QPCap(max_send_wr=self.o.tx_depth, max_recv_wr=max(self.o.rx_depth, 1),
@@ -258,7 +291,7 @@ class Resources:
             if got:
                 return list(wcs)
             now = time.monotonic()
-            if now >= deadline:
+            if self.expired(deadline, now):
                 raise PerftestError(f"no completion for {self.o.timeout:g} s while {what}: "
                                     "is the peer still running?")
             self.check_peer(now)
@@ -480,7 +513,7 @@ def run_bi(res: Resources, rem: list[Dest], size: int, progress: Progress) -> tu
                     and mono - idle_since >= UNRELIABLE_IDLE_S
                     and res.peer_done is not None and res.peer_done()):
                 break  # the peer is done: the messages still missing were lost
-            if mono >= deadline:
+            if res.expired(deadline, mono):
                 raise PerftestError(f"no completion for {o.timeout:g} s ({sum(ccnt)} sent, "
                                     f"{sum(rcnt)} received): is the peer still running?")
             res.check_peer(mono)
@@ -686,7 +719,7 @@ def run_bw_infinitely(res: Resources, rem: list[Dest], size: int, every: float,
         now_m = time.monotonic()
         if wcs:
             deadline = now_m + o.timeout
-        elif now_m >= deadline:
+        elif res.expired(deadline, now_m):
             raise PerftestError(f"no completion for {o.timeout:g} s ({sum(ccnt)} completed): "
                                 "is the peer still running?")
         else:
