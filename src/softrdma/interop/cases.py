@@ -74,6 +74,13 @@ class Case:
     capi: bool = False
 
     @property
+    def retries_client(self) -> bool:
+        """A C perftest ``-R`` case: its client may meet a server that does not listen yet
+        and is then started again (see ``runner.client_retry``). Stock perftest against
+        stock perftest has the same race; softrdma's own tools wait for the listener."""
+        return self.capi and self.rdma_cm and self.kind in ("bw", "lat")
+
+    @property
     def name(self) -> str:
         base = self.tool.removeprefix("ibv_").removeprefix("ib_")
         if self.rdma_cm and self.kind in ("bw", "lat"):

@@ -26,7 +26,7 @@ from .cases import DIRECTIONS, MCKEY_GROUP, RPING_COUNT, Case, Commands, Endpoin
 from .lab import Capture, GuestProcess, HostProcess, HostSide, Lab, LabError, guest_ip, load_factor
 from .report import Result
 
-__all__ = ["Options", "Suite", "softrdma_tools"]
+__all__ = ["Options", "Suite", "softrdma_tools", "client_retry", "CLIENT_RETRIES"]
 
 SERVER_READY_TIMEOUT = 60.0
 HOST_SERVER_SETTLE = 4.0  # a softrdma rdma_cm server on RoCE shows no TCP listener
@@ -41,6 +41,18 @@ DEVD_IDLE = 36000.0
 QP_SETTLE = 3.0
 PCAP_CHECK_TIMEOUT = 300.0
 TIMEOUT_EXIT = 124  # coreutils timeout(1): the command timed out
+CLIENT_RETRIES = 3  # a C perftest -R client refused at its first connection: started again
+
+
+def client_retry(case: Case, server_on_guest: bool, rc: int | None, output: str) -> bool:
+    """Whether a finished client is started again against the same, still running server:
+    only a C perftest ``-R`` client (:attr:`Case.retries_client`) against the guest's
+    server that failed (not killed) with perftest's first-connection signature
+    (:data:`parse.FIRST_CONNECTION_FAILED`): the slow guest's server did not listen yet,
+    saw nothing and still waits for its first client, as ``tests/capi_harness`` retries
+    stock perftest pairs. Any other failure is the case's result."""
+    return (case.retries_client and server_on_guest and rc not in (0, None)
+            and parse.first_connection_failed(output))
 
 
 def softrdma_tools() -> set[str]:
@@ -194,12 +206,26 @@ class Suite:
                 server.kill()
                 server.wait(10.0)
                 return server.output, ""
-            if cmds.server_on_guest:
-                client = self.host.spawn(shlex.split(cmds.client))
-            else:
-                client = self.lab.spawn_guest(self.n, f"{tag}-cli",
-                                              f"timeout {CLIENT_TIMEOUT} {cmds.client}")
-            crc = client.wait(CLIENT_TIMEOUT + 30)
+            attempt = 0
+            while True:
+                if cmds.server_on_guest:
+                    client = self.host.spawn(shlex.split(cmds.client))
+                else:
+                    client = self.lab.spawn_guest(self.n, f"{tag}-cli",
+                                                  f"timeout {CLIENT_TIMEOUT} {cmds.client}")
+                crc = client.wait(CLIENT_TIMEOUT + 30)
+                if (attempt >= CLIENT_RETRIES or server.proc.poll() is not None
+                        or not client_retry(case, cmds.server_on_guest, crc, client.output)):
+                    break
+                attempt += 1
+                (self.out_dir / f"{tag}.client.{attempt}.log").write_text(client.output)
+                r.notes.append(f"client started again ({attempt} of {CLIENT_RETRIES}): "
+                               f"{parse.FIRST_CONNECTION_FAILED} (its first rdma_cm "
+                               f"connection was refused)")
+                why = self._wait_ready(case, cmds.server_on_guest, server)
+                if why:  # the server's listener must be back before the client is
+                    r.fail(why)
+                    break
             # a server whose client failed is not waited for long: the case failed already
             src = server.wait(SERVER_EXIT_TIMEOUT if crc == 0 else SERVER_EXIT_AFTER_FAILURE)
         finally:
