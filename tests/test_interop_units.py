@@ -483,6 +483,26 @@ def test_capi_cases_run_the_stock_binary_on_both_sides() -> None:
 
 # -- the C perftest -R client's retry (issue 22) ----------------------------------------------
 REFUSED = (" Unable to perform rdma_client function\n Unable to init the socket connection\n")
+# perftest 4.5-0.17's client whose second connection got a REJ (from a lab run)
+REJECTED = """\
+RDMA CM event error:
+Event: RDMA_CM_EVENT_REJECTED; error: 8.
+
+ERRNO: Connection timed out.
+Failed to handle RDMA CM event.
+ERRNO: Connection timed out.
+Failed to connect RDMA CM events.
+ERRNO: Connection timed out.
+Failed to resolve RDMA CM address.
+ERRNO: Invalid argument.
+Failed to destroy RDMA CM ID number 0.
+ERRNO: Invalid argument.
+Failed to destroy RDMA CM contexts.
+ERRNO: Invalid argument.
+Failed to create RDMA CM connection.
+ERRNO: Invalid argument.
+Failed to create RDMA CM connection with resources.
+"""
 
 
 class _Proc:
@@ -524,10 +544,14 @@ class _Exchange:
         self.spawned: list[str] = []
         self.probes: list[str] = []
         self.listening = list(listening)
-        self.server = _FakeProcess(0, BW_TABLE)
-        monkeypatch.setattr(self.suite.lab, "spawn_guest", lambda n, tag, cmd: self.server)
+        self.servers: list[_FakeProcess] = []
+        monkeypatch.setattr(self.suite.lab, "spawn_guest", self._spawn_guest)
         monkeypatch.setattr(self.suite.lab, "ssh", self._ssh)
         monkeypatch.setattr(self.suite.host, "spawn", self._spawn)
+
+    def _spawn_guest(self, n: int, tag: str, command: str) -> _FakeProcess:
+        self.servers.append(_FakeProcess(0, BW_TABLE))
+        return self.servers[-1]
 
     def _ssh(self, n: int, command: str, timeout: float = 0.0
              ) -> subprocess.CompletedProcess[str]:
@@ -554,7 +578,8 @@ def test_client_retry_only_for_a_refused_first_connection() -> None:
     assert [c.name for c in C.all_cases() if c.retries_client] == [
         "c/write_bw-R/rxe/s4096", "c/read_bw-R/rxe/s4096", "c/send_bw-R/rxe/s4096",
         "c/write_bw-R/siw/s4096"]
-    assert client_retry(r_case, True, 1, "header\n" + REFUSED)
+    assert client_retry(r_case, True, 1, "header\n" + REFUSED) == "client"
+    assert client_retry(r_case, True, 1, REJECTED) == "pair"
     assert not client_retry(r_case, False, 1, REFUSED)  # the guest's client: not ours
     assert not client_retry(r_case, True, 0, REFUSED)  # it passed
     assert not client_retry(r_case, True, None, REFUSED)  # killed: it hung, no retry
@@ -562,8 +587,10 @@ def test_client_retry_only_for_a_refused_first_connection() -> None:
     assert not client_retry(r_case, True, 1, "Failed to create RDMA CM connection with "
                                              "resources.\n")
     assert not client_retry(r_case, True, 1, "x Unable to perform rdma_client function y\n")
+    assert not client_retry(r_case, True, 1, "Event: RDMA_CM_EVENT_REJECTED; error: 8.\n")
     for name in ("write_bw-R/rxe/s4096", "c/write_bw/rxe/s4096", "c/rping/rxe/s64"):
         assert not client_retry(by_name[name], True, 1, REFUSED)
+        assert not client_retry(by_name[name], True, 1, REJECTED)
 
 
 def test_refused_client_is_started_again_once_the_guest_listens(
@@ -577,6 +604,7 @@ def test_refused_client_is_started_again_once_the_guest_listens(
     r, srv, cli = ex.run()
     assert r.passed, r.reasons
     assert len(ex.spawned) == 2 and ex.spawned[0] == ex.spawned[1]
+    assert len(ex.servers) == 1  # the same server, still waiting for its first client
     assert len(ex.probes) == 5 and all("LISTEN" in p and ":18515 " in p for p in ex.probes)
     assert cli == BW_TABLE and srv == BW_TABLE  # the checks see the attempt that ran
     assert (tmp_path / "t.client.1.log").read_text() == REFUSED
@@ -604,3 +632,19 @@ def test_other_client_failures_are_not_retried(tmp_path: Path, monkeypatch: pyte
     ex = _Exchange(tmp_path, monkeypatch, [(1, text), (0, BW_TABLE)], case=case)
     r, _, _ = ex.run()
     assert len(ex.spawned) == 1 and not r.passed and not r.notes
+
+
+def test_rejected_second_connection_restarts_the_pair(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """perftest's second connection was rejected (its server did not listen again yet):
+    perftest 4.5-0.17's server then waits for ever, so a new server is started (and waited
+    for: the new listener shows at the 2nd probe) before the client comes again."""
+    ex = _Exchange(tmp_path, monkeypatch, [(1, REJECTED), (0, BW_TABLE)],
+                   listening=(True, False, True))
+    r, srv, cli = ex.run()
+    assert r.passed, r.reasons
+    assert len(ex.servers) == 2 and ex.servers[0].proc.rc == 0  # the first one was ended
+    assert len(ex.spawned) == 2 and len(ex.probes) == 3
+    assert cli == BW_TABLE and (tmp_path / "t.client.1.log").read_text() == REJECTED
+    assert r.notes == ["client started again (1 of 3, with a new server): its second "
+                       "rdma_cm connection was rejected (the server did not listen again yet)"]

@@ -23,6 +23,7 @@ __all__ = [
     "Figures", "parse_perftest", "parse_pingpong", "parse_rdma_statistic",
     "parse_hw_counters", "user_qps", "counter_delta", "error_lines", "pcap_check_lines",
     "pcap_check_packets", "FIRST_CONNECTION_FAILED", "first_connection_failed",
+    "second_connection_refused",
 ]
 
 Figures = dict[str, float]
@@ -177,3 +178,13 @@ def first_connection_failed(text: str) -> bool:
     """Whether a perftest client's output says its first rdma_cm connection failed
     (:data:`FIRST_CONNECTION_FAILED` on a line of its own, perftest prints it indented)."""
     return any(line.strip() == FIRST_CONNECTION_FAILED for line in text.splitlines())
+
+
+def second_connection_refused(text: str) -> bool:
+    """Whether a perftest ``-R`` client's second rdma_cm connection (the test's QPs, made
+    just after the exchange channel's last handshake) was rejected: perftest 4.5 prints
+    ``Event: RDMA_CM_EVENT_REJECTED; error: N.`` and, giving up on it, ``Failed to create
+    RDMA CM connection`` (its ``create_rdma_cm_connection``)."""
+    lines = [line.strip() for line in text.splitlines()]
+    return (any(line.startswith("Event: RDMA_CM_EVENT_REJECTED;") for line in lines)
+            and any(line.startswith("Failed to create RDMA CM connection") for line in lines))
