@@ -648,3 +648,24 @@ def test_rejected_second_connection_restarts_the_pair(
     assert cli == BW_TABLE and (tmp_path / "t.client.1.log").read_text() == REJECTED
     assert r.notes == ["client started again (1 of 3, with a new server): its second "
                        "rdma_cm connection was rejected (the server did not listen again yet)"]
+
+
+def test_capi_cases_for_the_issues_other_programs() -> None:
+    """Issue 22's must-run programs beyond the first C cases: librdmacm's rdma_server /
+    rdma_client and mckey, perftest's latency tools and atomics, over rxe."""
+    by_name = {c.name: c for c in C.capi_cases()}
+    ex = C.commands(by_name["c/rdma_server/rxe"], "softrdma-client", EP)
+    assert ex.server == "rdma_server -s 10.50.0.14 -p 7471"
+    assert ex.client == ("python3 -m softrdma run -d ilab -- rdma_client -s 10.50.0.14 "
+                         "-p 7471")
+    mk = C.commands(by_name["c/mckey/rxe"], "softrdma-server", EP)
+    assert mk.server == "python3 -m softrdma run -d ilab -- mckey -m 239.1.2.3 -b 10.50.0.24 -C 5"
+    assert mk.client == "mckey -m 239.1.2.3 -b 10.50.0.14 -C 5 -s"
+    lat = C.commands(by_name["c/write_lat/rxe/s64"], "softrdma-client", EP)
+    assert lat.server == "ib_write_lat -d rxe0 -x 1 -F -n 100 -s 64"
+    assert lat.client.endswith("-- ib_write_lat -d ilab -x 0 -F -n 100 -s 64 10.50.0.14")
+    # atomics are 8 bytes: no -s (perftest's own size)
+    at = C.commands(by_name["c/atomic_lat/rxe"], "softrdma-server", EP)
+    assert at.client == "ib_atomic_lat -d rxe0 -x 1 -F -n 100 10.50.0.24"
+    assert C.commands(by_name["c/atomic_bw/rxe"], "softrdma-server", EP).client == (
+        "ib_atomic_bw -d rxe0 -x 1 -F -n 100 10.50.0.24")
