@@ -479,3 +479,193 @@ def test_capi_cases_run_the_stock_binary_on_both_sides() -> None:
     cm = next(c for c in C.capi_cases() if c.name == "c/udaddy/rxe")
     assert C.commands(cm, "softrdma-server", EP).server.endswith(
         "-- udaddy -b 10.50.0.24 -C 5")
+
+
+# -- the C perftest -R client's retry (issue 22) ----------------------------------------------
+REFUSED = (" Unable to perform rdma_client function\n Unable to init the socket connection\n")
+# perftest 4.5-0.17's client whose second connection got a REJ (from a lab run)
+REJECTED = """\
+RDMA CM event error:
+Event: RDMA_CM_EVENT_REJECTED; error: 8.
+
+ERRNO: Connection timed out.
+Failed to handle RDMA CM event.
+ERRNO: Connection timed out.
+Failed to connect RDMA CM events.
+ERRNO: Connection timed out.
+Failed to resolve RDMA CM address.
+ERRNO: Invalid argument.
+Failed to destroy RDMA CM ID number 0.
+ERRNO: Invalid argument.
+Failed to destroy RDMA CM contexts.
+ERRNO: Invalid argument.
+Failed to create RDMA CM connection.
+ERRNO: Invalid argument.
+Failed to create RDMA CM connection with resources.
+"""
+
+
+class _Proc:
+    def __init__(self) -> None:
+        self.rc: int | None = None
+
+    def poll(self) -> int | None:
+        return self.rc
+
+
+class _FakeProcess:
+    """A guest or host process that has run when waited for: ``rc`` and ``text``."""
+
+    def __init__(self, rc: int, text: str) -> None:
+        self.proc = _Proc()
+        self.rc, self.text, self.output = rc, text, ""
+
+    def wait(self, timeout: float) -> int:
+        self.proc.rc, self.output = self.rc, self.text
+        return self.rc
+
+    def kill(self) -> None:
+        pass
+
+
+class _Exchange:
+    """One C perftest ``-R`` case with softrdma as the client, on a fake lab: the guest's
+    server runs until waited for, the host's clients print ``clients`` in turn, the guest's
+    rdma_cm listener shows or not as ``listening`` says, probe by probe (then it shows)."""
+
+    def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                 clients: list[tuple[int, str]], listening: tuple[bool, ...] = (),
+                 case: str = "c/write_bw-R/rxe/s4096") -> None:
+        from softrdma.interop import runner
+        monkeypatch.setattr(runner, "POLL_INTERVAL", 0.0)
+        self.case = next(c for c in C.all_cases() if c.name == case)
+        self.suite = runner.Suite(Lab(tmp_path, tmp_path), runner.Options(5, out_dir=tmp_path))
+        self.clients = list(clients)
+        self.spawned: list[str] = []
+        self.probes: list[str] = []
+        self.listening = list(listening)
+        self.servers: list[_FakeProcess] = []
+        monkeypatch.setattr(self.suite.lab, "spawn_guest", self._spawn_guest)
+        monkeypatch.setattr(self.suite.lab, "ssh", self._ssh)
+        monkeypatch.setattr(self.suite.host, "spawn", self._spawn)
+
+    def _spawn_guest(self, n: int, tag: str, command: str) -> _FakeProcess:
+        self.servers.append(_FakeProcess(0, BW_TABLE))
+        return self.servers[-1]
+
+    def _ssh(self, n: int, command: str, timeout: float = 0.0
+             ) -> subprocess.CompletedProcess[str]:
+        self.probes.append(command)
+        up = self.listening.pop(0) if self.listening else True
+        return subprocess.CompletedProcess(command, 0, "LISTEN :18515 \n" if up else "")
+
+    def _spawn(self, argv: list[str]) -> _FakeProcess:
+        self.spawned.append(" ".join(argv))
+        rc, text = self.clients.pop(0)
+        return _FakeProcess(rc, text)
+
+    def run(self) -> tuple[Result, str, str]:
+        cmds = C.commands(self.case, "softrdma-client", EP)
+        r = Result(self.case.name, "softrdma-client")
+        srv, cli = self.suite._exchange(self.case, cmds, "t", r)
+        return r, srv, cli
+
+
+def test_client_retry_only_for_a_refused_first_connection() -> None:
+    from softrdma.interop.runner import client_retry
+    by_name = {c.name: c for c in C.all_cases()}
+    r_case = by_name["c/read_bw-R/rxe/s4096"]
+    assert [c.name for c in C.all_cases() if c.retries_client] == [
+        "c/write_bw-R/rxe/s4096", "c/read_bw-R/rxe/s4096", "c/send_bw-R/rxe/s4096",
+        "c/write_bw-R/siw/s4096"]
+    assert client_retry(r_case, True, 1, "header\n" + REFUSED) == "client"
+    assert client_retry(r_case, True, 1, REJECTED) == "pair"
+    assert not client_retry(r_case, False, 1, REFUSED)  # the guest's client: not ours
+    assert not client_retry(r_case, True, 0, REFUSED)  # it passed
+    assert not client_retry(r_case, True, None, REFUSED)  # killed: it hung, no retry
+    # the second connection, a crash, or the text only quoted in another line
+    assert not client_retry(r_case, True, 1, "Failed to create RDMA CM connection with "
+                                             "resources.\n")
+    assert not client_retry(r_case, True, 1, "x Unable to perform rdma_client function y\n")
+    assert not client_retry(r_case, True, 1, "Event: RDMA_CM_EVENT_REJECTED; error: 8.\n")
+    for name in ("write_bw-R/rxe/s4096", "c/write_bw/rxe/s4096", "c/rping/rxe/s64"):
+        assert not client_retry(by_name[name], True, 1, REFUSED)
+        assert not client_retry(by_name[name], True, 1, REJECTED)
+
+
+def test_refused_client_is_started_again_once_the_guest_listens(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The slow guest's perftest server did not listen yet when softrdma's client made its
+    first connection: the runner waits until the guest's rdma_cm listener shows (here at
+    the 4th probe after the refusal), starts the client again, and the case passes with a note."""
+    # listening at the first probe; after the refusal, it shows again at the 4th
+    ex = _Exchange(tmp_path, monkeypatch, [(1, REFUSED), (0, BW_TABLE)],
+                   listening=(True, False, False, False, True))
+    r, srv, cli = ex.run()
+    assert r.passed, r.reasons
+    assert len(ex.spawned) == 2 and ex.spawned[0] == ex.spawned[1]
+    assert len(ex.servers) == 1  # the same server, still waiting for its first client
+    assert len(ex.probes) == 5 and all("LISTEN" in p and ":18515 " in p for p in ex.probes)
+    assert cli == BW_TABLE and srv == BW_TABLE  # the checks see the attempt that ran
+    assert (tmp_path / "t.client.1.log").read_text() == REFUSED
+    assert r.notes == ["client started again (1 of 3): Unable to perform rdma_client "
+                       "function (its first rdma_cm connection was refused)"]
+    assert "client started again (1 of 3)" in render_table([r])
+
+
+def test_refused_client_gives_up_after_its_retries(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from softrdma.interop.runner import CLIENT_RETRIES
+    ex = _Exchange(tmp_path, monkeypatch, [(1, REFUSED)] * (CLIENT_RETRIES + 2))
+    r, _, cli = ex.run()
+    assert len(ex.spawned) == CLIENT_RETRIES + 1
+    assert not r.passed and "softrdma client exited 1" in r.reasons
+    assert cli == REFUSED and len(r.notes) == CLIENT_RETRIES
+
+
+@pytest.mark.parametrize("case,text", [
+    ("c/write_bw-R/rxe/s4096", "Failed to create RDMA CM connection with resources.\n"),
+    ("c/write_bw/rxe/s4096", REFUSED),
+])
+def test_other_client_failures_are_not_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               case: str, text: str) -> None:
+    ex = _Exchange(tmp_path, monkeypatch, [(1, text), (0, BW_TABLE)], case=case)
+    r, _, _ = ex.run()
+    assert len(ex.spawned) == 1 and not r.passed and not r.notes
+
+
+def test_rejected_second_connection_restarts_the_pair(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """perftest's second connection was rejected (its server did not listen again yet):
+    perftest 4.5-0.17's server then waits for ever, so a new server is started (and waited
+    for: the new listener shows at the 2nd probe) before the client comes again."""
+    ex = _Exchange(tmp_path, monkeypatch, [(1, REJECTED), (0, BW_TABLE)],
+                   listening=(True, False, True))
+    r, srv, cli = ex.run()
+    assert r.passed, r.reasons
+    assert len(ex.servers) == 2 and ex.servers[0].proc.rc == 0  # the first one was ended
+    assert len(ex.spawned) == 2 and len(ex.probes) == 3
+    assert cli == BW_TABLE and (tmp_path / "t.client.1.log").read_text() == REJECTED
+    assert r.notes == ["client started again (1 of 3, with a new server): its second "
+                       "rdma_cm connection was rejected (the server did not listen again yet)"]
+
+
+def test_capi_cases_for_the_issues_other_programs() -> None:
+    """Issue 22's must-run programs beyond the first C cases: librdmacm's rdma_server /
+    rdma_client and mckey, perftest's latency tools and atomics, over rxe."""
+    by_name = {c.name: c for c in C.capi_cases()}
+    ex = C.commands(by_name["c/rdma_server/rxe"], "softrdma-client", EP)
+    assert ex.server == "rdma_server -s 10.50.0.14 -p 7471"
+    assert ex.client == ("python3 -m softrdma run -d ilab -- rdma_client -s 10.50.0.14 "
+                         "-p 7471")
+    mk = C.commands(by_name["c/mckey/rxe"], "softrdma-server", EP)
+    assert mk.server == "python3 -m softrdma run -d ilab -- mckey -m 239.1.2.3 -b 10.50.0.24 -C 5"
+    assert mk.client == "mckey -m 239.1.2.3 -b 10.50.0.14 -C 5 -s"
+    lat = C.commands(by_name["c/write_lat/rxe/s64"], "softrdma-client", EP)
+    assert lat.server == "ib_write_lat -d rxe0 -x 1 -F -n 100 -s 64"
+    assert lat.client.endswith("-- ib_write_lat -d ilab -x 0 -F -n 100 -s 64 10.50.0.14")
+    # atomics are 8 bytes: no -s (perftest's own size)
+    at = C.commands(by_name["c/atomic_lat/rxe"], "softrdma-server", EP)
+    assert at.client == "ib_atomic_lat -d rxe0 -x 1 -F -n 100 10.50.0.24"
+    assert C.commands(by_name["c/atomic_bw/rxe"], "softrdma-server", EP).client == (
+        "ib_atomic_bw -d rxe0 -x 1 -F -n 100 10.50.0.24")

@@ -74,6 +74,13 @@ class Case:
     capi: bool = False
 
     @property
+    def retries_client(self) -> bool:
+        """A C perftest ``-R`` case: its client may meet a server that does not listen yet
+        and is then started again (see ``runner.client_retry``). Stock perftest against
+        stock perftest has the same race; softrdma's own tools wait for the listener."""
+        return self.capi and self.rdma_cm and self.kind in ("bw", "lat")
+
+    @property
     def name(self) -> str:
         base = self.tool.removeprefix("ibv_").removeprefix("ib_")
         if self.rdma_cm and self.kind in ("bw", "lat"):
@@ -174,6 +181,13 @@ def capi_cases() -> list[Case]:
     cases.append(Case("udaddy", run, "rxe", "cm", port=UDADDY_PORT, capi=True))
     cases.extend(Case(f"ib_{op}_bw", run, "rxe", "bw", 4096, cm, PERFTEST_PORT, capi=True)
                  for cm in (False, True) for op in ("write", "read", "send"))
+    cases.append(Case("rdma_server", run, "rxe", "example", port=RDMA_EXAMPLE_PORT,
+                      capi=True))
+    cases.append(Case("mckey", run, "rxe", "mckey", capi=True))
+    cases.append(Case("ib_atomic_bw", run, "rxe", "bw", 0, False, PERFTEST_PORT, capi=True))
+    cases.extend(Case(f"ib_{op}_lat", run, "rxe", "lat", 0 if op == "atomic" else 64, False,
+                      PERFTEST_PORT, capi=True)
+                 for op in ("write", "read", "send", "atomic"))
     cases.append(Case("rping", run, "siw", "rping", 64, port=RPING_PORT, capi=True))
     cases.append(Case("ib_write_bw", run, "siw", "bw", 4096, True, PERFTEST_PORT,
                       capi=True))
@@ -246,7 +260,7 @@ def _perftest_words(case: Case, prog: str, dev: str, gid: int, iters: int) -> li
     w += ["-F", "-n", str(iters)]
     if case.size and case.kind == "bw":
         w += ["-s", str(case.size)]
-    elif case.kind == "lat":
+    elif case.kind == "lat" and case.size:  # atomics: 8 bytes, perftest's own choice
         w += ["-s", str(case.size)]
     return w
 

@@ -22,10 +22,17 @@ from collections.abc import Mapping
 __all__ = [
     "Figures", "parse_perftest", "parse_pingpong", "parse_rdma_statistic",
     "parse_hw_counters", "user_qps", "counter_delta", "error_lines", "pcap_check_lines",
-    "pcap_check_packets",
+    "pcap_check_packets", "FIRST_CONNECTION_FAILED", "first_connection_failed",
+    "second_connection_refused",
 ]
 
 Figures = dict[str, float]
+
+#: what a perftest ``-R`` client prints when its first rdma_cm connection (perftest's own
+#: exchange channel: ``establish_connection`` -> ``rdma_client_connect``) failed, e.g. on a
+#: REJ with reason 8, Invalid Service ID (IBA 12.6.7.2: nobody listens on it yet); its
+#: server saw no request then and still waits for its first client
+FIRST_CONNECTION_FAILED = "Unable to perform rdma_client function"
 
 _NUM = r"[-+]?\d+(?:\.\d+)?"
 _BW_KEYS = ("bytes", "iterations", "bw_peak", "bw_avg", "msg_rate")
@@ -165,3 +172,19 @@ def pcap_check_packets(summary: str) -> int:
     """The packet count of a pcap-check summary line (-1 if it is not one)."""
     m = _PCAP_SUMMARY.search(summary)
     return int(m.group(1)) if m else -1
+
+
+def first_connection_failed(text: str) -> bool:
+    """Whether a perftest client's output says its first rdma_cm connection failed
+    (:data:`FIRST_CONNECTION_FAILED` on a line of its own, perftest prints it indented)."""
+    return any(line.strip() == FIRST_CONNECTION_FAILED for line in text.splitlines())
+
+
+def second_connection_refused(text: str) -> bool:
+    """Whether a perftest ``-R`` client's second rdma_cm connection (the test's QPs, made
+    just after the exchange channel's last handshake) was rejected: perftest 4.5 prints
+    ``Event: RDMA_CM_EVENT_REJECTED; error: N.`` and, giving up on it, ``Failed to create
+    RDMA CM connection`` (its ``create_rdma_cm_connection``)."""
+    lines = [line.strip() for line in text.splitlines()]
+    return (any(line.startswith("Event: RDMA_CM_EVENT_REJECTED;") for line in lines)
+            and any(line.startswith("Failed to create RDMA CM connection") for line in lines))

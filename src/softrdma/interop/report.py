@@ -36,6 +36,8 @@ class Result:
     seconds: float = 0.0
     commands: dict[str, str] = field(default_factory=dict)
     counters: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: what the runner did besides the plain exchange, pass or fail (a client started again)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -69,18 +71,20 @@ def figures_text(r: Result) -> str:
 
 
 def render_table(results: list[Result]) -> str:
-    """The table: case, direction, result, figures; failing rows are followed by their
-    reasons, capture and pcap-check line."""
+    """The table: case, direction, result, figures; each row is followed by its notes,
+    failing rows also by their reasons, capture and pcap-check line."""
     rows = [("case", "direction", "result", "figures (softrdma / linux)")]
     notes: dict[int, list[str]] = {}
     for r in results:
         rows.append((r.case, r.direction, r.result, figures_text(r)))
+        lines = list(r.notes)
         if r.result == FAIL:
-            lines = list(r.reasons)
+            lines += r.reasons
             if r.pcap:
                 lines.append(f"capture: {r.pcap}")
             if r.pcap_check:
                 lines.append(f"pcap-check: {r.pcap_check}")
+        if lines:
             notes[len(rows) - 1] = lines
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     out: list[str] = []

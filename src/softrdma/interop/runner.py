@@ -26,7 +26,7 @@ from .cases import DIRECTIONS, MCKEY_GROUP, RPING_COUNT, Case, Commands, Endpoin
 from .lab import Capture, GuestProcess, HostProcess, HostSide, Lab, LabError, guest_ip, load_factor
 from .report import Result
 
-__all__ = ["Options", "Suite", "softrdma_tools"]
+__all__ = ["Options", "Suite", "softrdma_tools", "client_retry", "CLIENT_RETRIES"]
 
 SERVER_READY_TIMEOUT = 60.0
 HOST_SERVER_SETTLE = 4.0  # a softrdma rdma_cm server on RoCE shows no TCP listener
@@ -41,6 +41,29 @@ DEVD_IDLE = 36000.0
 QP_SETTLE = 3.0
 PCAP_CHECK_TIMEOUT = 300.0
 TIMEOUT_EXIT = 124  # coreutils timeout(1): the command timed out
+CLIENT_RETRIES = 3  # a C perftest -R client refused by the guest: started again (client_retry)
+CLIENT, PAIR = "client", "pair"
+RETRY_WHY = {CLIENT: f"{parse.FIRST_CONNECTION_FAILED} (its first rdma_cm connection was "
+                     "refused)",
+             PAIR: "its second rdma_cm connection was rejected (the server did not listen "
+                   "again yet)"}
+
+
+def client_retry(case: Case, server_on_guest: bool, rc: int | None, output: str) -> str:
+    """Whether a finished client is started again: only a C perftest ``-R`` client
+    (:attr:`Case.retries_client`) against the guest's server, that failed (not killed) on
+    a refused rdma_cm connection, as ``tests/capi_harness`` retries stock perftest pairs.
+    ``CLIENT``: its first connection (:data:`parse.FIRST_CONNECTION_FAILED`): the slow
+    guest's server did not listen yet, saw nothing and still waits for its first client,
+    which comes again once the server listens. ``PAIR``: its second, the test's own
+    (:func:`parse.second_connection_refused`): perftest 4.5-0.17 cannot retry it itself
+    and its server waits for ever, so both are started again. ``''``: any other end is the
+    case's result."""
+    if not (case.retries_client and server_on_guest and rc not in (0, None)):
+        return ""
+    if parse.first_connection_failed(output):
+        return CLIENT
+    return PAIR if parse.second_connection_refused(output) else ""
 
 
 def softrdma_tools() -> set[str]:
@@ -182,24 +205,44 @@ class Suite:
     def _exchange(self, case: Case, cmds: Commands, tag: str, r: Result) -> tuple[str, str]:
         server: GuestProcess | HostProcess
         client: GuestProcess | HostProcess | None = None
-        if cmds.server_on_guest:
-            server = self.lab.spawn_guest(self.n, f"{tag}-srv",
-                                          f"timeout {CLIENT_TIMEOUT + 60} {cmds.server}")
-        else:
-            server = self.host.spawn(shlex.split(cmds.server))
+        attempt = 0
+        server = self._start_server(cmds, tag)
         try:
-            why = self._wait_ready(case, cmds.server_on_guest, server)
-            if why:
-                r.fail(why)
-                server.kill()
-                server.wait(10.0)
-                return server.output, ""
-            if cmds.server_on_guest:
-                client = self.host.spawn(shlex.split(cmds.client))
-            else:
-                client = self.lab.spawn_guest(self.n, f"{tag}-cli",
-                                              f"timeout {CLIENT_TIMEOUT} {cmds.client}")
-            crc = client.wait(CLIENT_TIMEOUT + 30)
+            while True:  # a new server only after a refused second connection (client_retry)
+                why = self._wait_ready(case, cmds.server_on_guest, server)
+                if why:
+                    r.fail(why)
+                    server.kill()
+                    server.wait(10.0)
+                    return server.output, ""
+                while True:
+                    if cmds.server_on_guest:
+                        client = self.host.spawn(shlex.split(cmds.client))
+                    else:
+                        client = self.lab.spawn_guest(
+                            self.n, f"{tag}-cli", f"timeout {CLIENT_TIMEOUT} {cmds.client}")
+                    crc = client.wait(CLIENT_TIMEOUT + 30)
+                    again = client_retry(case, cmds.server_on_guest, crc, client.output)
+                    if attempt >= CLIENT_RETRIES or not again or server.proc.poll() is not None:
+                        again = ""
+                        break
+                    attempt += 1
+                    (self.out_dir / f"{tag}.client.{attempt}.log").write_text(client.output)
+                    r.notes.append(f"client started again ({attempt} of {CLIENT_RETRIES}"
+                                   f"{', with a new server' if again == PAIR else ''}): "
+                                   f"{RETRY_WHY[again]}")
+                    if again == PAIR:
+                        break
+                    # the same server: its listener must show before the client comes again
+                    why = self._wait_ready(case, cmds.server_on_guest, server)
+                    if why:
+                        r.fail(why)
+                        break
+                if again != PAIR:
+                    break
+                server.kill()  # it waits for a connection that will not come
+                server.wait(SERVER_EXIT_AFTER_FAILURE)
+                server = self._start_server(cmds, tag)
             # a server whose client failed is not waited for long: the case failed already
             src = server.wait(SERVER_EXIT_TIMEOUT if crc == 0 else SERVER_EXIT_AFTER_FAILURE)
         finally:
@@ -216,6 +259,12 @@ class Suite:
             elif rc:
                 r.fail(f"{who} {role} exited {rc}")
         return server.output, client.output
+
+    def _start_server(self, cmds: Commands, tag: str) -> GuestProcess | HostProcess:
+        if cmds.server_on_guest:
+            return self.lab.spawn_guest(self.n, f"{tag}-srv",
+                                        f"timeout {CLIENT_TIMEOUT + 60} {cmds.server}")
+        return self.host.spawn(shlex.split(cmds.server))
 
     def _wait_ready(self, case: Case, on_guest: bool,
                     server: GuestProcess | HostProcess) -> str:
