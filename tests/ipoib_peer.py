@@ -20,19 +20,26 @@
   report, and keep both up until told.
 
 "Until told": until a line (or the end) on stdin, so that the test decides how long the
-peer lives, not a guess at how long the test takes on a busy machine.
+peer lives, not a guess at how long the test takes on a busy machine. While it waits, the
+peer answers ARP requests for ``MY_IP`` as a live host does: the interface probes a
+neighbour that it uses (RFC 4861 §7.3.3: STALE, DELAY, PROBE) and removes it, with its
+connection (RFC 4755 §3.4), when nothing answers; on a busy machine the test may outlast
+those seconds.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import json
+import select
 import sys
 import time
+from collections.abc import Callable
 
 from softrdma import enums as e
 from softrdma import verbs as v
 from softrdma.drivers.gsi import CmBinding
+from softrdma.errors import DecodeError
 from softrdma.ibcm.agent import AcceptParams, ConnParams
 from softrdma.ibcm.events import CmEvent, CmEventType
 from softrdma.ipoib.encap import ArpOp, ArpPacket, EtherType, encap_header
@@ -52,8 +59,13 @@ def wait_event(events: list[CmEvent], timeout: float = 60.0) -> CmEvent:
     raise SystemExit(json.dumps({"error": "no CM event"}))
 
 
-def until_told() -> None:
-    """Block until the test writes a line on stdin or closes it."""
+def until_told(serve: Callable[[], None] | None = None) -> None:
+    """Block until the test writes a line on stdin or closes it; call ``serve`` meanwhile."""
+    if serve is None:
+        sys.stdin.readline()
+        return
+    while not select.select([sys.stdin], [], [], 0.05)[0]:
+        serve()
     sys.stdin.readline()
 
 
@@ -99,14 +111,16 @@ def main() -> None:
             wait_disconnected(events)
         cm.close()
     elif action == "announce":
-        ud = v.QP(pd, v.QPInitAttr(qp_type=e.IBV_QPT_UD, scq=cq, rcq=cq,
-                                   cap=v.QPCap(4, 1, 1, 1)), v.QPAttr(qkey=IPOIB_QKEY))
-        arp = bytearray(ArpPacket(ArpOp.REQUEST, HwAddr(ud.qp_num, sgid), ipaddress.IPv4Address(
-            arg).packed, HwAddr(0, bytes(16)), ipaddress.IPv4Address(sys.argv[6]).packed).encode())
-        arp[8] = 0xFF  # the sender's flags octet
+        rcq = v.CQ(ctx, 64)
+        ud = v.QP(pd, v.QPInitAttr(qp_type=e.IBV_QPT_UD, scq=cq, rcq=rcq,
+                                   cap=v.QPCap(4, ARP_RECVS, 1, 1)), v.QPAttr(qkey=IPOIB_QKEY))
+        hw = bytearray(HwAddr(ud.qp_num, sgid).encode())
+        hw[0] = 0xFF  # the flags octet
+        arp = _arp(ArpOp.REQUEST, bytes(hw), arg, bytes(20), sys.argv[6])
+        serve_arp = _arp_answerer(ctx, pd, rcq, ud, bytes(hw), arg)
         _ud_send(ctx, pd, cq, ud, sgid, peer_gid, peer_qpn, encap_header(EtherType.ARP) + arp)
         print(json.dumps({"announced": arg}), flush=True)
-        until_told()
+        until_told(lambda: serve_arp(cq, sgid, peer_gid, peer_qpn))
     elif action == "cross":
         cross(ctx, pd, cq, sgid, peer_gid, peer_qpn, arg, sys.argv[6])
     elif action == "ud-garbage":
@@ -147,6 +161,55 @@ def _ud_send(ctx: v.Context, pd: v.PD, cq: v.CQ, qp: v.QP, sgid: bytes, dgid: by
         ctx.progress(0.01)
 
 
+ARP_RECVS = 8
+GRH_LEN = 40
+
+
+def _arp(op: int, sender_hw: bytes, sender_ip: str, target_hw: bytes, target_ip: str) -> bytes:
+    """An InfiniBand ARP packet; the hardware addresses are given as their 20 bytes, so
+    that a sender may claim any flags octet."""
+    pkt = bytearray(ArpPacket(op, HwAddr(0, bytes(16)), ipaddress.IPv4Address(sender_ip).packed,
+                              HwAddr(0, bytes(16)), ipaddress.IPv4Address(target_ip).packed
+                              ).encode())
+    pkt[8:28] = sender_hw
+    pkt[32:52] = target_hw
+    return bytes(pkt)
+
+
+def _arp_answerer(ctx: v.Context, pd: v.PD, rcq: v.CQ, ud: v.QP, my_hw: bytes,
+                  my_ip: str) -> Callable[[v.CQ, bytes, bytes, int], None]:
+    """Post receives on ``ud`` (completing on ``rcq``); the function returned answers the
+    ARP requests for ``my_ip`` that arrived (sending on its CQ argument), then reposts."""
+    size = GRH_LEN + 4096
+    buf = bytearray(ARP_RECVS * size)
+    mr = v.MR(pd, len(buf), int(e.IBV_ACCESS_LOCAL_WRITE), buffer=buf)
+    for i in range(ARP_RECVS):
+        ud.post_recv(v.RecvWR(wr_id=i, sg=[v.SGE(mr.addr + i * size, size, mr.lkey)], num_sge=1))
+    mine = ipaddress.IPv4Address(my_ip).packed
+
+    def answer(scq: v.CQ, sgid: bytes, peer_gid: bytes, peer_qpn: int) -> None:
+        ctx.progress(0.01)
+        n, wcs = rcq.poll(ARP_RECVS)
+        for wc in wcs[:n]:
+            i = wc.wr_id
+            body = bytes(buf[i * size + GRH_LEN:i * size + wc.byte_len])
+            ud.post_recv(v.RecvWR(wr_id=i, sg=[v.SGE(mr.addr + i * size, size, mr.lkey)],
+                                  num_sge=1))
+            if wc.status != e.IBV_WC_SUCCESS or body[:2] != encap_header(EtherType.ARP)[:2]:
+                continue
+            try:
+                req = ArpPacket.decode(body[4:])
+            except DecodeError:
+                continue
+            if req.op == ArpOp.REQUEST and req.target_ip == mine:
+                reply = _arp(ArpOp.REPLY, my_hw, my_ip, req.sender_hw.encode(),
+                             str(ipaddress.IPv4Address(req.sender_ip)))
+                _ud_send(ctx, pd, scq, ud, sgid, peer_gid, peer_qpn,
+                         encap_header(EtherType.ARP) + reply)
+
+    return answer
+
+
 def _rc_qp(pd: v.PD, cq: v.CQ) -> v.QP:
     return v.QP(pd, v.QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=v.QPCap(4, 8, 1, 1)))
 
@@ -162,9 +225,11 @@ def _absorb(pd: v.PD, qp: v.QP) -> v.MR:
 
 def cross(ctx: v.Context, pd: v.PD, cq: v.CQ, sgid: bytes, peer_gid: bytes, peer_qpn: int,
           my_ip: str, peer_ip: str) -> None:
-    ud = v.QP(pd, v.QPInitAttr(qp_type=e.IBV_QPT_UD, scq=cq, rcq=cq, cap=v.QPCap(4, 1, 1, 1)),
-              v.QPAttr(qkey=IPOIB_QKEY))
+    rcq = v.CQ(ctx, 64)
+    ud = v.QP(pd, v.QPInitAttr(qp_type=e.IBV_QPT_UD, scq=cq, rcq=rcq,
+                               cap=v.QPCap(4, ARP_RECVS, 1, 1)), v.QPAttr(qkey=IPOIB_QKEY))
     me = HwAddr(ud.qp_num, sgid, FLAG_RC)
+    serve_arp = _arp_answerer(ctx, pd, rcq, ud, me.encode(), my_ip)
     cm = CmBinding.attach(ctx)
     events: list[CmEvent] = []
     listener = cm.agent.create_id(events.append)
@@ -195,7 +260,7 @@ def cross(ctx: v.Context, pd: v.PD, cq: v.CQ, sgid: bytes, peer_gid: bytes, peer
         held.cm_id.reject(CmData(ud.qp_num, 65524).encode())
         out["answered"] = "reject"
     print(json.dumps(out), flush=True)
-    until_told()
+    until_told(lambda: serve_arp(cq, sgid, peer_gid, peer_qpn))
     cm.close()
     del mrs
 

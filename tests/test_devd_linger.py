@@ -47,3 +47,19 @@ def test_clients_arriving_as_the_daemon_exits(tmp_path: Path) -> None:
         link = devd_client.DevdLink(rec, state_dir=tmp_path, idle_timeout=0.2)
         link.close()
         time.sleep(0.2 + rng.uniform(-0.03, 0.05))
+
+
+def test_a_started_daemon_waits_for_its_first_client(tmp_path: Path) -> None:
+    """A daemon started with a short idle timeout is still there for the client that
+    started it when that client is descheduled (busy host) before it connects."""
+    make_state_dir(tmp_path)
+    rec = Registry(tmp_path).get(ROCE_DEV)
+    path = devd_spawn.ensure_devd(rec, state_dir=tmp_path, idle_timeout=0.05)
+    pid = int((tmp_path / f"{ROCE_DEV}.pid").read_text())
+    time.sleep(1.0)  # the starting client, not scheduled for 20 idle timeouts
+    assert Path(path).exists()
+    link = devd_client.DevdLink(rec, state_dir=tmp_path, idle_timeout=0.05)
+    try:
+        assert link.daemon_pid == pid  # the daemon it started, not a replacement
+    finally:
+        link.close()

@@ -11,7 +11,7 @@ own UDP sockets.
 Running it::
 
     python -m softrdma.drivers.devd.daemon NAME [--state-dir DIR] [--idle-timeout S]
-                                         [--netdev IF] [--port N] [--ip ADDR ...] [--daemonize]
+                                         [--first-client-wait S] [--netdev IF] [--port N] [--ip ADDR ...] [--daemonize]
 
 or in-process (tests): ``Devd(record, state_dir).serve_forever()`` in a thread, stopped by
 :meth:`Devd.shutdown`. :func:`ensure_devd` starts a detached daemon if none is running.
@@ -29,7 +29,9 @@ Files in the state directory (:func:`softrdma.drivers.registry.state_dir`):
   counters last as long as the device and never go backwards (:func:`saved_counters`).
 
 The daemon exits by itself ``idle_timeout`` seconds (default 5) after its last client
-left (or after it started, if no client ever came), removing its socket and pid file.
+left (or after it started, if no client ever came, but not before ``--first-client-wait``
+seconds: the client that starts it waits that long and must find it), removing its socket
+and pid file.
 
 The receive path (design.md "Devices shared by processes", :mod:`.reuseport`): each
 client process binds its own socket to the device's port with ``SO_REUSEPORT`` and the
@@ -126,6 +128,9 @@ class Devd(Forwarding, McastRouting, QpnRouting):
     seconds without clients before :meth:`serve_forever` returns. ``ips``: serve these
     addresses instead of the netdev's (tests). ``lock_wait``: how long :meth:`start`
     waits for a previous daemon of the same device to finish exiting.
+    ``first_client_wait``: until its first client comes, the daemon serves at least this
+    many seconds from its start, however short ``idle_timeout`` is: a daemon started for
+    a client waits for that client (which, on a busy host, may take long to connect).
     A ``record.udp_port`` of 0 binds an ephemeral port (tests); :attr:`udp_port` tells it.
     """
 
@@ -139,11 +144,14 @@ class Devd(Forwarding, McastRouting, QpnRouting):
         lock_wait: float = 2.0,
         max_clients_per_uid: int = MAX_CLIENTS_PER_UID,
         join_timeout: float = JOIN_TIMEOUT,
+        first_client_wait: float = 0.0,
     ) -> None:
         if record.type != "roce":
             raise DeviceError(f"device {record.name!r}: devd serves roce devices only")
         if idle_timeout < 0:
             raise InvalidArgument("idle_timeout", "must be >= 0")
+        if first_client_wait < 0:
+            raise InvalidArgument("first_client_wait", "must be >= 0")
         if not join_timeout > 0:
             raise InvalidArgument("join_timeout", "must be > 0")
         self.join_timeout = join_timeout
@@ -152,6 +160,8 @@ class Devd(Forwarding, McastRouting, QpnRouting):
             Path(state_dir) if state_dir is not None else default_state_dir()
         )
         self.idle_timeout = idle_timeout
+        self.first_client_wait = first_client_wait
+        self._had_client = False
         self.lock_wait = lock_wait
         self._ips_override = [ip_bytes(ip, "ips") for ip in ips] if ips is not None else None
         self.socket_path = socket_path(record.name, self.directory)
@@ -341,13 +351,17 @@ class Devd(Forwarding, McastRouting, QpnRouting):
     def serve_forever(self) -> None:
         """Serve until :meth:`shutdown` or ``idle_timeout`` seconds without clients."""
         self.start()
+        first_by = time.monotonic() + self.first_client_wait
         idle_since: float | None = time.monotonic()
         try:
             while not self._stop:
                 timeout: float | None = None
                 now = time.monotonic()
                 if idle_since is not None:
-                    timeout = idle_since + self.idle_timeout - now
+                    exit_at = idle_since + self.idle_timeout
+                    if not self._had_client:
+                        exit_at = max(exit_at, first_by)
+                    timeout = exit_at - now
                     if timeout <= 0:
                         break
                 join_deadline = self._join_expire(now)
@@ -423,6 +437,7 @@ class Devd(Forwarding, McastRouting, QpnRouting):
             client = Client(ctrl, mine, uid=uid, pid=peer_pid(ctrl))
             self._per_uid[uid] = self._per_uid.get(uid, 0) + 1
             self._clients.append(client)
+            self._had_client = True
             self.counters["clients"] += 1
             assert self._sel is not None
             self._sel.register(ctrl, selectors.EVENT_READ, ("ctrl", client))
@@ -658,6 +673,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("name")
     p.add_argument("--state-dir", default=None)
     p.add_argument("--idle-timeout", type=float, default=DEFAULT_IDLE_TIMEOUT)
+    p.add_argument("--first-client-wait", type=float, default=0.0,
+                   help="until the first client, serve at least this long from the start")
     p.add_argument("--netdev", default=None, help="override the registry record")
     p.add_argument("--port", type=int, default=None, help="override the registry record")
     p.add_argument("--ip", action="append", default=None, help="serve only this address")
@@ -674,7 +691,8 @@ def main(argv: list[str] | None = None) -> int:
             record = Registry(a.state_dir).get(a.name)
             if a.port is not None:
                 record = dataclasses.replace(record, udp_port=a.port)
-        devd = Devd(record, a.state_dir, idle_timeout=a.idle_timeout, ips=a.ip)
+        devd = Devd(record, a.state_dir, idle_timeout=a.idle_timeout, ips=a.ip,
+                    first_client_wait=a.first_client_wait)
         if a.daemonize:
             return daemonize(devd)
         devd.start()

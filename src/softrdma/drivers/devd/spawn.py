@@ -116,6 +116,9 @@ def ensure_devd(
             cmd += ["--vlan", str(record.vlan)]
         if idle_timeout is not None:
             cmd += ["--idle-timeout", repr(float(idle_timeout))]
+        # the daemon waits for its first client as long as we wait for it to start: with
+        # a short idle timeout on a busy host, it would otherwise exit before we connect
+        cmd += ["--first-client-wait", repr(float(timeout))]
         env = dict(os.environ)
         root = _package_root()
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
@@ -142,7 +145,9 @@ def ensure_devd(
             # the daemon's own errno is in its last line (cannot bind ...: strerror)
             code = errno.EADDRINUSE if os.strerror(errno.EADDRINUSE) in why else None
             raise DeviceError(f"cannot start devd {record.name}: {why}", errno=code)
-        if not _probe(path):
+        # not _probe(): a connection would be the daemon's first client, and its first-client
+        # wait would end before the client that started it connects
+        if not path.exists():
             raise DevdVanished(f"devd {record.name}: started but {path} accepts no connection")
     return str(path)
 
