@@ -61,7 +61,8 @@ def test_rc_pingpong_loopback_hands_the_gil_to_its_server(
 def test_perftest_wait_spins_without_sleeping(monkeypatch: pytest.MonkeyPatch) -> None:
     sleeps = _count_sleeps(monkeypatch, engine)
     res: Any = types.SimpleNamespace(channel=None, o=types.SimpleNamespace(timeout=30.0),
-                                     check_peer=lambda now: None)
+                                     check_peer=lambda now: None,
+                                     expired=lambda deadline, now: now >= deadline)
     cq = _CQ(5)
     assert engine.Resources.poll(res, cq, time.monotonic() + 30.0, "test", 1) == ["wc"]
     assert cq.polls == 6 and sleeps == []
