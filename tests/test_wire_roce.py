@@ -551,3 +551,79 @@ def test_gso_segment_icrc_cached_flow_ipv6_and_ipv4() -> None:
             uncached = roce.udp_send_icrc(src, dst, 0xC001, 4791, parts, None, ident)
             assert cached == uncached
             assert (cached == first) is (len(src) == 16)
+
+
+def _zlib_icrc_udp(src: bytes, dst: bytes, sport: int, dport: int, body: bytes,
+                   ident: int) -> bytes:
+    """The ICRC of ``body`` (BTH .. pad) sent from a UDP socket with IPv4 ID ``ident`` and
+    DF (IPv6: no ID), straight from IBA 7.8.1 / Annex A17 with zlib: 8 x 0xFF, the IP
+    header with its variant fields as ones, the UDP header with its checksum as ones, the
+    BTH with byte 4 as ones, the rest."""
+    udp_len = 8 + len(body) + 4
+    if len(src) == 4:
+        ip = bytearray(struct.pack("!BBHHHBBH4s4s", 0x45, 0xFF, 20 + udp_len, ident, 0x4000,
+                                   0xFF, 17, 0xFFFF, src, dst))
+    else:
+        ip = bytearray(struct.pack("!IHBB16s16s", 0x6FFFFFFF, udp_len, 17, 0xFF, src, dst))
+    udp = struct.pack("!HHHH", sport, dport, udp_len, 0xFFFF)
+    masked = body[:4] + b"\xff" + body[5:]
+    return struct.pack("<I", zlib.crc32(b"\xff" * 8 + bytes(ip) + udp + masked))
+
+
+_V4 = (bytes([10, 0, 0, 1]), bytes([10, 0, 0, 2]))
+_V6 = (bytes.fromhex("fd77" + "00" * 13 + "01"), bytes.fromhex("fd77" + "00" * 13 + "02"))
+
+
+@pytest.mark.parametrize("addrs", [_V4, _V6], ids=["ipv4", "ipv6"])
+def test_udp_gso_icrcs_is_each_segments_icrc(addrs: tuple[bytes, bytes]) -> None:
+    """udp_gso_icrcs gives segment i the ICRC of IPv4 ID i (IPv6: no ID), whatever BTH
+    byte 4 holds (FECN/BECN/Resv6 are masked), with the payload in one or more buffers, a
+    header that is not a bytes object, and past the 64 IDs its table holds."""
+    rng = random.Random(26)
+    src, dst = addrs
+    for count, split in ((1, False), (15, True), (70, False)):
+        length = 12 + 64 * rng.randrange(1, 40)
+        packets: list[list[bytes | bytearray | memoryview]] = []
+        for i in range(count):
+            hdr = bytearray(rng.randbytes(12))
+            hdr[4] = (0x00, 0x80, 0x40, 0xFF, 0x3F)[i % 5]
+            pay = rng.randbytes(length - 12)
+            first: bytes | bytearray = bytes(hdr) if i % 7 else hdr  # non-bytes: general path
+            packets.append([first, pay[:100], memoryview(pay)[100:]] if split
+                           else [first, pay])
+        got = roce.udp_gso_icrcs(src, dst, 0xC123, 4791, packets, length)
+        want = [_zlib_icrc_udp(src, dst, 0xC123, 4791, b"".join(bytes(p) for p in parts),
+                               i & 0xFFFF) for i, parts in enumerate(packets)]
+        assert got == want
+        assert got == [roce.udp_send_icrc(src, dst, 0xC123, 4791, parts, length, i)
+                       for i, parts in enumerate(packets)]
+
+
+@pytest.mark.parametrize("addrs", [_V4, _V6], ids=["ipv4", "ipv6"])
+def test_icrc_ok_udp_run_counts_right_segments(addrs: tuple[bytes, bytes]) -> None:
+    """icrc_ok_udp_run: segment i checked with ID first_ident + i, inside the tabulated 64
+    IDs, across that edge and across the 16-bit wrap; lengths may change within a run;
+    it stops at the first wrong one (a flipped payload bit, a wrong ID, BTH byte 4 is
+    masked so any value passes)."""
+    rng = random.Random(25)
+    src, dst = addrs
+    for first_ident in (0, 3, 60, 0xFFFE):
+        bodies = []
+        for _ in range(12):
+            body = bytearray(rng.randbytes(12 + 4 * rng.choice((16, 1024))))
+            body[4] = rng.randrange(256)
+            bodies.append(bytes(body))
+        dgs = [memoryview(b + _zlib_icrc_udp(src, dst, 0xC001, 4791, b,
+                                             (first_ident + i) & 0xFFFF))
+               for i, b in enumerate(bodies)]
+        assert roce.icrc_ok_udp_run(src, dst, 0xC001, 4791, dgs, first_ident) == 12
+        bad = bytearray(dgs[7])
+        bad[20] ^= 0x10
+        dgs2 = [*dgs[:7], memoryview(bad), *dgs[8:]]
+        assert roce.icrc_ok_udp_run(src, dst, 0xC001, 4791, dgs2, first_ident) == 7
+        masked = bytearray(dgs[5])
+        masked[4] ^= 0xFF  # byte 4 is masked: still right
+        dgs3 = [*dgs[:5], memoryview(masked), *dgs[6:]]
+        assert roce.icrc_ok_udp_run(src, dst, 0xC001, 4791, dgs3, first_ident) == 12
+        shifted = roce.icrc_ok_udp_run(src, dst, 0xC001, 4791, dgs, (first_ident + 1) & 0xFFFF)
+        assert shifted == (12 if len(src) == 16 else 0)

@@ -53,6 +53,7 @@ from ..wire.roce import (
     icrc_v1,
     inet_checksum,
     recover_ipv4_id,
+    udp_gso_icrcs,
     udp_send_icrc,
 )
 from ..wire.rocev1 import GRH_SIZE, build_grh_v1
@@ -460,11 +461,18 @@ class Runtime:
                     tap.tx(src, dst, sport, dport, [*p.parts, icrc], p.tclass, p.hop_limit)
                 i = j
                 continue
+            runs = [q.parts for q in pkts[i:j]]
+            last = pkts[j - 1]
+            if last.length == size:
+                icrcs = udp_gso_icrcs(src, dst, sport, dport, runs, size)
+            else:  # a shorter last segment: its own pseudo-header length
+                icrcs = udp_gso_icrcs(src, dst, sport, dport, runs[:-1], size)
+                icrcs.append(udp_send_icrc(src, dst, sport, dport, last.parts, last.length,
+                                           j - 1 - i))
             iov: list[Any] = []
-            for k in range(i, j):
-                q = pkts[k]
-                iov.extend(q.parts)
-                iov.append(udp_send_icrc(src, dst, sport, dport, q.parts, q.length, k - i))
+            for parts, icrc in zip(runs, icrcs, strict=True):
+                iov += parts
+                iov.append(icrc)
             if not link.send_gso(dst, dport, sport, iov, size + ICRC_SIZE, j - i, p.tclass,
                                  p.hop_limit):
                 for k in range(i, j):  # refused: one datagram per call, ID 0

@@ -39,6 +39,7 @@ __all__ = [
     "flow_label_from_qpns", "udp_sport_from_flow_label", "rxe_udp_sport",
     "ipv4_header", "ipv6_header", "udp_header", "inet_checksum", "udp_checksum",
     "icrc", "icrc_v1", "icrc_ok_udp", "icrc_ok_udp_id", "udp_send_icrc", "udp_payload_with_icrc",
+    "udp_gso_icrcs", "GSO_IDS",
     "RoceFrame", "parse_frame", "build_frame", "frame_icrc", "frame_icrc_ok", "icrc_ok_frame",
     "ipv4_mapped", "unmap_ipv4", "recover_ipv4_id",
 ]
@@ -360,10 +361,61 @@ def _pseudo_crc_id(s: bytes, d: bytes, sport: int, dport: int, udp_len: int,
     return c
 
 
+#: IPv4 Identifications :func:`_pseudo_crc_ids` tabulates per flow: the segments of one
+#: UDP GSO send carry IDs 0, 1, ... (at most 64 segments per send, ``UDP_MAX_SEGMENTS``).
+GSO_IDS = 64
+# Per flow and length, :func:`_pseudo_crc_id` for IDs 0 .. GSO_IDS - 1 in one tuple.
+_PSEUDO_CRC_IDS: dict[tuple[bytes, bytes, int, int, int], tuple[int, ...]] = {}
+
+
+def _pseudo_crc_ids(s: bytes, d: bytes, sport: int, dport: int,
+                    udp_len: int) -> tuple[int, ...]:
+    """``_pseudo_crc_id(s, d, sport, dport, udp_len, i)`` for ``i`` in ``range(GSO_IDS)``,
+    cached per (flow, length) (bounded): the pseudo-header CRC of every segment of a GSO
+    send or coalesced receive for one lookup (IPv6: the one CRC, no Identification)."""
+    key = (s, d, sport, dport, udp_len)
+    t = _PSEUDO_CRC_IDS.get(key)
+    if t is None:
+        first = _pseudo_crc(s, d, sport, dport, udp_len)
+        if len(s) == 4:
+            t = (first, *(crc32(_pseudo(s, d, sport, dport, udp_len, i))
+                          for i in range(1, GSO_IDS)))
+        else:
+            t = (first,) * GSO_IDS
+        if len(_PSEUDO_CRC_IDS) >= 1024:
+            _PSEUDO_CRC_IDS.clear()
+        _PSEUDO_CRC_IDS[key] = t
+    return t
+
+
+# BTH byte 4 (FECN, BECN, Resv6) enters the ICRC as ones. CRC-32 is affine over GF(2):
+# for two inputs of one length, crc(a, s) ^ crc(b, s) depends only on a ^ b, and not on
+# the state ``s`` or on what precedes the difference. So the CRC over a packet with its
+# byte 4 as sent, XORed with the difference that byte's masking makes
+# (:func:`_mask_delta`), is the CRC over the masked packet: one call over the packet,
+# where the masked byte would otherwise split it into three.
+_MASK_DELTA: dict[tuple[int, int], int] = {}
+
+
+def _mask_delta(b4: int, after: int) -> int:
+    """The CRC-32 difference between a byte of value ``b4`` and 0xFF (its ICRC mask)
+    when ``after`` more bytes follow it to the end of the CRC (cached, bounded)."""
+    key = (b4, after)
+    d = _MASK_DELTA.get(key)
+    if d is None:
+        tail = bytes(after)
+        d = crc32(bytes((b4,)) + tail) ^ crc32(_FF + tail)
+        if len(_MASK_DELTA) >= 4096:
+            _MASK_DELTA.clear()
+        _MASK_DELTA[key] = d
+    return d
+
+
 def _crc_datagram(state: int, dg: memoryview) -> int:
     """Continue the pseudo-header CRC ``state`` over BTH (byte 4 masked) and the rest of
     ``dg`` minus its ICRC."""
-    return crc32_raw(dg[5:len(dg) - ICRC_SIZE], crc32_raw(_FF, crc32_raw(dg[:4], state)))
+    n = len(dg) - ICRC_SIZE
+    return crc32_raw(dg[:n], state) ^ _mask_delta(dg[4], n - 5)
 
 
 def udp_send_icrc(src_ip: bytes, dst_ip: bytes, sport: int, dport: int,
@@ -393,6 +445,35 @@ def udp_send_icrc(src_ip: bytes, dst_ip: bytes, sport: int, dport: int,
     return _ICRC.pack(_crc_ib(state, parts))
 
 
+def udp_gso_icrcs(src_ip: bytes, dst_ip: bytes, sport: int, dport: int,
+                  packets: Sequence[Sequence[Buffer]], length: int) -> list[bytes]:
+    """The ICRCs of the segments of one UDP GSO send: ``packets[i]`` (BTH .. pad in
+    buffers, ``length`` bytes each) leaves as segment ``i``, with IPv4 Identification
+    ``i`` (IPv6: none). Each is ``udp_send_icrc(..., parts=packets[i], length=length,
+    ident=i)``, for one pseudo-header lookup per send instead of one per segment."""
+    s, d = _socket_addrs(src_ip, dst_ip)
+    udp_len = 8 + length + ICRC_SIZE
+    states = _pseudo_crc_ids(s, d, sport, dport, udp_len)
+    pack = _ICRC.pack
+    out: list[bytes] = []
+    append = out.append
+    b4 = -1  # BTH byte 4 that ``delta`` is for (_mask_delta)
+    delta = 0
+    for i, parts in enumerate(packets):
+        state = states[i] if i < GSO_IDS else _pseudo_crc_id(s, d, sport, dport, udp_len, i)
+        first = parts[0] if parts else b""
+        if type(first) is bytes and len(first) >= BTH_SIZE:  # the engine's header buffer
+            for p in parts:
+                state = crc32_raw(p, state)
+            if first[4] != b4:
+                b4 = first[4]
+                delta = _mask_delta(b4, length - 5)
+            append(pack(state ^ delta))
+        else:
+            append(pack(_crc_ib(state, parts)))
+    return out
+
+
 def icrc_ok_udp_run(src_ip: bytes, dst_ip: bytes, sport: int, dport: int,
                     datagrams: Sequence[memoryview], first_ident: int) -> int:
     """How many of ``datagrams`` (BTH .. ICRC, byte memoryviews), counted from the first,
@@ -403,11 +484,20 @@ def icrc_ok_udp_run(src_ip: bytes, dst_ip: bytes, sport: int, dport: int,
     s, d = _socket_addrs(src_ip, dst_ip)
     unpack = _ICRC.unpack_from
     ok = 0
+    size = -1  # the length ``states`` is for
+    states: tuple[int, ...] = ()
     for dg in datagrams:
         n = dg.nbytes
         if n < BTH_SIZE + ICRC_SIZE:
             break
-        state = _pseudo_crc_id(s, d, sport, dport, 8 + n, (first_ident + ok) & 0xFFFF)
+        ident = (first_ident + ok) & 0xFFFF
+        if ident < GSO_IDS:  # a softrdma GSO sender's segment: one table per length
+            if n != size:
+                states = _pseudo_crc_ids(s, d, sport, dport, 8 + n)
+                size = n
+            state = states[ident]
+        else:
+            state = _pseudo_crc_id(s, d, sport, dport, 8 + n, ident)
         if _crc_datagram(state, dg) != unpack(dg, n - ICRC_SIZE)[0]:
             break
         ok += 1
