@@ -621,6 +621,8 @@ def test_icrc_ok_udp_run_counts_right_segments(addrs: tuple[bytes, bytes]) -> No
         bad[20] ^= 0x10
         dgs2 = [*dgs[:7], memoryview(bad), *dgs[8:]]
         assert roce.icrc_ok_udp_run(src, dst, 0xC001, 4791, dgs2, first_ident) == 7
+        got = roce.udp_run_bodies(src, dst, 0xC001, 4791, dgs2, first_ident)
+        assert [bytes(b) for b in got] == bodies[:7]  # the ICRC cut off
         masked = bytearray(dgs[5])
         masked[4] ^= 0xFF  # byte 4 is masked: still right
         dgs3 = [*dgs[:5], memoryview(masked), *dgs[6:]]

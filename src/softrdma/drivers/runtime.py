@@ -49,11 +49,11 @@ from ..wire.opcodes import RC_REQUEST_MIDDLES, UD_OPCODES
 from ..wire.roce import (
     icrc_ok_udp,
     icrc_ok_udp_id,
-    icrc_ok_udp_run,
     icrc_v1,
     inet_checksum,
     recover_ipv4_id,
     udp_gso_icrcs,
+    udp_run_bodies,
     udp_send_icrc,
 )
 from ..wire.rocev1 import GRH_SIZE, build_grh_v1
@@ -665,9 +665,8 @@ class Runtime:
             datas.append(x)
         if not datas:
             return datas
-        ok = icrc_ok_udp_run(first.src_ip, first.dst_ip, first.sport, first.dport, datas,
-                             first_ident)
-        return [x[:-ICRC_SIZE] for x in datas[:ok]]
+        return udp_run_bodies(first.src_ip, first.dst_ip, first.sport, first.dport, datas,
+                              first_ident)
 
     def _device_fatal_locked(self, why: str) -> None:
         """The device is gone (IBA 11.6.3 "Unaffiliated asynchronous events": Local

@@ -39,7 +39,7 @@ __all__ = [
     "flow_label_from_qpns", "udp_sport_from_flow_label", "rxe_udp_sport",
     "ipv4_header", "ipv6_header", "udp_header", "inet_checksum", "udp_checksum",
     "icrc", "icrc_v1", "icrc_ok_udp", "icrc_ok_udp_id", "udp_send_icrc", "udp_payload_with_icrc",
-    "udp_gso_icrcs", "GSO_IDS",
+    "udp_gso_icrcs", "udp_run_bodies", "GSO_IDS",
     "RoceFrame", "parse_frame", "build_frame", "frame_icrc", "frame_icrc_ok", "icrc_ok_frame",
     "ipv4_mapped", "unmap_ipv4", "recover_ipv4_id",
 ]
@@ -411,11 +411,16 @@ def _mask_delta(b4: int, after: int) -> int:
     return d
 
 
+def _crc_body(state: int, body: memoryview) -> int:
+    """Continue the pseudo-header CRC ``state`` over ``body`` (BTH .. pad, no ICRC), BTH
+    byte 4 masked."""
+    return crc32_raw(body, state) ^ _mask_delta(body[4], len(body) - 5)
+
+
 def _crc_datagram(state: int, dg: memoryview) -> int:
     """Continue the pseudo-header CRC ``state`` over BTH (byte 4 masked) and the rest of
     ``dg`` minus its ICRC."""
-    n = len(dg) - ICRC_SIZE
-    return crc32_raw(dg[:n], state) ^ _mask_delta(dg[4], n - 5)
+    return _crc_body(state, dg[:len(dg) - ICRC_SIZE])
 
 
 def udp_send_icrc(src_ip: bytes, dst_ip: bytes, sport: int, dport: int,
@@ -479,29 +484,38 @@ def icrc_ok_udp_run(src_ip: bytes, dst_ip: bytes, sport: int, dport: int,
     """How many of ``datagrams`` (BTH .. ICRC, byte memoryviews), counted from the first,
     are right when the i-th left with IPv4 Identification ``first_ident + i`` and DF:
     the segments of one coalesced (UDP GRO) receive from a GSO sender (see
-    :func:`icrc_ok_udp_id`, of which this is the loop, with the per-flow pseudo-header
-    CRCs cached). Stops at the first that is not (IPv6: the exact check, no ID)."""
+    :func:`icrc_ok_udp_id`). Stops at the first that is not (IPv6: the exact check, no
+    ID). :func:`udp_run_bodies` gives their bodies."""
+    return len(udp_run_bodies(src_ip, dst_ip, sport, dport, datagrams, first_ident))
+
+
+def udp_run_bodies(src_ip: bytes, dst_ip: bytes, sport: int, dport: int,
+                   datagrams: Sequence[memoryview], first_ident: int) -> list[memoryview]:
+    """The bodies (BTH .. pad: the ICRC cut off) of the leading ``datagrams`` that
+    :func:`icrc_ok_udp_run` counts right, the i-th checked with IPv4 Identification
+    ``first_ident + i`` (one pseudo-header table per length, :func:`_pseudo_crc_ids`)."""
     s, d = _socket_addrs(src_ip, dst_ip)
     unpack = _ICRC.unpack_from
-    ok = 0
+    out: list[memoryview] = []
     size = -1  # the length ``states`` is for
     states: tuple[int, ...] = ()
     for dg in datagrams:
-        n = dg.nbytes
-        if n < BTH_SIZE + ICRC_SIZE:
+        n = dg.nbytes - ICRC_SIZE
+        if n < BTH_SIZE:
             break
-        ident = (first_ident + ok) & 0xFFFF
-        if ident < GSO_IDS:  # a softrdma GSO sender's segment: one table per length
+        ident = (first_ident + len(out)) & 0xFFFF
+        if ident < GSO_IDS:  # a softrdma GSO sender's segment
             if n != size:
-                states = _pseudo_crc_ids(s, d, sport, dport, 8 + n)
+                states = _pseudo_crc_ids(s, d, sport, dport, 8 + n + ICRC_SIZE)
                 size = n
             state = states[ident]
         else:
-            state = _pseudo_crc_id(s, d, sport, dport, 8 + n, ident)
-        if _crc_datagram(state, dg) != unpack(dg, n - ICRC_SIZE)[0]:
+            state = _pseudo_crc_id(s, d, sport, dport, 8 + n + ICRC_SIZE, ident)
+        body = dg[:n]
+        if _crc_body(state, body) != unpack(dg, n)[0]:
             break
-        ok += 1
-    return ok
+        out.append(body)
+    return out
 
 
 def icrc_ok_udp_id(src_ip: bytes, dst_ip: bytes, sport: int, dport: int,
