@@ -575,8 +575,8 @@ _V6 = (bytes.fromhex("fd77" + "00" * 13 + "01"), bytes.fromhex("fd77" + "00" * 1
 
 
 @pytest.mark.parametrize("addrs", [_V4, _V6], ids=["ipv4", "ipv6"])
-def test_udp_gso_icrcs_is_each_segments_icrc(addrs: tuple[bytes, bytes]) -> None:
-    """udp_gso_icrcs gives segment i the ICRC of IPv4 ID i (IPv6: no ID), whatever BTH
+def test_udp_gso_iov_is_each_segment_and_its_icrc(addrs: tuple[bytes, bytes]) -> None:
+    """udp_gso_iov gives segment i's buffers then the ICRC of IPv4 ID i (IPv6: no ID), whatever BTH
     byte 4 holds (FECN/BECN/Resv6 are masked), with the payload in one or more buffers, a
     header that is not a bytes object, and past the 64 IDs its table holds."""
     rng = random.Random(26)
@@ -591,12 +591,15 @@ def test_udp_gso_icrcs_is_each_segments_icrc(addrs: tuple[bytes, bytes]) -> None
             first: bytes | bytearray = bytes(hdr) if i % 7 else hdr  # non-bytes: general path
             packets.append([first, pay[:100], memoryview(pay)[100:]] if split
                            else [first, pay])
-        got = roce.udp_gso_icrcs(src, dst, 0xC123, 4791, packets, length)
-        want = [_zlib_icrc_udp(src, dst, 0xC123, 4791, b"".join(bytes(p) for p in parts),
-                               i & 0xFFFF) for i, parts in enumerate(packets)]
-        assert got == want
-        assert got == [roce.udp_send_icrc(src, dst, 0xC123, 4791, parts, length, i)
-                       for i, parts in enumerate(packets)]
+        iov = roce.udp_gso_iov(src, dst, 0xC123, 4791, packets, length)
+        want: list[object] = []
+        for i, parts in enumerate(packets):
+            body = b"".join(bytes(p) for p in parts)
+            icrc = _zlib_icrc_udp(src, dst, 0xC123, 4791, body, i & 0xFFFF)
+            assert icrc == roce.udp_send_icrc(src, dst, 0xC123, 4791, parts, length, i)
+            want += [*parts, icrc]
+        assert len(iov) == len(want)
+        assert all(a is b or a == b for a, b in zip(iov, want, strict=True))  # buffers not copied
 
 
 @pytest.mark.parametrize("addrs", [_V4, _V6], ids=["ipv4", "ipv6"])

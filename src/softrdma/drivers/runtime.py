@@ -52,7 +52,7 @@ from ..wire.roce import (
     icrc_v1,
     inet_checksum,
     recover_ipv4_id,
-    udp_gso_icrcs,
+    udp_gso_iov,
     udp_run_bodies,
     udp_send_icrc,
 )
@@ -437,18 +437,16 @@ class Runtime:
             hdr = p.parts[0]
             if limit > 1 and len(hdr) >= _BTH_SIZE:
                 dqpn = hdr[5:8]  # BTH DestQP (IBA 9.2)
-                end = min(n, i + limit)
-                total = size + ICRC_SIZE
+                # at most GSO_MAX_PAYLOAD bytes: segments of ``size`` and a shorter last one
+                end = min(n, i + limit, i + GSO_MAX_PAYLOAD // (size + ICRC_SIZE))
                 sgid, dgid, req, tclass, hop = p.sgid, p.dgid, p.sport, p.tclass, p.hop_limit
                 while j < end:
                     q = pkts[j]
                     qlen = q.length
                     if (qlen > size or q.dgid != dgid or q.sport != req or q.tclass != tclass
                             or q.hop_limit != hop or q.sgid != sgid or q.v1
-                            or total + qlen + ICRC_SIZE > GSO_MAX_PAYLOAD
                             or q.parts[0][5:8] != dqpn):
                         break
-                    total += qlen + ICRC_SIZE
                     j += 1
                     if qlen < size:  # a shorter segment ends the run
                         if j - i == 2:  # one packet and a shorter one (a SEND and its ACK):
@@ -461,18 +459,15 @@ class Runtime:
                     tap.tx(src, dst, sport, dport, [*p.parts, icrc], p.tclass, p.hop_limit)
                 i = j
                 continue
-            runs = [q.parts for q in pkts[i:j]]
             last = pkts[j - 1]
             if last.length == size:
-                icrcs = udp_gso_icrcs(src, dst, sport, dport, runs, size)
+                iov = udp_gso_iov(src, dst, sport, dport, [q.parts for q in pkts[i:j]], size)
             else:  # a shorter last segment: its own pseudo-header length
-                icrcs = udp_gso_icrcs(src, dst, sport, dport, runs[:-1], size)
-                icrcs.append(udp_send_icrc(src, dst, sport, dport, last.parts, last.length,
-                                           j - 1 - i))
-            iov: list[Any] = []
-            for parts, icrc in zip(runs, icrcs, strict=True):
-                iov += parts
-                iov.append(icrc)
+                iov = udp_gso_iov(src, dst, sport, dport, [q.parts for q in pkts[i:j - 1]],
+                                  size)
+                iov += last.parts
+                iov.append(udp_send_icrc(src, dst, sport, dport, last.parts, last.length,
+                                         j - 1 - i))
             if not link.send_gso(dst, dport, sport, iov, size + ICRC_SIZE, j - i, p.tclass,
                                  p.hop_limit):
                 for k in range(i, j):  # refused: one datagram per call, ID 0

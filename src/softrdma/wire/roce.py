@@ -39,7 +39,7 @@ __all__ = [
     "flow_label_from_qpns", "udp_sport_from_flow_label", "rxe_udp_sport",
     "ipv4_header", "ipv6_header", "udp_header", "inet_checksum", "udp_checksum",
     "icrc", "icrc_v1", "icrc_ok_udp", "icrc_ok_udp_id", "udp_send_icrc", "udp_payload_with_icrc",
-    "udp_gso_icrcs", "udp_run_bodies", "GSO_IDS",
+    "udp_gso_iov", "udp_run_bodies", "GSO_IDS",
     "RoceFrame", "parse_frame", "build_frame", "frame_icrc", "frame_icrc_ok", "icrc_ok_frame",
     "ipv4_mapped", "unmap_ipv4", "recover_ipv4_id",
 ]
@@ -450,18 +450,19 @@ def udp_send_icrc(src_ip: bytes, dst_ip: bytes, sport: int, dport: int,
     return _ICRC.pack(_crc_ib(state, parts))
 
 
-def udp_gso_icrcs(src_ip: bytes, dst_ip: bytes, sport: int, dport: int,
-                  packets: Sequence[Sequence[Buffer]], length: int) -> list[bytes]:
-    """The ICRCs of the segments of one UDP GSO send: ``packets[i]`` (BTH .. pad in
-    buffers, ``length`` bytes each) leaves as segment ``i``, with IPv4 Identification
-    ``i`` (IPv6: none). Each is ``udp_send_icrc(..., parts=packets[i], length=length,
-    ident=i)``, for one pseudo-header lookup per send instead of one per segment."""
+def udp_gso_iov(src_ip: bytes, dst_ip: bytes, sport: int, dport: int,
+                packets: Sequence[Sequence[Buffer]], length: int) -> list[Buffer]:
+    """The buffers of one UDP GSO send: each of ``packets`` (BTH .. pad in buffers,
+    ``length`` bytes each) then its ICRC, for segment ``i`` with IPv4 Identification
+    ``i`` (IPv6: none): each ICRC is ``udp_send_icrc(..., parts=packets[i],
+    length=length, ident=i)``, for one pseudo-header lookup per send instead of one per
+    segment, and one CRC call per buffer (:func:`_mask_delta`)."""
     s, d = _socket_addrs(src_ip, dst_ip)
     udp_len = 8 + length + ICRC_SIZE
     states = _pseudo_crc_ids(s, d, sport, dport, udp_len)
     pack = _ICRC.pack
-    out: list[bytes] = []
-    append = out.append
+    iov: list[Buffer] = []
+    append = iov.append
     b4 = -1  # BTH byte 4 that ``delta`` is for (_mask_delta)
     delta = 0
     for i, parts in enumerate(packets):
@@ -470,13 +471,15 @@ def udp_gso_icrcs(src_ip: bytes, dst_ip: bytes, sport: int, dport: int,
         if type(first) is bytes and len(first) >= BTH_SIZE:  # the engine's header buffer
             for p in parts:
                 state = crc32_raw(p, state)
+                append(p)
             if first[4] != b4:
                 b4 = first[4]
                 delta = _mask_delta(b4, length - 5)
             append(pack(state ^ delta))
         else:
+            iov += parts
             append(pack(_crc_ib(state, parts)))
-    return out
+    return iov
 
 
 def icrc_ok_udp_run(src_ip: bytes, dst_ip: bytes, sport: int, dport: int,
