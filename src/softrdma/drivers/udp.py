@@ -740,13 +740,14 @@ class UdpLink(LinkState):
                 ip_cache[host] = src
             i += 1
             if 0 < seg < nbytes:  # coalesced (UDP GRO): one datagram per segment
+                view = slot[:nbytes]  # slices of it end at nbytes: the last may be shorter
+                sport = addr[1]
                 k = 0
-                for off in range(0, nbytes, seg):
-                    out.append(Datagram(slot[off:min(off + seg, nbytes)], src, dst, addr[1],
-                                        port, tos, ttl, b"", k))
-                    k += 1
+                for k, off in enumerate(range(0, nbytes, seg)):
+                    out.append(Datagram(view[off:off + seg], src, dst, sport, port, tos, ttl,
+                                        b"", k))
                 st.gro_receives += 1
-                st.gro_segments += k
+                st.gro_segments += k + 1
                 continue
             out.append(Datagram(slot[:nbytes], src, dst, addr[1], port, tos, ttl))
         st.received += len(out)
