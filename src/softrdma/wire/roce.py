@@ -364,27 +364,28 @@ def _pseudo_crc_id(s: bytes, d: bytes, sport: int, dport: int, udp_len: int,
 #: IPv4 Identifications :func:`_pseudo_crc_ids` tabulates per flow: the segments of one
 #: UDP GSO send carry IDs 0, 1, ... (at most 64 segments per send, ``UDP_MAX_SEGMENTS``).
 GSO_IDS = 64
-# Per flow and length, :func:`_pseudo_crc_id` for IDs 0 .. GSO_IDS - 1 in one tuple.
-_PSEUDO_CRC_IDS: dict[tuple[bytes, bytes, int, int, int], tuple[int, ...]] = {}
+# Per flow and length, :func:`_pseudo_crc_id` for IDs 0, 1, ... in one list (grown on
+# demand up to GSO_IDS entries: a run computes no more IDs than it has segments).
+_PSEUDO_CRC_IDS: dict[tuple[bytes, bytes, int, int, int], list[int]] = {}
 
 
-def _pseudo_crc_ids(s: bytes, d: bytes, sport: int, dport: int,
-                    udp_len: int) -> tuple[int, ...]:
-    """``_pseudo_crc_id(s, d, sport, dport, udp_len, i)`` for ``i`` in ``range(GSO_IDS)``,
-    cached per (flow, length) (bounded): the pseudo-header CRC of every segment of a GSO
-    send or coalesced receive for one lookup (IPv6: the one CRC, no Identification)."""
+def _pseudo_crc_ids(s: bytes, d: bytes, sport: int, dport: int, udp_len: int,
+                    count: int) -> list[int]:
+    """``_pseudo_crc_id(s, d, sport, dport, udp_len, i)`` for ``i`` in ``range(n)``,
+    ``n >= min(count, GSO_IDS)``, cached per (flow, length) (bounded): the pseudo-header
+    CRC of every segment of a GSO send or coalesced receive for one lookup (IPv6: the
+    one CRC, no Identification)."""
     key = (s, d, sport, dport, udp_len)
     t = _PSEUDO_CRC_IDS.get(key)
     if t is None:
-        first = _pseudo_crc(s, d, sport, dport, udp_len)
-        if len(s) == 4:
-            t = (first, *(crc32(_pseudo(s, d, sport, dport, udp_len, i))
-                          for i in range(1, GSO_IDS)))
-        else:
-            t = (first,) * GSO_IDS
+        t = [_pseudo_crc(s, d, sport, dport, udp_len)]
         if len(_PSEUDO_CRC_IDS) >= 1024:
             _PSEUDO_CRC_IDS.clear()
         _PSEUDO_CRC_IDS[key] = t
+    if len(t) < count:
+        v4 = len(s) == 4
+        for i in range(len(t), min(count, GSO_IDS)):
+            t.append(crc32(_pseudo(s, d, sport, dport, udp_len, i)) if v4 else t[0])
     return t
 
 
@@ -459,7 +460,7 @@ def udp_gso_iov(src_ip: bytes, dst_ip: bytes, sport: int, dport: int,
     segment, and one CRC call per buffer (:func:`_mask_delta`)."""
     s, d = _socket_addrs(src_ip, dst_ip)
     udp_len = 8 + length + ICRC_SIZE
-    states = _pseudo_crc_ids(s, d, sport, dport, udp_len)
+    states = _pseudo_crc_ids(s, d, sport, dport, udp_len, len(packets))
     pack = _ICRC.pack
     iov: list[Buffer] = []
     append = iov.append
@@ -501,7 +502,7 @@ def udp_run_bodies(src_ip: bytes, dst_ip: bytes, sport: int, dport: int,
     unpack = _ICRC.unpack_from
     out: list[memoryview] = []
     size = -1  # the length ``states`` is for
-    states: tuple[int, ...] = ()
+    states: list[int] = []
     for dg in datagrams:
         n = dg.nbytes - ICRC_SIZE
         if n < BTH_SIZE:
@@ -509,7 +510,8 @@ def udp_run_bodies(src_ip: bytes, dst_ip: bytes, sport: int, dport: int,
         ident = (first_ident + len(out)) & 0xFFFF
         if ident < GSO_IDS:  # a softrdma GSO sender's segment
             if n != size:
-                states = _pseudo_crc_ids(s, d, sport, dport, 8 + n + ICRC_SIZE)
+                states = _pseudo_crc_ids(s, d, sport, dport, 8 + n + ICRC_SIZE,
+                                         first_ident + len(datagrams))
                 size = n
             state = states[ident]
         else:
