@@ -501,25 +501,33 @@ def udp_run_bodies(src_ip: bytes, dst_ip: bytes, sport: int, dport: int,
     s, d = _socket_addrs(src_ip, dst_ip)
     unpack = _ICRC.unpack_from
     out: list[memoryview] = []
-    size = -1  # the length ``states`` is for
+    append = out.append
+    size = -1  # the length ``states`` and ``delta`` are for
     states: list[int] = []
+    b4 = -1  # the BTH byte 4 ``delta`` is for (_mask_delta: :func:`_crc_body`'s rule)
+    delta = 0
+    ident = first_ident
     for dg in datagrams:
         n = dg.nbytes - ICRC_SIZE
         if n < BTH_SIZE:
             break
-        ident = (first_ident + len(out)) & 0xFFFF
-        if ident < GSO_IDS:  # a softrdma GSO sender's segment
-            if n != size:
-                states = _pseudo_crc_ids(s, d, sport, dport, 8 + n + ICRC_SIZE,
-                                         first_ident + len(datagrams))
-                size = n
-            state = states[ident]
-        else:
-            state = _pseudo_crc_id(s, d, sport, dport, 8 + n + ICRC_SIZE, ident)
+        ident &= 0xFFFF
+        if n != size:
+            size = n
+            b4 = -1
+            states = (_pseudo_crc_ids(s, d, sport, dport, 8 + n + ICRC_SIZE,
+                                      ident + len(datagrams)) if ident < GSO_IDS else [])
+        # a softrdma GSO sender's segment: the table; another sender's: the cached CRC
+        state = (states[ident] if ident < len(states)
+                 else _pseudo_crc_id(s, d, sport, dport, 8 + n + ICRC_SIZE, ident))
         body = dg[:n]
-        if _crc_body(state, body) != unpack(dg, n)[0]:
+        if body[4] != b4:
+            b4 = body[4]
+            delta = _mask_delta(b4, n - 5)
+        if crc32_raw(body, state) ^ delta != unpack(dg, n)[0]:
             break
-        out.append(body)
+        append(body)
+        ident += 1
     return out
 
 
