@@ -8,6 +8,9 @@ UDP port, shared through devd, as every multi-process softrdma run):
   and ``softrdma write-bw`` with the same flags: the client's BW average [MB/s];
 * :func:`rc_lat`: ``ibv_rc_pingpong -s 64`` under ``softrdma run`` and ``softrdma
   rc-pingpong -s 64``: the client's usec/iter (a full round trip);
+* :func:`rc_cpu`: the same two pairs' CPU time per round trip, both processes together,
+  less what a pair of 10 iterations takes (start-up): on a busy machine the wall-clock
+  latency is mostly the scheduler's, the CPU time is the work;
 * :func:`poll_costs`: ``tests/capi/wc_check.c bench`` under ``softrdma run``: the cost of
   one empty ``ibv_poll_cq`` (ns; polls that find the CQ empty, without the sleep that a
   long run of empty polls ends in: ``SOFTRDMA_CAPI_WAIT_US=0``) and of one loopback RC
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import resource
 import shutil
 import socket
 import statistics
@@ -41,6 +45,7 @@ from softrdma.capi import build  # noqa: E402
 
 BW_SIZE = 65536
 LAT_SIZE = 64
+SHORT = 10  # iterations of the pair whose CPU time counts as start-up (rc_cpu)
 TIMEOUT = 300.0  # one pair, on a busy machine (s)
 LISTEN_WAIT = 120.0
 BW_ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s*$")
@@ -158,6 +163,31 @@ def rc_lat(dev: Device, iters: int) -> tuple[float, float]:
     return out[0], out[1]
 
 
+def _children_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def rc_cpu(dev: Device, iters: int) -> tuple[float, float]:
+    """(``ibv_rc_pingpong`` under softrdma run, ``softrdma rc-pingpong``) CPU us per round
+    trip of both processes: a pair of ``iters`` iterations less one of ``SHORT``, over
+    ``iters - SHORT`` (the processes are children of this one: ``RUSAGE_CHILDREN``)."""
+    out = []
+    for c in (True, False):
+        cpu = []
+        for n in (SHORT, iters):
+            port = free_port(socket.SOCK_STREAM)
+            flags = ["-d", dev.name, "-g", "0", "-n", str(n), "-s", str(LAT_SIZE),
+                     "-p", str(port)]
+            cmd = _c(dev.name, "ibv_rc_pingpong", *flags) if c else _softrdma("rc-pingpong",
+                                                                              *flags)
+            before = _children_cpu()
+            _pair(cmd, [*cmd, "127.0.0.1"], port, dev.env)
+            cpu.append(_children_cpu() - before)
+        out.append((cpu[1] - cpu[0]) / (iters - SHORT) * 1e6)
+    return out[0], out[1]
+
+
 def poll_costs(dev: Device) -> dict[str, float]:
     """``wc_check bench``: empty_poll_ns and send_round_us, without the sleep that ends a
     long run of empty polls (``SOFTRDMA_CAPI_WAIT_US=0``: its million empty polls in a row
@@ -184,9 +214,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true")
     a = ap.parse_args(argv)
     bw_iters, lat_iters = (300, 200) if a.quick else (3000, 1000)
+    cpu_iters = 2000 if a.quick else 5000  # long enough that start-up's spread is small
     rows: dict[str, list[float]] = {k: [] for k in (
         "ib_write_bw MB/s", "write-bw MB/s", "ibv_rc_pingpong us", "rc-pingpong us",
-        "empty poll ns", "send round us")}
+        "ibv_rc_pingpong cpu us", "rc-pingpong cpu us", "empty poll ns", "send round us")}
     with Device() as dev:
         for _ in range(a.runs):
             c, py = write_bw(dev, bw_iters)
@@ -195,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
             c, py = rc_lat(dev, lat_iters)
             rows["ibv_rc_pingpong us"].append(c)
             rows["rc-pingpong us"].append(py)
+            c, py = rc_cpu(dev, cpu_iters)
+            rows["ibv_rc_pingpong cpu us"].append(c)
+            rows["rc-pingpong cpu us"].append(py)
             cost = poll_costs(dev)
             rows["empty poll ns"].append(cost["empty_poll_ns"])
             rows["send round us"].append(cost["send_round_us"])
@@ -204,9 +238,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{k:26s} best {best:10.1f} median {statistics.median(v):10.1f}  "
               + " ".join(f"{x:.1f}" for x in v))
     for ours, base in (("ib_write_bw MB/s", "write-bw MB/s"),
-                       ("ibv_rc_pingpong us", "rc-pingpong us")):
+                       ("ibv_rc_pingpong us", "rc-pingpong us"),
+                       ("ibv_rc_pingpong cpu us", "rc-pingpong cpu us")):
         r = [x / y for x, y in zip(rows[ours], rows[base], strict=True)]
-        print(f"ratio {ours.split()[0]}: best {(max if 'MB' in ours else min)(r):.2f} "
+        print(f"ratio {ours.rsplit(' ', 1)[0]}: best {(max if 'MB' in ours else min)(r):.2f} "
               f"median {statistics.median(r):.2f}")
     return 0
 

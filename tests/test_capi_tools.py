@@ -13,9 +13,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from capi_harness import need_build, need_tool, preloaded, run, run_pair, tcp_port
+from capi_harness import need_build, need_tool, preloaded, run, run_cmd, run_pair, tcp_port
 from device_harness import private_device
 
+from softrdma.drivers.devd.client import DevdLink
+from softrdma.drivers.registry import Registry
 from softrdma.verbs import get_device_list
 
 
@@ -74,7 +76,7 @@ PAIRS = [
     ("ibv_rc_pingpong", 4096, (), ("-e",), ("-N",)),
     ("ibv_uc_pingpong", 4096, (), (), ()),
     ("ibv_ud_pingpong", 1024, ("-s", "1024"), (), ()),
-    ("ibv_srq_pingpong", 4096, ("-q", "4"), (), ()),
+    # ibv_srq_pingpong: test_srq_pingpong_16_qps_under_softrdma_run
 ]
 
 
@@ -92,6 +94,34 @@ def test_pingpong_two_c_processes(device: str, tool: str, size: int, extra: tupl
     for p, (out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, (out, err)
         assert _report(out) == (2 * size * 20, 20)
+
+
+def _qpns(out: str, side: str) -> list[int]:
+    """The QPNs a pingpong printed on its ``local`` or ``remote`` address lines."""
+    return [int(q, 16) for q in re.findall(rf"{side} address: .*QPN 0x([0-9a-f]+)", out)]
+
+
+def test_srq_pingpong_16_qps_under_softrdma_run(device: str) -> None:
+    """ibv_srq_pingpong with its default 16 QPs on one SRQ, both sides under the ``softrdma
+    run`` wrapper, with the interop case's sizes (``-s 4096 -m 1024``): the QPNs each
+    program prints are those its peer sends to, and devd routes every datagram to a live
+    QP (none ``unknown_qpn``; late packets after a side destroyed its QPs would be
+    ``closed_qpn``)."""
+    need_tool("ibv_srq_pingpong", "ibverbs-utils")
+    port = tcp_port()
+    common = ["ibv_srq_pingpong", "-d", device, "-g", "0", "-n", "20", "-s", "4096",
+              "-m", "1024", "-c", "-p", str(port)]
+    procs, outs = run_pair(run_cmd(*common), run_cmd(*common, "127.0.0.1"), port)
+    for p, (out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, (out, err)
+        assert _report(out) == (2 * 4096 * 20, 20)
+    (srv, _), (cli, _) = outs
+    assert len(set(_qpns(srv, "local"))) == 16 and len(set(_qpns(cli, "local"))) == 16
+    assert _qpns(srv, "local") == _qpns(cli, "remote")
+    assert _qpns(cli, "local") == _qpns(srv, "remote")
+    with DevdLink(Registry().get(device), spawn=False, direct=False) as link:
+        st = link.stats()
+    assert (st["unknown_qpn"], st["malformed"], st["client_full"]) == (0, 0, 0), st
 
 
 def test_rc_pingpong_against_python_tool(device: str) -> None:

@@ -193,6 +193,44 @@ def test_unknown_qpn_and_short_datagrams_dropped(running: Running, sender: socke
         assert st["rx"] == 3
 
 
+def test_late_packets_of_destroyed_qps_count_closed_qpn(
+    running: Running, sender: socket.socket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A peer's packets still in flight when the application destroyed its QPs, or left
+    (ibv_srq_pingpong against rxe: sends beyond -n arrive after the server exited), are
+    dropped and counted ``closed_qpn``, apart from QPNs nobody ever had (``unknown_qpn``,
+    what the interop suite reads as a routing fault); both are ``rcvd_unknown_qp``."""
+    monkeypatch.setattr("softrdma.drivers.devd.qpn.CLOSED_KEPT", 3)
+    port = running.devd.udp_port
+    with running.client() as a, running.client() as b:
+        freed = a.alloc_qpn()
+        kept = a.alloc_qpn()
+        gone = b.alloc_qpn()
+        a.free_qpn(freed)  # ibv_destroy_qp
+        b.close()  # a process that exits
+        wait_for(lambda: len(running.devd._clients) == 1)
+        for q in (freed, gone, gone, QPN_LAST):  # QPN_LAST: never allocated
+            sender.sendto(packet(q), (LOCAL, port))
+        sender.sendto(packet(kept, b"ok"), (LOCAL, port))
+        assert bytes(recv_one(a).data) == packet(kept, b"ok")
+        st = a.stats()
+        assert (st["closed_qpn"], st["unknown_qpn"], st["forwarded"]) == (3, 1, 1)
+        assert a.device_counters()["rcvd_unknown_qp"] == 4
+        # allocated again by number: its packets are forwarded, not dropped
+        assert a.alloc_qpn(freed) == freed
+        sender.sendto(packet(freed, b"again"), (LOCAL, port))
+        assert bytes(recv_one(a).data) == packet(freed, b"again")
+        # the memory is bounded (CLOSED_KEPT): the oldest closed QPN is forgotten
+        extra = [a.alloc_qpn() for _ in range(3)]
+        for q in extra:
+            a.free_qpn(q)
+        sender.sendto(packet(gone), (LOCAL, port))
+        sender.sendto(packet(extra[0]), (LOCAL, port))
+        wait_for(lambda: a.stats()["rx"] == 8)
+        st = a.stats()
+        assert (st["closed_qpn"], st["unknown_qpn"]) == (4, 2)
+
+
 def test_qp1_delivered_to_every_registered_client(
     running: Running, sender: socket.socket
 ) -> None:

@@ -625,12 +625,13 @@ class Devd(Forwarding, McastRouting, QpnRouting):
         for c in self._clients:
             total.add(c.port_counters)
         own = self.counters
-        total.rcvd_unknown_qp += own["unknown_qpn"]
+        total.rcvd_unknown_qp += own["unknown_qpn"] + own["closed_qpn"]
         total.rcvd_malformed += own["malformed"]
         total.rcvd_no_buffer += own["client_full"]
         # the kernel's drops on devd's own receive sockets (SO_RXQ_OVFL; issue 25)
         total.rcvd_rx_overflow += sum(link.stats.rx_overflow for link in self._links)
-        total.rcvd_pkts += own["unknown_qpn"] + own["malformed"] + own["client_full"]
+        total.rcvd_pkts += (own["unknown_qpn"] + own["closed_qpn"] + own["malformed"]
+                            + own["client_full"])
         return total.as_dict()
 
     def _save_counters(self) -> None:

@@ -34,6 +34,7 @@ class Forwarding(CmRouting):
     _owners: dict[int, Client]
     _groups: dict[bytes, list[Client]]
     _raw: RawEtherLink | None
+    _closed_qpns: dict[int, None]  # QPNs of QPs destroyed lately (QpnRouting)
 
     def _on_data_hup(self, c: Client) -> None:
         """The data channel is readable: the client left, or it sends a self-addressed
@@ -67,7 +68,7 @@ class Forwarding(CmRouting):
                 owner = owners.get(qpn)
                 targets = (owner,) if owner is not None else ()
             if not targets:
-                counters["unknown_qpn"] += 1
+                counters["closed_qpn" if qpn in self._closed_qpns else "unknown_qpn"] += 1
                 continue
             hdr = DHDR.pack(
                 V1_VERSION if dg.grh else 4 if len(dg.src_ip) == 4 else 6,

@@ -93,7 +93,7 @@ Port counters of a shared device (``softrdma stats``, ``Context.query_port_count
 each process counts its own packets in its engine and reports them to the daemon at
 most every :data:`~softrdma.drivers.runtime.REPORT_INTERVAL` seconds and when it closes;
 the daemon's COUNTERS answer is the sum of the retired clients' totals, the live
-clients' last reports, and the daemon's own drops (``unknown_qpn`` ->
+clients' last reports, and the daemon's own drops (``unknown_qpn`` and ``closed_qpn`` ->
 ``rcvd_unknown_qp``, ``malformed`` -> ``rcvd_malformed``, ``client_full`` ->
 ``rcvd_no_buffer``, each also a received packet).
 
@@ -109,7 +109,9 @@ Delivery rules: DestQP 1 -> CM MADs are routed (below), other QP1 MADs go to eve
 registered for QP1; DestQP 0xFFFFFF (multicast,
 IBA 10.5) -> every client that attached the MGID equal to the datagram's destination GID
 (Annex A17; as rxe_rcv_mcast_pkt); any other DestQP -> its owner. Datagrams shorter
-than a BTH are counted ``malformed``; unknown DestQPs ``unknown_qpn``; a client whose
+than a BTH are counted ``malformed``; unknown DestQPs ``unknown_qpn``, or ``closed_qpn``
+when the QPN was one of a QP destroyed lately (a peer's packets in flight at the end of a
+conversation; ``qpn.CLOSED_KEPT``); a client whose
 data channel is full loses the datagram (``client_full``), like a NIC that is out of
 receive buffers. When a client disconnects (either channel), its QPNs, QP1
 registrations and multicast attachments are freed.
@@ -174,7 +176,7 @@ BTH_SIZE = 12
 STAT_NAMES = ("rx", "forwarded", "unknown_qpn", "malformed", "client_full", "clients",
               "cm_routed", "cm_rejected", "clients_refused", "cm_bad_req", "cm_rej_limited",
               "direct_clients", "direct_refused", "bpf_attached", "bpf_failed",
-              "ctrl_malformed", "join_timeouts")
+              "ctrl_malformed", "join_timeouts", "closed_qpn")
 
 # CM MADs on QP1: BTH (12) + DETH (8), then the 256-byte MAD (IBA 13.4)
 MAD_OFF = BTH_SIZE + 8

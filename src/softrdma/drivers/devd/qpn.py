@@ -42,6 +42,13 @@ from softrdma.drivers.link import ip_text
 from softrdma.drivers.udp import UdpLink
 
 MAX_EXCEPTIONS = 1024  # QPNs asked for by number inside another client's range
+#: How many QPNs of destroyed QPs devd remembers (the latest; ``QpnRouting._closed_qpns``).
+#: Packets to them are dropped like those to a QPN never allocated (IBA 9.6.1.4: no such
+#: destination QP) but counted ``closed_qpn``, not ``unknown_qpn``: a peer's requests and
+#: retransmissions still in flight when an application tears its QPs down (as
+#: ``ibv_srq_pingpong``'s sends beyond ``-n``, which arrive after the other side exited)
+#: end a conversation; they are not a routing fault.
+CLOSED_KEPT = 4096
 JOIN_TIMEOUT = 5.0  # seconds a client may hold the JOIN turn (binding takes milliseconds)
 #: while a departure waits (see ``QpnRouting._direct_leave``), how often devd looks again
 LEAVE_RECHECK = 0.02
@@ -90,6 +97,8 @@ class QpnRouting:
         # (devd's copies) and their slots go to devd until :meth:`_settle_leaves`.
         self._leaving: list[Client] = []
         self._leaving_since = 0.0
+        # QPNs of QPs destroyed (or of clients gone) lately, oldest first (CLOSED_KEPT)
+        self._closed_qpns: dict[int, None] = {}
 
     # -- the reuseport groups -----------------------------------------------------------
 
@@ -358,6 +367,7 @@ class QpnRouting:
                 return errno.ENOSPC
             self._exceptions[qpn] = c
         self._owners[qpn] = c
+        self._closed_qpns.pop(qpn, None)
         c.qpns.add(qpn)
         self._slot_use[slot] = self._slot_use.get(slot, 0) + 1
         if holder is not None and holder is not c:
@@ -367,6 +377,9 @@ class QpnRouting:
     def _disown(self, qpn: int) -> None:
         c = self._owners.pop(qpn)
         c.qpns.discard(qpn)
+        self._closed_qpns[qpn] = None
+        if len(self._closed_qpns) > CLOSED_KEPT:
+            del self._closed_qpns[next(iter(self._closed_qpns))]
         slot = slot_of(qpn)
         left = self._slot_use.get(slot, 1) - 1
         if left:
