@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+from collections.abc import Callable
 from typing import Any
 
 from softrdma import verbs as _v
@@ -98,6 +99,16 @@ _SEND_OPS: dict[int, int] = {
 _SEND_OPS[XRC_SEND] = _SEND_OPS[RC] & ~int(Q.IBV_QP_EX_WITH_ATOMIC_WRITE)
 IA = e.ibv_qp_init_attr_mask
 _KNOWN_INIT_MASK = sum(int(m) for m in IA)
+
+
+def _chain(wr: Any, convert: Callable[[Any], Any]) -> list[Any]:
+    """``convert`` of each WR of ``wr``'s ``next_wr`` chain, in order."""
+    out = []
+    w = wr
+    while w is not None:
+        out.append(convert(w))
+        w = w.next_wr
+    return out
 
 class QP(_v.QP, PyverbsCM):
     """A queue pair (``ibv_create_qp`` / ``ibv_create_qp_ex``)."""
@@ -235,13 +246,8 @@ class QP(_v.QP, PyverbsCM):
         """``ibv_post_recv`` (the ``next_wr`` chain)."""
         if not isinstance(wr, RecvWR):
             raise PyverbsUserError(f"Expected RecvWR, got {type(wr).__name__}")
-        wrs = []
-        w: RecvWR | None = wr
-        while w is not None:
-            wrs.append(w.to_verbs())
-            w = w.next_wr
         try:
-            super().post_recv(wrs)
+            super().post_recv(_chain(wr, lambda w: w.to_verbs()))
         except SoftRdmaError as exc:
             raise rdma_error("Failed to post recv", exc) from exc
 
@@ -249,12 +255,7 @@ class QP(_v.QP, PyverbsCM):
         """``ibv_post_send`` (the ``next_wr`` chain)."""
         if not isinstance(wr, SendWR):
             raise PyverbsUserError(f"Expected SendWR, got {type(wr).__name__}")
-        wrs = []
-        w: SendWR | None = wr
-        while w is not None:
-            wrs.append(self._verbs_wr(w))
-            w = w.next_wr
-        self._post(wrs, "Failed to post send")
+        self._post(_chain(wr, self._verbs_wr), "Failed to post send")
 
     def _verbs_wr(self, w: SendWR) -> Any:
         if w.opcode == e.IBV_WR_BIND_MW:
