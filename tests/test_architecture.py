@@ -99,7 +99,8 @@ KNOWN_OPEN_TYPE_CYCLES: dict[frozenset[str], str] = {
     frozenset({f"softrdma.ib.{m}" for m in (
         "completer", "port", "qp", "rd_atomic", "requester", "responder",
         "send_ops")}): "lead",
-    frozenset({"softrdma.cm.rdma_cm", "softrdma.cm.rdma_events"}): "lead",
+    # (rdma_transport, the connection managers split out of rdma_cm, posts those events)
+    frozenset({"softrdma.cm.rdma_cm", "softrdma.cm.rdma_events", "softrdma.cm.rdma_transport"}): "lead",
 }
 
 

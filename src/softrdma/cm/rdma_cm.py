@@ -15,24 +15,12 @@ Applications connect by IP address and port; the same code runs over both transp
     ev = ch.get_cm_event()                                # CONNECT_REQUEST, ev.id is new
     ev.id.create_qp(pd, init_attr); ev.id.accept(ConnParam())  # -> ESTABLISHED
 
-Transports (the device found by :mod:`.rdma_devices` decides):
+Transports (the device found by :mod:`.rdma_devices` decides; :mod:`.rdma_transport`
+holds the connection manager of each, chosen once per id):
 
-* **RoCE**: the IB CM on QP1 (:mod:`softrdma.drivers.gsi`, IBA ch. 12) with the RDMA IP CM Service
-  (Annex A11): the REQ private data is the Table 1 IP CM header followed by the
-  consumer's data, the Service ID ``0x0000000001 <protocol> <port>`` (Table 2, TCP 6 /
-  UDP 17). The CM moves the QP RESET -> INIT -> RTR -> RTS (the active side on the REP,
-  the passive side before its REP, as Linux ``rdma_accept``). ``RDMA_PS_UDP`` ids
-  resolve UD services through SIDR (IBA 12.11): the ESTABLISHED event carries the
-  remote QPN, Q_Key and address handle attributes (``event.ud``). A rejection is
-  REJECTED with ``status`` the REJ reason (28 for ``reject``, 8 when nobody listens)
-  and ``reject`` its readable text (A11 ARI included); no answer after the CM's
-  retries is UNREACHABLE (``-ETIMEDOUT``). TIMEWAIT_EXIT follows DISCONNECTED.
-* **iWARP**: TCP and the MPA Request/Reply (RFC 5044 §7.1, RFC 6581), the private
-  data in the MPA frame without an IP CM header (as Linux iw_cm/siw).
-  ``responder_resources``/``initiator_depth`` become the MPA v2 IRD/ORD. A refusal
-  (MPA Reply with R set, or nobody listening: TCP RST) is REJECTED with status
-  ``-ECONNREFUSED``; no reply within the connect timeout is UNREACHABLE; the peer
-  closing the stream is DISCONNECTED.
+* **RoCE**: the IB CM on QP1 with the RDMA IP CM Service (Annex A11); SIDR for
+  ``RDMA_PS_UDP``.
+* **iWARP**: TCP and the MPA Request/Reply (RFC 5044 §7.1, RFC 6581).
 
 Every event goes to the id's :class:`~.rdma_events.EventChannel`; the connection
 managers only queue them (the IB CM's typed events arrive outside the device lock, see
@@ -43,28 +31,16 @@ from __future__ import annotations
 
 import errno
 import ipaddress
-import logging
-import os
-import random
 import threading
-from collections import deque
-from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 from .. import verbs as v
-from ..drivers import iwconnect as iw
 from ..errors import InvalidArgument, SoftRdmaError, StateError
 from ..ibcm.cmid import IbCmId
-from ..ibcm.events import CmEvent, CmEventType, RejectInfo, lock_free
-from ..ibcm.ipcm import IpCmClient, ip_listen
-from ..ibcm.params import AcceptParams
+from ..ibcm.events import RejectInfo
 from ..ibcm.qpctl import DEFAULT_ACCESS
 from ..ibcm.userqp import UserQp, cm_qp_attr
-from ..iwarp.mpa_setup import MpaConfig
-from ..verbs.ah import AHAttr, GlobalRoute
-from ..wire.gid import ip_to_gid
-from ..wire.ipcm import IPPROTO_TCP, IPPROTO_UDP, RDMA_UDP_QKEY, IpAddress
+from ..wire.ipcm import RDMA_UDP_QKEY, IpAddress
 from . import rdma_res  # noqa: F401 - lists our ids for softrdma res show cm_id
 from .rdma_devices import (
     OpenDevice,
@@ -72,7 +48,6 @@ from .rdma_devices import (
     devices_for_wildcard,
     find_device,
     open_device,
-    options,
     release_devices,
 )
 from .rdma_events import (  # noqa: F401 - the RDMA_CM_EVENT_* names are re-exported
@@ -99,11 +74,18 @@ from .rdma_events import (  # noqa: F401 - the RDMA_CM_EVENT_* names are re-expo
     UdParam,
     event_str,
 )
-from .rdma_iwwatch import CONNECTING as _CONNECTING
 from .rdma_iwwatch import unwatch as _unwatch
-from .rdma_iwwatch import watch as _watch
 from .rdma_qpattr import qp_attr_of
 from .rdma_state import ADDRESS_KNOWN, BEFORE_CONNECT, CmState
+from .rdma_transport import (
+    PROTO,
+    RDMA_PS_TCP,
+    RDMA_PS_UDP,
+    Address,
+    Transport,
+    ephemeral_port,
+    transport_of,
+)
 
 __all__ = [
     "CmId", "EventChannel", "ConnParam", "UdParam", "RdmaCmEvent", "RdmaCmEventType",
@@ -117,11 +99,6 @@ RDMA_PS_IPOIB = 0x0002
 RDMA_OPTION_ID = 0  # rdma_set_option levels and names (librdmacm rdma_cma.h)
 RDMA_OPTION_ID_TOS = 0
 RDMA_OPTION_ID_ACK_TIMEOUT = 3
-RDMA_PS_TCP = 0x0106
-RDMA_PS_UDP = 0x0111
-_PROTO = {RDMA_PS_TCP: IPPROTO_TCP, RDMA_PS_UDP: IPPROTO_UDP}
-
-Address = tuple[str, int]
 T = RdmaCmEventType
 
 
@@ -147,68 +124,13 @@ def _parse(addr: Any, what: str) -> tuple[IpAddress, int]:
     return ip, port
 
 
-def _ephemeral() -> int:
-    return random.randrange(32768, 61000)
-
-
-_LOG = logging.getLogger("softrdma.cm")
-
-
-class _ConnectWorkers:
-    """The daemon threads that run iWARP connects (each blocks in its TCP connect and
-    MPA exchange), kept for reuse: an idle worker takes the next connect, a new one
-    starts only when none is idle, and one idle for :data:`IDLE_S` seconds ends.
-    Starting a thread per connect cost about 60 us of CPU and 300 us of latency on a
-    busy host, a hand-off to a waiting worker about a sixth of that (issue 26)."""
-
-    IDLE_S = 5.0
-
-    def __init__(self) -> None:
-        self._cv = threading.Condition(threading.Lock())
-        self._jobs: deque[Callable[[], None]] = deque()
-        self._idle = 0  # workers waiting for a job
-
-    def submit(self, job: Callable[[], None]) -> None:
-        with self._cv:
-            self._jobs.append(job)
-            if self._idle >= len(self._jobs):
-                self._cv.notify()
-                return
-        threading.Thread(target=self._main, name="rdma_cm-iw-connect", daemon=True).start()
-
-    def _main(self) -> None:
-        while True:
-            with self._cv:
-                while not self._jobs:
-                    self._idle += 1
-                    try:
-                        woken = self._cv.wait(self.IDLE_S)
-                    finally:
-                        self._idle -= 1
-                    if not woken and not self._jobs:
-                        return
-                job = self._jobs.popleft()
-            try:
-                job()  # reports its outcome as an event on the id's channel
-            except Exception:  # noqa: BLE001 - a bug in one connect must not end the worker
-                _LOG.exception("rdma_cm: an iWARP connect failed")
-
-    def after_fork(self) -> None:
-        """In a child after ``fork()``: the parent's workers do not exist here."""
-        self._cv = threading.Condition(threading.Lock())
-        self._jobs = deque()
-        self._idle = 0
-
-
-_connect_workers = _ConnectWorkers()
-os.register_at_fork(after_in_child=_connect_workers.after_fork)
 
 
 class CmId:
     """``struct rdma_cm_id`` (see the module docstring). ``context`` is the caller's;
     ``verbs`` the device Context after address resolution or for a CONNECT_REQUEST's
     new id; ``qp`` the QP of :meth:`create_qp`; ``state`` its :class:`CmState`. The
-    connection manager underneath (:class:`_IbCm` or :class:`_IwCm`) is chosen once, when
+    connection manager underneath (:mod:`.rdma_transport`'s ``_IbCm`` or ``_IwCm``) is chosen once, when
     the id is attached to a device (bind to an address, resolve, or a request's new id),
     as Linux's cma.c chooses it by ``rdma_cap_ib_cm`` / ``rdma_cap_iw_cm``."""
 
@@ -216,7 +138,7 @@ class CmId:
                  context: Any = None) -> None:
         if not isinstance(channel, EventChannel):
             raise InvalidArgument("channel", "expected an EventChannel")
-        if ps not in _PROTO:
+        if ps not in PROTO:
             raise InvalidArgument("ps", "RDMA_PS_TCP or RDMA_PS_UDP")
         self.channel = channel
         self.ps = ps
@@ -230,7 +152,7 @@ class CmId:
         self.peer_addr: Address | None = None
         self.event_info: dict[str, Any] = {}
         self.state = CmState.IDLE
-        self._cm: _Transport | None = None  # the connection manager, chosen by _attach
+        self._cm: Transport | None = None  # the connection manager, chosen by _attach
         self._prefer: str | None = None
         self._src: IpAddress | None = None
         self._src_port = 0
@@ -238,7 +160,7 @@ class CmId:
         self._dst: IpAddress | None = None
         self._dst_port = 0
         self._ib: IbCmId | None = None
-        self._listens: list[tuple[OpenDevice, _Transport, Any]] = []
+        self._listens: list[tuple[OpenDevice, Transport, Any]] = []
         self._iw_req: Any = None
         self._iw_conn: Any = None
         self._established_by_app = False
@@ -357,7 +279,7 @@ class CmId:
             entry, _ = find_device(ip, None, device)
             self._attach(open_device(entry))
         self._move(CmState.ADDR_BOUND, frozenset({CmState.IDLE, CmState.ADDR_BOUND}))
-        self._bind_port = 0 if port else _ephemeral()
+        self._bind_port = 0 if port else ephemeral_port()
         self.local_addr = (str(ip), port or self._bind_port)
 
     def resolve_addr(self, src: Any, dst: Any, timeout_ms: int = 2000, *,
@@ -538,6 +460,13 @@ class CmId:
         child.state = CmState.CONNECT
         return child
 
+    def _post_request(self, child: CmId, private_data: bytes, param: ConnParam,
+                      **kw: Any) -> None:
+        """Queue the CONNECT_REQUEST of ``child`` (a new id of :meth:`_child`) on this
+        listener's channel."""
+        self.channel.post(RdmaCmEvent(T.CONNECT_REQUEST, child, self, 0, private_data, param,
+                                      **kw))
+
     def accept(self, param: ConnParam | None = None) -> None:
         """``rdma_accept`` on a CONNECT_REQUEST's id: REP (RoCE; the QP goes to RTS
         first), SIDR_REP (UD), or the MPA Reply (iWARP). ESTABLISHED follows (not for
@@ -608,351 +537,3 @@ class CmId:
             if self.state is not CmState.DESTROYING:
                 self.state = CmState.DEVICE_REMOVAL
         self._post(T.DEVICE_REMOVAL)
-
-    # ---- RoCE: IB CM events, mapped to rdma_cm events on the channel ------------------
-    # Both handlers only queue (lock_free): the CM runs them as soon as a MAD made the
-    # event, without a hand-off to its event thread.
-    def _on_ib_listen(self, dev: OpenDevice, ev: CmEvent) -> None:
-        if ev.type != CmEventType.CONNECT_REQUEST:
-            self._on_ib(ev)
-            return
-        child = self._child(dev)
-        child._ib = ev.cm_id
-        ev.cm_id.handler = child._on_ib
-        if ev.local_ip is not None:
-            child.local_addr = (str(ev.local_ip), int(ev.local_port or 0))
-        if ev.remote_ip is not None:
-            child.peer_addr = (str(ev.remote_ip), int(ev.remote_port or 0))
-        req = ev.req
-        param = ConnParam(ev.private_data)
-        if req is not None:
-            param = ConnParam(ev.private_data, req.responder_resources, req.initiator_depth,
-                              req.end_to_end_flow_control, req.retry_count,
-                              req.rnr_retry_count, req.srq, req.local_qpn)
-        child.event_info = dict(ev.info)
-        self.channel.post(RdmaCmEvent(T.CONNECT_REQUEST, child, self, 0, ev.private_data,
-                                       param, info=dict(ev.info)))
-
-    @lock_free
-    def _on_ib(self, ev: CmEvent) -> None:
-        k = ev.type
-        if k == CmEventType.ESTABLISHED:
-            if self._established_by_app:
-                return  # rdma_establish reports nothing (librdmacm)
-            ud = None
-            if self.ps == RDMA_PS_UDP and ev.ud_qpn is not None:
-                ud = UdParam(ev.ud_qpn, ev.ud_qkey or RDMA_UDP_QKEY, self._ah_attr(),
-                             ev.private_data)
-            self._post(T.ESTABLISHED, private_data=ev.private_data, ud=ud, info=dict(ev.info))
-        elif k == CmEventType.CONNECT_RESPONSE:
-            self._post(T.CONNECT_RESPONSE, private_data=ev.private_data, info=dict(ev.info))
-        elif k == CmEventType.REJECTED:
-            rej = ev.reject
-            status = 0
-            if rej is not None:
-                status = rej.reason if rej.reason is not None else int(rej.sidr_status or 0)
-            self._post(T.REJECTED, status=status, private_data=ev.private_data, reject=rej,
-                       info=dict(ev.info))
-        elif k == CmEventType.UNREACHABLE:
-            self._post(T.UNREACHABLE, status=-errno.ETIMEDOUT, reject=ev.reject)
-        elif k == CmEventType.CONNECT_ERROR:
-            self._post(T.CONNECT_ERROR, status=-errno.ECONNABORTED, reject=ev.reject)
-        elif k == CmEventType.DISCONNECTED:
-            self.disconnected_event()
-        elif k == CmEventType.TIMEWAIT_EXIT:
-            self._post(T.TIMEWAIT_EXIT)
-
-    def _ah_attr(self) -> Any:
-        assert self._dst is not None and self._src is not None
-        sgid = ip_to_gid(self._src.packed)
-        idx = 0
-        if self.verbs is not None:  # a RoCE v2 entry first on a dual device (Linux default)
-            port = self.verbs.port
-            idx = max(port.gid_index_of(sgid, False), port.gid_index_of(sgid), 0)
-        return AHAttr(gr=GlobalRoute(dgid=ip_to_gid(self._dst.packed), sgid_index=idx,
-                                     hop_limit=64, traffic_class=self._tos),
-                      is_global=1, port_num=1)
-
-
-# ---- the connection manager of each transport, chosen once per id ---------------------
-class _Transport:
-    """What :class:`CmId` asks of a transport's connection manager (Linux cma.c calls
-    ``ib_cm`` or ``iw_cm`` after ``rdma_cap_ib_cm`` / ``rdma_cap_iw_cm``). The id keeps the
-    state; these only act on it."""
-
-    #: listening on a wildcard address: lower ranks pick port 0 first
-    listen_rank = 1
-
-    def check_ps(self, ps: int) -> None:
-        """Refuse a port space this transport has no service for."""
-
-    def source_port(self, port: int) -> int:
-        """The source port of a resolved address given ``port`` (0: not chosen)."""
-        return port
-
-    def check_user_qp(self) -> None:
-        """Refuse an application-moved QP (``ConnParam.qp_num``) if unsupported."""
-
-    def listen_on(self, cid: CmId, dev: OpenDevice, ip: IpAddress, port: int,
-                  backlog: int) -> tuple[Any, int]:
-        """Listen on ``dev``: ``(handle for stop_listening, the port)``."""
-        raise NotImplementedError
-
-    def stop_listening(self, handle: Any) -> None:
-        raise NotImplementedError
-
-    def busy(self, cid: CmId) -> bool:
-        """``cid`` is connecting or connected (a second connect is refused)."""
-        raise NotImplementedError
-
-    def has_request(self, cid: CmId) -> bool:
-        """``cid`` holds a connection request to accept or reject."""
-        raise NotImplementedError
-
-    def connected(self, cid: CmId) -> bool:
-        """``cid`` has a connection to disconnect."""
-        raise NotImplementedError
-
-    def connect(self, cid: CmId, p: ConnParam, qp: Any) -> None:
-        raise NotImplementedError
-
-    def accept(self, cid: CmId, p: ConnParam, qp: Any) -> None:
-        raise NotImplementedError
-
-    def reject(self, cid: CmId, private_data: bytes) -> None:
-        raise NotImplementedError
-
-    def disconnect(self, cid: CmId) -> None:
-        raise NotImplementedError
-
-    def release(self, cid: CmId) -> None:
-        """On destroy: let go of the connection or request the id holds."""
-        raise NotImplementedError
-
-
-class _IbCm(_Transport):
-    """RoCE: the IB CM (:mod:`softrdma.ibcm`) with the A11 IP CM Service; SIDR for UD."""
-
-    def source_port(self, port: int) -> int:
-        return port or _ephemeral()
-
-    def listen_on(self, cid: CmId, dev: OpenDevice, ip: IpAddress, port: int,
-                  backlog: int) -> tuple[Any, int]:
-        binding = dev.binding
-        assert binding is not None
-        bind = None if ip.is_unspecified else ip
-        tries = 1 if port else 32
-        for i in range(tries):
-            p = port or (cid._bind_port if i == 0 and cid._bind_port else _ephemeral())
-            lst = binding.agent.create_id(lock_free(partial(cid._on_ib_listen, dev)))
-            try:
-                ip_listen(lst, p, proto=_PROTO[cid.ps], bind=bind, backlog=backlog)
-            except StateError:
-                if port:
-                    raise StateError(f"port {port} is in use on {dev.entry.name}",
-                                     errno=errno.EADDRINUSE) from None
-                continue
-            return lst, p
-        raise StateError(f"no free port on {dev.entry.name}", errno=errno.EADDRINUSE)
-
-    def stop_listening(self, handle: Any) -> None:
-        handle.destroy()
-
-    def busy(self, cid: CmId) -> bool:
-        return cid._ib is not None
-
-    def has_request(self, cid: CmId) -> bool:
-        return cid._ib is not None
-
-    def connected(self, cid: CmId) -> bool:
-        return cid._ib is not None
-
-    def connect(self, cid: CmId, p: ConnParam, qp: Any) -> None:
-        assert cid.device is not None and cid._src is not None and cid._dst is not None
-        binding = cid.device.binding
-        assert binding is not None
-        ib = binding.agent.create_id(cid._on_ib)
-        ib.local_ack_timeout = cid._ack_timeout
-        cid._ib = ib
-        client = IpCmClient(ib, handler=cid._on_ib)
-        if cid.ps == RDMA_PS_UDP:
-            client.resolve(cid._src, cid._dst, cid._dst_port, src_port=cid._src_port,
-                           private_data=bytes(p.private_data))
-            return
-        client.connect(qp, cid._src, cid._dst, cid._dst_port, src_port=cid._src_port,
-                       proto=IPPROTO_TCP, private_data=bytes(p.private_data),
-                       responder_resources=p.responder_resources,
-                       initiator_depth=p.initiator_depth, retry_count=p.retry_count,
-                       rnr_retry_count=p.rnr_retry_count, flow_control=bool(p.flow_control),
-                       auto_rtu=not isinstance(qp, UserQp), traffic_class=cid._tos)
-
-    def accept(self, cid: CmId, p: ConnParam, qp: Any) -> None:
-        assert cid._ib is not None
-        sidr = cid.ps == RDMA_PS_UDP
-        qkey = p.qkey if p.qkey is not None else (RDMA_UDP_QKEY if sidr else None)
-        if cid._ack_timeout is not None:
-            cid._ib.local_ack_timeout = cid._ack_timeout
-        cid._ib.accept(qp, AcceptParams(
-            private_data=bytes(p.private_data), responder_resources=p.responder_resources,
-            initiator_depth=p.initiator_depth, rnr_retry_count=p.rnr_retry_count,
-            flow_control=bool(p.flow_control), qkey=qkey))
-
-    def reject(self, cid: CmId, private_data: bytes) -> None:
-        assert cid._ib is not None
-        cid._ib.reject(private_data)
-
-    def disconnect(self, cid: CmId) -> None:
-        assert cid._ib is not None
-        cid._ib.disconnect()
-
-    def release(self, cid: CmId) -> None:
-        ib, cid._ib = cid._ib, None
-        if ib is not None:
-            try:
-                ib.destroy()
-            except SoftRdmaError:
-                pass
-
-
-class _IwCm(_Transport):
-    """iWARP: TCP and the MPA Request/Reply (:mod:`softrdma.drivers.iwconnect`)."""
-
-    listen_rank = 0
-
-    def check_ps(self, ps: int) -> None:
-        if ps == RDMA_PS_UDP:
-            raise InvalidArgument("ps", "iWARP has no UD service: RDMA_PS_UDP needs RoCE")
-
-    def check_user_qp(self) -> None:
-        raise InvalidArgument("qp_num", "an application-moved QP needs the IB CM "
-                                        "(RoCE); on iWARP use create_qp")
-
-    def listen_on(self, cid: CmId, dev: OpenDevice, ip: IpAddress, port: int,
-                  backlog: int) -> tuple[Any, int]:
-        host = str(ip) if not ip.is_unspecified else ("::" if ip.version == 6 else "0.0.0.0")
-        tcp = None
-        if not port and cid._bind_port:
-            try:
-                tcp = iw.Listener(dev.ctx, cid._bind_port, host, backlog=min(backlog, 4096))
-            except (OSError, SoftRdmaError):
-                tcp = None  # taken meanwhile: TCP picks another
-        if tcp is None:
-            tcp = iw.Listener(dev.ctx, port, host, backlog=min(backlog, 4096))
-        threading.Thread(target=self._accept_loop, args=(cid, dev, tcp),
-                         name="rdma_cm-iw-listen", daemon=True).start()
-        return tcp, tcp.port
-
-    @staticmethod
-    def _accept_loop(cid: CmId, dev: OpenDevice, lst: Any) -> None:
-        """The listener's thread: each MPA Request becomes a CONNECT_REQUEST."""
-        while not cid._destroyed:
-            try:  # woken by a completed MPA Request, or by close() on destroy
-                req = lst.get_request(timeout=None)
-            except iw.ConnectError as exc:
-                if exc.errno == errno.ETIMEDOUT:
-                    continue
-                return  # the listener is closed
-            if cid._destroyed:
-                req.reject(b"")
-                return
-            child = cid._child(dev)
-            child._iw_req = req
-            peer, local = req.peer_addr, req.local_addr
-            child.peer_addr = (str(peer[0]), int(peer[1]))
-            child.local_addr = (str(local[0]), int(local[1]))
-            v2 = getattr(req.request, "v2", None)
-            ird = int(getattr(v2, "ird", 1)) if v2 is not None else 1
-            ord_ = int(getattr(v2, "ord", 1)) if v2 is not None else 1
-            if not cid._destroyed:
-                cid.channel.post(RdmaCmEvent(T.CONNECT_REQUEST, child, cid, 0,
-                                             req.private_data,
-                                             ConnParam(req.private_data, ird, ord_)))
-
-    def stop_listening(self, handle: Any) -> None:
-        handle.close()
-
-    def busy(self, cid: CmId) -> bool:
-        return cid._iw_conn is not None
-
-    def has_request(self, cid: CmId) -> bool:
-        return cid._iw_req is not None
-
-    def connected(self, cid: CmId) -> bool:
-        conn = cid._iw_conn
-        return conn is not None and conn is not _CONNECTING
-
-    def connect(self, cid: CmId, p: ConnParam, qp: Any) -> None:
-        cfg = MpaConfig(ird=p.responder_resources, ord=p.initiator_depth)
-        host, port, pd = str(cid._dst), cid._dst_port, bytes(p.private_data)
-        cid._iw_conn = _CONNECTING
-
-        def run() -> None:
-            try:
-                conn = iw.connect(qp, host, port, pd, cfg=cfg, timeout=options.iwarp_timeout)
-            except iw.ConnectionRejected as exc:
-                cid._iw_conn = None
-                cid._post(T.REJECTED, status=-errno.ECONNREFUSED,
-                          private_data=exc.private_data,
-                          reject=RejectInfo(None, "rejected by the remote consumer "
-                                                  "(MPA Reply with R set, ECONNREFUSED)"))
-                return
-            except SoftRdmaError as exc:
-                cid._iw_conn = None
-                code = exc.errno or errno.ECONNABORTED
-                info = RejectInfo(None, str(exc))
-                if code == errno.ECONNREFUSED:
-                    cid._post(T.REJECTED, status=-code, reject=info)
-                elif code == errno.ETIMEDOUT:
-                    cid._post(T.UNREACHABLE, status=-code, reject=info)
-                else:
-                    cid._post(T.CONNECT_ERROR, status=-code, reject=info)
-                return
-            cid._iw_conn = conn
-            if conn.local_addr:
-                cid.local_addr = (str(conn.local_addr[0]), int(conn.local_addr[1]))
-            cid._post(T.ESTABLISHED, private_data=conn.private_data,
-                      param=ConnParam(conn.private_data, conn.negotiated.ird,
-                                      conn.negotiated.ord))
-            _watch(cid)
-
-        _connect_workers.submit(run)
-
-    def accept(self, cid: CmId, p: ConnParam, qp: Any) -> None:
-        req, cid._iw_req = cid._iw_req, None
-        cfg = MpaConfig(ird=p.responder_resources, ord=p.initiator_depth)
-        conn = req.accept(cid.qp, bytes(p.private_data), cfg=cfg)
-        cid._iw_conn = conn
-        cid._post(T.ESTABLISHED, param=ConnParam(b"", conn.negotiated.ird,
-                                                 conn.negotiated.ord))
-        _watch(cid)
-
-    def reject(self, cid: CmId, private_data: bytes) -> None:
-        req, cid._iw_req = cid._iw_req, None
-        req.reject(private_data)
-
-    def disconnect(self, cid: CmId) -> None:
-        cid._iw_conn.disconnect()
-        cid.disconnected_event()
-
-    def release(self, cid: CmId) -> None:
-        req, cid._iw_req = cid._iw_req, None
-        if req is not None:
-            try:
-                req.reject(b"")
-            except SoftRdmaError:
-                pass
-        conn = cid._iw_conn
-        if conn is not None and conn is not _CONNECTING:
-            try:
-                conn.disconnect()
-            except SoftRdmaError:
-                pass
-
-
-_IB_CM = _IbCm()
-_IW_CM = _IwCm()
-
-
-def transport_of(dev: OpenDevice) -> _Transport:
-    """The connection manager of ``dev``'s transport."""
-    return _IW_CM if dev.entry.transport == "iwarp" else _IB_CM

@@ -12,50 +12,67 @@ addresses as ``::ffff:a.b.c.d``, then the other IPv6 addresses.
 from __future__ import annotations
 
 import errno
-import ipaddress
 import os
 import select
 import time
 import weakref
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Self
 
 from .. import enums as e
-from ..drivers import netdev as _netdev
-from ..drivers import registry
-from ..drivers.devd.client import DevdLink
-from ..drivers.dual import DualLink
 from ..drivers.link import CounterReporter, Link
 from ..drivers.portwatch import PortWatch
 from ..drivers.progress import DeviceRuntime
-from ..drivers.rawether import RawEtherLink
 from ..drivers.runtime import Runtime
 from ..drivers.tap import tap_for
 from ..drivers.tap_stream import stream_tap_for
 from ..drivers.tcp_runtime import TcpRuntime
-from ..drivers.udp import UdpLink
-from ..drivers.udp_multi import MultiUdpLink
-from ..errors import DeviceError, InvalidArgument, SoftRdmaError
+from ..errors import DeviceError, InvalidArgument
 from ..ib.port import Port
 from ..iwarp.mpa_setup import MPA_CRC_ENV, device_mpa_crc
 from ..iwarp.qp import IwarpDevice
 from ..seam.events import AsyncEventType, EngineEvent
 from ..seam.protocols import DeviceEngine
-from ..wire.gid import ip_to_gid
 from ._args import seconds
 from ._args import timeout as check_timeout
 from ._object import VerbsObject
 from .context_file import DeviceFile, lookup
 from .counters import PortCounters
+from .device_attr import (
+    DEVICE_CAP_FLAGS,
+    GID_TABLE_LEN,
+    MAX_CQE,
+    MAX_INLINE_DATA,
+    MAX_QP_RD_ATOM,
+    MAX_QP_WR,
+    MAX_SGE,
+    MAX_SRQ_SGE,
+    MAX_SRQ_WR,
+    MW_CAP_FLAGS,
+    PORT_CAP_FLAGS,
+    RXE_MAX_HDR_LENGTH,
+    XRC_CAP_FLAGS,
+    AsyncEvent,
+    DeviceAttr,
+    DeviceInfo,
+    PortAttr,
+    guid_from_mac,
+    mtu_enum_for_netdev_mtu,
+)
+from .device_list import (
+    IWARP_LOOPBACK,
+    LOOPBACK_IPS,
+    all_devices,
+    get_device_list,
+    netdev_of_ips,
+    netdev_snapshot,
+    open_registry_device,
+    registered_devices,
+    transport_of,
+)
+from .gids import GID, gid_table
 from .limits import (
     LIMITS,
-    MAX_AH,
-    MAX_CQ,
-    MAX_MR,
-    MAX_PD,
-    MAX_QP,
-    MAX_SRQ,
     ObjectCounts,
     counts_for,
     max_mr_size,
@@ -65,386 +82,13 @@ __all__ = [
     "GID", "DeviceInfo", "DeviceAttr", "PortAttr", "AsyncEvent", "Context", "IWARP_LOOPBACK",
     "all_devices", "registered_devices",
     "get_device_list", "gid_table", "mtu_enum_for_netdev_mtu", "GID_TABLE_LEN", "gid_table_len",
+    # rxe_param.h limits and flags (.device_attr), imported from here by the other verbs
+    "MAX_CQE", "MAX_INLINE_DATA", "MAX_QP_RD_ATOM", "MAX_QP_WR", "MAX_SGE", "MAX_SRQ_SGE",
+    "MAX_SRQ_WR", "PORT_CAP_FLAGS",
 ]
-
-# rxe_param.h (device limits softrdma reports and enforces; the object counts: .limits)
-MAX_QP_WR = 0x4000
-MAX_SGE = 32
-MAX_INLINE_DATA = 400
-MAX_CQE = (1 << 15) - 1
-#: GID table entries of a RoCE port (rxe ``RXE_PORT_GID_TBL_LEN``): the netdev's
-#: addresses first, the rest empty; an iWARP port's table is its populated entries (siw)
-GID_TABLE_LEN = 1024
-MAX_QP_RD_ATOM = 128
-MAX_QP_INIT_RD_ATOM = 128
-MAX_RES_RD_ATOM = 0x3F000
-MAX_MCAST_GRP = 8192
-MAX_MCAST_QP_ATTACH = 56
-MAX_TOTAL_MCAST_QP_ATTACH = 0x70000
-MAX_SRQ_WR = 0x4000
-MAX_SRQ_SGE = 27
-MAX_MSG_SZ = 1 << 31  # 2^31 bytes, IBA ch. 9 (as rxe)
-RXE_MAX_HDR_LENGTH = 80  # rxe: Ethernet MTU minus this is the largest IB MTU that fits
-LOCAL_CA_ACK_DELAY = 15
-VENDOR_ID = 0xFFFFFF  # rxe's vendor id
-
-DEVICE_CAP_FLAGS = (
-    e.IBV_DEVICE_BAD_PKEY_CNTR | e.IBV_DEVICE_BAD_QKEY_CNTR | e.IBV_DEVICE_CHANGE_PHY_PORT
-    | e.IBV_DEVICE_UD_AV_PORT_ENFORCE | e.IBV_DEVICE_PORT_ACTIVE_EVENT
-    | e.IBV_DEVICE_SYS_IMAGE_GUID | e.IBV_DEVICE_RC_RNR_NAK_GEN | e.IBV_DEVICE_SRQ_RESIZE
-)
-PORT_CAP_FLAGS = e.IBV_PORT_CM_SUP | e.IBV_PORT_IP_BASED_GIDS
-#: memory windows of type 1 and 2B on the IB transport (softrdma.ib.mw; rxe reports them,
-#: siw none)
-MW_CAP_FLAGS = e.IBV_DEVICE_MEM_WINDOW | e.IBV_DEVICE_MEM_WINDOW_TYPE_2B
-#: the XRC transport on the IB transport (softrdma.ib.xrc; rxe has none)
-XRC_CAP_FLAGS = e.IBV_DEVICE_XRC
 
 #: the libibverbs event of each engine event type (IBA 11.6.3; equal values)
 _ENGINE_EVENTS = {t: e.ibv_event_type(int(t)) for t in AsyncEventType}
-
-
-class GID:
-    """A 16-byte GID; ``GID("::ffff:10.0.0.1")``, ``GID(raw16)`` or ``GID(other_gid)``."""
-
-    __slots__ = ("raw",)
-
-    def __init__(self, value: str | bytes | bytearray | memoryview | GID) -> None:
-        if isinstance(value, GID):
-            raw = value.raw
-        elif isinstance(value, str):
-            try:
-                raw = ipaddress.IPv6Address(value.split("%", 1)[0]).packed
-            except ValueError:
-                try:
-                    raw = ip_to_gid(ipaddress.IPv4Address(value).packed)
-                except ValueError:
-                    raise InvalidArgument("gid", f"not a GID: {value!r}") from None
-        elif isinstance(value, (bytes, bytearray, memoryview)):
-            raw = bytes(value)
-            if len(raw) == 4:
-                raw = ip_to_gid(raw)
-            if len(raw) != 16:
-                raise InvalidArgument("gid", f"a GID has 16 bytes, not {len(raw)}")
-        else:
-            raise InvalidArgument("gid", f"expected str or bytes, got {type(value).__name__}")
-        self.raw: bytes = raw
-
-    @property
-    def gid(self) -> str:
-        """Text form as ``inet_ntop(AF_INET6)`` writes it (``devinfo``, rxe's sysfs), an
-        IPv4-mapped GID as ``::ffff:a.b.c.d`` (RFC 4291 §2.5.5.2, RFC 5952 §5)."""
-        addr = ipaddress.IPv6Address(self.raw)
-        v4 = addr.ipv4_mapped
-        return str(addr) if v4 is None else f"::ffff:{v4}"
-
-    def __str__(self) -> str:
-        return self.gid
-
-    def __repr__(self) -> str:
-        return f"GID({self.gid!r})"
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, GID):
-            return self.raw == other.raw
-        if isinstance(other, (bytes, bytearray)):
-            return self.raw == bytes(other)
-        if isinstance(other, str):
-            try:
-                return self.raw == GID(other).raw
-            except InvalidArgument:
-                return False
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash(self.raw)
-
-
-def _is_link_local(ip: bytes) -> bool:
-    return len(ip) == 16 and ip[0] == 0xFE and ip[1] & 0xC0 == 0x80
-
-
-def gid_table(ips: Sequence[bytes]) -> list[bytes]:
-    """The RoCE v2 GID table for a netdev's addresses (Annex A17; docs/protocols.md §3; rxe's order).
-
-    IPv6 link-local first (rxe's index 0 in the captures), then IPv4 as
-    ``::ffff:a.b.c.d``, then the other IPv6 addresses; duplicates removed.
-    """
-    ll = [ip for ip in ips if _is_link_local(ip)]
-    v4 = [ip for ip in ips if len(ip) == 4]
-    v6 = [ip for ip in ips if len(ip) == 16 and not _is_link_local(ip)]
-    out: list[bytes] = []
-    for ip in (*ll, *v4, *v6):
-        gid = ip_to_gid(bytes(ip))
-        if gid not in out:
-            out.append(gid)
-    return out
-
-
-def mtu_enum_for_netdev_mtu(mtu: int) -> int:
-    """The IB MTU enum that fits a netdev MTU (rxe ``eth_mtu_int_to_enum``)."""
-    payload = mtu - RXE_MAX_HDR_LENGTH
-    for enum, size in ((5, 4096), (4, 2048), (3, 1024), (2, 512), (1, 256)):
-        if payload >= size:
-            return enum
-    raise DeviceError(f"netdev MTU {mtu} is too small for RoCE (needs >= {256 + RXE_MAX_HDR_LENGTH})")
-
-
-def _guid_from_mac(mac: bytes) -> int:
-    """EUI-64 from a MAC (rxe ``rxe_node_guid``: addrconf_addr_eui48)."""
-    if len(mac) != 6:
-        mac = bytes(6)
-    eui = bytes([mac[0] ^ 2, mac[1], mac[2], 0xFF, 0xFE, mac[3], mac[4], mac[5]])
-    return int.from_bytes(eui, "big")
-
-
-@dataclass(slots=True)
-class DeviceInfo:
-    """One entry of :func:`get_device_list`."""
-
-    name: str
-    netdev: str | None = None
-    type: str = "roce"
-    node_guid: int = 0
-    udp_port: int = 4791
-    ips: tuple[bytes, ...] = ()
-    record: registry.DeviceRecord | None = None  # the registry's own record
-
-
-@dataclass(slots=True)
-class DeviceAttr:
-    """``struct ibv_device_attr`` (values as rxe reports them, ``rxe_param.h``;
-    :meth:`Context.query_device` gives the enforced object limits, :mod:`.limits`, and
-    the ``max_mr_size`` this host can back)."""
-
-    fw_ver: str = "0.0.0"
-    node_guid: int = 0
-    sys_image_guid: int = 0
-    max_mr_size: int = (1 << 64) - 1
-    page_size_cap: int = 0xFFFFF000
-    vendor_id: int = VENDOR_ID
-    vendor_part_id: int = 0
-    hw_ver: int = 0
-    max_qp: int = MAX_QP
-    max_qp_wr: int = MAX_QP_WR
-    device_cap_flags: int = int(DEVICE_CAP_FLAGS)
-    max_sge: int = MAX_SGE
-    max_sge_rd: int = MAX_SGE
-    max_cq: int = MAX_CQ
-    max_cqe: int = MAX_CQE
-    max_mr: int = MAX_MR
-    max_pd: int = MAX_PD
-    max_qp_rd_atom: int = MAX_QP_RD_ATOM
-    max_ee_rd_atom: int = 0
-    max_res_rd_atom: int = MAX_RES_RD_ATOM
-    max_qp_init_rd_atom: int = MAX_QP_INIT_RD_ATOM
-    max_ee_init_rd_atom: int = 0
-    atomic_caps: int = int(e.IBV_ATOMIC_HCA)
-    max_ee: int = 0
-    max_rdd: int = 0
-    max_mw: int = 0
-    max_raw_ipv6_qp: int = 0
-    max_raw_ethy_qp: int = 0
-    max_mcast_grp: int = MAX_MCAST_GRP
-    max_mcast_qp_attach: int = MAX_MCAST_QP_ATTACH
-    max_total_mcast_qp_attach: int = MAX_TOTAL_MCAST_QP_ATTACH
-    max_ah: int = MAX_AH
-    max_fmr: int = 0
-    max_map_per_fmr: int = 0
-    max_srq: int = MAX_SRQ
-    max_srq_wr: int = MAX_SRQ_WR
-    max_srq_sge: int = MAX_SRQ_SGE
-    max_pkeys: int = 1
-    local_ca_ack_delay: int = LOCAL_CA_ACK_DELAY
-    phys_port_cnt: int = 1
-    max_inline_data: int = MAX_INLINE_DATA
-
-
-@dataclass(slots=True)
-class PortAttr:
-    """``struct ibv_port_attr`` of port 1."""
-
-    state: int = int(e.IBV_PORT_ACTIVE)
-    max_mtu: int = int(e.IBV_MTU_4096)
-    active_mtu: int = int(e.IBV_MTU_1024)
-    gid_tbl_len: int = 0
-    port_cap_flags: int = int(PORT_CAP_FLAGS)
-    max_msg_sz: int = MAX_MSG_SZ
-    bad_pkey_cntr: int = 0
-    qkey_viol_cntr: int = 0
-    pkey_tbl_len: int = 1
-    lid: int = 0
-    sm_lid: int = 0
-    lmc: int = 0
-    max_vl_num: int = 1
-    sm_sl: int = 0
-    subnet_timeout: int = 0
-    init_type_reply: int = 0
-    active_width: int = 1   # IB_WIDTH_1X
-    active_speed: int = 1   # SDR (ib_get_eth_speed for an unknown/slow netdev)
-    phys_state: int = 5     # LINK_UP
-    link_layer: int = 2     # IBV_LINK_LAYER_ETHERNET
-    flags: int = 0
-    port_cap_flags2: int = 0
-
-
-@dataclass(slots=True)
-class AsyncEvent:
-    """An asynchronous event (``struct ibv_async_event``): ``element`` is the QP, CQ or
-    SRQ it is about (None for device events)."""
-
-    event_type: int
-    element: object = None
-    extra: dict[str, object] = field(default_factory=dict)
-
-
-# ---- the device registry -------------------------------------------------------------------
-def _netdev_snapshot(netdev: str) -> _netdev.NetDev | None:
-    try:
-        return _netdev.get(netdev)
-    except Exception:  # noqa: BLE001 - a vanished interface: the device is listed without IPs
-        return None
-
-
-def _netdev_of_ips(ips: tuple[bytes, ...]) -> _netdev.NetDev | None:
-    """The interface that holds one of ``ips`` (for a Context built on an explicit link)."""
-    try:
-        names = _netdev.list_names()
-    except Exception:  # noqa: BLE001 - no /sys: unknown netdev
-        return None
-    for n in names:
-        nd = _netdev_snapshot(n)
-        if nd is not None and any(ip in nd.ips for ip in ips):
-            return nd
-    if any((len(ip) == 4 and ip[0] == 127) or ip == bytes(15) + b"\x01" for ip in ips):
-        return _netdev_snapshot("lo")  # all of 127.0.0.0/8 is on the loopback interface
-    return None
-
-
-def registered_devices() -> list[DeviceInfo]:
-    """The registered softrdma devices (``softrdma link add``), registry order; without
-    the built-in iWARP loopback device (see :func:`get_device_list`)."""
-    out = []
-    for rec in registry.list_devices():
-        nd = _netdev_snapshot(rec.netdev)
-        out.append(DeviceInfo(
-            name=rec.name,
-            netdev=rec.netdev,
-            type=rec.type,
-            node_guid=_guid_from_mac(nd.mac if nd is not None else b""),
-            udp_port=rec.udp_port,
-            ips=tuple(nd.ips) if nd is not None else (),
-            record=rec,
-        ))
-    return out
-
-
-IWARP_LOOPBACK = "softrdma_iw_lo"  # the built-in iWARP device on the loopback interface
-_LOOPBACK_IPS = (bytes([127, 0, 0, 1]), bytes(15) + b"\x01")
-
-
-def get_device_list() -> list[DeviceInfo]:
-    """Every device a program can open (``ibv_get_device_list``): the registry's, then
-    the built-in iWARP loopback device :data:`IWARP_LOOPBACK` (unless a registered device
-    has its name), as ``softrdma link``, ``devinfo`` and ``devices`` list them; each opens
-    with :class:`Context`."""
-    out = registered_devices()
-    if all(d.name != IWARP_LOOPBACK for d in out):
-        nd = _netdev_snapshot("lo")
-        out.append(DeviceInfo(name=IWARP_LOOPBACK, netdev="lo", type="iwarp",
-                              node_guid=_guid_from_mac(nd.mac if nd is not None else b""),
-                              udp_port=0, ips=_LOOPBACK_IPS))
-    return out
-
-
-all_devices = get_device_list  # the name the tools used before get_device_list listed everything
-
-
-def _transport_of(name: str | None, transport: str | None, fabric: Link | None,
-                  link: Link | None) -> str:
-    """"iwarp" or "roce": the ``transport`` argument, else the registry device's type."""
-    if transport is not None:
-        if transport not in ("roce", "iwarp"):
-            raise InvalidArgument("transport", f"must be 'roce' or 'iwarp', got {transport!r}")
-        if transport == "iwarp" and (fabric is not None or link is not None):
-            raise InvalidArgument("transport", "an iWARP device runs over TCP: no fabric or link")
-        return transport
-    if fabric is not None or link is not None:
-        return "roce"
-    if name == IWARP_LOOPBACK:
-        return "iwarp"
-    devices = registered_devices()
-    found = [d for d in devices if d.name == name] if name is not None else devices[:1]
-    return "iwarp" if found and found[0].type == "iwarp" else "roce"
-
-
-def _shared_default() -> bool:
-    return os.environ.get("SOFTRDMA_SHARED", "1").strip().lower() not in ("0", "no", "false", "off")
-
-
-def _open_registry_device(name: str | None, shared: bool | None) -> tuple[DeviceInfo, Link]:
-    """Resolve ``name`` in the registry and open its link (devd client or own UDP socket)."""
-    devices = registered_devices()
-    if name is None:
-        if not devices:
-            raise DeviceError("no softrdma device (add one with `softrdma link add NAME netdev IFACE`)")
-        info = devices[0]
-    else:
-        found = [d for d in devices if d.name == name]
-        if not found:
-            raise DeviceError(f"no softrdma device named {name!r}")
-        info = found[0]
-    if info.type != "roce":
-        raise DeviceError(f"device {info.name!r} is {info.type}; verbs.Context drives RoCE devices")
-    if shared is None:
-        shared = _shared_default()
-    rec = info.record  # registry devices always have one
-    if shared and rec is not None:
-        return info, DevdLink(rec)
-    if rec is not None and rec.roce_v1:
-        # Annex A16: RoCEv1 on the netdev itself (raw Ethernet, EtherType 0x8915)
-        raw = RawEtherLink(rec.netdev, vlan=rec.vlan)
-        if not rec.roce_v2:
-            return info, raw
-        try:
-            return info, DualLink(_open_udp(info), raw)
-        except BaseException:
-            raw.close()
-            raise
-    return info, _open_udp(info)
-
-
-def _open_udp(info: DeviceInfo) -> Link:
-    """The in-process RoCEv2 link of a registry device: a socket on each of its netdev's
-    addresses, so that its GID table is the one the device has through devd (every
-    address, Annex A17; ``::1`` beside ``127.0.0.1`` on
-    ``lo``). The first IPv4 address (else the first IPv6 one) must bind; another that
-    cannot (its port taken there) is left out of the table."""
-    if not info.ips:
-        raise DeviceError(f"device {info.name!r}: netdev {info.netdev!r} has no IP address")
-    v4 = [ip for ip in info.ips if len(ip) == 4]
-    first = v4[0] if v4 else info.ips[0]
-    links = [UdpLink(_bind_target(first, info.netdev), port=info.udp_port)]
-    try:
-        for ip in info.ips:
-            if ip == first:
-                continue
-            try:
-                links.append(UdpLink(_bind_target(ip, info.netdev), port=info.udp_port))
-            except (OSError, SoftRdmaError):
-                continue
-    except BaseException:
-        for link in links:
-            link.close()
-        raise
-    return links[0] if len(links) == 1 else MultiUdpLink(links)
-
-
-def _bind_target(ip: bytes, netdev: str | None) -> str | bytes:
-    """An address as UdpLink binds it (an IPv6 link-local one with its ``%netdev`` scope)."""
-    if _is_link_local(ip) and netdev:
-        return f"{ipaddress.IPv6Address(ip)}%{netdev}"
-    return ip
 
 
 #: what an imported context copies from the context that opened the device
@@ -475,7 +119,7 @@ class Context(VerbsObject):
             raise InvalidArgument("progress", f"must be 'thread' or 'manual', got {progress!r}")
         if fabric is not None and link is not None:
             raise InvalidArgument("fabric", "give either fabric or link, not both")
-        self.transport = _transport_of(name, transport, fabric, link)
+        self.transport = transport_of(name, transport, fabric, link)
         if self.transport == "iwarp":
             self._open_iwarp(name, progress, clock, pcap)
             self.progress_mode = progress
@@ -491,14 +135,14 @@ class Context(VerbsObject):
             dev_name = name or str(getattr(fabric, "name", None) or "softrdma_fabric")
         elif link is not None:
             dev_name = name or str(getattr(link, "name", None) or "softrdma0")
-            nd = _netdev_of_ips(tuple(link.local_ips))
+            nd = netdev_of_ips(tuple(link.local_ips))
             if nd is not None:
                 netdev, mtu, mac = nd.name, nd.mtu, nd.mac
         else:
-            info, link = _open_registry_device(name, shared)
+            info, link = open_registry_device(name, shared)
             dev_name = info.name
             netdev = info.netdev
-            nd = _netdev_snapshot(info.netdev) if info.netdev else None
+            nd = netdev_snapshot(info.netdev) if info.netdev else None
             mtu = nd.mtu if nd is not None else None
             mac = nd.mac if nd is not None else b""
             udp_port = info.udp_port
@@ -527,7 +171,7 @@ class Context(VerbsObject):
             raise
         self.name = dev_name
         self.netdev = netdev
-        self.node_guid = _guid_from_mac(mac)
+        self.node_guid = guid_from_mac(mac)
         alloc = getattr(link, "alloc_qpn", None)
         free = getattr(link, "free_qpn", None)
         port = Port(gids, max_mtu=128 << self.active_mtu, qpn_alloc=alloc, qpn_free=free,
@@ -551,8 +195,8 @@ class Context(VerbsObject):
         crc_setting = False  # the registry record's mpa_crc (the built-in device: off)
         if name is None or name == IWARP_LOOPBACK:
             dev_name = IWARP_LOOPBACK
-            ips: tuple[bytes, ...] = _LOOPBACK_IPS
-            nd = _netdev_snapshot("lo")
+            ips: tuple[bytes, ...] = LOOPBACK_IPS
+            nd = netdev_snapshot("lo")
         else:
             found = [d for d in registered_devices() if d.name == name]
             if not found:
@@ -561,7 +205,7 @@ class Context(VerbsObject):
             if info.type != "iwarp":
                 raise DeviceError(f"device {name!r} is {info.type}, not iwarp")
             dev_name, netdev, ips = info.name, info.netdev, info.ips
-            nd = _netdev_snapshot(info.netdev) if info.netdev else None
+            nd = netdev_snapshot(info.netdev) if info.netdev else None
             crc_setting = info.record is not None and info.record.mpa_crc
         #: ask for the MPA CRC on every connection (siw mpa_crc_required; RFC 5044 §7.1)
         self.mpa_crc = device_mpa_crc(crc_setting, os.environ.get(MPA_CRC_ENV))
@@ -574,7 +218,7 @@ class Context(VerbsObject):
         self.active_mtu = mtu_enum_for_netdev_mtu(mtu)
         self.name = dev_name
         self.netdev = netdev
-        self.node_guid = _guid_from_mac(mac)
+        self.node_guid = guid_from_mac(mac)
         dev = IwarpDevice(gids, max_mtu=128 << self.active_mtu)
         self.port = dev
         rt = TcpRuntime(dev, mode=progress, clock=clock)

@@ -32,140 +32,29 @@ from ..drivers.progress import DeviceRuntime
 from ..errors import InvalidArgument, NotSupported
 from ..ib.qp import AddressVector
 from ..ib.xrc import XrcIniQP, XrcTgtQP
-from ..seam.protocols import ModifyAttrs, QPEngine
+from ..seam.protocols import QPEngine
 from ..seam.queues import QPInit
-from ..seam.states import INIT, QPT_RC, QPT_UC, QPT_UD, RESET, RTR, RTS, SQD, SQE, state_name
+from ..seam.states import INIT, QPT_RC, QPT_UC, QPT_UD, RESET, RTR, RTS
 from ..wire.gid import is_v4_mapped
 from . import qp_rules
 from ._args import U24, U32, u32, uint
 from ._object import VerbsObject
-from .ah import AHAttr, GlobalRoute, address_vector
+from .ah import AHAttr, GlobalRoute
 from .cq import CQ
-from .device import GID, MAX_INLINE_DATA, MAX_QP_RD_ATOM, MAX_QP_WR, MAX_SGE, Context
-from .mr import ACCESS_SUPPORTED
+from .device import GID, MAX_INLINE_DATA, MAX_QP_WR, MAX_SGE, Context
 from .mw import MW, MW_TYPE_1, MWBindInfo, bind_wqe, inc_rkey
 from .pd import PD
+from .qp_attr import M, QPAttr, QPCap, QPInitAttr, check_attrs, explain_refusal, state_text
 from .srq import SRQ
 from .wr import RecvWR, SendWR, build_recv_wqe, build_send_wqe, chain
 from .xrcd import XRCD
 
 __all__ = ["QPCap", "QPInitAttr", "QPAttr", "QP"]
 
-M = e.ibv_qp_attr_mask
 RC, UC, UD = QPT_RC, QPT_UC, QPT_UD
 XRC_SEND, XRC_RECV = int(e.IBV_QPT_XRC_SEND), int(e.IBV_QPT_XRC_RECV)
 _QP_TYPES = frozenset({RC, UC, UD, XRC_SEND})
 KBIT = 1000.0  # ibv_modify_qp_rate_limit's rate is in kbit/s
-_QP_ACCESS = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
-                 | e.IBV_ACCESS_REMOTE_ATOMIC)
-
-
-class QPCap:
-    """``struct ibv_qp_cap``."""
-
-    __slots__ = ("max_send_wr", "max_recv_wr", "max_send_sge", "max_recv_sge", "max_inline_data")
-
-    def __init__(self, max_send_wr: int = 1, max_recv_wr: int = 10, max_send_sge: int = 1,
-                 max_recv_sge: int = 1, max_inline_data: int = 0) -> None:
-        self.max_send_wr = max_send_wr
-        self.max_recv_wr = max_recv_wr
-        self.max_send_sge = max_send_sge
-        self.max_recv_sge = max_recv_sge
-        self.max_inline_data = max_inline_data
-
-    def __repr__(self) -> str:
-        return (f"QPCap(max_send_wr={self.max_send_wr}, max_recv_wr={self.max_recv_wr}, "
-                f"max_send_sge={self.max_send_sge}, max_recv_sge={self.max_recv_sge}, "
-                f"max_inline_data={self.max_inline_data})")
-
-
-class QPInitAttr:
-    """``struct ibv_qp_init_attr`` (pyverbs names ``scq``/``rcq``)."""
-
-    __slots__ = ("qp_type", "qp_context", "scq", "rcq", "srq", "cap", "sq_sig_all")
-
-    def __init__(self, qp_type: int = UD, qp_context: object = None, scq: CQ | None = None,
-                 rcq: CQ | None = None, srq: SRQ | None = None, cap: QPCap | None = None,
-                 sq_sig_all: int = 0) -> None:
-        self.qp_type = qp_type
-        self.qp_context = qp_context
-        self.scq = scq
-        self.rcq = rcq
-        self.srq = srq
-        self.cap = cap if cap is not None else QPCap()
-        self.sq_sig_all = sq_sig_all
-
-    @property
-    def send_cq(self) -> CQ | None:
-        return self.scq
-
-    @property
-    def recv_cq(self) -> CQ | None:
-        return self.rcq
-
-
-_QPATTR_FIELDS = (
-    "qp_state", "cur_qp_state", "path_mtu", "path_mig_state", "qkey", "rq_psn", "sq_psn",
-    "dest_qp_num", "qp_access_flags", "cap", "ah_attr", "alt_ah_attr", "pkey_index",
-    "alt_pkey_index", "en_sqd_async_notify", "sq_draining", "max_rd_atomic",
-    "max_dest_rd_atomic", "min_rnr_timer", "port_num", "timeout", "retry_cnt", "rnr_retry",
-    "alt_port_num", "alt_timeout", "rate_limit",
-)
-
-
-class QPAttr:
-    """``struct ibv_qp_attr``: every field by name, pyverbs defaults (INIT from RESET,
-    port 1, path MTU 1024), the rest 0."""
-
-    __slots__ = _QPATTR_FIELDS
-
-    def __init__(self, qp_state: int = int(e.IBV_QPS_INIT),
-                 cur_qp_state: int = int(e.IBV_QPS_RESET), port_num: int = 1,
-                 path_mtu: int = int(e.IBV_MTU_1024), **fields: Any) -> None:
-        self.qp_state = qp_state
-        self.cur_qp_state = cur_qp_state
-        self.path_mtu = path_mtu
-        self.path_mig_state = 0
-        self.qkey = 0
-        self.rq_psn = 0
-        self.sq_psn = 0
-        self.dest_qp_num = 0
-        self.qp_access_flags = 0
-        self.cap = QPCap(0, 0, 0, 0, 0)
-        self.ah_attr: AHAttr | None = None
-        self.alt_ah_attr: AHAttr | None = None
-        self.pkey_index = 0
-        self.alt_pkey_index = 0
-        self.en_sqd_async_notify = 0
-        self.sq_draining = 0
-        self.max_rd_atomic = 0
-        self.max_dest_rd_atomic = 0
-        self.min_rnr_timer = 0
-        self.port_num = port_num
-        self.timeout = 0
-        self.retry_cnt = 0
-        self.rnr_retry = 0
-        self.alt_port_num = 0
-        self.alt_timeout = 0
-        self.rate_limit = 0
-        for name, value in fields.items():
-            if name not in _QPATTR_FIELDS:
-                raise InvalidArgument(f"qp_attr.{name}", "no such QP attribute")
-            setattr(self, name, value)
-
-    def __repr__(self) -> str:
-        inner = ", ".join(f"{n}={getattr(self, n)!r}" for n in _QPATTR_FIELDS
-                          if getattr(self, n) not in (0, None))
-        return f"QPAttr({inner})"
-
-
-def _mask_names(mask: int) -> str:
-    names = [m.name for m in M if m.value & mask and m.name is not None]
-    return "|".join(n.replace("IBV_QP_", "") for n in names) or "0"
-
-
-def _state_name(state: int) -> str:
-    return state_name(state).replace("IBV_QPS_", "")
 
 
 class QP(VerbsObject):
@@ -370,92 +259,20 @@ class QP(VerbsObject):
             cur = int(engine.state)
             if attr_mask & M.IBV_QP_CUR_STATE and attr.cur_qp_state != cur:
                 raise InvalidArgument("qp_attr.cur_qp_state",
-                                      f"{_state_name(attr.cur_qp_state)} but the QP is in "
-                                      f"{_state_name(cur)}")
+                                      f"{state_text(attr.cur_qp_state)} but the QP is in "
+                                      f"{state_text(cur)}")
             new = attr.qp_state if attr_mask & M.IBV_QP_STATE else cur
             if not isinstance(new, int) or not 0 <= new <= int(e.IBV_QPS_ERR):
                 raise InvalidArgument("qp_attr.qp_state", f"not a QP state: {new!r}")
             if not qp_rules.modify_is_ok(cur, new, self.qp_type, attr_mask):
-                raise InvalidArgument("attr_mask", self._explain(cur, new, attr_mask))
-            attrs = self._check_attrs(attr, attr_mask)
+                raise InvalidArgument("attr_mask", explain_refusal(self.qp_type, cur, new, attr_mask))
+            attrs = check_attrs(self.ctx, self._port.pkeys, attr, attr_mask)
             attrs["qp_state"] = new
             if attr_mask & M.IBV_QP_CUR_STATE:
                 attrs["cur_qp_state"] = cur
             engine.modify(attrs, now)
 
         self._runtime.call_now(_apply)
-
-    def _explain(self, cur: int, new: int, mask: int) -> str:
-        t = e.ibv_qp_type(self.qp_type).name.replace("IBV_QPT_", "")
-        tr = f"{_state_name(cur)}->{_state_name(new)}"
-        if mask & M.IBV_QP_CUR_STATE and cur not in (RTR, RTS, SQD,
-                                                       SQE):
-            return f"IBV_QP_CUR_STATE is not allowed from {_state_name(cur)}"
-        if qp_rules.rule_for(cur, new) is None:
-            return f"illegal transition {tr}"
-        req = qp_rules.required_mask(cur, new, self.qp_type)
-        opt = qp_rules.optional_mask(cur, new, self.qp_type)
-        missing = req & ~mask
-        if missing:
-            return f"{t} {tr} requires {_mask_names(missing)}"
-        extra = mask & ~(req | opt | int(M.IBV_QP_STATE))
-        return f"{t} {tr} does not allow {_mask_names(extra)}"
-
-    def _check_attrs(self, a: QPAttr, mask: int) -> ModifyAttrs:
-        out: ModifyAttrs = {}
-        if mask & M.IBV_QP_PORT:
-            if a.port_num != 1:
-                raise InvalidArgument("qp_attr.port_num", f"must be 1, got {a.port_num!r}")
-            out["port_num"] = 1
-        if mask & M.IBV_QP_PKEY_INDEX:
-            n = len(self._port.pkeys)
-            out["pkey_index"] = uint(a.pkey_index, n - 1, "qp_attr.pkey_index")
-        if mask & M.IBV_QP_QKEY:
-            out["qkey"] = uint(a.qkey, U32, "qp_attr.qkey")
-        if mask & M.IBV_QP_AV:
-            if a.ah_attr is None:
-                raise InvalidArgument("qp_attr.ah_attr", "IBV_QP_AV given without ah_attr")
-            out["ah"] = address_vector(self.ctx, a.ah_attr, "qp_attr.ah_attr")
-        if mask & M.IBV_QP_ALT_PATH:
-            raise InvalidArgument("qp_attr.alt_ah_attr", "RoCE has no alternate path (APM is IB only)")
-        if mask & M.IBV_QP_PATH_MTU:
-            mtu = a.path_mtu
-            if mtu not in (1, 2, 3, 4, 5):
-                raise InvalidArgument("qp_attr.path_mtu", f"not an ibv_mtu value: {mtu!r}")
-            active = self.ctx.active_mtu
-            if mtu > active:
-                raise InvalidArgument("qp_attr.path_mtu", f"{128 << mtu} is above the port's "
-                                      f"active MTU {128 << active}")
-            out["path_mtu"] = mtu
-        if mask & M.IBV_QP_TIMEOUT:
-            out["timeout"] = uint(a.timeout, 31, "qp_attr.timeout")
-        if mask & M.IBV_QP_RETRY_CNT:
-            out["retry_cnt"] = uint(a.retry_cnt, 7, "qp_attr.retry_cnt")
-        if mask & M.IBV_QP_RNR_RETRY:
-            out["rnr_retry"] = uint(a.rnr_retry, 7, "qp_attr.rnr_retry")
-        if mask & M.IBV_QP_MIN_RNR_TIMER:
-            out["min_rnr_timer"] = uint(a.min_rnr_timer, 31, "qp_attr.min_rnr_timer")
-        if mask & M.IBV_QP_MAX_QP_RD_ATOMIC:
-            out["max_rd_atomic"] = uint(a.max_rd_atomic, MAX_QP_RD_ATOM, "qp_attr.max_rd_atomic")
-        if mask & M.IBV_QP_MAX_DEST_RD_ATOMIC:
-            out["max_dest_rd_atomic"] = uint(a.max_dest_rd_atomic, MAX_QP_RD_ATOM,
-                                              "qp_attr.max_dest_rd_atomic")
-        if mask & M.IBV_QP_RQ_PSN:
-            out["rq_psn"] = uint(a.rq_psn, U32, "qp_attr.rq_psn") & 0xFFFFFF
-        if mask & M.IBV_QP_SQ_PSN:
-            out["sq_psn"] = uint(a.sq_psn, U32, "qp_attr.sq_psn") & 0xFFFFFF
-        if mask & M.IBV_QP_DEST_QPN:
-            out["dest_qp_num"] = uint(a.dest_qp_num, U24, "qp_attr.dest_qp_num")
-        if mask & M.IBV_QP_ACCESS_FLAGS:
-            acc = a.qp_access_flags
-            if not isinstance(acc, int) or acc < 0 or acc & ~ACCESS_SUPPORTED:
-                raise InvalidArgument("qp_attr.qp_access_flags", f"unknown access flags {acc!r}")
-            out["access_flags"] = acc & _QP_ACCESS
-        if mask & M.IBV_QP_EN_SQD_ASYNC_NOTIFY:
-            out["en_sqd_async_notify"] = bool(a.en_sqd_async_notify)
-        if mask & M.IBV_QP_PATH_MIG_STATE:
-            uint(a.path_mig_state, int(e.IBV_MIG_ARMED), "qp_attr.path_mig_state")
-        return out
 
     def _step(self, attr: QPAttr, cur: int, nxt: int) -> None:
         """``cur`` -> ``nxt`` with the attributes the QP type requires there."""
@@ -658,7 +475,7 @@ class QP(VerbsObject):
 
     def __repr__(self) -> str:
         t = e.ibv_qp_type(self.qp_type).name.replace("IBV_QPT_", "")
-        return f"<QP {t} qpn={self.engine.qpn:#x} state={_state_name(self.engine.state)}>"
+        return f"<QP {t} qpn={self.engine.qpn:#x} state={state_text(self.engine.state)}>"
 
 
 def _check_transport_wrs(wr: SendWR | list[SendWR], opcodes: frozenset[int],

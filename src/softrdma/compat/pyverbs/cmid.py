@@ -41,6 +41,7 @@ from softrdma.wire.ipcm import RDMA_UDP_QKEY
 
 from . import cm_enums as ce
 from . import libibverbs_enums as e
+from ._qp_attrs import ah_attr_from_verbs, qp_attr_from_verbs
 from .addr import AHAttr
 from .base import PyverbsCM, PyverbsObject, rdma_error
 from .cq import CQ, WC
@@ -48,7 +49,7 @@ from .device import Context
 from .mr import MR
 from .pd import PD
 from .pyverbs_error import PyverbsRDMAError, PyverbsUserError
-from .qp import QP, QPAttr, QPInitAttr, ah_attr_from_verbs, qp_attr_from_verbs
+from .qp import QP, QPAttr, QPInitAttr
 from .wr import SGE, RecvWR, SendWR
 
 __all__ = ["AddrInfo", "ConnParam", "UDParam", "JoinMCAttrEx", "CMEventChannel", "CMEvent",

@@ -21,13 +21,46 @@ import socket
 import weakref
 from typing import Any
 
-from softrdma import enums as se
 from softrdma import verbs as _v
 from softrdma.compat import DEVICE_ENV
 from softrdma.errors import DeviceError, SoftRdmaError
 from softrdma.verbs._object import VerbsObject
 
 from . import libibverbs_enums as e
+from ._device_attrs import (
+    AllocDmAttr,
+    CQModerationCaps,
+    DeviceAttr,
+    DeviceAttrEx,
+    GIDEntry,
+    ODPCaps,
+    PacketPacingCaps,
+    PCIAtomicCaps,
+    PortAttr,
+    QueryDeviceExInput,
+    RSSCaps,
+    TMCaps,
+    TSOCaps,
+    device_attr,
+)
+from ._device_str import (
+    guid_format,
+    guid_to_hex,
+    phys_state_to_str,
+    port_state_to_str,
+    speed_to_str,
+    str_from_flags,
+    translate_device_caps,
+    translate_event_type,
+    translate_gid_type,
+    translate_link_layer,
+    translate_mtu,
+    translate_node_type,
+    translate_port_cap_flags,
+    translate_port_cap_flags2,
+    translate_transport_type,
+    width_to_str,
+)
 from ._imports import file_handle, import_context, resolve, unimport
 from .addr import GID
 from .base import PyverbsCM, PyverbsObject, rdma_error, translate
@@ -61,17 +94,6 @@ ODP_XRC_CAPS = ODP_RC_CAPS & ~int(_O.IBV_ODP_SUPPORT_RECV)
 GID_TABLE_LEN = _v.device.GID_TABLE_LEN
 _IB_GID_TYPE_ROCE_V1 = 1
 _IB_GID_TYPE_ROCE_V2 = 2  # enum ibv_gid_type (verbs.h): IB 0, RoCE v1 1, RoCE v2 2
-
-
-def guid_format(num: int) -> str:
-    """A GUID as pyverbs prints it: the 8 bytes in memory order, 4 groups of 4 hex digits."""
-    h = int.from_bytes(num.to_bytes(8, "big"), "little")
-    s = f"{h:016x}"
-    return ":".join(s[i:i + 4] for i in range(0, 16, 4))
-
-
-def guid_to_hex(node_guid: int) -> str:
-    return f"{node_guid:x}"
 
 
 class Device(PyverbsObject):
@@ -120,125 +142,6 @@ def rdma_get_devices() -> list[Device]:
     return get_device_list()
 
 
-# ---- attribute objects --------------------------------------------------------------------
-class _Attrs(PyverbsObject):
-    """A plain attribute holder (pyverbs' struct wrappers)."""
-
-    _fields: tuple[str, ...] = ()
-
-    def __init__(self, **values: Any) -> None:
-        super().__init__()
-        for f in self._fields:
-            setattr(self, f, values.pop(f, 0))
-        if values:
-            raise PyverbsUserError(f"{type(self).__name__}: unknown fields {sorted(values)}")
-
-    def __getattr__(self, name: str) -> Any:
-        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
-
-    def __str__(self) -> str:
-        return "".join(f"{f:28}: {getattr(self, f)}\n" for f in self._fields)
-
-
-class DeviceAttr(_Attrs):
-    """``struct ibv_device_attr``."""
-
-    _fields = (
-        "fw_version", "node_guid", "sys_image_guid", "max_mr_size", "page_size_cap",
-        "vendor_id", "vendor_part_id", "hw_ver", "max_qp", "max_qp_wr", "device_cap_flags",
-        "max_sge", "max_sge_rd", "max_cq", "max_cqe", "max_mr", "max_pd", "max_qp_rd_atom",
-        "max_ee_rd_atom", "max_res_rd_atom", "max_qp_init_rd_atom", "max_ee_init_rd_atom",
-        "atomic_caps", "max_ee", "max_rdd", "max_mw", "max_raw_ipv6_qps", "max_raw_ethy_qp",
-        "max_mcast_grp", "max_mcast_qp_attach", "max_total_mcast_qp_attach", "max_ah",
-        "max_fmr", "max_map_per_fmr", "max_srq", "max_srq_wr", "max_srq_sge", "max_pkeys",
-        "local_ca_ack_delay", "phys_port_cnt",
-    )
-
-
-class ODPCaps(_Attrs):
-    """``struct ibv_odp_caps``."""
-
-    _fields = ("general_caps", "rc_odp_caps", "uc_odp_caps", "ud_odp_caps", "xrc_odp_caps")
-
-
-class TSOCaps(_Attrs):
-    _fields = ("max_tso", "supported_qpts")
-
-
-class RSSCaps(_Attrs):
-    _fields = ("supported_qpts", "max_rwq_indirection_tables",
-               "max_rwq_indirection_table_size", "rx_hash_function", "rx_hash_fields_mask")
-
-
-class TMCaps(_Attrs):
-    _fields = ("max_rndv_hdr_size", "max_num_tags", "flags", "max_ops", "max_sge")
-
-
-class CQModerationCaps(_Attrs):
-    _fields = ("max_cq_count", "max_cq_period")
-
-
-class PCIAtomicCaps(_Attrs):
-    _fields = ("fetch_add", "swap", "compare_swap")
-
-
-class PacketPacingCaps(_Attrs):
-    _fields = ("qp_rate_limit_min", "qp_rate_limit_max", "supported_qpts")
-
-
-class DeviceAttrEx(_Attrs):
-    """``struct ibv_device_attr_ex``."""
-
-    _fields = (
-        "orig_attr", "comp_mask", "odp_caps", "completion_timestamp_mask", "hca_core_clock",
-        "device_cap_flags_ex", "tso_caps", "rss_caps", "max_wq_type_rq", "packet_pacing_caps",
-        "raw_packet_caps", "tm_caps", "cq_mod_caps", "max_dm_size", "pci_atomic_caps",
-        "phys_port_cnt_ex",
-    )
-
-
-class QueryDeviceExInput(PyverbsObject):
-    """``struct ibv_query_device_ex_input`` (comp_mask only)."""
-
-    def __init__(self, comp_mask: int = 0) -> None:
-        super().__init__()
-        self.comp_mask = comp_mask
-
-
-class PortAttr(_Attrs):
-    """``struct ibv_port_attr``."""
-
-    _fields = (
-        "state", "max_mtu", "active_mtu", "gid_tbl_len", "port_cap_flags", "max_msg_sz",
-        "bad_pkey_cntr", "qkey_viol_cntr", "pkey_tbl_len", "lid", "sm_lid", "lmc",
-        "max_vl_num", "sm_sl", "subnet_timeout", "init_type_reply", "active_width",
-        "active_speed", "phys_state", "link_layer", "flags", "port_cap_flags2",
-    )
-
-
-class GIDEntry(PyverbsObject):
-    """``struct ibv_gid_entry`` (``ibv_query_gid_ex`` / ``ibv_query_gid_table``)."""
-
-    def __init__(self, raw: bytes, gid_index: int, port_num: int, gid_type: int,
-                 ndev_ifindex: int) -> None:
-        super().__init__()
-        self.gid_subnet_prefix = int.from_bytes(raw[:8], "little")
-        self.gid_interface_id = int.from_bytes(raw[8:], "little")
-        self.gid_index = gid_index
-        self.port_num = port_num
-        self.gid_type = gid_type
-        self.ndev_ifindex = ndev_ifindex
-        self._raw = raw
-
-    def gid_str(self) -> str:
-        h = self._raw.hex()
-        return ":".join(h[i:i + 4] for i in range(0, 32, 4))
-
-    def __str__(self) -> str:
-        return (f"GID {self.gid_str()}, index {self.gid_index}, port {self.port_num}, "
-                f"type {translate_gid_type(self.gid_type)}, ifindex {self.ndev_ifindex}")
-
-
 class AsyncEvent(PyverbsObject):
     """An asynchronous event (``struct ibv_async_event``); :meth:`ack` acknowledges it."""
 
@@ -251,16 +154,6 @@ class AsyncEvent(PyverbsObject):
 
     def ack(self) -> None:
         self._ctx.ack_async_event(self._event)
-
-
-class AllocDmAttr(PyverbsObject):
-    """``struct ibv_alloc_dm_attr``."""
-
-    def __init__(self, length: int = 0, log_align_req: int = 0, comp_mask: int = 0) -> None:
-        super().__init__()
-        self.length = length
-        self.log_align_req = log_align_req
-        self.comp_mask = comp_mask
 
 
 #: Device memory a softrdma device offers per context (``max_dm_size``; mlx5's MEMIC size).
@@ -401,7 +294,7 @@ class Context(_v.Context, PyverbsObject):
         """``ibv_query_device``."""
         with translate("Failed to query device"):
             a = super().query_device()
-        return _device_attr(a)
+        return device_attr(a)
 
     def query_device_ex(self, ex_input: QueryDeviceExInput | None = None) -> DeviceAttrEx:
         """``ibv_query_device_ex``. On-demand paging is supported, implicit ODP
@@ -504,109 +397,3 @@ class Context(_v.Context, PyverbsObject):
     def close(self) -> None:
         """Close the context and every object created on it (``ibv_close_device``)."""
         super().close()
-
-
-#: Capabilities the compatibility layer adds to the verbs layer's: memory windows of type
-#: 1 and 2B (:mod:`softrdma.ib.mw`), as rxe reports them.
-EXTRA_DEVICE_CAPS = int(e.IBV_DEVICE_MEM_WINDOW | e.IBV_DEVICE_MEM_WINDOW_TYPE_2B)
-MAX_MW = 0x1000  # rxe_param.h RXE_MAX_MW
-
-
-def _device_attr(a: _v.DeviceAttr) -> DeviceAttr:
-    caps = a.device_cap_flags | EXTRA_DEVICE_CAPS
-    return DeviceAttr(
-        fw_version=a.fw_ver, node_guid=a.node_guid, sys_image_guid=a.sys_image_guid,
-        max_mr_size=a.max_mr_size, page_size_cap=a.page_size_cap, vendor_id=a.vendor_id,
-        vendor_part_id=a.vendor_part_id, hw_ver=a.hw_ver, max_qp=a.max_qp,
-        max_qp_wr=a.max_qp_wr, device_cap_flags=caps, max_sge=a.max_sge,
-        max_sge_rd=a.max_sge_rd, max_cq=a.max_cq, max_cqe=a.max_cqe, max_mr=a.max_mr,
-        max_pd=a.max_pd, max_qp_rd_atom=a.max_qp_rd_atom, max_ee_rd_atom=a.max_ee_rd_atom,
-        max_res_rd_atom=a.max_res_rd_atom, max_qp_init_rd_atom=a.max_qp_init_rd_atom,
-        max_ee_init_rd_atom=a.max_ee_init_rd_atom, atomic_caps=a.atomic_caps, max_ee=a.max_ee,
-        max_rdd=a.max_rdd, max_mw=max(a.max_mw, MAX_MW), max_raw_ipv6_qps=a.max_raw_ipv6_qp,
-        max_raw_ethy_qp=a.max_raw_ethy_qp, max_mcast_grp=a.max_mcast_grp,
-        max_mcast_qp_attach=a.max_mcast_qp_attach,
-        max_total_mcast_qp_attach=a.max_total_mcast_qp_attach, max_ah=a.max_ah,
-        max_fmr=a.max_fmr, max_map_per_fmr=a.max_map_per_fmr, max_srq=a.max_srq,
-        max_srq_wr=a.max_srq_wr, max_srq_sge=a.max_srq_sge, max_pkeys=a.max_pkeys,
-        local_ca_ack_delay=a.local_ca_ack_delay, phys_port_cnt=a.phys_port_cnt)
-
-
-# ---- string helpers (pyverbs's exact texts) ---------------------------------------------------
-def translate_mtu(mtu: int) -> str:
-    sizes = {1: 256, 2: 512, 3: 1024, 4: 2048, 5: 4096}
-    return f"{sizes[mtu]} ({mtu})" if mtu in sizes else f"Invalid MTU ({mtu})"
-
-
-def translate_link_layer(ll: int) -> str:
-    names = {0: "Unspecified", 1: "InfiniBand", 2: "Ethernet"}
-    return names.get(ll, f"Invalid link layer ({ll})")
-
-
-def translate_node_type(node_type: int) -> str:
-    names = {-1: "Unknown", 1: "CA", 2: "Switch", 3: "Router", 4: "RNIC", 5: "usNIC",
-             6: "usNIC UDP", 7: "Unspecified"}
-    return names.get(node_type, f"Invalid node type ({node_type})")
-
-
-def translate_transport_type(transport: int) -> str:
-    names = {-1: "Unknown", 0: "IB", 1: "IWARP", 2: "usNIC", 3: "usNIC UDP", 4: "Unspecified"}
-    return names.get(transport, f"Invalid transport type ({transport})")
-
-
-def translate_gid_type(gid_type: int) -> str:
-    names = {0: "IB", 1: "RoCEv1", 2: "RoCEv2"}
-    return names.get(gid_type, f"Invalid GID type ({gid_type})")
-
-
-def translate_event_type(event_type: int) -> str:
-    try:
-        return se.ibv_event_type(event_type).name
-    except ValueError:
-        return f"Unknown event ({event_type})"
-
-
-def port_state_to_str(state: int) -> str:
-    names = {0: "NOP", 1: "Down", 2: "Init", 3: "Armed", 4: "Active", 5: "Active deferred"}
-    return f"{names[state]} ({state})" if state in names else f"Invalid state ({state})"
-
-
-def phys_state_to_str(phys: int) -> str:
-    names = {1: "Sleep", 2: "Polling", 3: "Disabled", 4: "Port configuration training",
-             5: "Link up", 6: "Link error recovery", 7: "Phy test"}
-    return f"{names[phys]} ({phys})" if phys in names else "Invalid physical state"
-
-
-def width_to_str(width: int) -> str:
-    names = {1: "1X", 2: "4X", 4: "8X", 8: "12X", 16: "2X"}
-    return f"{names[width]} ({width})" if width in names else "Invalid width"
-
-
-def speed_to_str(speed: int) -> str:
-    names = {0: "0.0 Gbps", 1: "2.5 Gbps", 2: "5.0 Gbps", 4: "5.0 Gbps", 8: "10.0 Gbps",
-             16: "14.0 Gbps", 32: "25.0 Gbps", 64: "50.0 Gbps", 128: "100.0 Gbps"}
-    return f"{names[speed]} ({speed})" if speed in names else "Invalid speed"
-
-
-def str_from_flags(flags: int, dictionary: dict[int, str]) -> str:
-    out = "\n  "
-    for bit, name in dictionary.items():
-        if flags & bit:
-            out += name + "\n  "
-    return out
-
-
-def _flag_names(enum_cls: Any) -> dict[int, str]:
-    return {int(m): str(m.name) for m in enum_cls}
-
-
-def translate_device_caps(flags: int) -> str:
-    return str_from_flags(flags, _flag_names(e.ibv_device_cap_flags))
-
-
-def translate_port_cap_flags(flags: int) -> str:
-    return str_from_flags(flags, _flag_names(e.ibv_port_cap_flags))
-
-
-def translate_port_cap_flags2(flags: int) -> str:
-    return str_from_flags(flags, _flag_names(e.ibv_port_cap_flags2))

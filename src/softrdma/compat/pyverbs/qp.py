@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+from collections.abc import Callable
 from typing import Any
 
 from softrdma import verbs as _v
@@ -27,14 +28,22 @@ from softrdma.seam.types import SendWQE
 from softrdma.verbs.wr import build_send_wqe
 
 from . import libibverbs_enums as e
-from .addr import AH, AHAttr, GlobalRoute
-from .base import Forward, PyverbsCM, PyverbsObject, inc_rkey, rdma_error
-from .cq import CQ
+from ._qp_attrs import (
+    ECE,
+    DataBuffer,
+    QPAttr,
+    QPCap,
+    QPInitAttr,
+    QPInitAttrEx,
+    qp_attr_from_verbs,
+)
+from .addr import AH
+from .base import PyverbsCM, inc_rkey, rdma_error
 from .device import Context
 from .mr import MW, bind_wqe
 from .pd import PD
 from .pyverbs_error import PyverbsError, PyverbsRDMAError, PyverbsUserError
-from .utils import flags_to_str, qp_state_to_str, qp_type_to_str
+from .utils import qp_state_to_str, qp_type_to_str
 from .wr import SGE, RecvWR, SendWR
 from .xrcd import XRCD
 
@@ -92,242 +101,14 @@ IA = e.ibv_qp_init_attr_mask
 _KNOWN_INIT_MASK = sum(int(m) for m in IA)
 
 
-class QPCap(_v.QPCap, PyverbsObject):
-    """``struct ibv_qp_cap``: softrdma's, with pyverbs's ``copy`` and text."""
-
-    def copy(self) -> QPCap:
-        return QPCap(self.max_send_wr, self.max_recv_wr, self.max_send_sge,
-                     self.max_recv_sge, self.max_inline_data)
-
-    def __str__(self) -> str:
-        return (f"max send wrs: {self.max_send_wr}, max recv wrs: {self.max_recv_wr}, "
-                f"max send sges: {self.max_send_sge}, max recv sges: {self.max_recv_sge}, "
-                f"max inline data: {self.max_inline_data}")
-
-
-class _CapView(PyverbsObject):
-    """Flat ``max_*`` accessors over a ``_cap`` (pyverbs init attributes)."""
-
-    _cap: QPCap
-
-    @property
-    def cap(self) -> QPCap:
-        return self._cap.copy()
-
-    @cap.setter
-    def cap(self, val: QPCap | None) -> None:
-        if val is not None:
-            self._cap = val.copy()
-
-    max_send_wr = Forward[int]("_cap")
-    max_recv_wr = Forward[int]("_cap")
-    max_send_sge = Forward[int]("_cap")
-    max_recv_sge = Forward[int]("_cap")
-    max_inline_data = Forward[int]("_cap")
-
-
-def _check_cq(cq: Any) -> Any:
-    if cq is not None and not isinstance(cq, CQ):
-        raise PyverbsUserError(f"Expected CQ/CQEX, got {type(cq)}")
-    return cq
-
-
-class QPInitAttr(_CapView):
-    """``struct ibv_qp_init_attr`` (``ibv_create_qp``)."""
-
-    def __init__(self, qp_type: int = UD, qp_context: Any = None, scq: Any = None,
-                 rcq: Any = None, srq: Any = None, cap: QPCap | None = None,
-                 sq_sig_all: int = 1) -> None:
-        self._cap = cap.copy() if cap is not None else QPCap(0, 0, 0, 0, 0)
-        self.qp_context = qp_context
-        self.scq = _check_cq(scq)
-        self.rcq = _check_cq(rcq)
-        self.srq = srq
-        self.qp_type = qp_type
-        self.sq_sig_all = sq_sig_all
-
-    @property
-    def send_cq(self) -> Any:
-        return self.scq
-
-    @send_cq.setter
-    def send_cq(self, val: Any) -> None:
-        self.scq = _check_cq(val)
-
-    @property
-    def recv_cq(self) -> Any:
-        return self.rcq
-
-    @recv_cq.setter
-    def recv_cq(self, val: Any) -> None:
-        self.rcq = _check_cq(val)
-
-
-class QPInitAttrEx(QPInitAttr):
-    """``struct ibv_qp_init_attr_ex`` (``ibv_create_qp_ex``)."""
-
-    def __init__(self, qp_type: int = UD, qp_context: Any = None, scq: Any = None,
-                 rcq: Any = None, srq: Any = None, cap: QPCap | None = None,
-                 sq_sig_all: int = 0, comp_mask: int = 0, pd: Any = None, xrcd: Any = None,
-                 create_flags: int = 0, max_tso_header: int = 0, source_qpn: int = 0,
-                 hash_conf: Any = None, ind_table: Any = None, send_ops_flags: int = 0) -> None:
-        super().__init__(qp_type, qp_context, scq, rcq, srq, cap, sq_sig_all)
-        self.comp_mask = comp_mask
-        self.pd = pd
-        self.xrcd = xrcd
-        self.create_flags = create_flags
-        self.max_tso_header = max_tso_header
-        self.source_qpn = source_qpn
-        self.hash_conf = hash_conf
-        self.ind_table = ind_table
-        self.send_ops_flags = send_ops_flags
-
-    def mask_to_str(self, mask: int) -> str:
-        return flags_to_str(mask, {1: "PD", 2: "XRCD", 4: "Create Flags", 8: "Max TSO header",
-                                   16: "Indirection Table", 32: "RX hash"})
-
-    def flags_to_str(self, flags: int) -> str:
-        return flags_to_str(flags, {1: "Block self mcast loopback", 2: "Scatter FCS",
-                                    4: "CVLAN stripping", 8: "Source QPN",
-                                    16: "PCI write end padding"})
-
-
-_QPATTR_INTS = (
-    "path_mig_state", "qkey", "rq_psn", "sq_psn", "dest_qp_num", "qp_access_flags",
-    "pkey_index", "alt_pkey_index", "en_sqd_async_notify", "sq_draining", "max_rd_atomic",
-    "max_dest_rd_atomic", "min_rnr_timer", "timeout", "retry_cnt", "rnr_retry",
-    "alt_port_num", "alt_timeout", "rate_limit",
-)
-
-
-def ah_attr_from_verbs(vah: Any) -> AHAttr:
-    """The pyverbs :class:`AHAttr` of a softrdma :class:`~softrdma.verbs.AHAttr`."""
-    g = vah.gr
-    gr = GlobalRoute(g.dgid.raw, g.flow_label, g.sgid_index, g.hop_limit,
-                     g.traffic_class) if g is not None else None
-    return AHAttr(vah.dlid, vah.sl, vah.src_path_bits, vah.static_rate, vah.is_global,
-                  vah.port_num, gr)
-
-
-def qp_attr_from_verbs(va: _v.QPAttr) -> QPAttr:
-    """The pyverbs :class:`QPAttr` of a softrdma :class:`~softrdma.verbs.QPAttr`."""
-    a = QPAttr(va.qp_state, va.cur_qp_state, va.port_num, va.path_mtu)
-    for f in _QPATTR_INTS:
-        setattr(a, f, int(getattr(va, f) or 0))
-    vc = va.cap
-    a.cap = QPCap(vc.max_send_wr, vc.max_recv_wr, vc.max_send_sge, vc.max_recv_sge,
-                  vc.max_inline_data)
-    if va.ah_attr is not None:
-        a.ah_attr = ah_attr_from_verbs(va.ah_attr)
-    return a
-
-
-class QPAttr(PyverbsObject):
-    """``struct ibv_qp_attr``; ``ah_attr``/``alt_ah_attr``/``cap`` are copied in and out
-    (C struct semantics)."""
-
-    # the integer fields (_QPATTR_INTS), set to 0 in __init__
-    path_mig_state: int
-    qkey: int
-    rq_psn: int
-    sq_psn: int
-    dest_qp_num: int
-    qp_access_flags: int
-    pkey_index: int
-    alt_pkey_index: int
-    en_sqd_async_notify: int
-    sq_draining: int
-    max_rd_atomic: int
-    max_dest_rd_atomic: int
-    min_rnr_timer: int
-    timeout: int
-    retry_cnt: int
-    rnr_retry: int
-    alt_port_num: int
-    alt_timeout: int
-    rate_limit: int
-
-    def __init__(self, qp_state: int = int(e.IBV_QPS_INIT),
-                 cur_qp_state: int = int(e.IBV_QPS_RESET), port_num: int = 1,
-                 path_mtu: int = int(e.IBV_MTU_1024)) -> None:
-        self.qp_state = qp_state
-        self.cur_qp_state = cur_qp_state
-        self.port_num = port_num
-        self.path_mtu = path_mtu
-        for f in _QPATTR_INTS:
-            setattr(self, f, 0)
-        self._cap = QPCap(0, 0, 0, 0, 0)
-        self._ah = AHAttr(port_num=0)
-        self._alt_ah = AHAttr(port_num=0)
-
-    @property
-    def cap(self) -> QPCap:
-        return self._cap.copy()
-
-    @cap.setter
-    def cap(self, val: QPCap) -> None:
-        self._cap = val.copy()
-
-    @staticmethod
-    def _copy_ah(a: AHAttr) -> AHAttr:
-        return AHAttr(a.dlid, a.sl, a.src_path_bits, a.static_rate, a.is_global, a.port_num,
-                      GlobalRoute(a.gr.dgid, a.gr.flow_label, a.gr.sgid_index,
-                                  a.gr.hop_limit, a.gr.traffic_class))
-
-    @property
-    def ah_attr(self) -> AHAttr:
-        return self._copy_ah(self._ah)
-
-    @ah_attr.setter
-    def ah_attr(self, val: AHAttr | None) -> None:
-        if val is not None:
-            self._ah = self._copy_ah(val)
-
-    @property
-    def alt_ah_attr(self) -> AHAttr:
-        return self._copy_ah(self._alt_ah)
-
-    @alt_ah_attr.setter
-    def alt_ah_attr(self, val: AHAttr | None) -> None:
-        if val is not None:
-            self._alt_ah = self._copy_ah(val)
-
-    def to_verbs(self, mask: int) -> _v.QPAttr:
-        """The softrdma :class:`~softrdma.verbs.QPAttr` with this content."""
-        v = _v.QPAttr(qp_state=self.qp_state, cur_qp_state=self.cur_qp_state,
-                      port_num=self.port_num, path_mtu=self.path_mtu)
-        for f in _QPATTR_INTS:
-            setattr(v, f, getattr(self, f))
-        c = self._cap
-        v.cap = _v.QPCap(c.max_send_wr, c.max_recv_wr, c.max_send_sge, c.max_recv_sge,
-                         c.max_inline_data)
-        if mask & M.IBV_QP_AV:
-            v.ah_attr = self._ah.to_verbs()
-        if mask & M.IBV_QP_ALT_PATH:
-            v.alt_ah_attr = self._alt_ah.to_verbs()
-        return v
-
-    def __str__(self) -> str:
-        fields = ("qp_state", "cur_qp_state", "path_mtu", *_QPATTR_INTS, "port_num")
-        return "".join(f"{f:22}: {getattr(self, f)}\n" for f in fields)
-
-
-class ECE(PyverbsCM):
-    """``struct ibv_ece`` (enhanced connection establishment)."""
-
-    def __init__(self, vendor_id: int = 0, options: int = 0, comp_mask: int = 0) -> None:
-        self.vendor_id = vendor_id
-        self.options = options
-        self.comp_mask = comp_mask
-
-
-class DataBuffer(PyverbsCM):
-    """``struct ibv_data_buf`` (``wr_set_inline_data_list``)."""
-
-    def __init__(self, addr: int, length: int) -> None:
-        self.addr = addr
-        self.length = length
-
+def _chain(wr: Any, convert: Callable[[Any], Any]) -> list[Any]:
+    """``convert`` of each WR of ``wr``'s ``next_wr`` chain, in order."""
+    out = []
+    w = wr
+    while w is not None:
+        out.append(convert(w))
+        w = w.next_wr
+    return out
 
 class QP(_v.QP, PyverbsCM):
     """A queue pair (``ibv_create_qp`` / ``ibv_create_qp_ex``)."""
@@ -465,13 +246,8 @@ class QP(_v.QP, PyverbsCM):
         """``ibv_post_recv`` (the ``next_wr`` chain)."""
         if not isinstance(wr, RecvWR):
             raise PyverbsUserError(f"Expected RecvWR, got {type(wr).__name__}")
-        wrs = []
-        w: RecvWR | None = wr
-        while w is not None:
-            wrs.append(w.to_verbs())
-            w = w.next_wr
         try:
-            super().post_recv(wrs)
+            super().post_recv(_chain(wr, lambda w: w.to_verbs()))
         except SoftRdmaError as exc:
             raise rdma_error("Failed to post recv", exc) from exc
 
@@ -479,12 +255,7 @@ class QP(_v.QP, PyverbsCM):
         """``ibv_post_send`` (the ``next_wr`` chain)."""
         if not isinstance(wr, SendWR):
             raise PyverbsUserError(f"Expected SendWR, got {type(wr).__name__}")
-        wrs = []
-        w: SendWR | None = wr
-        while w is not None:
-            wrs.append(self._verbs_wr(w))
-            w = w.next_wr
-        self._post(wrs, "Failed to post send")
+        self._post(_chain(wr, self._verbs_wr), "Failed to post send")
 
     def _verbs_wr(self, w: SendWR) -> Any:
         if w.opcode == e.IBV_WR_BIND_MW:

@@ -40,7 +40,7 @@ from ...wire.pcap import read_pcap
 from ...wire.tcpstream import parse_tcp
 from .ladder_iwarp import IwarpLadder
 from .ladder_model import KINDS, End, Ladder, Lane, PsnPoint, Row
-from .pcap_conv import GSI_QPN, MTUS, psn_delta
+from .pcap_flow import GSI_QPN, MTUS, psn_delta
 from .pcap_gso import split_gso
 from .pcap_oob import OobScanner
 

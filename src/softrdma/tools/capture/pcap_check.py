@@ -46,7 +46,8 @@ from ...wire.mad import CommonAttr, MadHeader, MgmtClass
 from ...wire.opcodes import Hdr
 from ...wire.pcap import PcapRecord, read_pcap
 from ...wire.tcpstream import parse_tcp
-from .pcap_conv import GSI_QPN, ConversationChecker
+from .pcap_conv import ConversationChecker
+from .pcap_flow import GSI_QPN
 from .pcap_gso import GsoBatch, split_gso
 from .pcap_oob import OobScanner
 

@@ -35,7 +35,7 @@ from ... import verbs as v
 from ...cm.rdma_cm import release_devices
 from ...errors import SoftRdmaError
 from ...wire.gid import is_v4_mapped
-from . import cmconn, engine, oob, report
+from . import cmconn, engine, loops, oob, report
 from .engine import MTU_ENUM_TO_BYTES, Resources
 from .oob import BwReport, Channel, Dest, TcpChannel
 from .options import Options, PerftestError, from_args
@@ -329,7 +329,7 @@ BwLoop = Callable[[Resources, list[Dest], int, report.Progress],
 
 def measure(s: Side, size: int, loop: BwLoop, nothing: str = "no message completed"
             ) -> BwReport:
-    """One size of a BW test: ``loop`` (an :mod:`.engine` BW run) gives the post and
+    """One size of a BW test: ``loop`` (a :mod:`.loops` BW run) gives the post and
     completion times (at least one completion, else ``nothing`` is the error), made this
     side's report."""
     o = s.o
@@ -382,7 +382,7 @@ def run_one_sided_bw(s: Side) -> None:
         return
     mine = BwReport(0, 0, 0.0, 0.0, 0.0)
     for size in o.sizes:
-        mine = measure(s, size, engine.run_bw)
+        mine = measure(s, size, loops.run_bw)
         s.results.append(mine)
         s.show(mine)
     s.emit(report.RESULT_LINE)
@@ -397,7 +397,7 @@ def run_duplex_bw(s: Side) -> None:
     o = s.o
     for size in o.sizes:
         s.hs(0)
-        mine = measure(s, size, engine.run_bw)
+        mine = measure(s, size, loops.run_bw)
         if o.run_all:
             s.hs(0)
         show_sum(s, mine)
@@ -419,7 +419,7 @@ def run_infinitely(s: Side) -> None:
         try:
             if o.spec.verb == "send":
                 s.hs(0)  # the server's receives are posted
-            engine.run_bw_infinitely(s.r, s.rem, size, float(o.duration), line)
+            loops.run_bw_infinitely(s.r, s.rem, size, float(o.duration), line)
         except KeyboardInterrupt:
             s.emit(["", " User stopped traffic"])
         s.emit(report.RESULT_LINE)
@@ -429,7 +429,7 @@ def run_infinitely(s: Side) -> None:
             s.r.post_recvs(i, o.rx_depth, size)
         s.hs(0)
         with contextlib.suppress(KeyboardInterrupt):
-            engine.receive_infinitely(s.r, size, float(o.duration), line)
+            loops.receive_infinitely(s.r, size, float(o.duration), line)
     else:
         with contextlib.suppress(KeyboardInterrupt):  # the client runs until stopped
             if isinstance(s.ch, TcpChannel):
@@ -454,7 +454,7 @@ def run_duplex_send_bw(s: Side) -> None:
         for i in range(o.num_qps):
             s.r.post_recvs(i, o.rx_depth, size)
         s.hs(0)
-        show_sum(s, measure(s, size, engine.run_bi))
+        show_sum(s, measure(s, size, loops.run_bi))
         if o.run_all:
             s.hs(0)
     finish_bw(s)
@@ -472,9 +472,9 @@ def run_send_bw(s: Side) -> None:
         if s.r.credits:
             s.r.reset_credits()
         if o.is_client:
-            rep = measure(s, size, engine.run_bw)
+            rep = measure(s, size, loops.run_bw)
         else:
-            full = measure(s, size, engine.run_bw_server, "no message arrived")
+            full = measure(s, size, loops.run_bw_server, "no message arrived")
             rep = BwReport(full.size, full.iters, 0.0, full.bw_avg, full.msg_rate)
         s.results.append(rep)
         s.show(rep)
@@ -498,11 +498,11 @@ def run_lat(s: Side) -> None:
         if verb == "send":
             s.r.post_recvs(0, o.rx_depth, size)
             s.hs(0)
-            tp = engine.run_lat_send(s.r, size, prog, s.rem[0])
+            tp = loops.run_lat_send(s.r, size, prog, s.rem[0])
         elif verb == "write":
-            tp = engine.run_lat_write(s.r, s.rem[0], size, prog)
+            tp = loops.run_lat_write(s.r, s.rem[0], size, prog)
         else:
-            tp = engine.run_lat(s.r, s.rem[0], size, prog)
+            tp = loops.run_lat(s.r, s.rem[0], size, prog)
         prog.finish()
         rep = report.lat_report(size, tp, rtt)
         s.results.append(rep)
