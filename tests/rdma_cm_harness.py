@@ -16,7 +16,7 @@ from typing import Any
 from softrdma import enums as e
 from softrdma import verbs as v
 from softrdma.cm import rdma_cm as rc
-from softrdma.cm.rdma_events import EventChannel, RdmaCmEvent
+from softrdma.cm.rdma_cm import EventChannel, RdmaCmEvent
 from softrdma.drivers.registry import Registry
 from softrdma.ibcm.params import CmConfig
 

@@ -91,7 +91,7 @@ KNOWN_OPEN_CYCLE_EDGES: dict[tuple[str, str], str] = {}
 # Cycles still open when type-only (TYPE_CHECKING) imports count too, with their owner: a
 # found cycle must lie inside one of these. The IB CM's actions name the id they act on
 # (IbCmId) and the id its agent; the transport's requester/completer/responder name the
-# port and QP; rdma_cm's events name the CmId.
+# port and QP.
 KNOWN_OPEN_TYPE_CYCLES: dict[frozenset[str], str] = {
     frozenset({f"softrdma.ibcm.{m}" for m in (
         "agent", "cmid", "establish", "events", "ipcm", "model", "mra_lap", "params",
@@ -99,8 +99,6 @@ KNOWN_OPEN_TYPE_CYCLES: dict[frozenset[str], str] = {
     frozenset({f"softrdma.ib.{m}" for m in (
         "completer", "port", "qp", "rd_atomic", "requester", "responder",
         "send_ops")}): "lead",
-    # (rdma_transport, the connection managers split out of rdma_cm, posts those events)
-    frozenset({"softrdma.cm.rdma_cm", "softrdma.cm.rdma_events", "softrdma.cm.rdma_transport"}): "lead",
 }
 
 

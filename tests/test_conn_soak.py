@@ -22,7 +22,7 @@ from rdma_cm_harness import Ep, next_non_timewait, setup_env
 
 from softrdma import verbs as v
 from softrdma.cm import rdma_cm as rc
-from softrdma.cm.rdma_events import EventChannel
+from softrdma.cm.rdma_cm import EventChannel
 from softrdma.wire import roce
 
 T = rc.RdmaCmEventType

@@ -19,7 +19,7 @@ from rdma_cm_harness import Ep, expect, next_non_timewait, setup_env
 from softrdma import enums as e
 from softrdma import verbs as v
 from softrdma.cm import rdma_cm as rc
-from softrdma.cm.rdma_events import EventChannel
+from softrdma.cm.rdma_cm import EventChannel
 from softrdma.drivers import iwconnect
 from softrdma.drivers.gsi import CmBinding
 from softrdma.errors import SoftRdmaError, StateError

@@ -15,7 +15,7 @@ import pytest
 from rdma_cm_harness import ROCE_DEV, Ep, child_env, expect, setup_env
 
 from softrdma.cm import rdma_cm as rc
-from softrdma.cm.rdma_events import EventChannel
+from softrdma.cm.rdma_cm import EventChannel
 from softrdma.drivers.devd.client import DevdLink
 from softrdma.drivers.registry import Registry
 from softrdma.errors import StateError

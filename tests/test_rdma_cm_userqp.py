@@ -16,7 +16,7 @@ from rdma_cm_harness import ACC, Ep, expect, next_non_timewait, setup_env
 from softrdma import enums as e
 from softrdma import verbs as v
 from softrdma.cm import rdma_cm as rc
-from softrdma.cm.rdma_events import EventChannel
+from softrdma.cm.rdma_cm import EventChannel
 from softrdma.errors import InvalidArgument, StateError
 
 T = rc.RdmaCmEventType

@@ -32,7 +32,7 @@ from __future__ import annotations
 import errno
 import ipaddress
 import threading
-from typing import Any
+from typing import Any, TypeAlias
 
 from .. import verbs as v
 from ..errors import InvalidArgument, SoftRdmaError, StateError
@@ -68,12 +68,12 @@ from .rdma_events import (  # noqa: F401 - the RDMA_CM_EVENT_* names are re-expo
     RDMA_CM_EVENT_TIMEWAIT_EXIT,
     RDMA_CM_EVENT_UNREACHABLE,
     ConnParam,
-    EventChannel,
-    RdmaCmEvent,
     RdmaCmEventType,
     UdParam,
     event_str,
 )
+from .rdma_events import EventChannel as _EventChannel
+from .rdma_events import RdmaCmEvent as _RdmaCmEvent
 from .rdma_iwwatch import unwatch as _unwatch
 from .rdma_qpattr import qp_attr_of
 from .rdma_state import ADDRESS_KNOWN, BEFORE_CONNECT, CmState
@@ -100,6 +100,15 @@ RDMA_OPTION_ID = 0  # rdma_set_option levels and names (librdmacm rdma_cma.h)
 RDMA_OPTION_ID_TOS = 0
 RDMA_OPTION_ID_ACK_TIMEOUT = 3
 T = RdmaCmEventType
+
+
+class EventChannel(_EventChannel["CmId"]):
+    """``rdma_create_event_channel``: the :class:`~.rdma_events.EventChannel` of
+    :class:`CmId` events (the events name the id type through this binding)."""
+
+
+#: ``struct rdma_cm_event`` of a :class:`CmId` (:class:`~.rdma_events.RdmaCmEvent`)
+RdmaCmEvent: TypeAlias = _RdmaCmEvent["CmId"]
 
 
 def _parse(addr: Any, what: str) -> tuple[IpAddress, int]:
@@ -134,9 +143,9 @@ class CmId:
     the id is attached to a device (bind to an address, resolve, or a request's new id),
     as Linux's cma.c chooses it by ``rdma_cap_ib_cm`` / ``rdma_cap_iw_cm``."""
 
-    def __init__(self, channel: EventChannel, ps: int = RDMA_PS_TCP,
+    def __init__(self, channel: _EventChannel[CmId], ps: int = RDMA_PS_TCP,
                  context: Any = None) -> None:
-        if not isinstance(channel, EventChannel):
+        if not isinstance(channel, _EventChannel):
             raise InvalidArgument("channel", "expected an EventChannel")
         if ps not in PROTO:
             raise InvalidArgument("ps", "RDMA_PS_TCP or RDMA_PS_UDP")
@@ -190,7 +199,7 @@ class CmId:
     # ---- plumbing ----------------------------------------------------------------------
     def _post(self, kind: RdmaCmEventType, **kw: Any) -> None:
         if not self._destroyed:
-            self.channel.post(RdmaCmEvent(kind, self, **kw))
+            self.channel.post(_RdmaCmEvent(kind, self, **kw))
 
     def _check(self) -> None:
         if self._destroyed:
@@ -226,10 +235,10 @@ class CmId:
                                              f"{RDMA_OPTION_ID_TOS}, ACK_TIMEOUT "
                                              f"{RDMA_OPTION_ID_ACK_TIMEOUT})")
 
-    def migrate(self, channel: EventChannel) -> None:
+    def migrate(self, channel: _EventChannel[CmId]) -> None:
         """``rdma_migrate_id``: later events (and those not yet taken) go to ``channel``."""
         self._check()
-        if not isinstance(channel, EventChannel):
+        if not isinstance(channel, _EventChannel):
             raise InvalidArgument("channel", "expected an EventChannel")
         old, self.channel = self.channel, channel
         if old is not channel:
@@ -464,8 +473,8 @@ class CmId:
                       **kw: Any) -> None:
         """Queue the CONNECT_REQUEST of ``child`` (a new id of :meth:`_child`) on this
         listener's channel."""
-        self.channel.post(RdmaCmEvent(T.CONNECT_REQUEST, child, self, 0, private_data, param,
-                                      **kw))
+        self.channel.post(_RdmaCmEvent(T.CONNECT_REQUEST, child, self, 0, private_data, param,
+                                       **kw))
 
     def accept(self, param: ConnParam | None = None) -> None:
         """``rdma_accept`` on a CONNECT_REQUEST's id: REP (RoCE; the QP goes to RTS

@@ -21,13 +21,14 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any, Generic, Self, TypeVar
 
 from ..errors import ClosedError
 from ..ibcm.events import RejectInfo
 
-if TYPE_CHECKING:
-    from .rdma_cm import CmId
+#: the id an event is about: :class:`softrdma.cm.rdma_cm.CmId`, which binds it
+#: (``rdma_cm.EventChannel``, ``rdma_cm.RdmaCmEvent``); the queue itself only compares ids
+IdT = TypeVar("IdT")
 
 __all__ = [
     "RdmaCmEventType", "ConnParam", "UdParam", "RdmaCmEvent", "EventChannel", "event_str",
@@ -117,15 +118,15 @@ class UdParam:
 
 
 @dataclass(slots=True, eq=False)
-class RdmaCmEvent:
+class RdmaCmEvent(Generic[IdT]):
     """``struct rdma_cm_event``. ``status``: 0, the IB REJ reason (RoCE REJECTED, the
     SIDR status for UD), or a negative errno (``-ECONNREFUSED`` for an iWARP refusal,
     ``-ETIMEDOUT`` for UNREACHABLE), as librdmacm reports them. ``reject`` holds the
     readable cause (IB reason, A11 ARI, MPA refusal)."""
 
     event: RdmaCmEventType
-    id: CmId
-    listen_id: CmId | None = None
+    id: IdT
+    listen_id: IdT | None = None
     status: int = 0
     private_data: bytes = b""
     param: ConnParam | None = None
@@ -150,11 +151,12 @@ class RdmaCmEvent:
 _CM_LOG = logging.getLogger("softrdma.cm")
 
 
-class EventChannel:
-    """``rdma_create_event_channel``: the queue the events of its ids go to."""
+class EventChannel(Generic[IdT]):
+    """``rdma_create_event_channel``: the queue the events of its ids go to (created as
+    :class:`softrdma.cm.rdma_cm.EventChannel`, whose ids are :class:`~.rdma_cm.CmId`)."""
 
     def __init__(self) -> None:
-        self._q: deque[RdmaCmEvent] = deque()
+        self._q: deque[RdmaCmEvent[IdT]] = deque()
         self._cv = threading.Condition()
         self._r, self._w = os.pipe()
         os.set_blocking(self._r, False)
@@ -162,7 +164,7 @@ class EventChannel:
         self.closed = False
         self.unacked = 0
 
-    def post(self, ev: RdmaCmEvent) -> None:
+    def post(self, ev: RdmaCmEvent[IdT]) -> None:
         if _CM_LOG.isEnabledFor(logging.DEBUG):  # SOFTRDMA_TRACE=cm (softrdma.trace)
             _CM_LOG.debug("rdma_cm %s (id %s -> %s)", ev.text, getattr(ev.id, "local_addr",
                                                                          None),
@@ -177,7 +179,7 @@ class EventChannel:
                 pass
             self._cv.notify_all()
 
-    def _pop(self) -> RdmaCmEvent | None:
+    def _pop(self) -> RdmaCmEvent[IdT] | None:
         with self._cv:
             if not self._q:
                 return None
@@ -189,14 +191,14 @@ class EventChannel:
             self.unacked += 1
             return ev
 
-    def drop_for(self, cid: CmId) -> list[CmId]:
+    def drop_for(self, cid: IdT) -> list[IdT]:
         """``rdma_destroy_id`` of ``cid``: drop the events still queued about it (Linux
         ``ucma_cleanup_events``), so a destroyed id and what it holds are not kept alive
         by events nobody will read. Returns the children of its dropped CONNECT_REQUESTs
         (the caller destroys them, as ucma does for a listener's pending requests)."""
         with self._cv:
-            keep: deque[RdmaCmEvent] = deque()
-            children: list[CmId] = []
+            keep: deque[RdmaCmEvent[IdT]] = deque()
+            children: list[IdT] = []
             for ev in self._q:
                 if ev.id is cid:
                     continue
@@ -217,7 +219,7 @@ class EventChannel:
         """Events waiting to be taken."""
         return len(self._q)
 
-    def get_cm_event(self, timeout: float | None = None) -> RdmaCmEvent:
+    def get_cm_event(self, timeout: float | None = None) -> RdmaCmEvent[IdT]:
         """``rdma_get_cm_event``: the next event; :class:`TimeoutError` after ``timeout``
         seconds (None: wait for ever)."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -235,7 +237,7 @@ class EventChannel:
                     raise TimeoutError("no rdma_cm event")
                 self._cv.wait(0.5 if left is None else min(left, 0.5))
 
-    def ack(self, event: RdmaCmEvent) -> None:
+    def ack(self, event: RdmaCmEvent[IdT]) -> None:
         """``rdma_ack_cm_event`` (nothing to release; counts unacked events)."""
         if self.unacked > 0:
             self.unacked -= 1
@@ -253,7 +255,7 @@ class EventChannel:
         select.select([self._r], [], [], timeout)
         return bool(self._q)
 
-    async def next_event(self) -> RdmaCmEvent:
+    async def next_event(self) -> RdmaCmEvent[IdT]:
         """The asyncio form of :meth:`get_cm_event`."""
         loop = asyncio.get_running_loop()
         while True:
@@ -274,7 +276,7 @@ class EventChannel:
             finally:
                 loop.remove_reader(self._r)
 
-    def take_events_of(self, cm_id: object) -> list[RdmaCmEvent]:
+    def take_events_of(self, cm_id: object) -> list[RdmaCmEvent[IdT]]:
         """Remove and return the pending events of ``cm_id`` (``rdma_migrate_id``)."""
         with self._cv:
             mine = [ev for ev in self._q if ev.id is cm_id or ev.listen_id is cm_id]
@@ -302,7 +304,7 @@ class EventChannel:
             except OSError:
                 pass
 
-    def __enter__(self) -> EventChannel:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
