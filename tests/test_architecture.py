@@ -90,15 +90,11 @@ KNOWN_OPEN_CYCLE_EDGES: dict[tuple[str, str], str] = {}
 
 # Cycles still open when type-only (TYPE_CHECKING) imports count too, with their owner: a
 # found cycle must lie inside one of these. The IB CM's actions name the id they act on
-# (IbCmId) and the id its agent; the transport's requester/completer/responder name the
-# port and QP.
+# (IbCmId) and the id its agent.
 KNOWN_OPEN_TYPE_CYCLES: dict[frozenset[str], str] = {
     frozenset({f"softrdma.ibcm.{m}" for m in (
         "agent", "cmid", "establish", "events", "ipcm", "model", "mra_lap", "params",
         "release", "retry", "sidr", "state", "userqp")}): "lead",
-    frozenset({f"softrdma.ib.{m}" for m in (
-        "completer", "port", "qp", "rd_atomic", "requester", "responder",
-        "send_ops")}): "lead",
 }
 
 

@@ -52,6 +52,7 @@ from .packet import (
     TxPacket,
 )
 from .qp import EngineQP
+from .views import AckOwner
 
 __all__ = ["Counters", "DropReason", "Port", "RxMeta", "TxPacket", "Timed"]
 
@@ -101,7 +102,7 @@ class Port(DeviceTables[EngineQP]):
         # netdev ::1 is the port's own IPv6 address (a self-addressed packet), so a port
         # that holds ::1 as a GID accepts it.
         self.loopback_gid_ok = LOOPBACK_GID in self.gids
-        self.ack_pending: list[EngineQP] = []
+        self.ack_pending: list[AckOwner] = []
 
     def set_gid_types(self, gid_types: list[int] | None) -> None:
         """Set the type of every GID table entry (None: all RoCE v2)."""

@@ -18,7 +18,6 @@ verbs layer's transition table; here each state decides what the engines may do.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from ..errors import ClosedError, InvalidArgument
 from ..seam.attrs import ModifyAttrs, QueryAttrs, apply_port_attrs
@@ -42,14 +41,12 @@ from ..seam.types import AddressHandle, RecvWQE, SendWQE
 from ..wire import ib as wib
 from ..wire.opcodes import CNP as CNP_OPCODE
 from ..wire.roce import rxe_udp_sport
+from .av import AddressVector
 from .completer import Completer
-from .pacing import rate_bps
 from .packet import RxMeta, TxPacket
 from .requester import Requester
 from .responder import Responder
-
-if TYPE_CHECKING:
-    from .port import Port
+from .views import QpPort
 
 #: the PSN fields are 24 bits (IBA 9.7.1)
 _PSN_MASK = 0xFFFFFF
@@ -89,33 +86,6 @@ def _trace_state(qp: EngineQP, old: int, new: int, why: str = "") -> None:
                       state_name(new).removeprefix("IBV_QPS_"), why)
 
 
-class AddressVector:
-    """Where a QP's packets go (IBA 11.2.5.3 address vector; ``ibv_ah_attr`` + GRH)."""
-
-    __slots__ = ("dgid", "sgid_index", "flow_label", "hop_limit", "traffic_class", "sl", "dlid",
-                 "port_num", "is_global", "dmac", "static_rate", "rate_bps")
-
-    def __init__(self, dgid: bytes, sgid_index: int = 0, flow_label: int = 0,
-                 hop_limit: int = 64, traffic_class: int = 0, sl: int = 0, dlid: int = 0,
-                 port_num: int = 1, is_global: bool = True, dmac: bytes = b"",
-                 static_rate: int = 0) -> None:
-        self.dgid = bytes(dgid)
-        self.sgid_index = sgid_index
-        self.flow_label = flow_label
-        self.hop_limit = hop_limit
-        self.traffic_class = traffic_class
-        self.sl = sl
-        self.dlid = dlid
-        self.port_num = port_num
-        self.is_global = is_global
-        self.dmac = dmac
-        self.static_rate = static_rate  # IBV_RATE_* (IBA 9.11 static rate control)
-        self.rate_bps = rate_bps(static_rate)
-
-    def __repr__(self) -> str:
-        return f"AddressVector(dgid={self.dgid.hex()}, sgid_index={self.sgid_index})"
-
-
 class EngineQP:
     """One queue pair in the engine (see the module docstring); a
     :class:`~softrdma.seam.protocols.QPEngine`."""
@@ -130,7 +100,8 @@ class EngineQP:
     #: whose headers and opcodes differ, say False
     fast_rc = True
 
-    def __init__(self, port: Port, init: QPInit, qpn: int | None = None) -> None:
+    def __init__(self, port: QpPort[EngineQP], init: QPInit,
+                 qpn: int | None = None) -> None:
         qp_type = init.qp_type
         if qp_type not in (QPT_RC, QPT_UC, QPT_UD):
             raise ValueError(f"unsupported QP type {qp_type}")

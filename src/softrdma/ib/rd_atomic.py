@@ -15,17 +15,15 @@ and the completion status the responder's QP errors with, if any).
 from __future__ import annotations
 
 import struct
-from typing import TYPE_CHECKING
+from collections import deque
+from typing import Protocol
 
 from ..enums import ibv_access_flags as ACC
 from ..enums import ibv_wc_status as WCS
 from ..seam.types import PSN_MASK, psn_diff
 from ..wire import ib as wib
 from ..wire import opcodes as op
-
-if TYPE_CHECKING:
-    from .qp import EngineQP
-    from .responder import Responder
+from .views import QpView
 
 MAX_MSG = 1 << 31  # IBA: maximum message size 2^31 (rxe check_rkey)
 ACK_SYNDROME = wib.AETH_ACK | wib.AETH_CREDIT_INVALID  # rxe: AETH_ACK_UNLIMITED
@@ -53,6 +51,23 @@ class Resource:
         self.length = length
 
 
+class Responder(Protocol):
+    """What this side uses of the :class:`~.responder.Responder` that calls it: its QP,
+    the expected PSN and MSN it advances, its resources and its ACK scheduling."""
+
+    msn: int
+    epsn: int
+
+    @property
+    def qp(self) -> QpView: ...
+    @property
+    def resources(self) -> deque[Resource]: ...
+
+    def schedule_ack(self, psn: int) -> None: ...
+
+    def flush_pending_ack(self) -> None: ...
+
+
 class RequestNak(Exception):
     """Internal: abort processing of a request with a NAK (and maybe a responder error)."""
 
@@ -62,7 +77,7 @@ class RequestNak(Exception):
         self.wc_status = wc_status
 
 
-def rkey_view(qp: EngineQP, rkey: int, va: int, length: int, need: int) -> memoryview:
+def rkey_view(qp: QpView, rkey: int, va: int, length: int, need: int) -> memoryview:
     """The ``length`` bytes at ``va`` of the region ``rkey`` names, after the R_Key, PD,
     access and bounds checks (IBA 10.6.3.1; rxe ``check_rkey``); NAK 0x61 (invalid
     request: the QP does not grant ``need``) or 0x62 (remote access) on failure."""

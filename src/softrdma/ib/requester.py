@@ -24,7 +24,6 @@ operations are softrdma.ib.send_ops'.
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
 
 from ..enums import ibv_send_flags as SF
 from ..enums import ibv_wc_status as WCS
@@ -55,9 +54,7 @@ from .send_ops import W_BIND_MW as _W_BIND_MW
 from .send_ops import W_LOCAL_INV as _W_LOCAL_INV
 from .send_ops import W_READ as _W_READ
 from .send_ops import WC_OPCODE, local_operation, send_request
-
-if TYPE_CHECKING:
-    from .qp import EngineQP
+from .views import QpView
 
 UNSENT, SENDING, SENT, DONE = WQE_UNSENT, WQE_SENDING, WQE_SENT, WQE_DONE
 
@@ -79,7 +76,7 @@ _UC = int(op.Transport.UC)
 class Requester:
     """Requester of one QP (its completer: softrdma.ib.completer.Completer)."""
 
-    def __init__(self, qp: EngineQP) -> None:
+    def __init__(self, qp: QpView) -> None:
         self.qp = qp
         self.sq: deque[SendWQE] = deque()
         self.tx_idx = 0

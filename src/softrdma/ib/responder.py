@@ -20,7 +20,6 @@ from __future__ import annotations
 import struct
 from collections import deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from ..enums import ibv_access_flags as ACC
 from ..enums import ibv_wc_flags as WCF
@@ -46,13 +45,12 @@ from .rd_atomic import (
     rkey_view,
 )
 from .rd_atomic import RequestNak as _NAK
+from .views import QpView
 
 _POS_FIRST = int(op.Pos.FIRST)
 _POS_LAST = int(op.Pos.LAST)
 _POS_ONLY = int(op.Pos.ONLY)
 
-if TYPE_CHECKING:
-    from .qp import EngineQP
 
 _BTH_SIZE = op.BTH_SIZE
 _IMMDT_SIZE = 4
@@ -82,7 +80,7 @@ _MIDDLE_W0: dict[int, int] = {K_SEND: op.RC_SEND_MIDDLE << 24, K_WRITE: op.RC_WR
 class Responder:
     """Responder of one QP."""
 
-    def __init__(self, qp: EngineQP) -> None:
+    def __init__(self, qp: QpView) -> None:
         self.qp = qp
         self.epsn = 0
         self.msn = 0

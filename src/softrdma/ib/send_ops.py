@@ -12,8 +12,6 @@ rxe_opcode.c).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ..enums import ibv_wc_opcode as WCO
 from ..enums import ibv_wc_status as WCS
 from ..enums import ibv_wr_opcode as WRO
@@ -22,9 +20,7 @@ from ..seam.types import SendWQE
 from ..wire import ib as wib
 from ..wire import opcodes as op
 from .mw import BindRequest
-
-if TYPE_CHECKING:
-    from .qp import EngineQP
+from .views import QpView
 
 W_WRITE = int(WRO.IBV_WR_RDMA_WRITE)  # plain ints: IntEnum comparisons are slow per WR
 W_WRITE_IMM = int(WRO.IBV_WR_RDMA_WRITE_WITH_IMM)
@@ -80,7 +76,7 @@ ONE_PACKET = frozenset((W_SEND, W_SEND_IMM, W_WRITE, W_WRITE_IMM))
 RD_ATOMIC = frozenset((W_READ, W_CAS, W_FAA))
 
 
-def send_request(qp: EngineQP, wqe: SendWQE) -> None:
+def send_request(qp: QpView, wqe: SendWQE) -> None:
     """Queue the request packet of the started ``wqe``, an RDMA READ (from its first
     missing response, IBA 9.7.5.1.5), an atomic (IBA 9.3.4) or an RDMA Atomic Write
     (opcode 0x1D: RETH and the 8 bytes), each with AckReq (IBA 9.7.5.1.1)."""
@@ -107,7 +103,7 @@ def send_request(qp: EngineQP, wqe: SendWQE) -> None:
         qp.tx([hdr, *gather(wqe.segs or [], 0, 8)], len(hdr) + 8)
 
 
-def local_operation(qp: EngineQP, wqe: SendWQE) -> int:
+def local_operation(qp: QpView, wqe: SendWQE) -> int:
     """Execute LOCAL_INV (invalidate an MR of the QP's PD, IBA 10.6.5) or BIND_MW (bind a
     memory window, IBA 10.6.7.2) at its turn in the send queue; the completion status
     when it fails, 0 when done."""

@@ -168,6 +168,7 @@ class XrcTgtQP(EngineQP):
     its XRCETH names (checked against this QP's domain), answering with XRC opcodes."""
 
     fast_rc = False  # it takes XRC opcodes only
+    port: Port  # (an EngineQP names only the view of its port it needs, ib.views.QpPort)
 
     def __init__(self, port: Port, xrcd: XrcDomain, qpn: int | None = None) -> None:
         super().__init__(port, QPInit(QPT_RC, None, _ignore_completion, _ignore_completion,
