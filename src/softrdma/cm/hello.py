@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from .. import enums as e
 from .. import verbs as v
 from ..errors import DecodeError, InvalidArgument, StateError
-from ..ibcm.params import AcceptParams, ConnParams, DialectReject, ReqVerdict
+from ..ibcm.params import AcceptParams, ConnParams, DialectId, DialectReject, ReqVerdict
 from ..wire.cm import RejReason
 from ..wire.gid import ip_to_gid
 from ..wire.ipcm import IpAddress
@@ -69,9 +69,9 @@ class HelloDialect:
     name = "hello"
 
     def __init__(self) -> None:
-        self._replies: weakref.WeakKeyDictionary[IbCmId, HelloReply] = weakref.WeakKeyDictionary()
+        self._replies: weakref.WeakKeyDictionary[DialectId, HelloReply] = weakref.WeakKeyDictionary()
 
-    def check_req(self, listener: IbCmId, service_id: int, private_data: bytes,
+    def check_req(self, listener: DialectId, service_id: int, private_data: bytes,
                   sidr: bool) -> ReqVerdict | DialectReject:
         port = parse_iwarp_ib_service_id(service_id)
         try:
@@ -90,14 +90,14 @@ class HelloDialect:
     def set_reply(self, cm_id: IbCmId, reply: HelloReply) -> None:
         self._replies[cm_id] = reply
 
-    def rep_private_data(self, cm_id: IbCmId, private_data: bytes) -> bytes:
+    def rep_private_data(self, cm_id: DialectId, private_data: bytes) -> bytes:
         if len(private_data) > HELLO_REPLY_CONSUMER_MAX:
             raise InvalidArgument("private_data", f"at most {HELLO_REPLY_CONSUMER_MAX} bytes "
                                                   f"follow a HelloReply, got {len(private_data)}")
         reply = self._replies.pop(cm_id, None) or HelloReply()
         return reply.encode() + bytes(private_data)
 
-    def parse_rep(self, cm_id: IbCmId, private_data: bytes) -> tuple[bytes, dict[str, Any]]:
+    def parse_rep(self, cm_id: DialectId, private_data: bytes) -> tuple[bytes, dict[str, Any]]:
         return private_data[HELLO_REPLY_SIZE:], {}
 
 
@@ -106,14 +106,14 @@ class _ClientDialect:
 
     name = "hello"
 
-    def check_req(self, listener: IbCmId, service_id: int, private_data: bytes,
+    def check_req(self, listener: DialectId, service_id: int, private_data: bytes,
                   sidr: bool) -> ReqVerdict | DialectReject:  # pragma: no cover - not a listener
         return ReqVerdict(private_data)
 
-    def rep_private_data(self, cm_id: IbCmId, private_data: bytes) -> bytes:  # pragma: no cover
+    def rep_private_data(self, cm_id: DialectId, private_data: bytes) -> bytes:  # pragma: no cover
         return private_data
 
-    def parse_rep(self, cm_id: IbCmId, private_data: bytes) -> tuple[bytes, dict[str, Any]]:
+    def parse_rep(self, cm_id: DialectId, private_data: bytes) -> tuple[bytes, dict[str, Any]]:
         try:
             reply = HelloReply.decode(private_data)
         except DecodeError as exc:

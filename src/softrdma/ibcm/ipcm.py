@@ -51,7 +51,7 @@ from ..wire.ipcm import (
 )
 from . import qpctl
 from .events import CmEvent, CmEventType, is_lock_free, lock_free
-from .params import ConnParams, DialectReject, ReqVerdict, SidrParams
+from .params import ConnParams, DialectId, DialectReject, ReqVerdict, SidrParams
 from .userqp import UserQp
 
 if TYPE_CHECKING:
@@ -87,7 +87,7 @@ class IpCmDialect:
             ip_versions = (4, 6) if self.bind is None else (self.bind.version,)
         self.ip_versions = tuple(sorted(set(ip_versions)))
 
-    def check_req(self, listener: IbCmId, service_id: int, private_data: bytes,
+    def check_req(self, listener: DialectId, service_id: int, private_data: bytes,
                   sidr: bool) -> ReqVerdict | DialectReject:
         if not is_ip_cm_service_id(service_id):
             return ReqVerdict(private_data)  # CA11-7 applies to the A11 range only
@@ -105,10 +105,10 @@ class IpCmDialect:
                           local_ip=hdr.dst_addr, local_port=service_id & 0xFFFF,
                           info={"ip_cm": hdr, "protocol": (service_id >> 16) & 0xFF})
 
-    def rep_private_data(self, cm_id: IbCmId, private_data: bytes) -> bytes:
+    def rep_private_data(self, cm_id: DialectId, private_data: bytes) -> bytes:
         return private_data  # A11 formats only the REQ
 
-    def parse_rep(self, cm_id: IbCmId, private_data: bytes) -> tuple[bytes, dict[str, Any]]:
+    def parse_rep(self, cm_id: DialectId, private_data: bytes) -> tuple[bytes, dict[str, Any]]:
         return private_data, {}
 
 

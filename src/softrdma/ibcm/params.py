@@ -10,8 +10,9 @@ and the RoCE guard :func:`check_roce_message` (A16.5.2 CA16-11, CA16-13).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from ..errors import InvalidArgument
 from ..wire import cm as wcm
@@ -24,12 +25,9 @@ from ..wire.cm import (
 )
 from ..wire.ipcm import IpAddress
 
-if TYPE_CHECKING:
-    from .cmid import IbCmId
-
 __all__ = [
     "ALL_ONES_MASK", "CmConfig", "CmPath", "ConnParams", "AcceptParams", "SidrParams",
-    "OutMad", "ReqVerdict", "DialectReject", "Dialect", "CmCounters", "mtu_enum",
+    "OutMad", "ReqVerdict", "DialectReject", "Dialect", "DialectId", "DialectAgent", "CmCounters", "mtu_enum",
     "check_roce_message", "make_rej", "check_pd",
 ]
 
@@ -185,21 +183,37 @@ class DialectReject:
     sidr_status: int | None = None
 
 
+class DialectAgent(Protocol):
+    """What a dialect reads of the CM agent of its id: the port's GID table."""
+
+    @property
+    def gids(self) -> Sequence[bytes]: ...
+
+
+class DialectId(Protocol):
+    """What a dialect sees of the id it serves (the listener a REQ came to, the
+    connection a REP is for; :class:`~.cmid.IbCmId`): the id itself, as a key, and its
+    agent, whose GIDs are the addresses a wildcard A11 listener answers on (CA11-8)."""
+
+    @property
+    def agent(self) -> DialectAgent: ...
+
+
 class Dialect(Protocol):
     """A private-data convention on top of the CM (A11 IP CM, Hello, ...)."""
 
     name: str
 
-    def check_req(self, listener: IbCmId, service_id: int, private_data: bytes,
+    def check_req(self, listener: DialectId, service_id: int, private_data: bytes,
                   sidr: bool) -> ReqVerdict | DialectReject:
         """Server side: parse/validate the REQ (or SIDR_REQ) private data."""
         ...
 
-    def rep_private_data(self, cm_id: IbCmId, private_data: bytes) -> bytes:
+    def rep_private_data(self, cm_id: DialectId, private_data: bytes) -> bytes:
         """Server side: the REP private data for the consumer's ``private_data``."""
         ...
 
-    def parse_rep(self, cm_id: IbCmId, private_data: bytes) -> tuple[bytes, dict[str, Any]]:
+    def parse_rep(self, cm_id: DialectId, private_data: bytes) -> tuple[bytes, dict[str, Any]]:
         """Client side: the consumer's part of the REP private data and extra facts."""
         ...
 

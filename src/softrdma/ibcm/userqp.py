@@ -18,18 +18,53 @@ for RTR before its REP draws that PSN then and the REP announces it
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..errors import InvalidArgument, StateError
+from ..wire import cm as wcm
 from . import qpctl
 from .model import CmState
-from .params import ConnParams
+from .params import CmPath, ConnParams, SidrParams
 
-if TYPE_CHECKING:
-    from .cmid import IbCmId
+__all__ = ["UserQp", "qp_info", "cm_qp_attr", "passive_psn", "QpAttrId", "QpAttrAgent"]
 
-__all__ = ["UserQp", "qp_info", "cm_qp_attr", "passive_psn"]
+
+class QpAttrAgent(Protocol):
+    """What the QP attributes read of the CM agent: its PSN draws, the port's MTU code
+    and GID table."""
+
+    @property
+    def rng(self) -> random.Random: ...
+    @property
+    def mtu(self) -> int: ...
+
+    def sgid_index(self, sgid: bytes) -> int: ...
+
+
+class QpAttrId(Protocol):
+    """What :func:`cm_qp_attr` and :func:`passive_psn` read of a connection
+    (:class:`~.cmid.IbCmId`): its state, messages, path and parameters; the passive
+    side's Starting PSN is drawn into it at the first need."""
+
+    local_psn: int
+    psn_drawn: bool
+
+    @property
+    def agent(self) -> QpAttrAgent: ...
+    @property
+    def state(self) -> CmState: ...
+    @property
+    def req(self) -> wcm.Req | None: ...
+    @property
+    def rep(self) -> wcm.Rep | None: ...
+    @property
+    def path(self) -> CmPath | None: ...
+    @property
+    def params(self) -> ConnParams | SidrParams | None: ...
+    @property
+    def ack_timeout(self) -> int: ...
 
 _PASSIVE = (CmState.REQ_RCVD, CmState.MRA_REQ_SENT, CmState.REP_SENT, CmState.MRA_REP_RCVD,
             CmState.ESTABLISHED)
@@ -61,7 +96,7 @@ def qp_info(qp: object) -> tuple[int, int, bool, qpctl.CmQp | None]:
     return eq.qpn, eq.qp_type, getattr(eq, "srq", None) is not None, eq
 
 
-def passive_psn(cid: IbCmId) -> int:
+def passive_psn(cid: QpAttrId) -> int:
     """The Starting PSN the passive side's REP announces, drawn at the first need."""
     if not cid.psn_drawn:
         cid.local_psn = cid.agent.rng.getrandbits(24)
@@ -69,7 +104,7 @@ def passive_psn(cid: IbCmId) -> int:
     return cid.local_psn
 
 
-def cm_qp_attr(cid: IbCmId, qp_state: int) -> dict[str, Any]:
+def cm_qp_attr(cid: QpAttrId, qp_state: int) -> dict[str, Any]:
     """``ib_cm_init_qp_attr``: the attributes for moving this connection's QP to
     ``qp_state`` (INIT, RTR or RTS), as ``ibv_qp_attr`` field names (``ah_attr`` is the
     path: ``dgid``, ``sgid_index``, ``hop_limit``, ``traffic_class``, ``flow_label``)."""
