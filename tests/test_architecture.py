@@ -65,10 +65,6 @@ ALLOWED: dict[str, frozenset[str]] = {
     "__main__": ANY,
 }
 
-# (module, package it imports) still open, with the branch that removes the import (empty
-# since the seam branch: iwarp no longer imports ib).
-KNOWN_OPEN_LAYERS: dict[tuple[str, str], str] = {}
-
 IO_MODULES = frozenset({"socket", "threading", "select", "selectors", "asyncio", "subprocess"})
 NO_IO_NO_CLOCK = ("ib", "iwarp", "seam")  # ... and no `time` at all
 NO_IO = ("wire", "cm", "ibcm", "ipoib")  # ... and no time.sleep()
@@ -83,10 +79,6 @@ KNOWN_OPEN_IO: dict[str, tuple[frozenset[str], str]] = {
     "softrdma.cm.rdma_devices": (frozenset({"socket", "threading"}), "lead"),
     "softrdma.cm.rdma_events": (frozenset({"asyncio", "select", "threading"}), "lead"),
 }
-
-# (module, module) function-local imports that still close a cycle, with their owner
-# (empty since the cm/ cycle behind four lazy imports was removed on the cmtyped branch).
-KNOWN_OPEN_CYCLE_EDGES: dict[tuple[str, str], str] = {}
 
 # Cycles still open when type-only (TYPE_CHECKING) imports count too, with their owner: a
 # found cycle must lie inside one of these. The IB CM's id (IbCmId) runs the state table
@@ -309,7 +301,7 @@ def test_the_layer_table_has_no_cycle() -> None:
 
 
 def test_import_graph_has_no_cycles_lazy_imports_included() -> None:
-    graph = runtime_edges(import_graph(), ignore=KNOWN_OPEN_CYCLE_EDGES)
+    graph = runtime_edges(import_graph())
     found = cycles(graph)
     assert not found, f"import cycles (function-local imports count): {found}"
 
@@ -322,7 +314,7 @@ def test_import_graph_has_no_cycles_type_only_imports_included() -> None:
 
 def test_every_package_imports_only_what_its_layer_allows() -> None:
     bad = layer_violations(import_graph())
-    assert sorted(bad - set(KNOWN_OPEN_LAYERS)) == []
+    assert sorted(bad) == []
 
 
 def test_protocol_packages_do_no_io() -> None:
@@ -408,8 +400,7 @@ def test_io_in_a_protocol_package_is_caught(tmp_path: Path) -> None:
                                   "softrdma.cm.d": {"threading"}}
 
 
-@pytest.mark.parametrize("known", [KNOWN_OPEN_LAYERS, KNOWN_OPEN_IO, KNOWN_OPEN_CYCLE_EDGES,
-                                   KNOWN_OPEN_TYPE_CYCLES])
+@pytest.mark.parametrize("known", [KNOWN_OPEN_IO, KNOWN_OPEN_TYPE_CYCLES])
 def test_known_open_entries_name_an_owner(known: Mapping[object, object]) -> None:
     owners = {"seam", "runtime", "iwconn", "cmtyped", "hygiene", "lead"}
     for entry in known.values():
