@@ -103,8 +103,9 @@ T = RdmaCmEventType
 
 
 class EventChannel(_EventChannel["CmId"]):
-    """``rdma_create_event_channel``: the :class:`~.rdma_events.EventChannel` of
-    :class:`CmId` events (the events name the id type through this binding)."""
+    """``rdma_create_event_channel``: :class:`~.rdma_events.EventChannel`, generic in
+    the id its events are about, bound to :class:`CmId` (``rdma_events`` names no id, so
+    it does not import this module back)."""
 
 
 #: ``struct rdma_cm_event`` of a :class:`CmId` (:class:`~.rdma_events.RdmaCmEvent`)
