@@ -500,7 +500,7 @@ def test_encode_fast_path_matches_checked_path() -> None:
     odd = [
         cm.Req(local_qpn=0x123456, end_to_end_flow_control=True),  # bool, 1-bit field
         cm.Req(transport_service_type=cm.TransportServiceType.UC),  # an IntEnum
-        cm.Req(private_data=bytearray(b"ab")),  # short, padded, not bytes  # type: ignore[arg-type]
+        cm.Req(private_data=bytearray(b"ab")),  # type: ignore[arg-type]  # short, padded
         cm.Req(primary_local_gid=memoryview(bytes(range(16)))),  # type: ignore[arg-type]
     ]
     for m in odd:
