@@ -148,7 +148,7 @@ class Layout:
     its width and raises :class:`InvalidArgument` naming ``what.field`` when it does not fit.
     """
 
-    __slots__ = ("what", "units", "st", "size", "names", "widths", "_ops", "_get", "_flat")
+    __slots__ = ("what", "units", "st", "size", "names", "widths", "_ops", "_get", "_flat", "_split")
 
     def __init__(self, what: str, units: Sequence[Unit]) -> None:
         self.what = what
@@ -187,17 +187,26 @@ class Layout:
         self._flat = tuple((fops[0][1], ()) if is_bytes
                            else (0, tuple((sh, m) for _, sh, m in fops))
                            for is_bytes, _pad, fops in ops)
+        # decode: per unit None when its value is the field's (a byte string, or one
+        # field spanning the unit), else the (shift, mask) of each of its fields
+        self._split = tuple(None if is_bytes or (len(fops) == 1 and fops[0][1] == 0)
+                            else tuple((sh, m) for _, sh, m in fops)
+                            for is_bytes, _pad, fops in ops)
 
     def decode(self, buf: Any, offset: int = 0) -> dict[str, Any]:
         """Field values of the layout at ``buf[offset:]`` (the caller checks the length)."""
-        out: dict[str, Any] = {}
-        for v, (is_bytes, _pad, fops) in zip(self.st.unpack_from(buf, offset), self._ops,
-                                             strict=True):
-            if is_bytes:
-                out[fops[0][0]] = v
+        return dict(zip(self.names, self.values(buf, offset), strict=True))
+
+    def values(self, buf: Any, offset: int = 0) -> list[Any]:
+        """The field values at ``buf[offset:]`` in the order of :attr:`names`."""
+        out: list[Any] = []
+        add = out.append
+        for v, split in zip(self.st.unpack_from(buf, offset), self._split, strict=True):
+            if split is None:
+                add(v)
             else:
-                for name, shift, mask in fops:
-                    out[name] = (v >> shift) & mask
+                for shift, mask in split:
+                    add((v >> shift) & mask)
         return out
 
     def encode(self, obj: object) -> bytes:
@@ -277,8 +286,9 @@ class Body:
         if have < lay.size:
             raise DecodeError(f"{lay.what}: needs {lay.size} bytes, got {max(have, 0)}")
         obj = cls.__new__(cls)
-        for k, v in lay.decode(buf, offset).items():
-            object.__setattr__(obj, k, v)
+        put = object.__setattr__
+        for k, v in zip(lay.names, lay.values(buf, offset), strict=True):
+            put(obj, k, v)
         obj.check_decoded()
         return obj
 
