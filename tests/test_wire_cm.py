@@ -497,6 +497,9 @@ def test_encode_fast_path_matches_checked_path() -> None:
     lay = cm.Req.LAYOUT
     plain = cm.Req(local_qpn=0x123456, end_to_end_flow_control=1, private_data=bytes(92))
     assert lay.encode(plain) == lay._encode_checked(plain)
+    short = cm.Req(private_data=b"rate")  # padded with zeros to 92 bytes
+    assert lay.encode(short) == lay._encode_checked(short) == lay.encode(
+        cm.Req(private_data=b"rate" + bytes(88)))
     odd = [
         cm.Req(local_qpn=0x123456, end_to_end_flow_control=True),  # bool, 1-bit field
         cm.Req(transport_service_type=cm.TransportServiceType.UC),  # an IntEnum

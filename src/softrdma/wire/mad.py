@@ -181,12 +181,13 @@ class Layout:
         self.widths = widths
         self._ops = tuple(ops)
         # The fast path of encode: every value fetched by one attrgetter call; per unit
-        # (byte size, ()) for a byte string, (0, ((shift, mask), ...)) for an int unit.
+        # (byte size, padded, ()) for a byte string, (0, False, ((shift, mask), ...)) for
+        # an int unit.
         get = operator.attrgetter(*names)
         self._get: Any = get if len(names) > 1 else (lambda obj: (get(obj),))
-        self._flat = tuple((fops[0][1], ()) if is_bytes
-                           else (0, tuple((sh, m) for _, sh, m in fops))
-                           for is_bytes, _pad, fops in ops)
+        self._flat = tuple((fops[0][1], pad, ()) if is_bytes
+                           else (0, False, tuple((sh, m) for _, sh, m in fops))
+                           for is_bytes, pad, fops in ops)
         # decode: per unit None when its value is the field's (a byte string, or one
         # field spanning the unit), else the (shift, mask) of each of its fields
         self._split = tuple(None if is_bytes or (len(fops) == 1 and fops[0][1] == 0)
@@ -212,17 +213,18 @@ class Layout:
     def encode(self, obj: object) -> bytes:
         """Pack the attributes of ``obj`` named by the layout. Raises InvalidArgument.
 
-        Values that are plain ints in range and byte strings of the exact size are packed
-        at once; anything else (a bool, a short padded string, a bad value) takes
-        :meth:`_encode_checked`, which packs or names the field that does not fit."""
+        Values that are plain ints in range and byte strings that fit are packed at once
+        (``struct`` zero-fills a short padded one); anything else (a bool, a bytearray,
+        a bad value) takes :meth:`_encode_checked`, which packs it or names the field
+        that does not fit."""
         vals = self._get(obj)
         args: list[int | bytes] = []
         i = 0
-        for size, fops in self._flat:
+        for size, pad, fops in self._flat:
             if size:
                 b = vals[i]
                 i += 1
-                if type(b) is not bytes or len(b) != size:
+                if type(b) is not bytes or (len(b) != size and not (pad and len(b) < size)):
                     return self._encode_checked(obj)
                 args.append(b)
                 continue
