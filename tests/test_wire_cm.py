@@ -490,6 +490,30 @@ def test_encode_rejects_bad_values(msg: cm.CmMessage, arg: str, text: str) -> No
     assert ei.value.argument == arg
 
 
+def test_encode_fast_path_matches_checked_path() -> None:
+    """Layout.encode packs plain ints and exact-size bytes at once and hands anything else
+    to the checked path: both give the same bytes, and a bool in a wide field is refused
+    either way."""
+    lay = cm.Req.LAYOUT
+    plain = cm.Req(local_qpn=0x123456, end_to_end_flow_control=1, private_data=bytes(92))
+    assert lay.encode(plain) == lay._encode_checked(plain)
+    short = cm.Req(private_data=b"rate")  # padded with zeros to 92 bytes
+    assert lay.encode(short) == lay._encode_checked(short) == lay.encode(
+        cm.Req(private_data=b"rate" + bytes(88)))
+    odd = [
+        cm.Req(local_qpn=0x123456, end_to_end_flow_control=True),  # bool, 1-bit field
+        cm.Req(transport_service_type=cm.TransportServiceType.UC),  # an IntEnum
+        cm.Req(private_data=bytearray(b"ab")),  # type: ignore[arg-type]  # short, padded
+        cm.Req(primary_local_gid=memoryview(bytes(range(16)))),  # type: ignore[arg-type]
+    ]
+    for m in odd:
+        assert lay.encode(m) == lay._encode_checked(m)
+    assert lay.encode(odd[0]) == lay.encode(cm.Req(local_qpn=0x123456, end_to_end_flow_control=1))
+    with pytest.raises(InvalidArgument, match="must be an int") as ei:
+        lay.encode(cm.Req(local_qpn=True))
+    assert ei.value.argument == "req.local_qpn"
+
+
 def test_encode_header_must_match_message() -> None:
     hdr = cm.cm_header(cm.Rep(), tid=1)
     assert cm.encode(cm.Rep(), hdr=hdr) == cm.encode(cm.Rep(), tid=1)

@@ -153,9 +153,9 @@ def _registry_key() -> tuple[Any, ...]:
     """What the registry's contents depend on: the state directory (its path, owner and
     mode, and who reads it: :func:`~softrdma.drivers.registry.check_state_dir`) and its ``devices.json``
     (replaced on every change: inode, size, mtime)."""
-    d = registry.state_dir()
-    out: list[Any] = [str(d), os.geteuid()]
-    for p in (d, d / registry.Registry.FILE):
+    d = os.fspath(registry.state_dir())  # plain strings: pathlib costs more than the lstat
+    out: list[Any] = [d, os.geteuid()]
+    for p in (d, os.path.join(d, registry.Registry.FILE)):
         try:
             st = os.lstat(p)
         except OSError:

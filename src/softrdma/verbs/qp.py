@@ -252,6 +252,7 @@ class QP(VerbsObject):
         if attr_mask & ~qp_rules.STANDARD_MASK:
             raise NotSupported(f"attr_mask bits {attr_mask & ~qp_rules.STANDARD_MASK:#x} "
                                "are not supported")
+        attr_mask = int(attr_mask)  # an IntFlag's every ``&`` below is a Python-level call
         engine = self.engine
 
         def _apply(now: float) -> None:

@@ -7,6 +7,7 @@ given attribute in range.
 from __future__ import annotations
 
 from collections.abc import Sized
+from types import SimpleNamespace
 from typing import Any
 
 from .. import enums as e
@@ -25,6 +26,9 @@ __all__ = ["QPCap", "QPInitAttr", "QPAttr", "M", "explain_refusal", "check_attrs
            "state_text"]
 
 M = e.ibv_qp_attr_mask
+#: the mask bits as plain ints: IntFlag's ``&`` is a Python-level call, and
+#: :func:`check_attrs` tests each bit on every modify
+_BIT = SimpleNamespace(**{m.name: int(m) for m in M if m.name is not None})
 UD = QPT_UD
 _QP_ACCESS = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
                  | e.IBV_ACCESS_REMOTE_ATOMIC)
@@ -162,22 +166,23 @@ def check_attrs(ctx: Context, pkeys: Sized, a: QPAttr, mask: int) -> ModifyAttrs
     step 4 of :mod:`.qp`'s list) for a QP of ``ctx`` whose port holds ``pkeys``; what the
     engine is given (``QPEngine.modify``)."""
     out: ModifyAttrs = {}
-    if mask & M.IBV_QP_PORT:
+    mask = int(mask)
+    if mask & _BIT.IBV_QP_PORT:
         if a.port_num != 1:
             raise InvalidArgument("qp_attr.port_num", f"must be 1, got {a.port_num!r}")
         out["port_num"] = 1
-    if mask & M.IBV_QP_PKEY_INDEX:
+    if mask & _BIT.IBV_QP_PKEY_INDEX:
         n = len(pkeys)
         out["pkey_index"] = uint(a.pkey_index, n - 1, "qp_attr.pkey_index")
-    if mask & M.IBV_QP_QKEY:
+    if mask & _BIT.IBV_QP_QKEY:
         out["qkey"] = uint(a.qkey, U32, "qp_attr.qkey")
-    if mask & M.IBV_QP_AV:
+    if mask & _BIT.IBV_QP_AV:
         if a.ah_attr is None:
             raise InvalidArgument("qp_attr.ah_attr", "IBV_QP_AV given without ah_attr")
         out["ah"] = address_vector(ctx, a.ah_attr, "qp_attr.ah_attr")
-    if mask & M.IBV_QP_ALT_PATH:
+    if mask & _BIT.IBV_QP_ALT_PATH:
         raise InvalidArgument("qp_attr.alt_ah_attr", "RoCE has no alternate path (APM is IB only)")
-    if mask & M.IBV_QP_PATH_MTU:
+    if mask & _BIT.IBV_QP_PATH_MTU:
         mtu = a.path_mtu
         if mtu not in (1, 2, 3, 4, 5):
             raise InvalidArgument("qp_attr.path_mtu", f"not an ibv_mtu value: {mtu!r}")
@@ -186,32 +191,32 @@ def check_attrs(ctx: Context, pkeys: Sized, a: QPAttr, mask: int) -> ModifyAttrs
             raise InvalidArgument("qp_attr.path_mtu", f"{128 << mtu} is above the port's "
                                   f"active MTU {128 << active}")
         out["path_mtu"] = mtu
-    if mask & M.IBV_QP_TIMEOUT:
+    if mask & _BIT.IBV_QP_TIMEOUT:
         out["timeout"] = uint(a.timeout, 31, "qp_attr.timeout")
-    if mask & M.IBV_QP_RETRY_CNT:
+    if mask & _BIT.IBV_QP_RETRY_CNT:
         out["retry_cnt"] = uint(a.retry_cnt, 7, "qp_attr.retry_cnt")
-    if mask & M.IBV_QP_RNR_RETRY:
+    if mask & _BIT.IBV_QP_RNR_RETRY:
         out["rnr_retry"] = uint(a.rnr_retry, 7, "qp_attr.rnr_retry")
-    if mask & M.IBV_QP_MIN_RNR_TIMER:
+    if mask & _BIT.IBV_QP_MIN_RNR_TIMER:
         out["min_rnr_timer"] = uint(a.min_rnr_timer, 31, "qp_attr.min_rnr_timer")
-    if mask & M.IBV_QP_MAX_QP_RD_ATOMIC:
+    if mask & _BIT.IBV_QP_MAX_QP_RD_ATOMIC:
         out["max_rd_atomic"] = uint(a.max_rd_atomic, MAX_QP_RD_ATOM, "qp_attr.max_rd_atomic")
-    if mask & M.IBV_QP_MAX_DEST_RD_ATOMIC:
+    if mask & _BIT.IBV_QP_MAX_DEST_RD_ATOMIC:
         out["max_dest_rd_atomic"] = uint(a.max_dest_rd_atomic, MAX_QP_RD_ATOM,
                                           "qp_attr.max_dest_rd_atomic")
-    if mask & M.IBV_QP_RQ_PSN:
+    if mask & _BIT.IBV_QP_RQ_PSN:
         out["rq_psn"] = uint(a.rq_psn, U32, "qp_attr.rq_psn") & 0xFFFFFF
-    if mask & M.IBV_QP_SQ_PSN:
+    if mask & _BIT.IBV_QP_SQ_PSN:
         out["sq_psn"] = uint(a.sq_psn, U32, "qp_attr.sq_psn") & 0xFFFFFF
-    if mask & M.IBV_QP_DEST_QPN:
+    if mask & _BIT.IBV_QP_DEST_QPN:
         out["dest_qp_num"] = uint(a.dest_qp_num, U24, "qp_attr.dest_qp_num")
-    if mask & M.IBV_QP_ACCESS_FLAGS:
+    if mask & _BIT.IBV_QP_ACCESS_FLAGS:
         acc = a.qp_access_flags
         if not isinstance(acc, int) or acc < 0 or acc & ~ACCESS_SUPPORTED:
             raise InvalidArgument("qp_attr.qp_access_flags", f"unknown access flags {acc!r}")
         out["access_flags"] = acc & _QP_ACCESS
-    if mask & M.IBV_QP_EN_SQD_ASYNC_NOTIFY:
+    if mask & _BIT.IBV_QP_EN_SQD_ASYNC_NOTIFY:
         out["en_sqd_async_notify"] = bool(a.en_sqd_async_notify)
-    if mask & M.IBV_QP_PATH_MIG_STATE:
+    if mask & _BIT.IBV_QP_PATH_MIG_STATE:
         uint(a.path_mig_state, int(e.IBV_MIG_ARMED), "qp_attr.path_mig_state")
     return out

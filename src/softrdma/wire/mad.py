@@ -20,6 +20,7 @@ included), so decode and encode are exact inverses.
 
 from __future__ import annotations
 
+import operator
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
@@ -147,7 +148,7 @@ class Layout:
     its width and raises :class:`InvalidArgument` naming ``what.field`` when it does not fit.
     """
 
-    __slots__ = ("what", "units", "st", "size", "names", "widths", "_ops")
+    __slots__ = ("what", "units", "st", "size", "names", "widths", "_ops", "_get", "_flat", "_split")
 
     def __init__(self, what: str, units: Sequence[Unit]) -> None:
         self.what = what
@@ -179,21 +180,68 @@ class Layout:
         self.names = tuple(names)
         self.widths = widths
         self._ops = tuple(ops)
+        # The fast path of encode: every value fetched by one attrgetter call; per unit
+        # (byte size, padded, ()) for a byte string, (0, False, ((shift, mask), ...)) for
+        # an int unit.
+        get = operator.attrgetter(*names)
+        self._get: Any = get if len(names) > 1 else (lambda obj: (get(obj),))
+        self._flat = tuple((fops[0][1], pad, ()) if is_bytes
+                           else (0, False, tuple((sh, m) for _, sh, m in fops))
+                           for is_bytes, pad, fops in ops)
+        # decode: per unit None when its value is the field's (a byte string, or one
+        # field spanning the unit), else the (shift, mask) of each of its fields
+        self._split = tuple(None if is_bytes or (len(fops) == 1 and fops[0][1] == 0)
+                            else tuple((sh, m) for _, sh, m in fops)
+                            for is_bytes, _pad, fops in ops)
 
     def decode(self, buf: Any, offset: int = 0) -> dict[str, Any]:
         """Field values of the layout at ``buf[offset:]`` (the caller checks the length)."""
-        out: dict[str, Any] = {}
-        for v, (is_bytes, _pad, fops) in zip(self.st.unpack_from(buf, offset), self._ops,
-                                             strict=True):
-            if is_bytes:
-                out[fops[0][0]] = v
+        return dict(zip(self.names, self.values(buf, offset), strict=True))
+
+    def values(self, buf: Any, offset: int = 0) -> list[Any]:
+        """The field values at ``buf[offset:]`` in the order of :attr:`names`."""
+        out: list[Any] = []
+        add = out.append
+        for v, split in zip(self.st.unpack_from(buf, offset), self._split, strict=True):
+            if split is None:
+                add(v)
             else:
-                for name, shift, mask in fops:
-                    out[name] = (v >> shift) & mask
+                for shift, mask in split:
+                    add((v >> shift) & mask)
         return out
 
     def encode(self, obj: object) -> bytes:
-        """Pack the attributes of ``obj`` named by the layout. Raises InvalidArgument."""
+        """Pack the attributes of ``obj`` named by the layout. Raises InvalidArgument.
+
+        Values that are plain ints in range and byte strings that fit are packed at once
+        (``struct`` zero-fills a short padded one); anything else (a bool, a bytearray,
+        a bad value) takes :meth:`_encode_checked`, which packs it or names the field
+        that does not fit."""
+        vals = self._get(obj)
+        args: list[int | bytes] = []
+        i = 0
+        for size, pad, fops in self._flat:
+            if size:
+                b = vals[i]
+                i += 1
+                if type(b) is not bytes or (len(b) != size and not (pad and len(b) < size)):
+                    return self._encode_checked(obj)
+                args.append(b)
+                continue
+            v = 0
+            for shift, mask in fops:
+                f = vals[i]
+                i += 1
+                if type(f) is not int and (type(f) is bool or not isinstance(f, int)):
+                    return self._encode_checked(obj)
+                if f < 0 or f > mask:
+                    return self._encode_checked(obj)
+                v |= f << shift
+            args.append(v)
+        return self.st.pack(*args)
+
+    def _encode_checked(self, obj: object) -> bytes:
+        """:meth:`encode` with every value checked on its own (names the bad field)."""
         args: list[int | bytes] = []
         for is_bytes, pad, fops in self._ops:
             if is_bytes:
@@ -240,8 +288,9 @@ class Body:
         if have < lay.size:
             raise DecodeError(f"{lay.what}: needs {lay.size} bytes, got {max(have, 0)}")
         obj = cls.__new__(cls)
-        for k, v in lay.decode(buf, offset).items():
-            object.__setattr__(obj, k, v)
+        put = object.__setattr__
+        for k, v in zip(lay.names, lay.values(buf, offset), strict=True):
+            put(obj, k, v)
         obj.check_decoded()
         return obj
 
