@@ -119,9 +119,10 @@ def _cmd_pcap_check(args: argparse.Namespace) -> int:
                    max_errors=args.max_errors, verbose=args.verbose))
 
 
-def _add_admin_output_args(p: argparse.ArgumentParser) -> None:
-    """``-d``, ``-j``, ``-p``: the options ``stats`` and ``res`` share (as iproute2's
-    ``rdma`` tool has them)."""
+def _add_admin_args(p: argparse.ArgumentParser, words: str, words_help: str) -> None:
+    """The object words and ``-d``, ``-j``, ``-p``: what ``stats`` and ``res`` share (as
+    iproute2's ``rdma`` tool has them)."""
+    p.add_argument("words", nargs="*", metavar=words, help=words_help)
     p.add_argument("-d", "--dev", metavar="DEV", default=None, help="only device DEV")
     p.add_argument("-j", "--json", action="store_true", help="JSON output")
     p.add_argument("-p", "--pretty", action="store_true", help="pretty JSON")
@@ -310,9 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
                    description="softrdma stats [show [link DEV[/PORT]]]: the counters of "
                    "every device's port (RoCE and iWARP), one line each as `rdma statistic show link` "
                    "prints them; a shared device's are the whole device's.")
-    p.add_argument("words", nargs="*", metavar="show [link DEV[/PORT]]",
-                   help="rdma statistic's object syntax: 'show', 'show link DEV/PORT'")
-    _add_admin_output_args(p)
+    _add_admin_args(p, "show [link DEV[/PORT]]",
+                    "rdma statistic's object syntax: 'show', 'show link DEV/PORT'")
     p.add_argument("-w", "--watch", type=float, default=None, metavar="SECONDS",
                    help="print the counters again every SECONDS")
     p.add_argument("-n", "--count", type=int, default=None, metavar="COUNT",
@@ -323,9 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
                    description="softrdma res [show] [qp|cq|mr|pd] | res statistic [qp]: "
                    "every object open on each RoCE device, across processes, one line each "
                    "as `rdma resource show` prints them; `statistic`: each QP's counters.")
-    p.add_argument("words", nargs="*", metavar="show [qp|cq|mr|pd] | statistic [qp]",
-                   help="rdma resource's object syntax")
-    _add_admin_output_args(p)
+    _add_admin_args(p, "show [qp|cq|mr|pd] | statistic [qp]", "rdma resource's object syntax")
     p.set_defaults(handler=_runs("softrdma.tools.admin.res", "res"))
     for name in PERFTEST_TOOLS:
         verb, tst = name.split("-")
