@@ -138,6 +138,9 @@ class EngineQP:
         self.init = init
         # the creation attributes the data path reads per packet or per completion
         self.qp_type = qp_type
+        # the transport bits of the opcodes this QP takes (IBA 9.2.3, Table 35); the XRC
+        # QPs say XRC
+        self.bth_transport = _TRANSPORT_OF[qp_type]
         self.pd = init.pd
         self.complete_send = init.send_cq
         self.complete_recv = init.recv_cq
@@ -410,7 +413,7 @@ class EngineQP:
             self.counters.rcvd_bad_state += 1
             return
         info = pkt.info
-        if info.transport != _TRANSPORT_OF[self.qp_type]:
+        if info.transport != self.bth_transport:
             self.port.counters.rcvd_bad_opcode += 1
             self.counters.rcvd_bad_opcode += 1
             return

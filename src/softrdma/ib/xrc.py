@@ -36,7 +36,7 @@ import weakref
 
 from ..errors import ResourceError
 from ..seam.queues import EngineSRQ, QPInit
-from ..seam.states import ERR, INIT, QPT_RC, RESET, RTS, SQD, SQE
+from ..seam.states import QPT_RC
 from ..seam.types import AddressHandle, CompletionSink, RecvWQE, WorkCompletion
 from ..wire.ib import IBPacket
 from ..wire.opcodes import Transport
@@ -140,6 +140,7 @@ class XrcIniQP(EngineQP):
         if init.qp_type != QPT_RC or init.srq is not None or init.max_recv_wr:
             raise ValueError("an XRC INI QP is created with the RC type and no receive queue")
         super().__init__(port, init)
+        self.bth_transport = _XRC
 
     def tx(self, parts: list[bytes | bytearray | memoryview], length: int,
            av: AddressHandle | None = None) -> None:
@@ -157,7 +158,7 @@ class XrcIniQP(EngineQP):
             self.port.counters.rcvd_bad_opcode += 1
             self.counters.rcvd_bad_opcode += 1
             return
-        _receive_rc(self, pkt, meta, now)
+        super().receive(pkt, meta, now)
 
     def post_recv(self, rwqe: RecvWQE) -> None:
         raise ResourceError("an XRC INI QP has no receive queue")
@@ -172,6 +173,7 @@ class XrcTgtQP(EngineQP):
     def __init__(self, port: Port, xrcd: XrcDomain, qpn: int | None = None) -> None:
         super().__init__(port, QPInit(QPT_RC, None, _ignore_completion, _ignore_completion,
                                       None, 0, 0, 0, 0, 0, False), qpn)
+        self.bth_transport = _XRC
         self.xrcd: XrcDomain | None = xrcd
         self.bound: XrcSRQ | None = None  # the SRQ of the request being executed
         xrcd.tgt_qps[self.qpn] = self
@@ -189,7 +191,7 @@ class XrcTgtQP(EngineQP):
             self.port.counters.rcvd_bad_opcode += 1
             self.counters.rcvd_bad_opcode += 1
             return
-        _receive_rc(self, pkt, meta, now)
+        super().receive(pkt, meta, now)
 
     def bind_srq(self, pkt: IBPacket) -> bool:
         """Make the SRQ named by ``pkt``'s XRCETH this QP's SRQ for the request (its
@@ -217,25 +219,3 @@ class XrcTgtQP(EngineQP):
         if xrcd is not None and xrcd.tgt_qps.get(self.qpn) is self:
             del xrcd.tgt_qps[self.qpn]
         super().destroy()
-
-
-def _receive_rc(qp: EngineQP, pkt: IBPacket, meta: RxMeta, now: float) -> None:
-    """The RC receive path of :meth:`EngineQP.receive` after the transport check."""
-    st = qp.state
-    if st == RESET or st == INIT or st == ERR:
-        qp.port.counters.rcvd_bad_state += 1
-        qp.counters.rcvd_bad_state += 1
-        return
-    if not qp.from_peer(meta):
-        qp.port.counters.rcvd_bad_addr += 1
-        qp.counters.rcvd_bad_addr += 1
-        return
-    if not qp.port.pkey_ok(pkt.pkey, qp.pkey, False):
-        qp.port.counters.rcvd_bad_pkey += 1
-        qp.counters.rcvd_bad_pkey += 1
-        return
-    if pkt.info.is_response:
-        if st in (RTS, SQD, SQE):
-            qp.comp.on_response(pkt, now)
-        return
-    qp.resp.on_request(pkt, meta, now)
