@@ -29,7 +29,7 @@ from softrdma.seam.types import WorkCompletion
 from softrdma.verbs.device import MAX_CQE
 
 from . import libibverbs_enums as e
-from .base import PyverbsCM, PyverbsObject, rdma_error
+from .base import PyverbsCM, PyverbsObject, rdma_error, translate
 from .pyverbs_error import PyverbsRDMAError, PyverbsUserError
 from .utils import flags_to_str
 
@@ -99,18 +99,14 @@ class CompChannel(_v.CompChannel, PyverbsCM):
 
     def __init__(self, context: Any) -> None:
         PyverbsObject.__init__(self)
-        try:
+        with translate("Failed to create a completion channel"):
             super().__init__(context)
-        except SoftRdmaError as exc:
-            raise rdma_error("Failed to create a completion channel", exc) from exc
 
     def get_cq_event(self, expected_cq: Any = None) -> Any:
         """Wait for the next CQ event (``ibv_get_cq_event``); it must be ``expected_cq``'s
         when one is given."""
-        try:
+        with translate("Failed to get CQ event"):
             cq = super().get_cq_event(None)
-        except SoftRdmaError as exc:
-            raise rdma_error("Failed to get CQ event", exc) from exc
         if expected_cq is not None and cq is not expected_cq:
             raise PyverbsRDMAError("Received event on an unexpected CQ")
         return cq
@@ -132,10 +128,8 @@ class CQ(_v.CQ, PyverbsCM):
     def __init__(self, creator: Any, cqe: Any, cq_context: Any = None,
                  channel: CompChannel | None = None, comp_vector: int = 0) -> None:
         PyverbsObject.__init__(self)
-        try:
+        with translate("Failed to create a CQ"):
             super().__init__(creator, _cqe(cqe), cq_context, channel, int(comp_vector))
-        except SoftRdmaError as exc:
-            raise rdma_error("Failed to create a CQ", exc) from exc
         self.num_events = 0
 
     @property
@@ -144,7 +138,7 @@ class CQ(_v.CQ, PyverbsCM):
 
     def poll(self, num_entries: int = 1) -> tuple[int, list[WC]]:  # type: ignore[override]
         """Up to ``num_entries`` completions (``ibv_poll_cq``)."""
-        try:
+        try:  # not ``with translate``: the spin loop's call, where it costs most
             n, wcs = super().poll(num_entries)
         except SoftRdmaError as exc:
             raise rdma_error("Failed to poll CQ", exc) from exc
@@ -158,16 +152,12 @@ class CQ(_v.CQ, PyverbsCM):
 
     def req_notify(self, solicited_only: bool = False) -> None:
         """Arm the CQ (``ibv_req_notify_cq``)."""
-        try:
+        with translate("Request notify CQ returned"):
             super().req_notify(bool(solicited_only))
-        except SoftRdmaError as exc:
-            raise rdma_error("Request notify CQ returned", exc) from exc
 
     def ack_events(self, num_events: int) -> None:
-        try:
+        with translate("Failed to ack CQ events"):
             super().ack_events(num_events)
-        except SoftRdmaError as exc:
-            raise rdma_error("Failed to ack CQ events", exc) from exc
 
     def resize(self, cqe: int) -> None:
         """``ibv_resize_cq``: EINVAL below the queued completions or above max_cqe."""

@@ -29,7 +29,7 @@ from softrdma.verbs._object import VerbsObject, release_on
 from . import libibverbs_enums as e
 from ._imports import file_handle, resolve, unimport
 from ._procmem import ProcessMemoryRegion
-from .base import PyverbsCM, PyverbsObject, rdma_error
+from .base import PyverbsCM, PyverbsObject, rdma_error, translate
 from .device import DM
 from .pd import PD
 from .pyverbs_error import PyverbsRDMAError, PyverbsUserError
@@ -272,10 +272,8 @@ class MW(VerbsObject, PyverbsCM):
             raise PyverbsUserError(f"MW: expected a PD, got {type(pd).__name__}")
         if mw_type not in (MW_TYPE_1, MW_TYPE_2):
             raise PyverbsRDMAError("Failed to allocate MW", errno.EINVAL)
-        try:
+        with translate("Failed to allocate MW"):
             pd._check()
-        except SoftRdmaError as exc:
-            raise rdma_error("Failed to allocate MW", exc) from exc
         ctx = pd.ctx
         self._runtime = ctx.runtime
         self._port = ctx.port

@@ -21,11 +21,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from softrdma import verbs as _v
-from softrdma.errors import InvalidArgument, SoftRdmaError
+from softrdma.errors import InvalidArgument
 
 from . import libibverbs_enums as e
 from ._imports import file_handle, resolve, unimport
-from .base import PyverbsCM, PyverbsObject, rdma_error
+from .base import PyverbsCM, PyverbsObject, translate
 from .device import Context
 from .pyverbs_error import PyverbsRDMAError, PyverbsUserError
 
@@ -55,10 +55,8 @@ class PD(_v.PD, PyverbsCM):
             found = resolve(creator, "pd", handle, PD)
             assert isinstance(found, PD)
             origin = found
-        try:
+        with translate("Failed to allocate PD"):
             super().__init__(creator)
-        except SoftRdmaError as exc:
-            raise rdma_error("Failed to allocate PD", exc) from exc
         if origin is not None:
             self._handle, self._origin = origin.handle, origin
 

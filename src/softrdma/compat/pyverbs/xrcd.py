@@ -13,10 +13,9 @@ import errno
 from typing import Any
 
 from softrdma import verbs as _v
-from softrdma.errors import SoftRdmaError
 
 from . import libibverbs_enums as e
-from .base import PyverbsCM, PyverbsObject, rdma_error
+from .base import PyverbsCM, PyverbsObject, translate
 from .pyverbs_error import PyverbsRDMAError, PyverbsUserError
 
 __all__ = ["XRCDInitAttr", "XRCD"]
@@ -46,10 +45,8 @@ class XRCD(_v.XRCD, PyverbsCM):
             raise PyverbsRDMAError("Failed to allocate XRCD", errno.EOPNOTSUPP)
         if mask & (_FD | _OFLAGS) != _FD | _OFLAGS:
             raise PyverbsRDMAError("Failed to allocate XRCD", errno.EINVAL)
-        try:
+        with translate("Failed to allocate XRCD"):
             super().__init__(context, int(init_attr.fd), int(init_attr.oflags))
-        except SoftRdmaError as exc:
-            raise rdma_error("Failed to allocate XRCD", exc) from exc
 
     def close(self) -> None:
         """``ibv_close_xrcd``."""
