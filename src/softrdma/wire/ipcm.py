@@ -25,6 +25,7 @@ from typing import ClassVar
 
 from ..errors import DecodeError, InvalidArgument
 from .cm import ARI_SIZE, MsgType, Rej, RejReason
+from .fields import check_bits
 from .gid import V4_MAPPED_PREFIX
 from .mad import Body, Layout, raw, u8, u16
 
@@ -195,10 +196,8 @@ class IpCmReject:
 
     def encode(self) -> bytes:
         """The ARI bytes in use (4 + len(suggested)); :func:`reject` zero-fills to 72."""
-        if not 0 <= self.code <= 0xFF:
-            raise InvalidArgument("code", f"ARI code must be 0..255, got {self.code}")
-        if not 0 <= self.filler <= 0xFF:
-            raise InvalidArgument("filler", f"must be 0..255, got {self.filler}")
+        check_bits("code", self.code, 8)
+        check_bits("filler", self.filler, 8)
         if len(self.suggested) > _SUGGESTED_MAX:
             raise InvalidArgument("suggested", f"at most {_SUGGESTED_MAX} bytes, "
                                                f"got {len(self.suggested)}")
