@@ -178,6 +178,9 @@ class EventChannel:
             self._cv.notify_all()
 
     def _pop(self) -> RdmaCmEvent | None:
+        """The next event, or None; :class:`ClosedError` once the channel is destroyed."""
+        if self.closed:
+            raise ClosedError("the event channel is destroyed")
         with self._cv:
             if not self._q:
                 return None
@@ -222,8 +225,6 @@ class EventChannel:
         seconds (None: wait for ever)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            if self.closed:
-                raise ClosedError("the event channel is destroyed")
             ev = self._pop()
             if ev is not None:
                 return ev
@@ -257,8 +258,6 @@ class EventChannel:
         """The asyncio form of :meth:`get_cm_event`."""
         loop = asyncio.get_running_loop()
         while True:
-            if self.closed:
-                raise ClosedError("the event channel is destroyed")
             ev = self._pop()
             if ev is not None:
                 return ev
