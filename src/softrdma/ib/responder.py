@@ -296,8 +296,7 @@ class Responder:
         qp = self.qp
         d = psn_diff(pkt.psn, self.epsn)
         if d > 0:
-            qp.port.counters.out_of_seq_request += 1
-            qp.counters.out_of_seq_request += 1
+            qp.count("out_of_seq_request")
             if not self.nak_sent:  # one NAK per sequence error (IBA 9.7.5.1.3; rxe sent_psn_nak)
                 self.nak_sent = True
                 self._nak(self.epsn, wib.NAK_PSN_SEQ_ERR)
@@ -306,8 +305,7 @@ class Responder:
         # (softrdma.ib.xrc); a bad XRCETH is an access violation (Annex A14).
         bound = qp.xrcd is None or qp.bind_srq(pkt)
         if d < 0:
-            qp.port.counters.duplicate_request += 1
-            qp.counters.duplicate_request += 1
+            qp.count("duplicate_request")
             if bound:
                 self._duplicate(pkt)
             return
@@ -322,8 +320,7 @@ class Responder:
         except _RNR:
             # Receiver not ready (IBA 9.7.5.2.8): RNR NAK with our min_rnr_timer; the
             # requester resends this PSN after the timer.
-            qp.port.counters.send_rnr_nak += 1
-            qp.counters.send_rnr_nak += 1
+            qp.count("send_rnr_nak")
             self.flush_pending_ack()
             self.send_ack(pkt.psn, wib.AETH_RNR_NAK | (qp.min_rnr_timer & 0x1F))
 
@@ -481,19 +478,16 @@ class Responder:
         qp = self.qp
         info = pkt.info
         if pkt.psn != self.epsn:
-            qp.port.counters.out_of_seq_request += 1
-            qp.counters.out_of_seq_request += 1
+            qp.count("out_of_seq_request")
             if self.cur != 0:
-                qp.port.counters.dropped_uc += 1
-                qp.counters.dropped_uc += 1
+                qp.count("dropped_uc")
                 rwqe = self.rwqe
                 self._clear_msg()
                 if rwqe is not None:
                     qp.return_rwqe(rwqe)
         self.epsn = (pkt.psn + 1) & PSN_MASK
         if self.cur == 0 and not info.pos_int & _POS_FIRST:
-            qp.port.counters.dropped_uc += 1
-            qp.counters.dropped_uc += 1
+            qp.count("dropped_uc")
             return
         try:
             kind = info.kind
@@ -507,8 +501,7 @@ class Responder:
             self._check_comm_est()
         except (_NAK, _RNR):
             # UC errors are silent: drop the message (IBA 9.9.4); the WQE is reused.
-            qp.port.counters.dropped_uc += 1
-            qp.counters.dropped_uc += 1
+            qp.count("dropped_uc")
             rwqe = self.rwqe
             self._clear_msg()
             if rwqe is not None:

@@ -155,8 +155,7 @@ class XrcIniQP(EngineQP):
         """Only XRC responses (ACK/NAK, READ responses, atomic ACKs) are for an INI QP."""
         info = pkt.info
         if info.transport != _XRC or not info.is_response:
-            self.port.counters.rcvd_bad_opcode += 1
-            self.counters.rcvd_bad_opcode += 1
+            self.count("rcvd_bad_opcode")
             return
         super().receive(pkt, meta, now)
 
@@ -188,8 +187,7 @@ class XrcTgtQP(EngineQP):
         """Only XRC requests are for a TGT QP; each one first binds the SRQ it names."""
         info = pkt.info
         if info.transport != _XRC or not info.is_request:
-            self.port.counters.rcvd_bad_opcode += 1
-            self.counters.rcvd_bad_opcode += 1
+            self.count("rcvd_bad_opcode")
             return
         super().receive(pkt, meta, now)
 
