@@ -33,6 +33,7 @@ a shared device); an SRQ and every TGT QP that delivers into it live in one proc
 from __future__ import annotations
 
 import weakref
+from typing import ClassVar
 
 from ..errors import ResourceError
 from ..seam.queues import EngineSRQ, QPInit
@@ -130,17 +131,39 @@ def _ignore_completion(wc: WorkCompletion) -> None:
     """A TGT QP completes into the SRQ's CQ; this stands in until a request binds one."""
 
 
-class XrcIniQP(EngineQP):
+class _XrcQP(EngineQP):
+    """What the XRC INI and TGT QPs share: the RC machinery on XRC opcodes (IBA 9.2.3,
+    Table 35), taking one direction only: an INI QP responses, a TGT QP requests."""
+
+    fast_rc = False  # XRC opcodes, and an XRCETH on every request (``tx``)
+    #: True: this QP takes XRC responses (INI); False: XRC requests (TGT)
+    takes_responses: ClassVar[bool]
+
+    def __init__(self, port: Port, init: QPInit, qpn: int | None = None) -> None:
+        super().__init__(port, init, qpn)
+        self.bth_transport = _XRC
+
+    def receive(self, pkt: IBPacket, meta: RxMeta, now: float) -> None:
+        """Only XRC packets of this QP's direction (an INI QP: ACK/NAK, READ responses,
+        atomic ACKs; a TGT QP: requests, each of which first binds the SRQ it names)."""
+        info = pkt.info
+        if info.transport != _XRC or not (
+                info.is_response if self.takes_responses else info.is_request):
+            self.count("rcvd_bad_opcode")
+            return
+        super().receive(pkt, meta, now)
+
+
+class XrcIniQP(_XrcQP):
     """XRC initiator (send) QP: the RC requester, whose requests carry the XRC opcodes and
     the XRCETH naming each work request's remote SRQ (``SendWQE.xrc_srqn``)."""
 
-    fast_rc = False  # every request packet needs its XRCETH (``tx``)
+    takes_responses = True
 
     def __init__(self, port: Port, init: QPInit) -> None:
         if init.qp_type != QPT_RC or init.srq is not None or init.max_recv_wr:
             raise ValueError("an XRC INI QP is created with the RC type and no receive queue")
         super().__init__(port, init)
-        self.bth_transport = _XRC
 
     def tx(self, parts: list[bytes | bytearray | memoryview], length: int,
            av: AddressHandle | None = None) -> None:
@@ -151,28 +174,19 @@ class XrcIniQP(EngineQP):
         parts[0] = xrc_request_header(bytes(parts[0]), wqe.xrc_srqn)
         super().tx(parts, length + XRCETH_SIZE, av)
 
-    def receive(self, pkt: IBPacket, meta: RxMeta, now: float) -> None:
-        """Only XRC responses (ACK/NAK, READ responses, atomic ACKs) are for an INI QP."""
-        info = pkt.info
-        if info.transport != _XRC or not info.is_response:
-            self.count("rcvd_bad_opcode")
-            return
-        super().receive(pkt, meta, now)
-
     def post_recv(self, rwqe: RecvWQE) -> None:
         raise ResourceError("an XRC INI QP has no receive queue")
 
 
-class XrcTgtQP(EngineQP):
+class XrcTgtQP(_XrcQP):
     """XRC target (receive) QP: the RC responder, delivering each request to the XRC SRQ
     its XRCETH names (checked against this QP's domain), answering with XRC opcodes."""
 
-    fast_rc = False  # it takes XRC opcodes only
+    takes_responses = False
 
     def __init__(self, port: Port, xrcd: XrcDomain, qpn: int | None = None) -> None:
         super().__init__(port, QPInit(QPT_RC, None, _ignore_completion, _ignore_completion,
                                       None, 0, 0, 0, 0, 0, False), qpn)
-        self.bth_transport = _XRC
         self.xrcd: XrcDomain | None = xrcd
         self.bound: XrcSRQ | None = None  # the SRQ of the request being executed
         xrcd.tgt_qps[self.qpn] = self
@@ -182,14 +196,6 @@ class XrcTgtQP(EngineQP):
         """Queue one response with its XRC opcode (no XRCETH on responses)."""
         parts[0] = xrc_response_header(bytes(parts[0]))
         super().tx(parts, length, av)
-
-    def receive(self, pkt: IBPacket, meta: RxMeta, now: float) -> None:
-        """Only XRC requests are for a TGT QP; each one first binds the SRQ it names."""
-        info = pkt.info
-        if info.transport != _XRC or not info.is_request:
-            self.count("rcvd_bad_opcode")
-            return
-        super().receive(pkt, meta, now)
 
     def bind_srq(self, pkt: IBPacket) -> bool:
         """Make the SRQ named by ``pkt``'s XRCETH this QP's SRQ for the request (its
