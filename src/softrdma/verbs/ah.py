@@ -21,7 +21,7 @@ from ..wire.gid import is_v4_mapped
 from ._args import U8, U16, uint
 from ._object import VerbsObject
 from .device import GID, Context, gid_table_len
-from .pd import PD
+from .pd import PD, open_pd
 
 __all__ = ["GlobalRoute", "AHAttr", "AH", "address_vector", "ethernet_priority", "MAX_ROCE_SL"]
 
@@ -148,9 +148,7 @@ class AH(VerbsObject):
 
     def __init__(self, pd: PD, attr: AHAttr) -> None:
         super().__init__()
-        if not isinstance(pd, PD):
-            raise InvalidArgument("pd", f"expected a PD, got {type(pd).__name__}")
-        pd._check()
+        pd = open_pd(pd)
         self.av = address_vector(pd.ctx, attr, "attr")
         self._count_on(pd.ctx.objects, "max_ah")
         self._depend_on(pd)

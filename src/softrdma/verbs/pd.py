@@ -11,7 +11,7 @@ from ..errors import InvalidArgument
 from ._object import VerbsObject
 from .device import Context
 
-__all__ = ["PD"]
+__all__ = ["PD", "open_pd"]
 
 
 class PD(VerbsObject):
@@ -31,3 +31,12 @@ class PD(VerbsObject):
     def __repr__(self) -> str:
         state = " closed" if self._closed else ""
         return f"<PD of {self.ctx.name}{state}>"
+
+
+def open_pd(pd: object) -> PD:
+    """``pd`` if it is an open :class:`PD` (what every object created on a PD checks
+    first); else :class:`InvalidArgument` naming ``pd``, or the closed PD's error."""
+    if not isinstance(pd, PD):
+        raise InvalidArgument("pd", f"expected a PD, got {type(pd).__name__}")
+    pd._check()
+    return pd

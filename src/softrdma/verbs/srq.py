@@ -14,7 +14,7 @@ from ..seam.queues import EngineSRQ
 from ._args import uint
 from ._object import VerbsObject
 from .device import MAX_SRQ_SGE, MAX_SRQ_WR
-from .pd import PD
+from .pd import PD, open_pd
 from .wr import RecvWR, build_recv_wqe, chain
 
 __all__ = ["SrqAttr", "SrqInitAttr", "SRQ"]
@@ -51,9 +51,7 @@ class SRQ(VerbsObject):
 
     def __init__(self, pd: PD, init_attr: SrqInitAttr) -> None:
         super().__init__()
-        if not isinstance(pd, PD):
-            raise InvalidArgument("pd", f"expected a PD, got {type(pd).__name__}")
-        pd._check()
+        pd = open_pd(pd)
         if not isinstance(init_attr, SrqInitAttr):
             raise InvalidArgument("init_attr", f"expected SrqInitAttr, got {type(init_attr).__name__}")
         a = init_attr.attr

@@ -18,9 +18,10 @@ import ctypes
 import errno as _errno
 import logging
 from types import TracebackType
-from typing import Any, Generic, TypeVar, cast, overload
+from typing import Generic, TypeVar, cast, overload
 
 from softrdma.errors import SoftRdmaError
+from softrdma.verbs._object import Closing
 
 from .pyverbs_error import PyverbsRDMAError
 
@@ -83,18 +84,8 @@ class PyverbsObject:
         self.logger.setLevel(val)
 
 
-class PyverbsCM(PyverbsObject):
+class PyverbsCM(PyverbsObject, Closing):
     """A pyverbs object with resources: ``close()`` and the context-manager protocol."""
-
-    def close(self) -> None:
-        """Release the object (idempotent)."""
-
-    def __enter__(self) -> Any:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()
 
 
 class Forward(Generic[_T]):
