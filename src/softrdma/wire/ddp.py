@@ -24,6 +24,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import ClassVar
 
 from ..errors import DecodeError, InvalidArgument
 from .fields import check_bits
@@ -261,13 +262,9 @@ class DdpTagged:
     rv: int = RDMAP_VERSION
     rdmap_rsvd: int = 0
 
-    @property
-    def tagged(self) -> bool:
-        return True
-
-    @property
-    def hdr_len(self) -> int:
-        return TAGGED_HDR_LEN
+    #: the T bit (RFC 5041 §4.2) and the header's length with the RDMAP control byte
+    tagged: ClassVar[bool] = True
+    hdr_len: ClassVar[int] = TAGGED_HDR_LEN
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,13 +285,9 @@ class DdpUntagged:
     rv: int = RDMAP_VERSION
     rdmap_rsvd: int = 0
 
-    @property
-    def tagged(self) -> bool:
-        return False
-
-    @property
-    def hdr_len(self) -> int:
-        return UNTAGGED_HDR_LEN
+    #: the T bit (RFC 5041 §4.2) and the header's length with the RDMAP control byte
+    tagged: ClassVar[bool] = False
+    hdr_len: ClassVar[int] = UNTAGGED_HDR_LEN
 
 
 DdpHeader = DdpTagged | DdpUntagged
