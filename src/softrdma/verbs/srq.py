@@ -8,6 +8,8 @@ When the queue drops below a non-zero limit the engine raises
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from .. import enums as e
 from ..errors import InvalidArgument
 from ..seam.queues import EngineSRQ
@@ -20,15 +22,13 @@ from .wr import RecvWR, build_recv_wqe, chain
 __all__ = ["SrqAttr", "SrqInitAttr", "SRQ"]
 
 
+@dataclass(eq=False, slots=True)
 class SrqAttr:
     """``struct ibv_srq_attr``."""
 
-    __slots__ = ("max_wr", "max_sge", "srq_limit")
-
-    def __init__(self, max_wr: int = 100, max_sge: int = 1, srq_limit: int = 0) -> None:
-        self.max_wr = max_wr
-        self.max_sge = max_sge
-        self.srq_limit = srq_limit
+    max_wr: int = 100
+    max_sge: int = 1
+    srq_limit: int = 0
 
     def __repr__(self) -> str:
         return f"SrqAttr(max_wr={self.max_wr}, max_sge={self.max_sge}, srq_limit={self.srq_limit})"

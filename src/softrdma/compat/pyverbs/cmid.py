@@ -29,6 +29,7 @@ import ipaddress
 import os
 import socket
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from softrdma.cm import rdma_cm as rc
@@ -148,13 +149,13 @@ class UDParam(PyverbsObject):
         self.ah_attr = ah_attr_from_verbs(ud.ah_attr) if ud is not None else AHAttr()
 
 
+@dataclass(eq=False)
 class JoinMCAttrEx(PyverbsObject):
     """``struct rdma_cm_join_mc_attr_ex``."""
 
-    def __init__(self, addr: Any = None, comp_mask: int = 0, join_flags: int = 0) -> None:
-        self.addr = addr
-        self.comp_mask = comp_mask
-        self.join_flags = join_flags
+    addr: Any = None
+    comp_mask: int = 0
+    join_flags: int = 0
 
 
 class CMEventChannel(PyverbsObject):

@@ -11,6 +11,7 @@ as on rxe. Limits and checks are rxe's (``rxe_srq_chk_attr``, EINVAL).
 from __future__ import annotations
 
 import errno
+from dataclasses import dataclass
 from typing import Any
 
 from softrdma import verbs as _v
@@ -30,13 +31,13 @@ _SRQT_XRC = int(e.IBV_SRQT_XRC)
 SIA = e.ibv_srq_init_attr_mask
 
 
+@dataclass(eq=False)
 class SrqAttr(PyverbsObject):
     """``struct ibv_srq_attr``."""
 
-    def __init__(self, max_wr: int = 100, max_sge: int = 1, srq_limit: int = 0) -> None:
-        self.max_wr = max_wr
-        self.max_sge = max_sge
-        self.srq_limit = srq_limit
+    max_wr: int = 100
+    max_sge: int = 1
+    srq_limit: int = 0
 
 
 class SrqInitAttr(PyverbsObject):

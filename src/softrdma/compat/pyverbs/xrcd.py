@@ -10,6 +10,7 @@ an existing one (EINVAL, as the kernel's ``ib_uverbs_open_xrcd``).
 from __future__ import annotations
 
 import errno
+from dataclasses import dataclass
 from typing import Any
 
 from softrdma import verbs as _v
@@ -25,13 +26,13 @@ _OFLAGS = int(e.IBV_XRCD_INIT_ATTR_OFLAGS)
 _RESERVED = int(e.IBV_XRCD_INIT_ATTR_RESERVED)
 
 
+@dataclass(eq=False)
 class XRCDInitAttr(PyverbsObject):
     """``struct ibv_xrcd_init_attr``."""
 
-    def __init__(self, comp_mask: int, oflags: int, fd: int) -> None:
-        self.comp_mask = comp_mask
-        self.oflags = oflags
-        self.fd = fd
+    comp_mask: int
+    oflags: int
+    fd: int
 
 
 class XRCD(_v.XRCD, PyverbsCM):
