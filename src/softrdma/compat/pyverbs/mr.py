@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 from softrdma import verbs as _v
@@ -237,15 +238,14 @@ def mwtype2str(mw_type: int) -> str:
     return {1: "IBV_MW_TYPE_1", 2: "IBV_MW_TYPE_2"}.get(mw_type, f"Unknown MW type ({mw_type})")
 
 
+@dataclass(eq=False)
 class MWBindInfo(PyverbsCM):
     """``struct ibv_mw_bind_info``: the MR, range and access a bind grants."""
 
-    def __init__(self, mr: MR, addr: int, length: int, mw_access_flags: int) -> None:
-        super().__init__()
-        self.mr = mr
-        self.addr = addr
-        self.length = length
-        self.mw_access_flags = mw_access_flags
+    mr: MR
+    addr: int
+    length: int
+    mw_access_flags: int
 
 
 class MWBind(PyverbsCM):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from softrdma import verbs as _v
@@ -111,17 +112,15 @@ AllocFunc = Callable[[Any, Any, int, int, int], int]
 FreeFunc = Callable[[Any, Any, int, int], Any]
 
 
+@dataclass(eq=False)
 class ParentDomainContext(PyverbsObject):
     """Custom allocators and user data of a parent domain (``ibv_parent_domain_init_attr``
     ``alloc``/``free``/``pd_context``)."""
 
-    def __init__(self, pd: PD, alloc_func: AllocFunc, free_func: FreeFunc,
-                 user_data: Any = None) -> None:
-        super().__init__()
-        self.pd = pd
-        self.alloc_func = alloc_func
-        self.free_func = free_func
-        self.user_data = user_data
+    pd: PD
+    alloc_func: AllocFunc
+    free_func: FreeFunc
+    user_data: Any = None
 
 
 class ParentDomainInitAttr(PyverbsObject):
