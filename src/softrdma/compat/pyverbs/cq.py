@@ -21,6 +21,7 @@ import errno
 import socket
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from softrdma import verbs as _v
@@ -197,6 +198,24 @@ class PollCqAttr(PyverbsObject):
         self.comp_mask = comp_mask
 
 
+def _wc_reader(name: str, flag: int | None = None) -> Callable[[CQEX], int]:
+    """A ``read_<name>`` method of :class:`CQEX`: field ``name`` of the completion being
+    polled, present only when the CQ was created with ``flag`` in its wc_flags (None:
+    always)."""
+    def read(self: CQEX) -> int:
+        wc = self._wc() if flag is None else self._field(int(flag))
+        return int(getattr(wc, name))
+    read.__name__ = read.__qualname__ = f"read_{name}"
+    return read
+
+
+def _not_kept(what: str) -> Callable[[CQEX], int]:
+    """A ``read_*`` method of :class:`CQEX` for a field a software CQ never keeps."""
+    def read(self: CQEX) -> int:
+        raise PyverbsUserError(f"The CQ was not created with {what}")
+    return read
+
+
 class CQEX(CQ):
     """An extended CQ (``ibv_create_cq_ex``) with the ``start_poll``/``poll_next`` API."""
 
@@ -287,47 +306,23 @@ class CQEX(CQ):
     def wr_id(self) -> int:
         return self._wc().wr_id
 
-    def read_opcode(self) -> int:
-        return self._wc().opcode
-
-    def read_vendor_err(self) -> int:
-        return self._wc().vendor_err
-
-    def read_byte_len(self) -> int:
-        return self._field(int(e.IBV_WC_EX_WITH_BYTE_LEN)).byte_len
-
-    def read_imm_data(self) -> int:
-        return self._field(int(e.IBV_WC_EX_WITH_IMM)).imm_data
-
-    def read_qp_num(self) -> int:
-        return self._field(int(e.IBV_WC_EX_WITH_QP_NUM)).qp_num
-
-    def read_src_qp(self) -> int:
-        return self._field(int(e.IBV_WC_EX_WITH_SRC_QP)).src_qp
-
-    def read_wc_flags(self) -> int:
-        return self._wc().wc_flags
-
-    def read_slid(self) -> int:
-        return self._field(int(e.IBV_WC_EX_WITH_SLID)).slid
-
-    def read_sl(self) -> int:
-        return self._field(int(e.IBV_WC_EX_WITH_SL)).sl
-
-    def read_dlid_path_bits(self) -> int:
-        return self._field(int(e.IBV_WC_EX_WITH_DLID_PATH_BITS)).dlid_path_bits
-
-    def read_timestamp(self) -> int:
-        raise PyverbsUserError("The CQ was not created with completion timestamps")
-
-    def read_completion_wallclock_ns(self) -> int:
-        raise PyverbsUserError("The CQ was not created with wall-clock timestamps")
-
-    def read_cvlan(self) -> int:
-        raise PyverbsUserError("The CQ was not created with CVLAN")
-
-    def read_flow_tag(self) -> int:
-        raise PyverbsUserError("The CQ was not created with flow tags")
+    # ibv_wc_read_*: one field of the completion being polled; the optional ones need
+    # their IBV_WC_EX_WITH_* flag in the CQ's wc_flags, the ones a software CQ never
+    # fills raise as on a CQ created without them
+    read_opcode = _wc_reader("opcode")
+    read_vendor_err = _wc_reader("vendor_err")
+    read_byte_len = _wc_reader("byte_len", e.IBV_WC_EX_WITH_BYTE_LEN)
+    read_imm_data = _wc_reader("imm_data", e.IBV_WC_EX_WITH_IMM)
+    read_qp_num = _wc_reader("qp_num", e.IBV_WC_EX_WITH_QP_NUM)
+    read_src_qp = _wc_reader("src_qp", e.IBV_WC_EX_WITH_SRC_QP)
+    read_wc_flags = _wc_reader("wc_flags")
+    read_slid = _wc_reader("slid", e.IBV_WC_EX_WITH_SLID)
+    read_sl = _wc_reader("sl", e.IBV_WC_EX_WITH_SL)
+    read_dlid_path_bits = _wc_reader("dlid_path_bits", e.IBV_WC_EX_WITH_DLID_PATH_BITS)
+    read_timestamp = _not_kept("completion timestamps")
+    read_completion_wallclock_ns = _not_kept("wall-clock timestamps")
+    read_cvlan = _not_kept("CVLAN")
+    read_flow_tag = _not_kept("flow tags")
 
     def read_tm_info(self) -> WcTmInfo:
         raise PyverbsUserError("The CQ was not created with tag-matching info")
