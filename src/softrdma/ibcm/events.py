@@ -11,6 +11,7 @@ Annex A11 Table 5 code with its suggested value (A11.7, oA11-2).
 
 from __future__ import annotations
 
+import builtins
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -104,7 +105,7 @@ class CmEvent:
     info: dict[str, Any] = field(default_factory=dict)
 
     # ---- typed views of ``info`` (the message that caused the event) --------------------
-    def _message(self, key: str, cls: type[_M]) -> _M | None:
+    def _message(self, key: str, cls: builtins.type[_M]) -> _M | None:
         """``info[key]`` if it is a ``cls`` message, else None."""
         m = self.info.get(key)
         return m if isinstance(m, cls) else None
