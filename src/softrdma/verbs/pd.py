@@ -28,6 +28,12 @@ class PD(VerbsObject):
         self._depend_on(ctx)
         self.ctx = ctx
 
+    @property
+    def protection_domain(self) -> PD:
+        """The PD the engine's access checks compare (IBA 10.6.3.2): this one (pyverbs'
+        parent domains and imported PDs name another)."""
+        return self
+
     def __repr__(self) -> str:
         state = " closed" if self._closed else ""
         return f"<PD of {self.ctx.name}{state}>"

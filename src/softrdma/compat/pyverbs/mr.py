@@ -22,10 +22,10 @@ from typing import Any
 
 from softrdma import verbs as _v
 from softrdma.errors import SoftRdmaError
-from softrdma.ib.mw import MW_TYPE_1, MW_TYPE_2, BindRequest, EngineMW
+from softrdma.ib.mw import BindRequest
 from softrdma.seam.types import MemoryRegion, SendWQE
 from softrdma.verbs import mr as _vmr
-from softrdma.verbs._object import VerbsObject, release_on
+from softrdma.verbs._object import VerbsObject
 
 from . import libibverbs_enums as e
 from ._imports import file_handle, resolve, unimport
@@ -258,49 +258,22 @@ class MWBind(PyverbsCM):
         self.wr_id = wr_id
 
 
-class MW(VerbsObject, PyverbsCM):
+class MW(_v.MW, PyverbsCM):
     """A memory window (``ibv_alloc_mw``, IBA 10.6.7): type 1 (bound with
     :meth:`QP.bind_mw <softrdma.compat.pyverbs.qp.QP.bind_mw>`) or type 2 (bound with a
     BIND_MW work request). The window lives in the engine (:mod:`softrdma.ib.mw`); closing
-    it (or its PD) deallocates it and its R_Key stops working."""
-
-    _close_rank = 1
+    it (or its PD) deallocates it and its R_Key stops working. Verbs' :class:`MW
+    <softrdma.verbs.mw.MW>` with pyverbs' errors and ``handle``."""
 
     def __init__(self, pd: PD, mw_type: int) -> None:
-        VerbsObject.__init__(self)
         if not isinstance(pd, PD):
             raise PyverbsUserError(f"MW: expected a PD, got {type(pd).__name__}")
-        if mw_type not in (MW_TYPE_1, MW_TYPE_2):
-            raise PyverbsRDMAError("Failed to allocate MW", errno.EINVAL)
         with translate("Failed to allocate MW"):
-            pd._check()
-        ctx = pd.ctx
-        self._runtime = ctx.runtime
-        self._port = ctx.port
-        with self._runtime.lock:
-            key = self._port.new_key()
-            self.engine = EngineMW(int(mw_type), pd.protection_domain, key)
-        self._depend_on(pd)
-        self.pd = pd
-        self.type = int(mw_type)
-        self._rkey = key
-
-    @property
-    def rkey(self) -> int:
-        """The window's R_Key: for type 1 the key of its last bind (set when the bind is
-        posted, as ``ibv_bind_mw`` does); for type 2 the key it is bound with."""
-        return self._rkey if self.type == MW_TYPE_1 else int(self.engine.rkey)
+            super().__init__(pd, mw_type)
 
     @property
     def handle(self) -> int:
         return self._rkey >> 8
-
-    def _release(self) -> None:
-        release_on(self._runtime, self.engine.free, self._port)
-
-    def close(self) -> None:
-        """Deallocate the window (``ibv_dealloc_mw``); idempotent."""
-        VerbsObject.close(self)
 
 
 def bind_wqe(mw: MW, bind_info: MWBindInfo | None, rkey: int, wr_id: int,
