@@ -119,15 +119,6 @@ def _cmd_pcap_check(args: argparse.Namespace) -> int:
                    max_errors=args.max_errors, verbose=args.verbose))
 
 
-def _add_admin_args(p: argparse.ArgumentParser, words: str, words_help: str) -> None:
-    """The object words and ``-d``, ``-j``, ``-p``: what ``stats`` and ``res`` share (as
-    iproute2's ``rdma`` tool has them)."""
-    p.add_argument("words", nargs="*", metavar=words, help=words_help)
-    p.add_argument("-d", "--dev", metavar="DEV", default=None, help="only device DEV")
-    p.add_argument("-j", "--json", action="store_true", help="JSON output")
-    p.add_argument("-p", "--pretty", action="store_true", help="pretty JSON")
-
-
 # -- parser ----------------------------------------------------------------------------
 
 def _add_tool_args(module: str, sub: argparse.ArgumentParser, *extra: Any) -> None:
@@ -306,25 +297,20 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tool_args("softrdma.tools.ibverbs.xsrq_pingpong", p)
     p.set_defaults(handler=_runs("softrdma.tools.ibverbs.xsrq_pingpong", "xsrq-pingpong"))
 
-    p = add_parser("stats", help="port counters: packets, bytes, retransmissions, RNR NAKs, "
-                   "drops by reason (rdma statistic)",
-                   description="softrdma stats [show [link DEV[/PORT]]]: the counters of "
-                   "every device's port (RoCE and iWARP), one line each as `rdma statistic show link` "
-                   "prints them; a shared device's are the whole device's.")
-    _add_admin_args(p, "show [link DEV[/PORT]]",
-                    "rdma statistic's object syntax: 'show', 'show link DEV/PORT'")
-    p.add_argument("-w", "--watch", type=float, default=None, metavar="SECONDS",
-                   help="print the counters again every SECONDS")
-    p.add_argument("-n", "--count", type=int, default=None, metavar="COUNT",
-                   help="with -w: stop after COUNT rounds")
-    p.set_defaults(handler=_runs("softrdma.tools.admin.stats", "stats"))
-    p = add_parser("res", help="objects on the devices: QPs, CQs, MRs, PDs of every process "
-                   "(rdma resource); per-QP counters",
-                   description="softrdma res [show] [qp|cq|mr|pd] | res statistic [qp]: "
-                   "every object open on each RoCE device, across processes, one line each "
-                   "as `rdma resource show` prints them; `statistic`: each QP's counters.")
-    _add_admin_args(p, "show [qp|cq|mr|pd] | statistic [qp]", "rdma resource's object syntax")
-    p.set_defaults(handler=_runs("softrdma.tools.admin.res", "res"))
+    tool("stats", "softrdma.tools.admin.stats", args_module="softrdma.tools.admin.args",
+         extra=("stats",),
+         help="port counters: packets, bytes, retransmissions, RNR NAKs, drops by reason "
+         "(rdma statistic)",
+         description="softrdma stats [show [link DEV[/PORT]]]: the counters of every "
+         "device's port (RoCE and iWARP), one line each as `rdma statistic show link` "
+         "prints them; a shared device's are the whole device's.")
+    tool("res", "softrdma.tools.admin.res", args_module="softrdma.tools.admin.args",
+         extra=("res",),
+         help="objects on the devices: QPs, CQs, MRs, PDs of every process (rdma "
+         "resource); per-QP counters",
+         description="softrdma res [show] [qp|cq|mr|pd] | res statistic [qp]: every object "
+         "open on each RoCE device, across processes, one line each as `rdma resource "
+         "show` prints them; `statistic`: each QP's counters.")
     for name in PERFTEST_TOOLS:
         verb, tst = name.split("-")
         p = add_parser(name, help=f"perftest's ib_{verb}_{tst}: "
