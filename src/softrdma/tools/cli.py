@@ -210,12 +210,11 @@ def build_parser() -> argparse.ArgumentParser:
          "sends -C messages on each connection, the client answers, the server "
          "disconnects. Interoperates with rdma-core's ucmatose.")
 
-    p = add_parser("mckey", help="rdma_cm multicast over UD QPs: join, send, leave "
-                   "(librdmacm mckey)",
-                   description="mckey: -m GROUP joins the group and receives -C messages; "
-                   "with -s it sends them. Interoperates with rdma-core's mckey.")
-    _add_tool_args("softrdma.tools.rdmacm.cmflags", p, "mckey")
-    p.set_defaults(handler=_runs("softrdma.tools.rdmacm.mckey", "mckey"))
+    tool("mckey", "softrdma.tools.rdmacm.mckey", args_module="softrdma.tools.rdmacm.cmflags",
+         extra=("mckey",),
+         help="rdma_cm multicast over UD QPs: join, send, leave (librdmacm mckey)",
+         description="mckey: -m GROUP joins the group and receives -C messages; with -s it "
+         "sends them. Interoperates with rdma-core's mckey.")
 
     for name, role in (("rdma-server", "listen on -s ADDR -p PORT, accept one connection"),
                        ("rdma-client", "connect to -s ADDR -p PORT")):
@@ -289,13 +288,11 @@ def build_parser() -> argparse.ArgumentParser:
          "be the server and wait; with it, connect. Same flags, output and TCP "
          "exchange as the C tool.")
 
-    p = add_parser("xsrq-pingpong", help="SENDs over XRC to the peer's XRC SRQ "
-                   "(ibv_xsrq_pingpong)", description="ibv_xsrq_pingpong: without "
-                   "SERVERNAME be the server and wait; with it, connect. XRC INI/TGT QPs "
-                   "and an XRC SRQ per side; same flags, output and TCP exchange as the C "
-                   "tool.")
-    _add_tool_args("softrdma.tools.ibverbs.xsrq_pingpong", p)
-    p.set_defaults(handler=_runs("softrdma.tools.ibverbs.xsrq_pingpong", "xsrq-pingpong"))
+    tool("xsrq-pingpong", "softrdma.tools.ibverbs.xsrq_pingpong",
+         help="SENDs over XRC to the peer's XRC SRQ (ibv_xsrq_pingpong)",
+         description="ibv_xsrq_pingpong: without SERVERNAME be the server and wait; with "
+         "it, connect. XRC INI/TGT QPs and an XRC SRQ per side; same flags, output and TCP "
+         "exchange as the C tool.")
 
     tool("stats", "softrdma.tools.admin.stats", args_module="softrdma.tools.admin.args",
          extra=("stats",),
