@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
-from ..drivers.wakepipe import WakePipe
+from ..drivers.eventpipe import EventPipe
 from ..errors import ClosedError
 from ..ibcm.events import RejectInfo
 
@@ -156,7 +156,7 @@ class EventChannel:
     def __init__(self) -> None:
         self._q: deque[RdmaCmEvent] = deque()
         self._cv = threading.Condition()
-        self._bell = WakePipe()
+        self._bell = EventPipe()
         self.closed = False
         self.unacked = 0
 
@@ -169,7 +169,7 @@ class EventChannel:
             if self.closed:
                 return
             self._q.append(ev)
-            self._bell.ring()
+            self._bell.wake()
             self._cv.notify_all()
 
     def _pop(self) -> RdmaCmEvent | None:

@@ -26,7 +26,7 @@ import time
 from collections import deque
 
 from .. import enums as e
-from ..drivers.wakepipe import WakePipe
+from ..drivers.eventpipe import EventPipe
 from ..errors import InvalidArgument, StateError
 from ..seam.types import WorkCompletion
 from ._args import timeout as check_timeout
@@ -73,7 +73,7 @@ class CompChannel(VerbsObject):
         self.ctx = ctx
         self._events: deque[CQ] = deque()
         self._lock = threading.Lock()
-        self._bell = WakePipe()
+        self._bell = EventPipe()
 
     def fileno(self) -> int:
         self._check()
@@ -82,7 +82,7 @@ class CompChannel(VerbsObject):
     def _notify(self, cq: CQ) -> None:
         with self._lock:
             self._events.append(cq)
-        self._bell.ring()
+        self._bell.wake()
 
     def get_cq_event(self, timeout: float | None = None) -> CQ:
         """The CQ of the next completion event (``ibv_get_cq_event``).
