@@ -45,28 +45,20 @@ _KNOWN_CQ_FLAGS = sum(int(f) for f in e.ibv_create_cq_attr_flags)
 _KNOWN_COMP_MASK = int(e.IBV_CQ_INIT_ATTR_MASK_FLAGS | e.IBV_CQ_INIT_ATTR_MASK_PD)
 
 
-class WC(PyverbsObject):
-    """A work completion (``struct ibv_wc``)."""
+class WC(WorkCompletion, PyverbsObject):
+    """A work completion (``struct ibv_wc``): the engine's :class:`WorkCompletion` with
+    pyverbs' argument order, ``slid``/``sl``/``dlid_path_bits`` as arguments and
+    ``imm_data`` in network order (:meth:`from_engine`)."""
 
     def __init__(self, wr_id: int = 0, status: int = 0, opcode: int = 0, vendor_err: int = 0,
                  byte_len: int = 0, qp_num: int = 0, src_qp: int = 0, imm_data: int = 0,
                  wc_flags: int = 0, pkey_index: int = 0, slid: int = 0, sl: int = 0,
                  dlid_path_bits: int = 0) -> None:
-        super().__init__()
-        self.wr_id = wr_id
-        self.status = status
-        self.opcode = opcode
-        self.vendor_err = vendor_err
-        self.byte_len = byte_len
-        self.qp_num = qp_num
-        self.src_qp = src_qp
-        self.imm_data = imm_data
-        self.wc_flags = wc_flags
-        self.pkey_index = pkey_index
+        super().__init__(wr_id, status, opcode, qp_num, byte_len, imm_data, src_qp, wc_flags,
+                         vendor_err, pkey_index)
         self.slid = slid
         self.sl = sl
         self.dlid_path_bits = dlid_path_bits
-        self.invalidated_rkey = 0
 
     @classmethod
     def from_engine(cls, w: WorkCompletion) -> WC:
