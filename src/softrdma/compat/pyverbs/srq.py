@@ -11,7 +11,6 @@ as on rxe. Limits and checks are rxe's (``rxe_srq_chk_attr``, EINVAL).
 from __future__ import annotations
 
 import errno
-from dataclasses import dataclass
 from typing import Any
 
 from softrdma import verbs as _v
@@ -31,13 +30,8 @@ _SRQT_XRC = int(e.IBV_SRQT_XRC)
 SIA = e.ibv_srq_init_attr_mask
 
 
-@dataclass(eq=False)
-class SrqAttr(PyverbsObject):
-    """``struct ibv_srq_attr``."""
-
-    max_wr: int = 100
-    max_sge: int = 1
-    srq_limit: int = 0
+class SrqAttr(_v.SrqAttr, PyverbsObject):
+    """``struct ibv_srq_attr``: verbs' :class:`~softrdma.verbs.srq.SrqAttr`."""
 
 
 class SrqInitAttr(PyverbsObject):
@@ -146,7 +140,7 @@ class SRQ(_v.SRQ, PyverbsCM):
         with translate("Failed to modify SRQ"):
             super().modify(_v.SrqAttr(attr.max_wr, attr.max_sge, attr.srq_limit), comp_mask)
 
-    def query(self) -> SrqAttr:  # type: ignore[override]
+    def query(self) -> SrqAttr:
         """``ibv_query_srq``."""
         with translate("Failed to query SRQ"):
             a = super().query()
