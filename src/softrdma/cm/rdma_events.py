@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import select
 import threading
 import time
@@ -23,6 +22,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, Generic, Self, TypeVar
 
+from ..drivers.eventpipe import EventPipe
 from ..errors import ClosedError
 from ..ibcm.events import RejectInfo
 
@@ -158,9 +158,7 @@ class EventChannel(Generic[IdT]):
     def __init__(self) -> None:
         self._q: deque[RdmaCmEvent[IdT]] = deque()
         self._cv = threading.Condition()
-        self._r, self._w = os.pipe()
-        os.set_blocking(self._r, False)
-        os.set_blocking(self._w, False)
+        self._bell = EventPipe()
         self.closed = False
         self.unacked = 0
 
@@ -173,21 +171,18 @@ class EventChannel(Generic[IdT]):
             if self.closed:
                 return
             self._q.append(ev)
-            try:
-                os.write(self._w, b"\0")
-            except BlockingIOError:
-                pass
+            self._bell.wake()
             self._cv.notify_all()
 
     def _pop(self) -> RdmaCmEvent[IdT] | None:
+        """The next event, or None; :class:`ClosedError` once the channel is destroyed."""
+        if self.closed:
+            raise ClosedError("the event channel is destroyed")
         with self._cv:
             if not self._q:
                 return None
             ev = self._q.popleft()
-            try:
-                os.read(self._r, 1)
-            except BlockingIOError:
-                pass
+            self._bell.take()
             self.unacked += 1
             return ev
 
@@ -209,10 +204,7 @@ class EventChannel(Generic[IdT]):
             dropped = len(self._q) - len(keep)
             self._q = keep
             if dropped:
-                try:
-                    os.read(self._r, dropped)  # one pipe byte per queued event
-                except BlockingIOError:
-                    pass
+                self._bell.take(dropped)
         return children
 
     def pending(self) -> int:
@@ -224,8 +216,6 @@ class EventChannel(Generic[IdT]):
         seconds (None: wait for ever)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            if self.closed:
-                raise ClosedError("the event channel is destroyed")
             ev = self._pop()
             if ev is not None:
                 return ev
@@ -246,21 +236,19 @@ class EventChannel(Generic[IdT]):
 
     def fileno(self) -> int:
         """A descriptor readable while events are pending (``channel->fd``)."""
-        return self._r
+        return self._bell.r
 
     def poll(self, timeout: float) -> bool:
         """True if an event is pending within ``timeout`` seconds."""
         if self._q:
             return True
-        select.select([self._r], [], [], timeout)
+        select.select([self._bell.r], [], [], timeout)
         return bool(self._q)
 
     async def next_event(self) -> RdmaCmEvent[IdT]:
         """The asyncio form of :meth:`get_cm_event`."""
         loop = asyncio.get_running_loop()
         while True:
-            if self.closed:
-                raise ClosedError("the event channel is destroyed")
             ev = self._pop()
             if ev is not None:
                 return ev
@@ -269,12 +257,12 @@ class EventChannel(Generic[IdT]):
             def ready(f: asyncio.Future[None] = fut) -> None:
                 if not f.done():
                     f.set_result(None)
-            loop.add_reader(self._r, ready)
+            loop.add_reader(self._bell.r, ready)
             try:
                 if not self._q:
                     await fut
             finally:
-                loop.remove_reader(self._r)
+                loop.remove_reader(self._bell.r)
 
     def take_events_of(self, cm_id: object) -> list[RdmaCmEvent[IdT]]:
         """Remove and return the pending events of ``cm_id`` (``rdma_migrate_id``)."""
@@ -283,11 +271,7 @@ class EventChannel(Generic[IdT]):
             if mine:
                 self._q = deque(ev for ev in self._q if not (ev.id is cm_id
                                                               or ev.listen_id is cm_id))
-                for _ in mine:
-                    try:
-                        os.read(self._r, 1)
-                    except BlockingIOError:
-                        break
+                self._bell.take(len(mine))
             return mine
 
     def close(self) -> None:
@@ -298,11 +282,7 @@ class EventChannel(Generic[IdT]):
             self.closed = True
             self._q.clear()
             self._cv.notify_all()
-        for fd in (self._r, self._w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        self._bell.close()
 
     def __enter__(self) -> Self:
         return self

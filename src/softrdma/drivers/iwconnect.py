@@ -31,6 +31,7 @@ from __future__ import annotations
 import errno
 import socket
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidArgument, SoftRdmaError, StateError
@@ -49,16 +50,14 @@ MAX_PENDING = 1024  # connections negotiating MPA at once per listener; beyond: 
 _MIN_WAIT = 0.001  # s: an MPA timer just due is looked at again after this
 
 
+@dataclass(eq=False, slots=True)
 class _Pending:
     """An accepted TCP connection negotiating MPA (waiting for its Request)."""
 
-    __slots__ = ("conn", "peer", "local", "deadline")
-
-    def __init__(self, conn: IwarpConn, peer: Any, local: Any, deadline: float) -> None:
-        self.conn = conn
-        self.peer = peer
-        self.local = local
-        self.deadline = deadline
+    conn: IwarpConn
+    peer: Any
+    local: Any
+    deadline: float
 
 
 class ConnectError(SoftRdmaError):

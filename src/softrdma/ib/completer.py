@@ -84,8 +84,7 @@ class Completer:
         qp = self.qp
         psn = pkt.psn
         if psn_diff(psn, req.next_psn) >= 0:
-            qp.port.counters.rcvd_seq_err += 1  # acknowledges a PSN never sent: ghost
-            qp.counters.rcvd_seq_err += 1
+            qp.count("rcvd_seq_err")  # acknowledges a PSN never sent: ghost
             return
         kind = pkt.info.kind
         if kind == op.Kind.ACK:
@@ -99,8 +98,7 @@ class Completer:
             w = self._oldest()
             if w is None or w.state == UNSENT or w.first_psn != psn or not w.rd_atomic \
                     or w.opcode == _W_READ:
-                qp.port.counters.rcvd_malformed += 1
-                qp.counters.rcvd_malformed += 1
+                qp.count("rcvd_malformed")
                 return
             if w.state != DONE:
                 segs = w.segs
@@ -118,13 +116,11 @@ class Completer:
         if t == wib.AETH_ACK:
             self._ack_upto(psn, now)
         elif t == wib.AETH_RNR_NAK:
-            qp.port.counters.rcvd_rnr_nak += 1
-            qp.counters.rcvd_rnr_nak += 1
+            qp.count("rcvd_rnr_nak")
             self._ack_upto((psn - 1) & PSN_MASK, now)
             self._rnr(psn, syn & 0x1F, now)
         elif t == wib.AETH_NAK:
-            qp.port.counters.rcvd_nak += 1
-            qp.counters.rcvd_nak += 1
+            qp.count("rcvd_nak")
             self._ack_upto((psn - 1) & PSN_MASK, now)
             if syn == wib.NAK_PSN_SEQ_ERR:
                 self._retry(psn, now)
@@ -215,16 +211,14 @@ class Completer:
         self._ack_upto((psn - 1) & PSN_MASK, now)
         w = self._oldest()
         if w is None or w.opcode != _W_READ or w.state == UNSENT:
-            qp.port.counters.rcvd_malformed += 1
-            qp.counters.rcvd_malformed += 1
+            qp.count("rcvd_malformed")
             return
         mtu = qp.mtu
         got = w.read_received
         expected = (w.first_psn + got // mtu) & PSN_MASK
         d = psn_diff(psn, expected)
         if d < 0:
-            qp.port.counters.duplicate_request += 1
-            qp.counters.duplicate_request += 1
+            qp.count("duplicate_request")
             return
         if d > 0:
             # a response packet was lost: re-request from the first missing one (go-back-N)
@@ -297,8 +291,7 @@ class Completer:
             return
         if qp.rnr_retry != 7:
             if self.rnr_left <= 0:
-                qp.port.counters.rnr_nak_retry_err += 1
-                qp.counters.rnr_nak_retry_err += 1
+                qp.count("rnr_nak_retry_err")
                 req.fail(w, WCS.IBV_WC_RNR_RETRY_EXC_ERR)
                 return
             self.rnr_left -= 1
@@ -317,13 +310,11 @@ class Completer:
             return
         if charged and qp.retry_cnt != RETRY_FOREVER:
             if self.retry_left <= 0:
-                qp.port.counters.retry_exceeded_err += 1
-                qp.counters.retry_exceeded_err += 1
+                qp.count("retry_exceeded_err")
                 req.fail(w, WCS.IBV_WC_RETRY_EXC_ERR)
                 return
             self.retry_left -= 1
-        qp.port.counters.completer_retry += 1
-        qp.counters.completer_retry += 1
+        qp.count("completer_retry")
         req.window.on_loss(req.next_psn, timeout)
         req.cwnd = req.window.size()
         req.go_back(psn)

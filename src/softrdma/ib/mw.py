@@ -19,6 +19,8 @@ A zero-length bind of a type-1 window leaves it bound to nothing (any access fai
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..enums import ibv_access_flags as ACC
 from ..enums import ibv_wc_status as WCS
 from ..seam.protocols import DeviceEngine
@@ -63,19 +65,16 @@ class EngineMW:
         self.freed = True
 
 
+@dataclass(eq=False, slots=True)
 class BindRequest:
     """The bind a BIND_MW work request carries (``struct ibv_mw_bind_info`` + new key)."""
 
-    __slots__ = ("mw", "mr", "addr", "length", "access", "rkey")
-
-    def __init__(self, mw: EngineMW, mr: MemoryRegion | None, addr: int, length: int,
-                 access: int, rkey: int) -> None:
-        self.mw = mw
-        self.mr = mr
-        self.addr = addr
-        self.length = length
-        self.access = access
-        self.rkey = rkey
+    mw: EngineMW
+    mr: MemoryRegion | None
+    addr: int
+    length: int
+    access: int
+    rkey: int
 
     def execute(self, port: DeviceEngine, qp: object, qp_pd: object) -> int:
         """Bind; 0 on success, else the WC status (IBV_WC_MW_BIND_ERR)."""

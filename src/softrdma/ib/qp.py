@@ -109,6 +109,9 @@ class EngineQP:
         self.init = init
         # the creation attributes the data path reads per packet or per completion
         self.qp_type = qp_type
+        # the transport bits of the opcodes this QP takes (IBA 9.2.3, Table 35); the XRC
+        # QPs say XRC
+        self.bth_transport = _TRANSPORT_OF[qp_type]
         self.pd = init.pd
         self.complete_send = init.send_cq
         self.complete_recv = init.recv_cq
@@ -373,25 +376,29 @@ class EngineQP:
             if not members:
                 del self.port.mcast[bytes(mgid)]
 
+    def count(self, name: str) -> None:
+        """One more of counter ``name`` for this QP and for its port (``rdma statistic``
+        shows both; used on the drop and error paths, not per packet)."""
+        pc = self.port.counters
+        setattr(pc, name, getattr(pc, name) + 1)
+        qc = self.counters
+        setattr(qc, name, getattr(qc, name) + 1)
+
     # ---- engine entry points ------------------------------------------------------------------
     def receive(self, pkt: wib.IBPacket, meta: RxMeta, now: float) -> None:
         st = self.state
         if st == RESET or st == INIT or st == ERR:
-            self.port.counters.rcvd_bad_state += 1
-            self.counters.rcvd_bad_state += 1
+            self.count("rcvd_bad_state")
             return
         info = pkt.info
-        if info.transport != _TRANSPORT_OF[self.qp_type]:
-            self.port.counters.rcvd_bad_opcode += 1
-            self.counters.rcvd_bad_opcode += 1
+        if info.transport != self.bth_transport:
+            self.count("rcvd_bad_opcode")
             return
         if not self.from_peer(meta):
-            self.port.counters.rcvd_bad_addr += 1
-            self.counters.rcvd_bad_addr += 1
+            self.count("rcvd_bad_addr")
             return
         if not self.port.pkey_ok(pkt.pkey, self.pkey, self.qpn == 1):
-            self.port.counters.rcvd_bad_pkey += 1
-            self.counters.rcvd_bad_pkey += 1
+            self.count("rcvd_bad_pkey")
             return
         if info.is_response:
             if st in (RTS, SQD, SQE):

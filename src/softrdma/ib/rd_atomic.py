@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import struct
 from collections import deque
+from dataclasses import dataclass
 from typing import Protocol
 
 from ..enums import ibv_access_flags as ACC
@@ -35,20 +36,17 @@ K_READ = op.Kind.READ_REQ
 K_CAS = op.Kind.CMP_SWAP
 
 
+@dataclass(eq=False, slots=True)
 class Resource:
     """A responder resource kept for duplicate READ/atomic requests (IBA 9.7.5.1.4)."""
 
-    __slots__ = ("kind", "first_psn", "last_psn", "orig", "va", "rkey", "length")
-
-    def __init__(self, kind: int, first_psn: int, last_psn: int, orig: int = 0, va: int = 0,
-                 rkey: int = 0, length: int = 0) -> None:
-        self.kind = kind
-        self.first_psn = first_psn
-        self.last_psn = last_psn
-        self.orig = orig
-        self.va = va
-        self.rkey = rkey
-        self.length = length
+    kind: int
+    first_psn: int
+    last_psn: int
+    orig: int = 0
+    va: int = 0
+    rkey: int = 0
+    length: int = 0
 
 
 class Responder(Protocol):

@@ -294,8 +294,7 @@ class Responder:
         qp = self.qp
         d = psn_diff(pkt.psn, self.epsn)
         if d > 0:
-            qp.port.counters.out_of_seq_request += 1
-            qp.counters.out_of_seq_request += 1
+            qp.count("out_of_seq_request")
             if not self.nak_sent:  # one NAK per sequence error (IBA 9.7.5.1.3; rxe sent_psn_nak)
                 self.nak_sent = True
                 self._nak(self.epsn, wib.NAK_PSN_SEQ_ERR)
@@ -304,8 +303,7 @@ class Responder:
         # (softrdma.ib.xrc); a bad XRCETH is an access violation (Annex A14).
         bound = qp.xrcd is None or qp.bind_srq(pkt)
         if d < 0:
-            qp.port.counters.duplicate_request += 1
-            qp.counters.duplicate_request += 1
+            qp.count("duplicate_request")
             if bound:
                 self._duplicate(pkt)
             return
@@ -320,8 +318,7 @@ class Responder:
         except _RNR:
             # Receiver not ready (IBA 9.7.5.2.8): RNR NAK with our min_rnr_timer; the
             # requester resends this PSN after the timer.
-            qp.port.counters.send_rnr_nak += 1
-            qp.counters.send_rnr_nak += 1
+            qp.count("send_rnr_nak")
             self.flush_pending_ack()
             self.send_ack(pkt.psn, wib.AETH_RNR_NAK | (qp.min_rnr_timer & 0x1F))
 
@@ -358,21 +355,14 @@ class Responder:
         else:
             ok = plen == mtu
         if not ok:
-            self.qp.port.counters.rcvd_bad_length += 1  # CA16-23: its own reason
-            self.qp.counters.rcvd_bad_length += 1
+            self.qp.count("rcvd_bad_length")  # CA16-23: its own reason
             raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
 
     def _execute(self, pkt: wib.IBPacket) -> None:
         info = pkt.info
         kind = info.kind
         if kind == K_SEND or kind == K_WRITE:
-            self._check_seq(info, kind)
-            plen = len(pkt.payload)
-            self._check_len(info, plen)
-            if kind == K_SEND:
-                self._send_data(pkt, plen)
-            else:
-                self._write_data(pkt, plen)
+            self._place_data(pkt, info, kind)
             self.epsn = (self.epsn + 1) & PSN_MASK
             if pkt.ackreq:
                 self.schedule_ack(pkt.psn)
@@ -387,6 +377,18 @@ class Responder:
             execute_atomic_write(self, pkt)
         else:
             raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_REM_INV_REQ_ERR)
+
+    def _place_data(self, pkt: wib.IBPacket, info: op.OpInfo, kind: int) -> None:
+        """A SEND or RDMA WRITE packet of the message in progress: its place in the
+        sequence (IBA 9.7.5.1.3) and its length (C9-95), then its payload into the
+        receive WQE or the region (RC and UC alike)."""
+        self._check_seq(info, kind)
+        plen = len(pkt.payload)
+        self._check_len(info, plen)
+        if kind == K_SEND:
+            self._send_data(pkt, plen)
+        else:
+            self._write_data(pkt, plen)
 
     def _send_data(self, pkt: wib.IBPacket, plen: int) -> None:
         qp = self.qp
@@ -479,38 +481,28 @@ class Responder:
         qp = self.qp
         info = pkt.info
         if pkt.psn != self.epsn:
-            qp.port.counters.out_of_seq_request += 1
-            qp.counters.out_of_seq_request += 1
+            qp.count("out_of_seq_request")
             if self.cur != 0:
-                qp.port.counters.dropped_uc += 1
-                qp.counters.dropped_uc += 1
-                rwqe = self.rwqe
-                self._clear_msg()
-                if rwqe is not None:
-                    qp.return_rwqe(rwqe)
+                self._drop_uc_msg()
         self.epsn = (pkt.psn + 1) & PSN_MASK
         if self.cur == 0 and not info.pos_int & _POS_FIRST:
-            qp.port.counters.dropped_uc += 1
-            qp.counters.dropped_uc += 1
+            qp.count("dropped_uc")
             return
         try:
-            kind = info.kind
-            self._check_seq(info, kind)
-            plen = len(pkt.payload)
-            self._check_len(info, plen)
-            if kind == K_SEND:
-                self._send_data(pkt, plen)
-            else:
-                self._write_data(pkt, plen)
+            self._place_data(pkt, info, info.kind)
             self._check_comm_est()
         except (_NAK, _RNR):
             # UC errors are silent: drop the message (IBA 9.9.4); the WQE is reused.
-            qp.port.counters.dropped_uc += 1
-            qp.counters.dropped_uc += 1
-            rwqe = self.rwqe
-            self._clear_msg()
-            if rwqe is not None:
-                qp.return_rwqe(rwqe)
+            self._drop_uc_msg()
+
+    def _drop_uc_msg(self) -> None:
+        """UC: drop the message in progress (IBA 9.9.4); its receive WQE goes back to the
+        front of the queue for the next message."""
+        self.qp.count("dropped_uc")
+        rwqe = self.rwqe
+        self._clear_msg()
+        if rwqe is not None:
+            self.qp.return_rwqe(rwqe)
 
     # ---- UD -----------------------------------------------------------------------------------------
     def _ud(self, pkt: wib.IBPacket, meta: RxMeta) -> None:

@@ -33,10 +33,11 @@ a shared device); an SRQ and every TGT QP that delivers into it live in one proc
 from __future__ import annotations
 
 import weakref
+from typing import ClassVar
 
 from ..errors import ResourceError
 from ..seam.queues import EngineSRQ, QPInit
-from ..seam.states import ERR, INIT, QPT_RC, RESET, RTS, SQD, SQE
+from ..seam.states import QPT_RC
 from ..seam.types import AddressHandle, CompletionSink, RecvWQE, WorkCompletion
 from ..wire.ib import IBPacket
 from ..wire.opcodes import Transport
@@ -130,11 +131,34 @@ def _ignore_completion(wc: WorkCompletion) -> None:
     """A TGT QP completes into the SRQ's CQ; this stands in until a request binds one."""
 
 
-class XrcIniQP(EngineQP):
+class _XrcQP(EngineQP):
+    """What the XRC INI and TGT QPs share: the RC machinery on XRC opcodes (IBA 9.2.3,
+    Table 35), taking one direction only: an INI QP responses, a TGT QP requests."""
+
+    fast_rc = False  # XRC opcodes, and an XRCETH on every request (``tx``)
+    #: True: this QP takes XRC responses (INI); False: XRC requests (TGT)
+    takes_responses: ClassVar[bool]
+
+    def __init__(self, port: Port, init: QPInit, qpn: int | None = None) -> None:
+        super().__init__(port, init, qpn)
+        self.bth_transport = _XRC
+
+    def receive(self, pkt: IBPacket, meta: RxMeta, now: float) -> None:
+        """Only XRC packets of this QP's direction (an INI QP: ACK/NAK, READ responses,
+        atomic ACKs; a TGT QP: requests, each of which first binds the SRQ it names)."""
+        info = pkt.info
+        if info.transport != _XRC or not (
+                info.is_response if self.takes_responses else info.is_request):
+            self.count("rcvd_bad_opcode")
+            return
+        super().receive(pkt, meta, now)
+
+
+class XrcIniQP(_XrcQP):
     """XRC initiator (send) QP: the RC requester, whose requests carry the XRC opcodes and
     the XRCETH naming each work request's remote SRQ (``SendWQE.xrc_srqn``)."""
 
-    fast_rc = False  # every request packet needs its XRCETH (``tx``)
+    takes_responses = True
 
     def __init__(self, port: Port, init: QPInit) -> None:
         if init.qp_type != QPT_RC or init.srq is not None or init.max_recv_wr:
@@ -150,24 +174,15 @@ class XrcIniQP(EngineQP):
         parts[0] = xrc_request_header(bytes(parts[0]), wqe.xrc_srqn)
         super().tx(parts, length + XRCETH_SIZE, av)
 
-    def receive(self, pkt: IBPacket, meta: RxMeta, now: float) -> None:
-        """Only XRC responses (ACK/NAK, READ responses, atomic ACKs) are for an INI QP."""
-        info = pkt.info
-        if info.transport != _XRC or not info.is_response:
-            self.port.counters.rcvd_bad_opcode += 1
-            self.counters.rcvd_bad_opcode += 1
-            return
-        _receive_rc(self, pkt, meta, now)
-
     def post_recv(self, rwqe: RecvWQE) -> None:
         raise ResourceError("an XRC INI QP has no receive queue")
 
 
-class XrcTgtQP(EngineQP):
+class XrcTgtQP(_XrcQP):
     """XRC target (receive) QP: the RC responder, delivering each request to the XRC SRQ
     its XRCETH names (checked against this QP's domain), answering with XRC opcodes."""
 
-    fast_rc = False  # it takes XRC opcodes only
+    takes_responses = False
     port: Port  # (an EngineQP names only the view of its port it needs, ib.views.QpPort)
 
     def __init__(self, port: Port, xrcd: XrcDomain, qpn: int | None = None) -> None:
@@ -182,15 +197,6 @@ class XrcTgtQP(EngineQP):
         """Queue one response with its XRC opcode (no XRCETH on responses)."""
         parts[0] = xrc_response_header(bytes(parts[0]))
         super().tx(parts, length, av)
-
-    def receive(self, pkt: IBPacket, meta: RxMeta, now: float) -> None:
-        """Only XRC requests are for a TGT QP; each one first binds the SRQ it names."""
-        info = pkt.info
-        if info.transport != _XRC or not info.is_request:
-            self.port.counters.rcvd_bad_opcode += 1
-            self.counters.rcvd_bad_opcode += 1
-            return
-        _receive_rc(self, pkt, meta, now)
 
     def bind_srq(self, pkt: IBPacket) -> bool:
         """Make the SRQ named by ``pkt``'s XRCETH this QP's SRQ for the request (its
@@ -218,25 +224,3 @@ class XrcTgtQP(EngineQP):
         if xrcd is not None and xrcd.tgt_qps.get(self.qpn) is self:
             del xrcd.tgt_qps[self.qpn]
         super().destroy()
-
-
-def _receive_rc(qp: EngineQP, pkt: IBPacket, meta: RxMeta, now: float) -> None:
-    """The RC receive path of :meth:`EngineQP.receive` after the transport check."""
-    st = qp.state
-    if st == RESET or st == INIT or st == ERR:
-        qp.port.counters.rcvd_bad_state += 1
-        qp.counters.rcvd_bad_state += 1
-        return
-    if not qp.from_peer(meta):
-        qp.port.counters.rcvd_bad_addr += 1
-        qp.counters.rcvd_bad_addr += 1
-        return
-    if not qp.port.pkey_ok(pkt.pkey, qp.pkey, False):
-        qp.port.counters.rcvd_bad_pkey += 1
-        qp.counters.rcvd_bad_pkey += 1
-        return
-    if pkt.info.is_response:
-        if st in (RTS, SQD, SQE):
-            qp.comp.on_response(pkt, now)
-        return
-    qp.resp.on_request(pkt, meta, now)

@@ -47,6 +47,8 @@ from .params import (
     CmPath,
     ConnParams,
     Dialect,
+    DialectReject,
+    ReqVerdict,
     SidrParams,
 )
 from .state import transition
@@ -258,6 +260,23 @@ class IbCmId:
     def emit(self, kind: CmEventType, private_data: bytes = b"", **kw: Any) -> None:
         """Queue an event about this id for its consumer."""
         self.agent.emit(CmEvent(kind, self, private_data=private_data, **kw))
+
+    def check_req(self, service_id: int, private_data: bytes,
+                  sidr: bool) -> ReqVerdict | DialectReject:
+        """A listener's verdict on a REQ or SIDR_REQ (``sidr``) for ``service_id``: its
+        dialect's (A11: the IP CM private data, Annex A11.4), or accepted as it is."""
+        if self.dialect is not None:
+            return self.dialect.check_req(self, service_id, private_data, sidr)
+        return ReqVerdict(private_data)
+
+    def emit_connect_request(self, child: IbCmId, verdict: ReqVerdict,
+                             info: dict[str, Any]) -> None:
+        """CONNECT_REQUEST for this listener's consumer: the new id ``child`` with what
+        its dialect accepted (private data, addresses) and ``info``."""
+        self.agent.emit(CmEvent(CmEventType.CONNECT_REQUEST, child, self, verdict.private_data,
+                                remote_ip=verdict.remote_ip, remote_port=verdict.remote_port,
+                                local_ip=verdict.local_ip, local_port=verdict.local_port,
+                                info={**info, **verdict.info}))
 
     def qp_err(self, now: float) -> None:
         """The CM-moved QP to ERR (a REJ, DREQ or DREP ends the connection)."""

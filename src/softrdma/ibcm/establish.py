@@ -23,7 +23,7 @@ from ..errors import InvalidArgument, SoftRdmaError, StateError
 from ..wire import cm as wcm
 from ..wire.cm import MsgType, RejReason, TransportServiceType, time_code_s
 from . import qpctl
-from .events import CmEvent, CmEventType, RejectInfo
+from .events import CmEventType, RejectInfo
 from .model import (
     AcceptConn,
     CmState,
@@ -39,7 +39,6 @@ from .params import (
     CmPath,
     ConnParams,
     DialectReject,
-    ReqVerdict,
     check_pd,
     make_rej,
 )
@@ -336,11 +335,7 @@ def req_received(lst: IbCmId, now: float, inp: Received[wcm.Req]) -> None:
         agent.counters.backlog_drops += 1
         agent.reject_req(req, tid, src, dst, RejReason.NO_RESOURCES)
         return
-    verdict: ReqVerdict | DialectReject
-    if lst.dialect is not None:
-        verdict = lst.dialect.check_req(lst, req.service_id, bytes(req.private_data), False)
-    else:
-        verdict = ReqVerdict(bytes(req.private_data))
+    verdict = lst.check_req(req.service_id, bytes(req.private_data), False)
     if isinstance(verdict, DialectReject):
         agent.reject_req(req, tid, src, dst, verdict.reason, verdict.ari,
                          verdict.private_data)
@@ -355,7 +350,4 @@ def req_received(lst: IbCmId, now: float, inp: Received[wcm.Req]) -> None:
     child.local_id = agent.new_comm_id(child)
     agent.by_remote[(child.remote_id, child.remote_guid)] = child
     agent.by_remote_qpn[(child.remote_qpn, src)] = child
-    agent.emit(CmEvent(CmEventType.CONNECT_REQUEST, child, lst, verdict.private_data,
-                       remote_ip=verdict.remote_ip, remote_port=verdict.remote_port,
-                       local_ip=verdict.local_ip, local_port=verdict.local_port,
-                       info={"req": req, **verdict.info}))
+    lst.emit_connect_request(child, verdict, {"req": req})

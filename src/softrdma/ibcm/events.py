@@ -11,6 +11,7 @@ Annex A11 Table 5 code with its suggested value (A11.7, oA11-2).
 
 from __future__ import annotations
 
+import builtins
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -26,6 +27,7 @@ __all__ = ["CmEventType", "CmEvent", "RejectInfo", "describe_rej", "describe_sid
            "reason_name", "lock_free", "is_lock_free"]
 
 _H = TypeVar("_H")
+_M = TypeVar("_M")
 _LOCK_FREE = "cm_lock_free"
 
 
@@ -103,23 +105,25 @@ class CmEvent:
     info: dict[str, Any] = field(default_factory=dict)
 
     # ---- typed views of ``info`` (the message that caused the event) --------------------
+    def _message(self, key: str, cls: builtins.type[_M]) -> _M | None:
+        """``info[key]`` if it is a ``cls`` message, else None."""
+        m = self.info.get(key)
+        return m if isinstance(m, cls) else None
+
     @property
     def req(self) -> Req | None:
         """The REQ of a CONNECT_REQUEST (IBA 12.6.5)."""
-        m = self.info.get("req")
-        return m if isinstance(m, Req) else None
+        return self._message("req", Req)
 
     @property
     def rep(self) -> Rep | None:
         """The REP of a CONNECT_RESPONSE or an active side's ESTABLISHED (IBA 12.6.8)."""
-        m = self.info.get("rep")
-        return m if isinstance(m, Rep) else None
+        return self._message("rep", Rep)
 
     @property
     def rej(self) -> Rej | None:
         """The REJ of a REJECTED (IBA 12.6.7)."""
-        m = self.info.get("rej")
-        return m if isinstance(m, Rej) else None
+        return self._message("rej", Rej)
 
     @property
     def sidr(self) -> bool:
@@ -129,14 +133,12 @@ class CmEvent:
     @property
     def sidr_req(self) -> SidrReq | None:
         """The SIDR_REQ of a SIDR CONNECT_REQUEST (IBA 12.11.1)."""
-        m = self.info.get("sidr_req")
-        return m if isinstance(m, SidrReq) else None
+        return self._message("sidr_req", SidrReq)
 
     @property
     def sidr_rep(self) -> SidrRep | None:
         """The SIDR_REP of a SIDR ESTABLISHED or REJECTED (IBA 12.11.2)."""
-        m = self.info.get("sidr_rep")
-        return m if isinstance(m, SidrRep) else None
+        return self._message("sidr_rep", SidrRep)
 
     @property
     def text(self) -> str:

@@ -24,9 +24,9 @@ from ..wire import cm as wcm
 from ..wire.cm import RejReason, SidrStatus, time_code_s
 from ..wire.ipcm import RDMA_UDP_QKEY
 from . import qpctl
-from .events import CmEvent, CmEventType, describe_sidr_status
+from .events import CmEventType, describe_sidr_status
 from .model import AcceptConn, CmState, Disconnect, Received, Reject, SidrResolve
-from .params import CmPath, DialectReject, ReqVerdict
+from .params import CmPath, DialectReject
 
 if TYPE_CHECKING:
     from .agent import CmAgent
@@ -85,11 +85,7 @@ def sidr_req_received(lst: IbCmId, now: float, inp: Received[wcm.SidrReq]) -> No
     if lst.pending >= lst.backlog:
         agent.counters.backlog_drops += 1
         return
-    verdict: ReqVerdict | DialectReject
-    if lst.dialect is not None:
-        verdict = lst.dialect.check_req(lst, msg.service_id, bytes(msg.private_data), True)
-    else:
-        verdict = ReqVerdict(bytes(msg.private_data))
+    verdict = lst.check_req(msg.service_id, bytes(msg.private_data), True)
     if isinstance(verdict, DialectReject):
         status = verdict.sidr_status
         if status is None:
@@ -105,10 +101,7 @@ def sidr_req_received(lst: IbCmId, now: float, inp: Received[wcm.SidrReq]) -> No
                              CmState.SIDR_REQ_RCVD)
     child.sidr_key = key
     agent.sidr_server[key] = child
-    agent.emit(CmEvent(CmEventType.CONNECT_REQUEST, child, lst, verdict.private_data,
-                       remote_ip=verdict.remote_ip, remote_port=verdict.remote_port,
-                       local_ip=verdict.local_ip, local_port=verdict.local_port,
-                       info={"sidr": True, "sidr_req": msg, **verdict.info}))
+    lst.emit_connect_request(child, verdict, {"sidr": True, "sidr_req": msg})
 
 
 def _rep_pd_max() -> int:

@@ -381,15 +381,15 @@ class Lab:
         return self._run(["ip", "netns", "exec", LAB_NETNS, *command], timeout, check)
 
 
-@dataclass
-class GuestProcess:
-    """A command running in a guest over ssh."""
+class _Waited:
+    """What :class:`GuestProcess` and :class:`HostProcess` share: a local process
+    (``proc``) whose output is kept in ``output`` once it has ended."""
 
-    lab: Lab
-    n: int
-    pidfile: str
     proc: subprocess.Popen[bytes]
-    output: str = ""
+    output: str
+
+    def kill(self) -> None:
+        _kill_group(self.proc)
 
     def wait(self, timeout: float) -> int | None:
         """The exit status, or None (and the command is killed) after ``timeout``."""
@@ -403,6 +403,17 @@ class GuestProcess:
         self.output = out.decode(errors="replace")
         return self.proc.returncode
 
+
+@dataclass
+class GuestProcess(_Waited):
+    """A command running in a guest over ssh."""
+
+    lab: Lab
+    n: int
+    pidfile: str
+    proc: subprocess.Popen[bytes]
+    output: str = ""
+
     def kill(self) -> None:
         """Kill the command in the guest (by its pid there), then the local ssh. Once ssh
         has exited the remote command has too: nothing to do then."""
@@ -415,25 +426,11 @@ class GuestProcess:
 
 
 @dataclass
-class HostProcess:
+class HostProcess(_Waited):
     """A softrdma command running in the suite's namespace."""
 
     proc: subprocess.Popen[bytes]
     output: str = ""
-
-    def wait(self, timeout: float) -> int | None:
-        try:
-            out, _ = self.proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _kill_group(self.proc)
-            out, _ = self.proc.communicate()
-            self.output = out.decode(errors="replace")
-            return None
-        self.output = out.decode(errors="replace")
-        return self.proc.returncode
-
-    def kill(self) -> None:
-        _kill_group(self.proc)
 
 
 @dataclass

@@ -257,16 +257,22 @@ class DdpRx:
         return gather(rd.segs, rd.received, paylen) if paylen else []
 
     # ---- untagged --------------------------------------------------------------------------
+    def _check_qn_msn(self, want: int, what: str, qn: int, msn: int, hdr: bytes,
+                      paylen: int) -> None:
+        """An untagged segment for queue ``want`` carries its QN and the queue's next MSN
+        (RFC 5041 §5.2, §7.2: Invalid QN, Invalid MSN - MSN range is not valid)."""
+        if qn != want:
+            raise IwarpFault.ddp_untagged(DdpUntaggedErrorCode.INVALID_QN,
+                                          f"{what} on QN {qn}", hdr, paylen)
+        if msn != self.rx_msn[want]:
+            raise IwarpFault.ddp_untagged(DdpUntaggedErrorCode.INVALID_MSN_RANGE,
+                                          f"{what} MSN {msn}, expected {self.rx_msn[want]}",
+                                          hdr, paylen)
+
     def send_check(self, op: int, qn: int, msn: int, mo: int, paylen: int,
                    hdr: bytes) -> bool:
         """Check a Send segment's QN, MSN and MO; True if it starts a message."""
-        if qn != QN_SEND:
-            raise IwarpFault.ddp_untagged(DdpUntaggedErrorCode.INVALID_QN,
-                                          f"Send on QN {qn}", hdr, paylen)
-        if msn != self.rx_msn[QN_SEND]:
-            raise IwarpFault.ddp_untagged(DdpUntaggedErrorCode.INVALID_MSN_RANGE,
-                                          f"Send MSN {msn}, expected {self.rx_msn[QN_SEND]}",
-                                          hdr, paylen)
+        self._check_qn_msn(QN_SEND, "Send", qn, msn, hdr, paylen)
         if self.ru_op >= 0:
             if op != self.ru_op:
                 raise IwarpFault.remote_operation(RdmapErrorCode.UNEXPECTED_OPCODE,
@@ -334,13 +340,7 @@ class DdpRx:
     def read_request_check(self, qn: int, msn: int, mo: int, last: bool, hdr: bytes,
                            plen: int) -> None:
         """An RDMA Read Request (QN 1) is one whole segment with the next MSN."""
-        if qn != QN_READ_REQUEST:
-            raise IwarpFault.ddp_untagged(DdpUntaggedErrorCode.INVALID_QN,
-                                          f"RDMA Read Request on QN {qn}", hdr, plen)
-        if msn != self.rx_msn[QN_READ_REQUEST]:
-            raise IwarpFault.ddp_untagged(DdpUntaggedErrorCode.INVALID_MSN_RANGE,
-                                          f"Read Request MSN {msn}, expected "
-                                          f"{self.rx_msn[QN_READ_REQUEST]}", hdr, plen)
+        self._check_qn_msn(QN_READ_REQUEST, "RDMA Read Request", qn, msn, hdr, plen)
         if mo != 0 or not last:
             raise IwarpFault.ddp_untagged(DdpUntaggedErrorCode.INVALID_MO,
                                           "an RDMA Read Request is one whole segment", hdr, plen)

@@ -92,22 +92,22 @@ class IwarpFault(Exception):
         return cls(TerminateLayer.LLP, LlpEtype.MPA, code, reason)
 
     @classmethod
-    def ddp_tagged(cls, code: DdpTaggedErrorCode, reason: str, hdr: bytes | None,
-                   seg_len: int, wc_status: int | None = None) -> IwarpFault:
-        """DDP tagged buffer error (RFC 5041 §7.2): M + D, unless the version is bad."""
-        if code == DdpTaggedErrorCode.INVALID_DDP_VERSION:
+    def ddp_buffer(cls, code: DdpTaggedErrorCode | DdpUntaggedErrorCode, reason: str,
+                   hdr: bytes | None, seg_len: int,
+                   wc_status: int | None = None) -> IwarpFault:
+        """DDP tagged or untagged buffer error (RFC 5041 §7.2), by the type of ``code``:
+        M + D, unless the error is the DDP version."""
+        tagged = isinstance(code, DdpTaggedErrorCode)
+        etype = DdpEtype.TAGGED_BUFFER if tagged else DdpEtype.UNTAGGED_BUFFER
+        if code == (DdpTaggedErrorCode.INVALID_DDP_VERSION if tagged
+                    else DdpUntaggedErrorCode.INVALID_DDP_VERSION):
             hdr = None
-        return cls(TerminateLayer.DDP, DdpEtype.TAGGED_BUFFER, code, reason, ddp_hdr=hdr,
+        return cls(TerminateLayer.DDP, etype, code, reason, ddp_hdr=hdr,
                    seg_len=seg_len if hdr is not None else None, wc_status=wc_status)
 
-    @classmethod
-    def ddp_untagged(cls, code: DdpUntaggedErrorCode, reason: str, hdr: bytes | None,
-                     seg_len: int, wc_status: int | None = None) -> IwarpFault:
-        """DDP untagged buffer error (RFC 5041 §7.2): M + D, unless the version is bad."""
-        if code == DdpUntaggedErrorCode.INVALID_DDP_VERSION:
-            hdr = None
-        return cls(TerminateLayer.DDP, DdpEtype.UNTAGGED_BUFFER, code, reason, ddp_hdr=hdr,
-                   seg_len=seg_len if hdr is not None else None, wc_status=wc_status)
+    # the two rows of RFC 5040 Figure 10 by name
+    ddp_tagged = ddp_buffer
+    ddp_untagged = ddp_buffer
 
     @classmethod
     def ddp_catastrophic(cls, reason: str, wc_status: int | None = None) -> IwarpFault:

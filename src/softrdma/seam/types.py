@@ -9,6 +9,7 @@ shared-memory buffer when the library allocates it).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from ..enums import ibv_access_flags as Access
@@ -76,15 +77,13 @@ class AddressHandle(Protocol):
     rate_bps: float
 
 
+@dataclass(eq=False, slots=True)
 class SGE:
     """A scatter/gather element: ``length`` bytes at ``addr`` in the MR named by ``lkey``."""
 
-    __slots__ = ("addr", "length", "lkey")
-
-    def __init__(self, addr: int = 0, length: int = 0, lkey: int = 0) -> None:
-        self.addr = addr
-        self.length = length
-        self.lkey = lkey
+    addr: int = 0
+    length: int = 0
+    lkey: int = 0
 
     def __repr__(self) -> str:
         return f"SGE(addr={self.addr:#x}, length={self.length}, lkey={self.lkey:#x})"

@@ -97,26 +97,19 @@ def _tool(module: str, command: str, attr: str) -> Callable[..., Any]:
 
 # -- handlers --------------------------------------------------------------------------
 
-def _runs(module: str, command: str) -> Callable[[argparse.Namespace], int]:
-    """The handler of a subcommand whose module's ``run(args)`` does the work."""
+def _runs(module: str, command: str, *lead: str) -> Callable[[argparse.Namespace], int]:
+    """The handler of a subcommand whose module's ``run(*lead, args)`` does the work
+    (``lead``: the tool's name or kind, for modules that serve several subcommands)."""
     def handler(args: argparse.Namespace) -> int:
-        return int(_tool(module, command, "run")(args))
+        return int(_tool(module, command, "run")(*lead, args))
     return handler
 
 
-def _pingpong(kind: str) -> Callable[[argparse.Namespace], int]:
+def _passes_on(module: str, command: str, attr: str) -> Callable[[argparse.Namespace], int]:
+    """The handler of a subcommand whose module parses its own arguments:
+    ``module.attr(words)`` gets every word after the subcommand's name, in order."""
     def handler(args: argparse.Namespace) -> int:
-        return int(_tool("softrdma.tools.ibverbs.pingpong", f"{kind}-pingpong", "run")(kind, args))
-    return handler
-
-
-def _cmd_mckey(args: argparse.Namespace) -> int:
-    return int(_tool("softrdma.tools.rdmacm.mckey", "mckey", "run")(args))
-
-
-def _rdma_example(name: str) -> Callable[[argparse.Namespace], int]:
-    def handler(args: argparse.Namespace) -> int:
-        return int(_tool("softrdma.tools.rdmacm.rdma_server", name, "run")(name, args))
+        return int(_tool(module, command, attr)(list(args.rest)))
     return handler
 
 
@@ -124,24 +117,6 @@ def _cmd_pcap_check(args: argparse.Namespace) -> int:
     run = _tool("softrdma.tools.capture.pcap_check", "pcap-check", "run")
     return int(run(list(args.files), udp_ports=tuple(args.udp_port),
                    max_errors=args.max_errors, verbose=args.verbose))
-
-
-def _cmd_link(args: argparse.Namespace) -> int:
-    return int(_tool("softrdma.tools.admin.link", "link", "cmd_link")(list(args.rest)))
-
-
-def _cmd_xsrq_pingpong(args: argparse.Namespace) -> int:
-    return int(_tool("softrdma.tools.ibverbs.xsrq_pingpong", "xsrq-pingpong", "run")(args))
-
-
-def _perftest(name: str) -> Callable[[argparse.Namespace], int]:
-    def handler(args: argparse.Namespace) -> int:
-        return int(_tool("softrdma.tools.perftest.runner", name, "run")(name, args))
-    return handler
-
-
-def _cmd_ipoib(args: argparse.Namespace) -> int:
-    return int(_tool("softrdma.tools.admin.ipoib", "ipoib", "main")(list(args.rest)))
 
 
 # -- parser ----------------------------------------------------------------------------
@@ -205,7 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
             description=f"ibv_{kind}_pingpong: without SERVERNAME start a server and wait; "
             f"with it, connect to that server. Interoperates with the real ibv_{kind}_pingpong.")
         _add_tool_args("softrdma.tools.ibverbs.pingpong", p, kind)
-        p.set_defaults(handler=_pingpong(kind))
+        p.set_defaults(handler=_runs("softrdma.tools.ibverbs.pingpong", f"{kind}-pingpong",
+                                     kind))
 
     tool("demo", "softrdma.tools.demo",
          help="show SEND/RECV, RDMA WRITE/READ and atomics on a "
@@ -234,12 +210,11 @@ def build_parser() -> argparse.ArgumentParser:
          "sends -C messages on each connection, the client answers, the server "
          "disconnects. Interoperates with rdma-core's ucmatose.")
 
-    p = add_parser("mckey", help="rdma_cm multicast over UD QPs: join, send, leave "
-                   "(librdmacm mckey)",
-                   description="mckey: -m GROUP joins the group and receives -C messages; "
-                   "with -s it sends them. Interoperates with rdma-core's mckey.")
-    _add_tool_args("softrdma.tools.rdmacm.cmflags", p, "mckey")
-    p.set_defaults(handler=_cmd_mckey)
+    tool("mckey", "softrdma.tools.rdmacm.mckey", args_module="softrdma.tools.rdmacm.cmflags",
+         extra=("mckey",),
+         help="rdma_cm multicast over UD QPs: join, send, leave (librdmacm mckey)",
+         description="mckey: -m GROUP joins the group and receives -C messages; with -s it "
+         "sends them. Interoperates with rdma-core's mckey.")
 
     for name, role in (("rdma-server", "listen on -s ADDR -p PORT, accept one connection"),
                        ("rdma-client", "connect to -s ADDR -p PORT")):
@@ -249,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "each way over an RC QP made by rdma_create_ep. Interoperates with "
                        "rdma-core's rdma_server / rdma_client.")
         _add_tool_args("softrdma.tools.rdmacm.cmflags", p, name)
-        p.set_defaults(handler=_rdma_example(name))
+        p.set_defaults(handler=_runs("softrdma.tools.rdmacm.rdma_server", name, name))
 
     p = add_parser("pcap-check", help="check every RoCE/iWARP packet of pcap files "
                         "(ICRC/CRC, byte-exact decoding) and follow each RC/UC connection",
@@ -278,7 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(softrdma link --help)",
                         description="softrdma link [show [NAME]] | link add NAME netdev IFACE "
                         "| link delete NAME; arguments go to softrdma.tools.admin.link as they are.")
-    p.set_defaults(handler=_cmd_link, passthrough=True)
+    p.set_defaults(handler=_passes_on("softrdma.tools.admin.link", "link", "cmd_link"),
+                   passthrough=True)
 
     tool("pyverbs", "softrdma.tools.suites.pyverbs_run",
          help="run a pyverbs program on softrdma "
@@ -312,40 +288,26 @@ def build_parser() -> argparse.ArgumentParser:
          "be the server and wait; with it, connect. Same flags, output and TCP "
          "exchange as the C tool.")
 
-    p = add_parser("xsrq-pingpong", help="SENDs over XRC to the peer's XRC SRQ "
-                   "(ibv_xsrq_pingpong)", description="ibv_xsrq_pingpong: without "
-                   "SERVERNAME be the server and wait; with it, connect. XRC INI/TGT QPs "
-                   "and an XRC SRQ per side; same flags, output and TCP exchange as the C "
-                   "tool.")
-    _add_tool_args("softrdma.tools.ibverbs.xsrq_pingpong", p)
-    p.set_defaults(handler=_cmd_xsrq_pingpong)
+    tool("xsrq-pingpong", "softrdma.tools.ibverbs.xsrq_pingpong",
+         help="SENDs over XRC to the peer's XRC SRQ (ibv_xsrq_pingpong)",
+         description="ibv_xsrq_pingpong: without SERVERNAME be the server and wait; with "
+         "it, connect. XRC INI/TGT QPs and an XRC SRQ per side; same flags, output and TCP "
+         "exchange as the C tool.")
 
-    p = add_parser("stats", help="port counters: packets, bytes, retransmissions, RNR NAKs, "
-                   "drops by reason (rdma statistic)",
-                   description="softrdma stats [show [link DEV[/PORT]]]: the counters of "
-                   "every device's port (RoCE and iWARP), one line each as `rdma statistic show link` "
-                   "prints them; a shared device's are the whole device's.")
-    p.add_argument("words", nargs="*", metavar="show [link DEV[/PORT]]",
-                   help="rdma statistic's object syntax: 'show', 'show link DEV/PORT'")
-    p.add_argument("-d", "--dev", metavar="DEV", default=None, help="only device DEV")
-    p.add_argument("-j", "--json", action="store_true", help="JSON output")
-    p.add_argument("-p", "--pretty", action="store_true", help="pretty JSON")
-    p.add_argument("-w", "--watch", type=float, default=None, metavar="SECONDS",
-                   help="print the counters again every SECONDS")
-    p.add_argument("-n", "--count", type=int, default=None, metavar="COUNT",
-                   help="with -w: stop after COUNT rounds")
-    p.set_defaults(handler=_runs("softrdma.tools.admin.stats", "stats"))
-    p = add_parser("res", help="objects on the devices: QPs, CQs, MRs, PDs of every process "
-                   "(rdma resource); per-QP counters",
-                   description="softrdma res [show] [qp|cq|mr|pd] | res statistic [qp]: "
-                   "every object open on each RoCE device, across processes, one line each "
-                   "as `rdma resource show` prints them; `statistic`: each QP's counters.")
-    p.add_argument("words", nargs="*", metavar="show [qp|cq|mr|pd] | statistic [qp]",
-                   help="rdma resource's object syntax")
-    p.add_argument("-d", "--dev", metavar="DEV", default=None, help="only device DEV")
-    p.add_argument("-j", "--json", action="store_true", help="JSON output")
-    p.add_argument("-p", "--pretty", action="store_true", help="pretty JSON")
-    p.set_defaults(handler=_runs("softrdma.tools.admin.res", "res"))
+    tool("stats", "softrdma.tools.admin.stats", args_module="softrdma.tools.admin.args",
+         extra=("stats",),
+         help="port counters: packets, bytes, retransmissions, RNR NAKs, drops by reason "
+         "(rdma statistic)",
+         description="softrdma stats [show [link DEV[/PORT]]]: the counters of every "
+         "device's port (RoCE and iWARP), one line each as `rdma statistic show link` "
+         "prints them; a shared device's are the whole device's.")
+    tool("res", "softrdma.tools.admin.res", args_module="softrdma.tools.admin.args",
+         extra=("res",),
+         help="objects on the devices: QPs, CQs, MRs, PDs of every process (rdma "
+         "resource); per-QP counters",
+         description="softrdma res [show] [qp|cq|mr|pd] | res statistic [qp]: every object "
+         "open on each RoCE device, across processes, one line each as `rdma resource "
+         "show` prints them; `statistic`: each QP's counters.")
     for name in PERFTEST_TOOLS:
         verb, tst = name.split("-")
         p = add_parser(name, help=f"perftest's ib_{verb}_{tst}: "
@@ -355,14 +317,15 @@ def build_parser() -> argparse.ArgumentParser:
                        "wait; with it, connect to that server. Interoperates with perftest "
                        "4.5 (the TCP 18515 exchange, or rdma_cm with -R).")
         _add_tool_args("softrdma.tools.perftest.options", p, name)
-        p.set_defaults(handler=_perftest(name))
+        p.set_defaults(handler=_runs("softrdma.tools.perftest.runner", name, name))
     p = add_parser("ipoib", add_help=False, help="IP over InfiniBand (RFC 4391/4755) on a "
                    "TUN interface "
                    "(up/down/show)", description="softrdma ipoib up NAME --device DEV "
                    "[--mode connected|datagram] [--pkey P] [--mtu M] ADDR/PREFIX... runs an "
                    "IPoIB interface until stopped; down NAME stops it; show [NAME] [--json] "
                    "prints neighbours, connections and counters.")
-    p.set_defaults(handler=_cmd_ipoib, passthrough=True)
+    p.set_defaults(handler=_passes_on("softrdma.tools.admin.ipoib", "ipoib", "main"),
+                   passthrough=True)
     tool("interop", "softrdma.interop.cli",
          help="run the live interop suite against Linux rxe/siw in "
          "the lab (root)", description="Build or reuse the lab (not part of softrdma: docs/interop-lab.md), "

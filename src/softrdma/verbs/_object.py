@@ -24,7 +24,7 @@ from .limits import ObjectCounts
 if TYPE_CHECKING:
     from ..drivers.progress import DeviceRuntime
 
-__all__ = ["VerbsObject", "release_on"]
+__all__ = ["Closing", "VerbsObject", "release_on"]
 
 
 def release_on(runtime: DeviceRuntime, fn: Callable[..., object], *args: object) -> None:
@@ -37,7 +37,22 @@ def release_on(runtime: DeviceRuntime, fn: Callable[..., object], *args: object)
         runtime.call(fn, *args)
 
 
-class VerbsObject:
+class Closing:
+    """The context-manager protocol of an object with an idempotent ``close()``: leaving
+    the ``with`` block closes it (pyverbs ``PyverbsCM``)."""
+
+    def close(self) -> None:
+        """Release the object (idempotent)."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+class VerbsObject(Closing):
     """Base of Context, PD, MR, CQ, CompChannel, QP, SRQ, AH."""
 
     #: dependents close in rank order: QPs, then AHs, MRs, SRQs, CQs, PDs, channels
@@ -101,13 +116,6 @@ class VerbsObject:
 
     def _release(self) -> None:
         """Free this object's own resources (subclasses)."""
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()
 
 
 def _rank(obj: VerbsObject) -> int:

@@ -13,6 +13,7 @@ CA16-15.1.1, :mod:`softrdma.ib.pacing`).
 from __future__ import annotations
 
 import errno
+from dataclasses import dataclass
 
 from ..errors import InvalidArgument
 from ..ib.pacing import rate_bps
@@ -21,7 +22,7 @@ from ..wire.gid import is_v4_mapped
 from ._args import U8, U16, uint
 from ._object import VerbsObject
 from .device import GID, Context, gid_table_len
-from .pd import PD
+from .pd import PD, open_pd
 
 __all__ = ["GlobalRoute", "AHAttr", "AH", "address_vector", "ethernet_priority", "MAX_ROCE_SL"]
 
@@ -47,20 +48,17 @@ class GlobalRoute:
                 f"traffic_class={self.traffic_class})")
 
 
+@dataclass(eq=False, slots=True)
 class AHAttr:
     """An address vector (``struct ibv_ah_attr``)."""
 
-    __slots__ = ("port_num", "is_global", "gr", "dlid", "sl", "src_path_bits", "static_rate")
-
-    def __init__(self, port_num: int = 1, is_global: int = 1, gr: GlobalRoute | None = None,
-                 dlid: int = 0, sl: int = 0, src_path_bits: int = 0, static_rate: int = 0) -> None:
-        self.port_num = port_num
-        self.is_global = is_global
-        self.gr = gr
-        self.dlid = dlid
-        self.sl = sl
-        self.src_path_bits = src_path_bits
-        self.static_rate = static_rate
+    port_num: int = 1
+    is_global: int = 1
+    gr: GlobalRoute | None = None
+    dlid: int = 0
+    sl: int = 0
+    src_path_bits: int = 0
+    static_rate: int = 0
 
     @property
     def dgid(self) -> GID | None:
@@ -148,9 +146,7 @@ class AH(VerbsObject):
 
     def __init__(self, pd: PD, attr: AHAttr) -> None:
         super().__init__()
-        if not isinstance(pd, PD):
-            raise InvalidArgument("pd", f"expected a PD, got {type(pd).__name__}")
-        pd._check()
+        pd = open_pd(pd)
         self.av = address_vector(pd.ctx, attr, "attr")
         self._count_on(pd.ctx.objects, "max_ah")
         self._depend_on(pd)

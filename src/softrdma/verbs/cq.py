@@ -20,13 +20,13 @@ into it (it is the QP's ``CompletionSink``); :meth:`CQ.poll` takes them out.
 from __future__ import annotations
 
 import asyncio
-import os
 import select
 import threading
 import time
 from collections import deque
 
 from .. import enums as e
+from ..drivers.eventpipe import EventPipe
 from ..errors import InvalidArgument, StateError
 from ..seam.types import WorkCompletion
 from ._args import timeout as check_timeout
@@ -73,21 +73,16 @@ class CompChannel(VerbsObject):
         self.ctx = ctx
         self._events: deque[CQ] = deque()
         self._lock = threading.Lock()
-        self._r, self._w = os.pipe()
-        os.set_blocking(self._r, False)
-        os.set_blocking(self._w, False)
+        self._bell = EventPipe()
 
     def fileno(self) -> int:
         self._check()
-        return self._r
+        return self._bell.r
 
     def _notify(self, cq: CQ) -> None:
         with self._lock:
             self._events.append(cq)
-        try:
-            os.write(self._w, b"\0")
-        except OSError:  # pipe full: the deque still holds the event
-            pass
+        self._bell.wake()
 
     def get_cq_event(self, timeout: float | None = None) -> CQ:
         """The CQ of the next completion event (``ibv_get_cq_event``).
@@ -103,10 +98,7 @@ class CompChannel(VerbsObject):
             with self._lock:
                 if self._events:
                     cq = self._events.popleft()
-                    try:
-                        os.read(self._r, 1)
-                    except BlockingIOError:
-                        pass
+                    self._bell.take()
                     cq._events_got += 1
                     return cq
             left = None if deadline is None else deadline - time.monotonic()
@@ -119,14 +111,10 @@ class CompChannel(VerbsObject):
                 runtime.kick()  # about to block: the progress thread takes over at once
                 wait = 0.1 if left is None else min(left, 0.1)
             self._check()
-            select.select([self._r], [], [], wait)
+            select.select([self._bell.r], [], [], wait)
 
     def _release(self) -> None:
-        for fd in (self._r, self._w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        self._bell.close()
 
 
 class CQ(VerbsObject):

@@ -34,7 +34,7 @@ from ..seam.types import MemoryRegion
 from ._args import U64, data_bytes, uint
 from ._object import VerbsObject, release_on
 from .limits import max_mr_size
-from .pd import PD
+from .pd import PD, open_pd
 
 __all__ = ["MR", "buffer_address", "ACCESS_SUPPORTED"]
 
@@ -100,9 +100,7 @@ class MR(VerbsObject):
     def __init__(self, pd: PD, length: int = 0, access: int = 0, *, buffer: Any = None,
                  address: int | None = None) -> None:
         super().__init__()
-        if not isinstance(pd, PD):
-            raise InvalidArgument("pd", f"expected a PD, got {type(pd).__name__}")
-        pd._check()
+        pd = open_pd(pd)
         if not isinstance(access, int) or access < 0 or access & ~ACCESS_SUPPORTED:
             raise InvalidArgument("access", f"unknown access flags {access!r}")
         if access & _NEEDS_LOCAL_WRITE and not access & e.IBV_ACCESS_LOCAL_WRITE:

@@ -80,7 +80,7 @@ class MW(VerbsObject):
         self._count_on(ctx.objects, "max_mw")
         with self._runtime.lock:
             key = self._port.new_key()
-            self.engine = EngineMW(int(mw_type), pd, key)
+            self.engine = EngineMW(int(mw_type), pd.protection_domain, key)
         self._depend_on(pd)
         self.pd = pd
         self.type = int(mw_type)

@@ -11,7 +11,7 @@ from ..errors import InvalidArgument
 from ._object import VerbsObject
 from .device import Context
 
-__all__ = ["PD"]
+__all__ = ["PD", "open_pd"]
 
 
 class PD(VerbsObject):
@@ -28,6 +28,21 @@ class PD(VerbsObject):
         self._depend_on(ctx)
         self.ctx = ctx
 
+    @property
+    def protection_domain(self) -> PD:
+        """The PD the engine's access checks compare (IBA 10.6.3.2): this one (pyverbs'
+        parent domains and imported PDs name another)."""
+        return self
+
     def __repr__(self) -> str:
         state = " closed" if self._closed else ""
         return f"<PD of {self.ctx.name}{state}>"
+
+
+def open_pd(pd: object) -> PD:
+    """``pd`` if it is an open :class:`PD` (what every object created on a PD checks
+    first); else :class:`InvalidArgument` naming ``pd``, or the closed PD's error."""
+    if not isinstance(pd, PD):
+        raise InvalidArgument("pd", f"expected a PD, got {type(pd).__name__}")
+    pd._check()
+    return pd

@@ -25,7 +25,7 @@ from ..errors import InvalidArgument, NotSupported
 from ..ib.port import Port
 from ..seam.types import MemoryRegion
 from ._object import VerbsObject, release_on
-from .pd import PD
+from .pd import PD, open_pd
 
 __all__ = ["ProcessMemory", "ProcessMemoryRegion", "SIZE_MAX", "mapped", "ImplicitMR"]
 
@@ -110,9 +110,7 @@ class ImplicitMR(VerbsObject):
 
     def __init__(self, pd: PD, access: int) -> None:
         super().__init__()
-        if not isinstance(pd, PD):
-            raise InvalidArgument("pd", f"expected a PD, got {type(pd).__name__}")
-        pd._check()
+        pd = open_pd(pd)
         if not isinstance(access, int) or access & ~_ALLOWED or not access & _ODP:
             raise InvalidArgument("access", "an implicit MR is IBV_ACCESS_ON_DEMAND, with "
                                   f"local/remote access only, got {access!r}")

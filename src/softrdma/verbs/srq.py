@@ -8,27 +8,27 @@ When the queue drops below a non-zero limit the engine raises
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from .. import enums as e
 from ..errors import InvalidArgument
 from ..seam.queues import EngineSRQ
 from ._args import uint
 from ._object import VerbsObject
 from .device import MAX_SRQ_SGE, MAX_SRQ_WR
-from .pd import PD
+from .pd import PD, open_pd
 from .wr import RecvWR, build_recv_wqe, chain
 
 __all__ = ["SrqAttr", "SrqInitAttr", "SRQ"]
 
 
+@dataclass(eq=False, slots=True)
 class SrqAttr:
     """``struct ibv_srq_attr``."""
 
-    __slots__ = ("max_wr", "max_sge", "srq_limit")
-
-    def __init__(self, max_wr: int = 100, max_sge: int = 1, srq_limit: int = 0) -> None:
-        self.max_wr = max_wr
-        self.max_sge = max_sge
-        self.srq_limit = srq_limit
+    max_wr: int = 100
+    max_sge: int = 1
+    srq_limit: int = 0
 
     def __repr__(self) -> str:
         return f"SrqAttr(max_wr={self.max_wr}, max_sge={self.max_sge}, srq_limit={self.srq_limit})"
@@ -51,9 +51,7 @@ class SRQ(VerbsObject):
 
     def __init__(self, pd: PD, init_attr: SrqInitAttr) -> None:
         super().__init__()
-        if not isinstance(pd, PD):
-            raise InvalidArgument("pd", f"expected a PD, got {type(pd).__name__}")
-        pd._check()
+        pd = open_pd(pd)
         if not isinstance(init_attr, SrqInitAttr):
             raise InvalidArgument("init_attr", f"expected SrqInitAttr, got {type(init_attr).__name__}")
         a = init_attr.attr

@@ -24,8 +24,10 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import ClassVar
 
 from ..errors import DecodeError, InvalidArgument
+from .fields import check_bits
 
 TAGGED = struct.Struct("!BBIQ")
 UNTAGGED = struct.Struct("!BBIIII")
@@ -260,13 +262,9 @@ class DdpTagged:
     rv: int = RDMAP_VERSION
     rdmap_rsvd: int = 0
 
-    @property
-    def tagged(self) -> bool:
-        return True
-
-    @property
-    def hdr_len(self) -> int:
-        return TAGGED_HDR_LEN
+    #: the T bit (RFC 5041 §4.2) and the header's length with the RDMAP control byte
+    tagged: ClassVar[bool] = True
+    hdr_len: ClassVar[int] = TAGGED_HDR_LEN
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,13 +285,9 @@ class DdpUntagged:
     rv: int = RDMAP_VERSION
     rdmap_rsvd: int = 0
 
-    @property
-    def tagged(self) -> bool:
-        return False
-
-    @property
-    def hdr_len(self) -> int:
-        return UNTAGGED_HDR_LEN
+    #: the T bit (RFC 5041 §4.2) and the header's length with the RDMAP control byte
+    tagged: ClassVar[bool] = False
+    hdr_len: ClassVar[int] = UNTAGGED_HDR_LEN
 
 
 DdpHeader = DdpTagged | DdpUntagged
@@ -326,16 +320,11 @@ def decode_ddp(buf: bytes | bytearray | memoryview, offset: int = 0) -> DdpHeade
                        (r & RDMAP_RSVD_MASK) >> 4)
 
 
-def _check_range(name: str, value: int, bits: int) -> None:
-    if not 0 <= value < (1 << bits):
-        raise InvalidArgument(name, f"{value} does not fit in {bits} bits")
-
-
 def encode_ddp(h: DdpHeader) -> bytes:
     """The 14- or 18-byte DDP header of ``h``; inverse of :func:`decode_ddp`."""
     for name, value, bits in (("opcode", h.opcode, 4), ("ddp_rsvd", h.ddp_rsvd, 4), ("dv", h.dv, 2),
                               ("rv", h.rv, 2), ("rdmap_rsvd", h.rdmap_rsvd, 2)):
-        _check_range(name, value, bits)
+        check_bits(name, value, bits)
     c, r = _ctrl_bytes(h)
     try:
         if isinstance(h, DdpTagged):
@@ -391,17 +380,17 @@ class Terminate:
     trailing: bytes = b""
 
     def encode(self) -> bytes:
-        _check_range("layer", self.layer, 4)
-        _check_range("etype", self.etype, 4)
-        _check_range("code", self.code, 8)
-        _check_range("reserved", self.reserved, 13)
+        check_bits("layer", self.layer, 4)
+        check_bits("etype", self.etype, 4)
+        check_bits("code", self.code, 8)
+        check_bits("reserved", self.reserved, 13)
         w = ((self.layer << 28) | (self.etype << 24) | (self.code << 16) | (0x8000 if self.m else 0)
              | (0x4000 if self.d else 0) | (0x2000 if self.r else 0) | self.reserved)
         parts = [TERM_CTRL.pack(w)]
         if self.m or self.d:
             if self.ddp_seg_len is None:
                 raise InvalidArgument("ddp_seg_len", "required when M or D is set")
-            _check_range("ddp_seg_len", self.ddp_seg_len, 16)
+            check_bits("ddp_seg_len", self.ddp_seg_len, 16)
             parts.append(U16.pack(self.ddp_seg_len))
         elif self.ddp_seg_len is not None:
             raise InvalidArgument("ddp_seg_len", "present only when M or D is set")

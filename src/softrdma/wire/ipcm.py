@@ -25,13 +25,14 @@ from typing import ClassVar
 
 from ..errors import DecodeError, InvalidArgument
 from .cm import ARI_SIZE, MsgType, Rej, RejReason
+from .fields import check_bits
 from .gid import V4_MAPPED_PREFIX
 from .mad import Body, Layout, raw, u8, u16
 
 __all__ = [
     "IPPROTO_TCP", "IPPROTO_UDP", "IPPROTO_SCTP", "IP_CM_SERVICE_ID_PREFIX",
     "IP_CM_SERVICE_ID_MASK", "IPCM_HEADER_SIZE", "IPCM_MAJOR_VERSION", "IPCM_MINOR_VERSION",
-    "IPCM_REQ_CONSUMER_MAX", "IPCM_SIDR_CONSUMER_MAX", "IpAddress", "IpCmHeader",
+    "IPCM_REQ_CONSUMER_MAX", "IPCM_SIDR_CONSUMER_MAX", "IpAddress", "IpCmHeader", "IpFields",
     "pack_ip_field", "unpack_ip_field",
     "ip_cm_service_id", "parse_ip_cm_service_id", "is_ip_cm_service_id",
     "RejectionLayer", "IpCmAri", "IpCmReject", "UlpReject", "decode_consumer_ari", "reject",
@@ -57,9 +58,32 @@ IPCM_SIDR_CONSUMER_MAX = 216 - IPCM_HEADER_SIZE  # 180 (Linux SIDR_REQ)
 _V4_ZERO_PREFIX = bytes(12)
 
 
+class IpFields:
+    """What the A11 header and the Hello (``softrdma.wire.iwarp_ib``) share: an IP
+    version ``ipv`` and two 16-byte IP fields, read as addresses by :attr:`src_addr` and
+    :attr:`dst_addr` (IPv4: the last 4 bytes; DecodeError for a reserved version)."""
+
+    __slots__ = ()
+    #: the header's name in a DecodeError
+    IP_WHAT: ClassVar[str]
+    ipv: int
+    src_ip: bytes
+    dst_ip: bytes
+
+    @property
+    def src_addr(self) -> IpAddress:
+        """Source IP as ``ipv`` says."""
+        return unpack_ip_field(self.ipv, self.src_ip, f"{self.IP_WHAT} source")
+
+    @property
+    def dst_addr(self) -> IpAddress:
+        """Destination IP as ``ipv`` says."""
+        return unpack_ip_field(self.ipv, self.dst_ip, f"{self.IP_WHAT} destination")
+
+
 # --------------------------------------------------------------------------- Table 1
 @dataclass(slots=True)
-class IpCmHeader(Body):
+class IpCmHeader(Body, IpFields):
     """A11 Table 1: the first 36 bytes of the REQ private data, then consumer data.
 
     ``src_ip`` / ``dst_ip`` are the raw 16-byte fields; :attr:`src_addr` /
@@ -76,6 +100,7 @@ class IpCmHeader(Body):
     src_ip: bytes = bytes(16)
     dst_ip: bytes = bytes(16)
 
+    IP_WHAT: ClassVar[str] = "IP CM"
     LAYOUT: ClassVar[Layout] = Layout("ipcm", (
         u8(("majv", 4), ("minv", 4)), u8(("ipv", 4), ("res", 4)), u16("src_port"),
         raw(16, "src_ip"), raw(16, "dst_ip"),
@@ -91,15 +116,6 @@ class IpCmHeader(Body):
         return cls(ipv=s.version, src_port=src_port, src_ip=pack_ip_field(s),
                    dst_ip=pack_ip_field(d))
 
-    @property
-    def src_addr(self) -> IpAddress:
-        """Source IP as ``ipv`` says (IPv4: bits 31-0). DecodeError for a reserved IPV."""
-        return unpack_ip_field(self.ipv, self.src_ip, "IP CM source")
-
-    @property
-    def dst_addr(self) -> IpAddress:
-        """Destination IP as ``ipv`` says. DecodeError for a reserved IPV."""
-        return unpack_ip_field(self.ipv, self.dst_ip, "IP CM destination")
 
     @classmethod
     def decode_private_data(cls, pd: bytes | bytearray | memoryview
@@ -195,10 +211,8 @@ class IpCmReject:
 
     def encode(self) -> bytes:
         """The ARI bytes in use (4 + len(suggested)); :func:`reject` zero-fills to 72."""
-        if not 0 <= self.code <= 0xFF:
-            raise InvalidArgument("code", f"ARI code must be 0..255, got {self.code}")
-        if not 0 <= self.filler <= 0xFF:
-            raise InvalidArgument("filler", f"must be 0..255, got {self.filler}")
+        check_bits("code", self.code, 8)
+        check_bits("filler", self.filler, 8)
         if len(self.suggested) > _SUGGESTED_MAX:
             raise InvalidArgument("suggested", f"at most {_SUGGESTED_MAX} bytes, "
                                                f"got {len(self.suggested)}")

@@ -34,7 +34,7 @@ from enum import IntEnum
 from typing import ClassVar
 
 from ..errors import DecodeError, InvalidArgument
-from .ipcm import IpAddress, pack_ip_field, unpack_ip_field
+from .ipcm import IpAddress, IpFields, pack_ip_field
 from .mad import Body, Layout, raw, u8, u16, u32
 
 __all__ = [
@@ -92,9 +92,10 @@ class _HelloBase(Body):
 
 
 @dataclass(slots=True)
-class Hello(_HelloBase):
+class Hello(_HelloBase, IpFields):
     """The Hello (CM REQ private data), MID 0."""
 
+    IP_WHAT: ClassVar[str] = "Hello"
     MID: ClassVar[int] = MID_HELLO
     mid: int = MID_HELLO
     ipv: int = 4
@@ -114,15 +115,6 @@ class Hello(_HelloBase):
         raw(16, "src_ip"), raw(16, "dst_ip"),
     ))
 
-    @property
-    def src_addr(self) -> IpAddress:
-        """Source IP as IPVer says (IPv4 in the last 4 bytes)."""
-        return unpack_ip_field(self.ipv, self.src_ip, "Hello source")
-
-    @property
-    def dst_addr(self) -> IpAddress:
-        """Destination IP as IPVer says."""
-        return unpack_ip_field(self.ipv, self.dst_ip, "Hello destination")
 
     @classmethod
     def make(cls, src: IpAddress | str, dst: IpAddress | str, local_port: int, *,

@@ -28,6 +28,7 @@ from enum import IntEnum
 from typing import Any, ClassVar, Self
 
 from ..errors import DecodeError, InvalidArgument
+from .fields import check_bits
 
 __all__ = [
     "MAD_SIZE", "MAD_HDR_SIZE", "MAD_DATA_SIZE", "BASE_VERSION", "GSI_QPN", "GSI_QKEY",
@@ -262,9 +263,7 @@ class Layout:
                 if not isinstance(f, int) or isinstance(f, bool) and mask != 1:
                     raise InvalidArgument(f"{self.what}.{name}",
                                           f"must be an int, got {type(f).__name__}")
-                if f < 0 or f > mask:
-                    raise InvalidArgument(f"{self.what}.{name}",
-                                          f"{f} does not fit in {mask.bit_length()} bits")
+                check_bits(f"{self.what}.{name}", f, mask.bit_length())
                 v |= f << shift
             args.append(v)
         return self.st.pack(*args)

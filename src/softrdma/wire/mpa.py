@@ -30,6 +30,7 @@ from typing import ClassVar
 from ..errors import DecodeError, InvalidArgument, StateError
 from .crc import Buffer, crc32c
 from .ddp import TAGGED_HDR_LEN, MpaErrorCode
+from .fields import check_bits
 
 __all__ = [
     "KEY_REQ", "KEY_REP", "KEY_LEN", "MPA_HDR_LEN", "MPA_MAX_PRIVDATA", "MPA_MAX_PRIVDATA_SEND",
@@ -140,9 +141,8 @@ class MpaV2Params:
     rtr_read: bool = False
 
     def encode(self) -> bytes:
-        for name, v in (("ird", self.ird), ("ord", self.ord)):
-            if not 0 <= v <= V2_DEPTH_MASK:
-                raise InvalidArgument(name, f"{v} does not fit in 14 bits")
+        check_bits("ird", self.ird, 14)
+        check_bits("ord", self.ord, 14)
         w1 = self.ird | (V2_PEER_TO_PEER if self.peer_to_peer else 0) | (V2_RTR_SEND if self.rtr_send else 0)
         w2 = self.ord | (V2_RTR_WRITE if self.rtr_write else 0) | (V2_RTR_READ if self.rtr_read else 0)
         return _V2.pack(w1, w2)
@@ -193,10 +193,8 @@ class MpaFrame:
         """The frame's 20 + PD_Length bytes; inverse of :func:`decode_mpa_frame`."""
         if len(self.KEY) != KEY_LEN:
             raise InvalidArgument("frame", "use MpaRequest or MpaReply, not MpaFrame")
-        if not 0 <= self.reserved <= FLAG_RESERVED:
-            raise InvalidArgument("reserved", f"{self.reserved} does not fit in 4 bits")
-        if not 0 <= self.revision <= 0xFF:
-            raise InvalidArgument("revision", f"{self.revision} does not fit in 8 bits")
+        check_bits("reserved", self.reserved, 4)
+        check_bits("revision", self.revision, 8)
         if len(self.private_data) > MPA_MAX_PRIVDATA:
             raise InvalidArgument("private_data", f"{len(self.private_data)} bytes, "
                                   f"RFC 5044 allows {MPA_MAX_PRIVDATA}")

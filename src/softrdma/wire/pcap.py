@@ -137,14 +137,14 @@ def _read_classic(f: IO[bytes], order: str, nsec: bool) -> Iterator[PcapRecord]:
         yield PcapRecord(sec + frac * scale, linktype, data, orig, index)
 
 
+@dataclass(eq=False, slots=True)
 class _Iface:
-    __slots__ = ("linktype", "snaplen", "scale", "offset")
+    """One pcapng interface: its link type, snap length and timestamp scale/offset."""
 
-    def __init__(self, linktype: int, snaplen: int, scale: float, offset: int) -> None:
-        self.linktype = linktype
-        self.snaplen = snaplen
-        self.scale = scale
-        self.offset = offset
+    linktype: int
+    snaplen: int
+    scale: float
+    offset: int
 
 
 def _parse_idb(body: bytes, order: str, pos: int) -> _Iface:

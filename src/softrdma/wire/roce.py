@@ -811,11 +811,7 @@ def parse_frame(data: Buffer, linktype: int,
         udp_off = off + ihl
         end = off + total
     elif etype == ETH_P_IPV6:
-        if n < off + 40:
-            raise DecodeError(f"truncated IPv6 header: {n - off} bytes")
-        w0, plen, nxt = struct.unpack_from("!IHB", mv, off)
-        if w0 >> 28 != 6:
-            raise DecodeError(f"IP version {w0 >> 28} in an IPv6 (EtherType 0x86DD) frame")
+        plen, nxt = _v6_header(mv, off, n, "IPv6 header")
         if nxt != IPPROTO_UDP:
             return None  # extension headers are not used by RoCEv2 senders
         if n < off + 48:
@@ -824,22 +820,15 @@ def parse_frame(data: Buffer, linktype: int,
             return None
         if plen < 8:
             raise DecodeError(f"IPv6 payload length {plen} too small for a UDP header")
-        if off + 40 + plen > n:
-            raise DecodeError(f"IPv6 payload length {plen} exceeds the {n - off - 40} bytes captured")
+        _v6_payload(mv, off, n, plen, "IPv6")
         ip = bytes(mv[off:off + 40])
         udp_off = off + 40
         end = udp_off + plen
     elif etype == ROCE_V1_ETHERTYPE:
-        if n < off + 40:
-            raise DecodeError(f"truncated GRH: {n - off} bytes")
-        w0, plen, nxt = struct.unpack_from("!IHB", mv, off)
-        if w0 >> 28 != 6:
-            raise DecodeError(f"GRH IPVer {w0 >> 28}, expected 6")
+        plen, nxt = _v6_header(mv, off, n, "GRH")
         if nxt != GRH_NEXT_HEADER_BTH:
             raise DecodeError(f"GRH next header {nxt:#04x}, expected 0x1b (BTH)")
-        if off + 40 + plen > n:
-            raise DecodeError(f"GRH payload length {plen} exceeds the {n - off - 40} bytes captured")
-        body = mv[off + 40:off + 40 + plen]
+        body = _v6_payload(mv, off, n, plen, "GRH")
         return _ib_split(linktype, mv, off, bytes(mv[off:off + 40]), b"", body,
                          mv[off + 40 + plen:], 1)
     else:
@@ -849,6 +838,25 @@ def parse_frame(data: Buffer, linktype: int,
     if ulen != end - udp_off:
         raise DecodeError(f"UDP length {ulen} disagrees with the IP payload length {end - udp_off}")
     return _ib_split(linktype, mv, off, ip, udp, mv[udp_off + 8:end], mv[end:], 2)
+
+
+def _v6_header(mv: memoryview, off: int, n: int, name: str) -> tuple[int, int]:
+    """The payload length and next header of the 40-byte IPv6 header (RoCEv2) or GRH
+    (RoCEv1, IBA 8.3.1: the same layout) at ``off``, checked: whole and version 6."""
+    if n < off + 40:
+        raise DecodeError(f"truncated {name}: {n - off} bytes")
+    w0, plen, nxt = struct.unpack_from("!IHB", mv, off)
+    if w0 >> 28 != 6:
+        raise DecodeError(f"{name}: IP version {w0 >> 28}, expected 6")
+    return plen, nxt
+
+
+def _v6_payload(mv: memoryview, off: int, n: int, plen: int, name: str) -> memoryview:
+    """The ``plen`` bytes after the IPv6 header or GRH at ``off``, all captured."""
+    if off + 40 + plen > n:
+        raise DecodeError(f"{name} payload length {plen} exceeds the {n - off - 40} bytes "
+                          "captured")
+    return mv[off + 40:off + 40 + plen]
 
 
 def build_frame(f: RoceFrame) -> bytes:

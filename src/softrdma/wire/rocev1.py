@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from ..errors import DecodeError, InvalidArgument
 from .crc import Buffer
+from .fields import check_bits
 
 __all__ = [
     "ETH_HLEN", "ETH_P_8021Q", "ETH_P_ROCE_V1", "GRH_SIZE", "GRH_NEXT_HEADER_BTH",
@@ -80,14 +81,10 @@ def build_grh(sgid: bytes, dgid: bytes, paylen: int, *, tclass: int = 0, flow_la
     """
     if len(sgid) != 16 or len(dgid) != 16:
         raise InvalidArgument("sgid" if len(sgid) != 16 else "dgid", "a GID has 16 bytes")
-    if not 0 <= paylen <= 0xFFFF:
-        raise InvalidArgument("paylen", f"GRH PayLen {paylen} out of range")
-    if not 0 <= tclass <= 0xFF:
-        raise InvalidArgument("tclass", f"must be 0..255, got {tclass}")
-    if not 0 <= flow_label <= FLOW_LABEL_MASK:
-        raise InvalidArgument("flow_label", f"must be 0..0xfffff, got {flow_label}")
-    if not 0 <= hop_limit <= 0xFF:
-        raise InvalidArgument("hop_limit", f"must be 0..255, got {hop_limit}")
+    check_bits("paylen", paylen, 16)
+    check_bits("tclass", tclass, 8)
+    check_bits("flow_label", flow_label, 20)
+    check_bits("hop_limit", hop_limit, 8)
     w0 = (GRH_IPVER << 28) | (tclass << 20) | flow_label
     return _GRH.pack(w0, paylen, GRH_NEXT_HEADER_BTH, hop_limit, bytes(sgid), bytes(dgid))
 

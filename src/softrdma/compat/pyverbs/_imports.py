@@ -27,10 +27,9 @@ import errno
 from typing import Protocol
 
 from softrdma import verbs as _v
-from softrdma.errors import SoftRdmaError
 from softrdma.verbs._object import VerbsObject
 
-from .base import rdma_error
+from .base import translate
 from .pyverbs_error import PyverbsRDMAError, PyverbsUserError
 
 __all__ = ["import_context", "resolve", "file_handle", "unimport"]
@@ -47,10 +46,8 @@ def import_context(ctx: _v.Context, cmd_fd: object) -> None:
     if not isinstance(cmd_fd, int) or isinstance(cmd_fd, bool):
         raise PyverbsUserError(f"Context: cmd_fd must be an int, got {cmd_fd!r}")
     VerbsObject.__init__(ctx)
-    try:
+    with translate("Failed to import device"):
         ctx._init_import(cmd_fd)
-    except SoftRdmaError as exc:
-        raise rdma_error("Failed to import device", exc) from exc
 
 
 def resolve(ctx: object, kind: str, handle: object, cls: type[object]) -> object:
@@ -59,10 +56,8 @@ def resolve(ctx: object, kind: str, handle: object, cls: type[object]) -> object
     what = f"Failed to import {kind.upper()}"
     if not isinstance(ctx, _v.Context) or ctx.closed:
         raise PyverbsRDMAError(f"{what}: no open context", errno.EINVAL)
-    try:
+    with translate(what):
         obj = ctx._file.resolve(kind, handle)
-    except SoftRdmaError as exc:
-        raise rdma_error(what, exc) from exc
     if not isinstance(obj, cls):
         raise PyverbsRDMAError(f"{what}: handle {handle} is not a {cls.__name__}", errno.EINVAL)
     return obj

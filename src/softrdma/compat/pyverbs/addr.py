@@ -17,7 +17,7 @@ from softrdma import verbs as _v
 from softrdma.errors import SoftRdmaError
 from softrdma.wire.gid import ip_to_gid
 
-from .base import Forward, PyverbsCM, PyverbsObject, rdma_error
+from .base import Forward, PyverbsCM, PyverbsObject, rdma_error, translate
 from .pyverbs_error import PyverbsUserError
 
 __all__ = ["GID", "GRH", "GlobalRoute", "AHAttr", "AH"]
@@ -208,10 +208,8 @@ class AH(_v.AH, PyverbsCM):
             attr = ah_attr_from_wc(pd, wc, port_num, grh)
         if not isinstance(attr, AHAttr):
             raise PyverbsUserError(f"AH: attr must be an AHAttr, got {type(attr).__name__}")
-        try:
+        with translate("Failed to create AH"):
             super().__init__(pd, attr.to_verbs())
-        except SoftRdmaError as exc:
-            raise rdma_error("Failed to create AH", exc) from exc
         self.ah_attr = attr
 
     def close(self) -> None:

@@ -29,6 +29,7 @@ import ipaddress
 import os
 import socket
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from softrdma.cm import rdma_cm as rc
@@ -43,7 +44,7 @@ from . import cm_enums as ce
 from . import libibverbs_enums as e
 from ._qp_attrs import ah_attr_from_verbs, qp_attr_from_verbs
 from .addr import AHAttr
-from .base import PyverbsCM, PyverbsObject, rdma_error
+from .base import PyverbsCM, PyverbsObject, rdma_error, translate
 from .cq import CQ, WC
 from .device import Context
 from .mr import MR
@@ -149,13 +150,13 @@ class UDParam(PyverbsObject):
         self.ah_attr = ah_attr_from_verbs(ud.ah_attr) if ud is not None else AHAttr()
 
 
+@dataclass(eq=False)
 class JoinMCAttrEx(PyverbsObject):
     """``struct rdma_cm_join_mc_attr_ex``."""
 
-    def __init__(self, addr: Any = None, comp_mask: int = 0, join_flags: int = 0) -> None:
-        self.addr = addr
-        self.comp_mask = comp_mask
-        self.join_flags = join_flags
+    addr: Any = None
+    comp_mask: int = 0
+    join_flags: int = 0
 
 
 class CMEventChannel(PyverbsObject):
@@ -174,10 +175,8 @@ class CMEvent(PyverbsObject):
     def __init__(self, channel: CMEventChannel) -> None:
         if not isinstance(channel, CMEventChannel):
             raise PyverbsUserError("CMEvent needs a CMEventChannel")
-        try:
+        with translate("Failed to create CMEvent"):
             self._event = channel.channel.get_cm_event()
-        except SoftRdmaError as exc:
-            raise rdma_error("Failed to create CMEvent", exc) from exc
         self._acked = False
 
     @property
@@ -207,10 +206,8 @@ def _wait(ch: rc.EventChannel, want: int, what: str,
           timeout: float | None = _SYNC_WAIT_S) -> rc.RdmaCmEvent:
     """A synchronous id's next event, which must be ``want`` (``timeout`` None: wait
     for ever, as a blocking ``rdma_get_cm_event``)."""
-    try:
+    with translate(f"Failed to {what}"):
         ev = ch.get_cm_event(timeout=timeout)
-    except SoftRdmaError as exc:
-        raise rdma_error(f"Failed to {what}", exc) from exc
     if int(ev.event) != want:
         code = errno.ECONNREFUSED if ev.event == T.REJECTED else errno.EIO
         raise PyverbsRDMAError(f"Failed to {what}: {ev.text}", code)
@@ -301,38 +298,30 @@ class CMID(PyverbsCM):
         """``rdma_bind_addr``."""
         if lai.src_addr is None:
             raise PyverbsUserError("bind_addr needs an AddrInfo with a source address")
-        try:
+        with translate("Failed to Bind ID"):
             self._cid().bind_addr(lai.src_addr, device=_prefer(lai.src_addr))
-        except SoftRdmaError as exc:
-            raise rdma_error("Failed to Bind ID", exc) from exc
         self._adopt()
 
     def resolve_addr(self, rai: AddrInfo, timeout_ms: int = 2000) -> None:
         """``rdma_resolve_addr``: ADDR_RESOLVED (or ADDR_ERROR) follows."""
         if rai.dst_addr is None:
             raise PyverbsUserError("resolve_addr needs an AddrInfo with a destination")
-        try:
+        with translate("Failed to Resolve Address"):
             self._cid().resolve_addr(rai.src_addr, rai.dst_addr, timeout_ms,
                                      device=_prefer(rai.src_addr or rai.dst_addr))
-        except SoftRdmaError as exc:
-            raise rdma_error("Failed to Resolve Address", exc) from exc
         self._adopt()
 
     def resolve_route(self, timeout_ms: int = 2000) -> None:
         """``rdma_resolve_route``: ROUTE_RESOLVED follows."""
-        try:
+        with translate("Failed to Resolve Route"):
             self._cid().resolve_route(timeout_ms)
-        except SoftRdmaError as exc:
-            raise rdma_error("Failed to Resolve Route", exc) from exc
         self._adopt()
 
     # ---- connections --------------------------------------------------------------------------
     def listen(self, backlog: int = 0) -> None:
         """``rdma_listen``."""
-        try:
+        with translate("Listen Failed"):
             self._cid().listen(backlog)
-        except SoftRdmaError as exc:
-            raise rdma_error("Listen Failed", exc) from exc
 
     def get_request(self) -> CMID:
         """``rdma_get_request`` (synchronous listener): the next request's new id, with a
@@ -355,36 +344,28 @@ class CMID(PyverbsCM):
 
     def connect(self, param: ConnParam | None = None) -> None:
         """``rdma_connect`` (a synchronous id returns once established)."""
-        try:
+        with translate("Failed to Connect"):
             self._cid().connect(param.to_cm() if param is not None else None)
-        except SoftRdmaError as exc:
-            raise rdma_error("Failed to Connect", exc) from exc
         if self._sync_ch is not None:
             _wait(self._sync_ch, T.ESTABLISHED, "Connect")
 
     def accept(self, param: ConnParam | None = None) -> None:
         """``rdma_accept`` (a synchronous id returns once established)."""
         cid = self._cid()
-        try:
+        with translate("Failed to Accept Connection"):
             cid.accept(param.to_cm() if param is not None else None)
-        except SoftRdmaError as exc:
-            raise rdma_error("Failed to Accept Connection", exc) from exc
         if self._sync_ch is not None and cid.ps == rc.RDMA_PS_TCP:
             _wait(self._sync_ch, T.ESTABLISHED, "Accept Connection")
 
     def reject(self, private_data: bytes = b"") -> None:
         """``rdma_reject``."""
-        try:
+        with translate("Failed to Reject Connection"):
             self._cid().reject(bytes(private_data))
-        except SoftRdmaError as exc:
-            raise rdma_error("Failed to Reject Connection", exc) from exc
 
     def establish(self) -> None:
         """``rdma_establish`` (an application-moved QP, after CONNECT_RESPONSE)."""
-        try:
+        with translate("Failed to Complete an active connection request"):
             self._cid().establish()
-        except SoftRdmaError as exc:
-            raise rdma_error("Failed to Complete an active connection request", exc) from exc
 
     def disconnect(self) -> None:
         """``rdma_disconnect``; a connection the peer already closed is left as it is
@@ -401,10 +382,8 @@ class CMID(PyverbsCM):
         if level != ce.RDMA_OPTION_ID or optname != ce.RDMA_OPTION_ID_ACK_TIMEOUT:
             raise PyverbsRDMAError(f"Failed to Set Option: level {level} option {optname} "
                                    "is not supported", errno.ENOSYS)
-        try:
+        with translate("Failed to Set Option"):
             self._cid().set_ack_timeout(int(optval))
-        except SoftRdmaError as exc:
-            raise rdma_error("Failed to Set Option", exc) from exc
 
     def get_remote_ece(self) -> Any:
         raise PyverbsRDMAError("Failed to get remote ECE: ECE is not supported",
@@ -460,10 +439,8 @@ class CMID(PyverbsCM):
     def init_qp_attr(self, qp_state: int) -> tuple[QPAttr, int]:
         """``rdma_init_qp_attr``: attributes moving the application's own QP to
         ``qp_state``."""
-        try:
+        with translate("Failed to get QP attributes"):
             va, mask = self._cid().init_qp_attr(int(qp_state))
-        except SoftRdmaError as exc:
-            raise rdma_error("Failed to get QP attributes", exc) from exc
         return qp_attr_from_verbs(va), mask
 
     # ---- rdma_verbs.h --------------------------------------------------------------------------
@@ -548,19 +525,15 @@ class CMID(PyverbsCM):
         info = mc_attr.addr if mc_attr is not None else addr
         if not isinstance(info, AddrInfo) or info.src_addr is None:
             raise PyverbsUserError("join_multicast needs an AddrInfo with the group address")
-        try:
+        with translate("Failed to Join multicast"):
             rdma_mcast.join(self._cid(), info.src_addr)
-        except SoftRdmaError as exc:
-            raise rdma_error("Failed to Join multicast", exc) from exc
 
     def leave_multicast(self, addr: AddrInfo) -> None:
         """``rdma_leave_multicast``."""
         if addr.src_addr is None:
             raise PyverbsUserError("leave_multicast needs an AddrInfo with the group address")
-        try:
+        with translate("Failed to leave multicast"):
             rdma_mcast.leave(self._cid(), addr.src_addr)
-        except SoftRdmaError as exc:
-            raise rdma_error("Failed to leave multicast", exc) from exc
 
     def close(self) -> None:
         """``rdma_destroy_id`` (and ``rdma_destroy_qp``, and the CQs it made)."""

@@ -21,6 +21,7 @@ import errno
 import socket
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from softrdma import verbs as _v
@@ -29,7 +30,7 @@ from softrdma.seam.types import WorkCompletion
 from softrdma.verbs.device import MAX_CQE
 
 from . import libibverbs_enums as e
-from .base import PyverbsCM, PyverbsObject, rdma_error
+from .base import PyverbsCM, PyverbsObject, rdma_error, translate
 from .pyverbs_error import PyverbsRDMAError, PyverbsUserError
 from .utils import flags_to_str
 
@@ -44,28 +45,20 @@ _KNOWN_CQ_FLAGS = sum(int(f) for f in e.ibv_create_cq_attr_flags)
 _KNOWN_COMP_MASK = int(e.IBV_CQ_INIT_ATTR_MASK_FLAGS | e.IBV_CQ_INIT_ATTR_MASK_PD)
 
 
-class WC(PyverbsObject):
-    """A work completion (``struct ibv_wc``)."""
+class WC(WorkCompletion, PyverbsObject):
+    """A work completion (``struct ibv_wc``): the engine's :class:`WorkCompletion` with
+    pyverbs' argument order, ``slid``/``sl``/``dlid_path_bits`` as arguments and
+    ``imm_data`` in network order (:meth:`from_engine`)."""
 
     def __init__(self, wr_id: int = 0, status: int = 0, opcode: int = 0, vendor_err: int = 0,
                  byte_len: int = 0, qp_num: int = 0, src_qp: int = 0, imm_data: int = 0,
                  wc_flags: int = 0, pkey_index: int = 0, slid: int = 0, sl: int = 0,
                  dlid_path_bits: int = 0) -> None:
-        super().__init__()
-        self.wr_id = wr_id
-        self.status = status
-        self.opcode = opcode
-        self.vendor_err = vendor_err
-        self.byte_len = byte_len
-        self.qp_num = qp_num
-        self.src_qp = src_qp
-        self.imm_data = imm_data
-        self.wc_flags = wc_flags
-        self.pkey_index = pkey_index
+        super().__init__(wr_id, status, opcode, qp_num, byte_len, imm_data, src_qp, wc_flags,
+                         vendor_err, pkey_index)
         self.slid = slid
         self.sl = sl
         self.dlid_path_bits = dlid_path_bits
-        self.invalidated_rkey = 0
 
     @classmethod
     def from_engine(cls, w: WorkCompletion) -> WC:
@@ -99,18 +92,14 @@ class CompChannel(_v.CompChannel, PyverbsCM):
 
     def __init__(self, context: Any) -> None:
         PyverbsObject.__init__(self)
-        try:
+        with translate("Failed to create a completion channel"):
             super().__init__(context)
-        except SoftRdmaError as exc:
-            raise rdma_error("Failed to create a completion channel", exc) from exc
 
     def get_cq_event(self, expected_cq: Any = None) -> Any:
         """Wait for the next CQ event (``ibv_get_cq_event``); it must be ``expected_cq``'s
         when one is given."""
-        try:
+        with translate("Failed to get CQ event"):
             cq = super().get_cq_event(None)
-        except SoftRdmaError as exc:
-            raise rdma_error("Failed to get CQ event", exc) from exc
         if expected_cq is not None and cq is not expected_cq:
             raise PyverbsRDMAError("Received event on an unexpected CQ")
         return cq
@@ -132,10 +121,8 @@ class CQ(_v.CQ, PyverbsCM):
     def __init__(self, creator: Any, cqe: Any, cq_context: Any = None,
                  channel: CompChannel | None = None, comp_vector: int = 0) -> None:
         PyverbsObject.__init__(self)
-        try:
+        with translate("Failed to create a CQ"):
             super().__init__(creator, _cqe(cqe), cq_context, channel, int(comp_vector))
-        except SoftRdmaError as exc:
-            raise rdma_error("Failed to create a CQ", exc) from exc
         self.num_events = 0
 
     @property
@@ -144,7 +131,7 @@ class CQ(_v.CQ, PyverbsCM):
 
     def poll(self, num_entries: int = 1) -> tuple[int, list[WC]]:  # type: ignore[override]
         """Up to ``num_entries`` completions (``ibv_poll_cq``)."""
-        try:
+        try:  # not ``with translate``: the spin loop's call, where it costs most
             n, wcs = super().poll(num_entries)
         except SoftRdmaError as exc:
             raise rdma_error("Failed to poll CQ", exc) from exc
@@ -158,16 +145,12 @@ class CQ(_v.CQ, PyverbsCM):
 
     def req_notify(self, solicited_only: bool = False) -> None:
         """Arm the CQ (``ibv_req_notify_cq``)."""
-        try:
+        with translate("Request notify CQ returned"):
             super().req_notify(bool(solicited_only))
-        except SoftRdmaError as exc:
-            raise rdma_error("Request notify CQ returned", exc) from exc
 
     def ack_events(self, num_events: int) -> None:
-        try:
+        with translate("Failed to ack CQ events"):
             super().ack_events(num_events)
-        except SoftRdmaError as exc:
-            raise rdma_error("Failed to ack CQ events", exc) from exc
 
     def resize(self, cqe: int) -> None:
         """``ibv_resize_cq``: EINVAL below the queued completions or above max_cqe."""
@@ -205,6 +188,24 @@ class PollCqAttr(PyverbsObject):
     def __init__(self, comp_mask: int = 0) -> None:
         super().__init__()
         self.comp_mask = comp_mask
+
+
+def _wc_reader(name: str, flag: int | None = None) -> Callable[[CQEX], int]:
+    """A ``read_<name>`` method of :class:`CQEX`: field ``name`` of the completion being
+    polled, present only when the CQ was created with ``flag`` in its wc_flags (None:
+    always)."""
+    def read(self: CQEX) -> int:
+        wc = self._wc() if flag is None else self._field(int(flag))
+        return int(getattr(wc, name))
+    read.__name__ = read.__qualname__ = f"read_{name}"
+    return read
+
+
+def _not_kept(what: str) -> Callable[[CQEX], int]:
+    """A ``read_*`` method of :class:`CQEX` for a field a software CQ never keeps."""
+    def read(self: CQEX) -> int:
+        raise PyverbsUserError(f"The CQ was not created with {what}")
+    return read
 
 
 class CQEX(CQ):
@@ -297,47 +298,23 @@ class CQEX(CQ):
     def wr_id(self) -> int:
         return self._wc().wr_id
 
-    def read_opcode(self) -> int:
-        return self._wc().opcode
-
-    def read_vendor_err(self) -> int:
-        return self._wc().vendor_err
-
-    def read_byte_len(self) -> int:
-        return self._field(int(e.IBV_WC_EX_WITH_BYTE_LEN)).byte_len
-
-    def read_imm_data(self) -> int:
-        return self._field(int(e.IBV_WC_EX_WITH_IMM)).imm_data
-
-    def read_qp_num(self) -> int:
-        return self._field(int(e.IBV_WC_EX_WITH_QP_NUM)).qp_num
-
-    def read_src_qp(self) -> int:
-        return self._field(int(e.IBV_WC_EX_WITH_SRC_QP)).src_qp
-
-    def read_wc_flags(self) -> int:
-        return self._wc().wc_flags
-
-    def read_slid(self) -> int:
-        return self._field(int(e.IBV_WC_EX_WITH_SLID)).slid
-
-    def read_sl(self) -> int:
-        return self._field(int(e.IBV_WC_EX_WITH_SL)).sl
-
-    def read_dlid_path_bits(self) -> int:
-        return self._field(int(e.IBV_WC_EX_WITH_DLID_PATH_BITS)).dlid_path_bits
-
-    def read_timestamp(self) -> int:
-        raise PyverbsUserError("The CQ was not created with completion timestamps")
-
-    def read_completion_wallclock_ns(self) -> int:
-        raise PyverbsUserError("The CQ was not created with wall-clock timestamps")
-
-    def read_cvlan(self) -> int:
-        raise PyverbsUserError("The CQ was not created with CVLAN")
-
-    def read_flow_tag(self) -> int:
-        raise PyverbsUserError("The CQ was not created with flow tags")
+    # ibv_wc_read_*: one field of the completion being polled; the optional ones need
+    # their IBV_WC_EX_WITH_* flag in the CQ's wc_flags, the ones a software CQ never
+    # fills raise as on a CQ created without them
+    read_opcode = _wc_reader("opcode")
+    read_vendor_err = _wc_reader("vendor_err")
+    read_byte_len = _wc_reader("byte_len", e.IBV_WC_EX_WITH_BYTE_LEN)
+    read_imm_data = _wc_reader("imm_data", e.IBV_WC_EX_WITH_IMM)
+    read_qp_num = _wc_reader("qp_num", e.IBV_WC_EX_WITH_QP_NUM)
+    read_src_qp = _wc_reader("src_qp", e.IBV_WC_EX_WITH_SRC_QP)
+    read_wc_flags = _wc_reader("wc_flags")
+    read_slid = _wc_reader("slid", e.IBV_WC_EX_WITH_SLID)
+    read_sl = _wc_reader("sl", e.IBV_WC_EX_WITH_SL)
+    read_dlid_path_bits = _wc_reader("dlid_path_bits", e.IBV_WC_EX_WITH_DLID_PATH_BITS)
+    read_timestamp = _not_kept("completion timestamps")
+    read_completion_wallclock_ns = _not_kept("wall-clock timestamps")
+    read_cvlan = _not_kept("CVLAN")
+    read_flow_tag = _not_kept("flow tags")
 
     def read_tm_info(self) -> WcTmInfo:
         raise PyverbsUserError("The CQ was not created with tag-matching info")

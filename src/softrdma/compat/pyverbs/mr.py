@@ -17,19 +17,20 @@ from __future__ import annotations
 import ctypes
 import errno
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 from softrdma import verbs as _v
 from softrdma.errors import SoftRdmaError
-from softrdma.ib.mw import MW_TYPE_1, MW_TYPE_2, BindRequest, EngineMW
+from softrdma.ib.mw import BindRequest
 from softrdma.seam.types import MemoryRegion, SendWQE
 from softrdma.verbs import mr as _vmr
-from softrdma.verbs._object import VerbsObject, release_on
+from softrdma.verbs._object import VerbsObject
 
 from . import libibverbs_enums as e
 from ._imports import file_handle, resolve, unimport
 from ._procmem import ProcessMemoryRegion
-from .base import PyverbsCM, PyverbsObject, rdma_error
+from .base import PyverbsCM, PyverbsObject, rdma_error, translate
 from .device import DM
 from .pd import PD
 from .pyverbs_error import PyverbsRDMAError, PyverbsUserError
@@ -237,15 +238,14 @@ def mwtype2str(mw_type: int) -> str:
     return {1: "IBV_MW_TYPE_1", 2: "IBV_MW_TYPE_2"}.get(mw_type, f"Unknown MW type ({mw_type})")
 
 
+@dataclass(eq=False)
 class MWBindInfo(PyverbsCM):
     """``struct ibv_mw_bind_info``: the MR, range and access a bind grants."""
 
-    def __init__(self, mr: MR, addr: int, length: int, mw_access_flags: int) -> None:
-        super().__init__()
-        self.mr = mr
-        self.addr = addr
-        self.length = length
-        self.mw_access_flags = mw_access_flags
+    mr: MR
+    addr: int
+    length: int
+    mw_access_flags: int
 
 
 class MWBind(PyverbsCM):
@@ -258,51 +258,22 @@ class MWBind(PyverbsCM):
         self.wr_id = wr_id
 
 
-class MW(VerbsObject, PyverbsCM):
+class MW(_v.MW, PyverbsCM):
     """A memory window (``ibv_alloc_mw``, IBA 10.6.7): type 1 (bound with
     :meth:`QP.bind_mw <softrdma.compat.pyverbs.qp.QP.bind_mw>`) or type 2 (bound with a
     BIND_MW work request). The window lives in the engine (:mod:`softrdma.ib.mw`); closing
-    it (or its PD) deallocates it and its R_Key stops working."""
-
-    _close_rank = 1
+    it (or its PD) deallocates it and its R_Key stops working. Verbs' :class:`MW
+    <softrdma.verbs.mw.MW>` with pyverbs' errors and ``handle``."""
 
     def __init__(self, pd: PD, mw_type: int) -> None:
-        VerbsObject.__init__(self)
         if not isinstance(pd, PD):
             raise PyverbsUserError(f"MW: expected a PD, got {type(pd).__name__}")
-        if mw_type not in (MW_TYPE_1, MW_TYPE_2):
-            raise PyverbsRDMAError("Failed to allocate MW", errno.EINVAL)
-        try:
-            pd._check()
-        except SoftRdmaError as exc:
-            raise rdma_error("Failed to allocate MW", exc) from exc
-        ctx = pd.ctx
-        self._runtime = ctx.runtime
-        self._port = ctx.port
-        with self._runtime.lock:
-            key = self._port.new_key()
-            self.engine = EngineMW(int(mw_type), pd.protection_domain, key)
-        self._depend_on(pd)
-        self.pd = pd
-        self.type = int(mw_type)
-        self._rkey = key
-
-    @property
-    def rkey(self) -> int:
-        """The window's R_Key: for type 1 the key of its last bind (set when the bind is
-        posted, as ``ibv_bind_mw`` does); for type 2 the key it is bound with."""
-        return self._rkey if self.type == MW_TYPE_1 else int(self.engine.rkey)
+        with translate("Failed to allocate MW"):
+            super().__init__(pd, mw_type)
 
     @property
     def handle(self) -> int:
         return self._rkey >> 8
-
-    def _release(self) -> None:
-        release_on(self._runtime, self.engine.free, self._port)
-
-    def close(self) -> None:
-        """Deallocate the window (``ibv_dealloc_mw``); idempotent."""
-        VerbsObject.close(self)
 
 
 def bind_wqe(mw: MW, bind_info: MWBindInfo | None, rkey: int, wr_id: int,

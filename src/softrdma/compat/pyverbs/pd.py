@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from softrdma import verbs as _v
-from softrdma.errors import InvalidArgument, SoftRdmaError
+from softrdma.errors import InvalidArgument
 
 from . import libibverbs_enums as e
 from ._imports import file_handle, resolve, unimport
-from .base import PyverbsCM, PyverbsObject, rdma_error
+from .base import PyverbsCM, PyverbsObject, translate
 from .device import Context
 from .pyverbs_error import PyverbsRDMAError, PyverbsUserError
 
@@ -55,10 +56,8 @@ class PD(_v.PD, PyverbsCM):
             found = resolve(creator, "pd", handle, PD)
             assert isinstance(found, PD)
             origin = found
-        try:
+        with translate("Failed to allocate PD"):
             super().__init__(creator)
-        except SoftRdmaError as exc:
-            raise rdma_error("Failed to allocate PD", exc) from exc
         if origin is not None:
             self._handle, self._origin = origin.handle, origin
 
@@ -113,17 +112,15 @@ AllocFunc = Callable[[Any, Any, int, int, int], int]
 FreeFunc = Callable[[Any, Any, int, int], Any]
 
 
+@dataclass(eq=False)
 class ParentDomainContext(PyverbsObject):
     """Custom allocators and user data of a parent domain (``ibv_parent_domain_init_attr``
     ``alloc``/``free``/``pd_context``)."""
 
-    def __init__(self, pd: PD, alloc_func: AllocFunc, free_func: FreeFunc,
-                 user_data: Any = None) -> None:
-        super().__init__()
-        self.pd = pd
-        self.alloc_func = alloc_func
-        self.free_func = free_func
-        self.user_data = user_data
+    pd: PD
+    alloc_func: AllocFunc
+    free_func: FreeFunc
+    user_data: Any = None
 
 
 class ParentDomainInitAttr(PyverbsObject):

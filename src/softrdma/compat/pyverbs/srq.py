@@ -14,10 +14,9 @@ import errno
 from typing import Any
 
 from softrdma import verbs as _v
-from softrdma.errors import SoftRdmaError
 
 from . import libibverbs_enums as e
-from .base import PyverbsCM, PyverbsObject, rdma_error
+from .base import PyverbsCM, PyverbsObject, translate
 from .cq import CQ
 from .device import Context
 from .pd import PD
@@ -31,13 +30,8 @@ _SRQT_XRC = int(e.IBV_SRQT_XRC)
 SIA = e.ibv_srq_init_attr_mask
 
 
-class SrqAttr(PyverbsObject):
-    """``struct ibv_srq_attr``."""
-
-    def __init__(self, max_wr: int = 100, max_sge: int = 1, srq_limit: int = 0) -> None:
-        self.max_wr = max_wr
-        self.max_sge = max_sge
-        self.srq_limit = srq_limit
+class SrqAttr(_v.SrqAttr, PyverbsObject):
+    """``struct ibv_srq_attr``: verbs' :class:`~softrdma.verbs.srq.SrqAttr`."""
 
 
 class SrqInitAttr(PyverbsObject):
@@ -108,10 +102,8 @@ class SRQ(_v.SRQ, PyverbsCM):
         else:
             raise PyverbsUserError(f"SRQ creator must be a PD or a Context, not {type(creator)}")
         init = _v.SrqInitAttr(_v.SrqAttr(attr.max_wr, attr.max_sge, attr.srq_limit))
-        try:
+        with translate("Failed to create SRQ"):
             super().__init__(pd, init)
-        except SoftRdmaError as exc:
-            raise rdma_error("Failed to create SRQ", exc) from exc
         with self._runtime.lock:
             self.engine.pd = pd.protection_domain
 
@@ -137,27 +129,21 @@ class SRQ(_v.SRQ, PyverbsCM):
         while w is not None:
             wrs.append(w.to_verbs())
             w = w.next_wr
-        try:
+        with translate("Failed to post receive to SRQ"):
             super().post_recv(wrs)
-        except SoftRdmaError as exc:
-            raise rdma_error("Failed to post receive to SRQ", exc) from exc
 
     def post_srq_ops(self, wr: OpsWr, bad_wr: OpsWr | None = None) -> None:
         raise PyverbsRDMAError("Failed to post SRQ ops", errno.EOPNOTSUPP)
 
     def modify(self, attr: SrqAttr, comp_mask: int) -> None:  # type: ignore[override]
         """``ibv_modify_srq``."""
-        try:
+        with translate("Failed to modify SRQ"):
             super().modify(_v.SrqAttr(attr.max_wr, attr.max_sge, attr.srq_limit), comp_mask)
-        except SoftRdmaError as exc:
-            raise rdma_error("Failed to modify SRQ", exc) from exc
 
-    def query(self) -> SrqAttr:  # type: ignore[override]
+    def query(self) -> SrqAttr:
         """``ibv_query_srq``."""
-        try:
+        with translate("Failed to query SRQ"):
             a = super().query()
-        except SoftRdmaError as exc:
-            raise rdma_error("Failed to query SRQ", exc) from exc
         return SrqAttr(a.max_wr, a.max_sge, a.srq_limit)
 
     def close(self) -> None:
@@ -172,19 +158,15 @@ class _XrcSRQ(_v.XrcSRQ, SRQ):
             raise PyverbsUserError("An XRC SRQ is created on a Context")
         pd, xrcd, cq = self._check_xrc(creator, attr)
         init = _v.SrqInitAttr(_v.SrqAttr(attr.max_wr, attr.max_sge, attr.srq_limit))
-        try:
+        with translate("Failed to create SRQ"):
             _v.XrcSRQ.__init__(self, pd, xrcd, cq, init)
-        except SoftRdmaError as exc:
-            raise rdma_error("Failed to create SRQ", exc) from exc
         with self._runtime.lock:
             self.engine.pd = pd.protection_domain
 
     def get_srq_num(self) -> int:
         """``ibv_get_srq_num``."""
-        try:
+        with translate("Failed to retrieve SRQ number"):
             return _v.XrcSRQ.get_srq_num(self)
-        except SoftRdmaError as exc:
-            raise rdma_error("Failed to retrieve SRQ number", exc) from exc
 
     def close(self) -> None:
         _v.XrcSRQ.close(self)

@@ -1,5 +1,8 @@
 """``pyverbs.wq``: work queues and RSS indirection tables (rdma-core ``pyverbs/wq.pyx``).
 
+The attribute structs whose constructor takes their field names are dataclasses
+(``eq=False``: compared by identity, as pyverbs objects are).
+
 Receive work queues feed raw-packet RSS QPs, which software RoCE devices do not have:
 :class:`WQ` and :class:`RwqIndTable` fail with EOPNOTSUPP (as on rxe).
 """
@@ -7,6 +10,7 @@ Receive work queues feed raw-packet RSS QPs, which software RoCE devices do not 
 from __future__ import annotations
 
 import errno
+from dataclasses import dataclass
 from typing import Any
 
 from .base import PyverbsCM, PyverbsObject
@@ -31,16 +35,15 @@ class WQInitAttr(PyverbsObject):
         self.create_flags = create_flags
 
 
+@dataclass(eq=False)
 class WQAttr(PyverbsObject):
     """``struct ibv_wq_attr``."""
 
-    def __init__(self, attr_mask: int = 0, wq_state: int = 0, curr_wq_state: int = 0,
-                 flags: int = 0, flags_mask: int = 0) -> None:
-        self.attr_mask = attr_mask
-        self.wq_state = wq_state
-        self.curr_wq_state = curr_wq_state
-        self.flags = flags
-        self.flags_mask = flags_mask
+    attr_mask: int = 0
+    wq_state: int = 0
+    curr_wq_state: int = 0
+    flags: int = 0
+    flags_mask: int = 0
 
 
 class WQ(PyverbsCM):
@@ -50,13 +53,13 @@ class WQ(PyverbsCM):
         raise PyverbsRDMAError("Failed to create WQ", errno.EOPNOTSUPP)
 
 
+@dataclass(eq=False)
 class RwqIndTableInitAttr(PyverbsObject):
     """``struct ibv_rwq_ind_table_init_attr``."""
 
-    def __init__(self, log_ind_tbl_size: int = 0, ind_tbl: Any = None, comp_mask: int = 0) -> None:
-        self.log_ind_tbl_size = log_ind_tbl_size
-        self.ind_tbl = ind_tbl
-        self.comp_mask = comp_mask
+    log_ind_tbl_size: int = 0
+    ind_tbl: Any = None
+    comp_mask: int = 0
 
 
 class RwqIndTable(PyverbsCM):
@@ -66,12 +69,11 @@ class RwqIndTable(PyverbsCM):
         raise PyverbsRDMAError("Failed to create RWQ indirection table", errno.EOPNOTSUPP)
 
 
+@dataclass(eq=False)
 class RxHashConf(PyverbsObject):
     """``struct ibv_rx_hash_conf``."""
 
-    def __init__(self, rx_hash_function: int = 0, rx_hash_key_len: int = 0,
-                 rx_hash_key: Any = None, rx_hash_fields_mask: int = 0) -> None:
-        self.rx_hash_function = rx_hash_function
-        self.rx_hash_key_len = rx_hash_key_len
-        self.rx_hash_key = rx_hash_key
-        self.rx_hash_fields_mask = rx_hash_fields_mask
+    rx_hash_function: int = 0
+    rx_hash_key_len: int = 0
+    rx_hash_key: Any = None
+    rx_hash_fields_mask: int = 0

@@ -10,13 +10,13 @@ an existing one (EINVAL, as the kernel's ``ib_uverbs_open_xrcd``).
 from __future__ import annotations
 
 import errno
+from dataclasses import dataclass
 from typing import Any
 
 from softrdma import verbs as _v
-from softrdma.errors import SoftRdmaError
 
 from . import libibverbs_enums as e
-from .base import PyverbsCM, PyverbsObject, rdma_error
+from .base import PyverbsCM, PyverbsObject, translate
 from .pyverbs_error import PyverbsRDMAError, PyverbsUserError
 
 __all__ = ["XRCDInitAttr", "XRCD"]
@@ -26,13 +26,13 @@ _OFLAGS = int(e.IBV_XRCD_INIT_ATTR_OFLAGS)
 _RESERVED = int(e.IBV_XRCD_INIT_ATTR_RESERVED)
 
 
+@dataclass(eq=False)
 class XRCDInitAttr(PyverbsObject):
     """``struct ibv_xrcd_init_attr``."""
 
-    def __init__(self, comp_mask: int, oflags: int, fd: int) -> None:
-        self.comp_mask = comp_mask
-        self.oflags = oflags
-        self.fd = fd
+    comp_mask: int
+    oflags: int
+    fd: int
 
 
 class XRCD(_v.XRCD, PyverbsCM):
@@ -46,10 +46,8 @@ class XRCD(_v.XRCD, PyverbsCM):
             raise PyverbsRDMAError("Failed to allocate XRCD", errno.EOPNOTSUPP)
         if mask & (_FD | _OFLAGS) != _FD | _OFLAGS:
             raise PyverbsRDMAError("Failed to allocate XRCD", errno.EINVAL)
-        try:
+        with translate("Failed to allocate XRCD"):
             super().__init__(context, int(init_attr.fd), int(init_attr.oflags))
-        except SoftRdmaError as exc:
-            raise rdma_error("Failed to allocate XRCD", exc) from exc
 
     def close(self) -> None:
         """``ibv_close_xrcd``."""

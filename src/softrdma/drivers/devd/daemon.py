@@ -58,8 +58,9 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from softrdma.drivers.devd import proto
 from softrdma.drivers.devd.admission import (
@@ -119,6 +120,20 @@ __all__ = ["Devd", "main"]
 MAX_JOIN_FDS = 4  # sockets a JOINED may carry (one per address family)
 MAX_LOGGED_MALFORMED = 16  # malformed control messages logged (all are counted)
 
+
+
+def _json_table(raw: bytes, value_ok: Callable[[object], bool]) -> dict[str, Any] | None:
+    """A client's JSON report: an object whose values all pass ``value_ok``; None for
+    anything else (not JSON, another type, a bad value), which the caller refuses
+    with EINVAL."""
+    try:
+        got = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(got, dict) or not all(isinstance(k, str) and value_ok(v)
+                                            for k, v in got.items()):
+        return None
+    return got
 
 class Devd(Forwarding, McastRouting, QpnRouting):
     """The demultiplexer of one device (see the module docstring for the protocol).
@@ -574,29 +589,17 @@ class Devd(Forwarding, McastRouting, QpnRouting):
         return REP.pack(op, err, value)
 
     def _report(self, c: Client, raw: bytes) -> int:
-        try:
-            values = json.loads(raw)
-        except ValueError:
-            return errno.EINVAL
-        if not isinstance(values, dict) or not all(
-            isinstance(k, str) and type(v) is int and 0 <= v <= proto.MAX_COUNTER
-            for k, v in values.items()
-        ):
+        values = _json_table(raw, lambda v: type(v) is int and 0 <= v <= proto.MAX_COUNTER)
+        if values is None:
             return errno.EINVAL
         c.port_counters = values
         return 0
 
     def _report_resources(self, c: Client, raw: bytes) -> int:
-        try:
-            got = json.loads(raw)
-        except ValueError:
-            return errno.EINVAL
-        if not isinstance(got, dict) or not all(
-            isinstance(k, str) and (
-                (isinstance(v, list) and all(isinstance(o, dict) for o in v))
-                or (isinstance(v, int) and not isinstance(v, bool)))
-            for k, v in got.items()
-        ):
+        got = _json_table(raw, lambda v: (
+            (isinstance(v, list) and all(isinstance(o, dict) for o in v))
+            or (isinstance(v, int) and not isinstance(v, bool))))
+        if got is None:
             return errno.EINVAL
         c.resources = got
         return 0

@@ -18,6 +18,7 @@ the wire, which ``pcap-check`` then checks one by one like any other packet.
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 
 from ...wire import roce
 from ...wire.opcodes import BTH_SIZE, ICRC_SIZE
@@ -34,17 +35,15 @@ _IPV6_PLEN = 4
 _U16 = struct.Struct("!H")
 
 
+@dataclass(eq=False, slots=True)
 class GsoBatch:
     """A frame split into the frames of its segments (``frames``), ``size`` bytes of UDP
     payload each but the last; ``base_id`` is the first segment's IPv4 Identification
     (None for IPv6)."""
 
-    __slots__ = ("frames", "size", "base_id")
-
-    def __init__(self, frames: list[bytes], size: int, base_id: int | None) -> None:
-        self.frames = frames
-        self.size = size
-        self.base_id = base_id
+    frames: list[bytes]
+    size: int
+    base_id: int | None
 
     def __len__(self) -> int:
         return len(self.frames)

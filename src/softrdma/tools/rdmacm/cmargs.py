@@ -23,6 +23,29 @@ def add_arguments(p: argparse.ArgumentParser, tool: str) -> None:
         add_ucmatose_arguments(p)
 
 
+def add_message_arguments(p: argparse.ArgumentParser, ids: str, per: str,
+                          size_note: str) -> None:
+    """``-c``, ``-C``, ``-S``: how many ``ids`` (connections, or ids joining a group),
+    messages ``per`` each, and their size (``size_note``: what bounds it), as the
+    librdmacm examples (cmatose, udaddy, mckey) have them."""
+    p.add_argument("-c", dest="connections", type=int, default=1, metavar="connections",
+                   help=f"number of {ids} (1)")
+    p.add_argument("-C", dest="message_count", type=int, default=10,
+                   metavar="message_count", help=f"messages per {per} (10)")
+    p.add_argument("-S", dest="message_size", type=int, default=100, metavar="message_size",
+                   help=f"message size in bytes{size_note} (100)")
+
+
+def add_softrdma_arguments(
+        p: argparse.ArgumentParser,
+        timeout_help: str = "give up when a peer stays silent this many seconds (default 60)",
+) -> None:
+    """softrdma's own ``--device`` and ``--timeout`` (its help: ``timeout_help``)."""
+    p.add_argument("--device", default=None,
+                   help="the softrdma device (name, or roce/iwarp) serving the addresses")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help=timeout_help)
+
+
 def add_common_arguments(p: argparse.ArgumentParser) -> None:
     """The flags udaddy and cmatose share (their getopt strings), plus softrdma's own."""
     p.add_argument("-s", dest="dst_addr", default=None, metavar="server_address",
@@ -31,19 +54,11 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
                    help="bind to this local address")
     p.add_argument("-f", dest="addr_format", default=None, metavar="address_format",
                    help="name, ip, ipv6 (gid is not supported: no AF_IB on softrdma)")
-    p.add_argument("-c", dest="connections", type=int, default=1, metavar="connections",
-                   help="number of connections (1)")
-    p.add_argument("-C", dest="message_count", type=int, default=10,
-                   metavar="message_count", help="messages per connection (10)")
-    p.add_argument("-S", dest="message_size", type=int, default=100, metavar="message_size",
-                   help="message size in bytes (100)")
+    add_message_arguments(p, "connections", "connection", "")
     p.add_argument("-t", dest="tos", default=None, metavar="type_of_service",
                    help="type of service: the traffic class of the connection "
                    "(rdma_set_option TOS; RoCE)")
-    p.add_argument("--device", default=None,
-                   help="the softrdma device (name, or roce/iwarp) serving the addresses")
-    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
-                   help="give up when a peer stays silent this many seconds (default 60)")
+    add_softrdma_arguments(p)
 
 
 def add_udaddy_arguments(p: argparse.ArgumentParser) -> None:

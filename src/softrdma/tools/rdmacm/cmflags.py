@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import argparse
 
+from .cmargs import DEFAULT_TIMEOUT, add_message_arguments, add_softrdma_arguments
+
 __all__ = ["add_arguments", "MCKEY_SETTLE_S", "RDMA_EXAMPLE_PORT", "DEFAULT_TIMEOUT"]
 
 MCKEY_SETTLE_S = 3.0  # mckey.c sleeps 3 s after the joins ("give SM chance...")
 RDMA_EXAMPLE_PORT = "7471"  # rdma_server.c / rdma_client.c
-DEFAULT_TIMEOUT = 60.0
 
 
 def add_arguments(p: argparse.ArgumentParser, tool: str) -> None:
@@ -22,12 +23,9 @@ def add_arguments(p: argparse.ArgumentParser, tool: str) -> None:
         _mckey(p)
     else:
         _example(p, tool)
-    p.add_argument("--device", default=None,
-                   help="the softrdma device (name, or roce/iwarp) serving the addresses")
-    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
-                   help="give up when a peer stays silent this many seconds once the "
-                   "exchange has begun (default 60; a server waits for its first peer "
-                   "until stopped)")
+    add_softrdma_arguments(p, "give up when a peer stays silent this many seconds once "
+                           "the exchange has begun (default 60; a server waits for its "
+                           "first peer until stopped)")
 
 
 def _mckey(p: argparse.ArgumentParser) -> None:
@@ -42,12 +40,8 @@ def _mckey(p: argparse.ArgumentParser) -> None:
                    help="be the sender (without -s: receive)")
     p.add_argument("-b", dest="src_addr", default=None, metavar="bind_address",
                    help="bind to this local address (it picks the device)")
-    p.add_argument("-c", dest="connections", type=int, default=1, metavar="connections",
-                   help="number of rdma_cm ids (each joins the group) (1)")
-    p.add_argument("-C", dest="message_count", type=int, default=10,
-                   metavar="message_count", help="messages per id (10)")
-    p.add_argument("-S", dest="message_size", type=int, default=100, metavar="message_size",
-                   help="message size in bytes, at most the active MTU (100)")
+    add_message_arguments(p, "rdma_cm ids (each joins the group)", "id",
+                          ", at most the active MTU")
     p.add_argument("-p", dest="port_space", default=None, metavar="port_space",
                    help="0x111 for UDP (default), 0x2 for IPOIB (not on RoCE)")
     p.add_argument("-o", dest="send_only", action="store_true",

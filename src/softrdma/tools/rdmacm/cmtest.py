@@ -185,6 +185,18 @@ class CmTest:
             wr.set_wr_ud(node.ah, node.remote_qpn, node.remote_qkey)
             qp.post_send(wr)
 
+    def post_ud_sends_all(self, what: str, signal: int = 0) -> None:
+        """Say ``what`` (``initiating data transfers``, ``sending replies``), then
+        :meth:`post_ud_sends` on every node."""
+        self.say(what)
+        for node in self.nodes:
+            self.post_ud_sends(node, signal)
+
+    def receive_ud(self, poll_cqs: Callable[[], int]) -> int:
+        """``receiving data transfers``: ``poll_cqs()`` (the tool's); its error or 0."""
+        self.say("receiving data transfers")
+        return poll_cqs()
+
     def take_ud(self, node: Node, ud: rc.UdParam | None) -> int:
         """The UD peer of an ESTABLISHED (SIDR) or MULTICAST_JOIN event: its address
         handle, QPN and Q_Key; the node is connected. -1 when the event has none."""

@@ -170,12 +170,9 @@ class Mckey(CmTest):
         if not self.message_count:
             return 0
         if self.sender:
-            self.say("initiating data transfers")
-            for node in self.nodes:
-                self.post_ud_sends(node, 0)
+            self.post_ud_sends_all("initiating data transfers")
         else:
-            self.say("receiving data transfers")
-            ret = self.poll_cqs()
+            ret = self.receive_ud(self.poll_cqs)
             if ret:
                 return ret
         self.say("data transfers complete")

@@ -28,6 +28,8 @@ import errno
 import os
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from ... import enums as e
@@ -52,6 +54,16 @@ class RdmaError(Exception):
         self.call = call
         self.code = code
         self.detail = detail
+
+
+@contextmanager
+def _failing_as(call: str) -> Iterator[None]:
+    """A softrdma error in the block is ``call``'s failure, with its errno (EINVAL when
+    it has none), as the C example reports it."""
+    try:
+        yield
+    except SoftRdmaError as exc:
+        raise RdmaError(call, exc.errno or errno.EINVAL, str(exc)) from exc
 
 
 def getaddrinfo(node: str, service: str, *, passive: bool) -> tuple[str, int]:
@@ -158,10 +170,8 @@ class Endpoint:
 
     # ---- the passive side -------------------------------------------------------------
     def listen(self, backlog: int = 0) -> None:
-        try:
+        with _failing_as("rdma_listen"):
             self.id.listen(backlog)
-        except SoftRdmaError as exc:
-            raise RdmaError("rdma_listen", exc.errno or errno.EINVAL, str(exc)) from exc
 
     def get_request(self) -> Endpoint:
         """``rdma_get_request``: the next connection request's id, with a QP made from
@@ -176,19 +186,18 @@ class Endpoint:
         return ep
 
     def accept(self) -> None:
-        try:
-            self.id.accept(rc.ConnParam())
-        except SoftRdmaError as exc:
-            raise RdmaError("rdma_accept", exc.errno or errno.EINVAL, str(exc)) from exc
-        self.wait(rc.RdmaCmEventType.ESTABLISHED, "rdma_accept")
+        self._establish("rdma_accept", self.id.accept)
 
     # ---- the active side --------------------------------------------------------------
     def connect(self) -> None:
-        try:
-            self.id.connect(rc.ConnParam())
-        except SoftRdmaError as exc:
-            raise RdmaError("rdma_connect", exc.errno or errno.EINVAL, str(exc)) from exc
-        self.wait(rc.RdmaCmEventType.ESTABLISHED, "rdma_connect")
+        self._establish("rdma_connect", self.id.connect)
+
+    def _establish(self, call: str, start: Callable[[rc.ConnParam], object]) -> None:
+        """``call`` (``rdma_accept``, ``rdma_connect``): ``start`` it, then wait for
+        ESTABLISHED."""
+        with _failing_as(call):
+            start(rc.ConnParam())
+        self.wait(rc.RdmaCmEventType.ESTABLISHED, call)
 
     # ---- data ---------------------------------------------------------------------------
     def max_inline_data(self) -> int:

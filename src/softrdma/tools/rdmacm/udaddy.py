@@ -133,13 +133,10 @@ class Udaddy(CmTest):
             if ret:
                 return ret
             if self.message_count:
-                self.say("receiving data transfers")
-                ret = self.poll_cqs()
+                ret = self.receive_ud(self.poll_cqs)
                 if ret:
                     return ret
-                self.say("sending replies")
-                for node in self.nodes:
-                    self.post_ud_sends(node, int(e.IBV_SEND_SIGNALED))
+                self.post_ud_sends_all("sending replies", int(e.IBV_SEND_SIGNALED))
                 ret = self.poll_cqs()
                 if ret:
                     return ret
@@ -157,11 +154,8 @@ class Udaddy(CmTest):
         if ret:
             return ret
         if self.message_count:
-            self.say("initiating data transfers")
-            for node in self.nodes:
-                self.post_ud_sends(node, 0)
-            self.say("receiving data transfers")
-            ret = self.poll_cqs()
+            self.post_ud_sends_all("initiating data transfers")
+            ret = self.receive_ud(self.poll_cqs)
             if ret:
                 return ret
             self.say("data transfers complete")
