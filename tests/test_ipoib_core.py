@@ -619,6 +619,40 @@ def test_neighbour_expiry_tears_down_and_reconnects() -> None:
     assert net.tun[1][-1] == v4(1, 2, 9000) and a.counters["conn_opened"] == 2
 
 
+def test_idle_neighbour_leaves_the_peers_connection_in_use() -> None:
+    """The neighbour entry we only learned (the peer's ARP request) and never use goes
+    after gc_stale_s, and with it the connection *we* opened (RFC 4755 §3.4, Linux's
+    neighbour reaping), but not the one the peer opened and sends on: a live peer
+    streaming to us keeps its connection (it goes by its own idle timer, or when the
+    peer closes it)."""
+    net = make_net()
+    a, b = net.ifs
+    b.send_ip(v4(2, 1, 100), 0.0)   # b resolves a: a learns b (STALE, unused by a)
+    net.pump()
+    b.send_ip(v4(2, 1, 9000), 0.0)  # b's connection to a
+    net.pump()
+    (cid,) = a.conns.conns
+    assert not a.conns.conns[cid].active and bytes((10, 9, 0, 2)) in a.neigh.entries
+    t = 0.0
+    while t < 300.0:
+        t += 1.0
+        net.now = t
+        b.send_ip(v4(2, 1, 9000), t)
+        net.pump()
+        b.conn_progress(next(iter(b.conns.conns)), t)  # a ACKs b's sends
+        for f in (a, b):
+            d = f.next_deadline()
+            if d is not None and d <= t:
+                f.on_timer(t)
+                net.pump()
+    assert bytes((10, 9, 0, 2)) not in a.neigh.entries  # a's idle entry went
+    assert list(a.conns.conns) == [cid] and a.counters["conn_closed"] == 0
+    assert b.counters["conn_opened"] == 1 and net.tun[0][-1] == v4(2, 1, 9000)
+    a.send_ip(v4(1, 2, 9000), t)  # a talks again: resolves b, uses b's connection (§7)
+    net.pump()
+    assert net.tun[1][-1] == v4(1, 2, 9000) and list(a.conns.conns) == [cid]
+
+
 def test_idle_passive_connection_reaped() -> None:
     net = connected_net()
     a, b = net.ifs

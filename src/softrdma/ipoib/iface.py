@@ -549,7 +549,10 @@ class IpoibInterface:
                 if not any(n.hw is not None and n.hw.key == key
                            for n in self.neigh.entries.values()):
                     for c in list(self.conns.of_peer(key)):
-                        self._close(c.conn_id, now)
+                        # an idle entry takes our connection; the peer's goes when the
+                        # peer is gone, or by its own idle timer (Linux: RX reaping)
+                        if c.active or not o.idle:
+                            self._close(c.conn_id, now)
 
     # ---- show --------------------------------------------------------------------
     def snapshot(self, now: float) -> dict[str, object]:

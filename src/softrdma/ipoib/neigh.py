@@ -142,9 +142,13 @@ class Unresolved:
 
 @dataclass(frozen=True, slots=True)
 class Expired:
-    """``entry`` left the table (RFC 4755 §3.4: its connection may go)."""
+    """``entry`` left the table (RFC 4755 §3.4: its connection may go). ``idle``: it
+    was only unused (a STALE entry's ``gc_stale_s``), not found dead or moved: the
+    connection we opened to it goes, as Linux reaps an IPoIB neighbour and its TX
+    connection, but one the peer opened and still uses is the peer's to close."""
 
     entry: Neighbour
+    idle: bool = False
 
 
 NeighOutput = Probe | Resolved | Unresolved | Expired
@@ -286,4 +290,4 @@ class NeighbourTable:
         if n.queue:
             self.out.append(Unresolved(n, len(n.queue)))
         if n.hw is not None or not failed:
-            self.out.append(Expired(n))
+            self.out.append(Expired(n, idle=not failed))
