@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -184,6 +185,104 @@ def test_incomplete_gives_up() -> None:
     assert kinds == ["Probe", "Probe", "Probe", "Unresolved"]
 
 
+def _to_probe(t: NeighbourTable, ip: bytes, hw: HwAddr) -> float:
+    """``ip`` confirmed at 0, STALE at 30, used at 31, PROBE at 36: returns the first
+    probe's deadline."""
+    t.confirm(ip, hw, 0.0)
+    t.on_timer(30.0)
+    t.use(ip, 31.0)
+    t.on_timer(36.0)
+    assert t.entries[ip].state is NudState.PROBE
+    t.take_output()
+    return t.entries[ip].deadline
+
+
+def test_late_probe_timers_do_not_count() -> None:
+    """A probe timer that fires late was held up by our own process (descheduled on a
+    busy machine), not by the peer: the probe goes again uncounted, and the answer that
+    then comes keeps the neighbour. Timers on time still find a dead peer, and so do
+    late ones after ``max_late`` of them."""
+    ip, hw = bytes((10, 1, 0, 2)), HwAddr(9, gid(2), FLAG_RC)
+    t = NeighbourTable()
+    now = _to_probe(t, ip, hw)
+    for _ in range(5):  # each timer 3 s late: the peer never had its second
+        now += 3.0
+        t.on_timer(now)
+        assert t.entries[ip].state is NudState.PROBE
+        now = t.entries[ip].deadline
+    assert t.take_output() == [Probe(ip, hw)] * 5 and t.late_probes == 5
+    t.confirm(ip, hw, now - 0.5)  # the answer
+    assert t.entries[ip].state is NudState.REACHABLE and t.entries[ip].late == 0
+
+    t = NeighbourTable()  # on time: three unanswered probes and it is gone
+    now = _to_probe(t, ip, hw)
+    for _ in range(3):
+        t.on_timer(now)
+        now = t.entries[ip].deadline if ip in t.entries else now
+    assert ip not in t.entries
+
+    t = NeighbourTable(NeighConfig(max_late=2))  # always late: bounded all the same
+    now = _to_probe(t, ip, hw)
+    fired = 0
+    while ip in t.entries:
+        now += 3.0
+        t.on_timer(now)
+        fired += 1
+        now = t.entries[ip].deadline if ip in t.entries else now
+    assert fired == 2 + 3
+
+
+@pytest.mark.parametrize("progress", [False, True], ids=["no-progress", "rc-acks"])
+def test_rc_progress_confirms_the_neighbour(progress: bool) -> None:
+    """RFC 4861 §7.3.1: the peer acknowledging our RC sends is forward progress, a
+    reachability confirmation. A peer whose ARP answers never come back (lost, or too
+    late on a busy machine) but whose RC connection carries our traffic stays REACHABLE,
+    is never probed, and keeps its connection for minutes; without that confirmation the
+    same silence ends the neighbour and its connection within ReachableTime + DELAY +
+    three probes (RFC 4861 §7.3.3, RFC 4755 §3.4)."""
+    net = connected_net()
+    a, b = net.ifs
+    ip_b = bytes((10, 9, 0, 2))
+    (cid,) = a.conns.conns
+    net.drop_ud = lambda i, o: i == 1 and o.ethertype == EtherType.ARP  # b's answers lost
+    probes = a.counters["arp_requests"]
+    net.now = 0.0
+    while net.now < 180.0:
+        net.now += 0.5
+        a.send_ip(v4(1, 2, 9000), net.now)
+        net.pump()
+        if progress:  # the runtime reports the successful RC send completions
+            a.conn_progress(cid, net.now)
+            net.pump()
+        d = a.next_deadline()
+        if d is not None and d <= net.now:
+            a.on_timer(net.now)
+            net.pump()
+    if progress:
+        assert list(a.conns.conns) == [cid] and a.counters["conn_closed"] == 0
+        assert a.neigh.entries[ip_b].state is NudState.REACHABLE
+        assert a.counters["arp_requests"] == probes
+        assert net.tun[1][-1] == v4(1, 2, 9000)
+    else:
+        assert cid not in a.conns.conns and a.counters["conn_closed"] >= 1
+        assert a.counters["neigh_failed"] + a.counters["arp_requests"] > probes
+
+
+def test_conn_progress_ignores_uc_and_unknown_connections() -> None:
+    """UC has no ACKs: its send completions prove nothing about the peer."""
+    net = connected_net()
+    a, _ = net.ifs
+    (cid,) = a.conns.conns
+    n = a.neigh.entries[bytes((10, 9, 0, 2))]
+    a.conns.conns[cid].transport = "UC"
+    a.conn_progress(cid, 20.0)
+    a.conn_progress(999, 20.0)
+    assert n.confirmed < 20.0
+    a.conns.conns[cid].transport = "RC"
+    a.conn_progress(cid, 20.0)
+    assert n.confirmed == 20.0
+
+
 # ---- two or more interfaces on an emulated link ---------------------------------------
 @dataclass
 class Net:
@@ -197,6 +296,7 @@ class Net:
     ud: list[tuple[int, UdSend]] = field(default_factory=list)
     hold_reqs: bool = False
     now: float = 0.0
+    drop_ud: Callable[[int, UdSend], bool] | None = None   # (sender, message): lost?
 
     def pump(self) -> None:
         for _ in range(100):
@@ -231,6 +331,8 @@ class Net:
             self.tun.setdefault(i, []).append(bytes(o.packet))
         elif isinstance(o, UdSend):
             self.ud.append((i, o))
+            if self.drop_ud is not None and self.drop_ud(i, o):
+                return
             msg = encap_header(o.ethertype) + bytes(o.payload)
             if o.dest.qpn == MULTICAST_QPN:
                 for j in range(len(self.ifs)):
@@ -515,6 +617,40 @@ def test_neighbour_expiry_tears_down_and_reconnects() -> None:
     a.send_ip(v4(1, 2, 9000), 100.0)
     net.pump()
     assert net.tun[1][-1] == v4(1, 2, 9000) and a.counters["conn_opened"] == 2
+
+
+def test_idle_neighbour_leaves_the_peers_connection_in_use() -> None:
+    """The neighbour entry we only learned (the peer's ARP request) and never use goes
+    after gc_stale_s, and with it the connection *we* opened (RFC 4755 §3.4, Linux's
+    neighbour reaping), but not the one the peer opened and sends on: a live peer
+    streaming to us keeps its connection (it goes by its own idle timer, or when the
+    peer closes it)."""
+    net = make_net()
+    a, b = net.ifs
+    b.send_ip(v4(2, 1, 100), 0.0)   # b resolves a: a learns b (STALE, unused by a)
+    net.pump()
+    b.send_ip(v4(2, 1, 9000), 0.0)  # b's connection to a
+    net.pump()
+    (cid,) = a.conns.conns
+    assert not a.conns.conns[cid].active and bytes((10, 9, 0, 2)) in a.neigh.entries
+    t = 0.0
+    while t < 300.0:
+        t += 1.0
+        net.now = t
+        b.send_ip(v4(2, 1, 9000), t)
+        net.pump()
+        b.conn_progress(next(iter(b.conns.conns)), t)  # a ACKs b's sends
+        for f in (a, b):
+            d = f.next_deadline()
+            if d is not None and d <= t:
+                f.on_timer(t)
+                net.pump()
+    assert bytes((10, 9, 0, 2)) not in a.neigh.entries  # a's idle entry went
+    assert list(a.conns.conns) == [cid] and a.counters["conn_closed"] == 0
+    assert b.counters["conn_opened"] == 1 and net.tun[0][-1] == v4(2, 1, 9000)
+    a.send_ip(v4(1, 2, 9000), t)  # a talks again: resolves b, uses b's connection (§7)
+    net.pump()
+    assert net.tun[1][-1] == v4(1, 2, 9000) and list(a.conns.conns) == [cid]
 
 
 def test_idle_passive_connection_reaped() -> None:

@@ -58,6 +58,7 @@ class Conn:
     remote_qpn: int = 0
     created: float = 0.0
     last_used: float = 0.0
+    confirmed: float = float("-inf")    # the last reachability confirmation it gave
     tx_packets: int = 0
     tx_bytes: int = 0
     rx_packets: int = 0

@@ -71,7 +71,9 @@ COUNTER_NAMES = (
     "rx_conn", "rx_bad_encap", "rx_bad_arp", "rx_bad_nd", "rx_bad_ip", "arp_requests",
     "arp_replies", "ns_sent", "na_sent", "neigh_failed", "conn_opened", "conn_accepted",
     "conn_rejected", "conn_refused", "conn_crossing_rejects", "conn_closed", "conn_bad_req",
+    "neigh_late_probes",
 )
+CONFIRM_EVERY_S = 1.0    # RC progress confirms the neighbour at most this often per connection
 
 
 class Counters(dict[str, int]):
@@ -194,6 +196,7 @@ class IpoibInterface:
 
     def on_timer(self, now: float) -> None:
         self.neigh.on_timer(now)
+        self.counters["neigh_late_probes"] = self.neigh.late_probes
         self._neigh_output(now)
         for c in self.conns.idle(now):
             self._close(c.conn_id, now)
@@ -366,6 +369,20 @@ class IpoibInterface:
             else:
                 self._too_big(c.peer, pkt, info, etype, c.mtu, now)
 
+    def conn_progress(self, conn_id: int, now: float) -> None:
+        """The peer acknowledged our sends on connection ``conn_id`` (successful RC send
+        completions: IBA 9.7.5.1 -- the responder ACKed them). That is forward progress,
+        which confirms the neighbour reachable (RFC 4861 §7.3.1) as an ARP/ND answer
+        does: a peer with traffic flowing is neither probed nor declared dead. UC gives
+        no such proof (no ACKs). Cheap enough per completion batch: one table scan per
+        connection and :data:`CONFIRM_EVERY_S` at most."""
+        c = self.conns.conns.get(conn_id)
+        if c is None or c.transport != "RC" or now - c.confirmed < CONFIRM_EVERY_S:
+            return
+        c.confirmed = now
+        self.neigh.confirm_progress(c.peer.key, now)
+        self._neigh_output(now)
+
     def conn_closed(self, conn_id: int, now: float, *, refused: bool = False) -> None:
         """The driver lost connection ``conn_id`` (REJ, DREQ, timeout, QP error)."""
         c = self.conns.closed(conn_id, now, refused=refused)
@@ -532,7 +549,10 @@ class IpoibInterface:
                 if not any(n.hw is not None and n.hw.key == key
                            for n in self.neigh.entries.values()):
                     for c in list(self.conns.of_peer(key)):
-                        self._close(c.conn_id, now)
+                        # an idle entry takes our connection; the peer's goes when the
+                        # peer is gone, or by its own idle timer (Linux: RX reaping)
+                        if c.active or not o.idle:
+                            self._close(c.conn_id, now)
 
     # ---- show --------------------------------------------------------------------
     def snapshot(self, now: float) -> dict[str, object]:

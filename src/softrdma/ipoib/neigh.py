@@ -9,6 +9,18 @@ at most MAX_UNICAST_SOLICIT); a failed entry is removed, and so is a STALE entry
 for ``gc_stale_s`` (Linux ``gc_stale_time``) -- RFC 4755 §3.4 lets the connection to the
 peer go with it.
 
+Two rules keep a live peer from being declared dead on a busy machine:
+
+* *upper-layer confirmation* (RFC 4861 §7.3.1): forward progress reported from above --
+  here, the peer acknowledging our sends on its RC connection -- proves the neighbour
+  reachable as an ARP/ND answer does (:meth:`NeighbourTable.confirm_progress`); a
+  REACHABLE entry whose timer comes due re-arms from its last confirmation (Linux
+  ``neigh->confirmed``), so a neighbour with traffic in flight is never probed;
+* *late timers do not count*: a probe timer that fires ``late_s`` or more after its
+  deadline was held up by our own process (descheduled, or busy), not by the peer,
+  whose answer had no fair chance to be read; it sends the probe again without counting
+  it (at most ``max_late`` times per resolution, so a dead peer is still found).
+
 The machine is the table :data:`TRANSITIONS`: ``(state, event) -> (next state, action)``.
 """
 
@@ -88,6 +100,8 @@ class NeighConfig:
     max_ucast_probes: int = 3         # MAX_UNICAST_SOLICIT
     gc_stale_s: float = 60.0          # Linux gc_stale_time
     queue_len: int = 64               # packets held while INCOMPLETE (Linux unres_qlen)
+    late_s: float = 0.5               # a probe timer this late was delayed by us
+    max_late: int = 8                 # late probe timers not counted, per resolution
 
 
 @dataclass(slots=True)
@@ -98,6 +112,8 @@ class Neighbour:
     deadline: float = 0.0
     probes: int = 0
     updated: float = 0.0
+    confirmed: float = 0.0            # the last reachability confirmation
+    late: int = 0                     # late probe timers not counted so far
     queue: deque[bytes] = field(default_factory=deque)
 
 
@@ -126,9 +142,13 @@ class Unresolved:
 
 @dataclass(frozen=True, slots=True)
 class Expired:
-    """``entry`` left the table (RFC 4755 §3.4: its connection may go)."""
+    """``entry`` left the table (RFC 4755 §3.4: its connection may go). ``idle``: it
+    was only unused (a STALE entry's ``gc_stale_s``), not found dead or moved: the
+    connection we opened to it goes, as Linux reaps an IPoIB neighbour and its TX
+    connection, but one the peer opened and still uses is the peer's to close."""
 
     entry: Neighbour
+    idle: bool = False
 
 
 NeighOutput = Probe | Resolved | Unresolved | Expired
@@ -142,6 +162,7 @@ class NeighbourTable:
         self.entries: dict[bytes, Neighbour] = {}
         self.out: list[NeighOutput] = []
         self.queue_drops = 0
+        self.late_probes = 0
 
     def get(self, ip: bytes) -> Neighbour | None:
         return self.entries.get(ip)
@@ -190,6 +211,22 @@ class NeighbourTable:
             self.out.append(Resolved(n))
         return n
 
+    def confirm_progress(self, key: bytes, now: float) -> int:
+        """Upper-layer reachability confirmation (RFC 4861 §7.3.1) for the neighbours at
+        link-layer address ``key`` (flags zeroed): the peer acknowledged our traffic.
+        A REACHABLE entry only notes the time; any other resolved entry becomes
+        REACHABLE. Returns the number of entries confirmed."""
+        found = 0
+        for n in list(self.entries.values()):
+            if n.hw is None or n.hw.key != key:
+                continue
+            found += 1
+            if n.state is NudState.REACHABLE:
+                n.confirmed = now
+            else:
+                self._event(n, NeighEvent.CONFIRM, now)
+        return found
+
     def delete(self, ip: bytes) -> None:
         n = self.entries.pop(ip, None)
         if n is not None:
@@ -199,7 +236,20 @@ class NeighbourTable:
         return min((n.deadline for n in self.entries.values()), default=None)
 
     def on_timer(self, now: float) -> None:
+        cfg = self.config
         for n in [n for n in self.entries.values() if n.deadline <= now]:
+            if n.state is NudState.REACHABLE and now - n.confirmed < cfg.reachable_s:
+                # confirmed since the timer was armed (§7.3.1): reachable a while longer
+                n.deadline = n.confirmed + cfg.reachable_s
+                continue
+            if (n.state in (NudState.INCOMPLETE, NudState.PROBE)
+                    and now - n.deadline >= cfg.late_s and n.late < cfg.max_late):
+                # our own delay, not the peer's silence: probe again, uncounted
+                n.late += 1
+                self.late_probes += 1
+                n.deadline = now + cfg.retrans_s
+                self.out.append(Probe(n.ip, n.hw))
+                continue
             self._event(n, NeighEvent.TIMER, now)
 
     def take_output(self) -> list[NeighOutput]:
@@ -212,7 +262,9 @@ class NeighbourTable:
         n.state = state
         if action is NeighAction.ARM_REACHABLE:
             n.deadline = now + cfg.reachable_s
+            n.confirmed = now
             n.probes = 0
+            n.late = 0
         elif action is NeighAction.ARM_GC:
             n.deadline = now + cfg.gc_stale_s
         elif action is NeighAction.ARM_DELAY:
@@ -238,4 +290,4 @@ class NeighbourTable:
         if n.queue:
             self.out.append(Unresolved(n, len(n.queue)))
         if n.hw is not None or not failed:
-            self.out.append(Expired(n))
+            self.out.append(Expired(n, idle=not failed))
