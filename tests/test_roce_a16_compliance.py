@@ -30,24 +30,26 @@ over both in test_fabric_property.py and test_engine_property.py.
 
 from __future__ import annotations
 
+import ast
 import inspect
 import struct
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import cm_harness
 import pytest
-import test_engine_property
-import test_fabric_property
 from cm_harness import Pair as CmPair
 from device_harness import ib_port
 from test_cm_ibcm import SID, connect
-from test_cm_ibcm import test_lap_gets_apr_unsupported_and_lids_ignored as _lap_lids
-from test_cm_ibcm import test_req_lids_are_not_validated as _req_lids
-from test_cm_ibcm import test_roce_forbidden_codes_are_never_sent as _forbidden
+from test_cm_ibcm import check_lap_lids_ignored as _lap_lids
+from test_cm_ibcm import check_req_lids_are_not_validated as _req_lids
+from test_cm_ibcm import check_roce_forbidden_codes_are_never_sent as _forbidden
+from test_engine_property import run_mix, v1_of
+from test_fabric_property import roce_ver_of
 from test_static_rate import Net as RateNet
-from test_static_rate import test_rc_qp_static_rate_is_kept as _rc_rate
-from test_static_rate import test_ud_ah_static_rate_is_kept as _ud_rate
+from test_static_rate import check_rc_qp_static_rate_is_kept as _rc_rate
+from test_static_rate import check_ud_ah_static_rate_is_kept as _ud_rate
 
 from softrdma import enums as e
 from softrdma import verbs as v
@@ -235,16 +237,26 @@ def test_ca16_15_transport_property_tests_run() -> None:
     """The chapter 9 transport's property tests (RC/UC/UD, atomics, faults) live in
     test_fabric_property.py and test_engine_property.py; this checks they are there and
     collect, so the mapping cannot silently go stale."""
-    names = [n for m in (test_fabric_property, test_engine_property) for n in dir(m)
-             if n.startswith("test_")]
+    tests = {f.name: _functions(f) for f in Path(__file__).resolve().parent.rglob("*.py")
+             if f.name in ("test_fabric_property.py", "test_engine_property.py")}
+    assert len(tests) == 2
+    names = [n for funcs in tests.values() for n in funcs if n.startswith("test_")]
     assert len(names) >= 3
     # both property tests split their examples between RoCEv2 and RoCEv1 by seed parity
-    assert {test_fabric_property.roce_ver_of(s) for s in range(4)} == {"1", "2"}
-    assert {test_engine_property.v1_of(s) for s in range(4)} == {False, True}
-    assert "roce_ver_of(seed)" in inspect.getsource(
-        test_fabric_property.test_random_ops_over_faulty_fabric)
-    assert "run_mix(" in inspect.getsource(test_engine_property.test_random_mix_exactly_once)
-    assert "v1_of(seed)" in inspect.getsource(test_engine_property.run_mix)
+    assert {roce_ver_of(s) for s in range(4)} == {"1", "2"}
+    assert {v1_of(s) for s in range(4)} == {False, True}
+    assert "roce_ver_of(seed)" in tests["test_fabric_property.py"][
+        "test_random_ops_over_faulty_fabric"]
+    assert "run_mix(" in tests["test_engine_property.py"]["test_random_mix_exactly_once"]
+    assert "v1_of(seed)" in inspect.getsource(run_mix)
+
+
+def _functions(path: Path) -> dict[str, str]:
+    """The top-level functions of a test file, by name: their source (read, not imported:
+    a test file never imports another)."""
+    text = path.read_text()
+    return {n.name: ast.get_source_segment(text, n) or "" for n in ast.parse(text).body
+            if isinstance(n, ast.FunctionDef)}
 
 
 def test_ca16_15_1_1_static_rate() -> None:

@@ -91,6 +91,10 @@ def _qp(ctx: v.Context, qpt: int, depth: int = 256) -> tuple[v.PD, v.CQ, v.QP, v
 @pytest.mark.parametrize("rate", [int(e.IBV_RATE_2_5_GBPS), int(e.IBV_RATE_10_GBPS)],
                          ids=["2.5G", "10G"])
 def test_ud_ah_static_rate_is_kept(net: Net, rate: int) -> None:
+    check_ud_ah_static_rate_is_kept(net, rate)
+
+
+def check_ud_ah_static_rate_is_kept(net: Net, rate: int) -> None:
     pda, cqa, qa, ma = _qp(net.a, UD)
     _pdb, _cqb, qb, mb = _qp(net.b, UD)
     for q in (qa, qb):
@@ -114,6 +118,10 @@ def test_ud_ah_static_rate_is_kept(net: Net, rate: int) -> None:
 @pytest.mark.parametrize("rate", [int(e.IBV_RATE_5_GBPS), int(e.IBV_RATE_40_GBPS)],
                          ids=["5G", "40G"])
 def test_rc_qp_static_rate_is_kept(net: Net, rate: int) -> None:
+    check_rc_qp_static_rate_is_kept(net, rate)
+
+
+def check_rc_qp_static_rate_is_kept(net: Net, rate: int) -> None:
     _pda, cqa, qa, ma = _qp(net.a, RC)
     _pdb, _cqb, qb, mb = _qp(net.b, RC)
     for q, peer, ctx in ((qa, qb, net.b), (qb, qa, net.a)):
