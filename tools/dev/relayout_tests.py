@@ -6,8 +6,9 @@
 
 What it does, in order (it refuses to run when ``tests/harness`` already exists):
 
-1. **Shared code out of test files.** Each entry of :data:`EXTRACT` names top-level
-   definitions of a test file that other test files import. They move (with what they
+1. **Shared code out of test files.** Each entry of :data:`EXTRACT` names a test file
+   that other test files import from, and its harness module: every name they import
+   (found by reading their imports) and the entry's own names move (with what they
    need from the same file: the closure over the top-level names they use, a fixture's
    fixture parameters included) into a new module of ``tests/harness/``, which gets the
    test file's imports (unused ones are dropped by ``ruff --select F401 --fix``); the test
@@ -90,8 +91,12 @@ EXTRACT: tuple[Extract, ...] = (
             "devd", "A devd of a private state directory on 127.0.0.1 and its raw datagrams."),
     Extract("test_devd_rej", ("PEER", "V4_MAPPED", "cm_client", "peer"), "devd_cm",
             "The CM side of a devd test: a client that listens for nothing, a raw peer."),
-    Extract("test_verbs_data", ("RC", "ACC", "Side", "connect"), "verbs_pair",
-            "Two verbs endpoints (one side each: PD, CQ, QP, MR) connected RC/UC/UD."),
+    Extract("test_verbs_data", (), "verbs_pair",
+            "Two verbs endpoints (one side each: PD, CQ, QP, MR) connected RC/UC/UD, on the "
+            "fabric or over UDP."),
+    Extract("test_verbs_wr", (), "verbs_wr",
+            "A connected pair on the fabric for work-request checks, and SGEs."),
+    Extract("test_rping", (), "rping", "An rping server and client as two processes."),
     Extract("test_capi_pyverbs", ("need_real_pyverbs",), "capi_pyverbs",
             "Debian's real pyverbs for ``softrdma run`` tests (skips when it is missing)."),
     Extract("test_capi_rdmacm", ("pair", "perftest_pair"), "capi_pairs",
@@ -308,6 +313,18 @@ def extract(tests: Path, ex: Extract) -> set[str]:
     return moved
 
 
+def imported_names(tests: Path, tests_mods: set[str]) -> dict[str, set[str]]:
+    """What test files import from other test files: test module -> names."""
+    out: dict[str, set[str]] = {}
+    for p in sorted(tests.glob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module in tests_mods:
+                out.setdefault(node.module, set()).update(a.name for a in node.names)
+            if isinstance(node, ast.Import) and any(a.name in tests_mods for a in node.names):
+                raise SystemExit(f"relayout_tests: {p} imports a test module whole")
+    return out
+
+
 # ---------------------------------------------------------------------------- step 4
 _FROM = re.compile(r"^(\s*)from\s+([A-Za-z_][A-Za-z0-9_]*)\s+import\b", re.M)
 _IMPORT = re.compile(r"^(\s*)import\s+([A-Za-z_][A-Za-z0-9_]*)(\s+as\s+([A-Za-z_]\w*))?\s*$", re.M)
@@ -419,9 +436,14 @@ def main() -> None:
             print(f"tests/{ex.source}.py {', '.join(ex.names)} -> tests/harness/{ex.dest}.py")
         return
     tests_mods = {n[:-3] for n in top if n.startswith("test_")}
+    wanted = imported_names(tests, tests_mods)
     extracted: dict[str, tuple[str, set[str]]] = {}
     for ex in EXTRACT:
-        extracted[ex.source] = (ex.dest, extract(tests, ex))
+        names = tuple(dict.fromkeys(ex.names + tuple(sorted(wanted.pop(ex.source, set())))))
+        extracted[ex.source] = (ex.dest, extract(tests, Extract(ex.source, names, ex.dest,
+                                                                ex.doc)))
+    if wanted:
+        raise SystemExit(f"relayout_tests: test files import {sorted(wanted)}: add an Extract")
     (tests / "harness" / "__init__.py").write_text(
         '"""What the tests share: endpoints, networks, devices, waits and the peer scripts '
         "some tests run by path.\n\nTests import only this package, never another test file "
