@@ -39,8 +39,8 @@ import argparse
 import ast
 import fnmatch
 import re
+import shutil
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -463,19 +463,20 @@ def main() -> None:
     changed += pyfiles
     for p in tests.rglob("*.py"):
         rewrite_text_paths(p, moves)
-    for r in TEXT_ROOTS:
-        base = root / r
-        files = [base] if base.is_file() else sorted(base.rglob("*")) if base.is_dir() else []
-        for f in files:
-            if (f.is_file() and f.suffix in TEXT_SUFFIXES and "__pycache__" not in f.parts
-                    and f.resolve() != Path(__file__).resolve()
-                    and rewrite_text_paths(f, moves)):
-                changed.append(f)
+    tracked = subprocess.run(["git", "ls-files", "-z", "--", *TEXT_ROOTS], check=True,
+                             capture_output=True, text=True).stdout.split("\0")
+    for name in tracked:
+        f = root / name
+        if (name and f.is_file() and f.suffix in TEXT_SUFFIXES
+                and f.resolve() != Path(__file__).resolve() and rewrite_text_paths(f, moves)):
+            changed.append(f)
     py = [str(p) for p in changed if p.suffix == ".py"]
-    subprocess.run([sys.executable, "-m", "ruff", "check", "-q", "--select", "F401", "--fix",
+    ruff = str(root / ".venv" / "bin" / "ruff")
+    if not Path(ruff).exists():
+        ruff = shutil.which("ruff") or "ruff"
+    subprocess.run([ruff, "check", "-q", "--select", "F401", "--fix",
                     *[str(tests / "harness" / f"{ex.dest}.py") for ex in EXTRACT]], check=False)
-    subprocess.run([sys.executable, "-m", "ruff", "check", "-q", "--select", "I", "--fix", *py],
-                   check=False)
+    subprocess.run([ruff, "check", "-q", "--select", "I", "--fix", *py], check=False)
     sh("git", "add", "-A", "tests", *[str(p) for p in changed if p.exists()])
 
 
