@@ -227,6 +227,38 @@ def _bound(st: ast.stmt) -> list[str]:
     return []
 
 
+def _free_names(st: ast.stmt) -> set[str]:
+    """The names ``st`` reads that it does not bind itself (a function's parameters and
+    locals are its own; nested scopes are counted with their parent, which is enough
+    here)."""
+    loads = {n.id for n in ast.walk(st) if isinstance(n, ast.Name)
+             and isinstance(n.ctx, ast.Load)}
+    if not isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return loads
+    own = {a.arg for a in ast.walk(st.args) if isinstance(a, ast.arg)}
+    own |= {n.id for n in ast.walk(st) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    deco = {n.id for d in st.decorator_list for n in ast.walk(d) if isinstance(n, ast.Name)}
+    return (loads - own) | deco
+
+
+def _noqa_f811(text: str, names: set[str]) -> str:
+    """Mark the parameters named ``names`` (fixtures now imported) ``# noqa: F811``."""
+    lines = text.splitlines(keepends=True)
+    marks = {a.lineno - 1 for f in ast.walk(ast.parse(text))
+             if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+             for a in f.args.args + f.args.kwonlyargs if a.arg in names}
+    for k in marks:
+        ln = lines[k].rstrip("\n")
+        if "F811" in ln:
+            continue
+        if "# noqa:" in ln:
+            ln = ln.replace("# noqa:", "# noqa: F811,", 1)
+        else:
+            ln += "  # noqa: F811"
+        lines[k] = ln + "\n"
+    return "".join(lines)
+
+
 def _is_fixture(st: ast.stmt) -> bool:
     return isinstance(st, ast.FunctionDef) and any(
         "fixture" in ast.unparse(d) for d in st.decorator_list)
@@ -272,7 +304,7 @@ def extract(tests: Path, ex: Extract) -> set[str]:
                 continue
             stmts.add(i)
             moved.update(_bound(st))  # ``RC, UC, UD = ...`` moves whole
-            used = {n.id for n in ast.walk(st) if isinstance(n, ast.Name)}
+            used = _free_names(st)
             if _is_fixture(st):
                 assert isinstance(st, ast.FunctionDef)
                 used |= {a.arg for a in st.args.args}
@@ -309,7 +341,8 @@ def extract(tests: Path, ex: Extract) -> set[str]:
     last = max((st.end_lineno or 0) for st in ast.parse(rest).body
                if isinstance(st, (ast.Import, ast.ImportFrom)))
     rl = rest.splitlines(keepends=True)
-    src.write_text("".join(rl[:last]) + new_imports + "".join(rl[last:]))
+    src.write_text(_noqa_f811("".join(rl[:last]) + new_imports + "".join(rl[last:]),
+                              set(fixtures)))
     return moved
 
 
