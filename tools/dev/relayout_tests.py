@@ -11,8 +11,8 @@ What it does, in order (it refuses to run when ``tests/harness`` already exists)
    (found by reading their imports) and the entry's own names move (with what they
    need from the same file: the closure over the top-level names they use, a fixture's
    fixture parameters included) into a new module of ``tests/harness/``, which gets the
-   test file's imports (unused ones are dropped by ``ruff --select F401 --fix``); the test
-   file imports them back from there.
+   test file's imports; the test file imports them back from there (a fixture with
+   ``noqa``); imports left unused on either side are dropped (``ruff --select F401 --fix``).
 2. **Helpers into the harness package.** Every helper module and peer script of
    :data:`HARNESS` moves (``git mv``) to ``tests/harness/NEW.py``; ``tests/harness/__init__.py``
    is written.
@@ -508,7 +508,8 @@ def main() -> None:
     if not Path(ruff).exists():
         ruff = shutil.which("ruff") or "ruff"
     subprocess.run([ruff, "check", "-q", "--select", "F401", "--fix",
-                    *[str(tests / "harness" / f"{ex.dest}.py") for ex in EXTRACT]], check=False)
+                    *[str(tests / "harness" / f"{ex.dest}.py") for ex in EXTRACT],
+                    *[moves[f"tests/{ex.source}.py"] for ex in EXTRACT]], check=False)
     subprocess.run([ruff, "check", "-q", "--select", "I", "--fix", *py], check=False)
     sh("git", "add", "-A", "tests", *[str(p) for p in changed if p.exists()])
 
