@@ -29,7 +29,10 @@ What it does, in order (it refuses to run when ``tests/harness`` already exists)
    (``"ipoib_peer.py"``) gain their folder (``"harness/ipoib_peer.py"``).
 5. **Paths in text.** Every ``tests/test_X.py`` and ``tests/OLD_helper.py`` named in README,
    docs, src, bench, tools, .ci, pyproject and the tests themselves names the new place;
-   a glob (``tests/test_capi_*.py``) too, when all the files it matches went to one folder.
+   a glob (``tests/test_capi_*.py``) too, when all the files it matches went to one folder;
+   a helper named in backquotes (:mod:`netns_harness`, ``engine_harness.Net``) becomes
+   ``harness.NEW``. The Python files there (the benchmarks put ``tests/`` on ``sys.path``)
+   have their helper imports rewritten as in step 4.
 6. ``ruff check --select I --fix`` on the Python files it changed, then ``git add`` them.
 """
 
@@ -404,7 +407,7 @@ def rewrite_file_paths(path: Path) -> None:
     text = re.sub(pf + r"\.parents\[(\d)\]", lambda m: f"{m.group(1)}.parents[{int(m.group(2)) + 1}]",
                   text)
     text = re.sub(pf + r"\.parent\.parent(?![.\w])", r"\1.parents[2]", text)
-    text = re.sub(pf + r"\.parent(?![.\w])", r"\1.parents[1]", text)
+    text = re.sub(pf + r"\.parent(?!\.parent\b|\w)", r"\1.parents[1]", text)
     for s in SCRIPTS:
         text = text.replace(f'"{s}.py"', f'"harness/{s}.py"')
     path.write_text(text)
@@ -429,6 +432,9 @@ def rewrite_text_paths(path: Path, where: dict[str, str]) -> bool:
         return old
 
     new = re.sub(r"(?<![\w/.])tests/[A-Za-z0-9_*]+\.py", sub, text)
+    for mod, to in HARNESS.items():  # ``tests/cm_harness``, :mod:`netns_harness`, `x_harness.Y`
+        new = re.sub(rf"(?<![\w/.])tests/{mod}(?![\w.])", f"tests/harness/{to}", new)
+        new = re.sub(rf"(?<=`){mod}(?=`|\.(?!py\b)\w)", f"harness.{to}", new)
     if new != text:
         path.write_text(new)
         return True
@@ -500,8 +506,14 @@ def main() -> None:
                              capture_output=True, text=True).stdout.split("\0")
     for name in tracked:
         f = root / name
-        if (name and f.is_file() and f.suffix in TEXT_SUFFIXES
-                and f.resolve() != Path(__file__).resolve() and rewrite_text_paths(f, moves)):
+        if not (name and f.is_file() and f.suffix in TEXT_SUFFIXES
+                and f.resolve() != Path(__file__).resolve()):
+            continue
+        before = f.read_bytes()
+        if f.suffix == ".py":  # the benchmarks import helpers of tests/ (sys.path)
+            rewrite_imports(f, {}, set())
+        rewrite_text_paths(f, moves)
+        if f.read_bytes() != before:
             changed.append(f)
     py = [str(p) for p in changed if p.suffix == ".py"]
     ruff = str(root / ".venv" / "bin" / "ruff")
