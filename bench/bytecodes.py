@@ -1,6 +1,6 @@
 """Bytecodes the IB engine executes per operation: a load-independent cost figure.
 
-Two in-memory RC QPs (tests/engine_harness.py: path MTU 4096, no I/O) and
+Two in-memory RC QPs (tests/harness/engine.py: path MTU 4096, no I/O) and
 ``sys.settrace`` with opcode events count the Python bytecodes executed by:
 
 * ``post+tx``: posting one signaled 64 B SEND and taking its packet (the ping-pong's
@@ -33,7 +33,7 @@ KEYS = ("post+tx", "recv SEND+ACK", "ACK", "WRITE tx/pkt", "rx single/pkt", "rx 
 
 def measure_here(functions: bool) -> dict[str, float]:
     """Run the phases in this process (``sys.path`` already points at the tree)."""
-    from engine_harness import Endpoint, Net, connect  # type: ignore[import-not-found]
+    from harness.engine import Endpoint, Net, connect  # type: ignore[import-not-found]
 
     from softrdma import enums as e
     from softrdma.ib.port import RxMeta

@@ -39,7 +39,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-from perftest_harness import env_for, free_port, kill_devd, make_device  # noqa: E402
+from harness.perftest import env_for, free_port, kill_devd, make_device  # noqa: E402
 
 from softrdma.capi import build  # noqa: E402
 

@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
-from rdma_cm_harness import make_state_dir  # noqa: E402
+from harness.rdma_cm import make_state_dir  # noqa: E402
 
 from softrdma import enums as e  # noqa: E402
 from softrdma import verbs as v  # noqa: E402

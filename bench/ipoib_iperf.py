@@ -29,8 +29,8 @@ from pathlib import Path
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
-from ipoib_netns import IFACE, ipoib_up, veth_pair  # noqa: E402
-from netns_harness import Host  # noqa: E402
+from harness.ipoib_netns import IFACE, ipoib_up, veth_pair  # noqa: E402
+from harness.netns import Host  # noqa: E402
 
 PORT = 5399
 MODES = ("connected", "datagram")

@@ -3,7 +3,7 @@
 One RC QP pair keeps 8 RDMA WRITEs of 256 KiB posted across a 1 Gbit/s link (5 us of
 propagation, a 300-packet queue that marks ECN CE from 16 packets on, as a DCQCN switch
 port does) that loses packets at random: 0 %, 1 %, 5 %. Everything runs on the engine's
-virtual clock (tests/bottleneck_harness.py), so the figure is the protocol's (go-back-N,
+virtual clock (tests/harness/bottleneck.py), so the figure is the protocol's (go-back-N,
 the congestion window, CNPs, the adaptive transport timer), not the machine's: goodput is
 the bytes of completed WRITEs per virtual second over 100 ms. ``python
 bench/lossy_goodput.py`` prints goodput, retransmitted packets and window cuts per loss rate.
@@ -17,8 +17,8 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
-from bottleneck_harness import BottleneckNet  # noqa: E402
-from cc_flows import drive, flows  # noqa: E402
+from harness.bottleneck import BottleneckNet  # noqa: E402
+from harness.cc_flows import drive, flows  # noqa: E402
 
 RATE_BPS = 1e9
 DURATION_S = 0.1

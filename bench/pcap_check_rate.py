@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
-from cm_harness import Pair  # noqa: E402
+from harness.cm import Pair  # noqa: E402
 
 from softrdma import enums as e  # noqa: E402
 from softrdma import verbs as v  # noqa: E402

@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
-from perftest_harness import env_for, kill_devd, make_device  # noqa: E402
+from harness.perftest import env_for, kill_devd, make_device  # noqa: E402
 
 SIZE = 4096
 BW_ROW = re.compile(r"^ (\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$")

@@ -11,7 +11,7 @@
 - ``processes.svg``: the block diagram of docs/design.md "One packet's path" and
   "Processes": processes, devd, the reuseport group and its BPF program.
 
-``tests/test_pictures.py`` runs this script and compares what it makes with the files
+``tests/docs/test_pictures.py`` runs this script and compares what it makes with the files
 checked in. Needs matplotlib (``pip install 'softrdma[pictures]'``).
 """
 

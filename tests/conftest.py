@@ -4,7 +4,7 @@ locally it explores new examples each run.
 
 ``HYPOTHESIS_PROFILE=slow`` (the slow job, ``.ci/slow``) selects the ``slow`` profile: never
 derandomized, even under CI, with every property test's budget scaled up
-(``tests/property_budget.py``).
+(``tests/harness/property_budget.py``).
 
 Tests marked ``slow`` (matrix repeats, long soaks: one representative of each behaviour
 stays in the default suite) are left out of the README's test command and run by the

@@ -1,6 +1,6 @@
 """libibverbs enumerations with the values of rdma-core's <infiniband/verbs.h>.
 
-Generated from the header (rdma-core 44); tests/test_pyverbs_enums.py re-checks every
+Generated from the header (rdma-core 44); tests/compat/test_pyverbs_enums.py re-checks every
 value against the installed header when libibverbs-dev is present.
 """
 

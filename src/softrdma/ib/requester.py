@@ -16,7 +16,7 @@ loop (:meth:`Requester.emit_middles`: most packets of a large message, IBA 9.7.1
 headers come from :meth:`Requester._middle_headers` too. The general loop
 (:meth:`Requester.pump`) and a message of one packet sent as it is posted
 (:meth:`Requester.post_one`: the ping-pong's message, without the loop) both use
-``_send_pkt``, so their bytes are the same (tests/test_fastpath.py compares them with the
+``_send_pkt``, so their bytes are the same (tests/ib/test_fastpath.py compares them with the
 general path byte for byte). Per WR opcode tables, READ/atomic request packets and local
 operations are softrdma.ib.send_ops'.
 """

@@ -12,7 +12,7 @@ next state when its outcome decides it (None: the table's).
 Starting PSN convention (Linux ``drivers/infiniband/core/cm.c``, followed by rxe and every
 RoCE NIC driver; the Starting PSN of the REQ, IBA 12.6.5, and of the REP, 12.6.8): each side
 announces the PSN it will *receive* at. We follow Linux, whose peers we talk to
-(``tests/test_cm_rping_capture.py`` checks it against a real capture).
+(``tests/ibcm/test_cm_rping_capture.py`` checks it against a real capture).
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ RETRY_WHY = {CLIENT: f"{parse.FIRST_CONNECTION_FAILED} (its first rdma_cm connec
 def client_retry(case: Case, server_on_guest: bool, rc: int | None, output: str) -> str:
     """Whether a finished client is started again: only a C perftest ``-R`` client
     (:attr:`Case.retries_client`) against the guest's server, that failed (not killed) on
-    a refused rdma_cm connection, as ``tests/capi_harness`` retries stock perftest pairs.
+    a refused rdma_cm connection, as ``tests/harness/capi`` retries stock perftest pairs.
     ``CLIENT``: its first connection (:data:`parse.FIRST_CONNECTION_FAILED`): the slow
     guest's server did not listen yet, saw nothing and still waits for its first client,
     which comes again once the server listens. ``PAIR``: its second, the test's own

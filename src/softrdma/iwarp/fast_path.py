@@ -23,7 +23,7 @@ common case only, and hand everything else back to the general path:
   the MPA error, RFC 5044 §8; a header error waits for the CRC).
 
 Markers (RFC 5044 §5) never take these paths. Equivalence with the general path is
-tested in ``tests/test_iwarp_fast_path.py``.
+tested in ``tests/iwarp/test_iwarp_fast_path.py``.
 """
 
 from __future__ import annotations

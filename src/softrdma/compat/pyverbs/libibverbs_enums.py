@@ -5,7 +5,7 @@ One source per value: the enums softrdma itself uses (``ibv_qp_type``, ``ibv_acc
 :mod:`softrdma.enums`, re-exported here; this module defines only the enums of rdma-core's
 ``libibverbs_enums.pxd`` that softrdma.enums does not have, each an ``IntEnum`` with the
 members pyverbs lists, in its order, with the values of ``<infiniband/verbs.h>``
-(tests/test_pyverbs_enums.py re-parses the installed header and checks each one).
+(tests/compat/test_pyverbs_enums.py re-parses the installed header and checks each one).
 Each member is also a module-level name, as in pyverbs (``e.IBV_QPT_RC``).
 """
 

@@ -37,7 +37,7 @@ __all__ = ["add_arguments", "ExtOptions", "MAX_DM_SIZE", "NewSendBatch", "check"
            "mr_access", "FeatureError"]
 
 #: Device memory per context (``max_dm_size``), the same as the pyverbs layer reports
-#: (``compat.pyverbs.device.MAX_DM_SIZE``; tests/test_pingpong_ext.py keeps them equal).
+#: (``compat.pyverbs.device.MAX_DM_SIZE``; tests/tools/test_pingpong_ext.py keeps them equal).
 MAX_DM_SIZE = 256 * 1024
 
 

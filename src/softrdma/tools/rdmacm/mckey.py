@@ -21,7 +21,7 @@ does softrdma, with the C tool's message). Output lines as mckey's, on stdout.
 
 On the loopback device (``lo`` has no multicast flag) IPv4 groups are delivered between
 processes; IPv6 groups need an interface with multicast (as between the namespaces of
-tests/test_multihost_mcast.py).
+tests/drivers/test_multihost_mcast.py).
 
 Unlike the C tool, a receiver that got its first message gives up after ``--timeout``
 seconds without the next one (UD multicast is unreliable: mckey would wait for ever),

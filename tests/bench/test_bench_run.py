@@ -1,0 +1,85 @@
+"""``bench/run.py --json``: one JSON object with each figure, its baseline in the same run,
+the ratios, the goal and the core count (issue 15's entry point; the figures themselves
+are not asserted: benchmarks print, tests check behaviour)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "run.py"
+
+
+def test_run_json_quick_one_figure() -> None:
+    out = subprocess.run(
+        [sys.executable, str(BENCH), "--json", "--quick", "--runs", "2", "--only", "roce_write_bw"],
+        capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["cores"] == os.cpu_count()
+    assert doc["runs"] == 2 and doc["quick"] is True
+    assert list(doc["figures"]) == ["roce_write_bw"]
+    fig = doc["figures"]["roce_write_bw"]
+    assert fig["error"] is None
+    assert len(fig["softrdma"]) == len(fig["baseline_values"]) == 2
+    assert all(x > 0 for x in fig["softrdma"] + fig["baseline_values"])
+    ratios = [o / b for o, b in zip(fig["softrdma"], fig["baseline_values"], strict=True)]
+    assert fig["ratios"] == ratios
+    assert fig["ratio_best"] == max(ratios)
+    assert fig["goal"] == ">= 1.0"
+    assert fig["goal_met"] == (fig["ratio_median"] >= 1.0)
+
+
+def test_run_rejects_bad_runs() -> None:
+    out = subprocess.run([sys.executable, str(BENCH), "--runs", "0"], capture_output=True,
+                         text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert out.returncode == 2
+    assert "--runs must be >= 1" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_run_rejects_an_unknown_figure() -> None:
+    """A figure name that does not exist is an error naming the choices, not a silent
+    empty run."""
+    out = subprocess.run([sys.executable, str(BENCH), "--only", "rc_pingpong"],
+                         capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert out.returncode == 2
+    assert "invalid choice: 'rc_pingpong'" in out.stderr and "rc_send_lat" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+
+def test_run_ackwait_figure() -> None:
+    """``rc_send_lat_ackwait`` (issue 26): the ping-pong whose sides also await each SEND's
+    ACK, beside the plain ping-pong of the same run, as round trips."""
+    out = subprocess.run(
+        [sys.executable, str(BENCH), "--json", "--quick", "--runs", "1", "--only",
+         "rc_send_lat_ackwait"], capture_output=True, text=True, timeout=240,
+        stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stderr
+    fig = json.loads(out.stdout)["figures"]["rc_send_lat_ackwait"]
+    assert fig["error"] is None
+    assert len(fig["softrdma"]) == len(fig["baseline_values"]) == 1
+    assert all(x > 0 for x in fig["softrdma"] + fig["baseline_values"])
+    assert fig["goal"] == "<= 1.2" and fig["unit"] == "us"
+
+
+def test_cm_rate_figures_share_one_tcp_baseline_per_run() -> None:
+    """Issue 26: the rdma_cm connection rate over RoCE and iWARP, each beside plain TCP
+    connect/accept/close measured in the same ``cm_rate.py`` process (which used to fail
+    at exit removing a state directory its devd still wrote in)."""
+    out = subprocess.run(
+        [sys.executable, str(BENCH), "--json", "--quick", "--runs", "1",
+         "--only", "cm_rate_roce", "--only", "cm_rate_iwarp"],
+        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stderr
+    figs = json.loads(out.stdout)["figures"]
+    assert list(figs) == ["cm_rate_roce", "cm_rate_iwarp"]
+    for fig in figs.values():
+        assert fig["error"] is None
+        assert fig["unit"] == "conn/s" and fig["goal"] == ">= 0.1"
+        assert len(fig["softrdma"]) == 1 and fig["softrdma"][0] > 0
+    assert figs["cm_rate_roce"]["baseline_values"] == figs["cm_rate_iwarp"]["baseline_values"]

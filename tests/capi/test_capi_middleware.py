@@ -1,0 +1,142 @@
+"""``softrdma run --sysfs``: middleware that looks at /sys/class/infiniband and
+/dev/infiniband itself (UCX, libfabric), on softrdma devices.
+
+As root the program runs in a private mount namespace (``softrdma.tools.suites.sysfs_ns``) where
+each softrdma device has its sysfs entry (netdev, RoCE v2 GIDs with their type and
+interface) and a ``/dev/infiniband/uverbsN`` character device (``/dev/null`` bound in
+place: UCX lists only devices whose node it may open); the host sees none of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from harness.capi import need_build, need_tool, run_cmd, run_pair, tcp_port
+from harness.device import private_device
+
+from softrdma.capi import launch
+
+ROOT = os.geteuid() == 0
+needs_root = pytest.mark.skipif(not ROOT or launch.sysfs_unavailable() is not None,
+                                reason="the private /sys and /dev view needs root "
+                                "(a mount namespace; CI runs as root)")
+
+
+@pytest.fixture()
+def device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    need_build()
+    yield private_device("mwtest", tmp_path, monkeypatch)
+
+
+def sysfs_run(*args: str) -> list[str]:
+    return [sys.executable, "-m", "softrdma", "run", "--sysfs", *run_cmd(*args)[5:]]
+
+
+@needs_root
+def test_namespace_has_uverbs_nodes_and_gid_attrs(device: str) -> None:
+    script = ("stat -c %F /dev/infiniband/uverbs0; "
+              f"cat /sys/class/infiniband/{device}/ports/1/gid_attrs/types/0 "
+              f"/sys/class/infiniband/{device}/ports/1/gid_attrs/ndevs/0 "
+              f"/sys/class/infiniband/{device}/ports/1/gids/0; "
+              "echo ok > /dev/null && ls /dev/infiniband")
+    p = subprocess.run(sysfs_run("sh", "-c", script), capture_output=True, text=True,
+                       timeout=120, check=False)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0] == "character special file"
+    assert lines[1] == "RoCE v2" and lines[2] == "lo"
+    assert lines[3] == "0000:0000:0000:0000:0000:ffff:7f00:0001"
+    assert "rdma_cm" in lines[4:] and "uverbs0" in lines[4:]
+    assert not Path("/dev/infiniband").exists() or Path("/dev/infiniband").is_dir()
+
+
+def test_sysfs_refused_without_root(device: str, monkeypatch: pytest.MonkeyPatch,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    args = argparse.Namespace(command=["--", "true"], dev=None, print_env=False, sysfs=True)
+    assert launch.run(args) == 1
+    assert "--sysfs: the private /sys/class/infiniband and /dev/infiniband view needs root" \
+        in capsys.readouterr().err
+
+
+@needs_root
+def test_ucx_info_lists_softrdma_devices(device: str) -> None:
+    need_tool("ucx_info", "ucx-utils")
+    p = subprocess.run(sysfs_run("ucx_info", "-d"), capture_output=True, text=True,
+                       timeout=180, check=False)
+    assert p.returncode == 0, p.stderr[-2000:]
+    ours = p.stdout.split(f"# Memory domain: {device}\n", 1)
+    assert len(ours) == 2, p.stdout[-3000:]
+    section = ours[1].split("# Memory domain:", 1)[0]
+    transports = re.findall(r"#\s+Transport: (\w+)\n#\s+Device: (\S+)", section)
+    assert ("rc_verbs", f"{device}:1") in transports
+    assert ("ud_verbs", f"{device}:1") in transports
+
+
+@needs_root
+def test_ucx_perftest_rc_verbs(device: str) -> None:
+    """UCT active-message latency over rc_verbs between two processes (before: UCX's
+    ibv_ah_attr with dlid (its UDP source-port hint) and flow_label ~0 failed RTR)."""
+    need_tool("ucx_perftest", "ucx-utils")
+    port = tcp_port()
+    common = ["-d", f"{device}:1", "-x", "rc_verbs", "-t", "am_lat", "-n", "100",
+              "-p", str(port)]
+    procs, outs = run_pair(sysfs_run("ucx_perftest", *common),
+                           sysfs_run("ucx_perftest", "127.0.0.1", *common), port)
+    assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
+    m = re.search(r"^Final:\s+(\d+)\s+([\d.]+)", outs[1][0], re.MULTILINE)
+    assert m is not None, outs[1][0]
+    assert int(m.group(1)) == 100 and float(m.group(2)) > 0
+
+
+@needs_root
+def test_ucx_perftest_ud_verbs(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """UCT active-message latency over ud_verbs between two processes. UCX before 1.19
+    takes a RoCE UD receive's IP version from wc.sl (Mellanox's convention; softrdma and
+    rxe report 0) and dropped every IPv4 packet in its destination GID check: both sides
+    timed out ("UD endpoint ... unhandled timeout error"); --sysfs turns that check off."""
+    need_tool("ucx_perftest", "ucx-utils")
+    for key in launch.UCX_ENV:
+        monkeypatch.delenv(key, raising=False)
+    port = tcp_port()
+    common = ["-d", f"{device}:1", "-x", "ud_verbs", "-t", "am_lat", "-n", "100",
+              "-p", str(port)]
+    procs, outs = run_pair(sysfs_run("ucx_perftest", *common),
+                           sysfs_run("ucx_perftest", "127.0.0.1", *common), port)
+    assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
+    m = re.search(r"^Final:\s+(\d+)\s+([\d.]+)", outs[1][0], re.MULTILINE)
+    assert m is not None, outs[1][0]
+    assert int(m.group(1)) == 100 and float(m.group(2)) > 0
+
+
+def test_fi_info_lists_the_verbs_provider(device: str) -> None:
+    """libfabric's verbs provider starts from rdma_get_devices (it was ENOSYS: no verbs
+    provider at all); its datagram domain ``<dev>-dgram`` needs no root."""
+    need_tool("fi_info", "libfabric-bin")
+    p = subprocess.run(run_cmd("fi_info", "-p", "verbs"), capture_output=True, text=True,
+                       timeout=180, check=False)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    domains = re.findall(r"provider: (\S+)\n\s+fabric: .*\n\s+domain: (\S+)", p.stdout)
+    assert ("verbs;ofi_rxd", f"{device}-dgram") in domains, p.stdout
+
+
+def test_fi_pingpong_rdm_over_verbs_ud(device: str) -> None:
+    """fi_pingpong, reliable datagrams (ofi_rxd) over softrdma's UD QPs, data verified."""
+    need_tool("fi_pingpong", "libfabric-bin")
+    port = tcp_port()
+    common = ["-p", "verbs;ofi_rxd", "-e", "rdm", "-d", f"{device}-dgram", "-I", "50",
+              "-S", "256", "-v"]
+    procs, outs = run_pair(run_cmd("fi_pingpong", *common, "-B", str(port)),
+                           run_cmd("fi_pingpong", *common, "-P", str(port), "127.0.0.1"),
+                           port)
+    assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
+    for out, _ in outs:
+        m = re.search(r"^256\s+50\s+=50\s+\S+\s+[\d.]+s", out, re.MULTILINE)
+        assert m is not None, out

@@ -1,0 +1,41 @@
+"""``softrdma run``: a thread spinning on an empty ``ibv_poll_cq`` while its process waits
+for a completion gives its CPU to the progress thread by sleeping in C (issue 22: a
+busy-polling program on a loaded 2-core machine; tests/capi/poll_sleep.c)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from harness.capi import need_build, run
+from harness.device import private_device
+
+HERE = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture()
+def device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    need_build()
+    yield private_device("capipoll", tmp_path, monkeypatch)
+
+
+def test_busy_empty_polls_sleep_idle_ones_spin(device: str, tmp_path: Path) -> None:
+    """After a post, a run of empty polls ends in futex sleeps (voluntary context switches
+    of the polling thread); with nothing posted or completed for long, polls spin."""
+    exe = tmp_path / "poll_sleep"
+    c = subprocess.run(["gcc", "-O2", "-Wall", "-o", str(exe),
+                        str(HERE / "capi" / "poll_sleep.c"), "-libverbs"],
+                       capture_output=True, text=True, check=False)
+    assert c.returncode == 0, c.stderr
+    p = run(str(exe), device)
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    busy = re.search(r"busy_nvcsw (\d+)", p.stdout)
+    idle = re.search(r"idle_nvcsw (\d+)", p.stdout)
+    assert busy and idle, p.stdout
+    # 20000 empty polls: one sleep per 257 once the spin is over (<= 77 sleeps, fewer
+    # when a sleep outlasts the busy window on a loaded machine)
+    assert int(busy.group(1)) >= 2, p.stdout
+    assert int(idle.group(1)) <= 1, p.stdout

@@ -1,0 +1,244 @@
+"""``softrdma run``: librdmacm programs (rping, rdma_server/rdma_client, ucmatose) on softrdma.
+
+Each pair runs unmodified on a private RoCE device on lo (``SOFTRDMA_CAPI_DEVICE``, what
+``softrdma run -d`` sets, makes the programs' ids resolve to it), or on the built-in iWARP
+loopback device. A RoCE server listens through the IB CM, not on a TCP port: the client is
+started again (with a generous deadline) while the server is not listening yet, which it
+reports as a REJECTED connection (reason 8) and a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from harness.capi import TIMEOUT, need_build, need_tool, preloaded, run_pair, tcp_port
+from harness.capi_pairs import pair, perftest_pair
+from harness.device import private_device, reap
+
+from softrdma.capi import build
+from softrdma.verbs.device import IWARP_LOOPBACK
+
+
+@pytest.fixture()
+def device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    need_build()
+    need_tool("rping", "rdmacm-utils")
+    name = private_device("capicm", tmp_path, monkeypatch)
+    monkeypatch.setenv("SOFTRDMA_CAPI_DEVICE", name)
+    yield name
+
+
+def _pings(out: str, prefix: str, count: int) -> None:
+    """rping -v's lines: ``<prefix>ping data: rdma-ping-N: <64 bytes of the pattern>``."""
+    lines = [ln for ln in out.splitlines() if ln.startswith(prefix + "ping data:")]
+    assert len(lines) == count, out
+    for i, line in enumerate(lines):
+        head = f"rdma-ping-{i}: "
+        # rping's pattern: 'A'..'z' from 'A' + i, up to the buffer's last byte (a NUL)
+        data = "".join(chr(65 + (i + k) % 58) for k in range(64 - 1 - len(head)))
+        assert line == f"{prefix}ping data: {head}{data}", line
+
+
+def rping(*args: str) -> list[str]:
+    return preloaded("rping", "-a", "127.0.0.1", "-C", "3", "-v", "-V", *args)
+
+
+def test_rping_roce_two_c_processes(device: str) -> None:
+    """Stock rping on both sides (RoCE: IB CM + A11, RDMA READ/WRITE of the ping data);
+    the server's CM thread blocks in rdma_get_cm_event and its CQ thread in
+    ibv_get_cq_event while the main thread waits."""
+    port = str(tcp_port())
+    (sout, serr), (cout, _) = pair(rping("-s", "-p", port), rping("-c", "-p", port))
+    _pings(cout, "", 3)
+    _pings(sout, "server ", 3)
+    assert "server DISCONNECT EVENT..." in serr
+
+
+@pytest.mark.parametrize("c_side", ["-c", "-s"])
+def test_rping_against_python_rping(device: str, c_side: str) -> None:
+    """The stock rping against softrdma's Python rping on one device (through devd), the C
+    program as the client and as the server."""
+    port = str(tcp_port())
+    python = [sys.executable, "-m", "softrdma", "rping", "-a", "127.0.0.1", "-p", port,
+              "-C", "3", "-v", "--device", device]
+    c = rping(c_side, "-p", port)
+    if c_side == "-c":
+        (sout, _), (cout, _) = pair([*python, "-s"], c)
+    else:
+        (sout, _), (cout, _) = pair(c, [*python, "-c"])
+    _pings(cout, "", 3)
+    _pings(sout, "server ", 3)
+
+
+def test_rping_iwarp(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """rping over iWARP (TCP + MPA) on the built-in loopback device (softrdma run -d)."""
+    monkeypatch.setenv("SOFTRDMA_CAPI_DEVICE", IWARP_LOOPBACK)
+    port = str(tcp_port())
+    (sout, _), (cout, _) = pair(rping("-s", "-p", port), rping("-c", "-p", port))
+    _pings(cout, "", 3)
+    _pings(sout, "server ", 3)
+
+
+def test_rdma_server_client(device: str) -> None:
+    """rdma_server/rdma_client: rdma_getaddrinfo, synchronous ids (rdma_create_ep,
+    rdma_get_request, blocking connect/accept/disconnect), librdmacm's CQs with their
+    completion channels (rdma_get_send_comp/rdma_get_recv_comp)."""
+    need_tool("rdma_server", "rdmacm-utils")
+    port = str(tcp_port())
+    (sout, serr), (cout, cerr) = pair(preloaded("rdma_server", "-p", port),
+                                      preloaded("rdma_client", "-s", "127.0.0.1", "-p", port))
+    assert "rdma_server: end 0" in sout, (sout, serr)
+    assert "rdma_client: end 0" in cout, (cout, cerr)
+
+
+def test_ucmatose_messages_options_and_migrate(device: str) -> None:
+    """ucmatose: 5 messages each way, TOS and ACK timeout options, then rdma_migrate_id
+    to a new event channel before disconnecting. One connection: a client started again
+    while the server is not listening yet could leave it a request of a client that has
+    gone (with -c 2, one REQ rejected, the other not)."""
+    need_tool("ucmatose", "rdmacm-utils")
+    port = str(tcp_port())
+    common = ["-p", port, "-c", "1", "-C", "5", "-m"]
+    (sout, serr), (cout, cerr) = pair(
+        preloaded("ucmatose", *common),
+        preloaded("ucmatose", "-s", "127.0.0.1", *common, "-t", "32", "-a", "14"))
+    for out in (sout, cout):
+        assert "data transfers complete" in out and "migrating to new event channel" in out
+        assert "return status 0" in out
+    assert "disconnected" in sout
+
+
+def test_ucmatose_connections_iwarp(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ucmatose with 3 connections over iWARP: its server listens on TCP, so the client
+    starts once the port listens (no second start)."""
+    need_tool("ucmatose", "rdmacm-utils")
+    monkeypatch.setenv("SOFTRDMA_CAPI_DEVICE", IWARP_LOOPBACK)
+    port = tcp_port()
+    common = ["-p", str(port), "-c", "3", "-C", "5"]
+    procs, outs = run_pair(preloaded("ucmatose", *common),
+                           preloaded("ucmatose", "-s", "127.0.0.1", *common), port)
+    for p, (out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, (out, err)
+        assert "data transfers complete" in out and "return status 0" in out, out
+
+
+def test_udaddy(device: str) -> None:
+    """udaddy: UD ids (RDMA_PS_UDP) resolved through SIDR, ESTABLISHED with the remote
+    QPN/Q_Key/AH, the server's replies on AHs made with ibv_create_ah_from_wc. Its -p is
+    the port space: the default port 7174 is a service on the private device only."""
+    need_tool("udaddy", "rdmacm-utils")
+    (sout, serr), (cout, cerr) = pair(preloaded("udaddy", "-C", "5"),
+                                      preloaded("udaddy", "-s", "127.0.0.1", "-C", "5"))
+    for out in (sout, cout):
+        assert "data transfers complete" in out and "return status 0" in out, out
+    assert "sending replies" in sout
+
+
+def test_perftest_over_rdma_cm(device: str) -> None:
+    """perftest's -R: the connection through rdma_cm (both sides' ids on the device)."""
+    need_tool("ib_send_bw", "perftest")
+    port = str(tcp_port())
+    common = ["ib_send_bw", "-R", "-d", device, "-n", "50", "-s", "4096", "-p", port]
+    (sout, _), (cout, _) = perftest_pair(preloaded(*common), preloaded(*common, "127.0.0.1"))
+    for out in (sout, cout):
+        row = re.search(r"^\s*4096\s+50\s+([\d.]+)\s+([\d.]+)", out, re.M)
+        assert row and float(row.group(2)) > 0, out
+
+
+@pytest.mark.parametrize("tool,args,message", [
+    ("rping", ("-c", "-a", "127.0.0.1"), "RDMA_CM_EVENT_REJECTED, error 8"),
+    ("rdma_client", ("-s", "127.0.0.1"), "rdma_connect: Connection refused"),
+    ("ucmatose", ("-s", "127.0.0.1"), "RDMA_CM_EVENT_REJECTED, error: 8"),
+])
+def test_nobody_listening_is_a_clear_rejection(device: str, tool: str, args: tuple[str, ...],
+                                               message: str) -> None:
+    """A connection to a port nobody listens on fails at once, the librdmacm way (a
+    REJECTED event, or ECONNREFUSED from a synchronous id), no hang, no traceback."""
+    need_tool(tool, "rdmacm-utils")
+    p = subprocess.run(preloaded(tool, *args, "-p", str(tcp_port())), capture_output=True,
+                       text=True, timeout=TIMEOUT, check=False)
+    assert p.returncode != 0
+    assert message in p.stdout + p.stderr, (p.stdout, p.stderr)
+    assert "Traceback" not in p.stderr
+
+
+def test_build_names_librdmacm_dev(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """rdmacm.c needs <rdma/rdma_cma.h>: its package is named when it is missing."""
+    monkeypatch.setenv("SOFTRDMA_CAPI_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(build, "RDMA_CMA_H", tmp_path / "no-rdma_cma.h")
+    assert "librdmacm-dev" in build.missing_packages()
+    with pytest.raises(build.BuildError, match="librdmacm-dev"):
+        build.build()
+
+
+def test_channel_fd_errors_and_unserved_calls(device: str, tmp_path: Path) -> None:
+    """tests/capi/cm_check.c: an empty non-blocking channel is EAGAIN, its fd polls
+    readable with an event pending; after ADDR_RESOLVED the id's verbs is a context of
+    the device and its addresses are set; bad arguments are EINVAL, calls not served
+    ENOSYS; rdma_getaddrinfo."""
+    exe = tmp_path / "cm_check"
+    c = subprocess.run(["gcc", "-O2", "-Wall", "-o", str(exe),
+                        str(Path(__file__).parents[1] / "capi" / "cm_check.c"), "-lrdmacm",
+                        "-libverbs"], capture_output=True, text=True, check=False)
+    assert c.returncode == 0, c.stderr
+    p = subprocess.run(preloaded(str(exe)), capture_output=True, text=True, timeout=TIMEOUT,
+                       check=False)
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    assert p.stdout.splitlines() == [f"device {device}", "ok"], p.stdout
+
+
+def _mckey_pair(group: str, receiver: list[str], sender: list[str]
+                ) -> tuple[subprocess.CompletedProcess[str], tuple[str, str]]:
+    """A receiver joined to ``group`` and a sender to it: the sender (which waits 3 s
+    after joining) is run again until the receiver has its messages, since UD multicast
+    is unreliable and the receiver may join late on a busy machine."""
+    rcv = subprocess.Popen(receiver, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            snd = subprocess.run(sender, capture_output=True, text=True, timeout=TIMEOUT,
+                                 check=False)
+            assert snd.returncode == 0, (snd.stdout, snd.stderr)
+            try:
+                out, err = rcv.communicate(timeout=2)
+                break
+            except subprocess.TimeoutExpired:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"the receiver got nothing: {snd.stdout}") from None
+    finally:
+        reap(rcv)
+    return snd, (out, err)
+
+
+def test_mckey_two_c_processes(device: str) -> None:
+    """mckey: RDMA_PS_UDP ids resolve the group address, rdma_join_multicast_ex (the
+    MGID is the group's IP as a GID), MULTICAST_JOIN's ud param gives the AH, QPN
+    0xFFFFFF and Q_Key; 5 SENDs from one process to the other's joined QP, then
+    rdma_leave_multicast."""
+    need_tool("mckey", "rdmacm-utils")
+    group = "230.7.7.9"
+    common = ["mckey", "-m", group, "-b", "127.0.0.1", "-C", "5", "-S", "64"]
+    snd, (out, err) = _mckey_pair(group, preloaded(*common), preloaded(*common, "-s"))
+    for text in (snd.stdout, out):
+        assert f"joined dgid: ::ffff:{group}" in text, text
+        assert "data transfers complete" in text and "return status 0" in text, text
+    assert "initiating data transfers" in snd.stdout
+    assert "receiving data transfers" in out, (out, err)
+    assert "Traceback" not in err + snd.stderr
+
+
+def test_mckey_c_sender_python_receiver(device: str) -> None:
+    """The stock mckey sends to softrdma's Python mckey on one device (through devd)."""
+    need_tool("mckey", "rdmacm-utils")
+    group = "230.7.7.10"
+    common = ["-m", group, "-b", "127.0.0.1", "-C", "5", "-S", "64"]
+    snd, (out, err) = _mckey_pair(
+        group, [sys.executable, "-m", "softrdma", "mckey", *common, "--device", device],
+        preloaded("mckey", *common, "-s"))
+    assert "data transfers complete" in out and "return status 0" in out, (out, err)

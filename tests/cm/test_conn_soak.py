@@ -1,0 +1,132 @@
+"""Memory stays flat over many closed connections (issue 13 item 5): open, establish,
+disconnect and destroy connections through the rdma_cm API, on both transports, with both
+sides in this process, and measure the Python heap (tracemalloc) per connection.
+
+The default count keeps CI fast; the slow job (``.ci/slow``) sets
+``SOFTRDMA_SOAK_CONNECTIONS=2000``. Before the fix each closed iWARP connection kept its
+``IwarpConn`` (64 KiB header buffer), QP and CQ alive through unread async events: ~80 KB.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+import tracemalloc
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harness.rdma_cm import Ep, next_non_timewait, setup_env
+
+from softrdma import verbs as v
+from softrdma.cm import rdma_cm as rc
+from softrdma.cm.rdma_cm import EventChannel
+from softrdma.wire import roce
+
+T = rc.RdmaCmEventType
+WARMUP = 20
+COUNT = {"iwarp": 300, "roce": 200}
+MAX_BYTES_PER_CONNECTION = 1500  # the noise of in-flight state; a leak was 7-80 KB
+
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    yield from setup_env(tmp_path, monkeypatch)
+
+
+def _event(ch: EventChannel, kind: int) -> rc.RdmaCmEvent:
+    ev = next_non_timewait(ch)
+    ch.ack(ev)
+    assert ev.event == kind, ev.text
+    return ev
+
+
+class _Loop:
+    def __init__(self, transport: str) -> None:
+        self.transport = transport
+        self.chs, self.chc = EventChannel(), EventChannel()
+        self.lst = rc.CmId(self.chs, rc.RDMA_PS_TCP)
+        self.lst.bind_addr(("127.0.0.1", 0), device=transport)
+        self.lst.listen(16)
+        assert self.lst.local_addr is not None
+        self.port = self.lst.local_addr[1]
+        self.runtimes: set[Any] = set()
+
+    def flush_bounded_caches(self) -> None:
+        """Empty the per-flow caches that are bounded by design (each new connection is a
+        new UDP flow): the RoCE pseudo-header CRCs (8192 entries) and the runtimes'
+        per-flow receive metadata (4096), so that they do not count as growth."""
+        roce._PSEUDO_CRC.clear()
+        for rt in self.runtimes:
+            metas = getattr(rt, "_metas", None)
+            if metas is not None:
+                with rt.lock:
+                    metas.clear()
+
+    def one(self) -> None:
+        cli = rc.CmId(self.chc, rc.RDMA_PS_TCP)
+        cli.resolve_addr(None, ("127.0.0.1", self.port), 2000, device=self.transport)
+        _event(self.chc, T.ADDR_RESOLVED)
+        cli.resolve_route(2000)
+        _event(self.chc, T.ROUTE_RESOLVED)
+        ce = Ep(cli)
+        self.runtimes.add(cli.verbs.runtime)
+        cli.connect(rc.ConnParam(responder_resources=1, initiator_depth=1))
+        child = _event(self.chs, T.CONNECT_REQUEST).id
+        se = Ep(child)
+        se.recv(64)
+        child.accept(rc.ConnParam(responder_resources=1, initiator_depth=1))
+        _event(self.chc, T.ESTABLISHED)
+        _event(self.chs, T.ESTABLISHED)
+        ce.qp.post_send(v.SendWR(1, None, 1, [v.SGE(ce.mr.addr, 8, ce.mr.lkey)]))
+        assert [w.status for w in ce.wait(1)] == [0] and [w.status for w in se.wait(1)] == [0]
+        cli.disconnect()
+        _event(self.chc, T.DISCONNECTED)
+        _event(self.chs, T.DISCONNECTED)
+        for cid, ep in ((cli, ce), (child, se)):
+            cid.destroy_qp()
+            ep.mr.close()
+            ep.cq.close()
+            ep.pd.close()
+            cid.destroy()
+
+    def close(self) -> None:
+        self.lst.destroy()
+        self.chs.close()
+        self.chc.close()
+
+
+@pytest.mark.parametrize("transport", ["iwarp", "roce"])
+def test_memory_is_flat_over_closed_connections(env: Path, transport: str) -> None:
+    n = int(os.environ.get("SOFTRDMA_SOAK_CONNECTIONS", COUNT[transport]))
+    loop = _Loop(transport)
+    try:
+        for _ in range(WARMUP):
+            loop.one()
+        gc.collect()
+        tracemalloc.start(1)
+        try:
+            t0 = time.monotonic()
+            for _ in range(n // 2):  # the first half fills what is sized once (rings, caches)
+                loop.one()
+            time.sleep(0.2)
+            loop.flush_bounded_caches()
+            gc.collect()
+            before = tracemalloc.get_traced_memory()[0]
+            for _ in range(n - n // 2):
+                loop.one()
+            took = time.monotonic() - t0
+            time.sleep(0.2)  # the last connection's TIMEWAIT and socket teardown
+            loop.flush_bounded_caches()
+            gc.collect()
+            after = tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+    finally:
+        loop.close()
+    per = (after - before) / (n - n // 2)
+    print(f"\n[soak] {transport}: {n} connections, {per:.0f} B/connection, "
+          f"{took / n * 1e3:.1f} ms/connection")
+    assert per < MAX_BYTES_PER_CONNECTION

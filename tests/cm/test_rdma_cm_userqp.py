@@ -1,0 +1,193 @@
+"""Application-moved QPs through rdma_cm (librdmacm ``conn_param.qp_num``,
+``rdma_init_qp_attr``, ``rdma_establish``; rping ``-q``): the CM announces the QP's
+number, never touches it, and gives attributes that follow Linux's Starting PSN
+convention (each side receives at the PSN it announces)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harness.rdma_cm import ACC, Ep, expect, next_non_timewait, setup_env
+
+from softrdma import enums as e
+from softrdma import verbs as v
+from softrdma.cm import rdma_cm as rc
+from softrdma.cm.rdma_cm import EventChannel
+from softrdma.errors import InvalidArgument, StateError
+
+T = rc.RdmaCmEventType
+INIT_MASK = int(e.IBV_QP_STATE | e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT | e.IBV_QP_ACCESS_FLAGS)
+
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    yield from setup_env(tmp_path, monkeypatch)
+
+
+class Own:
+    """A QP created with ibv_create_qp on the id's device, in INIT with no access."""
+
+    def __init__(self, cid: rc.CmId) -> None:
+        self.pd = v.PD(cid.verbs)
+        self.cq = v.CQ(cid.verbs, 16)
+        self.qp = v.QP(self.pd, v.QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq,
+                                             cap=v.QPCap(8, 8, 1, 1)))
+        self.qp.modify(v.QPAttr(qp_state=e.IBV_QPS_INIT, pkey_index=0, port_num=1,
+                                qp_access_flags=0), INIT_MASK)
+        self.mr = v.MR(self.pd, 4096, ACC)
+
+    def move(self, cid: rc.CmId) -> dict[int, Any]:
+        got = {}
+        for st in (e.IBV_QPS_INIT, e.IBV_QPS_RTR, e.IBV_QPS_RTS):
+            attr, mask = cid.init_qp_attr(int(st))
+            self.qp.modify(attr, mask)
+            got[int(st)] = attr
+        return got
+
+    def wait(self, timeout: float = 10.0) -> Any:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            _n, wcs = self.cq.poll(1)
+            if wcs:
+                return wcs[0]
+            time.sleep(0.0005)
+        raise AssertionError("no completion")
+
+    def close(self) -> None:
+        for obj in (self.qp, self.mr, self.cq, self.pd):
+            obj.close()
+
+
+def test_self_moved_qps_connect_and_follow_the_psn_convention(env: Path) -> None:
+    chs, chc = EventChannel(), EventChannel()
+    lst = rc.CmId(chs, rc.RDMA_PS_TCP)
+    lst.bind_addr(("127.0.0.1", 0), device="roce")
+    lst.listen(2)
+    assert lst.local_addr is not None
+    cli = rc.CmId(chc, rc.RDMA_PS_TCP)
+    cli.resolve_addr(None, ("127.0.0.1", lst.local_addr[1]), 2000, device="roce")
+    expect(chc, T.ADDR_RESOLVED)
+    cli.resolve_route(2000)
+    expect(chc, T.ROUTE_RESOLVED)
+    co = Own(cli)
+    cli.connect(rc.ConnParam(qp_num=co.qp.qp_num))
+    req = expect(chs, T.CONNECT_REQUEST)
+    child = req.id
+    so = Own(child)
+    srv = so.move(child)  # before the REP, as rping -q's rping_accept
+    req_msg = req.info["req"]
+    assert req_msg.local_qpn == co.qp.qp_num
+    assert srv[int(e.IBV_QPS_RTR)].dest_qp_num == co.qp.qp_num
+    assert srv[int(e.IBV_QPS_RTS)].sq_psn == req_msg.starting_psn
+    so.qp.post_recv(v.RecvWR(1, 1, [v.SGE(so.mr.addr, 64, so.mr.lkey)]))
+    child.accept(rc.ConnParam(qp_num=so.qp.qp_num))
+    resp = expect(chc, T.CONNECT_RESPONSE)  # not ESTABLISHED: the QP is the application's
+    rep_msg = resp.info["rep"]
+    assert rep_msg.local_qpn == so.qp.qp_num
+    assert srv[int(e.IBV_QPS_RTR)].rq_psn == rep_msg.starting_psn  # announced = received
+    assert co.qp.qp_state == e.IBV_QPS_INIT  # the CM left the client's QP alone
+    cli_attrs = co.move(cli)
+    assert cli_attrs[int(e.IBV_QPS_RTR)].rq_psn == req_msg.starting_psn
+    assert cli_attrs[int(e.IBV_QPS_RTS)].sq_psn == rep_msg.starting_psn
+    assert cli_attrs[int(e.IBV_QPS_RTR)].dest_qp_num == so.qp.qp_num
+    cli.establish()
+    expect(chs, T.ESTABLISHED)
+    with pytest.raises(TimeoutError):  # rdma_establish reports nothing on the active side
+        chc.get_cm_event(0.3)
+    co.mr.write(b"self-moved", 10, 0)
+    co.qp.post_send(v.SendWR(5, None, 1, [v.SGE(co.mr.addr, 10, co.mr.lkey)]))
+    assert co.wait().status == 0
+    wc = so.wait()
+    assert wc.status == 0 and so.mr.read(10, 0) == b"self-moved"
+    co.qp.modify(v.QPAttr(qp_state=e.IBV_QPS_ERR), int(e.IBV_QP_STATE))
+    cli.disconnect()
+    assert next_non_timewait(chc).event == T.DISCONNECTED
+    assert next_non_timewait(chs).event == T.DISCONNECTED
+    for cid in (cli, child, lst):
+        cid.destroy()
+    co.close()
+    so.close()
+    chs.close()
+    chc.close()
+
+
+def test_init_qp_attr_and_establish_misuse(env: Path) -> None:
+    ch = EventChannel()
+    cli = rc.CmId(ch, rc.RDMA_PS_TCP)
+    with pytest.raises(StateError):
+        cli.init_qp_attr(int(e.IBV_QPS_RTR))  # nothing to base it on yet
+    with pytest.raises(StateError):
+        cli.establish()
+    cli.resolve_addr(None, ("127.0.0.1", 9), 2000, device="roce")
+    expect(ch, T.ADDR_RESOLVED)
+    with pytest.raises(StateError, match="ConnParam.qp_num"):
+        cli.connect(rc.ConnParam())  # neither create_qp nor qp_num
+    with pytest.raises(InvalidArgument):
+        cli.connect(rc.ConnParam(qp_num=0x1000000))
+    cli.destroy()
+    ch.close()
+
+
+def test_migrate_moves_pending_and_later_events(env: Path) -> None:
+    """``rdma_migrate_id`` (ucmatose -m): events not yet taken and every later one go to
+    the new channel."""
+    old, new = EventChannel(), EventChannel()
+    cid = rc.CmId(old, rc.RDMA_PS_TCP)
+    cid.resolve_addr(None, ("127.0.0.1", 9), 2000, device="roce")
+    assert old.poll(5)
+    cid.migrate(new)
+    assert old.pending() == 0
+    expect(new, T.ADDR_RESOLVED)
+    cid.resolve_route(2000)
+    expect(new, T.ROUTE_RESOLVED)
+    assert old.pending() == 0
+    with pytest.raises(InvalidArgument):
+        cid.migrate("not a channel")  # type: ignore[arg-type]
+    cid.destroy()
+    old.close()
+    new.close()
+
+
+def test_set_option_tos_and_ack_timeout(env: Path) -> None:
+    """``rdma_set_option``: TOS becomes the REQ's traffic class (and so the passive QP's
+    path), ACK_TIMEOUT the active QP's local ACK timeout (ucmatose -t / -a)."""
+    chs, chc = EventChannel(), EventChannel()
+    lst = rc.CmId(chs, rc.RDMA_PS_TCP)
+    lst.bind_addr(("127.0.0.1", 0), device="roce")
+    lst.listen(2)
+    assert lst.local_addr is not None
+    cli = rc.CmId(chc, rc.RDMA_PS_TCP)
+    cli.resolve_addr(None, ("127.0.0.1", lst.local_addr[1]), 2000, device="roce")
+    expect(chc, T.ADDR_RESOLVED)
+    cli.set_option(rc.RDMA_OPTION_ID, rc.RDMA_OPTION_ID_TOS, 0x28)
+    cli.set_option(rc.RDMA_OPTION_ID, rc.RDMA_OPTION_ID_ACK_TIMEOUT, 16)
+    for bad in ((1, rc.RDMA_OPTION_ID_TOS, 0), (rc.RDMA_OPTION_ID, 2, 1),
+                (rc.RDMA_OPTION_ID, rc.RDMA_OPTION_ID_TOS, 256),
+                (rc.RDMA_OPTION_ID, rc.RDMA_OPTION_ID_ACK_TIMEOUT, 32)):
+        with pytest.raises(InvalidArgument):
+            cli.set_option(*bad)
+    cli.resolve_route(2000)
+    expect(chc, T.ROUTE_RESOLVED)
+    ce = Ep(cli)
+    cli.connect(rc.ConnParam())
+    req = expect(chs, T.CONNECT_REQUEST)
+    assert req.info["req"].primary_traffic_class == 0x28
+    se = Ep(req.id)
+    req.id.accept(rc.ConnParam())
+    expect(chc, T.ESTABLISHED)
+    expect(chs, T.ESTABLISHED)
+    attr, _ = ce.qp.query(int(e.IBV_QP_TIMEOUT))
+    assert attr.timeout == 16
+    sattr, _ = se.qp.query(int(e.IBV_QP_TIMEOUT))
+    assert sattr.timeout == req.info["req"].primary_local_ack_timeout  # not set there
+    cli.disconnect()
+    assert next_non_timewait(chc).event == T.DISCONNECTED
+    for cid in (cli, req.id, lst):
+        cid.destroy_qp()
+        cid.destroy()
+    chs.close()
+    chc.close()

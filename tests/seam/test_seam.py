@@ -1,0 +1,239 @@
+"""The seam between the transports (softrdma.seam): typed events, the shared queues, the
+device tables, and the structure the Protocols promise (IB and iWARP side by side)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from softrdma import enums as e
+from softrdma import verbs as v
+from softrdma.drivers.clock import VirtualClock
+from softrdma.drivers.fabric import Fabric
+from softrdma.errors import ClosedError, ResourceError, StateError
+from softrdma.ib.port import Port
+from softrdma.ib.qp import EngineQP
+from softrdma.iwarp.qp import IwarpDevice, IwarpQP
+from softrdma.seam import protocols
+from softrdma.seam.events import AsyncEventType, EngineEvent, EventQueue
+from softrdma.seam.queues import EngineSRQ, QPInit, ReceiveQueue, check_post_send
+from softrdma.seam.states import ERR, INIT, QPT_RC, QPT_UD, RESET, RTS
+from softrdma.seam.tables import FIRST_QPN, MemoryTable, QpnAllocator
+from softrdma.seam.types import RecvWQE, SendWQE, WorkCompletion
+from softrdma.verbs import device as verbs_device
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "softrdma"
+GID = bytes(10) + b"\xff\xff" + bytes([127, 0, 0, 1])
+
+
+def _init(qp_type: int = QPT_RC, srq: EngineSRQ | None = None, max_wr: int = 2,
+          scq: list[WorkCompletion] | None = None,
+          rcq: list[WorkCompletion] | None = None) -> QPInit:
+    s = scq if scq is not None else []
+    r = rcq if rcq is not None else []
+    return QPInit(qp_type, object(), s.append, r.append, srq, max_wr, max_wr, 1, 1, 0, False)
+
+
+# ---- events ---------------------------------------------------------------------------------
+def test_event_types_are_ibv_event_types() -> None:
+    for t in AsyncEventType:
+        assert int(t) == int(getattr(e, f"IBV_EVENT_{t.name}"))
+
+
+def test_event_queue_delivers_in_order_and_unsubscribes() -> None:
+    q = EventQueue()
+    a: list[EngineEvent] = []
+    b: list[EngineEvent] = []
+    q.subscribe(a.append)
+    q.subscribe(b.append)
+    q.raise_event(AsyncEventType.COMM_EST, "qp")
+    q.unsubscribe(b.append)
+    q.unsubscribe(lambda ev: None)  # unknown: no-op
+    q.emit(EngineEvent(AsyncEventType.DEVICE_FATAL))
+    assert a == [EngineEvent(AsyncEventType.COMM_EST, "qp"),
+                 EngineEvent(AsyncEventType.DEVICE_FATAL, None)]
+    assert b == [EngineEvent(AsyncEventType.COMM_EST, "qp")]
+    with pytest.raises(AttributeError):
+        a[0].type = AsyncEventType.QP_FATAL  # type: ignore[misc]  # frozen
+
+
+# ---- the shared queues --------------------------------------------------------------------
+def test_receive_queue_post_rules_and_flush() -> None:
+    rcq: list[WorkCompletion] = []
+    rq = ReceiveQueue(0x42, _init(rcq=rcq))
+    with pytest.raises(StateError, match="RESET"):
+        rq.post(RecvWQE(1), RESET, False)
+    with pytest.raises(ClosedError):
+        rq.post(RecvWQE(1), INIT, True)
+    rq.post(RecvWQE(1), INIT, False)
+    rq.post(RecvWQE(2), RTS, False)
+    with pytest.raises(ResourceError):
+        rq.post(RecvWQE(3), RTS, False)
+    first = rq.take()
+    assert first is not None and first.wr_id == 1
+    rq.give_back(first)
+    rq.flush()
+    assert [(w.wr_id, w.status, w.opcode, w.qp_num) for w in rcq] == [
+        (1, int(e.IBV_WC_WR_FLUSH_ERR), int(e.IBV_WC_RECV), 0x42),
+        (2, int(e.IBV_WC_WR_FLUSH_ERR), int(e.IBV_WC_RECV), 0x42)]
+    rq.post(RecvWQE(4), ERR, False)  # in ERR: completed at once with a flush error
+    assert rcq[-1].wr_id == 4 and len(rq) == 0
+
+
+def test_receive_queue_on_srq_refuses_posts_and_takes_from_the_srq() -> None:
+    events = EventQueue()
+    seen: list[EngineEvent] = []
+    events.subscribe(seen.append)
+    srq = EngineSRQ(events, object(), 4, 1, srq_limit=2)
+    for i in range(3):
+        srq.post_recv(RecvWQE(i))
+    rq = ReceiveQueue(7, _init(srq=srq))
+    with pytest.raises(StateError, match="SRQ"):
+        rq.post(RecvWQE(9), RTS, False)
+    got = rq.take()
+    assert got is not None and got.wr_id == 0 and seen == []
+    rq.take()  # one left: below the limit -> SRQ_LIMIT_REACHED once, then disarmed
+    rq.take()
+    assert seen == [EngineEvent(AsyncEventType.SRQ_LIMIT_REACHED, srq)]
+
+
+def test_check_post_send() -> None:
+    with pytest.raises(StateError, match="IBV_QPS_INIT: needs"):
+        check_post_send(INIT, False, 0, 1, "needs")
+    with pytest.raises(ClosedError):
+        check_post_send(RTS, True, 0, 1, "needs")
+    with pytest.raises(ResourceError):
+        check_post_send(RTS, False, 1, 1, "needs")
+    check_post_send(ERR, False, 0, 1, "needs")  # posting in ERR is allowed (it flushes)
+
+
+# ---- the device tables ----------------------------------------------------------------------
+def test_qpn_allocator_skips_used_numbers() -> None:
+    used = {FIRST_QPN, FIRST_QPN + 1}
+    alloc = QpnAllocator(used)
+    assert alloc.alloc() == FIRST_QPN + 2
+
+
+def test_memory_table_frees_keys_it_took() -> None:
+    freed: list[int] = []
+    keys = iter([0x1234_5601, 0x1234_5701])
+    table = MemoryTable(lambda: next(keys), freed.append)
+    mr = table.register(memoryview(bytearray(16)), 0x1000, 0, None)
+    assert table.mrs == {0x1234_5601: mr}
+    table.deregister(mr)
+    assert not mr.valid and table.mrs == {} and freed == [0x1234_5601]
+
+
+@pytest.mark.parametrize("make", [lambda: Port([GID]), lambda: IwarpDevice([GID])],
+                         ids=["ib", "iwarp"])
+def test_both_devices_flush_on_device_fatal(make: object) -> None:
+    dev = make()  # type: ignore[operator]
+    seen: list[EngineEvent] = []
+    dev.events.subscribe(seen.append)
+    scq: list[WorkCompletion] = []
+    rcq: list[WorkCompletion] = []
+    qp = dev.create_qp(_init(scq=scq, rcq=rcq))
+    qp.modify({"qp_state": INIT}, 0.0)
+    qp.post_recv(RecvWQE(5))
+    dev.device_fatal()
+    assert qp.state == ERR
+    assert [(w.wr_id, w.status) for w in rcq] == [(5, int(e.IBV_WC_WR_FLUSH_ERR))]
+    assert seen[-1] == EngineEvent(AsyncEventType.DEVICE_FATAL, None)
+    qp.post_send(SendWQE(6, int(e.IBV_WR_SEND), int(e.IBV_SEND_SIGNALED)), 0.0)
+    assert [(w.wr_id, w.status) for w in scq] == [(6, int(e.IBV_WC_WR_FLUSH_ERR))]
+
+
+# ---- structure: side by side, no inheritance between the transports ------------------------
+def _members(proto: type) -> set[str]:
+    names = set(getattr(proto, "__annotations__", {}))
+    names |= {n for n, v in vars(proto).items() if callable(v) or isinstance(v, property)}
+    return {n for n in names if not n.startswith("_")}
+
+
+@pytest.mark.parametrize("impl, proto", [
+    (Port([GID]), protocols.DeviceEngine),
+    (IwarpDevice([GID]), protocols.DeviceEngine),
+])
+def test_devices_have_every_protocol_member(impl: object, proto: type) -> None:
+    missing = {n for n in _members(proto) if not hasattr(impl, n)}
+    assert not missing
+
+
+@pytest.mark.parametrize("make", [
+    lambda: Port([GID]).create_qp(_init(QPT_UD)),
+    lambda: IwarpDevice([GID]).create_qp(_init()),
+])
+def test_qps_have_every_protocol_member(make: object) -> None:
+    qp = make()  # type: ignore[operator]
+    assert not {n for n in _members(protocols.QPEngine) if not hasattr(qp, n)}
+
+
+def test_no_inheritance_between_the_transports() -> None:
+    assert not issubclass(IwarpDevice, Port) and not issubclass(Port, IwarpDevice)
+    assert not issubclass(IwarpQP, EngineQP) and not issubclass(EngineQP, IwarpQP)
+    dev = IwarpDevice([GID])
+    assert not hasattr(dev, "iw_qps") and not hasattr(dev, "receive")
+    qp = dev.create_qp(_init())
+    assert dev.qps == {qp.qpn: qp}
+
+
+def test_engines_emit_no_string_events() -> None:
+    """Async events are AsyncEventType members: no event name is passed as a string."""
+    names = {t.name for t in AsyncEventType}
+    for path in [*(SRC / "ib").glob("*.py"), *(SRC / "iwarp").glob("*.py"),
+                 *(SRC / "seam").glob("*.py"), SRC / "verbs" / "device.py"]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                assert node.value not in names, f"{path.name}: string event {node.value!r}"
+
+
+def test_requester_and_responder_name_qp_states_and_types() -> None:
+    """``qp.state == 6`` and ``qp.qp_type == 2`` are written with the names of
+    softrdma.seam.states (compared to a bare number, neither attribute may appear)."""
+    for name in ("requester.py", "responder.py", "qp.py"):
+        tree = ast.parse((SRC / "ib" / name).read_text())
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Compare):
+                continue
+            sides = [node.left, *node.comparators]
+            attrs = {s.attr for s in sides if isinstance(s, ast.Attribute)}
+            attrs |= {s.id for s in sides if isinstance(s, ast.Name)}
+            if attrs & {"state", "qp_type", "st", "qtype", "t"}:
+                nums = [s for s in sides if isinstance(s, ast.Constant)
+                        and isinstance(s.value, int)]
+                tuples = [c for s in sides if isinstance(s, ast.Tuple) for c in s.elts
+                          if isinstance(c, ast.Constant)]
+                assert not nums and not tuples, f"{name}:{node.lineno}: {ast.unparse(node)}"
+
+
+def test_verbs_has_no_function_local_imports() -> None:
+    for path in (SRC / "verbs").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        for fn in ast.walk(tree):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                local = [n for n in ast.walk(fn) if isinstance(n, (ast.Import, ast.ImportFrom))]
+                assert not local, f"{path.name}:{fn.name} imports inside a function"
+
+
+def test_verbs_context_turns_engine_events_into_verbs_events() -> None:
+    """The engine's typed event is only recorded as it is emitted (under the engine
+    lock); get_async_event, in the application's thread, makes it a verbs AsyncEvent
+    whose element is the verbs QP that owns the engine QP."""
+    fab = Fabric(VirtualClock())
+    ctx = v.Context(fabric=fab.link("10.2.0.77"))
+    try:
+        pd = v.PD(ctx)
+        cq = v.CQ(ctx, 4)
+        qp = v.QP(pd, v.QPInitAttr(qp_type=QPT_RC, scq=cq, rcq=cq))
+        ctx.runtime.call(ctx.port.events.raise_event, AsyncEventType.QP_FATAL, qp.engine)
+        assert list(ctx._events) == [EngineEvent(AsyncEventType.QP_FATAL, qp.engine)]
+        ev = ctx.get_async_event(timeout=1)
+        assert ev.event_type == e.IBV_EVENT_QP_FATAL and ev.element is qp
+        ctx.runtime.call(ctx.port.device_fatal)
+        ev = ctx.get_async_event(timeout=1)
+        assert ev.event_type == e.IBV_EVENT_DEVICE_FATAL and ev.element is None
+        assert set(verbs_device._ENGINE_EVENTS) == set(AsyncEventType)
+    finally:
+        ctx.close()

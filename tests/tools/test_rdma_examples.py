@@ -1,0 +1,85 @@
+"""``softrdma rdma-server`` / ``rdma-client`` (librdmacm's rdma_server / rdma_client
+examples): one 16-byte SEND each way over RoCE (IPv4, IPv6) and iWARP in two processes,
+the C examples' output; a client with no server is refused at once; the server waits for
+its client until stopped and says so once."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from harness.rdma_cm import child_env, free_udp_port, make_state_dir
+from harness.wait import waits_until_stopped
+
+
+def _tool(*args: str) -> list[str]:
+    return [sys.executable, "-m", "softrdma", *args]
+
+
+@pytest.mark.parametrize(("addr", "device"), [("127.0.0.1", "roce"), ("::1", "roce"),
+                                              ("127.0.0.1", "iwarp")])
+def test_server_and_client(tmp_path: Path, addr: str, device: str) -> None:
+    state, _ = make_state_dir(tmp_path)
+    env = child_env(state)
+    port = str(free_udp_port())
+    common = ["-p", port, "--device", device, "--timeout", "20"]
+    srv = subprocess.Popen(_tool("rdma-server", "-s", addr, *common), env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert srv.stderr is not None
+        assert srv.stderr.readline() == f"rdma_server: waiting for a client on {port}\n"
+        cli = subprocess.run(_tool("rdma-client", "-s", addr, *common), env=env,
+                             capture_output=True, text=True, timeout=60)
+        assert cli.returncode == 0, cli.stdout + cli.stderr
+        assert cli.stdout.splitlines() == ["rdma_client: start", "rdma_client: end 0"]
+        assert cli.stderr == ""
+        out, err = srv.communicate(timeout=60)
+        assert srv.returncode == 0, out + err
+        assert out.splitlines() == ["rdma_server: start", "rdma_server: end 0"]
+        assert err == ""
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.communicate()
+
+
+@pytest.mark.parametrize("device", ["roce", "iwarp"])
+def test_client_without_server_is_refused_at_once(tmp_path: Path, device: str) -> None:
+    state, _ = make_state_dir(tmp_path)
+    # with --timeout 600, a client that waited in silence would run into the 300 s limit
+    # here (TimeoutExpired); a refused one ends after its process start, however slow
+    cli = subprocess.run(_tool("rdma-client", "-p", str(free_udp_port()), "--device", device,
+                               "--timeout", "600"),
+                         env=child_env(state), capture_output=True, text=True, timeout=300)
+    assert cli.returncode == 1
+    assert cli.stdout.splitlines() == ["rdma_client: start", "rdma_client: end -1"]
+    assert cli.stderr.startswith("rdma_connect: Connection refused"), cli.stderr
+    assert "Traceback" not in cli.stderr
+
+
+def test_server_waits_until_stopped(tmp_path: Path) -> None:
+    state, _ = make_state_dir(tmp_path)
+    port = str(free_udp_port())
+    # past --timeout: waiting for a client has no limit
+    rc, out, err = waits_until_stopped(_tool("rdma-server", "-p", port, "--timeout", "1"),
+                                       child_env(state), "waiting for a client")
+    assert err.count("waiting for a client") == 1
+    assert err.startswith(f"rdma_server: waiting for a client on {port}\n")
+    assert rc == 130
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(("args", "stdout"), [
+    (["-s", "no-such-host.invalid"], "rdma_getaddrinfo: "),
+    (["-p", "http-alt-not-a-number"], "rdma_getaddrinfo: Servname not supported"),
+])
+def test_getaddrinfo_errors(tmp_path: Path, args: list[str], stdout: str) -> None:
+    state, _ = make_state_dir(tmp_path)
+    cli = subprocess.run(_tool("rdma-client", *args), env=child_env(state),
+                         capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 1
+    lines = cli.stdout.splitlines()
+    assert lines[0] == "rdma_client: start" and lines[1].startswith(stdout)
+    assert lines[2].startswith("rdma_client: end -")

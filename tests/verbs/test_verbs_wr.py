@@ -1,0 +1,196 @@
+"""Work-request validation at post time (rxe_post_send_kernel / validate_send_wr /
+post_one_recv) and the errors that are completions instead (bad lkey)."""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+from harness.verbs_wr import RC, UC, UD, Pair, _sge
+
+from softrdma import enums as e
+from softrdma import verbs as v
+from softrdma.errors import InvalidArgument, NotSupported, ResourceError, StateError
+
+W = e.ibv_wr_opcode
+
+
+@pytest.fixture()
+def rc():
+    p = Pair(RC)
+    yield p
+    p.close()
+
+
+def _einval(fn, argument: str) -> None:
+    with pytest.raises(InvalidArgument) as ei:
+        fn()
+    assert ei.value.errno == errno.EINVAL
+    assert ei.value.argument == argument
+
+
+def test_sge_field_ranges() -> None:
+    _einval(lambda: v.SGE(-1, 1, 1), "sge.addr")
+    _einval(lambda: v.SGE(0, 1 << 32, 1), "sge.length")
+    _einval(lambda: v.SGE(0, 1, 1 << 32), "sge.lkey")
+    _einval(lambda: v.SendWR(1, num_sge=2, sg=[v.SGE(0, 1, 1)]), "wr.num_sge")
+    w = v.SendWR(1, sg=[v.SGE(0, 1, 1), v.SGE(8, 1, 1)])  # num_sge 0: all of sg
+    assert w.num_sge == 2
+    assert v.RecvWR(1, 1, [v.SGE(0, 1, 1), v.SGE(8, 1, 1)]).num_sge == 1  # pyverbs: first n
+
+
+@pytest.mark.parametrize(("qpt", "opcode"), [
+    (UD, W.IBV_WR_RDMA_WRITE), (UD, W.IBV_WR_RDMA_READ), (UD, W.IBV_WR_ATOMIC_FETCH_AND_ADD),
+    (UD, W.IBV_WR_SEND_WITH_INV), (UC, W.IBV_WR_RDMA_READ), (UC, W.IBV_WR_ATOMIC_CMP_AND_SWP),
+    (UC, W.IBV_WR_LOCAL_INV), (RC, W.IBV_WR_TSO), (RC, 99),
+])
+def test_opcode_not_valid_for_qp_type(qpt: int, opcode: int) -> None:
+    p = Pair(qpt)
+    try:
+        _, _, qp, mr = p.sides[0]
+        w = v.SendWR(1, opcode=int(opcode), sg=[_sge(mr)])
+        _einval(lambda: qp.post_send(w), "wr.opcode")
+    finally:
+        p.close()
+
+
+def test_unimplemented_opcodes(rc: Pair) -> None:
+    _, _, qp, mr = rc.sides[0]
+    with pytest.raises(NotSupported) as ei:
+        qp.post_send(v.SendWR(1, opcode=int(W.IBV_WR_ATOMIC_WRITE), sg=[_sge(mr)]))
+    assert ei.value.errno == errno.EOPNOTSUPP
+    # BIND_MW is implemented (tests/verbs/test_verbs_mw.py); without a type 2 MW it is EINVAL
+    _einval(lambda: qp.post_send(v.SendWR(1, opcode=int(W.IBV_WR_BIND_MW))), "wr.mw")
+
+
+def test_sge_count_inline_and_atomic_rules(rc: Pair) -> None:
+    _, _, qp, mr = rc.sides[0]
+    _einval(lambda: qp.post_send(v.SendWR(1, sg=[_sge(mr, 1)] * 3)), "wr.num_sge")
+    big = v.SendWR(1, sg=[_sge(mr, 65)], send_flags=int(e.IBV_SEND_INLINE | e.IBV_SEND_SIGNALED))
+    _einval(lambda: qp.post_send(big), "wr.sg")
+    rd = v.SendWR(1, opcode=int(W.IBV_WR_RDMA_READ), sg=[_sge(mr)], send_flags=int(e.IBV_SEND_INLINE))
+    _einval(lambda: qp.post_send(rd), "wr.send_flags")
+    at = v.SendWR(1, opcode=int(W.IBV_WR_ATOMIC_FETCH_AND_ADD), sg=[_sge(mr, 4)])
+    at.set_wr_atomic(mr.rkey, mr.addr, 1)
+    _einval(lambda: qp.post_send(at), "wr.sg")
+    at = v.SendWR(1, opcode=int(W.IBV_WR_ATOMIC_FETCH_AND_ADD), sg=[_sge(mr, 8)])
+    at.set_wr_atomic(mr.rkey, mr.addr + 4, 1)
+    _einval(lambda: qp.post_send(at), "wr.remote_addr")
+    w = v.SendWR(1, opcode=int(W.IBV_WR_SEND_WITH_IMM), sg=[_sge(mr)])
+    w.imm_data = 1 << 32
+    _einval(lambda: qp.post_send(w), "wr.imm_data")
+    _einval(lambda: qp.post_send(v.SendWR(1, sg=[_sge(mr)], send_flags=1 << 10)), "wr.send_flags")
+    w = v.SendWR(1, opcode=int(W.IBV_WR_RDMA_WRITE), sg=[_sge(mr)])
+    w.set_wr_rdma(mr.rkey, -5)
+    _einval(lambda: qp.post_send(w), "wr.remote_addr")
+    _einval(lambda: qp.post_send(v.RecvWR(1)), "wr")  # type: ignore[arg-type]
+    _einval(lambda: qp.post_recv(v.RecvWR(1, 3, [_sge(mr, 1)] * 3)), "wr.num_sge")
+
+
+def test_ud_needs_ah_of_same_pd() -> None:
+    p = Pair(UD)
+    try:
+        pd, _, qp, mr = p.sides[0]
+        _einval(lambda: qp.post_send(v.SendWR(1, sg=[_sge(mr)])), "wr.ah")
+        other_pd = v.PD(p.a)
+        ah = v.AH(other_pd, v.AHAttr(gr=v.GlobalRoute(dgid=p.b.query_gid(1, 0))))
+        w = v.SendWR(1, sg=[_sge(mr)])
+        w.set_wr_ud(ah, p.sides[1][2].qp_num, 0x1234)
+        _einval(lambda: qp.post_send(w), "wr.ah")
+        ah2 = v.AH(pd, v.AHAttr(gr=v.GlobalRoute(dgid=p.b.query_gid(1, 0))))
+        w.set_wr_ud(ah2, 1 << 24, 0x1234)
+        _einval(lambda: qp.post_send(w), "wr.remote_qpn")
+    finally:
+        p.close()
+
+
+def test_sq_full_is_enomem_and_state_errors(rc: Pair) -> None:
+    _, cq, qp, mr = rc.sides[0]
+    for i in range(4):  # max_send_wr 4: never progressed, nothing completes
+        qp.post_send(v.SendWR(i, sg=[_sge(mr)]))
+    with pytest.raises(ResourceError) as ei:
+        qp.post_send(v.SendWR(9, sg=[_sge(mr)]))
+    assert ei.value.errno == errno.ENOMEM
+    pd = v.PD(rc.a)
+    fresh = v.QP(pd, v.QPInitAttr(RC, scq=cq, rcq=cq))
+    with pytest.raises(StateError):  # RESET: rxe returns EINVAL
+        fresh.post_send(v.SendWR(1, sg=[_sge(mr)]))
+    with pytest.raises(StateError):
+        fresh.post_recv(v.RecvWR(1, 1, [_sge(mr)]))
+
+
+def test_chain_posts_prefix_then_raises(rc: Pair) -> None:
+    _, cqa, qa, ma = rc.sides[0]
+    _, cqb, qb, mb = rc.sides[1]
+    qb.post_recv([v.RecvWR(10, 1, [_sge(mb, 64)]), v.RecvWR(11, 1, [_sge(mb, 64, 64)])])
+    good = v.SendWR(1, sg=[_sge(ma)])
+    bad = v.SendWR(2, opcode=99, sg=[_sge(ma)])
+    good.wr_next = bad
+    _einval(lambda: qa.post_send(good), "wr.opcode")
+    rc.clock.run()
+    n, wcs = cqa.poll(4)
+    assert [(w.wr_id, w.status) for w in wcs] == [(1, 0)]
+    assert [w.wr_id for w in cqb.poll(4)[1]] == [10]
+
+
+def test_unknown_lkey_is_a_completion_error(rc: Pair) -> None:
+    _, cq, qp, mr = rc.sides[0]
+    qp.post_send(v.SendWR(5, sg=[v.SGE(mr.addr, 8, mr.lkey ^ 0x5A5A)]))
+    rc.clock.run()
+    n, wcs = cq.poll(4)
+    assert n == 1 and wcs[0].wr_id == 5 and wcs[0].status == e.IBV_WC_LOC_PROT_ERR
+    assert qp.qp_state == e.IBV_QPS_ERR
+
+
+def test_post_recv_on_srq_qp(rc: Pair) -> None:
+    pd, cq, _, mr = rc.sides[0]
+    srq = v.SRQ(pd, v.SrqInitAttr(v.SrqAttr(max_wr=4)))
+    qp = v.QP(pd, v.QPInitAttr(RC, scq=cq, rcq=cq, srq=srq))
+    _einval(lambda: qp.post_recv(v.RecvWR(1, 1, [_sge(mr)])), "qp")
+
+
+def test_inline_needs_registered_bytes_or_set_inline_data(rc: Pair) -> None:
+    _, cqa, qa, ma = rc.sides[0]
+    _, cqb, qb, mb = rc.sides[1]
+    w = v.SendWR(1, sg=[v.SGE(0x1000, 8, 0)], send_flags=int(e.IBV_SEND_INLINE | e.IBV_SEND_SIGNALED))
+    _einval(lambda: qa.post_send(w), "wr.sg")
+    qb.post_recv(v.RecvWR(7, 1, [_sge(mb, 64)]))
+    ma.write(b"inline!!", 8)
+    w = v.SendWR(2, sg=[v.SGE(ma.addr, 8, 0)],  # lkey ignored for inline, as in rxe
+                 send_flags=int(e.IBV_SEND_INLINE | e.IBV_SEND_SIGNALED))
+    qa.post_send(w)
+    ma.write(b"changed!", 8)  # inline data was copied at post time
+    rc.clock.run()
+    assert cqb.poll()[1][0].byte_len == 8
+    assert mb.read(8, 0) == b"inline!!"
+    qb.post_recv(v.RecvWR(8, 1, [_sge(mb, 64)]))
+    w = v.SendWR(3)
+    w.set_inline_data(b"direct")
+    qa.post_send(w)
+    rc.clock.run()
+    assert mb.read(6, 0) == b"direct"
+    assert [x.wr_id for x in cqa.poll(4)[1]] == [2, 3]
+
+
+def test_multicast_attach_rules() -> None:
+    p = Pair(UD)
+    try:
+        _, _, qp, _ = p.sides[0]
+        port = p.a.port
+        mgid = v.GID("::ffff:224.1.2.3")
+        qp.attach_mcast(mgid)
+        assert qp.engine in port.mcast[mgid.raw]
+        _einval(lambda: qp.attach_mcast("::ffff:10.0.0.1"), "gid")  # not a multicast group
+        qp.attach_mcast("ff12::1")
+        qp.detach_mcast(mgid)
+        assert mgid.raw not in port.mcast
+        _einval(lambda: qp.detach_mcast(mgid), "gid")
+        qp.close()
+        assert not port.mcast.get(v.GID("ff12::1").raw)
+    finally:
+        p.close()
+    r = Pair(RC)
+    try:
+        _einval(lambda: r.sides[0][2].attach_mcast("::ffff:224.1.2.3"), "qp")
+    finally:
+        r.close()
