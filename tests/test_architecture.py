@@ -12,6 +12,9 @@ Three rules (docs/design.md, "Layout"):
 * each package imports only the packages :data:`ALLOWED` gives it (type-only and
   function-local imports included).
 
+And one rule for ``tests/``: a test file imports no other test file and no helper outside
+the ``tests/harness`` package (:func:`foreign_test_imports`); what tests share lives there.
+
 The ``KNOWN_OPEN_*`` tables list what is still open today, each entry with the branch that
 removes it; the lead empties them as those branches land. Anything else fails.
 """
@@ -322,6 +325,53 @@ def test_protocol_packages_do_no_io() -> None:
     unexpected = {m: sorted(u - KNOWN_OPEN_IO.get(m, (frozenset(), ""))[0])
                   for m, u in found.items()}
     assert {m: u for m, u in unexpected.items() if u} == {}
+
+
+# ---------------------------------------------------------------------------- tests/
+TESTS = Path(__file__).resolve().parent
+HARNESS = "harness"
+
+
+def foreign_test_imports(tests: Path = TESTS) -> list[str]:
+    """``FILE: MODULE`` for each import, in a Python file under ``tests`` (``tests/data``
+    aside: programs run by path), of a module that lives under ``tests`` outside the
+    ``harness`` package: another test file, a conftest or a stray helper. Only ``harness``
+    may be imported; function-local and type-only imports count."""
+    files = [p for p in sorted(tests.rglob("*.py")) if "data" not in p.relative_to(tests).parts]
+    local = {p.stem for p in files if HARNESS not in p.relative_to(tests).parts[:1]}
+    found: list[str] = []
+    for p in files:
+        for node in ast.walk(ast.parse(p.read_text(), str(p))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            found += [f"{p.relative_to(tests)}: {n}" for n in names
+                      if n.split(".")[0] in local and n.split(".")[0] != HARNESS]
+    return found
+
+
+def test_tests_import_only_the_harness() -> None:
+    assert foreign_test_imports() == []
+
+
+def test_a_test_to_test_import_is_caught(tmp_path: Path) -> None:
+    files = {
+        "harness/__init__.py": "",
+        "harness/pair.py": "import os\n",
+        "ib/test_a.py": "from harness.pair import os\nfrom harness import pair\n",
+        "ib/test_b.py": "def f():\n    from test_a import os\n",
+        "cm/test_c.py": "import test_b as b\nimport stray_helper\n",
+        "stray_helper.py": "",
+        "data/prog.py": "import test_a\n",  # tests/data: programs, not looked at
+    }
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    assert foreign_test_imports(tmp_path) == [
+        "cm/test_c.py: test_b", "cm/test_c.py: stray_helper", "ib/test_b.py: test_a"]
 
 
 # ----------------------------------------------------- the checks catch what they look for
