@@ -46,13 +46,19 @@ class Side:
         self.qp = cid.create_qp(self.pd, v.QPInitAttr(
             qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq, cap=v.QPCap(4, 4, 1, 1)))
         self.mr = v.MR(self.pd, BUF, ACCESS)
+        self.pending: list[v.WC] = []  # completions polled and not yet handed out
 
     def post_recv(self, offset: int, length: int) -> None:
         self.qp.post_recv(v.RecvWR(1, 1, [v.SGE(self.mr.addr + offset, length,
                                                 self.mr.lkey)]))
 
     async def completion(self) -> v.WC:
-        (wc,) = await self.cq.wait(timeout=10)
+        """The next completion. ``cq.wait`` returns every completion the CQ holds, which
+        may be more than one (our SEND's and the peer's answer can arrive together):
+        the others wait in ``self.pending``."""
+        if not self.pending:
+            self.pending.extend(await self.cq.wait(timeout=10))
+        wc = self.pending.pop(0)
         if wc.status != e.IBV_WC_SUCCESS:
             raise RuntimeError(f"completion failed: {v.wc_status_str(wc.status)}")
         return wc
