@@ -17,14 +17,14 @@ PEER = "127.0.0.2"  # answers go to the RoCE port of the source: the peer binds 
 
 
 @pytest.fixture
-def cm_client(running: Running):  # noqa: F811
+def cm_client(running: Running):
     with running.client() as c:
         c.cm_slot()  # a routed CM client, listening on nothing
         yield c
 
 
 @pytest.fixture
-def peer(running: Running):  # noqa: F811
+def peer(running: Running):
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.bind((PEER, running.devd.udp_port))
     yield s
