@@ -134,6 +134,7 @@ def _client(ch: EventChannel, transport: str, port: int, ip: str = "127.0.0.1",
 
 
 @pytest.mark.parametrize("transport", ["roce", "iwarp"])
+@pytest.mark.iba("12.6.7")
 def test_reject_with_private_data(env: Path, transport: str) -> None:
     chs, chc = EventChannel(), EventChannel()
     lst, port = _listen(chs, transport)
@@ -174,6 +175,7 @@ def test_roce_a11_reject_reaches_the_app_with_its_ari(env: Path) -> None:
 
 
 @pytest.mark.parametrize("transport", ["roce", "iwarp"])
+@pytest.mark.iba("12.6.7")
 def test_nobody_listens(env: Path, transport: str) -> None:
     """RoCE: REJ 8 Invalid Service ID (sent by devd, nobody listens in any process);
     iWARP: the TCP RST, ECONNREFUSED."""
@@ -192,6 +194,7 @@ def test_nobody_listens(env: Path, transport: str) -> None:
     cli.destroy()
 
 
+@pytest.mark.iba("12.6.5")
 def test_unreachable_roce(env: Path) -> None:
     """No CM answers at 127.0.0.99 (no device there): the REQ is retried max_cm_retries
     times, then UNREACHABLE (-ETIMEDOUT)."""
@@ -227,6 +230,7 @@ def test_unreachable_iwarp(env: Path) -> None:
         srv.close()
 
 
+@pytest.mark.iba("12.11")
 def test_ud_through_sidr(env: Path) -> None:
     chs, chc = EventChannel(), EventChannel()
     lst, port = _listen(chs, "roce", rc.RDMA_PS_UDP)

@@ -62,6 +62,7 @@ class Own:
             obj.close()
 
 
+@pytest.mark.iba("12.6.5", "12.6.8")
 def test_self_moved_qps_connect_and_follow_the_psn_convention(env: Path) -> None:
     chs, chc = EventChannel(), EventChannel()
     lst = rc.CmId(chs, rc.RDMA_PS_TCP)
@@ -152,6 +153,7 @@ def test_migrate_moves_pending_and_later_events(env: Path) -> None:
     new.close()
 
 
+@pytest.mark.iba("9.7.6.1.3")
 def test_set_option_tos_and_ack_timeout(env: Path) -> None:
     """``rdma_set_option``: TOS becomes the REQ's traffic class (and so the passive QP's
     path), ACK_TIMEOUT the active QP's local ACK timeout (ucmatose -t / -a)."""

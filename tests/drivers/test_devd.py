@@ -51,6 +51,7 @@ def sender() -> Iterator[socket.socket]:
 # -- QPN allocation -------------------------------------------------------------------------
 
 
+@pytest.mark.iba("10.2.4")
 def test_two_clients_get_distinct_qpns(running: Running) -> None:  # noqa: F811
     with running.client() as a, running.client() as b:
         qa = [a.alloc_qpn() for _ in range(3)]
@@ -73,6 +74,7 @@ def test_two_clients_get_distinct_qpns(running: Running) -> None:  # noqa: F811
             a.alloc_qpn(0x1000000)
 
 
+@pytest.mark.iba("10.2.4")
 def test_qpn_wraps_and_skips_used(running: Running) -> None:  # noqa: F811
     with running.client() as a:
         first = a.alloc_qpn()
@@ -120,6 +122,7 @@ def test_batch_and_ring_reuse(running: Running, sender: socket.socket) -> None: 
         assert [bytes(d.data) for d in rest] == pkts[4:]
 
 
+@pytest.mark.iba("9.6.1.4")
 def test_unknown_qpn_and_short_datagrams_dropped(running: Running, sender: socket.socket) -> None:  # noqa: F811
     with running.client() as a:
         q = a.alloc_qpn()
@@ -133,6 +136,7 @@ def test_unknown_qpn_and_short_datagrams_dropped(running: Running, sender: socke
         assert st["rx"] == 3
 
 
+@pytest.mark.iba("9.6.1.4")
 def test_late_packets_of_destroyed_qps_count_closed_qpn(
     running: Running, sender: socket.socket, monkeypatch: pytest.MonkeyPatch  # noqa: F811
 ) -> None:
@@ -199,6 +203,7 @@ def _group(n: int) -> bytes:
     return bytes((239, 77 + n, (os.getpid() >> 8) & 0xFF, os.getpid() & 0xFF))
 
 
+@pytest.mark.iba("10.5", "10.5.2")
 def test_multicast_to_attached_clients(running: Running, sender: socket.socket) -> None:  # noqa: F811
     port = running.devd.udp_port
     # Annex A17; ../shared/specs/roce.md §4: the MGID of an IPv4 group is ::ffff:a.b.c.d; the first attachment makes

@@ -8,6 +8,7 @@ import select
 import socket
 import struct
 
+import pytest
 from harness.devd import LOCAL, Running, running, state, wait_for  # noqa: F401  (fixtures)
 from harness.devd_cm import PEER, V4_MAPPED, cm_client, peer  # noqa: F401  (fixtures)
 
@@ -37,6 +38,7 @@ def _answers(sock: socket.socket, quiet: float = 0.5) -> list[wcm.CmMessage]:
     return out
 
 
+@pytest.mark.iba("12.6.11")
 def test_dreq_of_a_gone_process_gets_drep(running: Running, cm_client,  # noqa: F811
                                           peer: socket.socket) -> None:  # noqa: F811
     port = running.devd.udp_port

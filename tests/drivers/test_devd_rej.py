@@ -9,6 +9,7 @@ import socket
 import struct
 import time
 
+import pytest
 from harness.devd import LOCAL, Running, running, state, wait_for  # noqa: F401  (fixtures)
 from harness.devd_cm import PEER, V4_MAPPED, cm_client, peer  # noqa: F401  (fixtures)
 
@@ -43,6 +44,7 @@ def _rejs(sock: socket.socket, quiet: float = 0.5) -> list[wcm.Rej]:
     return out
 
 
+@pytest.mark.iba("12.6.7")
 def test_good_req_gets_rej_bad_icrc_and_forged_gid_get_nothing(
         running: Running, cm_client, peer: socket.socket) -> None:  # noqa: F811
     port = running.devd.udp_port
@@ -57,6 +59,7 @@ def test_good_req_gets_rej_bad_icrc_and_forged_gid_get_nothing(
     assert running.devd.counters["cm_rejected"] == 1
 
 
+@pytest.mark.iba("10.2.4.1")
 def test_req_with_another_q_key_gets_no_rej(
         running: Running, cm_client, peer: socket.socket) -> None:  # noqa: F811
     """Issue 21 item 9: QP1 takes only Q_Key 0x80010000 (IBA 13.5.1); devd's own REJ

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import struct
 
+import pytest
 from harness.fabric_mix import roce_ver_of
 from harness.mw import type2_window
 from harness.property_budget import examples
@@ -141,6 +142,7 @@ def test_random_ops_over_faulty_fabric(ops: list[tuple[str, int, bool]], seed: i
         b.ctx.close()
 
 
+@pytest.mark.iba("9.7.6.1.3")
 def test_peer_disappears_gives_retry_exceeded() -> None:
     clock = VirtualClock()
     fab = Fabric(clock, seed=1)

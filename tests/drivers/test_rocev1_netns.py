@@ -419,6 +419,7 @@ time.sleep(0.5)
 
 
 @UNTAGGED_BY_DEFAULT
+@pytest.mark.iba("10.5")
 def test_ud_multicast_over_rocev1(hosts: tuple[Host, Host]) -> None:
     """UD multicast on RoCEv1 (IBA 10.5, ../shared/specs/roce.md §4): the MGID's frames go to 33:33 + its
     last 4 bytes; the receiver's devd joins that MAC; a detach stops delivery."""

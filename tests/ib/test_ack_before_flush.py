@@ -6,6 +6,7 @@ queued, so the sender's QP went to ERR first and its SEND completed with a flush
 
 from __future__ import annotations
 
+import pytest
 from harness.engine import Endpoint, Net, connect
 
 from softrdma import enums as e
@@ -23,6 +24,7 @@ def _deliver(src: Endpoint, dst: Endpoint, *, acks: bool = True) -> list[bytes]:
     return out
 
 
+@pytest.mark.iba("9.7.5.1.1", "10.3.1.7")
 def test_pending_ack_goes_out_before_the_qp_errors() -> None:
     net = Net()
     a = Endpoint(net.add_port(1))

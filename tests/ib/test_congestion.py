@@ -34,6 +34,7 @@ def write(a: Endpoint, b: Endpoint, wr_id: int, size: int) -> None:
 
 
 # ---- the transport timer ---------------------------------------------------------------------
+@pytest.mark.iba("9.7.6.1.3")
 def test_timer_periods_between_t_and_4t_doubling_then_reset_by_progress() -> None:
     """First period in [T, 2T) (randomised per QP), doubled on each consecutive expiry up
     to 4T, never below T (IBA 9.7.6.1.3: the Local ACK Timeout is the least time)."""
@@ -79,6 +80,7 @@ def test_first_periods_differ_between_qps() -> None:
     assert len(firsts) == 8
 
 
+@pytest.mark.iba("9.7.6.1.3")
 def test_retry_cnt_from_modify_is_the_number_of_retries() -> None:
     """retry_cnt 1: one original and one retry, then IBV_WC_RETRY_EXC_ERR. The counter used
     to start at 7 whatever modify said, until the first progress."""
@@ -91,6 +93,7 @@ def test_retry_cnt_from_modify_is_the_number_of_retries() -> None:
     assert net.sent == 2
 
 
+@pytest.mark.iba("9.7.6.1.3")
 def test_a_late_timer_is_one_expiry() -> None:
     """A timer run long after its deadline (the process was descheduled) is one expiry: it
     resends once and arms the next period from now; it neither burns the remaining retries
@@ -122,6 +125,7 @@ def _late_expiries(a: Endpoint, n: int) -> None:
         a.port.take_tx()
 
 
+@pytest.mark.iba("9.7.6.1.3")
 def test_a_stalled_host_does_not_end_a_live_peer() -> None:
     """Issue 25: write-bw beside 4 busy loops (load ~23 on 2 cores) ended with
     IBV_WC_RETRY_EXC_ERR though its peer, on the same host, was alive: its timers ran late
@@ -143,6 +147,7 @@ def test_a_stalled_host_does_not_end_a_live_peer() -> None:
     assert a.qp.comp.stalled_expiries == 3
 
 
+@pytest.mark.iba("9.7.6.1.3")
 def test_late_expiries_still_end_a_dead_peer() -> None:
     """The allowance is bounded: with timers that always run late, a peer that never
     answers still ends the QP with IBV_WC_RETRY_EXC_ERR, after at most 2 * retry_cnt + 1
@@ -315,6 +320,7 @@ def _on_time_expiries(a: Endpoint, n: int) -> None:
         a.port.take_tx()
 
 
+@pytest.mark.iba("9.7.6.1.3")
 def test_retry_cnt_7_waits_for_a_silent_peer_as_rxe_does() -> None:
     """Issue 25 (never give up on a live peer): Linux rxe never decrements a retry_cnt of
     7 (rxe_comp.c, COMPST_ERROR_RETRY), so perftest, ibv_rc_pingpong and rdma-core's tests

@@ -3,6 +3,7 @@ byte exactly once, in order, with the right completions (IBA 9.7 reliability gua
 
 from __future__ import annotations
 
+import pytest
 from harness.property_budget import examples
 from harness.rc_mix import run_mix
 from hypothesis import HealthCheck, example, given, settings
@@ -45,6 +46,7 @@ def sizes() -> st.SearchStrategy[int]:
               ("read", 3073, False), ("send", 3073, False), ("send", 0, False)],
          seed=1141, loss=0.07678970864000434, dup=0.17905052179683112,
          reorder=0.10508477591927748, mtu=1)
+@pytest.mark.iba("9.7.6.1", "9.7.5.1.3", "9.7.5.1.4")
 def test_random_mix_exactly_once(ops: list[tuple[str, int, bool]], seed: int, loss: float,
                                  dup: float, reorder: float, mtu: int) -> None:
     """All WRs are posted at once, so they are in flight together under faults."""

@@ -34,6 +34,7 @@ def send(ep: Endpoint, wr_id: int, off: int, length: int, opcode: int = e.IBV_WR
 
 
 @pytest.mark.parametrize("size", [0, 1, 3, 1024, 1025, 4096, 100_000])
+@pytest.mark.iba("9.2.1", "9.7.4.1.5")
 def test_send_recv_sizes(size: int) -> None:
     net = Net()
     a, b = pair(net)
@@ -48,6 +49,7 @@ def test_send_recv_sizes(size: int) -> None:
     assert b.buf[:size] == a.buf[:size]
 
 
+@pytest.mark.iba("9.4.4", "9.7.4.1.4", "9.7.5.1.4")
 def test_write_read_atomics() -> None:
     net = Net()
     a, b = pair(net)
@@ -76,6 +78,7 @@ def test_write_read_atomics() -> None:
     assert struct.unpack_from("=Q", b.buf, 64)[0] == 99
 
 
+@pytest.mark.iba("9.3.7", "9.4.1.2")
 def test_write_with_imm_and_send_with_imm() -> None:
     net = Net()
     a, b = pair(net)
@@ -93,6 +96,7 @@ def test_write_with_imm_and_send_with_imm() -> None:
     assert b.buf[500:510] == b"0123456789"
 
 
+@pytest.mark.iba("10.6.3.1", "9.7.5.2.3", "10.3.1.7")
 def test_remote_access_error_and_flush() -> None:
     net = Net()
     a, b = pair(net)
@@ -104,6 +108,7 @@ def test_remote_access_error_and_flush() -> None:
     assert a.qp.state == e.IBV_QPS_ERR and b.qp.state == e.IBV_QPS_ERR
 
 
+@pytest.mark.iba("10.6.3.1", "9.4.4")
 def test_bounds_and_misaligned_atomic() -> None:
     net = Net()
     a, b = pair(net)
@@ -118,6 +123,7 @@ def test_bounds_and_misaligned_atomic() -> None:
     assert a.scq[0].status == e.IBV_WC_REM_ACCESS_ERR
 
 
+@pytest.mark.iba("9.7.5.2.8")
 def test_rnr_then_success_and_rnr_retry_exceeded() -> None:
     net = Net()
     a, b = pair(net, rnr_retry=7)
@@ -134,6 +140,7 @@ def test_rnr_then_success_and_rnr_retry_exceeded() -> None:
     assert a.scq[0].status == e.IBV_WC_RNR_RETRY_EXC_ERR
 
 
+@pytest.mark.iba("9.7.6.1.3")
 def test_peer_disappears_retry_exceeded() -> None:
     net = Net()
     a, b = pair(net, retry_cnt=3, timeout=8)
@@ -151,6 +158,7 @@ def test_peer_disappears_retry_exceeded() -> None:
     assert 4 * t <= net.now <= 16 * t
 
 
+@pytest.mark.iba("10.7.3.1")
 def test_unsignaled_success_is_silent_but_error_is_reported() -> None:
     net = Net()
     a, b = pair(net)
@@ -164,6 +172,7 @@ def test_unsignaled_success_is_silent_but_error_is_reported() -> None:
     assert [(w.wr_id, w.status) for w in a.scq] == [(2, e.IBV_WC_REM_ACCESS_ERR)]
 
 
+@pytest.mark.iba("10.6.3.1")
 def test_local_protection_error() -> None:
     net = Net()
     a, b = pair(net)
@@ -173,6 +182,7 @@ def test_local_protection_error() -> None:
 
 
 @pytest.mark.parametrize("seed", range(6))
+@pytest.mark.iba("9.7.6.1", "9.7.5.1.3")
 def test_lossy_network_delivers_everything_in_order(seed: int) -> None:
     net = Net(seed=seed, drop=0.1, dup=0.05, reorder=0.1)
     a, b = pair(net, timeout=6)
@@ -205,6 +215,7 @@ def test_lossy_network_delivers_everything_in_order(seed: int) -> None:
             assert a.buf[i * 10000:i * 10000 + min(size, prev)] == bytes([i - 1]) * min(size, prev)
 
 
+@pytest.mark.iba("9.7.5.1.4")
 def test_duplicate_atomic_not_reexecuted() -> None:
     net = Net(seed=3)
     a, b = pair(net)
@@ -227,6 +238,7 @@ def test_duplicate_atomic_not_reexecuted() -> None:
     assert struct.unpack_from("=Q", a.buf, 0)[0] == 1
 
 
+@pytest.mark.iba("9.7.5.1.3")
 def test_psn_seq_nak_sent_once_and_counters() -> None:
     net = Net()
     a, b = pair(net)

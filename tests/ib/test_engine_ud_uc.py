@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from harness.engine import Endpoint, Net, Sink, connect
 
 from softrdma import enums as e
@@ -31,6 +32,7 @@ def ud_send(a: Endpoint, b: Endpoint, wr_id: int, length: int, qkey: int = 0x111
                            remote_qpn=b.qp.qpn, remote_qkey=qkey, **kw), 0.0)
 
 
+@pytest.mark.iba("9.8.2", "9.3.2", "11.4.1.1")
 def test_ud_send_grh_and_src_qp() -> None:
     net = Net()
     a, b = ud_pair(net)
@@ -45,6 +47,7 @@ def test_ud_send_grh_and_src_qp() -> None:
     assert b.buf[40:140] == b"u" * 100
 
 
+@pytest.mark.iba("10.2.5", "9.8.3")
 def test_ud_bad_qkey_and_no_wqe_dropped_silently() -> None:
     net = Net()
     a, b = ud_pair(net)
@@ -61,6 +64,7 @@ def test_ud_bad_qkey_and_no_wqe_dropped_silently() -> None:
     assert b.rcq and b.rcq[0].status == 0
 
 
+@pytest.mark.iba("9.8.2", "10.3.1.6")
 def test_ud_message_larger_than_mtu_fails_locally_and_qp_goes_to_sqe() -> None:
     net = Net()
     a, b = ud_pair(net)
@@ -85,6 +89,7 @@ def test_ud_message_larger_than_mtu_fails_locally_and_qp_goes_to_sqe() -> None:
     assert a.scq[-1].wr_id == 4 and a.scq[-1].status == 0 and b.rcq[-1].wr_id == 8
 
 
+@pytest.mark.iba("9.9.4")
 def test_uc_write_and_send_loss_drops_message() -> None:
     net = Net()
     a = Endpoint(net.add_port(1), e.IBV_QPT_UC)
@@ -111,6 +116,7 @@ def test_uc_write_and_send_loss_drops_message() -> None:
     assert b.port.counters.dropped_uc >= 1
 
 
+@pytest.mark.iba("10.2.9", "10.2.9.6", "11.6.3.1")
 def test_srq_shared_by_two_qps_and_limit_event() -> None:
     net = Net()
     pa = net.add_port(1)
@@ -143,6 +149,7 @@ def test_srq_shared_by_two_qps_and_limit_event() -> None:
     assert events == [AsyncEventType.SRQ_LIMIT_REACHED]
 
 
+@pytest.mark.iba("10.3.1")
 def test_state_rules() -> None:
     net = Net()
     p = net.add_port(1)
@@ -166,6 +173,7 @@ def test_state_rules() -> None:
     assert ep.qp.state == 0
 
 
+@pytest.mark.iba("9.6", "9.6.1.4")
 def test_unknown_qp_and_garbage_are_counted() -> None:
     net = Net()
     p = net.add_port(1)

@@ -168,6 +168,7 @@ def test_placement_is_the_senders_bytes() -> None:
 
 
 @pytest.mark.parametrize("cwnd", [8, 9, 33, 100])
+@pytest.mark.iba("9.7.5.1.1")
 def test_window_edges(cwnd: int) -> None:
     """A send window smaller than the message: runs stop at its edge, with AckReq on the
     packet that fills it (as the general path marks it)."""
@@ -182,6 +183,7 @@ def test_window_edges(cwnd: int) -> None:
                     min_size=1, max_size=5),
        seed=st.integers(0, 2**16), loss=st.floats(0.0, 0.1), dup=st.floats(0.0, 0.1),
        reorder=st.floats(0.0, 0.2), mtu=st.integers(3, 5))
+@pytest.mark.iba("9.7.6.1", "9.7.5.1.3")
 def test_same_behaviour_under_faults(ops: list[tuple[str, int]], seed: int, loss: float,
                                      dup: float, reorder: float, mtu: int) -> None:
     """Loss, duplication and reordering (go-back-N, NAKs, duplicates, retransmission
@@ -196,6 +198,7 @@ def _ack(qp_dst: int, psn: int, pkey: int = 0xFFFF, extra: bytes = b"", b1: int 
 
 
 @pytest.mark.parametrize("enabled", [False, True])
+@pytest.mark.iba("9.6", "9.6.1.1", "9.6.1.3")
 def test_odd_acks_go_the_general_way(enabled: bool) -> None:
     """ACKs the fast path must not take are handled as the general path handles them:
     trailing bytes (malformed), TVer 1, a foreign P_Key, a ghost PSN, a stranger's GIDs."""
@@ -228,6 +231,7 @@ def test_odd_acks_go_the_general_way(enabled: bool) -> None:
         assert hits["ack"] == int(enabled)
 
 
+@pytest.mark.iba("10.9.3")
 def test_limited_member_pkey_is_not_fast() -> None:
     """A QP whose P_Key is a limited-member one accepts no packet with it (IBA 10.9.3:
     two limited members do not match), so no fast path may take one either."""
@@ -247,6 +251,7 @@ def test_limited_member_pkey_is_not_fast() -> None:
 
 
 @pytest.mark.parametrize("kind", ["send", "send_imm"])
+@pytest.mark.iba("9.7.5.2.8")
 def test_small_sends(kind: str) -> None:
     """SEND ONLY of a few sizes (a pad, the MTU, over it), no receive posted for some
     (RNR NAK and the retry after the RNR timer), a buffer too small for another
@@ -367,6 +372,7 @@ def test_one_packet_posts_as_the_general_path(pingpong: bool, cwnd: int | None) 
     assert all(w[1] == 0 for w in quick["wcs"])
 
 
+@pytest.mark.iba("10.8.3", "10.7.3.1")
 def test_one_packet_post_with_a_bad_lkey_fails_as_the_general_path() -> None:
     """A bad L_Key: post_one completes the WQE as the general path does, with a local
     protection error and moves the QP to the error state (IBA 10.8.3)."""
@@ -422,6 +428,7 @@ def test_shared_device_direct_links_take_a_batch_larger_than_asked() -> None:
     assert got == [0, 1, 2] and second.asked == [] and link.counters["rx_direct"] == 3
 
 
+@pytest.mark.iba("10.9.3")
 def test_a_run_of_middles_after_a_pkey_change_is_not_placed() -> None:
     """What place_middles requires of a MIDDLE is computed when the message starts and
     recomputed when the QP is modified (Responder.want_middles): after the responder's

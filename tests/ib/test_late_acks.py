@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import heapq
 
+import pytest
 from harness.engine import Endpoint, Net, connect
 
 from softrdma import enums as e
@@ -51,6 +52,7 @@ def _deliver(net: Net, src: Endpoint, dst: Endpoint, data: bytes) -> None:
     dst.port.receive(memoryview(data), RxMeta(src.port.gids[0], dst.port.gids[0]), net.now)
 
 
+@pytest.mark.iba("9.7.5.1.2", "9.7.6.1.3")
 def test_a_late_ack_during_the_resend_stops_resending_what_it_acknowledges() -> None:
     """A 512-packet WRITE: the first window (256 PSNs) arrives, its ACKs are late, the
     timer expires and go-back-N resends half a window; then the late ACK of the whole

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import pytest
 from harness.engine import Endpoint, Net, connect
 
 from softrdma import enums as e
@@ -32,6 +33,7 @@ def _rtr_pair(net: Net) -> tuple[Endpoint, Endpoint]:
     return a, b
 
 
+@pytest.mark.iba("11.6.3", "11.6.3.1", "12.9.7.3")
 def test_comm_est_raised_once_in_rtr() -> None:
     net = Net()
     a, b = _rtr_pair(net)
@@ -45,6 +47,7 @@ def test_comm_est_raised_once_in_rtr() -> None:
     assert seen == [EngineEvent(AsyncEventType.COMM_EST, b.qp)]
 
 
+@pytest.mark.iba("11.6.3")
 def test_no_comm_est_in_rts() -> None:
     net = Net()
     a, b = Endpoint(net.add_port(1)), Endpoint(net.add_port(2))

@@ -8,6 +8,7 @@ retry timer): until the READ completes or the transport timer expires."""
 
 from __future__ import annotations
 
+import pytest
 from harness.engine import Endpoint, Net, connect
 from harness.rc_mix import packet_budget, run_mix
 
@@ -21,6 +22,7 @@ PINNED = [("write_imm", 5, False), ("read", 1 << 20, False), ("read", 1 << 20, T
 LOSS, DUP = 0.10183708919153472, 0.18676342985587868
 
 
+@pytest.mark.iba("9.7.5.1.5")
 def test_pinned_read_storm_example_is_bounded() -> None:
     """The example the property test found: it must go idle with every byte right (run_mix
     checks it) and within the packet budget: it used to run >200 s and never went idle."""
@@ -33,6 +35,7 @@ def test_pinned_read_storm_example_is_bounded() -> None:
     assert per_message < 10_000, per_message
 
 
+@pytest.mark.iba("9.7.5.1.5")
 def test_read_requests_once_per_gap() -> None:
     """Reordering alone (no loss): a READ's responses arrive out of sequence, so some are
     re-requested, but not per response: READ requests stay far below the response count."""
@@ -60,6 +63,7 @@ def test_read_requests_once_per_gap() -> None:
     assert net.sent < 40_000, net.sent
 
 
+@pytest.mark.iba("9.7.5.1.5")
 def test_responses_of_a_later_read_are_kept_while_the_oldest_is_re_requested() -> None:
     """Two READs of 64 responses; the 2nd response of the first READ is lost twice (the
     original and its re-request). The second READ's responses arrive while the first is

@@ -259,6 +259,7 @@ def _functions(path: Path) -> dict[str, str]:
             if isinstance(n, ast.FunctionDef)}
 
 
+@pytest.mark.iba("9.11")
 def test_ca16_15_1_1_static_rate() -> None:
     for rate in (int(e.IBV_RATE_2_5_GBPS), int(e.IBV_RATE_10_GBPS)):
         n = RateNet()

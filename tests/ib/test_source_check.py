@@ -8,6 +8,7 @@ from __future__ import annotations
 import socket
 import time
 
+import pytest
 from harness.mw import type2_window
 from harness.verbs_pair import _wait, udp_pair  # noqa: F401  (the fixture)
 
@@ -33,6 +34,7 @@ def _forged_write(b_qpn: int, psn: int, va: int, rkey: int, data: bytes, dport: 
                  ("127.0.0.2", dport))
 
 
+@pytest.mark.iba("9.6", "9.6.1.5")
 def test_write_from_a_stranger_is_dropped_and_the_peer_is_unaffected(udp_pair) -> None:  # noqa: F811
     a, b = udp_pair
     rcvd = b.ctx.counters()["rcvd_pkts"]
@@ -64,6 +66,7 @@ def _send_inv(a, b, rkey: int) -> tuple[int, int]:
     return _wait(a.cq)[0].status, _wait(b.cq)[0].status
 
 
+@pytest.mark.iba("9.3.8", "10.6.7")
 def test_send_with_invalidate_cannot_revoke_an_ordinary_mr(udp_pair) -> None:  # noqa: F811
     """rxe: a peer may invalidate only type-2 windows (and fast-registration MRs)."""
     a, b = udp_pair
@@ -72,6 +75,7 @@ def test_send_with_invalidate_cannot_revoke_an_ordinary_mr(udp_pair) -> None:  #
     assert b.mr.engine_mr.valid  # the MR still works
 
 
+@pytest.mark.iba("9.3.8", "10.6.7")
 def test_send_with_invalidate_revokes_a_type2_window(udp_pair) -> None:  # noqa: F811
     a, b = udp_pair
     spare = v.MR(b.pd, 64, int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_MW_BIND))

@@ -44,16 +44,19 @@ def net() -> Iterator[Net]:
 
 @pytest.mark.parametrize("rate", [int(e.IBV_RATE_2_5_GBPS), int(e.IBV_RATE_10_GBPS)],
                          ids=["2.5G", "10G"])
+@pytest.mark.iba("9.11")
 def test_ud_ah_static_rate_is_kept(net: Net, rate: int) -> None:
     check_ud_ah_static_rate_is_kept(net, rate)
 
 
 @pytest.mark.parametrize("rate", [int(e.IBV_RATE_5_GBPS), int(e.IBV_RATE_40_GBPS)],
                          ids=["5G", "40G"])
+@pytest.mark.iba("9.11")
 def test_rc_qp_static_rate_is_kept(net: Net, rate: int) -> None:
     check_rc_qp_static_rate_is_kept(net, rate)
 
 
+@pytest.mark.iba("9.11")
 def test_no_static_rate_is_not_paced(net: Net) -> None:
     """IBV_RATE_MAX: every packet leaves at once (the virtual clock does not move)."""
     pda, _cqa, qa, ma = _qp(net.a, UD)
@@ -67,6 +70,7 @@ def test_no_static_rate_is_not_paced(net: Net) -> None:
     assert len(net.sent.log) == 20 and net.sent.log[0][0] == net.sent.log[-1][0]
 
 
+@pytest.mark.iba("9.11")
 def test_bad_static_rate_is_rejected(net: Net) -> None:
     pd = v.PD(net.a)
     gr = v.GlobalRoute(dgid=net.b.query_gid(1, 0))
@@ -77,6 +81,7 @@ def test_bad_static_rate_is_rejected(net: Net) -> None:
     assert rate_bps(int(e.IBV_RATE_MAX)) == 0.0
 
 
+@pytest.mark.iba("9.11")
 def test_real_time_rate_limit_is_kept() -> None:
     """Real UDP sockets on 127.0.0.1 (two in-process devices on their own ports): an RC
     WRITE of 128 KiB under a 20 Mbit/s QP rate limit takes as long as the rate says."""

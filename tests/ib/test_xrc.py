@@ -49,6 +49,7 @@ def test_xrceth_is_an_exact_inverse() -> None:
         assert xrceth_srqn(int.from_bytes(raw, "big")) == srqn
 
 
+@pytest.mark.iba("9.2.3", "9.8.5")
 def test_xrc_opcode_table_is_rc_with_xrceth_on_requests() -> None:
     """IBA Table 35: XRC (101b) has every RC operation; requests carry the XRCETH right
     after the BTH, responses do not."""
@@ -173,6 +174,7 @@ def _poll_all(cq: v.CQ) -> list[Any]:
         out.extend(wcs)
 
 
+@pytest.mark.iba("9.8.5", "10.2.9")
 def test_send_goes_to_the_srq_named_by_the_xrceth() -> None:
     p = Pair(n_srq=2)
     try:
@@ -194,6 +196,7 @@ def test_send_goes_to_the_srq_named_by_the_xrceth() -> None:
 
 @pytest.mark.parametrize("faults", [dict(drop=0.15), dict(reorder=0.3), dict(duplicate=0.2)],
                          ids=["drop", "reorder", "duplicate"])
+@pytest.mark.iba("9.8.5")
 def test_all_operations_survive_faults(faults: dict[str, float]) -> None:
     """SEND (with immediate), RDMA WRITE / READ and both atomics over XRC, both ways, on a
     lossy, reordering, duplicating fabric (go-back-N and duplicate detection as RC)."""
@@ -241,6 +244,7 @@ def test_all_operations_survive_faults(faults: dict[str, float]) -> None:
         p.close()
 
 
+@pytest.mark.iba("9.8.5", "9.7.5.2.8")
 def test_rnr_on_an_empty_srq_then_delivery(pair: Pair) -> None:
     a, b = pair.a, pair.b
     a.ini.post_send(_send(a, 1, 0, 64, b.srqs[0].srq_num))
@@ -253,6 +257,7 @@ def test_rnr_on_an_empty_srq_then_delivery(pair: Pair) -> None:
 
 
 @pytest.mark.parametrize("which", ["unknown", "other-domain"])
+@pytest.mark.iba("9.8.5", "11.6.3.2")
 def test_bad_xrceth_is_a_remote_access_error(pair: Pair, which: str) -> None:
     """Annex A14: an XRCSRQ naming no SRQ, or an SRQ of another XRC domain, is NAKed with
     Remote Access Error; the TGT QP goes to ERR with QP_ACCESS_ERR; nothing is delivered."""
@@ -275,6 +280,7 @@ def test_bad_xrceth_is_a_remote_access_error(pair: Pair, which: str) -> None:
     assert (e.IBV_EVENT_QP_ACCESS_ERR, b.tgt) in events
 
 
+@pytest.mark.iba("9.8.5", "9.6.1.2")
 def test_wrong_direction_and_transport_are_dropped(pair: Pair) -> None:
     """A request to an INI QP and an RC packet to a TGT QP are dropped and counted."""
     a, b = pair.a, pair.b

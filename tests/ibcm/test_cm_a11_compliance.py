@@ -317,6 +317,7 @@ def test_ca11_7_other_range_passed_raw() -> None:
     assert cr.remote_ip is None and cr.private_data[:40] == b"\x77" * 40
 
 
+@pytest.mark.iba("12.6.7")
 def test_ca11_8_no_listener_rej_8() -> None:
     p = Pair()
     client(p)

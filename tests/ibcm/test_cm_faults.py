@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from harness.cm import Pair, T, is_attr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -80,6 +81,7 @@ def check_outcome(p: Pair, cid: Any, srv: Any, qa: Any, qb: Any) -> bool:
 @given(seed=st.integers(0, 2**31), drop=st.sampled_from([0.0, 0.1, 0.2, 0.3]),
        dup=st.sampled_from([0.0, 0.2, 0.5]), reorder=st.sampled_from([0.0, 0.3]),
        delay=st.sampled_from([0.0, 0.5, 5.0]), accept_delay=st.sampled_from([0.0, 6.0]))
+@pytest.mark.iba("12.9")
 def test_never_half_open(seed: int, drop: float, dup: float, reorder: float, delay: float,
                          accept_delay: float) -> None:
     p = Pair(seed=seed % 1000, drop=drop, duplicate=dup, reorder=reorder, delay=delay,
@@ -100,6 +102,7 @@ def test_never_half_open(seed: int, drop: float, dup: float, reorder: float, del
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**31), which=st.sampled_from([CmAttr.REP, CmAttr.RTU]),
        count=st.integers(1, 20))
+@pytest.mark.iba("12.6.8", "12.6.9", "12.9")
 def test_lost_rep_or_rtu_never_half_open(seed: int, which: CmAttr, count: int) -> None:
     """Drop the first ``count`` REPs or RTUs: both ends agree (max 3 CM retries, so
     long losses do exhaust the retries)."""

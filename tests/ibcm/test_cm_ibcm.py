@@ -58,6 +58,7 @@ def roce_ver(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) ->
 
 
 # ---------------------------------------------------------------------------- basics
+@pytest.mark.iba("12.9")
 def test_table_is_consistent() -> None:
     messages = set(wcm.MESSAGE_TYPES.values())
     for (state, kind), row in TRANSITIONS.items():
@@ -73,6 +74,7 @@ def test_table_is_consistent() -> None:
     assert targets == set(CmState)
 
 
+@pytest.mark.iba("12.9", "12.11.2")
 def test_passive_open_is_rows_of_the_table() -> None:
     """Issue 23: listening, a REQ and a SIDR_REQ to a listener are rows of the table
     (IBA Figure 150, 12.11.2): the listener stays in LISTEN and spawns the new id."""
@@ -128,6 +130,7 @@ def test_api_outside_the_table_raises() -> None:
     assert not any(k.api for k in (Received, Timeout, CommEst))
 
 
+@pytest.mark.iba("12.6.5", "12.6.8", "12.6.9", "12.6.10", "12.6.11")
 def test_establish_data_and_teardown() -> None:
     p = Pair()
     cid, qa, qb, _ = connect(p, private_data=b"hello server")
@@ -168,6 +171,7 @@ def test_establish_data_and_teardown() -> None:
     assert [type(m) for m in (p.sent(CmAttr.DREQ) + p.sent(CmAttr.DREP))] == [wcm.Dreq, wcm.Drep]
 
 
+@pytest.mark.iba("12.9.8", "10.3.1.7")
 def test_disconnect_flushes_posted_receives() -> None:
     """IBA 12.9.8: DREQ received -> the QP goes to ERR and posted WQEs are flushed."""
     p = Pair()
@@ -188,6 +192,7 @@ def test_disconnect_flushes_posted_receives() -> None:
     assert all(w.status == e.IBV_WC_WR_FLUSH_ERR for w in wcs)
 
 
+@pytest.mark.iba("12.6.5")
 def test_req_fields_as_linux_puts_them() -> None:
     p = Pair()
     cid, qa, qb, _ = connect(p, responder_resources=4, initiator_depth=2, retry_count=6,
@@ -224,6 +229,7 @@ def test_req_fields_as_linux_puts_them() -> None:
 
 
 # ---------------------------------------------------------------------------- rejections
+@pytest.mark.iba("12.6.7")
 def test_no_listener_is_rej_8() -> None:
     p = Pair()
     qa, _ = p.a.qp()
@@ -240,6 +246,7 @@ def test_no_listener_is_rej_8() -> None:
     assert p.b.agent.counters.no_listener == 1
 
 
+@pytest.mark.iba("12.6.7")
 def test_consumer_reject_with_private_data() -> None:
     p = Pair()
     lst = p.b.new_id()
@@ -257,22 +264,26 @@ def test_consumer_reject_with_private_data() -> None:
     assert server_id(p).state == CmState.IDLE and lst.pending == 0
 
 
+@pytest.mark.iba("12.6.7", "12.8.2")
 def test_roce_forbidden_codes_are_never_sent() -> None:
     """CA16-11 (REJ 13, 19) and CA16-13 (APR 7)."""
     check_roce_forbidden_codes_are_never_sent()
 
 
+@pytest.mark.iba("12.6.5")
 def test_req_lids_are_not_validated() -> None:
     """CA16-10: whatever the four LID fields of a REQ hold, the REQ is served."""
     check_req_lids_are_not_validated()
 
 
+@pytest.mark.iba("12.8.1", "12.8.2")
 def test_lap_gets_apr_unsupported_and_lids_ignored() -> None:
     """CA16-12/13: a LAP's LIDs are not examined; the APR never says 'invalid LID'."""
     check_lap_lids_ignored()
 
 
 # ---------------------------------------------------------------------------- timers, MRA
+@pytest.mark.iba("12.6.5")
 def test_req_unanswered_gives_unreachable_after_max_retries() -> None:
     p = Pair()
     p.fab.partition("10.9.0.2")
@@ -293,6 +304,7 @@ def test_req_unanswered_gives_unreachable_after_max_retries() -> None:
     assert p.a.agent.timers() == 0 and p.a.agent.live_ids() == 0
 
 
+@pytest.mark.iba("12.6.6")
 def test_slow_consumer_gets_mra_on_duplicate_req() -> None:
     p = Pair()
     lst = p.b.new_id()
@@ -316,6 +328,7 @@ def test_slow_consumer_gets_mra_on_duplicate_req() -> None:
     assert len(p.b.of(T.CONNECT_REQUEST)) == 1  # the duplicate was not a new request
 
 
+@pytest.mark.iba("12.6.6")
 def test_consumer_mra_extends_the_client_timer() -> None:
     p = Pair(config_a=CmConfig(max_cm_retries=1))
     lst = p.b.new_id()
@@ -332,6 +345,7 @@ def test_consumer_mra_extends_the_client_timer() -> None:
     assert p.a.types(cid) == [T.ESTABLISHED]
 
 
+@pytest.mark.iba("12.6.8")
 def test_lost_rep_is_recovered() -> None:
     p = Pair()
     p.fab.add_rule(is_attr(CmAttr.REP), "drop", count=1)
@@ -343,6 +357,7 @@ def test_lost_rep_is_recovered() -> None:
     assert p.b.types(srv) == [T.CONNECT_REQUEST, T.ESTABLISHED]
 
 
+@pytest.mark.iba("12.6.9")
 def test_lost_rtu_is_recovered_from_state() -> None:
     p = Pair()
     p.fab.add_rule(is_attr(CmAttr.RTU), "drop", count=1)
@@ -370,6 +385,7 @@ def test_rtu_never_arrives_both_sides_end_down() -> None:
     assert rej.reason == RejReason.TIMEOUT and rej.ari_data == p.b.agent.guid.to_bytes(8, "big")
 
 
+@pytest.mark.iba("12.9.7.3")
 def test_comm_est_before_rtu() -> None:
     p = Pair()
     p.fab.add_rule(is_attr(CmAttr.RTU), "drop", count=1)
@@ -381,6 +397,7 @@ def test_comm_est_before_rtu() -> None:
     assert srv.state == CmState.ESTABLISHED and p.b.types(srv)[-1] == T.ESTABLISHED
 
 
+@pytest.mark.iba("12.6.9")
 def test_connect_response_and_explicit_rtu() -> None:
     p = Pair()
     cid, qa, qb, _ = connect(p, auto_rtu=False)
@@ -394,6 +411,7 @@ def test_connect_response_and_explicit_rtu() -> None:
     assert qa.qp_state == RTS
 
 
+@pytest.mark.iba("12.6.6")
 def test_duplicate_rep_while_consumer_decides_gets_mra() -> None:
     p = Pair()
     cid, qa, qb, _ = connect(p, auto_rtu=False)
@@ -408,6 +426,7 @@ def test_duplicate_rep_while_consumer_decides_gets_mra() -> None:
 
 
 # ---------------------------------------------------------------------------- release
+@pytest.mark.iba("12.6.11", "12.9.8.3")
 def test_lost_drep_answered_from_timewait() -> None:
     p = Pair()
     p.fab.add_rule(is_attr(CmAttr.DREP), "drop", count=1)
@@ -423,6 +442,7 @@ def test_lost_drep_answered_from_timewait() -> None:
     assert p.a.types(cid)[1] == T.DISCONNECTED
 
 
+@pytest.mark.iba("12.6.10", "12.9.7")
 def test_dreq_timeout_still_disconnects() -> None:
     p = Pair(config_a=CmConfig(max_cm_retries=2))
     cid, qa, qb, _ = connect(p)
@@ -436,6 +456,7 @@ def test_dreq_timeout_still_disconnects() -> None:
     assert ev.info.get("timeout") is True and cid.state == CmState.TIMEWAIT
 
 
+@pytest.mark.iba("12.6.10", "12.6.11")
 def test_simultaneous_disconnect() -> None:
     p = Pair()
     cid, qa, qb, _ = connect(p)
@@ -449,6 +470,7 @@ def test_simultaneous_disconnect() -> None:
     assert p.b.types(srv).count(T.DISCONNECTED) == 1
 
 
+@pytest.mark.iba("12.9.8.3")
 def test_timewait_blocks_qpn_reuse_then_frees_it() -> None:
     p = Pair()
     cid, qa, qb, _ = connect(p)
@@ -474,6 +496,7 @@ def test_timewait_blocks_qpn_reuse_then_frees_it() -> None:
     assert p.a.types(again) == [T.ESTABLISHED]
 
 
+@pytest.mark.iba("12.9.8.3.2")
 def test_stale_req_from_a_qpn_in_timewait() -> None:
     p = Pair(config_b=CmConfig(timewait_s=100.0))
     cid, qa, qb, _ = connect(p)
@@ -495,6 +518,7 @@ def test_stale_req_from_a_qpn_in_timewait() -> None:
     assert p.b.agent.counters.stale == 1
 
 
+@pytest.mark.iba("12.9.8.3.2")
 def test_stale_req_tears_down_the_old_established_connection() -> None:
     p = Pair()
     cid, qa, qb, _ = connect(p)
@@ -525,6 +549,7 @@ def test_duplicate_req_during_rep_sent_resends_rep() -> None:
     assert p.b.agent.counters.duplicates == 1
 
 
+@pytest.mark.iba("12.6.11")
 def test_unknown_dreq_gets_a_drep() -> None:
     p = Pair()
     dreq = wcm.Dreq(local_comm_id=0x10, remote_comm_id=0x20, remote_qpn_eecn=5)
@@ -536,6 +561,7 @@ def test_unknown_dreq_gets_a_drep() -> None:
     assert (drep.local_comm_id, drep.remote_comm_id) == (0x20, 0x10)
 
 
+@pytest.mark.iba("12.6.11")
 def test_spoofed_dreq_flood_gets_bounded_dreps() -> None:
     """Issue 21 item 10: DREQs naming no connection are answered (linux cm_issue_drep),
     but at most REJ_BURST per source and then REJ_PER_SECOND, as devd's REJ: 300
@@ -573,6 +599,7 @@ def test_bad_mads_are_counted_not_raised() -> None:
     assert agent.counters.bad_mads == 2 and agent.counters.unknown_id == 1
 
 
+@pytest.mark.iba("12.6.7")
 def test_destroy_in_req_sent_rejects_and_stays_quiet() -> None:
     p = Pair()
     lst = p.b.new_id()
@@ -598,6 +625,7 @@ def test_ud_qp_cannot_connect_and_rc_cannot_sidr_accept() -> None:
         p.a.new_id().connect(qa, ConnParams(SID, p.b.gid, private_data=bytes(93)))
 
 
+@pytest.mark.iba("12.6.7")
 def test_backlog_full_rejects_with_no_resources() -> None:
     """Beyond the backlog a REQ gets REJ No resources (reason 3) at once (issue 13)."""
     p = Pair()
@@ -761,6 +789,7 @@ def test_failing_handler_does_not_break_the_cm() -> None:
 
 
 @pytest.mark.parametrize("how", ["disconnect", "destroy"])
+@pytest.mark.iba("12.6.7")
 def test_disconnect_or_destroy_before_accept_is_a_consumer_rej(how: str) -> None:
     # linux cm_destroy_id in REQ_RCVD: REJ "consumer defined" (IBA 12.6.7 reason 28). The
     # untyped table once handed this row the disconnect's bytes where the REJ's

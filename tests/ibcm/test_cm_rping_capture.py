@@ -199,6 +199,7 @@ def test_capture_is_the_expected_rping() -> None:
         SERVER_IP, "RC_RDMA_READ_REQUEST", req.starting_psn)
 
 
+@pytest.mark.iba("12.6.5", "12.6.8")
 def test_softrdma_client_against_rxe_server(tmp_path: Path) -> None:
     r = Replay(CLIENT_IP, tmp_path / "client.pcap")
     req, rep = _cm(r, 1), _cm(r, 2)
@@ -233,6 +234,7 @@ def test_softrdma_client_against_rxe_server(tmp_path: Path) -> None:
     r.pcap_check()
 
 
+@pytest.mark.iba("12.6.5", "12.6.8")
 def test_softrdma_server_against_rxe_client(tmp_path: Path) -> None:
     r = Replay(SERVER_IP, tmp_path / "server.pcap")
     req, rep = _cm(r, 1), _cm(r, 2)

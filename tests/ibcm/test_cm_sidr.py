@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 
+import pytest
 from harness.cm import UD, Pair, T, is_attr
 
 from softrdma import enums as e
@@ -32,6 +33,7 @@ def ud_server(p: Pair, qkey: int | None = None, sid: int = SID) -> tuple[v.QP, v
     return qu, cq
 
 
+@pytest.mark.iba("12.11", "12.11.1", "12.11.2")
 def test_sidr_resolves_and_ud_traffic_flows() -> None:
     p = Pair()
     qu, cqb = ud_server(p, qkey=0x1111)
@@ -74,6 +76,7 @@ def test_default_qkey_is_rdma_udp_qkey() -> None:
     assert p.a.events[0].ud_qkey == RDMA_UDP_QKEY
 
 
+@pytest.mark.iba("12.11.2")
 def test_sidr_no_listener_status_1() -> None:
     p = Pair()
     cid = p.a.new_id()
@@ -85,6 +88,7 @@ def test_sidr_no_listener_status_1() -> None:
     assert "Service ID not supported" in ev.reject.text
 
 
+@pytest.mark.iba("12.11.2")
 def test_sidr_consumer_reject_status_2() -> None:
     p = Pair()
     lst = p.b.new_id()
@@ -98,6 +102,7 @@ def test_sidr_consumer_reject_status_2() -> None:
     assert ev.private_data[:4] == b"nope"
 
 
+@pytest.mark.iba("12.11.2")
 def test_lost_sidr_rep_replayed_from_cache() -> None:
     p = Pair()
     ud_server(p)
@@ -111,6 +116,7 @@ def test_lost_sidr_rep_replayed_from_cache() -> None:
     assert p.b.agent.counters.duplicates == 1
 
 
+@pytest.mark.iba("12.11.1")
 def test_sidr_unanswered_unreachable() -> None:
     p = Pair(config_a=CmConfig(max_cm_retries=2))
     p.fab.partition("10.9.0.2")

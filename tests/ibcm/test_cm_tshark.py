@@ -44,6 +44,7 @@ def fields(path: Path, flt: str, *names: str) -> list[list[str]]:
     return [line.split("\t") for line in out.splitlines()]
 
 
+@pytest.mark.iba("12.6")
 def test_capture_passes_pcap_check(tmp_path: Path) -> None:
     path = tmp_path / "cm.pcap"
     capture(path)

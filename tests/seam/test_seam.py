@@ -37,11 +37,13 @@ def _init(qp_type: int = QPT_RC, srq: EngineSRQ | None = None, max_wr: int = 2,
 
 
 # ---- events ---------------------------------------------------------------------------------
+@pytest.mark.iba("11.6.3")
 def test_event_types_are_ibv_event_types() -> None:
     for t in AsyncEventType:
         assert int(t) == int(getattr(e, f"IBV_EVENT_{t.name}"))
 
 
+@pytest.mark.iba("11.6.3")
 def test_event_queue_delivers_in_order_and_unsubscribes() -> None:
     q = EventQueue()
     a: list[EngineEvent] = []
@@ -60,6 +62,7 @@ def test_event_queue_delivers_in_order_and_unsubscribes() -> None:
 
 
 # ---- the shared queues --------------------------------------------------------------------
+@pytest.mark.iba("11.4.1.2", "10.3.1.7")
 def test_receive_queue_post_rules_and_flush() -> None:
     rcq: list[WorkCompletion] = []
     rq = ReceiveQueue(0x42, _init(rcq=rcq))
@@ -82,6 +85,7 @@ def test_receive_queue_post_rules_and_flush() -> None:
     assert rcq[-1].wr_id == 4 and len(rq) == 0
 
 
+@pytest.mark.iba("10.2.9")
 def test_receive_queue_on_srq_refuses_posts_and_takes_from_the_srq() -> None:
     events = EventQueue()
     seen: list[EngineEvent] = []
@@ -99,6 +103,7 @@ def test_receive_queue_on_srq_refuses_posts_and_takes_from_the_srq() -> None:
     assert seen == [EngineEvent(AsyncEventType.SRQ_LIMIT_REACHED, srq)]
 
 
+@pytest.mark.iba("11.4.1.1")
 def test_check_post_send() -> None:
     with pytest.raises(StateError, match="IBV_QPS_INIT: needs"):
         check_post_send(INIT, False, 0, 1, "needs")
@@ -110,12 +115,14 @@ def test_check_post_send() -> None:
 
 
 # ---- the device tables ----------------------------------------------------------------------
+@pytest.mark.iba("10.2.4")
 def test_qpn_allocator_skips_used_numbers() -> None:
     used = {FIRST_QPN, FIRST_QPN + 1}
     alloc = QpnAllocator(used)
     assert alloc.alloc() == FIRST_QPN + 2
 
 
+@pytest.mark.iba("10.6")
 def test_memory_table_frees_keys_it_took() -> None:
     freed: list[int] = []
     keys = iter([0x1234_5601, 0x1234_5701])
@@ -128,6 +135,7 @@ def test_memory_table_frees_keys_it_took() -> None:
 
 @pytest.mark.parametrize("make", [lambda: Port([GID]), lambda: IwarpDevice([GID])],
                          ids=["ib", "iwarp"])
+@pytest.mark.iba("11.6.3.2", "10.3.1.7")
 def test_both_devices_flush_on_device_fatal(make: object) -> None:
     dev = make()  # type: ignore[operator]
     seen: list[EngineEvent] = []

@@ -307,6 +307,7 @@ def test_dreq_naming_the_wrong_qpn(tmp_path: Path) -> None:
                       "QP 0x19 has 0x19 there")
 
 
+@pytest.mark.iba("12.9.8.3")
 def test_simultaneous_dreqs_each_answered(tmp_path: Path) -> None:
     """Both ends disconnect at once (rdma_server and rdma_client against rxe in the lab):
     DREQ each way, then each side answers the other's DREQ with a DREP (IBA 12.9.8.3;

@@ -59,6 +59,7 @@ def test_packets_and_bytes_are_exact(pair: Pair) -> None:
     assert a.retransmitted_pkts == 0
 
 
+@pytest.mark.iba("9.7.6.1.3")
 def test_retransmissions_are_counted(pair: Pair) -> None:
     # lose the SEND_MIDDLE once: the responder NAKs the LAST (PSN sequence error), the
     # requester goes back and sends MIDDLE and LAST again (IBA 9.7.6.1.3)
@@ -72,6 +73,7 @@ def test_retransmissions_are_counted(pair: Pair) -> None:
     assert b.drops["out_of_seq_request"] == 1 and b["sent_nak"] == 1
 
 
+@pytest.mark.iba("9.7.5.2.8")
 def test_rnr_naks_are_counted(pair: Pair) -> None:
     pair.send(100, recv=False)  # no receive WQE: RNR NAK (IBA 9.7.5.2.8)
     pair.clock.run(until=pair.clock.now() + 0.0001)

@@ -56,6 +56,7 @@ def _one(cq: v.CQ) -> v.WC:
     return wcs[0]
 
 
+@pytest.mark.iba("9.2.1", "9.3.7")
 def test_send_with_imm_multi_packet(fp: FabricPair) -> None:
     a, b = fp.a, fp.b
     payload = bytes(range(256)) * 12  # 3072 bytes: 3 packets at MTU 1024
@@ -74,6 +75,7 @@ def test_send_with_imm_multi_packet(fp: FabricPair) -> None:
     assert bytes(b.buf[:1000]) + bytes(b.buf[5000:7072]) == payload
 
 
+@pytest.mark.iba("9.4.1.2", "9.7.4.1.4")
 def test_rdma_write_read_and_write_imm(fp: FabricPair) -> None:
     a, b = fp.a, fp.b
     a.buf[:5000] = b"w" * 5000
@@ -103,6 +105,7 @@ def test_rdma_write_read_and_write_imm(fp: FabricPair) -> None:
     assert bytes(b.buf[40000:40010]) == b"w" * 10
 
 
+@pytest.mark.iba("9.4.4")
 def test_atomics_native_byte_order() -> None:
     p = FabricPair()
     try:
@@ -130,6 +133,7 @@ def test_atomics_native_byte_order() -> None:
         p.close()
 
 
+@pytest.mark.iba("10.6.3.1")
 def test_remote_access_error(fp: FabricPair) -> None:
     a, b = fp.a, fp.b
     w = v.SendWR(4, opcode=int(W.IBV_WR_RDMA_WRITE), sg=[a.sge(0, 8)])
@@ -144,6 +148,7 @@ def test_remote_access_error(fp: FabricPair) -> None:
     assert _one(a.cq).status == e.IBV_WC_WR_FLUSH_ERR
 
 
+@pytest.mark.iba("9.7.6.1.3")
 def test_retransmission_uses_virtual_timers() -> None:
     p = FabricPair()
     try:
@@ -163,6 +168,7 @@ def test_retransmission_uses_virtual_timers() -> None:
         p.close()
 
 
+@pytest.mark.iba("9.2.1", "11.4.2.2")
 def test_solicited_event_over_the_wire(fp: FabricPair) -> None:
     a, b = fp.a, fp.b
     assert b.ch is not None
@@ -190,6 +196,7 @@ def test_unsignaled_and_sq_sig_all(fp: FabricPair) -> None:
     assert len(b.cq.poll(8)[1]) == 2
 
 
+@pytest.mark.iba("11.4.1.1", "10.2.5")
 def test_ud_send_grh_area() -> None:
     p = FabricPair(UD)
     try:
@@ -231,6 +238,7 @@ def test_ud_send_grh_area() -> None:
         p.close()
 
 
+@pytest.mark.iba("10.2.9", "10.2.9.6")
 def test_srq_shared_by_two_qps_and_limit_event() -> None:
     p = FabricPair()
     try:

@@ -60,6 +60,7 @@ ILLEGAL = [(RESET, RTR), (RESET, RTS), (RESET, ERR), (INIT, RTS), (RTR, INIT), (
 
 
 @pytest.mark.parametrize("key", sorted(KERNEL))
+@pytest.mark.iba("10.3.1", "11.2.4.2")
 def test_table_matches_kernel(key: tuple[int, int, int]) -> None:
     cur, nxt, qpt = key
     req, opt = KERNEL[key]
@@ -67,6 +68,7 @@ def test_table_matches_kernel(key: tuple[int, int, int]) -> None:
     assert R.optional_mask(cur, nxt, qpt) == opt
 
 
+@pytest.mark.iba("10.3.1")
 def test_sqe_to_rts_and_illegal_transitions() -> None:
     # the kernel lists no RC attributes for SQE->RTS (an RC QP never is in SQE)
     assert R.modify_is_ok(SQE, RTS, RC, M.IBV_QP_STATE)
@@ -77,6 +79,7 @@ def test_sqe_to_rts_and_illegal_transitions() -> None:
         assert not R.modify_is_ok(cur, nxt, qpt, M.IBV_QP_STATE)
 
 
+@pytest.mark.iba("11.2.4.2")
 def test_every_rule_required_optional_forbidden() -> None:
     """For every encoded transition: exactly required passes, one missing required bit
     fails, every optional bit passes, every other standard bit fails."""
@@ -187,6 +190,7 @@ def _err(fn, argument: str | None = None) -> InvalidArgument:
     return ei.value
 
 
+@pytest.mark.iba("11.2.4.2")
 def test_illegal_transition_missing_and_forbidden(ctx) -> None:
     c, peer = ctx
     qp = _qp(c, RC)
@@ -206,6 +210,7 @@ def test_illegal_transition_missing_and_forbidden(ctx) -> None:
     assert "CUR_STATE" in str(ex)
 
 
+@pytest.mark.iba("11.2.4.2")
 def test_cur_qp_state_mismatch_and_match(ctx) -> None:
     c, peer = ctx
     qp = _qp(c, RC)
@@ -224,6 +229,7 @@ def test_cur_qp_state_mismatch_and_match(ctx) -> None:
     ("rnr_retry", 8, "qp_attr.rnr_retry"),
     ("max_rd_atomic", 129, "qp_attr.max_rd_atomic"),
 ])
+@pytest.mark.iba("11.2.4.2")
 def test_rtr_to_rts_ranges(ctx, field: str, value: int, argument: str) -> None:
     c, peer = ctx
     qp = _qp(c, RC)
@@ -241,6 +247,7 @@ def test_rtr_to_rts_ranges(ctx, field: str, value: int, argument: str) -> None:
     ("max_dest_rd_atomic", 129, "qp_attr.max_dest_rd_atomic"),
     ("dest_qp_num", 1 << 24, "qp_attr.dest_qp_num"),
 ])
+@pytest.mark.iba("11.2.4.2")
 def test_init_to_rtr_ranges(ctx, field: str, value: int, argument: str) -> None:
     c, peer = ctx
     qp = _qp(c, RC)
@@ -250,6 +257,7 @@ def test_init_to_rtr_ranges(ctx, field: str, value: int, argument: str) -> None:
     _err(lambda: qp.to_rtr(a), argument)
 
 
+@pytest.mark.iba("11.2.4.2")
 def test_path_mtu_above_active(ctx) -> None:
     c, peer = ctx
     fab = Fabric(VirtualClock())
@@ -268,6 +276,7 @@ def test_path_mtu_above_active(ctx) -> None:
         small.close()
 
 
+@pytest.mark.iba("11.2.4.2")
 def test_port_and_pkey_index(ctx) -> None:
     c, peer = ctx
     qp = _qp(c, RC)
@@ -279,6 +288,7 @@ def test_port_and_pkey_index(ctx) -> None:
     _err(lambda: qp.to_init(a), "qp_attr.pkey_index")
 
 
+@pytest.mark.iba("11.2.4.2")
 def test_ud_qkey_bit31_allowed_and_psn_masked(ctx) -> None:
     c, peer = ctx
     qp = _qp(c, UD)
@@ -289,6 +299,7 @@ def test_ud_qkey_bit31_allowed_and_psn_masked(ctx) -> None:
     assert attr.sq_psn == 0x234567
 
 
+@pytest.mark.iba("11.2.5.3")
 def test_address_vector_checks(ctx) -> None:
     c, peer = ctx
     qp = _qp(c, RC)
@@ -327,6 +338,7 @@ def test_bad_attribute_name() -> None:
     _err(lambda: v.QPAttr(no_such_field=1), "qp_attr.no_such_field")
 
 
+@pytest.mark.iba("11.2.4.1")
 def test_create_qp_checks(ctx) -> None:
     c, peer = ctx
     pd = v.PD(c)

@@ -47,6 +47,7 @@ def _bind_mr(p: FabricPair) -> v.MR:
     return v.MR(b.pd, 0, ACC_BIND, buffer=b.buf)
 
 
+@pytest.mark.iba("10.6.7")
 def test_type1_bind_grants_access_to_its_range(fp: FabricPair) -> None:
     b = fp.b
     mr = _bind_mr(fp)
@@ -62,6 +63,7 @@ def test_type1_bind_grants_access_to_its_range(fp: FabricPair) -> None:
     assert _write(fp, b"x" * 8, key, mr.addr + 148).status == e.IBV_WC_REM_ACCESS_ERR
 
 
+@pytest.mark.iba("10.6.7")
 def test_rebind_revokes_the_old_key(fp: FabricPair) -> None:
     b = fp.b
     mr = _bind_mr(fp)
@@ -73,6 +75,7 @@ def test_rebind_revokes_the_old_key(fp: FabricPair) -> None:
     assert _write(fp, b"stale", key, mr.addr).status == e.IBV_WC_REM_ACCESS_ERR
 
 
+@pytest.mark.iba("10.6.7.2")
 def test_type2_bind_work_request_and_errors(fp: FabricPair) -> None:
     b = fp.b
     mr = _bind_mr(fp)
@@ -93,6 +96,7 @@ def test_type2_bind_work_request_and_errors(fp: FabricPair) -> None:
     assert _wc(fp, b).status == e.IBV_WC_MW_BIND_ERR
 
 
+@pytest.mark.iba("10.6.7")
 def test_bind_without_mw_bind_access_fails(fp: FabricPair) -> None:
     b = fp.b
     mw = v.MW(b.pd, v.MW_TYPE_1)

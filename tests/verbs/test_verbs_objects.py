@@ -66,6 +66,7 @@ def test_mtu_enum_like_rxe() -> None:
         mtu_enum_for_netdev_mtu(300)
 
 
+@pytest.mark.iba("11.2.1.2", "11.2.2")
 def test_query_device_port_gid(ctx: v.Context) -> None:
     d = ctx.query_device()
     assert d.max_qp_wr == 0x4000 and d.max_sge == 32 and d.max_cqe == (1 << 15) - 1
@@ -266,6 +267,7 @@ def test_cq_poll_order_and_batches(ctx: v.Context) -> None:
     assert cq.poll() == (0, [])
 
 
+@pytest.mark.iba("11.4.2.1", "11.6.3.1")
 def test_cq_overrun_error_and_async_event(ctx: v.Context) -> None:
     cq = v.CQ(ctx, 2)
     for i in range(4):
@@ -282,6 +284,7 @@ def test_cq_overrun_error_and_async_event(ctx: v.Context) -> None:
         ctx.get_async_event(timeout=0.01)
 
 
+@pytest.mark.iba("11.4.2.2")
 def test_notify_channel_and_solicited(ctx: v.Context) -> None:
     ch = v.CompChannel(ctx)
     cq = v.CQ(ctx, 16, cq_context="mine", channel=ch)
@@ -379,6 +382,7 @@ def test_ah_checks(ctx: v.Context) -> None:
         v.AH(pd, v.AHAttr(gr=v.GlobalRoute(dgid="::")))
 
 
+@pytest.mark.iba("10.2.9")
 def test_srq_attrs_and_modify(ctx: v.Context) -> None:
     pd = v.PD(ctx)
     with pytest.raises(InvalidArgument):

@@ -44,6 +44,7 @@ def test_sge_field_ranges() -> None:
     (UD, W.IBV_WR_SEND_WITH_INV), (UC, W.IBV_WR_RDMA_READ), (UC, W.IBV_WR_ATOMIC_CMP_AND_SWP),
     (UC, W.IBV_WR_LOCAL_INV), (RC, W.IBV_WR_TSO), (RC, 99),
 ])
+@pytest.mark.iba("11.4.1.1")
 def test_opcode_not_valid_for_qp_type(qpt: int, opcode: int) -> None:
     p = Pair(qpt)
     try:
@@ -63,6 +64,7 @@ def test_unimplemented_opcodes(rc: Pair) -> None:
     _einval(lambda: qp.post_send(v.SendWR(1, opcode=int(W.IBV_WR_BIND_MW))), "wr.mw")
 
 
+@pytest.mark.iba("11.4.1.1")
 def test_sge_count_inline_and_atomic_rules(rc: Pair) -> None:
     _, _, qp, mr = rc.sides[0]
     _einval(lambda: qp.post_send(v.SendWR(1, sg=[_sge(mr, 1)] * 3)), "wr.num_sge")
@@ -104,6 +106,7 @@ def test_ud_needs_ah_of_same_pd() -> None:
         p.close()
 
 
+@pytest.mark.iba("11.4.1.1")
 def test_sq_full_is_enomem_and_state_errors(rc: Pair) -> None:
     _, cq, qp, mr = rc.sides[0]
     for i in range(4):  # max_send_wr 4: never progressed, nothing completes
@@ -119,6 +122,7 @@ def test_sq_full_is_enomem_and_state_errors(rc: Pair) -> None:
         fresh.post_recv(v.RecvWR(1, 1, [_sge(mr)]))
 
 
+@pytest.mark.iba("11.4.1.1")
 def test_chain_posts_prefix_then_raises(rc: Pair) -> None:
     _, cqa, qa, ma = rc.sides[0]
     _, cqb, qb, mb = rc.sides[1]
@@ -133,6 +137,7 @@ def test_chain_posts_prefix_then_raises(rc: Pair) -> None:
     assert [w.wr_id for w in cqb.poll(4)[1]] == [10]
 
 
+@pytest.mark.iba("10.6.3.1")
 def test_unknown_lkey_is_a_completion_error(rc: Pair) -> None:
     _, cq, qp, mr = rc.sides[0]
     qp.post_send(v.SendWR(5, sg=[v.SGE(mr.addr, 8, mr.lkey ^ 0x5A5A)]))
@@ -142,6 +147,7 @@ def test_unknown_lkey_is_a_completion_error(rc: Pair) -> None:
     assert qp.qp_state == e.IBV_QPS_ERR
 
 
+@pytest.mark.iba("11.4.1.2", "10.2.9")
 def test_post_recv_on_srq_qp(rc: Pair) -> None:
     pd, cq, _, mr = rc.sides[0]
     srq = v.SRQ(pd, v.SrqInitAttr(v.SrqAttr(max_wr=4)))
@@ -172,6 +178,7 @@ def test_inline_needs_registered_bytes_or_set_inline_data(rc: Pair) -> None:
     assert [x.wr_id for x in cqa.poll(4)[1]] == [2, 3]
 
 
+@pytest.mark.iba("10.5.2")
 def test_multicast_attach_rules() -> None:
     p = Pair(UD)
     try:

@@ -52,6 +52,7 @@ def qp1_payloads(name: str) -> tuple[tuple[int, bytes, roce.RoceFrame], ...]:
 
 # ------------------------------------------------------------------------- captures
 @pytest.mark.parametrize("name", CM_CAPTURES)
+@pytest.mark.iba("12.6")
 def test_capture_cm_mads_round_trip_byte_exact(name: str) -> None:
     seen = []
     for index, payload, _f in qp1_payloads(name):
@@ -86,6 +87,7 @@ def test_capture_headers_and_answers_share_tids() -> None:
             assert rtu.remote_comm_id == rep.local_comm_id
 
 
+@pytest.mark.iba("12.6.5")
 def test_rping_req_rebuilt_from_values() -> None:
     """The rping REQ, built from the values tshark shows, equals the captured MAD."""
     (_i, captured, _f) = qp1_payloads("roce_rping")[0]
@@ -230,6 +232,7 @@ TSHARK: dict[str, tuple[type | None, Getter, Callable[[str], Any]]] = {
 
 @pytest.mark.skipif(not HAVE_TSHARK, reason="tshark not installed: no decode oracle")
 @pytest.mark.parametrize("name", CM_CAPTURES)
+@pytest.mark.iba("12.6")
 def test_fields_agree_with_tshark(name: str) -> None:
     names = list(TSHARK)
     cmd = ["tshark", "-n", "-r", str(CAPTURES / f"{name}.pcap"), "-Y", "infiniband.mad",
@@ -333,6 +336,7 @@ POSITIONS: list[tuple[type[cm.CmMessage], str, int, int, bytes]] = [
 
 @pytest.mark.parametrize(("cls", "name", "value", "off", "want"), POSITIONS,
                          ids=[f"{c.__name__}.{n}" for c, n, *_ in POSITIONS])
+@pytest.mark.iba("12.6")
 def test_field_bit_positions(cls: type[cm.CmMessage], name: str, value: int, off: int,
                              want: bytes) -> None:
     kw: dict[str, Any] = {name: value}
@@ -363,6 +367,7 @@ def test_private_data_is_the_tail(cls: type[cm.CmMessage], offset: int) -> None:
     assert cm.decode(short).msg.private_data == b"hi" + bytes(size - 2)
 
 
+@pytest.mark.iba("12.6.7")
 def test_ari_and_additional_info_positions() -> None:
     rej = cm.Rej(ari=b"\x00\x06\x00\x00", ari_length=4, reason=cm.RejReason.CONSUMER_DEFINED)
     wire = cm.encode(rej)
@@ -388,6 +393,7 @@ MESSAGE_CLASSES = list(cm.MESSAGE_TYPES.values())
 @given(body=st.binary(min_size=mad.MAD_DATA_SIZE, max_size=mad.MAD_DATA_SIZE),
        tid=st.integers(0, 2**64 - 1), mod=st.integers(0, 2**32 - 1),
        status=st.integers(0, 0xFFFF), rsvd=st.integers(0, 0xFFFF))
+@pytest.mark.iba("12.6")
 def test_any_body_round_trips(cls: type[cm.CmMessage], body: bytes, tid: int, mod: int,
                               status: int, rsvd: int) -> None:
     """Any 232 bytes under any header decode and re-encode exactly (reserved bits kept)."""
@@ -524,6 +530,7 @@ def test_encode_header_must_match_message() -> None:
 
 
 # ------------------------------------------------------------------------- tables
+@pytest.mark.iba("12.6")
 def test_private_data_sizes_and_enums() -> None:
     # IBA 12.6; ../shared/specs/ib-cm.md §2, column "Private data bytes".
     assert {a.name: n for a, n in cm.PRIVATE_DATA_SIZE.items()} == {

@@ -75,6 +75,7 @@ def fields_of(p: ib.IBPacket) -> dict[str, object]:
 
 @settings(max_examples=600, deadline=None)
 @given(packets())
+@pytest.mark.iba("9.2", "9.3")
 def test_roundtrip_every_opcode(p: ib.IBPacket) -> None:
     wire = ib.encode(p)
     assert len(wire) == p.info.hdr_len + len(p.payload) + p.pad
@@ -107,6 +108,7 @@ def test_decode_random_bytes_is_exact_or_decode_error(buf: bytes) -> None:
     assert ib.encode(p) == buf[:n] + bytes(p.pad)
 
 
+@pytest.mark.iba("9.2")
 def test_bth_layout_from_the_spec() -> None:
     # IBA 9.2; ../shared/specs/ib-transport.md §2: CNP, P_Key 0xFFFF, BECN=1, DestQP 0x118, PSN 0 (+ 16 reserved).
     raw = bytes.fromhex("8100ffff4000011800000000") + bytes(16)
@@ -116,6 +118,7 @@ def test_bth_layout_from_the_spec() -> None:
     assert len(p.payload) == 16
 
 
+@pytest.mark.iba("9.2")
 def test_bth_bits_each_field() -> None:
     p = ib.IBPacket(0x04, psn=0xFEDCBA, dqpn=0x123456, pkey=0x8001, payload=b"a")
     p.se, p.mig, p.tver, p.fecn, p.resv6, p.ackreq, p.resv7 = True, True, 0x5, True, 0x21, True, 0x11
@@ -125,6 +128,7 @@ def test_bth_bits_each_field() -> None:
     assert raw[12:] == b"a\0\0\0"
 
 
+@pytest.mark.iba("9.3.2", "9.3.3", "9.3.4", "9.3.5", "9.3.6", "9.3.7")
 def test_extension_header_layouts() -> None:
     # RDMA_WRITE_ONLY_WITH_IMMEDIATE: BTH, RETH (VA, R_Key, DMALen), ImmDt (IBA 9.3.3).
     p = ib.IBPacket(0x0B, payload=b"12345678")
@@ -147,6 +151,7 @@ def test_extension_header_layouts() -> None:
     assert ib.encode(u)[12:] == bytes.fromhex("80010000" "00000001" "00000007")
 
 
+@pytest.mark.iba("9.2.1")
 def test_opcode_table_shape() -> None:
     assert OPTABLE[0x15] is None and OPTABLE[0xFF] is None and OPTABLE[0x66] is None
     assert set(op for op in OPCODES if op & 0xE0 == Transport.UD) == {0x64, 0x65}
@@ -179,6 +184,7 @@ def test_ibpacket_rejects_unknown_opcode() -> None:
         ib.IBPacket(0x15)
 
 
+@pytest.mark.iba("9.2.3", "9.7.5.2.1", "9.7.5.2.8", "9.7.7.2.3")
 def test_helpers() -> None:
     assert ib.pad_bytes(0) == b"" and ib.pad_bytes(5) == b"\0\0\0" and ib.pad_bytes(6) == b"\0\0"
     assert ib.credit_code(0) == 0 and ib.credit_code(5) == 4 and ib.credit_code(6) == 5
@@ -243,6 +249,7 @@ def test_decode_agrees_with_tshark(name: str) -> None:
 @given(opcode=st.sampled_from(sorted(OPCODES)), pkey=st.integers(0, 0xFFFF), dqpn=U32,
        psn=st.integers(0, 0x2FFFFFF), se=st.booleans(), pad=st.integers(0, 3),
        ackreq=st.booleans(), becn=st.booleans())
+@pytest.mark.iba("9.2")
 def test_bth_builder_packs_what_decode_reads(opcode: int, pkey: int, dqpn: int, psn: int,
                                              se: bool, pad: int, ackreq: bool,
                                              becn: bool) -> None:
@@ -259,6 +266,7 @@ def test_bth_builder_packs_what_decode_reads(opcode: int, pkey: int, dqpn: int, 
     assert (p.tver, p.mig, p.fecn, p.resv6, p.resv7) == (0, False, False, 0, 0)
 
 
+@pytest.mark.iba("9.7.1")
 def test_bth_run_is_the_builder_for_each_packet() -> None:
     """A run of MIDDLE headers (IBA 9.7.1): the BTH of each packet in turn, with
     consecutive PSNs that wrap at 2^24 and AckReq where asked."""
@@ -269,6 +277,7 @@ def test_bth_run_is_the_builder_for_each_packet() -> None:
     assert [ib.decode(memoryview(h)).psn for h in run] == [0xFFFFFE, 0xFFFFFF, 0, 1, 2]
 
 
+@pytest.mark.iba("9.3.2", "9.3.3", "9.3.4", "9.3.5", "9.3.6", "9.3.7", "9.3.8")
 def test_extension_header_builders() -> None:
     """RETH, AtomicETH, AETH, AtomicAckETH, DETH, ImmDt/IETH (IBA 9.3.2-9.3.8): the
     layouts of the codec's decode, fields masked to their widths."""
@@ -285,6 +294,7 @@ def test_extension_header_builders() -> None:
     assert (p.qkey, p.src_qp, p.deth_resv) == (0x80010000, 1, 0)
 
 
+@pytest.mark.iba("9.2")
 def test_transport_opcode_sets_follow_the_table() -> None:
     """UD_OPCODES and CONNECTED_OPCODES are the table's UD and RC/UC opcodes (IBA 9.2,
     Table 35), so that drivers never test an opcode's bits themselves."""
