@@ -128,6 +128,7 @@ def test_ucmatose_connections_iwarp(device: str, monkeypatch: pytest.MonkeyPatch
         assert "data transfers complete" in out and "return status 0" in out, out
 
 
+@pytest.mark.iba("12.11")
 def test_udaddy(device: str) -> None:
     """udaddy: UD ids (RDMA_PS_UDP) resolved through SIDR, ESTABLISHED with the remote
     QPN/Q_Key/AH, the server's replies on AHs made with ibv_create_ah_from_wc. Its -p is
@@ -216,6 +217,7 @@ def _mckey_pair(group: str, receiver: list[str], sender: list[str]
     return snd, (out, err)
 
 
+@pytest.mark.iba("10.5.2.1")
 def test_mckey_two_c_processes(device: str) -> None:
     """mckey: RDMA_PS_UDP ids resolve the group address, rdma_join_multicast_ex (the
     MGID is the group's IP as a GID), MULTICAST_JOIN's ud param gives the AH, QPN

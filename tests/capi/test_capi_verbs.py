@@ -168,6 +168,7 @@ VERBS_CHECKS = [
 ]
 
 
+@pytest.mark.iba("10.2.9.6", "11.4.1.1")
 def test_verbs_check_program(device: str, tmp_path: Path) -> None:
     """tests/capi/verbs_check.c, each check on data and completion fields: the async event
     fd made non-blocking (EAGAIN, then poll) and an SRQ limit event naming its SRQ; UD with
@@ -223,6 +224,7 @@ def test_rc_pingpong_without_completion_clock(device: str) -> None:
         p.stderr
 
 
+@pytest.mark.iba("9.8.5")
 def test_xsrq_pingpong(device: str) -> None:
     """ibv_xsrq_pingpong: XRC from C (ibv_open_xrcd on a file, ibv_create_srq_ex of type
     XRC, ibv_get_srq_num, ibv_create_qp_ex of XRC INI and TGT QPs, sends naming the remote
@@ -245,6 +247,7 @@ def test_xsrq_pingpong(device: str) -> None:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root (CI runs as root)")
+@pytest.mark.iba("11.6.3.3")
 def test_asyncwatch_port_events(tmp_path: Path) -> None:
     """The stock ibv_asyncwatch on a device on a veth interface in a namespace of the
     test's: PORT_ERR when the interface goes down, PORT_ACTIVE when it comes back,

@@ -262,6 +262,7 @@ def pair(request: pytest.FixtureRequest, dev: str) -> Iterator[tuple[Side, Side]
     b.close()
 
 
+@pytest.mark.iba("9.3.7")
 def test_send_with_immediate_byte_order(pair: tuple[Side, Side]) -> None:
     a, b = pair
     b.qp.post_recv(RecvWR(wr_id=7, sg=[SGE(b.mr.buf, 64, b.mr.lkey)], num_sge=1))
@@ -279,6 +280,7 @@ def test_send_with_immediate_byte_order(pair: tuple[Side, Side]) -> None:
 
 
 @pytest.mark.parametrize("pair", [{"mr_access": e.IBV_ACCESS_MW_BIND}], indirect=True)
+@pytest.mark.iba("10.6.7")
 def test_memory_windows(pair: tuple[Side, Side]) -> None:
     a, b = pair
     # type 2, bound with a BIND_MW work request; remote writes go through its key
@@ -302,6 +304,7 @@ def test_memory_windows(pair: tuple[Side, Side]) -> None:
 
 
 @pytest.mark.parametrize("pair", [{"mr_access": e.IBV_ACCESS_MW_BIND}], indirect=True)
+@pytest.mark.iba("10.6.7")
 def test_type1_window_bind_and_dealloc(pair: tuple[Side, Side]) -> None:
     a, b = pair
     mw = MW(b.pd, e.IBV_MW_TYPE_1)

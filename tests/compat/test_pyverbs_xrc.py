@@ -99,6 +99,7 @@ def _poll(cq: CQ) -> Any:
 
 
 @pytest.mark.parametrize("ex", [False, True], ids=["post_send", "wr_api"])
+@pytest.mark.iba("9.8.5")
 def test_xrc_traffic(dev: str, tmp_path: Path, ex: bool) -> None:
     """``utils.xrc_traffic``: messages both ways, each to the peer's XRC SRQ."""
     a, b = Side(dev, tmp_path, ex), Side(dev, tmp_path, ex)

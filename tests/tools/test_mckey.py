@@ -36,6 +36,7 @@ def _joined(group: str) -> str:
     return f"mckey: joined dgid: ::ffff:{group} mlid 0x0 sl 0"
 
 
+@pytest.mark.iba("10.5.2.1")
 def test_receiver_and_sender(tmp_path: Path) -> None:
     state, _ = make_state_dir(tmp_path)
     env = child_env(state)

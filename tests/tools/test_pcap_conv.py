@@ -121,6 +121,7 @@ def test_broken_client_as_rxe_answers_fails_at_its_first_send(tmp_path: Path) ->
                              "(frame 2); the peer answers with an ACK for PSN 0xdfb32b (frame 5)")
 
 
+@pytest.mark.iba("12.6.8")
 def test_broken_server_first_read_at_the_reps_psn(tmp_path: Path) -> None:
     """The old passive side: its first request (rping's READ) at its own REP's PSN."""
     def edit(r: PcapRecord, f: roce.RoceFrame) -> bytes | None:
@@ -167,6 +168,7 @@ def test_the_real_write_bw_gap_is_explained() -> None:
     assert sum("accounts for" in x for x in out) == 10
 
 
+@pytest.mark.iba("9.7.1", "9.7.2")
 def test_a_skipped_psn_is_an_unexplained_gap(tmp_path: Path) -> None:
     """The client skips PSN 0xdfb32d; the server's ACKs follow, but their MSN gives it away."""
     def edit(r: PcapRecord, f: roce.RoceFrame) -> bytes | None:
@@ -183,6 +185,7 @@ def test_a_skipped_psn_is_an_unexplained_gap(tmp_path: Path) -> None:
                    "counts 0 messages in them, at least 1 needed"]
 
 
+@pytest.mark.iba("9.7.2")
 def test_a_gap_nothing_acknowledges_is_reported_at_the_end(tmp_path: Path) -> None:
     recs = only(_records("roce_rping.pcap"), lambda i: i <= 9 or i == 16)
     path = write(tmp_path / "tail.pcap", recs)
@@ -232,6 +235,7 @@ def test_nak_for_a_psn_never_sent(tmp_path: Path) -> None:
                              "(RC_ACKNOWLEDGE) for PSN 0xdfb32e, which was never sent")
 
 
+@pytest.mark.iba("9.7", "9.3.5")
 def test_wrong_msn_without_a_gap(tmp_path: Path) -> None:
     def edit(r: PcapRecord, f: roce.RoceFrame) -> bytes | None:
         return rebuild(f, msn=7) if r.index == 9 else None
@@ -253,6 +257,7 @@ def test_read_response_without_a_read(tmp_path: Path) -> None:
                    "the requester sends PSN 0xffef7d after it (frame 8)"]
 
 
+@pytest.mark.iba("9.7.4.1.3")
 def test_read_response_in_the_wrong_position(tmp_path: Path) -> None:
     recs = _records("roce_read_bw.pcap")
     def edit(r: PcapRecord, f: roce.RoceFrame) -> bytes | None:
@@ -265,6 +270,7 @@ def test_read_response_in_the_wrong_position(tmp_path: Path) -> None:
                    "(frame 20) of 4 packets"]
 
 
+@pytest.mark.iba("9.7.4.1.3")
 def test_request_inside_a_read(tmp_path: Path) -> None:
     def edit(r: PcapRecord, f: roce.RoceFrame) -> bytes | None:
         # 3 PSNs on: no PMTU makes 4096 bytes take 3 (2 would have meant a PMTU of 2048)
@@ -291,6 +297,7 @@ def test_cm_inconsistencies(tmp_path: Path, drop: set[int], frame: int, reason: 
     assert err[0] == f"frame {frame}: {reason}"
 
 
+@pytest.mark.iba("12.6.10")
 def test_dreq_naming_the_wrong_qpn(tmp_path: Path) -> None:
     def edit(r: PcapRecord, f: roce.RoceFrame) -> bytes | None:
         if r.index != 64:
@@ -371,6 +378,7 @@ def test_perftest_and_pingpong_messages_are_followed() -> None:
         assert (f"{n} connection followed, 0 inconsistent" in out) == (n == 1), name
 
 
+@pytest.mark.iba("9.7.2")
 def test_psn_delta_wraps() -> None:
     assert psn_delta(0, 0xFFFFFF) == 1 and psn_delta(0xFFFFFF, 0) == -1
     assert psn_delta(5, 5) == 0 and psn_delta(0x800000, 0) == -0x800000
@@ -543,6 +551,7 @@ def test_softrdma_pair_passes(tmp_path: Path) -> None:
     assert rc == 0 and err == [] and out[-1] == "1 connection followed, 0 inconsistent"
 
 
+@pytest.mark.iba("12.6.5", "12.6.8")
 def test_softrdma_pair_with_the_old_convention_is_caught(tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 9: softrdma-to-softrdma runs worked with the old convention because both
