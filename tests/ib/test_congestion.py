@@ -80,7 +80,7 @@ def test_first_periods_differ_between_qps() -> None:
     assert len(firsts) == 8
 
 
-@pytest.mark.iba("9.7.6.1.3")
+@pytest.mark.iba("9.7.6.1.3", "11.2.5.2")
 def test_retry_cnt_from_modify_is_the_number_of_retries() -> None:
     """retry_cnt 1: one original and one retry, then IBV_WC_RETRY_EXC_ERR. The counter used
     to start at 7 whatever modify said, until the first progress."""

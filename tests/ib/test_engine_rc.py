@@ -182,7 +182,7 @@ def test_local_protection_error() -> None:
 
 
 @pytest.mark.parametrize("seed", range(6))
-@pytest.mark.iba("9.7.6.1", "9.7.5.1.3")
+@pytest.mark.iba("9.7.6.1", "9.7.5.1.3", "10.8.3.1")
 def test_lossy_network_delivers_everything_in_order(seed: int) -> None:
     net = Net(seed=seed, drop=0.1, dup=0.05, reorder=0.1)
     a, b = pair(net, timeout=6)
@@ -238,7 +238,7 @@ def test_duplicate_atomic_not_reexecuted() -> None:
     assert struct.unpack_from("=Q", a.buf, 0)[0] == 1
 
 
-@pytest.mark.iba("9.7.5.1.3")
+@pytest.mark.iba("9.7.5.1.3", "9.7.5.2.2")
 def test_psn_seq_nak_sent_once_and_counters() -> None:
     net = Net()
     a, b = pair(net)

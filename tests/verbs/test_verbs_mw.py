@@ -47,7 +47,7 @@ def _bind_mr(p: FabricPair) -> v.MR:
     return v.MR(b.pd, 0, ACC_BIND, buffer=b.buf)
 
 
-@pytest.mark.iba("10.6.7")
+@pytest.mark.iba("10.6.7", "10.6.7.2.1")
 def test_type1_bind_grants_access_to_its_range(fp: FabricPair) -> None:
     b = fp.b
     mr = _bind_mr(fp)

@@ -123,6 +123,7 @@ def test_context_close_cascades(ctx: v.Context) -> None:
     ctx.close()  # idempotent
 
 
+@pytest.mark.iba("10.2.3")
 def test_pd_close_closes_its_objects_only(ctx: v.Context) -> None:
     pd, ch, cq, mr, srq, qp, ah = _stack(ctx)
     pd.close()
@@ -257,6 +258,7 @@ def _wc(i: int, solicited: bool = False, status: int = 0) -> WorkCompletion:
     return wc
 
 
+@pytest.mark.iba("11.4.2")
 def test_cq_poll_order_and_batches(ctx: v.Context) -> None:
     cq = v.CQ(ctx, 8)
     for i in range(5):
