@@ -88,8 +88,8 @@ class CmEvent:
     """One event, immutable. ``cm_id`` is the connection it is about; for
     CONNECT_REQUEST it is the new passive id and ``listen_id`` the listener. Address
     fields are filled by a dialect that carries them (A11, Hello) and from the path
-    otherwise. The agent queues events and delivers them when the lock of its driver is
-    released (:meth:`~softrdma.ibcm.agent.CmAgent.deliver_events`)."""
+    otherwise. The agent queues events (:meth:`~softrdma.ibcm.agent.CmAgent.pop_events`);
+    its driver delivers them once its lock is released (``drivers.gsi``)."""
 
     type: CmEventType
     cm_id: IbCmId
