@@ -83,14 +83,10 @@ KNOWN_OPEN_IO: dict[str, tuple[frozenset[str], str]] = {
 }
 
 # Cycles still open when type-only (TYPE_CHECKING) imports count too, with their owner: a
-# found cycle must lie inside one of these. The IB CM's id (IbCmId) runs the state table
-# whose actions name it, and names its agent; its events name it (model, params and
-# userqp left it: dialects and the QP attributes name narrow Protocols).
-KNOWN_OPEN_TYPE_CYCLES: dict[frozenset[str], str] = {
-    frozenset({f"softrdma.ibcm.{m}" for m in (
-        "agent", "cmid", "establish", "events", "ipcm", "mra_lap", "release", "retry",
-        "sidr", "state")}): "lead",
-}
+# found cycle must lie inside one of these. None is left (the IB CM's id names its agent
+# through cmid.CmAgentView, the agent runs the state table, and CmEvent lives beside the
+# id it names).
+KNOWN_OPEN_TYPE_CYCLES: dict[frozenset[str], str] = {}
 
 
 @dataclass(frozen=True)

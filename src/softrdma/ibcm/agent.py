@@ -54,7 +54,7 @@ from ..wire.mad import Method
 from . import qpctl, sidr
 from .cmid import IbCmId
 from .events import CmEvent
-from .model import CmState, CommEst, Disconnect, Received, Timeout
+from .model import CmInput, CmState, CommEst, Disconnect, Received, Timeout
 from .params import (
     ALL_ONES_MASK,
     AcceptParams,
@@ -72,6 +72,7 @@ from .params import (
     mtu_enum,
 )
 from .ratelimit import RejLimiter
+from .state import transition
 
 __all__ = [
     "CmConfig", "CmPath", "ConnParams", "AcceptParams", "SidrParams", "OutMad", "ReqVerdict",
@@ -349,6 +350,24 @@ class CmAgent:
                     best is None or lst.mask > best.mask):
                 best = lst
         return best
+
+    # ---- the machine ------------------------------------------------------------------
+    def handle(self, cid: IbCmId, inp: CmInput, now: float) -> None:
+        """One input for ``cid``: the table's action, then its next state (IBA 12.9). A
+        consumer request outside the table is a StateError; anything else is counted and
+        dropped."""
+        row = transition(cid.state, inp)
+        if row is None:
+            if inp.api:
+                raise StateError(f"{inp.name} is not allowed in CM state {cid.state.name}")
+            self.counters.ignored += 1
+            return
+        got = row.action(cid, now, inp)
+        cid.set_state(row.next_state if got is None else got, now)
+        follow = cid.follow
+        if follow is not None:
+            cid.follow = None
+            self.handle(cid, follow, now)
 
     # ---- plumbing used by IbCmId -------------------------------------------------------
     def random_id(self) -> int:
