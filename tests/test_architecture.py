@@ -74,24 +74,19 @@ NO_IO = ("wire", "cm", "ibcm", "ipoib")  # ... and no time.sleep()
 
 # module -> (what it still uses, the branch that removes it)
 KNOWN_OPEN_IO: dict[str, tuple[frozenset[str], str]] = {
-    # still open after issue 10's branches ("lead": no branch of it removes them): the CM
-    # agent's lock (ibcm.agent) and the librdmacm-shaped API's blocking waits and device
-    # list (rdma_cm, rdma_events, rdma_devices)
-    "softrdma.ibcm.agent": (frozenset({"threading"}), "lead"),
+    # still open after issue 10's branches ("lead": no branch of it removes them): the
+    # librdmacm-shaped API's blocking waits and device list (rdma_cm, rdma_events,
+    # rdma_devices)
     "softrdma.cm.rdma_cm": (frozenset({"threading"}), "lead"),
     "softrdma.cm.rdma_devices": (frozenset({"socket", "threading"}), "lead"),
     "softrdma.cm.rdma_events": (frozenset({"asyncio", "select", "threading"}), "lead"),
 }
 
 # Cycles still open when type-only (TYPE_CHECKING) imports count too, with their owner: a
-# found cycle must lie inside one of these. The IB CM's id (IbCmId) runs the state table
-# whose actions name it, and names its agent; its events name it (model, params and
-# userqp left it: dialects and the QP attributes name narrow Protocols).
-KNOWN_OPEN_TYPE_CYCLES: dict[frozenset[str], str] = {
-    frozenset({f"softrdma.ibcm.{m}" for m in (
-        "agent", "cmid", "establish", "events", "ipcm", "mra_lap", "release", "retry",
-        "sidr", "state")}): "lead",
-}
+# found cycle must lie inside one of these. None is left (the IB CM's id names its agent
+# through cmid.CmAgentView, the agent runs the state table, and CmEvent lives beside the
+# id it names).
+KNOWN_OPEN_TYPE_CYCLES: dict[frozenset[str], str] = {}
 
 
 @dataclass(frozen=True)

@@ -14,15 +14,20 @@
 * timers: a small object registered with ``port.arm`` so that the runtime (thread or
   virtual clock) runs ``agent.on_timer`` like any engine timer;
 * locking: consumer calls on the agent's ids go through ``runtime.call_now`` (the
-  device lock), MAD and timer processing already runs under it;
-* events: the agent only queues them (typed, frozen :class:`~softrdma.ibcm.events.CmEvent`); the
-  binding hands them to their consumers once the device lock is released: at the end
+  device lock), MAD and timer processing already runs under it; the agent knows its
+  callers by their thread (``agent.caller_id``), so that a handler's CM call made inside
+  the agent's processing runs at once rather than wait for the lock its thread holds;
+* events: the agent only queues them (typed, frozen :class:`~softrdma.ibcm.events.CmEvent`,
+  ``agent.pop_events()``); the binding hands them to their consumers (the id's handler,
+  else ``agent.on_event``, else ``agent.events``) once the device lock is released: at the end
   of a consumer call, in the caller's thread; after MAD or timer processing, from the
   virtual clock (a test fabric: the next callback at the same instant, so runs stay
   deterministic) or from the binding's event thread. Handlers may therefore block,
   call the CM, and create or destroy verbs objects. Handlers marked
   :func:`~softrdma.ibcm.events.lock_free` (they only queue: the rdma_cm layer's) are
-  run at once instead, in the thread that processed the MAD or timer, on a real clock;
+  run at once instead, in the thread that processed the MAD or timer, on a real clock.
+  Without a runtime (the caller drives the port and passes ``now``) events are delivered
+  when the agent's operation ends, inside it;
 * COMM_EST from the engine (a typed event on ``port.events``) is passed to the agent.
 
 With a device shared through ``devd`` the link becomes a routed CM client
@@ -52,7 +57,7 @@ from ..errors import ClosedError, DeviceError, StateError
 from ..ib.port import Port
 from ..ib.qp import AddressVector, EngineQP
 from ..ibcm.agent import CmAgent, CmConfig, mtu_enum
-from ..ibcm.events import CmEvent, lock_free
+from ..ibcm.events import CmEvent, CmEventType, is_lock_free, lock_free
 from ..ibcm.qpctl import QPT_UD
 from ..seam.events import AsyncEventType, EngineEvent
 from ..seam.queues import QPInit
@@ -108,15 +113,18 @@ class CmBinding:
                              seed=seed, exclusive=exclusive)
         self.agent.gid_v1 = port.gid_v1
         self.agent.on_output = self._pump
+        self.agent.caller_id = threading.get_ident
         # events are delivered outside the device lock (see the module docstring)
         self._vclock = _virtual_clock(runtime)
         self._deliver_lock = threading.Lock()
         self._deliver_cv = threading.Condition()
         self._deliver_thread: threading.Thread | None = None
         self._deliver_scheduled = False
+        #: True: events are delivered when the agent's operation ends (no runtime, so no
+        #: lock); else once the device lock is released
+        self.deliver_inline = runtime is None
         if runtime is not None:
             self.agent.runner = self._run_locked
-            self.agent.deliver_inline = False
         self._pd = object()
         self._buf = bytearray(n_recv * SLOT)
         self._mr = port.register_mr(memoryview(self._buf), _MR_ADDR,
@@ -189,15 +197,71 @@ class CmBinding:
         n = 0
         if wait:  # let a delivery under way on another thread finish first
             with self._deliver_lock:
-                n += self.agent.deliver_events()
+                n += self._deliver_events()
         while self.agent.outbox:
             if not self._deliver_lock.acquire(blocking=False):
                 return n
             try:
-                n += self.agent.deliver_events()
+                n += self._deliver_events()
             finally:
                 self._deliver_lock.release()
         return n
+
+    def _deliver_events(self) -> int:
+        """Hand the agent's queued events to their consumers, oldest first (events their
+        handlers cause included); returns how many. A handler's failure is counted and
+        kept in ``agent.errors``."""
+        agent = self.agent
+        n = 0
+        while True:
+            evs = agent.pop_events()
+            if not evs:
+                return n
+            for ev in evs:
+                n += 1
+                try:
+                    self._deliver_one(ev)
+                except Exception as exc:  # noqa: BLE001 - a consumer's handler failed
+                    agent.counters.errors += 1
+                    agent.errors.append(exc)
+
+    def _consumer(self, ev: CmEvent) -> tuple[bool, Callable[[CmEvent], None] | None]:
+        """Whether ``ev`` still has a consumer (its owner, the listener for a
+        CONNECT_REQUEST, is not destroyed) and the handler it goes to (None: the
+        ``agent.events`` queue)."""
+        owner = ev.listen_id if ev.type == CmEventType.CONNECT_REQUEST else ev.cm_id
+        if owner is not None and owner.destroyed:
+            return False, None
+        handler = owner.handler if owner is not None else None
+        return True, handler if handler is not None else self.agent.on_event
+
+    def _deliver_one(self, ev: CmEvent) -> None:
+        live, handler = self._consumer(ev)
+        if not live:
+            if ev.type == CmEventType.CONNECT_REQUEST and not ev.cm_id.destroyed:
+                # The listener went away before its consumer saw the request: refuse
+                # it (REJ, or SIDR_REP status 2) rather than leave the peer waiting
+                # (linux ucma_cleanup_events destroys the unread request's id).
+                ev.cm_id.destroy()
+            return
+        if handler is None:
+            self.agent.events.append(ev)
+        else:
+            handler(ev)
+
+    def _outbox_lock_free(self) -> bool:
+        """True if every queued event goes to a :func:`~softrdma.ibcm.events.lock_free`
+        consumer or to ``agent.events``, or is dropped (its id was destroyed): delivery
+        may then run under the device lock."""
+        for ev in self.agent.outbox:
+            live, handler = self._consumer(ev)
+            if not live:
+                if ev.type == CmEventType.CONNECT_REQUEST and not ev.cm_id.destroyed:
+                    return False  # _deliver_one refuses it: a CM call
+                continue
+            if handler is not None and not is_lock_free(handler):
+                return False
+        return True
 
     def _schedule_delivery(self) -> None:
         """Called under the device lock when MAD or timer processing queued events."""
@@ -223,12 +287,12 @@ class CmBinding:
         of callbacks. This saves the hand-off to the event thread (a thread switch per
         event: 4 of a RoCE connection's round trips, issue 26)."""
         agent = self.agent
-        if self._vclock is not None or self._closed or not agent.outbox_lock_free():
+        if self._vclock is not None or self._closed or not self._outbox_lock_free():
             return False
         if not self._deliver_lock.acquire(blocking=False):
             return False
         try:
-            agent.deliver_events()
+            self._deliver_events()
         finally:
             self._deliver_lock.release()
         return not agent.outbox
@@ -298,9 +362,11 @@ class CmBinding:
     # ---- transmit and timers ---------------------------------------------------------------
     def _pump(self, now: float) -> None:
         agent = self.agent
+        if self.deliver_inline:  # no lock: the handlers run inside the agent's operation
+            self._deliver_events()
         while True:
             self._send_output(now)
-            if not agent.outbox or agent.deliver_inline:
+            if not agent.outbox or self.deliver_inline:
                 break
             if not self._deliver_now():
                 self._schedule_delivery()

@@ -375,7 +375,7 @@ class Runtime:
         port = self.port
         if not (port.tx or (acks and port.ack_pending)):
             return 0
-        pkts: list[TxPacket] = port.take_tx(acks)
+        pkts: list[TxPacket] = port.take_output(acks)
         if self._gso is not None and len(pkts) > 1:
             self._flush_gso(pkts, self._gso)
             return len(pkts)

@@ -462,19 +462,20 @@ class TcpRuntime:
         while not s.done and not s.closing:
             if s.pending:
                 bufs = s.pending
-            elif conn.tx_hold_until and not conn.want_close:
+            elif (hold := conn.next_deadline()) is not None and not conn.want_close:
                 # the initiator's first FPDU waits (FIRST_FPDU_HOLD_S); housekeeping, at
                 # least every _MAX_IDLE_WAIT, sends it once the hold is over
-                if self.now() < conn.tx_hold_until:
+                now = self.now()
+                if now < hold:
                     break
-                conn.tx_hold_until = 0.0
+                conn.on_timer(now)
                 continue
             elif conn.tx_pending():
                 if conn.established:
                     mss = tcp_mss(sock)
                     if mss != conn.mss:
                         conn.update_mss(mss)
-                bufs = conn.pull_tx(_TX_CHUNK, 512)
+                bufs = conn.take_output(_TX_CHUNK, 512)
                 if not bufs:
                     break
             else:

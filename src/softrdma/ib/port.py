@@ -8,12 +8,14 @@ P_Key/GID tables and the counters. It never touches a socket or a clock:
   header around it;
 * ``qp.post_send(wqe, now)`` / ``qp.post_recv(rwqe)`` take work requests;
 * ``port.on_timer(now)`` runs when ``now >= port.next_deadline()``;
-* packets to send are taken with ``port.take_tx()`` (a list of :class:`TxPacket`; this
-  also emits the ACKs coalesced since the last call); completions are pushed into the
-  CQs' sinks; asynchronous events are typed :class:`~softrdma.seam.events.EngineEvent`s
-  emitted into ``port.events``.
+* packets to send are taken with ``port.take_output()`` (a list of :class:`TxPacket`;
+  this also emits the ACKs coalesced since the last call); completions are pushed into
+  the CQs' sinks; asynchronous events are typed :class:`~softrdma.seam.events.EngineEvent`s
+  emitted into ``port.events`` (each subscriber gets them as they happen) and kept for
+  ``port.pop_events()``.
 
-It implements :class:`~softrdma.seam.protocols.DeviceEngine`, as the iWARP device does.
+It implements :class:`~softrdma.seam.protocols.DeviceEngine`, as the iWARP device does,
+and the driver's :class:`~softrdma.seam.protocols.Engine` contract.
 
 Malformed or unexpected packets are dropped silently and counted (IBA 9.6: header
 validation, the clause of each rule in ``counters.DROP_REASONS``): see ``port.counters``.
@@ -22,10 +24,12 @@ validation, the clause of each rule in ``counters.DROP_REASONS``): see ``port.co
 from __future__ import annotations
 
 import struct
+from collections import deque
 from collections.abc import Callable, Sequence
 
 from ..errors import DecodeError, InvalidArgument
 from ..seam.counters import Counters, DropReason
+from ..seam.events import EngineEvent
 from ..seam.protocols import Timed
 from ..seam.queues import QPInit
 from ..seam.states import QPT_RC, RTR, SQE
@@ -63,6 +67,9 @@ _ACK_SIZE = wib.BTH.size + wib.U32.size  # an ACKNOWLEDGE: BTH + AETH, no payloa
 #: the opcodes with a fast path: the MIDDLE packets the responder places in runs, the ACK,
 #: the small SEND ONLY
 _FAST_OPS = frozenset((RC_WRITE_MIDDLE, RC_SEND_MIDDLE, RC_ACK, RC_SEND_ONLY, RC_SEND_ONLY_IMM))
+#: the events :meth:`Port.pop_events` keeps at most (the oldest go first: a driver that
+#: only subscribes to ``port.events`` never pops them)
+_EVENT_BACKLOG = 256
 
 
 class Port(DeviceTables[EngineQP]):
@@ -103,6 +110,8 @@ class Port(DeviceTables[EngineQP]):
         # that holds ::1 as a GID accepts it.
         self.loopback_gid_ok = LOOPBACK_GID in self.gids
         self.ack_pending: list[AckOwner] = []
+        self._unpopped: deque[EngineEvent] = deque(maxlen=_EVENT_BACKLOG)
+        self.events.subscribe(self._unpopped.append)
 
     def set_gid_types(self, gid_types: list[int] | None) -> None:
         """Set the type of every GID table entry (None: all RoCE v2)."""
@@ -123,7 +132,7 @@ class Port(DeviceTables[EngineQP]):
                 return i
         return -1
 
-    def take_tx(self, acks: bool = True) -> list[TxPacket]:
+    def take_output(self, acks: bool = True) -> list[TxPacket]:
         """Packets to send, oldest first; with ``acks`` the coalesced ACKs pending since the
         last call are emitted after them (IBA 9.7.5.1.1)."""
         if acks and self.ack_pending:
@@ -134,6 +143,16 @@ class Port(DeviceTables[EngineQP]):
         tx = self.tx
         self.tx = []
         return tx
+
+    #: the name :meth:`take_output` had before the engine contract
+    take_tx = take_output
+
+    def pop_events(self) -> list[EngineEvent]:
+        """The asynchronous events (IBA 11.6.3) emitted since the last call, oldest first
+        (at most the newest ``_EVENT_BACKLOG``); ``events`` subscribers had each at once."""
+        out = list(self._unpopped)
+        self._unpopped.clear()
+        return out
 
     # ---- QPs -------------------------------------------------------------------------
     def create_qp(self, init: QPInit) -> EngineQP:

@@ -8,15 +8,19 @@ reads a clock or a socket; its driver (``softrdma.drivers.gsi``, or a test) call
 * ``agent.on_timer(now)`` when ``now >= agent.next_deadline()``;
 * ``agent.take_output()`` for the MADs to send (:class:`OutMad`: addressed to QP1 of the
   peer with the QP1 Q_Key ``wire.mad.GSI_QKEY``, IBA 13.5.1;
-  the CM's MADs, IBA 12.6 and 13.4).
+  the CM's MADs, IBA 12.6 and 13.4);
+* ``agent.pop_events()`` for the typed, frozen :class:`~softrdma.ibcm.events.CmEvent` s
+  its :class:`IbCmId` s reported (each runs the state machine of
+  :mod:`softrdma.ibcm.state`, IBA 12.9).
 
-Each :class:`IbCmId` runs the state machine of :mod:`softrdma.ibcm.state` (IBA 12.9) and
-reports typed, frozen :class:`~softrdma.ibcm.events.CmEvent` s. Consumer requests
-(``connect``, ``accept``, ``reject``, ``disconnect`` ...) take ``now`` or, under a
-driver, get it from the driver's runner (which also takes the device lock). Events are
-queued in :attr:`CmAgent.outbox`: without a driver they are delivered when the
-operation ends; a driver (``deliver_inline`` False) calls
-:meth:`CmAgent.deliver_events` once its lock is released.
+These are the driver's :class:`~softrdma.seam.protocols.Engine` contract; ``on_output``
+tells the driver when an operation ends with output or events to take. The agent holds
+no lock, starts no thread and calls no consumer: the driver delivers the events (to the
+id's handler, ``on_event`` or ``events``) and serializes the agent's entry points.
+Consumer requests (``connect``, ``accept``, ``reject``, ``disconnect`` ...) take ``now``
+or, under a driver, get it from the driver's ``runner`` (which also takes the device
+lock); one made by an event handler that the driver runs inside the agent's own
+processing (same ``caller_id``) runs at once, at that processing's time.
 
 Timers (IBA 12.6.5 and 12.6.6, A16 CA16-9): a message that expects an answer is
 retransmitted (the same MAD, same TID) every ``2 * PacketLifeTime + remote CM response
@@ -37,7 +41,6 @@ from __future__ import annotations
 import heapq
 import random
 import secrets
-import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -50,8 +53,8 @@ from ..wire.ipcm import is_ip_cm_service_id
 from ..wire.mad import Method
 from . import qpctl, sidr
 from .cmid import IbCmId
-from .events import CmEvent, CmEventType, is_lock_free
-from .model import CmState, CommEst, Disconnect, Received, Timeout
+from .events import CmEvent
+from .model import CmInput, CmState, CommEst, Disconnect, Received, Timeout
 from .params import (
     ALL_ONES_MASK,
     AcceptParams,
@@ -69,6 +72,7 @@ from .params import (
     mtu_enum,
 )
 from .ratelimit import RejLimiter
+from .state import transition
 
 __all__ = [
     "CmConfig", "CmPath", "ConnParams", "AcceptParams", "SidrParams", "OutMad", "ReqVerdict",
@@ -77,6 +81,12 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
+
+
+def _one_caller() -> object:
+    """The caller identity of an agent driven from one thread."""
+    return _one_caller
+
 _HALF_OPEN = (CmState.REP_SENT, CmState.MRA_REP_RCVD)  # passive side, waiting for the RTU
 
 
@@ -127,14 +137,14 @@ class CmAgent:
         self._heap: list[tuple[float, int, IbCmId]] = []
         self._tseq = 0
         self._tid = self.rng.getrandbits(32)
-        #: events not yet delivered, oldest first (see :meth:`deliver_events`)
+        #: events not yet taken by :meth:`pop_events`, oldest first
         self.outbox: deque[CmEvent] = deque()
-        #: True: events are delivered when the agent's operation ends (a test driving
-        #: the agent by hand); a driver that holds a lock sets it False and calls
-        #: :meth:`deliver_events` once the lock is released
-        self.deliver_inline = True
+        #: who calls (the driver gives its thread's identity): a consumer call made from
+        #: inside the agent's own processing by the caller that runs it (an event handler
+        #: run inline) runs at once, at that processing's time, not through ``runner``
+        self.caller_id: Callable[[], object] = _one_caller
         self._busy = 0
-        self._owner = 0
+        self._owner: object = None
         self._now = 0.0
 
     # ---- consumer side ----------------------------------------------------------------
@@ -341,6 +351,24 @@ class CmAgent:
                 best = lst
         return best
 
+    # ---- the machine ------------------------------------------------------------------
+    def handle(self, cid: IbCmId, inp: CmInput, now: float) -> None:
+        """One input for ``cid``: the table's action, then its next state (IBA 12.9). A
+        consumer request outside the table is a StateError; anything else is counted and
+        dropped."""
+        row = transition(cid.state, inp)
+        if row is None:
+            if inp.api:
+                raise StateError(f"{inp.name} is not allowed in CM state {cid.state.name}")
+            self.counters.ignored += 1
+            return
+        got = row.action(cid, now, inp)
+        cid.set_state(row.next_state if got is None else got, now)
+        follow = cid.follow
+        if follow is not None:
+            cid.follow = None
+            self.handle(cid, follow, now)
+
     # ---- plumbing used by IbCmId -------------------------------------------------------
     def random_id(self) -> int:
         """A random non-zero 32-bit ID; with ``id_prefix`` (devd slot) its top byte."""
@@ -458,87 +486,38 @@ class CmAgent:
 
     # ---- events and re-entrancy -------------------------------------------------------
     def emit(self, ev: CmEvent) -> None:
-        """Queue an event; it is delivered when the current operation ends (inline) or
-        when the driver calls :meth:`deliver_events`."""
+        """Queue an event for :meth:`pop_events` (the driver delivers it, IBA 12.9)."""
         self.outbox.append(ev)
 
+    def pop_events(self) -> list[CmEvent]:
+        """The events queued since the last call, oldest first (the driver hands them to
+        their consumers: ``drivers.gsi``)."""
+        box = self.outbox
+        out = list(box)
+        box.clear()
+        return out
+
     def _enter(self, now: float) -> None:
-        # the owner first: a thread that sees _busy set must never see its own ident
+        # the caller first: a caller that sees _busy set must never see its own identity
         # there unless it is the one inside (api() then runs without the runner)
-        self._owner = threading.get_ident()
+        self._owner = self.caller_id()
         self._busy += 1
         self._now = now
 
     def _leave(self, now: float) -> None:
         try:
-            if self._busy == 1:
-                if self.deliver_inline:
-                    self.deliver_events()
-                if self.on_output is not None:
-                    self.on_output(now)
+            if self._busy == 1 and self.on_output is not None:
+                self.on_output(now)
         finally:
             if self._busy == 1:
-                self._owner = 0
+                self._owner = None
             self._busy -= 1
 
-    def deliver_events(self) -> int:
-        """Hand the queued events to their consumers (the id's handler, else
-        ``on_event``, else :attr:`events`), oldest first; returns how many. A driver
-        calls this outside its lock, so handlers may do anything. A handler's failure is
-        counted and kept in :attr:`errors`."""
-        n = 0
-        box = self.outbox
-        while box:
-            try:
-                ev = box.popleft()
-            except IndexError:  # another thread took the last one
-                break
-            n += 1
-            try:
-                self._deliver(ev)
-            except Exception as exc:  # noqa: BLE001 - a consumer's handler failed
-                self.counters.errors += 1
-                self.errors.append(exc)
-        return n
-
-    def outbox_lock_free(self) -> bool:
-        """True if every queued event goes to a :func:`~.events.lock_free` consumer (its
-        id's handler, else :attr:`on_event`) or to :attr:`events`, or is dropped (its
-        id was destroyed): :meth:`deliver_events` may then run under the driver's lock."""
-        for ev in self.outbox:
-            owner = ev.listen_id if ev.type == CmEventType.CONNECT_REQUEST else ev.cm_id
-            if owner is not None and owner.destroyed:
-                if ev.type == CmEventType.CONNECT_REQUEST and not ev.cm_id.destroyed:
-                    return False  # _deliver refuses it: a CM call
-                continue
-            handler = owner.handler if owner is not None else None
-            if handler is None:
-                handler = self.on_event
-            if handler is not None and not is_lock_free(handler):
-                return False
-        return True
-
-    def _deliver(self, ev: CmEvent) -> None:
-        owner = ev.listen_id if ev.type == CmEventType.CONNECT_REQUEST else ev.cm_id
-        if owner is not None and owner.destroyed:
-            if ev.type == CmEventType.CONNECT_REQUEST and not ev.cm_id.destroyed:
-                # The listener went away before its consumer saw the request: refuse
-                # it (REJ, or SIDR_REP status 2) rather than leave the peer waiting
-                # (linux ucma_cleanup_events destroys the unread request's id).
-                ev.cm_id.destroy()
-            return
-        handler = owner.handler if owner is not None else None
-        if handler is None:
-            handler = self.on_event
-        if handler is None:
-            self.events.append(ev)
-        else:
-            handler(ev)
-
     def api(self, fn: Callable[[float], _T], now: float | None) -> _T:
-        """Run a consumer request: at ``now``; inside the agent's own processing (an
-        event handler) at the current time; else through the driver's runner."""
-        if now is None and self._busy and self._owner == threading.get_ident():
+        """Run a consumer request: at ``now``; inside the agent's own processing, by the
+        same caller (an event handler run inline), at the current time; else through the
+        driver's runner (which takes the time and its lock)."""
+        if now is None and self._busy and self._owner == self.caller_id():
             now = self._now
         if now is None:
             if self.runner is None:

@@ -3,11 +3,14 @@
 :class:`IbCmId` holds one connection's (or listener's) CM state: comm IDs, the path, the
 QP, the message awaiting an answer and its retransmission timer. Its consumer requests
 (``connect``, ``accept`` ... ``ib_send_cm_*``) and what the agent receives for it become
-typed inputs (:mod:`.model`) that :meth:`IbCmId.handle` looks up in the table of
-:mod:`.state`; the row's action (a function of :mod:`.establish`, :mod:`.release`,
-:mod:`.mra_lap`, :mod:`.retry` or :mod:`.sidr`) builds the messages
-(``softrdma.wire.cm``), moves the QP (:mod:`.qpctl`) and queues the consumer's events.
-See :mod:`softrdma.ibcm.agent` for the agent that owns the ids.
+typed inputs (:mod:`.model`) that :meth:`IbCmId.handle` gives its agent, which looks
+them up in the table of :mod:`.state` (:meth:`~.agent.CmAgent.handle`); the row's action
+(a function of :mod:`.establish`, :mod:`.release`, :mod:`.mra_lap`, :mod:`.retry` or
+:mod:`.sidr`) builds the messages (``softrdma.wire.cm``), moves the QP (:mod:`.qpctl`)
+and queues the consumer's events (:class:`CmEvent`, which names its id, so it lives
+here; :mod:`.events` re-exports it). The id sees its agent as :class:`CmAgentView`: this
+module imports neither the agent nor the table, so no module cycle is left, type-only
+imports included. See :mod:`softrdma.ibcm.agent` for the agent that owns the ids.
 
 (This is the IB CM's id, ``struct ib_cm_id``; the librdmacm-shaped ``rdma_cm_id`` above
 both transports is :class:`softrdma.cm.rdma_cm.CmId`.)
@@ -15,21 +18,24 @@ both transports is :class:`softrdma.cm.rdma_cm.CmId`.)
 
 from __future__ import annotations
 
+import builtins
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+import random
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
 
-from ..errors import InvalidArgument, StateError
+from ..errors import InvalidArgument
 from ..ib.qp import AddressVector
 from ..wire import cm as wcm
-from ..wire.cm import RejReason
-from ..wire.ipcm import IP_CM_SERVICE_ID_MASK, is_ip_cm_service_id
+from ..wire.cm import Rej, RejReason, Rep, Req, SidrRep, SidrReq
+from ..wire.ipcm import IpAddress
 from . import qpctl
-from .events import CmEvent, CmEventType, RejectInfo
-from .ipcm import IpCmDialect
 from .model import (
     PENDING_STATES,
     AcceptConn,
+    CmEventType,
     CmInput,
     CmState,
     CommEst,
@@ -38,12 +44,15 @@ from .model import (
     Establish,
     Listen,
     Reject,
+    RejectInfo,
     SendMra,
     SidrResolve,
 )
 from .params import (
     ALL_ONES_MASK,
     AcceptParams,
+    CmConfig,
+    CmCounters,
     CmPath,
     ConnParams,
     Dialect,
@@ -51,16 +60,77 @@ from .params import (
     ReqVerdict,
     SidrParams,
 )
-from .state import transition
 
-if TYPE_CHECKING:
-    from .agent import CmAgent
+__all__ = ["CmAgentView", "CmEvent", "IbCmId", "PENDING_STATES"]
 
-__all__ = ["IbCmId", "PENDING_STATES"]
+_M = TypeVar("_M")
+_T = TypeVar("_T")
 
 
 
 _CM_LOG = logging.getLogger("softrdma.cm")
+
+class CmAgentView(Protocol):
+    """What an id and the table's actions use of the agent that owns it
+    (:class:`~.agent.CmAgent`; named here so that neither needs the agent's module)."""
+
+    @property
+    def config(self) -> CmConfig: ...
+    @property
+    def counters(self) -> CmCounters: ...
+    @property
+    def gids(self) -> Sequence[bytes]: ...
+    @property
+    def guid(self) -> int: ...
+    @property
+    def mtu(self) -> int: ...
+    @property
+    def exclusive(self) -> bool: ...
+    @property
+    def rng(self) -> random.Random: ...
+    @property
+    def listeners(self) -> list[IbCmId]: ...
+    @property
+    def by_local_qpn(self) -> dict[int, IbCmId]: ...
+    @property
+    def by_remote(self) -> dict[tuple[int, int], IbCmId]: ...
+    @property
+    def by_remote_qpn(self) -> dict[tuple[int, bytes], IbCmId]: ...
+    @property
+    def sidr_pending(self) -> dict[int, IbCmId]: ...
+    @property
+    def sidr_server(self) -> dict[tuple[int, bytes], IbCmId]: ...
+    @property
+    def sidr_cache(self) -> dict[tuple[int, bytes], bytes]: ...
+    @property
+    def events(self) -> deque[CmEvent]: ...
+    @property
+    def on_event(self) -> Callable[[CmEvent], None] | None: ...
+    @property
+    def on_listen(self) -> Callable[[int, int, bool], None] | None: ...
+
+    def api(self, fn: Callable[[float], _T], now: float | None) -> _T: ...
+    def handle(self, cid: IbCmId, inp: CmInput, now: float) -> None: ...
+    def emit(self, ev: CmEvent) -> None: ...
+    def arm(self, cid: IbCmId, when: float) -> None: ...
+    def timewait_s(self, cid: IbCmId) -> float: ...
+    def unregister(self, cid: IbCmId) -> None: ...
+    def claim_qpn(self, cid: IbCmId, qpn: int) -> None: ...
+    def random_id(self) -> int: ...
+    def new_comm_id(self, cid: IbCmId) -> int: ...
+    def new_tid(self) -> int: ...
+    def sgid_for(self, dgid: bytes, sgid: bytes | None) -> bytes: ...
+    def sgid_index(self, sgid: bytes) -> int: ...
+    def send_msg(self, sgid: bytes, dgid: bytes, msg: wcm.CmMessage, tid: int,
+                 path: CmPath | None = None) -> bytes: ...
+    def out(self, sgid: bytes, dgid: bytes, mad: bytes, path: CmPath | None = None) -> None: ...
+    def reject_req(self, req: wcm.Req, tid: int, src: bytes, dst: bytes, reason: int,
+                   ari: bytes = b"", private_data: bytes = b"") -> None: ...
+    def find_listener(self, service_id: int) -> IbCmId | None: ...
+    def evict_half_open(self, listener: IbCmId, now: float) -> bool: ...
+    def passive_id(self, listener: IbCmId, service_id: int, tid: int, remote_id: int,
+                   path: CmPath, state: CmState) -> IbCmId: ...
+
 
 class IbCmId:
     """One connection (or listener) and its IBA 12.9 state (see :mod:`.state`).
@@ -82,7 +152,7 @@ class IbCmId:
         "sidr_key", "reject_info", "psn_drawn", "opened_at", "__weakref__",
     )
 
-    def __init__(self, agent: CmAgent, handler: Callable[[CmEvent], None] | None = None,
+    def __init__(self, agent: CmAgentView, handler: Callable[[CmEvent], None] | None = None,
                  context: Any = None) -> None:
         self.agent = agent
         self.handler = handler
@@ -138,13 +208,9 @@ class IbCmId:
         (``ib_cm_listen``). ``backlog`` bounds the unanswered CONNECT_REQUESTs."""
         if not 0 <= service_id <= ALL_ONES_MASK:
             raise InvalidArgument("service_id", "must be a 64-bit value")
-        d = dialect
-        if d is None and is_ip_cm_service_id(service_id) and \
-                mask & IP_CM_SERVICE_ID_MASK == IP_CM_SERVICE_ID_MASK:
-            # CA11-7: REQs to the A11 range are Table 1 formatted, whoever listens.
-            d = IpCmDialect()
         size = self.agent.config.default_backlog if backlog is None else backlog
-        self.request(Listen(service_id, mask, size, d), now)  # the table's IDLE -> LISTEN
+        # the table's IDLE -> LISTEN (the A11 dialect by default in the A11 range)
+        self.request(Listen(service_id, mask, size, dialect), now)
 
     def connect(self, qp: object, params: ConnParams, *, dialect: Dialect | None = None,
                 now: float | None = None) -> None:
@@ -203,20 +269,9 @@ class IbCmId:
 
     # ---- the machine ------------------------------------------------------------------
     def handle(self, inp: CmInput, now: float) -> None:
-        """One input: the table's action, then its next state (IBA 12.9). A consumer
-        request outside the table is a StateError; anything else is counted and dropped."""
-        row = transition(self.state, inp)
-        if row is None:
-            if inp.api:
-                raise StateError(f"{inp.name} is not allowed in CM state {self.state.name}")
-            self.agent.counters.ignored += 1
-            return
-        got = row.action(self, now, inp)
-        self.set_state(row.next_state if got is None else got, now)
-        follow = self.follow
-        if follow is not None:
-            self.follow = None
-            self.handle(follow, now)
+        """One input: the agent runs it through the table (IBA 12.9,
+        :meth:`~.agent.CmAgent.handle`)."""
+        self.agent.handle(self, inp, now)
 
     def set_state(self, new: CmState, now: float) -> None:
         """Enter ``new``: TimeWait arms its timer (IBA 12.9, Figure 151), IDLE forgets the id."""
@@ -289,6 +344,74 @@ class IbCmId:
         assert p is not None
         return AddressVector(p.dgid, self.agent.sgid_index(p.sgid), p.flow_label, p.hop_limit,
                              p.traffic_class)
+
+
+@dataclass(frozen=True, slots=True)
+class CmEvent:
+    """One event, immutable. ``cm_id`` is the connection it is about; for
+    CONNECT_REQUEST it is the new passive id and ``listen_id`` the listener. Address
+    fields are filled by a dialect that carries them (A11, Hello) and from the path
+    otherwise. The agent queues events (:meth:`~softrdma.ibcm.agent.CmAgent.pop_events`);
+    its driver delivers them once its lock is released (``drivers.gsi``)."""
+
+    type: CmEventType
+    cm_id: IbCmId
+    listen_id: IbCmId | None = None
+    private_data: bytes = b""
+    reject: RejectInfo | None = None
+    remote_ip: IpAddress | None = None
+    remote_port: int | None = None
+    local_ip: IpAddress | None = None
+    local_port: int | None = None
+    ud_qpn: int | None = None
+    ud_qkey: int | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    # ---- typed views of ``info`` (the message that caused the event) --------------------
+    def _message(self, key: str, cls: builtins.type[_M]) -> _M | None:
+        """``info[key]`` if it is a ``cls`` message, else None."""
+        m = self.info.get(key)
+        return m if isinstance(m, cls) else None
+
+    @property
+    def req(self) -> Req | None:
+        """The REQ of a CONNECT_REQUEST (IBA 12.6.5)."""
+        return self._message("req", Req)
+
+    @property
+    def rep(self) -> Rep | None:
+        """The REP of a CONNECT_RESPONSE or an active side's ESTABLISHED (IBA 12.6.8)."""
+        return self._message("rep", Rep)
+
+    @property
+    def rej(self) -> Rej | None:
+        """The REJ of a REJECTED (IBA 12.6.7)."""
+        return self._message("rej", Rej)
+
+    @property
+    def sidr(self) -> bool:
+        """A SIDR CONNECT_REQUEST (IBA 12.11): accept it with a UD QP."""
+        return self.info.get("sidr") is True
+
+    @property
+    def sidr_req(self) -> SidrReq | None:
+        """The SIDR_REQ of a SIDR CONNECT_REQUEST (IBA 12.11.1)."""
+        return self._message("sidr_req", SidrReq)
+
+    @property
+    def sidr_rep(self) -> SidrRep | None:
+        """The SIDR_REP of a SIDR ESTABLISHED or REJECTED (IBA 12.11.2)."""
+        return self._message("sidr_rep", SidrRep)
+
+    @property
+    def text(self) -> str:
+        """A readable line (the rejection text for REJECTED/UNREACHABLE)."""
+        if self.reject is not None:
+            return f"{self.type.value}: {self.reject.text}"
+        return self.type.value
+
+    def __repr__(self) -> str:
+        return f"<CmEvent {self.text} id={self.cm_id.local_id:#010x}>"
 
 
 # States in which destroy() sends what disconnect() sends (linux ib_destroy_cm_id).

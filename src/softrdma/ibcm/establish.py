@@ -22,8 +22,10 @@ from typing import TYPE_CHECKING, Any
 from ..errors import InvalidArgument, SoftRdmaError, StateError
 from ..wire import cm as wcm
 from ..wire.cm import MsgType, RejReason, TransportServiceType, time_code_s
+from ..wire.ipcm import IP_CM_SERVICE_ID_MASK, is_ip_cm_service_id
 from . import qpctl
 from .events import CmEventType, RejectInfo
+from .ipcm import IpCmDialect
 from .model import (
     AcceptConn,
     CmState,
@@ -316,7 +318,12 @@ def start_listen(cid: IbCmId, now: float, inp: Listen) -> None:
     cid.backlog = inp.backlog
     if agent.on_listen is not None:  # devd: REQs for it come here
         agent.on_listen(inp.service_id, inp.mask, True)
-    cid.dialect = inp.dialect
+    d = inp.dialect
+    if d is None and is_ip_cm_service_id(inp.service_id) and \
+            inp.mask & IP_CM_SERVICE_ID_MASK == IP_CM_SERVICE_ID_MASK:
+        # CA11-7: REQs to the A11 range are Table 1 formatted, whoever listens.
+        d = IpCmDialect()
+    cid.dialect = d
     agent.listeners.append(cid)
 
 

@@ -7,27 +7,25 @@ the CM is a thin mapping: :class:`CmEventType` values are the rdma_cm names.
 text per cause: the IBA reason (IBA 12.6.7 Table 109)
 and, for reason 28 (Consumer Reject) whose ARI names the RDMA IP CM Service layer, the
 Annex A11 Table 5 code with its suggested value (A11.7, oA11-2).
+
+:class:`CmEvent` (defined beside :class:`~.cmid.IbCmId`, which it names),
+:class:`CmEventType` and :class:`RejectInfo` (:mod:`.model`) are re-exported here.
 """
 
 from __future__ import annotations
 
-import builtins
-from dataclasses import dataclass, field
-from enum import Enum
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TypeVar
 
 from ..errors import DecodeError
-from ..wire.cm import Rej, RejReason, Rep, Req, SidrRep, SidrReq, SidrStatus
-from ..wire.ipcm import IpAddress, IpCmAri, IpCmReject, UlpReject, decode_consumer_ari
-
-if TYPE_CHECKING:
-    from .cmid import IbCmId
+from ..wire.cm import Rej, RejReason, SidrStatus
+from ..wire.ipcm import IpCmAri, IpCmReject, UlpReject, decode_consumer_ari
+from .cmid import CmEvent
+from .model import CmEventType, RejectInfo
 
 __all__ = ["CmEventType", "CmEvent", "RejectInfo", "describe_rej", "describe_sidr_status",
            "reason_name", "lock_free", "is_lock_free"]
 
 _H = TypeVar("_H")
-_M = TypeVar("_M")
 _LOCK_FREE = "cm_lock_free"
 
 
@@ -46,109 +44,6 @@ def lock_free(handler: _H) -> _H:
 def is_lock_free(handler: object) -> bool:
     """True if ``handler`` was marked with :func:`lock_free`."""
     return bool(getattr(handler, _LOCK_FREE, False))
-
-
-class CmEventType(Enum):
-    """What happened to a connection (librdmacm ``RDMA_CM_EVENT_*`` names)."""
-
-    CONNECT_REQUEST = "CONNECT_REQUEST"  # a REQ (or SIDR_REQ) for a listener
-    CONNECT_RESPONSE = "CONNECT_RESPONSE"  # a REP on an id that sends its RTU itself
-    ESTABLISHED = "ESTABLISHED"  # RTU sent/received, or SIDR resolved
-    REJECTED = "REJECTED"  # REJ (or SIDR_REP with a non-zero status) received
-    UNREACHABLE = "UNREACHABLE"  # no answer after every retry
-    CONNECT_ERROR = "CONNECT_ERROR"  # our QP could not take the REP's parameters
-    DISCONNECTED = "DISCONNECTED"  # DREQ received, or DREP / DREQ timeout after our DREQ
-    TIMEWAIT_EXIT = "TIMEWAIT_EXIT"  # the comm ID and QPN may be reused
-
-
-@dataclass(slots=True)
-class RejectInfo:
-    """A rejection as the consumer sees it.
-
-    ``reason`` is the IBA REJ reason (or, for SIDR, None and ``sidr_status`` set);
-    ``ip_cm`` the A11 Table 4 ARI when the IP CM Service rejected; ``ulp_ari`` the
-    RDMA-aware ULP's own ARI bytes (Table 3 layer 0x01); ``text`` one readable line.
-    """
-
-    reason: int | None
-    text: str
-    ari: bytes = b""
-    ip_cm: IpCmReject | None = None
-    ulp_ari: bytes | None = None
-    sidr_status: int | None = None
-
-    @property
-    def consumer_reject(self) -> bool:
-        """True for reason 28 (rdma_cm ``rdma_is_consumer_reject``)."""
-        return self.reason == RejReason.CONSUMER_DEFINED
-
-
-@dataclass(frozen=True, slots=True)
-class CmEvent:
-    """One event, immutable. ``cm_id`` is the connection it is about; for
-    CONNECT_REQUEST it is the new passive id and ``listen_id`` the listener. Address
-    fields are filled by a dialect that carries them (A11, Hello) and from the path
-    otherwise. The agent queues events and delivers them when the lock of its driver is
-    released (:meth:`~softrdma.ibcm.agent.CmAgent.deliver_events`)."""
-
-    type: CmEventType
-    cm_id: IbCmId
-    listen_id: IbCmId | None = None
-    private_data: bytes = b""
-    reject: RejectInfo | None = None
-    remote_ip: IpAddress | None = None
-    remote_port: int | None = None
-    local_ip: IpAddress | None = None
-    local_port: int | None = None
-    ud_qpn: int | None = None
-    ud_qkey: int | None = None
-    info: dict[str, Any] = field(default_factory=dict)
-
-    # ---- typed views of ``info`` (the message that caused the event) --------------------
-    def _message(self, key: str, cls: builtins.type[_M]) -> _M | None:
-        """``info[key]`` if it is a ``cls`` message, else None."""
-        m = self.info.get(key)
-        return m if isinstance(m, cls) else None
-
-    @property
-    def req(self) -> Req | None:
-        """The REQ of a CONNECT_REQUEST (IBA 12.6.5)."""
-        return self._message("req", Req)
-
-    @property
-    def rep(self) -> Rep | None:
-        """The REP of a CONNECT_RESPONSE or an active side's ESTABLISHED (IBA 12.6.8)."""
-        return self._message("rep", Rep)
-
-    @property
-    def rej(self) -> Rej | None:
-        """The REJ of a REJECTED (IBA 12.6.7)."""
-        return self._message("rej", Rej)
-
-    @property
-    def sidr(self) -> bool:
-        """A SIDR CONNECT_REQUEST (IBA 12.11): accept it with a UD QP."""
-        return self.info.get("sidr") is True
-
-    @property
-    def sidr_req(self) -> SidrReq | None:
-        """The SIDR_REQ of a SIDR CONNECT_REQUEST (IBA 12.11.1)."""
-        return self._message("sidr_req", SidrReq)
-
-    @property
-    def sidr_rep(self) -> SidrRep | None:
-        """The SIDR_REP of a SIDR ESTABLISHED or REJECTED (IBA 12.11.2)."""
-        return self._message("sidr_rep", SidrRep)
-
-    @property
-    def text(self) -> str:
-        """A readable line (the rejection text for REJECTED/UNREACHABLE)."""
-        if self.reject is not None:
-            return f"{self.type.value}: {self.reject.text}"
-        return self.type.value
-
-    def __repr__(self) -> str:
-        return f"<CmEvent {self.text} id={self.cm_id.local_id:#010x}>"
 
 
 _REASON_TEXT: dict[int, str] = {

@@ -15,23 +15,27 @@ one typed frozen dataclass per thing that can happen to a connection:
   :class:`CommEst` (the QP's communication-established event, IBA 12.9.7.3).
 
 The table that maps ``(state, input)`` to a typed action and the next state is
-:mod:`softrdma.ibcm.state`.
+:mod:`softrdma.ibcm.state`. What the machine reports to its consumer is named here too:
+:class:`CmEventType` and :class:`RejectInfo` (the events themselves,
+:class:`~.cmid.CmEvent`, name the id they are about).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import IntEnum
+from enum import Enum, IntEnum
 from typing import ClassVar, Generic, TypeVar
 
 from ..wire import cm as wcm
+from ..wire.cm import RejReason
+from ..wire.ipcm import IpCmReject
 from .params import AcceptParams, ConnParams, Dialect, SidrParams
 
 __all__ = [
     "CmState", "PENDING_STATES", "CmInput", "ApiInput", "Connect", "AcceptConn", "Reject",
     "Establish", "SendMra", "Disconnect", "SendDrep", "SidrResolve", "Listen", "Received",
     "Timeout",
-    "CommEst", "MsgT",
+    "CommEst", "MsgT", "CmEventType", "RejectInfo",
 ]
 
 
@@ -190,3 +194,39 @@ class CommEst(CmInput):
     """The QP received a packet before the RTU (IBA 12.9.7.3: communication established)."""
 
     name: ClassVar[str] = "comm_est"
+
+
+# ---- what the machine reports (its events: softrdma.ibcm.cmid.CmEvent) -------------
+class CmEventType(Enum):
+    """What happened to a connection (librdmacm ``RDMA_CM_EVENT_*`` names)."""
+
+    CONNECT_REQUEST = "CONNECT_REQUEST"  # a REQ (or SIDR_REQ) for a listener
+    CONNECT_RESPONSE = "CONNECT_RESPONSE"  # a REP on an id that sends its RTU itself
+    ESTABLISHED = "ESTABLISHED"  # RTU sent/received, or SIDR resolved
+    REJECTED = "REJECTED"  # REJ (or SIDR_REP with a non-zero status) received
+    UNREACHABLE = "UNREACHABLE"  # no answer after every retry
+    CONNECT_ERROR = "CONNECT_ERROR"  # our QP could not take the REP's parameters
+    DISCONNECTED = "DISCONNECTED"  # DREQ received, or DREP / DREQ timeout after our DREQ
+    TIMEWAIT_EXIT = "TIMEWAIT_EXIT"  # the comm ID and QPN may be reused
+
+
+@dataclass(slots=True)
+class RejectInfo:
+    """A rejection as the consumer sees it.
+
+    ``reason`` is the IBA REJ reason (or, for SIDR, None and ``sidr_status`` set);
+    ``ip_cm`` the A11 Table 4 ARI when the IP CM Service rejected; ``ulp_ari`` the
+    RDMA-aware ULP's own ARI bytes (Table 3 layer 0x01); ``text`` one readable line.
+    """
+
+    reason: int | None
+    text: str
+    ari: bytes = b""
+    ip_cm: IpCmReject | None = None
+    ulp_ari: bytes | None = None
+    sidr_status: int | None = None
+
+    @property
+    def consumer_reject(self) -> bool:
+        """True for reason 28 (rdma_cm ``rdma_is_consumer_reject``)."""
+        return self.reason == RejReason.CONSUMER_DEFINED

@@ -29,8 +29,7 @@ from .model import AcceptConn, CmState, Disconnect, Received, Reject, SidrResolv
 from .params import CmPath, DialectReject
 
 if TYPE_CHECKING:
-    from .agent import CmAgent
-    from .cmid import IbCmId
+    from .cmid import CmAgentView, IbCmId
 
 __all__ = ["handle_sidr_req", "send_sidr_req", "sidr_rep_received", "send_sidr_rep",
            "send_sidr_rej", "cancel", "SIDR_CACHE_SIZE"]
@@ -39,7 +38,7 @@ SIDR_CACHE_SIZE = 1024
 _SIDR_STATUS_MAX = SidrStatus.UNSUPPORTED_VERSION  # the highest status of IBA Table 121
 
 
-def _sidr_rep_mad(agent: CmAgent, sgid: bytes, dgid: bytes, rep: wcm.SidrRep, tid: int,
+def _sidr_rep_mad(agent: CmAgentView, sgid: bytes, dgid: bytes, rep: wcm.SidrRep, tid: int,
                   key: tuple[int, bytes]) -> None:
     mad = agent.send_msg(sgid, dgid, rep, tid)
     cache = agent.sidr_cache
@@ -49,7 +48,7 @@ def _sidr_rep_mad(agent: CmAgent, sgid: bytes, dgid: bytes, rep: wcm.SidrRep, ti
 
 
 # ---- server side (IBA 12.11.2) -----------------------------------------------------------
-def handle_sidr_req(agent: CmAgent, msg: wcm.SidrReq, tid: int, src: bytes, dst: bytes,
+def handle_sidr_req(agent: CmAgentView, msg: wcm.SidrReq, tid: int, src: bytes, dst: bytes,
                     now: float) -> None:
     """Server side of a received SIDR_REQ: answered from the cache, refused (status 1
     nobody listens, 2 the dialect refuses), or a new id in SIDR_REQ_RCVD and

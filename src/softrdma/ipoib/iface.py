@@ -15,14 +15,16 @@ RFC 4391 (IPoIB-UD) and RFC 4755 (IPoIB-CM), as docs/protocols.md §10 sums them
 * connections go when the interface stops or the neighbour expires (§3.4).
 
 The engine never reads a clock: ``now`` is passed in; :meth:`next_deadline` says when
-:meth:`on_timer` is due. Malformed input is counted (``counters``) and dropped.
+:meth:`on_timer` is due; :meth:`take_output` gives the driver's outputs (the driver's
+:class:`~softrdma.seam.protocols.Engine` contract). Malformed input is counted
+(``counters``) and dropped.
 """
 
 from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Never
 
 from ..errors import DecodeError, InvalidArgument
 from . import nd
@@ -186,8 +188,14 @@ class IpoibInterface:
         self.groups = []
 
     def take_output(self) -> list[Output]:
+        """The driver's outputs (:mod:`.events`), oldest first."""
         out, self.out = self.out, []
         return out
+
+    def pop_events(self) -> list[Never]:
+        """None: all the interface reports is in :meth:`take_output` and ``counters``
+        (the host sees its packets through the TUN writes)."""
+        return []
 
     def next_deadline(self) -> float | None:
         ds = [d for d in (self.neigh.next_deadline(), self.conns.next_deadline())

@@ -22,16 +22,19 @@ clock here:
   :meth:`IwarpConn.rx_target` for the buffer the next payload bytes belong in (and
   :meth:`IwarpConn.rx_lookahead` for what to read after it), ``recv_into``-s it and
   reports :meth:`IwarpConn.rx_placed`; :meth:`IwarpConn.rx_want` hints a receive size;
-* :meth:`IwarpConn.tx_pending` / :meth:`IwarpConn.pull_tx` give the bytes to send (a
+* :meth:`IwarpConn.tx_pending` / :meth:`IwarpConn.take_output` give the bytes to send (a
   list of buffers: headers, slices of the registered memory, pad + CRC; nothing copied)
   and :meth:`IwarpConn.tx_sent` takes how many the socket accepted (a Send or RDMA
   Write completes only then, RFC 5040 §5.5 rule 14); :meth:`IwarpConn.update_mss`
   follows the TCP MSS (RFC 5044 §4.2); an initiator's first FPDU waits until
-  ``tx_hold_until`` (driver time, see :data:`~.mpa_setup.FIRST_FPDU_HOLD_S`);
+  ``tx_hold_until`` (driver time, see :data:`~.mpa_setup.FIRST_FPDU_HOLD_S`), the
+  connection's one timer: :meth:`IwarpConn.next_deadline`, :meth:`IwarpConn.on_timer`;
 * :meth:`IwarpConn.on_eof` reports the peer's FIN; the driver closes the socket once
   :attr:`IwarpConn.want_close` is set and everything pulled has been sent;
 * :meth:`IwarpConn.pop_events` returns the typed connection events
   (:mod:`.events`) for the connection manager: no callbacks, no strings.
+
+These are the driver's :class:`~softrdma.seam.protocols.Engine` contract.
 
 The connection manager calls :meth:`IwarpConn.accept` / :meth:`IwarpConn.reject` on a
 responder and :meth:`IwarpConn.close`, and reads ``state``, ``reason``, ``negotiated``,
@@ -207,7 +210,7 @@ class IwarpConn:
         return out
 
     def tx_pending(self) -> bool:
-        """True when :meth:`pull_tx` would return bytes."""
+        """True when :meth:`take_output` would return bytes."""
         if self._pre or self._term is not None:
             return True
         if self.state != ConnState.RTS or self._tx_stop:
@@ -309,7 +312,8 @@ class IwarpConn:
         return rest
 
     # ---- transmit ------------------------------------------------------------------------
-    def pull_tx(self, max_bytes: int = _DEFAULT_PULL, max_bufs: int = _DEFAULT_BUFS) -> list[Buf]:
+    def take_output(self, max_bytes: int = _DEFAULT_PULL,
+                    max_bufs: int = _DEFAULT_BUFS) -> list[Buf]:
         """The next bytes to send (whole FPDUs), at least one FPDU if any is ready."""
         out: list[Buf] = []
         total = 0
@@ -335,8 +339,20 @@ class IwarpConn:
             tx.offset += nbytes(bufs)
         return out
 
+    #: the name :meth:`take_output` had before the engine contract
+    pull_tx = take_output
+
+    def next_deadline(self) -> float | None:
+        """When the initiator's first FPDU may leave (``tx_hold_until``), None if no hold."""
+        return self.tx_hold_until or None
+
+    def on_timer(self, now: float) -> None:
+        """The first-FPDU hold ends once ``now`` reaches it."""
+        if self.tx_hold_until and now >= self.tx_hold_until:
+            self.tx_hold_until = 0.0
+
     def tx_sent(self, n: int) -> None:
-        """``n`` more bytes of what :meth:`pull_tx` returned were accepted by the LLP."""
+        """``n`` more bytes of what :meth:`take_output` returned were accepted by the LLP."""
         self.dev.counters.sent_bytes += n
         self.tx.acked(n)
 

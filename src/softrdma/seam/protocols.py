@@ -21,20 +21,55 @@ A QP engine (IBA 10.2.4, 11.2.4-11.2.5) takes ``modify`` (validated attributes, 
 state transitions), ``query``, ``post_send`` / ``post_recv`` (work requests, IBA 11.4.1),
 ``to_error`` (the flush of IBA 10.3.1.7) and ``destroy``; it delivers completions to
 its CQs' sinks and asynchronous events to its device's event queue.
+
+Every sans-I/O protocol core a driver runs follows one :class:`Engine` contract: the
+driver feeds it input (packets, bytes, MADs, consumer requests, each with the time),
+then takes what it must send with ``take_output()``, the typed events for the layer
+above with ``pop_events()``, and calls ``on_timer(now)`` once ``now >=
+next_deadline()``. The four engines: :class:`~softrdma.ib.port.Port` (RoCE packets,
+:class:`~softrdma.seam.events.EngineEvent`), :class:`~softrdma.iwarp.engine.IwarpConn`
+(MPA/DDP/RDMAP bytes, :mod:`softrdma.iwarp.events`),
+:class:`~softrdma.ipoib.iface.IpoibInterface` (IPoIB datagrams and link actions) and
+:class:`~softrdma.ibcm.agent.CmAgent` (CM MADs, :class:`~softrdma.ibcm.events.CmEvent`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
-from typing import Protocol
+from typing import Protocol, TypeVar, runtime_checkable
 
 from .attrs import ModifyAttrs, QueryAttrs
 from .events import AsyncEventType, EventQueue
 from .queues import EngineSRQ, QPInit
 from .types import MemoryRegion, RecvWQE, SendWQE
 
-__all__ = ["CounterSet", "DeviceEngine", "ModifyAttrs", "QPEngine", "QueryAttrs", "Timed"]
+__all__ = ["CounterSet", "DeviceEngine", "Engine", "ModifyAttrs", "QPEngine", "QueryAttrs",
+           "Timed"]
+
+_Out = TypeVar("_Out")
+_Ev = TypeVar("_Ev")
+
+
+@runtime_checkable
+class Engine(Protocol[_Out, _Ev]):
+    """The contract between a sans-I/O protocol core and its driver (see the module
+    docstring). The engine never reads a clock nor touches a socket: the driver owns
+    both, and any lock or thread."""
+
+    def take_output(self) -> list[_Out]:
+        """What to send (packets, bytes, MADs or link actions), oldest first; each item
+        is returned once."""
+
+    def pop_events(self) -> list[_Ev]:
+        """The typed events for the layer above since the last call, oldest first."""
+
+    def next_deadline(self) -> float | None:
+        """When :meth:`on_timer` must next run (None: no timer armed)."""
+
+    def on_timer(self, now: float) -> None:
+        """Run what is due at ``now`` (the driver calls it once ``now >=
+        next_deadline()``)."""
 
 
 class Timed(Protocol):
