@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from softrdma import verbs as _v
@@ -29,8 +30,7 @@ class QPCap(_v.QPCap, PyverbsObject):
     """``struct ibv_qp_cap``: softrdma's, with pyverbs's ``copy`` and text."""
 
     def copy(self) -> QPCap:
-        return QPCap(self.max_send_wr, self.max_recv_wr, self.max_send_sge,
-                     self.max_recv_sge, self.max_inline_data)
+        return replace(self)
 
     def __str__(self) -> str:
         return (f"max send wrs: {self.max_send_wr}, max recv wrs: {self.max_recv_wr}, "
