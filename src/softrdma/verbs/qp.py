@@ -124,8 +124,7 @@ class QP(VerbsObject):
         if ctx.transport == "iwarp" and qpt != RC:  # iWARP: RC only (siw)
             raise NotSupported(f"QP type {e.ibv_qp_type(qpt).name}: iWARP devices "
                                "support RC QPs only")
-        self._count_on(ctx.objects, "max_qp")
-        try:
+        with self._counting(ctx.objects, "max_qp"):
             if qpt == XRC_SEND:  # the RC requester with the XRC wire (softrdma.ib.xrc)
                 self.engine: QPEngine = runtime.call(XrcIniQP, ctx.port, QPInit(
                     RC, pd, scq.push, rcq.push, None, cap.max_send_wr, 0, cap.max_send_sge, 0,
@@ -135,9 +134,6 @@ class QP(VerbsObject):
                     qpt, pd, scq.push, rcq.push, srq.engine if srq is not None else None,
                     cap.max_send_wr, max_recv_wr, cap.max_send_sge, max_recv_sge,
                     cap.max_inline_data, bool(init_attr.sq_sig_all)))
-        except BaseException:
-            self._count_undo()
-            raise
         # the opcodes the transport carries (None: all of IB's, checked per QP type)
         self._send_opcodes = self.engine.send_opcodes
         self._max_read_sge = self.engine.max_read_sge
@@ -184,12 +180,8 @@ class QP(VerbsObject):
         ctx: Context = xrcd.ctx
         runtime: DeviceRuntime = ctx.runtime
         if qpn is None:
-            self._count_on(ctx.objects, "max_qp")
-            try:
+            with self._counting(ctx.objects, "max_qp"):
                 self.engine = runtime.call(XrcTgtQP, ctx.port, xrcd.domain)
-            except BaseException:
-                self._count_undo()
-                raise
         else:
             engine = xrcd.domain.tgt_qps.get(qpn)
             if engine is None:

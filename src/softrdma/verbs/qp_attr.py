@@ -47,21 +47,17 @@ class QPCap:
     max_inline_data: int = 0
 
 
+@dataclass(eq=False, slots=True)
 class QPInitAttr:
     """``struct ibv_qp_init_attr`` (pyverbs names ``scq``/``rcq``)."""
 
-    __slots__ = ("qp_type", "qp_context", "scq", "rcq", "srq", "cap", "sq_sig_all")
-
-    def __init__(self, qp_type: int = UD, qp_context: object = None, scq: CQ | None = None,
-                 rcq: CQ | None = None, srq: SRQ | None = None, cap: QPCap | None = None,
-                 sq_sig_all: int = 0) -> None:
-        self.qp_type = qp_type
-        self.qp_context = qp_context
-        self.scq = scq
-        self.rcq = rcq
-        self.srq = srq
-        self.cap = cap if cap is not None else QPCap()
-        self.sq_sig_all = sq_sig_all
+    qp_type: int = UD
+    qp_context: object = None
+    scq: CQ | None = None
+    rcq: CQ | None = None
+    srq: SRQ | None = None
+    cap: QPCap = field(default_factory=QPCap)
+    sq_sig_all: int = 0
 
     @property
     def send_cq(self) -> CQ | None:

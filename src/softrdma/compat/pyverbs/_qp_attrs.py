@@ -14,7 +14,7 @@ from softrdma import verbs as _v
 
 from . import libibverbs_enums as e
 from .addr import AHAttr, GlobalRoute
-from .base import Forward, PyverbsCM, PyverbsObject
+from .base import Copied, Forward, PyverbsCM, PyverbsObject
 from .cq import CQ
 from .pyverbs_error import PyverbsUserError
 from .utils import flags_to_str
@@ -42,15 +42,7 @@ class _CapView(PyverbsObject):
     """Flat ``max_*`` accessors over a ``_cap`` (pyverbs init attributes)."""
 
     _cap: QPCap
-
-    @property
-    def cap(self) -> QPCap:
-        return self._cap.copy()
-
-    @cap.setter
-    def cap(self, val: QPCap | None) -> None:
-        if val is not None:
-            self._cap = val.copy()
+    cap = Copied[QPCap](QPCap.copy)
 
     max_send_wr = Forward[int]("_cap")
     max_recv_wr = Forward[int]("_cap")
@@ -137,7 +129,7 @@ def ah_attr_from_verbs(vah: Any) -> AHAttr:
     """The pyverbs :class:`AHAttr` of a softrdma :class:`~softrdma.verbs.AHAttr`."""
     g = vah.gr
     gr = GlobalRoute(g.dgid.raw, g.flow_label, g.sgid_index, g.hop_limit,
-                     g.traffic_class) if g is not None else None
+                     g.traffic_class) if g is not None else GlobalRoute()
     return AHAttr(vah.dlid, vah.sl, vah.src_path_bits, vah.static_rate, vah.is_global,
                   vah.port_num, gr)
 
@@ -190,40 +182,12 @@ class QPAttr(PyverbsObject):
         for f in _QPATTR_INTS:
             setattr(self, f, 0)
         self._cap = QPCap(0, 0, 0, 0, 0)
-        self._ah = AHAttr(port_num=0)
-        self._alt_ah = AHAttr(port_num=0)
+        self._ah_attr = AHAttr(port_num=0)
+        self._alt_ah_attr = AHAttr(port_num=0)
 
-    @property
-    def cap(self) -> QPCap:
-        return self._cap.copy()
-
-    @cap.setter
-    def cap(self, val: QPCap) -> None:
-        self._cap = val.copy()
-
-    @staticmethod
-    def _copy_ah(a: AHAttr) -> AHAttr:
-        return AHAttr(a.dlid, a.sl, a.src_path_bits, a.static_rate, a.is_global, a.port_num,
-                      GlobalRoute(a.gr.dgid, a.gr.flow_label, a.gr.sgid_index,
-                                  a.gr.hop_limit, a.gr.traffic_class))
-
-    @property
-    def ah_attr(self) -> AHAttr:
-        return self._copy_ah(self._ah)
-
-    @ah_attr.setter
-    def ah_attr(self, val: AHAttr | None) -> None:
-        if val is not None:
-            self._ah = self._copy_ah(val)
-
-    @property
-    def alt_ah_attr(self) -> AHAttr:
-        return self._copy_ah(self._alt_ah)
-
-    @alt_ah_attr.setter
-    def alt_ah_attr(self, val: AHAttr | None) -> None:
-        if val is not None:
-            self._alt_ah = self._copy_ah(val)
+    cap = Copied[QPCap](QPCap.copy)
+    ah_attr = Copied[AHAttr](AHAttr.copy)
+    alt_ah_attr = Copied[AHAttr](AHAttr.copy)
 
     def to_verbs(self, mask: int) -> _v.QPAttr:
         """The softrdma :class:`~softrdma.verbs.QPAttr` with this content."""
@@ -235,9 +199,9 @@ class QPAttr(PyverbsObject):
         v.cap = _v.QPCap(c.max_send_wr, c.max_recv_wr, c.max_send_sge, c.max_recv_sge,
                          c.max_inline_data)
         if mask & M.IBV_QP_AV:
-            v.ah_attr = self._ah.to_verbs()
+            v.ah_attr = self._ah_attr.to_verbs()
         if mask & M.IBV_QP_ALT_PATH:
-            v.alt_ah_attr = self._alt_ah.to_verbs()
+            v.alt_ah_attr = self._alt_ah_attr.to_verbs()
         return v
 
     def __str__(self) -> str:
