@@ -129,7 +129,7 @@ def ah_attr_from_verbs(vah: Any) -> AHAttr:
     """The pyverbs :class:`AHAttr` of a softrdma :class:`~softrdma.verbs.AHAttr`."""
     g = vah.gr
     gr = GlobalRoute(g.dgid.raw, g.flow_label, g.sgid_index, g.hop_limit,
-                     g.traffic_class) if g is not None else GlobalRoute()
+                     g.traffic_class) if g is not None else None
     return AHAttr(vah.dlid, vah.sl, vah.src_path_bits, vah.static_rate, vah.is_global,
                   vah.port_num, gr)
 

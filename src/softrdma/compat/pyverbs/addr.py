@@ -10,7 +10,7 @@ A :class:`GID` prints as pyverbs does, eight groups of four hex digits
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from softrdma import verbs as _v
@@ -87,27 +87,27 @@ class GlobalRoute(_v.GlobalRoute, PyverbsObject):
         return GID(value)
 
 
-@dataclass(eq=False)
 class AHAttr(PyverbsObject):
     """``struct ibv_ah_attr``; the GRH fields are also reachable flat (``dgid`` ...).
     ``gr`` is copied in (C struct semantics); None stands for an empty one."""
 
-    dlid: int = 0
-    sl: int = 0
-    src_path_bits: int = 0
-    static_rate: int = 0
-    is_global: int = 0
-    port_num: int = 1
-    gr: GlobalRoute = field(default_factory=GlobalRoute)
-
-    def __post_init__(self) -> None:
-        gr: GlobalRoute | None = self.gr
+    def __init__(self, dlid: int = 0, sl: int = 0, src_path_bits: int = 0,
+                 static_rate: int = 0, is_global: int = 0, port_num: int = 1,
+                 gr: GlobalRoute | None = None) -> None:
+        super().__init__()
+        self.dlid = dlid
+        self.sl = sl
+        self.src_path_bits = src_path_bits
+        self.static_rate = static_rate
+        self.is_global = is_global
+        self.port_num = port_num
         self.gr = GlobalRoute() if gr is None else GlobalRoute(
             gr.dgid, gr.flow_label, gr.sgid_index, gr.hop_limit, gr.traffic_class)
 
     def copy(self) -> AHAttr:
         """A copy, its GRH fields included (C struct assignment)."""
-        return replace(self)
+        return AHAttr(self.dlid, self.sl, self.src_path_bits, self.static_rate,
+                      self.is_global, self.port_num, self.gr)
 
     # flat views of the GRH, as pyverbs offers them
     @property
