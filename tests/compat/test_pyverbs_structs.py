@@ -80,6 +80,13 @@ def test_qp_attr_members_are_copied_in_and_out() -> None:
     assert init.cap is not cap and init.max_send_wr == 99
     init.max_send_wr = 3
     assert init.cap.max_send_wr == 3 and cap.max_send_wr == 99
+    assert init.send_cq is None and init.recv_cq is None
+    with pytest.raises(PyverbsUserError, match="Expected CQ"):
+        init.send_cq = object()
+    with pytest.raises(PyverbsUserError, match="Expected CQ"):
+        QPInitAttr(rcq=object())
+    init.recv_cq = None
+    assert init.rcq is None
 
 
 def test_enum_texts() -> None:

@@ -402,6 +402,12 @@ class QP(VerbsObject):
         self._runtime.call(_set)
 
     # ---- multicast -----------------------------------------------------------------------------------
+    def _mcast(self, gid: GID | str | bytes, link_op: str) -> tuple[bytes, Any]:
+        """The checked multicast GID of ``ibv_attach_mcast``/``ibv_detach_mcast`` and the
+        link's ``link_op`` (a shared device's devd group; None on a private device)."""
+        self._check()
+        return self._mgid(gid), getattr(self._runtime.link, link_op, None)
+
     def _mgid(self, gid: GID | str | bytes) -> bytes:
         if self.qp_type != UD:
             raise InvalidArgument("qp", "only UD QPs attach to multicast groups (IBA 10.5.2)")
@@ -413,10 +419,8 @@ class QP(VerbsObject):
 
     def attach_mcast(self, gid: GID | str | bytes, lid: int = 0) -> None:
         """``ibv_attach_mcast``; a shared device also asks its devd for the group."""
-        self._check()
-        mgid = self._mgid(gid)
+        mgid, join = self._mcast(gid, "attach_mcast")
         port = self._port
-        join = getattr(self._runtime.link, "attach_mcast", None)
 
         def _attach() -> None:
             first = mgid not in port.mcast
@@ -428,10 +432,8 @@ class QP(VerbsObject):
 
     def detach_mcast(self, gid: GID | str | bytes, lid: int = 0) -> None:
         """``ibv_detach_mcast``; the devd group is left with the process's last member."""
-        self._check()
-        mgid = self._mgid(gid)
+        mgid, leave = self._mcast(gid, "detach_mcast")
         port = self._port
-        leave = getattr(self._runtime.link, "detach_mcast", None)
 
         def _detach() -> None:
             members = port.mcast.get(mgid)

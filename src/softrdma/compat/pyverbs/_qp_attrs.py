@@ -14,7 +14,7 @@ from softrdma import verbs as _v
 
 from . import libibverbs_enums as e
 from .addr import AHAttr, GlobalRoute
-from .base import Copied, Forward, PyverbsCM, PyverbsObject
+from .base import Alias, Copied, Forward, PyverbsCM, PyverbsObject
 from .cq import CQ
 from .pyverbs_error import PyverbsUserError
 from .utils import flags_to_str
@@ -71,21 +71,8 @@ class QPInitAttr(_CapView):
         self.qp_type = qp_type
         self.sq_sig_all = sq_sig_all
 
-    @property
-    def send_cq(self) -> Any:
-        return self.scq
-
-    @send_cq.setter
-    def send_cq(self, val: Any) -> None:
-        self.scq = _check_cq(val)
-
-    @property
-    def recv_cq(self) -> Any:
-        return self.rcq
-
-    @recv_cq.setter
-    def recv_cq(self, val: Any) -> None:
-        self.rcq = _check_cq(val)
+    send_cq = Alias[Any]("scq", _check_cq)
+    recv_cq = Alias[Any]("rcq", _check_cq)
 
 
 class QPInitAttrEx(QPInitAttr):

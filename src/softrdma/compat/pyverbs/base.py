@@ -8,6 +8,7 @@
 * :class:`Forward`: a flat view of a field of an inner struct (``ah_attr.flow_label`` is
   ``ah_attr.gr.flow_label``), as pyverbs's classes offer them.
 * :class:`Copied`: a struct member copied in and out (``qp_attr.cap``), as in C.
+* :class:`Alias`: another name of an attribute, checked on write (``send_cq``/``scq``).
 * :func:`translate`: turns a :class:`softrdma.errors.SoftRdmaError` raised inside its
   block into the :class:`PyverbsRDMAError` libibverbs's return code would give, keeping
   the errno (EINVAL, EOPNOTSUPP, ENOMEM ...).
@@ -28,7 +29,8 @@ from softrdma.verbs._object import Closing
 from .pyverbs_error import PyverbsRDMAError
 
 __all__ = ["PyverbsObject", "PyverbsCM", "PyverbsRDMAErrno", "PyverbsRDMAError", "inc_rkey",
-           "translate", "rdma_error", "Forward", "Copied", "LOG_LEVEL", "LOG_FORMAT"]
+           "translate", "rdma_error", "Forward", "Copied", "Alias", "LOG_LEVEL",
+           "LOG_FORMAT"]
 
 _T = TypeVar("_T")
 
@@ -143,3 +145,18 @@ class Copied(_Member[_T]):
     def __set__(self, obj: object, val: _T | None) -> None:
         if val is not None:
             setattr(obj, f"_{self._name}", self._copy(val))
+
+
+class Alias(_Member[_T]):
+    """Another name of attribute ``target``, whose writes go through ``check`` (which
+    returns the value to store or raises): ``send_cq = Alias[Any]("scq", check_cq)``."""
+
+    def __init__(self, target: str, check: Callable[[_T], _T]) -> None:
+        self._target = target
+        self._check = check
+
+    def _read(self, obj: object) -> _T:
+        return cast(_T, getattr(obj, self._target))
+
+    def __set__(self, obj: object, val: _T) -> None:
+        setattr(obj, self._target, self._check(val))
