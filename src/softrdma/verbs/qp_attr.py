@@ -108,8 +108,9 @@ class QPAttr:
     def __init__(self, qp_state: int = int(e.IBV_QPS_INIT),
                  cur_qp_state: int = int(e.IBV_QPS_RESET), port_num: int = 1,
                  path_mtu: int = int(e.IBV_MTU_1024), **fields: Any) -> None:
-        for f in _QPATTR_DEFAULTS:
-            setattr(self, f.name, f.default_factory() if callable(f.default_factory) else f.default)
+        for name, value in _QPATTR_VALUES:
+            setattr(self, name, value)
+        self.cap = _no_qp_cap()
         self.qp_state = qp_state
         self.cur_qp_state = cur_qp_state
         self.port_num = port_num
@@ -125,8 +126,10 @@ class QPAttr:
         return f"QPAttr({inner})"
 
 
-_QPATTR_DEFAULTS = dataclass_fields(QPAttr)
-QPATTR_FIELDS = tuple(f.name for f in _QPATTR_DEFAULTS)
+QPATTR_FIELDS = tuple(f.name for f in dataclass_fields(QPAttr))
+#: the fields with a plain default value (``cap`` has a factory)
+_QPATTR_VALUES = tuple((f.name, f.default) for f in dataclass_fields(QPAttr)
+                       if not callable(f.default_factory))
 
 
 def _mask_names(mask: int) -> str:
