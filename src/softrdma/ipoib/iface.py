@@ -23,8 +23,9 @@ The engine never reads a clock: ``now`` is passed in; :meth:`next_deadline` says
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal, Never
+from typing import Literal, Never, TypeVar
 
 from ..errors import DecodeError, InvalidArgument
 from . import nd
@@ -59,6 +60,8 @@ from .ip import IPV6_MIN_MTU, IpInfo, fragment_ipv4, icmp4_frag_needed, icmp6_to
 from .neigh import Expired, NeighbourTable, NeighConfig, NudState, Probe, Resolved, Unresolved
 
 __all__ = ["IfaceConfig", "IpoibInterface", "Counters", "ALL_NODES", "ALL_HOSTS"]
+
+_D = TypeVar("_D")
 
 Mode = Literal["connected", "datagram"]
 Address = ipaddress.IPv4Interface | ipaddress.IPv6Interface
@@ -411,10 +414,8 @@ class IpoibInterface:
         """An IPoIB message received on the UD QP (GRH already stripped)."""
         if src_qpn == self.hwaddr.qpn and src_gid == self.hwaddr.gid:
             return  # our own multicast, looped back by the underlay
-        try:
-            etype = decode_encap(msg)
-        except DecodeError:
-            self.counters["rx_bad_encap"] += 1
+        etype = self._decode(decode_encap, msg, "rx_bad_encap")
+        if etype is None:
             return
         body = msg[4:]
         if etype == EtherType.ARP:
@@ -430,10 +431,8 @@ class IpoibInterface:
 
     def receive_conn(self, conn_id: int, msg: bytes | memoryview, now: float) -> None:
         """An IPoIB message received on connection ``conn_id``."""
-        try:
-            etype = decode_encap(msg)
-        except DecodeError:
-            self.counters["rx_bad_encap"] += 1
+        etype = self._decode(decode_encap, msg, "rx_bad_encap")
+        if etype is None:
             return
         body = msg[4:]
         info = self._check_ip(etype, body)
@@ -445,6 +444,24 @@ class IpoibInterface:
             c.rx_bytes += info.total_len
             c.last_used = now
         self._deliver(body, info, "rx_conn")
+
+    def _decode(self, decode: Callable[[bytes | memoryview], _D], data: bytes | memoryview,
+                counter: str) -> _D | None:
+        """``decode(data)``, or None when it is malformed (``DecodeError``): counted under
+        ``counter`` and dropped."""
+        try:
+            return decode(data)
+        except DecodeError:
+            self.counters[counter] += 1
+            return None
+
+    def _hw_refused(self, hw: HwAddr, counter: str) -> bool:
+        """True (counted under ``counter``) when ``hw`` cannot be a neighbour's address:
+        a multicast address, or QPN 0 or 1 (the SMI and GSI QPs, never an IPoIB UD QP)."""
+        if hw.multicast or hw.qpn in (0, 1):
+            self.counters[counter] += 1
+            return True
+        return False
 
     def _check_ip(self, etype: int, body: bytes | memoryview) -> IpInfo | None:
         if etype == EtherType.ARP:
@@ -469,13 +486,8 @@ class IpoibInterface:
 
     # ---- address resolution ------------------------------------------------------
     def _receive_arp(self, body: bytes | memoryview, now: float) -> None:
-        try:
-            arp = ArpPacket.decode(body)
-        except DecodeError:
-            self.counters["rx_bad_arp"] += 1
-            return
-        if arp.sender_hw.multicast or arp.sender_hw.qpn in (0, 1):
-            self.counters["rx_bad_arp"] += 1
+        arp = self._decode(ArpPacket.decode, body, "rx_bad_arp")
+        if arp is None or self._hw_refused(arp.sender_hw, "rx_bad_arp"):
             return
         ours = arp.target_ip in self._local_ips
         if arp.sender_ip != bytes(4) and arp.sender_ip not in self._local_ips:
@@ -491,13 +503,8 @@ class IpoibInterface:
         self._neigh_output(now)
 
     def _receive_nd(self, pkt: bytes | memoryview, now: float) -> None:
-        try:
-            msg = nd.decode(pkt)
-        except DecodeError:
-            self.counters["rx_bad_nd"] += 1
-            return
-        if msg.lladdr is not None and (msg.lladdr.multicast or msg.lladdr.qpn in (0, 1)):
-            self.counters["rx_bad_nd"] += 1
+        msg = self._decode(nd.decode, pkt, "rx_bad_nd")
+        if msg is None or msg.lladdr is not None and self._hw_refused(msg.lladdr, "rx_bad_nd"):
             return
         if msg.type == nd.NdType.NEIGHBOR_SOLICITATION:
             if msg.target not in self._local_ips:

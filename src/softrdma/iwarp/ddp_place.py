@@ -24,6 +24,7 @@ The QP and the device are seen through :class:`PlacementQP` and :class:`Placemen
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..enums import ibv_access_flags as ACC
@@ -150,20 +151,17 @@ def segment(msg: TxMsg, maxpay_t: int, maxpay_u: int) -> tuple[list[Buf], int, b
     return [hdr, *gather(segs, off, n)], n, last
 
 
+@dataclass(eq=False, slots=True)
 class ReadCtx:
     """An outstanding outbound RDMA Read (an ORQ entry): the tagged sink buffer its
-    Read Response is placed into (RFC 5040 §4.5)."""
+    Read Response is placed into (RFC 5040 §4.5); ``received`` bytes of it so far."""
 
-    __slots__ = ("wqe", "sink_stag", "sink_to", "size", "segs", "received")
-
-    def __init__(self, wqe: SendWQE | None, sink_stag: int, sink_to: int, size: int,
-                 segs: list[memoryview]) -> None:
-        self.wqe = wqe
-        self.sink_stag = sink_stag
-        self.sink_to = sink_to
-        self.size = size
-        self.segs = segs
-        self.received = 0
+    wqe: SendWQE | None
+    sink_stag: int
+    sink_to: int
+    size: int
+    segs: list[memoryview]
+    received: int = field(default=0, init=False)
 
 
 class DdpRx:

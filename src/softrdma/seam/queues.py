@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..enums import ibv_wc_opcode as _WCO
 from ..enums import ibv_wc_status as _WCS
@@ -29,21 +29,20 @@ WC_RECV = int(_WCO.IBV_WC_RECV)
 _NOT_YET = (RESET, INIT, RTR)
 
 
+@dataclass(eq=False, repr=False)
 class EngineSRQ:
     """A shared receive queue (IBA 10.2.9): receive WQEs taken by any QP attached to it.
 
     ``events`` is the device's event queue (SRQ_LIMIT_REACHED goes there)."""
 
-    def __init__(self, events: EventQueue, pd: object, max_wr: int, max_sge: int,
-                 srq_limit: int = 0) -> None:
-        self.events = events
-        self.pd = pd
-        self.max_wr = max_wr
-        self.max_sge = max_sge
-        self.srq_limit = srq_limit
-        self.q: deque[RecvWQE] = deque()
-        self.closed = False
-        self.error = False
+    events: EventQueue
+    pd: object
+    max_wr: int
+    max_sge: int
+    srq_limit: int = 0
+    q: deque[RecvWQE] = field(default_factory=deque, init=False)
+    closed: bool = field(default=False, init=False)
+    error: bool = field(default=False, init=False)
 
     def __len__(self) -> int:
         return len(self.q)

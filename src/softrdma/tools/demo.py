@@ -91,12 +91,17 @@ class Endpoint:
 
     def close(self) -> None:
         """Destroy QP, CQ, MR, PD."""
-        for obj in reversed(self.closers):
-            try:
-                obj.close()
-            except SoftRdmaError:
-                pass
-        self.closers.clear()
+        _close_all(self.closers)
+
+
+def _close_all(objs: list[Any]) -> None:
+    """Close ``objs`` newest first (a failing close does not stop the others); empty it."""
+    for obj in reversed(objs):
+        try:
+            obj.close()
+        except SoftRdmaError:
+            pass
+    objs.clear()
 
 
 def _make_endpoint(ctx: v.Context, name: str, size: int) -> Endpoint:
@@ -115,8 +120,7 @@ def _make_endpoint(ctx: v.Context, name: str, size: int) -> Endpoint:
         qp = v.QP(pd, v.QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=cap))
         closers.append(qp)
     except SoftRdmaError:
-        for obj in reversed(closers):
-            obj.close()
+        _close_all(closers)
         raise
     off_atomic = 2 * size + (-(int(mr.addr) + 2 * size)) % 8  # IBA 9.4.5: 8-byte aligned
     return Endpoint(name, pd, buf, mr, cq, qp, off_data=0, off_rdma=size,

@@ -14,9 +14,11 @@
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from operator import attrgetter
 from types import TracebackType
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Generic, Self, TypeVar, overload
 
 from ..errors import ClosedError
 from .limits import ObjectCounts
@@ -24,7 +26,9 @@ from .limits import ObjectCounts
 if TYPE_CHECKING:
     from ..drivers.progress import DeviceRuntime
 
-__all__ = ["Closing", "VerbsObject", "release_on"]
+__all__ = ["Closing", "VerbsObject", "EngineView", "release_on"]
+
+_T = TypeVar("_T")
 
 
 def release_on(runtime: DeviceRuntime, fn: Callable[..., object], *args: object) -> None:
@@ -72,6 +76,17 @@ class VerbsObject(Closing):
         counts.take(limit)
         self._counted = (counts, limit)
 
+    @contextmanager
+    def _counting(self, counts: ObjectCounts, limit: str) -> Iterator[None]:
+        """:meth:`_count_on` for the block that creates this object's engine side: the
+        count is given back if the block raises."""
+        self._count_on(counts, limit)
+        try:
+            yield
+        except BaseException:
+            self._count_undo()
+            raise
+
     def _count_undo(self) -> None:
         counted = self.__dict__.pop("_counted", None)
         if counted is not None:
@@ -91,6 +106,15 @@ class VerbsObject(Closing):
             p._check()
             p._dependents.add(self)
             self._parents.append(p)
+
+    def _move(self, old: VerbsObject, new: VerbsObject) -> None:
+        """Make ``self`` a dependent of ``new`` instead of ``old`` (an MR re-registered
+        into another PD, ``ibv_rereg_mr(IBV_REREG_MR_CHANGE_PD)``)."""
+        if new is old:
+            return
+        old._dependents.discard(self)
+        self._parents.remove(old)
+        self._depend_on(new)
 
     def _check(self) -> None:
         if self._closed:
@@ -120,3 +144,22 @@ class VerbsObject(Closing):
 
 def _rank(obj: VerbsObject) -> int:
     return obj._close_rank
+
+
+class EngineView(property, Generic[_T]):
+    """A read-only attribute of a verbs object that is an attribute of its engine-side
+    object: ``lkey = EngineView[int]("engine_mr.lkey")`` makes ``mr.lkey``
+    ``mr.engine_mr.lkey`` (a property whose getter is an ``attrgetter``: no Python-level
+    call on the data path)."""
+
+    def __init__(self, path: str, doc: str | None = None) -> None:
+        super().__init__(attrgetter(path), doc=doc)
+
+    if TYPE_CHECKING:
+        @overload
+        def __get__(self, obj: None, objtype: type | None = None) -> Self: ...
+
+        @overload
+        def __get__(self, obj: object, objtype: type | None = None) -> _T: ...
+
+        def __get__(self, obj: object | None, objtype: type | None = None) -> Self | _T: ...

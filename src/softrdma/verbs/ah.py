@@ -36,7 +36,7 @@ class GlobalRoute:
 
     def __init__(self, dgid: GID | str | bytes | None = None, flow_label: int = 0,
                  sgid_index: int = 0, hop_limit: int = 1, traffic_class: int = 0) -> None:
-        self.dgid = GID(dgid) if dgid is not None else GID(bytes(16))
+        self.dgid = self._gid(dgid if dgid is not None else bytes(16))
         self.flow_label = flow_label
         self.sgid_index = sgid_index
         self.hop_limit = hop_limit
@@ -46,6 +46,11 @@ class GlobalRoute:
         return (f"GlobalRoute(dgid={self.dgid.gid!r}, flow_label={self.flow_label}, "
                 f"sgid_index={self.sgid_index}, hop_limit={self.hop_limit}, "
                 f"traffic_class={self.traffic_class})")
+
+    @staticmethod
+    def _gid(value: GID | str | bytes) -> GID:
+        """``dgid`` as this class holds it (a subclass may hold a subclass of GID)."""
+        return GID(value)
 
 
 @dataclass(eq=False, slots=True)

@@ -32,7 +32,7 @@ from ..errors import InvalidArgument
 from ..seam.protocols import DeviceEngine
 from ..seam.types import MemoryRegion
 from ._args import U64, data_bytes, uint
-from ._object import VerbsObject, release_on
+from ._object import EngineView, VerbsObject, release_on
 from .limits import max_mr_size
 from .pd import PD, open_pd
 
@@ -143,13 +143,9 @@ class MR(VerbsObject):
         port: DeviceEngine = ctx.port
         #: registered with IBV_ACCESS_ON_DEMAND (the engine's access is the rest)
         self.on_demand = bool(access & _ODP)
-        self._count_on(ctx.objects, "max_mr")
-        try:
+        with self._counting(ctx.objects, "max_mr"):
             self._emr: MemoryRegion = runtime.call(port.register_mr, mv, va, access & ~_ODP, pd,
                                                    zero_based)
-        except BaseException:
-            self._count_undo()
-            raise
         self._depend_on(pd)
         self.pd = pd
         self._runtime = runtime
@@ -159,28 +155,17 @@ class MR(VerbsObject):
         self._finalizer = weakref.finalize(self, _defer_dereg, runtime, port, self._emr)
 
     # ---- pyverbs attributes ----------------------------------------------------------------
-    @property
-    def lkey(self) -> int:
-        return self._emr.lkey
-
-    @property
-    def rkey(self) -> int:
-        return self._emr.rkey
+    lkey = EngineView[int]("_emr.lkey")
+    rkey = EngineView[int]("_emr.rkey")
+    addr = EngineView[int]("_emr.addr", "The region's virtual address (what SGE ``addr`` and "
+                           "remote VAs refer to).")
+    length = EngineView[int]("_emr.length")
 
     @property
     def buf(self) -> memoryview:
         """The registered bytes (a writable memoryview unless the buffer is read-only)."""
         self._check()
         return self._buf
-
-    @property
-    def addr(self) -> int:
-        """The region's virtual address (what SGE ``addr`` and remote VAs refer to)."""
-        return self._emr.addr
-
-    @property
-    def length(self) -> int:
-        return self._emr.length
 
     @property
     def access(self) -> int:

@@ -24,7 +24,7 @@ from .. import enums as e
 from ..errors import InvalidArgument, NotSupported
 from ..ib.port import Port
 from ..seam.types import MemoryRegion
-from ._object import VerbsObject, release_on
+from ._object import EngineView, VerbsObject, release_on
 from .pd import PD, open_pd
 
 __all__ = ["ProcessMemory", "ProcessMemoryRegion", "SIZE_MAX", "mapped", "ImplicitMR"]
@@ -133,13 +133,8 @@ class ImplicitMR(VerbsObject):
         self.pd = pd
         self.access = access
 
-    @property
-    def lkey(self) -> int:
-        return self.engine_mr.lkey
-
-    @property
-    def rkey(self) -> int:
-        return self.engine_mr.rkey
+    lkey = EngineView[int]("engine_mr.lkey")
+    rkey = EngineView[int]("engine_mr.rkey")
 
     def _release(self) -> None:
         release_on(self._runtime, self._port.deregister_mr, self.engine_mr)

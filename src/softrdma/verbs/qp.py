@@ -124,8 +124,7 @@ class QP(VerbsObject):
         if ctx.transport == "iwarp" and qpt != RC:  # iWARP: RC only (siw)
             raise NotSupported(f"QP type {e.ibv_qp_type(qpt).name}: iWARP devices "
                                "support RC QPs only")
-        self._count_on(ctx.objects, "max_qp")
-        try:
+        with self._counting(ctx.objects, "max_qp"):
             if qpt == XRC_SEND:  # the RC requester with the XRC wire (softrdma.ib.xrc)
                 self.engine: QPEngine = runtime.call(XrcIniQP, ctx.port, QPInit(
                     RC, pd, scq.push, rcq.push, None, cap.max_send_wr, 0, cap.max_send_sge, 0,
@@ -135,9 +134,6 @@ class QP(VerbsObject):
                     qpt, pd, scq.push, rcq.push, srq.engine if srq is not None else None,
                     cap.max_send_wr, max_recv_wr, cap.max_send_sge, max_recv_sge,
                     cap.max_inline_data, bool(init_attr.sq_sig_all)))
-        except BaseException:
-            self._count_undo()
-            raise
         # the opcodes the transport carries (None: all of IB's, checked per QP type)
         self._send_opcodes = self.engine.send_opcodes
         self._max_read_sge = self.engine.max_read_sge
@@ -184,12 +180,8 @@ class QP(VerbsObject):
         ctx: Context = xrcd.ctx
         runtime: DeviceRuntime = ctx.runtime
         if qpn is None:
-            self._count_on(ctx.objects, "max_qp")
-            try:
+            with self._counting(ctx.objects, "max_qp"):
                 self.engine = runtime.call(XrcTgtQP, ctx.port, xrcd.domain)
-            except BaseException:
-                self._count_undo()
-                raise
         else:
             engine = xrcd.domain.tgt_qps.get(qpn)
             if engine is None:
@@ -410,6 +402,12 @@ class QP(VerbsObject):
         self._runtime.call(_set)
 
     # ---- multicast -----------------------------------------------------------------------------------
+    def _mcast(self, gid: GID | str | bytes, link_op: str) -> tuple[bytes, Any]:
+        """The checked multicast GID of ``ibv_attach_mcast``/``ibv_detach_mcast`` and the
+        link's ``link_op`` (a shared device's devd group; None on a private device)."""
+        self._check()
+        return self._mgid(gid), getattr(self._runtime.link, link_op, None)
+
     def _mgid(self, gid: GID | str | bytes) -> bytes:
         if self.qp_type != UD:
             raise InvalidArgument("qp", "only UD QPs attach to multicast groups (IBA 10.5.2)")
@@ -421,10 +419,8 @@ class QP(VerbsObject):
 
     def attach_mcast(self, gid: GID | str | bytes, lid: int = 0) -> None:
         """``ibv_attach_mcast``; a shared device also asks its devd for the group."""
-        self._check()
-        mgid = self._mgid(gid)
+        mgid, join = self._mcast(gid, "attach_mcast")
         port = self._port
-        join = getattr(self._runtime.link, "attach_mcast", None)
 
         def _attach() -> None:
             first = mgid not in port.mcast
@@ -436,10 +432,8 @@ class QP(VerbsObject):
 
     def detach_mcast(self, gid: GID | str | bytes, lid: int = 0) -> None:
         """``ibv_detach_mcast``; the devd group is left with the process's last member."""
-        self._check()
-        mgid = self._mgid(gid)
+        mgid, leave = self._mcast(gid, "detach_mcast")
         port = self._port
-        leave = getattr(self._runtime.link, "detach_mcast", None)
 
         def _detach() -> None:
             members = port.mcast.get(mgid)

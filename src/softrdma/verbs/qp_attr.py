@@ -7,6 +7,8 @@ given attribute in range.
 from __future__ import annotations
 
 from collections.abc import Sized
+from dataclasses import dataclass, field
+from dataclasses import fields as dataclass_fields
 from types import SimpleNamespace
 from typing import Any
 
@@ -34,40 +36,28 @@ _QP_ACCESS = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_AC
                  | e.IBV_ACCESS_REMOTE_ATOMIC)
 
 
+@dataclass(eq=False, slots=True)
 class QPCap:
     """``struct ibv_qp_cap``."""
 
-    __slots__ = ("max_send_wr", "max_recv_wr", "max_send_sge", "max_recv_sge", "max_inline_data")
-
-    def __init__(self, max_send_wr: int = 1, max_recv_wr: int = 10, max_send_sge: int = 1,
-                 max_recv_sge: int = 1, max_inline_data: int = 0) -> None:
-        self.max_send_wr = max_send_wr
-        self.max_recv_wr = max_recv_wr
-        self.max_send_sge = max_send_sge
-        self.max_recv_sge = max_recv_sge
-        self.max_inline_data = max_inline_data
-
-    def __repr__(self) -> str:
-        return (f"QPCap(max_send_wr={self.max_send_wr}, max_recv_wr={self.max_recv_wr}, "
-                f"max_send_sge={self.max_send_sge}, max_recv_sge={self.max_recv_sge}, "
-                f"max_inline_data={self.max_inline_data})")
+    max_send_wr: int = 1
+    max_recv_wr: int = 10
+    max_send_sge: int = 1
+    max_recv_sge: int = 1
+    max_inline_data: int = 0
 
 
+@dataclass(eq=False, slots=True)
 class QPInitAttr:
     """``struct ibv_qp_init_attr`` (pyverbs names ``scq``/``rcq``)."""
 
-    __slots__ = ("qp_type", "qp_context", "scq", "rcq", "srq", "cap", "sq_sig_all")
-
-    def __init__(self, qp_type: int = UD, qp_context: object = None, scq: CQ | None = None,
-                 rcq: CQ | None = None, srq: SRQ | None = None, cap: QPCap | None = None,
-                 sq_sig_all: int = 0) -> None:
-        self.qp_type = qp_type
-        self.qp_context = qp_context
-        self.scq = scq
-        self.rcq = rcq
-        self.srq = srq
-        self.cap = cap if cap is not None else QPCap()
-        self.sq_sig_all = sq_sig_all
+    qp_type: int = UD
+    qp_context: object = None
+    scq: CQ | None = None
+    rcq: CQ | None = None
+    srq: SRQ | None = None
+    cap: QPCap = field(default_factory=QPCap)
+    sq_sig_all: int = 0
 
     @property
     def send_cq(self) -> CQ | None:
@@ -78,50 +68,53 @@ class QPInitAttr:
         return self.rcq
 
 
-QPATTR_FIELDS = (
-    "qp_state", "cur_qp_state", "path_mtu", "path_mig_state", "qkey", "rq_psn", "sq_psn",
-    "dest_qp_num", "qp_access_flags", "cap", "ah_attr", "alt_ah_attr", "pkey_index",
-    "alt_pkey_index", "en_sqd_async_notify", "sq_draining", "max_rd_atomic",
-    "max_dest_rd_atomic", "min_rnr_timer", "port_num", "timeout", "retry_cnt", "rnr_retry",
-    "alt_port_num", "alt_timeout", "rate_limit",
-)
+def _no_qp_cap() -> QPCap:
+    return QPCap(0, 0, 0, 0, 0)
 
 
+@dataclass(init=False, repr=False, eq=False, slots=True)
 class QPAttr:
     """``struct ibv_qp_attr``: every field by name, pyverbs defaults (INIT from RESET,
-    port 1, path MTU 1024), the rest 0."""
+    port 1, path MTU 1024), the rest 0. A name that is not a field is refused
+    (:class:`~softrdma.errors.InvalidArgument` naming it)."""
 
-    __slots__ = QPATTR_FIELDS
+    qp_state: int = int(e.IBV_QPS_INIT)
+    cur_qp_state: int = int(e.IBV_QPS_RESET)
+    path_mtu: int = int(e.IBV_MTU_1024)
+    path_mig_state: int = 0
+    qkey: int = 0
+    rq_psn: int = 0
+    sq_psn: int = 0
+    dest_qp_num: int = 0
+    qp_access_flags: int = 0
+    cap: QPCap = field(default_factory=_no_qp_cap)
+    ah_attr: AHAttr | None = None
+    alt_ah_attr: AHAttr | None = None
+    pkey_index: int = 0
+    alt_pkey_index: int = 0
+    en_sqd_async_notify: int = 0
+    sq_draining: int = 0
+    max_rd_atomic: int = 0
+    max_dest_rd_atomic: int = 0
+    min_rnr_timer: int = 0
+    port_num: int = 1
+    timeout: int = 0
+    retry_cnt: int = 0
+    rnr_retry: int = 0
+    alt_port_num: int = 0
+    alt_timeout: int = 0
+    rate_limit: int = 0
 
     def __init__(self, qp_state: int = int(e.IBV_QPS_INIT),
                  cur_qp_state: int = int(e.IBV_QPS_RESET), port_num: int = 1,
                  path_mtu: int = int(e.IBV_MTU_1024), **fields: Any) -> None:
+        for name, value in _QPATTR_VALUES:
+            setattr(self, name, value)
+        self.cap = _no_qp_cap()
         self.qp_state = qp_state
         self.cur_qp_state = cur_qp_state
-        self.path_mtu = path_mtu
-        self.path_mig_state = 0
-        self.qkey = 0
-        self.rq_psn = 0
-        self.sq_psn = 0
-        self.dest_qp_num = 0
-        self.qp_access_flags = 0
-        self.cap = QPCap(0, 0, 0, 0, 0)
-        self.ah_attr: AHAttr | None = None
-        self.alt_ah_attr: AHAttr | None = None
-        self.pkey_index = 0
-        self.alt_pkey_index = 0
-        self.en_sqd_async_notify = 0
-        self.sq_draining = 0
-        self.max_rd_atomic = 0
-        self.max_dest_rd_atomic = 0
-        self.min_rnr_timer = 0
         self.port_num = port_num
-        self.timeout = 0
-        self.retry_cnt = 0
-        self.rnr_retry = 0
-        self.alt_port_num = 0
-        self.alt_timeout = 0
-        self.rate_limit = 0
+        self.path_mtu = path_mtu
         for name, value in fields.items():
             if name not in QPATTR_FIELDS:
                 raise InvalidArgument(f"qp_attr.{name}", "no such QP attribute")
@@ -131,6 +124,12 @@ class QPAttr:
         inner = ", ".join(f"{n}={getattr(self, n)!r}" for n in QPATTR_FIELDS
                           if getattr(self, n) not in (0, None))
         return f"QPAttr({inner})"
+
+
+QPATTR_FIELDS = tuple(f.name for f in dataclass_fields(QPAttr))
+#: the fields with a plain default value (``cap`` has a factory)
+_QPATTR_VALUES = tuple((f.name, f.default) for f in dataclass_fields(QPAttr)
+                       if not callable(f.default_factory))
 
 
 def _mask_names(mask: int) -> str:

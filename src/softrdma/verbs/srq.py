@@ -30,9 +30,6 @@ class SrqAttr:
     max_sge: int = 1
     srq_limit: int = 0
 
-    def __repr__(self) -> str:
-        return f"SrqAttr(max_wr={self.max_wr}, max_sge={self.max_sge}, srq_limit={self.srq_limit})"
-
 
 class SrqInitAttr:
     """``struct ibv_srq_init_attr``."""
@@ -60,13 +57,9 @@ class SRQ(VerbsObject):
         limit = uint(a.srq_limit, max_wr, "attr.srq_limit", 0)
         ctx = pd.ctx
         self._runtime = ctx.runtime
-        self._count_on(ctx.objects, "max_srq")
-        try:
+        with self._counting(ctx.objects, "max_srq"):
             self.engine: EngineSRQ = ctx.runtime.call(ctx.port.create_srq, pd, max_wr, max_sge,
                                                       limit)
-        except BaseException:
-            self._count_undo()
-            raise
         self._depend_on(pd)
         self.pd = pd
         self.ctx = ctx

@@ -119,13 +119,9 @@ class XrcSRQ(SRQ):
         if xrcd.domain.closed:
             raise ResourceError("the XRC domain is closed")
         self._runtime = ctx.runtime
-        self._count_on(ctx.objects, "max_srq")  # rxe: XRC SRQs are in the SRQ pool
-        try:
+        with self._counting(ctx.objects, "max_srq"):  # rxe: XRC SRQs are in the SRQ pool
             self.engine: EngineXrcSRQ = ctx.runtime.call(
                 EngineXrcSRQ, ctx.port, pd, xrcd.domain, cq.push, max_wr, max_sge, limit)
-        except BaseException:
-            self._count_undo()
-            raise
         self._depend_on(pd, xrcd, cq)
         self.pd = pd
         self.ctx = ctx

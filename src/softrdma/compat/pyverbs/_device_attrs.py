@@ -14,6 +14,7 @@ from softrdma.verbs.limits import MAX_MW
 
 from . import libibverbs_enums as e
 from ._device_str import translate_gid_type
+from .addr import GID
 from .base import PyverbsObject
 from .pyverbs_error import PyverbsUserError
 
@@ -134,8 +135,7 @@ class GIDEntry(PyverbsObject):
         self._raw = raw
 
     def gid_str(self) -> str:
-        h = self._raw.hex()
-        return ":".join(h[i:i + 4] for i in range(0, 32, 4))
+        return GID(self._raw).gid
 
     def __str__(self) -> str:
         return (f"GID {self.gid_str()}, index {self.gid_index}, port {self.port_num}, "

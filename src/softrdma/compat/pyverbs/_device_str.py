@@ -10,6 +10,7 @@ from typing import Any
 from softrdma import enums as se
 
 from . import libibverbs_enums as e
+from ._enum_names import member_name
 
 __all__ = [
     "translate_mtu", "translate_link_layer", "translate_node_type",
@@ -59,10 +60,7 @@ def translate_gid_type(gid_type: int) -> str:
 
 
 def translate_event_type(event_type: int) -> str:
-    try:
-        return se.ibv_event_type(event_type).name
-    except ValueError:
-        return f"Unknown event ({event_type})"
+    return member_name(se.ibv_event_type, event_type, "Unknown event")
 
 
 def port_state_to_str(state: int) -> str:

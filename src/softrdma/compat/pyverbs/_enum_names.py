@@ -4,10 +4,10 @@ the module's ``__all__``."""
 
 from __future__ import annotations
 
-from enum import Enum, IntEnum
+from enum import Enum, IntEnum, IntFlag
 from typing import Any, cast
 
-__all__ = ["export_members", "renamed_enum"]
+__all__ = ["export_members", "renamed_enum", "member_name", "flag_names"]
 
 
 # the prefixes of the names pyverbs's enum modules export
@@ -34,3 +34,18 @@ def renamed_enum(name: str, source: type[IntEnum], prefix: str, module: str) -> 
     ``RDMA_CM_EVENT_ESTABLISHED``): one source for the values."""
     members = [(prefix + m.name, int(m)) for m in source if m.name is not None]
     return cast("type[IntEnum]", IntEnum(name, members, module=module))
+
+
+def member_name(enum: type[IntEnum], value: int, unknown: str) -> str:
+    """The name of ``value`` in ``enum``, or ``"<unknown> (<value>)"`` when it names no
+    member (pyverbs's text of an enum value)."""
+    try:
+        return str(enum(value).name)
+    except ValueError:
+        return f"{unknown} ({value})"
+
+
+def flag_names(flags: int, enum: type[IntEnum] | type[IntFlag]) -> str:
+    """The names of ``enum``'s members whose bits are set in ``flags``, each followed by
+    a space (pyverbs's text of a flags word)."""
+    return "".join(f"{m.name} " for m in enum if flags & int(m))

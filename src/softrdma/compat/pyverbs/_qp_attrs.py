@@ -7,13 +7,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from softrdma import verbs as _v
 
 from . import libibverbs_enums as e
 from .addr import AHAttr, GlobalRoute
-from .base import Forward, PyverbsCM, PyverbsObject
+from .base import Alias, Copied, Forward, PyverbsCM, PyverbsObject
 from .cq import CQ
 from .pyverbs_error import PyverbsUserError
 from .utils import flags_to_str
@@ -29,8 +30,7 @@ class QPCap(_v.QPCap, PyverbsObject):
     """``struct ibv_qp_cap``: softrdma's, with pyverbs's ``copy`` and text."""
 
     def copy(self) -> QPCap:
-        return QPCap(self.max_send_wr, self.max_recv_wr, self.max_send_sge,
-                     self.max_recv_sge, self.max_inline_data)
+        return replace(self)
 
     def __str__(self) -> str:
         return (f"max send wrs: {self.max_send_wr}, max recv wrs: {self.max_recv_wr}, "
@@ -42,15 +42,7 @@ class _CapView(PyverbsObject):
     """Flat ``max_*`` accessors over a ``_cap`` (pyverbs init attributes)."""
 
     _cap: QPCap
-
-    @property
-    def cap(self) -> QPCap:
-        return self._cap.copy()
-
-    @cap.setter
-    def cap(self, val: QPCap | None) -> None:
-        if val is not None:
-            self._cap = val.copy()
+    cap = Copied[QPCap](QPCap.copy)
 
     max_send_wr = Forward[int]("_cap")
     max_recv_wr = Forward[int]("_cap")
@@ -79,21 +71,8 @@ class QPInitAttr(_CapView):
         self.qp_type = qp_type
         self.sq_sig_all = sq_sig_all
 
-    @property
-    def send_cq(self) -> Any:
-        return self.scq
-
-    @send_cq.setter
-    def send_cq(self, val: Any) -> None:
-        self.scq = _check_cq(val)
-
-    @property
-    def recv_cq(self) -> Any:
-        return self.rcq
-
-    @recv_cq.setter
-    def recv_cq(self, val: Any) -> None:
-        self.rcq = _check_cq(val)
+    send_cq = Alias[Any]("scq", _check_cq)
+    recv_cq = Alias[Any]("rcq", _check_cq)
 
 
 class QPInitAttrEx(QPInitAttr):
@@ -190,40 +169,12 @@ class QPAttr(PyverbsObject):
         for f in _QPATTR_INTS:
             setattr(self, f, 0)
         self._cap = QPCap(0, 0, 0, 0, 0)
-        self._ah = AHAttr(port_num=0)
-        self._alt_ah = AHAttr(port_num=0)
+        self._ah_attr = AHAttr(port_num=0)
+        self._alt_ah_attr = AHAttr(port_num=0)
 
-    @property
-    def cap(self) -> QPCap:
-        return self._cap.copy()
-
-    @cap.setter
-    def cap(self, val: QPCap) -> None:
-        self._cap = val.copy()
-
-    @staticmethod
-    def _copy_ah(a: AHAttr) -> AHAttr:
-        return AHAttr(a.dlid, a.sl, a.src_path_bits, a.static_rate, a.is_global, a.port_num,
-                      GlobalRoute(a.gr.dgid, a.gr.flow_label, a.gr.sgid_index,
-                                  a.gr.hop_limit, a.gr.traffic_class))
-
-    @property
-    def ah_attr(self) -> AHAttr:
-        return self._copy_ah(self._ah)
-
-    @ah_attr.setter
-    def ah_attr(self, val: AHAttr | None) -> None:
-        if val is not None:
-            self._ah = self._copy_ah(val)
-
-    @property
-    def alt_ah_attr(self) -> AHAttr:
-        return self._copy_ah(self._alt_ah)
-
-    @alt_ah_attr.setter
-    def alt_ah_attr(self, val: AHAttr | None) -> None:
-        if val is not None:
-            self._alt_ah = self._copy_ah(val)
+    cap = Copied[QPCap](QPCap.copy)
+    ah_attr = Copied[AHAttr](AHAttr.copy)
+    alt_ah_attr = Copied[AHAttr](AHAttr.copy)
 
     def to_verbs(self, mask: int) -> _v.QPAttr:
         """The softrdma :class:`~softrdma.verbs.QPAttr` with this content."""
@@ -235,9 +186,9 @@ class QPAttr(PyverbsObject):
         v.cap = _v.QPCap(c.max_send_wr, c.max_recv_wr, c.max_send_sge, c.max_recv_sge,
                          c.max_inline_data)
         if mask & M.IBV_QP_AV:
-            v.ah_attr = self._ah.to_verbs()
+            v.ah_attr = self._ah_attr.to_verbs()
         if mask & M.IBV_QP_ALT_PATH:
-            v.alt_ah_attr = self._alt_ah.to_verbs()
+            v.alt_ah_attr = self._alt_ah_attr.to_verbs()
         return v
 
     def __str__(self) -> str:

@@ -10,11 +10,11 @@ A :class:`GID` prints as pyverbs does, eight groups of four hex digits
 from __future__ import annotations
 
 import ctypes
-import ipaddress
+from dataclasses import dataclass, field
 from typing import Any
 
 from softrdma import verbs as _v
-from softrdma.errors import SoftRdmaError
+from softrdma.errors import InvalidArgument, SoftRdmaError
 from softrdma.wire.gid import ip_to_gid
 
 from .base import Forward, PyverbsCM, PyverbsObject, rdma_error, translate
@@ -24,8 +24,6 @@ __all__ = ["GID", "GRH", "GlobalRoute", "AHAttr", "AH"]
 
 
 def _raw_gid(val: Any) -> bytes:
-    if isinstance(val, GID):
-        return val.raw
     if isinstance(val, _v.GID):
         return val.raw
     if isinstance(val, (bytes, bytearray, memoryview)):
@@ -41,21 +39,18 @@ def _raw_gid(val: Any) -> bytes:
             except ValueError:
                 raise PyverbsUserError(f"Invalid GID value ({val})") from None
         try:
-            return ipaddress.IPv6Address(val.split("%", 1)[0]).packed
-        except ValueError:
-            try:
-                return ip_to_gid(ipaddress.IPv4Address(val).packed)
-            except ValueError:
-                raise PyverbsUserError(f"Invalid GID value ({val})") from None
+            return _v.GID(val).raw
+        except InvalidArgument:
+            raise PyverbsUserError(f"Invalid GID value ({val})") from None
     raise PyverbsUserError(f"Invalid GID value ({val!r})")
 
 
-class GID(PyverbsObject):
-    """A 16-byte GID (``union ibv_gid``)."""
+class GID(_v.GID, PyverbsObject):
+    """A 16-byte GID (``union ibv_gid``): softrdma's, with pyverbs's text form (eight
+    4-digit groups) and its errors (:class:`PyverbsUserError`)."""
 
     def __init__(self, val: Any = None) -> None:
-        super().__init__()
-        self.raw: bytes = bytes(16) if val is None else _raw_gid(val)
+        self.raw = bytes(16) if val is None else _raw_gid(val)
 
     @property
     def gid(self) -> str:
@@ -66,56 +61,35 @@ class GID(PyverbsObject):
     def gid(self, val: Any) -> None:
         self.raw = _raw_gid(val)
 
-    def __str__(self) -> str:
-        return self.gid
 
-    def __repr__(self) -> str:
-        return f"GID({self.gid!r})"
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, (GID, _v.GID)):
-            return self.raw == other.raw
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash(self.raw)
-
-
+@dataclass(eq=False)
 class GRH(PyverbsObject):
     """A global route header as received in front of UD data (``struct ibv_grh``)."""
 
-    def __init__(self, sgid: GID | None = None, dgid: GID | None = None,
-                 version_tclass_flow: int = 0, paylen: int = 0, next_hdr: int = 0,
-                 hop_limit: int = 1) -> None:
-        super().__init__()
-        self.sgid = sgid if sgid is not None else GID()
-        self.dgid = dgid if dgid is not None else GID()
-        self.version_tclass_flow = version_tclass_flow
-        self.paylen = paylen
-        self.next_hdr = next_hdr
-        self.hop_limit = hop_limit
+    sgid: GID = field(default_factory=GID)
+    dgid: GID = field(default_factory=GID)
+    version_tclass_flow: int = 0
+    paylen: int = 0
+    next_hdr: int = 0
+    hop_limit: int = 1
 
 
-class GlobalRoute(PyverbsObject):
-    """``struct ibv_global_route``."""
-
-    def __init__(self, dgid: Any = None, flow_label: int = 0, sgid_index: int = 0,
-                 hop_limit: int = 1, traffic_class: int = 0) -> None:
-        super().__init__()
-        self.dgid = GID(dgid) if dgid is not None else GID()
-        self.flow_label = flow_label
-        self.sgid_index = sgid_index
-        self.hop_limit = hop_limit
-        self.traffic_class = traffic_class
+class GlobalRoute(_v.GlobalRoute, PyverbsObject):
+    """``struct ibv_global_route``: softrdma's, with a pyverbs :class:`GID` and text."""
 
     def __str__(self) -> str:
         return (f"dgid {self.dgid}, flow label {self.flow_label}, sgid index "
                 f"{self.sgid_index}, hop limit {self.hop_limit}, traffic class "
                 f"{self.traffic_class}")
 
+    @staticmethod
+    def _gid(value: Any) -> GID:
+        return GID(value)
+
 
 class AHAttr(PyverbsObject):
-    """``struct ibv_ah_attr``; the GRH fields are also reachable flat (``dgid`` ...)."""
+    """``struct ibv_ah_attr``; the GRH fields are also reachable flat (``dgid`` ...).
+    ``gr`` is copied in (C struct semantics); None stands for an empty one."""
 
     def __init__(self, dlid: int = 0, sl: int = 0, src_path_bits: int = 0,
                  static_rate: int = 0, is_global: int = 0, port_num: int = 1,
@@ -127,10 +101,13 @@ class AHAttr(PyverbsObject):
         self.static_rate = static_rate
         self.is_global = is_global
         self.port_num = port_num
-        self.gr = GlobalRoute()
-        if gr is not None:
-            self.gr = GlobalRoute(gr.dgid, gr.flow_label, gr.sgid_index, gr.hop_limit,
-                                  gr.traffic_class)
+        self.gr = GlobalRoute() if gr is None else GlobalRoute(
+            gr.dgid, gr.flow_label, gr.sgid_index, gr.hop_limit, gr.traffic_class)
+
+    def copy(self) -> AHAttr:
+        """A copy, its GRH fields included (C struct assignment)."""
+        return AHAttr(self.dlid, self.sl, self.src_path_bits, self.static_rate,
+                      self.is_global, self.port_num, self.gr)
 
     # flat views of the GRH, as pyverbs offers them
     @property

@@ -30,6 +30,7 @@ from softrdma.seam.types import WorkCompletion
 from softrdma.verbs.device import MAX_CQE
 
 from . import libibverbs_enums as e
+from ._enum_names import flag_names, member_name
 from .base import PyverbsCM, PyverbsObject, rdma_error, translate
 from .pyverbs_error import PyverbsRDMAError, PyverbsUserError
 from .utils import flags_to_str
@@ -326,15 +327,12 @@ def cqe_status_to_str(status: int) -> str:
 
 
 def cqe_opcode_to_str(opcode: int) -> str:
-    try:
-        return e.ibv_wc_opcode(opcode).name
-    except ValueError:
-        return f"Unknown opcode ({opcode})"
+    return member_name(e.ibv_wc_opcode, opcode, "Unknown opcode")
 
 
 def cqe_flags_to_str(flags: int) -> str:
-    return flags_to_str(flags, {int(f): str(f.name) for f in e.ibv_wc_flags})
+    return flag_names(flags, e.ibv_wc_flags)
 
 
 def create_wc_flags_to_str(flags: int) -> str:
-    return flags_to_str(flags, {int(f): str(f.name) for f in e.ibv_create_cq_wc_flags})
+    return flag_names(flags, e.ibv_create_cq_wc_flags)

@@ -19,6 +19,7 @@ import errno
 import os
 import socket
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 from softrdma import verbs as _v
@@ -96,17 +97,15 @@ _IB_GID_TYPE_ROCE_V1 = 1
 _IB_GID_TYPE_ROCE_V2 = 2  # enum ibv_gid_type (verbs.h): IB 0, RoCE v1 1, RoCE v2 2
 
 
+@dataclass(eq=False)
 class Device(PyverbsObject):
     """An entry of :func:`get_device_list` (``struct ibv_device``)."""
 
-    def __init__(self, name: bytes, guid: int, node_type: int, transport_type: int,
-                 index: int = 0) -> None:
-        super().__init__()
-        self.name = name
-        self.guid = guid
-        self.node_type = node_type
-        self.transport_type = transport_type
-        self.index = index
+    name: bytes
+    guid: int
+    node_type: int
+    transport_type: int
+    index: int = 0
 
     def __str__(self) -> str:
         return (f"Device {self.name.decode()}, node type {translate_node_type(self.node_type)}, "

@@ -206,12 +206,8 @@ class MR(_v.MR, PyverbsCM):
                 emr.length = int(length)
             emr.access = new_access & ~_ODP
             emr.pd = getattr(new_pd, "protection_domain", new_pd)
-        if new_pd is not self.pd:
-            old = self.pd
-            old._dependents.discard(self)
-            self._parents.remove(old)
-            self._depend_on(new_pd)
-            self.pd = new_pd
+        self._move(self.pd, new_pd)
+        self.pd = new_pd
         self._access = new_access
         self.on_demand = bool(new_access & _ODP)
         emr.owner = _MrInfo(self.on_demand)

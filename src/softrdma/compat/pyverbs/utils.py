@@ -5,6 +5,7 @@ from __future__ import annotations
 import struct
 
 from . import libibverbs_enums as e
+from ._enum_names import member_name
 from .pyverbs_error import PyverbsUserError
 
 __all__ = ["be64toh", "gid_str", "gid_str_to_array", "qp_type_to_str", "qp_state_to_str",
@@ -73,5 +74,4 @@ def mig_state_to_str(mig: int) -> str:
 
 
 def rereg_error_to_str(error: int) -> str:
-    names = {int(v): v.name for v in e.ibv_rereg_mr_err_code}
-    return names.get(error, f"Unknown error ({error})")
+    return member_name(e.ibv_rereg_mr_err_code, error, "Unknown error")

@@ -17,9 +17,9 @@ from typing import Any
 from softrdma import verbs as _v
 
 from . import libibverbs_enums as e
+from ._enum_names import flag_names
 from .base import PyverbsCM, inc_rkey
 from .pyverbs_error import PyverbsUserError
-from .utils import flags_to_str
 
 __all__ = ["SGE", "RecvWR", "SendWR", "send_flags_to_str"]
 
@@ -195,4 +195,4 @@ class SendWR(_SgeList):
 
 
 def send_flags_to_str(flags: int) -> str:
-    return flags_to_str(flags, {int(f): str(f.name) for f in e.ibv_send_flags})
+    return flag_names(flags, e.ibv_send_flags)
