@@ -74,12 +74,6 @@ NO_IO = ("wire", "cm", "ibcm", "ipoib")  # ... and no time.sleep()
 
 # module -> (what it still uses, the branch that removes it)
 KNOWN_OPEN_IO: dict[str, tuple[frozenset[str], str]] = {
-    # still open after issue 10's branches ("lead": no branch of it removes them): the
-    # librdmacm-shaped API's blocking waits and device list (rdma_cm, rdma_events,
-    # rdma_devices)
-    "softrdma.cm.rdma_cm": (frozenset({"threading"}), "lead"),
-    "softrdma.cm.rdma_devices": (frozenset({"socket", "threading"}), "lead"),
-    "softrdma.cm.rdma_events": (frozenset({"asyncio", "select", "threading"}), "lead"),
 }
 
 # Cycles still open when type-only (TYPE_CHECKING) imports count too, with their owner: a

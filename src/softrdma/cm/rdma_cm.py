@@ -31,10 +31,10 @@ from __future__ import annotations
 
 import errno
 import ipaddress
-import threading
 from typing import Any, TypeAlias
 
 from .. import verbs as v
+from ..drivers.cm_channel import id_lock
 from ..errors import InvalidArgument, SoftRdmaError, StateError
 from ..ibcm.cmid import IbCmId
 from ..ibcm.events import RejectInfo
@@ -176,7 +176,7 @@ class CmId:
         self._established_by_app = False
         self._tos = 0
         self._ack_timeout: int | None = None
-        self._lock = threading.Lock()
+        self._lock = id_lock()  # state moves from the app and the CMs' threads
 
     def __repr__(self) -> str:
         return (f"<rdma_cm CmId {self.transport or '-'} {self.state.value} {self.local_addr}"

@@ -20,7 +20,9 @@ registry file or a network interface changes: an rtnetlink socket subscribed to 
 and address groups (``RTMGRP_LINK``, ``RTMGRP_IPV4_IFADDR``, ``RTMGRP_IPV6_IFADDR``)
 has a message queued by the time a change (``ip addr add``) returns, and the registry
 file is replaced, never rewritten in place (a new inode). Without rtnetlink nothing is
-kept. So a connection's address resolution costs one route lookup, as in Linux.
+kept. So a connection's address resolution costs one route lookup, as in Linux. The
+route lookup, the rtnetlink watch and the locked tables are I/O, in
+:mod:`softrdma.drivers.cm_devices`; this module holds the choice.
 
 Like librdmacm, a device is opened once per process (one verbs ``Context``, and for RoCE
 one :class:`~softrdma.drivers.gsi.CmBinding` on its QP1) and stays open until
@@ -32,13 +34,11 @@ from __future__ import annotations
 import errno
 import ipaddress
 import os
-import socket
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..drivers import registry
+from ..drivers.cm_devices import KeptList, OpenTable, route_source
 from ..drivers.gsi import CmBinding
 from ..errors import DeviceError, InvalidArgument
 from ..ibcm.params import CmConfig
@@ -46,7 +46,7 @@ from ..verbs.device import IWARP_LOOPBACK, Context, get_device_list
 from ..wire.ipcm import IpAddress
 
 __all__ = ["DeviceEntry", "OpenDevice", "candidates", "find_device", "open_device",
-           "release_devices", "configure", "Options", "options", "is_loopback"]
+           "open_devices", "release_devices", "configure", "Options", "options", "is_loopback"]
 
 
 @dataclass(slots=True)
@@ -84,8 +84,7 @@ class OpenDevice:
     ids: set[Any] = field(default_factory=set)
 
 
-_lock = threading.Lock()
-_open: dict[str, OpenDevice] = {}
+_open: OpenTable[OpenDevice] = OpenTable()
 
 
 def configure(*, cm_config: CmConfig | None = None, iwarp_timeout: float | None = None,
@@ -100,101 +99,15 @@ def configure(*, cm_config: CmConfig | None = None, iwarp_timeout: float | None 
         options.shared = shared
     if cm_config is not None:
         options.cm_config = cm_config
-        with _lock:
-            for dev in _open.values():
-                if dev.binding is not None:
-                    dev.binding.agent.config = cm_config
+
+        def apply(dev: OpenDevice) -> None:
+            if dev.binding is not None:
+                dev.binding.agent.config = cm_config
+        _open.each(apply)
 
 
 def is_loopback(ip: IpAddress) -> bool:
     return ip.is_loopback
-
-
-class _ChangeWatch:
-    """An rtnetlink socket on the link and address multicast groups (rtnetlink(7)):
-    :meth:`changed` is True when an interface or address changed since the last call
-    (or messages were lost: ``ENOBUFS``)."""
-
-    _GROUPS = 0x1 | 0x10 | 0x100  # RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR
-
-    def __init__(self) -> None:
-        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_NONBLOCK
-                             | socket.SOCK_CLOEXEC, 0)  # NETLINK_ROUTE
-        try:
-            sock.bind((0, self._GROUPS))
-        except OSError:
-            sock.close()
-            raise
-        self.sock = sock
-
-    def changed(self) -> bool:
-        seen = False
-        while True:
-            try:
-                if not self.sock.recv(1 << 16):
-                    return seen
-            except BlockingIOError:
-                return seen
-            except OSError:  # ENOBUFS: notifications were lost; anything may have changed
-                return True
-            seen = True
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-_cand_lock = threading.Lock()
-_cand_watch: _ChangeWatch | None = None
-_cand_key: tuple[Any, ...] | None = None
-_cand_list: list[DeviceEntry] = []
-
-
-def _registry_key() -> tuple[Any, ...]:
-    """What the registry's contents depend on: the state directory (its path, owner and
-    mode, and who reads it: :func:`~softrdma.drivers.registry.check_state_dir`) and its ``devices.json``
-    (replaced on every change: inode, size, mtime)."""
-    d = os.fspath(registry.state_dir())  # plain strings: pathlib costs more than the lstat
-    out: list[Any] = [d, os.geteuid()]
-    for p in (d, os.path.join(d, registry.Registry.FILE)):
-        try:
-            st = os.lstat(p)
-        except OSError:
-            out.append(None)
-            continue
-        out.append((st.st_dev, st.st_ino, st.st_mode, st.st_uid, st.st_size, st.st_mtime_ns))
-    return tuple(out)
-
-
-def _forget_candidates() -> None:
-    """After ``fork()``: the child reads the devices again (and watches on its own)."""
-    global _cand_watch, _cand_key
-    if _cand_watch is not None:
-        _cand_watch.close()
-    _cand_watch, _cand_key = None, None
-    _cand_list.clear()
-
-
-os.register_at_fork(after_in_child=_forget_candidates)
-
-
-def candidates() -> list[DeviceEntry]:
-    """Every device: the registry's, then the built-in iWARP loopback device (kept
-    until the registry or an interface changes, see the module docstring)."""
-    global _cand_watch, _cand_key
-    with _cand_lock:
-        if _cand_watch is None:
-            try:
-                _cand_watch = _ChangeWatch()
-            except OSError:
-                return _read_candidates()
-            _cand_key = None
-        if _cand_watch.changed():
-            _cand_key = None
-        key = _registry_key()
-        if key != _cand_key:
-            _cand_list[:] = _read_candidates()
-            _cand_key = key
-        return list(_cand_list)
 
 
 def _read_candidates() -> list[DeviceEntry]:
@@ -203,6 +116,15 @@ def _read_candidates() -> list[DeviceEntry]:
         out.append(DeviceEntry(IWARP_LOOPBACK, "iwarp", "lo",
                                (bytes([127, 0, 0, 1]), bytes(15) + b"\x01")))
     return out
+
+
+_candidates: KeptList[DeviceEntry] = KeptList(_read_candidates)
+
+
+def candidates() -> list[DeviceEntry]:
+    """Every device: the registry's, then the built-in iWARP loopback device (kept
+    until the registry or an interface changes, see the module docstring)."""
+    return _candidates.get()
 
 
 def _matches(prefer: str | None, d: DeviceEntry) -> bool:
@@ -237,7 +159,7 @@ def find_device(src: IpAddress | None, dst: IpAddress | None,
                 return d, ipaddress.ip_address(_pick_source(dst, own))
         raise DeviceError(f"no softrdma device{where} has an IPv6 address to reach {dst}",
                           errno=errno.ENODEV)
-    kern = _route_source(dst)
+    kern = route_source(dst)
     if isinstance(kern, int):
         raise DeviceError(f"no route to {dst}: {os.strerror(kern)}", errno=kern)
     for d in devs:
@@ -247,25 +169,12 @@ def find_device(src: IpAddress | None, dst: IpAddress | None,
                       f"softrdma device{where} owns", errno=errno.ENODEV)
 
 
-def _route_source(dst: IpAddress) -> bytes | int:
-    """The source address the kernel's routing picks for ``dst`` (a UDP ``connect``
-    sends nothing), as rdma_resolve_addr does; the route lookup's errno if there is no
-    route (``ENETUNREACH``, ``EHOSTUNREACH`` for an unreachable route...)."""
-    fam = socket.AF_INET if dst.version == 4 else socket.AF_INET6
-    try:
-        with socket.socket(fam, socket.SOCK_DGRAM) as s:
-            s.connect((str(dst), 9))
-            return ipaddress.ip_address(s.getsockname()[0].split("%", 1)[0]).packed
-    except OSError as exc:
-        return exc.errno or errno.ENETUNREACH
-
-
 def _pick_source(dst: IpAddress, own: list[bytes]) -> bytes:
     """The device address to use towards ``dst``: the kernel's route source if the device
     owns it, else one of the same IPv6 scope (a global destination is not reached from
     a link-local source: its ICRC and replies would use the wrong address), else the
     first."""
-    routed = _route_source(dst)
+    routed = route_source(dst)
     if isinstance(routed, bytes) and routed in own:
         return routed
     link_local = dst.version == 6 and dst.is_link_local
@@ -283,36 +192,36 @@ def devices_for_wildcard(version: int, prefer: str | None) -> list[DeviceEntry]:
 
 def open_device(entry: DeviceEntry) -> OpenDevice:
     """The process's open instance of ``entry`` (opened on first use)."""
-    with _lock:
-        dev = _open.get(entry.name)
-        if dev is not None:
-            return dev
-        factory = options.context_factory
-        binding: CmBinding | None = None
-        if factory is not None:
-            ctx = factory(entry.name, entry.transport)
-        elif entry.transport == "iwarp":
-            ctx = Context(entry.name, transport="iwarp")
-        else:
-            ctx = Context(entry.name, shared=options.shared)
-        if entry.transport != "iwarp":
-            try:
-                binding = CmBinding.attach(ctx, config=options.cm_config)
-            except BaseException:
-                ctx.close()
-                raise
-        dev = OpenDevice(entry, ctx, binding)
-        _open[entry.name] = dev
-        return dev
+    return _open.get_or_open(entry.name, lambda: _open_new(entry))
+
+
+def _open_new(entry: DeviceEntry) -> OpenDevice:
+    factory = options.context_factory
+    binding: CmBinding | None = None
+    if factory is not None:
+        ctx = factory(entry.name, entry.transport)
+    elif entry.transport == "iwarp":
+        ctx = Context(entry.name, transport="iwarp")
+    else:
+        ctx = Context(entry.name, shared=options.shared)
+    if entry.transport != "iwarp":
+        try:
+            binding = CmBinding.attach(ctx, config=options.cm_config)
+        except BaseException:
+            ctx.close()
+            raise
+    return OpenDevice(entry, ctx, binding)
+
+
+def open_devices() -> list[OpenDevice]:
+    """The devices this process opened (a copy of the list: ``softrdma res``)."""
+    return _open.values()
 
 
 def release_devices(name: str | None = None) -> None:
     """Close the devices (all, or ``name``): every id still using one gets
     ``RDMA_CM_EVENT_DEVICE_REMOVAL`` first (its QP and the device are then unusable)."""
-    with _lock:
-        names = [n for n in _open if name is None or n == name]
-        devs = [_open.pop(n) for n in names]
-    for dev in devs:
+    for dev in _open.pop(name):
         for cid in list(dev.ids):
             cid.device_removed()
         if dev.binding is not None:

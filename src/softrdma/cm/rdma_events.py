@@ -7,23 +7,19 @@
 through a blocking :meth:`~EventChannel.get_cm_event`, a descriptor that polls readable
 while events are pending (:meth:`~EventChannel.fileno`, ``rdma_event_channel.fd``) or
 ``await channel.next_event()``. Events are queued by the connection managers (the IB CM's
-event delivery, or iWARP connection threads) and never run application code.
+event delivery, or iWARP connection threads) and never run application code. The queue,
+its locks and its waits are :class:`softrdma.drivers.cm_channel.EventQueue`; this module
+says which events it holds and which leave it with their id.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import select
-import threading
-import time
-from collections import deque
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, Generic, Self, TypeVar
 
-from ..drivers.eventpipe import EventPipe
-from ..errors import ClosedError
+from ..drivers.cm_channel import EventQueue
 from ..ibcm.events import RejectInfo
 
 #: the id an event is about: :class:`softrdma.cm.rdma_cm.CmId`, which binds it
@@ -156,76 +152,48 @@ class EventChannel(Generic[IdT]):
     :class:`softrdma.cm.rdma_cm.EventChannel`, whose ids are :class:`~.rdma_cm.CmId`)."""
 
     def __init__(self) -> None:
-        self._q: deque[RdmaCmEvent[IdT]] = deque()
-        self._cv = threading.Condition()
-        self._bell = EventPipe()
-        self.closed = False
+        self._queue: EventQueue[RdmaCmEvent[IdT]] = EventQueue()
         self.unacked = 0
+
+    @property
+    def closed(self) -> bool:
+        """``rdma_destroy_event_channel`` was called."""
+        return self._queue.closed
 
     def post(self, ev: RdmaCmEvent[IdT]) -> None:
         if _CM_LOG.isEnabledFor(logging.DEBUG):  # SOFTRDMA_TRACE=cm (softrdma.trace)
             _CM_LOG.debug("rdma_cm %s (id %s -> %s)", ev.text, getattr(ev.id, "local_addr",
                                                                          None),
                           getattr(ev.id, "peer_addr", None))
-        with self._cv:
-            if self.closed:
-                return
-            self._q.append(ev)
-            self._bell.wake()
-            self._cv.notify_all()
+        self._queue.put(ev)
 
     def _pop(self) -> RdmaCmEvent[IdT] | None:
-        """The next event, or None; :class:`ClosedError` once the channel is destroyed."""
-        if self.closed:
-            raise ClosedError("the event channel is destroyed")
-        with self._cv:
-            if not self._q:
-                return None
-            ev = self._q.popleft()
-            self._bell.take()
+        """The next event, or None; :class:`~softrdma.errors.ClosedError` once the channel
+        is destroyed."""
+        ev = self._queue.pop()
+        if ev is not None:
             self.unacked += 1
-            return ev
+        return ev
 
     def drop_for(self, cid: IdT) -> list[IdT]:
         """``rdma_destroy_id`` of ``cid``: drop the events still queued about it (Linux
         ``ucma_cleanup_events``), so a destroyed id and what it holds are not kept alive
         by events nobody will read. Returns the children of its dropped CONNECT_REQUESTs
         (the caller destroys them, as ucma does for a listener's pending requests)."""
-        with self._cv:
-            keep: deque[RdmaCmEvent[IdT]] = deque()
-            children: list[IdT] = []
-            for ev in self._q:
-                if ev.id is cid:
-                    continue
-                if ev.listen_id is cid:
-                    children.append(ev.id)
-                    continue
-                keep.append(ev)
-            dropped = len(self._q) - len(keep)
-            self._q = keep
-            if dropped:
-                self._bell.take(dropped)
-        return children
+        dropped = self._queue.remove_if(lambda ev: ev.id is cid or ev.listen_id is cid)
+        return [ev.id for ev in dropped if ev.id is not cid]
 
     def pending(self) -> int:
         """Events waiting to be taken."""
-        return len(self._q)
+        return len(self._queue)
 
     def get_cm_event(self, timeout: float | None = None) -> RdmaCmEvent[IdT]:
         """``rdma_get_cm_event``: the next event; :class:`TimeoutError` after ``timeout``
-        seconds (None: wait for ever)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            ev = self._pop()
-            if ev is not None:
-                return ev
-            with self._cv:
-                if self._q:
-                    continue
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise TimeoutError("no rdma_cm event")
-                self._cv.wait(0.5 if left is None else min(left, 0.5))
+        seconds (None: wait for ever), :class:`~softrdma.errors.ClosedError` once the
+        channel is destroyed."""
+        ev = self._queue.get(timeout)
+        self.unacked += 1
+        return ev
 
     def ack(self, event: RdmaCmEvent[IdT]) -> None:
         """``rdma_ack_cm_event`` (nothing to release; counts unacked events)."""
@@ -236,53 +204,25 @@ class EventChannel(Generic[IdT]):
 
     def fileno(self) -> int:
         """A descriptor readable while events are pending (``channel->fd``)."""
-        return self._bell.r
+        return self._queue.fileno()
 
     def poll(self, timeout: float) -> bool:
         """True if an event is pending within ``timeout`` seconds."""
-        if self._q:
-            return True
-        select.select([self._bell.r], [], [], timeout)
-        return bool(self._q)
+        return self._queue.poll(timeout)
 
     async def next_event(self) -> RdmaCmEvent[IdT]:
         """The asyncio form of :meth:`get_cm_event`."""
-        loop = asyncio.get_running_loop()
-        while True:
-            ev = self._pop()
-            if ev is not None:
-                return ev
-            fut: asyncio.Future[None] = loop.create_future()
-
-            def ready(f: asyncio.Future[None] = fut) -> None:
-                if not f.done():
-                    f.set_result(None)
-            loop.add_reader(self._bell.r, ready)
-            try:
-                if not self._q:
-                    await fut
-            finally:
-                loop.remove_reader(self._bell.r)
+        ev = await self._queue.next()
+        self.unacked += 1
+        return ev
 
     def take_events_of(self, cm_id: object) -> list[RdmaCmEvent[IdT]]:
         """Remove and return the pending events of ``cm_id`` (``rdma_migrate_id``)."""
-        with self._cv:
-            mine = [ev for ev in self._q if ev.id is cm_id or ev.listen_id is cm_id]
-            if mine:
-                self._q = deque(ev for ev in self._q if not (ev.id is cm_id
-                                                              or ev.listen_id is cm_id))
-                self._bell.take(len(mine))
-            return mine
+        return self._queue.remove_if(lambda ev: ev.id is cm_id or ev.listen_id is cm_id)
 
     def close(self) -> None:
         """``rdma_destroy_event_channel``."""
-        with self._cv:
-            if self.closed:
-                return
-            self.closed = True
-            self._q.clear()
-            self._cv.notify_all()
-        self._bell.close()
+        self._queue.close()
 
     def __enter__(self) -> Self:
         return self

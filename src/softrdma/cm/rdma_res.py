@@ -47,7 +47,7 @@ def _snapshot(items: Any) -> list[Any]:
 def port_cm_ids(port: object) -> list[dict[str, Any]]:
     """The rdma_cm IDs of this process on the device whose engine is ``port``."""
     rows: list[dict[str, Any]] = []
-    for dev in _snapshot(rdma_devices._open.values()):
+    for dev in rdma_devices.open_devices():
         if getattr(dev.ctx, "port", None) is not port:
             continue
         for cid in _snapshot(dev.ids):
