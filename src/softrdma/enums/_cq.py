@@ -1,0 +1,155 @@
+"""Completions: work completion status, opcode and flags, CQ creation masks and flags (verbs.h:
+``ibv_poll_cq``, ``ibv_create_cq_ex``).
+
+Values of rdma-core's <infiniband/verbs.h>, generated from the header (see :mod:`softrdma.enums`).
+"""
+
+from enum import IntEnum, IntFlag
+
+
+class ibv_wc_status(IntEnum):
+    IBV_WC_SUCCESS = 0
+    IBV_WC_LOC_LEN_ERR = 1
+    IBV_WC_LOC_QP_OP_ERR = 2
+    IBV_WC_LOC_EEC_OP_ERR = 3
+    IBV_WC_LOC_PROT_ERR = 4
+    IBV_WC_WR_FLUSH_ERR = 5
+    IBV_WC_MW_BIND_ERR = 6
+    IBV_WC_BAD_RESP_ERR = 7
+    IBV_WC_LOC_ACCESS_ERR = 8
+    IBV_WC_REM_INV_REQ_ERR = 9
+    IBV_WC_REM_ACCESS_ERR = 10
+    IBV_WC_REM_OP_ERR = 11
+    IBV_WC_RETRY_EXC_ERR = 12
+    IBV_WC_RNR_RETRY_EXC_ERR = 13
+    IBV_WC_LOC_RDD_VIOL_ERR = 14
+    IBV_WC_REM_INV_RD_REQ_ERR = 15
+    IBV_WC_REM_ABORT_ERR = 16
+    IBV_WC_INV_EECN_ERR = 17
+    IBV_WC_INV_EEC_STATE_ERR = 18
+    IBV_WC_FATAL_ERR = 19
+    IBV_WC_RESP_TIMEOUT_ERR = 20
+    IBV_WC_GENERAL_ERR = 21
+    IBV_WC_TM_ERR = 22
+    IBV_WC_TM_RNDV_INCOMPLETE = 23
+
+
+class ibv_wc_opcode(IntEnum):
+    IBV_WC_SEND = 0
+    IBV_WC_RDMA_WRITE = 1
+    IBV_WC_RDMA_READ = 2
+    IBV_WC_COMP_SWAP = 3
+    IBV_WC_FETCH_ADD = 4
+    IBV_WC_BIND_MW = 5
+    IBV_WC_LOCAL_INV = 6
+    IBV_WC_TSO = 7
+    IBV_WC_ATOMIC_WRITE = 9
+    IBV_WC_RECV = 128
+    IBV_WC_RECV_RDMA_WITH_IMM = 129
+    IBV_WC_TM_ADD = 130
+    IBV_WC_TM_DEL = 131
+    IBV_WC_TM_SYNC = 132
+    IBV_WC_TM_RECV = 133
+    IBV_WC_TM_NO_TAG = 134
+    IBV_WC_DRIVER1 = 135
+    IBV_WC_DRIVER2 = 136
+    IBV_WC_DRIVER3 = 137
+
+
+class ibv_wc_flags(IntFlag):
+    IBV_WC_GRH = 1
+    IBV_WC_WITH_IMM = 2
+    IBV_WC_IP_CSUM_OK = 4
+    IBV_WC_WITH_INV = 8
+    IBV_WC_TM_SYNC_REQ = 16
+    IBV_WC_TM_MATCH = 32
+    IBV_WC_TM_DATA_VALID = 64
+
+
+class ibv_cq_init_attr_mask(IntFlag):
+    IBV_CQ_INIT_ATTR_MASK_FLAGS = 1
+    IBV_CQ_INIT_ATTR_MASK_PD = 2
+
+
+class ibv_create_cq_wc_flags(IntFlag):
+    IBV_WC_EX_WITH_BYTE_LEN = 1
+    IBV_WC_EX_WITH_IMM = 2
+    IBV_WC_EX_WITH_QP_NUM = 4
+    IBV_WC_EX_WITH_SRC_QP = 8
+    IBV_WC_EX_WITH_SLID = 16
+    IBV_WC_EX_WITH_SL = 32
+    IBV_WC_EX_WITH_DLID_PATH_BITS = 64
+    IBV_WC_EX_WITH_COMPLETION_TIMESTAMP = 128
+    IBV_WC_EX_WITH_CVLAN = 256
+    IBV_WC_EX_WITH_FLOW_TAG = 512
+    IBV_WC_EX_WITH_TM_INFO = 1024
+    IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK = 2048
+
+
+IBV_WC_SUCCESS = ibv_wc_status.IBV_WC_SUCCESS
+IBV_WC_LOC_LEN_ERR = ibv_wc_status.IBV_WC_LOC_LEN_ERR
+IBV_WC_LOC_QP_OP_ERR = ibv_wc_status.IBV_WC_LOC_QP_OP_ERR
+IBV_WC_LOC_EEC_OP_ERR = ibv_wc_status.IBV_WC_LOC_EEC_OP_ERR
+IBV_WC_LOC_PROT_ERR = ibv_wc_status.IBV_WC_LOC_PROT_ERR
+IBV_WC_WR_FLUSH_ERR = ibv_wc_status.IBV_WC_WR_FLUSH_ERR
+IBV_WC_MW_BIND_ERR = ibv_wc_status.IBV_WC_MW_BIND_ERR
+IBV_WC_BAD_RESP_ERR = ibv_wc_status.IBV_WC_BAD_RESP_ERR
+IBV_WC_LOC_ACCESS_ERR = ibv_wc_status.IBV_WC_LOC_ACCESS_ERR
+IBV_WC_REM_INV_REQ_ERR = ibv_wc_status.IBV_WC_REM_INV_REQ_ERR
+IBV_WC_REM_ACCESS_ERR = ibv_wc_status.IBV_WC_REM_ACCESS_ERR
+IBV_WC_REM_OP_ERR = ibv_wc_status.IBV_WC_REM_OP_ERR
+IBV_WC_RETRY_EXC_ERR = ibv_wc_status.IBV_WC_RETRY_EXC_ERR
+IBV_WC_RNR_RETRY_EXC_ERR = ibv_wc_status.IBV_WC_RNR_RETRY_EXC_ERR
+IBV_WC_LOC_RDD_VIOL_ERR = ibv_wc_status.IBV_WC_LOC_RDD_VIOL_ERR
+IBV_WC_REM_INV_RD_REQ_ERR = ibv_wc_status.IBV_WC_REM_INV_RD_REQ_ERR
+IBV_WC_REM_ABORT_ERR = ibv_wc_status.IBV_WC_REM_ABORT_ERR
+IBV_WC_INV_EECN_ERR = ibv_wc_status.IBV_WC_INV_EECN_ERR
+IBV_WC_INV_EEC_STATE_ERR = ibv_wc_status.IBV_WC_INV_EEC_STATE_ERR
+IBV_WC_FATAL_ERR = ibv_wc_status.IBV_WC_FATAL_ERR
+IBV_WC_RESP_TIMEOUT_ERR = ibv_wc_status.IBV_WC_RESP_TIMEOUT_ERR
+IBV_WC_GENERAL_ERR = ibv_wc_status.IBV_WC_GENERAL_ERR
+IBV_WC_TM_ERR = ibv_wc_status.IBV_WC_TM_ERR
+IBV_WC_TM_RNDV_INCOMPLETE = ibv_wc_status.IBV_WC_TM_RNDV_INCOMPLETE
+IBV_WC_SEND = ibv_wc_opcode.IBV_WC_SEND
+IBV_WC_RDMA_WRITE = ibv_wc_opcode.IBV_WC_RDMA_WRITE
+IBV_WC_RDMA_READ = ibv_wc_opcode.IBV_WC_RDMA_READ
+IBV_WC_COMP_SWAP = ibv_wc_opcode.IBV_WC_COMP_SWAP
+IBV_WC_FETCH_ADD = ibv_wc_opcode.IBV_WC_FETCH_ADD
+IBV_WC_BIND_MW = ibv_wc_opcode.IBV_WC_BIND_MW
+IBV_WC_LOCAL_INV = ibv_wc_opcode.IBV_WC_LOCAL_INV
+IBV_WC_TSO = ibv_wc_opcode.IBV_WC_TSO
+IBV_WC_ATOMIC_WRITE = ibv_wc_opcode.IBV_WC_ATOMIC_WRITE
+IBV_WC_RECV = ibv_wc_opcode.IBV_WC_RECV
+IBV_WC_RECV_RDMA_WITH_IMM = ibv_wc_opcode.IBV_WC_RECV_RDMA_WITH_IMM
+IBV_WC_TM_ADD = ibv_wc_opcode.IBV_WC_TM_ADD
+IBV_WC_TM_DEL = ibv_wc_opcode.IBV_WC_TM_DEL
+IBV_WC_TM_SYNC = ibv_wc_opcode.IBV_WC_TM_SYNC
+IBV_WC_TM_RECV = ibv_wc_opcode.IBV_WC_TM_RECV
+IBV_WC_TM_NO_TAG = ibv_wc_opcode.IBV_WC_TM_NO_TAG
+IBV_WC_DRIVER1 = ibv_wc_opcode.IBV_WC_DRIVER1
+IBV_WC_DRIVER2 = ibv_wc_opcode.IBV_WC_DRIVER2
+IBV_WC_DRIVER3 = ibv_wc_opcode.IBV_WC_DRIVER3
+IBV_WC_GRH = ibv_wc_flags.IBV_WC_GRH
+IBV_WC_WITH_IMM = ibv_wc_flags.IBV_WC_WITH_IMM
+IBV_WC_IP_CSUM_OK = ibv_wc_flags.IBV_WC_IP_CSUM_OK
+IBV_WC_WITH_INV = ibv_wc_flags.IBV_WC_WITH_INV
+IBV_WC_TM_SYNC_REQ = ibv_wc_flags.IBV_WC_TM_SYNC_REQ
+IBV_WC_TM_MATCH = ibv_wc_flags.IBV_WC_TM_MATCH
+IBV_WC_TM_DATA_VALID = ibv_wc_flags.IBV_WC_TM_DATA_VALID
+IBV_CQ_INIT_ATTR_MASK_FLAGS = ibv_cq_init_attr_mask.IBV_CQ_INIT_ATTR_MASK_FLAGS
+IBV_CQ_INIT_ATTR_MASK_PD = ibv_cq_init_attr_mask.IBV_CQ_INIT_ATTR_MASK_PD
+IBV_WC_EX_WITH_BYTE_LEN = ibv_create_cq_wc_flags.IBV_WC_EX_WITH_BYTE_LEN
+IBV_WC_EX_WITH_IMM = ibv_create_cq_wc_flags.IBV_WC_EX_WITH_IMM
+IBV_WC_EX_WITH_QP_NUM = ibv_create_cq_wc_flags.IBV_WC_EX_WITH_QP_NUM
+IBV_WC_EX_WITH_SRC_QP = ibv_create_cq_wc_flags.IBV_WC_EX_WITH_SRC_QP
+IBV_WC_EX_WITH_SLID = ibv_create_cq_wc_flags.IBV_WC_EX_WITH_SLID
+IBV_WC_EX_WITH_SL = ibv_create_cq_wc_flags.IBV_WC_EX_WITH_SL
+IBV_WC_EX_WITH_DLID_PATH_BITS = ibv_create_cq_wc_flags.IBV_WC_EX_WITH_DLID_PATH_BITS
+IBV_WC_EX_WITH_COMPLETION_TIMESTAMP = ibv_create_cq_wc_flags.IBV_WC_EX_WITH_COMPLETION_TIMESTAMP
+IBV_WC_EX_WITH_CVLAN = ibv_create_cq_wc_flags.IBV_WC_EX_WITH_CVLAN
+IBV_WC_EX_WITH_FLOW_TAG = ibv_create_cq_wc_flags.IBV_WC_EX_WITH_FLOW_TAG
+IBV_WC_EX_WITH_TM_INFO = ibv_create_cq_wc_flags.IBV_WC_EX_WITH_TM_INFO
+IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK = ibv_create_cq_wc_flags.IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK
+
+# Values libibverbs defines with #define
+IBV_WC_IP_CSUM_OK_SHIFT = 2
