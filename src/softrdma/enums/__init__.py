@@ -1,22 +1,46 @@
 """libibverbs enumerations with the values of rdma-core's <infiniband/verbs.h>.
 
 Generated from the header (rdma-core 44); tests/compat/test_pyverbs_enums.py re-checks every
-value against the installed header when libibverbs-dev is present. One module per family,
-every name importable from here as before: each enum (``ibv_qp_type``) and each of its
-members as a module-level name (``IBV_QPT_RC``), as in verbs.h.
-
-* :mod:`._device`: devices and ports, async events;
-* :mod:`._qp`: queue pairs, work requests, SRQs, XRC domains;
-* :mod:`._cq`: completions and CQs;
-* :mod:`._mr`: memory registration and windows.
+value against the installed header when libibverbs-dev is present. Two generated tables:
+the enum types (``ibv_qp_type``, ...) in :mod:`._types`, and here each of their members as a
+module-level name (``IBV_QPT_RC``), as verbs.h has them; every name is importable from here.
 """
 
 from enum import Enum as _Enum
 
-from ._cq import *  # noqa: F403
-from ._device import *  # noqa: F403
-from ._mr import *  # noqa: F403
-from ._qp import *  # noqa: F403
+from ._types import ibv_access_flags as ibv_access_flags
+from ._types import ibv_atomic_cap as ibv_atomic_cap
+from ._types import ibv_cq_init_attr_mask as ibv_cq_init_attr_mask
+from ._types import ibv_create_cq_wc_flags as ibv_create_cq_wc_flags
+from ._types import ibv_device_cap_flags as ibv_device_cap_flags
+from ._types import ibv_event_type as ibv_event_type
+from ._types import ibv_gid_type as ibv_gid_type
+from ._types import ibv_mig_state as ibv_mig_state
+from ._types import ibv_mtu as ibv_mtu
+from ._types import ibv_mw_type as ibv_mw_type
+from ._types import ibv_node_type as ibv_node_type
+from ._types import ibv_odp_general_caps as ibv_odp_general_caps
+from ._types import ibv_odp_transport_cap_bits as ibv_odp_transport_cap_bits
+from ._types import ibv_port_cap_flags as ibv_port_cap_flags
+from ._types import ibv_port_state as ibv_port_state
+from ._types import ibv_qp_attr_mask as ibv_qp_attr_mask
+from ._types import ibv_qp_create_send_ops_flags as ibv_qp_create_send_ops_flags
+from ._types import ibv_qp_init_attr_mask as ibv_qp_init_attr_mask
+from ._types import ibv_qp_state as ibv_qp_state
+from ._types import ibv_qp_type as ibv_qp_type
+from ._types import ibv_rate as ibv_rate
+from ._types import ibv_raw_packet_caps as ibv_raw_packet_caps
+from ._types import ibv_rereg_mr_flags as ibv_rereg_mr_flags
+from ._types import ibv_send_flags as ibv_send_flags
+from ._types import ibv_srq_attr_mask as ibv_srq_attr_mask
+from ._types import ibv_srq_type as ibv_srq_type
+from ._types import ibv_transport_type as ibv_transport_type
+from ._types import ibv_values_mask as ibv_values_mask
+from ._types import ibv_wc_flags as ibv_wc_flags
+from ._types import ibv_wc_opcode as ibv_wc_opcode
+from ._types import ibv_wc_status as ibv_wc_status
+from ._types import ibv_wr_opcode as ibv_wr_opcode
+from ._types import ibv_xrcd_init_attr_mask as ibv_xrcd_init_attr_mask
 
 # The enums are softrdma.enums's, as when they were one module: their repr, pickles and the
 # one-source-per-value check of compat (tests/compat/test_pyverbs_enums.py) name this module.
@@ -24,3 +48,308 @@ for _v in list(globals().values()):
     if isinstance(_v, type) and issubclass(_v, _Enum) and _v.__module__.startswith(__name__ + "."):
         _v.__module__ = __name__
 del _v
+
+IBV_NODE_UNKNOWN = ibv_node_type.IBV_NODE_UNKNOWN
+IBV_NODE_CA = ibv_node_type.IBV_NODE_CA
+IBV_NODE_SWITCH = ibv_node_type.IBV_NODE_SWITCH
+IBV_NODE_ROUTER = ibv_node_type.IBV_NODE_ROUTER
+IBV_NODE_RNIC = ibv_node_type.IBV_NODE_RNIC
+IBV_NODE_USNIC = ibv_node_type.IBV_NODE_USNIC
+IBV_NODE_USNIC_UDP = ibv_node_type.IBV_NODE_USNIC_UDP
+IBV_NODE_UNSPECIFIED = ibv_node_type.IBV_NODE_UNSPECIFIED
+IBV_TRANSPORT_UNKNOWN = ibv_transport_type.IBV_TRANSPORT_UNKNOWN
+IBV_TRANSPORT_IB = ibv_transport_type.IBV_TRANSPORT_IB
+IBV_TRANSPORT_IWARP = ibv_transport_type.IBV_TRANSPORT_IWARP
+IBV_TRANSPORT_USNIC = ibv_transport_type.IBV_TRANSPORT_USNIC
+IBV_TRANSPORT_USNIC_UDP = ibv_transport_type.IBV_TRANSPORT_USNIC_UDP
+IBV_TRANSPORT_UNSPECIFIED = ibv_transport_type.IBV_TRANSPORT_UNSPECIFIED
+IBV_DEVICE_RESIZE_MAX_WR = ibv_device_cap_flags.IBV_DEVICE_RESIZE_MAX_WR
+IBV_DEVICE_BAD_PKEY_CNTR = ibv_device_cap_flags.IBV_DEVICE_BAD_PKEY_CNTR
+IBV_DEVICE_BAD_QKEY_CNTR = ibv_device_cap_flags.IBV_DEVICE_BAD_QKEY_CNTR
+IBV_DEVICE_RAW_MULTI = ibv_device_cap_flags.IBV_DEVICE_RAW_MULTI
+IBV_DEVICE_AUTO_PATH_MIG = ibv_device_cap_flags.IBV_DEVICE_AUTO_PATH_MIG
+IBV_DEVICE_CHANGE_PHY_PORT = ibv_device_cap_flags.IBV_DEVICE_CHANGE_PHY_PORT
+IBV_DEVICE_UD_AV_PORT_ENFORCE = ibv_device_cap_flags.IBV_DEVICE_UD_AV_PORT_ENFORCE
+IBV_DEVICE_CURR_QP_STATE_MOD = ibv_device_cap_flags.IBV_DEVICE_CURR_QP_STATE_MOD
+IBV_DEVICE_SHUTDOWN_PORT = ibv_device_cap_flags.IBV_DEVICE_SHUTDOWN_PORT
+IBV_DEVICE_INIT_TYPE = ibv_device_cap_flags.IBV_DEVICE_INIT_TYPE
+IBV_DEVICE_PORT_ACTIVE_EVENT = ibv_device_cap_flags.IBV_DEVICE_PORT_ACTIVE_EVENT
+IBV_DEVICE_SYS_IMAGE_GUID = ibv_device_cap_flags.IBV_DEVICE_SYS_IMAGE_GUID
+IBV_DEVICE_RC_RNR_NAK_GEN = ibv_device_cap_flags.IBV_DEVICE_RC_RNR_NAK_GEN
+IBV_DEVICE_SRQ_RESIZE = ibv_device_cap_flags.IBV_DEVICE_SRQ_RESIZE
+IBV_DEVICE_N_NOTIFY_CQ = ibv_device_cap_flags.IBV_DEVICE_N_NOTIFY_CQ
+IBV_DEVICE_MEM_WINDOW = ibv_device_cap_flags.IBV_DEVICE_MEM_WINDOW
+IBV_DEVICE_UD_IP_CSUM = ibv_device_cap_flags.IBV_DEVICE_UD_IP_CSUM
+IBV_DEVICE_XRC = ibv_device_cap_flags.IBV_DEVICE_XRC
+IBV_DEVICE_MEM_MGT_EXTENSIONS = ibv_device_cap_flags.IBV_DEVICE_MEM_MGT_EXTENSIONS
+IBV_DEVICE_MEM_WINDOW_TYPE_2A = ibv_device_cap_flags.IBV_DEVICE_MEM_WINDOW_TYPE_2A
+IBV_DEVICE_MEM_WINDOW_TYPE_2B = ibv_device_cap_flags.IBV_DEVICE_MEM_WINDOW_TYPE_2B
+IBV_DEVICE_RC_IP_CSUM = ibv_device_cap_flags.IBV_DEVICE_RC_IP_CSUM
+IBV_DEVICE_RAW_IP_CSUM = ibv_device_cap_flags.IBV_DEVICE_RAW_IP_CSUM
+IBV_DEVICE_MANAGED_FLOW_STEERING = ibv_device_cap_flags.IBV_DEVICE_MANAGED_FLOW_STEERING
+IBV_ATOMIC_NONE = ibv_atomic_cap.IBV_ATOMIC_NONE
+IBV_ATOMIC_HCA = ibv_atomic_cap.IBV_ATOMIC_HCA
+IBV_ATOMIC_GLOB = ibv_atomic_cap.IBV_ATOMIC_GLOB
+IBV_MTU_256 = ibv_mtu.IBV_MTU_256
+IBV_MTU_512 = ibv_mtu.IBV_MTU_512
+IBV_MTU_1024 = ibv_mtu.IBV_MTU_1024
+IBV_MTU_2048 = ibv_mtu.IBV_MTU_2048
+IBV_MTU_4096 = ibv_mtu.IBV_MTU_4096
+IBV_PORT_NOP = ibv_port_state.IBV_PORT_NOP
+IBV_PORT_DOWN = ibv_port_state.IBV_PORT_DOWN
+IBV_PORT_INIT = ibv_port_state.IBV_PORT_INIT
+IBV_PORT_ARMED = ibv_port_state.IBV_PORT_ARMED
+IBV_PORT_ACTIVE = ibv_port_state.IBV_PORT_ACTIVE
+IBV_PORT_ACTIVE_DEFER = ibv_port_state.IBV_PORT_ACTIVE_DEFER
+IBV_GID_TYPE_IB = ibv_gid_type.IBV_GID_TYPE_IB
+IBV_GID_TYPE_ROCE_V1 = ibv_gid_type.IBV_GID_TYPE_ROCE_V1
+IBV_GID_TYPE_ROCE_V2 = ibv_gid_type.IBV_GID_TYPE_ROCE_V2
+IBV_WC_SUCCESS = ibv_wc_status.IBV_WC_SUCCESS
+IBV_WC_LOC_LEN_ERR = ibv_wc_status.IBV_WC_LOC_LEN_ERR
+IBV_WC_LOC_QP_OP_ERR = ibv_wc_status.IBV_WC_LOC_QP_OP_ERR
+IBV_WC_LOC_EEC_OP_ERR = ibv_wc_status.IBV_WC_LOC_EEC_OP_ERR
+IBV_WC_LOC_PROT_ERR = ibv_wc_status.IBV_WC_LOC_PROT_ERR
+IBV_WC_WR_FLUSH_ERR = ibv_wc_status.IBV_WC_WR_FLUSH_ERR
+IBV_WC_MW_BIND_ERR = ibv_wc_status.IBV_WC_MW_BIND_ERR
+IBV_WC_BAD_RESP_ERR = ibv_wc_status.IBV_WC_BAD_RESP_ERR
+IBV_WC_LOC_ACCESS_ERR = ibv_wc_status.IBV_WC_LOC_ACCESS_ERR
+IBV_WC_REM_INV_REQ_ERR = ibv_wc_status.IBV_WC_REM_INV_REQ_ERR
+IBV_WC_REM_ACCESS_ERR = ibv_wc_status.IBV_WC_REM_ACCESS_ERR
+IBV_WC_REM_OP_ERR = ibv_wc_status.IBV_WC_REM_OP_ERR
+IBV_WC_RETRY_EXC_ERR = ibv_wc_status.IBV_WC_RETRY_EXC_ERR
+IBV_WC_RNR_RETRY_EXC_ERR = ibv_wc_status.IBV_WC_RNR_RETRY_EXC_ERR
+IBV_WC_LOC_RDD_VIOL_ERR = ibv_wc_status.IBV_WC_LOC_RDD_VIOL_ERR
+IBV_WC_REM_INV_RD_REQ_ERR = ibv_wc_status.IBV_WC_REM_INV_RD_REQ_ERR
+IBV_WC_REM_ABORT_ERR = ibv_wc_status.IBV_WC_REM_ABORT_ERR
+IBV_WC_INV_EECN_ERR = ibv_wc_status.IBV_WC_INV_EECN_ERR
+IBV_WC_INV_EEC_STATE_ERR = ibv_wc_status.IBV_WC_INV_EEC_STATE_ERR
+IBV_WC_FATAL_ERR = ibv_wc_status.IBV_WC_FATAL_ERR
+IBV_WC_RESP_TIMEOUT_ERR = ibv_wc_status.IBV_WC_RESP_TIMEOUT_ERR
+IBV_WC_GENERAL_ERR = ibv_wc_status.IBV_WC_GENERAL_ERR
+IBV_WC_TM_ERR = ibv_wc_status.IBV_WC_TM_ERR
+IBV_WC_TM_RNDV_INCOMPLETE = ibv_wc_status.IBV_WC_TM_RNDV_INCOMPLETE
+IBV_WC_SEND = ibv_wc_opcode.IBV_WC_SEND
+IBV_WC_RDMA_WRITE = ibv_wc_opcode.IBV_WC_RDMA_WRITE
+IBV_WC_RDMA_READ = ibv_wc_opcode.IBV_WC_RDMA_READ
+IBV_WC_COMP_SWAP = ibv_wc_opcode.IBV_WC_COMP_SWAP
+IBV_WC_FETCH_ADD = ibv_wc_opcode.IBV_WC_FETCH_ADD
+IBV_WC_BIND_MW = ibv_wc_opcode.IBV_WC_BIND_MW
+IBV_WC_LOCAL_INV = ibv_wc_opcode.IBV_WC_LOCAL_INV
+IBV_WC_TSO = ibv_wc_opcode.IBV_WC_TSO
+IBV_WC_ATOMIC_WRITE = ibv_wc_opcode.IBV_WC_ATOMIC_WRITE
+IBV_WC_RECV = ibv_wc_opcode.IBV_WC_RECV
+IBV_WC_RECV_RDMA_WITH_IMM = ibv_wc_opcode.IBV_WC_RECV_RDMA_WITH_IMM
+IBV_WC_TM_ADD = ibv_wc_opcode.IBV_WC_TM_ADD
+IBV_WC_TM_DEL = ibv_wc_opcode.IBV_WC_TM_DEL
+IBV_WC_TM_SYNC = ibv_wc_opcode.IBV_WC_TM_SYNC
+IBV_WC_TM_RECV = ibv_wc_opcode.IBV_WC_TM_RECV
+IBV_WC_TM_NO_TAG = ibv_wc_opcode.IBV_WC_TM_NO_TAG
+IBV_WC_DRIVER1 = ibv_wc_opcode.IBV_WC_DRIVER1
+IBV_WC_DRIVER2 = ibv_wc_opcode.IBV_WC_DRIVER2
+IBV_WC_DRIVER3 = ibv_wc_opcode.IBV_WC_DRIVER3
+IBV_WC_GRH = ibv_wc_flags.IBV_WC_GRH
+IBV_WC_WITH_IMM = ibv_wc_flags.IBV_WC_WITH_IMM
+IBV_WC_IP_CSUM_OK = ibv_wc_flags.IBV_WC_IP_CSUM_OK
+IBV_WC_WITH_INV = ibv_wc_flags.IBV_WC_WITH_INV
+IBV_WC_TM_SYNC_REQ = ibv_wc_flags.IBV_WC_TM_SYNC_REQ
+IBV_WC_TM_MATCH = ibv_wc_flags.IBV_WC_TM_MATCH
+IBV_WC_TM_DATA_VALID = ibv_wc_flags.IBV_WC_TM_DATA_VALID
+IBV_ACCESS_LOCAL_WRITE = ibv_access_flags.IBV_ACCESS_LOCAL_WRITE
+IBV_ACCESS_REMOTE_WRITE = ibv_access_flags.IBV_ACCESS_REMOTE_WRITE
+IBV_ACCESS_REMOTE_READ = ibv_access_flags.IBV_ACCESS_REMOTE_READ
+IBV_ACCESS_REMOTE_ATOMIC = ibv_access_flags.IBV_ACCESS_REMOTE_ATOMIC
+IBV_ACCESS_MW_BIND = ibv_access_flags.IBV_ACCESS_MW_BIND
+IBV_ACCESS_ZERO_BASED = ibv_access_flags.IBV_ACCESS_ZERO_BASED
+IBV_ACCESS_ON_DEMAND = ibv_access_flags.IBV_ACCESS_ON_DEMAND
+IBV_ACCESS_HUGETLB = ibv_access_flags.IBV_ACCESS_HUGETLB
+IBV_ACCESS_RELAXED_ORDERING = ibv_access_flags.IBV_ACCESS_RELAXED_ORDERING
+IBV_QPT_RC = ibv_qp_type.IBV_QPT_RC
+IBV_QPT_UC = ibv_qp_type.IBV_QPT_UC
+IBV_QPT_UD = ibv_qp_type.IBV_QPT_UD
+IBV_QPT_RAW_PACKET = ibv_qp_type.IBV_QPT_RAW_PACKET
+IBV_QPT_XRC_SEND = ibv_qp_type.IBV_QPT_XRC_SEND
+IBV_QPT_XRC_RECV = ibv_qp_type.IBV_QPT_XRC_RECV
+IBV_QPT_DRIVER = ibv_qp_type.IBV_QPT_DRIVER
+IBV_QP_STATE = ibv_qp_attr_mask.IBV_QP_STATE
+IBV_QP_CUR_STATE = ibv_qp_attr_mask.IBV_QP_CUR_STATE
+IBV_QP_EN_SQD_ASYNC_NOTIFY = ibv_qp_attr_mask.IBV_QP_EN_SQD_ASYNC_NOTIFY
+IBV_QP_ACCESS_FLAGS = ibv_qp_attr_mask.IBV_QP_ACCESS_FLAGS
+IBV_QP_PKEY_INDEX = ibv_qp_attr_mask.IBV_QP_PKEY_INDEX
+IBV_QP_PORT = ibv_qp_attr_mask.IBV_QP_PORT
+IBV_QP_QKEY = ibv_qp_attr_mask.IBV_QP_QKEY
+IBV_QP_AV = ibv_qp_attr_mask.IBV_QP_AV
+IBV_QP_PATH_MTU = ibv_qp_attr_mask.IBV_QP_PATH_MTU
+IBV_QP_TIMEOUT = ibv_qp_attr_mask.IBV_QP_TIMEOUT
+IBV_QP_RETRY_CNT = ibv_qp_attr_mask.IBV_QP_RETRY_CNT
+IBV_QP_RNR_RETRY = ibv_qp_attr_mask.IBV_QP_RNR_RETRY
+IBV_QP_RQ_PSN = ibv_qp_attr_mask.IBV_QP_RQ_PSN
+IBV_QP_MAX_QP_RD_ATOMIC = ibv_qp_attr_mask.IBV_QP_MAX_QP_RD_ATOMIC
+IBV_QP_ALT_PATH = ibv_qp_attr_mask.IBV_QP_ALT_PATH
+IBV_QP_MIN_RNR_TIMER = ibv_qp_attr_mask.IBV_QP_MIN_RNR_TIMER
+IBV_QP_SQ_PSN = ibv_qp_attr_mask.IBV_QP_SQ_PSN
+IBV_QP_MAX_DEST_RD_ATOMIC = ibv_qp_attr_mask.IBV_QP_MAX_DEST_RD_ATOMIC
+IBV_QP_PATH_MIG_STATE = ibv_qp_attr_mask.IBV_QP_PATH_MIG_STATE
+IBV_QP_CAP = ibv_qp_attr_mask.IBV_QP_CAP
+IBV_QP_DEST_QPN = ibv_qp_attr_mask.IBV_QP_DEST_QPN
+IBV_QP_RATE_LIMIT = ibv_qp_attr_mask.IBV_QP_RATE_LIMIT
+IBV_QPS_RESET = ibv_qp_state.IBV_QPS_RESET
+IBV_QPS_INIT = ibv_qp_state.IBV_QPS_INIT
+IBV_QPS_RTR = ibv_qp_state.IBV_QPS_RTR
+IBV_QPS_RTS = ibv_qp_state.IBV_QPS_RTS
+IBV_QPS_SQD = ibv_qp_state.IBV_QPS_SQD
+IBV_QPS_SQE = ibv_qp_state.IBV_QPS_SQE
+IBV_QPS_ERR = ibv_qp_state.IBV_QPS_ERR
+IBV_QPS_UNKNOWN = ibv_qp_state.IBV_QPS_UNKNOWN
+IBV_MIG_MIGRATED = ibv_mig_state.IBV_MIG_MIGRATED
+IBV_MIG_REARM = ibv_mig_state.IBV_MIG_REARM
+IBV_MIG_ARMED = ibv_mig_state.IBV_MIG_ARMED
+IBV_WR_RDMA_WRITE = ibv_wr_opcode.IBV_WR_RDMA_WRITE
+IBV_WR_RDMA_WRITE_WITH_IMM = ibv_wr_opcode.IBV_WR_RDMA_WRITE_WITH_IMM
+IBV_WR_SEND = ibv_wr_opcode.IBV_WR_SEND
+IBV_WR_SEND_WITH_IMM = ibv_wr_opcode.IBV_WR_SEND_WITH_IMM
+IBV_WR_RDMA_READ = ibv_wr_opcode.IBV_WR_RDMA_READ
+IBV_WR_ATOMIC_CMP_AND_SWP = ibv_wr_opcode.IBV_WR_ATOMIC_CMP_AND_SWP
+IBV_WR_ATOMIC_FETCH_AND_ADD = ibv_wr_opcode.IBV_WR_ATOMIC_FETCH_AND_ADD
+IBV_WR_LOCAL_INV = ibv_wr_opcode.IBV_WR_LOCAL_INV
+IBV_WR_BIND_MW = ibv_wr_opcode.IBV_WR_BIND_MW
+IBV_WR_SEND_WITH_INV = ibv_wr_opcode.IBV_WR_SEND_WITH_INV
+IBV_WR_TSO = ibv_wr_opcode.IBV_WR_TSO
+IBV_WR_DRIVER1 = ibv_wr_opcode.IBV_WR_DRIVER1
+IBV_WR_ATOMIC_WRITE = ibv_wr_opcode.IBV_WR_ATOMIC_WRITE
+IBV_SEND_FENCE = ibv_send_flags.IBV_SEND_FENCE
+IBV_SEND_SIGNALED = ibv_send_flags.IBV_SEND_SIGNALED
+IBV_SEND_SOLICITED = ibv_send_flags.IBV_SEND_SOLICITED
+IBV_SEND_INLINE = ibv_send_flags.IBV_SEND_INLINE
+IBV_SEND_IP_CSUM = ibv_send_flags.IBV_SEND_IP_CSUM
+IBV_SRQ_MAX_WR = ibv_srq_attr_mask.IBV_SRQ_MAX_WR
+IBV_SRQ_LIMIT = ibv_srq_attr_mask.IBV_SRQ_LIMIT
+IBV_EVENT_CQ_ERR = ibv_event_type.IBV_EVENT_CQ_ERR
+IBV_EVENT_QP_FATAL = ibv_event_type.IBV_EVENT_QP_FATAL
+IBV_EVENT_QP_REQ_ERR = ibv_event_type.IBV_EVENT_QP_REQ_ERR
+IBV_EVENT_QP_ACCESS_ERR = ibv_event_type.IBV_EVENT_QP_ACCESS_ERR
+IBV_EVENT_COMM_EST = ibv_event_type.IBV_EVENT_COMM_EST
+IBV_EVENT_SQ_DRAINED = ibv_event_type.IBV_EVENT_SQ_DRAINED
+IBV_EVENT_PATH_MIG = ibv_event_type.IBV_EVENT_PATH_MIG
+IBV_EVENT_PATH_MIG_ERR = ibv_event_type.IBV_EVENT_PATH_MIG_ERR
+IBV_EVENT_DEVICE_FATAL = ibv_event_type.IBV_EVENT_DEVICE_FATAL
+IBV_EVENT_PORT_ACTIVE = ibv_event_type.IBV_EVENT_PORT_ACTIVE
+IBV_EVENT_PORT_ERR = ibv_event_type.IBV_EVENT_PORT_ERR
+IBV_EVENT_LID_CHANGE = ibv_event_type.IBV_EVENT_LID_CHANGE
+IBV_EVENT_PKEY_CHANGE = ibv_event_type.IBV_EVENT_PKEY_CHANGE
+IBV_EVENT_SM_CHANGE = ibv_event_type.IBV_EVENT_SM_CHANGE
+IBV_EVENT_SRQ_ERR = ibv_event_type.IBV_EVENT_SRQ_ERR
+IBV_EVENT_SRQ_LIMIT_REACHED = ibv_event_type.IBV_EVENT_SRQ_LIMIT_REACHED
+IBV_EVENT_QP_LAST_WQE_REACHED = ibv_event_type.IBV_EVENT_QP_LAST_WQE_REACHED
+IBV_EVENT_CLIENT_REREGISTER = ibv_event_type.IBV_EVENT_CLIENT_REREGISTER
+IBV_EVENT_GID_CHANGE = ibv_event_type.IBV_EVENT_GID_CHANGE
+IBV_EVENT_WQ_FATAL = ibv_event_type.IBV_EVENT_WQ_FATAL
+IBV_RATE_MAX = ibv_rate.IBV_RATE_MAX
+IBV_RATE_2_5_GBPS = ibv_rate.IBV_RATE_2_5_GBPS
+IBV_RATE_5_GBPS = ibv_rate.IBV_RATE_5_GBPS
+IBV_RATE_10_GBPS = ibv_rate.IBV_RATE_10_GBPS
+IBV_RATE_20_GBPS = ibv_rate.IBV_RATE_20_GBPS
+IBV_RATE_30_GBPS = ibv_rate.IBV_RATE_30_GBPS
+IBV_RATE_40_GBPS = ibv_rate.IBV_RATE_40_GBPS
+IBV_RATE_60_GBPS = ibv_rate.IBV_RATE_60_GBPS
+IBV_RATE_80_GBPS = ibv_rate.IBV_RATE_80_GBPS
+IBV_RATE_120_GBPS = ibv_rate.IBV_RATE_120_GBPS
+IBV_RATE_14_GBPS = ibv_rate.IBV_RATE_14_GBPS
+IBV_RATE_56_GBPS = ibv_rate.IBV_RATE_56_GBPS
+IBV_RATE_112_GBPS = ibv_rate.IBV_RATE_112_GBPS
+IBV_RATE_168_GBPS = ibv_rate.IBV_RATE_168_GBPS
+IBV_RATE_25_GBPS = ibv_rate.IBV_RATE_25_GBPS
+IBV_RATE_100_GBPS = ibv_rate.IBV_RATE_100_GBPS
+IBV_RATE_200_GBPS = ibv_rate.IBV_RATE_200_GBPS
+IBV_RATE_300_GBPS = ibv_rate.IBV_RATE_300_GBPS
+IBV_RATE_28_GBPS = ibv_rate.IBV_RATE_28_GBPS
+IBV_RATE_50_GBPS = ibv_rate.IBV_RATE_50_GBPS
+IBV_RATE_400_GBPS = ibv_rate.IBV_RATE_400_GBPS
+IBV_RATE_600_GBPS = ibv_rate.IBV_RATE_600_GBPS
+IBV_RATE_800_GBPS = ibv_rate.IBV_RATE_800_GBPS
+IBV_RATE_1200_GBPS = ibv_rate.IBV_RATE_1200_GBPS
+IBV_SRQT_BASIC = ibv_srq_type.IBV_SRQT_BASIC
+IBV_SRQT_XRC = ibv_srq_type.IBV_SRQT_XRC
+IBV_SRQT_TM = ibv_srq_type.IBV_SRQT_TM
+IBV_QP_INIT_ATTR_PD = ibv_qp_init_attr_mask.IBV_QP_INIT_ATTR_PD
+IBV_QP_INIT_ATTR_XRCD = ibv_qp_init_attr_mask.IBV_QP_INIT_ATTR_XRCD
+IBV_QP_INIT_ATTR_CREATE_FLAGS = ibv_qp_init_attr_mask.IBV_QP_INIT_ATTR_CREATE_FLAGS
+IBV_QP_INIT_ATTR_MAX_TSO_HEADER = ibv_qp_init_attr_mask.IBV_QP_INIT_ATTR_MAX_TSO_HEADER
+IBV_QP_INIT_ATTR_IND_TABLE = ibv_qp_init_attr_mask.IBV_QP_INIT_ATTR_IND_TABLE
+IBV_QP_INIT_ATTR_RX_HASH = ibv_qp_init_attr_mask.IBV_QP_INIT_ATTR_RX_HASH
+IBV_QP_INIT_ATTR_SEND_OPS_FLAGS = ibv_qp_init_attr_mask.IBV_QP_INIT_ATTR_SEND_OPS_FLAGS
+IBV_ODP_SUPPORT_SEND = ibv_odp_transport_cap_bits.IBV_ODP_SUPPORT_SEND
+IBV_ODP_SUPPORT_RECV = ibv_odp_transport_cap_bits.IBV_ODP_SUPPORT_RECV
+IBV_ODP_SUPPORT_WRITE = ibv_odp_transport_cap_bits.IBV_ODP_SUPPORT_WRITE
+IBV_ODP_SUPPORT_READ = ibv_odp_transport_cap_bits.IBV_ODP_SUPPORT_READ
+IBV_ODP_SUPPORT_ATOMIC = ibv_odp_transport_cap_bits.IBV_ODP_SUPPORT_ATOMIC
+IBV_ODP_SUPPORT_SRQ_RECV = ibv_odp_transport_cap_bits.IBV_ODP_SUPPORT_SRQ_RECV
+IBV_ODP_SUPPORT = ibv_odp_general_caps.IBV_ODP_SUPPORT
+IBV_ODP_SUPPORT_IMPLICIT = ibv_odp_general_caps.IBV_ODP_SUPPORT_IMPLICIT
+IBV_MW_TYPE_1 = ibv_mw_type.IBV_MW_TYPE_1
+IBV_MW_TYPE_2 = ibv_mw_type.IBV_MW_TYPE_2
+IBV_CQ_INIT_ATTR_MASK_FLAGS = ibv_cq_init_attr_mask.IBV_CQ_INIT_ATTR_MASK_FLAGS
+IBV_CQ_INIT_ATTR_MASK_PD = ibv_cq_init_attr_mask.IBV_CQ_INIT_ATTR_MASK_PD
+IBV_WC_EX_WITH_BYTE_LEN = ibv_create_cq_wc_flags.IBV_WC_EX_WITH_BYTE_LEN
+IBV_WC_EX_WITH_IMM = ibv_create_cq_wc_flags.IBV_WC_EX_WITH_IMM
+IBV_WC_EX_WITH_QP_NUM = ibv_create_cq_wc_flags.IBV_WC_EX_WITH_QP_NUM
+IBV_WC_EX_WITH_SRC_QP = ibv_create_cq_wc_flags.IBV_WC_EX_WITH_SRC_QP
+IBV_WC_EX_WITH_SLID = ibv_create_cq_wc_flags.IBV_WC_EX_WITH_SLID
+IBV_WC_EX_WITH_SL = ibv_create_cq_wc_flags.IBV_WC_EX_WITH_SL
+IBV_WC_EX_WITH_DLID_PATH_BITS = ibv_create_cq_wc_flags.IBV_WC_EX_WITH_DLID_PATH_BITS
+IBV_WC_EX_WITH_COMPLETION_TIMESTAMP = ibv_create_cq_wc_flags.IBV_WC_EX_WITH_COMPLETION_TIMESTAMP
+IBV_WC_EX_WITH_CVLAN = ibv_create_cq_wc_flags.IBV_WC_EX_WITH_CVLAN
+IBV_WC_EX_WITH_FLOW_TAG = ibv_create_cq_wc_flags.IBV_WC_EX_WITH_FLOW_TAG
+IBV_WC_EX_WITH_TM_INFO = ibv_create_cq_wc_flags.IBV_WC_EX_WITH_TM_INFO
+IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK = ibv_create_cq_wc_flags.IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK
+IBV_QP_EX_WITH_RDMA_WRITE = ibv_qp_create_send_ops_flags.IBV_QP_EX_WITH_RDMA_WRITE
+IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM = ibv_qp_create_send_ops_flags.IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
+IBV_QP_EX_WITH_SEND = ibv_qp_create_send_ops_flags.IBV_QP_EX_WITH_SEND
+IBV_QP_EX_WITH_SEND_WITH_IMM = ibv_qp_create_send_ops_flags.IBV_QP_EX_WITH_SEND_WITH_IMM
+IBV_QP_EX_WITH_RDMA_READ = ibv_qp_create_send_ops_flags.IBV_QP_EX_WITH_RDMA_READ
+IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP = ibv_qp_create_send_ops_flags.IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
+IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD = ibv_qp_create_send_ops_flags.IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
+IBV_QP_EX_WITH_LOCAL_INV = ibv_qp_create_send_ops_flags.IBV_QP_EX_WITH_LOCAL_INV
+IBV_QP_EX_WITH_BIND_MW = ibv_qp_create_send_ops_flags.IBV_QP_EX_WITH_BIND_MW
+IBV_QP_EX_WITH_SEND_WITH_INV = ibv_qp_create_send_ops_flags.IBV_QP_EX_WITH_SEND_WITH_INV
+IBV_QP_EX_WITH_TSO = ibv_qp_create_send_ops_flags.IBV_QP_EX_WITH_TSO
+IBV_QP_EX_WITH_ATOMIC_WRITE = ibv_qp_create_send_ops_flags.IBV_QP_EX_WITH_ATOMIC_WRITE
+IBV_RAW_PACKET_CAP_CVLAN_STRIPPING = ibv_raw_packet_caps.IBV_RAW_PACKET_CAP_CVLAN_STRIPPING
+IBV_RAW_PACKET_CAP_SCATTER_FCS = ibv_raw_packet_caps.IBV_RAW_PACKET_CAP_SCATTER_FCS
+IBV_RAW_PACKET_CAP_IP_CSUM = ibv_raw_packet_caps.IBV_RAW_PACKET_CAP_IP_CSUM
+IBV_RAW_PACKET_CAP_DELAY_DROP = ibv_raw_packet_caps.IBV_RAW_PACKET_CAP_DELAY_DROP
+IBV_PORT_SM = ibv_port_cap_flags.IBV_PORT_SM
+IBV_PORT_NOTICE_SUP = ibv_port_cap_flags.IBV_PORT_NOTICE_SUP
+IBV_PORT_TRAP_SUP = ibv_port_cap_flags.IBV_PORT_TRAP_SUP
+IBV_PORT_OPT_IPD_SUP = ibv_port_cap_flags.IBV_PORT_OPT_IPD_SUP
+IBV_PORT_AUTO_MIGR_SUP = ibv_port_cap_flags.IBV_PORT_AUTO_MIGR_SUP
+IBV_PORT_SL_MAP_SUP = ibv_port_cap_flags.IBV_PORT_SL_MAP_SUP
+IBV_PORT_MKEY_NVRAM = ibv_port_cap_flags.IBV_PORT_MKEY_NVRAM
+IBV_PORT_PKEY_NVRAM = ibv_port_cap_flags.IBV_PORT_PKEY_NVRAM
+IBV_PORT_LED_INFO_SUP = ibv_port_cap_flags.IBV_PORT_LED_INFO_SUP
+IBV_PORT_SYS_IMAGE_GUID_SUP = ibv_port_cap_flags.IBV_PORT_SYS_IMAGE_GUID_SUP
+IBV_PORT_PKEY_SW_EXT_PORT_TRAP_SUP = ibv_port_cap_flags.IBV_PORT_PKEY_SW_EXT_PORT_TRAP_SUP
+IBV_PORT_EXTENDED_SPEEDS_SUP = ibv_port_cap_flags.IBV_PORT_EXTENDED_SPEEDS_SUP
+IBV_PORT_CAP_MASK2_SUP = ibv_port_cap_flags.IBV_PORT_CAP_MASK2_SUP
+IBV_PORT_CM_SUP = ibv_port_cap_flags.IBV_PORT_CM_SUP
+IBV_PORT_SNMP_TUNNEL_SUP = ibv_port_cap_flags.IBV_PORT_SNMP_TUNNEL_SUP
+IBV_PORT_REINIT_SUP = ibv_port_cap_flags.IBV_PORT_REINIT_SUP
+IBV_PORT_DEVICE_MGMT_SUP = ibv_port_cap_flags.IBV_PORT_DEVICE_MGMT_SUP
+IBV_PORT_VENDOR_CLASS_SUP = ibv_port_cap_flags.IBV_PORT_VENDOR_CLASS_SUP
+IBV_PORT_DR_NOTICE_SUP = ibv_port_cap_flags.IBV_PORT_DR_NOTICE_SUP
+IBV_PORT_CAP_MASK_NOTICE_SUP = ibv_port_cap_flags.IBV_PORT_CAP_MASK_NOTICE_SUP
+IBV_PORT_BOOT_MGMT_SUP = ibv_port_cap_flags.IBV_PORT_BOOT_MGMT_SUP
+IBV_PORT_LINK_LATENCY_SUP = ibv_port_cap_flags.IBV_PORT_LINK_LATENCY_SUP
+IBV_PORT_CLIENT_REG_SUP = ibv_port_cap_flags.IBV_PORT_CLIENT_REG_SUP
+IBV_PORT_IP_BASED_GIDS = ibv_port_cap_flags.IBV_PORT_IP_BASED_GIDS
+IBV_XRCD_INIT_ATTR_FD = ibv_xrcd_init_attr_mask.IBV_XRCD_INIT_ATTR_FD
+IBV_XRCD_INIT_ATTR_OFLAGS = ibv_xrcd_init_attr_mask.IBV_XRCD_INIT_ATTR_OFLAGS
+IBV_XRCD_INIT_ATTR_RESERVED = ibv_xrcd_init_attr_mask.IBV_XRCD_INIT_ATTR_RESERVED
+IBV_REREG_MR_CHANGE_TRANSLATION = ibv_rereg_mr_flags.IBV_REREG_MR_CHANGE_TRANSLATION
+IBV_REREG_MR_CHANGE_PD = ibv_rereg_mr_flags.IBV_REREG_MR_CHANGE_PD
+IBV_REREG_MR_CHANGE_ACCESS = ibv_rereg_mr_flags.IBV_REREG_MR_CHANGE_ACCESS
+IBV_REREG_MR_FLAGS_SUPPORTED = ibv_rereg_mr_flags.IBV_REREG_MR_FLAGS_SUPPORTED
+IBV_VALUES_MASK_RAW_CLOCK = ibv_values_mask.IBV_VALUES_MASK_RAW_CLOCK
+IBV_VALUES_MASK_RESERVED = ibv_values_mask.IBV_VALUES_MASK_RESERVED
+
+# Values libibverbs defines with #define
+IBV_WC_IP_CSUM_OK_SHIFT = 2
