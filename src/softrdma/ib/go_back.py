@@ -15,20 +15,14 @@ from __future__ import annotations
 
 from collections import deque
 
-from ..seam.types import (
-    PSN_MASK,
-    WQE_DONE,
-    WQE_SENDING,
-    WQE_SENT,
-    WQE_UNSENT,
-    SendWQE,
-    psn_diff,
-)
+from ..seam.types import PSN_MASK, SendWQE, psn_diff
+from ..seam.types import WQE_DONE as DONE
+from ..seam.types import WQE_SENDING as SENDING
+from ..seam.types import WQE_SENT as SENT
+from ..seam.types import WQE_UNSENT as UNSENT
 from .congestion import Window
 from .send_ops import W_READ as _W_READ
 from .views import QpView
-
-UNSENT, SENDING, SENT, DONE = WQE_UNSENT, WQE_SENDING, WQE_SENT, WQE_DONE
 
 
 class GoBackN:

@@ -29,30 +29,17 @@ from typing import ClassVar
 
 from ..errors import DecodeError, InvalidArgument
 from .fields import check_bits
-from .iwarp_errors import (
-    DdpEtype,
-    DdpTaggedErrorCode,
-    DdpUntaggedErrorCode,
-    LlpEtype,
-    MpaErrorCode,
-    RdmapErrorCode,
-    RdmapEtype,
-    TerminateLayer,
-    error_name,
-)
 
-__all__ = [
-    "TAGGED", "UNTAGGED", "READ_REQ", "TERM_CTRL", "U16", "TAGGED_HDR_LEN", "UNTAGGED_HDR_LEN",
-    "READ_REQ_LEN", "TERM_CTRL_LEN", "DDP_T", "DDP_L", "DDP_RSVD_MASK", "DDP_DV_MASK",
-    "DDP_VERSION", "RDMAP_RV_SHIFT", "RDMAP_RSVD_MASK", "RDMAP_OPCODE_MASK", "RDMAP_VERSION",
-    "QN_SEND", "QN_READ_REQUEST", "QN_TERMINATE", "RdmapOpcode", "OPCODE_NAMES", "opcode_name",
-    "DdpTagged", "DdpUntagged", "DdpHeader", "decode_ddp", "encode_ddp", "ReadRequest",
-    "Terminate", "Segment", "decode_segment", "encode_segment_headers", "encode_segment",
-    "encode_segment_bytes", "describe_ddp", "describe", "check_segment",
-    # the error tables of the Terminate message (iwarp_errors), re-exported for its callers
-    "TerminateLayer", "RdmapEtype", "RdmapErrorCode", "DdpEtype", "DdpTaggedErrorCode",
-    "DdpUntaggedErrorCode", "LlpEtype", "MpaErrorCode", "error_name",
-]
+# the error tables of the Terminate message, re-exported for its callers
+from .iwarp_errors import DdpEtype as DdpEtype
+from .iwarp_errors import DdpTaggedErrorCode as DdpTaggedErrorCode
+from .iwarp_errors import DdpUntaggedErrorCode as DdpUntaggedErrorCode
+from .iwarp_errors import LlpEtype as LlpEtype
+from .iwarp_errors import MpaErrorCode as MpaErrorCode
+from .iwarp_errors import RdmapErrorCode as RdmapErrorCode
+from .iwarp_errors import RdmapEtype as RdmapEtype
+from .iwarp_errors import TerminateLayer as TerminateLayer
+from .iwarp_errors import error_name as error_name
 
 TAGGED = struct.Struct("!BBIQ")
 UNTAGGED = struct.Struct("!BBIIII")
