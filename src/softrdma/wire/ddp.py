@@ -28,7 +28,7 @@ from enum import IntEnum
 from typing import ClassVar
 
 from ..errors import DecodeError, InvalidArgument
-from .fields import check_bits
+from .fields import U16, check_bits
 
 # the error tables of the Terminate message, re-exported for its callers
 from .iwarp_errors import DdpEtype as DdpEtype
@@ -45,7 +45,6 @@ TAGGED = struct.Struct("!BBIQ")
 UNTAGGED = struct.Struct("!BBIIII")
 READ_REQ = struct.Struct("!IQIIQ")
 TERM_CTRL = struct.Struct("!I")
-U16 = struct.Struct("!H")
 
 TAGGED_HDR_LEN = TAGGED.size  # 14
 UNTAGGED_HDR_LEN = UNTAGGED.size  # 18

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 from ..errors import InvalidArgument
 from .crc import Buffer
+from .fields import U16
 
 __all__ = [
     "ROCE_V2_UDP_PORT", "ETH_P_IP", "ETH_P_IPV6", "IPPROTO_UDP", "IB_GRH_FLOWLABEL_MASK",
@@ -29,7 +30,6 @@ IPPROTO_UDP = 17
 _IPV4 = struct.Struct("!BBHHHBBH4s4s")
 _IPV6 = struct.Struct("!IHBB16s16s")
 _UDP = struct.Struct("!HHHH")
-_U16 = struct.Struct("!H")
 
 
 # --------------------------------------------------------------------------- IP / UDP
@@ -83,7 +83,7 @@ def ipv4_header(src: bytes, dst: bytes, payload_len: int, *, tos: int = 0, ttl: 
     hdr = bytearray(_IPV4.pack(0x45, tos & 0xFF, total, ident & 0xFFFF, 0x4000 if df else 0,
                                ttl & 0xFF, proto & 0xFF, 0,
                                _addr(src, 4, "src"), _addr(dst, 4, "dst")))
-    _U16.pack_into(hdr, 10, inet_checksum(hdr))
+    U16.pack_into(hdr, 10, inet_checksum(hdr))
     return bytes(hdr)
 
 
@@ -111,7 +111,7 @@ def udp_checksum(src: bytes, dst: bytes, udp_hdr: Buffer, parts: Iterable[Buffer
     """
     uh = bytearray(udp_hdr)
     uh[6:8] = b"\0\0"
-    length = _U16.unpack_from(uh, 4)[0]
+    length = U16.unpack_from(uh, 4)[0]
     if len(src) == 4:
         pseudo = bytes(src) + bytes(dst) + struct.pack("!BBH", 0, IPPROTO_UDP, length)
     else:

@@ -14,6 +14,7 @@ import struct
 from ..errors import DecodeError
 from . import ib
 from .crc import Buffer
+from .fields import U16
 from .icrc import icrc, icrc_v1
 from .ipudp import ETH_P_IP, ETH_P_IPV6, IPPROTO_UDP, ROCE_V2_UDP_PORT
 from .opcodes import BTH_SIZE, ICRC_SIZE
@@ -24,7 +25,6 @@ __all__ = [
 ]
 
 _VLAN_TYPES = frozenset((0x8100, 0x88A8, 0x9100))
-_U16 = struct.Struct("!H")
 
 
 # --------------------------------------------------------------------------- frames
@@ -66,11 +66,11 @@ class RoceFrame:
 
     @property
     def sport(self) -> int:
-        return _U16.unpack_from(self.udp, 0)[0] if self.udp else 0
+        return U16.unpack_from(self.udp, 0)[0] if self.udp else 0
 
     @property
     def dport(self) -> int:
-        return _U16.unpack_from(self.udp, 2)[0] if self.udp else 0
+        return U16.unpack_from(self.udp, 2)[0] if self.udp else 0
 
     def __repr__(self) -> str:
         return f"RoceFrame(v{self.version}, {ib.describe(self.packet)})"
@@ -90,7 +90,7 @@ def _l2_split(data: memoryview, linktype: int) -> tuple[int, int] | None:
     elif linktype == 276:  # Linux cooked capture v2
         if n < 20:
             raise DecodeError(f"truncated Linux SLL2 header: {n} bytes")
-        etype = _U16.unpack_from(data, 0)[0]
+        etype = U16.unpack_from(data, 0)[0]
         return _skip_vlans(data, 20, etype)
     elif linktype in (101, 228, 229, 12, 14):  # raw IP (12/14: old BSD values for RAW)
         if n < 1:
@@ -101,7 +101,7 @@ def _l2_split(data: memoryview, linktype: int) -> tuple[int, int] | None:
         return 0, {4: ETH_P_IP, 6: ETH_P_IPV6}.get(ver, 0)
     else:
         return None
-    etype = _U16.unpack_from(data, off)[0]
+    etype = U16.unpack_from(data, off)[0]
     return _skip_vlans(data, off + 2, etype)
 
 
@@ -109,7 +109,7 @@ def _skip_vlans(data: memoryview, off: int, etype: int) -> tuple[int, int]:
     while etype in _VLAN_TYPES:
         if len(data) < off + 4:
             raise DecodeError("truncated 802.1Q tag")
-        etype = _U16.unpack_from(data, off + 2)[0]
+        etype = U16.unpack_from(data, off + 2)[0]
         off += 4
     return off, etype
 
@@ -160,7 +160,7 @@ def parse_frame(data: Buffer, linktype: int,
             return None  # a non-first fragment has no UDP header
         if n < off + ihl + 8:
             raise DecodeError(f"truncated IPv4/UDP headers: {n - off} bytes")
-        dport = _U16.unpack_from(mv, off + ihl + 2)[0]
+        dport = U16.unpack_from(mv, off + ihl + 2)[0]
         if dport not in ports:
             return None
         if frag & 0x2000:
@@ -178,7 +178,7 @@ def parse_frame(data: Buffer, linktype: int,
             return None  # extension headers are not used by RoCEv2 senders
         if n < off + 48:
             raise DecodeError(f"truncated IPv6/UDP headers: {n - off} bytes")
-        if _U16.unpack_from(mv, off + 42)[0] not in ports:
+        if U16.unpack_from(mv, off + 42)[0] not in ports:
             return None
         if plen < 8:
             raise DecodeError(f"IPv6 payload length {plen} too small for a UDP header")
@@ -196,7 +196,7 @@ def parse_frame(data: Buffer, linktype: int,
     else:
         return None
     udp = bytes(mv[udp_off:udp_off + 8])
-    ulen = _U16.unpack_from(udp, 4)[0]
+    ulen = U16.unpack_from(udp, 4)[0]
     if ulen != end - udp_off:
         raise DecodeError(f"UDP length {ulen} disagrees with the IP payload length {end - udp_off}")
     return _ib_split(linktype, mv, off, ip, udp, mv[udp_off + 8:end], mv[end:], 2)
