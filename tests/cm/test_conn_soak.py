@@ -23,7 +23,7 @@ from harness.rdma_cm import Ep, next_non_timewait, setup_env
 from softrdma import verbs as v
 from softrdma.cm import rdma_cm as rc
 from softrdma.cm.rdma_cm import EventChannel
-from softrdma.wire import roce
+from softrdma.wire import icrc_udp
 
 T = rc.RdmaCmEventType
 WARMUP = 20
@@ -58,7 +58,7 @@ class _Loop:
         """Empty the per-flow caches that are bounded by design (each new connection is a
         new UDP flow): the RoCE pseudo-header CRCs (8192 entries) and the runtimes'
         per-flow receive metadata (4096), so that they do not count as growth."""
-        roce._PSEUDO_CRC.clear()
+        icrc_udp._PSEUDO_CRC.clear()
         for rt in self.runtimes:
             metas = getattr(rt, "_metas", None)
             if metas is not None:

@@ -9,7 +9,8 @@ pipe. Resources, as Linux's ipoib driver has them:
   GRH + IB MTU, attached to the broadcast/all-nodes/solicited-node groups;
 * connected mode: an SRQ of 64 KiB buffers shared by every RC/UC connection (Linux
   ``ipoib_cm_create_srq``), one QP per connection set up through the IB CM on Service
-  ID ``0x1000000000000000 | UD QPN`` (RFC 4755 §3.5, see :mod:`softrdma.ipoib.hwaddr`);
+  ID ``0x1000000000000000 | UD QPN`` (RFC 4755 §3.5, see :mod:`softrdma.ipoib.hwaddr`;
+  the connections: :mod:`softrdma.apps.ipoib_conns`);
 * a ring of 64 KiB send slots: a packet is read from the TUN device straight into a
   slot behind room for the 4-byte encapsulation header, and posted from there.
 
@@ -25,7 +26,6 @@ import select
 import signal
 import sys
 import time
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,9 +36,6 @@ from ..drivers.gsi import CmBinding
 from ..drivers.ipoib_control import ControlServer, control_path, usable_ipv6, wait_for_ipv6
 from ..drivers.tun import TunDevice
 from ..errors import DeviceError, InvalidArgument, SoftRdmaError
-from ..ibcm.agent import AcceptParams, ConnParams
-from ..ibcm.cmid import IbCmId
-from ..ibcm.events import CmEvent, CmEventType
 from ..ipoib.conn import IPOIB_CM_BUF_SIZE
 from ..ipoib.encap import ENCAP_LEN, encap_header
 from ..ipoib.events import (
@@ -56,18 +53,16 @@ from ..ipoib.events import (
 from ..ipoib.hwaddr import service_id
 from ..ipoib.iface import Address, IfaceConfig, IpoibInterface, Mode
 from ..verbs.device import registered_devices
-from ..wire.cm import TransportServiceType
 from ..wire.gid import ip_to_gid, is_v4_mapped
+from .ipoib_conns import SEND_SLOTS, IpoibConnections
 
 __all__ = ["IPOIB_QKEY", "IpoibRuntime", "RuntimeOptions"]
 
 IPOIB_QKEY = 0x0000000B      # the usual IPoIB broadcast-group Q_Key (RFC 4391; docs/protocols.md §10)
 GRH = 40                     # UD receive buffers start with the GRH area (IBA 11.4.1.2)
 SLOT = 1 << 16               # >= IPOIB_CM_BUF_SIZE
-SEND_SLOTS = 256
 UD_RECVS = 256
 SRQ_RECVS = 128
-CONN_SEND_WR = SEND_SLOTS  # one connection may hold every send slot
 CQ_SIZE = 2048
 POLL_BATCH = 64
 TUN_BATCH = 32
@@ -90,14 +85,7 @@ class RuntimeOptions:
     idle_s: float = 2 * 256.0
 
 
-@dataclass(slots=True)
-class _Conn:
-    qp: v.QP
-    cm_id: IbCmId
-    active: bool
-
-
-class IpoibRuntime:
+class IpoibRuntime(IpoibConnections):
     """``softrdma ipoib up``: build everything, :meth:`run` until stopped, clean up."""
 
     def __init__(self, opts: RuntimeOptions) -> None:
@@ -106,17 +94,10 @@ class IpoibRuntime:
         self.tun: TunDevice | None = None
         self._ctl: ControlServer | None = None
         self._stop = False
-        self._cm_events: deque[CmEvent] = deque()
-        self._conns: dict[int, _Conn] = {}
-        self._by_qpn: dict[int, int] = {}
-        self._by_cmid: dict[int, int] = {}
-        self._requests: dict[int, IbCmId] = {}
-        self._tokens = 0
+        self._init_connections()
         self._ahs: dict[bytes, v.AH] = {}
-        self._graveyard: list[v.QP] = []
         self._sends: list[tuple[v.QP, v.SendWR, int]] = []
         self._batching = False
-        self.cm: CmBinding | None = None
         self.srq: v.SRQ | None = None
         self.driver_counters = {"tx_no_slot": 0, "tun_write_errors": 0, "send_errors": 0,
                                 "recv_errors": 0}
@@ -345,95 +326,6 @@ class IpoibRuntime:
                 self._last_error = str(exc)
             i = j
         sends.clear()
-
-    def _new_qp(self, transport: str) -> v.QP:
-        assert self.srq is not None
-        qpt = e.IBV_QPT_RC if transport == "RC" else e.IBV_QPT_UC
-        cap = v.QPCap(max_send_wr=CONN_SEND_WR, max_recv_wr=1, max_send_sge=1, max_recv_sge=1)
-        return v.QP(self.pd, v.QPInitAttr(qp_type=qpt, scq=self.cq, rcq=self.rc_rcq,
-                                          srq=self.srq, cap=cap))
-
-    def _register(self, conn_id: int, qp: v.QP, cm_id: IbCmId, active: bool) -> None:
-        self._conns[conn_id] = _Conn(qp, cm_id, active)
-        self._by_qpn[qp.qp_num] = conn_id
-        self._by_cmid[id(cm_id)] = conn_id
-
-    def _open_conn(self, o: ConnOpen) -> None:
-        assert self.cm is not None
-        qp = self._new_qp(o.transport)
-        cm_id = self.cm.agent.create_id(self._cm_event)
-        self._register(o.conn_id, qp, cm_id, True)
-        try:
-            # Linux ipoib_cm_send_req: no retries of its own over a reliable fabric; we
-            # keep RNR retries unbounded since the SRQ may run dry under load.
-            cm_id.connect(qp, ConnParams(service_id=o.service_id, dgid=o.peer.gid,
-                                         sgid=self.gid, private_data=o.private_data,
-                                         responder_resources=0, initiator_depth=0,
-                                         retry_count=7, rnr_retry_count=7))
-        except SoftRdmaError:
-            self._drop_conn(o.conn_id, disconnect=False)
-            self.engine.conn_closed(o.conn_id, time.monotonic(), refused=True)
-            raise
-
-    def _accept(self, o: ConnAccept) -> None:
-        cm_id = self._requests.pop(o.token, None)
-        if cm_id is None:
-            return
-        qp = self._new_qp(o.transport)
-        self._register(o.conn_id, qp, cm_id, False)
-        try:
-            cm_id.accept(qp, AcceptParams(private_data=o.private_data, responder_resources=0,
-                                          initiator_depth=0, rnr_retry_count=7))
-        except SoftRdmaError:
-            self._drop_conn(o.conn_id, disconnect=False)
-            self.engine.conn_closed(o.conn_id, time.monotonic())
-            raise
-
-    def _drop_conn(self, conn_id: int, *, disconnect: bool) -> None:
-        c = self._conns.pop(conn_id, None)
-        if c is None:
-            return
-        self._by_qpn.pop(c.qp.qp_num, None)
-        self._by_cmid.pop(id(c.cm_id), None)
-        try:
-            c.cm_id.destroy()  # sends the DREQ (or REJ) the state calls for
-        except SoftRdmaError:
-            pass
-        self._graveyard.append(c.qp)
-
-    # ---- CM events -----------------------------------------------------------------
-    def _cm_event(self, ev: CmEvent) -> None:
-        """Called by the CM binding's event delivery: queue, act from the loop."""
-        self._cm_events.append(ev)
-
-    def _handle_cm(self, now: float) -> None:
-        while self._cm_events:
-            ev = self._cm_events.popleft()
-            cid = ev.cm_id
-            if ev.type is CmEventType.CONNECT_REQUEST:
-                self._tokens += 1
-                self._requests[self._tokens] = cid
-                req = ev.req
-                uc = req is not None and req.transport_service_type == TransportServiceType.UC
-                transport = "UC" if uc else "RC"
-                peer = cid.path.dgid if cid.path is not None else bytes(16)
-                self.engine.conn_request(self._tokens, peer, ev.private_data, transport, now)
-                continue
-            conn_id = self._by_cmid.get(id(cid))
-            if conn_id is None:
-                continue
-            c = self._conns[conn_id]
-            if ev.type is CmEventType.ESTABLISHED:
-                self.engine.conn_established(
-                    conn_id, now, rep_private_data=ev.private_data if c.active else None,
-                    local_qpn=c.qp.qp_num, remote_qpn=cid.remote_qpn)
-            elif ev.type in (CmEventType.REJECTED, CmEventType.UNREACHABLE,
-                             CmEventType.CONNECT_ERROR, CmEventType.DISCONNECTED):
-                self._drop_conn(conn_id, disconnect=False)
-                self.engine.conn_closed(conn_id, now,
-                                        refused=ev.type is not CmEventType.DISCONNECTED)
-            self._execute(self.engine.take_output())
-        self._execute(self.engine.take_output())
 
     # ---- completions ---------------------------------------------------------------
     def _poll(self, now: float) -> int:

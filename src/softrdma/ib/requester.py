@@ -2,7 +2,8 @@
 
 Send WQEs stay in ``sq`` until they complete, in order. ``tx_idx``/``tx_pkt`` point at
 the next packet to (re)transmit; PSNs are given to a WQE when it is first started and
-kept for retransmissions (go-back-N from the oldest unacknowledged PSN, IBA 9.7.6.1).
+kept for retransmissions (go-back-N from the oldest unacknowledged PSN, IBA 9.7.6.1: the
+cursor rules are softrdma.ib.go_back's, a base of :class:`Requester`).
 
 * RC: the WQE completes when an ACK covers its last PSN (SEND, WRITE), when the last
   read response arrives (READ) or when the atomic acknowledge arrives: what comes back
@@ -45,6 +46,7 @@ from ..wire import ib as wib
 from ..wire import opcodes as op
 from ..wire.mad import GSI_QKEY
 from .congestion import MAX_WINDOW, MIN_WINDOW, RetransmitTimer, Window
+from .go_back import GoBackN
 from .pacing import ICRC_BYTES, Pacer
 from .packet import ICRC_SIZE, TxPacket
 from .send_ops import MSG_OPS as _MSG_OPS
@@ -73,7 +75,7 @@ _BTH_SIZE = op.BTH_SIZE
 _UC = int(op.Transport.UC)
 
 
-class Requester:
+class Requester(GoBackN):
     """Requester of one QP (its completer: softrdma.ib.completer.Completer)."""
 
     def __init__(self, qp: QpView) -> None:
@@ -239,48 +241,6 @@ class Requester:
             qp.set_deadline(now + self.timer_period())
         if not rc or (sq and sq[0].state == DONE):  # local operations (LOCAL_INV, BIND_MW)
             self.complete_head()
-
-    def _overtaken(self) -> None:
-        """An ACK overtook the resend cursor: the packets it acknowledges arrived the first
-        time, so the loss signal that started the resend was spurious (the ACKs were late,
-        a loaded host runs the peer late): undo its window cut (RFC 4015 §3.2)."""
-        if self.resend_until is not None:
-            self.window.undo()
-            self.cwnd = self.window.size()
-            self._skip_resend()
-
-    def _skip_resend(self) -> None:
-        """End a resend found spurious: the packets between the cursor and the first PSN
-        never sent were sent once and are presumed in flight, as TCP's F-RTO goes on with
-        new data (RFC 5682 §2.1 step 2b); a real loss among them is still NAKed or timed
-        out (IBA 9.7.5.2.2, 9.7.6.1.3). A read or atomic stops the skip (its responses
-        are re-requested, IBA 9.7.5.1.5)."""
-        until = self.resend_until
-        assert until is not None
-        sq = self.sq
-        i = self.tx_idx
-        while i < len(sq):
-            w = sq[i]
-            s = w.state
-            if s == DONE:
-                i += 1
-                continue
-            if s == UNSENT or w.rd_atomic:
-                break
-            if psn_diff(until, w.last_psn) > 0:  # sent whole before the loss signal
-                w.state = SENT
-                i += 1
-                continue
-            k = psn_diff(until, w.first_psn)
-            self.tx_idx = i
-            self.tx_pkt = k if k > 0 else 0
-            self.resend_until = None
-            return
-        if i > self.tx_idx:
-            self.tx_idx = i
-            self.tx_pkt = 0
-        if i >= len(sq) or sq[i].state == UNSENT:
-            self.resend_until = None
 
     def timer_period(self) -> float:
         """Seconds the transport timer runs now: at least the Local ACK Timeout, at most
@@ -527,7 +487,7 @@ class Requester:
         else:
             self.tx_pkt = k + 1
 
-    # ---- completion and going back (the completer calls these) ----------------------------
+    # ---- completion (the completer calls it; going back: softrdma.ib.go_back) -------------
     def complete_head(self) -> None:
         qp = self.qp
         for w in take_done(self.sq, DONE):
@@ -541,47 +501,6 @@ class Requester:
             if w.signaled:
                 qp.complete_send(WorkCompletion(w.wr_id, WCS.IBV_WC_SUCCESS, WC_OPCODE[w.opcode],
                                                 qp.qpn, byte_len=w.length))
-
-    def go_back(self, psn: int) -> None:
-        for i, w in enumerate(self.sq):
-            if w.state == SENDING or w.state == SENT:
-                if psn_diff(psn, w.last_psn) <= 0:
-                    self.go_back_to(i)
-                    if not w.rd_atomic:
-                        k = psn_diff(psn, w.first_psn)
-                        self.tx_pkt = k if k > 0 else 0
-                    return
-            elif w.state == UNSENT:
-                return
-
-    def _psn_of_next(self, wqe: SendWQE) -> int:
-        """The PSN of the next packet of a started ``wqe``."""
-        if wqe.opcode == _W_READ:
-            return (wqe.first_psn + wqe.read_received // self.qp.mtu) & PSN_MASK
-        return (wqe.first_psn + self.tx_pkt) & PSN_MASK
-
-    def _count_resend(self, wqe: SendWQE) -> None:
-        assert self.resend_until is not None
-        if psn_diff(self._psn_of_next(wqe), self.resend_until) < 0:
-            self.qp.port.counters.retransmitted_pkts += 1
-            self.qp.counters.retransmitted_pkts += 1
-        else:
-            self.resend_until = None
-
-    def go_back_to(self, i: int) -> None:
-        if self.resend_until is None:  # the first PSN never sent so far
-            sq = self.sq
-            cur = sq[self.tx_idx] if self.tx_idx < len(sq) else None
-            self.resend_until = (self._psn_of_next(cur) if cur is not None and cur.state == SENDING
-                                 else self.next_psn)
-        self.tx_idx = i
-        self.tx_pkt = 0
-        for j in range(i, len(self.sq)):
-            w = self.sq[j]
-            if w.state == SENT:
-                w.state = SENDING
-            elif w.state == UNSENT:
-                break
 
     # ---- errors -----------------------------------------------------------------------------
     def fail(self, wqe: SendWQE, status: int) -> None:

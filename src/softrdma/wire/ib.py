@@ -22,14 +22,14 @@ from __future__ import annotations
 import struct
 
 from ..errors import DecodeError
+from .fields import U32 as U32
+from .fields import U64 as U64
 from .opcodes import BTH_SIZE, OPTABLE, Hdr, OpInfo
 
 BTH = struct.Struct("!BBHII")
 RETH = struct.Struct("!QII")
 ATMETH = struct.Struct("!QIQQ")
 DETH = struct.Struct("!II")
-U32 = struct.Struct("!I")
-U64 = struct.Struct("!Q")
 
 # Extension-header bits as plain ints: IntFlag arithmetic is slow on the hot path.
 _RDETH = int(Hdr.RDETH)

@@ -30,7 +30,7 @@ from typing import ClassVar
 from ..errors import DecodeError, InvalidArgument, StateError
 from .crc import Buffer, crc32c
 from .ddp import TAGGED_HDR_LEN, MpaErrorCode
-from .fields import check_bits
+from .fields import U16, check_bits
 
 __all__ = [
     "KEY_REQ", "KEY_REP", "KEY_LEN", "MPA_HDR_LEN", "MPA_MAX_PRIVDATA", "MPA_MAX_PRIVDATA_SEND",
@@ -62,8 +62,6 @@ ULPDU_LEN_LEN = 2
 CRC_LEN = 4
 
 _HDR = struct.Struct("!16sBBH")
-_U16 = struct.Struct("!H")
-_U32 = struct.Struct("!I")
 _V2 = struct.Struct("!HH")
 _MARKER = struct.Struct("!HH")
 _CRC = struct.Struct("<I")
@@ -353,7 +351,7 @@ def fpdu_encode(ulpdu_parts: Sequence[Buffer], crc: bool, pad: bytes | None = No
     reproduce a captured FPDU from a sender that leaves garbage there (Linux siw does).
     """
     n = _ulpdu_len(ulpdu_parts)
-    hdr = _U16.pack(n)
+    hdr = U16.pack(n)
     pad = _pad(n, pad)
     value = 0
     if crc:
@@ -417,7 +415,7 @@ class FpduEncoder:
             self.offset += ULPDU_LEN_LEN + n + pad_len(n) + CRC_LEN
             return framed
         start = self.offset
-        pieces: list[Buffer] = [_U16.pack(n), *ulpdu_parts, _pad(n, pad)]
+        pieces: list[Buffer] = [U16.pack(n), *ulpdu_parts, _pad(n, pad)]
         out: list[Buffer] = []
         pos = start
         value = 0
@@ -536,7 +534,7 @@ class FpduDeframer:
         lead = MARKER_LEN if self.markers and pos % MARKER_INTERVAL == 0 else 0
         if avail < lead + ULPDU_LEN_LEN:
             return None
-        (n,) = _U16.unpack_from(buf, rd + lead)
+        (n,) = U16.unpack_from(buf, rd + lead)
         if not self.min_ulpdu <= n <= self.max_ulpdu:
             raise self._fail(MpaLengthError(
                 f"ULPDU_Length {n} at stream offset {pos} outside [{self.min_ulpdu}, {self.max_ulpdu}]"))

@@ -24,6 +24,7 @@ import struct
 from dataclasses import dataclass
 
 from ..errors import DecodeError
+from .fields import U16
 from .pcap import (
     LINKTYPE_ETHERNET,
     LINKTYPE_IPV4,
@@ -49,7 +50,6 @@ TCP_RST = 0x04
 TCP_PSH = 0x08
 TCP_ACK = 0x10
 
-_U16 = struct.Struct("!H")
 _TCP = struct.Struct("!HHIIBBHHH")
 _MOD = 1 << 32
 _HALF = 1 << 31
@@ -77,17 +77,17 @@ def _l3(linktype: int, data: bytes) -> tuple[int, int] | None:
         off = 12
         if len(data) < off + 2:
             return None
-        (et,) = _U16.unpack_from(data, off)
+        (et,) = U16.unpack_from(data, off)
         while et in _VLAN:
             off += 4
             if len(data) < off + 2:
                 return None
-            (et,) = _U16.unpack_from(data, off)
+            (et,) = U16.unpack_from(data, off)
         return et, off + 2
     if linktype == LINKTYPE_LINUX_SLL:
-        return (_U16.unpack_from(data, 14)[0], 16) if len(data) >= 16 else None
+        return (U16.unpack_from(data, 14)[0], 16) if len(data) >= 16 else None
     if linktype == LINKTYPE_LINUX_SLL2:
-        return (_U16.unpack_from(data, 0)[0], 20) if len(data) >= 20 else None
+        return (U16.unpack_from(data, 0)[0], 20) if len(data) >= 20 else None
     if linktype == LINKTYPE_NULL:
         if len(data) < 4:
             return None
@@ -119,8 +119,8 @@ def parse_tcp(linktype: int, data: bytes, frame: int = 0) -> TcpSegment | None:
         ihl = (vihl & 0x0F) * 4
         if vihl >> 4 != 4 or ihl < 20:
             raise DecodeError(f"frame {frame}: bad IPv4 version/IHL {vihl:#04x}")
-        (total,) = _U16.unpack_from(data, off + 2)
-        (frag,) = _U16.unpack_from(data, off + 6)
+        (total,) = U16.unpack_from(data, off + 2)
+        (frag,) = U16.unpack_from(data, off + 6)
         if data[off + 9] != IPPROTO_TCP:
             return None
         if frag & 0x3FFF:  # MF or a fragment offset: not a whole segment
@@ -134,7 +134,7 @@ def parse_tcp(linktype: int, data: bytes, frame: int = 0) -> TcpSegment | None:
     elif et == ETH_P_IPV6:
         if len(data) < off + 40:
             raise DecodeError(f"frame {frame}: truncated IPv6 header")
-        (plen,) = _U16.unpack_from(data, off + 4)
+        (plen,) = U16.unpack_from(data, off + 4)
         nh = data[off + 6]
         src = str(ipaddress.IPv6Address(data[off + 8:off + 24]))
         dst = str(ipaddress.IPv6Address(data[off + 24:off + 40]))
