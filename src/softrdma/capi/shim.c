@@ -330,7 +330,10 @@ static int sr_poll_cq(struct ibv_cq *ibcq, int num_entries, struct ibv_wc *wc)
                 == atomic_load_explicit(&r->head, memory_order_relaxed))
                 return 0;
         } else {
-            if ((++sr_empty_polls & sr_yield_mask) == 0) {
+            /* a busy process's poller that receives itself spins without yielding (the
+             * spin is short): a yield on a loaded machine can last a time slice, and the
+             * progress thread would take the answer meanwhile, every time */
+            if ((++sr_empty_polls & sr_yield_mask) == 0 && !(sr_inline && sr_busy())) {
                 if (sr_holds_gil())
                     PyEval_RestoreThread(PyEval_SaveThread());  /* the progress thread's turn */
                 else
