@@ -181,7 +181,8 @@ static int sr_ring_init(struct sr_ring *r, uint32_t cqe)
  * little and then sleeps in the kernel on the device's socket): the answer is then taken
  * and completed by the thread that waits for it, without a hand-off from the progress
  * thread (two thread switches per message). The progress thread stands back while it does.
- * $SOFTRDMA_CAPI_INLINE=0 sleeps on the futex instead. */
+ * $SOFTRDMA_CAPI_INLINE=0 sleeps on the futex instead ($SOFTRDMA_CAPI_WAIT_US=0: neither,
+ * the poller spins and yields). */
 #define SR_BUSY_NS 50000000LL
 static _Atomic uint32_t sr_seq;      /* completions pushed into any ring of the process */
 static _Atomic uint32_t sr_sleepers; /* pollers sleeping on sr_seq */
