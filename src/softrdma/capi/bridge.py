@@ -303,8 +303,17 @@ def _progress(h: int) -> int:
     """One receive step for a program whose ``ibv_poll_cq`` found the CQ ``h`` empty for a
     while: ``CQ.poll`` (an empty one runs the device's busy poll, which spins, then sleeps
     on the socket until input, the next timer or 2 ms), so the answer is completed into
-    the ring by the thread that waits for it. Returns 0."""
-    _get(h, RingCQ).poll(1)  # a RingCQ's own queue stays empty: its store is the ring
+    the ring by the thread that waits for it. Returns 0.
+
+    The busy poll leaves the ACKs of what it received pending (they go out with the
+    program's next post or at its next empty poll); a C program may exit right after
+    the completion, without a Python shutdown, so they are sent now (``Context.progress``
+    transmits them), as the progress thread would have."""
+    cq = _get(h, RingCQ)
+    cq.poll(1)  # a RingCQ's own queue stays empty: its store is the ring
+    ring = cq.ring
+    if ring is not None and hd._lib.sr_ring_count(ring):
+        cq.ctx.progress()
     return 0
 
 
