@@ -11,6 +11,9 @@ UDP port, shared through devd, as every multi-process softrdma run):
 * :func:`rc_cpu`: the same two pairs' CPU time per round trip, both processes together,
   less what a pair of 10 iterations takes (start-up): on a busy machine the wall-clock
   latency is mostly the scheduler's, the CPU time is the work;
+* :func:`inline_ab` (``--inline-ab``): ``ibv_rc_pingpong`` with the poller's own receive
+  step (the default) and with the futex hand-off from the progress thread
+  (``SOFTRDMA_CAPI_INLINE=0``), alternated: usec/iter and CPU us per round trip;
 * :func:`poll_costs`: ``tests/capi/wc_check.c bench`` under ``softrdma run``: the cost of
   one empty ``ibv_poll_cq`` (ns; polls that find the CQ empty, without the sleep that a
   long run of empty polls ends in: ``SOFTRDMA_CAPI_WAIT_US=0``) and of one loopback RC
@@ -188,6 +191,32 @@ def rc_cpu(dev: Device, iters: int) -> tuple[float, float]:
     return out[0], out[1]
 
 
+def _c_pingpong(dev: Device, iters: int, env: dict[str, str]) -> tuple[float, float]:
+    """``ibv_rc_pingpong`` under softrdma run with ``env``: (usec/iter, CPU us per round
+    trip of both processes, less a pair of ``SHORT`` iterations)."""
+    cpu, lat = [], 0.0
+    for n in (SHORT, iters):
+        port = free_port(socket.SOCK_STREAM)
+        cmd = _c(dev.name, "ibv_rc_pingpong", "-d", dev.name, "-g", "0", "-n", str(n), "-s",
+                 str(LAT_SIZE), "-p", str(port))
+        before = _children_cpu()
+        lat = _lat_of(_pair(cmd, [*cmd, "127.0.0.1"], port, env))
+        cpu.append(_children_cpu() - before)
+    return lat, (cpu[1] - cpu[0]) / (iters - SHORT) * 1e6
+
+
+def inline_ab(dev: Device, iters: int, runs: int) -> dict[str, list[float]]:
+    """``ibv_rc_pingpong`` with the poller's receive step (``inline``) and with the futex
+    hand-off (``handoff``, ``SOFTRDMA_CAPI_INLINE=0``), alternated ``runs`` times."""
+    rows: dict[str, list[float]] = {}
+    for _ in range(runs):
+        for mode, flag in (("handoff", "0"), ("inline", "1")):
+            lat, cpu = _c_pingpong(dev, iters, {**dev.env, "SOFTRDMA_CAPI_INLINE": flag})
+            rows.setdefault(f"{mode} us", []).append(lat)
+            rows.setdefault(f"{mode} cpu us", []).append(cpu)
+    return rows
+
+
 def poll_costs(dev: Device) -> dict[str, float]:
     """``wc_check bench``: empty_poll_ns and send_round_us, without the sleep that ends a
     long run of empty polls (``SOFTRDMA_CAPI_WAIT_US=0``: its million empty polls in a row
@@ -212,7 +241,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--inline-ab", action="store_true",
+                    help="only the poller's receive step against the futex hand-off")
     a = ap.parse_args(argv)
+    if a.inline_ab:
+        with Device() as dev:
+            ab = inline_ab(dev, 500 if a.quick else 2000, a.runs)
+        print(f"{a.runs} runs, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
+        for k, v in ab.items():
+            print(f"{k:16s} min {min(v):9.1f} median {statistics.median(v):9.1f}  "
+                  + " ".join(f"{x:.1f}" for x in v))
+        return 0
     bw_iters, lat_iters = (300, 200) if a.quick else (3000, 1000)
     cpu_iters = 2000 if a.quick else 5000  # long enough that start-up's spread is small
     rows: dict[str, list[float]] = {k: [] for k in (

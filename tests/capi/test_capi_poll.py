@@ -1,6 +1,7 @@
 """``softrdma run``: a thread spinning on an empty ``ibv_poll_cq`` while its process waits
-for a completion gives its CPU to the progress thread by sleeping in C (issue 22: a
-busy-polling program on a loaded 2-core machine; tests/capi/poll_sleep.c)."""
+for a completion runs the receive step itself, which sleeps in the kernel until input
+(issue 22: a busy-polling program on a loaded 2-core machine; tests/capi/poll_sleep.c,
+tests/capi/wc_check.c)."""
 
 from __future__ import annotations
 
@@ -39,3 +40,24 @@ def test_busy_empty_polls_sleep_idle_ones_spin(device: str, tmp_path: Path) -> N
     # when a sleep outlasts the busy window on a loaded machine)
     assert int(busy.group(1)) >= 2, p.stdout
     assert int(idle.group(1)) <= 1, p.stdout
+
+
+
+def test_busy_poller_receives_itself(device: str, tmp_path: Path) -> None:
+    """A thread that busy-polls for its answer runs the receive step itself once its
+    short spin is over (sr_py_progress): the answer reaches it without a hand-off from
+    the progress thread, which stands back meanwhile. In 400 loopback SEND rounds (a SEND
+    and its ACK each) the process's other threads then wake far fewer times than once a
+    round; with hand-offs (``SOFTRDMA_CAPI_INLINE=0``) they wake 3-4 times a round."""
+    exe = tmp_path / "wc_check"
+    c = subprocess.run(["gcc", "-O2", "-Wall", "-o", str(exe),
+                        str(HERE / "capi" / "wc_check.c"), "-libverbs"],
+                       capture_output=True, text=True, check=False)
+    assert c.returncode == 0, c.stderr
+    p = run(str(exe), device, "hops")
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    m = re.search(r"hops_nvcsw (\d+) rounds (\d+) seconds ([\d.]+)", p.stdout)
+    assert m, p.stdout
+    wakes, rounds, seconds = int(m.group(1)), int(m.group(2)), float(m.group(3))
+    # standing back, the progress thread wakes once per POLL_GRACE (5 ms) to look again
+    assert wakes < rounds / 2 + seconds / 0.005, p.stdout

@@ -8,6 +8,10 @@
  *                            its inherited QP fails without hanging; then the checks.
  *   wc_check DEVICE bench    prints the cost of an empty ibv_poll_cq and of one
  *                            SEND + completions round on a loopback RC pair.
+ *   wc_check DEVICE hops     busy-polls 400 loopback SEND rounds and prints
+ *                            "hops_nvcsw N rounds R": the voluntary context switches of
+ *                            the process's other threads (softrdma's progress thread)
+ *                            meanwhile. A poller that receives itself needs no hand-off.
  */
 #include <infiniband/verbs.h>
 #include <arpa/inet.h>
@@ -17,7 +21,9 @@
 #include <string.h>
 #include <time.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
+#include <dirent.h>
 #include <unistd.h>
 
 #define FAIL(...) do { fprintf(stderr, "FAIL: " __VA_ARGS__); fputc('\n', stderr); exit(1); } while (0)
@@ -35,6 +41,41 @@ static double cpu_now(void)
     struct timespec ts;
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* the process's CPU time, all its threads */
+static double proc_cpu(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* the voluntary context switches of every thread of the process but the calling one */
+static long others_nvcsw(void)
+{
+    char path[300], line[128];
+    struct dirent *d;
+    long total = 0, v;
+    DIR *dir = opendir("/proc/self/task");
+    pid_t self = (pid_t)syscall(SYS_gettid);
+    FILE *f;
+
+    if (!dir)
+        FAIL("opendir /proc/self/task");
+    while ((d = readdir(dir)) != NULL) {
+        if (d->d_name[0] == '.' || atoi(d->d_name) == self)
+            continue;
+        snprintf(path, sizeof(path), "/proc/self/task/%s/status", d->d_name);
+        if (!(f = fopen(path, "r")))
+            continue;  /* the thread ended */
+        while (fgets(line, sizeof(line), f))
+            if (sscanf(line, "voluntary_ctxt_switches: %ld", &v) == 1)
+                total += v;
+        fclose(f);
+    }
+    closedir(dir);
+    return total;
 }
 
 static void wait_wc(struct ibv_cq *cq, struct ibv_wc *wc, const char *what)
@@ -100,6 +141,7 @@ int main(int argc, char **argv)
     char msg[64];
     int n, i, bench = argc > 2 && !strcmp(argv[2], "bench");
     int forking = argc > 2 && !strcmp(argv[2], "fork");
+    int hops = argc > 2 && !strcmp(argv[2], "hops");
 
     if (argc < 2)
         FAIL("usage: wc_check DEVICE [bench]");
@@ -209,14 +251,19 @@ int main(int argc, char **argv)
         printf("ok: fork: the child opens its own device, its inherited QP fails\n");
     }
 
-    if (bench) {
-        int polls = 1000000, rounds = 500;
+    if (bench || hops) {
+        int polls = hops ? 0 : 1000000, rounds = hops ? 400 : 500;
         double t0 = now(), c0 = cpu_now();
+        long sw0 = 0;
         for (i = 0; i < polls; i++)
             ibv_poll_cq(cqa, 1, &wc);
-        printf("empty_poll_ns %.1f\n", (now() - t0) / polls * 1e9);
-        printf("empty_poll_cpu_ns %.1f\n", (cpu_now() - c0) / polls * 1e9);
+        if (bench) {
+            printf("empty_poll_ns %.1f\n", (now() - t0) / polls * 1e9);
+            printf("empty_poll_cpu_ns %.1f\n", (cpu_now() - c0) / polls * 1e9);
+        }
         t0 = now();
+        sw0 = others_nvcsw();
+        c0 = proc_cpu();
         for (i = 0; i < rounds; i++) {
             sge.addr = (uintptr_t)buf; sge.length = 64; sge.lkey = mr->lkey;
             memset(&rwr, 0, sizeof(rwr));
@@ -232,7 +279,11 @@ int main(int argc, char **argv)
             wait_wc(cqb, &wc, "bench recv");
             wait_wc(cqa, &wc, "bench send");
         }
-        printf("send_round_us %.1f\n", (now() - t0) / rounds * 1e6);
+        if (hops)
+            printf("hops_nvcsw %ld rounds %d seconds %.3f cpu_us_per_round %.1f\n",
+                   others_nvcsw() - sw0, rounds, now() - t0, (proc_cpu() - c0) / rounds * 1e6);
+        else
+            printf("send_round_us %.1f\n", (now() - t0) / rounds * 1e6);
         return 0;
     }
 

@@ -5,6 +5,6 @@ cffi embedding mode) whose ``ibv_*`` exports are served by this Python stack:
 
 * ``shim.c``: the C half (libibverbs structs, context ops, completion rings);
 * :mod:`.cdefs`: the declarations both halves share;
-* :mod:`.bridge`: the Python half (a handle table over :mod:`softrdma.verbs`);
+* :mod:`.bridge`: the Python half (over :mod:`softrdma.verbs`; its handle table is :mod:`.handles`);
 * :mod:`.launch`: the ``run`` subcommand and the environment for other launchers.
 """

@@ -1,10 +1,8 @@
 """The Python half of :mod:`softrdma.capi`: the ``extern "Python"`` entry points C calls.
 
 Each verb of ``shim.c`` that needs the stack calls one function here with plain
-arguments (handles, flat records of :mod:`.cdefs`). Objects live in a handle table; a
-handle is a positive int. No exception ever escapes into C: :func:`_verb` turns a
-softrdma error into its errno (``SoftRdmaError.errno``) and anything else into EIO,
-and the failure is logged to stderr when ``SOFTRDMA_CAPI_DEBUG`` is set.
+arguments (handles, flat records of :mod:`.cdefs`). Objects live in the handle table of
+:mod:`.handles`, whose ``_verb`` keeps every exception out of C (it becomes an errno).
 
 Completions reach C through :class:`RingCQ`, whose store is the C ring of its CQ
 (``sr_ring_push``): the progress thread produces, ``ibv_poll_cq`` consumes in C.
@@ -13,14 +11,10 @@ Completions reach C through :class:`RingCQ`, whose store is the C ring of its CQ
 from __future__ import annotations
 
 import errno
-import functools
-import itertools
 import os
 import sys
-import threading
-import traceback
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from .. import enums as e
 from ..errors import SoftRdmaError
@@ -31,7 +25,6 @@ from ..verbs import (
     MR,
     PD,
     QP,
-    SGE,
     SRQ,
     XRCD,
     AHAttr,
@@ -50,78 +43,19 @@ from ..verbs import (
 from ..verbs.device import MAX_CQE, DeviceInfo, all_devices
 from ..verbs.mr import ACCESS_SUPPORTED
 from ..verbs.procmem import SIZE_MAX, ImplicitMR
+from . import handles as hd
+from .handles import _add, _forget, _get, _handle_of, _mem, _sges, _wrapper_of, register
 
 __all__ = ["install", "RingCQ", "PYTHON_ENV", "fill_qp_attr"]
 
 #: ``softrdma run`` passes the interpreter that devd and helpers must run with
 PYTHON_ENV = "SOFTRDMA_CAPI_PYTHON"
 
-F = TypeVar("F", bound=Callable[..., int])
-
-_ffi: Any = None
-_lib: Any = None
-_objs: dict[int, object] = {}
-_ids = itertools.count(1)
-_lock = threading.Lock()
 _devices: list[DeviceInfo] = []
-_debug = bool(os.environ.get("SOFTRDMA_CAPI_DEBUG"))
 #: shim.c's SR_ACCESS_DM: the access flags of an ``ibv_reg_dm_mr`` (a zero length is allowed)
 SR_ACCESS_DM = 1 << 30
 #: how long a CQ's destruction waits for the engine lock (a finalizer may hold it) (s)
 _RELEASE_WAIT = 1.0
-
-
-#: handle -> the C wrapper of a QP, CQ or SRQ (the element of its events)
-_wrappers: dict[int, Any] = {}
-#: id(verbs object) -> its handle, for the objects that have a wrapper
-_handles: dict[int, int] = {}
-
-
-def _add(obj: object, wrapper: Any = None) -> int:
-    with _lock:
-        h = next(_ids)
-        _objs[h] = obj
-        if wrapper is not None:
-            _wrappers[h] = wrapper
-            _handles[id(obj)] = h
-    return h
-
-
-def _get(h: int, kind: type[Any]) -> Any:
-    obj = _objs.get(h)
-    if not isinstance(obj, kind):
-        raise SoftRdmaError(f"handle {h} is not a {kind.__name__}", errno=errno.EINVAL)
-    return obj
-
-
-def _errno_of(exc: BaseException) -> int:
-    if isinstance(exc, SoftRdmaError):
-        return int(exc.errno) or errno.EINVAL
-    if isinstance(exc, OSError) and exc.errno:
-        return int(exc.errno)
-    if isinstance(exc, MemoryError):
-        return errno.ENOMEM
-    if isinstance(exc, (ValueError, TypeError)):
-        return errno.EINVAL
-    return errno.EIO
-
-
-def _verb(negative: bool) -> Callable[[F], F]:
-    """Run a verb; an exception becomes ``-errno`` (object verbs, ``negative``) or
-    ``errno`` (int verbs)."""
-
-    def wrap(fn: F) -> F:
-        @functools.wraps(fn)
-        def run(*args: Any) -> int:
-            try:
-                return fn(*args)
-            except BaseException as exc:  # noqa: BLE001 - nothing may escape into C
-                if _debug:
-                    traceback.print_exc(file=sys.stderr)
-                err = _errno_of(exc)
-                return -err if negative else err
-        return run  # type: ignore[return-value]
-    return wrap
 
 
 class RingCQ(CQ):
@@ -139,7 +73,7 @@ class RingCQ(CQ):
             return True
         flags = int(wc.wc_flags)
         extra = wc.invalidated_rkey if flags & e.IBV_WC_WITH_INV else wc.imm_data
-        return bool(_lib.sr_ring_push(
+        return bool(hd._lib.sr_ring_push(
             ring, wc.wr_id & 0xFFFFFFFFFFFFFFFF, int(wc.status), int(wc.opcode),
             wc.vendor_err, wc.byte_len, extra & 0xFFFFFFFF, wc.qp_num, wc.src_qp, flags,
             wc.pkey_index, wc.slid, wc.sl, wc.dlid_path_bits) == 0)
@@ -157,20 +91,6 @@ class RingCQ(CQ):
         super()._release()
 
 
-def _mem(addr: int, length: int) -> Any:
-    """The program's memory at ``addr`` as a writable buffer."""
-    return _ffi.buffer(_ffi.cast("char *", addr), length)
-
-
-def _sges(ptr: int, n: int) -> list[SGE]:
-    if n > 0xFFFF:
-        raise SoftRdmaError(f"num_sge {n} is negative or too large", errno=errno.EINVAL)
-    if n and not ptr:
-        raise SoftRdmaError("sg_list is NULL", errno=errno.EINVAL)
-    arr = _ffi.cast("struct ibv_sge *", ptr)
-    return [SGE(int(arr[i].addr), int(arr[i].length), int(arr[i].lkey)) for i in range(n)]
-
-
 # ---- devices and contexts ---------------------------------------------------------------
 def _ndevices() -> int:
     global _devices
@@ -185,7 +105,7 @@ def _ndevices() -> int:
 def _device(index: int, name: Any, guid: Any, iwarp: Any) -> int:
     info = _devices[index]
     raw = info.name.encode()[:63]
-    _ffi.memmove(name, raw + b"\0", len(raw) + 1)
+    hd._ffi.memmove(name, raw + b"\0", len(raw) + 1)
     guid[0] = info.node_guid
     iwarp[0] = 1 if info.type == "iwarp" else 0
     return 0
@@ -210,9 +130,7 @@ def _get_async_event(h: int, event_type: Any, element: Any, port_num: Any) -> in
     except TimeoutError:
         return 0
     event_type[0] = int(ev.event_type)
-    with _lock:
-        handle = _handles.get(id(ev.element)) if ev.element is not None else None
-        wrapper = _wrappers.get(handle) if handle is not None else None
+    wrapper = _wrapper_of(_handle_of(ev.element)) if ev.element is not None else None
     if wrapper is not None:
         element[0] = wrapper
     else:
@@ -221,12 +139,7 @@ def _get_async_event(h: int, event_type: Any, element: Any, port_num: Any) -> in
 
 
 def _destroy(h: int) -> int:
-    with _lock:
-        obj = _objs.pop(h, None)
-        if _wrappers.pop(h, None) is not None:
-            _handles.pop(id(obj), None)
-    if obj is None:
-        raise SoftRdmaError(f"handle {h} is unknown", errno=errno.EINVAL)
+    obj = _forget(h)
     close = getattr(obj, "close", None)
     if close is not None:
         close()
@@ -253,7 +166,7 @@ def _query_device(h: int, out: Any) -> int:
     out.max_raw_ipv6_qp = int(getattr(attr, "max_raw_ipv6_qp", 0))
     out.atomic_cap = int(attr.atomic_caps)
     fw = str(attr.fw_ver).encode()[:63]
-    _ffi.memmove(out.fw_ver, fw + b"\0", len(fw) + 1)
+    hd._ffi.memmove(out.fw_ver, fw + b"\0", len(fw) + 1)
     out.node_guid = _be64(int(attr.node_guid))
     out.sys_image_guid = _be64(int(attr.sys_image_guid))
     return 0
@@ -271,7 +184,7 @@ def _query_port(h: int, port: int, out: Any) -> int:
 
 def _query_gid(h: int, port: int, index: int, raw: Any) -> int:
     gid = _get(h, Context).query_gid(port, index)
-    _ffi.memmove(raw, gid.raw, 16)
+    hd._ffi.memmove(raw, gid.raw, 16)
     return 0
 
 
@@ -291,7 +204,7 @@ def _alloc_pd(h: int) -> int:
 
 def _reg_mr(h: int, addr: Any, length: int, iova: int, access: int, lkey: Any, rkey: Any) -> int:
     pd = _get(h, PD)
-    address = int(_ffi.cast("uintptr_t", addr))
+    address = int(hd._ffi.cast("uintptr_t", addr))
     if not address and length == SIZE_MAX and access & e.IBV_ACCESS_ON_DEMAND:
         # implicit ODP (ibv_reg_mr(3)): the whole address space
         imr = ImplicitMR(pd, access)
@@ -330,7 +243,7 @@ def _rereg_mr(h: int, pd: int, addr: Any, length: int, iova: int, access: int,
         raise SoftRdmaError("rereg of an on-demand MR", errno=errno.EOPNOTSUPP)
     buf = None
     if translation:
-        address = int(_ffi.cast("uintptr_t", addr))
+        address = int(hd._ffi.cast("uintptr_t", addr))
         if not address or not length:
             raise SoftRdmaError("addr and length must be non-zero", errno=errno.EINVAL)
         buf = memoryview(_mem(address, length)).cast("B")
@@ -339,7 +252,7 @@ def _rereg_mr(h: int, pd: int, addr: Any, length: int, iova: int, access: int,
         if buf is not None:
             mr._storage = buf
             mr._buf = buf
-            mr.real_address = int(_ffi.cast("uintptr_t", addr))
+            mr.real_address = int(hd._ffi.cast("uintptr_t", addr))
             emr.buf = buf
             emr.addr = iova
             emr.length = length
@@ -369,7 +282,7 @@ def _get_cq_event(h: int, out: Any) -> int:
     if not isinstance(cq, RingCQ):
         return 0
     cq.ack_events(1)
-    out[0] = _wrappers[cq.handle]
+    out[0] = _wrapper_of(cq.handle)
     return cq.handle
 
 
@@ -383,6 +296,24 @@ def _create_cq(h: int, cqe: int, channel: int, comp_vector: int, ring: Any,
 
 def _req_notify_cq(h: int, solicited_only: int) -> int:
     _get(h, RingCQ).req_notify(bool(solicited_only))
+    return 0
+
+
+def _progress(h: int) -> int:
+    """One receive step for a program whose ``ibv_poll_cq`` found the CQ ``h`` empty for a
+    while: ``CQ.poll`` (an empty one runs the device's busy poll, which spins, then sleeps
+    on the socket until input, the next timer or 2 ms), so the answer is completed into
+    the ring by the thread that waits for it. Returns 0.
+
+    The busy poll leaves the ACKs of what it received pending (they go out with the
+    program's next post or at its next empty poll); a C program may exit right after
+    the completion, without a Python shutdown, so they are sent now (``Context.progress``
+    transmits them), as the progress thread would have."""
+    cq = _get(h, RingCQ)
+    cq.poll(1)  # a RingCQ's own queue stays empty: its store is the ring
+    ring = cq.ring
+    if ring is not None and hd._lib.sr_ring_count(ring):
+        cq.ctx.progress()
     return 0
 
 
@@ -405,7 +336,7 @@ def _query_srq(h: int, attr: Any) -> int:
 
 def _mcast(h: int, gid: Any, lid: int, attach: int) -> int:
     qp = _get(h, QP)
-    raw = bytes(_ffi.buffer(gid, 16))
+    raw = bytes(hd._ffi.buffer(gid, 16))
     if attach:
         qp.attach_mcast(raw, lid)
     else:
@@ -438,7 +369,7 @@ def _ah_attr(f: Any) -> AHAttr:
     and OPA address vectors; UCX puts its UDP source-port hint there), so it is dropped;
     the flow label is the GRH's 20 bits (IBA 8.3.1: the kernel passes the u32 on, the
     device keeps 20 bits; UCX passes all ones for "none")."""
-    gr = GlobalRoute(bytes(_ffi.buffer(f.dgid, 16)), flow_label=f.flow_label & 0xFFFFF,
+    gr = GlobalRoute(bytes(hd._ffi.buffer(f.dgid, 16)), flow_label=f.flow_label & 0xFFFFF,
                      sgid_index=f.sgid_index, hop_limit=f.hop_limit,
                      traffic_class=f.traffic_class) if f.is_global else None
     return AHAttr(port_num=f.port_num, is_global=f.is_global, gr=gr, dlid=0, sl=f.sl,
@@ -490,7 +421,7 @@ def fill_qp_attr(out: Any, attr: QPAttr) -> None:
         if ah.gr is not None:
             gid = ah.gr.dgid
             if gid is not None:
-                _ffi.memmove(out.ah.dgid, gid.raw, 16)
+                hd._ffi.memmove(out.ah.dgid, gid.raw, 16)
             out.ah.flow_label = ah.gr.flow_label
             out.ah.sgid_index = ah.gr.sgid_index
             out.ah.hop_limit = ah.gr.hop_limit
@@ -553,7 +484,7 @@ def _resize_cq(h: int, cqe: int) -> int:
     with cq._runtime.lock:
         if cq.ring is None:
             raise SoftRdmaError("the CQ is destroyed", errno=errno.EINVAL)
-        err = int(_lib.sr_ring_resize(cq.ring, cqe))
+        err = int(hd._lib.sr_ring_resize(cq.ring, cqe))
         if err:
             raise SoftRdmaError(f"cannot resize the CQ to {cqe}: {os.strerror(err)}",
                                 errno=err)
@@ -568,7 +499,7 @@ def _clean_cq(h: int, qp_num: int) -> int:
     cq = _get(h, RingCQ)
     with cq._runtime.lock:
         if cq.ring is not None:
-            _lib.sr_ring_clean(cq.ring, qp_num)
+            hd._lib.sr_ring_clean(cq.ring, qp_num)
     return 0
 
 def _open_xrcd(h: int, fd: int, oflags: int) -> int:
@@ -601,6 +532,7 @@ _EXPORTS: dict[str, tuple[Callable[..., int], bool]] = {
     "sr_py_get_cq_event": (_get_cq_event, True),
     "sr_py_create_cq": (_create_cq, True),
     "sr_py_req_notify_cq": (_req_notify_cq, False),
+    "sr_py_progress": (_progress, False),
     "sr_py_create_srq": (_create_srq, True),
     "sr_py_modify_srq": (_modify_srq, False),
     "sr_py_query_srq": (_query_srq, False),
@@ -618,44 +550,13 @@ _EXPORTS: dict[str, tuple[Callable[..., int], bool]] = {
 }
 
 
-def _set_wrapper(h: int, wrapper: Any) -> None:
-    """Give the object of ``h`` its C wrapper (made by C after the object)."""
-    with _lock:
-        obj = _objs.get(h)
-        if obj is None:
-            raise SoftRdmaError(f"handle {h} is unknown", errno=errno.EINVAL)
-        _wrappers[h] = wrapper
-        _handles[id(obj)] = h
-
-
-def _handle_of(obj: object) -> int:
-    """The handle of an object that has a wrapper, or 0."""
-    with _lock:
-        return _handles.get(id(obj), 0)
-
-
-def _forget(h: int) -> object:
-    """Drop ``h`` from the tables; its object."""
-    with _lock:
-        obj = _objs.pop(h, None)
-        if _wrappers.pop(h, None) is not None:
-            _handles.pop(id(obj), None)
-    if obj is None:
-        raise SoftRdmaError(f"handle {h} is unknown", errno=errno.EINVAL)
-    return obj
-
-
 def install(ffi: Any, lib: Any,
             more: dict[str, tuple[Callable[..., int], bool]] | None = None) -> None:
     """Register the entry points (run once by the library's embedding init code), with
     ``more`` (the librdmacm half, :mod:`.cmbridge`)."""
-    global _ffi, _lib
-    _ffi, _lib = ffi, lib
     python = os.environ.get(PYTHON_ENV)
     if python:
         # devd is spawned with sys.executable; an embedded interpreter's is the first
         # python3 on PATH, not necessarily the one softrdma is installed for
         sys.executable = python
-    for name, (fn, negative) in {**_EXPORTS, **(more or {})}.items():
-        err = -errno.EIO if negative else errno.EIO
-        ffi.def_extern(name=name, error=err)(_verb(negative)(fn))
+    register(ffi, lib, {**_EXPORTS, **(more or {})})

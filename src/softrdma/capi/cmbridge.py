@@ -32,6 +32,7 @@ from ..cm.rdma_devices import candidates, open_device
 from ..errors import InvalidArgument, SoftRdmaError
 from ..verbs import PD, Context
 from . import bridge as b
+from . import handles as hd
 
 __all__ = ["install", "EXPORTS"]
 
@@ -43,7 +44,7 @@ PRIVATE_DATA_MAX = 256
 def _addr(rec: Any) -> tuple[str, int] | None:
     """``(host, port)`` of a flat ``struct sr_cm_addr`` (None if its family is 0)."""
     fam = int(rec.family)
-    raw = bytes(b._ffi.buffer(rec.ip, 16))
+    raw = bytes(hd._ffi.buffer(rec.ip, 16))
     if fam == socket.AF_INET:
         return str(ipaddress.IPv4Address(raw[:4])), int(rec.port)
     if fam == socket.AF_INET6:
@@ -59,21 +60,21 @@ def _fill_addr(rec: Any, addr: tuple[str, int] | None) -> None:
         return
     ip = ipaddress.ip_address(addr[0])
     rec.family = socket.AF_INET if ip.version == 4 else socket.AF_INET6
-    b._ffi.memmove(rec.ip, ip.packed + bytes(16 - len(ip.packed)), 16)
+    hd._ffi.memmove(rec.ip, ip.packed + bytes(16 - len(ip.packed)), 16)
     rec.port = int(addr[1]) & 0xFFFF
 
 
 def _param(p: Any) -> ConnParam | None:
-    if p == b._ffi.NULL or not p.has:
+    if p == hd._ffi.NULL or not p.has:
         return None
     n = min(int(p.private_data_len), PRIVATE_DATA_MAX)
-    return ConnParam(bytes(b._ffi.buffer(p.private_data, n)), int(p.responder_resources),
+    return ConnParam(bytes(hd._ffi.buffer(p.private_data, n)), int(p.responder_resources),
                      int(p.initiator_depth), int(p.flow_control), int(p.retry_count),
                      int(p.rnr_retry_count), int(p.srq), int(p.qp_num))
 
 
 def _id(h: int) -> CmId:
-    cid: CmId = b._get(h, CmId)
+    cid: CmId = hd._get(h, CmId)
     return cid
 
 
@@ -81,22 +82,22 @@ def _id(h: int) -> CmId:
 def _channel(fd: Any) -> int:
     ch = EventChannel()
     fd[0] = ch.fileno()
-    return b._add(ch)
+    return hd._add(ch)
 
 
 def _create_id(channel: int, ps: int, wrapper: Any) -> int:
-    return b._add(CmId(b._get(channel, EventChannel), ps), wrapper)
+    return hd._add(CmId(hd._get(channel, EventChannel), ps), wrapper)
 
 
 def _set_wrapper(h: int, wrapper: Any) -> int:
-    b._set_wrapper(h, wrapper)
+    hd._set_wrapper(h, wrapper)
     return 0
 
 
 def _destroy_id(h: int) -> int:
-    cid = b._get(h, CmId)
-    b._forget(h)
-    with b._lock:
+    cid = hd._get(h, CmId)
+    hd._forget(h)
+    with hd._lock:
         _send_only.difference_update({k for k in _send_only if k[0] == h})
     cid.destroy()
     return 0
@@ -116,14 +117,13 @@ def _info(h: int, out: Any) -> int:
 def _fill_ctx(ctx: Any, out: Any) -> None:
     """A device Context's handle, wrapper, device index and async fd in ``out``."""
     out.ctx = 0
-    out.ctx_wrapper = b._ffi.NULL
+    out.ctx_wrapper = hd._ffi.NULL
     if isinstance(ctx, Context):
-        handle = b._handle_of(ctx)
+        handle = hd._handle_of(ctx)
         if not handle:
-            handle = b._add(ctx)  # C makes its wrapper, then sr_py_cm_set_wrapper
+            handle = hd._add(ctx)  # C makes its wrapper, then sr_py_cm_set_wrapper
         out.ctx = handle
-        with b._lock:
-            wrapper = b._wrappers.get(handle)
+        wrapper = hd._wrapper_of(handle)
         if wrapper is not None:
             out.ctx_wrapper = wrapper
         out.dev_index = next((i for i, d in enumerate(b._devices) if d.name == ctx.name), -1)
@@ -160,7 +160,7 @@ def _resolve_addr(h: int, src: Any, dst: Any, timeout_ms: int) -> int:
     to = _addr(dst)
     if to is None:
         raise SoftRdmaError("dst_addr is needed", errno=errno.EINVAL)
-    _id(h).resolve_addr(_addr(src) if src != b._ffi.NULL else None, to, timeout_ms,
+    _id(h).resolve_addr(_addr(src) if src != hd._ffi.NULL else None, to, timeout_ms,
                         device=_device())
     return 0
 
@@ -176,9 +176,9 @@ def _listen(h: int, backlog: int) -> int:
 
 
 def _create_qp(h: int, pd: int, a: Any, wrapper: Any) -> int:
-    qp = _id(h).create_qp(b._get(pd, PD), b._qp_init(a))
+    qp = _id(h).create_qp(hd._get(pd, PD), b._qp_init(a))
     a.qp_num = qp.qp_num
-    return b._add(qp, wrapper)
+    return hd._add(qp, wrapper)
 
 
 def _drop_qp(h: int) -> int:
@@ -212,7 +212,7 @@ def _establish(h: int) -> int:
 
 
 def _reject(h: int, data: Any, n: int) -> int:
-    raw = bytes(b._ffi.buffer(data, n)) if n > 0 and data != b._ffi.NULL else b""
+    raw = bytes(hd._ffi.buffer(data, n)) if n > 0 and data != hd._ffi.NULL else b""
     _id(h).reject(raw)
     return 0
 
@@ -223,7 +223,7 @@ def _disconnect(h: int) -> int:
 
 
 def _migrate(h: int, channel: int) -> int:
-    _id(h).migrate(b._get(channel, EventChannel))
+    _id(h).migrate(hd._get(channel, EventChannel))
     return 0
 
 
@@ -252,23 +252,23 @@ def _mcast(h: int, addr: Any, send_only: int, join: int) -> int:
     cid, key = _id(h), (h, where[0])
     if join:
         rdma_mcast.join(cid, where, send_only=bool(send_only))
-        with b._lock:
+        with hd._lock:
             if send_only:
                 _send_only.add(key)
             else:
                 _send_only.discard(key)
         return 0
-    with b._lock:
+    with hd._lock:
         was_send_only = key in _send_only
     rdma_mcast.leave(cid, where, send_only=was_send_only)
-    with b._lock:
+    with hd._lock:
         _send_only.discard(key)
     return 0
 
 
 def _get_event(channel: int, rec: Any) -> int:
     """1 and the next event of the channel in ``rec``, 0 if none is pending."""
-    ch = b._get(channel, EventChannel)
+    ch = hd._get(channel, EventChannel)
     try:
         ev = ch.get_cm_event(timeout=0)
     except TimeoutError:
@@ -277,15 +277,14 @@ def _get_event(channel: int, rec: Any) -> int:
     rec.event = int(ev.event)
     rec.status = int(ev.status)
     for field, cid in (("id", ev.id), ("listen_id", ev.listen_id)):
-        h = b._handle_of(cid) if cid is not None else 0
+        h = hd._handle_of(cid) if cid is not None else 0
         if cid is not None and not h:
-            h = b._add(cid)  # a CONNECT_REQUEST's new id: C makes its wrapper
+            h = hd._add(cid)  # a CONNECT_REQUEST's new id: C makes its wrapper
         setattr(rec, field, h)
-        with b._lock:
-            wrapper = b._wrappers.get(h) if h else None
-        setattr(rec, field + "_wrapper", wrapper if wrapper is not None else b._ffi.NULL)
+        wrapper = hd._wrapper_of(h)
+        setattr(rec, field + "_wrapper", wrapper if wrapper is not None else hd._ffi.NULL)
     data = bytes(ev.private_data or b"")[:PRIVATE_DATA_MAX]
-    b._ffi.memmove(rec.private_data, data, len(data))
+    hd._ffi.memmove(rec.private_data, data, len(data))
     rec.private_data_len = len(data)
     p = ev.param
     if p is not None:
@@ -310,7 +309,7 @@ def _get_event(channel: int, rec: Any) -> int:
         if ah.gr is not None:
             gid = ah.gr.dgid
             raw = getattr(gid, "raw", gid)
-            b._ffi.memmove(rec.ah.dgid, bytes(raw), 16)
+            hd._ffi.memmove(rec.ah.dgid, bytes(raw), 16)
             rec.ah.sgid_index = ah.gr.sgid_index
             rec.ah.hop_limit = ah.gr.hop_limit
             rec.ah.traffic_class = ah.gr.traffic_class

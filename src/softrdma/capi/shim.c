@@ -175,13 +175,21 @@ static int sr_ring_init(struct sr_ring *r, uint32_t cqe)
  * A poller sleeps only while the process is busy: a post or a completion in the last
  * SR_BUSY_NS; a program that waits long for a first message, or that only polls, spins
  * (and yields) as before. $SOFTRDMA_CAPI_SPIN and $SOFTRDMA_CAPI_WAIT_US (0: never sleep)
- * set the two. */
+ * set the two.
+ * By default the poller does not sleep on the futex but runs one receive step of the device
+ * itself (sr_py_progress: Python's busy poll, drivers.progress.PollPacer, which spins a
+ * little and then sleeps in the kernel on the device's socket): the answer is then taken
+ * and completed by the thread that waits for it, without a hand-off from the progress
+ * thread (two thread switches per message). The progress thread stands back while it does.
+ * $SOFTRDMA_CAPI_INLINE=0 sleeps on the futex instead ($SOFTRDMA_CAPI_WAIT_US=0: neither,
+ * the poller spins and yields). */
 #define SR_BUSY_NS 50000000LL
 static _Atomic uint32_t sr_seq;      /* completions pushed into any ring of the process */
 static _Atomic uint32_t sr_sleepers; /* pollers sleeping on sr_seq */
 static _Atomic long long sr_active_ns; /* CLOCK_MONOTONIC of the last post or completion */
 static unsigned int sr_spin = 256;
 static long sr_wait_ns = 200000;
+static int sr_inline = 1;
 static __thread unsigned int sr_empty_run;
 
 static long long sr_now_ns(void)
@@ -235,6 +243,9 @@ static void sr_wait_config(void)
         long us = strtol(v, NULL, 0);
         sr_wait_ns = us <= 0 ? 0 : (us >= 1000000 ? 999999999 : us * 1000);
     }
+    v = getenv("SOFTRDMA_CAPI_INLINE");
+    if (v && *v)
+        sr_inline = strtol(v, NULL, 0) != 0;
 }
 
 /* Called from Python (one producer at a time): 0, or -1 when the ring is full (overrun). */
@@ -304,7 +315,10 @@ static int sr_poll_cq(struct ibv_cq *ibcq, int num_entries, struct ibv_wc *wc)
                 sr_empty_run = 0;  /* look again after sr_spin more polls */
                 return 0;
             }
-            if (sr_holds_gil()) {
+            if (sr_inline) {
+                /* receive here (Python's busy poll: it paces itself, see above) */
+                sr_py_progress(SR_H(sr_cq, ibcq));
+            } else if (sr_holds_gil()) {
                 /* a Python host's thread: the progress thread needs the GIL to
                  * produce the completion that ends the sleep */
                 PyThreadState *ts = PyEval_SaveThread();
@@ -317,7 +331,10 @@ static int sr_poll_cq(struct ibv_cq *ibcq, int num_entries, struct ibv_wc *wc)
                 == atomic_load_explicit(&r->head, memory_order_relaxed))
                 return 0;
         } else {
-            if ((++sr_empty_polls & sr_yield_mask) == 0) {
+            /* a busy process's poller that receives itself spins without yielding (the
+             * spin is short): a yield on a loaded machine can last a time slice, and the
+             * progress thread would take the answer meanwhile, every time */
+            if ((++sr_empty_polls & sr_yield_mask) == 0 && !(sr_inline && sr_busy())) {
                 if (sr_holds_gil())
                     PyEval_RestoreThread(PyEval_SaveThread());  /* the progress thread's turn */
                 else
