@@ -40,7 +40,7 @@ from __future__ import annotations
 import struct
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import DeviceError, SoftRdmaError
 from ..ib.port import Port, RxMeta, TxPacket
@@ -57,7 +57,7 @@ from ..wire.roce import (
     udp_send_icrc,
 )
 from ..wire.rocev1 import GRH_SIZE, build_grh_v1
-from .link import ROCE_V2_UDP_PORT, CounterReporter, Datagram, GsoLink, Link
+from .link import ROCE_V2_UDP_PORT, Datagram, GsoLink, Link, VirtualClock
 from .progress import (
     DRAIN_TIMEOUT,
     EventWaiter,
@@ -65,7 +65,6 @@ from .progress import (
     ProgressCore,
     ProgressMode,
     SelectWaiter,
-    VirtualClock,
     VirtualTimer,
     Waiter,
     WakePipe,
@@ -155,14 +154,9 @@ class Runtime:
         self.batch = batch
         self.udp_port = udp_port  # the destination port of every packet (the device's)
         vclock: VirtualClock | None = None
-        if clock is None:
-            found = getattr(link, "clock", None)
-            if found is None:
-                found = getattr(getattr(link, "fabric", None), "clock", None)
-            if found is not None and callable(getattr(found, "now", None)):
-                clock = found.now
-                if callable(getattr(found, "call_at", None)):
-                    vclock = found
+        if clock is None and link.clock is not None:  # a simulation's link (the fabric)
+            vclock = link.clock
+            clock = vclock.now
         self.now: Callable[[], float] = clock if clock is not None else time.monotonic
         core = ProgressCore(threaded=threaded, now=self.now, after=self._after_locked)
         self.core, self.lock, self.threaded = core, core.lock, threaded
@@ -176,12 +170,11 @@ class Runtime:
         self._backlog: list[Datagram] = []
         self._poll_ask = 1  # datagrams the next busy poll reads (progress_nonblocking)
         self._pending = False
-        self._reporter = link if isinstance(link, CounterReporter) else None
+        self._reporter = link if link.shared else None
         # a link that counts the kernel's receive-queue drops (UdpLink: SO_RXQ_OVFL)
-        stats = getattr(link, "stats", None)
-        self._link_stats: Any = stats if hasattr(stats, "rx_overflow") else None
+        self._link_stats = link.overflow_stats
         self._rx_overflow = 0  # of those, already in the port counters
-        self._gso: GsoLink | None = link if isinstance(link, GsoLink) else None
+        self._gso: GsoLink | None = cast("GsoLink", link) if link.gso else None
         self.tap: PacketTap | None = None  # capture / packet trace (drivers.tap), if asked
         self._next_report = 0.0
         fd = link.fileno()
@@ -192,10 +185,8 @@ class Runtime:
         self._vtimer = VirtualTimer(vclock, self._on_vtimer) if vclock is not None else None
         self.mode: ProgressMode = progress_mode(threaded, fd is not None,
                                                 self._vtimer is not None)
-        if hasattr(link, "on_readable"):
-            link.on_readable = self._on_readable
-        if hasattr(link, "fast_rc_meta"):
-            link.fast_rc_meta = True  # the engine needs ancillary data for UD only
+        link.on_readable = self._on_readable  # a link without a descriptor calls it
+        link.fast_rc_meta = True  # the engine needs ancillary data for UD only
         core.start(self._thread_step, "softrdma-progress")
 
     # ---- engine access ------------------------------------------------------------------
@@ -490,10 +481,10 @@ class Runtime:
         """RoCEv1 (Annex A16): the GRH is always present (A16.3.1), its PayLen counts BTH
         through the ICRC (IBA 8.3.1); the ICRC covers it with TClass, FlowLabel and HopLmt
         masked (IBA 7.8.1, Annex A16, ``wire.roce.icrc_v1``)."""
-        send_v1 = getattr(self.link, "send_v1", None)
-        if send_v1 is None:  # a GID typed RoCE v1 on a link that cannot carry it
+        if not self.link.roce_v1:  # a GID typed RoCE v1 on a link that cannot carry it
             self.port.counters.link_downed += 1
             return
+        send_v1 = self.link.send_v1
         grh = build_grh_v1(p.sgid, p.dgid, p.length + 4, p.tclass, p.flow_label, p.hop_limit)
         send_v1(p.dgid, [grh, *p.parts, icrc_v1(grh, p.parts)], p.sl)
         if self.tap is not None:  # capture / packet trace (drivers.tap)
@@ -740,8 +731,7 @@ class Runtime:
                 self.lock.release()
         self.report_counters()  # the device keeps this process's totals after it leaves
         core.close()
-        if hasattr(self.link, "on_readable"):
-            self.link.on_readable = None
+        self.link.on_readable = None
         if close_link:
             self.link.close()
         if self.tap is not None:

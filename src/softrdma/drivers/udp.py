@@ -220,6 +220,9 @@ class UdpLink(LinkState):
     device's direct path, :mod:`softrdma.drivers.devd.reuseport`).
     """
 
+    gso = True  # UDP_SEGMENT sends (GsoLink); an instance: False when SOFTRDMA_GSO=0
+    multicast = True  # IP multicast groups
+
     def __init__(self, local_ip: str | bytes, port: int = ROCE_V2_UDP_PORT, *,
                  rcvbuf: int = 8 << 20, sndbuf: int = 4 << 20, bind_port: bool = True,
                  sport_pool: int = 64, pool_idle: float = 1.0, ring: int = 64,
@@ -247,6 +250,7 @@ class UdpLink(LinkState):
         self.family = socket.AF_INET if len(raw) == 4 else socket.AF_INET6
         self.scope_id = scope_id
         self.stats = UdpLinkStats()
+        self.overflow_stats = self.stats  # SO_RXQ_OVFL: the kernel's receive drops
         self._ips = (raw,)
         self._text = ip_text(raw)
         self._rcvbuf = rcvbuf

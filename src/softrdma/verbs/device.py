@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Self
 
 from .. import enums as e
-from ..drivers.link import CounterReporter, Link
+from ..drivers.link import Link
 from ..drivers.portwatch import PortWatch
 from ..drivers.progress import DeviceRuntime
 from ..drivers.runtime import Runtime
@@ -128,13 +128,14 @@ class Context(VerbsObject):
         netdev: str | None = None
         mtu: int | None = None
         mac = b""
-        udp_port = int(getattr(link if link is not None else fabric, "port", None) or 4791)
+        given = link if link is not None else fabric
+        udp_port = (given.port if given is not None else None) or 4791
         if fabric is not None:
             link = fabric
             progress = "manual"
-            dev_name = name or str(getattr(fabric, "name", None) or "softrdma_fabric")
+            dev_name = name or "softrdma_fabric"
         elif link is not None:
-            dev_name = name or str(getattr(link, "name", None) or "softrdma0")
+            dev_name = name or "softrdma0"
             nd = netdev_of_ips(tuple(link.local_ips))
             if nd is not None:
                 netdev, mtu, mac = nd.name, nd.mtu, nd.mac
@@ -147,16 +148,15 @@ class Context(VerbsObject):
             mac = nd.mac if nd is not None else b""
             udp_port = info.udp_port
         assert link is not None
-        link_mtu = getattr(link, "mtu", None)
-        if isinstance(link_mtu, int):
-            mtu = link_mtu
+        if link.mtu is not None:
+            mtu = link.mtu
         if mtu is None:
             mtu = 4096 + RXE_MAX_HDR_LENGTH if fabric is not None else 1500
         try:
             # A link that carries RoCEv1 (link.V1Link) gives its own typed GID table
             # (Annex A16; v1 GIDs from the MAC by modified EUI-64); otherwise every GID
             # is a RoCE v2 one of the link's addresses.
-            entries = getattr(link, "gid_entries", None)
+            entries = link.gid_entries
             if entries:
                 gids = [bytes(g) for g, _t in entries]
                 gid_types: list[int] | None = [int(t) for _g, t in entries]
@@ -172,8 +172,8 @@ class Context(VerbsObject):
         self.name = dev_name
         self.netdev = netdev
         self.node_guid = guid_from_mac(mac)
-        alloc = getattr(link, "alloc_qpn", None)
-        free = getattr(link, "free_qpn", None)
+        alloc = link.alloc_qpn if link.shared else None  # devd hands out the QPNs
+        free = link.free_qpn if link.shared else None
         port = Port(gids, max_mtu=128 << self.active_mtu, qpn_alloc=alloc, qpn_free=free,
                     gid_types=gid_types)
         self.port: DeviceEngine = port
@@ -368,7 +368,7 @@ class Context(VerbsObject):
         if self.transport == "iwarp":
             return PortCounters.from_values(self.name, port_num, self.port.counters.as_dict())
         rt = self.runtime
-        shared = isinstance(rt.link, CounterReporter)
+        shared = rt.link is not None and rt.link.shared
         return PortCounters.from_values(self.name, port_num, rt.device_counters(), shared)
 
     # ---- asynchronous events -----------------------------------------------------------------

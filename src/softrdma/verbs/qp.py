@@ -424,7 +424,8 @@ class QP(VerbsObject):
         self._check()
         mgid = self._mgid(gid)
         port = self._port
-        join = getattr(self._runtime.link, "attach_mcast", None)
+        link = self._runtime.link
+        join = link.attach_mcast if link is not None and link.multicast else None
 
         def _attach() -> None:
             first = mgid not in port.mcast
@@ -439,7 +440,8 @@ class QP(VerbsObject):
         self._check()
         mgid = self._mgid(gid)
         port = self._port
-        leave = getattr(self._runtime.link, "detach_mcast", None)
+        link = self._runtime.link
+        leave = link.detach_mcast if link is not None and link.multicast else None
 
         def _detach() -> None:
             members = port.mcast.get(mgid)
@@ -463,7 +465,7 @@ class QP(VerbsObject):
             return
         port = self._port
         engine = self.engine
-        leave = getattr(rt.link, "detach_mcast", None)
+        leave = rt.link.detach_mcast if rt.link is not None and rt.link.multicast else None
 
         def _destroy() -> None:
             groups = [g for g, members in port.mcast.items() if engine in members]

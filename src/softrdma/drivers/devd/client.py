@@ -54,7 +54,7 @@ from softrdma.drivers.devd.proto import (
 from softrdma.drivers.devd.reuseport import direct_enabled
 from softrdma.drivers.devd.spawn import DEVD_START_TIMEOUT, DevdVanished, ensure_devd
 from softrdma.drivers.devd.v1 import V1_VERSION
-from softrdma.drivers.link import Datagram, GidEntry, gid_entries
+from softrdma.drivers.link import Datagram, GidEntry, LinkState, gid_entries
 from softrdma.drivers.rawether import RawEtherLink
 from softrdma.drivers.registry import DeviceRecord, check_state_dir
 from softrdma.drivers.registry import state_dir as default_state_dir
@@ -90,7 +90,7 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-class DevdLink:
+class DevdLink(LinkState):
     """A :class:`~softrdma.drivers.link.Link` whose receive side is the device's devd.
 
     On the direct path (``direct``, default :func:`.reuseport.direct_enabled`), the
@@ -103,6 +103,11 @@ class DevdLink:
     ``data`` view stays valid until the next :meth:`recv_batch`); sends then go straight
     out of a send-only :class:`UdpLink` per address family (``bind_port=False``).
     """
+
+    shared = True  # QPNs, counters and objects through devd
+    gso = True  # sends leave from this process's own UdpLink (GsoLink)
+    roce_v1 = True  # through its own raw socket when the device runs RoCEv1
+    multicast = True
 
     def __init__(
         self,
@@ -165,6 +170,9 @@ class DevdLink:
         self._data = data
         _, _, port, pid, n_ips = HELLO.unpack_from(hello)
         self.udp_port: int = port
+        #: the device's UDP port (as :attr:`UdpLink.port`; a ``Context`` given this link
+        #: sends to it)
+        self.port: int | None = port
         self.daemon_pid = pid
         raw = hello[HELLO.size :]
         self._local_ips = tuple(gid_to_ip(raw[i * 16 : i * 16 + 16]) for i in range(n_ips))
@@ -297,12 +305,6 @@ class DevdLink:
         ttl: int = 64,
     ) -> None:
         self._sender(len(dst_ip)).send(dst_ip, dport, sport, parts, tos, ttl)
-
-    @property
-    def port(self) -> int:
-        """The device's UDP port (as :attr:`UdpLink.port`; a ``Context`` given this link
-        sends to it)."""
-        return self.udp_port
 
     @property
     def direct(self) -> bool:
