@@ -2,7 +2,8 @@
 
 A :class:`Context` is one opened softrdma device: an engine
 :class:`~softrdma.ib.port.Port` bound to a packet link by a
-:class:`~softrdma.drivers.runtime.Runtime`. The limits reported by
+:class:`~softrdma.drivers.runtime.Runtime`, composed by the drivers' entry point
+(:func:`softrdma.drivers.opening.open_device`). The limits reported by
 :meth:`Context.query_device` are rxe's (``rxe_param.h``) so that tools sized for rxe
 behave the same; the GID table holds one RoCE v2 GID per IP address of the netdev
 (Annex A16; docs/protocols.md §3): the IPv6 link-local address first (as rxe's index 0), then the IPv4
@@ -21,16 +22,11 @@ from typing import Self
 
 from .. import enums as e
 from ..drivers.link import Link
+from ..drivers.opening import open_device
 from ..drivers.portwatch import PortWatch
 from ..drivers.progress import DeviceRuntime
-from ..drivers.runtime import Runtime
-from ..drivers.tap import tap_for
-from ..drivers.tap_stream import stream_tap_for
-from ..drivers.tcp_runtime import TcpRuntime
 from ..errors import DeviceError, InvalidArgument
-from ..ib.port import Port
 from ..iwarp.mpa_setup import MPA_CRC_ENV, device_mpa_crc
-from ..iwarp.qp import IwarpDevice
 from ..seam.events import AsyncEventType, EngineEvent
 from ..seam.protocols import DeviceEngine
 from ._args import seconds
@@ -172,14 +168,15 @@ class Context(VerbsObject):
         self.name = dev_name
         self.netdev = netdev
         self.node_guid = guid_from_mac(mac)
-        alloc = link.alloc_qpn if link.shared else None  # devd hands out the QPNs
-        free = link.free_qpn if link.shared else None
-        port = Port(gids, max_mtu=128 << self.active_mtu, qpn_alloc=alloc, qpn_free=free,
-                    gid_types=gid_types)
-        self.port: DeviceEngine = port
-        rt = Runtime(port, link, mode=progress, clock=clock, udp_port=udp_port)
-        rt.tap = tap_for(dev_name, pcap, port.qps)  # pcap=FILE / $SOFTRDMA_PCAP, TRACE=pkt
-        self.runtime: DeviceRuntime = rt
+        try:
+            opened = open_device("roce", dev_name, gids, max_mtu=128 << self.active_mtu,
+                                 link=link, gid_types=gid_types, udp_port=udp_port,
+                                 progress=progress, clock=clock, pcap=pcap)
+        except BaseException:
+            link.close()
+            raise
+        self.port: DeviceEngine = opened.engine
+        self.runtime: DeviceRuntime = opened.runtime
         self.progress_mode = progress
         self._init_events()
 
@@ -219,12 +216,10 @@ class Context(VerbsObject):
         self.name = dev_name
         self.netdev = netdev
         self.node_guid = guid_from_mac(mac)
-        dev = IwarpDevice(gids, max_mtu=128 << self.active_mtu)
-        self.port = dev
-        rt = TcpRuntime(dev, mode=progress, clock=clock)
-        rt.tap = stream_tap_for(dev_name, pcap)  # pcap=FILE / $SOFTRDMA_PCAP, TRACE=pkt
-        rt.counters_name = dev_name  # softrdma stats adds up every process's counters
-        self.runtime = rt
+        opened = open_device("iwarp", dev_name, gids, max_mtu=128 << self.active_mtu,
+                             progress=progress, clock=clock, pcap=pcap)
+        self.port = opened.engine
+        self.runtime = opened.runtime
 
     def _init_events(self) -> None:
         self._portwatch: PortWatch | None = None
