@@ -308,11 +308,8 @@ def main(argv: list[str] | None = None) -> int:
         if rel.parts[:2] == ("tools", "dev") and rel.name.startswith("relayout_"):
             continue  # the relayout scripts name the old places on purpose
         text = path.read_text()
-        if rel.parts[0] == "src":
-            new_pkg = package_of(rel)
-            old_pkg = moved_from.get(rel, new_pkg)
-        else:
-            old_pkg = new_pkg = None
+        new_pkg: str | None = package_of(rel) if rel.parts[0] == "src" else None
+        old_pkg = moved_from.get(rel, new_pkg) if new_pkg is not None else None
         out = rw.paths(rw.dotted(rw.imports(text, old_pkg, new_pkg)))
         if out != text:
             path.write_text(out)
