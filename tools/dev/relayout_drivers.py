@@ -15,7 +15,7 @@ of other branches) arrived flat, or where files still name the old places:
 
 1. **Moves.** ``git mv drivers/OLD.py drivers/ROOM/NEW.py`` for each module still flat;
    each room gets an ``__init__.py`` (a docstring; it imports nothing).
-2. **Imports.** In every Python file of src/, tests/, bench/, tools/, examples/: each
+2. **Imports.** In every Python file of src/, tests/, bench/, tools/, examples/, docs/: each
    ``from X import ...`` whose target resolves (relative imports against the file's
    package *before* it moved) to an old module names the new one; a moved file's own
    relative imports are re-counted from its new package; ``from softrdma.drivers import
@@ -86,7 +86,7 @@ ROOM_DOCS = {
 
 TEXT_GLOBS = ["README.md", "docs/**/*.md", ".ci/*", "pyproject.toml", "src/**/*.c",
               "src/**/*.h", "examples/**/*.md"]
-PY_DIRS = ["src", "tests", "bench", "tools", "examples"]
+PY_DIRS = ["src", "tests", "bench", "tools", "examples", "docs"]
 
 
 def mapping(flat: list[str]) -> tuple[dict[str, tuple[str, str]], list[str]]:
