@@ -36,6 +36,7 @@ import fnmatch
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 PKG = "softrdma.drivers"
@@ -295,8 +296,11 @@ def main(argv: list[str] | None = None) -> int:
         init = root / DRIVERS / room / "__init__.py"
         if (root / DRIVERS / room).is_dir() and not init.exists():
             doc = ROOM_DOCS.get(room, "drivers of one kind.")
-            init.write_text(f'"""{PKG}.{room}: {doc}\n\nImporting this package imports '
-                            'none of its modules."""\n')
+            # (not named ``softrdma.drivers.ROOM``: a room named like an old module,
+            # ``runtime``, would be rewritten as that module's new name)
+            text = textwrap.fill(f"The drivers' {room}/ room: {doc}", 88)
+            init.write_text(f'"""{text}\n\nImporting this package imports none of its '
+                            'modules."""\n')
             git(root, "add", str(init.relative_to(root)))
             print(f"write {init.relative_to(root)}")
     rw = Rewriter(table)
