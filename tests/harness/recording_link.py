@@ -7,14 +7,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from softrdma.drivers.link import Datagram
+from softrdma.drivers.link import Datagram, LinkState
 from softrdma.drivers.udp import UDP_MAX_SEGMENTS
 
 SRC = bytes([10, 1, 0, 1])
 
 
-class RecordingLink:
+class RecordingLink(LinkState):
     """A GsoLink that records what it is asked to send."""
+
+    gso = True
 
     def __init__(self, limit: int = UDP_MAX_SEGMENTS, refuse: bool = False) -> None:
         self.limit = limit

@@ -10,13 +10,14 @@ table lists every GID once per type, the RoCEv1 entry first, as Linux lists them
 
 from __future__ import annotations
 
+import contextlib
 import select
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..errors import InvalidArgument
 from ..wire.gid import ip_to_gid
-from .link import Datagram, GidEntry, Link, gid_entries
+from .link import Datagram, GidEntry, Link, LinkState, gid_entries
 from .rawether import RawEtherLink
 
 if TYPE_CHECKING:
@@ -25,13 +26,17 @@ if TYPE_CHECKING:
 __all__ = ["DualLink"]
 
 
-class DualLink:
+class DualLink(LinkState):
     """``v2`` and ``v1`` links as one (see the module docstring)."""
+
+    roce_v1 = True
+    multicast = True
 
     def __init__(self, v2: Link, v1: RawEtherLink) -> None:
         self.v2 = v2
         self.v1 = v1
         self.mtu = v1.mtu
+        self.port = v2.port
         self.gid_entries: tuple[GidEntry, ...] = gid_entries(
             "both", v1.mac, v1.local_ips, tuple(ip_to_gid(ip) for ip in v2.local_ips))
         self._epoll = select.epoll()
@@ -46,12 +51,11 @@ class DualLink:
 
     @property
     def fast_rc_meta(self) -> bool:
-        return bool(getattr(self.v2, "fast_rc_meta", False))
+        return self.v2.fast_rc_meta
 
     @fast_rc_meta.setter
     def fast_rc_meta(self, value: bool) -> None:
-        if hasattr(self.v2, "fast_rc_meta"):
-            self.v2.fast_rc_meta = value
+        self.v2.fast_rc_meta = value
 
     def effective_sport(self, requested: int) -> int:
         return self.v2.effective_sport(requested)
@@ -67,19 +71,18 @@ class DualLink:
         """Join the group on both encapsulations: its IP group (RoCEv2, when the MGID is
         one) and its Ethernet multicast MAC (RoCEv1)."""
         self.v1.attach_mcast(mgid)
-        join = getattr(self.v2, "attach_mcast", None)
-        if join is not None:
+        if self.v2.multicast:
             try:
-                join(mgid)
+                self.v2.attach_mcast(mgid)
             except InvalidArgument:
                 pass  # an IPv6 MGID on an IPv4 RoCEv2 link: RoCEv1 only
 
 
     def detach_mcast(self, mgid: bytes) -> None:
         self.v1.detach_mcast(mgid)
-        leave = getattr(self.v2, "detach_mcast", None)
-        if leave is not None and mgid in getattr(self.v2, "mcast_groups", (mgid,)):
-            leave(mgid)
+        if self.v2.multicast:
+            with contextlib.suppress(InvalidArgument):  # RoCEv1 only (see attach_mcast)
+                self.v2.detach_mcast(mgid)
 
     def recv_batch(self, max_n: int = 64) -> list[Datagram]:
         """RoCEv1 frames first, then RoCEv2 datagrams, ``max_n`` in all."""

@@ -62,16 +62,20 @@ class FabricLink(LinkState):
     full socket buffer).
     """
 
+    roce_v1 = True  # RoCEv1 frames travel the fabric too (send_v1)
     __slots__ = ("fabric", "ip", "port", "queue_limit", "on_readable", "_rxq", "_mark",
-                 "_tx_free", "_closed", "_ips", "roce_ver", "mac", "gid_entries")
+                 "_tx_free", "_closed", "_ips", "roce_ver", "mac", "gid_entries", "clock",
+                 "fast_rc_meta")
 
     def __init__(self, fabric: Fabric, ip: bytes, port: int, queue_limit: int,
                  roce_ver: str = "2") -> None:
         self.fabric = fabric
+        self.clock: VirtualClock | None = fabric.clock  # the simulation runs on it
         self.ip = ip
-        self.port = port
+        self.port: int = port
         self.queue_limit = queue_limit
         self.on_readable: Callable[[], None] | None = None
+        self.fast_rc_meta = False  # set by the runtime (Link.fast_rc_meta); the fabric ignores it
         self._rxq: deque[Datagram] = deque()
         self._mark = False
         self._tx_free = -math.inf  # when the egress is free again (bandwidth model)

@@ -67,6 +67,7 @@ from ..wire.mad import GSI_QKEY, MAD_SIZE
 from ..wire.rocev1 import GRH_NEXT_HEADER_BTH
 from .clock import VirtualClock
 from .devd.client import DevdLink
+from .link import Link
 
 __all__ = ["CmBinding", "GRH_SIZE", "SLOT"]
 
@@ -465,10 +466,8 @@ def _virtual_clock(runtime: Any) -> VirtualClock | None:
     """The virtual clock driving ``runtime``'s link (a test fabric), if any."""
     if runtime is None:
         return None
-    link = getattr(runtime, "link", None)
-    clock = getattr(link, "clock", None)
-    if clock is None:
-        clock = getattr(getattr(link, "fabric", None), "clock", None)
+    link: Link | None = getattr(runtime, "link", None)  # an iWARP runtime has none
+    clock = link.clock if link is not None else None
     return clock if isinstance(clock, VirtualClock) else None
 
 

@@ -13,11 +13,11 @@ and :class:`softrdma.drivers.udp.UdpLink` (Linux UDP sockets).
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, NotSupported
 from ..wire.gid import ip_to_gid, unmap_ipv4
 from ..wire.roce import ROCE_V2_UDP_PORT
 from ..wire.rocev1 import link_local_gid
@@ -25,8 +25,8 @@ from ..wire.rocev1 import link_local_gid
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
 
-__all__ = ["ROCE_V2_UDP_PORT", "CounterReporter", "Datagram", "Link", "V1Link", "GidEntry",
-           "GsoLink",
+__all__ = ["ROCE_V2_UDP_PORT", "Datagram", "Link", "V1Link", "GidEntry",
+           "GsoLink", "LinkState", "VirtualClock", "OverflowStats",
            "ROCE_VERSIONS", "GID_TYPE_ROCE_V1", "GID_TYPE_ROCE_V2", "check_roce_ver",
            "v1_gids", "gid_entries", "ip_bytes", "ip_text", "check_port",
            "check_u8"]
@@ -63,26 +63,78 @@ class Datagram:
     ident: int = -1
 
 
-class LinkState:
-    """What every link keeps the same way: its own addresses (``_ips``, 4 or 16 bytes
-    each) and whether it is closed (``_closed``); a link class sets both."""
+GidEntry = tuple[bytes, int]  # (16-byte GID, IBV_GID_TYPE_ROCE_V1 or _V2)
 
-    __slots__ = ()
-    _ips: tuple[bytes, ...]
-    _closed: bool
+
+@runtime_checkable
+class VirtualClock(Protocol):
+    """A simulated clock (:class:`~softrdma.drivers.clock.VirtualClock`): the time and
+    a timer queue a simulation runs under."""
+
+    def now(self) -> float: ...
+
+    def call_at(self, when: float, fn: Callable[[float], None], arg: float) -> object: ...
+
+
+class OverflowStats(Protocol):
+    """Counters of a link that sees the kernel's receive-queue drops (``SO_RXQ_OVFL``)."""
 
     @property
-    def local_ips(self) -> tuple[bytes, ...]:
-        return self._ips
+    def rx_overflow(self) -> int: ...
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
 
 @runtime_checkable
 class Link(Protocol):
-    """A datagram link: the only thing the runtime needs from a packet driver."""
+    """A datagram link: the only thing the runtime needs from a packet driver.
+
+    Besides the datagram calls, a link states what it can do in *capability fields*, so
+    that the runtime and the verbs read them instead of probing the object
+    (:class:`LinkState` holds every default):
+
+    * ``gso``: it batches sends (:class:`GsoLink`'s calls work);
+    * ``roce_v1``: it carries RoCEv1 frames (:meth:`send_v1`, Annex A16);
+    * ``multicast``: it joins multicast groups (:meth:`attach_mcast`);
+    * ``shared``: its device is shared by processes through devd: QPNs come from
+      :meth:`alloc_qpn`, counters and objects are reported (:meth:`report_counters`);
+    * ``port`` (the UDP port it serves, None: 4791), ``mtu`` (None: the netdev's),
+      ``gid_entries`` (its own typed GID table; empty: one RoCE v2 GID per address),
+      ``clock`` (a virtual clock that drives it, None: real time), ``overflow_stats``
+      (kernel receive drops, None: not seen);
+    * ``on_readable`` (set by the runtime: called when datagrams arrive on a link that
+      has no descriptor) and ``fast_rc_meta`` (set by the runtime: RC datagrams need no
+      ancillary data).
+    """
+
+    on_readable: Callable[[], None] | None
+    fast_rc_meta: bool
+
+    @property
+    def gso(self) -> bool: ...
+
+    @property
+    def roce_v1(self) -> bool: ...
+
+    @property
+    def multicast(self) -> bool: ...
+
+    @property
+    def shared(self) -> bool: ...
+
+    @property
+    def port(self) -> int | None: ...
+
+    @property
+    def mtu(self) -> int | None: ...
+
+    @property
+    def gid_entries(self) -> tuple[GidEntry, ...]: ...
+
+    @property
+    def clock(self) -> VirtualClock | None: ...
+
+    @property
+    def overflow_stats(self) -> OverflowStats | None: ...
 
     @property
     def local_ips(self) -> tuple[bytes, ...]:
@@ -115,6 +167,107 @@ class Link(Protocol):
         """Release the link; later sends raise :class:`~softrdma.errors.ClosedError`."""
         ...
 
+    def send_v1(self, dgid: bytes, parts: Sequence[ReadableBuffer], sl: int = 0) -> None:
+        """(``roce_v1``) Send one RoCEv1 packet (see :class:`V1Link`)."""
+        ...
+
+    def attach_mcast(self, mgid: bytes) -> None:
+        """(``multicast``) Receive the group ``mgid``'s datagrams."""
+        ...
+
+    def detach_mcast(self, mgid: bytes) -> None:
+        """(``multicast``) Stop receiving the group ``mgid``'s datagrams."""
+        ...
+
+    def alloc_qpn(self, want: int = 0) -> int:
+        """(``shared``) A QPN unique on the device (``want``: that one, if free)."""
+        ...
+
+    def free_qpn(self, qpn: int) -> None:
+        """(``shared``) Give back a QPN from :meth:`alloc_qpn`."""
+        ...
+
+    @property
+    def last_report(self) -> dict[str, int]:
+        """(``shared``) The counters last given to :meth:`report_counters`."""
+        ...
+
+    def report_counters(self, values: dict[str, int]) -> None:
+        """(``shared``) Publish this process's cumulative port counters."""
+        ...
+
+    def device_counters(self) -> dict[str, int]:
+        """(``shared``) The device's port counters, every process's included."""
+        ...
+
+    @property
+    def last_resources(self) -> dict[str, Any]:
+        """(``shared``) The objects last given to :meth:`report_resources`."""
+        ...
+
+    def report_resources(self, objects: dict[str, Any]) -> None:
+        """(``shared``) Publish this process's objects (``softrdma res show``)."""
+        ...
+
+
+def _unsupported(link: object, what: str) -> NotSupported:
+    return NotSupported(f"{type(link).__name__} has no {what}")
+
+
+class LinkState:
+    """What every link keeps the same way, and the defaults of :class:`Link`'s capability
+    fields: a link class sets its own addresses (``_ips``, 4 or 16 bytes each) and
+    whether it is closed (``_closed``), and overrides the capabilities it has."""
+
+    __slots__ = ()
+    _ips: tuple[bytes, ...]
+    _closed: bool
+    gso: bool = False
+    roce_v1: bool = False
+    multicast: bool = False
+    shared: bool = False
+    port: int | None = None
+    mtu: int | None = None
+    gid_entries: tuple[GidEntry, ...] = ()
+    clock: VirtualClock | None = None
+    overflow_stats: OverflowStats | None = None
+    on_readable: Callable[[], None] | None = None
+    fast_rc_meta: bool = False
+    last_report: dict[str, int] = {}  # noqa: RUF012 - read-only default (shared links set their own)
+    last_resources: dict[str, Any] = {}  # noqa: RUF012 - read-only default
+
+    @property
+    def local_ips(self) -> tuple[bytes, ...]:
+        return self._ips
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def send_v1(self, dgid: bytes, parts: Sequence[ReadableBuffer], sl: int = 0) -> None:
+        raise _unsupported(self, "RoCEv1 encapsulation")
+
+    def attach_mcast(self, mgid: bytes) -> None:
+        raise _unsupported(self, "multicast")
+
+    def detach_mcast(self, mgid: bytes) -> None:
+        raise _unsupported(self, "multicast")
+
+    def alloc_qpn(self, want: int = 0) -> int:
+        raise _unsupported(self, "shared QPN space")
+
+    def free_qpn(self, qpn: int) -> None:
+        raise _unsupported(self, "shared QPN space")
+
+    def report_counters(self, values: dict[str, int]) -> None:
+        raise _unsupported(self, "shared counters")
+
+    def device_counters(self) -> dict[str, int]:
+        raise _unsupported(self, "shared counters")
+
+    def report_resources(self, objects: dict[str, Any]) -> None:
+        raise _unsupported(self, "shared objects")
+
 
 @runtime_checkable
 class GsoLink(Link, Protocol):
@@ -142,9 +295,6 @@ class GsoLink(Link, Protocol):
         """Count coalesced-receive segments whose ID hint was wrong (``hint_misses``:
         solved by recovery, or not) and those no ID explained (``failures``)."""
         ...
-
-
-GidEntry = tuple[bytes, int]  # (16-byte GID, IBV_GID_TYPE_ROCE_V1 or _V2)
 
 
 @runtime_checkable
@@ -212,22 +362,6 @@ def gid_entries(roce_ver: str, mac: bytes, v1_ips: Sequence[bytes],
             out.append((g, GID_TYPE_ROCE_V2))
     out.extend((g, GID_TYPE_ROCE_V2) for g in v2_gids if g not in v1)
     return tuple(out)
-
-
-@runtime_checkable
-class CounterReporter(Protocol):
-    """A link whose device is shared by processes (devd): each process reports its port
-    counters, and the device's aggregate can be asked for (``softrdma stats``)."""
-
-    last_report: dict[str, int]
-
-    def report_counters(self, values: dict[str, int]) -> None:
-        """Publish this process's cumulative port counters."""
-        ...
-
-    def device_counters(self) -> dict[str, int]:
-        """The device's port counters, every process's included."""
-        ...
 
 
 def ip_bytes(ip: str | bytes, argument: str = "ip") -> bytes:

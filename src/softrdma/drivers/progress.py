@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ..errors import ClosedError, DeviceError, InvalidArgument
+from .link import VirtualClock
 
 if TYPE_CHECKING:
     from .link import Link
@@ -128,14 +129,6 @@ class DeviceRuntime(Protocol):
     def device_counters(self) -> dict[str, int]: ...
 
     def close(self, close_link: bool = True) -> None: ...
-
-
-class VirtualClock(Protocol):
-    """A simulated clock (:class:`~softrdma.drivers.clock.VirtualClock`)."""
-
-    def now(self) -> float: ...
-
-    def call_at(self, when: float, fn: Callable[[float], None], arg: float) -> object: ...
 
 
 class WakePipe:

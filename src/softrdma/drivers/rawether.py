@@ -160,6 +160,9 @@ class RawEtherLink(LinkState):
     the device): only sends and self-addressed packets.
     """
 
+    roce_v1 = True  # Annex A16 frames (V1Link)
+    multicast = True  # Ethernet multicast MACs
+
     def __init__(self, netdev: str, *, vlan: int | None = None, ring: int = 64,
                  rcvbuf: int = 8 << 20, resolve_wait: float = 0.5,
                  receive: bool = True) -> None:

@@ -35,6 +35,7 @@ from typing import Any
 from ..errors import SoftRdmaError
 from ..ib.port import Port
 from ..seam.states import ERR, INIT, QPT_RC, QPT_UC, QPT_UD, RESET, RTR, RTS, SQD, SQE
+from .link import Link
 
 __all__ = ["MAX_OBJECTS", "add_cm_id_source", "object_number", "port_resources",
            "qp_state_name", "qp_type_name", "report_objects"]
@@ -171,13 +172,12 @@ def port_resources(port: Port) -> dict[str, Any]:
 LOCK_WAIT = 0.2
 
 
-def report_objects(reporter: object, port: Port, lock: threading.Lock) -> None:
+def report_objects(reporter: Link, port: Port, lock: threading.Lock) -> None:
     """Send ``reporter`` (a :class:`~softrdma.drivers.devd.client.DevdLink`) a snapshot of ``port``'s
     objects if it changed since the last one. Best effort, as the counter reports: a busy
     engine (the lock not free within :data:`LOCK_WAIT`) or a daemon that went away skips
     this round."""
-    send = getattr(reporter, "report_resources", None)
-    if send is None:
+    if not reporter.shared:
         return
     if not lock.acquire(timeout=LOCK_WAIT):
         return
@@ -187,7 +187,7 @@ def report_objects(reporter: object, port: Port, lock: threading.Lock) -> None:
         lock.release()
     objects["cm_id"], more = cm_ids(port)
     objects["truncated"] += more
-    if objects == getattr(reporter, "last_resources", None):
+    if objects == reporter.last_resources:
         return
     with contextlib.suppress(SoftRdmaError, OSError):
-        send(objects)
+        reporter.report_resources(objects)

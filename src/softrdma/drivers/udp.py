@@ -49,12 +49,10 @@ link carries on. Network-level send failures lose the datagram (counted in
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import select
 import socket
-import struct
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -62,150 +60,63 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ClosedError, DeviceError, InvalidArgument, StateError
-from ..seam.counters import SlotCounters
-from ..wire.opcodes import CONNECTED_OPCODES
 from . import mcast
 from .link import (
     ROCE_V2_UDP_PORT,
-    Datagram,
     LinkState,
     check_port,
     check_u8,
     ip_bytes,
     ip_text,
 )
+from .udp_opts import (
+    _GSO_REFUSED_DST,
+    _GSO_REFUSED_LINK,
+    _INT,
+    _LOSSY_SEND,
+    _SPORT_UNAVAILABLE,
+    _U16,
+    DEFAULT_TTL,
+    GRO_SLOT,
+    IP_MTU_DISCOVER,
+    IP_PKTINFO,
+    IP_PMTUDISC_DO,
+    IP_RECVTOS,
+    IP_RECVTTL,
+    IP_TOS,
+    IP_TTL,
+    IPV6_HOPLIMIT,
+    IPV6_MTU_DISCOVER,
+    IPV6_PMTUDISC_DO,
+    IPV6_RECVHOPLIMIT,
+    IPV6_RECVPKTINFO,
+    IPV6_RECVTCLASS,
+    IPV6_TCLASS,
+    IPV6_UNICAST_HOPS,
+    IPV6_V6ONLY,
+    SO_RCVBUFFORCE,
+    SO_RXQ_OVFL,
+    SO_SNDBUFFORCE,
+    SOL_UDP,
+    UDP_GRO,
+    UDP_MAX_SEGMENTS,
+    UDP_SEGMENT,
+    UdpLinkStats,
+    _set_buf,
+)
+from .udp_rx import UdpRx
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
 
-# Linux <netinet/in.h> / <linux/in.h> / <linux/in6.h> values (Python 3.11's socket
-# module lacks several of them).
-IP_TOS = 1
-IP_TTL = 2
-IP_PKTINFO = getattr(socket, "IP_PKTINFO", 8)
-IP_MTU_DISCOVER = getattr(socket, "IP_MTU_DISCOVER", 10)
-IP_RECVTTL = getattr(socket, "IP_RECVTTL", 12)
-IP_RECVTOS = getattr(socket, "IP_RECVTOS", 13)
-IP_PMTUDISC_DO = getattr(socket, "IP_PMTUDISC_DO", 2)
-IPV6_UNICAST_HOPS = getattr(socket, "IPV6_UNICAST_HOPS", 16)
-IPV6_MTU_DISCOVER = getattr(socket, "IPV6_MTU_DISCOVER", 23)
-IPV6_PMTUDISC_DO = getattr(socket, "IPV6_PMTUDISC_DO", 2)
-IPV6_V6ONLY = getattr(socket, "IPV6_V6ONLY", 26)
-IPV6_RECVPKTINFO = getattr(socket, "IPV6_RECVPKTINFO", 49)
-IPV6_PKTINFO = getattr(socket, "IPV6_PKTINFO", 50)
-IPV6_RECVHOPLIMIT = getattr(socket, "IPV6_RECVHOPLIMIT", 51)
-IPV6_HOPLIMIT = getattr(socket, "IPV6_HOPLIMIT", 52)
-IPV6_RECVTCLASS = getattr(socket, "IPV6_RECVTCLASS", 66)
-IPV6_TCLASS = getattr(socket, "IPV6_TCLASS", 67)
-SOL_UDP = getattr(socket, "SOL_UDP", 17)
-UDP_SEGMENT = getattr(socket, "UDP_SEGMENT", 103)  # <linux/udp.h>, Linux 4.18
-UDP_GRO = getattr(socket, "UDP_GRO", 104)  # <linux/udp.h>, Linux 5.0
-UDP_MAX_SEGMENTS = 64  # <net/udp.h> (128 since Linux 6.10; 64 is accepted by every version)
-GSO_MAX_PAYLOAD = 65507  # bytes of UDP payload in one send: 65535 - IPv4 - UDP header
-GRO_SLOT = 65536  # a coalesced receive holds up to 64 KiB of UDP payload
-SO_SNDBUFFORCE = getattr(socket, "SO_SNDBUFFORCE", 32)
-SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
-SO_RXQ_OVFL = getattr(socket, "SO_RXQ_OVFL", 40)  # <asm-generic/socket.h>, Linux 2.6.33
+#: the link, its counters, and the UDP GSO/GRO option values its users ask for
+__all__ = ["UdpLink", "UdpLinkStats", "UDP_MAX_SEGMENTS", "SOL_UDP", "UDP_SEGMENT", "UDP_GRO"]
 
-DEFAULT_TTL = 64
-
-# Send failures that lose the datagram, as the network would (the transport retries).
-_LOSSY_SEND = frozenset({
-    errno.EAGAIN, errno.ENOBUFS, errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH,
-    errno.EHOSTDOWN, errno.ENETDOWN, errno.EMSGSIZE, errno.EPERM, errno.ENOMEM,
-    errno.ECONNRESET,
-})
-# Errors a receive can report for an earlier send (ICMP) or a transient condition.
-_TRANSIENT_RECV = frozenset({
-    errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN,
-    errno.ENETDOWN, errno.EMSGSIZE, errno.ECONNRESET, errno.ENOMEM, errno.ENOBUFS,
-    errno.EPROTO, errno.ETIMEDOUT,
-})
-# UDP_SEGMENT refused by the kernel for every destination (EIO: the route's device has no
-# checksum offload, udp_send_skb; ENOPROTOOPT/EOPNOTSUPP: no UDP GSO at all) ...
-_GSO_REFUSED_LINK = frozenset({errno.EIO, errno.ENOPROTOOPT, errno.EOPNOTSUPP})
-# ... or for one destination (EINVAL/EMSGSIZE: a segment over the route's MTU).
-_GSO_REFUSED_DST = frozenset({errno.EINVAL, errno.EMSGSIZE})
-# A source port that cannot be bound: fall back to the main socket.
-_SPORT_UNAVAILABLE = frozenset({errno.EADDRINUSE, errno.EACCES, errno.EPERM})
-
-_INT = struct.Struct("=i")
-_U16 = struct.Struct("=H")
-_MSG_TRUNC = int(socket.MSG_TRUNC)  # a plain int: IntFlag '&' is slow per packet
-# IP_PKTINFO + TOS + TTL + UDP_GRO's int + SO_RXQ_OVFL's u32
-_ANC_SIZE = (socket.CMSG_SPACE(20) + 4 * socket.CMSG_SPACE(4))
-_SOL_SOCKET = int(socket.SOL_SOCKET)
-_U32 = struct.Struct("=I")
 _LOG = logging.getLogger("softrdma.link")
 _UNAVAILABLE_RETRY = 1.0  # seconds before binding a refused source port is tried again
 
 
-class UdpLinkStats(SlotCounters):
-    """Counters of a :class:`UdpLink`.
-
-    ``sent``/``received``: datagrams; ``send_dropped``: sends lost to a network error
-    (``last_send_errno`` tells which); ``recv_errors``: transient receive errors (ICMP);
-    ``truncated``: datagrams larger than ``max_datagram``, dropped; ``sport_binds``:
-    source-port sockets created; ``sport_evictions``: idle ones closed to make room;
-    ``sport_fallbacks``: requests served from the main socket instead.
-
-    UDP GSO/GRO (counted in ``sent``/``received`` too, per segment): ``gso_sends``:
-    batched sends, ``gso_segments``: the datagrams they carried; ``gso_refused``: batches
-    the kernel refused (``gso_last_errno`` tells why), ``gso_fallback_segments``: their
-    datagrams, then sent one by one; ``gro_receives``: coalesced receives,
-    ``gro_segments``: the datagrams split from them; ``gro_id_hint_misses``: segments
-    whose ICRC did not hold under the ID hint (then solved for, :func:`~softrdma.wire.
-    roce.recover_ipv4_id`); ``gro_id_failures``: those no ID explained (dropped,
-    ``rcvd_icrc_err``); ``gro_refused``: 1 if the kernel refused ``UDP_GRO``.
-
-    Receive buffer (issue 25): ``rcvbuf``: the receive socket's buffer in bytes as the
-    kernel granted it; ``rcvbuf_clamped``: 1 if that is less than asked (the kernel caps
-    ``SO_RCVBUF`` at ``net.core.rmem_max``; ``SO_RCVBUFFORCE``, tried first, needs
-    ``CAP_NET_ADMIN``); ``rx_overflow``: datagrams the kernel dropped because a receive
-    socket's queue was full (``SO_RXQ_OVFL``, socket(7)), which the transport then
-    retransmits.
-    """
-
-    __slots__ = ("sent", "received", "send_dropped", "last_send_errno", "recv_errors",
-                 "truncated", "sport_binds", "sport_evictions", "sport_fallbacks",
-                 "gso_sends", "gso_segments", "gso_refused", "gso_last_errno",
-                 "gso_fallback_segments", "gro_receives", "gro_segments",
-                 "gro_id_hint_misses", "gro_id_failures", "gro_refused", "rcvbuf",
-                 "rcvbuf_clamped", "rx_overflow")
-
-    sent: int
-    received: int
-    send_dropped: int
-    last_send_errno: int
-    recv_errors: int
-    truncated: int
-    sport_binds: int
-    sport_evictions: int
-    sport_fallbacks: int
-    gso_sends: int
-    gso_segments: int
-    gso_refused: int
-    gso_last_errno: int
-    gso_fallback_segments: int
-    gro_receives: int
-    gro_segments: int
-    gro_id_hint_misses: int
-    gro_id_failures: int
-    gro_refused: int
-    rcvbuf: int
-    rcvbuf_clamped: int
-    rx_overflow: int
-
-
-def _set_buf(sock: socket.socket, force_opt: int, opt: int, size: int) -> None:
-    """Set a socket buffer size, beyond ``rmem_max``/``wmem_max`` when privileged."""
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, force_opt, size)
-    except PermissionError:
-        sock.setsockopt(socket.SOL_SOCKET, opt, size)
-
-
-class UdpLink(LinkState):
+class UdpLink(UdpRx, LinkState):
     """A RoCEv2 datagram link over UDP sockets (implements :class:`~.link.Link`).
 
     ``local_ip``: the link's IPv4 or IPv6 address (text, 4 or 16 bytes; an IPv4-mapped
@@ -219,6 +130,9 @@ class UdpLink(LinkState):
     ``reuseport``: the receive socket joins the port's ``SO_REUSEPORT`` group (a shared
     device's direct path, :mod:`softrdma.drivers.devd.reuseport`).
     """
+
+    gso = True  # UDP_SEGMENT sends (GsoLink); an instance: False when SOFTRDMA_GSO=0
+    multicast = True  # IP multicast groups
 
     def __init__(self, local_ip: str | bytes, port: int = ROCE_V2_UDP_PORT, *,
                  rcvbuf: int = 8 << 20, sndbuf: int = 4 << 20, bind_port: bool = True,
@@ -247,6 +161,7 @@ class UdpLink(LinkState):
         self.family = socket.AF_INET if len(raw) == 4 else socket.AF_INET6
         self.scope_id = scope_id
         self.stats = UdpLinkStats()
+        self.overflow_stats = self.stats  # SO_RXQ_OVFL: the kernel's receive drops
         self._ips = (raw,)
         self._text = ip_text(raw)
         self._rcvbuf = rcvbuf
@@ -625,134 +540,6 @@ class UdpLink(LinkState):
         st.gso_segments += nseg
         st.sent += nseg
         return True
-
-    def note_rx_ids(self, hint_misses: int, failures: int) -> None:
-        """Count what the runtime's ICRC checks found about the ID hints (GsoLink)."""
-        self.stats.gro_id_hint_misses += hint_misses
-        self.stats.gro_id_failures += failures
-
-    def recv_batch(self, max_n: int = 64) -> list[Datagram]:
-        """Up to ``min(max_n, ring)`` datagrams, without blocking.
-
-        Each ``data`` is a view into the receive ring, valid until the next call. With
-        UDP GRO a coalesced receive yields one datagram per segment (``ident`` = the
-        segment's index), so one call may return a few more than ``max_n``.
-        """
-        rx = self._rx
-        if rx is None:
-            if self._closed:
-                raise ClosedError("UdpLink is closed")
-            raise StateError("a send-only UdpLink (bind_port=False) cannot receive")
-        if max_n < 0:
-            raise InvalidArgument("max_n", "must be >= 0")
-        # Busy polling (an application spinning on its CQ) calls this far more often than
-        # datagrams come: after an empty call, ask the epoll first (0.3 us) rather than
-        # let recvmsg raise BlockingIOError (about 3 us).
-        ep = self._ep
-        if self._was_empty and ep is not None and not ep.poll(0):
-            return []
-        n = min(max_n, self._ring_n)
-        slots = self._slots
-        socks = self._rx_socks
-        recv = rx.recvmsg_into
-        si = 0
-        out: list[Datagram] = []
-        st = self.stats
-        v4 = self._v4
-        local = self.ip
-        port = self.port if self.port is not None else 0
-        ip_cache = self._ip_cache
-        fast_rc = self.fast_rc_meta
-        gro = self.gro
-        i = 0  # ring slots used
-        ovfl = self._ovfl
-        errors_left = 64  # transient errors are consumed by reading them; stay bounded
-        while i < n and len(out) < n:
-            slot = slots[i]
-            try:
-                nbytes, anc, flags, addr = recv([slot], _ANC_SIZE)
-            except BlockingIOError:
-                si += 1  # this socket is drained: the next group socket, if any
-                if si >= len(socks):
-                    break
-                recv = socks[si].recvmsg_into
-                continue
-            except OSError as e:
-                if self._closed:
-                    raise ClosedError("UdpLink is closed") from e
-                if e.errno in _TRANSIENT_RECV:
-                    st.recv_errors += 1
-                    errors_left -= 1
-                    if errors_left == 0:
-                        break
-                    continue
-                raise DeviceError(f"UDP receive failed: {e.strerror}", errno=e.errno) from e
-            if flags & _MSG_TRUNC:
-                st.truncated += 1
-                continue
-            if anc and anc[0][0] == _SOL_SOCKET:  # SO_RXQ_OVFL comes first, once drops began
-                _level, typ, d = anc[0]
-                if typ == SO_RXQ_OVFL and len(d) >= 4:
-                    total = _U32.unpack_from(d)[0]
-                    last = ovfl.get(si, 0)
-                    if total != last:
-                        ovfl[si] = total
-                        st.rx_overflow += (total - last) & 0xFFFFFFFF
-            seg = 0
-            if gro:
-                for level, typ, d in anc:
-                    if typ == UDP_GRO and level == SOL_UDP:
-                        seg = _INT.unpack_from(d)[0]
-                if (seg or nbytes) > self._max_datagram:  # the slot is larger: same rule
-                    st.truncated += 1
-                    continue
-            dst = local
-            tos = 0
-            ttl = DEFAULT_TTL
-            # The receive socket is bound to one unicast address, so the destination is
-            # ours unless the datagram is multicast, and TOS/TTL only matter for the GRH
-            # area of a UD receive: RC/UC packets (CONNECTED_OPCODES) skip the ancillary
-            # data (a per-packet saving on the bulk path) when the owner says it only needs
-            # them for UD (the engine runtime does; devd forwards everything).
-            if fast_rc and nbytes and slot[0] in CONNECTED_OPCODES and not seg:
-                anc = []
-            for _level, typ, d in anc:
-                if v4:
-                    if typ == IP_PKTINFO:
-                        dst = d[8:12]
-                    elif typ == IP_TOS:
-                        tos = d[0]
-                    elif typ == IP_TTL:
-                        ttl = _INT.unpack_from(d)[0]
-                else:
-                    if typ == IPV6_PKTINFO:
-                        dst = d[:16]
-                    elif typ == IPV6_TCLASS:
-                        tos = _INT.unpack_from(d)[0]
-                    elif typ == IPV6_HOPLIMIT:
-                        ttl = _INT.unpack_from(d)[0]
-            host = addr[0]
-            src = ip_cache.get(host)
-            if src is None:
-                src = socket.inet_pton(self.family, host.split("%", 1)[0])
-                if len(ip_cache) >= 4096:
-                    ip_cache.clear()
-                ip_cache[host] = src
-            i += 1
-            if 0 < seg < nbytes:  # coalesced (UDP GRO): one datagram per segment
-                view = slot[:nbytes]  # slices of it end at nbytes: the last may be shorter
-                sport = addr[1]
-                k = 0
-                for k, off in enumerate(range(0, nbytes, seg)):
-                    out.append(Datagram(view[off:off + seg], src, dst, sport, port, tos, ttl,
-                                        b"", k))
-                st.gro_receives += 1
-                st.gro_segments += k + 1
-                continue
-            out.append(Datagram(slot[:nbytes], src, dst, addr[1], port, tos, ttl))
-        st.received += len(out)
-        self._was_empty = not out
-        return out
 
     def close(self) -> None:
         """Close every socket (idempotent)."""

@@ -32,6 +32,9 @@ class MultiUdpLink(LinkState):
     """``links`` (one per address, the first one first in :attr:`local_ips`) as one link;
     it owns and closes them."""
 
+    gso = True  # every address's UdpLink batches (GsoLink)
+    multicast = True
+
     def __init__(self, links: Sequence[UdpLink]) -> None:
         if not links:
             raise InvalidArgument("links", "at least one UdpLink")

@@ -2,7 +2,8 @@
 
 A :class:`Context` is one opened softrdma device: an engine
 :class:`~softrdma.ib.port.Port` bound to a packet link by a
-:class:`~softrdma.drivers.runtime.Runtime`. The limits reported by
+:class:`~softrdma.drivers.runtime.Runtime`, composed by the drivers' entry point
+(:func:`softrdma.drivers.opening.open_device`). The limits reported by
 :meth:`Context.query_device` are rxe's (``rxe_param.h``) so that tools sized for rxe
 behave the same; the GID table holds one RoCE v2 GID per IP address of the netdev
 (Annex A16; docs/protocols.md §3): the IPv6 link-local address first (as rxe's index 0), then the IPv4
@@ -20,17 +21,12 @@ from collections.abc import Callable
 from typing import Self
 
 from .. import enums as e
-from ..drivers.link import CounterReporter, Link
+from ..drivers.link import Link
+from ..drivers.opening import open_device
 from ..drivers.portwatch import PortWatch
 from ..drivers.progress import DeviceRuntime
-from ..drivers.runtime import Runtime
-from ..drivers.tap import tap_for
-from ..drivers.tap_stream import stream_tap_for
-from ..drivers.tcp_runtime import TcpRuntime
 from ..errors import DeviceError, InvalidArgument
-from ..ib.port import Port
 from ..iwarp.mpa_setup import MPA_CRC_ENV, device_mpa_crc
-from ..iwarp.qp import IwarpDevice
 from ..seam.events import AsyncEventType, EngineEvent
 from ..seam.protocols import DeviceEngine
 from ._args import seconds
@@ -128,13 +124,14 @@ class Context(VerbsObject):
         netdev: str | None = None
         mtu: int | None = None
         mac = b""
-        udp_port = int(getattr(link if link is not None else fabric, "port", None) or 4791)
+        given = link if link is not None else fabric
+        udp_port = (given.port if given is not None else None) or 4791
         if fabric is not None:
             link = fabric
             progress = "manual"
-            dev_name = name or str(getattr(fabric, "name", None) or "softrdma_fabric")
+            dev_name = name or "softrdma_fabric"
         elif link is not None:
-            dev_name = name or str(getattr(link, "name", None) or "softrdma0")
+            dev_name = name or "softrdma0"
             nd = netdev_of_ips(tuple(link.local_ips))
             if nd is not None:
                 netdev, mtu, mac = nd.name, nd.mtu, nd.mac
@@ -147,16 +144,15 @@ class Context(VerbsObject):
             mac = nd.mac if nd is not None else b""
             udp_port = info.udp_port
         assert link is not None
-        link_mtu = getattr(link, "mtu", None)
-        if isinstance(link_mtu, int):
-            mtu = link_mtu
+        if link.mtu is not None:
+            mtu = link.mtu
         if mtu is None:
             mtu = 4096 + RXE_MAX_HDR_LENGTH if fabric is not None else 1500
         try:
             # A link that carries RoCEv1 (link.V1Link) gives its own typed GID table
             # (Annex A16; v1 GIDs from the MAC by modified EUI-64); otherwise every GID
             # is a RoCE v2 one of the link's addresses.
-            entries = getattr(link, "gid_entries", None)
+            entries = link.gid_entries
             if entries:
                 gids = [bytes(g) for g, _t in entries]
                 gid_types: list[int] | None = [int(t) for _g, t in entries]
@@ -172,14 +168,15 @@ class Context(VerbsObject):
         self.name = dev_name
         self.netdev = netdev
         self.node_guid = guid_from_mac(mac)
-        alloc = getattr(link, "alloc_qpn", None)
-        free = getattr(link, "free_qpn", None)
-        port = Port(gids, max_mtu=128 << self.active_mtu, qpn_alloc=alloc, qpn_free=free,
-                    gid_types=gid_types)
-        self.port: DeviceEngine = port
-        rt = Runtime(port, link, mode=progress, clock=clock, udp_port=udp_port)
-        rt.tap = tap_for(dev_name, pcap, port.qps)  # pcap=FILE / $SOFTRDMA_PCAP, TRACE=pkt
-        self.runtime: DeviceRuntime = rt
+        try:
+            opened = open_device("roce", dev_name, gids, max_mtu=128 << self.active_mtu,
+                                 link=link, gid_types=gid_types, udp_port=udp_port,
+                                 progress=progress, clock=clock, pcap=pcap)
+        except BaseException:
+            link.close()
+            raise
+        self.port: DeviceEngine = opened.engine
+        self.runtime: DeviceRuntime = opened.runtime
         self.progress_mode = progress
         self._init_events()
 
@@ -219,12 +216,10 @@ class Context(VerbsObject):
         self.name = dev_name
         self.netdev = netdev
         self.node_guid = guid_from_mac(mac)
-        dev = IwarpDevice(gids, max_mtu=128 << self.active_mtu)
-        self.port = dev
-        rt = TcpRuntime(dev, mode=progress, clock=clock)
-        rt.tap = stream_tap_for(dev_name, pcap)  # pcap=FILE / $SOFTRDMA_PCAP, TRACE=pkt
-        rt.counters_name = dev_name  # softrdma stats adds up every process's counters
-        self.runtime = rt
+        opened = open_device("iwarp", dev_name, gids, max_mtu=128 << self.active_mtu,
+                             progress=progress, clock=clock, pcap=pcap)
+        self.port = opened.engine
+        self.runtime = opened.runtime
 
     def _init_events(self) -> None:
         self._portwatch: PortWatch | None = None
@@ -368,7 +363,7 @@ class Context(VerbsObject):
         if self.transport == "iwarp":
             return PortCounters.from_values(self.name, port_num, self.port.counters.as_dict())
         rt = self.runtime
-        shared = isinstance(rt.link, CounterReporter)
+        shared = rt.link is not None and rt.link.shared
         return PortCounters.from_values(self.name, port_num, rt.device_counters(), shared)
 
     # ---- asynchronous events -----------------------------------------------------------------

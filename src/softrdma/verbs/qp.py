@@ -402,11 +402,13 @@ class QP(VerbsObject):
         self._runtime.call(_set)
 
     # ---- multicast -----------------------------------------------------------------------------------
-    def _mcast(self, gid: GID | str | bytes, link_op: str) -> tuple[bytes, Any]:
+    def _mcast(self, gid: GID | str | bytes) -> tuple[bytes, Any]:
         """The checked multicast GID of ``ibv_attach_mcast``/``ibv_detach_mcast`` and the
-        link's ``link_op`` (a shared device's devd group; None on a private device)."""
+        link whose devd group it joins or leaves (a shared device's; None on a private
+        device, whose link has no ``multicast`` capability)."""
         self._check()
-        return self._mgid(gid), getattr(self._runtime.link, link_op, None)
+        link = self._runtime.link
+        return self._mgid(gid), link if link is not None and link.multicast else None
 
     def _mgid(self, gid: GID | str | bytes) -> bytes:
         if self.qp_type != UD:
@@ -419,7 +421,8 @@ class QP(VerbsObject):
 
     def attach_mcast(self, gid: GID | str | bytes, lid: int = 0) -> None:
         """``ibv_attach_mcast``; a shared device also asks its devd for the group."""
-        mgid, join = self._mcast(gid, "attach_mcast")
+        mgid, link = self._mcast(gid)
+        join = link.attach_mcast if link is not None else None
         port = self._port
 
         def _attach() -> None:
@@ -432,7 +435,8 @@ class QP(VerbsObject):
 
     def detach_mcast(self, gid: GID | str | bytes, lid: int = 0) -> None:
         """``ibv_detach_mcast``; the devd group is left with the process's last member."""
-        mgid, leave = self._mcast(gid, "detach_mcast")
+        mgid, link = self._mcast(gid)
+        leave = link.detach_mcast if link is not None else None
         port = self._port
 
         def _detach() -> None:
@@ -457,7 +461,7 @@ class QP(VerbsObject):
             return
         port = self._port
         engine = self.engine
-        leave = getattr(rt.link, "detach_mcast", None)
+        leave = rt.link.detach_mcast if rt.link is not None and rt.link.multicast else None
 
         def _destroy() -> None:
             groups = [g for g, members in port.mcast.items() if engine in members]

@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
 import select
 import socket
 import threading
-import time
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,38 +21,19 @@ from softrdma.drivers.devd.proto import (
     DHDR,
     HELLO,
     MAGIC,
-    MAX_CTRL,
     MAX_DATAGRAM,
-    OP_ALLOC_QPN,
-    OP_ATTACH_MCAST,
-    OP_CM_LISTEN,
-    OP_CM_SLOT,
-    OP_CM_UNLISTEN,
-    OP_COUNTERS,
-    OP_DETACH_MCAST,
-    OP_FREE_QPN,
     OP_JOIN,
     OP_JOINED,
-    OP_REPORT,
-    OP_REPORT_RESOURCES,
-    OP_RESOURCES,
-    OP_STATS,
     PROTOCOL_VERSION,
-    QPN_LAST,
     RECV_BATCH,
-    REP,
-    REQ,
-    SEQ_OFFSET,
-    STAT_NAMES,
-    U64,
     bind_text,
     socket_path,
-    with_seq,
 )
+from softrdma.drivers.devd.requests import DevdRequests
 from softrdma.drivers.devd.reuseport import direct_enabled
 from softrdma.drivers.devd.spawn import DEVD_START_TIMEOUT, DevdVanished, ensure_devd
 from softrdma.drivers.devd.v1 import V1_VERSION
-from softrdma.drivers.link import Datagram, GidEntry, gid_entries
+from softrdma.drivers.link import Datagram, GidEntry, LinkState, gid_entries
 from softrdma.drivers.rawether import RawEtherLink
 from softrdma.drivers.registry import DeviceRecord, check_state_dir
 from softrdma.drivers.registry import state_dir as default_state_dir
@@ -90,7 +69,7 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-class DevdLink:
+class DevdLink(DevdRequests, LinkState):
     """A :class:`~softrdma.drivers.link.Link` whose receive side is the device's devd.
 
     On the direct path (``direct``, default :func:`.reuseport.direct_enabled`), the
@@ -103,6 +82,11 @@ class DevdLink:
     ``data`` view stays valid until the next :meth:`recv_batch`); sends then go straight
     out of a send-only :class:`UdpLink` per address family (``bind_port=False``).
     """
+
+    shared = True  # QPNs, counters and objects through devd
+    gso = True  # sends leave from this process's own UdpLink (GsoLink)
+    roce_v1 = True  # through its own raw socket when the device runs RoCEv1
+    multicast = True
 
     def __init__(
         self,
@@ -165,6 +149,9 @@ class DevdLink:
         self._data = data
         _, _, port, pid, n_ips = HELLO.unpack_from(hello)
         self.udp_port: int = port
+        #: the device's UDP port (as :attr:`UdpLink.port`; a ``Context`` given this link
+        #: sends to it)
+        self.port: int | None = port
         self.daemon_pid = pid
         raw = hello[HELLO.size :]
         self._local_ips = tuple(gid_to_ip(raw[i * 16 : i * 16 + 16]) for i in range(n_ips))
@@ -297,12 +284,6 @@ class DevdLink:
         ttl: int = 64,
     ) -> None:
         self._sender(len(dst_ip)).send(dst_ip, dport, sport, parts, tos, ttl)
-
-    @property
-    def port(self) -> int:
-        """The device's UDP port (as :attr:`UdpLink.port`; a ``Context`` given this link
-        sends to it)."""
-        return self.udp_port
 
     @property
     def direct(self) -> bool:
@@ -455,180 +436,8 @@ class DevdLink:
         self._data.close()
         self._ctrl.close()
 
-    # -- control -----------------------------------------------------------------------
-
-    def _request(self, op: int, arg: int = 0, mgid: bytes = bytes(16),
-                 fds: Sequence[int] = (), body: bytes = b"") -> tuple[int, bytes]:
-        """Send one request and wait for its answer, at most :attr:`ctrl_timeout` seconds
-        (then DeviceError ETIMEDOUT, or EAGAIN if it could not even be sent; the daemon
-        may be stalled, not gone). Answers are
-        matched by the request's sequence number (:mod:`.proto`): a late answer to
-        an earlier request that timed out is dropped when it comes."""
-        if self._closed:
-            raise ClosedError(f"device {self.record.name!r}: {self._closed_why}")
-        with self._ctrl_lock:
-            self._seq = seq = self._seq % 0xFF + 1
-            record = with_seq(REQ.pack(op, arg, mgid), seq) + body
-            deadline = time.monotonic() + self.ctrl_timeout
-            sent = False
-            try:
-                self._ctrl.settimeout(self.ctrl_timeout)
-                if fds:
-                    socket.send_fds(self._ctrl, [record], list(fds))
-                else:
-                    self._ctrl.send(record)
-                sent = True
-                while True:
-                    self._ctrl.settimeout(max(deadline - time.monotonic(), 1e-3))
-                    rep = self._ctrl.recv(MAX_CTRL)
-                    if len(rep) < REP.size or rep[SEQ_OFFSET] in (seq, 0):
-                        break  # 0: a daemon that does not number its answers
-                    self.stale_replies += 1
-            except TimeoutError as exc:
-                what = "answer" if sent else "take"
-                raise DeviceError(
-                    f"device {self.record.name!r}: devd (pid {self.daemon_pid}) did not "
-                    f"{what} request op {op} within {self.ctrl_timeout:g} s",
-                    errno=errno.ETIMEDOUT if sent else errno.EAGAIN,
-                ) from exc
-            except OSError as exc:
-                self.daemon_gone = True
-                raise DeviceError(f"device {self.record.name!r}: devd: {exc}") from exc
-        if len(rep) < REP.size:
-            self.daemon_gone = True
-            raise DeviceError(f"device {self.record.name!r}: devd closed the connection")
-        rop, err, value = REP.unpack_from(rep)
-        if rop != op:
-            raise DeviceError(f"device {self.record.name!r}: devd answered op {rop} to {op}")
-        if err:
-            raise DeviceError(
-                f"device {self.record.name!r}: devd: {os.strerror(err)}", errno=err
-            )
-        return value, rep[REP.size :]
-
-    def alloc_qpn(self, want: int = 0) -> int:
-        """A fresh QPN unique on the device (``want=1``: register for QP1 MADs)."""
-        if not 0 <= want <= QPN_LAST:
-            raise InvalidArgument("want", f"QPN {want:#x} out of range")
-        return self._request(OP_ALLOC_QPN, want)[0]
-
-    def free_qpn(self, qpn: int) -> None:
-        """Give ``qpn`` back (DeviceError ENOENT if this client does not own it). Once the
-        daemon is gone there is nothing to give back: a no-op (QPs can be destroyed)."""
-        if not 0 <= qpn <= QPN_LAST:
-            raise InvalidArgument("qpn", f"QPN {qpn:#x} out of range")
-        if self.daemon_gone:
-            return
-        try:
-            self._request(OP_FREE_QPN, qpn)
-        except DeviceError as exc:
-            # ETIMEDOUT: devd is stalled; it has the request and frees the QPN when it
-            # resumes (its late answer is dropped), so a QP can still be destroyed
-            if not self.daemon_gone and exc.errno != errno.ETIMEDOUT:
-                raise
-
-    def attach_mcast(self, mgid: bytes) -> None:
-        """Receive datagrams to DestQP 0xFFFFFF whose destination GID is ``mgid``."""
-        self._request(OP_ATTACH_MCAST, 0, _check_mgid(mgid))
-
-    def detach_mcast(self, mgid: bytes) -> None:
-        """Undo one :meth:`attach_mcast`."""
-        self._request(OP_DETACH_MCAST, 0, _check_mgid(mgid))
-
-    def cm_slot(self) -> int:
-        """Become a routed CM client of the device (a QP1 registration, undone by
-        ``free_qpn(1)``); the slot byte for the top of this client's comm IDs."""
-        return self._request(OP_CM_SLOT)[0]
-
-    def cm_listen(self, service_id: int, mask: int, listen: bool = True) -> None:
-        """Route REQs/SIDR_REQs for ``service_id`` under ``mask`` here (``listen``
-        False: stop). DeviceError EADDRINUSE if another process listens on it."""
-        for name, val in (("service_id", service_id), ("mask", mask)):
-            if not 0 <= val < 1 << 64:
-                raise InvalidArgument(name, "must be a 64-bit value")
-        raw = service_id.to_bytes(8, "big") + mask.to_bytes(8, "big")
-        self._request(OP_CM_LISTEN if listen else OP_CM_UNLISTEN, 0, raw)
-
-    def report_counters(self, values: dict[str, int]) -> None:
-        """Tell the daemon this process's port counters (cumulative; see the module
-        docstring, "Port counters of a shared device")."""
-        body = json.dumps(values, separators=(",", ":")).encode()
-        try:
-            self._request(OP_REPORT, body=body)
-        except DeviceError as exc:
-            if exc.errno != errno.EINVAL:
-                raise
-            raise DeviceError(f"device {self.record.name!r}: devd refused the counter "
-                              "report", errno=exc.errno) from exc
-        self.last_report = dict(values)
-
-    def report_resources(self, objects: dict[str, Any]) -> None:
-        """Tell the daemon this process's objects on the device (the module docstring of
-        :mod:`softrdma.drivers.resources`); ``softrdma res show`` lists them."""
-        body = json.dumps(objects, separators=(",", ":")).encode()
-        if REQ.size + len(body) > MAX_CTRL:
-            raise InvalidArgument("objects", f"{len(body)} bytes do not fit a control record")
-        if self._closed:
-            raise ClosedError(f"device {self.record.name!r}: {self._closed_why}")
-        with self._ctrl_lock:
-            try:
-                self._ctrl.send(REQ.pack(OP_REPORT_RESOURCES, 0, bytes(16)) + body)
-                rep = self._ctrl.recv(4096)
-            except OSError as exc:
-                raise DeviceError(f"device {self.record.name!r}: devd: {exc}") from exc
-        if len(rep) < REP.size or REP.unpack_from(rep)[1]:
-            raise DeviceError(f"device {self.record.name!r}: devd refused the resource report")
-        self.last_resources = objects
-
-    def resources(self) -> list[dict[str, Any]]:
-        """Every live client's objects on the device, as devd knows them (RESOURCES):
-        ``[{"pid": P, "comm": NAME, "uid": U, "objects": {...}}, ...]``."""
-        out: list[dict[str, Any]] = []
-        index = 0
-        while index < 1 << 16:
-            try:
-                _, rest = self._request(OP_RESOURCES, index)
-            except DeviceError as exc:
-                if exc.errno == errno.ENOENT:
-                    return out
-                raise
-            try:
-                got = json.loads(rest)
-            except ValueError as exc:
-                raise DeviceError(f"device {self.record.name!r}: bad RESOURCES answer") from exc
-            if isinstance(got, dict):
-                out.append(got)
-            index += 1
-        return out
-
-    def device_counters(self) -> dict[str, int]:
-        """The device's port counters as the daemon aggregates them (every process's last
-        report, the processes that left, the daemon's own drops)."""
-        _, rest = self._request(OP_COUNTERS)
-        try:
-            got = json.loads(rest)
-            port = got["port"]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise DeviceError(f"device {self.record.name!r}: bad COUNTERS answer") from exc
-        return {str(k): int(v) for k, v in port.items()}
-
-    def stats(self) -> dict[str, int]:
-        """The daemon's counters (:data:`STAT_NAMES`)."""
-        n, rest = self._request(OP_STATS)
-        return {
-            name: U64.unpack_from(rest, i * 8)[0]
-            for i, name in enumerate(STAT_NAMES[: min(n, len(rest) // 8)])
-        }
-
     def __enter__(self) -> DevdLink:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _check_mgid(mgid: bytes) -> bytes:
-    if not isinstance(mgid, (bytes, bytearray)) or len(mgid) != 16:
-        raise InvalidArgument("mgid", "an MGID is 16 bytes")
-    return bytes(mgid)
-

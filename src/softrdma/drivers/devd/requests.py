@@ -1,0 +1,230 @@
+"""The control requests of a devd client (:class:`~softrdma.drivers.devd.client.DevdLink`):
+one request record on the control channel, one answer matched by its sequence number
+(:mod:`.proto`), for QPNs, multicast groups, CM routing, counters and resources.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from softrdma.drivers.devd.proto import (
+    MAX_CTRL,
+    OP_ALLOC_QPN,
+    OP_ATTACH_MCAST,
+    OP_CM_LISTEN,
+    OP_CM_SLOT,
+    OP_CM_UNLISTEN,
+    OP_COUNTERS,
+    OP_DETACH_MCAST,
+    OP_FREE_QPN,
+    OP_REPORT,
+    OP_REPORT_RESOURCES,
+    OP_RESOURCES,
+    OP_STATS,
+    QPN_LAST,
+    REP,
+    REQ,
+    SEQ_OFFSET,
+    STAT_NAMES,
+    U64,
+    with_seq,
+)
+from softrdma.drivers.registry import DeviceRecord
+from softrdma.errors import ClosedError, DeviceError, InvalidArgument
+
+__all__ = ["DevdRequests"]
+
+
+class DevdRequests:
+    """The control requests of :class:`~softrdma.drivers.devd.client.DevdLink` (a part of
+    it, which sets these attributes when it connects)."""
+
+    record: DeviceRecord
+    daemon_pid: int
+    daemon_gone: bool
+    ctrl_timeout: float
+    stale_replies: int
+    last_report: dict[str, int]
+    last_resources: dict[str, Any]
+    _closed: bool
+    _closed_why: str
+    _ctrl_lock: threading.Lock
+    _ctrl: socket.socket
+    _seq: int
+
+    def _request(self, op: int, arg: int = 0, mgid: bytes = bytes(16),
+                 fds: Sequence[int] = (), body: bytes = b"") -> tuple[int, bytes]:
+        """Send one request and wait for its answer, at most :attr:`ctrl_timeout` seconds
+        (then DeviceError ETIMEDOUT, or EAGAIN if it could not even be sent; the daemon
+        may be stalled, not gone). Answers are
+        matched by the request's sequence number (:mod:`.proto`): a late answer to
+        an earlier request that timed out is dropped when it comes."""
+        if self._closed:
+            raise ClosedError(f"device {self.record.name!r}: {self._closed_why}")
+        with self._ctrl_lock:
+            self._seq = seq = self._seq % 0xFF + 1
+            record = with_seq(REQ.pack(op, arg, mgid), seq) + body
+            deadline = time.monotonic() + self.ctrl_timeout
+            sent = False
+            try:
+                self._ctrl.settimeout(self.ctrl_timeout)
+                if fds:
+                    socket.send_fds(self._ctrl, [record], list(fds))
+                else:
+                    self._ctrl.send(record)
+                sent = True
+                while True:
+                    self._ctrl.settimeout(max(deadline - time.monotonic(), 1e-3))
+                    rep = self._ctrl.recv(MAX_CTRL)
+                    if len(rep) < REP.size or rep[SEQ_OFFSET] in (seq, 0):
+                        break  # 0: a daemon that does not number its answers
+                    self.stale_replies += 1
+            except TimeoutError as exc:
+                what = "answer" if sent else "take"
+                raise DeviceError(
+                    f"device {self.record.name!r}: devd (pid {self.daemon_pid}) did not "
+                    f"{what} request op {op} within {self.ctrl_timeout:g} s",
+                    errno=errno.ETIMEDOUT if sent else errno.EAGAIN,
+                ) from exc
+            except OSError as exc:
+                self.daemon_gone = True
+                raise DeviceError(f"device {self.record.name!r}: devd: {exc}") from exc
+        if len(rep) < REP.size:
+            self.daemon_gone = True
+            raise DeviceError(f"device {self.record.name!r}: devd closed the connection")
+        rop, err, value = REP.unpack_from(rep)
+        if rop != op:
+            raise DeviceError(f"device {self.record.name!r}: devd answered op {rop} to {op}")
+        if err:
+            raise DeviceError(
+                f"device {self.record.name!r}: devd: {os.strerror(err)}", errno=err
+            )
+        return value, rep[REP.size :]
+
+    def alloc_qpn(self, want: int = 0) -> int:
+        """A fresh QPN unique on the device (``want=1``: register for QP1 MADs)."""
+        if not 0 <= want <= QPN_LAST:
+            raise InvalidArgument("want", f"QPN {want:#x} out of range")
+        return self._request(OP_ALLOC_QPN, want)[0]
+
+    def free_qpn(self, qpn: int) -> None:
+        """Give ``qpn`` back (DeviceError ENOENT if this client does not own it). Once the
+        daemon is gone there is nothing to give back: a no-op (QPs can be destroyed)."""
+        if not 0 <= qpn <= QPN_LAST:
+            raise InvalidArgument("qpn", f"QPN {qpn:#x} out of range")
+        if self.daemon_gone:
+            return
+        try:
+            self._request(OP_FREE_QPN, qpn)
+        except DeviceError as exc:
+            # ETIMEDOUT: devd is stalled; it has the request and frees the QPN when it
+            # resumes (its late answer is dropped), so a QP can still be destroyed
+            if not self.daemon_gone and exc.errno != errno.ETIMEDOUT:
+                raise
+
+    def attach_mcast(self, mgid: bytes) -> None:
+        """Receive datagrams to DestQP 0xFFFFFF whose destination GID is ``mgid``."""
+        self._request(OP_ATTACH_MCAST, 0, _check_mgid(mgid))
+
+    def detach_mcast(self, mgid: bytes) -> None:
+        """Undo one :meth:`attach_mcast`."""
+        self._request(OP_DETACH_MCAST, 0, _check_mgid(mgid))
+
+    def cm_slot(self) -> int:
+        """Become a routed CM client of the device (a QP1 registration, undone by
+        ``free_qpn(1)``); the slot byte for the top of this client's comm IDs."""
+        return self._request(OP_CM_SLOT)[0]
+
+    def cm_listen(self, service_id: int, mask: int, listen: bool = True) -> None:
+        """Route REQs/SIDR_REQs for ``service_id`` under ``mask`` here (``listen``
+        False: stop). DeviceError EADDRINUSE if another process listens on it."""
+        for name, val in (("service_id", service_id), ("mask", mask)):
+            if not 0 <= val < 1 << 64:
+                raise InvalidArgument(name, "must be a 64-bit value")
+        raw = service_id.to_bytes(8, "big") + mask.to_bytes(8, "big")
+        self._request(OP_CM_LISTEN if listen else OP_CM_UNLISTEN, 0, raw)
+
+    def report_counters(self, values: dict[str, int]) -> None:
+        """Tell the daemon this process's port counters (cumulative; see the module
+        docstring, "Port counters of a shared device")."""
+        body = json.dumps(values, separators=(",", ":")).encode()
+        try:
+            self._request(OP_REPORT, body=body)
+        except DeviceError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            raise DeviceError(f"device {self.record.name!r}: devd refused the counter "
+                              "report", errno=exc.errno) from exc
+        self.last_report = dict(values)
+
+    def report_resources(self, objects: dict[str, Any]) -> None:
+        """Tell the daemon this process's objects on the device (the module docstring of
+        :mod:`softrdma.drivers.resources`); ``softrdma res show`` lists them."""
+        body = json.dumps(objects, separators=(",", ":")).encode()
+        if REQ.size + len(body) > MAX_CTRL:
+            raise InvalidArgument("objects", f"{len(body)} bytes do not fit a control record")
+        if self._closed:
+            raise ClosedError(f"device {self.record.name!r}: {self._closed_why}")
+        with self._ctrl_lock:
+            try:
+                self._ctrl.send(REQ.pack(OP_REPORT_RESOURCES, 0, bytes(16)) + body)
+                rep = self._ctrl.recv(4096)
+            except OSError as exc:
+                raise DeviceError(f"device {self.record.name!r}: devd: {exc}") from exc
+        if len(rep) < REP.size or REP.unpack_from(rep)[1]:
+            raise DeviceError(f"device {self.record.name!r}: devd refused the resource report")
+        self.last_resources = objects
+
+    def resources(self) -> list[dict[str, Any]]:
+        """Every live client's objects on the device, as devd knows them (RESOURCES):
+        ``[{"pid": P, "comm": NAME, "uid": U, "objects": {...}}, ...]``."""
+        out: list[dict[str, Any]] = []
+        index = 0
+        while index < 1 << 16:
+            try:
+                _, rest = self._request(OP_RESOURCES, index)
+            except DeviceError as exc:
+                if exc.errno == errno.ENOENT:
+                    return out
+                raise
+            try:
+                got = json.loads(rest)
+            except ValueError as exc:
+                raise DeviceError(f"device {self.record.name!r}: bad RESOURCES answer") from exc
+            if isinstance(got, dict):
+                out.append(got)
+            index += 1
+        return out
+
+    def device_counters(self) -> dict[str, int]:
+        """The device's port counters as the daemon aggregates them (every process's last
+        report, the processes that left, the daemon's own drops)."""
+        _, rest = self._request(OP_COUNTERS)
+        try:
+            got = json.loads(rest)
+            port = got["port"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DeviceError(f"device {self.record.name!r}: bad COUNTERS answer") from exc
+        return {str(k): int(v) for k, v in port.items()}
+
+    def stats(self) -> dict[str, int]:
+        """The daemon's counters (:data:`STAT_NAMES`)."""
+        n, rest = self._request(OP_STATS)
+        return {
+            name: U64.unpack_from(rest, i * 8)[0]
+            for i, name in enumerate(STAT_NAMES[: min(n, len(rest) // 8)])
+        }
+
+
+def _check_mgid(mgid: bytes) -> bytes:
+    if not isinstance(mgid, (bytes, bytearray)) or len(mgid) != 16:
+        raise InvalidArgument("mgid", "an MGID is 16 bytes")
+    return bytes(mgid)
+
