@@ -147,7 +147,7 @@ def iwarp_receiver(port: int, size: int, crc: bool, profile: bool, ready: Any,
                    cpu_q: Any) -> None:
     from softrdma import enums as e
     from softrdma import verbs as v
-    from softrdma.drivers import iwconnect
+    from softrdma.drivers.cm import iwconnect
 
     prof = _Prof(profile)
     prof.start()
@@ -187,7 +187,7 @@ def iwarp_sender(port: int, size: int, count: int, window: int, crc: bool,
                  profile: bool) -> tuple[float, float]:
     from softrdma import enums as e
     from softrdma import verbs as v
-    from softrdma.drivers import iwconnect
+    from softrdma.drivers.cm import iwconnect
 
     prof = _Prof(profile)
     prof.start()

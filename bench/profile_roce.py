@@ -39,7 +39,7 @@ from roce_bench import RECV  # noqa: E402
 
 from softrdma import enums as e  # noqa: E402
 from softrdma import verbs as v  # noqa: E402
-from softrdma.drivers.udp import UdpLink  # noqa: E402
+from softrdma.drivers.links.udp import UdpLink  # noqa: E402
 
 PKT = 4096  # payload bytes per WRITE packet at path MTU 4096
 DEPTH = 64  # send and receive queue depth

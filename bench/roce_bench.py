@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
 from softrdma import enums as e  # noqa: E402
 from softrdma import verbs as v  # noqa: E402
-from softrdma.drivers.udp import UdpLink  # noqa: E402
+from softrdma.drivers.links.udp import UdpLink  # noqa: E402
 
 ACCESS = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ)
 MASK_INIT = int(e.IBV_QP_STATE | e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT | e.IBV_QP_ACCESS_FLAGS)

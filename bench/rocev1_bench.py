@@ -29,8 +29,8 @@ from test_verbs_data import RC, Side, connect  # noqa: E402
 
 from softrdma import enums as e  # noqa: E402
 from softrdma import verbs as v  # noqa: E402
-from softrdma.drivers.clock import VirtualClock  # noqa: E402
-from softrdma.drivers.fabric import Fabric  # noqa: E402
+from softrdma.drivers.links.fabric import Fabric  # noqa: E402
+from softrdma.drivers.runtime.clock import VirtualClock  # noqa: E402
 
 MiB = 1 << 20
 

@@ -36,8 +36,8 @@ from roce_bench import RX_DEPTH  # noqa: E402
 from softrdma import enums as e  # noqa: E402
 from softrdma import verbs as v  # noqa: E402
 from softrdma.drivers.devd.client import DevdLink  # noqa: E402
-from softrdma.drivers.registry import DeviceRecord  # noqa: E402
-from softrdma.drivers.udp import UdpLink  # noqa: E402
+from softrdma.drivers.host.registry import DeviceRecord  # noqa: E402
+from softrdma.drivers.links.udp import UdpLink  # noqa: E402
 
 MSG = 1 << 20  # RDMA WRITE message size
 WRITE_DEPTH = 4  # WRITEs outstanding per writer

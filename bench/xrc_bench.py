@@ -23,8 +23,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
 from softrdma import enums as e  # noqa: E402
 from softrdma import verbs as v  # noqa: E402
-from softrdma.drivers.clock import VirtualClock  # noqa: E402
-from softrdma.drivers.fabric import Fabric  # noqa: E402
+from softrdma.drivers.links.fabric import Fabric  # noqa: E402
+from softrdma.drivers.runtime.clock import VirtualClock  # noqa: E402
 
 ACC = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE)
 DEPTH = 512

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from softrdma.drivers.registry import Registry
+from softrdma.drivers.host.registry import Registry
 from softrdma.tools.capture.ladder_draw import draw_ladder, draw_psn_plot, pyplot, save
 from softrdma.tools.capture.ladder_events import capture_events
 

@@ -1,6 +1,6 @@
 """Worked example for a protocol or NIC engineer: RC over a lossy in-memory fabric.
 
-Two devices on :class:`softrdma.drivers.fabric.Fabric`, a simulated network on a
+Two devices on :class:`softrdma.drivers.links.fabric.Fabric`, a simulated network on a
 virtual clock: nothing waits for real time, and the same seed gives the same run, packet
 for packet. The fabric drops and reorders datagrams at random; an RC QP pair moves a
 64 KiB RDMA WRITE and a SEND across it anyway (IBA 9.7: PSN sequence checks, NAK
@@ -30,8 +30,8 @@ from pathlib import Path
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.drivers.clock import VirtualClock
-from softrdma.drivers.fabric import Fabric
+from softrdma.drivers.links.fabric import Fabric
+from softrdma.drivers.runtime.clock import VirtualClock
 from softrdma.tools.capture import pcap_check
 
 ALL = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ)

@@ -27,8 +27,8 @@ from pathlib import Path
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.drivers.clock import VirtualClock
-from softrdma.drivers.fabric import Fabric
+from softrdma.drivers.links.fabric import Fabric
+from softrdma.drivers.runtime.clock import VirtualClock
 from softrdma.wire import ib, roce
 from softrdma.wire.opcodes import Hdr
 from softrdma.wire.pcap import read_pcap

@@ -3,22 +3,21 @@
 Four rules (docs/design.md, "Layout"):
 
 * the import graph of the package's modules has no cycle, function-local imports counted
-  (an import under ``if TYPE_CHECKING:`` is not run and is not an edge here); counting
-  type-only imports too, no cycle but those of ``KNOWN_OPEN_TYPE_CYCLES``;
+  (an import under ``if TYPE_CHECKING:`` is not run and is not an edge here), and none
+  either when type-only imports count too;
 * the protocol packages hold no I/O: ``ib``, ``iwarp`` and ``seam`` import no ``socket``,
   ``threading``, ``select``, ``selectors``, ``asyncio``, ``subprocess`` nor ``time`` (engines
   are given the time); ``wire``, ``ibcm``, ``cm`` and ``ipoib`` import none of the first six and do
   not call ``time.sleep``;
 * each package imports only the packages :data:`ALLOWED` gives it (type-only and
   function-local imports included);
-* no module is over :data:`MAX_MODULE_LINES` lines, unless it is generated or a
-  declarative table named, with its reason, in :data:`DECLARATIVE`.
+* no module is over :data:`MAX_MODULE_LINES` lines (none is generated or a declarative
+  table long enough to need an exception).
 
 And one rule for ``tests/``: a test file imports no other test file and no helper outside
 the ``tests/harness`` package (:func:`foreign_test_imports`); what tests share lives there.
 
-The ``KNOWN_OPEN_*`` tables list what is still open today, each entry with the branch that
-removes it; the lead empties them as those branches land. Anything else fails.
+There is no table of exceptions: a rule holds for every module or the test fails.
 """
 
 from __future__ import annotations
@@ -31,8 +30,6 @@ import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-
-import pytest
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "softrdma"
 ROOT_PACKAGE = "softrdma"
@@ -74,28 +71,9 @@ IO_MODULES = frozenset({"socket", "threading", "select", "selectors", "asyncio",
 NO_IO_NO_CLOCK = ("ib", "iwarp", "seam")  # ... and no `time` at all
 NO_IO = ("wire", "cm", "ibcm", "ipoib")  # ... and no time.sleep()
 
-# module -> (what it still uses, the branch that removes it)
-KNOWN_OPEN_IO: dict[str, tuple[frozenset[str], str]] = {
-}
-
 # Module size (issue 23): a module over this many lines is split by responsibility.
 MAX_MODULE_LINES = 600
-# module -> why it may be longer: generated, or a declarative table (none today).
-DECLARATIVE: dict[str, str] = {}
-# modules still over the limit, with the branch that splits them (split by h4/h7)
-KNOWN_OPEN_SIZE: dict[str, str] = {
-    "softrdma.drivers.runtime": "h4",
-    "softrdma.drivers.udp": "h4",
-    "softrdma.drivers.devd.client": "h4",
-    "softrdma.drivers.devd.daemon": "h4",
-    "softrdma.capi.bridge": "h7",
-}
 
-# Cycles still open when type-only (TYPE_CHECKING) imports count too, with their owner: a
-# found cycle must lie inside one of these. None is left (the IB CM's id names its agent
-# through cmid.CmAgentView, the agent runs the state table, and CmEvent lives beside the
-# id it names).
-KNOWN_OPEN_TYPE_CYCLES: dict[frozenset[str], str] = {}
 
 
 @dataclass(frozen=True)
@@ -321,8 +299,7 @@ def test_import_graph_has_no_cycles_lazy_imports_included() -> None:
 
 def test_import_graph_has_no_cycles_type_only_imports_included() -> None:
     found = cycles(all_edges(import_graph()))
-    unexpected = [c for c in found if not any(set(c) <= k for k in KNOWN_OPEN_TYPE_CYCLES)]
-    assert unexpected == [], f"import cycles (type-only imports count): {unexpected}"
+    assert found == [], f"import cycles (type-only imports count): {found}"
 
 
 def test_every_package_imports_only_what_its_layer_allows() -> None:
@@ -331,23 +308,13 @@ def test_every_package_imports_only_what_its_layer_allows() -> None:
 
 
 def test_protocol_packages_do_no_io() -> None:
-    found = io_violations()
-    unexpected = {m: sorted(u - KNOWN_OPEN_IO.get(m, (frozenset(), ""))[0])
-                  for m, u in found.items()}
-    assert {m: u for m, u in unexpected.items() if u} == {}
+    found = {m: sorted(u) for m, u in io_violations().items() if u}
+    assert found == {}
 
 
 def test_no_module_is_over_the_line_limit() -> None:
-    found = {m: n for m, n in oversized_modules().items()
-             if m not in DECLARATIVE and m not in KNOWN_OPEN_SIZE}
+    found = oversized_modules()
     assert found == {}, f"split these modules (over {MAX_MODULE_LINES} lines): {found}"
-
-
-def test_declarative_exemptions_are_few_and_give_a_reason() -> None:
-    mods = modules()
-    assert len(DECLARATIVE) <= 3
-    for name, why in DECLARATIVE.items():
-        assert name in mods and why.strip(), name
 
 
 def test_an_oversized_module_is_caught(tmp_path: Path) -> None:
@@ -480,14 +447,6 @@ def test_io_in_a_protocol_package_is_caught(tmp_path: Path) -> None:
     })
     assert io_violations(src) == {"softrdma.ib.a": {"time"}, "softrdma.wire.b": {"time.sleep"},
                                   "softrdma.cm.d": {"threading"}}
-
-
-@pytest.mark.parametrize("known", [KNOWN_OPEN_IO, KNOWN_OPEN_TYPE_CYCLES, KNOWN_OPEN_SIZE])
-def test_known_open_entries_name_an_owner(known: Mapping[object, object]) -> None:
-    owners = {"seam", "runtime", "iwconn", "cmtyped", "hygiene", "lead", "h4", "h7"}
-    for entry in known.values():
-        owner = entry[1] if isinstance(entry, tuple) else entry
-        assert owner in owners
 
 
 def test_design_doc_layout_table_matches_the_allowed_table() -> None:

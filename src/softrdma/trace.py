@@ -17,7 +17,7 @@ configured logging itself, sends them to stderr as ``softrdma pkt: ...``. An app
 may instead attach its own handlers to these loggers and set their levels; nothing is
 printed unless one of the two is done. Only what is enabled costs anything: the packet
 tap exists only while ``softrdma.pkt`` is enabled or a capture is asked for
-(:mod:`softrdma.drivers.tap`).
+(:mod:`softrdma.drivers.capture.tap`).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from harness.capi import need_build, need_tool, preloaded, run, run_cmd, run_pai
 from harness.device import private_device
 
 from softrdma.drivers.devd.client import DevdLink
-from softrdma.drivers.registry import Registry
+from softrdma.drivers.host.registry import Registry
 from softrdma.verbs import get_device_list
 
 

@@ -20,8 +20,8 @@ from softrdma import enums as e
 from softrdma import verbs as v
 from softrdma.cm import rdma_cm as rc
 from softrdma.cm.rdma_cm import EventChannel
-from softrdma.drivers import iwconnect
-from softrdma.drivers.gsi import CmBinding
+from softrdma.drivers.cm import iwconnect
+from softrdma.drivers.cm.gsi import CmBinding
 from softrdma.errors import SoftRdmaError, StateError
 from softrdma.wire.cm import RejReason
 

@@ -1,5 +1,5 @@
 """The rdma_cm event channel (librdmacm ``rdma_event_channel``) over its driver queue
-(:mod:`softrdma.drivers.cm_channel`): the descriptor counts the pending events, events
+(:mod:`softrdma.drivers.cm.cm_channel`): the descriptor counts the pending events, events
 leave with their id (``rdma_destroy_id``, ``rdma_migrate_id``) in order, and a destroyed
 channel answers every wait with :class:`ClosedError` (issue 23 moved the waits out of
 ``cm``)."""

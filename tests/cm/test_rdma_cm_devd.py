@@ -17,7 +17,7 @@ from harness.rdma_cm import ROCE_DEV, Ep, child_env, expect, setup_env
 from softrdma.cm import rdma_cm as rc
 from softrdma.cm.rdma_cm import EventChannel
 from softrdma.drivers.devd.client import DevdLink
-from softrdma.drivers.registry import Registry
+from softrdma.drivers.host.registry import Registry
 from softrdma.errors import StateError
 
 T = rc.RdmaCmEventType

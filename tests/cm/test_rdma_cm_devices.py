@@ -1,4 +1,4 @@
-"""The rdma_cm device list's driver side (:mod:`softrdma.drivers.cm_devices`): the kept
+"""The rdma_cm device list's driver side (:mod:`softrdma.drivers.cm.cm_devices`): the kept
 list is read once and again after a change, and a forked child reads it on its own,
 even when the parent forked while another thread held the list's lock (the child has
 no such thread to release it)."""
@@ -13,7 +13,7 @@ import time
 import pytest
 
 from softrdma.cm import rdma_devices as rd
-from softrdma.drivers.cm_devices import KeptList, OpenTable
+from softrdma.drivers.cm.cm_devices import KeptList, OpenTable
 from softrdma.verbs.device import IWARP_LOOPBACK
 
 DEADLINE = 60.0  # generous: the machine is shared

@@ -23,7 +23,7 @@ PROBE = """
 import ipaddress, sys
 from pathlib import Path
 from softrdma.cm.rdma_devices import find_device
-from softrdma.drivers.registry import Registry
+from softrdma.drivers.host.registry import Registry
 Registry(Path(sys.argv[1])).add("rt0", "v0", "roce", 40123)
 for dst in sys.argv[2:]:
     entry, src = find_device(None, ipaddress.ip_address(dst), "roce")
@@ -57,7 +57,7 @@ ADDR_PROBE = """
 import sys
 from pathlib import Path
 from softrdma.cm import rdma_cm as rc
-from softrdma.drivers.registry import Registry
+from softrdma.drivers.host.registry import Registry
 reg = Registry(Path(sys.argv[1]))
 reg.delete("softrdma_lo")
 reg.add("rtlo", "lo", "roce", 40124)
@@ -110,7 +110,7 @@ CACHE_PROBE = """
 import ipaddress, subprocess, sys
 from pathlib import Path
 from softrdma.cm import rdma_devices as rd
-from softrdma.drivers.registry import Registry
+from softrdma.drivers.host.registry import Registry
 from softrdma.errors import DeviceError
 reads = []
 real = rd.get_device_list

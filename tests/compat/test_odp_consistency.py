@@ -16,7 +16,7 @@ from softrdma.compat.pyverbs import device as d
 from softrdma.compat.pyverbs import enums as pe
 from softrdma.compat.pyverbs.mr import MR
 from softrdma.compat.pyverbs.pd import PD
-from softrdma.drivers import registry
+from softrdma.drivers.host import registry
 
 ODP = int(e.IBV_ACCESS_ON_DEMAND)
 LW = int(e.IBV_ACCESS_LOCAL_WRITE)

@@ -28,7 +28,7 @@ from softrdma.compat.pyverbs.qp import QP, QPAttr, QPCap, QPEx, QPInitAttr, QPIn
 from softrdma.compat.pyverbs.srq import SRQ, SrqAttr, SrqInitAttr
 from softrdma.compat.pyverbs.wr import SGE, RecvWR, SendWR
 from softrdma.compat.pyverbs.xrcd import XRCD, XRCDInitAttr
-from softrdma.drivers import registry
+from softrdma.drivers.host import registry
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ from softrdma.compat.pyverbs.qp import QP, QPAttr, QPCap, QPEx, QPInitAttrEx
 from softrdma.compat.pyverbs.srq import SRQ, SrqInitAttrEx
 from softrdma.compat.pyverbs.wr import SGE, RecvWR, SendWR
 from softrdma.compat.pyverbs.xrcd import XRCD, XRCDInitAttr
-from softrdma.drivers import registry
+from softrdma.drivers.host import registry
 
 SIZE = 1024
 NUM = 20

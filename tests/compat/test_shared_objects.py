@@ -26,7 +26,7 @@ from softrdma.compat.pyverbs.pd import PD
 from softrdma.compat.pyverbs.pyverbs_error import PyverbsRDMAError
 from softrdma.compat.pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
 from softrdma.compat.pyverbs.wr import SGE, SendWR
-from softrdma.drivers import registry
+from softrdma.drivers.host import registry
 from softrdma.errors import InvalidArgument, NotSupported
 
 _RW = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE

@@ -14,8 +14,8 @@ from harness.device import free_port
 
 from softrdma.drivers.devd.client import DevdLink
 from softrdma.drivers.devd.daemon import Devd
-from softrdma.drivers.port_totals import saved_counters
-from softrdma.drivers.registry import DeviceRecord, Registry
+from softrdma.drivers.host.port_totals import saved_counters
+from softrdma.drivers.host.registry import DeviceRecord, Registry
 from softrdma.tools.cli import main
 
 NAME = "persist0"

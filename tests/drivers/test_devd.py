@@ -32,8 +32,8 @@ from softrdma.drivers.devd.client import DevdLink
 from softrdma.drivers.devd.daemon import Devd
 from softrdma.drivers.devd.proto import QPN_FIRST, QPN_LAST, socket_path
 from softrdma.drivers.devd.spawn import ensure_devd
-from softrdma.drivers.registry import DeviceRecord
-from softrdma.drivers.udp import UdpLink
+from softrdma.drivers.host.registry import DeviceRecord
+from softrdma.drivers.links.udp import UdpLink
 from softrdma.errors import ClosedError, DeviceError, InvalidArgument
 
 LOCAL_B = socket.inet_aton(LOCAL)

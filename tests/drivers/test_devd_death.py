@@ -19,13 +19,13 @@ from harness.verbs_pair import RC, Side, connect
 from softrdma import enums as e
 from softrdma import verbs as v
 from softrdma.drivers.devd.proto import socket_path
-from softrdma.drivers.registry import DeviceRecord, Registry, ensure_state_dir
+from softrdma.drivers.host.registry import DeviceRecord, Registry, ensure_state_dir
 from softrdma.errors import DeviceError
 
 _DAEMON = """
 import sys
 from softrdma.drivers.devd.daemon import Devd
-from softrdma.drivers.registry import DeviceRecord
+from softrdma.drivers.host.registry import DeviceRecord
 Devd(DeviceRecord("dd0", "lo", "roce", int(sys.argv[2])), sys.argv[1], idle_timeout=60,
      ips=["127.0.0.1"]).serve_forever()
 """

@@ -20,7 +20,7 @@ from harness.devd import LOCAL, free_udp_port, packet, recv_one
 from softrdma.drivers.devd.admission import FD_RESERVE, FDS_PER_CLIENT, per_uid_cap, refusal_reason
 from softrdma.drivers.devd.client import DevdLink
 from softrdma.drivers.devd.proto import socket_path
-from softrdma.drivers.registry import DeviceRecord, ensure_state_dir
+from softrdma.drivers.host.registry import DeviceRecord, ensure_state_dir
 from softrdma.errors import DeviceError
 
 NOFILE = 128  # soft = hard: the daemon cannot raise it
@@ -30,7 +30,7 @@ FLOOD = 200  # idle control connections: far more than 128 descriptors can serve
 _DAEMON = """
 import sys
 from softrdma.drivers.devd.daemon import Devd
-from softrdma.drivers.registry import DeviceRecord
+from softrdma.drivers.host.registry import DeviceRecord
 d = Devd(DeviceRecord("fd0", "lo", "roce", int(sys.argv[2])), sys.argv[1], idle_timeout=60,
          ips=["127.0.0.1"], max_clients_per_uid=int(sys.argv[3]))
 d.serve_forever()

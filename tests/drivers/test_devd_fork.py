@@ -19,7 +19,7 @@ from harness.device import private_device
 
 from softrdma.drivers.devd.client import DevdLink
 from softrdma.drivers.devd.proto import OP_COUNTERS
-from softrdma.drivers.registry import Registry
+from softrdma.drivers.host.registry import Registry
 from softrdma.errors import ClosedError
 
 LOCAL = "127.0.0.1"

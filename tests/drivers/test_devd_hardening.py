@@ -24,7 +24,7 @@ from softrdma.drivers.devd import proto
 from softrdma.drivers.devd.client import DevdLink
 from softrdma.drivers.devd.daemon import Devd
 from softrdma.drivers.devd.proto import socket_path
-from softrdma.drivers.registry import DeviceRecord, ensure_state_dir
+from softrdma.drivers.host.registry import DeviceRecord, ensure_state_dir
 from softrdma.errors import DeviceError
 
 LOCAL = "127.0.0.1"
@@ -195,7 +195,7 @@ def test_malformed_control_messages_drop_only_their_client(running: Running) -> 
 _DAEMON = """
 import sys
 from softrdma.drivers.devd.daemon import Devd
-from softrdma.drivers.registry import DeviceRecord
+from softrdma.drivers.host.registry import DeviceRecord
 Devd(DeviceRecord("hd1", "lo", "roce", int(sys.argv[2])), sys.argv[1], idle_timeout=60,
      ips=["127.0.0.1"]).serve_forever()
 """

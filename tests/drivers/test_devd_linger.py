@@ -14,7 +14,7 @@ from harness.rdma_cm import ROCE_DEV, make_state_dir
 
 from softrdma.drivers.devd import client as devd_client
 from softrdma.drivers.devd import spawn as devd_spawn
-from softrdma.drivers.registry import Registry
+from softrdma.drivers.host.registry import Registry
 
 
 def test_a_daemon_gone_before_the_connect_is_replaced(

@@ -22,7 +22,7 @@ from harness.devd import free_udp_port, state  # noqa: F401  (fixture)
 from softrdma.drivers.devd.client import DevdLink
 from softrdma.drivers.devd.proto import OP_CM_LISTEN, REP, REQ, with_seq
 from softrdma.drivers.devd.spawn import ensure_devd
-from softrdma.drivers.registry import DeviceRecord
+from softrdma.drivers.host.registry import DeviceRecord
 
 SERVICE_ID = 0x0106000000004E21  # RDMA_PS_TCP, port 20001 (IBA A11.2)
 MASK = (1 << 64) - 1
@@ -31,7 +31,7 @@ PKG = str(Path(__file__).resolve().parents[2] / "src")
 _LISTENER = """
 import sys, time
 from softrdma.drivers.devd.client import DevdLink
-from softrdma.drivers.registry import DeviceRecord
+from softrdma.drivers.host.registry import DeviceRecord
 rec = DeviceRecord("rl0", "lo", "roce", int(sys.argv[2]))
 link = DevdLink(rec, state_dir=sys.argv[1], spawn=False)
 link.cm_slot()

@@ -14,7 +14,7 @@ import pytest
 from softrdma import verbs as v
 from softrdma.compat.pyverbs.device import Context as PyverbsContext
 from softrdma.compat.pyverbs.pyverbs_error import PyverbsRDMAError
-from softrdma.drivers.registry import Registry
+from softrdma.drivers.host.registry import Registry
 from softrdma.errors import DeviceError
 
 DEV = "busyport0"

@@ -1,4 +1,4 @@
-"""Tests of the virtual clock and the in-memory fabric (drivers/clock.py, drivers/fabric.py)."""
+"""Tests of the virtual clock and the in-memory fabric (drivers/runtime/clock.py, drivers/links/fabric.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from softrdma.drivers.clock import RealClock, VirtualClock
-from softrdma.drivers.fabric import Fabric, FabricLink
-from softrdma.drivers.link import Datagram, Link
+from softrdma.drivers.links.fabric import Fabric, FabricLink
+from softrdma.drivers.links.link import Datagram, Link
+from softrdma.drivers.runtime.clock import RealClock, VirtualClock
 from softrdma.errors import ClosedError, InvalidArgument, StateError
 from softrdma.wire import ib, roce
 from softrdma.wire.pcap import LINKTYPE_ETHERNET, read_pcap

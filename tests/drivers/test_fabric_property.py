@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.drivers.clock import VirtualClock
-from softrdma.drivers.fabric import Fabric
-from softrdma.drivers.link import Datagram
+from softrdma.drivers.links.fabric import Fabric
+from softrdma.drivers.links.link import Datagram
+from softrdma.drivers.runtime.clock import VirtualClock
 
 W = e.ibv_wr_opcode
 MiB = 1 << 20

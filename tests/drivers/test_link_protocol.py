@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from softrdma.drivers.clock import VirtualClock
 from softrdma.drivers.devd.client import DevdLink
-from softrdma.drivers.dual import DualLink
-from softrdma.drivers.fabric import Fabric, FabricLink
-from softrdma.drivers.link import GsoLink, Link, LinkState, V1Link
-from softrdma.drivers.rawether import RawEtherLink
-from softrdma.drivers.udp import UdpLink
-from softrdma.drivers.udp_multi import MultiUdpLink
+from softrdma.drivers.links.dual import DualLink
+from softrdma.drivers.links.fabric import Fabric, FabricLink
+from softrdma.drivers.links.link import GsoLink, Link, LinkState, V1Link
+from softrdma.drivers.links.rawether import RawEtherLink
+from softrdma.drivers.links.udp import UdpLink
+from softrdma.drivers.links.udp_multi import MultiUdpLink
+from softrdma.drivers.runtime.clock import VirtualClock
 from softrdma.errors import NotSupported
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "softrdma"

@@ -18,8 +18,8 @@ from collections.abc import Iterator
 import pytest
 
 from softrdma import verbs as v
-from softrdma.drivers import progress as pg
-from softrdma.drivers.udp import UdpLink
+from softrdma.drivers.links.udp import UdpLink
+from softrdma.drivers.runtime import progress as pg
 
 
 class _Clocks:

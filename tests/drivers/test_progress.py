@@ -1,11 +1,11 @@
-"""The progress core (softrdma.drivers.progress) and the two runtimes that compose it.
+"""The progress core (softrdma.drivers.runtime.progress) and the two runtimes that compose it.
 
 * :class:`ProgressCore`: engine calls under the lock with the housekeeping after them,
   deferred calls, the closed / failed errors, the thread's start, stand-back and join;
 * :class:`VirtualTimer`: only the earliest deadline is armed on the virtual clock;
 * the RoCE :class:`Runtime`'s four progress modes, chosen from the link and ``mode``;
 * the iWARP :class:`TcpRuntime`: composed, not a ``Runtime``; connection setup
-  (:mod:`softrdma.drivers.iwconnect`) waits on events: no sleeps, a closed listener wakes its
+  (:mod:`softrdma.drivers.cm.iwconnect`) waits on events: no sleeps, a closed listener wakes its
   waiter at once, and it works with manual progress on both sides.
 """
 
@@ -22,13 +22,13 @@ import pytest
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.drivers import iwconnect
-from softrdma.drivers import progress as pg
-from softrdma.drivers.clock import VirtualClock
-from softrdma.drivers.fabric import Fabric
-from softrdma.drivers.runtime import Runtime
-from softrdma.drivers.tcp_runtime import TcpRuntime
-from softrdma.drivers.udp import UdpLink
+from softrdma.drivers.cm import iwconnect
+from softrdma.drivers.links.fabric import Fabric
+from softrdma.drivers.links.udp import UdpLink
+from softrdma.drivers.runtime import progress as pg
+from softrdma.drivers.runtime.clock import VirtualClock
+from softrdma.drivers.runtime.roce import Runtime
+from softrdma.drivers.runtime.tcp import TcpRuntime
 from softrdma.errors import ClosedError, DeviceError, InvalidArgument
 from softrdma.ib.port import Port
 from softrdma.wire.gid import ip_to_gid

@@ -21,8 +21,8 @@ import pytest
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.drivers.runtime import Runtime
-from softrdma.drivers.udp import UdpLink
+from softrdma.drivers.links.udp import UdpLink
+from softrdma.drivers.runtime.roce import Runtime
 
 ACC = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE)
 MASK_INIT = int(e.IBV_QP_STATE | e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT | e.IBV_QP_ACCESS_FLAGS)

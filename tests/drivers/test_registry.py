@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from softrdma.drivers import netdev, registry
-from softrdma.drivers.registry import BUILTIN_DEVICE, DeviceRecord, Registry, ib_mtu_for
+from softrdma.drivers.host import netdev, registry
+from softrdma.drivers.host.registry import BUILTIN_DEVICE, DeviceRecord, Registry, ib_mtu_for
 from softrdma.errors import DeviceError, InvalidArgument
 from softrdma.tools.admin.link import cmd_link
 
@@ -211,7 +211,7 @@ def test_corrupt_registry(state: Path) -> None:
 _ADDER = """
 import sys, time
 sys.path.insert(0, {src!r})
-from softrdma.drivers.registry import Registry
+from softrdma.drivers.host.registry import Registry
 prefix, n, start = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 while time.time() < start:
     time.sleep(0.001)

@@ -34,9 +34,9 @@ from softrdma.drivers.devd.reuseport import (
     slot_of,
     slot_range,
 )
-from softrdma.drivers.link import Datagram
-from softrdma.drivers.registry import DeviceRecord
-from softrdma.drivers.udp import UdpLink
+from softrdma.drivers.host.registry import DeviceRecord
+from softrdma.drivers.links.link import Datagram
+from softrdma.drivers.links.udp import UdpLink
 from softrdma.errors import DeviceError, InvalidArgument
 
 V4_MAPPED = bytes(10) + b"\xff\xff"

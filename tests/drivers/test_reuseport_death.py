@@ -18,7 +18,7 @@ from harness.device import SRC, free_port, reap
 from harness.wait import wait_until
 
 from softrdma.drivers.devd.client import DevdLink
-from softrdma.drivers.registry import Registry
+from softrdma.drivers.host.registry import Registry
 
 NAME = "rpdeath"
 ITERS_RE = re.compile(r"^(\d+) iters in \d+\.\d\d seconds", re.M)

@@ -21,7 +21,7 @@ from harness.wait import wait_until
 
 from softrdma.drivers.devd.proto import MAX_DATAGRAM, OP_JOIN, OP_JOINED
 from softrdma.drivers.devd.reuseport import slot_of
-from softrdma.drivers.udp import UdpLink
+from softrdma.drivers.links.udp import UdpLink
 
 
 @pytest.fixture

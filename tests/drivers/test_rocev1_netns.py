@@ -308,7 +308,7 @@ def test_address_resolution_triggers_kernel_arp_and_nd(hosts: tuple[Host, Host])
     _sh("ip", "-n", a.ns, "neigh", "flush", "dev", a.ifname)
     code = f"""
 import ipaddress, socket
-from softrdma.drivers.neigh import NeighbourResolver
+from softrdma.drivers.host.neigh import NeighbourResolver
 r = NeighbourResolver({a.ifname!r}, socket.if_nametoindex({a.ifname!r}), wait=2.0)
 g4 = bytes(10) + b"\\xff\\xff" + ipaddress.ip_address({b.ip4!r}).packed
 g6 = ipaddress.ip_address({b.ip6!r}).packed

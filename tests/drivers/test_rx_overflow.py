@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from softrdma import verbs as v
-from softrdma.drivers import udp
-from softrdma.drivers.runtime import Runtime
-from softrdma.drivers.udp import UdpLink
+from softrdma.drivers.links import udp
+from softrdma.drivers.links.udp import UdpLink
+from softrdma.drivers.runtime.roce import Runtime
 from softrdma.seam.counters import DropReason
 
 SMALL = 4096  # bytes: a few datagrams fill it

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from softrdma.drivers.devd.daemon import Devd
-from softrdma.drivers.registry import DeviceRecord, Registry, ensure_state_dir
+from softrdma.drivers.host.registry import DeviceRecord, Registry, ensure_state_dir
 from softrdma.errors import DeviceError
 from softrdma.tools.admin.link import cmd_link
 

@@ -20,7 +20,7 @@ import pytest
 
 from softrdma import verbs as v
 from softrdma.drivers.devd.client import DevdLink
-from softrdma.drivers.registry import DeviceRecord, Registry
+from softrdma.drivers.host.registry import DeviceRecord, Registry
 from softrdma.errors import DeviceError
 from softrdma.tools.admin.link import cmd_link
 

@@ -20,8 +20,8 @@ from harness.trace import captured_trace, rc_pair, rc_send
 from softrdma import enums as e
 from softrdma import trace
 from softrdma import verbs as v
-from softrdma.drivers.clock import VirtualClock
-from softrdma.drivers.fabric import Fabric
+from softrdma.drivers.links.fabric import Fabric
+from softrdma.drivers.runtime.clock import VirtualClock
 from softrdma.errors import InvalidArgument
 from softrdma.tools.capture import pcap_check
 from softrdma.wire.pcap import read_pcap
@@ -115,8 +115,8 @@ def test_cli_trace_shows_cm_states_events_and_packets(tmp_path: Path) -> None:
 
 def test_env_trace_and_bad_value(tmp_path: Path) -> None:
     code = ("from softrdma import verbs as v, enums as e\n"
-            "from softrdma.drivers.fabric import Fabric\n"
-            "from softrdma.drivers.clock import VirtualClock\n"
+            "from softrdma.drivers.links.fabric import Fabric\n"
+            "from softrdma.drivers.runtime.clock import VirtualClock\n"
             "ctx = v.Context(fabric=Fabric(VirtualClock()).link('10.4.0.1'))\n"
             "pd = v.PD(ctx); cq = v.CQ(ctx, 4)\n"
             "qp = v.QP(pd, v.QPInitAttr(e.IBV_QPT_UD, scq=cq, rcq=cq), v.QPAttr(qkey=1))\n")

@@ -17,9 +17,9 @@ from harness.iwarp_session import _iwarp_session
 from harness.trace import captured_trace, rc_pair, rc_send
 
 from softrdma import enums as e
-from softrdma.drivers.clock import VirtualClock
-from softrdma.drivers.fabric import Fabric
-from softrdma.drivers.tap_stream import MAX_SEGMENT, tcp_frame
+from softrdma.drivers.capture.tap_stream import MAX_SEGMENT, tcp_frame
+from softrdma.drivers.links.fabric import Fabric
+from softrdma.drivers.runtime.clock import VirtualClock
 from softrdma.tools.capture import pcap_check
 from softrdma.wire.pcap import LINKTYPE_ETHERNET, read_pcap
 from softrdma.wire.tcpstream import parse_tcp

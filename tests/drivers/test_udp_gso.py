@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 from harness.recording_link import SRC, RecordingLink
 
-from softrdma.drivers import udp as udp_mod
-from softrdma.drivers.link import Datagram, GsoLink
-from softrdma.drivers.runtime import GSO_MAX_PAYLOAD, Runtime
-from softrdma.drivers.udp import UDP_MAX_SEGMENTS, UdpLink
+from softrdma.drivers.links import udp as udp_mod
+from softrdma.drivers.links.link import Datagram, GsoLink
+from softrdma.drivers.links.udp import UDP_MAX_SEGMENTS, UdpLink
+from softrdma.drivers.runtime.roce import GSO_MAX_PAYLOAD, Runtime
 from softrdma.errors import DeviceError, InvalidArgument
 from softrdma.ib.packet import TxPacket
 from softrdma.ib.port import Port, RxMeta

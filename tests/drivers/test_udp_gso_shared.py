@@ -18,8 +18,8 @@ import pytest
 
 from softrdma.drivers.devd.client import DevdLink
 from softrdma.drivers.devd.daemon import Devd
-from softrdma.drivers.link import Datagram, GsoLink
-from softrdma.drivers.registry import DeviceRecord
+from softrdma.drivers.host.registry import DeviceRecord
+from softrdma.drivers.links.link import Datagram, GsoLink
 
 LOCAL = "127.0.0.1"
 LOCAL_RAW = bytes([127, 0, 0, 1])

@@ -1,4 +1,4 @@
-"""Tests of the RoCEv2 UDP socket link (drivers/udp.py), on loopback only."""
+"""Tests of the RoCEv2 UDP socket link (drivers/links/udp.py), on loopback only."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from softrdma.drivers.link import Datagram, Link
-from softrdma.drivers.udp import UdpLink
+from softrdma.drivers.links.link import Datagram, Link
+from softrdma.drivers.links.udp import UdpLink
 from softrdma.errors import ClosedError, DeviceError, InvalidArgument, StateError
 from softrdma.wire import ib, roce
 

@@ -1,7 +1,7 @@
 """Two (or more) softrdma devices on the in-memory fabric with a CM on each (tests only).
 
-Every node is a verbs ``Context`` on a :class:`~softrdma.drivers.fabric.FabricLink`
-(manual progress, virtual clock) with a :class:`~softrdma.drivers.gsi.CmBinding`; its
+Every node is a verbs ``Context`` on a :class:`~softrdma.drivers.links.fabric.FabricLink`
+(manual progress, virtual clock) with a :class:`~softrdma.drivers.cm.gsi.CmBinding`; its
 events are recorded in ``node.events``. :func:`cm_mad` decodes the CM MAD inside a
 fabric datagram, so fabric rules can target REQ/REP/RTU/... by attribute.
 """
@@ -13,10 +13,10 @@ from typing import Any
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.drivers.clock import VirtualClock
-from softrdma.drivers.fabric import Fabric
-from softrdma.drivers.gsi import CmBinding
-from softrdma.drivers.link import Datagram
+from softrdma.drivers.cm.gsi import CmBinding
+from softrdma.drivers.links.fabric import Fabric
+from softrdma.drivers.links.link import Datagram
+from softrdma.drivers.runtime.clock import VirtualClock
 from softrdma.errors import DecodeError
 from softrdma.ibcm.agent import CmConfig, IbCmId
 from softrdma.ibcm.events import CmEvent, CmEventType

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from softrdma import verbs as v
-from softrdma.drivers.udp import UdpLink
+from softrdma.drivers.links.udp import UdpLink
 from softrdma.errors import SoftRdmaError
 
 

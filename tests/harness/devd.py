@@ -16,9 +16,9 @@ import pytest
 
 from softrdma.drivers.devd.client import DevdLink
 from softrdma.drivers.devd.daemon import Devd
-from softrdma.drivers.link import Datagram
-from softrdma.drivers.registry import DeviceRecord
-from softrdma.drivers.udp import UdpLink
+from softrdma.drivers.host.registry import DeviceRecord
+from softrdma.drivers.links.link import Datagram
+from softrdma.drivers.links.udp import UdpLink
 
 LOCAL = "127.0.0.1"
 

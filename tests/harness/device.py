@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from softrdma import verbs as v
-from softrdma.drivers import registry
+from softrdma.drivers.host import registry
 from softrdma.ib.port import Port
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")

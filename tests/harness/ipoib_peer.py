@@ -38,7 +38,7 @@ from collections.abc import Callable
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.drivers.gsi import CmBinding
+from softrdma.drivers.cm.gsi import CmBinding
 from softrdma.errors import DecodeError
 from softrdma.ibcm.agent import AcceptParams, ConnParams
 from softrdma.ibcm.events import CmEvent, CmEventType

@@ -1,5 +1,5 @@
 """Run inside a fresh network namespace (root) by tests/ipoib/test_ipoib_tun.py: a TUN device
-(:class:`softrdma.drivers.tun.TunDevice`) carries UDP both ways; prints one JSON object.
+(:class:`softrdma.drivers.links.tun.TunDevice`) carries UDP both ways; prints one JSON object.
 
 * write: a 65000-byte UDP datagram (well under the MTU, 65520) written to the device
   reaches a local socket whole; a copy with a bad UDP checksum written first is dropped by
@@ -17,7 +17,7 @@ import struct
 import sys
 import time
 
-from softrdma.drivers.tun import TunDevice
+from softrdma.drivers.links.tun import TunDevice
 from softrdma.ipoib.ip import checksum, parse
 
 OURS = bytes([10, 99, 0, 1])

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.drivers import iwconnect
+from softrdma.drivers.cm import iwconnect
 from softrdma.iwarp.mpa_setup import MpaConfig
 
 ALL = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ)

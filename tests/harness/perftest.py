@@ -31,7 +31,7 @@ def free_port(kind: socket.SocketKind = socket.SOCK_DGRAM) -> int:
 
 def make_device(state: Path, name: str = "pttest") -> str:
     """A registry with only ``name`` (RoCE on lo, a free UDP port)."""
-    from softrdma.drivers.registry import Registry
+    from softrdma.drivers.host.registry import Registry
 
     reg = Registry(state)
     reg.delete("softrdma_lo")

@@ -21,7 +21,7 @@ SRC = str(Path(__file__).resolve().parents[2] / "src")
 @pytest.fixture()
 def device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """A private roce device on lo with an ephemeral UDP port, in a private state dir."""
-    from softrdma.drivers.registry import Registry
+    from softrdma.drivers.host.registry import Registry
 
     monkeypatch.setenv("SOFTRDMA_STATE_DIR", str(tmp_path))
     name = "pptest"

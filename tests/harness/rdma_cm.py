@@ -17,7 +17,7 @@ from softrdma import enums as e
 from softrdma import verbs as v
 from softrdma.cm import rdma_cm as rc
 from softrdma.cm.rdma_cm import EventChannel, RdmaCmEvent
-from softrdma.drivers.registry import Registry
+from softrdma.drivers.host.registry import Registry
 from softrdma.ibcm.params import CmConfig
 
 ROCE_DEV = "cmtest_lo"

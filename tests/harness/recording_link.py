@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from softrdma.drivers.link import Datagram, LinkState
-from softrdma.drivers.udp import UDP_MAX_SEGMENTS
+from softrdma.drivers.links.link import Datagram, LinkState
+from softrdma.drivers.links.udp import UDP_MAX_SEGMENTS
 
 SRC = bytes([10, 1, 0, 1])
 

@@ -9,7 +9,7 @@ import struct
 import time
 
 from softrdma.drivers.devd.client import DevdLink
-from softrdma.drivers.link import Datagram
+from softrdma.drivers.links.link import Datagram
 
 LOCAL = "127.0.0.1"
 

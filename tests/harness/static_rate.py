@@ -8,9 +8,9 @@ import pytest
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.drivers.clock import VirtualClock
-from softrdma.drivers.fabric import Fabric
-from softrdma.drivers.link import Datagram
+from softrdma.drivers.links.fabric import Fabric
+from softrdma.drivers.links.link import Datagram
+from softrdma.drivers.runtime.clock import VirtualClock
 from softrdma.ib.pacing import RATE_MBPS
 
 UD, RC = int(e.IBV_QPT_UD), int(e.IBV_QPT_RC)

@@ -12,7 +12,7 @@ from pathlib import Path
 from softrdma import enums as e
 from softrdma import trace
 from softrdma import verbs as v
-from softrdma.drivers.fabric import Fabric
+from softrdma.drivers.links.fabric import Fabric
 
 
 @contextlib.contextmanager

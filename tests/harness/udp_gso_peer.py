@@ -19,7 +19,7 @@ import sys
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.drivers.udp import UdpLink
+from softrdma.drivers.links.udp import UdpLink
 
 ACC = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE)
 DEPTH = 4

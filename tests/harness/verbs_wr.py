@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.drivers.clock import VirtualClock
-from softrdma.drivers.fabric import Fabric
+from softrdma.drivers.links.fabric import Fabric
+from softrdma.drivers.runtime.clock import VirtualClock
 
 RC, UC, UD = int(e.IBV_QPT_RC), int(e.IBV_QPT_UC), int(e.IBV_QPT_UD)
 

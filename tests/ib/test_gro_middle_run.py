@@ -1,4 +1,4 @@
-"""The MIDDLE run path of a coalesced (UDP GRO) receive (drivers/runtime.py ``_middle_run``,
+"""The MIDDLE run path of a coalesced (UDP GRO) receive (drivers/runtime/roce.py ``_middle_run``,
 ib/port.py ``receive_run``, ib/responder.py ``place_middles``) does exactly what the
 general path does one packet at a time: the same placement, PSNs, counters, ACKs and NAKs
 and completions, with corrupt, duplicated, dropped, reordered, foreign and ECN-marked
@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from softrdma import enums as e
-from softrdma.drivers.link import Datagram
-from softrdma.drivers.runtime import Runtime
+from softrdma.drivers.links.link import Datagram
+from softrdma.drivers.runtime.roce import Runtime
 from softrdma.ib.port import Port
 from softrdma.seam.types import SGE, RecvWQE, SendWQE
 from softrdma.wire import roce

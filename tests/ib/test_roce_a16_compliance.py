@@ -53,9 +53,9 @@ from harness.static_rate import check_ud_ah_static_rate_is_kept as _ud_rate
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.drivers.clock import VirtualClock
-from softrdma.drivers.fabric import Fabric
-from softrdma.drivers.runtime import Runtime, icrc_v2
+from softrdma.drivers.links.fabric import Fabric
+from softrdma.drivers.runtime.clock import VirtualClock
+from softrdma.drivers.runtime.roce import Runtime, icrc_v2
 from softrdma.errors import InvalidArgument, NotSupported
 from softrdma.ib.port import RxMeta
 from softrdma.ibcm.agent import CmConfig

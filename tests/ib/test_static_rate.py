@@ -29,8 +29,8 @@ from harness.static_rate import (
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.drivers.runtime import Runtime
-from softrdma.drivers.udp import UdpLink
+from softrdma.drivers.links.udp import UdpLink
+from softrdma.drivers.runtime.roce import Runtime
 from softrdma.errors import InvalidArgument
 from softrdma.ib.pacing import rate_bps
 

@@ -16,8 +16,8 @@ from harness.device import ib_port
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.drivers.clock import VirtualClock
-from softrdma.drivers.fabric import Fabric
+from softrdma.drivers.links.fabric import Fabric
+from softrdma.drivers.runtime.clock import VirtualClock
 from softrdma.errors import InvalidArgument
 from softrdma.ib.port import RxMeta
 from softrdma.ib.xrc import srq_table

@@ -18,7 +18,7 @@ from harness.cm_udp import contexts
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.drivers.gsi import CmBinding
+from softrdma.drivers.cm.gsi import CmBinding
 from softrdma.ibcm.events import CmEvent
 from softrdma.ibcm.ipcm import IpCmClient, ip_listen
 from softrdma.ibcm.params import AcceptParams, ConnParams

@@ -13,7 +13,7 @@ from harness.cm import Pair, T
 from softrdma import enums as e
 from softrdma import verbs as v
 from softrdma.cm.hello import SdpStream, hello_accept, hello_connect, hello_listen
-from softrdma.drivers.link import Datagram
+from softrdma.drivers.links.link import Datagram
 from softrdma.ibcm.agent import ConnParams
 from softrdma.ibcm.events import CmEvent
 from softrdma.wire.cm import CmAttr, RejReason

@@ -37,8 +37,8 @@ from harness.cm import Node
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.drivers.clock import VirtualClock
-from softrdma.drivers.fabric import Fabric, FabricLink
+from softrdma.drivers.links.fabric import Fabric, FabricLink
+from softrdma.drivers.runtime.clock import VirtualClock
 from softrdma.ibcm.agent import AcceptParams, ConnParams, IbCmId
 from softrdma.ibcm.events import CmEvent, CmEventType
 from softrdma.tools.capture import pcap_check

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from softrdma.drivers import ipoib_control
+from softrdma.drivers.host import ipoib_control
 from softrdma.errors import DeviceError
 
 

@@ -44,7 +44,7 @@ def _tentative(h: Host) -> bool:
 
 def _up(h: Host, wait_s: float | None = None) -> subprocess.Popen[str]:
     code = ("import runpy, sys\n"
-            "import softrdma.drivers.ipoib_control as c\n"
+            "import softrdma.drivers.host.ipoib_control as c\n"
             + (f"c.IPV6_WAIT_S = {wait_s}\n" if wait_s is not None else "")
             + f"sys.argv = ['softrdma', 'ipoib', 'up', '{TUN}', '--device', '{DEV}', "
               "'10.88.9.1/24']\n"

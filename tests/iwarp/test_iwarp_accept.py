@@ -20,7 +20,7 @@ from harness.iwarp_tcp import Ep
 from harness.wait import wait_until
 
 from softrdma import verbs as v
-from softrdma.drivers import iwconnect
+from softrdma.drivers.cm import iwconnect
 from softrdma.wire import ddp, mpa
 
 IDLE = 100

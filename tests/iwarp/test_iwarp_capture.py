@@ -26,7 +26,7 @@ from harness.wait import Capture
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.drivers import iwconnect
+from softrdma.drivers.cm import iwconnect
 from softrdma.iwarp.mpa_setup import MpaConfig
 from softrdma.tools.capture import pcap_check
 from softrdma.wire.pcap import PcapWriter

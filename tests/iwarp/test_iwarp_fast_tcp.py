@@ -1,4 +1,4 @@
-"""The TCP runtime's socket settings for the iWARP data path (softrdma.drivers.tcp_runtime).
+"""The TCP runtime's socket settings for the iWARP data path (softrdma.drivers.runtime.tcp).
 
 ``SO_SNDBUF`` is set only where ``net.core.wmem_max`` lets it beat the kernel's send-buffer
 autotuning (``net.ipv4.tcp_wmem[2]``): with the default ``wmem_max`` asking for 4 MiB would
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from softrdma.drivers import tcp_runtime
+from softrdma.drivers.runtime import tcp as tcp_runtime
 
 
 def _sysctls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wmem_max: int,

@@ -18,7 +18,7 @@ import pytest
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.drivers import iwconnect
+from softrdma.drivers.cm import iwconnect
 from softrdma.errors import InvalidArgument
 from softrdma.iwarp.mpa_setup import FIRST_FPDU_HOLD_S, MpaConfig
 

@@ -15,7 +15,7 @@ import pytest
 from harness.wait import wait_until
 
 from softrdma import verbs as v
-from softrdma.drivers import port_totals
+from softrdma.drivers.host import port_totals
 from softrdma.seam.counters import Counters
 from softrdma.tools.cli import main
 

@@ -1,4 +1,4 @@
-"""iWARP through the verbs API over TCP on the loopback (softrdma.drivers.tcp_runtime / softrdma.drivers.iwconnect).
+"""iWARP through the verbs API over TCP on the loopback (softrdma.drivers.runtime.tcp / softrdma.drivers.cm.iwconnect).
 
 Same application code as for RoCE (PD, MR, CQ, QP, post_send, poll) on a Context opened
 with transport="iwarp"; QPs connected with softrdma.iwconnect.connect / listen. Covers every
@@ -27,7 +27,7 @@ from harness.iwarp_tcp import (
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.drivers import iwconnect
+from softrdma.drivers.cm import iwconnect
 from softrdma.errors import InvalidArgument, NotSupported
 from softrdma.iwarp.mpa_setup import MpaConfig
 from softrdma.wire import ddp, mpa

@@ -28,8 +28,8 @@ from harness.device import free_port
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.drivers import iwconnect
-from softrdma.drivers.registry import DeviceRecord, Registry
+from softrdma.drivers.cm import iwconnect
+from softrdma.drivers.host.registry import DeviceRecord, Registry
 from softrdma.errors import DeviceError, InvalidArgument
 from softrdma.iwarp.mpa_setup import (
     MPA_CRC_ENV,

@@ -100,7 +100,7 @@ def test_ipoib_output_is_taken_once() -> None:
 
 def test_cm_agent_returns_events_and_calls_no_handler() -> None:
     """The agent queues a REQ's CONNECT_REQUEST for its driver; it never runs the
-    consumer's handler itself (delivery lives in drivers.gsi)."""
+    consumer's handler itself (delivery lives in drivers.cm.gsi)."""
     agent = _agent()
     called: list[CmEvent] = []
     lst = agent.create_id(called.append)

@@ -10,8 +10,8 @@ import pytest
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.drivers.clock import VirtualClock
-from softrdma.drivers.fabric import Fabric
+from softrdma.drivers.links.fabric import Fabric
+from softrdma.drivers.runtime.clock import VirtualClock
 from softrdma.errors import ClosedError, ResourceError, StateError
 from softrdma.ib.port import Port
 from softrdma.ib.qp import EngineQP

@@ -16,8 +16,8 @@ from harness.device import free_port, reap, veth_device_netns
 from harness.wait import StreamLines
 
 from softrdma import enums as e
-from softrdma.drivers import registry
-from softrdma.drivers.portwatch import PortState
+from softrdma.drivers.host import registry
+from softrdma.drivers.host.portwatch import PortState
 from softrdma.tools.ibverbs import asyncwatch, devices
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")

@@ -24,9 +24,9 @@ from harness.trace import rc_pair, rc_send
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.drivers import iwconnect
-from softrdma.drivers.clock import VirtualClock
-from softrdma.drivers.fabric import Fabric
+from softrdma.drivers.cm import iwconnect
+from softrdma.drivers.links.fabric import Fabric
+from softrdma.drivers.runtime.clock import VirtualClock
 from softrdma.tools import cli
 from softrdma.tools.capture.ladder_draw import MissingMatplotlib, draw_ladder
 from softrdma.tools.capture.ladder_events import Ladder, capture_events

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from softrdma.drivers.devd.proto import socket_path
-from softrdma.drivers.registry import BUILTIN_DEVICE, DeviceRecord, Registry
+from softrdma.drivers.host.registry import BUILTIN_DEVICE, DeviceRecord, Registry
 from softrdma.errors import DeviceError
 from softrdma.tools.admin.link import cmd_link
 

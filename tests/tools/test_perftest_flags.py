@@ -17,7 +17,7 @@ from harness.perftest import device_state, env_for, free_port, run_pair, spawn
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.drivers.registry import Registry
+from softrdma.drivers.host.registry import Registry
 from softrdma.tools.cli import main
 from softrdma.tools.perftest import engine, options, report
 from softrdma.tools.perftest.oob import BwReport

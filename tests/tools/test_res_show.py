@@ -23,7 +23,7 @@ from softrdma.cm import rdma_cm as cm
 from softrdma.drivers.devd.client import DevdLink
 from softrdma.drivers.devd.daemon import Devd
 from softrdma.drivers.devd.proto import OP_REPORT_RESOURCES, REP, REQ
-from softrdma.drivers.registry import DeviceRecord
+from softrdma.drivers.host.registry import DeviceRecord
 from softrdma.errors import InvalidArgument
 from softrdma.ib.port import Port
 from softrdma.ib.qp import EngineQP
@@ -180,10 +180,10 @@ def test_qps_count_their_own_retransmissions_and_naks() -> None:
 def test_the_largest_snapshot_fits_a_report() -> None:
     """More objects than a report carries: the snapshot is cut at MAX_OBJECTS each, with
     the rest counted, and still fits one control record (else devd would get none)."""
-    from softrdma.drivers.clock import VirtualClock
     from softrdma.drivers.devd.proto import MAX_CTRL
-    from softrdma.drivers.fabric import Fabric
-    from softrdma.drivers.resources import MAX_OBJECTS, port_resources
+    from softrdma.drivers.host.resources import MAX_OBJECTS, port_resources
+    from softrdma.drivers.links.fabric import Fabric
+    from softrdma.drivers.runtime.clock import VirtualClock
 
     fab = Fabric(VirtualClock())
     with v.Context(fabric=fab.link("10.5.0.1")) as ctx:

@@ -214,7 +214,7 @@ def _free_udp_port() -> int:
 @pytest.fixture()
 def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A private registry with the built-in device plus 'clitest' (lo, ephemeral port)."""
-    from softrdma.drivers.registry import Registry
+    from softrdma.drivers.host.registry import Registry
 
     monkeypatch.setenv("SOFTRDMA_STATE_DIR", str(tmp_path))
     monkeypatch.setenv("SOFTRDMA_SHARED", "0")

@@ -17,8 +17,8 @@ from harness.wait import Capture
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.drivers.clock import VirtualClock
-from softrdma.drivers.fabric import Fabric
+from softrdma.drivers.links.fabric import Fabric
+from softrdma.drivers.runtime.clock import VirtualClock
 from softrdma.tools.capture import pcap_check
 
 W = e.ibv_wr_opcode

@@ -18,7 +18,7 @@ import pytest
 from harness.device import free_port, private_device
 from harness.wait import wait_until
 
-from softrdma.drivers import registry
+from softrdma.drivers.host import registry
 from softrdma.errors import DecodeError
 from softrdma.tools.ibverbs import xsrq_pingpong as xp
 

@@ -15,7 +15,7 @@ from harness.verbs_pair import ACC, Side
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.drivers.registry import Registry, ensure_state_dir
+from softrdma.drivers.host.registry import Registry, ensure_state_dir
 
 LOOP6 = v.GID("::1")
 

@@ -11,8 +11,8 @@ import pytest
 
 from softrdma import verbs as v
 from softrdma.compat.pyverbs import device as pd_device
-from softrdma.drivers.clock import VirtualClock
-from softrdma.drivers.fabric import Fabric
+from softrdma.drivers.links.fabric import Fabric
+from softrdma.drivers.runtime.clock import VirtualClock
 from softrdma.errors import InvalidArgument
 
 

@@ -25,8 +25,8 @@ from harness.verbs_pair import (
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.drivers.link import Datagram
-from softrdma.drivers.runtime import build_grh, icrc_v2
+from softrdma.drivers.links.link import Datagram
+from softrdma.drivers.runtime.roce import build_grh, icrc_v2
 from softrdma.ib.port import Port
 from softrdma.wire import roce, rocev1
 from softrdma.wire.gid import gid_to_ip, ip_to_gid

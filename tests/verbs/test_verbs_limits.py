@@ -17,8 +17,8 @@ import pytest
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.drivers.clock import VirtualClock
-from softrdma.drivers.fabric import Fabric
+from softrdma.drivers.links.fabric import Fabric
+from softrdma.drivers.runtime.clock import VirtualClock
 from softrdma.errors import InvalidArgument, ResourceError
 from softrdma.verbs import limits
 from softrdma.verbs.xrcd import XRCD, XrcSRQ

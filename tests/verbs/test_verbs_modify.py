@@ -10,8 +10,8 @@ import pytest
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.drivers.clock import VirtualClock
-from softrdma.drivers.fabric import Fabric
+from softrdma.drivers.links.fabric import Fabric
+from softrdma.drivers.runtime.clock import VirtualClock
 from softrdma.errors import InvalidArgument, NotSupported
 from softrdma.verbs import qp_rules as R
 

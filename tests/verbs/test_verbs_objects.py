@@ -17,8 +17,8 @@ from harness.device import ib_port
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.drivers.clock import VirtualClock
-from softrdma.drivers.fabric import Fabric
+from softrdma.drivers.links.fabric import Fabric
+from softrdma.drivers.runtime.clock import VirtualClock
 from softrdma.errors import ClosedError, DeviceError, InvalidArgument, StateError
 from softrdma.seam.types import WorkCompletion
 from softrdma.verbs.device import gid_table, mtu_enum_for_netdev_mtu

@@ -12,8 +12,8 @@ from harness.device import private_device
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.drivers import registry
-from softrdma.drivers.runtime import Runtime
+from softrdma.drivers.host import registry
+from softrdma.drivers.runtime.roce import Runtime
 from softrdma.errors import DeviceError
 
 RC = int(e.IBV_QPT_RC)

@@ -26,11 +26,12 @@ from hypothesis import strategies as st
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.drivers import netdev, rawether
-from softrdma.drivers.clock import VirtualClock
 from softrdma.drivers.devd.v1 import V1_VERSION, send_reversible_v1, v1_datagram
-from softrdma.drivers.fabric import Fabric, FabricLink
-from softrdma.drivers.link import Datagram, gid_entries
+from softrdma.drivers.host import netdev
+from softrdma.drivers.links import rawether
+from softrdma.drivers.links.fabric import Fabric, FabricLink
+from softrdma.drivers.links.link import Datagram, gid_entries
+from softrdma.drivers.runtime.clock import VirtualClock
 from softrdma.errors import DecodeError, DeviceError, InvalidArgument
 from softrdma.ibcm.agent import ConnParams
 from softrdma.tools.capture import pcap_check

@@ -74,8 +74,8 @@ MOVES: dict[str, str] = {
     **{f"softrdma.cm.{m}": f"softrdma.ibcm.{m}" for m in _CM_ENGINE},
     "softrdma.cm.ibcm": "softrdma.ibcm.agent",
     #    ... its QP1 driver and iWARP's TCP connection setup are I/O: drivers
-    "softrdma.cm.gsi": "softrdma.drivers.gsi",
-    "softrdma.cm.iwconnect": "softrdma.drivers.iwconnect",
+    "softrdma.cm.gsi": "softrdma.drivers.cm.gsi",
+    "softrdma.cm.iwconnect": "softrdma.drivers.cm.iwconnect",
     # 2. the IPoIB interface process, a verbs + CM application of the ipoib engine
     "softrdma.drivers.ipoib_runtime": "softrdma.apps.ipoib_runtime",
     # 3. drivers/ in rooms: the device daemon and what only it (and its client) use
@@ -100,7 +100,7 @@ NAME_HOMES: dict[tuple[str, str], str] = {
     **{("softrdma.drivers.devd", n): "softrdma.drivers.devd_spawn"
        for n in ("DEVD_START_TIMEOUT", "DevdVanished", "ensure_devd")},
     ("softrdma.drivers.devd", "DevdLink"): "softrdma.drivers.devd_client",
-    **{("softrdma.drivers.devd", n): "softrdma.drivers.port_totals"
+    **{("softrdma.drivers.devd", n): "softrdma.drivers.host.port_totals"
        for n in ("counters_path", "saved_counters")},
 }
 
@@ -108,7 +108,7 @@ NEW_PACKAGES: dict[str, str] = {
     "softrdma.ibcm": (
         '"""softrdma.ibcm: the InfiniBand Communication Manager engine (IBA Vol 1 ch. 12).\n\n'
         "Sans-I/O, beside the transports: it imports ``wire``, ``seam`` and ``ib`` only. Its\n"
-        "QP1 driver is :mod:`softrdma.drivers.gsi`; the librdmacm-shaped API over it is\n"
+        "QP1 driver is :mod:`softrdma.drivers.cm.gsi`; the librdmacm-shaped API over it is\n"
         ':mod:`softrdma.cm`.\n"""\n'),
     "softrdma.drivers.devd": (
         '"""softrdma.drivers.devd: the per-device daemon (:mod:`.daemon`, ``python -m\n'

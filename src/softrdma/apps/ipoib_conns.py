@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from .. import enums as e
 from .. import verbs as v
-from ..drivers.gsi import CmBinding
+from ..drivers.cm.gsi import CmBinding
 from ..errors import SoftRdmaError
 from ..ibcm.agent import AcceptParams, ConnParams
 from ..ibcm.cmid import IbCmId

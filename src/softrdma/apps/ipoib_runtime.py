@@ -14,7 +14,7 @@ pipe. Resources, as Linux's ipoib driver has them:
 * a ring of 64 KiB send slots: a packet is read from the TUN device straight into a
   slot behind room for the 4-byte encapsulation header, and posted from there.
 
-Control (``softrdma ipoib show/down``): :mod:`softrdma.drivers.ipoib_control`.
+Control (``softrdma ipoib show/down``): :mod:`softrdma.drivers.host.ipoib_control`.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from typing import Any
 
 from .. import enums as e
 from .. import verbs as v
-from ..drivers.gsi import CmBinding
-from ..drivers.ipoib_control import ControlServer, control_path, usable_ipv6, wait_for_ipv6
-from ..drivers.tun import TunDevice
+from ..drivers.cm.gsi import CmBinding
+from ..drivers.host.ipoib_control import ControlServer, control_path, usable_ipv6, wait_for_ipv6
+from ..drivers.links.tun import TunDevice
 from ..errors import DeviceError, InvalidArgument, SoftRdmaError
 from ..ipoib.conn import IPOIB_CM_BUF_SIZE
 from ..ipoib.encap import ENCAP_LEN, encap_header
@@ -306,7 +306,7 @@ class IpoibRuntime(IpoibConnections):
 
     def _post_queued(self) -> None:
         """Post the queued sends, one ``post_send`` per run of one QP: the runtime then
-        transmits a run's packets together (UDP GSO, see ``drivers/runtime.py``), not one
+        transmits a run's packets together (UDP GSO, see ``drivers/runtime/roce.py``), not one
         ``sendmsg`` per packet. A refused run (its QP is not, or no longer, ready: the
         engine refuses the first WR then, so none of the run was posted) frees its slots
         and counts a send error."""

@@ -177,7 +177,7 @@ static int sr_ring_init(struct sr_ring *r, uint32_t cqe)
  * (and yields) as before. $SOFTRDMA_CAPI_SPIN and $SOFTRDMA_CAPI_WAIT_US (0: never sleep)
  * set the two.
  * By default the poller does not sleep on the futex but runs one receive step of the device
- * itself (sr_py_progress: Python's busy poll, drivers.progress.PollPacer, which spins a
+ * itself (sr_py_progress: Python's busy poll, drivers.runtime.progress.PollPacer, which spins a
  * little and then sleeps in the kernel on the device's socket): the answer is then taken
  * and completed by the thread that waits for it, without a hand-off from the progress
  * thread (two thread switches per message). The progress thread stands back while it does.

@@ -34,7 +34,7 @@ import ipaddress
 from typing import Any, TypeAlias
 
 from .. import verbs as v
-from ..drivers.cm_channel import id_lock
+from ..drivers.cm.cm_channel import id_lock
 from ..errors import InvalidArgument, SoftRdmaError, StateError
 from ..ibcm.cmid import IbCmId
 from ..ibcm.events import RejectInfo
@@ -248,7 +248,7 @@ class CmId:
 
     @property
     def iw_connection(self) -> Any:
-        """The iWARP connection (:mod:`softrdma.drivers.iwconnect`), the connecting marker, or None."""
+        """The iWARP connection (:mod:`softrdma.drivers.cm.iwconnect`), the connecting marker, or None."""
         return self._iw_conn
 
     @property

@@ -22,10 +22,10 @@ has a message queued by the time a change (``ip addr add``) returns, and the reg
 file is replaced, never rewritten in place (a new inode). Without rtnetlink nothing is
 kept. So a connection's address resolution costs one route lookup, as in Linux. The
 route lookup, the rtnetlink watch and the locked tables are I/O, in
-:mod:`softrdma.drivers.cm_devices`; this module holds the choice.
+:mod:`softrdma.drivers.cm.cm_devices`; this module holds the choice.
 
 Like librdmacm, a device is opened once per process (one verbs ``Context``, and for RoCE
-one :class:`~softrdma.drivers.gsi.CmBinding` on its QP1) and stays open until
+one :class:`~softrdma.drivers.cm.gsi.CmBinding` on its QP1) and stays open until
 :func:`release_devices`.
 """
 
@@ -38,8 +38,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..drivers.cm_devices import KeptList, OpenTable, route_source
-from ..drivers.gsi import CmBinding
+from ..drivers.cm.cm_devices import KeptList, OpenTable, route_source
+from ..drivers.cm.gsi import CmBinding
 from ..errors import DeviceError, InvalidArgument
 from ..ibcm.params import CmConfig
 from ..verbs.device import IWARP_LOOPBACK, Context, get_device_list

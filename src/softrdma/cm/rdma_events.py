@@ -8,7 +8,7 @@ through a blocking :meth:`~EventChannel.get_cm_event`, a descriptor that polls r
 while events are pending (:meth:`~EventChannel.fileno`, ``rdma_event_channel.fd``) or
 ``await channel.next_event()``. Events are queued by the connection managers (the IB CM's
 event delivery, or iWARP connection threads) and never run application code. The queue,
-its locks and its waits are :class:`softrdma.drivers.cm_channel.EventQueue`; this module
+its locks and its waits are :class:`softrdma.drivers.cm.cm_channel.EventQueue`; this module
 says which events it holds and which leave it with their id.
 """
 
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, Generic, Self, TypeVar
 
-from ..drivers.cm_channel import EventQueue
+from ..drivers.cm.cm_channel import EventQueue
 from ..ibcm.events import RejectInfo
 
 #: the id an event is about: :class:`softrdma.cm.rdma_cm.CmId`, which binds it

@@ -6,7 +6,7 @@ port as ``rdma -j res show cm_id`` names the fields: ``lqpn`` and ``qp-type`` wh
 ID has a QP, ``state`` (the kernel's ``enum rdma_cm_state`` names: IDLE, ADDR_BOUND,
 ADDR_RESOLVED, CONNECT, DISCONNECT, LISTEN), ``ps`` (TCP, UDP), ``src-addr``/``src-port``
 and ``dst-addr``/``dst-port``, and ``cm-idn`` (numbered per process in creation order;
-softrdma has no device-wide numbers). :mod:`softrdma.drivers.resources` adds them to the
+softrdma has no device-wide numbers). :mod:`softrdma.drivers.host.resources` adds them to the
 snapshot each process reports to its devd; importing this module registers the source.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..drivers.resources import add_cm_id_source, object_number
+from ..drivers.host.resources import add_cm_id_source, object_number
 from ..seam.states import QPT_RC, QPT_UC, QPT_UD
 from . import rdma_devices
 from .rdma_state import CmState

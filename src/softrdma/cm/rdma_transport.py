@@ -6,7 +6,7 @@ they serve. :class:`~.rdma_cm.CmId` keeps the id's state; an adapter acts on it 
 
 Transports (the device found by :mod:`.rdma_devices` decides):
 
-* **RoCE**: the IB CM on QP1 (:mod:`softrdma.drivers.gsi`, IBA ch. 12) with the RDMA IP CM Service
+* **RoCE**: the IB CM on QP1 (:mod:`softrdma.drivers.cm.gsi`, IBA ch. 12) with the RDMA IP CM Service
   (Annex A11): the REQ private data is the Table 1 IP CM header followed by the
   consumer's data, the Service ID ``0x0000000001 <protocol> <port>`` (Table 2, TCP 6 /
   UDP 17). The CM moves the QP RESET -> INIT -> RTR -> RTS (the active side on the REP,
@@ -34,8 +34,8 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, Protocol
 
-from ..drivers import iwconnect as iw
-from ..drivers.workers import Workers, start_daemon
+from ..drivers.cm import iwconnect as iw
+from ..drivers.runtime.workers import Workers, start_daemon
 from ..errors import InvalidArgument, SoftRdmaError, StateError
 from ..ibcm.cmid import IbCmId
 from ..ibcm.events import CmEvent, CmEventType, RejectInfo, lock_free
@@ -324,7 +324,7 @@ class _IbCm(Transport):
 
 
 class _IwCm(Transport):
-    """iWARP: TCP and the MPA Request/Reply (:mod:`softrdma.drivers.iwconnect`)."""
+    """iWARP: TCP and the MPA Request/Reply (:mod:`softrdma.drivers.cm.iwconnect`)."""
 
     listen_rank = 0
 

@@ -6,13 +6,13 @@ table, MTU; a registry record or a link it was given) and calls :func:`open_devi
 which composes the rest, the way a uverbs open binds a device to its driver:
 
 * RoCE (``transport="roce"``): an :class:`~softrdma.ib.port.Port` over the given
-  :class:`~softrdma.drivers.link.Link`, driven by a
-  :class:`~softrdma.drivers.runtime.Runtime`, with the packet tap
-  (:func:`~softrdma.drivers.tap.tap_for`); a link whose device is shared by processes
+  :class:`~softrdma.drivers.links.link.Link`, driven by a
+  :class:`~softrdma.drivers.runtime.roce.Runtime`, with the packet tap
+  (:func:`~softrdma.drivers.capture.tap.tap_for`); a link whose device is shared by processes
   (``link.shared``, devd) hands out the QPNs;
 * iWARP (``transport="iwarp"``): an :class:`~softrdma.iwarp.qp.IwarpDevice` driven over
-  TCP sockets by a :class:`~softrdma.drivers.tcp_runtime.TcpRuntime` (no datagram link),
-  with the stream tap (:func:`~softrdma.drivers.tap_stream.stream_tap_for`).
+  TCP sockets by a :class:`~softrdma.drivers.runtime.tcp.TcpRuntime` (no datagram link),
+  with the stream tap (:func:`~softrdma.drivers.capture.tap_stream.stream_tap_for`).
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from ..errors import InvalidArgument
 from ..ib.port import Port
 from ..iwarp.qp import IwarpDevice
 from ..seam.protocols import DeviceEngine
-from .link import ROCE_V2_UDP_PORT, Link
-from .progress import DeviceRuntime
-from .runtime import Runtime
-from .tap import tap_for
-from .tap_stream import stream_tap_for
-from .tcp_runtime import TcpRuntime
+from .capture.tap import tap_for
+from .capture.tap_stream import stream_tap_for
+from .links.link import ROCE_V2_UDP_PORT, Link
+from .runtime.progress import DeviceRuntime
+from .runtime.roce import Runtime
+from .runtime.tcp import TcpRuntime
 
 __all__ = ["OpenedDevice", "open_device", "TRANSPORTS"]
 
@@ -56,7 +56,7 @@ def open_device(transport: str, name: str, gids: Sequence[bytes], *, max_mtu: in
     ``gids`` is the GID table (``gid_types``: each entry's ``ibv_gid_type``, None: all
     RoCE v2), ``max_mtu`` the largest path MTU in bytes (IBA 9.6.1.1: 256 .. 4096).
     RoCE needs ``link``; iWARP takes none. ``progress`` is ``"thread"`` or ``"manual"``
-    (:class:`~softrdma.drivers.progress.ProgressMode`), ``clock`` the time source (None:
+    (:class:`~softrdma.drivers.runtime.progress.ProgressMode`), ``clock`` the time source (None:
     the link's virtual clock, else ``time.monotonic``), ``pcap`` a capture file (None:
     ``$SOFTRDMA_PCAP``). The link is not closed when this fails: the caller opened it.
     """

@@ -414,7 +414,7 @@ class EngineQP:
         return True
 
     def flush_ack(self) -> None:
-        """Send the coalesced ACK, if one is pending (called by Port.take_tx)."""
+        """Send the coalesced ACK, if one is pending (called by Port.take_output)."""
         if self.ack_psn >= 0:
             self.resp.send_ack(self.ack_psn)
             self.ack_psn = -1

@@ -20,7 +20,7 @@ Modules:
   application moves itself;
 * :mod:`.ratelimit` -- how often the CM answers a stranger (REJ, DREP).
 
-Its driver is :class:`softrdma.drivers.gsi.CmBinding`, the agent on QP1 of a device
+Its driver is :class:`softrdma.drivers.cm.gsi.CmBinding`, the agent on QP1 of a device
 (verbs ``Context``), driven by the device runtime. The librdmacm-shaped API over it is
 :mod:`softrdma.cm`.
 
@@ -40,6 +40,6 @@ The agent only queues events (typed, frozen :class:`~softrdma.ibcm.events.CmEven
 delivers them after the device lock is released (at the end of a consumer call, or from
 the virtual clock or the binding's event thread after MAD and timer processing), so a
 handler may call CM methods, create or destroy verbs objects, or block. Without a
-handler, events go to ``agent.events`` and :meth:`~softrdma.drivers.gsi.CmBinding.get_event` returns
+handler, events go to ``agent.events`` and :meth:`~softrdma.drivers.cm.gsi.CmBinding.get_event` returns
 them.
 """

@@ -2,7 +2,7 @@
 
 A :class:`CmAgent` owns the port's connections (:class:`IbCmId`) and speaks the CM
 protocol in 256-byte MADs (``softrdma.wire.cm``). Like the transport engine it never
-reads a clock or a socket; its driver (``softrdma.drivers.gsi``, or a test) calls:
+reads a clock or a socket; its driver (``softrdma.drivers.cm.gsi``, or a test) calls:
 
 * ``agent.on_mad(mad, src_gid, src_qpn, now, dst_gid=...)`` for each MAD received on QP1;
 * ``agent.on_timer(now)`` when ``now >= agent.next_deadline()``;
@@ -491,7 +491,7 @@ class CmAgent:
 
     def pop_events(self) -> list[CmEvent]:
         """The events queued since the last call, oldest first (the driver hands them to
-        their consumers: ``drivers.gsi``)."""
+        their consumers: ``drivers.cm.gsi``)."""
         box = self.outbox
         out = list(box)
         box.clear()

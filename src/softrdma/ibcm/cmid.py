@@ -136,7 +136,7 @@ class IbCmId:
     """One connection (or listener) and its IBA 12.9 state (see :mod:`.state`).
 
     Events go to ``handler``, else to the agent's ``on_event``, else to
-    ``agent.events``. Under a driver (:class:`~softrdma.drivers.gsi.CmBinding`) they are
+    ``agent.events``. Under a driver (:class:`~softrdma.drivers.cm.gsi.CmBinding`) they are
     delivered after the device lock is released, so a handler may do anything: CM
     calls, creating or destroying verbs objects, blocking. ``context`` is the
     consumer's. After ``TIMEWAIT_EXIT`` (or a rejection ending in IDLE) the id may
@@ -352,7 +352,7 @@ class CmEvent:
     CONNECT_REQUEST it is the new passive id and ``listen_id`` the listener. Address
     fields are filled by a dialect that carries them (A11, Hello) and from the path
     otherwise. The agent queues events (:meth:`~softrdma.ibcm.agent.CmAgent.pop_events`);
-    its driver delivers them once its lock is released (``drivers.gsi``)."""
+    its driver delivers them once its lock is released (``drivers.cm.gsi``)."""
 
     type: CmEventType
     cm_id: IbCmId

@@ -32,7 +32,7 @@ _LOCK_FREE = "cm_lock_free"
 def lock_free(handler: _H) -> _H:
     """Mark an event handler (a function, or a ``functools.partial``) as one that never
     blocks and makes no verbs call (calls to the CM itself are allowed: from a handler
-    they run inline, at the event's time). The CM's driver (:mod:`softrdma.drivers.gsi`)
+    they run inline, at the event's time). The CM's driver (:mod:`softrdma.drivers.cm.gsi`)
     may then run it as soon as a MAD or a timer produced the event, under the device
     lock, instead of handing the event to its event thread: the rdma_cm layer's
     handlers, which post to an event channel. A method marked in its class body stays

@@ -11,7 +11,7 @@ import json
 import sys
 
 from ..drivers.devd.client import DevdLink
-from ..drivers.registry import Registry
+from ..drivers.host.registry import Registry
 from ..errors import SoftRdmaError
 
 

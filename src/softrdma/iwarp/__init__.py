@@ -8,9 +8,9 @@
   (:class:`IwarpQP`) the verbs layer drives;
 * :mod:`.stag`, :mod:`.terminate`, :mod:`.mpa_setup` - STags, Terminate construction,
   MPA negotiation;
-The package is sans-I/O: the TCP sockets are :mod:`softrdma.drivers.tcp_runtime`'s, and
-connection setup (:func:`~softrdma.drivers.iwconnect.connect` /
-:func:`~softrdma.drivers.iwconnect.listen`) is :mod:`softrdma.drivers.iwconnect`'s.
+The package is sans-I/O: the TCP sockets are :mod:`softrdma.drivers.runtime.tcp`'s, and
+connection setup (:func:`~softrdma.drivers.cm.iwconnect.connect` /
+:func:`~softrdma.drivers.cm.iwconnect.listen`) is :mod:`softrdma.drivers.cm.iwconnect`'s.
 
 Open a device with ``softrdma.verbs.Context(transport="iwarp")`` (or a registry device of
 type ``iwarp``); then ``iwconnect.connect(qp, host, port, private_data)`` on one side and

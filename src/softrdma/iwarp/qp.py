@@ -217,7 +217,7 @@ class IwarpQP:
             self.to_error()
         elif new in (RTR, RTS):
             raise InvalidArgument("qp_attr.qp_state", "an iWARP QP enters RTS through its "
-                                  "connection (softrdma.drivers.iwconnect.connect / Listener.accept)")
+                                  "connection (softrdma.drivers.cm.iwconnect.connect / Listener.accept)")
         else:
             raise NotSupported(f"QP state {QPS(new).name} is not supported on iWARP")
 

@@ -314,7 +314,7 @@ def _open_device(port: int | None) -> tuple[v.Context, int]:
 
 def _open_on(port: int) -> v.Context:
     from .. import verbs as v
-    from ..drivers.udp import UdpLink
+    from ..drivers.links.udp import UdpLink
 
     try:
         link = UdpLink(DEMO_IP, port=port)

@@ -24,7 +24,7 @@ from ..errors import ClosedError
 from .limits import ObjectCounts
 
 if TYPE_CHECKING:
-    from ..drivers.progress import DeviceRuntime
+    from ..drivers.runtime.progress import DeviceRuntime
 
 __all__ = ["Closing", "VerbsObject", "EngineView", "release_on"]
 

@@ -24,7 +24,7 @@ import weakref
 from collections import deque
 from typing import Any, Generic, TypeVar
 
-from ..drivers.progress import DeviceRuntime
+from ..drivers.runtime.progress import DeviceRuntime
 from ..errors import InvalidArgument, NotSupported
 
 #: what the event queue holds (the device's engine and async events)

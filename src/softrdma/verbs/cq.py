@@ -26,7 +26,7 @@ import time
 from collections import deque
 
 from .. import enums as e
-from ..drivers.eventpipe import EventPipe
+from ..drivers.runtime.eventpipe import EventPipe
 from ..errors import InvalidArgument, StateError
 from ..seam.types import WorkCompletion
 from ._args import timeout as check_timeout

@@ -2,7 +2,7 @@
 
 A :class:`Context` is one opened softrdma device: an engine
 :class:`~softrdma.ib.port.Port` bound to a packet link by a
-:class:`~softrdma.drivers.runtime.Runtime`, composed by the drivers' entry point
+:class:`~softrdma.drivers.runtime.roce.Runtime`, composed by the drivers' entry point
 (:func:`softrdma.drivers.opening.open_device`). The limits reported by
 :meth:`Context.query_device` are rxe's (``rxe_param.h``) so that tools sized for rxe
 behave the same; the GID table holds one RoCE v2 GID per IP address of the netdev
@@ -21,10 +21,10 @@ from collections.abc import Callable
 from typing import Self
 
 from .. import enums as e
-from ..drivers.link import Link
+from ..drivers.host.portwatch import PortWatch
+from ..drivers.links.link import Link
 from ..drivers.opening import open_device
-from ..drivers.portwatch import PortWatch
-from ..drivers.progress import DeviceRuntime
+from ..drivers.runtime.progress import DeviceRuntime
 from ..errors import DeviceError, InvalidArgument
 from ..iwarp.mpa_setup import MPA_CRC_ENV, device_mpa_crc
 from ..seam.events import AsyncEventType, EngineEvent
@@ -100,10 +100,10 @@ class Context(VerbsObject):
     """An opened device (``ibv_open_device``; pyverbs ``Context``).
 
     ``fabric`` is a link of the in-memory fabric (progress is then manual and time is the
-    fabric's virtual clock). ``link`` is any :class:`~softrdma.drivers.link.Link`
+    fabric's virtual clock). ``link`` is any :class:`~softrdma.drivers.links.link.Link`
     (an addition to pyverbs, for tests and tools that build their own link). ``pcap``
     (default ``$SOFTRDMA_PCAP``) writes what a RoCE device sends and receives to that
-    pcap file (:mod:`softrdma.drivers.tap`).
+    pcap file (:mod:`softrdma.drivers.capture.tap`).
     """
 
     def __init__(self, name: str | None = None, *, shared: bool | None = None,
@@ -184,7 +184,7 @@ class Context(VerbsObject):
                     clock: Callable[[], float] | None,
                     pcap: str | os.PathLike[str] | None = None) -> None:
         """The iWARP branch: an :class:`~softrdma.iwarp.qp.IwarpDevice` driven over TCP
-        sockets by a :class:`~softrdma.drivers.tcp_runtime.TcpRuntime` (always in-process:
+        sockets by a :class:`~softrdma.drivers.runtime.tcp.TcpRuntime` (always in-process:
         a TCP connection belongs to the process that owns the QP). ``name`` None or
         :data:`IWARP_LOOPBACK` is the built-in loopback device (127.0.0.1 and ::1)."""
         netdev: str | None = "lo"
@@ -408,7 +408,7 @@ class Context(VerbsObject):
     def watch_port(self, interval: float = 0.2) -> None:
         """Post ``IBV_EVENT_PORT_ERR``/``PORT_ACTIVE``/``GID_CHANGE`` (element: the port
         number, 1) when the device's interface goes down or up or changes addresses, as
-        rxe does from its netdev notifier (``drivers.portwatch``; polled every
+        rxe does from its netdev notifier (``drivers.host.portwatch``; polled every
         ``interval`` seconds until the context closes)."""
         self._check()
         interval = seconds(interval, "interval")

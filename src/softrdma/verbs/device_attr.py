@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .. import enums as e
-from ..drivers import registry
+from ..drivers.host import registry
 from ..errors import DeviceError
 from .limits import (
     MAX_AH,

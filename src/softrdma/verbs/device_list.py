@@ -9,14 +9,14 @@ from __future__ import annotations
 import ipaddress
 import os
 
-from ..drivers import netdev as _netdev
-from ..drivers import registry
 from ..drivers.devd.client import DevdLink
-from ..drivers.dual import DualLink
-from ..drivers.link import Link
-from ..drivers.rawether import RawEtherLink
-from ..drivers.udp import UdpLink
-from ..drivers.udp_multi import MultiUdpLink
+from ..drivers.host import netdev as _netdev
+from ..drivers.host import registry
+from ..drivers.links.dual import DualLink
+from ..drivers.links.link import Link
+from ..drivers.links.rawether import RawEtherLink
+from ..drivers.links.udp import UdpLink
+from ..drivers.links.udp_multi import MultiUdpLink
 from ..errors import DeviceError, InvalidArgument, SoftRdmaError
 from .device_attr import DeviceInfo, guid_from_mac
 from .gids import is_link_local

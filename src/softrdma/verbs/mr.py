@@ -27,7 +27,7 @@ import weakref
 from typing import Any
 
 from .. import enums as e
-from ..drivers.progress import DeviceRuntime
+from ..drivers.runtime.progress import DeviceRuntime
 from ..errors import InvalidArgument
 from ..seam.protocols import DeviceEngine
 from ..seam.types import MemoryRegion

@@ -28,7 +28,7 @@ import weakref
 from typing import Any
 
 from .. import enums as e
-from ..drivers.progress import DeviceRuntime
+from ..drivers.runtime.progress import DeviceRuntime
 from ..errors import InvalidArgument, NotSupported
 from ..ib.qp import AddressVector
 from ..ib.xrc import XrcIniQP, XrcTgtQP

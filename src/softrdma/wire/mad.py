@@ -44,7 +44,7 @@ BASE_VERSION = 1
 
 GSI_QPN = 1
 # IBA 13.5.1: the well-known Q_Key of QP1, the GSI (linux IB_QP1_QKEY). The one
-# definition: the transport's QP1 checks (ib/), the CM (drivers/gsi.py) and devd's REJ use it.
+# definition: the transport's QP1 checks (ib/), the CM (drivers/cm/gsi.py) and devd's REJ use it.
 GSI_QKEY = 0x80010000
 
 

@@ -8,7 +8,7 @@ Annex A16 (IBA 1.2.1 Annex A16, "RoCE"):
 * A16.8.1: SL 0-7 map to Ethernet priorities 0-7 (the 802.1Q PCP where a VLAN tag is
   sent); SL 8-15 are reserved.
 * A16.5.1: the MAC of a GID comes from Ethernet means (ARP/ND): see
-  :mod:`softrdma.drivers.neigh`. The link-local GID of a port is ``fe80::/64`` plus the
+  :mod:`softrdma.drivers.host.neigh`. The link-local GID of a port is ``fe80::/64`` plus the
   modified EUI-64 of its MAC (RFC 4291 appendix A), from which Linux
   (``rdma_get_ll_mac``) reads the MAC back without asking the network.
 

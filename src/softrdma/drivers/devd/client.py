@@ -33,11 +33,11 @@ from softrdma.drivers.devd.requests import DevdRequests
 from softrdma.drivers.devd.reuseport import direct_enabled
 from softrdma.drivers.devd.spawn import DEVD_START_TIMEOUT, DevdVanished, ensure_devd
 from softrdma.drivers.devd.v1 import V1_VERSION
-from softrdma.drivers.link import Datagram, GidEntry, LinkState, gid_entries
-from softrdma.drivers.rawether import RawEtherLink
-from softrdma.drivers.registry import DeviceRecord, check_state_dir
-from softrdma.drivers.registry import state_dir as default_state_dir
-from softrdma.drivers.udp import UdpLink
+from softrdma.drivers.host.registry import DeviceRecord, check_state_dir
+from softrdma.drivers.host.registry import state_dir as default_state_dir
+from softrdma.drivers.links.link import Datagram, GidEntry, LinkState, gid_entries
+from softrdma.drivers.links.rawether import RawEtherLink
+from softrdma.drivers.links.udp import UdpLink
 from softrdma.errors import ClosedError, DeviceError, InvalidArgument, SoftRdmaError
 from softrdma.wire.gid import gid_to_ip, ip_to_gid
 from softrdma.wire.rocev1 import GRH_SIZE
@@ -70,7 +70,7 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class DevdLink(DevdRequests, LinkState):
-    """A :class:`~softrdma.drivers.link.Link` whose receive side is the device's devd.
+    """A :class:`~softrdma.drivers.links.link.Link` whose receive side is the device's devd.
 
     On the direct path (``direct``, default :func:`.reuseport.direct_enabled`), the
     link binds its own :class:`UdpLink` per address family (the device's first address of

@@ -21,9 +21,9 @@ from softrdma.drivers.devd.proto import (
     Client,
 )
 from softrdma.drivers.devd.v1 import send_reversible_v1
-from softrdma.drivers.link import Datagram
-from softrdma.drivers.rawether import RawEtherLink
-from softrdma.drivers.udp import UdpLink
+from softrdma.drivers.links.link import Datagram
+from softrdma.drivers.links.rawether import RawEtherLink
+from softrdma.drivers.links.udp import UdpLink
 from softrdma.errors import SoftRdmaError
 from softrdma.wire.roce import udp_send_icrc
 

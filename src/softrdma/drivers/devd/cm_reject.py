@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from softrdma.drivers.link import Datagram
+from softrdma.drivers.links.link import Datagram
 from softrdma.errors import SoftRdmaError
 from softrdma.ibcm.ratelimit import REJ_BURST, REJ_PER_SECOND, RejLimiter
 from softrdma.wire import cm as wcm

@@ -33,8 +33,8 @@ from softrdma.drivers.devd.proto import (
     with_seq,
 )
 from softrdma.drivers.devd.qpn import QpnRouting
-from softrdma.drivers.port_totals import write_counters
-from softrdma.drivers.registry import DeviceRecord
+from softrdma.drivers.host.port_totals import write_counters
+from softrdma.drivers.host.registry import DeviceRecord
 from softrdma.seam.counters import Counters
 
 __all__ = ["Control", "MAX_JOIN_FDS", "MAX_LOGGED_MALFORMED"]
@@ -211,7 +211,7 @@ class Control(Forwarding, McastRouting, QpnRouting):
         return total.as_dict()
 
     def _save_counters(self) -> None:
-        """Write :meth:`port_counters` to ``NAME.counters.json`` (:mod:`softrdma.drivers.port_totals`)."""
+        """Write :meth:`port_counters` to ``NAME.counters.json`` (:mod:`softrdma.drivers.host.port_totals`)."""
         write_counters(self.counters_path, self.port_counters())
 
     def _alloc(self, c: Client, want: int) -> tuple[int, int]:

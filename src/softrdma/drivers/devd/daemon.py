@@ -16,7 +16,7 @@ Running it::
 or in-process (tests): ``Devd(record, state_dir).serve_forever()`` in a thread, stopped by
 :meth:`Devd.shutdown`. :func:`ensure_devd` starts a detached daemon if none is running.
 
-Files in the state directory (:func:`softrdma.drivers.registry.state_dir`):
+Files in the state directory (:func:`softrdma.drivers.host.registry.state_dir`):
 
 * ``NAME.sock``: the Unix ``SOCK_SEQPACKET`` listening socket;
 * ``NAME.devd.lock``: ``flock``-ed by the live daemon for its whole life. Whoever gets
@@ -91,12 +91,12 @@ from softrdma.drivers.devd.spawn import (
     daemonize,
     install_signals,
 )
-from softrdma.drivers.link import ip_bytes, ip_text
-from softrdma.drivers.port_totals import counters_path, saved_counters
-from softrdma.drivers.rawether import RawEtherLink
-from softrdma.drivers.registry import DeviceRecord, Registry, ensure_state_dir, open_state_file
-from softrdma.drivers.registry import state_dir as default_state_dir
-from softrdma.drivers.udp import UdpLink
+from softrdma.drivers.host.port_totals import counters_path, saved_counters
+from softrdma.drivers.host.registry import DeviceRecord, Registry, ensure_state_dir, open_state_file
+from softrdma.drivers.host.registry import state_dir as default_state_dir
+from softrdma.drivers.links.link import ip_bytes, ip_text
+from softrdma.drivers.links.rawether import RawEtherLink
+from softrdma.drivers.links.udp import UdpLink
 from softrdma.errors import DeviceError, InvalidArgument, SoftRdmaError
 from softrdma.seam.counters import Counters
 from softrdma.wire.gid import ip_to_gid
@@ -107,7 +107,7 @@ class Devd(Control):
     """The demultiplexer of one device (see the module docstring for the protocol).
 
     ``record``: the device (roce only). ``state_dir``: where the socket, lock and pid
-    files go (default :func:`~softrdma.drivers.registry.state_dir`). ``idle_timeout``:
+    files go (default :func:`~softrdma.drivers.host.registry.state_dir`). ``idle_timeout``:
     seconds without clients before :meth:`serve_forever` returns. ``ips``: serve these
     addresses instead of the netdev's (tests). ``lock_wait``: how long :meth:`start`
     waits for a previous daemon of the same device to finish exiting.

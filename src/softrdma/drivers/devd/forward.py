@@ -20,9 +20,9 @@ from softrdma.drivers.devd.proto import (
     client_recv,
 )
 from softrdma.drivers.devd.v1 import V1_VERSION, v1_datagram
-from softrdma.drivers.link import Datagram
-from softrdma.drivers.rawether import RawEtherLink
-from softrdma.drivers.udp import UdpLink
+from softrdma.drivers.links.link import Datagram
+from softrdma.drivers.links.rawether import RawEtherLink
+from softrdma.drivers.links.udp import UdpLink
 from softrdma.wire.gid import ip_to_gid
 
 RECV_BATCH = 64

@@ -1,5 +1,5 @@
 """Multicast on a shared device in ``devd`` (Annex A17,
-:mod:`softrdma.drivers.mcast`): the daemon joins an MGID's IP group on the first
+:mod:`softrdma.drivers.links.mcast`): the daemon joins an MGID's IP group on the first
 ATTACH_MCAST and leaves it on the last DETACH_MCAST; datagrams to DestQP 0xFFFFFF (IBA
 10.5) reach every attached client through the data channel."""
 
@@ -9,9 +9,9 @@ import contextlib
 import errno
 
 from softrdma.drivers.devd.proto import Client
-from softrdma.drivers.mcast import is_mgid, mgid_to_group
-from softrdma.drivers.rawether import RawEtherLink
-from softrdma.drivers.udp import UdpLink
+from softrdma.drivers.links.mcast import is_mgid, mgid_to_group
+from softrdma.drivers.links.rawether import RawEtherLink
+from softrdma.drivers.links.udp import UdpLink
 from softrdma.errors import SoftRdmaError
 from softrdma.wire.rocev1 import is_multicast_gid
 
@@ -25,7 +25,7 @@ class McastRouting:
 
     def _attach(self, c: Client, mgid: bytes) -> int:
         """A client attaches ``mgid``; the first one makes the daemon join the group on
-        its socket of that address family (Annex A17, :mod:`softrdma.drivers.mcast`)."""
+        its socket of that address family (Annex A17, :mod:`softrdma.drivers.links.mcast`)."""
         if mgid not in self._groups:
             link = self._group_link(mgid)
             v1 = self._raw if self._raw is not None and is_multicast_gid(mgid) else None

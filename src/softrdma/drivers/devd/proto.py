@@ -65,7 +65,7 @@ Requests (client -> daemon, control), one fixed-size record::
                       socket the daemon does not know of, so its view of the order may
                       be wrong)
       REPORT_RESOURCES 13  followed by JSON: this client's objects on the device (QPs,
-                      CQs, MRs, PDs, :func:`softrdma.drivers.resources.port_resources`);
+                      CQs, MRs, PDs, :func:`softrdma.drivers.host.resources.port_resources`);
                       the daemon keeps the last one while the client lives (EINVAL: not
                       a JSON object of lists of objects)
       RESOURCES   14  arg = i: the i-th live client's last REPORT_RESOURCES, followed by
@@ -91,7 +91,7 @@ Replies (daemon -> client, control)::
 
 Port counters of a shared device (``softrdma stats``, ``Context.query_port_counters``):
 each process counts its own packets in its engine and reports them to the daemon at
-most every :data:`~softrdma.drivers.runtime.REPORT_INTERVAL` seconds and when it closes;
+most every :data:`~softrdma.drivers.runtime.roce.REPORT_INTERVAL` seconds and when it closes;
 the daemon's COUNTERS answer is the sum of the retired clients' totals, the live
 clients' last reports, and the daemon's own drops (``unknown_qpn`` and ``closed_qpn`` ->
 ``rcvd_unknown_qp``, ``malformed`` -> ``rcvd_malformed``, ``client_full`` ->
@@ -136,9 +136,9 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from softrdma.drivers import netdev as _netdev
-from softrdma.drivers.link import ip_text
-from softrdma.drivers.registry import state_dir as default_state_dir
+from softrdma.drivers.host import netdev as _netdev
+from softrdma.drivers.host.registry import state_dir as default_state_dir
+from softrdma.drivers.links.link import ip_text
 
 DEFAULT_IDLE_TIMEOUT = 5.0
 PROTOCOL_VERSION = 1

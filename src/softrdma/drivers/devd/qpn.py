@@ -38,8 +38,8 @@ from softrdma.drivers.devd.reuseport import (
     slot_of,
     slot_range,
 )
-from softrdma.drivers.link import ip_text
-from softrdma.drivers.udp import UdpLink
+from softrdma.drivers.links.link import ip_text
+from softrdma.drivers.links.udp import UdpLink
 
 MAX_EXCEPTIONS = 1024  # QPNs asked for by number inside another client's range
 #: How many QPNs of destroyed QPs devd remembers (the latest; ``QpnRouting._closed_qpns``).

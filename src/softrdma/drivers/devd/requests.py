@@ -36,7 +36,7 @@ from softrdma.drivers.devd.proto import (
     U64,
     with_seq,
 )
-from softrdma.drivers.registry import DeviceRecord
+from softrdma.drivers.host.registry import DeviceRecord
 from softrdma.errors import ClosedError, DeviceError, InvalidArgument
 
 __all__ = ["DevdRequests"]
@@ -166,7 +166,7 @@ class DevdRequests:
 
     def report_resources(self, objects: dict[str, Any]) -> None:
         """Tell the daemon this process's objects on the device (the module docstring of
-        :mod:`softrdma.drivers.resources`); ``softrdma res show`` lists them."""
+        :mod:`softrdma.drivers.host.resources`); ``softrdma res show`` lists them."""
         body = json.dumps(objects, separators=(",", ":")).encode()
         if REQ.size + len(body) > MAX_CTRL:
             raise InvalidArgument("objects", f"{len(body)} bytes do not fit a control record")

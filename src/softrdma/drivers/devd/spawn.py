@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Protocol
 
 from softrdma.drivers.devd.proto import socket_path
-from softrdma.drivers.registry import DeviceRecord, ensure_state_dir, open_state_file
-from softrdma.drivers.registry import state_dir as default_state_dir
+from softrdma.drivers.host.registry import DeviceRecord, ensure_state_dir, open_state_file
+from softrdma.drivers.host.registry import state_dir as default_state_dir
 from softrdma.errors import DeviceError, SoftRdmaError
 
 __all__ = ["DEVD_START_TIMEOUT", "Daemon", "DevdVanished", "daemonize", "ensure_devd", "flock",

@@ -1,7 +1,7 @@
 """RoCEv1 (Annex A16) pieces of the device demultiplexer :mod:`softrdma.drivers.devd.daemon`.
 
 A device with ``roce_ver 1`` or ``both`` has its ``devd`` own the raw Ethernet receive
-socket (:class:`~softrdma.drivers.rawether.RawEtherLink`), as it owns UDP port 4791 for
+socket (:class:`~softrdma.drivers.links.rawether.RawEtherLink`), as it owns UDP port 4791 for
 RoCEv2 (design.md "Devices shared by processes"): one process sees every frame and
 forwards it by BTH DestQP, so QP numbers, QP1 and the CM routing stay per device.
 Processes send from their own raw socket (``receive=False``).
@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING
 
 from ...wire.roce import icrc_v1
 from ...wire.rocev1 import GRH_SIZE, build_grh
-from ..link import Datagram
+from ..links.link import Datagram
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
 
-    from ..rawether import RawEtherLink
+    from ..links.rawether import RawEtherLink
 
 __all__ = ["V1_VERSION", "MAD_RESPONSE_HOP_LIMIT", "send_reversible_v1", "v1_datagram"]
 

@@ -21,7 +21,7 @@ import sys
 from typing import Any
 
 from ...apps.ipoib_runtime import IpoibRuntime, RuntimeOptions
-from ...drivers.ipoib_control import control_request, running
+from ...drivers.host.ipoib_control import control_request, running
 from ...errors import InvalidArgument
 
 __all__ = ["parse", "main", "run"]

@@ -35,7 +35,7 @@ devices as ``mpa_crc on|off`` (the stored setting).
 accepted as ``roce`` and ``iwarp``. Exit status: 0 success, 1 the operation failed (unknown
 device, duplicate name, unknown netdev ...), 2 usage error; errors are one line on stderr,
 ``softrdma link: error: ...``.
-The records live in the registry (:mod:`softrdma.drivers.registry`).
+The records live in the registry (:mod:`softrdma.drivers.host.registry`).
 """
 
 from __future__ import annotations
@@ -46,10 +46,10 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from softrdma.drivers import netdev as _netdev
 from softrdma.drivers.devd.proto import socket_path
-from softrdma.drivers.link import ROCE_VERSIONS
-from softrdma.drivers.registry import DEFAULT_UDP_PORT, DeviceRecord, Registry, ib_mtu_for
+from softrdma.drivers.host import netdev as _netdev
+from softrdma.drivers.host.registry import DEFAULT_UDP_PORT, DeviceRecord, Registry, ib_mtu_for
+from softrdma.drivers.links.link import ROCE_VERSIONS
 from softrdma.errors import DeviceError, InvalidArgument, SoftRdmaError
 from softrdma.verbs.device import IWARP_LOOPBACK
 

@@ -22,8 +22,8 @@ and the packets it dropped by reason. ``-j``: the same as a JSON array of object
 (``rdma -j res show``; ``-p`` pretty).
 
 Where it comes from: every process using a shared device reports its objects to the
-device's devd (:mod:`softrdma.drivers.resources`, at most every
-:data:`~softrdma.drivers.runtime.REPORT_INTERVAL` seconds), so the list can be that much
+device's devd (:mod:`softrdma.drivers.host.resources`, at most every
+:data:`~softrdma.drivers.runtime.roce.REPORT_INTERVAL` seconds), so the list can be that much
 behind. A device no process has open has no devd and no objects; contexts opened with
 ``shared=False`` keep their objects to themselves and are not listed. ``pdn``, ``cqn``,
 ``mrn`` and ``cm-idn`` are numbered per process (the pid tells them apart). ``cm_id``

@@ -15,7 +15,7 @@ process has open has no devd: its counters are those its last devd saved when it
 exited (``NAME.counters.json``), zero if none ever ran; like the kernel's they last as
 long as the device (in-process contexts, opened with ``shared=False``, count in their
 own process only). An iWARP device's counters are every process's too: each publishes
-its own in the state directory (:mod:`softrdma.drivers.port_totals`): FPDUs as
+its own in the state directory (:mod:`softrdma.drivers.host.port_totals`): FPDUs as
 packets, MPA stream octets as bytes, Terminates, MPA CRC errors as ``rcvd_icrc_err``.
 """
 
@@ -29,7 +29,7 @@ from typing import Any, TextIO
 
 from ...drivers.devd.client import DevdLink
 from ...drivers.devd.proto import socket_path
-from ...drivers.port_totals import device_totals, saved_counters
+from ...drivers.host.port_totals import device_totals, saved_counters
 from ...errors import DeviceError, InvalidArgument
 from ...seam.counters import Counters
 from ...verbs.counters import PortCounters

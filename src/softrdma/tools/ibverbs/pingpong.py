@@ -133,7 +133,7 @@ def run_client(ep: Endpoint, host: str, port: int, out: TextIO,
 
 def iwarp_listen(ctx: v.Context, opts: Options, port: int) -> Any:
     """The iWARP server's listener (TCP port ``port``, all addresses unless ``--bind``)."""
-    from ...drivers import iwconnect
+    from ...drivers.cm import iwconnect
 
     try:
         return iwconnect.listen(ctx, port, opts.bind or "")
@@ -164,7 +164,7 @@ def run_client_iwarp(ep: Endpoint, host: str, port: int, out: TextIO,
                      abort: threading.Event | None = None) -> float:
     """iWARP client: TCP + MPA connect carrying our address (a refusal fails at once,
     :mod:`softrdma.tools.waiting`); the Reply carries the server's."""
-    from ...drivers import iwconnect
+    from ...drivers.cm import iwconnect
 
     _emit(out, address_line("local", ep.local, ep.opts.kind))
     deadline = time.monotonic() + ep.opts.timeout

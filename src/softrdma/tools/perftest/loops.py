@@ -286,7 +286,7 @@ def run_lat_write(res: Resources, rem: Dest, size: int, progress: Progress) -> l
                                         f"(after {o.timeout:g} s)")
                 res.check_peer(now)
                 # busy-polling a CQ (empty here) drives the receive path in this thread,
-                # which places the peer's WRITE (softrdma.drivers.runtime)
+                # which places the peer's WRITE (softrdma.drivers.runtime.roce)
                 res.recv_cq.poll(1)
         if scnt < iters:
             tposted.append(clock())

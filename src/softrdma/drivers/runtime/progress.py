@@ -1,0 +1,468 @@
+"""The progress core both device runtimes compose: lock, wake-up, thread, deferred calls.
+
+A sans-I/O engine (design.md, "Sans-I/O engines") is driven by a runtime that owns its
+I/O: :class:`~softrdma.drivers.runtime.roce.Runtime` (RoCE: a datagram link) and
+:class:`~softrdma.drivers.runtime.tcp.TcpRuntime` (iWARP: TCP sockets). What they share
+lives here, composed (each runtime holds one :class:`ProgressCore`), not inherited:
+
+* :attr:`ProgressCore.lock` around every engine call;
+* deferred calls (:meth:`~ProgressCore.defer`): work queued from finalizers or callbacks
+  that runs under the lock at the next engine operation;
+* the wake-up of a thread that waits for input (:class:`WakePipe` for ``select``-based
+  waits, :class:`EventWaiter` for a link without a descriptor);
+* the progress thread (:meth:`~ProgressCore.start`), which stands back while an
+  application thread busy-polls (:meth:`~ProgressCore.standing_back`) and is stopped
+  and joined by :meth:`~ProgressCore.close`;
+* the virtual-timer mode (:class:`VirtualTimer`): with a simulated clock, the engine's
+  next deadline is scheduled on that clock, so a simulation runs by itself.
+
+How the RoCE runtime waits for input is a :class:`Waiter` strategy: :class:`SelectWaiter`
+(a link with a descriptor) or :class:`EventWaiter` (the in-memory fabric, which calls
+back). :func:`progress_mode` names the four combinations a runtime can run in.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import select
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from ...errors import ClosedError, DeviceError, InvalidArgument
+from ..links.link import VirtualClock
+
+if TYPE_CHECKING:
+    from ..links.link import Link
+
+__all__ = ["DeviceRuntime", "ProgressCore", "WakePipe", "Waiter", "SelectWaiter", "EventWaiter", "VirtualTimer",
+           "VirtualClock", "ProgressMode", "progress_mode", "check_mode", "POLL_GRACE",
+           "DRAIN_TIMEOUT", "PollPacer", "SPIN", "BLOCK_MAX"]
+
+T = TypeVar("T")
+
+POLL_GRACE = 0.005  # the progress thread stands back this long after an application poll (s)
+DRAIN_TIMEOUT = 1.0  # at close, how long to wait for the lock (a finalizer may hold it) (s)
+JOIN_TIMEOUT = 5.0  # at close, how long to wait for the progress thread to end (s)
+#: how long an application's busy poll may spin on an empty link before it sleeps in the
+#: kernel (s; ``SOFTRDMA_SPIN_US`` overrides; see :class:`PollPacer`)
+def _spin_from_env(default_us: float = 200.0) -> float:
+    """``SOFTRDMA_SPIN_US`` in seconds (a value that is not a number >= 0: the default)."""
+    try:
+        us = float(os.environ.get("SOFTRDMA_SPIN_US", default_us))
+    except ValueError:
+        us = default_us
+    return (us if us >= 0.0 else default_us) * 1e-6
+
+
+SPIN = _spin_from_env()
+BLOCK_MAX = 0.002  # the longest one such sleep (s): below POLL_GRACE, so the thread stays back
+PREEMPTED = 0.0002  # a spin that lost the CPU this long (s) shows the machine is contended
+CALM = 0.5  # then polls sleep at once for this long (s) before spinning is tried again
+_WAKE_READ = 4096  # bytes drained from the wake pipe at once
+MODES = ("thread", "manual")
+
+
+class ProgressMode(enum.Enum):
+    """How a runtime makes progress (see :func:`progress_mode`)."""
+
+    #: a progress thread waits in ``select`` on the link's descriptor and a wake pipe
+    THREAD_SELECT = "thread-select"
+    #: a progress thread waits on an event the link's ``on_readable`` callback sets
+    THREAD_EVENT = "thread-event"
+    #: no thread: the application's ``progress()`` / CQ polls drive the engine
+    MANUAL = "manual"
+    #: no thread: the link's virtual clock fires the engine's timers (simulation)
+    VIRTUAL = "virtual"
+
+
+def check_mode(mode: str) -> str:
+    """``mode`` if it is ``"thread"`` or ``"manual"``, else :class:`InvalidArgument`."""
+    if mode not in MODES:
+        raise InvalidArgument("progress", f"must be 'thread' or 'manual', got {mode!r}")
+    return mode
+
+
+def progress_mode(threaded: bool, has_fd: bool, virtual: bool) -> ProgressMode:
+    """The mode a runtime runs in: a thread (waiting on a descriptor or on an event),
+    or none (driven by the application, or by a virtual clock)."""
+    if threaded:
+        return ProgressMode.THREAD_SELECT if has_fd else ProgressMode.THREAD_EVENT
+    return ProgressMode.VIRTUAL if virtual else ProgressMode.MANUAL
+
+
+class DeviceRuntime(Protocol):
+    """What the verbs layer drives: the RoCE :class:`~softrdma.drivers.runtime.roce.Runtime`
+    or the iWARP :class:`~softrdma.drivers.runtime.tcp.TcpRuntime`. Engine calls run
+    under :attr:`lock`; ``post_send`` is the latency path (post and transmit at once)."""
+
+    lock: threading.Lock
+    threaded: bool
+    now: Callable[[], float]
+
+    @property
+    def link(self) -> Link | None: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def fatal(self) -> str | None: ...
+
+    def call(self, fn: Callable[..., T], *args: object) -> T: ...
+
+    def call_now(self, fn: Callable[..., T], *args: object) -> T: ...
+
+    def post_send(self, qp: Any, wqes: Sequence[Any]) -> None: ...
+
+    def defer(self, fn: Callable[[], None]) -> None: ...
+
+    def progress(self, timeout: float = 0.0) -> int: ...
+
+    def progress_nonblocking(self, stop_on: Any = None) -> int: ...
+
+    def kick(self) -> None: ...
+
+    def device_counters(self) -> dict[str, int]: ...
+
+    def close(self, close_link: bool = True) -> None: ...
+
+
+class WakePipe:
+    """A non-blocking pipe whose read end a ``select`` watches, to wake the waiter."""
+
+    __slots__ = ("r", "w")
+
+    def __init__(self) -> None:
+        self.r, self.w = os.pipe()
+        os.set_blocking(self.r, False)
+        os.set_blocking(self.w, False)
+
+    def wake(self) -> None:
+        if self.w >= 0:
+            try:
+                os.write(self.w, b"\0")
+            except OSError:
+                pass
+
+    def drain(self) -> None:
+        try:
+            os.read(self.r, _WAKE_READ)
+        except OSError:  # BlockingIOError included: nothing to read
+            pass
+
+    def close(self) -> None:
+        for fd in (self.r, self.w):
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self.r = self.w = -1
+
+
+class Waiter(Protocol):
+    """How a runtime waits for input: :meth:`wait` returns when input may be there, when
+    :meth:`wake` was called, or after ``timeout`` seconds; False once it cannot wait any
+    more (its descriptor was closed under it)."""
+
+    def wait(self, timeout: float) -> bool: ...
+
+    def wake(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class SelectWaiter:
+    """Wait in ``select`` on a link's descriptor (and a :class:`WakePipe` if given)."""
+
+    def __init__(self, fd: int, pipe: WakePipe | None) -> None:
+        self.fd = fd
+        self.pipe = pipe
+        self._rlist = [fd] if pipe is None else [fd, pipe.r]
+
+    def wait(self, timeout: float) -> bool:
+        try:
+            ready, _, _ = select.select(self._rlist, [], [], timeout)
+        except (OSError, ValueError):  # descriptor closed under us: shutting down
+            return False
+        pipe = self.pipe
+        if pipe is not None and pipe.r in ready:
+            pipe.drain()
+        return True
+
+    def wake(self) -> None:
+        if self.pipe is not None:
+            self.pipe.wake()
+
+    def close(self) -> None:
+        if self.pipe is not None:
+            self.pipe.close()
+
+
+class EventWaiter:
+    """Wait on an event that the link's ``on_readable`` callback (or :meth:`wake`) sets:
+    for links without a descriptor, such as the in-memory fabric."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+
+    def wait(self, timeout: float) -> bool:
+        self.event.wait(timeout)
+        self.event.clear()
+        return True
+
+    def wake(self) -> None:
+        self.event.set()
+
+    def close(self) -> None:
+        self.event.set()
+
+
+class PollPacer:
+    """Spin, then sleep: the pace of an application thread that busy-polls a CQ.
+
+    An empty poll starts (or continues) an idle streak. While the machine has a core
+    for us, the first :data:`SPIN` seconds of a streak spin (a poll returns at once, so
+    an answer that comes within a round trip is seen without a wake-up); after that
+    each empty poll sleeps in ``select`` on the link's descriptor until a datagram
+    arrives, the engine's next deadline, or :data:`BLOCK_MAX`.
+
+    Beside a busy process, spinning is what makes a ping-pong slow: the two spinning
+    peers and the busy loop are three runnable tasks on two cores, and the scheduler
+    time-slices them, so an answer waits in the socket for its reader's next slice
+    (milliseconds, where the round trip is tens of microseconds). A sleeper is woken
+    when its datagram arrives and finds the core its peer just left. So a spin that
+    lost the CPU (the thread's CPU time fell :data:`PREEMPTED` behind the wall clock)
+    marks the machine contended, and for :data:`CALM` seconds every empty poll sleeps
+    at once; then spinning is tried again. A poll that got something ends the streak
+    (:meth:`busy`).
+    """
+
+    __slots__ = ("fd", "spin", "since", "cpu0", "calm_until", "sleeps", "contended",
+                 "clock", "cpu_clock")
+
+    def __init__(self, fd: int | None, spin: float = SPIN, *,
+                 clock: Callable[[], float] = time.monotonic,
+                 cpu_clock: Callable[[], float] = time.thread_time) -> None:
+        self.fd = fd
+        self.spin = spin
+        self.clock = clock  # wall time (s)
+        self.cpu_clock = cpu_clock  # the polling thread's CPU time (s)
+        self.since = 0.0  # when the idle streak began (monotonic), 0.0 outside one
+        self.cpu0 = 0.0  # the thread's CPU time then; -1.0 once the streak slept
+        self.calm_until = 0.0  # empty polls sleep at once until then (monotonic)
+        self.sleeps = 0  # how many times a poll slept (tests, diagnostics)
+        self.contended = 0  # how many times a spin found it had lost the CPU
+
+    def busy(self) -> None:
+        """The poll got something: the streak ends."""
+        self.since = 0.0
+
+    def idle(self, deadline_in: float | None) -> bool:
+        """An empty poll (outside the engine lock): spin on, or sleep until input,
+        ``deadline_in`` seconds (the engine's next timer; None: none) or BLOCK_MAX.
+        True if it slept and input ended the sleep (the caller reads it at once)."""
+        fd = self.fd
+        if fd is None:
+            return False
+        now = self.clock()
+        since = self.since
+        if since == 0.0:
+            self.since = since = now
+            self.cpu0 = self.cpu_clock()
+            if now >= self.calm_until:
+                return False
+        elif self.cpu0 >= 0.0 and now >= self.calm_until:  # spinning so far
+            spent = now - since
+            if spent - (self.cpu_clock() - self.cpu0) >= PREEMPTED:
+                self.contended += 1  # the spin lost the CPU: the machine is contended
+                self.calm_until = now + CALM
+            elif spent < self.spin:
+                return False  # spinning, and we keep the CPU
+        wait = BLOCK_MAX if deadline_in is None else min(BLOCK_MAX, deadline_in)
+        if wait <= 0.0:
+            return False
+        self.cpu0 = -1.0  # this streak sleeps from now on (its wall time is no CPU loss)
+        self.sleeps += 1
+        try:
+            return bool(select.select([fd], [], [], wait)[0])
+        except (OSError, ValueError):  # descriptor closed under us: the next call says so
+            return False
+
+
+class VirtualTimer:
+    """The virtual-timer mode: the engine's next deadline scheduled on a simulated clock.
+
+    :meth:`arm` schedules ``fire`` at a deadline unless an earlier or equal one is already
+    pending; ``fire`` runs from the clock (with the deadline as its argument)."""
+
+    __slots__ = ("clock", "fire", "at")
+
+    def __init__(self, clock: VirtualClock, fire: Callable[[], None]) -> None:
+        self.clock = clock
+        self.fire = fire
+        self.at: float | None = None
+
+    def arm(self, deadline: float | None) -> None:
+        if deadline is None:
+            return
+        at = self.at
+        if at is not None and at <= deadline:
+            return
+        self.at = deadline
+        self.clock.call_at(deadline, self._on_clock, deadline)
+
+    def _on_clock(self, when: float) -> None:
+        if self.at == when:
+            self.at = None
+        self.fire()
+
+
+class ProgressCore:
+    """Lock, deferred calls, engine calls, thread and shutdown shared by the runtimes.
+
+    ``threaded``: the runtime runs a progress thread (started by :meth:`start`);
+    ``now``: the clock engine calls are given (monotonic seconds, or a virtual clock);
+    ``after``: the runtime's housekeeping at the end of every locked engine call (it is
+    given ``acks``: False leaves coalesced acknowledgements pending).
+    """
+
+    def __init__(self, *, threaded: bool, now: Callable[[], float],
+                 after: Callable[[bool], None]) -> None:
+        self.threaded = threaded
+        self.now = now
+        self.after = after
+        self.lock = threading.Lock()
+        self.deferred: deque[Callable[[], None]] = deque()
+        self.stop = threading.Event()
+        self.kicked = threading.Event()
+        self.last_poll = 0.0  # when an application thread last busy-polled (monotonic)
+        self.closed = False
+        #: why the device failed (e.g. its devd died), else None: calls then raise
+        #: :class:`DeviceError` and the progress thread ends
+        self.fatal: str | None = None
+        self._thread: threading.Thread | None = None
+        self._wakers: list[Callable[[], None]] = []
+
+    # ---- engine calls ---------------------------------------------------------------------
+    def gone(self) -> ClosedError | DeviceError:
+        """The error a call on a closed runtime raises: the device's failure if it failed."""
+        if self.fatal is not None:
+            return DeviceError(self.fatal)
+        return ClosedError("the device runtime is closed")
+
+    def call(self, fn: Callable[..., T], *args: object) -> T:
+        """Run ``fn(*args)`` under the engine lock, then the housekeeping (transmit what it
+        queued; coalesced acknowledgements stay pending)."""
+        if self.closed or self.fatal is not None:
+            raise self.gone()
+        with self.lock:
+            try:
+                return fn(*args)
+            finally:
+                self.after(False)
+
+    def call_now(self, fn: Callable[..., T], *args: object) -> T:
+        """Like :meth:`call` with the current time appended to the arguments."""
+        if self.closed or self.fatal is not None:
+            raise self.gone()
+        with self.lock:
+            try:
+                return fn(*args, self.now())
+            finally:
+                self.after(True)
+
+    # ---- deferred calls -----------------------------------------------------------------
+    def defer(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` under the lock at the next engine operation (safe from finalizers)."""
+        self.deferred.append(fn)
+
+    def run_deferred(self) -> None:
+        """Run the deferred calls (the caller holds the lock)."""
+        deferred = self.deferred
+        while deferred:
+            deferred.popleft()()
+
+    # ---- the application and the thread -------------------------------------------------
+    def try_lock(self) -> bool:
+        """For an application thread that busy-polls a CQ: note the poll (the progress
+        thread stands back, :meth:`standing_back`) and take the lock if it is free. If the
+        progress thread holds it, give that thread the GIL now rather than spin for a
+        whole switch interval (5 ms) while it waits for us, and return False."""
+        self.last_poll = time.monotonic()
+        if self.lock.acquire(False):
+            return True
+        time.sleep(0)
+        return False
+
+    def standing_back(self) -> bool:
+        """In the progress thread: True (after waiting up to :data:`POLL_GRACE`) while an
+        application thread busy-polls and so makes progress itself; the two threads then
+        do not fight over the lock and the GIL on every packet."""
+        if time.monotonic() - self.last_poll < POLL_GRACE:
+            self.kicked.wait(POLL_GRACE)
+            self.kicked.clear()
+            return True
+        return False
+
+    def kick(self) -> None:
+        """The application stops busy-polling (it is about to block): the progress thread
+        resumes at once."""
+        self.last_poll = 0.0
+        self.kicked.set()
+        for wake in self._wakers:
+            wake()
+
+    def on_wake(self, wake: Callable[[], None]) -> None:
+        """Call ``wake`` when the thread must look now (:meth:`kick`, :meth:`close`)."""
+        self._wakers.append(wake)
+
+    def start(self, step: Callable[[], bool], name: str) -> None:
+        """In threaded mode, start the progress thread: it runs ``step`` (one wait and
+        one round of work; False ends the thread) until :meth:`close` or a device
+        failure, standing back while the application busy-polls."""
+        if self.threaded:
+            self._thread = threading.Thread(target=self._main, args=(step,), name=name,
+                                            daemon=True)
+            self._thread.start()
+
+    def _main(self, step: Callable[[], bool]) -> None:
+        stop = self.stop
+        while not stop.is_set() and self.fatal is None:
+            if self.standing_back():
+                continue
+            try:
+                if not step():
+                    return
+            except ClosedError:
+                return
+
+    # ---- shutdown -------------------------------------------------------------------------
+    def close(self, drain: Callable[[], None] | None = None) -> None:
+        """Stop and join the thread, then, under the lock, run the deferred calls and
+        ``drain`` (best effort). A finalizer may run this from a thread that holds the
+        lock (cyclic GC inside an engine call): the lock is never waited for long."""
+        self.closed = True
+        self.stop.set()
+        self.kicked.set()
+        for wake in self._wakers:
+            wake()
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout=JOIN_TIMEOUT)
+        self._thread = None
+        if self.lock.acquire(timeout=DRAIN_TIMEOUT):
+            try:
+                while self.deferred:
+                    try:
+                        self.deferred.popleft()()
+                    except Exception:  # noqa: BLE001 - best effort cleanup at shutdown
+                        pass
+                if drain is not None:
+                    drain()
+            finally:
+                self.lock.release()

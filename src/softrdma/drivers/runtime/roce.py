@@ -1,0 +1,386 @@
+"""The runtime: binds one sans-I/O engine :class:`~softrdma.ib.port.Port` to one packet link.
+
+Duties (design.md, "Sans-I/O engines"):
+
+* a lock around the engine: every engine call (post, modify, receive, timers) runs
+  under :attr:`Runtime.lock`;
+* transmit: drain ``port.tx``, map GIDs to IP addresses
+  (``::ffff:a.b.c.d`` -> IPv4, Annex A17), ask the link for the real UDP source port,
+  compute the RoCEv2 ICRC over exactly the IPv4/IPv6 + UDP headers the link will send
+  (IBA 7.8.1, Annex A17: IPv4 ID 0 + DF, as Linux sends with ``IP_PMTUDISC_DO``) and send
+  ``[headers, payload, pad, icrc]`` without copying the payload;
+* receive: check each datagram's ICRC (bad -> dropped and
+  counted in ``port.counters.rcvd_icrc_err``, as rxe_recv.c drops silently), build the
+  :class:`~softrdma.ib.port.RxMeta` (GIDs from the IP addresses, the 40-byte GRH area a
+  UD receive exposes: 20 zero bytes + the IPv4 header for IPv4, the IPv6 header for
+  IPv6, as rxe does, IBA 11.4.1.1) and hand ``BTH .. pad`` to ``port.receive``;
+* timers: ``port.on_timer(now)`` whenever ``now >= port.next_deadline()``.
+
+The transmit side is :class:`~softrdma.drivers.runtime.roce_tx.RoceTx`, the receive side
+:class:`~softrdma.drivers.runtime.roce_rx.RoceRx`; this module holds what binds them: the
+engine's lock, progress and timers, the counters of a shared device, shutdown.
+
+The lock, deferred calls, engine calls, the progress thread and shutdown are the
+:class:`~softrdma.drivers.runtime.progress.ProgressCore` this runtime composes (the TCP runtime of
+iWARP composes the same core). The four progress modes
+(:class:`~softrdma.drivers.runtime.progress.ProgressMode`, in :attr:`Runtime.mode`):
+
+* ``THREAD_SELECT`` (``mode="thread"``, a link with a descriptor: UDP, raw Ethernet,
+  devd): a daemon thread waits in ``select`` on the link's descriptor and a wake pipe,
+  with the next timer deadline as timeout (:class:`~.progress.SelectWaiter`);
+* ``THREAD_EVENT`` (``mode="thread"``, a link without one: the in-memory fabric): the
+  thread waits on an event the link's ``on_readable`` callback sets
+  (:class:`~.progress.EventWaiter`);
+* ``MANUAL`` (``mode="manual"``): nothing runs on its own; :meth:`Runtime.progress`
+  (``ctx.progress()``), CQ polls and the link's ``on_readable`` callback drive it;
+* ``VIRTUAL`` (``mode="manual"`` on a link with a virtual clock, the fabric): ``now``
+  comes from that clock and the engine's timers are scheduled on it
+  (:class:`~.progress.VirtualTimer`), so a simulation runs by itself under
+  ``clock.run()``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+from ...errors import SoftRdmaError
+from ...ib.port import Port, RxMeta
+from ...wire.gid import gid_to_ip, ip_to_gid
+from ..host.resources import report_objects
+from ..links.link import ROCE_V2_UDP_PORT, Datagram, GsoLink, Link, VirtualClock
+from .progress import (
+    DRAIN_TIMEOUT,
+    EventWaiter,
+    PollPacer,
+    ProgressCore,
+    ProgressMode,
+    SelectWaiter,
+    VirtualTimer,
+    Waiter,
+    WakePipe,
+    check_mode,
+    progress_mode,
+)
+from .roce_rx import RoceRx, build_grh, icrc_ok
+from .roce_tx import GSO_MAX_PAYLOAD, ICRC_SIZE, RoceTx, icrc_v2
+
+if TYPE_CHECKING:
+    from ..capture.tap import PacketTap
+
+__all__ = ["Runtime", "icrc_v2", "icrc_ok", "build_grh", "GSO_MAX_PAYLOAD", "ICRC_SIZE"]
+
+_MAX_IDLE_WAIT = 0.01  # the progress thread re-checks timers at least this often (s)
+DRAIN_MAX = 4096  # datagrams read before due timers run, at most (receive first)
+REPORT_INTERVAL = 0.5  # a shared device's process reports its counters to devd this often (s)
+
+
+class _Memo(dict[bytes, bytes]):
+    """``fn`` of a key, computed once (the GID <-> IP conversions on the packet path)."""
+
+    def __init__(self, fn: Callable[[bytes], bytes]) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def __missing__(self, key: bytes) -> bytes:
+        value = self[bytes(key)] = self.fn(key)
+        return value
+
+
+class Runtime(RoceTx, RoceRx):
+    """Drives one engine :class:`Port` over one :class:`~softrdma.drivers.links.link.Link`.
+
+    ``mode`` is ``"thread"`` or ``"manual"`` (see the module docstring). ``clock`` is a
+    ``() -> float`` in seconds; by default the link's virtual clock when it has one
+    (``link.clock.now``), else ``time.monotonic``. ``udp_port`` is the RoCEv2
+    destination port (4791, Annex A17; a registry device may use another).
+    """
+
+    def __init__(self, port: Port, link: Link, *, mode: str = "thread",
+                 clock: Callable[[], float] | None = None, batch: int = 64,
+                 udp_port: int = ROCE_V2_UDP_PORT) -> None:
+        threaded = check_mode(mode) == "thread"
+        self.port = port
+        self.link = link
+        self.batch = batch
+        self.udp_port = udp_port  # the destination port of every packet (the device's)
+        vclock: VirtualClock | None = None
+        if clock is None and link.clock is not None:  # a simulation's link (the fabric)
+            vclock = link.clock
+            clock = vclock.now
+        self.now: Callable[[], float] = clock if clock is not None else time.monotonic
+        core = ProgressCore(threaded=threaded, now=self.now, after=self._after_locked)
+        self.core, self.lock, self.threaded = core, core.lock, threaded
+        # the engine-call surface is the core's (bound here: no wrapper on the call path)
+        self.call, self.call_now, self.defer, self.kick = (core.call, core.call_now,
+                                                           core.defer, core.kick)
+        self._deferred = core.deferred
+        self._ip_of = _Memo(gid_to_ip).__getitem__  # GID -> IP address, per packet sent
+        self._gid_of = _Memo(ip_to_gid).__getitem__  # IP address -> GID, per packet received
+        self._metas: dict[tuple[bytes, bytes, int, int, int], RxMeta] = {}
+        self._backlog: list[Datagram] = []
+        self._poll_ask = 1  # datagrams the next busy poll reads (progress_nonblocking)
+        self._pending = False
+        self._reporter = link if link.shared else None
+        # a link that counts the kernel's receive-queue drops (UdpLink: SO_RXQ_OVFL)
+        self._link_stats = link.overflow_stats
+        self._rx_overflow = 0  # of those, already in the port counters
+        self._gso: GsoLink | None = cast("GsoLink", link) if link.gso else None
+        self.tap: PacketTap | None = None  # capture / packet trace (drivers.capture.tap), if asked
+        self._next_report = 0.0
+        fd = link.fileno()
+        self._waiter: Waiter = (EventWaiter() if fd is None
+                                else SelectWaiter(fd, WakePipe() if threaded else None))
+        core.on_wake(self._waiter.wake)
+        self._pacer = PollPacer(fd)  # the busy poll's spin-then-sleep (progress_nonblocking)
+        self._vtimer = VirtualTimer(vclock, self._on_vtimer) if vclock is not None else None
+        self.mode: ProgressMode = progress_mode(threaded, fd is not None,
+                                                self._vtimer is not None)
+        link.on_readable = self._on_readable  # a link without a descriptor calls it
+        link.fast_rc_meta = True  # the engine needs ancillary data for UD only
+        core.start(self._thread_step, "softrdma-progress")
+
+    # ---- engine access ------------------------------------------------------------------
+    @property
+    def fatal(self) -> str | None:
+        """Why the device failed (its devd died), else None: then every QP went to ERR
+        with flush completions, IBV_EVENT_DEVICE_FATAL was raised, and calls raise
+        :class:`DeviceError`."""
+        return self.core.fatal
+
+    def post_send(self, qp: Any, wqes: Sequence[Any]) -> None:
+        """Post send WQEs to an engine QP and transmit at once from the caller's thread.
+
+        This is the latency path: one lock, one clock read, the engine, the socket.
+        """
+        if self.core.fatal is not None:
+            raise self.core.gone()
+        lock = self.lock
+        lock.acquire()
+        try:
+            now = self.now()
+            post = qp.post_send
+            for w in wqes:
+                post(w, now)
+        finally:
+            try:
+                port = self.port
+                if port.tx:  # the request first: coalesced ACKs are built after it left
+                    self._flush_tx_locked(False)
+                if port.ack_pending or port.tx:
+                    self._flush_tx_locked()
+                if self._pending or self._deferred or self._vtimer is not None:
+                    self._after_locked()
+            finally:
+                lock.release()
+
+    # ---- progress -------------------------------------------------------------------------
+    def progress(self, timeout: float = 0.0) -> int:
+        """Receive, run due timers and transmit; wait up to ``timeout`` s for packets.
+
+        Returns the number of datagrams received.
+        """
+        core = self.core
+        if core.closed or core.fatal is not None:
+            raise core.gone()
+        n = self._progress_locked()
+        if n or timeout <= 0:
+            return n
+        deadline = time.monotonic() + timeout
+        wait = self._waiter.wait
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return n
+            wait(min(left, _MAX_IDLE_WAIT))
+            n = self._progress_locked()
+            if n:
+                return n
+
+    def progress_nonblocking(self, stop_on: Any = None) -> int:
+        """One progress step if the lock is free (busy-polling ``cq.poll`` calls this).
+
+        While an application busy-polls, the progress thread stands back (it stops
+        watching the socket for a short grace time after the last poll), so the two
+        threads do not fight over the GIL on every packet. An empty poll spins for a
+        short while, then sleeps in the kernel until a datagram or a timer is due
+        (:class:`~.progress.PollPacer`): a spinning poller beside a busy process waits
+        for its time slice, a sleeping one is woken when its answer arrives.
+        """
+        core = self.core
+        pacer = self._pacer
+        for woken in (False, True):  # after a sleep that input ended, read it at once
+            if not core.try_lock():
+                return 0
+            try:
+                # A busy poll reads one datagram first (a ping-pong's answer then costs
+                # one receive call, not a second, empty one); a full read doubles the next.
+                ask = self._poll_ask
+                n = self._poll_rx_locked(stop_on, ask)
+                self._poll_ask = min(2 * ask, self.batch) if n >= ask else 1
+                # New packets: let the application see their completions before the
+                # ACKs go out (they leave at the next idle poll, after the application's
+                # next post_send, or from the progress thread): the ACK is off the
+                # critical path of a request/response exchange (IBA 9.7.5.1.1 lets a
+                # responder coalesce).
+                self._after_locked(acks=not n)
+                d = None if n or stop_on else self.port.next_deadline()
+            finally:
+                self.lock.release()
+            if n or stop_on:
+                pacer.busy()
+                return n
+            if woken or not pacer.idle(None if d is None else d - self.now()):
+                break
+        core.last_poll = time.monotonic()
+        return 0
+
+    def _progress_locked(self) -> int:
+        with self.lock:
+            n = self._poll_rx_locked()
+            self._after_locked()
+            return n
+
+    def _on_readable(self) -> None:
+        """The link has datagrams (fabric callback). Re-entrant calls are deferred."""
+        if self.core.closed:
+            return
+        if not self.lock.acquire(False):
+            self._pending = True
+            self._waiter.wake()
+            return
+        try:
+            # drain the link: the fabric calls back once per delivery batch, which may
+            # hold more datagrams than one receive batch
+            while self._poll_rx_locked() >= self.batch:
+                pass
+            self._after_locked()
+        finally:
+            self.lock.release()
+        self._waiter.wake()
+
+    def _after_locked(self, acks: bool = True) -> None:
+        """Housekeeping at the end of every locked operation: deferred work, late
+        receives, due timers, transmit, virtual-clock timer scheduling.
+
+        ``acks=False`` transmits everything but the coalesced ACKs, which stay pending."""
+        port = self.port
+        deferred = self._deferred
+        for _ in range(64):
+            while deferred:
+                deferred.popleft()()
+            if self._pending:
+                self._pending = False
+                self._poll_rx_locked()
+            d = port.next_deadline()
+            if d is not None and d <= self.now():
+                # Receive first: an ACK already in our socket is not a lost ACK. A timer
+                # that is due (perhaps late: this process was descheduled) runs only after
+                # what arrived meanwhile was fed to the engine (issue 25).
+                self._drain_rx_locked()
+                if self.core.fatal is not None:
+                    break
+                port.on_timer(self.now())
+            if port.tx or (acks and port.ack_pending):
+                self._flush_tx_locked(acks)
+            if not (self._pending or deferred or port.tx or (acks and port.ack_pending)):
+                break
+        vtimer = self._vtimer
+        if vtimer is not None:
+            vtimer.arm(port.next_deadline())
+
+    def _drain_rx_locked(self) -> int:
+        """Feed the engine everything the link holds now (at most :data:`DRAIN_MAX`
+        datagrams, so a flood cannot keep the timers from running); returns how many."""
+        taken = 0
+        while taken < DRAIN_MAX:
+            n = self._poll_rx_locked()
+            if not n:
+                break
+            taken += n
+        return taken
+
+    def _on_vtimer(self) -> None:
+        """A deadline armed on the virtual clock is due (the ``VIRTUAL`` mode)."""
+        if self.core.closed:
+            return
+        if not self.lock.acquire(False):
+            self._pending = True
+            return
+        try:
+            self._after_locked()
+        finally:
+            self.lock.release()
+
+    # ---- counters of a shared device ------------------------------------------------------------
+    def report_counters(self) -> None:
+        """Publish the port counters to a shared device's devd if they changed (design.md;
+        the devd module docstring, "Port counters of a shared device"). Best effort: a
+        daemon that went away loses the report, not the counters."""
+        rep = self._reporter
+        if rep is None:
+            return
+        self._next_report = time.monotonic() + REPORT_INTERVAL
+        report_objects(rep, self.port, self.lock)  # for softrdma res show
+        values = self.port.counters.as_dict()
+        if values == rep.last_report:
+            return
+        try:
+            rep.report_counters(values)
+        except (SoftRdmaError, OSError):
+            pass
+
+    def device_counters(self) -> dict[str, int]:
+        """The device's port counters: on a shared device every process's (this one's
+        reported first, so they are current), else this port's own."""
+        rep = self._reporter
+        if rep is None or self.core.closed:
+            return self.port.counters.as_dict()
+        self.report_counters()
+        return rep.device_counters()
+
+    # ---- the progress thread ------------------------------------------------------------------
+    def _thread_step(self) -> bool:
+        """One round of the progress thread: receive, timers, transmit, then wait for the
+        link (or a wake-up) until the next timer deadline; False once it must end."""
+        with self.lock:
+            self._poll_rx_locked()
+            self._after_locked()
+            d = self.port.next_deadline()
+        wait = _MAX_IDLE_WAIT
+        if d is not None:
+            wait = min(max(d - self.now(), 0.0), _MAX_IDLE_WAIT)
+        if not self._waiter.wait(wait):
+            return False
+        if self._reporter is not None and time.monotonic() >= self._next_report:
+            self.report_counters()
+        return True
+
+    # ---- shutdown -------------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        """Closed, or its device failed (objects are then released without the engine)."""
+        return self.core.closed or self.core.fatal is not None
+
+    def close(self, close_link: bool = True) -> None:
+        """Stop the progress thread (joined) and close the link. Idempotent."""
+        core = self.core
+        if core.closed:
+            return
+        # ACKs coalesced but not yet sent go out now: a peer may be waiting for them.
+        if self.lock.acquire(timeout=DRAIN_TIMEOUT):
+            try:
+                self._flush_tx_locked(True)
+            except Exception:  # noqa: BLE001 - best effort at shutdown (link may be gone)
+                pass
+            finally:
+                self.lock.release()
+        self.report_counters()  # the device keeps this process's totals after it leaves
+        core.close()
+        self.link.on_readable = None
+        if close_link:
+            self.link.close()
+        if self.tap is not None:
+            self.tap.close()
+        self._waiter.close()

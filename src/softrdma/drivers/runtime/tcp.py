@@ -1,0 +1,580 @@
+"""The TCP runtime of an iWARP device: non-blocking sockets around the sans-I/O engines.
+
+:class:`TcpRuntime` plays the part :class:`~softrdma.drivers.runtime.roce.Runtime` plays for
+RoCE (same lock / ``call`` / ``post_send`` / ``progress`` surface, so the verbs layer
+needs no iWARP-specific code). Like it, it composes a
+:class:`~softrdma.drivers.runtime.progress.ProgressCore` (the lock around every engine call,
+deferred calls, the progress thread or manual progress, shutdown) and adds the socket
+I/O of each connection (design.md, "Sans-I/O engines"):
+
+* receive: ``recv_into`` one preallocated buffer (:data:`_RX_BUF`, 4 MiB: fewer system
+  calls and fewer FPDUs cut by a read's end than with 1 MiB, about 15 % less receiver
+  CPU per byte in ``bench/iwarp_write_bw.py``) handed to
+  :meth:`~.engine.IwarpConn.receive`, which places each segment's payload with one
+  ``memoryview`` slice assignment (runs of whole RDMA Write FPDUs take the fused path of
+  :func:`~softrdma.iwarp.fast_path.write_run`: CRC over each contiguous FPDU, checks,
+  one copy). With ``SOFTRDMA_IWARP_DIRECT=1`` the payload is
+  instead received straight into the registered memory the engine names
+  (:meth:`~.engine.IwarpConn.rx_target`) by ``recvmsg_into([MR slice, lookahead])``, the
+  pad, CRC and next headers landing in the lookahead buffer: no copy in Python, but one
+  system call per FPDU, which measured slower than the copy on the 2-CPU VMs this was
+  tuned on (bench/iwarp_write_bw.py), hence off by default;
+* transmit: ``sendmsg`` with the engine's buffer list (headers, memoryview slices of the
+  MR, pad + CRC), partial sends kept as sliced views, never joined;
+* teardown: once the engine sets ``want_close`` and its bytes are out, ``shutdown`` the
+  write side (the Terminate reaches the peer before the FIN, RFC 5040 §6.2.1 "graceful
+  LLP teardown"), drain the read side until EOF or :data:`LINGER` seconds, close.
+
+Connection setup (:mod:`softrdma.drivers.cm.iwconnect`) waits on :attr:`TcpRuntime.changed`, a
+condition on the engine lock notified after every round of socket I/O, and hands a
+listening socket to :meth:`TcpRuntime.watch` so that new connections are accepted by
+whichever thread makes progress: no sleep-polling.
+
+Sockets get ``TCP_NODELAY`` (siw: ``siw_tcp_nagle = false``) and a 4 MiB send buffer
+(``SOFTRDMA_IWARP_SNDBUF``; 0 keeps the kernel's autotuning), so one ``sendmsg`` takes a
+whole megabyte-sized message without partial sends; where ``net.core.wmem_max`` would cap
+it below what autotuning reaches, autotuning is kept (:func:`sndbuf_setting`).
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ...errors import ClosedError
+from ...iwarp.engine import IwarpConn
+from ...iwarp.events import ConnEvent
+from ...iwarp.mpa_stream import FPDU_STALL_S, StallWatch
+from ...iwarp.qp import IwarpDevice
+from ..capture.tap_stream import StreamTap
+from ..host.port_totals import PUBLISH_INTERVAL, publish, retire
+from .progress import ProgressCore, WakePipe, check_mode
+
+__all__ = ["TcpRuntime", "LINGER", "tcp_mss", "sndbuf_setting"]
+
+LINGER = 2.0  # seconds a closing socket waits for the peer's FIN
+DIRECT = os.environ.get("SOFTRDMA_IWARP_DIRECT", "0") == "1"
+SOCK_BUF = int(os.environ.get("SOFTRDMA_IWARP_SNDBUF", str(1 << 22)))
+_WMEM_MAX = "/proc/sys/net/core/wmem_max"
+_TCP_WMEM = "/proc/sys/net/ipv4/tcp_wmem"
+_RX_BUF = int(os.environ.get("SOFTRDMA_IWARP_RXBUF", str(1 << 22)))
+_TX_CHUNK = 1 << 21
+_RX_BUDGET = 1 << 23
+_MAX_IDLE_WAIT = 0.05
+
+
+def _sysctl_ints(path: str) -> list[int]:
+    try:
+        with open(path) as f:
+            return [int(x) for x in f.read().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def sndbuf_setting(want: int = SOCK_BUF) -> int:
+    """The ``SO_SNDBUF`` to set on a connection, or 0 to leave the kernel's autotuning.
+
+    Linux caps ``SO_SNDBUF`` at ``net.core.wmem_max`` (then doubles it for overhead) and
+    a socket that sets it loses send-buffer autotuning, which grows up to
+    ``net.ipv4.tcp_wmem[2]`` (4 MiB by default). With the default ``wmem_max`` (208 KiB)
+    asking for 4 MiB would pin the buffer at 416 KiB, far below what autotuning reaches:
+    so the option is set only where the capped value beats autotuning's maximum."""
+    if want <= 0:
+        return 0
+    wmem_max = _sysctl_ints(_WMEM_MAX)
+    tcp_wmem = _sysctl_ints(_TCP_WMEM)
+    if not wmem_max or len(tcp_wmem) != 3:
+        return want
+    return want if 2 * min(want, wmem_max[0]) > tcp_wmem[2] else 0
+
+
+def tcp_mss(sock: socket.socket) -> int:
+    """The connection's TCP MSS (``TCP_MAXSEG``), the MULPDU basis (RFC 5044 §4.2)."""
+    try:
+        mss = int(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG))
+    except OSError:
+        mss = 0
+    return mss if mss >= 64 else 1460
+
+
+class _Watch:
+    """A listening socket handed to :meth:`TcpRuntime.watch`: ``on_ready`` runs under
+    the lock when it is readable."""
+
+    __slots__ = ("sock", "on_ready")
+
+    def __init__(self, sock: socket.socket, on_ready: Callable[[], None]) -> None:
+        self.sock = sock
+        self.on_ready = on_ready
+
+
+class _Sock:
+    __slots__ = ("sock", "conn", "pending", "closing", "close_at", "fd", "events", "done", "eof",
+                 "stall")
+
+    def __init__(self, sock: socket.socket, conn: IwarpConn) -> None:
+        self.sock = sock
+        self.conn = conn
+        self.pending: list[Any] = []
+        self.closing = False
+        self.close_at = 0.0
+        self.fd = sock.fileno()
+        self.events = selectors.EVENT_READ
+        self.done = False
+        self.eof = False
+        self.stall = StallWatch()
+
+
+def _advance(bufs: list[Any], n: int) -> list[Any]:
+    """What is left of ``bufs`` after the first ``n`` bytes were sent (views, no copies;
+    the engine's buffers are bytes or byte-format memoryviews, so ``len`` is their size)."""
+    i = 0
+    for b in bufs:
+        ln = len(b)
+        if n < ln:
+            rest = [memoryview(b)[n:]]
+            rest.extend(bufs[i + 1:])
+            return rest
+        n -= ln
+        i += 1
+    return []
+
+
+class TcpRuntime:
+    """Drives an :class:`~softrdma.iwarp.qp.IwarpDevice` and its TCP connections (see the
+    module docstring)."""
+
+    #: an iWARP device has no datagram link (the verbs layer's multicast hooks look here)
+    link: None = None
+    tap: StreamTap | None = None  # capture / packet trace (drivers.capture.tap_stream), if asked
+    #: seconds a partial FPDU may stall before its connection is ended (mpa_stream.StallWatch)
+    fpdu_stall_s = FPDU_STALL_S
+
+    def __init__(self, dev: IwarpDevice, *, mode: str = "thread",
+                 clock: Callable[[], float] | None = None) -> None:
+        threaded = check_mode(mode) == "thread"
+        self.port = dev
+        self.dev = dev
+        self.threaded = threaded
+        self.now: Callable[[], float] = clock if clock is not None else time.monotonic
+        core = ProgressCore(threaded=threaded, now=self.now, after=self._after_locked)
+        self.core, self.lock = core, core.lock
+        self.call, self.call_now, self.defer, self.kick = (core.call, core.call_now,
+                                                           core.defer, core.kick)
+        #: notified (under the lock) after every round of socket I/O and engine calls:
+        #: connection setup waits on it for a state change
+        self.changed = threading.Condition(core.lock)
+        # the layer above subscribes to a connection's typed events (iwarp.events); they
+        # are taken from the connection under the lock and delivered outside it
+        self._listeners: dict[int, tuple[IwarpConn, Callable[[ConnEvent], None]]] = {}
+        self._ready_events: list[tuple[Callable[[ConnEvent], None], ConnEvent]] = []
+        self._events_lock = threading.Lock()
+        self._waiting = 0  # threads waiting on ``changed``
+        self._deferred = core.deferred
+        self._socks: dict[int, _Sock] = {}
+        self._by_conn: dict[int, _Sock] = {}
+        self._sel = selectors.DefaultSelector()
+        self._sndbuf = sndbuf_setting()
+        self._rxbuf = bytearray(_RX_BUF)
+        self._rxmv = memoryview(self._rxbuf)
+        self._pipe = WakePipe()
+        self._sel.register(self._pipe.r, selectors.EVENT_READ, None)
+        #: the device's name, once the layer above sets it: this process's counters are
+        #: then published for ``softrdma stats`` (:mod:`.port_totals`)
+        self.counters_name: str | None = None
+        self._published: dict[str, int] = {}
+        self._next_publish = 0.0
+        if threaded:
+            core.on_wake(self._pipe.wake)
+        core.start(self._thread_step, "softrdma-iwarp")
+
+    @property
+    def fatal(self) -> str | None:
+        """Why the device failed, else None (a TCP device does not fail as a whole)."""
+        return self.core.fatal
+
+    # ---- engine access -------------------------------------------------------------------
+    def _after_locked(self, acks: bool = True) -> None:
+        """The housekeeping after an engine call (there are no coalesced ACKs on TCP)."""
+        self._housekeep()
+
+    def post_send(self, qp: Any, wqes: Sequence[Any]) -> None:
+        """Post and transmit from the caller's thread (the latency path)."""
+        with self.lock:
+            try:
+                now = self.now()
+                for w in wqes:
+                    qp.post_send(w, now)
+            finally:
+                conn = getattr(qp, "conn", None)
+                s = self._by_conn.get(id(conn)) if conn is not None else None
+                # with bytes still pending the socket was full: whoever waits for
+                # EVENT_WRITE pulls the new work request, no EAGAIN round here
+                if s is not None and not s.pending:
+                    self._tx(s)
+                if self._deferred:
+                    self._housekeep()
+
+    def device_counters(self) -> dict[str, int]:
+        """This process's port counters of the device (``softrdma stats`` adds up every
+        process's, :mod:`.port_totals`)."""
+        return self.dev.counters.as_dict()
+
+    def publish_counters(self) -> None:
+        """Publish this process's counters if they changed (best effort)."""
+        name = self.counters_name
+        if name is None:
+            return
+        self._next_publish = time.monotonic() + PUBLISH_INTERVAL
+        values = self.dev.counters.as_dict()
+        if values != self._published:
+            self._published = values
+            publish(name, values)
+
+    def wait_changed(self, timeout: float | None) -> None:
+        """Under the lock: wait up to ``timeout`` s (None: no limit) for the next round of
+        I/O (the lock is released meanwhile). In manual mode nothing else makes progress,
+        so this makes it (waiting for the sockets)."""
+        if timeout is not None and timeout <= 0:
+            return
+        if not self.threaded:
+            self.lock.release()
+            try:
+                self.progress(_MAX_IDLE_WAIT if timeout is None else min(timeout, _MAX_IDLE_WAIT))
+            finally:
+                self.lock.acquire()
+            return
+        self._waiting += 1
+        try:
+            self.changed.wait(timeout)
+        finally:
+            self._waiting -= 1
+
+    def watch(self, sock: socket.socket, on_ready: Callable[[], None]) -> None:
+        """Call ``on_ready()`` under the lock whenever the listening socket ``sock`` is
+        readable (until :meth:`unwatch`). Call under the lock."""
+        if self.core.closed:
+            raise ClosedError("the device runtime is closed")
+        sock.setblocking(False)
+        self._sel.register(sock.fileno(), selectors.EVENT_READ, _Watch(sock, on_ready))
+        self._pipe.wake()
+
+    def unwatch(self, sock: socket.socket) -> None:
+        """Stop watching ``sock`` (call under the lock, before closing it)."""
+        try:
+            self._sel.unregister(sock.fileno())
+        except (KeyError, ValueError, OSError):
+            pass
+
+    def attach(self, conn: IwarpConn, sock: socket.socket) -> None:
+        """Drive ``conn`` over ``sock`` (connected; made non-blocking here). Call under
+        the lock or before any other thread uses the runtime."""
+        if self.core.closed:
+            raise ClosedError("the device runtime is closed")
+        sock.setblocking(False)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._sndbuf:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self._sndbuf)
+        except OSError:
+            pass
+        s = _Sock(sock, conn)
+        self._socks[s.fd] = s
+        self._by_conn[id(conn)] = s
+        self._sel.register(s.fd, selectors.EVENT_READ, s)
+        self._tx(s)
+        self._wake()
+
+    def _wake(self) -> None:
+        if self.threaded:
+            self._pipe.wake()
+
+    # ---- progress --------------------------------------------------------------------------
+    def progress(self, timeout: float = 0.0) -> int:
+        """Socket I/O and housekeeping; wait up to ``timeout`` s for a socket to be ready.
+        Returns the number of bytes received."""
+        if self.core.closed:
+            raise ClosedError("the device runtime is closed")
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            n = self._poll(max(left, 0.0) if timeout > 0 else 0.0)
+            if n or left <= 0:
+                return n
+
+    def progress_nonblocking(self, stop_on: Any = None) -> int:
+        """One non-blocking step from an application thread that busy-polls a CQ; while
+        it does, the progress thread stands back (as the RoCE runtime does), so the two
+        do not fight over the lock and the GIL on the latency path."""
+        if not self.core.try_lock():
+            return 0
+        try:
+            n = self._service(self._ready(0.0))
+        finally:
+            self.lock.release()
+        self.deliver_events()
+        return n
+
+    def _poll(self, wait: float) -> int:
+        ready = self._ready(wait)
+        with self.lock:
+            n = self._service(ready)
+        self.deliver_events()
+        return n
+
+    def _ready(self, wait: float) -> list[tuple[Any, int]]:
+        try:
+            return [(k.data, ev) for k, ev in self._sel.select(wait)]
+        except (OSError, ValueError):
+            return []
+
+    def _service(self, ready: list[tuple[Any, int]]) -> int:
+        """Under the lock: receive from ready sockets, transmit, housekeeping."""
+        n = 0
+        now = self.now()
+        for s, ev in ready:
+            if s is None:
+                self._pipe.drain()
+                continue
+            if isinstance(s, _Watch):
+                s.on_ready()
+                continue
+            if s.done:
+                continue
+            if ev & selectors.EVENT_READ:
+                n += self._rx(s, now)
+            if ev & selectors.EVENT_WRITE and not s.done:
+                self._tx(s)
+        self._housekeep()
+        return n
+
+    def housekeep(self) -> None:
+        """Under the lock: deferred calls, transmit, lingering closes, wake the waiters."""
+        self._housekeep()
+
+    def _housekeep(self) -> None:
+        deferred = self._deferred
+        while deferred:
+            deferred.popleft()()
+        now = time.monotonic()
+        for s in list(self._socks.values()):
+            if not s.done and not s.closing:
+                stalled = s.stall.check(s.conn.rdmap.rx, now, self.fpdu_stall_s)
+                if stalled is not None:
+                    s.conn.fail(stalled)  # Terminate, then close (RFC 5040 §6.2.1)
+            if not s.done and not s.pending:  # pending: EVENT_WRITE resumes it
+                self._tx(s)
+            if s.closing and not s.done and now >= s.close_at:
+                self._drop(s)
+        if self._listeners:
+            self._collect_events()
+        if self._waiting:
+            self.changed.notify_all()
+
+    # ---- typed connection events for the layer above ---------------------------------------
+    def listen_events(self, conn: IwarpConn, fn: Callable[[ConnEvent], None]) -> None:
+        """Deliver ``conn``'s typed events (:mod:`softrdma.iwarp.events`) to ``fn``, events
+        already queued on it first, from the thread that makes progress and outside the
+        runtime's lock (so ``fn`` may create or destroy verbs objects)."""
+        with self.lock:
+            self._listeners[id(conn)] = (conn, fn)
+            self._collect_events()
+        self.deliver_events()
+
+    def unlisten_events(self, conn: IwarpConn) -> None:
+        """Stop delivering ``conn``'s events (those already taken are still delivered)."""
+        with self.lock:
+            self._listeners.pop(id(conn), None)
+
+    def _collect_events(self) -> None:
+        """Under the lock: take the listened connections' events for delivery."""
+        taken: list[tuple[Callable[[ConnEvent], None], ConnEvent]] = []
+        for conn, fn in self._listeners.values():
+            if conn.events:
+                taken.extend((fn, ev) for ev in conn.pop_events())
+        if taken:
+            with self._events_lock:
+                self._ready_events.extend(taken)
+
+    def deliver_events(self) -> None:
+        """Outside the lock: run the listeners on the events taken so far, in order."""
+        if not self._ready_events:
+            return
+        with self._events_lock:
+            batch, self._ready_events = self._ready_events, []
+        for fn, ev in batch:
+            fn(ev)
+
+    # ---- socket I/O ------------------------------------------------------------------------
+    def _rx(self, s: _Sock, now: float) -> int:
+        conn = s.conn
+        sock = s.sock
+        total = 0
+        buf = self._rxbuf
+        mv = self._rxmv
+        while total < _RX_BUDGET and not s.done:
+            try:
+                tgt = None if s.closing or not DIRECT else conn.rx_target()
+                if tgt is not None:
+                    # the payload straight into the MR, the trailer and the next headers
+                    # into our buffer: one system call per FPDU, no payload copy here
+                    la = conn.rx_lookahead()
+                    if la:
+                        n = sock.recvmsg_into([tgt, mv[:la]])[0]
+                    else:
+                        n = sock.recv_into(tgt)
+                    t = len(tgt)
+                    if self.tap is not None and n:  # capture / trace (drivers.capture.tap_stream)
+                        self.tap.rx(sock, [tgt[:min(n, t)], mv[:max(0, n - t)]])
+                    if n:
+                        conn.rx_placed(n if n < t else t)
+                        if n > t:
+                            conn.receive(mv[:n - t], now)
+                else:
+                    want = conn.rx_want() if DIRECT else 0
+                    n = sock.recv_into(buf, want if 0 < want < len(buf) else len(buf))
+                    if self.tap is not None and n:  # capture / trace (drivers.capture.tap_stream)
+                        self.tap.rx(sock, [mv[:n]])
+                    if n and not s.closing:
+                        conn.receive(mv[:n], now)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                n = 0
+            if n == 0:
+                s.eof = True
+                conn.on_eof()
+                self._tx(s)
+                if s.closing:
+                    self._drop(s)
+                break
+            total += n
+        return total
+
+    def _tx(self, s: _Sock) -> None:
+        conn = s.conn
+        sock = s.sock
+        while not s.done and not s.closing:
+            if s.pending:
+                bufs = s.pending
+            elif (hold := conn.next_deadline()) is not None and not conn.want_close:
+                # the initiator's first FPDU waits (FIRST_FPDU_HOLD_S); housekeeping, at
+                # least every _MAX_IDLE_WAIT, sends it once the hold is over
+                now = self.now()
+                if now < hold:
+                    break
+                conn.on_timer(now)
+                continue
+            elif conn.tx_pending():
+                if conn.established:
+                    mss = tcp_mss(sock)
+                    if mss != conn.mss:
+                        conn.update_mss(mss)
+                bufs = conn.take_output(_TX_CHUNK, 512)
+                if not bufs:
+                    break
+            else:
+                break
+            try:
+                n = sock.sendmsg(bufs)
+            except (BlockingIOError, InterruptedError):
+                s.pending = bufs
+                break
+            except OSError:
+                s.pending = []
+                s.eof = True
+                conn.on_eof()
+                self._drop(s)
+                return
+            conn.tx_sent(n)
+            if self.tap is not None:  # capture / packet trace (drivers.capture.tap_stream)
+                self.tap.tx(sock, bufs, n)
+            if n != sum(map(len, bufs)):  # a partial send: keep the rest as views
+                s.pending = _advance(bufs, n)
+                break
+            s.pending = []
+        if s.done:
+            return
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if s.pending else 0)
+        if events != s.events:
+            s.events = events
+            try:
+                self._sel.modify(s.fd, events, s)
+            except (KeyError, ValueError, OSError):
+                pass
+        if conn.want_close and not s.pending and not s.closing and not conn.tx_pending():
+            # everything (the Terminate included) is out: FIN, then wait for the peer's
+            s.closing = True
+            s.close_at = time.monotonic() + LINGER
+            try:
+                s.sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                self._drop(s)
+                return
+            if s.eof:
+                self._drop(s)
+
+    def _drop(self, s: _Sock) -> None:
+        if s.done:
+            return
+        s.done = True
+        try:
+            self._sel.unregister(s.fd)
+        except (KeyError, ValueError, OSError):
+            pass
+        self._socks.pop(s.fd, None)
+        self._by_conn.pop(id(s.conn), None)
+        try:
+            s.sock.close()
+        except OSError:
+            pass
+
+    def sockets(self) -> int:
+        """Connections still open (for tests and diagnostics)."""
+        return len(self._socks)
+
+    # ---- the progress thread -------------------------------------------------------------------
+    def _thread_step(self) -> bool:
+        """One round of the progress thread: wait for the sockets, then serve them."""
+        ready = self._ready(_MAX_IDLE_WAIT)
+        if self.core.stop.is_set():
+            return False
+        with self.lock:
+            self._service(ready)
+        self.deliver_events()
+        if self.counters_name is not None and time.monotonic() >= self._next_publish:
+            self.publish_counters()
+        return True
+
+    # ---- shutdown ---------------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        """Closed (objects are then released without the engine)."""
+        return self.core.closed
+
+    def close(self, close_link: bool = True) -> None:
+        """Stop the progress thread (joined), close every connection and socket.
+        Idempotent; ``close_link`` is accepted for the RoCE runtime's signature."""
+        core = self.core
+        if core.closed:
+            return
+        core.close(self._close_sockets)
+        try:
+            self._sel.close()
+        except OSError:
+            pass
+        self._pipe.close()
+        if self.counters_name is not None:  # the device keeps this process's totals
+            retire(self.counters_name, self.dev.counters.as_dict())
+
+    def _close_sockets(self) -> None:
+        for s in list(self._socks.values()):
+            s.conn.close()
+            self._drop(s)
+        if self._waiting:
+            self.changed.notify_all()
