@@ -199,7 +199,10 @@ def _capture(h: Host, pcap: Path) -> subprocess.Popen[str]:
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     h.procs.append(cap)
     assert cap.stderr is not None
-    StreamLines(cap.stderr).wait_for("Capturing on")  # tshark's line once dumpcap runs
+    StreamLines(cap.stderr).wait_for("Capturing on")  # printed before dumpcap starts:
+    # dumpcap writes the file's header once the interface is open and filtered
+    wait_until(lambda: pcap.exists() and pcap.stat().st_size > 0, timeout=120, interval=0.02,
+               what=f"the capture header in {pcap}")
     return cap
 
 

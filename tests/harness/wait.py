@@ -21,6 +21,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import IO, TypeVar
 
 __all__ = ["DEFAULT_TIMEOUT", "PAST_TIMEOUT", "load_factor", "wait_until", "StreamLines",
@@ -133,8 +134,12 @@ class Capture:
     """A capture (tshark, dumpcap or tcpdump writing a file) that a test starts before its
     traffic and stops after it, without guessing how long either takes.
 
-    It is started once the tool says it captures (tshark/dumpcap: ``Capturing on``,
-    tcpdump: ``listening on``; before that line frames are missed). :meth:`stop` first
+    It is started once the tool captures. tcpdump says so (``listening on``, printed once
+    its socket is open). tshark and dumpcap print ``Capturing on`` *before* they open the
+    interface (tshark even before it starts dumpcap), so frames sent right after that line
+    can be missed on a busy machine; with ``-w FILE`` dumpcap opens the interface, installs
+    the filter, then writes and flushes the file's header, so the capture is started once
+    FILE holds a header. :meth:`stop` first
     waits until ``until()`` (a check of the file the test makes anyway: the last frames
     are there) is true, at most ``timeout`` seconds (then the test checks what the file
     holds), and then stops the tool with SIGINT (it writes what it has)."""
@@ -147,6 +152,10 @@ class Capture:
         self.err = StreamLines(self.proc.stderr)
         try:
             self.err.wait_for(ready, timeout)
+            if "-w" in argv and Path(argv[0]).name in ("tshark", "dumpcap"):
+                out = Path(argv[argv.index("-w") + 1])
+                wait_until(lambda: out.exists() and out.stat().st_size > 0, timeout=timeout,
+                           what=f"the capture header in {out}", interval=0.02)
         except BaseException:
             self.stop()
             raise
