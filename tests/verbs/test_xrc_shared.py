@@ -168,3 +168,37 @@ def test_an_srq_of_another_domain_is_still_an_invalid_xrceth(device: str,
     finally:
         for p in (server, other, same):
             p.close()
+
+
+@pytest.mark.iba("9.8.5", "9.7.5.2.8")
+def test_a_hand_over_devd_cannot_take_is_sent_again(device: str, tmp_path: Path) -> None:
+    """When the data channel to devd is full (here: its send refused twice, on the first
+    and on a middle packet of a 5-packet SEND), the TGT QP answers with an RNR NAK and
+    the INI QP sends from that packet again: the message arrives whole, once."""
+    path = tmp_path / "xrc_domain"
+    server, a, b = (Proc(device, path), Proc(device, path), Proc(device, path))
+    try:
+        _connect(server.ini[0], server, b.tgt[0], b)
+        link = b.ctx.runtime.link
+        real = link.xrc_send
+        calls: list[int] = []
+
+        def flaky(flags: int, *rest: Any) -> bool:
+            calls.append(flags)
+            return len(calls) not in (1, 3) and bool(real(flags, *rest))
+
+        link.xrc_send = flaky
+        a.post(1, 0, 8192)
+        server.buf[:5000] = bytes(range(250)) * 20
+        server.send(0, 30, 0, 5000, a.srq.srq_num)
+        assert [(w.wr_id, w.status) for w in _wcs(server.cq, 1)] == [(30, 0)]
+        got = _wcs(a.cq, 1)
+        assert [(w.wr_id, w.status, w.byte_len) for w in got] == [(1, 0, 5000)]
+        assert a.buf[:5000] == server.buf[:5000]
+        assert calls[0] == calls[1] == 1  # XF_FIRST refused, then sent again
+        assert len(calls) == 7 and calls[-1] == 2  # 5 packets + 2 refused; XF_LAST
+        assert b.ctx.query_port_counters().send_rnr_nak == 2
+        assert a.cq.poll(4)[0] == 0
+    finally:
+        for p in (server, a, b):
+            p.close()
