@@ -18,6 +18,7 @@ from harness.wait import wait_until
 
 from softrdma import enums as e
 from softrdma import verbs as v
+from softrdma.drivers.devd.client import DevdLink
 
 ACC = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE)
 XRC_SEND, XRC_RECV = int(e.IBV_QPT_XRC_SEND), int(e.IBV_QPT_XRC_RECV)
@@ -180,6 +181,7 @@ def test_a_hand_over_devd_cannot_take_is_sent_again(device: str, tmp_path: Path)
     try:
         _connect(server.ini[0], server, b.tgt[0], b)
         link = b.ctx.runtime.link
+        assert isinstance(link, DevdLink)
         real = link.xrc_send
         calls: list[int] = []
 
@@ -187,7 +189,7 @@ def test_a_hand_over_devd_cannot_take_is_sent_again(device: str, tmp_path: Path)
             calls.append(flags)
             return len(calls) not in (1, 3) and bool(real(flags, *rest))
 
-        link.xrc_send = flaky
+        link.xrc_send = flaky  # type: ignore[method-assign,assignment]
         a.post(1, 0, 8192)
         server.buf[:5000] = bytes(range(250)) * 20
         server.send(0, 30, 0, 5000, a.srq.srq_num)
