@@ -6,6 +6,7 @@ invalidated and a full backlog complete in error or are counted, never lost sile
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator
 from typing import Any
 
@@ -115,3 +116,93 @@ def test_a_full_backlog_drops_new_messages_and_fails_a_started_one(
     assert [w[:4] for w in owner.wcs()] == [
         (1, e.IBV_WC_GENERAL_ERR, 0, 0x21), (2, OK, 30, 0x23)]
     assert owner.buf[1000:1030] == b"e" * 30
+
+
+# ---- the TGT QP's side, on the in-memory fabric, with an in-memory relay ----------------------
+class _Relay:
+    """An XrcRelay that hands over straight into ``owner``'s engine (devd's part), and
+    refuses one call in ``refuse`` (a full data channel): the TGT QP's RNR NAK path."""
+
+    def __init__(self, owner: Owner, srqn: int, refuse: int, seed: int) -> None:
+        self.owner, self.srqn, self.refuse = owner, srqn, refuse
+        self.rng = random.Random(seed)
+        self.calls = self.refused = 0
+
+    def lookup(self, srqn: int) -> bool:
+        return srqn == self.srqn
+
+    def relay(self, flags: int, srqn: int, tgt_qpn: int, src_qp: int, word: int,
+              payload: memoryview) -> bool:
+        self.calls += 1
+        if self.refuse and self.rng.randrange(self.refuse) == 0:
+            self.refused += 1
+            return False
+        srq_table(ib_port(self.owner.ctx)).hand_over(flags, srqn, tgt_qpn, src_qp, word,
+                                                     payload)
+        return True
+
+
+def _node(fab: Fabric, ip: str) -> tuple[v.Context, v.PD, v.CQ, bytearray, v.MR]:
+    ctx = v.Context(fabric=fab.link(ip))
+    pd = v.PD(ctx)
+    buf = bytearray(1 << 16)
+    return ctx, pd, v.CQ(ctx, 64), buf, v.MR(pd, 0, int(e.IBV_ACCESS_LOCAL_WRITE), buffer=buf)
+
+
+@pytest.mark.parametrize("faults", [dict(drop=0.15), dict(reorder=0.3), dict(duplicate=0.2)],
+                         ids=["drop", "reorder", "duplicate"])
+@pytest.mark.iba("9.8.5", "9.7.5.1.4", "9.7.5.2.8")
+def test_tgt_qp_hands_each_message_over_once_despite_faults(faults: dict[str, float]) -> None:
+    """SENDs (multi-packet, with immediate) through a TGT QP naming an SRQ of another
+    process, on a lossy / reordering / duplicating fabric, with the relay refusing about
+    one call in four (RNR NAK, sent again): each message reaches the owner's SRQ once,
+    whole, in order; the TGT QP's own process places nothing."""
+    clock = VirtualClock()
+    fab = Fabric(clock, seed=5, **faults)  # type: ignore[arg-type]
+    ctx_s, pd_s, cq_s, buf_s, mr_s = _node(fab, "10.6.1.1")
+    ctx_t, _, _, _, _ = _node(fab, "10.6.1.2")
+    owner = Owner()
+    try:
+        xrcd_t = v.XRCD(ctx_t)
+        relay = _Relay(owner, owner.srq.srq_num, refuse=4, seed=3)
+        xrcd_t.domain.relay = relay
+        ini = v.QP(pd_s, v.QPInitAttr(qp_type=int(e.IBV_QPT_XRC_SEND), scq=cq_s,
+                                      cap=v.QPCap(16, 0, 1, 0)))
+        tgt = v.QP(xrcd_t, v.QPInitAttr(qp_type=int(e.IBV_QPT_XRC_RECV)))
+        common: dict[str, Any] = dict(path_mtu=1, max_dest_rd_atomic=1, min_rnr_timer=1,
+                                      timeout=12, retry_cnt=7, rnr_retry=7, max_rd_atomic=1)
+        t = v.QPAttr(qp_access_flags=0, dest_qp_num=ini.qp_num, rq_psn=0xFFFFFA, sq_psn=0,
+                     **common)
+        t.ah_attr = v.AHAttr(is_global=1, gr=v.GlobalRoute(dgid=ctx_s.query_gid(1, 0),
+                                                            sgid_index=0), port_num=1)
+        tgt.to_rts(t)
+        i = v.QPAttr(qp_access_flags=0, dest_qp_num=tgt.qp_num, rq_psn=0, sq_psn=0xFFFFFA,
+                     **common)
+        i.ah_attr = v.AHAttr(is_global=1, gr=v.GlobalRoute(dgid=ctx_t.query_gid(1, 0),
+                                                            sgid_index=0), port_num=1)
+        ini.to_rts(i)
+        sizes = [3000, 1, 700, 2048, 0, 1500]
+        for k, n in enumerate(sizes):
+            owner.post(100 + k, 8192 * k, 4096)
+            buf_s[8192 * k:8192 * k + n] = bytes([k + 1]) * n
+            w = v.SendWR(k, sg=[v.SGE(mr_s.addr + 8192 * k, n, mr_s.lkey)] if n else [],
+                         opcode=int(e.IBV_WR_SEND_WITH_IMM if k == 2 else e.IBV_WR_SEND))
+            w.imm_data = 0x5151 if k == 2 else 0
+            w.set_qp_type_xrc(owner.srq.srq_num)
+            ini.post_send(w)
+        clock.run(max_events=500_000)
+        assert [(w.wr_id, w.status) for w in cq_s.poll(16)[1]] == [
+            (k, 0) for k in range(len(sizes))]
+        got = owner.wcs()
+        assert [(w[0], w[1], w[2], w[3], w[4]) for w in got] == [
+            (100 + k, OK, n, tgt.qp_num, ini.qp_num) for k, n in enumerate(sizes)]
+        assert got[2][5] == int(e.IBV_WC_WITH_IMM) and got[2][6] == 0x5151
+        for k, n in enumerate(sizes):
+            assert owner.buf[8192 * k:8192 * k + n] == bytes([k + 1]) * n
+        assert relay.refused > 0
+        assert fab.stats.dropped + fab.stats.reordered + fab.stats.duplicated > 0
+    finally:
+        fab.stop_capture()
+        owner.ctx.close()
+        ctx_s.close()
+        ctx_t.close()
