@@ -149,6 +149,61 @@ def _node(fab: Fabric, ip: str) -> tuple[v.Context, v.PD, v.CQ, bytearray, v.MR]
     return ctx, pd, v.CQ(ctx, 64), buf, v.MR(pd, 0, int(e.IBV_ACCESS_LOCAL_WRITE), buffer=buf)
 
 
+def _ini_tgt(ctx_s: v.Context, pd_s: v.PD, cq_s: v.CQ, ctx_t: v.Context,
+             relay: _Relay) -> tuple[v.QP, v.QP]:
+    """An INI QP on ``ctx_s`` connected to a TGT QP on ``ctx_t`` whose (private) domain
+    hands over through ``relay``, as a domain shared through devd does."""
+    xrcd_t = v.XRCD(ctx_t)
+    xrcd_t.domain.relay = relay
+    ini = v.QP(pd_s, v.QPInitAttr(qp_type=int(e.IBV_QPT_XRC_SEND), scq=cq_s,
+                                  cap=v.QPCap(16, 0, 1, 0)))
+    tgt = v.QP(xrcd_t, v.QPInitAttr(qp_type=int(e.IBV_QPT_XRC_RECV)))
+    common: dict[str, Any] = dict(path_mtu=1, max_dest_rd_atomic=1, min_rnr_timer=1,
+                                  timeout=12, retry_cnt=7, rnr_retry=7, max_rd_atomic=1)
+    t = v.QPAttr(qp_access_flags=0, dest_qp_num=ini.qp_num, rq_psn=0xFFFFFA, sq_psn=0,
+                 **common)
+    t.ah_attr = v.AHAttr(is_global=1, gr=v.GlobalRoute(dgid=ctx_s.query_gid(1, 0),
+                                                        sgid_index=0), port_num=1)
+    tgt.to_rts(t)
+    i = v.QPAttr(qp_access_flags=0, dest_qp_num=tgt.qp_num, rq_psn=0, sq_psn=0xFFFFFA,
+                 **common)
+    i.ah_attr = v.AHAttr(is_global=1, gr=v.GlobalRoute(dgid=ctx_t.query_gid(1, 0),
+                                                        sgid_index=0), port_num=1)
+    ini.to_rts(i)
+    return ini, tgt
+
+
+@pytest.mark.parametrize("to", ["ERR", "RESET"])
+@pytest.mark.iba("9.8.5", "10.3.1.7")
+def test_a_tgt_qp_leaving_a_message_unfinished_flushes_its_wqe(to: str) -> None:
+    """The TGT QP goes to ERR (or RESET) with a handed-over message half done (its LAST
+    packet lost for good): the owner completes that receive WQE with a flush error on
+    the SRQ's CQ instead of holding it forever."""
+    clock = VirtualClock()
+    fab = Fabric(clock, seed=1)
+    fab.add_rule(lambda d: d.data[0] == 0xA2, "drop")  # XRC SEND LAST (IBA Table 35)
+    ctx_s, pd_s, cq_s, _, mr_s = _node(fab, "10.6.2.1")
+    ctx_t, _, _, _, _ = _node(fab, "10.6.2.2")
+    owner = Owner()
+    try:
+        relay = _Relay(owner, owner.srq.srq_num, refuse=0, seed=0)
+        ini, tgt = _ini_tgt(ctx_s, pd_s, cq_s, ctx_t, relay)
+        owner.post(1, 0, 4096)
+        w = v.SendWR(1, sg=[v.SGE(mr_s.addr, 600, mr_s.lkey)])
+        w.set_qp_type_xrc(owner.srq.srq_num)
+        ini.post_send(w)
+        clock.run(until=clock.now() + 0.01)
+        assert relay.calls == 2 and owner.wcs() == []  # FIRST and MIDDLE handed over
+        state = int(e.IBV_QPS_ERR if to == "ERR" else e.IBV_QPS_RESET)
+        tgt.modify(v.QPAttr(qp_state=state), int(e.IBV_QP_STATE))
+        assert [w[:4] for w in owner.wcs()] == [(1, e.IBV_WC_WR_FLUSH_ERR, 0, tgt.qp_num)]
+    finally:
+        fab.stop_capture()
+        owner.ctx.close()
+        ctx_s.close()
+        ctx_t.close()
+
+
 @pytest.mark.parametrize("faults", [dict(drop=0.15), dict(reorder=0.3), dict(duplicate=0.2)],
                          ids=["drop", "reorder", "duplicate"])
 @pytest.mark.iba("9.8.5", "9.7.5.1.4", "9.7.5.2.8")
@@ -163,24 +218,8 @@ def test_tgt_qp_hands_each_message_over_once_despite_faults(faults: dict[str, fl
     ctx_t, _, _, _, _ = _node(fab, "10.6.1.2")
     owner = Owner()
     try:
-        xrcd_t = v.XRCD(ctx_t)
         relay = _Relay(owner, owner.srq.srq_num, refuse=4, seed=3)
-        xrcd_t.domain.relay = relay
-        ini = v.QP(pd_s, v.QPInitAttr(qp_type=int(e.IBV_QPT_XRC_SEND), scq=cq_s,
-                                      cap=v.QPCap(16, 0, 1, 0)))
-        tgt = v.QP(xrcd_t, v.QPInitAttr(qp_type=int(e.IBV_QPT_XRC_RECV)))
-        common: dict[str, Any] = dict(path_mtu=1, max_dest_rd_atomic=1, min_rnr_timer=1,
-                                      timeout=12, retry_cnt=7, rnr_retry=7, max_rd_atomic=1)
-        t = v.QPAttr(qp_access_flags=0, dest_qp_num=ini.qp_num, rq_psn=0xFFFFFA, sq_psn=0,
-                     **common)
-        t.ah_attr = v.AHAttr(is_global=1, gr=v.GlobalRoute(dgid=ctx_s.query_gid(1, 0),
-                                                            sgid_index=0), port_num=1)
-        tgt.to_rts(t)
-        i = v.QPAttr(qp_access_flags=0, dest_qp_num=tgt.qp_num, rq_psn=0, sq_psn=0xFFFFFA,
-                     **common)
-        i.ah_attr = v.AHAttr(is_global=1, gr=v.GlobalRoute(dgid=ctx_t.query_gid(1, 0),
-                                                            sgid_index=0), port_num=1)
-        ini.to_rts(i)
+        ini, tgt = _ini_tgt(ctx_s, pd_s, cq_s, ctx_t, relay)
         sizes = [3000, 1, 700, 2048, 0, 1500]
         for k, n in enumerate(sizes):
             owner.post(100 + k, 8192 * k, 4096)

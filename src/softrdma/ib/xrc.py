@@ -420,6 +420,10 @@ class _HandOverResponder(Responder):
         self._abort_remote()
         super().abort()
 
+    def reset(self) -> None:
+        self._abort_remote()
+        super().reset()
+
     def _error(self, pkt: IBPacket, e: RequestNak) -> None:
         self._abort_remote()
         super()._error(pkt, e)
