@@ -72,10 +72,11 @@ def _listening(port: int) -> bool:
     return False
 
 
-def run_pair(server: list[str], client: list[str], port: int
+def run_pair(server: list[str], client: list[str], port: int, *more: list[str]
              ) -> tuple[list[subprocess.Popen[str]], list[tuple[str, str]]]:
-    """Start ``server``, wait until it listens on TCP ``port``, run ``client`` against it;
-    both to their end: the processes and their (stdout, stderr)."""
+    """Start ``server``, wait until it listens on TCP ``port``, run ``client`` (and the
+    ``more`` clients) against it; all to their end: the processes and their (stdout,
+    stderr)."""
     procs: list[subprocess.Popen[str]] = []
     env = dict(os.environ)
     try:
@@ -87,8 +88,9 @@ def run_pair(server: list[str], client: list[str], port: int
                 out, err = procs[0].communicate()
                 raise AssertionError(f"server did not listen: rc={procs[0].returncode} {err}")
             time.sleep(0.05)
-        procs.append(subprocess.Popen(client, env=env, text=True, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE))
+        for cmd in (client, *more):
+            procs.append(subprocess.Popen(cmd, env=env, text=True, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE))
         outs = [p.communicate(timeout=TIMEOUT) for p in procs]
     finally:
         reap(*procs)

@@ -115,15 +115,45 @@ def test_client_against_a_hand_made_server(env: dict[str, str]) -> None:
     assert res.stderr.count("\n") == 1
 
 
+@pytest.mark.iba("9.8.5", "10.2.9")
+def test_two_clients_share_the_servers_xrc_domain(env: dict[str, str]) -> None:
+    """``-c 2`` on a shared device: the server sends each client's messages through both
+    clients' TGT QPs, half of them into the SRQ of the other client's process (devd hands
+    them over: docs/design.md, "XRC domains across processes"); all three succeed."""
+    port = str(free_port(socket.SOCK_STREAM))
+    flags = ["-g", "0", "-p", port, "-n", "8", "-s", "3000", "-m", "1024", "--timeout", "120"]
+    server = subprocess.Popen(_cmd(*flags, "-c", "2"), env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    clients: list[subprocess.Popen[str]] = []
+    try:
+        clients = [subprocess.Popen(_cmd(*flags, "127.0.0.1"), env=env, text=True,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                   for _ in range(2)]
+        outs = [p.communicate(timeout=300) for p in (server, *clients)]
+    finally:
+        for p in (server, *clients):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for p, (out, err) in zip((server, *clients), outs, strict=True):
+        assert p.returncode == 0, (out, err)
+        assert out.splitlines()[-1] == "success", out
+    got = [[m.groups() for m in map(LINE.match, out.splitlines()) if m] for out, _ in outs]
+    assert [len(x) for x in got] == [4, 2, 2]
+    assert ({g[1:] for g in got[0] if g[0] == "remote"}
+            == {g[1:] for x in got[1:] for g in x if g[0] == "local"})
+
+
 @pytest.mark.parametrize("args,msg", [
-    (["-c", "2"], "XRC domains are not shared across processes"),
+    (["-c", "2"], "shared across processes only on a device shared through its devd"),
     (["-o"], "isn't ODP capable"),
     (["-n", "0"], "-n must be >= 1"),
     (["-m", "1000"], "bad -s, -i or -m"),
 ])
 def test_refusals(env: dict[str, str], args: list[str], msg: str) -> None:
-    res = subprocess.run(_cmd("-g", "0", *args), env=env, text=True, capture_output=True,
-                         timeout=60, check=False)
+    # -c 2 on an in-process device: no other process can share its XRC domain
+    res = subprocess.run(_cmd("-g", "0", *args), env=dict(env, SOFTRDMA_SHARED="0"),
+                         text=True, capture_output=True, timeout=60, check=False)
     assert res.returncode != 0 and msg in res.stderr and "Traceback" not in res.stderr
 
 

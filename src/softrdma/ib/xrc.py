@@ -26,45 +26,117 @@ responses to a TGT QP) or of another transport are dropped and counted as
 ``rcvd_bad_opcode`` (IBA 9.6.1.2).
 
 XRC SRQ numbers come from the device's QP number space (unique across the processes of
-a shared device); an SRQ and every TGT QP that delivers into it live in one process
-(the XRCD is this process's, see ``verbs/xrcd.py``).
+a shared device). A domain opened on a file is shared by the processes of a shared
+device that open that file (``verbs/xrcd.py``; :attr:`XrcDomain.relay` set): a TGT QP
+bound to an SRQ of another process (:class:`RemoteSRQ`, found through the relay) keeps
+the transport (PSN checks, ACKs, NAKs) and hands each SEND packet over, through the
+device's daemon (``drivers/devd/xrc.py``), to the SRQ's owner, which places it in the
+receive WQE it takes from the SRQ and completes it on the SRQ's CQ with the TGT QP's
+number (IBA 10.2.9; :meth:`XrcSRQ.hand_over`). Packets of one TGT QP arrive in order;
+while the SRQ has no receive WQE they wait (up to :data:`MAX_HANDOVER_BYTES`). Only
+SENDs cross processes: an RDMA WRITE, READ or atomic naming another process's SRQ is
+NAKed as an invalid XRCETH (its R_Key is in that process's memory). A hand-over the
+daemon cannot take now is answered with an RNR NAK (the INI QP sends again).
 """
 
 from __future__ import annotations
 
 import weakref
-from typing import ClassVar
+from collections import deque
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
 
+from ..enums import ibv_access_flags as _ACC
+from ..enums import ibv_wc_flags as _WCF
+from ..enums import ibv_wc_opcode as _WCO
+from ..enums import ibv_wc_status as _WCS
 from ..errors import ResourceError
+from ..seam.memory import resolve_sges, scatter
 from ..seam.queues import EngineSRQ, QPInit
 from ..seam.states import QPT_RC
-from ..seam.types import AddressHandle, CompletionSink, RecvWQE, WorkCompletion
+from ..seam.types import PSN_MASK, AddressHandle, CompletionSink, RecvWQE, WorkCompletion
 from ..wire.ib import IBPacket
-from ..wire.opcodes import Transport
+from ..wire.opcodes import Kind, Pos, Transport
 from ..wire.xrc import XRCETH_SIZE, xrc_request_header, xrc_response_header, xrceth_srqn
+from .mw import remotely_invalidatable
 from .packet import RxMeta
 from .port import Port
 from .qp import EngineQP
+from .rd_atomic import RequestNak
+from .responder import _RNR, Responder
 
-__all__ = ["XrcDomain", "XrcSRQ", "XrcIniQP", "XrcTgtQP", "srq_table", "MAX_SRQN"]
+__all__ = ["XrcDomain", "XrcSRQ", "XrcIniQP", "XrcTgtQP", "XrcRelay", "RemoteSRQ", "srq_table",
+           "MAX_SRQN", "MAX_HANDOVER_BYTES", "XF_FIRST", "XF_LAST", "XF_IMM", "XF_INV", "XF_SE",
+           "XF_ABORT"]
 
 MAX_SRQN = 0xFFFFFF  # XRCSRQ is 24 bits (XRCETH)
 _XRC = int(Transport.XRC)
 
+# the flags of a handed-over SEND packet (XrcRelay.relay, XrcSRQ.hand_over)
+XF_FIRST = 0x01  # the first packet of a message: the owner takes a receive WQE
+XF_LAST = 0x02  # the last packet: the owner completes the WQE
+XF_IMM = 0x04  # SEND with Immediate: ``word`` is the immediate data
+XF_INV = 0x08  # SEND with Invalidate: ``word`` is the R_Key to invalidate
+XF_SE = 0x10  # the last packet's Solicited Event bit
+XF_ABORT = 0x20  # the TGT QP left its message unfinished (error): flush its WQE
+_XF_OVERFLOW = 0x100  # (owner side) a packet of the message could not be kept
+#: bytes of handed-over packets an XRC SRQ keeps while it has no receive WQE; past it
+#: a new message is dropped and a message in progress completes in error
+MAX_HANDOVER_BYTES = 16 << 20
+_LOCAL_WRITE = int(_ACC.IBV_ACCESS_LOCAL_WRITE)
+_POS_LAST = int(Pos.LAST)
+
+
+class XrcRelay(Protocol):
+    """The driver's side of a domain shared by processes (``verbs/xrcd.py``)."""
+
+    def lookup(self, srqn: int) -> bool:
+        """Whether another process registered XRC SRQ ``srqn`` in this domain."""
+        ...
+
+    def relay(self, flags: int, srqn: int, tgt_qpn: int, src_qp: int, word: int,
+              payload: memoryview) -> bool:
+        """Hand one SEND packet over to SRQ ``srqn``'s owner; False: not now."""
+        ...
+
 
 class XrcDomain:
-    """An XRC domain (Annex A14 ``XRCD``): the SRQs and TGT QPs that belong together."""
+    """An XRC domain (Annex A14 ``XRCD``): the SRQs and TGT QPs that belong together;
+    ``relay``: the domain is shared with other processes (the module docstring)."""
 
-    __slots__ = ("port", "srqs", "tgt_qps", "closed", "__weakref__")
+    __slots__ = ("port", "srqs", "tgt_qps", "closed", "relay", "remote_srqs", "__weakref__")
 
     def __init__(self, port: Port) -> None:
         self.port = port
         self.srqs: set[XrcSRQ] = set()
         self.tgt_qps: dict[int, XrcTgtQP] = {}
         self.closed = False
+        self.relay: XrcRelay | None = None
+        self.remote_srqs: dict[int, RemoteSRQ] = {}
 
     def in_use(self) -> bool:
         return bool(self.srqs) or bool(self.tgt_qps)
+
+    def remote_srq(self, srqn: int) -> RemoteSRQ | None:
+        """SRQ ``srqn`` of this domain in another process, or None (asked of the relay
+        once, then remembered)."""
+        got = self.remote_srqs.get(srqn)
+        if got is None and self.relay is not None and self.relay.lookup(srqn):
+            got = self.remote_srqs[srqn] = RemoteSRQ(self, srqn)
+        return got
+
+
+class RemoteSRQ:
+    """An XRC SRQ of a shared domain that another process owns: what a TGT QP binds to
+    hand SENDs over (the module docstring)."""
+
+    __slots__ = ("xrcd", "srqn", "pd", "closed")
+
+    def __init__(self, xrcd: XrcDomain, srqn: int) -> None:
+        self.xrcd = xrcd
+        self.srqn = srqn
+        self.pd = object()  # no memory region of this process is in it
+        self.closed = False
 
 
 class _SrqTable:
@@ -80,6 +152,16 @@ class _SrqTable:
     def __init__(self, port: Port) -> None:
         self.by_srqn: dict[int, XrcSRQ] = {}
         self.port = port
+
+    def hand_over(self, flags: int, srqn: int, tgt_qpn: int, src_qp: int, word: int,
+                  payload: memoryview) -> None:
+        """A SEND packet handed over by another process's TGT QP (the link's
+        ``xrc_sink``): to the SRQ it names; counted and dropped if there is none."""
+        srq = self.by_srqn.get(srqn)
+        if srq is None or srq.closed:
+            self.port.counters.rcvd_unknown_qp += 1
+            return
+        srq.hand_over(flags, tgt_qpn, src_qp, word, payload)
 
     def alloc(self) -> int:
         for _ in range(MAX_SRQN):
@@ -104,6 +186,16 @@ def srq_table(port: Port) -> _SrqTable:
     return t
 
 
+@dataclass(eq=False, slots=True)
+class _Inbound:
+    """A handed-over message being placed: its receive WQE, buffers, offset, status."""
+
+    rwqe: RecvWQE
+    segs: list[memoryview] | None
+    offset: int = 0
+    status: int = 0
+
+
 class XrcSRQ(EngineSRQ):
     """An XRC SRQ (``IBV_SRQT_XRC``): an SRQ with a number, an XRC domain and its own CQ,
     which receives the completions of every message delivered into it (IBA 10.2.9)."""
@@ -118,9 +210,110 @@ class XrcSRQ(EngineSRQ):
         self.srqn = table.alloc()
         table.by_srqn[self.srqn] = self
         xrcd.srqs.add(self)
+        # handed-over messages (module docstring): in progress by TGT QPN, and the
+        # packets waiting for a receive WQE, in their order of arrival
+        self.inbound: dict[int, _Inbound] = {}
+        self.waiting: deque[tuple[int, int, int, int, bytes]] = deque()
+        self.waiting_bytes = 0
+        self.dropping: set[int] = set()  # TGT QPNs whose message is being dropped
+
+    def post_recv(self, rwqe: RecvWQE) -> None:
+        super().post_recv(rwqe)
+        if self.waiting:
+            self._drain()
+
+    def hand_over(self, flags: int, tgt_qpn: int, src_qp: int, word: int,
+                  payload: memoryview) -> None:
+        """One SEND packet that TGT QP ``tgt_qpn`` of another process took for this SRQ
+        (``flags``: ``XF_*``): placed now, or kept until a receive WQE is posted."""
+        if tgt_qpn in self.dropping:  # the rest of a message that could not be kept
+            if not flags & XF_FIRST:
+                if flags & (XF_LAST | XF_ABORT):
+                    self.dropping.discard(tgt_qpn)
+                return
+            self.dropping.discard(tgt_qpn)
+        if not self.waiting and self._place(flags, tgt_qpn, src_qp, word, payload):
+            return
+        if self.waiting_bytes + len(payload) > MAX_HANDOVER_BYTES:
+            self.port.counters.rcvd_no_buffer += 1
+            if not flags & XF_LAST:
+                self.dropping.add(tgt_qpn)
+            if flags & XF_FIRST:
+                return  # the whole message is dropped, as a lost one
+            flags, payload = _XF_OVERFLOW, memoryview(b"")
+        self.waiting.append((flags, tgt_qpn, src_qp, word, bytes(payload)))
+        self.waiting_bytes += len(payload)
+
+    def _drain(self) -> None:
+        waiting = self.waiting
+        while waiting:
+            flags, tgt, src, word, data = waiting[0]
+            if not self._place(flags, tgt, src, word, memoryview(data)):
+                return
+            waiting.popleft()
+            self.waiting_bytes -= len(data)
+
+    def _place(self, flags: int, tgt: int, src: int, word: int, payload: memoryview) -> bool:
+        """Place one handed-over packet (IBA 9.7.4.1.5, as the responder's ``_send_data``
+        does); False, with nothing done, when a message starts and no WQE is posted."""
+        msg = self.inbound.get(tgt)
+        if flags & (XF_ABORT | _XF_OVERFLOW):
+            if msg is not None:
+                del self.inbound[tgt]
+                self.cq(WorkCompletion(msg.rwqe.wr_id, int(
+                    _WCS.IBV_WC_WR_FLUSH_ERR if flags & XF_ABORT else _WCS.IBV_WC_GENERAL_ERR),
+                    int(_WCO.IBV_WC_RECV), tgt))
+            return True
+        if flags & XF_FIRST:
+            if msg is not None:  # its previous message never ended (the TGT QP reset)
+                del self.inbound[tgt]
+                self.cq(WorkCompletion(msg.rwqe.wr_id, int(_WCS.IBV_WC_WR_FLUSH_ERR),
+                                       int(_WCO.IBV_WC_RECV), tgt))
+            rwqe = self.take()
+            if rwqe is None:
+                return False
+            segs = resolve_sges(self.port.mrs, self.pd, rwqe.sg_list, _LOCAL_WRITE)
+            msg = _Inbound(rwqe, segs, 0, 0 if segs is not None
+                           else int(_WCS.IBV_WC_LOC_PROT_ERR))
+            self.inbound[tgt] = msg
+        elif msg is None:  # the start of its message was lost
+            self.port.counters.rcvd_no_buffer += 1
+            return True
+        if not msg.status and len(payload):
+            assert msg.segs is not None
+            if not scatter(msg.segs, msg.offset, payload):
+                msg.status = int(_WCS.IBV_WC_LOC_LEN_ERR)
+        msg.offset += len(payload)
+        if flags & XF_LAST:
+            del self.inbound[tgt]
+            self.cq(self._completion(msg, flags, tgt, src, word))
+        return True
+
+    def _completion(self, msg: _Inbound, flags: int, tgt: int, src: int,
+                    word: int) -> WorkCompletion:
+        wc_flags = imm = inv = 0
+        status = msg.status
+        if flags & XF_IMM:
+            wc_flags, imm = int(_WCF.IBV_WC_WITH_IMM), word
+        elif flags & XF_INV and not status:
+            mr = self.port.lookup_mr(word)
+            if mr is None or mr.pd is not self.pd or not remotely_invalidatable(mr):
+                status = int(_WCS.IBV_WC_REM_INV_REQ_ERR)
+            else:
+                mr.valid = False
+                wc_flags, inv = int(_WCF.IBV_WC_WITH_INV), word
+        if status:
+            return WorkCompletion(msg.rwqe.wr_id, status, int(_WCO.IBV_WC_RECV), tgt)
+        wc = WorkCompletion(msg.rwqe.wr_id, int(_WCS.IBV_WC_SUCCESS), int(_WCO.IBV_WC_RECV),
+                            tgt, byte_len=msg.offset, imm_data=imm, src_qp=src,
+                            wc_flags=wc_flags, invalidated_rkey=inv)
+        wc.solicited = bool(flags & XF_SE)
+        return wc
 
     def destroy(self) -> None:
         self.closed = True
+        self.waiting.clear()
+        self.inbound.clear()
         table = srq_table(self.port)
         if table.by_srqn.get(self.srqn) is self:
             table.free(self.srqn)
@@ -178,6 +371,64 @@ class XrcIniQP(_XrcQP):
         raise ResourceError("an XRC INI QP has no receive queue")
 
 
+class _HandOverResponder(Responder):
+    """The responder of an XRC TGT QP: a SEND bound to an SRQ of another process
+    (:class:`RemoteSRQ`) is handed over packet by packet instead of placed here; the
+    transport (sequence, length, PSN, ACK) is the RC responder's."""
+
+    def __init__(self, qp: XrcTgtQP) -> None:
+        super().__init__(qp)
+        self.tgt = qp
+
+    def _send_data(self, pkt: IBPacket, plen: int) -> None:
+        remote = self.tgt.bound
+        if not isinstance(remote, RemoteSRQ):
+            super()._send_data(pkt, plen)
+            return
+        info = pkt.info
+        flags = 0 if self.cur else XF_FIRST
+        word = 0
+        last = info.pos_int & _POS_LAST
+        if last:
+            flags |= XF_LAST | (XF_SE if pkt.se else 0)
+            if info.imm:
+                flags, word = flags | XF_IMM, pkt.imm
+            elif info.inv:
+                flags, word = flags | XF_INV, pkt.inv_rkey
+        if not self._relay(remote, flags, word, pkt.payload):
+            raise _RNR()  # the daemon cannot take it now: the requester sends it again
+        if not self.cur:
+            self.cur = Kind.SEND
+            self.offset = 0
+        self.offset += plen
+        if last:
+            self.msn = (self.msn + 1) & PSN_MASK
+            self._clear_msg()
+
+    def _relay(self, remote: RemoteSRQ, flags: int, word: int, payload: memoryview) -> bool:
+        relay = remote.xrcd.relay
+        qp = self.tgt
+        return relay is not None and relay.relay(flags, remote.srqn, qp.qpn, qp.dest_qpn,
+                                                 word, payload)
+
+    def _abort_remote(self) -> None:
+        remote = self.tgt.bound
+        if self.cur and isinstance(remote, RemoteSRQ):
+            self._relay(remote, XF_ABORT, 0, memoryview(b""))
+
+    def abort(self) -> None:
+        self._abort_remote()
+        super().abort()
+
+    def reset(self) -> None:
+        self._abort_remote()
+        super().reset()
+
+    def _error(self, pkt: IBPacket, e: RequestNak) -> None:
+        self._abort_remote()
+        super()._error(pkt, e)
+
+
 class XrcTgtQP(_XrcQP):
     """XRC target (receive) QP: the RC responder, delivering each request to the XRC SRQ
     its XRCETH names (checked against this QP's domain), answering with XRC opcodes."""
@@ -189,7 +440,9 @@ class XrcTgtQP(_XrcQP):
         super().__init__(port, QPInit(QPT_RC, None, _ignore_completion, _ignore_completion,
                                       None, 0, 0, 0, 0, 0, False), qpn)
         self.xrcd: XrcDomain | None = xrcd
-        self.bound: XrcSRQ | None = None  # the SRQ of the request being executed
+        # the SRQ of the request being executed (another process's: RemoteSRQ)
+        self.bound: XrcSRQ | RemoteSRQ | None = None
+        self.resp = _HandOverResponder(self)
         xrcd.tgt_qps[self.qpn] = self
 
     def tx(self, parts: list[bytes | bytearray | memoryview], length: int,
@@ -203,8 +456,19 @@ class XrcTgtQP(_XrcQP):
         receive WQEs, PD and CQ); False when the XRCETH is invalid for this QP (unknown
         SRQ, an SRQ of another XRC domain, a destroyed SRQ, or another SRQ than the one
         of the message in progress)."""
-        srq = srq_table(self.port).by_srqn.get(xrceth_srqn(pkt.xrceth))
-        if srq is None or srq.closed or srq.xrcd is not self.xrcd:
+        srqn = xrceth_srqn(pkt.xrceth)
+        srq = srq_table(self.port).by_srqn.get(srqn)
+        if srq is None:
+            # another process's SRQ of a shared domain: SENDs only (module docstring)
+            xrcd = self.xrcd
+            remote = xrcd.remote_srq(srqn) if xrcd is not None else None
+            if remote is None or pkt.info.kind != Kind.SEND:
+                return False
+            if self.resp.cur != 0 and remote is not self.bound:
+                return False
+            self.bound = remote
+            return True
+        if srq.closed or srq.xrcd is not self.xrcd:
             return False
         if self.resp.cur != 0 and srq is not self.bound:
             return False

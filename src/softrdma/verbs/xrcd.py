@@ -7,11 +7,13 @@ the file's inode names the domain, so every ``XRCD`` of a context opened on the 
 file is the same domain; ``O_CREAT`` creates it when the file has none yet
 (otherwise EINVAL), ``O_EXCL`` refuses an existing one (EINVAL).
 
-softrdma runs each process's transport engine in that process (docs/design.md,
-"Devices shared by processes"), and a TGT QP places incoming data into the memory of
-the SRQ's receive buffers, so the domain of a file is shared within the context (one engine), not
-across processes or contexts: another process or context opening the same file gets its
-own domain.
+On a device shared through its daemon (``devd``), the domain of a file is also the
+domain of every other process (or context) that opens the same file on the device, as
+with the kernel: the XRCD joins the daemon's domain of that file (it passes the file's
+descriptor), each XRC SRQ is registered there, and a TGT QP hands the SENDs that name
+another process's SRQ over to that process, which places and completes them
+(``softrdma.ib.xrc``, ``softrdma.drivers.devd.xrc``; RDMA operations do not cross
+processes). On a private device (one engine) the domain of a file is the context's.
 
 ``XrcSRQ(pd, xrcd, cq, init_attr)`` is an XRC SRQ: an SRQ whose completions go to its
 own CQ ``cq`` and whose number (:attr:`XrcSRQ.srq_num`) senders put in the XRCETH
@@ -21,13 +23,15 @@ scq=cq))`` and ``QP(xrcd, QPInitAttr(qp_type=IBV_QPT_XRC_RECV))`` (``softrdma.ve
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import weakref
+from typing import Any
 
-from ..errors import InvalidArgument, ResourceError
+from ..errors import InvalidArgument, ResourceError, SoftRdmaError
 from ..ib.port import Port
-from ..ib.xrc import XrcDomain
+from ..ib.xrc import XrcDomain, srq_table
 from ..ib.xrc import XrcSRQ as EngineXrcSRQ
 from ._args import uint
 from ._object import VerbsObject, release_on
@@ -43,6 +47,31 @@ _FILE_DOMAINS_LOCK = threading.Lock()
 # (engine port, st_dev, st_ino) -> the domain of that file, while an XRCD has it open
 _FILE_DOMAINS: weakref.WeakValueDictionary[tuple[object, int, int], XrcDomain] = \
     weakref.WeakValueDictionary()
+
+
+class _SharedDomain:
+    """The daemon's side of a domain opened on a file on a shared device: the
+    :class:`~softrdma.ib.xrc.XrcRelay` of the engine's domain, over the devd link."""
+
+    __slots__ = ("link", "ident")
+
+    def __init__(self, link: Any, ident: int) -> None:
+        self.link = link
+        self.ident = ident
+
+    def lookup(self, srqn: int) -> bool:
+        try:
+            return bool(self.link.xrc_lookup(self.ident, srqn))
+        except SoftRdmaError:
+            return False  # the daemon is stalled or gone: an invalid XRCETH for now
+
+    def relay(self, flags: int, srqn: int, tgt_qpn: int, src_qp: int, word: int,
+              payload: memoryview) -> bool:
+        return bool(self.link.xrc_send(flags, self.ident, srqn, tgt_qpn, src_qp, word,
+                                       payload))
+
+    def register(self, srqn: int) -> None:
+        self.link.xrc_srq(self.ident, srqn)
 
 
 class XRCD(VerbsObject):
@@ -65,6 +94,7 @@ class XRCD(VerbsObject):
             raise InvalidArgument("oflags", f"must be open(2) flags, got {oflags!r}")
         self.ctx = ctx
         self.fd = fd
+        self.shared: _SharedDomain | None = None
         if fd == XRCD_FD_NONE:
             self.domain = XrcDomain(port)
         else:
@@ -86,7 +116,27 @@ class XRCD(VerbsObject):
                     raise InvalidArgument("oflags", "O_EXCL: the file already has an XRC "
                                           "domain")
             self.domain = dom
+            link = ctx.runtime.link
+            if link is not None and getattr(link, "xrc", False):
+                self._join(link, port, fd)
         self._depend_on(ctx)
+
+    def _join(self, link: Any, port: Port, fd: int) -> None:
+        """Join the daemon's domain of the file (module docstring); the first XRCD of
+        the domain in this context makes it hand SENDs over and take them."""
+        ident = link.xrcd_open(fd)
+        shared = self.shared = _SharedDomain(link, ident)
+        dom = self.domain
+        if dom.relay is None:
+            dom.relay = shared
+            link.xrc_sink = srq_table(port).hand_over
+
+    def _release(self) -> None:
+        shared, self.shared = self.shared, None
+        if shared is not None:
+            with contextlib.suppress(SoftRdmaError, OSError):
+                shared.link.xrcd_close(shared.ident)
+        super()._release()
 
     def __repr__(self) -> str:
         state = " closed" if self._closed else ""
@@ -129,6 +179,12 @@ class XrcSRQ(SRQ):
         self.cq = cq
         self.srq_context = init_attr.srq_context
         ctx._register_owner(self.engine, self)
+        if xrcd.shared is not None:  # other processes of the domain may deliver into it
+            try:
+                xrcd.shared.register(self.engine.srqn)
+            except BaseException:
+                self.close()
+                raise
 
     @property
     def srq_num(self) -> int:

@@ -11,7 +11,7 @@ import select
 import socket
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +26,8 @@ from softrdma.drivers.devd.proto import (
     OP_JOINED,
     PROTOCOL_VERSION,
     RECV_BATCH,
+    XHDR,
+    XRC_RECORD,
     bind_text,
     socket_path,
 )
@@ -87,6 +89,7 @@ class DevdLink(DevdRequests, LinkState):
     gso = True  # sends leave from this process's own UdpLink (GsoLink)
     roce_v1 = True  # through its own raw socket when the device runs RoCEv1
     multicast = True
+    xrc = True  # XRC domains shared by processes (xrcd_open, xrc_send; :mod:`.xrc`)
 
     def __init__(
         self,
@@ -184,7 +187,13 @@ class DevdLink(DevdRequests, LinkState):
         self._slot = slot
         ring_view = memoryview(bytearray(slot * ring))
         self._slots = [ring_view[i * slot : (i + 1) * slot] for i in range(ring)]
-        self.counters: dict[str, int] = {"rx": 0, "bad_header": 0, "rx_direct": 0}
+        self.counters: dict[str, int] = {"rx": 0, "bad_header": 0, "rx_direct": 0,
+                                         "xrc_rx": 0}
+        #: takes each XRC hand-over record received, under the engine's lock, as
+        #: ``(flags, srqn, tgt_qpn, src_qp, word, payload)`` (the payload a view valid
+        #: during the call): the XRC SRQs' owner side (``softrdma.ib.xrc``); None: such
+        #: records are counted in ``bad_header``
+        self.xrc_sink: Callable[[int, int, int, int, int, memoryview], None] | None = None
         self.last_report: dict[str, int] = {}
         self.last_resources: dict[str, Any] = {}
         _LIVE.add(self)
@@ -273,6 +282,20 @@ class DevdLink(DevdRequests, LinkState):
                         0, 0, frame[8:24], bytes(dgid))
         with contextlib.suppress(BlockingIOError):  # full: lost, as on a busy wire
             self._data.sendmsg([hdr, frame], [], socket.MSG_DONTWAIT)
+
+    def xrc_send(self, flags: int, domain: int, srqn: int, tgt_qpn: int, src_qp: int,
+                 word: int, payload: ReadableBuffer) -> bool:
+        """Hand one SEND packet over to the process owning XRC SRQ ``srqn`` (through the
+        daemon, :mod:`.xrc`); False when the data channel is full or gone: the caller
+        has the peer send it again (an RNR NAK)."""
+        if self._closed:
+            return False
+        hdr = XHDR.pack(XRC_RECORD, flags, 0, domain, srqn, tgt_qpn, src_qp, word)
+        try:
+            self._data.sendmsg([hdr, payload], [], socket.MSG_DONTWAIT)
+        except OSError:
+            return False
+        return True
 
     def send(
         self,
@@ -388,6 +411,15 @@ class DevdLink(DevdRequests, LinkState):
                 self.daemon_gone = True
                 raise DeviceError(f"device {self.record.name!r}: its devd (pid "
                                   f"{self.daemon_pid}) is gone")
+            if n and buf[0] == XRC_RECORD:
+                sink = self.xrc_sink
+                if sink is None or n < XHDR.size:
+                    self.counters["bad_header"] += 1
+                else:
+                    self.counters["xrc_rx"] += 1
+                    _, flags, _, _, srqn, tgt, src, word = XHDR.unpack_from(buf)
+                    sink(flags, srqn, tgt, src, word, buf[XHDR.size:n])
+                continue
             if n < hsize:
                 self.counters["bad_header"] += 1
                 continue

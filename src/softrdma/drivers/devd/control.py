@@ -33,6 +33,7 @@ from softrdma.drivers.devd.proto import (
     with_seq,
 )
 from softrdma.drivers.devd.qpn import QpnRouting
+from softrdma.drivers.devd.xrc import XrcRouting
 from softrdma.drivers.host.port_totals import write_counters
 from softrdma.drivers.host.registry import DeviceRecord
 from softrdma.seam.counters import Counters
@@ -58,7 +59,7 @@ def _json_table(raw: bytes, value_ok: Callable[[object], bool]) -> dict[str, Any
     return got
 
 
-class Control(Forwarding, McastRouting, QpnRouting):
+class Control(Forwarding, McastRouting, QpnRouting, XrcRouting):
     """The control-channel half of :class:`~softrdma.drivers.devd.daemon.Devd` (which
     sets these attributes)."""
 
@@ -106,9 +107,10 @@ class Control(Forwarding, McastRouting, QpnRouting):
                   f"control message: {why}{more}", file=sys.stderr)
 
     def _on_request(self, c: Client, msg: bytes, fds: list[int], flags: int) -> bytes | None:
-        """One control record; descriptors only with a well-formed JOINED (closed here
-        otherwise, and the client dropped)."""
-        if flags & socket.MSG_CTRUNC or (fds and (msg[0] != proto.OP_JOINED
+        """One control record; descriptors only with a well-formed JOINED or XRCD_OPEN
+        (closed here otherwise, and the client dropped)."""
+        if flags & socket.MSG_CTRUNC or (fds and (msg[0] not in (proto.OP_JOINED,
+                                                                 proto.OP_XRCD_OPEN)
                                                   or len(msg) != REQ.size)):
             close_fds(fds)
             self._malformed(c, "descriptors passed with op "
@@ -120,6 +122,9 @@ class Control(Forwarding, McastRouting, QpnRouting):
                 self._malformed(c, why)
                 return None
             return self._joined(c, proto.OP_JOINED, socks)
+        if msg[0] == proto.OP_XRCD_OPEN and len(msg) == REQ.size:
+            err, value = self._xrcd_open(c, fds)
+            return REP.pack(proto.OP_XRCD_OPEN, err, value)
         if msg[0] == proto.OP_JOIN and len(msg) == REQ.size:
             c.join_seq = msg[SEQ_OFFSET]
         return self._handle(c, msg)
@@ -147,6 +152,12 @@ class Control(Forwarding, McastRouting, QpnRouting):
             err, value = self._cm_listen(c, mgid, op == proto.OP_CM_LISTEN), 0
         elif op == proto.OP_JOIN:
             return self._join(c, op)
+        elif op == proto.OP_XRCD_CLOSE:
+            err, value = self._xrcd_close(c, arg), 0
+        elif op in (proto.OP_XRC_SRQ, proto.OP_XRC_LOOKUP):
+            ident = int.from_bytes(mgid[:4], "big")
+            err = (self._xrc_srq if op == proto.OP_XRC_SRQ else self._xrc_lookup)(c, arg, ident)
+            value = 0
         elif op == proto.OP_COUNTERS:
             body = json.dumps({"port": self.port_counters(), "devd": self.counters,
                                "clients": len(self._clients)}).encode()
@@ -240,4 +251,5 @@ class Control(Forwarding, McastRouting, QpnRouting):
         if self._owners.get(qpn) is not c:
             return errno.ENOENT
         self._disown(qpn)
+        self._xrc_qpn_freed(qpn)
         return 0

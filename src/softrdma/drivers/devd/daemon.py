@@ -171,6 +171,7 @@ class Devd(Control):
         self._cm_listeners: dict[tuple[int, int], Client] = {}
         self._next_qpn = QPN_FIRST
         self._qpn_init()
+        self._xrc_init()
         self._retired = Counters()  # port counters of clients that left
         self.max_clients_per_uid = max_clients_per_uid
         self._uid_cap = max_clients_per_uid
@@ -432,6 +433,7 @@ class Devd(Control):
             if self._owners.get(qpn) is c:
                 self._disown(qpn)
         c.qpns.clear()
+        self._xrc_client_left(c)
         if c in self._qp1:
             self._qp1.remove(c)
         self._cm_release(c)

@@ -6,7 +6,7 @@ BTH DestQP: IBA 9.2; multicast: IBA 10.5, Annex A17)."""
 from __future__ import annotations
 
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from softrdma.drivers.devd.cm import CmRouting
 from softrdma.drivers.devd.proto import (
@@ -16,6 +16,7 @@ from softrdma.drivers.devd.proto import (
     MAX_SEGMENT_HINT,
     QPN_GSI,
     QPN_MULTICAST,
+    XRC_RECORD,
     Client,
     client_recv,
 )
@@ -36,10 +37,16 @@ class Forwarding(CmRouting):
     _raw: RawEtherLink | None
     _closed_qpns: dict[int, None]  # QPNs of QPs destroyed lately (QpnRouting)
 
+    _xrc_forward: Callable[[Client, bytes], None]  # XrcRouting
+
     def _on_data_hup(self, c: Client) -> None:
         """The data channel is readable: the client left, or it sends a self-addressed
-        RoCEv1 packet (CA16-22), which is routed as if it had arrived from the wire."""
+        RoCEv1 packet (CA16-22), which is routed as if it had arrived from the wire, or
+        an XRC hand-over record (:mod:`.xrc`)."""
         while (msg := client_recv(c, c.data, DHDR.size + MAX_DATAGRAM)) is not None:
+            if msg[0] == XRC_RECORD:
+                self._xrc_forward(c, msg)
+                continue
             dg = v1_datagram(msg, DHDR.size)
             if dg is None or self._raw is None:
                 self.counters["malformed"] += 1

@@ -74,6 +74,20 @@ Requests (client -> daemon, control), one fixed-size record::
                       value is the number of live clients; ENOENT: no client i
                       (``softrdma res show`` asks for 0, 1, ... one record each, so no
                       answer outgrows a control record)
+      XRCD_OPEN   15  passes (``SCM_RIGHTS``) one descriptor of the file an XRC domain is
+                      opened on (``ibv_open_xrcd`` with a file, Annex A14): the file's
+                      device and inode name the domain across processes, as the kernel's
+                      ``ib_uverbs_open_xrcd`` does; the value is the domain's id on this
+                      device (the same for every client opening the same file), counted
+                      per client (:mod:`.xrc`; EBADF: not a descriptor of a file)
+      XRCD_CLOSE  16  arg = domain id: undo one XRCD_OPEN (ENOENT: not open here)
+      XRC_SRQ     17  arg = SRQ number (a QPN this client owns), mgid = domain id
+                      (4 bytes, then zeros): the client's XRC SRQ of that domain, to which
+                      other clients of the domain hand SENDs (ENOENT: not the owner;
+                      EACCES: the domain is not open here). Freeing the QPN forgets it
+      XRC_LOOKUP  18  arg = SRQ number, mgid = domain id: 0 if another client of the
+                      domain registered that SRQ (XRC_SRQ), else ENOENT (EACCES: the
+                      domain is not open here)
 
 A malformed control message (descriptors passed with any other request, a JOINED whose
 count does not match its descriptors, or whose descriptors are not UDP sockets bound to
@@ -104,6 +118,18 @@ received (BTH .. ICRC)::
     dst (addresses as 16 bytes, IPv4 as ::ffff:a.b.c.d; segment: 1 + the index of the
     segment in a coalesced UDP GRO receive, whose IPv4 ID the ICRC check tries first,
     ``Datagram.ident``; 0: received alone)
+
+XRC hand-over (data channel, both ways; :mod:`.xrc`): a record whose first byte is
+:data:`XRC_RECORD` is ``XHDR`` then the payload of one SEND packet that an XRC TGT QP
+took for an SRQ of another client of its domain (IBA 9.8.5, Annex A14)::
+
+    XHDR "!BBHIIIII": XRC_RECORD, flags (``softrdma.ib.xrc.XF_*``: first, last, with
+    immediate, with invalidate, solicited, abort), 0, domain id, SRQ number, TGT QPN,
+    source QPN (the INI QP), immediate data or the R_Key to invalidate
+
+devd forwards it unchanged to the SRQ's owner when the sender has the domain open and
+the SRQ is registered in it (``xrc_forwarded``); else drops it (``xrc_refused``; a
+full owner channel: ``client_full``).
 
 Delivery rules: DestQP 1 -> CM MADs are routed (below), other QP1 MADs go to every client
 registered for QP1; DestQP 0xFFFFFF (multicast,
@@ -158,12 +184,18 @@ OP_JOIN = 11
 OP_JOINED = 12
 OP_REPORT_RESOURCES = 13
 OP_RESOURCES = 14
+OP_XRCD_OPEN = 15
+OP_XRCD_CLOSE = 16
+OP_XRC_SRQ = 17
+OP_XRC_LOOKUP = 18
 
 HELLO = struct.Struct("!4sHHIH")
 REQ = struct.Struct("!BxxxI16s")  # byte 1: seq (with_seq)
 REP = struct.Struct("!BxHI")  # byte 1: seq (with_seq)
 SEQ_OFFSET = 1
 DHDR = struct.Struct("!BBBBHH16s16s")
+XHDR = struct.Struct("!BBHIIIII")  # an XRC hand-over record (above)
+XRC_RECORD = 0x58  # XHDR's first byte: never a DHDR IP version (4, 6) nor RoCEv1's 1
 MAX_SEGMENT_HINT = 0xFE  # the largest GRO segment index the DHDR carries
 U64 = struct.Struct("!Q")
 
@@ -176,7 +208,8 @@ BTH_SIZE = 12
 STAT_NAMES = ("rx", "forwarded", "unknown_qpn", "malformed", "client_full", "clients",
               "cm_routed", "cm_rejected", "clients_refused", "cm_bad_req", "cm_rej_limited",
               "direct_clients", "direct_refused", "bpf_attached", "bpf_failed",
-              "ctrl_malformed", "join_timeouts", "closed_qpn")
+              "ctrl_malformed", "join_timeouts", "closed_qpn", "xrc_forwarded",
+              "xrc_refused")
 
 # CM MADs on QP1: BTH (12) + DETH (8), then the 256-byte MAD (IBA 13.4)
 MAD_OFF = BTH_SIZE + 8
@@ -237,6 +270,7 @@ class Client:
     join_expired: bool = False  # it held the JOIN turn past join_timeout
     pid: int = 0  # SO_PEERCRED at accept (0: unknown)
     resources: dict[str, object] = field(default_factory=dict)  # last REPORT_RESOURCES
+    xrcds: dict[int, int] = field(default_factory=dict)  # XRC domain id -> XRCD_OPENs
 
 
 def close_fds(fds: list[int]) -> None:

@@ -28,6 +28,10 @@ from softrdma.drivers.devd.proto import (
     OP_REPORT_RESOURCES,
     OP_RESOURCES,
     OP_STATS,
+    OP_XRC_LOOKUP,
+    OP_XRC_SRQ,
+    OP_XRCD_CLOSE,
+    OP_XRCD_OPEN,
     QPN_LAST,
     REP,
     REQ,
@@ -151,6 +155,36 @@ class DevdRequests:
         raw = service_id.to_bytes(8, "big") + mask.to_bytes(8, "big")
         self._request(OP_CM_LISTEN if listen else OP_CM_UNLISTEN, 0, raw)
 
+    # ---- XRC domains shared by processes (:mod:`.xrc`) ---------------------------------
+    def xrcd_open(self, fd: int) -> int:
+        """Join the XRC domain of the file open on ``fd`` (XRCD_OPEN): its id on the
+        device, the same in every process that opens the same file."""
+        return self._request(OP_XRCD_OPEN, fds=[fd])[0]
+
+    def xrcd_close(self, domain: int) -> None:
+        """Undo one :meth:`xrcd_open` (a no-op once the daemon is gone)."""
+        if self.daemon_gone or self._closed:
+            return
+        try:
+            self._request(OP_XRCD_CLOSE, domain)
+        except DeviceError as exc:
+            if not self.daemon_gone and exc.errno != errno.ETIMEDOUT:
+                raise
+
+    def xrc_srq(self, domain: int, srqn: int) -> None:
+        """Register this process's XRC SRQ ``srqn`` (a QPN it holds) in ``domain``."""
+        self._request(OP_XRC_SRQ, srqn, _xrc_domain(domain))
+
+    def xrc_lookup(self, domain: int, srqn: int) -> bool:
+        """Whether another process registered XRC SRQ ``srqn`` in ``domain``."""
+        try:
+            self._request(OP_XRC_LOOKUP, srqn, _xrc_domain(domain))
+        except DeviceError as exc:
+            if exc.errno == errno.ENOENT:
+                return False
+            raise
+        return True
+
     def report_counters(self, values: dict[str, int]) -> None:
         """Tell the daemon this process's port counters (cumulative; see the module
         docstring, "Port counters of a shared device")."""
@@ -221,6 +255,12 @@ class DevdRequests:
             name: U64.unpack_from(rest, i * 8)[0]
             for i, name in enumerate(STAT_NAMES[: min(n, len(rest) // 8)])
         }
+
+
+def _xrc_domain(domain: int) -> bytes:
+    if not 0 < domain <= 0xFFFFFFFF:
+        raise InvalidArgument("domain", f"XRC domain id {domain!r} out of range")
+    return domain.to_bytes(4, "big") + bytes(12)
 
 
 def _check_mgid(mgid: bytes) -> bytes:

@@ -12,9 +12,10 @@ GID is needed (``-g``): without one the QPs cannot leave INIT and the tool says 
 C tool does on rxe.
 
 The server with ``-c N > 1`` sends to client *i* through the QPs of the other clients
-too, which works only when all clients' processes share one XRC domain (the file's).
-softrdma's engine runs in each process (docs/design.md), so a domain is shared within a
-process, not across processes: the server refuses ``-c`` above 1 and says why.
+too, which works only when all clients' processes share one XRC domain (the file's): on
+a device shared through its devd they do (docs/design.md, "XRC domains across
+processes"); on an in-process device (``SOFTRDMA_SHARED=0``) the server refuses ``-c``
+above 1 and says why.
 """
 
 from __future__ import annotations
@@ -98,6 +99,13 @@ class _XsrqPingpong:
                 self.xrcd = v.XRCD(self.ctx, self.fd, os.O_CREAT)
             except SoftRdmaError as exc:
                 raise PingPongError(f"Couldn't Open the XRC Domain ({exc})") from exc
+            if n > 1 and self.xrcd.shared is None:
+                raise PingPongError(
+                    f"-c {n}: the server sends to each client through every client's QP, "
+                    "which needs all clients' processes to share one XRC domain "
+                    f"({XRC_DOMAIN_FILE}); XRC domains are shared across processes only "
+                    "on a device shared through its devd, not on this in-process one "
+                    "(use -c 1, or unset SOFTRDMA_SHARED)")
             self.recv_cq = v.CQ(self.ctx, n, channel=self.channel)
             if self.channel is not None:
                 self.recv_cq.req_notify()
@@ -280,12 +288,6 @@ def _check(args: argparse.Namespace) -> None:
         args.clients = 1  # the C tool: a client always has one
     elif args.clients < 1:
         raise PingPongError(f"-c must be >= 1, got {args.clients}")
-    elif args.clients > 1:
-        raise PingPongError(
-            f"-c {args.clients}: the server sends to each client through every client's "
-            "QP, which needs all clients' processes to share one XRC domain "
-            f"({XRC_DOMAIN_FILE}); softrdma runs each process's transport in that process, "
-            "so XRC domains are not shared across processes (use -c 1)")
     if args.odp:
         raise PingPongError("The device isn't ODP capable or does not support XRC send, "
                             "receive and srq with ODP")
