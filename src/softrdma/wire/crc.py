@@ -155,8 +155,9 @@ def _bind_crc32c_at() -> Callable[[int, int, int], int] | None:
         return None
 
     def crc32c_at(addr: int, n: int, value: int = 0) -> int:
-        """CRC-32C of the ``n`` octets at address ``addr`` continuing from ``value`` (as
-        :func:`crc32c`); ``addr`` from :func:`buffer_address`, its buffer kept alive."""
+        """CRC-32C of the ``n`` octets (``n`` < 2**31: ISA-L takes an ``int``) at address
+        ``addr`` continuing from ``value`` (as :func:`crc32c`); ``addr`` from
+        :func:`buffer_address`, its buffer kept alive."""
         return iscsi(addr, n, value ^ _MASK32) ^ _MASK32
 
     return crc32c_at
