@@ -17,7 +17,7 @@ Runs alternate (TCP, iWARP, TCP, iWARP ...) and each figure is reported best and
 of ``--runs``, with the ratio (goal, issue 26: >= 0.75 with MPA CRC32c on, >= 0.85 with
 ``--crc off``), and the CPU seconds per GB of each side (median of the runs: steadier than
 the throughput on a busy machine). ``--profile`` profiles the iWARP sender and receiver,
-progress threads included (cProfile, top functions printed).
+progress threads included (cProfile, the top ``IWPERF_TOP`` functions printed, 18 by default).
 
 :func:`iwarp_write_bw` and :func:`tcp_bw` are what ``bench/run.py`` imports (one run each,
 bytes per second).
@@ -137,7 +137,7 @@ class _Prof:
         st = pstats.Stats(self.profs[0], stream=out)
         for p in self.profs[1:]:
             st.add(p)
-        st.sort_stats("tottime").print_stats(18)
+        st.sort_stats("tottime").print_stats(int(os.environ.get("IWPERF_TOP", "18")))
         if os.environ.get("IWPERF_CALLERS"):
             st.print_callers(os.environ["IWPERF_CALLERS"])
         print(f"--- profile: {title} ({len(self.profs)} threads, {nbytes / MB:.0f} MiB)\n"
