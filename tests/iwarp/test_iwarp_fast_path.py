@@ -33,6 +33,7 @@ from softrdma.iwarp.mpa_setup import MpaConfig
 from softrdma.iwarp.mpa_stream import Buf, frame
 from softrdma.wire import crc, ddp, mpa
 from softrdma.wire.crc import crc32c
+from softrdma.wire.crc import crc32c_at as isal_crc32c_at
 from softrdma.wire.mpa import FpduEncoder
 
 MB = 1 << 20
@@ -97,18 +98,35 @@ def _general_pull(enc: FpduEncoder, msg: TxMsg, mt: int, mu: int, room: int,
 @settings(max_examples=300, deadline=None)
 @given(tagged=st.booleans(), crc=st.booleans(), size=st.integers(1, 5000),
        off_frac=st.floats(0, 0.99), mt=st.integers(1, 1500), mu=st.integers(1, 1500),
-       room=st.integers(1, 9000), max_bufs=st.integers(1, 40), start=st.integers(0, 1 << 20))
+       room=st.integers(1, 9000), max_bufs=st.integers(1, 40), start=st.integers(0, 1 << 20),
+       writable=st.booleans())
 def test_frame_run_is_byte_identical_to_segment_and_frame(
         tagged: bool, crc: bool, size: int, off_frac: float, mt: int, mu: int, room: int,
-        max_bufs: int, start: int) -> None:
-    payload = memoryview(random.Random(size).randbytes(size))
+        max_bufs: int, start: int, writable: bool) -> None:
+    # writable (registered memory): the CRC by address (ISA-L); read-only: crc32c
+    raw = random.Random(size).randbytes(size)
+    payload = memoryview(bytearray(raw) if writable else raw)
     off = int(size * off_frac)
     m1, m2 = _msg(tagged, payload, off), _msg(tagged, payload, off)
     e1 = FpduEncoder(crc=crc, markers=False, stream_offset=start)
     e2 = FpduEncoder(crc=crc, markers=False, stream_offset=start)
     assert fast_path.fast_tx_ok(e1, m1)
     fast: list[Buf] = []
-    n1, last1 = fast_path.frame_run(e1, m1, mt, mu, fast, room, max_bufs)
+    real_at = isal_crc32c_at
+    by_address = []
+
+    def at(addr: int, n: int, value: int = 0) -> int:
+        by_address.append(n)
+        assert real_at is not None
+        return real_at(addr, n, value)
+
+    setattr(fast_path, "crc32c_at", at if real_at is not None else None)  # noqa: B010
+    try:
+        n1, last1 = fast_path.frame_run(e1, m1, mt, mu, fast, room, max_bufs)
+    finally:
+        setattr(fast_path, "crc32c_at", real_at)  # noqa: B010
+    # registered (writable) memory: the payload's CRC by address, ISA-L (where it has it)
+    assert bool(by_address) == (crc and writable and real_at is not None)
     gen, n2, last2 = _general_pull(e2, m2, mt, mu, room, max_bufs)
     assert [bytes(b) for b in fast] == [bytes(b) for b in gen]  # buffer by buffer
     assert (n1, last1, m1.off, e1.offset) == (n2, last2, m2.off, e2.offset)
@@ -206,7 +224,7 @@ class Responder:
         self.reply = _flat(s.conn.pull_tx())
         self.out = bytearray()
 
-    def feed(self, data: bytes | memoryview, cuts: list[int]) -> None:
+    def feed(self, data: bytes | bytearray | memoryview, cuts: list[int]) -> None:
         real = fast_path.write_run
 
         def counting(*args: Any) -> tuple[int, int, int]:
@@ -223,7 +241,7 @@ class Responder:
         finally:
             setattr(rdmap, "write_run", real)  # noqa: B010
 
-    def _feed(self, data: bytes | memoryview, cuts: list[int]) -> None:
+    def _feed(self, data: bytes | bytearray | memoryview, cuts: list[int]) -> None:
         conn = self.side.conn
         mv = memoryview(data)
         i = 0
@@ -304,10 +322,13 @@ def _pair(crc: bool, mss: int, seed: int,
 
 
 def _compare(crc: bool, mss: int, mutate: Any, cuts: list[int], seed: int = 3,
-             cross_end: bool = False) -> Responder:
+             cross_end: bool = False, writable: bool = False) -> Responder:
+    """``writable``: the chunks are views of a bytearray, as the TCP runtime's receive
+    buffer; else of bytes."""
     runs = []
     for r, stream in _pair(crc, mss, seed, cross_end):
-        data = bytes(mutate(bytearray(stream)))
+        mutated = mutate(bytearray(stream))
+        data = bytearray(mutated) if writable else bytes(mutated)
         r.feed(data, cuts)
         r.side.conn.on_eof()
         r._drain()
@@ -321,10 +342,11 @@ def _same(b: bytearray) -> bytearray:
     return b
 
 
+@pytest.mark.parametrize("writable", [False, True])
 @pytest.mark.parametrize("crc", [False, True])
 @pytest.mark.parametrize("mss", [1460, 9000, 65483])
-def test_whole_stream_same_state_and_fast_path_taken(crc: bool, mss: int) -> None:
-    r = _compare(crc, mss, _same, [])
+def test_whole_stream_same_state_and_fast_path_taken(crc: bool, mss: int, writable: bool) -> None:
+    r = _compare(crc, mss, _same, [], writable=writable)
     assert r.fast_taken > 0
     st_ = r.state()
     # the Write after the Send with Invalidate met an invalid STag: Terminate, QP in error
@@ -349,9 +371,10 @@ cuts_st = st.lists(st.integers(1, 20_000), max_size=20)
 
 
 @FUZZ
-@given(crc=st.booleans(), mss=st.sampled_from([300, 1460, 16_000, 65483]), cuts=cuts_st)
-def test_random_cuts_same_state(crc: bool, mss: int, cuts: list[int]) -> None:
-    _compare(crc, mss, _same, cuts)
+@given(crc=st.booleans(), mss=st.sampled_from([300, 1460, 16_000, 65483]), cuts=cuts_st,
+       writable=st.booleans())
+def test_random_cuts_same_state(crc: bool, mss: int, cuts: list[int], writable: bool) -> None:
+    _compare(crc, mss, _same, cuts, writable=writable)
 
 
 mutation = st.tuples(st.sampled_from(["flip", "set", "delete"]), st.integers(0, 10**6),
@@ -390,8 +413,9 @@ def _tagged_field(stream: bytes, k: int) -> int:
     raise AssertionError("no such FPDU")
 
 
+@pytest.mark.parametrize("writable", [False, True])
 @pytest.mark.parametrize("what", ["crc", "stag", "to-outside", "to-jump", "opcode"])
-def test_errors_inside_a_run_give_the_general_paths_terminate(what: str) -> None:
+def test_errors_inside_a_run_give_the_general_paths_terminate(what: str, writable: bool) -> None:
     """Corrupt the third tagged FPDU of the first Write (mid-run) in a way each check
     must catch; recompute the CRC so that only the check under test fires."""
 
@@ -413,7 +437,7 @@ def test_errors_inside_a_run_give_the_general_paths_terminate(what: str) -> None
         data[end:end + 4] = crc32c(bytes(data[h - 2:end])).to_bytes(4, "little")
         return data
 
-    r = _compare(True, 1460, mutate, [])
+    r = _compare(True, 1460, mutate, [], writable=writable)
     st_ = r.state()
     assert st_["term"] is not None and st_["conn"][0] == ConnState.FAILED
     assert r.fast_taken > 0  # the first two FPDUs of the Write went the fast way
@@ -463,3 +487,20 @@ def test_crc32c_keeping_the_gil_is_the_same_crc() -> None:
     assert crc.crc32c_gil(mv[40_000:], crc.crc32c(mv[:40_000]), crc.KEEP_GIL) == \
         crc.crc32c(data)
     assert crc.crc32c(b"123456789") == 0xE3069283  # RFC 3720 B.4 check value
+
+
+def test_crc32c_by_address_is_the_same_crc() -> None:
+    """ISA-L's CRC-32C by address (the fast paths' on writable memory) is crc32c's."""
+    if crc.crc32c_at is None:
+        pytest.skip("this isal build does not export crc32_iscsi (crc32c is used)")
+    data = bytearray(random.Random(5044).randbytes(100_003))
+    base = crc.buffer_address(data)
+    assert base is not None
+    for off, n, value in ((0, 100_003, 0), (1, 65_535, 0), (3, 14, 0x1234_5678),
+                          (40_000, 7, 0xFFFF_FFFF), (5, 0, 9)):
+        assert crc.crc32c_at(base + off, n, value) == crc.crc32c(data[off:off + n], value)
+    assert crc.buffer_address(memoryview(data)[10:]) == base + 10
+    # what has no address the fast paths can use: read-only, empty, strided
+    assert crc.buffer_address(bytes(data)) is None
+    assert crc.buffer_address(bytearray()) is None
+    assert crc.buffer_address(memoryview(data)[::2]) is None

@@ -2,7 +2,8 @@
 
 ``SO_SNDBUF`` is set only where ``net.core.wmem_max`` lets it beat the kernel's send-buffer
 autotuning (``net.ipv4.tcp_wmem[2]``): with the default ``wmem_max`` asking for 4 MiB would
-pin the buffer at 416 KiB.
+pin the buffer at 416 KiB. By default no size is asked for at all: the kernel's autotuning
+costs less CPU per byte than a fixed 4 MiB (bench/iwarp_write_bw.py, issue 26).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from softrdma.drivers.runtime import tcp as tcp_runtime
+from softrdma.errors import InvalidArgument
 
 
 def _sysctls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wmem_max: int,
@@ -41,3 +43,18 @@ def test_unreadable_sysctls_set_what_is_asked(tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tcp_runtime, "_WMEM_MAX", str(tmp_path / "absent"))
     assert tcp_runtime.sndbuf_setting(1 << 20) == 1 << 20
+
+
+def test_default_keeps_autotuning_even_where_wmem_max_allows_more(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _sysctls(tmp_path, monkeypatch, 1 << 22, "4096\t16384\t4194304")
+    monkeypatch.delenv("SOFTRDMA_IWARP_SNDBUF", raising=False)
+    assert tcp_runtime.sndbuf_setting() == 0
+    monkeypatch.setenv("SOFTRDMA_IWARP_SNDBUF", str(1 << 22))  # asked for: set
+    assert tcp_runtime.sndbuf_setting() == 1 << 22
+
+
+def test_bad_sndbuf_variable_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SOFTRDMA_IWARP_SNDBUF", "4M")
+    with pytest.raises(InvalidArgument, match="SOFTRDMA_IWARP_SNDBUF"):
+        tcp_runtime.sndbuf_setting()
