@@ -13,7 +13,7 @@ The figures (see each module for how it measures):
 * ``roce_write_bw``: RC RDMA WRITE 1 MiB over RoCEv2 between two processes on loopback,
   vs plain Python UDP 4096 B datagrams (``roce_bench``). Goal >= 1.0.
 * ``iwarp_write_bw_crc`` / ``iwarp_write_bw_nocrc``: iWARP RDMA WRITE 1 MiB with MPA
-  CRC32c on / off, vs plain Python TCP (``iwarp_write_bw``). Goals >= 0.7 / >= 0.85.
+  CRC32c on / off, vs plain Python TCP (``iwarp_write_bw``). Goals >= 0.75 / >= 0.85 (issue 26).
 * ``rc_send_lat``: RC SEND 64 B ping-pong half round trip vs a plain Python UDP ping-pong
   (``roce_bench``; lower is better). Goal <= 1.1.
 * ``rc_send_lat_contended``: the median half round trip of that ping-pong with one
@@ -205,7 +205,7 @@ def measure(runs: int, quick: bool, only: set[str] | None) -> list[Figure]:
         if not want(name):
             continue
         f = Figure(name, f"iWARP RDMA WRITE 1 MiB, CRC32c {'on' if crc else 'off'}", "MB/s",
-                   "plain Python TCP", 0.7 if crc else 0.85, True)
+                   "plain Python TCP", 0.75 if crc else 0.85, True)
         _pairs(f, runs, lambda: iwb.tcp_bw(MIB * iw_count) / 1e6,
                lambda c=crc: iwb.iwarp_write_bw(MIB * iw_count, MIB, c) / 1e6)  # type: ignore[misc]
         figs.append(f)
