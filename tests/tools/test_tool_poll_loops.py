@@ -53,9 +53,9 @@ def test_rc_pingpong_loopback_hands_the_gil_to_its_server(
                                     opts=types.SimpleNamespace(timeout=30.0),
                                     _activity=lambda: 0)
     assert pingpong.Endpoint._next_completions(ep, None) == ["wc"]
-    # the first poll is the quick look for a completion already there; each empty
-    # poll of the wait after it hands the GIL over
-    assert ep.cq.polls == 4 and sleeps == [0, 0]
+    # the wait starts once the data loop's quick look found nothing: each empty poll
+    # of the wait hands the GIL over
+    assert ep.cq.polls == 4 and sleeps == [0, 0, 0]
 
 
 def test_perftest_wait_spins_without_sleeping(monkeypatch: pytest.MonkeyPatch) -> None:

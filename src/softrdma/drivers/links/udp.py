@@ -174,6 +174,7 @@ class UdpLink(UdpRx, LinkState):
         self._unavailable: dict[int, float] = {}  # sport -> retry time
         self._addr_cache: dict[tuple[bytes, int], tuple[Any, ...]] = {}
         self._ip_cache: dict[str, bytes] = {}
+        self._anc_cache: dict[tuple[int, int], list[tuple[int, int, bytes]]] = {}
         self._ifindex = mcast.ifindex_of(raw, scope_id)
         self._groups: dict[bytes, tuple[socket.socket, int]] = {}  # MGID -> (socket, refs)
         self._rx_socks: tuple[socket.socket, ...] = ()
@@ -477,13 +478,24 @@ class UdpLink(UdpRx, LinkState):
         return sock
 
     def _tos_ttl(self, tos: int, ttl: int) -> list[tuple[int, int, bytes]]:
+        """The ancillary data of a send with this TOS and TTL, built once per pair: every
+        packet of an AH with ``hop_limit`` 1 (rdma-core's pingpongs) carries it."""
+        key = (tos, ttl)
+        anc = self._anc_cache.get(key)
+        if anc is not None:
+            return anc
         check_u8(tos, "tos")
         check_u8(ttl, "ttl")
         if self._v4:
-            return [(socket.IPPROTO_IP, IP_TOS, _INT.pack(tos)),
-                    (socket.IPPROTO_IP, IP_TTL, _INT.pack(ttl))]
-        return [(socket.IPPROTO_IPV6, IPV6_TCLASS, _INT.pack(tos)),
-                (socket.IPPROTO_IPV6, IPV6_HOPLIMIT, _INT.pack(ttl))]
+            anc = [(socket.IPPROTO_IP, IP_TOS, _INT.pack(tos)),
+                   (socket.IPPROTO_IP, IP_TTL, _INT.pack(ttl))]
+        else:
+            anc = [(socket.IPPROTO_IPV6, IPV6_TCLASS, _INT.pack(tos)),
+                   (socket.IPPROTO_IPV6, IPV6_HOPLIMIT, _INT.pack(ttl))]
+        if len(self._anc_cache) >= 64:
+            self._anc_cache.clear()
+        self._anc_cache[key] = anc
+        return anc
 
     # ---- UDP GSO (GsoLink) ---------------------------------------------------------------
     def gso_limit(self, dst_ip: bytes) -> int:
