@@ -23,10 +23,12 @@ which load does not change): rc-pingpong's data loop now makes as many Python ca
 round trip as the bench's loop on the same shared device (326 against 325; it made 356:
 an import statement per SEND, the TTL ancillary data of its ``hop_limit`` 1 rebuilt for
 every packet, a second quick poll per wait), and send-lat / write-lat are within 1-3 %
-of it. What separates the tools from this figure's baseline is not the tools' code:
-awaiting each SEND's ACK (+12 % CPU and +1.2 context switches per round trip at load
-15-20; ``rc_send_lat_ackwait``) and the shared device through devd (+5 % CPU, about 30
-calls per round trip in the devd client; ``shared_lat``). At such load the mean round
+of it. What separates the tools from this figure's baseline is not the tools' code
+(``--breakdown``, ``SOFTRDMA_SPIN_US=0``, load 15-19, CPU per round trip of both
+processes): awaiting each SEND's ACK costs +6-12 % CPU and one more context switch per
+round trip (2.2 -> 3.2; ``rc_send_lat_ackwait``), the shared device through devd +5-12 %
+CPU (about 30 more Python calls per round trip in the devd client; ``shared_lat``), and
+rc-pingpong's loop beside the bench's on that device +0-3 %. At such load the mean round
 trip (rc-pingpong's usec/iter, and the bench's) is 2-5 times the median and varies
 2-3x between runs of the same code; perftest's ``t_typical`` is a median.
 """
