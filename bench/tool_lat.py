@@ -14,17 +14,38 @@ client's own report:
 ``roce_bench.rc_send_lat``) measured in the same run. Both tools wait, each iteration,
 for their SEND's completion (the peer's ACK) as well as for the answer, as
 ``ibv_rc_pingpong`` and perftest do; the bench's ping waits only for the answer.
-Run: ``python bench/tool_lat.py``.
+Run: ``python bench/tool_lat.py``; ``--breakdown`` measures where the round trip goes
+(:func:`breakdown`).
+
+Where the tools' round trip goes (measured with ``SOFTRDMA_SPIN_US=0``, so that every
+wait sleeps and CPU time is work rather than spinning, and with ``cProfile`` call counts,
+which load does not change): rc-pingpong's data loop now makes as many Python calls per
+round trip as the bench's loop on the same shared device (326 against 325; it made 356:
+an import statement per SEND, the TTL ancillary data of its ``hop_limit`` 1 rebuilt for
+every packet, a second quick poll per wait), and send-lat / write-lat are within 1-3 %
+of it. What separates the tools from this figure's baseline is not the tools' code
+(``--breakdown``, ``SOFTRDMA_SPIN_US=0``, load 15-19, CPU per round trip of both
+processes): awaiting each SEND's ACK costs +6-12 % CPU and one more context switch per
+round trip (2.2 -> 3.2; ``rc_send_lat_ackwait``), the shared device through devd +5-12 %
+CPU (about 30 more Python calls per round trip in the devd client; ``shared_lat``), and
+rc-pingpong's loop beside the bench's on that device +0-3 %. At such load the mean round
+trip (rc-pingpong's usec/iter, and the bench's) is 2-5 times the median and varies
+2-3x between runs of the same code; perftest's ``t_typical`` is a median.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
 import os
 import re
+import resource
+import statistics
 import subprocess
 import sys
+import time
+from multiprocessing.connection import Connection
 from typing import Any
 
 SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
@@ -86,11 +107,118 @@ def perftest_lat_us(tool: str, iters: int, port: int, size: int = 64) -> float:
         raise RuntimeError(f"{tool} --json: no t_typical in {out[-400:]!r}") from exc
 
 
+# ---- the breakdown: which step of "tool vs bench" costs what --------------------------
+
+#: (name, loop, device): the bench's ping-pong as the figure's baseline runs it, the same
+#: awaiting each SEND's ACK (as the tools do), that on a shared device (devd, as the tools
+#: open the default device), and rc-pingpong's own data loop (Endpoint.run) there
+STEPS = (("bench", "plain", "inproc"), ("+ ACK wait", "ackwait", "inproc"),
+         ("+ shared device", "ackwait", "shared"), ("rc-pingpong loop", "tool", "shared"))
+
+
+def _step_side(conn: Connection, loop: str, kind: str, where: Any, iters: int,
+               client: bool) -> None:
+    """One process of a :func:`breakdown` step: connect through ``conn``, run, report
+    (seconds, CPU seconds of the whole process, context switches of its main thread)."""
+    import roce_bench as rb
+    import shared_bench as sb
+
+    from softrdma.tools.ibverbs.pingpong_endpoint import Endpoint
+    from softrdma.tools.ibverbs.pingpong_options import Options
+
+    side: Any = sb.Side(kind, where, 4096, rb.RX_DEPTH)
+    if loop == "tool":  # the tool's endpoint on the bench side's device (its own PD, QP)
+        ep = Endpoint(side.ctx, Options(kind="rc", size=64, iters=iters))
+        conn.send(ep.local)
+        ep.connect(conn.recv())
+    else:
+        conn.send(side.info())
+        side.connect(conn.recv())
+        side.arm_pingpong()
+    conn.send("ready")
+    conn.recv()
+    ru0, c0, t0 = resource.getrusage(resource.RUSAGE_THREAD), time.process_time(), \
+        time.perf_counter()
+    if loop == "tool":
+        ep.run(client)
+    elif client:
+        side.ping(iters, None, loop == "ackwait")
+    else:
+        side.pong(iters, loop == "ackwait")
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+    ru = resource.getrusage(resource.RUSAGE_THREAD)
+    conn.send((dt, cpu, ru.ru_nvcsw + ru.ru_nivcsw - ru0.ru_nvcsw - ru0.ru_nivcsw))
+    conn.recv()
+    if loop == "tool":
+        ep.close()
+    side.close()
+
+
+def _step(loop: str, kind: str, iters: int, state: str, name: str, port: int
+          ) -> tuple[float, float, float]:
+    """One step's (us per round trip, CPU us per round trip of both processes, context
+    switches per round trip of both main threads)."""
+    import shared_bench as sb
+
+    ctx = mp.get_context("fork")
+    wheres = sb._wheres(kind, state, name, port)
+    pipes = [ctx.Pipe() for _ in range(2)]
+    procs = [ctx.Process(target=_step_side, args=(pipes[i][1], loop, kind, wheres[i], iters,
+                                                  i == 0)) for i in range(2)]
+    for pr in procs:
+        pr.start()
+    try:
+        a, b = (pipes[i][0] for i in range(2))
+        ia, ib = a.recv(), b.recv()
+        a.send(ib)
+        b.send(ia)
+        a.recv()
+        b.recv()
+        a.send("go")
+        b.send("go")
+        (dt, ca, wa), (_, cb, wb) = a.recv(), b.recv()
+        a.send("bye")
+        b.send("bye")
+        for pr in procs:
+            pr.join(10)
+        return dt / iters * 1e6, (ca + cb) / iters * 1e6, (wa + wb) / iters
+    finally:
+        for pr in procs:
+            if pr.is_alive():
+                pr.kill()
+
+
+def breakdown(iters: int = 2000, reps: int = 3) -> dict[str, list[tuple[float, float, float]]]:
+    """Each of :data:`STEPS` ``reps`` times, alternated: from the figure's baseline to the
+    tool, one difference at a time. ``SOFTRDMA_SPIN_US=0`` makes every wait sleep, so
+    that CPU time is work rather than spinning."""
+    import shared_bench as sb
+
+    out: dict[str, list[tuple[float, float, float]]] = {n: [] for n, _, _ in STEPS}
+    for _ in range(reps):
+        for name, loop, kind in STEPS:
+            out[name].append(sb._device(lambda st, nm, pt, lp=loop, kd=kind:
+                                        _step(lp, kd, iters, st, nm, pt)))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=3000)
     ap.add_argument("--port", type=int, default=46311, help="TCP port of the exchange")
+    ap.add_argument("--breakdown", action="store_true", help="where the round trip goes")
+    ap.add_argument("--reps", type=int, default=3, help="--breakdown: runs of each step")
     a = ap.parse_args(argv)
+    if a.breakdown:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        sys.path.insert(0, SRC)
+        res = breakdown(a.iters, a.reps)
+        for name, vals in res.items():
+            print(f"{name:18s} us/rt {statistics.median(x[0] for x in vals):7.1f}  "
+                  f"CPU us/rt {statistics.median(x[1] for x in vals):7.1f}  context "
+                  f"switches/rt {statistics.median(x[2] for x in vals):5.2f}  (medians of "
+                  f"{len(vals)})")
+        return 0
     print(f"rc-pingpong: {rc_pingpong_us(a.iters, a.port):.1f} us/iter")
     for i, tool in enumerate(("send-lat", "write-lat")):
         print(f"{tool}: round trip {perftest_lat_us(tool, a.iters, a.port + 1 + i):.1f} us")

@@ -356,6 +356,28 @@ def test_udp_link_gso_to_a_plain_socket_arrives_as_datagrams(
         assert all(d.ident == -1 for d in got) and b.stats.gro_receives == 0
 
 
+def test_gso_with_a_ttl_leaves_later_sends_with_that_ttl_alone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GSO send and plain sends of one TTL (rdma-core's pingpongs send with hop limit
+    1; ``-s`` above the MTU makes runs) share the TTL's ancillary data (built once per
+    TOS/TTL, issue 26): the GSO send's UDP_SEGMENT must not stick to it, or each later
+    plain send would be cut into segments of that size."""
+    monkeypatch.setenv("SOFTRDMA_GRO", "0")
+    with UdpLink("127.0.0.1", 0) as a, UdpLink("127.0.0.1", 0) as b:
+        parts = gso_parts(3, 600)
+        for _ in range(2):
+            a.send(b"\x7f\x00\x00\x01", b.port or 0, a.fallback_sport, [b"p" * 1500],
+                   ttl=1)
+            assert a.send_gso(b"\x7f\x00\x00\x01", b.port or 0, a.fallback_sport, parts,
+                              600, 3, ttl=1)
+            got = recv_all(b, 4)
+            assert [len(d.data) for d in got] == [1500, 600, 600, 600]
+            assert all(d.ttl == 1 for d in got)
+        a.send(b"\x7f\x00\x00\x01", b.port or 0, a.fallback_sport, [b"q" * 1500], ttl=1)
+        (d,) = recv_all(b, 1)
+        assert len(d.data) == 1500 and d.ttl == 1
+
+
 def test_env_turns_batching_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SOFTRDMA_GSO", "0")
     with UdpLink("127.0.0.1", 0) as a:

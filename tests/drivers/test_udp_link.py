@@ -84,6 +84,22 @@ def test_round_trip_ipv4(v4pair: tuple[UdpLink, UdpLink]) -> None:
     assert a.stats.sent == 2 and b.stats.received == 2
 
 
+def test_tos_ttl_ancillary_data_is_built_once(v4pair: tuple[UdpLink, UdpLink]) -> None:
+    """Every packet of an AH with hop_limit 1 (rdma-core's pingpongs set it) carries the
+    TTL as ancillary data: it is built once per (TOS, TTL), not per send (issue 26), and
+    each packet still carries its own values; a bad value is refused every time."""
+    a, b = v4pair
+    sport = a.fallback_sport
+    for tos, ttl in ((0, 1), (0, 1), (0x02, 1), (0, 1)):
+        a.send(LO4, b.port or 0, sport, [b"ping"], tos=tos, ttl=ttl)
+        (d,) = recv_n(b, 1)
+        assert (d.tos, d.ttl) == (tos, ttl)
+    assert a._tos_ttl(0, 1) is a._tos_ttl(0, 1)
+    for _ in range(2):
+        with pytest.raises(InvalidArgument):
+            a.send(LO4, b.port or 0, sport, [b"x"], tos=0, ttl=256)
+
+
 def test_pktinfo_gives_the_destination_address() -> None:
     with UdpLink("127.0.0.2", 0) as b, UdpLink("127.0.0.1", 0) as a:
         # Make the fallback (the link's own address) wrong: dst must come from IP_PKTINFO.

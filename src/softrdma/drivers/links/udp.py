@@ -174,6 +174,7 @@ class UdpLink(UdpRx, LinkState):
         self._unavailable: dict[int, float] = {}  # sport -> retry time
         self._addr_cache: dict[tuple[bytes, int], tuple[Any, ...]] = {}
         self._ip_cache: dict[str, bytes] = {}
+        self._anc_cache: dict[tuple[int, int], tuple[tuple[int, int, bytes], ...]] = {}
         self._ifindex = mcast.ifindex_of(raw, scope_id)
         self._groups: dict[bytes, tuple[socket.socket, int]] = {}  # MGID -> (socket, refs)
         self._rx_socks: tuple[socket.socket, ...] = ()
@@ -448,7 +449,7 @@ class UdpLink(UdpRx, LinkState):
         """
         sock = self._sock_for(sport)
         addr = self._dst_addr(dst_ip, dport)
-        anc = [] if tos == 0 and ttl == DEFAULT_TTL else self._tos_ttl(tos, ttl)
+        anc = () if tos == 0 and ttl == DEFAULT_TTL else self._tos_ttl(tos, ttl)
         try:
             sock.sendmsg(parts, anc, 0, addr)
         except OSError as e:
@@ -476,14 +477,27 @@ class UdpLink(UdpRx, LinkState):
             self._lru[sport] = time.monotonic()
         return sock
 
-    def _tos_ttl(self, tos: int, ttl: int) -> list[tuple[int, int, bytes]]:
+    def _tos_ttl(self, tos: int, ttl: int) -> tuple[tuple[int, int, bytes], ...]:
+        """The ancillary data of a send with this TOS and TTL, built once per pair (every
+        packet of an AH with ``hop_limit`` 1, as rdma-core's pingpongs set it, carries
+        it) and shared by every send with them, so immutable: a caller that adds to it
+        (:meth:`send_gso`) builds its own list."""
+        key = (tos, ttl)
+        anc = self._anc_cache.get(key)
+        if anc is not None:
+            return anc
         check_u8(tos, "tos")
         check_u8(ttl, "ttl")
         if self._v4:
-            return [(socket.IPPROTO_IP, IP_TOS, _INT.pack(tos)),
-                    (socket.IPPROTO_IP, IP_TTL, _INT.pack(ttl))]
-        return [(socket.IPPROTO_IPV6, IPV6_TCLASS, _INT.pack(tos)),
-                (socket.IPPROTO_IPV6, IPV6_HOPLIMIT, _INT.pack(ttl))]
+            anc = ((socket.IPPROTO_IP, IP_TOS, _INT.pack(tos)),
+                   (socket.IPPROTO_IP, IP_TTL, _INT.pack(ttl)))
+        else:
+            anc = ((socket.IPPROTO_IPV6, IPV6_TCLASS, _INT.pack(tos)),
+                   (socket.IPPROTO_IPV6, IPV6_HOPLIMIT, _INT.pack(ttl)))
+        if len(self._anc_cache) >= 64:
+            self._anc_cache.clear()
+        self._anc_cache[key] = anc
+        return anc
 
     # ---- UDP GSO (GsoLink) ---------------------------------------------------------------
     def gso_limit(self, dst_ip: bytes) -> int:
@@ -510,7 +524,7 @@ class UdpLink(UdpRx, LinkState):
             raise InvalidArgument("nseg", f"must be 1..{UDP_MAX_SEGMENTS}")
         sock = self._sock_for(sport)
         addr = self._dst_addr(dst_ip, dport)
-        anc = [] if tos == 0 and ttl == DEFAULT_TTL else self._tos_ttl(tos, ttl)
+        anc = [] if tos == 0 and ttl == DEFAULT_TTL else list(self._tos_ttl(tos, ttl))
         anc.append((SOL_UDP, UDP_SEGMENT, _U16.pack(seg_size)))
         st = self.stats
         try:

@@ -32,6 +32,7 @@ POISON = 0xEE  # written over a checked receive area so a short placement is det
 MTU_BYTES_TO_ENUM = {256: e.IBV_MTU_256, 512: e.IBV_MTU_512, 1024: e.IBV_MTU_1024,
                      2048: e.IBV_MTU_2048, 4096: e.IBV_MTU_4096}
 QP_TYPES = {"rc": e.IBV_QPT_RC, "uc": e.IBV_QPT_UC, "ud": e.IBV_QPT_UD}
+_WC_SUCCESS = int(e.IBV_WC_SUCCESS)
 
 
 def local_gid(ctx: Any, port: int, gid_idx: int | None) -> tuple[int, bytes]:
@@ -268,30 +269,39 @@ class Endpoint:
 
     def post_send(self) -> None:
         """``pp_post_send``: one signaled SEND of ``size`` bytes from the send area."""
-        from ... import verbs as v
-
-        if self.opts.ext.new_send:  # -N: ibv_wr_start / wr_send / wr_set_sge / wr_complete
-            batch = pingpong_ext.NewSendBatch(self.qp, v)
-            batch.wr_start()
-            batch.wr_id, batch.wr_flags = SEND_WRID, int(self.send_flags)
-            batch.wr_send()
-            batch.wr_set_sge(self.mr.lkey, self.addr + self.rlen, self.opts.size)
-            try:
-                batch.wr_complete()
-            except SoftRdmaError as exc:
-                raise PingPongError(f"Couldn't post send: {exc}") from exc
-            return
         wr = self._send_wr
         if wr is None:  # built once, at the first SEND (after connect), and posted again
-            sge = v.SGE(self.addr + self.rlen, self.opts.size, self.mr.lkey)
-            wr = v.SendWR(wr_id=SEND_WRID, num_sge=1, sg=[sge], opcode=e.IBV_WR_SEND,
-                          send_flags=self.send_flags)
-            if self.ah is not None:
-                assert self.remote is not None
-                wr.set_wr_ud(self.ah, self.remote.qpn, UD_QKEY)
-            self._send_wr = wr
+            if self.opts.ext.new_send:  # -N: ibv_wr_start / wr_set_sge / wr_complete
+                self._post_send_new()
+                return
+            wr = self._send_wr = self._build_send_wr()
         try:
             self.qp.post_send(wr)
+        except SoftRdmaError as exc:
+            raise PingPongError(f"Couldn't post send: {exc}") from exc
+
+    def _build_send_wr(self) -> Any:
+        from ... import verbs as v
+
+        sge = v.SGE(self.addr + self.rlen, self.opts.size, self.mr.lkey)
+        wr = v.SendWR(wr_id=SEND_WRID, num_sge=1, sg=[sge], opcode=e.IBV_WR_SEND,
+                      send_flags=self.send_flags)
+        if self.ah is not None:
+            assert self.remote is not None
+            wr.set_wr_ud(self.ah, self.remote.qpn, UD_QKEY)
+        return wr
+
+    def _post_send_new(self) -> None:
+        """``-N``: the SEND through ibv_wr_start / wr_send / wr_set_sge / wr_complete."""
+        from ... import verbs as v
+
+        batch = pingpong_ext.NewSendBatch(self.qp, v)
+        batch.wr_start()
+        batch.wr_id, batch.wr_flags = SEND_WRID, int(self.send_flags)
+        batch.wr_send()
+        batch.wr_set_sge(self.mr.lkey, self.addr + self.rlen, self.opts.size)
+        try:
+            batch.wr_complete()
         except SoftRdmaError as exc:
             raise PingPongError(f"Couldn't post send: {exc}") from exc
 
@@ -314,31 +324,32 @@ class Endpoint:
         return int(getattr(c, "sent_pkts", 0)) + int(getattr(c, "rcvd_pkts", 0))
 
     def _next_completions(self, abort: threading.Event | None) -> list[Any]:
-        """Wait (events or polling) for up to two completions; give up only after
-        ``timeout`` seconds without progress: a large message keeps the device busy for
-        longer than the timeout, and as long as its packets move the wait goes on."""
-        if self.channel is None:  # polling: a completion already there costs one poll
-            n, wcs = self.cq.poll(2)
-            if n:
-                return wcs
-        deadline = time.monotonic() + self.opts.timeout
+        """Wait (events or polling) for up to two completions, once a poll found none;
+        give up only after ``timeout`` seconds without progress: a large message keeps
+        the device busy for longer than the timeout, and as long as its packets move the
+        wait goes on. Polling spins on ``cq.poll``, which makes progress itself (the
+        progress thread stands back meanwhile), as the bench's ping-pong does."""
+        poll = self.cq.poll
+        channel = self.channel
+        clock = time.monotonic
+        timeout = self.opts.timeout
+        deadline = clock() + timeout
         seen = self._activity()
         while True:
-            if time.monotonic() >= deadline:
+            if clock() >= deadline:
                 now = self._activity()
                 if now == seen:
                     return []  # nothing moved for ``timeout`` s
                 seen = now  # packets moved in the last ``timeout`` s: keep waiting
-                deadline = time.monotonic() + self.opts.timeout
+                deadline = clock() + timeout
             if abort is not None and abort.is_set():
                 raise PingPongError("stopped: the other side failed")
-            if self.channel is not None:
-                left = max(deadline - time.monotonic(), 0.001)
-                n, wcs = self.cq.poll(2)
-                if n:
-                    return list(wcs)
+            n, wcs = poll(2)
+            if n:
+                return wcs
+            if channel is not None:
                 try:
-                    self.channel.get_cq_event(timeout=min(left, 0.2))
+                    channel.get_cq_event(timeout=min(max(deadline - clock(), 0.001), 0.2))
                 except TimeoutError:
                     continue
                 except SoftRdmaError as exc:
@@ -347,56 +358,69 @@ class Endpoint:
                     raise PingPongError(f"Failed to get cq_event: {exc}") from exc
                 self.cq.ack_events(1)
                 self.cq.req_notify()
-                continue
-            n, wcs = self.cq.poll(2)
-            if n:
-                return list(wcs)
-            if self.shares_gil:
+            elif self.shares_gil:
                 time.sleep(0)  # let the other application thread poll
 
-    def run(self, is_client: bool, abort: threading.Event | None = None) -> float:
-        """The data phase; returns the elapsed microseconds (``gettimeofday`` delta)."""
+    def _failed(self, wc: Any) -> PingPongError:
+        """The error of a completion whose status is not success."""
         from ... import verbs as v
 
-        iters = self.opts.iters
-        if self.channel is not None:
+        fatal = getattr(self.ctx.runtime, "fatal", None)
+        if fatal is not None:  # the device failed (its devd died)
+            return PingPongError(str(fatal))
+        return PingPongError(f"Failed status {v.wc_status_str(wc.status)} "
+                             f"({int(wc.status)}) for wr_id {int(wc.wr_id)}")
+
+    def run(self, is_client: bool, abort: threading.Event | None = None) -> float:
+        """The data phase (``rc_pingpong.c``'s loop); returns the elapsed microseconds
+        (``gettimeofday`` delta). Each side sends its next message once both its
+        previous SEND and the peer's message have completed."""
+        opts = self.opts
+        iters = opts.iters
+        chk = opts.chk
+        events = self.channel is not None
+        if events:
             self.cq.req_notify()
+        poll = self.cq.poll
+        wait = self._next_completions
+        post_send = self.post_send
         pending = RECV_WRID
         if is_client:
-            self.post_send()
+            post_send()
             pending |= SEND_WRID
         start = time.perf_counter()
         rcnt = scnt = 0
         while rcnt < iters or scnt < iters:
-            wcs = self._next_completions(abort)
+            if events:
+                wcs = wait(abort)  # polls first, then sleeps on the channel
+            else:
+                n, wcs = poll(2)  # a completion already there costs one poll
+                if not n:
+                    wcs = wait(abort)
             if not wcs:
                 raise PingPongError(
-                    f"no completion for {self.opts.timeout:g} s ({scnt}/{iters} sent, "
+                    f"no completion for {opts.timeout:g} s ({scnt}/{iters} sent, "
                     f"{rcnt}/{iters} received): is the peer still running?")
             for wc in wcs:
-                if wc.status != e.IBV_WC_SUCCESS:
-                    fatal = getattr(self.ctx.runtime, "fatal", None)
-                    if fatal is not None:  # the device failed (its devd died)
-                        raise PingPongError(str(fatal))
-                    raise PingPongError(
-                        f"Failed status {v.wc_status_str(wc.status)} ({int(wc.status)}) "
-                        f"for wr_id {int(wc.wr_id)}")
-                if wc.wr_id == SEND_WRID:
+                if wc.status != _WC_SUCCESS:
+                    raise self._failed(wc)
+                wr_id = wc.wr_id
+                if wr_id == SEND_WRID:
                     scnt += 1
-                elif wc.wr_id == RECV_WRID:
-                    self.routs -= 1
-                    if self.routs <= 1:
-                        self.routs += self.post_recv(self.opts.rx_depth - self.routs, True)
-                        if self.routs < self.opts.rx_depth:
-                            raise PingPongError(f"Couldn't post receive ({self.routs})")
-                    if self.opts.chk:
+                elif wr_id == RECV_WRID:
+                    routs = self.routs = self.routs - 1
+                    if routs <= 1:
+                        routs = self.routs = routs + self.post_recv(opts.rx_depth - routs, True)
+                        if routs < opts.rx_depth:
+                            raise PingPongError(f"Couldn't post receive ({routs})")
+                    if chk:
                         self._check_received(int(wc.byte_len))
                     rcnt += 1
                 else:
-                    raise PingPongError(f"Completion for unknown wr_id {int(wc.wr_id)}")
-                pending &= ~int(wc.wr_id)
+                    raise PingPongError(f"Completion for unknown wr_id {int(wr_id)}")
+                pending &= ~wr_id
                 if scnt < iters and not pending:
-                    self.post_send()
+                    post_send()
                     pending = RECV_WRID | SEND_WRID
                 if rcnt >= iters and scnt >= iters:
                     # done: later completions (an iWARP peer's close flushes the receives
