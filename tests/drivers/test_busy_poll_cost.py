@@ -135,3 +135,32 @@ def test_an_empty_busy_poll_still_runs_due_timers_and_sends_pending_acks() -> No
         assert owner.flushed == 1 and len(due.fired) == 1
     finally:
         ctx.close()
+
+
+def test_the_housekeeping_shortcut_still_runs_timers_deferred_calls_and_acks() -> None:
+    """The end of every locked operation (``Runtime._after_locked``) returns at once when
+    nothing is queued and no timer is due; a due timer, a deferred call or a coalesced ACK
+    still runs (here through ``ctx.progress()``)."""
+    link = UdpLink("127.0.0.1", 0)
+    ctx = v.Context(link=link, progress="manual")
+    try:
+        rt = ctx.runtime
+        assert isinstance(rt, Runtime)
+        port = rt.port
+        due = _Due()
+        port.arm(due)
+        ran: list[int] = []
+        rt.defer(lambda: ran.append(1))
+        owner = _AckOwner()
+        port.ack_pending.append(owner)
+        assert rt.progress() == 0
+        assert len(due.fired) == 1 and ran == [1] and owner.flushed == 1
+        due.deadline = time.monotonic() + 3600.0  # armed, not due
+        port.arm(due)
+        assert rt.progress() == 0
+        assert len(due.fired) == 1 and ran == [1] and owner.flushed == 1
+        due.deadline = 0.0  # due again
+        assert rt.progress() == 0
+        assert len(due.fired) == 2
+    finally:
+        ctx.close()

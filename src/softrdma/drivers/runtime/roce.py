@@ -277,6 +277,11 @@ class Runtime(RoceTx, RoceRx):
         ``acks=False`` transmits everything but the coalesced ACKs, which stay pending."""
         port = self.port
         deferred = self._deferred
+        if not (deferred or self._pending or port.tx or (acks and port.ack_pending)
+                or self._vtimer is not None):
+            d = port.next_deadline()
+            if d is None or d > self.now():
+                return  # nothing queued and no timer due (most calls: one check, no loop)
         for _ in range(64):
             while deferred:
                 deferred.popleft()()
