@@ -44,6 +44,7 @@ UNSENT, SENDING, SENT, DONE = WQE_UNSENT, WQE_SENDING, WQE_SENT, WQE_DONE
 _POS_LAST = int(op.Pos.LAST)
 _W_READ = int(WRO.IBV_WR_RDMA_READ)
 _HOST_U64 = struct.Struct("=Q")
+_BTH_W2 = wib.U32.unpack_from
 
 # NAK code -> requester completion status (IBA 9.7.5.2.3, rxe_comp.c check_ack).
 NAK_STATUS = {
@@ -137,7 +138,7 @@ class Completer:
         st = self.qp.state
         if st != RTS and st != SQD and st != SQE:
             return False
-        psn = int.from_bytes(data[9:12], "big")
+        psn = _BTH_W2(data, 8)[0] & PSN_MASK  # BTH word 2: AckReq, Resv7, PSN (IBA 9.2)
         if psn_diff(psn, req.next_psn) >= 0:
             return False  # a ghost: the general path counts it
         self._on_aeth(psn, data[12], now)
@@ -202,7 +203,8 @@ class Completer:
             qp.set_deadline(None)
         if req.tx_idx < len(req.sq):  # something left to send
             req.pump(now)
-        req.check_drained()
+        if qp.state == SQD:  # draining: the last ACK raises SQ_DRAINED
+            req.check_drained()
 
     def _read_response(self, pkt: wib.IBPacket, now: float) -> None:
         req = self.req

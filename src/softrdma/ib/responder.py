@@ -59,6 +59,8 @@ _BTH_WORDS = struct.Struct("!III").unpack_from  # the BTH's three 32-bit words (
 _W0_CHECKED = 0xFF3FFFFF  # OpCode, PadCnt, TVer, P_Key
 _W1_CHECKED = wib.BTH_FECN | wib.BTH_BECN | 0xFFFFFF  # FECN, BECN, DestQP
 _ACKREQ = wib.BTH_ACKREQ
+_BTH_SE = wib.BTH_SE
+_RC_SEND_ONLY_IMM = op.RC_SEND_ONLY_IMM
 _ACCESS_REMOTE_WRITE = int(ACC.IBV_ACCESS_REMOTE_WRITE)  # plain ints on the hot path
 _ACCESS_LOCAL_WRITE = int(ACC.IBV_ACCESS_LOCAL_WRITE)
 _WC_WITH_IMM = int(WCF.IBV_WC_WITH_IMM)
@@ -262,7 +264,7 @@ class Responder:
             return False
         imm = 0
         off = _BTH_SIZE
-        with_imm = opcode == op.RC_SEND_ONLY_IMM
+        with_imm = opcode == _RC_SEND_ONLY_IMM
         if with_imm:
             imm = _U32.unpack_from(data, _BTH_SIZE)[0]
             off += _IMMDT_SIZE
@@ -280,14 +282,15 @@ class Responder:
         wc = WorkCompletion(rwqe.wr_id, _WC_SUCCESS, _WC_RECV, qp.qpn, byte_len=plen,
                             imm_data=imm, src_qp=qp.dest_qpn,
                             wc_flags=_WC_WITH_IMM if with_imm else 0)
-        wc.solicited = bool(data[1] & wib.BTH_SE)
+        wc.solicited = bool(data[1] & _BTH_SE)
         self.msn = (self.msn + 1) & PSN_MASK
         self._clear_msg()
         qp.complete_recv(wc)
         self.epsn = (psn + 1) & PSN_MASK
         if w2 & _ACKREQ:
             self.schedule_ack(psn)
-        self._check_comm_est()
+        if st == RTR:  # only a QP in RTR raises COMM_EST
+            self._check_comm_est()
         return True
 
     def _rc(self, pkt: wib.IBPacket) -> None:

@@ -201,6 +201,8 @@ class CQ(VerbsObject):
             return 0, []
         if not isinstance(num_entries, int) or num_entries < 0:
             raise InvalidArgument("num_entries", f"must be >= 0, got {num_entries!r}")
+        if not q:  # an empty poll (a busy poll's most common answer)
+            return 0, []
         out: list[WorkCompletion] = []
         pop = q.popleft
         while q and len(out) < num_entries:

@@ -273,8 +273,8 @@ class PollPacer:
         since = self.since
         if since == 0.0:
             self.since = since = now
-            self.cpu0 = self.cpu_clock()
-            if now >= self.calm_until:
+            if now >= self.calm_until:  # a spin starts (calm: the streak sleeps at once)
+                self.cpu0 = self.cpu_clock()
                 return False
         elif self.cpu0 >= 0.0 and now >= self.calm_until:  # spinning so far
             spent = now - since

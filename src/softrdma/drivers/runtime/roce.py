@@ -210,6 +210,7 @@ class Runtime(RoceTx, RoceRx):
         """
         core = self.core
         pacer = self._pacer
+        port = self.port
         for woken in (False, True):  # after a sleep that input ended, read it at once
             if not core.try_lock():
                 return 0
@@ -219,13 +220,22 @@ class Runtime(RoceTx, RoceRx):
                 ask = self._poll_ask
                 n = self._poll_rx_locked(stop_on, ask)
                 self._poll_ask = min(2 * ask, self.batch) if n >= ask else 1
-                # New packets: let the application see their completions before the
-                # ACKs go out (they leave at the next idle poll, after the application's
-                # next post_send, or from the progress thread): the ACK is off the
-                # critical path of a request/response exchange (IBA 9.7.5.1.1 lets a
-                # responder coalesce).
-                self._after_locked(acks=not n)
-                d = None if n or stop_on else self.port.next_deadline()
+                if (n or port.tx or port.ack_pending or self._deferred or self._pending
+                        or self._vtimer is not None):
+                    # New packets: let the application see their completions before the
+                    # ACKs go out (they leave at the next idle poll, after the
+                    # application's next post_send, or from the progress thread): the ACK
+                    # is off the critical path of a request/response exchange (IBA
+                    # 9.7.5.1.1 lets a responder coalesce).
+                    self._after_locked(acks=not n)
+                    d = None if n or stop_on else port.next_deadline()
+                else:
+                    # An empty poll with nothing queued (most of them): the housekeeping
+                    # has only a due timer to run.
+                    d = port.next_deadline()
+                    if d is not None and d <= self.now():
+                        self._after_locked()
+                        d = port.next_deadline()
             finally:
                 self.lock.release()
             if n or stop_on:
@@ -267,6 +277,11 @@ class Runtime(RoceTx, RoceRx):
         ``acks=False`` transmits everything but the coalesced ACKs, which stay pending."""
         port = self.port
         deferred = self._deferred
+        if not (deferred or self._pending or port.tx or (acks and port.ack_pending)
+                or self._vtimer is not None):
+            d = port.next_deadline()
+            if d is None or d > self.now():
+                return  # nothing queued and no timer due (most calls: one check, no loop)
         for _ in range(64):
             while deferred:
                 deferred.popleft()()

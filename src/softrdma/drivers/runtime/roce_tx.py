@@ -73,7 +73,7 @@ class RoceTx:
             src = ip_of(p.sgid)
             dst = ip_of(p.dgid)
             sport = eff(p.sport)
-            icrc = icrc_v2(src, dst, sport, dport, p.parts, p.length)
+            icrc = udp_send_icrc(src, dst, sport, dport, p.parts, p.length)  # icrc_v2
             send(dst, dport, sport, [*p.parts, icrc], p.tclass, p.hop_limit)
             if tap is not None:
                 tap.tx(src, dst, sport, dport, [*p.parts, icrc], p.tclass, p.hop_limit)

@@ -1,0 +1,166 @@
+"""What an empty busy poll costs (issue 25, the contended ping-pong).
+
+Beside a busy process both ping-pong processes share one core, so a round trip costs
+the CPU work of both sides, empty polls included. These tests pin down the savings on
+that path, and that the shortcuts still do what the full path did (timers, ACKs).
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import time
+from typing import Any
+
+from softrdma import verbs as v
+from softrdma.drivers.links.udp import UdpLink
+from softrdma.drivers.runtime import progress as pg
+from softrdma.drivers.runtime.roce import Runtime
+
+LO4 = socket.inet_pton(socket.AF_INET, "127.0.0.1")
+
+
+class _CountingSocket:
+    """A receive socket that counts its ``recvmsg_into`` calls."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.calls = 0
+
+    def recvmsg_into(self, *args: Any) -> Any:
+        self.calls += 1
+        return self.sock.recvmsg_into(*args)
+
+
+def _wait_readable(link: UdpLink) -> None:
+    fd = link.fileno()
+    assert fd is not None
+    assert select.select([fd], [], [], 10.0)[0], "the datagram did not arrive in 10 s"
+
+
+def test_a_read_that_drained_the_socket_makes_the_next_empty_poll_ask_the_epoll() -> None:
+    """A read that ended on EAGAIN left the socket empty: the next call asks the epoll
+    (0.3 us) instead of a recvmsg that raises BlockingIOError (1-3 us). A ping-pong's
+    busy poll makes such a read and then such a call every round trip."""
+    a = UdpLink("127.0.0.1", 0)
+    b = UdpLink("127.0.0.1", 0)
+    try:
+        port = b.port
+        assert port is not None and b._rx is not None
+        counting = _CountingSocket(b._rx)
+        b._rx = counting  # type: ignore[assignment]
+        b._rx_socks = (counting,)  # type: ignore[assignment]
+        for _ in range(2):
+            a.send(LO4, port, a.fallback_sport, [b"x" * 40])
+            _wait_readable(b)
+            before = counting.calls
+            got = b.recv_batch(4)
+            assert len(got) == 1 and bytes(got[0].data) == b"x" * 40
+            assert counting.calls == before + 2  # the datagram, then EAGAIN
+            assert b.recv_batch(4) == []
+            assert counting.calls == before + 2, "an empty poll after a drain read the socket"
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_calm_poll_sleeps_without_reading_the_cpu_clock() -> None:
+    """While the machine is contended (calm), an empty poll sleeps at once: it does not
+    read the thread's CPU time (a system call) that only a spin needs."""
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        reads: list[float] = []
+        wall = [100.0]
+
+        def cpu() -> float:
+            reads.append(wall[0])
+            return 5.0
+
+        p = pg.PollPacer(a.fileno(), 0.01, clock=lambda: wall[0], cpu_clock=cpu)
+        p.calm_until = wall[0] + pg.CALM
+        b.send(b"x")
+        assert p.idle(None) is True and p.sleeps == 1
+        assert reads == []
+        a.recv(1)
+        p.busy()
+        wall[0] += pg.CALM + 0.1  # calm is over: a spin starts, and it needs the CPU clock
+        assert p.idle(None) is False and len(reads) == 1
+    finally:
+        a.close()
+        b.close()
+
+
+class _Due:
+    """A timer owner of the engine (``Timed``) whose deadline has passed."""
+
+    def __init__(self) -> None:
+        self.deadline: float | None = 0.0
+        self.fired: list[float] = []
+
+    def on_timer(self, now: float) -> None:
+        self.fired.append(now)
+        self.deadline = None
+
+
+class _AckOwner:
+    """An engine QP with a coalesced ACK pending (``Port.ack_pending``)."""
+
+    def __init__(self) -> None:
+        self.flushed = 0
+
+    def flush_ack(self) -> None:
+        self.flushed += 1
+
+
+def test_an_empty_busy_poll_still_runs_due_timers_and_sends_pending_acks() -> None:
+    """An empty busy poll skips the housekeeping when nothing is queued; a due timer or a
+    coalesced ACK still gets it, as before."""
+    link = UdpLink("127.0.0.1", 0)
+    ctx = v.Context(link=link, progress="manual")
+    try:
+        rt = ctx.runtime
+        assert isinstance(rt, Runtime)
+        port = rt.port
+        due = _Due()
+        port.arm(due)
+        end = time.monotonic() + 10.0
+        while not due.fired and time.monotonic() < end:
+            assert rt.progress_nonblocking() == 0
+        assert len(due.fired) == 1
+        owner = _AckOwner()
+        port.ack_pending.append(owner)
+        assert rt.progress_nonblocking() == 0
+        assert owner.flushed == 1 and not port.ack_pending
+        assert rt.progress_nonblocking() == 0  # nothing queued: nothing run
+        assert owner.flushed == 1 and len(due.fired) == 1
+    finally:
+        ctx.close()
+
+
+def test_the_housekeeping_shortcut_still_runs_timers_deferred_calls_and_acks() -> None:
+    """The end of every locked operation (``Runtime._after_locked``) returns at once when
+    nothing is queued and no timer is due; a due timer, a deferred call or a coalesced ACK
+    still runs (here through ``ctx.progress()``)."""
+    link = UdpLink("127.0.0.1", 0)
+    ctx = v.Context(link=link, progress="manual")
+    try:
+        rt = ctx.runtime
+        assert isinstance(rt, Runtime)
+        port = rt.port
+        due = _Due()
+        port.arm(due)
+        ran: list[int] = []
+        rt.defer(lambda: ran.append(1))
+        owner = _AckOwner()
+        port.ack_pending.append(owner)
+        assert rt.progress() == 0
+        assert len(due.fired) == 1 and ran == [1] and owner.flushed == 1
+        due.deadline = time.monotonic() + 3600.0  # armed, not due
+        port.arm(due)
+        assert rt.progress() == 0
+        assert len(due.fired) == 1 and ran == [1] and owner.flushed == 1
+        due.deadline = 0.0  # due again
+        assert rt.progress() == 0
+        assert len(due.fired) == 2
+    finally:
+        ctx.close()
