@@ -53,22 +53,19 @@ from ..ipoib.events import (
 from ..ipoib.hwaddr import service_id
 from ..ipoib.iface import Address, IfaceConfig, IpoibInterface, Mode
 from ..verbs.device import registered_devices
-from ..wire.gid import ip_to_gid, is_v4_mapped
+from ..wire.gid import is_v4_mapped
 from .ipoib_conns import SEND_SLOTS, IpoibConnections
+from .ipoib_rx import GRH, SLOT, IpoibReceive
 
 __all__ = ["IPOIB_QKEY", "IpoibRuntime", "RuntimeOptions"]
 
 IPOIB_QKEY = 0x0000000B      # the usual IPoIB broadcast-group Q_Key (RFC 4391; docs/protocols.md §10)
-GRH = 40                     # UD receive buffers start with the GRH area (IBA 11.4.1.2)
-SLOT = 1 << 16               # >= IPOIB_CM_BUF_SIZE
 UD_RECVS = 256
 SRQ_RECVS = 128
 CQ_SIZE = 2048
-POLL_BATCH = 64
 TUN_BATCH = 32
 MAX_WAIT_S = 0.5
 DRAIN_ROUNDS = 16            # receive batches read before a due timer runs
-_WR_RECV_BASE = 1 << 32
 
 
 @dataclass(slots=True)
@@ -85,7 +82,7 @@ class RuntimeOptions:
     idle_s: float = 2 * 256.0
 
 
-class IpoibRuntime(IpoibConnections):
+class IpoibRuntime(IpoibConnections, IpoibReceive):
     """``softrdma ipoib up``: build everything, :meth:`run` until stopped, clean up."""
 
     def __init__(self, opts: RuntimeOptions) -> None:
@@ -95,6 +92,7 @@ class IpoibRuntime(IpoibConnections):
         self._ctl: ControlServer | None = None
         self._stop = False
         self._init_connections()
+        self._init_receive()
         self._ahs: dict[bytes, v.AH] = {}
         self._sends: list[tuple[v.QP, v.SendWR, int]] = []
         self._batching = False
@@ -132,10 +130,15 @@ class IpoibRuntime(IpoibConnections):
         self.send_mr = v.MR(self.pd, len(self._send_buf), access, buffer=self._send_buf)
         self._send_view = memoryview(self._send_buf)
         self._free_slots = list(range(SEND_SLOTS - 1, -1, -1))
+        # one send WR per slot, its length set per packet (the verbs copy what they post)
+        self._send_wrs = [v.SendWR(wr_id=i, sg=[v.SGE(self.send_mr.addr + i * SLOT, SLOT,
+                                                      self.send_mr.lkey)], num_sge=1)
+                          for i in range(SEND_SLOTS)]
         self._ud_slot = GRH + ib_mtu
         self._ud_buf = bytearray(UD_RECVS * self._ud_slot)
         self.ud_mr = v.MR(self.pd, len(self._ud_buf), access, buffer=self._ud_buf)
         self._ud_view = memoryview(self._ud_buf)
+        self._ud_rwrs = self._make_recv_wrs(self.ud_mr, UD_RECVS, self._ud_slot)
         self.cq = v.CQ(ctx, CQ_SIZE)
         self.rc_rcq = v.CQ(ctx, CQ_SIZE)
         cap = v.QPCap(max_send_wr=SEND_SLOTS, max_recv_wr=UD_RECVS, max_send_sge=1,
@@ -155,6 +158,7 @@ class IpoibRuntime(IpoibConnections):
             self._srq_buf = bytearray(SRQ_RECVS * SLOT)
             self.srq_mr = v.MR(self.pd, len(self._srq_buf), access, buffer=self._srq_buf)
             self._srq_view = memoryview(self._srq_buf)
+            self._srq_rwrs = self._make_recv_wrs(self.srq_mr, SRQ_RECVS, SLOT)
             self._post_srq_recvs(list(range(SRQ_RECVS)))
         cfg = IfaceConfig(gid=self.gid, ud_qpn=self.ud_qp.qp_num, ud_mtu=ib_mtu - ENCAP_LEN,
                           addresses=o.addresses, mode=o.mode, pkey=o.pkey, mtu=o.mtu,
@@ -208,21 +212,6 @@ class IpoibRuntime(IpoibConnections):
                           f"IPv6 groups on RoCEv2, {why}")
 
     # ---- buffers -------------------------------------------------------------------
-    def _post_ud_recvs(self, idxs: list[int]) -> None:
-        """Post the UD receive buffers ``idxs`` in one call."""
-        addr, size, lkey = self.ud_mr.addr, self._ud_slot, self.ud_mr.lkey
-        self.ud_qp.post_recv([v.RecvWR(wr_id=_WR_RECV_BASE + i,
-                                       sg=[v.SGE(addr + i * size, size, lkey)], num_sge=1)
-                              for i in idxs])
-
-    def _post_srq_recvs(self, idxs: list[int]) -> None:
-        """Post the SRQ buffers ``idxs`` in one call."""
-        assert self.srq is not None
-        addr, lkey = self.srq_mr.addr, self.srq_mr.lkey
-        self.srq.post_recv([v.RecvWR(wr_id=_WR_RECV_BASE + i,
-                                     sg=[v.SGE(addr + i * SLOT, SLOT, lkey)], num_sge=1)
-                            for i in idxs])
-
     def _slot_for(self, etype: int, payload: bytes | memoryview) -> tuple[int, int] | None:
         """A send slot holding encap + payload (copied unless it is already there)."""
         n = len(payload)
@@ -263,15 +252,17 @@ class IpoibRuntime(IpoibConnections):
 
     def _do(self, o: Output) -> None:
         if isinstance(o, TunWrite):
-            if self.tun is not None and not self.tun.write(o.packet):
+            if self._coalescing:
+                self._gro.push(o.packet)
+            elif self.tun is not None and not self.tun.write(o.packet):
                 self.driver_counters["tun_write_errors"] += 1
         elif isinstance(o, UdSend):
             got = self._slot_for(o.ethertype, o.payload)
             if got is None:
                 return
             slot, n = got
-            wr = v.SendWR(wr_id=slot, sg=[v.SGE(self.send_mr.addr + slot * SLOT, n,
-                                                self.send_mr.lkey)], num_sge=1)
+            wr = self._send_wrs[slot]
+            wr.sg[0].length = n
             wr.set_wr_ud(self._ah(o.dest.gid), o.dest.qpn, IPOIB_QKEY)
             self._queue(self.ud_qp, wr, slot)
         elif isinstance(o, ConnSend):
@@ -280,8 +271,8 @@ class IpoibRuntime(IpoibConnections):
             if c is None or got is None:
                 return
             slot, n = got
-            wr = v.SendWR(wr_id=slot, sg=[v.SGE(self.send_mr.addr + slot * SLOT, n,
-                                                self.send_mr.lkey)], num_sge=1)
+            wr = self._send_wrs[slot]
+            wr.sg[0].length = n
             self._queue(c.qp, wr, slot)
         elif isinstance(o, ConnOpen):
             self._open_conn(o)
@@ -326,87 +317,6 @@ class IpoibRuntime(IpoibConnections):
                 self._last_error = str(exc)
             i = j
         sends.clear()
-
-    # ---- completions ---------------------------------------------------------------
-    def _poll(self, now: float) -> int:
-        """Handle the completions; the sends they cause are posted together at the end,
-        and the receive buffers are posted again one batch (one call) at a time."""
-        self._batching = True
-        try:
-            return self._poll_batch(now)
-        finally:
-            self._batching = False
-            self._post_queued()
-
-    def _poll_batch(self, now: float) -> int:
-        n = 0
-        eng = self.engine
-        ok = e.IBV_WC_SUCCESS
-        acked: set[int] = set()   # QPs whose sends the peer acknowledged
-        while True:
-            got, wcs = self.cq.poll(POLL_BATCH)
-            if not got:
-                break
-            n += got
-            again: list[int] = []
-            for wc in wcs:
-                if wc.wr_id < _WR_RECV_BASE:  # a send slot is free again
-                    self._free_slots.append(int(wc.wr_id))
-                    if wc.status != ok:
-                        self._send_failed(wc.qp_num, now)
-                    else:
-                        acked.add(wc.qp_num)
-                    continue
-                i = int(wc.wr_id) - _WR_RECV_BASE
-                if wc.status == ok:
-                    off = i * self._ud_slot
-                    grh = self._ud_view[off:off + GRH]
-                    if grh[0] >> 4 == 6:
-                        src = bytes(grh[8:24])
-                    else:
-                        src = ip_to_gid(grh[32:36])
-                    eng.receive_ud(self._ud_view[off + GRH:off + wc.byte_len], src,
-                                   wc.src_qp, now)
-                    self._execute(eng.take_output())
-                else:
-                    self.driver_counters["recv_errors"] += 1
-                again.append(i)
-            if again and not self._closing:
-                self._post_ud_recvs(again)
-        for qpn in acked:  # RC forward progress confirms the neighbour (RFC 4861 §7.3.1)
-            conn_id = self._by_qpn.get(qpn)
-            if conn_id is not None:
-                eng.conn_progress(conn_id, now)
-                self._execute(eng.take_output())
-        while self.srq is not None:
-            got, wcs = self.rc_rcq.poll(POLL_BATCH)
-            if not got:
-                break
-            n += got
-            again = []
-            for wc in wcs:
-                i = int(wc.wr_id) - _WR_RECV_BASE
-                conn_id = self._by_qpn.get(wc.qp_num)
-                if wc.status == ok and conn_id is not None:
-                    off = i * SLOT
-                    eng.receive_conn(conn_id, self._srq_view[off:off + wc.byte_len], now)
-                    self._execute(eng.take_output())
-                elif wc.status != ok and wc.status != e.IBV_WC_WR_FLUSH_ERR:
-                    self.driver_counters["recv_errors"] += 1
-                again.append(i)
-            if again and not self._closing:
-                self._post_srq_recvs(again)
-        return n
-
-    def _send_failed(self, qp_num: int, now: float) -> None:
-        """A send completed in error: on a connection (retries exhausted, the peer is
-        gone) the connection is closed, and the next packet sets up a new one."""
-        self.driver_counters["send_errors"] += 1
-        conn_id = self._by_qpn.get(qp_num)
-        if conn_id is not None:
-            self._drop_conn(conn_id, disconnect=True)
-            self.engine.conn_closed(conn_id, now)
-            self._execute(self.engine.take_output())
 
     # ---- the loop ------------------------------------------------------------------
     _read_slot = -1
@@ -535,6 +445,8 @@ class IpoibRuntime(IpoibConnections):
         snap["ud_qpn"] = self.ud_qp.qp_num
         counters = dict(snap["counters"])  # type: ignore[call-overload]
         counters.update(self.driver_counters)
+        counters["rx_gro_packets"] = self._gro.merged_packets
+        counters["rx_gro_segments"] = self._gro.merged_segments
         snap["counters"] = counters
         if self._last_error:
             snap["last_error"] = self._last_error

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import ipaddress
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import DecodeError, InvalidArgument
 
@@ -59,12 +59,16 @@ class HwAddr:
     qpn: int
     gid: bytes
     flags: int = 0
+    #: the address with the flags zeroed: the identity of the peer and the value compared
+    #: MSB first for REQ crossing (RFC 4755 §3.3); made once (looked up per packet)
+    key: bytes = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not 0 <= self.qpn <= QPN_MASK:
             raise InvalidArgument("qpn", f"a QPN is 24 bits, got {self.qpn!r}")
         if len(self.gid) != 16:
             raise InvalidArgument("gid", f"a GID is 16 bytes, got {len(self.gid)}")
+        object.__setattr__(self, "key", _HW.pack(self.qpn, bytes(self.gid)))
 
     def encode(self) -> bytes:
         return _HW.pack((self.flags & 0xFF) << 24 | self.qpn, bytes(self.gid))
@@ -76,12 +80,6 @@ class HwAddr:
             raise DecodeError(f"an IPoIB hardware address is {ALEN} bytes, got {len(data)}")
         word, gid = _HW.unpack(data)
         return cls(word & QPN_MASK, gid, (word >> 24) & FLAGS_KNOWN)
-
-    @property
-    def key(self) -> bytes:
-        """The address with the flags zeroed: the identity of the peer and the value
-        compared MSB first for REQ crossing (RFC 4755 §3.3)."""
-        return _HW.pack(self.qpn, bytes(self.gid))
 
     @property
     def rc(self) -> bool:

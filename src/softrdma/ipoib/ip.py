@@ -39,9 +39,10 @@ _V4 = struct.Struct(">BBHHHBBH4s4s")
 _V6 = struct.Struct(">IHBB16s16s")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class IpInfo:
-    """What routing a packet needs: version, source, destination, lengths."""
+    """What routing a packet needs: version, source, destination, lengths (one per
+    packet, so not frozen: a frozen dataclass takes four times as long to make)."""
 
     version: int
     src: bytes

@@ -5,18 +5,23 @@ Every packet crosses the device behind a ``struct virtio_net_hdr`` (10 bytes, ho
 order; the kernel's include/uapi/linux/virtio_net.h). No offload is enabled
 (``TUNSETOFFLOAD`` 0): the kernel computes and verifies every checksum itself, and hands
 over no GSO packet, so the header read with a packet says nothing and is skipped. The
-header written with a packet carries ``hdr_len``, the part of the packet the kernel copies
+header written with a plain packet carries ``hdr_len``, the part of the packet the kernel copies
 into the socket buffer's linear area, the rest going into page fragments; with a zero
 ``hdr_len`` (or a plain TUN device) a 64 KiB IPoIB-CM packet is copied into one linear
 buffer. Measured (issue 26, iperf3 in connected mode on a loaded 2-core machine): 3.6-4.1
 CPU s/GB in each IPoIB process with ``hdr_len``, 4.4-4.5 without (four runs); the memory
 charged to a receiving UDP socket for a 65000-byte datagram is about 130 KB either way.
 
-Why no TSO/checksum offload: the kernel would then hand over partial checksums, and
-completing one in Python (RFC 1071 over the packet) costs about 12 us per 4 KB and over
-300 us per 64 KB on this machine kind, as much as the whole per-message cost of the RC
-path (about 250 us per 64 KB); in connected mode TCP's segments are already 64 KiB (the
-MTU is 65520), and in datagram mode the kernel cuts and sums the 4 KB segments for less.
+Packets the other way may be coalesced TCP (:mod:`softrdma.ipoib.gro`, :meth:`write_gso`):
+the header then gives GSO type TCPV4/TCPV6 and the segment size, no checksum flag, so
+the kernel still verifies the merged packet's TCP checksum over all of it.
+
+Why no TSO/checksum offload on reads: the kernel would then hand over partial checksums,
+and completing one in Python (RFC 1071 over the packet) costs about 12 us per 4 KB and
+over 300 us per 64 KB on this machine kind, as much as the whole per-message cost of the
+RC path (about 250 us per 64 KB); in connected mode TCP's segments are already 64 KiB
+(the MTU is 65520), and in datagram mode the kernel cuts and sums the 4 KB segments for
+less.
 """
 
 from __future__ import annotations
@@ -108,6 +113,18 @@ class TunDevice:
         """Hand one packet to the kernel; False if it was refused (counted by the caller)."""
         try:
             os.writev(self.fd, [self._tx_hdrs[min(len(packet), LINEAR_LEN)], packet])
+            return True
+        except OSError:
+            return False
+
+    def write_gso(self, head: bytes, payloads: Sequence[bytes | bytearray | memoryview],
+                  gso_type: int, gso_size: int) -> bool:
+        """Hand the kernel one coalesced TCP packet (:mod:`softrdma.ipoib.gro`): the IP
+        and TCP headers ``head``, then ``payloads`` (segments of ``gso_size`` bytes, the
+        last one maybe shorter), gathered by the one ``writev``; False if refused."""
+        try:
+            os.writev(self.fd, [VNET_HDR.pack(0, gso_type, len(head), gso_size, 0, 0), head,
+                                *payloads])
             return True
         except OSError:
             return False
