@@ -1,12 +1,14 @@
 """rdma_cm over a device shared through devd, both ends in one process: the CM MADs of
 the connection (REQ, REP, RTU, DREQ, DREP) are handed back to the process's own CM
 without the devd hop (issue 26: each hop was a send, a devd forward and a progress-thread
-wake-up); ``SOFTRDMA_CM_LOOPBACK=0`` sends them on the wire as before."""
+wake-up); ``SOFTRDMA_CM_LOOPBACK=0`` sends them on the wire as before. The QPs' numbers
+come from devd leases, not an exchange per QP."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from harness.rdma_cm import expect, next_non_timewait, setup_env
@@ -15,6 +17,8 @@ from softrdma import enums as e
 from softrdma import verbs as v
 from softrdma.cm import rdma_cm as rc
 from softrdma.drivers.cm import gsi
+from softrdma.drivers.devd.proto import OP_ALLOC_QPN, OP_FREE_QPN
+from softrdma.drivers.devd.requests import DevdRequests
 
 T = rc.RdmaCmEventType
 
@@ -82,3 +86,21 @@ def test_loopback_off_sends_the_mads_through_devd(env: Path,
     routed, looped = connect_and_close()
     assert looped == 0
     assert routed == 5
+
+
+def test_qps_of_connections_take_no_devd_exchange_each(
+        env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The QPs of a connection get and give back their numbers without a devd exchange
+    each (QPN leases, drivers.devd.requests): three connections, six QPs, no ALLOC_QPN
+    or FREE_QPN request waited for one by one."""
+    connect_and_close()  # the device is open, its first lease taken
+    ops: list[int] = []
+    orig = DevdRequests._request
+
+    def counting(self: DevdRequests, op: int, *a: Any, **k: Any) -> tuple[int, bytes]:
+        ops.append(op)
+        return orig(self, op, *a, **k)
+    monkeypatch.setattr(DevdRequests, "_request", counting)
+    for _ in range(3):
+        connect_and_close()
+    assert OP_ALLOC_QPN not in ops and OP_FREE_QPN not in ops, ops
