@@ -5,9 +5,10 @@ one request record on the control channel, one answer matched by its sequence nu
 QPNs of the QPs a process creates and destroys (:meth:`DevdRequests.lease_qpn`,
 :meth:`DevdRequests.release_qpn`) need no exchange each (issue 26: two per QP, each a
 wake-up of devd and a wait for it to be scheduled, 0.1 to 2 ms on a busy machine):
-QPNs are taken :data:`QPN_LEASE` at a time, and the numbers of destroyed QPs are given
-back in the same exchange (or once :data:`QPN_LEASE` wait), their FREE and ALLOC records
-sent back to back and only the ALLOCs waited for (devd handles a client's records in
+QPNs are taken :data:`QPN_LEASE` at a time (the next lease asked for when half of one
+is used, so its answers are there when it is needed), and the numbers of destroyed QPs
+are given back in the same exchange (or once :data:`QPN_LEASE` wait), their FREE and
+ALLOC records sent back to back and at most the ALLOCs waited for (devd handles a client's records in
 order; the answers of these pipelined records are matched by their sequence numbers
 whenever the channel is next read). devd still hands out every QPN (its round robin, so
 a number is not reused soon, IBA 12.9.8.3) and knows each one's owner; a destroyed QP's
@@ -172,8 +173,8 @@ class DevdRequests:
     # ---- pipelined QPN requests (see the module docstring) ------------------------------
     def lease_qpn(self) -> int:
         """A fresh QPN unique on the device, as :meth:`alloc_qpn`, from a lease of
-        :data:`QPN_LEASE` taken in one exchange (a daemon that does not number its
-        answers: :meth:`alloc_qpn`)."""
+        :data:`QPN_LEASE` taken in one exchange, the next one asked for when half of it
+        is used (a daemon that does not number its answers: :meth:`alloc_qpn`)."""
         if not self._numbered:
             return self.alloc_qpn()
         if self._closed:
@@ -181,11 +182,14 @@ class DevdRequests:
         with self._ctrl_lock:
             pipe = self._pipeline()
             with self._ctrl_errors("ALLOC_QPN"):
-                self._collect(None)
-                if not pipe.spare:
+                if not pipe.spare:  # the answers that came meanwhile
+                    self._collect(None)
+                if len(pipe.spare) <= QPN_LEASE // 2 and not pipe.allocs():
+                    # the next lease, asked for before it is needed
                     self._give_back(pipe)
-                    for _ in range(QPN_LEASE - pipe.allocs()):
+                    for _ in range(QPN_LEASE):
                         self._send_pipelined(OP_ALLOC_QPN, 0)
+                if not pipe.spare:
                     self._collect(lambda: bool(pipe.spare) or not pipe.allocs())
             if pipe.spare:
                 return pipe.spare.popleft()
