@@ -5,16 +5,20 @@ create a QP on each side, connect with private data, accept, ESTABLISHED on both
 disconnect, DISCONNECTED on both sides, QPs and ids destroyed. Transports:
 
 * RoCE: the IB CM + Annex A11 over a RoCE device on ``lo`` (its UDP port free-chosen,
-  shared through devd like ``softrdma_lo``: every MAD takes the devd hop);
+  shared through devd like ``softrdma_lo``): both ids are in this process, so the CM
+  hands its MADs back to itself (``SOFTRDMA_CM_LOOPBACK=0``: each takes the devd hop);
+  the QPNs come from devd in leases;
 * iWARP: TCP connect + the MPA Request/Reply on the built-in ``softrdma_iw_lo``.
 
 Baseline (``tcp``): the same steps on plain Python TCP sockets on the loopback in the
 same process: connect, accept, 4 bytes each way (the private data), close both sides.
 
 Run: ``python bench/cm_rate.py [-n 200] [--transport roce|iwarp|tcp ...] [--json]``;
-prints connections/s and the mean time per connection for each transport (``--json``: one
-object, transport -> connections/s; ``bench/run.py`` runs it so). The state directory is
-private and its devd is stopped before the directory is removed.
+prints connections/s, the mean time per connection and this process's CPU time per
+connection (all its threads; steadier than the rate on a busy machine) for each
+transport (``--json``: one object, transport -> connections/s, and ``cpu_ms``:
+transport -> CPU ms per connection; ``bench/run.py`` runs it so). The state directory
+is private and its devd is stopped before the directory is removed.
 """
 
 from __future__ import annotations
@@ -52,7 +56,8 @@ def wait(ch: rc.EventChannel, kind: int) -> rc.RdmaCmEvent:
             raise RuntimeError(f"expected {rc.event_str(kind)}, got {ev.text}")
 
 
-def rate(transport: str, n: int) -> float:
+def rate(transport: str, n: int) -> tuple[float, float]:
+    """Connections/s and CPU seconds per connection over ``transport``."""
     chs, chc = rc.EventChannel(), rc.EventChannel()
     lst = rc.CmId(chs)
     lst.bind_addr(("127.0.0.1", 0), device=transport)
@@ -65,10 +70,10 @@ def rate(transport: str, n: int) -> float:
     def qp_attr(c: v.CQ) -> v.QPInitAttr:
         return v.QPInitAttr(qp_type=e.IBV_QPT_RC, scq=c, rcq=c, cap=v.QPCap(4, 4, 1, 1))
 
-    t0 = 0.0
+    t0 = c0 = 0.0
     for i in range(n + 5):
         if i == 5:  # 5 warm-up connections (device open, devd start)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
         cli = rc.CmId(chc)
         cli.resolve_addr(None, ("127.0.0.1", port), 2000, device=transport)
         wait(chc, T.ADDR_RESOLVED)
@@ -92,10 +97,11 @@ def rate(transport: str, n: int) -> float:
             cid.destroy_qp()
             cid.destroy()
     dt = time.perf_counter() - t0
+    cpu = time.process_time() - c0
     lst.destroy()
     for ch in (chs, chc):
         ch.close()
-    return n / dt
+    return n / dt, cpu / n
 
 
 def tcp_rate(n: int) -> float:
@@ -154,7 +160,8 @@ def main() -> int:
     a = ap.parse_args()
     if a.n < 1:
         ap.error("-n must be >= 1")
-    out: dict[str, float] = {}
+    out: dict[str, object] = {}
+    cpu_ms: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="cm_rate.") as d:
         make_state_dir(Path(d))
         os.environ["SOFTRDMA_STATE_DIR"] = d
@@ -162,15 +169,23 @@ def main() -> int:
         rc.configure(cm_config=CmConfig(timewait_s=0.01))
         try:
             for transport in a.transport or ("roce", "iwarp"):
-                r = tcp_rate(a.n) if transport == "tcp" else rate(transport, a.n)
+                if transport == "tcp":
+                    c0 = time.process_time()
+                    r = tcp_rate(a.n)
+                    cpu = (time.process_time() - c0) / (a.n + 5)
+                else:
+                    r, cpu = rate(transport, a.n)
                 out[transport] = r
+                cpu_ms[transport] = cpu * 1e3
                 if not a.json:
                     print(f"[cm_rate] {transport:5s}: {r:7.1f} connections/s "
-                          f"(connect + accept + disconnect, {1e3 / r:.2f} ms each, n={a.n})")
+                          f"(connect + accept + disconnect, {1e3 / r:.2f} ms each, "
+                          f"CPU {cpu * 1e3:.2f} ms each, n={a.n})")
         finally:
             rc.release_devices()
             stop_devd(Path(d))
     if a.json:
+        out["cpu_ms"] = cpu_ms
         print(json.dumps(out))
     return 0
 

@@ -352,27 +352,18 @@ def test_roce_events_reach_the_channel_without_the_cm_event_thread(
     assert scheduled == []
 
 
-def test_iwarp_connects_reuse_one_worker_thread(env: Path,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 26: each iWARP connect started a thread of its own (about 60 us of CPU and
-    300 us of latency on a busy host); sequential connects now run on one reused
-    worker."""
-    ran: list[threading.Thread] = []
-    real = iwconnect.connect
-
-    def connect(*a: Any, **kw: Any) -> Any:
-        ran.append(threading.current_thread())
-        return real(*a, **kw)
-    monkeypatch.setattr(iwconnect, "connect", connect)
+def _iwarp_rounds(n: int) -> None:
+    """``n`` iWARP connections: connect, accept, ESTABLISHED, disconnect, destroy."""
     chs, chc = EventChannel(), EventChannel()
     lst, port = _listen(chs, "iwarp")
-    for _ in range(3):
+    for _ in range(n):
         cli, _ce = _client(chc, "iwarp", port)
-        cli.connect(rc.ConnParam())
+        cli.connect(rc.ConnParam(private_data=b"round"))
         req = expect(chs, T.CONNECT_REQUEST)
+        assert req.private_data == b"round"
         Ep(req.id)
-        req.id.accept()
-        expect(chc, T.ESTABLISHED)
+        req.id.accept(rc.ConnParam(private_data=b"back"))
+        assert expect(chc, T.ESTABLISHED).private_data == b"back"
         expect(chs, T.ESTABLISHED)
         cli.disconnect()
         expect(chc, T.DISCONNECTED)
@@ -381,43 +372,48 @@ def test_iwarp_connects_reuse_one_worker_thread(env: Path,
             cid.destroy_qp()
             cid.destroy()
     lst.destroy()
+
+
+def test_iwarp_connect_to_a_local_peer_runs_no_thread(env: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 26: an iWARP connect ran in a worker thread (its blocking TCP connect and
+    wait for the MPA Reply) and each listener had a thread waiting for MPA Requests: two
+    thread hand-offs per connection. A TCP connection that is up at once (a local peer)
+    now sends its Request from the caller, and the runtime's thread reports the Reply
+    and the Requests from the connections' events."""
+    blocking: list[str] = []
+    real = iwconnect.connect
+
+    def connect(*a: Any, **kw: Any) -> Any:
+        blocking.append(threading.current_thread().name)
+        return real(*a, **kw)
+    monkeypatch.setattr(iwconnect, "connect", connect)
+    monkeypatch.setattr(iwconnect.Listener, "get_request",
+                        lambda *a, **k: pytest.fail("a thread waits for MPA Requests"))
+    before = {t.ident for t in threading.enumerate()}
+    _iwarp_rounds(3)
+    assert blocking == []
+    new = [t.name for t in threading.enumerate() if t.ident not in before]
+    assert not any(n.startswith("rdma_cm-iw") for n in new), new
+
+
+def test_iwarp_connects_not_up_at_once_reuse_one_worker_thread(
+        env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 26: a connect whose TCP connection is not up at once (a remote peer) runs
+    the blocking connect in a worker thread, one reused for sequential connects (a thread
+    of its own cost about 60 us of CPU and 300 us of latency on a busy host)."""
+    ran: list[threading.Thread] = []
+    real = iwconnect.connect
+
+    def connect(*a: Any, **kw: Any) -> Any:
+        ran.append(threading.current_thread())
+        return real(*a, **kw)
+    monkeypatch.setattr(iwconnect, "connect", connect)
+    monkeypatch.setattr(iwconnect, "start_connect", lambda *a, **k: None)
+    _iwarp_rounds(3)
     assert len(ran) == 3
     assert len({id(t) for t in ran}) == 1, [t.name for t in ran]
     assert ran[0].name == "rdma_cm-iw-connect" and ran[0].daemon
-
-
-def test_iwarp_listener_thread_waits_without_polling(env: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 23: the iWARP listener thread asked for a request every 0.25 s to notice
-    destroy; it now waits with no timeout (a request or the listener's close wakes it),
-    and destroy still ends it."""
-    timeouts: list[float | None] = []
-    real = iwconnect.Listener.get_request
-
-    def get_request(self: Any, timeout: float | None = 30.0) -> Any:
-        timeouts.append(timeout)
-        return real(self, timeout)
-    monkeypatch.setattr(iwconnect.Listener, "get_request", get_request)
-    before = set(threading.enumerate())
-    chs, chc = EventChannel(), EventChannel()
-    lst, port = _listen(chs, "iwarp")
-    cli, _ce = _client(chc, "iwarp", port)
-    cli.connect(rc.ConnParam())
-    req = expect(chs, T.CONNECT_REQUEST)
-    req.id.reject()
-    expect(chc, T.REJECTED)
-    threads = [t for t in set(threading.enumerate()) - before
-               if t.name == "rdma_cm-iw-listen"]
-    assert threads
-    lst.destroy()
-    cli.destroy()
-    req.id.destroy()
-    deadline = time.monotonic() + 30.0
-    while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
-        for t in threads:
-            t.join(0.1)
-    assert not any(t.is_alive() for t in threads)
-    assert timeouts and all(t is None for t in timeouts), timeouts
 
 
 @pytest.mark.parametrize("transport", ["roce", "iwarp"])
@@ -499,3 +495,32 @@ def test_bad_arguments(env: Path) -> None:
     cid.resolve_addr("10.254.254.254", ("10.254.254.1", 1))  # nobody owns the source
     ev = expect(ch, T.ADDR_ERROR)
     assert ev.status < 0 and "owns" in ev.text
+
+
+def test_iwarp_listener_closes_a_silent_connection_on_its_mpa_timer(env: Path) -> None:
+    """A TCP connection to an rdma_cm iWARP listener that never sends its MPA Request is
+    closed when its MPA timer expires (siw's MPA timeout), though no thread waits for
+    Requests any more (issue 26); a real connection is served meanwhile and after."""
+    chs = EventChannel()
+    lst, port = _listen(chs, "iwarp")
+    handle = lst._listens[0][2]
+    assert isinstance(handle, iwconnect.Listener)
+    handle.mpa_timeout = 0.5
+    silent = socket.create_connection(("127.0.0.1", port), timeout=30)
+    try:
+        silent.settimeout(30)
+        t0 = time.monotonic()
+        assert silent.recv(100) == b""  # closed by the listener, nothing sent
+        assert time.monotonic() - t0 < 20
+    finally:
+        silent.close()
+    assert handle._pending == []
+    chc = EventChannel()
+    cli, _ce = _client(chc, "iwarp", port)
+    cli.connect(rc.ConnParam(private_data=b"real"))
+    req = expect(chs, T.CONNECT_REQUEST)
+    assert req.private_data == b"real"
+    req.id.reject()
+    assert expect(chc, T.REJECTED).status == -errno.ECONNREFUSED
+    for cid in (cli, req.id, lst):
+        cid.destroy()

@@ -93,3 +93,27 @@ def test_poll_and_asyncio_see_an_event_posted_from_another_thread() -> None:
         assert ch.unacked == 2 and not _readable(ch)
     finally:
         ch.close()
+
+
+def test_the_descriptor_is_made_when_asked_for_and_counts_what_is_queued() -> None:
+    """Issue 26: every event wrote a byte to the channel's descriptor and every take read
+    it (two system calls per event) though an application that only calls
+    get_cm_event never looks at it; the descriptor is now made on first use, holding one
+    byte per event queued by then."""
+    ch: EventChannel[object] = EventChannel()
+    a = object()
+    try:
+        for _ in range(3):
+            ch.post(RdmaCmEvent(T.ADDR_RESOLVED, a))
+        assert ch._queue._bell is None  # nothing written for these
+        ch.ack(ch.get_cm_event(timeout=DEADLINE))
+        fd = ch.fileno()  # made now: two events are pending
+        assert _readable(ch)
+        ch.ack(ch.get_cm_event(timeout=DEADLINE))
+        assert _readable(ch)
+        ch.ack(ch.get_cm_event(timeout=DEADLINE))
+        assert not _readable(ch) and ch.fileno() == fd
+        ch.post(RdmaCmEvent(T.ROUTE_RESOLVED, a))
+        assert _readable(ch) and ch.poll(0)
+    finally:
+        ch.close()

@@ -35,13 +35,14 @@ from functools import partial
 from typing import Any, Protocol
 
 from ..drivers.cm import iwconnect as iw
-from ..drivers.runtime.workers import Workers, start_daemon
+from ..drivers.runtime.workers import Workers
 from ..errors import InvalidArgument, SoftRdmaError, StateError
 from ..ibcm.cmid import IbCmId
 from ..ibcm.events import CmEvent, CmEventType, RejectInfo, lock_free
 from ..ibcm.ipcm import IpCmClient, ip_listen
 from ..ibcm.params import AcceptParams
 from ..ibcm.userqp import UserQp
+from ..iwarp.events import Closed, ConnEvent, Failed, Terminated
 from ..iwarp.mpa_setup import MpaConfig
 from ..verbs.ah import AHAttr, GlobalRoute
 from ..wire.gid import ip_to_gid
@@ -61,6 +62,7 @@ PROTO = {RDMA_PS_TCP: IPPROTO_TCP, RDMA_PS_UDP: IPPROTO_UDP}
 
 Address = tuple[str, int]
 T = RdmaCmEventType
+END_EVENTS = (Closed, Terminated, Failed)  # an iWARP stream's end (as rdma_iwwatch)
 
 
 def ephemeral_port() -> int:
@@ -339,41 +341,35 @@ class _IwCm(Transport):
     def listen_on(self, cid: ConnId, dev: OpenDevice, ip: IpAddress, port: int,
                   backlog: int) -> tuple[Any, int]:
         host = str(ip) if not ip.is_unspecified else ("::" if ip.version == 6 else "0.0.0.0")
+        on_request = partial(self._on_request, cid, dev)
         tcp = None
         if not port and cid._bind_port:
             try:
-                tcp = iw.Listener(dev.ctx, cid._bind_port, host, backlog=min(backlog, 4096))
+                tcp = iw.Listener(dev.ctx, cid._bind_port, host, backlog=min(backlog, 4096),
+                                  on_request=on_request)
             except (OSError, SoftRdmaError):
                 tcp = None  # taken meanwhile: TCP picks another
         if tcp is None:
-            tcp = iw.Listener(dev.ctx, port, host, backlog=min(backlog, 4096))
-        start_daemon(self._accept_loop, cid, dev, tcp, name="rdma_cm-iw-listen")
+            tcp = iw.Listener(dev.ctx, port, host, backlog=min(backlog, 4096),
+                              on_request=on_request)
         return tcp, tcp.port
 
     @staticmethod
-    def _accept_loop(cid: ConnId, dev: OpenDevice, lst: Any) -> None:
-        """The listener's thread: each MPA Request becomes a CONNECT_REQUEST."""
-        while not cid._destroyed:
-            try:  # woken by a completed MPA Request, or by close() on destroy
-                req = lst.get_request(timeout=None)
-            except iw.ConnectError as exc:
-                if exc.errno == errno.ETIMEDOUT:
-                    continue
-                return  # the listener is closed
-            if cid._destroyed:
-                req.reject(b"")
-                return
-            child = cid._child(dev)
-            child._iw_req = req
-            peer, local = req.peer_addr, req.local_addr
-            child.peer_addr = (str(peer[0]), int(peer[1]))
-            child.local_addr = (str(local[0]), int(local[1]))
-            v2 = getattr(req.request, "v2", None)
-            ird = int(getattr(v2, "ird", 1)) if v2 is not None else 1
-            ord_ = int(getattr(v2, "ord", 1)) if v2 is not None else 1
-            if not cid._destroyed:
-                cid._post_request(child, req.private_data,
-                                  ConnParam(req.private_data, ird, ord_))
+    def _on_request(cid: ConnId, dev: OpenDevice, req: Any) -> None:
+        """A parsed MPA Request on the listener (the runtime's thread, as soon as it is
+        parsed: no thread of ours waits for it) becomes a CONNECT_REQUEST."""
+        if cid._destroyed:
+            req.reject(b"")
+            return
+        child = cid._child(dev)
+        child._iw_req = req
+        peer, local = req.peer_addr, req.local_addr
+        child.peer_addr = (str(peer[0]), int(peer[1]))
+        child.local_addr = (str(local[0]), int(local[1]))
+        v2 = getattr(req.request, "v2", None)
+        ird = int(getattr(v2, "ird", 1)) if v2 is not None else 1
+        ord_ = int(getattr(v2, "ord", 1)) if v2 is not None else 1
+        cid._post_request(child, req.private_data, ConnParam(req.private_data, ird, ord_))
 
     def stop_listening(self, handle: Any) -> None:
         handle.close()
@@ -389,40 +385,84 @@ class _IwCm(Transport):
         return conn is not None and conn is not _CONNECTING
 
     def connect(self, cid: ConnId, p: ConnParam, qp: Any) -> None:
+        """The MPA Request goes out at once when the TCP connection is up at once (a
+        local peer): the runtime's thread reports the outcome from the connection's
+        events, and :data:`iwconnect.timers` the give-up; else a worker thread runs
+        the blocking :func:`iwconnect.connect` (issue 26: two thread hand-offs fewer)."""
         cfg = MpaConfig(ird=p.responder_resources, ord=p.initiator_depth)
         host, port, pd = str(cid._dst), cid._dst_port, bytes(p.private_data)
         cid._iw_conn = _CONNECTING
+        timeout = options.iwarp_timeout
+        try:
+            started = iw.start_connect(qp, host, port, pd, cfg=cfg)
+        except SoftRdmaError as exc:
+            self._failed(cid, exc)
+            return
+        if started is not None:
+            self._follow(cid, started, timeout)
+            return
 
         def run() -> None:
             try:
-                conn = iw.connect(qp, host, port, pd, cfg=cfg, timeout=options.iwarp_timeout)
-            except iw.ConnectionRejected as exc:
-                cid._iw_conn = None
-                cid._post(T.REJECTED, status=-errno.ECONNREFUSED,
-                          private_data=exc.private_data,
-                          reject=RejectInfo(None, "rejected by the remote consumer "
-                                                  "(MPA Reply with R set, ECONNREFUSED)"))
-                return
+                conn = iw.connect(qp, host, port, pd, cfg=cfg, timeout=timeout)
             except SoftRdmaError as exc:
-                cid._iw_conn = None
-                code = exc.errno or errno.ECONNABORTED
-                info = RejectInfo(None, str(exc))
-                if code == errno.ECONNREFUSED:
-                    cid._post(T.REJECTED, status=-code, reject=info)
-                elif code == errno.ETIMEDOUT:
-                    cid._post(T.UNREACHABLE, status=-code, reject=info)
-                else:
-                    cid._post(T.CONNECT_ERROR, status=-code, reject=info)
+                self._failed(cid, exc)
                 return
-            cid._iw_conn = conn
-            if conn.local_addr:
-                cid.local_addr = (str(conn.local_addr[0]), int(conn.local_addr[1]))
-            cid._post(T.ESTABLISHED, private_data=conn.private_data,
-                      param=ConnParam(conn.private_data, conn.negotiated.ird,
-                                      conn.negotiated.ord))
-            _watch(cid)
+            self._established(cid, conn)
 
         _connect_workers.submit(run)
+
+    def _follow(self, cid: ConnId, c: iw.Connecting, timeout: float) -> None:
+        """Report ``c``'s outcome on ``cid`` from its events (or its timer), then its
+        end as DISCONNECTED (:mod:`.rdma_iwwatch` takes over)."""
+
+        def done(got: Any) -> None:
+            if isinstance(got, SoftRdmaError):
+                self._failed(cid, got)
+            else:
+                self._established(cid, got)
+
+        def later(ev: ConnEvent) -> None:  # came with the Reply: the watch's rule
+            if isinstance(ev, END_EVENTS) and cid._iw_conn is not None:
+                cid.disconnected_event()
+
+        c.follow(timeout, done, later)
+
+    @staticmethod
+    def _failed(cid: ConnId, exc: SoftRdmaError) -> None:
+        """A connect that failed: REJECTED, UNREACHABLE or CONNECT_ERROR."""
+        cid._iw_conn = None
+        if isinstance(exc, iw.ConnectionRejected):
+            cid._post(T.REJECTED, status=-errno.ECONNREFUSED, private_data=exc.private_data,
+                      reject=RejectInfo(None, "rejected by the remote consumer "
+                                              "(MPA Reply with R set, ECONNREFUSED)"))
+            return
+        code = exc.errno or errno.ECONNABORTED
+        info = RejectInfo(None, str(exc))
+        if code == errno.ECONNREFUSED:
+            cid._post(T.REJECTED, status=-code, reject=info)
+        elif code == errno.ETIMEDOUT:
+            cid._post(T.UNREACHABLE, status=-code, reject=info)
+        else:
+            cid._post(T.CONNECT_ERROR, status=-code, reject=info)
+
+    @staticmethod
+    def _established(cid: ConnId, conn: Any) -> None:
+        """A connect that succeeded: ESTABLISHED, then the stream's end is watched (an
+        id destroyed meanwhile: the connection is closed)."""
+        if cid._destroyed:
+            try:
+                conn.disconnect()
+            except SoftRdmaError:
+                pass
+            return
+        cid._iw_conn = conn
+        if conn.local_addr:
+            cid.local_addr = (str(conn.local_addr[0]), int(conn.local_addr[1]))
+        cid._post(T.ESTABLISHED, private_data=conn.private_data,
+                  param=ConnParam(conn.private_data, conn.negotiated.ird,
+                                  conn.negotiated.ord))
+        _watch(cid)
 
     def accept(self, cid: ConnId, p: ConnParam, qp: Any) -> None:
         req, cid._iw_req = cid._iw_req, None

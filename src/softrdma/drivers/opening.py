@@ -27,6 +27,7 @@ from ..iwarp.qp import IwarpDevice
 from ..seam.protocols import DeviceEngine
 from .capture.tap import tap_for
 from .capture.tap_stream import stream_tap_for
+from .devd.client import DevdLink
 from .links.link import ROCE_V2_UDP_PORT, Link
 from .runtime.progress import DeviceRuntime
 from .runtime.roce import Runtime
@@ -72,8 +73,12 @@ def open_device(transport: str, name: str, gids: Sequence[bytes], *, max_mtu: in
         raise InvalidArgument("transport", f"must be one of {TRANSPORTS}, got {transport!r}")
     if link is None:
         raise InvalidArgument("link", "a RoCE device needs a link")
-    alloc = link.alloc_qpn if link.shared else None  # devd hands out the device's QPNs
-    free = link.free_qpn if link.shared else None
+    # devd hands out the device's QPNs; a DevdLink leases them and takes them back
+    # without a round trip per QP (drivers.devd.requests)
+    alloc: Callable[[], int] | None = link.alloc_qpn if link.shared else None
+    free: Callable[[int], None] | None = link.free_qpn if link.shared else None
+    if isinstance(link, DevdLink):
+        alloc, free = link.lease_qpn, link.release_qpn
     port = Port(list(gids), max_mtu=max_mtu, qpn_alloc=alloc, qpn_free=free,
                 gid_types=list(gid_types) if gid_types is not None else None)
     rt = Runtime(port, link, mode=progress, clock=clock, udp_port=udp_port)

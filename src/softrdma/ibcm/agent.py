@@ -424,16 +424,32 @@ class CmAgent:
                   path: CmPath | None = None) -> bytes:
         check_roce_message(msg)
         mad = wcm.encode(msg, tid=tid)
-        self.out(sgid, dgid, mad, path)
+        self.out(sgid, dgid, mad, path, local=dgid in self.gids and self.takes(msg))
         return mad
 
-    def out(self, sgid: bytes, dgid: bytes, mad: bytes, path: CmPath | None = None) -> None:
+    def out(self, sgid: bytes, dgid: bytes, mad: bytes, path: CmPath | None = None, *,
+            local: bool = False) -> None:
+        """Queue ``mad`` for the driver (``local``: see :attr:`OutMad.local`)."""
         self.counters.mads_out += 1
         if path is None:  # answered from the received MAD's addressing alone
-            self.outq.append(OutMad(sgid, dgid, mad, reversible=True))
+            self.outq.append(OutMad(sgid, dgid, mad, reversible=True, local=local))
         else:
             self.outq.append(OutMad(sgid, dgid, mad, path.hop_limit, path.traffic_class,
-                                    path.flow_label))
+                                    path.flow_label, local=local))
+
+    def takes(self, msg: wcm.CmMessage) -> bool:
+        """Whether ``msg``, sent to a GID of this port, is for this agent and no other
+        (the receiver a devd routing by Service ID and comm-ID slot would pick too,
+        :mod:`softrdma.drivers.devd.cm`): a REQ or SIDR_REQ for one of its listeners of
+        full mask (no more specific listen can exist elsewhere), a SIDR_REP to one of its
+        request IDs, or another message to one of its comm IDs (IBA 12.6.5)."""
+        if isinstance(msg, (wcm.Req, wcm.SidrReq)):
+            lst = self.find_listener(msg.service_id)
+            return lst is not None and lst.mask == ALL_ONES_MASK
+        if isinstance(msg, wcm.SidrRep):
+            return msg.request_id in self.sidr_pending
+        remote = getattr(msg, "remote_comm_id", 0)
+        return bool(remote) and remote in self.ids
 
     def arm(self, cid: IbCmId, when: float) -> None:
         """(Re)arm ``cid``'s one timer for ``when`` (an earlier arming is forgotten)."""

@@ -158,6 +158,10 @@ class OutMad:
     flow_label: int = 0
     dqpn: int = 1
     reversible: bool = False  # a response built from a received MAD (IBA 13.5.4, A16.4.4)
+    #: ``dgid`` is a GID of this port and the message is for this agent (a REQ or SIDR_REQ
+    #: its own listener takes, an answer naming one of its comm or request IDs): the
+    #: driver may hand it straight back (:meth:`CmAgent.on_mad`) without the wire
+    local: bool = False
 
 
 @dataclass(slots=True)

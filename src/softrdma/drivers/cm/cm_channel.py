@@ -7,7 +7,8 @@ queues waits here. :class:`EventQueue` is filled by the connection managers' thr
 IB CM's event delivery, iWARP connection threads) and read by the application: a blocking
 :meth:`~EventQueue.get` (``rdma_get_cm_event``), a descriptor readable while events are
 pending (:meth:`~EventQueue.fileno`, ``rdma_event_channel.fd``, an
-:class:`~.eventpipe.EventPipe` holding one byte per queued event), :meth:`~EventQueue.poll`
+:class:`~.eventpipe.EventPipe` holding one byte per queued event, made when first asked
+for), :meth:`~EventQueue.poll`
 and ``await`` :meth:`~EventQueue.next`. :func:`id_lock` is the lock an rdma_cm id guards
 its state moves with (the application's thread and the connection managers' both move it).
 """
@@ -48,8 +49,20 @@ class EventQueue(Generic[E]):
     def __init__(self) -> None:
         self._q: deque[E] = deque()
         self._cv = threading.Condition()
-        self._bell = EventPipe()
+        #: the descriptor, made when first asked for (:meth:`_ring`): until then a
+        #: blocking get() needs no byte written and read per event (issue 26)
+        self._bell: EventPipe | None = None
         self.closed = False
+
+    def _ring(self) -> EventPipe:
+        """The descriptor, made now if need be with one byte per queued event (under
+        the lock)."""
+        bell = self._bell
+        if bell is None:
+            bell = self._bell = EventPipe()
+            for _ in range(len(self._q)):
+                bell.wake()
+        return bell
 
     def put(self, ev: E) -> bool:
         """Queue ``ev``; False (dropped) if the queue is closed."""
@@ -57,7 +70,8 @@ class EventQueue(Generic[E]):
             if self.closed:
                 return False
             self._q.append(ev)
-            self._bell.wake()
+            if self._bell is not None:
+                self._bell.wake()
             self._cv.notify_all()
             return True
 
@@ -69,7 +83,8 @@ class EventQueue(Generic[E]):
             if not self._q:
                 return None
             ev = self._q.popleft()
-            self._bell.take()
+            if self._bell is not None:
+                self._bell.take()
             return ev
 
     def remove_if(self, pred: Callable[[E], bool]) -> list[E]:
@@ -78,7 +93,8 @@ class EventQueue(Generic[E]):
             taken = [ev for ev in self._q if pred(ev)]
             if taken:
                 self._q = deque(ev for ev in self._q if not pred(ev))
-                self._bell.take(len(taken))
+                if self._bell is not None:
+                    self._bell.take(len(taken))
             return taken
 
     def __len__(self) -> int:
@@ -105,8 +121,12 @@ class EventQueue(Generic[E]):
         if the queue is closed."""
         if self._q:
             return True
+        with self._cv:
+            if self.closed:
+                raise ClosedError("the event channel is destroyed")
+            r = self._ring().r
         try:
-            select.select([self._bell.r], [], [], timeout)
+            select.select([r], [], [], timeout)
         except (OSError, ValueError):  # closed meanwhile (its descriptor is -1 or gone)
             pass
         if self.closed:
@@ -125,16 +145,23 @@ class EventQueue(Generic[E]):
             def ready(f: asyncio.Future[None] = fut) -> None:
                 if not f.done():
                     f.set_result(None)
-            loop.add_reader(self._bell.r, ready)
+            with self._cv:
+                if self.closed:
+                    raise ClosedError("the event channel is destroyed")
+                r = self._ring().r
+            loop.add_reader(r, ready)
             try:
                 if not self._q:
                     await fut
             finally:
-                loop.remove_reader(self._bell.r)
+                loop.remove_reader(r)
 
     def fileno(self) -> int:
-        """A descriptor readable while events are pending."""
-        return self._bell.r
+        """A descriptor readable while events are pending (-1 once closed)."""
+        with self._cv:
+            if self.closed:
+                return self._bell.r if self._bell is not None else -1
+            return self._ring().r
 
     def close(self) -> None:
         """Drop what is queued and every later event; wake the waiters."""
@@ -144,4 +171,6 @@ class EventQueue(Generic[E]):
             self.closed = True
             self._q.clear()
             self._cv.notify_all()
-        self._bell.close()
+            bell = self._bell
+        if bell is not None:
+            bell.close()

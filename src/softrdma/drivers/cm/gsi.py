@@ -28,7 +28,14 @@
   run at once instead, in the thread that processed the MAD or timer, on a real clock.
   Without a runtime (the caller drives the port and passes ``now``) events are delivered
   when the agent's operation ends, inside it;
-* COMM_EST from the engine (a typed event on ``port.events``) is passed to the agent.
+* COMM_EST from the engine (a typed event on ``port.events``) is passed to the agent;
+* loopback: a MAD the agent sends to a GID of this port for one of its own ids
+  (:attr:`~softrdma.ibcm.params.OutMad.local`: a REQ for its own listener, an answer
+  naming its own comm ID) is handed back to ``agent.on_mad`` in the same operation, not
+  posted on QP1, as Linux rxe loops a packet for one of its addresses back inside the
+  device. Two ids of one process connect without a wire (or devd) hop per MAD (issue
+  26); counted in ``loopback_mads``. ``SOFTRDMA_CM_LOOPBACK=0`` sends them on the wire
+  (to capture them). Retransmissions always take the wire.
 
 With a device shared through ``devd`` the link becomes a routed CM client
 (``cm_slot()``): devd gives the process a slot byte that the agent puts in the top byte
@@ -43,6 +50,7 @@ not exclusive.
 from __future__ import annotations
 
 import errno
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -58,6 +66,7 @@ from ...ib.port import Port
 from ...ib.qp import AddressVector, EngineQP
 from ...ibcm.agent import CmAgent, CmConfig, mtu_enum
 from ...ibcm.events import CmEvent, CmEventType, is_lock_free, lock_free
+from ...ibcm.params import OutMad
 from ...ibcm.qpctl import QPT_UD
 from ...seam.events import AsyncEventType, EngineEvent
 from ...seam.queues import QPInit
@@ -77,6 +86,11 @@ MAD_RESPONSE_HOP_LIMIT = 0xFF  # A16.4.4: HopLimit of a response on a RoCE port
 _MAX_PEERS = 4096
 _MR_ADDR = 0x10000
 _EVENT_THREAD_IDLE_S = 5.0  # the event thread ends after this long without events
+#: a MAD chain between two ids of one agent (REQ, REP, RTU) takes a few rounds; past this
+#: many in one operation the MADs take the wire (a bug cannot spin with the lock held)
+_LOOPBACK_ROUNDS = 16
+#: "0": MADs to this port's own ids take the wire too (captures, before/after benchmarks)
+LOOPBACK_ENV = "SOFTRDMA_CM_LOOPBACK"
 
 
 class _CmTimer:
@@ -147,6 +161,9 @@ class CmBinding:
         self._v1_peers: dict[tuple[bytes, bytes], tuple[int, int]] = {}
         self._wr = 0
         self._closed = False
+        #: MADs for this agent's own ids skip the wire (:meth:`_loop_back`); counted
+        self.loopback = os.environ.get(LOOPBACK_ENV, "1") != "0"
+        self.loopback_mads = 0
         self._event_cv = threading.Condition()
         port.events.subscribe(self._on_async)
         self.agent.on_event = self._queue_event
@@ -363,10 +380,15 @@ class CmBinding:
     # ---- transmit and timers ---------------------------------------------------------------
     def _pump(self, now: float) -> None:
         agent = self.agent
-        if self.deliver_inline:  # no lock: the handlers run inside the agent's operation
-            self._deliver_events()
+        rounds = 0
         while True:
-            self._send_output(now)
+            if self.deliver_inline:  # no lock: the handlers run inside the agent's operation
+                self._deliver_events()
+            rounds += 1
+            looped = self._send_output(now, rounds <= _LOOPBACK_ROUNDS)
+            if looped:
+                self._loop_back(looped, now)
+                continue  # what they caused: answers, events
             if not agent.outbox or self.deliver_inline:
                 break
             if not self._deliver_now():
@@ -379,8 +401,15 @@ class CmBinding:
         if d is not None:
             self.port.arm(self._timer)
 
-    def _send_output(self, now: float) -> None:
+    def _send_output(self, now: float, loop_ok: bool = True) -> list[OutMad]:
+        """Post the agent's MADs on QP1; returns those to hand back to it instead
+        (:meth:`_loop_back`), which ``loop_ok`` False sends on the wire too."""
+        looped: list[OutMad] = []
+        loop = loop_ok and self.loopback and self.agent.exclusive and not self._closed
         for m in self.agent.take_output():
+            if m.local and loop:
+                looped.append(m)
+                continue
             v1 = False
             hop, tclass, flow = m.hop_limit, m.traffic_class, m.flow_label
             if m.reversible:
@@ -403,6 +432,17 @@ class CmBinding:
             wqe = SendWQE(self._wr, int(Wro.IBV_WR_SEND), 0, inline_data=m.mad, ah=av,
                           remote_qpn=m.dqpn, remote_qkey=GSI_QKEY)
             self.qp1.post_send(wqe, now)
+        return looped
+
+    def _loop_back(self, mads: list[OutMad], now: float) -> None:
+        """Hand MADs the agent sent to itself (:attr:`OutMad.local`) back to it, as the
+        wire would, at once: Linux rxe likewise loops a packet for one of its own
+        addresses back inside the device (``rxe_loopback``) rather than through the
+        network. The agent's operation is still open, so what these cause is queued,
+        then sent or looped back by :meth:`_pump`'s next round."""
+        for m in mads:
+            self.loopback_mads += 1
+            self.agent.on_mad(m.mad, m.sgid, 1, now, dst_gid=m.dgid)
 
     # ---- async events ----------------------------------------------------------------------
     def _on_async(self, ev: EngineEvent) -> None:

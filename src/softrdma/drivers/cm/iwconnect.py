@@ -22,6 +22,10 @@ under rdma_cm, without the IP-addressed CM API, which is a separate layer):
   (MPA Reply, QP to RTS) or :meth:`~ConnRequest.reject`. :meth:`Listener.accept` does
   both steps.
 
+Without a waiting thread (issue 26; the rdma_cm layer's way): :func:`start_connect`
+(:mod:`.iwconnecting`) and a :class:`Listener` with ``on_request`` are driven by the
+connections' typed events, their MPA timers by :data:`timers`.
+
 ``private_data`` is the user part: with MPA revision 2 the RFC 6581 IRD/ORD block goes in
 front of it on the wire and is removed on receipt (as siw does for rdma_cm users).
 """
@@ -31,18 +35,34 @@ from __future__ import annotations
 import errno
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
-from ...errors import InvalidArgument, SoftRdmaError, StateError
+from ...errors import InvalidArgument, StateError
 from ...iwarp.engine import ConnState, IwarpConn
-from ...iwarp.mpa_setup import ConnectionRejected, MpaConfig, Negotiated, with_device_crc
-from ...iwarp.qp import INIT, RESET, IwarpQP
+from ...iwarp.events import ConnEvent, MpaRequestReceived
+from ...iwarp.mpa_setup import ConnectionRejected, MpaConfig, with_device_crc
+from ...iwarp.qp import INIT, RESET
 from ...wire.mpa import MpaRequest
 from ..runtime.tcp import TcpRuntime, tcp_mss
+from .deadlines import Deadline
+from .iwconnecting import (
+    ConnectError,
+    Connecting,
+    Connection,
+    _begin,
+    _check_idle,
+    _device_crc,
+    _parts,
+    _tcp_failed,
+    start_connect,
+    timers,
+)
 
-__all__ = ["connect", "listen", "Listener", "ConnRequest", "Connection", "ConnectError",
-           "ConnectionRejected", "MpaConfig"]
+__all__ = ["connect", "start_connect", "Connecting", "listen", "Listener", "ConnRequest",
+           "Connection", "ConnectError", "ConnectionRejected", "MpaConfig", "timers"]
 
 DEFAULT_TIMEOUT = 10.0
 MPA_REQUEST_TIMEOUT = 10.0  # s a new connection has to send its MPA Request (siw MPAREQ_TIMEOUT)
@@ -58,30 +78,7 @@ class _Pending:
     peer: Any
     local: Any
     deadline: float
-
-
-class ConnectError(SoftRdmaError):
-    """The connection could not be set up (TCP failure, MPA error, timeout)."""
-
-    errno = errno.ECONNABORTED
-
-
-def _parts(qp: Any) -> tuple[IwarpQP, TcpRuntime, Any]:
-    engine = getattr(qp, "engine", qp)
-    if not isinstance(engine, IwarpQP):
-        raise InvalidArgument("qp", "not a QP of an iWARP device")
-    ctx = getattr(qp, "ctx", None)
-    runtime = getattr(ctx, "runtime", None)
-    if not isinstance(runtime, TcpRuntime):
-        raise InvalidArgument("qp", "the QP's context has no iWARP runtime")
-    return engine, runtime, ctx
-
-
-def _device_crc(ctx: Any) -> bool:
-    """The context's MPA CRC wish (``Context.mpa_crc``: the device's ``mpa_crc`` setting
-    or ``$SOFTRDMA_MPA_CRC``); applied to the initiator's Request and the responder's
-    Reply alike, as siw's ``mpa_crc_required``."""
-    return bool(getattr(ctx, "mpa_crc", False))
+    timer: Deadline | None = None  # its MPA timer (a listener with ``on_request``)
 
 
 def _wait(runtime: TcpRuntime, conn: IwarpConn, until: set[str], deadline: float) -> bool:
@@ -96,87 +93,21 @@ def _wait(runtime: TcpRuntime, conn: IwarpConn, until: set[str], deadline: float
         return True
 
 
-class Connection:
-    """An established iWARP connection of ``qp``: the peer's private data, the agreed
-    options, addresses; :meth:`disconnect` closes it (QP to ERR, flushing)."""
-
-    def __init__(self, qp: Any, conn: IwarpConn, runtime: TcpRuntime,
-                 local: Any = None, peer: Any = None) -> None:
-        self.qp = qp
-        self.conn = conn
-        self.runtime = runtime
-        self.local_addr = local
-        self.peer_addr = peer
-
-    @property
-    def private_data(self) -> bytes:
-        """The peer's user private data."""
-        return self.conn.peer_private_data
-
-    @property
-    def negotiated(self) -> Negotiated:
-        neg = self.conn.negotiated
-        assert neg is not None
-        return neg
-
-    @property
-    def connected(self) -> bool:
-        return self.conn.state == ConnState.RTS
-
-    def disconnect(self) -> None:
-        """Close the stream (FIN); the QP goes to ERR and its work requests are flushed."""
-        engine = getattr(self.qp, "engine", self.qp)
-
-        def _close() -> None:
-            if isinstance(engine, IwarpQP):
-                engine.to_error()
-            self.conn.close()
-
-        if not self.runtime.closed:
-            self.runtime.call(_close)
-
-
 def connect(qp: Any, host: str, port: int, private_data: bytes = b"", *,
             cfg: MpaConfig | None = None, timeout: float = DEFAULT_TIMEOUT) -> Connection:
     """Connect ``qp`` (a verbs QP of an iWARP context, in RESET or INIT) to a listener."""
     engine, runtime, ctx = _parts(qp)
     cfg = with_device_crc(cfg if cfg is not None else MpaConfig(), _device_crc(ctx))
-    with runtime.lock:
-        if engine.state not in (RESET, INIT) or engine.conn is not None:
-            raise StateError("connect needs a QP in RESET or INIT that is not connected")
+    _check_idle(engine, runtime)
     deadline = time.monotonic() + timeout
     try:
         sock = socket.create_connection((host, port), timeout=timeout)
     except OSError as exc:
-        raise ConnectError(f"TCP connect to {host}:{port} failed: {exc.strerror or exc}",
-                           errno=exc.errno or errno.ECONNREFUSED) from exc
-    try:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        local, peer = sock.getsockname(), sock.getpeername()
-        mss = tcp_mss(sock)
-
-        def _start() -> IwarpConn:
-            if engine.state == RESET:
-                engine.state = INIT
-            c = IwarpConn(runtime.dev, initiator=True, cfg=cfg, mss=mss, qp=engine,
-                          private_data=private_data)
-            engine.conn = c
-            runtime.attach(c, sock)
-            return c
-
-        conn: IwarpConn = runtime.call(_start)
-    except BaseException:
-        sock.close()
-        raise
-    if not _wait(runtime, conn, {ConnState.AWAIT_REPLY}, deadline):
-        runtime.call(conn.close)
-        raise ConnectError(f"no MPA Reply from {host}:{port} within {timeout:g} s",
-                           errno=errno.ETIMEDOUT)
-    if conn.rejected is not None:
-        raise conn.rejected
-    if conn.state != ConnState.RTS:
-        raise ConnectError(f"connection to {host}:{port} failed: {conn.reason}")
-    return Connection(qp, conn, runtime, local, peer)
+        raise _tcp_failed(host, port, exc) from exc
+    c = _begin(qp, sock, host, port, private_data, cfg)
+    if not _wait(runtime, c.conn, {ConnState.AWAIT_REPLY}, deadline):
+        raise c.give_up(timeout)
+    return c.result()
 
 
 class ConnRequest:
@@ -228,10 +159,18 @@ class ConnRequest:
 
 
 class Listener:
-    """A TCP listening socket of an iWARP context (see the module docstring)."""
+    """A TCP listening socket of an iWARP context (see the module docstring).
+
+    With ``on_request`` each parsed MPA Request is handed to it, from the runtime's
+    thread, as soon as it is parsed (outside the runtime's lock), rather than returned
+    by :meth:`get_request` (not to be used then): no thread waits for the requests
+    (issue 26). The MPA timer of a connection still waiting for its Request runs on
+    :data:`timers`."""
 
     def __init__(self, ctx: Any, port: int = 0, host: str = "127.0.0.1", *,
-                 cfg: MpaConfig | None = None, backlog: int = 16) -> None:
+                 cfg: MpaConfig | None = None, backlog: int = 16,
+                 on_request: Callable[[ConnRequest], None] | None = None) -> None:
+        self.on_request = on_request
         runtime = getattr(ctx, "runtime", None)
         if not isinstance(runtime, TcpRuntime):
             raise InvalidArgument("ctx", "not an iWARP device context")
@@ -277,8 +216,10 @@ class Listener:
         s = self._sock
         self._sock = None
         runtime = self.runtime
+        pending: list[_Pending] = []
         if not runtime.closed:
             def _close() -> None:
+                nonlocal pending
                 if s is not None:
                     runtime.unwatch(s)
                 pending, self._pending = self._pending, []
@@ -288,7 +229,9 @@ class Listener:
 
             runtime.call(_close)
         else:
-            self._pending = []
+            pending, self._pending = self._pending, []
+        for p in pending:
+            self._forget(p)
         if s is not None:
             try:
                 s.shutdown(socket.SHUT_RDWR)
@@ -372,13 +315,57 @@ class Listener:
                 continue
             conn = IwarpConn(runtime.dev, initiator=False, cfg=self.cfg, mss=mss)
             runtime.attach(conn, sock)
-            self._pending.append(_Pending(conn, peer, local, time.monotonic() + self.mpa_timeout))
+            p = _Pending(conn, peer, local, time.monotonic() + self.mpa_timeout)
+            self._pending.append(p)
+            if self.on_request is not None:
+                runtime.listen_events_locked(conn, partial(self._pending_event, p))
+                p.timer = timers.at(p.deadline, partial(self._expire, p))
             over = len(self._pending) - MAX_PENDING
             if over > 0:
                 oldest = self._pending[:over]
                 del self._pending[:over]
                 for p in oldest:
                     p.conn.close()
+
+    # ---- with on_request: each connection's events and MPA timer --------------------------
+    def _forget(self, p: _Pending) -> None:
+        """Stop following ``p`` (outside the runtime's lock)."""
+        if p.timer is not None:
+            p.timer.cancel()
+            if not self.runtime.closed:
+                self.runtime.unlisten_events(p.conn)
+
+    def _pending_event(self, p: _Pending, ev: ConnEvent) -> None:
+        """An event of a connection negotiating MPA (the runtime's thread, outside its
+        lock): its parsed Request goes to ``on_request``; a failed connection is dropped
+        (the engine sent its Terminate and closes the stream)."""
+        with self.runtime.lock:
+            if p in self._pending:
+                st = p.conn.state
+                if st == ConnState.AWAIT_REQUEST or (
+                        st == ConnState.ACCEPT_WAIT and not isinstance(ev, MpaRequestReceived)):
+                    return
+                self._pending.remove(p)
+            else:
+                st = None  # expired, closed, or pushed out by MAX_PENDING
+        self._forget(p)
+        on_request = self.on_request
+        if st == ConnState.ACCEPT_WAIT and on_request is not None and self._sock is not None:
+            on_request(ConnRequest(self, p.conn, p.peer, p.local))
+
+    def _expire(self, p: _Pending) -> None:
+        """``p``'s MPA timer (:data:`timers`' thread): no Request in time, closed (siw:
+        MPA timeout)."""
+        runtime = self.runtime
+
+        def run() -> bool:
+            if p in self._pending and p.conn.state == ConnState.AWAIT_REQUEST:
+                self._pending.remove(p)
+                p.conn.close()
+                return True
+            return False
+        if not runtime.closed and runtime.call(run):
+            runtime.unlisten_events(p.conn)
 
     def _next_request_locked(self, now: float) -> ConnRequest | None:
         """The oldest connection whose Request is parsed; drops failed and expired ones

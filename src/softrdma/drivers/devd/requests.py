@@ -1,6 +1,19 @@
 """The control requests of a devd client (:class:`~softrdma.drivers.devd.client.DevdLink`):
 one request record on the control channel, one answer matched by its sequence number
 (:mod:`.proto`), for QPNs, multicast groups, CM routing, counters and resources.
+
+QPNs of the QPs a process creates and destroys (:meth:`DevdRequests.lease_qpn`,
+:meth:`DevdRequests.release_qpn`) need no exchange each (issue 26: two per QP, each a
+wake-up of devd and a wait for it to be scheduled, 0.1 to 2 ms on a busy machine):
+QPNs are taken :data:`QPN_LEASE` at a time (the next lease asked for when half of one
+is used, so its answers are there when it is needed), and the numbers of destroyed QPs
+are given back in the same exchange (or once :data:`QPN_LEASE` wait), their FREE and
+ALLOC records sent back to back and at most the ALLOCs waited for (devd handles a client's records in
+order; the answers of these pipelined records are matched by their sequence numbers
+whenever the channel is next read). devd still hands out every QPN (its round robin, so
+a number is not reused soon, IBA 12.9.8.3) and knows each one's owner; a destroyed QP's
+number stays this process's (its packets come here and are dropped as for no QP) until
+it is given back.
 """
 
 from __future__ import annotations
@@ -11,7 +24,8 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from softrdma.drivers.devd.proto import (
@@ -43,7 +57,28 @@ from softrdma.drivers.devd.proto import (
 from softrdma.drivers.host.registry import DeviceRecord
 from softrdma.errors import ClosedError, DeviceError, InvalidArgument
 
-__all__ = ["DevdRequests"]
+__all__ = ["DevdRequests", "QPN_LEASE", "MAX_UNANSWERED"]
+
+#: QPNs :meth:`DevdRequests.lease_qpn` takes from devd in one exchange
+QPN_LEASE = 16
+#: pipelined records (ALLOCs of a lease, FREEs) left unanswered at most
+MAX_UNANSWERED = 64
+
+
+class _Pipelined:
+    """The records sent without waiting for their answers, and what their answers gave."""
+
+    __slots__ = ("sent", "spare", "freed", "alloc_err", "free_errors")
+
+    def __init__(self) -> None:
+        self.sent: dict[int, int] = {}  # sequence number -> op
+        self.spare: deque[int] = deque()  # leased QPNs not handed out yet
+        self.freed: list[int] = []  # released QPNs not given back yet
+        self.alloc_err = 0  # the errno of the last refused ALLOC of a lease
+        self.free_errors = 0  # FREEs devd refused (a QPN not ours: a bug, counted)
+
+    def allocs(self) -> int:
+        return sum(1 for op in self.sent.values() if op == OP_ALLOC_QPN)
 
 
 class DevdRequests:
@@ -62,6 +97,9 @@ class DevdRequests:
     _ctrl_lock: threading.Lock
     _ctrl: socket.socket
     _seq: int
+    #: devd numbers its answers (seen on an answer): records may then be pipelined
+    _numbered = False
+    _pipe: _Pipelined | None = None
 
     def _request(self, op: int, arg: int = 0, mgid: bytes = bytes(16),
                  fds: Sequence[int] = (), body: bytes = b"") -> tuple[int, bytes]:
@@ -89,7 +127,10 @@ class DevdRequests:
                     rep = self._ctrl.recv(MAX_CTRL)
                     if len(rep) < REP.size or rep[SEQ_OFFSET] in (seq, 0):
                         break  # 0: a daemon that does not number its answers
-                    self.stale_replies += 1
+                    if not self._settle(rep):
+                        self.stale_replies += 1
+                if len(rep) >= REP.size and rep[SEQ_OFFSET] == seq:
+                    self._numbered = True
             except TimeoutError as exc:
                 what = "answer" if sent else "take"
                 raise DeviceError(
@@ -132,6 +173,130 @@ class DevdRequests:
             # resumes (its late answer is dropped), so a QP can still be destroyed
             if not self.daemon_gone and exc.errno != errno.ETIMEDOUT:
                 raise
+
+    # ---- pipelined QPN requests (see the module docstring) ------------------------------
+    def lease_qpn(self) -> int:
+        """A fresh QPN unique on the device, as :meth:`alloc_qpn`, from a lease of
+        :data:`QPN_LEASE` taken in one exchange, the next one asked for when half of it
+        is used (a daemon that does not number its answers: :meth:`alloc_qpn`)."""
+        if not self._numbered:
+            return self.alloc_qpn()
+        if self._closed:
+            raise ClosedError(f"device {self.record.name!r}: {self._closed_why}")
+        with self._ctrl_lock:
+            pipe = self._pipeline()
+            with self._ctrl_errors("ALLOC_QPN"):
+                if not pipe.spare:  # the answers that came meanwhile
+                    self._collect(None)
+                if len(pipe.spare) <= QPN_LEASE // 2 and not pipe.allocs():
+                    # the next lease, asked for before it is needed
+                    self._give_back(pipe)
+                    for _ in range(QPN_LEASE):
+                        self._send_pipelined(OP_ALLOC_QPN, 0)
+                if not pipe.spare:
+                    self._collect(lambda: bool(pipe.spare) or not pipe.allocs())
+            if pipe.spare:
+                return pipe.spare.popleft()
+            err, pipe.alloc_err = pipe.alloc_err or errno.ENOSPC, 0
+        raise DeviceError(f"device {self.record.name!r}: devd: {os.strerror(err)}", errno=err)
+
+    def release_qpn(self, qpn: int) -> None:
+        """Give ``qpn`` back as :meth:`free_qpn`, at the next lease or once
+        :data:`QPN_LEASE` numbers wait, without waiting for devd's answer (a refusal is
+        counted in :attr:`qpn_free_errors`)."""
+        if not 0 <= qpn <= QPN_LAST:
+            raise InvalidArgument("qpn", f"QPN {qpn:#x} out of range")
+        if not self._numbered or self._closed:
+            self.free_qpn(qpn)
+            return
+        if self.daemon_gone:
+            return
+        with self._ctrl_lock:
+            pipe = self._pipeline()
+            pipe.freed.append(qpn)
+            if len(pipe.freed) < QPN_LEASE:
+                return
+            try:
+                with self._ctrl_errors("FREE_QPN"):
+                    self._collect(None)
+                    self._give_back(pipe)
+            except DeviceError:
+                # devd is stalled (it frees the QPNs when it resumes, if it took the
+                # records) or gone: a QP can still be destroyed, as with free_qpn
+                if not self.daemon_gone:
+                    pipe.free_errors += 1
+
+    def _give_back(self, pipe: _Pipelined) -> None:
+        """Send the FREEs of the released QPNs (under ``_ctrl_lock``)."""
+        if len(pipe.sent) + len(pipe.freed) > MAX_UNANSWERED:
+            self._collect(lambda: len(pipe.sent) + len(pipe.freed) <= MAX_UNANSWERED)
+        while pipe.freed:
+            self._send_pipelined(OP_FREE_QPN, pipe.freed[-1])
+            pipe.freed.pop()
+
+    @property
+    def qpn_free_errors(self) -> int:
+        """FREEs of :meth:`release_qpn` that devd refused or that could not be sent."""
+        return self._pipe.free_errors if self._pipe is not None else 0
+
+    def _pipeline(self) -> _Pipelined:
+        if self._pipe is None:
+            self._pipe = _Pipelined()
+        return self._pipe
+
+    def _send_pipelined(self, op: int, arg: int) -> None:
+        """Send one record whose answer is taken later (under ``_ctrl_lock``)."""
+        pipe = self._pipeline()
+        self._seq = seq = self._seq % 0xFF + 1
+        self._ctrl.settimeout(self.ctrl_timeout)
+        self._ctrl.send(with_seq(REQ.pack(op, arg, bytes(16)), seq))
+        pipe.sent[seq] = op
+
+    def _settle(self, rep: bytes) -> bool:
+        """Take the answer ``rep`` if it is a pipelined record's (under ``_ctrl_lock``)."""
+        pipe = self._pipe
+        if pipe is None or len(rep) < REP.size:
+            return False
+        op = pipe.sent.pop(rep[SEQ_OFFSET], None)
+        if op is None:
+            return False
+        rop, err, value = REP.unpack_from(rep)
+        if rop != op:
+            err = err or errno.EPROTO
+        if op == OP_ALLOC_QPN:
+            if err:
+                pipe.alloc_err = err
+            else:
+                pipe.spare.append(value)
+        elif err:
+            pipe.free_errors += 1
+        return True
+
+    def _collect(self, until: Callable[[], bool] | None) -> None:
+        """Read the answers of pipelined records (under ``_ctrl_lock``): those already
+        there (``until`` None), else until ``until()`` holds, at most
+        :attr:`ctrl_timeout` seconds (TimeoutError)."""
+        pipe = self._pipeline()
+        deadline = time.monotonic() + self.ctrl_timeout
+        while pipe.sent:
+            if until is None:
+                self._ctrl.settimeout(0.0)  # non-blocking (a timeout would poll first)
+                try:
+                    rep = self._ctrl.recv(MAX_CTRL)
+                except BlockingIOError:
+                    return
+            else:
+                if until():
+                    return
+                self._ctrl.settimeout(max(deadline - time.monotonic(), 1e-3))
+                rep = self._ctrl.recv(MAX_CTRL)
+            if len(rep) < REP.size:
+                raise ConnectionResetError(errno.ECONNRESET, "devd closed the connection")
+            if not self._settle(rep):
+                self.stale_replies += 1
+
+    def _ctrl_errors(self, what: str) -> _CtrlErrors:
+        return _CtrlErrors(self, what)
 
     def attach_mcast(self, mgid: bytes) -> None:
         """Receive datagrams to DestQP 0xFFFFFF whose destination GID is ``mgid``."""
@@ -208,6 +373,8 @@ class DevdRequests:
             raise ClosedError(f"device {self.record.name!r}: {self._closed_why}")
         with self._ctrl_lock:
             try:
+                if self._pipe is not None:  # this exchange's answer is not numbered
+                    self._collect(lambda: False)
                 self._ctrl.send(REQ.pack(OP_REPORT_RESOURCES, 0, bytes(16)) + body)
                 rep = self._ctrl.recv(4096)
             except OSError as exc:
@@ -261,6 +428,29 @@ def _xrc_domain(domain: int) -> bytes:
     if not 0 < domain <= 0xFFFFFFFF:
         raise InvalidArgument("domain", f"XRC domain id {domain!r} out of range")
     return domain.to_bytes(4, "big") + bytes(12)
+
+
+class _CtrlErrors:
+    """Turns the control channel's failures during pipelined requests into
+    :class:`DeviceError` (ETIMEDOUT: devd is stalled; else it is gone)."""
+
+    def __init__(self, link: DevdRequests, what: str) -> None:
+        self.link = link
+        self.what = what
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, tp: type[BaseException] | None, exc: BaseException | None,
+                 tb: object) -> None:
+        link = self.link
+        if isinstance(exc, TimeoutError):
+            raise DeviceError(f"device {link.record.name!r}: devd (pid {link.daemon_pid}) "
+                              f"did not answer {self.what} within {link.ctrl_timeout:g} s",
+                              errno=errno.ETIMEDOUT) from exc
+        if isinstance(exc, OSError):
+            link.daemon_gone = True
+            raise DeviceError(f"device {link.record.name!r}: devd: {exc}") from exc
 
 
 def _check_mgid(mgid: bytes) -> bytes:

@@ -402,6 +402,11 @@ class TcpRuntime:
             self._collect_events()
         self.deliver_events()
 
+    def listen_events_locked(self, conn: IwarpConn, fn: Callable[[ConnEvent], None]) -> None:
+        """:meth:`listen_events` from under the lock (a :meth:`watch` callback that just
+        attached ``conn``): its events are taken at the end of this round."""
+        self._listeners[id(conn)] = (conn, fn)
+
     def unlisten_events(self, conn: IwarpConn) -> None:
         """Stop delivering ``conn``'s events (those already taken are still delivered)."""
         with self.lock:
