@@ -35,8 +35,7 @@ send-buffer autotuning (up to ``net.ipv4.tcp_wmem[2]``, 4 MiB by default), as th
 TCP baseline of ``bench/iwarp_write_bw.py`` does: a fixed ``SO_SNDBUF`` of 4 MiB (8 MiB
 in the kernel, where ``net.core.wmem_max`` allows it) saves partial sends but doubles the
 bytes in flight, and cost 15-25 % more CPU per byte on each side in that bench (the copies
-into and out of the socket then miss the caches). ``SOFTRDMA_IWARP_SNDBUF`` asks for a
-size (:func:`sndbuf_setting`).
+into and out of the socket miss the caches). ``SOFTRDMA_IWARP_SNDBUF``: :func:`sndbuf_setting`.
 """
 
 from __future__ import annotations
