@@ -43,17 +43,19 @@ def test_busy_empty_polls_sleep_idle_ones_spin(device: str, tmp_path: Path) -> N
 
 
 
-def _hops(exe: Path, device: str) -> tuple[int, int, float, str]:
-    """wc_check's ``hops`` mode: (the other threads' wake-ups, rounds, seconds, output)."""
-    p = run(str(exe), device, "hops")
+def _hops(exe: Path, device: str, mode: str) -> tuple[int, int, float, str]:
+    """wc_check's ``hops`` or ``hopsx`` mode: (the other threads' wake-ups, rounds,
+    seconds, output)."""
+    p = run(str(exe), device, mode)
     assert p.returncode == 0, (p.stdout, p.stderr)
     m = re.search(r"hops_nvcsw (\d+) rounds (\d+) seconds ([\d.]+)", p.stdout)
     assert m, p.stdout
     return int(m.group(1)), int(m.group(2)), float(m.group(3)), p.stdout
 
 
+@pytest.mark.parametrize("mode", ["hops", "hopsx"])
 def test_busy_poller_receives_itself(device: str, tmp_path: Path,
-                                     monkeypatch: pytest.MonkeyPatch) -> None:
+                                     monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
     """A thread that busy-polls for its answer runs the receive step itself once its
     short spin is over (sr_py_progress): the answer reaches it without a hand-off from
     the progress thread, which stands back meanwhile. In 400 loopback SEND rounds (a SEND
@@ -68,10 +70,10 @@ def test_busy_poller_receives_itself(device: str, tmp_path: Path,
                         str(HERE / "capi" / "wc_check.c"), "-libverbs"],
                        capture_output=True, text=True, check=False)
     assert c.returncode == 0, c.stderr
-    wakes, rounds, seconds, out = _hops(exe, device)
+    wakes, rounds, seconds, out = _hops(exe, device, mode)
     # standing back, the progress thread wakes once per POLL_GRACE (5 ms) to look again
     if wakes < rounds / 2 + seconds / 0.005:
         return
     monkeypatch.setenv("SOFTRDMA_CAPI_INLINE", "0")
-    handoff, _rounds, _seconds, out0 = _hops(exe, device)
+    handoff, _rounds, _seconds, out0 = _hops(exe, device, mode)
     assert wakes < handoff / 2, (out, out0)

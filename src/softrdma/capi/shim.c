@@ -297,6 +297,47 @@ static unsigned int sr_yield_mask = 15;
 static int sr_holds_gil(void);
 static __thread unsigned int sr_empty_polls;
 
+/* The ring of CQ h was found empty by ibv_poll_cq or ibv_start_poll: spin (yielding now
+ * and then), then, once the spin is over and the process waits for a completion, receive
+ * (sr_py_progress) or sleep (see "waiting for a completion" above). Returns 1 when the
+ * ring now holds a completion, 0 for an empty poll. No lock, no Python while spinning. */
+static int sr_ring_empty(struct sr_ring *r, int h)
+{
+    /* A program spinning here must leave the CPU to the progress thread now and then (it
+     * runs ACKs, timers and the receive path), or on a busy machine every message waits
+     * for a scheduler tick. */
+    if (sr_wait_ns && ++sr_empty_run > sr_spin) {
+        if (!sr_busy()) {
+            sr_empty_run = 0;  /* look again after sr_spin more polls */
+            return 0;
+        }
+        if (sr_inline) {
+            /* receive here (Python's busy poll: it paces itself, see above) */
+            sr_py_progress(h);
+        } else if (sr_holds_gil()) {
+            /* a Python host's thread: the progress thread needs the GIL to
+             * produce the completion that ends the sleep */
+            PyThreadState *ts = PyEval_SaveThread();
+            sr_sleep_empty(r);
+            PyEval_RestoreThread(ts);
+        } else {
+            sr_sleep_empty(r);
+        }
+        return atomic_load_explicit(&r->tail, memory_order_acquire)
+               != atomic_load_explicit(&r->head, memory_order_relaxed);
+    }
+    /* a busy process's poller that receives itself spins without yielding (the spin is
+     * short): a yield on a loaded machine can last a time slice, and the progress thread
+     * would take the answer meanwhile, every time */
+    if ((++sr_empty_polls & sr_yield_mask) == 0 && !(sr_inline && sr_busy())) {
+        if (sr_holds_gil())
+            PyEval_RestoreThread(PyEval_SaveThread());  /* the progress thread's turn */
+        else
+            sched_yield();
+    }
+    return 0;
+}
+
 static int sr_poll_cq(struct ibv_cq *ibcq, int num_entries, struct ibv_wc *wc)
 {
     struct sr_ring *r = &((struct sr_cq *)ibcq)->ring;
@@ -305,44 +346,10 @@ static int sr_poll_cq(struct ibv_cq *ibcq, int num_entries, struct ibv_wc *wc)
 
     if (num_entries < 0)
         return -1;
-    /* empty: no lock, no Python. A program spinning here must leave the CPU to the
-     * progress thread now and then (it runs ACKs, timers and the receive path), or on a
-     * busy machine every message waits for a scheduler tick. */
     if (atomic_load_explicit(&r->tail, memory_order_acquire)
-        == atomic_load_explicit(&r->head, memory_order_relaxed)) {
-        if (sr_wait_ns && ++sr_empty_run > sr_spin) {
-            if (!sr_busy()) {
-                sr_empty_run = 0;  /* look again after sr_spin more polls */
-                return 0;
-            }
-            if (sr_inline) {
-                /* receive here (Python's busy poll: it paces itself, see above) */
-                sr_py_progress(SR_H(sr_cq, ibcq));
-            } else if (sr_holds_gil()) {
-                /* a Python host's thread: the progress thread needs the GIL to
-                 * produce the completion that ends the sleep */
-                PyThreadState *ts = PyEval_SaveThread();
-                sr_sleep_empty(r);
-                PyEval_RestoreThread(ts);
-            } else {
-                sr_sleep_empty(r);
-            }
-            if (atomic_load_explicit(&r->tail, memory_order_acquire)
-                == atomic_load_explicit(&r->head, memory_order_relaxed))
-                return 0;
-        } else {
-            /* a busy process's poller that receives itself spins without yielding (the
-             * spin is short): a yield on a loaded machine can last a time slice, and the
-             * progress thread would take the answer meanwhile, every time */
-            if ((++sr_empty_polls & sr_yield_mask) == 0 && !(sr_inline && sr_busy())) {
-                if (sr_holds_gil())
-                    PyEval_RestoreThread(PyEval_SaveThread());  /* the progress thread's turn */
-                else
-                    sched_yield();
-            }
-            return 0;
-        }
-    }
+        == atomic_load_explicit(&r->head, memory_order_relaxed)
+        && !sr_ring_empty(r, SR_H(sr_cq, ibcq)))
+        return 0;
     sr_empty_run = 0;
     pthread_spin_lock(&r->consumer);
     head = atomic_load_explicit(&r->head, memory_order_relaxed);
@@ -2123,13 +2130,12 @@ static int sr_cqx_start(struct ibv_cq_ex *cqx, struct ibv_poll_cq_attr *attr)
 
     if (attr && attr->comp_mask)
         return EINVAL;
-    /* empty: as ibv_poll_cq, no lock, no Python, a yield now and then */
+    /* empty: as ibv_poll_cq (the spin, then the receive step or the sleep) */
     if (atomic_load_explicit(&r->tail, memory_order_acquire)
-        == atomic_load_explicit(&r->head, memory_order_relaxed)) {
-        if ((++sr_empty_polls & sr_yield_mask) == 0)
-            sched_yield();
+        == atomic_load_explicit(&r->head, memory_order_relaxed)
+        && !sr_ring_empty(r, c->h))
         return ENOENT;
-    }
+    sr_empty_run = 0;
     pthread_spin_lock(&r->consumer);
     if (sr_cqx_load(c)) {
         pthread_spin_unlock(&r->consumer);
