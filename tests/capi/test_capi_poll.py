@@ -77,3 +77,19 @@ def test_busy_poller_receives_itself(device: str, tmp_path: Path,
     monkeypatch.setenv("SOFTRDMA_CAPI_INLINE", "0")
     handoff, _rounds, _seconds, out0 = _hops(exe, device, mode)
     assert wakes < handoff / 2, (out, out0)
+
+
+def test_receiver_exiting_after_its_completion_acks_it(device: str, tmp_path: Path) -> None:
+    """A busy poller's receive step leaves the ACK of what it received pending (it leaves
+    with the next post, beside the program's next request). A C program that returns
+    from main right after its last completion, closing nothing, still sends it (at exit):
+    its peer's SEND completes with IBV_WC_SUCCESS, not RETRY_EXC_ERR once its retries are
+    spent (tests/capi/exit_ack.c, two processes)."""
+    exe = tmp_path / "exit_ack"
+    c = subprocess.run(["gcc", "-O2", "-Wall", "-o", str(exe),
+                        str(HERE / "capi" / "exit_ack.c"), "-libverbs"],
+                       capture_output=True, text=True, check=False)
+    assert c.returncode == 0, c.stderr
+    p = run(str(exe), device)
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    assert p.stdout.splitlines() == ["send status success", "ok"], (p.stdout, p.stderr)

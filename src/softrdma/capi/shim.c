@@ -191,6 +191,7 @@ static unsigned int sr_spin = 256;
 static long sr_wait_ns = 200000;
 static int sr_inline = 1;
 static __thread unsigned int sr_empty_run;
+static atomic_int sr_stepped;          /* a receive step ran (sr_at_exit) */
 
 static long long sr_now_ns(void)
 {
@@ -312,7 +313,9 @@ static int sr_ring_empty(struct sr_ring *r, int h)
             return 0;
         }
         if (sr_inline) {
-            /* receive here (Python's busy poll: it paces itself, see above) */
+            /* receive here (Python's busy poll: it paces itself, see above); the ACKs
+             * of what it received stay pending (sr_at_exit) */
+            atomic_store_explicit(&sr_stepped, 1, memory_order_relaxed);
             sr_py_progress(h);
         } else if (sr_holds_gil()) {
             /* a Python host's thread: the progress thread needs the GIL to
@@ -505,9 +508,18 @@ static void sr_fork_child(void)
     PyGILState_Release(sr_fork_gil);
 }
 
+static void sr_at_exit(void);
+
+static void sr_fork_clear(void)
+{
+    atomic_store_explicit(&sr_stepped, 0, memory_order_relaxed);
+}
+
 __attribute__((constructor)) static void sr_init(void)
 {
     pthread_atfork(sr_fork_prepare, sr_fork_parent, sr_fork_child);
+    pthread_atfork(NULL, NULL, sr_fork_clear);
+    atexit(sr_at_exit);
 }
 
 /* ---- helpers ---- */
@@ -571,6 +583,22 @@ static int sr_python_ok(void)
     if (state < 0)
         errno = ELIBBAD;
     return state > 0;
+}
+
+/* ---- exit ----
+ * A receive step (sr_py_progress) leaves the ACKs of what it received pending, as Python's
+ * busy poll does: they leave with the program's next post, so the peer takes the request
+ * and the ACK at one wake-up. A C program may exit right after its last completion, and
+ * its embedded Python has no shutdown that would send them: at exit they are sent
+ * (sr_py_at_exit), or the peer's SEND would complete in error once its retries are spent.
+ * Not in a Python host (its interpreter is finalized by then: it closed its devices) nor
+ * in a forked child that ran no receive step of its own (the flag is cleared at fork). */
+static void sr_at_exit(void)
+{
+    if (!atomic_load_explicit(&sr_stepped, memory_order_relaxed)
+        || atomic_load(&sr_python_state) <= 0 || !Py_IsInitialized())
+        return;
+    sr_py_at_exit();
 }
 
 /* true when the calling thread holds the GIL (a Python host's thread inside a verb) */
