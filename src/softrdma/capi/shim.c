@@ -596,7 +596,8 @@ static int sr_python_ok(void)
 static void sr_at_exit(void)
 {
     if (!atomic_load_explicit(&sr_stepped, memory_order_relaxed)
-        || atomic_load(&sr_python_state) <= 0 || !Py_IsInitialized())
+        || atomic_load(&sr_python_state) <= 0 || !Py_IsInitialized()
+        || PyGILState_Check())  /* exit() from inside a verb (a signal handler's) */
         return;
     sr_py_at_exit();
 }
