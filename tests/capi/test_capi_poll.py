@@ -43,17 +43,19 @@ def test_busy_empty_polls_sleep_idle_ones_spin(device: str, tmp_path: Path) -> N
 
 
 
-def _hops(exe: Path, device: str) -> tuple[int, int, float, str]:
-    """wc_check's ``hops`` mode: (the other threads' wake-ups, rounds, seconds, output)."""
-    p = run(str(exe), device, "hops")
+def _hops(exe: Path, device: str, mode: str) -> tuple[int, int, float, str]:
+    """wc_check's ``hops`` or ``hopsx`` mode: (the other threads' wake-ups, rounds,
+    seconds, output)."""
+    p = run(str(exe), device, mode)
     assert p.returncode == 0, (p.stdout, p.stderr)
     m = re.search(r"hops_nvcsw (\d+) rounds (\d+) seconds ([\d.]+)", p.stdout)
     assert m, p.stdout
     return int(m.group(1)), int(m.group(2)), float(m.group(3)), p.stdout
 
 
+@pytest.mark.parametrize("mode", ["hops", "hopsx"])
 def test_busy_poller_receives_itself(device: str, tmp_path: Path,
-                                     monkeypatch: pytest.MonkeyPatch) -> None:
+                                     monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
     """A thread that busy-polls for its answer runs the receive step itself once its
     short spin is over (sr_py_progress): the answer reaches it without a hand-off from
     the progress thread, which stands back meanwhile. In 400 loopback SEND rounds (a SEND
@@ -68,10 +70,26 @@ def test_busy_poller_receives_itself(device: str, tmp_path: Path,
                         str(HERE / "capi" / "wc_check.c"), "-libverbs"],
                        capture_output=True, text=True, check=False)
     assert c.returncode == 0, c.stderr
-    wakes, rounds, seconds, out = _hops(exe, device)
+    wakes, rounds, seconds, out = _hops(exe, device, mode)
     # standing back, the progress thread wakes once per POLL_GRACE (5 ms) to look again
     if wakes < rounds / 2 + seconds / 0.005:
         return
     monkeypatch.setenv("SOFTRDMA_CAPI_INLINE", "0")
-    handoff, _rounds, _seconds, out0 = _hops(exe, device)
+    handoff, _rounds, _seconds, out0 = _hops(exe, device, mode)
     assert wakes < handoff / 2, (out, out0)
+
+
+def test_receiver_exiting_after_its_completion_acks_it(device: str, tmp_path: Path) -> None:
+    """A busy poller's receive step leaves the ACK of what it received pending (it leaves
+    with the next post, beside the program's next request). A C program that returns
+    from main right after its last completion, closing nothing, still sends it (at exit):
+    its peer's SEND completes with IBV_WC_SUCCESS, not RETRY_EXC_ERR once its retries are
+    spent (tests/capi/exit_ack.c, two processes)."""
+    exe = tmp_path / "exit_ack"
+    c = subprocess.run(["gcc", "-O2", "-Wall", "-o", str(exe),
+                        str(HERE / "capi" / "exit_ack.c"), "-libverbs"],
+                       capture_output=True, text=True, check=False)
+    assert c.returncode == 0, c.stderr
+    p = run(str(exe), device)
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    assert p.stdout.splitlines() == ["send status success", "ok"], (p.stdout, p.stderr)

@@ -12,6 +12,8 @@
  *                            "hops_nvcsw N rounds R": the voluntary context switches of
  *                            the process's other threads (softrdma's progress thread)
  *                            meanwhile. A poller that receives itself needs no hand-off.
+ *   wc_check DEVICE hopsx    the same with extended CQs (ibv_create_cq_ex), polled with
+ *                            ibv_start_poll/ibv_end_poll.
  */
 #include <infiniband/verbs.h>
 #include <arpa/inet.h>
@@ -89,6 +91,22 @@ static void wait_wc(struct ibv_cq *cq, struct ibv_wc *wc, const char *what)
         FAIL("ibv_poll_cq failed for %s", what);
 }
 
+/* the extended CQ's way: ibv_start_poll until a completion, one read, ibv_end_poll */
+static void wait_wcx(struct ibv_cq_ex *cqx, enum ibv_wc_opcode want, const char *what)
+{
+    struct ibv_poll_cq_attr pa = { .comp_mask = 0 };
+    double deadline = now() + 20.0;
+    int ret;
+    while ((ret = ibv_start_poll(cqx, &pa)) == ENOENT)
+        if (now() > deadline)
+            FAIL("no completion for %s", what);
+    if (ret)
+        FAIL("ibv_start_poll failed for %s: %d", what, ret);
+    if (cqx->status != IBV_WC_SUCCESS || ibv_wc_read_opcode(cqx) != want)
+        FAIL("%s: status %d opcode %d", what, cqx->status, ibv_wc_read_opcode(cqx));
+    ibv_end_poll(cqx);
+}
+
 static void to_rts(struct ibv_qp *qp, uint32_t dest, union ibv_gid *gid)
 {
     struct ibv_qp_attr a;
@@ -141,10 +159,12 @@ int main(int argc, char **argv)
     char msg[64];
     int n, i, bench = argc > 2 && !strcmp(argv[2], "bench");
     int forking = argc > 2 && !strcmp(argv[2], "fork");
-    int hops = argc > 2 && !strcmp(argv[2], "hops");
+    int hopsx = argc > 2 && !strcmp(argv[2], "hopsx");
+    int hops = hopsx || (argc > 2 && !strcmp(argv[2], "hops"));
+    struct ibv_cq_ex *cqxa = NULL, *cqxb = NULL;
 
     if (argc < 2)
-        FAIL("usage: wc_check DEVICE [bench]");
+        FAIL("usage: wc_check DEVICE [fork|bench|hops|hopsx]");
     list = ibv_get_device_list(&n);
     for (i = 0; list && i < n; i++)
         if (!strcmp(ibv_get_device_name(list[i]), argv[1]))
@@ -154,8 +174,18 @@ int main(int argc, char **argv)
     if (ibv_query_gid(ctx, 1, 0, &gid))
         FAIL("ibv_query_gid");
     pd = ibv_alloc_pd(ctx);
-    cqa = ibv_create_cq(ctx, 16, NULL, NULL, 0);
-    cqb = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+    if (hopsx) {
+        struct ibv_cq_init_attr_ex ca = { .cqe = 16, .wc_flags = IBV_WC_STANDARD_FLAGS };
+        cqxa = ibv_create_cq_ex(ctx, &ca);
+        cqxb = ibv_create_cq_ex(ctx, &ca);
+        if (!cqxa || !cqxb)
+            FAIL("ibv_create_cq_ex: %s", strerror(errno));
+        cqa = ibv_cq_ex_to_cq(cqxa);
+        cqb = ibv_cq_ex_to_cq(cqxb);
+    } else {
+        cqa = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+        cqb = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+    }
     if (!pd || !cqa || !cqb)
         FAIL("pd/cq");
 
@@ -276,8 +306,13 @@ int main(int argc, char **argv)
             swr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
             if (ibv_post_send(qa, &swr, &bad_s))
                 FAIL("post_send");
-            wait_wc(cqb, &wc, "bench recv");
-            wait_wc(cqa, &wc, "bench send");
+            if (hopsx) {
+                wait_wcx(cqxb, IBV_WC_RECV, "bench recv");
+                wait_wcx(cqxa, IBV_WC_SEND, "bench send");
+            } else {
+                wait_wc(cqb, &wc, "bench recv");
+                wait_wc(cqa, &wc, "bench send");
+            }
         }
         if (hops)
             printf("hops_nvcsw %ld rounds %d seconds %.3f cpu_us_per_round %.1f\n",

@@ -34,8 +34,6 @@ from ..verbs import (
     QPAttr,
     QPCap,
     QPInitAttr,
-    RecvWR,
-    SendWR,
     SrqAttr,
     SrqInitAttr,
     XrcSRQ,
@@ -44,7 +42,8 @@ from ..verbs.device import MAX_CQE, DeviceInfo, all_devices
 from ..verbs.mr import ACCESS_SUPPORTED
 from ..verbs.procmem import SIZE_MAX, ImplicitMR
 from . import handles as hd
-from .handles import _add, _forget, _get, _handle_of, _mem, _sges, _wrapper_of, register
+from . import posting
+from .handles import _add, _forget, _get, _handle_of, _mem, _wrapper_of, register
 
 __all__ = ["install", "RingCQ", "PYTHON_ENV", "fill_qp_attr"]
 
@@ -140,6 +139,7 @@ def _get_async_event(h: int, event_type: Any, element: Any, port_num: Any) -> in
 
 def _destroy(h: int) -> int:
     obj = _forget(h)
+    posting.forget(h)
     close = getattr(obj, "close", None)
     if close is not None:
         close()
@@ -305,15 +305,32 @@ def _progress(h: int) -> int:
     on the socket until input, the next timer or 2 ms), so the answer is completed into
     the ring by the thread that waits for it. Returns 0.
 
-    The busy poll leaves the ACKs of what it received pending (they go out with the
-    program's next post or at its next empty poll); a C program may exit right after
-    the completion, without a Python shutdown, so they are sent now (``Context.progress``
-    transmits them), as the progress thread would have."""
+    As in a Python program's busy poll, the ACKs of what it received stay pending: they
+    leave with the program's next post (right after its request, so the peer takes both
+    at one wake-up), at its next empty poll or from the progress thread, and at the
+    program's exit (:func:`_at_exit`: a C program may exit right after its last
+    completion, without a Python shutdown)."""
     cq = _get(h, RingCQ)
     cq.poll(1)  # a RingCQ's own queue stays empty: its store is the ring
-    ring = cq.ring
-    if ring is not None and hd._lib.sr_ring_count(ring):
-        cq.ctx.progress()
+    _stepped.add(cq.ctx)
+    return 0
+
+
+#: the contexts a receive step ran on (their ACKs may be pending at the program's exit)
+_stepped: set[Context] = set()
+os.register_at_fork(after_in_child=_stepped.clear)  # a child's contexts are its own
+
+
+def _at_exit() -> int:
+    """The program exits (C ``atexit``, shim.c's ``sr_at_exit``): one progress step on
+    each context a receive step ran on sends the ACKs it left pending, as a Python
+    program's shutdown does (``Runtime.close``); a peer would otherwise wait for its
+    SEND's completion until its retries are exhausted. A closed context is skipped."""
+    for ctx in list(_stepped):
+        try:
+            ctx.progress()
+        except (SoftRdmaError, OSError):
+            continue
     return 0
 
 
@@ -432,48 +449,6 @@ def _create_ah(h: int, f: Any) -> int:
     return _add(AH(_get(h, PD), _ah_attr(f)))
 
 
-# ---- posting ----------------------------------------------------------------------------
-def _send_wr(w: Any) -> SendWR:
-    sg = _sges(w.sg, w.num_sge)
-    wr = SendWR(wr_id=w.wr_id, sg=sg, num_sge=len(sg), opcode=w.opcode,
-                send_flags=w.send_flags)
-    opcode = int(w.opcode)
-    if opcode == e.IBV_WR_SEND_WITH_INV:
-        wr.invalidate_rkey = w.imm_data
-    else:
-        wr.imm_data = w.imm_data
-    if w.xrc_srqn:
-        wr.set_qp_type_xrc(w.xrc_srqn)
-    if w.ah:
-        wr.set_wr_ud(_get(w.ah, AH), w.remote_qpn, w.remote_qkey)
-    elif opcode in (e.IBV_WR_ATOMIC_CMP_AND_SWP, e.IBV_WR_ATOMIC_FETCH_AND_ADD):
-        wr.set_wr_atomic(w.rkey, w.remote_addr, w.compare_add, w.swap)
-    elif w.rkey or w.remote_addr:
-        wr.set_wr_rdma(w.rkey, w.remote_addr)
-    if w.send_flags & e.IBV_SEND_INLINE:
-        # inline data need not be registered: copied from the program's memory now
-        wr.set_inline_data(b"".join(bytes(_mem(s.addr, s.length)) for s in sg if s.length))
-    return wr
-
-
-def _post_send(h: int, wrs: Any, n: int, bad: Any) -> int:
-    qp = _get(h, QP)
-    for i in range(n):
-        bad[0] = i
-        qp.post_send(_send_wr(wrs[i]))
-    return 0
-
-
-def _post_recv(h: int, is_srq: int, wrs: Any, n: int, bad: Any) -> int:
-    target = _get(h, SRQ) if is_srq else _get(h, QP)
-    for i in range(n):
-        bad[0] = i
-        w = wrs[i]
-        sg = _sges(w.sg, w.num_sge)
-        target.post_recv(RecvWR(wr_id=w.wr_id, num_sge=len(sg), sg=sg))
-    return 0
-
-
 # ---- extended verbs: ibv_resize_cq, XRC ------------------------------------------------
 def _resize_cq(h: int, cqe: int) -> int:
     """Move the CQ's completions to a ring of ``cqe`` entries (C holds the consumer lock;
@@ -533,6 +508,7 @@ _EXPORTS: dict[str, tuple[Callable[..., int], bool]] = {
     "sr_py_create_cq": (_create_cq, True),
     "sr_py_req_notify_cq": (_req_notify_cq, False),
     "sr_py_progress": (_progress, False),
+    "sr_py_at_exit": (_at_exit, False),
     "sr_py_create_srq": (_create_srq, True),
     "sr_py_modify_srq": (_modify_srq, False),
     "sr_py_query_srq": (_query_srq, False),
@@ -541,8 +517,8 @@ _EXPORTS: dict[str, tuple[Callable[..., int], bool]] = {
     "sr_py_modify_qp": (_modify_qp, False),
     "sr_py_query_qp": (_query_qp, False),
     "sr_py_create_ah": (_create_ah, True),
-    "sr_py_post_send": (_post_send, False),
-    "sr_py_post_recv": (_post_recv, False),
+    "sr_py_post_send": (posting.post_send, False),
+    "sr_py_post_recv": (posting.post_recv, False),
     "sr_py_resize_cq": (_resize_cq, False),
     "sr_py_clean_cq": (_clean_cq, False),
     "sr_py_open_xrcd": (_open_xrcd, True),

@@ -191,6 +191,7 @@ static unsigned int sr_spin = 256;
 static long sr_wait_ns = 200000;
 static int sr_inline = 1;
 static __thread unsigned int sr_empty_run;
+static atomic_int sr_stepped;          /* a receive step ran (sr_at_exit) */
 
 static long long sr_now_ns(void)
 {
@@ -297,6 +298,49 @@ static unsigned int sr_yield_mask = 15;
 static int sr_holds_gil(void);
 static __thread unsigned int sr_empty_polls;
 
+/* The ring of CQ h was found empty by ibv_poll_cq or ibv_start_poll: spin (yielding now
+ * and then), then, once the spin is over and the process waits for a completion, receive
+ * (sr_py_progress) or sleep (see "waiting for a completion" above). Returns 1 when the
+ * ring now holds a completion, 0 for an empty poll. No lock, no Python while spinning. */
+static int sr_ring_empty(struct sr_ring *r, int h)
+{
+    /* A program spinning here must leave the CPU to the progress thread now and then (it
+     * runs ACKs, timers and the receive path), or on a busy machine every message waits
+     * for a scheduler tick. */
+    if (sr_wait_ns && ++sr_empty_run > sr_spin) {
+        if (!sr_busy()) {
+            sr_empty_run = 0;  /* look again after sr_spin more polls */
+            return 0;
+        }
+        if (sr_inline) {
+            /* receive here (Python's busy poll: it paces itself, see above); the ACKs
+             * of what it received stay pending (sr_at_exit) */
+            atomic_store_explicit(&sr_stepped, 1, memory_order_relaxed);
+            sr_py_progress(h);
+        } else if (sr_holds_gil()) {
+            /* a Python host's thread: the progress thread needs the GIL to
+             * produce the completion that ends the sleep */
+            PyThreadState *ts = PyEval_SaveThread();
+            sr_sleep_empty(r);
+            PyEval_RestoreThread(ts);
+        } else {
+            sr_sleep_empty(r);
+        }
+        return atomic_load_explicit(&r->tail, memory_order_acquire)
+               != atomic_load_explicit(&r->head, memory_order_relaxed);
+    }
+    /* a busy process's poller that receives itself spins without yielding (the spin is
+     * short): a yield on a loaded machine can last a time slice, and the progress thread
+     * would take the answer meanwhile, every time */
+    if ((++sr_empty_polls & sr_yield_mask) == 0 && !(sr_inline && sr_busy())) {
+        if (sr_holds_gil())
+            PyEval_RestoreThread(PyEval_SaveThread());  /* the progress thread's turn */
+        else
+            sched_yield();
+    }
+    return 0;
+}
+
 static int sr_poll_cq(struct ibv_cq *ibcq, int num_entries, struct ibv_wc *wc)
 {
     struct sr_ring *r = &((struct sr_cq *)ibcq)->ring;
@@ -305,44 +349,10 @@ static int sr_poll_cq(struct ibv_cq *ibcq, int num_entries, struct ibv_wc *wc)
 
     if (num_entries < 0)
         return -1;
-    /* empty: no lock, no Python. A program spinning here must leave the CPU to the
-     * progress thread now and then (it runs ACKs, timers and the receive path), or on a
-     * busy machine every message waits for a scheduler tick. */
     if (atomic_load_explicit(&r->tail, memory_order_acquire)
-        == atomic_load_explicit(&r->head, memory_order_relaxed)) {
-        if (sr_wait_ns && ++sr_empty_run > sr_spin) {
-            if (!sr_busy()) {
-                sr_empty_run = 0;  /* look again after sr_spin more polls */
-                return 0;
-            }
-            if (sr_inline) {
-                /* receive here (Python's busy poll: it paces itself, see above) */
-                sr_py_progress(SR_H(sr_cq, ibcq));
-            } else if (sr_holds_gil()) {
-                /* a Python host's thread: the progress thread needs the GIL to
-                 * produce the completion that ends the sleep */
-                PyThreadState *ts = PyEval_SaveThread();
-                sr_sleep_empty(r);
-                PyEval_RestoreThread(ts);
-            } else {
-                sr_sleep_empty(r);
-            }
-            if (atomic_load_explicit(&r->tail, memory_order_acquire)
-                == atomic_load_explicit(&r->head, memory_order_relaxed))
-                return 0;
-        } else {
-            /* a busy process's poller that receives itself spins without yielding (the
-             * spin is short): a yield on a loaded machine can last a time slice, and the
-             * progress thread would take the answer meanwhile, every time */
-            if ((++sr_empty_polls & sr_yield_mask) == 0 && !(sr_inline && sr_busy())) {
-                if (sr_holds_gil())
-                    PyEval_RestoreThread(PyEval_SaveThread());  /* the progress thread's turn */
-                else
-                    sched_yield();
-            }
-            return 0;
-        }
-    }
+        == atomic_load_explicit(&r->head, memory_order_relaxed)
+        && !sr_ring_empty(r, SR_H(sr_cq, ibcq)))
+        return 0;
     sr_empty_run = 0;
     pthread_spin_lock(&r->consumer);
     head = atomic_load_explicit(&r->head, memory_order_relaxed);
@@ -498,9 +508,18 @@ static void sr_fork_child(void)
     PyGILState_Release(sr_fork_gil);
 }
 
+static void sr_at_exit(void);
+
+static void sr_fork_clear(void)
+{
+    atomic_store_explicit(&sr_stepped, 0, memory_order_relaxed);
+}
+
 __attribute__((constructor)) static void sr_init(void)
 {
     pthread_atfork(sr_fork_prepare, sr_fork_parent, sr_fork_child);
+    pthread_atfork(NULL, NULL, sr_fork_clear);
+    atexit(sr_at_exit);
 }
 
 /* ---- helpers ---- */
@@ -564,6 +583,23 @@ static int sr_python_ok(void)
     if (state < 0)
         errno = ELIBBAD;
     return state > 0;
+}
+
+/* ---- exit ----
+ * A receive step (sr_py_progress) leaves the ACKs of what it received pending, as Python's
+ * busy poll does: they leave with the program's next post, so the peer takes the request
+ * and the ACK at one wake-up. A C program may exit right after its last completion, and
+ * its embedded Python has no shutdown that would send them: at exit they are sent
+ * (sr_py_at_exit), or the peer's SEND would complete in error once its retries are spent.
+ * Not in a Python host (its interpreter is finalized by then: it closed its devices) nor
+ * in a forked child that ran no receive step of its own (the flag is cleared at fork). */
+static void sr_at_exit(void)
+{
+    if (!atomic_load_explicit(&sr_stepped, memory_order_relaxed)
+        || atomic_load(&sr_python_state) <= 0 || !Py_IsInitialized()
+        || PyGILState_Check())  /* exit() from inside a verb (a signal handler's) */
+        return;
+    sr_py_at_exit();
 }
 
 /* true when the calling thread holds the GIL (a Python host's thread inside a verb) */
@@ -2123,13 +2159,12 @@ static int sr_cqx_start(struct ibv_cq_ex *cqx, struct ibv_poll_cq_attr *attr)
 
     if (attr && attr->comp_mask)
         return EINVAL;
-    /* empty: as ibv_poll_cq, no lock, no Python, a yield now and then */
+    /* empty: as ibv_poll_cq (the spin, then the receive step or the sleep) */
     if (atomic_load_explicit(&r->tail, memory_order_acquire)
-        == atomic_load_explicit(&r->head, memory_order_relaxed)) {
-        if ((++sr_empty_polls & sr_yield_mask) == 0)
-            sched_yield();
+        == atomic_load_explicit(&r->head, memory_order_relaxed)
+        && !sr_ring_empty(r, c->h))
         return ENOENT;
-    }
+    sr_empty_run = 0;
     pthread_spin_lock(&r->consumer);
     if (sr_cqx_load(c)) {
         pthread_spin_unlock(&r->consumer);
