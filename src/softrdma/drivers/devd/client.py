@@ -37,6 +37,7 @@ from softrdma.drivers.devd.spawn import DEVD_START_TIMEOUT, DevdVanished, ensure
 from softrdma.drivers.devd.v1 import V1_VERSION
 from softrdma.drivers.host.registry import DeviceRecord, check_state_dir
 from softrdma.drivers.host.registry import state_dir as default_state_dir
+from softrdma.drivers.host.unix_path import connect_unix
 from softrdma.drivers.links.link import Datagram, GidEntry, LinkState, gid_entries
 from softrdma.drivers.links.rawether import RawEtherLink
 from softrdma.drivers.links.udp import UdpLink
@@ -203,7 +204,7 @@ class DevdLink(DevdRequests, LinkState):
         ctrl = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         try:
             ctrl.settimeout(timeout)
-            ctrl.connect(str(path))
+            connect_unix(ctrl, path)
             msg, fds, _, _ = socket.recv_fds(ctrl, 4096, 1)
             reason = refusal_reason(msg)
             if reason is not None:

@@ -94,6 +94,7 @@ from softrdma.drivers.devd.spawn import (
 from softrdma.drivers.host.port_totals import counters_path, saved_counters
 from softrdma.drivers.host.registry import DeviceRecord, Registry, ensure_state_dir, open_state_file
 from softrdma.drivers.host.registry import state_dir as default_state_dir
+from softrdma.drivers.host.unix_path import bind_unix
 from softrdma.drivers.links.link import ip_bytes, ip_text
 from softrdma.drivers.links.rawether import RawEtherLink
 from softrdma.drivers.links.udp import UdpLink
@@ -284,7 +285,7 @@ class Devd(Control):
             path.unlink()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         try:
-            sock.bind(str(path))
+            bind_unix(sock, path)
             sock.listen(64)
         except OSError as exc:
             sock.close()

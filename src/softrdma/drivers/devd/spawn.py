@@ -19,6 +19,7 @@ from typing import Protocol
 from softrdma.drivers.devd.proto import socket_path
 from softrdma.drivers.host.registry import DeviceRecord, ensure_state_dir, open_state_file
 from softrdma.drivers.host.registry import state_dir as default_state_dir
+from softrdma.drivers.host.unix_path import connect_unix
 from softrdma.errors import DeviceError, SoftRdmaError
 
 __all__ = ["DEVD_START_TIMEOUT", "Daemon", "DevdVanished", "daemonize", "ensure_devd", "flock",
@@ -67,7 +68,7 @@ def _probe(path: Path) -> bool:
     """True if a daemon accepts connections on ``path``."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
     try:
-        s.connect(str(path))
+        connect_unix(s, path)
     except OSError:
         return False
     finally:

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from softrdma.drivers.host.unix_path import bind_unix, connect_unix
+
 from ...errors import DeviceError
 from . import netdev as _netdev
 from .registry import check_state_dir, ensure_state_dir, state_dir
@@ -80,7 +82,7 @@ def control_request(name: str, cmd: str, *, directory: Path | None = None,
     s.settimeout(timeout)
     try:
         try:
-            s.connect(str(path))
+            connect_unix(s, path)
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             raise DeviceError(f"no IPoIB interface {name!r} is running here "
                               f"({path} is not answering)") from exc
@@ -113,13 +115,13 @@ class ControlServer:
         try:
             probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
-                probe.connect(str(path))
+                connect_unix(probe, path)
                 raise DeviceError(f"IPoIB interface {path.stem!r} is already running")
             except (FileNotFoundError, ConnectionRefusedError):
                 path.unlink(missing_ok=True)
             finally:
                 probe.close()
-            s.bind(str(path))
+            bind_unix(s, path)
             s.listen(8)
             s.setblocking(False)
         except BaseException:

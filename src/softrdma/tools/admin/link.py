@@ -49,6 +49,7 @@ from typing import TextIO
 from softrdma.drivers.devd.proto import socket_path
 from softrdma.drivers.host import netdev as _netdev
 from softrdma.drivers.host.registry import DEFAULT_UDP_PORT, DeviceRecord, Registry, ib_mtu_for
+from softrdma.drivers.host.unix_path import connect_unix
 from softrdma.drivers.links.link import ROCE_VERSIONS
 from softrdma.errors import DeviceError, InvalidArgument, SoftRdmaError
 from softrdma.verbs.device import IWARP_LOOPBACK
@@ -227,7 +228,7 @@ def _devd_running(name: str, directory: Path) -> bool:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(1.0)
         try:
-            s.connect(str(path))
+            connect_unix(s, path)
         except OSError:
             return False
     return True
