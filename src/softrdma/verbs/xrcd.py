@@ -117,7 +117,7 @@ class XRCD(VerbsObject):
                                           "domain")
             self.domain = dom
             link = ctx.runtime.link
-            if link is not None and getattr(link, "xrc", False):
+            if link is not None and link.xrc:
                 self._join(link, port, fd)
         self._depend_on(ctx)
 

@@ -97,6 +97,8 @@ class Link(Protocol):
     * ``multicast``: it joins multicast groups (:meth:`attach_mcast`);
     * ``shared``: its device is shared by processes through devd: QPNs come from
       :meth:`alloc_qpn`, counters and objects are reported (:meth:`report_counters`);
+    * ``xrc``: its device's XRC domains are shared by processes (devd's ``xrcd_open``,
+      ``xrc_send``: ``softrdma.drivers.devd.xrc``);
     * ``port`` (the UDP port it serves, None: 4791), ``mtu`` (None: the netdev's),
       ``gid_entries`` (its own typed GID table; empty: one RoCE v2 GID per address),
       ``clock`` (a virtual clock that drives it, None: real time), ``overflow_stats``
@@ -120,6 +122,9 @@ class Link(Protocol):
 
     @property
     def shared(self) -> bool: ...
+
+    @property
+    def xrc(self) -> bool: ...
 
     @property
     def port(self) -> int | None: ...
@@ -226,6 +231,7 @@ class LinkState:
     roce_v1: bool = False
     multicast: bool = False
     shared: bool = False
+    xrc: bool = False
     port: int | None = None
     mtu: int | None = None
     gid_entries: tuple[GidEntry, ...] = ()
