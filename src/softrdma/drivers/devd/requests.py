@@ -164,13 +164,18 @@ class DevdRequests:
         daemon is gone there is nothing to give back: a no-op (QPs can be destroyed)."""
         if not 0 <= qpn <= QPN_LAST:
             raise InvalidArgument("qpn", f"QPN {qpn:#x} out of range")
+        self._release_request(OP_FREE_QPN, qpn)
+
+    def _release_request(self, op: int, arg: int) -> None:
+        """A request that gives something back: nothing to do once the daemon is gone,
+        and ETIMEDOUT is no error (devd is stalled; it has the request and acts on it
+        when it resumes, its late answer dropped), so a QP or XRCD can still be
+        destroyed."""
         if self.daemon_gone:
             return
         try:
-            self._request(OP_FREE_QPN, qpn)
+            self._request(op, arg)
         except DeviceError as exc:
-            # ETIMEDOUT: devd is stalled; it has the request and frees the QPN when it
-            # resumes (its late answer is dropped), so a QP can still be destroyed
             if not self.daemon_gone and exc.errno != errno.ETIMEDOUT:
                 raise
 
@@ -328,13 +333,8 @@ class DevdRequests:
 
     def xrcd_close(self, domain: int) -> None:
         """Undo one :meth:`xrcd_open` (a no-op once the daemon is gone)."""
-        if self.daemon_gone or self._closed:
-            return
-        try:
-            self._request(OP_XRCD_CLOSE, domain)
-        except DeviceError as exc:
-            if not self.daemon_gone and exc.errno != errno.ETIMEDOUT:
-                raise
+        if not self._closed:
+            self._release_request(OP_XRCD_CLOSE, domain)
 
     def xrc_srq(self, domain: int, srqn: int) -> None:
         """Register this process's XRC SRQ ``srqn`` (a QPN it holds) in ``domain``."""
