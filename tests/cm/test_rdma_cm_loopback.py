@@ -77,7 +77,7 @@ def connect_and_close() -> tuple[int, int]:
 def test_a_connection_inside_one_process_skips_devd(env: Path) -> None:
     routed, looped = connect_and_close()
     assert looped == 3  # REQ, REP, RTU
-    assert routed == 2  # DREQ, DREP: behind the data path's packets (gsi._WIRE_ONLY)
+    assert routed == 2  # DREQ, DREP: behind the data path's packets (CmAgent.takes)
 
 
 def test_loopback_off_sends_the_mads_through_devd(env: Path,

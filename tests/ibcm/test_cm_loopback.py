@@ -54,7 +54,7 @@ def test_a_connection_to_our_own_listener_skips_the_wire() -> None:
     assert T.DISCONNECTED in n.types(cid)
     assert n.types(req.cm_id).count(T.DISCONNECTED) == 1
     # REQ, REP, RTU looped back; DREQ and DREP took the fabric (they move a QP to ERR:
-    # behind the data path's packets, gsi._WIRE_ONLY)
+    # behind the data path's packets, CmAgent.takes)
     assert n.cm.loopback_mads - before == 3
     assert [attr for attr in (CmAttr.DREQ, CmAttr.DREP) if len(p.sent(attr)) == 1] == [
         CmAttr.DREQ, CmAttr.DREP]

@@ -442,7 +442,14 @@ class CmAgent:
         (the receiver a devd routing by Service ID and comm-ID slot would pick too,
         :mod:`softrdma.drivers.devd.cm`): a REQ or SIDR_REQ for one of its listeners of
         full mask (no more specific listen can exist elsewhere), a SIDR_REP to one of its
-        request IDs, or another message to one of its comm IDs (IBA 12.6.5)."""
+        request IDs, or another message to one of its comm IDs (IBA 12.6.5).
+
+        DREQ and DREP are never taken so: they move a QP to ERR (IBA 12.9.6), and handed
+        back at once a DREQ overtook the ACK its sender's responder had just sent, which
+        flushed the peer's last SEND; on the wire they follow the data path's packets, as
+        with rxe."""
+        if isinstance(msg, (wcm.Dreq, wcm.Drep)):
+            return False
         if isinstance(msg, (wcm.Req, wcm.SidrReq)):
             lst = self.find_listener(msg.service_id)
             return lst is not None and lst.mask == ALL_ONES_MASK

@@ -35,7 +35,8 @@
   posted on QP1, as Linux rxe loops a packet for one of its addresses back inside the
   device. Two ids of one process connect without a wire (or devd) hop per MAD (issue
   26); counted in ``loopback_mads``. ``SOFTRDMA_CM_LOOPBACK=0`` sends them on the wire
-  (to capture them). Retransmissions, DREQ and DREP always take the wire.
+  (to capture them). Retransmissions always take the wire, and so do DREQ and DREP
+  (:meth:`~softrdma.ibcm.agent.CmAgent.takes`).
 
 With a device shared through ``devd`` the link becomes a routed CM client
 (``cm_slot()``): devd gives the process a slot byte that the agent puts in the top byte
@@ -51,7 +52,6 @@ from __future__ import annotations
 
 import errno
 import os
-import struct
 import threading
 import time
 from collections.abc import Callable
@@ -72,7 +72,6 @@ from ...ibcm.qpctl import QPT_UD
 from ...seam.events import AsyncEventType, EngineEvent
 from ...seam.queues import QPInit
 from ...seam.types import SGE, RecvWQE, SendWQE, WorkCompletion
-from ...wire.cm_codes import CmAttr
 from ...wire.gid import ip_to_gid
 from ...wire.mad import GSI_QKEY, MAD_SIZE
 from ...wire.rocev1 import GRH_NEXT_HEADER_BTH
@@ -93,12 +92,6 @@ _EVENT_THREAD_IDLE_S = 5.0  # the event thread ends after this long without even
 _LOOPBACK_ROUNDS = 16
 #: "0": MADs to this port's own ids take the wire too (captures, before/after benchmarks)
 LOOPBACK_ENV = "SOFTRDMA_CM_LOOPBACK"
-#: DREQ and DREP take the wire even between ids of one agent: they move a QP to ERR
-#: (IBA 12.9.6), and a looped DREQ overtook the ACK its sender's responder had just sent,
-#: flushing the peer's last SEND (the asyncio echo example failed 4 runs in 12); on the
-#: wire they follow the data path's packets, as with rxe, whose MADs leave after the ACKs
-_WIRE_ONLY = frozenset((CmAttr.DREQ, CmAttr.DREP))
-_ATTR = struct.Struct("!H")  # the MAD header's AttributeID (IBA 13.4.2, octets 16-17)
 
 
 class _CmTimer:
@@ -415,7 +408,7 @@ class CmBinding:
         looped: list[OutMad] = []
         loop = loop_ok and self.loopback and self.agent.exclusive and not self._closed
         for m in self.agent.take_output():
-            if m.local and loop and _ATTR.unpack_from(m.mad, 16)[0] not in _WIRE_ONLY:
+            if m.local and loop:
                 looped.append(m)
                 continue
             v1 = False
