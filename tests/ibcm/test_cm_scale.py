@@ -105,3 +105,52 @@ def test_thousand_connections_no_leaks() -> None:
     assert p.clock.pending() < 50
     print(f"\n{n} connections (connect + accept + disconnect) in {elapsed:.2f} s: "
           f"{n / elapsed:.0f}/s on the in-memory fabric; memory growth {growth} bytes")
+
+
+def test_closed_ids_are_freed_before_their_cancelled_timers_would_fire() -> None:
+    """An id whose DREQ timer the DREP cancelled (2.1 s at Remote CM Response Timeout 19)
+    and whose TimeWait (50 ms here) ended is freed at once, with its QP, even while newer
+    connections keep live timers armed: the agent's timer heap keeps only numbers for a
+    cancelled timer. It kept the id, and with it the QP, until the cancelled deadline came:
+    ~8 KB each, ~100 of them at 50 connections a second (the CI failure of
+    tests/cm/test_conn_soak.py)."""
+    from softrdma.ibcm.params import CmConfig
+
+    cfg = CmConfig(timewait_s=0.05)
+    p = Pair(config_a=cfg, config_b=cfg)
+    for rule in p.fab.rules:
+        rule.remove()
+    lst = p.b.new_id()
+    ip_listen(lst, 9000)
+    ca, cb = Counter(), Counter()
+    free: list[Any] = []
+    children: list[IbCmId] = []
+
+    def on(ev: CmEvent) -> None:
+        cb(ev)
+        if ev.type == T.CONNECT_REQUEST:
+            children.append(ev.cm_id)
+            ev.cm_id.accept(free.pop())
+    lst.handler = on
+    refs: list[list[Any]] = []
+    qps: list[Any] = []
+    n = 30
+    for i in range(n):  # one connection every 20 ms; each one's TimeWait overlaps the next
+        qa, qb = p.a.qp()[0], p.b.qp()[0]
+        free.append(qb)
+        cid = p.a.agent.create_id(ca)
+        IpCmClient(cid).connect(qa, "10.9.0.1", "10.9.0.2", 9000, src_port=10000 + i)
+        p.run(0.01)
+        cid.disconnect()
+        p.run(0.01)
+        refs.append([weakref.ref(cid), weakref.ref(children.pop())])
+        qps += [qa, qb]
+        del cid
+    for q in qps:
+        q.close()
+    gc.collect()
+    assert p.clock.now() < 2.0  # before any cancelled DREQ timer would have come due
+    assert ca.n[T.TIMEWAIT_EXIT] >= n - 4
+    old = [r for pair in refs[:n - 5] for r in pair]  # TimeWait over for all of these
+    alive = sum(r() is not None for r in old)
+    assert alive == 0, f"{alive} of {len(old)} closed CM ids still referenced"

@@ -134,7 +134,12 @@ class CmAgent:
         # of our comm IDs and SIDR request IDs, and the hook telling devd our listens.
         self.id_prefix = 0
         self.on_listen: Callable[[int, int, bool], None] | None = None
-        self._heap: list[tuple[float, int, IbCmId]] = []
+        # Timers: a heap of (when, seq) and, by seq, the id whose current timer it is. An
+        # id re-armed, or gone IDLE, leaves only two numbers in the heap, not itself (and
+        # its QP): a closed connection's DREQ timer is cancelled by the DREP long before
+        # it would reach the top.
+        self._heap: list[tuple[float, int]] = []
+        self._armed: dict[int, IbCmId] = {}
         self._tseq = 0
         self._tid = self.rng.getrandbits(32)
         #: events not yet taken by :meth:`pop_events`, oldest first
@@ -178,16 +183,19 @@ class CmAgent:
         """When :meth:`on_timer` must next run, None if no timer is armed."""
         heap = self._heap
         while heap:
-            when, seq, cid = heap[0]
-            if cid.timer_seq == seq and cid.deadline == when:
+            when, seq = heap[0]
+            if self._live(when, seq):
                 return when
             heapq.heappop(heap)
         return None
 
+    def _live(self, when: float, seq: int) -> bool:
+        cid = self._armed.get(seq)
+        return cid is not None and cid.timer_seq == seq and cid.deadline == when
+
     def timers(self) -> int:
         """How many timers are armed (for leak checks)."""
-        return sum(1 for when, seq, cid in self._heap
-                   if cid.timer_seq == seq and cid.deadline == when)
+        return sum(1 for when, seq in self._heap if self._live(when, seq))
 
     def on_timer(self, now: float) -> None:
         """Run the timers due at ``now`` (retransmissions, give-ups, TimeWait ends)."""
@@ -195,8 +203,9 @@ class CmAgent:
         try:
             heap = self._heap
             while heap and heap[0][0] <= now:
-                when, seq, cid = heapq.heappop(heap)
-                if cid.timer_seq != seq or cid.deadline != when:
+                when, seq = heapq.heappop(heap)
+                cid = self._armed.pop(seq, None)
+                if cid is None or cid.timer_seq != seq or cid.deadline != when:
                     continue
                 cid.deadline = None
                 self.counters.timeouts += 1
@@ -460,10 +469,16 @@ class CmAgent:
 
     def arm(self, cid: IbCmId, when: float) -> None:
         """(Re)arm ``cid``'s one timer for ``when`` (an earlier arming is forgotten)."""
+        self._armed.pop(cid.timer_seq, None)
         self._tseq += 1
-        cid.timer_seq = self._tseq
+        seq = cid.timer_seq = self._tseq
         cid.deadline = when
-        heapq.heappush(self._heap, (when, self._tseq, cid))
+        self._armed[seq] = cid
+        heap = self._heap
+        heapq.heappush(heap, (when, seq))
+        if len(heap) > 2 * len(self._armed) + 64:  # stale entries: keep the heap bounded
+            heap[:] = [(w, q) for w, q in heap if self._live(w, q)]
+            heapq.heapify(heap)
 
     def timewait_s(self, cid: IbCmId) -> float:
         cfg = self.config
@@ -473,6 +488,7 @@ class CmAgent:
 
     def unregister(self, cid: IbCmId) -> None:
         """Forget ``cid`` everywhere it is indexed (it entered IDLE)."""
+        self._armed.pop(cid.timer_seq, None)
         if self.ids.get(cid.local_id) is cid:
             del self.ids[cid.local_id]
         key = (cid.remote_id, cid.remote_guid)
