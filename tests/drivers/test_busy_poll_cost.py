@@ -10,7 +10,10 @@ from __future__ import annotations
 import select
 import socket
 import time
+from collections.abc import Iterator
 from typing import Any
+
+import pytest
 
 from softrdma import verbs as v
 from softrdma.drivers.links.udp import UdpLink
@@ -112,55 +115,54 @@ class _AckOwner:
         self.flushed += 1
 
 
-def test_an_empty_busy_poll_still_runs_due_timers_and_sends_pending_acks() -> None:
-    """An empty busy poll skips the housekeeping when nothing is queued; a due timer or a
-    coalesced ACK still gets it, as before."""
-    link = UdpLink("127.0.0.1", 0)
-    ctx = v.Context(link=link, progress="manual")
+@pytest.fixture
+def rt() -> Iterator[Runtime]:
+    """A RoCE runtime on loopback that progresses only when the test calls it."""
+    ctx = v.Context(link=UdpLink("127.0.0.1", 0), progress="manual")
     try:
-        rt = ctx.runtime
-        assert isinstance(rt, Runtime)
-        port = rt.port
-        due = _Due()
-        port.arm(due)
-        end = time.monotonic() + 10.0
-        while not due.fired and time.monotonic() < end:
-            assert rt.progress_nonblocking() == 0
-        assert len(due.fired) == 1
-        owner = _AckOwner()
-        port.ack_pending.append(owner)
-        assert rt.progress_nonblocking() == 0
-        assert owner.flushed == 1 and not port.ack_pending
-        assert rt.progress_nonblocking() == 0  # nothing queued: nothing run
-        assert owner.flushed == 1 and len(due.fired) == 1
+        runtime = ctx.runtime
+        assert isinstance(runtime, Runtime)
+        yield runtime
     finally:
         ctx.close()
 
 
-def test_the_housekeeping_shortcut_still_runs_timers_deferred_calls_and_acks() -> None:
+def test_an_empty_busy_poll_still_runs_due_timers_and_sends_pending_acks(rt: Runtime) -> None:
+    """An empty busy poll skips the housekeeping when nothing is queued; a due timer or a
+    coalesced ACK still gets it, as before."""
+    port = rt.port
+    due = _Due()
+    port.arm(due)
+    end = time.monotonic() + 10.0
+    while not due.fired and time.monotonic() < end:
+        assert rt.progress_nonblocking() == 0
+    assert len(due.fired) == 1
+    owner = _AckOwner()
+    port.ack_pending.append(owner)
+    assert rt.progress_nonblocking() == 0
+    assert owner.flushed == 1 and not port.ack_pending
+    assert rt.progress_nonblocking() == 0  # nothing queued: nothing run
+    assert owner.flushed == 1 and len(due.fired) == 1
+
+
+def test_the_housekeeping_shortcut_still_runs_timers_deferred_calls_and_acks(
+        rt: Runtime) -> None:
     """The end of every locked operation (``Runtime._after_locked``) returns at once when
     nothing is queued and no timer is due; a due timer, a deferred call or a coalesced ACK
     still runs (here through ``ctx.progress()``)."""
-    link = UdpLink("127.0.0.1", 0)
-    ctx = v.Context(link=link, progress="manual")
-    try:
-        rt = ctx.runtime
-        assert isinstance(rt, Runtime)
-        port = rt.port
-        due = _Due()
-        port.arm(due)
-        ran: list[int] = []
-        rt.defer(lambda: ran.append(1))
-        owner = _AckOwner()
-        port.ack_pending.append(owner)
-        assert rt.progress() == 0
-        assert len(due.fired) == 1 and ran == [1] and owner.flushed == 1
-        due.deadline = time.monotonic() + 3600.0  # armed, not due
-        port.arm(due)
-        assert rt.progress() == 0
-        assert len(due.fired) == 1 and ran == [1] and owner.flushed == 1
-        due.deadline = 0.0  # due again
-        assert rt.progress() == 0
-        assert len(due.fired) == 2
-    finally:
-        ctx.close()
+    port = rt.port
+    due = _Due()
+    port.arm(due)
+    ran: list[int] = []
+    rt.defer(lambda: ran.append(1))
+    owner = _AckOwner()
+    port.ack_pending.append(owner)
+    assert rt.progress() == 0
+    assert len(due.fired) == 1 and ran == [1] and owner.flushed == 1
+    due.deadline = time.monotonic() + 3600.0  # armed, not due
+    port.arm(due)
+    assert rt.progress() == 0
+    assert len(due.fired) == 1 and ran == [1] and owner.flushed == 1
+    due.deadline = 0.0  # due again
+    assert rt.progress() == 0
+    assert len(due.fired) == 2
