@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.cm import Node, Pair, T
+from harness.cm import RC, Node, Pair, T
 
 from softrdma import enums as e
 from softrdma import verbs as v
@@ -20,11 +20,11 @@ SID = 0x0000_0000_0000_4343
 
 
 def self_connect(p: Pair, n: Node, mask: int | None = None,
-                 cqs: list[Any] | None = None) -> tuple[IbCmId, Any, Any]:
-    """``n`` listens on SID (with ``mask``) and connects to its own GID; the listener
-    accepts; returns (client id, its QP, the server's QP); ``cqs`` gets the client's and
-    the server's CQ."""
-    qs, cq_s = n.qp()
+                 cqs: list[Any] | None = None, qpt: int = RC) -> tuple[IbCmId, Any, Any]:
+    """``n`` listens on SID (with ``mask``) and connects to its own GID with QPs of type
+    ``qpt``; the listener accepts; returns (client id, its QP, the server's QP); ``cqs``
+    gets the client's and the server's CQ."""
+    qs, cq_s = n.qp(qpt)
     lst = n.new_id()
     if mask is None:
         lst.listen(SID)
@@ -35,7 +35,7 @@ def self_connect(p: Pair, n: Node, mask: int | None = None,
         if ev.type == T.CONNECT_REQUEST and ev.listen_id is lst:
             ev.cm_id.accept(qs, AcceptParams(private_data=b"yes"))
     n.on = on
-    qc, cq_c = n.qp()
+    qc, cq_c = n.qp(qpt)
     if cqs is not None:
         cqs[:] = [cq_c, cq_s]
     cid = n.new_id()
@@ -125,6 +125,21 @@ def test_a_dreq_behind_the_senders_own_send_takes_the_wire() -> None:
     assert got.status == e.IBV_WC_SUCCESS, e.ibv_wc_status(got.status).name
     assert rx.read(7, 0) == b"goodbye"
     assert len(p.sent(CmAttr.DREQ)) == 1
+
+
+def test_a_dreq_between_uc_qps_takes_the_wire() -> None:
+    """UC completes a SEND once it is sent, not when it arrives: nothing tells that the
+    QPs have no packet in flight, so the DREQ takes the wire (the DREP loops back)."""
+    p = Pair()
+    n = p.b
+    cid, qc, qs = self_connect(p, n, qpt=int(e.IBV_QPT_UC))
+    assert cid.state == CmState.ESTABLISHED
+    before = n.cm.loopback_mads
+    cid.disconnect()
+    p.run(1)
+    assert CmState(cid.state) == CmState.TIMEWAIT
+    assert len(p.sent(CmAttr.DREQ)) == 1 and p.sent(CmAttr.DREP) == []
+    assert n.cm.loopback_mads - before == 1
 
 
 def test_a_listener_of_partial_mask_gets_its_req_from_the_wire() -> None:
