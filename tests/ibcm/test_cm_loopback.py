@@ -127,6 +127,30 @@ def test_a_dreq_behind_the_senders_own_send_takes_the_wire() -> None:
     assert len(p.sent(CmAttr.DREQ)) == 1
 
 
+def test_a_dreq_from_a_qp_already_in_err_takes_the_wire() -> None:
+    """The client sends, moves its QP to ERR itself (its SEND is flushed, yet on the
+    wire), then disconnects: nothing says its packet has arrived, so the DREQ follows it
+    on the wire and the server receives the data."""
+    p = Pair()
+    n = p.b
+    cqs: list[Any] = []
+    cid, qc, qs = self_connect(p, n, cqs=cqs)
+    _, cq_s = cqs
+    rx = v.MR(n.pd, 64, int(e.IBV_ACCESS_LOCAL_WRITE))
+    qs.post_recv(v.RecvWR(1, 1, [v.SGE(rx.addr, 64, rx.lkey)]))
+    tx = v.MR(n.pd, 64, 0)
+    tx.write(b"so long", 7)
+    qc.post_send(v.SendWR(2, None, 1, [v.SGE(tx.addr, 7, tx.lkey)]))
+    qc.modify(v.QPAttr(qp_state=e.IBV_QPS_ERR), e.IBV_QP_STATE)
+    cid.disconnect()
+    p.run(1)
+    got = _one(cq_s)
+    assert got is not None and got.wr_id == 1
+    assert got.status == e.IBV_WC_SUCCESS, e.ibv_wc_status(got.status).name
+    assert rx.read(7, 0) == b"so long"
+    assert len(p.sent(CmAttr.DREQ)) == 1
+
+
 def test_a_dreq_between_uc_qps_takes_the_wire() -> None:
     """UC completes a SEND once it is sent, not when it arrives: nothing tells that the
     QPs have no packet in flight, so the DREQ takes the wire (the DREP loops back)."""
