@@ -6,7 +6,8 @@ disconnect, DISCONNECTED on both sides, QPs and ids destroyed. Transports:
 
 * RoCE: the IB CM + Annex A11 over a RoCE device on ``lo`` (its UDP port free-chosen,
   shared through devd like ``softrdma_lo``): both ids are in this process, so the CM
-  hands its MADs back to itself (``SOFTRDMA_CM_LOOPBACK=0``: each takes the devd hop);
+  hands its MADs back to itself, DREQ and DREP included since no data is in flight
+  (``CmAgent.takes``; ``SOFTRDMA_CM_LOOPBACK=0``: each takes the devd hop);
   the QPNs come from devd in leases;
 * iWARP: TCP connect + the MPA Request/Reply on the built-in ``softrdma_iw_lo``.
 

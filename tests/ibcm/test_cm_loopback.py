@@ -1,14 +1,17 @@
 """A connection between two ids of one CM (one port): its MADs are handed back to the
 agent without the wire (``CmBinding._loop_back``, as Linux rxe loops a packet for its own
 address back inside the device), with the same state machine and events; what another
-port or process would take still goes out."""
+port or process would take still goes out, and so does a DREQ that would overtake a
+packet of the data path (``CmAgent.takes``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from harness.cm import Node, Pair, T
+from harness.cm import RC, Node, Pair, T
 
+from softrdma import enums as e
+from softrdma import verbs as v
 from softrdma.ibcm.agent import AcceptParams, ConnParams, IbCmId
 from softrdma.ibcm.model import CmState
 from softrdma.wire.cm import CmAttr
@@ -16,10 +19,12 @@ from softrdma.wire.cm import CmAttr
 SID = 0x0000_0000_0000_4343
 
 
-def self_connect(p: Pair, n: Node, mask: int | None = None) -> tuple[IbCmId, Any, Any]:
-    """``n`` listens on SID (with ``mask``) and connects to its own GID; the listener
-    accepts; returns (client id, its QP, the server's QP)."""
-    qs, _ = n.qp()
+def self_connect(p: Pair, n: Node, mask: int | None = None,
+                 cqs: list[Any] | None = None, qpt: int = RC) -> tuple[IbCmId, Any, Any]:
+    """``n`` listens on SID (with ``mask``) and connects to its own GID with QPs of type
+    ``qpt``; the listener accepts; returns (client id, its QP, the server's QP); ``cqs``
+    gets the client's and the server's CQ."""
+    qs, cq_s = n.qp(qpt)
     lst = n.new_id()
     if mask is None:
         lst.listen(SID)
@@ -30,7 +35,9 @@ def self_connect(p: Pair, n: Node, mask: int | None = None) -> tuple[IbCmId, Any
         if ev.type == T.CONNECT_REQUEST and ev.listen_id is lst:
             ev.cm_id.accept(qs, AcceptParams(private_data=b"yes"))
     n.on = on
-    qc, _ = n.qp()
+    qc, cq_c = n.qp(qpt)
+    if cqs is not None:
+        cqs[:] = [cq_c, cq_s]
     cid = n.new_id()
     cid.connect(qc, ConnParams(SID, n.gid, private_data=b"self"))
     p.run(1)
@@ -53,13 +60,110 @@ def test_a_connection_to_our_own_listener_skips_the_wire() -> None:
     p.run(1)
     assert T.DISCONNECTED in n.types(cid)
     assert n.types(req.cm_id).count(T.DISCONNECTED) == 1
-    # REQ, REP, RTU looped back; DREQ and DREP took the fabric (they move a QP to ERR:
-    # behind the data path's packets, CmAgent.takes)
-    assert n.cm.loopback_mads - before == 3
-    assert [attr for attr in (CmAttr.DREQ, CmAttr.DREP) if len(p.sent(attr)) == 1] == [
-        CmAttr.DREQ, CmAttr.DREP]
-    assert len(p.log) == 2
+    # REQ, REP, RTU, DREQ, DREP looped back: neither QP had a packet in flight, so the
+    # DREQ overtakes nothing (CmAgent.takes)
+    assert n.cm.loopback_mads - before == 5
+    assert p.log == []
     assert n.agent.counters.mads_in == n.agent.counters.mads_out == 5
+
+
+def _one(cq: Any) -> Any:
+    n, wcs = cq.poll(1)
+    return wcs[0] if n else None
+
+
+def test_a_dreq_that_would_overtake_the_last_ack_takes_the_wire() -> None:
+    """The server's last SEND is received, its ACK still on its way when the client
+    disconnects: a DREQ handed back at once would move the server's QP to ERR first and
+    flush that SEND (examples/app_echo_asyncio.py saw it); on the wire it follows the
+    ACK and the SEND completes. The DREP moves no QP and loops back."""
+    p = Pair(latency=1e-3)
+    n = p.b
+    cqs: list[Any] = []
+    cid, qc, qs = self_connect(p, n, cqs=cqs)
+    cq_c, cq_s = cqs
+    rx = v.MR(n.pd, 64, int(e.IBV_ACCESS_LOCAL_WRITE))
+    qc.post_recv(v.RecvWR(1, 1, [v.SGE(rx.addr, 64, rx.lkey)]))
+    tx = v.MR(n.pd, 64, 0)
+    tx.write(b"last words", 10)
+    qs.post_send(v.SendWR(2, None, 1, [v.SGE(tx.addr, 10, tx.lkey)]))
+    before = n.cm.loopback_mads
+    got = None
+    for _ in range(1000):  # virtual time, 10 us a step: the ACK takes 1 ms
+        got = _one(cq_c)
+        if got is not None:
+            break
+        p.run(1e-5)
+    assert got is not None and got.status == e.IBV_WC_SUCCESS
+    assert _one(cq_s) is None  # the server's SEND waits for its ACK
+    cid.disconnect()
+    p.run(1)
+    sent = _one(cq_s)
+    assert sent is not None and sent.wr_id == 2
+    assert sent.status == e.IBV_WC_SUCCESS, e.ibv_wc_status(sent.status).name
+    assert len(p.sent(CmAttr.DREQ)) == 1 and p.sent(CmAttr.DREP) == []
+    assert n.cm.loopback_mads - before == 1  # the DREP
+
+
+def test_a_dreq_behind_the_senders_own_send_takes_the_wire() -> None:
+    """The client sends and disconnects at once: its SEND is on the wire, so the DREQ
+    follows it there and the server receives the data before its QP goes to ERR."""
+    p = Pair()
+    n = p.b
+    cqs: list[Any] = []
+    cid, qc, qs = self_connect(p, n, cqs=cqs)
+    _, cq_s = cqs
+    rx = v.MR(n.pd, 64, int(e.IBV_ACCESS_LOCAL_WRITE))
+    qs.post_recv(v.RecvWR(1, 1, [v.SGE(rx.addr, 64, rx.lkey)]))
+    tx = v.MR(n.pd, 64, 0)
+    tx.write(b"goodbye", 7)
+    qc.post_send(v.SendWR(2, None, 1, [v.SGE(tx.addr, 7, tx.lkey)]))
+    cid.disconnect()
+    p.run(1)
+    got = _one(cq_s)
+    assert got is not None and got.wr_id == 1
+    assert got.status == e.IBV_WC_SUCCESS, e.ibv_wc_status(got.status).name
+    assert rx.read(7, 0) == b"goodbye"
+    assert len(p.sent(CmAttr.DREQ)) == 1
+
+
+def test_a_dreq_from_a_qp_already_in_err_takes_the_wire() -> None:
+    """The client sends, moves its QP to ERR itself (its SEND is flushed, yet on the
+    wire), then disconnects: nothing says its packet has arrived, so the DREQ follows it
+    on the wire and the server receives the data."""
+    p = Pair()
+    n = p.b
+    cqs: list[Any] = []
+    cid, qc, qs = self_connect(p, n, cqs=cqs)
+    _, cq_s = cqs
+    rx = v.MR(n.pd, 64, int(e.IBV_ACCESS_LOCAL_WRITE))
+    qs.post_recv(v.RecvWR(1, 1, [v.SGE(rx.addr, 64, rx.lkey)]))
+    tx = v.MR(n.pd, 64, 0)
+    tx.write(b"so long", 7)
+    qc.post_send(v.SendWR(2, None, 1, [v.SGE(tx.addr, 7, tx.lkey)]))
+    qc.modify(v.QPAttr(qp_state=e.IBV_QPS_ERR), e.IBV_QP_STATE)
+    cid.disconnect()
+    p.run(1)
+    got = _one(cq_s)
+    assert got is not None and got.wr_id == 1
+    assert got.status == e.IBV_WC_SUCCESS, e.ibv_wc_status(got.status).name
+    assert rx.read(7, 0) == b"so long"
+    assert len(p.sent(CmAttr.DREQ)) == 1
+
+
+def test_a_dreq_between_uc_qps_takes_the_wire() -> None:
+    """UC completes a SEND once it is sent, not when it arrives: nothing tells that the
+    QPs have no packet in flight, so the DREQ takes the wire (the DREP loops back)."""
+    p = Pair()
+    n = p.b
+    cid, qc, qs = self_connect(p, n, qpt=int(e.IBV_QPT_UC))
+    assert cid.state == CmState.ESTABLISHED
+    before = n.cm.loopback_mads
+    cid.disconnect()
+    p.run(1)
+    assert CmState(cid.state) == CmState.TIMEWAIT
+    assert len(p.sent(CmAttr.DREQ)) == 1 and p.sent(CmAttr.DREP) == []
+    assert n.cm.loopback_mads - before == 1
 
 
 def test_a_listener_of_partial_mask_gets_its_req_from_the_wire() -> None:

@@ -453,12 +453,19 @@ class CmAgent:
         full mask (no more specific listen can exist elsewhere), a SIDR_REP to one of its
         request IDs, or another message to one of its comm IDs (IBA 12.6.5).
 
-        DREQ and DREP are never taken so: they move a QP to ERR (IBA 12.9.6), and handed
-        back at once a DREQ overtook the ACK its sender's responder had just sent, which
-        flushed the peer's last SEND; on the wire they follow the data path's packets, as
-        with rxe."""
-        if isinstance(msg, (wcm.Dreq, wcm.Drep)):
-            return False
+        A DREQ moves its receiver's QP to ERR (IBA 12.9.6), so on the wire it follows the
+        packets its sender's QP sent before it, as with rxe; handed back at once it would
+        overtake them (an ACK its sender's responder had just queued: the peer's last
+        SEND was flushed). It is taken only when no packet can be overtaken: both QPs
+        are RC and had nothing in flight (:func:`~softrdma.ibcm.qpctl.drained`: the
+        sender's when it sent the DREQ, before its own flush; the receiver's now: an
+        ACK its peer owes it means a request of its own still in flight). A DREP moves
+        no QP (both are in ERR already) and follows the general rule."""
+        if isinstance(msg, wcm.Dreq):
+            sender = self.ids.get(msg.local_comm_id)
+            receiver = self.ids.get(msg.remote_comm_id)
+            return (sender is not None and sender.dreq_drained and receiver is not None
+                    and receiver.remote_id == msg.local_comm_id and qpctl.drained(receiver.qp))
         if isinstance(msg, (wcm.Req, wcm.SidrReq)):
             lst = self.find_listener(msg.service_id)
             return lst is not None and lst.mask == ALL_ONES_MASK

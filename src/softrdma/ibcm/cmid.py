@@ -149,7 +149,7 @@ class IbCmId:
         "last_reply", "retries", "max_retries", "timeout_s", "deadline", "timer_seq",
         "listen_id", "pending", "backlog", "dialect", "params", "req", "rep", "local_psn",
         "ack_timeout", "local_ack_timeout", "destroyed", "follow", "drep_tid", "auto_rtu",
-        "sidr_key", "reject_info", "psn_drawn", "opened_at", "__weakref__",
+        "sidr_key", "reject_info", "psn_drawn", "opened_at", "dreq_drained", "__weakref__",
     )
 
     def __init__(self, agent: CmAgentView, handler: Callable[[CmEvent], None] | None = None,
@@ -197,6 +197,8 @@ class IbCmId:
         self.psn_drawn = False
         #: when the passive side sent its REP (the half-open wait for the RTU began)
         self.opened_at = 0.0
+        #: its QP had nothing in flight when it sent its DREQ (:func:`.qpctl.drained`)
+        self.dreq_drained = False
 
     def __repr__(self) -> str:
         return f"<IbCmId {self.local_id:#010x} {self.state.name}>"

@@ -15,9 +15,9 @@ from ..enums import ibv_access_flags as Access
 from ..enums import ibv_qp_state as Qps
 from ..enums import ibv_qp_type as Qpt
 from ..errors import InvalidArgument
-from ..ib.qp import AddressVector
+from ..ib.qp import AddressVector, EngineQP
 
-__all__ = ["CmQp", "engine_of", "to_init", "to_rtr", "to_rts", "ud_to_rts", "to_err", "RESET", "INIT",
+__all__ = ["CmQp", "engine_of", "to_init", "to_rtr", "to_rts", "ud_to_rts", "to_err", "drained", "RESET", "INIT",
            "RTR", "RTS", "ERR", "QPT_RC", "QPT_UC", "QPT_UD", "DEFAULT_ACCESS"]
 
 RESET = int(Qps.IBV_QPS_RESET)
@@ -112,3 +112,22 @@ def to_err(qp: CmQp | None, now: float) -> None:
     if qp is None or qp.state in (RESET, ERR) or getattr(qp, "destroyed", False):
         return
     qp.modify({"qp_state": ERR}, now)
+
+
+def drained(qp: object) -> bool:
+    """True if ``qp`` is an RC engine QP in RTR, RTS or SQD with nothing in flight: no
+    send WQE transmitted and not yet acknowledged (IBA 9.7.5.1: a request stays
+    outstanding until its ACK or response came back, so every packet it sent has reached
+    its responder) and no coalesced ACK of its own pending. A DREQ between two such QPs
+    of one port overtakes no packet of theirs (IBA 12.9.6: the DREQ moves the peer's QP
+    to ERR). False for any other QP: UC and UD complete their sends before the packets
+    arrive, and a QP in ERR (or SQE) flushed WQEs whose packets may still be on their way
+    (IBA 10.3.1.7)."""
+    eq = getattr(qp, "engine", qp)
+    if not isinstance(eq, EngineQP) or eq.qp_type != QPT_RC or eq.destroyed:
+        return False
+    return eq.state in _SENT_ALL_IT_SAYS and eq.ack_psn < 0 and not eq.req.in_flight()
+
+
+#: the states where a QP's send queue still tells what it has in flight
+_SENT_ALL_IT_SAYS = (RTR, RTS, int(Qps.IBV_QPS_SQD))

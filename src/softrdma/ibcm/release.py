@@ -15,6 +15,7 @@ from ..wire.cm import MsgType, RejReason, time_code_s
 from .events import CmEventType, describe_rej
 from .model import CmInput, CmState, Disconnect, Received, Reject, SendDrep, Timeout
 from .params import check_pd, make_rej
+from .qpctl import drained
 
 if TYPE_CHECKING:
     from .cmid import IbCmId
@@ -76,6 +77,7 @@ def send_dreq(cid: IbCmId, now: float, inp: Disconnect) -> None:
     DREP comes or the retries run out."""
     agent = cid.agent
     cid.cancel_timer()
+    cid.dreq_drained = drained(cid.qp)  # before the flush (CmAgent.takes)
     cid.qp_err(now)
     dreq = wcm.Dreq(local_comm_id=cid.local_id, remote_comm_id=cid.remote_id,
                     remote_qpn_eecn=cid.remote_qpn,

@@ -35,8 +35,8 @@
   posted on QP1, as Linux rxe loops a packet for one of its addresses back inside the
   device. Two ids of one process connect without a wire (or devd) hop per MAD (issue
   26); counted in ``loopback_mads``. ``SOFTRDMA_CM_LOOPBACK=0`` sends them on the wire
-  (to capture them). Retransmissions always take the wire, and so do DREQ and DREP
-  (:meth:`~softrdma.ibcm.agent.CmAgent.takes`).
+  (to capture them). Retransmissions always take the wire, and so does a DREQ that
+  would overtake a packet of the data path (:meth:`~softrdma.ibcm.agent.CmAgent.takes`).
 
 With a device shared through ``devd`` the link becomes a routed CM client
 (``cm_slot()``): devd gives the process a slot byte that the agent puts in the top byte
