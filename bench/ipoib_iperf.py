@@ -38,6 +38,11 @@ MODES = ("connected", "datagram")
 
 def iperf(client: Host, server: Host, addr: str, seconds: float) -> float:
     """Bits per second received by ``server`` from ``client`` over ``addr``."""
+    return iperf_bytes(client, server, addr, seconds)[0]
+
+
+def iperf_bytes(client: Host, server: Host, addr: str, seconds: float) -> tuple[float, float]:
+    """Bits per second and bytes received by ``server`` from ``client`` over ``addr``."""
     srv = server.popen(["iperf3", "-s", "-1", "-p", str(PORT)])
     try:
         deadline = time.monotonic() + 60  # until the server listens (a busy machine)
@@ -48,7 +53,8 @@ def iperf(client: Host, server: Host, addr: str, seconds: float) -> float:
         out = client.run(["iperf3", "-c", addr, "-p", str(PORT), "-t", str(seconds), "-J"],
                          timeout=seconds + 60)
         res = json.loads(out.stdout)
-        return float(res["end"]["sum_received"]["bits_per_second"])
+        got = res["end"]["sum_received"]
+        return float(got["bits_per_second"]), float(got["bytes"])
     finally:
         try:
             srv.wait(timeout=10)
@@ -65,12 +71,28 @@ def unavailable() -> str | None:
     return None
 
 
-def _mode_bps(hosts: list[Host], mode: str, seconds: float) -> float:
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _mode_bps(hosts: list[Host], mode: str, seconds: float,
+              cpu: list[tuple[float, float]] | None = None) -> float:
+    """iperf3 through the IPoIB interfaces in ``mode``; with ``cpu``, the CPU seconds per
+    GB carried of the sending and the receiving IPoIB process are appended to it."""
     a, b = hosts
     procs = [ipoib_up(h, "--mode", mode) for h in hosts]
     try:
         a.run(["ping", "-c", "1", "-W", "5", "10.88.0.2"], timeout=30)
-        return iperf(a, b, "10.88.0.2", seconds)
+        t0 = [cpu_s(p.pid) for p in procs]
+        bps, nbytes = iperf_bytes(a, b, "10.88.0.2", seconds)
+        t1 = [cpu_s(p.pid) for p in procs]
+        if cpu is not None and nbytes > 0:
+            gb = nbytes / 1e9
+            cpu.append(((t1[0] - t0[0]) / gb, (t1[1] - t0[1]) / gb))
+        return bps
     finally:
         for h, p in zip(hosts, procs, strict=True):
             h.softrdma("ipoib", "down", IFACE, check=False)
@@ -82,16 +104,20 @@ def _mode_bps(hosts: list[Host], mode: str, seconds: float) -> float:
 
 
 def rounds(n: int, seconds: float, modes: Sequence[str] = MODES,
-           report: Callable[[int, float, dict[str, float]], None] | None = None
+           report: Callable[[int, float, dict[str, float]], None] | None = None,
+           cpu: dict[str, list[tuple[float, float]]] | None = None
            ) -> list[tuple[float, dict[str, float]]]:
     """``n`` rounds on one veth pair; each round measures the bare veth (bits/s), then
-    each mode through IPoIB: ``[(veth, {mode: bits/s}), ...]``."""
+    each mode through IPoIB: ``[(veth, {mode: bits/s}), ...]``; ``cpu`` (if given) gets
+    per mode the CPU s/GB of the sending and receiving IPoIB process of each round."""
     out: list[tuple[float, dict[str, float]]] = []
     with tempfile.TemporaryDirectory() as tmp, veth_pair(Path(tmp)) as hosts:
         a, b = hosts
         for rnd in range(1, n + 1):
             base = iperf(a, b, b.ipv4, seconds)
-            got = {mode: _mode_bps(hosts, mode, seconds) for mode in modes}
+            got = {mode: _mode_bps(hosts, mode, seconds,
+                                   None if cpu is None else cpu.setdefault(mode, []))
+                   for mode in modes}
             out.append((base, got))
             if report is not None:
                 report(rnd, base, got)
@@ -117,11 +143,15 @@ def main() -> int:
                  for m, bps in got.items()]
         print("; ".join(line), flush=True)
 
-    res = rounds(args.rounds, args.seconds, modes, report)
+    cpu: dict[str, list[tuple[float, float]]] = {}
+    res = rounds(args.rounds, args.seconds, modes, report, cpu)
     for mode in modes:
         rs = [got[mode] / base for base, got in res]
+        cs = cpu.get(mode, [])
+        per = ", ".join(f"{s:.2f}/{r:.2f}" for s, r in cs)
         print(f"{mode}: ratio to bare veth best {max(rs):.4f}, median "
-              f"{statistics.median(rs):.4f} ({len(rs)} runs)")
+              f"{statistics.median(rs):.4f} ({len(rs)} runs); CPU s/GB sender/receiver "
+              f"IPoIB process: {per}")
     return 0
 
 

@@ -243,7 +243,11 @@ class IpoibRuntime(IpoibConnections, IpoibReceive):
 
     # ---- outputs -------------------------------------------------------------------
     def _execute(self, outputs: Sequence[Output]) -> None:
+        gro = self._gro
         for o in outputs:
+            if type(o) is TunWrite and self._coalescing:  # a received packet: the bulk case
+                gro.push(o.packet)
+                continue
             try:
                 self._do(o)
             except SoftRdmaError as exc:
@@ -350,9 +354,10 @@ class IpoibRuntime(IpoibConnections, IpoibReceive):
         tun_fd, ctl_fd = self.tun.fileno(), self._ctl.fileno()
         eng = self.engine
         port = self.ctx.port
+        due = eng.next_deadline()  # the engine's next deadline, as of the end of the last pass
         while not self._stop:
             now = time.monotonic()
-            waits = [d for d in (eng.next_deadline(), port.next_deadline()) if d is not None]
+            waits = [d for d in (due, port.next_deadline()) if d is not None]
             timeout = max(0.0, min([MAX_WAIT_S, *(d - now for d in waits)]))
             fds = [wake_fd, ctl_fd] + ([link_fd] if link_fd is not None else [])
             if self._free_slots:
@@ -369,11 +374,12 @@ class IpoibRuntime(IpoibConnections, IpoibReceive):
             self._handle_cm(now)
             if tun_fd in ready:
                 self._read_tun(now)
-            d = eng.next_deadline()
-            if d is not None and d <= now:
+            due = eng.next_deadline()
+            if due is not None and due <= now:
                 self._drain(now)
                 eng.on_timer(now)
                 self._execute(eng.take_output())
+                due = eng.next_deadline()
             if ctl_fd in ready:
                 self._ctl.serve(functools.partial(self._control, now=now))
             if wake_fd in ready:

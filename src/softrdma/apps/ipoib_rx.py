@@ -145,10 +145,10 @@ class IpoibReceive:
                     else:
                         src = ip_to_gid(grh[32:36])
                     eng.receive_ud(ud_view[off + GRH:off + wc.byte_len], src, wc.src_qp, now)
-                    self._execute(eng.take_output())
                 else:
                     self.driver_counters["recv_errors"] += 1
                 again.append(i)
+            self._execute(eng.take_output())  # the batch's outputs, in order
             self._coalescing = False
             self._write_rx()
             if again and not self._closing:
@@ -172,10 +172,10 @@ class IpoibReceive:
                 if wc.status == ok and conn_id is not None:
                     off = i * SLOT
                     eng.receive_conn(conn_id, srq_view[off:off + wc.byte_len], now)
-                    self._execute(eng.take_output())
                 elif wc.status != ok and wc.status != e.IBV_WC_WR_FLUSH_ERR:
                     self.driver_counters["recv_errors"] += 1
                 again.append(i)
+            self._execute(eng.take_output())
             self._coalescing = False
             self._write_rx()
             if again and not self._closing:

@@ -34,6 +34,12 @@ TCP_PSH = 0x08
 PROTO_TCP = 6
 _U32 = struct.Struct(">I")
 _U16 = struct.Struct(">H")
+# What push reads of an IPv4 (IHL 5) / IPv6 TCP segment in one call: version/IHL, total
+# length, flags/fragment offset, protocol; version, payload length, next header; then the
+# TCP sequence number, data offset and flags
+_V4_TCP = struct.Struct(">BxH2xBBxB10x4xI4xBB")
+_V6_TCP = struct.Struct(">B3xHB33x4xI4xBB")
+_MASKS: dict[int, int] = {}  # _mask(iphl, hl) by hl + (iphl << 8)
 
 Buffer = bytes | bytearray | memoryview
 
@@ -104,27 +110,31 @@ class TcpCoalescer:
             return
         b0 = pkt[0]
         if b0 == 0x45:
-            if pkt[9] != PROTO_TCP or pkt[6] & 0x3F or pkt[7] or _U16.unpack_from(pkt, 2)[0] != n:
+            _b0, total, f6, f7, proto, seq, doff, flags = _V4_TCP.unpack_from(pkt)
+            if proto != PROTO_TCP or f6 & 0x3F or f7 or total != n:
                 self._plain(pkt)  # not TCP, a fragment, or trailing bytes
                 return
             iphl = 20
-        elif b0 >> 4 == 6 and n >= 60 and pkt[6] == PROTO_TCP and \
-                _U16.unpack_from(pkt, 4)[0] + 40 == n:
+        elif b0 >> 4 == 6 and n >= 60:
+            _b0, plen6, nh, seq, doff, flags = _V6_TCP.unpack_from(pkt)
+            if nh != PROTO_TCP or plen6 + 40 != n:
+                self._plain(pkt)
+                return
             iphl = 40
         else:
             self._plain(pkt)
             return
-        doff = pkt[iphl + 12]
         hl = iphl + (doff >> 4) * 4
         plen = n - hl
-        flags = pkt[iphl + 13]
         if doff & 0x0F or doff < 0x50 or plen <= 0 or flags & ~TCP_PSH != TCP_ACK:
             self._plain(pkt)
             return
-        seq = _U32.unpack_from(pkt, iphl + 4)[0]
         # the flow and every header field that must match: all but the lengths, the IPv4
         # ID, the sequence number, the flags (ACK, maybe PSH) and the checksums
-        key = int.from_bytes(pkt[:hl], "big") & _mask(iphl, hl)
+        mask = _MASKS.get(hl + (iphl << 8))
+        if mask is None:
+            mask = _MASKS[hl + (iphl << 8)] = _mask(iphl, hl)
+        key = int.from_bytes(pkt[:hl], "big") & mask
         run = self._run
         if run is not None and not run.closed and run.key == key and seq == run.next_seq \
                 and plen <= run.mss and run.size + plen - iphl <= MAX_MERGED:

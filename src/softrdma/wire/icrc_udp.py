@@ -18,7 +18,7 @@ from functools import lru_cache
 
 from ..errors import InvalidArgument
 from .crc import Buffer, crc32, crc32_raw
-from .gid import unmap_ipv4
+from .gid import V4_MAPPED_PREFIX, unmap_ipv4
 from .icrc import _FF, _ICRC, _crc_ib
 from .ipudp import IPPROTO_UDP
 from .opcodes import BTH_SIZE, ICRC_SIZE
@@ -38,6 +38,10 @@ _DF = 0x4000
 
 def _socket_addrs(src_ip: bytes, dst_ip: bytes) -> tuple[bytes, bytes]:
     if len(src_ip) == 4 and len(dst_ip) == 4:  # the per-packet case: already IPv4
+        return src_ip, dst_ip
+    if (type(src_ip) is bytes and type(dst_ip) is bytes and len(src_ip) == 16
+            and len(dst_ip) == 16 and not src_ip.startswith(V4_MAPPED_PREFIX)
+            and not dst_ip.startswith(V4_MAPPED_PREFIX)):  # IPv6 (IPoIB's GIDs), as given
         return src_ip, dst_ip
     s = unmap_ipv4(src_ip)
     d = unmap_ipv4(dst_ip)
@@ -373,10 +377,13 @@ def icrc_ok_udp(src_ip: bytes, dst_ip: bytes, sport: int, dport: int,
     (never within 32 bits of the ID field, as CRC-32 catches every burst of <= 32 bits).
     IPv4-mapped IPv6 addresses count as IPv4.
     """
-    # The per-packet case first: an IPv4 flow whose pseudo-header CRC is cached, a byte
-    # memoryview, ID 0 with DF. Anything else (or a mismatch) takes the full check.
+    # The per-packet case first: a flow whose pseudo-header CRC is cached, a byte
+    # memoryview; IPv4: ID 0 with DF. Anything else (or a mismatch) takes the full check.
+    # The cache holds IPv4-mapped addresses under their 4 IPv4 bytes (_socket_addrs), so
+    # a 16-byte key found there is a real IPv6 flow, whose check is exact (IPoIB's RC and
+    # UD traffic: its GID is an IPv6 one).
     if (type(datagram) is memoryview and type(src_ip) is bytes and type(dst_ip) is bytes
-            and len(src_ip) == 4 and len(dst_ip) == 4):
+            and len(src_ip) == len(dst_ip)):
         n = datagram.nbytes
         if n >= BTH_SIZE + ICRC_SIZE and datagram.itemsize == 1:
             state = _PSEUDO_CRC.get((src_ip, dst_ip, sport, dport, 8 + n))
