@@ -107,3 +107,77 @@ def test_rc_pingpong_send_is_one_post(monkeypatch: pytest.MonkeyPatch) -> None:
     ep.post_send()
     ep.post_send()
     assert news == ["N", "N"] and posted == ["wr"]
+
+
+class _LatSendRes:
+    """perftest Resources for :func:`loops.run_lat_send` against a simulated peer that
+    answers each SEND (the client) or sends first (the server): every message of the
+    peer needs a posted receive the moment it may arrive, i.e. from our SEND on."""
+
+    def __init__(self, iters: int, rx_depth: int, client: bool) -> None:
+        self.o = types.SimpleNamespace(iters=iters, rx_depth=rx_depth, is_client=client,
+                                       cq_mod=1, tx_depth=1, timeout=30.0)
+        self.posted = rx_depth  # the runner posts rx_depth before the loop
+        self.consumed = 0
+        self.recv_posts = 0  # post_recvs calls in the loop
+        self.incoming = 0 if client else 1  # peer messages sent and not yet polled
+        self.peer_sent = self.incoming
+        self.sends = 0
+        self.recv_cq = types.SimpleNamespace(poll=self._recv_poll)
+        self.send_cq = types.SimpleNamespace(poll=self._send_poll)
+
+    def _arrive(self) -> None:
+        assert self.posted - self.consumed >= 1, "a message arrived to an empty queue (RNR)"
+
+    def _recv_poll(self, n: int = 1) -> tuple[int, list[Any]]:
+        if not self.incoming:
+            return 0, []
+        self.incoming -= 1
+        self.consumed += 1
+        return 1, [types.SimpleNamespace(status=0, byte_len=64)]
+
+    def _send_poll(self, n: int = 1) -> tuple[int, list[Any]]:
+        return 1, [types.SimpleNamespace(status=0)]
+
+    def poll(self, cq: Any, deadline: Any, what: Any, n: int = 16) -> list[Any]:
+        got, wcs = cq.poll(n)
+        assert got, f"the loop waits for a message the peer never sends: {what}"
+        return wcs
+
+    def send_wr(self, i: int, rem: Any, size: int) -> str:
+        return "wr"
+
+    def recv_len(self, size: int) -> int:
+        return size
+
+    def post(self, i: int, wr: Any, signaled: bool) -> None:
+        self.sends += 1
+        if self.peer_sent < self.o.iters:  # the peer answers this SEND
+            self._arrive()
+            self.peer_sent += 1
+            self.incoming += 1
+
+    def post_recvs(self, i: int, count: int, size: int) -> None:
+        self.posted += count
+        self.recv_posts += 1
+
+
+@pytest.mark.parametrize("client", [True, False], ids=["client", "server"])
+@pytest.mark.parametrize("iters,rx_depth", [(2500, 512), (200, 2), (60, 1), (100, 17),
+                                            (40, 40), (700, 100)])
+def test_send_lat_reposts_receives_in_batches(client: bool, iters: int,
+                                              rx_depth: int) -> None:
+    """send-lat owes perftest's receives (one per message while ``rcnt + rx_depth <=
+    iters``, the same total) and posts them in batches after the next SEND, not one per
+    message before it (issue 26); a receive is posted whenever the peer's next message
+    may arrive, up to the last one."""
+    from softrdma.tools.perftest import loops
+
+    res: Any = _LatSendRes(iters, rx_depth, client)
+    prog: Any = types.SimpleNamespace(update=lambda n: None)
+    assert len(loops.run_lat_send(res, 64, prog)) == iters
+    assert res.sends == iters and res.consumed == iters
+    assert res.posted == max(iters, rx_depth)
+    reposts = max(iters - rx_depth, 0)
+    if reposts > 2 * loops.RECV_BATCH and rx_depth > loops.RECV_BATCH:
+        assert res.recv_posts <= reposts // loops.RECV_BATCH + 2
