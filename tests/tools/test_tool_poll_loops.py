@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from softrdma.tools.ibverbs import pingpong
+from softrdma.tools.ibverbs import pingpong_endpoint as pe
 from softrdma.tools.perftest import engine
 
 
@@ -181,3 +182,59 @@ def test_send_lat_reposts_receives_in_batches(client: bool, iters: int,
     reposts = max(iters - rx_depth, 0)
     if reposts > 2 * loops.RECV_BATCH and rx_depth > loops.RECV_BATCH:
         assert res.recv_posts <= reposts // loops.RECV_BATCH + 2
+
+
+def _pingpong_run(iters: int, rx_depth: int, client: bool) -> list[tuple[str, int]]:
+    """rc-pingpong's data loop (``Endpoint.run``) against a simulated peer that answers
+    each SEND (or sends first, to the server) and ACKs it; returns the loop's posts, in
+    order: ("send", receives posted then) and ("recv", how many in one call). A peer's
+    message may arrive as soon as our SEND left: a receive must be posted then."""
+    done: list[Any] = []
+    log: list[tuple[str, int]] = []
+    peer = {"sent": 0 if client else 1}
+    if not client:
+        done.append(types.SimpleNamespace(status=0, wr_id=pe.RECV_WRID, byte_len=64))
+
+    def poll(n: int = 1) -> tuple[int, list[Any]]:
+        out = done[:n]
+        del done[:n]
+        return len(out), out
+
+    ep: Any = pingpong.Endpoint.__new__(pingpong.Endpoint)
+    ep.__dict__.update(opts=types.SimpleNamespace(iters=iters, chk=False, timeout=30.0,
+                                                  rx_depth=rx_depth),
+                       channel=None, cq=types.SimpleNamespace(poll=poll), routs=rx_depth)
+
+    def post_send() -> None:
+        log.append(("send", ep.routs))
+        assert peer["sent"] == iters or ep.routs >= 1, "the answer finds no receive (RNR)"
+        done.append(types.SimpleNamespace(status=0, wr_id=pe.SEND_WRID, byte_len=0))
+        if peer["sent"] < iters:
+            peer["sent"] += 1
+            done.append(types.SimpleNamespace(status=0, wr_id=pe.RECV_WRID,
+                                              byte_len=64))
+
+    def post_recv(n: int, refill: bool = False) -> int:
+        log.append(("recv", n))
+        return n
+
+    ep.post_send, ep.post_recv = post_send, post_recv
+    ep._next_completions = lambda abort: poll(2)[1]
+    ep.run(client)
+    assert peer["sent"] == iters and not done
+    return log
+
+
+@pytest.mark.parametrize("client", [True, False], ids=["client", "server"])
+@pytest.mark.parametrize("rx_depth", [1, 2, 3, 17, 500])
+def test_rc_pingpong_refills_after_its_send(client: bool, rx_depth: int) -> None:
+    """rc-pingpong tops its receive queue up right after a SEND, in batches of up to
+    RECV_BATCH, while the answer is on its way; only a queue down to one receive is
+    refilled before the SEND (``rc_pingpong.c``'s rule, which with ``-r 500`` put a post
+    of 499 receives, ~0.5 ms, on one round trip in 499; issue 26)."""
+    log = _pingpong_run(1200, rx_depth, client)
+    assert sum(1 for k, _ in log if k == "send") == 1200
+    for i, (kind, n) in enumerate(log):
+        if kind == "recv" and rx_depth > pe.RECV_BATCH + 1:
+            assert n <= pe.RECV_BATCH
+            assert i and log[i - 1][0] == "send", "a refill on the round trip"
