@@ -24,8 +24,15 @@ wait sleeps and CPU time is work rather than spinning, and with ``cProfile`` cal
 which load does not change): rc-pingpong's data loop now makes as many Python calls per
 round trip as the bench's loop on the same shared device (326 against 325; it made 356:
 an import statement per SEND, the TTL ancillary data of its ``hop_limit`` 1 rebuilt for
-every packet, a second quick poll per wait), and send-lat / write-lat are within 1-3 %
-of it. What separates the tools from this figure's baseline is not the tools' code
+every packet, a second quick poll per wait). send-lat and write-lat made 7-12 % more
+than rc-pingpong (a receive posted per message before the next SEND, a deadline and an
+f-string per wait); now, per round trip and side (``cProfile`` of the real tools, a run
+of 2500 minus one of 500, ``SOFTRDMA_SPIN_US=0``): rc-pingpong 319-320, send-lat 312,
+write-lat 313-318. The receive refills of all three leave the round trip: rc-pingpong
+posted 499 receives at once (about 0.9 us each) on one round trip in 499, send-lat one
+(3 us) on every round trip; both now post up to 16 right after a SEND, while its answer
+travels. The real tools' CPU per round trip (``--breakdown``'s last rows) is that of
+rc-pingpong's loop in the bench's processes. What separates the tools from this figure's baseline is not the tools' code
 (``--breakdown``, ``SOFTRDMA_SPIN_US=0``, load 15-19, CPU per round trip of both
 processes): awaiting each SEND's ACK costs +6-12 % CPU and one more context switch per
 round trip (2.2 -> 3.2; ``rc_send_lat_ackwait``), the shared device through devd +5-12 %
@@ -33,6 +40,16 @@ CPU (about 30 more Python calls per round trip in the devd client; ``shared_lat`
 rc-pingpong's loop beside the bench's on that device +0-3 %. At such load the mean round
 trip (rc-pingpong's usec/iter, and the bench's) is 2-5 times the median and varies
 2-3x between runs of the same code; perftest's ``t_typical`` is a median.
+
+Why the ACK wait costs more round-trip time than CPU: a side that awaits its SEND's ACK
+can post its next SEND only once two datagrams of the peer arrived, the answer and the
+ACK, which the peer's one thread sends one after the other (the answer first, its
+coalesced ACK right after, ``Runtime.post_send``), and which this side reads in two
+polls. The bench's ping-pong has one datagram per half round trip on that path; its
+ACKs leave and are read while the peer works. Each tool packet also carries IP_TOS and
+IP_TTL ancillary data (``hop_limit`` 1 of rdma-core's pingpongs, 255 of perftest's;
+0.3 us more per ``sendmsg`` than a plain send, measured on this machine), where the
+bench's TTL 64 needs none.
 """
 
 from __future__ import annotations
