@@ -15,15 +15,24 @@ client's own report:
 for their SEND's completion (the peer's ACK) as well as for the answer, as
 ``ibv_rc_pingpong`` and perftest do; the bench's ping waits only for the answer.
 Run: ``python bench/tool_lat.py``; ``--breakdown`` measures where the round trip goes
-(:func:`breakdown`).
+(:func:`breakdown`), ending with the real tools (``rc-pingpong``, ``send-lat``) as two
+processes on the default device, their cost per round trip taken as the difference of
+a long and a short run (:func:`tool_cost`: start-up, connection and exit cancel out).
 
 Where the tools' round trip goes (measured with ``SOFTRDMA_SPIN_US=0``, so that every
 wait sleeps and CPU time is work rather than spinning, and with ``cProfile`` call counts,
 which load does not change): rc-pingpong's data loop now makes as many Python calls per
 round trip as the bench's loop on the same shared device (326 against 325; it made 356:
 an import statement per SEND, the TTL ancillary data of its ``hop_limit`` 1 rebuilt for
-every packet, a second quick poll per wait), and send-lat / write-lat are within 1-3 %
-of it. What separates the tools from this figure's baseline is not the tools' code
+every packet, a second quick poll per wait). send-lat and write-lat made 7-12 % more
+than rc-pingpong (a receive posted per message before the next SEND, a deadline and an
+f-string per wait); now, per round trip and side (``cProfile`` of the real tools, a run
+of 2500 minus one of 500, ``SOFTRDMA_SPIN_US=0``): rc-pingpong 319-320, send-lat 312,
+write-lat 313-318. The receive refills of all three leave the round trip: rc-pingpong
+posted 499 receives at once (about 0.9 us each) on one round trip in 499, send-lat one
+(3 us) on every round trip; both now post up to 16 right after a SEND, while its answer
+travels. The real tools' CPU per round trip (``--breakdown``'s last rows) is that of
+rc-pingpong's loop in the bench's processes. What separates the tools from this figure's baseline is not the tools' code
 (``--breakdown``, ``SOFTRDMA_SPIN_US=0``, load 15-19, CPU per round trip of both
 processes): awaiting each SEND's ACK costs +6-12 % CPU and one more context switch per
 round trip (2.2 -> 3.2; ``rc_send_lat_ackwait``), the shared device through devd +5-12 %
@@ -31,6 +40,16 @@ CPU (about 30 more Python calls per round trip in the devd client; ``shared_lat`
 rc-pingpong's loop beside the bench's on that device +0-3 %. At such load the mean round
 trip (rc-pingpong's usec/iter, and the bench's) is 2-5 times the median and varies
 2-3x between runs of the same code; perftest's ``t_typical`` is a median.
+
+Why the ACK wait costs more round-trip time than CPU: a side that awaits its SEND's ACK
+can post its next SEND only once two datagrams of the peer arrived, the answer and the
+ACK, which the peer's one thread sends one after the other (the answer first, its
+coalesced ACK right after, ``Runtime.post_send``), and which this side reads in two
+polls. The bench's ping-pong has one datagram per half round trip on that path; its
+ACKs leave and are read while the peer works. Each tool packet also carries IP_TOS and
+IP_TTL ancillary data (``hop_limit`` 1 of rdma-core's pingpongs, 255 of perftest's;
+0.3 us more per ``sendmsg`` than a plain send, measured on this machine), where the
+bench's TTL 64 needs none.
 """
 
 from __future__ import annotations
@@ -41,6 +60,7 @@ import multiprocessing as mp
 import os
 import re
 import resource
+import socket
 import statistics
 import subprocess
 import sys
@@ -87,6 +107,31 @@ def _pair(args: list[str]) -> str:
             server.wait()
 
 
+def _children_usage() -> tuple[float, int]:
+    """CPU seconds and context switches of every child reaped so far (both tool sides)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime, r.ru_nvcsw + r.ru_nivcsw
+
+
+def tool_cost(tool: str, iters: int, port: int, short: int = 300
+              ) -> tuple[float, float, float]:
+    """The real tool's (``rc-pingpong``, ``send-lat`` ...) cost per round trip, server and
+    client processes together: a run of ``short`` iterations subtracted from one of
+    ``iters`` (start-up, connection and exit cancel out); returns (us per round trip,
+    CPU us per round trip, context switches per round trip)."""
+    runs = []
+    for n in (short, iters):
+        c0, w0 = _children_usage()
+        t0 = time.perf_counter()
+        _pair([tool, "-p", str(port), "-s", "64", "-n", str(n)])
+        dt = time.perf_counter() - t0
+        c1, w1 = _children_usage()
+        runs.append((dt, c1 - c0, w1 - w0))
+    k = 1e6 / (iters - short)
+    (ds, cs, ws), (dl, cl, wl) = runs
+    return (dl - ds) * k, (cl - cs) * k, (wl - ws) * k / 1e6
+
+
 def rc_pingpong_us(iters: int, port: int, size: int = 64) -> float:
     """``softrdma rc-pingpong -s SIZE -n ITERS``: the client's microseconds per iteration."""
     out = _pair(["rc-pingpong", "-p", str(port), "-s", str(size), "-n", str(iters)])
@@ -113,13 +158,14 @@ def perftest_lat_us(tool: str, iters: int, port: int, size: int = 64) -> float:
 #: awaiting each SEND's ACK (as the tools do), that on a shared device (devd, as the tools
 #: open the default device), and rc-pingpong's own data loop (Endpoint.run) there
 STEPS = (("bench", "plain", "inproc"), ("+ ACK wait", "ackwait", "inproc"),
-         ("+ shared device", "ackwait", "shared"), ("rc-pingpong loop", "tool", "shared"))
+         ("+ shared device", "ackwait", "shared"), ("rc-pingpong loop", "tool", "shared"),
+         ("rc-pingpong tool", "proc", "rc-pingpong"), ("send-lat tool", "proc", "send-lat"))
 
 
 def _step_side(conn: Connection, loop: str, kind: str, where: Any, iters: int,
                client: bool) -> None:
     """One process of a :func:`breakdown` step: connect through ``conn``, run, report
-    (seconds, CPU seconds of the whole process, context switches of its main thread)."""
+    (seconds, CPU seconds and context switches of the whole process, every thread)."""
     import roce_bench as rb
     import shared_bench as sb
 
@@ -137,7 +183,7 @@ def _step_side(conn: Connection, loop: str, kind: str, where: Any, iters: int,
         side.arm_pingpong()
     conn.send("ready")
     conn.recv()
-    ru0, c0, t0 = resource.getrusage(resource.RUSAGE_THREAD), time.process_time(), \
+    ru0, c0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.process_time(), \
         time.perf_counter()
     if loop == "tool":
         ep.run(client)
@@ -146,7 +192,7 @@ def _step_side(conn: Connection, loop: str, kind: str, where: Any, iters: int,
     else:
         side.pong(iters, loop == "ackwait")
     dt, cpu = time.perf_counter() - t0, time.process_time() - c0
-    ru = resource.getrusage(resource.RUSAGE_THREAD)
+    ru = resource.getrusage(resource.RUSAGE_SELF)
     conn.send((dt, cpu, ru.ru_nvcsw + ru.ru_nivcsw - ru0.ru_nvcsw - ru0.ru_nivcsw))
     conn.recv()
     if loop == "tool":
@@ -157,7 +203,7 @@ def _step_side(conn: Connection, loop: str, kind: str, where: Any, iters: int,
 def _step(loop: str, kind: str, iters: int, state: str, name: str, port: int
           ) -> tuple[float, float, float]:
     """One step's (us per round trip, CPU us per round trip of both processes, context
-    switches per round trip of both main threads)."""
+    switches per round trip of both processes)."""
     import shared_bench as sb
 
     ctx = mp.get_context("fork")
@@ -188,6 +234,12 @@ def _step(loop: str, kind: str, iters: int, state: str, name: str, port: int
                 pr.kill()
 
 
+def _free_tcp_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def breakdown(iters: int = 2000, reps: int = 3) -> dict[str, list[tuple[float, float, float]]]:
     """Each of :data:`STEPS` ``reps`` times, alternated: from the figure's baseline to the
     tool, one difference at a time. ``SOFTRDMA_SPIN_US=0`` makes every wait sleep, so
@@ -197,6 +249,9 @@ def breakdown(iters: int = 2000, reps: int = 3) -> dict[str, list[tuple[float, f
     out: dict[str, list[tuple[float, float, float]]] = {n: [] for n, _, _ in STEPS}
     for _ in range(reps):
         for name, loop, kind in STEPS:
+            if loop == "proc":  # the tool itself, on the default device (as the figure)
+                out[name].append(tool_cost(kind, iters, _free_tcp_port()))
+                continue
             out[name].append(sb._device(lambda st, nm, pt, lp=loop, kd=kind:
                                         _step(lp, kd, iters, st, nm, pt)))
     return out

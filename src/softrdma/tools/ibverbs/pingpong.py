@@ -13,8 +13,8 @@ Same flags, defaults, output and wire behaviour as rdma-core's
   ``ibv_modify_qp``). UC: RTR path MTU/dest QPN/RQ PSN, RTS SQ PSN. UD: Q_Key
   0x11111111, receives carry the 40-byte GRH area in front of the payload (IBA 11.4.1.1)
   and the message must fit in one MTU.
-* Data phase: ``rx_depth`` receives posted up front and topped up when one is left; the
-  client sends first; each side sends its next message once both its previous send and
+* Data phase: ``rx_depth`` receives posted up front and topped up when one is left
+  (and, off the round trip, right after a SEND once 16 are used); the client sends first; each side sends its next message once both its previous send and
   the peer's message have completed; ``iters`` round trips.
 
 ``rc-pingpong --transport iwarp`` runs the same data phase over an iWARP device

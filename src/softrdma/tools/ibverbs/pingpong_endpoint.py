@@ -33,6 +33,11 @@ MTU_BYTES_TO_ENUM = {256: e.IBV_MTU_256, 512: e.IBV_MTU_512, 1024: e.IBV_MTU_102
                      2048: e.IBV_MTU_2048, 4096: e.IBV_MTU_4096}
 QP_TYPES = {"rc": e.IBV_QPT_RC, "uc": e.IBV_QPT_UC, "ud": e.IBV_QPT_UD}
 _WC_SUCCESS = int(e.IBV_WC_SUCCESS)
+#: the data loop tops its receive queue up once this many receives are used, right
+#: after its next SEND (while the answer is on its way), and before a SEND once at most
+#: one is left (``rc_pingpong.c``'s rule); a refill of ``rx_depth`` at once (0.9 us a
+#: receive) delayed one round trip in ``rx_depth`` by the whole refill
+RECV_BATCH = 16
 
 
 def local_gid(ctx: Any, port: int, gid_idx: int | None) -> tuple[int, bytes]:
@@ -267,6 +272,13 @@ class Endpoint:
             posted += 1
         return posted
 
+    def _refill(self) -> None:
+        """Top the receive queue up to ``rx_depth`` in one post (``pp_post_recv``)."""
+        rx_depth = self.opts.rx_depth
+        routs = self.routs = self.routs + self.post_recv(rx_depth - self.routs, True)
+        if routs < rx_depth:
+            raise PingPongError(f"Couldn't post receive ({routs})")
+
     def post_send(self) -> None:
         """``pp_post_send``: one signaled SEND of ``size`` bytes from the send area."""
         wr = self._send_wr
@@ -384,6 +396,7 @@ class Endpoint:
         poll = self.cq.poll
         wait = self._next_completions
         post_send = self.post_send
+        rx_depth = opts.rx_depth
         pending = RECV_WRID
         if is_client:
             post_send()
@@ -408,11 +421,9 @@ class Endpoint:
                 if wr_id == SEND_WRID:
                     scnt += 1
                 elif wr_id == RECV_WRID:
-                    routs = self.routs = self.routs - 1
-                    if routs <= 1:
-                        routs = self.routs = routs + self.post_recv(opts.rx_depth - routs, True)
-                        if routs < opts.rx_depth:
-                            raise PingPongError(f"Couldn't post receive ({routs})")
+                    self.routs -= 1
+                    if self.routs <= 1:  # (nearly) empty: refill before the next SEND
+                        self._refill()
                     if chk:
                         self._check_received(int(wc.byte_len))
                     rcnt += 1
@@ -422,6 +433,8 @@ class Endpoint:
                 if scnt < iters and not pending:
                     post_send()
                     pending = RECV_WRID | SEND_WRID
+                    if rx_depth - self.routs >= RECV_BATCH:  # while the answer is on its way
+                        self._refill()
                 if rcnt >= iters and scnt >= iters:
                     # done: later completions (an iWARP peer's close flushes the receives
                     # still posted) are not part of the exchange

@@ -58,6 +58,8 @@ OPCODES = {"send": e.IBV_WR_SEND, "write": e.IBV_WR_RDMA_WRITE, "read": e.IBV_WR
 QP_TYPES = {"RC": e.IBV_QPT_RC, "UC": e.IBV_QPT_UC, "UD": e.IBV_QPT_UD}
 UD_GRH = 40  # the GRH area ahead of a UD receive's data (IBA 11.4.1.1)
 UC_ACCESS = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE)
+_SIGNALED = int(e.IBV_SEND_SIGNALED)
+_INLINE = int(e.IBV_SEND_INLINE)
 
 
 def wc_fail(wc: Any, what: str) -> PerftestError:
@@ -270,15 +272,22 @@ class Resources:
             raise PerftestError(f"Failed to modify QP {qp.qp_num} to RTS: {exc}") from exc
 
     # -- completions -----------------------------------------------------------------------
-    def poll(self, cq: Any, deadline: float, what: str, n: int = 16) -> list[Any]:
-        """Up to ``n`` completions; waits (events or polling) until ``deadline``."""
+    def poll(self, cq: Any, deadline: float | None, what: str | Callable[[], str],
+             n: int = 16) -> list[Any]:
+        """Up to ``n`` completions; waits (events or polling) until ``deadline`` (None:
+        ``--timeout`` from the first empty poll, so a completion already there costs no
+        clock read). ``what`` (or what it returns, built only for the error) names the
+        wait."""
         while True:
             got, wcs = cq.poll(n)
             if got:
                 return list(wcs)
             now = time.monotonic()
+            if deadline is None:
+                deadline = now + self.o.timeout
             if self.expired(deadline, now):
-                raise PerftestError(f"no completion for {self.o.timeout:g} s while {what}: "
+                doing = what if isinstance(what, str) else what()
+                raise PerftestError(f"no completion for {self.o.timeout:g} s while {doing}: "
                                     "is the peer still running?")
             self.check_peer(now)
             if self.channel is not None:
@@ -336,10 +345,11 @@ class Resources:
         return size + (UD_GRH if self.ud else 0)
 
     def post(self, i: int, wr: Any, signaled: bool) -> None:
-        flags = int(e.IBV_SEND_SIGNALED) if signaled else 0
+        flags = _SIGNALED if signaled else 0
         if self._inline.get(id(wr)):
-            flags |= int(e.IBV_SEND_INLINE)
-        wr.send_flags = flags
+            flags |= _INLINE
+        if wr.send_flags != flags:  # the latency loops post one WR, signaled each time
+            wr.send_flags = flags
         try:
             self.qps[i].post_send(wr)
         except SoftRdmaError as exc:

@@ -33,6 +33,8 @@ from .oob import ZERO_DEST, Dest
 from .options import PerftestError
 from .report import Progress
 
+_SUCCESS = int(e.IBV_WC_SUCCESS)
+
 __all__ = ["run_bw", "run_bi", "run_bw_server", "run_lat_write", "run_lat_send", "run_lat",
            "run_bw_infinitely", "receive_infinitely"]
 
@@ -274,71 +276,111 @@ def run_lat_write(res: Resources, rem: Dest, size: int, progress: Progress) -> l
     tposted: list[float] = []
     clock = time.perf_counter
     scnt = rcnt = ccnt = 0
+    recv_poll, send_poll = res.recv_cq.poll, res.send_cq.poll
+    monotonic = time.monotonic
+    post = res.post
     while scnt < iters or ccnt < iters or rcnt < iters:
         if rcnt < iters and not (scnt < 1 and server):
             rcnt += 1
             want = rcnt & 0xFF
-            deadline = time.monotonic() + o.timeout
+            deadline = 0.0  # set at the first look that finds the byte not yet written
             while buf[poll_off] != want:
-                now = time.monotonic()
-                if now >= deadline:
+                now = monotonic()
+                if not deadline:
+                    deadline = now + o.timeout
+                elif now >= deadline:
                     raise PerftestError(f"the peer's write #{rcnt} never arrived "
                                         f"(after {o.timeout:g} s)")
                 res.check_peer(now)
                 # busy-polling a CQ (empty here) drives the receive path in this thread,
                 # which places the peer's WRITE (softrdma.drivers.runtime.roce)
-                res.recv_cq.poll(1)
+                recv_poll(1)
         if scnt < iters:
             tposted.append(clock())
             scnt += 1
             buf[post_off] = scnt & 0xFF
-            res.post(0, wr, True)
+            post(0, wr, True)
         if ccnt < iters:
-            wcs = res.poll(res.send_cq, time.monotonic() + o.timeout, "writing", 1)
+            got, wcs = send_poll(1)
+            if not got:
+                wcs = res.poll(res.send_cq, None, "writing", 1)
             for wc in wcs:
-                if wc.status != e.IBV_WC_SUCCESS:
+                if wc.status != _SUCCESS:
                     raise wc_fail(wc, f"scnt={scnt}, ccnt={ccnt}")
                 ccnt += 1
         progress.update(scnt)
     return tposted
 
 
+#: receives a SEND latency loop owes at most before it posts them in one call
+RECV_BATCH = 16
+
+
 def run_lat_send(res: Resources, size: int, progress: Progress,
                  rem: Dest = ZERO_DEST) -> list[float]:
-    """SEND ping-pong on QP 0 (client first); returns the post times."""
+    """SEND ping-pong on QP 0 (client first); returns the post times.
+
+    perftest posts a receive after each message received while more are due (``rcnt +
+    rx_depth <= iters``: the same total here). They are posted in batches of up to
+    :data:`RECV_BATCH`, right after the next SEND, while its answer is on the way (not
+    before it, on the round trip), so the queue keeps at least ``rx_depth`` minus a
+    batch; the last ones as soon as they are due; a queue of one is refilled before the
+    SEND, as perftest does."""
     o = res.o
     iters = o.iters
+    rx_depth = o.rx_depth
     client = o.is_client
     tposted: list[float] = []
     clock = time.perf_counter
     scnt = rcnt = 0
     unsignaled = 0
+    owed = 0  # receives due and not posted yet
+    batch = max(1, min(RECV_BATCH, rx_depth - 1))
     wr = res.send_wr(0, rem, size)  # (UD: the peer's QPN goes in every SEND)
+    recv_poll, send_poll = res.recv_cq.poll, res.send_cq.poll
+    want_len = res.recv_len(size)
+    post = res.post
+
+    def waiting() -> str:
+        return f"waiting for message {rcnt + 1}/{iters}"
+
     while scnt < iters or rcnt < iters:
         if rcnt < iters and not (scnt < 1 and client):
-            wcs = res.poll(res.recv_cq, time.monotonic() + o.timeout,
-                           f"waiting for message {rcnt + 1}/{iters}", 1)
+            got, wcs = recv_poll(1)
+            if not got:
+                wcs = res.poll(res.recv_cq, None, waiting, 1)
             for wc in wcs:
-                if wc.status != e.IBV_WC_SUCCESS:
+                if wc.status != _SUCCESS:
                     raise wc_fail(wc, f"rcnt={rcnt}")
-                if int(wc.byte_len) != res.recv_len(size):
+                if wc.byte_len != want_len:
                     raise PerftestError(f"data mismatch: received {int(wc.byte_len)} "
-                                        f"bytes, expected {res.recv_len(size)}")
+                                        f"bytes, expected {want_len}")
                 rcnt += 1
-                if rcnt + o.rx_depth <= iters:
-                    res.post_recvs(0, 1, size)
+                if rcnt + rx_depth <= iters:
+                    owed += 1
+            if owed >= rx_depth:  # the queue is empty: refill it before the SEND
+                res.post_recvs(0, owed, size)
+                owed = 0
         if scnt < iters:
             tposted.append(clock())
             scnt += 1
             unsignaled += 1
             sig = scnt % o.cq_mod == 0 or scnt == iters or unsignaled >= o.tx_depth
-            res.post(0, wr, sig)
+            post(0, wr, sig)
+            if owed and (owed >= batch or rcnt + rx_depth >= iters or scnt == iters):
+                res.post_recvs(0, owed, size)
+                owed = 0
             if sig:
                 unsignaled = 0
-                wcs = res.poll(res.send_cq, time.monotonic() + o.timeout, "sending", 1)
+                got, wcs = send_poll(1)
+                if not got:
+                    wcs = res.poll(res.send_cq, None, "sending", 1)
                 for wc in wcs:
-                    if wc.status != e.IBV_WC_SUCCESS:
+                    if wc.status != _SUCCESS:
                         raise wc_fail(wc, f"scnt={scnt}")
+        elif owed:
+            res.post_recvs(0, owed, size)
+            owed = 0
         progress.update(scnt)
     return tposted
 
@@ -350,13 +392,21 @@ def run_lat(res: Resources, rem: Dest, size: int, progress: Progress) -> list[fl
     wr = res.send_wr(0, rem, size)
     tposted: list[float] = []
     clock = time.perf_counter
+    send_poll = res.send_cq.poll
+    post = res.post
+    n = 0
+
+    def waiting() -> str:
+        return f"waiting for completion {n + 1}/{o.iters}"
+
     for n in range(o.iters):
         tposted.append(clock())
-        res.post(0, wr, True)
-        wcs = res.poll(res.send_cq, time.monotonic() + o.timeout,
-                       f"waiting for completion {n + 1}/{o.iters}", 1)
+        post(0, wr, True)
+        got, wcs = send_poll(1)
+        if not got:
+            wcs = res.poll(res.send_cq, None, waiting, 1)
         for wc in wcs:
-            if wc.status != e.IBV_WC_SUCCESS:
+            if wc.status != _SUCCESS:
                 raise wc_fail(wc, f"scnt={n + 1}")
         progress.update(n + 1)
     return tposted
