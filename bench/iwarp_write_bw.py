@@ -52,8 +52,9 @@ def _free_port() -> int:
 
 
 def _cpu() -> float:
-    t = os.times()
-    return t.user + t.system
+    """CPU seconds of this process, every thread, user and system (``os.times`` counts
+    in 10 ms ticks: 0.02 s/GB steps over a 512 MiB run)."""
+    return time.process_time()
 
 
 def tcp_receiver(port: int, total: int, ready: Any, cpu_q: Any) -> None:
