@@ -16,6 +16,7 @@ general path they stand in for.
 from __future__ import annotations
 
 import random
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -33,7 +34,7 @@ from softrdma.iwarp.mpa_setup import MpaConfig
 from softrdma.iwarp.mpa_stream import Buf, frame
 from softrdma.wire import crc, ddp, mpa
 from softrdma.wire.crc import crc32c
-from softrdma.wire.crc import crc32c_at as isal_crc32c_at
+from softrdma.wire.crc import crc32c_reg_at as isal_crc32c_reg_at
 from softrdma.wire.mpa import FpduEncoder
 
 MB = 1 << 20
@@ -112,19 +113,19 @@ def test_frame_run_is_byte_identical_to_segment_and_frame(
     e2 = FpduEncoder(crc=crc, markers=False, stream_offset=start)
     assert fast_path.fast_tx_ok(e1, m1)
     fast: list[Buf] = []
-    real_at = isal_crc32c_at
+    real_at = isal_crc32c_reg_at
     by_address = []
 
-    def at(addr: int, n: int, value: int = 0) -> int:
+    def at(addr: int, n: int, value: int) -> int:
         by_address.append(n)
         assert real_at is not None
         return real_at(addr, n, value)
 
-    setattr(fast_path, "crc32c_at", at if real_at is not None else None)  # noqa: B010
+    setattr(fast_path, "crc32c_reg_at", at if real_at is not None else None)  # noqa: B010
     try:
         n1, last1 = fast_path.frame_run(e1, m1, mt, mu, fast, room, max_bufs)
     finally:
-        setattr(fast_path, "crc32c_at", real_at)  # noqa: B010
+        setattr(fast_path, "crc32c_reg_at", real_at)  # noqa: B010
     # registered (writable) memory: the payload's CRC by address, ISA-L (where it has it)
     assert bool(by_address) == (crc and writable and real_at is not None)
     gen, n2, last2 = _general_pull(e2, m2, mt, mu, room, max_bufs)
@@ -345,9 +346,23 @@ def _same(b: bytearray) -> bytearray:
 @pytest.mark.parametrize("writable", [False, True])
 @pytest.mark.parametrize("crc", [False, True])
 @pytest.mark.parametrize("mss", [1460, 9000, 65483])
-def test_whole_stream_same_state_and_fast_path_taken(crc: bool, mss: int, writable: bool) -> None:
+def test_whole_stream_same_state_and_fast_path_taken(crc: bool, mss: int, writable: bool,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    real_at = isal_crc32c_reg_at
+    by_address: list[int] = []
+
+    def at(addr: int, n: int, value: int) -> int:
+        if sys._getframe(1).f_code is fast_path.write_run.__code__:  # not the sender's
+            by_address.append(n)
+        assert real_at is not None
+        return real_at(addr, n, value)
+
+    if real_at is not None:
+        monkeypatch.setattr(fast_path, "crc32c_reg_at", at)
     r = _compare(crc, mss, _same, [], writable=writable)
     assert r.fast_taken > 0
+    # a writable chunk (the runtime's receive buffer): the CRCs of a run by address, ISA-L
+    assert bool(by_address) == (crc and writable and real_at is not None)
     st_ = r.state()
     # the Write after the Send with Invalidate met an invalid STag: Terminate, QP in error
     assert st_["valid"][2] is False
@@ -491,14 +506,17 @@ def test_crc32c_keeping_the_gil_is_the_same_crc() -> None:
 
 def test_crc32c_by_address_is_the_same_crc() -> None:
     """ISA-L's CRC-32C by address (the fast paths' on writable memory) is crc32c's."""
-    if crc.crc32c_at is None:
+    if crc.crc32c_at is None or crc.crc32c_reg_at is None:
         pytest.skip("this isal build does not export crc32_iscsi (crc32c is used)")
     data = bytearray(random.Random(5044).randbytes(100_003))
     base = crc.buffer_address(data)
     assert base is not None
+    m = crc.CRC_MASK
     for off, n, value in ((0, 100_003, 0), (1, 65_535, 0), (3, 14, 0x1234_5678),
                           (40_000, 7, 0xFFFF_FFFF), (5, 0, 9)):
         assert crc.crc32c_at(base + off, n, value) == crc.crc32c(data[off:off + n], value)
+        assert crc.crc32c_reg_at(base + off, n, value ^ m) ^ m == crc.crc32c_at(base + off, n,
+                                                                               value)
     assert crc.buffer_address(memoryview(data)[10:]) == base + 10
     # what has no address the fast paths can use: read-only, empty, strided
     assert crc.buffer_address(bytes(data)) is None

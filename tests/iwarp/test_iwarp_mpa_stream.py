@@ -235,3 +235,71 @@ def test_a_stalled_partial_fpdu_times_out_an_idle_stream_does_not() -> None:
     f = watch.check(rx, 1009.6, 5.0)
     assert f is not None and "65535" in f.reason
     _llp(f, MpaErrorCode.TCP_CONNECTION_LOST)
+
+
+def _bulk(n: int, size: int) -> list[tuple[bytes, bytes]]:
+    rng = random.Random(size)
+    return [(bytes([0x80 | (i & 0x3F)]) + bytes(13), rng.randbytes(size)) for i in range(n)]
+
+
+@pytest.mark.parametrize("chunk", [20_000, 9_050, 3 * 9_020 + 17])
+def test_an_fpdu_cut_after_a_run_is_carried_and_taken_whole(chunk: int) -> None:
+    """Each read of the TCP runtime ends inside an FPDU: after a run of whole FPDUs its
+    start is carried until the rest arrives, then the fast path takes it whole (before,
+    the general path took it in header, payload and trailer steps over two chunks)."""
+    segs = _bulk(30, 9000)
+    wire = encode(segs, crc=True, markers=False)
+    sink = Sink(fast=True)
+    headers: list[int] = []
+    real = sink.on_header
+
+    def counting() -> None:
+        headers.append(1)
+        real()
+
+    sink.on_header = counting  # type: ignore[method-assign]
+    rx = make_rx(sink, crc=True, markers=False)
+    mv = memoryview(bytearray(wire))
+    size = len(wire) // len(segs)  # 9020 octets each
+    for i in range(0, len(mv), chunk):
+        rx.feed(mv[i:i + chunk])
+        if i + chunk < len(mv) and (i + chunk) % size:  # cut inside an FPDU
+            assert rx.mid_fpdu
+    assert sink.got == segs
+    assert sink.fast_hits == len(segs) and headers == []
+    assert rx.pos == len(wire) and not rx.mid_fpdu
+
+
+def test_a_carried_fpdu_with_a_bad_crc_is_the_crc_error() -> None:
+    segs = _bulk(3, 9000)
+    wire = bytearray(encode(segs, crc=True, markers=False))
+    wire[-1] ^= 1  # the last FPDU's CRC
+    sink = Sink(fast=True)
+    rx = make_rx(sink, crc=True, markers=False)
+    rx.feed(memoryview(wire)[:2 * 9020 + 5000])  # two whole FPDUs and a cut one
+    assert len(sink.got) == 2 and rx.mid_fpdu
+    with pytest.raises(IwarpFault) as ei:
+        rx.feed(memoryview(wire)[2 * 9020 + 5000:])
+    _llp(ei.value, MpaErrorCode.CRC_MISMATCH)
+    assert len(sink.got) == 2
+
+
+def test_a_carried_fpdu_stalls_and_progresses_like_any_partial_fpdu() -> None:
+    """The StallWatch sees the octets of a carried FPDU as progress, and its silence as
+    a stall (issue 21)."""
+    segs = _bulk(2, 9000)
+    wire = encode(segs, crc=False, markers=False)
+    sink = Sink(fast=True)
+    rx = make_rx(sink, crc=False, markers=False)
+    watch = StallWatch()
+    rx.feed(memoryview(wire)[:9020 + 100])  # one whole FPDU, then 100 octets carried
+    assert sink.fast_hits == 1 and rx.mid_fpdu
+    assert watch.check(rx, 0.0, 5.0) is None
+    rx.feed(memoryview(wire)[9020 + 100:9020 + 101])  # one more octet: progress
+    assert watch.check(rx, 4.0, 5.0) is None
+    assert watch.check(rx, 8.5, 5.0) is None
+    f = watch.check(rx, 9.5, 5.0)
+    assert f is not None
+    _llp(f, MpaErrorCode.TCP_CONNECTION_LOST)
+    rx.feed(memoryview(wire)[9020 + 101:])
+    assert sink.got == segs and sink.fast_hits == 2 and not rx.mid_fpdu

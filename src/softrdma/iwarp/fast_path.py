@@ -13,9 +13,10 @@ common case only, and hand everything else back to the general path:
   one contiguous view (RFC 5041 §5.1 segmentation, RFC 5044 §4.1 framing: ULPDU_Length,
   PAD, CRC32c), one ``struct`` pack per FPDU for ULPDU_Length and the DDP/RDMAP header
   together, the CRC over the payload computed holding the GIL (:data:`~softrdma.wire.crc.KEEP_GIL`):
-  by ISA-L's :func:`~softrdma.wire.crc.crc32c_at` on the registered memory's address where
-  it can (writable memory), else by :func:`~softrdma.wire.crc.crc32c`. Its buffers are
-  byte-identical to ``segment`` + ``frame``'s.
+  by ISA-L on the registered memory's address where it can (writable memory:
+  :data:`~softrdma.wire.crc.crc32c_reg_at`, the ctypes function called without a Python
+  wrapper), else by :func:`~softrdma.wire.crc.crc32c`. Its buffers are byte-identical to
+  ``segment`` + ``frame``'s.
 * :func:`write_run` places successive whole RDMA Write FPDUs found in one received chunk:
   the checks of :meth:`~.ddp_place.DdpRx.write` (the STag's validity, PD, REMOTE_WRITE
   and bounds, RFC 5041 §7.2 via :func:`~.stag.check_access` once per STag per run, then
@@ -23,10 +24,10 @@ common case only, and hand everything else back to the general path:
   one slice assignment into the registered memory. It stops at the first FPDU that is
   not such a segment, is cut by the chunk's end, or fails any check: the general path
   then takes that FPDU and reports the error exactly as it always does (a bad CRC is
-  the MPA error, RFC 5044 §8; a header error waits for the CRC). The CRC here stays the
-  ``crc32c`` package's: over a multi-megabyte receive buffer it is memory-bound, and
-  ISA-L's by address (or the copy first, the CRC over what it brought into the cache)
-  measured no faster.
+  the MPA error, RFC 5044 §8; a header error waits for the CRC). The CRC is ISA-L's by
+  address too where the received chunk is writable (the TCP runtime's receive buffer):
+  a chunk a read has just filled is in the cache, where ISA-L takes 2.2 us per 64 KiB
+  against 3.7 for the ``crc32c`` package (a read-only chunk keeps ``crc32c``).
 
 Markers (RFC 5044 §5) never take these paths. Equivalence with the general path is
 tested in ``tests/iwarp/test_iwarp_fast_path.py``.
@@ -37,7 +38,7 @@ from __future__ import annotations
 import struct
 
 from ..enums import ibv_access_flags as ACC
-from ..wire.crc import KEEP_GIL, buffer_address, crc32c, crc32c_at, crc32c_gil
+from ..wire.crc import CRC_MASK, KEEP_GIL, buffer_address, crc32c, crc32c_gil, crc32c_reg_at
 from ..wire.ddp import DDP_L, DDP_T, DDP_VERSION, TAGGED, TAGGED_HDR_LEN, UNTAGGED_HDR_LEN
 from ..wire.mpa import FpduEncoder
 from .ddp_place import MASK32, MASK64, RDMAP_RV, DdpRx, TxMsg
@@ -99,7 +100,7 @@ def frame_run(enc: FpduEncoder, msg: TxMsg, maxpay_t: int, maxpay_u: int, out: l
     append = out.append
     total = 0
     last = False
-    crc_at = crc32c_at
+    crc_at = crc32c_reg_at  # ISA-L on the register: value ^ CRC_MASK in and out
     addr = buffer_address(seg) if crc_on and crc_at is not None else None
     while True:
         left = length - off
@@ -116,7 +117,7 @@ def frame_run(enc: FpduEncoder, msg: TxMsg, maxpay_t: int, maxpay_u: int, out: l
         pad = _PADS[(-(ulen + _LEN)) & 3]
         if crc_on:
             if addr is not None and crc_at is not None:
-                c = crc_at(addr + off, n, crc32c(head))
+                c = crc_at(addr + off, n, crc32c(head) ^ CRC_MASK) ^ CRC_MASK
             else:
                 c = crc32c_gil(pay, crc32c(head), KEEP_GIL)
             trail = pad + pack_crc(crc32c(pad, c) if pad else c)
@@ -151,6 +152,8 @@ def write_run(ddp: DdpRx, pd: object, mv: memoryview, i: int, n: int,
     limit = 0  # octets in buf
     ulen = 0
     last_ulen = 0
+    crc_at = crc32c_reg_at
+    addr = -1  # the chunk's address for ISA-L (0: none, a read-only chunk)
     while n - i >= MIN_WHOLE:
         ulen = u16(mv, i)[0]
         end = i + _LEN + ulen + ((-(_LEN + ulen)) & 3)
@@ -178,8 +181,16 @@ def write_run(ddp: DdpRx, pd: object, mv: memoryview, i: int, n: int,
             off = to - base
             if off < 0 or off + paylen > limit or to + paylen > _U64:
                 break
-        if crc_on and crc32c_gil(mv[i:end], 0, KEEP_GIL) != crc_field(mv, end)[0]:
-            break
+        if crc_on:
+            if addr < 0:  # once per run, at its first whole FPDU
+                a = buffer_address(mv) if crc_at is not None else None
+                addr = a if a is not None else 0
+            if addr and crc_at is not None:
+                crc = crc_at(addr + i, end - i, CRC_MASK) ^ CRC_MASK
+            else:
+                crc = crc32c_gil(mv[i:end], 0, KEEP_GIL)
+            if crc != crc_field(mv, end)[0]:
+                break
         top = i + _LEN + ulen
         buf[off:off + paylen] = mv[top - paylen:top]
         ddp.rt_op = -1 if c & DDP_L else _OP_WRITE

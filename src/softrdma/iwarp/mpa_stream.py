@@ -27,6 +27,7 @@ is the first part, and the ``frame`` step of its transmit path (``siw_tx_hdt``).
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import Protocol
 
 from ..wire.crc import Buffer, crc32c
@@ -129,7 +130,7 @@ class FpduRx:
     __slots__ = ("sink", "crc_on", "markers", "dead", "pos", "fpdu_start", "_mk_buf",
                  "_mk_have", "phase", "hbuf", "hhave", "hneed", "ulen", "crc", "rem",
                  "pending", "_tg", "_tgi", "_tgo", "_tbuf", "_tneed", "_thave", "paylen",
-                 "fpdus")
+                 "fpdus", "_carry", "_chave", "_cneed")
 
     def __init__(self, sink: FpduSink, *, crc: bool = False, markers: bool = False) -> None:
         self.sink = sink
@@ -156,11 +157,15 @@ class FpduRx:
         self._tneed = 0
         self._thave = 0
         self.paylen = 0
+        # a whole-FPDU buffer for the FPDU a chunk's end cut (see :meth:`feed`)
+        self._carry = bytearray(0)
+        self._chave = 0
+        self._cneed = 0  # its length, 0: nothing carried
 
     @property
     def mid_fpdu(self) -> bool:
         """Some octets of an FPDU are in, not all."""
-        return self.phase != P_HDR or self.hhave != 0
+        return self.phase != P_HDR or self.hhave != 0 or self._cneed != 0
 
     # ---- what the sink calls from on_header --------------------------------------------
     def need_header(self, n: int) -> None:
@@ -233,6 +238,8 @@ class FpduRx:
 
     def want(self) -> int:
         """How many octets the framing would like next (a receive-size hint)."""
+        if self._cneed:  # the rest of a carried FPDU, and the next one's headers
+            return self._cneed - self._chave + LOOKAHEAD_HDR
         if self.markers or self.paylen < DIRECT_MIN:
             return _BIG_READ  # small segments: many per system call
         ph = self.phase
@@ -244,20 +251,37 @@ class FpduRx:
 
     # ---- the state machine ---------------------------------------------------------------
     def feed(self, mv: memoryview) -> None:
-        """Consume stream octets (a byte-format memoryview). Faults propagate."""
+        """Consume stream octets (a byte-format memoryview). Faults propagate.
+
+        Without markers, whole FPDUs go to the sink's ``fast_run`` first. When a run of
+        them ends at an FPDU the chunk's end cut, that FPDU's octets are carried (copied
+        aside) until it is whole, then offered to ``fast_run`` from the copy: one copy of
+        at most an FPDU instead of the general path's header, payload and trailer steps
+        across two chunks (each read of the TCP runtime ends in such an FPDU). What
+        ``fast_run`` does not take goes through the general path, octet for octet as
+        if it had never been carried."""
         i = 0
         n = len(mv)
         step = self._step
         if not self.markers:
             fast = self.sink.fast_run
+            ran = False
+            if self._cneed:
+                i = self._carry_in(mv, fast)
+                ran = not self._cneed  # a run goes on past the carried FPDU
             while i < n and not self.dead:
-                if self.phase == P_HDR and not self.hhave and n - i >= LOOKAHEAD_HDR:
-                    k = fast(mv, i, n)
-                    if k:
-                        i += k
-                        self.pos += k
-                        self.fpdu_start = self.pos
-                        continue
+                if self.phase == P_HDR and not self.hhave:
+                    left = n - i
+                    if left >= LOOKAHEAD_HDR:
+                        k = fast(mv, i, n)
+                        if k:
+                            i += k
+                            self.pos += k
+                            self.fpdu_start = self.pos
+                            ran = True
+                            continue
+                    if ran and left >= _LEN and self._carry_out(mv, i, left):
+                        return
                 i += step(mv[i:] if i else mv)
             return
         while i < n and not self.dead:
@@ -274,6 +298,46 @@ class FpduRx:
                 continue
             lim = min(n - i, MARKER_INTERVAL - r)
             i += step(mv[i:i + lim])
+
+    def _carry_out(self, mv: memoryview, i: int, left: int) -> bool:
+        """Carry ``mv[i:]``, the start of an FPDU it does not hold whole (a sane
+        ULPDU_Length only: a short one is the general path's framing error at once)."""
+        (ulen,) = _U16.unpack_from(mv, i)
+        whole = _LEN + ulen + ((-(_LEN + ulen)) & 3) + _CRC_LEN
+        if ulen < MIN_ULPDU or left >= whole:
+            return False
+        if not self._carry:
+            self._carry = bytearray(_LEN + _MAX_ULPDU + _MAX_TRAILER)
+        self._carry[:left] = mv[i:i + left]
+        self._chave = left
+        self._cneed = whole
+        self.pos += left  # progress for the StallWatch; taken back when it is consumed
+        return True
+
+    def _carry_in(self, mv: memoryview, fast: Callable[[memoryview, int, int], int]) -> int:
+        """Complete the carried FPDU from ``mv`` and consume it once whole; returns the
+        octets of ``mv`` used."""
+        have, need = self._chave, self._cneed
+        take = min(need - have, len(mv))
+        c = self._carry
+        c[have:have + take] = mv[:take]
+        self.pos += take
+        if have + take < need:
+            self._chave = have + take
+            return take
+        self._chave = self._cneed = 0
+        self.pos -= need  # counted again below, as any FPDU's octets
+        whole = memoryview(c)[:need]
+        k = fast(whole, 0, need)
+        if k:
+            self.pos += k
+            self.fpdu_start = self.pos
+            return take
+        j = 0
+        step = self._step
+        while j < need and not self.dead:
+            j += step(whole[j:] if j else whole)
+        return take
 
     def _marker(self, mpos: int) -> None:
         """A marker (RFC 5044 §5): FPDUPTR must point back to the current FPDU's start."""

@@ -13,22 +13,21 @@ I/O of each connection (design.md, "Sans-I/O engines"):
   :meth:`~.engine.IwarpConn.receive`, which places each segment's payload with one
   ``memoryview`` slice assignment (runs of whole RDMA Write FPDUs take the fused path of
   :func:`~softrdma.iwarp.fast_path.write_run`: CRC over each contiguous FPDU, checks,
-  one copy). With ``SOFTRDMA_IWARP_DIRECT=1`` the payload is
-  instead received straight into the registered memory the engine names
-  (:meth:`~.engine.IwarpConn.rx_target`) by ``recvmsg_into([MR slice, lookahead])``, the
-  pad, CRC and next headers landing in the lookahead buffer: no copy in Python, but one
-  system call per FPDU, which measured slower than the copy on the 2-CPU VMs this was
-  tuned on (bench/iwarp_write_bw.py), hence off by default;
+  one copy). With ``SOFTRDMA_IWARP_DIRECT=1`` the payload is instead received straight
+  into the registered memory the engine names (:meth:`~.engine.IwarpConn.rx_target`) by
+  ``recvmsg_into([MR slice, lookahead])``, the pad, CRC and next headers landing in the
+  lookahead buffer: no copy in Python, but one system call per FPDU (3x the receiver's
+  CPU per byte in bench/iwarp_write_bw.py), hence off by default;
 * transmit: ``sendmsg`` with the engine's buffer list (headers, memoryview slices of the
-  MR, pad + CRC), partial sends kept as sliced views, never joined;
+  MR, pad + CRC), partial sends kept as sliced views, never joined; 64 KiB at a time (one
+  loopback FPDU, its CRC just before the copy: 2 MiB cost 15-20 % more CPU a side, CRC on);
 * teardown: once the engine sets ``want_close`` and its bytes are out, ``shutdown`` the
   write side (the Terminate reaches the peer before the FIN, RFC 5040 §6.2.1 "graceful
   LLP teardown"), drain the read side until EOF or :data:`LINGER` seconds, close.
 
 Connection setup (:mod:`softrdma.drivers.cm.iwconnect`) waits on :attr:`TcpRuntime.changed`, a
-condition on the engine lock notified after every round of socket I/O, and hands a
-listening socket to :meth:`TcpRuntime.watch` so that new connections are accepted by
-whichever thread makes progress: no sleep-polling.
+condition on the engine lock notified after every round of socket I/O, and hands listening
+sockets to :meth:`TcpRuntime.watch` (accepted by whichever thread makes progress).
 
 Sockets get ``TCP_NODELAY`` (siw: ``siw_tcp_nagle = false``) and keep the kernel's
 send-buffer autotuning (up to ``net.ipv4.tcp_wmem[2]``, 4 MiB by default), as the plain
@@ -64,7 +63,7 @@ DIRECT = os.environ.get("SOFTRDMA_IWARP_DIRECT", "0") == "1"
 _WMEM_MAX = "/proc/sys/net/core/wmem_max"
 _TCP_WMEM = "/proc/sys/net/ipv4/tcp_wmem"
 _RX_BUF = int(os.environ.get("SOFTRDMA_IWARP_RXBUF", str(1 << 22)))
-_TX_CHUNK = 1 << 21
+_TX_CHUNK = 1 << 16  # octets pulled per sendmsg (at least one FPDU)
 _RX_BUDGET = 1 << 23
 _MAX_IDLE_WAIT = 0.05
 
@@ -479,6 +478,7 @@ class TcpRuntime:
     def _tx(self, s: _Sock) -> None:
         conn = s.conn
         sock = s.sock
+        mss_check = True  # the MSS once per call (a system call), not per 64 KiB
         while not s.done and not s.closing:
             if s.pending:
                 bufs = s.pending
@@ -491,9 +491,9 @@ class TcpRuntime:
                 conn.on_timer(now)
                 continue
             elif conn.tx_pending():
-                if conn.established:
-                    mss = tcp_mss(sock)
-                    if mss != conn.mss:
+                if mss_check and conn.established:
+                    mss_check = False
+                    if (mss := tcp_mss(sock)) != conn.mss:
                         conn.update_mss(mss)
                 bufs = conn.take_output(_TX_CHUNK, 512)
                 if not bufs:
