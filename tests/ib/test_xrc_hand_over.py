@@ -349,3 +349,44 @@ def test_a_stalled_owner_holds_the_tgt_qp_to_its_credit() -> None:
         owner.ctx.close()
         ctx_s.close()
         ctx_t.close()
+
+
+class _Refusing(_CreditBack):
+    """A credit relay whose channel is full for its first ``refuse`` records."""
+
+    def __init__(self, ctx_t: v.Context, refuse: int) -> None:
+        super().__init__(ctx_t)
+        self.refuse = refuse
+        self.calls: list[tuple[int, int]] = []
+
+    def credit(self, srqn: int, tgt_qpn: int, count: int) -> bool:
+        self.calls.append((tgt_qpn, count))
+        return len(self.calls) > self.refuse
+
+
+def test_credit_batches_and_a_refused_credit_record_is_sent_again(owner: Owner) -> None:
+    """The owner returns credit per TGT QP once CREDIT_BATCH of its packets are consumed
+    (placed; one waiting for a receive WQE is not yet, an abort takes none); a record
+    the channel refuses is kept and sent with the next packet or receive WQE, not lost
+    (the sender would wait for it for ever)."""
+    ctx_t = v.Context(fabric=Fabric(VirtualClock()).link("10.6.4.1"))
+    try:
+        back = owner.xrcd.domain.relay = _Refusing(ctx_t, refuse=2)
+        batch = xrc.CREDIT_BATCH
+        assert batch == 16  # the SRQ's 16 WQEs below
+        for k in range(16):
+            owner.post(k, 100 * k, 100)
+        owner.give(FIRST, 0x22, b"y")
+        owner.give(XF_ABORT, 0x22, b"")  # its packet is consumed (one), the abort is not
+        for _ in range(batch):  # 15 placed, the 16th waits for a WQE
+            owner.give(ONLY, 0x21, b"x")
+        assert back.calls == []
+        owner.post(99, 5000, 100)  # placed: 16 consumed; refused, and again at once
+        assert back.calls == [(0x21, batch)] * 2
+        owner.give(ONLY, 0x23, b"z")  # the next packet (waits): sent with it
+        assert back.calls == [(0x21, batch)] * 3
+        owner.post(98, 6000, 100)
+        assert len(back.calls) == 3
+        assert len(owner.wcs() + owner.wcs()) == batch + 2  # (16 per poll)
+    finally:
+        ctx_t.close()

@@ -267,17 +267,22 @@ class XrcSRQ(EngineSRQ):
         self.dropping: set[int] = set()  # TGT QPNs whose message is being dropped
         #: TGT QPN -> packets consumed and not yet returned as credit (flow control)
         self.unreturned: dict[int, int] = {}
+        self.owed = False  # a credit record could not be sent (retried, _return_owed)
 
     def post_recv(self, rwqe: RecvWQE) -> None:
         super().post_recv(rwqe)
         if self.waiting:
             self._drain()
+        if self.owed:
+            self._return_owed()
 
     def hand_over(self, flags: int, tgt_qpn: int, src_qp: int, word: int,
                   payload: memoryview) -> None:
         """One SEND packet that TGT QP ``tgt_qpn`` of another process took for this SRQ
         (``flags``: ``XF_*``): placed now, or kept until a receive WQE is posted. Each
         packet but an abort is returned as credit once consumed (module docstring)."""
+        if self.owed:
+            self._return_owed()
         if tgt_qpn in self.dropping:  # the rest of a message that could not be kept
             if not flags & XF_FIRST:
                 if flags & (XF_LAST | XF_ABORT):
@@ -318,11 +323,25 @@ class XrcSRQ(EngineSRQ):
             return
         unreturned = self.unreturned
         n = unreturned.get(tgt, 0) + 1
-        relay = self.xrcd.relay
-        if n >= CREDIT_BATCH and relay is not None and relay.credit(self.srqn, tgt, n):
-            del unreturned[tgt]
-            return
         unreturned[tgt] = n
+        if n >= CREDIT_BATCH:
+            self._return(tgt, n)
+
+    def _return(self, tgt: int, n: int) -> None:
+        relay = self.xrcd.relay
+        if relay is None:
+            return
+        if relay.credit(self.srqn, tgt, n):
+            del self.unreturned[tgt]
+        else:  # the channel to devd is full: again at the next packet or receive WQE
+            self.owed = True
+
+    def _return_owed(self) -> None:
+        """Send the credit records a full channel refused before."""
+        self.owed = False
+        for tgt, n in list(self.unreturned.items()):
+            if n >= CREDIT_BATCH:
+                self._return(tgt, n)
 
     def _place(self, flags: int, tgt: int, src: int, word: int, payload: memoryview) -> bool:
         """Place one handed-over packet (IBA 9.7.4.1.5, as the responder's ``_send_data``
