@@ -14,6 +14,9 @@ UDP port, shared through devd, as every multi-process softrdma run):
 * :func:`inline_ab` (``--inline-ab``): ``ibv_rc_pingpong`` with the poller's own receive
   step (the default) and with the futex hand-off from the progress thread
   (``SOFTRDMA_CAPI_INLINE=0``), alternated: usec/iter and CPU us per round trip;
+* :func:`bw_cpu` (``--bw-cpu``): the CPU time per GB written of each side of the two
+  write-bw pairs (each process's own ``wait4`` rusage, less a pair of :data:`BW_SHORT`
+  iterations: start-up), alternated: steadier than the throughput on a busy machine;
 * :func:`poll_costs`: ``tests/capi/wc_check.c bench`` under ``softrdma run``: the cost of
   one empty ``ibv_poll_cq`` (ns; polls that find the CQ empty, without the sleep that a
   long run of empty polls ends in: ``SOFTRDMA_CAPI_WAIT_US=0``) and of one loopback RC
@@ -49,6 +52,7 @@ from softrdma.capi import build  # noqa: E402
 BW_SIZE = 65536
 LAT_SIZE = 64
 SHORT = 10  # iterations of the pair whose CPU time counts as start-up (rc_cpu)
+BW_SHORT = 500  # write-bw iterations whose CPU time counts as start-up (bw_cpu)
 TIMEOUT = 300.0  # one pair, on a busy machine (s)
 LISTEN_WAIT = 120.0
 BW_ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s*$")
@@ -153,6 +157,70 @@ def write_bw(dev: Device, iters: int) -> tuple[float, float]:
     return out[0], out[1]
 
 
+def _wait_cpu(proc: subprocess.Popen[str], timeout: float) -> tuple[int, float]:
+    """Wait for ``proc`` (its output goes to a file): its status and CPU seconds (its
+    rusage from ``wait4``, with the children it waited for)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return proc.returncode, ru.ru_utime + ru.ru_stime
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise BenchError(f"{proc.args!r} did not end within {timeout:g} s")
+        time.sleep(0.05)
+
+
+def _pair_cpu(server: list[str], client: list[str], port: int, env: dict[str, str]
+              ) -> tuple[str, float, float]:
+    """:func:`_pair` with each side's CPU seconds: (client stdout, server s, client s)."""
+    with tempfile.TemporaryFile("w+") as sout, tempfile.TemporaryFile("w+") as cout:
+        srv = subprocess.Popen(server, env=env, stdout=sout, stderr=subprocess.STDOUT,
+                               text=True, stdin=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + LISTEN_WAIT
+            while not _listening(port):
+                if srv.poll() is not None or time.monotonic() > deadline:
+                    raise BenchError(f"{server[-1]} server did not listen")
+                time.sleep(0.05)
+            cli = subprocess.Popen(client, env=env, stdout=cout, stderr=subprocess.STDOUT,
+                                   text=True, stdin=subprocess.DEVNULL)
+            crc, ccpu = _wait_cpu(cli, TIMEOUT)
+            src, scpu = _wait_cpu(srv, TIMEOUT)
+        finally:
+            if srv.returncode is None:
+                srv.kill()
+                srv.wait()
+        cout.seek(0)
+        out = cout.read()
+    if crc or src:
+        raise BenchError(f"{' '.join(client[:6])}... failed (rc {crc}/{src}): "
+                         f"{out.strip()[-300:]}")
+    return out, scpu, ccpu
+
+
+def bw_cpu(dev: Device, iters: int) -> dict[str, float]:
+    """CPU seconds per GB written of the server and the client of ``ib_write_bw`` under
+    softrdma run (``c``) and of ``softrdma write-bw`` (``py``): a pair of ``iters``
+    iterations less one of :data:`BW_SHORT`, over the difference in bytes."""
+    out: dict[str, float] = {}
+    gb = (iters - BW_SHORT) * BW_SIZE / 1e9
+    for c in (True, False):
+        cpu = []
+        for n in (BW_SHORT, iters):
+            port = free_port(socket.SOCK_STREAM)
+            flags = ["-d", dev.name, "-x", "0", "-F", "-n", str(n), "-s", str(BW_SIZE),
+                     "-p", str(port)]
+            cmd = _c(dev.name, "ib_write_bw", *flags) if c else _softrdma("write-bw", *flags)
+            _, scpu, ccpu = _pair_cpu(cmd, [*cmd, "127.0.0.1"], port, dev.env)
+            cpu.append((scpu, ccpu))
+        tag = "c" if c else "py"
+        out[f"{tag} server s/GB"] = (cpu[1][0] - cpu[0][0]) / gb
+        out[f"{tag} client s/GB"] = (cpu[1][1] - cpu[0][1]) / gb
+    return out
+
+
 def rc_lat(dev: Device, iters: int) -> tuple[float, float]:
     """(``ibv_rc_pingpong`` under softrdma run, ``softrdma rc-pingpong``) usec/iter."""
     out = []
@@ -243,7 +311,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--inline-ab", action="store_true",
                     help="only the poller's receive step against the futex hand-off")
+    ap.add_argument("--bw-cpu", action="store_true",
+                    help="only the CPU time per GB of each side of the write-bw pairs")
     a = ap.parse_args(argv)
+    if a.bw_cpu:
+        per_gb: dict[str, list[float]] = {}
+        with Device() as dev:
+            for _ in range(a.runs):
+                for k, x in bw_cpu(dev, 2000 if a.quick else 8000).items():
+                    per_gb.setdefault(k, []).append(x)
+        print(f"{a.runs} runs, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
+        for k, v in per_gb.items():
+            print(f"{k:16s} min {min(v):6.2f} median {statistics.median(v):6.2f}  "
+                  + " ".join(f"{x:.2f}" for x in v))
+        return 0
     if a.inline_ab:
         with Device() as dev:
             ab = inline_ab(dev, 500 if a.quick else 2000, a.runs)

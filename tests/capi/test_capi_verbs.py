@@ -49,7 +49,8 @@ def test_completion_fields_errors_and_fork(device: str, tmp_path: Path) -> None:
     assert p.returncode == 0, (p.stdout, p.stderr)
     assert "ok: fork: the child opens its own device, its inherited QP fails" in p.stdout
     oks = [ln for ln in p.stdout.splitlines() if ln.startswith("ok: ")]
-    assert len(oks) == 11, p.stdout
+    assert len(oks) == 12, p.stdout
+    assert "ok: a request changed in place between posts sends what it says now" in oks
     assert "ok: bad R_Key -> remote access error" in oks
     assert "ok: bad R_Key -> local access violation work queue error on the responder's QP" in oks
     assert "ok: CQ overrun -> CQ error on that CQ; the queued completion stays pollable" in oks

@@ -21,7 +21,9 @@ from harness.devd import (  # noqa: F401  (fixtures)
 
 from softrdma.drivers.devd.client import DevdLink
 from softrdma.drivers.devd.proto import XHDR, XRC_RECORD
+from softrdma.drivers.devd.xrc import XF_CREDIT
 from softrdma.errors import DeviceError
+from softrdma.ib import xrc
 
 Got = list[tuple[int, int, int, int, int, bytes]]
 
@@ -115,3 +117,68 @@ def test_malformed_xrc_requests_and_records(running: Running,  # noqa: F811
         s2.close()
         a.close()
         b.close()
+
+
+def test_records_for_a_full_channel_wait_in_order(running: Running,  # noqa: F811
+                                                  tmp_path: Path) -> None:
+    """The SRQ owner's data channel is full (it reads nothing for a while): the records
+    (acknowledged by the sender's TGT QP) wait in devd and reach it later, all of them,
+    in order; none is dropped (``client_full``). Before the backlog devd dropped what
+    did not fit."""
+    a, b = running.client(), running.client()
+    fd = os.open(tmp_path / "dom", os.O_RDONLY | os.O_CREAT, 0o400)
+    try:
+        da, db = a.xrcd_open(fd), b.xrcd_open(fd)
+        srqn = a.alloc_qpn()
+        a.xrc_srq(da, srqn)
+        got = _sink(a)
+        full = running.devd.counters["client_full"]
+        n, size = 2500, 4096  # 10 MiB in MTU-sized packets: more than the channel holds
+        for k in range(n):
+            payload = k.to_bytes(4, "big") * (size // 4)
+            wait_for(lambda: b.xrc_send(0x03, db, srqn, 0x123, 0x456, k, payload),  # noqa: B023
+                     timeout=30)
+        devd = running.devd
+        wait_for(lambda: bool(getattr(devd, "_xrc_backlog", None))  # the channel filled up
+                 or devd.counters["client_full"] > full, timeout=30)
+        _drain(a, got, n)
+        assert [(g[4], g[5][:4], len(g[5])) for g in got] == [
+            (k, k.to_bytes(4, "big"), size) for k in range(n)]
+        assert running.devd.counters["client_full"] == full
+        wait_for(lambda: not getattr(devd, "_xrc_backlog", None))
+    finally:
+        os.close(fd)
+        a.close()
+        b.close()
+
+
+def test_credit_records_go_from_the_srq_owner_to_the_tgt_qp_owner(
+        running: Running, tmp_path: Path) -> None:  # noqa: F811
+    """A credit record (``XF_CREDIT``: the owner consumed packets of a TGT QP) goes from
+    the client that registered the SRQ to the client owning the TGT QPN, in the same
+    domain; from another client, or for a TGT QPN of no client of the domain, it is
+    refused and counted."""
+    a, b, c = running.client(), running.client(), running.client()
+    fd = os.open(tmp_path / "dom", os.O_RDONLY | os.O_CREAT, 0o400)
+    other = os.open(tmp_path / "other", os.O_RDONLY | os.O_CREAT, 0o400)
+    try:
+        da, db, dc = a.xrcd_open(fd), b.xrcd_open(fd), c.xrcd_open(other)
+        srqn, tgt, tgt_c = a.alloc_qpn(), b.alloc_qpn(), c.alloc_qpn()
+        a.xrc_srq(da, srqn)
+        assert XF_CREDIT == xrc.XF_CREDIT
+        got = _sink(b)
+        assert a.xrc_send(XF_CREDIT, da, srqn, tgt, 0, 16, b"")
+        _drain(b, got, 1)
+        assert got == [(XF_CREDIT, srqn, tgt, 0, 16, b"")]
+        stats = running.devd.counters
+        refused = stats["xrc_refused"]
+        assert b.xrc_send(XF_CREDIT, db, srqn, tgt, 0, 16, b"")  # not the SRQ's owner
+        assert a.xrc_send(XF_CREDIT, da, srqn, tgt_c, 0, 16, b"")  # c: another domain
+        assert c.xrc_send(XF_CREDIT, dc, srqn, tgt, 0, 16, b"")
+        wait_for(lambda: stats["xrc_refused"] == refused + 3)
+        assert len(got) == 1
+    finally:
+        os.close(fd)
+        os.close(other)
+        for link in (a, b, c):
+            link.close()

@@ -18,7 +18,16 @@ from softrdma import verbs as v
 from softrdma.drivers.links.fabric import Fabric
 from softrdma.drivers.runtime.clock import VirtualClock
 from softrdma.ib import xrc
-from softrdma.ib.xrc import XF_ABORT, XF_FIRST, XF_IMM, XF_INV, XF_LAST, XF_SE, srq_table
+from softrdma.ib.xrc import (
+    XF_ABORT,
+    XF_CREDIT,
+    XF_FIRST,
+    XF_IMM,
+    XF_INV,
+    XF_LAST,
+    XF_SE,
+    srq_table,
+)
 
 FIRST, MID, LAST, ONLY = XF_FIRST, 0, XF_LAST, XF_FIRST | XF_LAST
 
@@ -141,6 +150,9 @@ class _Relay:
                                                      payload)
         return True
 
+    def credit(self, srqn: int, tgt_qpn: int, count: int) -> bool:
+        return True  # (the owner's side: not this relay's)
+
 
 def _node(fab: Fabric, ip: str) -> tuple[v.Context, v.PD, v.CQ, bytearray, v.MR]:
     ctx = v.Context(fabric=fab.link(ip))
@@ -244,4 +256,137 @@ def test_tgt_qp_hands_each_message_over_once_despite_faults(faults: dict[str, fl
         fab.stop_capture()
         owner.ctx.close()
         ctx_s.close()
+        ctx_t.close()
+
+
+class _Holding(_Relay):
+    """A relay whose channel to the owner is stalled while ``hold``: the records it
+    takes wait (acknowledged by the TGT QP) until :meth:`release`."""
+
+    def __init__(self, owner: Owner, srqn: int) -> None:
+        super().__init__(owner, srqn, refuse=0, seed=0)
+        self.hold = True
+        self.held: list[tuple[int, int, int, int, int, bytes]] = []
+
+    def relay(self, flags: int, srqn: int, tgt_qpn: int, src_qp: int, word: int,
+              payload: memoryview) -> bool:
+        if not self.hold:
+            return super().relay(flags, srqn, tgt_qpn, src_qp, word, payload)
+        self.calls += 1
+        self.held.append((flags, srqn, tgt_qpn, src_qp, word, bytes(payload)))
+        return True
+
+    def release(self) -> None:
+        self.hold = False
+        table = srq_table(ib_port(self.owner.ctx))
+        for flags, srqn, tgt, src, word, data in self.held:
+            table.hand_over(flags, srqn, tgt, src, word, memoryview(data))
+        self.held.clear()
+
+
+class _CreditBack:
+    """The owner's side of the relay: its credit records straight to the TGT QP's
+    engine (devd's part), counted."""
+
+    def __init__(self, ctx_t: v.Context) -> None:
+        self.ctx_t = ctx_t
+        self.returned = 0
+
+    def lookup(self, srqn: int) -> bool:
+        return False
+
+    def relay(self, flags: int, srqn: int, tgt_qpn: int, src_qp: int, word: int,
+              payload: memoryview) -> bool:
+        return False
+
+    def credit(self, srqn: int, tgt_qpn: int, count: int) -> bool:
+        self.returned += count
+        srq_table(ib_port(self.ctx_t)).hand_over(XF_CREDIT, srqn, tgt_qpn, 0, count,
+                                                 memoryview(b""))
+        return True
+
+
+@pytest.mark.iba("9.8.5", "9.7.5.2.8")
+def test_a_stalled_owner_holds_the_tgt_qp_to_its_credit() -> None:
+    """The owner takes nothing (its channel stalled): the TGT QP hands over no more than
+    HANDOVER_CREDITS packets it has not got back as consumed, and RNR NAKs the rest,
+    instead of acknowledging packets that may not fit on the way. Once the owner
+    consumes, its credit records (one per CREDIT_BATCH packets) let the rest through:
+    each SEND arrives once, whole, in order."""
+    clock = VirtualClock()
+    fab = Fabric(clock, seed=2)
+    ctx_s, pd_s, cq_s, buf_s, mr_s = _node(fab, "10.6.3.1")
+    ctx_t, _, _, _, _ = _node(fab, "10.6.3.2")
+    owner = Owner()
+    try:
+        relay = _Holding(owner, owner.srq.srq_num)
+        back = owner.xrcd.domain.relay = _CreditBack(ctx_t)
+        ini, tgt = _ini_tgt(ctx_s, pd_s, cq_s, ctx_t, relay)
+        n, size = 10, 4096  # 16 packets each (path MTU 256)
+        for k in range(n):
+            owner.post(100 + k, size * k, size)
+            buf_s[size * k:size * (k + 1)] = bytes([k + 1]) * size
+            w = v.SendWR(k, sg=[v.SGE(mr_s.addr + size * k, size, mr_s.lkey)])
+            w.set_qp_type_xrc(owner.srq.srq_num)
+            ini.post_send(w)
+        clock.run(until=clock.now() + 0.05)
+        assert relay.calls == xrc.HANDOVER_CREDITS
+        assert ctx_t.query_port_counters().send_rnr_nak > 0
+        assert owner.wcs() == []
+        relay.release()
+        clock.run(max_events=500_000)
+        assert [(w.wr_id, w.status) for w in cq_s.poll(16)[1]] == [(k, 0) for k in range(n)]
+        assert [w[:4] for w in owner.wcs()] == [(100 + k, OK, size, tgt.qp_num)
+                                                for k in range(n)]
+        for k in range(n):
+            assert owner.buf[size * k:size * (k + 1)] == bytes([k + 1]) * size
+        packets = n * size // 256
+        assert relay.calls == packets
+        assert packets - xrc.CREDIT_BATCH < back.returned <= packets
+        assert back.returned % xrc.CREDIT_BATCH == 0
+    finally:
+        fab.stop_capture()
+        owner.ctx.close()
+        ctx_s.close()
+        ctx_t.close()
+
+
+class _Refusing(_CreditBack):
+    """A credit relay whose channel is full for its first ``refuse`` records."""
+
+    def __init__(self, ctx_t: v.Context, refuse: int) -> None:
+        super().__init__(ctx_t)
+        self.refuse = refuse
+        self.calls: list[tuple[int, int]] = []
+
+    def credit(self, srqn: int, tgt_qpn: int, count: int) -> bool:
+        self.calls.append((tgt_qpn, count))
+        return len(self.calls) > self.refuse
+
+
+def test_credit_batches_and_a_refused_credit_record_is_sent_again(owner: Owner) -> None:
+    """The owner returns credit per TGT QP once CREDIT_BATCH of its packets are consumed
+    (placed; one waiting for a receive WQE is not yet, an abort takes none); a record
+    the channel refuses is kept and sent with the next packet or receive WQE, not lost
+    (the sender would wait for it for ever)."""
+    ctx_t = v.Context(fabric=Fabric(VirtualClock()).link("10.6.4.1"))
+    try:
+        back = owner.xrcd.domain.relay = _Refusing(ctx_t, refuse=2)
+        batch = xrc.CREDIT_BATCH
+        assert batch == 16  # the SRQ's 16 WQEs below
+        for k in range(16):
+            owner.post(k, 100 * k, 100)
+        owner.give(FIRST, 0x22, b"y")
+        owner.give(XF_ABORT, 0x22, b"")  # its packet is consumed (one), the abort is not
+        for _ in range(batch):  # 15 placed, the 16th waits for a WQE
+            owner.give(ONLY, 0x21, b"x")
+        assert back.calls == []
+        owner.post(99, 5000, 100)  # placed: 16 consumed; refused, and again at once
+        assert back.calls == [(0x21, batch)] * 2
+        owner.give(ONLY, 0x23, b"z")  # the next packet (waits): sent with it
+        assert back.calls == [(0x21, batch)] * 3
+        owner.post(98, 6000, 100)
+        assert len(back.calls) == 3
+        assert len(owner.wcs() + owner.wcs()) == batch + 2  # (16 per poll)
+    finally:
         ctx_t.close()

@@ -13,12 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness.device import shared_device
+from harness.device import ib_port, shared_device
 from harness.wait import wait_until
 
 from softrdma import enums as e
 from softrdma import verbs as v
 from softrdma.drivers.devd.client import DevdLink
+from softrdma.ib import xrc
+from softrdma.ib.xrc import srq_table
 
 ACC = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE)
 XRC_SEND, XRC_RECV = int(e.IBV_QPT_XRC_SEND), int(e.IBV_QPT_XRC_RECV)
@@ -34,11 +36,11 @@ class Proc:
     """What one process of ibv_xsrq_pingpong holds: a context on the shared device, an
     XRCD on the common file, an XRC SRQ with its CQ, INI and TGT QPs."""
 
-    def __init__(self, name: str, path: Path, n_qps: int = 1) -> None:
+    def __init__(self, name: str, path: Path, n_qps: int = 1, size: int = SIZE) -> None:
         self.ctx = v.Context(name)
         self.pd = v.PD(self.ctx)
         self.cq = v.CQ(self.ctx, 64)
-        self.buf = bytearray(SIZE)
+        self.buf = bytearray(size)
         self.mr = v.MR(self.pd, 0, ACC, buffer=self.buf)
         self.fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o400)
         self.xrcd = v.XRCD(self.ctx, self.fd, os.O_CREAT)
@@ -65,8 +67,9 @@ class Proc:
         os.close(self.fd)
 
 
-def _connect(ini: v.QP, ini_p: Proc, tgt: v.QP, tgt_p: Proc) -> None:
-    common: dict[str, Any] = dict(path_mtu=int(e.IBV_MTU_1024), max_dest_rd_atomic=1,
+def _connect(ini: v.QP, ini_p: Proc, tgt: v.QP, tgt_p: Proc,
+             mtu: int = int(e.IBV_MTU_1024)) -> None:
+    common: dict[str, Any] = dict(path_mtu=mtu, max_dest_rd_atomic=1,
                                   min_rnr_timer=1, timeout=14, retry_cnt=7, rnr_retry=7,
                                   max_rd_atomic=1)
     t = v.QPAttr(qp_access_flags=ACC, dest_qp_num=ini.qp_num, rq_psn=0x77, sq_psn=0, **common)
@@ -201,6 +204,58 @@ def test_a_hand_over_devd_cannot_take_is_sent_again(device: str, tmp_path: Path)
         assert len(calls) == 7 and calls[-1] == 2  # 5 packets + 2 refused; XF_LAST
         assert b.ctx.query_port_counters().send_rnr_nak == 2
         assert a.cq.poll(4)[0] == 0
+    finally:
+        for p in (server, a, b):
+            p.close()
+
+
+@pytest.mark.iba("9.8.5", "9.7.5.2.8")
+def test_a_stalled_owner_stops_the_sender_instead_of_losing_sends(device: str,
+                                                                  tmp_path: Path) -> None:
+    """The SRQ's owner takes nothing from devd for a while (its engine busy; here its lock
+    held) while another process's TGT QP hands it 8 MiB, more than the owner's data
+    channel holds. Before flow control devd dropped what did not fit (``client_full``)
+    after the TGT QP had acknowledged it: the sender saw all 16 SENDs complete, the owner
+    got part of them. Now the TGT QP stops at its credit with RNR NAKs until the owner
+    consumes (its credit used up, RNR NAKs sent), and every SEND arrives whole, once, in
+    order."""
+    n, size = 16, 512 << 10
+    path = tmp_path / "xrc_domain"
+    server, a = Proc(device, path, size=n * size), Proc(device, path, size=n * size)
+    b = Proc(device, path)
+    try:
+        _connect(server.ini[0], server, b.tgt[0], b, int(e.IBV_MTU_4096))
+        for k in range(n):
+            a.post(k, k * size, size)
+            server.buf[k * size:(k + 1) * size] = bytes([k + 1]) * size
+        sent: list[Any] = []
+        key = (b.tgt[0].qp_num, a.srq.srq_num)
+        with a.ctx.runtime.lock:  # the owner reads nothing meanwhile
+            for k in range(n):
+                server.send(0, 100 + k, k * size, size, a.srq.srq_num)
+
+            def stalled() -> bool:
+                sent.extend(server.cq.poll(16)[1])
+                held = getattr(srq_table(ib_port(b.ctx)), "in_flight", {}).get(key, 0)
+                return len(sent) == n or (held >= xrc.HANDOVER_CREDITS
+                                          and b.ctx.query_port_counters().send_rnr_nak > 0)
+
+            wait_until(stalled, timeout=120, what="the sender done or held back")
+            # the window (64 packets) is less than one SEND: none completes meanwhile
+            assert sent == []
+        sent += _wcs(server.cq, n)
+        assert [(w.wr_id, w.status) for w in sent] == [(100 + k, 0) for k in range(n)]
+        got: list[Any] = []
+
+        def arrived() -> bool:
+            got.extend(a.cq.poll(16)[1])
+            return len(got) >= n
+
+        wait_until(arrived, timeout=60, what=f"{n} SENDs at the owner")
+        assert [(w.wr_id, w.status, w.byte_len) for w in got] == [
+            (k, 0, size) for k in range(n)]
+        for k in range(n):
+            assert a.buf[k * size:(k + 1) * size] == bytes([k + 1]) * size
     finally:
         for p in (server, a, b):
             p.close()

@@ -21,6 +21,7 @@ struct sr_swr {
     uint64_t remote_addr, compare_add, swap;
     uint32_t rkey, ah, remote_qpn, remote_qkey;
     uint32_t xrc_srqn;
+    uint32_t gen;
 };
 struct sr_rwr { uint64_t wr_id; uint64_t sg; uint32_t num_sge; };
 struct sr_qp_init {

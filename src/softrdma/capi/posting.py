@@ -1,13 +1,15 @@
 """Posting from C: ``ibv_post_send``, ``ibv_post_recv`` and ``ibv_post_srq_recv`` (the
 flat records ``struct sr_swr`` / ``struct sr_rwr`` of :mod:`.cdefs`, one call per chain).
 
-A program posts the same request again and again (``ibv_rc_pingpong``, perftest's
-latency tests: the same buffer, length, opcode and flags, only ``wr_id`` and the inline
-bytes may change): each QP keeps the :class:`~softrdma.verbs.SendWR` of its last request
-with the bytes it was made from (the record but its ``wr_id``, and the SGEs), and a
-request with the same bytes posts it again, with its ``wr_id`` and a fresh copy of its
-inline data. ``QP.post_send`` validates it as any other. A thread takes the entry out of
-the table while it posts, so two threads that post on one QP never share one.
+A program posts the same request again and again (``ib_write_bw``, ``ibv_rc_pingpong``,
+perftest's latency tests: the same buffer, length, opcode and flags, only ``wr_id`` and the
+inline bytes may change). ``shim.c`` numbers the contents of each QP's last request
+(``sr_same_gen``: the record but its ``wr_id``, and the SGEs; ``gen``, 0 for none), so
+the bytes are compared in C: each QP keeps here the :class:`~softrdma.verbs.SendWR` made
+for its last number, and a request with that number posts it again, with its ``wr_id``
+and a fresh copy of its inline data. ``QP.post_send`` validates it as any other. A thread
+takes the entry out of the table while it posts, so two threads that post on one QP
+never share one.
 """
 
 from __future__ import annotations
@@ -24,12 +26,9 @@ __all__ = ["post_send", "post_recv", "forget"]
 _INLINE = int(e.IBV_SEND_INLINE)  # plain ints: IntFlag arithmetic is slow per request
 _SEND_WITH_INV = int(e.IBV_WR_SEND_WITH_INV)
 _ATOMICS = (int(e.IBV_WR_ATOMIC_CMP_AND_SWP), int(e.IBV_WR_ATOMIC_FETCH_AND_ADD))
-_WR_ID_SIZE = 8  # the record's first field (struct sr_swr.wr_id)
-_SGE_SIZE = 16  # struct ibv_sge
-_KEYED_SGES = 4  # requests with more SGEs than this are built anew each time
 
-#: QP handle -> (the bytes of its last request but its wr_id, the SendWR made of them)
-_last: dict[int, tuple[bytes, SendWR]] = {}
+#: QP handle -> (the content number of its last request, the SendWR made of it)
+_last: dict[int, tuple[int, SendWR]] = {}
 
 
 def _inline(sg: list[Any]) -> bytes:
@@ -59,41 +58,27 @@ def _send_wr(w: Any) -> SendWR:
     return wr
 
 
-def _key(wrs: Any, i: int) -> bytes | None:
-    """The bytes of request ``i`` but its wr_id, and of its SGEs; None when it has none
-    or more than :data:`_KEYED_SGES` (or a bad count, which ``_send_wr`` refuses)."""
-    w = wrs[i]
-    num = w.num_sge
-    sg = w.sg
-    if not 0 < num <= _KEYED_SGES or not sg:
-        return None
-    ffi = hd._ffi
-    record: bytes = ffi.buffer(wrs + i)[_WR_ID_SIZE:]
-    sges: bytes = ffi.buffer(ffi.cast("char *", sg), num * _SGE_SIZE)[:]
-    return record + sges
-
-
 def post_send(h: int, wrs: Any, n: int, bad: Any) -> int:
     """``sr_py_post_send``: post the ``n`` requests at ``wrs`` on QP ``h``; ``bad[0]`` is
     the index of the one that failed."""
     qp = _get(h, QP)
     for i in range(n):
         bad[0] = i
-        key = _key(wrs, i)
-        last = _last.pop(h, None) if key is not None else None
-        if last is not None and last[0] == key:
+        w = wrs[i]
+        gen = w.gen
+        last = _last.pop(h, None) if gen else None
+        if last is not None and last[0] == gen:
             wr = last[1]
-            w = wrs[i]
             wr.wr_id = w.wr_id
             if w.ah:
                 _get(w.ah, AH)  # still there (EINVAL once destroyed, as when built)
             if wr.send_flags & _INLINE:
                 wr.inline_data = _inline(wr.sg)
         else:
-            wr = _send_wr(wrs[i])
+            wr = _send_wr(w)
         qp.post_send(wr)
-        if key is not None:
-            _last[h] = (key, wr)
+        if gen:
+            _last[h] = (gen, wr)
     return 0
 
 

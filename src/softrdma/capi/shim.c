@@ -45,6 +45,7 @@ struct sr_swr {
     uint64_t remote_addr, compare_add, swap;
     uint32_t rkey, ah, remote_qpn, remote_qkey;
     uint32_t xrc_srqn;      /* XRC INI QPs: the remote XRC SRQ (qp_type.xrc.remote_srqn) */
+    uint32_t gen;           /* sr_same_gen: the request's content number, 0: none */
 };
 
 struct sr_rwr {
@@ -133,12 +134,18 @@ struct sr_cq {
     int ex_polling, ex_cur;
 };
 struct sr_xwr;  /* a work request built with the ibv_wr_* API, posted by wr_complete */
+#define SR_KEYED_SGES 4  /* requests with more SGEs than this get no content number */
 struct sr_qp {
     struct ibv_qp_ex qpx;  /* qpx.qp_base is the program's ibv_qp */
     int h;
     int is_ex;             /* created by ibv_create_qp_ex with send_ops_flags */
     struct sr_xwr *xw;
     int nx, xcap, xerr;
+    /* the last request posted (but its wr_id) and its SGEs, numbered (sr_same_gen) */
+    pthread_spinlock_t last_lock;
+    uint32_t last_gen;
+    struct sr_swr last;
+    struct ibv_sge last_sg[SR_KEYED_SGES];
 };
 struct sr_srq { struct ibv_srq srq; int h; uint32_t srq_num; int xrc; };
 struct sr_ah { struct ibv_ah ah; int h; };
@@ -371,8 +378,39 @@ static int sr_req_notify_cq(struct ibv_cq *cq, int solicited_only)
     return sr_py_req_notify_cq(SR_H(sr_cq, cq), solicited_only);
 }
 
-/* ---- posting: flatten the chain, one Python call ---- */
+/* ---- posting: flatten the chain, one Python call ----
+ * A program posts the same request again and again (ib_write_bw, ibv_rc_pingpong: the same
+ * buffer, length, opcode and flags; only wr_id changes). Each QP numbers the contents of its
+ * last request (the flat record but wr_id, and its SGEs): a request equal to it gets the same
+ * number in sr_swr.gen, a new one the next number, one with no SGE or more than
+ * SR_KEYED_SGES none (0). The Python half (capi/posting.py) posts the request object it made
+ * for that number again, with the new wr_id, instead of comparing the bytes itself. A number
+ * names one content only, so threads posting on one QP cannot mix them up. */
 #define SR_BATCH 64
+#define SR_KEY_FROM offsetof(struct sr_swr, sg)
+#define SR_KEY_LEN (offsetof(struct sr_swr, gen) - SR_KEY_FROM)
+
+static uint32_t sr_same_gen(struct sr_qp *q, const struct sr_swr *f)
+{
+    const struct ibv_sge *sg = (const struct ibv_sge *)(uintptr_t)f->sg;
+    uint32_t n = f->num_sge, gen;
+
+    if (!n || n > SR_KEYED_SGES || !sg)
+        return 0;
+    pthread_spin_lock(&q->last_lock);
+    if (q->last_gen && q->last.num_sge == n
+        && !memcmp((const char *)f + SR_KEY_FROM, (const char *)&q->last + SR_KEY_FROM,
+                   SR_KEY_LEN)
+        && !memcmp(sg, q->last_sg, n * sizeof(*sg))) {
+        gen = q->last_gen;
+    } else {
+        memcpy((char *)&q->last + SR_KEY_FROM, (const char *)f + SR_KEY_FROM, SR_KEY_LEN);
+        memcpy(q->last_sg, sg, n * sizeof(*sg));
+        gen = q->last_gen = q->last_gen + 1 ? q->last_gen + 1 : 1;
+    }
+    pthread_spin_unlock(&q->last_lock);
+    return gen;
+}
 
 static int sr_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
 {
@@ -408,6 +446,7 @@ static int sr_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_se
                 f->remote_addr = wr->wr.rdma.remote_addr;
                 f->rkey = wr->wr.rdma.rkey;
             }
+            f->gen = sr_same_gen((struct sr_qp *)qp, f);
         }
         i = 0;  /* the Python half sets the index of the WR that failed */
         sr_posted();
@@ -1185,9 +1224,11 @@ static struct sr_qp *sr_create_qp_on(int owner, struct ibv_context *context, str
     q = calloc(1, sizeof(*q));
     if (!q)
         return sr_fail(ENOMEM);
+    pthread_spin_init(&q->last_lock, PTHREAD_PROCESS_PRIVATE);
     h = cm_id ? sr_py_cm_create_qp(cm_id, owner, &a, q) : sr_py_create_qp(owner, &a, q);
     if (!sr_handle_ok(h)) {
         int err = errno;
+        pthread_spin_destroy(&q->last_lock);
         free(q);
         return sr_fail(err);
     }
@@ -1342,6 +1383,7 @@ int ibv_destroy_qp(struct ibv_qp *qp)
         return ret;
     sr_x_free(q);
     free(q->xw);
+    pthread_spin_destroy(&q->last_lock);
     free(q);
     return 0;
 }
@@ -1424,6 +1466,7 @@ static int sr_x_complete(struct ibv_qp_ex *qpx)
                 struct sr_xwr *w = &q->xw[i];
                 flat[i] = w->f;
                 flat[i].sg = (uint64_t)(uintptr_t)(w->list ? w->list : &w->one);
+                flat[i].gen = sr_same_gen(q, &flat[i]);
             }
             sr_posted();
             ret = sr_py_post_send(q->h, flat, q->nx, &bad);

@@ -37,6 +37,16 @@ while the SRQ has no receive WQE they wait (up to :data:`MAX_HANDOVER_BYTES`). O
 SENDs cross processes: an RDMA WRITE, READ or atomic naming another process's SRQ is
 NAKed as an invalid XRCETH (its R_Key is in that process's memory). A hand-over the
 daemon cannot take now is answered with an RNR NAK (the INI QP sends again).
+
+Flow control (IBA 9.7.5.2.8, end to end): a TGT QP acknowledges a handed-over packet,
+so the owner must never lose one. Each (TGT QPN, SRQ number) pair may have at most
+:data:`HANDOVER_CREDITS` packets handed over that the owner has not yet consumed
+(placed in a receive WQE, or completed in error); the owner returns consumed packets as
+credit records (``XF_CREDIT``, at least :data:`CREDIT_BATCH` at a time, through devd to
+the TGT QP's process). Without credit the TGT QP answers with an RNR NAK, as a responder
+without a receive WQE does, and the INI QP sends again after its RNR timer. So a SRQ
+without receive WQEs, a slow owner or a full channel to it stops the sender instead of
+dropping what was acknowledged. ``XF_ABORT`` records take no credit.
 """
 
 from __future__ import annotations
@@ -67,7 +77,7 @@ from .responder import _RNR, Responder
 
 __all__ = ["XrcDomain", "XrcSRQ", "XrcIniQP", "XrcTgtQP", "XrcRelay", "RemoteSRQ", "srq_table",
            "MAX_SRQN", "MAX_HANDOVER_BYTES", "XF_FIRST", "XF_LAST", "XF_IMM", "XF_INV", "XF_SE",
-           "XF_ABORT"]
+           "XF_ABORT", "XF_CREDIT", "HANDOVER_CREDITS", "CREDIT_BATCH"]
 
 MAX_SRQN = 0xFFFFFF  # XRCSRQ is 24 bits (XRCETH)
 _XRC = int(Transport.XRC)
@@ -79,6 +89,14 @@ XF_IMM = 0x04  # SEND with Immediate: ``word`` is the immediate data
 XF_INV = 0x08  # SEND with Invalidate: ``word`` is the R_Key to invalidate
 XF_SE = 0x10  # the last packet's Solicited Event bit
 XF_ABORT = 0x20  # the TGT QP left its message unfinished (error): flush its WQE
+#: (owner -> TGT QP's process) ``word`` handed-over packets of TGT QP ``tgt_qpn`` for
+#: SRQ ``srqn`` were consumed: that many more may be handed over (module docstring)
+XF_CREDIT = 0x40
+#: packets a (TGT QP, SRQ) pair may have handed over and not yet consumed by the owner
+HANDOVER_CREDITS = 64
+#: the owner returns credit once this many packets of a pair are consumed (<= the window:
+#: a sender that used all its credit always gets some back)
+CREDIT_BATCH = 16
 _XF_OVERFLOW = 0x100  # (owner side) a packet of the message could not be kept
 #: bytes of handed-over packets an XRC SRQ keeps while it has no receive WQE; past it
 #: a new message is dropped and a message in progress completes in error
@@ -97,6 +115,11 @@ class XrcRelay(Protocol):
     def relay(self, flags: int, srqn: int, tgt_qpn: int, src_qp: int, word: int,
               payload: memoryview) -> bool:
         """Hand one SEND packet over to SRQ ``srqn``'s owner; False: not now."""
+        ...
+
+    def credit(self, srqn: int, tgt_qpn: int, count: int) -> bool:
+        """(The owner's side) return ``count`` consumed packets of TGT QP ``tgt_qpn`` to
+        its process (an ``XF_CREDIT`` record); False: not now (kept, sent later)."""
         ...
 
 
@@ -147,16 +170,42 @@ class _SrqTable:
     another process's SRQ is then an invalid XRCETH here, never a delivery into this
     process's SRQ of the same number."""
 
-    __slots__ = ("by_srqn", "port")
+    __slots__ = ("by_srqn", "port", "in_flight")
 
     def __init__(self, port: Port) -> None:
         self.by_srqn: dict[int, XrcSRQ] = {}
         self.port = port
+        #: (TGT QPN, SRQ number) -> packets this process's TGT QP handed over that the
+        #: owner has not returned as consumed (the module docstring's flow control)
+        self.in_flight: dict[tuple[int, int], int] = {}
+
+    def may_hand_over(self, tgt_qpn: int, srqn: int) -> bool:
+        """Whether TGT QP ``tgt_qpn`` has credit for one more packet to SRQ ``srqn``."""
+        return self.in_flight.get((tgt_qpn, srqn), 0) < HANDOVER_CREDITS
+
+    def handed_over(self, tgt_qpn: int, srqn: int) -> None:
+        """One packet of ``tgt_qpn`` went to SRQ ``srqn``'s owner: one credit used."""
+        key = (tgt_qpn, srqn)
+        self.in_flight[key] = self.in_flight.get(key, 0) + 1
+
+    def credited(self, tgt_qpn: int, srqn: int, count: int) -> None:
+        """The owner consumed ``count`` packets of ``tgt_qpn`` (an ``XF_CREDIT``
+        record); a count above those in flight (a confused or hostile owner) clears them."""
+        key = (tgt_qpn, srqn)
+        left = self.in_flight.get(key, 0) - count
+        if left > 0:
+            self.in_flight[key] = left
+        else:
+            self.in_flight.pop(key, None)
 
     def hand_over(self, flags: int, srqn: int, tgt_qpn: int, src_qp: int, word: int,
                   payload: memoryview) -> None:
         """A SEND packet handed over by another process's TGT QP (the link's
-        ``xrc_sink``): to the SRQ it names; counted and dropped if there is none."""
+        ``xrc_sink``): to the SRQ it names; counted and dropped if there is none. A
+        credit record (``XF_CREDIT``) is for this process's TGT QP ``tgt_qpn``."""
+        if flags & XF_CREDIT:
+            self.credited(tgt_qpn, srqn, word)
+            return
         srq = self.by_srqn.get(srqn)
         if srq is None or srq.closed:
             self.port.counters.rcvd_unknown_qp += 1
@@ -216,29 +265,41 @@ class XrcSRQ(EngineSRQ):
         self.waiting: deque[tuple[int, int, int, int, bytes]] = deque()
         self.waiting_bytes = 0
         self.dropping: set[int] = set()  # TGT QPNs whose message is being dropped
+        #: TGT QPN -> packets consumed and not yet returned as credit (flow control)
+        self.unreturned: dict[int, int] = {}
+        self.owed = False  # a credit record could not be sent (retried, _return_owed)
 
     def post_recv(self, rwqe: RecvWQE) -> None:
         super().post_recv(rwqe)
         if self.waiting:
             self._drain()
+        if self.owed:
+            self._return_owed()
 
     def hand_over(self, flags: int, tgt_qpn: int, src_qp: int, word: int,
                   payload: memoryview) -> None:
         """One SEND packet that TGT QP ``tgt_qpn`` of another process took for this SRQ
-        (``flags``: ``XF_*``): placed now, or kept until a receive WQE is posted."""
+        (``flags``: ``XF_*``): placed now, or kept until a receive WQE is posted. Each
+        packet but an abort is returned as credit once consumed (module docstring)."""
+        if self.owed:
+            self._return_owed()
         if tgt_qpn in self.dropping:  # the rest of a message that could not be kept
             if not flags & XF_FIRST:
                 if flags & (XF_LAST | XF_ABORT):
                     self.dropping.discard(tgt_qpn)
+                self._consumed(flags, tgt_qpn)
                 return
             self.dropping.discard(tgt_qpn)
         if not self.waiting and self._place(flags, tgt_qpn, src_qp, word, payload):
+            self._consumed(flags, tgt_qpn)
             return
         if self.waiting_bytes + len(payload) > MAX_HANDOVER_BYTES:
+            # (only a sender that ignores its credit gets here)
             self.port.counters.rcvd_no_buffer += 1
             if not flags & XF_LAST:
                 self.dropping.add(tgt_qpn)
             if flags & XF_FIRST:
+                self._consumed(flags, tgt_qpn)
                 return  # the whole message is dropped, as a lost one
             flags, payload = _XF_OVERFLOW, memoryview(b"")
         self.waiting.append((flags, tgt_qpn, src_qp, word, bytes(payload)))
@@ -252,6 +313,35 @@ class XrcSRQ(EngineSRQ):
                 return
             waiting.popleft()
             self.waiting_bytes -= len(data)
+            self._consumed(flags, tgt)
+
+    def _consumed(self, flags: int, tgt: int) -> None:
+        """A handed-over packet of TGT QP ``tgt`` left this SRQ's keeping (placed, or
+        completed or dropped in error): its credit goes back to the sender, in batches
+        of :data:`CREDIT_BATCH` (an abort took none)."""
+        if flags & XF_ABORT:
+            return
+        unreturned = self.unreturned
+        n = unreturned.get(tgt, 0) + 1
+        unreturned[tgt] = n
+        if n >= CREDIT_BATCH:
+            self._return(tgt, n)
+
+    def _return(self, tgt: int, n: int) -> None:
+        relay = self.xrcd.relay
+        if relay is None:
+            return
+        if relay.credit(self.srqn, tgt, n):
+            del self.unreturned[tgt]
+        else:  # the channel to devd is full: again at the next packet or receive WQE
+            self.owed = True
+
+    def _return_owed(self) -> None:
+        """Send the credit records a full channel refused before."""
+        self.owed = False
+        for tgt, n in list(self.unreturned.items()):
+            if n >= CREDIT_BATCH:
+                self._return(tgt, n)
 
     def _place(self, flags: int, tgt: int, src: int, word: int, payload: memoryview) -> bool:
         """Place one handed-over packet (IBA 9.7.4.1.5, as the responder's ``_send_data``
@@ -314,6 +404,7 @@ class XrcSRQ(EngineSRQ):
         self.closed = True
         self.waiting.clear()
         self.inbound.clear()
+        self.unreturned.clear()
         table = srq_table(self.port)
         if table.by_srqn.get(self.srqn) is self:
             table.free(self.srqn)
@@ -406,10 +497,20 @@ class _HandOverResponder(Responder):
             self._clear_msg()
 
     def _relay(self, remote: RemoteSRQ, flags: int, word: int, payload: memoryview) -> bool:
+        """Hand one packet over if the owner gave credit for it (an abort needs none);
+        False: not now (the caller RNR NAKs, IBA 9.7.5.2.8)."""
         relay = remote.xrcd.relay
+        if relay is None:
+            return False
         qp = self.tgt
-        return relay is not None and relay.relay(flags, remote.srqn, qp.qpn, qp.dest_qpn,
-                                                 word, payload)
+        if flags & XF_ABORT:
+            return relay.relay(flags, remote.srqn, qp.qpn, qp.dest_qpn, word, payload)
+        table = srq_table(qp.port)
+        if not table.may_hand_over(qp.qpn, remote.srqn) or not relay.relay(
+                flags, remote.srqn, qp.qpn, qp.dest_qpn, word, payload):
+            return False
+        table.handed_over(qp.qpn, remote.srqn)
+        return True
 
     def _abort_remote(self) -> None:
         remote = self.tgt.bound

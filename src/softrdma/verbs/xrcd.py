@@ -31,7 +31,7 @@ from typing import Any
 
 from ..errors import InvalidArgument, ResourceError, SoftRdmaError
 from ..ib.port import Port
-from ..ib.xrc import XrcDomain, srq_table
+from ..ib.xrc import XF_CREDIT, XrcDomain, srq_table
 from ..ib.xrc import XrcSRQ as EngineXrcSRQ
 from ._args import uint
 from ._object import VerbsObject, release_on
@@ -69,6 +69,10 @@ class _SharedDomain:
               payload: memoryview) -> bool:
         return bool(self.link.xrc_send(flags, self.ident, srqn, tgt_qpn, src_qp, word,
                                        payload))
+
+    def credit(self, srqn: int, tgt_qpn: int, count: int) -> bool:
+        return bool(self.link.xrc_send(XF_CREDIT, self.ident, srqn, tgt_qpn, 0, count,
+                                       b""))
 
     def register(self, srqn: int) -> None:
         self.link.xrc_srq(self.ident, srqn)

@@ -38,11 +38,14 @@ class Forwarding(CmRouting):
     _closed_qpns: dict[int, None]  # QPNs of QPs destroyed lately (QpnRouting)
 
     _xrc_forward: Callable[[Client, bytes], None]  # XrcRouting
+    _xrc_flush: Callable[[Client], None]  # XrcRouting
 
     def _on_data_hup(self, c: Client) -> None:
         """The data channel is readable: the client left, or it sends a self-addressed
         RoCEv1 packet (CA16-22), which is routed as if it had arrived from the wire, or
-        an XRC hand-over record (:mod:`.xrc`)."""
+        an XRC hand-over record (:mod:`.xrc`); or it is writable again for the XRC
+        records waiting for it."""
+        self._xrc_flush(c)
         while (msg := client_recv(c, c.data, DHDR.size + MAX_DATAGRAM)) is not None:
             if msg[0] == XRC_RECORD:
                 self._xrc_forward(c, msg)

@@ -124,12 +124,13 @@ XRC hand-over (data channel, both ways; :mod:`.xrc`): a record whose first byte 
 took for an SRQ of another client of its domain (IBA 9.8.5, Annex A14)::
 
     XHDR "!BBHIIIII": XRC_RECORD, flags (``softrdma.ib.xrc.XF_*``: first, last, with
-    immediate, with invalidate, solicited, abort), 0, domain id, SRQ number, TGT QPN,
-    source QPN (the INI QP), immediate data or the R_Key to invalidate
+    immediate, with invalidate, solicited, abort, credit), 0, domain id, SRQ number, TGT
+    QPN, source QPN (the INI QP), immediate data, the R_Key to invalidate or the credit
 
 devd forwards it unchanged to the SRQ's owner when the sender has the domain open and
-the SRQ is registered in it (``xrc_forwarded``); else drops it (``xrc_refused``; a
-full owner channel: ``client_full``).
+the SRQ is registered in it (a credit record: from the SRQ's owner to the TGT QPN's, in
+the domain; ``xrc_forwarded``); else drops it (``xrc_refused``). A full channel keeps
+records in order until it is writable (:mod:`.xrc`).
 
 Delivery rules: DestQP 1 -> CM MADs are routed (below), other QP1 MADs go to every client
 registered for QP1; DestQP 0xFFFFFF (multicast,
