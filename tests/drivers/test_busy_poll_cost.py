@@ -107,6 +107,7 @@ class _AckOwner:
 
     def __init__(self) -> None:
         self.flushed = 0
+        self.ack_psn = 0
 
     def flush_ack(self) -> None:
         self.flushed += 1
