@@ -39,17 +39,17 @@ class _Qp:
 def test_held_only_while_contended_and_until_the_hold_ends() -> None:
     hold = AckHold()
     qp = _Qp(5)
-    assert hold.go([], 10.0, True) is True  # nothing pending
-    assert hold.go([qp], 10.0, False) is True and hold.until == 0.0  # an idle machine
-    assert hold.go([qp], 10.0, True) is False and hold.until == 10.0 + roce.ACK_HOLD
+    assert hold.go([], 10.0, True, 0) is True  # nothing pending
+    assert hold.go([qp], 10.0, False, 0) is True and hold.until == 0.0  # an idle machine
+    assert hold.go([qp], 10.0, True, 0) is False and hold.until == 10.0 + roce.ACK_HOLD
     qp.ack_psn = 6  # the peer's next request came in
-    assert hold.go([qp], 10.0 + roce.ACK_HOLD / 2, True) is False
-    assert hold.go([qp], 10.0 + roce.ACK_HOLD, True) is True and hold.until == 0.0
+    assert hold.go([qp], 10.0 + roce.ACK_HOLD / 2, True, 0) is False
+    assert hold.go([qp], 10.0 + roce.ACK_HOLD, True, 0) is True and hold.until == 0.0
     assert not hold.prompt and not hold.stale
     # a bulk sender: ACK_HOLD_RX datagrams end the hold before its time
-    assert hold.go([qp], 20.0, True) is False
+    assert hold.go([qp], 20.0, True, 0) is False
     hold.rx = roce.ACK_HOLD_RX
-    assert hold.go([qp], 20.0, True) is True
+    assert hold.go([qp], 20.0, True, 0) is True
 
 
 def test_a_peer_that_waits_for_its_acks_gets_them_at_once() -> None:
@@ -60,23 +60,36 @@ def test_a_peer_that_waits_for_its_acks_gets_them_at_once() -> None:
     waiter, sender = _Qp(1), _Qp(1)
     now = 100.0
     for k in range(roce.ACK_STALE):
-        assert hold.go([waiter, sender], now, True) is False
+        assert hold.go([waiter, sender], now, True, 0) is False
         sender.ack_psn += 1
         if k == 1:  # the waiter sent on once: its streak starts again
             waiter.ack_psn += 1
         now += roce.ACK_HOLD
-        assert hold.go([waiter, sender], now, True) is True
+        assert hold.go([waiter, sender], now, True, 0) is True
     assert not hold.prompt and hold.stale == {id(waiter): 1}
     for _ in range(roce.ACK_STALE - 1):
-        assert hold.go([waiter], now, True) is False
+        assert hold.go([waiter], now, True, 0) is False
         now += roce.ACK_HOLD
-        assert hold.go([waiter], now, True) is True
+        assert hold.go([waiter], now, True, 0) is True
     assert set(hold.prompt) == {id(waiter)} and not hold.stale
-    assert hold.go([sender, waiter], now, True) is True  # prompt: not held
-    assert hold.go([sender], now, True) is False  # the other one still is
-    hold.go([sender], now + roce.ACK_HOLD, True)
+    assert hold.go([sender, waiter], now, True, 0) is True  # prompt: not held
+    assert hold.go([sender], now, True, 0) is False  # the other one still is
+    hold.go([sender], now + roce.ACK_HOLD, True, 0)
     now += roce.ACK_PROMPT + roce.ACK_HOLD
-    assert hold.go([waiter], now, True) is False  # the prompt period is over
+    assert hold.go([waiter], now, True, 0) is False  # the prompt period is over
+
+
+def test_a_duplicate_request_ends_the_hold() -> None:
+    """A duplicate request while ACKs are held: the requester's transport timer ran out
+    first (a short Local ACK Timeout). The ACK leaves at once, and its QP is not held
+    again during ACK_PROMPT (its retries would otherwise eat its retry count)."""
+    hold = AckHold()
+    qp = _Qp(3)
+    assert hold.go([qp], 1.0, True, 7) is False
+    assert hold.go([qp], 1.0, True, 7) is False
+    assert hold.go([qp], 1.0, True, 8) is True and hold.until == 0.0
+    assert set(hold.prompt) == {id(qp)}
+    assert hold.go([qp], 1.0, True, 8) is True
 
 
 @pytest.fixture()

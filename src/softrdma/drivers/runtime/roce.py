@@ -42,7 +42,7 @@ iWARP composes the same core). The four progress modes
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from ...errors import SoftRdmaError
@@ -98,22 +98,26 @@ class AckHold:
     SEND's completion) sends nothing during a hold: a QP whose PSN did not move during
     :data:`ACK_STALE` holds in a row that ran out (one such hold is also a peer that
     was descheduled) gets its ACKs at once for :data:`ACK_PROMPT` s (so a few holds'
-    delay per that period at most). An idle machine, the progress thread, and a device
+    delay per that period at most). A duplicate request during a hold (the requester's
+    timer ran out first: its timeout is short) ends the hold, and the held QPs get their
+    ACKs at once for that long too. An idle machine, the progress thread, and a device
     without a busy poll never hold ACKs.
     """
 
-    __slots__ = ("until", "rx", "snap", "stale", "prompt", "ran_out")
+    __slots__ = ("until", "rx", "dups", "snap", "stale", "prompt", "ran_out")
 
     def __init__(self) -> None:
         self.until = 0.0  # when the current hold ends (the runtime's clock), 0.0: none
         self.rx = 0  # datagrams received during the current hold
+        self.dups = 0  # the port's duplicate requests when it began
         self.snap: list[tuple[AckOwner, int]] = []  # the held QPs and their PSNs then
         self.stale: dict[int, int] = {}  # id() of a QP -> holds in a row it sent nothing
         self.prompt: dict[int, float] = {}  # id() of a QP whose peer waits -> until when
         self.ran_out = 0  # holds that ended by time (tests, diagnostics)
 
-    def go(self, pending: list[AckOwner], now: float, contended: bool) -> bool:
-        """True if the ``pending`` ACKs leave now; False holds them (``until`` is set)."""
+    def go(self, pending: list[AckOwner], now: float, contended: bool, dups: int) -> bool:
+        """True if the ``pending`` ACKs leave now; False holds them (``until`` is set).
+        ``dups``: the port's count of duplicate requests received (``duplicate_request``)."""
         if not pending:
             self.until = 0.0
             return True
@@ -128,8 +132,14 @@ class AckHold:
                         return True
             self.until = now + ACK_HOLD
             self.rx = 0
+            self.dups = dups
             self.snap = [(qp, qp.ack_psn) for qp in pending]
             return False
+        if dups != self.dups:  # a peer's transport timer fired before the hold ended: it
+            # is sent its ACK at once (C9-105), and the held QPs are not held again a while
+            self.until = 0.0
+            self._prompt(pending, now)
+            return True
         if now < until and self.rx < ACK_HOLD_RX:
             return False
         self.until = 0.0
@@ -150,12 +160,17 @@ class AckHold:
                     stale[key] = k
                     continue
                 stale.pop(key, None)
-                prompt = self.prompt
-                if len(prompt) >= 256:
-                    prompt.clear()
-                prompt[key] = now + ACK_PROMPT
+                self._prompt((qp,), now)
         self.snap = []
         return True
+
+    def _prompt(self, qps: Iterable[AckOwner], now: float) -> None:
+        """No hold for ``qps`` during :data:`ACK_PROMPT` s."""
+        prompt = self.prompt
+        for qp in qps:
+            if len(prompt) >= 256:
+                prompt.clear()
+            prompt[id(qp)] = now + ACK_PROMPT
 
 
 class _Memo(dict[bytes, bytes]):
@@ -338,7 +353,9 @@ class Runtime(RoceTx, RoceRx):
     def _acks_go(self) -> bool:
         """Under the lock, on the busy poll's paths: True if the coalesced ACKs pending
         leave now, False while the machine is contended and :class:`AckHold` holds them."""
-        return self._ack_hold.go(self.port.ack_pending, self.now(), self._pacer.calm_now())
+        port = self.port
+        return self._ack_hold.go(port.ack_pending, self.now(), self._pacer.calm_now(),
+                                 port.counters.duplicate_request)
 
     def _progress_locked(self) -> int:
         with self.lock:
