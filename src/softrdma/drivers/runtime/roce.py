@@ -118,10 +118,12 @@ class AckHold:
     def go(self, pending: list[AckOwner], now: float, contended: bool, dups: int) -> bool:
         """True if the ``pending`` ACKs leave now; False holds them (``until`` is set).
         ``dups``: the port's count of duplicate requests received (``duplicate_request``)."""
-        if not pending:
-            self.until = 0.0
-            return True
         until = self.until
+        if not pending:
+            if until:  # the ACKs left another way (the progress thread, a close)
+                self.until = 0.0
+                self.snap = []  # no QP kept alive by a hold
+            return True
         if until == 0.0:
             if not contended:
                 return True
@@ -138,6 +140,7 @@ class AckHold:
         if dups != self.dups:  # a peer's transport timer fired before the hold ended: it
             # is sent its ACK at once (C9-105), and the held QPs are not held again a while
             self.until = 0.0
+            self.snap = []
             self._prompt(pending, now)
             return True
         if now < until and self.rx < ACK_HOLD_RX:
