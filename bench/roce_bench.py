@@ -176,6 +176,13 @@ class Side:
         out["cpu_us_per_pkt"] = cpu / max(st["sent"] + st["received"], 1) * 1e6
         return out
 
+    def calm_episodes(self) -> int:
+        """How often this process's busy poll found the machine contended (a spin lost
+        the CPU: its empty polls then sleep at once for 0.5 s and its coalesced ACKs may be
+        held back; ``drivers.runtime.progress.PollPacer``): a diagnostic of slow runs."""
+        pacer = getattr(self.ctx.runtime, "_pacer", None)
+        return int(getattr(pacer, "contended", 0))
+
     def close(self) -> None:
         self.ctx.close()
 

@@ -99,6 +99,8 @@ class Figure:
     ours: list[float] = field(default_factory=list)
     base: list[float] = field(default_factory=list)
     error: str | None = None
+    #: per-run diagnostics beside the values (name -> one number per run), in the JSON
+    notes: dict[str, list[float]] = field(default_factory=dict)
 
     def ratios(self) -> list[float]:
         return [o / b for o, b in zip(self.ours, self.base, strict=True) if b > 0]
@@ -130,6 +132,7 @@ class Figure:
             "ratio_median": self.median_ratio(),
             "goal": f"{'>=' if self.higher_is_better else '<='} {self.goal}",
             "goal_met": self.met(), "error": self.error,
+            **({"notes": self.notes} if self.notes else {}),
         }
 
 
@@ -232,13 +235,17 @@ def measure(runs: int, quick: bool, only: set[str] | None) -> list[Figure]:
                     "half round trip", "us", "plain Python UDP ping-pong", 1.1, False)
         for _ in range(runs):
             try:
-                shared, inproc = sb.shared_pingpong_lat(iters)
+                diag: list[float] = []
+                shared, inproc = sb.shared_pingpong_lat(iters, diag)
                 udp = rb.udp_lat(iters, ports.take())
             except Exception as exc:
                 f.error = fu.error = f"{type(exc).__name__}: {exc}"
                 break
             f.ours.append(shared * 1e6)
             f.base.append(inproc * 1e6)
+            # a slow run with calm episodes: a spin lost the CPU (shared_bench.pingpong)
+            f.notes.setdefault("calm_episodes", []).append(diag[4])
+            f.notes.setdefault("calm_episodes_baseline", []).append(diag[5])
             fu.ours.append(shared * 1e6)
             fu.base.append(udp * 1e6)
         figs += [x for x in (f, fu) if want(x.name)]

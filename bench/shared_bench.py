@@ -114,8 +114,9 @@ def _pingpong_peer(conn: Connection, kind: str, where: Where, iters: int) -> Non
     side.arm_pingpong()
     conn.send("ready")
     cpu0 = _cpu()
+    calm0 = side.calm_episodes()
     side.pong(iters)
-    conn.send(_cpu() - cpu0)
+    conn.send((_cpu() - cpu0, side.calm_episodes() - calm0))
     conn.recv()  # "bye"
     side.close()
 
@@ -144,16 +145,19 @@ def pingpong(kind: str, iters: int, state: str, name: str, port: int) -> dict[st
         devd0 = _proc_cpu(devd) if devd else 0.0
         wake0 = _wakeups(devd) if devd else 0
         cpu0 = _cpu()
+        calm0 = side.calm_episodes()
         t0 = time.perf_counter()
         side.ping(iters)
         dt = time.perf_counter() - t0
+        calm = side.calm_episodes() - calm0
         devd_cpu = _proc_cpu(devd) - devd0 if devd else 0.0
         wakes = _wakeups(devd) - wake0 if devd else 0
-        cpu = _cpu() - cpu0 + devd_cpu + float(a_conn.recv())
+        peer_cpu, peer_calm = a_conn.recv()
+        cpu = _cpu() - cpu0 + devd_cpu + float(peer_cpu)
         a_conn.send("bye")
         p.join(10)
         return {"lat": dt / iters / 2, "cpu": cpu / iters, "devd_cpu": devd_cpu / iters,
-                "devd_wakeups": wakes / iters}
+                "devd_wakeups": wakes / iters, "calm": calm + int(peer_calm)}
     finally:
         side.close()
         if p.is_alive():
@@ -268,11 +272,14 @@ def shared_pingpong_lat(iters: int = 2000,
                         cpu: list[float] | None = None) -> tuple[float, float]:
     """(shared device, two in-process devices): seconds per half round trip, 64 B SEND;
     ``cpu`` gets the two CPU seconds per round trip (both processes, and devd), then devd's
-    own CPU seconds and wake-ups per round trip."""
+    own CPU seconds and wake-ups per round trip, then the calm episodes of the shared and
+    the in-process run (``roce_bench.Side.calm_episodes``, both processes: a run slowed by
+    a spin that lost the CPU once has one or more)."""
     shared = _device(lambda s, n, p: pingpong("shared", iters, s, n, p))
     inproc = _device(lambda s, n, p: pingpong("inproc", iters, s, n, p))
     if cpu is not None:
-        cpu += [shared["cpu"], inproc["cpu"], shared["devd_cpu"], shared["devd_wakeups"]]
+        cpu += [shared["cpu"], inproc["cpu"], shared["devd_cpu"], shared["devd_wakeups"],
+                shared["calm"], inproc["calm"]]
     return float(shared["lat"]), float(inproc["lat"])
 
 
@@ -331,9 +338,10 @@ def main(argv: list[str] | None = None) -> int:
             ip.append(i * 1e6)
             ratios.append(s / i)
             cr.append(cpu[0] / cpu[1])
-            print(f"  cpu us per round trip: shared {cpu[0] * 1e6:.1f} in-process "
+            print(f"  half RTT shared {s * 1e6:.1f} us in-process {i * 1e6:.1f} us; "
+                  f"cpu us per round trip: shared {cpu[0] * 1e6:.1f} in-process "
                   f"{cpu[1] * 1e6:.1f}; devd: {cpu[2] * 1e6:.1f} us and {cpu[3]:.2f} wake-ups "
-                  "per round trip")
+                  f"per round trip; calm episodes shared {cpu[4]:.0f} in-process {cpu[5]:.0f}")
         print(f"ping-pong 64 B half RTT  shared {_best_median(sh, True)} us  in-process "
               f"{_best_median(ip, True)} us  ratio {_best_median(ratios, True)} (goal <= 1.2)"
               f"; CPU ratio {_best_median(cr, True)}")

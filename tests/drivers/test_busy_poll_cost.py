@@ -67,6 +67,39 @@ def test_a_read_that_drained_the_socket_makes_the_next_empty_poll_ask_the_epoll(
         b.close()
 
 
+def test_a_one_datagram_read_makes_the_next_empty_poll_ask_the_epoll() -> None:
+    """A busy poll reads one datagram first (a ping-pong's answer); the call after it,
+    most often empty, asks the epoll rather than a recvmsg that raises EAGAIN; a datagram
+    queued behind the first is still read by it."""
+    a = UdpLink("127.0.0.1", 0)
+    b = UdpLink("127.0.0.1", 0)
+    try:
+        port = b.port
+        assert port is not None and b._rx is not None
+        counting = _CountingSocket(b._rx)
+        b._rx = counting  # type: ignore[assignment]
+        b._rx_socks = (counting,)  # type: ignore[assignment]
+        a.send(LO4, port, a.fallback_sport, [b"x" * 40])
+        _wait_readable(b)
+        before = counting.calls
+        assert len(b.recv_batch(1)) == 1 and counting.calls == before + 1
+        assert b.recv_batch(2) == []
+        assert counting.calls == before + 1, "an empty poll after a one-datagram read"
+        a.send(LO4, port, a.fallback_sport, [b"y" * 40])
+        a.send(LO4, port, a.fallback_sport, [b"z" * 40])
+        _wait_readable(b)
+        got = b.recv_batch(1)
+        assert [bytes(d.data) for d in got] == [b"y" * 40]
+        end = time.monotonic() + 10.0
+        more: list[bytes] = []
+        while not more and time.monotonic() < end:
+            more = [bytes(d.data) for d in b.recv_batch(2)]
+        assert more == [b"z" * 40]
+    finally:
+        a.close()
+        b.close()
+
+
 def test_a_calm_poll_sleeps_without_reading_the_cpu_clock() -> None:
     """While the machine is contended (calm), an empty poll sleeps at once: it does not
     read the thread's CPU time (a system call) that only a spin needs."""
@@ -110,6 +143,7 @@ class _AckOwner:
 
     def __init__(self) -> None:
         self.flushed = 0
+        self.ack_psn = 0
 
     def flush_ack(self) -> None:
         self.flushed += 1

@@ -32,6 +32,9 @@ class AckOwner(Protocol):
     """A QP with a coalesced ACK pending on its port (``Port.ack_pending``), emitted when
     the driver takes the port's packets (IBA 9.7.5.1.1)."""
 
+    #: the PSN the pending ACK acknowledges up to (-1: none pending)
+    ack_psn: int
+
     def flush_ack(self) -> None: ...
 
 

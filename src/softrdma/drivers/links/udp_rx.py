@@ -81,8 +81,8 @@ class UdpRx:
             raise InvalidArgument("max_n", "must be >= 0")
         # Busy polling (an application spinning on its CQ) calls this far more often than
         # datagrams come: after a call that found the socket empty (nothing read, or a
-        # read that ended on EAGAIN, as a ping-pong's do), ask the epoll first (0.3 us)
-        # rather than let recvmsg raise BlockingIOError (about 1-3 us).
+        # read that ended on EAGAIN) or read one datagram (a ping-pong's answer), ask the
+        # epoll first (0.3 us) rather than let recvmsg raise BlockingIOError (1-3 us).
         ep = self._ep
         if self._was_empty and ep is not None and not ep.poll(0):
             return []
@@ -188,5 +188,7 @@ class UdpRx:
                 continue
             out.append(Datagram(slot[:nbytes], src, dst, addr[1], port, tos, ttl))
         st.received += len(out)
-        self._was_empty = drained or not out
+        # A busy poll's one-datagram read (a ping-pong's answer) did not see whether more
+        # is queued: its next call asks the epoll too (it is most often empty).
+        self._was_empty = drained or not out or n == 1
         return out

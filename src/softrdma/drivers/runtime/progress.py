@@ -262,6 +262,10 @@ class PollPacer:
         """The poll got something: the streak ends."""
         self.since = 0.0
 
+    def calm_now(self) -> bool:
+        """True while a spin lately found the machine contended (its polls sleep at once)."""
+        return self.calm_until > self.clock()
+
     def idle(self, deadline_in: float | None) -> bool:
         """An empty poll (outside the engine lock): spin on, or sleep until input,
         ``deadline_in`` seconds (the engine's next timer; None: none) or BLOCK_MAX.

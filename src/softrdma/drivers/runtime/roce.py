@@ -42,11 +42,12 @@ iWARP composes the same core). The four progress modes
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from ...errors import SoftRdmaError
 from ...ib.port import Port, RxMeta
+from ...ib.views import AckOwner
 from ...wire.gid import gid_to_ip, ip_to_gid
 from ..host.resources import report_objects
 from ..links.link import ROCE_V2_UDP_PORT, Datagram, GsoLink, Link, VirtualClock
@@ -69,11 +70,110 @@ from .roce_tx import GSO_MAX_PAYLOAD, ICRC_SIZE, RoceTx, icrc_v2
 if TYPE_CHECKING:
     from ..capture.tap import PacketTap
 
-__all__ = ["Runtime", "icrc_v2", "icrc_ok", "build_grh", "GSO_MAX_PAYLOAD", "ICRC_SIZE"]
+__all__ = ["Runtime", "AckHold", "icrc_v2", "icrc_ok", "build_grh", "GSO_MAX_PAYLOAD", "ICRC_SIZE"]
 
 _MAX_IDLE_WAIT = 0.01  # the progress thread re-checks timers at least this often (s)
 DRAIN_MAX = 4096  # datagrams read before due timers run, at most (receive first)
 REPORT_INTERVAL = 0.5  # a shared device's process reports its counters to devd this often (s)
+ACK_HOLD = 0.001  # how long a contended busy poll may hold coalesced ACKs back (s)
+ACK_HOLD_RX = 4  # datagrams received while ACKs are held that end the hold
+ACK_STALE = 3  # holds in a row that a QP's peer waits out: it waits for its ACKs
+ACK_PROMPT = 0.25  # such a QP gets its ACKs at once this long (s)
+
+
+class AckHold:
+    """Coalesced ACKs held back while the machine is contended (issue 25).
+
+    Beside a busy process both ends of a ping-pong share one core, so a round trip costs
+    all of both sides' CPU work, the ACKs included: each SEND's ACK is a datagram sent,
+    received and completed. A responder may coalesce ACKs, one ACK acknowledging every
+    request up to its PSN (IBA 9.7.5.1.1); while the busy poll finds the machine
+    contended (:meth:`~.progress.PollPacer.calm_now`), the pending ACKs stay back for at
+    most :data:`ACK_HOLD` (a small part of any usual Local ACK Timeout, 67 ms at
+    ``timeout`` 14, IBA 9.7.6.1.3) or until :data:`ACK_HOLD_RX` datagrams arrived (a
+    bulk sender's window is not held, nor the send queue of a requester that posts on
+    without awaiting its completions), so one ACK answers several requests.
+
+    A peer that waits for its ACK before the next request (a latency tool awaiting each
+    SEND's completion) sends nothing during a hold: a QP whose PSN did not move during
+    :data:`ACK_STALE` holds in a row that ran out (one such hold is also a peer that
+    was descheduled) gets its ACKs at once for :data:`ACK_PROMPT` s (so a few holds'
+    delay per that period at most). A duplicate request during a hold (the requester's
+    timer ran out first: its timeout is short) ends the hold, and the held QPs get their
+    ACKs at once for that long too. An idle machine, the progress thread, and a device
+    without a busy poll never hold ACKs.
+    """
+
+    __slots__ = ("until", "rx", "dups", "snap", "stale", "prompt", "ran_out")
+
+    def __init__(self) -> None:
+        self.until = 0.0  # when the current hold ends (the runtime's clock), 0.0: none
+        self.rx = 0  # datagrams received during the current hold
+        self.dups = 0  # the port's duplicate requests when it began
+        self.snap: list[tuple[AckOwner, int]] = []  # the held QPs and their PSNs then
+        self.stale: dict[int, int] = {}  # id() of a QP -> holds in a row it sent nothing
+        self.prompt: dict[int, float] = {}  # id() of a QP whose peer waits -> until when
+        self.ran_out = 0  # holds that ended by time (tests, diagnostics)
+
+    def go(self, pending: list[AckOwner], now: float, contended: bool, dups: int) -> bool:
+        """True if the ``pending`` ACKs leave now; False holds them (``until`` is set).
+        ``dups``: the port's count of duplicate requests received (``duplicate_request``)."""
+        until = self.until
+        if not pending:
+            if until:  # the ACKs left another way (the progress thread, a close)
+                self.until = 0.0
+                self.snap = []  # no QP kept alive by a hold
+            return True
+        if until == 0.0:
+            if not contended:
+                return True
+            prompt = self.prompt
+            if prompt:
+                for qp in pending:
+                    if prompt.get(id(qp), 0.0) > now:
+                        return True
+            self.until = now + ACK_HOLD
+            self.rx = 0
+            self.dups = dups
+            self.snap = [(qp, qp.ack_psn) for qp in pending]
+            return False
+        if dups != self.dups:  # a peer's transport timer fired before the hold ended: it
+            # is sent its ACK at once (C9-105), and the held QPs are not held again a while
+            self.until = 0.0
+            self.snap = []
+            self._prompt(pending, now)
+            return True
+        if now < until and self.rx < ACK_HOLD_RX:
+            return False
+        self.until = 0.0
+        if now >= until:  # ran out: did each held QP's peer send on meanwhile?
+            self.ran_out += 1
+            stale = self.stale
+            for qp, psn in self.snap:
+                key = id(qp)
+                if qp.ack_psn != psn:
+                    stale.pop(key, None)
+                    continue
+                # no new request during the hold: once in a while a descheduled peer;
+                # ACK_STALE holds in a row, a peer that waits for the ACK
+                k = stale.get(key, 0) + 1
+                if k < ACK_STALE:
+                    if len(stale) >= 256:
+                        stale.clear()
+                    stale[key] = k
+                    continue
+                stale.pop(key, None)
+                self._prompt((qp,), now)
+        self.snap = []
+        return True
+
+    def _prompt(self, qps: Iterable[AckOwner], now: float) -> None:
+        """No hold for ``qps`` during :data:`ACK_PROMPT` s."""
+        prompt = self.prompt
+        for qp in qps:
+            if len(prompt) >= 256:
+                prompt.clear()
+            prompt[id(qp)] = now + ACK_PROMPT
 
 
 class _Memo(dict[bytes, bytes]):
@@ -134,6 +234,7 @@ class Runtime(RoceTx, RoceRx):
                                 else SelectWaiter(fd, WakePipe() if threaded else None))
         core.on_wake(self._waiter.wake)
         self._pacer = PollPacer(fd)  # the busy poll's spin-then-sleep (progress_nonblocking)
+        self._ack_hold = AckHold()  # coalesced ACKs held back while contended
         self._vtimer = VirtualTimer(vclock, self._on_vtimer) if vclock is not None else None
         self.mode: ProgressMode = progress_mode(threaded, fd is not None,
                                                 self._vtimer is not None)
@@ -169,7 +270,7 @@ class Runtime(RoceTx, RoceRx):
                 if port.tx:  # the request first: coalesced ACKs are built after it left
                     self._flush_tx_locked(False)
                 if port.ack_pending or port.tx:
-                    self._flush_tx_locked()
+                    self._flush_tx_locked(self._acks_go())
                 if self._pending or self._deferred or self._vtimer is not None:
                     self._after_locked()
             finally:
@@ -226,9 +327,15 @@ class Runtime(RoceTx, RoceRx):
                     # ACKs go out (they leave at the next idle poll, after the
                     # application's next post_send, or from the progress thread): the ACK
                     # is off the critical path of a request/response exchange (IBA
-                    # 9.7.5.1.1 lets a responder coalesce).
-                    self._after_locked(acks=not n)
+                    # 9.7.5.1.1 lets a responder coalesce). Contended, they may wait
+                    # longer (AckHold).
+                    hold = self._ack_hold
+                    if hold.until:
+                        hold.rx += n
+                    self._after_locked(acks=not n and self._acks_go())
                     d = None if n or stop_on else port.next_deadline()
+                    if hold.until and (d is None or hold.until < d):
+                        d = hold.until
                 else:
                     # An empty poll with nothing queued (most of them): the housekeeping
                     # has only a due timer to run.
@@ -245,6 +352,13 @@ class Runtime(RoceTx, RoceRx):
                 break
         core.last_poll = time.monotonic()
         return 0
+
+    def _acks_go(self) -> bool:
+        """Under the lock, on the busy poll's paths: True if the coalesced ACKs pending
+        leave now, False while the machine is contended and :class:`AckHold` holds them."""
+        port = self.port
+        return self._ack_hold.go(port.ack_pending, self.now(), self._pacer.calm_now(),
+                                 port.counters.duplicate_request)
 
     def _progress_locked(self) -> int:
         with self.lock:
