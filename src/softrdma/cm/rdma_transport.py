@@ -15,7 +15,9 @@ Transports (the device found by :mod:`.rdma_devices` decides):
   remote QPN, Q_Key and address handle attributes (``event.ud``). A rejection is
   REJECTED with ``status`` the REJ reason (28 for ``reject``, 8 when nobody listens)
   and ``reject`` its readable text (A11 ARI included); no answer after the CM's
-  retries is UNREACHABLE (``-ETIMEDOUT``). TIMEWAIT_EXIT follows DISCONNECTED.
+  retries is UNREACHABLE (``-ETIMEDOUT``). TIMEWAIT_EXIT follows DISCONNECTED. A REJ 8
+  is sent again for a while only when ``SOFTRDMA_CM_RETRY_NO_LISTENER`` asks
+  (:mod:`.rdma_retry`).
 * **iWARP**: TCP and the MPA Request/Reply (RFC 5044 §7.1, RFC 6581), the private
   data in the MPA frame without an IP CM header (as Linux iw_cm/siw).
   ``responder_resources``/``initiator_depth`` become the MPA v2 IRD/ORD. A refusal
@@ -30,6 +32,7 @@ import errno
 import logging
 import os
 import random
+import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any, Protocol
@@ -47,6 +50,7 @@ from ..iwarp.mpa_setup import MpaConfig
 from ..verbs.ah import AHAttr, GlobalRoute
 from ..wire.gid import ip_to_gid
 from ..wire.ipcm import IPPROTO_TCP, IPPROTO_UDP, RDMA_UDP_QKEY, IpAddress
+from . import rdma_retry
 from .rdma_devices import OpenDevice, options
 from .rdma_events import ConnParam, RdmaCmEventType, UdParam
 from .rdma_iwwatch import CONNECTING as _CONNECTING
@@ -214,11 +218,20 @@ class _IbCm(Transport):
         assert cid.device is not None and cid._src is not None and cid._dst is not None
         binding = cid.device.binding
         assert binding is not None
+        window = rdma_retry.window_s() if cid.ps != RDMA_PS_UDP else 0.0
         handler = self.handler(cid)
         ib = binding.agent.create_id(handler)
         ib.local_ack_timeout = cid._ack_timeout
         cid._ib = ib
+        retry = None
+        if window > 0:  # SOFTRDMA_CM_RETRY_NO_LISTENER: a REJ 8 sends the REQ again
+            retry = rdma_retry.NoListenerRetry(
+                handler, lambda c: not cid._destroyed and cid._ib is c.cm_id,
+                time.monotonic() + window)
+            handler = retry.handler
         client = IpCmClient(ib, handler=handler)
+        if retry is not None:
+            retry.client = client
         if cid.ps == RDMA_PS_UDP:
             client.resolve(cid._src, cid._dst, cid._dst_port, src_port=cid._src_port,
                            private_data=bytes(p.private_data))

@@ -164,6 +164,11 @@ class IpCmClient:
             return
         self._forward(ev)
 
+    def again(self, now: float | None = None) -> None:
+        """The REQ once more on the same id after a REJ, the QP reset first (as after a
+        REJ "Minor Version"): for a consumer that retries a rejected connect."""
+        self.cm_id.agent.api(self._retry, now)
+
     def _retry(self, now: float) -> None:
         """The REQ again at the lower minor version (CA11-3), the QP reset first."""
         if not isinstance(self._qp, UserQp):  # the application resets its own QP

@@ -26,7 +26,7 @@ from ..errors import InvalidArgument
 __all__ = [
     "Case", "Endpoint", "Commands", "DIRECTIONS", "all_cases", "smoke_cases", "select",
     "commands", "PERFTEST_ITERS", "PINGPONG_ITERS", "RPING_COUNT", "CM_COUNT", "MCKEY_COUNT",
-    "MCKEY_GROUP", "MPA_CRC_ENV_WORDS", "capi_cases",
+    "MCKEY_GROUP", "MPA_CRC_ENV_WORDS", "CM_RETRY_ENV_WORDS", "capi_cases",
 ]
 
 DIRECTIONS = ("softrdma-server", "softrdma-client")
@@ -47,6 +47,9 @@ MCKEY_GROUP = "239.1.2.3"  # an administratively scoped IPv4 group (RFC 2365)
 MCKEY_COUNT = 5
 SOFTRDMA_TOOL_TIMEOUT = 60  # softrdma's own give-up time (its --timeout) for a case
 MPA_CRC_ENV_WORDS = ("env", "SOFTRDMA_MPA_CRC=1")  # iwarp.mpa_setup.MPA_CRC_ENV
+#: a C perftest -R client on softrdma sends a REQ that finds no listener again for up to
+#: 10 s (cm.rdma_retry.ENV): the guest's server listens again only after the handshake
+CM_RETRY_ENV_WORDS = ("env", "SOFTRDMA_CM_RETRY_NO_LISTENER=10")
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,6 +270,8 @@ def _perftest_words(case: Case, prog: str, dev: str, gid: int, iters: int) -> li
 
 def _softrdma_words(case: Case, ep: Endpoint, server: bool) -> list[str]:
     base = (list(MPA_CRC_ENV_WORDS) if case.mpa_crc else []) + shlex.split(ep.softrdma)
+    if case.retries_client and not server:
+        base = list(CM_RETRY_ENV_WORDS) + base
     iwarp = case.fabric != "rxe"
     dev = ep.iwarp_dev if iwarp else ep.roce_dev
     if case.capi:  # the stock binary itself, on softrdma's device (issue 22)

@@ -51,17 +51,21 @@ RETRY_WHY = {CLIENT: f"{parse.FIRST_CONNECTION_FAILED} (its first rdma_cm connec
 
 def client_retry(case: Case, server_on_guest: bool, rc: int | None, output: str) -> str:
     """Whether a finished client is started again: only a C perftest ``-R`` client
-    (:attr:`Case.retries_client`) against the guest's server, that failed (not killed) on
-    a refused rdma_cm connection, as ``tests/harness/capi`` retries stock perftest pairs.
-    ``CLIENT``: its first connection (:data:`parse.FIRST_CONNECTION_FAILED`): the slow
-    guest's server did not listen yet, saw nothing and still waits for its first client,
-    which comes again once the server listens. ``PAIR``: its second, the test's own
+    (:attr:`Case.retries_client`) that failed (not killed) on a refused rdma_cm
+    connection, as ``tests/harness/capi`` retries stock perftest pairs. ``CLIENT``
+    (softrdma's client against the guest's server): its first connection
+    (:data:`parse.FIRST_CONNECTION_FAILED`): the slow guest's server did not listen yet,
+    saw nothing and still waits for its first client, which comes again once the server
+    listens. ``PAIR`` (either direction): its second, the test's own
     (:func:`parse.second_connection_refused`): perftest 4.5-0.17 cannot retry it itself
-    and its server waits for ever, so both are started again. ``''``: any other end is the
+    and its server waits for ever, so both are started again. softrdma's client sends a
+    refused REQ again itself (``SOFTRDMA_CM_RETRY_NO_LISTENER``, cases.CM_RETRY_ENV_WORDS);
+    the guest's Linux client cannot, and loses the race when softrdma's server, on a
+    loaded host, listens again later than it connects. ``''``: any other end is the
     case's result."""
-    if not (case.retries_client and server_on_guest and rc not in (0, None)):
+    if not (case.retries_client and rc not in (0, None)):
         return ""
-    if parse.first_connection_failed(output):
+    if server_on_guest and parse.first_connection_failed(output):
         return CLIENT
     return PAIR if parse.second_connection_refused(output) else ""
 
