@@ -41,18 +41,25 @@ def _wait_readable(link: UdpLink) -> None:
     assert select.select([fd], [], [], 10.0)[0], "the datagram did not arrive in 10 s"
 
 
+def _links() -> tuple[UdpLink, UdpLink, _CountingSocket]:
+    """Two loopback links, the second one's receive socket counting its reads."""
+    a = UdpLink("127.0.0.1", 0)
+    b = UdpLink("127.0.0.1", 0)
+    assert b._rx is not None
+    counting = _CountingSocket(b._rx)
+    b._rx = counting  # type: ignore[assignment]
+    b._rx_socks = (counting,)  # type: ignore[assignment]
+    return a, b, counting
+
+
 def test_a_read_that_drained_the_socket_makes_the_next_empty_poll_ask_the_epoll() -> None:
     """A read that ended on EAGAIN left the socket empty: the next call asks the epoll
     (0.3 us) instead of a recvmsg that raises BlockingIOError (1-3 us). A ping-pong's
     busy poll makes such a read and then such a call every round trip."""
-    a = UdpLink("127.0.0.1", 0)
-    b = UdpLink("127.0.0.1", 0)
+    a, b, counting = _links()
     try:
         port = b.port
-        assert port is not None and b._rx is not None
-        counting = _CountingSocket(b._rx)
-        b._rx = counting  # type: ignore[assignment]
-        b._rx_socks = (counting,)  # type: ignore[assignment]
+        assert port is not None
         for _ in range(2):
             a.send(LO4, port, a.fallback_sport, [b"x" * 40])
             _wait_readable(b)
@@ -71,14 +78,10 @@ def test_a_one_datagram_read_makes_the_next_empty_poll_ask_the_epoll() -> None:
     """A busy poll reads one datagram first (a ping-pong's answer); the call after it,
     most often empty, asks the epoll rather than a recvmsg that raises EAGAIN; a datagram
     queued behind the first is still read by it."""
-    a = UdpLink("127.0.0.1", 0)
-    b = UdpLink("127.0.0.1", 0)
+    a, b, counting = _links()
     try:
         port = b.port
-        assert port is not None and b._rx is not None
-        counting = _CountingSocket(b._rx)
-        b._rx = counting  # type: ignore[assignment]
-        b._rx_socks = (counting,)  # type: ignore[assignment]
+        assert port is not None
         a.send(LO4, port, a.fallback_sport, [b"x" * 40])
         _wait_readable(b)
         before = counting.calls

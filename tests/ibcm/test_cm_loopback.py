@@ -105,25 +105,36 @@ def test_a_dreq_that_would_overtake_the_last_ack_takes_the_wire() -> None:
     assert n.cm.loopback_mads - before == 1  # the DREP
 
 
+def _client_sends(p: Pair, data: bytes) -> tuple[Any, Any, Any, v.MR]:
+    """A self-connection on ``p.b`` whose server posted a receive (wr_id 1) and whose
+    client posted a SEND of ``data`` (wr_id 2): the id, the client QP, the server's CQ
+    and the receive buffer."""
+    n = p.b
+    cqs: list[Any] = []
+    cid, qc, qs = self_connect(p, n, cqs=cqs)
+    rx = v.MR(n.pd, 64, int(e.IBV_ACCESS_LOCAL_WRITE))
+    qs.post_recv(v.RecvWR(1, 1, [v.SGE(rx.addr, 64, rx.lkey)]))
+    tx = v.MR(n.pd, 64, 0)
+    tx.write(data, len(data))
+    qc.post_send(v.SendWR(2, None, 1, [v.SGE(tx.addr, len(data), tx.lkey)]))
+    return cid, qc, cqs[1], rx
+
+
+def _assert_received(cq_s: Any, rx: v.MR, data: bytes) -> None:
+    got = _one(cq_s)
+    assert got is not None and got.wr_id == 1
+    assert got.status == e.IBV_WC_SUCCESS, e.ibv_wc_status(got.status).name
+    assert rx.read(len(data), 0) == data
+
+
 def test_a_dreq_behind_the_senders_own_send_takes_the_wire() -> None:
     """The client sends and disconnects at once: its SEND is on the wire, so the DREQ
     follows it there and the server receives the data before its QP goes to ERR."""
     p = Pair()
-    n = p.b
-    cqs: list[Any] = []
-    cid, qc, qs = self_connect(p, n, cqs=cqs)
-    _, cq_s = cqs
-    rx = v.MR(n.pd, 64, int(e.IBV_ACCESS_LOCAL_WRITE))
-    qs.post_recv(v.RecvWR(1, 1, [v.SGE(rx.addr, 64, rx.lkey)]))
-    tx = v.MR(n.pd, 64, 0)
-    tx.write(b"goodbye", 7)
-    qc.post_send(v.SendWR(2, None, 1, [v.SGE(tx.addr, 7, tx.lkey)]))
+    cid, _, cq_s, rx = _client_sends(p, b"goodbye")
     cid.disconnect()
     p.run(1)
-    got = _one(cq_s)
-    assert got is not None and got.wr_id == 1
-    assert got.status == e.IBV_WC_SUCCESS, e.ibv_wc_status(got.status).name
-    assert rx.read(7, 0) == b"goodbye"
+    _assert_received(cq_s, rx, b"goodbye")
     assert len(p.sent(CmAttr.DREQ)) == 1
 
 
@@ -132,22 +143,11 @@ def test_a_dreq_from_a_qp_already_in_err_takes_the_wire() -> None:
     wire), then disconnects: nothing says its packet has arrived, so the DREQ follows it
     on the wire and the server receives the data."""
     p = Pair()
-    n = p.b
-    cqs: list[Any] = []
-    cid, qc, qs = self_connect(p, n, cqs=cqs)
-    _, cq_s = cqs
-    rx = v.MR(n.pd, 64, int(e.IBV_ACCESS_LOCAL_WRITE))
-    qs.post_recv(v.RecvWR(1, 1, [v.SGE(rx.addr, 64, rx.lkey)]))
-    tx = v.MR(n.pd, 64, 0)
-    tx.write(b"so long", 7)
-    qc.post_send(v.SendWR(2, None, 1, [v.SGE(tx.addr, 7, tx.lkey)]))
+    cid, qc, cq_s, rx = _client_sends(p, b"so long")
     qc.modify(v.QPAttr(qp_state=e.IBV_QPS_ERR), e.IBV_QP_STATE)
     cid.disconnect()
     p.run(1)
-    got = _one(cq_s)
-    assert got is not None and got.wr_id == 1
-    assert got.status == e.IBV_WC_SUCCESS, e.ibv_wc_status(got.status).name
-    assert rx.read(7, 0) == b"so long"
+    _assert_received(cq_s, rx, b"so long")
     assert len(p.sent(CmAttr.DREQ)) == 1
 
 

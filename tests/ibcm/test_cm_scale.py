@@ -15,6 +15,7 @@ from harness.device import ib_port
 from softrdma.ibcm.agent import IbCmId
 from softrdma.ibcm.events import CmEvent
 from softrdma.ibcm.ipcm import IpCmClient, ip_listen
+from softrdma.ibcm.params import CmConfig
 
 BATCH = 100
 BATCHES = 10
@@ -31,18 +32,23 @@ class Counter:
         self.n[ev.type] = self.n.get(ev.type, 0) + 1
 
 
-def run_batch(p: Pair, lst: IbCmId, ca: Counter, cb: Counter, refs: list[Any]) -> None:
-    qas = [p.a.qp()[0] for _ in range(BATCH)]
-    qbs = [p.b.qp()[0] for _ in range(BATCH)]
-    free = list(qbs)
-    children: list[IbCmId] = []
-
+def accepting(cb: Counter, free: list[Any], children: list[IbCmId]) -> Any:
+    """A listener's handler: counts with ``cb``, accepts each request with a QP from
+    ``free`` and keeps the child id in ``children``."""
     def on(ev: CmEvent) -> None:
         cb(ev)
         if ev.type == T.CONNECT_REQUEST:
             children.append(ev.cm_id)
             ev.cm_id.accept(free.pop())
-    lst.handler = on
+    return on
+
+
+def run_batch(p: Pair, lst: IbCmId, ca: Counter, cb: Counter, refs: list[Any]) -> None:
+    qas = [p.a.qp()[0] for _ in range(BATCH)]
+    qbs = [p.b.qp()[0] for _ in range(BATCH)]
+    free = list(qbs)
+    children: list[IbCmId] = []
+    lst.handler = accepting(cb, free, children)
     ids = []
     for i, qa in enumerate(qas):
         cid = p.a.agent.create_id(ca)
@@ -114,8 +120,6 @@ def test_closed_ids_are_freed_before_their_cancelled_timers_would_fire() -> None
     cancelled timer. It kept the id, and with it the QP, until the cancelled deadline came:
     ~8 KB each, ~100 of them at 50 connections a second (the CI failure of
     tests/cm/test_conn_soak.py)."""
-    from softrdma.ibcm.params import CmConfig
-
     cfg = CmConfig(timewait_s=0.05)
     p = Pair(config_a=cfg, config_b=cfg)
     for rule in p.fab.rules:
@@ -125,13 +129,7 @@ def test_closed_ids_are_freed_before_their_cancelled_timers_would_fire() -> None
     ca, cb = Counter(), Counter()
     free: list[Any] = []
     children: list[IbCmId] = []
-
-    def on(ev: CmEvent) -> None:
-        cb(ev)
-        if ev.type == T.CONNECT_REQUEST:
-            children.append(ev.cm_id)
-            ev.cm_id.accept(free.pop())
-    lst.handler = on
+    lst.handler = accepting(cb, free, children)
     refs: list[list[Any]] = []
     qps: list[Any] = []
     n = 30
