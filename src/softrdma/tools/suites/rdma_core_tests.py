@@ -18,7 +18,9 @@ Debian's ``python3-pyverbs`` ships rdma-core's tests in ``/usr/share/doc/rdma-co
    interface (:mod:`softrdma.capi`) is preloaded, attaches to the suite's interpreter
    (this Python, which must be the one the real pyverbs is built for) and serves its
    libibverbs calls; only the ``pyverbs`` package is taken from ``--pyverbs-dir``;
-6. parses unittest's verbose output and prints, per test file, the passed / failed /
+6. echoes unittest's lines to stderr as they come, each prefixed with the seconds since the
+   start (``-q`` turns this off), so a run that is cut short still shows where it was;
+7. parses unittest's verbose output and prints, per test file, the passed / failed /
    errored / skipped counts and the skip reasons, then exactly one line
    ``rdma-core tests: N passed, N failed, N errors, N skipped``.
 
@@ -31,17 +33,22 @@ names the test file it stopped in, see :func:`stopped_early`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO, TextIO
 
 from softrdma import verbs
 from softrdma.compat import DEVICE_ENV
@@ -50,7 +57,7 @@ from softrdma.tools.suites import hugepages, sysfs_ns
 from softrdma.tools.suites.pyverbs_run import shim_env
 
 __all__ = ["TESTS_DIR", "TestResult", "FileSummary", "parse_verbose", "summarize",
-           "format_report", "stopped_early", "prepare_tests", "add_arguments", "run", "real_pyverbs_env",
+           "format_report", "stopped_early", "run_streamed", "prepare_tests", "add_arguments", "run", "real_pyverbs_env",
            "REAL_PYVERBS_DIR"]
 
 TESTS_DIR = Path("/usr/share/doc/rdma-core/tests")
@@ -210,6 +217,41 @@ def stopped_early(text: str, returncode: int, results: list[TestResult]) -> str 
             "the remaining tests did not run")
 
 
+def run_streamed(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float,
+                 echo: TextIO | None) -> tuple[bytes, int, bool]:
+    """Run ``cmd`` with stdout and stderr merged; return its output, exit status and whether
+    it ran past ``timeout`` seconds (then its whole process group is killed). Each line is
+    also written to ``echo`` as it comes, prefixed with the seconds since the start, so a
+    run cut short still shows which test it was in and how long each took."""
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    assert proc.stdout is not None
+    chunks: list[bytes] = []
+
+    def pump(stream: IO[bytes]) -> None:
+        for line in iter(stream.readline, b""):
+            chunks.append(line)
+            if echo is not None:
+                text = line.decode("utf-8", "replace").rstrip("\n")
+                echo.write(f"[{time.monotonic() - start:7.1f} s] {text}\n")
+                echo.flush()
+
+    reader = threading.Thread(target=pump, args=(proc.stdout,), daemon=True)
+    reader.start()
+    timed_out = False
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    reader.join(timeout=10)  # a grandchild that kept the pipe open must not hang us
+    proc.stdout.close()
+    return b"".join(chunks), proc.returncode, timed_out
+
+
 def _install() -> str | None:
     """Install python3-pyverbs with apt-get; an error message, or None on success."""
     apt = shutil.which("apt-get")
@@ -257,6 +299,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"do not install {PACKAGE} when the tests are missing")
     parser.add_argument("--timeout", type=float, default=1800.0, metavar="S",
                         help="give up on the suite after S seconds (default 1800)")
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="do not echo unittest's lines to stderr as the tests finish "
+                        "(the report is printed either way)")
     parser.add_argument("--log", type=Path, metavar="FILE",
                         help="also write unittest's full output to FILE")
     parser.add_argument("--hugepages", type=int, default=16, metavar="N",
@@ -348,18 +393,9 @@ def run(args: argparse.Namespace) -> int:
             stash = Path(tmp) / "sysclass"
             stash.mkdir()
             cmd = sysfs_ns.wrap(_netdevs(), cmd, stash)
-        timed_out = False
-        returncode = 0
         with hugepages.reserved(args.hugepages) as no_huge:
-            try:
-                proc = subprocess.run(cmd, cwd=tdir, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, timeout=args.timeout,
-                                      check=False)
-                out = proc.stdout
-                returncode = proc.returncode
-            except subprocess.TimeoutExpired as exc:
-                timed_out = True
-                out = exc.stdout if isinstance(exc.stdout, bytes) else b""
+            echo = None if getattr(args, "quiet", False) else sys.stderr
+            out, returncode, timed_out = run_streamed(cmd, tdir, env, args.timeout, echo)
     text = out.decode("utf-8", "replace")
     if args.log is not None:
         args.log.write_text(text)
