@@ -66,6 +66,7 @@ _RX_BUF = int(os.environ.get("SOFTRDMA_IWARP_RXBUF", str(1 << 22)))
 _TX_CHUNK = 1 << 16  # octets pulled per sendmsg (at least one FPDU)
 _RX_BUDGET = 1 << 23
 _MAX_IDLE_WAIT = 0.05
+_SETTLE_ROUNDS = 4  # rounds of TcpRuntime.settle (a loopback connect takes two)
 
 
 def _sysctl_ints(path: str) -> list[int]:
@@ -188,6 +189,9 @@ class TcpRuntime:
         self._listeners: dict[int, tuple[IwarpConn, Callable[[ConnEvent], None]]] = {}
         self._ready_events: list[tuple[Callable[[ConnEvent], None], ConnEvent]] = []
         self._events_lock = threading.Lock()
+        # held while batches of events are run, so they run in the order they were taken
+        # even when two threads deliver (re-entrant: a listener may deliver itself)
+        self._deliver_lock = threading.RLock()
         self._waiting = 0  # threads waiting on ``changed``
         self._deferred = core.deferred
         self._socks: dict[int, _Sock] = {}
@@ -233,6 +237,39 @@ class TcpRuntime:
                     self._tx(s)
                 if self._deferred:
                     self._housekeep()
+
+    def call_local(self, fn: Callable[..., Any], *args: object) -> Any:
+        """:meth:`call`, then, still under the lock, serve the sockets it made ready:
+        for connection setup and teardown (an MPA Request, Reply, or FIN) to a peer on
+        this host, whose socket has the bytes once the send returns (loopback), often on
+        this runtime too. The peer's part (accept and parse the Request, take the Reply,
+        see the FIN) then happens in this thread and its events are delivered here,
+        before the caller waits for them, instead of after two thread hand-offs through
+        the progress thread, which finds nothing left when it gets the lock (issue 26).
+        A remote peer costs one non-blocking ``select``."""
+        core = self.core
+        if core.closed or core.fatal is not None:
+            raise core.gone()
+        try:
+            with self.lock:
+                try:
+                    return fn(*args)
+                finally:
+                    self._housekeep()
+                    self._settle_locked()
+        finally:
+            self.deliver_events()
+
+    def _settle_locked(self) -> None:
+        """Serve the sockets ready now, round after round while some are (a round can
+        make the next one's: an accepted connection whose Request is already there), at
+        most :data:`_SETTLE_ROUNDS`. The wake pipe is left to the progress thread."""
+        for _ in range(_SETTLE_ROUNDS):
+            ready = [r for r in self._ready(0.0) if r[0] is not None]
+            if not ready:
+                return
+            self.core.last_poll = time.monotonic()  # the progress thread stands back
+            self._service(ready)
 
     def device_counters(self) -> dict[str, int]:
         """This process's port counters of the device (``softrdma stats`` adds up every
@@ -424,10 +461,14 @@ class TcpRuntime:
         """Outside the lock: run the listeners on the events taken so far, in order."""
         if not self._ready_events:
             return
-        with self._events_lock:
-            batch, self._ready_events = self._ready_events, []
-        for fn, ev in batch:
-            fn(ev)
+        with self._deliver_lock:
+            while True:
+                with self._events_lock:
+                    batch, self._ready_events = self._ready_events, []
+                if not batch:
+                    return
+                for fn, ev in batch:
+                    fn(ev)
 
     # ---- socket I/O ------------------------------------------------------------------------
     def _rx(self, s: _Sock, now: float) -> int:
