@@ -9,7 +9,11 @@ disconnect, DISCONNECTED on both sides, QPs and ids destroyed. Transports:
   hands its MADs back to itself, DREQ and DREP included since no data is in flight
   (``CmAgent.takes``; ``SOFTRDMA_CM_LOOPBACK=0``: each takes the devd hop);
   the QPNs come from devd in leases;
-* iWARP: TCP connect + the MPA Request/Reply on the built-in ``softrdma_iw_lo``.
+* iWARP: TCP connect + the MPA Request/Reply on the built-in ``softrdma_iw_lo``; the
+  peer is on this runtime, so connect, accept and disconnect serve its socket in the
+  calling thread (``TcpRuntime.call_local``) and their events are queued when the call
+  returns: 0.4-1 voluntary context switches per connection instead of ~12 (two thread
+  hand-offs through the progress thread per step before).
 
 Baseline (``tcp``): the same steps on plain Python TCP sockets on the loopback in the
 same process: connect, accept, 4 bytes each way (the private data), close both sides.

@@ -397,6 +397,47 @@ def test_iwarp_connect_to_a_local_peer_runs_no_thread(env: Path,
     assert not any(n.startswith("rdma_cm-iw") for n in new), new
 
 
+def test_iwarp_local_peer_events_are_queued_by_the_call(
+        env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 26: connect, accept and disconnect towards a peer on this runtime serve the
+    peer's socket in the caller's thread (TcpRuntime.call_local): the CONNECT_REQUEST,
+    ESTABLISHED and DISCONNECTED they cause are on the channels when the call returns,
+    with the progress thread held out (before: two thread hand-offs through it each)."""
+    from softrdma.drivers.runtime.tcp import TcpRuntime
+    gate = threading.Event()
+    real = TcpRuntime._thread_step
+
+    def held(self: TcpRuntime) -> bool:
+        if gate.wait(0.02):
+            return real(self)
+        return not self.core.stop.is_set()
+    monkeypatch.setattr(TcpRuntime, "_thread_step", held)
+    chs, chc = EventChannel(), EventChannel()
+    try:
+        lst, port = _listen(chs, "iwarp")
+        for _ in range(2):
+            cli, _ce = _client(chc, "iwarp", port)
+            cli.connect(rc.ConnParam(private_data=b"now"))
+            assert chs.pending() == 1
+            req = expect(chs, T.CONNECT_REQUEST, timeout=0)
+            assert req.private_data == b"now"
+            Ep(req.id)
+            req.id.accept(rc.ConnParam(private_data=b"back"))
+            assert chs.pending() == chc.pending() == 1
+            assert expect(chc, T.ESTABLISHED, timeout=0).private_data == b"back"
+            expect(chs, T.ESTABLISHED, timeout=0)
+            cli.disconnect()
+            assert chs.pending() == chc.pending() == 1
+            expect(chc, T.DISCONNECTED, timeout=0)
+            expect(chs, T.DISCONNECTED, timeout=0)
+            for cid in (cli, req.id):
+                cid.destroy_qp()
+                cid.destroy()
+        lst.destroy()
+    finally:
+        gate.set()
+
+
 def test_iwarp_connects_not_up_at_once_reuse_one_worker_thread(
         env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 26: a connect whose TCP connection is not up at once (a remote peer) runs

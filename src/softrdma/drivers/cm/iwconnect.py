@@ -148,14 +148,14 @@ class ConnRequest:
             engine.conn = conn
             conn.accept(engine, private_data, use)
 
-        runtime.call(_accept)
+        runtime.call_local(_accept)
         if conn.state != ConnState.RTS:
             raise ConnectError(f"accept failed: {conn.reason}")
         return Connection(qp, conn, runtime, self.local_addr, self.peer_addr)
 
     def reject(self, private_data: bytes = b"") -> None:
         """Refuse: MPA Reply with R set carrying ``private_data``, then close."""
-        self.listener.runtime.call(self.conn.reject, private_data)
+        self.listener.runtime.call_local(self.conn.reject, private_data)
 
 
 class Listener:

@@ -93,7 +93,7 @@ class Connection:
             self.conn.close()
 
         if not self.runtime.closed:
-            self.runtime.call(_close)
+            self.runtime.call_local(_close)
 
 
 class Connecting:
@@ -198,7 +198,7 @@ def _begin(qp: Any, sock: socket.socket, host: str, port: int, private_data: byt
             runtime.attach(c, sock)
             return c
 
-        conn: IwarpConn = runtime.call(_start)
+        conn: IwarpConn = runtime.call_local(_start)
     except BaseException:
         sock.close()
         raise

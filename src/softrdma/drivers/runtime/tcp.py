@@ -27,7 +27,11 @@ I/O of each connection (design.md, "Sans-I/O engines"):
 
 Connection setup (:mod:`softrdma.drivers.cm.iwconnect`) waits on :attr:`TcpRuntime.changed`, a
 condition on the engine lock notified after every round of socket I/O, and hands listening
-sockets to :meth:`TcpRuntime.watch` (accepted by whichever thread makes progress).
+sockets to :meth:`TcpRuntime.watch` (accepted by whichever thread makes progress). Its MPA
+Request, Reply and FIN go through :meth:`TcpRuntime.call_local`: a peer on this host has
+them once the send returns, so the caller's thread serves its socket (accept, parse, FIN)
+and delivers the events before it waits for them, and the progress thread, which would
+find the sockets served, stands back (issue 26: ~12 context switches a connection -> <1).
 
 Sockets get ``TCP_NODELAY`` (siw: ``siw_tcp_nagle = false``) and keep the kernel's
 send-buffer autotuning (up to ``net.ipv4.tcp_wmem[2]``, 4 MiB by default), as the plain
@@ -55,6 +59,8 @@ from ...iwarp.qp import IwarpDevice
 from ..capture.tap_stream import StreamTap
 from ..host.port_totals import PUBLISH_INTERVAL, publish, retire
 from .progress import ProgressCore, WakePipe, check_mode
+from .tcp_events import ConnEvents
+from .tcp_io import advance, tcp_mss
 
 __all__ = ["TcpRuntime", "LINGER", "tcp_mss", "sndbuf_setting", "sock_buf_wanted"]
 
@@ -66,6 +72,7 @@ _RX_BUF = int(os.environ.get("SOFTRDMA_IWARP_RXBUF", str(1 << 22)))
 _TX_CHUNK = 1 << 16  # octets pulled per sendmsg (at least one FPDU)
 _RX_BUDGET = 1 << 23
 _MAX_IDLE_WAIT = 0.05
+_SETTLE_ROUNDS = 4  # rounds of TcpRuntime.settle (a loopback connect takes two)
 
 
 def _sysctl_ints(path: str) -> list[int]:
@@ -107,15 +114,6 @@ def sndbuf_setting(want: int | None = None) -> int:
     return want if 2 * min(want, wmem_max[0]) > tcp_wmem[2] else 0
 
 
-def tcp_mss(sock: socket.socket) -> int:
-    """The connection's TCP MSS (``TCP_MAXSEG``), the MULPDU basis (RFC 5044 §4.2)."""
-    try:
-        mss = int(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG))
-    except OSError:
-        mss = 0
-    return mss if mss >= 64 else 1460
-
-
 class _Watch:
     """A listening socket handed to :meth:`TcpRuntime.watch`: ``on_ready`` runs under
     the lock when it is readable."""
@@ -144,21 +142,6 @@ class _Sock:
         self.stall = StallWatch()
 
 
-def _advance(bufs: list[Any], n: int) -> list[Any]:
-    """What is left of ``bufs`` after the first ``n`` bytes were sent (views, no copies;
-    the engine's buffers are bytes or byte-format memoryviews, so ``len`` is their size)."""
-    i = 0
-    for b in bufs:
-        ln = len(b)
-        if n < ln:
-            rest = [memoryview(b)[n:]]
-            rest.extend(bufs[i + 1:])
-            return rest
-        n -= ln
-        i += 1
-    return []
-
-
 class TcpRuntime:
     """Drives an :class:`~softrdma.iwarp.qp.IwarpDevice` and its TCP connections (see the
     module docstring)."""
@@ -185,9 +168,7 @@ class TcpRuntime:
         self.changed = threading.Condition(core.lock)
         # the layer above subscribes to a connection's typed events (iwarp.events); they
         # are taken from the connection under the lock and delivered outside it
-        self._listeners: dict[int, tuple[IwarpConn, Callable[[ConnEvent], None]]] = {}
-        self._ready_events: list[tuple[Callable[[ConnEvent], None], ConnEvent]] = []
-        self._events_lock = threading.Lock()
+        self._events = ConnEvents()
         self._waiting = 0  # threads waiting on ``changed``
         self._deferred = core.deferred
         self._socks: dict[int, _Sock] = {}
@@ -233,6 +214,28 @@ class TcpRuntime:
                     self._tx(s)
                 if self._deferred:
                     self._housekeep()
+
+    def call_local(self, fn: Callable[..., Any], *args: object) -> Any:
+        """:meth:`call`, then, still under the lock, serve the sockets ready now (at most
+        :data:`_SETTLE_ROUNDS` rounds: a local peer's, see the module docstring); the
+        events are delivered outside the lock."""
+        core = self.core
+        if core.closed or core.fatal is not None:
+            raise core.gone()
+        try:
+            with self.lock:
+                try:
+                    return fn(*args)
+                finally:
+                    self._housekeep()
+                    for _ in range(_SETTLE_ROUNDS):  # the wake pipe is the thread's
+                        ready = [r for r in self._ready(0.0) if r[0] is not None]
+                        if not ready:
+                            break
+                        core.last_poll = time.monotonic()  # the progress thread stands back
+                        self._service(ready)
+        finally:
+            self._events.deliver()
 
     def device_counters(self) -> dict[str, int]:
         """This process's port counters of the device (``softrdma stats`` adds up every
@@ -385,8 +388,8 @@ class TcpRuntime:
                 self._tx(s)
             if s.closing and not s.done and now >= s.close_at:
                 self._drop(s)
-        if self._listeners:
-            self._collect_events()
+        if self._events.listeners:
+            self._events.collect()
         if self._waiting:
             self.changed.notify_all()
 
@@ -394,40 +397,25 @@ class TcpRuntime:
     def listen_events(self, conn: IwarpConn, fn: Callable[[ConnEvent], None]) -> None:
         """Deliver ``conn``'s typed events (:mod:`softrdma.iwarp.events`) to ``fn``, events
         already queued on it first, from the thread that makes progress and outside the
-        runtime's lock (so ``fn`` may create or destroy verbs objects)."""
+        runtime's lock (so ``fn`` may create or destroy verbs objects; :mod:`.tcp_events`)."""
         with self.lock:
-            self._listeners[id(conn)] = (conn, fn)
-            self._collect_events()
-        self.deliver_events()
+            self._events.listen(conn, fn)
+            self._events.collect()
+        self._events.deliver()
 
     def listen_events_locked(self, conn: IwarpConn, fn: Callable[[ConnEvent], None]) -> None:
         """:meth:`listen_events` from under the lock (a :meth:`watch` callback that just
         attached ``conn``): its events are taken at the end of this round."""
-        self._listeners[id(conn)] = (conn, fn)
+        self._events.listen(conn, fn)
 
     def unlisten_events(self, conn: IwarpConn) -> None:
         """Stop delivering ``conn``'s events (those already taken are still delivered)."""
         with self.lock:
-            self._listeners.pop(id(conn), None)
-
-    def _collect_events(self) -> None:
-        """Under the lock: take the listened connections' events for delivery."""
-        taken: list[tuple[Callable[[ConnEvent], None], ConnEvent]] = []
-        for conn, fn in self._listeners.values():
-            if conn.events:
-                taken.extend((fn, ev) for ev in conn.pop_events())
-        if taken:
-            with self._events_lock:
-                self._ready_events.extend(taken)
+            self._events.unlisten(conn)
 
     def deliver_events(self) -> None:
         """Outside the lock: run the listeners on the events taken so far, in order."""
-        if not self._ready_events:
-            return
-        with self._events_lock:
-            batch, self._ready_events = self._ready_events, []
-        for fn, ev in batch:
-            fn(ev)
+        self._events.deliver()
 
     # ---- socket I/O ------------------------------------------------------------------------
     def _rx(self, s: _Sock, now: float) -> int:
@@ -515,7 +503,7 @@ class TcpRuntime:
             if self.tap is not None:  # capture / packet trace (drivers.capture.tap_stream)
                 self.tap.tx(sock, bufs, n)
             if n != sum(map(len, bufs)):  # a partial send: keep the rest as views
-                s.pending = _advance(bufs, n)
+                s.pending = advance(bufs, n)
                 break
             s.pending = []
         if s.done:
