@@ -145,14 +145,30 @@ def _lat_of(out: str) -> float:
     return float(m.group(1))
 
 
+def _write_bw_cmd(dev: Device, c: bool, iters: int) -> tuple[list[str], int]:
+    """``ib_write_bw`` under softrdma run (``c``) or ``softrdma write-bw`` with the same
+    flags, ``iters`` iterations of :data:`BW_SIZE`: the server's command and its port."""
+    port = free_port(socket.SOCK_STREAM)
+    flags = ["-d", dev.name, "-x", "0", "-F", "-n", str(iters), "-s", str(BW_SIZE),
+             "-p", str(port)]
+    return (_c(dev.name, "ib_write_bw", *flags) if c else _softrdma("write-bw", *flags)), port
+
+
+def _pingpong_cmd(dev: Device, c: bool, iters: int) -> tuple[list[str], int]:
+    """``ibv_rc_pingpong`` under softrdma run (``c``) or ``softrdma rc-pingpong`` with the
+    same flags, ``iters`` round trips of :data:`LAT_SIZE`: the server's command, its port."""
+    port = free_port(socket.SOCK_STREAM)
+    flags = ["-d", dev.name, "-g", "0", "-n", str(iters), "-s", str(LAT_SIZE),
+             "-p", str(port)]
+    return (_c(dev.name, "ibv_rc_pingpong", *flags) if c
+            else _softrdma("rc-pingpong", *flags)), port
+
+
 def write_bw(dev: Device, iters: int) -> tuple[float, float]:
     """(``ib_write_bw`` under softrdma run, ``softrdma write-bw``) BW average in MB/s."""
     out = []
     for c in (True, False):
-        port = free_port(socket.SOCK_STREAM)
-        flags = ["-d", dev.name, "-x", "0", "-F", "-n", str(iters), "-s", str(BW_SIZE),
-                 "-p", str(port)]
-        cmd = _c(dev.name, "ib_write_bw", *flags) if c else _softrdma("write-bw", *flags)
+        cmd, port = _write_bw_cmd(dev, c, iters)
         out.append(_bw_of(_pair(cmd, [*cmd, "127.0.0.1"], port, dev.env)))
     return out[0], out[1]
 
@@ -209,10 +225,7 @@ def bw_cpu(dev: Device, iters: int) -> dict[str, float]:
     for c in (True, False):
         cpu = []
         for n in (BW_SHORT, iters):
-            port = free_port(socket.SOCK_STREAM)
-            flags = ["-d", dev.name, "-x", "0", "-F", "-n", str(n), "-s", str(BW_SIZE),
-                     "-p", str(port)]
-            cmd = _c(dev.name, "ib_write_bw", *flags) if c else _softrdma("write-bw", *flags)
+            cmd, port = _write_bw_cmd(dev, c, n)
             _, scpu, ccpu = _pair_cpu(cmd, [*cmd, "127.0.0.1"], port, dev.env)
             cpu.append((scpu, ccpu))
         tag = "c" if c else "py"
@@ -225,11 +238,7 @@ def rc_lat(dev: Device, iters: int) -> tuple[float, float]:
     """(``ibv_rc_pingpong`` under softrdma run, ``softrdma rc-pingpong``) usec/iter."""
     out = []
     for c in (True, False):
-        port = free_port(socket.SOCK_STREAM)
-        flags = ["-d", dev.name, "-g", "0", "-n", str(iters), "-s", str(LAT_SIZE),
-                 "-p", str(port)]
-        cmd = _c(dev.name, "ibv_rc_pingpong", *flags) if c else _softrdma("rc-pingpong",
-                                                                          *flags)
+        cmd, port = _pingpong_cmd(dev, c, iters)
         out.append(_lat_of(_pair(cmd, [*cmd, "127.0.0.1"], port, dev.env)))
     return out[0], out[1]
 
@@ -239,38 +248,26 @@ def _children_cpu() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def rc_cpu(dev: Device, iters: int) -> tuple[float, float]:
-    """(``ibv_rc_pingpong`` under softrdma run, ``softrdma rc-pingpong``) CPU us per round
-    trip of both processes: a pair of ``iters`` iterations less one of ``SHORT``, over
-    ``iters - SHORT`` (the processes are children of this one: ``RUSAGE_CHILDREN``)."""
-    out = []
-    for c in (True, False):
-        cpu = []
-        for n in (SHORT, iters):
-            port = free_port(socket.SOCK_STREAM)
-            flags = ["-d", dev.name, "-g", "0", "-n", str(n), "-s", str(LAT_SIZE),
-                     "-p", str(port)]
-            cmd = _c(dev.name, "ibv_rc_pingpong", *flags) if c else _softrdma("rc-pingpong",
-                                                                              *flags)
-            before = _children_cpu()
-            _pair(cmd, [*cmd, "127.0.0.1"], port, dev.env)
-            cpu.append(_children_cpu() - before)
-        out.append((cpu[1] - cpu[0]) / (iters - SHORT) * 1e6)
-    return out[0], out[1]
-
-
-def _c_pingpong(dev: Device, iters: int, env: dict[str, str]) -> tuple[float, float]:
-    """``ibv_rc_pingpong`` under softrdma run with ``env``: (usec/iter, CPU us per round
-    trip of both processes, less a pair of ``SHORT`` iterations)."""
+def _pingpong_cpu(dev: Device, c: bool, iters: int, env: dict[str, str]
+                  ) -> tuple[float, float]:
+    """The pair of :func:`_pingpong_cmd` with ``env``: (usec/iter of ``iters`` round
+    trips, CPU us per round trip of both processes: a pair of ``iters`` iterations less
+    one of ``SHORT``, over ``iters - SHORT``; the processes are children of this one,
+    ``RUSAGE_CHILDREN``)."""
     cpu, lat = [], 0.0
     for n in (SHORT, iters):
-        port = free_port(socket.SOCK_STREAM)
-        cmd = _c(dev.name, "ibv_rc_pingpong", "-d", dev.name, "-g", "0", "-n", str(n), "-s",
-                 str(LAT_SIZE), "-p", str(port))
+        cmd, port = _pingpong_cmd(dev, c, n)
         before = _children_cpu()
         lat = _lat_of(_pair(cmd, [*cmd, "127.0.0.1"], port, env))
         cpu.append(_children_cpu() - before)
     return lat, (cpu[1] - cpu[0]) / (iters - SHORT) * 1e6
+
+
+def rc_cpu(dev: Device, iters: int) -> tuple[float, float]:
+    """(``ibv_rc_pingpong`` under softrdma run, ``softrdma rc-pingpong``) CPU us per round
+    trip of both processes (:func:`_pingpong_cpu`)."""
+    return (_pingpong_cpu(dev, True, iters, dev.env)[1],
+            _pingpong_cpu(dev, False, iters, dev.env)[1])
 
 
 def inline_ab(dev: Device, iters: int, runs: int) -> dict[str, list[float]]:
@@ -279,7 +276,8 @@ def inline_ab(dev: Device, iters: int, runs: int) -> dict[str, list[float]]:
     rows: dict[str, list[float]] = {}
     for _ in range(runs):
         for mode, flag in (("handoff", "0"), ("inline", "1")):
-            lat, cpu = _c_pingpong(dev, iters, {**dev.env, "SOFTRDMA_CAPI_INLINE": flag})
+            lat, cpu = _pingpong_cpu(dev, True, iters,
+                                     {**dev.env, "SOFTRDMA_CAPI_INLINE": flag})
             rows.setdefault(f"{mode} us", []).append(lat)
             rows.setdefault(f"{mode} cpu us", []).append(cpu)
     return rows
@@ -293,7 +291,8 @@ def poll_costs(dev: Device) -> dict[str, float]:
     if gcc is None:
         raise BenchError("gcc is needed for tests/capi/wc_check.c")
     exe = dev.state / "wc_check"
-    subprocess.run([gcc, "-O2", "-o", str(exe), str(HERE.parent / "tests/capi/wc_check.c"),
+    src = HERE.parent / "tests" / "capi"
+    subprocess.run([gcc, "-O2", "-I", str(src), "-o", str(exe), str(src / "wc_check.c"),
                     "-libverbs"], check=True, capture_output=True, timeout=TIMEOUT)
     env = {**dev.env, "SOFTRDMA_CAPI_WAIT_US": "0"}
     cp = subprocess.run(_c(dev.name, str(exe), dev.name, "bench"), env=env,
