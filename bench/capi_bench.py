@@ -20,7 +20,7 @@ UDP port, shared through devd, as every multi-process softrdma run):
 * :func:`poll_costs`: ``tests/capi/wc_check.c bench`` under ``softrdma run``: the cost of
   one empty ``ibv_poll_cq`` (ns; polls that find the CQ empty, without the sleep that a
   long run of empty polls ends in: ``SOFTRDMA_CAPI_WAIT_US=0``) and of one loopback RC
-  SEND with its two completions (us).
+  SEND with its two completions (us), each in wall and CPU time.
 
 ``python bench/capi_bench.py [--runs 3] [--quick]`` prints them; ``bench/run.py`` has the
 two ratios as its ``capi_write_bw`` and ``capi_rc_lat`` figures.
@@ -57,7 +57,8 @@ TIMEOUT = 300.0  # one pair, on a busy machine (s)
 LISTEN_WAIT = 120.0
 BW_ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s*$")
 PP_LAT = re.compile(r"([\d.]+) usec/iter")
-COST = re.compile(r"^(empty_poll_ns|send_round_us) ([\d.]+)$", re.M)
+COST = re.compile(r"^(empty_poll_ns|empty_poll_cpu_ns|send_round_us|send_round_cpu_us) "
+                  r"([\d.]+)$", re.M)
 
 
 class BenchError(RuntimeError):
@@ -145,14 +146,30 @@ def _lat_of(out: str) -> float:
     return float(m.group(1))
 
 
+def _write_bw_cmd(dev: Device, c: bool, iters: int) -> tuple[list[str], int]:
+    """``ib_write_bw`` under softrdma run (``c``) or ``softrdma write-bw`` with the same
+    flags, ``iters`` iterations of :data:`BW_SIZE`: the server's command and its port."""
+    port = free_port(socket.SOCK_STREAM)
+    flags = ["-d", dev.name, "-x", "0", "-F", "-n", str(iters), "-s", str(BW_SIZE),
+             "-p", str(port)]
+    return (_c(dev.name, "ib_write_bw", *flags) if c else _softrdma("write-bw", *flags)), port
+
+
+def _pingpong_cmd(dev: Device, c: bool, iters: int) -> tuple[list[str], int]:
+    """``ibv_rc_pingpong`` under softrdma run (``c``) or ``softrdma rc-pingpong`` with the
+    same flags, ``iters`` round trips of :data:`LAT_SIZE`: the server's command, its port."""
+    port = free_port(socket.SOCK_STREAM)
+    flags = ["-d", dev.name, "-g", "0", "-n", str(iters), "-s", str(LAT_SIZE),
+             "-p", str(port)]
+    return (_c(dev.name, "ibv_rc_pingpong", *flags) if c
+            else _softrdma("rc-pingpong", *flags)), port
+
+
 def write_bw(dev: Device, iters: int) -> tuple[float, float]:
     """(``ib_write_bw`` under softrdma run, ``softrdma write-bw``) BW average in MB/s."""
     out = []
     for c in (True, False):
-        port = free_port(socket.SOCK_STREAM)
-        flags = ["-d", dev.name, "-x", "0", "-F", "-n", str(iters), "-s", str(BW_SIZE),
-                 "-p", str(port)]
-        cmd = _c(dev.name, "ib_write_bw", *flags) if c else _softrdma("write-bw", *flags)
+        cmd, port = _write_bw_cmd(dev, c, iters)
         out.append(_bw_of(_pair(cmd, [*cmd, "127.0.0.1"], port, dev.env)))
     return out[0], out[1]
 
@@ -209,10 +226,7 @@ def bw_cpu(dev: Device, iters: int) -> dict[str, float]:
     for c in (True, False):
         cpu = []
         for n in (BW_SHORT, iters):
-            port = free_port(socket.SOCK_STREAM)
-            flags = ["-d", dev.name, "-x", "0", "-F", "-n", str(n), "-s", str(BW_SIZE),
-                     "-p", str(port)]
-            cmd = _c(dev.name, "ib_write_bw", *flags) if c else _softrdma("write-bw", *flags)
+            cmd, port = _write_bw_cmd(dev, c, n)
             _, scpu, ccpu = _pair_cpu(cmd, [*cmd, "127.0.0.1"], port, dev.env)
             cpu.append((scpu, ccpu))
         tag = "c" if c else "py"
@@ -225,11 +239,7 @@ def rc_lat(dev: Device, iters: int) -> tuple[float, float]:
     """(``ibv_rc_pingpong`` under softrdma run, ``softrdma rc-pingpong``) usec/iter."""
     out = []
     for c in (True, False):
-        port = free_port(socket.SOCK_STREAM)
-        flags = ["-d", dev.name, "-g", "0", "-n", str(iters), "-s", str(LAT_SIZE),
-                 "-p", str(port)]
-        cmd = _c(dev.name, "ibv_rc_pingpong", *flags) if c else _softrdma("rc-pingpong",
-                                                                          *flags)
+        cmd, port = _pingpong_cmd(dev, c, iters)
         out.append(_lat_of(_pair(cmd, [*cmd, "127.0.0.1"], port, dev.env)))
     return out[0], out[1]
 
@@ -239,38 +249,26 @@ def _children_cpu() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def rc_cpu(dev: Device, iters: int) -> tuple[float, float]:
-    """(``ibv_rc_pingpong`` under softrdma run, ``softrdma rc-pingpong``) CPU us per round
-    trip of both processes: a pair of ``iters`` iterations less one of ``SHORT``, over
-    ``iters - SHORT`` (the processes are children of this one: ``RUSAGE_CHILDREN``)."""
-    out = []
-    for c in (True, False):
-        cpu = []
-        for n in (SHORT, iters):
-            port = free_port(socket.SOCK_STREAM)
-            flags = ["-d", dev.name, "-g", "0", "-n", str(n), "-s", str(LAT_SIZE),
-                     "-p", str(port)]
-            cmd = _c(dev.name, "ibv_rc_pingpong", *flags) if c else _softrdma("rc-pingpong",
-                                                                              *flags)
-            before = _children_cpu()
-            _pair(cmd, [*cmd, "127.0.0.1"], port, dev.env)
-            cpu.append(_children_cpu() - before)
-        out.append((cpu[1] - cpu[0]) / (iters - SHORT) * 1e6)
-    return out[0], out[1]
-
-
-def _c_pingpong(dev: Device, iters: int, env: dict[str, str]) -> tuple[float, float]:
-    """``ibv_rc_pingpong`` under softrdma run with ``env``: (usec/iter, CPU us per round
-    trip of both processes, less a pair of ``SHORT`` iterations)."""
+def _pingpong_cpu(dev: Device, c: bool, iters: int, env: dict[str, str]
+                  ) -> tuple[float, float]:
+    """The pair of :func:`_pingpong_cmd` with ``env``: (usec/iter of ``iters`` round
+    trips, CPU us per round trip of both processes: a pair of ``iters`` iterations less
+    one of ``SHORT``, over ``iters - SHORT``; the processes are children of this one,
+    ``RUSAGE_CHILDREN``)."""
     cpu, lat = [], 0.0
     for n in (SHORT, iters):
-        port = free_port(socket.SOCK_STREAM)
-        cmd = _c(dev.name, "ibv_rc_pingpong", "-d", dev.name, "-g", "0", "-n", str(n), "-s",
-                 str(LAT_SIZE), "-p", str(port))
+        cmd, port = _pingpong_cmd(dev, c, n)
         before = _children_cpu()
         lat = _lat_of(_pair(cmd, [*cmd, "127.0.0.1"], port, env))
         cpu.append(_children_cpu() - before)
     return lat, (cpu[1] - cpu[0]) / (iters - SHORT) * 1e6
+
+
+def rc_cpu(dev: Device, iters: int) -> tuple[float, float]:
+    """(``ibv_rc_pingpong`` under softrdma run, ``softrdma rc-pingpong``) CPU us per round
+    trip of both processes (:func:`_pingpong_cpu`)."""
+    return (_pingpong_cpu(dev, True, iters, dev.env)[1],
+            _pingpong_cpu(dev, False, iters, dev.env)[1])
 
 
 def inline_ab(dev: Device, iters: int, runs: int) -> dict[str, list[float]]:
@@ -279,27 +277,31 @@ def inline_ab(dev: Device, iters: int, runs: int) -> dict[str, list[float]]:
     rows: dict[str, list[float]] = {}
     for _ in range(runs):
         for mode, flag in (("handoff", "0"), ("inline", "1")):
-            lat, cpu = _c_pingpong(dev, iters, {**dev.env, "SOFTRDMA_CAPI_INLINE": flag})
+            lat, cpu = _pingpong_cpu(dev, True, iters,
+                                     {**dev.env, "SOFTRDMA_CAPI_INLINE": flag})
             rows.setdefault(f"{mode} us", []).append(lat)
             rows.setdefault(f"{mode} cpu us", []).append(cpu)
     return rows
 
 
 def poll_costs(dev: Device) -> dict[str, float]:
-    """``wc_check bench``: empty_poll_ns and send_round_us, without the sleep that ends a
+    """``wc_check bench``: empty_poll_ns, send_round_us and their CPU time
+    (empty_poll_cpu_ns: the polling thread's; send_round_cpu_us: the process's, its
+    progress thread included), without the sleep that ends a
     long run of empty polls (``SOFTRDMA_CAPI_WAIT_US=0``: its million empty polls in a row
     would measure the sleep)."""
     gcc = shutil.which("gcc")
     if gcc is None:
         raise BenchError("gcc is needed for tests/capi/wc_check.c")
     exe = dev.state / "wc_check"
-    subprocess.run([gcc, "-O2", "-o", str(exe), str(HERE.parent / "tests/capi/wc_check.c"),
+    src = HERE.parent / "tests" / "capi"
+    subprocess.run([gcc, "-O2", "-I", str(src), "-o", str(exe), str(src / "wc_check.c"),
                     "-libverbs"], check=True, capture_output=True, timeout=TIMEOUT)
     env = {**dev.env, "SOFTRDMA_CAPI_WAIT_US": "0"}
     cp = subprocess.run(_c(dev.name, str(exe), dev.name, "bench"), env=env,
                         capture_output=True, text=True, timeout=TIMEOUT, check=False)
     got = {k: float(v) for k, v in COST.findall(cp.stdout)}
-    if cp.returncode or len(got) != 2:
+    if cp.returncode or len(got) != 4:
         raise BenchError(f"wc_check bench failed (rc {cp.returncode}): "
                          f"{(cp.stdout + cp.stderr).strip()[-300:]}")
     return got
@@ -337,7 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     cpu_iters = 2000 if a.quick else 5000  # long enough that start-up's spread is small
     rows: dict[str, list[float]] = {k: [] for k in (
         "ib_write_bw MB/s", "write-bw MB/s", "ibv_rc_pingpong us", "rc-pingpong us",
-        "ibv_rc_pingpong cpu us", "rc-pingpong cpu us", "empty poll ns", "send round us")}
+        "ibv_rc_pingpong cpu us", "rc-pingpong cpu us", "empty poll ns", "empty poll cpu ns",
+        "send round us", "send round cpu us")}
     with Device() as dev:
         for _ in range(a.runs):
             c, py = write_bw(dev, bw_iters)
@@ -351,7 +354,9 @@ def main(argv: list[str] | None = None) -> int:
             rows["rc-pingpong cpu us"].append(py)
             cost = poll_costs(dev)
             rows["empty poll ns"].append(cost["empty_poll_ns"])
+            rows["empty poll cpu ns"].append(cost["empty_poll_cpu_ns"])
             rows["send round us"].append(cost["send_round_us"])
+            rows["send round cpu us"].append(cost["send_round_cpu_us"])
     print(f"{a.runs} runs, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
     for k, v in rows.items():
         best = max(v) if k.endswith("MB/s") else min(v)

@@ -6,14 +6,10 @@
  * yields, which is no voluntary switch). Prints "busy_nvcsw N" and "idle_nvcsw N".
  */
 #define _GNU_SOURCE
-#include <infiniband/verbs.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#include "common.h"
 #include <sys/resource.h>
 #include <unistd.h>
 
-#define FAIL(...) do { fprintf(stderr, "FAIL: " __VA_ARGS__); fputc('\n', stderr); exit(1); } while (0)
 #define POLLS 20000
 
 static long nvcsw(void)
@@ -38,10 +34,7 @@ static long empty_polls(struct ibv_cq *cq)
 
 int main(int argc, char **argv)
 {
-    struct ibv_device **list;
-    struct ibv_context *ctx = NULL;
-    struct ibv_qp_init_attr init;
-    struct ibv_qp_attr a;
+    struct ibv_context *ctx;
     struct ibv_recv_wr rwr, *bad;
     struct ibv_sge sge;
     static char buf[256];
@@ -50,35 +43,17 @@ int main(int argc, char **argv)
     struct ibv_qp *qp;
     struct ibv_mr *mr;
     long busy, idle;
-    int n, i;
 
     if (argc < 2)
         FAIL("usage: poll_sleep DEVICE");
-    list = ibv_get_device_list(&n);
-    for (i = 0; list && i < n; i++)
-        if (!strcmp(ibv_get_device_name(list[i]), argv[1]))
-            ctx = ibv_open_device(list[i]);
-    if (!ctx)
-        FAIL("no device %s", argv[1]);
+    ctx = open_device(argv[1], NULL);
     pd = ibv_alloc_pd(ctx);
     cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
     mr = pd ? ibv_reg_mr(pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE) : NULL;
     if (!cq || !mr)
         FAIL("pd/cq/mr");
-    memset(&init, 0, sizeof(init));
-    init.send_cq = init.recv_cq = cq;
-    init.qp_type = IBV_QPT_RC;
-    init.cap.max_send_wr = init.cap.max_recv_wr = 4;
-    init.cap.max_send_sge = init.cap.max_recv_sge = 1;
-    qp = ibv_create_qp(pd, &init);
-    if (!qp)
-        FAIL("ibv_create_qp");
-    memset(&a, 0, sizeof(a));
-    a.qp_state = IBV_QPS_INIT;
-    a.port_num = 1;
-    a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE;
-    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-        FAIL("INIT");
+    qp = make_rc_qp(pd, cq, 4, 0);
+    qp_to_init(qp, IBV_ACCESS_LOCAL_WRITE);
     /* idle: nothing posted or completed for a while */
     usleep(200000);
     idle = empty_polls(cq);

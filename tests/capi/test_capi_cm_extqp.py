@@ -11,13 +11,12 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness.capi import need_build, preloaded, run, tcp_port
+from harness.capi import compile_c, need_build, preloaded, run, tcp_port
 from harness.capi_pairs import pair
 from harness.capi_pyverbs import need_real_pyverbs
 from harness.device import private_device
@@ -36,11 +35,7 @@ def test_connection_of_the_applications_own_qp(device: str, tmp_path: Path) -> N
     the request's id), moved with rdma_init_qp_attr's attributes, its number in
     conn_param; CONNECT_RESPONSE then rdma_establish on the client, ESTABLISHED on the
     server; one SEND whose data and completion fields both sides check."""
-    exe = tmp_path / "cm_extqp"
-    c = subprocess.run(["gcc", "-O2", "-Wall", "-o", str(exe),
-                        str(Path(__file__).parents[1] / "capi" / "cm_extqp.c"), "-lrdmacm",
-                        "-libverbs"], capture_output=True, text=True, check=False)
-    assert c.returncode == 0, c.stderr
+    exe = compile_c(tmp_path, "cm_extqp", "-lrdmacm", "-libverbs")
     port = str(tcp_port())
     (sout, serr), (cout, cerr) = pair(preloaded(str(exe), "server", port),
                                       preloaded(str(exe), "client", port))

@@ -6,15 +6,12 @@ tests/capi/wc_check.c)."""
 from __future__ import annotations
 
 import re
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness.capi import need_build, run
+from harness.capi import compile_c, need_build, run
 from harness.device import private_device
-
-HERE = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture()
@@ -23,34 +20,34 @@ def device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     yield private_device("capipoll", tmp_path, monkeypatch)
 
 
+def _run_ok(exe: Path, device: str, *args: str) -> str:
+    """``exe DEVICE ARGS`` under ``softrdma run``, which must exit 0: its stdout."""
+    p = run(str(exe), device, *args)
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    return p.stdout
+
+
 def test_busy_empty_polls_sleep_idle_ones_spin(device: str, tmp_path: Path) -> None:
     """After a post, a run of empty polls ends in futex sleeps (voluntary context switches
     of the polling thread); with nothing posted or completed for long, polls spin."""
-    exe = tmp_path / "poll_sleep"
-    c = subprocess.run(["gcc", "-O2", "-Wall", "-o", str(exe),
-                        str(HERE / "capi" / "poll_sleep.c"), "-libverbs"],
-                       capture_output=True, text=True, check=False)
-    assert c.returncode == 0, c.stderr
-    p = run(str(exe), device)
-    assert p.returncode == 0, (p.stdout, p.stderr)
-    busy = re.search(r"busy_nvcsw (\d+)", p.stdout)
-    idle = re.search(r"idle_nvcsw (\d+)", p.stdout)
-    assert busy and idle, p.stdout
+    out = _run_ok(compile_c(tmp_path, "poll_sleep", "-libverbs"), device)
+    busy = re.search(r"busy_nvcsw (\d+)", out)
+    idle = re.search(r"idle_nvcsw (\d+)", out)
+    assert busy and idle, out
     # 20000 empty polls: one sleep per 257 once the spin is over (<= 77 sleeps, fewer
     # when a sleep outlasts the busy window on a loaded machine)
-    assert int(busy.group(1)) >= 2, p.stdout
-    assert int(idle.group(1)) <= 1, p.stdout
+    assert int(busy.group(1)) >= 2, out
+    assert int(idle.group(1)) <= 1, out
 
 
 
 def _hops(exe: Path, device: str, mode: str) -> tuple[int, int, float, str]:
     """wc_check's ``hops`` or ``hopsx`` mode: (the other threads' wake-ups, rounds,
     seconds, output)."""
-    p = run(str(exe), device, mode)
-    assert p.returncode == 0, (p.stdout, p.stderr)
-    m = re.search(r"hops_nvcsw (\d+) rounds (\d+) seconds ([\d.]+)", p.stdout)
-    assert m, p.stdout
-    return int(m.group(1)), int(m.group(2)), float(m.group(3)), p.stdout
+    out = _run_ok(exe, device, mode)
+    m = re.search(r"hops_nvcsw (\d+) rounds (\d+) seconds ([\d.]+)", out)
+    assert m, out
+    return int(m.group(1)), int(m.group(2)), float(m.group(3)), out
 
 
 @pytest.mark.parametrize("mode", ["hops", "hopsx"])
@@ -65,11 +62,7 @@ def test_busy_poller_receives_itself(device: str, tmp_path: Path,
     On a busy machine the poller is descheduled for longer than the progress thread's
     grace time now and then, and the thread takes those answers: there the same program
     with hand-offs is run too, and the receive step must at least halve the wake-ups."""
-    exe = tmp_path / "wc_check"
-    c = subprocess.run(["gcc", "-O2", "-Wall", "-o", str(exe),
-                        str(HERE / "capi" / "wc_check.c"), "-libverbs"],
-                       capture_output=True, text=True, check=False)
-    assert c.returncode == 0, c.stderr
+    exe = compile_c(tmp_path, "wc_check", "-libverbs")
     wakes, rounds, seconds, out = _hops(exe, device, mode)
     # standing back, the progress thread wakes once per POLL_GRACE (5 ms) to look again
     if wakes < rounds / 2 + seconds / 0.005:
@@ -85,11 +78,5 @@ def test_receiver_exiting_after_its_completion_acks_it(device: str, tmp_path: Pa
     from main right after its last completion, closing nothing, still sends it (at exit):
     its peer's SEND completes with IBV_WC_SUCCESS, not RETRY_EXC_ERR once its retries are
     spent (tests/capi/exit_ack.c, two processes)."""
-    exe = tmp_path / "exit_ack"
-    c = subprocess.run(["gcc", "-O2", "-Wall", "-o", str(exe),
-                        str(HERE / "capi" / "exit_ack.c"), "-libverbs"],
-                       capture_output=True, text=True, check=False)
-    assert c.returncode == 0, c.stderr
-    p = run(str(exe), device)
-    assert p.returncode == 0, (p.stdout, p.stderr)
-    assert p.stdout.splitlines() == ["send status success", "ok"], (p.stdout, p.stderr)
+    out = _run_ok(compile_c(tmp_path, "exit_ack", "-libverbs"), device)
+    assert out.splitlines() == ["send status success", "ok"], out

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness.capi import TIMEOUT, need_build, need_tool, preloaded, run_pair, tcp_port
+from harness.capi import TIMEOUT, compile_c, need_build, need_tool, preloaded, run_pair, tcp_port
 from harness.capi_pairs import pair, perftest_pair
 from harness.device import private_device, reap
 
@@ -183,11 +183,7 @@ def test_channel_fd_errors_and_unserved_calls(device: str, tmp_path: Path) -> No
     readable with an event pending; after ADDR_RESOLVED the id's verbs is a context of
     the device and its addresses are set; bad arguments are EINVAL, calls not served
     ENOSYS; rdma_getaddrinfo."""
-    exe = tmp_path / "cm_check"
-    c = subprocess.run(["gcc", "-O2", "-Wall", "-o", str(exe),
-                        str(Path(__file__).parents[1] / "capi" / "cm_check.c"), "-lrdmacm",
-                        "-libverbs"], capture_output=True, text=True, check=False)
-    assert c.returncode == 0, c.stderr
+    exe = compile_c(tmp_path, "cm_check", "-lrdmacm", "-libverbs")
     p = subprocess.run(preloaded(str(exe)), capture_output=True, text=True, timeout=TIMEOUT,
                        check=False)
     assert p.returncode == 0, (p.stdout, p.stderr)

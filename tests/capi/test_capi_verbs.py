@@ -14,14 +14,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness.capi import need_build, need_tool, preloaded, run, run_pair, tcp_port
+from harness.capi import compile_c, need_build, need_tool, preloaded, run, run_pair, tcp_port
 from harness.device import private_device, reap, veth_device_netns
 from harness.wait import StreamLines
 
 from softrdma import enums as e
 from softrdma.capi import build, launch
-
-HERE = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture()
@@ -30,21 +28,13 @@ def device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     yield private_device("capiwc", tmp_path, monkeypatch)
 
 
-def _compile(tmp_path: Path, name: str, *flags: str) -> Path:
-    exe = tmp_path / name
-    p = subprocess.run(["gcc", "-O2", "-Wall", "-o", str(exe), str(HERE / "capi" / f"{name}.c"),
-                        *flags], capture_output=True, text=True, check=False)
-    assert p.returncode == 0, p.stderr
-    return exe
-
-
 def test_completion_fields_errors_and_fork(device: str, tmp_path: Path) -> None:
     """tests/capi/wc_check.c: the fields of a SEND-with-immediate's completions (inline
     data from an unregistered buffer), a remote access error completion, libibverbs-style
     errors, a CQ overrun's asynchronous event; and fork: a C fork() runs Python's at-fork handlers through the library's
     pthread_atfork, so the child gives up the device it inherited (its QP fails) and opens
     its own, and the parent goes on."""
-    exe = _compile(tmp_path, "wc_check", "-libverbs")
+    exe = compile_c(tmp_path, "wc_check", "-libverbs")
     p = run(str(exe), device, "fork")
     assert p.returncode == 0, (p.stdout, p.stderr)
     assert "ok: fork: the child opens its own device, its inherited QP fails" in p.stdout
@@ -59,7 +49,7 @@ def test_completion_fields_errors_and_fork(device: str, tmp_path: Path) -> None:
 def test_empty_poll_and_completion_cost(device: str, tmp_path: Path) -> None:
     """The figures the design promises in order of magnitude: an empty ibv_poll_cq stays
     in C (well under a microsecond even with its occasional yield)."""
-    exe = _compile(tmp_path, "wc_check", "-libverbs")
+    exe = compile_c(tmp_path, "wc_check", "-libverbs")
     p = run(str(exe), device, "bench")
     assert p.returncode == 0, (p.stdout, p.stderr)
     # the thread's CPU time per poll: the wall time includes whatever else the machine runs
@@ -180,7 +170,7 @@ def test_verbs_check_program(device: str, tmp_path: Path) -> None:
     ibv_wr_set_xrc_srqn); the error completions of a message too long for its receive
     buffer; verbs not served fail with NULL and
     EOPNOTSUPP."""
-    exe = _compile(tmp_path, "verbs_check", "-libverbs", "-lpthread")
+    exe = compile_c(tmp_path, "verbs_check", "-libverbs", "-lpthread")
     p = run(str(exe), device)
     assert p.returncode == 0, (p.stdout, p.stderr)
     oks = [ln for ln in p.stdout.splitlines() if ln.startswith("ok: ")]

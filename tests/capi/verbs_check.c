@@ -11,40 +11,18 @@
  * blocked in ibv_get_cq_event while another busy-polls and posts; XRC; error completions
  * of a message too long for its receive buffer; verbs not served (EOPNOTSUPP).
  */
-#include <infiniband/verbs.h>
+#include "common.h"
 #include <arpa/inet.h>
-#include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
 #include <unistd.h>
-
-#define FAIL(...) do { fprintf(stderr, "FAIL: " __VA_ARGS__); fputc('\n', stderr); exit(1); } while (0)
-#define CHECK(cond, ...) do { if (!(cond)) FAIL(__VA_ARGS__); } while (0)
 
 static struct ibv_context *ctx;
 static struct ibv_pd *pd;
 static union ibv_gid gid;
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void wait_wc(struct ibv_cq *cq, struct ibv_wc *wc, const char *what)
-{
-    double deadline = now() + 30.0;
-    int n;
-    while ((n = ibv_poll_cq(cq, 1, wc)) == 0)
-        CHECK(now() < deadline, "no completion for %s", what);
-    CHECK(n == 1, "ibv_poll_cq failed for %s", what);
-}
+#define WC_WAIT_S 30.0  /* wait_wc's limit (s) */
 
 /* no completion arrives on cq within a short while (all earlier ones polled) */
 static void expect_empty(struct ibv_cq *cq, const char *what)
@@ -80,34 +58,8 @@ static struct ibv_qp *make_qp(enum ibv_qp_type type, struct ibv_cq *scq, struct 
 
 static void rc_connect(struct ibv_qp *qp, uint32_t dest)
 {
-    struct ibv_qp_attr a;
-
-    memset(&a, 0, sizeof(a));
-    a.qp_state = IBV_QPS_INIT;
-    a.port_num = 1;
-    a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-    CHECK(!ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT
-                         | IBV_QP_ACCESS_FLAGS), "INIT");
-    memset(&a, 0, sizeof(a));
-    a.qp_state = IBV_QPS_RTR;
-    a.path_mtu = IBV_MTU_1024;
-    a.dest_qp_num = dest;
-    a.max_dest_rd_atomic = 1;
-    a.min_rnr_timer = 1;
-    a.ah_attr.is_global = 1;
-    a.ah_attr.grh.dgid = gid;
-    a.ah_attr.grh.hop_limit = 1;
-    a.ah_attr.port_num = 1;
-    CHECK(!ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN
-                         | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER), "RTR");
-    memset(&a, 0, sizeof(a));
-    a.qp_state = IBV_QPS_RTS;
-    a.timeout = 14;
-    a.retry_cnt = 7;
-    a.rnr_retry = 7;
-    a.max_rd_atomic = 1;
-    CHECK(!ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT
-                         | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC), "RTS");
+    rc_to_rts(qp, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
+              dest, &gid, 1, 7);
 }
 
 static void ud_ready(struct ibv_qp *qp)
@@ -218,7 +170,7 @@ static void check_async_fd_srq_limit(void)
     CHECK(!ibv_query_srq(srq, &attr) && attr.srq_limit == 0, "limit not disarmed: %u",
           attr.srq_limit);
     for (i = 0; i < 4; i++) {
-        wait_wc(cq, &wc, "srq traffic");
+        wait_wc(cq, &wc, "srq traffic", WC_WAIT_S);
         CHECK(wc.status == IBV_WC_SUCCESS, "srq wc status %d", wc.status);
         if (wc.opcode == IBV_WC_RECV) {
             CHECK(wc.qp_num == qb->qp_num && wc.wr_id >= 100 && wc.wr_id < 102
@@ -283,7 +235,7 @@ static void check_ud_grh(void)
     wr.wr.ud.remote_qkey = 0x11111111;
     CHECK(!ibv_post_send(qa, &wr, &bad), "ud post_send");
     for (i = 0; i < 2; i++) {
-        wait_wc(cq, &wc, "ud");
+        wait_wc(cq, &wc, "ud", WC_WAIT_S);
         CHECK(wc.status == IBV_WC_SUCCESS, "ud wc status %s", ibv_wc_status_str(wc.status));
         if (wc.opcode == IBV_WC_SEND) {
             got_send = 1;
@@ -313,7 +265,7 @@ static void check_ud_grh(void)
     wr.wr.ud.remote_qpn = wc.src_qp;
     CHECK(!ibv_post_send(qb, &wr, &bad), "ud reply post_send");
     for (i = 0; i < 2; i++) {
-        wait_wc(cq, &wc, "ud reply");
+        wait_wc(cq, &wc, "ud reply", WC_WAIT_S);
         CHECK(wc.status == IBV_WC_SUCCESS, "reply status %d", wc.status);
         if (wc.opcode == IBV_WC_RECV)
             CHECK(wc.wr_id == 0xA0 && wc.src_qp == qb->qp_num && !strcmp(rbuf[1] + 40, "reply"),
@@ -356,14 +308,14 @@ static void check_unsignaled_inline(void)
                   IBV_SEND_INLINE | (i == 3 ? IBV_SEND_SIGNALED : 0));
     }
     for (i = 0; i < 4; i++) {
-        wait_wc(rcq, &wc, "recv of an unsignaled send");
+        wait_wc(rcq, &wc, "recv of an unsignaled send", WC_WAIT_S);
         CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 0x300u + (unsigned)i
               && wc.byte_len == 6, "recv %d: wr_id %#llx len %u", i,
               (unsigned long long)wc.wr_id, wc.byte_len);
         CHECK(!strncmp(rbuf[i], "msg-", 4) && rbuf[i][4] == '0' + i, "recv %d data '%s'", i,
               rbuf[i]);
     }
-    wait_wc(scq, &wc, "the signaled send");
+    wait_wc(scq, &wc, "the signaled send", WC_WAIT_S);
     CHECK(wc.wr_id == 0x403 && wc.opcode == IBV_WC_SEND && wc.status == IBV_WC_SUCCESS,
           "send completion wr_id %#llx, want only 0x403", (unsigned long long)wc.wr_id);
     expect_empty(scq, "unsignaled sends");
@@ -381,10 +333,10 @@ static void check_unsignaled_inline(void)
     for (i = 0; i < 2; i++)
         post_send(qc, 0x600 + i, IBV_WR_SEND, "x", 2, 0, IBV_SEND_INLINE);
     for (i = 0; i < 2; i++) {
-        wait_wc(scq, &wc, "sq_sig_all send");
+        wait_wc(scq, &wc, "sq_sig_all send", WC_WAIT_S);
         CHECK(wc.wr_id == 0x600u + (unsigned)i && wc.status == IBV_WC_SUCCESS,
               "sq_sig_all send wc %#llx", (unsigned long long)wc.wr_id);
-        wait_wc(rcq, &wc, "sq_sig_all recv");
+        wait_wc(rcq, &wc, "sq_sig_all recv", WC_WAIT_S);
     }
     printf("ok: sq_sig_all 1: every send completes without IBV_SEND_SIGNALED\n");
 
@@ -402,10 +354,10 @@ static void check_unsignaled_inline(void)
     memset(part1, 'X', sizeof(part1));
     memset(part2, 'Y', sizeof(part2));
     memset(part3, 'Z', sizeof(part3));
-    wait_wc(rcq, &wc, "inline gather recv");
+    wait_wc(rcq, &wc, "inline gather recv", WC_WAIT_S);
     CHECK(wc.status == IBV_WC_SUCCESS && wc.byte_len == 17 && !strcmp(rbuf[2], "alpha-beta-gamma"),
           "inline gather: status %d len %u data '%s'", wc.status, wc.byte_len, rbuf[2]);
-    wait_wc(scq, &wc, "inline gather send");
+    wait_wc(scq, &wc, "inline gather send", WC_WAIT_S);
     CHECK(wc.wr_id == 0x700 && wc.status == IBV_WC_SUCCESS, "inline send wc");
     CHECK(!ibv_destroy_qp(qa) && !ibv_destroy_qp(qb) && !ibv_destroy_qp(qc)
           && !ibv_dereg_mr(mr) && !ibv_destroy_cq(scq) && !ibv_destroy_cq(rcq), "teardown");
@@ -534,7 +486,7 @@ static void check_resize_rereg(void)
           "ibv_resize_cq below the 4 queued completions: want EINVAL");
     CHECK(ibv_resize_cq(cq, 64) == 0 && cq->cqe == 64, "ibv_resize_cq(64)");
     for (i = 0; i < 4; i++) {
-        wait_wc(cq, &wc, "flushed receive after resize");
+        wait_wc(cq, &wc, "flushed receive after resize", WC_WAIT_S);
         CHECK(wc.wr_id == 0xA00u + (unsigned)i && wc.status == IBV_WC_WR_FLUSH_ERR
               && wc.qp_num == qa->qp_num, "after resize: wr_id %#llx status %d",
               (unsigned long long)wc.wr_id, wc.status);
@@ -548,7 +500,7 @@ static void check_resize_rereg(void)
     for (i = 0; i < 30; i++)
         post_send(qa, 0xB00 + i, IBV_WR_RDMA_WRITE, "", 0, 0, 0);
     for (i = 0; i < 30; i++) {
-        wait_wc(cq, &wc, "30 writes");
+        wait_wc(cq, &wc, "30 writes", WC_WAIT_S);
         CHECK(wc.wr_id == 0xB00u + (unsigned)i && wc.status == IBV_WC_SUCCESS,
               "write %d after growth: wr_id %#llx status %d", i, (unsigned long long)wc.wr_id,
               wc.status);
@@ -579,7 +531,7 @@ static void check_resize_rereg(void)
     wr.wr.rdma.remote_addr = (uintptr_t)b_buf;
     wr.wr.rdma.rkey = mr->rkey;
     CHECK(!ibv_post_send(qa, &wr, &bad), "write to rereg'd MR");
-    wait_wc(cq, &wc, "write to rereg'd MR");
+    wait_wc(cq, &wc, "write to rereg'd MR", WC_WAIT_S);
     CHECK(wc.status == IBV_WC_SUCCESS && !strcmp(b_buf, "rereg-target") && a_buf[0] == 0,
           "rereg write: status %s, b '%s'", ibv_wc_status_str(wc.status), b_buf);
     printf("ok: ibv_rereg_mr(CHANGE_TRANSLATION) moves the region (rkey %#x -> %#x); no "
@@ -654,7 +606,7 @@ static void check_device_ex_dm(void)
     wr.wr.rdma.remote_addr = 100;
     wr.wr.rdma.rkey = dmr->rkey;
     CHECK(!ibv_post_send(qa, &wr, &bad), "read DM");
-    wait_wc(cq, &wc, "read of DM");
+    wait_wc(cq, &wc, "read of DM", WC_WAIT_S);
     CHECK(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RDMA_READ
           && !strcmp(host, "device-memory-bytes"), "DM read: %s '%s'",
           ibv_wc_status_str(wc.status), host);
@@ -665,7 +617,7 @@ static void check_device_ex_dm(void)
     wr.wr.rdma.remote_addr = 2000;
     sge.length = 16;
     CHECK(!ibv_post_send(qa, &wr, &bad), "write DM");
-    wait_wc(cq, &wc, "write of DM");
+    wait_wc(cq, &wc, "write of DM", WC_WAIT_S);
     memset(host, 0, sizeof(host));
     CHECK(wc.status == IBV_WC_SUCCESS && !ibv_memcpy_from_dm(host, dm, 2000, 16)
           && !strcmp(host, "written-into-dm"), "DM write: '%s'", host);
@@ -897,14 +849,14 @@ static void check_xrc(void)
     ibv_wr_set_inline_data(qpx, m2, 7);
     CHECK(!ibv_wr_complete(qpx), "ibv_wr_complete (XRC)");
     for (i = 0; i < 2; i++) {
-        wait_wc(rcq, &wc, "XRC receive");
+        wait_wc(rcq, &wc, "XRC receive", WC_WAIT_S);
         CHECK(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RECV
               && wc.wr_id == 0xF00u + (unsigned)i && wc.byte_len == 7
               && wc.qp_num == tgt->qp_num && !strcmp(rbuf[i], i ? "xrc-wr" : "xrc-pp"),
               "XRC recv %d: status %s wr_id %#llx qp %#x (TGT %#x) data '%s'", i,
               ibv_wc_status_str(wc.status), (unsigned long long)wc.wr_id, wc.qp_num,
               tgt->qp_num, rbuf[i]);
-        wait_wc(scq, &wc, "XRC send");
+        wait_wc(scq, &wc, "XRC send", WC_WAIT_S);
         CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 0xF10u + (unsigned)i
               && wc.qp_num == ini->qp_num, "XRC send %d wc", i);
     }
@@ -937,18 +889,18 @@ static void check_error_completions(void)
     post_recv(qb, NULL, 0x1B1, small, sizeof(small), mr->lkey);
     post_send(qa, 0x1A0, IBV_WR_SEND, "sixteen-bytes!!", 16, 0, IBV_SEND_INLINE);
     post_send(qa, 0x1A1, IBV_WR_SEND, "x", 2, 0, IBV_SEND_INLINE);
-    wait_wc(rcq, &wc, "too long a message");
+    wait_wc(rcq, &wc, "too long a message", WC_WAIT_S);
     CHECK(wc.status == IBV_WC_LOC_LEN_ERR && wc.wr_id == 0x1B0 && wc.qp_num == qb->qp_num,
           "responder: status %s wr_id %#llx qp %#x", ibv_wc_status_str(wc.status),
           (unsigned long long)wc.wr_id, wc.qp_num);
-    wait_wc(scq, &wc, "the NAKed send");
+    wait_wc(scq, &wc, "the NAKed send", WC_WAIT_S);
     CHECK(wc.status == IBV_WC_REM_INV_REQ_ERR && wc.wr_id == 0x1A0 && wc.qp_num == qa->qp_num,
           "requester: status %s wr_id %#llx", ibv_wc_status_str(wc.status),
           (unsigned long long)wc.wr_id);
-    wait_wc(scq, &wc, "the send behind it");
+    wait_wc(scq, &wc, "the send behind it", WC_WAIT_S);
     CHECK(wc.status == IBV_WC_WR_FLUSH_ERR && wc.wr_id == 0x1A1, "requester flush: %s",
           ibv_wc_status_str(wc.status));
-    wait_wc(rcq, &wc, "the receive behind it");
+    wait_wc(rcq, &wc, "the receive behind it", WC_WAIT_S);
     CHECK(wc.status == IBV_WC_WR_FLUSH_ERR && wc.wr_id == 0x1B1, "responder flush: %s",
           ibv_wc_status_str(wc.status));
     CHECK(!ibv_destroy_qp(qa) && !ibv_destroy_qp(qb) && !ibv_dereg_mr(mr)
@@ -994,18 +946,13 @@ static void check_unsupported(void)
 int main(int argc, char **argv)
 {
     struct ibv_device **list;
-    int n, i;
 
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc < 2)
         FAIL("usage: verbs_check DEVICE");
     CHECK(ibv_fork_init() == 0 && ibv_is_fork_initialized() == IBV_FORK_UNNEEDED,
           "ibv_fork_init");
-    list = ibv_get_device_list(&n);
-    for (i = 0; list && i < n; i++)
-        if (!strcmp(ibv_get_device_name(list[i]), argv[1]))
-            ctx = ibv_open_device(list[i]);
-    CHECK(ctx, "no device %s", argv[1]);
+    ctx = open_device(argv[1], &list);
     CHECK(!ibv_query_gid(ctx, 1, 0, &gid), "ibv_query_gid");
     pd = ibv_alloc_pd(ctx);
     CHECK(pd, "pd");

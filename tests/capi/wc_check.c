@@ -7,7 +7,9 @@
  *   wc_check DEVICE fork     forks first: the child opens the device anew and uses it,
  *                            its inherited QP fails without hanging; then the checks.
  *   wc_check DEVICE bench    prints the cost of an empty ibv_poll_cq and of one
- *                            SEND + completions round on a loopback RC pair.
+ *                            SEND + completions round on a loopback RC pair (wall
+ *                            time, and CPU time: the thread's for a poll, the
+ *                            process's for a round).
  *   wc_check DEVICE hops     busy-polls 400 loopback SEND rounds and prints
  *                            "hops_nvcsw N rounds R": the voluntary context switches of
  *                            the process's other threads (softrdma's progress thread)
@@ -15,27 +17,13 @@
  *   wc_check DEVICE hopsx    the same with extended CQs (ibv_create_cq_ex), polled with
  *                            ibv_start_poll/ibv_end_poll.
  */
-#include <infiniband/verbs.h>
+#include "common.h"
 #include <arpa/inet.h>
-#include <errno.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
 #include <signal.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <dirent.h>
 #include <unistd.h>
-
-#define FAIL(...) do { fprintf(stderr, "FAIL: " __VA_ARGS__); fputc('\n', stderr); exit(1); } while (0)
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* this thread's CPU time: what a poll costs, whatever else the machine runs */
 static double cpu_now(void)
@@ -80,17 +68,6 @@ static long others_nvcsw(void)
     return total;
 }
 
-static void wait_wc(struct ibv_cq *cq, struct ibv_wc *wc, const char *what)
-{
-    double deadline = now() + 20.0;
-    int n;
-    while ((n = ibv_poll_cq(cq, 1, wc)) == 0)
-        if (now() > deadline)
-            FAIL("no completion for %s", what);
-    if (n < 0)
-        FAIL("ibv_poll_cq failed for %s", what);
-}
-
 /* the extended CQ's way: ibv_start_poll until a completion, one read, ibv_end_poll */
 static void wait_wcx(struct ibv_cq_ex *cqx, enum ibv_wc_opcode want, const char *what)
 {
@@ -107,44 +84,16 @@ static void wait_wcx(struct ibv_cq_ex *cqx, enum ibv_wc_opcode want, const char 
     ibv_end_poll(cqx);
 }
 
+/* the loopback pair's QPs: RDMA WRITE allowed (the bad R_Key check) */
 static void to_rts(struct ibv_qp *qp, uint32_t dest, union ibv_gid *gid)
 {
-    struct ibv_qp_attr a;
-
-    memset(&a, 0, sizeof(a));
-    a.qp_state = IBV_QPS_INIT;
-    a.port_num = 1;
-    a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
-    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-        FAIL("INIT");
-    memset(&a, 0, sizeof(a));
-    a.qp_state = IBV_QPS_RTR;
-    a.path_mtu = IBV_MTU_1024;
-    a.dest_qp_num = dest;
-    a.max_dest_rd_atomic = 1;
-    a.min_rnr_timer = 12;
-    a.ah_attr.is_global = 1;
-    a.ah_attr.grh.dgid = *gid;
-    a.ah_attr.grh.hop_limit = 1;
-    a.ah_attr.port_num = 1;
-    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN
-                      | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-        FAIL("RTR");
-    memset(&a, 0, sizeof(a));
-    a.qp_state = IBV_QPS_RTS;
-    a.timeout = 14;
-    a.retry_cnt = 7;
-    a.rnr_retry = 7;
-    a.max_rd_atomic = 1;
-    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT
-                      | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
-        FAIL("RTS");
+    rc_to_rts(qp, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, dest, gid, 12, 7);
 }
 
 int main(int argc, char **argv)
 {
     struct ibv_device **list;
-    struct ibv_context *ctx = NULL;
+    struct ibv_context *ctx;
     struct ibv_pd *pd;
     struct ibv_cq *cqa, *cqb;
     struct ibv_qp *qa, *qb;
@@ -157,7 +106,7 @@ int main(int argc, char **argv)
     union ibv_gid gid;
     static char buf[4096];
     char msg[64];
-    int n, i, bench = argc > 2 && !strcmp(argv[2], "bench");
+    int i, bench = argc > 2 && !strcmp(argv[2], "bench");
     int forking = argc > 2 && !strcmp(argv[2], "fork");
     int hopsx = argc > 2 && !strcmp(argv[2], "hopsx");
     int hops = hopsx || (argc > 2 && !strcmp(argv[2], "hops"));
@@ -165,12 +114,7 @@ int main(int argc, char **argv)
 
     if (argc < 2)
         FAIL("usage: wc_check DEVICE [fork|bench|hops|hopsx]");
-    list = ibv_get_device_list(&n);
-    for (i = 0; list && i < n; i++)
-        if (!strcmp(ibv_get_device_name(list[i]), argv[1]))
-            ctx = ibv_open_device(list[i]);
-    if (!ctx)
-        FAIL("no device %s", argv[1]);
+    ctx = open_device(argv[1], &list);
     if (ibv_query_gid(ctx, 1, 0, &gid))
         FAIL("ibv_query_gid");
     pd = ibv_alloc_pd(ctx);
@@ -195,21 +139,8 @@ int main(int argc, char **argv)
         FAIL("ibv_create_cq(cqe=2^20): want NULL/EINVAL, errno %d", errno);
     printf("ok: ibv_create_cq beyond max_cqe -> NULL, EINVAL\n");
 
-    memset(&init, 0, sizeof(init));
-    init.send_cq = cqa;
-    init.recv_cq = cqa;
-    init.qp_type = IBV_QPT_RC;
-    init.cap.max_send_wr = 16;
-    init.cap.max_recv_wr = 16;
-    init.cap.max_send_sge = 1;
-    init.cap.max_recv_sge = 1;
-    init.cap.max_inline_data = 64;
-    qa = ibv_create_qp(pd, &init);
-    init.send_cq = cqb;
-    init.recv_cq = cqb;
-    qb = ibv_create_qp(pd, &init);
-    if (!qa || !qb)
-        FAIL("ibv_create_qp: %s", strerror(errno));
+    qa = make_rc_qp(pd, cqa, 16, 64);
+    qb = make_rc_qp(pd, cqb, 16, 64);
     errno = 0;
     if (ibv_qp_to_qp_ex(qa) != NULL || errno != EOPNOTSUPP)
         FAIL("ibv_qp_to_qp_ex: want NULL/EOPNOTSUPP");
@@ -310,15 +241,16 @@ int main(int argc, char **argv)
                 wait_wcx(cqxb, IBV_WC_RECV, "bench recv");
                 wait_wcx(cqxa, IBV_WC_SEND, "bench send");
             } else {
-                wait_wc(cqb, &wc, "bench recv");
-                wait_wc(cqa, &wc, "bench send");
+                wait_wc(cqb, &wc, "bench recv", 20.0);
+                wait_wc(cqa, &wc, "bench send", 20.0);
             }
         }
         if (hops)
             printf("hops_nvcsw %ld rounds %d seconds %.3f cpu_us_per_round %.1f\n",
                    others_nvcsw() - sw0, rounds, now() - t0, (proc_cpu() - c0) / rounds * 1e6);
         else
-            printf("send_round_us %.1f\n", (now() - t0) / rounds * 1e6);
+            printf("send_round_us %.1f\nsend_round_cpu_us %.1f\n", (now() - t0) / rounds * 1e6,
+                   (proc_cpu() - c0) / rounds * 1e6);
         return 0;
     }
 
@@ -341,7 +273,7 @@ int main(int argc, char **argv)
             FAIL("ibv_post_send inline");
         memset(msg, 'X', 8);  /* inline: the buffer is the program's again at once */
     }
-    wait_wc(cqb, &wc, "recv");
+    wait_wc(cqb, &wc, "recv", 20.0);
     if (wc.status != IBV_WC_SUCCESS || wc.opcode != IBV_WC_RECV || wc.wr_id != 0xBBBB
         || wc.byte_len != strlen("inline-from-the-stack") + 1 || !(wc.wc_flags & IBV_WC_WITH_IMM)
         || ntohl(wc.imm_data) != 0x12345678 || wc.qp_num != qb->qp_num)
@@ -351,7 +283,7 @@ int main(int argc, char **argv)
     if (strcmp(buf, "inline-from-the-stack"))
         FAIL("received '%s'", buf);
     printf("ok: recv wc opcode RECV, WITH_IMM 0x12345678, byte_len %u, data intact\n", wc.byte_len);
-    wait_wc(cqa, &wc, "send");
+    wait_wc(cqa, &wc, "send", 20.0);
     if (wc.status != IBV_WC_SUCCESS || wc.opcode != IBV_WC_SEND || wc.wr_id != 0xAAAA
         || wc.qp_num != qa->qp_num)
         FAIL("send wc: status %d opcode %d", wc.status, wc.opcode);
@@ -387,7 +319,7 @@ int main(int argc, char **argv)
             swr.wr_id = 0xE0 + i;
             if (ibv_post_send(qa, &swr, &bad_s))
                 FAIL("repost %d: ibv_post_send", i);
-            wait_wc(cqb, &wc, "repost recv");
+            wait_wc(cqb, &wc, "repost recv", 20.0);
             if (wc.status != IBV_WC_SUCCESS || wc.wr_id != 0xD0 + (uint64_t)i
                 || wc.byte_len != lens[i] || !(wc.wc_flags & IBV_WC_WITH_IMM) != (i < 3)
                 || (i >= 3 && ntohl(wc.imm_data) != 0xC0DE))
@@ -395,7 +327,7 @@ int main(int argc, char **argv)
                      wc.status, (unsigned long long)wc.wr_id, wc.byte_len, wc.wc_flags);
             if (memcmp(buf, buf + offs[i], lens[i]) || buf[lens[i]])
                 FAIL("repost %d: the data received is not the request's", i);
-            wait_wc(cqa, &wc, "repost send");
+            wait_wc(cqa, &wc, "repost send", 20.0);
             if (wc.status != IBV_WC_SUCCESS || wc.wr_id != 0xE0 + (uint64_t)i)
                 FAIL("repost %d: send wc status %d wr_id %#llx", i, wc.status,
                      (unsigned long long)wc.wr_id);
@@ -413,7 +345,7 @@ int main(int argc, char **argv)
     swr.wr.rdma.rkey = mr->rkey ^ 0x5a5a00;
     if (ibv_post_send(qa, &swr, &bad_s))
         FAIL("ibv_post_send write");
-    wait_wc(cqa, &wc, "bad write");
+    wait_wc(cqa, &wc, "bad write", 20.0);
     if (wc.status != IBV_WC_REM_ACCESS_ERR || wc.wr_id != 0xCCCC)
         FAIL("bad write wc: status %d (%s)", wc.status, ibv_wc_status_str(wc.status));
     printf("ok: bad R_Key -> %s\n", ibv_wc_status_str(wc.status));
@@ -432,8 +364,13 @@ int main(int argc, char **argv)
         struct ibv_qp_attr a;
         struct ibv_async_event ev;
 
+        memset(&init, 0, sizeof(init));  /* the pair's attributes, cqo for receives */
         init.send_cq = cqb;
         init.recv_cq = cqo;
+        init.qp_type = IBV_QPT_RC;
+        init.cap.max_send_wr = init.cap.max_recv_wr = 16;
+        init.cap.max_send_sge = init.cap.max_recv_sge = 1;
+        init.cap.max_inline_data = 64;
         qo = cqo ? ibv_create_qp(pd, &init) : NULL;
         if (!qo)
             FAIL("overrun QP");
@@ -464,7 +401,7 @@ int main(int argc, char **argv)
             FAIL("async event %d (%s), element %p, want CQ_ERR on %p", ev.event_type,
                  ibv_event_type_str(ev.event_type), (void *)ev.element.cq, (void *)cqo);
         ibv_ack_async_event(&ev);
-        wait_wc(cqo, &wc, "flushed receive");
+        wait_wc(cqo, &wc, "flushed receive", 20.0);
         if (wc.status != IBV_WC_WR_FLUSH_ERR || ibv_poll_cq(cqo, 1, &wc) != 0)
             FAIL("overrun CQ: status %d", wc.status);
         if (ibv_destroy_qp(qo) || ibv_destroy_cq(cqo))

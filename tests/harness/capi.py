@@ -27,6 +27,21 @@ def need_build() -> Path:
     return build.build()
 
 
+#: the C test programs (tests/capi/NAME.c) and their shared header, common.h
+C_DIR = Path(__file__).resolve().parents[1] / "capi"
+
+
+def compile_c(out_dir: Path, name: str, *libs: str) -> Path:
+    """tests/capi/``name``.c built into ``out_dir`` (``-I tests/capi`` for common.h,
+    linked with ``libs``); the compiler's message if it fails."""
+    exe = out_dir / name
+    c = subprocess.run(["gcc", "-O2", "-Wall", "-I", str(C_DIR), "-o", str(exe),
+                        str(C_DIR / f"{name}.c"), *libs],
+                       capture_output=True, text=True, check=False)
+    assert c.returncode == 0, c.stderr
+    return exe
+
+
 def need_tool(name: str, package: str) -> str:
     path = shutil.which(name)
     if path is None:

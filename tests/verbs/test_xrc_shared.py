@@ -68,9 +68,9 @@ class Proc:
 
 
 def _connect(ini: v.QP, ini_p: Proc, tgt: v.QP, tgt_p: Proc,
-             mtu: int = int(e.IBV_MTU_1024)) -> None:
+             mtu: int = int(e.IBV_MTU_1024), timeout: int = 14) -> None:
     common: dict[str, Any] = dict(path_mtu=mtu, max_dest_rd_atomic=1,
-                                  min_rnr_timer=1, timeout=14, retry_cnt=7, rnr_retry=7,
+                                  min_rnr_timer=1, timeout=timeout, retry_cnt=7, rnr_retry=7,
                                   max_rd_atomic=1)
     t = v.QPAttr(qp_access_flags=ACC, dest_qp_num=ini.qp_num, rq_psn=0x77, sq_psn=0, **common)
     t.ah_attr = v.AHAttr(is_global=1, gr=v.GlobalRoute(dgid=ini_p.ctx.query_gid(1, 0),
@@ -224,7 +224,9 @@ def test_a_stalled_owner_stops_the_sender_instead_of_losing_sends(device: str,
     server, a = Proc(device, path, size=n * size), Proc(device, path, size=n * size)
     b = Proc(device, path)
     try:
-        _connect(server.ini[0], server, b.tgt[0], b, int(e.IBV_MTU_4096))
+        # Local ACK Timeout 10 (4 ms; retry_cnt 7 never runs out): after an RNR NAK the
+        # sender's next try waits for it, ~30 times in this run (67 ms each at 14: ~10 s)
+        _connect(server.ini[0], server, b.tgt[0], b, int(e.IBV_MTU_4096), timeout=10)
         for k in range(n):
             a.post(k, k * size, size)
             server.buf[k * size:(k + 1) * size] = bytes([k + 1]) * size

@@ -1,4 +1,4 @@
-"""A RoCE connect that finds nobody listening, sent again for a while: opt-in, with
+"""A connect that finds nobody listening, made again for a while: opt-in, with
 ``SOFTRDMA_CM_RETRY_NO_LISTENER=SECONDS`` (default 0: off).
 
 A REQ for a Service ID nobody listens on gets REJ 8 Invalid Service ID (IBA 12.6.7,
@@ -18,12 +18,21 @@ With the variable set, a REJ 8 that comes back within that many seconds of the c
 is answered by sending the same REQ again :data:`PACE_S` later (perftest's own pace),
 on the same IB CM id with the QP reset first (:meth:`IpCmClient.again`); the application
 sees only the outcome: ESTABLISHED, any other answer, or, once the time is up, the
-REJECTED 8 that Linux would have reported first. Other rejections, UD (SIDR) and iWARP
-are unchanged.
+REJECTED 8 that Linux would have reported first. Other rejections and UD (SIDR) are
+unchanged.
+
+On iWARP the same race ends in a TCP RST to the connect (nobody listens on the port:
+RFC 9293 §3.10.7.1; Linux siw's ``siw_connect`` returns ``-ECONNREFUSED`` and rdma_cm
+reports REJECTED with that status). With the variable set, such a refusal within the
+window makes the TCP connect and MPA Request again :data:`PACE_S` later
+(:class:`RefusedRetry`); the QP is untouched by a refused connect (no MPA state yet). A
+consumer's refusal (an MPA Reply with R set, RFC 5044 §7.1.2) is an answer, never
+retried.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import os
@@ -32,12 +41,13 @@ from collections.abc import Callable
 from functools import partial
 
 from ..drivers.cm.deadlines import Deadlines
+from ..drivers.cm.iwconnecting import ConnectError
 from ..errors import InvalidArgument, SoftRdmaError
 from ..ibcm.events import CmEvent, CmEventType, lock_free
 from ..ibcm.ipcm import IpCmClient
 from ..wire.cm import RejReason
 
-__all__ = ["ENV", "PACE_S", "window_s", "NoListenerRetry"]
+__all__ = ["ENV", "PACE_S", "window_s", "NoListenerRetry", "RefusedRetry"]
 
 ENV = "SOFTRDMA_CM_RETRY_NO_LISTENER"
 PACE_S = 0.1  # between a REJ 8 and the next REQ (s; perftest's own retry pace)
@@ -96,3 +106,37 @@ class NoListenerRetry:
             client.again()
         except SoftRdmaError:  # the device went away: the REJ stands
             self.forward(rejected)
+
+
+class RefusedRetry:
+    """The failure path of one iWARP connect that makes the connect again after a TCP
+    refusal (RST: nobody listens) until ``until`` (monotonic): ``again()`` starts it
+    anew, :data:`PACE_S` later, while ``live()`` says the connect is still the id's;
+    every other failure, and the last refusal, go to ``forward``."""
+
+    def __init__(self, forward: Callable[[SoftRdmaError], None], again: Callable[[], None],
+                 live: Callable[[], bool], until: float) -> None:
+        self.forward = forward
+        self.again = again
+        self.live = live
+        self.until = until
+        self.tries = 0
+
+    def failed(self, exc: SoftRdmaError) -> None:
+        """The connect's failure: a TCP refusal inside the window is tried again."""
+        if (isinstance(exc, ConnectError) and exc.errno == errno.ECONNREFUSED
+                and time.monotonic() + PACE_S < self.until):
+            self.tries += 1
+            _LOG.debug("TCP connect refused (nobody listens): the connect again in %.0f ms "
+                       "(retry %d, %s)", PACE_S * 1e3, self.tries, ENV)
+            _timers.at(time.monotonic() + PACE_S, partial(self._again, exc))
+            return
+        self.forward(exc)
+
+    def _again(self, refused: SoftRdmaError) -> None:
+        if not self.live():
+            return  # the application destroyed the id meanwhile: nobody to tell
+        try:
+            self.again()
+        except SoftRdmaError:  # cannot start again (the device went away): it stands
+            self.forward(refused)

@@ -23,7 +23,8 @@ Transports (the device found by :mod:`.rdma_devices` decides):
   ``responder_resources``/``initiator_depth`` become the MPA v2 IRD/ORD. A refusal
   (MPA Reply with R set, or nobody listening: TCP RST) is REJECTED with status
   ``-ECONNREFUSED``; no reply within the connect timeout is UNREACHABLE; the peer
-  closing the stream is DISCONNECTED.
+  closing the stream is DISCONNECTED. A TCP RST is made again for a while only when
+  ``SOFTRDMA_CM_RETRY_NO_LISTENER`` asks (:mod:`.rdma_retry`).
 """
 
 from __future__ import annotations
@@ -401,15 +402,30 @@ class _IwCm(Transport):
         """The MPA Request goes out at once when the TCP connection is up at once (a
         local peer): the runtime's thread reports the outcome from the connection's
         events, and :data:`iwconnect.timers` the give-up; else a worker thread runs
-        the blocking :func:`iwconnect.connect` (issue 26: two thread hand-offs fewer)."""
+        the blocking :func:`iwconnect.connect` (issue 26: two thread hand-offs fewer).
+        A TCP refusal is made again for a while when ``SOFTRDMA_CM_RETRY_NO_LISTENER``
+        asks (:mod:`.rdma_retry`)."""
+        window = rdma_retry.window_s()  # a bad value: InvalidArgument, nothing started
+        cid._iw_conn = _CONNECTING
+        fail: Callable[[SoftRdmaError], None] = partial(self._failed, cid)
+        if window > 0:
+            retry = rdma_retry.RefusedRetry(
+                fail, lambda: self._start(cid, p, qp, retry.failed),
+                lambda: not cid._destroyed and cid._iw_conn is _CONNECTING,
+                time.monotonic() + window)
+            fail = retry.failed
+        self._start(cid, p, qp, fail)
+
+    def _start(self, cid: ConnId, p: ConnParam, qp: Any,
+               fail: Callable[[SoftRdmaError], None]) -> None:
+        """One try of :meth:`connect`; its TCP or MPA failure goes to ``fail``."""
         cfg = MpaConfig(ird=p.responder_resources, ord=p.initiator_depth)
         host, port, pd = str(cid._dst), cid._dst_port, bytes(p.private_data)
-        cid._iw_conn = _CONNECTING
         timeout = options.iwarp_timeout
         try:
             started = iw.start_connect(qp, host, port, pd, cfg=cfg)
         except SoftRdmaError as exc:
-            self._failed(cid, exc)
+            fail(exc)
             return
         if started is not None:
             self._follow(cid, started, timeout)
@@ -419,7 +435,7 @@ class _IwCm(Transport):
             try:
                 conn = iw.connect(qp, host, port, pd, cfg=cfg, timeout=timeout)
             except SoftRdmaError as exc:
-                self._failed(cid, exc)
+                fail(exc)
                 return
             self._established(cid, conn)
 
