@@ -53,9 +53,9 @@ ACKs, context switches per round trip 3.8-4.0 -> 2.6-2.7 (both processes, the be
 ``wait_send`` ping-pong, load 4-10, n = 6 alternated, two series), CPU per round trip
 -10-20 %, round trip 424 -> 291 us beside a plain ping-pong of 295 -> 274 us. The real
 tools (:func:`tool_cost`'s long-minus-short CPU and context switches of both processes,
-the client's own figure; old and new alternated, n = 4, load 3-9): rc-pingpong 451 ->
-361 us/iter, CPU 364 -> 306 us, context switches 3.9 -> 2.6; send-lat 298 -> 239 us,
-345 -> 274, 3.7 -> 2.3; write-lat 306 -> 261 us, 356 -> 291, 4.0 -> 2.5 (a first
+the client's own figure; old and new alternated, n = 8, load 3-9): rc-pingpong 554 ->
+364 us/iter, CPU 364 -> 299 us, context switches 4.1 -> 2.6; send-lat 315 -> 239 us,
+365 -> 271, 3.9 -> 2.4; write-lat 310 -> 255 us, 350 -> 294, 4.0 -> 2.5 (a first
 series at load ~10: context switches 4.3-4.8 -> 2.9-3.5, times too noisy to say).
 Each tool packet also carries IP_TOS and
 IP_TTL ancillary data (``hop_limit`` 1 of rdma-core's pingpongs, 255 of perftest's;
