@@ -98,15 +98,19 @@ def test_equal_sizes_go_in_one_send_with_per_segment_ids() -> None:
         rt.close()
 
 
-def test_a_packet_and_a_shorter_one_are_two_plain_sends() -> None:
-    """A ping-pong's SEND and the coalesced ACK behind it (same QP, the ACK shorter): a
-    GSO send of two costs more than two sends (measured: ~10 us per half round trip)."""
+def test_a_packet_and_a_shorter_one_go_in_one_send() -> None:
+    """A SEND and the coalesced ACK behind it (same QP, the ACK shorter; a ping-pong
+    whose sides await each SEND's ACK): one GSO send, so the peer finds both in its
+    socket at once rather than waking for each (issue 26: CPU per round trip -20 %, one
+    context switch less; a pair sent and received: 28-30 -> 24-26.5 us of CPU)."""
     link = RecordingLink()
     rt = runtime(link)
     try:
         flush(rt, [pkt(0, 76), pkt(1, 16), pkt(2, 1024), pkt(3, 1024), pkt(4, 16)])
-        assert sizes(link) == [3]
-        assert [len(s[2][0]) + len(s[2][1]) for s in link.singles] == [12 + 76, 12 + 16]
+        assert link.singles == [] and sizes(link) == [2, 3]
+        segs = segments(link.batches[0])
+        assert [len(x) for x in segs] == [12 + 76 + 4, 12 + 16 + 4]
+        assert all(wire_icrc_ok(SRC, DST, 50000, x, i) for i, x in enumerate(segs))
     finally:
         rt.close()
 
@@ -118,16 +122,15 @@ def test_a_shorter_last_packet_ends_the_run_and_a_longer_one_starts_a_new_one() 
         # WRITE first (RETH: longer), middles, a short last; then another message
         lens = [1040, 1024, 1024, 1024, 300, 1024, 1024, 1040]
         flush(rt, [pkt(i, n) for i, n in enumerate(lens)])
-        # [1040] alone (one packet and a shorter one go as two plain sends),
-        # [1024, 1024, 1024, 300], [1024, 1024], [1040] alone
-        assert sizes(link) == [4, 2]
-        assert [len(s[2][0]) + len(s[2][1]) for s in link.singles] == [12 + 1040] * 2
-        assert [s[2][0][11] for s in link.singles] == [0, 7]
+        # [1040, 1024 (shorter: ends it)], [1024, 1024, 300], [1024, 1024], [1040] alone
+        assert sizes(link) == [2, 3, 2]
+        assert [len(s[2][0]) + len(s[2][1]) for s in link.singles] == [12 + 1040]
+        assert link.singles[0][2][0][11] == 7
         for b in link.batches:
             assert b[3] == len(segments(b)[0])
             for i, s in enumerate(segments(b)):
                 assert wire_icrc_ok(SRC, DST, 50000, s, i)
-        assert len(segments(link.batches[0])[-1]) == 12 + 300 + 4
+        assert len(segments(link.batches[1])[-1]) == 12 + 300 + 4
         # the single packet keeps ID 0
         single = b"".join(link.singles[0][2])
         assert wire_icrc_ok(SRC, DST, 50000, single, 0)

@@ -413,6 +413,18 @@ class EngineQP:
         """XRC TGT QPs bind the SRQ a request's XRCETH names (softrdma.ib.xrc)."""
         return True
 
+    def ack_rides_with(self, posted: int) -> bool:
+        """True if the coalesced ACK this QP owes (IBA 9.7.5.1.1) should leave with the
+        ``posted`` requests just posted, in one batch, rather than right after them.
+
+        So when its send queue holds only those requests: every earlier request of this
+        QP was acknowledged before the application posted again, as by an application
+        that awaits each SEND's completion (``ibv_rc_pingpong``, perftest's latency
+        tests), whose peer, awaiting its own, then finds the request and the ACK it
+        needs in one read instead of waking twice. A QP with earlier requests still
+        unacknowledged (a pipelining application) sends its request first."""
+        return self.ack_psn >= 0 and len(self.req.sq) == posted
+
     def flush_ack(self) -> None:
         """Send the coalesced ACK, if one is pending (called by Port.take_output)."""
         if self.ack_psn >= 0:

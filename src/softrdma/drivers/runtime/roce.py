@@ -267,7 +267,9 @@ class Runtime(RoceTx, RoceRx):
         finally:
             try:
                 port = self.port
-                if port.tx:  # the request first: coalesced ACKs are built after it left
+                # the request first: coalesced ACKs are built after it left; but a QP that
+                # awaited its earlier requests' ACKs sends its own in one batch with it
+                if port.tx and not (port.ack_pending and qp.ack_rides_with(len(wqes))):
                     self._flush_tx_locked(False)
                 if port.ack_pending or port.tx:
                     self._flush_tx_locked(self._acks_go())

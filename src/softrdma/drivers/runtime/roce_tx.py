@@ -129,10 +129,8 @@ class RoceTx:
                             or q.parts[0][5:8] != dqpn):
                         break
                     j += 1
-                    if qlen < size:  # a shorter segment ends the run
-                        if j - i == 2:  # one packet and a shorter one (a SEND and its ACK):
-                            j = i + 1   # two plain sends cost less than a GSO send
-                        break
+                    if qlen < size:  # a shorter segment ends the run (a SEND and its
+                        break            # ACK: one send, both in the peer's socket at once)
             if j - i == 1:
                 icrc = udp_send_icrc(src, dst, sport, dport, p.parts, size)
                 send(dst, dport, sport, [*p.parts, icrc], p.tclass, p.hop_limit)

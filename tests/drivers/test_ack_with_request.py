@@ -1,0 +1,130 @@
+"""A request and the coalesced ACK its QP owes leave in one send when the application
+awaited its earlier requests' ACKs (issue 26, "the tools are as fast as the bench").
+
+``ibv_rc_pingpong`` and perftest's latency tests await each SEND's completion (the peer's
+ACK) as well as the answer. The responder coalesces its ACK until its own next request
+(IBA 9.7.5.1.1); sent as two datagrams one after the other, the peer woke for the answer
+and often again for the ACK. ``EngineQP.ack_rides_with`` says when both go in one batch
+(one UDP GSO send: in the peer's socket at once); a QP whose earlier requests are still
+unacknowledged (the bench's pipelining ping-pong) still sends its request first, alone.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from harness.verbs_pair import RC, Side, connect
+
+from softrdma import enums as e
+from softrdma import verbs as v
+from softrdma.drivers.links.udp import UdpLink
+from softrdma.drivers.runtime.roce import Runtime
+
+ROUNDS = 24
+SEND = int(e.IBV_WC_SEND)
+RECV = int(e.IBV_WC_RECV)
+
+
+@pytest.fixture()
+def pair() -> Iterator[tuple[Side, Side, UdpLink, UdpLink]]:
+    """Two RC sides on UDP loopback with manual progress (no thread that sends ACKs)."""
+    la = UdpLink("127.0.0.1", 0)
+    assert la.port is not None
+    lb = UdpLink("127.0.0.2", la.port)
+    ca = v.Context(link=la, progress="manual")
+    cb = v.Context(link=lb, progress="manual")
+    try:
+        a = Side(ca, RC, bytearray(1 << 12))
+        b = Side(cb, RC, bytearray(1 << 12))
+        connect(a, b, int(e.IBV_MTU_1024), timeout=14)
+        for s in (a, b):
+            for _ in range(16):
+                s.qp.post_recv(v.RecvWR(wr_id=1, num_sge=1, sg=[s.sge(0, 64)]))
+        if la.gso_limit(bytes([127, 0, 0, 2])) < 2 or lb.gso_limit(bytes([127, 0, 0, 1])) < 2:
+            pytest.skip("this kernel refuses UDP GSO on the loopback")
+        yield a, b, la, lb
+    finally:
+        ca.close()
+        cb.close()
+
+
+def _rt(s: Side) -> Runtime:
+    rt = s.ctx.runtime
+    assert isinstance(rt, Runtime)
+    return rt
+
+
+def _send_wr(s: Side, tag: int) -> v.SendWR:
+    s.buf[64:128] = bytes([tag]) * 64
+    return v.SendWR(wr_id=2, opcode=e.IBV_WR_SEND, num_sge=1, sg=[s.sge(64, 64)],
+                    send_flags=e.IBV_SEND_SIGNALED)
+
+
+def _until(s: Side, want: dict[int, int], deadline: float, also: Side | None = None) -> None:
+    """The application's busy poll (a progress step, then the CQ) until ``want`` (opcode -> count) completions came; a
+    RECV is checked and its receive posted again. ``also``: a peer polled meanwhile."""
+    while any(want.values()):
+        assert time.monotonic() < deadline, f"completions still awaited: {want}"
+        if also is not None:
+            _rt(also).progress_nonblocking()  # an idle poll: its pending ACKs leave
+        _rt(s).progress_nonblocking()
+        for wc in s.cq.poll(16)[1]:
+            assert wc.status == 0, wc
+            assert want.get(wc.opcode, 0) > 0, wc
+            want[wc.opcode] -= 1
+            if wc.opcode == RECV:
+                assert s.buf[0:64] == s.buf[0:1] * 64
+                s.qp.post_recv(v.RecvWR(wr_id=1, num_sge=1, sg=[s.sge(0, 64)]))
+
+
+def test_an_ack_waiting_pingpong_sends_each_request_with_its_ack(
+        pair: tuple[Side, Side, UdpLink, UdpLink]) -> None:
+    """Each side awaits its SEND's completion and the peer's SEND: from the second round
+    on every SEND leaves in one GSO send with the ACK for the SEND it answers, and the
+    peer reads both at once (before: two plain sends, the ACK right after the SEND)."""
+    a, b, la, lb = pair
+    deadline = time.monotonic() + 60.0
+    gso0 = (la.stats.gso_sends, lb.stats.gso_sends)
+    for i in range(ROUNDS):
+        a.qp.post_send(_send_wr(a, i))
+        # a's SEND, with the ACK of b's previous answer from the second round on
+        _until(b, {RECV: 1, SEND: 1 if i else 0}, deadline)
+        b.qp.post_send(_send_wr(b, i))
+        _until(a, {RECV: 1, SEND: 1}, deadline)
+    sends = (la.stats.gso_sends - gso0[0], lb.stats.gso_sends - gso0[1])
+    # a's first SEND owes no ACK; every later one carries the ACK of b's answer, and every
+    # answer of b the ACK of a's SEND
+    assert sends == (ROUNDS - 1, ROUNDS), sends
+    _until(b, {SEND: 1}, deadline, also=a)  # b's last answer: a's idle poll ACKs it
+
+
+def test_a_request_posted_before_the_earlier_ones_were_acknowledged_leaves_first(
+        pair: tuple[Side, Side, UdpLink, UdpLink]) -> None:
+    """A QP that owes an ACK but still awaits its own earlier request's ACK (a pipelining
+    application, as the bench's ping-pong): its request leaves alone, the ACK after it."""
+    a, b, la, lb = pair
+    deadline = time.monotonic() + 60.0
+    b.qp.post_send(_send_wr(b, 1))  # b's first SEND: a has not read it yet
+    a.qp.post_send(_send_wr(a, 2))
+    _until(b, {RECV: 1}, deadline)  # b owes a's ACK; its own SEND is unacknowledged
+    sent0, gso0 = lb.stats.sent, lb.stats.gso_sends
+    b.qp.post_send(_send_wr(b, 3))
+    assert lb.stats.gso_sends == gso0 and lb.stats.sent == sent0 + 2  # request, then ACK
+    _until(a, {RECV: 2, SEND: 1}, deadline)
+    _until(b, {SEND: 2}, deadline, also=a)
+
+
+def test_the_ack_of_a_qp_left_alone_waits_for_nothing(
+        pair: tuple[Side, Side, UdpLink, UdpLink]) -> None:
+    """Without a request to ride with, the coalesced ACK leaves at the next idle poll."""
+    a, b, _la, lb = pair
+    a.qp.post_send(_send_wr(a, 5))
+    deadline = time.monotonic() + 60.0
+    _until(b, {RECV: 1}, deadline)
+    sent0 = lb.stats.sent
+    while lb.stats.sent == sent0:  # b's idle polls
+        assert time.monotonic() < deadline
+        _rt(b).progress_nonblocking()
+    _until(a, {SEND: 1}, deadline)
