@@ -58,6 +58,9 @@ _U32 = wib.U32
 _BTH_WORDS = struct.Struct("!III").unpack_from  # the BTH's three 32-bit words (IBA 9.2)
 _W0_CHECKED = 0xFF3FFFFF  # OpCode, PadCnt, TVer, P_Key
 _W1_CHECKED = wib.BTH_FECN | wib.BTH_BECN | 0xFFFFFF  # FECN, BECN, DestQP
+_W0_LAST_CHECKED = 0xFF0FFFFF  # OpCode, TVer, P_Key (a LAST may carry a pad)
+_SEND_FIRST_W0 = op.RC_SEND_FIRST << 24
+_SEND_LAST_W0 = op.RC_SEND_LAST << 24
 _ACKREQ = wib.BTH_ACKREQ
 _BTH_SE = wib.BTH_SE
 _RC_SEND_ONLY_IMM = op.RC_SEND_ONLY_IMM
@@ -182,6 +185,83 @@ class Responder:
             self._uc(pkt)
 
     # ---- RC -----------------------------------------------------------------------------------
+    def place_run(self, bodies: Sequence[memoryview]) -> int:
+        """Execute the longest prefix of ``bodies`` that the fast paths take as one SEND
+        or RDMA WRITE in sequence, and return its length (0: nothing done): a SEND FIRST
+        that starts a message (:meth:`send_first`), the MIDDLEs of the message in
+        progress (:meth:`place_middles`), then a SEND LAST that ends it
+        (:meth:`send_last`). ``bodies`` are as :meth:`place_middles` has them; what is
+        not taken is left, with the rest, to the general path. The caller counts the
+        packets taken."""
+        k = 0
+        if self.cur == 0:
+            if not self.send_first(bodies[0]):
+                return 0
+            k = 1
+        if k < len(bodies):
+            k += self.place_middles(bodies[k:] if k else bodies)
+            if k < len(bodies) and self.cur == K_SEND and self.send_last(bodies[k]):
+                k += 1
+        return k
+
+    def send_first(self, data: memoryview) -> bool:
+        """Execute an RC SEND FIRST that starts a message, as :meth:`_send_data` does
+        (IBA 9.7.4.1.5: a receive WQE taken, its scatter list resolved, the payload
+        placed): with no message in progress, the expected PSN, BTH word 0 and 1 as
+        :meth:`want_middles` has them for a MIDDLE (OpCode FIRST), a path MTU of payload
+        and a receive WQE whose buffers take it. False, having changed nothing (a WQE
+        taken is given back), for anything else: the general path then runs."""
+        qp = self.qp
+        st = qp.state
+        if st < RTR or st > SQE or self.cur or len(data) != _BTH_SIZE + qp.mtu:
+            return False
+        w0, w1, w2 = _BTH_WORDS(data)
+        psn = w2 & PSN_MASK
+        if (psn != self.epsn or w0 & _W0_CHECKED != _SEND_FIRST_W0 | qp.fast_pkey
+                or w1 & _W1_CHECKED != qp.qpn or qp.fast_pkey < 0):
+            return False
+        rwqe = qp.take_rwqe()
+        if rwqe is None:
+            return False  # the general path answers with an RNR NAK
+        segs = resolve_sges(qp.port.mrs, qp.pd, rwqe.sg_list, _ACCESS_LOCAL_WRITE)
+        if segs is None or not scatter(segs, 0, data[_BTH_SIZE:]):
+            qp.return_rwqe(rwqe)
+            return False
+        self.nak_sent = False
+        self._start_send(rwqe, segs)
+        self.offset = qp.mtu
+        self.epsn = (psn + 1) & PSN_MASK
+        if w2 & _ACKREQ:
+            self.schedule_ack(psn)
+        if st == RTR:
+            self._check_comm_est()
+        return True
+
+    def send_last(self, data: memoryview) -> bool:
+        """Execute the RC SEND LAST (no immediate, no invalidate) of the SEND in progress,
+        as :meth:`_send_data` does: the expected PSN, BTH word 0 (its PadCnt aside) and
+        word 1 as for a MIDDLE, a payload of 1 .. path MTU octets that fits the receive
+        WQE; placed, the WQE completed and the PSN acknowledged (IBA 9.7.4.1.5, 9.7.5.1).
+        False, having changed nothing, for anything else."""
+        qp = self.qp
+        w0, w1, w2 = _BTH_WORDS(data)
+        psn = w2 & PSN_MASK
+        if (psn != self.epsn or w0 & _W0_LAST_CHECKED != _SEND_LAST_W0 | qp.fast_pkey
+                or w1 & _W1_CHECKED != qp.qpn or qp.fast_pkey < 0):
+            return False
+        end = len(data) - (w0 >> 20 & 3)  # less the pad (IBA 9.2: PadCnt)
+        plen = end - _BTH_SIZE
+        if plen <= 0 or plen > qp.mtu or not self._place(data[_BTH_SIZE:end]):
+            return False
+        self.nak_sent = False
+        self._complete_send(0, 0, 0, bool(data[1] & _BTH_SE))
+        self.epsn = (psn + 1) & PSN_MASK
+        if w2 & _ACKREQ:
+            self.schedule_ack(psn)
+        if qp.state == RTR:
+            self._check_comm_est()
+        return True
+
     def place_middles(self, bodies: Sequence[memoryview]) -> int:
         """Execute the longest prefix of ``bodies`` that are in-sequence RC SEND or RDMA
         WRITE MIDDLE packets of the message in progress, and return its length (0:
@@ -403,16 +483,10 @@ class Responder:
             if segs is None:
                 self.rwqe = rwqe
                 raise _NAK(wib.NAK_REMOTE_OP_ERR, WCS.IBV_WC_LOC_PROT_ERR)
-            self.rwqe = rwqe
-            self.segs = segs
-            self.offset = 0
-            self.cur = K_SEND
-            self.want_middles()
+            self._start_send(rwqe, segs)
         if not self._place(pkt.payload):
             raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_LOC_LEN_ERR)
         if pkt.info.pos_int & _POS_LAST:
-            rwqe = self.rwqe
-            assert rwqe is not None
             flags = 0
             imm = 0
             inv = 0
@@ -426,13 +500,29 @@ class Responder:
                 mr.valid = False
                 flags = _WC_WITH_INV
                 inv = pkt.inv_rkey
-            wc = WorkCompletion(rwqe.wr_id, WCS.IBV_WC_SUCCESS, WCO.IBV_WC_RECV, qp.qpn,
-                                byte_len=self.offset, imm_data=imm, src_qp=qp.dest_qpn,
-                                wc_flags=int(flags), invalidated_rkey=inv)
-            wc.solicited = pkt.se
-            self.msn = (self.msn + 1) & PSN_MASK
-            self._clear_msg()
-            qp.complete_recv(wc)
+            self._complete_send(flags, imm, inv, pkt.se)
+
+    def _start_send(self, rwqe: RecvWQE, segs: list[memoryview]) -> None:
+        """A SEND starts: its receive WQE and resolved scatter list (IBA 9.7.4.1.5)."""
+        self.rwqe = rwqe
+        self.segs = segs
+        self.offset = 0
+        self.cur = K_SEND
+        self.want_middles()
+
+    def _complete_send(self, flags: int, imm: int, inv: int, se: bool) -> None:
+        """The SEND in progress has its last packet placed: complete its receive WQE
+        (IBA 11.4.2.1) and count the message (MSN, IBA 9.7.5.1.2)."""
+        qp = self.qp
+        rwqe = self.rwqe
+        assert rwqe is not None
+        wc = WorkCompletion(rwqe.wr_id, _WC_SUCCESS, _WC_RECV, qp.qpn, byte_len=self.offset,
+                            imm_data=imm, src_qp=qp.dest_qpn, wc_flags=int(flags),
+                            invalidated_rkey=inv)
+        wc.solicited = se
+        self.msn = (self.msn + 1) & PSN_MASK
+        self._clear_msg()
+        qp.complete_recv(wc)
 
     def _write_data(self, pkt: wib.IBPacket, plen: int) -> None:
         qp = self.qp

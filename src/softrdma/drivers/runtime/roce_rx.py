@@ -16,7 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import DeviceError
 from ...ib.port import Port, RxMeta
-from ...wire.opcodes import RC_REQUEST_MIDDLES, UD_OPCODES
+from ...wire.opcodes import (
+    RC_SEND_FIRST,
+    RC_SEND_LAST,
+    RC_SEND_MIDDLE,
+    RC_WRITE_MIDDLE,
+    UD_OPCODES,
+)
 from ...wire.roce import (
     icrc_ok_udp,
     icrc_ok_udp_id,
@@ -37,6 +43,10 @@ __all__ = ["RoceRx", "icrc_ok", "build_grh"]
 _IP4_HDR = struct.Struct("!BBHHHBBH4s4s")
 _IP6_HDR = struct.Struct("!IHBB16s16s")
 _ZERO20 = bytes(20)
+# a run of one coalesced read (Port.receive_run): its first packet's opcode -> the MIDDLE
+# opcode of the packets that follow it; a SEND's run may end with its LAST
+_RUN_MIDDLE = {RC_SEND_FIRST: RC_SEND_MIDDLE, RC_SEND_MIDDLE: RC_SEND_MIDDLE,
+               RC_WRITE_MIDDLE: RC_WRITE_MIDDLE}
 
 
 def icrc_ok(src_ip: bytes, dst_ip: bytes, sport: int, dport: int, datagram: memoryview) -> bool:
@@ -203,15 +213,18 @@ class RoceRx:
                     if len(metas) >= 4096:
                         metas.clear()
                     metas[key] = meta
-                if (hint >= 0 and tap is None and taken < n_dg
-                        and data[0] in RC_REQUEST_MIDDLES):
-                    # the MIDDLE packets that follow in this coalesced read, checked
-                    # together and executed by the engine in one call (Port.receive_run)
+                if hint >= 0 and tap is None and taken < n_dg and data[0] in _RUN_MIDDLE:
+                    # the packets of the message that follow in this coalesced read,
+                    # checked together and executed by the engine in one call
+                    # (Port.receive_run: a SEND FIRST, MIDDLEs, a SEND LAST)
                     run = self._middle_run(dgrams, taken, d, (hint + 1 + bias) & 0xFFFF)
                     if run:
                         k = port.receive_run([body, *run], meta)
-                        if k:  # a MIDDLE completes nothing: no stop_on check
+                        if k:
                             taken += k - 1
+                            if stop_on and taken < n_dg:  # a LAST completes a receive
+                                self._backlog = dgrams[taken:]
+                                break
                             continue
             receive(body, meta, now)
             if stop_on and taken < len(dgrams):
@@ -225,20 +238,27 @@ class RoceRx:
     def _middle_run(dgrams: list[Datagram], start: int, first: Datagram,
                     first_ident: int) -> list[memoryview]:
         """The bodies (BTH .. pad) of the datagrams from index ``start`` that follow
-        ``first`` in its coalesced read (the next segment indices), with its length and
-        opcode and a right ICRC (segment i with IPv4 ID ``first_ident + i``)."""
+        ``first`` in its coalesced read (the next segment indices) with a right ICRC
+        (segment i with IPv4 ID ``first_ident + i``): MIDDLEs of ``first``'s message
+        (its length, the MIDDLE opcode of ``first``'s, :data:`_RUN_MIDDLE`), then for a
+        SEND its LAST, no longer than them."""
         data = first.data
         size = len(data)
-        opcode = data[0]
+        middle = _RUN_MIDDLE[data[0]]
         hint = first.ident
         datas: list[memoryview] = []
         for j in range(start, len(dgrams)):
             dj = dgrams[j]
             x = dj.data
             hint += 1
-            if dj.ident != hint or len(x) != size or x[0] != opcode:
+            if dj.ident != hint:
                 break  # (the engine checks each DestQP)
-            datas.append(x)
+            if len(x) == size and x[0] == middle:
+                datas.append(x)
+                continue
+            if x[0] == RC_SEND_LAST and middle == RC_SEND_MIDDLE and len(x) <= size:
+                datas.append(x)
+            break
         if not datas:
             return datas
         return udp_run_bodies(first.src_ip, first.dst_ip, first.sport, first.dport, datas,
