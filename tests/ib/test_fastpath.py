@@ -80,12 +80,12 @@ def fast(enabled: bool) -> Iterator[dict[str, int]]:
 
     Port.fast_paths = enabled
     Requester.post_one = post_spy  # type: ignore[method-assign]
-    Responder.send_first = first_spy  # type: ignore[method-assign]
-    Responder.send_last = last_spy  # type: ignore[method-assign]
+    Responder.send_first = first_spy  # type: ignore[method-assign,assignment]
+    Responder.send_last = last_spy  # type: ignore[method-assign,assignment]
     Requester.emit_middles = emit_spy  # type: ignore[method-assign]
-    Responder.place_middles = middle_spy  # type: ignore[method-assign]
+    Responder.place_middles = middle_spy  # type: ignore[method-assign,assignment]
     Completer.fast_ack = ack_spy  # type: ignore[method-assign]
-    Responder.send_only = only_spy  # type: ignore[method-assign]
+    Responder.send_only = only_spy  # type: ignore[method-assign,assignment]
     try:
         yield hits
     finally:

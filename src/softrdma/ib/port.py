@@ -32,7 +32,7 @@ from ..seam.counters import Counters, DropReason
 from ..seam.events import EngineEvent
 from ..seam.protocols import Timed
 from ..seam.queues import QPInit
-from ..seam.states import QPT_RC, RTR, SQE
+from ..seam.states import QPT_RC, QPT_UD, RTR, SQE
 from ..seam.tables import DeviceTables
 from ..wire import ib as wib
 from ..wire.opcodes import CNP as CNP_OPCODE
@@ -44,6 +44,7 @@ from ..wire.opcodes import (
     RC_SEND_ONLY,
     RC_SEND_ONLY_IMM,
     RC_WRITE_MIDDLE,
+    UD_SEND_ONLY,
     Transport,
 )
 from .packet import (
@@ -64,10 +65,12 @@ __all__ = ["Counters", "DropReason", "Port", "RxMeta", "TxPacket", "Timed"]
 
 _U32 = struct.Struct("!I")
 _U32_AT = _U32.unpack_from  # one BTH word at an offset
+_U16_AT = struct.Struct("!H").unpack_from  # the BTH P_Key (IBA 9.2)
 _ECN_CE = 0x03  # the ECN field of the IP TOS / traffic class byte: CE (RFC 3168 §5)
 _ACK_SIZE = wib.BTH.size + wib.U32.size  # an ACKNOWLEDGE: BTH + AETH, no payload (IBA 9.7.5.2)
 #: the opcodes with a fast path: the MIDDLE packets the responder places in runs, the ACK,
 #: the small SEND ONLY
+_UD_MIN = 20  # BTH + DETH (IBA 9.2, 9.3.3)
 _FAST_OPS = frozenset((RC_WRITE_MIDDLE, RC_SEND_MIDDLE, RC_SEND_FIRST, RC_SEND_LAST, RC_ACK,
                        RC_SEND_ONLY, RC_SEND_ONLY_IMM))
 #: the events :meth:`Port.pop_events` keeps at most (the oldest go first: a driver that
@@ -233,6 +236,13 @@ class Port(DeviceTables[EngineQP]):
         if n > 4 and data[4] & 0xC0:  # CA16-16: FECN/BECN unused, ignored (counted)
             c.rcvd_fecn += data[4] >> 7
             c.rcvd_becn += (data[4] >> 6) & 1
+        if op == UD_SEND_ONLY and n >= _UD_MIN and self.fast_paths:
+            # a UD SEND ONLY (IPoIB's datagram mode) to a UD QP: Responder.ud_only
+            uqp = self.qps.get(_U32_AT(data, 4)[0] & 0xFFFFFF)
+            if (uqp is not None and uqp.qp_type == QPT_UD
+                    and self.pkey_ok(_U16_AT(data, 2)[0], uqp.pkey, False)
+                    and uqp.resp.ud_only(data, meta)):
+                return
         if op in _FAST_OPS and n >= _ACK_SIZE:
             # The fast paths: RC WRITE/SEND MIDDLE (the bulk of large messages: a run of
             # one; a SEND's FIRST and LAST too), the ACK and the small SEND ONLY. They take the packet only when every
