@@ -10,12 +10,17 @@ from typing import Any
 
 import pytest
 from harness.engine import Endpoint, Net, connect
+from harness.recording_link import RecordingLink
 
 from softrdma import enums as e
+from softrdma.drivers.links.link import Datagram
+from softrdma.drivers.runtime.roce import Runtime
+from softrdma.drivers.runtime.roce_rx import build_grh
 from softrdma.ib.port import Port, RxMeta
 from softrdma.ib.qp import AddressVector
 from softrdma.ib.responder import Responder
 from softrdma.seam.types import SGE, RecvWQE, SendWQE
+from softrdma.wire import roce
 
 SIG = int(e.IBV_SEND_SIGNALED)
 GRH = bytes(range(40))
@@ -113,3 +118,44 @@ def test_same_as_the_general_path(fault: str) -> None:
         assert flags & int(e.IBV_WC_GRH) and solicited == (fault == "se")
         assert slow["buf"][8:48] == GRH
         assert slow["buf"][48:48 + 333] == bytes((i * 7 + 1) & 0xFF for i in range(333))
+
+
+class _V6Link(RecordingLink):
+    @property
+    def local_ips(self) -> tuple[bytes, ...]:
+        return (B6,)
+
+
+A6 = bytes.fromhex("fd880000000000000000000000000001")
+B6 = bytes.fromhex("fd880000000000000000000000000002")
+
+
+@pytest.mark.iba("11.4.1.1")
+def test_ipv6_ud_grh_per_packet() -> None:
+    """Through the RoCE runtime over IPv6, each UD receive's 40-byte GRH area is that
+    packet's IPv6 header (payload length, traffic class, hop limit, addresses), whatever
+    the packets before it of the same flow carried (the runtime reuses one RxMeta per
+    flow, class, hop limit and length)."""
+    pkt, _ = _packet(333)
+    net = Net()
+    b = Endpoint(net.add_port(2), e.IBV_QPT_UD)
+    connect(b, Endpoint(net.add_port(3), e.IBV_QPT_UD))
+    pkt[5:8] = b.qp.qpn.to_bytes(3, "big")
+    short = bytearray(pkt[:20] + pkt[20:120])
+    short[1] &= 0xCF  # 100 octets of payload, no pad
+    rt = Runtime(b.port, _V6Link(), mode="manual")
+    sent = []
+    for i, (body, tos, ttl) in enumerate([(pkt, 0, 64), (short, 0, 64), (pkt, 0, 64),
+                                          (pkt, 0x28, 64), (pkt, 0, 3), (short, 0, 64)]):
+        data = bytes(body) + roce.udp_send_icrc(A6, B6, 50000, 4791, [bytes(body)])
+        d = Datagram(memoryview(data), A6, B6, 50000, 4791, tos, ttl, b"", -1)
+        sent.append(d)
+        b.qp.post_recv(RecvWQE(i, [SGE(b.mr.addr + i * 8192, 8192, b.mr.lkey)]))
+        rt.link.rx = [d]  # type: ignore[attr-defined]
+        rt.progress()
+    rt.close(close_link=False)
+    assert [(w.wr_id, w.status) for w in b.rcq] == [(i, 0) for i in range(6)]
+    for i, d in enumerate(sent):
+        grh = bytes(b.buf[i * 8192:i * 8192 + 40])
+        assert grh == build_grh(d), i
+        assert grh[4:6] == (8 + len(d.data)).to_bytes(2, "big")

@@ -85,6 +85,8 @@ class RoceRx:
     _gso: GsoLink | None
     _gid_of: Callable[[bytes], bytes]
     _metas: dict[tuple[bytes, bytes, int, int, int], RxMeta]
+    # IPv6 UD: (addresses, UDP source port, traffic class, hop limit, length) -> RxMeta
+    _ud6_metas: dict[tuple[bytes, bytes, int, int, int, int], RxMeta] | None = None
     _backlog: list[Datagram]
     _link_stats: OverflowStats | None
     _rx_overflow: int
@@ -140,6 +142,9 @@ class RoceRx:
         receive = port.receive
         gid_of = self._gid_of
         metas = self._metas
+        metas6 = self._ud6_metas
+        if metas6 is None:
+            metas6 = self._ud6_metas = {}
         now = self.now()
         taken = 0
         tap = self.tap
@@ -194,7 +199,21 @@ class RoceRx:
                     if not icrc_ok_udp(src, dst, d.sport, d.dport, data):
                         counters.rcvd_icrc_err += 1
                         continue
-                    grh = build_grh(d)
+                    # IPv6 (IPoIB's datagram mode): the GRH area depends only on the flow,
+                    # traffic class, hop limit and length, so one RxMeta serves them all
+                    key6 = (src, dst, d.sport, d.tos, d.ttl, len(data))
+                    meta = metas6.get(key6)
+                    if meta is None:
+                        meta = RxMeta(gid_of(src), gid_of(dst), d.sport, d.tos, d.ttl, 0,
+                                      build_grh(d), False)
+                        if len(metas6) >= 4096:
+                            metas6.clear()
+                        metas6[key6] = meta
+                    receive(data[:-4], meta, now)
+                    if stop_on and taken < len(dgrams):
+                        self._backlog = dgrams[taken:]
+                        break
+                    continue
             else:
                 if not icrc_ok_udp(src, dst, d.sport, d.dport, data):
                     counters.rcvd_icrc_err += 1
@@ -206,7 +225,7 @@ class RoceRx:
                               len(src) == 4)
             else:  # RC/UC: the engine reads only the addresses; reuse one per flow
                 key = (src, dst, d.sport, d.tos, d.ttl)
-                meta = metas.get(key)  # type: ignore[assignment]
+                meta = metas.get(key)
                 if meta is None:
                     meta = RxMeta(gid_of(src), gid_of(dst), d.sport, d.tos, d.ttl, 0, b"",
                                   len(src) == 4)
