@@ -164,6 +164,21 @@ def test_clean_runs_take_every_middle(kind: str, mtu: int) -> None:
         assert [(w[1], w[3]) for w in slow["wcs"]] == [(0, size)]
 
 
+@pytest.mark.parametrize("mtu", [1, 5])
+@pytest.mark.parametrize("pad", [0, 3])
+def test_a_whole_send_is_one_run(mtu: int, pad: int) -> None:
+    """A SEND's FIRST and LAST (with or without a pad) go with its MIDDLEs: every packet
+    of a clean coalesced read is taken by the run path, and the result is the general
+    path's."""
+    size = 20 * (128 << mtu) + 4 * 9 + (4 - pad) % 4  # FIRST, 19 MIDDLEs, a short LAST
+    for batch, id_base in ((64, 0), (8, 0), (64, 4000)):
+        slow, _ = _run(False, "send", size, mtu, [], batch, set(), id_base)
+        quick, taken = _run(True, "send", size, mtu, [], batch, set(), id_base)
+        assert quick == slow
+        assert slow["wcs"] == [(7, 0, int(e.IBV_WC_RECV), size, 0)]
+        assert taken == 21, (batch, id_base)
+
+
 @pytest.mark.parametrize("fault", FAULTS)
 def test_each_fault_inside_a_run(fault: str) -> None:
     faults = [(9, fault)]

@@ -32,16 +32,19 @@ from ..seam.counters import Counters, DropReason
 from ..seam.events import EngineEvent
 from ..seam.protocols import Timed
 from ..seam.queues import QPInit
-from ..seam.states import QPT_RC, RTR, SQE
+from ..seam.states import QPT_RC, QPT_UD, RTR, SQE
 from ..seam.tables import DeviceTables
 from ..wire import ib as wib
 from ..wire.opcodes import CNP as CNP_OPCODE
 from ..wire.opcodes import (
     RC_ACK,
+    RC_SEND_FIRST,
+    RC_SEND_LAST,
     RC_SEND_MIDDLE,
     RC_SEND_ONLY,
     RC_SEND_ONLY_IMM,
     RC_WRITE_MIDDLE,
+    UD_SEND_ONLY,
     Transport,
 )
 from .packet import (
@@ -62,11 +65,14 @@ __all__ = ["Counters", "DropReason", "Port", "RxMeta", "TxPacket", "Timed"]
 
 _U32 = struct.Struct("!I")
 _U32_AT = _U32.unpack_from  # one BTH word at an offset
+_U16_AT = struct.Struct("!H").unpack_from  # the BTH P_Key (IBA 9.2)
 _ECN_CE = 0x03  # the ECN field of the IP TOS / traffic class byte: CE (RFC 3168 §5)
 _ACK_SIZE = wib.BTH.size + wib.U32.size  # an ACKNOWLEDGE: BTH + AETH, no payload (IBA 9.7.5.2)
 #: the opcodes with a fast path: the MIDDLE packets the responder places in runs, the ACK,
 #: the small SEND ONLY
-_FAST_OPS = frozenset((RC_WRITE_MIDDLE, RC_SEND_MIDDLE, RC_ACK, RC_SEND_ONLY, RC_SEND_ONLY_IMM))
+_UD_MIN = 20  # BTH + DETH (IBA 9.2, 9.3.3)
+_FAST_OPS = frozenset((RC_WRITE_MIDDLE, RC_SEND_MIDDLE, RC_SEND_FIRST, RC_SEND_LAST, RC_ACK,
+                       RC_SEND_ONLY, RC_SEND_ONLY_IMM))
 #: the events :meth:`Port.pop_events` keeps at most (the oldest go first: a driver that
 #: only subscribes to ``port.events`` never pops them)
 _EVENT_BACKLOG = 256
@@ -182,9 +188,9 @@ class Port(DeviceTables[EngineQP]):
     # ---- receive -----------------------------------------------------------------------
     def receive_run(self, bodies: Sequence[memoryview], meta: RxMeta) -> int:
         """Execute the leading packets of ``bodies`` (consecutive segments of one
-        coalesced receive, ICRC checked, one source) that the responder places as a run
-        of MIDDLEs (``Responder.place_middles``): exactly what :meth:`receive` does with
-        each of them in turn. Returns how many; the caller gives the rest to :meth:`receive`.
+        coalesced receive, ICRC checked, one source) that the responder takes as one run
+        (``Responder.place_run``: a SEND FIRST, MIDDLEs, a SEND LAST): exactly what
+        :meth:`receive` does with each of them in turn. Returns how many; the caller gives the rest to :meth:`receive`.
         """
         if not bodies or not self.fast_paths:
             return 0
@@ -198,11 +204,14 @@ class Port(DeviceTables[EngineQP]):
         qp = self.qps.get(_U32.unpack_from(first, 4)[0] & 0xFFFFFF)
         if qp is None or qp.fast_pkey < 0 or not qp.from_peer(meta):
             return 0
-        k = qp.resp.place_middles(bodies)
+        k = qp.resp.place_run(bodies)
         if k:
             c = self.counters
             c.rcvd_pkts += k
             c.rcvd_bytes += k * (len(first) + ICRC_SIZE)
+            last = bodies[k - 1]
+            if k > 1 and len(last) != len(first):  # a shorter LAST ends the run
+                c.rcvd_bytes += len(last) - len(first)
         return k
 
     def receive(self, data: memoryview, meta: RxMeta, now: float) -> None:
@@ -227,15 +236,24 @@ class Port(DeviceTables[EngineQP]):
         if n > 4 and data[4] & 0xC0:  # CA16-16: FECN/BECN unused, ignored (counted)
             c.rcvd_fecn += data[4] >> 7
             c.rcvd_becn += (data[4] >> 6) & 1
+        if op == UD_SEND_ONLY and n >= _UD_MIN and self.fast_paths:
+            # a UD SEND ONLY (IPoIB's datagram mode) to a UD QP: Responder.ud_only
+            uqp = self.qps.get(_U32_AT(data, 4)[0] & 0xFFFFFF)
+            if (uqp is not None and uqp.qp_type == QPT_UD
+                    and self.pkey_ok(_U16_AT(data, 2)[0], uqp.pkey, False)
+                    and uqp.resp.ud_only(data, meta)):
+                return
         if op in _FAST_OPS and n >= _ACK_SIZE:
             # The fast paths: RC WRITE/SEND MIDDLE (the bulk of large messages: a run of
-            # one), the ACK and the small SEND ONLY. They take the packet only when every
+            # one; a SEND's FIRST and LAST too), the ACK and the small SEND ONLY. They take the packet only when every
             # check of the general path would pass (TVer 0, no pad, the QP's full-member
             # P_Key, its peer's addresses, in sequence); anything else goes the general
             # way below.
             fqp = self.qps.get(_U32_AT(data, 4)[0] & 0xFFFFFF)
-            # BTH word 0 without OpCode, SE and M: TVer 0, no pad, the QP's fast P_Key
-            if (fqp is not None and _U32_AT(data, 0)[0] & 0x3FFFFF == fqp.fast_pkey
+            # BTH word 0 without OpCode, SE and M: TVer 0, no pad (a SEND LAST may have
+            # one: Responder.send_last takes it off), the QP's fast P_Key
+            if (fqp is not None and (_U32_AT(data, 0)[0] & 0x3FFFFF == fqp.fast_pkey or (
+                    op == RC_SEND_LAST and _U32_AT(data, 0)[0] & 0xFFFFF == fqp.fast_pkey))
                     and self.fast_paths and (meta is fqp.peer_meta or fqp.from_peer(meta))):
                 if op == RC_ACK:
                     if n == _ACK_SIZE and fqp.comp.fast_ack(data, now):
@@ -243,7 +261,7 @@ class Port(DeviceTables[EngineQP]):
                 elif op == RC_SEND_ONLY or op == RC_SEND_ONLY_IMM:
                     if fqp.resp.send_only(data, op):
                         return
-                elif fqp.resp.place_middles((data,)):
+                elif fqp.resp.place_run((data,)):
                     return
         try:
             pkt = wib.decode(data)

@@ -17,9 +17,7 @@ receive buffer (IBA 11.4.1.1), silently dropped when no receive WQE is posted.
 
 from __future__ import annotations
 
-import struct
 from collections import deque
-from collections.abc import Sequence
 
 from ..enums import ibv_access_flags as ACC
 from ..enums import ibv_wc_flags as WCF
@@ -27,7 +25,7 @@ from ..enums import ibv_wc_opcode as WCO
 from ..enums import ibv_wc_status as WCS
 from ..seam.events import AsyncEventType
 from ..seam.memory import resolve_sges, scatter
-from ..seam.states import QPT_RC, QPT_UD, RTR, SQE
+from ..seam.states import QPT_RC, QPT_UD, RTR
 from ..seam.types import PSN_MASK, RecvWQE, WorkCompletion, psn_diff
 from ..wire import ib as wib
 from ..wire import opcodes as op
@@ -45,6 +43,7 @@ from .rd_atomic import (
     rkey_view,
 )
 from .rd_atomic import RequestNak as _NAK
+from .resp_fast import FastPaths
 from .views import QpView
 
 _POS_FIRST = int(op.Pos.FIRST)
@@ -53,14 +52,6 @@ _POS_ONLY = int(op.Pos.ONLY)
 
 
 _BTH_SIZE = op.BTH_SIZE
-_IMMDT_SIZE = 4
-_U32 = wib.U32
-_BTH_WORDS = struct.Struct("!III").unpack_from  # the BTH's three 32-bit words (IBA 9.2)
-_W0_CHECKED = 0xFF3FFFFF  # OpCode, PadCnt, TVer, P_Key
-_W1_CHECKED = wib.BTH_FECN | wib.BTH_BECN | 0xFFFFFF  # FECN, BECN, DestQP
-_ACKREQ = wib.BTH_ACKREQ
-_BTH_SE = wib.BTH_SE
-_RC_SEND_ONLY_IMM = op.RC_SEND_ONLY_IMM
 _ACCESS_REMOTE_WRITE = int(ACC.IBV_ACCESS_REMOTE_WRITE)  # plain ints on the hot path
 _ACCESS_LOCAL_WRITE = int(ACC.IBV_ACCESS_LOCAL_WRITE)
 _WC_WITH_IMM = int(WCF.IBV_WC_WITH_IMM)
@@ -79,8 +70,8 @@ K_ATOMIC_WRITE = op.Kind.ATOMIC_WRITE
 _MIDDLE_W0: dict[int, int] = {K_SEND: op.RC_SEND_MIDDLE << 24, K_WRITE: op.RC_WRITE_MIDDLE << 24}
 
 
-class Responder:
-    """Responder of one QP."""
+class Responder(FastPaths):
+    """Responder of one QP (its fast receive paths: :class:`~softrdma.ib.resp_fast.FastPaths`)."""
 
     def __init__(self, qp: QpView) -> None:
         self.qp = qp
@@ -182,49 +173,6 @@ class Responder:
             self._uc(pkt)
 
     # ---- RC -----------------------------------------------------------------------------------
-    def place_middles(self, bodies: Sequence[memoryview]) -> int:
-        """Execute the longest prefix of ``bodies`` that are in-sequence RC SEND or RDMA
-        WRITE MIDDLE packets of the message in progress, and return its length (0:
-        nothing done). One packet is a run of length one (``Port.receive``); a run is the
-        segments of one coalesced receive (``Port.receive_run``).
-
-        ``bodies`` are transport packets (BTH .. pad, ICRC checked) addressed to this QP
-        from its peer. A packet is taken when it has the MIDDLE opcode of the message in
-        progress, the path MTU as payload, TVer 0, no pad, neither FECN nor BECN, the
-        QP's full-member P_Key, its QPN, the expected PSN, and its payload fits the
-        message's buffer (IBA 9.6, 9.7.1, 9.7.4.1.5): placed by :meth:`_place`, the PSN
-        advanced and the AckReq of the run answered by one coalesced ACK (IBA 9.7.5.1.1),
-        as the general path would. The first packet that is not is left, with the rest,
-        to the general path, which handles (NAKs or drops) it. The caller counts the
-        packets taken.
-        """
-        # a message in progress: the QP is in RTR, RTS, SQD or SQE (reset and to_error
-        # end it)
-        mid = self.mid
-        if mid is None:  # no SEND or WRITE in progress
-            return 0
-        w0_want, w1_want, size = mid
-        epsn = self.epsn
-        ack_psn = -1
-        k = 0
-        for data in bodies:
-            if len(data) != size:
-                break
-            w0, w1, w2 = _BTH_WORDS(data)
-            if (w2 & PSN_MASK != epsn or w0 & _W0_CHECKED != w0_want
-                    or w1 & _W1_CHECKED != w1_want or not self._place(data[_BTH_SIZE:])):
-                break
-            if w2 & _ACKREQ:
-                ack_psn = epsn
-            epsn = (epsn + 1) & PSN_MASK
-            k += 1
-        if k:
-            self.nak_sent = False
-            self.epsn = epsn
-            if ack_psn >= 0:
-                self.schedule_ack(ack_psn)
-        return k
-
     def _place(self, payload: memoryview) -> bool:
         """Place ``payload`` at the current offset of the SEND (the receive WQE's scatter
         list) or RDMA WRITE (the R_Key's region) in progress and advance the offset
@@ -241,56 +189,6 @@ class Responder:
             if segs is None or not scatter(segs, off, payload):
                 return False
         self.offset = end
-        return True
-
-    def send_only(self, data: memoryview, opcode: int) -> bool:
-        """Execute an RC SEND ONLY (with immediate when ``opcode`` is SEND_ONLY_IMM) whose
-        header checks ``Port.receive`` has done (TVer, pad, P_Key, addresses): the
-        expected PSN, no message in progress, a payload within the path MTU, a receive
-        WQE whose buffers take it. It is completed as :meth:`_send_data` completes it
-        (IBA 9.7.4.1.5, 9.7.5.1; the completion of IBA 11.4.2.1) and acknowledged by the
-        same coalesced ACK, without decoding an IBPacket (the ping-pong's message).
-
-        Returns False, having changed nothing, for anything else: the general path then
-        runs (a receive WQE taken is given back first, so that path takes it again).
-        """
-        qp = self.qp
-        st = qp.state
-        if st < RTR or st > SQE or self.cur:
-            return False
-        w2 = _U32.unpack_from(data, 8)[0]
-        psn = w2 & PSN_MASK
-        if psn != self.epsn:
-            return False
-        imm = 0
-        off = _BTH_SIZE
-        with_imm = opcode == _RC_SEND_ONLY_IMM
-        if with_imm:
-            imm = _U32.unpack_from(data, _BTH_SIZE)[0]
-            off += _IMMDT_SIZE
-        plen = len(data) - off
-        if plen < 0 or plen > qp.mtu:
-            return False
-        rwqe = qp.take_rwqe()
-        if rwqe is None:
-            return False  # the general path answers with an RNR NAK
-        segs = resolve_sges(qp.port.mrs, qp.pd, rwqe.sg_list, _ACCESS_LOCAL_WRITE)
-        if segs is None or (plen and not scatter(segs, 0, data[off:])):
-            qp.return_rwqe(rwqe)
-            return False
-        self.nak_sent = False
-        wc = WorkCompletion(rwqe.wr_id, _WC_SUCCESS, _WC_RECV, qp.qpn, byte_len=plen,
-                            imm_data=imm, src_qp=qp.dest_qpn,
-                            wc_flags=_WC_WITH_IMM if with_imm else 0)
-        wc.solicited = bool(data[1] & _BTH_SE)
-        self.msn = (self.msn + 1) & PSN_MASK
-        self._clear_msg()
-        qp.complete_recv(wc)
-        self.epsn = (psn + 1) & PSN_MASK
-        if w2 & _ACKREQ:
-            self.schedule_ack(psn)
-        if st == RTR:  # only a QP in RTR raises COMM_EST
-            self._check_comm_est()
         return True
 
     def _rc(self, pkt: wib.IBPacket) -> None:
@@ -403,16 +301,10 @@ class Responder:
             if segs is None:
                 self.rwqe = rwqe
                 raise _NAK(wib.NAK_REMOTE_OP_ERR, WCS.IBV_WC_LOC_PROT_ERR)
-            self.rwqe = rwqe
-            self.segs = segs
-            self.offset = 0
-            self.cur = K_SEND
-            self.want_middles()
+            self._start_send(rwqe, segs)
         if not self._place(pkt.payload):
             raise _NAK(wib.NAK_INVALID_REQUEST, WCS.IBV_WC_LOC_LEN_ERR)
         if pkt.info.pos_int & _POS_LAST:
-            rwqe = self.rwqe
-            assert rwqe is not None
             flags = 0
             imm = 0
             inv = 0
@@ -426,13 +318,29 @@ class Responder:
                 mr.valid = False
                 flags = _WC_WITH_INV
                 inv = pkt.inv_rkey
-            wc = WorkCompletion(rwqe.wr_id, WCS.IBV_WC_SUCCESS, WCO.IBV_WC_RECV, qp.qpn,
-                                byte_len=self.offset, imm_data=imm, src_qp=qp.dest_qpn,
-                                wc_flags=int(flags), invalidated_rkey=inv)
-            wc.solicited = pkt.se
-            self.msn = (self.msn + 1) & PSN_MASK
-            self._clear_msg()
-            qp.complete_recv(wc)
+            self._complete_send(flags, imm, inv, pkt.se)
+
+    def _start_send(self, rwqe: RecvWQE, segs: list[memoryview]) -> None:
+        """A SEND starts: its receive WQE and resolved scatter list (IBA 9.7.4.1.5)."""
+        self.rwqe = rwqe
+        self.segs = segs
+        self.offset = 0
+        self.cur = K_SEND
+        self.want_middles()
+
+    def _complete_send(self, flags: int, imm: int, inv: int, se: bool) -> None:
+        """The SEND in progress has its last packet placed: complete its receive WQE
+        (IBA 11.4.2.1) and count the message (MSN, IBA 9.7.5.1.2)."""
+        qp = self.qp
+        rwqe = self.rwqe
+        assert rwqe is not None
+        wc = WorkCompletion(rwqe.wr_id, _WC_SUCCESS, _WC_RECV, qp.qpn, byte_len=self.offset,
+                            imm_data=imm, src_qp=qp.dest_qpn, wc_flags=int(flags),
+                            invalidated_rkey=inv)
+        wc.solicited = se
+        self.msn = (self.msn + 1) & PSN_MASK
+        self._clear_msg()
+        qp.complete_recv(wc)
 
     def _write_data(self, pkt: wib.IBPacket, plen: int) -> None:
         qp = self.qp
@@ -509,13 +417,21 @@ class Responder:
 
     # ---- UD -----------------------------------------------------------------------------------------
     def _ud(self, pkt: wib.IBPacket, meta: RxMeta) -> None:
+        self._ud_deliver(pkt.qkey, pkt.src_qp, pkt.payload, pkt.se,
+                         pkt.imm if pkt.info.imm else None, meta)
+
+    def _ud_deliver(self, qkey: int, src_qp: int, payload: memoryview, se: bool,
+                    imm: int | None, meta: RxMeta) -> None:
+        """A UD message (one packet) that passed the header checks: the Q_Key (IBA
+        10.2.5), its length, a receive WQE (none: silently dropped), the 40-byte GRH area
+        then the payload placed (IBA 11.4.1.1), the completion."""
         qp = self.qp
         c = qp.port.counters
         expected = GSI_QKEY if qp.qpn == 1 else qp.qkey
-        if pkt.qkey != expected:  # IBA 10.2.5: Q_Key violation, silently dropped
+        if qkey != expected:  # IBA 10.2.5: Q_Key violation, silently dropped
             c.rcvd_bad_qkey += 1
             return
-        plen = len(pkt.payload)
+        plen = len(payload)
         if plen > qp.port.max_mtu:
             c.rcvd_bad_length += 1
             return
@@ -529,17 +445,16 @@ class Responder:
                                             qp.qpn))
             return
         grh = meta.grh if len(meta.grh) == 40 else bytes(40)
-        if not scatter(segs, 0, memoryview(grh)) or not scatter(segs, 40, pkt.payload):
+        if not scatter(segs, 0, memoryview(grh)) or not scatter(segs, 40, payload):
             qp.complete_recv(WorkCompletion(rwqe.wr_id, WCS.IBV_WC_LOC_LEN_ERR, WCO.IBV_WC_RECV,
                                             qp.qpn))
             return
         flags = _WC_GRH
-        if pkt.info.imm:
+        if imm is not None:
             flags |= _WC_WITH_IMM
-        wc = WorkCompletion(rwqe.wr_id, WCS.IBV_WC_SUCCESS, WCO.IBV_WC_RECV, qp.qpn,
-                            byte_len=plen + 40, imm_data=pkt.imm, src_qp=pkt.src_qp,
-                            wc_flags=int(flags))
-        wc.solicited = pkt.se
+        wc = WorkCompletion(rwqe.wr_id, _WC_SUCCESS, _WC_RECV, qp.qpn, byte_len=plen + 40,
+                            imm_data=imm or 0, src_qp=src_qp, wc_flags=flags)
+        wc.solicited = se
         qp.complete_recv(wc)
 
 

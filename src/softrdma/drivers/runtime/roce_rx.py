@@ -16,7 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import DeviceError
 from ...ib.port import Port, RxMeta
-from ...wire.opcodes import RC_REQUEST_MIDDLES, UD_OPCODES
+from ...wire.opcodes import (
+    RC_SEND_FIRST,
+    RC_SEND_LAST,
+    RC_SEND_MIDDLE,
+    RC_WRITE_MIDDLE,
+    UD_OPCODES,
+)
 from ...wire.roce import (
     icrc_ok_udp,
     icrc_ok_udp_id,
@@ -37,6 +43,10 @@ __all__ = ["RoceRx", "icrc_ok", "build_grh"]
 _IP4_HDR = struct.Struct("!BBHHHBBH4s4s")
 _IP6_HDR = struct.Struct("!IHBB16s16s")
 _ZERO20 = bytes(20)
+# a run of one coalesced read (Port.receive_run): its first packet's opcode -> the MIDDLE
+# opcode of the packets that follow it; a SEND's run may end with its LAST
+_RUN_MIDDLE = {RC_SEND_FIRST: RC_SEND_MIDDLE, RC_SEND_MIDDLE: RC_SEND_MIDDLE,
+               RC_WRITE_MIDDLE: RC_WRITE_MIDDLE}
 
 
 def icrc_ok(src_ip: bytes, dst_ip: bytes, sport: int, dport: int, datagram: memoryview) -> bool:
@@ -75,6 +85,8 @@ class RoceRx:
     _gso: GsoLink | None
     _gid_of: Callable[[bytes], bytes]
     _metas: dict[tuple[bytes, bytes, int, int, int], RxMeta]
+    # IPv6 UD: (addresses, UDP source port, traffic class, hop limit, length) -> RxMeta
+    _ud6_metas: dict[tuple[bytes, bytes, int, int, int, int], RxMeta] | None = None
     _backlog: list[Datagram]
     _link_stats: OverflowStats | None
     _rx_overflow: int
@@ -130,6 +142,9 @@ class RoceRx:
         receive = port.receive
         gid_of = self._gid_of
         metas = self._metas
+        metas6 = self._ud6_metas
+        if metas6 is None:
+            metas6 = self._ud6_metas = {}
         now = self.now()
         taken = 0
         tap = self.tap
@@ -184,7 +199,21 @@ class RoceRx:
                     if not icrc_ok_udp(src, dst, d.sport, d.dport, data):
                         counters.rcvd_icrc_err += 1
                         continue
-                    grh = build_grh(d)
+                    # IPv6 (IPoIB's datagram mode): the GRH area depends only on the flow,
+                    # traffic class, hop limit and length, so one RxMeta serves them all
+                    key6 = (src, dst, d.sport, d.tos, d.ttl, len(data))
+                    meta = metas6.get(key6)
+                    if meta is None:
+                        meta = RxMeta(gid_of(src), gid_of(dst), d.sport, d.tos, d.ttl, 0,
+                                      build_grh(d), False)
+                        if len(metas6) >= 4096:
+                            metas6.clear()
+                        metas6[key6] = meta
+                    receive(data[:-4], meta, now)
+                    if stop_on and taken < len(dgrams):
+                        self._backlog = dgrams[taken:]
+                        break
+                    continue
             else:
                 if not icrc_ok_udp(src, dst, d.sport, d.dport, data):
                     counters.rcvd_icrc_err += 1
@@ -196,22 +225,25 @@ class RoceRx:
                               len(src) == 4)
             else:  # RC/UC: the engine reads only the addresses; reuse one per flow
                 key = (src, dst, d.sport, d.tos, d.ttl)
-                meta = metas.get(key)  # type: ignore[assignment]
+                meta = metas.get(key)
                 if meta is None:
                     meta = RxMeta(gid_of(src), gid_of(dst), d.sport, d.tos, d.ttl, 0, b"",
                                   len(src) == 4)
                     if len(metas) >= 4096:
                         metas.clear()
                     metas[key] = meta
-                if (hint >= 0 and tap is None and taken < n_dg
-                        and data[0] in RC_REQUEST_MIDDLES):
-                    # the MIDDLE packets that follow in this coalesced read, checked
-                    # together and executed by the engine in one call (Port.receive_run)
+                if hint >= 0 and tap is None and taken < n_dg and data[0] in _RUN_MIDDLE:
+                    # the packets of the message that follow in this coalesced read,
+                    # checked together and executed by the engine in one call
+                    # (Port.receive_run: a SEND FIRST, MIDDLEs, a SEND LAST)
                     run = self._middle_run(dgrams, taken, d, (hint + 1 + bias) & 0xFFFF)
                     if run:
                         k = port.receive_run([body, *run], meta)
-                        if k:  # a MIDDLE completes nothing: no stop_on check
+                        if k:
                             taken += k - 1
+                            if stop_on and taken < n_dg:  # a LAST completes a receive
+                                self._backlog = dgrams[taken:]
+                                break
                             continue
             receive(body, meta, now)
             if stop_on and taken < len(dgrams):
@@ -225,20 +257,27 @@ class RoceRx:
     def _middle_run(dgrams: list[Datagram], start: int, first: Datagram,
                     first_ident: int) -> list[memoryview]:
         """The bodies (BTH .. pad) of the datagrams from index ``start`` that follow
-        ``first`` in its coalesced read (the next segment indices), with its length and
-        opcode and a right ICRC (segment i with IPv4 ID ``first_ident + i``)."""
+        ``first`` in its coalesced read (the next segment indices) with a right ICRC
+        (segment i with IPv4 ID ``first_ident + i``): MIDDLEs of ``first``'s message
+        (its length, the MIDDLE opcode of ``first``'s, :data:`_RUN_MIDDLE`), then for a
+        SEND its LAST, no longer than them."""
         data = first.data
         size = len(data)
-        opcode = data[0]
+        middle = _RUN_MIDDLE[data[0]]
         hint = first.ident
         datas: list[memoryview] = []
         for j in range(start, len(dgrams)):
             dj = dgrams[j]
             x = dj.data
             hint += 1
-            if dj.ident != hint or len(x) != size or x[0] != opcode:
+            if dj.ident != hint:
                 break  # (the engine checks each DestQP)
-            datas.append(x)
+            if len(x) == size and x[0] == middle:
+                datas.append(x)
+                continue
+            if x[0] == RC_SEND_LAST and middle == RC_SEND_MIDDLE and len(x) <= size:
+                datas.append(x)
+            break
         if not datas:
             return datas
         return udp_run_bodies(first.src_ip, first.dst_ip, first.sport, first.dport, datas,
