@@ -18,7 +18,7 @@ from harness.verbs_pair import RC, Side, connect
 from softrdma import enums as e
 from softrdma import verbs as v
 from softrdma.drivers.links.udp import UdpLink
-from softrdma.drivers.runtime import roce
+from softrdma.drivers.runtime import progress, roce
 from softrdma.drivers.runtime.roce import AckHold, Runtime
 
 ROUNDS = 64
@@ -50,6 +50,22 @@ def test_held_only_while_contended_and_until_the_hold_ends() -> None:
     assert hold.go([qp], 20.0, True, 0) is False
     hold.rx = roce.ACK_HOLD_RX
     assert hold.go([qp], 20.0, True, 0) is True
+
+
+def test_a_pingpong_hold_lasts_while_as_many_packets_are_sent() -> None:
+    """The peer of a ping-pong sends one request per request of ours: while the datagrams
+    received exceed the packets sent by less than ACK_HOLD_RX, the hold lasts up to
+    ACK_HOLD_RX_MAX datagrams. A bulk sender (nothing sent back) ends it at ACK_HOLD_RX."""
+    hold = AckHold()
+    qp = _Qp(5)
+    assert hold.go([qp], 10.0, True, 0, 100) is False
+    hold.rx = roce.ACK_HOLD_RX
+    assert hold.go([qp], 10.0, True, 0, 100 + roce.ACK_HOLD_RX - 1) is False  # our answers
+    hold.rx = roce.ACK_HOLD_RX_MAX
+    assert hold.go([qp], 10.0, True, 0, 100 + roce.ACK_HOLD_RX_MAX) is True
+    assert hold.go([qp], 20.0, True, 0, 200) is False
+    hold.rx = roce.ACK_HOLD_RX
+    assert hold.go([qp], 20.0, True, 0, 200) is True  # nothing sent meanwhile
 
 
 def test_a_peer_that_waits_for_its_acks_gets_them_at_once() -> None:
@@ -110,10 +126,13 @@ def pair() -> Iterator[tuple[Side, Side]]:
         cb.close()
 
 
-def _contended(s: Side) -> Runtime:
+def _contended(s: Side, shared: bool = False) -> Runtime:
     rt = s.ctx.runtime
     assert isinstance(rt, Runtime)
-    rt._pacer.calm_until = float("inf")  # as after a spin that lost the CPU
+    if shared:  # as after slow request sends: the peer shares our core
+        rt._pacer.shared_until = float("inf")
+    else:
+        rt._pacer.calm_until = float("inf")  # as after a spin that lost the CPU
     return rt
 
 
@@ -126,11 +145,12 @@ def _poll(s: Side, rt: Runtime) -> list[Any]:
     return wcs
 
 
-def _pingpong(a: Side, b: Side, rounds: int, wait_send: bool) -> dict[str, int]:
+def _pingpong(a: Side, b: Side, rounds: int, wait_send: bool,
+              shared: bool = False) -> dict[str, int]:
     """``rounds`` 64 B SEND ping-pongs driven from this thread; with ``wait_send`` each
     side awaits its SEND's completion (the peer's ACK) before its next SEND. Returns the
-    ACKs each side sent."""
-    rts = {"a": _contended(a), "b": _contended(b)}
+    ACKs each side sent. ``shared``: contended by a shared core (slow request sends)."""
+    rts = {"a": _contended(a, shared), "b": _contended(b, shared)}
     for s in (a, b):
         for _ in range(16):
             s.qp.post_recv(v.RecvWR(wr_id=1, num_sge=1, sg=[s.sge(0, 64)]))
@@ -170,6 +190,45 @@ def test_a_contended_pingpong_sends_one_ack_for_several_sends(
     monkeypatch.setattr(roce, "ACK_HOLD", 30.0)
     acks = _pingpong(*pair, ROUNDS, wait_send=False)
     assert all(0 < n <= ROUNDS // 2 for n in acks.values()), acks
+
+
+def test_a_pingpong_on_a_shared_core_holds_its_acks_too(
+        pair: tuple[Side, Side], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A peer sharing our core preempts our request's send and gives the core back when
+    it waits, so no spin is seen losing the CPU (calm_now stays False); slow sends mark
+    the core shared (PollPacer.hold_acks), and ACKs are held as when contended."""
+    monkeypatch.setattr(roce, "ACK_HOLD", 30.0)
+    monkeypatch.setattr(progress, "PREEMPTED", float("inf"))  # no spin is seen preempted
+    a, b = pair
+    acks = _pingpong(a, b, ROUNDS, wait_send=False, shared=True)
+    assert all(0 < n <= ROUNDS // 2 for n in acks.values()), acks
+    for s in (a, b):
+        rt = s.ctx.runtime
+        assert isinstance(rt, Runtime) and not rt._pacer.calm_now()
+
+
+def test_post_send_times_its_request_send(pair: tuple[Side, Side]) -> None:
+    """Runtime.post_send gives the pacer the start of its request's send: with a clock
+    that makes every send slow, SHARED_SENDS SENDs mark the core shared."""
+    a, b = pair
+    rt = a.ctx.runtime
+    assert isinstance(rt, Runtime)
+    pacer = rt._pacer
+    ticks = [0.0]
+
+    def clock() -> float:  # each reading 1 ms after the last: every send looks slow
+        ticks[0] += 0.001
+        return ticks[0]
+
+    pacer.clock = clock
+    for _ in range(16):
+        b.qp.post_recv(v.RecvWR(wr_id=1, num_sge=1, sg=[b.sge(0, 64)]))
+    wr = v.SendWR(wr_id=2, opcode=e.IBV_WR_SEND, num_sge=1, sg=[a.sge(64, 64)])
+    for k in range(progress.SHARED_SENDS):
+        assert not pacer.hold_acks()
+        a.qp.post_send(wr)
+        assert pacer.lost == k + 1
+    assert pacer.hold_acks() and pacer.shared == 1
 
 
 def test_a_contended_pingpong_that_waits_for_its_acks_gets_them_at_once(

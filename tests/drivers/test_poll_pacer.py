@@ -91,6 +91,41 @@ def test_a_spin_that_lost_the_cpu_makes_polls_sleep_at_once(
     assert p.idle(None) is False and p.sleeps == 2
 
 
+def test_slow_request_sends_in_a_row_mark_a_shared_core(
+        pair: tuple[socket.socket, socket.socket]) -> None:
+    """A peer that shares our core runs inside our request's ``sendmsg`` (it woke): after
+    SHARED_SENDS such slow sends in a row, ACKs may be held for SHARED seconds; the polls
+    still spin (calm_now is the sleep's rule, unchanged). Fast sends never count, and a
+    gap longer than SHARED_GAP starts the run again."""
+    a, _ = pair
+    c = _Clocks()
+    p = _pacer(a.fileno(), c)
+    for _ in range(3 * pg.SHARED_SENDS):  # fast sends (the peer on another core)
+        t0 = c.wall
+        c.run(pg.SHARED_LOSS / 2)
+        p.sent(t0)
+    assert not p.hold_acks() and p.lost == 0
+
+    def slow() -> None:
+        t0 = c.wall
+        c.run(2 * pg.SHARED_LOSS, on_cpu=False)  # the woken peer ran on our core meanwhile
+        p.sent(t0)
+        c.run(100e-6)
+
+    for _ in range(pg.SHARED_SENDS - 1):
+        slow()
+    assert not p.hold_acks()
+    c.run(pg.SHARED_GAP)  # too long since the last one: the run starts again
+    for _ in range(pg.SHARED_SENDS - 1):
+        slow()
+    assert not p.hold_acks() and p.shared == 0
+    slow()
+    assert p.hold_acks() and p.shared == 1 and not p.calm_now()
+    assert p.idle(None) is False and p.sleeps == 0  # the poll still spins
+    c.run(pg.SHARED)
+    assert not p.hold_acks()
+
+
 def test_no_descriptor_never_sleeps() -> None:
     c = _Clocks()
     p = pg.PollPacer(None, 0.0, clock=lambda: c.wall, cpu_clock=lambda: c.cpu)

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DeviceRuntime", "ProgressCore", "WakePipe", "Waiter", "SelectWaiter", "EventWaiter", "VirtualTimer",
            "VirtualClock", "ProgressMode", "progress_mode", "check_mode", "POLL_GRACE",
-           "DRAIN_TIMEOUT", "PollPacer", "SPIN", "BLOCK_MAX"]
+           "DRAIN_TIMEOUT", "PollPacer", "SPIN", "BLOCK_MAX", "SHARED_LOSS"]
 
 T = TypeVar("T")
 
@@ -62,6 +62,12 @@ SPIN = _spin_from_env()
 BLOCK_MAX = 0.002  # the longest one such sleep (s): below POLL_GRACE, so the thread stays back
 PREEMPTED = 0.0002  # a spin that lost the CPU this long (s) shows the machine is contended
 CALM = 0.5  # then polls sleep at once for this long (s) before spinning is tried again
+#: a request's send (``sendmsg``) that took this long (s) lost the CPU meanwhile: on
+#: loopback the send wakes the peer, and a peer that shares our core runs first
+SHARED_LOSS = 0.00005
+SHARED_SENDS = 8  # such sends in a row, each within SHARED_GAP of the last: a shared core
+SHARED_GAP = 0.02  # (s)
+SHARED = 0.5  # then coalesced ACKs may be held for this long (s) (AckHold)
 _WAKE_READ = 4096  # bytes drained from the wake pipe at once
 MODES = ("thread", "manual")
 
@@ -240,10 +246,18 @@ class PollPacer:
     marks the machine contended, and for :data:`CALM` seconds every empty poll sleeps
     at once; then spinning is tried again. A poll that got something ends the streak
     (:meth:`busy`).
+
+    A spinner that shares its core with the peer is not seen that way: the peer, woken
+    by our request, preempts us at once and gives the core back when it waits, so no
+    spin loses the CPU for long. Its sign is the request's send instead: on loopback
+    ``sendmsg`` wakes the peer, which runs before the call returns (:meth:`sent`: a send
+    that took :data:`SHARED_LOSS`). :data:`SHARED_SENDS` of them, each within
+    :data:`SHARED_GAP` of the one before, mark the core shared for :data:`SHARED` seconds
+    (:meth:`hold_acks`: the ACK hold's contention, not the sleep's).
     """
 
     __slots__ = ("fd", "spin", "since", "cpu0", "calm_until", "sleeps", "contended",
-                 "clock", "cpu_clock")
+                 "clock", "cpu_clock", "lost", "lost_until", "shared_until", "shared")
 
     def __init__(self, fd: int | None, spin: float = SPIN, *,
                  clock: Callable[[], float] = time.monotonic,
@@ -257,6 +271,31 @@ class PollPacer:
         self.calm_until = 0.0  # empty polls sleep at once until then (monotonic)
         self.sleeps = 0  # how many times a poll slept (tests, diagnostics)
         self.contended = 0  # how many times a spin found it had lost the CPU
+        self.lost = 0  # slow sends in the current run (each within SHARED_GAP of the last)
+        self.lost_until = 0.0  # when that run ends without another slow send
+        self.shared_until = 0.0  # coalesced ACKs may be held until then (monotonic)
+        self.shared = 0  # how many times a run of slow sends marked the core shared
+
+    def sent(self, t0: float) -> None:
+        """A request's send that began at ``t0`` (:attr:`clock`) returned: a slow one is
+        a sign that the peer it woke runs on our core."""
+        now = self.clock()
+        if now - t0 < SHARED_LOSS:
+            return
+        if now > self.lost_until:
+            self.lost = 0
+        self.lost += 1
+        self.lost_until = now + SHARED_GAP
+        if self.lost >= SHARED_SENDS:
+            if self.shared_until < now:
+                self.shared += 1
+            self.shared_until = now + SHARED
+
+    def hold_acks(self) -> bool:
+        """True while the machine is contended (:meth:`calm_now`) or our core is shared
+        with the peer (:meth:`sent`): coalesced ACKs may then be held back."""
+        now = self.clock()
+        return self.calm_until > now or self.shared_until > now
 
     def busy(self) -> None:
         """The poll got something: the streak ends."""

@@ -77,6 +77,8 @@ DRAIN_MAX = 4096  # datagrams read before due timers run, at most (receive first
 REPORT_INTERVAL = 0.5  # a shared device's process reports its counters to devd this often (s)
 ACK_HOLD = 0.001  # how long a contended busy poll may hold coalesced ACKs back (s)
 ACK_HOLD_RX = 4  # datagrams received while ACKs are held that end the hold
+#: ... unless about as many packets were sent meanwhile (a ping-pong); then this many
+ACK_HOLD_RX_MAX = 8
 ACK_STALE = 3  # holds in a row that a QP's peer waits out: it waits for its ACKs
 ACK_PROMPT = 0.25  # such a QP gets its ACKs at once this long (s)
 
@@ -88,11 +90,14 @@ class AckHold:
     all of both sides' CPU work, the ACKs included: each SEND's ACK is a datagram sent,
     received and completed. A responder may coalesce ACKs, one ACK acknowledging every
     request up to its PSN (IBA 9.7.5.1.1); while the busy poll finds the machine
-    contended (:meth:`~.progress.PollPacer.calm_now`), the pending ACKs stay back for at
-    most :data:`ACK_HOLD` (a small part of any usual Local ACK Timeout, 67 ms at
-    ``timeout`` 14, IBA 9.7.6.1.3) or until :data:`ACK_HOLD_RX` datagrams arrived (a
-    bulk sender's window is not held, nor the send queue of a requester that posts on
-    without awaiting its completions), so one ACK answers several requests.
+    contended or our core shared with the peer (:meth:`~.progress.PollPacer.hold_acks`),
+    the pending ACKs stay back for at most :data:`ACK_HOLD` (a small part of any usual
+    Local ACK Timeout, 67 ms at ``timeout`` 14, IBA 9.7.6.1.3) or until
+    :data:`ACK_HOLD_RX` datagrams arrived (a bulk sender's window is not held, nor the
+    send queue of a requester that posts on without awaiting its completions), so one
+    ACK answers several requests. A ping-pong's peer sends one request per request of
+    ours: while the datagrams received exceed the packets sent by less than
+    :data:`ACK_HOLD_RX`, the hold lasts up to :data:`ACK_HOLD_RX_MAX` datagrams.
 
     A peer that waits for its ACK before the next request (a latency tool awaiting each
     SEND's completion) sends nothing during a hold: a QP whose PSN did not move during
@@ -104,20 +109,23 @@ class AckHold:
     without a busy poll never hold ACKs.
     """
 
-    __slots__ = ("until", "rx", "dups", "snap", "stale", "prompt", "ran_out")
+    __slots__ = ("until", "rx", "sent0", "dups", "snap", "stale", "prompt", "ran_out")
 
     def __init__(self) -> None:
         self.until = 0.0  # when the current hold ends (the runtime's clock), 0.0: none
         self.rx = 0  # datagrams received during the current hold
+        self.sent0 = 0  # the port's packets sent when it began
         self.dups = 0  # the port's duplicate requests when it began
         self.snap: list[tuple[AckOwner, int]] = []  # the held QPs and their PSNs then
         self.stale: dict[int, int] = {}  # id() of a QP -> holds in a row it sent nothing
         self.prompt: dict[int, float] = {}  # id() of a QP whose peer waits -> until when
         self.ran_out = 0  # holds that ended by time (tests, diagnostics)
 
-    def go(self, pending: list[AckOwner], now: float, contended: bool, dups: int) -> bool:
+    def go(self, pending: list[AckOwner], now: float, contended: bool, dups: int,
+           sent: int = 0) -> bool:
         """True if the ``pending`` ACKs leave now; False holds them (``until`` is set).
-        ``dups``: the port's count of duplicate requests received (``duplicate_request``)."""
+        ``dups``: the port's count of duplicate requests received (``duplicate_request``);
+        ``sent``: its count of packets sent (``sent_pkts``)."""
         until = self.until
         if not pending:
             if until:  # the ACKs left another way (the progress thread, a close)
@@ -134,6 +142,7 @@ class AckHold:
                         return True
             self.until = now + ACK_HOLD
             self.rx = 0
+            self.sent0 = sent
             self.dups = dups
             self.snap = [(qp, qp.ack_psn) for qp in pending]
             return False
@@ -143,7 +152,9 @@ class AckHold:
             self.snap = []
             self._prompt(pending, now)
             return True
-        if now < until and self.rx < ACK_HOLD_RX:
+        rx = self.rx
+        if now < until and (rx < ACK_HOLD_RX or (
+                rx < ACK_HOLD_RX_MAX and rx - (sent - self.sent0) < ACK_HOLD_RX)):
             return False
         self.until = 0.0
         if now >= until:  # ran out: did each held QP's peer send on meanwhile?
@@ -270,7 +281,13 @@ class Runtime(RoceTx, RoceRx):
                 # the request first: coalesced ACKs are built after it left; but a QP that
                 # awaited its earlier requests' ACKs sends its own in one batch with it
                 if port.tx and not (port.ack_pending and qp.ack_rides_with(len(wqes))):
-                    self._flush_tx_locked(False)
+                    pacer = self._pacer
+                    if pacer.fd is None:
+                        self._flush_tx_locked(False)
+                    else:  # a slow send: the peer it woke may share our core
+                        t0 = pacer.clock()
+                        self._flush_tx_locked(False)
+                        pacer.sent(t0)
                 if port.ack_pending or port.tx:
                     self._flush_tx_locked(self._acks_go())
                 if self._pending or self._deferred or self._vtimer is not None:
@@ -359,8 +376,9 @@ class Runtime(RoceTx, RoceRx):
         """Under the lock, on the busy poll's paths: True if the coalesced ACKs pending
         leave now, False while the machine is contended and :class:`AckHold` holds them."""
         port = self.port
-        return self._ack_hold.go(port.ack_pending, self.now(), self._pacer.calm_now(),
-                                 port.counters.duplicate_request)
+        counters = port.counters
+        return self._ack_hold.go(port.ack_pending, self.now(), self._pacer.hold_acks(),
+                                 counters.duplicate_request, counters.sent_pkts)
 
     def _progress_locked(self) -> int:
         with self.lock:
