@@ -208,9 +208,6 @@ UD_SEND_ONLY = 0x64
 UD_SEND_ONLY_IMM = 0x65
 CNP = 0x81
 
-#: the RC SEND and RDMA WRITE MIDDLE opcodes: most packets of a large message, which a
-#: responder places in runs (softrdma.ib.responder ``Responder.place_middles``)
-RC_REQUEST_MIDDLES = frozenset((RC_SEND_MIDDLE, RC_WRITE_MIDDLE))
 #: the opcodes of the connected transports, RC and UC (IBA 9.2, Table 35: the top three
 #: bits 000 and 001): their packets carry no DETH and need no GRH area on receive
 CONNECTED_OPCODES = frozenset(range(Transport.RC, Transport.RD))
