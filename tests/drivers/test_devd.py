@@ -532,3 +532,34 @@ def test_measure_extra_hop(
             )
         print()
     assert a.counters["rx"] == 2 * n
+
+
+def test_socket_path_appears_only_once_it_listens(
+        state: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """A stress run saw a client that found devd's socket path get ECONNREFUSED: the path
+    appeared at bind, before listen(). Now the socket is bound under a temporary name and
+    renamed onto the path once it listens: right after bind, the path is not there yet."""
+    from softrdma.drivers.devd import daemon as daemon_mod
+    from softrdma.drivers.host.unix_path import bind_unix as real_bind
+
+    seen: list[bool] = []
+    path = socket_path("lsn", state)
+
+    def bind_and_look(sock: socket.socket, where: Path | str) -> None:
+        real_bind(sock, where)
+        seen.append(path.exists())
+
+    monkeypatch.setattr(daemon_mod, "bind_unix", bind_and_look)
+    d = Devd(DeviceRecord("lsn", "lo", "roce", 0), state, ips=[LOCAL])
+    d.start()
+    try:
+        assert seen == [False]
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            s.connect(str(path))  # the path, once there, accepts
+        finally:
+            s.close()
+        assert [p.name for p in state.iterdir() if p.name.startswith(".lsn")] == []
+    finally:
+        d.shutdown()
+        d.serve_forever()

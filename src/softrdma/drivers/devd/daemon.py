@@ -281,14 +281,22 @@ class Devd(Control):
         path = self.socket_path
         # We hold the device lock, so no live daemon owns the socket: whatever is there
         # is stale (its daemon died) and is replaced.
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+        # The socket is bound under a temporary name and renamed onto ``path`` once it
+        # listens: a client that finds ``path`` can connect (a connect between bind and
+        # listen would be refused).
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        for stale in (path, tmp):
+            with contextlib.suppress(FileNotFoundError):
+                stale.unlink()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         try:
-            bind_unix(sock, path)
+            bind_unix(sock, tmp)
             sock.listen(64)
+            os.replace(tmp, path)
         except OSError as exc:
             sock.close()
+            with contextlib.suppress(OSError):
+                tmp.unlink()
             raise DeviceError(f"devd {self.record.name}: cannot listen on {path}: {exc}") from exc
         sock.setblocking(False)
         self._listener = sock
