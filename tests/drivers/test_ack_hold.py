@@ -13,11 +13,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from harness.verbs_pair import RC, Side, connect
+from harness.verbs_pair import Side, manual_udp_rc_pair
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.drivers.links.udp import UdpLink
 from softrdma.drivers.runtime import progress, roce
 from softrdma.drivers.runtime.roce import AckHold, Runtime
 
@@ -111,19 +110,8 @@ def test_a_duplicate_request_ends_the_hold() -> None:
 @pytest.fixture()
 def pair() -> Iterator[tuple[Side, Side]]:
     """Two RC sides on UDP loopback with manual progress (no thread that sends ACKs)."""
-    la = UdpLink("127.0.0.1", 0)
-    assert la.port is not None
-    lb = UdpLink("127.0.0.2", la.port)
-    ca = v.Context(link=la, progress="manual")
-    cb = v.Context(link=lb, progress="manual")
-    try:
-        a = Side(ca, RC, bytearray(1 << 12))
-        b = Side(cb, RC, bytearray(1 << 12))
-        connect(a, b, int(e.IBV_MTU_1024), timeout=14)
+    with manual_udp_rc_pair() as (a, b, _la, _lb):
         yield a, b
-    finally:
-        ca.close()
-        cb.close()
 
 
 def _contended(s: Side, shared: bool = False) -> Runtime:

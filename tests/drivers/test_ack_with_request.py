@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from harness.verbs_pair import RC, Side, connect
+from harness.verbs_pair import Side, manual_udp_rc_pair
 
 from softrdma import enums as e
 from softrdma import verbs as v
@@ -30,24 +30,13 @@ RECV = int(e.IBV_WC_RECV)
 @pytest.fixture()
 def pair() -> Iterator[tuple[Side, Side, UdpLink, UdpLink]]:
     """Two RC sides on UDP loopback with manual progress (no thread that sends ACKs)."""
-    la = UdpLink("127.0.0.1", 0)
-    assert la.port is not None
-    lb = UdpLink("127.0.0.2", la.port)
-    ca = v.Context(link=la, progress="manual")
-    cb = v.Context(link=lb, progress="manual")
-    try:
-        a = Side(ca, RC, bytearray(1 << 12))
-        b = Side(cb, RC, bytearray(1 << 12))
-        connect(a, b, int(e.IBV_MTU_1024), timeout=14)
+    with manual_udp_rc_pair() as (a, b, la, lb):
         for s in (a, b):
             for _ in range(16):
                 s.qp.post_recv(v.RecvWR(wr_id=1, num_sge=1, sg=[s.sge(0, 64)]))
         if la.gso_limit(bytes([127, 0, 0, 2])) < 2 or lb.gso_limit(bytes([127, 0, 0, 1])) < 2:
             pytest.skip("this kernel refuses UDP GSO on the loopback")
         yield a, b, la, lb
-    finally:
-        ca.close()
-        cb.close()
 
 
 def _rt(s: Side) -> Runtime:

@@ -4,8 +4,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -52,6 +54,25 @@ def connect(x: Side, y: Side, mtu: int = int(e.IBV_MTU_1024), retry_cnt: int = 5
 
 
 ROCE_VER = {"v": "2"}  # the fabric links' RoCE version (the fixture below sets it)
+
+
+@contextlib.contextmanager
+def manual_udp_rc_pair() -> Iterator[tuple[Side, Side, UdpLink, UdpLink]]:
+    """Two RC sides connected over UDP loopback (127.0.0.1 and 127.0.0.2, one port) with
+    manual progress: no thread sends their ACKs. Yields the sides and their links."""
+    la = UdpLink("127.0.0.1", 0)
+    assert la.port is not None
+    lb = UdpLink("127.0.0.2", la.port)
+    ca = v.Context(link=la, progress="manual")
+    cb = v.Context(link=lb, progress="manual")
+    try:
+        a = Side(ca, RC, bytearray(1 << 12))
+        b = Side(cb, RC, bytearray(1 << 12))
+        connect(a, b, int(e.IBV_MTU_1024), timeout=14)
+        yield a, b, la, lb
+    finally:
+        ca.close()
+        cb.close()
 
 
 class FabricPair:

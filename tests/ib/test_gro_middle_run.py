@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from harness.engine import Endpoint, Net, connect
+from harness.fast_paths import fast_paths_counted
 from harness.property_budget import examples
 from harness.recording_link import RecordingLink
 from hypothesis import HealthCheck, given, settings
@@ -100,19 +101,7 @@ def _run(enabled: bool, kind: str, size: int, mtu: int, faults: list[tuple[int, 
     """Deliver A's packets to B's runtime in coalesced reads of ``batch`` segments;
     segment i of a read carries IPv4 ID ``id_base + i`` (``id_base`` != 0: the sequence
     of another sender, found by recovery) and hint i."""
-    taken = 0
-    real = Port.receive_run
-
-    def spy(*args: Any) -> int:
-        nonlocal taken
-        k = real(*args)
-        taken += k
-        return k
-
-    saved = Port.fast_paths
-    Port.fast_paths = enabled
-    Port.receive_run = spy  # type: ignore[method-assign,assignment]
-    try:
+    with fast_paths_counted(enabled, Port, "receive_run") as taken:
         a, b, bodies = _sent_by_a(kind, size, mtu)
         bodies = _apply(bodies, faults, a.qp.qpn)
         link = _BLink()
@@ -142,10 +131,7 @@ def _run(enabled: bool, kind: str, size: int, mtu: int, faults: list[tuple[int, 
             "wcs": [(w.wr_id, w.status, int(w.opcode), w.byte_len, w.imm_data) for w in b.rcq],
         }
         rt.close(close_link=False)
-        return result, taken
-    finally:
-        Port.fast_paths = saved
-        Port.receive_run = real  # type: ignore[method-assign]
+        return result, taken[0]
 
 
 @pytest.mark.parametrize("kind", ["write", "write_imm", "send"])

@@ -10,13 +10,14 @@ from typing import Any
 
 import pytest
 from harness.engine import Endpoint, Net, connect
+from harness.fast_paths import fast_paths_counted
 from harness.recording_link import RecordingLink
 
 from softrdma import enums as e
 from softrdma.drivers.links.link import Datagram
 from softrdma.drivers.runtime.roce import Runtime
 from softrdma.drivers.runtime.roce_rx import build_grh
-from softrdma.ib.port import Port, RxMeta
+from softrdma.ib.port import RxMeta
 from softrdma.ib.qp import AddressVector
 from softrdma.ib.responder import Responder
 from softrdma.seam.types import SGE, RecvWQE, SendWQE
@@ -44,19 +45,7 @@ def _packet(length: int, opcode: Any = e.IBV_WR_SEND) -> tuple[bytearray, int]:
 
 def _deliver(fast: bool, fault: str) -> tuple[dict[str, Any], int]:
     """B's observable state after receiving the (faulted) packet; how often ud_only took one."""
-    taken = 0
-    real = Responder.ud_only
-
-    def spy(self: Responder, data: memoryview, meta: RxMeta) -> bool:
-        nonlocal taken
-        ok = real(self, data, meta)
-        taken += ok
-        return ok
-
-    saved = Port.fast_paths
-    Port.fast_paths = fast
-    Responder.ud_only = spy  # type: ignore[method-assign,assignment]
-    try:
+    with fast_paths_counted(fast, Responder, "ud_only") as taken:
         pkt, _ = _packet(333, e.IBV_WR_SEND_WITH_IMM if fault == "imm" else e.IBV_WR_SEND)
         net = Net()
         b = Endpoint(net.add_port(2), e.IBV_QPT_UD)
@@ -96,10 +85,7 @@ def _deliver(fast: bool, fault: str) -> tuple[dict[str, Any], int]:
                 w.solicited, w.qp_num) for w in b.rcq]
         return {"wcs": wcs, "buf": bytes(b.buf[:8 + 4096 + 40 + 8]),
                 "counters": b.port.counters.as_dict(), "qp": b.qp.counters.as_dict()
-                if hasattr(b.qp.counters, "as_dict") else vars(b.qp.counters)}, taken
-    finally:
-        Port.fast_paths = saved
-        Responder.ud_only = real  # type: ignore[method-assign]
+                if hasattr(b.qp.counters, "as_dict") else vars(b.qp.counters)}, taken[0]
 
 
 @pytest.mark.iba("9.6", "10.2.5", "11.4.1.1")
