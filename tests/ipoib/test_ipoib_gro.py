@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import struct
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -146,6 +147,27 @@ def test_runs_stop_at_the_ip_length_limit_and_keep_order() -> None:
     assert all(tcp_ok(whole(p)) for p in out)
     data = b"".join(whole(p)[52:] for p in out if p is not out[2])
     assert data == b"".join(s[52:] for s in segs)
+
+
+@pytest.mark.parametrize("v6", [False, True])
+def test_a_run_fills_the_ip_length_field_exactly(v6: bool) -> None:
+    """The limit is the IP length field: IPv4's Total Length counts the IP header, IPv6's
+    Payload Length does not. Two 22000-byte segments and a last one that brings the field
+    to 65535 merge; one byte more and the last stays out (a stress run's IPv4 TCP stream
+    over connected mode once made a 65545-byte packet: struct.error, the interface died)."""
+    hl = 52 if not v6 else 72
+    fit = MAX_MERGED - (hl if not v6 else hl - 40) - 2 * 22000
+    for last, merged in ((fit, 3), (fit + 1, 2)):
+        segs = [tcp(1000 + i * 22000, bytes((i + j) & 0xFF for j in range(n)), v6=v6)
+                for i, n in enumerate((22000, 22000, last))]
+        out = run(*segs)
+        assert isinstance(out[0], Merged) and len(out[0].payloads) == merged, (last, out)
+        head = out[0].head
+        field = struct.unpack_from(">H", head, 4 if v6 else 2)[0]
+        assert field == len(whole(out[0])) - (40 if v6 else 0) <= MAX_MERGED
+        assert field == MAX_MERGED or merged == 2
+        assert all(tcp_ok(whole(p)) for p in out)
+        assert b"".join(whole(p)[hl:] for p in out) == b"".join(s[hl:] for s in segs)
 
 
 @settings(max_examples=60, deadline=None)

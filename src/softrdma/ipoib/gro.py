@@ -75,7 +75,8 @@ def _mask(iphl: int, hl: int) -> int:
 
 
 class _Run:
-    __slots__ = ("key", "pkts", "hl", "iphl", "v4", "next_seq", "mss", "size", "closed")
+    __slots__ = ("key", "pkts", "hl", "iphl", "v4", "next_seq", "mss", "size", "limit",
+                 "closed")
 
     def __init__(self, key: int, pkt: Buffer, hl: int, iphl: int, v4: bool, seq: int,
                  plen: int, closed: bool) -> None:
@@ -87,6 +88,9 @@ class _Run:
         self.next_seq = (seq + plen) & 0xFFFFFFFF
         self.mss = plen
         self.size = hl + plen
+        # the largest ``size`` the IP length field can carry: IPv4's Total Length counts
+        # the IP header, IPv6's Payload Length does not (RFC 791 §3.1, RFC 8200 §3)
+        self.limit = MAX_MERGED if v4 else MAX_MERGED + iphl
         self.closed = closed
 
 
@@ -137,7 +141,7 @@ class TcpCoalescer:
         key = int.from_bytes(pkt[:hl], "big") & mask
         run = self._run
         if run is not None and not run.closed and run.key == key and seq == run.next_seq \
-                and plen <= run.mss and run.size + plen - iphl <= MAX_MERGED:
+                and plen <= run.mss and run.size + plen <= run.limit:
             run.pkts.append(pkt)
             run.next_seq = (seq + plen) & 0xFFFFFFFF
             run.size += plen
