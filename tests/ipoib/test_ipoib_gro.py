@@ -158,8 +158,7 @@ def test_a_run_fills_the_ip_length_field_exactly(v6: bool) -> None:
     hl = 52 if not v6 else 72
     fit = MAX_MERGED - (hl if not v6 else hl - 40) - 2 * 22000
     for last, merged in ((fit, 3), (fit + 1, 2)):
-        segs = [tcp(1000 + i * 22000, bytes((i + j) & 0xFF for j in range(n)), v6=v6)
-                for i, n in enumerate((22000, 22000, last))]
+        segs = stream(3, 22000, v6=v6, last=last)
         out = run(*segs)
         assert isinstance(out[0], Merged) and len(out[0].payloads) == merged, (last, out)
         head = out[0].head
