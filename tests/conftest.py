@@ -9,15 +9,20 @@ derandomized, even under CI, with every property test's budget scaled up
 Tests marked ``slow`` (matrix repeats, long soaks: one representative of each behaviour
 stays in the default suite) are left out of the README's test command and run by the
 slow job: ``--slow`` (or a ``-m`` expression naming ``slow``) selects them again, and a
-test named by its node id on the command line always runs."""
+test named by its node id on the command line always runs.
+
+A failed test whose hosts started ``softrdma ipoib up`` (tests/ipoib) reports those
+processes: see :func:`pytest_runtest_makereport`."""
 
 from __future__ import annotations
 
 import os
 import signal
 from collections import Counter
+from collections.abc import Generator
 
 import pytest
+from harness.ipoib_netns import forget_torn_down, report
 from hypothesis import settings
 
 # The tests start a server and its client together: a client refused because its server
@@ -111,3 +116,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if slow:
         config.hook.pytest_deselected(items=slow)
         items[:] = keep
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
+                              ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failed phase (set-up, call or teardown) of a test whose hosts started ``softrdma
+    ipoib up`` gets a section "ipoib up processes": whether each still runs or how it ended,
+    and the tail of its stdout and stderr (:func:`harness.ipoib_netns.report`), so an
+    interface process that died shows its traceback, not only the stalled transfer or
+    failed ping it caused. After each report, the processes of hosts torn down are
+    forgotten."""
+    rep = yield
+    if rep.failed and (text := report()):
+        rep.sections.append(("ipoib up processes", text))
+    forget_torn_down()
+    return rep

@@ -36,6 +36,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 PREFIX = "srmh"
 IFNAME = "eth0"
@@ -134,6 +135,8 @@ class Host:
     ipv6: str
     state_dir: Path
     procs: list[subprocess.Popen[str]] = field(default_factory=list)
+    #: the processes :meth:`kill_all` found still running (and killed): teardown's doing
+    killed: list[subprocess.Popen[str]] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -162,11 +165,17 @@ class Host:
         return res
 
     def popen(self, args: Sequence[str], env: dict[str, str] | None = None,
-              stdin: bool = False) -> subprocess.Popen[str]:
-        """Start ``args`` inside the host in the background (killed at teardown)."""
-        p = subprocess.Popen(self._cmd(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             stdin=subprocess.PIPE if stdin else subprocess.DEVNULL, text=True,
-                             env=self.env(env), start_new_session=True)
+              stdin: bool = False, log: Path | None = None) -> subprocess.Popen[str]:
+        """Start ``args`` inside the host in the background (killed at teardown). Its stdout
+        and stderr are pipes, or with ``log`` both go to that file (nothing to drain, never
+        blocked on a full pipe, readable at any time; the process's ``stdout`` and ``stderr``
+        are then None)."""
+        with contextlib.ExitStack() as files:
+            out: IO[str] | int = files.enter_context(log.open("w")) if log else subprocess.PIPE
+            p = subprocess.Popen(self._cmd(args), stdout=out,
+                                 stderr=subprocess.STDOUT if log else subprocess.PIPE,
+                                 stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                                 text=True, env=self.env(env), start_new_session=True)
         self.procs.append(p)
         return p
 
@@ -214,6 +223,7 @@ class Host:
     def kill_all(self) -> None:
         for p in self.procs:
             if p.poll() is None:
+                self.killed.append(p)
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(p.pid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):

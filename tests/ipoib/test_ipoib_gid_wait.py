@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from harness.ipoib_netns import start, started
 from harness.netns import Host, Network, skip_reason
 
 pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
@@ -49,7 +50,7 @@ def _up(h: Host, wait_s: float | None = None) -> subprocess.Popen[str]:
             + f"sys.argv = ['softrdma', 'ipoib', 'up', '{TUN}', '--device', '{DEV}', "
               "'10.88.9.1/24']\n"
             "runpy.run_module('softrdma', run_name='__main__')\n")
-    return h.popen([sys.executable, "-c", code])
+    return start(h, [sys.executable, "-c", code])
 
 
 def test_ipoib_up_waits_for_dad(host: Host) -> None:
@@ -61,12 +62,13 @@ def test_ipoib_up_waits_for_dad(host: Host) -> None:
         deadline = time.monotonic() + 60
         while host.softrdma("ipoib", "show", TUN, "--json", check=False).returncode != 0:
             if p.poll() is not None:
-                raise AssertionError(f"ipoib up exited {p.returncode}: {p.communicate()[1]}")
+                raise AssertionError(started(p).describe())
             assert time.monotonic() < deadline, "ipoib up did not come up"
             time.sleep(0.2)
         shown = json.loads(host.softrdma("ipoib", "show", TUN, "--json").stdout)
         host.softrdma("ipoib", "down", TUN)
-        _out, err = p.communicate(timeout=30)
+        p.wait(timeout=30)
+        err = started(p).output()
     finally:
         if p.poll() is None:
             p.kill()
@@ -84,7 +86,8 @@ def test_ipoib_up_fails_clearly_when_no_ipv6_comes(host: Host) -> None:
     assert _tentative(host)
     p = _up(host, wait_s=0.5)
     try:
-        _out, err = p.communicate(timeout=60)
+        p.wait(timeout=60)
+        err = started(p).output()
     finally:
         if p.poll() is None:
             p.kill()
@@ -111,7 +114,8 @@ def test_ipoib_up_explains_a_gid_table_older_than_the_address(host: Host) -> Non
         time.sleep(0.1)
     p = _up(host)
     try:
-        _out, err = p.communicate(timeout=60)
+        p.wait(timeout=60)
+        err = started(p).output()
     finally:
         if p.poll() is None:
             p.kill()

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness.ipoib_netns import IFACE, ipoib_up, veth_pair
+from harness.ipoib_netns import IFACE, ipoib_up, started, veth_pair
 from harness.netns import IFNAME, Host, Network, skip_reason
 from harness.wait import wait_until
 
@@ -49,7 +49,7 @@ def ipoib_down(h: Host, p: subprocess.Popen[str]) -> None:
     except subprocess.TimeoutExpired:
         p.kill()
         raise AssertionError("ipoib down did not stop the process") from None
-    assert p.returncode == 0, p.communicate()[1]
+    assert p.returncode == 0, started(p).describe()
 
 
 def ping(h: Host, addr: str, *extra: str) -> None:
