@@ -408,8 +408,9 @@ class Context(VerbsObject):
     def watch_port(self, interval: float = 0.2) -> None:
         """Post ``IBV_EVENT_PORT_ERR``/``PORT_ACTIVE``/``GID_CHANGE`` (element: the port
         number, 1) when the device's interface goes down or up or changes addresses, as
-        rxe does from its netdev notifier (``drivers.host.portwatch``; polled every
-        ``interval`` seconds until the context closes)."""
+        rxe does from its netdev notifier (``drivers.host.portwatch``: told by rtnetlink,
+        until the context closes; where rtnetlink is unavailable the interface is polled
+        every ``interval`` seconds)."""
         self._check()
         interval = seconds(interval, "interval")
         if self.netdev is None or self._portwatch is not None:

@@ -5,9 +5,9 @@ of devices, each behind its lock.
 * :func:`route_source`: the source address the kernel's routing picks for a destination
   (a UDP ``connect`` sends nothing), as Linux's ``rdma_resolve_addr`` asks the routing
   table (``addr_resolve``).
-* :class:`ChangeWatch`: an rtnetlink socket subscribed to the link and address groups
-  (``RTMGRP_LINK``, ``RTMGRP_IPV4_IFADDR``, ``RTMGRP_IPV6_IFADDR``, rtnetlink(7)); a
-  change (``ip addr add``) has its message queued by the time the command returns.
+* :class:`~softrdma.drivers.host.ifwatch.ChangeWatch` (re-exported): an rtnetlink socket
+  subscribed to the link and address groups; a change (``ip addr add``) has its message
+  queued by the time the command returns.
 * :class:`KeptList`: a list read once and kept until an interface changes (the watch) or
   the registry file is replaced (:func:`registry_key`: it is replaced, never rewritten
   in place, so a new inode); without rtnetlink nothing is kept. A forked child reads it
@@ -31,6 +31,7 @@ from typing import Any, Generic, TypeVar
 
 from ...wire.ipcm import IpAddress
 from ..host import registry
+from ..host.ifwatch import ChangeWatch
 
 __all__ = ["route_source", "ChangeWatch", "registry_key", "KeptList", "OpenTable"]
 
@@ -48,39 +49,6 @@ def route_source(dst: IpAddress) -> bytes | int:
             return ipaddress.ip_address(s.getsockname()[0].split("%", 1)[0]).packed
     except OSError as exc:
         return exc.errno or errno.ENETUNREACH
-
-
-class ChangeWatch:
-    """An rtnetlink socket on the link and address multicast groups (rtnetlink(7)):
-    :meth:`changed` is True when an interface or address changed since the last call
-    (or messages were lost: ``ENOBUFS``)."""
-
-    _GROUPS = 0x1 | 0x10 | 0x100  # RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR
-
-    def __init__(self) -> None:
-        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_NONBLOCK
-                             | socket.SOCK_CLOEXEC, 0)  # NETLINK_ROUTE
-        try:
-            sock.bind((0, self._GROUPS))
-        except OSError:
-            sock.close()
-            raise
-        self.sock = sock
-
-    def changed(self) -> bool:
-        seen = False
-        while True:
-            try:
-                if not self.sock.recv(1 << 16):
-                    return seen
-            except BlockingIOError:
-                return seen
-            except OSError:  # ENOBUFS: notifications were lost; anything may have changed
-                return True
-            seen = True
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def registry_key() -> tuple[Any, ...]:

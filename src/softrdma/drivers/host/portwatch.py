@@ -4,18 +4,27 @@ DOWN with the interface or its carrier, ACTIVE again with both, and the GID tabl
 follows the interface's addresses).
 
 :class:`PortState` is the sans-I/O part: feed it interface snapshots, it returns the
-events the change means. :class:`PortWatch` polls the interface (``drivers.host.netdev``)
-from a daemon thread and hands each event to a callback (the Context's async queue).
+events the change means. :class:`PortWatch` samples the interface (``drivers.host.netdev``)
+from a daemon thread whenever rtnetlink reports a link or address change
+(:class:`~.ifwatch.ChangeWatch`, as rxe hears of them from the netdev notifier), and hands
+each event to a callback (the Context's async queue). Between changes the thread sleeps
+in ``select``: it never wakes on its own, so it takes no turn at the GIL from a program
+that is busy (a C program under ``softrdma run`` spinning on ``ibv_poll_cq``, issue 22).
+Where rtnetlink is unavailable it samples every ``interval`` seconds instead.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import select
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from ... import enums as e
 from . import netdev as _netdev
+from .ifwatch import ChangeWatch
 
 __all__ = ["PortState", "PortWatch", "DEFAULT_INTERVAL_S"]
 
@@ -43,8 +52,9 @@ class PortState:
 
 
 class PortWatch:
-    """Polls interface ``name`` every ``interval`` seconds; ``post(event_type)`` for
-    each change (a vanished interface counts as down, without addresses)."""
+    """Watches interface ``name``; ``post(event_type)`` for each change (a vanished
+    interface counts as down, without addresses). The interface is sampled when rtnetlink
+    reports a change, or every ``interval`` seconds where rtnetlink is unavailable."""
 
     def __init__(self, name: str, post: Callable[[int], None],
                  interval: float = DEFAULT_INTERVAL_S) -> None:
@@ -53,12 +63,19 @@ class PortWatch:
         self._post = post
         self._state = PortState()
         self._stop = threading.Event()
+        self.samples = 0  # how many times the interface was sampled (tests, diagnostics)
+        try:  # subscribed before the first sample: no change falls between the two
+            self._watch: ChangeWatch | None = ChangeWatch()
+        except OSError:
+            self._watch = None
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._sample()
         self._thread = threading.Thread(target=self._run, name=f"portwatch-{name}",
                                         daemon=True)
         self._thread.start()
 
     def _sample(self) -> list[int]:
+        self.samples += 1
         try:
             nd = _netdev.get(self.name)
             up, ips = nd.up, nd.ips
@@ -66,12 +83,38 @@ class PortWatch:
             up, ips = False, ()
         return self._state.update(up, ips)
 
+    def _wait(self) -> bool:
+        """Until something changed (True) or :meth:`stop` (False)."""
+        watch = self._watch
+        if watch is None:
+            return not self._stop.wait(self.interval)
+        while not self._stop.is_set():
+            try:
+                ready, _, _ = select.select([watch.fileno(), self._wake_r], [], [])
+            except (OSError, ValueError):  # closed under us by stop()
+                return False
+            if self._wake_r in ready:
+                return False
+            if watch.changed():
+                return True
+        return False
+
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            for ev in self._sample():
-                self._post(ev)
+        try:
+            while self._wait():
+                for ev in self._sample():
+                    self._post(ev)
+        finally:
+            if self._watch is not None:
+                self._watch.close()
+            os.close(self._wake_r)
 
     def stop(self) -> None:
+        if self._stop.is_set():
+            return
         self._stop.set()
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"x")
+        os.close(self._wake_w)
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=2)
