@@ -55,6 +55,11 @@ The figures (see each module for how it measures):
   and datagram mode (UD, MTU 4092), vs iperf3 over the bare veth pair measured in the
   same round (``ipoib_iperf``; issue 26; root and iperf3, else reported as an error).
   Goals >= 0.3 / >= 0.1.
+
+With the figures, ``--json`` records ``wake``: a plain UDP ping-pong's round trip with
+both processes on one core and on two (``wake_cost``). Where they differ by several
+times (a virtual machine whose idle vCPUs halt), every latency figure depends on where
+the scheduler placed its processes in that run, and its runs spread accordingly.
 """
 
 from __future__ import annotations
@@ -82,6 +87,7 @@ import lossy_goodput as lg  # noqa: E402
 import roce_bench as rb  # noqa: E402
 import shared_bench as sb  # noqa: E402
 import tool_lat as tl  # noqa: E402
+import wake_cost as wc  # noqa: E402
 
 MIB = 1 << 20
 
@@ -414,19 +420,23 @@ def main(argv: list[str] | None = None) -> int:
     mp.set_start_method("fork", force=True)
     t0 = time.time()
     figs = measure(a.runs, a.quick, set(a.only) if a.only else None)
+    wake = wc.measure(300 if a.quick else 2000)
     load = os.getloadavg()
     if a.json:
         print(json.dumps({
             "cores": os.cpu_count(), "python": platform.python_version(),
             "machine": platform.machine(), "runs": a.runs, "quick": a.quick,
             "loadavg_after": [round(x, 2) for x in load],
+            "wake": wake,
             "seconds": round(time.time() - t0, 1),
             "figures": {f.name: f.as_dict() for f in figs},
         }, indent=2))
     else:
         print(table(figs))
         print(f"{os.cpu_count()} cores, {a.runs} runs per figure, load after "
-              f"{load[0]:.2f}, {time.time() - t0:.0f} s")
+              f"{load[0]:.2f}, {time.time() - t0:.0f} s; UDP ping-pong round trip "
+              f"{wake['same_core_us']} us on one core, {wake['cross_core_us']} us across "
+              "cores (bench/wake_cost.py)")
     return 1 if any(f.error for f in figs) else 0
 
 

@@ -21,6 +21,10 @@ def test_run_json_quick_one_figure() -> None:
     doc = json.loads(out.stdout)
     assert doc["cores"] == os.cpu_count()
     assert doc["runs"] == 2 and doc["quick"] is True
+    wake = doc["wake"]  # the machine's wake-up cost, same core and across cores
+    assert wake["same_core_us"] > 0
+    assert (wake["cross_core_us"] is None) == (len(os.sched_getaffinity(0)) == 1)
+    assert wake["cross_core_us"] is None or wake["cross_core_us"] > 0
     assert list(doc["figures"]) == ["roce_write_bw"]
     fig = doc["figures"]["roce_write_bw"]
     assert fig["error"] is None
