@@ -6,10 +6,11 @@
  *                            way (NULL + errno). Prints "ok: ..." lines, exits 0 when all pass.
  *   wc_check DEVICE fork     forks first: the child opens the device anew and uses it,
  *                            its inherited QP fails without hanging; then the checks.
- *   wc_check DEVICE bench    prints the cost of an empty ibv_poll_cq and of one
- *                            SEND + completions round on a loopback RC pair (wall
- *                            time, and CPU time: the thread's for a poll, the
- *                            process's for a round).
+ *   wc_check DEVICE bench [POLLS]
+ *                            prints the cost of an empty ibv_poll_cq (the mean of POLLS,
+ *                            default 1000000) and of one SEND + completions round on a
+ *                            loopback RC pair (wall time, and CPU time: the thread's for
+ *                            a poll, the process's for a round).
  *   wc_check DEVICE hops     busy-polls 400 loopback SEND rounds and prints
  *                            "hops_nvcsw N rounds R": the voluntary context switches of
  *                            the process's other threads (softrdma's progress thread)
@@ -113,7 +114,7 @@ int main(int argc, char **argv)
     struct ibv_cq_ex *cqxa = NULL, *cqxb = NULL;
 
     if (argc < 2)
-        FAIL("usage: wc_check DEVICE [fork|bench|hops|hopsx]");
+        FAIL("usage: wc_check DEVICE [fork|bench [POLLS]|hops|hopsx]");
     ctx = open_device(argv[1], &list);
     if (ibv_query_gid(ctx, 1, 0, &gid))
         FAIL("ibv_query_gid");
@@ -213,7 +214,9 @@ int main(int argc, char **argv)
     }
 
     if (bench || hops) {
-        int polls = hops ? 0 : 1000000, rounds = hops ? 400 : 500;
+        int polls = hops ? 0 : (argc > 3 ? atoi(argv[3]) : 1000000), rounds = hops ? 400 : 500;
+        if (polls < 0 || (bench && polls == 0))
+            FAIL("POLLS must be a positive number");
         double t0 = now(), c0 = cpu_now();
         long sw0 = 0;
         for (i = 0; i < polls; i++)
