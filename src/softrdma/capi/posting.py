@@ -10,6 +10,13 @@ for its last number, and a request with that number posts it again, with its ``w
 and a fresh copy of its inline data. ``QP.post_send`` validates it as any other. A thread
 takes the entry out of the table while it posts, so two threads that post on one QP
 never share one.
+
+Receives repeat too (``ibv_rc_pingpong`` refills its receive queue one ``ibv_post_recv``
+at a time, the same buffer each time): a QP or SRQ keeps the :class:`RecvWR` of its last
+one-SGE receive with that SGE's address, length and L_Key, and a receive with the same
+three posts it again with its own ``wr_id`` (the post copies a request into a WQE, so
+one request object may be posted any number of times) instead of building and checking
+an SGE and a request anew.
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ _ATOMICS = (int(e.IBV_WR_ATOMIC_CMP_AND_SWP), int(e.IBV_WR_ATOMIC_FETCH_AND_ADD)
 
 #: QP handle -> (the content number of its last request, the SendWR made of it)
 _last: dict[int, tuple[int, SendWR]] = {}
+#: QP or SRQ handle -> (address, length, L_Key of its last one-SGE receive, its RecvWR)
+_last_recv: dict[int, tuple[tuple[int, int, int], RecvWR]] = {}
 
 
 def _inline(sg: list[Any]) -> bytes:
@@ -88,11 +97,25 @@ def post_recv(h: int, is_srq: int, wrs: Any, n: int, bad: Any) -> int:
     for i in range(n):
         bad[0] = i
         w = wrs[i]
+        if w.num_sge == 1 and w.sg:
+            s = hd._ffi.cast("struct ibv_sge *", w.sg)[0]
+            key = (s.addr, s.length, s.lkey)
+            last = _last_recv.pop(h, None)
+            if last is not None and last[0] == key:
+                wr = last[1]
+                wr.wr_id = w.wr_id
+            else:
+                sg = _sges(w.sg, 1)
+                wr = RecvWR(wr_id=w.wr_id, num_sge=1, sg=sg)
+            target.post_recv(wr)
+            _last_recv[h] = (key, wr)
+            continue
         sg = _sges(w.sg, w.num_sge)
         target.post_recv(RecvWR(wr_id=w.wr_id, num_sge=len(sg), sg=sg))
     return 0
 
 
 def forget(h: int) -> None:
-    """Handle ``h`` is destroyed: drop its last request."""
+    """Handle ``h`` is destroyed: drop its last request and receive."""
     _last.pop(h, None)
+    _last_recv.pop(h, None)
