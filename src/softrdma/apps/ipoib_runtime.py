@@ -22,7 +22,6 @@ from __future__ import annotations
 import functools
 import ipaddress
 import os
-import select
 import signal
 import sys
 import time
@@ -35,6 +34,7 @@ from .. import verbs as v
 from ..drivers.cm.gsi import CmBinding
 from ..drivers.host.ipoib_control import ControlServer, control_path, usable_ipv6, wait_for_ipv6
 from ..drivers.links.tun import TunDevice
+from ..drivers.runtime.fdwait import readable
 from ..errors import DeviceError, InvalidArgument, SoftRdmaError
 from ..ipoib.conn import IPOIB_CM_BUF_SIZE
 from ..ipoib.encap import ENCAP_LEN, encap_header
@@ -363,7 +363,7 @@ class IpoibRuntime(IpoibConnections, IpoibReceive):
             if self._free_slots:
                 fds.append(tun_fd)
             try:
-                ready, _, _ = select.select(fds, [], [], timeout)
+                ready = readable(fds, timeout)
             except InterruptedError:
                 continue
             now = time.monotonic()

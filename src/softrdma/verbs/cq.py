@@ -20,13 +20,13 @@ into it (it is the QP's ``CompletionSink``); :meth:`CQ.poll` takes them out.
 from __future__ import annotations
 
 import asyncio
-import select
 import threading
 import time
 from collections import deque
 
 from .. import enums as e
 from ..drivers.runtime.eventpipe import EventPipe
+from ..drivers.runtime.fdwait import readable
 from ..errors import InvalidArgument, StateError
 from ..seam.types import WorkCompletion
 from ._args import timeout as check_timeout
@@ -111,7 +111,7 @@ class CompChannel(VerbsObject):
                 runtime.kick()  # about to block: the progress thread takes over at once
                 wait = 0.1 if left is None else min(left, 0.1)
             self._check()
-            select.select([self._bell.r], [], [], wait)
+            readable([self._bell.r], wait)
 
     def _release(self) -> None:
         self._bell.close()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import errno
 import os
-import select
 import time
 import weakref
 from collections.abc import Callable
@@ -24,6 +23,7 @@ from .. import enums as e
 from ..drivers.host.portwatch import PortWatch
 from ..drivers.links.link import Link
 from ..drivers.opening import open_device
+from ..drivers.runtime.fdwait import readable
 from ..drivers.runtime.progress import DeviceRuntime
 from ..errors import DeviceError, InvalidArgument
 from ..iwarp.mpa_setup import MPA_CRC_ENV, device_mpa_crc
@@ -447,7 +447,7 @@ class Context(VerbsObject):
                 wait = 0.001 if left is None else min(left, 0.001)
             else:
                 wait = 0.1 if left is None else min(left, 0.1)
-            select.select([self._ev_r], [], [], wait)
+            readable([self._ev_r], wait)
 
     def ack_async_event(self, event: AsyncEvent) -> None:
         """``ibv_ack_async_event`` (nothing to release in softrdma)."""

@@ -16,7 +16,6 @@ its state moves with (the application's thread and the connection managers' both
 from __future__ import annotations
 
 import asyncio
-import select
 import threading
 import time
 from collections import deque
@@ -25,6 +24,7 @@ from typing import Generic, TypeVar
 
 from ...errors import ClosedError
 from ..runtime.eventpipe import EventPipe
+from ..runtime.fdwait import readable
 
 __all__ = ["EventQueue", "id_lock"]
 
@@ -126,7 +126,7 @@ class EventQueue(Generic[E]):
                 raise ClosedError("the event channel is destroyed")
             r = self._ring().r
         try:
-            select.select([r], [], [], timeout)
+            readable([r], timeout)
         except (OSError, ValueError):  # closed meanwhile (its descriptor is -1 or gone)
             pass
         if self.closed:

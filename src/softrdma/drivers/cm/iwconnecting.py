@@ -11,7 +11,6 @@ from __future__ import annotations
 import errno
 import ipaddress
 import os
-import select
 import socket
 import threading
 import time
@@ -23,6 +22,7 @@ from ...iwarp.engine import ConnState, IwarpConn
 from ...iwarp.events import ConnEvent
 from ...iwarp.mpa_setup import MpaConfig, Negotiated, with_device_crc
 from ...iwarp.qp import INIT, RESET, IwarpQP
+from ..runtime.fdwait import writable
 from ..runtime.tcp import TcpRuntime, tcp_mss
 from .deadlines import Deadlines
 
@@ -232,7 +232,7 @@ def start_connect(qp: Any, host: str, port: int, private_data: bytes = b"", *,
         sock.setblocking(False)
         err = sock.connect_ex((host, port))
         if err == errno.EINPROGRESS:  # a local peer has answered by now
-            if not select.select([], [sock], [], 0)[1]:
+            if not writable(sock.fileno(), 0):
                 sock.close()
                 return None
             err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)

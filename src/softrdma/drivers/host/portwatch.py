@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import select
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from ... import enums as e
+from ..runtime.fdwait import Readable
 from . import netdev as _netdev
 from .ifwatch import ChangeWatch
 
@@ -88,9 +88,10 @@ class PortWatch:
         watch = self._watch
         if watch is None:
             return not self._stop.wait(self.interval)
+        both = Readable([watch.fileno(), self._wake_r])
         while not self._stop.is_set():
             try:
-                ready, _, _ = select.select([watch.fileno(), self._wake_r], [], [])
+                ready = both.wait(None)
             except (OSError, ValueError):  # closed under us by stop()
                 return False
             if self._wake_r in ready:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import enum
 import os
-import select
 import threading
 import time
 from collections import deque
@@ -34,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ...errors import ClosedError, DeviceError, InvalidArgument
 from ..links.link import VirtualClock
+from .fdwait import Readable
 
 if TYPE_CHECKING:
     from ..links.link import Link
@@ -189,10 +189,11 @@ class SelectWaiter:
         self.fd = fd
         self.pipe = pipe
         self._rlist = [fd] if pipe is None else [fd, pipe.r]
+        self._ready = Readable(self._rlist)
 
     def wait(self, timeout: float) -> bool:
         try:
-            ready, _, _ = select.select(self._rlist, [], [], timeout)
+            ready = self._ready.wait(timeout)
         except (OSError, ValueError):  # descriptor closed under us: shutting down
             return False
         pipe = self.pipe
@@ -257,12 +258,14 @@ class PollPacer:
     """
 
     __slots__ = ("fd", "spin", "since", "cpu0", "calm_until", "sleeps", "contended",
-                 "clock", "cpu_clock", "lost", "lost_until", "shared_until", "shared")
+                 "clock", "cpu_clock", "lost", "lost_until", "shared_until", "shared",
+                 "_ready")
 
     def __init__(self, fd: int | None, spin: float = SPIN, *,
                  clock: Callable[[], float] = time.monotonic,
                  cpu_clock: Callable[[], float] = time.thread_time) -> None:
         self.fd = fd
+        self._ready = None if fd is None else Readable([fd])
         self.spin = spin
         self.clock = clock  # wall time (s)
         self.cpu_clock = cpu_clock  # the polling thread's CPU time (s)
@@ -332,7 +335,7 @@ class PollPacer:
         self.cpu0 = -1.0  # this streak sleeps from now on (its wall time is no CPU loss)
         self.sleeps += 1
         try:
-            return bool(select.select([fd], [], [], wait)[0])
+            return bool(self._ready.wait(wait)) if self._ready is not None else False
         except (OSError, ValueError):  # descriptor closed under us: the next call says so
             return False
 

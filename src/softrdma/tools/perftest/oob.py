@@ -29,7 +29,6 @@ This module holds the codecs and the channels (:class:`TcpChannel`; the rdma_cm 
 from __future__ import annotations
 
 import contextlib
-import select
 import socket
 import struct
 import time
@@ -37,6 +36,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
+from ...drivers.runtime.fdwait import readable
 from ...errors import DecodeError
 from .. import oobtcp
 from .options import PerftestError
@@ -304,8 +304,8 @@ class TcpChannel:
         """True once the peer closed (or reset) the exchange connection: it failed or
         stopped. Reads nothing (a peek that does not wait)."""
         try:
-            # (a socket with a timeout waits for data before any recv: ask select first)
-            if not select.select([self.sock], [], [], 0)[0]:
+            # (a socket with a timeout waits for data before any recv: ask first)
+            if not readable([self.sock.fileno()], 0):
                 return False
             return self.sock.recv(1, socket.MSG_PEEK) == b""
         except (BlockingIOError, InterruptedError, TimeoutError):
@@ -317,7 +317,7 @@ class TcpChannel:
         """Has the peer written to the exchange connection (it finished its part of the
         run, or left)? Reads nothing."""
         try:
-            return bool(select.select([self.sock], [], [], 0)[0])
+            return bool(readable([self.sock.fileno()], 0))
         except (OSError, ValueError):
             return True
 
