@@ -130,7 +130,10 @@ def test_portwatch_is_told_by_rtnetlink_and_never_polls(tmp_path: Path) -> None:
             time.sleep(1.0)
             w.stdin.write("\n")
             w.stdin.flush()
-            assert lines.wait_for(r"^samples ").string.strip() == "samples 1", errs.join()
+            # a poll every 0.2 s samples 5 more times; rtnetlink may still deliver one late
+            # notification of the set-up (linkwatch sends carrier changes up to 1 s late)
+            samples = int(lines.wait_for(r"^samples ").string.split()[1])
+            assert samples <= 2, (samples, errs.join())
             sh("ip", "link", "set", "d0", "down")
             lines.wait_for(rf"^event {int(e.IBV_EVENT_PORT_ERR)}$")
             sh("ip", "link", "set", "d0", "up")
