@@ -15,14 +15,13 @@ Where rtnetlink is unavailable it samples every ``interval`` seconds instead.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from ... import enums as e
 from ..runtime.fdwait import Readable
+from ..runtime.progress import WakePipe
 from . import netdev as _netdev
 from .ifwatch import ChangeWatch
 
@@ -68,7 +67,9 @@ class PortWatch:
             self._watch: ChangeWatch | None = ChangeWatch()
         except OSError:
             self._watch = None
-        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self._wake = WakePipe()
+        self._ready = None if self._watch is None else Readable([self._watch.fileno(),
+                                                                  self._wake.r])
         self._sample()
         self._thread = threading.Thread(target=self._run, name=f"portwatch-{name}",
                                         daemon=True)
@@ -85,16 +86,14 @@ class PortWatch:
 
     def _wait(self) -> bool:
         """Until something changed (True) or :meth:`stop` (False)."""
-        watch = self._watch
-        if watch is None:
+        watch, ready = self._watch, self._ready
+        if watch is None or ready is None:
             return not self._stop.wait(self.interval)
-        both = Readable([watch.fileno(), self._wake_r])
         while not self._stop.is_set():
             try:
-                ready = both.wait(None)
-            except (OSError, ValueError):  # closed under us by stop()
-                return False
-            if self._wake_r in ready:
+                if self._wake.r in ready.wait(None):
+                    return False
+            except (OSError, ValueError):  # closed under us
                 return False
             if watch.changed():
                 return True
@@ -108,14 +107,13 @@ class PortWatch:
         finally:
             if self._watch is not None:
                 self._watch.close()
-            os.close(self._wake_r)
 
     def stop(self) -> None:
         if self._stop.is_set():
             return
         self._stop.set()
-        with contextlib.suppress(OSError):
-            os.write(self._wake_w, b"x")
-        os.close(self._wake_w)
+        self._wake.wake()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=2)
+        if not self._thread.is_alive():  # its wait is over: the pipe is no one's
+            self._wake.close()
