@@ -312,8 +312,8 @@ class PollPacer:
         """An empty poll (outside the engine lock): spin on, or sleep until input,
         ``deadline_in`` seconds (the engine's next timer; None: none) or BLOCK_MAX.
         True if it slept and input ended the sleep (the caller reads it at once)."""
-        fd = self.fd
-        if fd is None:
+        ready = self._ready
+        if ready is None:
             return False
         now = self.clock()
         since = self.since
@@ -335,7 +335,7 @@ class PollPacer:
         self.cpu0 = -1.0  # this streak sleeps from now on (its wall time is no CPU loss)
         self.sleeps += 1
         try:
-            return bool(self._ready.wait(wait)) if self._ready is not None else False
+            return bool(ready.wait(wait))
         except (OSError, ValueError):  # descriptor closed under us: the next call says so
             return False
 
