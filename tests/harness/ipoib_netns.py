@@ -28,8 +28,8 @@ from pathlib import Path
 
 from harness.netns import DEVICE, IFNAME, PREFIX, Host, sweep_stale
 
-__all__ = ["veth_pair", "ipoib_up", "IFACE", "start", "Started", "STARTED", "report",
-           "forget_torn_down"]
+__all__ = ["veth_pair", "ipoib_up", "wait_up", "IFACE", "start", "Started", "STARTED",
+           "report", "forget_torn_down"]
 
 IFACE = "sr-ib0"
 TAIL = 40  # lines of an `ipoib up`'s output that :func:`report` shows
@@ -146,12 +146,19 @@ def ipoib_up(h: Host, *extra: str, addresses: Sequence[str] | None = None,
                                                              f"fd88::{h.index}/64"]
     p = start(h, [sys.executable, "-m", "softrdma", "ipoib", "up", IFACE, "--device", DEVICE,
                   *addrs, *extra])
+    wait_up(h, p, IFACE, timeout)
+    return p
+
+
+def wait_up(h: Host, p: subprocess.Popen[str], iface: str, timeout: float) -> None:
+    """Until the ``ipoib up`` :func:`start` started as ``p`` answers ``show`` for ``iface``
+    (AssertionError with its :meth:`Started.describe` if it exits or ``timeout`` passes)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if p.poll() is not None:
             raise AssertionError(started(p).describe())
-        if h.softrdma("ipoib", "show", IFACE, "--json", check=False).returncode == 0:
-            return p
+        if h.softrdma("ipoib", "show", iface, "--json", check=False).returncode == 0:
+            return
         time.sleep(0.2)
     raise AssertionError(f"ipoib up did not answer show within {timeout:g} s: "
                          + started(p).describe())

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness.ipoib_netns import start, started
+from harness.ipoib_netns import start, started, wait_up
 from harness.netns import Host, Network, skip_reason
 
 pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
@@ -59,12 +59,7 @@ def test_ipoib_up_waits_for_dad(host: Host) -> None:
     assert _tentative(host)  # what `ipoib up` meets right after the interface came up
     p = _up(host)
     try:
-        deadline = time.monotonic() + 60
-        while host.softrdma("ipoib", "show", TUN, "--json", check=False).returncode != 0:
-            if p.poll() is not None:
-                raise AssertionError(started(p).describe())
-            assert time.monotonic() < deadline, "ipoib up did not come up"
-            time.sleep(0.2)
+        wait_up(host, p, TUN, 60)
         shown = json.loads(host.softrdma("ipoib", "show", TUN, "--json").stdout)
         host.softrdma("ipoib", "down", TUN)
         p.wait(timeout=30)
