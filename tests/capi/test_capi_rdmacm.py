@@ -190,6 +190,19 @@ def test_channel_fd_errors_and_unserved_calls(device: str, tmp_path: Path) -> No
     assert p.stdout.splitlines() == [f"device {device}", "ok"], p.stdout
 
 
+def test_destroy_id_waits_for_events_held_elsewhere(device: str, tmp_path: Path) -> None:
+    """tests/capi/cm_destroy_wait.c: rdma_destroy_id returns only once another thread has
+    acknowledged the event it holds about the id, whose context it still reads (rping's
+    CM thread at DISCONNECTED while its main thread destroys the id); an event held by the
+    destroying thread itself does not block it (its ack ends the id); an event not taken
+    yet is dropped."""
+    exe = compile_c(tmp_path, "cm_destroy_wait", "-lrdmacm", "-lpthread")
+    p = subprocess.run(preloaded(str(exe)), capture_output=True, text=True, timeout=TIMEOUT,
+                       check=False)
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    assert p.stdout.splitlines() == ["ok"], p.stdout
+
+
 def _mckey_pair(group: str, receiver: list[str], sender: list[str]
                 ) -> tuple[subprocess.CompletedProcess[str], tuple[str, str]]:
     """A receiver joined to ``group`` and a sender to it: the sender (which waits 3 s

@@ -23,6 +23,7 @@
 #include <sys/socket.h>
 
 struct sr_cm_channel { struct rdma_event_channel ch; int h; _Atomic int dead; };
+struct sr_cm_event;
 struct sr_cm_id {
     struct rdma_cm_id id;
     int h;
@@ -31,13 +32,69 @@ struct sr_cm_id {
     struct ibv_qp_init_attr *listen_attr;  /* rdma_create_ep on a passive id */
     struct ibv_pd *listen_pd;
     void *mc_context;  /* rdma_join_multicast's context: MULTICAST_JOIN's ud.private_data */
+    struct sr_cm_event *held;  /* events returned about this id and not acknowledged yet */
+    int orphan;  /* rdma_destroy_id returned while the caller held events: the last ack frees it */
 };
-struct sr_cm_event { struct rdma_cm_event ev; uint8_t data[256]; };
+struct sr_cm_event {
+    struct rdma_cm_event ev;
+    uint8_t data[256];
+    struct sr_cm_id *owner;    /* the id it counts against (a CONNECT_REQUEST's: the listener) */
+    pthread_t thread;          /* the thread rdma_get_cm_event returned it to */
+    struct sr_cm_event *next, *prev;
+};
 
 #define SR_CHAN(c) ((struct sr_cm_channel *)(c))
 #define SR_CMID(i) ((struct sr_cm_id *)(i))
 
 static pthread_mutex_t g_cm_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* ---- events held by the program ----
+ * librdmacm's rdma_destroy_id (and rdma_migrate_id) blocks until every event already
+ * returned about the id is acknowledged (its events_completed against the kernel's
+ * events_reported): a program may destroy an id in one thread while its CM thread still
+ * handles an event about it, and that handler reads event->id->context (rping at
+ * DISCONNECTED). Here each returned event is linked to its id under g_cm_ev_lock, which
+ * also covers taking an event from Python and rdma_destroy_id's teardown, so no event about
+ * an id is returned once its destroy has begun. The wait skips events held by the calling
+ * thread itself: it could never acknowledge them while it waits (librdmacm hangs for ever
+ * there); such an id is freed by its last rdma_ack_cm_event instead. */
+static pthread_mutex_t g_cm_ev_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_cm_ev_cond = PTHREAD_COND_INITIALIZER;
+
+static void sr_cm_hold(struct sr_cm_event *e, struct sr_cm_id *owner)
+{
+    e->owner = owner;
+    e->thread = pthread_self();
+    e->prev = NULL;
+    e->next = owner->held;
+    if (owner->held)
+        owner->held->prev = e;
+    owner->held = e;
+}
+
+/* under g_cm_ev_lock: an event about c held by a thread other than the caller */
+static int sr_cm_held_elsewhere(const struct sr_cm_id *c)
+{
+    const struct sr_cm_event *e;
+
+    for (e = c->held; e; e = e->next)
+        if (!pthread_equal(e->thread, pthread_self()))
+            return 1;
+    return 0;
+}
+
+/* under g_cm_ev_lock: wait until no other thread holds an event about c */
+static void sr_cm_wait_acked(const struct sr_cm_id *c)
+{
+    while (sr_cm_held_elsewhere(c))
+        pthread_cond_wait(&g_cm_ev_cond, &g_cm_ev_lock);
+}
+
+static void sr_cm_free_id(struct sr_cm_id *c)
+{
+    free(c->listen_attr);
+    free(c);
+}
 
 /* ---- live ids ----
  * Every id this library made, until rdma_destroy_id. An rdma_* call given any other pointer
@@ -341,31 +398,62 @@ int rdma_create_id(struct rdma_event_channel *channel, struct rdma_cm_id **id, v
 
 int rdma_ack_cm_event(struct rdma_cm_event *event)
 {
+    struct sr_cm_event *e = (struct sr_cm_event *)event;  /* ev is its first member */
+    struct sr_cm_id *gone = NULL;
+
     if (!event) {
         errno = EINVAL;
         return -1;
     }
-    free(event);
+    pthread_mutex_lock(&g_cm_ev_lock);
+    if (e->owner) {
+        if (e->prev)
+            e->prev->next = e->next;
+        else
+            e->owner->held = e->next;
+        if (e->next)
+            e->next->prev = e->prev;
+        if (e->owner->orphan && !e->owner->held)
+            gone = e->owner;
+        pthread_cond_broadcast(&g_cm_ev_cond);
+    }
+    pthread_mutex_unlock(&g_cm_ev_lock);
+    free(e);
+    if (gone)
+        sr_cm_free_id(gone);
     return 0;
 }
 
 int rdma_destroy_id(struct rdma_cm_id *id)
 {
     struct sr_cm_id *c = SR_CMID(id);
-    int ret;
+    int ret, free_now;
 
-    if (!sr_cm_live(id))
+    pthread_mutex_lock(&g_cm_ev_lock);
+    if (!sr_cm_live(id)) {
+        pthread_mutex_unlock(&g_cm_ev_lock);
         return -1;
-    ret = sr_py_cm_destroy_id(c->h);
-    if (ret)
+    }
+    ret = sr_py_cm_destroy_id(c->h);  /* drops its queued events: none is returned after */
+    if (ret) {
+        pthread_mutex_unlock(&g_cm_ev_lock);
         return sr_cm_ret(ret);
+    }
     sr_cm_live_del(id);
-    if (id->event)
+    pthread_mutex_unlock(&g_cm_ev_lock);
+    if (id->event) {
         rdma_ack_cm_event(id->event);
+        id->event = NULL;
+    }
     if (c->sync)
         rdma_destroy_event_channel(id->channel);
-    free(c->listen_attr);
-    free(c);
+    pthread_mutex_lock(&g_cm_ev_lock);
+    sr_cm_wait_acked(c);
+    free_now = !c->held;  /* else the calling thread holds some: its last ack frees c */
+    c->orphan = !free_now;
+    pthread_mutex_unlock(&g_cm_ev_lock);
+    if (free_now)
+        sr_cm_free_id(c);
     return 0;
 }
 
@@ -482,7 +570,11 @@ int rdma_migrate_id(struct rdma_cm_id *id, struct rdma_event_channel *channel)
         return -1;
     if (sync && !(channel = rdma_create_event_channel()))
         return -1;
+    pthread_mutex_lock(&g_cm_ev_lock);
     ret = sr_py_cm_migrate(c->h, SR_CHAN(channel)->h);
+    if (!ret)
+        sr_cm_wait_acked(c);  /* librdmacm: the events returned on the old channel */
+    pthread_mutex_unlock(&g_cm_ev_lock);
     if (ret) {
         if (sync)
             rdma_destroy_event_channel(channel);
@@ -744,36 +836,46 @@ int rdma_get_cm_event(struct rdma_event_channel *channel, struct rdma_cm_event *
         errno = EINVAL;
         return -1;
     }
-    for (;;) {
-        if (atomic_load(&SR_CHAN(channel)->dead))
-            sr_cm_wait_dead();
-        memset(&rec, 0, sizeof(rec));
-        r = sr_py_cm_get_event(SR_CHAN(channel)->h, &rec);
-        if (r > 0)
-            break;
-        if (atomic_load(&SR_CHAN(channel)->dead))
-            sr_cm_wait_dead();
-        if (r < 0) {
-            errno = -r;
-            return -1;
-        }
-        if (sr_wait_fd(channel->fd) && !atomic_load(&SR_CHAN(channel)->dead))
-            return -1;
-    }
-    e = calloc(1, sizeof(*e));
+    e = calloc(1, sizeof(*e));  /* before an event is taken: none is lost to ENOMEM */
     if (!e) {
         errno = ENOMEM;
         return -1;
     }
     ev = &e->ev;
-    ev->event = (enum rdma_cm_event_type)rec.event;
-    ev->status = rec.status;
-    ev->listen_id = rec.listen_id_wrapper ? &((struct sr_cm_id *)rec.listen_id_wrapper)->id : NULL;
-    ev->id = sr_cm_event_id(&rec);
+    for (;;) {
+        if (atomic_load(&SR_CHAN(channel)->dead))
+            sr_cm_wait_dead();
+        memset(&rec, 0, sizeof(rec));
+        pthread_mutex_lock(&g_cm_ev_lock);
+        r = sr_py_cm_get_event(SR_CHAN(channel)->h, &rec);
+        if (r > 0) {
+            ev->id = sr_cm_event_id(&rec);
+            if (ev->id)  /* held before the lock is let go: a destroy now waits for its ack */
+                sr_cm_hold(e, rec.listen_id_wrapper ? (struct sr_cm_id *)rec.listen_id_wrapper
+                                                    : SR_CMID(ev->id));
+        }
+        pthread_mutex_unlock(&g_cm_ev_lock);
+        if (r > 0)
+            break;
+        if (atomic_load(&SR_CHAN(channel)->dead))
+            sr_cm_wait_dead();
+        if (r < 0) {
+            free(e);
+            errno = -r;
+            return -1;
+        }
+        if (sr_wait_fd(channel->fd) && !atomic_load(&SR_CHAN(channel)->dead)) {
+            free(e);
+            return -1;
+        }
+    }
     if (!ev->id) {
         free(e);
         return -1;
     }
+    ev->event = (enum rdma_cm_event_type)rec.event;
+    ev->status = rec.status;
+    ev->listen_id = rec.listen_id_wrapper ? &((struct sr_cm_id *)rec.listen_id_wrapper)->id : NULL;
     sr_cm_refresh(SR_CMID(ev->id));
     if (rec.private_data_len > sizeof(e->data))
         rec.private_data_len = sizeof(e->data);
