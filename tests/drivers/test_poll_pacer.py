@@ -4,8 +4,8 @@ then sleeps in the kernel until its link has input (:class:`PollPacer`).
 Beside a busy process, two spinning ping-pong peers and the busy loop are three runnable
 tasks on two cores: the scheduler time-slices them and each answer waits for its reader's
 next slice (ms, against a ~40 us round trip). A poller that sleeps is woken when its
-datagram arrives. A spin that lost the CPU marks the machine contended: polls then sleep
-at once for a while.
+datagram arrives. Two spins that lost the CPU close together mark the machine contended:
+polls then sleep at once for a while.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def test_spins_then_sleeps_until_input(pair: tuple[socket.socket, socket.socket]
     assert p.idle(None) is False and p.sleeps == 3
 
 
-def test_a_spin_that_lost_the_cpu_makes_polls_sleep_at_once(
+def test_spins_that_lost_the_cpu_make_polls_sleep_at_once(
         pair: tuple[socket.socket, socket.socket]) -> None:
     a, b = pair
     c = _Clocks()
@@ -78,9 +78,13 @@ def test_a_spin_that_lost_the_cpu_makes_polls_sleep_at_once(
     assert p.idle(None) is False
     c.run(50e-6)
     assert p.idle(None) is False  # spinning on the CPU
-    c.run(2 * pg.PREEMPTED, on_cpu=False)  # descheduled while spinning: contended
+    c.run(2 * pg.PREEMPTED, on_cpu=False)  # descheduled while spinning: once, spin on
+    assert p.idle(None) is False and p.contended == 1 and p.sleeps == 0
+    p.busy()
+    assert p.idle(None) is False
+    c.run(2 * pg.PREEMPTED, on_cpu=False)  # again within LOST_GAP: contended
     b.send(b"x")
-    assert p.idle(None) is True and p.contended == 1 and p.sleeps == 1
+    assert p.idle(None) is True and p.contended == 2 and p.sleeps == 1
     a.recv(1)
     p.busy()
     b.send(b"y")
@@ -89,6 +93,26 @@ def test_a_spin_that_lost_the_cpu_makes_polls_sleep_at_once(
     c.run(pg.CALM + 0.1)  # later, spinning is tried again
     p.busy()
     assert p.idle(None) is False and p.sleeps == 2
+
+
+def test_a_lone_lost_spin_keeps_spinning(pair: tuple[socket.socket, socket.socket]) -> None:
+    """One spin that lost the CPU (a hypervisor taking the vCPU for a moment) does not
+    make the polls sleep; neither does another more than LOST_GAP later. The spin's
+    measure restarts after a loss: the same loss is not counted twice."""
+    a, _ = pair
+    c = _Clocks()
+    p = _pacer(a.fileno(), c, spin=0.01)
+    assert p.idle(None) is False
+    c.run(3 * pg.PREEMPTED, on_cpu=False)
+    assert p.idle(None) is False and p.contended == 1 and not p.calm_now()
+    c.run(50e-6)
+    assert p.idle(None) is False and p.contended == 1  # the same loss is not seen again
+    c.run(pg.LOST_GAP + 0.01)  # on the CPU, so no loss; the streak's spin time is over
+    p.busy()
+    assert p.idle(None) is False
+    c.run(3 * pg.PREEMPTED, on_cpu=False)  # a second loss, long after the first
+    assert p.idle(None) is False and p.contended == 2 and not p.calm_now()
+    assert p.sleeps == 0
 
 
 def test_slow_request_sends_in_a_row_mark_a_shared_core(

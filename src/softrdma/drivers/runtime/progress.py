@@ -60,7 +60,11 @@ def _spin_from_env(default_us: float = 200.0) -> float:
 
 SPIN = _spin_from_env()
 BLOCK_MAX = 0.002  # the longest one such sleep (s): below POLL_GRACE, so the thread stays back
-PREEMPTED = 0.0002  # a spin that lost the CPU this long (s) shows the machine is contended
+PREEMPTED = 0.0002  # a spin that lost the CPU this long (s) lost it to another task
+#: two such spins this close together (s) show the machine contended: one alone may be the
+#: hypervisor taking our vCPU for a moment (seen on an idle 2-vCPU guest), which a calm
+#: period would turn into half a second of sleeping polls and cross-core wake-ups
+LOST_GAP = 0.25
 CALM = 0.5  # then polls sleep at once for this long (s) before spinning is tried again
 #: a request's send (``sendmsg``) that took this long (s) lost the CPU meanwhile: on
 #: loopback the send wakes the peer, and a peer that shares our core runs first
@@ -244,8 +248,11 @@ class PollPacer:
     (milliseconds, where the round trip is tens of microseconds). A sleeper is woken
     when its datagram arrives and finds the core its peer just left. So a spin that
     lost the CPU (the thread's CPU time fell :data:`PREEMPTED` behind the wall clock)
-    marks the machine contended, and for :data:`CALM` seconds every empty poll sleeps
-    at once; then spinning is tried again. A poll that got something ends the streak
+    within :data:`LOST_GAP` of another that did marks the machine contended, and for
+    :data:`CALM` seconds every empty poll sleeps at once; then spinning is tried again.
+    A lone lost spin only restarts the spin's measure: on a virtual machine the
+    hypervisor takes an idle-looking vCPU for a moment now and then, and half a second
+    of sleeping polls made each round trip pay a cross-core wake-up (50-180 us here). A poll that got something ends the streak
     (:meth:`busy`).
 
     A spinner that shares its core with the peer is not seen that way: the peer, woken
@@ -259,7 +266,7 @@ class PollPacer:
 
     __slots__ = ("fd", "spin", "since", "cpu0", "calm_until", "sleeps", "contended",
                  "clock", "cpu_clock", "lost", "lost_until", "shared_until", "shared",
-                 "_ready")
+                 "lost_at", "_ready")
 
     def __init__(self, fd: int | None, spin: float = SPIN, *,
                  clock: Callable[[], float] = time.monotonic,
@@ -274,6 +281,7 @@ class PollPacer:
         self.calm_until = 0.0  # empty polls sleep at once until then (monotonic)
         self.sleeps = 0  # how many times a poll slept (tests, diagnostics)
         self.contended = 0  # how many times a spin found it had lost the CPU
+        self.lost_at = -LOST_GAP  # when a spin last lost the CPU (clock)
         self.lost = 0  # slow sends in the current run (each within SHARED_GAP of the last)
         self.lost_until = 0.0  # when that run ends without another slow send
         self.shared_until = 0.0  # coalesced ACKs may be held until then (monotonic)
@@ -324,9 +332,14 @@ class PollPacer:
                 return False
         elif self.cpu0 >= 0.0 and now >= self.calm_until:  # spinning so far
             spent = now - since
-            if spent - (self.cpu_clock() - self.cpu0) >= PREEMPTED:
-                self.contended += 1  # the spin lost the CPU: the machine is contended
-                self.calm_until = now + CALM
+            cpu = self.cpu_clock()
+            if spent - (cpu - self.cpu0) >= PREEMPTED:
+                self.contended += 1  # the spin lost the CPU
+                last, self.lost_at = self.lost_at, now
+                if now - last > LOST_GAP:  # once: spin on, measured afresh from here
+                    self.since, self.cpu0 = now, cpu
+                    return False
+                self.calm_until = now + CALM  # again soon: the machine is contended
             elif spent < self.spin:
                 return False  # spinning, and we keep the CPU
         wait = BLOCK_MAX if deadline_in is None else min(BLOCK_MAX, deadline_in)
