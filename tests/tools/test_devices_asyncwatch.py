@@ -102,7 +102,7 @@ _WATCHER = """
 import sys
 sys.path.insert(0, sys.argv[1])
 from softrdma.drivers.host.portwatch import PortWatch
-pw = PortWatch("d0", lambda ev: print("event", ev, flush=True))
+pw = PortWatch("d0", lambda ev: print("event", ev, flush=True), interval=0.01)
 print("ready", pw.samples, flush=True)
 for _ in sys.stdin:
     print("samples", pw.samples, flush=True)
@@ -126,12 +126,13 @@ def test_portwatch_is_told_by_rtnetlink_and_never_polls(tmp_path: Path) -> None:
             assert w.stdin is not None and w.stdout is not None and w.stderr is not None
             lines, errs = StreamLines(w.stdout), StreamLines(w.stderr)
             assert lines.wait_for(r"^ready ").string.strip() == "ready 1"
-            # the observation window (the one sleep allowed): a 0.2 s poll samples 5 times
-            time.sleep(1.0)
+            # the observation window (the one sleep allowed): a poll every ``interval``
+            # (0.01 s) would sample about 20 times in it
+            time.sleep(0.2)
             w.stdin.write("\n")
             w.stdin.flush()
-            # a poll every 0.2 s samples 5 more times; rtnetlink may still deliver one late
-            # notification of the set-up (linkwatch sends carrier changes up to 1 s late)
+            # rtnetlink may still deliver one late notification of the set-up (linkwatch
+            # sends carrier changes up to 1 s late)
             samples = int(lines.wait_for(r"^samples ").string.split()[1])
             assert samples <= 2, (samples, errs.join())
             sh("ip", "link", "set", "d0", "down")

@@ -252,8 +252,8 @@ class PollPacer:
     :data:`CALM` seconds every empty poll sleeps at once; then spinning is tried again.
     A lone lost spin only restarts the spin's measure: on a virtual machine the
     hypervisor takes an idle-looking vCPU for a moment now and then, and half a second
-    of sleeping polls made each round trip pay a cross-core wake-up (50-180 us here). A poll that got something ends the streak
-    (:meth:`busy`).
+    of sleeping polls made each round trip pay a cross-core wake-up (50-180 us here). A
+    poll that got something ends the streak (:meth:`busy`).
 
     A spinner that shares its core with the peer is not seen that way: the peer, woken
     by our request, preempts us at once and gives the core back when it waits, so no
