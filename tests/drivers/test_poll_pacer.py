@@ -13,13 +13,15 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
+from softrdma import enums as e
 from softrdma import verbs as v
 from softrdma.drivers.links.udp import UdpLink
 from softrdma.drivers.runtime import progress as pg
+from softrdma.seam.types import WorkCompletion
 
 
 class _Clocks:
@@ -200,5 +202,77 @@ def test_a_sleeping_poller_is_woken_by_its_datagram() -> None:
             cq.poll(1)
         t.join()
         assert sent.is_set() and link.stats.received == 1
+    finally:
+        ctx.close()
+
+
+def _paced_cq(c: _Clocks) -> tuple[v.Context, v.CQ, pg.PollPacer]:
+    """A busy-polled CQ on a UDP device whose pacer runs on the test's clocks."""
+    ctx = v.Context(link=UdpLink("127.0.0.1", 0))
+    rt = ctx.runtime
+    pacer = _pacer(rt._pacer.fd, c)  # type: ignore[attr-defined]
+    rt._pacer = pacer  # type: ignore[attr-defined]
+    return ctx, v.CQ(ctx, 16), pacer
+
+
+def _polls_until_sleep(poll: Callable[[], object], pacer: pg.PollPacer) -> bool:
+    """Empty polls until one sleeps (a poll may find the progress thread in the engine
+    lock and return without pacing): True if one did within 10 s."""
+    end = time.monotonic() + 10.0
+    while pacer.sleeps == 0 and time.monotonic() < end:
+        poll()
+    return pacer.sleeps > 0
+
+
+def test_completions_taken_outside_a_step_begin_a_new_streak() -> None:
+    """The progress thread stored a completion and the application's poll took it from
+    the queue, without a busy-poll step that received it: the next empty poll spins
+    afresh. Before, the streak the last step began went on (it never saw its answer
+    arrive), outlasted the spin, and every later empty poll slept: each round trip of a
+    C program (whose ring the progress thread fills now and then) paid a wake-up."""
+    c = _Clocks()
+    ctx, cq, pacer = _paced_cq(c)
+    try:
+        assert cq.poll(1)[0] == 0  # a streak begins (it spins)
+        c.run(300e-6)  # on the CPU, past the 200 us spin
+        cq.push(WorkCompletion(7, 0, int(e.IBV_WC_RECV), 0x11))  # as the progress thread
+        n, wcs = cq.poll(1)
+        assert n == 1 and wcs[0].wr_id == 7
+        for _ in range(20):
+            assert cq.poll(1)[0] == 0
+        assert pacer.sleeps == 0, "the streak went on after a completion was taken"
+        # the new streak is paced as any other: past its spin, a poll sleeps
+        c.run(300e-6)
+        assert _polls_until_sleep(lambda: cq.poll(1), pacer)
+    finally:
+        ctx.close()
+
+
+def test_a_c_programs_receive_step_after_taking_from_its_ring_spins_afresh(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """softrdma.capi: ibv_poll_cq took completions from the C ring since the thread's last
+    receive step (sr_py_progress's ``taken``): that step begins a new idle streak; without
+    it the old streak goes on and the step sleeps."""
+    from softrdma.capi import bridge
+    from softrdma.capi import handles as hd
+
+    c = _Clocks()
+    ctx = v.Context(link=UdpLink("127.0.0.1", 0))
+    try:
+        rt = ctx.runtime
+        pacer = _pacer(rt._pacer.fd, c)  # type: ignore[attr-defined]
+        rt._pacer = pacer  # type: ignore[attr-defined]
+        cq = bridge.RingCQ(ctx, 16, None, 0, None)  # no ring: nothing is stored
+        h = hd._add(cq)
+        try:
+            assert bridge._progress(h, 0) == 0  # a streak begins
+            c.run(300e-6)
+            for _ in range(20):
+                bridge._progress(h, 1)  # completions were taken before each step
+            assert pacer.sleeps == 0
+            c.run(300e-6)  # nothing taken: the streak outlasts its spin and sleeps
+            assert _polls_until_sleep(lambda: bridge._progress(h, 0), pacer)
+        finally:
+            hd._forget(h)
     finally:
         ctx.close()

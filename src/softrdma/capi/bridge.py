@@ -302,7 +302,7 @@ def _req_notify_cq(h: int, solicited_only: int) -> int:
     return 0
 
 
-def _progress(h: int) -> int:
+def _progress(h: int, taken: int) -> int:
     """One receive step for a program whose ``ibv_poll_cq`` found the CQ ``h`` empty for a
     while: ``CQ.poll`` (an empty one runs the device's busy poll, which spins, then sleeps
     on the socket until input, the next timer or 2 ms), so the answer is completed into
@@ -312,8 +312,15 @@ def _progress(h: int) -> int:
     leave with the program's next post (right after its request, so the peer takes both
     at one wake-up), at its next empty poll or from the progress thread, and at the
     program's exit (:func:`_at_exit`: a C program may exit right after its last
-    completion, without a Python shutdown)."""
+    completion, without a Python shutdown).
+
+    ``taken``: the program took completions from the ring since this thread's last step
+    (ones the progress thread stored): the busy poll's idle streak begins anew
+    (:meth:`CQ.taken`), or a streak that never saw its answer arrive would outlast its
+    spin and every step after it would sleep."""
     cq = _get(h, RingCQ)
+    if taken:
+        cq.taken()
     cq.poll(1)  # a RingCQ's own queue stays empty: its store is the ring
     _stepped.add(cq.ctx)
     return 0

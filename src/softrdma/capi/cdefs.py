@@ -127,7 +127,7 @@ int sr_py_get_cq_event(int channel, void **cq);  /* *cq: the CQ's wrapper */
 int sr_py_create_cq(int ctx, int cqe, int channel, int comp_vector, void *ring,
                     void *wrapper);
 int sr_py_req_notify_cq(int cq, int solicited_only);
-int sr_py_progress(int cq);
+int sr_py_progress(int cq, int taken);
 int sr_py_at_exit(void);
 int sr_py_create_srq(int pd, struct sr_srq_attr *attr, void *wrapper);
 int sr_py_modify_srq(int srq, struct sr_srq_attr *attr, int mask);

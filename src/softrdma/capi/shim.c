@@ -198,6 +198,7 @@ static unsigned int sr_spin = 256;
 static long sr_wait_ns = 200000;
 static int sr_inline = 1;
 static __thread unsigned int sr_empty_run;
+static __thread int sr_taken;        /* completions taken since this thread's last step */
 static atomic_int sr_stepped;          /* a receive step ran (sr_at_exit) */
 
 static long long sr_now_ns(void)
@@ -323,7 +324,8 @@ static int sr_ring_empty(struct sr_ring *r, int h)
             /* receive here (Python's busy poll: it paces itself, see above); the ACKs
              * of what it received stay pending (sr_at_exit) */
             atomic_store_explicit(&sr_stepped, 1, memory_order_relaxed);
-            sr_py_progress(h);
+            sr_py_progress(h, sr_taken);  /* taken: the pacer's idle streak begins anew */
+            sr_taken = 0;
         } else if (sr_holds_gil()) {
             /* a Python host's thread: the progress thread needs the GIL to
              * produce the completion that ends the sleep */
@@ -361,6 +363,7 @@ static int sr_poll_cq(struct ibv_cq *ibcq, int num_entries, struct ibv_wc *wc)
         && !sr_ring_empty(r, SR_H(sr_cq, ibcq)))
         return 0;
     sr_empty_run = 0;
+    sr_taken = 1;
     pthread_spin_lock(&r->consumer);
     head = atomic_load_explicit(&r->head, memory_order_relaxed);
     tail = atomic_load_explicit(&r->tail, memory_order_acquire);
@@ -2208,6 +2211,7 @@ static int sr_cqx_start(struct ibv_cq_ex *cqx, struct ibv_poll_cq_attr *attr)
         && !sr_ring_empty(r, c->h))
         return ENOENT;
     sr_empty_run = 0;
+    sr_taken = 1;
     pthread_spin_lock(&r->consumer);
     if (sr_cqx_load(c)) {
         pthread_spin_unlock(&r->consumer);

@@ -155,6 +155,7 @@ class CQ(VerbsObject):
         self._events_acked = 0
         self._runtime = ctx.runtime
         self._busy_poll = ctx.runtime.threaded
+        self._taken = False  # completions were taken since the last busy-poll step
 
     # ---- engine side -----------------------------------------------------------------------
     def push(self, wc: WorkCompletion) -> None:
@@ -194,20 +195,30 @@ class CQ(VerbsObject):
             self._check()
         q = self._q
         if not q and self._busy_poll:
-            self._runtime.progress_nonblocking(q)
+            # taken: the completions since the last step end the step's idle streak
+            self._runtime.progress_nonblocking(q, self._taken)
+            self._taken = False
         if num_entries == 1:
             if q:
+                self._taken = True
                 return 1, [q.popleft()]
             return 0, []
         if not isinstance(num_entries, int) or num_entries < 0:
             raise InvalidArgument("num_entries", f"must be >= 0, got {num_entries!r}")
         if not q:  # an empty poll (a busy poll's most common answer)
             return 0, []
+        self._taken = True
         out: list[WorkCompletion] = []
         pop = q.popleft
         while q and len(out) < num_entries:
             out.append(pop())
         return len(out), out
+
+    def taken(self) -> None:
+        """The application took completions without :meth:`poll` (softrdma.capi: from
+        the C ring that :meth:`_store` fills): the next empty poll's busy-poll step begins
+        a new idle streak, as after a poll that returned them."""
+        self._taken = True
 
     def req_notify(self, solicited_only: bool = False) -> None:
         """Arm the CQ for one completion event (``ibv_req_notify_cq``)."""

@@ -318,7 +318,7 @@ class Runtime(RoceTx, RoceRx):
             if n:
                 return n
 
-    def progress_nonblocking(self, stop_on: Any = None) -> int:
+    def progress_nonblocking(self, stop_on: Any = None, taken: bool = False) -> int:
         """One progress step if the lock is free (busy-polling ``cq.poll`` calls this).
 
         While an application busy-polls, the progress thread stands back (it stops
@@ -327,9 +327,15 @@ class Runtime(RoceTx, RoceRx):
         short while, then sleeps in the kernel until a datagram or a timer is due
         (:class:`~.progress.PollPacer`): a spinning poller beside a busy process waits
         for its time slice, a sleeping one is woken when its answer arrives.
+
+        ``taken``: the application took completions since its last step (ones the
+        progress thread stored): the idle streak that step began is over, as if the
+        step had received them, so the pacer spins afresh before it sleeps.
         """
         core = self.core
         pacer = self._pacer
+        if taken:
+            pacer.busy()
         port = self.port
         for woken in (False, True):  # after a sleep that input ended, read it at once
             if not core.try_lock():

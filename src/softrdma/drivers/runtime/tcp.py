@@ -324,10 +324,11 @@ class TcpRuntime:
             if n or left <= 0:
                 return n
 
-    def progress_nonblocking(self, stop_on: Any = None) -> int:
+    def progress_nonblocking(self, stop_on: Any = None, taken: bool = False) -> int:
         """One non-blocking step from an application thread that busy-polls a CQ; while
         it does, the progress thread stands back (as the RoCE runtime does), so the two
-        do not fight over the lock and the GIL on the latency path."""
+        do not fight over the lock and the GIL on the latency path. (``taken``: the
+        RoCE runtime's pacing; this step never spins or sleeps.)"""
         if not self.core.try_lock():
             return 0
         try:
