@@ -25,16 +25,21 @@ from softrdma.seam.types import WorkCompletion
 
 
 class _Clocks:
-    """A wall clock and a CPU clock the test moves."""
+    """A wall clock, a CPU clock and a context-switch count the test moves."""
 
     def __init__(self) -> None:
         self.wall = 100.0
         self.cpu = 5.0
+        self.switches = 0
 
-    def run(self, dt: float, on_cpu: bool = True) -> None:
+    def run(self, dt: float, on_cpu: bool = True, switched: bool = True) -> None:
+        """``dt`` seconds pass; off the CPU, the thread was switched out (another task
+        took its core) unless ``switched`` is False (the hypervisor took the vCPU)."""
         self.wall += dt
         if on_cpu:
             self.cpu += dt
+        elif switched:
+            self.switches += 1
 
 
 @pytest.fixture
@@ -48,7 +53,8 @@ def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
 
 
 def _pacer(fd: int, c: _Clocks, spin: float = 200e-6) -> pg.PollPacer:
-    return pg.PollPacer(fd, spin, clock=lambda: c.wall, cpu_clock=lambda: c.cpu)
+    return pg.PollPacer(fd, spin, clock=lambda: c.wall, cpu_clock=lambda: c.cpu,
+                        switches=lambda: c.switches)
 
 
 def test_spins_then_sleeps_until_input(pair: tuple[socket.socket, socket.socket]) -> None:
@@ -115,6 +121,29 @@ def test_a_lone_lost_spin_keeps_spinning(pair: tuple[socket.socket, socket.socke
     c.run(3 * pg.PREEMPTED, on_cpu=False)  # a second loss, long after the first
     assert p.idle(None) is False and p.contended == 2 and not p.calm_now()
     assert p.sleeps == 0
+
+
+def test_a_spin_never_switched_out_lost_its_cpu_to_the_hypervisor(
+        pair: tuple[socket.socket, socket.socket]) -> None:
+    """Spins that lost the CPU while the kernel never switched their thread out (its
+    context switches unchanged): the hypervisor took the vCPU, no task of this machine
+    did, and none would gain by our sleeping. Such losses, even many close together,
+    never make the polls sleep; a loss with a switch still counts."""
+    a, _ = pair
+    c = _Clocks()
+    p = _pacer(a.fileno(), c, spin=0.01)
+    assert p.idle(None) is False
+    for _ in range(5):
+        c.run(3 * pg.PREEMPTED, on_cpu=False, switched=False)
+        assert p.idle(None) is False
+        c.run(20e-6)
+        assert p.idle(None) is False
+    assert p.contended == 0 and not p.calm_now() and p.sleeps == 0
+    c.run(3 * pg.PREEMPTED, on_cpu=False)  # another task took the core: counted
+    assert p.idle(None) is False and p.contended == 1
+    c.run(3 * pg.PREEMPTED, on_cpu=False)  # and again at once: contended (it sleeps)
+    p.idle(None)
+    assert p.calm_now() and p.contended == 2 and p.sleeps == 1
 
 
 def test_slow_request_sends_in_a_row_mark_a_shared_core(

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import enum
 import os
+import resource
 import threading
 import time
 from collections import deque
@@ -66,6 +67,16 @@ PREEMPTED = 0.0002  # a spin that lost the CPU this long (s) lost it to another 
 #: period would turn into half a second of sleeping polls and cross-core wake-ups
 LOST_GAP = 0.25
 CALM = 0.5  # then polls sleep at once for this long (s) before spinning is tried again
+
+
+def thread_switches() -> int:
+    """The calling thread's context switches so far, voluntary and involuntary
+    (``getrusage(RUSAGE_THREAD)``): a spin whose thread the kernel never switched out lost
+    its CPU to the hypervisor, not to another task of this machine."""
+    ru = resource.getrusage(resource.RUSAGE_THREAD)
+    return ru.ru_nvcsw + ru.ru_nivcsw
+
+
 #: a request's send (``sendmsg``) that took this long (s) lost the CPU meanwhile: on
 #: loopback the send wakes the peer, and a peer that shares our core runs first
 SHARED_LOSS = 0.00005
@@ -252,8 +263,12 @@ class PollPacer:
     :data:`CALM` seconds every empty poll sleeps at once; then spinning is tried again.
     A lone lost spin only restarts the spin's measure: on a virtual machine the
     hypervisor takes an idle-looking vCPU for a moment now and then, and half a second
-    of sleeping polls made each round trip pay a cross-core wake-up (50-180 us here). A
-    poll that got something ends the streak (:meth:`busy`).
+    of sleeping polls made each round trip pay a cross-core wake-up (50-180 us here).
+    Nor does a spin count whose thread was never switched out (``switches``, the
+    thread's context switches, unchanged since the spin began): no task of this machine
+    took its CPU, so no task would gain by our sleeping; the hypervisor did. A poll that
+    got something, or a completion the application took, ends the streak
+    (:meth:`busy`).
 
     A spinner that shares its core with the peer is not seen that way: the peer, woken
     by our request, preempts us at once and gives the core back when it waits, so no
@@ -266,11 +281,12 @@ class PollPacer:
 
     __slots__ = ("fd", "spin", "since", "cpu0", "calm_until", "sleeps", "contended",
                  "clock", "cpu_clock", "lost", "lost_until", "shared_until", "shared",
-                 "lost_at", "_ready")
+                 "lost_at", "switches", "switches0", "_ready")
 
     def __init__(self, fd: int | None, spin: float = SPIN, *,
                  clock: Callable[[], float] = time.monotonic,
-                 cpu_clock: Callable[[], float] = time.thread_time) -> None:
+                 cpu_clock: Callable[[], float] = time.thread_time,
+                 switches: Callable[[], int] = thread_switches) -> None:
         self.fd = fd
         self._ready = None if fd is None else Readable([fd])
         self.spin = spin
@@ -278,6 +294,8 @@ class PollPacer:
         self.cpu_clock = cpu_clock  # the polling thread's CPU time (s)
         self.since = 0.0  # when the idle streak began (monotonic), 0.0 outside one
         self.cpu0 = 0.0  # the thread's CPU time then; -1.0 once the streak slept
+        self.switches = switches  # the polling thread's context switches so far
+        self.switches0 = 0  # ... when its spin began
         self.calm_until = 0.0  # empty polls sleep at once until then (monotonic)
         self.sleeps = 0  # how many times a poll slept (tests, diagnostics)
         self.contended = 0  # how many times a spin found it had lost the CPU
@@ -329,15 +347,20 @@ class PollPacer:
             self.since = since = now
             if now >= self.calm_until:  # a spin starts (calm: the streak sleeps at once)
                 self.cpu0 = self.cpu_clock()
+                self.switches0 = self.switches()
                 return False
         elif self.cpu0 >= 0.0 and now >= self.calm_until:  # spinning so far
             spent = now - since
             cpu = self.cpu_clock()
             if spent - (cpu - self.cpu0) >= PREEMPTED:
-                self.contended += 1  # the spin lost the CPU
+                switches = self.switches()
+                if switches == self.switches0:  # the hypervisor's: spin on, afresh
+                    self.since, self.cpu0 = now, cpu
+                    return False
+                self.contended += 1  # the spin lost the CPU to another task
                 last, self.lost_at = self.lost_at, now
                 if now - last > LOST_GAP:  # once: spin on, measured afresh from here
-                    self.since, self.cpu0 = now, cpu
+                    self.since, self.cpu0, self.switches0 = now, cpu, switches
                     return False
                 self.calm_until = now + CALM  # again soon: the machine is contended
             elif spent < self.spin:
