@@ -235,13 +235,13 @@ def test_a_sleeping_poller_is_woken_by_its_datagram() -> None:
         ctx.close()
 
 
-def _paced_cq(c: _Clocks) -> tuple[v.Context, v.CQ, pg.PollPacer]:
-    """A busy-polled CQ on a UDP device whose pacer runs on the test's clocks."""
+def _paced_ctx(c: _Clocks) -> tuple[v.Context, pg.PollPacer]:
+    """A UDP device (its CQs are busy-polled) whose pacer runs on the test's clocks."""
     ctx = v.Context(link=UdpLink("127.0.0.1", 0))
     rt = ctx.runtime
     pacer = _pacer(rt._pacer.fd, c)  # type: ignore[attr-defined]
     rt._pacer = pacer  # type: ignore[attr-defined]
-    return ctx, v.CQ(ctx, 16), pacer
+    return ctx, pacer
 
 
 def _polls_until_sleep(poll: Callable[[], object], pacer: pg.PollPacer) -> bool:
@@ -260,8 +260,9 @@ def test_completions_taken_outside_a_step_begin_a_new_streak() -> None:
     arrive), outlasted the spin, and every later empty poll slept: each round trip of a
     C program (whose ring the progress thread fills now and then) paid a wake-up."""
     c = _Clocks()
-    ctx, cq, pacer = _paced_cq(c)
+    ctx, pacer = _paced_ctx(c)
     try:
+        cq = v.CQ(ctx, 16)
         assert cq.poll(1)[0] == 0  # a streak begins (it spins)
         c.run(300e-6)  # on the CPU, past the 200 us spin
         cq.push(WorkCompletion(7, 0, int(e.IBV_WC_RECV), 0x11))  # as the progress thread
@@ -277,8 +278,7 @@ def test_completions_taken_outside_a_step_begin_a_new_streak() -> None:
         ctx.close()
 
 
-def test_a_c_programs_receive_step_after_taking_from_its_ring_spins_afresh(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_c_programs_receive_step_after_taking_from_its_ring_spins_afresh() -> None:
     """softrdma.capi: ibv_poll_cq took completions from the C ring since the thread's last
     receive step (sr_py_progress's ``taken``): that step begins a new idle streak; without
     it the old streak goes on and the step sleeps."""
@@ -286,11 +286,8 @@ def test_a_c_programs_receive_step_after_taking_from_its_ring_spins_afresh(
     from softrdma.capi import handles as hd
 
     c = _Clocks()
-    ctx = v.Context(link=UdpLink("127.0.0.1", 0))
+    ctx, pacer = _paced_ctx(c)
     try:
-        rt = ctx.runtime
-        pacer = _pacer(rt._pacer.fd, c)  # type: ignore[attr-defined]
-        rt._pacer = pacer  # type: ignore[attr-defined]
         cq = bridge.RingCQ(ctx, 16, None, 0, None)  # no ring: nothing is stored
         h = hd._add(cq)
         try:

@@ -67,6 +67,13 @@ PREEMPTED = 0.0002  # a spin that lost the CPU this long (s) lost it to another 
 #: period would turn into half a second of sleeping polls and cross-core wake-ups
 LOST_GAP = 0.25
 CALM = 0.5  # then polls sleep at once for this long (s) before spinning is tried again
+#: a request's send (``sendmsg``) that took this long (s) lost the CPU meanwhile: on
+#: loopback the send wakes the peer, and a peer that shares our core runs first
+SHARED_LOSS = 0.00005
+SHARED_SENDS = 8  # such sends in a row, each within SHARED_GAP of the last: a shared core
+SHARED_GAP = 0.02  # (s)
+SHARED = 0.5  # then coalesced ACKs may be held for this long (s) (AckHold)
+_WAKE_READ = 4096  # bytes drained from the wake pipe at once
 
 
 def thread_switches() -> int:
@@ -77,13 +84,6 @@ def thread_switches() -> int:
     return ru.ru_nvcsw + ru.ru_nivcsw
 
 
-#: a request's send (``sendmsg``) that took this long (s) lost the CPU meanwhile: on
-#: loopback the send wakes the peer, and a peer that shares our core runs first
-SHARED_LOSS = 0.00005
-SHARED_SENDS = 8  # such sends in a row, each within SHARED_GAP of the last: a shared core
-SHARED_GAP = 0.02  # (s)
-SHARED = 0.5  # then coalesced ACKs may be held for this long (s) (AckHold)
-_WAKE_READ = 4096  # bytes drained from the wake pipe at once
 MODES = ("thread", "manual")
 
 
