@@ -156,6 +156,8 @@ VERBS_CHECKS = [
     "ok: XRC: SRQ 0x",
     "ok: a message longer than the receive buffer: local length error (responder), remote "
     "invalid request error (requester), then flush errors on both",
+    "ok: post_recv: EINVAL in RESET, ENOMEM past max_recv_wr (also after a refill), data "
+    "and completions in posting order, flushed in order in ERR",
     "ok: ibv_alloc_mw, ibv_alloc_td, ibv_create_flow, ibv_reg_dmabuf_mr -> NULL, EOPNOTSUPP",
     "ok: teardown",
 ]
@@ -170,8 +172,9 @@ def test_verbs_check_program(device: str, tmp_path: Path) -> None:
     completions; ibv_rereg_mr; device memory; ODP and ibv_advise_mr; one thread blocked in
     ibv_get_cq_event while another busy-polls; XRC in one context (ibv_post_send and
     ibv_wr_set_xrc_srqn); the error completions of a message too long for its receive
-    buffer; verbs not served fail with NULL and
-    EOPNOTSUPP."""
+    buffer; ``ibv_post_recv``'s rules kept by the C receive ring (EINVAL in RESET, ENOMEM
+    past ``max_recv_wr``, posting order with several SGEs in a chain, flushes in ERR);
+    verbs not served fail with NULL and EOPNOTSUPP."""
     exe = compile_c(tmp_path, "verbs_check", "-libverbs", "-lpthread")
     p = run(str(exe), device)
     assert p.returncode == 0, (p.stdout, p.stderr)

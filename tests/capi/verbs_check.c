@@ -9,7 +9,9 @@
  * gathered from unregistered buffers; ibv_create_cq_ex polling; ibv_resize_cq;
  * ibv_rereg_mr; device memory; ibv_query_device_ex, ODP and ibv_advise_mr; a thread
  * blocked in ibv_get_cq_event while another busy-polls and posts; XRC; error completions
- * of a message too long for its receive buffer; verbs not served (EOPNOTSUPP).
+ * of a message too long for its receive buffer; verbs not served (EOPNOTSUPP); the
+ * receive queue's rules with its C ring (EINVAL in RESET, ENOMEM when full, posting order,
+ * flushes in ERR).
  */
 #include "common.h"
 #include <arpa/inet.h>
@@ -909,6 +911,133 @@ static void check_error_completions(void)
            "remote invalid request error (requester), then flush errors on both\n");
 }
 
+/* ---- ibv_post_recv's rules, which the C receive ring keeps (IBA 11.4.1.2) ---- */
+static int post_recv_ret(struct ibv_qp *qp, uint64_t wr_id, void *buf, uint32_t len,
+                         uint32_t lkey, struct ibv_recv_wr **bad)
+{
+    struct ibv_sge sge = { .addr = (uintptr_t)buf, .length = len, .lkey = lkey };
+    struct ibv_recv_wr wr;
+
+    memset(&wr, 0, sizeof(wr));
+    wr.wr_id = wr_id;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    *bad = NULL;
+    return ibv_post_recv(qp, &wr, bad);
+}
+
+static void to_state(struct ibv_qp *qp, enum ibv_qp_state state)
+{
+    struct ibv_qp_attr a;
+
+    memset(&a, 0, sizeof(a));
+    a.qp_state = state;
+    a.port_num = 1;
+    CHECK(!ibv_modify_qp(qp, &a, state == IBV_QPS_INIT
+                         ? IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS
+                         : IBV_QP_STATE), "modify to state %d", state);
+}
+
+static void check_recv_ring(void)
+{
+    enum { DEPTH = 32, SLOT = 64 };
+    static char rbuf[DEPTH + 8][SLOT], sbuf[DEPTH][SLOT];
+    struct ibv_cq *scq = ibv_create_cq(ctx, 2 * DEPTH, NULL, NULL, 0);
+    struct ibv_cq *rcq = ibv_create_cq(ctx, 2 * DEPTH, NULL, NULL, 0);
+    struct ibv_sge two[2];
+    struct ibv_recv_wr chain[3], *bad;
+    uint64_t want[DEPTH];
+    struct ibv_qp *qa, *qb;
+    struct ibv_mr *mr;
+    struct ibv_wc wc;
+    int i, n = 0, ret;
+
+    CHECK(scq && rcq, "cqs");
+    mr = ibv_reg_mr(pd, rbuf, sizeof(rbuf), IBV_ACCESS_LOCAL_WRITE);
+    CHECK(mr, "reg_mr");
+    qa = make_qp(IBV_QPT_RC, scq, scq, NULL, 1);
+    qb = make_qp(IBV_QPT_RC, rcq, rcq, NULL, 1);
+    ret = post_recv_ret(qb, 0xC0, rbuf[0], SLOT, mr->lkey, &bad);
+    CHECK(ret == EINVAL && bad, "post_recv in RESET: %d, want EINVAL", ret);
+    rc_connect(qa, qb->qp_num);
+    rc_connect(qb, qa->qp_num);
+    for (i = 0; i < DEPTH; i++)  /* one call each, as ibv_rc_pingpong fills its queue */
+        CHECK(!post_recv_ret(qb, 0xC00 + (unsigned)i, rbuf[i], SLOT, mr->lkey, &bad),
+              "post_recv %d of %d", i + 1, DEPTH);
+    ret = post_recv_ret(qb, 0xCFF, rbuf[0], SLOT, mr->lkey, &bad);
+    CHECK(ret == ENOMEM && bad, "post_recv beyond max_recv_wr: %d, want ENOMEM", ret);
+    for (i = 0; i < 12; i++) {  /* 12 messages take the first 12 receives, in order */
+        snprintf(sbuf[i], SLOT, "message %d for the ring", i);
+        post_send(qa, 0xA00 + (unsigned)i, IBV_WR_SEND, sbuf[i], SLOT, 0, IBV_SEND_INLINE);
+    }
+    for (i = 0; i < 12; i++) {
+        wait_wc(rcq, &wc, "a receive from the ring", WC_WAIT_S);
+        CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 0xC00u + (unsigned)i
+              && wc.opcode == IBV_WC_RECV && wc.byte_len == SLOT && wc.qp_num == qb->qp_num,
+              "receive %d: status %s wr_id %#llx byte_len %u", i, ibv_wc_status_str(wc.status),
+              (unsigned long long)wc.wr_id, wc.byte_len);
+        CHECK(!memcmp(rbuf[i], sbuf[i], SLOT), "receive %d: data", i);
+        wait_wc(scq, &wc, "a send", WC_WAIT_S);
+        CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 0xA00u + (unsigned)i, "send %d", i);
+    }
+    for (i = 0; i < DEPTH - 12; i++)
+        want[n++] = 0xC00u + 12 + (unsigned)i;
+    /* refill: exactly 12 more fit (9 one call each, then a chain of 3), then ENOMEM */
+    for (i = 0; i < 9; i++) {
+        CHECK(!post_recv_ret(qb, 0xD00 + (unsigned)i, rbuf[DEPTH + (i % 8)], SLOT, mr->lkey,
+                             &bad), "refill %d", i);
+        want[n++] = 0xD00u + (unsigned)i;
+    }
+    /* a chain of three, the middle one with two SGEs (not stored in the ring) */
+    memset(chain, 0, sizeof(chain));
+    two[0] = (struct ibv_sge){ (uintptr_t)rbuf[DEPTH], 16, mr->lkey };
+    two[1] = (struct ibv_sge){ (uintptr_t)rbuf[DEPTH + 1], 16, mr->lkey };
+    for (i = 0; i < 3; i++) {
+        chain[i].wr_id = 0xE00u + (unsigned)i;
+        chain[i].next = i < 2 ? &chain[i + 1] : NULL;
+        chain[i].sg_list = i == 1 ? two : &two[0];
+        chain[i].num_sge = i == 1 ? 2 : 1;
+        want[n++] = chain[i].wr_id;
+    }
+    CHECK(!ibv_post_recv(qb, chain, &bad), "a chain of three receives");
+    ret = post_recv_ret(qb, 0xCFE, rbuf[0], SLOT, mr->lkey, &bad);
+    CHECK(ret == ENOMEM && bad, "post_recv beyond max_recv_wr after a refill: %d", ret);
+    CHECK(n == DEPTH, "bookkeeping");
+    /* ERR flushes every receive, in posting order; one posted in ERR is flushed at once */
+    to_state(qb, IBV_QPS_ERR);
+    for (i = 0; i < DEPTH; i++) {
+        wait_wc(rcq, &wc, "a flushed receive", WC_WAIT_S);
+        CHECK(wc.status == IBV_WC_WR_FLUSH_ERR && wc.wr_id == want[i] && wc.qp_num == qb->qp_num,
+              "flush %d: status %s wr_id %#llx, want %#llx", i, ibv_wc_status_str(wc.status),
+              (unsigned long long)wc.wr_id, (unsigned long long)want[i]);
+    }
+    CHECK(!post_recv_ret(qb, 0xF00, rbuf[0], SLOT, mr->lkey, &bad), "post_recv in ERR");
+    wait_wc(rcq, &wc, "a receive posted in ERR", WC_WAIT_S);
+    CHECK(wc.status == IBV_WC_WR_FLUSH_ERR && wc.wr_id == 0xF00, "posted in ERR: %s %#llx",
+          ibv_wc_status_str(wc.status), (unsigned long long)wc.wr_id);
+    expect_empty(rcq, "the receive queue in ERR");
+    /* RESET empties the queue and refuses posts again; INIT takes them */
+    to_state(qb, IBV_QPS_RESET);
+    ret = post_recv_ret(qb, 0xF01, rbuf[0], SLOT, mr->lkey, &bad);
+    CHECK(ret == EINVAL, "post_recv in RESET after ERR: %d, want EINVAL", ret);
+    to_state(qb, IBV_QPS_INIT);
+    for (i = 0; i < DEPTH; i++)
+        CHECK(!post_recv_ret(qb, 0xF10 + (unsigned)i, rbuf[i], SLOT, mr->lkey, &bad),
+              "post_recv %d in INIT", i);
+    ret = post_recv_ret(qb, 0xF0F, rbuf[0], SLOT, mr->lkey, &bad);
+    CHECK(ret == ENOMEM, "post_recv beyond max_recv_wr in INIT: %d", ret);
+    to_state(qb, IBV_QPS_ERR);
+    for (i = 0; i < DEPTH; i++) {
+        wait_wc(rcq, &wc, "a flushed receive", WC_WAIT_S);
+        CHECK(wc.status == IBV_WC_WR_FLUSH_ERR && wc.wr_id == 0xF10u + (unsigned)i,
+              "flush after INIT %d: %#llx", i, (unsigned long long)wc.wr_id);
+    }
+    CHECK(!ibv_destroy_qp(qa) && !ibv_destroy_qp(qb) && !ibv_dereg_mr(mr)
+          && !ibv_destroy_cq(scq) && !ibv_destroy_cq(rcq), "teardown");
+    printf("ok: post_recv: EINVAL in RESET, ENOMEM past max_recv_wr (also after a refill), "
+           "data and completions in posting order, flushed in order in ERR\n");
+}
+
 /* ---- verbs softrdma does not serve fail the libibverbs way (NULL + errno), no crash ---- */
 static void check_unsupported(void)
 {
@@ -965,6 +1094,7 @@ int main(int argc, char **argv)
     check_threads();
     check_xrc();
     check_error_completions();
+    check_recv_ring();
     check_unsupported();
     CHECK(!ibv_dealloc_pd(pd) && !ibv_close_device(ctx), "close");
     ibv_free_device_list(list);

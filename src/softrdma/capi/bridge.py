@@ -387,7 +387,9 @@ def _create_qp(h: int, a: Any, wrapper: Any) -> int:
     else:
         qp = QP(_get(h, PD), _qp_init(a))
     a.qp_num = qp.qp_num
-    return _add(qp, wrapper)
+    h = _add(qp, wrapper)
+    posting.attach(h, qp, wrapper)
+    return h
 
 
 def _ah_attr(f: Any) -> AHAttr:

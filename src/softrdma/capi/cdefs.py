@@ -96,6 +96,10 @@ struct ibv_port_attr {
 """
 
 C_EXPORTS = """
+void *sr_rq_ring(void *wrapper, uint32_t cap);
+int sr_rq_drain(void *ring, uint64_t *wr_id, uint64_t *addr, uint32_t *length, uint32_t *lkey,
+                int most, uint32_t qlen, int close);
+void sr_rq_reopen(void *ring, uint32_t qlen);
 int sr_ring_push(void *ring, uint64_t wr_id, int status, int opcode, uint32_t vendor_err,
                  uint32_t byte_len, uint32_t imm_or_rkey, uint32_t qp_num, uint32_t src_qp,
                  unsigned int wc_flags, uint16_t pkey_index, uint16_t slid, uint8_t sl,

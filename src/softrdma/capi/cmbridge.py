@@ -33,6 +33,7 @@ from ..errors import InvalidArgument, SoftRdmaError
 from ..verbs import PD, Context
 from . import bridge as b
 from . import handles as hd
+from . import posting
 
 __all__ = ["install", "EXPORTS"]
 
@@ -178,7 +179,9 @@ def _listen(h: int, backlog: int) -> int:
 def _create_qp(h: int, pd: int, a: Any, wrapper: Any) -> int:
     qp = _id(h).create_qp(hd._get(pd, PD), b._qp_init(a))
     a.qp_num = qp.qp_num
-    return hd._add(qp, wrapper)
+    qh = hd._add(qp, wrapper)
+    posting.attach(qh, qp, wrapper)
+    return qh
 
 
 def _drop_qp(h: int) -> int:

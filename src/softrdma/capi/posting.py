@@ -11,8 +11,12 @@ and a fresh copy of its inline data. ``QP.post_send`` validates it as any other.
 takes the entry out of the table while it posts, so two threads that post on one QP
 never share one.
 
-Receives repeat too (``ibv_rc_pingpong`` refills its receive queue one ``ibv_post_recv``
-at a time, the same buffer each time): a QP or SRQ keeps the :class:`RecvWR` of its last
+Most receives never come here: ``ibv_post_recv`` on a QP with a receive queue of its own
+stores one-SGE receives in the QP's ring in C memory (shim.c ``struct sr_rqring``), and
+the QP takes them through :class:`RecvRing`, its
+:class:`~softrdma.seam.queues.RecvFeed` (``ibv_rc_pingpong`` refills 500 receives one
+call at a time: 6-7.5 us each through Python stalled its ping-pong for 3 ms). The others
+(SRQs, several SGEs, a full or closed ring) come here, and repeat too: a QP or SRQ keeps the :class:`RecvWR` of its last
 one-SGE receive with that SGE's address, length and L_Key, and a receive with the same
 three posts it again with its own ``wr_id`` (the post copies a request into a WQE, so
 one request object may be posted any number of times) instead of building and checking
@@ -24,11 +28,12 @@ from __future__ import annotations
 from typing import Any
 
 from .. import enums as e
+from ..errors import SoftRdmaError
 from ..verbs import AH, QP, SRQ, RecvWR, SendWR
 from . import handles as hd
 from .handles import _get, _sges
 
-__all__ = ["post_send", "post_recv", "forget"]
+__all__ = ["post_send", "post_recv", "forget", "attach", "RecvRing"]
 
 _INLINE = int(e.IBV_SEND_INLINE)  # plain ints: IntFlag arithmetic is slow per request
 _SEND_WITH_INV = int(e.IBV_WR_SEND_WITH_INV)
@@ -38,6 +43,61 @@ _ATOMICS = (int(e.IBV_WR_ATOMIC_CMP_AND_SWP), int(e.IBV_WR_ATOMIC_FETCH_AND_ADD)
 _last: dict[int, tuple[int, SendWR]] = {}
 #: QP or SRQ handle -> (address, length, L_Key of its last one-SGE receive, its RecvWR)
 _last_recv: dict[int, tuple[tuple[int, int, int], RecvWR]] = {}
+#: QP handle -> the QP, for the QPs fed by a receive ring
+_fed: dict[int, QP] = {}
+#: receives moved out of a ring per call into C (the length of RecvRing's arrays)
+RING_BATCH = 64
+_OWN_RQ = (int(e.IBV_QPT_RC), int(e.IBV_QPT_UC), int(e.IBV_QPT_UD))
+
+
+class RecvRing:
+    """A QP's receive ring in C memory (``struct sr_rqring``) as its
+    :class:`~softrdma.seam.queues.RecvFeed`: ``sr_rq_drain`` moves entries into four
+    arrays, unpacked whole (no per-entry cffi access)."""
+
+    __slots__ = ("ring", "cap", "wr_id", "addr", "length", "lkey")
+
+    def __init__(self, ring: Any, cap: int) -> None:
+        new = hd._ffi.new
+        self.ring = ring
+        self.cap = cap
+        self.wr_id = new("uint64_t[]", RING_BATCH)
+        self.addr = new("uint64_t[]", RING_BATCH)
+        self.length = new("uint32_t[]", RING_BATCH)
+        self.lkey = new("uint32_t[]", RING_BATCH)
+
+    def drain(self, qlen: int, most: int, close: bool) -> list[tuple[int, int, int, int]]:
+        unpack = hd._ffi.unpack
+        drain = hd._lib.sr_rq_drain
+        out: list[tuple[int, int, int, int]] = []
+        left = most or self.cap
+        while left > 0:
+            k = min(left, RING_BATCH)
+            n = drain(self.ring, self.wr_id, self.addr, self.length, self.lkey, k, qlen,
+                      close)
+            if n:
+                out += zip(unpack(self.wr_id, n), unpack(self.addr, n),
+                           unpack(self.length, n), unpack(self.lkey, n), strict=True)
+            if n < k:
+                break
+            qlen += n
+            left -= n
+        return out
+
+    def reopen(self, qlen: int) -> None:
+        hd._lib.sr_rq_reopen(self.ring, qlen)
+
+
+def attach(h: int, qp: QP, wrapper: Any) -> None:
+    """A new QP ``h`` with a receive queue of its own gets a ring in its C wrapper."""
+    if wrapper is None or qp.srq is not None or qp.qp_type not in _OWN_RQ:
+        return
+    cap = qp.cap.max_recv_wr
+    ring = hd._lib.sr_rq_ring(wrapper, cap)
+    if ring == hd._ffi.NULL:
+        return
+    qp.set_recv_feed(RecvRing(ring, cap))
+    _fed[h] = qp
 
 
 def _inline(sg: list[Any]) -> bytes:
@@ -116,6 +176,13 @@ def post_recv(h: int, is_srq: int, wrs: Any, n: int, bad: Any) -> int:
 
 
 def forget(h: int) -> None:
-    """Handle ``h`` is destroyed: drop its last request and receive."""
+    """Handle ``h`` is destroyed: drop its last request and receive, and detach its ring
+    (C frees it once this returns)."""
     _last.pop(h, None)
     _last_recv.pop(h, None)
+    qp = _fed.pop(h, None)
+    if qp is not None:
+        try:
+            qp.set_recv_feed(None)
+        except SoftRdmaError:
+            pass  # destroyed already, or its device closed: its engine runs no more

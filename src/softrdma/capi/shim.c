@@ -134,6 +134,21 @@ struct sr_cq {
     int ex_polling, ex_cur;
 };
 struct sr_xwr;  /* a work request built with the ibv_wr_* API, posted by wr_complete */
+/* A QP's receive ring (seam.queues.RecvFeed): ibv_post_recv stores one-SGE receives here
+ * without entering Python, as a NIC's ring in host memory, while the ring is open and its
+ * entries plus the Python queue's length (as last told, an upper bound: that queue only
+ * shrinks between) stay below the QP's capacity. Otherwise the receive goes through Python,
+ * which gives the exact answer (ENOMEM, EINVAL in RESET, a flush in ERR) and tells the ring
+ * the queue's length. The QP's receive queue takes the entries when it runs empty, and all
+ * of them before a post, a flush or a reset (capi/posting.py, RecvRing). */
+struct sr_rq_ent { uint64_t wr_id, addr; uint32_t length, lkey; };
+struct sr_rqring {
+    pthread_spinlock_t lock;
+    int open;              /* 0 (until a post through Python succeeds; RESET, ERR) */
+    uint32_t cap, qlen;    /* the QP's max_recv_wr; its Python queue's length, as told */
+    uint32_t head, count;
+    struct sr_rq_ent *e;   /* cap entries; NULL: no ring (an SRQ, XRC, max_recv_wr 0) */
+};
 #define SR_KEYED_SGES 4  /* requests with more SGEs than this get no content number */
 struct sr_qp {
     struct ibv_qp_ex qpx;  /* qpx.qp_base is the program's ibv_qp */
@@ -146,6 +161,7 @@ struct sr_qp {
     uint32_t last_gen;
     struct sr_swr last;
     struct ibv_sge last_sg[SR_KEYED_SGES];
+    struct sr_rqring rq;
 };
 struct sr_srq { struct ibv_srq srq; int h; uint32_t srq_num; int xrc; };
 struct sr_ah { struct ibv_ah ah; int h; };
@@ -503,7 +519,78 @@ static int sr_post_recv_h(int h, int is_srq, struct ibv_recv_wr *wr, struct ibv_
 
 static int sr_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
 {
+    struct sr_rqring *r = &((struct sr_qp *)qp)->rq;
+
+    if (r->e && wr) {
+        pthread_spin_lock(&r->lock);
+        while (wr && r->open && wr->num_sge == 1 && wr->sg_list
+               && r->count + r->qlen < r->cap) {
+            struct sr_rq_ent *x = &r->e[(r->head + r->count) % r->cap];
+            x->wr_id = wr->wr_id;
+            x->addr = wr->sg_list->addr;
+            x->length = wr->sg_list->length;
+            x->lkey = wr->sg_list->lkey;
+            r->count++;
+            wr = wr->next;
+        }
+        pthread_spin_unlock(&r->lock);
+        sr_posted();
+        if (!wr)
+            return 0;
+    }
     return sr_post_recv_h(SR_H(sr_qp, qp), 0, wr, bad);
+}
+
+/* Called from Python: give QP wrapper q a receive ring of cap entries; NULL: none. */
+void *sr_rq_ring(void *wrapper, uint32_t cap)
+{
+    struct sr_rqring *r = &((struct sr_qp *)wrapper)->rq;
+
+    if (r->e || !cap)
+        return NULL;
+    r->e = calloc(cap, sizeof(*r->e));
+    if (!r->e)
+        return NULL;
+    pthread_spin_init(&r->lock, PTHREAD_PROCESS_PRIVATE);
+    r->cap = cap;
+    return r;
+}
+
+/* Called from Python (under the engine lock): move up to most entries, oldest first, into
+ * the arrays; the Python queue then holds qlen + that many. close: store no more. */
+int sr_rq_drain(void *ring, uint64_t *wr_id, uint64_t *addr, uint32_t *length, uint32_t *lkey,
+                int most, uint32_t qlen, int close)
+{
+    struct sr_rqring *r = ring;
+    int n, i;
+
+    pthread_spin_lock(&r->lock);
+    n = (uint32_t)most < r->count ? most : (int)r->count;
+    for (i = 0; i < n; i++) {
+        struct sr_rq_ent *x = &r->e[(r->head + (uint32_t)i) % r->cap];
+        wr_id[i] = x->wr_id;
+        addr[i] = x->addr;
+        length[i] = x->length;
+        lkey[i] = x->lkey;
+    }
+    r->head = (r->head + (uint32_t)n) % r->cap;
+    r->count -= (uint32_t)n;
+    r->qlen = qlen + (uint32_t)n;
+    if (close)
+        r->open = 0;
+    pthread_spin_unlock(&r->lock);
+    return n;
+}
+
+/* Called from Python after a post through it succeeded: store receives again. */
+void sr_rq_reopen(void *ring, uint32_t qlen)
+{
+    struct sr_rqring *r = ring;
+
+    pthread_spin_lock(&r->lock);
+    r->qlen = qlen;
+    r->open = 1;
+    pthread_spin_unlock(&r->lock);
 }
 
 static int sr_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
@@ -1232,6 +1319,10 @@ static struct sr_qp *sr_create_qp_on(int owner, struct ibv_context *context, str
     if (!sr_handle_ok(h)) {
         int err = errno;
         pthread_spin_destroy(&q->last_lock);
+        if (q->rq.e) {
+            pthread_spin_destroy(&q->rq.lock);
+            free(q->rq.e);
+        }
         free(q);
         return sr_fail(err);
     }
@@ -1387,6 +1478,10 @@ int ibv_destroy_qp(struct ibv_qp *qp)
     sr_x_free(q);
     free(q->xw);
     pthread_spin_destroy(&q->last_lock);
+    if (q->rq.e) {
+        pthread_spin_destroy(&q->rq.lock);
+        free(q->rq.e);
+    }
     free(q);
     return 0;
 }

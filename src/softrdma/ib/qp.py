@@ -23,7 +23,7 @@ from ..errors import ClosedError, InvalidArgument
 from ..seam.attrs import ModifyAttrs, QueryAttrs, apply_port_attrs
 from ..seam.counters import QpCounters
 from ..seam.events import AsyncEventType
-from ..seam.queues import EngineSRQ, QPInit, ReceiveQueue, check_post_send, error_events
+from ..seam.queues import EngineSRQ, QPInit, ReceiveQueue, RecvFeed, check_post_send, error_events
 from ..seam.states import (
     ERR,
     INIT,
@@ -340,6 +340,10 @@ class EngineQP:
 
     def post_recv(self, rwqe: RecvWQE) -> None:
         self.rq.post(rwqe, self.state, self.destroyed)
+
+    def set_recv_feed(self, feed: RecvFeed | None) -> None:
+        """Receives stored in ``feed`` reach the receive queue (:class:`RecvFeed`)."""
+        self.rq.set_feed(feed)
 
     def post_recvs(self, rwqes: list[RecvWQE]) -> None:
         """:meth:`post_recv` of each, in order (the ones before a refused one stay)."""

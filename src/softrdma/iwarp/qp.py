@@ -46,6 +46,7 @@ from ..seam.queues import (
     EngineSRQ,
     QPInit,
     ReceiveQueue,
+    RecvFeed,
     check_post_send,
     error_events,
     take_done,
@@ -261,6 +262,10 @@ class IwarpQP:
 
     def post_recv(self, rwqe: RecvWQE) -> None:
         self.rq.post(rwqe, self.state, self.destroyed)
+
+    def set_recv_feed(self, feed: RecvFeed | None) -> None:
+        """Receives stored in ``feed`` reach the receive queue (:class:`RecvFeed`)."""
+        self.rq.set_feed(feed)
 
     def post_recvs(self, rwqes: list[RecvWQE]) -> None:
         """:meth:`post_recv` of each, in order (the ones before a refused one stay)."""

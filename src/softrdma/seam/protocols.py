@@ -41,7 +41,7 @@ from typing import Protocol, TypeVar, runtime_checkable
 
 from .attrs import ModifyAttrs, QueryAttrs
 from .events import AsyncEventType, EventQueue
-from .queues import EngineSRQ, QPInit
+from .queues import EngineSRQ, QPInit, RecvFeed
 from .types import MemoryRegion, RecvWQE, SendWQE
 
 __all__ = ["CounterSet", "DeviceEngine", "Engine", "ModifyAttrs", "QPEngine", "QueryAttrs",
@@ -125,6 +125,9 @@ class QPEngine(Protocol):
     def post_recv(self, rwqe: RecvWQE) -> None: ...
 
     def post_recvs(self, rwqes: list[RecvWQE]) -> None: ...
+
+    def set_recv_feed(self, feed: RecvFeed | None) -> None:
+        """Take receives posted into ``feed`` too (seam.queues.RecvFeed; None: detach)."""
 
     def to_error(self, event: AsyncEventType | None = None) -> None: ...
 

@@ -13,15 +13,16 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from ..enums import ibv_wc_opcode as _WCO
 from ..enums import ibv_wc_status as _WCS
 from ..errors import ClosedError, ResourceError, StateError
 from .events import AsyncEventType, EventQueue
 from .states import ERR, INIT, RESET, RTR, state_name
-from .types import CompletionSink, RecvWQE, SendWQE, WorkCompletion
+from .types import SGE, CompletionSink, RecvWQE, SendWQE, WorkCompletion
 
-__all__ = ["EngineSRQ", "QPInit", "ReceiveQueue", "check_post_send", "error_events",
+__all__ = ["EngineSRQ", "QPInit", "ReceiveQueue", "RecvFeed", "check_post_send", "error_events",
            "take_done", "FLUSH_ERR", "WC_RECV"]
 
 FLUSH_ERR = int(_WCS.IBV_WC_WR_FLUSH_ERR)
@@ -101,11 +102,42 @@ class QPInit:
                 self.max_inline_data)
 
 
+class RecvFeed(Protocol):
+    """Receives posted where the engine does not run, as a NIC's receive ring: a C
+    program's ``ibv_post_recv`` stores one-SGE receives in C memory without entering
+    Python (softrdma.capi), and the :class:`ReceiveQueue` takes them when it needs them.
+    Entries are ``(wr_id, addr, length, lkey)``, oldest first, all posted after every WQE
+    already in the queue.
+
+    The producer stores a receive only while the feed is *open* and its entries plus
+    the queue's length (as last told, an upper bound: the queue only shrinks between)
+    stay below the queue's capacity; otherwise it posts through
+    :meth:`ReceiveQueue.post`, which gives the exact answer (IBA 11.4.1.2)."""
+
+    def drain(self, qlen: int, most: int, close: bool) -> list[tuple[int, int, int, int]]:
+        """Up to ``most`` stored receives (0: all), oldest first; the queue holds ``qlen``
+        WQEs before they are added. ``close``: store no more (posts come through
+        :meth:`ReceiveQueue.post` until :meth:`reopen`)."""
+        ...
+
+    def reopen(self, qlen: int) -> None:
+        """Store receives again; the queue holds ``qlen`` WQEs."""
+        ...
+
+
+#: how many fed receives a WQE taken from an empty queue brings in at once
+FEED_BATCH = 32
+
+
 class ReceiveQueue:
     """A QP's receive side: its own queue of ``max_wr`` WQEs, or the SRQ it is attached
-    to (IBA 10.2.9: then receives are posted to the SRQ, not to the QP)."""
+    to (IBA 10.2.9: then receives are posted to the SRQ, not to the QP).
 
-    __slots__ = ("q", "srq", "max_wr", "cq", "qpn")
+    ``feed`` (:class:`RecvFeed`, none by default) holds receives posted after the
+    queue's WQEs: the queue takes them when it runs empty, and all of them before a
+    post (posting order), a flush or a reset."""
+
+    __slots__ = ("q", "srq", "max_wr", "cq", "qpn", "feed", "fed")
 
     def __init__(self, qpn: int, init: QPInit) -> None:
         self.q: deque[RecvWQE] = deque()
@@ -113,9 +145,29 @@ class ReceiveQueue:
         self.max_wr = init.max_recv_wr
         self.cq = init.recv_cq
         self.qpn = qpn
+        self.feed: RecvFeed | None = None
+        self.fed = False  # the feed is open (may hold receives)
 
     def __len__(self) -> int:
         return len(self.q)
+
+    def set_feed(self, feed: RecvFeed | None) -> None:
+        """Attach ``feed`` (closed until a post succeeds), or detach the feed: its
+        stored receives are taken into the queue first."""
+        if self.feed is not None:
+            self._pull(0, close=True)
+        self.feed = feed
+        self.fed = False
+
+    def _pull(self, most: int, close: bool = False) -> None:
+        feed = self.feed
+        if feed is None or not self.fed:
+            return
+        q = self.q
+        if close:
+            self.fed = False
+        for wr_id, addr, length, lkey in feed.drain(len(q), most, close):
+            q.append(RecvWQE(wr_id, [SGE(addr, length, lkey)]))
 
     def take(self) -> RecvWQE | None:
         """The next receive WQE (from the SRQ if the QP has one), or None."""
@@ -123,6 +175,8 @@ class ReceiveQueue:
         if srq is not None:
             return srq.take()
         q = self.q
+        if not q and self.fed:
+            self._pull(FEED_BATCH)
         return q.popleft() if q else None
 
     def give_back(self, rwqe: RecvWQE) -> None:
@@ -145,12 +199,18 @@ class ReceiveQueue:
             raise StateError("the QP is attached to an SRQ: post receives to the SRQ")
         if state == RESET:
             raise StateError("post_recv in state RESET")
+        if self.fed:
+            self._pull(0)  # the fed receives were posted first
         if len(self.q) >= self.max_wr:
             raise ResourceError(f"receive queue full ({self.max_wr} WQEs)")
         if state == ERR:
             self.cq(self.flush_wc(rwqe))
             return
         self.q.append(rwqe)
+        feed = self.feed
+        if feed is not None:
+            feed.reopen(len(self.q))
+            self.fed = True
 
     def post_many(self, rwqes: list[RecvWQE], state: int, destroyed: bool) -> None:
         """:meth:`post` of each, in order: the ones before a refused one stay posted."""
@@ -160,14 +220,18 @@ class ReceiveQueue:
 
     def flush(self) -> None:
         """Complete every queued WQE with IBV_WC_WR_FLUSH_ERR, oldest first (an SRQ's
-        WQEs stay for the other QPs attached to it)."""
+        WQEs stay for the other QPs attached to it); the feed closes, so later posts
+        are flushed as they come (IBA 10.3.1.7)."""
+        self._pull(0, close=True)
         q = self.q
         push = self.cq
         while q:
             push(self.flush_wc(q.popleft()))
 
     def clear(self) -> None:
-        """To RESET: the queue is emptied without completions (IBA 10.3.1)."""
+        """To RESET: the queue is emptied without completions (IBA 10.3.1), the feed's
+        receives with it, and the feed closes (a post in RESET is refused)."""
+        self._pull(0, close=True)
         self.q.clear()
 
 

@@ -33,7 +33,7 @@ from ..errors import InvalidArgument, NotSupported
 from ..ib.qp import AddressVector
 from ..ib.xrc import XrcIniQP, XrcTgtQP
 from ..seam.protocols import QPEngine
-from ..seam.queues import QPInit
+from ..seam.queues import QPInit, RecvFeed
 from ..seam.states import INIT, QPT_RC, QPT_UC, QPT_UD, RESET, RTR, RTS
 from ..wire.gid import is_v4_mapped
 from . import qp_rules
@@ -382,6 +382,23 @@ class QP(VerbsObject):
             self._runtime.call(self.engine.post_recvs, wqes)
         if err is not None:
             raise err
+
+    def set_recv_feed(self, feed: RecvFeed | None) -> None:
+        """Take receives posted into ``feed`` as well as through :meth:`post_recv`
+        (a softrdma extension; None detaches it, its receives kept): a receive ring in
+        another language's memory, filled without a call into softrdma, as a NIC reads
+        its ring (softrdma.capi's ``ibv_post_recv``). The queue takes the stored
+        receives when it runs empty, and all of them before a post, a flush (ERR) or a
+        reset; see :class:`softrdma.seam.queues.RecvFeed` for the producer's rules.
+        Only a QP with a receive queue of its own has a feed."""
+        self._check()
+        if feed is not None:
+            if self.srq is not None or self.qp_type in (XRC_SEND, XRC_RECV):
+                raise InvalidArgument("qp", "only a QP with its own receive queue has a feed")
+            if not (callable(getattr(feed, "drain", None))
+                    and callable(getattr(feed, "reopen", None))):
+                raise InvalidArgument("feed", "a RecvFeed has drain() and reopen()")
+        self._runtime.call(self.engine.set_recv_feed, feed)
 
     # ---- rate limit (IBA 9.11) -------------------------------------------------------------------------
     def modify_rate_limit(self, rate_limit: int, max_burst_sz: int = 0,
