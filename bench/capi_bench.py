@@ -19,8 +19,9 @@ UDP port, shared through devd, as every multi-process softrdma run):
   iterations: start-up), alternated: steadier than the throughput on a busy machine;
 * :func:`poll_costs`: ``tests/capi/wc_check.c bench`` under ``softrdma run``: the cost of
   one empty ``ibv_poll_cq`` (ns; polls that find the CQ empty, without the sleep that a
-  long run of empty polls ends in: ``SOFTRDMA_CAPI_WAIT_US=0``) and of one loopback RC
-  SEND with its two completions (us), each in wall and CPU time.
+  long run of empty polls ends in: ``SOFTRDMA_CAPI_WAIT_US=0``), of one ``ibv_post_recv``
+  (ns; 4,000 one call each, into the QP's receive ring) and of one loopback RC SEND with
+  its two completions (us), each in wall and CPU time.
 
 ``python bench/capi_bench.py [--runs 3] [--quick]`` prints them; ``bench/run.py`` has the
 two ratios as its ``capi_write_bw`` and ``capi_rc_lat`` figures.
@@ -57,7 +58,8 @@ TIMEOUT = 300.0  # one pair, on a busy machine (s)
 LISTEN_WAIT = 120.0
 BW_ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s*$")
 PP_LAT = re.compile(r"([\d.]+) usec/iter")
-COST = re.compile(r"^(empty_poll_ns|empty_poll_cpu_ns|send_round_us|send_round_cpu_us) "
+COST = re.compile(r"^(empty_poll_ns|empty_poll_cpu_ns|post_recv_ns|post_recv_cpu_ns|"
+                  r"send_round_us|send_round_cpu_us) "
                   r"([\d.]+)$", re.M)
 
 
@@ -285,8 +287,9 @@ def inline_ab(dev: Device, iters: int, runs: int) -> dict[str, list[float]]:
 
 
 def poll_costs(dev: Device) -> dict[str, float]:
-    """``wc_check bench``: empty_poll_ns, send_round_us and their CPU time
-    (empty_poll_cpu_ns: the polling thread's; send_round_cpu_us: the process's, its
+    """``wc_check bench``: empty_poll_ns, post_recv_ns, send_round_us and their CPU time
+    (empty_poll_cpu_ns, post_recv_cpu_ns: the calling thread's; send_round_cpu_us: the
+    process's, its
     progress thread included), without the sleep that ends a
     long run of empty polls (``SOFTRDMA_CAPI_WAIT_US=0``: its million empty polls in a row
     would measure the sleep)."""
@@ -301,7 +304,7 @@ def poll_costs(dev: Device) -> dict[str, float]:
     cp = subprocess.run(_c(dev.name, str(exe), dev.name, "bench"), env=env,
                         capture_output=True, text=True, timeout=TIMEOUT, check=False)
     got = {k: float(v) for k, v in COST.findall(cp.stdout)}
-    if cp.returncode or len(got) != 4:
+    if cp.returncode or len(got) != 6:
         raise BenchError(f"wc_check bench failed (rc {cp.returncode}): "
                          f"{(cp.stdout + cp.stderr).strip()[-300:]}")
     return got
@@ -340,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: dict[str, list[float]] = {k: [] for k in (
         "ib_write_bw MB/s", "write-bw MB/s", "ibv_rc_pingpong us", "rc-pingpong us",
         "ibv_rc_pingpong cpu us", "rc-pingpong cpu us", "empty poll ns", "empty poll cpu ns",
-        "send round us", "send round cpu us")}
+        "post recv ns", "post recv cpu ns", "send round us", "send round cpu us")}
     with Device() as dev:
         for _ in range(a.runs):
             c, py = write_bw(dev, bw_iters)
@@ -355,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
             cost = poll_costs(dev)
             rows["empty poll ns"].append(cost["empty_poll_ns"])
             rows["empty poll cpu ns"].append(cost["empty_poll_cpu_ns"])
+            rows["post recv ns"].append(cost["post_recv_ns"])
+            rows["post recv cpu ns"].append(cost["post_recv_cpu_ns"])
             rows["send round us"].append(cost["send_round_us"])
             rows["send round cpu us"].append(cost["send_round_cpu_us"])
     print(f"{a.runs} runs, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")

@@ -8,9 +8,10 @@
  *                            its inherited QP fails without hanging; then the checks.
  *   wc_check DEVICE bench [POLLS]
  *                            prints the cost of an empty ibv_poll_cq (the mean of POLLS,
- *                            default 1000000) and of one SEND + completions round on a
+ *                            default 1000000), of one ibv_post_recv (the mean of 4000,
+ *                            one call each) and of one SEND + completions round on a
  *                            loopback RC pair (wall time, and CPU time: the thread's for
- *                            a poll, the process's for a round).
+ *                            a poll or a post, the process's for a round).
  *   wc_check DEVICE hops     busy-polls 400 loopback SEND rounds and prints
  *                            "hops_nvcsw N rounds R": the voluntary context switches of
  *                            the process's other threads (softrdma's progress thread)
@@ -89,6 +90,49 @@ static void wait_wcx(struct ibv_cq_ex *cqx, enum ibv_wc_opcode want, const char 
 static void to_rts(struct ibv_qp *qp, uint32_t dest, union ibv_gid *gid)
 {
     rc_to_rts(qp, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, dest, gid, 12, 7);
+}
+
+/* bench: the cost of one ibv_post_recv, posted one call each (as ibv_rc_pingpong refills
+ * its queue) on a QP of its own in INIT, then destroyed */
+static void post_recv_cost(struct ibv_pd *pd, struct ibv_cq *cq, char *buf, uint32_t lkey)
+{
+    enum { N = 4000 };
+    struct ibv_qp_init_attr init;
+    struct ibv_sge sge = { .addr = (uintptr_t)buf, .length = 64, .lkey = lkey };
+    struct ibv_recv_wr wr, *bad;
+    struct ibv_qp_attr a;
+    struct ibv_qp *qp;
+    double t0, c0;
+    int i;
+
+    memset(&init, 0, sizeof(init));
+    init.send_cq = init.recv_cq = cq;
+    init.qp_type = IBV_QPT_RC;
+    init.cap.max_send_wr = 1;
+    init.cap.max_recv_wr = N;
+    init.cap.max_send_sge = init.cap.max_recv_sge = 1;
+    qp = ibv_create_qp(pd, &init);
+    if (!qp)
+        FAIL("post_recv bench QP: %s", strerror(errno));
+    memset(&a, 0, sizeof(a));
+    a.qp_state = IBV_QPS_INIT;
+    a.port_num = 1;
+    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+        FAIL("post_recv bench QP INIT");
+    memset(&wr, 0, sizeof(wr));
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    t0 = now();
+    c0 = cpu_now();
+    for (i = 0; i < N; i++) {
+        wr.wr_id = (uint64_t)i;
+        if (ibv_post_recv(qp, &wr, &bad))
+            FAIL("post_recv %d of %d", i + 1, N);
+    }
+    printf("post_recv_ns %.1f\n", (now() - t0) / N * 1e9);
+    printf("post_recv_cpu_ns %.1f\n", (cpu_now() - c0) / N * 1e9);
+    if (ibv_destroy_qp(qp))  /* its receives go with it, no completion */
+        FAIL("post_recv bench QP destroy");
 }
 
 int main(int argc, char **argv)
@@ -224,6 +268,7 @@ int main(int argc, char **argv)
         if (bench) {
             printf("empty_poll_ns %.1f\n", (now() - t0) / polls * 1e9);
             printf("empty_poll_cpu_ns %.1f\n", (cpu_now() - c0) / polls * 1e9);
+            post_recv_cost(pd, cqb, buf, mr->lkey);
         }
         t0 = now();
         sw0 = others_nvcsw();
