@@ -117,3 +117,36 @@ def test_the_ack_of_a_qp_left_alone_waits_for_nothing(
         assert time.monotonic() < deadline
         _rt(b).progress_nonblocking()
     _until(a, {SEND: 1}, deadline)
+
+
+class _Always:
+    """A ``stop_on`` that is always true: each busy-poll step stops after one datagram,
+    as when the polled CQ got a completion from each."""
+
+    def __bool__(self) -> bool:
+        return True
+
+
+def test_a_step_that_took_only_acks_sends_the_acks_owed(
+        pair: tuple[Side, Side, UdpLink, UdpLink]) -> None:
+    """A step that took a request keeps the ACK it owes for the application's next post;
+    a step that took only ACKs (the application awaits its own SEND's completion, so it
+    polls on before it posts again) sends it then, and the peer, which awaits that ACK
+    too, has it before the next request (before: only with that request)."""
+    a, b, la, _lb = pair
+    deadline = time.monotonic() + 60.0
+    a.qp.post_send(_send_wr(a, 1))
+    _until(b, {RECV: 1}, deadline)  # b owes the ACK of a's SEND
+    b.qp.post_send(_send_wr(b, 2))  # b's answer, that ACK riding with it
+    stop = _Always()
+    rt = _rt(a)
+    while not rt.rx_pending():  # the answer alone; the ACK behind it stays
+        assert time.monotonic() < deadline
+        rt.progress_nonblocking(stop)
+    got = {wc.opcode for wc in a.cq.poll(16)[1]}
+    assert got == {RECV}, got
+    sent0 = la.stats.sent
+    rt.progress_nonblocking(stop)  # the ACK only: a's own SEND completes
+    assert {wc.opcode for wc in a.cq.poll(16)[1]} == {SEND}
+    assert la.stats.sent == sent0 + 1, "the ACK a owes did not leave"
+    _until(b, {SEND: 1}, deadline)  # b's answer is acknowledged without a posting again

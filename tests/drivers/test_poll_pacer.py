@@ -302,3 +302,53 @@ def test_a_c_programs_receive_step_after_taking_from_its_ring_spins_afresh() -> 
             hd._forget(h)
     finally:
         ctx.close()
+
+
+def test_a_c_programs_step_that_stopped_at_a_completion_runs_the_next_at_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """softrdma.capi: a RingCQ's receive step stops once it stored a completion into the
+    ring (its ``stored`` mark is the step's ``stop_on``, as a Python CQ's queue is), and
+    ``sr_py_progress`` returns 1 when that left datagrams behind (the ACK a program that
+    awaits its own SEND's completion needs next): shim.c then runs the next step at the
+    next empty poll, without its spin. 0 otherwise."""
+    from types import SimpleNamespace
+
+    from softrdma.capi import bridge
+    from softrdma.capi import handles as hd
+
+    pushed: list[int] = []
+
+    def push(ring: object, wr_id: int, *rest: object) -> int:
+        pushed.append(wr_id)
+        return 0
+
+    monkeypatch.setattr(hd, "_lib", SimpleNamespace(sr_ring_push=push), raising=False)
+    ctx = v.Context(link=UdpLink("127.0.0.1", 0))
+    try:
+        cq = bridge.RingCQ(ctx, 16, None, 0, object())
+        h = hd._add(cq)
+        rt = ctx.runtime
+        stops: list[object] = []
+        pending = [True]
+
+        def step(stop_on: object = None, taken: bool = False) -> int:
+            stops.append(stop_on)
+            assert not stop_on  # cleared before the step
+            cq.push(WorkCompletion(9, 0, int(e.IBV_WC_RECV), 0x11))  # the step stores one
+            assert stop_on  # ... and stops there
+            return 1
+
+        monkeypatch.setattr(rt, "progress_nonblocking", step)
+        monkeypatch.setattr(rt, "rx_pending", lambda: pending[0])
+        try:
+            assert bridge._progress(h, 0) == 1
+            assert stops == [cq.stored] and pushed == [9]
+            pending[0] = False  # nothing left behind the completion
+            assert bridge._progress(h, 0) == 0
+            pending[0] = True
+            monkeypatch.setattr(rt, "progress_nonblocking", lambda stop_on=None, taken=False: 0)
+            assert bridge._progress(h, 0) == 0  # no completion stored: no stop
+        finally:
+            hd._forget(h)
+    finally:
+        ctx.close()

@@ -60,6 +60,19 @@ _WC_WITH_INV = int(e.IBV_WC_WITH_INV)
 _RELEASE_WAIT = 1.0
 
 
+class _Stored:
+    """True once a completion was stored into a RingCQ's ring since :func:`_progress`
+    cleared it: what that step stops on (a Python CQ's step stops on its queue)."""
+
+    __slots__ = ("hit",)
+
+    def __init__(self) -> None:
+        self.hit = False
+
+    def __bool__(self) -> bool:
+        return self.hit
+
+
 class RingCQ(CQ):
     """A CQ whose completions go to the C ring at ``ring`` (``sr_ring_push``)."""
 
@@ -68,11 +81,13 @@ class RingCQ(CQ):
         super().__init__(ctx, cqe, channel=channel, comp_vector=comp_vector)
         self.ring = ring
         self.handle = 0
+        self.stored = self._stop_on = _Stored()
 
     def _store(self, wc: WorkCompletion) -> bool:
         ring = self.ring
         if ring is None:  # destroyed: the C side frees the ring
             return True
+        self.stored.hit = True
         flags = int(wc.wc_flags)
         extra = wc.invalidated_rkey if flags & _WC_WITH_INV else wc.imm_data
         return bool(hd._lib.sr_ring_push(
@@ -306,7 +321,11 @@ def _progress(h: int, taken: int) -> int:
     """One receive step for a program whose ``ibv_poll_cq`` found the CQ ``h`` empty for a
     while: ``CQ.poll`` (an empty one runs the device's busy poll, which spins, then sleeps
     on the socket until input, the next timer or 2 ms), so the answer is completed into
-    the ring by the thread that waits for it. Returns 0.
+    the ring by the thread that waits for it. The step stops once it stored a completion
+    into this CQ's ring (``RingCQ.stored``, as a Python CQ's step stops on its queue).
+    When it left datagrams behind that completion (typically the ACK a program that
+    awaits its own SEND's completion needs next) it returns 1, and the program's next
+    empty poll runs the next step at once, without its spin; otherwise 0.
 
     As in a Python program's busy poll, the ACKs of what it received stay pending: they
     leave with the program's next post (right after its request, so the peer takes both
@@ -321,9 +340,10 @@ def _progress(h: int, taken: int) -> int:
     cq = _get(h, RingCQ)
     if taken:
         cq.taken()
+    cq.stored.hit = False  # the step stops once it stored a completion into the ring
     cq.poll(1)  # a RingCQ's own queue stays empty: its store is the ring
     _stepped.add(cq.ctx)
-    return 0
+    return 1 if cq.stored.hit and cq.ctx.runtime.rx_pending() else 0
 
 
 #: the contexts a receive step ran on (their ACKs may be pending at the program's exit)

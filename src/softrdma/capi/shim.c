@@ -214,6 +214,9 @@ static unsigned int sr_spin = 256;
 static long sr_wait_ns = 200000;
 static int sr_inline = 1;
 static __thread unsigned int sr_empty_run;
+/* the last receive step stopped at a completion of its CQ, leaving the datagrams behind
+ * it: the next empty poll runs a step at once (sr_ring_empty) */
+static __thread int sr_step_next;
 static __thread int sr_taken;        /* completions taken since this thread's last step */
 static atomic_int sr_stepped;          /* a receive step ran (sr_at_exit) */
 
@@ -331,7 +334,8 @@ static int sr_ring_empty(struct sr_ring *r, int h)
     /* A program spinning here must leave the CPU to the progress thread now and then (it
      * runs ACKs, timers and the receive path), or on a busy machine every message waits
      * for a scheduler tick. */
-    if (sr_wait_ns && ++sr_empty_run > sr_spin) {
+    if (sr_wait_ns && (sr_step_next || ++sr_empty_run > sr_spin)) {
+        sr_step_next = 0;
         if (!sr_busy()) {
             sr_empty_run = 0;  /* look again after sr_spin more polls */
             return 0;
@@ -340,7 +344,10 @@ static int sr_ring_empty(struct sr_ring *r, int h)
             /* receive here (Python's busy poll: it paces itself, see above); the ACKs
              * of what it received stay pending (sr_at_exit) */
             atomic_store_explicit(&sr_stepped, 1, memory_order_relaxed);
-            sr_py_progress(h, sr_taken);  /* taken: the pacer's idle streak begins anew */
+            /* taken: the pacer's idle streak begins anew; 1: the step stopped at a
+             * completion of this CQ, with the datagrams behind it (an ACK the program may
+             * await next) left for the next step: the next empty poll runs it at once */
+            sr_step_next = sr_py_progress(h, sr_taken) > 0;
             sr_taken = 0;
         } else if (sr_holds_gil()) {
             /* a Python host's thread: the progress thread needs the GIL to

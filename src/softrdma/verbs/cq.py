@@ -156,6 +156,9 @@ class CQ(VerbsObject):
         self._runtime = ctx.runtime
         self._busy_poll = ctx.runtime.threaded
         self._taken = False  # completions were taken since the last busy-poll step
+        # what a busy-poll step stops on once it is true (a completion for this CQ): the
+        # queue; a CQ that stores elsewhere (softrdma.capi's RingCQ) marks its own
+        self._stop_on: object = self._q
 
     # ---- engine side -----------------------------------------------------------------------
     def push(self, wc: WorkCompletion) -> None:
@@ -196,7 +199,7 @@ class CQ(VerbsObject):
         q = self._q
         if not q and self._busy_poll:
             # taken: the completions since the last step end the step's idle streak
-            self._runtime.progress_nonblocking(q, self._taken)
+            self._runtime.progress_nonblocking(self._stop_on, self._taken)
             self._taken = False
         if num_entries == 1:
             if q:

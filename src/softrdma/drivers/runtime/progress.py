@@ -145,6 +145,10 @@ class DeviceRuntime(Protocol):
 
     def progress_nonblocking(self, stop_on: Any = None, taken: bool = False) -> int: ...
 
+    def rx_pending(self) -> bool:
+        """Datagrams read and not processed yet: the last busy-poll step stopped at a
+        completion of the CQ it polled (``stop_on``) and left those behind it."""
+
     def kick(self) -> None: ...
 
     def device_counters(self) -> dict[str, int]: ...

@@ -352,12 +352,15 @@ class Runtime(RoceTx, RoceRx):
                     # ACKs go out (they leave at the next idle poll, after the
                     # application's next post_send, or from the progress thread): the ACK
                     # is off the critical path of a request/response exchange (IBA
-                    # 9.7.5.1.1 lets a responder coalesce). Contended, they may wait
-                    # longer (AckHold).
+                    # 9.7.5.1.1 lets a responder coalesce). A step that took only ACKs
+                    # counts as idle: the application polled on without posting, awaiting
+                    # its own requests' completions, and the peer, if it does the same,
+                    # awaits the ACKs we owe before it answers our next request.
+                    # Contended, they may wait longer (AckHold).
                     hold = self._ack_hold
                     if hold.until:
                         hold.rx += n
-                    self._after_locked(acks=not n and self._acks_go())
+                    self._after_locked(acks=(not n or self._rx_acks_only) and self._acks_go())
                     d = None if n or stop_on else port.next_deadline()
                     if hold.until and (d is None or hold.until < d):
                         d = hold.until
@@ -377,6 +380,9 @@ class Runtime(RoceTx, RoceRx):
                 break
         core.last_poll = time.monotonic()
         return 0
+
+    def rx_pending(self) -> bool:
+        return bool(self._backlog)
 
     def _acks_go(self) -> bool:
         """Under the lock, on the busy poll's paths: True if the coalesced ACKs pending

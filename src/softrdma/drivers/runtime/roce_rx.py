@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ...errors import DeviceError
 from ...ib.port import Port, RxMeta
 from ...wire.opcodes import (
+    RC_ACK,
     RC_SEND_FIRST,
     RC_SEND_LAST,
     RC_SEND_MIDDLE,
@@ -88,6 +89,8 @@ class RoceRx:
     # IPv6 UD: (addresses, UDP source port, traffic class, hop limit, length) -> RxMeta
     _ud6_metas: dict[tuple[bytes, bytes, int, int, int, int], RxMeta] | None = None
     _backlog: list[Datagram]
+    #: every datagram the last _poll_rx_locked took was an RC ACK (no request to answer)
+    _rx_acks_only: bool = False
     _link_stats: OverflowStats | None
     _rx_overflow: int
 
@@ -150,12 +153,15 @@ class RoceRx:
         tap = self.tap
         bias = misses = failures = 0  # coalesced receives: ID hint offset, what failed
         n_dg = len(dgrams)
+        acks_only = True
         while taken < n_dg:
             d = dgrams[taken]
             taken += 1
             if tap is not None:
                 tap.rx(d)
             data = d.data
+            if acks_only and (not data or data[0] != RC_ACK):
+                acks_only = False
             if d.grh:
                 self._rx_v1(d, now)
                 if stop_on and taken < len(dgrams):
@@ -251,6 +257,7 @@ class RoceRx:
                 break
         if (misses or failures) and self._gso is not None:
             self._gso.note_rx_ids(misses, failures)
+        self._rx_acks_only = acks_only
         return taken
 
     @staticmethod

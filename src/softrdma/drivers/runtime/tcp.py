@@ -324,6 +324,10 @@ class TcpRuntime:
             if n or left <= 0:
                 return n
 
+    def rx_pending(self) -> bool:
+        """Never: a step serves its ready connections whole (``stop_on`` is not used)."""
+        return False
+
     def progress_nonblocking(self, stop_on: Any = None, taken: bool = False) -> int:
         """One non-blocking step from an application thread that busy-polls a CQ; while
         it does, the progress thread stands back (as the RoCE runtime does), so the two
