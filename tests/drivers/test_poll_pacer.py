@@ -306,8 +306,9 @@ def test_a_c_programs_receive_step_after_taking_from_its_ring_spins_afresh() -> 
 
 def test_a_c_programs_step_that_stopped_at_a_completion_runs_the_next_at_once(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """softrdma.capi: a RingCQ's receive step stops once it stored a completion into the
-    ring (its ``stored`` mark is the step's ``stop_on``, as a Python CQ's queue is), and
+    """softrdma.capi: a RingCQ's receive step stops once it stored a receive's completion
+    into the ring (its ``stored`` mark is the step's ``stop_on``, as a Python CQ's queue
+    is; a send's completion does not stop it), and
     ``sr_py_progress`` returns 1 when that left datagrams behind (the ACK a program that
     awaits its own SEND's completion needs next): shim.c then runs the next step at the
     next empty poll, without its spin. 0 otherwise."""
@@ -334,15 +335,17 @@ def test_a_c_programs_step_that_stopped_at_a_completion_runs_the_next_at_once(
         def step(stop_on: object = None, taken: bool = False) -> int:
             stops.append(stop_on)
             assert not stop_on  # cleared before the step
-            cq.push(WorkCompletion(9, 0, int(e.IBV_WC_RECV), 0x11))  # the step stores one
-            assert stop_on  # ... and stops there
+            cq.push(WorkCompletion(8, 0, int(e.IBV_WC_SEND), 0x11))
+            assert not stop_on  # a send's completion: a bulk sender's steps go on
+            cq.push(WorkCompletion(9, 0, int(e.IBV_WC_RECV), 0x11))  # a receive's ...
+            assert stop_on  # ... stops the step
             return 1
 
         monkeypatch.setattr(rt, "progress_nonblocking", step)
         monkeypatch.setattr(rt, "rx_pending", lambda: pending[0])
         try:
             assert bridge._progress(h, 0) == 1
-            assert stops == [cq.stored] and pushed == [9]
+            assert stops == [cq.stored] and pushed == [8, 9]
             pending[0] = False  # nothing left behind the completion
             assert bridge._progress(h, 0) == 0
             pending[0] = True
