@@ -346,7 +346,7 @@ def _progress(h: int, taken: int) -> int:
     cq = _get(h, RingCQ)
     if taken:
         cq.taken()
-    cq.stored.hit = False  # the step stops once it stored a completion into the ring
+    cq.stored.hit = False  # the step stops once it stored a receive's completion
     cq.poll(1)  # a RingCQ's own queue stays empty: its store is the ring
     _stepped.add(cq.ctx)
     return 1 if cq.stored.hit and cq.ctx.runtime.rx_pending() else 0
@@ -413,6 +413,12 @@ def _create_qp(h: int, a: Any, wrapper: Any) -> int:
     else:
         qp = QP(_get(h, PD), _qp_init(a))
     a.qp_num = qp.qp_num
+    return _add_qp(qp, wrapper)
+
+
+def _add_qp(qp: QP, wrapper: Any) -> int:
+    """A new QP's handle (``ibv_create_qp``, ``rdma_create_qp``), its C receive ring
+    attached (:func:`posting.attach`)."""
     h = _add(qp, wrapper)
     posting.attach(h, qp, wrapper)
     return h

@@ -33,7 +33,6 @@ from ..errors import InvalidArgument, SoftRdmaError
 from ..verbs import PD, Context
 from . import bridge as b
 from . import handles as hd
-from . import posting
 
 __all__ = ["install", "EXPORTS"]
 
@@ -179,9 +178,7 @@ def _listen(h: int, backlog: int) -> int:
 def _create_qp(h: int, pd: int, a: Any, wrapper: Any) -> int:
     qp = _id(h).create_qp(hd._get(pd, PD), b._qp_init(a))
     a.qp_num = qp.qp_num
-    qh = hd._add(qp, wrapper)
-    posting.attach(qh, qp, wrapper)
-    return qh
+    return b._add_qp(qp, wrapper)
 
 
 def _drop_qp(h: int) -> int:

@@ -15,12 +15,12 @@ Most receives never come here: ``ibv_post_recv`` on a QP with a receive queue of
 stores one-SGE receives in the QP's ring in C memory (shim.c ``struct sr_rqring``), and
 the QP takes them through :class:`RecvRing`, its
 :class:`~softrdma.seam.queues.RecvFeed` (``ibv_rc_pingpong`` refills 500 receives one
-call at a time: 6-7.5 us each through Python stalled its ping-pong for 3 ms). The others
-(SRQs, several SGEs, a full or closed ring) come here, and repeat too: a QP or SRQ keeps the :class:`RecvWR` of its last
-one-SGE receive with that SGE's address, length and L_Key, and a receive with the same
-three posts it again with its own ``wr_id`` (the post copies a request into a WQE, so
-one request object may be posted any number of times) instead of building and checking
-an SGE and a request anew.
+call at a time: 5.2-7.5 us each through Python stalled its ping-pong for 3 ms). The
+others (SRQs, several SGEs, a full or closed ring) come here, and repeat too: a QP or
+SRQ keeps the :class:`RecvWR` of its last one-SGE receive with that SGE's address,
+length and L_Key, and a receive with the same three posts it again with its own
+``wr_id`` (the post copies a request into a WQE, so one request object may be posted any
+number of times) instead of building and checking an SGE and a request anew.
 """
 
 from __future__ import annotations

@@ -345,8 +345,9 @@ static int sr_ring_empty(struct sr_ring *r, int h)
              * of what it received stay pending (sr_at_exit) */
             atomic_store_explicit(&sr_stepped, 1, memory_order_relaxed);
             /* taken: the pacer's idle streak begins anew; 1: the step stopped at a
-             * completion of this CQ, with the datagrams behind it (an ACK the program may
-             * await next) left for the next step: the next empty poll runs it at once */
+             * receive's completion of this CQ, with the datagrams behind it (an ACK the
+             * program may await next) left for the next step: the next empty poll runs
+             * it at once */
             sr_step_next = sr_py_progress(h, sr_taken) > 0;
             sr_taken = 0;
         } else if (sr_holds_gil()) {
@@ -548,7 +549,7 @@ static int sr_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_re
     return sr_post_recv_h(SR_H(sr_qp, qp), 0, wr, bad);
 }
 
-/* Called from Python: give QP wrapper q a receive ring of cap entries; NULL: none. */
+/* Called from Python: give the QP wrapper a receive ring of cap entries; NULL: none. */
 void *sr_rq_ring(void *wrapper, uint32_t cap)
 {
     struct sr_rqring *r = &((struct sr_qp *)wrapper)->rq;
@@ -1300,6 +1301,17 @@ int ibv_destroy_srq(struct ibv_srq *srq)
 }
 
 /* ---- queue pairs ---- */
+/* a QP wrapper's own locks and memory: its last request's lock, its receive ring */
+static void sr_qp_free(struct sr_qp *q)
+{
+    pthread_spin_destroy(&q->last_lock);
+    if (q->rq.e) {
+        pthread_spin_destroy(&q->rq.lock);
+        free(q->rq.e);
+    }
+    free(q);
+}
+
 /* owner: the handle of the QP's PD (of its XRC domain for an XRC TGT QP, pd NULL);
  * cm_id: the handle of the rdma_cm id the QP is made for (rdma_create_qp), or 0 */
 static struct sr_qp *sr_create_qp_on(int owner, struct ibv_context *context, struct ibv_pd *pd,
@@ -1325,12 +1337,7 @@ static struct sr_qp *sr_create_qp_on(int owner, struct ibv_context *context, str
     h = cm_id ? sr_py_cm_create_qp(cm_id, owner, &a, q) : sr_py_create_qp(owner, &a, q);
     if (!sr_handle_ok(h)) {
         int err = errno;
-        pthread_spin_destroy(&q->last_lock);
-        if (q->rq.e) {
-            pthread_spin_destroy(&q->rq.lock);
-            free(q->rq.e);
-        }
-        free(q);
+        sr_qp_free(q);
         return sr_fail(err);
     }
     attr->cap.max_send_wr = a.max_send_wr;
@@ -1484,12 +1491,7 @@ int ibv_destroy_qp(struct ibv_qp *qp)
         return ret;
     sr_x_free(q);
     free(q->xw);
-    pthread_spin_destroy(&q->last_lock);
-    if (q->rq.e) {
-        pthread_spin_destroy(&q->rq.lock);
-        free(q->rq.e);
-    }
-    free(q);
+    sr_qp_free(q);
     return 0;
 }
 
