@@ -1,12 +1,15 @@
-"""A request and the coalesced ACK its QP owes leave in one send when the application
-awaited its earlier requests' ACKs (issue 26, "the tools are as fast as the bench").
+"""Where the coalesced ACK a QP owes leaves when the application posts its next request
+(issue 26, "the tools are as fast as the bench").
 
 ``ibv_rc_pingpong`` and perftest's latency tests await each SEND's completion (the peer's
 ACK) as well as the answer. The responder coalesces its ACK until its own next request
-(IBA 9.7.5.1.1); sent as two datagrams one after the other, the peer woke for the answer
-and often again for the ACK. ``EngineQP.ack_rides_with`` says when both go in one batch
-(one UDP GSO send: in the peer's socket at once); a QP whose earlier requests are still
-unacknowledged (the bench's pipelining ping-pong) still sends its request first, alone.
+(IBA 9.7.5.1.1). On an idle machine the request leaves first and the ACK right after
+it: the peer begins on the request while the ACK is built. On a contended machine (the
+busy poll's pacer says so: ``PollPacer.hold_acks``), where the peer sleeps between
+datagrams, both go in one batch when the application awaited its earlier requests' ACKs
+(``EngineQP.ack_rides_with``; one UDP GSO send: in the peer's socket at once, one
+wake-up); a QP whose earlier requests are still unacknowledged (the bench's pipelining
+ping-pong) sends its request first, alone, there too.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from harness.verbs_pair import Side, manual_udp_rc_pair
 from softrdma import enums as e
 from softrdma import verbs as v
 from softrdma.drivers.links.udp import UdpLink
+from softrdma.drivers.runtime.progress import PollPacer
 from softrdma.drivers.runtime.roce import Runtime
 
 ROUNDS = 24
@@ -68,12 +72,30 @@ def _until(s: Side, want: dict[int, int], deadline: float, also: Side | None = N
                 s.qp.post_recv(v.RecvWR(wr_id=1, num_sge=1, sg=[s.sge(0, 64)]))
 
 
-def test_an_ack_waiting_pingpong_sends_each_request_with_its_ack(
-        pair: tuple[Side, Side, UdpLink, UdpLink]) -> None:
-    """Each side awaits its SEND's completion and the peer's SEND: from the second round
-    on every SEND leaves in one GSO send with the ACK for the SEND it answers, and the
-    peer reads both at once (before: two plain sends, the ACK right after the SEND)."""
+def _machine(monkeypatch: pytest.MonkeyPatch, contended: bool, *sides: Side) -> None:
+    """The busy poll's pacers find the machine ``contended`` or idle, whatever the load
+    on the machine the test runs on; the ``sides``' ACKs are not held back (AckHold,
+    tested elsewhere), so they leave with the requests."""
+    monkeypatch.setattr(PollPacer, "hold_acks", lambda self: contended)
+    for s in sides:
+        monkeypatch.setattr(_rt(s), "_acks_go", lambda: True)
+
+
+class _Always:
+    """A ``stop_on`` that is always true: each busy-poll step stops after one datagram,
+    as when the polled CQ got a completion from each."""
+
+    def __bool__(self) -> bool:
+        return True
+
+
+def test_an_ack_waiting_pingpong_sends_each_request_with_its_ack_when_contended(
+        pair: tuple[Side, Side, UdpLink, UdpLink], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each side awaits its SEND's completion and the peer's SEND, on a contended
+    machine: from the second round on every SEND leaves in one GSO send with the ACK for
+    the SEND it answers, and the peer reads both at once."""
     a, b, la, lb = pair
+    _machine(monkeypatch, True, a, b)
     deadline = time.monotonic() + 60.0
     gso0 = (la.stats.gso_sends, lb.stats.gso_sends)
     for i in range(ROUNDS):
@@ -89,11 +111,69 @@ def test_an_ack_waiting_pingpong_sends_each_request_with_its_ack(
     _until(b, {SEND: 1}, deadline, also=a)  # b's last answer: a's idle poll ACKs it
 
 
-def test_a_request_posted_before_the_earlier_ones_were_acknowledged_leaves_first(
-        pair: tuple[Side, Side, UdpLink, UdpLink]) -> None:
-    """A QP that owes an ACK but still awaits its own earlier request's ACK (a pipelining
-    application, as the bench's ping-pong): its request leaves alone, the ACK after it."""
+def test_an_ack_waiting_pingpong_sends_the_request_first_when_idle(
+        pair: tuple[Side, Side, UdpLink, UdpLink], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same ping-pong on an idle machine: no SEND shares a batch with an ACK (no GSO
+    send); an ACK owed at a post leaves right after the SEND, so the peer's first step
+    takes the SEND."""
     a, b, la, lb = pair
+    _machine(monkeypatch, False, a, b)
+    deadline = time.monotonic() + 60.0
+    stop = _Always()
+    gso0 = (la.stats.gso_sends, lb.stats.gso_sends)
+    owed = 0  # ACKs a posted SEND went out with (riding after it)
+    for i in range(ROUNDS):
+        for me, peer, link in ((a, b, la), (b, a, lb)):
+            sent0 = link.stats.sent
+            owes = bool(_rt(me).port.ack_pending)
+            me.qp.post_send(_send_wr(me, i))
+            assert link.stats.sent == sent0 + 1 + owes  # the SEND, then the ACK owed
+            owed += owes
+            awaits = 1 if (i or peer is a) else 0  # the peer's own SEND's completion
+            if owes:  # the ACK rides after the SEND: the peer's first datagram is the SEND
+                rt = _rt(peer)
+                while not rt.progress_nonblocking(stop):  # one datagram per step
+                    assert time.monotonic() < deadline
+                assert [wc.opcode for wc in peer.cq.poll(16)[1]] == [RECV]
+                peer.qp.post_recv(v.RecvWR(wr_id=1, num_sge=1, sg=[peer.sge(0, 64)]))
+                _until(peer, {SEND: awaits}, deadline)
+            else:  # the ACK left before, from an ACK-only step
+                _until(peer, {RECV: 1, SEND: awaits}, deadline)
+    _until(b, {SEND: 1}, deadline, also=a)  # b's last answer: a's idle poll ACKs it
+    assert (la.stats.gso_sends, lb.stats.gso_sends) == gso0
+    assert owed  # some ACKs rode after a SEND (the others left from an ACK-only step)
+
+
+def test_ack_awaited_while_an_awaiting_applications_request_is_unacknowledged(
+        pair: tuple[Side, Side, UdpLink, UdpLink]) -> None:
+    """``Runtime.ack_awaited``: the last post found its QP's earlier requests all
+    complete (the application awaits each one) and its request awaits the ACK; not for a
+    post behind an unacknowledged request (a pipelining application), nor once acked."""
+    a, b, _la, _lb = pair
+    deadline = time.monotonic() + 60.0
+    rt = _rt(a)
+    assert not rt.ack_awaited()
+    a.qp.post_send(_send_wr(a, 1))
+    assert rt.ack_awaited()
+    a.qp.post_send(_send_wr(a, 2))  # posted behind the first: pipelining
+    assert not rt.ack_awaited()
+    _until(b, {RECV: 2}, deadline)
+    _until(a, {SEND: 2}, deadline, also=b)
+    assert not rt.ack_awaited()
+    a.qp.post_send(_send_wr(a, 3))
+    assert rt.ack_awaited()
+    _until(b, {RECV: 1}, deadline)
+    _until(a, {SEND: 1}, deadline, also=b)
+    assert not rt.ack_awaited()
+
+
+def test_a_request_posted_before_the_earlier_ones_were_acknowledged_leaves_first(
+        pair: tuple[Side, Side, UdpLink, UdpLink], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A QP that owes an ACK but still awaits its own earlier request's ACK (a pipelining
+    application, as the bench's ping-pong): its request leaves alone, the ACK after it,
+    on a contended machine too."""
+    a, b, la, lb = pair
+    _machine(monkeypatch, True, a, b)
     deadline = time.monotonic() + 60.0
     b.qp.post_send(_send_wr(b, 1))  # b's first SEND: a has not read it yet
     a.qp.post_send(_send_wr(a, 2))
@@ -119,21 +199,15 @@ def test_the_ack_of_a_qp_left_alone_waits_for_nothing(
     _until(a, {SEND: 1}, deadline)
 
 
-class _Always:
-    """A ``stop_on`` that is always true: each busy-poll step stops after one datagram,
-    as when the polled CQ got a completion from each."""
-
-    def __bool__(self) -> bool:
-        return True
-
-
 def test_a_step_that_took_only_acks_sends_the_acks_owed(
-        pair: tuple[Side, Side, UdpLink, UdpLink]) -> None:
+        pair: tuple[Side, Side, UdpLink, UdpLink], monkeypatch: pytest.MonkeyPatch) -> None:
     """A step that took a request keeps the ACK it owes for the application's next post;
     a step that took only ACKs (the application awaits its own SEND's completion, so it
     polls on before it posts again) sends it then, and the peer, which awaits that ACK
-    too, has it before the next request (before: only with that request)."""
+    too, has it before the next request (before: only with that request). (b is
+    contended, so its ACK rides with its answer and a reads both at once.)"""
     a, b, la, _lb = pair
+    _machine(monkeypatch, True, a, b)
     deadline = time.monotonic() + 60.0
     a.qp.post_send(_send_wr(a, 1))
     _until(b, {RECV: 1}, deadline)  # b owes the ACK of a's SEND

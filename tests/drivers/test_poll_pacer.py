@@ -311,7 +311,8 @@ def test_a_c_programs_step_that_stopped_at_a_completion_runs_the_next_at_once(
     is; a send's completion does not stop it), and
     ``sr_py_progress`` returns 1 when that left datagrams behind (the ACK a program that
     awaits its own SEND's completion needs next): shim.c then runs the next step at the
-    next empty poll, without its spin. 0 otherwise."""
+    next empty poll, without its spin; also while the program's last SEND awaits its ACK
+    and the program awaited each earlier one (``ack_awaited``). 0 otherwise."""
     from types import SimpleNamespace
 
     from softrdma.capi import bridge
@@ -343,6 +344,8 @@ def test_a_c_programs_step_that_stopped_at_a_completion_runs_the_next_at_once(
 
         monkeypatch.setattr(rt, "progress_nonblocking", step)
         monkeypatch.setattr(rt, "rx_pending", lambda: pending[0])
+        awaited = [False]
+        monkeypatch.setattr(rt, "ack_awaited", lambda: awaited[0])
         try:
             assert bridge._progress(h, 0) == 1
             assert stops == [cq.stored] and pushed == [8, 9]
@@ -351,6 +354,10 @@ def test_a_c_programs_step_that_stopped_at_a_completion_runs_the_next_at_once(
             pending[0] = True
             monkeypatch.setattr(rt, "progress_nonblocking", lambda stop_on=None, taken=False: 0)
             assert bridge._progress(h, 0) == 0  # no completion stored: no stop
+            # the program's last SEND awaits its ACK (it awaited each earlier one): the
+            # next empty poll steps at once, with or without a completion stored
+            awaited[0] = True
+            assert bridge._progress(h, 0) == 1
         finally:
             hd._forget(h)
     finally:

@@ -330,12 +330,16 @@ def _progress(h: int, taken: int) -> int:
     completion into this CQ's ring (``RingCQ.stored``, as a Python CQ's step stops on
     its queue).
     When it left datagrams behind that completion (typically the ACK a program that
-    awaits its own SEND's completion needs next) it returns 1, and the program's next
-    empty poll runs the next step at once, without its spin; otherwise 0.
+    awaits its own SEND's completion needs next), or while the program's last request
+    awaits its ACK and the program awaited each earlier one
+    (:meth:`~softrdma.drivers.runtime.progress.DeviceRuntime.ack_awaited`: the ACK
+    arrives about when the answer does, and the program polls for both), it returns 1,
+    and the program's next empty poll runs the next step at once, without its spin;
+    otherwise 0.
 
     As in a Python program's busy poll, the ACKs of what it received stay pending: they
-    leave with the program's next post (right after its request, so the peer takes both
-    at one wake-up), at its next empty poll or from the progress thread, and at the
+    leave with the program's next post (right after its request; on a contended machine
+    in one batch with it), at its next empty poll or from the progress thread, and at the
     program's exit (:func:`_at_exit`: a C program may exit right after its last
     completion, without a Python shutdown).
 
@@ -349,7 +353,8 @@ def _progress(h: int, taken: int) -> int:
     cq.stored.hit = False  # the step stops once it stored a receive's completion
     cq.poll(1)  # a RingCQ's own queue stays empty: its store is the ring
     _stepped.add(cq.ctx)
-    return 1 if cq.stored.hit and cq.ctx.runtime.rx_pending() else 0
+    rt = cq.ctx.runtime
+    return 1 if (cq.stored.hit and rt.rx_pending()) or rt.ack_awaited() else 0
 
 
 #: the contexts a receive step ran on (their ACKs may be pending at the program's exit)

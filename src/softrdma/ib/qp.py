@@ -429,6 +429,17 @@ class EngineQP:
         unacknowledged (a pipelining application) sends its request first."""
         return self.ack_psn >= 0 and len(self.req.sq) == posted
 
+    def awaits_acks(self) -> bool:
+        """True if, before new requests are posted, every earlier request of this QP
+        was acknowledged (its send queue is empty): the application awaited
+        their completions (IBA 9.7.5.1's ACKs) before it posted again."""
+        return not self.req.sq
+
+    def acks_due(self) -> bool:
+        """True while requests of this QP, in RTS, await their ACK or response (IBA
+        9.7.5.1)."""
+        return self.state == RTS and bool(self.req.sq)
+
     def flush_ack(self) -> None:
         """Send the coalesced ACK, if one is pending (called by Port.take_output)."""
         if self.ack_psn >= 0:

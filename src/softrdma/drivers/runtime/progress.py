@@ -149,6 +149,11 @@ class DeviceRuntime(Protocol):
         """Datagrams read and not processed yet: the last busy-poll step stopped at a
         completion of the CQ it polled (``stop_on``) and left those behind it."""
 
+    def ack_awaited(self) -> bool:
+        """The application's last post was to a QP whose earlier requests were all
+        complete (it awaits each request's completion, as ``ibv_rc_pingpong``), and
+        that post still awaits its ACK: it arrives soon, and the program polls for it."""
+
     def kick(self) -> None: ...
 
     def device_counters(self) -> dict[str, int]: ...

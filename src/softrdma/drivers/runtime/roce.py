@@ -231,6 +231,7 @@ class Runtime(RoceTx, RoceRx):
         self._gid_of = _Memo(ip_to_gid).__getitem__  # IP address -> GID, per packet received
         self._metas: dict[tuple[bytes, bytes, int, int, int], RxMeta] = {}
         self._backlog: list[Datagram] = []
+        self._awaiting: Any = None  # post_send's QP when it awaited its ACKs (ack_awaited)
         self._poll_ask = 1  # datagrams the next busy poll reads (progress_nonblocking)
         self._pending = False
         self._reporter = link if link.shared else None
@@ -272,15 +273,19 @@ class Runtime(RoceTx, RoceRx):
         lock.acquire()
         try:
             now = self.now()
+            self._awaiting = qp if qp.awaits_acks() else None
             post = qp.post_send
             for w in wqes:
                 post(w, now)
         finally:
             try:
                 port = self.port
-                # the request first: coalesced ACKs are built after it left; but a QP that
-                # awaited its earlier requests' ACKs sends its own in one batch with it
-                if port.tx and not (port.ack_pending and qp.ack_rides_with(len(wqes))):
+                # the request first: coalesced ACKs are built after it left, while the
+                # peer begins on the request; but on a contended machine a QP that awaited
+                # its earlier requests' ACKs sends its own in one batch with it (the
+                # peer, awaiting both, wakes once)
+                if port.tx and not (port.ack_pending and qp.ack_rides_with(len(wqes))
+                                    and self._pacer.hold_acks()):
                     pacer = self._pacer
                     if pacer.fd is None:
                         self._flush_tx_locked(False)
@@ -383,6 +388,10 @@ class Runtime(RoceTx, RoceRx):
 
     def rx_pending(self) -> bool:
         return bool(self._backlog)
+
+    def ack_awaited(self) -> bool:
+        qp = self._awaiting
+        return qp is not None and qp.acks_due()
 
     def _acks_go(self) -> bool:
         """Under the lock, on the busy poll's paths: True if the coalesced ACKs pending

@@ -328,6 +328,10 @@ class TcpRuntime:
         """Never: a step serves its ready connections whole (``stop_on`` is not used)."""
         return False
 
+    def ack_awaited(self) -> bool:
+        """Never: an iWARP SEND completes once TCP took it (RFC 5040 §7.1), no ACK."""
+        return False
+
     def progress_nonblocking(self, stop_on: Any = None, taken: bool = False) -> int:
         """One non-blocking step from an application thread that busy-polls a CQ; while
         it does, the progress thread stands back (as the RoCE runtime does), so the two
