@@ -104,6 +104,11 @@ class UdpRx:
         errors_left = 64  # transient errors are consumed by reading them; stay bounded
         drained = False  # every socket said EAGAIN: the next call asks the epoll first
         while i < n and len(out) < n:
+            if i == 1 and ep is not None and not ep.poll(0):
+                # A second read after one datagram (the busy poll's probe whether more
+                # came, most often not): ask the epoll, as above, rather than recvmsg
+                drained = True
+                break
             slot = slots[i]
             try:
                 nbytes, anc, flags, addr = recv([slot], _ANC_SIZE)
