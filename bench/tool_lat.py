@@ -46,9 +46,12 @@ can post its next SEND only once two datagrams of the peer arrived, the answer a
 ACK, which the peer's one thread sends one after the other (the answer first, its
 coalesced ACK right after, ``Runtime.post_send``), and which this side reads in two
 polls, often waking twice. The bench's ping-pong has one datagram per half round trip
-on that path; its ACKs leave and are read while the peer works. Now a QP whose earlier
-requests were all acknowledged sends the ACK it owes in one GSO send with its request
-(``EngineQP.ack_rides_with``), so the peer finds both in its socket at once: awaiting
+on that path; its ACKs leave and are read while the peer works. On a contended machine
+(the busy poll's ``PollPacer.hold_acks``) a QP whose earlier requests were all
+acknowledged sends the ACK it owes in one GSO send with its request
+(``EngineQP.ack_rides_with``), so the peer finds both in its socket at once (on an idle
+machine the request leaves first and the ACK right after: the peer begins on the
+request meanwhile, 103-105 against 108-112 us per iteration; docs/design.md): awaiting
 ACKs, context switches per round trip 3.8-4.0 -> 2.6-2.7 (both processes, the bench's
 ``wait_send`` ping-pong, load 4-10, n = 6 alternated, two series), CPU per round trip
 -10-20 %, round trip 424 -> 291 us beside a plain ping-pong of 295 -> 274 us. The real
