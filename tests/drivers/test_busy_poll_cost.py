@@ -41,95 +41,87 @@ def _wait_readable(link: UdpLink) -> None:
     assert select.select([fd], [], [], 10.0)[0], "the datagram did not arrive in 10 s"
 
 
-def _links() -> tuple[UdpLink, UdpLink, _CountingSocket]:
-    """Two loopback links, the second one's receive socket counting its reads."""
+Links = tuple[UdpLink, UdpLink, _CountingSocket, int]
+
+
+@pytest.fixture()
+def links() -> Iterator[Links]:
+    """Two loopback links, the second one's receive socket counting its reads, and the
+    second one's port; both closed afterwards."""
     a = UdpLink("127.0.0.1", 0)
     b = UdpLink("127.0.0.1", 0)
-    assert b._rx is not None
-    counting = _CountingSocket(b._rx)
-    b._rx = counting  # type: ignore[assignment]
-    b._rx_socks = (counting,)  # type: ignore[assignment]
-    return a, b, counting
-
-
-def test_a_read_that_drained_the_socket_makes_the_next_empty_poll_ask_the_epoll() -> None:
-    """A read that ended on EAGAIN left the socket empty: the next call asks the epoll
-    (0.3 us) instead of a recvmsg that raises BlockingIOError (1-3 us). A ping-pong's
-    busy poll makes such a read and then such a call every round trip."""
-    a, b, counting = _links()
     try:
-        port = b.port
-        assert port is not None
-        for _ in range(2):
-            a.send(LO4, port, a.fallback_sport, [b"x" * 40])
-            _wait_readable(b)
-            before = counting.calls
-            got = b.recv_batch(4)
-            assert len(got) == 1 and bytes(got[0].data) == b"x" * 40
-            # the datagram; then the epoll, not a recvmsg raising EAGAIN, says no more
-            assert counting.calls == before + 1
-            assert b.recv_batch(4) == []
-            assert counting.calls == before + 1, "an empty poll after a drain read the socket"
+        assert b._rx is not None and b.port is not None
+        counting = _CountingSocket(b._rx)
+        b._rx = counting  # type: ignore[assignment]
+        b._rx_socks = (counting,)  # type: ignore[assignment]
+        yield a, b, counting, b.port
     finally:
         a.close()
         b.close()
 
 
-def test_a_read_asks_the_epoll_before_its_second_recvmsg() -> None:
+def test_a_read_that_drained_the_socket_makes_the_next_empty_poll_ask_the_epoll(
+        links: Links) -> None:
+    """A read that ended on EAGAIN left the socket empty: the next call asks the epoll
+    (0.3 us) instead of a recvmsg that raises BlockingIOError (1-3 us). A ping-pong's
+    busy poll makes such a read and then such a call every round trip."""
+    a, b, counting, port = links
+    for _ in range(2):
+        a.send(LO4, port, a.fallback_sport, [b"x" * 40])
+        _wait_readable(b)
+        before = counting.calls
+        got = b.recv_batch(4)
+        assert len(got) == 1 and bytes(got[0].data) == b"x" * 40
+        # the datagram; then the epoll, not a recvmsg raising EAGAIN, says no more
+        assert counting.calls == before + 1
+        assert b.recv_batch(4) == []
+        assert counting.calls == before + 1, "an empty poll after a drain read the socket"
+
+
+def test_a_read_asks_the_epoll_before_its_second_recvmsg(links: Links) -> None:
     """After a call's first datagram, whether another one is queued is asked of the epoll
     (0.3 us), not of a recvmsg that raises EAGAIN (1.4 us): the busy poll's reads of a
     ping-pong (one datagram, then the probe for more) pay that on every other step, the
     step that takes the ACK an application awaits among them. Datagrams that are queued
     are all read, as before."""
-    a, b, counting = _links()
-    try:
-        port = b.port
-        assert port is not None
-        a.send(LO4, port, a.fallback_sport, [b"p" * 40])
-        _wait_readable(b)
-        b._was_empty = False  # a full read before: this call reads without asking first
-        before = counting.calls
-        assert [bytes(d.data) for d in b.recv_batch(2)] == [b"p" * 40]
-        assert counting.calls == before + 1, "the probe for a second datagram read the socket"
-        for c in (b"q", b"r", b"s"):
-            a.send(LO4, port, a.fallback_sport, [c * 40])
-        end = time.monotonic() + 10.0
-        got: list[bytes] = []
-        while len(got) < 3 and time.monotonic() < end:  # loopback delivers them in order
-            got += [bytes(d.data) for d in b.recv_batch(8)]
-        assert got == [b"q" * 40, b"r" * 40, b"s" * 40]
-    finally:
-        a.close()
-        b.close()
+    a, b, counting, port = links
+    a.send(LO4, port, a.fallback_sport, [b"p" * 40])
+    _wait_readable(b)
+    b._was_empty = False  # a full read before: this call reads without asking first
+    before = counting.calls
+    assert [bytes(d.data) for d in b.recv_batch(2)] == [b"p" * 40]
+    assert counting.calls == before + 1, "the probe for a second datagram read the socket"
+    for c in (b"q", b"r", b"s"):
+        a.send(LO4, port, a.fallback_sport, [c * 40])
+    end = time.monotonic() + 10.0
+    got: list[bytes] = []
+    while len(got) < 3 and time.monotonic() < end:  # loopback delivers them in order
+        got += [bytes(d.data) for d in b.recv_batch(8)]
+    assert got == [b"q" * 40, b"r" * 40, b"s" * 40]
 
 
-def test_a_one_datagram_read_makes_the_next_empty_poll_ask_the_epoll() -> None:
+def test_a_one_datagram_read_makes_the_next_empty_poll_ask_the_epoll(links: Links) -> None:
     """A busy poll reads one datagram first (a ping-pong's answer); the call after it,
     most often empty, asks the epoll rather than a recvmsg that raises EAGAIN; a datagram
     queued behind the first is still read by it."""
-    a, b, counting = _links()
-    try:
-        port = b.port
-        assert port is not None
-        a.send(LO4, port, a.fallback_sport, [b"x" * 40])
-        _wait_readable(b)
-        before = counting.calls
-        assert len(b.recv_batch(1)) == 1 and counting.calls == before + 1
-        assert b.recv_batch(2) == []
-        assert counting.calls == before + 1, "an empty poll after a one-datagram read"
-        a.send(LO4, port, a.fallback_sport, [b"y" * 40])
-        a.send(LO4, port, a.fallback_sport, [b"z" * 40])
-        _wait_readable(b)
-        got = b.recv_batch(1)
-        assert [bytes(d.data) for d in got] == [b"y" * 40]
-        end = time.monotonic() + 10.0
-        more: list[bytes] = []
-        while not more and time.monotonic() < end:
-            more = [bytes(d.data) for d in b.recv_batch(2)]
-        assert more == [b"z" * 40]
-    finally:
-        a.close()
-        b.close()
+    a, b, counting, port = links
+    a.send(LO4, port, a.fallback_sport, [b"x" * 40])
+    _wait_readable(b)
+    before = counting.calls
+    assert len(b.recv_batch(1)) == 1 and counting.calls == before + 1
+    assert b.recv_batch(2) == []
+    assert counting.calls == before + 1, "an empty poll after a one-datagram read"
+    a.send(LO4, port, a.fallback_sport, [b"y" * 40])
+    a.send(LO4, port, a.fallback_sport, [b"z" * 40])
+    _wait_readable(b)
+    got = b.recv_batch(1)
+    assert [bytes(d.data) for d in got] == [b"y" * 40]
+    end = time.monotonic() + 10.0
+    more: list[bytes] = []
+    while not more and time.monotonic() < end:
+        more = [bytes(d.data) for d in b.recv_batch(2)]
+    assert more == [b"z" * 40]
 
 
 def test_a_calm_poll_sleeps_without_reading_the_cpu_clock() -> None:
