@@ -9,7 +9,10 @@ busy poll's pacer says so: ``PollPacer.hold_acks``), where the peer sleeps betwe
 datagrams, both go in one batch when the application awaited its earlier requests' ACKs
 (``EngineQP.ack_rides_with``; one UDP GSO send: in the peer's socket at once, one
 wake-up); a QP whose earlier requests are still unacknowledged (the bench's pipelining
-ping-pong) sends its request first, alone, there too.
+ping-pong) sends its request first, alone, there too. Once each side acknowledges the
+other's answer before its next request, each request asks for a prompt ACK
+(``Port.ack_prompt``): on an idle machine it leaves from the step that took the
+request, while the application makes its answer.
 """
 
 from __future__ import annotations
@@ -142,6 +145,40 @@ def test_an_ack_waiting_pingpong_sends_the_request_first_when_idle(
     _until(b, {SEND: 1}, deadline, also=a)  # b's last answer: a's idle poll ACKs it
     assert (la.stats.gso_sends, lb.stats.gso_sends) == gso0
     assert owed  # some ACKs rode after a SEND (the others left from an ACK-only step)
+
+
+def test_an_ack_waiting_pingpong_acks_each_request_in_the_step_that_takes_it_when_idle(
+        pair: tuple[Side, Side, UdpLink, UdpLink], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same ping-pong on an idle machine, each step taking one datagram: from the
+    second round on, each side's ACK of the other's answer left before its next SEND
+    (Port.ack_prompt): so the step that takes a SEND sends the ACK of that SEND, before
+    the application sees its completion and answers, and no post owes an ACK."""
+    a, b, la, lb = pair
+    _machine(monkeypatch, False, a, b)
+    deadline = time.monotonic() + 60.0
+    stop = _Always()
+    for i in range(ROUNDS):
+        for me, peer, link, plink in ((a, b, la, lb), (b, a, lb, la)):
+            sent0 = link.stats.sent
+            owes = bool(_rt(me).port.ack_pending)
+            me.qp.post_send(_send_wr(me, i))
+            assert link.stats.sent == sent0 + 1 + owes
+            assert not owes or i == 0, (i, me is a)
+            want = {RECV: 1, SEND: 1 if (i or peer is a) else 0}
+            while any(want.values()):
+                assert time.monotonic() < deadline, want
+                psent = plink.stats.sent
+                _rt(peer).progress_nonblocking(stop)  # one datagram per step
+                for wc in peer.cq.poll(16)[1]:
+                    assert wc.status == 0 and want.get(wc.opcode, 0) > 0, wc
+                    want[wc.opcode] -= 1
+                    if wc.opcode == RECV:
+                        assert peer.buf[0:64] == bytes([i]) * 64
+                        peer.qp.post_recv(v.RecvWR(wr_id=1, num_sge=1, sg=[peer.sge(0, 64)]))
+                        # the step that took the SEND sent its ACK (the first answer of
+                        # b found a's SEND unacknowledged: none then)
+                        assert plink.stats.sent == psent + (1 if i else 0), (i, me is a)
+    _until(b, {SEND: 1}, deadline)  # b's last answer: a's prompt ACK is in b's socket
 
 
 def test_ack_awaited_while_an_awaiting_applications_request_is_unacknowledged(

@@ -337,7 +337,8 @@ def _progress(h: int, taken: int) -> int:
     and the program's next empty poll runs the next step at once, without its spin;
     otherwise 0.
 
-    As in a Python program's busy poll, the ACKs of what it received stay pending: they
+    As in a Python program's busy poll, the ACKs of what it received stay pending (but a
+    prompt one, which the step sends: ``Port.ack_prompt``, a peer that awaits it): they
     leave with the program's next post (right after its request; on a contended machine
     in one batch with it), at its next empty poll or from the progress thread, and at the
     program's exit (:func:`_at_exit`: a C program may exit right after its last

@@ -724,11 +724,11 @@ static int sr_python_ok(void)
 
 /* ---- exit ----
  * A receive step (sr_py_progress) leaves the ACKs of what it received pending, as Python's
- * busy poll does: they leave with the program's next post, right after its request (on a
- * contended machine in one batch with it). A C program may exit right after its last
- * completion, and its embedded Python has no shutdown that would send them: at exit they
- * are sent (sr_py_at_exit), or the peer's SEND would complete in error once its retries
- * are spent.
+ * busy poll does (but a prompt one, for a peer that awaits it, which the step sends): they
+ * leave with the program's next post, right after its request (on a contended machine in
+ * one batch with it). A C program may exit right after its last completion, and its
+ * embedded Python has no shutdown that would send them: at exit they are sent
+ * (sr_py_at_exit), or the peer's SEND would complete in error once its retries are spent.
  * Not in a Python host (its interpreter is finalized by then: it closed its devices) nor
  * in a forked child that ran no receive step of its own (the flag is cleared at fork). */
 static void sr_at_exit(void)

@@ -116,6 +116,8 @@ class Port(DeviceTables[EngineQP]):
         # that holds ::1 as a GID accepts it.
         self.loopback_gid_ok = LOOPBACK_GID in self.gids
         self.ack_pending: list[AckOwner] = []
+        # a pending ACK's peer awaits it (Responder.schedule_ack): send it promptly
+        self.ack_prompt = False
         self._unpopped: deque[EngineEvent] = deque(maxlen=_EVENT_BACKLOG)
         self.events.subscribe(self._unpopped.append)
 
@@ -144,6 +146,7 @@ class Port(DeviceTables[EngineQP]):
         if acks and self.ack_pending:
             pending = self.ack_pending
             self.ack_pending = []
+            self.ack_prompt = False
             for qp in pending:
                 qp.flush_ack()
         tx = self.tx

@@ -150,6 +150,9 @@ class EngineQP:
         self.return_rwqe = self.rq.give_back
         self.deadline: float | None = None
         self.ack_psn = -1
+        # the completer emptied the send queue since the last request received
+        # (Responder.schedule_ack: a prompt ACK)
+        self.acked_ahead = False
         self.destroyed = False
         self.sqd_notified = False
         self.cnp_next_at = 0.0  # no CNP before this time (CNP_INTERVAL_S)

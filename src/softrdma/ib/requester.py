@@ -145,6 +145,7 @@ class Requester(GoBackN):
             wqe.rd_atomic = False
         sq = self.sq
         sq.append(wqe)
+        qp.acked_ahead = False
         n = len(sq)
         if n == 1 or self.tx_idx == n - 1:
             if (self.resend_until is None and not self.rnr_wait and qp.state == RTS
@@ -490,7 +491,9 @@ class Requester(GoBackN):
     # ---- completion (the completer calls it; going back: softrdma.ib.go_back) -------------
     def complete_head(self) -> None:
         qp = self.qp
+        done = False
         for w in take_done(self.sq, DONE):
+            done = True
             if self.tx_idx:
                 self.tx_idx -= 1
             else:
@@ -501,6 +504,8 @@ class Requester(GoBackN):
             if w.signaled:
                 qp.complete_send(WorkCompletion(w.wr_id, WCS.IBV_WC_SUCCESS, WC_OPCODE[w.opcode],
                                                 qp.qpn, byte_len=w.length))
+        if done and not self.sq:
+            qp.acked_ahead = True  # every request acknowledged (Responder.schedule_ack)
 
     # ---- errors -----------------------------------------------------------------------------
     def fail(self, wqe: SendWQE, status: int) -> None:

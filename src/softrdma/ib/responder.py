@@ -131,10 +131,24 @@ class Responder(FastPaths):
         qp.tx([hdr], 16)
 
     def schedule_ack(self, psn: int) -> None:
-        """Acknowledge up to ``psn`` with the next coalesced ACK (IBA 9.7.5.1.1)."""
+        """Acknowledge up to ``psn`` with the next coalesced ACK (IBA 9.7.5.1.1).
+
+        The first request since every request of ours was acknowledged, with none of
+        ours outstanding, asks for a prompt ACK (``Port.ack_prompt``): the peer
+        acknowledged ours before it sent this one, as a peer does that awaits each
+        request's completion before its next (``ibv_rc_pingpong``, perftest's latency
+        tests); it then awaits this ACK too. The runtime sends a prompt ACK at the end
+        of the receive step, before the application answers, so that the peer takes
+        it while the answer is being made, not after the answer."""
         qp = self.qp
+        ahead = qp.acked_ahead
+        if ahead:
+            qp.acked_ahead = False
         if qp.ack_psn < 0:
-            qp.port.ack_pending.append(qp)
+            port = qp.port
+            port.ack_pending.append(qp)
+            if ahead:
+                port.ack_prompt = True
         qp.ack_psn = psn
 
     def flush_pending_ack(self) -> None:
@@ -142,10 +156,13 @@ class Responder(FastPaths):
         if qp.ack_psn >= 0:
             self.send_ack(qp.ack_psn)
             qp.ack_psn = -1
+            port = qp.port
             try:
-                qp.port.ack_pending.remove(qp)
+                port.ack_pending.remove(qp)
             except ValueError:
                 pass
+            if not port.ack_pending:
+                port.ack_prompt = False
 
     def _nak(self, psn: int, code: int) -> None:
         self.flush_pending_ack()

@@ -53,6 +53,8 @@ class EnginePort(DeviceEngine, Protocol):
     def gid_v1(self) -> list[bool]: ...
     @property
     def ack_pending(self) -> list[AckOwner]: ...
+    #: a pending ACK's peer awaits it: the runtime sends the ACKs promptly
+    ack_prompt: bool
 
 
 class QpPort(EnginePort, Protocol[QpT]):
@@ -72,12 +74,14 @@ class QpPort(EnginePort, Protocol[QpT]):
 class QpView(Protocol):
     """What the requester, completer and responder (and ``send_ops``, ``rd_atomic``) read
     and call on their QP: its attributes (IBA 11.2.5), its queues and completion sinks,
-    and the few QP actions they trigger. The four plain attributes are the ones they set."""
+    and the few QP actions they trigger. The five plain attributes are the ones they set."""
 
     state: int
     deadline: float | None
     ack_psn: int
     sqd_notified: bool
+    #: every request acknowledged, none posted since (Responder.schedule_ack)
+    acked_ahead: bool
 
     @property
     def port(self) -> EnginePort: ...

@@ -361,11 +361,18 @@ class Runtime(RoceTx, RoceRx):
                     # counts as idle: the application polled on without posting, awaiting
                     # its own requests' completions, and the peer, if it does the same,
                     # awaits the ACKs we owe before it answers our next request.
-                    # Contended, they may wait longer (AckHold).
+                    # A step that took a request asking for a prompt ACK sends the ACKs
+                    # too (Responder.schedule_ack: the peer acknowledged ours before it
+                    # sent it, so it awaits its ACKs): the peer takes the ACK while our
+                    # application makes its answer, not after the answer. Contended,
+                    # they may wait longer (AckHold) and no ACK is prompt: the ACK
+                    # then rides with our next request (ack_rides_with), one wake-up.
                     hold = self._ack_hold
                     if hold.until:
                         hold.rx += n
-                    self._after_locked(acks=(not n or self._rx_acks_only) and self._acks_go())
+                    acks = not n or self._rx_acks_only or (
+                        port.ack_prompt and not pacer.hold_acks())
+                    self._after_locked(acks=acks and self._acks_go())
                     d = None if n or stop_on else port.next_deadline()
                     if hold.until and (d is None or hold.until < d):
                         d = hold.until
