@@ -123,6 +123,7 @@ class Requester(GoBackN):
 
     def reset(self) -> None:
         self.sq.clear()
+        self.qp.acked_ahead = False
         self.tx_idx = self.tx_pkt = 0
         self.rnr_wait = False
         self.rd_atomic_out = 0
