@@ -123,6 +123,17 @@ class Net:
         raise AssertionError("network did not go idle")
 
 
+def deliver(src: Endpoint, dst: Endpoint, *, acks: bool = True) -> list[bytes]:
+    """Hand what ``src``'s port sends now (its coalesced ACKs too with ``acks``) straight
+    to ``dst``'s port, in order, at time 0: the packets, for the test to look at."""
+    out = []
+    for tx in src.port.take_tx(acks=acks):
+        data = b"".join(bytes(x) for x in tx.parts)
+        out.append(data)
+        dst.port.receive(memoryview(data), RxMeta(tx.sgid, tx.dgid), 0.0)
+    return out
+
+
 class Sink(list[WorkCompletion]):
     def __call__(self, wc: WorkCompletion) -> None:
         self.append(wc)

@@ -7,21 +7,11 @@ queued, so the sender's QP went to ERR first and its SEND completed with a flush
 from __future__ import annotations
 
 import pytest
-from harness.engine import Endpoint, Net, connect
+from harness.engine import Endpoint, Net, connect, deliver
 
 from softrdma import enums as e
-from softrdma.ib.port import RxMeta
 from softrdma.seam.types import SGE, RecvWQE, SendWQE
 from softrdma.wire.opcodes import RC_ACK
-
-
-def _deliver(src: Endpoint, dst: Endpoint, *, acks: bool = True) -> list[bytes]:
-    out = []
-    for tx in src.port.take_tx(acks=acks):
-        data = b"".join(bytes(x) for x in tx.parts)
-        out.append(data)
-        dst.port.receive(memoryview(data), RxMeta(tx.sgid, tx.dgid), 0.0)
-    return out
 
 
 @pytest.mark.iba("9.7.5.1.1", "10.3.1.7")
@@ -33,11 +23,11 @@ def test_pending_ack_goes_out_before_the_qp_errors() -> None:
     b.qp.post_recv(RecvWQE(7, [SGE(b.mr.addr, 64, b.mr.lkey)]))
     a.qp.post_send(SendWQE(1, int(e.IBV_WR_SEND), int(e.IBV_SEND_SIGNALED),
                            [SGE(a.mr.addr, 16, a.mr.lkey)]), 0.0)
-    assert len(_deliver(a, b)) == 1
+    assert len(deliver(a, b)) == 1
     assert [w.status for w in b.rcq] == [0]
     assert b.port.ack_pending  # coalesced, not sent yet
     b.qp.to_error()  # rdma_disconnect: the QP goes to ERR, then the DREQ is queued
-    sent = _deliver(b, a, acks=False)  # what leaves before anything queued later
+    sent = deliver(b, a, acks=False)  # what leaves before anything queued later
     assert [p[0] for p in sent] == [RC_ACK]  # BTH OpCode
     assert [w.status for w in a.scq] == [int(e.IBV_WC_SUCCESS)]
     assert not b.port.take_tx()  # acknowledged once

@@ -13,10 +13,9 @@ ping-pong, a bulk sender), nor one to a QP that never sent.
 from __future__ import annotations
 
 import pytest
-from harness.engine import Endpoint, Net, connect
+from harness.engine import Endpoint, Net, connect, deliver
 
 from softrdma import enums as e
-from softrdma.ib.port import RxMeta
 from softrdma.seam.types import SGE, RecvWQE, SendWQE
 from softrdma.wire.opcodes import RC_ACK, RC_SEND_ONLY, RC_WRITE_ONLY
 
@@ -27,12 +26,7 @@ SIGNALED = int(e.IBV_SEND_SIGNALED)
 
 def _deliver(src: Endpoint, dst: Endpoint, *, acks: bool = True) -> list[int]:
     """What ``src`` sends now, received by ``dst``: the BTH OpCodes."""
-    out = []
-    for tx in src.port.take_tx(acks=acks):
-        data = b"".join(bytes(x) for x in tx.parts)
-        out.append(data[0])
-        dst.port.receive(memoryview(data), RxMeta(tx.sgid, tx.dgid), 0.0)
-    return out
+    return [p[0] for p in deliver(src, dst, acks=acks)]
 
 
 def _send(x: Endpoint, wr_id: int, opcode: int = SEND, peer: Endpoint | None = None) -> None:

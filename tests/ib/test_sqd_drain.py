@@ -5,22 +5,12 @@ path (``Completer._progress``) checks for it only in SQD (issue 25: per-ACK work
 from __future__ import annotations
 
 import pytest
-from harness.engine import Endpoint, Net, connect
+from harness.engine import Endpoint, Net, connect, deliver
 
 from softrdma import enums as e
-from softrdma.ib.port import RxMeta
 from softrdma.seam.events import AsyncEventType
 from softrdma.seam.states import SQD
 from softrdma.seam.types import SGE, RecvWQE, SendWQE
-
-
-def _deliver(src: Endpoint, dst: Endpoint) -> int:
-    n = 0
-    for tx in src.port.take_tx():
-        data = b"".join(bytes(x) for x in tx.parts)
-        dst.port.receive(memoryview(data), RxMeta(tx.sgid, tx.dgid), 0.0)
-        n += 1
-    return n
 
 
 def _drained(ep: Endpoint) -> int:
@@ -41,8 +31,8 @@ def test_the_last_ack_in_sqd_raises_sq_drained_once(fast: bool) -> None:
                                [SGE(a.mr.addr, 16, a.mr.lkey)]), 0.0)
     a.qp.modify({"qp_state": SQD, "en_sqd_async_notify": True}, 0.0)
     a.port.pop_events()
-    assert _deliver(a, b) == 2
-    assert _deliver(b, a) == 1  # one coalesced ACK for both SENDs
+    assert len(deliver(a, b)) == 2
+    assert len(deliver(b, a)) == 1  # one coalesced ACK for both SENDs
     assert [w.status for w in a.scq] == [int(e.IBV_WC_SUCCESS)] * 2
     assert _drained(a) == 1
     assert _drained(a) == 0
