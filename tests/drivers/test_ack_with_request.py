@@ -58,21 +58,41 @@ def _send_wr(s: Side, tag: int) -> v.SendWR:
                     send_flags=e.IBV_SEND_SIGNALED)
 
 
-def _until(s: Side, want: dict[int, int], deadline: float, also: Side | None = None) -> None:
+def _until(s: Side, want: dict[int, int], deadline: float, also: Side | None = None,
+           stop: object = None, sent_by: UdpLink | None = None) -> list[tuple[list[int], int]]:
     """The application's busy poll (a progress step, then the CQ) until ``want`` (opcode -> count) completions came; a
-    RECV is checked and its receive posted again. ``also``: a peer polled meanwhile."""
+    RECV is checked and its receive posted again. ``also``: a peer polled meanwhile;
+    ``stop``: the steps' ``stop_on``. Returns, for each poll that got completions, their
+    opcodes and the datagrams ``sent_by`` (``s``'s link) sent during its step."""
+    steps = []
     while any(want.values()):
         assert time.monotonic() < deadline, f"completions still awaited: {want}"
         if also is not None:
             _rt(also).progress_nonblocking()  # an idle poll: its pending ACKs leave
-        _rt(s).progress_nonblocking()
+        sent0 = sent_by.stats.sent if sent_by is not None else 0
+        _rt(s).progress_nonblocking(stop)
+        got = []
         for wc in s.cq.poll(16)[1]:
             assert wc.status == 0, wc
             assert want.get(wc.opcode, 0) > 0, wc
             want[wc.opcode] -= 1
+            got.append(wc.opcode)
             if wc.opcode == RECV:
                 assert s.buf[0:64] == s.buf[0:1] * 64
                 s.qp.post_recv(v.RecvWR(wr_id=1, num_sge=1, sg=[s.sge(0, 64)]))
+        if got:
+            steps.append((got, sent_by.stats.sent - sent0 if sent_by is not None else 0))
+    return steps
+
+
+def _post(me: Side, link: UdpLink, tag: int) -> bool:
+    """``me`` posts its SEND of ``tag``: True if it owed an ACK, which ``link`` sent right
+    after the SEND."""
+    sent0 = link.stats.sent
+    owes = bool(_rt(me).port.ack_pending)
+    me.qp.post_send(_send_wr(me, tag))
+    assert link.stats.sent == sent0 + 1 + owes  # the SEND, then the ACK owed
+    return owes
 
 
 def _machine(monkeypatch: pytest.MonkeyPatch, contended: bool, *sides: Side) -> None:
@@ -127,10 +147,7 @@ def test_an_ack_waiting_pingpong_sends_the_request_first_when_idle(
     owed = 0  # ACKs a posted SEND went out with (riding after it)
     for i in range(ROUNDS):
         for me, peer, link in ((a, b, la), (b, a, lb)):
-            sent0 = link.stats.sent
-            owes = bool(_rt(me).port.ack_pending)
-            me.qp.post_send(_send_wr(me, i))
-            assert link.stats.sent == sent0 + 1 + owes  # the SEND, then the ACK owed
+            owes = _post(me, link, i)
             owed += owes
             awaits = 1 if (i or peer is a) else 0  # the peer's own SEND's completion
             if owes:  # the ACK rides after the SEND: the peer's first datagram is the SEND
@@ -159,25 +176,16 @@ def test_an_ack_waiting_pingpong_acks_each_request_in_the_step_that_takes_it_whe
     stop = _Always()
     for i in range(ROUNDS):
         for me, peer, link, plink in ((a, b, la, lb), (b, a, lb, la)):
-            sent0 = link.stats.sent
-            owes = bool(_rt(me).port.ack_pending)
-            me.qp.post_send(_send_wr(me, i))
-            assert link.stats.sent == sent0 + 1 + owes
+            owes = _post(me, link, i)
             assert not owes or i == 0, (i, me is a)
-            want = {RECV: 1, SEND: 1 if (i or peer is a) else 0}
-            while any(want.values()):
-                assert time.monotonic() < deadline, want
-                psent = plink.stats.sent
-                _rt(peer).progress_nonblocking(stop)  # one datagram per step
-                for wc in peer.cq.poll(16)[1]:
-                    assert wc.status == 0 and want.get(wc.opcode, 0) > 0, wc
-                    want[wc.opcode] -= 1
-                    if wc.opcode == RECV:
-                        assert peer.buf[0:64] == bytes([i]) * 64
-                        peer.qp.post_recv(v.RecvWR(wr_id=1, num_sge=1, sg=[peer.sge(0, 64)]))
-                        # the step that took the SEND sent its ACK (the first answer of
-                        # b found a's SEND unacknowledged: none then)
-                        assert plink.stats.sent == psent + (1 if i else 0), (i, me is a)
+            # one datagram per step
+            steps = _until(peer, {RECV: 1, SEND: 1 if (i or peer is a) else 0}, deadline,
+                           stop=stop, sent_by=plink)
+            assert peer.buf[0:64] == bytes([i]) * 64
+            # the step that took the SEND sent its ACK (the first answer of b found a's
+            # SEND unacknowledged: none then)
+            assert [sent for got, sent in steps if RECV in got] == [1 if i else 0], (
+                i, me is a)
     _until(b, {SEND: 1}, deadline)  # b's last answer: a's prompt ACK is in b's socket
 
 
