@@ -41,7 +41,7 @@ pytestmark = pytest.mark.skipif(
 
 HERE = Path(__file__).resolve().parents[1]
 PEER = HERE / "harness/udp_gso_peer.py"
-VERIFY_CRC = Path("/work/shared/lab/verify_crc.py")
+VERIFY_CRC = HERE.parent.parent / "shared/lab/verify_crc.py"  # ../shared beside the clone
 A_IP, B_IP = "10.203.7.1", "10.203.7.2"
 MSG, COUNT, MTU_1024 = 96 * 1024, 6, 3
 
@@ -114,18 +114,32 @@ def id_runs(ids: list[int], lost: int = 0) -> list[int]:
     """Lengths of the runs 0, 1, 2 .. in ``ids``; fails on an ID that continues none.
 
     With ``lost`` packets missing from the capture (tcpdump's "dropped by kernel"), a run
-    may skip IDs (at most ``lost`` in all), still strictly increasing."""
+    may skip IDs, and a run may begin past 0 where its first IDs were lost (at most
+    ``lost`` IDs skipped in all); within a run the IDs still strictly increase."""
     runs: list[int] = []
     last = -1
     for i in ids:
         if i == 0:
             runs.append(1)
-        else:
-            assert runs and last < i <= last + 1 + lost, f"ID {i} after ID {last}"
+        elif runs and last < i <= last + 1 + lost:
             lost -= i - last - 1
             runs[-1] += 1
+        else:
+            assert i <= lost, f"ID {i} after ID {last}, with {lost} lost IDs left to skip"
+            lost -= i  # a run whose IDs 0 .. i - 1 the capture lost
+            runs.append(1)
         last = i
     return runs
+
+
+def test_id_runs_allows_only_what_the_capture_lost() -> None:
+    assert id_runs([0, 1, 2, 0, 1]) == [3, 2]
+    assert id_runs([0, 1, 3, 0], lost=1) == [3, 1]
+    # the next run's IDs 0 .. 5 lost (CI: "ID 6 after ID 27" with 50 lost)
+    assert id_runs([0, 1, 27, 6, 7, 0], lost=31) == [3, 2, 1]
+    for ids, lost in (([0, 1, 0, 2], 0), ([0, 2], 0), ([0, 5, 3], 4), ([0, 1, 1], 0)):
+        with pytest.raises(AssertionError):
+            id_runs(ids, lost)
 
 
 # ---- the transfer ---------------------------------------------------------------------------
