@@ -17,7 +17,9 @@ request, while the application makes its answer.
 
 from __future__ import annotations
 
+import gc
 import time
+import weakref
 from collections.abc import Iterator
 
 import pytest
@@ -28,6 +30,7 @@ from softrdma import verbs as v
 from softrdma.drivers.links.udp import UdpLink
 from softrdma.drivers.runtime.progress import PollPacer
 from softrdma.drivers.runtime.roce import Runtime
+from softrdma.ib.qp import EngineQP
 
 ROUNDS = 24
 SEND = int(e.IBV_WC_SEND)
@@ -210,6 +213,27 @@ def test_ack_awaited_while_an_awaiting_applications_request_is_unacknowledged(
     _until(b, {RECV: 1}, deadline)
     _until(a, {SEND: 1}, deadline, also=b)
     assert not rt.ack_awaited()
+
+
+def test_a_destroyed_qp_that_awaited_its_ack_is_not_kept_alive(
+        pair: tuple[Side, Side, UdpLink, UdpLink]) -> None:
+    """The runtime remembers which QP's post awaits its ACK (``ack_awaited``) by number:
+    a QP destroyed with its SEND unacknowledged is not held by it (before: the engine QP
+    stayed reachable until the next post, one per runtime, and the connection soak's
+    settle waited its 30 s for it at every measuring point)."""
+    a, _b, _la, _lb = pair
+    rt = _rt(a)
+    engine = weakref.ref(a.qp.engine)
+    a.qp.post_send(_send_wr(a, 1))
+    assert rt.ack_awaited()
+    a.qp.close()
+    qp = engine()
+    assert isinstance(qp, EngineQP) and qp.destroyed
+    del qp
+    assert not rt.ack_awaited()
+    gc.collect()
+    # the application's QP object still holds its engine; the runtime does not
+    assert not any(r is vars(rt) for r in gc.get_referrers(engine()))
 
 
 def test_a_request_posted_before_the_earlier_ones_were_acknowledged_leaves_first(

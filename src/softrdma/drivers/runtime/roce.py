@@ -231,7 +231,9 @@ class Runtime(RoceTx, RoceRx):
         self._gid_of = _Memo(ip_to_gid).__getitem__  # IP address -> GID, per packet received
         self._metas: dict[tuple[bytes, bytes, int, int, int], RxMeta] = {}
         self._backlog: list[Datagram] = []
-        self._awaiting: Any = None  # post_send's QP when it awaited its ACKs (ack_awaited)
+        # the QPN of post_send's QP when it awaited its ACKs (ack_awaited); a number, not
+        # the QP, so that a destroyed QP is not kept alive by it
+        self._awaiting: int | None = None
         self._poll_ask = 1  # datagrams the next busy poll reads (progress_nonblocking)
         self._pending = False
         self._reporter = link if link.shared else None
@@ -273,7 +275,7 @@ class Runtime(RoceTx, RoceRx):
         lock.acquire()
         try:
             now = self.now()
-            self._awaiting = qp if qp.awaits_acks() else None
+            self._awaiting = qp.qpn if qp.awaits_acks() else None
             post = qp.post_send
             for w in wqes:
                 post(w, now)
@@ -397,7 +399,10 @@ class Runtime(RoceTx, RoceRx):
         return bool(self._backlog)
 
     def ack_awaited(self) -> bool:
-        qp = self._awaiting
+        qpn = self._awaiting
+        if qpn is None:
+            return False
+        qp = self.port.qps.get(qpn)
         return qp is not None and qp.acks_due()
 
     def _acks_go(self) -> bool:
