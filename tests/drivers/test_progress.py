@@ -112,6 +112,40 @@ def test_thread_steps_stands_back_while_polled_and_is_joined() -> None:
     assert len(steps) == n  # the thread has ended
 
 
+def test_a_thread_that_polls_another_runtime_lets_the_first_ones_thread_resume() -> None:
+    """One application thread busy-polls the CQs of two devices in turn (rdma-core's XRC
+    traffic tests: a client and a server context in one process): once it polls ``b``,
+    ``a``'s progress thread stops standing back at once, as after :meth:`kick` (before, it
+    stood back for the rest of :data:`POLL_GRACE` while nobody polled ``a``: about 2.5 ms
+    per message, 22 s per test). ``a``'s input waiter is not woken for it; polling the
+    same runtime again changes nothing; another thread's polls are its own."""
+    (a, _), (b, _) = _core(), _core()
+    woken = threading.Event()
+    a.on_wake(woken.set)
+    for _ in range(2):
+        assert a.try_lock()
+        a.lock.release()
+        assert a.last_poll > 0 and not a.kicked.is_set()
+    assert b.try_lock()
+    b.lock.release()
+    assert a.kicked.is_set() and not a.standing_back() and not woken.is_set()
+    assert b.last_poll > 0 and not b.kicked.is_set()
+    def poll_a() -> None:
+        assert a.try_lock()
+        a.lock.release()
+
+    other = threading.Thread(target=poll_a)
+    other.start()
+    other.join()
+    assert b.last_poll > 0 and not b.kicked.is_set()  # not this thread's switch
+    assert b.try_lock()
+    b.lock.release()
+    assert not b.kicked.is_set()
+    assert a.try_lock()  # back to a: now b's thread resumes
+    a.lock.release()
+    assert b.kicked.is_set() and not b.standing_back()
+
+
 def test_a_step_returning_false_ends_the_thread() -> None:
     core, _ = _core(threaded=True)
     calls: list[int] = []
