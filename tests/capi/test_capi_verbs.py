@@ -141,7 +141,8 @@ def test_cache_is_keyed_by_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 # ---- issue 22: verbs the stock tools do not cover (tests/capi/verbs_check.c) ------------
 VERBS_CHECKS = [
-    "ok: async fd non-blocking (EAGAIN, poll); SRQ_LIMIT_REACHED names the SRQ",
+    "ok: async fd non-blocking (EAGAIN, poll); SRQ_LIMIT_REACHED names the SRQ, limit "
+    "disarmed; ibv_destroy_srq waits for the event's ack",
     "ok: UD receive: GRH in the first 40 bytes (IPv4 header of 127.0.0.1), data after it, "
     "byte_len 72, src_qp",
     "ok: sq_sig_all 0: three unsignaled sends and one signaled -> one send completion",
@@ -166,7 +167,8 @@ VERBS_CHECKS = [
 @pytest.mark.iba("10.2.9.6", "11.4.1.1")
 def test_verbs_check_program(device: str, tmp_path: Path) -> None:
     """tests/capi/verbs_check.c, each check on data and completion fields: the async event
-    fd made non-blocking (EAGAIN, then poll) and an SRQ limit event naming its SRQ; UD with
+    fd made non-blocking (EAGAIN, then poll) and an SRQ limit event naming its SRQ, whose
+    ``ibv_destroy_srq`` returns only once the event was acknowledged; UD with
     the GRH in the first 40 bytes; unsignaled sends (sq_sig_all 0 and 1); inline data
     gathered from unregistered buffers; ibv_cq_ex polling; ibv_resize_cq with queued
     completions; ibv_rereg_mr; device memory; ODP and ibv_advise_mr; one thread blocked in

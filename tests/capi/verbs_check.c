@@ -18,6 +18,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <unistd.h>
 
 static struct ibv_context *ctx;
@@ -112,8 +113,22 @@ static void post_send(struct ibv_qp *qp, uint64_t wr_id, enum ibv_wr_opcode op, 
 }
 
 /* ---- the async event fd, non-blocking, and an SRQ limit event ---- */
+struct srq_destroyer { struct ibv_srq *srq; int ret; atomic_int done; };
+
+static void *destroy_srq_thread(void *arg)
+{
+    struct srq_destroyer *d = arg;
+
+    d->ret = ibv_destroy_srq(d->srq);
+    atomic_store(&d->done, 1);
+    return NULL;
+}
+
 static void check_async_fd_srq_limit(void)
 {
+    struct srq_destroyer d;
+    struct timespec pause = { 0, 200000000 };
+    pthread_t th;
     static char buf[8][64];
     struct ibv_cq *cq = ibv_create_cq(ctx, 32, NULL, NULL, 0);
     struct ibv_srq_init_attr sa;
@@ -166,7 +181,7 @@ static void check_async_fd_srq_limit(void)
     CHECK(ev.event_type == IBV_EVENT_SRQ_LIMIT_REACHED && ev.element.srq == srq,
           "async event %d (%s), element %p, want SRQ_LIMIT_REACHED on %p", ev.event_type,
           ibv_event_type_str(ev.event_type), (void *)ev.element.srq, (void *)srq);
-    ibv_ack_async_event(&ev);
+    /* the event stays unacknowledged until the SRQ's destroy, below */
     /* the limit is disarmed once it fired (IBA 10.2.9.6) */
     memset(&attr, 0, sizeof(attr));
     CHECK(!ibv_query_srq(srq, &attr) && attr.srq_limit == 0, "limit not disarmed: %u",
@@ -184,10 +199,21 @@ static void check_async_fd_srq_limit(void)
     CHECK(ibv_get_async_event(ctx, &ev) == -1 && errno == EAGAIN, "a second event: %d",
           ev.event_type);
     CHECK(fcntl(ctx->async_fd, F_SETFL, flags) == 0, "restore flags");
-    CHECK(!ibv_destroy_qp(qa) && !ibv_destroy_qp(qb) && !ibv_destroy_srq(srq)
-          && !ibv_dereg_mr(mr) && !ibv_destroy_cq(cq), "teardown");
+    CHECK(!ibv_destroy_qp(qa) && !ibv_destroy_qp(qb), "destroy the QPs");
+    /* as libibverbs: ibv_destroy_srq returns once the SRQ's reported event is acked (a
+     * thread handling it never reads a freed SRQ) */
+    d.srq = srq;
+    d.ret = -1;
+    atomic_init(&d.done, 0);
+    CHECK(!pthread_create(&th, NULL, destroy_srq_thread, &d), "pthread_create");
+    nanosleep(&pause, NULL);  /* a negative: the destroy must still be waiting */
+    CHECK(!atomic_load(&d.done), "ibv_destroy_srq returned before its event was acked");
+    ibv_ack_async_event(&ev);
+    CHECK(!pthread_join(th, NULL) && d.done && d.ret == 0, "ibv_destroy_srq after the ack: %d",
+          d.ret);
+    CHECK(!ibv_dereg_mr(mr) && !ibv_destroy_cq(cq), "teardown");
     printf("ok: async fd non-blocking (EAGAIN, poll); SRQ_LIMIT_REACHED names the SRQ, "
-           "limit disarmed\n");
+           "limit disarmed; ibv_destroy_srq waits for the event's ack\n");
 }
 
 /* ---- UD: the 40-byte GRH in front of the data, the AH back to the sender ---- */

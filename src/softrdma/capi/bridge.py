@@ -145,19 +145,28 @@ def _open(index: int, async_fd: Any) -> int:
 
 
 def _get_async_event(h: int, event_type: Any, element: Any, port_num: Any) -> int:
-    """1 and the next event (its element's wrapper, or its port), 0 if none is pending."""
+    """1 and the next event (its element's wrapper, or its port), 0 if none is pending.
+
+    An event of a QP, CQ or SRQ that the program destroyed meanwhile (its wrapper is gone:
+    another thread destroyed it between the event's posting and this read) is dropped, as
+    the kernel drops a destroyed object's events (``ib_uverbs_release_uevent``); before,
+    it came out as a port event of port 1 with its QP type, and UCX's async thread read
+    ``element.qp->qp_num`` at address 0x35."""
     ctx = _get(h, Context)
-    try:
-        ev = ctx.get_async_event(timeout=0)
-    except TimeoutError:
-        return 0
-    event_type[0] = int(ev.event_type)
-    wrapper = _wrapper_of(_handle_of(ev.element)) if ev.element is not None else None
-    if wrapper is not None:
-        element[0] = wrapper
-    else:
-        port_num[0] = ev.element if isinstance(ev.element, int) else 1
-    return 1
+    while True:
+        try:
+            ev = ctx.get_async_event(timeout=0)
+        except TimeoutError:
+            return 0
+        if ev.element is None or isinstance(ev.element, int):
+            event_type[0] = int(ev.event_type)
+            port_num[0] = ev.element if isinstance(ev.element, int) else 1
+            return 1
+        wrapper = _wrapper_of(_handle_of(ev.element))
+        if wrapper is not None:
+            event_type[0] = int(ev.event_type)
+            element[0] = wrapper
+            return 1
 
 
 def _destroy(h: int) -> int:

@@ -1018,6 +1018,63 @@ int ibv_query_pkey(struct ibv_context *context, uint8_t port_num, int index, __b
     return 0;
 }
 
+/* ---- affiliated async events: a destroy waits for their acks ----
+ * As libibverbs: ibv_destroy_qp/cq/srq return only once every event reported about the
+ * object was acknowledged (ibv_ack_async_event), so a thread that handles an event never
+ * reads a freed object (UCX's async thread reads element.qp->qp_num). Unread events of a
+ * destroyed object are dropped (bridge._get_async_event, Context._unregister_owner). */
+struct sr_ev_ref { const void *el; unsigned int n; };
+static pthread_mutex_t sr_ev_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t sr_ev_cond = PTHREAD_COND_INITIALIZER;
+static struct sr_ev_ref *sr_ev_refs;
+static size_t sr_ev_len, sr_ev_cap;
+
+static struct sr_ev_ref *sr_ev_find(const void *el)
+{
+    for (size_t i = 0; i < sr_ev_len; i++)
+        if (sr_ev_refs[i].el == el)
+            return &sr_ev_refs[i];
+    return NULL;
+}
+
+/* an event about ``el`` was reported to the program: 0, or -1 (ENOMEM) */
+static int sr_ev_reported(const void *el)
+{
+    struct sr_ev_ref *r;
+    int ret = 0;
+
+    pthread_mutex_lock(&sr_ev_lock);
+    r = sr_ev_find(el);
+    if (!r && sr_ev_len == sr_ev_cap) {
+        size_t cap = sr_ev_cap ? 2 * sr_ev_cap : 8;
+        struct sr_ev_ref *grown = realloc(sr_ev_refs, cap * sizeof(*grown));
+        if (grown) {
+            sr_ev_refs = grown;
+            sr_ev_cap = cap;
+        }
+    }
+    if (!r && sr_ev_len < sr_ev_cap) {
+        r = &sr_ev_refs[sr_ev_len++];
+        r->el = el;
+        r->n = 0;
+    }
+    if (r)
+        r->n++;
+    else
+        ret = -1;
+    pthread_mutex_unlock(&sr_ev_lock);
+    return ret;
+}
+
+/* the object ``el`` is destroyed: wait until its reported events were acknowledged */
+static void sr_ev_wait_acked(const void *el)
+{
+    pthread_mutex_lock(&sr_ev_lock);
+    while (sr_ev_find(el))
+        pthread_cond_wait(&sr_ev_cond, &sr_ev_lock);
+    pthread_mutex_unlock(&sr_ev_lock);
+}
+
 int ibv_get_async_event(struct ibv_context *context, struct ibv_async_event *event)
 {
     int type = 0, port = 0, r;
@@ -1028,10 +1085,15 @@ int ibv_get_async_event(struct ibv_context *context, struct ibv_async_event *eve
         if (r > 0) {
             memset(event, 0, sizeof(*event));
             event->event_type = (enum ibv_event_type)type;
-            if (element)  /* the wrapper of the QP, CQ or SRQ: its libibverbs struct is first */
+            if (element) {  /* the wrapper of the QP, CQ or SRQ: its libibverbs struct is first */
+                if (sr_ev_reported(element)) {
+                    errno = ENOMEM;
+                    return -1;
+                }
                 event->element.qp = element;
-            else
+            } else {
                 event->element.port_num = port;
+            }
             return 0;
         }
         if (r < 0) {
@@ -1045,7 +1107,16 @@ int ibv_get_async_event(struct ibv_context *context, struct ibv_async_event *eve
 
 void ibv_ack_async_event(struct ibv_async_event *event)
 {
-    (void)event;
+    struct sr_ev_ref *r;
+
+    /* a port event's element is a port number, never a reported object's address */
+    pthread_mutex_lock(&sr_ev_lock);
+    r = sr_ev_find(event->element.qp);
+    if (r && --r->n == 0) {
+        *r = sr_ev_refs[--sr_ev_len];
+        pthread_cond_broadcast(&sr_ev_cond);
+    }
+    pthread_mutex_unlock(&sr_ev_lock);
 }
 
 /* A zeroed wrapper of ``size`` bytes for a new handle ``h``: NULL with errno when ``h`` is
@@ -1084,6 +1155,7 @@ static int sr_destroy_obj(int h, void *wrapper)
     int ret = sr_py_destroy(h);
     if (ret)
         return ret;
+    sr_ev_wait_acked(wrapper);  /* an SRQ's events (the others have none) */
     free(wrapper);
     return 0;
 }
@@ -1215,6 +1287,7 @@ int ibv_destroy_cq(struct ibv_cq *cq)
 
     if (ret)
         return ret;
+    sr_ev_wait_acked(c);
     if (cq->channel)
         cq->channel->refcnt--;
     free(c->ring.wc);
@@ -1490,6 +1563,7 @@ int ibv_destroy_qp(struct ibv_qp *qp)
 
     if (ret)
         return ret;
+    sr_ev_wait_acked(q);
     sr_x_free(q);
     free(q->xw);
     sr_qp_free(q);
