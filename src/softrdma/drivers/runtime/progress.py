@@ -505,17 +505,16 @@ class ProgressCore:
 
     def _polled_from_here(self, before: weakref.ref[ProgressCore] | None) -> None:
         """This thread busy-polls this runtime now, ``before`` another one (or none): that
-        one's progress thread resumes at once (as :meth:`kick`) rather than stand back for
-        :data:`POLL_GRACE` while nobody polls it. A thread that polls the CQs of two
+        one's progress thread resumes at once (:meth:`_stand_down`) rather than stand back
+        for :data:`POLL_GRACE` while nobody polls it. A thread that polls the CQs of two
         devices in turn (rdma-core's XRC traffic tests: client and server contexts in one
         process) otherwise left each device unserved for most of the grace after every
         switch: their SEND and its ACK waited about 2.5 ms each (22 s a test, 4,000
         messages)."""
         other = before() if before is not None else None
         _polling.core = weakref.ref(self)
-        if other is not None:  # as kick(), without waking a thread that waits for input
-            other.last_poll = 0.0
-            other.kicked.set()
+        if other is not None:  # not kick(): a thread that waits for input waits on
+            other._stand_down()
 
     def standing_back(self) -> bool:
         """In the progress thread: True (after waiting up to :data:`POLL_GRACE`) while an
@@ -527,11 +526,16 @@ class ProgressCore:
             return True
         return False
 
-    def kick(self) -> None:
-        """The application stops busy-polling (it is about to block): the progress thread
-        resumes at once."""
+    def _stand_down(self) -> None:
+        """No application thread busy-polls this runtime now: a progress thread that
+        stands back (:meth:`standing_back`) resumes at once."""
         self.last_poll = 0.0
         self.kicked.set()
+
+    def kick(self) -> None:
+        """The application stops busy-polling (it is about to block): the progress thread
+        resumes at once, woken also if it waits for input."""
+        self._stand_down()
         for wake in self._wakers:
             wake()
 
