@@ -185,3 +185,70 @@ def test_unknown_qp_and_garbage_are_counted() -> None:
     p.receive(memoryview(b"\x15" + bytes(20)), RxMeta(bytes(16), p.gids[0]), 0.0)
     p.receive(memoryview(b"\x04\x00"), RxMeta(bytes(16), p.gids[0]), 0.0)
     assert p.counters.rcvd_malformed == 2
+
+
+def _ud_wqes(a: Endpoint, b: Endpoint, lengths: list[int], flags: list[int]) -> list[SendWQE]:
+    return [SendWQE(i + 1, int(e.IBV_WR_SEND), f, [SGE(a.mr.addr + 64 * i, n, a.mr.lkey)],
+                    ah=AddressVector(b.port.gids[0]), remote_qpn=b.qp.qpn, remote_qkey=0x11111111)
+            for i, (n, f) in enumerate(zip(lengths, flags, strict=True))]
+
+
+def _ud_outcome(batch: bool, lengths: list[int], flags: list[int], max_wr: int = 256,
+                rate_bps: float = 0.0) -> tuple[Any, ...]:
+    """Post a run of UD SENDs in one call (``post_sends``) or one by one; what happened."""
+    net = Net()
+    a = Endpoint(net.add_port(1), e.IBV_QPT_UD, max_wr=max_wr)
+    b = Endpoint(net.add_port(2), e.IBV_QPT_UD)
+    connect(a, b)
+    a.qp.rate_limit_bps = rate_bps
+    for i in range(len(lengths)):
+        b.qp.post_recv(RecvWQE(100 + i, [SGE(b.mr.addr + i * 4200, 4200, b.mr.lkey)]))
+    for i in range(len(lengths)):
+        a.buf[64 * i:64 * i + 64] = bytes([i + 1]) * 64
+    wqes = _ud_wqes(a, b, lengths, flags)
+    refused: str | None = None
+    try:
+        if batch:
+            a.qp.post_sends(wqes, 0.0)
+        else:
+            for w in wqes:
+                a.qp.post_send(w, 0.0)
+    except ResourceError as exc:
+        refused = str(exc)
+    posted = len(a.qp.req.sq)
+    net.run()
+    return (refused, posted, [(w.wr_id, w.status) for w in a.scq],
+            [(w.wr_id, w.status, w.byte_len) for w in b.rcq],
+            bytes(b.buf[40:104]), a.qp.state, a.port.counters.sent_pkts)
+
+
+@pytest.mark.iba("9.8.2", "10.8.3", "11.4.1.1")
+def test_ud_post_sends_is_post_send_of_each() -> None:
+    """A run of UD SENDs posted in one call (the batch path: one pump, one completion
+    pass) does what posting them one by one does: the same packets, the same completions
+    in posting order (unsignaled ones none), the same local length error and flush."""
+    sig, quiet = SIG, 0
+    cases = [
+        ([100] * 8, [sig, quiet, sig, quiet, quiet, sig, sig, quiet]),
+        ([100, 64, 5000, 10, 10], [sig] * 5),  # LOC_LEN_ERR in the middle: SQE, flush
+        ([64] * 40, [sig] * 40),                # more WQEs than the send queue holds
+    ]
+    for lengths, flags in cases:
+        one = _ud_outcome(False, lengths, flags, max_wr=16)
+        run = _ud_outcome(True, lengths, flags, max_wr=16)
+        assert run == one
+        assert run[0] is None
+    # what the first case delivered, checked directly
+    refused, _, sent, got, data, state, pkts = _ud_outcome(True, [100] * 8, cases[0][1])
+    assert sent == [(1, 0), (3, 0), (6, 0), (7, 0)] and state == e.IBV_QPS_RTS and pkts == 8
+    assert [w[0] for w in got] == list(range(100, 108)) and data == b"\x01" * 64
+
+
+@pytest.mark.iba("11.4.1.1")
+def test_ud_post_sends_refuses_past_a_full_queue_as_post_send() -> None:
+    """Rate-limited (IBA 9.11), sends stay queued: a run longer than the queue's room
+    posts what fits and is refused at the first that does not, as one by one."""
+    one = _ud_outcome(False, [64] * 24, [SIG] * 24, max_wr=16, rate_bps=1e6)
+    run = _ud_outcome(True, [64] * 24, [SIG] * 24, max_wr=16, rate_bps=1e6)
+    assert run[0] is not None and "send queue full" in run[0]
+    assert run == one and run[1] == 16

@@ -18,6 +18,7 @@ verbs layer's transition table; here each state decides what the engines may do.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from ..errors import ClosedError, InvalidArgument
 from ..seam.attrs import ModifyAttrs, QueryAttrs, apply_port_attrs
@@ -340,6 +341,24 @@ class EngineQP:
             self.req.flush_one(wqe)
             return
         self.req.post(wqe, now)
+
+    def post_sends(self, wqes: Sequence[SendWQE], now: float) -> None:
+        """:meth:`post_send` of each of ``wqes``, in order; on a UD QP in RTS the run is
+        posted and sent in one go (:meth:`Requester.post_ud_run`). Each WQE is checked
+        as :meth:`post_send` checks it, and the ones before a refused one stay posted."""
+        if self.qp_type != QPT_UD or self.state != RTS or self.destroyed or len(wqes) < 2:
+            for w in wqes:
+                self.post_send(w, now)
+            return
+        i, n = 0, len(wqes)
+        while i < n:
+            room = self.init.max_send_wr - len(self.req.sq)
+            if room <= 0:  # the queue is full: refused as post_send refuses it
+                check_post_send(self.state, self.destroyed, len(self.req.sq),
+                                self.init.max_send_wr, "the QP must be in RTS")
+            j = min(n, i + room)
+            self.req.post_ud_run(list(wqes[i:j]), now)  # sent ones leave the queue
+            i = j
 
     def post_recv(self, rwqe: RecvWQE) -> None:
         self.rq.post(rwqe, self.state, self.destroyed)

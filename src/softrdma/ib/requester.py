@@ -154,6 +154,24 @@ class Requester(GoBackN):
                 return
             self.pump(now)
 
+    def post_ud_run(self, wqes: list[SendWQE], now: float) -> None:
+        """:meth:`post` of each of ``wqes`` (UD sends, admitted by the caller), then one
+        :meth:`pump` for the run: the general path on a batch. A UD WQE is one packet
+        that completes when it is sent (IBA 9.8.2, 10.8.3), so posting them one by one
+        would pump and complete each on its own; here the loop of :meth:`pump` sends the
+        run's packets and its :meth:`complete_head` completes them, in posting order."""
+        qp = self.qp
+        sig_all = qp.init.sq_sig_all
+        sq = self.sq
+        idle = self.tx_idx == len(sq)  # as post's test for the first of the run
+        for wqe in wqes:
+            wqe.signaled = wqe.send_flags & _SIGNALED != 0 or sig_all
+            wqe.rd_atomic = False
+            sq.append(wqe)
+        qp.acked_ahead = False
+        if idle:
+            self.pump(now)
+
     # ---- transmission -----------------------------------------------------------------------
     def pump(self, now: float) -> None:
         """Send as many packets as the window, rd_atomic limit and fences allow."""

@@ -276,9 +276,10 @@ class Runtime(RoceTx, RoceRx):
         try:
             now = self.now()
             self._awaiting = qp.qpn if qp.awaits_acks() else None
-            post = qp.post_send
-            for w in wqes:
-                post(w, now)
+            if len(wqes) == 1:
+                qp.post_send(wqes[0], now)
+            else:
+                qp.post_sends(wqes, now)
         finally:
             try:
                 port = self.port
