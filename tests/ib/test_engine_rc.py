@@ -257,3 +257,45 @@ def test_psn_seq_nak_sent_once_and_counters() -> None:
     net.run()
     assert a.scq[0].status == 0 and b.rcq[0].byte_len == 8000
     assert b.port.counters.sent_nak == 1
+
+
+@pytest.mark.parametrize("room", [5000, 5120, 5119, 1000])
+@pytest.mark.iba("9.7.4.1.5", "9.7.5.2.2")
+def test_send_into_one_receive_buffer_fits_or_fails_at_its_edge(room: int) -> None:
+    """A SEND of 5120 B (5 packets at MTU 1024) into a receive of one buffer of ``room``
+    bytes (placed as a WRITE's region is): it fits exactly or with room to spare, the
+    bytes beside the buffer untouched; one byte short, at the FIRST or at the LAST, it
+    is an Invalid Request NAK (REM_INV_REQ at the requester) and the receive completes
+    with a local length error (IBA 9.7.4.1.5, C9-95)."""
+    net = Net()
+    a, b = pair(net)
+    a.buf[:5120] = bytes((i * 13) & 0xFF for i in range(5120))
+    b.buf[:8192] = b"\xee" * 8192
+    post_recv(b, 7, 100, room)
+    send(a, 1, 0, 5120)
+    net.run()
+    if room >= 5120:
+        assert [w.status for w in a.scq] == [0]
+        assert [(w.wr_id, w.status, w.byte_len) for w in b.rcq] == [(7, 0, 5120)]
+        assert b.buf[100:5220] == a.buf[:5120]
+        assert b.buf[:100] == b"\xee" * 100 and b.buf[5220:8192] == b"\xee" * (8192 - 5220)
+    else:
+        assert [w.status for w in a.scq] == [e.IBV_WC_REM_INV_REQ_ERR]
+        assert [(w.wr_id, w.status) for w in b.rcq][:1] == [(7, e.IBV_WC_LOC_LEN_ERR)]
+        assert b.buf[100 + room:8192] == b"\xee" * (8192 - 100 - room)
+
+
+@pytest.mark.iba("9.7.4.1.5")
+def test_send_into_a_scatter_list_of_three() -> None:
+    """The same SEND into a receive of three buffers (the scatter path): each holds its
+    part, in order."""
+    net = Net()
+    a, b = pair(net)
+    a.buf[:5120] = bytes((i * 13) & 0xFF for i in range(5120))
+    sges = [SGE(b.mr.addr + 0, 1000, b.mr.lkey), SGE(b.mr.addr + 2000, 3000, b.mr.lkey),
+            SGE(b.mr.addr + 6000, 2000, b.mr.lkey)]
+    b.qp.post_recv(RecvWQE(7, sges))
+    send(a, 1, 0, 5120)
+    net.run()
+    assert [w.status for w in a.scq] == [0] and b.rcq[0].byte_len == 5120
+    assert b.buf[0:1000] + b.buf[2000:5000] + b.buf[6000:7120] == a.buf[:5120]

@@ -252,3 +252,25 @@ def test_ud_post_sends_refuses_past_a_full_queue_as_post_send() -> None:
     run = _ud_outcome(True, [64] * 24, [SIG] * 24, max_wr=16, rate_bps=1e6)
     assert run[0] is not None and "send queue full" in run[0]
     assert run == one and run[1] == 16
+
+
+@pytest.mark.parametrize("room", [40 + 100, 40 + 99, 4096])
+@pytest.mark.iba("11.4.1.1", "9.8.2")
+def test_ud_receive_of_one_buffer_fits_or_fails_at_its_edge(room: int) -> None:
+    """A 100-byte UD SEND into one receive buffer: the GRH area and the payload fit
+    exactly or with room to spare; one byte short, the receive completes with a local
+    length error and nothing is written past the buffer (IBA 11.4.1.1)."""
+    net = Net()
+    a, b = ud_pair(net)
+    a.buf[:100] = bytes(range(100))
+    b.buf[:8192] = b"\xee" * 8192
+    b.qp.post_recv(RecvWQE(5, [SGE(b.mr.addr + 64, room, b.mr.lkey)]))
+    ud_send(a, b, 1, 100)
+    net.run()
+    wc = b.rcq[0]
+    if room >= 140:
+        assert wc.status == 0 and wc.byte_len == 140 and b.buf[104:204] == bytes(range(100))
+        assert b.buf[204:8192] == b"\xee" * (8192 - 204)
+    else:
+        assert wc.status == e.IBV_WC_LOC_LEN_ERR
+        assert b.buf[64 + room:8192] == b"\xee" * (8192 - 64 - room)

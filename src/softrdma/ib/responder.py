@@ -338,9 +338,14 @@ class Responder(FastPaths):
             self._complete_send(flags, imm, inv, pkt.se)
 
     def _start_send(self, rwqe: RecvWQE, segs: list[memoryview]) -> None:
-        """A SEND starts: its receive WQE and resolved scatter list (IBA 9.7.4.1.5)."""
+        """A SEND starts: its receive WQE and resolved scatter list (IBA 9.7.4.1.5). A
+        list of one buffer (the usual receive) is placed into as a WRITE's region is, by
+        :meth:`_place`'s slice assignment, without :func:`scatter`'s walk per packet."""
         self.rwqe = rwqe
         self.segs = segs
+        if len(segs) == 1:
+            self.wbuf = segs[0]
+            self.wlen = len(segs[0])
         self.offset = 0
         self.cur = K_SEND
         self.want_middles()
@@ -462,7 +467,11 @@ class Responder(FastPaths):
                                             qp.qpn))
             return
         grh = meta.grh if len(meta.grh) == 40 else bytes(40)
-        if not scatter(segs, 0, memoryview(grh)) or not scatter(segs, 40, payload):
+        one = segs[0] if len(segs) == 1 else None
+        if one is not None and plen + 40 <= len(one):  # the usual one buffer
+            one[:40] = grh
+            one[40:40 + plen] = payload
+        elif not scatter(segs, 0, memoryview(grh)) or not scatter(segs, 40, payload):
             qp.complete_recv(WorkCompletion(rwqe.wr_id, WCS.IBV_WC_LOC_LEN_ERR, WCO.IBV_WC_RECV,
                                             qp.qpn))
             return
