@@ -238,6 +238,13 @@ def test_datagram_mode(tmp_path: Path) -> None:
             assert srv.json(timeout=120) == sent and sent["bytes"] == 8 << 20
         c = show(b)["counters"]
         assert c["rx_gro_segments"] > c["rx_gro_packets"] > 0, c  # type: ignore[index]
+        # a's UD sends are signaled one in 16: their slots all come back but for the
+        # unsignaled sends since the last signaled one (fewer than 16, plus a TUN batch
+        # of 32 that a stray packet may have begun), none lost
+        sent_ud = show(a)["counters"]["tx_ud"]  # type: ignore[index]
+        slots = show(a)["send_slots"]
+        assert sent_ud > 4000 and 0 <= slots["ud_unreaped"] < 16 + 32, slots  # type: ignore[index]
+        assert slots["free"] + slots["ud_unreaped"] == slots["total"], slots  # type: ignore[index]
         for h, p in zip(hosts, procs, strict=True):
             ipoib_down(h, p)
 

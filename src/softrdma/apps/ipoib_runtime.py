@@ -12,7 +12,10 @@ pipe. Resources, as Linux's ipoib driver has them:
   ID ``0x1000000000000000 | UD QPN`` (RFC 4755 §3.5, see :mod:`softrdma.ipoib.hwaddr`;
   the connections: :mod:`softrdma.apps.ipoib_conns`);
 * a ring of 64 KiB send slots: a packet is read from the TUN device straight into a
-  slot behind room for the 4-byte encapsulation header, and posted from there.
+  slot behind room for the 4-byte encapsulation header, and posted from there. The UD
+  QP's sends are signaled one in :data:`UD_SIGNAL_EVERY` (and whenever free slots run
+  low): a send queue completes in order (IBA 10.8.3), so the completion of a signaled
+  send frees the slots of the unsignaled ones posted before it (:meth:`_ud_sent`).
 
 Control (``softrdma ipoib show/down``): :mod:`softrdma.drivers.host.ipoib_control`.
 """
@@ -25,6 +28,7 @@ import os
 import signal
 import sys
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -66,6 +70,8 @@ CQ_SIZE = 2048
 TUN_BATCH = 32
 MAX_WAIT_S = 0.5
 DRAIN_ROUNDS = 16            # receive batches read before a due timer runs
+UD_SIGNAL_EVERY = 16         # one UD send in this many asks for a completion
+_SIGNALED = int(e.IBV_SEND_SIGNALED)
 
 
 @dataclass(slots=True)
@@ -95,6 +101,8 @@ class IpoibRuntime(IpoibConnections, IpoibReceive):
         self._init_receive()
         self._ahs: dict[bytes, v.AH] = {}
         self._sends: list[tuple[v.QP, v.SendWR, int]] = []
+        self._ud_posted: deque[int] = deque()  # slots of UD sends posted, oldest first
+        self._ud_quiet = 0  # unsignaled UD sends since the last signaled one
         self._batching = False
         self.srq: v.SRQ | None = None
         self.driver_counters = {"tx_no_slot": 0, "tun_write_errors": 0, "send_errors": 0,
@@ -231,6 +239,20 @@ class IpoibRuntime(IpoibConnections, IpoibReceive):
         self._send_view[off:off + ENCAP_LEN] = encap_header(etype)
         return slot, ENCAP_LEN + n
 
+    def _ud_sent(self, slot: int) -> None:
+        """The UD send in ``slot`` completed (signaled, in error or flushed): it and every
+        UD send posted before it are done (a send queue completes in order, IBA 10.8.3),
+        so their slots are free."""
+        posted = self._ud_posted
+        free = self._free_slots
+        if slot in posted:
+            while True:
+                s = posted.popleft()
+                free.append(s)
+                if s == slot:
+                    return
+        free.append(slot)
+
     def _ah(self, gid: bytes) -> v.AH:
         ah = self._ahs.get(gid)
         if ah is None:
@@ -268,6 +290,12 @@ class IpoibRuntime(IpoibConnections, IpoibReceive):
             wr = self._send_wrs[slot]
             wr.sg[0].length = n
             wr.set_wr_ud(self._ah(o.dest.gid), o.dest.qpn, IPOIB_QKEY)
+            self._ud_quiet += 1
+            if self._ud_quiet >= UD_SIGNAL_EVERY or len(self._free_slots) < UD_SIGNAL_EVERY:
+                wr.send_flags = _SIGNALED
+                self._ud_quiet = 0
+            else:
+                wr.send_flags = 0
             self._queue(self.ud_qp, wr, slot)
         elif isinstance(o, ConnSend):
             c = self._conns.get(o.conn_id)
@@ -277,6 +305,7 @@ class IpoibRuntime(IpoibConnections, IpoibReceive):
             slot, n = got
             wr = self._send_wrs[slot]
             wr.sg[0].length = n
+            wr.send_flags = _SIGNALED
             self._queue(c.qp, wr, slot)
         elif isinstance(o, ConnOpen):
             self._open_conn(o)
@@ -319,6 +348,9 @@ class IpoibRuntime(IpoibConnections, IpoibReceive):
                 self._free_slots.extend(slot for _, _, slot in run)
                 self.driver_counters["send_errors"] += 1
                 self._last_error = str(exc)
+            else:
+                if qp is self.ud_qp:
+                    self._ud_posted.extend(slot for _, _, slot in run)
             i = j
         sends.clear()
 
@@ -454,6 +486,9 @@ class IpoibRuntime(IpoibConnections, IpoibReceive):
         counters["rx_gro_packets"] = self._gro.merged_packets
         counters["rx_gro_segments"] = self._gro.merged_segments
         snap["counters"] = counters
+        # send slots free, and UD sends whose slots await a signaled completion
+        snap["send_slots"] = {"total": SEND_SLOTS, "free": len(self._free_slots),
+                              "ud_unreaped": len(self._ud_posted)}
         if self._last_error:
             snap["last_error"] = self._last_error
         return snap

@@ -63,6 +63,9 @@ class IpoibReceive:
     def _post_queued(self) -> None:
         raise NotImplementedError  # the runtime's
 
+    def _ud_sent(self, slot: int) -> None:
+        raise NotImplementedError  # the runtime's
+
     def _drop_conn(self, conn_id: int, *, disconnect: bool) -> None:
         raise NotImplementedError  # the connections'
 
@@ -121,6 +124,7 @@ class IpoibReceive:
         ok = e.IBV_WC_SUCCESS
         acked: set[int] = set()   # QPs whose sends the peer acknowledged
         ud_view, ud_slot = self._ud_view, self._ud_slot
+        ud_qpn = self.ud_qp.qp_num
         while True:
             got, wcs = self.cq.poll(POLL_BATCH)
             if not got:
@@ -130,7 +134,10 @@ class IpoibReceive:
             self._coalescing = True
             for wc in wcs:
                 if wc.wr_id < WR_RECV_BASE:  # a send slot is free again
-                    self._free_slots.append(int(wc.wr_id))
+                    if wc.qp_num == ud_qpn:
+                        self._ud_sent(int(wc.wr_id))  # and the unsignaled ones before it
+                    else:
+                        self._free_slots.append(int(wc.wr_id))
                     if wc.status != ok:
                         self._send_failed(wc.qp_num, now)
                     else:
