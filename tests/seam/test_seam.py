@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -83,6 +84,88 @@ def test_receive_queue_post_rules_and_flush() -> None:
         (2, int(e.IBV_WC_WR_FLUSH_ERR), int(e.IBV_WC_RECV), 0x42)]
     rq.post(RecvWQE(4), ERR, False)  # in ERR: completed at once with a flush error
     assert rcq[-1].wr_id == 4 and len(rq) == 0
+
+
+class _Feed:
+    """A RecvFeed that records what it is told (``reopen``) and holds nothing."""
+
+    def __init__(self) -> None:
+        self.told: list[int] = []
+
+    def drain(self, qlen: int, most: int, close: bool) -> list[tuple[int, int, int, int]]:
+        return []
+
+    def reopen(self, qlen: int) -> None:
+        self.told.append(qlen)
+
+
+def _post_outcome(batch: bool, state: int, destroyed: bool, n: int, before: int = 0,
+                  feed: bool = False, srq: bool = False) -> tuple[Any, ...]:
+    """Post ``n`` receives to a queue of 4 holding ``before``: in one ``post_many`` call
+    or one ``post`` at a time; what the queue, the CQ and the feed end with."""
+    rcq: list[WorkCompletion] = []
+    engine_srq = EngineSRQ(EventQueue(), object(), 4, 1) if srq else None
+    rq = ReceiveQueue(0x42, _init(max_wr=4, rcq=rcq, srq=engine_srq))
+    f = _Feed()
+    if feed:
+        rq.set_feed(f)
+    for i in range(before):
+        rq.post(RecvWQE(100 + i), INIT, False)
+    wqes = [RecvWQE(i) for i in range(n)]
+    err: str | None = None
+    try:
+        if batch:
+            rq.post_many(wqes, state, destroyed)
+        else:
+            for w in wqes:
+                rq.post(w, state, destroyed)
+    except (StateError, ClosedError, ResourceError) as exc:
+        err = f"{type(exc).__name__}: {exc}"
+    return (err, [w.wr_id for w in rq.q], [(w.wr_id, w.status) for w in rcq], f.told, rq.fed)
+
+
+@pytest.mark.iba("11.4.1.2", "10.3.1.7")
+@pytest.mark.parametrize("state,destroyed,n,before,feed,srq", [
+    (RTS, False, 3, 0, False, False), (RTS, False, 3, 1, True, False),   # all fit
+    (INIT, False, 4, 0, True, False),                                   # exactly full
+    (RTS, False, 3, 2, False, False), (RTS, False, 5, 0, True, False),  # the queue fills
+    (RESET, False, 2, 0, False, False), (RTS, True, 2, 0, False, False),
+    (ERR, False, 3, 0, False, False), (RTS, False, 2, 0, False, True),
+    (RTS, False, 0, 1, True, False)])
+def test_receive_queue_post_many_is_post_of_each(state: int, destroyed: bool, n: int,
+                                                 before: int, feed: bool, srq: bool) -> None:
+    """post_many (a list of receives, one call: appended at once when every one fits)
+    ends as posting them one by one: the same queue, flush completions, feed reopenings'
+    final length, refusal (the ones before a refused one stay posted)."""
+    one = _post_outcome(False, state, destroyed, n, before, feed, srq)
+    many = _post_outcome(True, state, destroyed, n, before, feed, srq)
+    assert many[:3] == one[:3] and many[4] == one[4]
+    assert many[3][-1:] == one[3][-1:]  # the feed last told the queue's final length
+
+
+@pytest.mark.iba("10.2.9")
+def test_srq_post_recvs_is_post_recv_of_each() -> None:
+    """EngineSRQ.post_recvs: appended at once when all fit; past its room the ones that
+    fit stay and the first that does not is refused, as post_recv one by one."""
+    for n in (3, 4, 6):
+        srqs = [EngineSRQ(EventQueue(), object(), 4, 1) for _ in range(2)]
+        errs: list[str | None] = []
+        for k, srq in enumerate(srqs):
+            try:
+                if k:
+                    srq.post_recvs([RecvWQE(i) for i in range(n)])
+                else:
+                    for i in range(n):
+                        srq.post_recv(RecvWQE(i))
+                errs.append(None)
+            except ResourceError as exc:
+                errs.append(str(exc))
+        assert errs[0] == errs[1] and (errs[0] is None) == (n <= 4)
+        assert [w.wr_id for w in srqs[0].q] == [w.wr_id for w in srqs[1].q] == list(range(min(n, 4)))
+    closed = EngineSRQ(EventQueue(), object(), 4, 1)
+    closed.closed = True
+    with pytest.raises(ClosedError):
+        closed.post_recvs([RecvWQE(1)])
 
 
 @pytest.mark.iba("10.2.9")

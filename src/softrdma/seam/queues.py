@@ -55,6 +55,17 @@ class EngineSRQ:
             raise ResourceError(f"SRQ full ({self.max_wr} WQEs)")
         self.q.append(rwqe)
 
+    def post_recvs(self, rwqes: list[RecvWQE]) -> None:
+        """:meth:`post_recv` of each, in order (the ones before a refused one stay);
+        appended at once when all fit and :meth:`post_recv` is this class's own (a
+        subclass's may do more per WQE)."""
+        if (self.closed or len(self.q) + len(rwqes) > self.max_wr
+                or type(self).post_recv is not EngineSRQ.post_recv):
+            for rwqe in rwqes:
+                self.post_recv(rwqe)
+            return
+        self.q.extend(rwqes)
+
     def modify(self, max_wr: int | None = None, srq_limit: int | None = None) -> None:
         if max_wr is not None:
             self.max_wr = max_wr
@@ -213,10 +224,21 @@ class ReceiveQueue:
             self.fed = True
 
     def post_many(self, rwqes: list[RecvWQE], state: int, destroyed: bool) -> None:
-        """:meth:`post` of each, in order: the ones before a refused one stay posted."""
-        post = self.post
-        for rwqe in rwqes:
-            post(rwqe, state, destroyed)
+        """:meth:`post` of each, in order: the ones before a refused one stay posted.
+        When :meth:`post` would take every one (a QP of its own queue, neither RESET nor
+        ERR, no fed receives to take first, room for all), they are appended at once."""
+        q = self.q
+        if (destroyed or self.srq is not None or state == RESET or state == ERR or self.fed
+                or len(q) + len(rwqes) > self.max_wr or not rwqes):
+            post = self.post
+            for rwqe in rwqes:
+                post(rwqe, state, destroyed)
+            return
+        q.extend(rwqes)
+        feed = self.feed
+        if feed is not None:
+            feed.reopen(len(q))
+            self.fed = True
 
     def flush(self) -> None:
         """Complete every queued WQE with IBV_WC_WR_FLUSH_ERR, oldest first (an SRQ's

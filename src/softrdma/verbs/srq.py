@@ -77,13 +77,8 @@ class SRQ(VerbsObject):
                 wqes.append(build_recv_wqe(w, max_sge))
         except InvalidArgument as exc:
             err = exc
-        post = self.engine.post_recv
-
-        def _post() -> None:
-            for q in wqes:
-                post(q)
-
-        self._runtime.call(_post)
+        if wqes:
+            self._runtime.call(self.engine.post_recvs, wqes)
         if err is not None:
             raise err
 
