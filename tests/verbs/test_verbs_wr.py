@@ -102,6 +102,19 @@ def test_ud_needs_ah_of_same_pd() -> None:
         ah2 = v.AH(pd, v.AHAttr(gr=v.GlobalRoute(dgid=p.b.query_gid(1, 0))))
         w.set_wr_ud(ah2, 1 << 24, 0x1234)
         _einval(lambda: qp.post_send(w), "wr.remote_qpn")
+        for bad_qpn in (-1, "7", 2.0):
+            w.set_wr_ud(ah2, 7, 0x1234)
+            w.remote_qpn = bad_qpn  # type: ignore[assignment]
+            _einval(lambda: qp.post_send(w), "wr.remote_qpn")
+        for bad_qkey in (-1, 1 << 32, None):
+            w.set_wr_ud(ah2, 7, 0x1234)
+            w.remote_qkey = bad_qkey  # type: ignore[assignment]
+            _einval(lambda: qp.post_send(w), "wr.remote_qkey")
+        w.set_wr_ud(ah2, True, 0x1234)  # an int subclass is taken by its value (pyverbs)
+        qp.post_send(w)
+        ah2.close()
+        w.set_wr_ud(ah2, 7, 0x1234)
+        _einval(lambda: qp.post_send(w), "wr.ah")  # closed
     finally:
         p.close()
 

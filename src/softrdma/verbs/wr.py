@@ -301,16 +301,23 @@ def build_send_wqe(wr: SendWR, qp_type: int, max_send_sge: int, max_inline: int,
         wqe.invalidate_rkey = u32(wr.invalidate_rkey, "wr.invalidate_rkey")
     if qp_type == UD:
         ah = wr.ah
-        av = getattr(ah, "av", None)
+        try:  # an AH (softrdma.verbs.AH) has all three
+            av, closed, ah_pd = ah.av, ah.closed, ah.pd
+        except AttributeError:
+            av = getattr(ah, "av", None)
+            closed, ah_pd = getattr(ah, "closed", False), getattr(ah, "pd", pd)
         if ah is None or av is None:
             raise InvalidArgument("wr.ah", "a UD send needs an address handle (set_wr_ud)")
-        if getattr(ah, "closed", False):
+        if closed:
             raise InvalidArgument("wr.ah", "the address handle is closed")
-        if getattr(ah, "pd", pd) is not pd:
+        if ah_pd is not pd:
             raise InvalidArgument("wr.ah", "the address handle belongs to another PD")
         wqe.ah = av
-        wqe.remote_qpn = uint(wr.remote_qpn, U24, "wr.remote_qpn")
-        wqe.remote_qkey = u32(wr.remote_qkey, "wr.remote_qkey")
+        qpn, qkey = wr.remote_qpn, wr.remote_qkey
+        wqe.remote_qpn = (qpn if type(qpn) is int and 0 <= qpn <= U24
+                          else uint(qpn, U24, "wr.remote_qpn"))
+        wqe.remote_qkey = (qkey if type(qkey) is int and 0 <= qkey <= U32
+                           else u32(qkey, "wr.remote_qkey"))
     elif qp_type == XRC_SEND:
         wqe.xrc_srqn = uint(wr.remote_srqn, U24, "wr.remote_srqn")  # XRCETH: 24 bits
     return wqe
