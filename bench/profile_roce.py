@@ -9,6 +9,11 @@ progress) run, one call at a time from one thread:
    placement, ACKs) per data packet received.
 2. ``--pings`` RC SEND 64 B ping-pongs: each side's CPU time per round trip (one SEND
    posted and sent, one SEND received and completed, its ACKs).
+3. ``--ud`` UD SENDs of 4092 B (IPoIB's datagram mode: a TUN batch of 32 posted in one
+   call, one send in :data:`UD_SIGNAL` signaled, the receives re-posted as one list per
+   poll): the sender's CPU time per packet (post, headers, ICRC, ``sendmsg``, its
+   completions) and the receiver's (``recvmsg``, ICRC check, placement, completion,
+   re-post).
 
 Every figure is ``time.thread_time`` spent inside that side's calls, so the two sides
 are apart although one thread drives both, and other processes' load does not count.
@@ -138,6 +143,97 @@ def run_pings(a: Side, b: Side, n: int) -> tuple[float, float]:
     return a.cpu, b.cpu
 
 
+UD_PAYLOAD = 4092  # IPoIB-UD's MTU at IB MTU 4096 (4-byte encapsulation header)
+UD_POST = 32  # UD WRs per post (ipoib_runtime.TUN_BATCH)
+UD_SIGNAL = 16  # one UD send in this many is signaled (ipoib_runtime.UD_SIGNAL_EVERY)
+UD_DEPTH = 256
+UD_QKEY = 0x0B
+
+
+class UdSide:
+    """One device on a UdpLink with a UD QP, its buffers and CQ (manual progress);
+    ``cpu`` sums the thread time of its calls."""
+
+    def __init__(self, ip: str, port: int) -> None:
+        self.ctx = v.Context("prof-ud" + ip[-1], link=UdpLink(ip, port), progress="manual")
+        self.rt = self.ctx.runtime
+        self.pd = v.PD(self.ctx)
+        self.slot = UD_PAYLOAD + 40  # the GRH area, then the payload
+        self.buf = bytearray(UD_DEPTH * self.slot)
+        self.mr = v.MR(self.pd, len(self.buf), int(e.IBV_ACCESS_LOCAL_WRITE), buffer=self.buf)
+        self.cq = v.CQ(self.ctx, 4 * UD_DEPTH)
+        cap = v.QPCap(max_send_wr=UD_DEPTH, max_recv_wr=UD_DEPTH, max_send_sge=1,
+                      max_recv_sge=1)
+        self.qp = v.QP(self.pd, v.QPInitAttr(qp_type=e.IBV_QPT_UD, scq=self.cq, rcq=self.cq,
+                                             cap=cap))
+        self.qp.modify(v.QPAttr(qp_state=e.IBV_QPS_INIT, pkey_index=0, port_num=1,
+                                qkey=UD_QKEY),
+                       int(e.IBV_QP_STATE | e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT | e.IBV_QP_QKEY))
+        self.qp.modify(v.QPAttr(qp_state=e.IBV_QPS_RTR), int(e.IBV_QP_STATE))
+        self.qp.modify(v.QPAttr(qp_state=e.IBV_QPS_RTS, sq_psn=0),
+                       int(e.IBV_QP_STATE | e.IBV_QP_SQ_PSN))
+        self.rwrs = [v.RecvWR(wr_id=i, sg=[v.SGE(self.mr.addr + i * self.slot, self.slot,
+                                                 self.mr.lkey)], num_sge=1)
+                     for i in range(UD_DEPTH)]
+        self.qp.post_recv(self.rwrs)  # each run re-posts what it used
+        self.cpu = 0.0
+
+    def timed(self, fn: Callable[..., Any], *args: Any) -> Any:
+        t0 = time.thread_time()
+        try:
+            return fn(*args)
+        finally:
+            self.cpu += time.thread_time() - t0
+
+    def close(self) -> None:
+        self.ctx.close()
+
+
+def run_ud(a: UdSide, b: UdSide, n: int) -> tuple[float, float, int]:
+    """``n`` (rounded up to whole posts) UD SENDs of :data:`UD_PAYLOAD` bytes from ``a``
+    to ``b``, :data:`UD_POST` per post while ``b`` has receives for them; (a's, b's CPU
+    s, packets received)."""
+    ah = v.AH(a.pd, v.AHAttr(port_num=1, is_global=1, gr=v.GlobalRoute(
+        dgid=b.ctx.query_gid(1, 0), sgid_index=0, hop_limit=64)))
+    swrs = []
+    for i in range(UD_POST):
+        w = v.SendWR(wr_id=i, sg=[v.SGE(a.mr.addr + i * a.slot, UD_PAYLOAD, a.mr.lkey)],
+                     num_sge=1,
+                     send_flags=int(e.IBV_SEND_SIGNALED) if i % UD_SIGNAL == UD_SIGNAL - 1
+                     else 0)
+        w.set_wr_ud(ah, b.qp.qp_num, UD_QKEY)
+        swrs.append(w)
+    rwrs = b.rwrs
+    a.cpu = b.cpu = 0.0
+    sent = got = 0
+    last = time.monotonic()
+    while got < n:
+        if sent < n and sent - got <= UD_DEPTH - UD_POST:
+            a.timed(a.qp.post_send, swrs)
+            a.timed(a.rt.progress)
+            while a.timed(a.cq.poll, 64)[0]:
+                pass
+            sent += UD_POST
+        b.timed(b.rt.progress)
+        idx: list[int] = []
+        while True:
+            k, wcs = b.timed(b.cq.poll, 64)
+            if not k:
+                break
+            for wc in wcs:
+                if wc.status or wc.byte_len != UD_PAYLOAD + 40:
+                    raise RuntimeError(f"UD receive failed: {wc}")
+                idx.append(int(wc.wr_id))
+        if idx:
+            b.timed(b.qp.post_recv, [rwrs[i] for i in idx])
+            got += len(idx)
+            last = time.monotonic()
+        elif _stalled(last):
+            raise RuntimeError(f"UD stalled after {got} of {sent} packets (lost?)")
+    ah.close()
+    return a.cpu, b.cpu, got
+
+
 class UdpSide:
     """The baseline: one plain UDP socket; ``cpu`` sums the thread time of its calls."""
 
@@ -221,8 +317,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pings", type=int, default=2000, help="ping-pong round trips")
     ap.add_argument("--port", type=int, default=47931, help="UDP port of both devices")
     ap.add_argument("--profile", action="store_true", help="cProfile: top functions")
-    ap.add_argument("--only", choices=("bw", "lat"))
+    ap.add_argument("--ud", type=int, default=30000, help="UD SENDs (default 30000)")
+    ap.add_argument("--only", choices=("bw", "lat", "ud"))
     args = ap.parse_args(argv)
+    if args.only == "ud":
+        return _ud_main(args.ud, args.port, args.profile)
     a = Side("127.0.0.1", args.port, max(args.size, 2 * PING))
     b = Side("127.0.0.2", args.port, max(args.size, 2 * PING))
     ua, ub = UdpSide("127.0.0.1"), UdpSide("127.0.0.2")
@@ -254,6 +353,28 @@ def main(argv: list[str] | None = None) -> int:
         print(f"retransmitted {ka.get('retransmitted_pkts', 0)} packets, "
               f"ICRC errors {kb.get('rcvd_icrc_err', 0) + ka.get('rcvd_icrc_err', 0)}, "
               f"sent {ka.get('sent_pkts', 0)}/{kb.get('sent_pkts', 0)} packets (A/B)")
+    finally:
+        a.close()
+        b.close()
+        ua.close()
+        ub.close()
+    if args.only is None:
+        return _ud_main(args.ud, args.port, args.profile)
+    return 0
+
+
+def _ud_main(n: int, port: int, profile: bool) -> int:
+    a, b = UdSide("127.0.0.1", port), UdSide("127.0.0.2", port)
+    ua, ub = UdpSide("127.0.0.1"), UdpSide("127.0.0.2")
+    try:
+        run_ud(a, b, 4 * UD_POST)  # warm-up
+        (ca, cb, pkts), prof = _profiled(profile, lambda: run_ud(a, b, n))
+        ba, bb = udp_bulk(ua, ub, pkts)
+        print(f"UD SEND {UD_PAYLOAD} B x {pkts}, {UD_POST} per post, 1 in {UD_SIGNAL} "
+              "signaled: CPU per packet")
+        print(_line("sender", ca, ba, pkts))
+        print(_line("receiver", cb, bb, pkts))
+        print(prof, end="")
     finally:
         a.close()
         b.close()
