@@ -134,9 +134,11 @@ class Requester(GoBackN):
         self.cwnd = self.window.size()
         self._timer_code = -1
 
-    def post(self, wqe: SendWQE, now: float) -> None:
-        qp = self.qp
-        wqe.signaled = wqe.send_flags & _SIGNALED != 0 or qp.init.sq_sig_all
+    @staticmethod
+    def _admit(wqe: SendWQE, sig_all: bool) -> None:
+        """A WQE joins the send queue: whether it completes signaled (IBA 10.8.3; the
+        QP's sq_sig_all), and whether it is a READ or atomic (an atomic's 8 bytes)."""
+        wqe.signaled = wqe.send_flags & _SIGNALED != 0 or sig_all
         o = wqe.opcode
         if o in _RD_ATOMIC:
             wqe.rd_atomic = True
@@ -144,6 +146,10 @@ class Requester(GoBackN):
                 wqe.length = 8
         else:
             wqe.rd_atomic = False
+
+    def post(self, wqe: SendWQE, now: float) -> None:
+        qp = self.qp
+        self._admit(wqe, qp.init.sq_sig_all)
         sq = self.sq
         sq.append(wqe)
         qp.acked_ahead = False
@@ -164,9 +170,9 @@ class Requester(GoBackN):
         sig_all = qp.init.sq_sig_all
         sq = self.sq
         idle = self.tx_idx == len(sq)  # as post's test for the first of the run
+        admit = self._admit
         for wqe in wqes:
-            wqe.signaled = wqe.send_flags & _SIGNALED != 0 or sig_all
-            wqe.rd_atomic = False
+            admit(wqe, sig_all)
             sq.append(wqe)
         qp.acked_ahead = False
         if idle:
