@@ -53,7 +53,20 @@ PING = 64  # bytes of a ping-pong message
 STALL_S = 5.0  # no progress for this long: the run failed (lost packets, a bug)
 
 
-class Side(roce_bench.Side):
+class _Timed:
+    """``cpu``: the thread time of the calls made through :meth:`timed`."""
+
+    cpu = 0.0
+
+    def timed(self, fn: Callable[..., Any], *args: Any) -> Any:
+        t0 = time.thread_time()
+        try:
+            return fn(*args)
+        finally:
+            self.cpu += time.thread_time() - t0
+
+
+class Side(_Timed, roce_bench.Side):
     """roce_bench's side, progressed by hand; ``cpu`` sums the thread time of its calls."""
 
     def __init__(self, ip: str, port: int, size: int) -> None:
@@ -65,13 +78,6 @@ class Side(roce_bench.Side):
     def connect(self, peer: Any, mtu: int = 5) -> None:  # 5: IBV_MTU_4096
         """Connect to ``peer``: another Side, or its :meth:`info`."""
         super().connect(peer.info() if isinstance(peer, Side) else peer, mtu)
-
-    def timed(self, fn: Callable[..., Any], *args: Any) -> Any:
-        t0 = time.thread_time()
-        try:
-            return fn(*args)
-        finally:
-            self.cpu += time.thread_time() - t0
 
     def progress(self) -> int:
         return int(self.timed(self.rt.progress))
@@ -150,7 +156,7 @@ UD_DEPTH = 256
 UD_QKEY = 0x0B
 
 
-class UdSide:
+class UdSide(_Timed):
     """One device on a UdpLink with a UD QP, its buffers and CQ (manual progress);
     ``cpu`` sums the thread time of its calls."""
 
@@ -177,13 +183,6 @@ class UdSide:
                      for i in range(UD_DEPTH)]
         self.qp.post_recv(self.rwrs)  # each run re-posts what it used
         self.cpu = 0.0
-
-    def timed(self, fn: Callable[..., Any], *args: Any) -> Any:
-        t0 = time.thread_time()
-        try:
-            return fn(*args)
-        finally:
-            self.cpu += time.thread_time() - t0
 
     def close(self) -> None:
         self.ctx.close()
