@@ -161,7 +161,8 @@ class Requester(GoBackN):
             self.pump(now)
 
     def post_ud_run(self, wqes: list[SendWQE], now: float) -> None:
-        """:meth:`post` of each of ``wqes`` (UD sends, admitted by the caller), then one
+        """:meth:`post` of each of ``wqes`` (UD sends the caller checked as
+        ``EngineQP.post_sends`` does: QP in RTS, room in the queue), then one
         :meth:`pump` for the run: the general path on a batch. A UD WQE is one packet
         that completes when it is sent (IBA 9.8.2, 10.8.3), so posting them one by one
         would pump and complete each on its own; here the loop of :meth:`pump` sends the
