@@ -214,3 +214,88 @@ def test_multicast_attach_rules() -> None:
         _einval(lambda: r.sides[0][2].attach_mcast("::ffff:224.1.2.3"), "qp")
     finally:
         r.close()
+
+
+# ---- a list of WRs built at once (build_recv_wqes / build_send_wqes) --------------------------
+def _one_by_one(wrs, build, kind):
+    """The reference: :func:`chain`'s walk, :func:`build_*_wqe` per WR."""
+    from softrdma.verbs.wr import chain
+    out = []
+    try:
+        for w in chain(wrs, kind):
+            out.append(build(w))
+    except (InvalidArgument, NotSupported) as exc:
+        return out, exc
+    return out, None
+
+
+def _same(got, want) -> None:
+    (wqes, err), (ref, ref_err) = got, want
+    assert [(q.wr_id, q.length, [(s.addr, s.length, s.lkey) for s in q.sg_list]) for q in wqes] \
+        == [(q.wr_id, q.length, [(s.addr, s.length, s.lkey) for s in q.sg_list]) for q in ref]
+    assert type(err) is type(ref_err)
+    if err is not None:
+        assert (err.argument, str(err)) == (ref_err.argument, str(ref_err))
+
+
+class _SubRecvWR(v.RecvWR):
+    __slots__ = ()
+
+
+def _recv_cases():
+    sge = v.SGE(0x1000, 64, 7)
+    two = [v.SGE(0x1000, 64, 7), v.SGE(0x2000, 32, 7)]
+    three = [*two, v.SGE(0x3000, 16, 7)]
+    chained = v.RecvWR(5, 1, [sge], wr_next=v.RecvWR(6, 1, [sge]))
+    bad_id = v.RecvWR(3, 1, [sge])
+    bad_id.wr_id = -1  # set after the constructor checked it
+    return {
+        "one": v.RecvWR(1, 1, [sge]),
+        "plain list": [v.RecvWR(i, 1, [sge]) for i in range(8)],
+        "two SGEs": [v.RecvWR(1, 2, two), v.RecvWR(2, 1, [sge])],
+        "empty list": [],
+        "no SGE": [v.RecvWR(9, 0, [])],
+        "too many SGEs mid-list": [v.RecvWR(1, 1, [sge]), v.RecvWR(2, 3, three),
+                                   v.RecvWR(3, 1, [sge])],
+        "bad wr_id mid-list": [v.RecvWR(1, 1, [sge]), bad_id, v.RecvWR(4, 1, [sge])],
+        "not a WR mid-list": [v.RecvWR(1, 1, [sge]), "wr", v.RecvWR(2, 1, [sge])],
+        "a chain in the list": [v.RecvWR(1, 1, [sge]), chained],
+        "a subclass": [_SubRecvWR(1, 1, [sge]), v.RecvWR(2, 1, [sge])],
+        "a tuple": (v.RecvWR(1, 1, [sge]), v.RecvWR(2, 1, [sge])),
+        "a chain": chained,
+    }
+
+
+@pytest.mark.parametrize("case", list(_recv_cases()))
+def test_recv_wqes_of_a_list_as_one_by_one(case: str) -> None:
+    """``build_recv_wqes`` gives the WQEs and the error of the walk, WR by WR, for every
+    shape: the fast path for a plain list must not change what is posted or raised."""
+    from softrdma.verbs.wr import build_recv_wqe, build_recv_wqes
+    wrs = _recv_cases()[case]
+    _same(build_recv_wqes(wrs, 2), _one_by_one(wrs, lambda w: build_recv_wqe(w, 2), v.RecvWR))
+
+
+def test_send_wqes_of_a_list_as_one_by_one(rc: Pair) -> None:
+    """``build_send_wqes`` against the walk: a plain list, a bad WR in the middle (too many
+    SGEs, an opcode the QP has not, one softrdma does not implement), a chain."""
+    from softrdma.verbs.wr import build_send_wqe, build_send_wqes
+    _, _, qp, mr = rc.sides[0]
+    sge = _sge(mr, 64)
+    args = (qp.qp_type, qp._max_send_sge, qp._max_inline, qp._port, qp.pd)
+
+    def wr(i: int, opcode: int = W.IBV_WR_SEND, n: int = 1) -> v.SendWR:
+        return v.SendWR(i, opcode=opcode, sg=[sge] * n)
+
+    cases = [
+        [wr(i) for i in range(5)],
+        [wr(1), wr(2, n=qp._max_send_sge + 1), wr(3)],
+        [wr(1), wr(2, opcode=W.IBV_WR_SEND_WITH_INV), wr(3)],
+        [wr(1), wr(2, opcode=W.IBV_WR_TSO)],
+        [wr(1), v.SendWR(2, sg=[sge], wr_next=wr(3))],
+        [wr(1), None, wr(2)],
+        v.SendWR(1, sg=[sge], wr_next=wr(2)),
+        [],
+    ]
+    for wrs in cases:
+        _same(build_send_wqes(wrs, *args),
+              _one_by_one(wrs, lambda w: build_send_wqe(w, *args), v.SendWR))

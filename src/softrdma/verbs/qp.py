@@ -46,7 +46,7 @@ from .mw import MW, MW_TYPE_1, MWBindInfo, bind_wqe, inc_rkey
 from .pd import PD
 from .qp_attr import M, QPAttr, QPCap, QPInitAttr, check_attrs, explain_refusal, state_text
 from .srq import SRQ
-from .wr import RecvWR, SendWR, build_recv_wqe, build_send_wqe, chain
+from .wr import RecvWR, SendWR, build_recv_wqes, build_send_wqe, build_send_wqes, chain
 from .xrcd import XRCD
 
 __all__ = ["QPCap", "QPInitAttr", "QPAttr", "QP"]
@@ -337,14 +337,8 @@ class QP(VerbsObject):
                                    self._port, self.pd)]
             self._runtime.post_send(self.engine, wqes)
             return
-        wqes = []
-        err: Exception | None = None
-        try:
-            for w in chain(wr, SendWR):
-                wqes.append(build_send_wqe(w, self.qp_type, self._max_send_sge,
-                                           self._max_inline, self._port, self.pd))
-        except (InvalidArgument, NotSupported) as exc:
-            err = exc
+        wqes, err = build_send_wqes(wr, self.qp_type, self._max_send_sge, self._max_inline,
+                                    self._port, self.pd)
         if wqes:
             self._runtime.post_send(self.engine, wqes)
         if err is not None:
@@ -371,13 +365,7 @@ class QP(VerbsObject):
             raise InvalidArgument("qp", "this QP takes receives from its SRQ (post to the SRQ)")
         if self.qp_type in (XRC_SEND, XRC_RECV):
             raise InvalidArgument("qp", "XRC QPs have no receive queue (XRC SRQs receive)")
-        wqes = []
-        err: Exception | None = None
-        try:
-            for w in chain(wr, RecvWR):
-                wqes.append(build_recv_wqe(w, self._max_recv_sge))
-        except InvalidArgument as exc:
-            err = exc
+        wqes, err = build_recv_wqes(wr, self._max_recv_sge)
         if wqes:
             self._runtime.call(self.engine.post_recvs, wqes)
         if err is not None:

@@ -17,7 +17,7 @@ from ._args import uint
 from ._object import VerbsObject
 from .device import MAX_SRQ_SGE, MAX_SRQ_WR
 from .pd import PD, open_pd
-from .wr import RecvWR, build_recv_wqe, chain
+from .wr import RecvWR, build_recv_wqes
 
 __all__ = ["SrqAttr", "SrqInitAttr", "SRQ"]
 
@@ -69,14 +69,7 @@ class SRQ(VerbsObject):
     def post_recv(self, wr: RecvWR | list[RecvWR]) -> None:
         """Post receive WRs (``ibv_post_srq_recv``); ResourceError when full."""
         self._check()
-        max_sge = self.engine.max_sge
-        wqes = []
-        err: Exception | None = None
-        try:
-            for w in chain(wr, RecvWR):
-                wqes.append(build_recv_wqe(w, max_sge))
-        except InvalidArgument as exc:
-            err = exc
+        wqes, err = build_recv_wqes(wr, self.engine.max_sge)
         if wqes:
             self._runtime.call(self.engine.post_recvs, wqes)
         if err is not None:

@@ -29,7 +29,8 @@ from ..seam.types import RecvWQE, SendWQE
 from ._args import U24, U32, U64, data_bytes, u32, u64, uint
 from .mw import MW_TYPE_2, bind_wqe
 
-__all__ = ["SGE", "SendWR", "RecvWR", "build_send_wqe", "build_recv_wqe", "chain",
+__all__ = ["SGE", "SendWR", "RecvWR", "build_send_wqe", "build_recv_wqe", "build_send_wqes",
+           "build_recv_wqes", "chain",
            "QPT_OPCODES", "INLINE_OPCODES"]
 
 RC, UC, UD = int(e.IBV_QPT_RC), int(e.IBV_QPT_UC), int(e.IBV_QPT_UD)
@@ -334,3 +335,56 @@ def build_recv_wqe(wr: RecvWR, max_recv_sge: int) -> RecvWQE:
     if type(wr_id) is not int or not 0 <= wr_id <= U64:
         wr_id = u64(wr_id, "wr.wr_id")
     return RecvWQE(wr_id, [_EngineSGE(s.addr, s.length, s.lkey) for s in sg])
+
+
+def build_recv_wqes(wrs: Any, max_recv_sge: int) -> tuple[list[RecvWQE], Exception | None]:
+    """The receive WQEs of ``wrs`` (a WR, a list, a ``wr_next`` chain) as
+    :func:`build_recv_wqe` builds them one by one through :func:`chain`, and the error that
+    stopped the walk (None: none); the WQEs before a bad WR are kept (``bad_wr``).
+
+    A list of plain :class:`RecvWR` without ``wr_next`` whose WRs are all valid (a
+    driver that re-posts its buffers' requests) is built without the walk; anything else
+    takes the walk, which gives the same WQEs and the same error."""
+    if type(wrs) is list:
+        out: list[RecvWQE] = []
+        append = out.append
+        for w in wrs:
+            if type(w) is not RecvWR or w.wr_next is not None:
+                break
+            sg = w.sg
+            wr_id = w.wr_id
+            if len(sg) > max_recv_sge or type(wr_id) is not int or not 0 <= wr_id <= U64:
+                break
+            if len(sg) == 1:
+                s = sg[0]
+                append(RecvWQE(wr_id, [_EngineSGE(s.addr, s.length, s.lkey)]))
+            else:
+                append(RecvWQE(wr_id, [_EngineSGE(s.addr, s.length, s.lkey) for s in sg]))
+        else:
+            return out, None
+    wqes: list[RecvWQE] = []
+    try:
+        for w in chain(wrs, RecvWR):
+            wqes.append(build_recv_wqe(w, max_recv_sge))
+    except InvalidArgument as exc:
+        return wqes, exc
+    return wqes, None
+
+
+def build_send_wqes(wrs: Any, qp_type: int, max_send_sge: int, max_inline: int,
+                    port: DeviceEngine, pd: object) -> tuple[list[SendWQE], Exception | None]:
+    """The send WQEs of ``wrs`` (a WR, a list, a ``wr_next`` chain) as
+    :func:`build_send_wqe` builds them, and the error that stopped the walk (None: none);
+    the WQEs before a bad WR are kept (``bad_wr``). A list of plain :class:`SendWR`
+    without ``wr_next`` skips :func:`chain`'s walk."""
+    wqes: list[SendWQE] = []
+    try:
+        if type(wrs) is list and all(type(w) is SendWR and w.wr_next is None for w in wrs):
+            for w in wrs:
+                wqes.append(build_send_wqe(w, qp_type, max_send_sge, max_inline, port, pd))
+        else:
+            for w in chain(wrs, SendWR):
+                wqes.append(build_send_wqe(w, qp_type, max_send_sge, max_inline, port, pd))
+    except (InvalidArgument, NotSupported) as exc:
+        return wqes, exc
+    return wqes, None
