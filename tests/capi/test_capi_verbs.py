@@ -159,6 +159,8 @@ VERBS_CHECKS = [
     "invalid request error (requester), then flush errors on both",
     "ok: post_recv: EINVAL in RESET, ENOMEM past max_recv_wr (also after a refill), data "
     "and completions in posting order, flushed in order in ERR",
+    "ok: post_srq_recv: ENOMEM past max_wr (also after a refill), a resize below the queued "
+    "WQEs refused, two QPs take them in posting order, the limit event exactly at its level",
     "ok: ibv_alloc_mw, ibv_alloc_td, ibv_create_flow, ibv_reg_dmabuf_mr -> NULL, EOPNOTSUPP",
     "ok: teardown",
 ]
@@ -175,7 +177,9 @@ def test_verbs_check_program(device: str, tmp_path: Path) -> None:
     ibv_get_cq_event while another busy-polls; XRC in one context (ibv_post_send and
     ibv_wr_set_xrc_srqn); the error completions of a message too long for its receive
     buffer; ``ibv_post_recv``'s rules kept by the C receive ring (EINVAL in RESET, ENOMEM
-    past ``max_recv_wr``, posting order with several SGEs in a chain, flushes in ERR);
+    past ``max_recv_wr``, posting order with several SGEs in a chain, flushes in ERR); the
+    same for ``ibv_post_srq_recv`` and the SRQ's ring (ENOMEM, a resize below the queued
+    WQEs, two QPs taking WQEs in posting order, the limit event exactly at its level);
     verbs not served fail with NULL and EOPNOTSUPP."""
     exe = compile_c(tmp_path, "verbs_check", "-libverbs", "-lpthread")
     p = run(str(exe), device)

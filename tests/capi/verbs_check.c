@@ -11,7 +11,7 @@
  * blocked in ibv_get_cq_event while another busy-polls and posts; XRC; error completions
  * of a message too long for its receive buffer; verbs not served (EOPNOTSUPP); the
  * receive queue's rules with its C ring (EINVAL in RESET, ENOMEM when full, posting order,
- * flushes in ERR).
+ * flushes in ERR), and the SRQ's with its own (ENOMEM, resize, order, the limit event).
  */
 #include "common.h"
 #include <arpa/inet.h>
@@ -1064,6 +1064,160 @@ static void check_recv_ring(void)
            "data and completions in posting order, flushed in order in ERR\n");
 }
 
+/* ---- ibv_post_srq_recv's rules, which the SRQ's C ring keeps (IBA 10.2.9, 11.4.1.2) ---- */
+static int post_srq_ret(struct ibv_srq *srq, uint64_t wr_id, void *buf, uint32_t len,
+                        uint32_t lkey, struct ibv_recv_wr **bad)
+{
+    struct ibv_sge sge = { .addr = (uintptr_t)buf, .length = len, .lkey = lkey };
+    struct ibv_recv_wr wr;
+
+    memset(&wr, 0, sizeof(wr));
+    wr.wr_id = wr_id;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    *bad = NULL;
+    return ibv_post_srq_recv(srq, &wr, bad);
+}
+
+/* send slot i from qa[i % 2] and take its receive: the SRQ's next WQE, want_id */
+static void srq_message(struct ibv_qp **qa, struct ibv_qp **qb, struct ibv_cq *scq,
+                        struct ibv_cq *rcq, char (*rbuf)[64], int i, uint64_t want_id)
+{
+    char msg[64];
+    struct ibv_wc wc;
+
+    memset(msg, 0, sizeof(msg));
+    snprintf(msg, sizeof(msg), "srq ring message %d", i);
+    post_send(qa[i % 2], 0x700 + (unsigned)i, IBV_WR_SEND, msg, sizeof(msg), 0,
+              IBV_SEND_SIGNALED | IBV_SEND_INLINE);
+    wait_wc(rcq, &wc, "a receive from the SRQ", WC_WAIT_S);
+    CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == want_id && wc.opcode == IBV_WC_RECV
+          && wc.byte_len == sizeof(msg) && wc.qp_num == qb[i % 2]->qp_num,
+          "srq message %d: status %s wr_id %#llx (want %#llx) qp %#x", i,
+          ibv_wc_status_str(wc.status), (unsigned long long)wc.wr_id,
+          (unsigned long long)want_id, wc.qp_num);
+    if (want_id >= 0x500 && want_id < 0x500 + 16)
+        CHECK(!memcmp(rbuf[want_id - 0x500], msg, sizeof(msg)), "srq message %d: data", i);
+    wait_wc(scq, &wc, "a send to the SRQ", WC_WAIT_S);
+    CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 0x700u + (unsigned)i, "srq send %d", i);
+}
+
+static void check_srq_ring(void)
+{
+    enum { DEPTH = 16 };
+    static char rbuf[DEPTH][64];
+    struct ibv_cq *scq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
+    struct ibv_cq *rcq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
+    struct ibv_srq_init_attr sa;
+    struct ibv_srq_attr attr;
+    struct ibv_async_event ev;
+    struct ibv_recv_wr chain[3], *bad;
+    struct ibv_sge two[2], one;
+    struct ibv_qp *qa[2], *qb[2];
+    struct ibv_srq *srq;
+    struct ibv_mr *mr;
+    struct pollfd pfd;
+    uint64_t want[64];
+    int i, k, n = 0, got = 0, ret, flags;
+
+    CHECK(scq && rcq, "cqs");
+    memset(&sa, 0, sizeof(sa));
+    sa.attr.max_wr = DEPTH;
+    sa.attr.max_sge = 2;
+    srq = ibv_create_srq(pd, &sa);
+    CHECK(srq, "ibv_create_srq: %s", strerror(errno));
+    mr = ibv_reg_mr(pd, rbuf, sizeof(rbuf), IBV_ACCESS_LOCAL_WRITE);
+    CHECK(mr, "reg_mr");
+    for (i = 0; i < 2; i++) {  /* two QPs take receives from the one SRQ */
+        qa[i] = make_qp(IBV_QPT_RC, scq, scq, NULL, 0);
+        qb[i] = make_qp(IBV_QPT_RC, rcq, rcq, srq, 0);
+        rc_connect(qa[i], qb[i]->qp_num);
+        rc_connect(qb[i], qa[i]->qp_num);
+    }
+    for (i = 0; i < DEPTH; i++) {  /* one call each: the first through Python, then the ring */
+        CHECK(!post_srq_ret(srq, 0x500 + (unsigned)i, rbuf[i], 64, mr->lkey, &bad),
+              "post_srq_recv %d of %d", i + 1, DEPTH);
+        want[n++] = 0x500u + (unsigned)i;
+    }
+    /* a resize below the WQEs queued is refused: 15 of the 16 wait in the ring */
+    memset(&attr, 0, sizeof(attr));
+    attr.max_wr = DEPTH / 2;
+    ret = ibv_modify_srq(srq, &attr, IBV_SRQ_MAX_WR);
+    CHECK(ret == EINVAL, "ibv_modify_srq(max_wr %d) with %d queued: %d, want EINVAL", DEPTH / 2,
+          DEPTH, ret);
+    ret = post_srq_ret(srq, 0x5FF, rbuf[0], 64, mr->lkey, &bad);
+    CHECK(ret == ENOMEM && bad, "post_srq_recv beyond max_wr: %d, want ENOMEM", ret);
+    for (k = 0; k < 6; k++, got++)  /* both QPs take the SRQ's WQEs in posting order */
+        srq_message(qa, qb, scq, rcq, rbuf, k, want[got]);
+    /* refill: a chain of three, the middle one with two SGEs (not stored in the ring) */
+    memset(chain, 0, sizeof(chain));
+    two[0] = (struct ibv_sge){ (uintptr_t)rbuf[0], 32, mr->lkey };
+    two[1] = (struct ibv_sge){ (uintptr_t)rbuf[0] + 32, 32, mr->lkey };
+    one = (struct ibv_sge){ (uintptr_t)rbuf[0], 64, mr->lkey };
+    for (i = 0; i < 3; i++) {
+        chain[i].wr_id = 0x600u + (unsigned)i;
+        chain[i].next = i < 2 ? &chain[i + 1] : NULL;
+        chain[i].sg_list = i == 1 ? two : &one;
+        chain[i].num_sge = i == 1 ? 2 : 1;
+        want[n++] = chain[i].wr_id;
+    }
+    CHECK(!ibv_post_srq_recv(srq, chain, &bad), "a chain of three SRQ receives");
+    for (i = 0; i < 3; i++) {  /* these three wait in the ring */
+        CHECK(!post_srq_ret(srq, 0x610 + (unsigned)i, rbuf[0], 64, mr->lkey, &bad), "refill %d", i);
+        want[n++] = 0x610u + (unsigned)i;
+    }
+    /* arm a limit of 4 with 16 queued (3 in the ring): the event comes exactly when the
+     * level drops to 3; two receives posted while it is armed count too */
+    flags = fcntl(ctx->async_fd, F_GETFL);
+    CHECK(flags >= 0 && fcntl(ctx->async_fd, F_SETFL, flags | O_NONBLOCK) == 0, "O_NONBLOCK");
+    memset(&attr, 0, sizeof(attr));
+    attr.srq_limit = 4;
+    CHECK(!ibv_modify_srq(srq, &attr, IBV_SRQ_LIMIT), "ibv_modify_srq(srq_limit 4)");
+    ret = post_srq_ret(srq, 0x5FE, rbuf[0], 64, mr->lkey, &bad);
+    CHECK(ret == ENOMEM && bad, "post_srq_recv beyond max_wr after a refill: %d", ret);
+    for (i = 0; got < n - 4; k++, got++, i++) {
+        srq_message(qa, qb, scq, rcq, rbuf, k, want[got]);
+        errno = 0;
+        CHECK(ibv_get_async_event(ctx, &ev) == -1 && errno == EAGAIN,
+              "an async event (%d) with %d WQEs queued, limit 4", ev.event_type, n - got - 1);
+        if (i == 5 || i == 6) {  /* with room: the first would reopen the ring */
+            CHECK(!post_srq_ret(srq, 0x618 + (unsigned)i, rbuf[2], 64, mr->lkey, &bad),
+                  "post while the limit is armed %d", i);
+            want[n++] = 0x618u + (unsigned)i;
+        }
+    }
+    srq_message(qa, qb, scq, rcq, rbuf, k++, want[got++]);  /* the level drops to 3 */
+    pfd.fd = ctx->async_fd;
+    pfd.events = POLLIN;
+    CHECK(poll(&pfd, 1, 30000) == 1, "no SRQ_LIMIT_REACHED at level 3");
+    CHECK(!ibv_get_async_event(ctx, &ev) && ev.event_type == IBV_EVENT_SRQ_LIMIT_REACHED
+          && ev.element.srq == srq, "async event %d, want SRQ_LIMIT_REACHED", ev.event_type);
+    ibv_ack_async_event(&ev);
+    CHECK(fcntl(ctx->async_fd, F_SETFL, flags) == 0, "restore flags");
+    memset(&attr, 0, sizeof(attr));
+    CHECK(!ibv_query_srq(srq, &attr) && attr.srq_limit == 0, "limit not disarmed: %u",
+          attr.srq_limit);
+    /* disarmed: posts reach the ring again; the last three WQEs, then these, in order */
+    for (i = 0; i < 4; i++) {
+        CHECK(!post_srq_ret(srq, 0x620 + (unsigned)i, rbuf[1 + i], 64, mr->lkey, &bad),
+              "post after the limit %d", i);
+        want[n++] = 0x620u + (unsigned)i;
+    }
+    while (got < n)
+        srq_message(qa, qb, scq, rcq, rbuf, k++, want[got++]);
+    expect_empty(rcq, "the SRQ, emptied");
+    /* destroyed with receives in its ring */
+    for (i = 0; i < 4; i++)
+        CHECK(!post_srq_ret(srq, 0x630 + (unsigned)i, rbuf[i], 64, mr->lkey, &bad), "last %d", i);
+    for (i = 0; i < 2; i++)
+        CHECK(!ibv_destroy_qp(qa[i]) && !ibv_destroy_qp(qb[i]), "destroy QPs %d", i);
+    CHECK(!ibv_destroy_srq(srq) && !ibv_dereg_mr(mr) && !ibv_destroy_cq(scq)
+          && !ibv_destroy_cq(rcq), "teardown");
+    printf("ok: post_srq_recv: ENOMEM past max_wr (also after a refill), a resize below the "
+           "queued WQEs refused, two QPs take them in posting order, the limit event exactly "
+           "at its level\n");
+}
+
 /* ---- verbs softrdma does not serve fail the libibverbs way (NULL + errno), no crash ---- */
 static void check_unsupported(void)
 {
@@ -1121,6 +1275,7 @@ int main(int argc, char **argv)
     check_xrc();
     check_error_completions();
     check_recv_ring();
+    check_srq_ring();
     check_unsupported();
     CHECK(!ibv_dealloc_pd(pd) && !ibv_close_device(ctx), "close");
     ibv_free_device_list(list);

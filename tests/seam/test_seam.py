@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from softrdma import enums as e
 from softrdma import verbs as v
@@ -22,7 +24,7 @@ from softrdma.seam.events import AsyncEventType, EngineEvent, EventQueue
 from softrdma.seam.queues import EngineSRQ, QPInit, ReceiveQueue, check_post_send
 from softrdma.seam.states import ERR, INIT, QPT_RC, QPT_UD, RESET, RTS
 from softrdma.seam.tables import FIRST_QPN, MemoryTable, QpnAllocator
-from softrdma.seam.types import RecvWQE, SendWQE, WorkCompletion
+from softrdma.seam.types import SGE, RecvWQE, SendWQE, WorkCompletion
 from softrdma.verbs import device as verbs_device
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "softrdma"
@@ -328,3 +330,99 @@ def test_verbs_context_turns_engine_events_into_verbs_events() -> None:
         assert set(verbs_device._ENGINE_EVENTS) == set(AsyncEventType)
     finally:
         ctx.close()
+
+
+# ---- an SRQ fed by a receive ring (softrdma.capi's ibv_post_srq_recv) -----------------------
+class _Ring:
+    """A :class:`RecvFeed` kept as shim.c keeps an SRQ's ring: a receive is stored only while
+    the ring is open and its entries plus the queue's length (as last told) stay below
+    ``cap``; otherwise the producer posts through ``EngineSRQ.post_recv``."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap, self.qlen, self.open = cap, 0, False
+        self.entries: list[tuple[int, int, int, int]] = []
+
+    def store(self, wr_id: int) -> bool:
+        if not self.open or len(self.entries) + self.qlen >= self.cap:
+            return False
+        self.entries.append((wr_id, 0x1000, 64, 7))
+        return True
+
+    def drain(self, qlen: int, most: int, close: bool) -> list[tuple[int, int, int, int]]:
+        n = len(self.entries) if most == 0 else min(most, len(self.entries))
+        out, self.entries = self.entries[:n], self.entries[n:]
+        self.qlen = qlen + n
+        if close:
+            self.open = False
+        return out
+
+    def reopen(self, qlen: int) -> None:
+        self.qlen, self.open = qlen, True
+
+
+_SRQ_OPS = st.lists(st.one_of(
+    st.tuples(st.just("post"), st.integers(1, 3)),      # that many receives, one call each
+    st.tuples(st.just("take"), st.integers(1, 4)),
+    st.tuples(st.just("limit"), st.integers(0, 6)),
+    st.tuples(st.just("resize"), st.integers(1, 12)),
+    st.tuples(st.just("level"), st.just(0)),
+), max_size=40)
+
+
+@pytest.mark.iba("10.2.9", "10.2.9.6", "11.4.1.2")
+@given(ops=_SRQ_OPS)
+@settings(max_examples=300, deadline=None)
+def test_srq_with_a_ring_is_the_srq_without(ops: list[tuple[str, int]]) -> None:
+    """An SRQ fed by a ring (posts stored in it when it may, through post_recv otherwise)
+    against one without (every post through post_recv), op by op: the same posts refused
+    (full), the same WQEs taken in the same order, SRQ_LIMIT_REACHED at the same take,
+    the same level; a limit armed, or a resize below the ring's capacity, keeps the ring
+    closed (the level the limit checks must be exact; the ring checks a fixed capacity)."""
+    seen: list[list[EngineEvent]] = [[], []]
+    srqs = []
+    for k in range(2):
+        events = EventQueue()
+        events.subscribe(seen[k].append)
+        srqs.append(EngineSRQ(events, object(), 8, 1))
+    fed, plain = srqs
+    ring = _Ring(8)
+    fed.set_feed(ring, 8)
+    log: list[list[object]] = [[], []]
+    wr_id = 0
+    for op, arg in ops:
+        if op == "post":
+            for _ in range(arg):
+                wr_id += 1
+                for k, srq in enumerate(srqs):
+                    if k == 0 and ring.store(wr_id):
+                        log[0].append(("posted", wr_id))
+                        continue
+                    try:
+                        srq.post_recv(RecvWQE(wr_id, [SGE(0x1000, 64, 7)]))
+                        log[k].append(("posted", wr_id))
+                    except ResourceError:
+                        log[k].append(("full", wr_id))
+        elif op == "take":
+            for _ in range(arg):
+                for k, srq in enumerate(srqs):
+                    w = srq.take()
+                    log[k].append(("took", None if w is None else w.wr_id, len(seen[k])))
+        elif op == "limit":
+            if arg <= plain.max_wr:
+                for srq in srqs:
+                    srq.modify(srq_limit=arg)
+        elif op == "resize":
+            if arg >= plain.level():  # verbs: not below the WQEs queued (EINVAL)
+                assert fed.level() == plain.level()
+                for srq in srqs:
+                    srq.modify(max_wr=arg)
+        else:
+            log[0].append(("level", fed.level()))
+            log[1].append(("level", plain.level()))
+        assert log[0] == log[1]
+        if fed.srq_limit or fed.max_wr < 8:
+            assert not ring.entries and not ring.open
+    assert seen[0] == [EngineEvent(ev.type, fed) for ev in seen[1]]
+    assert all(ev.element is plain for ev in seen[1])
+    fed.set_feed(None)  # detached: the ring's receives are taken first
+    assert [w.wr_id for w in fed.q] == [w.wr_id for w in plain.q]

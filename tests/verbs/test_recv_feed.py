@@ -191,3 +191,28 @@ def test_set_recv_feed_arguments(fp: FabricPair) -> None:
     finally:
         qp.close()
         srq.close()
+
+
+def test_srq_set_recv_feed_arguments(fp: FabricPair) -> None:
+    """An SRQ takes a feed (its capacity: the SRQ's max_wr now); an XRC SRQ, whose receives
+    the XRC domain's TGT QPs take, refuses one; an object without drain/reopen is refused."""
+    from softrdma.verbs.xrcd import XRCD, XrcSRQ
+    srq = v.SRQ(fp.b.pd, v.SrqInitAttr(v.SrqAttr(max_wr=8, max_sge=1)))
+    xrcd = XRCD(fp.b.ctx)
+    xsrq = XrcSRQ(fp.b.pd, xrcd, fp.b.cq, v.SrqInitAttr(v.SrqAttr(max_wr=8, max_sge=1)))
+    try:
+        with pytest.raises(InvalidArgument, match="feed"):
+            srq.set_recv_feed(object())  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgument, match="srq"):
+            xsrq.set_recv_feed(ListFeed(8))
+        feed = ListFeed(8)
+        srq.set_recv_feed(feed)
+        srq.post_recv(v.RecvWR(1, sg=[fp.b.sge(0, SLOT)], num_sge=1))  # opens the feed
+        assert feed.open and feed.qlen == 1
+        assert feed.store(2, fp.b.sge(SLOT, SLOT))
+        srq.set_recv_feed(None)  # detached: the stored receive is taken in
+        assert [w.wr_id for w in srq.engine.q] == [1, 2] and not feed.entries
+    finally:
+        xsrq.close()
+        xrcd.close()
+        srq.close()

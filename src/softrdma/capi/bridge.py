@@ -388,7 +388,9 @@ def _at_exit() -> int:
 # ---- queues -----------------------------------------------------------------------------
 def _create_srq(h: int, attr: Any, wrapper: Any) -> int:
     srq = SRQ(_get(h, PD), SrqInitAttr(SrqAttr(attr.max_wr, attr.max_sge, attr.srq_limit)))
-    return _add(srq, wrapper)
+    hs = _add(srq, wrapper)
+    posting.attach_srq(hs, srq, wrapper)
+    return hs
 
 
 def _modify_srq(h: int, attr: Any, mask: int) -> int:

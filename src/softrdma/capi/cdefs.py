@@ -97,6 +97,7 @@ struct ibv_port_attr {
 
 C_EXPORTS = """
 void *sr_rq_ring(void *wrapper, uint32_t cap);
+void *sr_srq_ring(void *wrapper, uint32_t cap);
 int sr_rq_drain(void *ring, uint64_t *wr_id, uint64_t *addr, uint32_t *length, uint32_t *lkey,
                 int most, uint32_t qlen, int close);
 void sr_rq_reopen(void *ring, uint32_t qlen);

@@ -11,13 +11,14 @@ and a fresh copy of its inline data. ``QP.post_send`` validates it as any other.
 takes the entry out of the table while it posts, so two threads that post on one QP
 never share one.
 
-Most receives never come here: ``ibv_post_recv`` on a QP with a receive queue of its own
-stores one-SGE receives in the QP's ring in C memory (shim.c ``struct sr_rqring``), and
-the QP takes them through :class:`RecvRing`, its
-:class:`~softrdma.seam.queues.RecvFeed` (``ibv_rc_pingpong`` refills 500 receives one
-call at a time: 5.2-7.5 us each through Python stalled its ping-pong for 3 ms). The
-others (SRQs, several SGEs, a full or closed ring) come here, and repeat too: a QP or
-SRQ keeps the :class:`RecvWR` of its last one-SGE receive with that SGE's address,
+Most receives never come here: ``ibv_post_recv`` on a QP with a receive queue of its own,
+and ``ibv_post_srq_recv`` on a (non-XRC) SRQ, store one-SGE receives in the QP's or SRQ's
+ring in C memory (shim.c ``struct sr_rqring``), and the queue takes them through
+:class:`RecvRing`, its :class:`~softrdma.seam.queues.RecvFeed` (``ibv_rc_pingpong``
+refills 500 receives one call at a time: 5.2-7.5 us each through Python stalled its
+ping-pong for 3 ms; an SRQ receive through Python costs about 5 us, in the ring about
+0.05 us). The others (XRC SRQs, several SGEs, a full or closed ring: an SRQ's is closed
+while its limit is armed) come here, and repeat too: a QP or SRQ keeps the :class:`RecvWR` of its last one-SGE receive with that SGE's address,
 length and L_Key, and a receive with the same three posts it again with its own
 ``wr_id`` (the post copies a request into a WQE, so one request object may be posted any
 number of times) instead of building and checking an SGE and a request anew.
@@ -30,10 +31,11 @@ from typing import Any
 from .. import enums as e
 from ..errors import SoftRdmaError
 from ..verbs import AH, QP, SRQ, RecvWR, SendWR
+from ..verbs.xrcd import XrcSRQ
 from . import handles as hd
 from .handles import _get, _sges
 
-__all__ = ["post_send", "post_recv", "forget", "attach", "RecvRing"]
+__all__ = ["post_send", "post_recv", "forget", "attach", "attach_srq", "RecvRing"]
 
 _INLINE = int(e.IBV_SEND_INLINE)  # plain ints: IntFlag arithmetic is slow per request
 _SEND_WITH_INV = int(e.IBV_WR_SEND_WITH_INV)
@@ -43,8 +45,8 @@ _ATOMICS = (int(e.IBV_WR_ATOMIC_CMP_AND_SWP), int(e.IBV_WR_ATOMIC_FETCH_AND_ADD)
 _last: dict[int, tuple[int, SendWR]] = {}
 #: QP or SRQ handle -> (address, length, L_Key of its last one-SGE receive, its RecvWR)
 _last_recv: dict[int, tuple[tuple[int, int, int], RecvWR]] = {}
-#: QP handle -> the QP, for the QPs fed by a receive ring
-_fed: dict[int, QP] = {}
+#: QP or SRQ handle -> the QP or SRQ, for those fed by a receive ring
+_fed: dict[int, QP | SRQ] = {}
 #: receives moved out of a ring per call into C (the length of RecvRing's arrays)
 RING_BATCH = 64
 _OWN_RQ = (int(e.IBV_QPT_RC), int(e.IBV_QPT_UC), int(e.IBV_QPT_UD))
@@ -98,6 +100,19 @@ def attach(h: int, qp: QP, wrapper: Any) -> None:
         return
     qp.set_recv_feed(RecvRing(ring, cap))
     _fed[h] = qp
+
+
+def attach_srq(h: int, srq: SRQ, wrapper: Any) -> None:
+    """A new SRQ ``h`` (not an XRC SRQ) gets a ring in its C wrapper, of ``max_wr``
+    entries."""
+    if wrapper is None or isinstance(srq, XrcSRQ):
+        return
+    cap = srq.query().max_wr
+    ring = hd._lib.sr_srq_ring(wrapper, cap)
+    if ring == hd._ffi.NULL:
+        return
+    srq.set_recv_feed(RecvRing(ring, cap))
+    _fed[h] = srq
 
 
 def _inline(sg: list[Any]) -> bytes:
@@ -180,9 +195,9 @@ def forget(h: int) -> None:
     (C frees it once this returns)."""
     _last.pop(h, None)
     _last_recv.pop(h, None)
-    qp = _fed.pop(h, None)
-    if qp is not None:
+    fed = _fed.pop(h, None)
+    if fed is not None:
         try:
-            qp.set_recv_feed(None)
+            fed.set_recv_feed(None)
         except SoftRdmaError:
             pass  # destroyed already, or its device closed: its engine runs no more

@@ -147,7 +147,7 @@ struct sr_rqring {
     int open;              /* 0 (until a post through Python succeeds; RESET, ERR) */
     uint32_t cap, qlen;    /* the QP's max_recv_wr; its Python queue's length, as told */
     uint32_t head, count;
-    struct sr_rq_ent *e;   /* cap entries; NULL: no ring (an SRQ, XRC, max_recv_wr 0) */
+    struct sr_rq_ent *e;   /* cap entries; NULL: no ring (XRC, max_recv_wr 0, none attached) */
 };
 #define SR_KEYED_SGES 4  /* requests with more SGEs than this get no content number */
 struct sr_qp {
@@ -163,7 +163,7 @@ struct sr_qp {
     struct ibv_sge last_sg[SR_KEYED_SGES];
     struct sr_rqring rq;
 };
-struct sr_srq { struct ibv_srq srq; int h; uint32_t srq_num; int xrc; };
+struct sr_srq { struct ibv_srq srq; int h; uint32_t srq_num; int xrc; struct sr_rqring rq; };
 struct sr_ah { struct ibv_ah ah; int h; };
 
 #define SR_H(type, p) (((struct type *)(p))->h)
@@ -525,35 +525,36 @@ static int sr_post_recv_h(int h, int is_srq, struct ibv_recv_wr *wr, struct ibv_
     return 0;
 }
 
+/* Store the one-SGE receives at the head of the chain wr in ring r while it is open and
+ * has room; returns the first receive not stored (NULL: all were). */
+static struct ibv_recv_wr *sr_rqring_store(struct sr_rqring *r, struct ibv_recv_wr *wr)
+{
+    pthread_spin_lock(&r->lock);
+    while (wr && r->open && wr->num_sge == 1 && wr->sg_list && r->count + r->qlen < r->cap) {
+        struct sr_rq_ent *x = &r->e[(r->head + r->count) % r->cap];
+        x->wr_id = wr->wr_id;
+        x->addr = wr->sg_list->addr;
+        x->length = wr->sg_list->length;
+        x->lkey = wr->sg_list->lkey;
+        r->count++;
+        wr = wr->next;
+    }
+    pthread_spin_unlock(&r->lock);
+    sr_posted();
+    return wr;
+}
+
 static int sr_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
 {
     struct sr_rqring *r = &((struct sr_qp *)qp)->rq;
 
-    if (r->e && wr) {
-        pthread_spin_lock(&r->lock);
-        while (wr && r->open && wr->num_sge == 1 && wr->sg_list
-               && r->count + r->qlen < r->cap) {
-            struct sr_rq_ent *x = &r->e[(r->head + r->count) % r->cap];
-            x->wr_id = wr->wr_id;
-            x->addr = wr->sg_list->addr;
-            x->length = wr->sg_list->length;
-            x->lkey = wr->sg_list->lkey;
-            r->count++;
-            wr = wr->next;
-        }
-        pthread_spin_unlock(&r->lock);
-        sr_posted();
-        if (!wr)
-            return 0;
-    }
+    if (r->e && wr && !(wr = sr_rqring_store(r, wr)))
+        return 0;
     return sr_post_recv_h(SR_H(sr_qp, qp), 0, wr, bad);
 }
 
-/* Called from Python: give the QP wrapper a receive ring of cap entries; NULL: none. */
-void *sr_rq_ring(void *wrapper, uint32_t cap)
+static void *sr_rqring_init(struct sr_rqring *r, uint32_t cap)
 {
-    struct sr_rqring *r = &((struct sr_qp *)wrapper)->rq;
-
     if (r->e || !cap)
         return NULL;
     r->e = calloc(cap, sizeof(*r->e));
@@ -562,6 +563,27 @@ void *sr_rq_ring(void *wrapper, uint32_t cap)
     pthread_spin_init(&r->lock, PTHREAD_PROCESS_PRIVATE);
     r->cap = cap;
     return r;
+}
+
+static void sr_rqring_free(struct sr_rqring *r)
+{
+    if (r->e) {
+        pthread_spin_destroy(&r->lock);
+        free(r->e);
+        r->e = NULL;
+    }
+}
+
+/* Called from Python: give the QP wrapper a receive ring of cap entries; NULL: none. */
+void *sr_rq_ring(void *wrapper, uint32_t cap)
+{
+    return sr_rqring_init(&((struct sr_qp *)wrapper)->rq, cap);
+}
+
+/* Called from Python: the same for an SRQ wrapper (cap: the SRQ's max_wr). */
+void *sr_srq_ring(void *wrapper, uint32_t cap)
+{
+    return sr_rqring_init(&((struct sr_srq *)wrapper)->rq, cap);
 }
 
 /* Called from Python (under the engine lock): move up to most entries, oldest first, into
@@ -603,6 +625,10 @@ void sr_rq_reopen(void *ring, uint32_t qlen)
 
 static int sr_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
 {
+    struct sr_rqring *r = &((struct sr_srq *)srq)->rq;
+
+    if (r->e && wr && !(wr = sr_rqring_store(r, wr)))
+        return 0;
     return sr_post_recv_h(SR_H(sr_srq, srq), 1, wr, bad);
 }
 
@@ -1150,12 +1176,12 @@ struct ibv_pd *ibv_alloc_pd(struct ibv_context *context)
     return &p->pd;
 }
 
+/* destroy an object that has no asynchronous events (a PD, MR, channel, AH) */
 static int sr_destroy_obj(int h, void *wrapper)
 {
     int ret = sr_py_destroy(h);
     if (ret)
         return ret;
-    sr_ev_wait_acked(wrapper);  /* an SRQ's events (the others have none) */
     free(wrapper);
     return 0;
 }
@@ -1371,7 +1397,15 @@ int ibv_query_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr)
 
 int ibv_destroy_srq(struct ibv_srq *srq)
 {
-    return sr_destroy_obj(SR_H(sr_srq, srq), srq);
+    struct sr_srq *s = (struct sr_srq *)srq;
+    int ret = sr_py_destroy(s->h);  /* detaches the ring (capi/posting.py forget) */
+
+    if (ret)
+        return ret;
+    sr_ev_wait_acked(srq);
+    sr_rqring_free(&s->rq);
+    free(s);
+    return 0;
 }
 
 /* ---- queue pairs ---- */
@@ -1379,10 +1413,7 @@ int ibv_destroy_srq(struct ibv_srq *srq)
 static void sr_qp_free(struct sr_qp *q)
 {
     pthread_spin_destroy(&q->last_lock);
-    if (q->rq.e) {
-        pthread_spin_destroy(&q->rq.lock);
-        free(q->rq.e);
-    }
+    sr_rqring_free(&q->rq);
     free(q);
 }
 

@@ -34,7 +34,12 @@ _NOT_YET = (RESET, INIT, RTR)
 class EngineSRQ:
     """A shared receive queue (IBA 10.2.9): receive WQEs taken by any QP attached to it.
 
-    ``events`` is the device's event queue (SRQ_LIMIT_REACHED goes there)."""
+    ``events`` is the device's event queue (SRQ_LIMIT_REACHED goes there). ``feed``
+    (:class:`RecvFeed`, none by default) holds receives posted after the queue's WQEs,
+    as a QP's :class:`ReceiveQueue` does: taken when the queue runs empty, and all of them
+    before a post, a resize or :meth:`level`. The feed stays closed while a limit is
+    armed, so that :meth:`take` sees the exact level when it checks the limit, and while
+    ``max_wr`` is below ``feed_cap``, the capacity the feed checks against."""
 
     events: EventQueue
     pd: object
@@ -44,29 +49,71 @@ class EngineSRQ:
     q: deque[RecvWQE] = field(default_factory=deque, init=False)
     closed: bool = field(default=False, init=False)
     error: bool = field(default=False, init=False)
+    feed: RecvFeed | None = field(default=None, init=False)
+    fed: bool = field(default=False, init=False)  # the feed is open (may hold receives)
+    feed_cap: int = field(default=0, init=False)
 
     def __len__(self) -> int:
         return len(self.q)
 
+    def level(self) -> int:
+        """The WQEs queued, the feed's included (they are taken into the queue)."""
+        self._pull(0)
+        return len(self.q)
+
+    def set_feed(self, feed: RecvFeed | None, cap: int = 0) -> None:
+        """Attach ``feed``, which stores receives while they and the queue's length stay
+        below ``cap`` (closed until a post succeeds), or detach the feed: its stored
+        receives are taken into the queue first."""
+        if self.feed is not None:
+            self._pull(0, close=True)
+        self.feed = feed
+        self.feed_cap = cap
+        self.fed = False
+
+    def _pull(self, most: int, close: bool = False) -> None:
+        if self.fed:
+            assert self.feed is not None
+            if close:
+                self.fed = False
+            _take_fed(self.feed, self.q, most, close)
+
+    def _reopen(self) -> None:
+        """After a post: the feed stores receives again, unless a limit is armed or the
+        queue is smaller than the capacity the feed checks against."""
+        feed = self.feed
+        if feed is not None and not self.srq_limit and self.max_wr >= self.feed_cap:
+            feed.reopen(len(self.q))
+            self.fed = True
+
     def post_recv(self, rwqe: RecvWQE) -> None:
         if self.closed:
             raise ClosedError("SRQ is destroyed")
+        if self.fed:
+            self._pull(0)  # the fed receives were posted first
         if len(self.q) >= self.max_wr:
             raise ResourceError(f"SRQ full ({self.max_wr} WQEs)")
         self.q.append(rwqe)
+        if self.feed is not None:
+            self._reopen()
 
     def post_recvs(self, rwqes: list[RecvWQE]) -> None:
         """:meth:`post_recv` of each, in order (the ones before a refused one stay);
-        appended at once when all fit and :meth:`post_recv` is this class's own (a
-        subclass's may do more per WQE)."""
-        if (self.closed or len(self.q) + len(rwqes) > self.max_wr
+        appended at once when all fit, no fed receives come first and :meth:`post_recv` is
+        this class's own (a subclass's may do more per WQE)."""
+        if (self.closed or self.fed or len(self.q) + len(rwqes) > self.max_wr or not rwqes
                 or type(self).post_recv is not EngineSRQ.post_recv):
             for rwqe in rwqes:
                 self.post_recv(rwqe)
             return
         self.q.extend(rwqes)
+        if self.feed is not None:
+            self._reopen()
 
     def modify(self, max_wr: int | None = None, srq_limit: int | None = None) -> None:
+        """Resize and/or arm the limit (the feed's receives are taken in first, and the
+        feed closes; a post opens it again when it may)."""
+        self._pull(0, close=True)
         if max_wr is not None:
             self.max_wr = max_wr
         if srq_limit is not None:
@@ -74,10 +121,15 @@ class EngineSRQ:
 
     def take(self) -> RecvWQE | None:
         """Next receive WQE; fires SRQ_LIMIT_REACHED once when the level drops below the limit."""
-        if not self.q:
-            return None
-        rwqe = self.q.popleft()
-        if self.srq_limit and len(self.q) < self.srq_limit:
+        q = self.q
+        if not q:
+            if not self.fed:
+                return None
+            self._pull(FEED_BATCH)
+            if not q:
+                return None
+        rwqe = q.popleft()
+        if self.srq_limit and len(q) < self.srq_limit:
             self.srq_limit = 0  # IBA 10.2.9.6: the limit is disarmed when it fires
             self.events.raise_event(AsyncEventType.SRQ_LIMIT_REACHED, self)
         return rwqe
@@ -140,6 +192,13 @@ class RecvFeed(Protocol):
 FEED_BATCH = 32
 
 
+def _take_fed(feed: RecvFeed, q: deque[RecvWQE], most: int, close: bool) -> None:
+    """Append up to ``most`` (0: all) of ``feed``'s receives to ``q`` as WQEs, oldest first
+    (``close``: the feed stores no more)."""
+    for wr_id, addr, length, lkey in feed.drain(len(q), most, close):
+        q.append(RecvWQE(wr_id, [SGE(addr, length, lkey)]))
+
+
 class ReceiveQueue:
     """A QP's receive side: its own queue of ``max_wr`` WQEs, or the SRQ it is attached
     to (IBA 10.2.9: then receives are posted to the SRQ, not to the QP).
@@ -171,14 +230,11 @@ class ReceiveQueue:
         self.fed = False
 
     def _pull(self, most: int, close: bool = False) -> None:
-        feed = self.feed
-        if feed is None or not self.fed:
-            return
-        q = self.q
-        if close:
-            self.fed = False
-        for wr_id, addr, length, lkey in feed.drain(len(q), most, close):
-            q.append(RecvWQE(wr_id, [SGE(addr, length, lkey)]))
+        if self.fed:
+            assert self.feed is not None
+            if close:
+                self.fed = False
+            _take_fed(self.feed, self.q, most, close)
 
     def take(self) -> RecvWQE | None:
         """The next receive WQE (from the SRQ if the QP has one), or None."""

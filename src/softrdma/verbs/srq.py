@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from .. import enums as e
 from ..errors import InvalidArgument
-from ..seam.queues import EngineSRQ
+from ..seam.queues import EngineSRQ, RecvFeed
 from ._args import uint
 from ._object import VerbsObject
 from .device import MAX_SRQ_SGE, MAX_SRQ_WR
@@ -85,12 +85,32 @@ class SRQ(VerbsObject):
         cur_max = self.engine.max_wr
         if attr_mask & e.IBV_SRQ_MAX_WR:
             max_wr = uint(attr.max_wr, MAX_SRQ_WR, "attr.max_wr", 1)
-            if max_wr < len(self.engine):
-                raise InvalidArgument("attr.max_wr", f"{max_wr} < {len(self.engine)} queued WQEs")
+            queued = self._runtime.call(self.engine.level)
+            if max_wr < queued:
+                raise InvalidArgument("attr.max_wr", f"{max_wr} < {queued} queued WQEs")
             cur_max = max_wr
         if attr_mask & e.IBV_SRQ_LIMIT:
             limit = uint(attr.srq_limit, cur_max, "attr.srq_limit", 0)
         self._runtime.call(self.engine.modify, max_wr, limit)
+
+    def set_recv_feed(self, feed: RecvFeed | None) -> None:
+        """Take receives posted into ``feed`` as well as through :meth:`post_recv` (a
+        softrdma extension, as :meth:`softrdma.verbs.QP.set_recv_feed`; None detaches it,
+        its receives kept): a receive ring in another language's memory (softrdma.capi's
+        ``ibv_post_srq_recv``). The feed stores a receive only while its receives and the
+        queue's length stay below the SRQ's ``max_wr`` as of this call; the SRQ keeps the
+        feed closed while a limit is armed (IBA 10.2.9.6: the level it checks must be
+        exact) and while a resize leaves ``max_wr`` below that capacity. An XRC SRQ, whose
+        receives are taken by the XRC domain's TGT QPs, has none."""
+        self._check()
+        if feed is not None:
+            if type(self.engine).post_recv is not EngineSRQ.post_recv:
+                raise InvalidArgument("srq", "an XRC SRQ has no feed")
+            if not (callable(getattr(feed, "drain", None))
+                    and callable(getattr(feed, "reopen", None))):
+                raise InvalidArgument("feed", "a RecvFeed has drain() and reopen()")
+        engine = self.engine
+        self._runtime.call(engine.set_feed, feed, engine.max_wr)
 
     def query(self) -> SrqAttr:
         self._check()
