@@ -62,6 +62,18 @@ _RDMA = frozenset(int(o) for o in (_W.IBV_WR_RDMA_WRITE, _W.IBV_WR_RDMA_WRITE_WI
                                    _W.IBV_WR_RDMA_READ))
 _IMM = frozenset(int(o) for o in (_W.IBV_WR_RDMA_WRITE_WITH_IMM, _W.IBV_WR_SEND_WITH_IMM))
 _INV = frozenset(int(o) for o in (_W.IBV_WR_SEND_WITH_INV, _W.IBV_WR_LOCAL_INV))
+# what a WQE of an opcode carries beyond its SGEs, one lookup per WR
+_X_IMM, _X_RDMA, _X_ATOMIC, _X_INV = 1, 2, 4, 8
+_EXTRA: dict[int, int] = {}
+for _o in _IMM:
+    _EXTRA[_o] = _EXTRA.get(_o, 0) | _X_IMM
+for _o in _RDMA:
+    _EXTRA[_o] = _EXTRA.get(_o, 0) | _X_RDMA
+for _o in _ATOMICS:
+    _EXTRA[_o] = _EXTRA.get(_o, 0) | _X_ATOMIC
+for _o in _INV:
+    _EXTRA[_o] = _EXTRA.get(_o, 0) | _X_INV
+del _o
 _INLINE_FLAG = int(e.IBV_SEND_INLINE)
 _SEND_FLAGS = int(e.IBV_SEND_FENCE | e.IBV_SEND_SIGNALED | e.IBV_SEND_SOLICITED
                   | e.IBV_SEND_INLINE | e.IBV_SEND_IP_CSUM)
@@ -256,9 +268,10 @@ def build_send_wqe(wr: SendWR, qp_type: int, max_send_sge: int, max_inline: int,
             raise NotSupported(f"wr.opcode {opcode}: not implemented by softrdma")
         raise InvalidArgument("wr.opcode", f"opcode {opcode!r} is not valid on a "
                               f"{e.ibv_qp_type(qp_type).name} QP")
-    if not isinstance(flags, int):
-        raise InvalidArgument("wr.send_flags", f"unknown send flags {flags!r}")
-    flags = int(flags)  # a plain int: IntFlag arithmetic is slow per WR
+    if type(flags) is not int:
+        if not isinstance(flags, int):
+            raise InvalidArgument("wr.send_flags", f"unknown send flags {flags!r}")
+        flags = int(flags)  # a plain int: IntFlag arithmetic is slow per WR
     if flags & ~_SEND_FLAGS or flags < 0:
         raise InvalidArgument("wr.send_flags", f"unknown send flags {flags!r}")
     if opcode == _BIND_MW:
@@ -267,11 +280,16 @@ def build_send_wqe(wr: SendWR, qp_type: int, max_send_sge: int, max_inline: int,
                                            "(type 1: QP.bind_mw)")
         return bind_wqe(wr.mw, wr.bind_info, wr.rkey, wr_id, flags)
     sg = wr.sg
-    if len(sg) > max_send_sge:
-        raise InvalidArgument("wr.num_sge", f"{len(sg)} SGEs > max_send_sge {max_send_sge}")
-    length = 0
-    for s in sg:
-        length += s.length
+    nsge = len(sg)
+    if nsge > max_send_sge:
+        raise InvalidArgument("wr.num_sge", f"{nsge} SGEs > max_send_sge {max_send_sge}")
+    if nsge == 1:
+        one = sg[0]
+        length = one.length
+    else:
+        length = 0
+        for s in sg:
+            length += s.length
     inline: bytes | None = None
     if flags & _INLINE_FLAG:
         if opcode not in INLINE_OPCODES:
@@ -281,29 +299,33 @@ def build_send_wqe(wr: SendWR, qp_type: int, max_send_sge: int, max_inline: int,
         if len(inline) > max_inline:
             raise InvalidArgument("wr.sg", f"{len(inline)} inline bytes > max_inline_data {max_inline}")
         sg_copy: list[_EngineSGE] = []
+    elif nsge == 1:
+        sg_copy = [_EngineSGE(one.addr, length, one.lkey)]
     else:
         sg_copy = [_EngineSGE(s.addr, s.length, s.lkey) for s in sg]
     wqe = SendWQE(wr_id, opcode, flags, sg_copy, inline_data=inline, length=length)
-    if opcode in _IMM:
-        wqe.imm_data = u32(wr.imm_data, "wr.imm_data")
-    if opcode in _RDMA or opcode in _ATOMICS:
-        addr = u64(wr.remote_addr, "wr.remote_addr")
-        rkey = u32(wr.rkey, "wr.rkey")
-        wqe.remote_addr = addr
-        wqe.rkey = rkey
-        if opcode in _ATOMICS:
-            if length < 8:
-                raise InvalidArgument("wr.sg", f"an atomic needs 8 bytes of local buffer, got {length}")
-            if addr & 7:
-                raise InvalidArgument("wr.remote_addr", f"atomic address {addr:#x} is not 8-byte aligned")
-            wqe.compare_add = u64(wr.compare_add, "wr.compare_add")
-            wqe.swap = u64(wr.swap, "wr.swap")
-    elif opcode in _INV:
-        wqe.invalidate_rkey = u32(wr.invalidate_rkey, "wr.invalidate_rkey")
+    extra = _EXTRA.get(opcode, 0)
+    if extra:
+        if extra & _X_IMM:
+            wqe.imm_data = u32(wr.imm_data, "wr.imm_data")
+        if extra & (_X_RDMA | _X_ATOMIC):
+            addr = u64(wr.remote_addr, "wr.remote_addr")
+            rkey = u32(wr.rkey, "wr.rkey")
+            wqe.remote_addr = addr
+            wqe.rkey = rkey
+            if extra & _X_ATOMIC:
+                if length < 8:
+                    raise InvalidArgument("wr.sg", f"an atomic needs 8 bytes of local buffer, got {length}")
+                if addr & 7:
+                    raise InvalidArgument("wr.remote_addr", f"atomic address {addr:#x} is not 8-byte aligned")
+                wqe.compare_add = u64(wr.compare_add, "wr.compare_add")
+                wqe.swap = u64(wr.swap, "wr.swap")
+        elif extra & _X_INV:
+            wqe.invalidate_rkey = u32(wr.invalidate_rkey, "wr.invalidate_rkey")
     if qp_type == UD:
         ah = wr.ah
-        try:  # an AH (softrdma.verbs.AH) has all three
-            av, closed, ah_pd = ah.av, ah.closed, ah.pd
+        try:  # a softrdma.verbs.AH (a VerbsObject: its _closed is what closed reads)
+            av, closed, ah_pd = ah.av, ah._closed, ah.pd
         except AttributeError:
             av = getattr(ah, "av", None)
             closed, ah_pd = getattr(ah, "closed", False), getattr(ah, "pd", pd)
