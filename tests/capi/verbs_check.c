@@ -938,8 +938,9 @@ static void check_error_completions(void)
 }
 
 /* ---- ibv_post_recv's rules, which the C receive ring keeps (IBA 11.4.1.2) ---- */
-static int post_recv_ret(struct ibv_qp *qp, uint64_t wr_id, void *buf, uint32_t len,
-                         uint32_t lkey, struct ibv_recv_wr **bad)
+/* one one-SGE receive posted to srq, or to qp when srq is NULL: the verb's return value */
+static int post_rq_ret(struct ibv_qp *qp, struct ibv_srq *srq, uint64_t wr_id, void *buf,
+                       uint32_t len, uint32_t lkey, struct ibv_recv_wr **bad)
 {
     struct ibv_sge sge = { .addr = (uintptr_t)buf, .length = len, .lkey = lkey };
     struct ibv_recv_wr wr;
@@ -949,7 +950,7 @@ static int post_recv_ret(struct ibv_qp *qp, uint64_t wr_id, void *buf, uint32_t 
     wr.sg_list = &sge;
     wr.num_sge = 1;
     *bad = NULL;
-    return ibv_post_recv(qp, &wr, bad);
+    return srq ? ibv_post_srq_recv(srq, &wr, bad) : ibv_post_recv(qp, &wr, bad);
 }
 
 static void to_state(struct ibv_qp *qp, enum ibv_qp_state state)
@@ -983,14 +984,14 @@ static void check_recv_ring(void)
     CHECK(mr, "reg_mr");
     qa = make_qp(IBV_QPT_RC, scq, scq, NULL, 1);
     qb = make_qp(IBV_QPT_RC, rcq, rcq, NULL, 1);
-    ret = post_recv_ret(qb, 0xC0, rbuf[0], SLOT, mr->lkey, &bad);
+    ret = post_rq_ret(qb, NULL, 0xC0, rbuf[0], SLOT, mr->lkey, &bad);
     CHECK(ret == EINVAL && bad, "post_recv in RESET: %d, want EINVAL", ret);
     rc_connect(qa, qb->qp_num);
     rc_connect(qb, qa->qp_num);
     for (i = 0; i < DEPTH; i++)  /* one call each, as ibv_rc_pingpong fills its queue */
-        CHECK(!post_recv_ret(qb, 0xC00 + (unsigned)i, rbuf[i], SLOT, mr->lkey, &bad),
+        CHECK(!post_rq_ret(qb, NULL, 0xC00 + (unsigned)i, rbuf[i], SLOT, mr->lkey, &bad),
               "post_recv %d of %d", i + 1, DEPTH);
-    ret = post_recv_ret(qb, 0xCFF, rbuf[0], SLOT, mr->lkey, &bad);
+    ret = post_rq_ret(qb, NULL, 0xCFF, rbuf[0], SLOT, mr->lkey, &bad);
     CHECK(ret == ENOMEM && bad, "post_recv beyond max_recv_wr: %d, want ENOMEM", ret);
     for (i = 0; i < 12; i++) {  /* 12 messages take the first 12 receives, in order */
         snprintf(sbuf[i], SLOT, "message %d for the ring", i);
@@ -1010,7 +1011,7 @@ static void check_recv_ring(void)
         want[n++] = 0xC00u + 12 + (unsigned)i;
     /* refill: exactly 12 more fit (9 one call each, then a chain of 3), then ENOMEM */
     for (i = 0; i < 9; i++) {
-        CHECK(!post_recv_ret(qb, 0xD00 + (unsigned)i, rbuf[DEPTH + (i % 8)], SLOT, mr->lkey,
+        CHECK(!post_rq_ret(qb, NULL, 0xD00 + (unsigned)i, rbuf[DEPTH + (i % 8)], SLOT, mr->lkey,
                              &bad), "refill %d", i);
         want[n++] = 0xD00u + (unsigned)i;
     }
@@ -1026,7 +1027,7 @@ static void check_recv_ring(void)
         want[n++] = chain[i].wr_id;
     }
     CHECK(!ibv_post_recv(qb, chain, &bad), "a chain of three receives");
-    ret = post_recv_ret(qb, 0xCFE, rbuf[0], SLOT, mr->lkey, &bad);
+    ret = post_rq_ret(qb, NULL, 0xCFE, rbuf[0], SLOT, mr->lkey, &bad);
     CHECK(ret == ENOMEM && bad, "post_recv beyond max_recv_wr after a refill: %d", ret);
     CHECK(n == DEPTH, "bookkeeping");
     /* ERR flushes every receive, in posting order; one posted in ERR is flushed at once */
@@ -1037,20 +1038,20 @@ static void check_recv_ring(void)
               "flush %d: status %s wr_id %#llx, want %#llx", i, ibv_wc_status_str(wc.status),
               (unsigned long long)wc.wr_id, (unsigned long long)want[i]);
     }
-    CHECK(!post_recv_ret(qb, 0xF00, rbuf[0], SLOT, mr->lkey, &bad), "post_recv in ERR");
+    CHECK(!post_rq_ret(qb, NULL, 0xF00, rbuf[0], SLOT, mr->lkey, &bad), "post_recv in ERR");
     wait_wc(rcq, &wc, "a receive posted in ERR", WC_WAIT_S);
     CHECK(wc.status == IBV_WC_WR_FLUSH_ERR && wc.wr_id == 0xF00, "posted in ERR: %s %#llx",
           ibv_wc_status_str(wc.status), (unsigned long long)wc.wr_id);
     expect_empty(rcq, "the receive queue in ERR");
     /* RESET empties the queue and refuses posts again; INIT takes them */
     to_state(qb, IBV_QPS_RESET);
-    ret = post_recv_ret(qb, 0xF01, rbuf[0], SLOT, mr->lkey, &bad);
+    ret = post_rq_ret(qb, NULL, 0xF01, rbuf[0], SLOT, mr->lkey, &bad);
     CHECK(ret == EINVAL, "post_recv in RESET after ERR: %d, want EINVAL", ret);
     to_state(qb, IBV_QPS_INIT);
     for (i = 0; i < DEPTH; i++)
-        CHECK(!post_recv_ret(qb, 0xF10 + (unsigned)i, rbuf[i], SLOT, mr->lkey, &bad),
+        CHECK(!post_rq_ret(qb, NULL, 0xF10 + (unsigned)i, rbuf[i], SLOT, mr->lkey, &bad),
               "post_recv %d in INIT", i);
-    ret = post_recv_ret(qb, 0xF0F, rbuf[0], SLOT, mr->lkey, &bad);
+    ret = post_rq_ret(qb, NULL, 0xF0F, rbuf[0], SLOT, mr->lkey, &bad);
     CHECK(ret == ENOMEM, "post_recv beyond max_recv_wr in INIT: %d", ret);
     to_state(qb, IBV_QPS_ERR);
     for (i = 0; i < DEPTH; i++) {
@@ -1065,20 +1066,6 @@ static void check_recv_ring(void)
 }
 
 /* ---- ibv_post_srq_recv's rules, which the SRQ's C ring keeps (IBA 10.2.9, 11.4.1.2) ---- */
-static int post_srq_ret(struct ibv_srq *srq, uint64_t wr_id, void *buf, uint32_t len,
-                        uint32_t lkey, struct ibv_recv_wr **bad)
-{
-    struct ibv_sge sge = { .addr = (uintptr_t)buf, .length = len, .lkey = lkey };
-    struct ibv_recv_wr wr;
-
-    memset(&wr, 0, sizeof(wr));
-    wr.wr_id = wr_id;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    *bad = NULL;
-    return ibv_post_srq_recv(srq, &wr, bad);
-}
-
 /* send slot i from qa[i % 2] and take its receive: the SRQ's next WQE, want_id */
 static void srq_message(struct ibv_qp **qa, struct ibv_qp **qb, struct ibv_cq *scq,
                         struct ibv_cq *rcq, char (*rbuf)[64], int i, uint64_t want_id)
@@ -1135,7 +1122,7 @@ static void check_srq_ring(void)
         rc_connect(qb[i], qa[i]->qp_num);
     }
     for (i = 0; i < DEPTH; i++) {  /* one call each: the first through Python, then the ring */
-        CHECK(!post_srq_ret(srq, 0x500 + (unsigned)i, rbuf[i], 64, mr->lkey, &bad),
+        CHECK(!post_rq_ret(NULL, srq, 0x500 + (unsigned)i, rbuf[i], 64, mr->lkey, &bad),
               "post_srq_recv %d of %d", i + 1, DEPTH);
         want[n++] = 0x500u + (unsigned)i;
     }
@@ -1145,7 +1132,7 @@ static void check_srq_ring(void)
     ret = ibv_modify_srq(srq, &attr, IBV_SRQ_MAX_WR);
     CHECK(ret == EINVAL, "ibv_modify_srq(max_wr %d) with %d queued: %d, want EINVAL", DEPTH / 2,
           DEPTH, ret);
-    ret = post_srq_ret(srq, 0x5FF, rbuf[0], 64, mr->lkey, &bad);
+    ret = post_rq_ret(NULL, srq, 0x5FF, rbuf[0], 64, mr->lkey, &bad);
     CHECK(ret == ENOMEM && bad, "post_srq_recv beyond max_wr: %d, want ENOMEM", ret);
     for (k = 0; k < 6; k++, got++)  /* both QPs take the SRQ's WQEs in posting order */
         srq_message(qa, qb, scq, rcq, rbuf, k, want[got]);
@@ -1163,7 +1150,7 @@ static void check_srq_ring(void)
     }
     CHECK(!ibv_post_srq_recv(srq, chain, &bad), "a chain of three SRQ receives");
     for (i = 0; i < 3; i++) {  /* these three wait in the ring */
-        CHECK(!post_srq_ret(srq, 0x610 + (unsigned)i, rbuf[0], 64, mr->lkey, &bad), "refill %d", i);
+        CHECK(!post_rq_ret(NULL, srq, 0x610 + (unsigned)i, rbuf[0], 64, mr->lkey, &bad), "refill %d", i);
         want[n++] = 0x610u + (unsigned)i;
     }
     /* arm a limit of 4 with 16 queued (3 in the ring): the event comes exactly when the
@@ -1173,7 +1160,7 @@ static void check_srq_ring(void)
     memset(&attr, 0, sizeof(attr));
     attr.srq_limit = 4;
     CHECK(!ibv_modify_srq(srq, &attr, IBV_SRQ_LIMIT), "ibv_modify_srq(srq_limit 4)");
-    ret = post_srq_ret(srq, 0x5FE, rbuf[0], 64, mr->lkey, &bad);
+    ret = post_rq_ret(NULL, srq, 0x5FE, rbuf[0], 64, mr->lkey, &bad);
     CHECK(ret == ENOMEM && bad, "post_srq_recv beyond max_wr after a refill: %d", ret);
     for (i = 0; got < n - 4; k++, got++, i++) {
         srq_message(qa, qb, scq, rcq, rbuf, k, want[got]);
@@ -1181,7 +1168,7 @@ static void check_srq_ring(void)
         CHECK(ibv_get_async_event(ctx, &ev) == -1 && errno == EAGAIN,
               "an async event (%d) with %d WQEs queued, limit 4", ev.event_type, n - got - 1);
         if (i == 5 || i == 6) {  /* with room: the first would reopen the ring */
-            CHECK(!post_srq_ret(srq, 0x618 + (unsigned)i, rbuf[2], 64, mr->lkey, &bad),
+            CHECK(!post_rq_ret(NULL, srq, 0x618 + (unsigned)i, rbuf[2], 64, mr->lkey, &bad),
                   "post while the limit is armed %d", i);
             want[n++] = 0x618u + (unsigned)i;
         }
@@ -1199,7 +1186,7 @@ static void check_srq_ring(void)
           attr.srq_limit);
     /* disarmed: posts reach the ring again; the last three WQEs, then these, in order */
     for (i = 0; i < 4; i++) {
-        CHECK(!post_srq_ret(srq, 0x620 + (unsigned)i, rbuf[1 + i], 64, mr->lkey, &bad),
+        CHECK(!post_rq_ret(NULL, srq, 0x620 + (unsigned)i, rbuf[1 + i], 64, mr->lkey, &bad),
               "post after the limit %d", i);
         want[n++] = 0x620u + (unsigned)i;
     }
@@ -1208,7 +1195,7 @@ static void check_srq_ring(void)
     expect_empty(rcq, "the SRQ, emptied");
     /* destroyed with receives in its ring */
     for (i = 0; i < 4; i++)
-        CHECK(!post_srq_ret(srq, 0x630 + (unsigned)i, rbuf[i], 64, mr->lkey, &bad), "last %d", i);
+        CHECK(!post_rq_ret(NULL, srq, 0x630 + (unsigned)i, rbuf[i], 64, mr->lkey, &bad), "last %d", i);
     for (i = 0; i < 2; i++)
         CHECK(!ibv_destroy_qp(qa[i]) && !ibv_destroy_qp(qb[i]), "destroy QPs %d", i);
     CHECK(!ibv_destroy_srq(srq) && !ibv_dereg_mr(mr) && !ibv_destroy_cq(scq)

@@ -30,6 +30,36 @@ WC_RECV = int(_WCO.IBV_WC_RECV)
 _NOT_YET = (RESET, INIT, RTR)
 
 
+class _Fed(Protocol):
+    """A queue of receive WQEs ``q`` that may have a :class:`RecvFeed`: ``fed`` while the
+    feed is open (it may hold receives, posted after every WQE in ``q``)."""
+
+    q: deque[RecvWQE]
+    feed: RecvFeed | None
+    fed: bool
+
+
+def _set_feed(owner: _Fed, feed: RecvFeed | None) -> None:
+    """Attach ``feed`` to ``owner`` (closed until a post succeeds), or detach the feed: its
+    stored receives are taken into the queue first."""
+    if owner.feed is not None:
+        _pull(owner, 0, close=True)
+    owner.feed = feed
+    owner.fed = False
+
+
+def _pull(owner: _Fed, most: int, close: bool = False) -> None:
+    """Take up to ``most`` (0: all) of ``owner``'s fed receives into its queue, oldest
+    first (``close``: the feed stores no more until it is opened again)."""
+    feed = owner.feed
+    if owner.fed and feed is not None:
+        if close:
+            owner.fed = False
+        q = owner.q
+        for wr_id, addr, length, lkey in feed.drain(len(q), most, close):
+            q.append(RecvWQE(wr_id, [SGE(addr, length, lkey)]))
+
+
 @dataclass(eq=False, repr=False)
 class EngineSRQ:
     """A shared receive queue (IBA 10.2.9): receive WQEs taken by any QP attached to it.
@@ -65,18 +95,11 @@ class EngineSRQ:
         """Attach ``feed``, which stores receives while they and the queue's length stay
         below ``cap`` (closed until a post succeeds), or detach the feed: its stored
         receives are taken into the queue first."""
-        if self.feed is not None:
-            self._pull(0, close=True)
-        self.feed = feed
+        _set_feed(self, feed)
         self.feed_cap = cap
-        self.fed = False
 
     def _pull(self, most: int, close: bool = False) -> None:
-        if self.fed:
-            assert self.feed is not None
-            if close:
-                self.fed = False
-            _take_fed(self.feed, self.q, most, close)
+        _pull(self, most, close)
 
     def _reopen(self) -> None:
         """After a post: the feed stores receives again, unless a limit is armed or the
@@ -192,13 +215,6 @@ class RecvFeed(Protocol):
 FEED_BATCH = 32
 
 
-def _take_fed(feed: RecvFeed, q: deque[RecvWQE], most: int, close: bool) -> None:
-    """Append up to ``most`` (0: all) of ``feed``'s receives to ``q`` as WQEs, oldest first
-    (``close``: the feed stores no more)."""
-    for wr_id, addr, length, lkey in feed.drain(len(q), most, close):
-        q.append(RecvWQE(wr_id, [SGE(addr, length, lkey)]))
-
-
 class ReceiveQueue:
     """A QP's receive side: its own queue of ``max_wr`` WQEs, or the SRQ it is attached
     to (IBA 10.2.9: then receives are posted to the SRQ, not to the QP).
@@ -224,17 +240,10 @@ class ReceiveQueue:
     def set_feed(self, feed: RecvFeed | None) -> None:
         """Attach ``feed`` (closed until a post succeeds), or detach the feed: its
         stored receives are taken into the queue first."""
-        if self.feed is not None:
-            self._pull(0, close=True)
-        self.feed = feed
-        self.fed = False
+        _set_feed(self, feed)
 
     def _pull(self, most: int, close: bool = False) -> None:
-        if self.fed:
-            assert self.feed is not None
-            if close:
-                self.fed = False
-            _take_fed(self.feed, self.q, most, close)
+        _pull(self, most, close)
 
     def take(self) -> RecvWQE | None:
         """The next receive WQE (from the SRQ if the QP has one), or None."""
