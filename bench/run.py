@@ -69,6 +69,7 @@ import json
 import multiprocessing as mp
 import os
 import platform
+import socket
 import statistics
 import subprocess
 import sys
@@ -143,15 +144,34 @@ class Figure:
 
 
 class _Ports:
-    """Fresh UDP ports for each run (a port in TIME_WAIT-like reuse never collides)."""
+    """Fresh ports for each run (a port in TIME_WAIT-like reuse never collides): ``n``
+    consecutive ones, each free now for UDP and TCP on the loopback. They start below the
+    kernel's ephemeral range (``ip_local_port_range``, 32768-60999 by default), where any
+    outgoing connection may have taken one (a tool's server then failed to listen)."""
 
     def __init__(self, first: int) -> None:
         self.next = first
 
     def take(self, n: int = 4) -> int:
-        p = self.next
-        self.next += n
-        return p
+        while True:
+            p = self.next
+            self.next += n
+            if all(_port_free(q) for q in range(p, p + n)):
+                return p
+
+
+def _port_free(port: int) -> bool:
+    """True if ``port`` can be bound now on 127.0.0.1, UDP and TCP (the TCP socket as a
+    listener would: with SO_REUSEADDR)."""
+    for kind in (socket.SOCK_DGRAM, socket.SOCK_STREAM):
+        with socket.socket(socket.AF_INET, kind) as sock:
+            if kind == socket.SOCK_STREAM:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                return False
+    return True
 
 
 def _pairs(fig: Figure, runs: int, base: Callable[[], float], ours: Callable[[], float]) -> None:
@@ -197,7 +217,7 @@ def measure(runs: int, quick: bool, only: set[str] | None) -> list[Figure]:
     sb_total = (16 if quick else 64) * MIB  # per pair on the shared device
     iters = 500 if quick else 5000
     iw_count = 32 if quick else 256
-    ports = _Ports(48000 + (os.getpid() % 500) * 8)
+    ports = _Ports(20000 + (os.getpid() % 500) * 16)
     figs: list[Figure] = []
 
     def want(name: str) -> bool:

@@ -87,3 +87,32 @@ def test_cm_rate_figures_share_one_tcp_baseline_per_run() -> None:
         assert fig["unit"] == "conn/s" and fig["goal"] == ">= 0.1"
         assert len(fig["softrdma"]) == 1 and fig["softrdma"][0] > 0
     assert figs["cm_rate_roce"]["baseline_values"] == figs["cm_rate_iwarp"]["baseline_values"]
+
+
+def test_ports_skip_ones_in_use() -> None:
+    """The bench's ports: a group with a port some socket holds (UDP bound, TCP listening)
+    is skipped, so a tool's server never fails to listen on a port already taken."""
+    import importlib.util
+    import socket
+    spec = importlib.util.spec_from_file_location("bench_run", BENCH)
+    assert spec is not None and spec.loader is not None
+    run = importlib.util.module_from_spec(spec)
+    sys.modules["bench_run"] = run  # its dataclasses look their module up
+    sys.path.insert(0, str(BENCH.parent))
+    try:
+        spec.loader.exec_module(run)
+    finally:
+        sys.path.remove(str(BENCH.parent))
+        del sys.modules["bench_run"]
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held_tcp, \
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as held_udp:
+        held_tcp.bind(("127.0.0.1", 0))
+        held_tcp.listen(1)
+        first = held_tcp.getsockname()[1]
+        held_udp.bind(("127.0.0.1", 0))
+        ports = run._Ports(first)
+        got = ports.take(4)
+        assert got >= first + 4  # the group holding the listener was skipped
+        assert all(run._port_free(p) for p in range(got, got + 4))
+        udp_port = held_udp.getsockname()[1]
+        assert not run._port_free(udp_port)
