@@ -18,8 +18,9 @@ ring in C memory (shim.c ``struct sr_rqring``), and the queue takes them through
 refills 500 receives one call at a time: 5.2-7.5 us each through Python stalled its
 ping-pong for 3 ms; an SRQ receive through Python costs about 5 us, in the ring about
 0.05 us). The others (XRC SRQs, several SGEs, a full or closed ring: an SRQ's is closed
-while its limit is armed) come here, and repeat too: a QP or SRQ keeps the :class:`RecvWR` of its last one-SGE receive with that SGE's address,
-length and L_Key, and a receive with the same three posts it again with its own
+while its limit is armed) come here, and repeat too: a QP or SRQ keeps the
+:class:`RecvWR` of its last one-SGE receive with that SGE's address, length and L_Key,
+and a receive with the same three posts it again with its own
 ``wr_id`` (the post copies a request into a WQE, so one request object may be posted any
 number of times) instead of building and checking an SGE and a request anew.
 """
@@ -95,11 +96,7 @@ def attach(h: int, qp: QP, wrapper: Any) -> None:
     if wrapper is None or qp.srq is not None or qp.qp_type not in _OWN_RQ:
         return
     cap = qp.cap.max_recv_wr
-    ring = hd._lib.sr_rq_ring(wrapper, cap)
-    if ring == hd._ffi.NULL:
-        return
-    qp.set_recv_feed(RecvRing(ring, cap))
-    _fed[h] = qp
+    _feed(h, qp, hd._lib.sr_rq_ring(wrapper, cap), cap)
 
 
 def attach_srq(h: int, srq: SRQ, wrapper: Any) -> None:
@@ -108,11 +105,16 @@ def attach_srq(h: int, srq: SRQ, wrapper: Any) -> None:
     if wrapper is None or isinstance(srq, XrcSRQ):
         return
     cap = srq.query().max_wr
-    ring = hd._lib.sr_srq_ring(wrapper, cap)
+    _feed(h, srq, hd._lib.sr_srq_ring(wrapper, cap), cap)
+
+
+def _feed(h: int, target: QP | SRQ, ring: Any, cap: int) -> None:
+    """Feed ``target`` (handle ``h``) from the ``cap``-entry ring C made for it (NULL: none
+    was made, its receives keep going through Python)."""
     if ring == hd._ffi.NULL:
         return
-    srq.set_recv_feed(RecvRing(ring, cap))
-    _fed[h] = srq
+    target.set_recv_feed(RecvRing(ring, cap))
+    _fed[h] = target
 
 
 def _inline(sg: list[Any]) -> bytes:

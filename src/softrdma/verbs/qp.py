@@ -45,7 +45,7 @@ from .device import GID, MAX_INLINE_DATA, MAX_QP_WR, MAX_SGE, Context
 from .mw import MW, MW_TYPE_1, MWBindInfo, bind_wqe, inc_rkey
 from .pd import PD
 from .qp_attr import M, QPAttr, QPCap, QPInitAttr, check_attrs, explain_refusal, state_text
-from .srq import SRQ
+from .srq import SRQ, check_recv_feed
 from .wr import RecvWR, SendWR, build_recv_wqes, build_send_wqe, build_send_wqes, chain
 from .xrcd import XRCD
 
@@ -383,9 +383,7 @@ class QP(VerbsObject):
         if feed is not None:
             if self.srq is not None or self.qp_type in (XRC_SEND, XRC_RECV):
                 raise InvalidArgument("qp", "only a QP with its own receive queue has a feed")
-            if not (callable(getattr(feed, "drain", None))
-                    and callable(getattr(feed, "reopen", None))):
-                raise InvalidArgument("feed", "a RecvFeed has drain() and reopen()")
+            check_recv_feed(feed)
         self._runtime.call(self.engine.set_recv_feed, feed)
 
     # ---- rate limit (IBA 9.11) -------------------------------------------------------------------------

@@ -41,6 +41,13 @@ class SrqInitAttr:
         self.srq_context = srq_context
 
 
+def check_recv_feed(feed: object) -> None:
+    """InvalidArgument naming ``feed`` unless it is a :class:`RecvFeed` (``set_recv_feed``
+    of a QP or an SRQ)."""
+    if not (callable(getattr(feed, "drain", None)) and callable(getattr(feed, "reopen", None))):
+        raise InvalidArgument("feed", "a RecvFeed has drain() and reopen()")
+
+
 class SRQ(VerbsObject):
     """A shared receive queue of ``pd``; QPs created with it close when it closes."""
 
@@ -106,9 +113,7 @@ class SRQ(VerbsObject):
         if feed is not None:
             if type(self.engine).post_recv is not EngineSRQ.post_recv:
                 raise InvalidArgument("srq", "an XRC SRQ has no feed")
-            if not (callable(getattr(feed, "drain", None))
-                    and callable(getattr(feed, "reopen", None))):
-                raise InvalidArgument("feed", "a RecvFeed has drain() and reopen()")
+            check_recv_feed(feed)
         engine = self.engine
         self._runtime.call(engine.set_feed, feed, engine.max_wr)
 

@@ -64,16 +64,10 @@ _IMM = frozenset(int(o) for o in (_W.IBV_WR_RDMA_WRITE_WITH_IMM, _W.IBV_WR_SEND_
 _INV = frozenset(int(o) for o in (_W.IBV_WR_SEND_WITH_INV, _W.IBV_WR_LOCAL_INV))
 # what a WQE of an opcode carries beyond its SGEs, one lookup per WR
 _X_IMM, _X_RDMA, _X_ATOMIC, _X_INV = 1, 2, 4, 8
-_EXTRA: dict[int, int] = {}
-for _o in _IMM:
-    _EXTRA[_o] = _EXTRA.get(_o, 0) | _X_IMM
-for _o in _RDMA:
-    _EXTRA[_o] = _EXTRA.get(_o, 0) | _X_RDMA
-for _o in _ATOMICS:
-    _EXTRA[_o] = _EXTRA.get(_o, 0) | _X_ATOMIC
-for _o in _INV:
-    _EXTRA[_o] = _EXTRA.get(_o, 0) | _X_INV
-del _o
+_EXTRA: dict[int, int] = {
+    o: (_X_IMM if o in _IMM else 0) | (_X_RDMA if o in _RDMA else 0)
+    | (_X_ATOMIC if o in _ATOMICS else 0) | (_X_INV if o in _INV else 0)
+    for o in _IMM | _RDMA | _ATOMICS | _INV}
 _INLINE_FLAG = int(e.IBV_SEND_INLINE)
 _SEND_FLAGS = int(e.IBV_SEND_FENCE | e.IBV_SEND_SIGNALED | e.IBV_SEND_SOLICITED
                   | e.IBV_SEND_INLINE | e.IBV_SEND_IP_CSUM)
@@ -356,37 +350,28 @@ def build_recv_wqe(wr: RecvWR, max_recv_sge: int) -> RecvWQE:
     wr_id = wr.wr_id
     if type(wr_id) is not int or not 0 <= wr_id <= U64:
         wr_id = u64(wr_id, "wr.wr_id")
+    if len(sg) == 1:
+        one = sg[0]
+        return RecvWQE(wr_id, [_EngineSGE(one.addr, one.length, one.lkey)])
     return RecvWQE(wr_id, [_EngineSGE(s.addr, s.length, s.lkey) for s in sg])
 
 
-def build_recv_wqes(wrs: Any, max_recv_sge: int) -> tuple[list[RecvWQE], Exception | None]:
-    """The receive WQEs of ``wrs`` (a WR, a list, a ``wr_next`` chain) as
-    :func:`build_recv_wqe` builds them one by one through :func:`chain`, and the error that
-    stopped the walk (None: none); the WQEs before a bad WR are kept (``bad_wr``).
+def _walk(wrs: Any, kind: type[SendWR] | type[RecvWR]) -> Any:
+    """The WRs of ``wrs`` in posting order: a list of plain ``kind`` WRs without
+    ``wr_next`` (a driver re-posting its requests) as it is, anything else through
+    :func:`chain`, which checks each WR's type and follows the chains."""
+    if type(wrs) is list and all(type(w) is kind and w.wr_next is None for w in wrs):
+        return wrs
+    return chain(wrs, kind)
 
-    A list of plain :class:`RecvWR` without ``wr_next`` whose WRs are all valid (a
-    driver that re-posts its buffers' requests) is built without the walk; anything else
-    takes the walk, which gives the same WQEs and the same error."""
-    if type(wrs) is list:
-        out: list[RecvWQE] = []
-        append = out.append
-        for w in wrs:
-            if type(w) is not RecvWR or w.wr_next is not None:
-                break
-            sg = w.sg
-            wr_id = w.wr_id
-            if len(sg) > max_recv_sge or type(wr_id) is not int or not 0 <= wr_id <= U64:
-                break
-            if len(sg) == 1:
-                s = sg[0]
-                append(RecvWQE(wr_id, [_EngineSGE(s.addr, s.length, s.lkey)]))
-            else:
-                append(RecvWQE(wr_id, [_EngineSGE(s.addr, s.length, s.lkey) for s in sg]))
-        else:
-            return out, None
+
+def build_recv_wqes(wrs: Any, max_recv_sge: int) -> tuple[list[RecvWQE], Exception | None]:
+    """The receive WQEs of ``wrs`` (a WR, a list, a ``wr_next`` chain), each as
+    :func:`build_recv_wqe` builds it, and the error that stopped the walk (None: none);
+    the WQEs before a bad WR are kept (``bad_wr``)."""
     wqes: list[RecvWQE] = []
     try:
-        for w in chain(wrs, RecvWR):
+        for w in _walk(wrs, RecvWR):
             wqes.append(build_recv_wqe(w, max_recv_sge))
     except InvalidArgument as exc:
         return wqes, exc
@@ -395,18 +380,13 @@ def build_recv_wqes(wrs: Any, max_recv_sge: int) -> tuple[list[RecvWQE], Excepti
 
 def build_send_wqes(wrs: Any, qp_type: int, max_send_sge: int, max_inline: int,
                     port: DeviceEngine, pd: object) -> tuple[list[SendWQE], Exception | None]:
-    """The send WQEs of ``wrs`` (a WR, a list, a ``wr_next`` chain) as
-    :func:`build_send_wqe` builds them, and the error that stopped the walk (None: none);
-    the WQEs before a bad WR are kept (``bad_wr``). A list of plain :class:`SendWR`
-    without ``wr_next`` skips :func:`chain`'s walk."""
+    """The send WQEs of ``wrs`` (a WR, a list, a ``wr_next`` chain), each as
+    :func:`build_send_wqe` builds it, and the error that stopped the walk (None: none);
+    the WQEs before a bad WR are kept (``bad_wr``)."""
     wqes: list[SendWQE] = []
     try:
-        if type(wrs) is list and all(type(w) is SendWR and w.wr_next is None for w in wrs):
-            for w in wrs:
-                wqes.append(build_send_wqe(w, qp_type, max_send_sge, max_inline, port, pd))
-        else:
-            for w in chain(wrs, SendWR):
-                wqes.append(build_send_wqe(w, qp_type, max_send_sge, max_inline, port, pd))
+        for w in _walk(wrs, SendWR):
+            wqes.append(build_send_wqe(w, qp_type, max_send_sge, max_inline, port, pd))
     except (InvalidArgument, NotSupported) as exc:
         return wqes, exc
     return wqes, None
