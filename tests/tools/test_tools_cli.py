@@ -3,6 +3,7 @@ devinfo and demo tools on real devices."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import socket
@@ -201,6 +202,70 @@ def test_python_dash_m(tmp_path: Path) -> None:
     p = subprocess.run([sys.executable, "-m", "softrdma", "rc-pingpong", "-m", "3"], env=env,
                        capture_output=True, text=True, timeout=30)
     assert p.returncode == 2 and "MTU must be" in p.stderr
+
+
+@pytest.mark.parametrize("argv,named", [
+    (["rc-pingpong", "-n", "5"], "rc-pingpong"),
+    (["--trace", "qp", "write-bw", "host"], "write-bw"),
+    (["--trace=qp,cm", "--pcap", "x.pcap", "rping", "-s"], "rping"),
+    (["--tra", "pkt", "link", "show"], "link"),  # argparse's abbreviation of --trace
+    (["--pcap=x.pcap", "ud-pingpong"], "ud-pingpong"),
+    (["--help", "rc-pingpong"], ""),
+    (["--version"], ""),
+    (["-x", "demo"], ""),
+    (["--trace"], ""),
+    ([], ""),
+])
+def test_command_named(argv: list[str], named: str) -> None:
+    assert cli.command_named(argv) == named
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    raise AssertionError("no subcommands")
+
+
+def test_a_parser_for_one_command_parses_it_as_the_full_parser() -> None:
+    """build_parser(NAME) gives NAME the options the full parser gives it (the same help
+    text, so the same flags, defaults and choices) and lists every other command."""
+    full = _subparsers(cli.build_parser())
+    assert len(full) > 30
+    for name, sub in full.items():
+        one = _subparsers(cli.build_parser(name))
+        assert one.keys() == full.keys()
+        assert one[name].format_help() == sub.format_help(), name
+    bare = _subparsers(cli.build_parser(""))
+    assert "-s SIZE" in full["rc-pingpong"].format_help()
+    assert "-s SIZE" not in bare["rc-pingpong"].format_help()
+
+
+def test_a_tool_imports_its_own_module_only(tmp_path: Path) -> None:
+    """A tool's process loads its own tool module, not every tool's (the parser of one
+    command), nor the version lookup, and a RoCE device's process no iWARP stack,
+    CRC-32C or asyncio (each imported where it is used)."""
+    probe = (
+        "import sys\n"
+        "from softrdma.tools import cli\n"
+        "cli.build_parser(cli.command_named(['rc-pingpong', '-n', '5']))\n"
+        "import softrdma.verbs as v\n"
+        "ctx = v.Context(v.get_device_list()[0].name)\n"
+        "assert ctx.transport == 'roce', ctx.transport\n"
+        "ctx.close()\n"
+        "print(' '.join(sorted(sys.modules)))\n")
+    env = dict(os.environ, PYTHONPATH=SRC, SOFTRDMA_STATE_DIR=str(tmp_path),
+               SOFTRDMA_SHARED="0")
+    p = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    loaded = set(p.stdout.split())
+    assert "softrdma.tools.ibverbs.pingpong_options" in loaded
+    for absent in ("softrdma.tools.perftest.options", "softrdma.tools.rdmacm.rping",
+                   "softrdma.tools.capture.ladder", "importlib.metadata", "crc32c",
+                   "softrdma.wire.mpa", "softrdma.iwarp.engine", "softrdma.drivers.runtime.tcp",
+                   "asyncio"):
+        assert absent not in loaded, absent
 
 
 # -- devinfo and demo on real devices -------------------------------------------------

@@ -59,6 +59,20 @@ def test_crc32c_check_values_and_fallback() -> None:
     assert crc.crc32c_py(rnd[500:], crc.crc32c_py(rnd[:500])) == crc.crc32c(rnd)
 
 
+def test_crc32c_is_bound_on_first_use() -> None:
+    """The CRC-32C names come from the crc32c package when first asked for (PEP 562), as
+    the same C function; other missing names are still AttributeErrors."""
+    import crc32c as package
+
+    assert crc.CRC32C_IMPL == "crc32c"
+    assert crc.crc32c is package.crc32c and crc.crc32c_gil is package.crc32c
+    from softrdma.wire.crc import crc32c_gil
+
+    assert crc32c_gil(b"123456789", 0, crc.KEEP_GIL) == 0xE3069283
+    with pytest.raises(AttributeError, match="no_such_crc"):
+        crc.no_such_crc  # noqa: B018
+
+
 def test_rxe_seed() -> None:
     # IBA 7.8.1, Annex A17; ../shared/specs/roce.md §2: rxe's seed 0xDEBB20E3 is the register after eight 0xFF bytes.
     assert crc.crc32(b"\xff" * 8) ^ 0xFFFFFFFF == 0xDEBB20E3

@@ -23,15 +23,12 @@ from typing import NamedTuple
 
 from ..errors import InvalidArgument
 from ..ib.port import Port
-from ..iwarp.qp import IwarpDevice
 from ..seam.protocols import DeviceEngine
 from .capture.tap import tap_for
-from .capture.tap_stream import stream_tap_for
 from .devd.client import DevdLink
 from .links.link import ROCE_V2_UDP_PORT, Link
 from .runtime.progress import DeviceRuntime
 from .runtime.roce import Runtime
-from .runtime.tcp import TcpRuntime
 
 __all__ = ["OpenedDevice", "open_device", "TRANSPORTS"]
 
@@ -64,6 +61,12 @@ def open_device(transport: str, name: str, gids: Sequence[bytes], *, max_mtu: in
     if transport == "iwarp":
         if link is not None:
             raise InvalidArgument("link", "an iWARP device has no datagram link")
+        # imported here: a RoCE process never loads the iWARP stack (MPA, DDP, RDMAP,
+        # CRC-32C), about a quarter of the verbs' import time
+        from ..iwarp.qp import IwarpDevice
+        from .capture.tap_stream import stream_tap_for
+        from .runtime.tcp import TcpRuntime
+
         dev = IwarpDevice(list(gids), max_mtu=max_mtu)
         trt = TcpRuntime(dev, mode=progress, clock=clock)
         trt.tap = stream_tap_for(name, pcap)  # pcap=FILE / $SOFTRDMA_PCAP, TRACE=pkt

@@ -138,12 +138,32 @@ def _add_tool_args(module: str, sub: argparse.ArgumentParser, *extra: Any) -> No
         sub.set_defaults(unavailable=unavailable, passthrough=True)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full ``softrdma`` parser (every subcommand with its options)."""
+class _VersionAction(argparse.Action):
+    """``--version``: the version is looked up only when asked for (``importlib.metadata``
+    costs more than the rest of a tool's start-up parsing)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 default: str = argparse.SUPPRESS,
+                 help: str = "show program's version number and exit") -> None:
+        super().__init__(option_strings=option_strings, dest=dest, default=default, nargs=0,
+                         help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        print(f"{PROG} {version()}")
+        parser.exit()
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The ``softrdma`` parser: every subcommand with its options; with ``only`` (the
+    subcommand a command line names, :func:`command_named`; "" for none) only that
+    subcommand gets its options, the others their names and help lines. A tool's options
+    come from its module, so a process then imports its own tool's module, not every
+    tool's (:func:`main`)."""
     parser = argparse.ArgumentParser(
         prog=PROG, description="softrdma: a software RDMA stack (RoCEv2 / iWARP) in Python, "
         "wire-compatible with Linux rxe and siw.")
-    parser.add_argument("--version", action="version", version=f"{PROG} {version()}")
+    parser.add_argument("--version", action=_VersionAction)
     parser.add_argument("--trace", metavar="KINDS", default=None,
                         help="log qp (QP state transitions), cm (CM states and events) and/or "
                         "pkt (one line per packet), comma-separated or 'all', to stderr; as "
@@ -159,12 +179,16 @@ def build_parser() -> argparse.ArgumentParser:
         sub.set_defaults(subparser=sub)
         return sub
 
+    def tool_args(module: str, sub: argparse.ArgumentParser, name: str, *extra: Any) -> None:
+        if only is None or only == name:
+            _add_tool_args(module, sub, *extra)
+
     def tool(name: str, module: str, *, args_module: str | None = None,
              extra: tuple[str, ...] = (), **kw: Any) -> None:
         """A subcommand whose options come from ``args_module`` (default ``module``) and
         whose work is ``module.run(args)``."""
         sub = add_parser(name, **kw)
-        _add_tool_args(args_module or module, sub, *extra)
+        tool_args(args_module or module, sub, name, *extra)
         sub.set_defaults(handler=_runs(module, name))
 
     tool("devinfo", "softrdma.tools.ibverbs.devinfo",
@@ -179,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
             f"(ibv_{kind}_pingpong)",
             description=f"ibv_{kind}_pingpong: without SERVERNAME start a server and wait; "
             f"with it, connect to that server. Interoperates with the real ibv_{kind}_pingpong.")
-        _add_tool_args("softrdma.tools.ibverbs.pingpong", p, kind)
+        tool_args("softrdma.tools.ibverbs.pingpong", p, f"{kind}-pingpong", kind)
         p.set_defaults(handler=_runs("softrdma.tools.ibverbs.pingpong", f"{kind}-pingpong",
                                      kind))
 
@@ -223,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description=f"{name.replace('-', '_')}: {role}; one 16-byte SEND "
                        "each way over an RC QP made by rdma_create_ep. Interoperates with "
                        "rdma-core's rdma_server / rdma_client.")
-        _add_tool_args("softrdma.tools.rdmacm.cmflags", p, name)
+        tool_args("softrdma.tools.rdmacm.cmflags", p, name, name)
         p.set_defaults(handler=_runs("softrdma.tools.rdmacm.rdma_server", name, name))
 
     p = add_parser("pcap-check", help="check every RoCE/iWARP packet of pcap files "
@@ -316,7 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description=f"ib_{verb}_{tst}: without SERVERNAME be the server and "
                        "wait; with it, connect to that server. Interoperates with perftest "
                        "4.5 (the TCP 18515 exchange, or rdma_cm with -R).")
-        _add_tool_args("softrdma.tools.perftest.options", p, name)
+        tool_args("softrdma.tools.perftest.options", p, name, name)
         p.set_defaults(handler=_runs("softrdma.tools.perftest.runner", name, name))
     p = add_parser("ipoib", add_help=False, help="IP over InfiniBand (RFC 4391/4755) on a "
                    "TUN interface "
@@ -352,6 +376,24 @@ def _trace_and_capture(kinds: str | None, pcap: str | None) -> None:
 _GLOBAL_OPTIONS = ("--trace", "--pcap")
 
 
+def command_named(argv: Sequence[str]) -> str:
+    """The subcommand a ``softrdma`` command line names: its first word that is neither
+    a global option (``--trace``/``--pcap``, with its value, or an abbreviation of one, as
+    argparse accepts) nor that option's value; "" when an other option (``--help``,
+    ``--version``, a mistake) or nothing comes first. Only the parsing of that subcommand
+    then needs its tool's module (:func:`build_parser`)."""
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if not word.startswith("-"):
+            return word
+        name, eq, _ = word.partition("=")
+        if len(name) < 3 or not any(o.startswith(name) for o in _GLOBAL_OPTIONS):
+            return ""
+        i += 1 if eq else 2
+    return ""
+
+
 def _global_hint(rest: Sequence[str], tool: str) -> str:
     """A hint when ``--trace``/``--pcap`` were given after the tool's name (``tool``: its
     parser's prog, ``softrdma NAME``): they are options of ``softrdma`` itself, so they
@@ -366,8 +408,9 @@ def _global_hint(rest: Sequence[str], tool: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``softrdma`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
-    parser = build_parser()
-    args, rest = parser.parse_known_args(list(argv) if argv is not None else None)
+    words = list(argv) if argv is not None else sys.argv[1:]
+    parser = build_parser(command_named(words))
+    args, rest = parser.parse_known_args(words)
     # The tool's name from its parser: args.command may be a tool's own argument of
     # that name (pyverbs: the program to run).
     sub = getattr(args, "subparser", None)

@@ -19,10 +19,10 @@ into it (it is the QP's ``CompletionSink``); :meth:`CQ.poll` takes them out.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections import deque
+from typing import TYPE_CHECKING
 
 from .. import enums as e
 from ..drivers.runtime.eventpipe import EventPipe
@@ -32,6 +32,9 @@ from ..seam.types import WorkCompletion
 from ._args import timeout as check_timeout
 from ._object import VerbsObject
 from .device import MAX_CQE, AsyncEvent, Context
+
+if TYPE_CHECKING:
+    import asyncio
 
 __all__ = ["CQ", "CompChannel", "WC", "wc_status_str"]
 
@@ -255,6 +258,8 @@ class CQ(VerbsObject):
         """
         self._check()
         timeout = check_timeout(timeout)
+        import asyncio  # here, not at the top: a process that never awaits skips its import
+
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         manual = not self._runtime.threaded

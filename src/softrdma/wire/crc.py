@@ -114,21 +114,35 @@ def _crc32c_gil_fallback(data: Buffer, value: int, gil_release_mode: int, /) -> 
 
 
 crc32c: CrcFunction
-crc32c_gil: CrcGilFunction
 """CRC-32C of ``data`` continuing from ``value`` (RFC 3385 / RFC 5044 §8):
 ``crc32c(data, value=0)``. With the ``crc32c`` package this *is* its C function (no
 Python frame per call: the FPDU paths call it several times per FPDU); its result is
 already a 32-bit unsigned value."""
-try:
-    from crc32c import crc32c as _crc32c_c
+crc32c_gil: CrcGilFunction
+CRC32C_IMPL: str
+"""``"crc32c"`` (the package) or ``"python"`` (:func:`crc32c_py`)."""
 
-    crc32c = _crc32c_c
-    crc32c_gil = _crc32c_c
-    CRC32C_IMPL = "crc32c"
-except ImportError:  # pragma: no cover - crc32c is a declared dependency
-    crc32c = _crc32c_fallback
-    crc32c_gil = _crc32c_gil_fallback
-    CRC32C_IMPL = "python"
+#: the names bound on first use (:func:`__getattr__`)
+_LAZY = frozenset({"crc32c", "crc32c_gil", "CRC32C_IMPL"})
+
+
+def __getattr__(name: str) -> object:
+    """PEP 562: :data:`crc32c`, :data:`crc32c_gil` and :data:`CRC32C_IMPL` are bound when
+    first asked for (``from softrdma.wire.crc import crc32c`` asks). Importing the
+    ``crc32c`` package costs more than the rest of this module (it reads its own version
+    through ``importlib.metadata``), and only iWARP uses CRC-32C: a RoCE process never
+    pays for it."""
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    g = globals()
+    try:
+        from crc32c import crc32c as _crc32c_c
+
+        g.update(crc32c=_crc32c_c, crc32c_gil=_crc32c_c, CRC32C_IMPL="crc32c")
+    except ImportError:  # pragma: no cover - crc32c is a declared dependency
+        g.update(crc32c=_crc32c_fallback, crc32c_gil=_crc32c_gil_fallback,
+                 CRC32C_IMPL="python")
+    return g[name]
 
 
 _MASK32 = 0xFFFFFFFF

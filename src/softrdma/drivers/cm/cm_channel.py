@@ -15,16 +15,18 @@ its state moves with (the application's thread and the connection managers' both
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from ...errors import ClosedError
 from ..runtime.eventpipe import EventPipe
 from ..runtime.fdwait import readable
+
+if TYPE_CHECKING:
+    import asyncio
 
 __all__ = ["EventQueue", "id_lock"]
 
@@ -135,6 +137,8 @@ class EventQueue(Generic[E]):
 
     async def next(self) -> E:
         """The asyncio form of :meth:`get` (no timeout: wrap it in ``asyncio.wait_for``)."""
+        import asyncio  # here, not at the top: a process that never awaits skips its import
+
         loop = asyncio.get_running_loop()
         while True:
             ev = self.pop()
