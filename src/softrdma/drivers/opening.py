@@ -30,9 +30,18 @@ from .links.link import ROCE_V2_UDP_PORT, Link
 from .runtime.progress import DeviceRuntime
 from .runtime.roce import Runtime
 
-__all__ = ["OpenedDevice", "open_device", "TRANSPORTS"]
+__all__ = ["OpenedDevice", "open_device", "mpa_crc_wish", "TRANSPORTS"]
 
 TRANSPORTS = ("roce", "iwarp")
+
+
+def mpa_crc_wish(device_setting: bool) -> bool:
+    """An iWARP device's effective MPA CRC wish: ``$SOFTRDMA_MPA_CRC`` over the device's
+    ``mpa_crc`` setting (:func:`softrdma.iwarp.mpa_setup.device_mpa_crc`; InvalidArgument
+    for a bad value). Here, with the iWARP imports: a RoCE process never needs them."""
+    from ..iwarp.mpa_setup import MPA_CRC_ENV, device_mpa_crc
+
+    return device_mpa_crc(device_setting, os.environ.get(MPA_CRC_ENV))
 
 
 class OpenedDevice(NamedTuple):

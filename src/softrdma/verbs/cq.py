@@ -25,6 +25,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from .. import enums as e
+from ..drivers.runtime import aio
 from ..drivers.runtime.eventpipe import EventPipe
 from ..drivers.runtime.fdwait import readable
 from ..errors import InvalidArgument, StateError
@@ -258,9 +259,7 @@ class CQ(VerbsObject):
         """
         self._check()
         timeout = check_timeout(timeout)
-        import asyncio  # here, not at the top: a process that never awaits skips its import
-
-        loop = asyncio.get_running_loop()
+        loop = aio.running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         manual = not self._runtime.threaded
         while True:
@@ -275,7 +274,7 @@ class CQ(VerbsObject):
                 self._runtime.progress()
                 if self._q:
                     continue
-                await asyncio.sleep(0.001 if left is None else min(left, 0.001))
+                await aio.sleep(0.001 if left is None else min(left, 0.001))
                 continue
             fut: asyncio.Future[None] = loop.create_future()
             self._waiters.append((loop, fut))
@@ -283,7 +282,7 @@ class CQ(VerbsObject):
             if self._q:  # raced with a push
                 continue
             try:
-                await asyncio.wait_for(fut, left)
+                await aio.wait_for(fut, left)
             except TimeoutError:
                 pass
 

@@ -22,7 +22,7 @@ from typing import Self
 from .. import enums as e
 from ..drivers.host.portwatch import PortWatch
 from ..drivers.links.link import Link
-from ..drivers.opening import open_device
+from ..drivers.opening import mpa_crc_wish, open_device
 from ..drivers.runtime.fdwait import readable
 from ..drivers.runtime.progress import DeviceRuntime
 from ..errors import DeviceError, InvalidArgument
@@ -203,10 +203,8 @@ class Context(VerbsObject):
             dev_name, netdev, ips = info.name, info.netdev, info.ips
             nd = netdev_snapshot(info.netdev) if info.netdev else None
             crc_setting = info.record is not None and info.record.mpa_crc
-        from ..iwarp.mpa_setup import MPA_CRC_ENV, device_mpa_crc  # here: RoCE never needs it
-
         #: ask for the MPA CRC on every connection (siw mpa_crc_required; RFC 5044 §7.1)
-        self.mpa_crc = device_mpa_crc(crc_setting, os.environ.get(MPA_CRC_ENV))
+        self.mpa_crc = mpa_crc_wish(crc_setting)
         if nd is not None:
             mac = nd.mac
         mtu = nd.mtu if nd is not None and nd.mtu else 65536
