@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from ...errors import ClosedError
+from ..runtime import aio
 from ..runtime.eventpipe import EventPipe
 from ..runtime.fdwait import readable
 
@@ -137,9 +138,7 @@ class EventQueue(Generic[E]):
 
     async def next(self) -> E:
         """The asyncio form of :meth:`get` (no timeout: wrap it in ``asyncio.wait_for``)."""
-        import asyncio  # here, not at the top: a process that never awaits skips its import
-
-        loop = asyncio.get_running_loop()
+        loop = aio.running_loop()
         while True:
             ev = self.pop()
             if ev is not None:

@@ -1,6 +1,7 @@
-"""The asyncio calls of the verbs' awaitable waits (``await cq.wait()``), with ``asyncio``
-imported when a program first awaits: a process that never does (every tool, devd, a C
-program under ``softrdma run``) skips its import, about a tenth of ``softrdma.verbs``'s."""
+"""The asyncio calls of the awaitable waits (``await cq.wait()``, an rdma_cm event
+channel's ``await next()``), with ``asyncio`` imported when a program first awaits: a
+process that never does (every tool, devd, a C program under ``softrdma run``) skips its
+import, about a tenth of ``softrdma.verbs``'s."""
 
 from __future__ import annotations
 
