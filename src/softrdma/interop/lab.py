@@ -43,6 +43,7 @@ BOOT_TIMEOUT = 1500.0  # at most, however busy the host (the test's budget is 18
 BOOT_STALL = 300.0  # a boot fails once the console is silent this long (x the host's load)
 RESCUE_INTERVAL = 30.0
 SERIAL_BYTE_DELAY = 0.05
+RESCUE_LINE = b"\nsystemctl is-failed -q lab-net.service && /usr/local/sbin/lab-net\n"
 SSH_TIMEOUT = 60.0
 SSH_CONNECT_TIMEOUT = 30
 KILL_GRACE = 3.0
@@ -240,8 +241,7 @@ class Lab:
                     raise LabError(f"g{n} did not boot: its console was silent for "
                                    f"{now - last_progress:.0f}s after {now - start:.0f}s "
                                    f"(host load {load:.1f} per core; see {log})")
-                if now >= next_rescue and self._lab_net_failed(log) and \
-                        self._rescue_network(n, log):
+                if now >= next_rescue and self._rescue_network(n, log):
                     next_rescue = now + RESCUE_INTERVAL  # again if ssh still does not answer
                 time.sleep(1.0)
         finally:
@@ -252,35 +252,35 @@ class Lab:
         return True
 
     @staticmethod
-    def _lab_net_failed(log: Path) -> bool:
+    def _shell_up(log: Path) -> bool:
+        """The serial console's root shell (automatic login) has printed its prompt."""
         try:
             text = log.read_bytes()
         except OSError:
             return False
-        return b"Failed to start" in text and b"lab-net.service" in text.split(
-            b"Failed to start", 1)[1][:200]
+        after = text.split(b"(automatic login)", 1)
+        return len(after) == 2 and b":~# " in after[1]
 
     def _rescue_network(self, n: int, log: Path) -> bool:
         """The guest's ``lab-net.service`` runs ``udevadm settle -t 10`` first, which
-        fails when the loaded host starves the emulated guest: the guest then has no
-        network and ssh never answers. Its serial console has a root shell (automatic
-        login): run ``/usr/local/sbin/lab-net`` there once that shell shows its prompt
-        (again every :data:`RESCUE_INTERVAL` while ssh does not answer; the script is
-        idempotent), and let ``run.sh boot`` go on waiting for ssh as usual. False while
-        the shell is not up."""
-        try:
-            text = log.read_bytes()
-        except OSError:
+        times out when the loaded host starves the emulated guest: the service fails,
+        the guest has no network and ssh never answers. systemd does not say so on the
+        console, because the serial getty has taken it over by then. So once the
+        console's root shell (automatic login) shows its prompt, type there
+        ``systemctl is-failed -q lab-net.service && /usr/local/sbin/lab-net``: the guest
+        runs the network script only if the service failed (the script is idempotent),
+        and ``run.sh boot`` goes on waiting for ssh as usual. Called again every
+        :data:`RESCUE_INTERVAL` while ssh does not answer; each try also shows on the
+        console, so a wait for ssh is not taken for a silent boot. False while the
+        shell is not up."""
+        if not self._shell_up(log):
             return False
-        after = text.split(b"lab-net.service", 1)[-1].split(b"(automatic login)", 1)
-        if len(after) < 2 or b":~# " not in after[1]:
-            return False  # the shell has not printed its prompt yet
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(10.0)
             sock.connect(str(self.cache / "run" / f"g{n}.serial"))
             # one byte at a time: the emulated UART drops what overruns its FIFO
-            for byte in b"\n/usr/local/sbin/lab-net\n":
+            for byte in RESCUE_LINE:
                 sock.sendall(bytes((byte,)))
                 time.sleep(SERIAL_BYTE_DELAY)
         except OSError:
