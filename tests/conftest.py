@@ -16,10 +16,13 @@ processes: see :func:`pytest_runtest_makereport`."""
 
 from __future__ import annotations
 
+import compileall
 import os
 import signal
+import sys
 from collections import Counter
 from collections.abc import Generator
+from pathlib import Path
 
 import pytest
 from harness.ipoib_netns import forget_torn_down, report
@@ -36,6 +39,17 @@ os.environ.setdefault("SOFTRDMA_CONNECT_RETRY", "120")
 # every child at exec) gives the children their usual Ctrl-C.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+# Bytecode. The tests start about 1,100 Python processes (daemons, tools, helpers), most
+# of them running this tree's src (PYTHONPATH). Where PYTHONDONTWRITEBYTECODE is set (as
+# on some CI machines), none of them writes the bytecode it compiles, so each compiled
+# every module it imported again: about 0.2 s of CPU per process on a slow machine. The
+# controller compiles the tree once before the workers start (:func:`pytest_configure`;
+# instant when up to date), and the pytest processes keep their rewritten test modules
+# (pytest caches them only when bytecode may be written), which the workers would
+# otherwise rewrite and compile on every run.
+ROOT = Path(__file__).resolve().parents[1]
+sys.dont_write_bytecode = False
 
 # No per-example deadline in any profile: hypothesis's deadline is wall time, and on a busy
 # machine (.ci/stress) one example of a CRC or codec test can take a second without anything
@@ -77,9 +91,13 @@ def _longest_first(items: list[pytest.Item]) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     """Files start in this conftest's order (``--no-loadscope-reorder``, set here rather
-    than in addopts: xdist before 3.6 has no such option and keeps the order anyway)."""
+    than in addopts: xdist before 3.6 has no such option and keeps the order anyway);
+    the controller byte-compiles the tree (see "Bytecode" above)."""
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
+    if not hasattr(config, "workerinput"):  # the controller (or -n 0), before any worker
+        for tree in (ROOT / "src", ROOT / "tests"):
+            compileall.compile_dir(tree, quiet=1, workers=0)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
