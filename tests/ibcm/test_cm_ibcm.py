@@ -496,6 +496,32 @@ def test_timewait_blocks_qpn_reuse_then_frees_it() -> None:
     assert p.a.types(again) == [T.ESTABLISHED]
 
 
+@pytest.mark.iba("12.9.8.3")
+def test_an_id_in_timewait_keeps_no_qp_and_once_destroyed_no_consumer() -> None:
+    """TimeWait needs only the comm IDs, the QPN and the timer: an id entering it lets
+    go of its QP (in ERR already), and a destroyed one of its consumer's handler and
+    context too, so a closed connection's objects are freed when the consumer drops
+    them, not when TimeWait runs out; TimeWait itself is unchanged (the DREP is sent
+    again, the QPN stays reserved, the comm ID is freed at the end)."""
+    p = Pair()
+    cid, qa, qb, _ = connect(p)
+    p.run(1)
+    srv = server_id(p)
+    assert (cid.qp, srv.qp) == (qa, qb)
+    cid.disconnect()
+    p.run(0.01)
+    assert cid.state == srv.state == CmState.TIMEWAIT
+    assert qa.qp_state == qb.qp_state == ERR
+    assert cid.qp is None and srv.qp is None
+    assert cid.handler is not None  # not destroyed: its consumer is kept
+    assert cid.local_qpn == qa.qp_num and p.a.agent.ids[cid.local_id] is cid
+    cid.destroy()
+    assert cid.handler is None and cid.context is None and cid.state == CmState.TIMEWAIT
+    p.run(p.a.agent.timewait_s(cid) + 0.1)
+    assert cid.state == CmState.IDLE and cid.local_id not in p.a.agent.ids
+    assert T.TIMEWAIT_EXIT not in p.a.types(cid)  # destroyed: no more events
+
+
 @pytest.mark.iba("12.9.8.3.2")
 def test_stale_req_from_a_qpn_in_timewait() -> None:
     p = Pair(config_b=CmConfig(timewait_s=100.0))

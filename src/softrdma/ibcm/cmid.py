@@ -263,6 +263,8 @@ class IbCmId:
                 self.handle(Disconnect(), t)
             if self.state not in (CmState.TIMEWAIT, CmState.DREQ_SENT):
                 self.set_state(CmState.IDLE, t)
+            elif self.state == CmState.TIMEWAIT:
+                self._let_go()
         self.agent.api(run, now)
 
     def request(self, inp: CmInput, now: float | None) -> None:
@@ -289,11 +291,26 @@ class IbCmId:
         if new == CmState.TIMEWAIT:
             self.msg = None
             self.agent.arm(self, now + self.agent.timewait_s(self))
+            self._let_go()
         elif new == CmState.IDLE:
             self.deadline = None
             self.msg = None
             self.agent.unregister(self)
             self.local_qpn = None
+
+    def _let_go(self) -> None:
+        """In TimeWait an id needs only its comm IDs, QPN and timer (a DREQ again gets
+        the DREP again, a REQ for it is stale: IBA 12.9.8.3): it lets go of its QP,
+        which every way into TimeWait moved to ERR already, and, once its consumer
+        destroyed it, of the consumer's handler and context. A closed connection's
+        objects (QP, engine, rdma_cm id, channel references) are then freed when the
+        consumer drops them, not when TimeWait runs out; until then they were kept,
+        about 100 objects per connection, which the collector walked again and
+        again at high connection rates."""
+        self.qp = None
+        if self.destroyed:
+            self.handler = None
+            self.context = None
 
     # ---- helpers of the actions ---------------------------------------------------------
     def send(self, msg: wcm.CmMessage, tid: int, now: float, *, retransmit: bool) -> bytes:
