@@ -44,10 +44,11 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 # of them running this tree's src (PYTHONPATH). Where PYTHONDONTWRITEBYTECODE is set (as
 # on some CI machines), none of them writes the bytecode it compiles, so each compiled
 # every module it imported again: about 0.2 s of CPU per process on a slow machine. The
-# controller compiles the tree once before the workers start (:func:`pytest_configure`;
-# instant when up to date), and the pytest processes keep their rewritten test modules
-# (pytest caches them only when bytecode may be written), which the workers would
-# otherwise rewrite and compile on every run.
+# controller compiles src and tests/harness once before the workers start
+# (:func:`pytest_configure`; instant when up to date), and the pytest processes keep their
+# rewritten test modules (pytest caches them only when bytecode may be written), which
+# the workers would otherwise rewrite and compile on every run. The test modules
+# themselves are left to that rewriting: plain bytecode of them would never be read.
 ROOT = Path(__file__).resolve().parents[1]
 sys.dont_write_bytecode = False
 
@@ -92,11 +93,11 @@ def _longest_first(items: list[pytest.Item]) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     """Files start in this conftest's order (``--no-loadscope-reorder``, set here rather
     than in addopts: xdist before 3.6 has no such option and keeps the order anyway);
-    the controller byte-compiles the tree (see "Bytecode" above)."""
+    the controller byte-compiles what the processes import (see "Bytecode" above)."""
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
     if not hasattr(config, "workerinput"):  # the controller (or -n 0), before any worker
-        for tree in (ROOT / "src", ROOT / "tests"):
+        for tree in (ROOT / "src", ROOT / "tests" / "harness"):
             compileall.compile_dir(tree, quiet=1, workers=0)
 
 
