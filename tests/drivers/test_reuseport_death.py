@@ -57,6 +57,29 @@ def _kill_devd(state: Path) -> None:
         pass
 
 
+def _report(procs: list[subprocess.Popen[str]], state: Path) -> str:
+    """What a failed wait needs: each process's exit status and output (those still running
+    are killed first), devd's stats and its log."""
+    parts = []
+    for i, p in enumerate(procs):
+        if p.poll() is None:
+            p.kill()
+        try:
+            out, err = p.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            out, err = "", "(no output within 10 s)"
+        parts.append(f"--- process {i} {p.args[3:]!r} exit {p.returncode}\n"
+                     f"stdout: {out[-2000:]}\nstderr: {err[-4000:]}")
+    try:
+        parts.append(f"--- devd stats {_devd_stats(state)}")
+    except Exception as e:  # noqa: BLE001 - a report, whatever devd's state
+        parts.append(f"--- devd stats unavailable: {e!r}")
+    log = state / f"{NAME}.log"
+    if log.exists():
+        parts.append(f"--- devd log\n{log.read_text(errors='replace')[-6000:]}")
+    return "\n".join(parts)
+
+
 def test_sigkill_of_one_client_leaves_the_other_pair_running(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     state = tmp_path / "state"
@@ -72,9 +95,12 @@ def test_sigkill_of_one_client_leaves_the_other_pair_running(
         # wait until the doomed pair's QPs exist (both processes joined), then start the
         # survivors, so that the kill happens while both pairs exchange
         # (direct_clients counts every client that ever joined)
-        wait_until(lambda: (state / f"{NAME}.sock").exists()
-                   and _devd_stats(state)["direct_clients"] >= 2, what="the doomed pair joined",
-                   interval=0.1)
+        try:
+            wait_until(lambda: (state / f"{NAME}.sock").exists()
+                       and _devd_stats(state)["direct_clients"] >= 2,
+                       what="the doomed pair joined", interval=0.1)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{_report(procs, state)}") from None
         survivors = _pair(free_port(), 1500, env)
         procs += survivors
 
@@ -82,7 +108,10 @@ def test_sigkill_of_one_client_leaves_the_other_pair_running(
             s = _devd_stats(state)
             return s if s["direct_clients"] >= 4 else None
 
-        before = wait_until(four_joined, what="the survivors joined", interval=0.05)
+        try:
+            before = wait_until(four_joined, what="the survivors joined", interval=0.05)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{_report(procs, state)}") from None
         assert before["direct_clients"] == 4, before
         doomed[1].send_signal(signal.SIGKILL)  # the doomed pair's client, mid-traffic
         outs = [p.communicate(timeout=180) for p in survivors]

@@ -15,9 +15,7 @@ import errno
 import os
 import socket
 import stat
-import sys
 import time
-from pathlib import Path
 
 from softrdma.drivers.devd.proto import (
     OP_JOIN,
@@ -38,6 +36,7 @@ from softrdma.drivers.devd.reuseport import (
     slot_of,
     slot_range,
 )
+from softrdma.drivers.host.sockdiag import udp_bound_count
 from softrdma.drivers.links.link import ip_text
 from softrdma.drivers.links.udp import UdpLink
 
@@ -52,19 +51,6 @@ CLOSED_KEPT = 4096
 JOIN_TIMEOUT = 5.0  # seconds a client may hold the JOIN turn (binding takes milliseconds)
 #: while a departure waits (see ``QpnRouting._direct_leave``), how often devd looks again
 LEAVE_RECHECK = 0.02
-
-
-def bound_count(ip: bytes, port: int) -> int | None:
-    """How many UDP sockets of this network namespace are bound to ``ip``:``port`` (the
-    members of its reuseport group), from ``/proc/net/udp`` or ``udp6`` (proc(5): each
-    32-bit word of the address in host byte order, the port in hex); None if unreadable."""
-    words = (ip[i : i + 4] for i in range(0, len(ip), 4))
-    want = "".join(f"{int.from_bytes(w, sys.byteorder):08X}" for w in words) + f":{port:04X}"
-    try:
-        text = Path(f"/proc/net/{'udp' if len(ip) == 4 else 'udp6'}").read_text()
-    except OSError:
-        return None
-    return sum(1 for line in text.splitlines()[1:] if line.split()[1:2] == [want])
 
 
 def _sock_ip(sock: socket.socket) -> tuple[bytes, int]:
@@ -308,7 +294,7 @@ class QpnRouting:
         plus ``extra`` (a socket being joined); True when the kernel does not say."""
         for link, group in self._groups_rp:
             assert link.port is not None
-            count = bound_count(link.ip, link.port)
+            count = udp_bound_count(link.ip, link.port)
             if count is not None and count != len(group.members) + extra:
                 return False
         return True
