@@ -520,6 +520,23 @@ def test_encode_fast_path_matches_checked_path() -> None:
     assert ei.value.argument == "req.local_qpn"
 
 
+def test_layout_code_is_made_at_first_use() -> None:
+    """A Layout makes its straight-line values/encode code at the first call of either
+    (a process imports every CM layout and uses few), and the same code serves both from
+    then on: the first call of each kind gives what the compiled code gives."""
+    rep = mad.Layout("t", [mad.u32(("a", 24), ("b", 8)), mad.u16("c"), mad.u32("d")])
+    assert rep._vals == rep._values_first and rep._enc == rep._encode_first
+    vals = rep.values(bytes(range(10)))
+    assert vals == [0x000102, 0x03, 0x0405, 0x06070809]
+    made_vals, made_enc = rep._vals, rep._enc
+    assert made_vals != rep._values_first and made_enc != rep._encode_first
+    assert made_vals(bytes(range(10))) == vals
+    other = mad.Layout("t", rep.units)  # its first call is an encode
+    obj = type("O", (), {"a": 0x000102, "b": 3, "c": 0x0405, "d": 0x06070809})()
+    assert other.encode(obj) == bytes(range(10)) == rep.encode(obj)
+    assert other._enc != other._encode_first and other.values(bytes(range(10))) == vals
+
+
 def test_encode_header_must_match_message() -> None:
     hdr = cm.cm_header(cm.Rep(), tid=1)
     assert cm.encode(cm.Rep(), hdr=hdr) == cm.encode(cm.Rep(), tid=1)

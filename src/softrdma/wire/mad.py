@@ -191,12 +191,24 @@ class Layout:
         self._split = tuple(None if is_bytes or (len(fops) == 1 and fops[0][1] == 0)
                             else tuple((sh, m) for _, sh, m in fops)
                             for is_bytes, _pad, fops in ops)
+        # compiled on first use: a process imports every CM layout and most use few
+        # (a daemon's start-up took ~15 ms more when all were compiled at import)
+        self._vals: Any = self._values_first
+        self._enc: Any = self._encode_first
+
+    def _values_first(self, buf: Any, offset: int = 0) -> list[Any]:
         self._vals, self._enc = self._compiled()
+        return self._vals(buf, offset)  # type: ignore[no-any-return]
+
+    def _encode_first(self, obj: object) -> bytes:
+        self._vals, self._enc = self._compiled()
+        return self._enc(obj)  # type: ignore[no-any-return]
 
     def _compiled(self) -> tuple[Any, Any]:
         """:meth:`values` and :meth:`encode` as straight-line code made for this layout:
         the same rules, without the per-field loop (a CM connection decodes and encodes
-        ten MADs; the loops were ~40 % of their cost)."""
+        ten MADs; the loops were ~40 % of their cost). Made at the first
+        :meth:`values` or :meth:`encode` call."""
         n = len(self._split)
         us = [f"u{i}" for i in range(n)]
         outs: list[str] = []
