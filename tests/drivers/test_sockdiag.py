@@ -85,3 +85,22 @@ def test_a_snapshot_while_another_process_churns_sockets(churning: None) -> None
     finally:
         for s in ballast + group:
             s.close()
+
+
+def test_without_sock_diag_the_count_comes_from_proc(monkeypatch: pytest.MonkeyPatch) -> None:
+    group = _group(socket.AF_INET, "127.0.0.1", 3)
+    real = socket.socket
+
+    def no_netlink(family: int = -1, *args: object, **kw: object) -> socket.socket:
+        if family == socket.AF_NETLINK:
+            raise PermissionError(13, "no sock_diag here")
+        return real(family, *args, **kw)  # type: ignore[arg-type]
+
+    try:
+        ip, port = socket.inet_aton("127.0.0.1"), group[0].getsockname()[1]
+        monkeypatch.setattr("softrdma.drivers.host.sockdiag.socket.socket", no_netlink)
+        assert sockdiag.udp_bound_count_diag(ip, port) is None
+        assert sockdiag.udp_bound_count(ip, port) == 3
+    finally:
+        for s in group:
+            s.close()
