@@ -69,11 +69,8 @@ DIRECT = os.environ.get("SOFTRDMA_IWARP_DIRECT", "0") == "1"
 _WMEM_MAX = "/proc/sys/net/core/wmem_max"
 _TCP_WMEM = "/proc/sys/net/ipv4/tcp_wmem"
 _RX_BUF = int(os.environ.get("SOFTRDMA_IWARP_RXBUF", str(1 << 22)))
-#: octets of whole FPDUs pulled per ``sendmsg`` (at least one FPDU). 64 KiB (one loopback
-#: FPDU) had been measured better than 2 MiB, CRC on; on this 2-core VM, 1 MiB against 64 KiB
-#: (``bench/iwarp_write_bw.py --count 2048 --runs 3``, six invocations each, alternated;
-#: medians): CRC off 2435 -> 2601 MB/s, sender 0.406 -> 0.376 CPU s/GB; CRC on 1419 ->
-#: 1570 MB/s, sender 0.689 -> 0.606, receiver 0.640 -> 0.565 (issue 26)
+#: octets of whole FPDUs pulled per ``sendmsg`` (at least one FPDU); 1 MiB against 64 KiB,
+#: alternated: 5-12 % less CPU per byte a side, CRC on and off (docs/design.md, issue 26)
 _TX_CHUNK = 1 << 20
 _RX_BUDGET = 1 << 23
 _MAX_IDLE_WAIT = 0.05
