@@ -68,7 +68,7 @@ def _report(procs: list[subprocess.Popen[str]], state: Path) -> str:
             out, err = p.communicate(timeout=10)
         except subprocess.TimeoutExpired:
             out, err = "", "(no output within 10 s)"
-        parts.append(f"--- process {i} {p.args[3:]!r} exit {p.returncode}\n"
+        parts.append(f"--- process {i} {p.args!r} exit {p.returncode}\n"
                      f"stdout: {out[-2000:]}\nstderr: {err[-4000:]}")
     try:
         parts.append(f"--- devd stats {_devd_stats(state)}")
