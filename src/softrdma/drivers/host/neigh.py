@@ -28,16 +28,13 @@ from dataclasses import dataclass
 from ...errors import DeviceError
 from ...wire.gid import gid_to_ip
 from ...wire.rocev1 import is_multicast_gid, mac_of_link_local_gid, multicast_mac
+from . import netlink
 
 __all__ = ["NeighbourEntry", "NeighbourResolver", "dump_neighbours", "trigger_resolution"]
 
 NETLINK_ROUTE = 0
 RTM_NEWNEIGH = 28
 RTM_GETNEIGH = 30
-NLMSG_ERROR = 2
-NLMSG_DONE = 3
-NLM_F_REQUEST = 0x01
-NLM_F_DUMP = 0x300
 NDA_DST = 1
 NDA_LLADDR = 2
 # include/uapi/linux/neighbour.h NUD_* states
@@ -53,13 +50,8 @@ NUD_VALID = NUD_REACHABLE | NUD_STALE | NUD_DELAY | NUD_PROBE | NUD_PERMANENT | 
 DISCARD_PORT = 9  # RFC 863
 SO_BINDTODEVICE = getattr(socket, "SO_BINDTODEVICE", 25)
 
-_NLMSGHDR = struct.Struct("=IHHII")
 _NDMSG = struct.Struct("=BBHiHBB")
 _RTATTR = struct.Struct("=HH")
-
-
-def _align(n: int) -> int:
-    return (n + 3) & ~3
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,29 +78,20 @@ def dump_neighbours(family: int = socket.AF_UNSPEC) -> list[NeighbourEntry]:
     out: list[NeighbourEntry] = []
     with sock:
         sock.bind((0, 0))
-        seq = int(time.monotonic_ns() & 0x7FFFFFFF)
         body = _NDMSG.pack(family, 0, 0, 0, 0, 0, 0)
-        sock.send(_NLMSGHDR.pack(_NLMSGHDR.size + len(body), RTM_GETNEIGH,
-                                 NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + body)
-        while True:
-            data = sock.recv(1 << 16)
-            off = 0
-            while off + _NLMSGHDR.size <= len(data):
-                ln, typ, _flags, mseq, _pid = _NLMSGHDR.unpack_from(data, off)
-                if ln < _NLMSGHDR.size or off + ln > len(data):
-                    return out  # truncated message: what was parsed stands
-                if mseq == seq:
-                    if typ == NLMSG_DONE:
-                        return out
-                    if typ == NLMSG_ERROR:
-                        code = -struct.unpack_from("=i", data, off + _NLMSGHDR.size)[0]
-                        raise DeviceError(f"neighbour dump failed: {errno.errorcode.get(code, code)}",
-                                          errno=code)
-                    if typ == RTM_NEWNEIGH:
-                        entry = _parse_ndmsg(data[off + _NLMSGHDR.size:off + ln])
-                        if entry is not None:
-                            out.append(entry)
-                off += _align(ln)
+        try:
+            for typ, msg in netlink.dump(sock, RTM_GETNEIGH, body):
+                if typ == RTM_NEWNEIGH:
+                    entry = _parse_ndmsg(msg)
+                    if entry is not None:
+                        out.append(entry)
+        except netlink.DumpTruncated:
+            pass  # what was parsed stands
+        except netlink.DumpError as exc:
+            code = exc.errno or errno.EIO  # always set by netlink.dump
+            raise DeviceError(f"neighbour dump failed: {errno.errorcode.get(code, code)}",
+                              errno=code) from None
+    return out
 
 
 def _parse_ndmsg(msg: bytes) -> NeighbourEntry | None:
@@ -127,7 +110,7 @@ def _parse_ndmsg(msg: bytes) -> NeighbourEntry | None:
             dst = val
         elif typ == NDA_LLADDR:
             lladdr = val
-        off += _align(ln)
+        off += netlink.align(ln)
     if len(dst) not in (4, 16):
         return None
     return NeighbourEntry(dst, lladdr, ifindex, state)

@@ -22,17 +22,14 @@ import struct
 import sys
 from pathlib import Path
 
+from . import netlink
+
 __all__ = ["udp_bound_count", "udp_bound_count_diag", "udp_bound_count_proc"]
 
 NETLINK_SOCK_DIAG = 4
 SOCK_DIAG_BY_FAMILY = 20
-NLMSG_ERROR = 2
-NLMSG_DONE = 3
-NLM_F_REQUEST = 0x01
-NLM_F_DUMP = 0x300
 ALL_STATES = 0xFFFFFFFF  # a bound UDP socket is TCP_CLOSE, a connected one ESTABLISHED
 
-_NLMSGHDR = struct.Struct("=IHHII")
 # struct inet_diag_req_v2: family, protocol, ext, pad, states; then struct
 # inet_diag_sockid: sport, dport (big-endian), src[16], dst[16], if, cookie[2]
 _REQ = struct.Struct("=BBBBI")
@@ -42,10 +39,6 @@ _SOCKID_TAIL = struct.Struct("=III")
 _MSG_HEAD = struct.Struct("=BBBB")
 _MSG_MIN = _MSG_HEAD.size + _SOCKID.size + _SOCKID_TAIL.size
 PROC_TRIES = 5
-
-
-def _align(n: int) -> int:
-    return (n + 3) & ~3
 
 
 def udp_bound_count_diag(ip: bytes, port: int) -> int | None:
@@ -62,31 +55,14 @@ def udp_bound_count_diag(ip: bytes, port: int) -> int | None:
             body = (_REQ.pack(family, socket.IPPROTO_UDP, 0, 0, ALL_STATES)
                     + _SOCKID.pack(port, 0, b"", b"") + _SOCKID_TAIL.pack(0, 0xFFFFFFFF,
                                                                         0xFFFFFFFF))
-            seq = 1
-            sock.send(_NLMSGHDR.pack(_NLMSGHDR.size + len(body), SOCK_DIAG_BY_FAMILY,
-                                     NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + body)
             count = 0
-            while True:
-                data = sock.recv(1 << 16)
-                if not data:
-                    return None
-                off = 0
-                while off + _NLMSGHDR.size <= len(data):
-                    ln, typ, _flags, mseq, _pid = _NLMSGHDR.unpack_from(data, off)
-                    if ln < _NLMSGHDR.size or off + ln > len(data):
-                        return None
-                    if mseq == seq:
-                        if typ == NLMSG_DONE:
-                            return count
-                        if typ == NLMSG_ERROR:
-                            return None
-                        if typ == SOCK_DIAG_BY_FAMILY and ln - _NLMSGHDR.size >= _MSG_MIN:
-                            at = off + _NLMSGHDR.size + _MSG_HEAD.size
-                            sport, _dport, src, _dst = _SOCKID.unpack_from(data, at)
-                            if sport == port and src[: len(ip)] == ip:
-                                count += 1
-                    off += _align(ln)
-        except OSError:
+            for typ, msg in netlink.dump(sock, SOCK_DIAG_BY_FAMILY, body):
+                if typ == SOCK_DIAG_BY_FAMILY and len(msg) >= _MSG_MIN:
+                    sport, _dport, src, _dst = _SOCKID.unpack_from(msg, _MSG_HEAD.size)
+                    if sport == port and src[: len(ip)] == ip:
+                        count += 1
+            return count
+        except OSError:  # netlink.DumpError and DumpTruncated included
             return None
 
 
