@@ -100,11 +100,12 @@ def _general_pull(enc: FpduEncoder, msg: TxMsg, mt: int, mu: int, room: int,
 @given(tagged=st.booleans(), crc=st.booleans(), size=st.integers(1, 5000),
        off_frac=st.floats(0, 0.99), mt=st.integers(1, 1500), mu=st.integers(1, 1500),
        room=st.integers(1, 9000), max_bufs=st.integers(1, 40), start=st.integers(0, 1 << 20),
-       writable=st.booleans())
+       writable=st.booleans(), isal=st.booleans())
 def test_frame_run_is_byte_identical_to_segment_and_frame(
         tagged: bool, crc: bool, size: int, off_frac: float, mt: int, mu: int, room: int,
-        max_bufs: int, start: int, writable: bool) -> None:
-    # writable (registered memory): the CRC by address (ISA-L); read-only: crc32c
+        max_bufs: int, start: int, writable: bool, isal: bool) -> None:
+    # writable (registered memory) where ISA-L is the faster: the CRC by address (ISA-L);
+    # read-only, or the crc32c package the faster: crc32c
     raw = random.Random(size).randbytes(size)
     payload = memoryview(bytearray(raw) if writable else raw)
     off = int(size * off_frac)
@@ -121,13 +122,17 @@ def test_frame_run_is_byte_identical_to_segment_and_frame(
         assert real_at is not None
         return real_at(addr, n, value)
 
+    real_choice = getattr(fast_path, "crc32c_by_address")  # noqa: B009
     setattr(fast_path, "crc32c_reg_at", at if real_at is not None else None)  # noqa: B010
+    setattr(fast_path, "crc32c_by_address", lambda: isal)  # noqa: B010
     try:
         n1, last1 = fast_path.frame_run(e1, m1, mt, mu, fast, room, max_bufs)
     finally:
         setattr(fast_path, "crc32c_reg_at", real_at)  # noqa: B010
-    # registered (writable) memory: the payload's CRC by address, ISA-L (where it has it)
-    assert bool(by_address) == (crc and writable and real_at is not None)
+        setattr(fast_path, "crc32c_by_address", real_choice)  # noqa: B010
+    # registered (writable) memory: the payload's CRC by address, ISA-L (where it has it
+    # and it is the faster)
+    assert bool(by_address) == (crc and writable and real_at is not None and isal)
     gen, n2, last2 = _general_pull(e2, m2, mt, mu, room, max_bufs)
     assert [bytes(b) for b in fast] == [bytes(b) for b in gen]  # buffer by buffer
     assert (n1, last1, m1.off, e1.offset) == (n2, last2, m2.off, e2.offset)
@@ -343,10 +348,12 @@ def _same(b: bytearray) -> bytearray:
     return b
 
 
+@pytest.mark.parametrize("isal", [False, True])
 @pytest.mark.parametrize("writable", [False, True])
 @pytest.mark.parametrize("crc", [False, True])
 @pytest.mark.parametrize("mss", [1460, 9000, 65483])
 def test_whole_stream_same_state_and_fast_path_taken(crc: bool, mss: int, writable: bool,
+                                                     isal: bool,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     real_at = isal_crc32c_reg_at
     by_address: list[int] = []
@@ -359,10 +366,12 @@ def test_whole_stream_same_state_and_fast_path_taken(crc: bool, mss: int, writab
 
     if real_at is not None:
         monkeypatch.setattr(fast_path, "crc32c_reg_at", at)
+    monkeypatch.setattr(fast_path, "crc32c_by_address", lambda: isal)
     r = _compare(crc, mss, _same, [], writable=writable)
     assert r.fast_taken > 0
     # a writable chunk (the runtime's receive buffer): the CRCs of a run by address, ISA-L
-    assert bool(by_address) == (crc and writable and real_at is not None)
+    # (where ISA-L is the faster)
+    assert bool(by_address) == (crc and writable and real_at is not None and isal)
     st_ = r.state()
     # the Write after the Send with Invalidate met an invalid STag: Terminate, QP in error
     assert st_["valid"][2] is False
@@ -522,3 +531,29 @@ def test_crc32c_by_address_is_the_same_crc() -> None:
     assert crc.buffer_address(bytes(data)) is None
     assert crc.buffer_address(bytearray()) is None
     assert crc.buffer_address(memoryview(data)[::2]) is None
+
+
+def test_the_crc32c_choice_is_measured_once_or_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    """crc32c_by_address: $SOFTRDMA_CRC32C decides (isal: by address where ISA-L exports
+    crc32_iscsi; crc32c: never); unset, both are timed and the faster kept; either way
+    decided once per process."""
+    have = crc.crc32c_reg_at is not None
+    assert crc._choose_by_address("isal") is have
+    assert crc._choose_by_address("crc32c") is False
+    timed: list[str] = []
+    real_best = crc._best_ns
+
+    def best_ns(fn: Any, calls: int = 8, rounds: int = 5) -> int:
+        timed.append("isal" if not timed else "crc32c")
+        real_best(fn, calls, rounds)  # each candidate runs on the 64 KiB buffer
+        return {"isal": 5, "crc32c": 9}[timed[-1]]  # ISA-L the faster in this test
+
+    monkeypatch.setattr(crc, "_best_ns", best_ns)
+    assert crc._choose_by_address("") is have
+    assert timed == (["isal", "crc32c"] if have else [])
+    # once per process: the environment is read at the first call only
+    monkeypatch.setattr(crc, "_by_address", None)
+    monkeypatch.setenv(crc.CRC32C_CHOICE_ENV, "crc32c")
+    assert crc.crc32c_by_address() is False
+    monkeypatch.setenv(crc.CRC32C_CHOICE_ENV, "isal")
+    assert crc.crc32c_by_address() is False

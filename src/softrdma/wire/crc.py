@@ -15,28 +15,35 @@ from a previous call, so a CRC over several buffers needs no concatenation:
 
 * :func:`crc32c_at` is the same CRC-32C over octets named by address (from
   :func:`buffer_address`), computed by ISA-L's ``crc32_iscsi`` (PCLMULQDQ folding), which
-  the ``isal`` package's extension exports: about 1.8x the ``crc32c`` package's speed on
-  64 KiB in cache (the MPA FPDUs of the iWARP data path, RFC 5044 §4.1), called through
+  the ``isal`` package's extension exports: on one machine about 1.8x the ``crc32c``
+  package's speed on 64 KiB in cache (the MPA FPDUs of the iWARP data path, RFC 5044
+  §4.1), on another half of it (see :func:`crc32c_by_address`), called through
   :mod:`ctypes` holding the GIL (as :data:`KEEP_GIL`). It is None where that symbol is
   not exported; callers then use :func:`crc32c`.
 * :data:`crc32c_reg_at` is that ctypes function itself, on the uncomplemented CRC
   register (``crc32c_at(a, n, v) == crc32c_reg_at(a, n, v ^ M) ^ M``, ``M`` =
   :data:`CRC_MASK`): for the per-FPDU loops, which save the wrapper's Python frame (about
   a tenth of the call) by doing the two XORs inline.
+* :func:`crc32c_by_address` tells those loops whether to use it at all: ISA-L picks its
+  code by the CPU at run time, and whether it or the ``crc32c`` package is the faster
+  depends on the machine, so the choice is measured once per process
+  (``$SOFTRDMA_CRC32C`` = ``isal`` or ``crc32c`` makes it instead).
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
+import time
 import zlib
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, cast
 
 Buffer = bytes | bytearray | memoryview
 
 __all__ = ["Buffer", "CrcFunction", "CrcGilFunction", "KEEP_GIL", "crc32", "crc32_raw", "crc32c",
            "crc32c_gil", "crc32c_py", "CRC32_IMPL", "CRC32C_IMPL", "crc32c_at", "crc32c_reg_at",
-           "CRC_MASK", "buffer_address"]
+           "CRC_MASK", "buffer_address", "crc32c_by_address", "CRC32C_CHOICE_ENV"]
 
 _Crc = Callable[[Buffer, int], int]
 
@@ -199,3 +206,60 @@ def buffer_address(buf: Buffer) -> int | None:
         return ctypes.addressof(ctypes.c_char.from_buffer(buf))
     except (TypeError, ValueError, BufferError):
         return None
+
+
+#: ``isal``: the FPDU paths take the CRC-32C by address (:data:`crc32c_reg_at`) wherever
+#: they can; ``crc32c``: never (the ``crc32c`` package over a view); unset or anything
+#: else: :func:`crc32c_by_address` measures which is faster here
+CRC32C_CHOICE_ENV = "SOFTRDMA_CRC32C"
+_CALIBRATE_LEN = 64 * 1024  # an FPDU on the loopback (MSS 65483): the bulk case
+_by_address: bool | None = None
+
+
+def _best_ns(fn: Callable[[], object], calls: int = 8, rounds: int = 5) -> int:
+    """The shortest of ``rounds`` timings of ``calls`` calls of ``fn``."""
+    best = 1 << 62
+    for _ in range(rounds):
+        t0 = time.perf_counter_ns()
+        for _ in range(calls):
+            fn()
+        t = time.perf_counter_ns() - t0
+        if t < best:
+            best = t
+    return best
+
+
+def crc32c_by_address() -> bool:
+    """Whether the iWARP FPDU paths should compute CRC-32C by address with ISA-L
+    (:data:`crc32c_reg_at`) rather than with the ``crc32c`` package over a memoryview.
+
+    Decided once per process, at the first call. ``$SOFTRDMA_CRC32C`` (``isal`` or
+    ``crc32c``) decides where set; otherwise both are timed on one 64 KiB buffer in cache
+    (best of 5 rounds of 8 calls each, under a millisecond) and the faster is kept. ISA-L's
+    ``crc32_iscsi`` dispatches on the CPU's features, and the outcome differs by machine:
+    2.2 against 3.7 us per 64 KiB for ISA-L on the machine where this path was written,
+    8.2 against 4.2 us (ISA-L slower) on an AMD EPYC without AVX-512, where ISA-L cost
+    the iWARP engines 0.08 CPU s/GB more at the sender and 0.10 more at the receiver
+    (``bench/iwarp_write_bw.py --engine --crc on``, issue 26). Both give the same CRC."""
+    global _by_address
+    if _by_address is None:
+        _by_address = _choose_by_address(os.environ.get(CRC32C_CHOICE_ENV, ""))
+    return _by_address
+
+
+def _choose_by_address(choice: str) -> bool:
+    at = crc32c_reg_at
+    if at is None or choice == "crc32c":
+        return False
+    if choice == "isal":
+        return True
+    buf = bytearray(_CALIBRATE_LEN)
+    view = memoryview(buf)
+    addr = buffer_address(buf)
+    if addr is None:  # pragma: no cover - a bytearray always has one
+        return False
+    pkg = cast(CrcGilFunction, __getattr__("crc32c_gil"))
+    n = _CALIBRATE_LEN
+    t_isal = _best_ns(lambda: at(addr, n, CRC_MASK))
+    t_pkg = _best_ns(lambda: pkg(view, 0, KEEP_GIL))
+    return t_isal < t_pkg
