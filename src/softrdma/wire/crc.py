@@ -248,6 +248,8 @@ def crc32c_by_address() -> bool:
 
 
 def _choose_by_address(choice: str) -> bool:
+    """The decision of :func:`crc32c_by_address` for ``choice``, the environment's value
+    (``isal``, ``crc32c``, or anything else: measure)."""
     at = crc32c_reg_at
     if at is None or choice == "crc32c":
         return False
