@@ -130,7 +130,7 @@ class FpduRx:
     __slots__ = ("sink", "crc_on", "markers", "dead", "pos", "fpdu_start", "_mk_buf",
                  "_mk_have", "phase", "hbuf", "hhave", "hneed", "ulen", "crc", "rem",
                  "pending", "_tg", "_tgi", "_tgo", "_tbuf", "_tneed", "_thave", "paylen",
-                 "fpdus", "_carry", "_chave", "_cneed")
+                 "fpdus", "_carry", "_chave", "_cneed", "direct")
 
     def __init__(self, sink: FpduSink, *, crc: bool = False, markers: bool = False) -> None:
         self.sink = sink
@@ -161,6 +161,7 @@ class FpduRx:
         self._carry = bytearray(0)
         self._chave = 0
         self._cneed = 0  # its length, 0: nothing carried
+        self.direct = False  # the receiver asks for targets (:meth:`target`)
 
     @property
     def mid_fpdu(self) -> bool:
@@ -202,7 +203,11 @@ class FpduRx:
     # ---- zero-copy receive --------------------------------------------------------------
     def target(self) -> memoryview | None:
         """The rest of the current payload's target buffer, if worth a ``recv_into``:
-        not with markers (they interleave) and not for less than :data:`DIRECT_MIN`."""
+        not with markers (they interleave) and not for less than :data:`DIRECT_MIN`.
+        A receiver that asks for targets reads payloads into them: from its first call on,
+        an FPDU that a read cuts with a target's worth of payload left is not carried
+        (:meth:`_carry_out`), so that the rest of it can go straight into its target."""
+        self.direct = True
         if self.phase != P_BODY or self.markers or self.dead or self.rem < DIRECT_MIN:
             return None
         t = self._tg[self._tgi]
@@ -306,6 +311,8 @@ class FpduRx:
         whole = _LEN + ulen + ((-(_LEN + ulen)) & 3) + _CRC_LEN
         if ulen < MIN_ULPDU or left >= whole:
             return False
+        if self.direct and whole - left - _CRC_LEN - 3 >= DIRECT_MIN:
+            return False  # the general path takes its headers; the payload, a target
         if not self._carry:
             self._carry = bytearray(_LEN + _MAX_ULPDU + _MAX_TRAILER)
         self._carry[:left] = mv[i:i + left]

@@ -16,8 +16,8 @@ I/O of each connection (design.md, "Sans-I/O engines"):
   one copy). With ``SOFTRDMA_IWARP_DIRECT=1`` the payload is instead received straight
   into the registered memory the engine names (:meth:`~.engine.IwarpConn.rx_target`) by
   ``recvmsg_into([MR slice, lookahead])``, the pad, CRC and next headers landing in the
-  lookahead buffer: no copy in Python, but one system call per FPDU (3x the receiver's
-  CPU per byte in bench/iwarp_write_bw.py), hence off by default;
+  lookahead buffer: no copy in Python, but a system call and the general path's header
+  steps per FPDU (2x the receiver's CPU per byte in bench/iwarp_write_bw.py), hence off;
 * transmit: ``sendmsg`` with the engine's buffer list (headers, memoryview slices of the
   MR, pad + CRC), partial sends kept as sliced views, never joined; up to 1 MiB of whole
   FPDUs at a time (:data:`_TX_CHUNK`; the plain TCP baseline's ``sendall`` size);
