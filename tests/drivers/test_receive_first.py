@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from harness import ports
 
 from softrdma import enums as e
 from softrdma import verbs as v
@@ -35,17 +36,7 @@ DEADLINE = 10.0  # generous: the machine may be busy (s)
 
 def _free_port() -> int:
     """A UDP port free on both 127.0.0.1 and 127.0.0.2 (RoCEv2 sends to the device's port)."""
-    for _ in range(50):
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s1:
-            s1.bind(("127.0.0.1", 0))
-            port = int(s1.getsockname()[1])
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s2:
-                try:
-                    s2.bind(("127.0.0.2", port))
-                except OSError:
-                    continue
-            return port
-    raise RuntimeError("no free UDP port")
+    return ports.free_port()
 
 
 class _Side:

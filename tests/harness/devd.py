@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import select
-import socket
 import struct
 import threading
 import time
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from harness import ports
 from softrdma.drivers.devd.client import DevdLink
 from softrdma.drivers.devd.daemon import Devd
 from softrdma.drivers.host.registry import DeviceRecord
@@ -93,8 +93,5 @@ def wait_for(cond: object, timeout: float = 3.0) -> None:
 
 
 def free_udp_port() -> int:
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.bind((LOCAL, 0))
-    port = int(s.getsockname()[1])
-    s.close()
-    return port
+    """A port free now for UDP and TCP (:func:`harness.ports.free_port`)."""
+    return ports.free_port()

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from harness import ports
 from softrdma import verbs as v
 from softrdma.drivers.host import registry
 from softrdma.ib.port import Port
@@ -26,10 +27,9 @@ SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
 def free_port(kind: socket.SocketKind = socket.SOCK_DGRAM) -> int:
-    """A port free on 127.0.0.1 now (UDP by default, ``SOCK_STREAM`` for TCP)."""
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port free now for UDP and TCP on the loopback, below the kernel's ephemeral range
+    (:func:`harness.ports.free_port`; ``kind`` is kept for the callers that name it)."""
+    return ports.free_port()
 
 
 @contextlib.contextmanager

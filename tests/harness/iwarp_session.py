@@ -4,11 +4,11 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from pathlib import Path
 
+from harness import ports
 from softrdma import enums as e
 from softrdma import verbs as v
 from softrdma.drivers.cm import iwconnect
@@ -21,9 +21,7 @@ ALL = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_RE
 def _iwarp_session(pcap: Path, markers: bool = False) -> int:
     """A send/RDMA write session between two QPs of the iWARP loopback device over real
     TCP; returns the number of messages sent."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = ports.free_port()
     ctx = v.Context(transport="iwarp", pcap=pcap)
     sizes = (0, 100, 5000, 300000)
     try:

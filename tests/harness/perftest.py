@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from harness import ports
 from harness.rdma_cm import free_udp_port
 from softrdma.wire.pcap import read_pcap
 
@@ -24,9 +25,8 @@ IPPROTO_TCP = 6
 
 
 def free_port(kind: socket.SocketKind = socket.SOCK_DGRAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port free now for UDP and TCP (:func:`harness.ports.free_port`)."""
+    return ports.free_port()
 
 
 def make_device(state: Path, name: str = "pttest") -> str:

@@ -5,14 +5,13 @@ the tests neither collide with a real devd nor with each other."""
 from __future__ import annotations
 
 import os
-import random
-import socket
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from harness import ports
 from softrdma import enums as e
 from softrdma import verbs as v
 from softrdma.cm import rdma_cm as rc
@@ -26,17 +25,8 @@ FAST_CM = CmConfig(subnet_timeout=12, remote_cm_response_timeout=14, max_cm_retr
 
 
 def free_udp_port() -> int:
-    for _ in range(50):
-        port = random.randrange(20000, 60000)
-        try:
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-                s.bind(("127.0.0.1", port))
-            with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s6:
-                s6.bind(("::1", port))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError("no free UDP port")
+    """A port free now on 127.0.0.1 and ::1 (:func:`harness.ports.free_port`)."""
+    return ports.free_port()
 
 
 def make_state_dir(path: Path) -> tuple[Path, int]:

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import contextlib
-import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -13,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from harness import ports
 from softrdma import enums as e
 from softrdma import verbs as v
 from softrdma.drivers.links.fabric import Fabric
@@ -96,9 +96,7 @@ class FabricPair:
 
 # ---- UDP on loopback, progress thread ---------------------------------------------------------
 def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return ports.free_port()
 
 
 @pytest.fixture()

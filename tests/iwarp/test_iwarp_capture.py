@@ -13,7 +13,6 @@ from __future__ import annotations
 import io
 import os
 import shutil
-import socket
 import struct
 import subprocess
 import threading
@@ -21,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from harness import ports
 from harness.iwarp import Side, connect_pair, pump
 from harness.wait import Capture
 
@@ -136,9 +136,7 @@ def _can_capture() -> bool:
 
 @pytest.mark.skipif(not _can_capture(), reason="live capture needs root and dumpcap")
 def test_live_loopback_capture(tmp_path: Path) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = ports.free_port()
     path = tmp_path / "live.pcapng"
     cap = Capture(["dumpcap", "-q", "-i", "lo", "-f", f"tcp port {port}", "-w", str(path)])
     try:

@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 import pytest
+from harness import ports
 from harness.iwarp_tcp import (
     ACC,
     MB,
@@ -319,9 +320,7 @@ def test_rc_pingpong_iwarp_two_processes() -> None:
     import subprocess
     import sys
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = ports.free_port()
     cmd = [sys.executable, "-m", "softrdma", "rc-pingpong", "--transport", "iwarp", "-p",
            str(port), "-n", "20", "-c", "--timeout", "20"]
     srv = subprocess.Popen(cmd + ["--bind", "127.0.0.1"], stdout=subprocess.PIPE, text=True)

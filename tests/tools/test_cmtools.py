@@ -5,7 +5,6 @@ timeout; argument checks."""
 
 from __future__ import annotations
 
-import random
 import re
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from harness import ports
 from harness.rdma_cm import child_env, fake_server, make_state_dir, setup_env
 from harness.wait import StreamLines, load_factor
 
@@ -44,7 +44,7 @@ def _tool(*args: str) -> list[str]:
 
 
 def _port() -> int:
-    return random.randrange(20000, 60000)
+    return ports.free_port()
 
 
 def _pair(tmp_path: Path, server: list[str], client: list[str], *,

@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from harness import ports
 from harness.gso_frames import _batch_frame, _segments
 from harness.iwarp_session import _iwarp_session
 from harness.trace import rc_pair, rc_send
@@ -158,9 +158,7 @@ def test_iwarp_terminate_is_marked(tmp_path: Path) -> None:
     """An RDMA Write to a wrong STag over real TCP: the responder's Terminate (RFC 5040
     §7.2, DDP tagged buffer error) is its own row."""
     pcap = tmp_path / "term.pcap"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = ports.free_port()
     ctx = v.Context(transport="iwarp", pcap=pcap)
     try:
         pd = v.PD(ctx)

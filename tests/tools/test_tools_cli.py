@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from harness import ports
 
 from softrdma import enums as e
 from softrdma.tools import cli, demo
@@ -271,9 +272,7 @@ def test_a_tool_imports_its_own_module_only(tmp_path: Path) -> None:
 # -- devinfo and demo on real devices -------------------------------------------------
 
 def _free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return ports.free_port()
 
 
 @pytest.fixture()

@@ -8,12 +8,12 @@ must not end them."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from harness import ports
 from harness.rdma_cm import child_env, make_state_dir
 from harness.wait import StreamLines, waits_until_stopped
 
@@ -24,9 +24,7 @@ def _waits_until_stopped(cmd: list[str], env: dict[str, str], tool: str,
 
 
 def _free_tcp_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return ports.free_port()
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
