@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from typing import Any
 
 import pytest
 from harness.iwarp import ACC_ALL, Side, connect_pair, pump
@@ -215,14 +216,20 @@ def test_every_operation(size: int, mode: str) -> None:
                and s.ddp.msn == 2)
 
 
+def _bulk_pair(size: int, crc: bool, seed: int) -> tuple[Side, Side, Any, Any]:
+    """Two sides connected over the loopback's MSS (64 KiB FPDUs), a source MR of
+    ``size`` patterned octets on ``a`` and a destination MR of ``size`` on ``b``."""
+    a, b = Side("a"), Side("b")
+    connect_pair(a, b, MpaConfig(crc=crc), mss=65483)
+    src = a.mr(size)
+    src.buf[:] = pattern(size, seed)
+    return a, b, src, b.mr(size)
+
+
 @pytest.mark.parametrize("op", ["write", "read", "send"])
 def test_16mib(op: str) -> None:
     size = 16 * MB
-    a, b = Side("a"), Side("b")
-    connect_pair(a, b, MpaConfig(crc=True), mss=65483)
-    src = a.mr(size)
-    src.buf[:] = pattern(size, 16)
-    dst = b.mr(size)
+    a, b, src, dst = _bulk_pair(size, True, 16)
     if op == "send":
         b.post_recv(dst, size)
         a.post(e.IBV_WR_SEND, src, size, wr_id=1)
@@ -250,11 +257,7 @@ def test_direct_receive_places_payloads_in_their_target(crc: bool) -> None:
     nearly every payload octet of a bulk WRITE into the registered memory, not through
     reads that a carried FPDU keeps copying (before, 32 of 6,000 reads went direct)."""
     size = 4 * MB
-    a, b = Side("a"), Side("b")
-    connect_pair(a, b, MpaConfig(crc=crc), mss=65483)
-    src = a.mr(size)
-    src.buf[:] = pattern(size, 7)
-    dst = b.mr(size)
+    a, b, src, dst = _bulk_pair(size, crc, 7)
     a.post(e.IBV_WR_RDMA_WRITE, src, size, wr_id=1, rkey=dst.rkey, raddr=dst.addr)
     ca, cb = a.conn, b.conn
     stream = bytearray()
