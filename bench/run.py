@@ -69,7 +69,6 @@ import json
 import multiprocessing as mp
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -80,6 +79,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
 import capi_bench as cb  # noqa: E402
 import ipoib_iperf as ipi  # noqa: E402
@@ -89,6 +89,7 @@ import roce_bench as rb  # noqa: E402
 import shared_bench as sb  # noqa: E402
 import tool_lat as tl  # noqa: E402
 import wake_cost as wc  # noqa: E402
+from harness.ports import port_free  # noqa: E402
 
 MIB = 1 << 20
 
@@ -156,22 +157,8 @@ class _Ports:
         while True:
             p = self.next
             self.next += n
-            if all(_port_free(q) for q in range(p, p + n)):
+            if all(port_free(q) for q in range(p, p + n)):
                 return p
-
-
-def _port_free(port: int) -> bool:
-    """True if ``port`` can be bound now on 127.0.0.1, UDP and TCP (the TCP socket as a
-    listener would: with SO_REUSEADDR)."""
-    for kind in (socket.SOCK_DGRAM, socket.SOCK_STREAM):
-        with socket.socket(socket.AF_INET, kind) as sock:
-            if kind == socket.SOCK_STREAM:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                return False
-    return True
 
 
 def _pairs(fig: Figure, runs: int, base: Callable[[], float], ours: Callable[[], float]) -> None:

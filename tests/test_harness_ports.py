@@ -35,7 +35,7 @@ def test_a_held_port_and_the_tools_defaults_are_skipped(
     first = ports.BASE + ports._block() * ports.BLOCK
     held = None
     for off in range(ports.BLOCK):  # a port of the block that is free now: hold it (TCP)
-        if ports._free(first + off):
+        if ports.port_free(first + off):
             held = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             held.bind(("127.0.0.1", first + off))
             held.listen(1)

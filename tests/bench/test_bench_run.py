@@ -113,6 +113,6 @@ def test_ports_skip_ones_in_use() -> None:
         ports = run._Ports(first)
         got = ports.take(4)
         assert got >= first + 4  # the group holding the listener was skipped
-        assert all(run._port_free(p) for p in range(got, got + 4))
+        assert all(run.port_free(p) for p in range(got, got + 4))
         udp_port = held_udp.getsockname()[1]
-        assert not run._port_free(udp_port)
+        assert not run.port_free(udp_port)

@@ -12,9 +12,10 @@ takes a port below the range.
 :func:`free_port` therefore hands out ports from a block of this process's own
 (:data:`BLOCK` ports from :data:`BASE`, one block per xdist worker ``gwN``; another
 process, such as a benchmark, takes one of two blocks after them by its process ID), in
-turn from an offset set by the process ID and wrapping around, each one free when handed out for UDP and TCP on 127.0.0.1,
-127.0.0.2 (a RoCE device's peer address on the loopback) and ``::1``. The tools'
-default ports are never handed out. ``bench/run.py`` takes its ports from 20000 up.
+turn from an offset set by the process ID and wrapping around, each one free when handed
+out (:func:`port_free`: UDP and TCP on 127.0.0.1, 127.0.0.2, a RoCE device's peer address
+on the loopback, and ``::1``). The tools' default ports are never handed out.
+``bench/run.py`` takes its ports from 20000 up, checked by :func:`port_free` too.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import errno
 import os
 import socket
 
-__all__ = ["free_port", "BASE", "BLOCK"]
+__all__ = ["free_port", "port_free", "BASE", "BLOCK"]
 
 BASE = 10000
 BLOCK = 1000
@@ -41,7 +42,7 @@ def _block() -> int:
     return _WORKER_BLOCKS + os.getpid() % 2
 
 
-def _free(port: int) -> bool:
+def port_free(port: int) -> bool:
     """True if ``port`` can be bound now: UDP and TCP (as a listener would, with
     SO_REUSEADDR) on 127.0.0.1 and 127.0.0.2, UDP and TCP on ``::1`` where IPv6 is on."""
     for family, addrs in ((socket.AF_INET, ("127.0.0.1", "127.0.0.2")),
@@ -74,6 +75,6 @@ def free_port() -> int:
     for _ in range(BLOCK):
         port = first + _next
         _next = (_next + 1) % BLOCK
-        if port not in _DEFAULTS and _free(port):
+        if port not in _DEFAULTS and port_free(port):
             return port
     raise RuntimeError(f"no free port in {first}-{first + BLOCK - 1}")
