@@ -3,13 +3,13 @@ docstrings promise, so they stay true."""
 
 from __future__ import annotations
 
-import random
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from harness.ports import free_port
 from harness.rdma_cm import ROCE_DEV, child_env, make_state_dir
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -23,7 +23,7 @@ def _run(tmp_path: Path, script: str, *args: str) -> subprocess.CompletedProcess
 
 @pytest.mark.parametrize("device", [ROCE_DEV, "softrdma_iw_lo"])
 def test_application_developer_echo(tmp_path: Path, device: str) -> None:
-    port = str(random.randrange(20000, 60000))
+    port = str(free_port())
     r = _run(tmp_path, "app_echo_asyncio.py", "--device", device, "--port", port,
              "--message", "ping over rdma_cm")
     assert r.returncode == 0, r.stdout + r.stderr

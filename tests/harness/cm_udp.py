@@ -4,11 +4,11 @@
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 import pytest
 
+from harness.ports import free_port
 from softrdma import verbs as v
 from softrdma.drivers.links.udp import UdpLink
 from softrdma.errors import SoftRdmaError
@@ -17,7 +17,7 @@ from softrdma.errors import SoftRdmaError
 def contexts() -> tuple[Any, Any]:
     last: Exception | None = None
     for _ in range(20):
-        port = random.randrange(20000, 60000)
+        port = free_port()
         try:
             la = UdpLink("127.0.0.1", port=port)
         except (OSError, SoftRdmaError) as exc:

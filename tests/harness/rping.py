@@ -4,12 +4,12 @@
 
 from __future__ import annotations
 
-import random
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from harness.ports import free_port
 from harness.rdma_cm import (
     child_env,
     make_state_dir,
@@ -25,7 +25,7 @@ def _run_pair(tmp_path: Path, transport: str, addr: str, count: int, size: int,
         subprocess.CompletedProcess[str], str, str, int]:
     state, _ = make_state_dir(tmp_path)
     env = child_env(state)
-    port = random.randrange(20000, 60000)
+    port = free_port()
     server = subprocess.Popen(
         _rping("-s", "-a", addr, "-p", str(port), "-v", "--transport", transport,
                "--timeout", "20", *sflags),

@@ -4,7 +4,6 @@ lines and exit status; argument checks."""
 
 from __future__ import annotations
 
-import random
 import signal
 import subprocess
 import threading
@@ -14,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from harness.ports import free_port
 from harness.rdma_cm import (
     Ep,
     child_env,
@@ -105,7 +105,7 @@ def test_persistent_server_serves_clients_until_stopped(tmp_path: Path, transpor
     that keeps listening until it is interrupted."""
     state, _ = make_state_dir(tmp_path)
     env = child_env(state)
-    port = str(random.randrange(20000, 60000))
+    port = str(free_port())
     server = subprocess.Popen(_rping("-s", "-P", "-a", "127.0.0.1", "-p", port, "-v",
                                      "--timeout", "20", "--transport", transport),
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -154,7 +154,7 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 def _client_against(env: Path, recv_len: int, timeout: str) -> tuple[
         subprocess.CompletedProcess[str], float]:
-    port = random.randrange(20000, 60000)
+    port = free_port()
     ready, stop = threading.Event(), threading.Event()
     th = threading.Thread(target=fake_server, args=(rc.RDMA_PS_TCP, port, ready, stop),
                           kwargs={"recv_len": recv_len}, daemon=True)
@@ -203,7 +203,7 @@ def test_validate_detects_corrupted_data(env: Path, monkeypatch: pytest.MonkeyPa
         real_rdma(self, opcode, length)
 
     monkeypatch.setattr(rping_run.Cb, "rdma", corrupt)
-    port = str(random.randrange(20000, 60000))
+    port = str(free_port())
     args = build_parser().parse_args(["rping", "-s", "-a", "127.0.0.1", "-p", port,
                                       "--timeout", "20"])
     result: dict[str, Any] = {}
@@ -261,7 +261,7 @@ def _silent_client(port: int, connected: threading.Event, stop: threading.Event)
 def test_persistent_server_outlives_a_silent_client(env: Path) -> None:
     """-P: a client that connects and goes silent fails its own connection after
     --timeout; the clients beside and after it are served and the server keeps going."""
-    port = random.randrange(20000, 60000)
+    port = free_port()
     server = subprocess.Popen(_rping("-s", "-P", "-a", "127.0.0.1", "-p", str(port),
                                      "--timeout", "3"),
                               env=child_env(env), stdout=subprocess.PIPE,

@@ -22,6 +22,7 @@ from ... import enums as e
 from ... import verbs as v
 from ...cm import rdma_cm as rc
 from ...errors import SoftRdmaError
+from ..lines import say
 from ..waiting import announce_wait
 from .rping import (
     ADDR_RESOLVED,
@@ -124,7 +125,7 @@ class Cb:
         if wc.status:
             if wc.status == e.IBV_WC_WR_FLUSH_ERR:
                 return
-            print(f"cq completion failed status {wc.status}", file=sys.stderr)
+            say(f"cq completion failed status {wc.status}", file=sys.stderr)
             self.post(ERROR)
             return
         op = wc.opcode
@@ -139,7 +140,7 @@ class Cb:
         elif op == e.IBV_WC_RECV:
             self.log("recv completion")
             if wc.byte_len != INFO.size:
-                print(f"Received bogus data, size {wc.byte_len}", file=sys.stderr)
+                say(f"Received bogus data, size {wc.byte_len}", file=sys.stderr)
                 self.post(ERROR)
                 return
             if self.server:
@@ -203,7 +204,7 @@ class Cb:
         self.sem_wait()
         if self.state == expected:
             return True
-        print(f"wait for {name} state {self.state}", file=sys.stderr)
+        say(f"wait for {name} state {self.state}", file=sys.stderr)
         return False
 
     def _post_recv(self) -> None:
@@ -247,7 +248,7 @@ class Cb:
             data = self.mrs["rdma"].read(self.a.size, 0)
             text = data.split(b"\0", 1)[0]
             if self.a.verbose:
-                print(f"server ping data: {text.decode('latin-1')}", flush=True)
+                say(f"server ping data: {text.decode('latin-1')}")
             self.send_info()
             self.log("server posted go ahead")
             if not self.await_state(RDMA_WRITE_ADV, "RDMA_WRITE_ADV"):
@@ -276,7 +277,7 @@ class Cb:
             child.accept(rc.ConnParam(responder_resources=1, initiator_depth=1))
         self.sem_wait()
         if self.state == ERROR:
-            print(f"wait for CONNECTED state {self.state}", file=sys.stderr)
+            say(f"wait for CONNECTED state {self.state}", file=sys.stderr)
             return -1
         ret = self.test_server()
         self.disconnect(child)
@@ -332,7 +333,7 @@ class Rping:
 
     def log(self, msg: str) -> None:
         if self.debug:
-            print(msg, flush=True)
+            say(msg)
 
     # ---- rdma_cm events (rping's cm_thread) -------------------------------------------------
     def pump_cm(self) -> bool:
@@ -368,19 +369,19 @@ class Rping:
             self.log("ESTABLISHED")
             cb.post(None if self.server else CONNECTED)
         elif k in (T.ADDR_ERROR, T.ROUTE_ERROR, T.CONNECT_ERROR, T.UNREACHABLE, T.REJECTED):
-            print(f"cma event {rc.event_str(k)}, error {ev.status}", file=sys.stderr)
+            say(f"cma event {rc.event_str(k)}, error {ev.status}", file=sys.stderr)
             if ev.reject is not None:
                 self.log(ev.reject.text)
             cb.post(ERROR)
         elif k == T.DISCONNECTED:
-            print(f"{'server' if self.server else 'client'} DISCONNECT EVENT...",
-                  file=sys.stderr, flush=True)
+            say(f"{'server' if self.server else 'client'} DISCONNECT EVENT...",
+                  file=sys.stderr)
             cb.post(DISCONNECTED)
         elif k == T.DEVICE_REMOVAL:
-            print("cma detected device removal!!!!", file=sys.stderr)
+            say("cma detected device removal!!!!", file=sys.stderr)
             cb.post(ERROR)
         elif k != T.TIMEWAIT_EXIT:
-            print(f"unhandled event: {rc.event_str(k)}, ignoring", file=sys.stderr)
+            say(f"unhandled event: {rc.event_str(k)}, ignoring", file=sys.stderr)
 
     # ---- server -------------------------------------------------------------------------------
     def bind_server(self) -> None:
@@ -399,7 +400,7 @@ class Rping:
             raise _Fail(f"wait for CONNECT_REQUEST state {cb.state}")
         ret = cb.serve(cb.child)
         if ret:
-            print(f"rping server failed: {ret}", file=sys.stderr)
+            say(f"rping server failed: {ret}", file=sys.stderr)
         return ret
 
     def run_persistent_server(self) -> int:
@@ -437,7 +438,7 @@ class Rping:
         try:
             ret = cb.serve(child)
         except (_Fail, SoftRdmaError) as exc:
-            print(str(exc), file=sys.stderr)
+            say(str(exc), file=sys.stderr)
             ret = -1
         finally:
             try:
@@ -446,7 +447,7 @@ class Rping:
                 pass
         if ret:
             self.failures += 1
-            print(f"rping server failed: {ret}", file=sys.stderr, flush=True)
+            say(f"rping server failed: {ret}", file=sys.stderr)
         self.served += 1
 
     # ---- client -------------------------------------------------------------------------------
@@ -469,7 +470,7 @@ class Rping:
         self.log("rdma_connect successful")
         ret = self.test_client(cb)
         if ret:
-            print(f"rping client failed: {ret}", file=sys.stderr)
+            say(f"rping client failed: {ret}", file=sys.stderr)
         cb.disconnect(self.cm_id)
         return ret
 
@@ -495,11 +496,11 @@ class Rping:
                 break
             got = cb.mrs["rdma"].read(size, 0)
             if self.a.validate and got != data:
-                print("data mismatch!", file=sys.stderr)
+                say("data mismatch!", file=sys.stderr)
                 return -1
             if self.a.verbose:
                 text = got.split(b"\0", 1)[0].decode("latin-1")
-                print(f"ping data: {text}", flush=True)
+                say(f"ping data: {text}")
             ping += 1
         if ret and cb.state == DISCONNECTED and not count:
             return 0  # rping.c: without -C the server's disconnect ends the run
@@ -524,7 +525,7 @@ def run(args: argparse.Namespace) -> int:
             ret = r.run_client()
         return 0 if ret == 0 else 1
     except _Fail as exc:
-        print(str(exc), file=sys.stderr)
+        say(str(exc), file=sys.stderr)
         return 1
     finally:
         r.close()
