@@ -78,6 +78,7 @@ from ...wire.rocev1 import GRH_NEXT_HEADER_BTH
 from ..devd.client import DevdLink
 from ..links.link import Link
 from ..runtime.clock import VirtualClock
+from ..runtime.locks import acquire
 
 __all__ = ["CmBinding", "GRH_SIZE", "SLOT"]
 
@@ -218,7 +219,7 @@ class CmBinding:
             with self._deliver_lock:
                 n += self._deliver_events()
         while self.agent.outbox:
-            if not self._deliver_lock.acquire(blocking=False):
+            if not acquire(self._deliver_lock, False):
                 return n
             try:
                 n += self._deliver_events()
@@ -308,7 +309,7 @@ class CmBinding:
         agent = self.agent
         if self._vclock is not None or self._closed or not self._outbox_lock_free():
             return False
-        if not self._deliver_lock.acquire(blocking=False):
+        if not acquire(self._deliver_lock, False):
             return False
         try:
             self._deliver_events()

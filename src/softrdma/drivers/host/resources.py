@@ -36,6 +36,7 @@ from ...errors import SoftRdmaError
 from ...ib.port import Port
 from ...seam.states import ERR, INIT, QPT_RC, QPT_UC, QPT_UD, RESET, RTR, RTS, SQD, SQE
 from ..links.link import Link
+from ..runtime.locks import acquire
 
 __all__ = ["MAX_OBJECTS", "add_cm_id_source", "object_number", "port_resources",
            "qp_state_name", "qp_type_name", "report_objects"]
@@ -179,7 +180,7 @@ def report_objects(reporter: Link, port: Port, lock: threading.Lock) -> None:
     this round."""
     if not reporter.shared:
         return
-    if not lock.acquire(timeout=LOCK_WAIT):
+    if not acquire(lock, timeout=LOCK_WAIT):
         return
     try:
         objects = port_resources(port)

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from ...errors import ClosedError, DeviceError, InvalidArgument
 from ..links.link import VirtualClock
 from .fdwait import Readable
+from .locks import acquire
 
 if TYPE_CHECKING:
     from ..links.link import Link
@@ -498,7 +499,7 @@ class ProgressCore:
         polled = _polling.core
         if polled is None or polled() is not self:
             self._polled_from_here(polled)
-        if self.lock.acquire(False):
+        if acquire(self.lock, False):
             return True
         time.sleep(0)
         return False
@@ -577,7 +578,7 @@ class ProgressCore:
         if t is not None and t is not threading.current_thread():
             t.join(timeout=JOIN_TIMEOUT)
         self._thread = None
-        if self.lock.acquire(timeout=DRAIN_TIMEOUT):
+        if acquire(self.lock, timeout=DRAIN_TIMEOUT):
             try:
                 while self.deferred:
                     try:

@@ -51,6 +51,7 @@ from ...ib.views import AckOwner
 from ...wire.gid import gid_to_ip, ip_to_gid
 from ..host.resources import report_objects
 from ..links.link import ROCE_V2_UDP_PORT, Datagram, GsoLink, Link, VirtualClock
+from .locks import acquire
 from .progress import (
     DRAIN_TIMEOUT,
     EventWaiter,
@@ -271,17 +272,15 @@ class Runtime(RoceTx, RoceRx):
         """
         if self.core.fatal is not None:
             raise self.core.gone()
-        lock = self.lock
-        lock.acquire()
-        try:
-            now = self.now()
-            self._awaiting = qp.qpn if qp.awaits_acks() else None
-            if len(wqes) == 1:
-                qp.post_send(wqes[0], now)
-            else:
-                qp.post_sends(wqes, now)
-        finally:
+        with self.lock:  # not acquire() + try: a Ctrl-C between them left it held (locks.py)
             try:
+                now = self.now()
+                self._awaiting = qp.qpn if qp.awaits_acks() else None
+                if len(wqes) == 1:
+                    qp.post_send(wqes[0], now)
+                else:
+                    qp.post_sends(wqes, now)
+            finally:
                 port = self.port
                 # the request first: coalesced ACKs are built after it left, while the
                 # peer begins on the request; but on a contended machine a QP that awaited
@@ -300,8 +299,6 @@ class Runtime(RoceTx, RoceRx):
                     self._flush_tx_locked(self._acks_go())
                 if self._pending or self._deferred or self._vtimer is not None:
                     self._after_locked()
-            finally:
-                lock.release()
 
     # ---- progress -------------------------------------------------------------------------
     def progress(self, timeout: float = 0.0) -> int:
@@ -424,7 +421,7 @@ class Runtime(RoceTx, RoceRx):
         """The link has datagrams (fabric callback). Re-entrant calls are deferred."""
         if self.core.closed:
             return
-        if not self.lock.acquire(False):
+        if not acquire(self.lock, False):
             self._pending = True
             self._waiter.wake()
             return
@@ -488,7 +485,7 @@ class Runtime(RoceTx, RoceRx):
         """A deadline armed on the virtual clock is due (the ``VIRTUAL`` mode)."""
         if self.core.closed:
             return
-        if not self.lock.acquire(False):
+        if not acquire(self.lock, False):
             self._pending = True
             return
         try:
@@ -552,7 +549,7 @@ class Runtime(RoceTx, RoceRx):
         if core.closed:
             return
         # ACKs coalesced but not yet sent go out now: a peer may be waiting for them.
-        if self.lock.acquire(timeout=DRAIN_TIMEOUT):
+        if acquire(self.lock, timeout=DRAIN_TIMEOUT):
             try:
                 self._flush_tx_locked(True)
             except Exception:  # noqa: BLE001 - best effort at shutdown (link may be gone)
