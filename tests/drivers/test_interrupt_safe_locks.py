@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -140,15 +140,10 @@ def test_progress_core_try_lock_never_leaks() -> None:
     assert _every_point(poll_step, after) >= 2
 
 
-@pytest.fixture()
-def pair(udp_pair: Any) -> Iterator[Any]:  # noqa: F811
-    yield udp_pair
-
-
-def test_busy_poll_and_post_send_never_leak_the_engine_lock(pair: Any) -> None:
+def test_busy_poll_and_post_send_never_leak_the_engine_lock(udp_pair: Any) -> None:  # noqa: F811
     """A RoCE pair's post_send and busy poll interrupted at every point; the engine
     lock is free after each, and the pair is torn down without a hang."""
-    a, b = pair
+    a, b = udp_pair
     lock = a.ctx.runtime.lock
     wr = v.SendWR(1, None, 1, [a.sge(0, 64)], e.IBV_WR_RDMA_WRITE, e.IBV_SEND_SIGNALED)
     wr.set_wr_rdma(b.mr.rkey, b.mr.addr)

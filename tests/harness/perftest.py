@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from harness import ports
+from harness.device import free_port
 from harness.rdma_cm import free_udp_port
 from softrdma.wire.pcap import read_pcap
 
@@ -22,11 +22,6 @@ CAPTURES = Path("/work/shared/captures")
 OOB_PORT = 18515
 ETH_IPV4 = b"\x08\x00"
 IPPROTO_TCP = 6
-
-
-def free_port(kind: socket.SocketKind = socket.SOCK_DGRAM) -> int:
-    """A port free now for UDP and TCP (:func:`harness.ports.free_port`)."""
-    return ports.free_port()
 
 
 def make_device(state: Path, name: str = "pttest") -> str:

@@ -36,4 +36,3 @@ def acquire(lock: threading.Lock, blocking: bool = True, timeout: float = -1) ->
             lock.release()
         raise
     return got[0]
-

@@ -374,8 +374,7 @@ class Rping:
                 self.log(ev.reject.text)
             cb.post(ERROR)
         elif k == T.DISCONNECTED:
-            say(f"{'server' if self.server else 'client'} DISCONNECT EVENT...",
-                  file=sys.stderr)
+            say(f"{'server' if self.server else 'client'} DISCONNECT EVENT...", file=sys.stderr)
             cb.post(DISCONNECTED)
         elif k == T.DEVICE_REMOVAL:
             say("cma detected device removal!!!!", file=sys.stderr)
