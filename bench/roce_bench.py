@@ -48,8 +48,10 @@ class Side:
     def __init__(self, link: Any, size: int, depth: int, *, name: str = "bench",
                  progress: str | None = None) -> None:
         self.link = link
-        self.ctx = v.Context(name, link=link,
-                             progress=progress or os.environ.get("SR_PROGRESS", "thread"))
+        mode = progress or os.environ.get("SR_PROGRESS", "thread")
+        self.ctx = v.Context(name, link=link, progress=mode)
+        # manual progress: polls run the engine themselves (a CQ poll does not)
+        self._progress = self.ctx.progress if mode == "manual" else None
         self.pd = v.PD(self.ctx)
         self.buf = bytearray(size)
         self.mr = v.MR(self.pd, size, ACCESS, buffer=self.buf)
@@ -79,7 +81,10 @@ class Side:
                            sq_psn=0, max_rd_atomic=1), MASK_RTS)
 
     def poll(self, n: int = 16) -> list[Any]:
+        progress = self._progress
         while True:
+            if progress is not None:
+                progress()
             got, wcs = self.cq.poll(n)
             if got:
                 for wc in wcs:
@@ -183,6 +188,18 @@ class Side:
         pacer = getattr(self.ctx.runtime, "_pacer", None)
         return int(getattr(pacer, "contended", 0))
 
+    def await_message(self, conn: Connection, at_least: float = 0.0) -> Any:
+        """The next message on ``conn``, after at least ``at_least`` s; in manual progress
+        the engine runs meanwhile (the peer's packets are answered only so)."""
+        deadline = time.monotonic() + at_least
+        progress = self._progress
+        while progress is not None and (time.monotonic() < deadline or not conn.poll(0)):
+            progress(0.001)
+        left = deadline - time.monotonic()
+        if left > 0:
+            time.sleep(left)
+        return conn.recv()
+
     def close(self) -> None:
         self.ctx.close()
 
@@ -199,12 +216,11 @@ def _peer(conn: Connection, ip: str, port: int, size: int, mode: str, iters: int
         side.arm_pingpong()
         conn.send("ready")
         side.pong(iters, wait_send=mode == "lat_ack")
-        # drain the last send completions
-        time.sleep(0.05)
+        side.await_message(conn, 0.05)  # "bye", after the last send completions drained
     else:
         cpu0, wake0 = time.process_time(), _wakeups()
         conn.send("ready")
-    conn.recv()  # "bye"
+        side.await_message(conn)  # "bye"
     if mode not in ("lat", "lat_ack"):
         conn.send(side.report(time.process_time() - cpu0, _wakeups() - wake0))
     side.close()
