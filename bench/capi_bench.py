@@ -34,7 +34,6 @@ import os
 import re
 import resource
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -46,7 +45,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-from harness.perftest import env_for, free_port, kill_devd, make_device  # noqa: E402
+from harness.perftest import env_for, kill_devd, make_device  # noqa: E402
+from harness.ports import free_port  # noqa: E402
 
 from softrdma.capi import build  # noqa: E402
 
@@ -151,7 +151,7 @@ def _lat_of(out: str) -> float:
 def _write_bw_cmd(dev: Device, c: bool, iters: int) -> tuple[list[str], int]:
     """``ib_write_bw`` under softrdma run (``c``) or ``softrdma write-bw`` with the same
     flags, ``iters`` iterations of :data:`BW_SIZE`: the server's command and its port."""
-    port = free_port(socket.SOCK_STREAM)
+    port = free_port()
     flags = ["-d", dev.name, "-x", "0", "-F", "-n", str(iters), "-s", str(BW_SIZE),
              "-p", str(port)]
     return (_c(dev.name, "ib_write_bw", *flags) if c else _softrdma("write-bw", *flags)), port
@@ -160,7 +160,7 @@ def _write_bw_cmd(dev: Device, c: bool, iters: int) -> tuple[list[str], int]:
 def _pingpong_cmd(dev: Device, c: bool, iters: int) -> tuple[list[str], int]:
     """``ibv_rc_pingpong`` under softrdma run (``c``) or ``softrdma rc-pingpong`` with the
     same flags, ``iters`` round trips of :data:`LAT_SIZE`: the server's command, its port."""
-    port = free_port(socket.SOCK_STREAM)
+    port = free_port()
     flags = ["-d", dev.name, "-g", "0", "-n", str(iters), "-s", str(LAT_SIZE),
              "-p", str(port)]
     return (_c(dev.name, "ibv_rc_pingpong", *flags) if c

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness.device import free_port
+from harness.ports import free_port
 
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "profile_roce.py"
 

@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from harness.device import free_port
+from harness.ports import free_port
 
 from softrdma import enums as e
 from softrdma import verbs as v

@@ -5,13 +5,13 @@ way and disconnects, on RoCE (the IB CM) and on iWARP (TCP + MPA); the synchrono
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from harness.device import free_port, private_device
+from harness.device import private_device
+from harness.ports import free_port
 
 from softrdma.tools.suites.pyverbs_run import shim_env
 
@@ -25,7 +25,7 @@ def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def _pair(device: str) -> tuple[str, str]:
-    port = str(free_port(socket.SOCK_STREAM))
+    port = str(free_port())
     env = shim_env(device)
     cmd = [sys.executable, "-m", "softrdma", "pyverbs", "--", sys.executable, PROG]
     server = subprocess.Popen([*cmd, "server", "127.0.0.1", port], env=env, text=True,
@@ -109,7 +109,7 @@ srv.close()
 
 
 def test_pyverbs_sync_cmid_and_options(state: str) -> None:
-    code = SYNC.format(port=free_port(socket.SOCK_STREAM))
+    code = SYNC.format(port=free_port())
     proc = subprocess.run([sys.executable, "-c", code], env=shim_env(state), text=True,
                           capture_output=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -163,7 +163,7 @@ srv.close()
 def test_pyverbs_get_request_waits_for_a_late_client(state: str) -> None:
     """rdma_get_request blocks until a client comes (librdmacm); it used to give up after
     a fixed time with a traceback."""
-    code = WAITING.format(port=free_port(socket.SOCK_STREAM))
+    code = WAITING.format(port=free_port())
     proc = subprocess.run([sys.executable, "-c", code], env=shim_env(state), text=True,
                           capture_output=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness.device import free_port
+from harness.ports import free_port
 
 from softrdma.compat.pyverbs import device as d
 from softrdma.compat.pyverbs import enums as e

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from harness.device import free_port
+from harness.ports import free_port
 from harness.pyverbs import first_wc, rc_to_rts
 
 from softrdma import verbs

@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from harness.device import free_port
+from harness.ports import free_port
 
 from softrdma.drivers.devd.client import DevdLink
 from softrdma.drivers.devd.daemon import Devd

@@ -19,7 +19,6 @@ import pytest
 from harness.devd import (  # noqa: F401  (fixtures)
     LOCAL,
     Running,
-    free_udp_port,
     packet,
     recv_one,
     running,
@@ -27,6 +26,7 @@ from harness.devd import (  # noqa: F401  (fixtures)
     state,
     wait_for,
 )
+from harness.ports import free_port
 
 from softrdma.drivers.devd.client import DevdLink
 from softrdma.drivers.devd.daemon import Devd
@@ -403,7 +403,7 @@ def _alive(pid: int) -> bool:
 @pytest.fixture
 def spawned(state: Path) -> Iterator[DeviceRecord]:  # noqa: F811
     """A device whose daemon is spawned by the test; always killed at the end."""
-    rec = DeviceRecord("sp0", "lo", "roce", free_udp_port())
+    rec = DeviceRecord("sp0", "lo", "roce", free_port())
     try:
         yield rec
     finally:

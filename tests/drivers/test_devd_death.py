@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness.devd import free_udp_port
+from harness.ports import free_port
 from harness.verbs_pair import RC, Side, connect
 
 from softrdma import enums as e
@@ -35,7 +35,7 @@ Devd(DeviceRecord("dd0", "lo", "roce", int(sys.argv[2])), sys.argv[1], idle_time
 def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
            ) -> Iterator[tuple[DeviceRecord, Path, subprocess.Popen[bytes]]]:
     state = ensure_state_dir(tmp_path / "state")
-    rec = Registry(state).add("dd0", "lo", "roce", free_udp_port())
+    rec = Registry(state).add("dd0", "lo", "roce", free_port())
     monkeypatch.setenv("SOFTRDMA_STATE_DIR", str(state))
     p = subprocess.Popen([sys.executable, "-c", _DAEMON, str(state), str(rec.udp_port)])
     try:

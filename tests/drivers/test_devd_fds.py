@@ -15,7 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness.devd import LOCAL, free_udp_port, packet, recv_one
+from harness.devd import LOCAL, packet, recv_one
+from harness.ports import free_port
 
 from softrdma.drivers.devd.admission import FD_RESERVE, FDS_PER_CLIENT, per_uid_cap, refusal_reason
 from softrdma.drivers.devd.client import DevdLink
@@ -45,7 +46,7 @@ def _low_nofile() -> None:
 def daemon(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[DeviceRecord, Path,
                                                                              subprocess.Popen[bytes]]]:
     state = ensure_state_dir(tmp_path / "state")
-    rec = DeviceRecord("fd0", "lo", "roce", free_udp_port())
+    rec = DeviceRecord("fd0", "lo", "roce", free_port())
     cap = "1024" if request.param == "uid-cap" else "100000"
     p = subprocess.Popen([sys.executable, "-c", _DAEMON, str(state), str(rec.udp_port), cap],
                          preexec_fn=_low_nofile, stderr=subprocess.PIPE)  # noqa: PLW1509

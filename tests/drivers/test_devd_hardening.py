@@ -18,7 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness.devd import Running, free_udp_port
+from harness.devd import Running
+from harness.ports import free_port
 
 from softrdma.drivers.devd import proto
 from softrdma.drivers.devd.client import DevdLink
@@ -205,7 +206,7 @@ Devd(DeviceRecord("hd1", "lo", "roce", int(sys.argv[2])), sys.argv[1], idle_time
 def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
            ) -> Iterator[tuple[DeviceRecord, Path, subprocess.Popen[bytes]]]:
     state = ensure_state_dir(tmp_path / "state")
-    rec = DeviceRecord("hd1", "lo", "roce", free_udp_port())
+    rec = DeviceRecord("hd1", "lo", "roce", free_port())
     monkeypatch.setenv("SOFTRDMA_STATE_DIR", str(state))
     p = subprocess.Popen([sys.executable, "-c", _DAEMON, str(state), str(rec.udp_port)])
     try:

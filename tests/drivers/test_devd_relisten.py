@@ -17,7 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness.devd import free_udp_port, state  # noqa: F401  (fixture)
+from harness.devd import state  # noqa: F401  (fixture)
+from harness.ports import free_port
 
 from softrdma.drivers.devd.client import DevdLink
 from softrdma.drivers.devd.proto import OP_CM_LISTEN, REP, REQ, with_seq
@@ -51,7 +52,7 @@ def _wait_stopped(pid: int) -> None:
 
 @pytest.fixture
 def devd(state: Path) -> Iterator[tuple[DeviceRecord, int]]:  # noqa: F811
-    rec = DeviceRecord("rl0", "lo", "roce", free_udp_port())
+    rec = DeviceRecord("rl0", "lo", "roce", free_port())
     ensure_devd(rec, state_dir=state, idle_timeout=60.0)
     pid = int((state / "rl0.pid").read_text())
     try:

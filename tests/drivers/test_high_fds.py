@@ -28,13 +28,14 @@ resource.setrlimit(resource.RLIMIT_NOFILE, (min(4096, hard), hard))
 held = []
 while not held or held[-1] < 1100:
     held.append(os.open(os.devnull, os.O_RDONLY))
-from harness.verbs_pair import RC, Side, connect, _free_port
+from harness.ports import free_port
+from harness.verbs_pair import RC, Side, connect
 from softrdma import enums as e
 from softrdma import verbs as v
 from softrdma.cm import rdma_cm as rc
 from softrdma.drivers.links.udp import UdpLink
 
-port = _free_port()
+port = free_port()
 ca = v.Context(link=UdpLink("127.0.0.1", port))
 cb = v.Context(link=UdpLink("127.0.0.2", port))
 assert ca.async_fileno() > 1024, ca.async_fileno()

@@ -34,11 +34,6 @@ MASK_RTS = int(e.IBV_QP_STATE | e.IBV_QP_TIMEOUT | e.IBV_QP_RETRY_CNT | e.IBV_QP
 DEADLINE = 10.0  # generous: the machine may be busy (s)
 
 
-def _free_port() -> int:
-    """A UDP port free on both 127.0.0.1 and 127.0.0.2 (RoCEv2 sends to the device's port)."""
-    return ports.free_port()
-
-
 class _Side:
     def __init__(self, ip: str, port: int) -> None:
         self.t = 1000.0  # this side's clock (s): moves only when the test says
@@ -90,7 +85,7 @@ class _Side:
 
 @pytest.fixture
 def pair() -> Iterator[tuple[_Side, _Side]]:
-    port = _free_port()
+    port = ports.free_port()
     a, b = _Side("127.0.0.1", port), _Side("127.0.0.2", port)
     try:
         a.connect(b)

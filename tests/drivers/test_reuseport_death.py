@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-from harness.device import SRC, free_port, reap
+from harness.device import SRC, reap
+from harness.ports import free_port
 from harness.wait import wait_until
 
 from softrdma.drivers.devd.client import DevdLink

@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness.rdma_cm import child_env, free_udp_port, make_state_dir
+from harness.ports import free_port
+from harness.rdma_cm import child_env, make_state_dir
 from harness.trace import captured_trace, rc_pair, rc_send
 
 from softrdma import enums as e
@@ -102,7 +103,7 @@ def _cli(tmp_path: Path, *args: str, env_extra: dict[str, str] | None = None
 def test_cli_trace_shows_cm_states_events_and_packets(tmp_path: Path) -> None:
     """Nobody listens: the trace shows the REQ going out, the REJ coming back, the CM
     states and the REJECTED event."""
-    r = _cli(tmp_path, "--trace", "cm,pkt", "rdma-client", "-p", str(free_udp_port()))
+    r = _cli(tmp_path, "--trace", "cm,pkt", "rdma-client", "-p", str(free_port()))
     assert r.returncode == 1
     err = r.stderr.splitlines()
     assert any(x.startswith("softrdma.cm: CM 0x") and x.endswith("IDLE -> REQ_SENT")

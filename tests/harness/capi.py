@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -13,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.device import free_port, reap
+from harness.device import reap
+from harness.ports import free_port
 from softrdma.capi import build, launch
 
 TIMEOUT = 180.0  # a whole pair or program, on a busy machine (s)
@@ -113,4 +113,4 @@ def run_pair(server: list[str], client: list[str], port: int, *more: list[str]
 
 
 def tcp_port() -> int:
-    return free_port(socket.SOCK_STREAM)
+    return free_port()

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from harness import ports
 from softrdma.drivers.devd.client import DevdLink
 from softrdma.drivers.devd.daemon import Devd
 from softrdma.drivers.host.registry import DeviceRecord
@@ -91,7 +90,3 @@ def wait_for(cond: object, timeout: float = 3.0) -> None:
             raise AssertionError("condition not reached")
         time.sleep(0.005)
 
-
-def free_udp_port() -> int:
-    """A port free now for UDP and TCP (:func:`harness.ports.free_port`)."""
-    return ports.free_port()

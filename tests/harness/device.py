@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,12 +23,6 @@ from softrdma.drivers.host import registry
 from softrdma.ib.port import Port
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
-
-
-def free_port(kind: socket.SocketKind = socket.SOCK_DGRAM) -> int:
-    """A port free now for UDP and TCP on the loopback, below the kernel's ephemeral range
-    (:func:`harness.ports.free_port`; ``kind`` is kept for the callers that name it)."""
-    return ports.free_port()
 
 
 @contextlib.contextmanager
@@ -54,7 +47,7 @@ def veth_device_netns(prefix: str, device: str, addr: str, env: dict[str, str],
         sh("ip", "link", "set", "d0", "up")
         sh("ip", "addr", "add", f"{addr}/24", "dev", "d0")
         sh(sys.executable, "-m", "softrdma", "link", "add", device, "netdev", "d0", "port",
-           str(free_port()))
+           str(ports.free_port()))
         yield ns, sh
     finally:
         subprocess.run(["ip", "netns", "del", ns], timeout=30, check=False)
@@ -75,7 +68,7 @@ def private_device(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setenv("SOFTRDMA_STATE_DIR", str(tmp_path / "state"))
     if subprocesses:
         monkeypatch.setenv("PYTHONPATH", SRC)
-    registry.add(name, "lo", "roce", free_port())
+    registry.add(name, "lo", "roce", ports.free_port())
     return name
 
 
@@ -85,7 +78,7 @@ def shared_device(name: str, tmp_path: Path,
     directory ``tmp_path``; its devd is stopped at the end (it lingers otherwise)."""
     monkeypatch.setenv("SOFTRDMA_STATE_DIR", str(tmp_path))
     monkeypatch.delenv("SOFTRDMA_SHARED", raising=False)
-    registry.Registry(tmp_path).add(name, "lo", "roce", free_port())
+    registry.Registry(tmp_path).add(name, "lo", "roce", ports.free_port())
     try:
         yield name
     finally:

@@ -13,8 +13,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from harness.device import free_port
-from harness.rdma_cm import free_udp_port
+from harness.ports import free_port
 from softrdma.wire.pcap import read_pcap
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -30,7 +29,7 @@ def make_device(state: Path, name: str = "pttest") -> str:
 
     reg = Registry(state)
     reg.delete("softrdma_lo")
-    reg.add(name, "lo", "roce", free_udp_port())  # free on 127.0.0.1 and ::1
+    reg.add(name, "lo", "roce", free_port())  # free on 127.0.0.1 and ::1
     return name
 
 
@@ -52,7 +51,7 @@ def run_pair(tool: str, state: Path, extra: list[str], *, timeout: float = 120.0
                  subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
     """Server and client of ``tool`` as two processes; (server, client) results."""
     env = env_for(state)
-    port = free_port(socket.SOCK_STREAM)
+    port = free_port()
     common = [tool, "-p", str(port), "--timeout", "40", *extra]
     procs = [spawn([*common, *(server_extra or [])], env)]
     try:

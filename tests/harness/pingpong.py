@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.device import free_port
+from harness.ports import free_port
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 

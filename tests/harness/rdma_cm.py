@@ -24,16 +24,11 @@ FAST_CM = CmConfig(subnet_timeout=12, remote_cm_response_timeout=14, max_cm_retr
                    timewait_s=0.05)
 
 
-def free_udp_port() -> int:
-    """A port free now on 127.0.0.1 and ::1 (:func:`harness.ports.free_port`)."""
-    return ports.free_port()
-
-
 def make_state_dir(path: Path) -> tuple[Path, int]:
     """A registry with only ``cmtest_lo`` (roce on lo, a free UDP port)."""
     reg = Registry(path)
     reg.delete("softrdma_lo")
-    port = free_udp_port()
+    port = ports.free_port()
     reg.add(ROCE_DEV, "lo", "roce", port)
     return path, port
 

@@ -95,15 +95,11 @@ class FabricPair:
 
 
 # ---- UDP on loopback, progress thread ---------------------------------------------------------
-def _free_port() -> int:
-    return ports.free_port()
-
-
 @pytest.fixture()
 def udp_pair():
     port = None
     for _ in range(10):
-        port = _free_port()
+        port = ports.free_port()
         try:
             la = UdpLink("127.0.0.1", port)
         except Exception:  # noqa: BLE001

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness.device import free_port
+from harness.ports import free_port
 
 from softrdma import enums as e
 from softrdma import verbs as v
@@ -63,7 +63,7 @@ def _session(init_dev: str, resp_dev: str, tmp: Path) -> tuple[bool, bool, Path,
     """Connect a QP of ``init_dev`` (initiator) to one of ``resp_dev`` with the default
     :class:`MpaConfig` on both (no CRC asked by the application), send :data:`SIZES` each
     way; returns both sides' negotiated CRC and their captures."""
-    port = free_port(socket.SOCK_STREAM)
+    port = free_port()
     caps = (tmp / "init.pcap", tmp / "resp.pcap")
     ctx_i = v.Context(init_dev, pcap=caps[0])
     ctx_r = v.Context(resp_dev, pcap=caps[1])
@@ -182,7 +182,7 @@ def test_environment_overrides_the_device(tmp_path: Path,
 def test_tool_honours_environment(tmp_path: Path) -> None:
     """``softrdma rping`` as the MPA initiator with ``SOFTRDMA_MPA_CRC=1`` against an
     rping server without it: CRC in both directions ($SOFTRDMA_PCAP captures the client)."""
-    port = free_port(socket.SOCK_STREAM)
+    port = free_port()
     base = [sys.executable, "-m", "softrdma", "rping", "-a", "127.0.0.1", "-p", str(port),
             "-C", "3", "-S", "100", "--transport", "iwarp", "--timeout", "60"]
     env = dict(os.environ)

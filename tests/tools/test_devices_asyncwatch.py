@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from harness.device import free_port, reap, veth_device_netns
+from harness.device import reap, veth_device_netns
+from harness.ports import free_port
 from harness.wait import StreamLines
 
 from softrdma import enums as e

@@ -8,13 +8,13 @@ from __future__ import annotations
 import io
 import json
 import os
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness.perftest import device_state, env_for, free_port, spawn
+from harness.perftest import device_state, env_for, spawn
+from harness.ports import free_port
 
 from softrdma.tools.perftest import report
 
@@ -38,7 +38,7 @@ def test_duration_progress_is_measured_against_the_duration() -> None:
 
 
 def test_a_failed_json_run_prints_its_object_with_the_error(state: Path) -> None:
-    port = free_port(socket.SOCK_STREAM)  # nobody listens there
+    port = free_port()  # nobody listens there
     p = spawn(["write-bw", "-d", "pttest", "-p", str(port), "--timeout", "1", "--json",
                "127.0.0.1"], env_for(state))
     out, err = p.communicate(timeout=DEADLINE)
@@ -59,7 +59,7 @@ def test_server_notices_a_dead_client_promptly(state: Path) -> None:
     """A send-lat client killed in the middle of its run: the server (waiting for the
     next message, with a --timeout of 120 s) fails within seconds, and prints its JSON."""
     env = env_for(state)
-    port = str(free_port(socket.SOCK_STREAM))
+    port = str(free_port())
     common = ["send-lat", "-d", "pttest", "-p", port, "-s", "64", "--timeout", "120"]
     srv = spawn([*common, "--json"], env)
     cli = None

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import argparse
 import signal
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness.perftest import device_state, env_for, free_port, run_pair, spawn
+from harness.perftest import device_state, env_for, run_pair, spawn
+from harness.ports import free_port
 
 from softrdma import enums as e
 from softrdma import verbs as v
@@ -206,7 +206,7 @@ def test_run_infinitely_prints_lines_until_ctrl_c(state: Path) -> None:
     """A BW line every -D seconds (peak not measured) until SIGINT: " User stopped
     traffic", the result line, exit 0; the server then ends too."""
     env = env_for(state)
-    port = free_port(socket.SOCK_STREAM)
+    port = free_port()
     common = ["write-bw", "-p", str(port), "--timeout", "60", "--run_infinitely", "-D", "1",
               "-s", "4096"]
     srv = spawn(common, env)
@@ -259,7 +259,7 @@ def test_tos_and_tclass_reach_the_wire(state: Path, tmp_path: Path, flags: list[
     are the IPv4 TOS of the RoCEv2 packets (Annex A17), as a capture shows."""
     pcap = tmp_path / "client.pcap"
     env = env_for(state)
-    port = free_port(socket.SOCK_STREAM)
+    port = free_port()
     common = ["write-bw", "-p", str(port), "--timeout", "40", "-n", "20", "-s", "1024",
               *flags]
     srv = spawn(common, env)

@@ -19,11 +19,11 @@ from harness.perftest import (
     CAPTURES,
     device_state,
     env_for,
-    free_port,
     recv_exact,
     spawn,
     tcp_payloads,
 )
+from harness.ports import free_port
 from harness.wait import wait_until
 
 from softrdma.errors import DecodeError
@@ -131,7 +131,7 @@ def test_our_server_answers_captured_client(state: Path) -> None:
     answer has the form of the captured server's, the fixed ones are equal, and the
     server prints the client's report as the captured server did."""
     c, s = _msgs(READ_BW, "c"), _msgs(READ_BW, "s")
-    port = free_port(socket.SOCK_STREAM)
+    port = free_port()
     srv = spawn(["read-bw", "-d", "pttest", "-p", str(port), "-n", "50", "-s", "4096",
                  "--report_gbits", "--timeout", "20"], env_for(state))
     answers: list[bytes] = []

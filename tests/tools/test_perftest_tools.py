@@ -22,10 +22,10 @@ from harness.perftest import (
     CAPTURES,
     device_state,
     env_for,
-    free_port,
     run_pair,
     spawn,
 )
+from harness.ports import free_port
 from harness.wait import wait_until, waits_until_stopped
 
 from softrdma.errors import InvalidArgument
@@ -315,7 +315,7 @@ def test_duration_mode(state: Path) -> None:
 # -- failures -----------------------------------------------------------------------------
 
 def test_client_without_server_fails(state: Path) -> None:
-    port = free_port(socket.SOCK_STREAM)
+    port = free_port()
     t0 = time.monotonic()
     p = spawn(["write-bw", "-d", "pttest", "-p", str(port), "--timeout", "1", "127.0.0.1"],
               env_for(state))
@@ -328,7 +328,7 @@ def test_server_without_client_waits_until_stopped(state: Path) -> None:
     # past --timeout: the first client is awaited until stopped
     rc, out, err = waits_until_stopped(
         [sys.executable, "-m", "softrdma", "read-lat", "-d", "pttest", "-p",
-         str(free_port(socket.SOCK_STREAM)), "--timeout", "1"], env_for(state),
+         str(free_port()), "--timeout", "1"], env_for(state),
         "Waiting for client to connect", on="stdout")
     assert rc == 130 and "Traceback" not in err
     assert "Waiting for client to connect" in out
@@ -337,7 +337,7 @@ def test_server_without_client_waits_until_stopped(state: Path) -> None:
 def test_peer_that_stops_answering_fails(state: Path) -> None:
     """A client whose server vanishes after the exchange (it never ACKs the WRITEs):
     error completions or no completion, a non-zero exit and one line, no hang."""
-    port = free_port(socket.SOCK_STREAM)
+    port = free_port()
     env = env_for(state)
     lsock = socket.socket()
     lsock.bind(("127.0.0.1", port))
@@ -379,7 +379,7 @@ def test_data_mismatch_fails_both_sides(state: Path) -> None:
     """A send-bw server expecting 4096-byte messages gets 2048-byte ones: it reports the
     mismatch and exits 1; the client then loses its peer and exits 1 too."""
     env = env_for(state)
-    port = str(free_port(socket.SOCK_STREAM))
+    port = str(free_port())
     common = ["send-bw", "-d", "pttest", "-p", port, "-n", "20", "--timeout", "10"]
     srv = spawn([*common, "-s", "4096"], env)
     try:
@@ -452,7 +452,7 @@ def test_rdma_cm_server_lets_the_client_close_first(tmp_path: Path,
     from softrdma.tools.perftest import cmconn, runner
 
     monkeypatch.setenv("SOFTRDMA_STATE_DIR", str(tmp_path))
-    port = free_port(socket.SOCK_STREAM)
+    port = free_port()
     srv = spawn(["read-lat", "-R", "--transport", "iwarp", "-p", str(port), "-n", "10",
                  "--timeout", "20"], env_for(tmp_path))
     try:
@@ -490,7 +490,7 @@ def test_rdma_cm_server_listens_before_answering(tmp_path: Path,
     from softrdma.tools.perftest import cmconn, oob, runner
 
     monkeypatch.setenv("SOFTRDMA_STATE_DIR", str(tmp_path))
-    port = free_port(socket.SOCK_STREAM)
+    port = free_port()
     srv = spawn(["read-lat", "-R", "--transport", "iwarp", "-p", str(port), "-n", "10",
                  "--timeout", "20"], env_for(tmp_path))
     try:
@@ -526,7 +526,7 @@ def test_rdma_cm_server_banner_once_listening(tmp_path: Path) -> None:
     stock perftest client started on the banner is not refused (it does not retry a
     REJECTED first connection). The server is stopped on the banner and its port looked
     up (iWARP: a TCP listener; read from /proc, a probe would be taken as the client)."""
-    port = free_port(socket.SOCK_STREAM)
+    port = free_port()
     srv = spawn(["write-bw", "-R", "--transport", "iwarp", "-p", str(port),
                  "--timeout", "20"], env_for(tmp_path))
     try:
@@ -555,7 +555,7 @@ def test_iwarp_client_pauses_before_its_first_message(tmp_path: Path,
     from softrdma.tools.perftest import cmconn, oob
 
     monkeypatch.setenv("SOFTRDMA_STATE_DIR", str(tmp_path))
-    port = free_port(socket.SOCK_STREAM)
+    port = free_port()
     o = _opts("read-bw", "-R", "--transport", "iwarp", "-p", str(port), "--timeout", "20")
     sess = cmconn.CmSession(o)
     cli = spawn(["read-bw", "-R", "--transport", "iwarp", "-p", str(port), "--timeout", "5",

@@ -12,12 +12,13 @@ import time
 from collections.abc import Callable
 
 import pytest
-from harness.device import free_port, reap
+from harness.device import reap
 from harness.pingpong import (
     _env,
     _spawn,
     device,  # noqa: F401  (fixtures)
 )
+from harness.ports import free_port
 
 from softrdma.errors import DecodeError, InvalidArgument
 from softrdma.tools.cli import main
@@ -336,7 +337,7 @@ def _run_pair(server: list[str], client: list[str], env: dict[str, str]
 @pytest.mark.parametrize("kind", ["rc", "ud"])
 def test_two_processes(kind: str, device: str) -> None:  # noqa: F811
     """Server and client as separate processes on one shared device."""
-    tcp = free_port(socket.SOCK_STREAM)
+    tcp = free_port()
     common = [f"{kind}-pingpong", "-d", device, "-p", str(tcp), "-n", "30", "--timeout", "15"]
     env = _env()
     procs, outs = _run_pair([*common, "--bind", "127.0.0.1"], [*common, "127.0.0.1"], env)
@@ -352,7 +353,7 @@ def test_two_processes(kind: str, device: str) -> None:  # noqa: F811
 def test_chk_detects_wrong_data(device: str) -> None:  # noqa: F811
     """A -c server paired with a client sending the plain 0x7b buffer (no -c) must fail
     its check on the first message; the client then times out instead of hanging."""
-    tcp = free_port(socket.SOCK_STREAM)
+    tcp = free_port()
     common = ["rc-pingpong", "-d", device, "-p", str(tcp), "-n", "5", "--timeout", "2"]
     procs, outs = _run_pair([*common, "--bind", "127.0.0.1", "-c"], [*common, "127.0.0.1"], _env())
     assert procs[0].returncode == 1
@@ -361,7 +362,7 @@ def test_chk_detects_wrong_data(device: str) -> None:  # noqa: F811
 
 
 def test_client_without_server_fails_fast(device: str) -> None:  # noqa: F811
-    tcp = free_port(socket.SOCK_STREAM)
+    tcp = free_port()
     t0 = time.monotonic()
     p = _spawn(["rc-pingpong", "-d", device, "-p", str(tcp), "--timeout", "1", "127.0.0.1"],
                _env())
@@ -376,7 +377,7 @@ def test_client_without_server_fails_fast(device: str) -> None:  # noqa: F811
 
 def test_server_peer_vanishes_mid_run(device: str) -> None:  # noqa: F811
     """A server whose client dies after the exchange reports it instead of hanging."""
-    tcp = free_port(socket.SOCK_STREAM)
+    tcp = free_port()
     p = _spawn(["rc-pingpong", "-d", device, "-p", str(tcp), "--bind", "127.0.0.1",
                 "--timeout", "1.5", "-n", "5"], _env())
     try:
@@ -408,7 +409,7 @@ def test_error_completion_fails_both_sides(device: str) -> None:  # noqa: F811
     """The client's 4096-byte messages do not fit the server's 1024-byte receives: the
     server's receive completes with a local length error, the client's SEND is NAKed
     (remote invalid request); both print the failed status and exit 1."""
-    tcp = free_port(socket.SOCK_STREAM)
+    tcp = free_port()
     common = ["rc-pingpong", "-d", device, "-p", str(tcp), "-n", "5", "--timeout", "5"]
     procs, outs = _run_pair([*common, "--bind", "127.0.0.1", "-s", "1024"], [*common, "-s", "4096", "127.0.0.1"], _env())
     assert procs[0].returncode == 1 and procs[1].returncode == 1, outs

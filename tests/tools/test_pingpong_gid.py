@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from harness.device import free_port, private_device
+from harness.device import private_device
+from harness.ports import free_port
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 # uc/ud-pingpong share rc-pingpong's code (tools/ibverbs/pingpong.py)

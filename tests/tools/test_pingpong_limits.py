@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from harness.device import free_port
 from harness.pingpong import _env, _kill_devd, _spawn, device  # noqa: F401
+from harness.ports import free_port
 from harness.wait import StreamLines, wait_until
 
 MiB = 1 << 20
@@ -41,13 +40,13 @@ def _maxrss_of(args: list[str], env: dict[str, str]) -> tuple[subprocess.Complet
 def test_large_message_one_buffer_per_side_and_progress_based_timeout(device: str) -> None:  # noqa: F811
     env = _env()
     base = ["rc-pingpong", "--loopback", "-d", device, "-n", "1", "-c"]
-    small, rss_small = _maxrss_of([*base, "-s", "4096", "-p", str(free_port(socket.SOCK_STREAM))],
+    small, rss_small = _maxrss_of([*base, "-s", "4096", "-p", str(free_port())],
                                   env)
     assert small.returncode == 0, small.stderr
     t0 = time.monotonic()
     # --timeout 1: the 32 MiB message takes longer than that to move (Python, loopback)
     big, rss_big = _maxrss_of([*base, "-s", str(SIZE), "--timeout", "1",
-                               "-p", str(free_port(socket.SOCK_STREAM))], env)
+                               "-p", str(free_port())], env)
     took = time.monotonic() - t0
     assert big.returncode == 0, big.stderr
     assert f"{2 * SIZE} bytes in" in big.stdout  # rc_pingpong counts both directions
@@ -58,7 +57,7 @@ def test_large_message_one_buffer_per_side_and_progress_based_timeout(device: st
 
 
 def test_devd_death_gives_one_error_line_with_events(device: str, tmp_path: Path) -> None:  # noqa: F811
-    tcp = free_port(socket.SOCK_STREAM)
+    tcp = free_port()
     common = ["rc-pingpong", "-e", "-d", device, "-p", str(tcp), "-n", "100000000",
               "--timeout", "60"]
     env = _env()

@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from harness.rdma_cm import child_env, free_udp_port, make_state_dir
+from harness.ports import free_port
+from harness.rdma_cm import child_env, make_state_dir
 from harness.wait import waits_until_stopped
 
 
@@ -23,7 +24,7 @@ def _tool(*args: str) -> list[str]:
 def test_server_and_client(tmp_path: Path, addr: str, device: str) -> None:
     state, _ = make_state_dir(tmp_path)
     env = child_env(state)
-    port = str(free_udp_port())
+    port = str(free_port())
     common = ["-p", port, "--device", device, "--timeout", "20"]
     srv = subprocess.Popen(_tool("rdma-server", "-s", addr, *common), env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -50,7 +51,7 @@ def test_client_without_server_is_refused_at_once(tmp_path: Path, device: str) -
     state, _ = make_state_dir(tmp_path)
     # with --timeout 600, a client that waited in silence would run into the 300 s limit
     # here (TimeoutExpired); a refused one ends after its process start, however slow
-    cli = subprocess.run(_tool("rdma-client", "-p", str(free_udp_port()), "--device", device,
+    cli = subprocess.run(_tool("rdma-client", "-p", str(free_port()), "--device", device,
                                "--timeout", "600"),
                          env=child_env(state), capture_output=True, text=True, timeout=300)
     assert cli.returncode == 1
@@ -61,7 +62,7 @@ def test_client_without_server_is_refused_at_once(tmp_path: Path, device: str) -
 
 def test_server_waits_until_stopped(tmp_path: Path) -> None:
     state, _ = make_state_dir(tmp_path)
-    port = str(free_udp_port())
+    port = str(free_port())
     # past --timeout: waiting for a client has no limit
     rc, out, err = waits_until_stopped(_tool("rdma-server", "-p", port, "--timeout", "1"),
                                        child_env(state), "waiting for a client")

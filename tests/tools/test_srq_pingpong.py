@@ -12,7 +12,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from harness.device import free_port, private_device
+from harness.device import private_device
+from harness.ports import free_port
 
 from softrdma.tools.ibverbs import srq_pingpong as sp
 from softrdma.tools.ibverbs.pingpong import MSG_LEN, Dest, decode_dest, encode_dest
@@ -32,7 +33,7 @@ def _cmd(*args: str) -> list[str]:
 
 @pytest.mark.parametrize("extra", [[], ["-e"]])
 def test_server_and_client(env: dict[str, str], extra: list[str]) -> None:
-    port = str(free_port(socket.SOCK_STREAM))
+    port = str(free_port())
     flags = ["-g", "0", "-p", port, "-q", "3", "-n", "60", "-s", "512", *extra]
     server = subprocess.Popen(_cmd(*flags), env=env, text=True, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE)
@@ -98,7 +99,7 @@ def test_errors(env: dict[str, str]) -> None:
     assert bad.stderr.strip() == ("softrdma srq-pingpong: error: rx_depth 4 is too small for "
                                   "8 QPs -- must have at least one receive per QP.")
     # no -g on RoCE: GID index 0, as rc-pingpong (issue 24; the C tool would fail at RTR)
-    port = str(free_port(socket.SOCK_STREAM))
+    port = str(free_port())
     server = subprocess.Popen(_cmd("-p", port, "-q", "2", "-n", "5"), env=env, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:

@@ -271,10 +271,6 @@ def test_a_tool_imports_its_own_module_only(tmp_path: Path) -> None:
 
 # -- devinfo and demo on real devices -------------------------------------------------
 
-def _free_udp_port() -> int:
-    return ports.free_port()
-
-
 @pytest.fixture()
 def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A private registry with the built-in device plus 'clitest' (lo, ephemeral port)."""
@@ -282,7 +278,7 @@ def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
     monkeypatch.setenv("SOFTRDMA_STATE_DIR", str(tmp_path))
     monkeypatch.setenv("SOFTRDMA_SHARED", "0")
-    Registry(tmp_path).add("clitest", "lo", "roce", _free_udp_port())
+    Registry(tmp_path).add("clitest", "lo", "roce", ports.free_port())
     yield tmp_path
 
 
@@ -326,7 +322,7 @@ def test_devinfo_errors(state: Path, capsys: pytest.CaptureFixture[str]) -> None
 
 
 def test_demo_succeeds(state: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    port = _free_udp_port()
+    port = ports.free_port()
     rc, out, err = _run(["demo", "--port", str(port), "--size", "5000", "--mtu", "1024"],
                         capsys)
     assert rc == 0, out + err
@@ -354,7 +350,7 @@ def test_demo_error_completions_fail(state: Path, capsys: pytest.CaptureFixture[
     """QPs and memory without remote access: the RDMA WRITE is NAKed (invalid request, as
     rxe's check_op_valid), the QP goes to the error state and the demo exits 1."""
     monkeypatch.setattr(demo, "ACCESS", e.IBV_ACCESS_LOCAL_WRITE)
-    rc, out, err = _run(["demo", "--port", str(_free_udp_port()), "--timeout", "5"], capsys)
+    rc, out, err = _run(["demo", "--port", str(ports.free_port()), "--timeout", "5"], capsys)
     assert rc == 1, out + err
     line = next(x for x in out.splitlines() if x.strip().startswith("RDMA WRITE"))
     assert "remote invalid request error (9) verify FAILED" in line, line

@@ -15,7 +15,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from harness.device import free_port, private_device
+from harness.device import private_device
+from harness.ports import free_port
 from harness.wait import wait_until
 
 from softrdma.drivers.host import registry
@@ -39,7 +40,7 @@ def _cmd(*args: str) -> list[str]:
 
 @pytest.mark.parametrize("extra", [[], ["-e"]])
 def test_server_and_client(env: dict[str, str], extra: list[str]) -> None:
-    port = str(free_port(socket.SOCK_STREAM))
+    port = str(free_port())
     flags = ["-g", "0", "-p", port, "-n", "40", "-s", "700", "-m", "512", "--timeout", "120",
              *extra]
     server = subprocess.Popen(_cmd(*flags), env=env, text=True, stdout=subprocess.PIPE,
@@ -120,7 +121,7 @@ def test_two_clients_share_the_servers_xrc_domain(env: dict[str, str]) -> None:
     """``-c 2`` on a shared device: the server sends each client's messages through both
     clients' TGT QPs, half of them into the SRQ of the other client's process (devd hands
     them over: docs/design.md, "XRC domains across processes"); all three succeed."""
-    port = str(free_port(socket.SOCK_STREAM))
+    port = str(free_port())
     flags = ["-g", "0", "-p", port, "-n", "8", "-s", "3000", "-m", "1024", "--timeout", "120"]
     server = subprocess.Popen(_cmd(*flags, "-c", "2"), env=env, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness.devd import free_udp_port
+from harness.ports import free_port
 from harness.verbs_pair import ACC, Side
 
 from softrdma import enums as e
@@ -28,7 +28,7 @@ def devices(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Registr
     monkeypatch.setenv("SOFTRDMA_STATE_DIR", str(state))
     reg = Registry(state)
     for name in ("g0", "g1"):
-        reg.add(name, "lo", "roce", free_udp_port())
+        reg.add(name, "lo", "roce", free_port())
     yield reg
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,7 +18,8 @@ from pathlib import Path
 import pytest
 from harness import device as device_harness
 from harness.counters_pair import Pair
-from harness.device import free_port, reap
+from harness.device import reap
+from harness.ports import free_port
 
 from softrdma import enums as e
 from softrdma import verbs as v
@@ -124,7 +124,7 @@ def shared_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[s
 def _pingpong_pair(device: str, iters: int) -> None:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (SRC, env.get("PYTHONPATH")) if p)
-    tcp = str(free_port(socket.SOCK_STREAM))
+    tcp = str(free_port())
     common = ["rc-pingpong", "-d", device, "-p", tcp, "-n", str(iters), "-s", "1000",
               "--timeout", "20"]
     procs = [subprocess.Popen([sys.executable, "-m", "softrdma", *common, *extra], env=env,
