@@ -43,7 +43,7 @@ from ..verbs.mr import ACCESS_SUPPORTED
 from ..verbs.procmem import SIZE_MAX, ImplicitMR
 from . import handles as hd
 from . import posting
-from .handles import _add, _forget, _get, _handle_of, _mem, _wrapper_of, register
+from .handles import _add, _forget, _get, _handle_of, _mem, _objs, _wrapper_of, register
 
 __all__ = ["install", "RingCQ", "PYTHON_ENV", "fill_qp_attr"]
 
@@ -61,22 +61,6 @@ _WC_RECV = int(e.IBV_WC_RECV)  # the receive opcodes are this and above (ibv_wc_
 _RELEASE_WAIT = 1.0
 
 
-class _Stored:
-    """True once a receive's completion was stored into a RingCQ's ring since
-    :func:`_progress` cleared it: what that step stops on (a Python CQ's step stops on
-    its queue). Only a receive: a message the program may answer at once; a step that
-    stopped at each send completion would cost a bulk sender (``ib_write_bw``) one entry
-    from C per ACK instead of one per read."""
-
-    __slots__ = ("hit",)
-
-    def __init__(self) -> None:
-        self.hit = False
-
-    def __bool__(self) -> bool:
-        return self.hit
-
-
 class RingCQ(CQ):
     """A CQ whose completions go to the C ring at ``ring`` (``sr_ring_push``)."""
 
@@ -85,14 +69,21 @@ class RingCQ(CQ):
         super().__init__(ctx, cqe, channel=channel, comp_vector=comp_vector)
         self.ring = ring
         self.handle = 0
-        self.stored = self._stop_on = _Stored()
+        # Not empty once a receive's completion was stored into the ring since
+        # _progress cleared it: what that step stops on (a Python CQ's step stops on its
+        # queue; a list's truth needs no Python call, where a __bool__ cost one per check,
+        # about four per round trip). Only a receive: a message the program may answer at
+        # once; a step that stopped at each send completion would cost a bulk sender
+        # (ib_write_bw) one entry from C per ACK instead of one per read.
+        self.stored: list[bool] = []
+        self._stop_on = self.stored
 
     def _store(self, wc: WorkCompletion) -> bool:
         ring = self.ring
         if ring is None:  # destroyed: the C side frees the ring
             return True
-        if wc.opcode >= _WC_RECV:
-            self.stored.hit = True
+        if wc.opcode >= _WC_RECV and not self.stored:
+            self.stored.append(True)
         flags = int(wc.wc_flags)
         extra = wc.invalidated_rkey if flags & _WC_WITH_INV else wc.imm_data
         return bool(hd._lib.sr_ring_push(
@@ -357,14 +348,17 @@ def _progress(h: int, taken: int) -> int:
     (ones the progress thread stored): the busy poll's idle streak begins anew
     (:meth:`CQ.taken`), or a streak that never saw its answer arrive would outlast its
     spin and every step after it would sleep."""
-    cq = _get(h, RingCQ)
+    cq = _objs.get(h)
+    if type(cq) is not RingCQ:
+        cq = _get(h, RingCQ)  # EINVAL unless it is one
     if taken:
         cq.taken()
-    cq.stored.hit = False  # the step stops once it stored a receive's completion
+    stored = cq.stored
+    stored.clear()  # the step stops once it stored a receive's completion
     cq.poll(1)  # a RingCQ's own queue stays empty: its store is the ring
     _stepped.add(cq.ctx)
     rt = cq.ctx.runtime
-    return 1 if (cq.stored.hit and rt.rx_pending()) or rt.ack_awaited() else 0
+    return 1 if (stored and rt.rx_pending()) or rt.ack_awaited() else 0
 
 
 #: the contexts a receive step ran on (their ACKs may be pending at the program's exit)
