@@ -43,7 +43,8 @@ RECV = int(e.IBV_WC_RECV)
 class Side:
     """One device on ``link`` (a UdpLink, or a shared device's DevdLink), with a PD, an MR
     of ``size`` bytes, a CQ and an RC QP of ``depth`` (also shared_bench's and
-    profile_roce's sides)."""
+    profile_roce's sides). Its progress mode is ``progress``, else ``$SR_PROGRESS``, else
+    ``thread``; in ``manual`` mode :meth:`poll` and :meth:`await_message` run the engine."""
 
     def __init__(self, link: Any, size: int, depth: int, *, name: str = "bench",
                  progress: str | None = None) -> None:
