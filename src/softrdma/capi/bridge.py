@@ -43,7 +43,7 @@ from ..verbs.mr import ACCESS_SUPPORTED
 from ..verbs.procmem import SIZE_MAX, ImplicitMR
 from . import handles as hd
 from . import posting
-from .handles import _add, _forget, _get, _handle_of, _mem, _objs, _wrapper_of, register
+from .handles import _add, _forget, _get, _handle_of, _mem, _wrapper_of, register
 
 __all__ = ["install", "RingCQ", "PYTHON_ENV", "fill_qp_attr"]
 
@@ -348,9 +348,7 @@ def _progress(h: int, taken: int) -> int:
     (ones the progress thread stored): the busy poll's idle streak begins anew
     (:meth:`CQ.taken`), or a streak that never saw its answer arrive would outlast its
     spin and every step after it would sleep."""
-    cq = _objs.get(h)
-    if type(cq) is not RingCQ:
-        cq = _get(h, RingCQ)  # EINVAL unless it is one
+    cq = _get(h, RingCQ)
     if taken:
         cq.taken()
     stored = cq.stored

@@ -262,8 +262,8 @@ class TcpRuntime:
         if timeout is not None and timeout <= 0:
             return
         if not self.threaded:
-            try:  # the release inside: a Ctrl-C just after it still takes the lock back for
-                self.lock.release()  # the caller's with-block to release (locks.py)
+            try:  # release inside: after a Ctrl-C the lock is retaken (locks.py)
+                self.lock.release()
                 self.progress(_MAX_IDLE_WAIT if timeout is None else min(timeout, _MAX_IDLE_WAIT))
             finally:
                 self.lock.acquire()
