@@ -311,10 +311,7 @@ class Body:
         have = len(buf) - offset
         if have < lay.size:
             raise DecodeError(f"{lay.what}: needs {lay.size} bytes, got {max(have, 0)}")
-        obj = cls.__new__(cls)
-        put = object.__setattr__
-        for k, v in zip(lay.names, lay._vals(buf, offset), strict=True):
-            put(obj, k, v)
+        obj = cls(*lay._vals(buf, offset))  # fields in layout order (check_fields)
         obj.check_decoded()
         return obj
 
@@ -327,12 +324,14 @@ class Body:
 
     @classmethod
     def check_fields(cls) -> None:
-        """Raise TypeError unless the dataclass fields are exactly the layout's fields."""
-        have = {f.name for f in fields(cls)}  # type: ignore[arg-type]
-        want = set(cls.LAYOUT.names)
+        """Raise TypeError unless the dataclass fields are exactly the layout's fields, in
+        its order (:meth:`decode` passes the values to the constructor by position)."""
+        have = tuple(f.name for f in fields(cls))  # type: ignore[arg-type]
+        want = cls.LAYOUT.names
         if have != want:
-            raise TypeError(f"{cls.__name__}: fields {sorted(have ^ want)} disagree with "
-                            f"its layout")
+            odd = sorted(set(have) ^ set(want))
+            raise TypeError(f"{cls.__name__}: fields {odd or 'in another order'} disagree "
+                            f"with its layout")
 
 
 # --------------------------------------------------------------------------- header
