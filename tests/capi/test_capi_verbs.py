@@ -100,6 +100,31 @@ def test_no_program_and_unknown_program() -> None:
     assert p.returncode == 127 and "command not found" in p.stderr
 
 
+def test_unknown_device_is_refused_before_the_program_runs(tmp_path: Path) -> None:
+    """``-d`` naming no device stops before the program starts (as ``ibv_devinfo -d``
+    refuses it), naming the devices there are, with or without ``--print-env``; a
+    device that exists is the program's first."""
+    need_build()
+    marker = tmp_path / "ran"
+    p = subprocess.run([sys.executable, "-m", "softrdma", "run", "-d", "no_such_dev", "--",
+                        "touch", str(marker)], capture_output=True, text=True, check=False,
+                       timeout=60)
+    assert p.returncode == 1 and not marker.exists()
+    assert p.stderr.startswith("softrdma run: error: -d no_such_dev: no softrdma device")
+    assert "softrdma_iw_lo" in p.stderr and p.stderr.count("\n") == 1
+    p = subprocess.run([sys.executable, "-m", "softrdma", "run", "-d", "no_such_dev",
+                        "--print-env"], capture_output=True, text=True, check=False, timeout=60)
+    assert p.returncode == 1 and p.stdout == "" and "no softrdma device" in p.stderr
+    assert launch.unknown_device("softrdma_iw_lo") is None
+    tool = shutil.which("ibv_devices")
+    if tool is None:
+        pytest.skip("ibv_devices is not installed (Debian package ibverbs-utils)")
+    p = subprocess.run([sys.executable, "-m", "softrdma", "run", "-d", "softrdma_iw_lo", "--",
+                        tool], capture_output=True, text=True, check=False, timeout=60)
+    rows = [line.split()[0] for line in p.stdout.splitlines()[2:] if line.strip()]
+    assert p.returncode == 0 and rows[0] == "softrdma_iw_lo", p.stdout + p.stderr
+
+
 def test_print_env_for_other_launchers() -> None:
     lib = need_build()
     p = subprocess.run([sys.executable, "-m", "softrdma", "run", "--print-env"],
