@@ -124,3 +124,16 @@ def test_interrupted_pyverbs_names_the_tool(tmp_path: Path) -> None:
             proc.communicate()
     assert proc.returncode == 130, err
     assert err.strip().splitlines()[-1] == "softrdma pyverbs: interrupted", err
+
+
+@pytest.mark.parametrize("tool", ["rc-pingpong", "ud-pingpong", "srq-pingpong"])
+def test_pingpong_server_refuses_unknown_device_before_waiting(tool: str) -> None:
+    """A server given ``-d`` naming no device says so and exits 1 before it announces
+    that it waits for a client (``ibv_rc_pingpong`` opens its device first): before, it
+    printed ``waiting for a client`` and then the error."""
+    p = subprocess.run([sys.executable, "-m", "softrdma", tool, "-d", "no_such_dev",
+                        "-p", "0"], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": SRC}, check=False)
+    assert p.returncode == 1, p.stderr
+    assert "waiting for a client" not in p.stderr
+    assert p.stderr.startswith(f"softrdma {tool}: error: IB device no_such_dev not found"), p.stderr

@@ -298,15 +298,14 @@ def run(kind: str, args: argparse.Namespace, out: TextIO | None = None) -> int:
     port = opts.port if opts.port is not None else DEFAULT_TCP_PORT
     if opts.transport == "iwarp":
         return _run_iwarp(opts, port, out)
+    ctx = open_context(opts)  # first, as ibv_rc_pingpong: a bad -d is told before waiting
     listener = None
-    if opts.servername is None:
-        listener = OOBListener(port, opts.bind, opts.timeout)
-        announce_wait(f"{kind}-pingpong", listener.port)
     try:
-        ctx = open_context(opts)
+        if opts.servername is None:
+            listener = OOBListener(port, opts.bind, opts.timeout)
+            announce_wait(f"{kind}-pingpong", listener.port)
     except BaseException:
-        if listener is not None:
-            listener.close()
+        ctx.close()
         raise
     return _session(ctx, opts, listener, port, out, run_server, run_client)
 
