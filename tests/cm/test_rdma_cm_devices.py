@@ -5,10 +5,13 @@ no such thread to release it)."""
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import threading
 import time
+import weakref
+from collections.abc import Callable
 
 import pytest
 
@@ -96,3 +99,86 @@ def test_a_child_forked_while_the_list_is_locked_reads_its_own() -> None:
             pytest.fail("the forked child hung reading the device list")
         time.sleep(0.01)  # polling the child's exit: a condition with a deadline
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+
+
+class _Cyclic:
+    """An object only a garbage collection frees (it refers to itself)."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+def _finishes(target: Callable[[], None]) -> bool:
+    """Run ``target`` in a daemon thread; False if it is still running at the deadline (a
+    thread that waits for itself never ends: the daemon flag lets the tests end)."""
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(DEADLINE)
+    return not t.is_alive()
+
+
+def test_open_table_survives_a_finalizer_in_the_thread_that_holds_it() -> None:
+    """A garbage collection may run in the middle of any table method, in the thread
+    holding the table's lock, and run finalizers that read the table: a context's
+    finalizer does (the last report of a shared device lists its rdma_cm ids). With a
+    plain lock the thread waited for itself (rdma-core's suite hung so under load); the
+    finalizer now reads and changes the table, and the method it interrupted ends."""
+    table: OpenTable[str] = OpenTable()
+    table.get_or_open("a", lambda: "A")
+    table.get_or_open("b", lambda: "B")
+    seen: list[list[str]] = []
+
+    def finalizer() -> None:
+        seen.append(table.values())
+        seen.append(table.pop("b"))
+        table.each(lambda v: seen.append([v]))
+
+    def opener() -> str:
+        obj = _Cyclic()
+        weakref.finalize(obj, finalizer)
+        del obj
+        gc.collect()  # as an allocation inside the method may start one
+        return "C"
+
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        assert _finishes(lambda: seen.append([table.get_or_open("c", opener)]))
+        # each() walks a copy: a finalizer may pop the entry it is called with
+        def drop(v: str) -> None:
+            table.pop(v.lower())
+
+        assert _finishes(lambda: table.each(drop))
+    finally:
+        if was:
+            gc.enable()
+    assert seen == [["A", "B"], ["B"], ["A"], ["C"]]
+    assert table.values() == []
+
+
+def test_a_context_freed_by_a_collection_in_a_thread_holding_the_file_table() -> None:
+    """A context whose last reference went with a cycle is released by the collection
+    that frees it, in whichever thread ran it, and its release takes the table of open
+    command files: a collection started while that thread held the table (opening
+    another context) waited for itself."""
+    from softrdma import verbs as v
+    from softrdma.verbs import context_file
+
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        ctx = v.Context(IWARP_LOOPBACK)
+        holder = _Cyclic()
+        holder.ctx = ctx  # type: ignore[attr-defined]
+        runtime = ctx.runtime
+        del ctx, holder
+
+        def collect_while_holding() -> None:
+            with context_file._files_lock:
+                gc.collect()
+
+        assert _finishes(collect_while_holding)
+        assert runtime.closed
+    finally:
+        if was:
+            gc.enable()

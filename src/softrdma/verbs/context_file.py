@@ -37,7 +37,7 @@ FD_IDENTITY = ("st_dev", "st_ino")
 
 # the registry holds files of any event type (each context knows its own)
 _files: dict[tuple[int, int], weakref.ref[DeviceFile[Any]]] = {}
-_files_lock = threading.Lock()
+_files_lock = threading.RLock()  # re-entrant: a GC may run a release (below) in a holder
 
 
 def _identity(fd: int) -> tuple[int, int]:

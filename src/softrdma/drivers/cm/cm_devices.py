@@ -114,10 +114,16 @@ class KeptList(Generic[T]):
 
 class OpenTable(Generic[T]):
     """What a process opened, by name: each opened once (under the table's lock, so two
-    threads asking together get the same one) and kept until :meth:`pop` ped."""
+    threads asking together get the same one) and kept until :meth:`pop` ped.
+
+    The lock is re-entrant and every walk is over a copy: a garbage collection may run a
+    finalizer in the middle of any method, in the thread that holds the lock, and a
+    context's finalizer reads the table (a shared device's last report lists its rdma_cm
+    ids, ``rdma_res``). With a plain lock that thread waited for itself, and every other
+    thread that reads the table after it (rdma-core's suite hung so, beside busy loops)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._open: dict[str, T] = {}
 
     def get_or_open(self, name: str, open_: Callable[[], T]) -> T:
@@ -132,8 +138,8 @@ class OpenTable(Generic[T]):
     def pop(self, name: str | None = None) -> list[T]:
         """Remove and return every entry (``name`` None) or the one named."""
         with self._lock:
-            names = [n for n in self._open if name is None or n == name]
-            return [self._open.pop(n) for n in names]
+            names = [n for n in list(self._open) if name is None or n == name]
+            return [got for n in names if (got := self._open.pop(n, None)) is not None]
 
     def values(self) -> list[T]:
         """The entries now (a copy)."""
@@ -143,5 +149,5 @@ class OpenTable(Generic[T]):
     def each(self, fn: Callable[[T], None]) -> None:
         """Call ``fn`` on every entry, no entry opened or removed meanwhile."""
         with self._lock:
-            for v in self._open.values():
+            for v in list(self._open.values()):
                 fn(v)
