@@ -182,3 +182,33 @@ def test_a_context_freed_by_a_collection_in_a_thread_holding_the_file_table() ->
     finally:
         if was:
             gc.enable()
+
+
+def test_an_imported_context_freed_by_a_collection_inside_its_file() -> None:
+    """An imported context shares its command file with the one it came from; freed by
+    a collection that started while its thread held that file (numbering an object,
+    ``new_handle``), its release takes the file's lock again in the same thread."""
+    from softrdma import verbs as v
+
+    ctx = v.Context(IWARP_LOOPBACK)
+    try:
+        file = ctx._file
+        was = gc.isenabled()
+        gc.disable()
+        try:
+            imported = v.Context.import_device(os.dup(ctx.async_fileno()))
+            holder = _Cyclic()
+            holder.ctx = imported  # type: ignore[attr-defined]
+            del imported, holder
+
+            def collect_while_holding() -> None:
+                with file._lock:
+                    gc.collect()
+
+            assert _finishes(collect_while_holding)
+        finally:
+            if was:
+                gc.enable()
+        assert file.users == 1 and not file.closed
+    finally:
+        ctx.close()

@@ -169,3 +169,45 @@ def test_mr_allocation_failure_is_enomem_naming_the_length(
     assert (ei.value.errno, ei.value.argument) == (errno.ENOMEM, "length")
     assert "1048576" in str(ei.value) and "Cannot allocate memory" in str(ei.value)
     assert ctx.objects.count("max_mr") == 0
+
+
+def test_count_given_back_by_a_collection_inside_take() -> None:
+    """A collection may start inside ``ObjectCounts.take`` (the error it raises at a full
+    pool is an allocation) and run the ``__del__`` of a collected object of the same
+    device, which gives its count back under the same lock: the lock is re-entrant, so
+    the thread does not wait for itself, and the count comes out right."""
+    import threading
+
+    counts = limits.ObjectCounts("gc-inside-take")
+    counts.take("max_pd")
+
+    class Freed:
+        def __init__(self) -> None:
+            self.me = self
+
+        def __del__(self) -> None:
+            counts.give("max_pd")
+
+    real = counts._n
+
+    class Collecting(dict[str, int]):
+        def __getitem__(self, key: str) -> int:
+            if key == "max_pd" and not done:
+                done.append(1)
+                gc.collect()  # as an allocation inside take() may start one
+            return super().__getitem__(key)
+
+    done: list[int] = []
+    counts._n = Collecting(real)
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        Freed()
+        t = threading.Thread(target=counts.take, args=("max_pd",), daemon=True)
+        t.start()
+        t.join(60)
+        assert not t.is_alive(), "take() waited for its own thread"
+    finally:
+        if was:
+            gc.enable()
+    assert done and counts.count("max_pd") == 1  # one taken, one given, one taken

@@ -60,7 +60,7 @@ class DeviceFile(Generic[Ev]):
         #: the opened context's attributes an imported context takes (name, port, runtime ...)
         self.attrs: dict[str, object] = {}
         self.closed = False
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entrant: a collection may run release in a holder
         self._handles: dict[str, dict[int, weakref.ref[object]]] = {}
         self._next_handle: dict[str, int] = {}
         self.key = _identity(ev_r)

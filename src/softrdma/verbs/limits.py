@@ -58,7 +58,9 @@ class ObjectCounts:
     def __init__(self, device: str) -> None:
         self.device = device
         self._n = dict.fromkeys(LIMITS, 0)
-        self._lock = threading.Lock()
+        # re-entrant: a collection inside take() may run a collected object's __del__,
+        # which gives its count back here
+        self._lock = threading.RLock()
 
     def take(self, limit: str) -> None:
         """Count one more object under ``limit`` ("max_pd" ...); ResourceError (EINVAL,
