@@ -57,7 +57,10 @@ class _SharedWriter:
     def __init__(self, path: str) -> None:
         self.path = path
         self.writer = PcapWriter(path, LINKTYPE_ETHERNET)
-        self.lock = threading.Lock()
+        # re-entrant, as _writers_lock: a collection that starts inside a write (its
+        # frame is an allocation) may run a freed context's finalizer, which closes
+        # that context's tap, in the writing thread
+        self.lock = threading.RLock()
         self.users = 0
         self.recent: OrderedDict[bytes, int] = OrderedDict()
 
@@ -87,7 +90,7 @@ class _SharedWriter:
 
 
 _writers: dict[str, _SharedWriter] = {}
-_writers_lock = threading.Lock()
+_writers_lock = threading.RLock()
 
 
 def _open_writer(path: str) -> _SharedWriter:
