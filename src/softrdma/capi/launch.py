@@ -33,8 +33,9 @@ from typing import Literal
 from .bridge import PYTHON_ENV
 from .build import build
 
-__all__ = ["add_arguments", "run", "preload_env", "why_not_preloadable", "unknown_device", "DEVICE_ENV",
-           "python_host", "python_mismatch", "sysfs_command", "sysfs_unavailable", "UCX_ENV"]
+__all__ = ["add_arguments", "run", "preload_env", "why_not_preloadable", "unknown_device",
+           "DEVICE_ENV", "python_host", "python_mismatch", "sysfs_command", "sysfs_unavailable",
+           "UCX_ENV"]
 
 #: the device a program sees first (``softrdma run -d``)
 DEVICE_ENV = "SOFTRDMA_CAPI_DEVICE"

@@ -147,7 +147,8 @@ class OpenTable(Generic[T]):
             return list(self._open.values())
 
     def each(self, fn: Callable[[T], None]) -> None:
-        """Call ``fn`` on every entry, no entry opened or removed meanwhile."""
+        """Call ``fn`` on every entry now, no other thread opening or removing one
+        meanwhile (a finalizer in this thread may: the walk is over a copy)."""
         with self._lock:
             for v in list(self._open.values()):
                 fn(v)
