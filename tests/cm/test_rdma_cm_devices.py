@@ -11,9 +11,9 @@ import signal
 import threading
 import time
 import weakref
-from collections.abc import Callable
 
 import pytest
+from harness.collect import Cyclic, collect_while_holding, collector_paused, finishes
 
 from softrdma.cm import rdma_devices as rd
 from softrdma.drivers.cm.cm_devices import KeptList, OpenTable
@@ -101,22 +101,6 @@ def test_a_child_forked_while_the_list_is_locked_reads_its_own() -> None:
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
 
 
-class _Cyclic:
-    """An object only a garbage collection frees (it refers to itself)."""
-
-    def __init__(self) -> None:
-        self.me = self
-
-
-def _finishes(target: Callable[[], None]) -> bool:
-    """Run ``target`` in a daemon thread; False if it is still running at the deadline (a
-    thread that waits for itself never ends: the daemon flag lets the tests end)."""
-    t = threading.Thread(target=target, daemon=True)
-    t.start()
-    t.join(DEADLINE)
-    return not t.is_alive()
-
-
 def test_open_table_survives_a_finalizer_in_the_thread_that_holds_it() -> None:
     """A garbage collection may run in the middle of any table method, in the thread
     holding the table's lock, and run finalizers that read the table: a context's
@@ -134,24 +118,18 @@ def test_open_table_survives_a_finalizer_in_the_thread_that_holds_it() -> None:
         table.each(lambda v: seen.append([v]))
 
     def opener() -> str:
-        obj = _Cyclic()
+        obj = Cyclic()
         weakref.finalize(obj, finalizer)
         del obj
         gc.collect()  # as an allocation inside the method may start one
         return "C"
 
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        assert _finishes(lambda: seen.append([table.get_or_open("c", opener)]))
-        # each() walks a copy: a finalizer may pop the entry it is called with
-        def drop(v: str) -> None:
-            table.pop(v.lower())
+    def drop(v: str) -> None:
+        table.pop(v.lower())
 
-        assert _finishes(lambda: table.each(drop))
-    finally:
-        if was:
-            gc.enable()
+    with collector_paused():
+        assert finishes(lambda: seen.append([table.get_or_open("c", opener)]))
+        assert finishes(lambda: table.each(drop))  # a walk over a copy: fn may pop
     assert seen == [["A", "B"], ["B"], ["A"], ["C"]]
     assert table.values() == []
 
@@ -164,24 +142,14 @@ def test_a_context_freed_by_a_collection_in_a_thread_holding_the_file_table() ->
     from softrdma import verbs as v
     from softrdma.verbs import context_file
 
-    was = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_paused():
         ctx = v.Context(IWARP_LOOPBACK)
-        holder = _Cyclic()
+        holder = Cyclic()
         holder.ctx = ctx  # type: ignore[attr-defined]
         runtime = ctx.runtime
         del ctx, holder
-
-        def collect_while_holding() -> None:
-            with context_file._files_lock:
-                gc.collect()
-
-        assert _finishes(collect_while_holding)
+        assert collect_while_holding(context_file._files_lock)
         assert runtime.closed
-    finally:
-        if was:
-            gc.enable()
 
 
 def test_an_imported_context_freed_by_a_collection_inside_its_file() -> None:
@@ -193,22 +161,12 @@ def test_an_imported_context_freed_by_a_collection_inside_its_file() -> None:
     ctx = v.Context(IWARP_LOOPBACK)
     try:
         file = ctx._file
-        was = gc.isenabled()
-        gc.disable()
-        try:
+        with collector_paused():
             imported = v.Context.import_device(os.dup(ctx.async_fileno()))
-            holder = _Cyclic()
+            holder = Cyclic()
             holder.ctx = imported  # type: ignore[attr-defined]
             del imported, holder
-
-            def collect_while_holding() -> None:
-                with file._lock:
-                    gc.collect()
-
-            assert _finishes(collect_while_holding)
-        finally:
-            if was:
-                gc.enable()
+            assert collect_while_holding(file._lock)
         assert file.users == 1 and not file.closed
     finally:
         ctx.close()

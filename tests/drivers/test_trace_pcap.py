@@ -164,38 +164,20 @@ def test_a_tap_closed_by_a_collection_in_a_thread_holding_the_writers(tmp_path: 
     (opening another capture) or a file's own lock (writing a frame): both locks are
     re-entrant, so the thread does not wait for itself, and the last tap's close closes
     the file."""
-    import gc
-    import threading
     import weakref
+
+    from harness.collect import Cyclic, collect_while_holding, collector_paused
 
     from softrdma.drivers.capture import tap
 
     w = tap._open_writer(str(tmp_path / "x.pcap"))
-
-    class Cyclic:
-        def __init__(self) -> None:
-            self.me = self
-
-    was = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_paused():
         for lock in (tap._writers_lock, w.lock):
             w.users += 1
             obj = Cyclic()
             weakref.finalize(obj, tap._close_writer, w)
             del obj
-
-            def collect(lock: threading.RLock = lock) -> None:
-                with lock:
-                    gc.collect()
-
-            t = threading.Thread(target=collect, daemon=True)
-            t.start()
-            t.join(60)
-            assert not t.is_alive(), "the collecting thread waited for itself"
-    finally:
-        if was:
-            gc.enable()
+            assert collect_while_holding(lock), "the collecting thread waited for itself"
     assert w.users == 1 and w.path in tap._writers
     tap._close_writer(w)
     assert w.path not in tap._writers and list(read_pcap(str(tmp_path / "x.pcap"))) == []

@@ -176,15 +176,12 @@ def test_count_given_back_by_a_collection_inside_take() -> None:
     pool is an allocation) and run the ``__del__`` of a collected object of the same
     device, which gives its count back under the same lock: the lock is re-entrant, so
     the thread does not wait for itself, and the count comes out right."""
-    import threading
+    from harness.collect import Cyclic, collector_paused, finishes
 
     counts = limits.ObjectCounts("gc-inside-take")
     counts.take("max_pd")
 
-    class Freed:
-        def __init__(self) -> None:
-            self.me = self
-
+    class Freed(Cyclic):
         def __del__(self) -> None:
             counts.give("max_pd")
 
@@ -199,15 +196,7 @@ def test_count_given_back_by_a_collection_inside_take() -> None:
 
     done: list[int] = []
     counts._n = Collecting(real)
-    was = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_paused():
         Freed()
-        t = threading.Thread(target=counts.take, args=("max_pd",), daemon=True)
-        t.start()
-        t.join(60)
-        assert not t.is_alive(), "take() waited for its own thread"
-    finally:
-        if was:
-            gc.enable()
+        assert finishes(lambda: counts.take("max_pd")), "take() waited for its own thread"
     assert done and counts.count("max_pd") == 1  # one taken, one given, one taken
