@@ -20,6 +20,7 @@ from harness.wait import StreamLines
 
 from softrdma import enums as e
 from softrdma.capi import build, launch
+from softrdma.verbs import device_list
 
 
 @pytest.fixture()
@@ -115,7 +116,7 @@ def test_unknown_device_is_refused_before_the_program_runs(tmp_path: Path) -> No
     p = subprocess.run([sys.executable, "-m", "softrdma", "run", "-d", "no_such_dev",
                         "--print-env"], capture_output=True, text=True, check=False, timeout=60)
     assert p.returncode == 1 and p.stdout == "" and "no softrdma device" in p.stderr
-    assert launch.unknown_device("softrdma_iw_lo") is None
+    assert device_list.unknown_device("softrdma_iw_lo") is None
     tool = shutil.which("ibv_devices")
     if tool is None:
         pytest.skip("ibv_devices is not installed (Debian package ibverbs-utils)")

@@ -33,9 +33,8 @@ from typing import Literal
 from .bridge import PYTHON_ENV
 from .build import build
 
-__all__ = ["add_arguments", "run", "preload_env", "why_not_preloadable", "unknown_device",
-           "DEVICE_ENV", "python_host", "python_mismatch", "sysfs_command", "sysfs_unavailable",
-           "UCX_ENV"]
+__all__ = ["add_arguments", "run", "preload_env", "why_not_preloadable", "DEVICE_ENV",
+           "python_host", "python_mismatch", "sysfs_command", "sysfs_unavailable", "UCX_ENV"]
 
 #: the device a program sees first (``softrdma run -d``)
 DEVICE_ENV = "SOFTRDMA_CAPI_DEVICE"
@@ -199,28 +198,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the program to run, e.g. -- ibv_devinfo -v")
 
 
-def unknown_device(name: str) -> str | None:
-    """Why ``-d name`` names no device a program could open, or None (it does): as
-    ``ibv_devinfo -d`` refuses a device that is not there, rather than the program
-    meeting it later as an rdma_cm error about an address."""
-    from ..errors import SoftRdmaError
-    from ..verbs import get_device_list
-
-    try:
-        names = [d.name for d in get_device_list()]
-    except SoftRdmaError as exc:
-        return f"cannot list the softrdma devices: {exc}"
-    if name in names:
-        return None
-    return f"no softrdma device of that name (devices: {', '.join(names) or 'none'})"
-
-
 def run(args: argparse.Namespace) -> int:
     """Run ``args.command`` on softrdma; its exit status (127: could not be started)."""
     cmd: Sequence[str] = list(args.command)
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
     if args.dev:
+        from ..verbs.device_list import unknown_device
+
         why = unknown_device(args.dev)
         if why is not None:
             print(f"softrdma run: error: -d {args.dev}: {why}", file=sys.stderr)

@@ -83,6 +83,20 @@ def get_device_list() -> list[DeviceInfo]:
 all_devices = get_device_list  # the name the tools used before get_device_list listed everything
 
 
+def unknown_device(name: str) -> str | None:
+    """Why ``name`` names no device a program could open (:func:`get_device_list`), or
+    None: what a launcher's device option (``softrdma run -d``, ``softrdma pyverbs
+    --dev``) says before the program starts, as ``ibv_devinfo -d`` refuses a device that
+    is not there, rather than the program meeting it later."""
+    try:
+        names = [d.name for d in get_device_list()]
+    except SoftRdmaError as exc:
+        return f"cannot list the softrdma devices: {exc}"
+    if name in names:
+        return None
+    return f"no softrdma device named {name!r} (devices: {', '.join(names) or 'none'})"
+
+
 def transport_of(name: str | None, transport: str | None, fabric: Link | None,
                   link: Link | None) -> str:
     """"iwarp" or "roce": the ``transport`` argument, else the registry device's type."""

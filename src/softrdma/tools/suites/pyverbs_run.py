@@ -17,8 +17,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from softrdma import verbs
 from softrdma.compat import DEVICE_ENV, SHIM_DIR
+from softrdma.verbs.device_list import unknown_device
 
 __all__ = ["add_arguments", "run", "shim_env", "SOFTRDMA_ROOT"]
 
@@ -60,10 +60,9 @@ def run(args: argparse.Namespace) -> int:
               "program.py ...)", file=sys.stderr)
         return 2
     if args.dev:
-        names = [d.name for d in verbs.get_device_list()]
-        if args.dev not in names:
-            print(f"softrdma pyverbs: error: no softrdma device named {args.dev!r} "
-                  f"(devices: {', '.join(names) or 'none'})", file=sys.stderr)
+        why = unknown_device(args.dev)
+        if why is not None:
+            print(f"softrdma pyverbs: error: {why}", file=sys.stderr)
             return 1
     try:
         proc = subprocess.run(cmd, env=shim_env(args.dev), check=False)
