@@ -24,10 +24,22 @@
 
 struct sr_cm_channel { struct rdma_event_channel ch; int h; _Atomic int dead; };
 struct sr_cm_event;
+/* After the rdma_cm_id, an id begins as librdmacm's own private id (struct cma_id_private,
+ * the same from rdma-core 25 to today): rsockets, which is part of librdmacm (rstream,
+ * riostream, rcopy, udpong, librspreload), calls the library's internal ucma_complete and
+ * ucma_max_qpsize on our ids, and those read its cma_dev and sync. cma_dev stays NULL, so
+ * ucma_max_qpsize asks the devices (ibv_query_device, served here); sync is ours, so
+ * ucma_complete takes the id's next event from its channel (rdma_get_cm_event, served
+ * here) exactly when librdmacm's would. */
 struct sr_cm_id {
     struct rdma_cm_id id;
-    int h;
+    void *lib_cma_dev;            /* librdmacm's cma_dev: always NULL */
+    void *lib_connect;            /* its connect, connect_len, events_completed and */
+    size_t lib_connect_len;       /* connect_error: never read by the library's */
+    int lib_events_completed;     /* internal calls on an id it did not make */
+    int lib_connect_error;
     int sync;         /* no channel of the program's: each call waits for its event */
+    int h;
     int own_cqs;      /* rdma_create_qp made the CQs and their channels */
     struct ibv_qp_init_attr *listen_attr;  /* rdma_create_ep on a passive id */
     struct ibv_pd *listen_pd;

@@ -1,0 +1,164 @@
+"""``softrdma run``: rsockets programs (rstream, riostream, rcopy) on softrdma.
+
+rsockets is part of librdmacm itself: besides the exported rdma_* calls (served by the C
+interface) it calls the library's internal ``ucma_complete`` and ``ucma_max_qpsize`` on
+the ids, which read librdmacm's private id fields after the ``rdma_cm_id`` (its cma_dev
+and sync). Our ids keep that layout (``capi/rdmacm.c``, ``struct sr_cm_id``); before, rstream
+crashed in ``rconnect`` (SIGSEGV) on the first connection.
+
+Each pair checks the data: rstream's and riostream's ``-T v`` fill every transfer with a
+running byte pattern and compare it on receipt (``data verification failed byte N`` and a
+non-zero exit otherwise); rcopy's copy is compared with its source.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from harness.capi import TIMEOUT, need_build, need_tool, preloaded, run_pair, tcp_port
+from harness.capi_pairs import pair
+from harness.device import private_device, reap
+
+from softrdma.verbs.device import IWARP_LOOPBACK
+
+#: rstream's result row: name, bytes, transfers, iterations, total, time, Gb/sec, usec/xfer
+#: (sizes and counts as rstream's size_str writes them: 4k, 64k, 1k for 1000)
+ROW = re.compile(r"^custom\s+(\S+)\s+(\S+)\s+(\d+)\s+\S+\s+[\d.]+s\s+([\d.]+)\s+([\d.]+)\s*$",
+                 re.M)
+
+
+@pytest.fixture()
+def device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    need_build()
+    need_tool("rstream", "rdmacm-utils")
+    name = private_device("capirs", tmp_path, monkeypatch)
+    monkeypatch.setenv("SOFTRDMA_CAPI_DEVICE", name)
+    yield name
+
+
+def _rows(out: str, size: str, count: int) -> None:
+    """rstream/riostream printed one result row for ``count`` transfers of ``size``."""
+    rows = ROW.findall(out)
+    assert len(rows) == 1, out
+    name_size, xfers, _iters, gbps, _usec = rows[0]
+    shown = f"{count // 1000}k" if count % 1000 == 0 else str(count)
+    assert (name_size, xfers) == (size, shown), out
+    assert float(gbps) > 0, out
+    assert "verification failed" not in out
+
+
+def _stream(tool: str, port: str, *opts: str, server_opts: tuple[str, ...] = ()
+            ) -> tuple[list[str], list[str]]:
+    common = ["-p", port, "-T", "v", *opts]
+    return (preloaded(tool, "-b", "127.0.0.1", *common, *server_opts),
+            preloaded(tool, "-s", "127.0.0.1", *common))
+
+
+def test_rstream_roce_verified(device: str) -> None:
+    """rstream over RoCE: 64 KiB transfers both ways, every byte checked (-T v), through
+    rsockets' RDMA WRITEs with immediate data and its credit messages."""
+    server, client = _stream("rstream", str(tcp_port()), "-S", "65536", "-C", "20")
+    (sout, serr), (cout, cerr) = pair(server, client)
+    _rows(sout, "64k", 20)
+    _rows(cout, "64k", 20)
+    assert "Traceback" not in serr + cerr
+
+
+@pytest.mark.parametrize("mode", ["n", "b"])
+def test_rstream_roce_nonblocking_and_blocking_calls(device: str, mode: str) -> None:
+    """rstream -T n (MSG_DONTWAIT: rsend/rrecv return EAGAIN and rsockets drives the
+    connection and its CQ without blocking) and -T b (MSG_WAITALL), 300 transfers of
+    4 KiB each way, checked."""
+    server, client = _stream("rstream", str(tcp_port()), "-T", mode, "-S", "4096",
+                             "-C", "300")
+    (sout, _), (cout, _) = pair(server, client)
+    _rows(sout, "4k", 300)
+    _rows(cout, "4k", 300)
+
+
+def test_rstream_async_server_rdma_getaddrinfo_client(device: str) -> None:
+    """The server waits in rpoll (-T a: rsockets' poll over the listener's accept queue
+    and the connection's CQ channel); the client resolves through rdma_getaddrinfo
+    (-T r)."""
+    port = str(tcp_port())
+    common = ["-p", port, "-T", "v", "-S", "8192", "-C", "50"]
+    (sout, _), (cout, _) = pair(preloaded("rstream", "-b", "127.0.0.1", *common, "-T", "a"),
+                                preloaded("rstream", "-s", "127.0.0.1", *common, "-T", "r"))
+    _rows(sout, "8k", 50)
+    _rows(cout, "8k", 50)
+
+
+def test_rstream_async_client_reads_all_before_the_disconnect(device: str) -> None:
+    """rstream -T a on both sides: each transfer waits in rpoll, whose rsockets loop polls
+    the CQ until it is empty. The server disconnects right after its last send, while the
+    client may still have messages to read; rstream takes POLLHUP beside POLLIN as a
+    failure (exit 16). A poll sees what arrived before it, as on a NIC, so the client
+    meets the disconnect only after the data ahead of it (before, it failed at every
+    run of 1000 transfers: a busy poller's receive steps, run at once one after the
+    other, took every message behind the awaited one in one drain)."""
+    server, client = _stream("rstream", str(tcp_port()), "-T", "a", "-S", "4096",
+                             "-C", "1000")
+    (sout, _), (cout, _) = pair(server, client)
+    _rows(sout, "4k", 1000)
+    _rows(cout, "4k", 1000)
+
+
+def test_rstream_iwarp_verified(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """rstream over iWARP (the built-in loopback device): rsockets sees
+    IBV_TRANSPORT_IWARP and sends its messages as SENDs (RS_OPT_MSG_SEND), not WRITEs with
+    immediate data. Its server listens on TCP, so the client starts once the port does."""
+    monkeypatch.setenv("SOFTRDMA_CAPI_DEVICE", IWARP_LOOPBACK)
+    port = tcp_port()
+    server, client = _stream("rstream", str(port), "-S", "65536", "-C", "20")
+    procs, outs = run_pair(server, client, port)
+    for p, (out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, (out, err)
+        _rows(out, "64k", 20)
+
+
+def test_riostream_verified(device: str) -> None:
+    """riostream: the server maps its buffer (riomap), the client writes into it with
+    riowrite (RDMA WRITEs to the peer's mapping) and signals with rsend; checked (-T v)."""
+    need_tool("riostream", "rdmacm-utils")
+    server, client = _stream("riostream", str(tcp_port()), "-S", "65536", "-C", "20")
+    (sout, _), (cout, _) = pair(server, client)
+    _rows(sout, "64k", 20)
+    _rows(cout, "64k", 20)
+
+
+def test_rcopy_copies_a_file(device: str, tmp_path: Path) -> None:
+    """rcopy: a 3 MB file of random bytes to an rcopy server (which serves for ever and is
+    stopped afterwards); the copy is byte for byte the source."""
+    need_tool("rcopy", "rdmacm-utils")
+    src, dst = tmp_path / "src.bin", tmp_path / "dst.bin"
+    src.write_bytes(os.urandom(3_000_000))
+    port = str(tcp_port())
+    srv = subprocess.Popen(preloaded("rcopy", "-p", port), text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        cli = _rcopy_client(srv, preloaded("rcopy", str(src), f"127.0.0.1:{dst}", "-p", port))
+    finally:
+        reap(srv)
+    assert "3000000 bytes in" in cli.stdout, (cli.stdout, cli.stderr)
+    assert dst.read_bytes() == src.read_bytes()
+
+
+def _rcopy_client(srv: subprocess.Popen[str], client: list[str]
+                  ) -> subprocess.CompletedProcess[str]:
+    """Run the rcopy client until it connects (it is refused while the server does not
+    listen yet) and copies; the server must still be running."""
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        cli = subprocess.run(client, capture_output=True, text=True, timeout=TIMEOUT,
+                             check=False)
+        if cli.returncode == 0:
+            return cli
+        assert srv.poll() is None, srv.communicate(timeout=TIMEOUT)
+        assert time.monotonic() < deadline, (cli.stdout, cli.stderr)
+        time.sleep(0.2)
