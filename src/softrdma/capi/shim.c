@@ -335,6 +335,8 @@ static int sr_ring_empty(struct sr_ring *r, int h)
      * runs ACKs, timers and the receive path), or on a busy machine every message waits
      * for a scheduler tick. */
     if (sr_wait_ns && (sr_step_next || ++sr_empty_run > sr_spin)) {
+        int chained = sr_step_next;
+
         sr_step_next = 0;
         if (!sr_busy()) {
             sr_empty_run = 0;  /* look again after sr_spin more polls */
@@ -350,6 +352,14 @@ static int sr_ring_empty(struct sr_ring *r, int h)
              * it at once */
             sr_step_next = sr_py_progress(h, sr_taken) > 0;
             sr_taken = 0;
+            /* a step run at once after one that stopped early: this poll stays empty, its
+             * completion is the next poll's. A CQ is then read as a NIC's is, a poll sees
+             * what had arrived before it: a program that polls until the CQ is empty (the
+             * rsockets loop) does not take, in one drain, every message behind the one it
+             * waits for, its peer's disconnect included (rstream -T a saw POLLIN with
+             * POLLHUP so and failed). A program that polls again finds it there. */
+            if (chained)
+                return 0;
         } else if (sr_holds_gil()) {
             /* a Python host's thread: the progress thread needs the GIL to
              * produce the completion that ends the sleep */
