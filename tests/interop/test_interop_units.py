@@ -688,3 +688,21 @@ def test_capi_cases_for_the_issues_other_programs() -> None:
     assert at.client == "ib_atomic_lat -d rxe0 -x 1 -F -n 100 10.50.0.24"
     assert C.commands(by_name["c/atomic_bw/rxe"], "softrdma-server", EP).client == (
         "ib_atomic_bw -d rxe0 -x 1 -F -n 100 10.50.0.24")
+
+
+def test_capi_rstream_cases() -> None:
+    """rsockets (librdmacm's rstream, data checked with -T v) over rxe and siw: the same
+    binary on both sides, the host's under ``softrdma run``; a side passes once it printed
+    its result row."""
+    by_name = {c.name: c for c in C.capi_cases()}
+    rx = C.commands(by_name["c/rstream/rxe/s65536"], "softrdma-server", EP)
+    assert rx.server == ("python3 -m softrdma run -d ilab -- rstream -b 10.50.0.24 -p 7471 "
+                         "-T v -S 65536 -C 10")
+    assert rx.client == "rstream -s 10.50.0.24 -p 7471 -T v -S 65536 -C 10"
+    iw = C.commands(by_name["c/rstream/siw/s65536"], "softrdma-client", EP)
+    assert iw.server == "rstream -b 10.50.0.14 -p 7471 -T v -S 65536 -C 10"
+    assert iw.client.startswith("python3 -m softrdma run -d iwlab -- rstream -s 10.50.0.14 ")
+    row = "custom    64k     10      1       1.2m        0.50s      0.02    50000.00"
+    assert parse.rstream_done("name      bytes   xfers\n" + row + "\n")
+    assert not parse.rstream_done("name      bytes   xfers\ndata verification failed byte 7\n")
+    assert parse.error_lines("data verification failed byte 7") != []

@@ -43,6 +43,9 @@ RPING_PORT = 7174
 UCMATOSE_PORT = 7471
 UDADDY_PORT = 7174
 RDMA_EXAMPLE_PORT = 7471  # librdmacm examples/rdma_server.c, rdma_client.c
+RSTREAM_PORT = 7471  # librdmacm examples/rstream.c
+RSTREAM_SIZE = 65536  # 64 packets at rxe's MTU
+RSTREAM_COUNT = 10  # transfers each way, every byte checked (rstream -T v)
 MCKEY_GROUP = "239.1.2.3"  # an administratively scoped IPv4 group (RFC 2365)
 MCKEY_COUNT = 5
 SOFTRDMA_TOOL_TIMEOUT = 60  # softrdma's own give-up time (its --timeout) for a case
@@ -61,7 +64,8 @@ class Case:
     guest's RDMA link; ``kind``: ``pingpong``, ``rping``, ``cm`` (ucmatose/udaddy), ``bw``
     or ``lat`` (perftest), ``example`` (librdmacm's ``rdma_server`` / ``rdma_client``: the
     server runs ``tool``, the client its ``_client`` twin) or ``mckey`` (the "server" is
-    the receiver, the "client" the sender ``-s``, both joined to :data:`MCKEY_GROUP`);
+    the receiver, the "client" the sender ``-s``, both joined to :data:`MCKEY_GROUP`) or
+    ``rsocket`` (librdmacm's ``rstream``: rsockets over an RC connection, data checked);
     ``rdma_cm``: perftest's ``-R``; ``port``: the server's port; ``mpa_crc``: softrdma asks
     for the MPA CRC (iWARP; the tool part of the name ends in ``+mpa_crc``); ``capi``: the
     host runs ``tool`` itself under ``softrdma run`` (the name starts with ``c/``)."""
@@ -91,7 +95,7 @@ class Case:
         if self.mpa_crc:
             base += "+mpa_crc"
         parts = [base, self.fabric]
-        if self.size and self.kind in ("pingpong", "rping", "bw", "lat"):
+        if self.size and self.kind in ("pingpong", "rping", "bw", "lat", "rsocket"):
             parts.append(f"s{self.size}")
         return "/".join((["c"] if self.capi else []) + parts)
 
@@ -172,9 +176,9 @@ def all_cases() -> list[Case]:
 
 
 def capi_cases() -> list[Case]:
-    """The C cases (issue 22): rdma-core's pingpongs, rping, ucmatose, udaddy and
-    perftest's RC bandwidth tools (plain and ``-R``) over rxe, rping and ``ib_write_bw -R``
-    over siw; the host side is the same binary under ``softrdma run``."""
+    """The C cases (issue 22): rdma-core's pingpongs, rping, ucmatose, udaddy, rstream and
+    perftest's RC bandwidth tools (plain and ``-R``) over rxe, rping, rstream and
+    ``ib_write_bw -R`` over siw; the host side is the same binary under ``softrdma run``."""
     run = "run"
     cases = [Case(f"ibv_{k}_pingpong", run, "rxe", "pingpong", s, port=PINGPONG_PORT,
                   capi=True)
@@ -191,8 +195,12 @@ def capi_cases() -> list[Case]:
     cases.extend(Case(f"ib_{op}_lat", run, "rxe", "lat", 0 if op == "atomic" else 64, False,
                       PERFTEST_PORT, capi=True)
                  for op in ("write", "read", "send", "atomic"))
+    cases.append(Case("rstream", run, "rxe", "rsocket", RSTREAM_SIZE, port=RSTREAM_PORT,
+                      capi=True))
     cases.append(Case("rping", run, "siw", "rping", 64, port=RPING_PORT, capi=True))
     cases.append(Case("ib_write_bw", run, "siw", "bw", 4096, True, PERFTEST_PORT,
+                      capi=True))
+    cases.append(Case("rstream", run, "siw", "rsocket", RSTREAM_SIZE, port=RSTREAM_PORT,
                       capi=True))
     return cases
 
@@ -251,6 +259,10 @@ def _tool_words(case: Case, dev: str, gid: int, own_ip: str, peer_ip: str,
     if case.kind == "mckey":
         return ["mckey", "-m", MCKEY_GROUP, "-b", own_ip, "-C", str(MCKEY_COUNT),
                 *([] if server else ["-s"])]
+    if case.kind == "rsocket":
+        side = ["-b", own_ip] if server else ["-s", peer_ip]
+        return [case.tool, *side, "-p", str(case.port), "-T", "v", "-S", str(case.size),
+                "-C", str(RSTREAM_COUNT)]
     return _perftest_words(case, case.tool, dev, gid, PERFTEST_ITERS) + peer
 
 

@@ -23,7 +23,7 @@ __all__ = [
     "Figures", "parse_perftest", "parse_pingpong", "parse_rdma_statistic",
     "parse_hw_counters", "user_qps", "counter_delta", "error_lines", "pcap_check_lines",
     "pcap_check_packets", "FIRST_CONNECTION_FAILED", "first_connection_failed",
-    "second_connection_refused",
+    "second_connection_refused", "rstream_done",
 ]
 
 Figures = dict[str, float]
@@ -144,6 +144,12 @@ def counter_delta(before: Mapping[str, int], after: Mapping[str, int]) -> dict[s
     from 0); only non-zero changes are kept."""
     out = {k: v - before.get(k, 0) for k, v in after.items()}
     return {k: v for k, v in out.items() if v}
+
+
+def rstream_done(text: str) -> bool:
+    """rstream / riostream (librdmacm's examples) printed their result row: the custom
+    test (``-S``/``-C``) ran to its end, and with ``-T v`` every byte matched."""
+    return any(line.startswith("custom ") for line in text.splitlines())
 
 
 def error_lines(text: str) -> list[str]:

@@ -349,6 +349,10 @@ class Suite:
             for who, text in (("softrdma", soft), ("linux", linux)):
                 if not any(ln.endswith(": end 0") for ln in text.splitlines()):
                     r.fail(f"{who} did not end with 0")
+        if case.kind == "rsocket":  # rstream.c -T v: a result row once every byte matched
+            for who, text in (("softrdma", soft), ("linux", linux)):
+                if not parse.rstream_done(text):
+                    r.fail(f"{who} rstream printed no result")
         if case.kind == "pingpong" and r.result == "pass":
             for who, f in (("softrdma", r.softrdma), ("linux", r.linux)):
                 if "usec_iter" not in f:
