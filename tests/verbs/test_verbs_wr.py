@@ -191,6 +191,35 @@ def test_inline_needs_registered_bytes_or_set_inline_data(rc: Pair) -> None:
     assert [x.wr_id for x in cqa.poll(4)[1]] == [2, 3]
 
 
+def test_inline_room_is_at_least_the_sges_bytes() -> None:
+    """A QP asked for no inline data still takes as many inline bytes as its send SGEs
+    describe (16 each), as Linux rxe's does (rdma_xclient sends 16 inline bytes with
+    max_inline_data 0 and one SGE); the actual room is what the QP reports, and one byte
+    more is refused."""
+    p = Pair(RC, v.QPCap(4, 8, 2, 2, 0))
+    try:
+        _, _, qa, ma = p.sides[0]
+        _, cqb, qb, mb = p.sides[1]
+        assert qa.cap.max_inline_data == 32
+        assert qa.query(0)[1].cap.max_inline_data == 32
+        qb.post_recv(v.RecvWR(1, 1, [_sge(mb, 64)]))
+        w = v.SendWR(1, send_flags=int(e.IBV_SEND_INLINE | e.IBV_SEND_SIGNALED))
+        w.set_inline_data(bytes(range(32)))
+        qa.post_send(w)
+        p.clock.run()
+        assert cqb.poll()[1][0].byte_len == 32
+        assert mb.read(32, 0) == bytes(range(32))
+        w.set_inline_data(bytes(33))
+        _einval(lambda: qa.post_send(w), "wr.sg")
+        big = Pair(RC, v.QPCap(4, 8, 2, 2, 100))  # asked for more: that is the room
+        try:
+            assert big.sides[0][2].cap.max_inline_data == 100
+        finally:
+            big.close()
+    finally:
+        p.close()
+
+
 @pytest.mark.iba("10.5.2")
 def test_multicast_attach_rules() -> None:
     p = Pair(UD)

@@ -54,6 +54,9 @@ __all__ = ["QPCap", "QPInitAttr", "QPAttr", "QP"]
 RC, UC, UD = QPT_RC, QPT_UC, QPT_UD
 XRC_SEND, XRC_RECV = int(e.IBV_QPT_XRC_SEND), int(e.IBV_QPT_XRC_RECV)
 _QP_TYPES = frozenset({RC, UC, UD, XRC_SEND})
+#: the bytes of one scatter/gather element in a send WQE (``struct ib_sge``: address,
+#: length, key)
+SGE_BYTES = 16
 KBIT = 1000.0  # ibv_modify_qp_rate_limit's rate is in kbit/s
 
 
@@ -112,6 +115,13 @@ class QP(VerbsObject):
         uint(cap.max_send_wr, MAX_QP_WR, "init_attr.cap.max_send_wr")
         uint(cap.max_send_sge, MAX_SGE, "init_attr.cap.max_send_sge")
         uint(cap.max_inline_data, MAX_INLINE_DATA, "init_attr.cap.max_inline_data")
+        # the inline room is at least the bytes of the send WQE's SGEs (Linux rxe:
+        # max(16 * max_send_sge, max_inline_data); ibv_create_qp(3): the actual sizes, at
+        # least those asked for). rdma_xclient sends 16 inline bytes on a QP made with
+        # max_inline_data 0 and one SGE.
+        inline = min(MAX_INLINE_DATA, max(cap.max_inline_data, SGE_BYTES * cap.max_send_sge))
+        cap = QPCap(cap.max_send_wr, cap.max_recv_wr, cap.max_send_sge, cap.max_recv_sge,
+                    inline)
         if qpt == XRC_SEND:
             cap = QPCap(cap.max_send_wr, 0, cap.max_send_sge, 0, cap.max_inline_data)
         if srq is None:
