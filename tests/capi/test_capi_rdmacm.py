@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from harness.capi import TIMEOUT, compile_c, need_build, need_tool, preloaded, run_pair, tcp_port
-from harness.capi_pairs import pair, perftest_pair
+from harness.capi_pairs import against_daemon, pair, perftest_pair
 from harness.device import private_device, reap
 
 from softrdma.capi import build
@@ -95,6 +95,35 @@ def test_rdma_server_client(device: str) -> None:
                                       preloaded("rdma_client", "-s", "127.0.0.1", "-p", port))
     assert "rdma_server: end 0" in sout, (sout, serr)
     assert "rdma_client: end 0" in cout, (cout, cerr)
+
+
+def test_rdma_xserver_xclient_rc(device: str) -> None:
+    """rdma_xserver/rdma_xclient in RC mode: the client's QP asks for no inline data and
+    one SGE, then sends its 16 bytes inline (lkey 0), as Linux rxe allows: the QP's inline
+    room is at least its SGEs' bytes. (Their XRC mode, -c x, needs rdma_cm SRQs and XRC
+    through rdma_create_ep: not served; Linux rxe has no XRC at all.)"""
+    need_tool("rdma_xserver", "rdmacm-utils")
+    port = str(tcp_port())
+    (sout, serr), (cout, cerr) = pair(preloaded("rdma_xserver", "-p", port),
+                                      preloaded("rdma_xclient", "-s", "127.0.0.1", "-p", port))
+    assert "rdma_xserver: end 0" in sout, (sout, serr)
+    assert "rdma_xclient: end 0" in cout, (cout, cerr)
+
+
+def test_cmtime_connection_steps(device: str) -> None:
+    """rdma-core's cmtime (issue 26: the connection rate applications wait on): 20
+    connections set up and torn down by an event-driven client against its server
+    (threads for requests and disconnects; it serves until stopped), each step timed."""
+    need_tool("cmtime", "rdmacm-utils")
+    port = str(tcp_port())
+    cli = against_daemon(preloaded("cmtime", "-b", "127.0.0.1", "-p", port, "-c", "20"),
+                         preloaded("cmtime", "-s", "127.0.0.1", "-p", port, "-c", "20"))
+    rows = dict(re.findall(r"^(\w[\w ]*?)\s*:\s+([\d.]+)", cli.stdout, re.M))
+    for step in ("create id", "resolve addr", "resolve route", "create qp", "connect",
+                 "disconnect", "destroy"):
+        assert step in rows, cli.stdout
+    assert float(rows["connect"]) > 0, cli.stdout
+    assert "REJECTED" not in cli.stdout and "error" not in cli.stdout.lower(), cli.stdout
 
 
 def test_ucmatose_messages_options_and_migrate(device: str) -> None:

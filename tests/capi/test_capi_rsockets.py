@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness.capi import TIMEOUT, need_build, need_tool, preloaded, run_pair, tcp_port
-from harness.capi_pairs import pair
-from harness.device import private_device, reap
+from harness.capi import need_build, need_tool, preloaded, run_pair, tcp_port
+from harness.capi_pairs import against_daemon, pair
+from harness.device import private_device
 
 from softrdma.verbs.device import IWARP_LOOPBACK
 
@@ -139,26 +137,7 @@ def test_rcopy_copies_a_file(device: str, tmp_path: Path) -> None:
     src, dst = tmp_path / "src.bin", tmp_path / "dst.bin"
     src.write_bytes(os.urandom(3_000_000))
     port = str(tcp_port())
-    srv = subprocess.Popen(preloaded("rcopy", "-p", port), text=True,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        cli = _rcopy_client(srv, preloaded("rcopy", str(src), f"127.0.0.1:{dst}", "-p", port))
-    finally:
-        reap(srv)
+    cli = against_daemon(preloaded("rcopy", "-p", port),
+                         preloaded("rcopy", str(src), f"127.0.0.1:{dst}", "-p", port))
     assert "3000000 bytes in" in cli.stdout, (cli.stdout, cli.stderr)
     assert dst.read_bytes() == src.read_bytes()
-
-
-def _rcopy_client(srv: subprocess.Popen[str], client: list[str]
-                  ) -> subprocess.CompletedProcess[str]:
-    """Run the rcopy client until it connects (it is refused while the server does not
-    listen yet) and copies; the server must still be running."""
-    deadline = time.monotonic() + TIMEOUT
-    while True:
-        cli = subprocess.run(client, capture_output=True, text=True, timeout=TIMEOUT,
-                             check=False)
-        if cli.returncode == 0:
-            return cli
-        assert srv.poll() is None, srv.communicate(timeout=TIMEOUT)
-        assert time.monotonic() < deadline, (cli.stdout, cli.stderr)
-        time.sleep(0.2)

@@ -36,6 +36,29 @@ def pair(server: list[str], client: list[str]) -> tuple[tuple[str, str], tuple[s
     return (out, err), (cli.stdout, cli.stderr)
 
 
+def against_daemon(server: list[str], client: list[str]) -> subprocess.CompletedProcess[str]:
+    """Start ``server``, one that serves until it is stopped (rcopy, cmtime), run
+    ``client`` until it ends with 0 (again while the server is not listening yet; the
+    server must still run), then stop the server: the client's run."""
+    srv = subprocess.Popen(server, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            cli = subprocess.run(client, capture_output=True, text=True, timeout=TIMEOUT,
+                                 check=False)
+            if cli.returncode == 0:
+                return cli
+            if srv.poll() is not None or time.monotonic() > deadline:
+                if srv.poll() is None:
+                    srv.kill()
+                out, err = srv.communicate(timeout=TIMEOUT)
+                raise AssertionError(f"client failed: rc={cli.returncode} {cli.stdout} "
+                                     f"{cli.stderr}; server rc={srv.returncode} {out} {err}")
+            time.sleep(0.2)
+    finally:
+        reap(srv)
+
+
 ATTEMPT_S = 60.0  # one -R client: a pair that works takes seconds
 
 

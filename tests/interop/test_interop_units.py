@@ -677,6 +677,12 @@ def test_capi_cases_for_the_issues_other_programs() -> None:
     assert ex.server == "rdma_server -s 10.50.0.14 -p 7471"
     assert ex.client == ("python3 -m softrdma run -d ilab -- rdma_client -s 10.50.0.14 "
                          "-p 7471")
+    xs = C.commands(by_name["c/rdma_xserver/rxe"], "softrdma-server", EP)
+    assert xs.server == "python3 -m softrdma run -d ilab -- rdma_xserver -p 7471"
+    assert xs.client == "rdma_xclient -s 10.50.0.24 -p 7471"
+    xc = C.commands(by_name["c/rdma_xserver/rxe"], "softrdma-client", EP)
+    assert xc.server == "rdma_xserver -p 7471"
+    assert xc.client == "python3 -m softrdma run -d ilab -- rdma_xclient -s 10.50.0.14 -p 7471"
     mk = C.commands(by_name["c/mckey/rxe"], "softrdma-server", EP)
     assert mk.server == "python3 -m softrdma run -d ilab -- mckey -m 239.1.2.3 -b 10.50.0.24 -C 5"
     assert mk.client == "mckey -m 239.1.2.3 -b 10.50.0.14 -C 5 -s"

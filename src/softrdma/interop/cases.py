@@ -176,9 +176,10 @@ def all_cases() -> list[Case]:
 
 
 def capi_cases() -> list[Case]:
-    """The C cases (issue 22): rdma-core's pingpongs, rping, ucmatose, udaddy, rstream and
-    perftest's RC bandwidth tools (plain and ``-R``) over rxe, rping, rstream and
-    ``ib_write_bw -R`` over siw; the host side is the same binary under ``softrdma run``."""
+    """The C cases (issue 22): rdma-core's pingpongs, rping, ucmatose, udaddy, rdma_server,
+    rdma_xserver (RC), mckey, rstream and perftest's tools (plain and ``-R``) over rxe;
+    rping, rstream and ``ib_write_bw -R`` over siw. The host side is the same binary
+    under ``softrdma run``."""
     run = "run"
     cases = [Case(f"ibv_{k}_pingpong", run, "rxe", "pingpong", s, port=PINGPONG_PORT,
                   capi=True)
@@ -189,6 +190,9 @@ def capi_cases() -> list[Case]:
     cases.extend(Case(f"ib_{op}_bw", run, "rxe", "bw", 4096, cm, PERFTEST_PORT, capi=True)
                  for cm in (False, True) for op in ("write", "read", "send"))
     cases.append(Case("rdma_server", run, "rxe", "example", port=RDMA_EXAMPLE_PORT,
+                      capi=True))
+    # RC mode: the client sends 16 bytes inline on a QP made with max_inline_data 0
+    cases.append(Case("rdma_xserver", run, "rxe", "example", port=RDMA_EXAMPLE_PORT,
                       capi=True))
     cases.append(Case("mckey", run, "rxe", "mckey", capi=True))
     cases.append(Case("ib_atomic_bw", run, "rxe", "bw", 0, False, PERFTEST_PORT, capi=True))
@@ -255,6 +259,8 @@ def _tool_words(case: Case, dev: str, gid: int, own_ip: str, peer_ip: str,
         return [case.tool, *side, "-C", str(CM_COUNT)]
     if case.kind == "example":
         tool = case.tool if server else case.tool.replace("server", "client")
+        if server and tool == "rdma_xserver":  # it listens on every address, no -s
+            return [tool, "-p", str(case.port)]
         return [tool, "-s", own_ip if server else peer_ip, "-p", str(case.port)]
     if case.kind == "mckey":
         return ["mckey", "-m", MCKEY_GROUP, "-b", own_ip, "-C", str(MCKEY_COUNT),
