@@ -20,6 +20,7 @@
  */
 #include <infiniband/verbs.h>
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -733,7 +734,21 @@ static int sr_own_fd(int fd)
  * Python is entered (a message once, ELIBBAD), never a crash or a hang. A thread of the
  * program may hold the GIL when it calls a verb: a verb that blocks lets it go, and an
  * empty poll lets it go now and then, or softrdma's progress thread could never run. */
-static atomic_int sr_python_state;  /* 0 unchecked, 1 good, -1 another Python */
+static atomic_int sr_python_state;  /* 0 unchecked, 1 good, -1 another Python or rspreload */
+
+/* librspreload (rsockets under a socket program) is preloaded too: with no preload_config
+ * it makes every TCP and UDP socket of the process an rsocket, those of softrdma's own
+ * Python (its RoCE link, its route lookups) among them, and the process hangs. Its verbs
+ * are then refused (a message once): rsockets falls back to the kernel's sockets, so the
+ * program runs, without RDMA, instead of hanging. */
+static int sr_rspreload(void)
+{
+    Dl_info info;
+    void *sym = dlsym(RTLD_DEFAULT, "socket");
+
+    return sym && dladdr(sym, &info) && info.dli_fname
+           && strstr(info.dli_fname, "rspreload") != NULL;
+}
 
 static int sr_python_ok(void)
 {
@@ -741,6 +756,14 @@ static int sr_python_ok(void)
     const char *got;
     int state = atomic_load(&sr_python_state);
 
+    if (state == 0 && sr_rspreload()) {
+        fprintf(stderr, "softrdma: librspreload is preloaded too: it takes every TCP and UDP "
+                "socket of the process, softrdma's own among them, so softrdma cannot serve "
+                "this process (its verbs fail with ELIBBAD; rsockets then uses the kernel's "
+                "sockets)\n");
+        atomic_store(&sr_python_state, -1);
+        state = -1;
+    }
     if (state == 0) {
         snprintf(want, sizeof(want), "%d.%d.", PY_MAJOR_VERSION, PY_MINOR_VERSION);
         got = Py_GetVersion();  /* the host's interpreter when it is a Python program */
