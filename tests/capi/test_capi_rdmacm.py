@@ -17,9 +17,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness.capi import TIMEOUT, compile_c, need_build, need_tool, preloaded, run_pair, tcp_port
+from harness.capi import (
+    TIMEOUT,
+    cm_device,
+    compile_c,
+    need_tool,
+    preloaded,
+    run_pair,
+    tcp_port,
+)
 from harness.capi_pairs import against_daemon, pair, perftest_pair
-from harness.device import private_device, reap
+from harness.device import reap
 
 from softrdma.capi import build
 from softrdma.verbs.device import IWARP_LOOPBACK
@@ -27,11 +35,7 @@ from softrdma.verbs.device import IWARP_LOOPBACK
 
 @pytest.fixture()
 def device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    need_build()
-    need_tool("rping", "rdmacm-utils")
-    name = private_device("capicm", tmp_path, monkeypatch)
-    monkeypatch.setenv("SOFTRDMA_CAPI_DEVICE", name)
-    yield name
+    yield cm_device("capicm", "rping", tmp_path, monkeypatch)
 
 
 def _pings(out: str, prefix: str, count: int) -> None:
@@ -85,29 +89,22 @@ def test_rping_iwarp(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
     _pings(sout, "server ", 3)
 
 
-def test_rdma_server_client(device: str) -> None:
+@pytest.mark.parametrize("server", ["rdma_server", "rdma_xserver"])
+def test_rdma_server_client(device: str, server: str) -> None:
     """rdma_server/rdma_client: rdma_getaddrinfo, synchronous ids (rdma_create_ep,
     rdma_get_request, blocking connect/accept/disconnect), librdmacm's CQs with their
-    completion channels (rdma_get_send_comp/rdma_get_recv_comp)."""
-    need_tool("rdma_server", "rdmacm-utils")
+    completion channels (rdma_get_send_comp/rdma_get_recv_comp). rdma_xserver/
+    rdma_xclient in RC mode: the client's QP asks for no inline data and one SGE, then
+    sends its 16 bytes inline (lkey 0), as Linux rxe allows: the QP's inline room is at
+    least its SGEs' bytes. (Their XRC mode, -c x, needs rdma_cm SRQs and XRC through
+    rdma_create_ep: not served; Linux rxe has no XRC at all.)"""
+    need_tool(server, "rdmacm-utils")
+    client = server.replace("server", "client")
     port = str(tcp_port())
-    (sout, serr), (cout, cerr) = pair(preloaded("rdma_server", "-p", port),
-                                      preloaded("rdma_client", "-s", "127.0.0.1", "-p", port))
-    assert "rdma_server: end 0" in sout, (sout, serr)
-    assert "rdma_client: end 0" in cout, (cout, cerr)
-
-
-def test_rdma_xserver_xclient_rc(device: str) -> None:
-    """rdma_xserver/rdma_xclient in RC mode: the client's QP asks for no inline data and
-    one SGE, then sends its 16 bytes inline (lkey 0), as Linux rxe allows: the QP's inline
-    room is at least its SGEs' bytes. (Their XRC mode, -c x, needs rdma_cm SRQs and XRC
-    through rdma_create_ep: not served; Linux rxe has no XRC at all.)"""
-    need_tool("rdma_xserver", "rdmacm-utils")
-    port = str(tcp_port())
-    (sout, serr), (cout, cerr) = pair(preloaded("rdma_xserver", "-p", port),
-                                      preloaded("rdma_xclient", "-s", "127.0.0.1", "-p", port))
-    assert "rdma_xserver: end 0" in sout, (sout, serr)
-    assert "rdma_xclient: end 0" in cout, (cout, cerr)
+    (sout, serr), (cout, cerr) = pair(preloaded(server, "-p", port),
+                                      preloaded(client, "-s", "127.0.0.1", "-p", port))
+    assert f"{server}: end 0" in sout, (sout, serr)
+    assert f"{client}: end 0" in cout, (cout, cerr)
 
 
 def test_cmtime_connection_steps(device: str) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.device import reap
+from harness.device import private_device, reap
 from harness.ports import free_port
 from softrdma.capi import build, launch
 
@@ -40,6 +40,17 @@ def compile_c(out_dir: Path, name: str, *libs: str) -> Path:
                        capture_output=True, text=True, check=False)
     assert c.returncode == 0, c.stderr
     return exe
+
+
+def cm_device(prefix: str, tool: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A private RoCE device on lo that a librdmacm program's ids resolve to
+    (``SOFTRDMA_CAPI_DEVICE``, as ``softrdma run -d`` sets it), once the C interface is
+    built and rdmacm-utils' ``tool`` is there (else skip): its name."""
+    need_build()
+    need_tool(tool, "rdmacm-utils")
+    name = private_device(prefix, tmp_path, monkeypatch)
+    monkeypatch.setenv("SOFTRDMA_CAPI_DEVICE", name)
+    return name
 
 
 def need_tool(name: str, package: str) -> str:

@@ -11,24 +11,32 @@ from harness.capi import TIMEOUT
 from harness.device import reap
 
 
+def _client_until_it_connects(srv: subprocess.Popen[str], client: list[str]
+                              ) -> subprocess.CompletedProcess[str]:
+    """Run ``client`` until it ends with 0, again while the server ``srv`` is not
+    listening yet; a server that ended, or the deadline, fails with both outputs (a
+    server still waiting for a client is stopped first)."""
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        cli = subprocess.run(client, capture_output=True, text=True, timeout=TIMEOUT,
+                             check=False)
+        if cli.returncode == 0:
+            return cli
+        if srv.poll() is not None or time.monotonic() > deadline:
+            if srv.poll() is None:  # still waiting for a client: stop it, keep its output
+                srv.kill()
+            out, err = srv.communicate(timeout=TIMEOUT)
+            raise AssertionError(f"client failed: rc={cli.returncode} {cli.stdout} "
+                                 f"{cli.stderr}; server rc={srv.returncode} {out} {err}")
+        time.sleep(0.2)
+
+
 def pair(server: list[str], client: list[str]) -> tuple[tuple[str, str], tuple[str, str]]:
     """Start ``server``, run ``client`` until it connects (again while the server is not
     listening yet), both to their end with exit status 0: (stdout, stderr) of each."""
     srv = subprocess.Popen(server, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + TIMEOUT
-        while True:
-            cli = subprocess.run(client, capture_output=True, text=True, timeout=TIMEOUT,
-                                 check=False)
-            if cli.returncode == 0:
-                break
-            if srv.poll() is not None or time.monotonic() > deadline:
-                if srv.poll() is None:  # still waiting for a client: stop it, keep its output
-                    srv.kill()
-                out, err = srv.communicate(timeout=TIMEOUT)
-                raise AssertionError(f"client failed: rc={cli.returncode} {cli.stdout} "
-                                     f"{cli.stderr}; server rc={srv.returncode} {out} {err}")
-            time.sleep(0.2)
+        cli = _client_until_it_connects(srv, client)
         out, err = srv.communicate(timeout=TIMEOUT)
         assert srv.returncode == 0, (out, err)
     finally:
@@ -42,19 +50,7 @@ def against_daemon(server: list[str], client: list[str]) -> subprocess.Completed
     server must still run), then stop the server: the client's run."""
     srv = subprocess.Popen(server, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + TIMEOUT
-        while True:
-            cli = subprocess.run(client, capture_output=True, text=True, timeout=TIMEOUT,
-                                 check=False)
-            if cli.returncode == 0:
-                return cli
-            if srv.poll() is not None or time.monotonic() > deadline:
-                if srv.poll() is None:
-                    srv.kill()
-                out, err = srv.communicate(timeout=TIMEOUT)
-                raise AssertionError(f"client failed: rc={cli.returncode} {cli.stdout} "
-                                     f"{cli.stderr}; server rc={srv.returncode} {out} {err}")
-            time.sleep(0.2)
+        return _client_until_it_connects(srv, client)
     finally:
         reap(srv)
 
