@@ -23,10 +23,9 @@ from harness.capi import (
     need_build,
     need_tool,
     preloaded,
-    run_pair,
     tcp_port,
 )
-from harness.capi_pairs import perftest_pair
+from harness.capi_pairs import perftest_pair, perftest_run_pair
 from harness.device import private_device
 
 ITERS = 5
@@ -92,7 +91,7 @@ def test_perftest_matrix(device: str, tool: str, mode: str) -> None:
     port = tcp_port()
     common = [tool, "-d", device, "-n", str(ITERS), "-p", str(port), *sizes]
     if mode == "plain":
-        procs, outs = run_pair(preloaded(*common, "-x", "0"),
+        procs, outs = perftest_run_pair(preloaded(*common, "-x", "0"),
                                preloaded(*common, "-x", "0", "127.0.0.1"), port)
         for p, (out, err) in zip(procs, outs, strict=True):
             assert p.returncode == 0, (out, err)
@@ -114,7 +113,7 @@ def test_perftest_all_sizes(device: str) -> None:
     ib_write_bw server prints the last one only, as perftest does)."""
     port = tcp_port()
     common = ["ib_write_bw", "-d", device, "-x", "0", "-a", "-n", "5", "-p", str(port)]
-    procs, outs = run_pair(preloaded(*common), preloaded(*common, "127.0.0.1"), port)
+    procs, outs = perftest_run_pair(preloaded(*common), preloaded(*common, "127.0.0.1"), port)
     for p, (out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, (out, err)
     (sout, _), (cout, _) = outs
@@ -133,9 +132,9 @@ def test_ib_write_bw_against_python_write_bw(device: str, c_side: str) -> None:
     c = preloaded("ib_write_bw", *opts)
     py = [sys.executable, "-m", "softrdma", "write-bw", *opts]
     if c_side == "server":
-        procs, outs = run_pair(c, [*py, "127.0.0.1"], port)
+        procs, outs = perftest_run_pair(c, [*py, "127.0.0.1"], port)
     else:
-        procs, outs = run_pair(py, [*c, "127.0.0.1"], port)
+        procs, outs = perftest_run_pair(py, [*c, "127.0.0.1"], port)
     for p, (out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, (out, err)
         _check("ib_write_bw", out, 4096, 20)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from harness.capi import need_build, need_tool, preloaded, run, run_cmd, run_pair, tcp_port
+from harness.capi_pairs import perftest_run_pair
 from harness.device import private_device
 
 from softrdma.drivers.devd.client import DevdLink
@@ -142,7 +143,7 @@ def test_ib_write_bw(device: str) -> None:
     need_tool("ib_write_bw", "perftest")
     port = tcp_port()
     common = ["ib_write_bw", "-d", device, "-x", "0", "-n", "50", "-s", "4096", "-p", str(port)]
-    procs, outs = run_pair(preloaded(*common), preloaded(*common, "127.0.0.1"), port)
+    procs, outs = perftest_run_pair(preloaded(*common), preloaded(*common, "127.0.0.1"), port)
     for p, (out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, (out, err)
         row = re.search(r"^\s*4096\s+50\s+([\d.]+)\s+([\d.]+)", out, re.M)
