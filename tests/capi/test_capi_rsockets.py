@@ -47,11 +47,13 @@ def _rows(out: str, size: str, count: int) -> None:
     assert "verification failed" not in out
 
 
-def _stream(tool: str, port: str, *opts: str, server_opts: tuple[str, ...] = ()
-            ) -> tuple[list[str], list[str]]:
+def _stream(tool: str, port: str, *opts: str, server_opts: tuple[str, ...] = (),
+            client_opts: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
+    """``tool``'s server and client on the loopback, data checked (-T v), with ``opts``
+    on both and the side's own options after them."""
     common = ["-p", port, "-T", "v", *opts]
     return (preloaded(tool, "-b", "127.0.0.1", *common, *server_opts),
-            preloaded(tool, "-s", "127.0.0.1", *common))
+            preloaded(tool, "-s", "127.0.0.1", *common, *client_opts))
 
 
 def test_rstream_roce_verified(device: str) -> None:
@@ -80,10 +82,9 @@ def test_rstream_async_server_rdma_getaddrinfo_client(device: str) -> None:
     """The server waits in rpoll (-T a: rsockets' poll over the listener's accept queue
     and the connection's CQ channel); the client resolves through rdma_getaddrinfo
     (-T r)."""
-    port = str(tcp_port())
-    common = ["-p", port, "-T", "v", "-S", "8192", "-C", "50"]
-    (sout, _), (cout, _) = pair(preloaded("rstream", "-b", "127.0.0.1", *common, "-T", "a"),
-                                preloaded("rstream", "-s", "127.0.0.1", *common, "-T", "r"))
+    server, client = _stream("rstream", str(tcp_port()), "-S", "8192", "-C", "50",
+                             server_opts=("-T", "a"), client_opts=("-T", "r"))
+    (sout, _), (cout, _) = pair(server, client)
     _rows(sout, "8k", 50)
     _rows(cout, "8k", 50)
 

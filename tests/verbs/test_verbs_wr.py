@@ -198,7 +198,7 @@ def test_inline_room_is_at_least_the_sges_bytes() -> None:
     more is refused."""
     p = Pair(RC, v.QPCap(4, 8, 2, 2, 0))
     try:
-        _, _, qa, ma = p.sides[0]
+        qa = p.sides[0][2]
         _, cqb, qb, mb = p.sides[1]
         assert qa.cap.max_inline_data == 32
         assert qa.query(0)[1].cap.max_inline_data == 32

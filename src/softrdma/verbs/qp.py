@@ -119,11 +119,11 @@ class QP(VerbsObject):
         # max(16 * max_send_sge, max_inline_data); ibv_create_qp(3): the actual sizes, at
         # least those asked for). rdma_xclient sends 16 inline bytes on a QP made with
         # max_inline_data 0 and one SGE.
+        # An XRC send QP has no receive queue.
         inline = min(MAX_INLINE_DATA, max(cap.max_inline_data, SGE_BYTES * cap.max_send_sge))
-        cap = QPCap(cap.max_send_wr, cap.max_recv_wr, cap.max_send_sge, cap.max_recv_sge,
-                    inline)
-        if qpt == XRC_SEND:
-            cap = QPCap(cap.max_send_wr, 0, cap.max_send_sge, 0, cap.max_inline_data)
+        xrc = qpt == XRC_SEND
+        cap = QPCap(cap.max_send_wr, 0 if xrc else cap.max_recv_wr, cap.max_send_sge,
+                    0 if xrc else cap.max_recv_sge, inline)
         if srq is None:
             uint(cap.max_recv_wr, MAX_QP_WR, "init_attr.cap.max_recv_wr")
             uint(cap.max_recv_sge, MAX_SGE, "init_attr.cap.max_recv_sge")
