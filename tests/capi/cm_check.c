@@ -1,9 +1,10 @@
 /* librdmacm calls under softrdma run (tests/test_capi_rdmacm.py): the event channel's fd
  * (EAGAIN when non-blocking and empty, readable when an event is pending), an id's
- * device context and addresses after ADDR_RESOLVED, bad arguments (EINVAL), calls not
- * served (ENOSYS), rdma_getaddrinfo; an id destroyed already, or a pointer to unmapped
- * memory (perftest 4.5-0.17's retry after a REJECTED connection passes both), is EINVAL
- * and never read through; an event channel destroyed twice leaves alone the file that
+ * device context and addresses after ADDR_RESOLVED, bad arguments (EINVAL), what is not
+ * served (an option: ENOSYS; XRC: EOPNOTSUPP; RDMA_PS_IB: EPROTONOSUPPORT),
+ * rdma_getaddrinfo; an id destroyed already, or a pointer to unmapped memory (perftest
+ * 4.5-0.17's retry after a REJECTED connection passes both), is EINVAL and never read
+ * through; an event channel destroyed twice leaves alone the file that
  * has its fd number since. Prints "ok" and the device, or "FAIL <what>". */
 #include <rdma/rdma_cma.h>
 #include <arpa/inet.h>
@@ -40,6 +41,9 @@ int main(void)
     errno = 0;
     CHECK(rdma_create_id(ch, &bad, NULL, (enum rdma_port_space)0x1234) == -1 && errno == EINVAL,
           "a bad port space is EINVAL");
+    errno = 0;
+    CHECK(rdma_create_id(ch, &bad, NULL, RDMA_PS_IB) == -1 && errno == EPROTONOSUPPORT,
+          "RDMA_PS_IB (AF_IB, XRC) is not served: EPROTONOSUPPORT");
     CHECK(rdma_create_id(ch, &id, (void *)0x5, RDMA_PS_TCP) == 0, "rdma_create_id");
     CHECK(fcntl(ch->fd, F_SETFL, fcntl(ch->fd, F_GETFL) | O_NONBLOCK) == 0, "fcntl");
     errno = 0;
@@ -76,7 +80,20 @@ int main(void)
     CHECK(rdma_init_qp_attr(id, NULL, &mask) == -1 && errno == EINVAL,
           "rdma_init_qp_attr without attributes is EINVAL");
     errno = 0;
-    CHECK(rdma_notify(id, IBV_EVENT_COMM_EST) == -1 && errno == ENOSYS, "rdma_notify is ENOSYS");
+    CHECK(rdma_notify(id, IBV_EVENT_COMM_EST) == -1 && errno == EINVAL,
+          "rdma_notify on an id with no connection is EINVAL");
+    errno = 0;
+    CHECK(rdma_create_srq(id, NULL, NULL) == -1 && errno == EINVAL,
+          "rdma_create_srq without attributes is EINVAL");
+    {
+        struct ibv_qp_init_attr_ex x;
+
+        memset(&x, 0, sizeof(x));
+        x.qp_type = IBV_QPT_XRC_SEND;
+        errno = 0;
+        CHECK(rdma_create_qp_ex(id, &x) == -1 && errno == EOPNOTSUPP && !id->qp,
+              "an XRC QP through rdma_cm is EOPNOTSUPP");
+    }
     errno = 0;
     CHECK(rdma_connect(id, NULL) == -1 && errno != 0, "rdma_connect before resolve_route fails");
     printf("device %s\n", ibv_get_device_name(id->verbs->device));

@@ -96,8 +96,8 @@ def test_rdma_server_client(device: str, server: str) -> None:
     completion channels (rdma_get_send_comp/rdma_get_recv_comp). rdma_xserver/
     rdma_xclient in RC mode: the client's QP asks for no inline data and one SGE, then
     sends its 16 bytes inline (lkey 0), as Linux rxe allows: the QP's inline room is at
-    least its SGEs' bytes. (Their XRC mode, -c x, needs rdma_cm SRQs and XRC through
-    rdma_create_ep: not served; Linux rxe has no XRC at all.)"""
+    least its SGEs' bytes. (Their XRC mode, -c x, needs XRC through rdma_cm, RDMA_PS_IB:
+    not served; Linux rxe has no XRC at all.)"""
     need_tool(server, "rdmacm-utils")
     client = server.replace("server", "client")
     port = str(tcp_port())
@@ -210,8 +210,9 @@ def test_build_names_librdmacm_dev(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 def test_channel_fd_errors_and_unserved_calls(device: str, tmp_path: Path) -> None:
     """tests/capi/cm_check.c: an empty non-blocking channel is EAGAIN, its fd polls
     readable with an event pending; after ADDR_RESOLVED the id's verbs is a context of
-    the device and its addresses are set; bad arguments are EINVAL, calls not served
-    ENOSYS; rdma_getaddrinfo."""
+    the device and its addresses are set; bad arguments are EINVAL (rdma_notify with no
+    connection too), an option not served ENOSYS, XRC through rdma_cm EOPNOTSUPP;
+    rdma_getaddrinfo."""
     exe = compile_c(tmp_path, "cm_check", "-lrdmacm", "-libverbs")
     p = subprocess.run(preloaded(str(exe)), capture_output=True, text=True, timeout=TIMEOUT,
                        check=False)

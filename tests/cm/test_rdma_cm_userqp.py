@@ -5,6 +5,7 @@ convention (each side receives at the PSN it announces)."""
 
 from __future__ import annotations
 
+import errno
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -62,58 +63,105 @@ class Own:
             obj.close()
 
 
+class Pair:
+    """Two ids connecting application-moved QPs, to the client's CONNECT_RESPONSE: the
+    server's QP moved before its REP (as rping -q's rping_accept), the client's not yet."""
+
+    def __init__(self) -> None:
+        self.chs, self.chc = EventChannel(), EventChannel()
+        self.lst = rc.CmId(self.chs, rc.RDMA_PS_TCP)
+        self.lst.bind_addr(("127.0.0.1", 0), device="roce")
+        self.lst.listen(2)
+        assert self.lst.local_addr is not None
+        self.cli = rc.CmId(self.chc, rc.RDMA_PS_TCP)
+        self.cli.resolve_addr(None, ("127.0.0.1", self.lst.local_addr[1]), 2000, device="roce")
+        expect(self.chc, T.ADDR_RESOLVED)
+        self.cli.resolve_route(2000)
+        expect(self.chc, T.ROUTE_RESOLVED)
+        self.co = Own(self.cli)
+        self.cli.connect(rc.ConnParam(qp_num=self.co.qp.qp_num))
+        self.req = expect(self.chs, T.CONNECT_REQUEST)
+        self.child = self.req.id
+        self.so = Own(self.child)
+        self.srv = self.so.move(self.child)
+        self.so.qp.post_recv(v.RecvWR(1, 1, [v.SGE(self.so.mr.addr, 64, self.so.mr.lkey)]))
+        self.child.accept(rc.ConnParam(qp_num=self.so.qp.qp_num))
+        self.resp = expect(self.chc, T.CONNECT_RESPONSE)  # not ESTABLISHED: the app's QP
+
+    def send_and_close(self) -> None:
+        """One SEND client to server, checked; then disconnect and free everything."""
+        co, so = self.co, self.so
+        co.mr.write(b"self-moved", 10, 0)
+        co.qp.post_send(v.SendWR(5, None, 1, [v.SGE(co.mr.addr, 10, co.mr.lkey)]))
+        assert co.wait().status == 0
+        wc = so.wait()
+        assert wc.status == 0 and so.mr.read(10, 0) == b"self-moved"
+        co.qp.modify(v.QPAttr(qp_state=e.IBV_QPS_ERR), int(e.IBV_QP_STATE))
+        self.cli.disconnect()
+        assert next_non_timewait(self.chc).event == T.DISCONNECTED
+        assert next_non_timewait(self.chs).event == T.DISCONNECTED
+        for cid in (self.cli, self.child, self.lst):
+            cid.destroy()
+        co.close()
+        so.close()
+        self.chs.close()
+        self.chc.close()
+
+
 @pytest.mark.iba("12.6.5", "12.6.8")
 def test_self_moved_qps_connect_and_follow_the_psn_convention(env: Path) -> None:
-    chs, chc = EventChannel(), EventChannel()
-    lst = rc.CmId(chs, rc.RDMA_PS_TCP)
-    lst.bind_addr(("127.0.0.1", 0), device="roce")
-    lst.listen(2)
-    assert lst.local_addr is not None
-    cli = rc.CmId(chc, rc.RDMA_PS_TCP)
-    cli.resolve_addr(None, ("127.0.0.1", lst.local_addr[1]), 2000, device="roce")
-    expect(chc, T.ADDR_RESOLVED)
-    cli.resolve_route(2000)
-    expect(chc, T.ROUTE_RESOLVED)
-    co = Own(cli)
-    cli.connect(rc.ConnParam(qp_num=co.qp.qp_num))
-    req = expect(chs, T.CONNECT_REQUEST)
-    child = req.id
-    so = Own(child)
-    srv = so.move(child)  # before the REP, as rping -q's rping_accept
-    req_msg = req.info["req"]
-    assert req_msg.local_qpn == co.qp.qp_num
-    assert srv[int(e.IBV_QPS_RTR)].dest_qp_num == co.qp.qp_num
+    p = Pair()
+    req_msg, rep_msg, srv = p.req.info["req"], p.resp.info["rep"], p.srv
+    assert req_msg.local_qpn == p.co.qp.qp_num
+    assert srv[int(e.IBV_QPS_RTR)].dest_qp_num == p.co.qp.qp_num
     assert srv[int(e.IBV_QPS_RTS)].sq_psn == req_msg.starting_psn
-    so.qp.post_recv(v.RecvWR(1, 1, [v.SGE(so.mr.addr, 64, so.mr.lkey)]))
-    child.accept(rc.ConnParam(qp_num=so.qp.qp_num))
-    resp = expect(chc, T.CONNECT_RESPONSE)  # not ESTABLISHED: the QP is the application's
-    rep_msg = resp.info["rep"]
-    assert rep_msg.local_qpn == so.qp.qp_num
+    assert rep_msg.local_qpn == p.so.qp.qp_num
     assert srv[int(e.IBV_QPS_RTR)].rq_psn == rep_msg.starting_psn  # announced = received
-    assert co.qp.qp_state == e.IBV_QPS_INIT  # the CM left the client's QP alone
-    cli_attrs = co.move(cli)
+    assert p.co.qp.qp_state == e.IBV_QPS_INIT  # the CM left the client's QP alone
+    cli_attrs = p.co.move(p.cli)
     assert cli_attrs[int(e.IBV_QPS_RTR)].rq_psn == req_msg.starting_psn
     assert cli_attrs[int(e.IBV_QPS_RTS)].sq_psn == rep_msg.starting_psn
-    assert cli_attrs[int(e.IBV_QPS_RTR)].dest_qp_num == so.qp.qp_num
-    cli.establish()
-    expect(chs, T.ESTABLISHED)
+    assert cli_attrs[int(e.IBV_QPS_RTR)].dest_qp_num == p.so.qp.qp_num
+    p.cli.establish()
+    expect(p.chs, T.ESTABLISHED)
     with pytest.raises(TimeoutError):  # rdma_establish reports nothing on the active side
-        chc.get_cm_event(0.3)
-    co.mr.write(b"self-moved", 10, 0)
-    co.qp.post_send(v.SendWR(5, None, 1, [v.SGE(co.mr.addr, 10, co.mr.lkey)]))
-    assert co.wait().status == 0
-    wc = so.wait()
-    assert wc.status == 0 and so.mr.read(10, 0) == b"self-moved"
-    co.qp.modify(v.QPAttr(qp_state=e.IBV_QPS_ERR), int(e.IBV_QP_STATE))
-    cli.disconnect()
-    assert next_non_timewait(chc).event == T.DISCONNECTED
-    assert next_non_timewait(chs).event == T.DISCONNECTED
-    for cid in (cli, child, lst):
-        cid.destroy()
-    co.close()
-    so.close()
-    chs.close()
-    chc.close()
+        p.chc.get_cm_event(0.3)
+    p.send_and_close()
+
+
+@pytest.mark.iba("12.9.7.3")
+def test_notify_comm_est_establishes_before_the_rtu(env: Path) -> None:
+    """``rdma_notify(IBV_EVENT_COMM_EST)`` on the passive side before any RTU (the client
+    has not called rdma_establish): ESTABLISHED follows; a second one is EISCONN, another
+    event EINVAL (Linux ``ib_cm_notify``/``cm_establish``); the RTU that comes later
+    changes nothing."""
+    p = Pair()
+    with pytest.raises(InvalidArgument, match="event"):
+        p.child.notify(int(e.IBV_EVENT_QP_FATAL))
+    with pytest.raises(TimeoutError):  # no RTU yet: the server is not established
+        p.chs.get_cm_event(0.3)
+    p.child.notify(int(e.IBV_EVENT_COMM_EST))
+    expect(p.chs, T.ESTABLISHED)
+    with pytest.raises(StateError) as again:
+        p.child.notify(int(e.IBV_EVENT_COMM_EST))
+    assert again.value.errno == errno.EISCONN
+    p.co.move(p.cli)
+    p.cli.establish()  # the RTU: ignored by an established server
+    with pytest.raises(TimeoutError):
+        p.chs.get_cm_event(0.3)
+    p.send_and_close()
+
+
+def test_notify_misuse(env: Path) -> None:
+    """``rdma_notify`` on an id with no connection is EINVAL (a request's id before its REP
+    too: tests/capi/cm_srq.c)."""
+    ch = EventChannel()
+    cli = rc.CmId(ch, rc.RDMA_PS_TCP)
+    with pytest.raises(StateError) as none:
+        cli.notify(int(e.IBV_EVENT_COMM_EST))
+    assert none.value.errno == errno.EINVAL
+    cli.destroy()
+    ch.close()
 
 
 def test_init_qp_attr_and_establish_misuse(env: Path) -> None:

@@ -171,4 +171,5 @@ int sr_py_cm_device(int index, struct sr_cm_info *info);
 int sr_py_cm_mcast(int id, struct sr_cm_addr *addr, int send_only, int join);
 int sr_py_cm_init_qp_attr(int id, int state, struct sr_qp_attr *attr, int *mask);
 int sr_py_cm_establish(int id);
+int sr_py_cm_notify(int id, int event);
 """

@@ -211,6 +211,11 @@ def _establish(h: int) -> int:
     return 0
 
 
+def _notify(h: int, event: int) -> int:
+    _id(h).notify(event)
+    return 0
+
+
 def _reject(h: int, data: Any, n: int) -> int:
     raw = bytes(hd._ffi.buffer(data, n)) if n > 0 and data != hd._ffi.NULL else b""
     _id(h).reject(raw)
@@ -341,6 +346,7 @@ EXPORTS: dict[str, tuple[Callable[..., int], bool]] = {
     "sr_py_cm_mcast": (_mcast, False),
     "sr_py_cm_init_qp_attr": (_init_qp_attr, False),
     "sr_py_cm_establish": (_establish, False),
+    "sr_py_cm_notify": (_notify, False),
 }
 
 

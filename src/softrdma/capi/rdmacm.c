@@ -640,30 +640,27 @@ static void sr_cm_destroy_cqs(struct rdma_cm_id *id)
     SR_CMID(id)->own_cqs = 0;
 }
 
-/* librdmacm's CQs for a QP made without them: each with its completion channel (the
- * rdma_get_send_comp/rdma_get_recv_comp helpers wait on them). */
-static int sr_cm_create_cqs(struct rdma_cm_id *id, struct ibv_qp_init_attr *attr)
+/* librdmacm's CQs for a QP (or XRC SRQ) made without them: each with its completion
+ * channel (the rdma_get_send_comp/rdma_get_recv_comp helpers wait on them); a size of 0
+ * makes none. */
+static int sr_cm_create_cqs(struct rdma_cm_id *id, uint32_t send_size, uint32_t recv_size)
 {
     SR_CMID(id)->own_cqs = 1;
-    if (!attr->recv_cq) {
+    if (recv_size) {
         id->recv_cq_channel = ibv_create_comp_channel(id->verbs);
         if (!id->recv_cq_channel)
             goto fail;
-        id->recv_cq = ibv_create_cq(id->verbs, attr->cap.max_recv_wr ? (int)attr->cap.max_recv_wr : 1,
-                                    id, id->recv_cq_channel, 0);
+        id->recv_cq = ibv_create_cq(id->verbs, (int)recv_size, id, id->recv_cq_channel, 0);
         if (!id->recv_cq)
             goto fail;
-        attr->recv_cq = id->recv_cq;
     }
-    if (!attr->send_cq) {
+    if (send_size) {
         id->send_cq_channel = ibv_create_comp_channel(id->verbs);
         if (!id->send_cq_channel)
             goto fail;
-        id->send_cq = ibv_create_cq(id->verbs, attr->cap.max_send_wr ? (int)attr->cap.max_send_wr : 1,
-                                    id, id->send_cq_channel, 0);
+        id->send_cq = ibv_create_cq(id->verbs, (int)send_size, id, id->send_cq_channel, 0);
         if (!id->send_cq)
             goto fail;
-        attr->send_cq = id->send_cq;
     }
     return 0;
 fail:
@@ -675,11 +672,86 @@ fail:
     return -1;
 }
 
-int rdma_create_qp(struct rdma_cm_id *id, struct ibv_pd *pd, struct ibv_qp_init_attr *qp_init_attr)
+/* the id's device (resolving or binding gave it one), or EINVAL */
+static int sr_cm_has_device(struct rdma_cm_id *id)
+{
+    if (!sr_cm_live(id))
+        return -1;
+    if (!id->verbs && sr_cm_refresh(SR_CMID(id)))
+        return -1;
+    if (!id->verbs) {
+        errno = EINVAL;  /* no device yet: resolve or bind the address first */
+        return -1;
+    }
+    return 0;
+}
+
+/* As librdmacm: the PD defaults to id->pd, the CQs to the id's (made here, with their
+ * channels, when neither the attributes nor the id have them), the SRQ to id->srq
+ * (rdma_create_srq); the attributes are updated in place. XRC through rdma_cm is not
+ * served (EOPNOTSUPP): its ids need RDMA_PS_IB, which softrdma's rdma_cm lacks. */
+int rdma_create_qp_ex(struct rdma_cm_id *id, struct ibv_qp_init_attr_ex *attr)
 {
     struct sr_cm_id *c = SR_CMID(id);
-    struct ibv_qp_init_attr attr;
+    int made = 0;
     struct sr_qp *q;
+
+    if (sr_cm_has_device(id))
+        return -1;
+    if (!attr || id->qp) {
+        errno = EINVAL;
+        return -1;
+    }
+    if (attr->qp_type == IBV_QPT_XRC_SEND || attr->qp_type == IBV_QPT_XRC_RECV) {
+        errno = EOPNOTSUPP;
+        return -1;
+    }
+    if (!(attr->comp_mask & IBV_QP_INIT_ATTR_PD) || !attr->pd) {
+        if (!id->pd && !(id->pd = ibv_alloc_pd(id->verbs)))
+            return -1;
+        attr->comp_mask |= IBV_QP_INIT_ATTR_PD;
+        attr->pd = id->pd;
+    } else if (attr->pd->context != id->verbs) {
+        errno = EINVAL;
+        return -1;
+    }
+    if ((id->recv_cq && attr->recv_cq && id->recv_cq != attr->recv_cq)
+        || (id->send_cq && attr->send_cq && id->send_cq != attr->send_cq)) {
+        errno = EINVAL;
+        return -1;
+    }
+    if ((!attr->send_cq && !id->send_cq) || (!attr->recv_cq && !id->recv_cq)) {
+        uint32_t ssz = attr->cap.max_send_wr ? attr->cap.max_send_wr : 1;
+        uint32_t rsz = attr->cap.max_recv_wr ? attr->cap.max_recv_wr : 1;
+        if (sr_cm_create_cqs(id, attr->send_cq || id->send_cq ? 0 : ssz,
+                             attr->recv_cq || id->recv_cq ? 0 : rsz))
+            return -1;
+        made = 1;
+    }
+    if (!attr->send_cq)
+        attr->send_cq = id->send_cq;
+    if (!attr->recv_cq)
+        attr->recv_cq = id->recv_cq;
+    if (id->srq && !attr->srq)
+        attr->srq = id->srq;
+    q = sr_create_qp_ex_for(id->verbs, attr, c->h);
+    if (!q) {
+        int err = errno;
+        if (made)
+            sr_cm_destroy_cqs(id);
+        errno = err;
+        return -1;
+    }
+    q->qpx.qp_base.state = attr->qp_type == IBV_QPT_UD ? IBV_QPS_RTS : IBV_QPS_INIT;
+    id->pd = attr->pd;
+    id->qp = &q->qpx.qp_base;
+    return 0;
+}
+
+int rdma_create_qp(struct rdma_cm_id *id, struct ibv_pd *pd, struct ibv_qp_init_attr *qp_init_attr)
+{
+    struct ibv_qp_init_attr_ex ex;
+    int ret;
 
     if (!sr_cm_live(id))
         return -1;
@@ -687,36 +759,13 @@ int rdma_create_qp(struct rdma_cm_id *id, struct ibv_pd *pd, struct ibv_qp_init_
         errno = EINVAL;
         return -1;
     }
-    if (!id->verbs && sr_cm_refresh(c))
-        return -1;
-    if (!id->verbs) {
-        errno = EINVAL;  /* no device yet: resolve or bind the address first */
-        return -1;
-    }
-    if (!pd) {
-        if (!id->pd && !(id->pd = ibv_alloc_pd(id->verbs)))
-            return -1;
-        pd = id->pd;
-    } else if (pd->context != id->verbs) {
-        errno = EINVAL;
-        return -1;
-    }
-    attr = *qp_init_attr;
-    if ((!attr.send_cq || !attr.recv_cq) && sr_cm_create_cqs(id, &attr))
-        return -1;
-    q = sr_create_qp(pd, &attr, c->h);
-    if (!q) {
-        int err = errno;
-        if (c->own_cqs)
-            sr_cm_destroy_cqs(id);
-        errno = err;
-        return -1;
-    }
-    q->qpx.qp_base.state = attr.qp_type == IBV_QPT_UD ? IBV_QPS_RTS : IBV_QPS_INIT;
-    qp_init_attr->cap = attr.cap;
-    id->pd = pd;
-    id->qp = &q->qpx.qp_base;
-    return 0;
+    memset(&ex, 0, sizeof(ex));
+    memcpy(&ex, qp_init_attr, sizeof(*qp_init_attr));
+    ex.comp_mask = IBV_QP_INIT_ATTR_PD;
+    ex.pd = pd ? pd : id->pd;
+    ret = rdma_create_qp_ex(id, &ex);
+    memcpy(qp_init_attr, &ex, sizeof(*qp_init_attr));
+    return ret;
 }
 
 void rdma_destroy_qp(struct rdma_cm_id *id)
@@ -1143,6 +1192,8 @@ void rdma_destroy_ep(struct rdma_cm_id *id)
         return;
     if (id->qp)
         rdma_destroy_qp(id);
+    if (id->srq)
+        rdma_destroy_srq(id);
     rdma_destroy_id(id);
 }
 
@@ -1175,12 +1226,14 @@ int rdma_establish(struct rdma_cm_id *id)
     return sr_cm_ret(sr_py_cm_establish(SR_CMID(id)->h));
 }
 
-/* ---- not served yet: fail the librdmacm way, never through the real library ---- */
+/* the application saw `event` on the id's QP: IBV_EVENT_COMM_EST before the RTU
+ * establishes a RoCE connection (IBA 12.9.7.3; ESTABLISHED follows, EISCONN once
+ * established, as Linux ib_cm_notify); iWARP ignores it, as Linux cma.c */
 int rdma_notify(struct rdma_cm_id *id, enum ibv_event_type event)
 {
-    (void)id; (void)event;
-    errno = ENOSYS;
-    return -1;
+    if (!sr_cm_live(id))
+        return -1;
+    return sr_cm_ret(sr_py_cm_notify(SR_CMID(id)->h, (int)event));
 }
 
 /* ---- multicast (RoCE: the group's IP address as its MGID, rdma_mcast) ---- */
@@ -1235,27 +1288,67 @@ int rdma_leave_multicast(struct rdma_cm_id *id, struct sockaddr *addr)
     return sr_cm_mcast(id, addr, -1, 0);
 }
 
-int rdma_create_srq(struct rdma_cm_id *id, struct ibv_pd *pd, struct ibv_srq_init_attr *attr)
-{
-    (void)id; (void)pd; (void)attr;
-    errno = ENOSYS;
-    return -1;
-}
-
+/* ---- SRQs (librdmacm): an SRQ on the id, which rdma_create_qp and rdma_post_recv use ---- */
+/* As librdmacm: IBV_SRQ_INIT_ATTR_TYPE is required, the PD defaults to id->pd. An XRC SRQ
+ * needs its XRC domain and CQ given: XRC through rdma_cm is not served (RDMA_PS_IB). */
 int rdma_create_srq_ex(struct rdma_cm_id *id, struct ibv_srq_init_attr_ex *attr)
 {
-    (void)id; (void)attr;
-    errno = ENOSYS;
-    return -1;
+    struct ibv_srq *srq;
+
+    if (sr_cm_has_device(id))
+        return -1;
+    if (!attr || !(attr->comp_mask & IBV_SRQ_INIT_ATTR_TYPE) || id->srq) {
+        errno = EINVAL;
+        return -1;
+    }
+    if (!(attr->comp_mask & IBV_SRQ_INIT_ATTR_PD) || !attr->pd) {
+        if (!id->pd && !(id->pd = ibv_alloc_pd(id->verbs)))
+            return -1;
+        attr->pd = id->pd;
+        attr->comp_mask |= IBV_SRQ_INIT_ATTR_PD;
+    }
+    if (attr->srq_type == IBV_SRQT_XRC
+        && (!(attr->comp_mask & IBV_SRQ_INIT_ATTR_XRCD) || !attr->xrcd
+            || !(attr->comp_mask & IBV_SRQ_INIT_ATTR_CQ) || !attr->cq)) {
+        errno = EOPNOTSUPP;
+        return -1;
+    }
+    srq = ibv_create_srq_ex(id->verbs, attr);
+    if (!srq)
+        return -1;
+    if (!id->pd)
+        id->pd = attr->pd;
+    id->srq = srq;
+    return 0;
 }
 
-void rdma_destroy_srq(struct rdma_cm_id *id) { (void)id; }
-
-int rdma_create_qp_ex(struct rdma_cm_id *id, struct ibv_qp_init_attr_ex *qp_init_attr)
+int rdma_create_srq(struct rdma_cm_id *id, struct ibv_pd *pd, struct ibv_srq_init_attr *attr)
 {
-    (void)id; (void)qp_init_attr;
-    errno = ENOSYS;
-    return -1;
+    struct ibv_srq_init_attr_ex ex;
+    int ret;
+
+    if (!sr_cm_live(id))
+        return -1;
+    if (!attr) {
+        errno = EINVAL;
+        return -1;
+    }
+    memset(&ex, 0, sizeof(ex));
+    memcpy(&ex, attr, sizeof(*attr));
+    ex.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD;
+    ex.srq_type = id->qp_type == IBV_QPT_XRC_RECV ? IBV_SRQT_XRC : IBV_SRQT_BASIC;
+    ex.pd = pd;
+    ret = rdma_create_srq_ex(id, &ex);
+    memcpy(attr, &ex, sizeof(*attr));
+    return ret;
+}
+
+void rdma_destroy_srq(struct rdma_cm_id *id)
+{
+    if (!sr_cm_live(id) || !id->srq)
+        return;
+    ibv_destroy_srq(id->srq);
+    id->srq = NULL;
 }
 
 /* librdmacm's device list: the rdma_cm layer's own open context of each device (the one

@@ -1867,16 +1867,18 @@ static void sr_x_xrc(struct ibv_qp_ex *qpx, uint32_t srqn)
 static void sr_x_atomic_write(struct ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr, const void *wr)
 { (void)rkey; (void)addr; (void)wr; sr_x_unsupported((struct sr_qp *)qpx); }
 
-static struct ibv_qp *sr_create_qp_ex(struct ibv_context *context,
-                                      struct ibv_qp_init_attr_ex *attr)
+/* ibv_create_qp_ex; cm_id: the handle of the rdma_cm id it is made for
+ * (rdma_create_qp_ex), or 0 */
+static struct sr_qp *sr_create_qp_ex_for(struct ibv_context *context,
+                                         struct ibv_qp_init_attr_ex *attr, int cm_id)
 {
     struct ibv_qp_init_attr init;
     struct ibv_qp_ex *x;
     struct sr_qp *q;
     uint32_t known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_XRCD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
 
-    if (attr->qp_type == IBV_QPT_XRC_RECV)
-        return sr_create_xrc_tgt(context, attr);
+    if (attr->qp_type == IBV_QPT_XRC_RECV)  /* rdma_cm refuses XRC before */
+        return (struct sr_qp *)sr_create_xrc_tgt(context, attr);
     if (!(attr->comp_mask & IBV_QP_INIT_ATTR_PD) || !attr->pd)
         return sr_fail(EINVAL);
     if (attr->comp_mask & ~(known | IBV_QP_INIT_ATTR_CREATE_FLAGS))
@@ -1895,7 +1897,7 @@ static struct ibv_qp *sr_create_qp_ex(struct ibv_context *context,
     init.cap = attr->cap;
     init.qp_type = attr->qp_type;
     init.sq_sig_all = attr->sq_sig_all;
-    q = sr_create_qp(attr->pd, &init, 0);
+    q = sr_create_qp(attr->pd, &init, cm_id);
     if (!q)
         return NULL;
     attr->cap = init.cap;
@@ -1924,7 +1926,14 @@ static struct ibv_qp *sr_create_qp_ex(struct ibv_context *context,
         x->wr_set_xrc_srqn = sr_x_xrc;
         x->wr_atomic_write = sr_x_atomic_write;
     }
-    return &q->qpx.qp_base;
+    return q;
+}
+
+static struct ibv_qp *sr_create_qp_ex(struct ibv_context *context,
+                                      struct ibv_qp_init_attr_ex *attr)
+{
+    struct sr_qp *q = sr_create_qp_ex_for(context, attr, 0);
+    return q ? &q->qpx.qp_base : NULL;
 }
 
 /* the ibv_wr_* view of a QP made by ibv_create_qp_ex with send_ops_flags (as rdma-core:

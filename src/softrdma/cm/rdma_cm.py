@@ -35,6 +35,7 @@ from typing import Any, TypeAlias
 
 from .. import verbs as v
 from ..drivers.cm.cm_channel import id_lock
+from ..enums import ibv_event_type as _ibv_event
 from ..errors import InvalidArgument, SoftRdmaError, StateError
 from ..ibcm.cmid import IbCmId
 from ..ibcm.events import RejectInfo
@@ -96,6 +97,7 @@ __all__ = [
 ]
 
 RDMA_PS_IPOIB = 0x0002
+RDMA_PS_IB = 0x013F  # AF_IB's port space (RC, UD and XRC ids; rdma_xserver -c x)
 RDMA_OPTION_ID = 0  # rdma_set_option levels and names (librdmacm rdma_cma.h)
 RDMA_OPTION_ID_TOS = 0
 RDMA_OPTION_ID_ACK_TIMEOUT = 3
@@ -148,6 +150,9 @@ class CmId:
                  context: Any = None) -> None:
         if not isinstance(channel, _EventChannel):
             raise InvalidArgument("channel", "expected an EventChannel")
+        if ps in (RDMA_PS_IB, RDMA_PS_IPOIB):  # AF_IB's and IPoIB's: valid, not served
+            raise InvalidArgument("ps", f"{ps:#06x} is not served: RDMA_PS_TCP or RDMA_PS_UDP",
+                                  errno=errno.EPROTONOSUPPORT)  # as softrdma.compat.pyverbs
         if ps not in PROTO:
             raise InvalidArgument("ps", "RDMA_PS_TCP or RDMA_PS_UDP")
         self.channel = channel
@@ -414,6 +419,21 @@ class CmId:
                              "CONNECT_RESPONSE")
         self._established_by_app = True
         self._ib.establish()
+
+    def notify(self, event: int) -> None:
+        """``rdma_notify``: the application saw ``event`` (an ``ibv_event_type``) on the
+        connection's QP. ``IBV_EVENT_COMM_EST`` before the RTU establishes a RoCE
+        connection (IBA 12.9.7.3; ESTABLISHED follows; already established is
+        ``EISCONN``); iWARP takes any event and does nothing, as Linux cma.c. Other events
+        are ``EINVAL`` (``ib_cm_notify``; no alternate path is served for PATH_MIG)."""
+        self._check()
+        if self.transport == "iwarp" and self._cm is not None:
+            return
+        if self._ib is None:
+            raise StateError("notify needs a RoCE connection request or response")
+        if event != _ibv_event.IBV_EVENT_COMM_EST:
+            raise InvalidArgument("event", f"{event} is not IBV_EVENT_COMM_EST")
+        self._ib.notify_comm_est()
 
     def init_qp_attr(self, qp_state: int) -> tuple[Any, int]:
         """``rdma_init_qp_attr``: ``(QPAttr, attr_mask)`` moving an application-created

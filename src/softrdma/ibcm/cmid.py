@@ -19,6 +19,7 @@ both transports is :class:`softrdma.cm.rdma_cm.CmId`.)
 from __future__ import annotations
 
 import builtins
+import errno
 import logging
 import random
 from collections import deque
@@ -26,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, StateError
 from ..ib.qp import AddressVector
 from ..wire import cm as wcm
 from ..wire.cm import Rej, RejReason, Rep, Req, SidrRep, SidrReq
@@ -250,8 +251,16 @@ class IbCmId:
         self.request(SidrResolve(params, dialect), now)
 
     def notify_comm_est(self, *, now: float | None = None) -> None:
-        """The QP received data before the RTU (``ib_cm_notify(IB_EVENT_COMM_EST)``)."""
-        self.request(CommEst(), now)
+        """The QP received data before the RTU (``ib_cm_notify(IB_EVENT_COMM_EST)``, IBA
+        12.9.7.3): REP_SENT or MRA_REP_RCVD move to ESTABLISHED. As Linux ``cm_establish``,
+        an established id is ``EISCONN`` and any other state ``EINVAL``."""
+        def run(t: float) -> None:
+            if self.state == CmState.ESTABLISHED:
+                raise StateError("the connection is already established", errno=errno.EISCONN)
+            if self.state not in (CmState.REP_SENT, CmState.MRA_REP_RCVD):
+                raise StateError(f"COMM_EST is not allowed in CM state {self.state.name}")
+            self.handle(CommEst(), t)
+        self.agent.api(run, now)
 
     def destroy(self, *, now: float | None = None) -> None:
         """Forget the id (``ib_destroy_cm_id``): what ``disconnect`` would send is sent,

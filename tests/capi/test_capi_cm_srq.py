@@ -1,0 +1,44 @@
+"""``softrdma run``: librdmacm's SRQ calls (``rdma_create_srq(_ex)``,
+``rdma_destroy_srq``), ``rdma_create_qp_ex`` and ``rdma_notify``, with librdmacm's
+defaults (the PD from ``id->pd``, CQs and channels made for the id, the QP on
+``id->srq``, ``rdma_post_recv`` to the SRQ), on RoCE and iWARP (tests/capi/cm_srq.c)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from harness.capi import compile_c, need_build, preloaded, tcp_port
+from harness.capi_pairs import pair
+from harness.device import private_device
+
+from softrdma.verbs.device import IWARP_LOOPBACK
+
+
+@pytest.fixture()
+def device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    need_build()
+    name = private_device("capisrq", tmp_path, monkeypatch)
+    monkeypatch.setenv("SOFTRDMA_CAPI_DEVICE", name)
+    yield name
+
+
+@pytest.mark.parametrize("transport", ["roce", "iwarp"])
+def test_srq_qp_ex_and_notify_through_rdma_cm(device: str, transport: str, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server's two receives go through id->srq (wr_ids 40, 41, the data and the
+    QP number checked); the client's two SENDs through the ibv_wr_* API of a QP made by
+    rdma_create_qp_ex; rdma_notify is EINVAL before the accept and EISCONN after it on
+    RoCE, 0 on iWARP (as Linux cma.c, which passes it to the IB CM only)."""
+    if transport == "iwarp":
+        monkeypatch.setenv("SOFTRDMA_CAPI_DEVICE", IWARP_LOOPBACK)
+    exe = compile_c(tmp_path, "cm_srq", "-lrdmacm", "-libverbs")
+    port = str(tcp_port())
+    (sout, serr), (cout, cerr) = pair(preloaded(str(exe), "server", port),
+                                      preloaded(str(exe), "client", port))
+    assert sout.splitlines() == ["listening", "recv 40 14 srq message 0",
+                                 "recv 41 14 srq message 1", f"notify {transport}", "ok"], \
+        (sout, serr)
+    assert cout.splitlines() == ["sent 70 srq message 0", "sent 71 srq message 1", "ok"], \
+        (cout, cerr)
