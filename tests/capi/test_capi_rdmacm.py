@@ -170,11 +170,13 @@ def test_udaddy(device: str) -> None:
     assert "sending replies" in sout
 
 
-def test_perftest_over_rdma_cm(device: str) -> None:
-    """perftest's -R: the connection through rdma_cm (both sides' ids on the device)."""
+@pytest.mark.parametrize("srq", [(), ("--use-srq",)], ids=["qp", "srq"])
+def test_perftest_over_rdma_cm(device: str, srq: tuple[str, ...]) -> None:
+    """perftest's -R: the connection through rdma_cm (both sides' ids on the device);
+    with --use-srq the receives go through an SRQ its rdma_cm QPs are made on."""
     need_tool("ib_send_bw", "perftest")
     port = str(tcp_port())
-    common = ["ib_send_bw", "-R", "-d", device, "-n", "50", "-s", "4096", "-p", port]
+    common = ["ib_send_bw", "-R", *srq, "-d", device, "-n", "50", "-s", "4096", "-p", port]
     (sout, _), (cout, _) = perftest_pair(preloaded(*common), preloaded(*common, "127.0.0.1"))
     for out in (sout, cout):
         row = re.search(r"^\s*4096\s+50\s+([\d.]+)\s+([\d.]+)", out, re.M)
