@@ -174,10 +174,10 @@ VERBS_CHECKS = [
     "ok: sq_sig_all 0: three unsignaled sends and one signaled -> one send completion",
     "ok: sq_sig_all 1: every send completes without IBV_SEND_SIGNALED",
     "ok: inline data gathered from 3 unregistered buffers, copied at post time",
-    "ok: ibv_create_cq_ex (timestamps -> EOPNOTSUPP); start/next/end_poll read",
+    "ok: ibv_create_cq_ex (flow tag -> EOPNOTSUPP); start/next/end_poll read",
     "ok: ibv_resize_cq 4 -> 64 keeps the 4 queued completions in order",
     "ok: ibv_rereg_mr(CHANGE_TRANSLATION) moves the region",
-    "ok: ibv_query_device_ex: ODP (RC send), max_dm_size 262144, no completion clock",
+    "ok: ibv_query_device_ex: ODP (RC send), max_dm_size 262144, completion clock 1 GHz",
     "ok: device memory: zero-based MR read and written over RC",
     "ok: threads: 50 receives through ibv_get_cq_event",
     "ok: XRC: SRQ 0x",
@@ -242,14 +242,29 @@ def test_rc_pingpong_feature_flags(device: str, flags: tuple[str, ...]) -> None:
         assert _pair_report(out) == (2 * 4096 * 20, 20)
 
 
-def test_rc_pingpong_without_completion_clock(device: str) -> None:
-    """What a softrdma device has not, completion timestamps (completion_timestamp_mask 0,
-    as rxe): ibv_rc_pingpong -t says so itself."""
+def test_rc_pingpong_completion_timestamps(device: str) -> None:
+    """ibv_rc_pingpong -t: the device has a completion clock (ibv_query_device_ex
+    completion_timestamp_mask, hca_core_clock 1 GHz: CLOCK_MONOTONIC ns), the CQ an
+    extended one with IBV_WC_EX_WITH_COMPLETION_TIMESTAMP; each side prints the cycles
+    between its receive completions: one round trip each, together within the run's
+    timed span (Linux rxe has no completion clock)."""
     need_tool("ibv_rc_pingpong", "ibverbs-utils")
-    p = run("ibv_rc_pingpong", "-d", device, "-g", "0", "-p", str(tcp_port()), "-t")
-    assert p.returncode == 1, (p.stdout, p.stderr)
-    assert p.stderr.splitlines()[-1] == "The device isn't completion timestamp capable", \
-        p.stderr
+    port = tcp_port()
+    common = ["ibv_rc_pingpong", "-d", device, "-g", "0", "-n", "100", "-c", "-t",
+              "-p", str(port)]
+    procs, outs = run_pair(preloaded(*common), preloaded(*common, "127.0.0.1"), port)
+    for p, (out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, (out, err)
+        cycles = {k: float(v) for k, v in re.findall(
+            r"^(Max|Min|Average) receive completion clock cycles = ([\d.]+)$", out, re.M)}
+        usec = re.search(r"([\d.]+) seconds = ([\d.]+) usec/iter", out)
+        assert set(cycles) == {"Max", "Min", "Average"} and usec, out
+        seconds, per_iter_us = float(usec.group(1)), float(usec.group(2))
+        assert 0 < cycles["Min"] <= cycles["Average"] <= cycles["Max"], out
+        # the 99 gaps between 100 receives lie within the timed run (usec/iter * 100;
+        # "seconds" has two decimals only: 10 ms of slack)
+        assert cycles["Max"] <= seconds * 1e9 + 1e7, out
+        assert cycles["Average"] * 99 <= per_iter_us * 100 * 1e3 + 1e6, out
 
 
 @pytest.mark.iba("9.8.5")

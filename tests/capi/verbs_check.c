@@ -406,14 +406,18 @@ static void check_cq_ex(void)
     struct ibv_send_wr wr, *bad;
     int i, n = 0, recvs = 0, sends = 0, ret;
     double deadline;
+    uint64_t t0, wall0, t1, wall1, last_ts = 0, last_wall = 0;
+    struct timespec tp;
+    struct ibv_values_ex rt = { .comp_mask = IBV_VALUES_MASK_RAW_CLOCK };
 
     memset(&ca, 0, sizeof(ca));
     ca.cqe = 16;
-    ca.wc_flags = IBV_WC_EX_WITH_COMPLETION_TIMESTAMP;
+    ca.wc_flags = IBV_WC_EX_WITH_FLOW_TAG;
     errno = 0;
     CHECK(!ibv_create_cq_ex(ctx, &ca) && errno == EOPNOTSUPP,
-          "ibv_create_cq_ex with timestamps: want NULL/EOPNOTSUPP, errno %d", errno);
-    ca.wc_flags = IBV_WC_STANDARD_FLAGS;
+          "ibv_create_cq_ex with a flow tag: want NULL/EOPNOTSUPP, errno %d", errno);
+    ca.wc_flags = IBV_WC_STANDARD_FLAGS | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP
+                  | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
     cqx = ibv_create_cq_ex(ctx, &ca);
     CHECK(cqx, "ibv_create_cq_ex: %s", strerror(errno));
     cq = ibv_cq_ex_to_cq(cqx);
@@ -426,6 +430,11 @@ static void check_cq_ex(void)
     rc_connect(qb, qa->qp_num);
     for (i = 0; i < 3; i++)
         post_recv(qb, NULL, 0x800 + i, buf[i], 64, mr->lkey);
+    /* the completion clock (ns of CLOCK_MONOTONIC) and the wall clock, before the sends */
+    clock_gettime(CLOCK_MONOTONIC, &tp);
+    t0 = (uint64_t)tp.tv_sec * 1000000000u + (uint64_t)tp.tv_nsec;
+    clock_gettime(CLOCK_REALTIME, &tp);
+    wall0 = (uint64_t)tp.tv_sec * 1000000000u + (uint64_t)tp.tv_nsec;
     for (i = 0; i < 3; i++) {
         char m[8];
         snprintf(m, sizeof(m), "cqx-%d", i);
@@ -450,7 +459,19 @@ static void check_cq_ex(void)
             continue;
         CHECK(ret == 0, "start_poll: %d", ret);
         do {
+            uint64_t ts = ibv_wc_read_completion_ts(cqx);
+            uint64_t wall = ibv_wc_read_completion_wallclock_ns(cqx);
+
             CHECK(cqx->status == IBV_WC_SUCCESS, "cqx status %d", cqx->status);
+            /* in CQ order, after the sends were posted; its wall clock after theirs too
+             * (a millisecond's slack: it is converted from the completion clock) */
+            CHECK(ts >= t0 && ts >= last_ts && wall + 1000000u >= wall0,
+                  "completion timestamp %llu (posted at %llu, previous %llu), wall clock "
+                  "%llu (posted at %llu)", (unsigned long long)ts, (unsigned long long)t0,
+                  (unsigned long long)last_ts, (unsigned long long)wall,
+                  (unsigned long long)wall0);
+            last_ts = ts;
+            last_wall = wall > last_wall ? wall : last_wall;
             if (ibv_wc_read_opcode(cqx) == IBV_WC_RECV) {
                 unsigned int k = (unsigned int)(cqx->wr_id - 0x800);
                 CHECK(k == (unsigned)recvs && ibv_wc_read_byte_len(cqx) == 6
@@ -472,12 +493,22 @@ static void check_cq_ex(void)
         } while (ibv_next_poll(cqx) == 0);
         ibv_end_poll(cqx);
     } while (n < 6);
+    clock_gettime(CLOCK_MONOTONIC, &tp);
+    t1 = (uint64_t)tp.tv_sec * 1000000000u + (uint64_t)tp.tv_nsec;
+    clock_gettime(CLOCK_REALTIME, &tp);
+    wall1 = (uint64_t)tp.tv_sec * 1000000000u + (uint64_t)tp.tv_nsec;
+    CHECK(last_ts <= t1 && last_wall <= wall1 + 1000000u,
+          "the completions' timestamps before the poll's end");
+    CHECK(!ibv_query_rt_values_ex(ctx, &rt) && rt.comp_mask == IBV_VALUES_MASK_RAW_CLOCK
+          && rt.raw_clock.tv_sec == 0 && (uint64_t)rt.raw_clock.tv_nsec >= t1,
+          "ibv_query_rt_values_ex: the completion clock now, %ld", rt.raw_clock.tv_nsec);
     CHECK(recvs == 3 && sends == 3, "cqx: %d recvs %d sends", recvs, sends);
     CHECK(ibv_start_poll(cqx, &pa) == ENOENT, "cq_ex: completions left after the pass");
     CHECK(!ibv_destroy_qp(qa) && !ibv_destroy_qp(qb) && !ibv_dereg_mr(mr)
           && !ibv_destroy_cq(cq), "teardown");
-    printf("ok: ibv_create_cq_ex (timestamps -> EOPNOTSUPP); start/next/end_poll read "
-           "opcode, byte_len, qp_num, wc_flags, imm_data of 6 completions\n");
+    printf("ok: ibv_create_cq_ex (flow tag -> EOPNOTSUPP); start/next/end_poll read "
+           "opcode, byte_len, qp_num, wc_flags, imm_data, completion and wall-clock "
+           "timestamps of 6 completions; ibv_query_rt_values_ex\n");
 }
 
 /* ---- ibv_resize_cq keeps the queued completions; ibv_rereg_mr moves a region ---- */
@@ -586,7 +617,8 @@ static void check_device_ex_dm(void)
     CHECK(!ibv_query_device_ex(ctx, NULL, &ax), "ibv_query_device_ex");
     CHECK((ax.odp_caps.general_caps & IBV_ODP_SUPPORT)
           && (ax.odp_caps.per_transport_caps.rc_odp_caps & IBV_ODP_SUPPORT_SEND)
-          && ax.max_dm_size >= 4096 && ax.completion_timestamp_mask == 0
+          && ax.max_dm_size >= 4096 && ax.completion_timestamp_mask == UINT64_MAX
+          && ax.hca_core_clock == 1000000
           && ax.orig_attr.max_qp > 0, "query_device_ex: odp %#x rc %#x dm %llu",
           (unsigned)ax.odp_caps.general_caps, ax.odp_caps.per_transport_caps.rc_odp_caps,
           (unsigned long long)ax.max_dm_size);
@@ -597,7 +629,8 @@ static void check_device_ex_dm(void)
                         &sge, 1) == 0, "ibv_advise_mr prefetch");
     CHECK(ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0x80, &sge, 1) == EINVAL,
           "ibv_advise_mr bad flags: want EINVAL");
-    printf("ok: ibv_query_device_ex: ODP (RC send), max_dm_size %llu, no completion clock; "
+    printf("ok: ibv_query_device_ex: ODP (RC send), max_dm_size %llu, completion clock "
+           "1 GHz; "
            "ODP MR and ibv_advise_mr prefetch\n", (unsigned long long)ax.max_dm_size);
 
     memset(&da, 0, sizeof(da));

@@ -16,8 +16,10 @@
  * call waits for its event and fails with its status. Multicast (RoCE): a join attaches the
  * id's UD QP to the group's MGID (its IP address as a GID) and queues MULTICAST_JOIN with the
  * group's AH, QPN 0xFFFFFF and Q_Key (softrdma.cm.rdma_mcast). Errors: -1 (or NULL) with
- * errno; calls not served fail with ENOSYS, never through the real library. */
+ * errno; nothing goes through the real library (an option not served is ENOSYS, XRC
+ * through rdma_cm EOPNOTSUPP). */
 #include <rdma/rdma_cma.h>
+#include <rdma/rdma_verbs.h>  /* rdma_create_srq(_ex), rdma_destroy_srq */
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>

@@ -115,7 +115,12 @@ struct sr_ring {
     uint32_t capacity, mask;
     pthread_spinlock_t consumer;
     struct ibv_wc *wc;
+    uint64_t *ts;            /* each entry's completion time (CLOCK_MONOTONIC ns), when */
+    int want_ts;             /* the CQ was made with a completion timestamp (ibv_create_cq_ex) */
 };
+/* the completion clock: CLOCK_MONOTONIC in ns, so hca_core_clock is 1 GHz (1,000,000 kHz)
+ * and the timestamp mask all 64 bits */
+#define SR_CORE_CLOCK_KHZ 1000000
 
 struct sr_device { struct ibv_device dev; int index; uint64_t guid; };
 /* the context is a verbs_context (its ops for the extended verbs in front, the
@@ -180,8 +185,12 @@ static int sr_ring_init(struct sr_ring *r, uint32_t cqe)
     while (size <= cqe)
         size <<= 1;
     r->wc = calloc(size, sizeof(struct ibv_wc));
-    if (!r->wc)
+    r->ts = calloc(size, sizeof(uint64_t));
+    if (!r->wc || !r->ts) {
+        free(r->wc);
+        free(r->ts);
         return -1;
+    }
     r->capacity = cqe;
     r->mask = size - 1;
     atomic_init(&r->head, 0);
@@ -308,6 +317,8 @@ int sr_ring_push(void *ring, uint64_t wr_id, int status, int opcode, uint32_t ve
     wc->slid = slid;
     wc->sl = sl;
     wc->dlid_path_bits = dlid_path_bits;
+    if (r->want_ts)  /* the completion's time: when it reached the CQ */
+        r->ts[tail & r->mask] = (uint64_t)sr_now_ns();
     atomic_store_explicit(&r->tail, tail + 1, memory_order_release);
     sr_pushed();
     return 0;
@@ -1323,6 +1334,7 @@ struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, void *cq_cont
     if (!sr_handle_ok(h)) {
         int err = errno;
         free(c->ring.wc);
+        free(c->ring.ts);
         free(c);
         return sr_fail(err);
     }
@@ -1350,6 +1362,7 @@ int ibv_destroy_cq(struct ibv_cq *cq)
     if (cq->channel)
         cq->channel->refcnt--;
     free(c->ring.wc);
+    free(c->ring.ts);
     free(c);
     return 0;
 }
@@ -2142,8 +2155,8 @@ void ibv_unimport_dm(struct ibv_dm *dm) { (void)dm; }
 /* ibv_query_device_ex: the legacy attributes, and on-demand paging (softrdma never pins
  * memory: the engine reaches registered bytes in place when a packet needs them, which is
  * what ODP promises; implicit ODP on RoCE devices, softrdma.verbs.procmem), device memory,
- * no completion clock (completion_timestamp_mask 0, as rxe). attr_size: the caller's
- * struct may be older. */
+ * the completion clock (ns of CLOCK_MONOTONIC: a 64-bit mask at 1 GHz; rxe has none).
+ * attr_size: the caller's struct may be older. */
 static int sr_query_device_ex(struct ibv_context *context,
                               const struct ibv_query_device_ex_input *input,
                               struct ibv_device_attr_ex *attr, size_t attr_size)
@@ -2168,11 +2181,26 @@ static int sr_query_device_ex(struct ibv_context *context,
     a.odp_caps.per_transport_caps.ud_odp_caps = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV
                                                 | IBV_ODP_SUPPORT_SRQ_RECV;
     a.xrc_odp_caps = SR_ODP_RC & ~(uint32_t)IBV_ODP_SUPPORT_RECV;
-    a.completion_timestamp_mask = 0;
+    a.completion_timestamp_mask = UINT64_MAX;
+    a.hca_core_clock = SR_CORE_CLOCK_KHZ;
     a.device_cap_flags_ex = a.orig_attr.device_cap_flags;
     a.max_dm_size = SR_MAX_DM_SIZE;
     a.phys_port_cnt_ex = a.orig_attr.phys_port_cnt;
     memcpy(attr, &a, attr_size < sizeof(a) ? attr_size : sizeof(a));
+    return 0;
+}
+
+/* ibv_query_rt_values_ex: the completion clock now, in its cycles (ns), in
+ * raw_clock.tv_nsec as the mlx5 provider gives its own */
+static int sr_query_rt_values(struct ibv_context *context, struct ibv_values_ex *values)
+{
+    (void)context;
+    if (!values || (values->comp_mask & ~(uint32_t)IBV_VALUES_MASK_RAW_CLOCK))
+        return EINVAL;
+    if (values->comp_mask & IBV_VALUES_MASK_RAW_CLOCK) {
+        values->raw_clock.tv_sec = 0;
+        values->raw_clock.tv_nsec = (long)sr_now_ns();
+    }
     return 0;
 }
 
@@ -2513,14 +2541,31 @@ static unsigned int sr_cqx_wc_flags(struct ibv_cq_ex *cqx) { return SR_CUR(cqx)-
 static uint32_t sr_cqx_slid(struct ibv_cq_ex *cqx) { return SR_CUR(cqx)->slid; }
 static uint8_t sr_cqx_sl(struct ibv_cq_ex *cqx) { return SR_CUR(cqx)->sl; }
 static uint8_t sr_cqx_dlid_path_bits(struct ibv_cq_ex *cqx) { return SR_CUR(cqx)->dlid_path_bits; }
-static uint64_t sr_cqx_zero64(struct ibv_cq_ex *cqx) { (void)cqx; return 0; }
+static uint64_t sr_cqx_ts(struct ibv_cq_ex *cqx)
+{
+    struct sr_ring *r = &SR_CQX(cqx)->ring;
+    return r->ts[atomic_load_explicit(&r->head, memory_order_relaxed) & r->mask];
+}
+/* the same instant on CLOCK_REALTIME (ns since the epoch) */
+static uint64_t sr_cqx_wallclock(struct ibv_cq_ex *cqx)
+{
+    struct timespec rt;
+    long long mono = sr_now_ns();
+
+    clock_gettime(CLOCK_REALTIME, &rt);
+    return (uint64_t)((long long)rt.tv_sec * 1000000000LL + rt.tv_nsec - mono)
+           + sr_cqx_ts(cqx);
+}
 static uint16_t sr_cqx_zero16(struct ibv_cq_ex *cqx) { (void)cqx; return 0; }
 static uint32_t sr_cqx_zero32(struct ibv_cq_ex *cqx) { (void)cqx; return 0; }
 static void sr_cqx_tm(struct ibv_cq_ex *cqx, struct ibv_wc_tm_info *tm)
 { (void)cqx; memset(tm, 0, sizeof(*tm)); }
 
-/* ibv_create_cq_ex: the standard fields (no completion clock: timestamps are refused
- * with EOPNOTSUPP, as the device reports completion_timestamp_mask 0) */
+/* ibv_create_cq_ex: the standard fields, and the completion timestamp (the time the
+ * completion reached the CQ, in ns of CLOCK_MONOTONIC: hca_core_clock 1 GHz) and its
+ * wall-clock time; other fields (flow tag, CVLAN, tag matching) are EOPNOTSUPP */
+#define SR_WC_TS_FLAGS (IBV_WC_EX_WITH_COMPLETION_TIMESTAMP \
+                        | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK)
 static struct ibv_cq_ex *sr_create_cq_ex(struct ibv_context *context,
                                          struct ibv_cq_init_attr_ex *attr)
 {
@@ -2530,7 +2575,7 @@ static struct ibv_cq_ex *sr_create_cq_ex(struct ibv_context *context,
 
     if (!attr || attr->comp_mask & ~known)
         return sr_fail(EINVAL);
-    if (attr->wc_flags & ~(uint64_t)IBV_WC_STANDARD_FLAGS)
+    if (attr->wc_flags & ~(uint64_t)(IBV_WC_STANDARD_FLAGS | SR_WC_TS_FLAGS))
         return sr_fail(EOPNOTSUPP);
     if ((attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS)
         && (attr->flags & ~(uint32_t)IBV_CREATE_CQ_ATTR_SINGLE_THREADED))
@@ -2556,8 +2601,9 @@ static struct ibv_cq_ex *sr_create_cq_ex(struct ibv_context *context,
     c->cqx.read_slid = sr_cqx_slid;
     c->cqx.read_sl = sr_cqx_sl;
     c->cqx.read_dlid_path_bits = sr_cqx_dlid_path_bits;
-    c->cqx.read_completion_ts = sr_cqx_zero64;
-    c->cqx.read_completion_wallclock_ns = sr_cqx_zero64;
+    c->ring.want_ts = (attr->wc_flags & SR_WC_TS_FLAGS) != 0;
+    c->cqx.read_completion_ts = sr_cqx_ts;
+    c->cqx.read_completion_wallclock_ns = sr_cqx_wallclock;
     c->cqx.read_cvlan = sr_cqx_zero16;
     c->cqx.read_flow_tag = sr_cqx_zero32;
     c->cqx.read_tm_info = sr_cqx_tm;
@@ -2580,8 +2626,10 @@ void sr_ring_clean(void *ring, uint32_t qp_num)
         struct ibv_wc *wc = &r->wc[(i - 1) & r->mask];
         if (wc->qp_num != qp_num) {
             kept--;
-            if (kept != i - 1)
+            if (kept != i - 1) {
                 r->wc[kept & r->mask] = *wc;
+                r->ts[kept & r->mask] = r->ts[(i - 1) & r->mask];
+            }
         }
     }
     atomic_store_explicit(&r->head, kept, memory_order_release);
@@ -2608,18 +2656,27 @@ int sr_ring_resize(void *ring, uint32_t cqe)
     uint32_t tail = atomic_load_explicit(&r->tail, memory_order_relaxed);
     uint32_t n = tail - head, size = 1, i;
     struct ibv_wc *wc;
+    uint64_t *ts;
 
     if (cqe < n)
         return EINVAL;
     while (size <= cqe)
         size <<= 1;
     wc = calloc(size, sizeof(*wc));
-    if (!wc)
+    ts = calloc(size, sizeof(*ts));
+    if (!wc || !ts) {
+        free(wc);
+        free(ts);
         return ENOMEM;
-    for (i = 0; i < n; i++)
+    }
+    for (i = 0; i < n; i++) {
         wc[i] = r->wc[(head + i) & r->mask];
+        ts[i] = r->ts[(head + i) & r->mask];
+    }
     free(r->wc);
+    free(r->ts);
     r->wc = wc;
+    r->ts = ts;
     r->capacity = cqe;
     r->mask = size - 1;
     atomic_store_explicit(&r->head, 0, memory_order_relaxed);
@@ -2687,6 +2744,7 @@ int ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr, si
 static void sr_ext_context_ops(struct verbs_context *vctx)
 {
     vctx->query_device_ex = sr_query_device_ex;
+    vctx->query_rt_values = sr_query_rt_values;
     vctx->advise_mr = sr_advise_mr;
     vctx->alloc_dm = sr_alloc_dm;
     vctx->free_dm = sr_free_dm;
