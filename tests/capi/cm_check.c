@@ -7,6 +7,7 @@
  * through; an event channel destroyed twice leaves alone the file that
  * has its fd number since. Prints "ok" and the device, or "FAIL <what>". */
 #include <rdma/rdma_cma.h>
+#include <rdma/rdma_verbs.h>
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -17,13 +18,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#define CHECK(cond, what)                                                    \
-    do {                                                                     \
-        if (!(cond)) {                                                       \
-            printf("FAIL %s (errno %d %s)\n", what, errno, strerror(errno)); \
-            return 1;                                                        \
-        }                                                                    \
-    } while (0)
+#include "cm_common.h"
 
 int main(void)
 {

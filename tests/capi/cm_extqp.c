@@ -14,13 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CHECK(cond, what)                                                    \
-    do {                                                                     \
-        if (!(cond)) {                                                       \
-            printf("FAIL %s (errno %d %s)\n", what, errno, strerror(errno)); \
-            return 1;                                                        \
-        }                                                                    \
-    } while (0)
+#include "cm_common.h"
 
 #define MSG "external qp 42"
 

@@ -19,15 +19,20 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CHECK(cond, what)                                                    \
-    do {                                                                     \
-        if (!(cond)) {                                                       \
-            printf("FAIL %s (errno %d %s)\n", what, errno, strerror(errno)); \
-            return 1;                                                        \
-        }                                                                    \
-    } while (0)
+#include "cm_common.h"
 
 #define SLOT 32
+
+/* an RC QP's attributes with one SGE each way and nothing else given */
+static void rc_attr(struct ibv_qp_init_attr_ex *qx, uint32_t send_wr, uint32_t recv_wr)
+{
+    memset(qx, 0, sizeof(*qx));
+    qx->qp_type = IBV_QPT_RC;
+    qx->cap.max_send_wr = send_wr;
+    qx->cap.max_send_sge = 1;
+    qx->cap.max_recv_wr = recv_wr;
+    qx->cap.max_recv_sge = 1;
+}
 
 static int server(struct rdma_addrinfo *res)
 {
@@ -60,12 +65,7 @@ static int server(struct rdma_addrinfo *res)
     CHECK(id->srq && id->srq->pd == id->pd && id->srq->srq_context == id
           && sattr.attr.max_wr >= 4, "id->srq on id->pd, its context and size");
 
-    memset(&qx, 0, sizeof(qx));
-    qx.qp_type = IBV_QPT_RC;
-    qx.cap.max_send_wr = 2;
-    qx.cap.max_send_sge = 1;
-    qx.cap.max_recv_wr = 4;
-    qx.cap.max_recv_sge = 1;
+    rc_attr(&qx, 2, 4);
     CHECK(rdma_create_qp_ex(id, &qx) == 0, "rdma_create_qp_ex (no PD, CQs or SRQ given)");
     CHECK(id->qp && id->qp->srq == id->srq && qx.srq == id->srq, "the QP takes id->srq");
     CHECK(qx.pd == id->pd && id->qp->pd == id->pd && (qx.comp_mask & IBV_QP_INIT_ATTR_PD),
@@ -128,14 +128,9 @@ static int client(struct rdma_addrinfo *res)
     int i;
 
     CHECK(rdma_create_ep(&id, res, NULL, NULL) == 0, "rdma_create_ep (active)");
-    memset(&qx, 0, sizeof(qx));
-    qx.qp_type = IBV_QPT_RC;
+    rc_attr(&qx, 4, 1);
     qx.comp_mask = IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
     qx.send_ops_flags = IBV_QP_EX_WITH_SEND;
-    qx.cap.max_send_wr = 4;
-    qx.cap.max_send_sge = 1;
-    qx.cap.max_recv_wr = 1;
-    qx.cap.max_recv_sge = 1;
     CHECK(rdma_create_qp_ex(id, &qx) == 0, "rdma_create_qp_ex with send_ops_flags");
     qpx = ibv_qp_to_qp_ex(id->qp);
     CHECK(qpx, "ibv_qp_to_qp_ex on the rdma_cm QP");

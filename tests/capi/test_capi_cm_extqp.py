@@ -12,22 +12,17 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness.capi import compile_c, need_build, preloaded, run, tcp_port
+from harness.capi import cm_device, compile_c, preloaded, run, tcp_port
 from harness.capi_pairs import pair
 from harness.capi_pyverbs import need_real_pyverbs
-from harness.device import private_device
 
 
 @pytest.fixture()
-def device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    need_build()
-    name = private_device("capixq", tmp_path, monkeypatch)
-    monkeypatch.setenv("SOFTRDMA_CAPI_DEVICE", name)
-    yield name
+def device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    return cm_device("capixq", None, tmp_path, monkeypatch)
 
 
 def test_connection_of_the_applications_own_qp(device: str, tmp_path: Path) -> None:

@@ -5,23 +5,18 @@ defaults (the PD from ``id->pd``, CQs and channels made for the id, the QP on
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness.capi import compile_c, need_build, preloaded, tcp_port
+from harness.capi import cm_device, compile_c, preloaded, tcp_port
 from harness.capi_pairs import pair
-from harness.device import private_device
 
 from softrdma.verbs.device import IWARP_LOOPBACK
 
 
 @pytest.fixture()
-def device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    need_build()
-    name = private_device("capisrq", tmp_path, monkeypatch)
-    monkeypatch.setenv("SOFTRDMA_CAPI_DEVICE", name)
-    yield name
+def device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    return cm_device("capisrq", None, tmp_path, monkeypatch)
 
 
 @pytest.mark.parametrize("transport", ["roce", "iwarp"])

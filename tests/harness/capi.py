@@ -42,12 +42,15 @@ def compile_c(out_dir: Path, name: str, *libs: str) -> Path:
     return exe
 
 
-def cm_device(prefix: str, tool: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+def cm_device(prefix: str, tool: str | None, tmp_path: Path,
+              monkeypatch: pytest.MonkeyPatch) -> str:
     """A private RoCE device on lo that a librdmacm program's ids resolve to
     (``SOFTRDMA_CAPI_DEVICE``, as ``softrdma run -d`` sets it), once the C interface is
-    built and rdmacm-utils' ``tool`` is there (else skip): its name."""
+    built and rdmacm-utils' ``tool`` is there (else skip; None: a test program of
+    tests/capi): its name."""
     need_build()
-    need_tool(tool, "rdmacm-utils")
+    if tool is not None:
+        need_tool(tool, "rdmacm-utils")
     name = private_device(prefix, tmp_path, monkeypatch)
     monkeypatch.setenv("SOFTRDMA_CAPI_DEVICE", name)
     return name
