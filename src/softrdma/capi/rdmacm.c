@@ -688,6 +688,14 @@ static int sr_cm_has_device(struct rdma_cm_id *id)
     return 0;
 }
 
+/* id->pd, or (a device whose PD could not be had when the id got it) a PD of its own */
+static struct ibv_pd *sr_cm_pd(struct rdma_cm_id *id)
+{
+    if (!id->pd)
+        id->pd = ibv_alloc_pd(id->verbs);
+    return id->pd;
+}
+
 /* As librdmacm: the PD defaults to id->pd, the CQs to the id's (made here, with their
  * channels, when neither the attributes nor the id have them), the SRQ to id->srq
  * (rdma_create_srq); the attributes are updated in place. XRC through rdma_cm is not
@@ -695,6 +703,7 @@ static int sr_cm_has_device(struct rdma_cm_id *id)
 int rdma_create_qp_ex(struct rdma_cm_id *id, struct ibv_qp_init_attr_ex *attr)
 {
     struct sr_cm_id *c = SR_CMID(id);
+    uint32_t send_size, recv_size;
     int made = 0;
     struct sr_qp *q;
 
@@ -709,7 +718,7 @@ int rdma_create_qp_ex(struct rdma_cm_id *id, struct ibv_qp_init_attr_ex *attr)
         return -1;
     }
     if (!(attr->comp_mask & IBV_QP_INIT_ATTR_PD) || !attr->pd) {
-        if (!id->pd && !(id->pd = ibv_alloc_pd(id->verbs)))
+        if (!sr_cm_pd(id))
             return -1;
         attr->comp_mask |= IBV_QP_INIT_ATTR_PD;
         attr->pd = id->pd;
@@ -722,11 +731,13 @@ int rdma_create_qp_ex(struct rdma_cm_id *id, struct ibv_qp_init_attr_ex *attr)
         errno = EINVAL;
         return -1;
     }
-    if ((!attr->send_cq && !id->send_cq) || (!attr->recv_cq && !id->recv_cq)) {
-        uint32_t ssz = attr->cap.max_send_wr ? attr->cap.max_send_wr : 1;
-        uint32_t rsz = attr->cap.max_recv_wr ? attr->cap.max_recv_wr : 1;
-        if (sr_cm_create_cqs(id, attr->send_cq || id->send_cq ? 0 : ssz,
-                             attr->recv_cq || id->recv_cq ? 0 : rsz))
+    /* the CQs neither the attributes nor the id have (at least one entry each) */
+    send_size = attr->send_cq || id->send_cq ? 0
+                : attr->cap.max_send_wr ? attr->cap.max_send_wr : 1;
+    recv_size = attr->recv_cq || id->recv_cq ? 0
+                : attr->cap.max_recv_wr ? attr->cap.max_recv_wr : 1;
+    if (send_size || recv_size) {
+        if (sr_cm_create_cqs(id, send_size, recv_size))
             return -1;
         made = 1;
     }
@@ -1304,7 +1315,7 @@ int rdma_create_srq_ex(struct rdma_cm_id *id, struct ibv_srq_init_attr_ex *attr)
         return -1;
     }
     if (!(attr->comp_mask & IBV_SRQ_INIT_ATTR_PD) || !attr->pd) {
-        if (!id->pd && !(id->pd = ibv_alloc_pd(id->verbs)))
+        if (!sr_cm_pd(id))
             return -1;
         attr->pd = id->pd;
         attr->comp_mask |= IBV_SRQ_INIT_ATTR_PD;

@@ -115,8 +115,8 @@ struct sr_ring {
     uint32_t capacity, mask;
     pthread_spinlock_t consumer;
     struct ibv_wc *wc;
-    uint64_t *ts;            /* each entry's completion time (CLOCK_MONOTONIC ns), when */
-    int want_ts;             /* the CQ was made with a completion timestamp (ibv_create_cq_ex) */
+    uint64_t *ts;            /* each entry's completion time (CLOCK_MONOTONIC ns); NULL but
+                              * for a CQ made with a completion timestamp (ibv_create_cq_ex) */
 };
 /* the completion clock: CLOCK_MONOTONIC in ns, so hca_core_clock is 1 GHz (1,000,000 kHz)
  * and the timestamp mask all 64 bits */
@@ -185,12 +185,8 @@ static int sr_ring_init(struct sr_ring *r, uint32_t cqe)
     while (size <= cqe)
         size <<= 1;
     r->wc = calloc(size, sizeof(struct ibv_wc));
-    r->ts = calloc(size, sizeof(uint64_t));
-    if (!r->wc || !r->ts) {
-        free(r->wc);
-        free(r->ts);
+    if (!r->wc)
         return -1;
-    }
     r->capacity = cqe;
     r->mask = size - 1;
     atomic_init(&r->head, 0);
@@ -317,7 +313,7 @@ int sr_ring_push(void *ring, uint64_t wr_id, int status, int opcode, uint32_t ve
     wc->slid = slid;
     wc->sl = sl;
     wc->dlid_path_bits = dlid_path_bits;
-    if (r->want_ts)  /* the completion's time: when it reached the CQ */
+    if (r->ts)  /* the completion's time: when it reached the CQ */
         r->ts[tail & r->mask] = (uint64_t)sr_now_ns();
     atomic_store_explicit(&r->tail, tail + 1, memory_order_release);
     sr_pushed();
@@ -1334,7 +1330,6 @@ struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, void *cq_cont
     if (!sr_handle_ok(h)) {
         int err = errno;
         free(c->ring.wc);
-        free(c->ring.ts);
         free(c);
         return sr_fail(err);
     }
@@ -2541,10 +2536,11 @@ static unsigned int sr_cqx_wc_flags(struct ibv_cq_ex *cqx) { return SR_CUR(cqx)-
 static uint32_t sr_cqx_slid(struct ibv_cq_ex *cqx) { return SR_CUR(cqx)->slid; }
 static uint8_t sr_cqx_sl(struct ibv_cq_ex *cqx) { return SR_CUR(cqx)->sl; }
 static uint8_t sr_cqx_dlid_path_bits(struct ibv_cq_ex *cqx) { return SR_CUR(cqx)->dlid_path_bits; }
+/* 0 on a CQ made without a timestamp */
 static uint64_t sr_cqx_ts(struct ibv_cq_ex *cqx)
 {
     struct sr_ring *r = &SR_CQX(cqx)->ring;
-    return r->ts[atomic_load_explicit(&r->head, memory_order_relaxed) & r->mask];
+    return r->ts ? r->ts[atomic_load_explicit(&r->head, memory_order_relaxed) & r->mask] : 0;
 }
 /* the same instant on CLOCK_REALTIME (ns since the epoch) */
 static uint64_t sr_cqx_wallclock(struct ibv_cq_ex *cqx)
@@ -2552,6 +2548,8 @@ static uint64_t sr_cqx_wallclock(struct ibv_cq_ex *cqx)
     struct timespec rt;
     long long mono = sr_now_ns();
 
+    if (!SR_CQX(cqx)->ring.ts)
+        return 0;
     clock_gettime(CLOCK_REALTIME, &rt);
     return (uint64_t)((long long)rt.tv_sec * 1000000000LL + rt.tv_nsec - mono)
            + sr_cqx_ts(cqx);
@@ -2587,6 +2585,13 @@ static struct ibv_cq_ex *sr_create_cq_ex(struct ibv_context *context,
     if (!cq)
         return NULL;
     c = (struct sr_cq *)cq;
+    if (attr->wc_flags & SR_WC_TS_FLAGS) {  /* no producer yet: no QP uses the CQ */
+        c->ring.ts = calloc(c->ring.mask + 1, sizeof(uint64_t));
+        if (!c->ring.ts) {
+            ibv_destroy_cq(cq);
+            return sr_fail(ENOMEM);
+        }
+    }
     c->cqx.comp_mask = 0;
     c->cqx.start_poll = sr_cqx_start;
     c->cqx.next_poll = sr_cqx_next;
@@ -2601,7 +2606,6 @@ static struct ibv_cq_ex *sr_create_cq_ex(struct ibv_context *context,
     c->cqx.read_slid = sr_cqx_slid;
     c->cqx.read_sl = sr_cqx_sl;
     c->cqx.read_dlid_path_bits = sr_cqx_dlid_path_bits;
-    c->ring.want_ts = (attr->wc_flags & SR_WC_TS_FLAGS) != 0;
     c->cqx.read_completion_ts = sr_cqx_ts;
     c->cqx.read_completion_wallclock_ns = sr_cqx_wallclock;
     c->cqx.read_cvlan = sr_cqx_zero16;
@@ -2628,7 +2632,8 @@ void sr_ring_clean(void *ring, uint32_t qp_num)
             kept--;
             if (kept != i - 1) {
                 r->wc[kept & r->mask] = *wc;
-                r->ts[kept & r->mask] = r->ts[(i - 1) & r->mask];
+                if (r->ts)
+                    r->ts[kept & r->mask] = r->ts[(i - 1) & r->mask];
             }
         }
     }
@@ -2656,22 +2661,24 @@ int sr_ring_resize(void *ring, uint32_t cqe)
     uint32_t tail = atomic_load_explicit(&r->tail, memory_order_relaxed);
     uint32_t n = tail - head, size = 1, i;
     struct ibv_wc *wc;
-    uint64_t *ts;
+    uint64_t *ts = NULL;
 
     if (cqe < n)
         return EINVAL;
     while (size <= cqe)
         size <<= 1;
     wc = calloc(size, sizeof(*wc));
-    ts = calloc(size, sizeof(*ts));
-    if (!wc || !ts) {
+    if (r->ts)
+        ts = calloc(size, sizeof(*ts));
+    if (!wc || (r->ts && !ts)) {
         free(wc);
         free(ts);
         return ENOMEM;
     }
     for (i = 0; i < n; i++) {
         wc[i] = r->wc[(head + i) & r->mask];
-        ts[i] = r->ts[(head + i) & r->mask];
+        if (ts)
+            ts[i] = r->ts[(head + i) & r->mask];
     }
     free(r->wc);
     free(r->ts);
