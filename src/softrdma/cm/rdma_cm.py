@@ -427,7 +427,7 @@ class CmId:
         ``EISCONN``); iWARP takes any event and does nothing, as Linux cma.c. Other events
         are ``EINVAL`` (``ib_cm_notify``; no alternate path is served for PATH_MIG)."""
         self._check()
-        if self.transport == "iwarp" and self._cm is not None:
+        if self.transport == "iwarp":  # set with the connection manager (_attach)
             return
         if self._ib is None:
             raise StateError("notify needs a RoCE connection request or response")
