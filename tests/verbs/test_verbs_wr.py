@@ -57,11 +57,42 @@ def test_opcode_not_valid_for_qp_type(qpt: int, opcode: int) -> None:
 
 def test_unimplemented_opcodes(rc: Pair) -> None:
     _, _, qp, mr = rc.sides[0]
+    # an Atomic Write takes its 8 bytes from set_wr_atomic_write (ibv_wr_atomic_write) only
     with pytest.raises(NotSupported) as ei:
         qp.post_send(v.SendWR(1, opcode=int(W.IBV_WR_ATOMIC_WRITE), sg=[_sge(mr)]))
     assert ei.value.errno == errno.EOPNOTSUPP
     # BIND_MW is implemented (tests/verbs/test_verbs_mw.py); without a type 2 MW it is EINVAL
     _einval(lambda: qp.post_send(v.SendWR(1, opcode=int(W.IBV_WR_BIND_MW))), "wr.mw")
+
+
+def test_atomic_write_stores_its_eight_bytes(rc: Pair) -> None:
+    """RDMA Atomic Write (IBA 1.5, opcode 0x1D): the 8 bytes land at the aligned remote
+    address and nowhere else, the completion is IBV_WC_ATOMIC_WRITE; a bad length, an
+    unaligned address, IBV_SEND_INLINE, a UC QP are EINVAL at post."""
+    _, cqa, qp, _ = rc.sides[0]
+    _, _, _, mrb = rc.sides[1]
+    mrb.write(b"\xee" * 32, 32, 0)
+
+    def aw(data: bytes, off: int = 8, flags: int = int(e.IBV_SEND_SIGNALED)) -> v.SendWR:
+        w = v.SendWR(7, opcode=int(W.IBV_WR_ATOMIC_WRITE), send_flags=flags)
+        w.set_wr_atomic_write(mrb.rkey, mrb.addr + off, data)
+        return w
+
+    qp.post_send(aw(b"ABCDEFGH"))
+    rc.clock.run()
+    n, wcs = cqa.poll(4)
+    assert n == 1 and wcs[0].wr_id == 7 and wcs[0].status == e.IBV_WC_SUCCESS
+    assert wcs[0].opcode == e.IBV_WC_ATOMIC_WRITE
+    assert mrb.read(32, 0) == b"\xee" * 8 + b"ABCDEFGH" + b"\xee" * 16
+    _einval(lambda: qp.post_send(aw(b"ABCDEFG")), "wr.atomic_wr")
+    _einval(lambda: qp.post_send(aw(b"ABCDEFGH", off=4)), "wr.remote_addr")
+    _einval(lambda: qp.post_send(aw(b"ABCDEFGH", flags=int(e.IBV_SEND_INLINE))),
+            "wr.send_flags")
+    uc = Pair(UC)
+    try:
+        _einval(lambda: uc.sides[0][2].post_send(aw(b"ABCDEFGH")), "wr.opcode")
+    finally:
+        uc.close()
 
 
 @pytest.mark.iba("11.4.1.1")

@@ -42,7 +42,7 @@ from ..verbs.device import MAX_CQE, DeviceInfo, all_devices
 from ..verbs.mr import ACCESS_SUPPORTED
 from ..verbs.procmem import SIZE_MAX, ImplicitMR
 from . import handles as hd
-from . import posting
+from . import posting, windows
 from .handles import _add, _forget, _get, _handle_of, _mem, _wrapper_of, register
 
 __all__ = ["install", "RingCQ", "PYTHON_ENV", "fill_qp_attr"]
@@ -588,4 +588,4 @@ def install(ffi: Any, lib: Any,
         # devd is spawned with sys.executable; an embedded interpreter's is the first
         # python3 on PATH, not necessarily the one softrdma is installed for
         sys.executable = python
-    register(ffi, lib, {**_EXPORTS, **(more or {})})
+    register(ffi, lib, {**_EXPORTS, **windows.EXPORTS, **(more or {})})

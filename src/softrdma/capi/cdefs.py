@@ -19,8 +19,10 @@ struct sr_swr {
     uint64_t sg;
     uint32_t num_sge, opcode, send_flags, imm_data;
     uint64_t remote_addr, compare_add, swap;
+    uint64_t bind_length;
     uint32_t rkey, ah, remote_qpn, remote_qkey;
     uint32_t xrc_srqn;
+    uint32_t mw, mr, mw_access;
     uint32_t gen;
 };
 struct sr_rwr { uint64_t wr_id; uint64_t sg; uint32_t num_sge; };
@@ -142,6 +144,9 @@ int sr_py_create_qp(int pd, struct sr_qp_init *attr, void *wrapper);
 int sr_py_modify_qp(int qp, struct sr_qp_attr *attr, int mask);
 int sr_py_query_qp(int qp, struct sr_qp_attr *attr, int mask);
 int sr_py_create_ah(int pd, struct sr_ah_attr *attr);
+int sr_py_alloc_mw(int pd, int type, uint32_t *rkey);
+int sr_py_bind_mw(int qp, int mw, int mr, uint64_t addr, uint64_t length, unsigned int access,
+                  uint64_t wr_id, unsigned int send_flags, uint32_t *rkey);
 int sr_py_post_send(int qp, struct sr_swr *wr, int n, int *bad);
 int sr_py_post_recv(int h, int is_srq, struct sr_rwr *wr, int n, int *bad);
 int sr_py_resize_cq(int cq, int cqe);

@@ -27,19 +27,23 @@ number of times) instead of building and checking an SGE and a request anew.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from .. import enums as e
 from ..errors import SoftRdmaError
-from ..verbs import AH, QP, SRQ, RecvWR, SendWR
+from ..verbs import AH, MW, QP, SRQ, RecvWR, SendWR
 from ..verbs.xrcd import XrcSRQ
 from . import handles as hd
 from .handles import _get, _sges
+from .windows import bind_info
 
 __all__ = ["post_send", "post_recv", "forget", "attach", "attach_srq", "RecvRing"]
 
 _INLINE = int(e.IBV_SEND_INLINE)  # plain ints: IntFlag arithmetic is slow per request
-_SEND_WITH_INV = int(e.IBV_WR_SEND_WITH_INV)
+_INV = (int(e.IBV_WR_SEND_WITH_INV), int(e.IBV_WR_LOCAL_INV))
+_BIND_MW = int(e.IBV_WR_BIND_MW)
+_ATOMIC_WRITE = int(e.IBV_WR_ATOMIC_WRITE)
 _ATOMICS = (int(e.IBV_WR_ATOMIC_CMP_AND_SWP), int(e.IBV_WR_ATOMIC_FETCH_AND_ADD))
 
 #: QP handle -> (the content number of its last request, the SendWR made of it)
@@ -127,10 +131,18 @@ def _send_wr(w: Any) -> SendWR:
     flags = w.send_flags
     wr = SendWR(wr_id=w.wr_id, sg=sg, num_sge=len(sg), opcode=w.opcode, send_flags=flags)
     opcode = w.opcode
-    if opcode == _SEND_WITH_INV:
+    if opcode in _INV:
         wr.invalidate_rkey = w.imm_data
     else:
         wr.imm_data = w.imm_data
+    if opcode == _ATOMIC_WRITE:  # ibv_wr_atomic_write: the 8 bytes as they lay in memory
+        wr.set_wr_atomic_write(w.rkey, w.remote_addr, w.compare_add.to_bytes(8, sys.byteorder))
+        return wr
+    if opcode == _BIND_MW:  # a type 2 window (IBA 10.6.7.2.2)
+        wr.set_bind_wr(_get(w.mw, MW), bind_info(w.mr, w.remote_addr, w.bind_length,
+                                                 w.mw_access))
+        wr.rkey = w.rkey
+        return wr
     if w.xrc_srqn:
         wr.set_qp_type_xrc(w.xrc_srqn)
     if w.ah:

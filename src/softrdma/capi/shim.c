@@ -44,8 +44,10 @@ struct sr_swr {
     uint64_t sg;            /* struct ibv_sge * */
     uint32_t num_sge, opcode, send_flags, imm_data;  /* imm_data in host order */
     uint64_t remote_addr, compare_add, swap;
+    uint64_t bind_length;   /* BIND_MW: the window's length (remote_addr its address) */
     uint32_t rkey, ah, remote_qpn, remote_qkey;
     uint32_t xrc_srqn;      /* XRC INI QPs: the remote XRC SRQ (qp_type.xrc.remote_srqn) */
+    uint32_t mw, mr, mw_access;  /* BIND_MW: the window's and the MR's handles, the access */
     uint32_t gen;           /* sr_same_gen: the request's content number, 0: none */
 };
 
@@ -171,6 +173,7 @@ struct sr_qp {
 };
 struct sr_srq { struct ibv_srq srq; int h; uint32_t srq_num; int xrc; struct sr_rqring rq; };
 struct sr_ah { struct ibv_ah ah; int h; };
+struct sr_mw { struct ibv_mw mw; int h; };
 
 #define SR_H(type, p) (((struct type *)(p))->h)
 
@@ -457,6 +460,19 @@ static uint32_t sr_same_gen(struct sr_qp *q, const struct sr_swr *f)
     return gen;
 }
 
+/* A BIND_MW request's fields (ibv_post_send, ibv_wr_bind_mw): type 2 window mw takes key
+ * rkey and the range and access of info (IBA 10.6.7.2.2) */
+static void sr_bind_fields(struct sr_swr *f, struct ibv_mw *mw, uint32_t rkey,
+                           const struct ibv_mw_bind_info *info)
+{
+    f->mw = mw ? (uint32_t)SR_H(sr_mw, mw) : 0;
+    f->rkey = rkey;
+    f->mr = info->mr ? (uint32_t)SR_H(sr_mr, info->mr) : 0;
+    f->remote_addr = info->addr;
+    f->bind_length = info->length;
+    f->mw_access = info->mw_access_flags;
+}
+
 static int sr_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
 {
     struct sr_swr flat[SR_BATCH];
@@ -473,11 +489,13 @@ static int sr_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_se
             f->opcode = wr->opcode;
             f->send_flags = wr->send_flags;
             f->imm_data = ntohl(wr->imm_data);
-            if (wr->opcode == IBV_WR_SEND_WITH_INV)
+            if (wr->opcode == IBV_WR_SEND_WITH_INV || wr->opcode == IBV_WR_LOCAL_INV)
                 f->imm_data = wr->invalidate_rkey;
             if (qp->qp_type == IBV_QPT_XRC_SEND)
                 f->xrc_srqn = wr->qp_type.xrc.remote_srqn;
-            if (qp->qp_type == IBV_QPT_UD) {
+            if (wr->opcode == IBV_WR_BIND_MW) {
+                sr_bind_fields(f, wr->bind_mw.mw, wr->bind_mw.rkey, &wr->bind_mw.bind_info);
+            } else if (qp->qp_type == IBV_QPT_UD) {
                 f->ah = wr->wr.ud.ah ? (uint32_t)SR_H(sr_ah, wr->wr.ud.ah) : 0;
                 f->remote_qpn = wr->wr.ud.remote_qpn;
                 f->remote_qkey = wr->wr.ud.remote_qkey;
@@ -1656,7 +1674,8 @@ struct sr_xwr {
 #define SR_XOPS (IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_WRITE \
                  | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ            \
                  | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD    \
-                 | IBV_QP_EX_WITH_SEND_WITH_INV)
+                 | IBV_QP_EX_WITH_SEND_WITH_INV | IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV \
+                 | IBV_QP_EX_WITH_ATOMIC_WRITE)
 
 static void sr_x_free(struct sr_qp *q)
 {
@@ -1856,13 +1875,24 @@ static void sr_x_inline(struct ibv_qp_ex *qpx, void *addr, size_t length)
     sr_x_inline_list(qpx, 1, &b);
 }
 
-/* ibv_wr_* not served yet: the WR list fails at ibv_wr_complete */
-static void sr_x_unsupported(struct sr_qp *q) { q->xerr = EOPNOTSUPP; }
+/* a type 2 window bound by a work request (ibv_wr_bind_mw) and its revocation */
 static void sr_x_bind_mw(struct ibv_qp_ex *qpx, struct ibv_mw *mw, uint32_t rkey,
                          const struct ibv_mw_bind_info *info)
-{ (void)mw; (void)rkey; (void)info; sr_x_unsupported((struct sr_qp *)qpx); }
+{
+    struct sr_xwr *w = sr_x_new(qpx, IBV_WR_BIND_MW);
+    if (w)
+        sr_bind_fields(&w->f, mw, rkey, info);
+}
+
 static void sr_x_local_inv(struct ibv_qp_ex *qpx, uint32_t rkey)
-{ (void)rkey; sr_x_unsupported((struct sr_qp *)qpx); }
+{
+    struct sr_xwr *w = sr_x_new(qpx, IBV_WR_LOCAL_INV);
+    if (w)
+        w->f.imm_data = rkey;
+}
+
+/* ibv_wr_* not served yet: the WR list fails at ibv_wr_complete */
+static void sr_x_unsupported(struct sr_qp *q) { q->xerr = EOPNOTSUPP; }
 static void sr_x_tso(struct ibv_qp_ex *qpx, void *hdr, uint16_t hdr_sz, uint16_t mss)
 { (void)hdr; (void)hdr_sz; (void)mss; sr_x_unsupported((struct sr_qp *)qpx); }
 /* the remote XRC SRQ of the last WR (XRC INI QPs) */
@@ -1872,8 +1902,16 @@ static void sr_x_xrc(struct ibv_qp_ex *qpx, uint32_t srqn)
     if (w)
         w->f.xrc_srqn = srqn;
 }
+/* an RDMA Atomic Write (IBA 1.5): its 8 bytes travel in compare_add, as they lie in memory */
 static void sr_x_atomic_write(struct ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr, const void *wr)
-{ (void)rkey; (void)addr; (void)wr; sr_x_unsupported((struct sr_qp *)qpx); }
+{
+    struct sr_xwr *w = sr_x_new(qpx, IBV_WR_ATOMIC_WRITE);
+    if (w) {
+        w->f.rkey = rkey;
+        w->f.remote_addr = addr;
+        memcpy(&w->f.compare_add, wr, sizeof(w->f.compare_add));
+    }
+}
 
 /* ibv_create_qp_ex; cm_id: the handle of the rdma_cm id it is made for
  * (rdma_create_qp_ex), or 0 */
@@ -2748,8 +2786,54 @@ int ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr, si
     return 0;
 }
 
+/* ---- memory windows (IBA 10.6.7; ibv_alloc_mw, ibv_bind_mw, ibv_dealloc_mw: the ops
+ * verbs.h's inline helpers call). Type 1 is bound by ibv_bind_mw, which posts the bind on
+ * the QP's send queue and gives the window its next key (as rxe's provider: the new key
+ * is written into mw->rkey once posted); type 2 by a BIND_MW work request (sr_bind_fields).
+ * RoCE only: iWARP devices fail ibv_alloc_mw with EOPNOTSUPP (siw has none). */
+static struct ibv_mw *sr_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type)
+{
+    struct sr_mw *m;
+    uint32_t rkey = 0;
+    int h = sr_py_alloc_mw(SR_H(sr_pd, pd), (int)type, &rkey);
+
+    m = sr_handle_box(h, sizeof(*m));
+    if (!m)
+        return NULL;
+    m->h = h;
+    m->mw.context = pd->context;
+    m->mw.pd = pd;
+    m->mw.rkey = rkey;
+    m->mw.handle = (uint32_t)h;
+    m->mw.type = type;
+    return &m->mw;
+}
+
+static int sr_dealloc_mw(struct ibv_mw *mw)
+{
+    return sr_destroy_obj(SR_H(sr_mw, mw), mw);
+}
+
+static int sr_bind_mw(struct ibv_qp *qp, struct ibv_mw *mw, struct ibv_mw_bind *bind)
+{
+    const struct ibv_mw_bind_info *info = &bind->bind_info;
+    uint32_t rkey = mw->rkey;
+    int ret;
+
+    sr_posted();
+    ret = sr_py_bind_mw(SR_H(sr_qp, qp), SR_H(sr_mw, mw),
+                        info->mr ? SR_H(sr_mr, info->mr) : 0, info->addr, info->length,
+                        info->mw_access_flags, bind->wr_id, bind->send_flags, &rkey);
+    if (!ret)
+        mw->rkey = rkey;
+    return ret;
+}
+
 static void sr_ext_context_ops(struct verbs_context *vctx)
 {
+    vctx->context.ops.alloc_mw = sr_alloc_mw;
+    vctx->context.ops.bind_mw = sr_bind_mw;
+    vctx->context.ops.dealloc_mw = sr_dealloc_mw;
     vctx->query_device_ex = sr_query_device_ex;
     vctx->query_rt_values = sr_query_rt_values;
     vctx->advise_mr = sr_advise_mr;

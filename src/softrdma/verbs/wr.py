@@ -5,7 +5,8 @@ Post-time checks are rxe's (``rxe_verbs.c`` ``rxe_post_send_kernel``/``validate_
 
 * the opcode must be valid for the QP type (UD: SEND and SEND_WITH_IMM; UC: no READ and
   no atomics; RC: all that softrdma implements; BIND_MW of a type 2 window on RC and
-  UC); ATOMIC_WRITE is a valid verb softrdma does not implement (EOPNOTSUPP);
+  UC; ATOMIC_WRITE on RC with its 8 bytes from :meth:`SendWR.set_wr_atomic_write`, as
+  ``ibv_wr_atomic_write`` gives them: one without is EOPNOTSUPP);
 * IBV_SEND_INLINE only with SEND*/RDMA_WRITE*, and at most ``max_inline_data`` bytes;
 * at most ``max_send_sge`` / ``max_recv_sge`` SGEs;
 * atomics need >= 8 bytes of local buffer and an 8-byte aligned remote address;
@@ -43,20 +44,21 @@ QPT_OPCODES: dict[int, frozenset[int]] = {
         _W.IBV_WR_RDMA_WRITE, _W.IBV_WR_RDMA_WRITE_WITH_IMM, _W.IBV_WR_SEND,
         _W.IBV_WR_SEND_WITH_IMM, _W.IBV_WR_RDMA_READ, _W.IBV_WR_ATOMIC_CMP_AND_SWP,
         _W.IBV_WR_ATOMIC_FETCH_AND_ADD, _W.IBV_WR_SEND_WITH_INV, _W.IBV_WR_LOCAL_INV,
-        _W.IBV_WR_BIND_MW)),
+        _W.IBV_WR_BIND_MW, _W.IBV_WR_ATOMIC_WRITE)),
     UC: frozenset(int(o) for o in (
         _W.IBV_WR_RDMA_WRITE, _W.IBV_WR_RDMA_WRITE_WITH_IMM, _W.IBV_WR_SEND,
         _W.IBV_WR_SEND_WITH_IMM, _W.IBV_WR_SEND_WITH_INV, _W.IBV_WR_BIND_MW)),
     UD: frozenset(int(o) for o in (_W.IBV_WR_SEND, _W.IBV_WR_SEND_WITH_IMM)),
 }
-# XRC INI QPs: the RC operations (Annex A14: XRC carries every RC request), each to an SRQ.
-QPT_OPCODES[XRC_SEND] = QPT_OPCODES[RC]
+# XRC INI QPs: the RC operations (Annex A14: XRC carries every RC request), each to an
+# SRQ; the Atomic Write (IBA 1.5) has no XRC opcode here.
+QPT_OPCODES[XRC_SEND] = QPT_OPCODES[RC] - {int(_W.IBV_WR_ATOMIC_WRITE)}
 #: Opcodes that may carry IBV_SEND_INLINE (WR_INLINE_MASK).
 INLINE_OPCODES = frozenset(int(o) for o in (
     _W.IBV_WR_RDMA_WRITE, _W.IBV_WR_RDMA_WRITE_WITH_IMM, _W.IBV_WR_SEND,
     _W.IBV_WR_SEND_WITH_IMM, _W.IBV_WR_SEND_WITH_INV))
-_NOT_IMPLEMENTED = frozenset(int(o) for o in (_W.IBV_WR_ATOMIC_WRITE,))
 _BIND_MW = int(_W.IBV_WR_BIND_MW)
+_ATOMIC_WRITE = int(_W.IBV_WR_ATOMIC_WRITE)
 _ATOMICS = frozenset(int(o) for o in (_W.IBV_WR_ATOMIC_CMP_AND_SWP, _W.IBV_WR_ATOMIC_FETCH_AND_ADD))
 _RDMA = frozenset(int(o) for o in (_W.IBV_WR_RDMA_WRITE, _W.IBV_WR_RDMA_WRITE_WITH_IMM,
                                    _W.IBV_WR_RDMA_READ))
@@ -124,7 +126,8 @@ class SendWR(_ScatterGather):
 
     __slots__ = ("wr_id", "wr_next", "sg", "opcode", "send_flags", "imm_data",
                  "invalidate_rkey", "remote_addr", "rkey", "compare_add", "swap", "ah",
-                 "remote_qpn", "remote_qkey", "inline_data", "mw", "bind_info", "remote_srqn")
+                 "remote_qpn", "remote_qkey", "inline_data", "mw", "bind_info", "remote_srqn",
+                 "atomic_wr")
 
     def __init__(self, wr_id: int = 0, wr_next: SendWR | None = None, num_sge: int = 0,
                  sg: Sequence[object] | None = None, opcode: int = int(e.IBV_WR_SEND),
@@ -147,6 +150,7 @@ class SendWR(_ScatterGather):
         self.mw: Any = None
         self.bind_info: Any = None
         self.remote_srqn = 0
+        self.atomic_wr: bytes | None = None
 
     def set_qp_type_xrc(self, remote_srqn: int) -> None:
         """The XRC SRQ that is to receive this request (``qp_type.xrc.remote_srqn``,
@@ -164,6 +168,14 @@ class SendWR(_ScatterGather):
         self.remote_addr = addr
         self.compare_add = compare_add
         self.swap = swap
+
+    def set_wr_atomic_write(self, rkey: int, addr: int, data: bytes) -> None:
+        """Remote key and address of an RDMA Atomic Write and the 8 bytes it stores there
+        in one piece (IBA 1.5, opcode 0x1D; ``ibv_wr_atomic_write``; not in pyverbs'
+        ``SendWR``)."""
+        self.rkey = rkey
+        self.remote_addr = addr
+        self.atomic_wr = bytes(data_bytes(data, "atomic_wr"))
 
     def set_wr_ud(self, ah: Any, rqpn: int, rqkey: int) -> None:
         """Address handle, remote QPN and Q_Key of a UD send."""
@@ -258,8 +270,6 @@ def build_send_wqe(wr: SendWR, qp_type: int, max_send_sge: int, max_inline: int,
     if type(opcode) is not int:
         opcode = uint(opcode, U32, "wr.opcode")
     if opcode not in QPT_OPCODES[qp_type]:
-        if opcode in _NOT_IMPLEMENTED:
-            raise NotSupported(f"wr.opcode {opcode}: not implemented by softrdma")
         raise InvalidArgument("wr.opcode", f"opcode {opcode!r} is not valid on a "
                               f"{e.ibv_qp_type(qp_type).name} QP")
     if type(flags) is not int:
@@ -273,6 +283,8 @@ def build_send_wqe(wr: SendWR, qp_type: int, max_send_sge: int, max_inline: int,
             raise InvalidArgument("wr.mw", "a BIND_MW work request binds a type 2 MW "
                                            "(type 1: QP.bind_mw)")
         return bind_wqe(wr.mw, wr.bind_info, wr.rkey, wr_id, flags)
+    if opcode == _ATOMIC_WRITE:
+        return _atomic_write_wqe(wr, wr_id, flags)
     sg = wr.sg
     nsge = len(sg)
     if nsge > max_send_sge:
@@ -338,6 +350,25 @@ def build_send_wqe(wr: SendWR, qp_type: int, max_send_sge: int, max_inline: int,
     elif qp_type == XRC_SEND:
         wqe.xrc_srqn = uint(wr.remote_srqn, U24, "wr.remote_srqn")  # XRCETH: 24 bits
     return wqe
+
+
+def _atomic_write_wqe(wr: SendWR, wr_id: int, flags: int) -> SendWQE:
+    """An RDMA Atomic Write's WQE: 8 bytes to an 8-byte aligned remote address (IBA 1.5;
+    rxe ``wr_atomic_write``)."""
+    data = wr.atomic_wr
+    if data is None:
+        raise NotSupported("wr.opcode: an ATOMIC_WRITE carries its 8 bytes, given by "
+                           "set_wr_atomic_write (ibv_wr_atomic_write), not by SGEs")
+    if len(data) != 8:
+        raise InvalidArgument("wr.atomic_wr", f"an ATOMIC_WRITE stores 8 bytes, got {len(data)}")
+    if flags & _INLINE_FLAG:
+        raise InvalidArgument("wr.send_flags", "IBV_SEND_INLINE is only valid with SEND "
+                              "and RDMA_WRITE opcodes")
+    addr = u64(wr.remote_addr, "wr.remote_addr")
+    if addr & 7:
+        raise InvalidArgument("wr.remote_addr", f"atomic address {addr:#x} is not 8-byte aligned")
+    return SendWQE(wr_id, _ATOMIC_WRITE, flags, inline_data=data, remote_addr=addr,
+                   rkey=u32(wr.rkey, "wr.rkey"))
 
 
 def build_recv_wqe(wr: RecvWR, max_recv_sge: int) -> RecvWQE:

@@ -272,9 +272,8 @@ class QP(_v.QP, PyverbsCM):
         err: Exception | None = None
         for w in wrs:
             try:
-                if isinstance(w, SendWQE):  # BIND_MW (RC/UC) or ATOMIC_WRITE (RC)
-                    ok = (RC,) if w.opcode == e.IBV_WR_ATOMIC_WRITE else (RC, UC)
-                    if self.qp_type not in ok:
+                if isinstance(w, SendWQE):  # BIND_MW (RC/UC)
+                    if self.qp_type not in (RC, UC):
                         raise PyverbsRDMAError(msg, errno.EINVAL)
                     wqes.append(w)
                 else:
@@ -403,15 +402,9 @@ class QPEx(QP):
 
     def wr_atomic_write(self, rkey: int, remote_addr: int, atomic_wr: bytes) -> None:
         """RDMA Atomic Write of the first 8 bytes of ``atomic_wr`` (``ibv_wr_atomic_write``)."""
-        self._new(int(e.IBV_WR_ATOMIC_WRITE), int(Q.IBV_QP_EX_WITH_ATOMIC_WRITE))
-        data = bytes(atomic_wr)[:8]
-        if len(data) != 8 or remote_addr & 7:
-            if self._error is None:
-                self._error = PyverbsRDMAError("ibv_wr_complete failed.", errno.EINVAL)
-        assert self._pending is not None
-        self._pending[-1] = SendWQE(self.wr_id, int(e.IBV_WR_ATOMIC_WRITE), self.wr_flags,
-                                    inline_data=data.ljust(8, b"\0"),
-                                    remote_addr=int(remote_addr), rkey=int(rkey))
+        w = self._new(int(e.IBV_WR_ATOMIC_WRITE), int(Q.IBV_QP_EX_WITH_ATOMIC_WRITE))
+        if w is not None:
+            w.set_wr_atomic_write(rkey, remote_addr, bytes(atomic_wr)[:8])
 
     def wr_local_inv(self, invalidate_rkey: int) -> None:
         w = self._new(int(e.IBV_WR_LOCAL_INV), int(Q.IBV_QP_EX_WITH_LOCAL_INV))
