@@ -187,7 +187,9 @@ VERBS_CHECKS = [
     "and completions in posting order, flushed in order in ERR",
     "ok: post_srq_recv: ENOMEM past max_wr (also after a refill), a resize below the queued "
     "WQEs refused, two QPs take them in posting order, the limit event exactly at its level",
-    "ok: ibv_alloc_td, ibv_create_flow, ibv_reg_dmabuf_mr -> NULL, EOPNOTSUPP",
+    "ok: a parent domain's allocators make the CQ, RQ and SRQ rings (USE_DEFAULT too); "
+    "traffic on them; PD, TD and parent domain EBUSY while used",
+    "ok: ibv_create_flow, ibv_reg_dmabuf_mr -> NULL, EOPNOTSUPP",
     "ok: teardown",
 ]
 
@@ -206,7 +208,9 @@ def test_verbs_check_program(device: str, tmp_path: Path) -> None:
     past ``max_recv_wr``, posting order with several SGEs in a chain, flushes in ERR); the
     same for ``ibv_post_srq_recv`` and the SRQ's ring (ENOMEM, a resize below the queued
     WQEs, two QPs taking WQEs in posting order, the limit event exactly at its level);
-    verbs not served fail with NULL and EOPNOTSUPP."""
+    thread and parent domains (the allocators make the CQ's, the QP's and the SRQ's C
+    rings, and free them; traffic on them; EBUSY while in use); verbs not served fail with
+    NULL and EOPNOTSUPP."""
     exe = compile_c(tmp_path, "verbs_check", "-libverbs", "-lpthread")
     p = run(str(exe), device)
     assert p.returncode == 0, (p.stdout, p.stderr)

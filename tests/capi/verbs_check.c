@@ -11,7 +11,8 @@
  * blocked in ibv_get_cq_event while another busy-polls and posts; XRC; error completions
  * of a message too long for its receive buffer; verbs not served (EOPNOTSUPP); the
  * receive queue's rules with its C ring (EINVAL in RESET, ENOMEM when full, posting order,
- * flushes in ERR), and the SRQ's with its own (ENOMEM, resize, order, the limit event).
+ * flushes in ERR), and the SRQ's with its own (ENOMEM, resize, order, the limit event);
+ * thread and parent domains (the allocators' rings, traffic, EBUSY while in use).
  */
 #include "common.h"
 #include <arpa/inet.h>
@@ -1239,9 +1240,151 @@ static void check_srq_ring(void)
 }
 
 /* ---- verbs softrdma does not serve fail the libibverbs way (NULL + errno), no crash ---- */
+/* ---- thread and parent domains: a parent domain's allocators make the C rings of the CQ
+ * made with it and of its QP's and SRQ's receive queues; traffic on them; the counts that
+ * keep a PD, TD or parent domain in use ---- */
+struct pd_allocs { int allocs, frees, defaults; uint64_t types[8]; size_t sizes[8]; };
+
+static void *pd_alloc(struct ibv_pd *d, void *context, size_t size, size_t alignment,
+                      uint64_t type)
+{
+    struct pd_allocs *a = context;
+    void *p = NULL;
+
+    (void)d;
+    if (a->defaults)  /* the allocator that leaves it to the provider */
+        return IBV_ALLOCATOR_USE_DEFAULT;
+    CHECK(a->allocs < 8 && alignment >= 8 && !(alignment & (alignment - 1)),
+          "pd_alloc: %d allocs, alignment %zu", a->allocs, alignment);
+    CHECK(!posix_memalign(&p, alignment, size), "posix_memalign");
+    memset(p, 0xa5, size);  /* the provider must clear what it needs cleared */
+    a->types[a->allocs] = type;
+    a->sizes[a->allocs++] = size;
+    return p;
+}
+
+static void pd_free(struct ibv_pd *d, void *context, void *ptr, uint64_t type)
+{
+    struct pd_allocs *a = context;
+
+    (void)d;
+    (void)type;
+    CHECK(!a->defaults, "pd_free of a buffer the provider allocated itself");
+    a->frees++;
+    free(ptr);
+}
+
+static void parent_domain_traffic(struct pd_allocs *a)
+{
+    struct ibv_td_init_attr tda = { .comp_mask = 0 };
+    struct ibv_parent_domain_init_attr pa;
+    struct ibv_cq_init_attr_ex ca;
+    struct ibv_srq_init_attr sa;
+    struct ibv_qp_init_attr qa;
+    struct ibv_td *td = ibv_alloc_td(ctx, &tda);
+    struct ibv_pd *dom;
+    struct ibv_cq_ex *cqx;
+    struct ibv_cq *cq;
+    struct ibv_srq *srq;
+    struct ibv_qp *q1, *q2;
+    struct ibv_mr *mr;
+    struct ibv_wc wc;
+    char buf[256];
+    int i;
+
+    CHECK(td && td->context == ctx, "ibv_alloc_td: %s", strerror(errno));
+    memset(&pa, 0, sizeof(pa));
+    pa.pd = pd;
+    pa.td = td;
+    pa.comp_mask = IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS | IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT;
+    pa.alloc = pd_alloc;
+    pa.free = pd_free;
+    pa.pd_context = a;
+    dom = ibv_alloc_parent_domain(ctx, &pa);
+    CHECK(dom && dom->context == ctx, "ibv_alloc_parent_domain: %s", strerror(errno));
+    memset(&ca, 0, sizeof(ca));
+    ca.cqe = 64;
+    ca.wc_flags = IBV_WC_STANDARD_FLAGS;
+    ca.comp_mask = IBV_CQ_INIT_ATTR_MASK_PD;
+    ca.parent_domain = dom;
+    cqx = ibv_create_cq_ex(ctx, &ca);
+    CHECK(cqx, "ibv_create_cq_ex with a parent domain: %s", strerror(errno));
+    cq = ibv_cq_ex_to_cq(cqx);
+    memset(&sa, 0, sizeof(sa));
+    sa.attr.max_wr = 16;
+    sa.attr.max_sge = 1;
+    srq = ibv_create_srq(dom, &sa);
+    CHECK(srq && srq->pd == dom, "ibv_create_srq on a parent domain: %s", strerror(errno));
+    memset(&qa, 0, sizeof(qa));
+    qa.send_cq = qa.recv_cq = cq;
+    qa.qp_type = IBV_QPT_RC;
+    qa.cap.max_send_wr = qa.cap.max_recv_wr = 16;
+    qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+    q1 = ibv_create_qp(dom, &qa);  /* its own receive queue */
+    qa.srq = srq;
+    q2 = ibv_create_qp(dom, &qa);  /* receives from the SRQ */
+    CHECK(q1 && q2 && q1->pd == dom, "ibv_create_qp on a parent domain: %s", strerror(errno));
+    mr = ibv_reg_mr(dom, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE);
+    CHECK(mr && mr->pd == dom, "ibv_reg_mr on a parent domain: %s", strerror(errno));
+    CHECK(ibv_dealloc_pd(pd) == EBUSY && ibv_dealloc_td(td) == EBUSY
+          && ibv_dealloc_pd(dom) == EBUSY, "a PD, TD or parent domain in use was freed");
+    rc_connect(q1, q2->qp_num);
+    rc_connect(q2, q1->qp_num);
+    for (i = 0; i < 3; i++) {  /* q1 -> q2 (the SRQ), q2 -> q1 (q1's own queue) */
+        struct ibv_qp *to = i % 2 ? q1 : q2;
+        memset(buf + 128, 0, 64);
+        snprintf(buf, 64, "parent domain message %d", i);
+        post_recv(to, i % 2 ? NULL : srq, 100 + (uint64_t)i, buf + 128, 64, mr->lkey);
+        post_send(i % 2 ? q2 : q1, 200 + (uint64_t)i, IBV_WR_SEND, buf, 32, mr->lkey,
+                  IBV_SEND_SIGNALED);
+        for (int got = 0; got < 2; got++) {
+            wait_wc(cq, &wc, "parent domain traffic", WC_WAIT_S);
+            CHECK(wc.status == IBV_WC_SUCCESS, "parent domain: %s", ibv_wc_status_str(wc.status));
+            if (wc.opcode == IBV_WC_RECV)
+                CHECK(wc.wr_id == 100 + (uint64_t)i && wc.byte_len == 32 && wc.qp_num == to->qp_num
+                      && !strcmp(buf + 128, buf), "parent domain receive %d: wr_id %llu len %u",
+                      i, (unsigned long long)wc.wr_id, wc.byte_len);
+            else
+                CHECK(wc.wr_id == 200 + (uint64_t)i, "parent domain send %d", i);
+        }
+    }
+    CHECK(!ibv_destroy_qp(q1) && !ibv_destroy_qp(q2) && !ibv_destroy_srq(srq)
+          && !ibv_dereg_mr(mr) && !ibv_destroy_cq(cq), "parent domain objects' teardown");
+    CHECK(!ibv_dealloc_pd(dom) && !ibv_dealloc_td(td), "ibv_dealloc_pd (parent), ibv_dealloc_td");
+}
+
+static void check_parent_domain(void)
+{
+    struct pd_allocs mine, defaults;
+    uint64_t rxe = (uint64_t)RDMA_DRIVER_RXE << 32;
+    struct ibv_parent_domain_init_attr bad;
+    int cq = 0, rq = 0, srq = 0, i;
+
+    memset(&mine, 0, sizeof(mine));
+    parent_domain_traffic(&mine);
+    for (i = 0; i < mine.allocs; i++) {
+        cq += mine.types[i] == (rxe | 1) && mine.sizes[i] >= 64 * sizeof(struct ibv_wc);
+        rq += mine.types[i] == (rxe | 2);
+        srq += mine.types[i] == (rxe | 3);
+    }
+    CHECK(mine.allocs == 3 && cq == 1 && rq == 1 && srq == 1 && mine.frees == 3,
+          "allocator: %d allocs (CQ %d, RQ %d, SRQ %d), %d frees", mine.allocs, cq, rq, srq,
+          mine.frees);
+    memset(&defaults, 0, sizeof(defaults));
+    defaults.defaults = 1;
+    parent_domain_traffic(&defaults);
+    memset(&bad, 0, sizeof(bad));
+    bad.pd = pd;
+    bad.comp_mask = IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS;  /* without the functions */
+    errno = 0;
+    CHECK(!ibv_alloc_parent_domain(ctx, &bad) && errno == EINVAL,
+          "a parent domain with NULL allocators: errno %d", errno);
+    printf("ok: a parent domain's allocators make the CQ, RQ and SRQ rings (USE_DEFAULT "
+           "too); traffic on them; PD, TD and parent domain EBUSY while used\n");
+}
+
 static void check_unsupported(void)
 {
-    struct ibv_td_init_attr td = { .comp_mask = 0 };
     struct ibv_cq *cq = ibv_create_cq(ctx, 4, NULL, NULL, 0);
     struct ibv_qp *qp;
     struct {
@@ -1251,8 +1394,6 @@ static void check_unsupported(void)
 
     CHECK(cq, "cq");
     qp = make_qp(IBV_QPT_UD, cq, cq, NULL, 0);
-    errno = 0;
-    CHECK(!ibv_alloc_td(ctx, &td) && errno == EOPNOTSUPP, "ibv_alloc_td: errno %d", errno);
     memset(&flow, 0, sizeof(flow));
     flow.attr.size = sizeof(flow);
     flow.attr.num_of_specs = 1;
@@ -1266,7 +1407,7 @@ static void check_unsupported(void)
     CHECK(!ibv_reg_dmabuf_mr(pd, 0, 4096, 0, -1, IBV_ACCESS_LOCAL_WRITE) && errno == EOPNOTSUPP,
           "ibv_reg_dmabuf_mr: errno %d", errno);
     CHECK(!ibv_destroy_qp(qp) && !ibv_destroy_cq(cq), "teardown");
-    printf("ok: ibv_alloc_td, ibv_create_flow, ibv_reg_dmabuf_mr -> NULL, EOPNOTSUPP\n");
+    printf("ok: ibv_create_flow, ibv_reg_dmabuf_mr -> NULL, EOPNOTSUPP\n");
 }
 
 int main(int argc, char **argv)
@@ -1293,6 +1434,7 @@ int main(int argc, char **argv)
     check_error_completions();
     check_recv_ring();
     check_srq_ring();
+    check_parent_domain();
     check_unsupported();
     CHECK(!ibv_dealloc_pd(pd) && !ibv_close_device(ctx), "close");
     ibv_free_device_list(list);

@@ -116,7 +116,9 @@ struct sr_ring {
     _Atomic uint32_t tail;   /* producer index */
     uint32_t capacity, mask;
     pthread_spinlock_t consumer;
-    struct ibv_wc *wc;
+    struct ibv_wc *wc;     /* from dom's allocator when custom */
+    int custom;
+    struct sr_pd *dom;     /* the parent domain the CQ was made with (ibv_create_cq_ex), or NULL */
     uint64_t *ts;            /* each entry's completion time (CLOCK_MONOTONIC ns); NULL but
                               * for a CQ made with a completion timestamp (ibv_create_cq_ex) */
 };
@@ -129,7 +131,23 @@ struct sr_device { struct ibv_device dev; int index; uint64_t guid; };
  * ibv_context last): the handle goes before it */
 struct sr_context { int h; int async_own; size_t dm_used; struct verbs_context vctx; };
 #define SR_CTX(c) ((struct sr_context *)((char *)(c) - offsetof(struct sr_context, vctx.context)))
-struct sr_pd { struct ibv_pd pd; int h; };
+/* A PD, or a parent domain (ibv_alloc_parent_domain): a PD that stands for its protection
+ * domain (h is that PD's handle, so every verb that takes a PD takes it) with a thread
+ * domain and the program's allocators, which the C rings of the QPs, SRQs and CQs made
+ * with it use (sr_dom_calloc). users: a PD's parent domains; a parent domain's QPs, SRQs
+ * and CQs (ibv_dealloc_pd is EBUSY while there are any). */
+struct sr_td { struct ibv_td td; _Atomic int users; };
+struct sr_pd {
+    struct ibv_pd pd;
+    int h;
+    _Atomic int users;
+    struct sr_pd *base;    /* a parent domain's PD; NULL for a PD */
+    struct sr_td *td;
+    void *(*alloc)(struct ibv_pd *pd, void *pd_context, size_t size, size_t alignment,
+                   uint64_t resource_type);
+    void (*free)(struct ibv_pd *pd, void *pd_context, void *ptr, uint64_t resource_type);
+    void *pd_context;
+};
 struct sr_dm;
 struct sr_mr { struct ibv_mr mr; int h; int access; uint64_t iova; struct sr_dm *dm; };
 struct sr_channel { struct ibv_comp_channel ch; int h; int own_fd; };
@@ -156,6 +174,9 @@ struct sr_rqring {
     uint32_t cap, qlen;    /* the QP's max_recv_wr; its Python queue's length, as told */
     uint32_t head, count;
     struct sr_rq_ent *e;   /* cap entries; NULL: no ring (XRC, max_recv_wr 0, none attached) */
+    struct sr_pd *dom;     /* the QP's or SRQ's parent domain, whose allocator made e; NULL */
+    int custom;            /* e came from that allocator */
+    uint64_t type;         /* the resource type it was asked for */
 };
 #define SR_KEYED_SGES 4  /* requests with more SGEs than this get no content number */
 struct sr_qp {
@@ -181,13 +202,91 @@ static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct sr_device *g_devs;
 static int g_ndev = -1;
 
+/* ---- parent domains' allocators (ibv_alloc_parent_domain(3)) ----
+ * The resource types softrdma passes them, as a provider's (mlx5dv.h's MLX5DV_RES_TYPE_*):
+ * the driver id in the high 32 bits (softrdma's C interface stands for rxe), then what the
+ * buffer is: a CQ's completion entries, a QP's or an SRQ's receive ring. */
+#define SR_RES(n) ((uint64_t)RDMA_DRIVER_RXE << 32 | (n))
+#define SR_RES_CQ SR_RES(1)
+#define SR_RES_RQ SR_RES(2)
+#define SR_RES_SRQ SR_RES(3)
+
+/* pd's parent domain, counted as used by one more object; NULL for a plain PD */
+static struct sr_pd *sr_dom_hold(struct ibv_pd *pd)
+{
+    struct sr_pd *d = (struct sr_pd *)pd;
+
+    if (!d || !d->base)
+        return NULL;
+    atomic_fetch_add(&d->users, 1);
+    return d;
+}
+
+static void sr_dom_put(struct sr_pd *d)
+{
+    if (d)
+        atomic_fetch_sub(&d->users, 1);
+}
+
+/* The program's allocators run with the GIL held, as the verb that needs the buffer was
+ * called: a Python host's allocator is Python code behind a C function (pyverbs'
+ * ParentDomainContext), and a QP's receive ring is allocated from inside Python, whose
+ * cffi call let the GIL go. */
+static int sr_gil_take(PyGILState_STATE *st)
+{
+    if (!Py_IsInitialized() || PyGILState_Check())
+        return 0;
+    *st = PyGILState_Ensure();
+    return 1;
+}
+
+/* n zeroed bytes for a buffer of the resource type: from the parent domain's allocator
+ * when it has one and does not answer IBV_ALLOCATOR_USE_DEFAULT (*custom set), else calloc */
+static void *sr_dom_calloc(struct sr_pd *d, size_t n, uint64_t type, int *custom)
+{
+    PyGILState_STATE st;
+    void *p;
+    int took;
+
+    *custom = 0;
+    if (d && d->alloc) {
+        took = sr_gil_take(&st);
+        p = d->alloc(&d->pd, d->pd_context, n, 64, type);
+        if (took)
+            PyGILState_Release(st);
+        if (p != IBV_ALLOCATOR_USE_DEFAULT) {
+            if (p) {
+                memset(p, 0, n);
+                *custom = 1;
+            }
+            return p;
+        }
+    }
+    return calloc(1, n);
+}
+
+static void sr_dom_free(struct sr_pd *d, void *p, int custom, uint64_t type)
+{
+    PyGILState_STATE st;
+    int took;
+
+    if (!custom) {
+        free(p);
+        return;
+    }
+    took = sr_gil_take(&st);
+    d->free(&d->pd, d->pd_context, p, type);
+    if (took)
+        PyGILState_Release(st);
+}
+
 /* ---- the completion ring ---- */
 static int sr_ring_init(struct sr_ring *r, uint32_t cqe)
 {
     uint32_t size = 1;
     while (size <= cqe)
         size <<= 1;
-    r->wc = calloc(size, sizeof(struct ibv_wc));
+    r->wc = sr_dom_calloc(r->dom, (size_t)size * sizeof(struct ibv_wc), SR_RES_CQ, &r->custom);
     if (!r->wc)
         return -1;
     r->capacity = cqe;
@@ -589,11 +688,12 @@ static int sr_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_re
     return sr_post_recv_h(SR_H(sr_qp, qp), 0, wr, bad);
 }
 
-static void *sr_rqring_init(struct sr_rqring *r, uint32_t cap)
+static void *sr_rqring_init(struct sr_rqring *r, uint32_t cap, uint64_t type)
 {
     if (r->e || !cap)
         return NULL;
-    r->e = calloc(cap, sizeof(*r->e));
+    r->type = type;
+    r->e = sr_dom_calloc(r->dom, (size_t)cap * sizeof(*r->e), type, &r->custom);
     if (!r->e)
         return NULL;
     pthread_spin_init(&r->lock, PTHREAD_PROCESS_PRIVATE);
@@ -605,7 +705,7 @@ static void sr_rqring_free(struct sr_rqring *r)
 {
     if (r->e) {
         pthread_spin_destroy(&r->lock);
-        free(r->e);
+        sr_dom_free(r->dom, r->e, r->custom, r->type);
         r->e = NULL;
     }
 }
@@ -613,13 +713,13 @@ static void sr_rqring_free(struct sr_rqring *r)
 /* Called from Python: give the QP wrapper a receive ring of cap entries; NULL: none. */
 void *sr_rq_ring(void *wrapper, uint32_t cap)
 {
-    return sr_rqring_init(&((struct sr_qp *)wrapper)->rq, cap);
+    return sr_rqring_init(&((struct sr_qp *)wrapper)->rq, cap, SR_RES_RQ);
 }
 
 /* Called from Python: the same for an SRQ wrapper (cap: the SRQ's max_wr). */
 void *sr_srq_ring(void *wrapper, uint32_t cap)
 {
-    return sr_rqring_init(&((struct sr_srq *)wrapper)->rq, cap);
+    return sr_rqring_init(&((struct sr_srq *)wrapper)->rq, cap, SR_RES_SRQ);
 }
 
 /* Called from Python (under the engine lock): move up to most entries, oldest first, into
@@ -1246,7 +1346,17 @@ static int sr_destroy_obj(int h, void *wrapper)
 
 int ibv_dealloc_pd(struct ibv_pd *pd)
 {
-    return sr_destroy_obj(SR_H(sr_pd, pd), pd);
+    struct sr_pd *p = (struct sr_pd *)pd;
+
+    if (atomic_load(&p->users))
+        return EBUSY;  /* a PD's parent domains, a parent domain's QPs, SRQs or CQs */
+    if (!p->base)
+        return sr_destroy_obj(p->h, pd);
+    sr_dom_put(p->base);
+    if (p->td)
+        atomic_fetch_sub(&p->td->users, 1);
+    free(p);
+    return 0;
 }
 
 struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova,
@@ -1330,8 +1440,17 @@ int ibv_destroy_comp_channel(struct ibv_comp_channel *channel)
     return ret;
 }
 
-struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, void *cq_context,
-                             struct ibv_comp_channel *channel, int comp_vector)
+static void sr_ring_free(struct sr_ring *r)
+{
+    sr_dom_free(r->dom, r->wc, r->custom, SR_RES_CQ);
+    free(r->ts);
+    sr_dom_put(r->dom);
+}
+
+/* ibv_create_cq, its ring's entries from parent domain pd's allocator (NULL: none) */
+static struct ibv_cq *sr_create_cq(struct ibv_context *context, int cqe, void *cq_context,
+                                   struct ibv_comp_channel *channel, int comp_vector,
+                                   struct ibv_pd *pd)
 {
     struct sr_cq *c;
     int h;
@@ -1339,7 +1458,11 @@ struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, void *cq_cont
     if (cqe < 1 || comp_vector < 0)
         return sr_fail(EINVAL);
     c = calloc(1, sizeof(*c));
-    if (!c || sr_ring_init(&c->ring, (uint32_t)cqe) != 0) {
+    if (!c)
+        return sr_fail(ENOMEM);
+    c->ring.dom = sr_dom_hold(pd);
+    if (sr_ring_init(&c->ring, (uint32_t)cqe) != 0) {
+        sr_dom_put(c->ring.dom);
         free(c);
         return sr_fail(ENOMEM);
     }
@@ -1347,7 +1470,7 @@ struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, void *cq_cont
                         channel ? SR_H(sr_channel, channel) : 0, comp_vector, &c->ring, c);
     if (!sr_handle_ok(h)) {
         int err = errno;
-        free(c->ring.wc);
+        sr_ring_free(&c->ring);
         free(c);
         return sr_fail(err);
     }
@@ -1364,6 +1487,12 @@ struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, void *cq_cont
     return &c->cq;
 }
 
+struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, void *cq_context,
+                             struct ibv_comp_channel *channel, int comp_vector)
+{
+    return sr_create_cq(context, cqe, cq_context, channel, comp_vector, NULL);
+}
+
 int ibv_destroy_cq(struct ibv_cq *cq)
 {
     struct sr_cq *c = (struct sr_cq *)cq;
@@ -1374,8 +1503,7 @@ int ibv_destroy_cq(struct ibv_cq *cq)
     sr_ev_wait_acked(c);
     if (cq->channel)
         cq->channel->refcnt--;
-    free(c->ring.wc);
-    free(c->ring.ts);
+    sr_ring_free(&c->ring);
     free(c);
     return 0;
 }
@@ -1409,6 +1537,14 @@ void ibv_ack_cq_events(struct ibv_cq *cq, unsigned int nevents)
 }
 
 /* ---- shared receive queues ---- */
+/* an SRQ wrapper's ring and memory, and its hold on its parent domain */
+static void sr_srq_free(struct sr_srq *s)
+{
+    sr_rqring_free(&s->rq);
+    sr_dom_put(s->rq.dom);
+    free(s);
+}
+
 struct ibv_srq *ibv_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *attr)
 {
     struct sr_srq *s = calloc(1, sizeof(*s));
@@ -1417,10 +1553,11 @@ struct ibv_srq *ibv_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *attr
 
     if (!s)
         return sr_fail(ENOMEM);
+    s->rq.dom = sr_dom_hold(pd);  /* before Python makes its ring */
     h = sr_py_create_srq(SR_H(sr_pd, pd), &a, s);
     if (!sr_handle_ok(h)) {
         int err = errno;
-        free(s);
+        sr_srq_free(s);
         return sr_fail(err);
     }
     attr->attr.max_wr = a.max_wr;
@@ -1462,8 +1599,7 @@ int ibv_destroy_srq(struct ibv_srq *srq)
     if (ret)
         return ret;
     sr_ev_wait_acked(srq);
-    sr_rqring_free(&s->rq);
-    free(s);
+    sr_srq_free(s);
     return 0;
 }
 
@@ -1473,6 +1609,7 @@ static void sr_qp_free(struct sr_qp *q)
 {
     pthread_spin_destroy(&q->last_lock);
     sr_rqring_free(&q->rq);
+    sr_dom_put(q->rq.dom);
     free(q);
 }
 
@@ -1498,6 +1635,7 @@ static struct sr_qp *sr_create_qp_on(int owner, struct ibv_context *context, str
     if (!q)
         return sr_fail(ENOMEM);
     pthread_spin_init(&q->last_lock, PTHREAD_PROCESS_PRIVATE);
+    q->rq.dom = sr_dom_hold(pd);  /* before Python makes its receive ring */
     h = cm_id ? sr_py_cm_create_qp(cm_id, owner, &a, q) : sr_py_create_qp(owner, &a, q);
     if (!sr_handle_ok(h)) {
         int err = errno;
@@ -2618,8 +2756,14 @@ static struct ibv_cq_ex *sr_create_cq_ex(struct ibv_context *context,
         return sr_fail(EOPNOTSUPP);  /* IGNORE_OVERRUN */
     if (attr->cqe > INT32_MAX)
         return sr_fail(EINVAL);
-    cq = ibv_create_cq(context, (int)attr->cqe, attr->cq_context, attr->channel,
-                       (int)attr->comp_vector);
+    if (attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_PD) {  /* a parent domain, as mlx5 */
+        struct sr_pd *d = (struct sr_pd *)attr->parent_domain;
+        if (!d || !d->base || d->pd.context != context)
+            return sr_fail(EINVAL);
+    }
+    cq = sr_create_cq(context, (int)attr->cqe, attr->cq_context, attr->channel,
+                      (int)attr->comp_vector,
+                      attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_PD ? attr->parent_domain : NULL);
     if (!cq)
         return NULL;
     c = (struct sr_cq *)cq;
@@ -2700,16 +2844,18 @@ int sr_ring_resize(void *ring, uint32_t cqe)
     uint32_t n = tail - head, size = 1, i;
     struct ibv_wc *wc;
     uint64_t *ts = NULL;
+    int custom;
 
     if (cqe < n)
         return EINVAL;
     while (size <= cqe)
         size <<= 1;
-    wc = calloc(size, sizeof(*wc));
+    wc = sr_dom_calloc(r->dom, (size_t)size * sizeof(*wc), SR_RES_CQ, &custom);
     if (r->ts)
         ts = calloc(size, sizeof(*ts));
     if (!wc || (r->ts && !ts)) {
-        free(wc);
+        if (wc)
+            sr_dom_free(r->dom, wc, custom, SR_RES_CQ);
         free(ts);
         return ENOMEM;
     }
@@ -2718,9 +2864,10 @@ int sr_ring_resize(void *ring, uint32_t cqe)
         if (ts)
             ts[i] = r->ts[(head + i) & r->mask];
     }
-    free(r->wc);
+    sr_dom_free(r->dom, r->wc, r->custom, SR_RES_CQ);
     free(r->ts);
     r->wc = wc;
+    r->custom = custom;
     r->ts = ts;
     r->capacity = cqe;
     r->mask = size - 1;
@@ -2829,8 +2976,75 @@ static int sr_bind_mw(struct ibv_qp *qp, struct ibv_mw *mw, struct ibv_mw_bind *
     return ret;
 }
 
+/* ---- thread and parent domains (ibv_alloc_td(3), ibv_alloc_parent_domain(3)) ----
+ * A thread domain promises that one thread uses the objects made with it; softrdma takes
+ * its locks all the same, so a TD is only counted (EBUSY while a parent domain holds it). A
+ * parent domain is a struct sr_pd over its PD (above): QPs, SRQs, MRs, AHs and windows made
+ * on it are its PD's, and the C rings of its QPs and SRQs, and of the CQs made with it
+ * (ibv_create_cq_ex with IBV_CQ_INIT_ATTR_MASK_PD), come from its allocators. */
+static struct ibv_td *sr_alloc_td(struct ibv_context *context, struct ibv_td_init_attr *attr)
+{
+    struct sr_td *t;
+
+    if (!attr || attr->comp_mask)
+        return sr_fail(EINVAL);
+    t = calloc(1, sizeof(*t));
+    if (!t)
+        return sr_fail(ENOMEM);
+    t->td.context = context;
+    return &t->td;
+}
+
+static int sr_dealloc_td(struct ibv_td *td)
+{
+    struct sr_td *t = (struct sr_td *)td;
+
+    if (atomic_load(&t->users))
+        return EBUSY;
+    free(t);
+    return 0;
+}
+
+static struct ibv_pd *sr_alloc_parent_domain(struct ibv_context *context,
+                                             struct ibv_parent_domain_init_attr *attr)
+{
+    uint32_t known = IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS | IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT;
+    struct sr_pd *base, *d;
+
+    if (!attr || !attr->pd || attr->comp_mask & ~known)
+        return sr_fail(EINVAL);
+    base = (struct sr_pd *)attr->pd;
+    if (base->base || attr->pd->context != context
+        || (attr->td && attr->td->context != context))
+        return sr_fail(EINVAL);  /* a parent domain over a parent domain, another device */
+    if ((attr->comp_mask & IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS)
+        && (!attr->alloc || !attr->free))
+        return sr_fail(EINVAL);
+    d = calloc(1, sizeof(*d));
+    if (!d)
+        return sr_fail(ENOMEM);
+    d->h = base->h;
+    d->base = base;
+    d->pd.context = context;
+    d->pd.handle = base->pd.handle;
+    d->td = (struct sr_td *)attr->td;
+    if (attr->comp_mask & IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS) {
+        d->alloc = attr->alloc;
+        d->free = attr->free;
+    }
+    if (attr->comp_mask & IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT)
+        d->pd_context = attr->pd_context;
+    atomic_fetch_add(&base->users, 1);
+    if (d->td)
+        atomic_fetch_add(&d->td->users, 1);
+    return &d->pd;
+}
+
 static void sr_ext_context_ops(struct verbs_context *vctx)
 {
+    vctx->alloc_td = sr_alloc_td;
+    vctx->dealloc_td = sr_dealloc_td;
+    vctx->alloc_parent_domain = sr_alloc_parent_domain;
     vctx->context.ops.alloc_mw = sr_alloc_mw;
     vctx->context.ops.bind_mw = sr_bind_mw;
     vctx->context.ops.dealloc_mw = sr_dealloc_mw;
