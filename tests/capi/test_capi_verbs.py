@@ -10,6 +10,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -251,24 +252,27 @@ def test_rc_pingpong_completion_timestamps(device: str) -> None:
     completion_timestamp_mask, hca_core_clock 1 GHz: CLOCK_MONOTONIC ns), the CQ an
     extended one with IBV_WC_EX_WITH_COMPLETION_TIMESTAMP; each side prints the cycles
     between its receive completions: one round trip each, together within the run's
-    timed span (Linux rxe has no completion clock)."""
+    span of the two processes (Linux rxe has no completion clock)."""
     need_tool("ibv_rc_pingpong", "ibverbs-utils")
     port = tcp_port()
     common = ["ibv_rc_pingpong", "-d", device, "-g", "0", "-n", "100", "-c", "-t",
               "-p", str(port)]
+    began = time.monotonic()
     procs, outs = run_pair(preloaded(*common), preloaded(*common, "127.0.0.1"), port)
+    span_ns = (time.monotonic() - began) * 1e9
     for p, (out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, (out, err)
         cycles = {k: float(v) for k, v in re.findall(
             r"^(Max|Min|Average) receive completion clock cycles = ([\d.]+)$", out, re.M)}
-        usec = re.search(r"([\d.]+) seconds = ([\d.]+) usec/iter", out)
-        assert set(cycles) == {"Max", "Min", "Average"} and usec, out
-        seconds, per_iter_us = float(usec.group(1)), float(usec.group(2))
+        assert set(cycles) == {"Max", "Min", "Average"}, out
         assert 0 < cycles["Min"] <= cycles["Average"] <= cycles["Max"], out
-        # the 99 gaps between 100 receives lie within the timed run (usec/iter * 100;
-        # "seconds" has two decimals only: 10 ms of slack)
-        assert cycles["Max"] <= seconds * 1e9 + 1e7, out
-        assert cycles["Average"] * 99 <= per_iter_us * 100 * 1e3 + 1e6, out
+        # The 99 gaps between the 100 receives lie within the processes' span. Not
+        # within the tool's own timed run: the server's first receive may complete
+        # before it starts its clock (the client's first SEND leaves at once), by a
+        # time slice or more on a loaded machine. And the clock counts nanoseconds: 99
+        # round trips take well over 5 us each.
+        assert cycles["Average"] * 99 <= span_ns, (out, span_ns)
+        assert cycles["Average"] * 99 >= 99 * 5e3, out
 
 
 @pytest.mark.iba("9.8.5")
