@@ -109,8 +109,8 @@ def test_create_errno(ctx: d.Context) -> None:
         errno.EOPNOTSUPP
     assert _err(MW, pd, 3) == errno.EINVAL
     assert _err(AH, pd, attr=AHAttr(is_global=0, port_num=1)) == errno.EINVAL
-    ts = CqInitAttrEx(cqe=8, wc_flags=e.IBV_WC_EX_WITH_COMPLETION_TIMESTAMP)
-    assert _err(CQEX, ctx, ts) == errno.EOPNOTSUPP
+    cvlan = CqInitAttrEx(cqe=8, wc_flags=e.IBV_WC_EX_WITH_CVLAN)
+    assert _err(CQEX, ctx, cvlan) == errno.EOPNOTSUPP
     assert _err(CQEX, ctx, CqInitAttrEx(cqe=max_cqe + 1)) == errno.EINVAL
     with pytest.raises(PyverbsUserError):
         RecvWR(num_sge=0)
@@ -393,5 +393,48 @@ def test_cq_ex_polling(dev: str) -> None:
                 cqx.end_poll()
         assert seen[1] == (e.IBV_WC_SUCCESS, e.IBV_WC_RECV, 16 + 40)
         assert seen[2][:2] == (e.IBV_WC_SUCCESS, e.IBV_WC_SEND)
+    finally:
+        a.close()
+
+
+def test_cq_ex_completion_timestamps(dev: str) -> None:
+    """IBV_WC_EX_WITH_COMPLETION_TIMESTAMP(_WALLCLOCK): each completion carries the
+    device's clock (CLOCK_MONOTONIC ns, ibv_query_rt_values_ex's raw clock) at the time it
+    was queued, and the same instant on CLOCK_REALTIME; the device reports the clock
+    (completion_timestamp_mask, hca_core_clock 1 GHz); a CQ without the flag has none."""
+    a = Side(dev, qp_type=e.IBV_QPT_UD)
+    try:
+        attr = a.ctx.query_device_ex()
+        assert attr.completion_timestamp_mask == (1 << 64) - 1
+        assert attr.hca_core_clock == 1_000_000  # kHz
+        flags = int(e.IBV_WC_STANDARD_FLAGS | e.IBV_WC_EX_WITH_COMPLETION_TIMESTAMP
+                    | e.IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK)
+        cqx = CQEX(a.ctx, CqInitAttrEx(cqe=16, wc_flags=flags))
+        plain = CQEX(a.ctx, CqInitAttrEx(cqe=16, wc_flags=e.IBV_WC_STANDARD_FLAGS))
+        qp = QP(a.pd, QPInitAttr(qp_type=e.IBV_QPT_UD, scq=cqx, rcq=plain, cap=QPCap()),
+                QPAttr())
+        qp.post_recv(RecvWR(wr_id=1, sg=[SGE(a.mr.buf, 128, a.mr.lkey)], num_sge=1))
+        ah = AH(a.pd, attr=AHAttr(is_global=1, port_num=1, gr=GlobalRoute(a.ctx.query_gid(1, 0))))
+        wr = SendWR(wr_id=2, num_sge=1, sg=[SGE(a.mr.buf + 64, 16, a.mr.lkey)])
+        wr.set_wr_ud(ah, qp.qp_num, 0)
+        before_s, before_ns = a.ctx.query_rt_values_ex()
+        wall_before = time.time_ns()
+        qp.post_send(wr)
+        end = time.monotonic() + 10
+        while cqx.start_poll(PollCqAttr()) != 0:
+            assert time.monotonic() < end
+        stamp, wall = cqx.read_timestamp(), cqx.read_completion_wallclock_ns()
+        assert cqx.wr_id == 2
+        cqx.end_poll()
+        after_s, after_ns = a.ctx.query_rt_values_ex()
+        assert before_s == after_s == 0 and before_ns <= stamp <= after_ns
+        assert wall_before <= wall <= time.time_ns()
+        while plain.start_poll(PollCqAttr()) != 0:
+            assert time.monotonic() < end
+        assert plain.wr_id == 1
+        with pytest.raises(PyverbsUserError):
+            plain.read_timestamp()
+        plain.end_poll()
+        assert _err(a.ctx.query_rt_values_ex, 2) == errno.EINVAL
     finally:
         a.close()

@@ -7,6 +7,8 @@ lines, in its order; the device-memory limit is the one the pyverbs layer report
 from __future__ import annotations
 
 import argparse
+import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -49,8 +51,6 @@ def test_feature_runs_check_every_byte(device: str, flags: list[str],
     (["-O", "-j", "-P"], "DM memory region can't be on demand"),
     (["-P"], "prefetch is valid only with on-demand memory region"),
     (["-P", "-t"], "prefetch is valid only with on-demand memory region"),
-    (["-t"], "The device isn't completion timestamp capable"),
-    (["-o", "-t"], "The device isn't completion timestamp capable"),
     (["-j", "-s", str(ext.MAX_DM_SIZE + 1)], "Device memory is insufficient"),
 ])
 def test_refusals_are_the_c_tool_lines(device: str, flags: list[str], line: str,
@@ -59,6 +59,39 @@ def test_refusals_are_the_c_tool_lines(device: str, flags: list[str], line: str,
     err = capsys.readouterr().err
     assert rc == 1
     assert err == f"softrdma rc-pingpong: error: {line}\n"
+
+
+@pytest.mark.parametrize("flags", [["-t"], ["-t", "-e"]])
+def test_completion_timestamps(device: str, flags: list[str],
+                               capsys: pytest.CaptureFixture[str]) -> None:
+    """-t: each side reports the completion clock's cycles (ns) between its receive
+    completions, as ibv_rc_pingpong -t: Min <= Average <= Max, 19 gaps of 20 receives
+    within the run's own time (the client's first receive comes after its start)."""
+    began = time.monotonic_ns()
+    rc = main(["rc-pingpong", "--loopback", "-d", device, "-n", "20", "--timeout", "20",
+               *flags])
+    span = time.monotonic_ns() - began
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    found = re.findall(r"^(Max|Min|Average) receive completion clock cycles = ([\d.]+)$",
+                       cap.out, re.M)
+    assert [k for k, _ in found] == ["Max", "Min", "Average"] * 2, cap.out
+    for i in (0, 3):
+        mx, mn, avg = (float(v) for _, v in found[i:i + 3])
+        assert 0 < mn <= avg <= mx, cap.out
+        assert avg * 19 <= span, (cap.out, span)
+
+
+def test_recv_clock_counts_across_a_wrap() -> None:
+    c = ext.RecvClock()
+    assert c.lines() == []
+    c.add(100)
+    c.add(250)
+    c.add(ext.COMPLETION_TIMESTAMP_MASK - 9)  # a huge gap, then the clock wraps
+    c.add(40)  # 10 + 40 cycles after the last
+    assert (c.min, c.n) == (50, 3) and c.max == ext.COMPLETION_TIMESTAMP_MASK - 259
+    assert c.lines()[1] == "Min receive completion clock cycles = 50"
+    assert c.lines()[2].startswith("Average receive completion clock cycles = ")
 
 
 def test_device_memory_limit_is_the_device_s() -> None:

@@ -269,6 +269,23 @@ def test_cq_poll_order_and_batches(ctx: v.Context) -> None:
     assert cq.poll() == (0, [])
 
 
+def test_cq_completion_timestamps(ctx: v.Context) -> None:
+    """A CQ made with timestamps stamps each completion with the completion clock
+    (CLOCK_MONOTONIC ns) as it is queued, in order; another CQ leaves 0."""
+    from softrdma.verbs.cq import completion_clock
+
+    stamped, plain = v.CQ(ctx, 8, timestamps=True), v.CQ(ctx, 8)
+    before = completion_clock()
+    for i in range(3):
+        stamped.push(_wc(i))
+        plain.push(_wc(i))
+    after = completion_clock()
+    stamps = [w.timestamp for w in stamped.poll(8)[1]]
+    assert before <= stamps[0] <= stamps[1] <= stamps[2] <= after
+    assert [w.timestamp for w in plain.poll(8)[1]] == [0, 0, 0]
+    assert stamped.timestamps and not plain.timestamps
+
+
 @pytest.mark.iba("11.4.2.1", "11.6.3.1")
 def test_cq_overrun_error_and_async_event(ctx: v.Context) -> None:
     cq = v.CQ(ctx, 2)

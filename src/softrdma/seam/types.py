@@ -186,12 +186,14 @@ class WorkCompletion:
 
     ``imm_data`` is kept as the 32-bit value in host order of the big-endian wire field
     (so the value a sender passes as ``imm_data`` is the value the receiver reads); ``invalidated_rkey``
-    is set for IBV_WC_WITH_INV.
+    is set for IBV_WC_WITH_INV. ``timestamp``: when a CQ made with completion timestamps
+    queued it (``CLOCK_MONOTONIC`` ns, ``ibv_wc_read_completion_ts``), else 0.
     """
 
     __slots__ = (
         "wr_id", "status", "opcode", "vendor_err", "byte_len", "imm_data", "qp_num", "src_qp",
         "wc_flags", "pkey_index", "slid", "sl", "dlid_path_bits", "invalidated_rkey", "solicited",
+        "timestamp",
     )
 
     def __init__(
@@ -223,6 +225,7 @@ class WorkCompletion:
         self.dlid_path_bits = 0
         self.invalidated_rkey = invalidated_rkey
         self.solicited = False  # the message carried SE (for req_notify(solicited_only))
+        self.timestamp = 0
 
     def __repr__(self) -> str:
         try:

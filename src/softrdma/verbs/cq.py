@@ -15,6 +15,12 @@ into it (it is the QP's ``CompletionSink``); :meth:`CQ.poll` takes them out.
   non-blocking engine step, so an application that spins on ``poll`` gets packets
   without waiting for the progress thread.
 * ``await cq.wait()`` suits asyncio.
+* Completion timestamps (``ibv_create_cq_ex`` with
+  ``IBV_WC_EX_WITH_COMPLETION_TIMESTAMP``): a CQ made with ``timestamps=True`` stamps
+  each completion as it is queued (``WorkCompletion.timestamp``: :func:`completion_clock`,
+  ``CLOCK_MONOTONIC`` in ns). The device's completion clock is that clock, as
+  :data:`COMPLETION_TIMESTAMP_MASK` and :data:`HCA_CORE_CLOCK_KHZ` say (the C interface's
+  too, so C and Python programs on one device read the same clock; rxe has none).
 """
 
 from __future__ import annotations
@@ -37,7 +43,15 @@ from .device import MAX_CQE, AsyncEvent, Context
 if TYPE_CHECKING:
     import asyncio
 
-__all__ = ["CQ", "CompChannel", "WC", "wc_status_str"]
+__all__ = ["CQ", "CompChannel", "WC", "wc_status_str", "completion_clock",
+           "COMPLETION_TIMESTAMP_MASK", "HCA_CORE_CLOCK_KHZ"]
+
+#: the completion clock's width (``completion_timestamp_mask``): it never wraps
+COMPLETION_TIMESTAMP_MASK = (1 << 64) - 1
+#: its rate (``hca_core_clock``, kHz): one count a nanosecond
+HCA_CORE_CLOCK_KHZ = 1_000_000
+#: the completion clock (``ibv_query_rt_values_ex``'s raw clock): ``CLOCK_MONOTONIC`` ns
+completion_clock = time.monotonic_ns
 
 WC = WorkCompletion
 
@@ -127,7 +141,8 @@ class CQ(VerbsObject):
     _close_rank = 4
 
     def __init__(self, ctx: Context, cqe: int, cq_context: object = None,
-                 channel: CompChannel | None = None, comp_vector: int = 0) -> None:
+                 channel: CompChannel | None = None, comp_vector: int = 0, *,
+                 timestamps: bool = False) -> None:
         super().__init__()
         if not isinstance(ctx, Context):
             raise InvalidArgument("ctx", f"expected a Context, got {type(ctx).__name__}")
@@ -151,6 +166,8 @@ class CQ(VerbsObject):
         self.cq_context = cq_context
         self.channel = channel
         self.comp_vector = comp_vector
+        #: completions are stamped as they are queued (see the module docstring)
+        self.timestamps = bool(timestamps)
         self._q: deque[WorkCompletion] = deque()
         self._armed = 0  # 0 not armed, 1 next completion, 2 solicited only
         self._error = False
@@ -169,6 +186,8 @@ class CQ(VerbsObject):
         """Add a completion (the engine's CompletionSink). Never raises."""
         if self._error or self._closed:
             return
+        if self.timestamps:
+            wc.timestamp = completion_clock()
         if not self._store(wc):
             self._error = True
             self.ctx._post_event(AsyncEvent(int(e.IBV_EVENT_CQ_ERR), self))

@@ -7,8 +7,11 @@ bytes read as a host integer (``socket.ntohl(wc.imm_data)`` is the value sent).
 
 :class:`CQEX` (``ibv_create_cq_ex``) offers the iterator API ``start_poll`` /
 ``poll_next`` / ``end_poll`` and the ``read_*`` accessors for the fields chosen by
-``wc_flags``. Supported: the standard fields (``IBV_WC_STANDARD_FLAGS``); completion
-timestamps, CVLAN, flow tags and tag-matching info fail with EOPNOTSUPP, as on rxe.
+``wc_flags``. Supported: the standard fields (``IBV_WC_STANDARD_FLAGS``) and completion
+timestamps (``IBV_WC_EX_WITH_COMPLETION_TIMESTAMP`` and ``_WALLCLOCK``: the device's
+completion clock, ``CLOCK_MONOTONIC`` ns, stamped as each completion is queued, and the
+same instant on ``CLOCK_REALTIME``; :mod:`softrdma.verbs.cq`); CVLAN, flow tags and
+tag-matching info fail with EOPNOTSUPP, as on rxe.
 ``IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN`` is not supported (EOPNOTSUPP).
 
 Resize (``ibv_resize_cq``, rxe ``rxe_cq_chk_attr``): the new size must be 1..max_cqe and
@@ -39,7 +42,9 @@ __all__ = ["CompChannel", "CQ", "CQEX", "CqInitAttrEx", "PollCqAttr", "WC", "WcT
            "cqe_status_to_str", "cqe_opcode_to_str", "cqe_flags_to_str",
            "create_wc_flags_to_str", "flags_to_str"]
 
-_SUPPORTED_WC_FLAGS = int(e.IBV_WC_STANDARD_FLAGS)
+_TS_FLAGS = int(e.IBV_WC_EX_WITH_COMPLETION_TIMESTAMP
+                | e.IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK)
+_SUPPORTED_WC_FLAGS = int(e.IBV_WC_STANDARD_FLAGS) | _TS_FLAGS
 _KNOWN_WC_FLAGS = sum(int(f) for f in e.ibv_create_cq_wc_flags)
 _SUPPORTED_CQ_FLAGS = int(e.ibv_create_cq_attr_flags.IBV_CREATE_CQ_ATTR_SINGLE_THREADED)
 _KNOWN_CQ_FLAGS = sum(int(f) for f in e.ibv_create_cq_attr_flags)
@@ -69,6 +74,7 @@ class WC(WorkCompletion, PyverbsObject):
         if w.wc_flags & e.IBV_WC_WITH_INV:
             wc.imm_data = w.invalidated_rkey
             wc.invalidated_rkey = w.invalidated_rkey
+        wc.timestamp = w.timestamp
         return wc
 
     def __str__(self) -> str:
@@ -202,6 +208,13 @@ def _wc_reader(name: str, flag: int | None = None) -> Callable[[CQEX], int]:
     return read
 
 
+def _read_wallclock_ns(self: CQEX) -> int:
+    """``ibv_wc_read_completion_wallclock_ns``: the completion's time on
+    ``CLOCK_REALTIME`` (its monotonic stamp moved by the clocks' present offset)."""
+    wc = self._field(int(e.IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK))
+    return int(wc.timestamp) + time.time_ns() - time.monotonic_ns()
+
+
 def _not_kept(what: str) -> Callable[[CQEX], int]:
     """A ``read_*`` method of :class:`CQEX` for a field a software CQ never keeps."""
     def read(self: CQEX) -> int:
@@ -236,6 +249,7 @@ class CQEX(CQ):
         except PyverbsRDMAError as exc:
             raise PyverbsRDMAError("Failed to create extended CQ", exc.error_code) from exc
         self.wc_flags = int(a.wc_flags)
+        self.timestamps = bool(self.wc_flags & _TS_FLAGS)  # no QP uses it yet
         self._cur: WC | None = None
         self._batch: deque[WC] = deque()
         self._polling = False
@@ -279,6 +293,7 @@ class CQEX(CQ):
         wc = WorkCompletion(w.wr_id, w.status, w.opcode, w.qp_num, w.byte_len,
                             socket.ntohl(w.imm_data), w.src_qp, w.wc_flags, w.vendor_err,
                             w.pkey_index, w.invalidated_rkey)
+        wc.timestamp = w.timestamp
         return wc
 
     def _wc(self) -> WC:
@@ -312,8 +327,8 @@ class CQEX(CQ):
     read_slid = _wc_reader("slid", e.IBV_WC_EX_WITH_SLID)
     read_sl = _wc_reader("sl", e.IBV_WC_EX_WITH_SL)
     read_dlid_path_bits = _wc_reader("dlid_path_bits", e.IBV_WC_EX_WITH_DLID_PATH_BITS)
-    read_timestamp = _not_kept("completion timestamps")
-    read_completion_wallclock_ns = _not_kept("wall-clock timestamps")
+    read_timestamp = _wc_reader("timestamp", e.IBV_WC_EX_WITH_COMPLETION_TIMESTAMP)
+    read_completion_wallclock_ns = _read_wallclock_ns
     read_cvlan = _not_kept("CVLAN")
     read_flow_tag = _not_kept("flow tags")
 

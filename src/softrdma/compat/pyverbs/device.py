@@ -26,6 +26,7 @@ from softrdma import verbs as _v
 from softrdma.compat import DEVICE_ENV
 from softrdma.errors import DeviceError, SoftRdmaError
 from softrdma.verbs._object import VerbsObject
+from softrdma.verbs.cq import COMPLETION_TIMESTAMP_MASK, HCA_CORE_CLOCK_KHZ, completion_clock
 
 from . import libibverbs_enums as e
 from ._device_attrs import (
@@ -306,16 +307,22 @@ class Context(_v.Context, PyverbsObject):
             odp_caps=ODPCaps(general_caps=ODP_GENERAL_CAPS, rc_odp_caps=ODP_RC_CAPS,
                              uc_odp_caps=ODP_UC_CAPS, ud_odp_caps=ODP_UD_CAPS,
                              xrc_odp_caps=ODP_XRC_CAPS),
-            completion_timestamp_mask=0, hca_core_clock=0,
+            completion_timestamp_mask=COMPLETION_TIMESTAMP_MASK,
+            hca_core_clock=HCA_CORE_CLOCK_KHZ,
             device_cap_flags_ex=orig.device_cap_flags,
             tso_caps=TSOCaps(), rss_caps=RSSCaps(), max_wq_type_rq=0,
             packet_pacing_caps=PacketPacingCaps(), raw_packet_caps=0, tm_caps=TMCaps(),
             cq_mod_caps=CQModerationCaps(), max_dm_size=MAX_DM_SIZE, pci_atomic_caps=PCIAtomicCaps(),
             phys_port_cnt_ex=orig.phys_port_cnt)
 
-    def query_rt_values_ex(self, comp_mask: int = 0) -> tuple[int, int]:
-        """``ibv_query_rt_values_ex``: not supported by software RoCE (EOPNOTSUPP)."""
-        raise PyverbsRDMAError("Failed to query RT values", errno.EOPNOTSUPP)
+    def query_rt_values_ex(self, comp_mask: int = int(e.IBV_VALUES_MASK_RAW_CLOCK)
+                           ) -> tuple[int, int]:
+        """``ibv_query_rt_values_ex``: (seconds, nanoseconds) of the completion clock
+        (``CLOCK_MONOTONIC`` ns, all in the nanoseconds as the mlx5 provider gives its
+        own; :mod:`softrdma.verbs.cq`)."""
+        if comp_mask & ~int(e.IBV_VALUES_MASK_RAW_CLOCK) or not comp_mask:
+            raise PyverbsRDMAError("Failed to query real time values", errno.EINVAL)
+        return 0, completion_clock()
 
     # ---- port ----------------------------------------------------------------------------------
     def query_port(self, port_num: int = 1) -> PortAttr:  # type: ignore[override]

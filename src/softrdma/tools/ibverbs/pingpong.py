@@ -109,6 +109,9 @@ def _run_and_report(ep: Endpoint, is_client: bool, out: TextIO,
     usec = ep.run(is_client, abort)
     for line in result_lines(ep.opts.size, ep.opts.iters, usec):
         _emit(out, line)
+    if ep.recv_clock is not None:  # -t
+        for line in ep.recv_clock.lines():
+            _emit(out, line)
     return usec
 
 

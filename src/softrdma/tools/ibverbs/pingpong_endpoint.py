@@ -139,7 +139,8 @@ class Endpoint:
             self.channel = v.CompChannel(ctx) if opts.events else None
             if self.channel is not None:
                 self._closers.append(self.channel)
-            self.cq = v.CQ(ctx, opts.rx_depth + 1, None, self.channel, 0)
+            self.cq = v.CQ(ctx, opts.rx_depth + 1, None, self.channel, 0,
+                           timestamps=opts.ext.ts)
             self._closers.append(self.cq)
             cap = v.QPCap(max_send_wr=1, max_recv_wr=opts.rx_depth, max_send_sge=1,
                           max_recv_sge=1)
@@ -150,6 +151,8 @@ class Endpoint:
             self.close()
             raise PingPongError(f"Couldn't create the verbs resources: {exc}") from exc
         self.send_flags = e.IBV_SEND_SIGNALED
+        #: -t: the cycles between receive completions
+        self.recv_clock = pingpong_ext.RecvClock() if opts.ext.ts else None
         self._send_wr: Any = None  # post_send's WR (built at the first SEND)
         self._recv_wr: Any = None  # post_recv's WR (built at the first post)
         #: another application thread polls in this process (--loopback's server): an
@@ -397,6 +400,7 @@ class Endpoint:
         wait = self._next_completions
         post_send = self.post_send
         rx_depth = opts.rx_depth
+        recv_clock = self.recv_clock
         pending = RECV_WRID
         if is_client:
             post_send()
@@ -426,6 +430,8 @@ class Endpoint:
                         self._refill()
                     if chk:
                         self._check_received(int(wc.byte_len))
+                    if recv_clock is not None:
+                        recv_clock.add(wc.timestamp)
                     rcnt += 1
                 else:
                     raise PingPongError(f"Completion for unknown wr_id {int(wr_id)}")

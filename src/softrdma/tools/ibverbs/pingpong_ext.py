@@ -13,15 +13,17 @@ compatibility layer, ``compat/pyverbs/device.py``):
 * Device memory, up to :data:`MAX_DM_SIZE` per context: a buffer of the process reached
   through a zero-based MR (``IBV_ACCESS_ZERO_BASED``, SGE addresses from 0), as
   ``ibv_reg_dm_mr`` gives; never sent inline.
-* No completion timestamps (``completion_timestamp_mask`` 0, as rxe): ``-t`` fails with
-  the C tool's message.
+* Completion timestamps (``completion_timestamp_mask`` all 64 bits, ``hca_core_clock``
+  1 GHz: ``CLOCK_MONOTONIC`` ns, :mod:`softrdma.verbs.cq`; rxe has none): ``-t`` makes the
+  CQ stamp its completions and reports the clock cycles between receive completions as
+  the C tool does (:class:`RecvClock`).
 * The new post-send API: a QP made with ``send_ops_flags = IBV_QP_EX_WITH_SEND`` posts
   through ``ibv_wr_start`` / ``ibv_wr_send`` / ``ibv_wr_set_sge`` / ``ibv_wr_complete``;
   :class:`NewSendBatch` is that sequence over the verbs QP.
 
 The argument checks run in the C tool's order with its messages (``DM memory region
-can't be on demand``, ``prefetch is valid only with on-demand memory region``, ``The
-device isn't completion timestamp capable``, ``Device memory is insufficient``).
+can't be on demand``, ``prefetch is valid only with on-demand memory region``, ``Device
+memory is insufficient``).
 """
 
 from __future__ import annotations
@@ -32,9 +34,10 @@ from typing import Any
 
 from ... import enums as e
 from ...errors import SoftRdmaError, StateError
+from ...verbs.cq import COMPLETION_TIMESTAMP_MASK
 
 __all__ = ["add_arguments", "ExtOptions", "MAX_DM_SIZE", "NewSendBatch", "check",
-           "mr_access", "FeatureError"]
+           "mr_access", "FeatureError", "RecvClock"]
 
 #: Device memory per context (``max_dm_size``), the same as the pyverbs layer reports
 #: (``compat.pyverbs.device.MAX_DM_SIZE``; tests/tools/test_pingpong_ext.py keeps them equal).
@@ -50,9 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--odp", action="store_true", help="use on demand paging")
     p.add_argument("-O", "--iodp", action="store_true", help="use implicit on demand paging")
     p.add_argument("-P", "--prefetch", action="store_true", help="prefetch an ODP MR")
-    p.add_argument("-t", "--ts", action="store_true",
-                   help="get CQE with timestamp (a softrdma device has no completion "
-                   "clock: refused as the C tool refuses it)")
+    p.add_argument("-t", "--ts", action="store_true", help="get CQE with timestamp")
     p.add_argument("-j", "--dm", action="store_true", help="use device memory")
     p.add_argument("-N", "--new_send", "--new-send", dest="new_send", action="store_true",
                    help="use new post send WR API")
@@ -86,10 +87,43 @@ def check(ext: ExtOptions, size: int) -> None:
         raise FeatureError("DM memory region can't be on demand")
     if not ext.odp and ext.prefetch:
         raise FeatureError("prefetch is valid only with on-demand memory region")
-    if ext.ts:
-        raise FeatureError("The device isn't completion timestamp capable")
     if ext.dm and MAX_DM_SIZE < size:
         raise FeatureError("Device memory is insufficient")
+
+
+class RecvClock:
+    """``-t``: the completion clock's cycles between one receive completion and the
+    next (``rc_pingpong.c``'s ``ts_params``: a wrapped clock counted across the wrap, the
+    minimum starting at 0xffffffff as there)."""
+
+    __slots__ = ("prev", "max", "min", "total", "n")
+
+    def __init__(self) -> None:
+        self.prev: int | None = None
+        self.max = 0
+        self.min = 0xFFFFFFFF
+        self.total = 0
+        self.n = 0
+
+    def add(self, stamp: int) -> None:
+        """A receive completion's timestamp."""
+        prev = self.prev
+        if prev is not None:
+            delta = stamp - prev if stamp >= prev else \
+                COMPLETION_TIMESTAMP_MASK - prev + stamp + 1
+            self.max = max(self.max, delta)
+            self.min = min(self.min, delta)
+            self.total += delta
+            self.n += 1
+        self.prev = stamp
+
+    def lines(self) -> list[str]:
+        """The C tool's three lines, none before a second receive."""
+        if not self.n:
+            return []
+        return [f"Max receive completion clock cycles = {self.max}",
+                f"Min receive completion clock cycles = {self.min}",
+                f"Average receive completion clock cycles = {self.total / self.n:f}"]
 
 
 def mr_access(ext: ExtOptions, access: int) -> int:

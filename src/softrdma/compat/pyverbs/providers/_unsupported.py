@@ -30,7 +30,25 @@ ATTRIBUTE_CLASSES = frozenset({
 })
 
 
-class ProviderObject(PyverbsCM):
+class _ProviderType(type):
+    """The class of a provider object class: its static and class methods that the class
+    does not define (``Mlx5Context.device_timestamp_to_ns(ctx, ts)``,
+    ``Mlx5Context.query_mlx5_device(ctx)``...) fail with EOPNOTSUPP when called, as the
+    real provider's do on a device of another vendor."""
+
+    def __getattr__(cls, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+
+        def unsupported(*args: Any, **kwargs: Any) -> Any:
+            raise PyverbsRDMAError(f"{cls.__name__}.{name}: softrdma devices are not "
+                                   f"{getattr(cls, 'provider', 'vendor')} devices",
+                                   errno.EOPNOTSUPP)
+        unsupported.__name__ = name
+        return unsupported
+
+
+class ProviderObject(PyverbsCM, metaclass=_ProviderType):
     """An object of a vendor provider softrdma devices do not have."""
 
     provider = "vendor"
