@@ -203,7 +203,8 @@ def _pingpong_run(iters: int, rx_depth: int, client: bool) -> list[tuple[str, in
     ep: Any = pingpong.Endpoint.__new__(pingpong.Endpoint)
     ep.__dict__.update(opts=types.SimpleNamespace(iters=iters, chk=False, timeout=30.0,
                                                   rx_depth=rx_depth),
-                       channel=None, cq=types.SimpleNamespace(poll=poll), routs=rx_depth)
+                       channel=None, cq=types.SimpleNamespace(poll=poll), routs=rx_depth,
+                       recv_clock=None)
 
     def post_send() -> None:
         log.append(("send", ep.routs))

@@ -184,8 +184,8 @@ def test_missing_own_module_keeps_cli_alive(monkeypatch: pytest.MonkeyPatch,
 def test_unsupported_pingpong_features_are_rejected(capsys: pytest.CaptureFixture[str]) -> None:
     rc, _, err = _run(["rc-pingpong", "-o", "-j"], capsys)
     assert rc == 1 and "DM memory region can't be on demand" in err and err.count("\n") == 1
-    rc, _, err = _run(["rc-pingpong", "--ts"], capsys)
-    assert rc == 1 and "timestamp" in err
+    rc, _, err = _run(["rc-pingpong", "-P"], capsys)
+    assert rc == 1 and "prefetch is valid only with on-demand memory region" in err
     rc, _, err = _run(["demo", "--transport", "iwarp"], capsys)
     assert rc == 1 and "iWARP demo is not available" in err
 

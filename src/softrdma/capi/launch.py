@@ -34,7 +34,7 @@ from .bridge import PYTHON_ENV
 from .build import build
 
 __all__ = ["add_arguments", "run", "preload_env", "why_not_preloadable", "DEVICE_ENV",
-           "python_host", "python_mismatch", "sysfs_command", "sysfs_unavailable", "UCX_ENV"]
+           "python_host", "python_mismatch", "sysfs_command", "sysfs_unavailable", "sysfs_env", "UCX_ENV", "STATE_ENV"]
 
 #: the device a program sees first (``softrdma run -d``)
 DEVICE_ENV = "SOFTRDMA_CAPI_DEVICE"
@@ -141,6 +141,8 @@ def preload_env(library: Path, device: str | None = None,
     return env
 
 
+#: the state directory's variable (``drivers.host.registry.state_dir``)
+STATE_ENV = "SOFTRDMA_STATE_DIR"
 #: what ``--sysfs`` (the mode for UCX) sets unless the environment has it. UCX before 1.19
 #: reads the IP version of a RoCE UD receive from ``wc.sl``, a Mellanox convention (sl 2:
 #: IPv4; UCX commit 7de57ad9f9 reads the GRH area instead): softrdma, like rxe, reports
@@ -152,9 +154,13 @@ UCX_ENV = {"UCX_UD_VERBS_ETH_DGID_CHECK": "n"}
 
 
 def sysfs_command(cmd: Sequence[str], stash: Path) -> list[str]:
-    """``cmd`` wrapped in the private mount namespace of ``softrdma.tools.suites.sysfs_ns``
-    (root): each device's ``/sys/class/infiniband`` entry (its netdev and RoCE v2 GIDs)
-    and a ``/dev/infiniband/uverbsN`` node per device (``stash``: an empty directory)."""
+    """``cmd`` wrapped in the private mount namespace of ``softrdma.tools.suites.sysfs_ns``:
+    each device's ``/sys/class/infiniband`` entry (its netdev and RoCE v2 GIDs) and a
+    ``/dev/infiniband/uverbsN`` node per device (``stash``: an empty directory). Root
+    makes the namespace itself; another user makes it in a user namespace of its own,
+    where it is root (``unshare --user --map-root-user``), so the program runs as uid 0
+    there, which is the user outside (its files, its processes, its state directory:
+    :func:`sysfs_env`)."""
     from ..verbs import get_device_list
     from ..verbs.device import gid_table
 
@@ -166,21 +172,40 @@ def sysfs_command(cmd: Sequence[str], stash: Path) -> list[str]:
         roce_ver = d.record.roce_ver if d.record is not None else "2"
         if d.type == "roce" and roce_ver == "2":
             specs += [f"--gid={d.name},{i},2,{g.hex()}" for i, g in enumerate(gid_table(d.ips))]
-    return ["unshare", "--mount", "--propagation", "private", "--", sys.executable, "-m",
-            "softrdma.tools.suites.sysfs_ns", f"--stash={stash}", f"--uverbs={max(1, len(devices))}",
-            *specs, "--", *cmd]
+    user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+    return ["unshare", *user, "--mount", "--propagation", "private", "--", sys.executable,
+            "-m", "softrdma.tools.suites.sysfs_ns", f"--stash={stash}",
+            f"--uverbs={max(1, len(devices))}", *specs, "--", *cmd]
+
+
+def sysfs_env(env: dict[str, str]) -> None:
+    """What ``--sysfs`` adds to the program's environment: :data:`UCX_ENV` unless set,
+    and for a user other than root the state directory it uses outside (inside its user
+    namespace it is uid 0, whose default is root's ``/run/softrdma``)."""
+    env.update({k: v for k, v in UCX_ENV.items() if k not in env})
+    if os.geteuid() != 0 and STATE_ENV not in env:
+        from ..drivers.host.registry import state_dir
+
+        env[STATE_ENV] = str(state_dir())
 
 
 def sysfs_unavailable() -> str | None:
     """Why ``--sysfs`` cannot work here, or None."""
     import shutil
 
-    if os.geteuid() != 0:
-        return ("the private /sys/class/infiniband and /dev/infiniband view needs root "
-                "(a mount namespace)")
     for tool in ("unshare", "mount"):
         if shutil.which(tool) is None:
             return f"{tool} is not installed"
+    if os.geteuid() != 0:
+        probe = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "true"],
+                               capture_output=True, text=True, check=False)
+        if probe.returncode != 0:
+            why = probe.stderr.strip().splitlines()[-1] if probe.stderr.strip() else \
+                f"exit {probe.returncode}"
+            return ("the private /sys/class/infiniband and /dev/infiniband view needs root "
+                    "or an unprivileged user namespace, which this system refuses "
+                    f"(unshare --user: {why}; sysctl user.max_user_namespaces, "
+                    "kernel.unprivileged_userns_clone)")
     return None
 
 
@@ -246,7 +271,7 @@ def run(args: argparse.Namespace) -> int:
         if no is not None:
             print(f"softrdma run: error: --sysfs: {no}", file=sys.stderr)
             return 1
-        env.update({k: v for k, v in UCX_ENV.items() if k not in env})
+        sysfs_env(env)
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="softrdma-run-") as tmp:

@@ -34,7 +34,6 @@ from typing import Any
 
 from ... import enums as e
 from ...errors import SoftRdmaError, StateError
-from ...verbs.cq import COMPLETION_TIMESTAMP_MASK
 
 __all__ = ["add_arguments", "ExtOptions", "MAX_DM_SIZE", "NewSendBatch", "check",
            "mr_access", "FeatureError", "RecvClock"]
@@ -96,9 +95,12 @@ class RecvClock:
     next (``rc_pingpong.c``'s ``ts_params``: a wrapped clock counted across the wrap, the
     minimum starting at 0xffffffff as there)."""
 
-    __slots__ = ("prev", "max", "min", "total", "n")
+    __slots__ = ("prev", "max", "min", "total", "n", "mask")
 
     def __init__(self) -> None:
+        from ...verbs.cq import COMPLETION_TIMESTAMP_MASK  # a flags module: verbs on use
+
+        self.mask = COMPLETION_TIMESTAMP_MASK
         self.prev: int | None = None
         self.max = 0
         self.min = 0xFFFFFFFF
@@ -110,7 +112,7 @@ class RecvClock:
         prev = self.prev
         if prev is not None:
             delta = stamp - prev if stamp >= prev else \
-                COMPLETION_TIMESTAMP_MASK - prev + stamp + 1
+                self.mask - prev + stamp + 1
             self.max = max(self.max, delta)
             self.min = min(self.min, delta)
             self.total += delta

@@ -94,7 +94,9 @@ def _dev_nodes(stash: Path, uverbs: int) -> None:
         return
     real = stash / "dev"
     real.mkdir()
-    _mount("--bind", str(DEV), str(real))
+    # recursive: in a user namespace a mount with locked submounts (/dev/pts, /dev/shm)
+    # cannot be bound without them
+    _mount("--rbind", str(DEV), str(real))
     _mount("-t", "tmpfs", "-o", "mode=0755", "softrdma-dev", str(DEV))
     for entry in sorted(real.iterdir()):
         target = DEV / entry.name
@@ -105,7 +107,7 @@ def _dev_nodes(stash: Path, uverbs: int) -> None:
             target.mkdir()
         else:
             target.touch()
-        _mount("--bind", str(entry), str(target))
+        _mount("--rbind", str(entry), str(target))
     DEV_IB.mkdir()
     for name in [*(f"uverbs{i}" for i in range(uverbs)), "rdma_cm"]:
         (DEV_IB / name).touch()
