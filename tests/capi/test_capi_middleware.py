@@ -1,10 +1,13 @@
 """``softrdma run --sysfs``: middleware that looks at /sys/class/infiniband and
 /dev/infiniband itself (UCX, libfabric), on softrdma devices.
 
-As root the program runs in a private mount namespace (``softrdma.tools.suites.sysfs_ns``) where
+The program runs in a private mount namespace (``softrdma.tools.suites.sysfs_ns``) where
 each softrdma device has its sysfs entry (netdev, RoCE v2 GIDs with their type and
 interface) and a ``/dev/infiniband/uverbsN`` character device (``/dev/null`` bound in
-place: UCX lists only devices whose node it may open); the host sees none of it.
+place: UCX lists only devices whose node it may open); the host sees none of it. Root
+makes the namespace itself; another user makes it inside a user namespace of its own
+(``unshare --user --map-root-user``), which root gets too with
+``SOFTRDMA_SYSFS_USERNS=1``: the tests marked ``mode`` run both ways.
 """
 
 from __future__ import annotations
@@ -24,9 +27,24 @@ from harness.device import private_device
 from softrdma.capi import launch
 
 ROOT = os.geteuid() == 0
-needs_root = pytest.mark.skipif(not ROOT or launch.sysfs_unavailable() is not None,
-                                reason="the private /sys and /dev view needs root "
-                                "(a mount namespace; CI runs as root)")
+needs_root = pytest.mark.skipif(
+    not ROOT or launch.sysfs_unavailable(launch.sysfs_user_namespace()) is not None,
+    reason="the private /sys and /dev view is tested as root (a mount namespace, and a "
+    "user namespace as the other users make it; CI runs as root)")
+
+
+@pytest.fixture(params=["mount", "user"])
+def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The namespace root makes (``mount``), or the one a user other than root makes
+    (``user``: a user namespace around it, forced by SOFTRDMA_SYSFS_USERNS=1)."""
+    if request.param == "user":
+        why = launch.sysfs_unavailable(True)
+        if why is not None:
+            pytest.skip(why)
+        monkeypatch.setenv(launch.USERNS_ENV, "1")
+    else:
+        monkeypatch.delenv(launch.USERNS_ENV, raising=False)
+    return str(request.param)
 
 
 @pytest.fixture()
@@ -40,7 +58,7 @@ def sysfs_run(*args: str) -> list[str]:
 
 
 @needs_root
-def test_namespace_has_uverbs_nodes_and_gid_attrs(device: str) -> None:
+def test_namespace_has_uverbs_nodes_and_gid_attrs(device: str, mode: str) -> None:
     script = ("stat -c %F /dev/infiniband/uverbs0; "
               f"cat /sys/class/infiniband/{device}/ports/1/gid_attrs/types/0 "
               f"/sys/class/infiniband/{device}/ports/1/gid_attrs/ndevs/0 "
@@ -57,17 +75,45 @@ def test_namespace_has_uverbs_nodes_and_gid_attrs(device: str) -> None:
     assert not Path("/dev/infiniband").exists() or Path("/dev/infiniband").is_dir()
 
 
-def test_sysfs_refused_without_root(device: str, monkeypatch: pytest.MonkeyPatch,
-                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_sysfs_without_root_takes_a_user_namespace(device: str, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user other than root makes the view inside a user namespace where it is root,
+    and its program keeps the user's state directory (uid 0's default is root's)."""
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.delenv("SOFTRDMA_STATE_DIR")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    assert launch.sysfs_user_namespace()
+    cmd = launch.sysfs_command(["true"], tmp_path, True)
+    assert cmd[:6] == ["unshare", "--user", "--map-root-user", "--mount", "--propagation",
+                       "private"]
+    env: dict[str, str] = {}
+    launch.sysfs_env(env, True)
+    assert env[launch.STATE_ENV] == str(tmp_path / "softrdma")
+    assert env["UCX_UD_VERBS_ETH_DGID_CHECK"] == "n"
+    env = {}
+    launch.sysfs_env(env, False)  # root's own namespace: its own default
+    assert launch.STATE_ENV not in env
+
+
+def test_sysfs_refused_without_user_namespaces(device: str, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """A user other than root on a system that refuses it user namespaces: a clear error
+    that says which sysctls decide, and the program does not run."""
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(launch, "_unshare_works",
+                        lambda *flags: "unshare failed: Operation not permitted")
     args = argparse.Namespace(command=["--", "true"], dev=None, print_env=False, sysfs=True)
     assert launch.run(args) == 1
-    assert "--sysfs: the private /sys/class/infiniband and /dev/infiniband view needs root" \
-        in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith("softrdma run: error: --sysfs: the private /sys/class/infiniband "
+                          "and /dev/infiniband view needs, for a user other than root here, "
+                          "a user namespace, which this system refuses (unshare --user: "
+                          "unshare failed: Operation not permitted;"), err
+    assert "user.max_user_namespaces" in err and err.count("\n") == 1
 
 
 @needs_root
-def test_ucx_info_lists_softrdma_devices(device: str) -> None:
+def test_ucx_info_lists_softrdma_devices(device: str, mode: str) -> None:
     need_tool("ucx_info", "ucx-utils")
     p = subprocess.run(sysfs_run("ucx_info", "-d"), capture_output=True, text=True,
                        timeout=180, check=False)
@@ -81,7 +127,7 @@ def test_ucx_info_lists_softrdma_devices(device: str) -> None:
 
 
 @needs_root
-def test_ucx_perftest_rc_verbs(device: str) -> None:
+def test_ucx_perftest_rc_verbs(device: str, mode: str) -> None:
     """UCT active-message latency over rc_verbs between two processes (before: UCX's
     ibv_ah_attr with dlid (its UDP source-port hint) and flow_label ~0 failed RTR)."""
     need_tool("ucx_perftest", "ucx-utils")

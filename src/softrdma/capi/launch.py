@@ -34,7 +34,8 @@ from .bridge import PYTHON_ENV
 from .build import build
 
 __all__ = ["add_arguments", "run", "preload_env", "why_not_preloadable", "DEVICE_ENV",
-           "python_host", "python_mismatch", "sysfs_command", "sysfs_unavailable", "sysfs_env", "UCX_ENV", "STATE_ENV"]
+           "python_host", "python_mismatch", "sysfs_command", "sysfs_unavailable", "sysfs_env", "sysfs_user_namespace", "UCX_ENV",
+           "STATE_ENV", "USERNS_ENV"]
 
 #: the device a program sees first (``softrdma run -d``)
 DEVICE_ENV = "SOFTRDMA_CAPI_DEVICE"
@@ -153,14 +154,39 @@ STATE_ENV = "SOFTRDMA_STATE_DIR"
 UCX_ENV = {"UCX_UD_VERBS_ETH_DGID_CHECK": "n"}
 
 
-def sysfs_command(cmd: Sequence[str], stash: Path) -> list[str]:
+#: ``1``: make ``--sysfs``'s view in a user namespace even as root (what another user
+#: gets; also where root may not make a mount namespace of its own)
+USERNS_ENV = "SOFTRDMA_SYSFS_USERNS"
+_USERNS = ["--user", "--map-root-user"]
+
+
+def _unshare_works(*flags: str) -> str | None:
+    """None when ``unshare FLAGS --mount true`` succeeds here, else its complaint."""
+    probe = subprocess.run(["unshare", *flags, "--mount", "true"], capture_output=True,
+                           text=True, check=False)
+    if probe.returncode == 0:
+        return None
+    text = probe.stderr.strip()
+    return text.splitlines()[-1] if text else f"exit {probe.returncode}"
+
+
+def sysfs_user_namespace() -> bool:
+    """Whether ``--sysfs`` makes its mount namespace inside a user namespace of its own,
+    where the program is root (``unshare --user --map-root-user``): for a user other than
+    root, for root that may not make a mount namespace itself (a container without
+    CAP_SYS_ADMIN), or with ``SOFTRDMA_SYSFS_USERNS=1``."""
+    if os.geteuid() != 0 or os.environ.get(USERNS_ENV) == "1":
+        return True
+    return _unshare_works() is not None
+
+
+def sysfs_command(cmd: Sequence[str], stash: Path, user_namespace: bool) -> list[str]:
     """``cmd`` wrapped in the private mount namespace of ``softrdma.tools.suites.sysfs_ns``:
     each device's ``/sys/class/infiniband`` entry (its netdev and RoCE v2 GIDs) and a
-    ``/dev/infiniband/uverbsN`` node per device (``stash``: an empty directory). Root
-    makes the namespace itself; another user makes it in a user namespace of its own,
-    where it is root (``unshare --user --map-root-user``), so the program runs as uid 0
-    there, which is the user outside (its files, its processes, its state directory:
-    :func:`sysfs_env`)."""
+    ``/dev/infiniband/uverbsN`` node per device (``stash``: an empty directory), inside
+    a user namespace with ``user_namespace`` (:func:`sysfs_user_namespace`): there the
+    program runs as uid 0, which is the user outside (its files, its processes, its
+    state directory: :func:`sysfs_env`)."""
     from ..verbs import get_device_list
     from ..verbs.device import gid_table
 
@@ -172,40 +198,37 @@ def sysfs_command(cmd: Sequence[str], stash: Path) -> list[str]:
         roce_ver = d.record.roce_ver if d.record is not None else "2"
         if d.type == "roce" and roce_ver == "2":
             specs += [f"--gid={d.name},{i},2,{g.hex()}" for i, g in enumerate(gid_table(d.ips))]
-    user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+    user = _USERNS if user_namespace else []
     return ["unshare", *user, "--mount", "--propagation", "private", "--", sys.executable,
             "-m", "softrdma.tools.suites.sysfs_ns", f"--stash={stash}",
             f"--uverbs={max(1, len(devices))}", *specs, "--", *cmd]
 
 
-def sysfs_env(env: dict[str, str]) -> None:
+def sysfs_env(env: dict[str, str], user_namespace: bool) -> None:
     """What ``--sysfs`` adds to the program's environment: :data:`UCX_ENV` unless set,
-    and for a user other than root the state directory it uses outside (inside its user
-    namespace it is uid 0, whose default is root's ``/run/softrdma``)."""
+    and in a user namespace the state directory of the user outside (inside, the program
+    is uid 0, whose default is root's ``/run/softrdma``)."""
     env.update({k: v for k, v in UCX_ENV.items() if k not in env})
-    if os.geteuid() != 0 and STATE_ENV not in env:
-        from ..drivers.host.registry import state_dir
+    if user_namespace and STATE_ENV not in env:
+        from ..verbs.device_list import state_directory
 
-        env[STATE_ENV] = str(state_dir())
+        env[STATE_ENV] = str(state_directory())
 
 
-def sysfs_unavailable() -> str | None:
+def sysfs_unavailable(user_namespace: bool) -> str | None:
     """Why ``--sysfs`` cannot work here, or None."""
     import shutil
 
     for tool in ("unshare", "mount"):
         if shutil.which(tool) is None:
             return f"{tool} is not installed"
-    if os.geteuid() != 0:
-        probe = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "true"],
-                               capture_output=True, text=True, check=False)
-        if probe.returncode != 0:
-            why = probe.stderr.strip().splitlines()[-1] if probe.stderr.strip() else \
-                f"exit {probe.returncode}"
-            return ("the private /sys/class/infiniband and /dev/infiniband view needs root "
-                    "or an unprivileged user namespace, which this system refuses "
-                    f"(unshare --user: {why}; sysctl user.max_user_namespaces, "
-                    "kernel.unprivileged_userns_clone)")
+    why = _unshare_works(*_USERNS) if user_namespace else None
+    if why is not None:
+        who = "root" if os.geteuid() == 0 else "a user other than root"
+        return (f"the private /sys/class/infiniband and /dev/infiniband view needs, for {who} "
+                "here, a user namespace, which this system refuses (unshare --user: "
+                f"{why}; see sysctl user.max_user_namespaces and "
+                "kernel.unprivileged_userns_clone)")
     return None
 
 
@@ -216,9 +239,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="print the environment variables that run a program on "
                         "softrdma (for mpirun and other launchers) and exit")
     parser.add_argument("--sysfs", action="store_true",
-                        help="as root, run the program in a private mount namespace where "
-                        "softrdma's devices appear under /sys/class/infiniband and "
-                        "/dev/infiniband (UCX and libfabric look there themselves)")
+                        help="run the program in a private mount namespace (inside a user "
+                        "namespace when not root) where softrdma's devices appear under "
+                        "/sys/class/infiniband and /dev/infiniband (UCX and libfabric "
+                        "look there themselves)")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- PROGRAM ARGS",
                         help="the program to run, e.g. -- ibv_devinfo -v")
 
@@ -266,17 +290,19 @@ def run(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 1
     env = preload_env(library, args.dev, python_host=interpreter is not None)
-    if getattr(args, "sysfs", False):
-        no = sysfs_unavailable()
+    sysfs = bool(getattr(args, "sysfs", False))
+    userns = sysfs and sysfs_user_namespace()
+    if sysfs:
+        no = sysfs_unavailable(userns)
         if no is not None:
             print(f"softrdma run: error: --sysfs: {no}", file=sys.stderr)
             return 1
-        sysfs_env(env)
+        sysfs_env(env, userns)
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="softrdma-run-") as tmp:
-        if getattr(args, "sysfs", False):
-            cmd = sysfs_command(cmd, Path(tmp))
+        if sysfs:
+            cmd = sysfs_command(cmd, Path(tmp), userns)
         try:
             proc = subprocess.run(list(cmd), env=env, check=False)
         except OSError as exc:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+from pathlib import Path
 
 from ..drivers.devd.client import DevdLink
 from ..drivers.host import netdev as _netdev
@@ -42,6 +43,12 @@ def netdev_of_ips(ips: tuple[bytes, ...]) -> _netdev.NetDev | None:
     if any((len(ip) == 4 and ip[0] == 127) or ip == bytes(15) + b"\x01" for ip in ips):
         return netdev_snapshot("lo")  # all of 127.0.0.0/8 is on the loopback interface
     return None
+
+
+def state_directory() -> Path:
+    """The directory of this user's device registry and devds (``$SOFTRDMA_STATE_DIR``,
+    else root's ``/run/softrdma`` or the user's runtime directory)."""
+    return registry.state_dir()
 
 
 def registered_devices() -> list[DeviceInfo]:
