@@ -344,7 +344,33 @@ static void atomic_write(void)
     ibv_wr_start(x);
     ibv_wr_atomic_write(x, target->rkey, (uintptr_t)tbuf + 68, data);
     CHECK(ibv_wr_complete(x) == EINVAL, "an unaligned atomic write was taken");
-    printf("ok: ibv_wr_atomic_write stores 8 bytes; unaligned -> EINVAL\n");
+    /* ibv_post_send has no member for the 8 bytes: the WRs before it are posted, it is
+     * refused */
+    {
+        struct ibv_sge sge = { .addr = (uintptr_t)tbuf, .length = 8, .lkey = target->lkey };
+        struct ibv_send_wr w[2], *bad = NULL;
+
+        memset(w, 0, sizeof(w));
+        w[0].wr_id = 72;
+        w[0].sg_list = &sge;
+        w[0].num_sge = 1;
+        w[0].opcode = IBV_WR_RDMA_WRITE;
+        w[0].send_flags = IBV_SEND_SIGNALED;
+        w[0].wr.rdma.rkey = target->rkey;
+        w[0].wr.rdma.remote_addr = (uintptr_t)tbuf + 128;
+        w[0].next = &w[1];
+        w[1] = w[0];
+        w[1].wr_id = 73;
+        w[1].opcode = IBV_WR_ATOMIC_WRITE;
+        w[1].next = NULL;
+        CHECK(ibv_post_send(p.qb, w, &bad) == EOPNOTSUPP && bad == &w[1],
+              "an ATOMIC_WRITE through ibv_post_send was taken");
+        wait_wc(p.cqb, &wc, "the WRITE before the refused ATOMIC_WRITE", 30.0);
+        CHECK(wc.wr_id == 72 && wc.status == IBV_WC_SUCCESS, "the WRITE before it: %s",
+              ibv_wc_status_str(wc.status));
+    }
+    printf("ok: ibv_wr_atomic_write stores 8 bytes; unaligned -> EINVAL; ibv_post_send "
+           "refuses ATOMIC_WRITE (EOPNOTSUPP, bad_wr)\n");
     pair_down(&p);
     CHECK(!ibv_dereg_mr(target), "ibv_dereg_mr");
     free(tbuf);

@@ -27,7 +27,8 @@ OKS = [
     "ok: LOCAL_INV revokes a type 2 window, completes as LOCAL_INV",
     "ok: ibv_wr_bind_mw and ibv_wr_local_inv; a read-only window refuses a WRITE",
     "ok: ibv_dealloc_mw revokes a bound type 2 window",
-    "ok: ibv_wr_atomic_write stores 8 bytes; unaligned -> EINVAL",
+    "ok: ibv_wr_atomic_write stores 8 bytes; unaligned -> EINVAL; ibv_post_send refuses "
+    "ATOMIC_WRITE (EOPNOTSUPP, bad_wr)",
     "ok: bad types -> EINVAL (ibv_alloc_mw, ibv_bind_mw, a BIND_MW request)",
     "ok: a bind to an MR without MW_BIND -> MW bind error completion",
     "ok: all",

@@ -575,12 +575,18 @@ static void sr_bind_fields(struct sr_swr *f, struct ibv_mw *mw, uint32_t rkey,
 static int sr_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
 {
     struct sr_swr flat[SR_BATCH];
-    struct ibv_send_wr *first = wr, *w;
+    struct ibv_send_wr *first = wr, *w, *stop = NULL;
     int n = 0, ret, i;
 
     while (wr) {
         for (n = 0, first = wr; wr && n < SR_BATCH; wr = wr->next, n++) {
             struct sr_swr *f = &flat[n];
+            if (wr->opcode == IBV_WR_ATOMIC_WRITE) {
+                /* its 8 bytes come with ibv_wr_atomic_write only: struct ibv_send_wr has
+                 * no member for them (the Python verbs refuse it the same way) */
+                stop = wr;
+                break;
+            }
             memset(f, 0, sizeof(*f));
             f->wr_id = wr->wr_id;
             f->sg = (uint64_t)(uintptr_t)wr->sg_list;
@@ -612,13 +618,18 @@ static int sr_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_se
         }
         i = 0;  /* the Python half sets the index of the WR that failed */
         sr_posted();
-        ret = sr_py_post_send(SR_H(sr_qp, qp), flat, n, &i);
+        ret = n ? sr_py_post_send(SR_H(sr_qp, qp), flat, n, &i) : 0;
         if (ret) {
             for (w = first; i > 0 && w->next; i--)
                 w = w->next;
             if (bad)
                 *bad = w;
             return ret;
+        }
+        if (stop) {
+            if (bad)
+                *bad = stop;
+            return EOPNOTSUPP;
         }
     }
     return 0;
@@ -2593,6 +2604,7 @@ static struct ibv_srq *sr_create_srq_ex(struct ibv_context *context,
     s = calloc(1, sizeof(*s));
     if (!s)
         return sr_fail(ENOMEM);
+    s->rq.dom = sr_dom_hold(attr->pd);
     a.max_wr = attr->attr.max_wr;
     a.max_sge = attr->attr.max_sge;
     a.srq_limit = attr->attr.srq_limit;
@@ -2600,7 +2612,7 @@ static struct ibv_srq *sr_create_srq_ex(struct ibv_context *context,
                              SR_H(sr_cq, attr->cq), &a, s, &num);
     if (!sr_handle_ok(h)) {
         int err = errno;
-        free(s);
+        sr_srq_free(s);
         return sr_fail(err);
     }
     attr->attr.max_wr = a.max_wr;
