@@ -25,6 +25,8 @@ from harness.capi import need_build, need_tool, run_cmd, run_pair, tcp_port
 from harness.device import private_device
 
 from softrdma.capi import launch
+from softrdma.drivers.host import registry
+from softrdma.drivers.host.registry import BUILTIN_DEVICE
 
 ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(
@@ -49,8 +51,13 @@ def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
 
 @pytest.fixture()
 def device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The test's own device, and no other: UCX and libfabric open every device they
+    list, and the built-in softrdma_lo would take UDP port 4791 from the tests that use
+    it (in parallel, with SOFTRDMA_SHARED=0: "Address already in use")."""
     need_build()
-    yield private_device("mwtest", tmp_path, monkeypatch)
+    name = private_device("mwtest", tmp_path, monkeypatch)
+    registry.delete(BUILTIN_DEVICE.name)
+    yield name
 
 
 def sysfs_run(*args: str) -> list[str]:

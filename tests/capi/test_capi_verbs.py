@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -15,9 +16,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness.capi import compile_c, need_build, need_tool, preloaded, run, run_pair, tcp_port
+from harness.capi import (
+    compile_c,
+    need_build,
+    need_tool,
+    preloaded,
+    run,
+    run_cmd,
+    run_pair,
+    tcp_port,
+)
 from harness.device import private_device, reap, veth_device_netns
-from harness.wait import StreamLines
+from harness.wait import StreamLines, wait_until
 
 from softrdma import enums as e
 from softrdma.capi import build, launch
@@ -62,6 +72,24 @@ def test_empty_poll_and_completion_cost(device: str, tmp_path: Path) -> None:
     assert empty and rnd, p.stdout
     # entering Python for an empty poll would cost several microseconds
     assert float(empty.group(1)) < 2000, p.stdout
+
+
+def test_the_program_takes_the_wrappers_process(tmp_path: Path) -> None:
+    """``softrdma run`` execs the program: a SIGTERM to it (``timeout``, a test harness)
+    stops the program, none is left running (a wrapper that waited for its child left
+    the child behind, holding its device's UDP port), and its exit status is the
+    program's."""
+    need_build()
+    marker = tmp_path / "started"
+    p = subprocess.Popen(run_cmd("sh", "-c", f'touch {marker}; exec sleep 300'))
+    try:
+        wait_until(lambda: marker.exists() and
+                   Path(f"/proc/{p.pid}/comm").read_text().strip() == "sleep", timeout=120)
+        p.terminate()
+        assert p.wait(timeout=60) == -signal.SIGTERM
+    finally:
+        reap(p)
+    assert run("sh", "-c", "exit 7").returncode == 7
 
 
 def test_refuses_setuid_program(tmp_path: Path) -> None:

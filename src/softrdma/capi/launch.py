@@ -298,14 +298,42 @@ def run(args: argparse.Namespace) -> int:
             print(f"softrdma run: error: --sysfs: {no}", file=sys.stderr)
             return 1
         sysfs_env(env, userns)
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="softrdma-run-") as tmp:
-        if sysfs:
-            cmd = sysfs_command(cmd, Path(tmp), userns)
+    if not sysfs:
+        # the program takes this process: its signals (a `timeout` or a test harness that
+        # stops `softrdma run` stops the program, none is left behind), its exit status
+        sys.stdout.flush()
+        sys.stderr.flush()
         try:
-            proc = subprocess.run(list(cmd), env=env, check=False)
+            os.execve(path, list(cmd), env)
         except OSError as exc:
             print(f"softrdma run: error: cannot run {cmd[0]}: {exc}", file=sys.stderr)
             return 127
-    return proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="softrdma-run-") as tmp:
+        cmd = sysfs_command(cmd, Path(tmp), userns)
+        try:
+            proc = subprocess.Popen(list(cmd), env=env)
+        except OSError as exc:
+            print(f"softrdma run: error: cannot run {cmd[0]}: {exc}", file=sys.stderr)
+            return 127
+        returncode = _wait_forwarding(proc)
+    return returncode if returncode >= 0 else 128 - returncode
+
+
+def _wait_forwarding(proc: subprocess.Popen[bytes]) -> int:
+    """Wait for ``proc`` (``--sysfs``: the namespace's first process, which becomes the
+    program), passing on SIGTERM and SIGHUP sent to this one; SIGINT is ignored here (a
+    terminal sends it to the program too). Its return code."""
+    import signal
+
+    def forward(signum: int, frame: object) -> None:
+        proc.send_signal(signum)
+
+    saved = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    saved[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        return proc.wait()
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
