@@ -281,11 +281,18 @@ static void sr_dom_free(struct sr_pd *d, void *p, int custom, uint64_t type)
 }
 
 /* ---- the completion ring ---- */
-static int sr_ring_init(struct sr_ring *r, uint32_t cqe)
+/* the entries of a ring for cqe completions: the power of two above cqe */
+static uint32_t sr_ring_slots(uint32_t cqe)
 {
     uint32_t size = 1;
     while (size <= cqe)
         size <<= 1;
+    return size;
+}
+
+static int sr_ring_init(struct sr_ring *r, uint32_t cqe)
+{
+    uint32_t size = sr_ring_slots(cqe);
     r->wc = sr_dom_calloc(r->dom, (size_t)size * sizeof(struct ibv_wc), SR_RES_CQ, &r->custom);
     if (!r->wc)
         return -1;
@@ -2853,15 +2860,13 @@ int sr_ring_resize(void *ring, uint32_t cqe)
     struct sr_ring *r = ring;
     uint32_t head = atomic_load_explicit(&r->head, memory_order_relaxed);
     uint32_t tail = atomic_load_explicit(&r->tail, memory_order_relaxed);
-    uint32_t n = tail - head, size = 1, i;
+    uint32_t n = tail - head, size = sr_ring_slots(cqe), i;
     struct ibv_wc *wc;
     uint64_t *ts = NULL;
     int custom;
 
     if (cqe < n)
         return EINVAL;
-    while (size <= cqe)
-        size <<= 1;
     wc = sr_dom_calloc(r->dom, (size_t)size * sizeof(*wc), SR_RES_CQ, &custom);
     if (r->ts)
         ts = calloc(size, sizeof(*ts));

@@ -299,8 +299,7 @@ def build_send_wqe(wr: SendWR, qp_type: int, max_send_sge: int, max_inline: int,
     inline: bytes | None = None
     if flags & _INLINE_FLAG:
         if opcode not in INLINE_OPCODES:
-            raise InvalidArgument("wr.send_flags", "IBV_SEND_INLINE is only valid with SEND "
-                                  "and RDMA_WRITE opcodes")
+            raise _inline_refused()
         inline = wr.inline_data if wr.inline_data is not None else _gather_inline(port, sg)
         if len(inline) > max_inline:
             raise InvalidArgument("wr.sg", f"{len(inline)} inline bytes > max_inline_data {max_inline}")
@@ -322,8 +321,7 @@ def build_send_wqe(wr: SendWR, qp_type: int, max_send_sge: int, max_inline: int,
             if extra & _X_ATOMIC:
                 if length < 8:
                     raise InvalidArgument("wr.sg", f"an atomic needs 8 bytes of local buffer, got {length}")
-                if addr & 7:
-                    raise InvalidArgument("wr.remote_addr", f"atomic address {addr:#x} is not 8-byte aligned")
+                _check_atomic_address(addr)
                 wqe.compare_add = u64(wr.compare_add, "wr.compare_add")
                 wqe.swap = u64(wr.swap, "wr.swap")
         elif extra & _X_INV:
@@ -352,6 +350,19 @@ def build_send_wqe(wr: SendWR, qp_type: int, max_send_sge: int, max_inline: int,
     return wqe
 
 
+def _inline_refused() -> InvalidArgument:
+    """IBV_SEND_INLINE on an opcode that carries no inline data (rxe ``WR_INLINE_MASK``)."""
+    return InvalidArgument("wr.send_flags", "IBV_SEND_INLINE is only valid with SEND and "
+                           "RDMA_WRITE opcodes")
+
+
+def _check_atomic_address(addr: int) -> None:
+    """An atomic's remote address (compare-and-swap, fetch-and-add, Atomic Write) is
+    8-byte aligned."""
+    if addr & 7:
+        raise InvalidArgument("wr.remote_addr", f"atomic address {addr:#x} is not 8-byte aligned")
+
+
 def _atomic_write_wqe(wr: SendWR, wr_id: int, flags: int) -> SendWQE:
     """An RDMA Atomic Write's WQE: 8 bytes to an 8-byte aligned remote address (IBA 1.5;
     rxe ``wr_atomic_write``)."""
@@ -362,11 +373,9 @@ def _atomic_write_wqe(wr: SendWR, wr_id: int, flags: int) -> SendWQE:
     if len(data) != 8:
         raise InvalidArgument("wr.atomic_wr", f"an ATOMIC_WRITE stores 8 bytes, got {len(data)}")
     if flags & _INLINE_FLAG:
-        raise InvalidArgument("wr.send_flags", "IBV_SEND_INLINE is only valid with SEND "
-                              "and RDMA_WRITE opcodes")
+        raise _inline_refused()
     addr = u64(wr.remote_addr, "wr.remote_addr")
-    if addr & 7:
-        raise InvalidArgument("wr.remote_addr", f"atomic address {addr:#x} is not 8-byte aligned")
+    _check_atomic_address(addr)
     return SendWQE(wr_id, _ATOMIC_WRITE, flags, inline_data=data, remote_addr=addr,
                    rkey=u32(wr.rkey, "wr.rkey"))
 
