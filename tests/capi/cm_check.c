@@ -2,7 +2,8 @@
  * (EAGAIN when non-blocking and empty, readable when an event is pending), an id's
  * device context and addresses after ADDR_RESOLVED, bad arguments (EINVAL), what is not
  * served (an option: ENOSYS; XRC: EOPNOTSUPP; RDMA_PS_IB: EPROTONOSUPPORT),
- * rdma_getaddrinfo; an id destroyed already, or a pointer to unmapped memory (perftest
+ * rdma_getaddrinfo (also from the hints' addresses alone), rdma_bind_addr of a loopback
+ * address no device owns (no device, as the kernel's); an id destroyed already, or a pointer to unmapped memory (perftest
  * 4.5-0.17's retry after a REJECTED connection passes both), is EINVAL and never read
  * through; an event channel destroyed twice leaves alone the file that
  * has its fd number since. Prints "ok" and the device, or "FAIL <what>". */
@@ -133,6 +134,49 @@ int main(void)
           && ((struct sockaddr_in *)res->ai_src_addr)->sin_port == htons(7471),
           "a passive rdma_getaddrinfo");
     rdma_freeaddrinfo(res);
+    {   /* neither node nor service: the addresses come from the hints (librdmacm's
+         * addrinfo.c; libfabric's verbs provider passes an endpoint's peer so) */
+        struct sockaddr_in peer = {.sin_family = AF_INET, .sin_port = htons(7471)};
+        struct sockaddr_in me = {.sin_family = AF_INET, .sin_port = htons(7472)};
+
+        inet_pton(AF_INET, "127.0.0.2", &peer.sin_addr);
+        inet_pton(AF_INET, "127.0.0.1", &me.sin_addr);
+        memset(&hints, 0, sizeof(hints));
+        hints.ai_port_space = RDMA_PS_TCP;
+        hints.ai_dst_addr = (struct sockaddr *)&peer;
+        hints.ai_dst_len = sizeof(peer);
+        CHECK(rdma_getaddrinfo(NULL, NULL, &hints, &res) == 0 && res->ai_dst_addr
+              && res->ai_dst_len == sizeof(peer) && !res->ai_src_addr
+              && !memcmp(res->ai_dst_addr, &peer, sizeof(peer))
+              && res->ai_dst_addr != hints.ai_dst_addr && res->ai_family == AF_INET
+              && res->ai_port_space == RDMA_PS_TCP && res->ai_qp_type == IBV_QPT_RC,
+              "the destination of the hints");
+        rdma_freeaddrinfo(res);
+        hints.ai_src_addr = (struct sockaddr *)&me;
+        hints.ai_src_len = sizeof(me);
+        hints.ai_flags = RAI_PASSIVE;
+        CHECK(rdma_getaddrinfo(NULL, NULL, &hints, &res) == 0 && res->ai_dst_addr
+              && res->ai_src_addr && !memcmp(res->ai_src_addr, &me, sizeof(me))
+              && res->ai_flags == RAI_PASSIVE, "both addresses of the hints, passive too");
+        rdma_freeaddrinfo(res);
+        memset(&hints, 0, sizeof(hints));
+        errno = 0;
+        CHECK(rdma_getaddrinfo(NULL, NULL, &hints, &res) != 0 && errno == EINVAL,
+              "no node, no service, no address: EINVAL");
+    }
+    {   /* a loopback address no device owns binds none, as the kernel's cma_any_addr
+         * has it (the test's device on lo owns 127.0.0.1, not 127.0.0.2) */
+        struct sockaddr_in lo = {.sin_family = AF_INET};
+        struct rdma_cm_id *lid;
+
+        inet_pton(AF_INET, "127.0.0.2", &lo.sin_addr);
+        CHECK(rdma_create_id(NULL, &lid, NULL, RDMA_PS_TCP) == 0, "rdma_create_id");
+        CHECK(rdma_bind_addr(lid, (struct sockaddr *)&lo) == 0 && lid->verbs == NULL,
+              "rdma_bind_addr(127.0.0.2) leaves verbs NULL");
+        CHECK(rdma_listen(lid, 4) == 0 && rdma_get_src_port(lid) != 0,
+              "it listens, on a port of its own");
+        CHECK(rdma_destroy_id(lid) == 0, "rdma_destroy_id");
+    }
     printf("ok\n");
     return 0;
 }

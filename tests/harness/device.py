@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -53,7 +54,7 @@ def veth_device_netns(prefix: str, device: str, addr: str, env: dict[str, str],
         subprocess.run(["ip", "netns", "del", ns], timeout=30, check=False)
 
 
-def reap(*procs: subprocess.Popen[str]) -> None:
+def reap(*procs: subprocess.Popen[Any]) -> None:
     """Kill, and wait for, those of ``procs`` still running (a test's cleanup)."""
     for p in procs:
         if p.poll() is None:

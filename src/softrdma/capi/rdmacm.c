@@ -1000,26 +1000,38 @@ __be16 rdma_get_dst_port(struct rdma_cm_id *id)
 }
 
 /* ---- addresses: rdma_getaddrinfo over getaddrinfo(3) (IP only) ---- */
-/* Neither node nor service, the source in the hints (librdmacm: the result carries the
- * hints' source address only; pyverbs' AddrInfo(src=...) of a multicast group asks this). */
-static int sr_cm_src_only(const struct rdma_addrinfo *hints, struct rdma_addrinfo **res)
+/* Neither node nor service: the addresses in the hints (librdmacm's addrinfo.c does
+ * the same): the result carries the hints' destination and source. libfabric's verbs
+ * provider passes an endpoint's peer this way (fi_pingpong's client), pyverbs'
+ * AddrInfo(src=...) of a multicast group a source only. */
+static int sr_copy_addr(struct sockaddr **dst, socklen_t *len, const struct sockaddr *src,
+                        socklen_t n)
+{
+    *dst = malloc(n);
+    if (!*dst)
+        return -1;
+    memcpy(*dst, src, n);
+    *len = n;
+    return 0;
+}
+
+static int sr_cm_from_hints(const struct rdma_addrinfo *hints, struct rdma_addrinfo **res)
 {
     struct rdma_addrinfo *r = calloc(1, sizeof(*r));
-    void *sa = malloc(hints->ai_src_len);
 
-    if (!r || !sa) {
-        free(r);
-        free(sa);
+    if (!r || (hints->ai_dst_len && sr_copy_addr(&r->ai_dst_addr, &r->ai_dst_len,
+                                                 hints->ai_dst_addr, hints->ai_dst_len))
+           || (hints->ai_src_len && sr_copy_addr(&r->ai_src_addr, &r->ai_src_len,
+                                                 hints->ai_src_addr, hints->ai_src_len))) {
+        rdma_freeaddrinfo(r);
         errno = ENOMEM;
         return EAI_MEMORY;
     }
-    memcpy(sa, hints->ai_src_addr, hints->ai_src_len);
     r->ai_flags = hints->ai_flags;
-    r->ai_family = hints->ai_src_addr->sa_family;
+    r->ai_family = hints->ai_family ? hints->ai_family
+                   : (r->ai_dst_addr ? r->ai_dst_addr : r->ai_src_addr)->sa_family;
     r->ai_qp_type = hints->ai_qp_type ? hints->ai_qp_type : IBV_QPT_RC;
     r->ai_port_space = hints->ai_port_space ? hints->ai_port_space : RDMA_PS_TCP;
-    r->ai_src_addr = sa;
-    r->ai_src_len = hints->ai_src_len;
     *res = r;
     return 0;
 }
@@ -1032,9 +1044,10 @@ int rdma_getaddrinfo(const char *node, const char *service, const struct rdma_ad
     struct sockaddr *sa;
     int passive = hints && (hints->ai_flags & RAI_PASSIVE), ret;
 
-    if (res && !node && !service && !passive && hints && hints->ai_src_addr
-        && hints->ai_src_len)
-        return sr_cm_src_only(hints, res);
+    if (res && !node && !service && hints
+        && ((hints->ai_src_addr && hints->ai_src_len)
+            || (hints->ai_dst_addr && hints->ai_dst_len)))
+        return sr_cm_from_hints(hints, res);
     if (!res || (!node && !service && !passive)) {
         errno = EINVAL;
         return EAI_NONAME;

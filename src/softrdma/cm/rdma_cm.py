@@ -45,6 +45,7 @@ from ..wire.ipcm import RDMA_UDP_QKEY, IpAddress
 from . import rdma_res  # noqa: F401 - lists our ids for softrdma res show cm_id
 from .rdma_devices import (
     OpenDevice,
+    bind_device,
     configure,
     devices_for_wildcard,
     find_device,
@@ -285,14 +286,18 @@ class CmId:
         ``rdma_listen`` (qperf sends it to its client then); ``listen`` takes it, or
         another if it was taken meanwhile. The wildcard address listens on every device
         of the preferred transport (``device``: a device name, ``"roce"`` or ``"iwarp"``;
-        default RoCE)."""
+        default RoCE). A loopback address no device owns binds no device either
+        (:func:`~.rdma_devices.bind_device`: the kernel's ``cma_any_addr``), so the id's
+        ``verbs`` stays None and it listens on the devices the wildcard would, each
+        listener still bound to that address (the A11 checks)."""
         self._check()
         ip, port = _parse(addr, "addr")
         self._prefer = device
         self._src, self._src_port = ip, port
         if not ip.is_unspecified:
-            entry, _ = find_device(ip, None, device)
-            self._attach(open_device(entry))
+            entry = bind_device(ip, device)
+            if entry is not None:
+                self._attach(open_device(entry))
         self._move(CmState.ADDR_BOUND, frozenset({CmState.IDLE, CmState.ADDR_BOUND}))
         self._bind_port = 0 if port else ephemeral_port()
         self.local_addr = (str(ip), port or self._bind_port)
@@ -458,12 +463,11 @@ class CmId:
         if backlog <= 0:
             backlog = 1024
         ip = self._src
-        if ip.is_unspecified:
+        if self.device is None:  # the wildcard, or a loopback address no device owns
             devs = [open_device(e) for e in devices_for_wildcard(ip.version, self._prefer)]
             if not devs:
                 raise StateError(f"no softrdma device to listen on for IPv{ip.version}")
         else:
-            assert self.device is not None
             devs = [self.device]
         for dev in devs:
             transport_of(dev).check_ps(self.ps)

@@ -13,7 +13,9 @@ rdma_cm layer reports either as ``RDMA_CM_EVENT_ADDR_ERROR`` with that status. O
 IPv6 link-local destination, which the kernel cannot route without its scope, picks a
 device with a link-local address. ``prefer`` narrows the choice: a device name, or a transport ``"roce"`` /
 ``"iwarp"`` (default: the first candidate, registry order, so RoCE before the built-in
-iWARP device). The transport then comes from the device type.
+iWARP device). The transport then comes from the device type. ``rdma_bind_addr`` of a
+loopback address that no device of the preference owns binds no device
+(:func:`bind_device`; the kernel's ``cma_any_addr``).
 
 The candidate list is read once (the registry file and ``/sys``) and kept until the
 registry file or a network interface changes: an rtnetlink socket subscribed to the link
@@ -46,7 +48,8 @@ from ..verbs.device import IWARP_LOOPBACK, Context, get_device_list
 from ..wire.ipcm import IpAddress
 
 __all__ = ["DeviceEntry", "OpenDevice", "candidates", "find_device", "open_device",
-           "open_devices", "release_devices", "configure", "Options", "options", "is_loopback"]
+           "open_devices", "release_devices", "configure", "Options", "options", "is_loopback",
+           "bind_device"]
 
 
 @dataclass(slots=True)
@@ -108,6 +111,23 @@ def configure(*, cm_config: CmConfig | None = None, iwarp_timeout: float | None 
 
 def is_loopback(ip: IpAddress) -> bool:
     return ip.is_loopback
+
+
+def bind_device(ip: IpAddress, prefer: str | None) -> DeviceEntry | None:
+    """The device ``rdma_bind_addr`` binds a specific address ``ip`` to: the one that owns
+    it (:func:`find_device`). A loopback address that no device (of ``prefer``) owns binds
+    none, as the kernel's ``cma_any_addr`` counts every loopback address as a wildcard:
+    libfabric's verbs provider binds "localhost" to learn which devices a passive
+    endpoint may use, and takes an id without a device as "all of them". A softrdma
+    device on ``lo`` (``softrdma_lo``) owns 127.0.0.1 and ::1, so a program binding
+    those gets it, which a program on Linux, whose devices sit on other interfaces,
+    cannot. Any other address no device owns is :class:`DeviceError` (EADDRNOTAVAIL)."""
+    try:
+        return find_device(ip, None, prefer)[0]
+    except DeviceError:
+        if ip.is_loopback:
+            return None
+        raise
 
 
 def _read_candidates() -> list[DeviceEntry]:

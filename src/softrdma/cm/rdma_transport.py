@@ -74,6 +74,15 @@ def ephemeral_port() -> int:
     return random.randrange(32768, 61000)
 
 
+
+def _retries(n: int) -> int:
+    """A ``struct rdma_conn_param`` retry count as the REQ/REP field (3 bits, IBA
+    12.7.38/12.7.43): the kernel's rdma_cm takes ``min(7, n)`` (``cma_connect_ib``,
+    ``cma_accept_ib``), so a count above 7 is no error (libfabric's verbs provider
+    asks for more)."""
+    return min(7, n)
+
+
 class ConnId(Protocol):
     """What an adapter reads and sets on the id it acts for (:class:`~.rdma_cm.CmId`,
     like Linux's ``rdma_id_private`` that cma.c hands to ``ib_cm`` / ``iw_cm``)."""
@@ -240,8 +249,9 @@ class _IbCm(Transport):
         client.connect(qp, cid._src, cid._dst, cid._dst_port, src_port=cid._src_port,
                        proto=IPPROTO_TCP, private_data=bytes(p.private_data),
                        responder_resources=p.responder_resources,
-                       initiator_depth=p.initiator_depth, retry_count=p.retry_count,
-                       rnr_retry_count=p.rnr_retry_count, flow_control=bool(p.flow_control),
+                       initiator_depth=p.initiator_depth, retry_count=_retries(p.retry_count),
+                       rnr_retry_count=_retries(p.rnr_retry_count),
+                       flow_control=bool(p.flow_control),
                        auto_rtu=not isinstance(qp, UserQp), traffic_class=cid._tos)
 
     def accept(self, cid: ConnId, p: ConnParam, qp: Any) -> None:
@@ -252,7 +262,7 @@ class _IbCm(Transport):
             cid._ib.local_ack_timeout = cid._ack_timeout
         cid._ib.accept(qp, AcceptParams(
             private_data=bytes(p.private_data), responder_resources=p.responder_resources,
-            initiator_depth=p.initiator_depth, rnr_retry_count=p.rnr_retry_count,
+            initiator_depth=p.initiator_depth, rnr_retry_count=_retries(p.rnr_retry_count),
             flow_control=bool(p.flow_control), qkey=qkey))
 
     def reject(self, cid: ConnId, private_data: bytes) -> None:
