@@ -1043,7 +1043,6 @@ int rdma_getaddrinfo(const char *node, const char *service, const struct rdma_ad
 {
     struct addrinfo ah, *ai = NULL;
     struct rdma_addrinfo *r;
-    struct sockaddr *sa;
     int passive = hints && (hints->ai_flags & RAI_PASSIVE), ret;
 
     if (res && !node && !service && hints
@@ -1066,34 +1065,25 @@ int rdma_getaddrinfo(const char *node, const char *service, const struct rdma_ad
     ret = getaddrinfo(node, service, &ah, &ai);
     if (ret)
         return ret;
+    /* the address found is the source of a passive result, else the destination, with
+     * the hints' source beside it */
     r = calloc(1, sizeof(*r));
-    sa = malloc(ai->ai_addrlen);
-    if (!r || !sa) {
-        free(r);
-        free(sa);
+    if (!r || (passive ? sr_copy_addr(&r->ai_src_addr, &r->ai_src_len, ai->ai_addr,
+                                      ai->ai_addrlen)
+                       : sr_copy_addr(&r->ai_dst_addr, &r->ai_dst_len, ai->ai_addr,
+                                      ai->ai_addrlen))
+           || (!passive && hints && hints->ai_src_addr && hints->ai_src_len
+               && sr_copy_addr(&r->ai_src_addr, &r->ai_src_len, hints->ai_src_addr,
+                               hints->ai_src_len))) {
+        rdma_freeaddrinfo(r);
         freeaddrinfo(ai);
         errno = ENOMEM;
         return EAI_MEMORY;
     }
-    memcpy(sa, ai->ai_addr, ai->ai_addrlen);
     r->ai_flags = hints ? hints->ai_flags : 0;
     r->ai_family = ai->ai_family;
     r->ai_qp_type = hints && hints->ai_qp_type ? hints->ai_qp_type : IBV_QPT_RC;
     r->ai_port_space = hints && hints->ai_port_space ? hints->ai_port_space : RDMA_PS_TCP;
-    if (passive) {
-        r->ai_src_addr = sa;
-        r->ai_src_len = ai->ai_addrlen;
-    } else {
-        r->ai_dst_addr = sa;
-        r->ai_dst_len = ai->ai_addrlen;
-        if (hints && hints->ai_src_addr && hints->ai_src_len) {
-            r->ai_src_addr = malloc(hints->ai_src_len);
-            if (r->ai_src_addr) {
-                memcpy(r->ai_src_addr, hints->ai_src_addr, hints->ai_src_len);
-                r->ai_src_len = hints->ai_src_len;
-            }
-        }
-    }
     freeaddrinfo(ai);
     *res = r;
     return 0;
