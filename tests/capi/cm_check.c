@@ -3,9 +3,9 @@
  * device context and addresses after ADDR_RESOLVED, bad arguments (EINVAL), what is not
  * served (an option: ENOSYS; XRC: EOPNOTSUPP; RDMA_PS_IB: EPROTONOSUPPORT),
  * rdma_getaddrinfo (also from the hints' addresses alone), rdma_bind_addr of a loopback
- * address no device owns (no device, as the kernel's); an id destroyed already, or a pointer to unmapped memory (perftest
- * 4.5-0.17's retry after a REJECTED connection passes both), is EINVAL and never read
- * through; an event channel destroyed twice leaves alone the file that
+ * address no device owns (no device, as the kernel's); an id destroyed already, or a
+ * pointer to unmapped memory (perftest 4.5-0.17's retry after a REJECTED connection
+ * passes both), is EINVAL and never read through; an event channel destroyed twice leaves alone the file that
  * has its fd number since. Prints "ok" and the device, or "FAIL <what>". */
 #include <rdma/rdma_cma.h>
 #include <rdma/rdma_verbs.h>

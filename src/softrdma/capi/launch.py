@@ -34,8 +34,8 @@ from .bridge import PYTHON_ENV
 from .build import build
 
 __all__ = ["add_arguments", "run", "preload_env", "why_not_preloadable", "DEVICE_ENV",
-           "python_host", "python_mismatch", "sysfs_command", "sysfs_unavailable", "sysfs_env", "sysfs_user_namespace", "UCX_ENV",
-           "STATE_ENV", "USERNS_ENV"]
+           "python_host", "python_mismatch", "sysfs_command", "sysfs_unavailable",
+           "sysfs_env", "sysfs_user_namespace", "UCX_ENV", "STATE_ENV", "USERNS_ENV"]
 
 #: the device a program sees first (``softrdma run -d``)
 DEVICE_ENV = "SOFTRDMA_CAPI_DEVICE"
@@ -298,7 +298,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"softrdma run: error: --sysfs: {no}", file=sys.stderr)
             return 1
         sysfs_env(env, userns)
-    if not sysfs:
+    else:
         # the program takes this process: its signals (a `timeout` or a test harness that
         # stops `softrdma run` stops the program, none is left behind), its exit status
         sys.stdout.flush()

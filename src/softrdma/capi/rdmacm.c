@@ -1000,13 +1000,13 @@ __be16 rdma_get_dst_port(struct rdma_cm_id *id)
 }
 
 /* ---- addresses: rdma_getaddrinfo over getaddrinfo(3) (IP only) ---- */
-/* Neither node nor service: the addresses in the hints (librdmacm's addrinfo.c does
- * the same): the result carries the hints' destination and source. libfabric's verbs
- * provider passes an endpoint's peer this way (fi_pingpong's client), pyverbs'
- * AddrInfo(src=...) of a multicast group a source only. */
+/* *dst: a copy of the n bytes of src, and *len = n; nothing for a missing address (src
+ * NULL or n 0). 0, or -1 when the copy cannot be allocated. */
 static int sr_copy_addr(struct sockaddr **dst, socklen_t *len, const struct sockaddr *src,
                         socklen_t n)
 {
+    if (!src || !n)
+        return 0;
     *dst = malloc(n);
     if (!*dst)
         return -1;
@@ -1015,16 +1015,18 @@ static int sr_copy_addr(struct sockaddr **dst, socklen_t *len, const struct sock
     return 0;
 }
 
+/* Neither node nor service: the addresses in the hints (librdmacm's addrinfo.c does
+ * the same): the result carries the hints' destination and source. libfabric's verbs
+ * provider passes an endpoint's peer this way (fi_pingpong's client), pyverbs'
+ * AddrInfo(src=...) of a multicast group a source only. */
 static int sr_cm_from_hints(const struct rdma_addrinfo *hints, struct rdma_addrinfo **res)
 {
     struct rdma_addrinfo *r = calloc(1, sizeof(*r));
 
-    if (!r || (hints->ai_dst_addr && hints->ai_dst_len
-               && sr_copy_addr(&r->ai_dst_addr, &r->ai_dst_len, hints->ai_dst_addr,
-                               hints->ai_dst_len))
-           || (hints->ai_src_addr && hints->ai_src_len
-               && sr_copy_addr(&r->ai_src_addr, &r->ai_src_len, hints->ai_src_addr,
-                               hints->ai_src_len))) {
+    if (!r || sr_copy_addr(&r->ai_dst_addr, &r->ai_dst_len, hints->ai_dst_addr,
+                           hints->ai_dst_len)
+           || sr_copy_addr(&r->ai_src_addr, &r->ai_src_len, hints->ai_src_addr,
+                           hints->ai_src_len)) {
         rdma_freeaddrinfo(r);
         errno = ENOMEM;
         return EAI_MEMORY;
@@ -1072,7 +1074,7 @@ int rdma_getaddrinfo(const char *node, const char *service, const struct rdma_ad
                                       ai->ai_addrlen)
                        : sr_copy_addr(&r->ai_dst_addr, &r->ai_dst_len, ai->ai_addr,
                                       ai->ai_addrlen))
-           || (!passive && hints && hints->ai_src_addr && hints->ai_src_len
+           || (!passive && hints
                && sr_copy_addr(&r->ai_src_addr, &r->ai_src_len, hints->ai_src_addr,
                                hints->ai_src_len))) {
         rdma_freeaddrinfo(r);

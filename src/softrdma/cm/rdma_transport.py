@@ -74,7 +74,6 @@ def ephemeral_port() -> int:
     return random.randrange(32768, 61000)
 
 
-
 def _retries(n: int) -> int:
     """A ``struct rdma_conn_param`` retry count as the REQ/REP field (3 bits, IBA
     12.7.38/12.7.43): the kernel's rdma_cm takes ``min(7, n)`` (``cma_connect_ib``,
