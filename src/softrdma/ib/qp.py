@@ -313,6 +313,7 @@ class EngineQP:
         self.comp.reset()
         self.resp.reset()
         self.rq.clear()
+        self.ack_psn = -1  # a coalesced ACK owed before the reset is owed no more
         self.set_deadline(None)
         self.state = RESET
 
@@ -388,6 +389,11 @@ class EngineQP:
     def destroy(self) -> None:
         if self.destroyed:
             return
+        if self.state in (RTR, RTS, SQD, SQE):
+            # as in to_error: the requests this responder executed are acknowledged
+            # before it goes (a program that destroys its QP, then its rdma_cm id, sends
+            # the DREQ after it: the peer's last SEND would complete with a flush error)
+            self.flush_ack()
         self.destroyed = True
         self.set_deadline(None)
         self.port.remove_qp(self)
