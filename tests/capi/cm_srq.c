@@ -5,9 +5,11 @@
  *     channels, id->srq); two receives through rdma_post_recv (which posts to id->srq);
  *     rdma_notify before the accept (EINVAL on RoCE: no REP sent yet) and after it
  *     (EISCONN on RoCE; iWARP takes any event and returns 0); two receives checked,
- *     data and completion fields; rdma_destroy_ep frees the QP and the SRQ.
+ *     data and completion fields; a "done" SEND back to the client (which disconnects only
+ *     once it has it: a DREQ before the rdma_notify checks would change their answer);
+ *     rdma_destroy_ep frees the QP and the SRQ.
  *   client: rdma_create_qp_ex with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS, two SENDs through the
- *     ibv_wr_* API (ibv_qp_to_qp_ex), their completions checked.
+ *     ibv_wr_* API (ibv_qp_to_qp_ex), their completions checked; it waits for "done".
  *   cm_srq server PORT      cm_srq client PORT
  * Prints what it checked and "ok", or "FAIL <what>" (exit 1). */
 #include <rdma/rdma_cma.h>
@@ -22,6 +24,7 @@
 #include "cm_common.h"
 
 #define SLOT 32
+#define DONE "done"
 
 /* an RC QP's attributes with one SGE each way and nothing else given */
 static void rc_attr(struct ibv_qp_init_attr_ex *qx, uint32_t send_wr, uint32_t recv_wr)
@@ -42,7 +45,7 @@ static int server(struct rdma_addrinfo *res)
     struct ibv_qp_init_attr_ex qx;
     struct ibv_wc wc;
     struct ibv_mr *mr;
-    char buf[2 * SLOT], want[SLOT];
+    char buf[3 * SLOT], want[SLOT];
     int iwarp, i, ret;
 
     CHECK(rdma_create_ep(&listen_id, res, NULL, NULL) == 0, "rdma_create_ep (passive)");
@@ -107,6 +110,11 @@ static int server(struct rdma_addrinfo *res)
         CHECK(!strcmp(buf + i * SLOT, want), "the data received");
         printf("recv %" PRIu64 " %u %s\n", wc.wr_id, wc.byte_len, buf + i * SLOT);
     }
+    strcpy(buf + 2 * SLOT, DONE);
+    CHECK(rdma_post_send(id, (void *)(uintptr_t)42, buf + 2 * SLOT, sizeof(DONE), mr,
+                         IBV_SEND_SIGNALED) == 0, "rdma_post_send (done)");
+    CHECK(rdma_get_send_comp(id, &wc) == 1 && wc.status == IBV_WC_SUCCESS && wc.wr_id == 42,
+          "the done SEND's completion");
     rdma_disconnect(id);
     rdma_dereg_mr(mr);
     rdma_destroy_ep(id);
@@ -124,7 +132,7 @@ static int client(struct rdma_addrinfo *res)
     struct ibv_qp_ex *qpx;
     struct ibv_wc wc;
     struct ibv_mr *mr;
-    char buf[2 * SLOT];
+    char buf[3 * SLOT];
     int i;
 
     CHECK(rdma_create_ep(&id, res, NULL, NULL) == 0, "rdma_create_ep (active)");
@@ -134,9 +142,11 @@ static int client(struct rdma_addrinfo *res)
     CHECK(rdma_create_qp_ex(id, &qx) == 0, "rdma_create_qp_ex with send_ops_flags");
     qpx = ibv_qp_to_qp_ex(id->qp);
     CHECK(qpx, "ibv_qp_to_qp_ex on the rdma_cm QP");
-    CHECK(rdma_connect(id, NULL) == 0, "rdma_connect");
     mr = rdma_reg_msgs(id, buf, sizeof(buf));
     CHECK(mr, "rdma_reg_msgs");
+    CHECK(rdma_post_recv(id, (void *)(uintptr_t)80, buf + 2 * SLOT, SLOT, mr) == 0,
+          "rdma_post_recv (for done)");
+    CHECK(rdma_connect(id, NULL) == 0, "rdma_connect");
     for (i = 0; i < 2; i++) {
         char *m = buf + i * SLOT;
         snprintf(m, SLOT, "srq message %d", i);
@@ -152,6 +162,10 @@ static int client(struct rdma_addrinfo *res)
               "the send's completion fields");
         printf("sent %" PRIu64 " %s\n", wc.wr_id, m);
     }
+    CHECK(rdma_get_recv_comp(id, &wc) == 1, "rdma_get_recv_comp (done)");
+    CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 80 && wc.byte_len == sizeof(DONE)
+          && !strcmp(buf + 2 * SLOT, DONE), "the server's done message");
+    printf("recv %s\n", buf + 2 * SLOT);
     rdma_disconnect(id);
     rdma_dereg_mr(mr);
     rdma_destroy_ep(id);
