@@ -159,6 +159,13 @@ int main(void)
               && res->ai_src_addr && !memcmp(res->ai_src_addr, &me, sizeof(me))
               && res->ai_flags == RAI_PASSIVE, "both addresses of the hints, passive too");
         rdma_freeaddrinfo(res);
+        hints.ai_src_addr = NULL;  /* a length without an address: no source, no read */
+        hints.ai_flags = 0;
+        CHECK(rdma_getaddrinfo(NULL, NULL, &hints, &res) == 0 && res->ai_dst_addr
+              && !res->ai_src_addr && res->ai_src_len == 0
+              && !memcmp(res->ai_dst_addr, &peer, sizeof(peer)),
+              "a source length with a NULL source is no source");
+        rdma_freeaddrinfo(res);
         memset(&hints, 0, sizeof(hints));
         errno = 0;
         CHECK(rdma_getaddrinfo(NULL, NULL, &hints, &res) != 0 && errno == EINVAL,

@@ -1019,10 +1019,13 @@ static int sr_cm_from_hints(const struct rdma_addrinfo *hints, struct rdma_addri
 {
     struct rdma_addrinfo *r = calloc(1, sizeof(*r));
 
-    if (!r || (hints->ai_dst_len && sr_copy_addr(&r->ai_dst_addr, &r->ai_dst_len,
-                                                 hints->ai_dst_addr, hints->ai_dst_len))
-           || (hints->ai_src_len && sr_copy_addr(&r->ai_src_addr, &r->ai_src_len,
-                                                 hints->ai_src_addr, hints->ai_src_len))) {
+    /* an address is taken where both its pointer and its length are set */
+    if (!r || (hints->ai_dst_addr && hints->ai_dst_len
+               && sr_copy_addr(&r->ai_dst_addr, &r->ai_dst_len, hints->ai_dst_addr,
+                               hints->ai_dst_len))
+           || (hints->ai_src_addr && hints->ai_src_len
+               && sr_copy_addr(&r->ai_src_addr, &r->ai_src_len, hints->ai_src_addr,
+                               hints->ai_src_len))) {
         rdma_freeaddrinfo(r);
         errno = ENOMEM;
         return EAI_MEMORY;
