@@ -705,8 +705,8 @@ def test_capi_rstream_cases() -> None:
     assert rx.server == ("python3 -m softrdma run -d ilab -- rstream -b 10.50.0.24 -p 7471 "
                          "-T v -S 65536 -C 10")
     assert rx.client == "rstream -s 10.50.0.24 -p 7471 -T v -S 65536 -C 10"
-    iw = C.commands(by_name["c/rstream/siw/s65536"], "softrdma-client", EP)
-    assert iw.server == "rstream -b 10.50.0.14 -p 7471 -T v -S 65536 -C 10"
+    iw = C.commands(by_name["c/rstream/siw/s8192"], "softrdma-client", EP)
+    assert iw.server == "rstream -b 10.50.0.14 -p 7471 -T v -S 8192 -C 10"
     assert iw.client.startswith("python3 -m softrdma run -d iwlab -- rstream -s 10.50.0.14 ")
     row = "custom    64k     10      1       1.2m        0.50s      0.02    50000.00"
     assert parse.rstream_done("name      bytes   xfers\n" + row + "\n")

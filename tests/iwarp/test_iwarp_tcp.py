@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import random
 import socket
+import struct
 import threading
 import time
 from typing import Any
@@ -35,6 +36,7 @@ from softrdma.wire import ddp, mpa
 
 OK = int(e.IBV_WC_SUCCESS)
 FLUSH = int(e.IBV_WC_WR_FLUSH_ERR)
+TCP_CLOSE = 7  # tcp_info.tcpi_state (include/net/tcp_states.h)
 
 
 def connect(ca: v.Context, cb: v.Context, a: Ep, b: Ep, cfg_a: MpaConfig | None = None,
@@ -245,6 +247,58 @@ def test_raw_peer_closes_mid_message(ctx: v.Context, cut: int) -> None:  # noqa:
     peer.sock.close()
     assert sorted((w.wr_id, w.status) for w in b.wait(2)) == [(1, FLUSH), (2, FLUSH)]
     assert b.qp.qp_state == e.IBV_QPS_ERR
+    _sockets_drain(ctx)
+    lst.close()
+
+
+def test_data_before_a_reset_is_delivered_though_a_send_failed(
+        ctx: v.Context, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """A peer sends two messages, then resets the connection (siw closes so when its
+    socket holds bytes it did not read). Our next send fails on the dead socket before
+    the runtime read those messages: they still complete, in order and whole, and only
+    then is the QP flushed (rstream over siw hung when a send's failure dropped them)."""
+    rt = ctx.runtime
+    b = Ep(ctx)
+    for i in (1, 2, 3):
+        b.recv(4096, i)
+    lst = iwconnect.listen(ctx, 0)
+    got: dict[str, Any] = {}
+    t = _accept_raw(ctx, b, lst, got)
+    peer = RawClient(lst.port)
+    peer.handshake()
+    t.join(10)
+    assert got["conn"].connected
+    idle = threading.Event()  # never set: the progress thread's waits time out
+    rounds: list[float] = []
+
+    def nothing_ready(wait: float) -> list[Any]:  # the runtime reads no socket from now on
+        rounds.append(wait)
+        idle.wait(min(wait, 0.05))
+        return []
+
+    monkeypatch.setattr(rt, "_ready", nothing_ready)
+    deadline = time.monotonic() + 20
+    while len(rounds) < 2:  # the progress thread left the wait it was in
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    sock = next(iter(rt._socks.values())).sock  # type: ignore[attr-defined]
+    data = [bytes([0x41 + m]) * (1000 + m) for m in (1, 2)]
+    peer.sock.sendall(b"".join(peer.fpdu(ddp.encode_segment_bytes(ddp.Segment(
+        ddp.DdpUntagged(3, 0, m, 0, True), data[m - 1]))) for m in (1, 2)))
+    peer.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    peer.sock.close()  # an RST
+    deadline = time.monotonic() + 20
+    while sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] != TCP_CLOSE:
+        assert time.monotonic() < deadline, "the reset did not arrive"
+        time.sleep(0.01)
+    b.send(e.IBV_WR_SEND, 8, 9)  # fails on the dead socket (ECONNRESET)
+    wcs = b.wait(4)
+    assert [(w.wr_id, w.status) for w in wcs[:2]] == [(1, OK), (2, OK)]
+    assert [w.byte_len for w in wcs[:2]] == [len(d) for d in data]
+    assert bytes(b.mr.read(len(data[1]), 0)) == data[1]  # the second landed over the first
+    assert sorted((w.wr_id, w.status) for w in wcs[2:]) == [(3, FLUSH), (9, FLUSH)]
+    assert b.qp.qp_state == e.IBV_QPS_ERR
+    monkeypatch.undo()
     _sockets_drain(ctx)
     lst.close()
 

@@ -45,6 +45,13 @@ UDADDY_PORT = 7174
 RDMA_EXAMPLE_PORT = 7471  # librdmacm examples/rdma_server.c, rdma_client.c
 RSTREAM_PORT = 7471  # librdmacm examples/rstream.c
 RSTREAM_SIZE = 65536  # 64 packets at rxe's MTU
+# Over siw, 8 KiB: rstream's server closes right after its last send, which siw completed
+# once TCP took it; if a message of the client's (rsockets' credit update) came in as it
+# closed, siw resets the connection, and TCP drops what it had not sent yet: the client,
+# short of its last transfer, never finishes. Between two Linux siw guests, with 64 KiB
+# transfers 7 of 13 runs hung so (the server's stream cut short, an RST and no FIN), with
+# 8 KiB none of 8: the last transfer is then sent at once, within TCP's first window.
+RSTREAM_SIW_SIZE = 8192
 RSTREAM_COUNT = 10  # transfers each way, every byte checked (rstream -T v)
 MCKEY_GROUP = "239.1.2.3"  # an administratively scoped IPv4 group (RFC 2365)
 MCKEY_COUNT = 5
@@ -204,7 +211,7 @@ def capi_cases() -> list[Case]:
     cases.append(Case("rping", run, "siw", "rping", 64, port=RPING_PORT, capi=True))
     cases.append(Case("ib_write_bw", run, "siw", "bw", 4096, True, PERFTEST_PORT,
                       capi=True))
-    cases.append(Case("rstream", run, "siw", "rsocket", RSTREAM_SIZE, port=RSTREAM_PORT,
+    cases.append(Case("rstream", run, "siw", "rsocket", RSTREAM_SIW_SIZE, port=RSTREAM_PORT,
                       capi=True))
     return cases
 

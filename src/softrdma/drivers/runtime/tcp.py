@@ -23,7 +23,10 @@ I/O of each connection (design.md, "Sans-I/O engines"):
   FPDUs at a time (:data:`_TX_CHUNK`; the plain TCP baseline's ``sendall`` size);
 * teardown: once the engine sets ``want_close`` and its bytes are out, ``shutdown`` the
   write side (the Terminate reaches the peer before the FIN, RFC 5040 §6.2.1 "graceful
-  LLP teardown"), drain the read side until EOF or :data:`LINGER` seconds, close.
+  LLP teardown"), drain the read side until EOF or :data:`LINGER` seconds, close. A
+  send that fails (the peer reset the connection) first reads what the peer sent before
+  the reset, which waits in our socket, and hands it to the engine, in order; then the
+  LLP is down (:meth:`TcpRuntime._tx`).
 
 Connection setup (:mod:`softrdma.drivers.cm.iwconnect`) waits on :attr:`TcpRuntime.changed`, a
 condition on the engine lock notified after every round of socket I/O, and hands listening
@@ -54,12 +57,14 @@ from typing import Any
 from ...errors import ClosedError, InvalidArgument
 from ...iwarp.engine import IwarpConn
 from ...iwarp.events import ConnEvent
-from ...iwarp.mpa_stream import FPDU_STALL_S, StallWatch
+from ...iwarp.mpa_stream import FPDU_STALL_S
 from ...iwarp.qp import IwarpDevice
 from ..capture.tap_stream import StreamTap
 from ..host.port_totals import PUBLISH_INTERVAL, publish, retire
 from .progress import ProgressCore, WakePipe, check_mode
 from .tcp_events import ConnEvents
+from .tcp_io import Sock as _Sock
+from .tcp_io import Watch as _Watch
 from .tcp_io import advance, tcp_mss
 
 __all__ = ["TcpRuntime", "LINGER", "tcp_mss", "sndbuf_setting", "sock_buf_wanted"]
@@ -114,34 +119,6 @@ def sndbuf_setting(want: int | None = None) -> int:
     if not wmem_max or len(tcp_wmem) != 3:
         return want
     return want if 2 * min(want, wmem_max[0]) > tcp_wmem[2] else 0
-
-
-class _Watch:
-    """A listening socket handed to :meth:`TcpRuntime.watch`: ``on_ready`` runs under
-    the lock when it is readable."""
-
-    __slots__ = ("sock", "on_ready")
-
-    def __init__(self, sock: socket.socket, on_ready: Callable[[], None]) -> None:
-        self.sock = sock
-        self.on_ready = on_ready
-
-
-class _Sock:
-    __slots__ = ("sock", "conn", "pending", "closing", "close_at", "fd", "events", "done", "eof",
-                 "stall")
-
-    def __init__(self, sock: socket.socket, conn: IwarpConn) -> None:
-        self.sock = sock
-        self.conn = conn
-        self.pending: list[Any] = []
-        self.closing = False
-        self.close_at = 0.0
-        self.fd = sock.fileno()
-        self.events = selectors.EVENT_READ
-        self.done = False
-        self.eof = False
-        self.stall = StallWatch()
 
 
 class TcpRuntime:
@@ -429,13 +406,16 @@ class TcpRuntime:
         self._events.deliver()
 
     # ---- socket I/O ------------------------------------------------------------------------
-    def _rx(self, s: _Sock, now: float) -> int:
+    def _rx(self, s: _Sock, now: float, drain: bool = False) -> int:
+        """Receive from ``s`` up to :data:`_RX_BUDGET` octets, or (``drain``) all that
+        waits; at EOF or a reset, the engine's ``on_eof``."""
         conn = s.conn
         sock = s.sock
         total = 0
+        budget = 1 << 62 if drain else _RX_BUDGET
         buf = self._rxbuf
         mv = self._rxmv
-        while total < _RX_BUDGET and not s.done:
+        while total < budget and not s.done:
             try:
                 tgt = None if s.closing or not DIRECT else conn.rx_target()
                 if tgt is not None:
@@ -475,6 +455,8 @@ class TcpRuntime:
         return total
 
     def _tx(self, s: _Sock) -> None:
+        if s.tx_dead:
+            return
         conn = s.conn
         sock = s.sock
         mss_check = True  # the MSS once per call (a system call), not per 64 KiB
@@ -505,10 +487,18 @@ class TcpRuntime:
                 s.pending = bufs
                 break
             except OSError:
+                # the peer reset the connection: what it sent before the reset still
+                # waits in our socket and is taken first, in order, as by siw, whose
+                # receive path runs as the bytes arrive (a credit update that rsockets
+                # sent after the peer's last data and close dropped that data: rstream
+                # over siw hung); then the LLP is down (RFC 5040 §6.2)
                 s.pending = []
-                s.eof = True
-                conn.on_eof()
-                self._drop(s)
+                s.tx_dead = True
+                self._rx(s, self.now(), drain=True)
+                if not s.done:
+                    s.eof = True
+                    conn.on_eof()
+                    self._drop(s)
                 return
             conn.tx_sent(n)
             if self.tap is not None:  # capture / packet trace (drivers.capture.tap_stream)
