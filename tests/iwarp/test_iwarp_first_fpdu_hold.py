@@ -106,3 +106,7 @@ def test_hold_is_validated() -> None:
         MpaConfig(first_fpdu_hold=-1)
     with pytest.raises(InvalidArgument, match="first_fpdu_hold"):
         MpaConfig(first_fpdu_hold=60)
+    with pytest.raises(InvalidArgument, match="responder_hold"):
+        MpaConfig(responder_hold=-0.1)
+    with pytest.raises(InvalidArgument, match="responder_hold"):
+        MpaConfig(responder_hold=True)  # type: ignore[arg-type]

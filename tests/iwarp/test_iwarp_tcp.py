@@ -303,6 +303,72 @@ def test_data_before_a_reset_is_delivered_though_a_send_failed(
     lst.close()
 
 
+def _next_segment(peer: RawClient, timeout: float) -> ddp.Segment:
+    """The next FPDU the raw peer receives, decoded."""
+    peer.sock.settimeout(timeout)
+    deframer = mpa.FpduDeframer(crc=False, markers=False)
+    while True:
+        chunk = peer.sock.recv(65536)
+        assert chunk, "softrdma closed the connection"
+        frames = deframer.feed(chunk)
+        if frames:
+            return ddp.decode_segment(frames[0].ulpdu)
+
+
+def test_responder_holds_its_fpdus_until_the_initiators_first(ctx: v.Context) -> None:  # noqa: F811
+    """RFC 5044 §7.1.2: a responder sends no FPDU before the initiator's first (without
+    RFC 6581 RTR). Linux siw fails the connection otherwise when the FPDU is already in
+    its socket as it reads the Reply (siw_recv_mpa_rr reads 4 octets past it: EPROTO);
+    rstream's server, which sends at once, failed so against a siw client. A SEND posted
+    right after accept waits for the initiator's SEND, not for the hold's end (10 s)."""
+    b = Ep(ctx)
+    b.recv(100, 1)
+    lst = iwconnect.listen(ctx, 0, cfg=MpaConfig(responder_hold=10.0))
+    got: dict[str, Any] = {}
+    t = _accept_raw(ctx, b, lst, got)
+    peer = RawClient(lst.port)
+    peer.handshake()
+    t.join(10)
+    assert got["conn"].connected
+    b.send(e.IBV_WR_SEND, 8, 7)
+    peer.sock.settimeout(0.5)
+    with pytest.raises(TimeoutError):
+        peer.sock.recv(1)  # held: nothing before the initiator's first FPDU
+    t0 = time.monotonic()
+    peer.sock.sendall(peer.fpdu(ddp.encode_segment_bytes(ddp.Segment(
+        ddp.DdpUntagged(3, 0, 1, 0, True), b"hello"))))
+    seg = _next_segment(peer, 9)
+    assert time.monotonic() - t0 < 9  # released by that FPDU, well before the 10 s hold
+    assert isinstance(seg.ddp, ddp.DdpUntagged) and seg.ddp.msn == 1
+    assert bytes(seg.payload) == bytes(b.mr.read(8, 0))
+    wcs = {w.wr_id: w for w in b.wait(2)}
+    assert (wcs[1].status, wcs[1].byte_len, wcs[7].status) == (OK, 5, OK)
+    peer.sock.close()
+    _sockets_drain(ctx)
+    lst.close()
+
+
+def test_responder_hold_ends_after_its_time(ctx: v.Context) -> None:  # noqa: F811
+    """An initiator that never sends first (its application awaits ours) gets the
+    responder's FPDU once the hold is over: a delay, not a hang."""
+    b = Ep(ctx)
+    lst = iwconnect.listen(ctx, 0, cfg=MpaConfig(responder_hold=0.3))
+    got: dict[str, Any] = {}
+    t = _accept_raw(ctx, b, lst, got)
+    t0 = time.monotonic()  # before the Request: the hold begins later, at accept
+    peer = RawClient(lst.port)
+    peer.handshake()
+    t.join(10)
+    b.send(e.IBV_WR_SEND, 8, 7)
+    seg = _next_segment(peer, 20)
+    assert time.monotonic() - t0 >= 0.3
+    assert isinstance(seg.ddp, ddp.DdpUntagged) and bytes(seg.payload) == bytes(8)
+    assert [(w.wr_id, w.status) for w in b.wait(1)] == [(7, OK)]
+    peer.sock.close()
+    _sockets_drain(ctx)
+    lst.close()
+
+
 def test_raw_peer_stalled_inside_an_fpdu_is_terminated(ctx: v.Context) -> None:  # noqa: F811
     """Issue 21: an FPDU header announcing 64 KiB, then silence: after the stall limit
     (here 0.3 s) the peer gets a Terminate (LLP, "TCP connection lost") and a FIN and the

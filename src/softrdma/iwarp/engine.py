@@ -27,7 +27,10 @@ clock here:
   and :meth:`IwarpConn.tx_sent` takes how many the socket accepted (a Send or RDMA
   Write completes only then, RFC 5040 §5.5 rule 14); :meth:`IwarpConn.update_mss`
   follows the TCP MSS (RFC 5044 §4.2); an initiator's first FPDU waits until
-  ``tx_hold_until`` (driver time, see :data:`~.mpa_setup.FIRST_FPDU_HOLD_S`), the
+  ``tx_hold_until`` (driver time, see :data:`~.mpa_setup.FIRST_FPDU_HOLD_S`), and so do a
+  responder's FPDUs, until the initiator's first arrives (RFC 5044 §7.1.2, at most
+  :data:`~.mpa_setup.RESPONDER_HOLD_S`): until :meth:`IwarpConn.next_deadline` the driver
+  takes MPA frames and a Terminate only (``take_output(fpdus=False)``). The
   connection's one timer: :meth:`IwarpConn.next_deadline`, :meth:`IwarpConn.on_timer`;
 * :meth:`IwarpConn.on_eof` reports the peer's FIN; the driver closes the socket once
   :attr:`IwarpConn.want_close` is set and everything pulled has been sent;
@@ -161,7 +164,8 @@ class IwarpConn:
         self._tx_stop = False
         # MPA setup
         self._early = bytearray()
-        # the initiator's first FPDU waits until this time (0: no hold), see FIRST_FPDU_HOLD_S
+        # FPDUs wait until this time (0: no hold): the initiator's first (FIRST_FPDU_HOLD_S),
+        # the responder's until the initiator's first FPDU (RESPONDER_HOLD_S)
         self.tx_hold_until = 0.0
         self._parser: MpaFrameParser | None
         if initiator:
@@ -218,8 +222,11 @@ class IwarpConn:
         return self.tx.cur is not None or self.tx.has_tx()
 
     # ---- MPA setup: responder side ----------------------------------------------------------
-    def accept(self, qp: ConnQP, private_data: bytes = b"", cfg: MpaConfig | None = None) -> None:
-        """Accept the parsed Request: bind ``qp``, send the Reply, enter full operation."""
+    def accept(self, qp: ConnQP, private_data: bytes = b"", cfg: MpaConfig | None = None,
+               now: float = 0.0) -> None:
+        """Accept the parsed Request: bind ``qp``, send the Reply, enter full operation;
+        without RTR our FPDUs wait for the initiator's first, from ``now`` on at most
+        ``cfg.responder_hold`` seconds (RFC 5044 §7.1.2)."""
         if self.state != ConnState.ACCEPT_WAIT or self.request is None:
             raise SoftRdmaError(f"accept in connection state {self.state}")
         if cfg is not None:
@@ -233,6 +240,8 @@ class IwarpConn:
         self._bind(qp)
         self._pre.append(reply.encode())
         self._enter_rts(neg)
+        if neg.rtr is None and self.cfg.responder_hold:
+            self.tx_hold_until = now + self.cfg.responder_hold
         early = bytes(self._early)
         self._early = bytearray()
         if early:
@@ -313,8 +322,10 @@ class IwarpConn:
 
     # ---- transmit ------------------------------------------------------------------------
     def take_output(self, max_bytes: int = _DEFAULT_PULL,
-                    max_bufs: int = _DEFAULT_BUFS) -> list[Buf]:
-        """The next bytes to send (whole FPDUs), at least one FPDU if any is ready."""
+                    max_bufs: int = _DEFAULT_BUFS, fpdus: bool = True) -> list[Buf]:
+        """The next bytes to send (whole FPDUs), at least one FPDU if any is ready;
+        without ``fpdus`` only MPA frames and a Terminate (the driver, during a hold:
+        :meth:`next_deadline`)."""
         out: list[Buf] = []
         total = 0
         tx = self.tx
@@ -326,7 +337,7 @@ class IwarpConn:
         enc = self._enc
         if enc is None:
             return out
-        if self._term is None and not self._tx_stop and self.state == ConnState.RTS:
+        if fpdus and self._term is None and not self._tx_stop and self.state == ConnState.RTS:
             cut = tx.fpdus
             total += tx.pull(enc, out, max_bytes - total, max_bufs)
             self.dev.counters.sent_pkts += tx.fpdus - cut
@@ -343,11 +354,11 @@ class IwarpConn:
     pull_tx = take_output
 
     def next_deadline(self) -> float | None:
-        """When the initiator's first FPDU may leave (``tx_hold_until``), None if no hold."""
+        """When held FPDUs may leave (``tx_hold_until``), None if no hold."""
         return self.tx_hold_until or None
 
     def on_timer(self, now: float) -> None:
-        """The first-FPDU hold ends once ``now`` reaches it."""
+        """The hold ends once ``now`` reaches it."""
         if self.tx_hold_until and now >= self.tx_hold_until:
             self.tx_hold_until = 0.0
 
@@ -386,6 +397,8 @@ class IwarpConn:
                     return
                 mv = memoryview(rest)
             self._rx.feed(mv)
+            if self.tx_hold_until and not self.initiator and rx.fpdus != got:
+                self.tx_hold_until = 0.0  # the initiator's first FPDU: ours may go
         except IwarpFault as f:
             self.fail(f)
         except Exception as exc:  # noqa: BLE001 - a bug must not leave the QP hung

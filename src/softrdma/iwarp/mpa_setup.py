@@ -59,8 +59,17 @@ class ConnectionRejected(SoftRdmaError):
 # arrives. RFC 5044 §7.1.2 lets the initiator send at once, but then a siw responder can
 # hang (seen live: rping against the lab's siw, about 3 runs in 4 under load). So the
 # initiator holds its first FPDU this long after the Reply; a first post that comes later
-# is not delayed, and the responder side never holds.
+# is not delayed. (The responder's hold is RESPONDER_HOLD_S.)
 FIRST_FPDU_HOLD_S = 0.05
+# RFC 5044 §7.1.2: a Responder does not send FPDUs until it has received the Initiator's
+# first FPDU (RFC 6581's RTR messages exist for the applications whose responder speaks
+# first). Linux siw enforces it: siw_recv_mpa_rr reads up to 4 octets past the Reply's
+# private data and fails the connection (EPROTO, an rdma_cm CONNECT_ERROR) when an FPDU
+# is already there. rstream's server sends at once: against a siw client, 2 runs of 18
+# failed so (the client's rpoll saw the error). A responder without RTR holds its FPDUs
+# until the Initiator's first FPDU arrives, or at most this long (a softrdma or Linux
+# peer whose responder speaks first waits that long once, rather than for ever).
+RESPONDER_HOLD_S = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +78,8 @@ class MpaConfig:
     ``ird``/``ord``: inbound/outbound RDMA Read depth; ``p2p``: request (initiator) an RTR
     message of one of the ``rtr_*`` types; ``revision`` 1 or 2 (2 sends the Enhanced block);
     ``first_fpdu_hold``: seconds the initiator holds its first FPDU after the Reply (see
-    :data:`FIRST_FPDU_HOLD_S`)."""
+    :data:`FIRST_FPDU_HOLD_S`); ``responder_hold``: at most how long a responder without
+    RTR holds its FPDUs awaiting the initiator's first (:data:`RESPONDER_HOLD_S`)."""
 
     revision: int = MPA_REVISION_2
     crc: bool = False
@@ -82,6 +92,7 @@ class MpaConfig:
     rtr_send: bool = False
     strict_ird: bool = False
     first_fpdu_hold: float = FIRST_FPDU_HOLD_S
+    responder_hold: float = RESPONDER_HOLD_S
 
     def __post_init__(self) -> None:
         if self.revision not in (MPA_REVISION_1, MPA_REVISION_2):
@@ -90,9 +101,10 @@ class MpaConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or not 0 <= v <= MAX_RD_DEPTH:
                 raise InvalidArgument(name, f"must be 0..{MAX_RD_DEPTH}, got {v!r}")
-        if not isinstance(self.first_fpdu_hold, (int, float)) or not 0 <= self.first_fpdu_hold <= 10:
-            raise InvalidArgument("first_fpdu_hold",
-                                  f"must be 0..10 seconds, got {self.first_fpdu_hold!r}")
+        for name in ("first_fpdu_hold", "responder_hold"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 10:
+                raise InvalidArgument(name, f"must be 0..10 seconds, got {v!r}")
         if self.p2p and self.revision != MPA_REVISION_2:
             raise InvalidArgument("p2p", "RTR negotiation needs MPA revision 2")
 

@@ -146,7 +146,7 @@ class ConnRequest:
             if engine.state == RESET:
                 engine.state = INIT
             engine.conn = conn
-            conn.accept(engine, private_data, use)
+            conn.accept(engine, private_data, use, now=runtime.now())
 
         runtime.call_local(_accept)
         if conn.state != ConnState.RTS:

@@ -463,12 +463,11 @@ class TcpRuntime:
         while not s.done and not s.closing:
             if s.pending:
                 bufs = s.pending
-            elif (hold := conn.next_deadline()) is not None and not conn.want_close:
-                # the initiator's first FPDU waits (FIRST_FPDU_HOLD_S); housekeeping, at
-                # least every _MAX_IDLE_WAIT, sends it once the hold is over
-                now = self.now()
-                if now < hold:
-                    break
+            elif ((hold := conn.next_deadline()) is not None and not conn.want_close
+                  and (now := self.now()) >= hold):
+                # held FPDUs (FIRST_FPDU_HOLD_S, RESPONDER_HOLD_S) go once the hold is
+                # over: housekeeping, at least every _MAX_IDLE_WAIT, comes here; until
+                # then only MPA frames and a Terminate leave (fpdus below)
                 conn.on_timer(now)
                 continue
             elif conn.tx_pending():
@@ -476,7 +475,8 @@ class TcpRuntime:
                     mss_check = False
                     if (mss := tcp_mss(sock)) != conn.mss:
                         conn.update_mss(mss)
-                bufs = conn.take_output(_TX_CHUNK, 512)
+                bufs = conn.take_output(_TX_CHUNK, 512,
+                                        conn.want_close or conn.next_deadline() is None)
                 if not bufs:
                     break
             else:
