@@ -109,4 +109,4 @@ def test_hold_is_validated() -> None:
     with pytest.raises(InvalidArgument, match="responder_hold"):
         MpaConfig(responder_hold=-0.1)
     with pytest.raises(InvalidArgument, match="responder_hold"):
-        MpaConfig(responder_hold=True)  # type: ignore[arg-type]
+        MpaConfig(responder_hold=True)

@@ -204,17 +204,25 @@ def _accept_raw(ctx: v.Context, b: Ep, lst: iwconnect.Listener, got: dict[str, A
     return t
 
 
-@pytest.mark.parametrize("crc", [False, True])
-def test_raw_peer_gets_terminate_then_fin(ctx: v.Context, crc: bool) -> None:  # noqa: F811
-    b = Ep(ctx)
-    b.recv(100, 1)
-    b.recv(100, 2)
-    lst = iwconnect.listen(ctx, 0)
+def _raw_peer(ctx: v.Context, b: Ep, cfg: MpaConfig | None = None,  # noqa: F811
+              crc: bool = False) -> tuple[iwconnect.Listener, RawClient, dict[str, Any]]:
+    """A listener, a raw TCP peer that connected and did the MPA exchange, and what the
+    accept of ``b``'s QP gave (``got["conn"]``)."""
+    lst = iwconnect.listen(ctx, 0, cfg=cfg)
     got: dict[str, Any] = {}
     t = _accept_raw(ctx, b, lst, got)
     peer = RawClient(lst.port, crc)
     peer.handshake()
     t.join(10)
+    return lst, peer, got
+
+
+@pytest.mark.parametrize("crc", [False, True])
+def test_raw_peer_gets_terminate_then_fin(ctx: v.Context, crc: bool) -> None:  # noqa: F811
+    b = Ep(ctx)
+    b.recv(100, 1)
+    b.recv(100, 2)
+    lst, peer, got = _raw_peer(ctx, b, None, crc)
     bad = ddp.encode_segment_bytes(ddp.Segment(ddp.DdpTagged(0, 0x00ABCD01, 0x1000), b"x" * 33))
     peer.sock.sendall(peer.fpdu(bad))
     rest = peer.read_all()  # ends with the FIN: the connection is closed by softrdma
@@ -236,12 +244,7 @@ def test_raw_peer_closes_mid_message(ctx: v.Context, cut: int) -> None:  # noqa:
     b = Ep(ctx)
     b.recv(4096, 1)
     b.recv(4096, 2)
-    lst = iwconnect.listen(ctx, 0)
-    got: dict[str, Any] = {}
-    t = _accept_raw(ctx, b, lst, got)
-    peer = RawClient(lst.port)
-    peer.handshake()
-    t.join(10)
+    lst, peer, got = _raw_peer(ctx, b)
     seg = ddp.encode_segment_bytes(ddp.Segment(ddp.DdpUntagged(3, 0, 1, 0, False), b"y" * 100))
     peer.sock.sendall(peer.fpdu(seg)[:cut])
     peer.sock.close()
@@ -261,12 +264,7 @@ def test_data_before_a_reset_is_delivered_though_a_send_failed(
     b = Ep(ctx)
     for i in (1, 2, 3):
         b.recv(4096, i)
-    lst = iwconnect.listen(ctx, 0)
-    got: dict[str, Any] = {}
-    t = _accept_raw(ctx, b, lst, got)
-    peer = RawClient(lst.port)
-    peer.handshake()
-    t.join(10)
+    lst, peer, got = _raw_peer(ctx, b)
     assert got["conn"].connected
     idle = threading.Event()  # never set: the progress thread's waits time out
     rounds: list[float] = []
@@ -323,12 +321,7 @@ def test_responder_holds_its_fpdus_until_the_initiators_first(ctx: v.Context) ->
     right after accept waits for the initiator's SEND, not for the hold's end (10 s)."""
     b = Ep(ctx)
     b.recv(100, 1)
-    lst = iwconnect.listen(ctx, 0, cfg=MpaConfig(responder_hold=10.0))
-    got: dict[str, Any] = {}
-    t = _accept_raw(ctx, b, lst, got)
-    peer = RawClient(lst.port)
-    peer.handshake()
-    t.join(10)
+    lst, peer, got = _raw_peer(ctx, b, MpaConfig(responder_hold=10.0))
     assert got["conn"].connected
     b.send(e.IBV_WR_SEND, 8, 7)
     peer.sock.settimeout(0.5)
@@ -352,13 +345,8 @@ def test_responder_hold_ends_after_its_time(ctx: v.Context) -> None:  # noqa: F8
     """An initiator that never sends first (its application awaits ours) gets the
     responder's FPDU once the hold is over: a delay, not a hang."""
     b = Ep(ctx)
-    lst = iwconnect.listen(ctx, 0, cfg=MpaConfig(responder_hold=0.3))
-    got: dict[str, Any] = {}
-    t = _accept_raw(ctx, b, lst, got)
     t0 = time.monotonic()  # before the Request: the hold begins later, at accept
-    peer = RawClient(lst.port)
-    peer.handshake()
-    t.join(10)
+    lst, peer, _got = _raw_peer(ctx, b, MpaConfig(responder_hold=0.3))
     b.send(e.IBV_WR_SEND, 8, 7)
     seg = _next_segment(peer, 20)
     assert time.monotonic() - t0 >= 0.3
@@ -376,12 +364,7 @@ def test_raw_peer_stalled_inside_an_fpdu_is_terminated(ctx: v.Context) -> None: 
     ctx.runtime.fpdu_stall_s = 0.3  # type: ignore[attr-defined]
     b = Ep(ctx)
     b.recv(4096, 1)
-    lst = iwconnect.listen(ctx, 0)
-    got: dict[str, Any] = {}
-    t = _accept_raw(ctx, b, lst, got)
-    peer = RawClient(lst.port)
-    peer.handshake()
-    t.join(10)
+    lst, peer, got = _raw_peer(ctx, b)
     peer.sock.sendall(b"\xff\xff\x41\x01\0")  # ULPDU_Length 65535 + 3 header octets
     rest = peer.read_all()  # the Terminate, then the FIN (a socket timeout: no answer)
     segs = [ddp.decode_segment(f.ulpdu) for f in
