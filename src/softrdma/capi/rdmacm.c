@@ -1000,10 +1000,8 @@ __be16 rdma_get_dst_port(struct rdma_cm_id *id)
 }
 
 /* ---- addresses: rdma_getaddrinfo over getaddrinfo(3) (IP only) ---- */
-/* Neither node nor service: the addresses in the hints (librdmacm's addrinfo.c does
- * the same): the result carries the hints' destination and source. libfabric's verbs
- * provider passes an endpoint's peer this way (fi_pingpong's client), pyverbs'
- * AddrInfo(src=...) of a multicast group a source only. */
+/* *dst: a copy of the n bytes at src, and *len = n. 0, or -1 (*dst NULL, *len untouched)
+ * when the copy cannot be allocated. */
 static int sr_copy_addr(struct sockaddr **dst, socklen_t *len, const struct sockaddr *src,
                         socklen_t n)
 {
@@ -1015,6 +1013,10 @@ static int sr_copy_addr(struct sockaddr **dst, socklen_t *len, const struct sock
     return 0;
 }
 
+/* Neither node nor service: the addresses in the hints (librdmacm's addrinfo.c does
+ * the same): the result carries the hints' destination and source. libfabric's verbs
+ * provider passes an endpoint's peer this way (fi_pingpong's client), pyverbs'
+ * AddrInfo(src=...) of a multicast group a source only. */
 static int sr_cm_from_hints(const struct rdma_addrinfo *hints, struct rdma_addrinfo **res)
 {
     struct rdma_addrinfo *r = calloc(1, sizeof(*r));
@@ -1044,7 +1046,6 @@ int rdma_getaddrinfo(const char *node, const char *service, const struct rdma_ad
 {
     struct addrinfo ah, *ai = NULL;
     struct rdma_addrinfo *r;
-    struct sockaddr *sa;
     int passive = hints && (hints->ai_flags & RAI_PASSIVE), ret;
 
     if (res && !node && !service && hints
@@ -1067,34 +1068,26 @@ int rdma_getaddrinfo(const char *node, const char *service, const struct rdma_ad
     ret = getaddrinfo(node, service, &ah, &ai);
     if (ret)
         return ret;
+    /* the address found is the source of a passive result, else the destination */
     r = calloc(1, sizeof(*r));
-    sa = malloc(ai->ai_addrlen);
-    if (!r || !sa) {
+    if (!r || (passive ? sr_copy_addr(&r->ai_src_addr, &r->ai_src_len, ai->ai_addr,
+                                      ai->ai_addrlen)
+                       : sr_copy_addr(&r->ai_dst_addr, &r->ai_dst_len, ai->ai_addr,
+                                      ai->ai_addrlen))) {
         free(r);
-        free(sa);
         freeaddrinfo(ai);
         errno = ENOMEM;
         return EAI_MEMORY;
     }
-    memcpy(sa, ai->ai_addr, ai->ai_addrlen);
     r->ai_flags = hints ? hints->ai_flags : 0;
     r->ai_family = ai->ai_family;
     r->ai_qp_type = hints && hints->ai_qp_type ? hints->ai_qp_type : IBV_QPT_RC;
     r->ai_port_space = hints && hints->ai_port_space ? hints->ai_port_space : RDMA_PS_TCP;
-    if (passive) {
-        r->ai_src_addr = sa;
-        r->ai_src_len = ai->ai_addrlen;
-    } else {
-        r->ai_dst_addr = sa;
-        r->ai_dst_len = ai->ai_addrlen;
-        if (hints && hints->ai_src_addr && hints->ai_src_len) {
-            r->ai_src_addr = malloc(hints->ai_src_len);
-            if (r->ai_src_addr) {
-                memcpy(r->ai_src_addr, hints->ai_src_addr, hints->ai_src_len);
-                r->ai_src_len = hints->ai_src_len;
-            }
-        }
-    }
+    /* beside a destination, the hints' source, if it can be copied (as before: a failed
+     * copy leaves the result without one) */
+    if (!passive && hints && hints->ai_src_addr && hints->ai_src_len)
+        (void)sr_copy_addr(&r->ai_src_addr, &r->ai_src_len, hints->ai_src_addr,
+                           hints->ai_src_len);
     freeaddrinfo(ai);
     *res = r;
     return 0;

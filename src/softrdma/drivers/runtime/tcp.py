@@ -475,8 +475,8 @@ class TcpRuntime:
                     mss_check = False
                     if (mss := tcp_mss(sock)) != conn.mss:
                         conn.update_mss(mss)
-                bufs = conn.take_output(_TX_CHUNK, 512,
-                                        conn.want_close or conn.next_deadline() is None)
+                # ``hold``: the deadline read just above (no hold, or not reached yet)
+                bufs = conn.take_output(_TX_CHUNK, 512, hold is None or conn.want_close)
                 if not bufs:
                     break
             else:
