@@ -21,9 +21,18 @@ from harness.iwarp import ACC_ALL, Side
 from softrdma import enums as e
 from softrdma.iwarp.engine import ConnState, IwarpConn
 from softrdma.iwarp.mpa_setup import MpaConfig
+from softrdma.iwarp.terminate import IwarpFault
 from softrdma.seam.types import MemoryRegion
 from softrdma.wire import ddp, mpa
-from softrdma.wire.ddp import DdpTagged, DdpUntagged, RdmapOpcode, ReadRequest, Segment
+from softrdma.wire.ddp import (
+    UNTAGGED,
+    DdpTagged,
+    DdpUntagged,
+    DdpUntaggedErrorCode,
+    RdmapOpcode,
+    ReadRequest,
+    Segment,
+)
 
 ERR = int(e.IBV_QPS_ERR)
 FLUSH = int(e.IBV_WC_WR_FLUSH_ERR)
@@ -239,6 +248,39 @@ def test_no_receive_buffer() -> None:
     _h, t = one_terminate(peer.segments())
     assert (t.layer, t.etype, t.code) == (DDP, 2, 0x02)
     assert t.ddp_hdr == bad[:18] and t.ddp_seg_len == 5
+
+
+@pytest.mark.parametrize("qn", [0, 1])
+def test_a_read_request_shorter_than_its_header_is_terminated(qn: int) -> None:
+    """A Read Request ULPDU of 28 octets, its DDP header and only 10 of the Read Request
+    header's 28 (found by fuzzing): a Terminate with DDP Segment Length 0 (siw counts the
+    octets past the headers; none here), on the wrong QN the DDP Invalid QN, on the right
+    one RDMAP's Remote Operation error. It once raised from the Terminate's own encoding
+    (a length of -18), out of the receive path."""
+    sut, _m = _sut()
+    peer = RawPeer(sut)
+    hdr = UNTAGGED.pack(0x01 | 0x40, 0x40 | RdmapOpcode.RDMA_READ_REQUEST, 0, qn, 1, 0)
+    peer.send(hdr + bytes(10))
+    _h, t = one_terminate(peer.segments())
+    want = (DDP, 2, 0x01) if qn == 0 else (RDMAP, 2, 0xFF)
+    assert (t.layer, t.etype, t.code) == want
+    assert t.ddp_hdr == hdr and t.ddp_seg_len == 0
+    assert sut.conn is not None and sut.conn.internal_errors == 0
+    assert sut.qp.state == ERR
+
+
+def test_a_fault_whose_terminate_cannot_be_built_still_ends_the_stream() -> None:
+    """The last resort of ``IwarpConn.fail``: a fault carrying a header that cannot be
+    encoded (a bug of ours, as the negative length above was) is answered with a Local
+    Catastrophic Terminate and counted as an internal error; nothing is raised."""
+    sut, _m = _sut()
+    peer = RawPeer(sut)
+    assert sut.conn is not None
+    sut.conn.fail(IwarpFault.ddp_untagged(DdpUntaggedErrorCode.INVALID_QN, "test",
+                                          bytes(18), -1))
+    _h, t = one_terminate(peer.segments())
+    assert (t.layer, t.etype, t.ddp_hdr) == (RDMAP, 0, None)
+    assert sut.conn.internal_errors == 1 and sut.qp.state == ERR
 
 
 def test_too_many_reads_ird() -> None:

@@ -491,7 +491,13 @@ class IwarpConn:
         if self._enc is None:
             # still in MPA setup: send the Terminate unframed by CRC/markers (as siw)
             self._enc = FpduEncoder(crc=False, markers=False)
-        self._term = terminate_ulpdu(f.terminate())
+        try:
+            self._term = terminate_ulpdu(f.terminate())
+        except SoftRdmaError as exc:  # a fault we cannot describe: a bug, still no hang
+            self.internal_errors += 1
+            f = IwarpFault.local_catastrophic(f"{f} (its Terminate: {exc})", f.wc_status)
+            self.fault = f
+            self._term = terminate_ulpdu(f.terminate())
         status = f.wc_status if f.wc_status is not None else int(WCS.IBV_WC_GENERAL_ERR)
         self._end(ConnState.FAILED, str(f), status, None,
                   Failed(str(f), f, during_setup=self.state != ConnState.RTS))

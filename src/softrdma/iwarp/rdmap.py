@@ -282,12 +282,14 @@ class Rdmap:
                 term = None
             self.owner.peer_terminated(term)
             return
-        plen = ulen - _RR_ULPDU
+        # the Terminate's DDP Segment Length: the bytes past the Read Request's headers
+        # (siw_send_terminate); none for a ULPDU too short to hold them
+        plen = max(ulen - _RR_ULPDU, 0)
         self.ddp.read_request_check(qn, msn, mo, self.last, hdr, plen)
         if ulen != _RR_ULPDU:
             raise IwarpFault.remote_operation(RdmapErrorCode.UNSPECIFIED,
                                               f"RDMA Read Request ULPDU of {ulen} bytes", hdr,
-                                              max(plen, 0))
+                                              plen)
         rrhdr = bytes(h[_RR_OFF:2 + _RR_ULPDU])
         sink_stag, sink_to, size, src_stag, src_to = READ_REQ.unpack_from(h, _RR_OFF)
         self.rq.check_room(hdr)
