@@ -538,6 +538,27 @@ def test_bad_req_private_data_rejected_with_ud_qpn(pd: bytes) -> None:
     assert net.tun[1][-1] == v4(1, 2, 9000) and len(b.conns.conns) == 1
 
 
+@pytest.mark.parametrize("rep", [None, b"\x00\x00\x01", CmData(0x42, 0).encode() + bytes(188),
+                                 CmData(0x42, 10).encode()])
+def test_bad_or_missing_rep_private_data_closes_ours(rep: bytes | None) -> None:
+    """RFC 4755 §6: the REP tells the peer's receive MTU. Ours established with none, an
+    unreadable one or one below the minimum is closed (counted), and no exception leaves
+    the engine, whatever it held for the connection (a packet over the UD MTU once raised
+    DecodeError: fragmenting it to the unknown MTU 0)."""
+    net = make_net()
+    a, _ = net.ifs
+    a.send_ip(v4(1, 2, 100), 0.0)  # the neighbour, over UD
+    net.pump()
+    net.hold_reqs = True
+    a.send_ip(v4(1, 2, 9000, df=False), 0.0)  # held for the connection this opens
+    net.pump()
+    (_, req), = net.reqs
+    a.conn_established(req.conn_id, 0.0, rep_private_data=rep)
+    out = a.take_output()
+    assert [o.conn_id for o in out if isinstance(o, ConnClose)] == [req.conn_id]
+    assert req.conn_id not in a.conns.conns and a.counters["conn_bad_req"] == 1
+
+
 def test_wrong_flags_are_tolerated() -> None:
     """§8: a peer advertising RC that refuses connections costs a REJ, then UD."""
     net = make_net()

@@ -180,9 +180,14 @@ class ConnTable:
     def established(self, conn_id: int, now: float, *, rep_private_data: bytes | None = None,
                     local_qpn: int = 0, remote_qpn: int = 0) -> Conn | None:
         """The connection is up (REP received for ours, RTU for theirs). A REP whose
-        private data is malformed leaves the connection unusable: None (close it)."""
+        private data is malformed or missing leaves the connection unusable: None (close
+        it)."""
         c = self.conns.get(conn_id)
         if c is None:
+            return None
+        if rep_private_data is None and c.active:
+            # ours, with no REP to tell the peer's receive MTU (RFC 4755 §6): unusable
+            self.bad_requests += 1
             return None
         if rep_private_data is not None:
             try:
