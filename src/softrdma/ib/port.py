@@ -71,6 +71,7 @@ _ACK_SIZE = wib.BTH.size + wib.U32.size  # an ACKNOWLEDGE: BTH + AETH, no payloa
 #: the opcodes with a fast path: the MIDDLE packets the responder places in runs, the ACK,
 #: the small SEND ONLY
 _UD_MIN = 20  # BTH + DETH (IBA 9.2, 9.3.3)
+_BTH_SIZE = wib.BTH.size
 _FAST_OPS = frozenset((RC_WRITE_MIDDLE, RC_SEND_MIDDLE, RC_SEND_FIRST, RC_SEND_LAST, RC_ACK,
                        RC_SEND_ONLY, RC_SEND_ONLY_IMM))
 #: the events :meth:`Port.pop_events` keeps at most (the oldest go first: a driver that
@@ -231,6 +232,9 @@ class Port(DeviceTables[EngineQP]):
         c.rcvd_bytes += n + ICRC_SIZE
         if (meta.sgid == LOOPBACK_GID or meta.dgid == LOOPBACK_GID) and not self.loopback_gid_ok:
             c.rcvd_loopback_gid += 1
+            return
+        if n < _BTH_SIZE:  # not even a BTH (IBA 9.2): malformed, as wib.decode finds it
+            c.rcvd_malformed += 1
             return
         op = data[0]
         if meta.tclass & _ECN_CE == _ECN_CE and not meta.v1 and n >= _ACK_SIZE \
