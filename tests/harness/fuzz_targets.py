@@ -1,0 +1,277 @@
+"""Fuzz targets: the receive paths and decoders that take bytes from the network, each as
+a function of one byte string (``TARGETS``).
+
+Each target turns its bytes into inputs with :class:`Provider` (header fields, a mutated
+valid message, a chunking, the time) and feeds them to an engine set up as in the tests;
+any exception it lets out is a defect (malformed input is counted and dropped, or
+answered with a Terminate, never raised; the wire decoders raise only
+:class:`~softrdma.errors.DecodeError`). ``tools/dev/fuzz.py`` drives them with atheris
+(coverage-guided, libFuzzer's flags); ``tests/tools/test_fuzz_targets.py`` runs each on a
+few hundred seeded random inputs so that they keep working.
+
+* ``ib``: RoCE transport packets (BTHs of every opcode aimed at live RC, UC and UD QPs
+  and at unknown ones, in and out of sequence; raw bytes) into two engine ports, their
+  timers run between them;
+* ``ibcm``: CM MADs, the REQ, REP, RTU of a live connection and more with bytes changed
+  or cut, into both CM agents;
+* ``ipoib``: IPoIB messages (IPv4, IPv6, ARP, ND and garbage, any EtherType) over UD and
+  connections, CM requests and events, and IP packets from the host, into two interfaces;
+* ``iwarp``: a valid RDMAP stream (every operation) with bytes flipped, set, inserted,
+  deleted or cut, delivered in chunks into a responder, then its end (as
+  ``tests/iwarp/test_iwarp_fuzz.py``, whose checks it repeats);
+* ``pcap``: real rxe/siw captures with bytes changed or cut, through ``pcap-check``;
+* ``wire``: every byte decoder of ``softrdma.wire`` and ``softrdma.ipoib``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import struct
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from softrdma.errors import DecodeError, SoftRdmaError
+
+__all__ = ["Provider", "TARGETS"]
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+class Provider:
+    """Values taken from the front of a byte string (atheris' FuzzedDataProvider in
+    spirit, without atheris): once it runs out, the smallest value of each kind."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.pos = 0
+
+    def raw(self, n: int) -> bytes:
+        out = self.data[self.pos:self.pos + max(n, 0)]
+        self.pos += len(out)
+        return out
+
+    def number(self, lo: int, hi: int) -> int:
+        """An integer of ``lo`` .. ``hi`` (both included)."""
+        span = hi - lo
+        if span <= 0:
+            return lo
+        raw = self.raw((span.bit_length() + 7) // 8)
+        return lo + int.from_bytes(raw, "big") % (span + 1) if raw else lo
+
+    def flag(self) -> bool:
+        return bool(self.number(0, 1))
+
+    def pick(self, items: list[Any]) -> Any:
+        return items[self.number(0, len(items) - 1)]
+
+    def mutate(self, base: bytes, max_changes: int = 8) -> bytes:
+        """``base`` with up to ``max_changes`` bytes set, maybe cut short."""
+        b = bytearray(base)
+        for _ in range(self.number(0, max_changes)):
+            if b:
+                b[self.number(0, len(b) - 1)] = self.number(0, 255)
+        if b and self.number(0, 9) == 0:
+            del b[self.number(0, len(b)):]
+        return bytes(b)
+
+
+# ---- ib: the RoCE transport engine -----------------------------------------------------------
+_IB_OPS = [*range(0x00, 0x19), *range(0x20, 0x2C), 0x64, 0x65, *range(0xA0, 0xAC), 0x81, 0xFF]
+
+
+def ib(data: bytes) -> None:
+    from harness.engine import Endpoint, Net, connect, gid4
+    from softrdma import enums as e
+    from softrdma.ib.port import RxMeta
+    from softrdma.seam.types import SGE, RecvWQE
+
+    p = Provider(data)
+    net = Net(seed=1)
+    pa, pb = net.add_port(1), net.add_port(2)
+    eps = []
+    for qpt in (e.IBV_QPT_RC, e.IBV_QPT_UD, e.IBV_QPT_UC):
+        a, b = Endpoint(pa, qpt, size=1 << 14), Endpoint(pb, qpt, size=1 << 14)
+        connect(a, b)
+        eps += [b, a]
+    for ep in eps:
+        for i in range(4):
+            ep.qp.post_recv(RecvWQE(i, [SGE(ep.mr.addr + i * 1024, 1024, ep.mr.lkey)]))
+    now = 0.0
+    for _ in range(p.number(1, 12)):
+        if p.number(0, 3) == 0:
+            pkt = p.raw(p.number(0, 200))
+        else:
+            qp = p.pick(eps).qp
+            qpn = qp.qpn if p.number(0, 9) else p.number(0, 0xFFFFFF)
+            psn = p.number(0xFFFFE0, 0xFFFFFF) if p.flag() else p.number(0, 0xFFFFFF)
+            bth = struct.pack(">BBHII", p.pick(_IB_OPS), p.number(0, 255),
+                              0xFFFF if p.flag() else p.number(0, 0xFFFF), qpn,
+                              (0x80000000 if p.flag() else 0) | psn)
+            pkt = bth + p.raw(p.number(0, 300))
+        dst = pb if p.number(0, 5) else pa
+        src = gid4(1) if dst is pb else gid4(2)
+        if p.number(0, 7) == 0:
+            src = gid4(p.number(0, 255))
+        dst.receive(memoryview(pkt), RxMeta(src, dst.gids[0]), now)
+        now += p.number(0, 2000) * 1e-3
+        for port in (pa, pb):
+            port.on_timer(now)
+            port.take_tx()
+
+
+# ---- ibcm: the IB CM agents --------------------------------------------------------------------
+def ibcm(data: bytes) -> None:
+    from harness.cm import Pair
+    from harness.cm_ibcm import connect
+    from softrdma.wire import cm as wcm
+
+    p = Provider(data)
+    pair = Pair()
+    try:
+        connect(pair)
+        pair.run(0.5)
+        bases = [wcm.encode(m.msg, tid=m.hdr.tid) for m in pair.log]
+        for _ in range(p.number(1, 6)):
+            mad = p.mutate(p.pick(bases) if bases else bytes(256))
+            node, src = (pair.b, pair.a.gid) if p.flag() else (pair.a, pair.b.gid)
+
+            def deliver(now: float, node: Any = node, src: bytes = src, mad: bytes = mad) -> None:
+                node.agent.on_mad(mad, src, 1, now, dst_gid=node.gid)
+            node.ctx.runtime.call_now(deliver)
+            if p.number(0, 3) == 0:
+                pair.run(p.number(1, 100) * 0.01)
+    finally:
+        for n in (pair.a, pair.b):
+            n.ctx.close()
+
+
+# ---- ipoib: the interface engine ------------------------------------------------------------------
+def ipoib(data: bytes) -> None:
+    from harness.ipoib_net import connected_net, make_net, v4, v6
+
+    p = Provider(data)
+    net = connected_net() if p.flag() else make_net(mode="datagram")
+    a, b = net.ifs
+    now = 0.0
+    seeds = [v4(2, 1, 100), v6(2, 1, 200), v4(2, 1, 3000, df=False), bytes(28)]
+    for _ in range(p.number(1, 10)):
+        op = p.number(0, 7)
+        f = a if p.flag() else b
+        if op <= 2:
+            body = p.mutate(p.pick(seeds), 6) if p.flag() else p.raw(p.number(0, 120))
+            etype = p.pick([0x0800, 0x86DD, 0x0806, p.number(0, 0xFFFF)])
+            msg = struct.pack(">HH", etype, p.number(0, 0xFFFF) if p.number(0, 5) == 0 else 0) + body
+            if op == 0:
+                f.receive_ud(msg, p.raw(16).ljust(16, b"\0"), p.number(0, 0xFFFFFF), now)
+            elif op == 1:
+                f.receive_conn(p.number(0, 5), msg, now)
+            else:
+                f.send_ip(body, now)
+        elif op == 3:
+            f.conn_request(p.number(0, 100), p.raw(16).ljust(16, b"\0"), p.raw(p.number(0, 60)),
+                           p.pick(["RC", "UC"]), now)
+        elif op == 4:
+            f.conn_established(p.number(0, 5), now,
+                               rep_private_data=p.raw(p.number(0, 60)) if p.flag() else None)
+        elif op == 5:
+            f.conn_closed(p.number(0, 5), now, refused=p.flag())
+        elif op == 6:
+            f.conn_progress(p.number(0, 5), now)
+        else:
+            now += p.number(0, 100000) * 0.01
+            f.on_timer(now)
+        for g in (a, b):
+            g.take_output()
+
+
+# ---- iwarp: the RDMAP/DDP/MPA receive path -----------------------------------------------------------
+def iwarp(data: bytes) -> None:
+    from harness.iwarp_sut import Sut
+
+    p = Provider(data)
+    sut = Sut(p.flag(), p.flag())
+    d = bytearray(sut.stream)
+    for _ in range(p.number(1, 6)):
+        if not d:
+            break
+        i = p.number(0, len(d) - 1)
+        k = p.number(0, 4)
+        if k == 0:
+            d[i] ^= 1 << p.number(0, 7)
+        elif k == 1:
+            d[i] = p.number(0, 255)
+        elif k == 2:
+            d[i:i] = p.raw(p.number(1, 8))
+        elif k == 3:
+            del d[i:i + p.number(1, 8)]
+        else:
+            del d[i:]
+    sut.feed(bytes(d), [p.number(1, 300) for _ in range(p.number(0, 8))])
+    sut.finish()
+
+
+# ---- pcap: pcap-check on damaged captures ----------------------------------------------------------
+_PCAPS = ("rxe_write_bw_tail_loss.pcap", "rxe_read_bw_tail_loss.pcap")
+
+
+def pcap(data: bytes) -> None:
+    from softrdma.tools.capture import pcap_check
+
+    p = Provider(data)
+    base = bytearray((DATA / p.pick(list(_PCAPS))).read_bytes())
+    for _ in range(p.number(0, 12)):
+        i = p.number(24 if p.number(0, 9) else 0, len(base) - 1)
+        n = p.number(1, 4)
+        base[i:i + n] = p.raw(n)
+    if p.number(0, 9) == 0:
+        del base[p.number(0, len(base)):]
+    fd, path = tempfile.mkstemp(suffix=".pcap")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(base)
+        pcap_check.run([path], io.StringIO(), err=io.StringIO(), verbose=p.flag())
+    finally:
+        os.unlink(path)
+
+
+# ---- wire: the decoders ---------------------------------------------------------------------------
+def _decoders() -> list[Callable[[bytes], object]]:
+    from softrdma.ipoib import encap, hwaddr, ip, nd
+    from softrdma.wire import cm, ddp, ipcm, iwarp_ib, mad, mpa, roce_frame, rocev1, tcpstream
+
+    return [
+        cm.decode, ddp.decode_ddp, ddp.ReadRequest.decode, ddp.Terminate.decode,
+        ddp.decode_segment, lambda b: ib_decode(b), ipcm.IpCmHeader.decode_private_data,
+        ipcm.decode_consumer_ari, iwarp_ib.Hello.decode, iwarp_ib.HelloReply.decode,
+        iwarp_ib.SdpHeader.decode, mad.decode_header, mpa.MpaV2Params.decode,
+        mpa.decode_mpa_frame, lambda b: roce_frame.parse_frame(b, 1),
+        lambda b: roce_frame.parse_frame(b, 101), lambda b: roce_frame.parse_frame(b, 113),
+        rocev1.parse_grh, rocev1.parse_ethernet, lambda b: tcpstream.parse_tcp(1, b),
+        lambda b: tcpstream.parse_tcp(113, b), encap.decode_encap, encap.ArpPacket.decode,
+        hwaddr.HwAddr.decode, hwaddr.CmData.decode, ip.parse, nd.decode,
+        lambda b: list(mpa.FpduDeframer(crc=True, markers=False).feed(b)),
+        lambda b: list(mpa.FpduDeframer(crc=False, markers=True).feed(b)),
+    ]
+
+
+def ib_decode(b: bytes) -> object:
+    from softrdma.wire import ib as wib
+    return wib.decode(memoryview(b))
+
+
+def wire(data: bytes) -> None:
+    if not data:
+        return
+    decoders = _decoders()
+    try:
+        decoders[data[0] % len(decoders)](data[1:])
+    except (DecodeError, SoftRdmaError):
+        pass
+
+
+TARGETS: dict[str, Callable[[bytes], None]] = {
+    "ib": ib, "ibcm": ibcm, "ipoib": ipoib, "iwarp": iwarp, "pcap": pcap, "wire": wire,
+}
