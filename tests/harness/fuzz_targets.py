@@ -19,6 +19,9 @@ few hundred seeded random inputs so that they keep working.
 * ``iwarp``: a valid RDMAP stream (every operation) with bytes flipped, set, inserted,
   deleted or cut, delivered in chunks into a responder, then its end (as
   ``tests/iwarp/test_iwarp_fuzz.py``, whose checks it repeats);
+* ``mpa``: an MPA Request (into a responder) or Reply (into an initiator) of every
+  kind (v1/v2, CRC, markers, RTR offers, private data), bytes changed or cut, in chunks,
+  then accepted or rejected (RFC 5044 §7.1, RFC 6581);
 * ``pcap``: real rxe/siw captures with bytes changed or cut, through ``pcap-check``;
 * ``wire``: every byte decoder of ``softrdma.wire`` and ``softrdma.ipoib``.
 """
@@ -213,6 +216,45 @@ def iwarp(data: bytes) -> None:
     sut.finish()
 
 
+# ---- mpa: the MPA Request/Reply exchange ------------------------------------------------------------
+def mpa_setup(data: bytes) -> None:
+    from harness.iwarp import Side
+    from softrdma import enums as e
+    from softrdma.iwarp.engine import ConnState, IwarpConn
+    from softrdma.iwarp.mpa_setup import MpaConfig
+    from softrdma.wire import mpa
+
+    p = Provider(data)
+    initiator = p.flag()
+    s = Side("s")
+    s.post_recv(s.mr(64), 64, wr_id=1)
+    cfg = MpaConfig(crc=p.flag(), markers=p.flag(), p2p=p.flag(), rtr_send=p.flag())
+    conn = IwarpConn(s.dev, initiator=initiator, cfg=cfg, qp=s.qp if initiator else None)
+    s.conn = conn
+    v2 = (mpa.MpaV2Params(p.number(0, 0x3FFF), p.number(0, 0x3FFF), p.flag(), p.flag(),
+                          p.flag(), p.flag()) if p.flag() else None)
+    frame = (mpa.MpaReply if initiator else mpa.MpaRequest).build(
+        v2=v2, user_data=p.raw(p.number(0, 40)), crc=p.flag(), markers=p.flag(),
+        reject=initiator and p.number(0, 7) == 0)
+    stream = p.mutate(frame.encode() + p.raw(p.number(0, 60)))
+    i = 0
+    while i < len(stream):
+        n = p.number(1, 64) if p.flag() else len(stream)
+        conn.receive(stream[i:i + n])
+        i += n
+        if conn.state == ConnState.ACCEPT_WAIT:
+            if p.number(0, 5):
+                conn.accept(s.qp)
+            else:
+                conn.reject(p.raw(p.number(0, 20)))
+        conn.pull_tx()
+    conn.on_eof()
+    assert conn.internal_errors == 0, conn.reason
+    assert conn.state in (ConnState.FAILED, ConnState.CLOSED)
+    if initiator or conn.qp is not None:
+        assert s.qp.state == int(e.IBV_QPS_ERR)
+
+
 # ---- pcap: pcap-check on damaged captures ----------------------------------------------------------
 _PCAPS = ("rxe_write_bw_tail_loss.pcap", "rxe_read_bw_tail_loss.pcap")
 
@@ -273,5 +315,6 @@ def wire(data: bytes) -> None:
 
 
 TARGETS: dict[str, Callable[[bytes], None]] = {
-    "ib": ib, "ibcm": ibcm, "ipoib": ipoib, "iwarp": iwarp, "pcap": pcap, "wire": wire,
+    "ib": ib, "ibcm": ibcm, "ipoib": ipoib, "iwarp": iwarp, "mpa": mpa_setup, "pcap": pcap,
+    "wire": wire,
 }

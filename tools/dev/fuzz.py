@@ -33,11 +33,13 @@ def main() -> int:
     sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
     with atheris.instrument_imports(include=["softrdma"]):
         from harness.fuzz_targets import TARGETS
-    name = sys.argv[1]
-    target = TARGETS.get(name)
-    if target is None:
-        print(f"fuzz.py: no target {name!r} (one of {', '.join(TARGETS)})", file=sys.stderr)
-        return 2
+        name = sys.argv[1]
+        target = TARGETS.get(name)
+        if target is None:
+            print(f"fuzz.py: no target {name!r} (one of {', '.join(TARGETS)})",
+                  file=sys.stderr)
+            return 2
+        target(b"")  # the modules it imports when it first runs are instrumented too
     atheris.Setup([sys.argv[0], *sys.argv[2:]], target)
     atheris.Fuzz()
     return 0
