@@ -22,7 +22,8 @@ few hundred seeded random inputs so that they keep working.
 * ``mpa``: an MPA Request (into a responder) or Reply (into an initiator) of every
   kind (v1/v2, CRC, markers, RTR offers, private data), bytes changed or cut, in chunks,
   then accepted or rejected (RFC 5044 §7.1, RFC 6581);
-* ``pcap``: real rxe/siw captures with bytes changed or cut, through ``pcap-check``;
+* ``pcap``: real rxe captures (and siw's, where ``../shared`` is there) with bytes
+  changed or cut, through ``pcap-check``;
 * ``wire``: every byte decoder of ``softrdma.wire`` and ``softrdma.ipoib``.
 """
 
@@ -256,14 +257,19 @@ def mpa_setup(data: bytes) -> None:
 
 
 # ---- pcap: pcap-check on damaged captures ----------------------------------------------------------
-_PCAPS = ("rxe_write_bw_tail_loss.pcap", "rxe_read_bw_tail_loss.pcap")
+# RoCE captures of rxe (tests/data), and where ../shared is beside the checkout (CI) its
+# small siw captures too, so that the iWARP checker (TCP reassembly, MPA) is fuzzed as well
+_SHARED = DATA.parents[2] / "shared" / "captures"
+_PCAPS = [DATA / "rxe_write_bw_tail_loss.pcap", DATA / "rxe_read_bw_tail_loss.pcap",
+          *(p for p in (_SHARED / n for n in ("iwarp_rping.pcap", "iwarp_crc_rping.pcap",
+                                               "host_peer_mpa.pcap")) if p.is_file())]
 
 
 def pcap(data: bytes) -> None:
     from softrdma.tools.capture import pcap_check
 
     p = Provider(data)
-    base = bytearray((DATA / p.pick(list(_PCAPS))).read_bytes())
+    base = bytearray(p.pick(_PCAPS).read_bytes())
     for _ in range(p.number(0, 12)):
         i = p.number(24 if p.number(0, 9) else 0, len(base) - 1)
         n = p.number(1, 4)
