@@ -126,7 +126,7 @@ def ib(data: bytes) -> None:
             port.take_tx()
 
 
-# ---- ibcm: the IB CM agents --------------------------------------------------------------------
+# ---- ibcm: the IB CM agents ------------------------------------------------------------------
 def ibcm(data: bytes) -> None:
     from harness.cm import Pair
     from harness.cm_ibcm import connect
@@ -152,7 +152,7 @@ def ibcm(data: bytes) -> None:
             n.ctx.close()
 
 
-# ---- ipoib: the interface engine ------------------------------------------------------------------
+# ---- ipoib: the interface engine -------------------------------------------------------------
 def ipoib(data: bytes) -> None:
     from harness.ipoib_net import connected_net, make_net, v4, v6
 
@@ -191,7 +191,7 @@ def ipoib(data: bytes) -> None:
             g.take_output()
 
 
-# ---- iwarp: the RDMAP/DDP/MPA receive path -----------------------------------------------------------
+# ---- iwarp: the RDMAP/DDP/MPA receive path ---------------------------------------------------
 def iwarp(data: bytes) -> None:
     from harness.iwarp_sut import Sut
 
@@ -217,7 +217,7 @@ def iwarp(data: bytes) -> None:
     sut.finish()
 
 
-# ---- mpa: the MPA Request/Reply exchange ------------------------------------------------------------
+# ---- mpa: the MPA Request/Reply exchange -----------------------------------------------------
 def mpa_setup(data: bytes) -> None:
     from harness.iwarp import Side
     from softrdma import enums as e
@@ -256,7 +256,7 @@ def mpa_setup(data: bytes) -> None:
         assert s.qp.state == int(e.IBV_QPS_ERR)
 
 
-# ---- pcap: pcap-check on damaged captures ----------------------------------------------------------
+# ---- pcap: pcap-check on damaged captures ----------------------------------------------------
 # RoCE captures of rxe (tests/data), and where ../shared is beside the checkout (CI) its
 # small siw captures too, so that the iWARP checker (TCP reassembly, MPA) is fuzzed as well
 _SHARED = DATA.parents[2] / "shared" / "captures"
@@ -285,10 +285,10 @@ def pcap(data: bytes) -> None:
         os.unlink(path)
 
 
-# ---- wire: the decoders ---------------------------------------------------------------------------
+# ---- wire: the decoders ----------------------------------------------------------------------
 def _decoders() -> list[Callable[[bytes], object]]:
     from softrdma.ipoib import encap, hwaddr, ip, nd
-    from softrdma.wire import cm, ddp, ipcm, iwarp_ib, mad, mpa, roce_frame, rocev1, tcpstream
+    from softrdma.wire import cm, ddp, ipcm, iwarp_ib, mad, mpa, roce_frame, rocev1, tcpstream, xrc
 
     return [
         cm.decode, ddp.decode_ddp, ddp.ReadRequest.decode, ddp.Terminate.decode,
@@ -298,8 +298,8 @@ def _decoders() -> list[Callable[[bytes], object]]:
         mpa.decode_mpa_frame, lambda b: roce_frame.parse_frame(b, 1),
         lambda b: roce_frame.parse_frame(b, 101), lambda b: roce_frame.parse_frame(b, 113),
         rocev1.parse_grh, rocev1.parse_ethernet, lambda b: tcpstream.parse_tcp(1, b),
-        lambda b: tcpstream.parse_tcp(113, b), encap.decode_encap, encap.ArpPacket.decode,
-        hwaddr.HwAddr.decode, hwaddr.CmData.decode, ip.parse, nd.decode,
+        lambda b: tcpstream.parse_tcp(113, b), xrc.unpack_xrceth, encap.decode_encap,
+        encap.ArpPacket.decode, hwaddr.HwAddr.decode, hwaddr.CmData.decode, ip.parse, nd.decode,
         lambda b: list(mpa.FpduDeframer(crc=True, markers=False).feed(b)),
         lambda b: list(mpa.FpduDeframer(crc=False, markers=True).feed(b)),
     ]

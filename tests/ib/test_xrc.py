@@ -18,7 +18,7 @@ from softrdma import enums as e
 from softrdma import verbs as v
 from softrdma.drivers.links.fabric import Fabric
 from softrdma.drivers.runtime.clock import VirtualClock
-from softrdma.errors import InvalidArgument
+from softrdma.errors import DecodeError, InvalidArgument
 from softrdma.ib.port import RxMeta
 from softrdma.ib.xrc import srq_table
 from softrdma.tools.capture import pcap_check
@@ -47,6 +47,9 @@ def test_xrceth_is_an_exact_inverse() -> None:
         assert raw == bytes([resv]) + srqn.to_bytes(3, "big")
         assert unpack_xrceth(raw) == (resv, srqn)
         assert xrceth_srqn(int.from_bytes(raw, "big")) == srqn
+        for short, off in ((raw[:3], 0), (raw, 1), (raw, -1)):
+            with pytest.raises(DecodeError):  # not struct.error: a decoder's only error
+                unpack_xrceth(short, off)
 
 
 @pytest.mark.iba("9.2.3", "9.8.5")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import struct
 
+from ..errors import DecodeError
 from .opcodes import BTH_SIZE, Transport
 
 __all__ = ["XRCETH", "XRCETH_SIZE", "XRCSRQ_MASK", "pack_xrceth", "unpack_xrceth",
@@ -36,7 +37,10 @@ def pack_xrceth(srqn: int, resv: int = 0) -> bytes:
 
 
 def unpack_xrceth(buf: bytes | memoryview, offset: int = 0) -> tuple[int, int]:
-    """``(resv, srqn)`` of the XRCETH at ``offset``; inverse of :func:`pack_xrceth`."""
+    """``(resv, srqn)`` of the XRCETH at ``offset``; inverse of :func:`pack_xrceth`.
+    :class:`~softrdma.errors.DecodeError` if ``buf`` ends before it."""
+    if not 0 <= offset <= len(buf) - XRCETH_SIZE:
+        raise DecodeError(f"no XRCETH at offset {offset} of {len(buf)} bytes")
     w = XRCETH.unpack_from(buf, offset)[0]
     return w >> _RESV_SHIFT, w & XRCSRQ_MASK
 
