@@ -12,8 +12,8 @@ few hundred seeded random inputs so that they keep working.
 * ``ib``: RoCE transport packets (BTHs of every opcode aimed at live RC, UC and UD QPs
   and at unknown ones, in and out of sequence; raw bytes) into two engine ports, their
   timers run between them;
-* ``ibcm``: CM MADs, the REQ, REP, RTU of a live connection and more with bytes changed
-  or cut, into both CM agents;
+* ``ibcm``: CM MADs, the REQ, REP, RTU of a live connection and more, and a REQ to an
+  IP CM (Annex A11) listener, with bytes changed or cut, into both CM agents;
 * ``ipoib``: IPoIB messages (IPv4, IPv6, ARP, ND and garbage, any EtherType) over UD and
   connections, CM requests and events, and IP packets from the host, into two interfaces;
 * ``iwarp``: a valid RDMAP stream (every operation) with bytes flipped, set, inserted,
@@ -130,16 +130,27 @@ def ib(data: bytes) -> None:
 def ibcm(data: bytes) -> None:
     from harness.cm import Pair
     from harness.cm_ibcm import connect
+    from softrdma.ibcm.ipcm import ip_listen
     from softrdma.wire import cm as wcm
+    from softrdma.wire.ipcm import IpCmHeader, ip_cm_service_id
 
     p = Provider(data)
     pair = Pair()
     try:
         connect(pair)
+        ip_listen(pair.b.new_id(), 18515)  # an A11 listener (IBA Annex A11) beside it
         pair.run(0.5)
         bases = [wcm.encode(m.msg, tid=m.hdr.tid) for m in pair.log]
+        # a REQ to the A11 Service ID, Table 1 private data from a's address to b's
+        hdr = IpCmHeader.make(pair.a.ip, pair.b.ip, 4000).encode()
+        bases.append(wcm.encode(wcm.Req(
+            local_comm_id=0x1234, service_id=ip_cm_service_id(6, 18515), local_ca_guid=7,
+            local_qpn=0x99, starting_psn=7, path_mtu=3, max_cm_retries=3,
+            local_cm_response_timeout=19, primary_local_gid=pair.a.gid,
+            primary_remote_gid=pair.b.gid, primary_hop_limit=64, primary_local_ack_timeout=19,
+            private_data=hdr + bytes(20)), tid=5))
         for _ in range(p.number(1, 6)):
-            mad = p.mutate(p.pick(bases) if bases else bytes(256))
+            mad = p.mutate(p.pick(bases))
             node, src = (pair.b, pair.a.gid) if p.flag() else (pair.a, pair.b.gid)
 
             def deliver(now: float, node: Any = node, src: bytes = src, mad: bytes = mad) -> None:
