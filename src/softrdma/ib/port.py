@@ -68,10 +68,10 @@ _U32_AT = _U32.unpack_from  # one BTH word at an offset
 _U16_AT = struct.Struct("!H").unpack_from  # the BTH P_Key (IBA 9.2)
 _ECN_CE = 0x03  # the ECN field of the IP TOS / traffic class byte: CE (RFC 3168 §5)
 _ACK_SIZE = wib.BTH.size + wib.U32.size  # an ACKNOWLEDGE: BTH + AETH, no payload (IBA 9.7.5.2)
+_BTH_SIZE = wib.BTH.size  # a shorter packet is malformed (IBA 9.2)
+_UD_MIN = 20  # BTH + DETH (IBA 9.2, 9.3.3)
 #: the opcodes with a fast path: the MIDDLE packets the responder places in runs, the ACK,
 #: the small SEND ONLY
-_UD_MIN = 20  # BTH + DETH (IBA 9.2, 9.3.3)
-_BTH_SIZE = wib.BTH.size
 _FAST_OPS = frozenset((RC_WRITE_MIDDLE, RC_SEND_MIDDLE, RC_SEND_FIRST, RC_SEND_LAST, RC_ACK,
                        RC_SEND_ONLY, RC_SEND_ONLY_IMM))
 #: the events :meth:`Port.pop_events` keeps at most (the oldest go first: a driver that
