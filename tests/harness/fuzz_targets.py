@@ -12,6 +12,10 @@ few hundred seeded random inputs so that they keep working.
 * ``ib``: RoCE transport packets (BTHs of every opcode aimed at live RC, UC and UD QPs
   and at unknown ones, in and out of sequence; raw bytes) into two engine ports, their
   timers run between them;
+* ``roce``: the packets of real SENDs and WRITEs (some damaged, then given a valid
+  ICRC; some damaged after it) in coalesced reads of 1-16 segments with GSO segment IDs
+  and hints, through the RoCEv2 driver's receive path (ICRC, ID recovery, the MIDDLE run
+  path) into an engine;
 * ``ibcm``: CM MADs, the REQ, REP, RTU of a live connection and more, and a REQ to an
   IP CM (Annex A11) listener, with bytes changed or cut, into both CM agents;
 * ``ipoib``: IPoIB messages (IPv4, IPv6, ARP, ND and garbage, any EtherType) over UD and
@@ -124,6 +128,77 @@ def ib(data: bytes) -> None:
         for port in (pa, pb):
             port.on_timer(now)
             port.take_tx()
+
+
+# ---- roce: the RoCEv2 driver's receive path ---------------------------------------------------
+_A_IP, _B_IP = bytes([10, 0, 0, 1]), bytes([10, 0, 0, 2])
+
+
+def roce(data: bytes) -> None:
+    import itertools
+
+    from harness.engine import Endpoint, Net, connect
+    from harness.recording_link import RecordingLink
+    from softrdma import enums as e
+    from softrdma.drivers.links.link import Datagram
+    from softrdma.drivers.runtime.roce import Runtime
+    from softrdma.seam.types import SGE, RecvWQE, SendWQE
+    from softrdma.wire import roce as wroce
+
+    class BLink(RecordingLink):
+        @property
+        def local_ips(self) -> tuple[bytes, ...]:
+            return (_B_IP,)
+
+    p = Provider(data)
+    net = Net()
+    keys = (itertools.count(0x100).__next__, itertools.count(0x200).__next__)
+    a = Endpoint(net.add_port(1, max_mtu=4096, key_alloc=keys[0]), size=1 << 16)
+    b = Endpoint(net.add_port(2, max_mtu=4096, key_alloc=keys[1]), size=1 << 16)
+    qpt = p.pick([e.IBV_QPT_RC, e.IBV_QPT_UC])
+    ua, ub = (Endpoint(a.port, qpt, size=1 << 14), Endpoint(b.port, qpt, size=1 << 14))
+    connect(a, b, mtu=p.number(1, 5))
+    connect(ua, ub)
+    for ep in (b, ub):
+        for i in range(3):
+            ep.qp.post_recv(RecvWQE(i, [SGE(ep.mr.addr + i * 4096, 4096, ep.mr.lkey)]))
+    # the packets of real requests from a: SENDs and WRITEs of a few sizes
+    for k in range(p.number(1, 3)):
+        size = p.number(0, 9000)
+        sge = [SGE(a.mr.addr, size, a.mr.lkey)]
+        if p.flag():
+            w = SendWQE(k, int(e.IBV_WR_SEND), int(e.IBV_SEND_SIGNALED), sge)
+        else:
+            w = SendWQE(k, int(e.IBV_WR_RDMA_WRITE), 0, sge, remote_addr=b.mr.addr,
+                        rkey=b.mr.rkey)
+        a.qp.post_send(w, 0.0)
+    bodies = [b"".join(bytes(x) for x in tx.parts) for tx in a.port.take_tx()]
+    bodies = [p.mutate(x, 3) if p.number(0, 3) == 0 else x for x in bodies]
+    link = BLink()
+    rt = Runtime(b.port, link, mode="manual")
+    try:
+        i = 0
+        while i < len(bodies):
+            batch = p.number(1, 16)
+            id_base = p.number(0, 0xFFFF) if p.number(0, 3) == 0 else 0
+            dgs = []
+            for j, body in enumerate(bodies[i:i + batch]):
+                ident = (id_base + j) & 0xFFFF
+                raw = body if len(body) < 12 else body + wroce.udp_send_icrc(
+                    _A_IP, _B_IP, 50123, 4791, [body], ident=ident)  # too short for one
+                if p.number(0, 15) == 0:  # damaged after its ICRC: dropped, counted
+                    raw = p.mutate(raw, 2)
+                # a segment of a coalesced read (hint j) is never empty (UdpRx slices a
+                # read by its GRO size); an empty datagram comes alone
+                hint = j if raw and p.flag() else -1
+                dgs.append(Datagram(memoryview(raw), _A_IP, _B_IP, 50123, 4791,
+                                    p.number(0, 3), 64, b"", hint))
+            i += batch
+            link.rx = dgs
+            rt.progress()
+        rt.progress()
+    finally:
+        rt.close(close_link=False)
 
 
 # ---- ibcm: the IB CM agents ------------------------------------------------------------------
@@ -332,6 +407,6 @@ def wire(data: bytes) -> None:
 
 
 TARGETS: dict[str, Callable[[bytes], None]] = {
-    "ib": ib, "ibcm": ibcm, "ipoib": ipoib, "iwarp": iwarp, "mpa": mpa_setup, "pcap": pcap,
+    "ib": ib, "roce": roce, "ibcm": ibcm, "ipoib": ipoib, "iwarp": iwarp, "mpa": mpa_setup, "pcap": pcap,
     "wire": wire,
 }
