@@ -18,6 +18,9 @@ few hundred seeded random inputs so that they keep working.
   path) into an engine;
 * ``ibcm``: CM MADs, the REQ, REP, RTU of a live connection and more, and a REQ to an
   IP CM (Annex A11) listener, with bytes changed or cut, into both CM agents;
+* ``devd``: control records of every op (and others), cut or with a JSON or random tail,
+  some with a pipe or a socket passed along, from a local client to an in-process devd,
+  which must stay up and answer a good client after each input;
 * ``ipoib``: IPoIB messages (IPv4, IPv6, ARP, ND and garbage, any EtherType) over UD and
   connections, CM requests and events, and IP packets from the host, into two interfaces;
 * ``iwarp``: a valid RDMAP stream (every operation) with bytes flipped, set, inserted,
@@ -43,7 +46,7 @@ from typing import Any
 
 from softrdma.errors import DecodeError, SoftRdmaError
 
-__all__ = ["Provider", "TARGETS"]
+__all__ = ["Provider", "TARGETS", "close_devd"]
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -238,6 +241,102 @@ def ibcm(data: bytes) -> None:
             n.ctx.close()
 
 
+# ---- devd: the control channel, as a local user may speak it --------------------------------------
+_DEVD: dict[str, Any] = {}
+
+
+def _devd() -> dict[str, Any]:
+    """One devd in this process (a private state directory, a device on 127.0.0.1) and a
+    client of its own that asks it something after every input; :func:`close_devd` (or
+    the interpreter's exit) stops it."""
+    if not _DEVD:
+        import atexit
+
+        from harness.devd import start_devd
+        from softrdma.drivers.devd.client import DevdLink
+
+        state = Path(tempfile.mkdtemp(prefix="softrdma-fuzz-devd-"))
+        running = start_devd(state, "fz0")
+        link = DevdLink(running.record, state_dir=state, spawn=False, direct=False)
+        _DEVD.update(running=running, link=link, state=state)
+        atexit.register(close_devd)
+    return _DEVD
+
+
+def close_devd() -> None:
+    """Stop the devd of the ``devd`` target, if one runs."""
+    import shutil
+
+    if not _DEVD:
+        return
+    _DEVD["link"].close()
+    _DEVD["running"].devd.shutdown()
+    _DEVD["running"].thread.join(5)
+    shutil.rmtree(_DEVD["state"], ignore_errors=True)
+    _DEVD.clear()
+
+
+def devd(data: bytes) -> None:
+    import select
+    import socket
+
+    from softrdma.drivers.devd import proto
+
+    d = _devd()
+    running = d["running"]
+    p = Provider(data)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.settimeout(10)
+    held: list[Any] = []
+    try:
+        s.connect(str(proto.socket_path("fz0", d["state"])))
+        _msg, fds, _, _ = socket.recv_fds(s, 4096, 1)
+        held += [socket.socket(fileno=fd) for fd in fds]  # the data channel
+        for _ in range(p.number(1, 8)):
+            op = p.pick([*range(1, 19), p.number(0, 255)])
+            rec = proto.with_seq(proto.REQ.pack(op, p.number(0, 0xFFFFFFFF), p.raw(16).ljust(16, b"\0")),
+                                 p.number(0, 255))
+            k = p.number(0, 5)
+            if k == 0:
+                rec = rec[:p.number(0, len(rec))]
+            elif k == 1:
+                rec += p.pick([b'{"rcvd_pkts": 1}', b"{not json", b"[]", b'{"a": [{}]}',
+                               p.raw(p.number(0, 64))])
+            fds_out: list[int] = []
+            own: list[int] = []  # descriptors of ours, closed once sent
+            if p.number(0, 7) == 0:  # descriptors with it: a pipe end or a UDP socket
+                if p.flag():
+                    r, w = os.pipe()
+                    os.close(w)
+                    fds_out = own = [r]
+                else:
+                    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                    held.append(u)
+                    fds_out = [u.fileno()]
+            try:
+                if fds_out:
+                    socket.send_fds(s, [rec or b"\0"], fds_out)
+                else:
+                    s.send(rec or b"\0")
+            except OSError:
+                break  # devd dropped this client
+            finally:
+                for fd in own:
+                    os.close(fd)
+            if select.select([s], [], [], 0.05)[0]:
+                try:
+                    s.recv(proto.MAX_CTRL)
+                except OSError:
+                    break
+    finally:
+        s.close()
+        for h in held:
+            h.close()
+    # devd is alive and still answers a well-behaved client at once
+    assert running.thread.is_alive()
+    d["link"].stats()
+
+
 # ---- ipoib: the interface engine -------------------------------------------------------------
 def ipoib(data: bytes) -> None:
     from harness.ipoib_net import connected_net, make_net, v4, v6
@@ -407,6 +506,6 @@ def wire(data: bytes) -> None:
 
 
 TARGETS: dict[str, Callable[[bytes], None]] = {
-    "ib": ib, "roce": roce, "ibcm": ibcm, "ipoib": ipoib, "iwarp": iwarp, "mpa": mpa_setup, "pcap": pcap,
+    "ib": ib, "roce": roce, "ibcm": ibcm, "devd": devd, "ipoib": ipoib, "iwarp": iwarp, "mpa": mpa_setup, "pcap": pcap,
     "wire": wire,
 }

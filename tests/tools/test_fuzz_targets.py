@@ -11,7 +11,7 @@ import os
 import random
 
 import pytest
-from harness.fuzz_targets import TARGETS, Provider
+from harness.fuzz_targets import TARGETS, Provider, close_devd
 
 INPUTS = int(os.environ.get("SOFTRDMA_FUZZ_INPUTS", "300"))
 SEED = int(os.environ.get("SOFTRDMA_FUZZ_SEED", "2026"))
@@ -31,5 +31,8 @@ def test_fuzz_target_runs_on_random_inputs(name: str) -> None:
     rng = random.Random(f"{SEED}:{name}")
     target = TARGETS[name]
     n = max(1, INPUTS // 4) if name in ("ibcm", "pcap") else INPUTS  # the slow ones
-    for _ in range(n):
-        target(rng.randbytes(rng.randrange(0, 400)))
+    try:
+        for _ in range(n):
+            target(rng.randbytes(rng.randrange(0, 400)))
+    finally:
+        close_devd()  # the devd target's, if it started one
