@@ -1,5 +1,5 @@
-"""Fuzz targets: the receive paths and decoders that take bytes from the network, each as
-a function of one byte string (``TARGETS``).
+"""Fuzz targets: the receive paths and decoders that take bytes from the network (or, for
+devd, from another local user), each as a function of one byte string (``TARGETS``).
 
 Each target turns its bytes into inputs with :class:`Provider` (header fields, a mutated
 valid message, a chunking, the time) and feeds them to an engine set up as in the tests;

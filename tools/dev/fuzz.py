@@ -5,7 +5,8 @@
     python3 tools/dev/fuzz.py TARGET [CORPUS_DIR] [libFuzzer flags]
     python3 tools/dev/fuzz.py iwarp /tmp/corpus-iwarp -max_total_time=600 -max_len=300
 
-TARGET is one of ``tests/harness/fuzz_targets.py``'s: ib, ibcm, ipoib, iwarp, pcap, wire.
+TARGET is one of ``tests/harness/fuzz_targets.py``'s (``TARGETS``): ib, roce, ibcm, devd,
+ipoib, iwarp, mpa, pcap, wire.
 Any exception a target lets out is a defect: libFuzzer stops, prints the traceback and
 writes the input to ``crash-<sha1>`` (run the same command with that file instead of the
 corpus to replay it; a target whose engine draws random numbers, as iWARP's STags, may
