@@ -148,11 +148,6 @@ def roce(data: bytes) -> None:
     from softrdma.seam.types import SGE, RecvWQE, SendWQE
     from softrdma.wire import roce as wroce
 
-    class BLink(RecordingLink):
-        @property
-        def local_ips(self) -> tuple[bytes, ...]:
-            return (_B_IP,)
-
     p = Provider(data)
     net = Net()
     keys = (itertools.count(0x100).__next__, itertools.count(0x200).__next__)
@@ -177,7 +172,7 @@ def roce(data: bytes) -> None:
         a.qp.post_send(w, 0.0)
     bodies = [b"".join(bytes(x) for x in tx.parts) for tx in a.port.take_tx()]
     bodies = [p.mutate(x, 3) if p.number(0, 3) == 0 else x for x in bodies]
-    link = BLink()
+    link = RecordingLink(local_ip=_B_IP)
     rt = Runtime(b.port, link, mode="manual")
     try:
         i = 0
@@ -378,34 +373,21 @@ def ipoib(data: bytes) -> None:
 
 # ---- iwarp: the RDMAP/DDP/MPA receive path ---------------------------------------------------
 def iwarp(data: bytes) -> None:
-    from harness.iwarp_sut import Sut
+    from harness.iwarp_sut import MUTATIONS, Sut, mutated
 
     p = Provider(data)
     sut = Sut(p.flag(), p.flag())
-    d = bytearray(sut.stream)
-    for _ in range(p.number(1, 6)):
-        if not d:
-            break
-        i = p.number(0, len(d) - 1)
-        k = p.number(0, 4)
-        if k == 0:
-            d[i] ^= 1 << p.number(0, 7)
-        elif k == 1:
-            d[i] = p.number(0, 255)
-        elif k == 2:
-            d[i:i] = p.raw(p.number(1, 8))
-        elif k == 3:
-            del d[i:i + p.number(1, 8)]
-        else:
-            del d[i:]
-    sut.feed(bytes(d), [p.number(1, 300) for _ in range(p.number(0, 8))])
+    muts = [(p.pick(list(MUTATIONS)), p.number(0, 0xFFFF), p.number(0, 255))
+            for _ in range(p.number(1, 6))]
+    d = mutated(sut.stream, muts)
+    sut.feed(d, [p.number(1, 300) for _ in range(p.number(0, 8))])
     sut.finish()
 
 
 # ---- mpa: the MPA Request/Reply exchange -----------------------------------------------------
 def mpa_setup(data: bytes) -> None:
     from harness.iwarp import Side
-    from softrdma import enums as e
+    from harness.iwarp_sut import end_setup
     from softrdma.iwarp.engine import ConnState, IwarpConn
     from softrdma.iwarp.mpa_setup import MpaConfig
     from softrdma.wire import mpa
@@ -434,11 +416,7 @@ def mpa_setup(data: bytes) -> None:
             else:
                 conn.reject(p.raw(p.number(0, 20)))
         conn.pull_tx()
-    conn.on_eof()
-    assert conn.internal_errors == 0, conn.reason
-    assert conn.state in (ConnState.FAILED, ConnState.CLOSED)
-    if initiator or conn.qp is not None:
-        assert s.qp.state == int(e.IBV_QPS_ERR)
+    end_setup(s, initiator)
 
 
 # ---- pcap: pcap-check on damaged captures ----------------------------------------------------

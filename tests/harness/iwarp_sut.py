@@ -11,7 +11,10 @@ from softrdma.iwarp.engine import ConnState, IwarpConn
 from softrdma.iwarp.mpa_setup import MpaConfig
 from softrdma.wire import ddp, mpa
 
-__all__ = ["Sut"]
+__all__ = ["Sut", "MUTATIONS", "mutated", "end_setup"]
+
+#: what :func:`mutated` does to a stream at one place
+MUTATIONS = ("flip", "set", "insert", "delete", "cut")
 
 
 class Sut:
@@ -86,3 +89,39 @@ class Sut:
                 mpa.FpduDeframer(crc=self.crc, markers=False).feed(bytes(self.out[n:]))]
         terms = [x for x in segs if x.terminate is not None]
         assert len(terms) <= 1 and (not terms or segs[-1] is terms[0])
+
+
+def mutated(stream: bytes, muts: list[tuple[str, int, int]]) -> bytes:
+    """``stream`` with each ``(kind, pos, val)`` of ``muts`` applied in turn at ``pos``
+    (modulo the length then): a bit flipped, a byte set, ``val`` inserted 1-5 times, 1-7
+    bytes deleted, or the rest cut (:data:`MUTATIONS`)."""
+    data = bytearray(stream)
+    for kind, pos, val in muts:
+        if not data:
+            break
+        i = pos % len(data)
+        if kind == "flip":
+            data[i] ^= 1 << (val % 8)
+        elif kind == "set":
+            data[i] = val
+        elif kind == "insert":
+            data[i:i] = bytes([val]) * (1 + val % 5)
+        elif kind == "delete":
+            del data[i:i + 1 + val % 7]
+        else:
+            del data[i:]
+    return bytes(data)
+
+
+def end_setup(s: Side, initiator: bool) -> None:
+    """The peer's EOF during (or right after) MPA setup on ``s.conn``, whose side posted one
+    receive (wr_id 1): the connection ends failed or closed, with no internal error; an
+    initiator's QP, or an accepted responder's, is in ERR with that receive flushed."""
+    conn = s.conn
+    assert conn is not None
+    conn.on_eof()
+    assert conn.internal_errors == 0, conn.reason
+    assert conn.state in (ConnState.FAILED, ConnState.CLOSED)
+    if initiator or conn.qp is not None:
+        assert s.qp.state == int(e.IBV_QPS_ERR)
+        assert [w.wr_id for w in s.rcq] == [1]

@@ -14,13 +14,15 @@ SRC = bytes([10, 1, 0, 1])
 
 
 class RecordingLink(LinkState):
-    """A GsoLink that records what it is asked to send."""
+    """A GsoLink that records what it is asked to send; its address ``local_ip``."""
 
     gso = True
 
-    def __init__(self, limit: int = UDP_MAX_SEGMENTS, refuse: bool = False) -> None:
+    def __init__(self, limit: int = UDP_MAX_SEGMENTS, refuse: bool = False,
+                 local_ip: bytes = SRC) -> None:
         self.limit = limit
         self.refuse = refuse
+        self.local_ip = local_ip
         self.singles: list[tuple[bytes, int, list[bytes]]] = []
         self.batches: list[tuple[bytes, int, list[bytes], int, int, int, int]] = []
         self.rx: list[Datagram] = []
@@ -28,7 +30,7 @@ class RecordingLink(LinkState):
 
     @property
     def local_ips(self) -> tuple[bytes, ...]:
-        return (SRC,)
+        return (self.local_ip,)
 
     def effective_sport(self, requested: int) -> int:
         return requested

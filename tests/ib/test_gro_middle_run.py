@@ -35,14 +35,6 @@ DPORT = 4791
 FAULTS = ("corrupt", "fecn", "dup", "drop", "swap", "pkey", "otherqp", "none")
 
 
-class _BLink(RecordingLink):
-    """B's side of the wire: what the runtime sends is recorded, receives are given."""
-
-    @property
-    def local_ips(self) -> tuple[bytes, ...]:
-        return (B_IP,)
-
-
 def _sent_by_a(kind: str, size: int, mtu: int) -> tuple[Any, Any, list[bytes]]:
     net = Net()
     a = Endpoint(net.add_port(1, max_mtu=4096, key_alloc=itertools.count(0x100).__next__),
@@ -104,7 +96,7 @@ def _run(enabled: bool, kind: str, size: int, mtu: int, faults: list[tuple[int, 
     with fast_paths_counted(enabled, Port, "receive_run") as taken:
         a, b, bodies = _sent_by_a(kind, size, mtu)
         bodies = _apply(bodies, faults, a.qp.qpn)
-        link = _BLink()
+        link = RecordingLink(local_ip=B_IP)  # B's side: sends recorded, receives given
         rt = Runtime(b.port, link, mode="manual")
         n = 0
         for start in range(0, len(bodies), batch):
