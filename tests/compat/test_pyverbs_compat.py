@@ -208,7 +208,7 @@ def test_context_close_cascades(dev: str) -> None:
     mr = MR(pd, 64, e.IBV_ACCESS_LOCAL_WRITE)
     par = ParentDomain(c, ParentDomainInitAttr(pd=pd))
     qp = QP(par, QPInitAttr(qp_type=e.IBV_QPT_UD, scq=cq, rcq=cq, cap=QPCap()))
-    assert qp.engine.pd is pd  # a parent domain's objects are checked against its PD
+    assert qp.engine.pd is pd.protection_domain  # a parent domain's objects are checked against its PD
     with c:
         pass
     assert all(o.closed for o in (c, pd, ch, cq, mr, par, qp))

@@ -14,9 +14,9 @@ def type2_window(ctx: v.Context, pd: v.PD, qp: v.QP, mr: v.MR, length: int = 64)
     port = ctx.port
     with ctx.runtime.lock:
         key = port.new_key()
-        mw = EngineMW(MW_TYPE_2, pd, key)
+        mw = EngineMW(MW_TYPE_2, pd.protection_domain, key)
         rkey = (key & ~0xFF) | ((key + 1) & 0xFF)
-        status = BindRequest(mw, mr.engine_mr, mr.addr, length, 0, rkey).execute(port, qp.engine,
-                                                                                 pd)
+        status = BindRequest(mw, mr.engine_mr, mr.addr, length, 0, rkey).execute(
+            port, qp.engine, pd.protection_domain)
     assert status == 0, status
     return rkey

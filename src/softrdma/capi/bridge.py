@@ -280,7 +280,7 @@ def _rereg_mr(h: int, pd: int, addr: Any, length: int, iova: int, access: int,
             emr.addr = iova
             emr.length = length
         emr.access = access
-        emr.pd = new_pd
+        emr.pd = new_pd.protection_domain
     if new_pd is not mr.pd:
         old = mr.pd
         old._dependents.discard(mr)

@@ -1,7 +1,10 @@
 """Completion queues and completion channels (IBA 11.4.2; ``ibv_create_cq``).
 
 A :class:`CQ` holds at most ``cqe`` work completions. The engine pushes completions
-into it (it is the QP's ``CompletionSink``); :meth:`CQ.poll` takes them out.
+into it through its :class:`CqSink` (the QP's ``CompletionSink``); :meth:`CQ.poll`
+takes them out. The sink refers to the CQ weakly: an engine QP lives until its destroy
+runs, which for a QP collected unclosed is the next progress call, and must not keep the
+CQ, and through it the context, alive meanwhile.
 
 * Overrun (IBA 11.4.2.1, C11-26): when a completion arrives at a full CQ, the CQ enters
   the error state, the completion is lost, later completions are discarded, and an
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -43,7 +47,7 @@ from .device import MAX_CQE, AsyncEvent, Context
 if TYPE_CHECKING:
     import asyncio
 
-__all__ = ["CQ", "CompChannel", "WC", "wc_status_str", "completion_clock",
+__all__ = ["CQ", "CqSink", "CompChannel", "WC", "wc_status_str", "completion_clock",
            "COMPLETION_TIMESTAMP_MASK", "HCA_CORE_CLOCK_KHZ"]
 
 #: the completion clock's width (``completion_timestamp_mask``): it never wraps
@@ -135,6 +139,26 @@ class CompChannel(VerbsObject):
         self._bell.close()
 
 
+class CqSink:
+    """The engine's completion sink of one CQ (``CompletionSink``): calls its :meth:`CQ.push`
+    while the CQ exists, and drops completions once it was collected."""
+
+    __slots__ = ("_cq",)
+
+    def __init__(self, cq: CQ) -> None:
+        self._cq = weakref.ref(cq)
+
+    def __call__(self, wc: WorkCompletion) -> None:
+        cq = self._cq()
+        if cq is not None:
+            cq.push(wc)
+
+    @property
+    def cq(self) -> CQ | None:
+        """The CQ, or None once it was collected."""
+        return self._cq()
+
+
 class CQ(VerbsObject):
     """A completion queue of ``ctx`` with room for ``cqe`` completions."""
 
@@ -180,6 +204,8 @@ class CQ(VerbsObject):
         # what a busy-poll step stops on once it is true (a completion for this CQ): the
         # queue; a CQ that stores elsewhere (softrdma.capi's RingCQ) marks its own
         self._stop_on: object = self._q
+        #: what the engine delivers this CQ's completions to (:class:`CqSink`)
+        self.sink = CqSink(self)
 
     # ---- engine side -----------------------------------------------------------------------
     def push(self, wc: WorkCompletion) -> None:

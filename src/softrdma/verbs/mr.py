@@ -144,8 +144,8 @@ class MR(VerbsObject):
         #: registered with IBV_ACCESS_ON_DEMAND (the engine's access is the rest)
         self.on_demand = bool(access & _ODP)
         with self._counting(ctx.objects, "max_mr"):
-            self._emr: MemoryRegion = runtime.call(port.register_mr, mv, va, access & ~_ODP, pd,
-                                                   zero_based)
+            self._emr: MemoryRegion = runtime.call(port.register_mr, mv, va, access & ~_ODP,
+                                                   pd.protection_domain, zero_based)
         self._depend_on(pd)
         self.pd = pd
         self._runtime = runtime

@@ -124,7 +124,7 @@ class ImplicitMR(VerbsObject):
 
         def register() -> ProcessMemoryRegion:
             key = port.new_key()
-            emr = ProcessMemoryRegion(key, access & ~_ODP, pd)
+            emr = ProcessMemoryRegion(key, access & ~_ODP, pd.protection_domain)
             port.mrs[key] = emr
             return emr
 

@@ -65,8 +65,8 @@ class SRQ(VerbsObject):
         ctx = pd.ctx
         self._runtime = ctx.runtime
         with self._counting(ctx.objects, "max_srq"):
-            self.engine: EngineSRQ = ctx.runtime.call(ctx.port.create_srq, pd, max_wr, max_sge,
-                                                      limit)
+            self.engine: EngineSRQ = ctx.runtime.call(ctx.port.create_srq, pd.protection_domain,
+                                                      max_wr, max_sge, limit)
         self._depend_on(pd)
         self.pd = pd
         self.ctx = ctx

@@ -175,7 +175,8 @@ class XrcSRQ(SRQ):
         self._runtime = ctx.runtime
         with self._counting(ctx.objects, "max_srq"):  # rxe: XRC SRQs are in the SRQ pool
             self.engine: EngineXrcSRQ = ctx.runtime.call(
-                EngineXrcSRQ, ctx.port, pd, xrcd.domain, cq.push, max_wr, max_sge, limit)
+                EngineXrcSRQ, ctx.port, pd.protection_domain, xrcd.domain, cq.sink, max_wr,
+                max_sge, limit)
         self._depend_on(pd, xrcd, cq)
         self.pd = pd
         self.ctx = ctx

@@ -35,6 +35,7 @@ from softrdma.verbs.device import MAX_CQE
 from . import libibverbs_enums as e
 from ._enum_names import flag_names, member_name
 from .base import PyverbsCM, PyverbsObject, rdma_error, translate
+from .pd import ParentDomain
 from .pyverbs_error import PyverbsRDMAError, PyverbsUserError
 from .utils import flags_to_str
 
@@ -242,7 +243,7 @@ class CQEX(CQ):
                 raise PyverbsRDMAError("Failed to create extended CQ", errno.EOPNOTSUPP)
         if a.comp_mask & e.IBV_CQ_INIT_ATTR_MASK_PD:
             pd = a.parent_domain
-            if pd is None or getattr(pd, "protection_domain", pd) is pd:
+            if not isinstance(pd, ParentDomain):
                 raise PyverbsRDMAError("Failed to create extended CQ", errno.EINVAL)
         try:
             super().__init__(context, a.cqe, a.cq_context, a.comp_channel, a.comp_vector)

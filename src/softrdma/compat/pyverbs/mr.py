@@ -129,7 +129,7 @@ class MR(_v.MR, PyverbsCM):
         with self._runtime.lock:
             port.deregister_mr(self._emr)
             key = port.new_key()
-            emr = ProcessMemoryRegion(key, access, self.pd)
+            emr = ProcessMemoryRegion(key, access, self.pd.protection_domain)
             port.mrs[key] = emr
         self._finalizer.detach()
         self._emr = emr

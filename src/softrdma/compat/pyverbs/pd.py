@@ -23,6 +23,7 @@ from typing import Any
 
 from softrdma import verbs as _v
 from softrdma.errors import InvalidArgument
+from softrdma.verbs.pd import PdToken
 
 from . import libibverbs_enums as e
 from ._imports import file_handle, resolve, unimport
@@ -62,12 +63,12 @@ class PD(_v.PD, PyverbsCM):
             self._handle, self._origin = origin.handle, origin
 
     @property
-    def protection_domain(self) -> PD:
-        """The PD access checks use (itself; a parent domain's protection domain; an
-        imported PD's original's)."""
+    def protection_domain(self) -> PdToken:
+        """What access checks compare (its own token; a parent domain's protection
+        domain's; an imported PD's original's)."""
         if self._origin is not None:
             return self._origin.protection_domain
-        return self
+        return super().protection_domain
 
     @property
     def handle(self) -> int:
@@ -153,5 +154,5 @@ class ParentDomain(PD):
         self.pd_context = attr.pd_context
 
     @property
-    def protection_domain(self) -> PD:
-        return self._protection_domain
+    def protection_domain(self) -> PdToken:
+        return self._protection_domain.protection_domain

@@ -107,8 +107,12 @@ def cm_ids(port: Port) -> tuple[list[dict[str, Any]], int]:
 
 
 def _cq_of(sink: object) -> object:
-    """The CQ behind a QP's completion sink (a bound ``push`` method)."""
-    return getattr(sink, "__self__", sink)
+    """The CQ behind a QP's completion sink (a verbs CQ's ``sink``, or a bound ``push``
+    method); the sink itself when there is none (any more)."""
+    cq = getattr(sink, "cq", None)
+    if cq is None:
+        cq = getattr(sink, "__self__", None)
+    return sink if cq is None else cq
 
 
 def port_resources(port: Port) -> dict[str, Any]:

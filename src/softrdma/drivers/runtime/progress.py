@@ -195,6 +195,11 @@ class WakePipe:
                     pass
         self.r = self.w = -1
 
+    def __del__(self) -> None:
+        # collected unclosed (a completion channel dropped without close): os.pipe's
+        # descriptors are plain ints, which nothing else would ever close
+        self.close()
+
 
 class Waiter(Protocol):
     """How a runtime waits for input: :meth:`wait` returns when input may be there, when
