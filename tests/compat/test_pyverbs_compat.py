@@ -6,8 +6,10 @@ private registry device over loopback."""
 from __future__ import annotations
 
 import errno
+import gc
 import socket
 import time
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -208,11 +210,29 @@ def test_context_close_cascades(dev: str) -> None:
     mr = MR(pd, 64, e.IBV_ACCESS_LOCAL_WRITE)
     par = ParentDomain(c, ParentDomainInitAttr(pd=pd))
     qp = QP(par, QPInitAttr(qp_type=e.IBV_QPT_UD, scq=cq, rcq=cq, cap=QPCap()))
-    assert qp.engine.pd is pd.protection_domain  # a parent domain's objects are checked against its PD
+    # a parent domain's objects are checked against its PD
+    assert qp.engine.pd is pd.protection_domain
     with c:
         pass
     assert all(o.closed for o in (c, pd, ch, cq, mr, par, qp))
     assert c.runtime.closed
+
+
+def test_a_dropped_context_is_collected(dev: str) -> None:
+    """A context dropped unclosed, a parent domain's QP on it, is collected at once and
+    closes its device (the engine holds PD tokens and weak CQ sinks, not the objects)."""
+    def drop() -> tuple[weakref.ref[d.Context], Any]:
+        c = d.Context(name=dev)
+        pd = PD(c)
+        cq = CQ(c, 8, None, CompChannel(c), 0)
+        MR(pd, 64, e.IBV_ACCESS_LOCAL_WRITE)
+        par = ParentDomain(c, ParentDomainInitAttr(pd=pd))
+        QP(par, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=QPCap()))
+        return weakref.ref(c), c.runtime
+    dropped = [drop() for _ in range(3)]
+    gc.collect()
+    assert [ref() for ref, _ in dropped] == [None] * 3
+    assert all(runtime.closed for _, runtime in dropped)
 
 
 # ---- data path ------------------------------------------------------------------------------------
