@@ -137,11 +137,12 @@ class QP(VerbsObject):
         with self._counting(ctx.objects, "max_qp"):
             if qpt == XRC_SEND:  # the RC requester with the XRC wire (softrdma.ib.xrc)
                 self.engine: QPEngine = runtime.call(XrcIniQP, ctx.port, QPInit(
-                    RC, pd.protection_domain, scq.sink, rcq.sink, None, cap.max_send_wr, 0, cap.max_send_sge, 0,
-                    cap.max_inline_data, bool(init_attr.sq_sig_all)))
+                    RC, pd.protection_domain, scq.sink, rcq.sink, None, cap.max_send_wr, 0,
+                    cap.max_send_sge, 0, cap.max_inline_data, bool(init_attr.sq_sig_all)))
             else:
                 self.engine = runtime.call(ctx.port.create_qp, QPInit(
-                    qpt, pd.protection_domain, scq.sink, rcq.sink, srq.engine if srq is not None else None,
+                    qpt, pd.protection_domain, scq.sink, rcq.sink,
+                    srq.engine if srq is not None else None,
                     cap.max_send_wr, max_recv_wr, cap.max_send_sge, max_recv_sge,
                     cap.max_inline_data, bool(init_attr.sq_sig_all)))
         # the opcodes the transport carries (None: all of IB's, checked per QP type)
