@@ -129,7 +129,11 @@ def _check_capture(path: Path, crc: bool) -> None:
                        "-e", "iwarp_mpa.crc_check")
     rows = [ln.split("\t") for ln in per_port.splitlines() if ln.strip()]
     ports = {r[0] for r in rows}
-    assert len(ports) == 2, rows  # FPDUs went both ways
+    if len(ports) != 2:  # FPDUs went both ways; else say what the capture holds
+        listing = _tshark(path, "-T", "fields", "-e", "frame.number", "-e", "tcp.srcport",
+                         "-e", "tcp.seq", "-e", "tcp.len", "-e", "_ws.col.Protocol",
+                         "-e", "_ws.col.Info")
+        pytest.fail(f"FPDUs by TCP port: {rows}; the frames of {path.name}:\n{listing}")
     if crc:
         assert text.count("(Good CRC32)") >= 2 * len(SIZES)
         for p in ports:
