@@ -72,6 +72,7 @@ from .rdma_events import (  # noqa: F401 - the RDMA_CM_EVENT_* names are re-expo
     ConnParam,
     RdmaCmEventType,
     UdParam,
+    checked_conn_param,
     event_str,
 )
 from .rdma_events import EventChannel as _EventChannel
@@ -393,7 +394,7 @@ class CmId:
         """``rdma_connect``: ESTABLISHED, REJECTED, UNREACHABLE or CONNECT_ERROR follow
         (UD: ESTABLISHED with ``event.ud``)."""
         self._check()
-        p = param if param is not None else ConnParam()
+        p = checked_conn_param(param)
         if self.state not in ADDRESS_KNOWN or self.device is None or self._cm is None:
             raise StateError("connect before resolve_addr/resolve_route")
         qp = self._conn_qp(p, "connect")
@@ -460,6 +461,8 @@ class CmId:
             raise StateError("the id already listens")
         if self.state is not CmState.ADDR_BOUND or self._src is None:
             raise StateError("listen before bind_addr")
+        if not isinstance(backlog, int) or isinstance(backlog, bool):
+            raise InvalidArgument("backlog", f"must be an int, got {backlog!r}")
         if backlog <= 0:
             backlog = 1024
         ip = self._src
@@ -506,7 +509,7 @@ class CmId:
         first), SIDR_REP (UD), or the MPA Reply (iWARP). ESTABLISHED follows (not for
         UD, as librdmacm)."""
         self._check()
-        p = param if param is not None else ConnParam()
+        p = checked_conn_param(param)
         qp = self._conn_qp(p, "accept")
         if self._cm is None or not self._cm.has_request(self):
             raise StateError("accept on an id without a connection request")
@@ -516,6 +519,9 @@ class CmId:
         """``rdma_reject``: REJ reason 28 (RoCE; SIDR_REP status 2 for UD) or an MPA Reply
         with R set (iWARP), carrying ``private_data``."""
         self._check()
+        if not isinstance(private_data, (bytes, bytearray, memoryview)):
+            raise InvalidArgument("private_data", "expected bytes, got "
+                                  f"{type(private_data).__name__}")
         if self._cm is None or not self._cm.has_request(self):
             raise StateError("reject on an id without a connection request")
         self._cm.reject(self, bytes(private_data))

@@ -20,6 +20,7 @@ from enum import IntEnum
 from typing import Any, Generic, Self, TypeVar
 
 from ..drivers.cm.cm_channel import EventQueue
+from ..errors import InvalidArgument
 from ..ibcm.events import RejectInfo
 
 #: the id an event is about: :class:`softrdma.cm.rdma_cm.CmId`, which binds it
@@ -27,7 +28,8 @@ from ..ibcm.events import RejectInfo
 IdT = TypeVar("IdT")
 
 __all__ = [
-    "RdmaCmEventType", "ConnParam", "UdParam", "RdmaCmEvent", "EventChannel", "event_str",
+    "RdmaCmEventType", "ConnParam", "checked_conn_param", "UdParam", "RdmaCmEvent",
+    "EventChannel", "event_str",
     "RDMA_CM_EVENT_ADDR_RESOLVED", "RDMA_CM_EVENT_ADDR_ERROR", "RDMA_CM_EVENT_ROUTE_RESOLVED",
     "RDMA_CM_EVENT_ROUTE_ERROR", "RDMA_CM_EVENT_CONNECT_REQUEST",
     "RDMA_CM_EVENT_CONNECT_RESPONSE", "RDMA_CM_EVENT_CONNECT_ERROR",
@@ -101,6 +103,34 @@ class ConnParam:
     srq: int = 0
     qp_num: int = 0
     qkey: int | None = None
+
+
+#: ``struct rdma_conn_param``'s integer fields and the largest values of their C types
+#: (``uint8_t``, ``qp_num`` a ``uint32_t``): what librdmacm can be given. Retry counts
+#: above 7 are taken as 7 later, as the kernel does; the transports check the rest.
+_CONN_INTS = (("responder_resources", 0xFF), ("initiator_depth", 0xFF),
+              ("flow_control", 0xFF), ("retry_count", 0xFF), ("rnr_retry_count", 0xFF),
+              ("srq", 0xFF), ("qp_num", 0xFFFFFFFF))
+
+
+def checked_conn_param(param: object) -> ConnParam:
+    """``param`` if it is a :class:`ConnParam` (None: the defaults) whose fields have
+    their C types' values; else :class:`InvalidArgument` naming the argument or field."""
+    if param is None:
+        return ConnParam()
+    if not isinstance(param, ConnParam):
+        raise InvalidArgument("param", f"expected a ConnParam, got {type(param).__name__}")
+    if not isinstance(param.private_data, (bytes, bytearray, memoryview)):
+        raise InvalidArgument("param.private_data", "expected bytes, got "
+                              f"{type(param.private_data).__name__}")
+    for name, top in _CONN_INTS:
+        val = getattr(param, name)
+        if not isinstance(val, int) or not 0 <= val <= top:
+            raise InvalidArgument(f"param.{name}", f"must be 0..{top}, got {val!r}")
+    qkey = param.qkey
+    if qkey is not None and (not isinstance(qkey, int) or not 0 <= qkey <= 0xFFFFFFFF):
+        raise InvalidArgument("param.qkey", f"must be None or 0..0xffffffff, got {qkey!r}")
+    return param
 
 
 @dataclass(slots=True)

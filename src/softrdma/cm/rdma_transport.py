@@ -47,7 +47,7 @@ from ..ibcm.ipcm import IpCmClient, ip_listen
 from ..ibcm.params import AcceptParams
 from ..ibcm.userqp import UserQp
 from ..iwarp.events import Closed, ConnEvent, Failed, Terminated
-from ..iwarp.mpa_setup import MpaConfig
+from ..iwarp.mpa_setup import MpaConfig, build_request
 from ..verbs.ah import AHAttr, GlobalRoute
 from ..wire.gid import ip_to_gid
 from ..wire.ipcm import IPPROTO_TCP, IPPROTO_UDP, RDMA_UDP_QKEY, IpAddress
@@ -415,6 +415,13 @@ class _IwCm(Transport):
         A TCP refusal is made again for a while when ``SOFTRDMA_CM_RETRY_NO_LISTENER``
         asks (:mod:`.rdma_retry`)."""
         window = rdma_retry.window_s()  # a bad value: InvalidArgument, nothing started
+        try:  # the Request's private data fits (MPA's limit), else EINVAL now, no event,
+            # as Linux's siw_connect returns it to rdma_connect
+            build_request(MpaConfig(ird=p.responder_resources, ord=p.initiator_depth),
+                          bytes(p.private_data))
+        except InvalidArgument as exc:
+            raise InvalidArgument("param.private_data", f"{len(p.private_data)} bytes do not "
+                                  f"fit an MPA Request ({exc})") from None
         cid._iw_conn = _CONNECTING
         fail: Callable[[SoftRdmaError], None] = partial(self._failed, cid)
         if window > 0:
@@ -505,7 +512,14 @@ class _IwCm(Transport):
     def accept(self, cid: ConnId, p: ConnParam, qp: Any) -> None:
         req, cid._iw_req = cid._iw_req, None
         cfg = MpaConfig(ird=p.responder_resources, ord=p.initiator_depth)
-        conn = req.accept(cid.qp, bytes(p.private_data), cfg=cfg)
+        try:
+            conn = req.accept(cid.qp, bytes(p.private_data), cfg=cfg)
+        except InvalidArgument as exc:
+            if exc.argument != "user_data":
+                raise
+            cid._iw_req = req  # nothing was sent: the request may be accepted or rejected
+            raise InvalidArgument("param.private_data", f"{len(p.private_data)} bytes do "
+                                  f"not fit an MPA Reply ({exc})") from None
         cid._iw_conn = conn
         cid._post(T.ESTABLISHED, param=ConnParam(b"", conn.negotiated.ird,
                                                  conn.negotiated.ord))

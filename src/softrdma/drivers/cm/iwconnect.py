@@ -143,10 +143,15 @@ class ConnRequest:
                 raise StateError("accept needs a QP in RESET or INIT that is not connected")
             if conn.state != ConnState.ACCEPT_WAIT:
                 raise ConnectError(f"the connection is gone: {conn.reason or conn.state}")
+            before = engine.state
             if engine.state == RESET:
                 engine.state = INIT
             engine.conn = conn
-            conn.accept(engine, private_data, use, now=runtime.now())
+            try:
+                conn.accept(engine, private_data, use, now=runtime.now())
+            except InvalidArgument:  # the Reply cannot be built: nothing was sent, the
+                engine.state, engine.conn = before, None  # request and the QP are as before
+                raise
 
         runtime.call_local(_accept)
         if conn.state != ConnState.RTS:
