@@ -95,7 +95,6 @@ class MR(_v.MR, PyverbsCM):
         emr = self.engine_mr
         with self.pd.ctx.runtime.lock:
             emr.owner = _MrInfo(self.on_demand)
-            emr.pd = creator.protection_domain
 
     def _import(self, pd: PD, handle: object, address: int | None) -> None:
         """``ibv_import_mr``: alias the MR with ``handle`` on ``pd``'s device (same keys,
@@ -205,7 +204,7 @@ class MR(_v.MR, PyverbsCM):
                 emr.addr = int(addr)
                 emr.length = int(length)
             emr.access = new_access & ~_ODP
-            emr.pd = getattr(new_pd, "protection_domain", new_pd)
+            emr.pd = new_pd.protection_domain
         self._move(self.pd, new_pd)
         self.pd = new_pd
         self._access = new_access

@@ -144,9 +144,6 @@ class QP(_v.QP, PyverbsCM):
             super().__init__(pd, vinit)
         except SoftRdmaError as exc:
             raise rdma_error("Failed to create QP", exc) from exc
-        if qpt != XRC_RECV:
-            with self._runtime.lock:
-                self.engine.pd = pd.protection_domain
         self.context = creator if isinstance(creator, Context) else None
         if qp_attr is not None:
             if qpt == UD:

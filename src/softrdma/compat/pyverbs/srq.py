@@ -104,8 +104,6 @@ class SRQ(_v.SRQ, PyverbsCM):
         init = _v.SrqInitAttr(_v.SrqAttr(attr.max_wr, attr.max_sge, attr.srq_limit))
         with translate("Failed to create SRQ"):
             super().__init__(pd, init)
-        with self._runtime.lock:
-            self.engine.pd = pd.protection_domain
 
     def get_srq_num(self) -> int:
         """``ibv_get_srq_num``: only XRC SRQs have a number (EOPNOTSUPP here)."""
@@ -160,8 +158,6 @@ class _XrcSRQ(_v.XrcSRQ, SRQ):
         init = _v.SrqInitAttr(_v.SrqAttr(attr.max_wr, attr.max_sge, attr.srq_limit))
         with translate("Failed to create SRQ"):
             _v.XrcSRQ.__init__(self, pd, xrcd, cq, init)
-        with self._runtime.lock:
-            self.engine.pd = pd.protection_domain
 
     def get_srq_num(self) -> int:
         """``ibv_get_srq_num``."""
