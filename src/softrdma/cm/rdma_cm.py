@@ -73,6 +73,7 @@ from .rdma_events import (  # noqa: F401 - the RDMA_CM_EVENT_* names are re-expo
     RdmaCmEventType,
     UdParam,
     checked_conn_param,
+    checked_private_data,
     event_str,
 )
 from .rdma_events import EventChannel as _EventChannel
@@ -519,9 +520,7 @@ class CmId:
         """``rdma_reject``: REJ reason 28 (RoCE; SIDR_REP status 2 for UD) or an MPA Reply
         with R set (iWARP), carrying ``private_data``."""
         self._check()
-        if not isinstance(private_data, (bytes, bytearray, memoryview)):
-            raise InvalidArgument("private_data", "expected bytes, got "
-                                  f"{type(private_data).__name__}")
+        checked_private_data(private_data, "private_data")
         if self._cm is None or not self._cm.has_request(self):
             raise StateError("reject on an id without a connection request")
         self._cm.reject(self, bytes(private_data))

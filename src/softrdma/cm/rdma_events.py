@@ -22,14 +22,15 @@ from typing import Any, Generic, Self, TypeVar
 from ..drivers.cm.cm_channel import EventQueue
 from ..errors import InvalidArgument
 from ..ibcm.events import RejectInfo
+from ..verbs._args import u32, uint
 
 #: the id an event is about: :class:`softrdma.cm.rdma_cm.CmId`, which binds it
 #: (``rdma_cm.EventChannel``, ``rdma_cm.RdmaCmEvent``); the queue itself only compares ids
 IdT = TypeVar("IdT")
 
 __all__ = [
-    "RdmaCmEventType", "ConnParam", "checked_conn_param", "UdParam", "RdmaCmEvent",
-    "EventChannel", "event_str",
+    "RdmaCmEventType", "ConnParam", "checked_conn_param", "checked_private_data", "UdParam",
+    "RdmaCmEvent", "EventChannel", "event_str",
     "RDMA_CM_EVENT_ADDR_RESOLVED", "RDMA_CM_EVENT_ADDR_ERROR", "RDMA_CM_EVENT_ROUTE_RESOLVED",
     "RDMA_CM_EVENT_ROUTE_ERROR", "RDMA_CM_EVENT_CONNECT_REQUEST",
     "RDMA_CM_EVENT_CONNECT_RESPONSE", "RDMA_CM_EVENT_CONNECT_ERROR",
@@ -120,17 +121,19 @@ def checked_conn_param(param: object) -> ConnParam:
         return ConnParam()
     if not isinstance(param, ConnParam):
         raise InvalidArgument("param", f"expected a ConnParam, got {type(param).__name__}")
-    if not isinstance(param.private_data, (bytes, bytearray, memoryview)):
-        raise InvalidArgument("param.private_data", "expected bytes, got "
-                              f"{type(param.private_data).__name__}")
+    checked_private_data(param.private_data, "param.private_data")
     for name, top in _CONN_INTS:
-        val = getattr(param, name)
-        if not isinstance(val, int) or not 0 <= val <= top:
-            raise InvalidArgument(f"param.{name}", f"must be 0..{top}, got {val!r}")
-    qkey = param.qkey
-    if qkey is not None and (not isinstance(qkey, int) or not 0 <= qkey <= 0xFFFFFFFF):
-        raise InvalidArgument("param.qkey", f"must be None or 0..0xffffffff, got {qkey!r}")
+        uint(getattr(param, name), top, f"param.{name}")
+    if param.qkey is not None:
+        u32(param.qkey, "param.qkey")
     return param
+
+
+def checked_private_data(data: object, argument: str) -> None:
+    """Private data is bytes (``bytes(5)`` would send five zero bytes); else
+    :class:`InvalidArgument` naming ``argument``."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise InvalidArgument(argument, f"expected bytes, got {type(data).__name__}")
 
 
 @dataclass(slots=True)
