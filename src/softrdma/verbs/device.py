@@ -110,6 +110,7 @@ class Context(VerbsObject):
                  clock: Callable[[], float] | None = None, transport: str | None = None,
                  pcap: str | os.PathLike[str] | None = None) -> None:
         super().__init__()
+        self._retained: list[object] = []
         if progress not in ("thread", "manual"):
             raise InvalidArgument("progress", f"must be 'thread' or 'manual', got {progress!r}")
         if fabric is not None and link is not None:
@@ -259,6 +260,7 @@ class Context(VerbsObject):
         return ctx
 
     def _init_import(self, cmd_fd: int) -> None:
+        self._retained = []
         file = lookup(cmd_fd)
         file.add_user()
         for k, v in file.attrs.items():
@@ -454,7 +456,26 @@ class Context(VerbsObject):
             raise InvalidArgument("event", f"expected an AsyncEvent, got {type(event).__name__}")
 
     # ---- lifetime --------------------------------------------------------------------------------
+    def retain(self, service: object) -> Callable[[], None]:
+        """Keep ``service`` alive as long as this context is open: something bound to the
+        device that the engine refers to only weakly, such as the IB CM's binding on QP1
+        (:meth:`softrdma.drivers.cm.gsi.CmBinding.attach`). The engine's port lives as long
+        as the device file, which the context's finalizer holds, so a strong reference
+        from the port would keep the service, and through its connections the context,
+        alive after the application dropped them (docs/verbs-api.md, "Lifetime").
+        Returns the call that lets go of it (the service's own ``close``)."""
+        self._check()
+        self._retained.append(service)
+        ref = weakref.ref(self)
+
+        def let_go() -> None:
+            ctx = ref()
+            if ctx is not None and service in ctx._retained:
+                ctx._retained.remove(service)
+        return let_go
+
     def _release(self) -> None:
+        self._retained.clear()
         self._finalizer.detach()
         if self._portwatch is not None:
             self._portwatch.stop()

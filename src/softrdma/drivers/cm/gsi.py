@@ -54,9 +54,10 @@ import errno
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from ...enums import ibv_access_flags as Access
 from ...enums import ibv_qp_state as Qps
@@ -87,6 +88,7 @@ SLOT = GRH_SIZE + MAD_SIZE
 MAD_RESPONSE_HOP_LIMIT = 0xFF  # A16.4.4: HopLimit of a response on a RoCE port
 _MAX_PEERS = 4096
 _MR_ADDR = 0x10000
+T = TypeVar("T")
 _EVENT_THREAD_IDLE_S = 5.0  # the event thread ends after this long without events
 #: a MAD chain between two ids of one agent (REQ, REP, RTU) takes a few rounds; past this
 #: many in one operation the MADs take the wire (a bug cannot spin with the lock held)
@@ -96,17 +98,37 @@ LOOPBACK_ENV = "SOFTRDMA_CM_LOOPBACK"
 
 
 class _CmTimer:
-    """Registered with ``Port.arm``: the Port runs ``on_timer`` when ``deadline`` passes."""
+    """Registered with ``Port.arm``: the Port runs ``on_timer`` when ``deadline`` passes.
+    It refers to its binding weakly, as the binding's other registrations with the port
+    do (:func:`_weak`)."""
 
     __slots__ = ("binding", "deadline")
 
     def __init__(self, binding: CmBinding) -> None:
-        self.binding = binding
+        self.binding = weakref.ref(binding)
         self.deadline: float | None = None
 
     def on_timer(self, now: float) -> None:
         self.deadline = None
-        self.binding.agent.on_timer(now)
+        binding = self.binding()
+        if binding is not None:
+            binding.agent.on_timer(now)
+
+
+def _weak(method: Callable[[T], None]) -> Callable[[T], None]:
+    """``method`` (a bound method of a :class:`CmBinding`) called through a weak reference:
+    what the binding registers with the engine's port (QP1's completion sinks, its async
+    event listener). The port lives as long as the device file, which the context's
+    finalizer holds; strong references from the port would keep the binding, its
+    connections' ids, their QPs and so the context alive for ever once the application
+    dropped them (the context holds its binding instead: ``Context.retain``)."""
+    ref = weakref.WeakMethod(method)
+
+    def call(arg: T) -> None:
+        fn = ref()
+        if fn is not None:
+            fn(arg)
+    return call
 
 
 class CmBinding:
@@ -146,8 +168,8 @@ class CmBinding:
         self._buf = bytearray(n_recv * SLOT)
         self._mr = port.register_mr(memoryview(self._buf), _MR_ADDR,
                                     int(Access.IBV_ACCESS_LOCAL_WRITE), self._pd)
-        self.qp1 = EngineQP(port, QPInit(QPT_UD, self._pd, self._on_send_wc, self._on_recv_wc,
-                                         None, max_send_wr=1 << 16, max_recv_wr=n_recv,
+        self.qp1 = EngineQP(port, QPInit(QPT_UD, self._pd, _weak(self._on_send_wc),
+                                         _weak(self._on_recv_wc), None, max_send_wr=1 << 16, max_recv_wr=n_recv,
                                          max_send_sge=1, max_recv_sge=1,
                                          max_inline_data=MAD_SIZE, sq_sig_all=False), qpn=1)
         now = self._clock()
@@ -167,7 +189,10 @@ class CmBinding:
         self.loopback = os.environ.get(LOOPBACK_ENV, "1") != "0"
         self.loopback_mads = 0
         self._event_cv = threading.Condition()
-        port.events.subscribe(self._on_async)
+        #: ends the context's hold on this binding (attach: ``Context.retain``)
+        self._let_go: Callable[[], None] | None = None
+        self._async_listener = _weak(self._on_async)
+        port.events.subscribe(self._async_listener)
         self.agent.on_event = self._queue_event
 
     # ---- construction from a verbs Context ------------------------------------------
@@ -195,6 +220,7 @@ class CmBinding:
                 b.agent.on_listen = partial(_devd_listen, link)
             return b
         binding: CmBinding = runtime.call(make)
+        binding._let_go = ctx.retain(binding)  # the port refers to it weakly (_weak)
         return binding
 
     # ---- locking ----------------------------------------------------------------------
@@ -294,7 +320,8 @@ class CmBinding:
         with self._deliver_cv:
             if self._deliver_thread is None:
                 self._deliver_thread = threading.Thread(
-                    target=self._delivery_main, name="softrdma-cm-events", daemon=True)
+                    target=_delivery_main, args=(weakref.ref(self), self._deliver_cv),
+                    name="softrdma-cm-events", daemon=True)
                 self._deliver_thread.start()
             self._deliver_cv.notify()
 
@@ -320,19 +347,6 @@ class CmBinding:
     def _delivery_due(self) -> None:
         self._deliver_scheduled = False
         self.deliver()
-
-    def _delivery_main(self) -> None:
-        """The event thread: delivers what MAD and timer processing queued; it ends
-        after ``_EVENT_THREAD_IDLE_S`` without work (the next event starts another)."""
-        cv = self._deliver_cv
-        while True:
-            with cv:
-                if not self._deliver_scheduled and not self._closed:
-                    cv.wait(_EVENT_THREAD_IDLE_S)
-                if self._closed or not self._deliver_scheduled:
-                    self._deliver_thread = None
-                    return
-            self._delivery_due()
 
     def now(self) -> float:
         return float(self._clock())
@@ -486,7 +500,7 @@ class CmBinding:
             self._timer.deadline = None
             self.qp1.destroy()
             self.port.deregister_mr(self._mr)
-            self.port.events.unsubscribe(self._on_async)
+            self.port.events.unsubscribe(self._async_listener)
         if self.runtime is not None and not self.runtime.closed:
             self.runtime.call(run)
         else:
@@ -496,12 +510,38 @@ class CmBinding:
             t = self._deliver_thread
         if t is not None and t is not threading.current_thread():
             t.join(timeout=5.0)
+        if self._let_go is not None:
+            self._let_go()
+            self._let_go = None
         link = self._shared_link
         if link is not None:
             try:
                 link.free_qpn(1)
             except Exception:  # noqa: BLE001 - the daemon may be gone already
                 pass
+
+
+def _delivery_main(ref: weakref.ref[CmBinding], cv: threading.Condition) -> None:
+    """A binding's event thread: delivers what MAD and timer processing queued; it ends
+    after ``_EVENT_THREAD_IDLE_S`` without work (the next event starts another), or once
+    the binding is collected: it holds the binding only while it delivers, so that it
+    does not keep a dropped context alive (:func:`_weak`)."""
+    while True:
+        with cv:
+            b = ref()
+            if b is None:
+                return
+            if not b._deliver_scheduled and not b._closed:
+                del b
+                cv.wait(_EVENT_THREAD_IDLE_S)
+                b = ref()
+                if b is None:
+                    return
+            if b._closed or not b._deliver_scheduled:
+                b._deliver_thread = None
+                return
+        b._delivery_due()
+        del b
 
 
 def _virtual_clock(runtime: Any) -> VirtualClock | None:
