@@ -29,6 +29,12 @@
   Without a runtime (the caller drives the port and passes ``now``) events are delivered
   when the agent's operation ends, inside it;
 * COMM_EST from the engine (a typed event on ``port.events``) is passed to the agent;
+* lifetime: what the binding registers with the port (QP1's completion sinks, the
+  timer, the async-event listener) and its event thread refer to it weakly, and
+  :meth:`CmBinding.attach` has the context hold it (``Context.retain``) until
+  :meth:`CmBinding.close`. The port lives as long as the device file, which the
+  context's finalizer holds: strong references from it kept a dropped context with
+  IB CM connections (binding -> id -> QP -> context) alive for ever;
 * loopback: a MAD the agent sends to a GID of this port for one of its own ids
   (:attr:`~softrdma.ibcm.params.OutMad.local`: a REQ for its own listener, an answer
   naming its own comm ID) is handed back to ``agent.on_mad`` in the same operation, not
