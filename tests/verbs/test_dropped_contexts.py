@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import os
+import threading
 import weakref
 from collections.abc import Callable
 
@@ -26,6 +27,7 @@ from softrdma.drivers.runtime.progress import DeviceRuntime
 ACC = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ)
 CAP = v.QPCap(max_send_wr=4, max_recv_wr=4, max_send_sge=1, max_recv_sge=1)
 CONTEXTS = 3
+DEADLINE_S = 60.0  # a busy machine
 
 
 def _roce_fabric() -> v.Context:
@@ -112,3 +114,19 @@ def test_a_live_cq_still_gets_completions_through_its_sink() -> None:
                 break
         assert got == {1: 0, 2: 0}
         assert mr.read(16, 2048) == b"dropped contexts"
+
+
+def test_a_dropped_context_that_watches_its_port_is_collected() -> None:
+    """``watch_port``'s thread refers to the device file, not to the context (a running
+    thread is a root), and it ends once the context is collected."""
+    def dropped() -> tuple[weakref.ref[v.Context], threading.Thread]:
+        ctx = _roce_thread()
+        ctx.watch_port(0.05)
+        threads = [t for t in threading.enumerate() if t.name == f"portwatch-{ctx.netdev}"]
+        assert threads, "watch_port started no thread"
+        return weakref.ref(ctx), threads[-1]
+    ref, thread = dropped()
+    gc.collect()
+    assert ref() is None
+    thread.join(timeout=DEADLINE_S)
+    assert not thread.is_alive()

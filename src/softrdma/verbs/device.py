@@ -416,8 +416,13 @@ class Context(VerbsObject):
         interval = seconds(interval, "interval")
         if self.netdev is None or self._portwatch is not None:
             return
-        self._portwatch = PortWatch(self.netdev, lambda et: self._post_event(AsyncEvent(et, 1)),
-                                    interval)
+        # the watch's thread refers to the device file, not to this context (a running
+        # thread is a root: the context would never be collected), and it stops when
+        # the context is closed or collected
+        post = self._file.post
+        watch = PortWatch(self.netdev, lambda et: post(AsyncEvent(et, 1)), interval)
+        self._portwatch = watch
+        weakref.finalize(self, watch.stop)
 
     def async_fileno(self) -> int:
         """A descriptor that polls readable while async events are pending."""
