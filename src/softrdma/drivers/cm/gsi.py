@@ -89,12 +89,13 @@ from ..runtime.locks import acquire
 
 __all__ = ["CmBinding", "GRH_SIZE", "SLOT"]
 
+T = TypeVar("T")
+
 GRH_SIZE = 40
 SLOT = GRH_SIZE + MAD_SIZE
 MAD_RESPONSE_HOP_LIMIT = 0xFF  # A16.4.4: HopLimit of a response on a RoCE port
 _MAX_PEERS = 4096
 _MR_ADDR = 0x10000
-T = TypeVar("T")
 _EVENT_THREAD_IDLE_S = 5.0  # the event thread ends after this long without events
 #: a MAD chain between two ids of one agent (REQ, REP, RTU) takes a few rounds; past this
 #: many in one operation the MADs take the wire (a bug cannot spin with the lock held)
@@ -175,8 +176,8 @@ class CmBinding:
         self._mr = port.register_mr(memoryview(self._buf), _MR_ADDR,
                                     int(Access.IBV_ACCESS_LOCAL_WRITE), self._pd)
         self.qp1 = EngineQP(port, QPInit(QPT_UD, self._pd, _weak(self._on_send_wc),
-                                         _weak(self._on_recv_wc), None, max_send_wr=1 << 16, max_recv_wr=n_recv,
-                                         max_send_sge=1, max_recv_sge=1,
+                                         _weak(self._on_recv_wc), None, max_send_wr=1 << 16,
+                                         max_recv_wr=n_recv, max_send_sge=1, max_recv_sge=1,
                                          max_inline_data=MAD_SIZE, sq_sig_all=False), qpn=1)
         now = self._clock()
         self.qp1.modify({"qp_state": int(Qps.IBV_QPS_INIT), "qkey": GSI_QKEY,
