@@ -447,13 +447,14 @@ class _IwCm(Transport):
             self._follow(cid, started, timeout)
             return
 
-        def run() -> None:
+        def run() -> Callable[[], None]:
+            """The blocking connect; its outcome is reported once the worker is idle
+            again (Workers: the application's next connect reuses this worker)."""
             try:
                 conn = iw.connect(qp, host, port, pd, cfg=cfg, timeout=timeout)
             except SoftRdmaError as exc:
-                fail(exc)
-                return
-            self._established(cid, conn)
+                return partial(fail, exc)
+            return partial(self._established, cid, conn)
 
         _connect_workers.submit(run)
 

@@ -21,7 +21,14 @@ class Workers:
     for :data:`IDLE_S` seconds ends. Starting a thread per connect cost about 60 us of CPU
     and 300 us of latency on a busy host, a hand-off to a waiting worker about a sixth of
     that (issue 26). A job that raises is logged as ``failure`` on ``log``; the worker
-    goes on."""
+    goes on.
+
+    A job may return its report (a call that tells the outcome, such as an event the
+    application waits for); the worker counts itself idle before it runs it, so that a
+    job submitted because of that outcome (the application's next connect) goes to this
+    worker rather than to a new thread. Counted idle only once the report has run, a
+    worker on a busy machine was often not yet back at its wait when the next job came,
+    and a thread was started for it."""
 
     IDLE_S = 5.0
 
@@ -30,10 +37,10 @@ class Workers:
         self._log = log
         self._failure = failure
         self._cv = threading.Condition(threading.Lock())
-        self._jobs: deque[Callable[[], None]] = deque()
+        self._jobs: deque[Callable[[], Callable[[], None] | None]] = deque()
         self._idle = 0  # workers waiting for a job
 
-    def submit(self, job: Callable[[], None]) -> None:
+    def submit(self, job: Callable[[], Callable[[], None] | None]) -> None:
         with self._cv:
             self._jobs.append(job)
             if self._idle >= len(self._jobs):
@@ -42,21 +49,32 @@ class Workers:
         threading.Thread(target=self._main, name=self._thread_name, daemon=True).start()
 
     def _main(self) -> None:
+        counted = False  # counted idle already (while it ran the last job's report)
         while True:
             with self._cv:
-                while not self._jobs:
+                if not counted:
                     self._idle += 1
-                    try:
-                        woken = self._cv.wait(self.IDLE_S)
-                    finally:
-                        self._idle -= 1
-                    if not woken and not self._jobs:
-                        return
+                counted = False
+                try:
+                    while not self._jobs:
+                        if not self._cv.wait(self.IDLE_S) and not self._jobs:
+                            return
+                finally:
+                    self._idle -= 1
                 job = self._jobs.popleft()
-            try:
-                job()  # reports its outcome itself (an event on the id's channel)
-            except Exception:  # noqa: BLE001 - a bug in one job must not end the worker
-                self._log.exception(self._failure)
+            report = self._run(job)
+            if report is not None:
+                with self._cv:
+                    self._idle += 1
+                counted = True
+                self._run(report)
+
+    def _run(self, fn: Callable[[], Callable[[], None] | None]) -> Callable[[], None] | None:
+        try:
+            return fn()
+        except Exception:  # noqa: BLE001 - a bug in one job must not end the worker
+            self._log.exception(self._failure)
+            return None
 
     def after_fork(self) -> None:
         """In a child after ``fork()``: the parent's workers do not exist here."""
