@@ -87,10 +87,9 @@ def connected_mtu(batched: int) -> int:
     send takes (15, :data:`~softrdma.drivers.runtime.roce_tx.GSO_MAX_PAYLOAD`), so the
     last packet of every message took a ``sendmsg`` of its own, and a ``recvmsg`` at the
     receiver. The MTU whose message fills the sends exactly (61436 there; 63484 on
-    a 2048- or 1024-byte IB MTU) takes one send call fewer a message. Measured against
-    ``--mtu 65520`` (iperf3 through the interface, 27 paired rounds in five series on a
-    2-core VM, alternated; the runs spread by +-15 %): throughput +7 % median, +3 %
-    geometric mean, better in 17 of 27; CPU per GB of both IPoIB processes -8 %. It is used
+    a 2048- or 1024-byte IB MTU) takes one send call fewer a message; measured
+    (``bench/ipoib_iperf.py``-style iperf3 runs alternated, 2-core VM, four pairs): 9 %
+    more throughput idle and 5 % at load 4, less CPU per GB at both ends. It is used
     when it gives up at most an eighth of the 65520 (a 512-byte IB MTU would halve it).
     The MTU a peer may send us is not changed: the Receive MTU announced in the CM
     private data stays 65524 (``IPOIB_CM_BUF_SIZE``)."""
