@@ -23,7 +23,6 @@ from softrdma.drivers.links import udp as udp_mod
 from softrdma.drivers.links.link import Datagram, GsoLink
 from softrdma.drivers.links.udp import UDP_MAX_SEGMENTS, UdpLink
 from softrdma.drivers.runtime.roce import GSO_MAX_PAYLOAD, Runtime
-from softrdma.drivers.runtime.roce_tx import gso_message_bytes
 from softrdma.errors import DeviceError, InvalidArgument
 from softrdma.ib.packet import TxPacket
 from softrdma.ib.port import Port, RxMeta
@@ -157,24 +156,6 @@ def test_segment_and_byte_limits() -> None:
         assert sizes(link) == [4, 4, 2]
     finally:
         rt.close()
-
-
-@pytest.mark.parametrize("mtu", [256, 512, 1024, 2048, 4096])
-def test_gso_message_bytes_is_what_one_send_carries(mtu: int) -> None:
-    """``gso_message_bytes`` (the IPoIB-CM default MTU is built on it) states the rule
-    above: that many bytes of full packets leave in one send, one packet more does not."""
-    n = gso_message_bytes(mtu, UDP_MAX_SEGMENTS) // mtu
-    link = RecordingLink()
-    rt = runtime(link)
-    try:
-        flush(rt, [pkt(i, mtu) for i in range(n)])
-        assert sizes(link) == [n] and link.singles == []
-        link.batches.clear()
-        flush(rt, [pkt(i, mtu) for i in range(n + 1)])
-        assert sizes(link) == [n] and len(link.singles) == 1
-    finally:
-        rt.close()
-    assert gso_message_bytes(mtu, 0) == 0
 
 
 def test_different_flows_are_not_mixed() -> None:

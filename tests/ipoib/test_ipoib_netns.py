@@ -91,10 +91,7 @@ def test_ping_both_ways_ipv4_ipv6(pair: tuple[Pair, list[subprocess.Popen[str]]]
     assert len(neigh[v4(2)]["lladdr"].split(":")) == 20
     assert s["counters"]["arp_requests"] >= 1  # type: ignore[index]
     text = a.softrdma("ipoib", "show").stdout  # every interface of this namespace
-    # the veth's 9000-byte MTU gives a 4096-byte IB MTU: the connected-mode default is
-    # the MTU whose message fills its UDP GSO sends (apps.ipoib_runtime.connected_mtu)
-    assert text.startswith(f"{IFACE}: device rxe0 mode connected mtu 61436")
-    assert "mtu 61436 " in a.run(["ip", "link", "show", IFACE]).stdout
+    assert text.startswith(f"{IFACE}: device rxe0 mode connected mtu 65520")
     assert "neighbours:" in text and v4(2) in text and "counters:" in text
 
 
@@ -347,7 +344,7 @@ def test_uc_connections_and_pkey(tmp_path: Path) -> None:
 
 
 def test_mixed_modes_per_destination_mtu(tmp_path: Path) -> None:
-    """A connected-mode host (MTU 61436) and a datagram-mode peer (no CM flag, UD MTU
+    """A connected-mode host (MTU 65520) and a datagram-mode peer (no CM flag, UD MTU
     4092): a packet too big for the path gets ICMP "fragmentation needed" back through
     the TUN device (RFC 4755 §7.2); the kernel learns the path MTU and traffic flows."""
     with veth_pair(tmp_path) as hosts:

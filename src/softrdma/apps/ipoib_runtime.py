@@ -37,12 +37,10 @@ from .. import enums as e
 from .. import verbs as v
 from ..drivers.cm.gsi import CmBinding
 from ..drivers.host.ipoib_control import ControlServer, control_path, usable_ipv6, wait_for_ipv6
-from ..drivers.links.link import GsoLink
 from ..drivers.links.tun import TunDevice
 from ..drivers.runtime.fdwait import readable
-from ..drivers.runtime.roce_tx import gso_message_bytes
 from ..errors import DeviceError, InvalidArgument, SoftRdmaError
-from ..ipoib.conn import IPOIB_CM_BUF_SIZE, IPOIB_CM_MTU
+from ..ipoib.conn import IPOIB_CM_BUF_SIZE
 from ..ipoib.encap import ENCAP_LEN, encap_header
 from ..ipoib.events import (
     ConnAccept,
@@ -74,31 +72,6 @@ MAX_WAIT_S = 0.5
 DRAIN_ROUNDS = 16            # receive batches read before a due timer runs
 UD_SIGNAL_EVERY = 16         # one UD send in this many asks for a completion
 _SIGNALED = int(e.IBV_SEND_SIGNALED)
-
-
-def connected_mtu(batched: int) -> int:
-    """The connected-mode interface MTU when none is asked for: Linux's 65520
-    (``IPOIB_CM_MTU``), or a little less where that saves a send call on every message.
-
-    ``batched`` is how many bytes of a message one UDP GSO send carries
-    (:func:`~softrdma.drivers.runtime.roce_tx.gso_message_bytes`; 0: the link does not
-    batch). A message is the IP packet behind its 4-byte encapsulation header, one RC SEND
-    (RFC 4755 §4): at 65520 on a 4096-byte IB MTU it is 16 packets, one more than a GSO
-    send takes (15, :data:`~softrdma.drivers.runtime.roce_tx.GSO_MAX_PAYLOAD`), so the
-    last packet of every message took a ``sendmsg`` of its own, and a ``recvmsg`` at the
-    receiver. The MTU whose message fills the sends exactly (61436 there; 63484 on
-    a 2048- or 1024-byte IB MTU) takes one send call fewer a message; measured
-    (``bench/ipoib_iperf.py``-style iperf3 runs alternated, 2-core VM, four pairs): 9 %
-    more throughput idle and 5 % at load 4, less CPU per GB at both ends. It is used
-    when it gives up at most an eighth of the 65520 (a 512-byte IB MTU would halve it).
-    The MTU a peer may send us is not changed: the Receive MTU announced in the CM
-    private data stays 65524 (``IPOIB_CM_BUF_SIZE``)."""
-    msg = IPOIB_CM_MTU + ENCAP_LEN
-    if batched <= 0:
-        return IPOIB_CM_MTU
-    sends = -(-msg // batched)
-    fewer = (sends - 1) * batched - ENCAP_LEN
-    return fewer if sends > 1 and fewer >= IPOIB_CM_MTU - IPOIB_CM_MTU // 8 else IPOIB_CM_MTU
 
 
 @dataclass(slots=True)
@@ -195,14 +168,8 @@ class IpoibRuntime(IpoibConnections, IpoibReceive):
             self._srq_view = memoryview(self._srq_buf)
             self._srq_rwrs = self._make_recv_wrs(self.srq_mr, SRQ_RECVS, SLOT)
             self._post_srq_recvs(list(range(SRQ_RECVS)))
-        mtu = o.mtu
-        if mtu is None and o.mode == "connected":
-            link = ctx.runtime.link
-            dst = self.gid[12:] if is_v4_mapped(self.gid) else self.gid
-            batch = link.gso_limit(dst) if isinstance(link, GsoLink) and link.gso else 0
-            mtu = connected_mtu(gso_message_bytes(ib_mtu, batch))
         cfg = IfaceConfig(gid=self.gid, ud_qpn=self.ud_qp.qp_num, ud_mtu=ib_mtu - ENCAP_LEN,
-                          addresses=o.addresses, mode=o.mode, pkey=o.pkey, mtu=mtu,
+                          addresses=o.addresses, mode=o.mode, pkey=o.pkey, mtu=o.mtu,
                           transport=o.transport, crossing_rule=o.crossing_rule,
                           receive_mtu=IPOIB_CM_BUF_SIZE, idle_s=o.idle_s)
         self.engine = IpoibInterface(cfg)

@@ -19,9 +19,9 @@ the kernel still verifies the merged packet's TCP checksum over all of it.
 Why no TSO/checksum offload on reads: the kernel would then hand over partial checksums,
 and completing one in Python (RFC 1071 over the packet) costs about 12 us per 4 KB and
 over 300 us per 64 KB on this machine kind, as much as the whole per-message cost of the
-RC path (about 250 us per 64 KB); in connected mode TCP's segments are already 60-64
-KiB (the MTU is 61436-65520), and in datagram mode the kernel cuts and sums the 4 KB
-segments for less.
+RC path (about 250 us per 64 KB); in connected mode TCP's segments are already 64 KiB
+(the MTU is 65520), and in datagram mode the kernel cuts and sums the 4 KB segments for
+less.
 """
 
 from __future__ import annotations

@@ -21,20 +21,11 @@ from ..links.link import GsoLink, Link
 if TYPE_CHECKING:
     from ..capture.tap import PacketTap
 
-__all__ = ["RoceTx", "icrc_v2", "ICRC_SIZE", "GSO_MAX_PAYLOAD", "gso_message_bytes"]
+__all__ = ["RoceTx", "icrc_v2", "ICRC_SIZE", "GSO_MAX_PAYLOAD"]
 
 ICRC_SIZE = 4  # bytes (IBA 7.8.1)
 _BTH_SIZE = 12  # bytes (IBA 9.2)
 GSO_MAX_PAYLOAD = 65507  # UDP payload bytes of one GSO send (65535 - IPv4 - UDP header)
-
-
-def gso_message_bytes(path_mtu: int, max_segments: int) -> int:
-    """The most bytes of a message that one GSO send carries as full packets: packets of
-    ``path_mtu`` payload bytes behind a BTH (a SEND's FIRST and MIDDLEs, IBA 9.2), each
-    with its ICRC, as many as :data:`GSO_MAX_PAYLOAD` holds and ``max_segments`` allows
-    (the link's ``gso_limit``; 0: no batching, 0 bytes). :meth:`RoceTx._flush_gso` cuts a
-    message's packets into sends by the same rule."""
-    return min(max_segments, GSO_MAX_PAYLOAD // (_BTH_SIZE + path_mtu + ICRC_SIZE)) * path_mtu
 
 
 def icrc_v2(src_ip: bytes, dst_ip: bytes, sport: int, dport: int, parts: Sequence[Any],

@@ -64,7 +64,7 @@ def _parser(action: str) -> argparse.ArgumentParser:
                        help="connected (RFC 4755, default) or datagram (RFC 4391)")
         p.add_argument("--pkey", type=_pkey, default=0xFFFF, help="P_Key (default 0xffff)")
         p.add_argument("--mtu", type=int, default=None,
-                       help="interface MTU (default: connected 65520, or the largest below it whose message fills whole UDP GSO sends, 61436 on a 4096-byte IB MTU; datagram IB MTU - 4)")
+                       help="interface MTU (default 65520 connected, IB MTU - 4 datagram)")
         p.add_argument("--uc", action="store_true",
                        help="connected mode over UC connections instead of RC")
         p.add_argument("--no-crossing-rule", action="store_true",
