@@ -126,8 +126,9 @@ def _connected_udp() -> tuple[list[weakref.ref[object]], list[DeviceRuntime]]:
 def test_threaded_contexts_are_collected_while_the_event_thread_waits() -> None:
     """The event thread lives on for a while after its last event; it holds its binding
     only while it delivers, so the contexts go at once, the thread still waiting."""
+    before = set(threading.enumerate())  # event threads of earlier tests do not count
     refs, runtimes = _connected_udp()
-    threads = [t for t in threading.enumerate() if t.name == EVENT_THREAD]
+    threads = [t for t in threading.enumerate() if t.name == EVENT_THREAD and t not in before]
     assert threads
     deadline = time.monotonic() + DEADLINE_S
     while any(r() is not None for r in refs) and time.monotonic() < deadline:
