@@ -74,17 +74,19 @@ def recv(args: argparse.Namespace) -> int:
 
     threading.Thread(target=commands, daemon=True).start()
     while not stop.is_set():
+        # polled and printed under the lock: a message taken before a detach is printed
+        # before its {"detached": true}, never after it
         with lock:
             _, wcs = cq.poll(16)
-        for wc in wcs:
-            if wc.status != e.IBV_WC_SUCCESS:
-                _emit({"error": int(wc.status)})
-                continue
-            i = int(wc.wr_id)
-            data = mr.read(wc.byte_len - GRH, i * BUF + GRH)
-            _emit({"msg": data.decode(), "slid": wc.slid, "src_qp": wc.src_qp,
-                   "grh": bool(wc.wc_flags & e.IBV_WC_GRH)})
-            qp.post_recv(v.RecvWR(i, 1, [v.SGE(mr.addr + i * BUF, BUF, mr.lkey)]))
+            for wc in wcs:
+                if wc.status != e.IBV_WC_SUCCESS:
+                    _emit({"error": int(wc.status)})
+                    continue
+                i = int(wc.wr_id)
+                data = mr.read(wc.byte_len - GRH, i * BUF + GRH)
+                _emit({"msg": data.decode(), "slid": wc.slid, "src_qp": wc.src_qp,
+                       "grh": bool(wc.wc_flags & e.IBV_WC_GRH)})
+                qp.post_recv(v.RecvWR(i, 1, [v.SGE(mr.addr + i * BUF, BUF, mr.lkey)]))
         if not wcs:
             time.sleep(0.005)
     return 0
