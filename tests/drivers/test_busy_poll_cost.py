@@ -224,3 +224,64 @@ def test_the_housekeeping_shortcut_still_runs_timers_deferred_calls_and_acks(
     due.deadline = 0.0  # due again
     assert rt.progress() == 0
     assert len(due.fired) == 2
+
+
+def _counting_polls(rt: Runtime, monkeypatch: pytest.MonkeyPatch,
+                    after: Any = None) -> list[int]:
+    """Count the runtime's receive polls (``_poll_rx_locked``); ``after(k)`` runs after
+    the k-th (from 1)."""
+    calls = [0]
+    real = rt._poll_rx_locked
+
+    def poll(stop_on: Any, ask: int) -> int:
+        calls[0] += 1
+        n = real(stop_on, ask)
+        if after is not None:
+            after(calls[0])
+        return n
+
+    monkeypatch.setattr(rt, "_poll_rx_locked", poll)
+    return calls
+
+
+def test_a_step_of_several_polls_spins_in_python_until_input_or_its_completion(
+        rt: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``progress_nonblocking(polls=N)`` (a C program's step, softrdma.capi) makes up to
+    N empty polls while the pacer spins, and returns at once on input or on its CQ's
+    completion (``stop_on``)."""
+    rt._pacer.spin = 60.0  # the spin never ends here: no poll sleeps
+    calls = _counting_polls(rt, monkeypatch)
+    assert rt.progress_nonblocking(polls=5) == 0
+    assert calls[0] == 5 and rt._pacer.sleeps == 0
+    assert rt.progress_nonblocking() == 0  # one poll, as a Python program's step
+    assert calls[0] == 6
+    # input: the step returns after the poll that read it
+    link = rt.link
+    assert isinstance(link, UdpLink) and link.port is not None
+    sender = UdpLink("127.0.0.1", 0)
+    try:
+        sender.send(LO4, link.port, sender.fallback_sport, [b"not a RoCE packet" * 3])
+        _wait_readable(link)
+        assert rt.progress_nonblocking(polls=5) == 1
+        assert calls[0] == 7
+    finally:
+        sender.close()
+    # its CQ's completion (here set by the third poll) ends the step too
+    stop: list[bool] = []
+    calls[0] = 0
+    monkeypatch.undo()
+    rt._pacer.spin = 60.0
+    calls = _counting_polls(rt, monkeypatch, lambda k: stop.append(True) if k == 3 else None)
+    assert rt.progress_nonblocking(stop, polls=5) == 0
+    assert calls[0] == 3 and stop
+
+
+def test_a_step_of_several_polls_returns_after_the_pacer_sleeps(
+        rt: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once the pacer's spin is over a poll sleeps in the kernel (until input, a timer
+    or BLOCK_MAX); the step returns after that sleep instead of polling on."""
+    rt._pacer.spin = 0.0
+    calls = _counting_polls(rt, monkeypatch)
+    assert rt.progress_nonblocking(polls=50) == 0
+    assert rt._pacer.sleeps == 1
+    assert calls[0] == 2  # the poll that began the streak, then the one that slept

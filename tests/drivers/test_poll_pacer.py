@@ -333,8 +333,10 @@ def test_a_c_programs_step_that_stopped_at_a_completion_runs_the_next_at_once(
         stops: list[object] = []
         pending = [True]
 
-        def step(stop_on: object = None, taken: bool = False) -> int:
+        def step(stop_on: object = None, taken: bool = False, polls: int = 1) -> int:
             stops.append(stop_on)
+            # a step from C spins in Python (bridge.STEP_POLLS), not by entering again
+            assert polls == bridge.STEP_POLLS > 1
             assert not stop_on  # cleared before the step
             cq.push(WorkCompletion(8, 0, int(e.IBV_WC_SEND), 0x11))
             assert not stop_on  # a send's completion: a bulk sender's steps go on
@@ -352,7 +354,8 @@ def test_a_c_programs_step_that_stopped_at_a_completion_runs_the_next_at_once(
             pending[0] = False  # nothing left behind the completion
             assert bridge._progress(h, 0) == 0
             pending[0] = True
-            monkeypatch.setattr(rt, "progress_nonblocking", lambda stop_on=None, taken=False: 0)
+            monkeypatch.setattr(rt, "progress_nonblocking",
+                                lambda stop_on=None, taken=False, polls=1: 0)
             assert bridge._progress(h, 0) == 0  # no completion stored: no stop
             # the program's last SEND awaits its ACK (it awaited each earlier one): the
             # next empty poll steps at once, with or without a completion stored

@@ -61,8 +61,16 @@ _WC_RECV = int(e.IBV_WC_RECV)  # the receive opcodes are this and above (ibv_wc_
 _RELEASE_WAIT = 1.0
 
 
+STEP_POLLS = 32  # empty polls of a receive step while the busy poll spins (design.md)
+
+
 class RingCQ(CQ):
-    """A CQ whose completions go to the C ring at ``ring`` (``sr_ring_push``)."""
+    """A CQ whose completions go to the C ring at ``ring`` (``sr_ring_push``). A receive
+    step (:func:`_progress`) makes up to :data:`STEP_POLLS` empty polls while the busy
+    poll spins: the program's spin is made in Python, where each poll from C would
+    cross into Python (and take the GIL) again."""
+
+    _step_polls = STEP_POLLS
 
     def __init__(self, ctx: Context, cqe: int, channel: CompChannel | None, comp_vector: int,
                  ring: Any) -> None:

@@ -163,6 +163,10 @@ class CQ(VerbsObject):
     """A completion queue of ``ctx`` with room for ``cqe`` completions."""
 
     _close_rank = 4
+    #: empty polls one busy-poll step may make while the device's pacer spins (the
+    #: runtime's ``progress_nonblocking``): one, as an application's own loop polls
+    #: again at once; softrdma.capi's RingCQ, whose steps each enter Python from C, more
+    _step_polls = 1
 
     def __init__(self, ctx: Context, cqe: int, cq_context: object = None,
                  channel: CompChannel | None = None, comp_vector: int = 0, *,
@@ -248,7 +252,7 @@ class CQ(VerbsObject):
         q = self._q
         if not q and self._busy_poll:
             # taken: the completions since the last step end the step's idle streak
-            self._runtime.progress_nonblocking(self._stop_on, self._taken)
+            self._runtime.progress_nonblocking(self._stop_on, self._taken, self._step_polls)
             self._taken = False
         if num_entries == 1:
             if q:

@@ -145,7 +145,8 @@ class DeviceRuntime(Protocol):
 
     def progress(self, timeout: float = 0.0) -> int: ...
 
-    def progress_nonblocking(self, stop_on: Any = None, taken: bool = False) -> int: ...
+    def progress_nonblocking(self, stop_on: Any = None, taken: bool = False,
+                             polls: int = 1) -> int: ...
 
     def rx_pending(self) -> bool:
         """Datagrams read and not processed yet: the last busy-poll step stopped at a

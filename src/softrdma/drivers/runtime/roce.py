@@ -323,7 +323,8 @@ class Runtime(RoceTx, RoceRx):
             if n:
                 return n
 
-    def progress_nonblocking(self, stop_on: Any = None, taken: bool = False) -> int:
+    def progress_nonblocking(self, stop_on: Any = None, taken: bool = False,
+                             polls: int = 1) -> int:
         """One progress step if the lock is free (busy-polling ``cq.poll`` calls this).
 
         While an application busy-polls, the progress thread stands back (it stops
@@ -336,15 +337,36 @@ class Runtime(RoceTx, RoceRx):
         ``taken``: the application took completions since its last step (ones the
         progress thread stored): the idle streak that step began is over, as if the
         step had received them, so the pacer spins afresh before it sleeps.
+
+        ``polls``: while the pacer spins, up to this many empty polls in a row before
+        the step returns empty (it returns at once on input, on ``stop_on`` and after a
+        sleep). A C program's ``ibv_poll_cq`` (``softrdma.capi``) enters Python once per
+        step, so its spin is better made here than by entering again and again.
         """
         core = self.core
         pacer = self._pacer
         if taken:
             pacer.busy()
+        for _ in range(polls):
+            sleeps = pacer.sleeps
+            n = self._busy_step(stop_on)
+            if n:
+                return max(n, 0)
+            if stop_on or pacer.sleeps != sleeps:
+                break
+        core.last_poll = time.monotonic()
+        return 0
+
+    def _busy_step(self, stop_on: Any) -> int:
+        """One :meth:`progress_nonblocking` poll: the datagrams it took (its completion
+        for ``stop_on`` may be among them), 0 for an empty poll (it may have slept, then
+        read what ended the sleep), -1 when the lock was busy."""
+        core = self.core
+        pacer = self._pacer
         port = self.port
         for woken in (False, True):  # after a sleep that input ended, read it at once
             if not core.try_lock():
-                return 0
+                return -1
             try:
                 # A busy poll reads one datagram first (a ping-pong's answer then costs
                 # one receive call, not a second, empty one); a full read doubles the next.
@@ -390,7 +412,6 @@ class Runtime(RoceTx, RoceRx):
                 return n
             if woken or not pacer.idle(None if d is None else d - self.now()):
                 break
-        core.last_poll = time.monotonic()
         return 0
 
     def rx_pending(self) -> bool:

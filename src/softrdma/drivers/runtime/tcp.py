@@ -311,18 +311,25 @@ class TcpRuntime:
         """Never: an iWARP SEND completes once TCP took it (RFC 5040 §7.1), no ACK."""
         return False
 
-    def progress_nonblocking(self, stop_on: Any = None, taken: bool = False) -> int:
+    def progress_nonblocking(self, stop_on: Any = None, taken: bool = False,
+                             polls: int = 1) -> int:
         """One non-blocking step from an application thread that busy-polls a CQ; while
         it does, the progress thread stands back (as the RoCE runtime does), so the two
         do not fight over the lock and the GIL on the latency path. (``taken``: the
-        RoCE runtime's pacing; this step never spins or sleeps.)"""
-        if not self.core.try_lock():
-            return 0
-        try:
-            n = self._service(self._ready(0.0))
-        finally:
-            self.lock.release()
-        self.deliver_events()
+        RoCE runtime's pacing; this step never sleeps.) ``polls``: up to this many empty
+        polls in a row before it returns empty (``softrdma.capi``'s steps: one entry
+        from C each); it returns once one took input or stored into ``stop_on``."""
+        n = 0
+        for _ in range(polls):
+            if not self.core.try_lock():
+                return 0
+            try:
+                n = self._service(self._ready(0.0))
+            finally:
+                self.lock.release()
+            self.deliver_events()
+            if n or stop_on:
+                break
         return n
 
     def _poll(self, wait: float) -> int:
