@@ -192,6 +192,55 @@ def test_data_reaches_owners_without_devd(running: Running, sender: socket.socke
         assert st["forwarded"] == 1 and st["unknown_qpn"] == 1
 
 
+class _CountingEpoll:
+    """An epoll whose ``poll`` calls are counted."""
+
+    def __init__(self, ep: select.epoll) -> None:
+        self.ep = ep
+        self.polls = 0
+
+    def poll(self, timeout: float = -1) -> list[tuple[int, int]]:
+        self.polls += 1
+        return self.ep.poll(timeout)
+
+    def fileno(self) -> int:
+        return self.ep.fileno()
+
+    def close(self) -> None:
+        self.ep.close()
+
+
+def test_an_empty_poll_of_the_direct_path_is_one_epoll_question(
+        running: Running, sender: socket.socket, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A busy poll, most often empty, asks one epoll of every socket (the direct path's
+    socket of each address family and the data channel) whether any has input: one
+    system call, no read; a datagram is then read from the socket that has it."""
+    port = running.devd.udp_port
+    with running.client() as a:
+        assert a.direct
+        assert a._ep is not None
+        counting = _CountingEpoll(a._ep)
+        monkeypatch.setattr(a, "_ep", counting)
+        reads: list[int] = []
+        for link in a._direct:
+
+            def counted(n: int = 64, real: Any = link.recv_batch) -> list[Datagram]:
+                reads.append(n)
+                got: list[Datagram] = real(n)
+                return got
+
+            monkeypatch.setattr(link, "recv_batch", counted)
+        monkeypatch.setattr(a, "_recv_forwarded",
+                            lambda n: pytest.fail("an empty poll read the data channel"))
+        for _ in range(20):
+            assert a.recv_batch(1) == []
+        assert counting.polls == 20 and reads == []
+        q = a.alloc_qpn()
+        sender.sendto(packet(q, b"D"), (LOCAL, port))
+        assert qpns_of(recv_all(a, 1)) == [q]
+        assert len(reads) >= 1 and a.counters["rx_direct"] == 1
+
+
 def test_multicast_still_through_devd(running: Running, sender: socket.socket) -> None:
     port = running.devd.udp_port
     group = bytes([239, 1, 2, 99])
