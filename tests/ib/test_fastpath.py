@@ -449,9 +449,18 @@ def test_shared_device_direct_links_take_a_batch_larger_than_asked() -> None:
     link = DevdLink.__new__(DevdLink)
     link._closed = False
     link._direct = (first, second)  # type: ignore[assignment]
+    link._direct_fds = {10: first, 11: second}  # type: ignore[dict-item]
+    link._ep = _BothReady()  # type: ignore[assignment]
     link.counters = {"rx_direct": 0}
     got = link.recv_batch(1)
     assert got == [0, 1, 2] and second.asked == [] and link.counters["rx_direct"] == 3
+
+
+class _BothReady:
+    """The direct path's epoll, saying that both sockets (fds 10, 11) have input."""
+
+    def poll(self, timeout: float = -1) -> list[tuple[int, int]]:
+        return [(10, 1), (11, 1)]
 
 
 @pytest.mark.iba("10.9.3")
