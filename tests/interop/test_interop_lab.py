@@ -20,7 +20,15 @@ from pathlib import Path
 
 import pytest
 
-from softrdma.interop.lab import DEFAULT_CACHE, LabError, load_factor, locate_shared
+from softrdma.interop.lab import (
+    DEFAULT_CACHE,
+    LAB_NETNS,
+    Lab,
+    LabError,
+    load_factor,
+    locate_shared,
+    netns_exists,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 GUEST = 4
@@ -52,10 +60,6 @@ def _guest_running(cache: Path, n: int) -> bool:
     return True
 
 
-def _netns_exists(name: str) -> bool:
-    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
-                         check=False).stdout
-    return any(line.split()[0] == name for line in out.splitlines() if line.strip())
 
 
 def _interop(cases: str) -> tuple[list[dict[str, str]], subprocess.CompletedProcess[str]]:
@@ -79,13 +83,17 @@ def _interop(cases: str) -> tuple[list[dict[str, str]], subprocess.CompletedProc
     return results, cp
 
 
-def _clean_up(cache: Path, was_running: bool) -> None:
-    """Whatever a failed run left: its namespace, and the guest if this test booted it."""
+def _clean_up(cache: Path, was_running: bool, had_lab_netns: bool) -> None:
+    """Whatever a failed run left: its namespace, the guest if this test booted it, and
+    the lab's namespace if the run made it and no guest runs."""
     subprocess.run(["ip", "netns", "del", f"srinterop-g{GUEST}"], capture_output=True,
                    check=False)
+    shared = locate_shared(ROOT)
     if not was_running and _guest_running(cache, GUEST):
-        shared = locate_shared(ROOT)
         subprocess.run(["bash", str(shared / "lab" / "run.sh"), "stop", str(GUEST)],
+                       capture_output=True, check=False, timeout=120)
+    if not had_lab_netns and not Lab(shared, cache).guests_running():
+        subprocess.run(["bash", str(shared / "lab" / "run.sh"), "net-down"],
                        capture_output=True, check=False, timeout=120)
 
 
@@ -94,17 +102,21 @@ def _clean_up(cache: Path, was_running: bool) -> None:
 def test_interop_smoke_against_linux() -> None:
     cache = Path(os.environ.get("LAB_CACHE", str(DEFAULT_CACHE)))
     was_running = _guest_running(cache, GUEST)
+    had_lab_netns = netns_exists(LAB_NETNS)
     try:
         results, cp = _interop("rc_pingpong/rxe/s4096")
         assert len(results) == 2 and cp.returncode == 0
         for r in results:
             assert Path(r["pcap"]).is_file() and " 0 failed" in r["pcap_check"], r
-        # teardown: the namespace and state directory are gone, the guest too if we booted it
-        assert not _netns_exists(f"srinterop-g{GUEST}")
+        # teardown: the namespace and state directory are gone, the guest too if we booted
+        # it, and the lab's namespace if the run made it (no other guest runs here)
+        assert not netns_exists(f"srinterop-g{GUEST}")
         assert not Path(f"/tmp/softrdma-interop-g{GUEST}-state").exists()
         assert _guest_running(cache, GUEST) == was_running
+        if not had_lab_netns and not Lab(locate_shared(ROOT), cache).guests_running():
+            assert not netns_exists(LAB_NETNS)
     finally:
-        _clean_up(cache, was_running)
+        _clean_up(cache, was_running, had_lab_netns)
 
 
 @pytest.mark.skipif(bool(_lab_reason()), reason=_lab_reason() or "lab available")
@@ -115,10 +127,11 @@ def test_mckey_and_rdma_examples_against_linux() -> None:
     disconnect included)."""
     cache = Path(os.environ.get("LAB_CACHE", str(DEFAULT_CACHE)))
     was_running = _guest_running(cache, GUEST)
+    had_lab_netns = netns_exists(LAB_NETNS)
     try:
         results, cp = _interop("mckey/rxe,rdma_server/rxe")
         assert len(results) == 4 and cp.returncode == 0
         for r in results:
             assert " 0 failed" in r["pcap_check"], r
     finally:
-        _clean_up(cache, was_running)
+        _clean_up(cache, was_running, had_lab_netns)

@@ -32,7 +32,7 @@ from ..errors import SoftRdmaError
 
 __all__ = [
     "LabError", "Lab", "HostSide", "GuestProcess", "Capture", "locate_shared",
-    "guest_ip", "host_ip", "LAB_NETNS", "MAX_GUEST",
+    "guest_ip", "host_ip", "LAB_NETNS", "MAX_GUEST", "netns_exists",
 ]
 
 LAB_NETNS = "rdmalab"
@@ -47,6 +47,12 @@ RESCUE_LINE = b"\nsystemctl is-failed -q lab-net.service && /usr/local/sbin/lab-
 SSH_TIMEOUT = 60.0
 SSH_CONNECT_TIMEOUT = 30
 KILL_GRACE = 3.0
+
+
+def netns_exists(name: str) -> bool:
+    """True if network namespace ``name`` exists (``ip netns list``)."""
+    cp = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False)
+    return any(ln.split()[0] == name for ln in cp.stdout.splitlines() if ln.strip())
 
 
 def load_factor() -> float:
@@ -133,6 +139,8 @@ class Lab:
     cache: Path = DEFAULT_CACHE
     booted: list[int] = field(default_factory=list)
     locks: dict[int, int] = field(default_factory=dict)
+    #: a boot of this run created the lab's namespace (:data:`LAB_NETNS`): removed again
+    made_netns: bool = False
 
     @property
     def run_sh(self) -> Path:
@@ -218,6 +226,8 @@ class Lab:
         says which, with the load."""
         if self.running(n):
             return False
+        if not self.made_netns and not netns_exists(LAB_NETNS):
+            self.made_netns = True  # run.sh boot makes it
         self.booted.append(n)  # from here on it is ours to stop, even if the boot fails
         log = self.cache / "run" / f"g{n}.console.log"
         proc = subprocess.Popen(["bash", str(self.run_sh), "boot", str(n)],
@@ -290,10 +300,20 @@ class Lab:
         return True
 
     def stop_booted(self) -> None:
-        """Power off the guests this run booted, and only those."""
+        """Power off the guests this run booted, and only those; then remove the lab's
+        namespace if a boot of this run created it and no guest runs any more (one
+        another run booted keeps it)."""
         while self.booted:
             n = self.booted.pop()
             self._run(["bash", str(self.run_sh), "stop", str(n)], 60.0, check=False)
+        if self.made_netns and not self.guests_running():
+            self._run(["bash", str(self.run_sh), "net-down"], 60.0, check=False)
+            self.made_netns = False
+
+    def guests_running(self) -> list[int]:
+        """The lab's guests whose qemu runs (``$LAB_CACHE/run/gN.pid``), any run's."""
+        names = (p.stem[1:] for p in (self.cache / "run").glob("g*.pid"))
+        return sorted(int(n) for n in names if n.isdigit() and self.running(int(n)))
 
     def ssh(self, n: int, command: str, timeout: float = SSH_TIMEOUT,
             check: bool = False) -> subprocess.CompletedProcess[str]:
