@@ -347,26 +347,11 @@ class Runtime(RoceTx, RoceRx):
         pacer = self._pacer
         if taken:
             pacer.busy()
-        for _ in range(polls):
-            sleeps = pacer.sleeps
-            n = self._busy_step(stop_on)
-            if n:
-                return max(n, 0)
-            if stop_on or pacer.sleeps != sleeps:
-                break
-        core.last_poll = time.monotonic()
-        return 0
-
-    def _busy_step(self, stop_on: Any) -> int:
-        """One :meth:`progress_nonblocking` poll: the datagrams it took (its completion
-        for ``stop_on`` may be among them), 0 for an empty poll (it may have slept, then
-        read what ended the sleep), -1 when the lock was busy."""
-        core = self.core
-        pacer = self._pacer
         port = self.port
-        for woken in (False, True):  # after a sleep that input ended, read it at once
+        woken = False  # after a sleep that input ended, read it at once
+        while True:
             if not core.try_lock():
-                return -1
+                return 0
             try:
                 # A busy poll reads one datagram first (a ping-pong's answer then costs
                 # one receive call, not a second, empty one); a full read doubles the next.
@@ -410,8 +395,16 @@ class Runtime(RoceTx, RoceRx):
             if n or stop_on:
                 pacer.busy()
                 return n
-            if woken or not pacer.idle(None if d is None else d - self.now()):
+            if woken:
                 break
+            sleeps = pacer.sleeps
+            if pacer.idle(None if d is None else d - self.now()):
+                woken = True
+                continue
+            polls -= 1
+            if polls <= 0 or pacer.sleeps != sleeps:  # the last poll, or a sleep
+                break
+        core.last_poll = time.monotonic()
         return 0
 
     def rx_pending(self) -> bool:
