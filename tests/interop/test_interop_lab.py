@@ -52,14 +52,7 @@ def _lab_reason() -> str:
 
 
 def _guest_running(cache: Path, n: int) -> bool:
-    try:
-        pid = int((cache / "run" / f"g{n}.pid").read_text().strip())
-        os.kill(pid, 0)
-    except (OSError, ValueError):
-        return False
-    return True
-
-
+    return Lab(locate_shared(ROOT), cache).running(n)
 
 
 def _interop(cases: str) -> tuple[list[dict[str, str]], subprocess.CompletedProcess[str]]:
