@@ -232,7 +232,9 @@ def test_two_processes_every_tool(state: Path, tool: str, extra: list[str]) -> N
         srow = _rows(srv.stdout, BW_ROW)
         assert crow and crow[0][:2] == (size, iters)
         assert srow and srow[0][:2] == (size, iters)
-        assert float(crow[0][3]) > 0
+        # the message rate (6 decimals): the 2-decimal MB/s of 40 8-byte atomics is 0.00
+        # once a busy machine stretches them past about 60 ms (perftest's format)
+        assert float(crow[0][4]) > 0
         if tool != "send-bw":  # the server prints the client's report
             assert srow == crow
     else:
