@@ -40,10 +40,12 @@ def _rows(out: str, size: str, count: int) -> None:
     """rstream/riostream printed one result row for ``count`` transfers of ``size``."""
     rows = ROW.findall(out)
     assert len(rows) == 1, out
-    name_size, xfers, _iters, gbps, _usec = rows[0]
+    name_size, xfers, _iters, gbps, usec = rows[0]
     shown = f"{count // 1000}k" if count % 1000 == 0 else str(count)
     assert (name_size, xfers) == (size, shown), out
-    assert float(gbps) > 0, out
+    # the time per transfer: rstream's 2-decimal Gb/sec of 50 8 KiB transfers is 0.00
+    # once a busy machine stretches them past about 1.3 s
+    assert float(usec) > 0 and float(gbps) >= 0, out
     assert "verification failed" not in out
 
 
