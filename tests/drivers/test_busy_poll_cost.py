@@ -252,7 +252,7 @@ def test_a_step_of_several_polls_spins_in_python_until_input_or_its_completion(
     # the spin never ends here, nor turns calm on a busy machine (a spin that lost the
     # CPU without a context switch is the hypervisor's: it spins on): no poll sleeps
     rt._pacer.spin = 60.0
-    rt._pacer.switches = lambda: 0
+    rt._pacer.switches = lambda: (0, 0)
     calls = _counting_polls(rt, monkeypatch)
     assert rt.progress_nonblocking(polls=5) == 0
     assert calls[0] == 5 and rt._pacer.sleeps == 0

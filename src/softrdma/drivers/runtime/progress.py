@@ -78,12 +78,14 @@ SHARED = 0.5  # then coalesced ACKs may be held for this long (s) (AckHold)
 _WAKE_READ = 4096  # bytes drained from the wake pipe at once
 
 
-def thread_switches() -> int:
-    """The calling thread's context switches so far, voluntary and involuntary
+def thread_switches() -> tuple[int, int]:
+    """The calling thread's context switches so far, (voluntary, involuntary)
     (``getrusage(RUSAGE_THREAD)``): a spin whose thread the kernel never switched out lost
-    its CPU to the hypervisor, not to another task of this machine."""
+    its CPU to the hypervisor, not to another task of this machine; one whose thread was
+    only switched out voluntarily waited (for the GIL or a lock of its own process) and
+    was not preempted."""
     ru = resource.getrusage(resource.RUSAGE_THREAD)
-    return ru.ru_nvcsw + ru.ru_nivcsw
+    return ru.ru_nvcsw, ru.ru_nivcsw
 
 
 MODES = ("thread", "manual")
@@ -283,9 +285,13 @@ class PollPacer:
     of sleeping polls made each round trip pay a cross-core wake-up (50-180 us here).
     Nor does a spin count whose thread was never switched out (``switches``, the
     thread's context switches, unchanged since the spin began): no task of this machine
-    took its CPU, so no task would gain by our sleeping; the hypervisor did. A poll that
-    got something, or a completion the application took, ends the streak
-    (:meth:`busy`).
+    took its CPU, so no task would gain by our sleeping; the hypervisor did. And of two
+    lost spins, at least one must have been preempted (an involuntary switch): a spin
+    switched out only voluntarily waited for the GIL or a lock that a thread of its own
+    process held (at start-up, the progress thread finishing the input it woke for), and
+    two such waits at start-up put a whole short ping-pong into a calm period, every
+    round trip then paying a cross-core wake-up. A poll that got something, or a
+    completion the application took, ends the streak (:meth:`busy`).
 
     A spinner that shares its core with the peer is not seen that way: the peer, woken
     by our request, preempts us at once and gives the core back when it waits, so no
@@ -298,12 +304,12 @@ class PollPacer:
 
     __slots__ = ("fd", "spin", "since", "cpu0", "calm_until", "sleeps", "contended",
                  "clock", "cpu_clock", "lost", "lost_until", "shared_until", "shared",
-                 "lost_at", "switches", "switches0", "_ready")
+                 "lost_at", "switches", "switches0", "preempted", "_ready")
 
     def __init__(self, fd: int | None, spin: float = SPIN, *,
                  clock: Callable[[], float] = time.monotonic,
                  cpu_clock: Callable[[], float] = time.thread_time,
-                 switches: Callable[[], int] = thread_switches) -> None:
+                 switches: Callable[[], tuple[int, int]] = thread_switches) -> None:
         self.fd = fd
         self._ready = None if fd is None else Readable([fd])
         self.spin = spin
@@ -312,7 +318,8 @@ class PollPacer:
         self.since = 0.0  # when the idle streak began (monotonic), 0.0 outside one
         self.cpu0 = 0.0  # the thread's CPU time then; -1.0 once the streak slept
         self.switches = switches  # the polling thread's context switches so far
-        self.switches0 = 0  # ... when its spin began
+        self.switches0 = (0, 0)  # ... when its spin began
+        self.preempted = False  # the last spin that lost the CPU was preempted
         self.calm_until = 0.0  # empty polls sleep at once until then (monotonic)
         self.sleeps = 0  # how many times a poll slept (tests, diagnostics)
         self.contended = 0  # how many times a spin found it had lost the CPU
@@ -376,7 +383,10 @@ class PollPacer:
                     return False
                 self.contended += 1  # the spin lost the CPU to another task
                 last, self.lost_at = self.lost_at, now
-                if now - last > LOST_GAP:  # once: spin on, measured afresh from here
+                preempted = switches[1] != self.switches0[1]  # not only waits of ours
+                either = preempted or self.preempted
+                self.preempted = preempted
+                if now - last > LOST_GAP or not either:  # spin on, measured afresh
                     self.since, self.cpu0, self.switches0 = now, cpu, switches
                     return False
                 self.calm_until = now + CALM  # again soon: the machine is contended
