@@ -175,6 +175,22 @@ def test_print_env_for_other_launchers() -> None:
     assert out.returncode == 0 and "softrdma_iw_lo" in out.stdout, out.stderr
 
 
+def test_the_launcher_imports_none_of_the_verbs() -> None:
+    """``softrdma run`` itself only builds (or finds) the library and sets the environment;
+    the program's embedded interpreter imports the verbs. The launcher importing them too
+    cost every program about 60 ms (they took two thirds of its start-up)."""
+    code = ("import sys, runpy; sys.argv = ['softrdma', 'run', '--print-env']\n"
+            "try:\n    runpy.run_module('softrdma', run_name='__main__')\n"
+            "except SystemExit as exc:\n    assert not exc.code, exc.code\n"
+            "print(sorted(m for m in sys.modules if m.startswith('softrdma.verbs')))")
+    need_build()
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       check=False, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "export LD_PRELOAD=" in p.stdout
+    assert p.stdout.splitlines()[-1] == "[]", p.stdout
+
+
 def test_build_names_missing_debian_packages(tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SOFTRDMA_CAPI_CACHE", str(tmp_path / "cache"))

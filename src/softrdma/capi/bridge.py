@@ -43,12 +43,10 @@ from ..verbs.mr import ACCESS_SUPPORTED
 from ..verbs.procmem import SIZE_MAX, ImplicitMR
 from . import handles as hd
 from . import posting, windows
+from .envnames import DEVICE_ENV, PYTHON_ENV
 from .handles import _add, _forget, _get, _handle_of, _mem, _wrapper_of, register
 
 __all__ = ["install", "RingCQ", "PYTHON_ENV", "fill_qp_attr"]
-
-#: ``softrdma run`` passes the interpreter that devd and helpers must run with
-PYTHON_ENV = "SOFTRDMA_CAPI_PYTHON"
 
 _devices: list[DeviceInfo] = []
 #: shim.c's SR_ACCESS_DM: the access flags of an ``ibv_reg_dm_mr`` (a zero length is allowed)
@@ -116,7 +114,7 @@ class RingCQ(CQ):
 def _ndevices() -> int:
     global _devices
     devices = all_devices()
-    first = os.environ.get("SOFTRDMA_CAPI_DEVICE")  # softrdma run -d
+    first = os.environ.get(DEVICE_ENV)  # softrdma run -d
     if first:
         devices.sort(key=lambda d: d.name != first)
     _devices = devices

@@ -33,6 +33,7 @@ from ..errors import InvalidArgument, SoftRdmaError
 from ..verbs import PD, Context
 from . import bridge as b
 from . import handles as hd
+from .envnames import DEVICE_ENV
 
 __all__ = ["install", "EXPORTS"]
 
@@ -147,7 +148,7 @@ def _device_ctx(index: int, out: Any) -> int:
 def _device() -> str | None:
     """``softrdma run -d DEVICE``: the device the program's ids resolve to (None: the
     rdma_cm layer's choice, the first that owns the address)."""
-    return os.environ.get("SOFTRDMA_CAPI_DEVICE") or None
+    return os.environ.get(DEVICE_ENV) or None
 
 
 def _bind(h: int, addr: Any) -> int:

@@ -30,15 +30,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
-from .bridge import PYTHON_ENV
 from .build import build
+from .envnames import DEVICE_ENV, PYTHON_ENV
 
 __all__ = ["add_arguments", "run", "preload_env", "why_not_preloadable", "DEVICE_ENV",
            "python_host", "python_mismatch", "sysfs_command", "sysfs_unavailable",
            "sysfs_env", "sysfs_user_namespace", "UCX_ENV", "STATE_ENV", "USERNS_ENV"]
 
-#: the device a program sees first (``softrdma run -d``)
-DEVICE_ENV = "SOFTRDMA_CAPI_DEVICE"
 _PT_INTERP = 3
 
 
