@@ -191,6 +191,31 @@ def test_the_launcher_imports_none_of_the_verbs() -> None:
     assert p.stdout.splitlines()[-1] == "[]", p.stdout
 
 
+def test_the_librdmacm_half_is_imported_at_the_first_rdma_call_only() -> None:
+    """The init code registers the verbs and a stub for each librdmacm entry point
+    (:mod:`softrdma.capi.cmlazy`): a program that never calls librdmacm never imports
+    the rdma_cm layer (about a fifth of its start-up). The stubs' table, the functions
+    they call and the C declarations name the same entry points."""
+    from softrdma.capi import cdefs, cmbridge, cmlazy
+
+    declared = set(re.findall(r"\b(sr_py_cm_\w+)\(", cdefs.PY_EXPORTS))
+    assert declared and declared == set(cmlazy.ENTRY_POINTS) == set(cmbridge.FUNCTIONS)
+    stub = cmlazy.stubs()["sr_py_cm_channel"]
+    assert stub[1] is True and stub[0].__name__ == "sr_py_cm_channel"
+    need_build()
+    tool = shutil.which("ibv_devices")
+    if tool is None:
+        pytest.skip("ibv_devices is not installed (Debian package ibverbs-utils)")
+    env = {**os.environ, "PYTHONPROFILEIMPORTTIME": "1"}  # the embedded imports, on stderr
+    p = subprocess.run([sys.executable, "-m", "softrdma", "run", "--", tool], env=env,
+                       capture_output=True, text=True, check=False, timeout=60)
+    assert p.returncode == 0 and "softrdma_iw_lo" in p.stdout, p.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in p.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert {"softrdma.capi.bridge", "softrdma.capi.cmlazy"} <= imported, p.stderr[-2000:]
+    assert not {"softrdma.capi.cmbridge", "softrdma.cm.rdma_cm"} & imported
+
+
 def test_build_names_missing_debian_packages(tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SOFTRDMA_CAPI_CACHE", str(tmp_path / "cache"))

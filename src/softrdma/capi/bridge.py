@@ -588,7 +588,7 @@ _EXPORTS: dict[str, tuple[Callable[..., int], bool]] = {
 def install(ffi: Any, lib: Any,
             more: dict[str, tuple[Callable[..., int], bool]] | None = None) -> None:
     """Register the entry points (run once by the library's embedding init code), with
-    ``more`` (the librdmacm half, :mod:`.cmbridge`)."""
+    ``more`` (the librdmacm half's stubs, :mod:`.cmlazy`)."""
     python = os.environ.get(PYTHON_ENV)
     if python:
         # devd is spawned with sys.executable; an embedded interpreter's is the first

@@ -31,7 +31,7 @@ RDMA_CMA_H = Path("/usr/include/rdma/rdma_cma.h")
 _HERE = Path(__file__).resolve().parent
 _INIT_CODE = f"""
 from {MODULE} import ffi, lib
-from softrdma.capi.cmbridge import install
+from softrdma.capi.cmlazy import install
 install(ffi, lib)
 """
 

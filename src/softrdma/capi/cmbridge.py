@@ -35,7 +35,7 @@ from . import bridge as b
 from . import handles as hd
 from .envnames import DEVICE_ENV
 
-__all__ = ["install", "EXPORTS"]
+__all__ = ["FUNCTIONS"]
 
 #: the most private data an event or a connection carries here (RoCE REQ: 56 bytes,
 #: an MPA frame up to 512; cdefs.TYPES has the same size)
@@ -323,34 +323,30 @@ def _get_event(channel: int, rec: Any) -> int:
     return 1
 
 
-#: name in cdefs.PY_EXPORTS -> (function, returns a handle: errors are negative)
-EXPORTS: dict[str, tuple[Callable[..., int], bool]] = {
-    "sr_py_cm_channel": (_channel, True),
-    "sr_py_cm_create_id": (_create_id, True),
-    "sr_py_cm_set_wrapper": (_set_wrapper, False),
-    "sr_py_cm_destroy_id": (_destroy_id, False),
-    "sr_py_cm_info": (_info, False),
-    "sr_py_cm_bind": (_bind, False),
-    "sr_py_cm_resolve_addr": (_resolve_addr, False),
-    "sr_py_cm_resolve_route": (_resolve_route, False),
-    "sr_py_cm_listen": (_listen, False),
-    "sr_py_cm_create_qp": (_create_qp, True),
-    "sr_py_cm_drop_qp": (_drop_qp, False),
-    "sr_py_cm_connect": (_connect, False),
-    "sr_py_cm_accept": (_accept, False),
-    "sr_py_cm_reject": (_reject, False),
-    "sr_py_cm_disconnect": (_disconnect, False),
-    "sr_py_cm_migrate": (_migrate, False),
-    "sr_py_cm_set_option": (_set_option, False),
-    "sr_py_cm_get_event": (_get_event, True),
-    "sr_py_cm_device": (_device_ctx, False),
-    "sr_py_cm_mcast": (_mcast, False),
-    "sr_py_cm_init_qp_attr": (_init_qp_attr, False),
-    "sr_py_cm_establish": (_establish, False),
-    "sr_py_cm_notify": (_notify, False),
+#: name in cdefs.PY_EXPORTS -> its function (registered at start-up as a stub of
+#: :mod:`.cmlazy`, which calls it: :data:`.cmlazy.ENTRY_POINTS` has the same names)
+FUNCTIONS: dict[str, Callable[..., int]] = {
+    "sr_py_cm_channel": _channel,
+    "sr_py_cm_create_id": _create_id,
+    "sr_py_cm_set_wrapper": _set_wrapper,
+    "sr_py_cm_destroy_id": _destroy_id,
+    "sr_py_cm_info": _info,
+    "sr_py_cm_bind": _bind,
+    "sr_py_cm_resolve_addr": _resolve_addr,
+    "sr_py_cm_resolve_route": _resolve_route,
+    "sr_py_cm_listen": _listen,
+    "sr_py_cm_create_qp": _create_qp,
+    "sr_py_cm_drop_qp": _drop_qp,
+    "sr_py_cm_connect": _connect,
+    "sr_py_cm_accept": _accept,
+    "sr_py_cm_reject": _reject,
+    "sr_py_cm_disconnect": _disconnect,
+    "sr_py_cm_migrate": _migrate,
+    "sr_py_cm_set_option": _set_option,
+    "sr_py_cm_get_event": _get_event,
+    "sr_py_cm_device": _device_ctx,
+    "sr_py_cm_mcast": _mcast,
+    "sr_py_cm_init_qp_attr": _init_qp_attr,
+    "sr_py_cm_establish": _establish,
+    "sr_py_cm_notify": _notify,
 }
-
-
-def install(ffi: Any, lib: Any) -> None:
-    """Register the verbs and the librdmacm entry points (the library's init code)."""
-    b.install(ffi, lib, EXPORTS)
