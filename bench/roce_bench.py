@@ -185,7 +185,7 @@ class Side:
     def calm_episodes(self) -> int:
         """How often this process's busy poll found the machine contended (a spin lost
         the CPU: its empty polls then sleep at once for 0.5 s and its coalesced ACKs may be
-        held back; ``drivers.runtime.progress.PollPacer``): a diagnostic of slow runs."""
+        held back; ``drivers.runtime.pacer.PollPacer``): a diagnostic of slow runs."""
         pacer = getattr(self.ctx.runtime, "_pacer", None)
         return int(getattr(pacer, "contended", 0))
 

@@ -17,7 +17,8 @@ from harness.verbs_pair import Side, manual_udp_rc_pair
 
 from softrdma import enums as e
 from softrdma import verbs as v
-from softrdma.drivers.runtime import progress, roce
+from softrdma.drivers.runtime import pacer as pacing
+from softrdma.drivers.runtime import roce
 from softrdma.drivers.runtime.roce import AckHold, Runtime
 
 ROUNDS = 64
@@ -186,7 +187,7 @@ def test_a_pingpong_on_a_shared_core_holds_its_acks_too(
     it waits, so no spin is seen losing the CPU (calm_now stays False); slow sends mark
     the core shared (PollPacer.hold_acks), and ACKs are held as when contended."""
     monkeypatch.setattr(roce, "ACK_HOLD", 30.0)
-    monkeypatch.setattr(progress, "PREEMPTED", float("inf"))  # no spin is seen preempted
+    monkeypatch.setattr(pacing, "PREEMPTED", float("inf"))  # no spin is seen preempted
     a, b = pair
     acks = _pingpong(a, b, ROUNDS, wait_send=False, shared=True)
     assert all(0 < n <= ROUNDS // 2 for n in acks.values()), acks
@@ -212,7 +213,7 @@ def test_post_send_times_its_request_send(pair: tuple[Side, Side]) -> None:
     for _ in range(16):
         b.qp.post_recv(v.RecvWR(wr_id=1, num_sge=1, sg=[b.sge(0, 64)]))
     wr = v.SendWR(wr_id=2, opcode=e.IBV_WR_SEND, num_sge=1, sg=[a.sge(64, 64)])
-    for k in range(progress.SHARED_SENDS):
+    for k in range(pacing.SHARED_SENDS):
         assert not pacer.hold_acks()
         a.qp.post_send(wr)
         assert pacer.lost == k + 1

@@ -28,7 +28,7 @@ from harness.verbs_pair import Side, manual_udp_rc_pair
 from softrdma import enums as e
 from softrdma import verbs as v
 from softrdma.drivers.links.udp import UdpLink
-from softrdma.drivers.runtime.progress import PollPacer
+from softrdma.drivers.runtime.pacer import PollPacer
 from softrdma.drivers.runtime.roce import Runtime
 from softrdma.ib.qp import EngineQP
 

@@ -17,7 +17,7 @@ import pytest
 
 from softrdma import verbs as v
 from softrdma.drivers.links.udp import UdpLink
-from softrdma.drivers.runtime import progress as pg
+from softrdma.drivers.runtime import pacer as pg
 from softrdma.drivers.runtime.roce import Runtime
 
 LO4 = socket.inet_pton(socket.AF_INET, "127.0.0.1")

@@ -20,7 +20,7 @@ import pytest
 from softrdma import enums as e
 from softrdma import verbs as v
 from softrdma.drivers.links.udp import UdpLink
-from softrdma.drivers.runtime import progress as pg
+from softrdma.drivers.runtime import pacer as pg
 from softrdma.seam.types import WorkCompletion
 
 

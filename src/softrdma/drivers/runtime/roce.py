@@ -52,10 +52,10 @@ from ...wire.gid import gid_to_ip, ip_to_gid
 from ..host.resources import report_objects
 from ..links.link import ROCE_V2_UDP_PORT, Datagram, GsoLink, Link, VirtualClock
 from .locks import acquire
+from .pacer import PollPacer
 from .progress import (
     DRAIN_TIMEOUT,
     EventWaiter,
-    PollPacer,
     ProgressCore,
     ProgressMode,
     SelectWaiter,
@@ -91,7 +91,7 @@ class AckHold:
     all of both sides' CPU work, the ACKs included: each SEND's ACK is a datagram sent,
     received and completed. A responder may coalesce ACKs, one ACK acknowledging every
     request up to its PSN (IBA 9.7.5.1.1); while the busy poll finds the machine
-    contended or our core shared with the peer (:meth:`~.progress.PollPacer.hold_acks`),
+    contended or our core shared with the peer (:meth:`~.pacer.PollPacer.hold_acks`),
     the pending ACKs stay back for at most :data:`ACK_HOLD` (a small part of any usual
     Local ACK Timeout, 67 ms at ``timeout`` 14, IBA 9.7.6.1.3) or until
     :data:`ACK_HOLD_RX` datagrams arrived (a bulk sender's window is not held, nor the
@@ -331,7 +331,7 @@ class Runtime(RoceTx, RoceRx):
         watching the socket for a short grace time after the last poll), so the two
         threads do not fight over the GIL on every packet. An empty poll spins for a
         short while, then sleeps in the kernel until a datagram or a timer is due
-        (:class:`~.progress.PollPacer`): a spinning poller beside a busy process waits
+        (:class:`~.pacer.PollPacer`): a spinning poller beside a busy process waits
         for its time slice, a sleeping one is woken when its answer arrives.
 
         ``taken``: the application took completions since its last step (ones the
