@@ -68,6 +68,16 @@ def _pacer(fd: int, c: _Clocks, spin: float = 200e-6) -> pg.PollPacer:
                         switches=lambda: c.switches)
 
 
+def _lost_spins(p: pg.PollPacer, c: _Clocks, n: int, **how: bool) -> None:
+    """``n`` spins in a row that each lost the CPU (``how``: as :meth:`_Clocks.run`), each
+    followed by a poll on the CPU; none of the polls sleeps."""
+    for _ in range(n):
+        c.run(3 * pg.PREEMPTED, on_cpu=False, **how)
+        assert p.idle(None) is False
+        c.run(20e-6)
+        assert p.idle(None) is False
+
+
 def test_spins_then_sleeps_until_input(pair: tuple[socket.socket, socket.socket]) -> None:
     a, b = pair
     c = _Clocks()
@@ -144,11 +154,7 @@ def test_a_spin_never_switched_out_lost_its_cpu_to_the_hypervisor(
     c = _Clocks()
     p = _pacer(a.fileno(), c, spin=0.01)
     assert p.idle(None) is False
-    for _ in range(5):
-        c.run(3 * pg.PREEMPTED, on_cpu=False, switched=False)
-        assert p.idle(None) is False
-        c.run(20e-6)
-        assert p.idle(None) is False
+    _lost_spins(p, c, 5, switched=False)
     assert p.contended == 0 and not p.calm_now() and p.sleeps == 0
     c.run(3 * pg.PREEMPTED, on_cpu=False)  # another task took the core: counted
     assert p.idle(None) is False and p.contended == 1
@@ -168,11 +174,7 @@ def test_spins_that_only_waited_for_their_own_process_do_not_make_polls_sleep(
     c = _Clocks()
     p = _pacer(a.fileno(), c, spin=0.01)
     assert p.idle(None) is False
-    for _ in range(4):
-        c.run(3 * pg.PREEMPTED, on_cpu=False, waited=True)
-        assert p.idle(None) is False
-        c.run(20e-6)
-        assert p.idle(None) is False
+    _lost_spins(p, c, 4, waited=True)
     assert p.contended == 4 and not p.calm_now() and p.sleeps == 0
     c.run(3 * pg.PREEMPTED, on_cpu=False)  # preempted, soon after a wait: contended
     p.idle(None)
