@@ -200,6 +200,7 @@ def test_the_librdmacm_half_is_imported_at_the_first_rdma_call_only() -> None:
 
     declared = set(re.findall(r"\b(sr_py_cm_\w+)\(", cdefs.PY_EXPORTS))
     assert declared and declared == set(cmlazy.ENTRY_POINTS) == set(cmbridge.FUNCTIONS)
+    assert cmlazy.RETURNS_HANDLE <= declared  # no misspelt name left without its flag
     stub = cmlazy.stubs()["sr_py_cm_channel"]
     assert stub[1] is True and stub[0].__name__ == "sr_py_cm_channel"
     need_build()

@@ -324,7 +324,7 @@ def _get_event(channel: int, rec: Any) -> int:
 
 
 #: name in cdefs.PY_EXPORTS -> its function (registered at start-up as a stub of
-#: :mod:`.cmlazy`, which calls it: :data:`.cmlazy.ENTRY_POINTS` has the same names)
+#: :mod:`.cmlazy`, which takes the names from the C declarations and calls these)
 FUNCTIONS: dict[str, Callable[..., int]] = {
     "sr_py_cm_channel": _channel,
     "sr_py_cm_create_id": _create_id,

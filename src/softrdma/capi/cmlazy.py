@@ -5,46 +5,29 @@ A program that never calls librdmacm (``ibv_devices``, ``ibv_rc_pingpong``, perf
 without ``-R``) then never imports the rdma_cm and iWARP layers: about 45 ms of its
 embedded interpreter's start-up, a fifth of ``softrdma run -- ibv_devices``. Each
 ``sr_py_cm_*`` entry point is a stub that imports :mod:`.cmbridge` and calls its function
-(:data:`ENTRY_POINTS` holds their names; ``cmbridge.FUNCTIONS`` has the same ones). The
-stub costs a connection manager call one Python call more, no data path's.
+(:data:`ENTRY_POINTS`: their names, from the C declarations; ``cmbridge.FUNCTIONS`` has
+the same ones). The stub costs a connection manager call one Python call more, no data
+path's.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
-from . import bridge
+from . import bridge, cdefs
 
-__all__ = ["install", "ENTRY_POINTS", "stubs"]
+__all__ = ["install", "ENTRY_POINTS", "RETURNS_HANDLE", "stubs"]
 
-#: name in cdefs.PY_EXPORTS of each librdmacm entry point -> returns a handle (errors are
-#: negative); ``cmbridge.FUNCTIONS`` maps the same names to their functions
+#: the librdmacm entry points that return a handle (errors are negative); the others
+#: return 0 or an errno
+RETURNS_HANDLE = frozenset({"sr_py_cm_channel", "sr_py_cm_create_id", "sr_py_cm_create_qp",
+                            "sr_py_cm_get_event"})
+#: each librdmacm entry point that ``cdefs.PY_EXPORTS`` declares -> returns a handle;
+#: ``cmbridge.FUNCTIONS`` maps the same names to their functions
 ENTRY_POINTS: dict[str, bool] = {
-    "sr_py_cm_channel": True,
-    "sr_py_cm_create_id": True,
-    "sr_py_cm_set_wrapper": False,
-    "sr_py_cm_destroy_id": False,
-    "sr_py_cm_info": False,
-    "sr_py_cm_bind": False,
-    "sr_py_cm_resolve_addr": False,
-    "sr_py_cm_resolve_route": False,
-    "sr_py_cm_listen": False,
-    "sr_py_cm_create_qp": True,
-    "sr_py_cm_drop_qp": False,
-    "sr_py_cm_connect": False,
-    "sr_py_cm_accept": False,
-    "sr_py_cm_reject": False,
-    "sr_py_cm_disconnect": False,
-    "sr_py_cm_migrate": False,
-    "sr_py_cm_set_option": False,
-    "sr_py_cm_get_event": True,
-    "sr_py_cm_device": False,
-    "sr_py_cm_mcast": False,
-    "sr_py_cm_init_qp_attr": False,
-    "sr_py_cm_establish": False,
-    "sr_py_cm_notify": False,
-}
+    name: name in RETURNS_HANDLE for name in re.findall(r"\b(sr_py_cm_\w+)\(", cdefs.PY_EXPORTS)}
 
 
 def _stub(name: str) -> Callable[..., int]:
