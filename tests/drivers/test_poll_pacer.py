@@ -68,6 +68,14 @@ def _pacer(fd: int, c: _Clocks, spin: float = 200e-6) -> pg.PollPacer:
                         switches=lambda: c.switches)
 
 
+def _spinning(fd: int) -> tuple[_Clocks, pg.PollPacer]:
+    """A pacer on the test's clocks (a 10 ms spin) whose first empty poll began a spin."""
+    c = _Clocks()
+    p = _pacer(fd, c, spin=0.01)
+    assert p.idle(None) is False
+    return c, p
+
+
 def _lost_spins(p: pg.PollPacer, c: _Clocks, n: int, **how: bool) -> None:
     """``n`` spins in a row that each lost the CPU (``how``: as :meth:`_Clocks.run`), each
     followed by a poll on the CPU; none of the polls sleeps."""
@@ -102,9 +110,7 @@ def test_spins_then_sleeps_until_input(pair: tuple[socket.socket, socket.socket]
 def test_spins_that_lost_the_cpu_make_polls_sleep_at_once(
         pair: tuple[socket.socket, socket.socket]) -> None:
     a, b = pair
-    c = _Clocks()
-    p = _pacer(a.fileno(), c, spin=0.01)
-    assert p.idle(None) is False
+    c, p = _spinning(a.fileno())
     c.run(50e-6)
     assert p.idle(None) is False  # spinning on the CPU
     c.run(2 * pg.PREEMPTED, on_cpu=False)  # descheduled while spinning: once, spin on
@@ -129,9 +135,7 @@ def test_a_lone_lost_spin_keeps_spinning(pair: tuple[socket.socket, socket.socke
     make the polls sleep; neither does another more than LOST_GAP later. The spin's
     measure restarts after a loss: the same loss is not counted twice."""
     a, _ = pair
-    c = _Clocks()
-    p = _pacer(a.fileno(), c, spin=0.01)
-    assert p.idle(None) is False
+    c, p = _spinning(a.fileno())
     c.run(3 * pg.PREEMPTED, on_cpu=False)
     assert p.idle(None) is False and p.contended == 1 and not p.calm_now()
     c.run(50e-6)
@@ -151,9 +155,7 @@ def test_a_spin_never_switched_out_lost_its_cpu_to_the_hypervisor(
     did, and none would gain by our sleeping. Such losses, even many close together,
     never make the polls sleep; a loss with a switch still counts."""
     a, _ = pair
-    c = _Clocks()
-    p = _pacer(a.fileno(), c, spin=0.01)
-    assert p.idle(None) is False
+    c, p = _spinning(a.fileno())
     _lost_spins(p, c, 5, switched=False)
     assert p.contended == 0 and not p.calm_now() and p.sleeps == 0
     c.run(3 * pg.PREEMPTED, on_cpu=False)  # another task took the core: counted
@@ -171,9 +173,7 @@ def test_spins_that_only_waited_for_their_own_process_do_not_make_polls_sleep(
     made a whole short ping-pong sleep on every poll. A preempted spin within LOST_GAP
     of such a wait does: one of the two lost the core to another task."""
     a, _ = pair
-    c = _Clocks()
-    p = _pacer(a.fileno(), c, spin=0.01)
-    assert p.idle(None) is False
+    c, p = _spinning(a.fileno())
     _lost_spins(p, c, 4, waited=True)
     assert p.contended == 4 and not p.calm_now() and p.sleeps == 0
     c.run(3 * pg.PREEMPTED, on_cpu=False)  # preempted, soon after a wait: contended
