@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import shutil
+import socket
 import struct
 import subprocess
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ from harness.iwarp_session import _iwarp_session
 from harness.trace import captured_trace, rc_pair, rc_send
 
 from softrdma import enums as e
-from softrdma.drivers.capture.tap_stream import MAX_SEGMENT, tcp_frame
+from softrdma.drivers.capture.tap_stream import MAX_SEGMENT, StreamTap, tcp_frame
 from softrdma.drivers.links.fabric import Fabric
 from softrdma.drivers.runtime.clock import VirtualClock
 from softrdma.tools.capture import pcap_check
@@ -105,6 +106,35 @@ def test_iwarp_capture_is_decoded_by_tshark_and_pcap_check(tmp_path: Path,
     assert text.count("(Good CRC32)") >= 6
     ops = _tshark(pcap, "-T", "fields", "-e", "iwarp_rdma.opcode")
     assert "0x03" in ops and "0x00" in ops  # Send, RDMA Write
+
+
+def test_a_receive_recorded_before_its_send_is_written_once(tmp_path: Path) -> None:
+    """Both ends of a loopback connection tapped by one device: a receive may be recorded
+    before the send that fed it (the sending thread lost its CPU between ``sendmsg`` and
+    its tap, as on a busy machine). Each byte is written once, in order, by whichever
+    report reaches it first; the frames' sequence numbers follow each other."""
+    pcap = tmp_path / "race.pcap"
+    data = bytes(range(256)) * 4
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+        a = socket.create_connection(srv.getsockname())
+        b, _ = srv.accept()
+    tap = StreamTap("iw0", str(pcap), None)
+    try:
+        tap.rx(b, [data[:600]])  # the receive of the first 600 bytes, before their send
+        tap.tx(a, [data], len(data))  # the whole send: only its last 424 bytes are new
+        tap.rx(b, [data[600:]])  # already written by the send
+        tap.tx(a, [b"tail"], 4)
+    finally:
+        tap.close()
+        a.close()
+        b.close()
+    segs = [parse_tcp(r.linktype, r.data) for r in read_pcap(pcap)]
+    assert all(sg is not None for sg in segs)
+    payload = b"".join(sg.payload for sg in segs if sg is not None)
+    assert payload == data + b"tail"
+    seq = [sg.seq for sg in segs if sg is not None]
+    lens = [len(sg.payload) for sg in segs if sg is not None]
+    assert all(seq[k + 1] == seq[k] + lens[k] for k in range(len(seq) - 1))
 
 
 def test_tcp_frame_checksums_and_lengths() -> None:

@@ -12,8 +12,9 @@ re-parses. A stream that starts with an MPA Request is preceded by a three-way h
 (SYN from the Request's sender), so relative sequence numbers start at 1 as on the wire.
 Large sends are cut into segments of at most :data:`MAX_SEGMENT` bytes (as TSO would).
 
-Within one process both ends of a connection may be tapped (the loopback device): a
-direction whose sender is tapped is written when sent, not again when received.
+Within one process both ends of a connection may be tapped (the loopback device): each
+byte of a direction is written once, when the first of its two taps reports it (its
+receive may be recorded before its send).
 
 The trace writes one line per send or receive: the device, the direction, the TCP
 endpoints, the length and what the bytes hold (the MPA Request/Reply, or the RDMAP
@@ -110,7 +111,8 @@ class _Direction:
     """One direction of a connection: its next sequence number and FPDU walk."""
 
     seq: int = ISN + 1
-    tapped_tx: bool = False  # its sender is tapped in this process
+    sent: int = 0  # stream bytes its sender's tap reported so far
+    received: int = 0  # ... and its receiver's
     skip: int = 0  # stream bytes before the next header (MPA frame or FPDU)
     head: bytearray = field(default_factory=bytearray)  # a header cut by a segment
     started: bool = False  # the MPA frame has been passed: FPDUs follow
@@ -193,10 +195,18 @@ class StreamTap(TapBase):
             flow = _flows(w).setdefault(frozenset((src, dst)), _Flow())
             out = flow.dirs.setdefault(src, _Direction())
             back = flow.dirs.setdefault(dst, _Direction())
+            # Both ends of a loopback connection may be tapped here, and either may report
+            # the same bytes first (a receive can be recorded before the send that fed it,
+            # when the sending thread lost its CPU between sendmsg and its tap): each byte
+            # is written once, by the first report that reaches it.
             if sent:
-                out.tapped_tx = True
-            elif out.tapped_tx:
-                return  # the sender's tap wrote it
+                start, out.sent = out.sent, out.sent + len(data)
+            else:
+                start, out.received = out.received, out.received + len(data)
+            written = out.seq - (ISN + 1)
+            if start + len(data) <= written:
+                return  # the other end's tap wrote these bytes
+            data = data[written - start:]
             now = time.time()
             if not flow.opened:
                 flow.opened = True
