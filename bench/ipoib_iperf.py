@@ -4,8 +4,8 @@ connected and datagram mode, as a ratio to the same transfer over the bare veth 
 Two namespaces joined by one veth pair (MTU 9000, so the RoCE device's IB MTU is 4096
 and the IPoIB-UD MTU 4092); each runs its own devd and ``softrdma ipoib up``. For each
 round: iperf3 over the veth pair (the baseline), then through the IPoIB interface in
-connected mode (RC, MTU 65520) and in datagram mode (UD, MTU 4092). Prints every round
-and, per mode, the best and the median of the ratios. Root only; needs iperf3
+connected mode (RC, the default MTU: 65212) and in datagram mode (UD, MTU 4092). Prints
+every round and, per mode, the best and the median of the ratios. Root only; needs iperf3
 (``apt-get install -y iperf3``).
 
 Run: ``sudo python bench/ipoib_iperf.py [--rounds 3] [--seconds 5] [--mode connected]``;

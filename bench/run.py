@@ -51,8 +51,8 @@ The figures (see each module for how it measures):
 * ``capi_rc_lat``: ``ibv_rc_pingpong -s 64`` under ``softrdma run`` vs ``softrdma
   rc-pingpong -s 64``, usec/iter (``capi_bench``; lower is better). Goal <= 1.1.
 * ``ipoib_connected`` / ``ipoib_datagram``: iperf3 TCP through ``softrdma ipoib`` between
-  two network namespaces joined by a veth pair (MTU 9000), connected mode (RC, MTU 65520)
-  and datagram mode (UD, MTU 4092), vs iperf3 over the bare veth pair measured in the
+  two network namespaces joined by a veth pair (MTU 9000), connected mode (RC, the
+  default MTU, 65212) and datagram mode (UD, MTU 4092), vs iperf3 over the bare veth pair measured in the
   same round (``ipoib_iperf``; issue 26; root and iperf3, else reported as an error).
   Goals >= 0.3 / >= 0.1.
 

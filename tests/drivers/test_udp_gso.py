@@ -22,7 +22,8 @@ from harness.recording_link import SRC, RecordingLink
 from softrdma.drivers.links import udp as udp_mod
 from softrdma.drivers.links.link import Datagram, GsoLink
 from softrdma.drivers.links.udp import UDP_MAX_SEGMENTS, UdpLink
-from softrdma.drivers.runtime.roce import GSO_MAX_PAYLOAD, Runtime
+from softrdma.drivers.runtime.roce import GSO_MAX_PAYLOAD, GSO_MAX_PAYLOAD_V6, Runtime
+from softrdma.drivers.runtime.roce_tx import gso_message_limit
 from softrdma.errors import DeviceError, InvalidArgument
 from softrdma.ib.packet import TxPacket
 from softrdma.ib.port import Port, RxMeta
@@ -43,15 +44,16 @@ def bth(opcode: int, psn: int, dqpn: int = 0x11) -> bytes:
 
 
 def pkt(n: int, size: int, *, dst: bytes = DST, sport: int = 50000, tclass: int = 0,
-        hop: int = 64, opcode: int = RC_WRITE_MIDDLE, dqpn: int = 0x11) -> TxPacket:
+        hop: int = 64, opcode: int = RC_WRITE_MIDDLE, dqpn: int = 0x11,
+        src: bytes = SRC) -> TxPacket:
     """Packet ``n``: a 12-byte BTH + ``size`` payload bytes (a memoryview, as the engine's)."""
     payload = memoryview(bytes([n & 0xFF]) * size)
-    return TxPacket(ip_to_gid(SRC), ip_to_gid(dst), sport, [bth(opcode, n, dqpn), payload],
+    return TxPacket(ip_to_gid(src), ip_to_gid(dst), sport, [bth(opcode, n, dqpn), payload],
                     12 + size, tclass, hop)
 
 
 def runtime(link: RecordingLink) -> Runtime:
-    return Runtime(Port([ip_to_gid(SRC)]), link, mode="manual")
+    return Runtime(Port([ip_to_gid(link.local_ip)]), link, mode="manual")
 
 
 def flush(rt: Runtime, pkts: list[TxPacket]) -> None:
@@ -154,6 +156,60 @@ def test_segment_and_byte_limits() -> None:
         link.limit = 4  # what the link allows for this destination
         flush(rt, [pkt(i, 100) for i in range(10)])
         assert sizes(link) == [4, 4, 2]
+    finally:
+        rt.close()
+
+
+SRC6 = bytes.fromhex("fd770000000000000000000000000001")
+DST6 = bytes.fromhex("fd770000000000000000000000000002")
+
+
+@pytest.mark.parametrize("src, dst, limit", [(SRC, DST, GSO_MAX_PAYLOAD),
+                                             (SRC6, DST6, GSO_MAX_PAYLOAD_V6)])
+def test_a_messages_shorter_last_joins_its_full_packets_when_the_bytes_allow(
+        src: bytes, dst: bytes, limit: int) -> None:
+    """A 16-packet message (15 of 4096 bytes and a shorter LAST, IPoIB-CM's case) is
+    one GSO send when the 16 datagrams fit the byte limit, and 15 + 1 when the LAST
+    does not; the receiver's GRO socket then gets it whole in one receive."""
+    full = 12 + 4096 + 4
+    fits = limit - 15 * full - 12 - 4  # the longest LAST payload that still fits
+    link = RecordingLink(local_ip=src)
+    rt = runtime(link)
+    try:
+        flush(rt, [pkt(i, 4096, src=src, dst=dst) for i in range(15)]
+              + [pkt(15, fits, src=src, dst=dst)])
+        assert link.singles == [] and sizes(link) == [16]
+        assert sum(len(p) for p in link.batches[0][2]) == limit
+        link.batches.clear()
+        flush(rt, [pkt(i, 4096, src=src, dst=dst) for i in range(15)]
+              + [pkt(15, fits + 4, src=src, dst=dst)])
+        assert sizes(link) == [15] and len(link.singles) == 1
+        assert all(sum(len(p) for p in b[2]) <= limit for b in link.batches)
+    finally:
+        rt.close()
+
+
+@pytest.mark.parametrize("path_mtu", [1024, 2048, 4096])
+@pytest.mark.parametrize("src, dst", [(SRC, DST), (SRC6, DST6)])
+def test_gso_message_limit_is_the_longest_send_in_one_batch(path_mtu: int, src: bytes,
+                                                            dst: bytes) -> None:
+    """A SEND of :func:`gso_message_limit` bytes, cut at the path MTU, is one GSO send;
+    4 bytes more (the next length without a pad) need a second."""
+    def message(n: int) -> list[TxPacket]:
+        full, last = divmod(n, path_mtu)
+        return ([pkt(i, path_mtu, src=src, dst=dst) for i in range(full)]
+                + ([pkt(full, last, src=src, dst=dst)] if last else []))
+
+    n = gso_message_limit(path_mtu, len(dst) == 16)
+    assert n % 4 == 0
+    link = RecordingLink(local_ip=src)
+    rt = runtime(link)
+    try:
+        flush(rt, message(n))
+        assert link.singles == [] and len(link.batches) == 1
+        link.batches.clear()
+        flush(rt, message(n + 4))
+        assert len(link.batches) + len(link.singles) == 2
     finally:
         rt.close()
 
@@ -534,3 +590,27 @@ def test_ipv6_gso_and_gro_over_loopback() -> None:
         assert [bytes(d.data) for d in got] == parts
         assert [d.ident for d in got] == list(range(6)) and b.stats.gro_receives == 1
         assert all(roce.icrc_ok_udp(lo6, lo6, sport, b.port or 0, d.data) for d in got)
+
+
+@pytest.mark.parametrize("host, limit", [("127.0.0.1", GSO_MAX_PAYLOAD),
+                                         ("::1", GSO_MAX_PAYLOAD_V6)])
+def test_a_send_at_the_byte_limit_reaches_a_gro_socket_in_one_receive(
+        host: str, limit: int) -> None:
+    """The runtime's byte limit is the kernel's: a GSO send of 15 full packets and a
+    shorter last one that fills :data:`GSO_MAX_PAYLOAD` (IPv6: ``_V6``) comes back as one
+    coalesced receive; 4 bytes more and the kernel cuts it into its datagrams before
+    the socket (one receive each), which is what the limit avoids."""
+    ip = socket.inet_pton(socket.AF_INET6 if ":" in host else socket.AF_INET, host)
+    try:
+        a, b = UdpLink(host, 0), UdpLink(host, 0)
+    except DeviceError as exc:
+        pytest.skip(f"no {host} loopback: {exc}")
+    with a, b:
+        assert a.gso and b.gro
+        for extra, receives in ((0, 1), (4, 16)):
+            before = b.stats.gro_receives
+            parts = gso_parts(16, 4112, limit - 15 * 4112 + extra)
+            assert a.send_gso(ip, b.port or 0, a.fallback_sport, parts, 4112, 16)
+            got = recv_all(b, 16)
+            assert [bytes(d.data) for d in got] == parts
+            assert (b.stats.gro_receives - before == 1) == (receives == 1)

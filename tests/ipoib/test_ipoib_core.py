@@ -567,6 +567,21 @@ def test_config_validation() -> None:
     assert conn_mtu(65524, 2048) == 2044
 
 
+
+def test_the_runtimes_connected_mtu_is_65520_trimmed_to_one_gso_send() -> None:
+    """``ipoib up`` without ``--mtu`` in connected mode: 65520 trimmed so that a packet
+    and its encapsulation are one SEND of at most ``gso_message_limit`` bytes, where
+    that gives up at most 2 % (small IB MTUs keep 65520); the engine's own default
+    stays Linux's 65520."""
+    from softrdma.apps.ipoib_runtime import default_cm_mtu
+    from softrdma.drivers.runtime.roce_tx import gso_message_limit
+    assert [default_cm_mtu(m, True) for m in (256, 512, 1024, 2048, 4096)] == \
+        [65520, 65520, 64460, 64956, 65212]
+    assert default_cm_mtu(4096, False) == 65232  # IPv4 GIDs: 20 bytes more per send
+    for m in (1024, 2048, 4096):
+        for ipv6 in (True, False):
+            assert default_cm_mtu(m, ipv6) + 4 == gso_message_limit(m, ipv6)
+
 def test_restart_announces_new_address() -> None:
     """A restarted peer (new UD QPN) is learnt from its gratuitous ARP / unsolicited NA,
     and the connection to its old address goes."""

@@ -19,6 +19,8 @@ from harness.ipoib_netns import IFACE, ipoib_up, started, veth_pair
 from harness.netns import IFNAME, Host, Network, skip_reason
 from harness.wait import wait_until
 
+from softrdma.apps.ipoib_runtime import default_cm_mtu
+
 pytestmark = [
     pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or ""),
     pytest.mark.skipif(shutil.which("ping") is None, reason="the IPoIB tests need ping "
@@ -91,7 +93,10 @@ def test_ping_both_ways_ipv4_ipv6(pair: tuple[Pair, list[subprocess.Popen[str]]]
     assert len(neigh[v4(2)]["lladdr"].split(":")) == 20
     assert s["counters"]["arp_requests"] >= 1  # type: ignore[index]
     text = a.softrdma("ipoib", "show").stdout  # every interface of this namespace
-    assert text.startswith(f"{IFACE}: device rxe0 mode connected mtu 65520")
+    # connected mode's default MTU: 65520 trimmed so that a packet is one GSO send
+    mtu = default_cm_mtu(s["ud_mtu"] + 4, True)  # type: ignore[operator]
+    assert s["mtu"] == mtu and 65520 * 0.98 <= mtu <= 65520
+    assert text.startswith(f"{IFACE}: device rxe0 mode connected mtu {mtu}")
     assert "neighbours:" in text and v4(2) in text and "counters:" in text
 
 

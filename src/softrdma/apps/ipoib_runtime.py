@@ -39,8 +39,9 @@ from ..drivers.cm.gsi import CmBinding
 from ..drivers.host.ipoib_control import ControlServer, control_path, usable_ipv6, wait_for_ipv6
 from ..drivers.links.tun import TunDevice
 from ..drivers.runtime.fdwait import readable
+from ..drivers.runtime.roce_tx import gso_message_limit
 from ..errors import DeviceError, InvalidArgument, SoftRdmaError
-from ..ipoib.conn import IPOIB_CM_BUF_SIZE
+from ..ipoib.conn import IPOIB_CM_BUF_SIZE, IPOIB_CM_MTU
 from ..ipoib.encap import ENCAP_LEN, encap_header
 from ..ipoib.events import (
     ConnAccept,
@@ -61,7 +62,7 @@ from ..wire.gid import is_v4_mapped
 from .ipoib_conns import SEND_SLOTS, IpoibConnections
 from .ipoib_rx import GRH, SLOT, IpoibReceive
 
-__all__ = ["IPOIB_QKEY", "IpoibRuntime", "RuntimeOptions"]
+__all__ = ["IPOIB_QKEY", "IpoibRuntime", "RuntimeOptions", "default_cm_mtu"]
 
 IPOIB_QKEY = 0x0000000B      # the usual IPoIB broadcast-group Q_Key (RFC 4391; docs/protocols.md §10)
 UD_RECVS = 256
@@ -72,6 +73,21 @@ MAX_WAIT_S = 0.5
 DRAIN_ROUNDS = 16            # receive batches read before a due timer runs
 UD_SIGNAL_EVERY = 16         # one UD send in this many asks for a completion
 _SIGNALED = int(e.IBV_SEND_SIGNALED)
+CM_MTU_TRIM = 0.02           # default_cm_mtu gives up at most this part of IPOIB_CM_MTU
+
+
+def default_cm_mtu(ib_mtu: int, ipv6: bool) -> int:
+    """Connected mode's MTU when none is given: :data:`IPOIB_CM_MTU` (65520, Linux's),
+    trimmed to the largest MTU whose packet, with its 4-byte encapsulation, is one SEND
+    that leaves in one UDP GSO send and reaches the peer in one receive
+    (:func:`~softrdma.drivers.runtime.roce_tx.gso_message_limit`), where that gives up
+    at most :data:`CM_MTU_TRIM` of it: 65212 at IB MTU 4096 (IPv6 GIDs), 64956 at 2048,
+    64460 at 1024; 65520 below. A 65520-byte packet is 16 packets at 4096, 16 x 4112
+    bytes, over the 65473 bytes a GRO socket gets whole: two sends and two receives per
+    packet. Measured (issue 26, iperf3 between namespaces, 5 alternated pairs on a 2-core
+    machine): +13 % throughput, -10 % CPU per byte in each IPoIB process."""
+    trimmed = min(IPOIB_CM_MTU, gso_message_limit(ib_mtu, ipv6) - ENCAP_LEN)
+    return trimmed if trimmed >= IPOIB_CM_MTU * (1 - CM_MTU_TRIM) else IPOIB_CM_MTU
 
 
 @dataclass(slots=True)
@@ -130,8 +146,11 @@ class IpoibRuntime(IpoibConnections, IpoibReceive):
             ctx.port.pkeys = (*ctx.port.pkeys, o.pkey)
         pkey_index = list(ctx.port.pkeys).index(o.pkey)
         # check the configuration before any QP exists (the UD QPN is filled in below)
+        mtu = o.mtu
+        if mtu is None and o.mode == "connected":
+            mtu = default_cm_mtu(ib_mtu, not is_v4_mapped(self.gid))
         IfaceConfig(gid=self.gid, ud_qpn=0, ud_mtu=ib_mtu - ENCAP_LEN, addresses=o.addresses,
-                    mode=o.mode, pkey=o.pkey, mtu=o.mtu, transport=o.transport)
+                    mode=o.mode, pkey=o.pkey, mtu=mtu, transport=o.transport)
         self.pd = v.PD(ctx)
         access = int(e.IBV_ACCESS_LOCAL_WRITE)
         self._send_buf = bytearray(SEND_SLOTS * SLOT)
@@ -169,7 +188,7 @@ class IpoibRuntime(IpoibConnections, IpoibReceive):
             self._srq_rwrs = self._make_recv_wrs(self.srq_mr, SRQ_RECVS, SLOT)
             self._post_srq_recvs(list(range(SRQ_RECVS)))
         cfg = IfaceConfig(gid=self.gid, ud_qpn=self.ud_qp.qp_num, ud_mtu=ib_mtu - ENCAP_LEN,
-                          addresses=o.addresses, mode=o.mode, pkey=o.pkey, mtu=o.mtu,
+                          addresses=o.addresses, mode=o.mode, pkey=o.pkey, mtu=mtu,
                           transport=o.transport, crossing_rule=o.crossing_rule,
                           receive_mtu=IPOIB_CM_BUF_SIZE, idle_s=o.idle_s)
         self.engine = IpoibInterface(cfg)

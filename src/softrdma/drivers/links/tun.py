@@ -20,7 +20,7 @@ Why no TSO/checksum offload on reads: the kernel would then hand over partial ch
 and completing one in Python (RFC 1071 over the packet) costs about 12 us per 4 KB and
 over 300 us per 64 KB on this machine kind, as much as the whole per-message cost of the
 RC path (about 250 us per 64 KB); in connected mode TCP's segments are already 64 KiB
-(the MTU is 65520), and in datagram mode the kernel cuts and sums the 4 KB segments for
+(the MTU is 65212), and in datagram mode the kernel cuts and sums the 4 KB segments for
 less.
 """
 

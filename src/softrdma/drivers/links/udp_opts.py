@@ -35,7 +35,6 @@ SOL_UDP = getattr(socket, "SOL_UDP", 17)
 UDP_SEGMENT = getattr(socket, "UDP_SEGMENT", 103)  # <linux/udp.h>, Linux 4.18
 UDP_GRO = getattr(socket, "UDP_GRO", 104)  # <linux/udp.h>, Linux 5.0
 UDP_MAX_SEGMENTS = 64  # <net/udp.h> (128 since Linux 6.10; 64 is accepted by every version)
-GSO_MAX_PAYLOAD = 65507  # bytes of UDP payload in one send: 65535 - IPv4 - UDP header
 GRO_SLOT = 65536  # a coalesced receive holds up to 64 KiB of UDP payload
 SO_SNDBUFFORCE = getattr(socket, "SO_SNDBUFFORCE", 32)
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)

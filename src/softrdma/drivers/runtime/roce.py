@@ -66,12 +66,13 @@ from .progress import (
     progress_mode,
 )
 from .roce_rx import RoceRx, build_grh, icrc_ok
-from .roce_tx import GSO_MAX_PAYLOAD, ICRC_SIZE, RoceTx, icrc_v2
+from .roce_tx import GSO_MAX_PAYLOAD, GSO_MAX_PAYLOAD_V6, ICRC_SIZE, RoceTx, icrc_v2
 
 if TYPE_CHECKING:
     from ..capture.tap import PacketTap
 
-__all__ = ["Runtime", "AckHold", "icrc_v2", "icrc_ok", "build_grh", "GSO_MAX_PAYLOAD", "ICRC_SIZE"]
+__all__ = ["Runtime", "AckHold", "icrc_v2", "icrc_ok", "build_grh", "GSO_MAX_PAYLOAD",
+           "GSO_MAX_PAYLOAD_V6", "ICRC_SIZE"]
 
 _MAX_IDLE_WAIT = 0.01  # the progress thread re-checks timers at least this often (s)
 DRAIN_MAX = 4096  # datagrams read before due timers run, at most (receive first)

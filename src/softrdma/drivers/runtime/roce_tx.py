@@ -17,15 +17,35 @@ from ...ib.port import Port, TxPacket
 from ...wire.roce import icrc_v1, udp_gso_iov, udp_send_icrc
 from ...wire.rocev1 import build_grh_v1
 from ..links.link import GsoLink, Link
+from ..links.udp_opts import UDP_MAX_SEGMENTS
 
 if TYPE_CHECKING:
     from ..capture.tap import PacketTap
 
-__all__ = ["RoceTx", "icrc_v2", "ICRC_SIZE", "GSO_MAX_PAYLOAD"]
+__all__ = ["RoceTx", "icrc_v2", "ICRC_SIZE", "GSO_MAX_PAYLOAD", "GSO_MAX_PAYLOAD_V6",
+           "gso_message_limit"]
 
 ICRC_SIZE = 4  # bytes (IBA 7.8.1)
 _BTH_SIZE = 12  # bytes (IBA 9.2)
-GSO_MAX_PAYLOAD = 65507  # UDP payload bytes of one GSO send (65535 - IPv4 - UDP header)
+# UDP payload bytes of one GSO send that a receiver's UDP GRO socket gets whole: the
+# super-packet with its link (14), IP and UDP headers within 65535 bytes. A larger one
+# (65507 bytes over IPv4 still sends) is cut into its datagrams before the socket, one
+# receive each (measured on Linux 6.18, loopback and veth).
+GSO_MAX_PAYLOAD = 65535 - 14 - 20 - 8  # IPv4: 65493
+GSO_MAX_PAYLOAD_V6 = 65535 - 14 - 40 - 8  # IPv6: 65473
+
+
+def gso_message_limit(path_mtu: int, ipv6: bool) -> int:
+    """The longest SEND (payload bytes) whose packets at ``path_mtu`` leave in one UDP
+    GSO send (:meth:`RoceTx._flush_gso`) that the peer's GRO socket receives whole: its
+    full packets and a shorter LAST, each with a BTH and the ICRC (IBA 9.2, 7.8.1), within
+    :data:`GSO_MAX_PAYLOAD` (``_V6``) bytes and ``UDP_MAX_SEGMENTS`` datagrams; the
+    LAST's payload a multiple of 4 (no pad). 65216 at 4096 over IPv6."""
+    limit = GSO_MAX_PAYLOAD_V6 if ipv6 else GSO_MAX_PAYLOAD
+    per = _BTH_SIZE + path_mtu + ICRC_SIZE
+    full = min(limit // per, UDP_MAX_SEGMENTS - 1)
+    last = min(path_mtu, limit - full * per - _BTH_SIZE - ICRC_SIZE) & ~3
+    return full * path_mtu + last
 
 
 def icrc_v2(src_ip: bytes, dst_ip: bytes, sport: int, dport: int, parts: Sequence[Any],
@@ -84,7 +104,9 @@ class RoceTx:
 
         A run is consecutive RoCEv2 packets with the same addresses, source port, traffic
         class, hop limit and BTH DestQP, all of one length but the last (which may be
-        shorter), at most ``link.gso_limit`` of them and :data:`GSO_MAX_PAYLOAD` bytes.
+        shorter), at most ``link.gso_limit`` of them and :data:`GSO_MAX_PAYLOAD` bytes
+        (:data:`GSO_MAX_PAYLOAD_V6` over IPv6; a message's shorter LAST joins its full
+        packets when the bytes allow).
         One DestQP per run: a receiver that coalesces the run (UDP GRO) hands it to one
         socket, which a shared device's reuseport program picks by the first packet's
         DestQP (:mod:`softrdma.drivers.devd.reuseport`). Segment ``i``
@@ -118,8 +140,11 @@ class RoceTx:
             hdr = p.parts[0]
             if limit > 1 and len(hdr) >= _BTH_SIZE:
                 dqpn = hdr[5:8]  # BTH DestQP (IBA 9.2)
-                # at most GSO_MAX_PAYLOAD bytes: segments of ``size`` and a shorter last one
-                end = min(n, i + limit, i + GSO_MAX_PAYLOAD // (size + ICRC_SIZE))
+                # at most max_bytes: segments of ``size`` and a shorter last one
+                max_bytes = GSO_MAX_PAYLOAD if len(dst) == 4 else GSO_MAX_PAYLOAD_V6
+                per = size + ICRC_SIZE
+                full = i + max_bytes // per
+                end = min(n, i + limit)
                 sgid, dgid, req, tclass, hop = p.sgid, p.dgid, p.sport, p.tclass, p.hop_limit
                 while j < end:
                     q = pkts[j]
@@ -127,6 +152,11 @@ class RoceTx:
                     if (qlen > size or q.dgid != dgid or q.sport != req or q.tclass != tclass
                             or q.hop_limit != hop or q.sgid != sgid or q.v1
                             or q.parts[0][5:8] != dqpn):
+                        break
+                    if qlen == size:
+                        if j >= full:
+                            break
+                    elif (j - i) * per + qlen + ICRC_SIZE > max_bytes:
                         break
                     j += 1
                     if qlen < size:  # a shorter segment ends the run (a SEND and its

@@ -64,7 +64,9 @@ def _parser(action: str) -> argparse.ArgumentParser:
                        help="connected (RFC 4755, default) or datagram (RFC 4391)")
         p.add_argument("--pkey", type=_pkey, default=0xFFFF, help="P_Key (default 0xffff)")
         p.add_argument("--mtu", type=int, default=None,
-                       help="interface MTU (default 65520 connected, IB MTU - 4 datagram)")
+                       help="interface MTU (default: connected 65520 trimmed so that a "
+                            "packet is one UDP GSO send, 65212 at IB MTU 4096; datagram "
+                            "IB MTU - 4)")
         p.add_argument("--uc", action="store_true",
                        help="connected mode over UC connections instead of RC")
         p.add_argument("--no-crossing-rule", action="store_true",
