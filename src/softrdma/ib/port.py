@@ -218,6 +218,40 @@ class Port(DeviceTables[EngineQP]):
                 c.rcvd_bytes += len(last) - len(first)
         return k
 
+    def _ud_only(self, data: memoryview, meta: RxMeta) -> bool:
+        """A UD SEND ONLY (IPoIB's datagram mode; at least BTH + DETH) to a UD QP whose
+        P_Key matches (IBA 10.9.3), taken by ``Responder.ud_only``; False, nothing
+        changed, where the general path of :meth:`receive` must run."""
+        uqp = self.qps.get(_U32_AT(data, 4)[0] & 0xFFFFFF)
+        return (uqp is not None and uqp.qp_type == QPT_UD
+                and self.pkey_ok(_U16_AT(data, 2)[0], uqp.pkey, False)
+                and uqp.resp.ud_only(data, meta))
+
+    def receive_ud_run(self, bodies: Sequence[memoryview], meta: RxMeta) -> int:
+        """Execute the leading packets of ``bodies`` (consecutive segments of one
+        coalesced receive, ICRC checked, one source: a GSO sender's UD SEND ONLYs) that
+        take the UD fast path, exactly as :meth:`receive` does with each in turn, the
+        checks that depend only on ``meta`` made once. Returns how many; the caller gives
+        the rest to :meth:`receive`."""
+        if (not self.fast_paths or meta.tclass & _ECN_CE == _ECN_CE
+                or (meta.sgid == LOOPBACK_GID or meta.dgid == LOOPBACK_GID)
+                and not self.loopback_gid_ok):
+            return 0  # receive() counts and drops, or answers with a CNP
+        c = self.counters
+        ud_only = self._ud_only
+        k = 0
+        for data in bodies:
+            n = len(data)
+            if n < _UD_MIN or data[0] != UD_SEND_ONLY or not ud_only(data, meta):
+                break
+            k += 1
+            c.rcvd_pkts += 1
+            c.rcvd_bytes += n + ICRC_SIZE
+            if data[4] & 0xC0:  # CA16-16: FECN/BECN unused, ignored (counted)
+                c.rcvd_fecn += data[4] >> 7
+                c.rcvd_becn += (data[4] >> 6) & 1
+        return k
+
     def receive(self, data: memoryview, meta: RxMeta, now: float) -> None:
         """Demultiplex one transport packet to its QP (IBA 9.6 header checks).
 
@@ -243,13 +277,8 @@ class Port(DeviceTables[EngineQP]):
         if n > 4 and data[4] & 0xC0:  # CA16-16: FECN/BECN unused, ignored (counted)
             c.rcvd_fecn += data[4] >> 7
             c.rcvd_becn += (data[4] >> 6) & 1
-        if op == UD_SEND_ONLY and n >= _UD_MIN and self.fast_paths:
-            # a UD SEND ONLY (IPoIB's datagram mode) to a UD QP: Responder.ud_only
-            uqp = self.qps.get(_U32_AT(data, 4)[0] & 0xFFFFFF)
-            if (uqp is not None and uqp.qp_type == QPT_UD
-                    and self.pkey_ok(_U16_AT(data, 2)[0], uqp.pkey, False)
-                    and uqp.resp.ud_only(data, meta)):
-                return
+        if op == UD_SEND_ONLY and n >= _UD_MIN and self.fast_paths and self._ud_only(data, meta):
+            return
         if op in _FAST_OPS and n >= _ACK_SIZE:
             # The fast paths: RC WRITE/SEND MIDDLE (the bulk of large messages: a run of
             # one; a SEND's FIRST and LAST too), the ACK and the small SEND ONLY. They take the packet only when every

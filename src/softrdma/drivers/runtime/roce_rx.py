@@ -215,6 +215,19 @@ class RoceRx:
                         if len(metas6) >= 4096:
                             metas6.clear()
                         metas6[key6] = meta
+                    if hint >= 0 and tap is None and taken < n_dg:
+                        # the UD SEND ONLYs that follow in this coalesced read (a GSO
+                        # sender's run: IPoIB's datagram mode), checked together and
+                        # executed by the engine in one call
+                        run = self._ud_run(dgrams, taken, d)
+                        if run:
+                            k = port.receive_ud_run([data[:-4], *run], meta)
+                            if k:
+                                taken += k - 1
+                                if stop_on and taken < n_dg:
+                                    self._backlog = dgrams[taken:]
+                                    break
+                                continue
                     receive(data[:-4], meta, now)
                     if stop_on and taken < len(dgrams):
                         self._backlog = dgrams[taken:]
@@ -289,6 +302,26 @@ class RoceRx:
             return datas
         return udp_run_bodies(first.src_ip, first.dst_ip, first.sport, first.dport, datas,
                               first_ident)
+
+    @staticmethod
+    def _ud_run(dgrams: list[Datagram], start: int, first: Datagram) -> list[memoryview]:
+        """The bodies (BTH .. pad) of the IPv6 datagrams from index ``start`` that follow
+        ``first`` (a UD SEND ONLY) in its coalesced read (the next segment indices), of
+        its length (a GSO run's segments but its last), with a right ICRC."""
+        data = first.data
+        size = len(data)
+        hint = first.ident
+        datas: list[memoryview] = []
+        for j in range(start, len(dgrams)):
+            dj = dgrams[j]
+            x = dj.data
+            hint += 1
+            if dj.ident != hint or len(x) != size or x[0] != data[0]:
+                break  # (the engine checks each DestQP)
+            datas.append(x)
+        if not datas:
+            return datas
+        return udp_run_bodies(first.src_ip, first.dst_ip, first.sport, first.dport, datas, 0)
 
     def _device_fatal_locked(self, why: str) -> None:
         """The device is gone (IBA 11.6.3 "Unaffiliated asynchronous events": Local
