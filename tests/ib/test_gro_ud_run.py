@@ -1,9 +1,9 @@
 """The UD run path of a coalesced (UDP GRO) receive over IPv6 (drivers/runtime/roce_rx.py
-``_ud_run``, ib/port.py ``receive_ud_run``): a GSO sender's UD SEND ONLYs (IPoIB's
-datagram mode) are checked and executed together, with exactly the result of the general
-path one packet at a time: the same placement (GRH area, then the payload, IBA 11.4.1.1),
-completions and counters, with corrupt, foreign, misaddressed and malformed segments
-among them (the Q_Key of IBA 10.2.5, the P_Key of IBA 10.9.3, the ICRC of IBA 7.8.1)."""
+``_middle_run`` following a UD SEND ONLY, ib/port.py ``receive_ud_run``): a GSO sender's
+UD SEND ONLYs (IPoIB's datagram mode) are checked and executed together, with exactly the
+result of the general path one packet at a time: the same placement (GRH area, then the
+payload, IBA 11.4.1.1), completions and counters, with corrupt, foreign, misaddressed and
+malformed segments among them (the Q_Key of IBA 10.2.5, the P_Key of IBA 10.9.3, the ICRC of IBA 7.8.1)."""
 
 from __future__ import annotations
 

@@ -219,7 +219,7 @@ class RoceRx:
                         # the UD SEND ONLYs that follow in this coalesced read (a GSO
                         # sender's run: IPoIB's datagram mode), checked together and
                         # executed by the engine in one call
-                        run = self._ud_run(dgrams, taken, d)
+                        run = self._middle_run(dgrams, taken, d, 0, data[0])
                         if run:
                             k = port.receive_ud_run([data[:-4], *run], meta)
                             if k:
@@ -275,15 +275,16 @@ class RoceRx:
 
     @staticmethod
     def _middle_run(dgrams: list[Datagram], start: int, first: Datagram,
-                    first_ident: int) -> list[memoryview]:
+                    first_ident: int, follow: int = -1) -> list[memoryview]:
         """The bodies (BTH .. pad) of the datagrams from index ``start`` that follow
         ``first`` in its coalesced read (the next segment indices) with a right ICRC
-        (segment i with IPv4 ID ``first_ident + i``): MIDDLEs of ``first``'s message
-        (its length, the MIDDLE opcode of ``first``'s, :data:`_RUN_MIDDLE`), then for a
-        SEND its LAST, no longer than them."""
+        (segment i with IPv4 ID ``first_ident + i``): packets of ``first``'s length with
+        opcode ``follow`` (default: the MIDDLEs of ``first``'s message, the MIDDLE opcode
+        of ``first``'s, :data:`_RUN_MIDDLE`; a UD run: ``first``'s UD SEND ONLY), then
+        for a SEND its LAST, no longer than them."""
         data = first.data
         size = len(data)
-        middle = _RUN_MIDDLE[data[0]]
+        middle = _RUN_MIDDLE[data[0]] if follow < 0 else follow
         hint = first.ident
         datas: list[memoryview] = []
         for j in range(start, len(dgrams)):
@@ -302,26 +303,6 @@ class RoceRx:
             return datas
         return udp_run_bodies(first.src_ip, first.dst_ip, first.sport, first.dport, datas,
                               first_ident)
-
-    @staticmethod
-    def _ud_run(dgrams: list[Datagram], start: int, first: Datagram) -> list[memoryview]:
-        """The bodies (BTH .. pad) of the IPv6 datagrams from index ``start`` that follow
-        ``first`` (a UD SEND ONLY) in its coalesced read (the next segment indices), of
-        its length (a GSO run's segments but its last), with a right ICRC."""
-        data = first.data
-        size = len(data)
-        hint = first.ident
-        datas: list[memoryview] = []
-        for j in range(start, len(dgrams)):
-            dj = dgrams[j]
-            x = dj.data
-            hint += 1
-            if dj.ident != hint or len(x) != size or x[0] != data[0]:
-                break  # (the engine checks each DestQP)
-            datas.append(x)
-        if not datas:
-            return datas
-        return udp_run_bodies(first.src_ip, first.dst_ip, first.sport, first.dport, datas, 0)
 
     def _device_fatal_locked(self, why: str) -> None:
         """The device is gone (IBA 11.6.3 "Unaffiliated asynchronous events": Local
