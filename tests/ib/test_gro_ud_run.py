@@ -64,6 +64,8 @@ def _apply(bodies: list[bytes], faults: list[tuple[int, str]]) -> tuple[list[byt
             break
         i = at % len(out)
         x = bytearray(out[i])
+        if len(x) < 24 and fault in ("short", "qkey", "imm"):
+            continue  # BTH + DETH and 4 bytes needed (a packet shortened before)
         if fault == "corrupt":
             corrupt.add(i)
             continue
@@ -78,9 +80,10 @@ def _apply(bodies: list[bytes], faults: list[tuple[int, str]]) -> tuple[list[byt
         elif fault == "short":  # a shorter SEND ONLY: it ends the run
             x = x[:len(x) - 4]
         elif fault == "imm":  # a UD SEND ONLY with immediate has another opcode
+            n = len(x)
             x[0] = 0x65
             x[20:20] = b"\x01\x02\x03\x04"
-            x = x[:len(bodies[i])]
+            x = x[:n]
         elif fault == "dup":
             out.insert(i, bytes(x))
         elif fault == "drop":
