@@ -124,6 +124,40 @@ def test_a_one_datagram_read_makes_the_next_empty_poll_ask_the_epoll(links: Link
     assert more == [b"z" * 40]
 
 
+class _CountingEpoll:
+    """An epoll that counts its ``poll`` calls."""
+
+    def __init__(self, ep: Any) -> None:
+        self.ep = ep
+        self.calls = 0
+
+    def poll(self, *args: Any) -> Any:
+        self.calls += 1
+        return self.ep.poll(*args)
+
+    def __getattr__(self, name: str) -> Any:  # fileno, close: the real epoll's
+        return getattr(self.ep, name)
+
+
+def test_a_caller_that_knows_the_socket_readable_is_not_asked_again(links: Links) -> None:
+    """A shared device's client asks its own epoll (the direct path's sockets and its data
+    channel) before it reads: ``recv_batch(readable=True)`` then reads at once, where a
+    link left empty by its last read would ask its epoll first, a second system call for
+    the same answer. The probe for a second datagram stays."""
+    a, b, counting, port = links
+    ep = _CountingEpoll(b._ep)
+    b._ep = ep  # type: ignore[assignment]
+    for readable, asked in ((False, 2), (True, 1)):
+        a.send(LO4, port, a.fallback_sport, [b"k" * 40])
+        _wait_readable(b)
+        b._was_empty = True  # the last read drained the socket
+        ep.calls = 0
+        before = counting.calls
+        got = b.recv_batch(4, readable=readable)
+        assert [bytes(d.data) for d in got] == [b"k" * 40]
+        assert counting.calls == before + 1 and ep.calls == asked, (readable, ep.calls)
+
+
 def test_a_calm_poll_sleeps_without_reading_the_cpu_clock() -> None:
     """While the machine is contended (calm), an empty poll sleeps at once: it does not
     read the thread's CPU time (a system call) that only a spin needs."""

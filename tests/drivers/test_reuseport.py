@@ -224,9 +224,11 @@ def test_an_empty_poll_of_the_direct_path_is_one_epoll_question(
         reads: list[int] = []
         for link in a._direct:
 
-            def counted(n: int = 64, real: Any = link.recv_batch) -> list[Datagram]:
+            def counted(n: int = 64, readable: bool = False,
+                        real: Any = link.recv_batch) -> list[Datagram]:
                 reads.append(n)
-                got: list[Datagram] = real(n)
+                assert readable  # the client's epoll said so: the link asks no second one
+                got: list[Datagram] = real(n, readable)
                 return got
 
             monkeypatch.setattr(link, "recv_batch", counted)

@@ -389,7 +389,7 @@ class DevdLink(DevdRequests, LinkState):
                 if link is None:
                     forwarded = True  # the data channel
                 elif len(got) < max_n:  # with UDP GRO a read may return more than asked
-                    got += link.recv_batch(max_n - len(got))
+                    got += link.recv_batch(max_n - len(got), readable=True)
             if got:  # the data channel next time (epoll is level-triggered)
                 self.counters["rx_direct"] += len(got)
                 return got

@@ -65,12 +65,15 @@ class UdpRx:
         self.stats.gro_id_hint_misses += hint_misses
         self.stats.gro_id_failures += failures
 
-    def recv_batch(self, max_n: int = 64) -> list[Datagram]:
+    def recv_batch(self, max_n: int = 64, readable: bool = False) -> list[Datagram]:
         """Up to ``min(max_n, ring)`` datagrams, without blocking.
 
         Each ``data`` is a view into the receive ring, valid until the next call. With
         UDP GRO a coalesced receive yields one datagram per segment (``ident`` = the
         segment's index), so one call may return a few more than ``max_n``.
+        ``readable``: the caller's own epoll just said the socket has input (a shared
+        device's client, :mod:`softrdma.drivers.devd.client`), so this call does not ask
+        again before its first read.
         """
         rx = self._rx
         if rx is None:
@@ -84,7 +87,7 @@ class UdpRx:
         # read that ended on EAGAIN) or read one datagram (a ping-pong's answer), ask the
         # epoll first (0.3 us) rather than let recvmsg raise BlockingIOError (1-3 us).
         ep = self._ep
-        if self._was_empty and ep is not None and not ep.poll(0):
+        if self._was_empty and not readable and ep is not None and not ep.poll(0):
             return []
         n = min(max_n, self._ring_n)
         slots = self._slots
