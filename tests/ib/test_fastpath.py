@@ -434,9 +434,10 @@ class _GroLink:
         self.n = n
         self.asked: list[int] = []
 
-    def recv_batch(self, max_n: int = 64) -> list[int]:
+    def recv_batch(self, max_n: int = 64, readable: bool = False) -> list[int]:
         if max_n < 0:
             raise AssertionError("negative max_n")
+        assert readable  # the client's epoll said so (UdpLink.recv_batch)
         self.asked.append(max_n)
         return list(range(self.n))
 
