@@ -196,11 +196,7 @@ class Port(DeviceTables[EngineQP]):
         (``Responder.place_run``: a SEND FIRST, MIDDLEs, a SEND LAST): exactly what
         :meth:`receive` does with each of them in turn. Returns how many; the caller gives the rest to :meth:`receive`.
         """
-        if not bodies or not self.fast_paths:
-            return 0
-        if (meta.sgid == LOOPBACK_GID or meta.dgid == LOOPBACK_GID) and not self.loopback_gid_ok:
-            return 0
-        if meta.tclass & _ECN_CE == _ECN_CE:  # receive() answers each with a CNP
+        if not bodies or not self._run_source_ok(meta):
             return 0
         first = bodies[0]
         if len(first) < _ACK_SIZE:
@@ -218,6 +214,21 @@ class Port(DeviceTables[EngineQP]):
                 c.rcvd_bytes += len(last) - len(first)
         return k
 
+    def _run_source_ok(self, meta: RxMeta) -> bool:
+        """A run of one source may take a fast path (:meth:`receive_run`,
+        :meth:`receive_ud_run`): fast paths on, neither GID the loopback one (A16.7.2,
+        which :meth:`receive` counts and drops), no ECN CE mark (which it answers with a
+        CNP for each packet)."""
+        return (self.fast_paths and meta.tclass & _ECN_CE != _ECN_CE
+                and (self.loopback_gid_ok
+                     or (meta.sgid != LOOPBACK_GID and meta.dgid != LOOPBACK_GID)))
+
+    def _count_fecn_becn(self, b4: int) -> None:
+        """CA16-16: FECN/BECN (BTH byte 4, bits 7 and 6) are unused, ignored, counted."""
+        c = self.counters
+        c.rcvd_fecn += b4 >> 7
+        c.rcvd_becn += (b4 >> 6) & 1
+
     def _ud_only(self, data: memoryview, meta: RxMeta) -> bool:
         """A UD SEND ONLY (IPoIB's datagram mode; at least BTH + DETH) to a UD QP whose
         P_Key matches (IBA 10.9.3), taken by ``Responder.ud_only``; False, nothing
@@ -233,10 +244,8 @@ class Port(DeviceTables[EngineQP]):
         take the UD fast path, exactly as :meth:`receive` does with each in turn, the
         checks that depend only on ``meta`` made once. Returns how many; the caller gives
         the rest to :meth:`receive`."""
-        if (not self.fast_paths or meta.tclass & _ECN_CE == _ECN_CE
-                or (meta.sgid == LOOPBACK_GID or meta.dgid == LOOPBACK_GID)
-                and not self.loopback_gid_ok):
-            return 0  # receive() counts and drops, or answers with a CNP
+        if not self._run_source_ok(meta):
+            return 0
         c = self.counters
         ud_only = self._ud_only
         k = 0
@@ -247,9 +256,8 @@ class Port(DeviceTables[EngineQP]):
             k += 1
             c.rcvd_pkts += 1
             c.rcvd_bytes += n + ICRC_SIZE
-            if data[4] & 0xC0:  # CA16-16: FECN/BECN unused, ignored (counted)
-                c.rcvd_fecn += data[4] >> 7
-                c.rcvd_becn += (data[4] >> 6) & 1
+            if data[4] & 0xC0:
+                self._count_fecn_becn(data[4])
         return k
 
     def receive(self, data: memoryview, meta: RxMeta, now: float) -> None:
@@ -274,9 +282,8 @@ class Port(DeviceTables[EngineQP]):
         if meta.tclass & _ECN_CE == _ECN_CE and not meta.v1 and n >= _ACK_SIZE \
                 and op != CNP_OPCODE:
             self._congestion_experienced(data, meta, now)
-        if n > 4 and data[4] & 0xC0:  # CA16-16: FECN/BECN unused, ignored (counted)
-            c.rcvd_fecn += data[4] >> 7
-            c.rcvd_becn += (data[4] >> 6) & 1
+        if n > 4 and data[4] & 0xC0:
+            self._count_fecn_becn(data[4])
         if op == UD_SEND_ONLY and n >= _UD_MIN and self.fast_paths and self._ud_only(data, meta):
             return
         if op in _FAST_OPS and n >= _ACK_SIZE:
