@@ -14,7 +14,7 @@ Two in-memory RC QPs (tests/harness/engine.py: path MTU 4096, no I/O) and
 Counts do not depend on the machine's load, so two trees can be compared anywhere:
 ``python bench/bytecodes.py [TREE ...]`` (default: this checkout) prints one line per
 tree; the first tree is the baseline and the others get their ratio to it. With
-``--functions`` the top functions of the post and single-receive phases are listed.
+``--functions`` the top functions of the three ping-pong phases and of ``rx single`` are listed.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def measure_here(functions: bool) -> dict[str, float]:
 
     def top(label: str) -> None:
         if functions:
-            best = sorted(per.items(), key=lambda kv: -kv[1])[:14]
+            best = sorted(per.items(), key=lambda kv: -kv[1])[:24]
             print(f"  {label}: " + ", ".join(f"{k} {v}" for k, v in best))
 
     def ping(wr_id: int) -> SendWQE:
@@ -91,8 +91,10 @@ def measure_here(functions: bool) -> dict[str, float]:
     top("post+tx")
     body = join(tx[0])
     acks, out["recv SEND+ACK"] = run(lambda: (b.port.receive(body, ma, 0.0), b.port.take_tx())[1])
+    top("recv SEND+ACK")
     ack = join(acks[0])
     _, out["ACK"] = run(lambda: a.port.receive(ack, mb, 0.0))
+    top("ACK")
 
     def write(wr_id: int) -> SendWQE:
         a.qp.req.cwnd = 1 << 20  # the whole message in one window
