@@ -9,7 +9,14 @@ progress) run, one call at a time from one thread:
    placement, ACKs) per data packet received.
 2. ``--pings`` RC SEND 64 B ping-pongs: each side's CPU time per round trip (one SEND
    posted and sent, one SEND received and completed, its ACKs).
-3. ``--ud`` UD SENDs of 4092 B (IPoIB's datagram mode: a TUN batch of 32 posted in one
+3. ``--acks`` ping-pong ACKs, one step at a time (``--only ack``; not in the default run):
+   what one RC ACK costs each side, the floor of a tool that awaits each SEND's
+   completion (``bench/run.py``'s ``rc_send_lat_ackwait``). ``A`` receives a 64 B SEND
+   from ``B`` (its coalesced ACK then pending), then sends the ACK on its own (the
+   runtime's flush: header, ICRC, ``sendmsg``), and ``B`` receives it (one datagram
+   read, ICRC check, the engine's ACK, the send completion polled): each against one
+   plain 16-byte datagram sent and received.
+4. ``--ud`` UD SENDs of 4092 B (IPoIB's datagram mode: a TUN batch of 32 posted in one
    call, one send in :data:`UD_SIGNAL` signaled, the receives re-posted as one list per
    poll): the sender's CPU time per packet (post, headers, ICRC, ``sendmsg``, its
    completions) and the receiver's (``recvmsg``, ICRC check, placement, completion,
@@ -317,10 +324,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, default=47931, help="UDP port of both devices")
     ap.add_argument("--profile", action="store_true", help="cProfile: top functions")
     ap.add_argument("--ud", type=int, default=30000, help="UD SENDs (default 30000)")
-    ap.add_argument("--only", choices=("bw", "lat", "ud"))
+    ap.add_argument("--acks", type=int, default=4000, help="ACKs of --only ack")
+    ap.add_argument("--only", choices=("bw", "lat", "ud", "ack"))
     args = ap.parse_args(argv)
     if args.only == "ud":
         return _ud_main(args.ud, args.port, args.profile)
+    if args.only == "ack":
+        return _ack_main(args.acks, args.port)
     a = Side("127.0.0.1", args.port, max(args.size, 2 * PING))
     b = Side("127.0.0.2", args.port, max(args.size, 2 * PING))
     ua, ub = UdpSide("127.0.0.1"), UdpSide("127.0.0.2")
@@ -359,6 +369,82 @@ def main(argv: list[str] | None = None) -> int:
         ub.close()
     if args.only is None:
         return _ud_main(args.ud, args.port, args.profile)
+    return 0
+
+
+def run_acks(a: Side, b: Side, n: int) -> tuple[float, float]:
+    """``n`` times: ``b`` SENDs 64 B to ``a``, which takes it with its ACK left pending,
+    then flushes that ACK alone; ``b`` reads it (one datagram) and polls the send
+    completion. (a's CPU s in the flushes, b's CPU s in the reads and polls.) Uses the
+    runtime's step methods under its lock: a diagnostic of one step, not an API."""
+    wr = v.SendWR(wr_id=2, opcode=e.IBV_WR_SEND, num_sge=1,
+                  sg=[v.SGE(b.mr.addr + PING, PING, b.mr.lkey)],
+                  send_flags=e.IBV_SEND_SIGNALED)
+    recv = v.RecvWR(wr_id=1, num_sge=1, sg=[v.SGE(a.mr.addr, PING, a.mr.lkey)])
+    ra: Any = a.rt  # the RoCE Runtime (drivers.runtime.roce), its step methods
+    rb: Any = b.rt
+    tx = rx = 0.0
+    clock = time.thread_time
+    for _ in range(n):
+        a.qp.post_recv(recv)
+        b.qp.post_send(wr)
+        last = time.monotonic()
+        with ra.lock:
+            while not ra._poll_rx_locked():  # the SEND; its ACK stays pending
+                if _stalled(last):
+                    raise RuntimeError("the SEND never arrived")
+            if not ra.port.ack_pending:
+                raise RuntimeError("no ACK pending after the SEND")
+            t0 = clock()
+            ra._flush_tx_locked(True)
+            tx += clock() - t0
+        if not any(wc.opcode == RECV for wc in a.poll()):
+            raise RuntimeError("the SEND's receive did not complete")
+        got = False
+        last = time.monotonic()
+        while not got:
+            t0 = clock()
+            with rb.lock:
+                rb._poll_rx_locked(None, 1)
+            got = bool(b.cq.poll(1)[0])
+            rx += clock() - t0
+            if not got and _stalled(last):
+                raise RuntimeError("the ACK never completed the SEND")
+    return tx, rx
+
+
+def udp_acks(a: UdpSide, b: UdpSide, n: int) -> tuple[float, float]:
+    """``n`` 16-byte datagrams from ``a`` to ``b``, each read before the next; CPU s of
+    each."""
+    data = memoryview(bytes(16))
+    a.cpu = b.cpu = 0.0
+    for _ in range(n):
+        a.send(data, b.addr)
+        last = time.monotonic()
+        while not b.recv():
+            if _stalled(last):
+                raise RuntimeError("a plain datagram was lost")
+    return a.cpu, b.cpu
+
+
+def _ack_main(n: int, port: int) -> int:
+    a = Side("127.0.0.1", port, 2 * PING)
+    b = Side("127.0.0.2", port, 2 * PING)
+    ua, ub = UdpSide("127.0.0.1"), UdpSide("127.0.0.2")
+    try:
+        a.connect(b)
+        b.connect(a)
+        run_acks(a, b, 50)  # warm-up
+        tx, rx = run_acks(a, b, n)
+        ba, bb = udp_acks(ua, ub, n)
+        print(f"RC ACK of a 64 B SEND x {n}, CPU per ACK")
+        print(_line("ACK sent", tx, ba, n))
+        print(_line("ACK received and completed", rx, bb, n))
+    finally:
+        a.close()
+        b.close()
+        ua.close()
+        ub.close()
     return 0
 
 
