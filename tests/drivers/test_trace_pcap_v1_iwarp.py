@@ -12,8 +12,10 @@ import struct
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from unittest import mock
 
 import pytest
+from harness import iwarp_session
 from harness.iwarp_session import _iwarp_session
 from harness.trace import captured_trace, rc_pair, rc_send
 
@@ -72,6 +74,12 @@ def test_rocev1_capture_and_trace(tmp_path: Path, traced: io.StringIO) -> None:
     assert all(r[2] for r in rows)  # the ICRC field decoded
 
 
+#: tshark finds MPA by a heuristic, which it tries after its TCP port table unless told
+#: otherwise: a listener on a port Wireshark gives another protocol (11207: Couchbase's
+#: TLS) was decoded as TLS, with no FPDU and no CRC seen (a free port drew it once)
+HEURISTIC_FIRST = ("-o", "tcp.try_heuristic_first:TRUE")
+
+
 def test_iwarp_capture_is_decoded_by_tshark_and_pcap_check(tmp_path: Path,
                                                             traced: io.StringIO) -> None:
     pcap = tmp_path / "iw.pcap"
@@ -100,12 +108,34 @@ def test_iwarp_capture_is_decoded_by_tshark_and_pcap_check(tmp_path: Path,
     assert any(" rx " in ln and "RDMA Write" in ln for ln in lines)
     if TSHARK is None:
         pytest.skip("tshark is not installed")
-    text = _tshark(pcap, "-V")
+    _assert_tshark_decodes(pcap)
+
+
+def _assert_tshark_decodes(pcap: Path) -> None:
+    text = _tshark(pcap, *HEURISTIC_FIRST, "-V")
     assert text.count("Request frame header") == 1 and text.count("Reply frame header") == 1
     assert "Malformed" not in text and "Bad CRC" not in text
     assert text.count("(Good CRC32)") >= 6
-    ops = _tshark(pcap, "-T", "fields", "-e", "iwarp_rdma.opcode")
+    ops = _tshark(pcap, *HEURISTIC_FIRST, "-T", "fields", "-e", "iwarp_rdma.opcode")
     assert "0x03" in ops and "0x00" in ops  # Send, RDMA Write
+
+
+@pytest.mark.skipif(TSHARK is None, reason="tshark is not installed")
+def test_iwarp_capture_on_a_port_wireshark_gives_to_tls(tmp_path: Path) -> None:
+    """The listener on TCP port 11207, which Wireshark's port table gives to TLS: the
+    capture still decodes as MPA and DDP/RDMAP (the heuristic first), as the docs tell
+    users to run tshark."""
+    pcap = tmp_path / "iw11207.pcap"
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", 11207))
+        except OSError:
+            pytest.skip("TCP port 11207 is in use on this machine")
+    with mock.patch.object(iwarp_session.ports, "free_port", return_value=11207):
+        _iwarp_session(pcap)
+    plain = _tshark(pcap, "-V")
+    assert "Transport Layer Security" in plain  # the port table's choice, without the option
+    _assert_tshark_decodes(pcap)
 
 
 def test_a_receive_recorded_before_its_send_is_written_once(tmp_path: Path) -> None:
