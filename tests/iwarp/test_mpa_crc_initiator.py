@@ -107,7 +107,10 @@ def _session(init_dev: str, resp_dev: str, tmp: Path) -> tuple[bool, bool, Path,
 
 def _tshark(path: Path, *args: str) -> str:
     assert TSHARK is not None
-    return subprocess.run([TSHARK, "-r", str(path), "--disable-protocol", "rpcordma", *args],
+    # heuristics first: MPA is found by one, which tshark otherwise tries after its TCP
+    # port table, and a free port may be one it gives another protocol (11207: TLS)
+    return subprocess.run([TSHARK, "-r", str(path), "--disable-protocol", "rpcordma",
+                           "-o", "tcp.try_heuristic_first:TRUE", *args],
                           capture_output=True, text=True, timeout=120, check=True).stdout
 
 
