@@ -287,17 +287,23 @@ def udp_bulk(a: UdpSide, b: UdpSide, pkts: int) -> tuple[float, float]:
     return a.cpu, b.cpu
 
 
+def _udp_hop(src: UdpSide, dst: UdpSide, data: memoryview, what: str) -> None:
+    """``data`` from ``src`` to ``dst``, read there before this returns (RuntimeError
+    naming ``what`` if it never arrives)."""
+    src.send(data, dst.addr)
+    last = time.monotonic()
+    while not dst.recv():
+        if _stalled(last):
+            raise RuntimeError(what)
+
+
 def udp_pings(a: UdpSide, b: UdpSide, n: int) -> tuple[float, float]:
     """``n`` 64 B round trips between ``a`` and ``b``; CPU s of each."""
     data = memoryview(bytes(PING))
     a.cpu = b.cpu = 0.0
     for _ in range(n):
-        for src, dst in ((a, b), (b, a)):
-            src.send(data, dst.addr)
-            last = time.monotonic()
-            while not dst.recv():
-                if _stalled(last):
-                    raise RuntimeError("UDP ping-pong stalled")
+        _udp_hop(a, b, data, "UDP ping-pong stalled")
+        _udp_hop(b, a, data, "UDP ping-pong stalled")
     return a.cpu, b.cpu
 
 
@@ -419,11 +425,7 @@ def udp_acks(a: UdpSide, b: UdpSide, n: int) -> tuple[float, float]:
     data = memoryview(bytes(16))
     a.cpu = b.cpu = 0.0
     for _ in range(n):
-        a.send(data, b.addr)
-        last = time.monotonic()
-        while not b.recv():
-            if _stalled(last):
-                raise RuntimeError("a plain datagram was lost")
+        _udp_hop(a, b, data, "a plain datagram was lost")
     return a.cpu, b.cpu
 
 
