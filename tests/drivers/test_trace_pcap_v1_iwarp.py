@@ -6,10 +6,8 @@ both and ``softrdma pcap-check`` passes them."""
 from __future__ import annotations
 
 import io
-import shutil
 import socket
 import struct
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from unittest import mock
@@ -18,6 +16,7 @@ import pytest
 from harness import iwarp_session
 from harness.iwarp_session import _iwarp_session
 from harness.trace import captured_trace, rc_pair, rc_send
+from harness.tshark import TSHARK, tshark
 
 from softrdma import enums as e
 from softrdma.drivers.capture.tap_stream import MAX_SEGMENT, StreamTap, tcp_frame
@@ -27,19 +26,11 @@ from softrdma.tools.capture import pcap_check
 from softrdma.wire.pcap import LINKTYPE_ETHERNET, read_pcap
 from softrdma.wire.tcpstream import parse_tcp
 
-TSHARK = shutil.which("tshark")
-
 
 @pytest.fixture
 def traced() -> Iterator[io.StringIO]:
     with captured_trace("pkt") as buf:
         yield buf
-
-
-def _tshark(path: Path, *args: str) -> str:
-    assert TSHARK is not None
-    return subprocess.run([TSHARK, "-r", str(path), "--disable-protocol", "rpcordma", *args],
-                          capture_output=True, text=True, timeout=120, check=True).stdout
 
 
 # ---- RoCEv1 -----------------------------------------------------------------------------------
@@ -66,18 +57,12 @@ def test_rocev1_capture_and_trace(tmp_path: Path, traced: io.StringIO) -> None:
     assert out.getvalue().splitlines()[-1].endswith("4 packets, 4 ok, 0 failed")
     if TSHARK is None:
         pytest.skip("tshark is not installed")
-    text = _tshark(pcap, "-T", "fields", "-e", "eth.type", "-e", "infiniband.bth.opcode",
-                   "-e", "infiniband.invariant.crc")
+    text = tshark(pcap, "-T", "fields", "-e", "eth.type", "-e", "infiniband.bth.opcode",
+                  "-e", "infiniband.invariant.crc", mpa=False)
     rows = [r.split("\t") for r in text.splitlines()]
     assert [r[0] for r in rows] == ["0x8915"] * 4
     assert [int(r[1]) for r in rows] == [0, 1, 2, 17]  # RC SEND FIRST/MIDDLE/LAST, ACK
     assert all(r[2] for r in rows)  # the ICRC field decoded
-
-
-#: tshark finds MPA by a heuristic, which it tries after its TCP port table unless told
-#: otherwise: a listener on a port Wireshark gives another protocol (11207: Couchbase's
-#: TLS) was decoded as TLS, with no FPDU and no CRC seen (a free port drew it once)
-HEURISTIC_FIRST = ("-o", "tcp.try_heuristic_first:TRUE")
 
 
 def test_iwarp_capture_is_decoded_by_tshark_and_pcap_check(tmp_path: Path,
@@ -112,11 +97,11 @@ def test_iwarp_capture_is_decoded_by_tshark_and_pcap_check(tmp_path: Path,
 
 
 def _assert_tshark_decodes(pcap: Path) -> None:
-    text = _tshark(pcap, *HEURISTIC_FIRST, "-V")
+    text = tshark(pcap, "-V")
     assert text.count("Request frame header") == 1 and text.count("Reply frame header") == 1
     assert "Malformed" not in text and "Bad CRC" not in text
     assert text.count("(Good CRC32)") >= 6
-    ops = _tshark(pcap, *HEURISTIC_FIRST, "-T", "fields", "-e", "iwarp_rdma.opcode")
+    ops = tshark(pcap, "-T", "fields", "-e", "iwarp_rdma.opcode")
     assert "0x03" in ops and "0x00" in ops  # Send, RDMA Write
 
 
@@ -133,7 +118,7 @@ def test_iwarp_capture_on_a_port_wireshark_gives_to_tls(tmp_path: Path) -> None:
             pytest.skip("TCP port 11207 is in use on this machine")
     with mock.patch.object(iwarp_session.ports, "free_port", return_value=11207):
         _iwarp_session(pcap)
-    plain = _tshark(pcap, "-V")
+    plain = tshark(pcap, "-V", mpa=False)
     assert "Transport Layer Security" in plain  # the port table's choice, without the option
     _assert_tshark_decodes(pcap)
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import io
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import pytest
 from harness.ports import free_port
+from harness.tshark import TSHARK, tshark
 
 from softrdma import enums as e
 from softrdma import verbs as v
@@ -41,7 +41,6 @@ from softrdma.iwarp.mpa_setup import (
 from softrdma.tools.admin.link import cmd_link
 from softrdma.tools.capture import pcap_check
 
-TSHARK = shutil.which("tshark")
 ALL = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ)
 SIZES = (0, 100, 5000, 70000)
 ON, OFF = "iwcrc_on", "iwcrc_off"
@@ -105,35 +104,26 @@ def _session(init_dev: str, resp_dev: str, tmp: Path) -> tuple[bool, bool, Path,
     return crc_i, crc_r, caps[0], caps[1]
 
 
-def _tshark(path: Path, *args: str) -> str:
-    assert TSHARK is not None
-    # heuristics first: MPA is found by one, which tshark otherwise tries after its TCP
-    # port table, and a free port may be one it gives another protocol (11207: TLS)
-    return subprocess.run([TSHARK, "-r", str(path), "--disable-protocol", "rpcordma",
-                           "-o", "tcp.try_heuristic_first:TRUE", *args],
-                          capture_output=True, text=True, timeout=120, check=True).stdout
-
-
 def _check_capture(path: Path, crc: bool) -> None:
     out = io.StringIO()
     assert pcap_check.run([str(path)], out) == 0, out.getvalue()
     assert ", 0 failed" in out.getvalue().splitlines()[-1]
     if TSHARK is None:
         return
-    flags = _tshark(path, "-Y", "iwarp_mpa.req || iwarp_mpa.rep", "-T", "fields",
+    flags = tshark(path, "-Y", "iwarp_mpa.req || iwarp_mpa.rep", "-T", "fields",
                     "-e", "iwarp_mpa.key.req", "-e", "iwarp_mpa.key.rep",
                     "-e", "iwarp_mpa.crc_flag").split("\n")
     frames = [ln.split("\t") for ln in flags if ln.strip()]
     assert len(frames) == 2, frames
-    text = _tshark(path, "-V")
+    text = tshark(path, "-V")
     assert "Malformed" not in text and "Bad CRC" not in text
     # each FPDU's CRC check, by the TCP port that sent it: both directions carry it
-    per_port = _tshark(path, "-Y", "iwarp_mpa.fpdu", "-T", "fields", "-e", "tcp.srcport",
+    per_port = tshark(path, "-Y", "iwarp_mpa.fpdu", "-T", "fields", "-e", "tcp.srcport",
                        "-e", "iwarp_mpa.crc_check")
     rows = [ln.split("\t") for ln in per_port.splitlines() if ln.strip()]
     ports = {r[0] for r in rows}
     if len(ports) != 2:  # FPDUs went both ways; else say what the capture holds
-        listing = _tshark(path, "-T", "fields", "-e", "frame.number", "-e", "tcp.srcport",
+        listing = tshark(path, "-T", "fields", "-e", "frame.number", "-e", "tcp.srcport",
                          "-e", "tcp.seq", "-e", "tcp.len", "-e", "_ws.col.Protocol",
                          "-e", "_ws.col.Info")
         pytest.fail(f"FPDUs by TCP port: {rows}; the frames of {path.name}:\n{listing}")
@@ -162,7 +152,7 @@ def test_device_setting_negotiates_crc_on_the_wire(tmp_path: Path, init_dev: str
     for cap in (cap_i, cap_r):
         _check_capture(cap, crc)
         if TSHARK is not None:
-            rows = _tshark(cap, "-Y", "iwarp_mpa.req || iwarp_mpa.rep", "-T", "fields",
+            rows = tshark(cap, "-Y", "iwarp_mpa.req || iwarp_mpa.rep", "-T", "fields",
                            "-e", "iwarp_mpa.crc_flag").split()
             assert [r in ("1", "True") for r in rows] == [init_c, crc], rows
 
