@@ -8,6 +8,8 @@ UDP port, shared through devd, as every multi-process softrdma run):
   and ``softrdma write-bw`` with the same flags: the client's BW average [MB/s];
 * :func:`rc_lat`: ``ibv_rc_pingpong -s 64`` under ``softrdma run`` and ``softrdma
   rc-pingpong -s 64``: the client's usec/iter (a full round trip);
+* both as two pairs a side in the order C, Python, Python, C, each side's mean
+  (:func:`alternated`);
 * :func:`rc_cpu`: the same two pairs' CPU time per round trip, both processes together,
   less what a pair of 10 iterations takes (start-up): on a busy machine the wall-clock
   latency is mostly the scheduler's, the CPU time is the work;
@@ -39,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -167,13 +170,31 @@ def _pingpong_cmd(dev: Device, c: bool, iters: int) -> tuple[list[str], int]:
             else _softrdma("rc-pingpong", *flags)), port
 
 
+def alternated(one: Callable[[bool], float]) -> tuple[float, float]:
+    """``one(c)`` of the C program (``c``) and of the Python tool, in both orders (C,
+    Python, Python, C): (the mean of the C pair's two results, the mean of the Python
+    pair's). On a machine of few vCPUs a pair's figure depends on where the scheduler
+    placed its two processes, which changes from one pair to the next (``bench/
+    wake_cost.py``: a UDP ping-pong's round trip 17 us on one core, 72 us across two);
+    two pairs a side halve that variance, and the two orders cancel a drift within the
+    run (a run of one pair each, always C first, gave ratios of 0.56-1.70 for the same
+    code within minutes). Both sides get the same treatment, so the ratio's expectation
+    does not move."""
+    got: dict[bool, list[float]] = {True: [], False: []}
+    for c in (True, False, False, True):
+        got[c].append(one(c))
+    return statistics.fmean(got[True]), statistics.fmean(got[False])
+
+
+def _write_bw_once(dev: Device, c: bool, iters: int) -> float:
+    cmd, port = _write_bw_cmd(dev, c, iters)
+    return _bw_of(_pair(cmd, [*cmd, "127.0.0.1"], port, dev.env))
+
+
 def write_bw(dev: Device, iters: int) -> tuple[float, float]:
-    """(``ib_write_bw`` under softrdma run, ``softrdma write-bw``) BW average in MB/s."""
-    out = []
-    for c in (True, False):
-        cmd, port = _write_bw_cmd(dev, c, iters)
-        out.append(_bw_of(_pair(cmd, [*cmd, "127.0.0.1"], port, dev.env)))
-    return out[0], out[1]
+    """(``ib_write_bw`` under softrdma run, ``softrdma write-bw``) BW average in MB/s, each
+    the mean of two pairs (:func:`alternated`)."""
+    return alternated(lambda c: _write_bw_once(dev, c, iters))
 
 
 def _wait_cpu(proc: subprocess.Popen[str], timeout: float) -> tuple[int, float]:
@@ -237,13 +258,15 @@ def bw_cpu(dev: Device, iters: int) -> dict[str, float]:
     return out
 
 
+def _rc_lat_once(dev: Device, c: bool, iters: int) -> float:
+    cmd, port = _pingpong_cmd(dev, c, iters)
+    return _lat_of(_pair(cmd, [*cmd, "127.0.0.1"], port, dev.env))
+
+
 def rc_lat(dev: Device, iters: int) -> tuple[float, float]:
-    """(``ibv_rc_pingpong`` under softrdma run, ``softrdma rc-pingpong``) usec/iter."""
-    out = []
-    for c in (True, False):
-        cmd, port = _pingpong_cmd(dev, c, iters)
-        out.append(_lat_of(_pair(cmd, [*cmd, "127.0.0.1"], port, dev.env)))
-    return out[0], out[1]
+    """(``ibv_rc_pingpong`` under softrdma run, ``softrdma rc-pingpong``) usec/iter, each
+    the mean of two pairs (:func:`alternated`)."""
+    return alternated(lambda c: _rc_lat_once(dev, c, iters))
 
 
 def _children_cpu() -> float:

@@ -50,6 +50,8 @@ The figures (see each module for how it measures):
   (``capi_bench``). Goal >= 0.9.
 * ``capi_rc_lat``: ``ibv_rc_pingpong -s 64`` under ``softrdma run`` vs ``softrdma
   rc-pingpong -s 64``, usec/iter (``capi_bench``; lower is better). Goal <= 1.1.
+  A run of either is two pairs a side in the order C, Python, Python, C, and each side's
+  figure the mean of its two (``capi_bench.alternated``).
 * ``ipoib_connected`` / ``ipoib_datagram``: iperf3 TCP through ``softrdma ipoib`` between
   two network namespaces joined by a veth pair (MTU 9000), connected mode (RC, the
   default MTU, 65212) and datagram mode (UD, MTU 4092), vs iperf3 over the bare veth pair measured in the
