@@ -258,9 +258,11 @@ def bw_cpu(dev: Device, iters: int) -> dict[str, float]:
     return out
 
 
-def _rc_lat_once(dev: Device, c: bool, iters: int) -> float:
+def _rc_lat_once(dev: Device, c: bool, iters: int, env: dict[str, str] | None = None
+                 ) -> float:
+    """usec/iter of one :func:`_pingpong_cmd` pair (with ``env``; default the device's)."""
     cmd, port = _pingpong_cmd(dev, c, iters)
-    return _lat_of(_pair(cmd, [*cmd, "127.0.0.1"], port, dev.env))
+    return _lat_of(_pair(cmd, [*cmd, "127.0.0.1"], port, dev.env if env is None else env))
 
 
 def rc_lat(dev: Device, iters: int) -> tuple[float, float]:
@@ -282,9 +284,8 @@ def _pingpong_cpu(dev: Device, c: bool, iters: int, env: dict[str, str]
     ``RUSAGE_CHILDREN``)."""
     cpu, lat = [], 0.0
     for n in (SHORT, iters):
-        cmd, port = _pingpong_cmd(dev, c, n)
         before = _children_cpu()
-        lat = _lat_of(_pair(cmd, [*cmd, "127.0.0.1"], port, env))
+        lat = _rc_lat_once(dev, c, n, env)
         cpu.append(_children_cpu() - before)
     return lat, (cpu[1] - cpu[0]) / (iters - SHORT) * 1e6
 

@@ -6,14 +6,13 @@ are not asserted: benchmarks print, tests check behaviour)."""
 from __future__ import annotations
 
 import importlib
-import json
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from harness.bench_run import quick_run
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
@@ -58,12 +57,7 @@ def test_run_capi_figures_quick() -> None:
     missing = build.missing_packages()
     if missing:
         pytest.skip("the C interface cannot be built here: install " + ", ".join(missing))
-    out = subprocess.run(
-        [sys.executable, str(BENCH / "run.py"), "--json", "--quick", "--runs", "1",
-         "--only", "capi_rc_lat", "--only", "capi_write_bw"],
-        capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
-    assert out.returncode == 0, out.stderr
-    figs = json.loads(out.stdout)["figures"]
+    figs = quick_run(1, "capi_rc_lat", "capi_write_bw", timeout=600)["figures"]
     assert list(figs) == ["capi_write_bw", "capi_rc_lat"]
     for fig in figs.values():
         assert fig["error"] is None, fig["error"]

@@ -3,21 +3,11 @@ goodput at 1 % / 5 % loss beside the same link's goodput without loss, seeded pe
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "run.py"
+from harness.bench_run import quick_run
 
 
 def test_lossy_goodput_figures() -> None:
-    out = subprocess.run(
-        [sys.executable, str(BENCH), "--json", "--quick", "--runs", "2",
-         "--only", "lossy_goodput_1", "--only", "lossy_goodput_5"],
-        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
-    assert out.returncode == 0, out.stderr
-    figs = json.loads(out.stdout)["figures"]
+    figs = quick_run(2, "lossy_goodput_1", "lossy_goodput_5", timeout=120)["figures"]
     assert list(figs) == ["lossy_goodput_1", "lossy_goodput_5"]
     for name, goal in (("lossy_goodput_1", ">= 0.6"), ("lossy_goodput_5", ">= 0.3")):
         f = figs[name]

@@ -4,21 +4,18 @@ are not asserted: benchmarks print, tests check behaviour)."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+from harness.bench_run import quick_run
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "run.py"
 
 
 def test_run_json_quick_one_figure() -> None:
-    out = subprocess.run(
-        [sys.executable, str(BENCH), "--json", "--quick", "--runs", "2", "--only", "roce_write_bw"],
-        capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
-    assert out.returncode == 0, out.stderr
-    doc = json.loads(out.stdout)
+    doc = quick_run(2, "roce_write_bw", timeout=240)
     assert doc["cores"] == os.cpu_count()
     assert doc["runs"] == 2 and doc["quick"] is True
     wake = doc["wake"]  # the machine's wake-up cost, same core and across cores
@@ -59,12 +56,7 @@ def test_run_rejects_an_unknown_figure() -> None:
 def test_run_ackwait_figure() -> None:
     """``rc_send_lat_ackwait`` (issue 26): the ping-pong whose sides also await each SEND's
     ACK, beside the plain ping-pong of the same run, as round trips."""
-    out = subprocess.run(
-        [sys.executable, str(BENCH), "--json", "--quick", "--runs", "1", "--only",
-         "rc_send_lat_ackwait"], capture_output=True, text=True, timeout=240,
-        stdin=subprocess.DEVNULL)
-    assert out.returncode == 0, out.stderr
-    fig = json.loads(out.stdout)["figures"]["rc_send_lat_ackwait"]
+    fig = quick_run(1, "rc_send_lat_ackwait", timeout=240)["figures"]["rc_send_lat_ackwait"]
     assert fig["error"] is None
     assert len(fig["softrdma"]) == len(fig["baseline_values"]) == 1
     assert all(x > 0 for x in fig["softrdma"] + fig["baseline_values"])
@@ -75,12 +67,7 @@ def test_cm_rate_figures_share_one_tcp_baseline_per_run() -> None:
     """Issue 26: the rdma_cm connection rate over RoCE and iWARP, each beside plain TCP
     connect/accept/close measured in the same ``cm_rate.py`` process (which used to fail
     at exit removing a state directory its devd still wrote in)."""
-    out = subprocess.run(
-        [sys.executable, str(BENCH), "--json", "--quick", "--runs", "1",
-         "--only", "cm_rate_roce", "--only", "cm_rate_iwarp"],
-        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
-    assert out.returncode == 0, out.stderr
-    figs = json.loads(out.stdout)["figures"]
+    figs = quick_run(1, "cm_rate_roce", "cm_rate_iwarp", timeout=300)["figures"]
     assert list(figs) == ["cm_rate_roce", "cm_rate_iwarp"]
     for fig in figs.values():
         assert fig["error"] is None
