@@ -3,8 +3,8 @@ route lookup, the watch on interface and address changes, and the process-wide t
 of devices, each behind its lock.
 
 * :func:`route_source`: the source address the kernel's routing picks for a destination
-  (a UDP ``connect`` sends nothing), as Linux's ``rdma_resolve_addr`` asks the routing
-  table (``addr_resolve``).
+  (:mod:`softrdma.drivers.host.route`: a UDP ``connect`` sends nothing), as Linux's
+  ``rdma_resolve_addr`` asks the routing table (``addr_resolve``).
 * :class:`~softrdma.drivers.host.ifwatch.ChangeWatch` (re-exported): an rtnetlink socket
   subscribed to the link and address groups; a change (``ip addr add``) has its message
   queued by the time the command returns.
@@ -20,10 +20,7 @@ verbs contexts and the CM bindings; this layer may not import verbs).
 
 from __future__ import annotations
 
-import errno
-import ipaddress
 import os
-import socket
 import threading
 import weakref
 from collections.abc import Callable
@@ -32,6 +29,7 @@ from typing import Any, Generic, TypeVar
 from ...wire.ipcm import IpAddress
 from ..host import registry
 from ..host.ifwatch import ChangeWatch
+from ..host.route import route_source as host_route_source
 
 __all__ = ["route_source", "ChangeWatch", "registry_key", "KeptList", "OpenTable"]
 
@@ -40,15 +38,8 @@ T = TypeVar("T")
 
 def route_source(dst: IpAddress) -> bytes | int:
     """The source address (packed) the kernel's routing picks for ``dst``; the route
-    lookup's errno if there is no route (``ENETUNREACH``, ``EHOSTUNREACH`` for an
-    unreachable route...)."""
-    fam = socket.AF_INET if dst.version == 4 else socket.AF_INET6
-    try:
-        with socket.socket(fam, socket.SOCK_DGRAM) as s:
-            s.connect((str(dst), 9))
-            return ipaddress.ip_address(s.getsockname()[0].split("%", 1)[0]).packed
-    except OSError as exc:
-        return exc.errno or errno.ENETUNREACH
+    lookup's errno if there is no route (:func:`softrdma.drivers.host.route.route_source`)."""
+    return host_route_source(dst.packed)
 
 
 def registry_key() -> tuple[Any, ...]:

@@ -8,6 +8,7 @@ its local address is the route's preferred source.
 
 from __future__ import annotations
 
+import errno
 import socket
 
 __all__ = ["route_source"]
@@ -15,17 +16,14 @@ __all__ = ["route_source"]
 _DISCARD_PORT = 9  # any port: a UDP connect sends nothing
 
 
-def route_source(dst: bytes) -> bytes | None:
-    """The source address (4 or 16 bytes) the kernel would use to reach ``dst``, or
-    None when it has no route (``ENETUNREACH``/``EHOSTUNREACH``) or cannot say."""
+def route_source(dst: bytes) -> bytes | int:
+    """The source address (4 or 16 bytes, packed) the kernel would use to reach ``dst``
+    (4 or 16 bytes); the route lookup's errno if it has no route (``ENETUNREACH``,
+    ``EHOSTUNREACH`` for an unreachable route...) or cannot say."""
     fam = socket.AF_INET if len(dst) == 4 else socket.AF_INET6
     try:
         with socket.socket(fam, socket.SOCK_DGRAM) as s:
             s.connect((socket.inet_ntop(fam, dst), _DISCARD_PORT))
-            host = s.getsockname()[0]
-    except OSError:
-        return None
-    try:
-        return socket.inet_pton(fam, str(host).split("%", 1)[0])
-    except OSError:
-        return None
+            return socket.inet_pton(fam, str(s.getsockname()[0]).split("%", 1)[0])
+    except OSError as exc:
+        return exc.errno or errno.ENETUNREACH
