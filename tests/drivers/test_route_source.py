@@ -8,19 +8,10 @@ import errno
 import ipaddress
 import socket
 
-import pytest
+from harness.ipv6 import needs_v6
 
 from softrdma.drivers.cm.cm_devices import route_source as cm_route_source
 from softrdma.drivers.host.route import route_source
-
-
-def _ipv6_loopback() -> bool:
-    try:
-        with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
-            s.connect(("::1", 9))
-        return True
-    except OSError:
-        return False
 
 
 def test_loopback_v4_source_is_loopback() -> None:
@@ -30,9 +21,8 @@ def test_loopback_v4_source_is_loopback() -> None:
     assert isinstance(other, bytes) and other[0] == 127
 
 
+@needs_v6
 def test_loopback_v6_source_is_loopback() -> None:
-    if not _ipv6_loopback():
-        pytest.skip("no IPv6 loopback in this network namespace")
     one = socket.inet_pton(socket.AF_INET6, "::1")
     assert route_source(one) == one
 

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from harness.ipv6 import needs_v6
 
 from softrdma.drivers.links.link import Datagram, Link
 from softrdma.drivers.links.udp import UdpLink
@@ -21,18 +22,6 @@ from softrdma.wire import ib, roce
 LO4 = socket.inet_pton(socket.AF_INET, "127.0.0.1")
 LO4B = socket.inet_pton(socket.AF_INET, "127.0.0.2")
 LO6 = socket.inet_pton(socket.AF_INET6, "::1")
-
-
-def has_ipv6_loopback() -> bool:
-    try:
-        with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
-            s.bind(("::1", 0))
-        return True
-    except OSError:
-        return False
-
-
-needs_v6 = pytest.mark.skipif(not has_ipv6_loopback(), reason="no IPv6 loopback (::1) here")
 
 
 def recv_n(link: UdpLink, n: int, timeout: float = 2.0) -> list[Datagram]:
