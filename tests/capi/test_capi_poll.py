@@ -64,7 +64,8 @@ def test_busy_poller_receives_itself(device: str, tmp_path: Path,
     with hand-offs is run too, and the receive step must at least halve the wake-ups."""
     exe = compile_c(tmp_path, "wc_check", "-libverbs")
     wakes, rounds, seconds, out = _hops(exe, device, mode)
-    # standing back, the progress thread wakes once per POLL_GRACE (5 ms) to look again
+    # standing back, the progress thread wakes at most once per POLL_GRACE (5 ms) to
+    # look again (its waits grow to STAND_BACK_MAX while the polls go on)
     if wakes < rounds / 2 + seconds / 0.005:
         return
     monkeypatch.setenv("SOFTRDMA_CAPI_INLINE", "0")

@@ -112,6 +112,43 @@ def test_thread_steps_stands_back_while_polled_and_is_joined() -> None:
     assert len(steps) == n  # the thread has ended
 
 
+def test_standing_back_waits_grow_while_the_polls_go_on() -> None:
+    """While an application thread keeps busy-polling, each wait of the standing-back
+    thread is twice the last, from POLL_GRACE up to STAND_BACK_MAX (a thread that woke
+    every 5 ms took the GIL from the poller each time); once nobody polled for
+    POLL_GRACE it resumes, and its next stand-back starts again at POLL_GRACE. A kick
+    ends a wait at once and the thread resumes."""
+    core, _ = _core()
+    waits: list[float] = []
+
+    class _Kicked:
+        def wait(self, timeout: float) -> bool:
+            waits.append(timeout)
+            return False
+
+        def clear(self) -> None:
+            pass
+
+        def set(self) -> None:
+            pass
+
+    core.kicked = _Kicked()  # type: ignore[assignment]
+    for _ in range(6):
+        assert core.try_lock()
+        core.lock.release()
+        assert core.standing_back()
+    g, top = pg.POLL_GRACE, pg.STAND_BACK_MAX
+    assert waits == [min(g * 2 ** i, top) for i in range(6)]
+    assert waits[-1] == top > g
+    core.last_poll -= g  # nobody polled for POLL_GRACE: the thread resumes
+    assert not core.standing_back()
+    assert core.try_lock()
+    core.lock.release()
+    assert core.standing_back() and waits[-1] == g  # afresh
+    core.kick()
+    assert not core.standing_back() and core.back_wait == g
+
+
 def test_a_thread_that_polls_another_runtime_lets_the_first_ones_thread_resume() -> None:
     """One application thread busy-polls the CQs of two devices in turn (rdma-core's XRC
     traffic tests: a client and a server context in one process): once it polls ``b``,

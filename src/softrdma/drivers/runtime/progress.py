@@ -42,11 +42,14 @@ if TYPE_CHECKING:
 
 __all__ = ["DeviceRuntime", "ProgressCore", "WakePipe", "Waiter", "SelectWaiter", "EventWaiter", "VirtualTimer",
            "VirtualClock", "ProgressMode", "progress_mode", "check_mode", "POLL_GRACE",
-           "DRAIN_TIMEOUT"]
+           "STAND_BACK_MAX", "DRAIN_TIMEOUT"]
 
 T = TypeVar("T")
 
 POLL_GRACE = 0.005  # the progress thread stands back this long after an application poll (s)
+#: the longest one wait of a progress thread that stands back (s): each wait while the
+#: application keeps busy-polling doubles, from POLL_GRACE up to this (see standing_back)
+STAND_BACK_MAX = 0.04
 DRAIN_TIMEOUT = 1.0  # at close, how long to wait for the lock (a finalizer may hold it) (s)
 JOIN_TIMEOUT = 5.0  # at close, how long to wait for the progress thread to end (s)
 _WAKE_READ = 4096  # bytes drained from the wake pipe at once
@@ -283,6 +286,7 @@ class ProgressCore:
         self.stop = threading.Event()
         self.kicked = threading.Event()
         self.last_poll = 0.0  # when an application thread last busy-polled (monotonic)
+        self.back_wait = POLL_GRACE  # the progress thread's next wait while it stands back
         self.closed = False
         #: why the device failed (e.g. its devd died), else None: calls then raise
         #: :class:`DeviceError` and the progress thread ends
@@ -358,13 +362,26 @@ class ProgressCore:
             other._stand_down()
 
     def standing_back(self) -> bool:
-        """In the progress thread: True (after waiting up to :data:`POLL_GRACE`) while an
-        application thread busy-polls and so makes progress itself; the two threads then
-        do not fight over the lock and the GIL on every packet."""
+        """In the progress thread: True (after a wait) while an application thread
+        busy-polls and so makes progress itself (it polled within :data:`POLL_GRACE`);
+        the two threads then do not fight over the lock and the GIL on every packet.
+
+        Each wait while the polls go on is twice the last, from :data:`POLL_GRACE` up to
+        :data:`STAND_BACK_MAX`; a :meth:`kick` or :meth:`_stand_down` ends it at once. A
+        thread that woke every 5 ms to look took the GIL from the poller each time: it
+        waited for it while the poller spun in Python, and every release of the GIL (each
+        system call of the spin) woke it again, on the core that the peer's poller held.
+        Two shared-device ping-pong processes (``ibv_rc_pingpong`` under ``softrdma run``,
+        or ``softrdma rc-pingpong``) were slowed by it, on 2 cores (docs/design.md). A
+        program that stops polling without a kick (it computes, or blocks elsewhere) is
+        served again within :data:`STAND_BACK_MAX`."""
         if time.monotonic() - self.last_poll < POLL_GRACE:
-            self.kicked.wait(POLL_GRACE)
+            wait = self.back_wait
+            self.kicked.wait(wait)
             self.kicked.clear()
+            self.back_wait = min(2.0 * wait, STAND_BACK_MAX)
             return True
+        self.back_wait = POLL_GRACE
         return False
 
     def _stand_down(self) -> None:
