@@ -107,6 +107,35 @@ def test_spins_then_sleeps_until_input(pair: tuple[socket.socket, socket.socket]
     assert p.idle(None) is False and p.sleeps == 3
 
 
+def test_a_spin_reads_the_cpu_clock_only_once_it_could_have_lost_the_cpu(
+        pair: tuple[socket.socket, socket.socket]) -> None:
+    """The CPU clock (a system call) is read when a spin begins and then only once the
+    spin has lasted PREEMPTED: before, its CPU time cannot lag the wall clock by that
+    much, and the empty polls of a ping-pong's spin skip the read. A spin descheduled for
+    longer is still seen at the next poll."""
+    a, _ = pair
+    c = _Clocks()
+    reads: list[float] = []
+
+    def cpu_clock() -> float:
+        reads.append(c.wall)
+        return c.cpu
+
+    p = pg.PollPacer(a.fileno(), 2 * pg.PREEMPTED, clock=lambda: c.wall,
+                     cpu_clock=cpu_clock, switches=lambda: c.switches)
+    assert p.idle(None) is False and len(reads) == 1  # the spin begins
+    for _ in range(9):
+        c.run(pg.PREEMPTED / 10)
+        assert p.idle(None) is False
+    assert len(reads) == 1 and p.contended == 0
+    c.run(pg.PREEMPTED / 10)
+    assert p.idle(None) is False and len(reads) == 2  # PREEMPTED has passed: read
+    p.busy()
+    assert p.idle(None) is False and len(reads) == 3  # a new spin
+    c.run(2 * pg.PREEMPTED, on_cpu=False)  # descheduled: seen at once
+    assert p.idle(None) is False and len(reads) == 4 and p.contended == 1
+
+
 def test_spins_that_lost_the_cpu_make_polls_sleep_at_once(
         pair: tuple[socket.socket, socket.socket]) -> None:
     a, b = pair
