@@ -149,6 +149,24 @@ def test_standing_back_waits_grow_while_the_polls_go_on() -> None:
     assert not core.standing_back() and core.back_wait == g
 
 
+def test_about_to_block_kicks_only_after_a_busy_poll() -> None:
+    """A C program about to block in ibv_get_cq_event: a progress thread standing back
+    after its busy polls is kicked (it resumes at once and sends the ACKs they left
+    pending); without a busy poll since the last kick nothing is woken (an event-driven
+    program would pay a wake-up per event)."""
+    core, _ = _core()
+    woken: list[int] = []
+    core.on_wake(lambda: woken.append(1))
+    core.about_to_block()
+    assert not woken and not core.kicked.is_set()
+    assert core.try_lock()
+    core.lock.release()
+    core.about_to_block()
+    assert woken == [1] and core.kicked.is_set() and core.last_poll == 0.0
+    core.about_to_block()
+    assert woken == [1]
+
+
 def test_a_thread_that_polls_another_runtime_lets_the_first_ones_thread_resume() -> None:
     """One application thread busy-polls the CQs of two devices in turn (rdma-core's XRC
     traffic tests: a client and a server context in one process): once it polls ``b``,

@@ -307,6 +307,9 @@ def _get_cq_event(h: int, out: Any) -> int:
     try:
         cq = ch.get_cq_event(timeout=0)
     except TimeoutError:
+        # shim.c now waits on the channel's descriptor: a progress thread that stands
+        # back while the program busy-polled (up to STAND_BACK_MAX) takes over at once
+        ch.ctx.runtime.about_to_block()
         return 0
     if not isinstance(cq, RingCQ):
         return 0

@@ -128,6 +128,8 @@ class DeviceRuntime(Protocol):
 
     def kick(self) -> None: ...
 
+    def about_to_block(self) -> None: ...
+
     def device_counters(self) -> dict[str, int]: ...
 
     def close(self, close_link: bool = True) -> None: ...
@@ -396,6 +398,16 @@ class ProgressCore:
         self._stand_down()
         for wake in self._wakers:
             wake()
+
+    def about_to_block(self) -> None:
+        """An application thread is about to block without polling (a C program's
+        ``ibv_get_cq_event``, which waits on the channel's descriptor in C): as
+        :meth:`kick` if an application thread busy-polled since the last kick (the
+        progress thread may stand back for up to :data:`STAND_BACK_MAX`, with the ACKs
+        the polls left pending), else nothing: a thread that serves the device already
+        needs no wake-up, which an event-driven program would pay once per event."""
+        if self.last_poll:
+            self.kick()
 
     def on_wake(self, wake: Callable[[], None]) -> None:
         """Call ``wake`` when the thread must look now (:meth:`kick`, :meth:`close`)."""

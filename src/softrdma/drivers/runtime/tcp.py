@@ -142,6 +142,7 @@ class TcpRuntime:
         self.core, self.lock = core, core.lock
         self.call, self.call_now, self.defer, self.kick = (core.call, core.call_now,
                                                            core.defer, core.kick)
+        self.about_to_block = core.about_to_block
         #: notified (under the lock) after every round of socket I/O and engine calls:
         #: connection setup waits on it for a state change
         self.changed = threading.Condition(core.lock)
