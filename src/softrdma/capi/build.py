@@ -29,10 +29,14 @@ LIB_NAME = "libsoftrdma-capi.so"
 VERBS_H = Path("/usr/include/infiniband/verbs.h")
 RDMA_CMA_H = Path("/usr/include/rdma/rdma_cma.h")
 _HERE = Path(__file__).resolve().parent
+# ``signal``'s first import in a new interpreter (a C program's) sets SIGINT to Python's
+# KeyboardInterrupt handler; sr_keep_program_sigint puts back the program's (shim.c)
 _INIT_CODE = f"""
+import signal
 from {MODULE} import ffi, lib
 from softrdma.capi.cmlazy import install
 install(ffi, lib)
+lib.sr_keep_program_sigint()
 """
 
 

@@ -110,6 +110,7 @@ int sr_ring_push(void *ring, uint64_t wr_id, int status, int opcode, uint32_t ve
 int sr_ring_count(void *ring);
 int sr_ring_resize(void *ring, uint32_t cqe);
 void sr_ring_clean(void *ring, uint32_t qp_num);
+void sr_keep_program_sigint(void);
 """
 
 PY_EXPORTS = """

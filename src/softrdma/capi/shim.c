@@ -27,6 +27,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -893,11 +894,30 @@ static int sr_rspreload(void)
            && strstr(info.dli_fname, "rspreload") != NULL;
 }
 
+/* SIGINT as the program had it before softrdma's Python began (a C program's: the first
+ * import of Python's signal module in a new interpreter replaces a default SIGINT with the
+ * handler that raises KeyboardInterrupt, and Ctrl-C then no longer ended the program, but
+ * failed a verb or went unnoticed): sr_keep_program_sigint puts it back. */
+static struct sigaction sr_sigint_saved;
+static atomic_int sr_sigint_held;  /* 1: saved, to put back once (a C host) */
+
+/* Called by the library's init code (build.py), once softrdma's Python is up and has
+ * imported the signal module: a C program's SIGINT as it was; a Python host's stays. */
+void sr_keep_program_sigint(void)
+{
+    if (atomic_exchange(&sr_sigint_held, 0) == 1)
+        sigaction(SIGINT, &sr_sigint_saved, NULL);
+}
+
 static int sr_python_ok(void)
 {
     char want[16];
     const char *got;
     int state = atomic_load(&sr_python_state);
+
+    if (state == 0 && !Py_IsInitialized() && !atomic_load(&sr_sigint_held)
+        && sigaction(SIGINT, NULL, &sr_sigint_saved) == 0)
+        atomic_store(&sr_sigint_held, 1);  /* a C host: Python is not up yet */
 
     if (state == 0 && sr_rspreload()) {
         fprintf(stderr, "softrdma: librspreload is preloaded too: it takes every TCP and UDP "
@@ -948,6 +968,42 @@ static int sr_holds_gil(void)
     return atomic_load(&sr_python_state) > 0 && Py_IsInitialized() && PyGILState_Check();
 }
 
+/* True when a handler of the program for a signal that may come while it waits lacks
+ * SA_RESTART. The fault signals a thread raises itself (SIGSEGV, SIGBUS, SIGFPE, SIGILL,
+ * SIGTRAP, SIGSYS) and SIGABRT do not count: crash handlers (Python's faulthandler, a C
+ * program's crash reporter) are installed without SA_RESTART and never end a wait. */
+static int sr_handler_without_restart(void)
+{
+    static const int fault[] = { SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT };
+    struct sigaction sa;
+    unsigned int i;
+    int s;
+
+    for (s = 1; s < NSIG; s++) {
+        for (i = 0; i < sizeof(fault) / sizeof(fault[0]) && fault[i] != s; i++)
+            ;
+        if (i < sizeof(fault) / sizeof(fault[0]) || s == SIGKILL || s == SIGSTOP
+            || sigaction(s, NULL, &sa))
+            continue;  /* (glibc refuses its own two real-time signals: skipped) */
+        if ((sa.sa_flags & SA_SIGINFO) ? sa.sa_sigaction == NULL
+            : (sa.sa_handler == SIG_DFL || sa.sa_handler == SIG_IGN))
+            continue;
+        if (!(sa.sa_flags & SA_RESTART))
+            return 1;
+    }
+    return 0;
+}
+
+/* Wait until fd (a channel's descriptor) is readable: 0, or -1 with errno. The verbs that
+ * wait here (ibv_get_cq_event, ibv_get_async_event, rdma_get_cm_event) block in libibverbs
+ * in read(2) of the channel and in librdmacm in write(2) of its event command, which a
+ * signal handler interrupts with EINTR unless it was installed with SA_RESTART, when the
+ * kernel restarts the call (signal(7)); poll(2) is never restarted. So a poll that a
+ * signal interrupted fails with EINTR when a handler lacks SA_RESTART (which signal came
+ * is not known here), and waits on otherwise: qperf ends its test loop, blocked in
+ * ibv_get_cq_event, by a SIGALRM handler without SA_RESTART (and without it waited for
+ * an event that never came: "failed to receive results: timed out"); perftest's
+ * signal(3) handlers (SA_RESTART) leave the wait as it was. */
 static int sr_wait_fd(int fd)
 {
     struct pollfd pfd = { .fd = fd, .events = POLLIN };
@@ -960,8 +1016,12 @@ static int sr_wait_fd(int fd)
     }
     if (sr_holds_gil())
         saved = PyEval_SaveThread();
-    if (poll(&pfd, 1, -1) < 0 && errno != EINTR)
-        ret = -1;
+    while (poll(&pfd, 1, -1) < 0) {
+        if (errno != EINTR || sr_handler_without_restart()) {
+            ret = -1;
+            break;
+        }
+    }
     if (saved) {
         int err = errno;
 

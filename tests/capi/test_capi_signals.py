@@ -1,0 +1,58 @@
+"""``softrdma run`` and a C program's signals (tests/capi/signal_wait.c): a signal while the
+program blocks in a verb that waits for an event (issue 22's errors "the libibverbs way":
+libibverbs waits in read(2) of the channel, so a handler without SA_RESTART ends the wait
+with EINTR, as qperf stops its test loop, and one with SA_RESTART lets it go on), and
+SIGINT, which softrdma's embedded Python must leave as the program had it."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from harness.capi import compile_c, need_build, run
+from harness.device import private_device
+
+
+@pytest.fixture()
+def device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    need_build()
+    yield private_device("capisig", tmp_path, monkeypatch)
+
+
+def test_a_handler_without_sa_restart_ends_the_wait_with_eintr(device: str,
+                                                                tmp_path: Path) -> None:
+    """ibv_get_cq_event and ibv_get_async_event return -1 with EINTR once a SIGALRM
+    handler installed without SA_RESTART ran (before: the wait went on until an event)."""
+    p = run(str(compile_c(tmp_path, "signal_wait", "-libverbs")), device, "norestart")
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    assert "cq_event EINTR" in p.stdout and "async_event EINTR" in p.stdout, p.stdout
+    assert "Traceback" not in p.stderr
+
+
+def test_a_handler_with_sa_restart_leaves_the_wait_to_its_event(device: str,
+                                                                 tmp_path: Path) -> None:
+    """With SA_RESTART the wait goes on through the signal and returns the event of the
+    loopback SEND another thread posts later: the CQ, the received bytes and both
+    completions checked."""
+    p = run(str(compile_c(tmp_path, "signal_wait", "-libverbs", "-lpthread")), device,
+            "restart")
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    assert "cq_event through SA_RESTART" in p.stdout and p.stdout.rstrip().endswith("ok"), \
+        p.stdout
+    assert "Traceback" not in p.stderr
+
+
+def test_sigint_stays_the_programs(device: str, tmp_path: Path) -> None:
+    """Once softrdma's Python is up in a C program, SIGINT is still the default (Python's
+    ``signal`` module, first imported, had set its KeyboardInterrupt handler, and Ctrl-C
+    no longer ended the program), and a SIGINT ends the program as usual; a handler the
+    program installed before its first verb stays."""
+    exe = str(compile_c(tmp_path, "signal_wait", "-libverbs", "-lpthread"))
+    p = run(exe, device, "sigint")
+    assert p.returncode == -signal.SIGINT, (p.returncode, p.stdout, p.stderr)
+    assert "sigint default" in p.stdout, p.stdout
+    p = run(exe, device, "sigint-own")
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    assert "sigint own" in p.stdout, p.stdout
