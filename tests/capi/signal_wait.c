@@ -8,8 +8,10 @@
  * signal_wait DEVICE restart: SIGALRM with SA_RESTART, 0.1 s into ibv_get_cq_event, whose
  *   CQ completes a loopback SEND that another thread posts 0.6 s in: the wait goes on
  *   through the signal and returns that CQ's event.
- * signal_wait DEVICE sigint: SIGINT is still the default once softrdma's Python is up
- *   (prints "sigint default"), and then a SIGINT ends the program as it ends any.
+ * signal_wait DEVICE sigint: SIGPIPE and SIGXFSZ are the default from the start (Python,
+ *   which ran `softrdma run`, ignores them), SIGINT is still the default once softrdma's
+ *   Python is up (prints "sigint default"), and then a SIGINT ends the program as it ends
+ *   any.
  * signal_wait DEVICE sigint-own: a SIGINT handler the program installed before its first
  *   verb is still its own afterwards (prints "sigint own"). */
 #include "common.h"
@@ -31,12 +33,12 @@ static void on_int(int sig)
     (void)sig;
 }
 
-/* the handler SIGINT has now (SIG_DFL, SIG_IGN or a function) */
-static void *sigint_handler(void)
+/* the handler signal sig has now (SIG_DFL, SIG_IGN or a function) */
+static void *handler_of(int sig)
 {
     struct sigaction sa;
 
-    CHECK(!sigaction(SIGINT, NULL, &sa), "sigaction");
+    CHECK(!sigaction(sig, NULL, &sa), "sigaction");
     return (sa.sa_flags & SA_SIGINFO) ? (void *)sa.sa_sigaction : (void *)sa.sa_handler;
 }
 
@@ -96,18 +98,22 @@ int main(int argc, char **argv)
         sigemptyset(&sa.sa_mask);
         CHECK(!sigaction(SIGINT, &sa, NULL), "sigaction");
     } else if (!strcmp(argv[2], "sigint")) {
-        CHECK(sigint_handler() == (void *)SIG_DFL, "SIGINT is not the default to begin with");
+        CHECK(handler_of(SIGINT) == (void *)SIG_DFL, "SIGINT is not the default to begin with");
+        CHECK(handler_of(SIGPIPE) == (void *)SIG_DFL, "SIGPIPE is not the default (%p)",
+              handler_of(SIGPIPE));
+        CHECK(handler_of(SIGXFSZ) == (void *)SIG_DFL, "SIGXFSZ is not the default (%p)",
+              handler_of(SIGXFSZ));
     }
     ctx = open_device(argv[1], NULL);
     if (!strcmp(argv[2], "sigint-own")) {
-        CHECK(sigint_handler() == (void *)on_int, "the program's SIGINT handler was replaced");
+        CHECK(handler_of(SIGINT) == (void *)on_int, "the program's SIGINT handler was replaced");
         printf("sigint own\n");
         CHECK(!ibv_close_device(ctx), "ibv_close_device");
         return 0;
     }
     if (!strcmp(argv[2], "sigint")) {
-        CHECK(sigint_handler() == (void *)SIG_DFL, "SIGINT is no longer the default: %p",
-              sigint_handler());
+        CHECK(handler_of(SIGINT) == (void *)SIG_DFL, "SIGINT is no longer the default: %p",
+              handler_of(SIGINT));
         printf("sigint default\n");
         fflush(stdout);
         raise(SIGINT);

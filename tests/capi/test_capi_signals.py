@@ -45,10 +45,11 @@ def test_a_handler_with_sa_restart_leaves_the_wait_to_its_event(device: str,
 
 
 def test_sigint_stays_the_programs(device: str, tmp_path: Path) -> None:
-    """Once softrdma's Python is up in a C program, SIGINT is still the default (Python's
-    ``signal`` module, first imported, had set its KeyboardInterrupt handler, and Ctrl-C
-    no longer ended the program), and a SIGINT ends the program as usual; a handler the
-    program installed before its first verb stays."""
+    """A C program starts with SIGPIPE and SIGXFSZ at the default (the Python of `softrdma
+    run` ignores them, and exec kept them ignored), and once softrdma's Python is up in
+    it SIGINT is still the default (Python's ``signal`` module, first imported, had set its
+    KeyboardInterrupt handler, and Ctrl-C no longer ended the program): a SIGINT ends the
+    program as usual; a handler the program installed before its first verb stays."""
     exe = str(compile_c(tmp_path, "signal_wait", "-libverbs", "-lpthread"))
     p = run(exe, device, "sigint")
     assert p.returncode == -signal.SIGINT, (p.returncode, p.stdout, p.stderr)

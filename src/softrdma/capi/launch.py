@@ -298,9 +298,17 @@ def run(args: argparse.Namespace) -> int:
         sysfs_env(env, userns)
     else:
         # the program takes this process: its signals (a `timeout` or a test harness that
-        # stops `softrdma run` stops the program, none is left behind), its exit status
+        # stops `softrdma run` stops the program, none is left behind), its exit status.
+        # Python ignores SIGPIPE and SIGXFSZ, and an ignored signal stays ignored across
+        # exec: the program gets them as its shell gave them (the default), as subprocess
+        # does for its children (restore_signals); `softrdma run -- ibv_devinfo | head`
+        # then ends on the closed pipe as ibv_devinfo alone does
         sys.stdout.flush()
         sys.stderr.flush()
+        import signal
+
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+            signal.signal(sig, signal.SIG_DFL)
         try:
             os.execve(path, list(cmd), env)
         except OSError as exc:
