@@ -1,4 +1,4 @@
-/* A signal during a blocking wait (tests/capi/test_capi_signals.py): libibverbs waits in
+/* A signal during a blocking wait (tests/capi/test_capi_host_state.py): libibverbs waits in
  * read(2) of the channel, which a handler installed without SA_RESTART interrupts (EINTR)
  * and one with SA_RESTART lets the kernel restart (signal(7)). qperf ends its test loop,
  * blocked in ibv_get_cq_event, with such a SIGALRM.

@@ -909,6 +909,23 @@ void sr_keep_program_sigint(void)
         sigaction(SIGINT, &sr_sigint_saved, NULL);
 }
 
+/* A C program's interpreter, set up before cffi starts it (once): it leaves the program's
+ * locale alone (configure_locale 0: Python's start-up otherwise calls setlocale(LC_CTYPE,
+ * "") in the program, whose LC_CTYPE then went from "C" to the environment's) and takes
+ * UTF-8 for text and file names (utf8_mode 1, PEP 540), which it took from that locale. */
+static void sr_preinit_python(void)
+{
+    PyPreConfig pre;
+
+    PyPreConfig_InitPythonConfig(&pre);
+    pre.configure_locale = 0;
+    pre.coerce_c_locale = 0;  /* (PEP 538 sets LC_CTYPE in the environment) */
+    pre.utf8_mode = 1;
+    Py_PreInitialize(&pre);  /* (a failure shows when cffi starts the interpreter) */
+}
+
+static pthread_once_t sr_preinit_once = PTHREAD_ONCE_INIT;
+
 static int sr_python_ok(void)
 {
     char want[16];
@@ -918,6 +935,8 @@ static int sr_python_ok(void)
     if (state == 0 && !Py_IsInitialized() && !atomic_load(&sr_sigint_held)
         && sigaction(SIGINT, NULL, &sr_sigint_saved) == 0)
         atomic_store(&sr_sigint_held, 1);  /* a C host: Python is not up yet */
+    if (state == 0 && !Py_IsInitialized())
+        pthread_once(&sr_preinit_once, sr_preinit_python);
 
     if (state == 0 && sr_rspreload()) {
         fprintf(stderr, "softrdma: librspreload is preloaded too: it takes every TCP and UDP "

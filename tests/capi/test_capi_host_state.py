@@ -1,8 +1,9 @@
-"""``softrdma run`` and a C program's signals (tests/capi/signal_wait.c): a signal while the
-program blocks in a verb that waits for an event (issue 22's errors "the libibverbs way":
+"""``softrdma run``: what softrdma's embedded Python must leave as a C program had it
+(tests/capi/signal_wait.c, tests/capi/locale_kept.c). Signals: a signal while the program
+blocks in a verb that waits for an event (issue 22's errors "the libibverbs way":
 libibverbs waits in read(2) of the channel, so a handler without SA_RESTART ends the wait
-with EINTR, as qperf stops its test loop, and one with SA_RESTART lets it go on), and
-SIGINT, which softrdma's embedded Python must leave as the program had it."""
+with EINTR, as qperf stops its test loop, and one with SA_RESTART lets it go on), SIGINT,
+SIGPIPE and SIGXFSZ. The locale: the program's, not the environment's."""
 
 from __future__ import annotations
 
@@ -57,3 +58,16 @@ def test_sigint_stays_the_programs(device: str, tmp_path: Path) -> None:
     p = run(exe, device, "sigint-own")
     assert p.returncode == 0, (p.stdout, p.stderr)
     assert "sigint own" in p.stdout, p.stdout
+
+
+def test_the_programs_locale_stays(device: str, tmp_path: Path,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A program that never called setlocale runs in the "C" locale before and after its
+    first verbs, with a UTF-8 locale in the environment (Python's start-up had given it
+    that one)."""
+    monkeypatch.setenv("LANG", "C.UTF-8")
+    monkeypatch.delenv("LC_ALL", raising=False)
+    monkeypatch.delenv("LC_CTYPE", raising=False)
+    p = run(str(compile_c(tmp_path, "locale_kept", "-libverbs")), device)
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    assert p.stdout.count(": C -> C\n") == 6 and p.stdout.rstrip().endswith("ok"), p.stdout
