@@ -3,7 +3,8 @@
 blocks in a verb that waits for an event (issue 22's errors "the libibverbs way":
 libibverbs waits in read(2) of the channel, so a handler without SA_RESTART ends the wait
 with EINTR, as qperf stops its test loop, and one with SA_RESTART lets it go on), SIGINT,
-SIGPIPE and SIGXFSZ. The locale: the program's, not the environment's."""
+SIGPIPE and SIGXFSZ, and signals a program takes with sigwait(3) in a thread of its own
+(softrdma's threads block them). The locale: the program's, not the environment's."""
 
 from __future__ import annotations
 
@@ -71,3 +72,14 @@ def test_the_programs_locale_stays(device: str, tmp_path: Path,
     p = run(str(compile_c(tmp_path, "locale_kept", "-libverbs")), device)
     assert p.returncode == 0, (p.stdout, p.stderr)
     assert p.stdout.count(": C -> C\n") == 6 and p.stdout.rstrip().endswith("ok"), p.stdout
+
+
+def test_signals_reach_the_programs_threads_not_softrdmas(device: str,
+                                                         tmp_path: Path) -> None:
+    """A program that blocks SIGUSR1 and SIGTERM and takes them with sigwait(3) in its own
+    thread gets them there, with softrdma's threads running (before, the kernel gave them
+    to a softrdma thread, which had them unblocked, and SIGUSR1 ended the process)."""
+    p = run(str(compile_c(tmp_path, "signal_wait", "-libverbs", "-lpthread")), device,
+            "sigwait")
+    assert p.returncode == 0, (p.returncode, p.stdout, p.stderr)
+    assert "the last SIGTERM" in p.stdout and p.stdout.rstrip().endswith("ok"), p.stdout

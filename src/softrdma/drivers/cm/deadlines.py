@@ -23,6 +23,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from ..runtime.threads import QuietThread
+
 __all__ = ["Deadline", "Deadlines", "IDLE_S"]
 
 IDLE_S = 5.0  # the thread ends after this long with no entry
@@ -83,8 +85,7 @@ class Deadlines:
         with self._cv:
             heapq.heappush(self._heap, (when, next(self._seq), d))
             if self._thread is None:
-                self._thread = threading.Thread(target=self._main, name=self._name,
-                                                daemon=True)
+                self._thread = QuietThread(target=self._main, name=self._name, daemon=True)
                 self._thread.start()
             elif when < self._wake_at:
                 self._cv.notify()

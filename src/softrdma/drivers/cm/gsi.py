@@ -86,6 +86,7 @@ from ..devd.client import DevdLink
 from ..links.link import Link
 from ..runtime.clock import VirtualClock
 from ..runtime.locks import acquire
+from ..runtime.threads import QuietThread
 
 __all__ = ["CmBinding", "GRH_SIZE", "SLOT"]
 
@@ -326,7 +327,7 @@ class CmBinding:
             return
         with self._deliver_cv:
             if self._deliver_thread is None:
-                self._deliver_thread = threading.Thread(
+                self._deliver_thread = QuietThread(
                     target=_delivery_main, args=(weakref.ref(self), self._deliver_cv),
                     name="softrdma-cm-events", daemon=True)
                 self._deliver_thread.start()

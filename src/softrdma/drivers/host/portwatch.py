@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from ... import enums as e
 from ..runtime.fdwait import Readable
 from ..runtime.progress import WakePipe
+from ..runtime.threads import QuietThread
 from . import netdev as _netdev
 from .ifwatch import ChangeWatch
 
@@ -71,8 +72,7 @@ class PortWatch:
         self._ready = None if self._watch is None else Readable([self._watch.fileno(),
                                                                   self._wake.r])
         self._sample()
-        self._thread = threading.Thread(target=self._run, name=f"portwatch-{name}",
-                                        daemon=True)
+        self._thread = QuietThread(target=self._run, name=f"portwatch-{name}", daemon=True)
         self._thread.start()
 
     def _sample(self) -> list[int]:

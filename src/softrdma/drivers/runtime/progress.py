@@ -36,6 +36,7 @@ from ...errors import ClosedError, DeviceError, InvalidArgument
 from ..links.link import VirtualClock
 from .fdwait import Readable
 from .locks import acquire
+from .threads import QuietThread
 
 if TYPE_CHECKING:
     from ..links.link import Link
@@ -418,8 +419,7 @@ class ProgressCore:
         one round of work; False ends the thread) until :meth:`close` or a device
         failure, standing back while the application busy-polls."""
         if self.threaded:
-            self._thread = threading.Thread(target=self._main, args=(step,), name=name,
-                                            daemon=True)
+            self._thread = QuietThread(target=self._main, args=(step,), name=name, daemon=True)
             self._thread.start()
 
     def _main(self, step: Callable[[], bool]) -> None:

@@ -12,6 +12,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from .threads import QuietThread
+
 __all__ = ["Workers", "start_daemon"]
 
 
@@ -46,7 +48,7 @@ class Workers:
             if self._idle >= len(self._jobs):
                 self._cv.notify()
                 return
-        threading.Thread(target=self._main, name=self._thread_name, daemon=True).start()
+        QuietThread(target=self._main, name=self._thread_name, daemon=True).start()
 
     def _main(self) -> None:
         counted = False  # counted idle already (while it ran the last job's report)
@@ -85,4 +87,4 @@ class Workers:
 
 def start_daemon(target: Callable[..., None], *args: Any, name: str) -> None:
     """Run ``target(*args)`` in a new daemon thread called ``name``."""
-    threading.Thread(target=target, args=args, name=name, daemon=True).start()
+    QuietThread(target=target, args=args, name=name, daemon=True).start()
