@@ -50,6 +50,10 @@ if TYPE_CHECKING:
 
 __all__ = ["DevdLink"]
 
+#: the data channel's sends: never blocking (full: lost, as on a busy wire) and, devd gone,
+#: EPIPE rather than SIGPIPE (a C program's SIGPIPE is its own under ``softrdma run``)
+_SEND_FLAGS = socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL
+
 # Links of this process that hold devd's sockets, closed in a child after fork() (below).
 _LIVE: weakref.WeakSet[DevdLink] = weakref.WeakSet()
 
@@ -282,7 +286,7 @@ class DevdLink(DevdRequests, LinkState):
         hdr = DHDR.pack(V1_VERSION, ((frame[0] & 0x0F) << 4) | (frame[1] >> 4), frame[7], 0,
                         0, 0, frame[8:24], bytes(dgid))
         with contextlib.suppress(BlockingIOError):  # full: lost, as on a busy wire
-            self._data.sendmsg([hdr, frame], [], socket.MSG_DONTWAIT)
+            self._data.sendmsg([hdr, frame], [], _SEND_FLAGS)
 
     def xrc_send(self, flags: int, domain: int, srqn: int, tgt_qpn: int, src_qp: int,
                  word: int, payload: ReadableBuffer) -> bool:
@@ -293,7 +297,7 @@ class DevdLink(DevdRequests, LinkState):
             return False
         hdr = XHDR.pack(XRC_RECORD, flags, 0, domain, srqn, tgt_qpn, src_qp, word)
         try:
-            self._data.sendmsg([hdr, payload], [], socket.MSG_DONTWAIT)
+            self._data.sendmsg([hdr, payload], [], _SEND_FLAGS)
         except OSError:
             return False
         return True

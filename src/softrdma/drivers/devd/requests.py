@@ -118,9 +118,9 @@ class DevdRequests:
             try:
                 self._ctrl.settimeout(self.ctrl_timeout)
                 if fds:
-                    socket.send_fds(self._ctrl, [record], list(fds))
+                    socket.send_fds(self._ctrl, [record], list(fds), socket.MSG_NOSIGNAL)
                 else:
-                    self._ctrl.send(record)
+                    self._ctrl.send(record, socket.MSG_NOSIGNAL)
                 sent = True
                 while True:
                     self._ctrl.settimeout(max(deadline - time.monotonic(), 1e-3))
@@ -254,7 +254,7 @@ class DevdRequests:
         pipe = self._pipeline()
         self._seq = seq = self._seq % 0xFF + 1
         self._ctrl.settimeout(self.ctrl_timeout)
-        self._ctrl.send(with_seq(REQ.pack(op, arg, bytes(16)), seq))
+        self._ctrl.send(with_seq(REQ.pack(op, arg, bytes(16)), seq), socket.MSG_NOSIGNAL)
         pipe.sent[seq] = op
 
     def _settle(self, rep: bytes) -> bool:
@@ -375,7 +375,8 @@ class DevdRequests:
             try:
                 if self._pipe is not None:  # this exchange's answer is not numbered
                     self._collect(lambda: False)
-                self._ctrl.send(REQ.pack(OP_REPORT_RESOURCES, 0, bytes(16)) + body)
+                self._ctrl.send(REQ.pack(OP_REPORT_RESOURCES, 0, bytes(16)) + body,
+                                socket.MSG_NOSIGNAL)
                 rep = self._ctrl.recv(4096)
             except OSError as exc:
                 raise DeviceError(f"device {self.record.name!r}: devd: {exc}") from exc

@@ -80,6 +80,10 @@ _TX_CHUNK = 1 << 20
 _RX_BUDGET = 1 << 23
 _MAX_IDLE_WAIT = 0.05
 _SETTLE_ROUNDS = 4  # rounds of TcpRuntime.settle (a loopback connect takes two)
+#: a send to a connection the peer reset fails with EPIPE, no SIGPIPE: in a C program
+#: under ``softrdma run`` (whose SIGPIPE is the program's, the default) the signal would end
+#: the process, where siw's kernel sockets raise none
+_NOSIGNAL = socket.MSG_NOSIGNAL
 
 
 def _sysctl_ints(path: str) -> list[int]:
@@ -490,7 +494,7 @@ class TcpRuntime:
             else:
                 break
             try:
-                n = sock.sendmsg(bufs)
+                n = sock.sendmsg(bufs, (), _NOSIGNAL)
             except (BlockingIOError, InterruptedError):
                 s.pending = bufs
                 break
