@@ -80,9 +80,7 @@ _TX_CHUNK = 1 << 20
 _RX_BUDGET = 1 << 23
 _MAX_IDLE_WAIT = 0.05
 _SETTLE_ROUNDS = 4  # rounds of TcpRuntime.settle (a loopback connect takes two)
-#: a send to a connection the peer reset fails with EPIPE, no SIGPIPE: in a C program
-#: under ``softrdma run`` (whose SIGPIPE is the program's, the default) the signal would end
-#: the process, where siw's kernel sockets raise none
+#: a send to a reset connection: EPIPE, not SIGPIPE, which ends a C program (siw raises none)
 _NOSIGNAL = socket.MSG_NOSIGNAL
 
 
