@@ -168,8 +168,8 @@ int main(int argc, char **argv)
     if (!strcmp(argv[2], "norestart")) {
         struct ibv_async_event ae;
 
+        t0 = now();  /* before the timer starts: a late clock read never shortens the wait */
         arm(0.2, 0);
-        t0 = now();
         ret = ibv_get_cq_event(ch, &ev_cq, &ev_ctx);
         err = errno;
         waited = now() - t0;
@@ -178,8 +178,8 @@ int main(int argc, char **argv)
         CHECK(alarms == 1 && waited >= 0.15, "returned after %.3f s, %d alarms", waited,
               (int)alarms);
         printf("cq_event EINTR after %.3f s\n", waited);
+        t0 = now();  /* before the timer starts: a late clock read never shortens the wait */
         arm(0.2, 0);
-        t0 = now();
         ret = ibv_get_async_event(ctx, &ae);
         err = errno;
         waited = now() - t0;
@@ -228,9 +228,9 @@ int main(int argc, char **argv)
         memset(buf[0], 0x5a, 64);
         s.qp = qa;
         s.mr = mr;
+        t0 = now();  /* before the timer and the sender start (see above) */
         arm(0.1, SA_RESTART);
         CHECK(!pthread_create(&t, NULL, send_later, &s), "pthread_create");
-        t0 = now();
         ret = ibv_get_cq_event(ch, &ev_cq, &ev_ctx);
         err = errno;
         waited = now() - t0;
