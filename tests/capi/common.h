@@ -52,15 +52,18 @@ static inline void wait_wc(struct ibv_cq *cq, struct ibv_wc *wc, const char *wha
         FAIL("ibv_poll_cq failed for %s", what);
 }
 
-/* an RC QP on cq (send and receive) with depth WRs each way, one SGE, inline bytes */
-static inline struct ibv_qp *make_rc_qp(struct ibv_pd *pd, struct ibv_cq *cq, uint32_t depth,
-                                        uint32_t inline_data)
+/* an RC QP, sends completing on send_cq and receives on recv_cq, with depth WRs each
+   way, one SGE, inline bytes */
+static inline struct ibv_qp *make_rc_qp_cqs(struct ibv_pd *pd, struct ibv_cq *send_cq,
+                                            struct ibv_cq *recv_cq, uint32_t depth,
+                                            uint32_t inline_data)
 {
     struct ibv_qp_init_attr init;
     struct ibv_qp *qp;
 
     memset(&init, 0, sizeof(init));
-    init.send_cq = init.recv_cq = cq;
+    init.send_cq = send_cq;
+    init.recv_cq = recv_cq;
     init.qp_type = IBV_QPT_RC;
     init.cap.max_send_wr = init.cap.max_recv_wr = depth;
     init.cap.max_send_sge = init.cap.max_recv_sge = 1;
@@ -69,6 +72,13 @@ static inline struct ibv_qp *make_rc_qp(struct ibv_pd *pd, struct ibv_cq *cq, ui
     if (!qp)
         FAIL("ibv_create_qp: %s", strerror(errno));
     return qp;
+}
+
+/* an RC QP whose sends and receives complete on one CQ */
+static inline struct ibv_qp *make_rc_qp(struct ibv_pd *pd, struct ibv_cq *cq, uint32_t depth,
+                                        uint32_t inline_data)
+{
+    return make_rc_qp_cqs(pd, cq, cq, depth, inline_data);
 }
 
 /* RESET -> INIT on port 1 with the access flags */

@@ -191,7 +191,6 @@ int main(int argc, char **argv)
     } else if (!strcmp(argv[2], "restart")) {
         struct ibv_pd *pd = ibv_alloc_pd(ctx);
         struct ibv_cq *scq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
-        struct ibv_qp_init_attr init;
         struct ibv_qp *qa, *qb;
         union ibv_gid gid;
         static char buf[2][64];
@@ -207,14 +206,7 @@ int main(int argc, char **argv)
         CHECK(mr, "ibv_reg_mr");
         CHECK(!ibv_query_gid(ctx, 1, 0, &gid), "ibv_query_gid");
         qa = make_rc_qp(pd, scq, 4, 0);  /* the sender: its completions on scq */
-        memset(&init, 0, sizeof(init));
-        init.send_cq = scq;
-        init.recv_cq = cq;  /* the receiver's: on the CQ with the channel */
-        init.qp_type = IBV_QPT_RC;
-        init.cap.max_send_wr = init.cap.max_recv_wr = 4;
-        init.cap.max_send_sge = init.cap.max_recv_sge = 1;
-        qb = ibv_create_qp(pd, &init);
-        CHECK(qb, "ibv_create_qp");
+        qb = make_rc_qp_cqs(pd, scq, cq, 4, 0);  /* its receives: on the CQ with the channel */
         rc_to_rts(qa, IBV_ACCESS_LOCAL_WRITE, qb->qp_num, &gid, 12, 7);
         rc_to_rts(qb, IBV_ACCESS_LOCAL_WRITE, qa->qp_num, &gid, 12, 7);
         sge.addr = (uintptr_t)buf[1];

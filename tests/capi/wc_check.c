@@ -142,7 +142,6 @@ int main(int argc, char **argv)
     struct ibv_pd *pd;
     struct ibv_cq *cqa, *cqb;
     struct ibv_qp *qa, *qb;
-    struct ibv_qp_init_attr init;
     struct ibv_mr *mr;
     struct ibv_wc wc;
     struct ibv_sge sge;
@@ -412,26 +411,16 @@ int main(int argc, char **argv)
         struct ibv_qp_attr a;
         struct ibv_async_event ev;
 
-        memset(&init, 0, sizeof(init));  /* the pair's attributes, cqo for receives */
-        init.send_cq = cqb;
-        init.recv_cq = cqo;
-        init.qp_type = IBV_QPT_RC;
-        init.cap.max_send_wr = init.cap.max_recv_wr = 16;
-        init.cap.max_send_sge = init.cap.max_recv_sge = 1;
-        init.cap.max_inline_data = 64;
-        qo = cqo ? ibv_create_qp(pd, &init) : NULL;
-        if (!qo)
-            FAIL("overrun QP");
-        memset(&a, 0, sizeof(a));
-        a.qp_state = IBV_QPS_INIT;
-        a.port_num = 1;
-        if (ibv_modify_qp(qo, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-            FAIL("overrun QP INIT");
+        if (!cqo)
+            FAIL("overrun CQ");
+        qo = make_rc_qp_cqs(pd, cqb, cqo, 16, 64);  /* the pair's attributes, cqo for receives */
+        qp_to_init(qo, 0);
         sge.length = 16;
         memset(&rwr, 0, sizeof(rwr));
         rwr.sg_list = &sge; rwr.num_sge = 1;
         if (ibv_post_recv(qo, &rwr, &bad_r) || ibv_post_recv(qo, &rwr, &bad_r))
             FAIL("overrun post_recv");
+        memset(&a, 0, sizeof(a));
         a.qp_state = IBV_QPS_ERR;
         if (ibv_modify_qp(qo, &a, IBV_QP_STATE))  /* two flushed receives, room for one */
             FAIL("overrun QP ERR");
