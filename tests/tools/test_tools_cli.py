@@ -242,26 +242,22 @@ def test_a_parser_for_one_command_parses_it_as_the_full_parser() -> None:
     assert "-s SIZE" not in bare["rc-pingpong"].format_help()
 
 
-def test_a_tool_imports_its_own_module_only(tmp_path: Path) -> None:
+def test_a_tool_imports_its_own_module_only(state: Path) -> None:
     """A tool's process loads its own tool module, not every tool's (the parser of one
     command), nor the version lookup, and a RoCE device's process no iWARP stack,
-    CRC-32C or asyncio (each imported where it is used). The device is a private
-    registry's, on a free port: the built-in device's port 4791 may be a running
-    devd's on this host."""
-    from softrdma.drivers.host.registry import Registry
-
-    Registry(tmp_path).add("importprobe", "lo", "roce", ports.free_port())
+    CRC-32C or asyncio (each imported where it is used). The device is ``state``'s
+    'clitest', on a free port: the built-in device's port 4791 may be a running devd's
+    on this host."""
     probe = (
         "import sys\n"
         "from softrdma.tools import cli\n"
         "cli.build_parser(cli.command_named(['rc-pingpong', '-n', '5']))\n"
         "import softrdma.verbs as v\n"
-        "ctx = v.Context('importprobe')\n"
+        "ctx = v.Context('clitest')\n"
         "assert ctx.transport == 'roce', ctx.transport\n"
         "ctx.close()\n"
         "print(' '.join(sorted(sys.modules)))\n")
-    env = dict(os.environ, PYTHONPATH=SRC, SOFTRDMA_STATE_DIR=str(tmp_path),
-               SOFTRDMA_SHARED="0")
+    env = dict(os.environ, PYTHONPATH=SRC)  # the fixture's private registry, not shared
     p = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
                        text=True, timeout=120)
     assert p.returncode == 0, p.stderr
