@@ -79,19 +79,24 @@ def cpu_s(pid: int) -> float:
 
 
 def _mode_bps(hosts: list[Host], mode: str, seconds: float,
-              cpu: list[tuple[float, float]] | None = None) -> float:
+              cpu: list[tuple[float, float, float, float]] | None = None) -> float:
     """iperf3 through the IPoIB interfaces in ``mode``; with ``cpu``, the CPU seconds per
-    GB carried of the sending and the receiving IPoIB process are appended to it."""
+    GB carried of the sending and the receiving IPoIB process, then the share of a core
+    each used while iperf3 ran (CPU seconds over wall seconds: one interface is one
+    process, so 1.0 is its ceiling on any machine), are appended to it."""
     a, b = hosts
     procs = [ipoib_up(h, "--mode", mode) for h in hosts]
     try:
         a.run(["ping", "-c", "1", "-W", "5", "10.88.0.2"], timeout=30)
         t0 = [cpu_s(p.pid) for p in procs]
+        w0 = time.monotonic()
         bps, nbytes = iperf_bytes(a, b, "10.88.0.2", seconds)
+        wall = time.monotonic() - w0
         t1 = [cpu_s(p.pid) for p in procs]
         if cpu is not None and nbytes > 0:
             gb = nbytes / 1e9
-            cpu.append(((t1[0] - t0[0]) / gb, (t1[1] - t0[1]) / gb))
+            used = (t1[0] - t0[0], t1[1] - t0[1])
+            cpu.append((used[0] / gb, used[1] / gb, used[0] / wall, used[1] / wall))
         return bps
     finally:
         for h, p in zip(hosts, procs, strict=True):
@@ -105,11 +110,12 @@ def _mode_bps(hosts: list[Host], mode: str, seconds: float,
 
 def rounds(n: int, seconds: float, modes: Sequence[str] = MODES,
            report: Callable[[int, float, dict[str, float]], None] | None = None,
-           cpu: dict[str, list[tuple[float, float]]] | None = None
+           cpu: dict[str, list[tuple[float, float, float, float]]] | None = None
            ) -> list[tuple[float, dict[str, float]]]:
     """``n`` rounds on one veth pair; each round measures the bare veth (bits/s), then
     each mode through IPoIB: ``[(veth, {mode: bits/s}), ...]``; ``cpu`` (if given) gets
-    per mode the CPU s/GB of the sending and receiving IPoIB process of each round."""
+    per mode the CPU s/GB of the sending and receiving IPoIB process of each round, then
+    the share of a core each used (:func:`_mode_bps`)."""
     out: list[tuple[float, dict[str, float]]] = []
     with tempfile.TemporaryDirectory() as tmp, veth_pair(Path(tmp)) as hosts:
         a, b = hosts
@@ -143,15 +149,16 @@ def main() -> int:
                  for m, bps in got.items()]
         print("; ".join(line), flush=True)
 
-    cpu: dict[str, list[tuple[float, float]]] = {}
+    cpu: dict[str, list[tuple[float, float, float, float]]] = {}
     res = rounds(args.rounds, args.seconds, modes, report, cpu)
     for mode in modes:
         rs = [got[mode] / base for base, got in res]
         cs = cpu.get(mode, [])
-        per = ", ".join(f"{s:.2f}/{r:.2f}" for s, r in cs)
+        per = ", ".join(f"{s:.2f}/{r:.2f}" for s, r, _, _ in cs)
+        cores = ", ".join(f"{s:.2f}/{r:.2f}" for _, _, s, r in cs)
         print(f"{mode}: ratio to bare veth best {max(rs):.4f}, median "
               f"{statistics.median(rs):.4f} ({len(rs)} runs); CPU s/GB sender/receiver "
-              f"IPoIB process: {per}")
+              f"IPoIB process: {per}; share of a core: {cores}")
     return 0
 
 
