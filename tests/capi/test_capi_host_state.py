@@ -3,8 +3,9 @@
 blocks in a verb that waits for an event (issue 22's errors "the libibverbs way":
 libibverbs waits in read(2) of the channel, so a handler without SA_RESTART ends the wait
 with EINTR, as qperf stops its test loop, and one with SA_RESTART lets it go on), SIGINT,
-SIGPIPE and SIGXFSZ, and signals a program takes with sigwait(3) in a thread of its own
-(softrdma's threads block them). The locale: the program's, not the environment's."""
+SIGPIPE and SIGXFSZ, signals a program takes with sigwait(3) in a thread of its own
+(softrdma's threads block them), and exit() from a signal handler
+(tests/capi/exit_in_handler.c). The locale: the program's, not the environment's."""
 
 from __future__ import annotations
 
@@ -83,3 +84,21 @@ def test_signals_reach_the_programs_threads_not_softrdmas(device: str,
             "sigwait")
     assert p.returncode == 0, (p.returncode, p.stdout, p.stderr)
     assert "the last SIGTERM" in p.stdout and p.stdout.rstrip().endswith("ok"), p.stdout
+
+
+def test_exit_from_a_signal_handler_ends_the_program(device: str, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A program whose signal handler calls exit() while its main thread is inside a verb
+    ends with the handler's status. qperf's server does this when its client fails: the
+    SIGURG handler calls die(), which calls exit(). softrdma's Python must not load
+    OpenSSL's libcrypto. ``secrets`` loaded it (through ``hmac`` and ``hashlib``), and
+    its exit handler frees memory. With the signal inside malloc, that handler waited
+    forever for the malloc lock the interrupted call held, and qperf hung
+    (tests/capi/exit_in_handler.c)."""
+    monkeypatch.setenv("SOFTRDMA_CAPI_DEVICE", device)  # the rdma_cm id's device
+    exe = str(compile_c(tmp_path, "exit_in_handler", "-libverbs", "-lrdmacm"))
+    for _ in range(3):
+        p = run(exe, device, timeout=120.0)
+        assert p.returncode == 3, (p.returncode, p.stdout, p.stderr)
+        assert p.stdout.splitlines() == ["libcrypto not mapped"], p.stdout
+        assert "Traceback" not in p.stderr

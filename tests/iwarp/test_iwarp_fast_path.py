@@ -41,25 +41,16 @@ MB = 1 << 20
 OK = int(e.IBV_WC_SUCCESS)
 
 
-class _SeededBits:
-    """Stands in for :mod:`secrets` in the STag allocator: the same STags every run, so
-    two engines built one after the other are comparable byte for byte."""
-
-    def __init__(self, seed: int) -> None:
-        self.rng = random.Random(seed)
-
-    def randbits(self, k: int) -> int:
-        return self.rng.getrandbits(k)
-
-
 @contextmanager
 def seeded_stags(seed: int) -> Iterator[None]:
-    saved = getattr(stag, "secrets")  # noqa: B009
-    setattr(stag, "secrets", _SeededBits(seed))  # noqa: B010
+    """The STag allocator's bits from a seeded generator instead of the OS: the same STags
+    every run, so two engines built one after the other are comparable byte for byte."""
+    saved = getattr(stag, "_randbits")  # noqa: B009
+    setattr(stag, "_randbits", random.Random(seed).getrandbits)  # noqa: B010
     try:
         yield
     finally:
-        setattr(stag, "secrets", saved)  # noqa: B010
+        setattr(stag, "_randbits", saved)  # noqa: B010
 
 
 def _flat(bufs: list[Buf]) -> bytes:

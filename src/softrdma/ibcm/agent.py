@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import heapq
 import random
-import secrets
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -109,7 +108,10 @@ class CmAgent:
         self.guid = guid
         self.mtu = mtu
         self.config = config if config is not None else CmConfig()
-        self.rng = random.Random(seed if seed is not None else secrets.randbits(64))
+        # seeded from the OS (as by secrets.randbits, whose import pulls in OpenSSL: see
+        # seam.tables._randbits)
+        self.rng = random.Random(seed if seed is not None
+                                 else random.SystemRandom().getrandbits(64))
         self.exclusive = exclusive
         self.counters = CmCounters()
         self.ids: dict[int, IbCmId] = {}

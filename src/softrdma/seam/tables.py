@@ -5,7 +5,7 @@ the part of a :class:`~softrdma.seam.protocols.DeviceEngine` that
 
 from __future__ import annotations
 
-import secrets
+import random
 from collections.abc import Callable, Container
 from typing import Generic, Protocol, TypeVar
 
@@ -15,6 +15,12 @@ from .events import AsyncEventType, EventQueue
 from .protocols import Timed
 from .queues import EngineSRQ
 from .types import MemoryRegion
+
+#: unguessable keys from the OS (what ``secrets.randbits`` is), without importing ``secrets``:
+#: it imports ``hmac`` and so OpenSSL's libcrypto, whose exit handler frees memory, and a C
+#: program under ``softrdma run`` that calls ``exit`` from a signal handler (qperf) while
+#: its thread is inside ``malloc`` in our Python would then deadlock (design.md, "C programs")
+_randbits = random.SystemRandom().getrandbits
 
 __all__ = ["DEFAULT_PKEY", "DeviceTables", "FIRST_QPN", "GID_TYPE_ROCE_V1", "GID_TYPE_ROCE_V2",
            "KEY_BITS", "MULTICAST_QPN", "MemoryTable", "QpnAllocator", "TimerSet"]
@@ -66,7 +72,7 @@ class MemoryTable:
         if self._key_alloc is not None:
             return self._key_alloc()
         while True:
-            k = secrets.randbits(KEY_BITS)
+            k = _randbits(KEY_BITS)
             if k not in self.mrs and k != 0:
                 return k
 
