@@ -9,7 +9,10 @@ as the server; qperf's RC tests over rdma_cm (``-cm1``). Iterations and sizes ar
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -170,11 +173,17 @@ def _qperf(port: int, test: str) -> tuple[subprocess.CompletedProcess[str], str]
     server printed. qperf 0.4.11 (Debian) sends
     its rdma_cm port to the client before rdma_listen (upstream fixed it after 0.4.11,
     "Fix rdmacm race"): a client that comes first is rejected, and its server keeps
-    waiting, so both are started again (generous deadline)."""
+    waiting, so both are started again (generous deadline).
+
+    The server runs in a process group of its own, and the whole group is killed: qperf's
+    server forks a child for each client, and that child holds the server's output open.
+    Killing the parent alone left a child that outlived it, and ``communicate`` waited
+    for it forever (the child had deadlocked: tests/capi/exit_in_handler.c)."""
     deadline = time.monotonic() + TIMEOUT
     while True:
         srv = subprocess.Popen(preloaded("qperf", "-lp", str(port)), text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               start_new_session=True)
         try:
             while not _listening(port) and srv.poll() is None:
                 if time.monotonic() > deadline:
@@ -184,8 +193,9 @@ def _qperf(port: int, test: str) -> tuple[subprocess.CompletedProcess[str], str]
                                            "127.0.0.1", test),
                                  capture_output=True, text=True, timeout=TIMEOUT, check=False)
         finally:
-            srv.kill()
-            server_out = srv.communicate()[0] or ""
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(srv.pid, signal.SIGKILL)
+            server_out = srv.communicate(timeout=TIMEOUT)[0] or ""
         raced = "Event rejected" in cli.stdout + cli.stderr
         if cli.returncode == 0 or not raced or time.monotonic() > deadline:
             return cli, server_out
