@@ -45,12 +45,12 @@ OK = int(e.IBV_WC_SUCCESS)
 def seeded_stags(seed: int) -> Iterator[None]:
     """The STag allocator's bits from a seeded generator instead of the OS: the same STags
     every run, so two engines built one after the other are comparable byte for byte."""
-    saved = getattr(stag, "_randbits")  # noqa: B009
-    setattr(stag, "_randbits", random.Random(seed).getrandbits)  # noqa: B010
+    saved = getattr(stag, "os_randbits")  # noqa: B009
+    setattr(stag, "os_randbits", random.Random(seed).getrandbits)  # noqa: B010
     try:
         yield
     finally:
-        setattr(stag, "_randbits", saved)  # noqa: B010
+        setattr(stag, "os_randbits", saved)  # noqa: B010
 
 
 def _flat(bufs: list[Buf]) -> bytes:

@@ -45,6 +45,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from ..errors import DecodeError, InvalidArgument, SoftRdmaError, StateError
+from ..seam.tables import os_randbits
 from ..wire import cm as wcm
 from ..wire.cm import MsgType, Rej, RejReason, TransportServiceType, time_code_s
 from ..wire.gid import is_v4_mapped
@@ -108,10 +109,7 @@ class CmAgent:
         self.guid = guid
         self.mtu = mtu
         self.config = config if config is not None else CmConfig()
-        # seeded from the OS (as by secrets.randbits, whose import pulls in OpenSSL: see
-        # seam.tables._randbits)
-        self.rng = random.Random(seed if seed is not None
-                                 else random.SystemRandom().getrandbits(64))
+        self.rng = random.Random(seed if seed is not None else os_randbits(64))
         self.exclusive = exclusive
         self.counters = CmCounters()
         self.ids: dict[int, IbCmId] = {}

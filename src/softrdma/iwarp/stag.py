@@ -19,18 +19,15 @@ An STag is 32 bits: a 24-bit index naming the memory object and an 8-bit key
 
 from __future__ import annotations
 
-import random
 from enum import IntEnum
 
 from ..errors import ResourceError
+from ..seam.tables import os_randbits
 from ..seam.types import MemoryRegion
 
 __all__ = ["Access", "StagAllocator", "check_access", "stag_index", "MAX_STAG_INDEX"]
 
 MAX_STAG_INDEX = 0xFFFFFF
-
-#: unguessable STags from the OS, as ``seam.tables._randbits`` (not ``secrets``: see there)
-_randbits = random.SystemRandom().getrandbits
 _U64 = 1 << 64
 
 
@@ -69,10 +66,10 @@ class StagAllocator:
         if len(used) >= MAX_STAG_INDEX:
             raise ResourceError("no free STag index")
         while True:
-            index = _randbits(24)
+            index = os_randbits(24)
             if index and index not in used:
                 used.add(index)
-                return (index << 8) | _randbits(8)
+                return (index << 8) | os_randbits(8)
 
     def free(self, stag: int) -> None:
         self._used.discard(stag_index(stag))

@@ -16,14 +16,15 @@ from .protocols import Timed
 from .queues import EngineSRQ
 from .types import MemoryRegion
 
-#: unguessable keys from the OS (what ``secrets.randbits`` is), without importing ``secrets``:
+#: unguessable bits from the OS (what ``secrets.randbits`` is), for R_Keys, STags and the CM's
+#: seed, without importing ``secrets``:
 #: it imports ``hmac`` and so OpenSSL's libcrypto, whose exit handler frees memory, and a C
 #: program under ``softrdma run`` that calls ``exit`` from a signal handler (qperf) while
 #: its thread is inside ``malloc`` in our Python would then deadlock (design.md, "C programs")
-_randbits = random.SystemRandom().getrandbits
+os_randbits = random.SystemRandom().getrandbits
 
 __all__ = ["DEFAULT_PKEY", "DeviceTables", "FIRST_QPN", "GID_TYPE_ROCE_V1", "GID_TYPE_ROCE_V2",
-           "KEY_BITS", "MULTICAST_QPN", "MemoryTable", "QpnAllocator", "TimerSet"]
+           "KEY_BITS", "MULTICAST_QPN", "MemoryTable", "QpnAllocator", "TimerSet", "os_randbits"]
 
 DEFAULT_PKEY = 0xFFFF  # the default (full membership) partition key (IBA 10.9.1.2)
 GID_TYPE_ROCE_V1 = int(ibv_gid_type.IBV_GID_TYPE_ROCE_V1)  # "IB/RoCE v1" (Annex A16)
@@ -72,7 +73,7 @@ class MemoryTable:
         if self._key_alloc is not None:
             return self._key_alloc()
         while True:
-            k = _randbits(KEY_BITS)
+            k = os_randbits(KEY_BITS)
             if k not in self.mrs and k != 0:
                 return k
 
