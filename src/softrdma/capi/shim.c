@@ -314,19 +314,26 @@ static int sr_ring_init(struct sr_ring *r, uint32_t cqe)
  * A poller sleeps only while the process is busy: a post or a completion in the last
  * SR_BUSY_NS; a program that waits long for a first message, or that only polls, spins
  * (and yields) as before. $SOFTRDMA_CAPI_SPIN and $SOFTRDMA_CAPI_WAIT_US (0: never sleep)
- * set the two.
+ * set the two; the spin is SR_SLEEP_SPIN polls before a sleep, SR_STEP_SPIN before a
+ * receive step (below).
  * By default the poller does not sleep on the futex but runs one receive step of the device
  * itself (sr_py_progress: Python's busy poll, drivers.runtime.progress.PollPacer, which spins a
  * little and then sleeps in the kernel on the device's socket): the answer is then taken
  * and completed by the thread that waits for it, without a hand-off from the progress
  * thread (two thread switches per message). The progress thread stands back while it does.
  * $SOFTRDMA_CAPI_INLINE=0 sleeps on the futex instead ($SOFTRDMA_CAPI_WAIT_US=0: neither,
- * the poller spins and yields). */
+ * the poller spins and yields).
+ * The step spins in Python itself (the pacer, bridge.STEP_POLLS empty polls) and returns
+ * empty when that spin is over; the C spin between two steps is then a window in which a
+ * datagram that arrives waits unread, so it is short: SR_STEP_SPIN polls (about 0.5 us),
+ * where 256 (about 8 us) cost ibv_rc_pingpong -s 64 about 4 % of its round trip. */
 #define SR_BUSY_NS 50000000LL
 static _Atomic uint32_t sr_seq;      /* completions pushed into any ring of the process */
 static _Atomic uint32_t sr_sleepers; /* pollers sleeping on sr_seq */
 static _Atomic long long sr_active_ns; /* CLOCK_MONOTONIC of the last post or completion */
-static unsigned int sr_spin = 256;
+#define SR_SLEEP_SPIN 256  /* empty polls before a futex sleep */
+#define SR_STEP_SPIN 16    /* empty polls before a receive step */
+static unsigned int sr_spin = SR_STEP_SPIN;
 static long sr_wait_ns = 200000;
 static int sr_inline = 1;
 static __thread unsigned int sr_empty_run;
@@ -379,7 +386,11 @@ static void sr_sleep_empty(struct sr_ring *r)
 
 static void sr_wait_config(void)
 {
-    const char *v = getenv("SOFTRDMA_CAPI_SPIN");
+    const char *v = getenv("SOFTRDMA_CAPI_INLINE");
+    if (v && *v)
+        sr_inline = strtol(v, NULL, 0) != 0;
+    sr_spin = sr_inline ? SR_STEP_SPIN : SR_SLEEP_SPIN;
+    v = getenv("SOFTRDMA_CAPI_SPIN");
     if (v && *v)
         sr_spin = (unsigned int)strtoul(v, NULL, 0);
     v = getenv("SOFTRDMA_CAPI_WAIT_US");
@@ -387,9 +398,6 @@ static void sr_wait_config(void)
         long us = strtol(v, NULL, 0);
         sr_wait_ns = us <= 0 ? 0 : (us >= 1000000 ? 999999999 : us * 1000);
     }
-    v = getenv("SOFTRDMA_CAPI_INLINE");
-    if (v && *v)
-        sr_inline = strtol(v, NULL, 0) != 0;
 }
 
 /* Called from Python (one producer at a time): 0, or -1 when the ring is full (overrun). */
