@@ -2,7 +2,9 @@
 
 ``python bench/run.py`` prints a table; ``python bench/run.py --json`` prints one JSON
 object: per figure, softrdma's value and its baseline in each run, the ratio of each pair
-of runs (best and median), the goal, and the machine's core count.
+of runs (best and median), the goal, the machine's core count, and the interpreter that
+ran it and how it was built (``python_executable``, ``python_build``: the same Python
+version built two ways gives figures several per cent apart).
 
 A figure and its baseline alternate run by run (baseline, softrdma, baseline, softrdma,
 ...), so a change in the machine's load hits both. ``--runs`` (default 3) sets how many
@@ -74,6 +76,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import sysconfig
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -434,6 +437,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         print(json.dumps({
             "cores": os.cpu_count(), "python": platform.python_version(),
+            "python_executable": os.path.realpath(sys.executable),
+            "python_build": _interpreter(),
             "machine": platform.machine(), "runs": a.runs, "quick": a.quick,
             "loadavg_after": [round(x, 2) for x in load],
             "wake": wake,
@@ -446,7 +451,24 @@ def main(argv: list[str] | None = None) -> int:
               f"{load[0]:.2f}, {time.time() - t0:.0f} s; UDP ping-pong round trip "
               f"{wake['same_core_us']} us on one core, {wake['cross_core_us']} us across "
               "cores (bench/wake_cost.py)")
+        print(f"Python {platform.python_version()}, {os.path.realpath(sys.executable)} "
+              f"({_interpreter()})")
     return 1 if any(f.error for f in figs) else 0
+
+
+def _interpreter() -> str:
+    """How the interpreter was built, which moves every figure: one Python version built
+    two ways differs by several per cent per packet (Debian's ``python3.11``, whose
+    executable has the interpreter linked in, against a pyenv build that loads
+    ``libpython3.11.so``: 3-10 % less CPU per packet in ``bench/profile_roce.py``;
+    docs/design.md, "IP over InfiniBand")."""
+    try:
+        with open("/proc/self/maps") as f:
+            loaded = "libpython" in f.read()
+    except OSError:
+        loaded = bool(sysconfig.get_config_var("Py_ENABLE_SHARED"))
+    return (f"{platform.python_compiler()}, "
+            f"{'libpython loaded as a shared library' if loaded else 'libpython linked in'}")
 
 
 if __name__ == "__main__":

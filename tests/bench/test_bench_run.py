@@ -18,6 +18,10 @@ def test_run_json_quick_one_figure() -> None:
     doc = quick_run(2, "roce_write_bw", timeout=240)
     assert doc["cores"] == os.cpu_count()
     assert doc["runs"] == 2 and doc["quick"] is True
+    # the interpreter that ran it, and how it was built (the figures move with both)
+    assert doc["python_executable"] == os.path.realpath(sys.executable)
+    assert doc["python_build"].endswith(("libpython loaded as a shared library",
+                                         "libpython linked in"))
     wake = doc["wake"]  # the machine's wake-up cost, same core and across cores
     assert wake["same_core_us"] > 0
     assert (wake["cross_core_us"] is None) == (len(os.sched_getaffinity(0)) == 1)
