@@ -76,7 +76,6 @@ import platform
 import statistics
 import subprocess
 import sys
-import sysconfig
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -464,11 +463,11 @@ def _interpreter() -> str:
     docs/design.md, "IP over InfiniBand")."""
     try:
         with open("/proc/self/maps") as f:
-            loaded = "libpython" in f.read()
-    except OSError:
-        loaded = bool(sysconfig.get_config_var("Py_ENABLE_SHARED"))
-    return (f"{platform.python_compiler()}, "
-            f"{'libpython loaded as a shared library' if loaded else 'libpython linked in'}")
+            how = ("libpython loaded as a shared library" if "libpython" in f.read()
+                   else "libpython linked in")
+    except OSError:  # Py_ENABLE_SHARED would not tell: Debian's says 1 for a linked-in one
+        how = "libpython: unknown"
+    return f"{platform.python_compiler()}, {how}"
 
 
 if __name__ == "__main__":
