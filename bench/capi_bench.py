@@ -177,10 +177,10 @@ def alternated(one: Callable[[bool], float]) -> tuple[float, float]:
     placed its two processes, which changes from one pair to the next (``bench/
     wake_cost.py``: a UDP ping-pong's round trip 17 us on one core, 72 us across two),
     and even a pair pinned to one core per process moves with the machine (91-124 us per
-    iteration, docs/design.md); two pairs a side halve that variance, and the two orders cancel a drift within the
-    run (a run of one pair each, always C first, gave ratios of 0.56-1.70 for the same
-    code within minutes). Both sides get the same treatment, so the ratio's expectation
-    does not move."""
+    iteration, docs/design.md); two pairs a side halve that variance, and the two orders
+    cancel a drift within the run (a run of one pair each, always C first, gave ratios of
+    0.56-1.70 for the same code within minutes). Both sides get the same treatment, so
+    the ratio's expectation does not move."""
     got: dict[bool, list[float]] = {True: [], False: []}
     for c in (True, False, False, True):
         got[c].append(one(c))
