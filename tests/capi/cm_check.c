@@ -1,7 +1,8 @@
 /* librdmacm calls under softrdma run (tests/test_capi_rdmacm.py): the event channel's fd
  * (EAGAIN when non-blocking and empty, readable when an event is pending), an id's
  * device context and addresses after ADDR_RESOLVED, bad arguments (EINVAL), what is not
- * served (an option: ENOSYS; XRC: EOPNOTSUPP; RDMA_PS_IB: EPROTONOSUPPORT),
+ * served (an option: ENOSYS; RDMA_PS_IPOIB: EPROTONOSUPPORT; an XRC QP on an RDMA_PS_TCP
+ * id: EINVAL, XRC needs an RDMA_PS_IB id of its type),
  * rdma_getaddrinfo (also from the hints' addresses alone), rdma_bind_addr of a loopback
  * address no device owns (no device, as the kernel's); an id destroyed already, or a
  * pointer to unmapped memory (perftest 4.5-0.17's retry after a REJECTED connection
@@ -38,8 +39,11 @@ int main(void)
     CHECK(rdma_create_id(ch, &bad, NULL, (enum rdma_port_space)0x1234) == -1 && errno == EINVAL,
           "a bad port space is EINVAL");
     errno = 0;
-    CHECK(rdma_create_id(ch, &bad, NULL, RDMA_PS_IB) == -1 && errno == EPROTONOSUPPORT,
-          "RDMA_PS_IB (AF_IB, XRC) is not served: EPROTONOSUPPORT");
+    CHECK(rdma_create_id(ch, &bad, NULL, RDMA_PS_IPOIB) == -1 && errno == EPROTONOSUPPORT,
+          "RDMA_PS_IPOIB is not served: EPROTONOSUPPORT");
+    CHECK(rdma_create_id(ch, &bad, NULL, RDMA_PS_IB) == 0 && bad->ps == RDMA_PS_IB
+          && bad->qp_type == IBV_QPT_RC && rdma_destroy_id(bad) == 0,
+          "an RDMA_PS_IB id is an RC id (rdma_create_id)");
     CHECK(rdma_create_id(ch, &id, (void *)0x5, RDMA_PS_TCP) == 0, "rdma_create_id");
     CHECK(fcntl(ch->fd, F_SETFL, fcntl(ch->fd, F_GETFL) | O_NONBLOCK) == 0, "fcntl");
     errno = 0;
@@ -87,8 +91,8 @@ int main(void)
         memset(&x, 0, sizeof(x));
         x.qp_type = IBV_QPT_XRC_SEND;
         errno = 0;
-        CHECK(rdma_create_qp_ex(id, &x) == -1 && errno == EOPNOTSUPP && !id->qp,
-              "an XRC QP through rdma_cm is EOPNOTSUPP");
+        CHECK(rdma_create_qp_ex(id, &x) == -1 && errno == EINVAL && !id->qp,
+              "an XRC QP on an RDMA_PS_TCP id is EINVAL");
     }
     errno = 0;
     CHECK(rdma_connect(id, NULL) == -1 && errno != 0, "rdma_connect before resolve_route fails");

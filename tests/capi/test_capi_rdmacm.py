@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -32,6 +33,7 @@ from harness.device import reap
 from harness.wait import StreamLines
 
 from softrdma.capi import build
+from softrdma.drivers.host import registry
 from softrdma.verbs.device import IWARP_LOOPBACK
 
 
@@ -91,22 +93,153 @@ def test_rping_iwarp(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
     _pings(sout, "server ", 3)
 
 
-@pytest.mark.parametrize("server", ["rdma_server", "rdma_xserver"])
-def test_rdma_server_client(device: str, server: str) -> None:
+@pytest.mark.parametrize("server,mode", [("rdma_server", []), ("rdma_xserver", []),
+                                         ("rdma_xserver", ["-c", "x"])],
+                         ids=["rdma_server", "rdma_xserver", "rdma_xserver-xrc"])
+def test_rdma_server_client(device: str, server: str, mode: list[str]) -> None:
     """rdma_server/rdma_client: rdma_getaddrinfo, synchronous ids (rdma_create_ep,
     rdma_get_request, blocking connect/accept/disconnect), librdmacm's CQs with their
     completion channels (rdma_get_send_comp/rdma_get_recv_comp). rdma_xserver/
     rdma_xclient in RC mode: the client's QP asks for no inline data and one SGE, then
     sends its 16 bytes inline (lkey 0), as Linux rxe allows: the QP's inline room is at
-    least its SGEs' bytes. (Their XRC mode, -c x, needs XRC through rdma_cm, RDMA_PS_IB:
-    not served; Linux rxe has no XRC at all.)"""
+    least its SGEs' bytes. Their XRC mode (-c x): RDMA_PS_IB ids of types
+    IBV_QPT_XRC_RECV / _SEND, the server's XRC TGT QP and XRC SRQ on the device's XRC
+    domain (rdma_create_srq after rdma_get_request), its SRQ number in the REP's private
+    data, and the client's inline SEND naming that SRQ (Linux rxe has no XRC at all)."""
     need_tool(server, "rdmacm-utils")
     client = server.replace("server", "client")
     port = str(tcp_port())
-    (sout, serr), (cout, cerr) = pair(preloaded(server, "-p", port),
-                                      preloaded(client, "-s", "127.0.0.1", "-p", port))
+    (sout, serr), (cout, cerr) = pair(preloaded(server, "-p", port, *mode),
+                                      preloaded(client, "-s", "127.0.0.1", "-p", port, *mode))
     assert f"{server}: end 0" in sout, (sout, serr)
     assert f"{client}: end 0" in cout, (cout, cerr)
+
+
+_XRC_PY = """
+import sys, time
+from softrdma import enums as e, verbs as v
+from softrdma.cm import rdma_cm as rc
+
+T = rc.RdmaCmEventType
+dev, port, role = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+ch = rc.EventChannel()
+
+
+def event(want):
+    ev = ch.get_cm_event(60)
+    ch.ack(ev)
+    if ev.event != want:
+        print("got", rc.event_str(ev.event), "status", ev.status, flush=True)
+        sys.exit(3)
+    return ev
+
+
+def poll(cq):
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        n, wcs = cq.poll(1)
+        if n:
+            return wcs[0]
+        time.sleep(0.001)
+    sys.exit(4)
+
+
+if role == "server":  # rdma_xserver -c x's part
+    lst = rc.CmId(ch, rc.RDMA_PS_IB, qp_type=int(e.IBV_QPT_XRC_RECV))
+    lst.bind_addr(("127.0.0.1", port), device=dev)
+    lst.listen(1)
+    cid = event(T.CONNECT_REQUEST).id
+    xrcd, pd, cq = v.XRCD(cid.verbs), v.PD(cid.verbs), v.CQ(cid.verbs, 4)
+    srq = v.XrcSRQ(pd, xrcd, cq, v.SrqInitAttr(v.SrqAttr(4, 1)))
+    tgt = cid.create_qp(None, v.QPInitAttr(qp_type=int(e.IBV_QPT_XRC_RECV)), xrcd=xrcd)
+    mr = v.MR(pd, 64, int(e.IBV_ACCESS_LOCAL_WRITE))
+    mr.write(bytes([0xEE]) * 64, 64)
+    srq.post_recv(v.RecvWR(9, 1, [v.SGE(mr.addr, 64, mr.lkey)]))
+    cid.accept(rc.ConnParam(private_data=srq.srq_num.to_bytes(4, "big")))
+    event(T.ESTABLISHED)
+    wc = poll(cq)
+    print("received", wc.wr_id, wc.status, wc.byte_len, wc.qp_num == tgt.qp_num,
+          mr.read(16, 0) == bytes(16), flush=True)
+    event(T.DISCONNECTED)
+else:  # rdma_xclient -c x's part
+    cid = rc.CmId(ch, rc.RDMA_PS_IB, qp_type=int(e.IBV_QPT_XRC_SEND))
+    cid.resolve_addr(None, ("127.0.0.1", port), 2000, device=dev)
+    event(T.ADDR_RESOLVED)
+    cid.resolve_route(2000)
+    event(T.ROUTE_RESOLVED)
+    pd, cq = v.PD(cid.verbs), v.CQ(cid.verbs, 4)
+    cid.create_qp(pd, v.QPInitAttr(qp_type=int(e.IBV_QPT_XRC_SEND), scq=cq, rcq=cq,
+                                   cap=v.QPCap(1, 0, 1, 0, 16)))
+    cid.connect()
+    est = event(T.ESTABLISHED)
+    wr = v.SendWR(5, None, 1, [v.SGE(0, 16, 0)], e.IBV_WR_SEND,
+                  e.IBV_SEND_SIGNALED | e.IBV_SEND_INLINE)
+    wr.set_inline_data(b"python over XRC!")
+    wr.set_qp_type_xrc(int.from_bytes(est.private_data[:4], "big"))
+    cid.qp.post_send(wr)
+    wc = poll(cq)
+    print("sent", wc.wr_id, wc.status, flush=True)
+    event(T.DISCONNECTED)
+"""
+
+
+@pytest.mark.parametrize("c_side", ["client", "server"])
+def test_xrc_between_c_and_python(device: str, c_side: str) -> None:
+    """XRC through rdma_cm between the stock rdma_xclient/rdma_xserver (-c x) and a Python
+    program on softrdma's rdma_cm API, on one device: the C client's inline SEND reaches
+    the Python server's XRC SRQ (16 bytes, the TGT QP's number in the completion), and the
+    Python client's SEND, naming the SRQ from the REP's private data, completes the C
+    server's rdma_get_recv_comp."""
+    need_tool("rdma_xserver", "rdmacm-utils")
+    port = str(tcp_port())
+    py = [sys.executable, "-c", _XRC_PY, device, port]
+    if c_side == "client":
+        (sout, serr), (cout, cerr) = pair([*py, "server"],
+                                          preloaded("rdma_xclient", "-c", "x", "-s",
+                                                    "127.0.0.1", "-p", port))
+        assert "rdma_xclient: end 0" in cout, (cout, cerr)
+        assert sout.splitlines() == ["received 9 0 16 True True"], (sout, serr)
+    else:
+        (sout, serr), (cout, cerr) = pair(preloaded("rdma_xserver", "-c", "x", "-p", port),
+                                          [*py, "client"])
+        assert "rdma_xserver: end 0" in sout, (sout, serr)
+        assert cout.splitlines() == ["sent 5 0"], (cout, cerr)
+
+
+def test_xrc_connection_captured_under_softrdma_run(device: str, tmp_path: Path) -> None:
+    """``softrdma --pcap FILE run -- PROGRAM``: the program's device captures to FILE.
+    rdma_xserver -c x's capture holds the XRC connection as Linux's cm.c encodes it (the
+    REQ's Transport Service Type 3 with Extended Transport Type 1, the TGT QP in the REP's
+    Local EE Context Number), the client's XRC SEND ONLY and its XRC ACK; pcap-check
+    follows the connection from the REQ/REP (PSNs, the DREQ naming the TGT QP) and tshark
+    decodes the same fields, when it is installed."""
+    need_tool("rdma_xserver", "rdmacm-utils")
+    port = str(tcp_port())
+    cap = tmp_path / "xrc.pcap"
+    server = [sys.executable, "-m", "softrdma", "--pcap", str(cap), "run", "--",
+              "rdma_xserver", "-c", "x", "-p", port]
+    (sout, serr), (cout, cerr) = pair(server, preloaded("rdma_xclient", "-c", "x", "-s",
+                                                        "127.0.0.1", "-p", port))
+    assert "rdma_xserver: end 0" in sout and "rdma_xclient: end 0" in cout, (serr, cerr)
+    udp = str(registry.get(device).udp_port)  # the private device's RoCE port, not 4791
+    chk = subprocess.run([sys.executable, "-m", "softrdma", "pcap-check", "-v",
+                          "--udp-port", udp, str(cap)],
+                         capture_output=True, text=True, timeout=TIMEOUT, check=False)
+    assert chk.returncode == 0, (chk.stdout, chk.stderr)
+    assert "1 connection followed, 0 inconsistent" in chk.stdout, chk.stdout
+    lines = chk.stdout.splitlines()
+    (req,) = [ln for ln in lines if " CM REQ " in ln]
+    (rep,) = [ln for ln in lines if " CM REP " in ln]
+    assert req.endswith(" XRC") and " EECN 0x" in rep, (req, rep)
+    sends = [ln for ln in lines if "XRC_SEND_ONLY" in ln]
+    assert len(sends) == 1 and sends[0].endswith("len 16"), sends
+    assert any("XRC_ACKNOWLEDGE" in ln for ln in lines)
+    assert any("closed (DREP)" in ln for ln in lines)
+    if shutil.which("tshark"):
+        out = subprocess.run(["tshark", "-r", str(cap), "-V", "-d", f"udp.port=={udp},infiniband"],
+                             capture_output=True, text=True, timeout=TIMEOUT, check=False).stdout
+        assert "Transport Service Type: 0x3" in out and "Extended Transport: 0x1" in out
+        assert "Extended Reliable Connection (XRC) - SEND Only" in out
 
 
 def test_cmtime_connection_steps(device: str) -> None:
@@ -140,14 +273,16 @@ def test_cmtime_connection_steps(device: str) -> None:
     assert "REJECTED" not in cli.stdout and "error" not in cli.stdout.lower(), cli.stdout
 
 
-def test_ucmatose_messages_options_and_migrate(device: str) -> None:
+@pytest.mark.parametrize("space", [[], ["-P", "ib"]], ids=["tcp", "ib"])
+def test_ucmatose_messages_options_and_migrate(device: str, space: list[str]) -> None:
     """ucmatose: 5 messages each way, TOS and ACK timeout options, then rdma_migrate_id
-    to a new event channel before disconnecting. One connection: a client started again
-    while the server is not listening yet could leave it a request of a client that has
-    gone (with -c 2, one REQ rejected, the other not)."""
+    to a new event channel before disconnecting; in the TCP port space and (-P ib) in
+    RDMA_PS_IB with IP addresses, as Linux serves it. One connection: a client started
+    again while the server is not listening yet could leave it a request of a client that
+    has gone (with -c 2, one REQ rejected, the other not)."""
     need_tool("ucmatose", "rdmacm-utils")
     port = str(tcp_port())
-    common = ["-p", port, "-c", "1", "-C", "5", "-m"]
+    common = ["-p", port, "-c", "1", "-C", "5", "-m", *space]
     (sout, serr), (cout, cerr) = pair(
         preloaded("ucmatose", *common),
         preloaded("ucmatose", "-s", "127.0.0.1", *common, "-t", "32", "-a", "14"))

@@ -94,10 +94,11 @@ cli.post_send(mr)
 cli.get_send_comp()
 t.join(30)
 print(got["msg"].decode(), got["len"], attr.timeout, cli.qpn > 0)
+CMID(creator=CMEventChannel(), port_space=ce.RDMA_PS_IB).close()
 try:
-    CMID(creator=CMEventChannel(), port_space=ce.RDMA_PS_IB)
+    CMID(creator=CMEventChannel(), port_space=ce.RDMA_PS_IPOIB)
 except PyverbsRDMAError as exc:
-    print("ps_ib", exc.error_code)
+    print("ps_ipoib", exc.error_code)
 try:
     cli.set_option(ce.RDMA_OPTION_ID, 99, 1, 1)
 except PyverbsRDMAError as exc:
@@ -117,7 +118,7 @@ def test_pyverbs_sync_cmid_and_options(state: str) -> None:
     # 16 bytes sent (the whole registered buffer, as rdma_post_send); the option's Local
     # ACK Timeout is the QP's; unsupported port spaces and options are refused
     assert lines[0] == "hello 16 17 True"
-    assert lines[1] == "ps_ib 93"  # EPROTONOSUPPORT
+    assert lines[1] == "ps_ipoib 93"  # EPROTONOSUPPORT (RDMA_PS_IB ids are served)
     assert lines[2] == "option 38"  # ENOSYS
 
 

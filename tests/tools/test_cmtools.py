@@ -84,6 +84,7 @@ def test_udaddy_two_processes(tmp_path: Path, addr: str, extra: list[str]) -> No
 @pytest.mark.parametrize(("transport", "extra"), [("roce", ["-C", "5"]),
                                                   ("roce", ["-c", "3", "-C", "3", "-m"]),
                                                   ("roce", ["-C", "4", "-t", "32", "-a", "16"]),
+                                                  ("roce", ["-C", "3", "-P", "ib"]),
                                                   ("iwarp", ["-C", "5", "-S", "3000"])])
 def test_ucmatose_two_processes(tmp_path: Path, transport: str, extra: list[str]) -> None:
     port = str(_port())
@@ -187,7 +188,7 @@ def test_udaddy_server_reply_address_from_grh() -> None:
     (["udaddy", "-f", "gid"], "gid addresses need AF_IB"),
     (["udaddy", "-C", "-1"], "-C: must be at least 0"),
     (["udaddy", "--timeout", "-1"], "--timeout: must be a positive number"),
-    (["ucmatose", "-P", "ib"], "the ib port space (RDMA_PS_IB) needs AF_IB"),
+    (["ucmatose", "-P", "ib", "--transport", "iwarp"], "the ib port space (RDMA_PS_IB) needs RoCE"),
     (["ucmatose", "-c", "0"], "-c: must be at least 1"),
     (["ucmatose", "-p", "70000"], "-p: port 70000 not in 0..65535"),
 ])

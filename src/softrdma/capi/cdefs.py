@@ -155,7 +155,7 @@ int sr_py_open_xrcd(int ctx, int fd, int oflags);
 int sr_py_create_xrc_srq(int pd, int xrcd, int cq, struct sr_srq_attr *attr, void *wrapper,
                          uint32_t *srq_num);
 int sr_py_cm_channel(int *fd);
-int sr_py_cm_create_id(int channel, int ps, void *wrapper);
+int sr_py_cm_create_id(int channel, int ps, int qp_type, void *wrapper);
 int sr_py_cm_set_wrapper(int h, void *wrapper);
 int sr_py_cm_destroy_id(int id);
 int sr_py_cm_info(int id, struct sr_cm_info *info);
@@ -164,7 +164,7 @@ int sr_py_cm_resolve_addr(int id, struct sr_cm_addr *src, struct sr_cm_addr *dst
                           int timeout_ms);
 int sr_py_cm_resolve_route(int id, int timeout_ms);
 int sr_py_cm_listen(int id, int backlog);
-int sr_py_cm_create_qp(int id, int pd, struct sr_qp_init *attr, void *wrapper);
+int sr_py_cm_create_qp(int id, int owner, struct sr_qp_init *attr, void *wrapper);
 int sr_py_cm_drop_qp(int id);
 int sr_py_cm_connect(int id, struct sr_conn_param *param);
 int sr_py_cm_accept(int id, struct sr_conn_param *param);

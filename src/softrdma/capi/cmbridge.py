@@ -19,6 +19,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+from .. import enums as e
 from ..cm import rdma_mcast
 from ..cm.rdma_cm import (
     RDMA_OPTION_ID,
@@ -30,7 +31,7 @@ from ..cm.rdma_cm import (
 )
 from ..cm.rdma_devices import candidates, open_device
 from ..errors import InvalidArgument, SoftRdmaError
-from ..verbs import PD, Context
+from ..verbs import PD, XRCD, Context
 from . import bridge as b
 from . import handles as hd
 from .envnames import DEVICE_ENV
@@ -86,8 +87,8 @@ def _channel(fd: Any) -> int:
     return hd._add(ch)
 
 
-def _create_id(channel: int, ps: int, wrapper: Any) -> int:
-    return hd._add(CmId(hd._get(channel, EventChannel), ps), wrapper)
+def _create_id(channel: int, ps: int, qp_type: int, wrapper: Any) -> int:
+    return hd._add(CmId(hd._get(channel, EventChannel), ps, qp_type=qp_type), wrapper)
 
 
 def _set_wrapper(h: int, wrapper: Any) -> int:
@@ -176,8 +177,12 @@ def _listen(h: int, backlog: int) -> int:
     return 0
 
 
-def _create_qp(h: int, pd: int, a: Any, wrapper: Any) -> int:
-    qp = _id(h).create_qp(hd._get(pd, PD), b._qp_init(a))
+def _create_qp(h: int, owner: int, a: Any, wrapper: Any) -> int:
+    """``rdma_create_qp``: the QP on ``owner``, a PD, or (an XRC TGT QP) an XRCD."""
+    if a.qp_type == e.IBV_QPT_XRC_RECV:
+        qp = _id(h).create_qp(None, b._qp_init(a), xrcd=hd._get(owner, XRCD))
+    else:
+        qp = _id(h).create_qp(hd._get(owner, PD), b._qp_init(a))
     a.qp_num = qp.qp_num
     return b._add_qp(qp, wrapper)
 

@@ -288,6 +288,11 @@ def run(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 1
     env = preload_env(library, args.dev, python_host=interpreter is not None)
+    from .. import trace
+
+    if trace.capture_path is not None:  # `softrdma --pcap FILE run -- PROGRAM`: the
+        # program is this process (it replaces it), so its devices capture to FILE
+        env[trace.PCAP_ENV] = os.path.abspath(trace.capture_path)
     sysfs = bool(getattr(args, "sysfs", False))
     userns = sysfs and sysfs_user_namespace()
     if sysfs:

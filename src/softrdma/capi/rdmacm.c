@@ -263,6 +263,39 @@ static struct ibv_pd *sr_cm_device_pd(struct ibv_context *verbs)
     return pd;
 }
 
+/* the XRC domain of a device's rdma_cm XRC TGT QPs and SRQs, opened with no file (librdmacm
+ * ucma_get_xrcd: one per device, kept for the process) */
+static struct { struct ibv_context *verbs; struct ibv_xrcd *xrcd; } g_cm_xrcds[SR_CM_MAX_DEVICE_PDS];
+
+static struct ibv_xrcd *sr_cm_device_xrcd(struct ibv_context *verbs)
+{
+    struct ibv_xrcd_init_attr attr;
+    struct ibv_xrcd *xrcd = NULL;
+    int i;
+
+    pthread_mutex_lock(&g_cm_lock);
+    for (i = 0; i < SR_CM_MAX_DEVICE_PDS && g_cm_xrcds[i].verbs; i++)
+        if (g_cm_xrcds[i].verbs == verbs) {
+            xrcd = g_cm_xrcds[i].xrcd;
+            break;
+        }
+    if (!xrcd && i < SR_CM_MAX_DEVICE_PDS) {
+        memset(&attr, 0, sizeof(attr));
+        attr.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
+        attr.fd = -1;
+        attr.oflags = O_CREAT;
+        xrcd = ibv_open_xrcd(verbs, &attr);
+        if (xrcd) {
+            g_cm_xrcds[i].verbs = verbs;
+            g_cm_xrcds[i].xrcd = xrcd;
+        }
+    } else if (!xrcd) {
+        errno = ENOMEM;
+    }
+    pthread_mutex_unlock(&g_cm_lock);
+    return xrcd;
+}
+
 static int sr_cm_refresh(struct sr_cm_id *c)
 {
     struct sr_cm_info info;
@@ -376,7 +409,7 @@ static int sr_cm_create_id(struct rdma_event_channel *channel, struct rdma_cm_id
         free(c);
         return -1;
     }
-    h = sr_py_cm_create_id(SR_CHAN(channel)->h, ps, c);
+    h = sr_py_cm_create_id(SR_CHAN(channel)->h, ps, qpt, c);
     if (!sr_handle_ok(h)) {
         int err = errno;
         if (sync)
@@ -698,8 +731,10 @@ static struct ibv_pd *sr_cm_pd(struct rdma_cm_id *id)
 
 /* As librdmacm: the PD defaults to id->pd, the CQs to the id's (made here, with their
  * channels, when neither the attributes nor the id have them), the SRQ to id->srq
- * (rdma_create_srq); the attributes are updated in place. XRC through rdma_cm is not
- * served (EOPNOTSUPP): its ids need RDMA_PS_IB, which softrdma's rdma_cm lacks. */
+ * (rdma_create_srq); the attributes are updated in place. XRC (an RDMA_PS_IB id of type
+ * IBV_QPT_XRC_SEND or _RECV): an XRC TGT QP belongs to the XRC domain given, or to the
+ * device's (ucma_get_xrcd), and takes no CQ (its SRQs' CQs complete its receives:
+ * rdma_create_srq makes the id's receive CQ); an XRC INI QP has no receive CQ. */
 int rdma_create_qp_ex(struct rdma_cm_id *id, struct ibv_qp_init_attr_ex *attr)
 {
     struct sr_cm_id *c = SR_CMID(id);
@@ -713,9 +748,16 @@ int rdma_create_qp_ex(struct rdma_cm_id *id, struct ibv_qp_init_attr_ex *attr)
         errno = EINVAL;
         return -1;
     }
-    if (attr->qp_type == IBV_QPT_XRC_SEND || attr->qp_type == IBV_QPT_XRC_RECV) {
-        errno = EOPNOTSUPP;
-        return -1;
+    if (attr->qp_type == IBV_QPT_XRC_RECV) {
+        if (!(attr->comp_mask & IBV_QP_INIT_ATTR_XRCD) || !attr->xrcd) {
+            attr->xrcd = sr_cm_device_xrcd(id->verbs);
+            if (!attr->xrcd)
+                return -1;
+            attr->comp_mask |= IBV_QP_INIT_ATTR_XRCD;
+        } else if (attr->xrcd->context != id->verbs) {
+            errno = EINVAL;
+            return -1;
+        }
     }
     if (!(attr->comp_mask & IBV_QP_INIT_ATTR_PD) || !attr->pd) {
         if (!sr_cm_pd(id))
@@ -732,9 +774,10 @@ int rdma_create_qp_ex(struct rdma_cm_id *id, struct ibv_qp_init_attr_ex *attr)
         return -1;
     }
     /* the CQs neither the attributes nor the id have (at least one entry each) */
-    send_size = attr->send_cq || id->send_cq ? 0
+    send_size = attr->send_cq || id->send_cq || attr->qp_type == IBV_QPT_XRC_RECV ? 0
                 : attr->cap.max_send_wr ? attr->cap.max_send_wr : 1;
-    recv_size = attr->recv_cq || id->recv_cq ? 0
+    recv_size = attr->recv_cq || id->recv_cq || attr->qp_type == IBV_QPT_XRC_RECV
+                || attr->qp_type == IBV_QPT_XRC_SEND ? 0
                 : attr->cap.max_recv_wr ? attr->cap.max_recv_wr : 1;
     if (send_size || recv_size) {
         if (sr_cm_create_cqs(id, send_size, recv_size))
@@ -790,7 +833,7 @@ void rdma_destroy_qp(struct rdma_cm_id *id)
     sr_py_cm_drop_qp(c->h);
     ibv_destroy_qp(id->qp);
     id->qp = NULL;
-    if (c->own_cqs)
+    if (c->own_cqs && !id->srq)  /* an SRQ (XRC: its CQ is the id's) keeps them */
         sr_cm_destroy_cqs(id);
 }
 
@@ -1312,10 +1355,12 @@ int rdma_leave_multicast(struct rdma_cm_id *id, struct sockaddr *addr)
 
 /* ---- SRQs (librdmacm): an SRQ on the id, which rdma_create_qp and rdma_post_recv use ---- */
 /* As librdmacm: IBV_SRQ_INIT_ATTR_TYPE is required, the PD defaults to id->pd. An XRC SRQ
- * needs its XRC domain and CQ given: XRC through rdma_cm is not served (RDMA_PS_IB). */
+ * (rdma_create_srq on an IBV_QPT_XRC_RECV id) defaults to the device's XRC domain and to
+ * the id's receive CQ, made here (with its channel: rdma_get_recv_comp waits on it). */
 int rdma_create_srq_ex(struct rdma_cm_id *id, struct ibv_srq_init_attr_ex *attr)
 {
     struct ibv_srq *srq;
+    int made = 0;
 
     if (sr_cm_has_device(id))
         return -1;
@@ -1329,15 +1374,28 @@ int rdma_create_srq_ex(struct rdma_cm_id *id, struct ibv_srq_init_attr_ex *attr)
         attr->pd = id->pd;
         attr->comp_mask |= IBV_SRQ_INIT_ATTR_PD;
     }
-    if (attr->srq_type == IBV_SRQT_XRC
-        && (!(attr->comp_mask & IBV_SRQ_INIT_ATTR_XRCD) || !attr->xrcd
-            || !(attr->comp_mask & IBV_SRQ_INIT_ATTR_CQ) || !attr->cq)) {
-        errno = EOPNOTSUPP;
-        return -1;
+    if (attr->srq_type == IBV_SRQT_XRC) {
+        if (!(attr->comp_mask & IBV_SRQ_INIT_ATTR_XRCD) || !attr->xrcd) {
+            attr->xrcd = sr_cm_device_xrcd(id->verbs);
+            if (!attr->xrcd)
+                return -1;
+        }
+        if (!(attr->comp_mask & IBV_SRQ_INIT_ATTR_CQ) || !attr->cq) {
+            if (!id->recv_cq && sr_cm_create_cqs(id, 0, attr->attr.max_wr ? attr->attr.max_wr : 1))
+                return -1;
+            made = !id->qp;
+            attr->cq = id->recv_cq;
+        }
+        attr->comp_mask |= IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ;
     }
     srq = ibv_create_srq_ex(id->verbs, attr);
-    if (!srq)
+    if (!srq) {
+        int err = errno;
+        if (made)
+            sr_cm_destroy_cqs(id);
+        errno = err;
         return -1;
+    }
     if (!id->pd)
         id->pd = attr->pd;
     id->srq = srq;
@@ -1371,6 +1429,8 @@ void rdma_destroy_srq(struct rdma_cm_id *id)
         return;
     ibv_destroy_srq(id->srq);
     id->srq = NULL;
+    if (SR_CMID(id)->own_cqs && !id->qp)  /* the CQs an XRC SRQ kept (rdma_destroy_qp) */
+        sr_cm_destroy_cqs(id);
 }
 
 /* librdmacm's device list: the rdma_cm layer's own open context of each device (the one

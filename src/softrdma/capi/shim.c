@@ -1102,7 +1102,7 @@ static struct ibv_qp *sr_create_qp_ex(struct ibv_context *context,
 static void sr_x_free(struct sr_qp *q);
 static void sr_ext_context_ops(struct verbs_context *vctx);
 static struct ibv_qp *sr_create_xrc_tgt(struct ibv_context *context,
-                                        struct ibv_qp_init_attr_ex *attr);
+                                        struct ibv_qp_init_attr_ex *attr, int cm_id);
 
 /* ---- devices ---- */
 struct ibv_device **ibv_get_device_list(int *num_devices)
@@ -2166,8 +2166,8 @@ static struct sr_qp *sr_create_qp_ex_for(struct ibv_context *context,
     struct sr_qp *q;
     uint32_t known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_XRCD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
 
-    if (attr->qp_type == IBV_QPT_XRC_RECV)  /* rdma_cm refuses XRC before */
-        return (struct sr_qp *)sr_create_xrc_tgt(context, attr);
+    if (attr->qp_type == IBV_QPT_XRC_RECV)  /* rdma_cm: on its id (cm_id), as the others */
+        return (struct sr_qp *)sr_create_xrc_tgt(context, attr, cm_id);
     if (!(attr->comp_mask & IBV_QP_INIT_ATTR_PD) || !attr->pd)
         return sr_fail(EINVAL);
     if (attr->comp_mask & ~(known | IBV_QP_INIT_ATTR_CREATE_FLAGS))
@@ -2650,7 +2650,7 @@ static int sr_close_xrcd(struct ibv_xrcd *xrcd)
 }
 
 static struct ibv_qp *sr_create_xrc_tgt(struct ibv_context *context,
-                                        struct ibv_qp_init_attr_ex *attr)
+                                        struct ibv_qp_init_attr_ex *attr, int cm_id)
 {
     struct ibv_qp_init_attr init;
     struct sr_qp *q;
@@ -2661,7 +2661,7 @@ static struct ibv_qp *sr_create_xrc_tgt(struct ibv_context *context,
     memset(&init, 0, sizeof(init));
     init.qp_type = IBV_QPT_XRC_RECV;
     init.qp_context = attr->qp_context;
-    q = sr_create_qp_on(((struct sr_xrcd *)attr->xrcd)->h, context, NULL, &init, 0);
+    q = sr_create_qp_on(((struct sr_xrcd *)attr->xrcd)->h, context, NULL, &init, cm_id);
     return q ? &q->qpx.qp_base : NULL;
 }
 

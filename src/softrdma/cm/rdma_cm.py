@@ -39,9 +39,8 @@ from ..enums import ibv_event_type as _ibv_event
 from ..errors import InvalidArgument, SoftRdmaError, StateError
 from ..ibcm.cmid import IbCmId
 from ..ibcm.events import RejectInfo
-from ..ibcm.qpctl import DEFAULT_ACCESS
 from ..ibcm.userqp import UserQp, cm_qp_attr
-from ..wire.ipcm import RDMA_UDP_QKEY, IpAddress
+from ..wire.ipcm import IpAddress
 from . import rdma_res  # noqa: F401 - lists our ids for softrdma res show cm_id
 from .rdma_devices import (
     OpenDevice,
@@ -80,9 +79,12 @@ from .rdma_events import EventChannel as _EventChannel
 from .rdma_events import RdmaCmEvent as _RdmaCmEvent
 from .rdma_iwwatch import unwatch as _unwatch
 from .rdma_qpattr import qp_attr_of
+from .rdma_qps import id_qp_type, make_qp
 from .rdma_state import ADDRESS_KNOWN, BEFORE_CONNECT, CmState
 from .rdma_transport import (
     PROTO,
+    QPT_UD,
+    RDMA_PS_IB,
     RDMA_PS_TCP,
     RDMA_PS_UDP,
     Address,
@@ -93,14 +95,13 @@ from .rdma_transport import (
 
 __all__ = [
     "CmId", "EventChannel", "ConnParam", "UdParam", "RdmaCmEvent", "RdmaCmEventType",
-    "RDMA_PS_TCP", "RDMA_PS_UDP", "RDMA_OPTION_ID", "RDMA_OPTION_ID_TOS",
+    "RDMA_PS_TCP", "RDMA_PS_UDP", "RDMA_PS_IB", "RDMA_OPTION_ID", "RDMA_OPTION_ID_TOS",
     "RDMA_OPTION_ID_ACK_TIMEOUT", "event_str", "configure", "release_devices", "Address",
     "CmState",
     *(n for n in dir() if n.startswith("RDMA_CM_EVENT_")),
 ]
 
 RDMA_PS_IPOIB = 0x0002
-RDMA_PS_IB = 0x013F  # AF_IB's port space (RC, UD and XRC ids; rdma_xserver -c x)
 RDMA_OPTION_ID = 0  # rdma_set_option levels and names (librdmacm rdma_cma.h)
 RDMA_OPTION_ID_TOS = 0
 RDMA_OPTION_ID_ACK_TIMEOUT = 3
@@ -150,16 +151,20 @@ class CmId:
     as Linux's cma.c chooses it by ``rdma_cap_ib_cm`` / ``rdma_cap_iw_cm``."""
 
     def __init__(self, channel: _EventChannel[CmId], ps: int = RDMA_PS_TCP,
-                 context: Any = None) -> None:
+                 context: Any = None, qp_type: int | None = None) -> None:
         if not isinstance(channel, _EventChannel):
             raise InvalidArgument("channel", "expected an EventChannel")
-        if ps in (RDMA_PS_IB, RDMA_PS_IPOIB):  # AF_IB's and IPoIB's: valid, not served
-            raise InvalidArgument("ps", f"{ps:#06x} is not served: RDMA_PS_TCP or RDMA_PS_UDP",
-                                  errno=errno.EPROTONOSUPPORT)  # as softrdma.compat.pyverbs
+        if ps == RDMA_PS_IPOIB:  # IPoIB's: valid, not served
+            raise InvalidArgument("ps", f"{ps:#06x} is not served: RDMA_PS_TCP, RDMA_PS_UDP "
+                                        "or RDMA_PS_IB", errno=errno.EPROTONOSUPPORT)
         if ps not in PROTO:
-            raise InvalidArgument("ps", "RDMA_PS_TCP or RDMA_PS_UDP")
+            raise InvalidArgument("ps", "RDMA_PS_TCP, RDMA_PS_UDP or RDMA_PS_IB")
+        qpt = id_qp_type(ps, qp_type)
         self.channel = channel
         self.ps = ps
+        #: the id's QP type (``rdma_cm_id.qp_type``): UD ids resolve a service (SIDR),
+        #: the others connect (XRC_SEND: an XRC INI QP; XRC_RECV: an XRC TGT QP)
+        self.qp_type = qpt
         self.context = context
         self.device: OpenDevice | None = None
         self.verbs: Any = None
@@ -352,10 +357,12 @@ class CmId:
         self._post(T.ROUTE_RESOLVED)
 
     # ---- QPs ---------------------------------------------------------------------------
-    def create_qp(self, pd: Any = None, init_attr: Any = None) -> Any:
+    def create_qp(self, pd: Any = None, init_attr: Any = None, xrcd: Any = None) -> Any:
         """``rdma_create_qp``: a QP on ``pd`` (None: a PD of the id's device) left to the
-        CM to connect; a UD QP (``RDMA_PS_UDP``) goes to RTS at once with the rdma_cm
-        Q_Key 0x01234567, as librdmacm does."""
+        CM to connect; a UD QP (a UD id: ``RDMA_PS_UDP``) goes to RTS at once with the
+        rdma_cm Q_Key 0x01234567, as librdmacm does. An XRC TGT QP
+        (``IBV_QPT_XRC_RECV``, on an ``RDMA_PS_IB`` id) belongs to ``xrcd`` (None: the
+        device's XRC domain of rdma_cm, as librdmacm's ``ucma_get_xrcd``)."""
         self._check()
         if self.verbs is None:
             raise StateError("create_qp needs a resolved address or a CONNECT_REQUEST id")
@@ -363,24 +370,11 @@ class CmId:
             raise StateError("the id already has a QP")
         if init_attr is None:
             raise InvalidArgument("init_attr", "rdma_create_qp needs the QP init attributes")
-        if pd is None:
+        if pd is None and init_attr.qp_type != v.qp.XRC_RECV:  # XRC TGT: no PD
             pd = self.pd if self.pd is not None else v.PD(self.verbs)
-        if pd.ctx is not self.verbs:
-            raise InvalidArgument("pd", "the PD belongs to another device than the id")
-        want_ud = self.ps == RDMA_PS_UDP
-        if (init_attr.qp_type == v.qp.UD) != want_ud:
-            raise InvalidArgument("init_attr.qp_type", "RDMA_PS_UDP ids take UD QPs, "
-                                                       "RDMA_PS_TCP ids RC or UC QPs")
-        if want_ud:
-            qp = v.QP(pd, init_attr, v.QPAttr(qkey=RDMA_UDP_QKEY))
-        else:
-            qp = v.QP(pd, init_attr)
-            try:  # librdmacm ucma_init_conn_qp: INIT with the rdma_cm access rights
-                qp.to_init(v.QPAttr(qp_access_flags=DEFAULT_ACCESS))
-            except BaseException:
-                qp.close()
-                raise
-        self.pd = pd
+        qp = make_qp(self.verbs, self.qp_type, pd, init_attr, xrcd)
+        if pd is not None:
+            self.pd = pd
         self.qp = qp
         return qp
 
@@ -408,13 +402,14 @@ class CmId:
     def _conn_qp(self, p: ConnParam, what: str) -> Any:
         """The id's QP, or (no QP, ``p.qp_num`` set) the application's own QP of that
         number (librdmacm: ``conn_param.qp_num``; see :mod:`softrdma.ibcm.userqp`)."""
-        if self.qp is not None or self.ps == RDMA_PS_UDP:
+        if self.qp is not None or self.qp_type == QPT_UD:
             return self.qp
         if not p.qp_num:
             raise StateError(f"{what} needs the QP of create_qp or ConnParam.qp_num")
         if self._cm is not None:
             self._cm.check_user_qp()
-        return UserQp(p.qp_num, srq=bool(p.srq))
+        qpt = self.qp_type if self.qp_type in (v.qp.XRC_SEND, v.qp.XRC_RECV) else int(v.qp.RC)
+        return UserQp(p.qp_num, qpt, srq=bool(p.srq))
 
     def establish(self) -> None:
         """``rdma_establish``: after CONNECT_RESPONSE on a connection whose QP the
@@ -492,7 +487,7 @@ class CmId:
 
     def _child(self, dev: OpenDevice) -> CmId:
         """A CONNECT_REQUEST's new id: on the listener's channel, in CONNECT."""
-        child = CmId(self.channel, self.ps, self.context)
+        child = CmId(self.channel, self.ps, self.context, self.qp_type)
         child._attach(dev)
         child._prefer = self._prefer
         child.state = CmState.CONNECT

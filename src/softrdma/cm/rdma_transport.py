@@ -40,12 +40,13 @@ from typing import Any, Protocol
 
 from ..drivers.cm import iwconnect as iw
 from ..drivers.runtime.workers import Workers
+from ..enums import ibv_qp_type
 from ..errors import InvalidArgument, SoftRdmaError, StateError
 from ..ibcm.cmid import IbCmId
 from ..ibcm.events import CmEvent, CmEventType, RejectInfo, lock_free
 from ..ibcm.ipcm import IpCmClient, ip_listen
 from ..ibcm.params import AcceptParams
-from ..ibcm.userqp import UserQp
+from ..ibcm.userqp import UserQp, req_qp_type
 from ..iwarp.events import Closed, ConnEvent, Failed, Terminated
 from ..iwarp.mpa_setup import MpaConfig, build_request
 from ..verbs.ah import AHAttr, GlobalRoute
@@ -57,13 +58,17 @@ from .rdma_events import ConnParam, RdmaCmEventType, UdParam
 from .rdma_iwwatch import CONNECTING as _CONNECTING
 from .rdma_iwwatch import watch as _watch
 
-__all__ = ["RDMA_PS_TCP", "RDMA_PS_UDP", "PROTO", "Address", "ConnId", "Transport",
-           "transport_of", "ephemeral_port"]
+__all__ = ["RDMA_PS_TCP", "RDMA_PS_UDP", "RDMA_PS_IB", "PROTO", "Address", "ConnId",
+           "Transport", "transport_of", "ephemeral_port"]
 
 RDMA_PS_TCP = 0x0106
 RDMA_PS_UDP = 0x0111
-#: the IP protocol of each port space's A11 Service ID (Annex A11 Table 2)
-PROTO = {RDMA_PS_TCP: IPPROTO_TCP, RDMA_PS_UDP: IPPROTO_UDP}
+RDMA_PS_IB = 0x013F  # Linux's port space for ids of any QP type (RC, UC, UD, XRC)
+#: the protocol byte of each port space's A11 Service ID (Annex A11 Table 2: TCP, UDP;
+#: RDMA_PS_IB's 0x3F is Linux's, ``cma_get_service_id``: the port space's low byte)
+PROTO = {RDMA_PS_TCP: IPPROTO_TCP, RDMA_PS_UDP: IPPROTO_UDP, RDMA_PS_IB: RDMA_PS_IB & 0xFF}
+#: an id of this type resolves a UD service (SIDR) instead of connecting
+QPT_UD = int(ibv_qp_type.IBV_QPT_UD)
 
 Address = tuple[str, int]
 T = RdmaCmEventType
@@ -87,6 +92,7 @@ class ConnId(Protocol):
     like Linux's ``rdma_id_private`` that cma.c hands to ``ib_cm`` / ``iw_cm``)."""
 
     ps: int
+    qp_type: int
     device: OpenDevice | None
     verbs: Any
     qp: Any
@@ -227,7 +233,8 @@ class _IbCm(Transport):
         assert cid.device is not None and cid._src is not None and cid._dst is not None
         binding = cid.device.binding
         assert binding is not None
-        window = rdma_retry.window_s() if cid.ps != RDMA_PS_UDP else 0.0
+        sidr = cid.qp_type == QPT_UD
+        window = rdma_retry.window_s() if not sidr else 0.0
         handler = self.handler(cid)
         ib = binding.agent.create_id(handler)
         ib.local_ack_timeout = cid._ack_timeout
@@ -241,12 +248,12 @@ class _IbCm(Transport):
         client = IpCmClient(ib, handler=handler)
         if retry is not None:
             retry.client = client
-        if cid.ps == RDMA_PS_UDP:
+        if sidr:
             client.resolve(cid._src, cid._dst, cid._dst_port, src_port=cid._src_port,
-                           private_data=bytes(p.private_data))
+                           proto=PROTO[cid.ps], private_data=bytes(p.private_data))
             return
         client.connect(qp, cid._src, cid._dst, cid._dst_port, src_port=cid._src_port,
-                       proto=IPPROTO_TCP, private_data=bytes(p.private_data),
+                       proto=PROTO[cid.ps], private_data=bytes(p.private_data),
                        responder_resources=p.responder_resources,
                        initiator_depth=p.initiator_depth, retry_count=_retries(p.retry_count),
                        rnr_retry_count=_retries(p.rnr_retry_count),
@@ -255,7 +262,7 @@ class _IbCm(Transport):
 
     def accept(self, cid: ConnId, p: ConnParam, qp: Any) -> None:
         assert cid._ib is not None
-        sidr = cid.ps == RDMA_PS_UDP
+        sidr = cid.qp_type == QPT_UD
         qkey = p.qkey if p.qkey is not None else (RDMA_UDP_QKEY if sidr else None)
         if cid._ack_timeout is not None:
             cid._ib.local_ack_timeout = cid._ack_timeout
@@ -289,13 +296,15 @@ class _IbCm(Transport):
             self.on_event(cid, ev)
             return
         child = cid._child(dev)
+        req = ev.req
+        if req is not None:  # the REQ's QP type (linux cma_ib_new_conn_id): XRC TGT for XRC
+            child.qp_type = req_qp_type(req) or child.qp_type
         child._ib = ev.cm_id
         ev.cm_id.handler = self.handler(child)
         if ev.local_ip is not None:
             child.local_addr = (str(ev.local_ip), int(ev.local_port or 0))
         if ev.remote_ip is not None:
             child.peer_addr = (str(ev.remote_ip), int(ev.remote_port or 0))
-        req = ev.req
         param = ConnParam(ev.private_data)
         if req is not None:
             param = ConnParam(ev.private_data, req.responder_resources, req.initiator_depth,
@@ -311,7 +320,7 @@ class _IbCm(Transport):
             if cid._established_by_app:
                 return  # rdma_establish reports nothing (librdmacm)
             ud = None
-            if cid.ps == RDMA_PS_UDP and ev.ud_qpn is not None:
+            if cid.qp_type == QPT_UD and ev.ud_qpn is not None:
                 ud = UdParam(ev.ud_qpn, ev.ud_qkey or RDMA_UDP_QKEY, self.ah_attr(cid),
                              ev.private_data)
             cid._post(T.ESTABLISHED, private_data=ev.private_data, ud=ud, info=dict(ev.info))
@@ -356,6 +365,9 @@ class _IwCm(Transport):
     def check_ps(self, ps: int) -> None:
         if ps == RDMA_PS_UDP:
             raise InvalidArgument("ps", "iWARP has no UD service: RDMA_PS_UDP needs RoCE")
+        if ps == RDMA_PS_IB:  # Linux: iw_cm serves RDMA_PS_TCP ids only (cma.c)
+            raise InvalidArgument("ps", "iWARP connects RDMA_PS_TCP ids only: RDMA_PS_IB "
+                                        "needs RoCE", errno=errno.EPROTONOSUPPORT)
 
     def check_user_qp(self) -> None:
         raise InvalidArgument("qp_num", "an application-moved QP needs the IB CM "

@@ -57,6 +57,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
 from ..enums import ibv_access_flags as _ACC
+from ..enums import ibv_qp_type as _QPT
 from ..enums import ibv_wc_flags as _WCF
 from ..enums import ibv_wc_opcode as _WCO
 from ..enums import ibv_wc_status as _WCS
@@ -422,6 +423,9 @@ class _XrcQP(EngineQP):
     fast_rc = False  # XRC opcodes, and an XRCETH on every request (``tx``)
     #: True: this QP takes XRC responses (INI); False: XRC requests (TGT)
     takes_responses: ClassVar[bool]
+    #: the verbs type the CM connects it as (``qp_type`` stays RC: the engines are RC's):
+    #: ``IBV_QPT_XRC_SEND`` (Linux ``IB_QPT_XRC_INI``) or ``IBV_QPT_XRC_RECV`` (``XRC_TGT``)
+    xrc_qp_type: ClassVar[int]
 
     def __init__(self, port: Port, init: QPInit, qpn: int | None = None) -> None:
         super().__init__(port, init, qpn)
@@ -443,6 +447,7 @@ class XrcIniQP(_XrcQP):
     the XRCETH naming each work request's remote SRQ (``SendWQE.xrc_srqn``)."""
 
     takes_responses = True
+    xrc_qp_type = int(_QPT.IBV_QPT_XRC_SEND)
 
     def __init__(self, port: Port, init: QPInit) -> None:
         if init.qp_type != QPT_RC or init.srq is not None or init.max_recv_wr:
@@ -535,6 +540,7 @@ class XrcTgtQP(_XrcQP):
     its XRCETH names (checked against this QP's domain), answering with XRC opcodes."""
 
     takes_responses = False
+    xrc_qp_type = int(_QPT.IBV_QPT_XRC_RECV)
     port: Port  # (an EngineQP names only the view of its port it needs, ib.views.QpPort)
 
     def __init__(self, port: Port, xrcd: XrcDomain, qpn: int | None = None) -> None:

@@ -47,7 +47,7 @@ from typing import Any, TypeVar
 from ..errors import DecodeError, InvalidArgument, SoftRdmaError, StateError
 from ..seam.tables import os_randbits
 from ..wire import cm as wcm
-from ..wire.cm import MsgType, Rej, RejReason, TransportServiceType, time_code_s
+from ..wire.cm import MsgType, Rej, RejReason, time_code_s
 from ..wire.gid import is_v4_mapped
 from ..wire.ipcm import is_ip_cm_service_id
 from ..wire.mad import Method
@@ -73,6 +73,7 @@ from .params import (
 )
 from .ratelimit import RejLimiter
 from .state import transition
+from .userqp import req_qp_type
 
 __all__ = [
     "CmConfig", "CmPath", "ConnParams", "AcceptParams", "SidrParams", "OutMad", "ReqVerdict",
@@ -313,7 +314,7 @@ class CmAgent:
             if old.state == CmState.ESTABLISHED:
                 old.handle(Disconnect(), now)
             return
-        if req.transport_service_type not in (TransportServiceType.RC, TransportServiceType.UC):
+        if req_qp_type(req) is None:  # RC, UC or XRC (Annex A14) only
             self.reject_req(req, tid, src, dst, RejReason.INVALID_TRANSPORT_TYPE)
             return
         listener = self.find_listener(req.service_id)

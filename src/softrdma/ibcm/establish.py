@@ -44,7 +44,7 @@ from .params import (
     check_pd,
     make_rej,
 )
-from .userqp import passive_psn, qp_info
+from .userqp import REQ_TRANSPORT, passive_psn, qp_info, req_qp_type
 
 if TYPE_CHECKING:
     from .cmid import IbCmId
@@ -66,13 +66,11 @@ def send_req(cid: IbCmId, now: float, inp: Connect) -> None:
     if qp is None:
         raise InvalidArgument("qp", "connect needs an RC or UC QP")
     qpn, qpt, has_srq, eq = qp_info(qp)  # eq None: the consumer moves its QP
-    if qpt == qpctl.QPT_RC:
-        tst = TransportServiceType.RC
-    elif qpt == qpctl.QPT_UC:
-        tst = TransportServiceType.UC
-    else:
-        raise InvalidArgument("qp", "connect needs an RC or UC QP (UD services use "
-                                    "sidr_resolve)")
+    if qpt not in REQ_TRANSPORT:
+        raise InvalidArgument("qp", "connect needs an RC, UC or XRC INI QP (UD services "
+                                    "use sidr_resolve)")
+    tst, ext = REQ_TRANSPORT[qpt]
+    xrc = qpt == qpctl.QPT_XRC_INI
     pd = check_pd(p.private_data, wcm.CmAttr.REQ)
     for name in ("responder_resources", "initiator_depth"):
         if not 0 <= getattr(p, name) <= _MAX_RESOURCES:
@@ -106,14 +104,15 @@ def send_req(cid: IbCmId, now: float, inp: Connect) -> None:
     lid = wcm.PERMISSIVE_LID if routed else 0
     req = wcm.Req(
         local_comm_id=cid.local_id, service_id=p.service_id, local_ca_guid=agent.guid,
-        local_qpn=qpn, responder_resources=p.responder_resources,
+        local_qpn=qpn, responder_resources=0 if xrc else p.responder_resources,
         initiator_depth=p.initiator_depth,
         remote_cm_response_timeout=cfg.remote_cm_response_timeout,
         transport_service_type=tst, end_to_end_flow_control=int(p.flow_control),
         starting_psn=cid.local_psn, local_cm_response_timeout=cfg.resp_time_value,
-        retry_count=p.retry_count, pkey=0xFFFF, path_mtu=mtu,
-        rnr_retry_count=p.rnr_retry_count, max_cm_retries=cfg.max_cm_retries,
-        srq=int(has_srq), primary_local_lid=lid, primary_remote_lid=lid,
+        retry_count=0 if xrc else p.retry_count, pkey=0xFFFF, path_mtu=mtu,
+        rnr_retry_count=0 if xrc else p.rnr_retry_count, max_cm_retries=cfg.max_cm_retries,
+        srq=0 if xrc else int(has_srq), extended_transport_type=ext,
+        primary_local_lid=lid, primary_remote_lid=lid,
         primary_local_gid=sgid, primary_remote_gid=bytes(p.dgid),
         primary_flow_label=p.flow_label, primary_traffic_class=p.traffic_class,
         primary_hop_limit=p.hop_limit, primary_subnet_local=0 if routed else 1,
@@ -135,10 +134,13 @@ def rep_received(cid: IbCmId, now: float, inp: Received[wcm.Rep]) -> CmState | N
     cid.cancel_timer()
     cid.remote_id = rep.local_comm_id
     cid.remote_guid = rep.local_ca_guid
-    cid.remote_qpn = rep.local_qpn
+    # an XRC TGT QP's number comes in the Local EE Context Number (linux cm_format_rep /
+    # cm_rep_get_qpn; the REP's Local QPN is 0 then)
+    xrc = cid.req.transport_service_type == TransportServiceType.EXTENDED
+    cid.remote_qpn = rep.local_eecn if xrc else rep.local_qpn
     cid.rep = rep
     rkey = (rep.local_comm_id, rep.local_ca_guid)
-    qkey = (rep.local_qpn, cid.path.dgid)
+    qkey = (cid.remote_qpn, cid.path.dgid)
     clash = agent.by_remote.get(rkey) or agent.by_remote_qpn.get(qkey)
     if clash is not None and clash is not cid:
         # IBA 12.9.8.3.2 / linux cm_rep_handler: the peer's comm ID or QPN is still
@@ -187,13 +189,13 @@ def connect_qp(cid: IbCmId, now: float) -> None:
     rep, req, p = cid.rep, cid.req, cid.params
     assert rep is not None and req is not None and isinstance(p, ConnParams)
     eq = qpctl.engine_of(cid.qp)
-    qpctl.to_rtr(eq, now, dest_qpn=rep.local_qpn, rq_psn=cid.local_psn,
+    qpctl.to_rtr(eq, now, dest_qpn=cid.remote_qpn, rq_psn=cid.local_psn,
                  path_mtu=req.path_mtu,
                  max_dest_rd_atomic=min(rep.initiator_depth, p.responder_resources),
                  min_rnr_timer=p.min_rnr_timer, av=cid.av())
     timeout = cid.ack_timeout if cid.local_ack_timeout is None else cid.local_ack_timeout
     qpctl.to_rts(eq, now, sq_psn=rep.starting_psn, timeout=timeout,
-                 retry_cnt=req.retry_count, rnr_retry=rep.rnr_retry_count,
+                 retry_cnt=p.retry_count, rnr_retry=rep.rnr_retry_count,
                  max_rd_atomic=min(rep.responder_resources, p.initiator_depth))
 
 
@@ -228,12 +230,12 @@ def send_rep(cid: IbCmId, now: float, inp: AcceptConn) -> None:
     if qp is None:
         raise InvalidArgument("qp", "accept needs the QP of the connection")
     qpn, qpt, has_srq, eq = qp_info(qp)  # eq None: the consumer moves its QP
-    want = qpctl.QPT_RC if req.transport_service_type == TransportServiceType.RC \
-        else qpctl.QPT_UC
+    want = req_qp_type(req)
     if qpt != want:
-        raise InvalidArgument("qp", f"the REQ asks for "
+        raise InvalidArgument("qp", f"the REQ asks for a QP of type {want} ("
                                     f"{TransportServiceType(req.transport_service_type).name}"
-                                    f", the QP is of type {qpt}")
+                                    f"), the QP is of type {qpt}")
+    xrc = qpt == qpctl.QPT_XRC_TGT
     resp = min(a.responder_resources, req.initiator_depth)
     depth = min(a.initiator_depth, req.responder_resources)
     pd = a.private_data
@@ -256,12 +258,15 @@ def send_rep(cid: IbCmId, now: float, inp: AcceptConn) -> None:
         cid.qp = None
         raise
     has_alt = any(req.alt_local_gid) or req.alt_local_lid
+    # XRC TGT (linux cm_format_rep): the QPN goes in the Local EE Context Number, SRQ is
+    # 1, and Local QPN, Initiator Depth and End-to-End Flow Control stay 0
     rep = wcm.Rep(local_comm_id=cid.local_id, remote_comm_id=cid.remote_id,
-                  local_qpn=qpn, starting_psn=cid.local_psn,
-                  responder_resources=resp, initiator_depth=depth,
+                  local_qpn=0 if xrc else qpn, local_eecn=qpn if xrc else 0,
+                  starting_psn=cid.local_psn,
+                  responder_resources=resp, initiator_depth=0 if xrc else depth,
                   target_ack_delay=a.target_ack_delay,
                   failover_accepted=1 if has_alt else 0,
-                  end_to_end_flow_control=int(a.flow_control),
+                  end_to_end_flow_control=0 if xrc else int(a.flow_control),
                   rnr_retry_count=a.rnr_retry_count, srq=int(has_srq),
                   local_ca_guid=agent.guid, private_data=pd)
     cid.rep = rep

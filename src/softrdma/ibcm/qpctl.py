@@ -18,7 +18,8 @@ from ..errors import InvalidArgument
 from ..ib.qp import AddressVector, EngineQP
 
 __all__ = ["CmQp", "engine_of", "to_init", "to_rtr", "to_rts", "ud_to_rts", "to_err", "drained", "RESET", "INIT",
-           "RTR", "RTS", "ERR", "QPT_RC", "QPT_UC", "QPT_UD", "DEFAULT_ACCESS"]
+           "RTR", "RTS", "ERR", "QPT_RC", "QPT_UC", "QPT_UD", "QPT_XRC_INI", "QPT_XRC_TGT",
+           "DEFAULT_ACCESS"]
 
 RESET = int(Qps.IBV_QPS_RESET)
 INIT = int(Qps.IBV_QPS_INIT)
@@ -28,6 +29,11 @@ ERR = int(Qps.IBV_QPS_ERR)
 QPT_RC = int(Qpt.IBV_QPT_RC)
 QPT_UC = int(Qpt.IBV_QPT_UC)
 QPT_UD = int(Qpt.IBV_QPT_UD)
+#: XRC (IBA Annex A14): the initiator and target QPs (verbs ``IBV_QPT_XRC_SEND`` /
+#: ``IBV_QPT_XRC_RECV``, Linux ``IB_QPT_XRC_INI`` / ``IB_QPT_XRC_TGT``); their engine
+#: QPs are RC ones (``softrdma.ib.xrc``) that name the XRC type in ``xrc_qp_type``
+QPT_XRC_INI = int(Qpt.IBV_QPT_XRC_SEND)
+QPT_XRC_TGT = int(Qpt.IBV_QPT_XRC_RECV)
 
 # rdma_cm (cma.c ``cma_init_ib_qp`` / ``rdma_init_qp_attr``): remote read and write,
 # plus local write for receives; atomics are granted too (rxe supports them).

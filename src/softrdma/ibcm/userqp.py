@@ -24,11 +24,13 @@ from typing import Any, Protocol
 
 from ..errors import InvalidArgument, StateError
 from ..wire import cm as wcm
+from ..wire.cm import TransportServiceType
 from . import qpctl
 from .model import CmState
 from .params import CmPath, ConnParams, SidrParams
 
-__all__ = ["UserQp", "qp_info", "cm_qp_attr", "passive_psn", "QpAttrId", "QpAttrAgent"]
+__all__ = ["UserQp", "CONNECTED", "REQ_TRANSPORT", "req_qp_type", "qp_info", "cm_qp_attr",
+           "passive_psn", "QpAttrId", "QpAttrAgent"]
 
 
 class QpAttrAgent(Protocol):
@@ -65,6 +67,8 @@ class QpAttrId(Protocol):
     def params(self) -> ConnParams | SidrParams | None: ...
     @property
     def ack_timeout(self) -> int: ...
+    @property
+    def remote_qpn(self) -> int: ...
 
 _PASSIVE = (CmState.REQ_RCVD, CmState.MRA_REQ_SENT, CmState.REP_SENT, CmState.MRA_REP_RCVD,
             CmState.ESTABLISHED)
@@ -83,17 +87,45 @@ class UserQp:
         if not 0 < self.qpn <= 0xFFFFFF:
             raise InvalidArgument("qp_num", f"a QP number is 24 bits and not 0, got "
                                             f"{self.qpn:#x}")
-        if self.qp_type not in (qpctl.QPT_RC, qpctl.QPT_UC):
-            raise InvalidArgument("qp_type", "a connection's QP is RC or UC")
+        if self.qp_type not in CONNECTED:
+            raise InvalidArgument("qp_type", "a connection's QP is RC, UC or XRC")
+
+
+#: the QP types a REQ/REP connection is made for (IBA 12.6.5; XRC: Annex A14)
+CONNECTED = (qpctl.QPT_RC, qpctl.QPT_UC, qpctl.QPT_XRC_INI, qpctl.QPT_XRC_TGT)
+
+
+#: a REQ's Transport Service Type and Extended Transport Type by the active side's QP
+#: type (IBA 12.6.5 Table 107; Annex A14: 3 "see Extended Transport Type", 1 = XRC), and
+#: the QP type a REQ's two fields ask the passive side for (linux cm_req_get_qp_type)
+REQ_TRANSPORT = {qpctl.QPT_RC: (TransportServiceType.RC, 0),
+                 qpctl.QPT_UC: (TransportServiceType.UC, 0),
+                 qpctl.QPT_XRC_INI: (TransportServiceType.EXTENDED, 1)}
+_PASSIVE_QPT: dict[tuple[int, int], int] = {
+    (TransportServiceType.RC, 0): qpctl.QPT_RC,
+    (TransportServiceType.UC, 0): qpctl.QPT_UC,
+    (TransportServiceType.EXTENDED, 1): qpctl.QPT_XRC_TGT}
+
+
+def req_qp_type(req: wcm.Req) -> int | None:
+    """The QP type ``req`` asks the passive side for (RC, UC or XRC TGT), None for a
+    transport this CM does not connect (a REJ "Invalid Transport Service Type"). The
+    Extended Transport Type is read only with Transport Service Type 3 (IBA 12.6.5)."""
+    ext = req.extended_transport_type if req.transport_service_type == \
+        TransportServiceType.EXTENDED else 0
+    return _PASSIVE_QPT.get((req.transport_service_type, ext))
 
 
 def qp_info(qp: object) -> tuple[int, int, bool, qpctl.CmQp | None]:
     """``(qpn, qp_type, has_srq, engine QP or None)`` of a CM-moved QP or a
-    :class:`UserQp` (engine None: the CM must leave it alone)."""
+    :class:`UserQp` (engine None: the CM must leave it alone). An XRC QP's type is its
+    XRC one (``xrc_qp_type``), not its engine's RC; an XRC TGT QP counts as having an
+    SRQ (each request names the one it goes to)."""
     if isinstance(qp, UserQp):
-        return qp.qpn, qp.qp_type, qp.srq, None
+        return qp.qpn, qp.qp_type, qp.srq or qp.qp_type == qpctl.QPT_XRC_TGT, None
     eq = qpctl.engine_of(qp)
-    return eq.qpn, eq.qp_type, getattr(eq, "srq", None) is not None, eq
+    qpt = int(getattr(eq, "xrc_qp_type", eq.qp_type))
+    return eq.qpn, qpt, qpt == qpctl.QPT_XRC_TGT or getattr(eq, "srq", None) is not None, eq
 
 
 def passive_psn(cid: QpAttrId) -> int:
@@ -123,13 +155,13 @@ def cm_qp_attr(cid: QpAttrId, qp_state: int) -> dict[str, Any]:
         p = cid.params
         assert isinstance(p, ConnParams)
         if qp_state == qpctl.RTR:
-            return {"qp_state": qpctl.RTR, "dest_qp_num": rep.local_qpn,
+            return {"qp_state": qpctl.RTR, "dest_qp_num": cid.remote_qpn,
                     "rq_psn": cid.local_psn, "path_mtu": req.path_mtu,
                     "max_dest_rd_atomic": min(rep.initiator_depth, p.responder_resources),
                     "min_rnr_timer": p.min_rnr_timer, "ah_attr": av}
         if qp_state == qpctl.RTS:
             return {"qp_state": qpctl.RTS, "sq_psn": rep.starting_psn,
-                    "timeout": cid.ack_timeout, "retry_cnt": req.retry_count,
+                    "timeout": cid.ack_timeout, "retry_cnt": p.retry_count,
                     "rnr_retry": rep.rnr_retry_count,
                     "max_rd_atomic": min(rep.responder_resources, p.initiator_depth)}
     elif cid.state in _PASSIVE:

@@ -34,7 +34,7 @@ class rdma_port_space(IntEnum):
     RDMA_PS_IPOIB = _rc.RDMA_PS_IPOIB
     RDMA_PS_TCP = _rc.RDMA_PS_TCP
     RDMA_PS_UDP = _rc.RDMA_PS_UDP
-    RDMA_PS_IB = _rc.RDMA_PS_IB  # AF_IB's port space, which softrdma.cm has not
+    RDMA_PS_IB = _rc.RDMA_PS_IB  # ids of any QP type (Linux's; XRC through rdma_cm)
 
 
 RAI_FAMILY = 8

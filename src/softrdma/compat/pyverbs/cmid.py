@@ -61,7 +61,8 @@ _POLL_PAUSE_S = 0.0002  # between polls of a blocking get_*_comp (rdma_get_*_com
 #: route, connect, accept); get_request waits for its client without a limit
 _SYNC_WAIT_S = 30.0
 PS = ce.rdma_port_space
-_PS = {int(PS.RDMA_PS_TCP): rc.RDMA_PS_TCP, int(PS.RDMA_PS_UDP): rc.RDMA_PS_UDP}
+_PS = {int(PS.RDMA_PS_TCP): rc.RDMA_PS_TCP, int(PS.RDMA_PS_UDP): rc.RDMA_PS_UDP,
+       int(PS.RDMA_PS_IB): rc.RDMA_PS_IB}
 
 
 def _prefer(addr: Any) -> str | None:
@@ -250,7 +251,8 @@ class CMID(PyverbsCM):
         ps = _PS.get(int(port_space))
         if ps is None:
             raise PyverbsRDMAError(f"Failed to create CM ID: port space {port_space} is not "
-                                   "supported (RDMA_PS_TCP, RDMA_PS_UDP)", errno.EPROTONOSUPPORT)
+                                   "supported (RDMA_PS_TCP, RDMA_PS_UDP, RDMA_PS_IB)",
+                                   errno.EPROTONOSUPPORT)
         return rc.CmId(ch, ps)
 
     def _create_ep(self, ai: AddrInfo, qp_init_attr: QPInitAttr | None) -> None:

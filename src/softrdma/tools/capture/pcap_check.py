@@ -123,6 +123,12 @@ def describe(index: int, t: float, f: roce.RoceFrame) -> str:
                             ("local_qpn", "QPN"), ("starting_psn", "Starting PSN")):
             if hasattr(m, name):
                 s += f" {label} {getattr(m, name):#x}"
+        eecn = getattr(m, "local_eecn", 0)
+        if eecn:  # an XRC TGT QP's number (its REP, Annex A14)
+            s += f" EECN {eecn:#x}"
+        if getattr(m, "transport_service_type", 0) == cm.TransportServiceType.EXTENDED:
+            ext = getattr(m, "extended_transport_type", 0)
+            s += " XRC" if ext == 1 else f" extended transport {ext}"
     return s
 
 

@@ -181,8 +181,7 @@ class ConversationChecker(FlowChecker):
         m = mad.msg
         src, dst = canon(f.src_ip), canon(f.dst_ip)
         if isinstance(m, wcm.Req):
-            if m.transport_service_type in (wcm.TransportServiceType.RC,
-                                            wcm.TransportServiceType.UC):
+            if _service(m) is not None:
                 if len(self._reqs) >= MAX_TRACKED:  # unanswered REQs: forget the oldest
                     del self._reqs[next(iter(self._reqs))]
                 self._reqs.setdefault((src, dst, m.local_comm_id), (m, index))
@@ -211,11 +210,13 @@ class ConversationChecker(FlowChecker):
             return
         req, rframe = hit
         mtu = mtu_of(req.path_mtu)
-        tst = Transport.UC if req.transport_service_type == wcm.TransportServiceType.UC \
-            else Transport.RC
-        name = f"{ip_text(dst)} QP {req.local_qpn:#x} <-> {ip_text(src)} QP {m.local_qpn:#x}"
+        tst = _service(req)
+        assert tst is not None  # only such REQs are kept
+        # an XRC TGT QP's number is the REP's Local EE Context Number (linux cm_format_rep)
+        qpn = m.local_eecn if tst == Transport.XRC else m.local_qpn
+        name = f"{ip_text(dst)} QP {req.local_qpn:#x} <-> {ip_text(src)} QP {qpn:#x}"
         conn = Conn(name, tst, {x for x in MTUS if not mtu or x <= mtu},
-                     qpns=(req.local_qpn, m.local_qpn), ips=(dst, src))
+                     qpns=(req.local_qpn, qpn), ips=(dst, src))
         self._conns[key] = conn
         # Linux's convention (cm.c): the active side sends from the REP's Starting PSN,
         # the passive side from the REQ's.
@@ -258,3 +259,16 @@ class ConversationChecker(FlowChecker):
             return
         self._cm_fail(index, f"DREP (comm IDs {m.local_comm_id:#x}/{m.remote_comm_id:#x}) for "
                              f"no connection the capture opened")
+
+
+def _service(req: wcm.Req) -> int | None:
+    """The transport a REQ sets up (IBA 12.6.5 Transport Service Type: RC, UC, or 3 with
+    Extended Transport Type 1 for XRC, Annex A14), None for one not followed."""
+    tst = req.transport_service_type
+    if tst == wcm.TransportServiceType.RC:
+        return int(Transport.RC)
+    if tst == wcm.TransportServiceType.UC:
+        return int(Transport.UC)
+    if tst == wcm.TransportServiceType.EXTENDED and req.extended_transport_type == 1:
+        return int(Transport.XRC)
+    return None

@@ -76,7 +76,7 @@ def add_ucmatose_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-p", dest="port", type=int, default=CMATOSE_PORT, metavar="port_number",
                    help=f"port ({CMATOSE_PORT})")
     p.add_argument("-P", dest="port_space_name", default=None, metavar="port_space",
-                   help="tcp (default) or ib (not supported: RDMA_PS_IB needs AF_IB)")
+                   help="tcp (default) or ib (RDMA_PS_IB; RoCE)")
     p.add_argument("-m", dest="migrate", action="store_true",
                    help="migrate the ids to a new event channel after the transfers")
     p.add_argument("-a", dest="ack_timeout", default=None, metavar="ack_timeout",

@@ -41,7 +41,8 @@ class Cmatose(CmTest):
     """The cmatose test (``struct cmatest`` + cmatose.c's handlers)."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        super().__init__("cmatose", args, rc.RDMA_PS_TCP)
+        ib = (args.port_space_name or "").lower().startswith("ib")  # -P ib: RDMA_PS_IB
+        super().__init__("cmatose", args, rc.RDMA_PS_IB if ib else rc.RDMA_PS_TCP)
         self.prefer = args.device or args.transport
 
     # ---- node setup -------------------------------------------------------------------
@@ -203,10 +204,10 @@ class Cmatose(CmTest):
 def _check(args: argparse.Namespace) -> None:
     if args.port_space_name is not None:
         name = args.port_space_name.lower()
-        if name.startswith("ib"):
-            raise InvalidArgument("-P", "the ib port space (RDMA_PS_IB) needs AF_IB "
-                                        "addresses, which softrdma has not; use tcp")
-        if not name.startswith("tcp"):
+        if name.startswith("ib") and args.transport == "iwarp":
+            raise InvalidArgument("-P", "the ib port space (RDMA_PS_IB) needs RoCE: iWARP "
+                                        "connects RDMA_PS_TCP ids only")
+        if not name.startswith(("tcp", "ib")):
             print("Warning: unknown port space format", file=sys.stderr)
     check_common(args, port_flag="-p")
 
