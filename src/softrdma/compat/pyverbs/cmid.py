@@ -412,10 +412,10 @@ class CMID(PyverbsCM):
         if qp_init.recv_cq is None:
             self._rcq = CQ(self.ctx, max(1, qp_init.cap.max_recv_wr))
             qp_init.recv_cq = self._rcq
-        ud = cid.ps == rc.RDMA_PS_UDP
+        ud = cid.qp_type == e.IBV_QPT_UD  # the id's type: RDMA_PS_UDP ids are UD
         if (qp_init.qp_type == e.IBV_QPT_UD) != ud:
             raise PyverbsRDMAError("Failed to Create QP: RDMA_PS_UDP takes UD QPs, "
-                                   "RDMA_PS_TCP RC QPs", errno.EINVAL)
+                                   "RDMA_PS_TCP and RDMA_PS_IB RC QPs", errno.EINVAL)
         qp = QP(self.pd, qp_init)
         attr: Any = QPAttr(port_num=cid.port_num)  # the int fields are set dynamically
         try:
