@@ -64,7 +64,7 @@ def send_req(cid: IbCmId, now: float, inp: Connect) -> None:
     agent = cid.agent
     cfg = agent.config
     if qp is None:
-        raise InvalidArgument("qp", "connect needs an RC or UC QP")
+        raise InvalidArgument("qp", "connect needs an RC, UC or XRC INI QP")
     qpn, qpt, has_srq, eq = qp_info(qp)  # eq None: the consumer moves its QP
     if qpt not in REQ_TRANSPORT:
         raise InvalidArgument("qp", "connect needs an RC, UC or XRC INI QP (UD services "
