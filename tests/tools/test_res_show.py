@@ -204,6 +204,34 @@ def test_the_largest_snapshot_fits_a_report() -> None:
         assert REQ.size + len(json.dumps(snap, separators=(",", ":"))) <= MAX_CTRL
 
 
+def test_xrc_qps_and_ib_port_space_ids_as_iproute2_names_them() -> None:
+    """``res show qp`` names XRC QPs as iproute2's ``qp_types_to_str`` does (XRC_INI,
+    XRC_TGT: the kernel's IB_QPT_* numbers), and ``res show cm_id`` an RDMA_PS_IB id's port
+    space as its ``cm_id_ps_to_str`` does ("IPoIB", as for RDMA_PS_IPOIB)."""
+    from softrdma import enums as e
+    from softrdma.cm.rdma_res import _row
+    from softrdma.drivers.host.resources import port_resources
+    from softrdma.drivers.links.fabric import Fabric
+    from softrdma.drivers.runtime.clock import VirtualClock
+
+    fab = Fabric(VirtualClock())
+    with v.Context(fabric=fab.link("10.5.0.1")) as ctx:
+        pd, cq = v.PD(ctx), v.CQ(ctx, 4)
+        ini = v.QP(pd, v.QPInitAttr(int(e.IBV_QPT_XRC_SEND), scq=cq, rcq=cq,
+                                    cap=v.QPCap(1, 0, 1, 0)))
+        tgt = v.QP(v.XRCD(ctx), v.QPInitAttr(int(e.IBV_QPT_XRC_RECV)))
+        rc_qp = v.QP(pd, v.QPInitAttr(RC, scq=cq, rcq=cq, cap=v.QPCap(1, 1, 1, 1)))
+        types = {q["lqpn"]: q["type"] for q in port_resources(cast(Port, ctx.port))["qp"]}
+        assert types[ini.qp_num] == "XRC_INI" and types[tgt.qp_num] == "XRC_TGT"
+        assert types[rc_qp.qp_num] == "RC"
+        cid = cm.CmId(cm.EventChannel(), cm.RDMA_PS_IB, qp_type=int(e.IBV_QPT_XRC_SEND))
+        cid.qp = ini
+        row = _row(cid)
+        assert (row["ps"], row["qp-type"], row["lqpn"]) == ("IPoIB", "XRC_INI", ini.qp_num)
+        cid.qp = None
+        cid.destroy()
+
+
 def _cm_event(ch: cm.EventChannel, want: cm.RdmaCmEventType) -> cm.RdmaCmEvent:
     ev = ch.get_cm_event(timeout=30.0)
     assert ev is not None and ev.event == want, (ev, want)

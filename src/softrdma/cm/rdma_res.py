@@ -4,7 +4,7 @@
 Each open RoCE device's IDs (:class:`~.rdma_devices.OpenDevice` ``ids``) are listed per
 port as ``rdma -j res show cm_id`` names the fields: ``lqpn`` and ``qp-type`` when the
 ID has a QP, ``state`` (the kernel's ``enum rdma_cm_state`` names: IDLE, ADDR_BOUND,
-ADDR_RESOLVED, CONNECT, DISCONNECT, LISTEN), ``ps`` (TCP, UDP), ``src-addr``/``src-port``
+ADDR_RESOLVED, CONNECT, DISCONNECT, LISTEN), ``ps`` (TCP, UDP; iproute2 names RDMA_PS_IB ids IPoIB), ``src-addr``/``src-port``
 and ``dst-addr``/``dst-port``, and ``cm-idn`` (numbered per process in creation order;
 softrdma has no device-wide numbers). :mod:`softrdma.drivers.host.resources` adds them to the
 snapshot each process reports to its devd; importing this module registers the source.
@@ -14,15 +14,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..drivers.host.resources import add_cm_id_source, object_number
-from ..seam.states import QPT_RC, QPT_UC, QPT_UD
+from ..drivers.host.resources import add_cm_id_source, object_number, qp_type_name
 from . import rdma_devices
 from .rdma_state import CmState
 
 __all__ = ["cm_id_state", "port_cm_ids"]
 
-_PS = {0x0106: "TCP", 0x0111: "UDP", 0x0002: "IPOIB"}
-_QP_TYPES = {QPT_RC: "RC", QPT_UC: "UC", QPT_UD: "UD"}
+#: iproute2's names (``cm_id_ps_to_str``, which names RDMA_PS_IB "IPoIB" too), else "---"
+_PS = {0x0106: "TCP", 0x0111: "UDP", 0x0002: "IPoIB", 0x013F: "IPoIB"}
 
 
 def cm_id_state(cid: Any) -> str:
@@ -64,11 +63,11 @@ def _row(cid: Any) -> dict[str, Any]:
     if qp is not None:
         try:
             row["lqpn"] = int(qp.qp_num)
-            row["qp-type"] = _QP_TYPES.get(int(qp.qp_type), "UNKNOWN")
+            row["qp-type"] = qp_type_name(int(qp.qp_type))
         except (AttributeError, TypeError, ValueError):
             pass
     row["state"] = cm_id_state(cid)
-    row["ps"] = _PS.get(int(getattr(cid, "ps", 0)), "UNKNOWN")
+    row["ps"] = _PS.get(int(getattr(cid, "ps", 0)), "---")
     for key, addr in (("src", cid.local_addr), ("dst", cid.peer_addr)):
         if addr is not None:
             row[f"{key}-addr"] = str(addr[0])

@@ -46,7 +46,9 @@ MAX_OBJECTS = 64
 
 _STATES = {RESET: "RESET", INIT: "INIT", RTR: "RTR", RTS: "RTS", SQD: "SQD", SQE: "SQE",
            ERR: "ERR"}
-_TYPES = {QPT_RC: "RC", QPT_UC: "UC", QPT_UD: "UD"}
+#: iproute2's names (``qp_types_to_str``, the kernel's ``IB_QPT_*``: XRC_INI 9, XRC_TGT 10,
+#: the numbers of verbs' IBV_QPT_XRC_SEND / _RECV)
+_TYPES = {QPT_RC: "RC", QPT_UC: "UC", QPT_UD: "UD", 9: "XRC_INI", 10: "XRC_TGT"}
 
 
 def qp_state_name(state: int) -> str:
@@ -55,7 +57,7 @@ def qp_state_name(state: int) -> str:
 
 
 def qp_type_name(qp_type: int) -> str:
-    """``RC``/``UC``/``UD`` (iproute2's names), else ``UNKNOWN``."""
+    """``RC``/``UC``/``UD``/``XRC_INI``/``XRC_TGT`` (iproute2's names), else ``UNKNOWN``."""
     return _TYPES.get(qp_type, "UNKNOWN")
 
 
@@ -146,7 +148,8 @@ def port_resources(port: Port) -> dict[str, Any]:
         connected = qp.qp_type in (QPT_RC, QPT_UC) and qp.state not in (RESET, INIT)
         if connected:
             obj["rqpn"] = qp.dest_qpn
-        obj["type"] = "XRC" if type(qp).__name__.startswith("Xrc") else qp_type_name(qp.qp_type)
+        # an XRC QP's engine is RC's; its type is the XRC one (softrdma.ib.xrc)
+        obj["type"] = qp_type_name(int(getattr(qp, "xrc_qp_type", qp.qp_type)))
         obj["state"] = qp_state_name(qp.state)
         if qp.qp_type != QPT_UD or qp.state != RESET:
             obj["rq-psn"] = qp.resp.epsn
