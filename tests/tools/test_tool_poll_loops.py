@@ -239,3 +239,16 @@ def test_rc_pingpong_refills_after_its_send(client: bool, rx_depth: int) -> None
         if kind == "recv" and rx_depth > pe.RECV_BATCH + 1:
             assert n <= pe.RECV_BATCH
             assert i and log[i - 1][0] == "send", "a refill on the round trip"
+
+
+def test_a_failed_refill_says_why_when_the_device_failed() -> None:
+    """A receive post that fails because the device failed (its devd died: the runtime's
+    ``fatal``) reports that reason, not only ``Couldn't post receive (N)``: which of the
+    two the ping-pong hits first when devd dies is a race (an error completion reports
+    it as well)."""
+    runtime = types.SimpleNamespace(fatal=None)
+    ep = types.SimpleNamespace(ctx=types.SimpleNamespace(runtime=runtime))
+    err = pe.Endpoint._post_failed(ep, 484)  # type: ignore[arg-type]
+    assert str(err) == "Couldn't post receive (484)"
+    runtime.fatal = "devd closed the link: the device is no longer usable (IBV_EVENT_DEVICE_FATAL)"
+    assert str(pe.Endpoint._post_failed(ep, 484)) == runtime.fatal  # type: ignore[arg-type]

@@ -162,7 +162,7 @@ class Endpoint:
         self._to_init()
         self.routs = self.post_recv(opts.rx_depth)
         if self.routs < opts.rx_depth:
-            raise PingPongError(f"Couldn't post receive ({self.routs})")
+            raise self._post_failed(self.routs)
         self.local = Dest(int(getattr(self.port_attr, "lid", 0)), self.qp.qp_num,
                           random.getrandbits(24), bytes(gid))
         self.remote: Dest | None = None
@@ -280,7 +280,15 @@ class Endpoint:
         rx_depth = self.opts.rx_depth
         routs = self.routs = self.routs + self.post_recv(rx_depth - self.routs, True)
         if routs < rx_depth:
-            raise PingPongError(f"Couldn't post receive ({routs})")
+            raise self._post_failed(routs)
+
+    def _post_failed(self, routs: int) -> PingPongError:
+        """``Couldn't post receive (N)``, or why the device failed when it did (its devd
+        died: the QP took no more receives because nothing serves it any more)."""
+        fatal = getattr(self.ctx.runtime, "fatal", None)
+        if fatal is not None:
+            return PingPongError(str(fatal))
+        return PingPongError(f"Couldn't post receive ({routs})")
 
     def post_send(self) -> None:
         """``pp_post_send``: one signaled SEND of ``size`` bytes from the send area."""

@@ -149,6 +149,14 @@ class _Pingpong:
         self.by_qpn = {qp.qp_num: i for i, qp in enumerate(self.qps)}
         self.routs = 0
 
+    def post_failed(self) -> PingPongError:
+        """``Couldn't post receive (N)``, or why the device failed when it did (its
+        devd died)."""
+        fatal = getattr(self.ctx.runtime, "fatal", None)
+        if fatal is not None:
+            return PingPongError(str(fatal))
+        return PingPongError(f"Couldn't post receive ({self.routs})")
+
     def post_recv(self, n: int) -> int:
         wr = v.RecvWR(RECV_WRID, sg=[v.SGE(self.mr.addr, self.args.size, self.mr.lkey)])
         for i in range(n):
@@ -230,7 +238,7 @@ class _Pingpong:
                     if self.routs <= n:
                         self.routs += self.post_recv(a.rx_depth - self.routs)
                         if self.routs < a.rx_depth:
-                            raise PingPongError(f"Couldn't post receive ({self.routs})")
+                            raise self.post_failed()
                     rcnt += 1
                 else:
                     raise PingPongError(f"Completion for unknown wr_id {wc.wr_id}")
@@ -266,7 +274,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     try:
         pp.routs = pp.post_recv(args.rx_depth)
         if pp.routs < args.rx_depth:
-            raise PingPongError(f"Couldn't post receive ({pp.routs})")
+            raise pp.post_failed()
         if pp.channel is not None:
             pp.cq.req_notify()
         mine = pp.my_dests()
