@@ -1,8 +1,8 @@
 /* librdmacm calls under softrdma run (tests/test_capi_rdmacm.py): the event channel's fd
  * (EAGAIN when non-blocking and empty, readable when an event is pending), an id's
  * device context and addresses after ADDR_RESOLVED, bad arguments (EINVAL), what is not
- * served (an option: ENOSYS; RDMA_PS_IPOIB: EPROTONOSUPPORT; an XRC QP on an RDMA_PS_TCP
- * id: EINVAL, XRC needs an RDMA_PS_IB id of its type),
+ * served (an option: ENOSYS; RDMA_PS_IPOIB: EPROTONOSUPPORT; an RDMA_PS_TCP id takes an
+ * XRC INI QP, as on Linux),
  * rdma_getaddrinfo (also from the hints' addresses alone), rdma_bind_addr of a loopback
  * address no device owns (no device, as the kernel's); an id destroyed already, or a
  * pointer to unmapped memory (perftest 4.5-0.17's retry after a REJECTED connection
@@ -91,8 +91,11 @@ int main(void)
         memset(&x, 0, sizeof(x));
         x.qp_type = IBV_QPT_XRC_SEND;
         errno = 0;
-        CHECK(rdma_create_qp_ex(id, &x) == -1 && errno == EINVAL && !id->qp,
-              "an XRC QP on an RDMA_PS_TCP id is EINVAL");
+        CHECK(rdma_create_qp_ex(id, &x) == 0 && id->qp && id->qp->qp_type == IBV_QPT_XRC_SEND
+              && id->send_cq && !id->recv_cq,
+              "an RDMA_PS_TCP id takes an XRC INI QP (as Linux), with a send CQ only");
+        rdma_destroy_qp(id);
+        CHECK(!id->qp && !id->send_cq, "rdma_destroy_qp frees it and its CQ");
     }
     errno = 0;
     CHECK(rdma_connect(id, NULL) == -1 && errno != 0, "rdma_connect before resolve_route fails");

@@ -44,8 +44,9 @@ def _fi_pingpong(provider: str, ep: str, *extra: str) -> list[str]:
             "-p", provider, "-e", ep, "-c", "-I", "20", "-S", "4096", *extra]
 
 
-def _pair(server: Host, client: Host, provider: str, ep: str) -> list[str]:
-    env = {"FI_UNIVERSE_SIZE": "16"}
+def _pair(server: Host, client: Host, provider: str, ep: str,
+          extra_env: dict[str, str] | None = None, logs: list[str] | None = None) -> list[str]:
+    env = {"FI_UNIVERSE_SIZE": "16", **(extra_env or {})}
     srv = server.popen(_fi_pingpong(provider, ep, "-B", str(PORT)), env=env)
     try:
         server.wait_tcp_listen(PORT, srv, timeout=TIMEOUT)
@@ -59,6 +60,8 @@ def _pair(server: Host, client: Host, provider: str, ep: str) -> list[str]:
     assert (srv.returncode, cli.returncode) == (0, 0), (
         f"server rc={srv.returncode}: {out[-1500:]}{err[-1500:]}\n"
         f"client rc={cli.returncode}: {cli.stdout[-1500:]}{cli.stderr[-1500:]}")
+    if logs is not None:
+        logs += [err, cli.stderr]
     return [out, cli.stdout]
 
 
@@ -73,3 +76,25 @@ def test_fi_pingpong_over_connected_endpoints(net: Network, provider: str, ep: s
     for server, client in ((a, b), (b, a)):
         for out in _pair(server, client, provider, ep):
             assert ROW.search(out), out
+
+
+def test_fi_pingpong_rxm_over_xrc(net: Network) -> None:
+    """RxM over the verbs provider's XRC endpoints (``FI_VERBS_PREFER_XRC=1`` with RxM's
+    shared receive context, ``FI_OFI_RXM_USE_SRX=1``): each connection is an XRC INI QP to
+    the peer's XRC TGT QP and a reciprocal one back, set up through rdma_cm on
+    ``RDMA_PS_TCP`` ids (connected as RC, as Linux does: the kernel's id is RC whatever the
+    QP), the SENDs naming the peer's XRC SRQ. libfabric then clears the ids' ``qp`` and
+    tears the CM connections down while it goes on using the QPs (librdmacm moves only
+    ``id->qp``): the QPs must outlive them. The passive side's ESTABLISHED carries no
+    private data (libfabric tells the sides apart by it) and the active side's the REP's
+    QPN, as on Linux. Data checked (``-c``), both directions."""
+    a, b = net.hosts
+    env = {"FI_VERBS_PREFER_XRC": "1", "FI_OFI_RXM_USE_SRX": "1", "FI_LOG_LEVEL": "info",
+           "FI_LOG_PROV": "verbs"}
+    for server, client in ((a, b), (b, a)):
+        logs: list[str] = []
+        for out in _pair(server, client, "verbs;ofi_rxm", "rdm", env, logs):
+            assert ROW.search(out), out
+        for log in logs:  # the provider's own account: XRC connections both ways
+            assert "INI Connection Done" in log and "TGT Connection Done" in log, log[-3000:]
+            assert "protocol mismatch" not in log and "Failed to create" not in log

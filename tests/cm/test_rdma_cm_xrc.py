@@ -187,16 +187,26 @@ def test_bad_ids_and_qps_are_named(env: Path) -> None:
     expect(ch, T.ADDR_RESOLVED)
     pd = v.PD(tcp.verbs)
     cq = v.CQ(tcp.verbs, 4)
-    with pytest.raises(InvalidArgument, match="init_attr.qp_type"):  # XRC needs RDMA_PS_IB
-        tcp.create_qp(pd, v.QPInitAttr(qp_type=XRC_SEND, scq=cq, rcq=cq,
+    # an RC id (RDMA_PS_TCP) takes an XRC QP, connected as RC (as Linux; libfabric)
+    ini = tcp.create_qp(pd, v.QPInitAttr(qp_type=XRC_SEND, scq=cq, rcq=cq,
+                                         cap=v.QPCap(2, 0, 1, 0)))
+    assert ini.qp_type == XRC_SEND and ini.qp_state == e.IBV_QPS_INIT
+    tcp.destroy_qp()
+    udp = rc.CmId(ch, rc.RDMA_PS_UDP)
+    udp.resolve_addr(None, ("127.0.0.1", port), 2000, device="roce")
+    expect(ch, T.ADDR_RESOLVED)
+    with pytest.raises(InvalidArgument, match="init_attr.qp_type"):  # a UD id: UD QPs
+        udp.create_qp(pd, v.QPInitAttr(qp_type=XRC_SEND, scq=cq, rcq=cq,
                                        cap=v.QPCap(2, 0, 1, 0)))
     xs = _resolve(ch, port, XRC_SEND)
+    with pytest.raises(InvalidArgument, match="init_attr.qp_type"):  # the other XRC type
+        xs.create_qp(None, v.QPInitAttr(qp_type=XRC_RECV))
     with pytest.raises(InvalidArgument, match="init_attr.qp_type"):  # not the id's type
         xs.create_qp(pd, v.QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq,
                                       cap=v.QPCap(2, 2, 1, 1)))
     with pytest.raises(InvalidArgument, match="xrcd"):
         xs.create_qp(None, v.QPInitAttr(qp_type=XRC_SEND), xrcd=object())
-    for cid in (tcp, xs, lst):
+    for cid in (tcp, udp, xs, lst):
         cid.destroy()
 
 

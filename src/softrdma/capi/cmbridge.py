@@ -188,8 +188,9 @@ def _create_qp(h: int, owner: int, a: Any, wrapper: Any) -> int:
 
 
 def _drop_qp(h: int) -> int:
-    """``rdma_destroy_qp``: the id forgets its QP (C destroys it as any QP)."""
-    _id(h).qp = None
+    """``rdma_destroy_qp`` (C destroys the QP as any QP), or the program cleared
+    ``id->qp``: the id and its connection manager let go of the QP (``release_qp``)."""
+    _id(h).release_qp()
     return 0
 
 

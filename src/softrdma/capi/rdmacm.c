@@ -48,6 +48,7 @@ struct sr_cm_id {
     void *mc_context;  /* rdma_join_multicast's context: MULTICAST_JOIN's ud.private_data */
     struct sr_cm_event *held;  /* events returned about this id and not acknowledged yet */
     int orphan;  /* rdma_destroy_id returned while the caller held events: the last ack frees it */
+    struct ibv_qp *cm_qp;  /* the QP rdma_create_qp gave the CM (sr_cm_released) */
 };
 struct sr_cm_event {
     struct rdma_cm_event ev;
@@ -182,6 +183,32 @@ static int sr_cm_live(const struct rdma_cm_id *id)
     if (!found)
         errno = EINVAL;
     return found;
+}
+
+/* librdmacm moves only id->qp (ucma_modify_qp_*), and a program may clear it once
+ * connected to keep the QP past the CM connection: libfabric's XRC endpoints set id->qp to
+ * NULL, then tear the connection down (rdma_disconnect, the peer's DREQ) and go on using
+ * the QP. So an id whose id->qp was cleared hands its QP back (the CM moves it no more):
+ * checked for the id at rdma_disconnect and rdma_destroy_id, and for every id at each
+ * rdma_get_cm_event, before the event a DREQ from the peer could bring. */
+static void sr_cm_released(struct sr_cm_id *only)
+{
+    int hs[64], n = 0, i;
+    struct sr_cm_live *l;
+    unsigned b;
+
+    pthread_mutex_lock(&g_cm_live_lock);
+    for (b = 0; b < SR_CM_LIVE_BUCKETS && n < 64; b++)
+        for (l = g_cm_live[b]; l && n < 64; l = l->next) {
+            struct sr_cm_id *c = (struct sr_cm_id *)l->p;
+            if ((!only || c == only) && c->cm_qp && !c->id.qp) {
+                c->cm_qp = NULL;
+                hs[n++] = c->h;
+            }
+        }
+    pthread_mutex_unlock(&g_cm_live_lock);
+    for (i = 0; i < n; i++)  /* outside the lock: Python may call back into C */
+        sr_py_cm_drop_qp(hs[i]);
 }
 
 /* int verb result from Python (0 or an errno value) -> 0 or -1 with errno */
@@ -476,6 +503,7 @@ int rdma_destroy_id(struct rdma_cm_id *id)
     struct sr_cm_id *c = SR_CMID(id);
     int ret, free_now;
 
+    sr_cm_released(c);  /* (only an id in the live table: c is not read otherwise) */
     pthread_mutex_lock(&g_cm_ev_lock);
     if (!sr_cm_live(id)) {
         pthread_mutex_unlock(&g_cm_ev_lock);
@@ -801,6 +829,7 @@ int rdma_create_qp_ex(struct rdma_cm_id *id, struct ibv_qp_init_attr_ex *attr)
     q->qpx.qp_base.state = attr->qp_type == IBV_QPT_UD ? IBV_QPS_RTS : IBV_QPS_INIT;
     id->pd = attr->pd;
     id->qp = &q->qpx.qp_base;
+    c->cm_qp = id->qp;
     return 0;
 }
 
@@ -831,6 +860,7 @@ void rdma_destroy_qp(struct rdma_cm_id *id)
     if (!sr_cm_live(id) || !id->qp)
         return;
     sr_py_cm_drop_qp(c->h);
+    c->cm_qp = NULL;
     ibv_destroy_qp(id->qp);
     id->qp = NULL;
     if (c->own_cqs && !id->srq)  /* an SRQ (XRC: its CQ is the id's) keeps them */
@@ -903,6 +933,7 @@ int rdma_disconnect(struct rdma_cm_id *id)
 
     if (!sr_cm_live(id))
         return -1;
+    sr_cm_released(SR_CMID(id));
     ret = sr_py_cm_disconnect(SR_CMID(id)->h);
     if (ret)
         return sr_cm_ret(ret);
@@ -953,6 +984,7 @@ int rdma_get_cm_event(struct rdma_event_channel *channel, struct rdma_cm_event *
         errno = EINVAL;
         return -1;
     }
+    sr_cm_released(NULL);
     e = calloc(1, sizeof(*e));  /* before an event is taken: none is lost to ENOMEM */
     if (!e) {
         errno = ENOMEM;

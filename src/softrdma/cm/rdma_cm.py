@@ -380,9 +380,22 @@ class CmId:
 
     def destroy_qp(self) -> None:
         """``rdma_destroy_qp``."""
-        qp, self.qp = self.qp, None
+        qp = self.qp
+        self.release_qp()
         if qp is not None:
             qp.close()
+
+    def release_qp(self) -> None:
+        """Hand the id's QP back to the application: the connection manager no longer
+        moves it (a DREQ, DREP or REJ leaves it as it is). librdmacm's id moves only
+        ``id->qp``, which a program may clear once connected (libfabric's XRC
+        endpoints keep their INI and TGT QPs past the CM connections they tear down);
+        the C interface calls this when it finds ``id->qp`` cleared, and at
+        ``rdma_destroy_qp``."""
+        self.qp = None
+        ib = self._ib
+        if ib is not None:
+            ib.agent.api(lambda _now: setattr(ib, "qp", None), None)
 
     # ---- active side -------------------------------------------------------------------
     def connect(self, param: ConnParam | None = None) -> None:

@@ -24,6 +24,7 @@ __all__ = ["id_qp_type", "make_qp"]
 RC, UC = int(v.qp.RC), int(v.qp.UC)
 XRC_SEND, XRC_RECV = int(v.qp.XRC_SEND), int(v.qp.XRC_RECV)
 _ID_QP_TYPES = frozenset({RC, UC, QPT_UD, XRC_SEND, XRC_RECV})
+_XRC = (XRC_SEND, XRC_RECV)
 #: XRC domains of rdma_cm's XRC TGT QPs, one per device context (librdmacm
 #: ``ucma_get_xrcd``: an XRCD opened with no file, kept with the device)
 _xrcds: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
@@ -54,10 +55,13 @@ def make_qp(ctx: Any, id_type: int, pd: Any, init_attr: Any, xrcd: Any) -> Any:
     if (qpt == QPT_UD) != (id_type == QPT_UD):
         raise InvalidArgument("init_attr.qp_type", "UD ids (RDMA_PS_UDP) take UD QPs, "
                                                    "the others RC, UC or XRC QPs")
-    if XRC_SEND in (qpt, id_type) or XRC_RECV in (qpt, id_type):
-        if qpt != id_type:
-            raise InvalidArgument("init_attr.qp_type", f"an XRC QP needs an RDMA_PS_IB id "
-                                                       f"of its type ({id_type})")
+    # an XRC QP on an RC id (RDMA_PS_TCP's) is connected as RC, as Linux does (the
+    # kernel's id is RC, ``ucma_get_qp_type``: libfabric's XRC endpoints); an XRC id
+    # (RDMA_PS_IB's) takes a QP of its own type only
+    if (qpt in _XRC and id_type not in (qpt, RC)) or (id_type in _XRC and qpt != id_type):
+        raise InvalidArgument("init_attr.qp_type", f"a QP of type {qpt} on an id of type "
+                                                   f"{id_type}: an XRC QP needs an RC id "
+                                                   f"or an RDMA_PS_IB id of its type")
     if qpt == QPT_UD:
         return v.QP(pd, init_attr, v.QPAttr(qkey=RDMA_UDP_QKEY))
     if qpt == XRC_RECV:

@@ -69,6 +69,7 @@ RDMA_PS_IB = 0x013F  # Linux's port space for ids of any QP type (RC, UC, UD, XR
 PROTO = {RDMA_PS_TCP: IPPROTO_TCP, RDMA_PS_UDP: IPPROTO_UDP, RDMA_PS_IB: RDMA_PS_IB & 0xFF}
 #: an id of this type resolves a UD service (SIDR) instead of connecting
 QPT_UD = int(ibv_qp_type.IBV_QPT_UD)
+QPT_XRC_SEND = int(ibv_qp_type.IBV_QPT_XRC_SEND)
 
 Address = tuple[str, int]
 T = RdmaCmEventType
@@ -252,8 +253,11 @@ class _IbCm(Transport):
             client.resolve(cid._src, cid._dst, cid._dst_port, src_port=cid._src_port,
                            proto=PROTO[cid.ps], private_data=bytes(p.private_data))
             return
+        # an XRC INI QP is connected as the id's type: XRC for an RDMA_PS_IB XRC id, RC
+        # for an RC id (Linux's cma_connect_ib names the id's type in the REQ)
+        ctype = cid.qp_type if getattr(qp, "qp_type", None) == QPT_XRC_SEND else None
         client.connect(qp, cid._src, cid._dst, cid._dst_port, src_port=cid._src_port,
-                       proto=PROTO[cid.ps], private_data=bytes(p.private_data),
+                       proto=PROTO[cid.ps], private_data=bytes(p.private_data), qp_type=ctype,
                        responder_resources=p.responder_resources,
                        initiator_depth=p.initiator_depth, retry_count=_retries(p.retry_count),
                        rnr_retry_count=_retries(p.rnr_retry_count),
@@ -323,9 +327,16 @@ class _IbCm(Transport):
             if cid.qp_type == QPT_UD and ev.ud_qpn is not None:
                 ud = UdParam(ev.ud_qpn, ev.ud_qkey or RDMA_UDP_QKEY, self.ah_attr(cid),
                              ev.private_data)
-            cid._post(T.ESTABLISHED, private_data=ev.private_data, ud=ud, info=dict(ev.info))
+            # the active side's ESTABLISHED carries the REP's private data; the passive
+            # side's none (linux cma_ib_handler: IB_CM_RTU_RECEIVED / USER_ESTABLISHED set
+            # no private data, librdmacm leaves it NULL; libfabric's XRC endpoints tell
+            # the two sides apart by it)
+            passive = getattr(ev.cm_id, "listen_id", None) is not None
+            cid._post(T.ESTABLISHED, private_data=b"" if passive else ev.private_data, ud=ud,
+                      param=self.rep_param(ev), info=dict(ev.info))
         elif k == CmEventType.CONNECT_RESPONSE:
-            cid._post(T.CONNECT_RESPONSE, private_data=ev.private_data, info=dict(ev.info))
+            cid._post(T.CONNECT_RESPONSE, private_data=ev.private_data,
+                      param=self.rep_param(ev), info=dict(ev.info))
         elif k == CmEventType.REJECTED:
             rej = ev.reject
             status = 0
@@ -341,6 +352,19 @@ class _IbCm(Transport):
             cid.disconnected_event()
         elif k == CmEventType.TIMEWAIT_EXIT:
             cid._post(T.TIMEWAIT_EXIT)
+
+    @staticmethod
+    def rep_param(ev: CmEvent) -> ConnParam | None:
+        """The active side's event parameters from the REP (linux
+        ``cma_set_rep_event_data``): its resources, flow control, RNR retry count, SRQ
+        and the peer's QPN (an XRC TGT QP's from the Local EE Context Number); None for
+        an event without a REP (the passive side's)."""
+        rep = ev.info.get("rep")
+        if rep is None:
+            return None
+        return ConnParam(ev.private_data, rep.responder_resources, rep.initiator_depth,
+                         rep.end_to_end_flow_control, 0, rep.rnr_retry_count, rep.srq,
+                         int(getattr(ev.cm_id, "remote_qpn", 0) or rep.local_qpn))
 
     @staticmethod
     def ah_attr(cid: ConnId) -> Any:

@@ -44,7 +44,7 @@ from .params import (
     check_pd,
     make_rej,
 )
-from .userqp import REQ_TRANSPORT, passive_psn, qp_info, req_qp_type
+from .userqp import REQ_TRANSPORT, connects_as, passive_psn, qp_info, req_qp_type
 
 if TYPE_CHECKING:
     from .cmid import IbCmId
@@ -69,8 +69,12 @@ def send_req(cid: IbCmId, now: float, inp: Connect) -> None:
     if qpt not in REQ_TRANSPORT:
         raise InvalidArgument("qp", "connect needs an RC, UC or XRC INI QP (UD services "
                                     "use sidr_resolve)")
-    tst, ext = REQ_TRANSPORT[qpt]
-    xrc = qpt == qpctl.QPT_XRC_INI
+    ctype = qpt if p.qp_type is None else p.qp_type
+    if ctype not in REQ_TRANSPORT or not connects_as(qpt, ctype):
+        raise InvalidArgument("qp_type", f"a QP of type {qpt} cannot be connected as "
+                                         f"type {ctype}")
+    tst, ext = REQ_TRANSPORT[ctype]
+    xrc = ctype == qpctl.QPT_XRC_INI
     pd = check_pd(p.private_data, wcm.CmAttr.REQ)
     for name in ("responder_resources", "initiator_depth"):
         if not 0 <= getattr(p, name) <= _MAX_RESOURCES:
@@ -231,11 +235,11 @@ def send_rep(cid: IbCmId, now: float, inp: AcceptConn) -> None:
         raise InvalidArgument("qp", "accept needs the QP of the connection")
     qpn, qpt, has_srq, eq = qp_info(qp)  # eq None: the consumer moves its QP
     want = req_qp_type(req)
-    if qpt != want:
+    if want is None or not connects_as(qpt, want):
         raise InvalidArgument("qp", f"the REQ asks for a QP of type {want} ("
                                     f"{TransportServiceType(req.transport_service_type).name}"
                                     f"), the QP is of type {qpt}")
-    xrc = qpt == qpctl.QPT_XRC_TGT
+    xrc = want == qpctl.QPT_XRC_TGT  # the REP's format is the REQ's type's (linux cm.c)
     resp = min(a.responder_resources, req.initiator_depth)
     depth = min(a.initiator_depth, req.responder_resources)
     pd = a.private_data

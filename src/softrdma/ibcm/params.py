@@ -119,6 +119,10 @@ class ConnParams:
     flow_label: int = 0
     min_rnr_timer: int = 0
     auto_rtu: bool = True
+    #: the connection type the REQ names (Linux: the rdma_cm id's type, ``cma_connect_ib``'s
+    #: ``req.qp_type``): None, the QP's; RC for an XRC INI QP connected as an RC id's, as
+    #: Linux does for an ``RDMA_PS_TCP`` id's (libfabric's XRC endpoints)
+    qp_type: int | None = None
 
 
 @dataclass(slots=True)

@@ -29,7 +29,8 @@ from . import qpctl
 from .model import CmState
 from .params import CmPath, ConnParams, SidrParams
 
-__all__ = ["UserQp", "CONNECTED", "REQ_TRANSPORT", "req_qp_type", "qp_info", "cm_qp_attr",
+__all__ = ["UserQp", "CONNECTED", "REQ_TRANSPORT", "req_qp_type", "connects_as", "qp_info",
+           "cm_qp_attr",
            "passive_psn", "QpAttrId", "QpAttrAgent"]
 
 
@@ -105,6 +106,15 @@ _PASSIVE_QPT: dict[tuple[int, int], int] = {
     (TransportServiceType.RC, 0): qpctl.QPT_RC,
     (TransportServiceType.UC, 0): qpctl.QPT_UC,
     (TransportServiceType.EXTENDED, 1): qpctl.QPT_XRC_TGT}
+
+
+def connects_as(qp_type: int, conn_type: int) -> bool:
+    """Whether a QP of ``qp_type`` can be connected by a REQ/REP of ``conn_type``: its
+    own, or (an XRC QP) RC's, as Linux's rdma_cm connects an ``RDMA_PS_TCP`` id's XRC INI
+    QP and accepts with an XRC TGT QP (the kernel's id is RC there, ``ucma_get_qp_type``;
+    libfabric's XRC endpoints)."""
+    return qp_type == conn_type or (
+        conn_type == qpctl.QPT_RC and qp_type in (qpctl.QPT_XRC_INI, qpctl.QPT_XRC_TGT))
 
 
 def req_qp_type(req: wcm.Req) -> int | None:
