@@ -5,6 +5,7 @@ SENDs then reach the XRC SRQ each one names. On the in-memory fabric, RoCEv2 and
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ from harness.cm_ibcm import SID, server_id
 from softrdma import enums as e
 from softrdma import verbs as v
 from softrdma.errors import InvalidArgument
-from softrdma.ibcm.agent import AcceptParams, ConnParams
+from softrdma.ibcm.agent import AcceptParams, ConnParams, IbCmId
 from softrdma.ibcm.model import CmState
 from softrdma.ibcm.userqp import UserQp, qp_info, req_qp_type
 from softrdma.wire import cm as wcm
@@ -172,3 +173,58 @@ def test_unknown_transport_types_are_rejected(tst: int, ext: int) -> None:
     assert rej.reason == RejReason.INVALID_TRANSPORT_TYPE and rej.remote_comm_id == 0x5000
     assert not p.b.of(T.CONNECT_REQUEST) and lst.state == CmState.LISTEN
     assert TransportServiceType.EXTENDED == 3
+
+
+@pytest.mark.iba("12.6.5", "12.6.8")
+def test_xrc_qps_connected_as_rc_as_linux_does_for_a_tcp_id() -> None:
+    """Linux's rdma_cm names its id's type in the REQ (``cma_connect_ib``), RC for an
+    RDMA_PS_TCP id whatever the QP: libfabric's XRC endpoints connect an XRC INI QP so,
+    and the passive side accepts with an XRC TGT QP. The REQ and REP are then RC's (the
+    TGT QPN in the REP's Local QPN), and the SENDs still reach the SRQ they name."""
+    p = Pair()
+    tgt, srq, scq = _tgt(p)
+    p.listen_accepting(SID, tgt)
+    ini, _ = _ini(p)
+    cid = p.a.new_id()
+    cid.connect(ini, ConnParams(SID, p.b.gid, qp_type=int(e.IBV_QPT_RC)))
+    p.run(1)
+    (req,) = p.sent(CmAttr.REQ)
+    (rep,) = p.sent(CmAttr.REP)
+    assert (req.transport_service_type, req.extended_transport_type) == (0, 0)
+    assert rep.local_qpn == tgt.qp_num and rep.local_eecn == 0
+    assert cid.state == CmState.ESTABLISHED and ini.qp_state == tgt.qp_state == RTS
+    assert ini.engine.dest_qpn == tgt.qp_num and tgt.engine.dest_qpn == ini.qp_num
+    rx = v.MR(p.b.pd, 64, int(e.IBV_ACCESS_LOCAL_WRITE))
+    srq.post_recv(v.RecvWR(1, 1, [v.SGE(rx.addr, 64, rx.lkey)]))
+    tx = v.MR(p.a.pd, 64, 0)
+    tx.write(b"as RC", 5)
+    wr = v.SendWR(2, None, 1, [v.SGE(tx.addr, 5, tx.lkey)], e.IBV_WR_SEND,
+                  e.IBV_SEND_SIGNALED)
+    wr.set_qp_type_xrc(srq.srq_num)
+    ini.post_send(wr)
+    p.run(0.05)
+    n, wcs = scq.poll(4)
+    assert n == 1 and wcs[0].status == 0 and rx.read(5, 0) == b"as RC"
+    # an RC QP cannot be connected as XRC, nor a UC one as RC
+    with pytest.raises(InvalidArgument, match="qp_type"):
+        p.a.new_id().connect(p.a.qp()[0], ConnParams(SID, p.b.gid, qp_type=XRC_SEND))
+    with pytest.raises(InvalidArgument, match="qp_type"):
+        p.a.new_id().connect(p.a.qp(int(e.IBV_QPT_UC))[0],
+                             ConnParams(SID, p.b.gid, qp_type=int(e.IBV_QPT_RC)))
+
+
+def test_a_released_qp_outlives_its_cm_connection() -> None:
+    """A QP the consumer took back from the CM (``qp`` None: librdmacm moves only
+    ``id->qp``, libfabric clears it) stays in RTS through the DREQ/DREP."""
+    p = Pair()
+    cid, ini, _, tgt, _, _ = _connect(p)
+    srv = server_id(p)
+    def release(c: IbCmId) -> Callable[[float], None]:
+        return lambda _now: setattr(c, "qp", None)
+
+    for c in (cid, srv):
+        c.agent.api(release(c), None)
+    srv.disconnect()
+    p.run(1)
+    assert cid.state == srv.state == CmState.TIMEWAIT
+    assert ini.qp_state == tgt.qp_state == RTS
