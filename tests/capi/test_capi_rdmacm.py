@@ -206,6 +206,27 @@ def test_xrc_between_c_and_python(device: str, c_side: str) -> None:
         assert cout.splitlines() == ["sent 5 0"], (cout, cerr)
 
 
+@pytest.mark.parametrize("c_side", ["client", "server"])
+@pytest.mark.parametrize("mode", ["r", "x"])
+def test_x_examples_against_their_python_twins(device: str, c_side: str, mode: str) -> None:
+    """Stock rdma_xserver/rdma_xclient against ``softrdma rdma-xserver``/``rdma-xclient``
+    on one device, RC and XRC, the C program as either side."""
+    need_tool("rdma_xserver", "rdmacm-utils")
+    port = str(tcp_port())
+    py = [sys.executable, "-m", "softrdma"]
+    tail = ["-p", port, "-c", mode]
+    if c_side == "client":
+        server = [*py, "rdma-xserver", *tail, "--device", device, "--timeout", "60"]
+        client = preloaded("rdma_xclient", "-s", "127.0.0.1", *tail)
+    else:
+        server = preloaded("rdma_xserver", *tail)
+        client = [*py, "rdma-xclient", "-s", "127.0.0.1", *tail, "--device", device,
+                  "--timeout", "60"]
+    (sout, serr), (cout, cerr) = pair(server, client)
+    assert "rdma_xserver: end 0" in sout, (sout, serr)
+    assert "rdma_xclient: end 0" in cout, (cout, cerr)
+
+
 def test_xrc_connection_captured_under_softrdma_run(device: str, tmp_path: Path) -> None:
     """``softrdma --pcap FILE run -- PROGRAM``: the program's device captures to FILE.
     rdma_xserver -c x's capture holds the XRC connection as Linux's cm.c encodes it (the

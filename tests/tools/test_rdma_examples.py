@@ -1,7 +1,8 @@
 """``softrdma rdma-server`` / ``rdma-client`` (librdmacm's rdma_server / rdma_client
 examples): one 16-byte SEND each way over RoCE (IPv4, IPv6) and iWARP in two processes,
 the C examples' output; a client with no server is refused at once; the server waits for
-its client until stopped and says so once."""
+its client until stopped and says so once. ``rdma-xserver`` / ``rdma-xclient``
+(rdma_xserver / rdma_xclient): one SEND over RC or XRC through rdma_cm."""
 
 from __future__ import annotations
 
@@ -84,3 +85,60 @@ def test_getaddrinfo_errors(tmp_path: Path, args: list[str], stdout: str) -> Non
     lines = cli.stdout.splitlines()
     assert lines[0] == "rdma_client: start" and lines[1].startswith(stdout)
     assert lines[2].startswith("rdma_client: end -")
+
+
+@pytest.mark.parametrize("mode", ["r", "x"])
+def test_xserver_and_xclient(tmp_path: Path, mode: str) -> None:
+    """``softrdma rdma-xserver`` / ``rdma-xclient`` (librdmacm's rdma_xserver /
+    rdma_xclient): one 16-byte SEND from the client, over RC (``-c r``) or XRC through
+    rdma_cm (``-c x``: RDMA_PS_IB ids, the server's XRC TGT QP and SRQ, the SRQ's number
+    in the accept), the C examples' output."""
+    state, _ = make_state_dir(tmp_path)
+    env = child_env(state)
+    port = str(free_port())
+    common = ["-p", port, "-c", mode, "--device", "roce", "--timeout", "20"]
+    srv = subprocess.Popen(_tool("rdma-xserver", *common), env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert srv.stderr is not None
+        assert srv.stderr.readline() == f"rdma_xserver: waiting for a client on {port}\n"
+        cli = subprocess.run(_tool("rdma-xclient", "-s", "127.0.0.1", *common), env=env,
+                             capture_output=True, text=True, timeout=60)
+        assert cli.returncode == 0, cli.stdout + cli.stderr
+        assert cli.stdout.splitlines() == ["rdma_xclient: start", "rdma_xclient: end 0"]
+        assert cli.stderr == ""
+        out, err = srv.communicate(timeout=60)
+        assert srv.returncode == 0, out + err
+        assert out.splitlines() == ["rdma_xserver: start", "rdma_xserver: end 0"]
+        assert err == ""
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.communicate()
+
+
+@pytest.mark.parametrize("tool", ["rdma-xserver", "rdma-xclient"])
+def test_x_examples_bad_communication_type_prints_the_usage(tmp_path: Path,
+                                                            tool: str) -> None:
+    state, _ = make_state_dir(tmp_path)
+    r = subprocess.run(_tool(tool, "-c", "q"), env=child_env(state), capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 1
+    lines = r.stdout.splitlines()
+    assert lines[0] == f"usage: {tool.replace('-', '_')}"
+    assert "\t    x - XRC: extended-reliable-connected" in lines
+
+
+def test_xclient_over_iwarp_names_why(tmp_path: Path) -> None:
+    """XRC through rdma_cm needs RoCE: iWARP connects RDMA_PS_TCP ids only (as Linux's
+    iw_cm), so rdma-xclient -c x fails at its address resolution (ADDR_ERROR), and says
+    why, once."""
+    state, _ = make_state_dir(tmp_path)
+    r = subprocess.run(_tool("rdma-xclient", "-c", "x", "-p", str(free_port()), "--device",
+                             "iwarp", "--timeout", "20"),
+                       env=child_env(state), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1
+    assert r.stdout.splitlines() == ["rdma_xclient: start", "rdma_xclient: end -1"]
+    assert r.stderr.startswith("rdma_create_ep: "), r.stderr
+    assert "RDMA_PS_IB needs RoCE" in r.stderr and len(r.stderr.splitlines()) == 1
+    assert "Traceback" not in r.stderr

@@ -18,6 +18,8 @@ Subcommands and where they live:
 ``mckey``          :mod:`softrdma.tools.rdmacm.mckey` (librdmacm's ``mckey``: rdma_cm multicast)
 ``rdma-server``    :mod:`softrdma.tools.rdmacm.rdma_server` (librdmacm's ``rdma_server`` example)
 ``rdma-client``    :mod:`softrdma.tools.rdmacm.rdma_server` (librdmacm's ``rdma_client`` example)
+``rdma-xserver``   :mod:`softrdma.tools.rdmacm.rdma_xserver` (librdmacm's ``rdma_xserver``: RC or XRC)
+``rdma-xclient``   :mod:`softrdma.tools.rdmacm.rdma_xserver` (librdmacm's ``rdma_xclient``)
 ``pcap-check``     ``softrdma.tools.capture.pcap_check.run(paths) -> int``
 ``ladder``         :mod:`softrdma.tools.capture.ladder` (ladder diagram and PSN plot of a capture)
 ``link``           ``softrdma.tools.admin.link.cmd_link(args) -> int``
@@ -249,6 +251,18 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                        "rdma-core's rdma_server / rdma_client.")
         tool_args("softrdma.tools.rdmacm.cmflags", p, name, name)
         p.set_defaults(handler=_runs("softrdma.tools.rdmacm.rdma_server", name, name))
+
+    for name, role in (("rdma-xserver", "listen on -p PORT, accept one connection"),
+                       ("rdma-xclient", "connect to -s ADDR -p PORT")):
+        p = add_parser(name, help=f"librdmacm's {name.replace('-', '_')} example: {role}, "
+                       "one SEND over RC or XRC (-c r|x)",
+                       description=f"{name.replace('-', '_')}: {role}; one 16-byte SEND from "
+                       "the client, over an RC QP (-c r) or XRC through rdma_cm (-c x: "
+                       "RDMA_PS_IB ids, the server's XRC TGT QP and XRC SRQ, whose number "
+                       "the accept sends). Interoperates with rdma-core's rdma_xserver / "
+                       "rdma_xclient.")
+        tool_args("softrdma.tools.rdmacm.cmflags", p, name, name)
+        p.set_defaults(handler=_runs("softrdma.tools.rdmacm.rdma_xserver", name, name))
 
     p = add_parser("pcap-check", help="check every RoCE/iWARP packet of pcap files "
                         "(ICRC/CRC, byte-exact decoding) and follow each RC/UC connection",

@@ -1,6 +1,7 @@
-"""The command-line flags of ``softrdma mckey``, ``softrdma rdma-server`` and
-``softrdma rdma-client`` (the getopt strings of librdmacm's ``examples/mckey.c``,
-``rdma_server.c`` and ``rdma_client.c``, plus softrdma's ``--device``/``--timeout``).
+"""The command-line flags of ``softrdma mckey``, ``softrdma rdma-server`` /
+``rdma-client`` and ``softrdma rdma-xserver`` / ``rdma-xclient`` (the getopt strings of
+librdmacm's ``examples/mckey.c``, ``rdma_server.c``, ``rdma_client.c``, ``rdma_xserver.c``
+and ``rdma_xclient.c``, plus softrdma's ``--device``/``--timeout``).
 
 Kept apart from the tools so that building the ``softrdma`` parser imports no verbs.
 """
@@ -18,7 +19,8 @@ RDMA_EXAMPLE_PORT = "7471"  # rdma_server.c / rdma_client.c
 
 
 def add_arguments(p: argparse.ArgumentParser, tool: str) -> None:
-    """The flags of ``tool``: ``mckey``, ``rdma-server`` or ``rdma-client``."""
+    """The flags of ``tool``: ``mckey``, ``rdma-server``, ``rdma-client``,
+    ``rdma-xserver`` or ``rdma-xclient``."""
     if tool == "mckey":
         _mckey(p)
     else:
@@ -56,7 +58,12 @@ def _mckey(p: argparse.ArgumentParser) -> None:
 
 def _example(p: argparse.ArgumentParser, tool: str) -> None:
     default = "0.0.0.0" if tool == "rdma-server" else "127.0.0.1"
-    p.add_argument("-s", dest="server", default=default, metavar="server_address",
-                   help=f"the server's address ({default})")
+    if tool != "rdma-xserver":  # rdma_xserver.c listens on every address: no -s
+        p.add_argument("-s", dest="server", default=default, metavar="server_address",
+                       help=f"the server's address ({default})")
     p.add_argument("-p", dest="port", default=RDMA_EXAMPLE_PORT, metavar="port_number",
                    help=f"the server's port ({RDMA_EXAMPLE_PORT})")
+    if tool in ("rdma-xserver", "rdma-xclient"):
+        p.add_argument("-c", dest="comm_type", default="r", metavar="communication_type",
+                       help="r: RC, reliable-connected (default); x: XRC, "
+                       "extended-reliable-connected (RDMA_PS_IB ids; RoCE)")
