@@ -20,6 +20,31 @@ def _tool(*args: str) -> list[str]:
     return [sys.executable, "-m", "softrdma", *args]
 
 
+def _one_message(server: str, server_args: list[str], client: str, client_args: list[str],
+                 env: dict[str, str], port: str) -> None:
+    """Start ``server``, which says once that it waits on ``port``, run ``client`` against
+    it, and check that both end well with the C examples' output and say nothing else."""
+    sname, cname = server.replace("-", "_"), client.replace("-", "_")
+    srv = subprocess.Popen(_tool(server, *server_args), env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert srv.stderr is not None
+        assert srv.stderr.readline() == f"{sname}: waiting for a client on {port}\n"
+        cli = subprocess.run(_tool(client, *client_args), env=env,
+                             capture_output=True, text=True, timeout=60)
+        assert cli.returncode == 0, cli.stdout + cli.stderr
+        assert cli.stdout.splitlines() == [f"{cname}: start", f"{cname}: end 0"]
+        assert cli.stderr == ""
+        out, err = srv.communicate(timeout=60)
+        assert srv.returncode == 0, out + err
+        assert out.splitlines() == [f"{sname}: start", f"{sname}: end 0"]
+        assert err == ""
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.communicate()
+
+
 @pytest.mark.parametrize(("addr", "device"), [("127.0.0.1", "roce"), ("::1", "roce"),
                                               ("127.0.0.1", "iwarp")])
 def test_server_and_client(tmp_path: Path, addr: str, device: str) -> None:
@@ -27,24 +52,8 @@ def test_server_and_client(tmp_path: Path, addr: str, device: str) -> None:
     env = child_env(state)
     port = str(free_port())
     common = ["-p", port, "--device", device, "--timeout", "20"]
-    srv = subprocess.Popen(_tool("rdma-server", "-s", addr, *common), env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert srv.stderr is not None
-        assert srv.stderr.readline() == f"rdma_server: waiting for a client on {port}\n"
-        cli = subprocess.run(_tool("rdma-client", "-s", addr, *common), env=env,
-                             capture_output=True, text=True, timeout=60)
-        assert cli.returncode == 0, cli.stdout + cli.stderr
-        assert cli.stdout.splitlines() == ["rdma_client: start", "rdma_client: end 0"]
-        assert cli.stderr == ""
-        out, err = srv.communicate(timeout=60)
-        assert srv.returncode == 0, out + err
-        assert out.splitlines() == ["rdma_server: start", "rdma_server: end 0"]
-        assert err == ""
-    finally:
-        if srv.poll() is None:
-            srv.kill()
-            srv.communicate()
+    _one_message("rdma-server", ["-s", addr, *common], "rdma-client", ["-s", addr, *common],
+                 env, port)
 
 
 @pytest.mark.parametrize("device", ["roce", "iwarp"])
@@ -97,24 +106,8 @@ def test_xserver_and_xclient(tmp_path: Path, mode: str) -> None:
     env = child_env(state)
     port = str(free_port())
     common = ["-p", port, "-c", mode, "--device", "roce", "--timeout", "20"]
-    srv = subprocess.Popen(_tool("rdma-xserver", *common), env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert srv.stderr is not None
-        assert srv.stderr.readline() == f"rdma_xserver: waiting for a client on {port}\n"
-        cli = subprocess.run(_tool("rdma-xclient", "-s", "127.0.0.1", *common), env=env,
-                             capture_output=True, text=True, timeout=60)
-        assert cli.returncode == 0, cli.stdout + cli.stderr
-        assert cli.stdout.splitlines() == ["rdma_xclient: start", "rdma_xclient: end 0"]
-        assert cli.stderr == ""
-        out, err = srv.communicate(timeout=60)
-        assert srv.returncode == 0, out + err
-        assert out.splitlines() == ["rdma_xserver: start", "rdma_xserver: end 0"]
-        assert err == ""
-    finally:
-        if srv.poll() is None:
-            srv.kill()
-            srv.communicate()
+    _one_message("rdma-xserver", common, "rdma-xclient", ["-s", "127.0.0.1", *common], env,
+                 port)
 
 
 @pytest.mark.parametrize("tool", ["rdma-xserver", "rdma-xclient"])

@@ -262,11 +262,34 @@ static void sr_cm_to_sockaddr(const struct sr_cm_addr *a, struct sockaddr_storag
 
 /* The id's device context and addresses, from the Python CmId (after each call that may
  * change them and each event). */
-/* the PD of a device that every cm_id bound to it carries in id->pd once it has the
+/* Each device context's rdma_cm objects, made at their first need and kept for the
+ * process: the PD that every cm_id bound to the device carries in id->pd once it has the
  * device (librdmacm's ucma_get_device: pyverbs' PD(cmid) takes id->pd right after
- * rdma_bind_addr / rdma_resolve_route); one per device context, kept for the process */
-#define SR_CM_MAX_DEVICE_PDS 64
-static struct { struct ibv_context *verbs; struct ibv_pd *pd; } g_cm_pds[SR_CM_MAX_DEVICE_PDS];
+ * rdma_bind_addr / rdma_resolve_route), and the XRC domain of its rdma_cm XRC TGT QPs and
+ * SRQs, opened with no file (librdmacm's ucma_get_xrcd). */
+#define SR_CM_MAX_DEVICES 64
+static struct {
+    struct ibv_context *verbs;
+    struct ibv_pd *pd;
+    struct ibv_xrcd *xrcd;
+} g_cm_devs[SR_CM_MAX_DEVICES];
+
+/* the table's entry of verbs, claimed at its first use; -1 (ENOMEM) when the table is
+ * full. Under g_cm_lock. */
+static int sr_cm_device_slot(struct ibv_context *verbs)
+{
+    int i;
+
+    for (i = 0; i < SR_CM_MAX_DEVICES && g_cm_devs[i].verbs; i++)
+        if (g_cm_devs[i].verbs == verbs)
+            return i;
+    if (i == SR_CM_MAX_DEVICES) {
+        errno = ENOMEM;
+        return -1;
+    }
+    g_cm_devs[i].verbs = verbs;
+    return i;
+}
 
 static struct ibv_pd *sr_cm_device_pd(struct ibv_context *verbs)
 {
@@ -274,25 +297,15 @@ static struct ibv_pd *sr_cm_device_pd(struct ibv_context *verbs)
     int i;
 
     pthread_mutex_lock(&g_cm_lock);
-    for (i = 0; i < SR_CM_MAX_DEVICE_PDS && g_cm_pds[i].verbs; i++)
-        if (g_cm_pds[i].verbs == verbs) {
-            pd = g_cm_pds[i].pd;
-            break;
-        }
-    if (!pd && i < SR_CM_MAX_DEVICE_PDS) {
-        pd = ibv_alloc_pd(verbs);
-        if (pd) {
-            g_cm_pds[i].verbs = verbs;
-            g_cm_pds[i].pd = pd;
-        }
+    i = sr_cm_device_slot(verbs);
+    if (i >= 0) {
+        if (!g_cm_devs[i].pd)
+            g_cm_devs[i].pd = ibv_alloc_pd(verbs);
+        pd = g_cm_devs[i].pd;
     }
     pthread_mutex_unlock(&g_cm_lock);
     return pd;
 }
-
-/* the XRC domain of a device's rdma_cm XRC TGT QPs and SRQs, opened with no file (librdmacm
- * ucma_get_xrcd: one per device, kept for the process) */
-static struct { struct ibv_context *verbs; struct ibv_xrcd *xrcd; } g_cm_xrcds[SR_CM_MAX_DEVICE_PDS];
 
 static struct ibv_xrcd *sr_cm_device_xrcd(struct ibv_context *verbs)
 {
@@ -301,23 +314,16 @@ static struct ibv_xrcd *sr_cm_device_xrcd(struct ibv_context *verbs)
     int i;
 
     pthread_mutex_lock(&g_cm_lock);
-    for (i = 0; i < SR_CM_MAX_DEVICE_PDS && g_cm_xrcds[i].verbs; i++)
-        if (g_cm_xrcds[i].verbs == verbs) {
-            xrcd = g_cm_xrcds[i].xrcd;
-            break;
+    i = sr_cm_device_slot(verbs);
+    if (i >= 0) {
+        if (!g_cm_devs[i].xrcd) {
+            memset(&attr, 0, sizeof(attr));
+            attr.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
+            attr.fd = -1;
+            attr.oflags = O_CREAT;
+            g_cm_devs[i].xrcd = ibv_open_xrcd(verbs, &attr);
         }
-    if (!xrcd && i < SR_CM_MAX_DEVICE_PDS) {
-        memset(&attr, 0, sizeof(attr));
-        attr.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
-        attr.fd = -1;
-        attr.oflags = O_CREAT;
-        xrcd = ibv_open_xrcd(verbs, &attr);
-        if (xrcd) {
-            g_cm_xrcds[i].verbs = verbs;
-            g_cm_xrcds[i].xrcd = xrcd;
-        }
-    } else if (!xrcd) {
-        errno = ENOMEM;
+        xrcd = g_cm_devs[i].xrcd;
     }
     pthread_mutex_unlock(&g_cm_lock);
     return xrcd;
@@ -1413,9 +1419,11 @@ int rdma_create_srq_ex(struct rdma_cm_id *id, struct ibv_srq_init_attr_ex *attr)
                 return -1;
         }
         if (!(attr->comp_mask & IBV_SRQ_INIT_ATTR_CQ) || !attr->cq) {
-            if (!id->recv_cq && sr_cm_create_cqs(id, 0, attr->attr.max_wr ? attr->attr.max_wr : 1))
-                return -1;
-            made = !id->qp;
+            if (!id->recv_cq) {
+                if (sr_cm_create_cqs(id, 0, attr->attr.max_wr ? attr->attr.max_wr : 1))
+                    return -1;
+                made = 1;  /* freed again if the SRQ cannot be made */
+            }
             attr->cq = id->recv_cq;
         }
         attr->comp_mask |= IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ;
@@ -1423,8 +1431,12 @@ int rdma_create_srq_ex(struct rdma_cm_id *id, struct ibv_srq_init_attr_ex *attr)
     srq = ibv_create_srq_ex(id->verbs, attr);
     if (!srq) {
         int err = errno;
-        if (made)
-            sr_cm_destroy_cqs(id);
+        if (made) {  /* only the receive CQ made above: a QP of the id keeps its own */
+            ibv_destroy_cq(id->recv_cq);
+            ibv_destroy_comp_channel(id->recv_cq_channel);
+            id->recv_cq = NULL;
+            id->recv_cq_channel = NULL;
+        }
         errno = err;
         return -1;
     }

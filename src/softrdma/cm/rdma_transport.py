@@ -331,7 +331,7 @@ class _IbCm(Transport):
             # side's none (linux cma_ib_handler: IB_CM_RTU_RECEIVED / USER_ESTABLISHED set
             # no private data, librdmacm leaves it NULL; libfabric's XRC endpoints tell
             # the two sides apart by it)
-            passive = getattr(ev.cm_id, "listen_id", None) is not None
+            passive = ev.cm_id.listen_id is not None
             cid._post(T.ESTABLISHED, private_data=b"" if passive else ev.private_data, ud=ud,
                       param=self.rep_param(ev), info=dict(ev.info))
         elif k == CmEventType.CONNECT_RESPONSE:
@@ -364,7 +364,7 @@ class _IbCm(Transport):
             return None
         return ConnParam(ev.private_data, rep.responder_resources, rep.initiator_depth,
                          rep.end_to_end_flow_control, 0, rep.rnr_retry_count, rep.srq,
-                         int(getattr(ev.cm_id, "remote_qpn", 0) or rep.local_qpn))
+                         ev.cm_id.remote_qpn)  # the REP's QPN or EECN (rep_received)
 
     @staticmethod
     def ah_attr(cid: ConnId) -> Any:

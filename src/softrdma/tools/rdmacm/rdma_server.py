@@ -38,7 +38,8 @@ from ...cm import rdma_cm as rc
 from ...errors import InvalidArgument, SoftRdmaError
 from .cmtest import IDLE_SLEEP_S, WAIT_STEP_S, AddrError, get_addr
 
-__all__ = ["run", "Endpoint", "getaddrinfo", "RdmaError", "MSG_SIZE"]
+__all__ = ["run", "run_example", "check_timeout", "Endpoint", "getaddrinfo", "failing_as", "RdmaError",
+           "MSG_SIZE"]
 
 MSG_SIZE = 16  # send_msg / recv_msg in the C examples
 RESOLVE_TIMEOUT_MS = 2000
@@ -57,7 +58,7 @@ class RdmaError(Exception):
 
 
 @contextmanager
-def _failing_as(call: str) -> Iterator[None]:
+def failing_as(call: str) -> Iterator[None]:
     """A softrdma error in the block is ``call``'s failure, with its errno (EINVAL when
     it has none), as the C example reports it."""
     try:
@@ -110,10 +111,12 @@ class Endpoint:
     # ---- creation ---------------------------------------------------------------------
     @classmethod
     def create(cls, addr: tuple[str, int], *, passive: bool, init_attr: v.QPInitAttr,
-               device: str | None, timeout: float) -> Endpoint:
+               device: str | None, timeout: float, ps: int = rc.RDMA_PS_TCP,
+               qp_type: int | None = None) -> Endpoint:
         """``rdma_create_ep``: passive -> bound id (the QP comes with each request);
-        active -> address and route resolved, QP created."""
-        ep = cls(rc.CmId(rc.EventChannel(), rc.RDMA_PS_TCP), init_attr, timeout,
+        active -> address and route resolved, QP created. ``ps`` and ``qp_type`` are
+        the hints' ``ai_port_space`` and ``ai_qp_type`` (the id's, ``rdma_create_id2``)."""
+        ep = cls(rc.CmId(rc.EventChannel(), ps, qp_type=qp_type), init_attr, timeout,
                  own_channel=True)
         try:
             if passive:
@@ -170,7 +173,7 @@ class Endpoint:
 
     # ---- the passive side -------------------------------------------------------------
     def listen(self, backlog: int = 0) -> None:
-        with _failing_as("rdma_listen"):
+        with failing_as("rdma_listen"):
             self.id.listen(backlog)
 
     def get_request(self) -> Endpoint:
@@ -195,7 +198,7 @@ class Endpoint:
     def _establish(self, call: str, start: Callable[[rc.ConnParam], object]) -> None:
         """``call`` (``rdma_accept``, ``rdma_connect``): ``start`` it, then wait for
         ESTABLISHED."""
-        with _failing_as(call):
+        with failing_as(call):
             start(rc.ConnParam())
         self.wait(rc.RdmaCmEventType.ESTABLISHED, call)
 
@@ -324,14 +327,26 @@ def _run_client(args: argparse.Namespace) -> None:
 def run(tool: str, args: argparse.Namespace) -> int:
     """``softrdma rdma-server`` / ``rdma-client``: exit status 0 when the message went
     each way, 1 otherwise (``end N`` prints the C examples' return value)."""
+    check_timeout(args)
+    return run_example(tool, lambda: (_run_server if tool == "rdma-server"
+                                      else _run_client)(args))
+
+
+def check_timeout(args: argparse.Namespace) -> None:
     if not args.timeout > 0:
         raise InvalidArgument("--timeout", f"must be a positive number of seconds, got "
                                            f"{args.timeout:g}")
+
+
+def run_example(tool: str, body: Callable[[], None]) -> int:
+    """Run one of librdmacm's examples (``body``) as the C programs report it: ``NAME:
+    start``, a failing call as ``perror`` prints it (stderr) or rdma_getaddrinfo's error,
+    ``NAME: end N`` (the C examples' return value); exit status 0 when it ran through."""
     name = tool.replace("-", "_")
     print(f"{name}: start", flush=True)
     ret = 0
     try:
-        (_run_server if tool == "rdma-server" else _run_client)(args)
+        body()
     except AddrError as exc:
         print(f"rdma_getaddrinfo: {exc.text}", flush=True)
         ret = exc.code

@@ -29,9 +29,16 @@ from typing import Any
 from ... import enums as e
 from ... import verbs as v
 from ...cm import rdma_cm as rc
-from ...errors import InvalidArgument, SoftRdmaError
-from .cmtest import AddrError
-from .rdma_server import ANY_V4, MSG_SIZE, RESOLVE_TIMEOUT_MS, Endpoint, RdmaError, getaddrinfo
+from .rdma_server import (
+    ANY_V4,
+    MSG_SIZE,
+    Endpoint,
+    RdmaError,
+    check_timeout,
+    failing_as,
+    getaddrinfo,
+    run_example,
+)
 
 __all__ = ["run"]
 
@@ -40,22 +47,14 @@ RC = int(e.IBV_QPT_RC)
 T = rc.RdmaCmEventType
 
 
-def _failed(call: str, exc: SoftRdmaError) -> RdmaError:
-    return RdmaError(call, exc.errno or errno.EINVAL, str(exc))
-
-
 def _server(args: argparse.Namespace, xrc: bool) -> None:
     addr = getaddrinfo(ANY_V4, args.port, passive=True)
     ps, qpt = (rc.RDMA_PS_IB, XRC_RECV) if xrc else (rc.RDMA_PS_TCP, RC)
-    listen = Endpoint(rc.CmId(rc.EventChannel(), ps, qp_type=qpt), None, args.timeout,
-                      own_channel=True)
+    listen = Endpoint.create(addr, passive=True, init_attr=v.QPInitAttr(qp_type=qpt),
+                             device=args.device, timeout=args.timeout, ps=ps, qp_type=qpt)
     extra: list[Any] = []  # the XRC SRQ and domain, closed before the endpoint's objects
     try:
-        try:
-            listen.id.bind_addr(addr, device=args.device)
-            listen.id.listen(0)
-        except SoftRdmaError as exc:
-            raise _failed("rdma_listen", exc) from exc
+        listen.listen(0)
         port = listen.id.local_addr[1] if listen.id.local_addr else addr[1]
         print(f"rdma_xserver: waiting for a client on {port}", file=sys.stderr, flush=True)
         ev = listen.wait(T.CONNECT_REQUEST, "rdma_get_request", forever=True)
@@ -67,7 +66,7 @@ def _server(args: argparse.Namespace, xrc: bool) -> None:
             mr = ep.reg_msgs(MSG_SIZE)
             wr = v.RecvWR(0, 1, [v.SGE(mr.addr, MSG_SIZE, mr.lkey)])
             private = b""
-            try:
+            with failing_as("rdma_accept"):
                 if xrc:  # create_srq: an XRC SRQ of one receive on the TGT QP's domain
                     xrcd = v.XRCD(ctx)
                     srq = v.XrcSRQ(ep.pd, xrcd, ep.rcq, v.SrqInitAttr(v.SrqAttr(1, 1)))
@@ -81,8 +80,6 @@ def _server(args: argparse.Namespace, xrc: bool) -> None:
                                                         cap=v.QPCap(1, 1, 1, 1)))
                     ep.id.qp.post_recv(wr)
                 ep.id.accept(rc.ConnParam(private_data=private))
-            except SoftRdmaError as exc:
-                raise _failed("rdma_accept", exc) from exc
             ep.wait(T.ESTABLISHED, "rdma_accept")
             ep.get_comp(ep.rcq, "rdma_get_recv_comp")
             ep.disconnect()
@@ -98,27 +95,14 @@ def _server(args: argparse.Namespace, xrc: bool) -> None:
 def _client(args: argparse.Namespace, xrc: bool) -> None:
     addr = getaddrinfo(args.server, args.port, passive=False)
     ps, qpt = (rc.RDMA_PS_IB, XRC_SEND) if xrc else (rc.RDMA_PS_TCP, RC)
-    ep = Endpoint(rc.CmId(rc.EventChannel(), ps, qp_type=qpt), None, args.timeout,
-                  own_channel=True)
+    # an XRC INI QP has no receive queue (rdma_xclient asks for none)
+    cap = v.QPCap(1, 0, 1, 0) if xrc else v.QPCap(1, 1, 1, 1)
+    ep = Endpoint.create(addr, passive=False, init_attr=v.QPInitAttr(
+        qp_type=qpt, cap=cap, sq_sig_all=1), device=args.device, timeout=args.timeout,
+        ps=ps, qp_type=qpt)
     try:
-        try:
-            ep.id.resolve_addr(None, addr, RESOLVE_TIMEOUT_MS, device=args.device)
-            ep.wait(T.ADDR_RESOLVED, "rdma_create_ep")
-            ep.id.resolve_route(RESOLVE_TIMEOUT_MS)
-            ep.wait(T.ROUTE_RESOLVED, "rdma_create_ep")
-            ctx = ep.id.verbs
-            ep.pd = v.PD(ctx)
-            ep.scq = v.CQ(ctx, 1)
-            # an XRC INI QP has no receive queue (rdma_xclient asks for none)
-            cap = v.QPCap(1, 0, 1, 0) if xrc else v.QPCap(1, 1, 1, 1)
-            ep.id.create_qp(ep.pd, v.QPInitAttr(qp_type=qpt, scq=ep.scq, rcq=ep.scq, cap=cap,
-                                                sq_sig_all=1))
-        except SoftRdmaError as exc:
-            raise _failed("rdma_create_ep", exc) from exc
-        try:
+        with failing_as("rdma_connect"):
             ep.id.connect(rc.ConnParam())
-        except SoftRdmaError as exc:
-            raise _failed("rdma_connect", exc) from exc
         est = ep.wait(T.ESTABLISHED, "rdma_connect")
         # post_send: 16 bytes inline (lkey 0), naming the server's SRQ over XRC
         wr = v.SendWR(0, None, 0, [], e.IBV_WR_SEND, int(e.IBV_SEND_INLINE))
@@ -129,10 +113,8 @@ def _client(args: argparse.Namespace, xrc: bool) -> None:
                 raise RdmaError("post_send", errno.EPROTO, "the server's accept named no "
                                                            "XRC SRQ")
             wr.set_qp_type_xrc(int.from_bytes(data[:4], "big"))
-        try:
+        with failing_as("rdma_post_send"):
             ep.id.qp.post_send(wr)
-        except SoftRdmaError as exc:
-            raise _failed("rdma_post_send", exc) from exc
         ep.get_comp(ep.scq, "rdma_get_send_comp")
         ep.disconnect()
     finally:
@@ -142,30 +124,14 @@ def _client(args: argparse.Namespace, xrc: bool) -> None:
 def run(tool: str, args: argparse.Namespace) -> int:
     """``softrdma rdma-xserver`` / ``rdma-xclient``: exit status 0 when the message went
     across, 1 otherwise (``end N`` prints the C examples' return value)."""
-    if not args.timeout > 0:
-        raise InvalidArgument("--timeout", f"must be a positive number of seconds, got "
-                                           f"{args.timeout:g}")
+    check_timeout(args)
     mode = (args.comm_type or "r")[:1].lower()
-    name = tool.replace("-", "_")
     if mode not in ("r", "x"):  # the C examples' usage text, exit 1
-        print(f"usage: {name}", flush=True)
+        print(f"usage: {tool.replace('-', '_')}", flush=True)
         print("\t[-p port_number]" if tool == "rdma-xserver"
               else "\t[-s server_address]\n\t[-p port_number]", flush=True)
         print("\t[-c communication type]\n\t    r - RC: reliable-connected (default)\n"
               "\t    x - XRC: extended-reliable-connected", flush=True)
         return 1
-    print(f"{name}: start", flush=True)
-    ret = 0
-    try:
-        (_server if tool == "rdma-xserver" else _client)(args, mode == "x")
-    except AddrError as exc:
-        print(f"rdma_getaddrinfo: {exc.text}", flush=True)
-        ret = exc.code
-    except RdmaError as exc:
-        detail = f" ({exc.detail})" if exc.detail else ""
-        print(f"{exc}{detail}", file=sys.stderr, flush=True)
-        ret = -1
-    finally:
-        rc.release_devices()
-    print(f"{name}: end {ret}", flush=True)
-    return 0 if ret == 0 else 1
+    return run_example(tool, lambda: (_server if tool == "rdma-xserver" else _client)(
+        args, mode == "x"))
