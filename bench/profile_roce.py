@@ -16,7 +16,7 @@ progress) run, one call at a time from one thread:
    runtime's flush: header, ICRC, ``sendmsg``), and ``B`` receives it (one datagram
    read, ICRC check, the engine's ACK, the send completion polled): each against one
    plain 16-byte datagram sent and received.
-4. ``--ud`` UD SENDs of 4092 B (IPoIB's datagram mode: a TUN batch of 32 posted in one
+4. ``--ud`` UD SENDs of 4092 B (IPoIB's datagram mode: a TUN batch of 64 posted in one
    call, one send in :data:`UD_SIGNAL` signaled, the receives re-posted as one list per
    poll): the sender's CPU time per packet (post, headers, ICRC, ``sendmsg``, its
    completions) and the receiver's (``recvmsg``, ICRC check, placement, completion,
@@ -157,7 +157,7 @@ def run_pings(a: Side, b: Side, n: int) -> tuple[float, float]:
 
 
 UD_PAYLOAD = 4092  # IPoIB-UD's MTU at IB MTU 4096 (4-byte encapsulation header)
-UD_POST = 32  # UD WRs per post (ipoib_runtime.TUN_BATCH)
+UD_POST = 64  # UD WRs per post (ipoib_runtime.TUN_BATCH)
 UD_SIGNAL = 16  # one UD send in this many is signaled (ipoib_runtime.UD_SIGNAL_EVERY)
 UD_DEPTH = 256
 UD_QKEY = 0x0B

@@ -19,7 +19,7 @@ from harness.ipoib_netns import IFACE, ipoib_up, started, veth_pair
 from harness.netns import IFNAME, Host, Network, skip_reason
 from harness.wait import wait_until
 
-from softrdma.apps.ipoib_runtime import default_cm_mtu
+from softrdma.apps.ipoib_runtime import TUN_BATCH, UD_SIGNAL_EVERY, default_cm_mtu
 
 pytestmark = [
     pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or ""),
@@ -245,10 +245,10 @@ def test_datagram_mode(tmp_path: Path) -> None:
         assert c["rx_gro_segments"] > c["rx_gro_packets"] > 0, c  # type: ignore[index]
         # a's UD sends are signaled one in 16: their slots all come back but for the
         # unsignaled sends since the last signaled one (fewer than 16, plus a TUN batch
-        # of 32 that a stray packet may have begun), none lost
+        # that a stray packet may have begun), none lost
         sent_ud = show(a)["counters"]["tx_ud"]  # type: ignore[index]
         slots = show(a)["send_slots"]
-        assert sent_ud > 4000 and 0 <= slots["ud_unreaped"] < 16 + 32, slots  # type: ignore[index]
+        assert sent_ud > 4000 and 0 <= slots["ud_unreaped"] < UD_SIGNAL_EVERY + TUN_BATCH, slots  # type: ignore[index]
         assert slots["free"] + slots["ud_unreaped"] == slots["total"], slots  # type: ignore[index]
         for h, p in zip(hosts, procs, strict=True):
             ipoib_down(h, p)
