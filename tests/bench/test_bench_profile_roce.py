@@ -20,7 +20,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "profile_roce.py"
 
 
 @pytest.mark.parametrize("args,header,sides", [
-    (["--only", "ud", "--ud", "640"], "UD SEND 4092 B x 640, 32 per post, 1 in 16 signaled",
+    (["--only", "ud", "--ud", "640"], "UD SEND 4092 B x 640, 64 per post, 1 in 16 signaled",
      ("sender", "receiver")),
     (["--only", "ack", "--acks", "300"], "RC ACK of a 64 B SEND x 300, CPU per ACK",
      ("ACK sent", "ACK received and completed")),
