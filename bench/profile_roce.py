@@ -51,6 +51,7 @@ from roce_bench import RECV  # noqa: E402
 
 from softrdma import enums as e  # noqa: E402
 from softrdma import verbs as v  # noqa: E402
+from softrdma.apps.ipoib_runtime import TUN_BATCH, UD_SIGNAL_EVERY  # noqa: E402
 from softrdma.drivers.links.udp import UdpLink  # noqa: E402
 
 PKT = 4096  # payload bytes per WRITE packet at path MTU 4096
@@ -157,8 +158,8 @@ def run_pings(a: Side, b: Side, n: int) -> tuple[float, float]:
 
 
 UD_PAYLOAD = 4092  # IPoIB-UD's MTU at IB MTU 4096 (4-byte encapsulation header)
-UD_POST = 64  # UD WRs per post (ipoib_runtime.TUN_BATCH)
-UD_SIGNAL = 16  # one UD send in this many is signaled (ipoib_runtime.UD_SIGNAL_EVERY)
+UD_POST = TUN_BATCH  # UD WRs per post, as the IPoIB interface posts a TUN batch
+UD_SIGNAL = UD_SIGNAL_EVERY  # one UD send in this many is signaled, as there
 UD_DEPTH = 256
 UD_QKEY = 0x0B
 

@@ -242,27 +242,26 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
          description="mckey: -m GROUP joins the group and receives -C messages; with -s it "
          "sends them. Interoperates with rdma-core's mckey.")
 
-    for name, role in (("rdma-server", "listen on -s ADDR -p PORT, accept one connection"),
-                       ("rdma-client", "connect to -s ADDR -p PORT")):
-        p = add_parser(name, help=f"librdmacm's {name.replace('-', '_')} example: {role}, "
-                       "one SEND each way (rdma_getaddrinfo, rdma_create_ep)",
-                       description=f"{name.replace('-', '_')}: {role}; one 16-byte SEND "
-                       "each way over an RC QP made by rdma_create_ep. Interoperates with "
-                       "rdma-core's rdma_server / rdma_client.")
-        tool_args("softrdma.tools.rdmacm.cmflags", p, name, name)
-        p.set_defaults(handler=_runs("softrdma.tools.rdmacm.rdma_server", name, name))
-
-    for name, role in (("rdma-xserver", "listen on -p PORT, accept one connection"),
-                       ("rdma-xclient", "connect to -s ADDR -p PORT")):
-        p = add_parser(name, help=f"librdmacm's {name.replace('-', '_')} example: {role}, "
-                       "one SEND over RC or XRC (-c r|x)",
-                       description=f"{name.replace('-', '_')}: {role}; one 16-byte SEND from "
-                       "the client, over an RC QP (-c r) or XRC through rdma_cm (-c x: "
-                       "RDMA_PS_IB ids, the server's XRC TGT QP and XRC SRQ, whose number "
-                       "the accept sends). Interoperates with rdma-core's rdma_xserver / "
-                       "rdma_xclient.")
-        tool_args("softrdma.tools.rdmacm.cmflags", p, name, name)
-        p.set_defaults(handler=_runs("softrdma.tools.rdmacm.rdma_xserver", name, name))
+    # librdmacm's examples: (module, what one run does, the rest of the description, the
+    # server's and the client's command with its role)
+    for module, what, detail, roles in (
+            ("rdma_server", "one SEND each way (rdma_getaddrinfo, rdma_create_ep)",
+             "one 16-byte SEND each way over an RC QP made by rdma_create_ep. Interoperates "
+             "with rdma-core's rdma_server / rdma_client.",
+             (("rdma-server", "listen on -s ADDR -p PORT, accept one connection"),
+              ("rdma-client", "connect to -s ADDR -p PORT"))),
+            ("rdma_xserver", "one SEND over RC or XRC (-c r|x)",
+             "one 16-byte SEND from the client, over an RC QP (-c r) or XRC through rdma_cm "
+             "(-c x: RDMA_PS_IB ids, the server's XRC TGT QP and XRC SRQ, whose number the "
+             "accept sends). Interoperates with rdma-core's rdma_xserver / rdma_xclient.",
+             (("rdma-xserver", "listen on -p PORT, accept one connection"),
+              ("rdma-xclient", "connect to -s ADDR -p PORT")))):
+        for name, role in roles:
+            example = name.replace("-", "_")
+            p = add_parser(name, help=f"librdmacm's {example} example: {role}, {what}",
+                           description=f"{example}: {role}; {detail}")
+            tool_args("softrdma.tools.rdmacm.cmflags", p, name, name)
+            p.set_defaults(handler=_runs(f"softrdma.tools.rdmacm.{module}", name, name))
 
     p = add_parser("pcap-check", help="check every RoCE/iWARP packet of pcap files "
                         "(ICRC/CRC, byte-exact decoding) and follow each RC/UC connection",
