@@ -5,7 +5,9 @@
   reaches a local socket whole; a copy with a bad UDP checksum written first is dropped by
   the kernel (the next datagram the socket gets is the good one: checksums are verified);
 * read: a datagram the host sends towards the device is read back as one IP packet with
-  a correct UDP checksum (the kernel computed it: no offload)."""
+  a correct UDP checksum (the kernel computed it: no offload);
+* read_framed: another is read with the device's header in front of it in one buffer,
+  nothing past the packet written; with nothing waiting it returns 0."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import struct
 import sys
 import time
 
-from softrdma.drivers.links.tun import TunDevice
+from softrdma.drivers.links.tun import VNET_HDR_LEN, TunDevice
 from softrdma.ipoib.ip import checksum, parse
 
 OURS = bytes([10, 99, 0, 1])
@@ -67,8 +69,31 @@ def main() -> int:
             pseudo = info.src + info.dst + struct.pack(">xBH", 17, len(udp))
             got = {"len": n, "total_len": info.total_len, "csum_ok": checksum(pseudo + udp) == 0,
                    "payload_ok": udp[8:] == b"x" * 3000}
+    # read_framed: the device's header in the buffer's first VNET_HDR_LEN bytes, the
+    # packet behind it, nothing past it touched; 0 when nothing is waiting
+    empty = -1  # drained (the kernel may have queued IPv6 housekeeping): ends at 0
+    for _ in range(1000):
+        empty = tun.read_framed(memoryview(buf))
+        if empty == 0:
+            break
+    tx.sendto(b"y" * 2000, ("10.99.0.2", 7778))
+    framed = None
+    deadline = time.monotonic() + 60
+    while framed is None and time.monotonic() < deadline:
+        select.select([tun.fileno()], [], [], 1.0)
+        buf[:] = b"\xaa" * len(buf)
+        n = tun.read_framed(memoryview(buf))
+        if n <= 0:
+            continue
+        pkt = bytes(buf[VNET_HDR_LEN:VNET_HDR_LEN + n])
+        info = parse(pkt)
+        if info.version == 4 and info.proto == 17 and pkt[22:24] == b"\x1e\x62":
+            framed = {"len": n, "total_len": info.total_len, "payload_ok":
+                      pkt[info.header_len + 8:] == b"y" * 2000,
+                      "after_untouched": buf[VNET_HDR_LEN + n:] == b"\xaa" * (len(buf) - VNET_HDR_LEN - n)}
     tun.close()
-    print(json.dumps({"wrote": wrote, "first_is_good": first == payload, "read": got}))
+    print(json.dumps({"wrote": wrote, "first_is_good": first == payload, "read": got,
+                      "empty": empty, "framed": framed}))
     return 0
 
 

@@ -51,3 +51,7 @@ def test_tun_both_ways_with_checksums() -> None:
     assert out["first_is_good"]  # the bad-checksum copy was dropped by the kernel
     assert out["read"] == {"len": 3028, "total_len": 3028, "csum_ok": True,
                            "payload_ok": True}, out
+    # read_framed (the runtime's per-packet read): header and packet in one buffer
+    assert out["empty"] == 0, out
+    assert out["framed"] == {"len": 2028, "total_len": 2028, "payload_ok": True,
+                             "after_untouched": True}, out

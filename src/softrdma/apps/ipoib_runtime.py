@@ -37,7 +37,7 @@ from .. import enums as e
 from .. import verbs as v
 from ..drivers.cm.gsi import CmBinding
 from ..drivers.host.ipoib_control import ControlServer, control_path, usable_ipv6, wait_for_ipv6
-from ..drivers.links.tun import TunDevice
+from ..drivers.links.tun import VNET_HDR_LEN, TunDevice
 from ..drivers.runtime.fdwait import readable
 from ..drivers.runtime.roce_tx import gso_message_limit
 from ..errors import DeviceError, InvalidArgument, SoftRdmaError
@@ -75,6 +75,10 @@ TUN_BATCH = 64
 MAX_WAIT_S = 0.5
 DRAIN_ROUNDS = 16            # receive batches read before a due timer runs
 UD_SIGNAL_EVERY = 16         # one UD send in this many asks for a completion
+# A send slot (SLOT bytes) holds the encapsulation header and the IP packet from
+# SEND_HEAD on: a TUN read (TunDevice.read_framed) puts the device's header in front of
+# the packet, where the encapsulation header then overwrites its last ENCAP_LEN bytes
+SEND_HEAD = VNET_HDR_LEN - ENCAP_LEN
 _SIGNALED = int(e.IBV_SEND_SIGNALED)
 CM_MTU_TRIM = 0.02           # default_cm_mtu gives up at most this part of IPOIB_CM_MTU
 
@@ -161,8 +165,9 @@ class IpoibRuntime(IpoibConnections, IpoibReceive):
         self._send_view = memoryview(self._send_buf)
         self._free_slots = list(range(SEND_SLOTS - 1, -1, -1))
         # one send WR per slot, its length set per packet (the verbs copy what they post)
-        self._send_wrs = [v.SendWR(wr_id=i, sg=[v.SGE(self.send_mr.addr + i * SLOT, SLOT,
-                                                      self.send_mr.lkey)], num_sge=1)
+        self._send_wrs = [v.SendWR(wr_id=i, sg=[v.SGE(self.send_mr.addr + i * SLOT + SEND_HEAD,
+                                                      SLOT - SEND_HEAD, self.send_mr.lkey)],
+                                   num_sge=1)
                           for i in range(SEND_SLOTS)]
         self._ud_slot = GRH + ib_mtu
         self._ud_buf = bytearray(UD_RECVS * self._ud_slot)
@@ -245,7 +250,7 @@ class IpoibRuntime(IpoibConnections, IpoibReceive):
     def _slot_for(self, etype: int, payload: bytes | memoryview) -> tuple[int, int] | None:
         """A send slot holding encap + payload (copied unless it is already there)."""
         n = len(payload)
-        if isinstance(payload, memoryview) and payload.obj is self._send_buf:
+        if type(payload) is memoryview and payload.obj is self._send_buf:
             slot = self._read_slot
             self._read_slot = -1
             if slot < 0:
@@ -255,9 +260,9 @@ class IpoibRuntime(IpoibConnections, IpoibReceive):
                 self.driver_counters["tx_no_slot"] += 1
                 return None
             slot = self._free_slots.pop()
-            off = slot * SLOT
+            off = slot * SLOT + SEND_HEAD
             self._send_view[off + ENCAP_LEN:off + ENCAP_LEN + n] = payload
-        off = slot * SLOT
+        off = slot * SLOT + SEND_HEAD
         self._send_view[off:off + ENCAP_LEN] = encap_header(etype)
         return slot, ENCAP_LEN + n
 
@@ -293,10 +298,33 @@ class IpoibRuntime(IpoibConnections, IpoibReceive):
                 gro.push(o.packet)
                 continue
             try:
-                self._do(o)
+                if type(o) is UdSend:  # a packet from the host, in datagram mode: the bulk case
+                    self._ud_send(o)
+                else:
+                    self._do(o)
             except SoftRdmaError as exc:
                 self.driver_counters["send_errors"] += 1
                 self._last_error = str(exc)
+
+    def _ud_send(self, o: UdSend) -> None:
+        got = self._slot_for(o.ethertype, o.payload)
+        if got is None:
+            return
+        slot, n = got
+        wr = self._send_wrs[slot]
+        wr.sg[0].length = n
+        dest = o.dest
+        ah = self._ahs.get(dest.gid)
+        wr.set_wr_ud(ah if ah is not None else self._ah(dest.gid), dest.qpn, IPOIB_QKEY)
+        self._ud_quiet += 1
+        if self._ud_quiet >= UD_SIGNAL_EVERY or len(self._free_slots) < UD_SIGNAL_EVERY:
+            wr.send_flags = _SIGNALED
+            self._ud_quiet = 0
+        else:
+            wr.send_flags = 0
+        self._sends.append((self.ud_qp, wr, slot))  # _queue, inline
+        if not self._batching:
+            self._post_queued()
 
     def _do(self, o: Output) -> None:
         if isinstance(o, TunWrite):
@@ -305,20 +333,7 @@ class IpoibRuntime(IpoibConnections, IpoibReceive):
             elif self.tun is not None and not self.tun.write(o.packet):
                 self.driver_counters["tun_write_errors"] += 1
         elif isinstance(o, UdSend):
-            got = self._slot_for(o.ethertype, o.payload)
-            if got is None:
-                return
-            slot, n = got
-            wr = self._send_wrs[slot]
-            wr.sg[0].length = n
-            wr.set_wr_ud(self._ah(o.dest.gid), o.dest.qpn, IPOIB_QKEY)
-            self._ud_quiet += 1
-            if self._ud_quiet >= UD_SIGNAL_EVERY or len(self._free_slots) < UD_SIGNAL_EVERY:
-                wr.send_flags = _SIGNALED
-                self._ud_quiet = 0
-            else:
-                wr.send_flags = 0
-            self._queue(self.ud_qp, wr, slot)
+            self._ud_send(o)
         elif isinstance(o, ConnSend):
             c = self._conns.get(o.conn_id)
             got = self._slot_for(o.ethertype, o.payload) if c is not None else None
@@ -473,13 +488,13 @@ class IpoibRuntime(IpoibConnections, IpoibReceive):
                 if not free:
                     break
                 slot = free.pop()
-                off = slot * SLOT
-                n = tun.read_into(view[off + ENCAP_LEN:off + SLOT])
+                off = slot * SLOT  # the TUN header, then the packet, at SEND_HEAD + ENCAP_LEN
+                n = tun.read_framed(view[off:off + SLOT])
                 if n <= 0:
                     free.append(slot)
                     break
                 self._read_slot = slot
-                eng.send_ip(view[off + ENCAP_LEN:off + ENCAP_LEN + n], now)
+                eng.send_ip(view[off + VNET_HDR_LEN:off + VNET_HDR_LEN + n], now)
                 self._execute(eng.take_output())
                 if self._read_slot >= 0:  # held, dropped or answered with ICMP: not posted
                     free.append(slot)

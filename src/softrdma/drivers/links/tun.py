@@ -27,6 +27,7 @@ less.
 from __future__ import annotations
 
 import fcntl
+import io
 import ipaddress
 import os
 import struct
@@ -35,7 +36,7 @@ from collections.abc import Sequence
 
 from ...errors import DeviceError, InvalidArgument
 
-__all__ = ["TunDevice", "IFNAMSIZ"]
+__all__ = ["TunDevice", "IFNAMSIZ", "VNET_HDR_LEN"]
 
 TUN_PATH = "/dev/net/tun"
 TUNSETIFF = 0x400454CA
@@ -86,6 +87,7 @@ class TunDevice:
         self.name = name
         self.fd = fd
         self._rx_hdr = bytearray(VNET_HDR_LEN)
+        self._file = io.FileIO(fd, "r", closefd=False)  # read_framed's unbuffered read
         self._tx_hdrs = [VNET_HDR.pack(0, 0, n, 0, 0, 0) for n in range(LINEAR_LEN + 1)]
 
     def configure(self, mtu: int, addresses: Sequence[ipaddress.IPv4Interface |
@@ -109,6 +111,15 @@ class TunDevice:
             return 0
         return max(0, n - VNET_HDR_LEN)
 
+    def read_framed(self, buf: memoryview) -> int:
+        """One packet into ``buf`` behind the header (``buf[VNET_HDR_LEN:]``), whose
+        :data:`VNET_HDR_LEN` bytes it overwrites; the packet's length is returned, 0
+        when none is waiting. :meth:`read_into` without the header's own buffer: one
+        buffer for the ``read``, not a ``readv`` of two (about 0.25 us less a packet, the
+        per-packet read of datagram mode)."""
+        n = self._file.readinto(buf)  # None: nothing waiting (non-blocking)
+        return n - VNET_HDR_LEN if n is not None and n > VNET_HDR_LEN else 0
+
     def write(self, packet: bytes | bytearray | memoryview) -> bool:
         """Hand one packet to the kernel; False if it was refused (counted by the caller)."""
         try:
@@ -131,5 +142,6 @@ class TunDevice:
 
     def close(self) -> None:
         if self.fd >= 0:
+            self._file.close()  # closefd=False: marks it closed, the fd is closed below
             os.close(self.fd)
             self.fd = -1
