@@ -45,6 +45,7 @@ from ..seam.types import (
 from ..wire import ib as wib
 from ..wire import opcodes as op
 from ..wire.mad import GSI_QKEY
+from . import req_fast
 from .congestion import MAX_WINDOW, MIN_WINDOW, RetransmitTimer, Window
 from .go_back import GoBackN
 from .pacing import ICRC_BYTES, Pacer
@@ -177,6 +178,10 @@ class Requester(GoBackN):
             sq.append(wqe)
         qp.acked_ahead = False
         if idle:
+            if qp.port.fast_paths:  # the run's packets in one loop, then pump for the rest
+                self.tx_idx, self.next_psn = req_fast.emit_ud_run(qp, sq, self.tx_idx,
+                                                                  self.next_psn)
+                self.tx_pkt = 0
             self.pump(now)
 
     # ---- transmission -----------------------------------------------------------------------
