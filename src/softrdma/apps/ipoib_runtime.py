@@ -298,42 +298,32 @@ class IpoibRuntime(IpoibConnections, IpoibReceive):
                 gro.push(o.packet)
                 continue
             try:
-                if type(o) is UdSend:  # a packet from the host, in datagram mode: the bulk case
-                    self._ud_send(o)
-                else:
-                    self._do(o)
+                self._do(o)
             except SoftRdmaError as exc:
                 self.driver_counters["send_errors"] += 1
                 self._last_error = str(exc)
 
-    def _ud_send(self, o: UdSend) -> None:
-        got = self._slot_for(o.ethertype, o.payload)
-        if got is None:
-            return
-        slot, n = got
-        wr = self._send_wrs[slot]
-        wr.sg[0].length = n
-        dest = o.dest
-        ah = self._ahs.get(dest.gid)
-        wr.set_wr_ud(ah if ah is not None else self._ah(dest.gid), dest.qpn, IPOIB_QKEY)
-        self._ud_quiet += 1
-        if self._ud_quiet >= UD_SIGNAL_EVERY or len(self._free_slots) < UD_SIGNAL_EVERY:
-            wr.send_flags = _SIGNALED
-            self._ud_quiet = 0
-        else:
-            wr.send_flags = 0
-        self._sends.append((self.ud_qp, wr, slot))  # _queue, inline
-        if not self._batching:
-            self._post_queued()
-
     def _do(self, o: Output) -> None:
-        if isinstance(o, TunWrite):
+        if type(o) is UdSend:  # a packet from the host, in datagram mode: the bulk case first
+            got = self._slot_for(o.ethertype, o.payload)
+            if got is None:
+                return
+            slot, n = got
+            wr = self._send_wrs[slot]
+            wr.sg[0].length = n
+            wr.set_wr_ud(self._ah(o.dest.gid), o.dest.qpn, IPOIB_QKEY)
+            self._ud_quiet += 1
+            if self._ud_quiet >= UD_SIGNAL_EVERY or len(self._free_slots) < UD_SIGNAL_EVERY:
+                wr.send_flags = _SIGNALED
+                self._ud_quiet = 0
+            else:
+                wr.send_flags = 0
+            self._queue(self.ud_qp, wr, slot)
+        elif isinstance(o, TunWrite):
             if self._coalescing:
                 self._gro.push(o.packet)
             elif self.tun is not None and not self.tun.write(o.packet):
                 self.driver_counters["tun_write_errors"] += 1
-        elif isinstance(o, UdSend):
-            self._ud_send(o)
         elif isinstance(o, ConnSend):
             c = self._conns.get(o.conn_id)
             got = self._slot_for(o.ethertype, o.payload) if c is not None else None

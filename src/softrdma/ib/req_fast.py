@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from ..enums import ibv_send_flags as SF
 from ..seam.memory import resolve_sges
 from ..seam.states import RTS
-from ..seam.types import WQE_DONE, WQE_UNSENT, SendWQE
+from ..seam.types import PSN_MASK, WQE_DONE, WQE_UNSENT, SendWQE
 from ..wire import ib as wib
 from ..wire import opcodes as op
 from .send_ops import W_SEND, W_SEND_IMM
@@ -27,9 +27,7 @@ from .views import QpView
 
 __all__ = ["emit_ud_run"]
 
-_SOLICITED_BIT = 0x80  # BTH byte 1: SE (IBA 9.2), as wire.ib.bth sets it
 _SEND_SOLICITED = int(SF.IBV_SEND_SOLICITED)  # a plain int: IntFlag '&' is slow per WR
-_PSN = 0xFFFFFF
 _Q_KEY_FROM_QP = 0x80000000  # a Q_Key with the high bit set: the QP's own (IBA 10.2.5)
 
 
@@ -49,7 +47,7 @@ def emit_ud_run(qp: QpView, sq: Sequence[SendWQE], idx: int, psn: int) -> tuple[
     qpn = qp.qpn
     own_qkey = qp.qkey
     tx = qp.tx
-    pack = wib.BTH.pack
+    bth = wib.bth
     deths: dict[int, bytes] = {}
     while idx < n:
         wqe = sq[idx]
@@ -71,7 +69,7 @@ def emit_ud_run(qp: QpView, sq: Sequence[SendWQE], idx: int, psn: int) -> tuple[
         # Requester._start: one packet, its PSN (IBA 9.7.1)
         wqe.first_psn = wqe.last_psn = psn
         wqe.npkts = 1
-        psn = (psn + 1) & _PSN
+        psn = (psn + 1) & PSN_MASK
         # Requester._send_pkt: SEND ONLY (with immediate) + DETH (IBA 9.8.3)
         rq = wqe.remote_qkey
         qkey = own_qkey if rq & _Q_KEY_FROM_QP else rq
@@ -79,13 +77,12 @@ def emit_ud_run(qp: QpView, sq: Sequence[SendWQE], idx: int, psn: int) -> tuple[
         if deth is None:
             deth = deths[qkey] = wib.deth(qkey, qpn)
         pad = -length & 3
-        b1 = (_SOLICITED_BIT if wqe.send_flags & _SEND_SOLICITED else 0) | pad << 4
+        se = wqe.send_flags & _SEND_SOLICITED != 0
         if o == W_SEND:
-            hdr = pack(op.UD_SEND_ONLY, b1, pkey, wqe.remote_qpn & _PSN,
-                       wqe.first_psn & _PSN) + deth
+            hdr = bth(op.UD_SEND_ONLY, pkey, wqe.remote_qpn, wqe.first_psn, se, pad) + deth
         else:
-            hdr = pack(op.UD_SEND_ONLY_IMM, b1, pkey, wqe.remote_qpn & _PSN,
-                       wqe.first_psn & _PSN) + deth + wib.immdt(wqe.imm_data)
+            hdr = (bth(op.UD_SEND_ONLY_IMM, pkey, wqe.remote_qpn, wqe.first_psn, se, pad)
+                   + deth + wib.immdt(wqe.imm_data))
         if not length or not segs:
             parts: list[bytes | bytearray | memoryview] = [hdr]
         else:

@@ -228,7 +228,7 @@ class IpoibInterface:
         if info.multicast or dst in self._v4_broadcasts:
             self._send_mcast(pkt, info, etype)
             return
-        n = self.neigh.entries.get(dst)
+        n = self.neigh.get(dst)
         if n is None or n.hw is None:
             self.neigh.use(dst, now, bytes(pkt))
             self.counters["tx_held"] += 1
@@ -277,10 +277,7 @@ class IpoibInterface:
             if conn is not None and size <= (conn.mtu or self.config.receive_mtu - 4):
                 self._send_on(conn, etype, pkt, size, now)
                 return
-            c = self.counters  # _count_tx, inline: once per packet in datagram mode
-            c["tx_packets"] += 1
-            c["tx_bytes"] += size
-            c["tx_ud"] += 1
+            self._count_tx(size, "tx_ud")
             self.out.append(UdSend(hw, etype, pkt))
             return
         if conn is None and self.connected:
