@@ -534,7 +534,7 @@ class Requester(GoBackN):
                 self.tx_pkt = 0
             if w.signaled:
                 qp.complete_send(WorkCompletion(w.wr_id, WCS.IBV_WC_SUCCESS, WC_OPCODE[w.opcode],
-                                                qp.qpn, byte_len=w.length))
+                                                qp.qpn, w.length))  # byte_len
         if done and not self.sq:
             qp.acked_ahead = True  # every request acknowledged (Responder.schedule_ack)
 

@@ -356,9 +356,10 @@ class Responder(FastPaths):
         qp = self.qp
         rwqe = self.rwqe
         assert rwqe is not None
-        wc = WorkCompletion(rwqe.wr_id, _WC_SUCCESS, _WC_RECV, qp.qpn, byte_len=self.offset,
-                            imm_data=imm, src_qp=qp.dest_qpn, wc_flags=int(flags),
-                            invalidated_rkey=inv)
+        # byte_len, imm_data, src_qp, wc_flags, vendor_err, pkey_index, invalidated_rkey:
+        # positional, 0.12 us less than by keyword
+        wc = WorkCompletion(rwqe.wr_id, _WC_SUCCESS, _WC_RECV, qp.qpn, self.offset, imm,
+                            qp.dest_qpn, int(flags), 0, 0, inv)
         wc.solicited = se
         self.msn = (self.msn + 1) & PSN_MASK
         self._clear_msg()
@@ -478,8 +479,9 @@ class Responder(FastPaths):
         flags = _WC_GRH
         if imm is not None:
             flags |= _WC_WITH_IMM
-        wc = WorkCompletion(rwqe.wr_id, _WC_SUCCESS, _WC_RECV, qp.qpn, byte_len=plen + 40,
-                            imm_data=imm or 0, src_qp=src_qp, wc_flags=flags)
+        # byte_len, imm_data, src_qp, wc_flags: positional, 0.12 us less than by keyword
+        wc = WorkCompletion(rwqe.wr_id, _WC_SUCCESS, _WC_RECV, qp.qpn, plen + 40, imm or 0,
+                            src_qp, flags)
         wc.solicited = se
         qp.complete_recv(wc)
 
