@@ -8,8 +8,8 @@ takes a WQE only when ``pump`` would send it unchanged: a SEND or SEND with imme
 of at most the path MTU, not yet started, on a QP in RTS whose address vector and the
 WQE's address handle have no static rate, with local keys that resolve. It leaves
 everything else (a local error, a static rate, the GSI QP) at the cursor for ``pump``,
-which then goes on as ever. ``tests/ib/test_fastpath.py`` checks that the packets,
-PSNs, completions and counters are the same with the fast path on and off.
+which then goes on as ever. ``tests/ib/test_ud_send_fast_path.py`` checks that the
+packets, PSNs, completions and counters are the same with the fast path on and off.
 """
 
 from __future__ import annotations
@@ -22,13 +22,12 @@ from ..seam.states import RTS
 from ..seam.types import PSN_MASK, WQE_DONE, WQE_UNSENT, SendWQE
 from ..wire import ib as wib
 from ..wire import opcodes as op
-from .send_ops import W_SEND, W_SEND_IMM
+from .send_ops import W_SEND, W_SEND_IMM, ud_qkey
 from .views import QpView
 
 __all__ = ["emit_ud_run"]
 
 _SEND_SOLICITED = int(SF.IBV_SEND_SOLICITED)  # a plain int: IntFlag '&' is slow per WR
-_Q_KEY_FROM_QP = 0x80000000  # a Q_Key with the high bit set: the QP's own (IBA 10.2.5)
 
 
 def emit_ud_run(qp: QpView, sq: Sequence[SendWQE], idx: int, psn: int) -> tuple[int, int]:
@@ -71,8 +70,7 @@ def emit_ud_run(qp: QpView, sq: Sequence[SendWQE], idx: int, psn: int) -> tuple[
         wqe.npkts = 1
         psn = (psn + 1) & PSN_MASK
         # Requester._send_pkt: SEND ONLY (with immediate) + DETH (IBA 9.8.3)
-        rq = wqe.remote_qkey
-        qkey = own_qkey if rq & _Q_KEY_FROM_QP else rq
+        qkey = ud_qkey(wqe.remote_qkey, own_qkey)
         deth = deths.get(qkey)
         if deth is None:
             deth = deths[qkey] = wib.deth(qkey, qpn)

@@ -56,7 +56,7 @@ from .send_ops import RD_ATOMIC as _RD_ATOMIC
 from .send_ops import W_BIND_MW as _W_BIND_MW
 from .send_ops import W_LOCAL_INV as _W_LOCAL_INV
 from .send_ops import W_READ as _W_READ
-from .send_ops import WC_OPCODE, local_operation, send_request
+from .send_ops import WC_OPCODE, local_operation, send_request, ud_qkey
 from .views import QpView
 
 UNSENT, SENDING, SENT, DONE = WQE_UNSENT, WQE_SENDING, WQE_SENT, WQE_DONE
@@ -489,7 +489,7 @@ class Requester(GoBackN):
                 if qp.qpn == 1:
                     qkey = GSI_QKEY
                 else:
-                    qkey = qp.qkey if wqe.remote_qkey & 0x80000000 else wqe.remote_qkey
+                    qkey = ud_qkey(wqe.remote_qkey, qp.qkey)
                 ext = wib.deth(qkey, qp.qpn)
                 dqpn = wqe.remote_qpn
                 ackreq = False

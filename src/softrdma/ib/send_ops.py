@@ -74,6 +74,13 @@ MSG_OPS = {
 ONE_PACKET = frozenset((W_SEND, W_SEND_IMM, W_WRITE, W_WRITE_IMM))
 # WR opcodes that need a responder resource (IBA 9.7.7.1: RDMA READ and the atomics)
 RD_ATOMIC = frozenset((W_READ, W_CAS, W_FAA))
+Q_KEY_FROM_QP = 0x80000000  # a WR's Q_Key with the high bit set: the QP's own (IBA 10.2.5)
+
+
+def ud_qkey(wr_qkey: int, own_qkey: int) -> int:
+    """The Q_Key a UD SEND's DETH carries (IBA 9.8.3): the work request's, or the QP's own
+    ``own_qkey`` when the request's has its high bit set (IBA 10.2.5)."""
+    return own_qkey if wr_qkey & Q_KEY_FROM_QP else wr_qkey
 
 
 def send_request(qp: QpView, wqe: SendWQE) -> None:
@@ -119,5 +126,5 @@ def local_operation(qp: QpView, wqe: SendWQE) -> int:
     return bind.execute(qp.port, qp, qp.pd)
 
 
-__all__ = ["MSG_OPS", "ONE_PACKET", "RD_ATOMIC", "WC_OPCODE", "PktOps", "local_operation",
-           "send_request"]
+__all__ = ["MSG_OPS", "ONE_PACKET", "Q_KEY_FROM_QP", "RD_ATOMIC", "WC_OPCODE", "PktOps",
+           "local_operation", "send_request", "ud_qkey"]
