@@ -17,7 +17,7 @@ import struct
 import sys
 import time
 
-from softrdma.drivers.links.tun import TunDevice
+from softrdma.drivers.links.tun import VNET_HDR_LEN, TunDevice
 from softrdma.ipoib.gro import Merged, TcpCoalescer
 from softrdma.ipoib.ip import checksum
 
@@ -50,10 +50,11 @@ def read_synack(tun: TunDevice) -> int:
     deadline = time.monotonic() + DEADLINE_S
     while time.monotonic() < deadline:
         select.select([tun.fileno()], [], [], 1.0)
-        n = tun.read_into(memoryview(buf))
-        if n >= 40 and buf[9] == 6 and struct.unpack_from(">H", buf, 20)[0] == PORT \
-                and buf[33] & (SYN | ACK) == SYN | ACK:
-            return int(struct.unpack_from(">I", buf, 24)[0])
+        n = tun.read_framed(memoryview(buf))
+        pkt = memoryview(buf)[VNET_HDR_LEN:VNET_HDR_LEN + n]
+        if n >= 40 and pkt[9] == 6 and struct.unpack_from(">H", pkt, 20)[0] == PORT \
+                and pkt[33] & (SYN | ACK) == SYN | ACK:
+            return int(struct.unpack_from(">I", pkt, 24)[0])
     raise SystemExit("no SYN-ACK from the listener")
 
 

@@ -90,7 +90,6 @@ class TunDevice:
         os.set_blocking(fd, False)
         self.name = name
         self.fd = fd
-        self._rx_hdr = bytearray(VNET_HDR_LEN)
         self._file = io.FileIO(fd, "r", closefd=False)  # read_framed's unbuffered read
         self._tx_hdrs = [VNET_HDR.pack(0, 0, n, 0, 0, 0) for n in range(LINEAR_LEN + 1)]
 
@@ -107,20 +106,12 @@ class TunDevice:
     def fileno(self) -> int:
         return self.fd
 
-    def read_into(self, buf: memoryview) -> int:
-        """One packet into ``buf`` (its length returned); 0 when none is waiting."""
-        try:
-            n = os.readv(self.fd, [self._rx_hdr, buf])
-        except BlockingIOError:
-            return 0
-        return max(0, n - VNET_HDR_LEN)
-
     def read_framed(self, buf: memoryview) -> int:
         """One packet into ``buf`` behind the header (``buf[VNET_HDR_LEN:]``), whose
         :data:`VNET_HDR_LEN` bytes it overwrites; the packet's length is returned, 0
-        when none is waiting. :meth:`read_into` without the header's own buffer: one
-        buffer for the ``read``, not a ``readv`` of two (about 0.25 us less a packet, the
-        per-packet read of datagram mode)."""
+        when none is waiting. One buffer for the ``read``: a ``readv`` of the header's own
+        buffer and the packet's cost about 0.25 us more a packet, the per-packet read of
+        datagram mode."""
         n = self._file.readinto(buf)  # None: nothing waiting (non-blocking)
         return n - VNET_HDR_LEN if n is not None and n > VNET_HDR_LEN else 0
 
