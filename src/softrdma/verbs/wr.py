@@ -308,8 +308,8 @@ def build_send_wqe(wr: SendWR, qp_type: int, max_send_sge: int, max_inline: int,
         sg_copy = [_EngineSGE(one.addr, length, one.lkey)]
     else:
         sg_copy = [_EngineSGE(s.addr, s.length, s.lkey) for s in sg]
-    wqe = SendWQE(wr_id, opcode, flags, sg_copy, length, inline)  # positional: the
-    # cheapest call (keyword arguments cost about 0.2 us a WR)
+    # positional: the cheapest call (keyword arguments cost about 0.2 us a WR)
+    wqe = SendWQE(wr_id, opcode, flags, sg_copy, length, inline)
     extra = _EXTRA.get(opcode, 0)
     if extra:
         if extra & _X_IMM:
