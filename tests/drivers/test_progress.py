@@ -149,6 +149,57 @@ def test_standing_back_waits_grow_while_the_polls_go_on() -> None:
     assert not core.standing_back() and core.back_wait == g
 
 
+def test_input_left_unread_through_a_stand_back_makes_the_thread_serve() -> None:
+    """A stand-back that ran out (no kick) followed by a step that took input: that
+    input waited unread through it, so the application polls its CQ but not for it
+    (ib_write_lat spins on the memory its peer writes): for SERVE_S the thread does not
+    stand back, however recent the last poll; then it stands back again. A step that
+    took nothing, or one after a kick (the program is about to block), changes
+    nothing."""
+    core, _ = _core()
+    outcomes: list[bool] = []  # what each stand-back's wait returns: True, kicked
+
+    class _Kicked:
+        def wait(self, timeout: float) -> bool:
+            return outcomes.pop(0)
+
+        def clear(self) -> None:
+            pass
+
+        def set(self) -> None:
+            pass
+
+    core.kicked = _Kicked()  # type: ignore[assignment]
+
+    def polled() -> None:
+        assert core.try_lock()
+        core.lock.release()
+
+    polled()
+    outcomes.append(False)
+    assert core.standing_back()  # ran out
+    core.took(0)  # nothing waited: no change
+    polled()
+    outcomes.append(True)
+    assert core.standing_back()  # kicked
+    core.took(3)  # after a kick: no change
+    polled()
+    assert core.serve_until == 0.0
+    outcomes.append(False)
+    assert core.standing_back()  # ran out
+    core.took(1)  # then the step took a datagram that waited
+    assert core.serve_until > time.monotonic()
+    polled()  # the application polls again: the thread serves all the same
+    assert not core.standing_back() and not outcomes
+    until = core.serve_until
+    core.took(5)  # a step while serving (no stand-back before it) does not prolong it
+    assert core.serve_until == until
+    core.serve_until = time.monotonic() - 0.001  # SERVE_S later
+    polled()
+    outcomes.append(False)
+    assert core.standing_back()  # it stands back again
+
+
 def test_about_to_block_kicks_only_after_a_busy_poll() -> None:
     """A C program about to block in ibv_get_cq_event: a progress thread standing back
     after its busy polls is kicked (it resumes at once and sends the ACKs they left
@@ -421,3 +472,64 @@ def test_listener_accepts_while_nobody_waits() -> None:
             lst.close()
     finally:
         ctx.close()
+
+
+def test_a_write_left_unread_through_a_stand_back_is_taken_and_the_thread_serves() -> None:
+    """A program polls its CQ (``try_lock``, as every busy poll does) but not for the
+    peer's WRITE, which it awaits in memory (``ib_write_lat``): the progress thread stands
+    back meanwhile and the WRITE waits in the socket. Once the polls stop, the thread
+    takes it when its stand-back runs out, and serves from then on (``took``): the
+    WRITE's data lands, the peer's WRITE completes, and ``serve_until`` is set."""
+    from harness.verbs_pair import RC, Side, connect
+
+    la = UdpLink("127.0.0.1", 0)
+    assert la.port is not None
+    lb = UdpLink("127.0.0.2", la.port)
+    ca = v.Context(link=la, progress="thread")
+    cb = v.Context(link=lb, progress="thread")
+    stop = threading.Event()
+    poller: threading.Thread | None = None
+    try:
+        a, b = Side(ca, RC, bytearray(64)), Side(cb, RC, bytearray(64))
+        connect(a, b, timeout=14)
+        core: Any = ca.runtime.core  # the RoCE runtime's ProgressCore
+        standing = threading.Event()
+
+        class _Spy(threading.Event):  # the thread waits here only while it stands back
+            def wait(self, timeout: float | None = None) -> bool:
+                standing.set()
+                return super().wait(timeout)
+
+        core.kicked = _Spy()
+
+        def polls() -> None:  # CQ polls that take no input
+            while not stop.is_set():
+                if core.try_lock():
+                    core.lock.release()
+                stop.wait(0.0005)
+
+        poller = threading.Thread(target=polls)
+        poller.start()
+        assert _wait_for(standing.is_set, 10.0), "the progress thread never stood back"
+        b.buf[:8] = b"written!"
+        wr = v.SendWR(wr_id=7, opcode=e.IBV_WR_RDMA_WRITE, num_sge=1, sg=[b.sge(0, 8)],
+                      send_flags=e.IBV_SEND_SIGNALED)
+        wr.set_wr_rdma(a.mr.rkey, a.mr.addr)
+        b.qp.post_send(wr)
+        fd = la.fileno()
+        assert fd is not None
+        assert select.select([fd], [], [], 10.0)[0], "the WRITE never reached the socket"
+        assert bytes(a.buf[:8]) == bytes(8) and core.serve_until == 0.0  # waiting unread
+        stop.set()
+        poller.join(10)
+        assert _wait_for(lambda: bytes(a.buf[:8]) == b"written!", 10.0)
+        got: list[Any] = []
+        assert _wait_for(lambda: bool(got.extend(b.cq.poll(1)[1]) or got), 10.0)
+        assert got[0].wr_id == 7 and got[0].status == e.IBV_WC_SUCCESS
+        assert core.serve_until > 0.0
+    finally:
+        stop.set()
+        if poller is not None:
+            poller.join(10)
+        ca.close()
+        cb.close()

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DeviceRuntime", "ProgressCore", "WakePipe", "Waiter", "SelectWaiter", "EventWaiter", "VirtualTimer",
            "VirtualClock", "ProgressMode", "progress_mode", "check_mode", "POLL_GRACE",
-           "STAND_BACK_MAX", "DRAIN_TIMEOUT"]
+           "STAND_BACK_MAX", "SERVE_S", "DRAIN_TIMEOUT"]
 
 T = TypeVar("T")
 
@@ -51,6 +51,9 @@ POLL_GRACE = 0.005  # the progress thread stands back this long after an applica
 #: the longest one wait of a progress thread that stands back (s): each wait while the
 #: application keeps busy-polling doubles, from POLL_GRACE up to this (see standing_back)
 STAND_BACK_MAX = 0.04
+#: after input waited unread through a stand-back, the progress thread serves (does not
+#: stand back) for this long (s): see ProgressCore.took
+SERVE_S = 1.0
 DRAIN_TIMEOUT = 1.0  # at close, how long to wait for the lock (a finalizer may hold it) (s)
 JOIN_TIMEOUT = 5.0  # at close, how long to wait for the progress thread to end (s)
 _WAKE_READ = 4096  # bytes drained from the wake pipe at once
@@ -290,6 +293,10 @@ class ProgressCore:
         self.kicked = threading.Event()
         self.last_poll = 0.0  # when an application thread last busy-polled (monotonic)
         self.back_wait = POLL_GRACE  # the progress thread's next wait while it stands back
+        #: the progress thread's last stand-back ran out (no kick): what its next step
+        #: receives waited unread through it (:meth:`took`)
+        self.resumed = False
+        self.serve_until = 0.0  # until then the progress thread does not stand back
         self.closed = False
         #: why the device failed (e.g. its devd died), else None: calls then raise
         #: :class:`DeviceError` and the progress thread ends
@@ -378,14 +385,29 @@ class ProgressCore:
         or ``softrdma rc-pingpong``) were slowed by it, on 2 cores (docs/design.md). A
         program that stops polling without a kick (it computes, or blocks elsewhere) is
         served again within :data:`STAND_BACK_MAX`."""
-        if time.monotonic() - self.last_poll < POLL_GRACE:
+        now = time.monotonic()
+        if now - self.last_poll < POLL_GRACE and now >= self.serve_until:
             wait = self.back_wait
-            self.kicked.wait(wait)
+            self.resumed = not self.kicked.wait(wait)
             self.kicked.clear()
             self.back_wait = min(2.0 * wait, STAND_BACK_MAX)
             return True
         self.back_wait = POLL_GRACE
         return False
+
+    def took(self, n: int) -> None:
+        """In the progress thread's step, after its receive: it took ``n`` datagrams.
+        Taken right after a stand-back that ran out, they waited unread through it: the
+        application polls its CQ but does not wait there for this input. ``ib_write_lat``
+        does so: it polls for its WRITE's completion, then spins on the memory the peer
+        writes, and every peer WRITE waited out a stand-back (5.4 ms a half round trip
+        where ``ib_send_lat`` took 51 us). The thread then serves for :data:`SERVE_S`
+        (it does not stand back; the polls and the thread may both take input), and
+        stands back again after it: if the input again waits unread, it serves again."""
+        if self.resumed:
+            self.resumed = False
+            if n:
+                self.serve_until = time.monotonic() + SERVE_S
 
     def _stand_down(self) -> None:
         """No application thread busy-polls this runtime now: a progress thread that

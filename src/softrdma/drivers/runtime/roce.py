@@ -541,7 +541,7 @@ class Runtime(RoceTx, RoceRx):
         """One round of the progress thread: receive, timers, transmit, then wait for the
         link (or a wake-up) until the next timer deadline; False once it must end."""
         with self.lock:
-            self._poll_rx_locked()
+            self.core.took(self._poll_rx_locked())
             self._after_locked()
             d = self.port.next_deadline()
         wait = _MAX_IDLE_WAIT
