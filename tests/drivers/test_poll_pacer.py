@@ -14,6 +14,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -425,6 +426,47 @@ def test_a_c_programs_step_that_stopped_at_a_completion_runs_the_next_at_once(
             # next empty poll steps at once, with or without a completion stored
             awaited[0] = True
             assert bridge._progress(h, 0) == 1
+        finally:
+            hd._forget(h)
+    finally:
+        ctx.close()
+
+
+def test_a_c_programs_step_sleeps_while_the_progress_thread_serves(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """softrdma.capi: while the device's progress thread serves (the program left input
+    unread as it polled, ``ProgressCore.took``: ``ib_write_lat``), ``sr_py_progress``
+    returns -1 without a receive step, and shim.c sleeps until the thread completes into
+    the ring; once the serving is over, the steps run again."""
+    from types import SimpleNamespace
+
+    from softrdma.capi import bridge
+    from softrdma.capi import handles as hd
+
+    monkeypatch.setattr(hd, "_lib", SimpleNamespace(sr_ring_push=lambda *a: 0),
+                        raising=False)
+    ctx = v.Context(link=UdpLink("127.0.0.1", 0))
+    try:
+        cq = bridge.RingCQ(ctx, 16, None, 0, object())
+        h = hd._add(cq)
+        rt = ctx.runtime
+        steps: list[int] = []
+
+        def step(stop_on: object = None, taken: bool = False, polls: int = 1) -> int:
+            steps.append(1)
+            return 0
+
+        monkeypatch.setattr(rt, "progress_nonblocking", step)
+        roce: Any = rt  # the RoCE Runtime
+        core = roce.core  # its ProgressCore
+        try:
+            assert not rt.serving()
+            assert bridge._progress(h, 0) == 0 and steps == [1]
+            core.serve_until = time.monotonic() + 60.0  # the thread serves
+            assert rt.serving()
+            assert bridge._progress(h, 1) == -1 and steps == [1]  # no step
+            core.serve_until = 0.0
+            assert bridge._progress(h, 0) == 0 and steps == [1, 1]
         finally:
             hd._forget(h)
     finally:

@@ -492,7 +492,8 @@ def test_a_write_left_unread_through_a_stand_back_is_taken_and_the_thread_serves
     try:
         a, b = Side(ca, RC, bytearray(64)), Side(cb, RC, bytearray(64))
         connect(a, b, timeout=14)
-        core: Any = ca.runtime.core  # the RoCE runtime's ProgressCore
+        roce: Any = ca.runtime  # the RoCE Runtime
+        core = roce.core  # its ProgressCore
         standing = threading.Event()
 
         class _Spy(threading.Event):  # the thread waits here only while it stands back
@@ -524,7 +525,12 @@ def test_a_write_left_unread_through_a_stand_back_is_taken_and_the_thread_serves
         poller.join(10)
         assert _wait_for(lambda: bytes(a.buf[:8]) == b"written!", 10.0)
         got: list[Any] = []
-        assert _wait_for(lambda: bool(got.extend(b.cq.poll(1)[1]) or got), 10.0)
+
+        def completed() -> bool:
+            got.extend(b.cq.poll(1)[1])
+            return bool(got)
+
+        assert _wait_for(completed, 10.0)
         assert got[0].wr_id == 7 and got[0].status == e.IBV_WC_SUCCESS
         assert core.serve_until > 0.0
     finally:

@@ -344,7 +344,11 @@ def _progress(h: int, taken: int) -> int:
     (:meth:`~softrdma.drivers.runtime.progress.DeviceRuntime.ack_awaited`: the ACK
     arrives about when the answer does, and the program polls for both), it returns 1,
     and the program's next empty poll runs the next step at once, without its spin;
-    otherwise 0.
+    otherwise 0. While the device's progress thread serves (the program left input
+    unread as it polled: ``ib_write_lat`` awaits its peer's WRITE in memory,
+    :meth:`~softrdma.drivers.runtime.progress.ProgressCore.took`), it returns -1 at once:
+    the program then sleeps until the thread completes into the ring, as it does with
+    ``SOFTRDMA_CAPI_INLINE=0``, rather than spin in Python beside the thread.
 
     As in a Python program's busy poll, the ACKs of what it received stay pending (but a
     prompt one, which the step sends: ``Port.ack_prompt``, a peer that awaits it): they
@@ -358,6 +362,8 @@ def _progress(h: int, taken: int) -> int:
     (:meth:`CQ.taken`), or a streak that never saw its answer arrive would outlast its
     spin and every step after it would sleep."""
     cq = _get(h, RingCQ)
+    if cq.ctx.runtime.serving():
+        return -1
     if taken:
         cq.taken()
     stored = cq.stored

@@ -468,6 +468,8 @@ static int sr_ring_empty(struct sr_ring *r, int h)
             sr_empty_run = 0;  /* look again after sr_spin more polls */
             return 0;
         }
+        int step = 0;
+
         if (sr_inline) {
             /* receive here (Python's busy poll: it paces itself, see above); the ACKs
              * of what it received stay pending (sr_at_exit) */
@@ -475,9 +477,13 @@ static int sr_ring_empty(struct sr_ring *r, int h)
             /* taken: the pacer's idle streak begins anew; 1: the step stopped at a
              * receive's completion of this CQ, with the datagrams behind it (an ACK the
              * program may await next) left for the next step: the next empty poll runs
-             * it at once */
-            sr_step_next = sr_py_progress(h, sr_taken) > 0;
+             * it at once; -1: the device's progress thread serves (the program left
+             * input unread, ProgressCore.took): sleep until it completes, as below */
+            step = sr_py_progress(h, sr_taken);
+            sr_step_next = step > 0;
             sr_taken = 0;
+        }
+        if (sr_inline && step >= 0) {
             /* a step run at once after one that stopped early: this poll stays empty, its
              * completion is the next poll's. A CQ is then read as a NIC's is, a poll sees
              * what had arrived before it: a program that polls until the CQ is empty (the

@@ -130,6 +130,10 @@ class DeviceRuntime(Protocol):
         complete (it awaits each request's completion, as ``ibv_rc_pingpong``), and
         that post still awaits its ACK: it arrives soon, and the program polls for it."""
 
+    def serving(self) -> bool:
+        """The progress thread serves now, not standing back however recent the polls:
+        the application left input unread while it polled (:meth:`ProgressCore.took`)."""
+
     def kick(self) -> None: ...
 
     def about_to_block(self) -> None: ...
@@ -408,6 +412,10 @@ class ProgressCore:
             self.resumed = False
             if n:
                 self.serve_until = time.monotonic() + SERVE_S
+
+    def serving(self) -> bool:
+        """The thread serves now (:meth:`took`): it does not stand back."""
+        return time.monotonic() < self.serve_until
 
     def _stand_down(self) -> None:
         """No application thread busy-polls this runtime now: a progress thread that

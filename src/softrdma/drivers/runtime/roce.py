@@ -412,6 +412,9 @@ class Runtime(RoceTx, RoceRx):
     def rx_pending(self) -> bool:
         return bool(self._backlog)
 
+    def serving(self) -> bool:
+        return self.core.serving()
+
     def ack_awaited(self) -> bool:
         qpn = self._awaiting
         if qpn is None:

@@ -310,6 +310,11 @@ class TcpRuntime:
         """Never: a step serves its ready connections whole (``stop_on`` is not used)."""
         return False
 
+    def serving(self) -> bool:
+        """As the RoCE runtime's (its progress thread serves after input waited unread
+        through a stand-back; this runtime's thread step does not report any)."""
+        return self.core.serving()
+
     def ack_awaited(self) -> bool:
         """Never: an iWARP SEND completes once TCP took it (RFC 5040 §7.1), no ACK."""
         return False
