@@ -344,19 +344,13 @@ def _progress(h: int, taken: int) -> int:
     (:meth:`~softrdma.drivers.runtime.progress.DeviceRuntime.ack_awaited`: the ACK
     arrives about when the answer does, and the program polls for both), it returns 1,
     and the program's next empty poll runs the next step at once, without its spin;
-    otherwise 0. While the device's progress thread serves (the program left input
-    unread as it polled: ``ib_write_lat`` awaits its peer's WRITE in memory,
-    :meth:`~softrdma.drivers.runtime.progress.ProgressCore.took`), it returns -1 at once:
-    the program then sleeps until the thread completes into the ring, as it does with
-    ``SOFTRDMA_CAPI_INLINE=0``, rather than spin in Python beside the thread.
+    otherwise 0. -1 at once while the progress thread serves (``ProgressCore.took``:
+    ``ib_write_lat`` awaits its peer's WRITE in memory): shim.c then sleeps until the
+    thread completes into the ring, as with ``SOFTRDMA_CAPI_INLINE=0``.
 
-    As in a Python program's busy poll, the ACKs of what it received stay pending (but a
-    prompt one, which the step sends: ``Port.ack_prompt``, a peer that awaits it): they
-    leave with the program's next post (right after its request; on a contended machine
-    in one batch with it), at its next empty poll or from the progress thread, and at the
-    program's exit (:func:`_at_exit`: a C program may exit right after its last
-    completion, without a Python shutdown).
-
+    As in a Python busy poll, the ACKs of what it received stay pending (a prompt one,
+    ``Port.ack_prompt``, is sent): they leave with the program's next post, at its next
+    empty poll, from the progress thread, or at exit (:func:`_at_exit`).
     ``taken``: the program took completions from the ring since this thread's last step
     (ones the progress thread stored): the busy poll's idle streak begins anew
     (:meth:`CQ.taken`), or a streak that never saw its answer arrive would outlast its

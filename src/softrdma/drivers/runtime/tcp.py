@@ -310,9 +310,7 @@ class TcpRuntime:
         """Never: a step serves its ready connections whole (``stop_on`` is not used)."""
         return False
 
-    def serving(self) -> bool:
-        """As the RoCE runtime's (its progress thread serves after input waited unread
-        through a stand-back; this runtime's thread step does not report any)."""
+    def serving(self) -> bool:  # never set: this thread step reports no input (took)
         return self.core.serving()
 
     def ack_awaited(self) -> bool:
@@ -321,12 +319,10 @@ class TcpRuntime:
 
     def progress_nonblocking(self, stop_on: Any = None, taken: bool = False,
                              polls: int = 1) -> int:
-        """One non-blocking step from an application thread that busy-polls a CQ; while
-        it does, the progress thread stands back (as the RoCE runtime does), so the two
-        do not fight over the lock and the GIL on the latency path. (``taken``: the
-        RoCE runtime's pacing; this step never sleeps.) ``polls``: up to this many empty
-        polls in a row before it returns empty (``softrdma.capi``'s steps: one entry
-        from C each); it returns once one took input or stored into ``stop_on``."""
+        """One non-blocking step from a thread that busy-polls a CQ; the progress thread
+        stands back meanwhile, as the RoCE runtime's does (``taken``: its pacing; this
+        step never sleeps). ``polls``: up to this many empty polls in a row before it
+        returns empty (a step from C), or it returns once one took input or stored."""
         n = 0
         for _ in range(polls):
             if not self.core.try_lock():
