@@ -10,6 +10,7 @@ polls then sleep at once for a while.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -369,6 +370,29 @@ def test_a_c_programs_receive_step_after_taking_from_its_ring_spins_afresh() -> 
         ctx.close()
 
 
+@contextlib.contextmanager
+def _ring_cq(monkeypatch: pytest.MonkeyPatch,
+             push: Callable[..., int]) -> Iterator[tuple[Any, int]]:
+    """A softrdma.capi ``RingCQ`` of a fresh UDP context and its handle (what C's
+    ``sr_py_progress`` names), with the C ring's ``sr_ring_push`` replaced by ``push``."""
+    from types import SimpleNamespace
+
+    from softrdma.capi import bridge
+    from softrdma.capi import handles as hd
+
+    monkeypatch.setattr(hd, "_lib", SimpleNamespace(sr_ring_push=push), raising=False)
+    ctx = v.Context(link=UdpLink("127.0.0.1", 0))
+    try:
+        cq = bridge.RingCQ(ctx, 16, None, 0, object())
+        h = hd._add(cq)
+        try:
+            yield cq, h
+        finally:
+            hd._forget(h)
+    finally:
+        ctx.close()
+
+
 def test_a_c_programs_step_that_stopped_at_a_completion_runs_the_next_at_once(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """softrdma.capi: a RingCQ's receive step stops once it stored a receive's completion
@@ -378,10 +402,7 @@ def test_a_c_programs_step_that_stopped_at_a_completion_runs_the_next_at_once(
     awaits its own SEND's completion needs next): shim.c then runs the next step at the
     next empty poll, without its spin; also while the program's last SEND awaits its ACK
     and the program awaited each earlier one (``ack_awaited``). 0 otherwise."""
-    from types import SimpleNamespace
-
     from softrdma.capi import bridge
-    from softrdma.capi import handles as hd
 
     pushed: list[int] = []
 
@@ -389,12 +410,8 @@ def test_a_c_programs_step_that_stopped_at_a_completion_runs_the_next_at_once(
         pushed.append(wr_id)
         return 0
 
-    monkeypatch.setattr(hd, "_lib", SimpleNamespace(sr_ring_push=push), raising=False)
-    ctx = v.Context(link=UdpLink("127.0.0.1", 0))
-    try:
-        cq = bridge.RingCQ(ctx, 16, None, 0, object())
-        h = hd._add(cq)
-        rt = ctx.runtime
+    with _ring_cq(monkeypatch, push) as (cq, h):
+        rt = cq.ctx.runtime
         stops: list[object] = []
         pending = [True]
 
@@ -413,23 +430,18 @@ def test_a_c_programs_step_that_stopped_at_a_completion_runs_the_next_at_once(
         monkeypatch.setattr(rt, "rx_pending", lambda: pending[0])
         awaited = [False]
         monkeypatch.setattr(rt, "ack_awaited", lambda: awaited[0])
-        try:
-            assert bridge._progress(h, 0) == 1
-            assert stops == [cq.stored] and pushed == [8, 9]
-            pending[0] = False  # nothing left behind the completion
-            assert bridge._progress(h, 0) == 0
-            pending[0] = True
-            monkeypatch.setattr(rt, "progress_nonblocking",
-                                lambda stop_on=None, taken=False, polls=1: 0)
-            assert bridge._progress(h, 0) == 0  # no completion stored: no stop
-            # the program's last SEND awaits its ACK (it awaited each earlier one): the
-            # next empty poll steps at once, with or without a completion stored
-            awaited[0] = True
-            assert bridge._progress(h, 0) == 1
-        finally:
-            hd._forget(h)
-    finally:
-        ctx.close()
+        assert bridge._progress(h, 0) == 1
+        assert stops == [cq.stored] and pushed == [8, 9]
+        pending[0] = False  # nothing left behind the completion
+        assert bridge._progress(h, 0) == 0
+        pending[0] = True
+        monkeypatch.setattr(rt, "progress_nonblocking",
+                            lambda stop_on=None, taken=False, polls=1: 0)
+        assert bridge._progress(h, 0) == 0  # no completion stored: no stop
+        # the program's last SEND awaits its ACK (it awaited each earlier one): the
+        # next empty poll steps at once, with or without a completion stored
+        awaited[0] = True
+        assert bridge._progress(h, 0) == 1
 
 
 def test_a_c_programs_step_sleeps_while_the_progress_thread_serves(
@@ -438,18 +450,10 @@ def test_a_c_programs_step_sleeps_while_the_progress_thread_serves(
     unread as it polled, ``ProgressCore.took``: ``ib_write_lat``), ``sr_py_progress``
     returns -1 without a receive step, and shim.c sleeps until the thread completes into
     the ring; once the serving is over, the steps run again."""
-    from types import SimpleNamespace
-
     from softrdma.capi import bridge
-    from softrdma.capi import handles as hd
 
-    monkeypatch.setattr(hd, "_lib", SimpleNamespace(sr_ring_push=lambda *a: 0),
-                        raising=False)
-    ctx = v.Context(link=UdpLink("127.0.0.1", 0))
-    try:
-        cq = bridge.RingCQ(ctx, 16, None, 0, object())
-        h = hd._add(cq)
-        rt = ctx.runtime
+    with _ring_cq(monkeypatch, lambda *a: 0) as (cq, h):
+        rt = cq.ctx.runtime
         steps: list[int] = []
 
         def step(stop_on: object = None, taken: bool = False, polls: int = 1) -> int:
@@ -459,15 +463,10 @@ def test_a_c_programs_step_sleeps_while_the_progress_thread_serves(
         monkeypatch.setattr(rt, "progress_nonblocking", step)
         roce: Any = rt  # the RoCE Runtime
         core = roce.core  # its ProgressCore
-        try:
-            assert not rt.serving()
-            assert bridge._progress(h, 0) == 0 and steps == [1]
-            core.serve_until = time.monotonic() + 60.0  # the thread serves
-            assert rt.serving()
-            assert bridge._progress(h, 1) == -1 and steps == [1]  # no step
-            core.serve_until = 0.0
-            assert bridge._progress(h, 0) == 0 and steps == [1, 1]
-        finally:
-            hd._forget(h)
-    finally:
-        ctx.close()
+        assert not rt.serving()
+        assert bridge._progress(h, 0) == 0 and steps == [1]
+        core.serve_until = time.monotonic() + 60.0  # the thread serves
+        assert rt.serving()
+        assert bridge._progress(h, 1) == -1 and steps == [1]  # no step
+        core.serve_until = 0.0
+        assert bridge._progress(h, 0) == 0 and steps == [1, 1]
