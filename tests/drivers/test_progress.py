@@ -16,6 +16,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import pytest
@@ -151,11 +152,12 @@ def test_standing_back_waits_grow_while_the_polls_go_on() -> None:
 
 def test_input_left_unread_through_a_stand_back_makes_the_thread_serve() -> None:
     """A stand-back that ran out (no kick) followed by a step that took input: that
-    input waited unread through it, so the application polls its CQ but not for it
-    (ib_write_lat spins on the memory its peer writes): for SERVE_S the thread does not
-    stand back, however recent the last poll; then it stands back again. A step that
-    took nothing, or one after a kick (the program is about to block), changes
-    nothing."""
+    input waited unread through it. The second time within SERVE_S, the application
+    polls its CQ but not for that input (ib_write_lat spins on the memory its peer
+    writes): for SERVE_S the thread does not stand back, however recent the last poll;
+    then it stands back again. A step that took nothing, or one after a kick (the
+    program is about to block), changes nothing; once, or twice SERVE_S apart, is no
+    such program."""
     core, _ = _core()
     outcomes: list[bool] = []  # what each stand-back's wait returns: True, kicked
 
@@ -185,9 +187,17 @@ def test_input_left_unread_through_a_stand_back_makes_the_thread_serve() -> None
     core.took(3)  # after a kick: no change
     polled()
     assert core.serve_until == 0.0
+    for _ in range(2):  # once, and again SERVE_S later: no serving
+        outcomes.append(False)
+        assert core.standing_back()  # ran out
+        core.took(1)  # then the step took a datagram that waited
+        assert core.serve_until == 0.0
+        core.waited_at -= pg.SERVE_S
+        polled()
+    core.waited_at += pg.SERVE_S
     outcomes.append(False)
-    assert core.standing_back()  # ran out
-    core.took(1)  # then the step took a datagram that waited
+    assert core.standing_back()
+    core.took(2)  # the second time within SERVE_S
     assert core.serve_until > time.monotonic()
     polled()  # the application polls again: the thread serves all the same
     assert not core.standing_back() and not outcomes
@@ -474,12 +484,74 @@ def test_listener_accepts_while_nobody_waits() -> None:
         ctx.close()
 
 
-def test_a_write_left_unread_through_a_stand_back_is_taken_and_the_thread_serves() -> None:
+def _left_unread_then_served(core: pg.ProgressCore, fd: int,
+                             post_write: Callable[[int], None],
+                             landed: Callable[[int], bool],
+                             completed: Callable[[int], bool]) -> None:
     """A program polls its CQ (``try_lock``, as every busy poll does) but not for the
     peer's WRITE, which it awaits in memory (``ib_write_lat``): the progress thread stands
-    back meanwhile and the WRITE waits in the socket. Once the polls stop, the thread
-    takes it when its stand-back runs out, and serves from then on (``took``): the
-    WRITE's data lands, the peer's WRITE completes, and ``serve_until`` is set."""
+    back meanwhile and the WRITE waits in the socket ``fd``. Once the polls stop, the
+    thread takes it when its stand-back runs out: the WRITE lands (``landed``) and the
+    peer's WRITE completes. The second such WRITE makes the thread serve (``took``)."""
+    for i in range(2):
+        _one_left_unread(core, fd, partial(post_write, i), partial(landed, i),
+                         partial(completed, i))
+        assert (core.serve_until > 0.0) == (i == 1) and core.serving() == (i == 1)
+
+
+def _one_left_unread(core: pg.ProgressCore, fd: int, post_write: Callable[[], None],
+                     landed: Callable[[], bool], completed: Callable[[], bool]) -> None:
+    stop = threading.Event()
+    standing = threading.Event()
+
+    class _Spy(threading.Event):  # the thread waits here only while it stands back
+        def wait(self, timeout: float | None = None) -> bool:
+            standing.set()
+            return super().wait(timeout)
+
+    core.kicked = _Spy()
+
+    def polls() -> None:  # CQ polls that take no input
+        while not stop.is_set():
+            if core.try_lock():
+                core.lock.release()
+            stop.wait(0.0005)
+
+    poller = threading.Thread(target=polls)
+    poller.start()
+    try:
+        assert _wait_for(standing.is_set, 10.0), "the progress thread never stood back"
+        post_write()
+        assert select.select([fd], [], [], 10.0)[0], "the WRITE never reached the socket"
+        assert not landed() and core.serve_until == 0.0  # waiting unread
+        stop.set()
+        poller.join(10)
+        assert _wait_for(landed, 10.0)
+        assert _wait_for(completed, 10.0)
+    finally:
+        stop.set()
+        poller.join(10)
+
+
+def _write_done(cq: v.CQ) -> Callable[[int], bool]:
+    """Whether WRITE ``i`` (wr_id ``i``) completed, successfully, on ``cq``."""
+    got: list[Any] = []
+
+    def completed(i: int) -> bool:
+        got.extend(cq.poll(1)[1])
+        if len(got) > i:
+            assert got[i].wr_id == i and got[i].status == e.IBV_WC_SUCCESS
+        return len(got) > i
+    return completed
+
+
+def _words(i: int) -> bytes:
+    return b"written%d" % i
+
+
+def test_a_write_left_unread_through_a_stand_back_is_taken_and_the_thread_serves() -> None:
+    """RoCE: :func:`_left_unread_then_served` (the thread step reports what its receive
+    took)."""
     from harness.verbs_pair import RC, Side, connect
 
     la = UdpLink("127.0.0.1", 0)
@@ -487,55 +559,48 @@ def test_a_write_left_unread_through_a_stand_back_is_taken_and_the_thread_serves
     lb = UdpLink("127.0.0.2", la.port)
     ca = v.Context(link=la, progress="thread")
     cb = v.Context(link=lb, progress="thread")
-    stop = threading.Event()
-    poller: threading.Thread | None = None
     try:
         a, b = Side(ca, RC, bytearray(64)), Side(cb, RC, bytearray(64))
         connect(a, b, timeout=14)
-        roce: Any = ca.runtime  # the RoCE Runtime
-        core = roce.core  # its ProgressCore
-        standing = threading.Event()
 
-        class _Spy(threading.Event):  # the thread waits here only while it stands back
-            def wait(self, timeout: float | None = None) -> bool:
-                standing.set()
-                return super().wait(timeout)
+        def post_write(i: int) -> None:
+            b.buf[:8] = _words(i)
+            wr = v.SendWR(wr_id=i, opcode=e.IBV_WR_RDMA_WRITE, num_sge=1, sg=[b.sge(0, 8)],
+                          send_flags=e.IBV_SEND_SIGNALED)
+            wr.set_wr_rdma(a.mr.rkey, a.mr.addr)
+            b.qp.post_send(wr)
 
-        core.kicked = _Spy()
-
-        def polls() -> None:  # CQ polls that take no input
-            while not stop.is_set():
-                if core.try_lock():
-                    core.lock.release()
-                stop.wait(0.0005)
-
-        poller = threading.Thread(target=polls)
-        poller.start()
-        assert _wait_for(standing.is_set, 10.0), "the progress thread never stood back"
-        b.buf[:8] = b"written!"
-        wr = v.SendWR(wr_id=7, opcode=e.IBV_WR_RDMA_WRITE, num_sge=1, sg=[b.sge(0, 8)],
-                      send_flags=e.IBV_SEND_SIGNALED)
-        wr.set_wr_rdma(a.mr.rkey, a.mr.addr)
-        b.qp.post_send(wr)
         fd = la.fileno()
         assert fd is not None
-        assert select.select([fd], [], [], 10.0)[0], "the WRITE never reached the socket"
-        assert bytes(a.buf[:8]) == bytes(8) and core.serve_until == 0.0  # waiting unread
-        stop.set()
-        poller.join(10)
-        assert _wait_for(lambda: bytes(a.buf[:8]) == b"written!", 10.0)
-        got: list[Any] = []
-
-        def completed() -> bool:
-            got.extend(b.cq.poll(1)[1])
-            return bool(got)
-
-        assert _wait_for(completed, 10.0)
-        assert got[0].wr_id == 7 and got[0].status == e.IBV_WC_SUCCESS
-        assert core.serve_until > 0.0
+        roce: Any = ca.runtime  # the RoCE Runtime
+        _left_unread_then_served(roce.core, fd, post_write,
+                                 lambda i: bytes(a.buf[:8]) == _words(i), _write_done(b.cq))
     finally:
-        stop.set()
-        if poller is not None:
-            poller.join(10)
+        ca.close()
+        cb.close()
+
+
+def test_an_iwarp_write_left_unread_through_a_stand_back_makes_the_thread_serve() -> None:
+    """iWARP: :func:`_left_unread_then_served` (the thread step looks at its sockets
+    without waiting after a stand-back ran out); C polls then sleep (``serving``)."""
+    from harness.iwarp_tcp import Ep
+    from harness.iwarp_tcp import connect as iw_connect
+
+    ca, cb = v.Context(transport="iwarp"), v.Context(transport="iwarp")
+    try:
+        a, b = Ep(ca, 4096), Ep(cb, 4096)
+        iw_connect(ca, cb, a, b)
+        rt = ca.runtime
+        assert isinstance(rt, TcpRuntime) and rt.sockets() == 1 and not rt.serving()
+        fd = next(iter(rt._socks))  # a's connection
+
+        def post_write(i: int) -> None:
+            b.mr.buf[:8] = _words(i)
+            b.send(int(e.IBV_WR_RDMA_WRITE), 8, i, remote=a)
+
+        _left_unread_then_served(rt.core, fd, post_write,
+                                 lambda i: bytes(a.mr.buf[:8]) == _words(i), _write_done(b.cq))
+        assert rt.serving()
+    finally:
         ca.close()
         cb.close()

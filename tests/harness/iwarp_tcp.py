@@ -1,9 +1,10 @@
-"""iWARP endpoints through the verbs API over TCP on the loopback.
+"""iWARP endpoints through the verbs API over TCP on the loopback, and :func:`connect`.
 
 (Moved from tests/iwarp/test_iwarp_tcp.py, which other test files imported.)"""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,6 +13,8 @@ import pytest
 from harness.rdma_cm import poll_wcs
 from softrdma import enums as e
 from softrdma import verbs as v
+from softrdma.drivers.cm import iwconnect
+from softrdma.iwarp.mpa_setup import MpaConfig
 
 ACC = int(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ)
 
@@ -53,3 +56,23 @@ class Ep:
 
     def wait(self, n: int, timeout: float = 20.0) -> list[Any]:
         return poll_wcs(self.cq, n, timeout)
+
+
+def connect(ca: v.Context, cb: v.Context, a: Ep, b: Ep, cfg_a: MpaConfig | None = None,
+            cfg_b: MpaConfig | None = None) -> tuple[iwconnect.Connection, iwconnect.Connection]:
+    lst = iwconnect.listen(cb, 0, cfg=cfg_b)
+    got: dict[str, Any] = {}
+
+    def serve() -> None:
+        try:
+            got["b"] = lst.accept(b.qp, b"server-pd", timeout=10)
+        except BaseException as exc:  # reported below
+            got["err"] = exc
+
+    t = threading.Thread(target=serve)
+    t.start()
+    conn_a = iwconnect.connect(a.qp, "127.0.0.1", lst.port, b"client-pd", cfg=cfg_a)
+    t.join(10)
+    lst.close()
+    assert "err" not in got, got.get("err")
+    return conn_a, got["b"]

@@ -24,6 +24,7 @@ from harness.iwarp_tcp import (
     ACC,
     MB,
     Ep,
+    connect,
     ctx,  # noqa: F401  (fixtures)
 )
 
@@ -37,26 +38,6 @@ from softrdma.wire import ddp, mpa
 OK = int(e.IBV_WC_SUCCESS)
 FLUSH = int(e.IBV_WC_WR_FLUSH_ERR)
 TCP_CLOSE = 7  # tcp_info.tcpi_state (include/net/tcp_states.h)
-
-
-def connect(ca: v.Context, cb: v.Context, a: Ep, b: Ep, cfg_a: MpaConfig | None = None,
-            cfg_b: MpaConfig | None = None) -> tuple[iwconnect.Connection, iwconnect.Connection]:
-    lst = iwconnect.listen(cb, 0, cfg=cfg_b)
-    got: dict[str, Any] = {}
-
-    def serve() -> None:
-        try:
-            got["b"] = lst.accept(b.qp, b"server-pd", timeout=10)
-        except BaseException as exc:  # reported below
-            got["err"] = exc
-
-    t = threading.Thread(target=serve)
-    t.start()
-    conn_a = iwconnect.connect(a.qp, "127.0.0.1", lst.port, b"client-pd", cfg=cfg_a)
-    t.join(10)
-    lst.close()
-    assert "err" not in got, got.get("err")
-    return conn_a, got["b"]
 
 
 @pytest.mark.parametrize("mode", ["plain", "crc", "markers", "v1"])

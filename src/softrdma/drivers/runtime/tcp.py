@@ -13,11 +13,9 @@ I/O of each connection (design.md, "Sans-I/O engines"):
   :meth:`~.engine.IwarpConn.receive`, which places each segment's payload with one
   ``memoryview`` slice assignment (runs of whole RDMA Write FPDUs take the fused path of
   :func:`~softrdma.iwarp.fast_path.write_run`: CRC over each contiguous FPDU, checks,
-  one copy). With ``SOFTRDMA_IWARP_DIRECT=1`` the payload is instead received straight
-  into the registered memory the engine names (:meth:`~.engine.IwarpConn.rx_target`) by
-  ``recvmsg_into([MR slice, lookahead])``, the pad, CRC and next headers landing in the
-  lookahead buffer: no copy in Python, but a system call and the general path's header
-  steps per FPDU (2x the receiver's CPU per byte in bench/iwarp_write_bw.py), hence off;
+  one copy). ``SOFTRDMA_IWARP_DIRECT=1`` receives the payload straight into the MR
+  (:meth:`~.engine.IwarpConn.rx_target`, ``recvmsg_into``): no copy, but a system call
+  per FPDU, 2x the receiver's CPU per byte in bench/iwarp_write_bw.py, hence off;
 * transmit: ``sendmsg`` with the engine's buffer list (headers, memoryview slices of the
   MR, pad + CRC), partial sends kept as sliced views, never joined; up to 1 MiB of whole
   FPDUs at a time (:data:`_TX_CHUNK`; the plain TCP baseline's ``sendall`` size);
@@ -37,11 +35,9 @@ and delivers the events before it waits for them, and the progress thread, which
 find the sockets served, stands back (issue 26: ~12 context switches a connection -> <1).
 
 Sockets get ``TCP_NODELAY`` (siw: ``siw_tcp_nagle = false``) and keep the kernel's
-send-buffer autotuning (up to ``net.ipv4.tcp_wmem[2]``, 4 MiB by default), as the plain
-TCP baseline of ``bench/iwarp_write_bw.py`` does: a fixed ``SO_SNDBUF`` of 4 MiB (8 MiB
-in the kernel, where ``net.core.wmem_max`` allows it) saves partial sends but doubles the
-bytes in flight, and cost 15-25 % more CPU per byte on each side in that bench (the copies
-into and out of the socket miss the caches). ``SOFTRDMA_IWARP_SNDBUF``: :func:`sndbuf_setting`.
+send-buffer autotuning, as the plain TCP baseline of ``bench/iwarp_write_bw.py`` does: a
+fixed 4 MiB ``SO_SNDBUF`` doubles the bytes in flight and cost 15-25 % more CPU per byte
+on each side there (cache misses). ``SOFTRDMA_IWARP_SNDBUF``: :func:`sndbuf_setting`.
 """
 
 from __future__ import annotations
@@ -107,11 +103,9 @@ def sndbuf_setting(want: int | None = None) -> int:
     """The ``SO_SNDBUF`` to set on a connection, or 0 to leave the kernel's autotuning;
     ``want`` defaults to :func:`sock_buf_wanted`.
 
-    Linux caps ``SO_SNDBUF`` at ``net.core.wmem_max`` (then doubles it for overhead) and
-    a socket that sets it loses send-buffer autotuning, which grows up to
-    ``net.ipv4.tcp_wmem[2]`` (4 MiB by default). With the default ``wmem_max`` (208 KiB)
-    asking for 4 MiB would pin the buffer at 416 KiB, far below what autotuning reaches:
-    so the option is set only where the capped value beats autotuning's maximum."""
+    Linux caps ``SO_SNDBUF`` at ``net.core.wmem_max`` (doubled) and a socket that sets it
+    loses autotuning (up to ``net.ipv4.tcp_wmem[2]``): it is set only where the capped
+    value beats autotuning's maximum (not with the default 208 KiB ``wmem_max``)."""
     if want is None:
         want = sock_buf_wanted()
     if want <= 0:
@@ -310,7 +304,7 @@ class TcpRuntime:
         """Never: a step serves its ready connections whole (``stop_on`` is not used)."""
         return False
 
-    def serving(self) -> bool:  # never set: this thread step reports no input (took)
+    def serving(self) -> bool:
         return self.core.serving()
 
     def ack_awaited(self) -> bool:
@@ -319,10 +313,9 @@ class TcpRuntime:
 
     def progress_nonblocking(self, stop_on: Any = None, taken: bool = False,
                              polls: int = 1) -> int:
-        """One non-blocking step from a thread that busy-polls a CQ; the progress thread
-        stands back meanwhile, as the RoCE runtime's does (``taken``: its pacing; this
-        step never sleeps). ``polls``: up to this many empty polls in a row before it
-        returns empty (a step from C), or it returns once one took input or stored."""
+        """One non-blocking step from a thread that busy-polls a CQ (the progress thread
+        stands back, as the RoCE runtime's; ``taken``: its pacing, never a sleep here):
+        up to ``polls`` empty polls in a row (a step from C), or until one took input."""
         n = 0
         for _ in range(polls):
             if not self.core.try_lock():
@@ -560,9 +553,16 @@ class TcpRuntime:
 
     # ---- the progress thread -------------------------------------------------------------------
     def _thread_step(self) -> bool:
-        """One round of the progress thread: wait for the sockets, then serve them."""
-        ready = self._ready(_MAX_IDLE_WAIT)
-        if self.core.stop.is_set():
+        """One round of the progress thread: wait for the sockets, then serve them; after
+        a stand-back that ran out, a look first: input unread through it (``took``)."""
+        core = self.core
+        ready: list[tuple[Any, int]] = []
+        if core.resumed:
+            ready = self._ready(0.0)
+            core.took(sum(1 for s, ev in ready if type(s) is _Sock and ev & selectors.EVENT_READ))
+        if not ready:
+            ready = self._ready(_MAX_IDLE_WAIT)
+        if core.stop.is_set():
             return False
         with self.lock:
             self._service(ready)
