@@ -83,22 +83,26 @@ def _size(tool: str) -> tuple[list[str], int]:
 @pytest.mark.parametrize(("tool", "mode"), [
     pytest.param(tool, mode, marks=() if (tool, mode) in {
         ("ib_write_lat", "plain"), ("ib_send_bw", "plain"), ("ib_read_bw", "rdma_cm"),
-        ("ib_atomic_lat", "rdma_cm")} else pytest.mark.slow)
-    for tool in TOOLS for mode in ("plain", "rdma_cm")])
+        ("ib_atomic_lat", "rdma_cm"), ("ib_send_lat", "xrc")} else pytest.mark.slow)
+    for tool in TOOLS for mode in ("plain", "rdma_cm", "xrc")])
 def test_perftest_matrix(device: str, tool: str, mode: str) -> None:
     """Both sides stock perftest; the connection set up through the TCP exchange (plain)
     or rdma_cm (``-R``, whose server listens through the IB CM: the client is started
-    again while the server is not listening yet)."""
+    again while the server is not listening yet); ``xrc``: plain with ``-c XRC`` (XRC
+    SEND and RECV QPs and an XRC SRQ on each side; perftest has no XRC over rdma_cm)."""
     need_tool(tool, "perftest")
     sizes, size = _size(tool)
     port = tcp_port()
     common = [tool, "-d", device, "-n", str(ITERS), "-p", str(port), *sizes]
-    if mode == "plain":
+    if mode != "rdma_cm":
+        if mode == "xrc":
+            common += ["-c", "XRC"]
         procs, outs = perftest_run_pair(preloaded(*common, "-x", "0"),
                                preloaded(*common, "-x", "0", "127.0.0.1"), port)
         for p, (out, err) in zip(procs, outs, strict=True):
             assert p.returncode == 0, (out, err)
         (sout, serr), (cout, cerr) = outs
+        assert f"Connection type : {'XRC' if mode == 'xrc' else 'RC'}" in cout, cout
     else:
         (sout, serr), (cout, cerr) = perftest_pair(preloaded(*common, "-R"),
                                                    preloaded(*common, "-R", "127.0.0.1"))

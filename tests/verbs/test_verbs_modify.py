@@ -359,3 +359,51 @@ def test_create_qp_checks(ctx) -> None:
     srq = v.SRQ(pd, v.SrqInitAttr(v.SrqAttr(max_wr=8)))
     qp = v.QP(pd, v.QPInitAttr(RC, scq=cq, rcq=cq, srq=srq, cap=v.QPCap(max_recv_wr=1 << 20)))
     assert qp.query()[1].srq is srq
+
+
+def test_xrc_qps_ignore_what_the_kernel_ignores() -> None:
+    """An application's Modify QP on an XRC QP may set bits that type has no use for:
+    the kernel removes them before its checks (uverbs ``modify_qp_mask``) and applies
+    nothing of them, even out of range. perftest's ``-c XRC`` sets MIN_RNR_TIMER and
+    MAX_DEST_RD_ATOMIC on its XRC_SEND QP at INIT -> RTR ("Failed to modify QP to RTR"
+    before); a TGT QP ignores MAX_QP_RD_ATOMIC, RETRY_CNT and RNR_RETRY. An RC QP still
+    refuses an out-of-range value."""
+    fab = Fabric(VirtualClock())
+    c = v.Context(fabric=fab.link("10.4.0.1"))
+    try:
+        gid = c.query_gid(1, 0)
+        pd = v.PD(c)
+        cq = v.CQ(c, 8)
+        ini = v.QP(pd, v.QPInitAttr(qp_type=e.IBV_QPT_XRC_SEND, scq=cq, cap=v.QPCap(4, 0, 1, 0)))
+        tgt = v.QP(v.XRCD(c), v.QPInitAttr(qp_type=e.IBV_QPT_XRC_RECV))
+        valid = dict(max_dest_rd_atomic=4, min_rnr_timer=12, max_rd_atomic=4, retry_cnt=7,
+                     rnr_retry=7)
+        for qp, ignored, bad in (
+                (ini, M.IBV_QP_MAX_DEST_RD_ATOMIC | M.IBV_QP_MIN_RNR_TIMER,
+                 dict(max_dest_rd_atomic=1000, min_rnr_timer=99)),
+                (tgt, M.IBV_QP_MAX_QP_RD_ATOMIC | M.IBV_QP_RETRY_CNT | M.IBV_QP_RNR_RETRY,
+                 dict(max_rd_atomic=1000, retry_cnt=99, rnr_retry=99))):
+            assert R.user_mask(qp.qp_type, -1) == -1 & ~int(ignored)
+            a = v.QPAttr(qp_access_flags=0, dest_qp_num=0x11, rq_psn=1, sq_psn=2, timeout=14,
+                         **{**valid, **bad})
+            a.ah_attr = v.AHAttr(is_global=1, gr=v.GlobalRoute(dgid=gid, sgid_index=0),
+                                 port_num=1)
+            qp.to_init(a)
+            for cur, nxt in ((INIT, RTR), (RTR, RTS)):
+                a.qp_state = nxt
+                qp.modify(a, R.required_mask(cur, nxt, qp.qp_type) | M.IBV_QP_STATE | ignored)
+                assert qp.qp_state == nxt
+            attr, _ = qp.query(int(M.IBV_QP_MAX_DEST_RD_ATOMIC | M.IBV_QP_MAX_QP_RD_ATOMIC
+                                   | M.IBV_QP_MIN_RNR_TIMER | M.IBV_QP_RETRY_CNT))
+            assert attr.max_dest_rd_atomic <= 128 and attr.min_rnr_timer <= 31
+            assert attr.max_rd_atomic <= 128 and attr.retry_cnt <= 7
+        rc = _qp(c, RC)
+        a.min_rnr_timer = 99
+        a.qp_state = INIT
+        rc.to_init(a)
+        a.qp_state = RTR
+        ex = _err(lambda: rc.modify(a, R.required_mask(INIT, RTR, RC) | M.IBV_QP_STATE),
+                  "qp_attr.min_rnr_timer")
+        assert "31" in str(ex) and rc.qp_state == INIT
+    finally:
+        c.close()

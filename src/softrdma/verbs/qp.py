@@ -6,7 +6,8 @@ device limits (EINVAL).
 
 Modify checks, in rxe's order (``rxe_modify_qp``, ``rxe_qp_chk_attr``):
 
-1. mask bits outside IB_QP_ATTR_STANDARD_BITS -> EOPNOTSUPP;
+1. mask bits outside IB_QP_ATTR_STANDARD_BITS -> EOPNOTSUPP; on an XRC QP the bits the
+   kernel ignores there are dropped (uverbs ``modify_qp_mask``, :data:`.qp_rules.IGNORED_MASK`);
 2. ``IBV_QP_CUR_STATE`` must name the QP's real state (IBA 11.2.4.2);
 3. the transition and mask must pass ``ib_modify_qp_is_ok`` (:mod:`.qp_rules`) -> EINVAL;
 4. each given attribute must be in range: port 1; P_Key index inside the table; the
@@ -255,7 +256,8 @@ class QP(VerbsObject):
         if attr_mask & ~qp_rules.STANDARD_MASK:
             raise NotSupported(f"attr_mask bits {attr_mask & ~qp_rules.STANDARD_MASK:#x} "
                                "are not supported")
-        attr_mask = int(attr_mask)  # an IntFlag's every ``&`` below is a Python-level call
+        # an IntFlag's every ``&`` below is a Python-level call; XRC: the kernel's ignored bits
+        attr_mask = qp_rules.user_mask(self.qp_type, int(attr_mask))
         engine = self.engine
 
         def _apply(now: float) -> None:

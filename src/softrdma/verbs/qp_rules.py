@@ -22,8 +22,8 @@ from ..enums import ibv_qp_attr_mask as M
 from ..enums import ibv_qp_type as T
 from ..seam.states import ERR, INIT, QPT_RC, QPT_UC, QPT_UD, RESET, RTR, RTS, SQD, SQE
 
-__all__ = ["Rule", "QP_STATE_TABLE", "STANDARD_MASK", "modify_is_ok", "rule_for",
-           "required_mask", "optional_mask"]
+__all__ = ["Rule", "QP_STATE_TABLE", "STANDARD_MASK", "IGNORED_MASK", "modify_is_ok",
+           "user_mask", "rule_for", "required_mask", "optional_mask"]
 
 RC: Final = QPT_RC
 UC: Final = QPT_UC
@@ -69,6 +69,12 @@ _RNR = int(M.IBV_QP_RNR_RETRY)
 _ALT = int(M.IBV_QP_ALT_PATH)
 _MIG = int(M.IBV_QP_PATH_MIG_STATE)
 _SQD_NOTIFY = int(M.IBV_QP_EN_SQD_ASYNC_NOTIFY)
+
+#: the bits a user's Modify QP may set on an XRC QP and the kernel removes before its
+#: checks (``modify_qp_mask`` in uverbs_cmd.c, "Remove ignored fields set in the attribute
+#: mask"): an INI QP has no responder resources or RNR timer, a TGT QP no initiator depth
+#: or retries. perftest's ``-c XRC`` sets them on both; the attributes are not applied.
+IGNORED_MASK: Final = {XI: _MDRA | _RNRT, XT: _MQRA | _RETRY | _RNR}
 
 _ANY = Rule()  # valid, nothing required, nothing optional (X -> RESET, X -> ERR)
 # what RESET -> INIT requires and INIT -> INIT accepts
@@ -181,6 +187,12 @@ def optional_mask(cur: int, nxt: int, qp_type: int) -> int:
     """Attributes ``cur -> nxt`` accepts for ``qp_type`` besides the required ones."""
     rule = rule_for(cur, nxt)
     return 0 if rule is None else rule.optional.get(qp_type, 0)
+
+
+def user_mask(qp_type: int, mask: int) -> int:
+    """``mask`` from an application, as the kernel checks and applies it: without the
+    bits it ignores for ``qp_type`` (:data:`IGNORED_MASK`)."""
+    return mask & ~IGNORED_MASK.get(qp_type, 0)
 
 
 def modify_is_ok(cur: int, nxt: int, qp_type: int, mask: int) -> bool:
