@@ -79,8 +79,10 @@ def test_the_query_reads_no_maps_file(layout: int, monkeypatch: pytest.MonkeyPat
 
 
 def test_a_forked_child_asks_about_its_own_memory(layout: int) -> None:
-    """The child unmaps a page the parent keeps: its answer changes, the parent's not."""
+    """The child unmaps a page the parent keeps: its answer changes, the parent's not;
+    the child closes the descriptor it inherited for the one it opens."""
     assert procmem.mapped(layout, PAGE, True)  # the descriptor is open before the fork
+    inherited = procmem._query_fd
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
@@ -88,6 +90,16 @@ def test_a_forked_child_asks_about_its_own_memory(layout: int) -> None:
             _libc.munmap(layout, PAGE)
             ok = not procmem.mapped(layout, PAGE, False) and procmem.mapped(
                 layout + PAGE, PAGE, True)
+            if inherited is not None and inherited[1] >= 0:
+                mine = procmem._query_fd
+                assert mine is not None and mine[0] == os.getpid()
+                ok = ok and os.readlink(f"/proc/self/fd/{mine[1]}").endswith("/maps")
+                if mine[1] != inherited[1]:  # the inherited one is closed
+                    try:
+                        os.fstat(inherited[1])
+                        ok = False
+                    except OSError:
+                        pass
             os.write(w, b"1" if ok else b"0")
         finally:
             os._exit(0)

@@ -25,6 +25,7 @@ import fcntl
 import os
 import struct
 import sys
+import threading
 from typing import Any
 
 from .. import enums as e
@@ -57,24 +58,31 @@ _QUERY = struct.Struct("=9Q4I2Q")
 PROCMAP_QUERY = 0xC0000000 | _QUERY.size << 16 | ord("f") << 8 | 17  # _IOWR('f', 17, ...)
 _READABLE, _WRITABLE = 0x01, 0x02  # PROCMAP_QUERY_VMA_READABLE / _WRITABLE
 _query_fd: tuple[int, int] | None = None  # (pid, descriptor): /proc/self of that process
+_query_lock = threading.Lock()
 
 
 def _query_maps_fd() -> int | None:
     """This process's ``/proc/self/maps``, open for ``PROCMAP_QUERY`` (reopened after a
-    fork: the descriptor names the process that opened it); None where the kernel lacks
-    the query."""
+    fork, the parent's closed: the descriptor names the process that opened it); None
+    where the kernel lacks the query."""
     global _query_fd
     pid = os.getpid()
-    if _query_fd is not None and _query_fd[0] == pid:
-        return _query_fd[1] if _query_fd[1] >= 0 else None
-    fd = os.open("/proc/self/maps", os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        fcntl.ioctl(fd, PROCMAP_QUERY, _QUERY.pack(_QUERY.size, _READABLE, 0, *[0] * 12))
-    except OSError as exc:
-        if exc.errno != errno.ENOENT:  # address 0 is never mapped: the query works
-            os.close(fd)
-            fd = -1
-    _query_fd = (pid, fd)
+    got = _query_fd
+    if got is not None and got[0] == pid:
+        return got[1] if got[1] >= 0 else None
+    with _query_lock:
+        if _query_fd is not None and _query_fd[0] == pid:  # another thread opened it
+            return _query_fd[1] if _query_fd[1] >= 0 else None
+        if _query_fd is not None and _query_fd[1] >= 0:  # the parent's, inherited
+            os.close(_query_fd[1])
+        fd = os.open("/proc/self/maps", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            fcntl.ioctl(fd, PROCMAP_QUERY, _QUERY.pack(_QUERY.size, _READABLE, 0, *[0] * 12))
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:  # ENOENT: nothing at address 0, the query works
+                os.close(fd)
+                fd = -1
+        _query_fd = (pid, fd)
     return fd if fd >= 0 else None
 
 
