@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from harness.verbs_pair import Side, manual_udp_rc_pair
+from harness.verbs_pair import Side, udp_rc_pair
 
 from softrdma import enums as e
 from softrdma import verbs as v
@@ -111,7 +111,7 @@ def test_a_duplicate_request_ends_the_hold() -> None:
 @pytest.fixture()
 def pair() -> Iterator[tuple[Side, Side]]:
     """Two RC sides on UDP loopback with manual progress (no thread that sends ACKs)."""
-    with manual_udp_rc_pair() as (a, b, _la, _lb):
+    with udp_rc_pair("manual") as (a, b, _la, _lb):
         yield a, b
 
 

@@ -23,7 +23,7 @@ import weakref
 from collections.abc import Iterator
 
 import pytest
-from harness.verbs_pair import Side, manual_udp_rc_pair
+from harness.verbs_pair import Side, udp_rc_pair
 
 from softrdma import enums as e
 from softrdma import verbs as v
@@ -40,7 +40,7 @@ RECV = int(e.IBV_WC_RECV)
 @pytest.fixture()
 def pair() -> Iterator[tuple[Side, Side, UdpLink, UdpLink]]:
     """Two RC sides on UDP loopback with manual progress (no thread that sends ACKs)."""
-    with manual_udp_rc_pair() as (a, b, la, lb):
+    with udp_rc_pair("manual") as (a, b, la, lb):
         for s in (a, b):
             for _ in range(16):
                 s.qp.post_recv(v.RecvWR(wr_id=1, num_sge=1, sg=[s.sge(0, 64)]))

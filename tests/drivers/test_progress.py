@@ -556,16 +556,9 @@ def _words(i: int) -> bytes:
 def test_a_write_left_unread_through_a_stand_back_is_taken_and_the_thread_serves() -> None:
     """RoCE: :func:`_left_unread_then_served` (the thread step reports what its receive
     took)."""
-    from harness.verbs_pair import RC, Side, connect
+    from harness.verbs_pair import udp_rc_pair
 
-    la = UdpLink("127.0.0.1", 0)
-    assert la.port is not None
-    lb = UdpLink("127.0.0.2", la.port)
-    ca = v.Context(link=la, progress="thread")
-    cb = v.Context(link=lb, progress="thread")
-    try:
-        a, b = Side(ca, RC, bytearray(64)), Side(cb, RC, bytearray(64))
-        connect(a, b, timeout=14)
+    with udp_rc_pair("thread") as (a, b, la, _lb):
 
         def post_write(i: int) -> None:
             b.buf[:8] = _words(i)
@@ -576,12 +569,9 @@ def test_a_write_left_unread_through_a_stand_back_is_taken_and_the_thread_serves
 
         fd = la.fileno()
         assert fd is not None
-        roce: Any = ca.runtime  # the RoCE Runtime
+        roce: Any = a.ctx.runtime  # the RoCE Runtime
         _left_unread_then_served(roce.core, fd, post_write,
                                  lambda i: bytes(a.buf[:8]) == _words(i), _write_done(b.cq))
-    finally:
-        ca.close()
-        cb.close()
 
 
 def test_an_iwarp_write_left_unread_through_a_stand_back_makes_the_thread_serve() -> None:

@@ -57,14 +57,15 @@ ROCE_VER = {"v": "2"}  # the fabric links' RoCE version (the fixture below sets 
 
 
 @contextlib.contextmanager
-def manual_udp_rc_pair() -> Iterator[tuple[Side, Side, UdpLink, UdpLink]]:
+def udp_rc_pair(progress: str) -> Iterator[tuple[Side, Side, UdpLink, UdpLink]]:
     """Two RC sides connected over UDP loopback (127.0.0.1 and 127.0.0.2, one port) with
-    manual progress: no thread sends their ACKs. Yields the sides and their links."""
+    ``progress`` ("manual": no thread sends their ACKs; "thread"). Yields the sides and
+    their links."""
     la = UdpLink("127.0.0.1", 0)
     assert la.port is not None
     lb = UdpLink("127.0.0.2", la.port)
-    ca = v.Context(link=la, progress="manual")
-    cb = v.Context(link=lb, progress="manual")
+    ca = v.Context(link=la, progress=progress)
+    cb = v.Context(link=lb, progress=progress)
     try:
         a = Side(ca, RC, bytearray(1 << 12))
         b = Side(cb, RC, bytearray(1 << 12))
