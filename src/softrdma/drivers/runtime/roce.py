@@ -228,7 +228,7 @@ class Runtime(RoceTx, RoceRx):
         # the engine-call surface is the core's (bound here: no wrapper on the call path)
         self.call, self.call_now, self.defer, self.kick = (core.call, core.call_now,
                                                            core.defer, core.kick)
-        self.about_to_block = core.about_to_block
+        self.about_to_block, self.serving = core.about_to_block, core.serving
         self._deferred = core.deferred
         self._ip_of = _Memo(gid_to_ip).__getitem__  # GID -> IP address, per packet sent
         self._gid_of = _Memo(ip_to_gid).__getitem__  # IP address -> GID, per packet received
@@ -411,9 +411,6 @@ class Runtime(RoceTx, RoceRx):
 
     def rx_pending(self) -> bool:
         return bool(self._backlog)
-
-    def serving(self) -> bool:
-        return self.core.serving()
 
     def ack_awaited(self) -> bool:
         qpn = self._awaiting

@@ -138,7 +138,7 @@ class TcpRuntime:
         self.core, self.lock = core, core.lock
         self.call, self.call_now, self.defer, self.kick = (core.call, core.call_now,
                                                            core.defer, core.kick)
-        self.about_to_block = core.about_to_block
+        self.about_to_block, self.serving = core.about_to_block, core.serving
         #: notified (under the lock) after every round of socket I/O and engine calls:
         #: connection setup waits on it for a state change
         self.changed = threading.Condition(core.lock)
@@ -303,9 +303,6 @@ class TcpRuntime:
     def rx_pending(self) -> bool:
         """Never: a step serves its ready connections whole (``stop_on`` is not used)."""
         return False
-
-    def serving(self) -> bool:
-        return self.core.serving()
 
     def ack_awaited(self) -> bool:
         """Never: an iWARP SEND completes once TCP took it (RFC 5040 §7.1), no ACK."""
