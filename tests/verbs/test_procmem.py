@@ -28,14 +28,19 @@ _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 
 @pytest.fixture()
 def layout() -> Iterator[int]:
-    """Six pages: read-write, read-write, read-only, a hole, read-write, no access."""
-    base = _libc.mmap(None, 6 * PAGE, PROT_READ | PROT_WRITE, 0x22, -1, 0)  # PRIVATE|ANON
-    assert base not in (None, ctypes.c_void_p(-1).value)
+    """Six pages from ``base``: read-write, read-write, read-only, a hole, read-write, no
+    access; and below ``base`` a page of no access. The two no-access pages fence the
+    layout: a mapping the kernel placed right beside it (mmap goes top-down, into the
+    highest gap that fits) would otherwise make the bytes past either end readable."""
+    start = _libc.mmap(None, 7 * PAGE, PROT_READ | PROT_WRITE, 0x22, -1, 0)  # PRIVATE|ANON
+    assert start not in (None, ctypes.c_void_p(-1).value)
+    base = start + PAGE
+    assert _libc.mprotect(start, PAGE, 0) == 0
     assert _libc.mprotect(base + 2 * PAGE, PAGE, PROT_READ) == 0
     assert _libc.munmap(base + 3 * PAGE, PAGE) == 0
     assert _libc.mprotect(base + 5 * PAGE, PAGE, 0) == 0
     yield base
-    _libc.munmap(base, 3 * PAGE)
+    _libc.munmap(start, 4 * PAGE)
     _libc.munmap(base + 4 * PAGE, 2 * PAGE)
 
 
