@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness.capi import need_build, run
+from harness.capi import TIMEOUT, need_build, run, run_cmd
 from harness.capi_pyverbs import need_real_pyverbs
 from harness.device import private_device
 
@@ -117,11 +117,14 @@ def test_python_host_detection(tmp_path: Path) -> None:
     assert launch.python_host(str(script)) is None
     assert launch.python_host("/usr/bin/python3.11") == "/usr/bin/python3.11"
     assert launch.python_host(shutil.which("ibv_devices") or "/bin/true") is None
-    # a Python program gets softrdma's directories, never this Python's standard library
+    # a Python program gets softrdma's directories, never this Python's standard library,
+    # and neither gets them through PYTHONPATH, which every Python they start reads
     env = launch.preload_env(Path("/x/lib.so"), base={}, python_host=True)
     std = os.path.dirname(os.__file__)
-    assert std not in env["PYTHONPATH"].split(os.pathsep)
-    assert std in launch.preload_env(Path("/x/lib.so"), base={})["PYTHONPATH"].split(os.pathsep)
+    assert std not in env["SOFTRDMA_CAPI_PATH"].split(os.pathsep)
+    c_host = launch.preload_env(Path("/x/lib.so"), base={"PYTHONPATH": "/mine"})
+    assert std in c_host["SOFTRDMA_CAPI_PATH"].split(os.pathsep)
+    assert "PYTHONPATH" not in env and c_host["PYTHONPATH"] == "/mine"
 
 
 def test_another_python_version_is_refused(device: str, tmp_path: Path) -> None:
@@ -156,7 +159,7 @@ def test_library_refuses_another_python_without_the_wrapper(device: str) -> None
     if other is None:
         pytest.skip("no Python of another minor version is installed here")
     env = launch.preload_env(need_build(), base=dict(os.environ), python_host=True)
-    env.pop("PYTHONPATH")
+    env.pop("PYTHONPATH", None)
     code = ("import ctypes, os; lib = ctypes.CDLL(None, use_errno=True); "
             "f = lib.ibv_get_device_list; f.restype = ctypes.c_void_p; "
             "print(f(None), os.strerror(ctypes.get_errno()))")
@@ -166,6 +169,36 @@ def test_library_refuses_another_python_without_the_wrapper(device: str) -> None
     assert p.stdout.strip() == f"None {os.strerror(80)}"  # ELIBBAD
     assert "softrdma: this program runs Python 3." in p.stderr
     assert f"built for Python {sys.version_info[0]}.{sys.version_info[1]}" in p.stderr
+
+
+def test_the_pythons_a_program_starts_keep_their_own_path(device: str,
+                                                         tmp_path: Path) -> None:
+    """softrdma's directories reach the program's interpreter in ``SOFTRDMA_CAPI_PATH``,
+    not ``PYTHONPATH``: what the program starts sees the ``PYTHONPATH`` it was given, and
+    a Python of another version among them (a test runner's helper, a build tool)
+    imports its own standard library and the modules of that path, while the C program
+    beside it still has its verbs. Before, ``PYTHONPATH`` carried this Python's standard
+    library, and another version failed at its first ``import re`` ("SRE module
+    mismatch")."""
+    tool = shutil.which("ibv_devices")
+    if tool is None:
+        pytest.skip("ibv_devices is not installed (Debian package ibverbs-utils)")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "mymod.py").write_text("X = 42\n")
+    path = os.pathsep.join(p for p in (str(mine), os.environ.get("PYTHONPATH")) if p)
+    script = f'printf "%s\\n" "$PYTHONPATH" && {tool}'
+    other = _other_python()  # (none on a machine with one Python 3)
+    if other is not None:
+        script += f" && {other} -c 'import json, re, mymod; print(mymod.X)'"
+    p = subprocess.run(run_cmd("sh", "-c", script), env=dict(os.environ, PYTHONPATH=path),
+                       capture_output=True, text=True, timeout=TIMEOUT, check=False)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0] == path
+    assert device in p.stdout
+    if other is not None:
+        assert lines[-1] == "42"
 
 
 def test_rdma_core_suite_through_the_real_pyverbs(device: str, tmp_path: Path) -> None:

@@ -175,6 +175,19 @@ def test_print_env_for_other_launchers() -> None:
     assert out.returncode == 0 and "softrdma_iw_lo" in out.stdout, out.stderr
 
 
+def test_an_interpreter_that_cannot_start_fails_the_verbs(device: str) -> None:
+    """A C program whose interpreter cannot start (no standard library: empty
+    ``SOFTRDMA_CAPI_PATH`` and ``PYTHONPATH``, a ``PYTHONHOME`` that does not exist) gets a message and
+    verbs that fail with ELIBBAD, and goes on as libibverbs programs do with a failed
+    verb (ibv_devices prints its own message). Before, cffi started the interpreter, and
+    Python's fatal start-up error ended the program inside its first verb."""
+    tool = need_tool("ibv_devices", "ibverbs-utils")
+    p = run("env", "SOFTRDMA_CAPI_PATH=", "PYTHONPATH=", "PYTHONHOME=/nonexistent", tool)
+    assert p.returncode == 1, (p.returncode, p.stderr)
+    assert "softrdma: cannot start Python" in p.stderr
+    assert f"Failed to get IB devices list: {os.strerror(80)}" in p.stderr  # ELIBBAD
+
+
 def test_the_launcher_imports_none_of_the_verbs() -> None:
     """``softrdma run`` itself only builds (or finds) the library and sets the environment;
     the program's embedded interpreter imports the verbs. The launcher importing them too

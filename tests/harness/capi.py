@@ -75,7 +75,7 @@ def preloaded(*args: str) -> list[str]:
     return ["env", *(f"{k}={env[k]}" for k in _PRELOAD_KEYS if k in env), *args]
 
 
-_PRELOAD_KEYS = ("LD_PRELOAD", "PYTHONPATH", "SOFTRDMA_CAPI_PYTHON")
+_PRELOAD_KEYS = ("LD_PRELOAD", "SOFTRDMA_CAPI_PATH", "SOFTRDMA_CAPI_PYTHON")
 
 
 def run(*args: str, timeout: float = TIMEOUT) -> subprocess.CompletedProcess[str]:

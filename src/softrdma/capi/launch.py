@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Literal
 
 from .build import build
-from .envnames import DEVICE_ENV, PYTHON_ENV
+from .envnames import DEVICE_ENV, PATH_ENV, PYTHON_ENV
 
 __all__ = ["add_arguments", "run", "preload_env", "why_not_preloadable", "DEVICE_ENV",
            "python_host", "python_mismatch", "sysfs_command", "sysfs_unavailable",
@@ -120,10 +120,12 @@ def preload_env(library: Path, device: str | None = None,
                 base: dict[str, str] | None = None, *,
                 python_host: bool = False) -> dict[str, str]:
     """The environment that runs a program on softrdma: ``LD_PRELOAD`` of ``library``,
-    this interpreter's ``sys.path`` as ``PYTHONPATH`` (the embedded interpreter finds
-    softrdma and cffi) and this interpreter for the processes softrdma spawns (devd).
-    For a ``python_host`` (the program is a Python interpreter: its own standard library
-    is already on its path) the standard library's directories are left out."""
+    this interpreter's ``sys.path`` as ``SOFTRDMA_CAPI_PATH`` (:data:`PATH_ENV`: the
+    embedded interpreter finds softrdma and cffi there; ``PYTHONPATH`` is left as it is,
+    for the Pythons the program itself starts) and this interpreter for the processes
+    softrdma spawns (devd). For a ``python_host`` (the program is a Python interpreter:
+    its own standard library is already on its path) the standard library's directories
+    are left out."""
     env = dict(os.environ if base is None else base)
     old = env.get("LD_PRELOAD")
     env["LD_PRELOAD"] = str(library) + (f":{old}" if old else "")
@@ -131,9 +133,7 @@ def preload_env(library: Path, device: str | None = None,
     if python_host:
         std = _stdlib_dirs()
         paths = [p for p in paths if os.path.realpath(p) not in std]
-    if env.get("PYTHONPATH"):
-        paths.append(env["PYTHONPATH"])
-    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env[PATH_ENV] = os.pathsep.join(paths)
     env[PYTHON_ENV] = sys.executable
     if device:
         env[DEVICE_ENV] = device
@@ -260,7 +260,7 @@ def run(args: argparse.Namespace) -> int:
     library = build()
     if args.print_env:
         env = preload_env(library, args.dev, base={})
-        for key in ("LD_PRELOAD", "PYTHONPATH", PYTHON_ENV, DEVICE_ENV):
+        for key in ("LD_PRELOAD", PATH_ENV, PYTHON_ENV, DEVICE_ENV):
             if key in env:
                 print(f"export {key}={env[key]}")
         return 0

@@ -923,22 +923,101 @@ void sr_keep_program_sigint(void)
         sigaction(SIGINT, &sr_sigint_saved, NULL);
 }
 
-/* A C program's interpreter, set up before cffi starts it (once): it leaves the program's
- * locale alone (configure_locale 0: Python's start-up otherwise calls setlocale(LC_CTYPE,
- * "") in the program, whose LC_CTYPE then went from "C" to the environment's) and takes
- * UTF-8 for text and file names (utf8_mode 1, PEP 540), which it took from that locale. */
-static void sr_preinit_python(void)
+/* softrdma's directories (SOFTRDMA_CAPI_PATH: the sys.path of the Python that runs
+ * softrdma run) are given to the interpreter that serves the program, not through
+ * PYTHONPATH, which every Python the program starts would read too (a Python of another
+ * version then imported this one's standard library and failed: "SRE module mismatch"). */
+#define SR_PATH_ENV "SOFTRDMA_CAPI_PATH"
+static atomic_int sr_started_python;  /* 1: this library started the interpreter (a C host) */
+static atomic_int sr_start_failed;    /* 1: it could not (a message was printed) */
+
+/* A C program's interpreter, started before cffi would start it (once), as Py_InitializeEx(0)
+ * does but:
+ * - it leaves the program's locale alone (configure_locale 0: Python's start-up otherwise
+ *   calls setlocale(LC_CTYPE, "") in the program, whose LC_CTYPE then went from "C" to the
+ *   environment's) and takes UTF-8 for text and file names (utf8_mode 1, PEP 540), which it
+ *   took from that locale;
+ * - its module search path begins with SOFTRDMA_CAPI_PATH, then the program's PYTHONPATH;
+ * - a failure is a message and verbs that fail with ELIBBAD, not Py_FatalError's abort.
+ * cffi then finds Python running and takes the GIL like a Python host's thread. */
+static void sr_start_python(void)
 {
     PyPreConfig pre;
+    PyConfig config;
+    PyStatus status;
+    const char *ours = getenv(SR_PATH_ENV), *theirs = getenv("PYTHONPATH");
+    char *path = NULL;
 
+    atomic_store(&sr_started_python, 1);
     PyPreConfig_InitPythonConfig(&pre);
     pre.configure_locale = 0;
     pre.coerce_c_locale = 0;  /* (PEP 538 sets LC_CTYPE in the environment) */
     pre.utf8_mode = 1;
-    Py_PreInitialize(&pre);  /* (a failure shows when cffi starts the interpreter) */
+    status = Py_PreInitialize(&pre);
+    if (PyStatus_Exception(status))
+        goto failed;
+    PyConfig_InitPythonConfig(&config);
+    config.install_signal_handlers = 0;  /* Py_InitializeEx(0), as cffi starts it */
+    config.configure_c_stdio = 0;        /* the program's stdio as it is */
+    config.parse_argv = 0;
+    if (ours && *ours) {
+        size_t n = strlen(ours) + (theirs && *theirs ? strlen(theirs) + 1 : 0) + 1;
+
+        path = malloc(n);
+        if (!path) {
+            status = PyStatus_NoMemory();
+            PyConfig_Clear(&config);
+            goto failed;
+        }
+        snprintf(path, n, "%s%s%s", ours, theirs && *theirs ? ":" : "",
+                 theirs && *theirs ? theirs : "");
+        status = PyConfig_SetBytesString(&config, &config.pythonpath_env, path);
+        free(path);
+    }
+    if (!PyStatus_Exception(status))
+        status = Py_InitializeFromConfig(&config);
+    PyConfig_Clear(&config);
+    if (PyStatus_Exception(status))
+        goto failed;
+    PyEval_SaveThread();  /* the GIL is cffi's to take, as after its own start */
+    return;
+failed:
+    atomic_store(&sr_start_failed, 1);
+    fprintf(stderr, "softrdma: cannot start Python %d.%d to serve this program's verbs "
+            "(%s%s%s): they fail with ELIBBAD\n", PY_MAJOR_VERSION, PY_MINOR_VERSION,
+            status.func ? status.func : "", status.func ? ": " : "",
+            status.err_msg ? status.err_msg : "unknown error");
+}
+
+/* A Python program (its interpreter was running before softrdma's first verb): softrdma's
+ * directories go first on its sys.path (those it lacks), before cffi starts softrdma in it
+ * and imports _cffi_backend, as PYTHONPATH would have put them. */
+static void sr_host_path(void)
+{
+    const char *ours = getenv(SR_PATH_ENV);
+    PyGILState_STATE gil;
+    PyObject *path;
+    Py_ssize_t at = 0;
+
+    if (!ours || !*ours)
+        return;
+    gil = PyGILState_Ensure();
+    path = PySys_GetObject("path");  /* borrowed */
+    while (path && PyList_Check(path) && *ours) {
+        size_t n = strcspn(ours, ":");
+        PyObject *dir = n ? PyUnicode_DecodeFSDefaultAndSize(ours, (Py_ssize_t)n) : NULL;
+
+        if (dir && PySequence_Contains(path, dir) == 0 && PyList_Insert(path, at, dir) == 0)
+            at++;
+        Py_XDECREF(dir);
+        PyErr_Clear();
+        ours += n + (ours[n] == ':');
+    }
+    PyGILState_Release(gil);
 }
 
 static pthread_once_t sr_preinit_once = PTHREAD_ONCE_INIT;
+static pthread_once_t sr_host_path_once = PTHREAD_ONCE_INIT;
 
 static int sr_python_ok(void)
 {
@@ -950,7 +1029,11 @@ static int sr_python_ok(void)
         && sigaction(SIGINT, NULL, &sr_sigint_saved) == 0)
         atomic_store(&sr_sigint_held, 1);  /* a C host: Python is not up yet */
     if (state == 0 && !Py_IsInitialized())
-        pthread_once(&sr_preinit_once, sr_preinit_python);
+        pthread_once(&sr_preinit_once, sr_start_python);
+    if (state == 0 && atomic_load(&sr_start_failed)) {
+        atomic_store(&sr_python_state, -1);  /* (said so) */
+        state = -1;
+    }
 
     if (state == 0 && sr_rspreload()) {
         fprintf(stderr, "softrdma: librspreload is preloaded too: it takes every TCP and UDP "
@@ -970,6 +1053,8 @@ static int sr_python_ok(void)
                     "it with a Python %d.%d, or install softrdma in this Python and run "
                     "that one's softrdma\n", (int)strcspn(got, " "), got, PY_MAJOR_VERSION,
                     PY_MINOR_VERSION, PY_MAJOR_VERSION, PY_MINOR_VERSION);
+        if (state > 0 && !atomic_load(&sr_started_python))
+            pthread_once(&sr_host_path_once, sr_host_path);
         atomic_store(&sr_python_state, state);
     }
     if (state < 0)

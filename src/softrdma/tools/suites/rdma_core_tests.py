@@ -353,7 +353,7 @@ def real_pyverbs_env(dev: str, pyverbs_dir: Path, tmp: Path) -> dict[str, str]:
     link_dir.mkdir()
     (link_dir / "pyverbs").symlink_to(package.resolve(), target_is_directory=True)
     env = launch.preload_env(build.build(), dev, python_host=True)
-    env["PYTHONPATH"] = os.pathsep.join([str(link_dir), env["PYTHONPATH"]])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(link_dir), env.get("PYTHONPATH")) if p)
     return env
 
 
