@@ -3,6 +3,7 @@ processes"). All traffic is on 127.0.0.1."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import select
@@ -72,6 +73,20 @@ def test_two_clients_get_distinct_qpns(running: Running) -> None:  # noqa: F811
         assert a.alloc_qpn(0x123456) == 0x123456
         with pytest.raises(InvalidArgument):
             a.alloc_qpn(0x1000000)
+
+
+def test_no_descriptor_of_a_client_is_inherited(running: Running) -> None:  # noqa: F811
+    """A client's descriptors are close-on-exec (PEP 446), the data socket devd hands over
+    with SCM_RIGHTS too: it was inheritable, so every program a softrdma process ran (a
+    test runner's children, ``softrdma run``'s program's) kept the client's data socket."""
+    before = set(os.listdir("/proc/self/fd"))
+    with running.client() as a:
+        a.alloc_qpn()
+        mine = set(os.listdir("/proc/self/fd")) - before
+        assert mine, "the client opened no descriptor"
+        for fd in mine:
+            with contextlib.suppress(OSError):  # (one closed meanwhile)
+                assert not os.get_inheritable(int(fd)), os.readlink(f"/proc/self/fd/{fd}")
 
 
 @pytest.mark.iba("10.2.4")

@@ -29,6 +29,7 @@ from softrdma.drivers.devd.proto import (
     XHDR,
     XRC_RECORD,
     bind_text,
+    recv_fds,
     socket_path,
 )
 from softrdma.drivers.devd.requests import DevdRequests
@@ -209,7 +210,7 @@ class DevdLink(DevdRequests, LinkState):
         try:
             ctrl.settimeout(timeout)
             connect_unix(ctrl, path)
-            msg, fds, _, _ = socket.recv_fds(ctrl, 4096, 1)
+            msg, fds, _ = recv_fds(ctrl, 4096, 1)  # close-on-exec
             reason = refusal_reason(msg)
             if reason is not None:
                 raise DevdRefused(errno.ECONNREFUSED, f"devd refused this client: {reason}")

@@ -30,6 +30,7 @@ from softrdma.drivers.devd.proto import (
     U64,
     Client,
     close_fds,
+    recv_fds,
     with_seq,
 )
 from softrdma.drivers.devd.qpn import QpnRouting
@@ -72,7 +73,7 @@ class Control(Forwarding, McastRouting, QpnRouting, XrcRouting):
     def _on_ctrl(self, c: Client) -> None:
         while not c.dead:
             try:
-                msg, fds, flags, _ = socket.recv_fds(c.ctrl, MAX_CTRL, MAX_JOIN_FDS)
+                msg, fds, flags = recv_fds(c.ctrl, MAX_CTRL, MAX_JOIN_FDS)  # close-on-exec
             except BlockingIOError:
                 return
             except OSError:

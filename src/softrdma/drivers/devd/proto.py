@@ -156,6 +156,7 @@ by GUID) goes to every QP1 client.
 
 from __future__ import annotations
 
+import array
 import contextlib
 import os
 import socket
@@ -272,6 +273,21 @@ class Client:
     pid: int = 0  # SO_PEERCRED at accept (0: unknown)
     resources: dict[str, object] = field(default_factory=dict)  # last REPORT_RESOURCES
     xrcds: dict[int, int] = field(default_factory=dict)  # XRC domain id -> XRCD_OPENs
+
+
+def recv_fds(sock: socket.socket, size: int, maxfds: int) -> tuple[bytes, list[int], int]:
+    """One record of at most ``size`` bytes and the descriptors that came with it
+    (``SCM_RIGHTS``, at most ``maxfds``; those beyond are closed by the kernel), and the
+    record's flags. The descriptors are close-on-exec (``MSG_CMSG_CLOEXEC``), as every
+    other of ours (PEP 446); inheritable, they reached every program the process ran.
+    (``socket.recv_fds`` takes the flag but, through Python 3.11, does not pass it.)"""
+    fds = array.array("i")
+    msg, anc, flags, _ = sock.recvmsg(size, socket.CMSG_SPACE(maxfds * fds.itemsize),
+                                      socket.MSG_CMSG_CLOEXEC)
+    for level, kind, data in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
+    return msg, list(fds), flags
 
 
 def close_fds(fds: list[int]) -> None:
