@@ -1028,19 +1028,19 @@ static int sr_python_ok(void)
     if (state == 0 && !Py_IsInitialized() && !atomic_load(&sr_sigint_held)
         && sigaction(SIGINT, NULL, &sr_sigint_saved) == 0)
         atomic_store(&sr_sigint_held, 1);  /* a C host: Python is not up yet */
-    if (state == 0 && !Py_IsInitialized())
-        pthread_once(&sr_preinit_once, sr_start_python);
-    if (state == 0 && atomic_load(&sr_start_failed)) {
-        atomic_store(&sr_python_state, -1);  /* (said so) */
-        state = -1;
-    }
-
     if (state == 0 && sr_rspreload()) {
         fprintf(stderr, "softrdma: librspreload is preloaded too: it takes every TCP and UDP "
                 "socket of the process, softrdma's own among them, so softrdma cannot serve "
                 "this process (its verbs fail with ELIBBAD; rsockets then uses the kernel's "
                 "sockets)\n");
         atomic_store(&sr_python_state, -1);
+        state = -1;
+    }
+    /* (not for a program refused above: its interpreter is never started) */
+    if (state == 0 && !Py_IsInitialized())
+        pthread_once(&sr_preinit_once, sr_start_python);
+    if (state == 0 && atomic_load(&sr_start_failed)) {
+        atomic_store(&sr_python_state, -1);  /* (said so) */
         state = -1;
     }
     if (state == 0) {
