@@ -201,6 +201,39 @@ def test_the_pythons_a_program_starts_keep_their_own_path(device: str,
         assert lines[-1] == "42"
 
 
+def _python_without_softrdma() -> str | None:
+    """A Python of this major.minor that cannot import softrdma in isolated mode (a
+    system Python beside softrdma's venv), or None."""
+    want = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    for cand in dict.fromkeys(c for c in ("/usr/bin/python3", shutil.which("python3")) if c):
+        try:
+            got = subprocess.run([cand, "-I", "-c", "import sys; print('%d.%d' % "
+                                  "sys.version_info[:2]); import softrdma"],
+                                 capture_output=True, text=True, timeout=60, check=False)
+        except OSError:
+            continue
+        if got.stdout.strip() == want and "ModuleNotFoundError" in got.stderr:
+            return cand
+    return None
+
+
+def test_an_isolated_python_program_finds_softrdma(device: str, tmp_path: Path) -> None:
+    """``python3 -I`` (isolated mode, which ignores ``PYTHONPATH``: some launchers start
+    Python so) under ``softrdma run``: its first verb puts softrdma's directories on its
+    ``sys.path``, and the real pyverbs lists the device. Before, they came in
+    ``PYTHONPATH``, and a Python without softrdma installed saw no device (cffi's
+    "initialization code failed")."""
+    link = need_real_pyverbs(tmp_path)
+    host = _python_without_softrdma()
+    if host is None:
+        pytest.skip("no Python of this version without softrdma is installed here")
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import pyverbs.device as d; "
+            "print(' '.join(x.name.decode() for x in d.get_device_list()))")
+    p = run(host, "-I", "-c", code, str(link))
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert device in p.stdout.split(), p.stdout + p.stderr[-3000:]
+
+
 def test_rdma_core_suite_through_the_real_pyverbs(device: str, tmp_path: Path) -> None:
     need_real_pyverbs(tmp_path)
     if not (rct.TESTS_DIR / "run_tests.py").is_file():
