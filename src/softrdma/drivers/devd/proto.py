@@ -280,7 +280,7 @@ def recv_fds(sock: socket.socket, size: int, maxfds: int) -> tuple[bytes, list[i
     (``SCM_RIGHTS``, at most ``maxfds``; those beyond are closed by the kernel), and the
     record's flags. The descriptors are close-on-exec (``MSG_CMSG_CLOEXEC``), as every
     other of ours (PEP 446); inheritable, they reached every program the process ran.
-    (``socket.recv_fds`` takes the flag but, through Python 3.11, does not pass it.)"""
+    (``socket.recv_fds`` takes flags but does not pass them: Python 3.11 to 3.13.)"""
     fds = array.array("i")
     msg, anc, flags, _ = sock.recvmsg(size, socket.CMSG_SPACE(maxfds * fds.itemsize),
                                       socket.MSG_CMSG_CLOEXEC)
