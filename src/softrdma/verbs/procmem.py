@@ -57,8 +57,14 @@ def _maps() -> list[tuple[int, int, str]]:
 _QUERY = struct.Struct("=9Q4I2Q")
 PROCMAP_QUERY = 0xC0000000 | _QUERY.size << 16 | ord("f") << 8 | 17  # _IOWR('f', 17, ...)
 _READABLE, _WRITABLE = 0x01, 0x02  # PROCMAP_QUERY_VMA_READABLE / _WRITABLE
-_query_fd: tuple[int, int] | None = None  # (pid, descriptor): /proc/self of that process
+_query_fd: tuple[int, int | None] | None = None  # (pid, descriptor or None: no query there)
 _query_lock = threading.Lock()
+
+
+def _query(fd: int, flags: int, addr: int) -> bytes:
+    """``PROCMAP_QUERY``: the mapping that covers ``addr`` with the permissions ``flags``
+    (a ``struct procmap_query``); OSError (ENOENT) when there is none."""
+    return fcntl.ioctl(fd, PROCMAP_QUERY, _QUERY.pack(_QUERY.size, flags, addr, *[0] * 12))
 
 
 def _query_maps_fd() -> int | None:
@@ -69,21 +75,22 @@ def _query_maps_fd() -> int | None:
     pid = os.getpid()
     got = _query_fd
     if got is not None and got[0] == pid:
-        return got[1] if got[1] >= 0 else None
+        return got[1]
     with _query_lock:
-        if _query_fd is not None and _query_fd[0] == pid:  # another thread opened it
-            return _query_fd[1] if _query_fd[1] >= 0 else None
-        if _query_fd is not None and _query_fd[1] >= 0:  # the parent's, inherited
-            os.close(_query_fd[1])
+        got = _query_fd
+        if got is not None and got[0] == pid:  # another thread opened it
+            return got[1]
+        if got is not None and got[1] is not None:  # the parent's, inherited
+            os.close(got[1])
         fd = os.open("/proc/self/maps", os.O_RDONLY | os.O_CLOEXEC)
         try:
-            fcntl.ioctl(fd, PROCMAP_QUERY, _QUERY.pack(_QUERY.size, _READABLE, 0, *[0] * 12))
+            _query(fd, _READABLE, 0)
         except OSError as exc:
             if exc.errno != errno.ENOENT:  # ENOENT: nothing at address 0, the query works
                 os.close(fd)
                 fd = -1
-        _query_fd = (pid, fd)
-    return fd if fd >= 0 else None
+        got = _query_fd = (pid, fd if fd >= 0 else None)
+    return got[1]
 
 
 def _mapped_by_query(fd: int, addr: int, end: int, write: bool) -> bool:
@@ -91,8 +98,7 @@ def _mapped_by_query(fd: int, addr: int, end: int, write: bool) -> bool:
     pos = addr
     while pos < end:  # the mapping covering pos, with the permissions asked, or ENOENT
         try:
-            out = fcntl.ioctl(fd, PROCMAP_QUERY, _QUERY.pack(_QUERY.size, flags, pos,
-                                                             *[0] * 12))
+            out = _query(fd, flags, pos)
         except OSError:
             return False
         pos = _QUERY.unpack(out)[4]  # vma_end
