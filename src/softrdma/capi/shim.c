@@ -946,7 +946,6 @@ static void sr_start_python(void)
     PyConfig config;
     PyStatus status;
     const char *ours = getenv(SR_PATH_ENV), *theirs = getenv("PYTHONPATH");
-    char *path = NULL;
 
     atomic_store(&sr_started_python, 1);
     PyPreConfig_InitPythonConfig(&pre);
@@ -960,19 +959,19 @@ static void sr_start_python(void)
     config.install_signal_handlers = 0;  /* Py_InitializeEx(0), as cffi starts it */
     config.configure_c_stdio = 0;        /* the program's stdio as it is */
     config.parse_argv = 0;
+    if (!theirs || !*theirs)
+        theirs = NULL;
     if (ours && *ours) {
-        size_t n = strlen(ours) + (theirs && *theirs ? strlen(theirs) + 1 : 0) + 1;
+        size_t n = strlen(ours) + (theirs ? strlen(theirs) + 1 : 0) + 1;
+        char *path = malloc(n);
 
-        path = malloc(n);
-        if (!path) {
+        if (path) {
+            snprintf(path, n, "%s%s%s", ours, theirs ? ":" : "", theirs ? theirs : "");
+            status = PyConfig_SetBytesString(&config, &config.pythonpath_env, path);
+            free(path);
+        } else {
             status = PyStatus_NoMemory();
-            PyConfig_Clear(&config);
-            goto failed;
         }
-        snprintf(path, n, "%s%s%s", ours, theirs && *theirs ? ":" : "",
-                 theirs && *theirs ? theirs : "");
-        status = PyConfig_SetBytesString(&config, &config.pythonpath_env, path);
-        free(path);
     }
     if (!PyStatus_Exception(status))
         status = Py_InitializeFromConfig(&config);
