@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness.capi import TIMEOUT, need_build, run, run_cmd
+from harness.capi import need_build, run
 from harness.capi_pyverbs import need_real_pyverbs
 from harness.device import private_device
 
@@ -191,8 +191,7 @@ def test_the_pythons_a_program_starts_keep_their_own_path(device: str,
     other = _other_python()  # (none on a machine with one Python 3)
     if other is not None:
         script += f" && {other} -c 'import json, re, mymod; print(mymod.X)'"
-    p = subprocess.run(run_cmd("sh", "-c", script), env=dict(os.environ, PYTHONPATH=path),
-                       capture_output=True, text=True, timeout=TIMEOUT, check=False)
+    p = run("sh", "-c", script, env=dict(os.environ, PYTHONPATH=path))
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
     assert lines[0] == path

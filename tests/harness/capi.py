@@ -78,10 +78,12 @@ def preloaded(*args: str) -> list[str]:
 _PRELOAD_KEYS = ("LD_PRELOAD", "SOFTRDMA_CAPI_PATH", "SOFTRDMA_CAPI_PYTHON")
 
 
-def run(*args: str, timeout: float = TIMEOUT) -> subprocess.CompletedProcess[str]:
-    """``softrdma run -- ARGS`` to its end (killed after ``timeout``)."""
+def run(*args: str, timeout: float = TIMEOUT,
+        env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``softrdma run -- ARGS`` to its end (killed after ``timeout``), in ``env`` (default:
+    this process's environment)."""
     return subprocess.run(run_cmd(*args), capture_output=True, text=True, timeout=timeout,
-                          env=dict(os.environ), check=False)
+                          env=dict(os.environ) if env is None else env, check=False)
 
 
 def _listening(port: int) -> bool:
